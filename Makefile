@@ -1,0 +1,140 @@
+# deltacast build: one static and one shared library, the programs, the tests.
+# `make` builds, `make test` runs every test, `make test SAN=1` does so under
+# address and undefined-behaviour sanitizers, `make fuzz` runs the fuzz
+# targets for FUZZ_SECONDS each.  Dependencies come from `make deps`.
+
+PREFIX   ?= /usr/local
+SAN      ?= 0
+CUDA     ?= 1
+FUZZ_SECONDS ?= 60
+PYTHON   ?= /usr/bin/python3
+
+ifeq ($(SAN),1)
+BUILD    ?= build-san
+SANFLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+OPT      := -O1 -g
+else
+BUILD    ?= build
+SANFLAGS :=
+OPT      := -O2 -g
+endif
+
+PKGS     := libzmq msgpack liburing libxxhash
+CC       ?= cc
+CFLAGS_BASE := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -fPIC -pthread \
+	-Iinclude -Icommon -Ischema -Ikernels -Iproducer -Iconsumer $(OPT) $(SANFLAGS)
+# Deferred (=) so that pkg-config runs after `make deps` has installed things.
+DEP_CFLAGS = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+DEP_LIBS   = $(shell pkg-config --libs $(PKGS) 2>/dev/null || echo -lzmq -lmsgpackc -luring -lxxhash)
+
+# CUDA: compiled whenever nvcc is found, unless CUDA=0.
+CUDA_HOME ?= /usr/local/cuda
+NVCC := $(firstword $(shell command -v nvcc 2>/dev/null) $(wildcard $(CUDA_HOME)/bin/nvcc))
+ifeq ($(CUDA),0)
+NVCC :=
+endif
+NVCC_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
+	-gencode arch=compute_90,code=compute_90
+ifneq ($(NVCC),)
+CUDA_CFLAGS := -DDCAST_HAVE_CUDA=1 -I$(CUDA_HOME)/include
+CUDA_LIBS   := -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt
+endif
+
+CFLAGS  := $(CFLAGS_BASE) $(CUDA_CFLAGS) $(EXTRA_CFLAGS)
+LDLIBS   = $(DEP_LIBS) $(CUDA_LIBS) -lm -lpthread
+
+# Library sources: every .c in these folders (broker/ and cli/ are programs).
+LIB_DIRS := common schema kernels producer consumer
+LIB_SRCS := $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c))
+LIB_OBJS := $(LIB_SRCS:%.c=$(BUILD)/obj/%.o)
+CU_SRCS  := $(if $(NVCC),$(wildcard kernels/*.cu))
+CU_OBJS  := $(CU_SRCS:%.cu=$(BUILD)/obj/%.cu.o)
+
+BROKER_SRCS := $(wildcard broker/*.c)
+CLI_SRCS    := $(wildcard cli/*.c)
+PROGS := $(if $(BROKER_SRCS),$(BUILD)/deltacast-broker) $(if $(CLI_SRCS),$(BUILD)/deltacast)
+
+TEST_SRCS := $(wildcard tests/test_*.c)
+TEST_BINS := $(TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
+TOOL_SRCS := $(wildcard tests/tools/*.c)
+TOOL_BINS := $(TOOL_SRCS:tests/tools/%.c=$(BUILD)/tools/%)
+FUZZ_SRCS := $(wildcard tests/fuzz/fuzz_*.c)
+
+LIBA  := $(BUILD)/libdeltacast.a
+LIBSO := $(BUILD)/libdeltacast.so
+
+.SECONDARY:
+.PHONY: all deps test test-gpu fuzz install clean vectors
+all: $(LIBA) $(LIBSO) $(PROGS)
+
+deps:
+	@scripts/deps.sh
+
+$(BUILD)/obj/%.o: %.c | deps
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) $(DEP_CFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/obj/%.cu.o: %.cu | deps
+	@mkdir -p $(@D)
+	$(NVCC) -O3 -std=c++17 $(NVCC_ARCH) -Iinclude -Ikernels -Icommon -Xcompiler -fPIC \
+		-DDCAST_HAVE_CUDA=1 -MMD -MP -c $< -o $@
+
+$(LIBA): $(LIB_OBJS) $(CU_OBJS)
+	@mkdir -p $(@D)
+	rm -f $@ && ar rcs $@ $^
+
+$(LIBSO): $(LIB_OBJS) $(CU_OBJS)
+	$(CC) -shared $(SANFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/deltacast-broker: $(BROKER_SRCS:%.c=$(BUILD)/obj/%.o) $(LIBA)
+	$(CC) $(SANFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/deltacast: $(CLI_SRCS:%.c=$(BUILD)/obj/%.o) $(LIBA)
+	$(CC) $(SANFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(LIBA)
+	@mkdir -p $(@D)
+	$(CC) $(SANFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/tools/%: $(BUILD)/obj/tests/tools/%.o $(LIBA)
+	@mkdir -p $(@D)
+	$(CC) $(SANFLAGS) -o $@ $^ $(LDLIBS)
+
+# `make test` runs every tests/test_* (C executables, .sh and .py scripts).
+test: all $(TEST_BINS) $(TOOL_BINS)
+	@BUILD=$(BUILD) PYTHON=$(PYTHON) tests/run.sh $(T)
+
+test-gpu: all $(TEST_BINS)
+	@BUILD=$(BUILD) PYTHON=$(PYTHON) tests/run.sh gpu
+
+# Regenerate schema/vectors from the C encoder (the committed files are the contract).
+vectors: $(BUILD)/tools/gen_vectors
+	$(BUILD)/tools/gen_vectors schema/vectors
+
+# libFuzzer targets, built with clang from the library's C sources.
+FUZZ_CC ?= clang
+FUZZ_FLAGS := -std=c11 -D_GNU_SOURCE -g -O1 -Iinclude -Icommon -Ischema -Ikernels \
+	-Iproducer -Iconsumer -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
+$(BUILD)/fuzz/%: tests/fuzz/%.c $(LIB_SRCS) | deps
+	@mkdir -p $(@D)
+	$(FUZZ_CC) $(FUZZ_FLAGS) -o $@ $< $(LIB_SRCS) $(DEP_LIBS) -lm -lpthread
+
+fuzz: $(FUZZ_SRCS:tests/fuzz/%.c=$(BUILD)/fuzz/%)
+	@for f in $^; do n=$$(basename $$f); mkdir -p $(BUILD)/fuzz/corpus-$$n; \
+	  echo "fuzz: $$n for $(FUZZ_SECONDS)s"; \
+	  $$f -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -print_final_stats=1 \
+	    $(BUILD)/fuzz/corpus-$$n tests/fuzz/seeds/$$n 2>&1 | tail -n 12 || exit 1; done
+
+install: all
+	install -d $(DESTDIR)$(PREFIX)/include/deltacast $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/bin
+	install -m 644 include/deltacast/*.h $(DESTDIR)$(PREFIX)/include/deltacast/
+	install -m 644 $(LIBA) $(DESTDIR)$(PREFIX)/lib/
+	install -m 755 $(LIBSO) $(DESTDIR)$(PREFIX)/lib/
+	$(if $(PROGS),install -m 755 $(PROGS) $(DESTDIR)$(PREFIX)/bin/)
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@LIBS@|$(DEP_LIBS) $(CUDA_LIBS) -lm -lpthread|' \
+		scripts/deltacast.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/deltacast.pc
+
+clean:
+	rm -rf build build-san
+
+-include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

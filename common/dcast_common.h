@@ -1,0 +1,47 @@
+/* Private helpers shared by every deltacast folder: setting errors with a
+ * detail message, leveled logging to stderr, monotonic time, assertions for
+ * programming errors (never for peer input). */
+#ifndef DCAST_COMMON_H
+#define DCAST_COMMON_H
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include "deltacast/err.h"
+
+/* Record `err` with a printf-style detail for dcast_last_error() and return
+ * it, so that a failure path reads `return dcast_fail(DCAST_EX, "...", ...)`. */
+int dcast_fail(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Clear this thread's detail message. */
+void dcast_clear_error(void);
+
+enum dcast_log_level { DCAST_LOG_ERROR, DCAST_LOG_WARN, DCAST_LOG_INFO, DCAST_LOG_DEBUG };
+
+/* Log one line to stderr with a timestamp and level when `level` is at or
+ * below the threshold (DELTACAST_LOG=error|warn|info|debug, default info). */
+void dcast_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void dcast_log_set_level(int level);
+
+#define DCAST_LOG_E(...) dcast_log(DCAST_LOG_ERROR, __VA_ARGS__)
+#define DCAST_LOG_W(...) dcast_log(DCAST_LOG_WARN, __VA_ARGS__)
+#define DCAST_LOG_I(...) dcast_log(DCAST_LOG_INFO, __VA_ARGS__)
+#define DCAST_LOG_D(...) dcast_log(DCAST_LOG_DEBUG, __VA_ARGS__)
+
+/* Monotonic clock in nanoseconds / milliseconds. */
+uint64_t dcast_now_ns(void);
+uint64_t dcast_now_ms(void);
+
+/* Programming-error check: prints file:line and aborts. */
+#define DCAST_ASSERT(c)                                                        \
+	do {                                                                   \
+		if (!(c)) {                                                    \
+			fprintf(stderr, "deltacast: assertion failed: %s (%s:%d)\n", \
+				#c, __FILE__, __LINE__);                       \
+			abort();                                               \
+		}                                                              \
+	} while (0)
+
+#define DCAST_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+
+#endif

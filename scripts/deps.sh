@@ -1,0 +1,29 @@
+#!/bin/sh
+# Install the Debian packages deltacast needs, but only those pkg-config (or,
+# for Python modules and tools, a probe) cannot find.  `apt-get update` runs
+# once, before the first install, since a fresh machine's lists may be empty.
+set -eu
+missing=""
+need_pc() { pkg-config --exists "$1" 2>/dev/null || missing="$missing $2"; }
+need_cmd() { command -v "$1" >/dev/null 2>&1 || missing="$missing $2"; }
+need_py() { /usr/bin/python3 -c "import $1" >/dev/null 2>&1 || missing="$missing $2"; }
+
+need_cmd pkg-config pkg-config
+if command -v pkg-config >/dev/null 2>&1; then
+  need_pc libzmq libzmq3-dev
+  need_pc msgpack libmsgpack-dev
+  need_pc liburing liburing-dev
+  need_pc libxxhash libxxhash-dev
+else
+  missing="$missing libzmq3-dev libmsgpack-dev liburing-dev libxxhash-dev"
+fi
+need_cmd clang clang
+need_py msgpack python3-msgpack
+need_py numpy python3-numpy
+[ -z "$missing" ] && exit 0
+echo "deps: installing$missing"
+if [ "$(id -u)" != 0 ]; then SUDO=sudo; else SUDO=; fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+# shellcheck disable=SC2086
+$SUDO apt-get install -y -qq --no-install-recommends $missing

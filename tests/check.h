@@ -1,0 +1,60 @@
+/* Minimal assertions for deltacast's C tests: a failed CHECK prints where
+ * and why and makes the test exit 1 at the end (or at once with REQUIRE). */
+#ifndef DCAST_TEST_CHECK_H
+#define DCAST_TEST_CHECK_H
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "deltacast/err.h"
+
+static int check_failures;
+
+#define CHECK(c)                                                                      \
+	do {                                                                          \
+		if (!(c)) {                                                           \
+			fprintf(stderr, "%s:%d: CHECK failed: %s (last error: %s)\n", \
+				__FILE__, __LINE__, #c, dcast_last_error());          \
+			check_failures++;                                             \
+		}                                                                     \
+	} while (0)
+
+#define REQUIRE(c)                                                          \
+	do {                                                                \
+		if (!(c)) {                                                 \
+			fprintf(stderr, "%s:%d: REQUIRE failed: %s (last error: %s)\n", \
+				__FILE__, __LINE__, #c, dcast_last_error()); \
+			exit(1);                                            \
+		}                                                           \
+	} while (0)
+
+/* Compare an error code with the expected one, naming both on mismatch. */
+#define CHECK_ERR(got, want)                                                      \
+	do {                                                                      \
+		int g_ = (got), w_ = (want);                                      \
+		if (g_ != w_) {                                                   \
+			fprintf(stderr, "%s:%d: %s = %s, want %s (%s)\n", __FILE__, \
+				__LINE__, #got, dcast_errname(g_), dcast_errname(w_), \
+				dcast_last_error());                              \
+			check_failures++;                                         \
+		}                                                                 \
+	} while (0)
+
+#define TEST_SKIP(why)                                  \
+	do {                                            \
+		printf("skip: %s\n", why);              \
+		exit(77);                               \
+	} while (0)
+
+static inline int check_done(const char *name)
+{
+	if (check_failures) {
+		fprintf(stderr, "%s: %d check(s) failed\n", name, check_failures);
+		return 1;
+	}
+	printf("%s: ok\n", name);
+	return 0;
+}
+
+#endif

@@ -1,0 +1,359 @@
+/* Strict header decoding: msgpack bytes -> dcast_msg, driven by the field
+ * tables.  Every rejection names the message, the field and the rule. */
+#include <msgpack.h>
+#include <string.h>
+#include "dcast_common.h"
+#include "schema_impl.h"
+
+#define MAX_MAP_KEYS 64
+
+static const char *kind_name(msgpack_object_type t)
+{
+	switch (t) {
+	case MSGPACK_OBJECT_NIL: return "nil";
+	case MSGPACK_OBJECT_BOOLEAN: return "bool";
+	case MSGPACK_OBJECT_POSITIVE_INTEGER: return "uint";
+	case MSGPACK_OBJECT_NEGATIVE_INTEGER: return "negative int";
+	case MSGPACK_OBJECT_FLOAT32: case MSGPACK_OBJECT_FLOAT64: return "float";
+	case MSGPACK_OBJECT_STR: return "str";
+	case MSGPACK_OBJECT_ARRAY: return "array";
+	case MSGPACK_OBJECT_MAP: return "map";
+	case MSGPACK_OBJECT_BIN: return "bin";
+	default: return "ext";
+	}
+}
+
+static int want(const msgpack_object *o, msgpack_object_type t, const char *path,
+		const char *key, const char *what)
+{
+	if (o->type == t)
+		return 0;
+	if (t == MSGPACK_OBJECT_POSITIVE_INTEGER && o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER)
+		return dcast_fail(DCAST_EFIELD_RANGE, "%s.%s: %lld is negative",
+				  path, key, (long long)o->via.i64);
+	return dcast_fail(DCAST_EFIELD_TYPE, "%s.%s: expected %s, got %s", path, key, what,
+			  kind_name(o->type));
+}
+
+static int get_uint(const msgpack_object *o, const char *path, const char *key, uint64_t *v)
+{
+	int rc = want(o, MSGPACK_OBJECT_POSITIVE_INTEGER, path, key, "uint");
+
+	if (!rc)
+		*v = o->via.u64;
+	return rc;
+}
+
+/* Copy a string into dst[max + 1]; the length limit is checked here since
+ * it bounds the copy, the lower bound later by validation. */
+static int get_str(const msgpack_object *o, const char *path, const struct field *f,
+		   char *dst)
+{
+	int rc = want(o, MSGPACK_OBJECT_STR, path, f->key, "str");
+
+	if (rc)
+		return rc;
+	if (o->via.str.size > f->max)
+		return dcast_fail(DCAST_ETOO_LARGE, "%s.%s: %u bytes exceeds limit %llu", path,
+				  f->key, o->via.str.size, (unsigned long long)f->max);
+	if (memchr(o->via.str.ptr, 0, o->via.str.size))
+		return dcast_fail(DCAST_EFIELD_RANGE, "%s.%s: contains a NUL byte", path, f->key);
+	memcpy(dst, o->via.str.ptr, o->via.str.size);
+	dst[o->via.str.size] = '\0';
+	return 0;
+}
+
+static int get_enum_str(const msgpack_object *o, const char *path, const struct field *f,
+			uint32_t *dst)
+{
+	char s[32];
+	struct field sf = *f;
+	int v;
+
+	sf.max = sizeof(s) - 1;
+	if (o->type == MSGPACK_OBJECT_STR && o->via.str.size >= sizeof(s))
+		return dcast_fail(f->kind == F_DTYPE ? DCAST_EDTYPE : DCAST_EFIELD_RANGE,
+				  "%s.%s: unknown value", path, f->key);
+	int rc = get_str(o, path, &sf, s);
+	if (rc)
+		return rc;
+	if (f->kind == F_ROLE)
+		v = strcmp(s, "producer") == 0 ? DCAST_ROLE_PRODUCER
+		    : strcmp(s, "consumer") == 0 ? DCAST_ROLE_CONSUMER : -1;
+	else
+		v = dcast_dtype_from_name(s);
+	if (v < 0 && f->kind == F_DTYPE)
+		return dcast_fail(DCAST_EDTYPE, "%s.%s: unknown dtype \"%s\"", path, f->key, s);
+	if (v < 0)
+		return dcast_fail(DCAST_EFIELD_RANGE, "%s.%s: unknown value \"%s\"", path, f->key, s);
+	*dst = (uint32_t)v;
+	return 0;
+}
+
+static int get_shape(const msgpack_object *o, const char *path, const struct field *f,
+		     dcast_tensor_desc *t)
+{
+	int rc = want(o, MSGPACK_OBJECT_ARRAY, path, f->key, "array");
+
+	if (rc)
+		return rc;
+	if (o->via.array.size > DCAST_MAX_DIMS)
+		return dcast_fail(DCAST_ETOO_LARGE, "%s.shape: %u dims exceeds DCAST_MAX_DIMS (%d)",
+				  path, o->via.array.size, DCAST_MAX_DIMS);
+	t->ndim = o->via.array.size;
+	for (uint32_t i = 0; i < t->ndim && !rc; i++)
+		rc = get_uint(&o->via.array.ptr[i], path, "shape[]", &t->shape[i]);
+	return rc;
+}
+
+static int decode_map(const msgpack_object *o, const struct msg_table *t, void *base,
+		      const char *path, int skip_header);
+
+/* Decode an array of nested maps (tensors, digests) into a calloc'd array. */
+static int get_array(const msgpack_object *o, const char *path, const struct field *f,
+		     void *base)
+{
+	void *slot = (char *)base + f->off;
+	void **arr = f->kind == F_TENSORS ? (void **)&((dcast_manifest *)base)->tensors
+					  : (void **)&((dcast_commit *)base)->digests;
+	const struct msg_table *sub = f->kind == F_TENSORS ? &schema_tensor_table
+							   : &schema_digest_table;
+	size_t elem = f->kind == F_TENSORS ? sizeof(dcast_tensor_desc) : sizeof(dcast_range_digest);
+	char sub_path[96];
+	int rc = want(o, MSGPACK_OBJECT_ARRAY, path, f->key, "array");
+
+	if (rc)
+		return rc;
+	if (o->via.array.size > f->max)
+		return dcast_fail(DCAST_ETOO_LARGE, "%s.%s: %u entries exceeds limit %llu", path,
+				  f->key, o->via.array.size, (unsigned long long)f->max);
+	*(uint32_t *)slot = o->via.array.size;
+	*arr = calloc(o->via.array.size ? o->via.array.size : 1, elem);
+	if (!*arr)
+		return dcast_fail(DCAST_ENOMEM, "%s.%s: out of memory", path, f->key);
+	for (uint32_t i = 0; i < o->via.array.size && !rc; i++) {
+		snprintf(sub_path, sizeof(sub_path), "%s.%s[%u]", path, f->key, i);
+		rc = decode_map(&o->via.array.ptr[i], sub, (char *)*arr + i * elem, sub_path, 0);
+	}
+	return rc;
+}
+
+static int decode_field(const msgpack_object *o, const struct field *f, void *base,
+			const char *path)
+{
+	void *slot = (char *)base + f->off;
+	uint64_t v = 0;
+	int rc;
+
+	switch (f->kind) {
+	case F_VER:
+		if (o->type == MSGPACK_OBJECT_NIL) {
+			*(uint64_t *)slot = DCAST_VERSION_NONE;
+			return 0;
+		}
+		/* fall through */
+	case F_U64:
+	case F_U32:
+		if ((rc = get_uint(o, path, f->key, &v)))
+			return rc;
+		if (v < f->min || v > f->max)
+			return dcast_fail(DCAST_EFIELD_RANGE, "%s.%s: %llu outside [%llu, %llu]",
+					  path, f->key, (unsigned long long)v,
+					  (unsigned long long)f->min, (unsigned long long)f->max);
+		if (f->kind == F_U32)
+			*(uint32_t *)slot = (uint32_t)v;
+		else
+			*(uint64_t *)slot = v;
+		return 0;
+	case F_BOOL:
+		if ((rc = want(o, MSGPACK_OBJECT_BOOLEAN, path, f->key, "bool")))
+			return rc;
+		*(uint32_t *)slot = o->via.boolean;
+		return 0;
+	case F_STR:
+		return get_str(o, path, f, slot);
+	case F_ROLE:
+	case F_DTYPE:
+		return get_enum_str(o, path, f, slot);
+	case F_SHAPE:
+		return get_shape(o, path, f, base);
+	default:
+		return get_array(o, path, f, base);
+	}
+}
+
+static int is_key(const msgpack_object *k, const char *s)
+{
+	size_t n = strlen(s);
+
+	return k->type == MSGPACK_OBJECT_STR && k->via.str.size == n &&
+	       memcmp(k->via.str.ptr, s, n) == 0;
+}
+
+static int find_field(const struct msg_table *t, const msgpack_object *k)
+{
+	for (unsigned i = 0; i < t->n_fields; i++)
+		if (is_key(k, t->fields[i].key))
+			return (int)i;
+	return -1;
+}
+
+static int is_header_key(const msgpack_object *k)
+{
+	return is_key(k, "proto") || is_key(k, "type");
+}
+
+static int check_key(const msgpack_object *k, const char *path)
+{
+	if (k->type != MSGPACK_OBJECT_STR)
+		return dcast_fail(DCAST_EMALFORMED, "%s: map key is %s, not str", path,
+				  kind_name(k->type));
+	return 0;
+}
+
+static int unknown_key(const msgpack_object *k, const char *path)
+{
+	if (k->via.str.size >= 2 && memcmp(k->via.str.ptr, "x-", 2) == 0)
+		return 0;
+	return dcast_fail(DCAST_EFIELD_UNKNOWN, "%s: unknown field \"%.*s\"", path,
+			  (int)(k->via.str.size > 64 ? 64 : k->via.str.size), k->via.str.ptr);
+}
+
+static int check_missing(const struct msg_table *t, uint64_t seen, const char *path)
+{
+	for (unsigned i = 0; i < t->n_fields; i++)
+		if (t->fields[i].required && !(seen >> i & 1))
+			return dcast_fail(DCAST_EFIELD_MISSING, "%s.%s: required field missing",
+					  path, t->fields[i].key);
+	return 0;
+}
+
+/* Duplicate keys make a header ambiguous; maps are small (bounded above),
+ * so a quadratic check is cheap. */
+static int check_duplicates(const msgpack_object_map *m, const char *path)
+{
+	for (uint32_t i = 0; i < m->size; i++)
+		for (uint32_t j = i + 1; j < m->size; j++)
+			if (m->ptr[j].key.type == MSGPACK_OBJECT_STR &&
+			    m->ptr[i].key.type == MSGPACK_OBJECT_STR &&
+			    m->ptr[i].key.via.str.size == m->ptr[j].key.via.str.size &&
+			    memcmp(m->ptr[i].key.via.str.ptr, m->ptr[j].key.via.str.ptr,
+				   m->ptr[i].key.via.str.size) == 0)
+				return dcast_fail(DCAST_EMALFORMED, "%s: duplicate key \"%.*s\"",
+						  path, (int)m->ptr[i].key.via.str.size,
+						  m->ptr[i].key.via.str.ptr);
+	return 0;
+}
+
+static int decode_map(const msgpack_object *o, const struct msg_table *t, void *base,
+		      const char *path, int skip_header)
+{
+	uint64_t seen = 0;
+	int rc;
+
+	if (o->type != MSGPACK_OBJECT_MAP)
+		return dcast_fail(DCAST_EFIELD_TYPE, "%s: expected map, got %s", path,
+				  kind_name(o->type));
+	if (o->via.map.size > MAX_MAP_KEYS)
+		return dcast_fail(DCAST_ETOO_LARGE, "%s: %u keys exceeds %d", path,
+				  o->via.map.size, MAX_MAP_KEYS);
+	if ((rc = check_duplicates(&o->via.map, path)))
+		return rc;
+	for (uint32_t i = 0; i < o->via.map.size; i++) {
+		const msgpack_object_kv *kv = &o->via.map.ptr[i];
+		if ((rc = check_key(&kv->key, path)))
+			return rc;
+		if (skip_header && is_header_key(&kv->key))
+			continue;
+		int fi = find_field(t, &kv->key);
+		if (fi < 0 && (rc = unknown_key(&kv->key, path)))
+			return rc;
+		if (fi < 0)
+			continue;
+		seen |= 1ull << fi;
+		if ((rc = decode_field(&kv->val, &t->fields[fi], base, path)))
+			return rc;
+	}
+	return check_missing(t, seen, path);
+}
+
+static const msgpack_object *lookup(const msgpack_object_map *m, const char *key)
+{
+	for (uint32_t i = 0; i < m->size; i++)
+		if (is_key(&m->ptr[i].key, key))
+			return &m->ptr[i].val;
+	return NULL;
+}
+
+/* "proto" first (a peer speaking another version may change everything
+ * else), then "type". */
+static int decode_type(const msgpack_object *root, int *type)
+{
+	const msgpack_object *proto, *t;
+	char name[16];
+
+	if (root->type != MSGPACK_OBJECT_MAP)
+		return dcast_fail(DCAST_EMALFORMED, "header: expected a map, got %s",
+				  kind_name(root->type));
+	if (!(proto = lookup(&root->via.map, "proto")))
+		return dcast_fail(DCAST_EFIELD_MISSING, "header.proto: required field missing");
+	if (proto->type != MSGPACK_OBJECT_POSITIVE_INTEGER)
+		return dcast_fail(DCAST_EFIELD_TYPE, "header.proto: expected uint, got %s",
+				  kind_name(proto->type));
+	if (proto->via.u64 != DCAST_PROTO_VERSION)
+		return dcast_fail(DCAST_EPROTO_VERSION,
+				  "header.proto: version %llu not spoken (this build speaks %d)",
+				  (unsigned long long)proto->via.u64, DCAST_PROTO_VERSION);
+	if (!(t = lookup(&root->via.map, "type")))
+		return dcast_fail(DCAST_EFIELD_MISSING, "header.type: required field missing");
+	if (t->type != MSGPACK_OBJECT_STR)
+		return dcast_fail(DCAST_EFIELD_TYPE, "header.type: expected str, got %s",
+				  kind_name(t->type));
+	snprintf(name, sizeof(name), "%.*s", (int)(t->via.str.size < 15 ? t->via.str.size : 15),
+		 t->via.str.ptr);
+	for (int i = 1; i < DCAST_MSG_TYPE_COUNT; i++)
+		if (t->via.str.size == strlen(schema_table(i)->name) &&
+		    strcmp(schema_table(i)->name, name) == 0)
+			return *type = i, 0;
+	return dcast_fail(DCAST_EMSG_TYPE, "header.type: unknown message type \"%s\"", name);
+}
+
+static int decode_root(const msgpack_object *root, dcast_msg *m)
+{
+	int type = 0, rc;
+
+	if ((rc = decode_type(root, &type)))
+		return rc;
+	dcast_msg_init(m, type);
+	const struct msg_table *t = schema_table(type);
+	if ((rc = decode_map(root, t, &m->u, t->name, 1)))
+		return rc;
+	return dcast_msg_validate(m);
+}
+
+int dcast_msg_decode(const void *data, size_t len, dcast_msg *m)
+{
+	msgpack_unpacked up;
+	size_t off = 0;
+	int rc;
+
+	memset(m, 0, sizeof(*m));
+	if (!data && len)
+		return dcast_fail(DCAST_EINVAL, "header: NULL data");
+	if (len > DCAST_MAX_HEADER_BYTES)
+		return dcast_fail(DCAST_ETOO_LARGE, "header: %zu bytes exceeds DCAST_MAX_HEADER_BYTES (%u)",
+				  len, DCAST_MAX_HEADER_BYTES);
+	if (len == 0)
+		return dcast_fail(DCAST_ETRUNCATED, "header: empty frame");
+	if ((rc = schema_prescan(data, len)))
+		return rc;
+	msgpack_unpacked_init(&up);
+	if (msgpack_unpack_next(&up, data, len, &off) != MSGPACK_UNPACK_SUCCESS)
+		rc = dcast_fail(DCAST_EMALFORMED, "header: msgpack-c could not unpack it");
+	else
+		rc = decode_root(&up.data, m);
+	msgpack_unpacked_destroy(&up);
+	if (rc)
+		dcast_msg_free(m);
+	return rc;
+}

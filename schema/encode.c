@@ -1,0 +1,245 @@
+/* Header encoding (dcast_msg -> msgpack, via msgpack-c's packer) and the
+ * JSON rendering used by test vectors, both driven by the field tables. */
+#include <msgpack.h>
+#include <string.h>
+#include "dcast_common.h"
+#include "schema_impl.h"
+
+static const char *role_name(uint32_t r)
+{
+	return r == DCAST_ROLE_PRODUCER ? "producer" : "consumer";
+}
+
+/* ---- msgpack ---- */
+
+static void pack_str(msgpack_packer *pk, const char *s)
+{
+	size_t n = strlen(s);
+
+	msgpack_pack_str(pk, n);
+	msgpack_pack_str_body(pk, s, n);
+}
+
+static void pack_map(msgpack_packer *pk, const struct msg_table *t, const void *base);
+
+static void pack_array(msgpack_packer *pk, const struct field *f, const void *base)
+{
+	int tensors = f->kind == F_TENSORS;
+	uint32_t n = *(const uint32_t *)((const char *)base + f->off);
+	const char *arr = tensors ? (const char *)((const dcast_manifest *)base)->tensors
+				  : (const char *)((const dcast_commit *)base)->digests;
+	size_t elem = tensors ? sizeof(dcast_tensor_desc) : sizeof(dcast_range_digest);
+
+	msgpack_pack_array(pk, n);
+	for (uint32_t i = 0; i < n; i++)
+		pack_map(pk, tensors ? &schema_tensor_table : &schema_digest_table, arr + i * elem);
+}
+
+static void pack_field(msgpack_packer *pk, const struct field *f, const void *base)
+{
+	const void *slot = (const char *)base + f->off;
+	const dcast_tensor_desc *t = base;
+
+	pack_str(pk, f->key);
+	switch (f->kind) {
+	case F_U32: msgpack_pack_uint32(pk, *(const uint32_t *)slot); break;
+	case F_U64: msgpack_pack_uint64(pk, *(const uint64_t *)slot); break;
+	case F_BOOL:
+		(*(const uint32_t *)slot ? msgpack_pack_true : msgpack_pack_false)(pk);
+		break;
+	case F_VER:
+		if (*(const uint64_t *)slot == DCAST_VERSION_NONE)
+			msgpack_pack_nil(pk);
+		else
+			msgpack_pack_uint64(pk, *(const uint64_t *)slot);
+		break;
+	case F_STR: pack_str(pk, slot); break;
+	case F_ROLE: pack_str(pk, role_name(*(const uint32_t *)slot)); break;
+	case F_DTYPE: pack_str(pk, dcast_dtype_name(*(const uint32_t *)slot)); break;
+	case F_SHAPE:
+		msgpack_pack_array(pk, t->ndim);
+		for (uint32_t i = 0; i < t->ndim; i++)
+			msgpack_pack_uint64(pk, t->shape[i]);
+		break;
+	default: pack_array(pk, f, base); break;
+	}
+}
+
+static void pack_map(msgpack_packer *pk, const struct msg_table *t, const void *base)
+{
+	msgpack_pack_map(pk, t->n_fields);
+	for (unsigned i = 0; i < t->n_fields; i++)
+		pack_field(pk, &t->fields[i], base);
+}
+
+int dcast_msg_encode(const dcast_msg *m, void **out, size_t *out_len)
+{
+	msgpack_sbuffer sb;
+	msgpack_packer pk;
+	int rc;
+
+	*out = NULL;
+	*out_len = 0;
+	if ((rc = dcast_msg_validate(m)))
+		return rc;
+	const struct msg_table *t = schema_table(m->type);
+	msgpack_sbuffer_init(&sb);
+	msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+	msgpack_pack_map(&pk, 2 + t->n_fields);
+	pack_str(&pk, "proto");
+	msgpack_pack_uint32(&pk, DCAST_PROTO_VERSION);
+	pack_str(&pk, "type");
+	pack_str(&pk, t->name);
+	for (unsigned i = 0; i < t->n_fields; i++)
+		pack_field(&pk, &t->fields[i], &m->u);
+	if (!sb.data) {
+		msgpack_sbuffer_destroy(&sb);
+		return dcast_fail(DCAST_ENOMEM, "%s: out of memory encoding header", t->name);
+	}
+	*out_len = sb.size;
+	*out = msgpack_sbuffer_release(&sb);
+	return 0;
+}
+
+/* ---- JSON ---- */
+
+struct jbuf {
+	char *p;
+	size_t len, cap;
+	int oom;
+};
+
+static void jput(struct jbuf *b, const char *s, size_t n)
+{
+	if (b->oom)
+		return;
+	if (b->len + n + 1 > b->cap) {
+		size_t cap = (b->cap + n + 1) * 2;
+		char *p = realloc(b->p, cap);
+		if (!p) {
+			b->oom = 1;
+			return;
+		}
+		b->p = p, b->cap = cap;
+	}
+	memcpy(b->p + b->len, s, n);
+	b->len += n;
+	b->p[b->len] = '\0';
+}
+
+static void jputs(struct jbuf *b, const char *s)
+{
+	jput(b, s, strlen(s));
+}
+
+static void jstr(struct jbuf *b, const char *s)
+{
+	char esc[8];
+
+	jputs(b, "\"");
+	for (; *s; s++) {
+		unsigned char c = (unsigned char)*s;
+		if (c == '"' || c == '\\' || c < 0x20) {
+			snprintf(esc, sizeof(esc), "\\u%04x", c);
+			jputs(b, esc);
+		} else {
+			jput(b, s, 1);
+		}
+	}
+	jputs(b, "\"");
+}
+
+static void juint(struct jbuf *b, uint64_t v)
+{
+	char num[24];
+
+	snprintf(num, sizeof(num), "%llu", (unsigned long long)v);
+	jputs(b, num);
+}
+
+static void json_map(struct jbuf *b, const struct msg_table *t, const void *base);
+
+static void json_array(struct jbuf *b, const struct field *f, const void *base)
+{
+	int tensors = f->kind == F_TENSORS;
+	uint32_t n = *(const uint32_t *)((const char *)base + f->off);
+	const char *arr = tensors ? (const char *)((const dcast_manifest *)base)->tensors
+				  : (const char *)((const dcast_commit *)base)->digests;
+	size_t elem = tensors ? sizeof(dcast_tensor_desc) : sizeof(dcast_range_digest);
+
+	jputs(b, "[");
+	for (uint32_t i = 0; i < n; i++) {
+		jputs(b, i ? ", " : "");
+		json_map(b, tensors ? &schema_tensor_table : &schema_digest_table, arr + i * elem);
+	}
+	jputs(b, "]");
+}
+
+static void json_value(struct jbuf *b, const struct field *f, const void *base)
+{
+	const void *slot = (const char *)base + f->off;
+	const dcast_tensor_desc *t = base;
+
+	switch (f->kind) {
+	case F_U32: juint(b, *(const uint32_t *)slot); break;
+	case F_U64: juint(b, *(const uint64_t *)slot); break;
+	case F_BOOL: jputs(b, *(const uint32_t *)slot ? "true" : "false"); break;
+	case F_VER:
+		if (*(const uint64_t *)slot == DCAST_VERSION_NONE)
+			jputs(b, "null");
+		else
+			juint(b, *(const uint64_t *)slot);
+		break;
+	case F_STR: jstr(b, slot); break;
+	case F_ROLE: jstr(b, role_name(*(const uint32_t *)slot)); break;
+	case F_DTYPE: jstr(b, dcast_dtype_name(*(const uint32_t *)slot)); break;
+	case F_SHAPE:
+		jputs(b, "[");
+		for (uint32_t i = 0; i < t->ndim; i++) {
+			jputs(b, i ? ", " : "");
+			juint(b, t->shape[i]);
+		}
+		jputs(b, "]");
+		break;
+	default: json_array(b, f, base); break;
+	}
+}
+
+static void json_fields(struct jbuf *b, const struct msg_table *t, const void *base, int first)
+{
+	for (unsigned i = 0; i < t->n_fields; i++) {
+		jputs(b, first && i == 0 ? "\"" : ", \"");
+		jputs(b, t->fields[i].key);
+		jputs(b, "\": ");
+		json_value(b, &t->fields[i], base);
+	}
+}
+
+static void json_map(struct jbuf *b, const struct msg_table *t, const void *base)
+{
+	jputs(b, "{");
+	json_fields(b, t, base, 1);
+	jputs(b, "}");
+}
+
+int dcast_msg_to_json(const dcast_msg *m, char **out)
+{
+	const struct msg_table *t = schema_table(m->type);
+	struct jbuf b = {0};
+
+	*out = NULL;
+	if (!t)
+		return dcast_fail(DCAST_EMSG_TYPE, "message type %u unknown", m->type);
+	jputs(&b, "{\"proto\": ");
+	juint(&b, DCAST_PROTO_VERSION);
+	jputs(&b, ", \"type\": ");
+	jstr(&b, t->name);
+	json_fields(&b, t, &m->u, 0);
+	jputs(&b, "}\n");
+	if (b.oom) {
+		free(b.p);
+		return dcast_fail(DCAST_ENOMEM, "%s: out of memory rendering JSON", t->name);
+	}
+	*out = b.p;
+	return 0;
+}

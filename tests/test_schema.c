@@ -1,0 +1,188 @@
+/* Wire schema v1: round trips at the limits, every truncation and random
+ * corruption of a valid header rejected without a crash, payload size and
+ * checksum checks, and an invalid struct never encoded. */
+#include "check.h"
+#include "deltacast/codec.h"
+#include "deltacast/schema.h"
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+
+static uint64_t next_rand(void)
+{
+	rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+	return rng;
+}
+
+static void roundtrip(const dcast_msg *m)
+{
+	void *buf, *buf2;
+	size_t len, len2;
+	dcast_msg back;
+
+	REQUIRE(dcast_msg_encode(m, &buf, &len) == DCAST_OK);
+	CHECK_ERR(dcast_msg_decode(buf, len, &back), DCAST_OK);
+	CHECK_ERR(dcast_msg_encode(&back, &buf2, &len2), DCAST_OK);
+	CHECK(len == len2 && memcmp(buf, buf2, len) == 0);
+	CHECK(back.type == m->type);
+	free(buf), free(buf2);
+	dcast_msg_free(&back);
+}
+
+static void test_limits(void)
+{
+	dcast_msg m;
+
+	dcast_msg_init(&m, DCAST_MSG_HELLO);
+	m.u.hello.role = DCAST_ROLE_CONSUMER;
+	memset(m.u.hello.model, 'a', DCAST_MAX_NAME); /* exactly at the limit */
+	m.u.hello.window_bytes = DCAST_MAX_CREDIT_BYTES;
+	m.u.hello.have_version = UINT64_MAX - 1;
+	roundtrip(&m);
+	dcast_msg_init(&m, DCAST_MSG_CHUNK);
+	strcpy(m.u.chunk.model, "m");
+	m.u.chunk.version = 5, m.u.chunk.base_version = 0;
+	m.u.chunk.count = DCAST_MAX_RANGE_ELEMS, m.u.chunk.elem_size = 4;
+	m.u.chunk.encoding = DCAST_ENC_IDX32, m.u.chunk.changed = 1;
+	m.u.chunk.start = DCAST_MAX_TENSOR_ELEMS - DCAST_MAX_RANGE_ELEMS;
+	m.u.chunk.payload_bytes = DCAST_MAX_CHUNK_BYTES, m.u.chunk.checksum = UINT64_MAX;
+	roundtrip(&m);
+	m.u.chunk.start++; /* range now ends past 2^48 */
+	void *buf;
+	size_t len;
+	CHECK_ERR(dcast_msg_encode(&m, &buf, &len), DCAST_EFIELD_RANGE);
+	CHECK(buf == NULL && len == 0);
+}
+
+static void test_big_manifest(void)
+{
+	dcast_msg m;
+	uint32_t n = 5000;
+
+	dcast_msg_init(&m, DCAST_MSG_MANIFEST);
+	strcpy(m.u.manifest.model, "big");
+	m.u.manifest.n_tensors = n;
+	REQUIRE((m.u.manifest.tensors = calloc(n, sizeof(dcast_tensor_desc))));
+	for (uint32_t i = 0; i < n; i++) {
+		snprintf(m.u.manifest.tensors[i].name, DCAST_MAX_NAME, "layers.%u.weight", i);
+		m.u.manifest.tensors[i].dtype = i % DCAST_DTYPE_COUNT;
+		m.u.manifest.tensors[i].ndim = 1 + i % DCAST_MAX_DIMS;
+		for (uint32_t d = 0; d < m.u.manifest.tensors[i].ndim; d++)
+			m.u.manifest.tensors[i].shape[d] = 1 + d;
+	}
+	roundtrip(&m);
+	strcpy(m.u.manifest.tensors[4999].name, m.u.manifest.tensors[17].name);
+	CHECK_ERR(dcast_msg_validate(&m), DCAST_EFIELD_RANGE);
+	CHECK(strstr(dcast_last_error(), "duplicate name") != NULL);
+	dcast_msg_free(&m);
+	CHECK(m.u.manifest.tensors == NULL);
+}
+
+static void make_commit(dcast_msg *m, dcast_range_digest *d, uint32_t n)
+{
+	dcast_msg_init(m, DCAST_MSG_COMMIT);
+	strcpy(m->u.commit.model, "model");
+	m->u.commit.version = 3, m->u.commit.base_version = 2, m->u.commit.chunks = n;
+	m->u.commit.n_digests = n, m->u.commit.digests = d;
+	for (uint32_t i = 0; i < n; i++)
+		d[i] = (dcast_range_digest){i, i * 10, 10, next_rand()};
+}
+
+/* Every prefix of a valid header is rejected, none crashes. */
+static void test_truncations(void)
+{
+	dcast_range_digest d[8];
+	dcast_msg m, out;
+	void *buf;
+	size_t len;
+
+	make_commit(&m, d, 8);
+	REQUIRE(dcast_msg_encode(&m, &buf, &len) == DCAST_OK);
+	for (size_t n = 0; n < len; n++) {
+		int rc = dcast_msg_decode(buf, n, &out);
+		CHECK(rc == DCAST_ETRUNCATED);
+	}
+	free(buf);
+}
+
+/* Random byte corruption: either a clean decode or a named error. */
+static void test_corruption(void)
+{
+	dcast_range_digest d[4];
+	dcast_msg m, out;
+	void *buf;
+	size_t len;
+	int ok = 0, rejected = 0;
+
+	make_commit(&m, d, 4);
+	REQUIRE(dcast_msg_encode(&m, &buf, &len) == DCAST_OK);
+	uint8_t *copy = malloc(len);
+	for (int trial = 0; trial < 20000; trial++) {
+		memcpy(copy, buf, len);
+		for (int k = 0; k < 1 + (int)(next_rand() % 3); k++)
+			copy[next_rand() % len] = (uint8_t)next_rand();
+		int rc = dcast_msg_decode(copy, len, &out);
+		if (rc == 0) {
+			ok++;
+			dcast_msg_free(&out);
+			continue;
+		}
+		rejected++;
+		CHECK(dcast_last_error()[0] != '\0');
+	}
+	CHECK(rejected > 0);
+	printf("corruption: %d decoded, %d rejected\n", ok, rejected);
+	free(copy), free(buf);
+}
+
+static void test_payload_and_checksum(void)
+{
+	dcast_msg m;
+	uint8_t payload[64];
+
+	for (size_t i = 0; i < sizeof(payload); i++)
+		payload[i] = (uint8_t)(i * 7);
+	dcast_msg_init(&m, DCAST_MSG_CHUNK);
+	strcpy(m.u.chunk.model, "m");
+	m.u.chunk.version = 1, m.u.chunk.anchor = 1, m.u.chunk.count = 32;
+	m.u.chunk.elem_size = 2, m.u.chunk.payload_bytes = 64;
+	m.u.chunk.checksum = dcast_checksum(payload, sizeof(payload));
+	CHECK_ERR(dcast_msg_validate(&m), DCAST_OK);
+	CHECK_ERR(dcast_msg_check_payload(&m, 64), DCAST_OK);
+	CHECK_ERR(dcast_msg_check_payload(&m, 63), DCAST_EPAYLOAD_SIZE);
+	CHECK_ERR(dcast_chunk_verify(&m.u.chunk, payload), DCAST_OK);
+	payload[10] ^= 1;
+	CHECK_ERR(dcast_chunk_verify(&m.u.chunk, payload), DCAST_ECHECKSUM);
+	dcast_msg_init(&m, DCAST_MSG_CREDIT);
+	m.u.credit.bytes = 1;
+	CHECK_ERR(dcast_msg_check_payload(&m, 0), DCAST_OK);
+	CHECK_ERR(dcast_msg_check_payload(&m, 1), DCAST_EPAYLOAD_SIZE);
+}
+
+static void test_extension_and_errors(void)
+{
+	/* {"proto":1,"type":"BYE","x-trace":"abc"}: extensions are ignored */
+	static const uint8_t ext[] = {0x83, 0xa5, 'p', 'r', 'o', 't', 'o', 0x01, 0xa4, 't',
+				      'y', 'p', 'e', 0xa3, 'B', 'Y', 'E', 0xa7, 'x', '-',
+				      't', 'r', 'a', 'c', 'e', 0xa3, 'a', 'b', 'c'};
+	dcast_msg m;
+
+	CHECK_ERR(dcast_msg_decode(ext, sizeof(ext), &m), DCAST_OK);
+	CHECK(m.type == DCAST_MSG_BYE && m.u.bye.reason[0] == '\0');
+	CHECK_ERR(dcast_msg_decode(NULL, 0, &m), DCAST_ETRUNCATED);
+	CHECK_ERR(dcast_msg_decode(ext, DCAST_MAX_HEADER_BYTES + 1ull, &m), DCAST_ETOO_LARGE);
+	m.type = 99;
+	CHECK_ERR(dcast_msg_validate(&m), DCAST_EMSG_TYPE);
+	CHECK(strcmp(dcast_dtype_name(dcast_dtype_from_name("BF16")), "BF16") == 0);
+	CHECK(dcast_dtype_size(DCAST_DTYPE_F8_E4M3) == 1 && dcast_dtype_size(99) == 0);
+}
+
+int main(void)
+{
+	test_limits();
+	test_big_manifest();
+	test_truncations();
+	test_corruption();
+	test_payload_and_checksum();
+	test_extension_and_errors();
+	return check_done("test_schema");
+}

@@ -1,0 +1,579 @@
+/* File I/O engine: io_uring with a plain pread/pwrite/fsync twin (dcast_io.h).
+ * Each operation takes one slot of a fixed table (allocated at open); the
+ * slot index and buffer index ride in the SQE's user_data, as in liburing's
+ * io_uring-cp example.  Finished slots wait in a FIFO until reaped. */
+#include <errno.h>
+#include <fcntl.h>
+#include <liburing.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <unistd.h>
+#include "dcast_common.h"
+#include "dcast_io.h"
+
+#define IO_MAX_BUFS 64u
+#define IO_MAX_RETRIES 1000u          /* -EAGAIN / -EINTR / no-progress requeues */
+#define IO_DEFAULT_XFER (1ul << 30)   /* bytes one SQE or syscall is given */
+#define IO_NAME_MAX 96
+
+enum io_op { IO_READ = 1, IO_WRITE, IO_FSYNC, IO_FDATASYNC };
+
+struct io_slot {
+	uint8_t op;
+	int file, buf_index;
+	char *buf;
+	size_t len, done;
+	uint64_t off, tag;
+	int sys_err;      /* positive errno of a failure, 0 if none */
+	unsigned retries;
+};
+
+struct io_file {
+	int fd, fixed, used;
+	char name[IO_NAME_MAX];
+};
+
+struct dcast_io {
+	struct io_uring ring;
+	int uring, files_table, bufs_fixed;
+	unsigned depth, n_inflight, n_bufs;
+	size_t max_xfer;
+	struct io_slot *slots;
+	unsigned *free_stack, n_free;
+	unsigned *done_fifo, done_head, done_n;
+	struct iovec bufs[IO_MAX_BUFS];
+	struct io_file files[DCAST_IO_MAX_FILES];
+};
+
+static const char *op_name(int op)
+{
+	static const char *names[] = {"?", "read", "write", "fsync", "fdatasync"};
+
+	return op >= IO_READ && op <= IO_FDATASYNC ? names[op] : "?";
+}
+
+/* ---- setup ---------------------------------------------------------- */
+
+static void log_fallback_once(const char *reason)
+{
+	static atomic_int logged;
+
+	if (atomic_exchange(&logged, 1) == 0)
+		DCAST_LOG_W("io_uring unavailable (%s): using pread/pwrite", reason);
+}
+
+/* Why io_uring must not be tried, or NULL to try it. */
+static const char *uring_refused_by_config(void)
+{
+	const char *env = getenv("DELTACAST_IO_URING");
+	char c = 0;
+	int fd;
+
+	if (env && strcmp(env, "0") == 0)
+		return "DELTACAST_IO_URING=0";
+	fd = open("/proc/sys/kernel/io_uring_disabled", O_RDONLY | O_CLOEXEC);
+	if (fd >= 0) {
+		if (read(fd, &c, 1) != 1)
+			c = 0;
+		close(fd);
+	}
+	return c == '2' ? "kernel.io_uring_disabled=2" : NULL;
+}
+
+static int is_refusal(int err)
+{
+	return err == EPERM || err == ENOSYS || err == EACCES || err == ENOMEM;
+}
+
+static void setup_file_table(dcast_io *io)
+{
+	int fds[DCAST_IO_MAX_FILES];
+
+	if (io_uring_register_files_sparse(&io->ring, DCAST_IO_MAX_FILES) == 0) {
+		io->files_table = 1;
+		return;
+	}
+	for (unsigned i = 0; i < DCAST_IO_MAX_FILES; i++)
+		fds[i] = -1;
+	io->files_table = io_uring_register_files(&io->ring, fds, DCAST_IO_MAX_FILES) == 0;
+}
+
+static int setup_ring(dcast_io *io)
+{
+	char why[96];
+	const char *refused = uring_refused_by_config();
+	int rc;
+
+	if (refused) {
+		log_fallback_once(refused);
+		return 0;
+	}
+	rc = io_uring_queue_init(io->depth, &io->ring, 0);
+	if (rc < 0 && is_refusal(-rc)) {
+		snprintf(why, sizeof(why), "io_uring_queue_init: %s", strerror(-rc));
+		log_fallback_once(why);
+		return 0;
+	}
+	if (rc < 0)
+		return dcast_fail(DCAST_EIO, "io: io_uring_queue_init(%u): %s", io->depth,
+				  strerror(-rc));
+	io->uring = 1;
+	setup_file_table(io);
+	return 0;
+}
+
+int dcast_io_open(dcast_io **out, unsigned queue_depth)
+{
+	dcast_io *io;
+	int rc = DCAST_ENOMEM;
+
+	*out = NULL;
+	if (queue_depth < 1 || queue_depth > DCAST_IO_MAX_DEPTH)
+		return dcast_fail(DCAST_EINVAL, "io: queue_depth %u outside [1, %u]", queue_depth,
+				  DCAST_IO_MAX_DEPTH);
+	io = calloc(1, sizeof(*io));
+	if (!io)
+		return dcast_fail(DCAST_ENOMEM, "io: engine allocation");
+	io->depth = queue_depth;
+	io->max_xfer = IO_DEFAULT_XFER;
+	io->slots = calloc(queue_depth, sizeof(*io->slots));
+	io->free_stack = calloc(queue_depth, sizeof(unsigned));
+	io->done_fifo = calloc(queue_depth, sizeof(unsigned));
+	if (!io->slots || !io->free_stack || !io->done_fifo) {
+		dcast_fail(DCAST_ENOMEM, "io: slot tables for depth %u", queue_depth);
+		goto fail;
+	}
+	for (unsigned i = 0; i < queue_depth; i++)
+		io->free_stack[i] = queue_depth - 1 - i;
+	io->n_free = queue_depth;
+	rc = setup_ring(io);
+	if (rc)
+		goto fail;
+	*out = io;
+	return 0;
+fail:
+	free(io->slots);
+	free(io->free_stack);
+	free(io->done_fifo);
+	free(io);
+	return rc;
+}
+
+void dcast_io_close(dcast_io **iop)
+{
+	dcast_io *io = iop ? *iop : NULL;
+
+	if (!io)
+		return;
+	dcast_io_drain(io);
+	if (io->uring)
+		io_uring_queue_exit(&io->ring);
+	free(io->slots);
+	free(io->free_stack);
+	free(io->done_fifo);
+	free(io);
+	*iop = NULL;
+}
+
+int dcast_io_uses_uring(const dcast_io *io)
+{
+	return io->uring;
+}
+
+void dcast_io_set_max_xfer(dcast_io *io, size_t bytes)
+{
+	io->max_xfer = bytes ? bytes : 1;
+}
+
+/* ---- files and buffers ---------------------------------------------- */
+
+int dcast_io_file_add(dcast_io *io, int fd, const char *name)
+{
+	struct io_file *f;
+	unsigned i;
+
+	if (fd < 0)
+		return -dcast_fail(DCAST_EINVAL, "io: file_add('%s'): fd %d", name ? name : "", fd);
+	for (i = 0; i < DCAST_IO_MAX_FILES && io->files[i].used; i++)
+		;
+	if (i == DCAST_IO_MAX_FILES)
+		return -dcast_fail(DCAST_EBUSY, "io: %u files already held", DCAST_IO_MAX_FILES);
+	f = &io->files[i];
+	memset(f, 0, sizeof(*f));
+	f->used = 1;
+	f->fd = fd;
+	snprintf(f->name, sizeof(f->name), "%s", name ? name : "?");
+	if (io->uring && io->files_table)
+		f->fixed = io_uring_register_files_update(&io->ring, i, &fd, 1) == 1;
+	return (int)i;
+}
+
+static int file_ok(const dcast_io *io, int file)
+{
+	return file >= 0 && (unsigned)file < DCAST_IO_MAX_FILES && io->files[file].used;
+}
+
+int dcast_io_file_remove(dcast_io *io, int file)
+{
+	int rc, none = -1;
+
+	if (!file_ok(io, file))
+		return dcast_fail(DCAST_EINVAL, "io: file handle %d not held", file);
+	rc = dcast_io_drain(io);
+	if (io->files[file].fixed)
+		io_uring_register_files_update(&io->ring, (unsigned)file, &none, 1);
+	io->files[file].used = 0;
+	return rc;
+}
+
+int dcast_io_register_buffers(dcast_io *io, const struct iovec *iov, unsigned n)
+{
+	int rc;
+
+	if (!iov || n == 0 || n > IO_MAX_BUFS || io->n_bufs)
+		return dcast_fail(DCAST_EINVAL, "io: register_buffers: n=%u (1..%u), once only", n,
+				  IO_MAX_BUFS);
+	memcpy(io->bufs, iov, n * sizeof(*iov));
+	io->n_bufs = n;
+	if (!io->uring)
+		return 0;
+	rc = io_uring_register_buffers(&io->ring, iov, n);
+	io->bufs_fixed = rc == 0;
+	if (rc)
+		DCAST_LOG_W("io: fixed buffers refused (%s): using them as plain buffers",
+			    strerror(-rc));
+	return 0;
+}
+
+int dcast_io_buffers_fixed(const dcast_io *io)
+{
+	return io->bufs_fixed;
+}
+
+/* ---- completing slots ----------------------------------------------- */
+
+static void slot_finish(dcast_io *io, unsigned s)
+{
+	io->done_fifo[(io->done_head + io->done_n) % io->depth] = s;
+	io->done_n++;
+}
+
+/* Record a failure of slot s; the detail is formatted when it is reaped. */
+static void slot_fail(dcast_io *io, unsigned s, int sys_err)
+{
+	io->slots[s].sys_err = sys_err ? sys_err : EIO;
+	slot_finish(io, s);
+}
+
+static int slot_detail(const dcast_io *io, const struct io_slot *sl)
+{
+	return dcast_fail(DCAST_EIO, "io: %s '%s' at offset %llu (%zu of %zu bytes done): %s",
+			  op_name(sl->op), io->files[sl->file].name,
+			  (unsigned long long)(sl->off + sl->done), sl->done, sl->len,
+			  strerror(sl->sys_err));
+}
+
+/* Account `res` (bytes or -errno) for slot s.  Returns 1 when the slot
+ * needs requeueing, 0 when it has finished (well or not). */
+static int slot_progress(dcast_io *io, unsigned s, long res)
+{
+	struct io_slot *sl = &io->slots[s];
+	int xfer = sl->op == IO_READ || sl->op == IO_WRITE;
+	int stalled = res == 0 && sl->op == IO_WRITE && sl->done < sl->len;
+
+	if (res == -EAGAIN || res == -EINTR || stalled) {
+		if (++sl->retries <= IO_MAX_RETRIES)
+			return 1;
+		slot_fail(io, s, stalled ? ENOSPC : (int)-res);
+		return 0;
+	}
+	if (res < 0) {
+		slot_fail(io, s, (int)-res);
+		return 0;
+	}
+	sl->done += xfer ? (size_t)res : 0;
+	if (xfer && res > 0 && sl->done < sl->len)
+		return 1;
+	slot_finish(io, s); /* whole transfer, end of file, or a sync */
+	return 0;
+}
+
+/* ---- plain-syscall path --------------------------------------------- */
+
+static long plain_once(dcast_io *io, struct io_slot *sl)
+{
+	int fd = io->files[sl->file].fd;
+	size_t n = sl->len - sl->done;
+	long r;
+
+	if (n > io->max_xfer)
+		n = io->max_xfer;
+	switch (sl->op) {
+	case IO_READ:
+		r = pread(fd, sl->buf + sl->done, n, (off_t)(sl->off + sl->done));
+		break;
+	case IO_WRITE:
+		r = pwrite(fd, sl->buf + sl->done, n, (off_t)(sl->off + sl->done));
+		break;
+	case IO_FSYNC:
+		r = fsync(fd);
+		break;
+	default:
+		r = fdatasync(fd);
+		break;
+	}
+	return r < 0 ? -errno : r;
+}
+
+static void plain_run(dcast_io *io, unsigned s)
+{
+	while (slot_progress(io, s, plain_once(io, &io->slots[s])))
+		;
+}
+
+/* ---- io_uring path -------------------------------------------------- */
+
+static struct io_uring_sqe *get_sqe(dcast_io *io)
+{
+	struct io_uring_sqe *sqe = io_uring_get_sqe(&io->ring);
+
+	if (!sqe) {
+		io_uring_submit(&io->ring);
+		sqe = io_uring_get_sqe(&io->ring);
+	}
+	DCAST_ASSERT(sqe); /* in-flight ops never exceed the SQ size */
+	return sqe;
+}
+
+static void uring_prep(dcast_io *io, unsigned s)
+{
+	struct io_slot *sl = &io->slots[s];
+	struct io_file *f = &io->files[sl->file];
+	struct io_uring_sqe *sqe = get_sqe(io);
+	int fd = f->fixed ? sl->file : f->fd;
+	size_t n = sl->len - sl->done;
+	int fixed_buf = sl->buf_index >= 0 && io->bufs_fixed;
+
+	if (n > io->max_xfer)
+		n = io->max_xfer;
+	if (sl->op == IO_READ && fixed_buf)
+		io_uring_prep_read_fixed(sqe, fd, sl->buf + sl->done, (unsigned)n,
+					 sl->off + sl->done, sl->buf_index);
+	else if (sl->op == IO_READ)
+		io_uring_prep_read(sqe, fd, sl->buf + sl->done, (unsigned)n, sl->off + sl->done);
+	else if (sl->op == IO_WRITE && fixed_buf)
+		io_uring_prep_write_fixed(sqe, fd, sl->buf + sl->done, (unsigned)n,
+					  sl->off + sl->done, sl->buf_index);
+	else if (sl->op == IO_WRITE)
+		io_uring_prep_write(sqe, fd, sl->buf + sl->done, (unsigned)n, sl->off + sl->done);
+	else
+		io_uring_prep_fsync(sqe, fd, sl->op == IO_FDATASYNC ? IORING_FSYNC_DATASYNC : 0);
+	if (f->fixed)
+		sqe->flags |= IOSQE_FIXED_FILE;
+	io_uring_sqe_set_data64(sqe, s | ((uint64_t)(uint32_t)(sl->buf_index + 1) << 32));
+}
+
+static void uring_reap_ready(dcast_io *io)
+{
+	struct io_uring_cqe *cqe;
+	unsigned head, seen = 0;
+
+	io_uring_for_each_cqe(&io->ring, head, cqe) {
+		unsigned s = (unsigned)(io_uring_cqe_get_data64(cqe) & 0xffffffffu);
+
+		seen++;
+		DCAST_ASSERT(s < io->depth);
+		io->n_inflight--;
+		if (slot_progress(io, s, cqe->res)) {
+			uring_prep(io, s);
+			io->n_inflight++;
+		}
+	}
+	io_uring_cq_advance(&io->ring, seen);
+}
+
+/* Submit and wait until at least want slots are in the done FIFO or
+ * nothing is in flight. */
+static int uring_wait_for(dcast_io *io, unsigned want)
+{
+	while (io->done_n < want && io->n_inflight > 0) {
+		int rc = io_uring_submit_and_wait(&io->ring, 1);
+
+		if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY)
+			return dcast_fail(DCAST_EIO, "io: io_uring_submit_and_wait: %s",
+					  strerror(-rc));
+		uring_reap_ready(io);
+	}
+	return 0;
+}
+
+/* ---- submission ----------------------------------------------------- */
+
+static int submit(dcast_io *io, int op, int file, void *buf, size_t len, uint64_t off,
+		  int buf_index, uint64_t tag)
+{
+	struct io_slot *sl;
+	unsigned s;
+
+	if (!file_ok(io, file))
+		return dcast_fail(DCAST_EINVAL, "io: %s: file handle %d not held", op_name(op), file);
+	if (buf_index >= (int)io->n_bufs || buf_index < DCAST_IO_NO_BUF ||
+	    (buf_index >= 0 &&
+	     ((char *)buf < (char *)io->bufs[buf_index].iov_base ||
+	      (char *)buf + len > (char *)io->bufs[buf_index].iov_base + io->bufs[buf_index].iov_len)))
+		return dcast_fail(DCAST_EINVAL, "io: %s '%s': buffer index %d does not hold the range",
+				  op_name(op), io->files[file].name, buf_index);
+	if (io->n_free == 0)
+		return dcast_fail(DCAST_EBUSY, "io: %u operations outstanding: reap first", io->depth);
+	s = io->free_stack[--io->n_free];
+	sl = &io->slots[s];
+	*sl = (struct io_slot){.op = (uint8_t)op, .file = file, .buf_index = buf_index,
+			       .buf = buf, .len = len, .off = off, .tag = tag};
+	if (!io->uring) {
+		plain_run(io, s);
+		return 0;
+	}
+	uring_prep(io, s);
+	io->n_inflight++;
+	return 0;
+}
+
+int dcast_io_write(dcast_io *io, int file, const void *buf, size_t len, uint64_t off,
+		   int buf_index, uint64_t tag)
+{
+	return submit(io, IO_WRITE, file, (void *)buf, len, off, buf_index, tag);
+}
+
+int dcast_io_read(dcast_io *io, int file, void *buf, size_t len, uint64_t off, int buf_index,
+		  uint64_t tag)
+{
+	return submit(io, IO_READ, file, buf, len, off, buf_index, tag);
+}
+
+int dcast_io_fsync(dcast_io *io, int file, int datasync, uint64_t tag)
+{
+	return submit(io, datasync ? IO_FDATASYNC : IO_FSYNC, file, NULL, 0, 0, DCAST_IO_NO_BUF,
+		      tag);
+}
+
+/* ---- reaping -------------------------------------------------------- */
+
+static unsigned outstanding(const dcast_io *io)
+{
+	return io->depth - io->n_free;
+}
+
+/* Pop the oldest finished slot into *d; returns its dcast_err. */
+static int pop_done(dcast_io *io, dcast_io_done *d)
+{
+	unsigned s = io->done_fifo[io->done_head];
+	struct io_slot *sl = &io->slots[s];
+
+	io->done_head = (io->done_head + 1) % io->depth;
+	io->done_n--;
+	io->free_stack[io->n_free++] = s;
+	d->tag = sl->tag;
+	d->buf_index = sl->buf_index;
+	d->bytes = sl->done;
+	d->err = sl->sys_err ? DCAST_EIO : 0;
+	return d->err;
+}
+
+int dcast_io_wait(dcast_io *io, unsigned min_done, dcast_io_done *done, unsigned max)
+{
+	unsigned n = 0, first_err = 0;
+	int rc;
+
+	if (min_done > outstanding(io))
+		min_done = outstanding(io);
+	if (min_done > max)
+		min_done = max;
+	if (io->uring) {
+		if (io->n_inflight)
+			io_uring_submit(&io->ring);
+		uring_reap_ready(io);
+		rc = uring_wait_for(io, min_done);
+		if (rc)
+			return -rc;
+	}
+	while (io->done_n && n < max) {
+		unsigned s = io->done_fifo[io->done_head];
+
+		if (pop_done(io, &done[n]) && !first_err++)
+			slot_detail(io, &io->slots[s]);
+		n++;
+	}
+	return (int)n;
+}
+
+int dcast_io_drain(dcast_io *io)
+{
+	dcast_io_done d;
+	int first = 0, rc;
+
+	while (outstanding(io)) {
+		if (io->uring && (rc = uring_wait_for(io, 1)) != 0)
+			return rc;
+		while (io->done_n) {
+			unsigned s = io->done_fifo[io->done_head];
+
+			if (!pop_done(io, &d))
+				continue;
+			if (!first)
+				first = slot_detail(io, &io->slots[s]);
+			else
+				DCAST_LOG_W("io: %s '%s' at offset %llu also failed: %s",
+					    op_name(io->slots[s].op),
+					    io->files[io->slots[s].file].name,
+					    (unsigned long long)io->slots[s].off,
+					    strerror(io->slots[s].sys_err));
+		}
+	}
+	return first;
+}
+
+/* Drain, then run one operation and wait for it; returns its result. */
+static int run_one(dcast_io *io, int op, int file, void *buf, size_t len, uint64_t off,
+		   uint64_t *bytes)
+{
+	dcast_io_done d;
+	int rc = dcast_io_drain(io);
+
+	if (rc)
+		return rc;
+	rc = submit(io, op, file, buf, len, off, DCAST_IO_NO_BUF, 0);
+	if (rc)
+		return rc;
+	rc = dcast_io_wait(io, 1, &d, 1);
+	if (rc < 0)
+		return -rc;
+	DCAST_ASSERT(rc == 1);
+	*bytes = d.bytes;
+	return d.err;
+}
+
+int dcast_io_pwrite_all(dcast_io *io, int file, const void *buf, size_t len, uint64_t off)
+{
+	uint64_t bytes;
+
+	return run_one(io, IO_WRITE, file, (void *)buf, len, off, &bytes);
+}
+
+int dcast_io_pread_all(dcast_io *io, int file, void *buf, size_t len, uint64_t off)
+{
+	uint64_t bytes = 0;
+	int rc = run_one(io, IO_READ, file, buf, len, off, &bytes);
+
+	if (rc == 0 && bytes < len)
+		return dcast_fail(DCAST_ETRUNCATED, "io: read '%s': file ends at offset %llu, "
+				  "wanted %zu bytes at %llu", io->files[file].name,
+				  (unsigned long long)(off + bytes), len, (unsigned long long)off);
+	return rc;
+}
+
+int dcast_io_sync(dcast_io *io, int file, int datasync)
+{
+	uint64_t bytes;
+
+	return run_one(io, datasync ? IO_FDATASYNC : IO_FSYNC, file, NULL, 0, 0, &bytes);
+}

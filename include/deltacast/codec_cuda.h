@@ -1,0 +1,42 @@
+/* deltacast delta codec on a CUDA device: the twins of dcast_codec_encode,
+ * dcast_codec_apply and dcast_digest for ranges that live in GPU memory.
+ * They give the same payload bytes and digests as the CPU functions (which
+ * are the oracle).  Each call runs on `stream` (a cudaStream_t, NULL for the
+ * default stream) and returns when its work is complete.
+ *
+ * Pointers: device pointers for ranges; payloads may be device memory or
+ * pinned host memory (any pointer cudaMemcpy can read with
+ * cudaMemcpyDefault).  Scratch space is taken with cudaMallocAsync and
+ * given back before return.  Without CUDA in the build, or without a
+ * device, every call returns DCAST_ENODEVICE; check dcast_cuda_available().
+ * Errors also: DCAST_ECUDA (a CUDA call failed; detail names it). */
+#ifndef DELTACAST_CODEC_CUDA_H
+#define DELTACAST_CODEC_CUDA_H
+
+#include "deltacast/codec.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* dcast_codec_encode for device cur/base: the payload goes to out (host or
+ * device memory, out_cap >= dcast_codec_bound()).  base == NULL: anchor,
+ * dense.  DCAST_ENCODE_UPDATE_BASE updates base on the device.  Same
+ * errors as dcast_codec_encode; on error base is untouched. */
+int dcast_cuda_encode(const void *cur, void *base, uint64_t count, unsigned elem_size,
+		      int force_encoding, unsigned flags, void *out, size_t out_cap,
+		      dcast_chunk_info *info, void *stream);
+
+/* dcast_codec_apply for a device dst (and device old_out, or NULL): the
+ * whole payload is checked on the device before any element of dst is
+ * written; on error dst is untouched and the detail names the problem. */
+int dcast_cuda_apply(const dcast_chunk_info *info, const void *payload, void *dst, void *old_out,
+		     void *stream);
+
+/* dcast_digest of len bytes of device memory, into *digest. */
+int dcast_cuda_digest(const void *data, size_t len, uint64_t *digest, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

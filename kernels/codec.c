@@ -1,0 +1,318 @@
+/* The CPU delta codec: encode a range against its baseline (one compare
+ * pass, then the chosen encoding), and check-then-apply or revert a payload.
+ * Apply validates the whole payload before it writes one byte of dst. */
+#include <inttypes.h>
+#include <string.h>
+#include "codec_impl.h"
+#include "dcast_common.h"
+
+const char *dcast_encoding_name(int encoding)
+{
+	static const char *names[DCAST_ENC_COUNT] = { "dense", "idx32", "bitmask", "compact" };
+	return encoding >= 0 && encoding < DCAST_ENC_COUNT ? names[encoding] : "?";
+}
+
+size_t dcast_codec_bound(uint64_t count, unsigned elem_size)
+{
+	unsigned es = elem_size == 1 || elem_size == 2 ? elem_size : 4;
+	return (size_t)(count * (4 + es) + count / 8 + 64);
+}
+
+static int check_range(uint64_t count, unsigned es)
+{
+	if (es != 1 && es != 2 && es != 4)
+		return dcast_fail(DCAST_EINVAL, "codec: elem_size %u is not 1, 2 or 4", es);
+	if (count > DCAST_MAX_CHUNK_ELEMS)
+		return dcast_fail(DCAST_EINVAL, "codec: count %" PRIu64 " exceeds DCAST_MAX_CHUNK_ELEMS (%u)",
+				  count, DCAST_MAX_CHUNK_ELEMS);
+	return DCAST_OK;
+}
+
+/* Sizes of every encoding; the compact plan is completed as a side effect. */
+static void all_sizes(const dcast_changes *ch, uint64_t count, unsigned es, dcast_cpt_plan *plan,
+		      uint64_t sizes[DCAST_ENC_COUNT])
+{
+	dcast_simple_sizes(count, es, ch->n, sizes);
+	dcast_cpt_plan_make(&ch->stats, 8 * es, plan);
+	plan->pos_bits = dcast_cpt_pos_bits(ch, plan->k);
+	sizes[DCAST_ENC_COMPACT] = dcast_cpt_bytes(plan);
+}
+
+static void emit_idx32(const dcast_changes *ch, unsigned es, uint8_t *out)
+{
+	for (uint64_t i = 0; i < ch->n; i++, out += 4 + es) {
+		memcpy(out, &ch->pos[i], 4);
+		dcast_store_elem(out + 4, es, ch->newv[i]);
+	}
+}
+
+static void emit_bitmask(const dcast_changes *ch, uint64_t count, unsigned es, uint8_t *out)
+{
+	uint64_t mb = dcast_bitmask_bytes(count);
+	memset(out, 0, mb);
+	for (uint64_t i = 0; i < ch->n; i++) {
+		out[ch->pos[i] >> 3] |= (uint8_t)(1u << (ch->pos[i] & 7));
+		dcast_store_elem(out + mb + i * es, es, ch->newv[i]);
+	}
+}
+
+static void emit(int enc, const dcast_changes *ch, const dcast_cpt_plan *plan, const void *cur,
+		 uint64_t count, unsigned es, uint8_t *out)
+{
+	switch (enc) {
+	case DCAST_ENC_DENSE: memcpy(out, cur, count * es); break;
+	case DCAST_ENC_IDX32: emit_idx32(ch, es, out); break;
+	case DCAST_ENC_BITMASK: emit_bitmask(ch, count, es, out); break;
+	default: dcast_cpt_emit(ch, plan, out); break;
+	}
+}
+
+static int encode_anchor(const void *cur, uint64_t count, unsigned es, int force, void *out,
+			 dcast_chunk_info *info)
+{
+	if (force >= 0 && force != DCAST_ENC_DENSE)
+		return dcast_fail(DCAST_EINVAL, "codec: an anchor (base NULL) is dense, not %s",
+				  dcast_encoding_name(force));
+	memcpy(out, cur, count * es);
+	*info = (dcast_chunk_info){ DCAST_ENC_DENSE, es, count, count, count * es };
+	return DCAST_OK;
+}
+
+static void update_base(const dcast_changes *ch, uint8_t *base, unsigned es)
+{
+	for (uint64_t i = 0; i < ch->n; i++)
+		dcast_store_elem(base + (uint64_t)ch->pos[i] * es, es, ch->newv[i]);
+}
+
+int dcast_codec_encode(const void *cur, void *base, uint64_t count, unsigned elem_size,
+		       int force_encoding, unsigned flags, void *out, size_t out_cap,
+		       dcast_chunk_info *info)
+{
+	int rc = check_range(count, elem_size);
+	if (rc)
+		return rc;
+	if (force_encoding >= DCAST_ENC_COUNT)
+		return dcast_fail(DCAST_EINVAL, "codec: unknown encoding %d", force_encoding);
+	if (out_cap < dcast_codec_bound(count, elem_size))
+		return dcast_fail(DCAST_EINVAL, "codec: out_cap %zu below dcast_codec_bound() = %zu",
+				  out_cap, dcast_codec_bound(count, elem_size));
+	if (!base)
+		return encode_anchor(cur, count, elem_size, force_encoding, out, info);
+	dcast_changes ch;
+	dcast_cpt_plan plan;
+	uint64_t sizes[DCAST_ENC_COUNT];
+	if ((rc = dcast_scan(cur, base, count, elem_size, &ch)))
+		return rc;
+	all_sizes(&ch, count, elem_size, &plan, sizes);
+	int enc = force_encoding >= 0 ? force_encoding : dcast_pick_smallest(sizes);
+	emit(enc, &ch, &plan, cur, count, elem_size, out);
+	if (flags & DCAST_ENCODE_UPDATE_BASE)
+		update_base(&ch, base, elem_size);
+	*info = (dcast_chunk_info){ (uint32_t)enc, elem_size, count, ch.n, sizes[enc] };
+	dcast_changes_free(&ch);
+	return DCAST_OK;
+}
+
+int dcast_codec_sizes(const void *cur, const void *base, uint64_t count, unsigned elem_size,
+		      uint64_t sizes[DCAST_ENC_COUNT], uint64_t *changed)
+{
+	int rc = check_range(count, elem_size);
+	if (rc)
+		return rc;
+	if (!base)
+		return dcast_fail(DCAST_EINVAL, "codec sizes: base is NULL");
+	dcast_changes ch;
+	dcast_cpt_plan plan;
+	if ((rc = dcast_scan(cur, base, count, elem_size, &ch)))
+		return rc;
+	all_sizes(&ch, count, elem_size, &plan, sizes);
+	*changed = ch.n;
+	dcast_changes_free(&ch);
+	return DCAST_OK;
+}
+
+/* ---- checks shared by apply and revert ---- */
+
+static int check_info(const dcast_chunk_info *info, const void *payload, const void *dst)
+{
+	int rc = check_range(info->count, info->elem_size);
+	if (rc)
+		return rc;
+	if (info->encoding >= DCAST_ENC_COUNT)
+		return dcast_fail(DCAST_EINVAL, "codec: unknown encoding %u", info->encoding);
+	if (info->changed > info->count)
+		return dcast_fail(DCAST_ECORRUPT, "codec: changed %" PRIu64 " exceeds count %" PRIu64,
+				  info->changed, info->count);
+	if ((!payload && info->payload_bytes) || (!dst && info->count))
+		return dcast_fail(DCAST_EINVAL, "codec: NULL payload or dst");
+	return DCAST_OK;
+}
+
+static int check_size(const dcast_chunk_info *info, uint64_t want)
+{
+	if (info->payload_bytes == want)
+		return DCAST_OK;
+	return dcast_fail(DCAST_EPAYLOAD_SIZE, "%s payload: %" PRIu64 " bytes, expected %" PRIu64,
+			  dcast_encoding_name((int)info->encoding), info->payload_bytes, want);
+}
+
+static int idx32_check(const dcast_chunk_info *info, const uint8_t *pl)
+{
+	unsigned es = info->elem_size;
+	int rc = check_size(info, info->changed * (4 + es));
+	uint64_t next = 0;
+	for (uint64_t i = 0; !rc && i < info->changed; i++) {
+		uint32_t p = dcast_rd32le(pl + i * (4 + es));
+		if (p >= info->count)
+			return dcast_fail(DCAST_ECORRUPT, "idx32 payload: element %" PRIu64 " position %u >= count %" PRIu64,
+					  i, p, info->count);
+		if (p < next)
+			return dcast_fail(DCAST_ECORRUPT, "idx32 payload: element %" PRIu64 " position %u not above the previous",
+					  i, p);
+		next = (uint64_t)p + 1;
+	}
+	return rc;
+}
+
+static int bitmask_check(const dcast_chunk_info *info, const uint8_t *pl)
+{
+	uint64_t mb = dcast_bitmask_bytes(info->count), ones = 0;
+	int rc = check_size(info, mb + info->changed * info->elem_size);
+	if (rc)
+		return rc;
+	for (uint64_t i = 0; i < mb; i++)
+		ones += (unsigned)__builtin_popcount(pl[i]);
+	if ((info->count & 7) && (pl[mb - 1] >> (info->count & 7)))
+		return dcast_fail(DCAST_ECORRUPT, "bitmask payload: bits past count %" PRIu64 " are set",
+				  info->count);
+	if (ones != info->changed)
+		return dcast_fail(DCAST_ECORRUPT, "bitmask payload: %" PRIu64 " bits set, changed says %" PRIu64,
+				  ones, info->changed);
+	return DCAST_OK;
+}
+
+/* Decoded compact payload: positions and (zig-zag or raw) values. */
+typedef struct cpt_decoded {
+	uint32_t *pos, *val;
+	unsigned mode;
+} cpt_decoded;
+
+static int cpt_load(const dcast_chunk_info *info, const uint8_t *pl, cpt_decoded *dec)
+{
+	/* Every element costs at least 2 bits: refuse before allocating. */
+	if (info->changed > info->payload_bytes * 4)
+		return dcast_fail(DCAST_ECORRUPT, "compact payload: %" PRIu64 " bytes cannot hold %" PRIu64 " changes",
+				  info->payload_bytes, info->changed);
+	size_t n = info->changed ? info->changed : 1;
+	dec->pos = malloc(n * 4);
+	dec->val = malloc(n * 4);
+	if (!dec->pos || !dec->val) {
+		free(dec->pos);
+		free(dec->val);
+		return dcast_fail(DCAST_ENOMEM, "compact payload: no memory for %" PRIu64 " changes", info->changed);
+	}
+	int rc = dcast_cpt_decode(info, pl, dec->pos, dec->val, &dec->mode);
+	if (rc) {
+		free(dec->pos);
+		free(dec->val);
+	}
+	return rc;
+}
+
+/* ---- writers, run only after the checks passed ---- */
+
+static void swap_elem(uint8_t *d, unsigned es, uint32_t v, uint8_t *old_out, uint64_t i)
+{
+	if (old_out)
+		memcpy(old_out + i * es, d, es);
+	dcast_store_elem(d, es, v);
+}
+
+static void idx32_write(const dcast_chunk_info *info, const uint8_t *pl, uint8_t *dst,
+			uint8_t *old_out, const uint8_t *old)
+{
+	unsigned es = info->elem_size;
+	for (uint64_t i = 0; i < info->changed; i++) {
+		const uint8_t *r = pl + i * (4 + es);
+		uint8_t *d = dst + (uint64_t)dcast_rd32le(r) * es;
+		swap_elem(d, es, dcast_load_elem(old ? old + i * es : r + 4, es), old_out, i);
+	}
+}
+
+static void bitmask_write(const dcast_chunk_info *info, const uint8_t *pl, uint8_t *dst,
+			  uint8_t *old_out, const uint8_t *old)
+{
+	unsigned es = info->elem_size;
+	uint64_t mb = dcast_bitmask_bytes(info->count), i = 0;
+	const uint8_t *vals = old ? old : pl + mb;
+	for (uint64_t byte = 0; byte < mb; byte++) {
+		for (unsigned bits = pl[byte]; bits; bits &= bits - 1, i++) {
+			uint64_t p = byte * 8 + (unsigned)__builtin_ctz(bits);
+			swap_elem(dst + p * es, es, dcast_load_elem(vals + i * es, es), old_out, i);
+		}
+	}
+}
+
+static void cpt_write(const dcast_chunk_info *info, const cpt_decoded *dec, uint8_t *dst,
+		      uint8_t *old_out, const uint8_t *old)
+{
+	unsigned es = info->elem_size, w = 8 * es;
+	for (uint64_t i = 0; i < info->changed; i++) {
+		uint8_t *d = dst + (uint64_t)dec->pos[i] * es;
+		uint32_t v = old ? dcast_load_elem(old + i * es, es)
+			   : dec->mode == DCAST_CPT_RAW ? dec->val[i]
+							: dcast_ulp_apply(dcast_load_elem(d, es), dec->val[i], w);
+		swap_elem(d, es, v, old_out, i);
+	}
+}
+
+/* Check the payload, then write new values (old == NULL) or the saved old
+ * ones (revert). */
+static int apply_or_revert(const dcast_chunk_info *info, const uint8_t *pl, uint8_t *dst,
+			   uint8_t *old_out, const uint8_t *old)
+{
+	int rc = check_info(info, pl, dst);
+	uint64_t dense = info->count * info->elem_size;
+	cpt_decoded dec;
+	if (rc)
+		return rc;
+	switch (info->encoding) {
+	case DCAST_ENC_DENSE:
+		if ((rc = check_size(info, dense)))
+			return rc;
+		if (old_out && dense)
+			memcpy(old_out, dst, dense);
+		if (dense)
+			memcpy(dst, old ? old : pl, dense);
+		return DCAST_OK;
+	case DCAST_ENC_IDX32:
+		if (!(rc = idx32_check(info, pl)))
+			idx32_write(info, pl, dst, old_out, old);
+		return rc;
+	case DCAST_ENC_BITMASK:
+		if (!(rc = bitmask_check(info, pl)))
+			bitmask_write(info, pl, dst, old_out, old);
+		return rc;
+	default:
+		if ((rc = cpt_load(info, pl, &dec)))
+			return rc;
+		cpt_write(info, &dec, dst, old_out, old);
+		free(dec.pos);
+		free(dec.val);
+		return DCAST_OK;
+	}
+}
+
+int dcast_codec_apply(const dcast_chunk_info *info, const void *payload, void *dst, void *old_out)
+{
+	return apply_or_revert(info, payload, dst, old_out, NULL);
+}
+
+int dcast_codec_revert(const dcast_chunk_info *info, const void *payload, void *dst,
+		       const void *old)
+{
+	uint64_t need = info->encoding == DCAST_ENC_DENSE ? info->count : info->changed;
+	if (!old && need)
+		return dcast_fail(DCAST_EINVAL, "codec revert: old is NULL");
+	return apply_or_revert(info, payload, dst, NULL, old ? old : "");
+}

@@ -1,0 +1,132 @@
+/* The compact encoding on the CPU: exact position bits, the sequential bit
+ * writer, and the checking decoder.  The code formats themselves live in
+ * codec_impl.h (shared with the GPU); docs/protocol.md has the layout. */
+#include <inttypes.h>
+#include <string.h>
+#include "codec_impl.h"
+#include "dcast_common.h"
+
+_Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "payloads are little-endian");
+
+uint64_t dcast_cpt_pos_bits(const dcast_changes *ch, unsigned k)
+{
+	uint64_t bits = 0, next = 0;
+	for (uint64_t i = 0; i < ch->n; i++) {
+		bits += dcast_rice_len(ch->pos[i] - (uint32_t)next, k);
+		next = (uint64_t)ch->pos[i] + 1;
+	}
+	return bits;
+}
+
+/* LSB-first bit writer; each flush stores 8 bytes, so the buffer needs 8
+ * bytes of slack past the last byte written. */
+typedef struct bitwriter {
+	uint8_t *start, *p;
+	uint64_t acc;
+	unsigned nbits;
+} bitwriter;
+
+static inline void bw_put(bitwriter *w, uint64_t v, unsigned len)
+{
+	w->acc |= v << w->nbits;
+	w->nbits += len;
+	memcpy(w->p, &w->acc, 8);
+	w->p += w->nbits >> 3;
+	w->acc >>= w->nbits & ~7u; /* nbits <= 7 + 46 here */
+	w->nbits &= 7;
+}
+
+static inline uint64_t bw_tell(const bitwriter *w)
+{
+	return (uint64_t)(w->p - w->start) * 8 + w->nbits;
+}
+
+static void wr32le(uint8_t *p, uint32_t v)
+{
+	memcpy(p, &v, 4);
+}
+
+void dcast_cpt_emit(const dcast_changes *ch, const dcast_cpt_plan *p, uint8_t *out)
+{
+	uint8_t *idx = out + dcast_cpt_hdr_bytes(p->mode, p->w);
+	bitwriter w = { out + dcast_cpt_stream_off(p), out + dcast_cpt_stream_off(p), 0, 0 };
+	uint32_t next = 0;
+	dcast_cpt_hdr_write(p, out);
+	for (uint64_t i = 0; i < ch->n; i++) {
+		uint32_t gap = ch->pos[i] - next;
+		unsigned vlen;
+		uint64_t vbits = dcast_cpt_value_bits(p, ch->zz[i], ch->newv[i], &vlen);
+		if (i && i % DCAST_CPT_BLOCK == 0) {
+			uint8_t *e = idx + (i / DCAST_CPT_BLOCK - 1) * DCAST_CPT_INDEX_ENTRY;
+			wr32le(e, (uint32_t)bw_tell(&w));
+			wr32le(e + 4, ch->pos[i - 1]);
+		}
+		bw_put(&w, dcast_rice_bits(gap, p->k), dcast_rice_len(gap, p->k));
+		bw_put(&w, vbits, vlen);
+		next = ch->pos[i] + 1;
+	}
+}
+
+/* The prefix-code lookup, filled symbol by symbol (the GPU fills it entry
+ * by entry with dcast_cpt_lut_fill; both give the same table). */
+static void lut_build(const dcast_cpt_table *t, unsigned nsym, uint16_t *lut)
+{
+	memset(lut, 0, DCAST_CPT_LUT_SIZE * sizeof(*lut));
+	for (unsigned s = 0; s < nsym; s++) {
+		unsigned l = t->len[s];
+		for (unsigned j = l ? t->code[s] : DCAST_CPT_LUT_SIZE; j < DCAST_CPT_LUT_SIZE; j += 1u << l)
+			lut[j] = (uint16_t)(s << 4 | l);
+	}
+}
+
+static int cpt_fail(int e, uint64_t elem)
+{
+	return dcast_fail(DCAST_ECORRUPT, "compact payload, element %" PRIu64 ": %s", elem,
+			  dcast_cpt_errstr(e));
+}
+
+/* Block by block, checking each index entry against where the stream
+ * actually is. */
+static int cpt_decode_blocks(const dcast_cpt_dec *d, const uint8_t *idx, uint64_t changed,
+			     uint32_t *pos, uint32_t *val)
+{
+	uint64_t bit = 0, next = 0;
+	for (uint64_t b = 0; b * DCAST_CPT_BLOCK < changed; b++) {
+		uint64_t first = b * DCAST_CPT_BLOCK;
+		uint64_t n = changed - first < DCAST_CPT_BLOCK ? changed - first : DCAST_CPT_BLOCK;
+		if (b) {
+			const uint8_t *e = idx + (b - 1) * DCAST_CPT_INDEX_ENTRY;
+			if (dcast_rd32le(e) != bit || (uint64_t)dcast_rd32le(e + 4) + 1 != next)
+				return cpt_fail(DCAST_CPT_EINDEX, first);
+		}
+		int e = dcast_cpt_decode_run(d, &bit, &next, n, pos + first, val ? val + first : NULL);
+		if (e)
+			return cpt_fail(e, first);
+	}
+	int e = dcast_cpt_check_trail(d, bit);
+	return e ? cpt_fail(e, changed) : DCAST_OK;
+}
+
+int dcast_cpt_decode(const dcast_chunk_info *info, const uint8_t *payload, uint32_t *pos,
+		     uint32_t *val, unsigned *mode)
+{
+	dcast_cpt_dec d;
+	dcast_cpt_table t;
+	uint16_t lut[DCAST_CPT_LUT_SIZE];
+	const char *bad = dcast_cpt_hdr_parse(payload, info->payload_bytes, 8 * info->elem_size, &d, &t);
+	if (bad)
+		return dcast_fail(DCAST_ECORRUPT, "compact payload: %s", bad);
+	uint64_t off = dcast_cpt_hdr_bytes(d.mode, d.w) + dcast_cpt_index_bytes(info->changed);
+	if (off > info->payload_bytes)
+		return dcast_fail(DCAST_EPAYLOAD_SIZE,
+				  "compact payload: %" PRIu64 " bytes, header and block index need %" PRIu64,
+				  info->payload_bytes, off);
+	d.stream = payload + off;
+	d.stream_bytes = info->payload_bytes - off;
+	d.count = info->count;
+	d.lut = lut;
+	if (d.mode == DCAST_CPT_CODED)
+		lut_build(&t, dcast_cpt_nsym(d.w), lut);
+	*mode = d.mode;
+	return cpt_decode_blocks(&d, payload + dcast_cpt_hdr_bytes(d.mode, d.w), info->changed, pos, val);
+}

@@ -1,0 +1,45 @@
+/* Builds without CUDA: every dcast_cuda_* call reports DCAST_ENODEVICE and
+ * dcast_cuda_available() says 0 (logging once), so callers take the CPU
+ * codec.  With DCAST_HAVE_CUDA the real ones are in codec_cuda.cu. */
+#ifndef DCAST_HAVE_CUDA
+#include <stdatomic.h>
+#include "deltacast/codec_cuda.h"
+#include "dcast_common.h"
+
+int dcast_cuda_available(void)
+{
+	static atomic_flag logged = ATOMIC_FLAG_INIT;
+	if (!atomic_flag_test_and_set(&logged))
+		DCAST_LOG_I("no CUDA device: using CPU codec (built without CUDA)");
+	return 0;
+}
+
+static int no_device(const char *what)
+{
+	return dcast_fail(DCAST_ENODEVICE, "%s: this build has no CUDA", what);
+}
+
+int dcast_cuda_encode(const void *cur, void *base, uint64_t count, unsigned elem_size,
+		      int force_encoding, unsigned flags, void *out, size_t out_cap,
+		      dcast_chunk_info *info, void *stream)
+{
+	(void)cur, (void)base, (void)count, (void)elem_size, (void)force_encoding;
+	(void)flags, (void)out, (void)out_cap, (void)info, (void)stream;
+	return no_device("dcast_cuda_encode");
+}
+
+int dcast_cuda_apply(const dcast_chunk_info *info, const void *payload, void *dst, void *old_out,
+		     void *stream)
+{
+	(void)info, (void)payload, (void)dst, (void)old_out, (void)stream;
+	return no_device("dcast_cuda_apply");
+}
+
+int dcast_cuda_digest(const void *data, size_t len, uint64_t *digest, void *stream)
+{
+	(void)data, (void)len, (void)digest, (void)stream;
+	return no_device("dcast_cuda_digest");
+}
+#else
+typedef int dcast_codec_nocuda_unused; /* ISO C forbids an empty unit */
+#endif

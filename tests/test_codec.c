@@ -1,0 +1,325 @@
+/* Delta codec on the CPU: exact round trips and reverts for every encoding,
+ * element size and density (including empty and all-changed ranges and the
+ * range ends), for every compare variant the CPU has; and corrupted payloads
+ * of every encoding rejected with the destination untouched. */
+#include <math.h>
+#include <stdint.h>
+#include "check.h"
+#include "dcast_common.h"
+#include "codec_impl.h"
+#include "deltacast/codec.h"
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static uint64_t rnd(void)
+{
+	uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+static double rnd01(void)
+{
+	return (double)(rnd() >> 11) / 9007199254740992.0;
+}
+
+typedef struct range {
+	uint64_t count;
+	unsigned es;
+	uint8_t *base, *cur;
+} range;
+
+/* base random; cur differs at Bernoulli(density) positions, mostly by one
+ * or two ulps (RL-like), sometimes by a random pattern; `ends` forces the
+ * first and last element to change. */
+static range make_range(uint64_t count, unsigned es, double density, int ends)
+{
+	range r = { count, es, malloc(count * es + 1), malloc(count * es + 1) };
+	unsigned w = 8 * es;
+	for (uint64_t i = 0; i < count; i++) {
+		uint32_t b = (uint32_t)rnd() & dcast_mask_w(w), c = b;
+		int change = rnd01() < density || (ends && (i == 0 || i + 1 == count));
+		while (change && c == b) {
+			uint64_t k = rnd() % 10;
+			c = k < 7 ? dcast_ulp_apply(b, 1 + (uint32_t)(k & 1), w)
+			    : k < 9 ? dcast_ulp_apply(b, 3 + (uint32_t)(rnd() % 6), w)
+				    : (uint32_t)rnd() & dcast_mask_w(w);
+		}
+		dcast_store_elem(r.base + i * es, es, b);
+		dcast_store_elem(r.cur + i * es, es, c);
+	}
+	return r;
+}
+
+static void free_range(range *r)
+{
+	free(r->base);
+	free(r->cur);
+}
+
+static void roundtrip(const range *r, int enc)
+{
+	size_t cap = dcast_codec_bound(r->count, r->es), bytes = r->count * r->es;
+	uint8_t *out = malloc(cap), *dst = malloc(bytes + 1), *old = malloc(bytes + 1);
+	dcast_chunk_info info;
+	REQUIRE(out && dst && old);
+	CHECK_ERR(dcast_codec_encode(r->cur, r->base, r->count, r->es, enc, 0, out, cap, &info), DCAST_OK);
+	CHECK(enc < 0 || info.encoding == (uint32_t)enc);
+	memcpy(dst, r->base, bytes);
+	CHECK_ERR(dcast_codec_apply(&info, out, dst, old), DCAST_OK);
+	CHECK(memcmp(dst, r->cur, bytes) == 0);
+	CHECK_ERR(dcast_codec_revert(&info, out, dst, old), DCAST_OK);
+	CHECK(memcmp(dst, r->base, bytes) == 0);
+	if (check_failures)
+		fprintf(stderr, "  in roundtrip count=%" PRIu64 " es=%u enc=%d changed=%" PRIu64 "\n",
+			r->count, r->es, enc, info.changed);
+	free(out);
+	free(dst);
+	free(old);
+}
+
+/* The automatic pick is the smallest size, and UPDATE_BASE makes base cur. */
+static void auto_pick(const range *r)
+{
+	size_t cap = dcast_codec_bound(r->count, r->es), bytes = r->count * r->es;
+	uint8_t *out = malloc(cap), *b2 = malloc(bytes + 1);
+	uint64_t sizes[DCAST_ENC_COUNT], changed;
+	dcast_chunk_info info;
+	REQUIRE(out && b2);
+	memcpy(b2, r->base, bytes);
+	CHECK_ERR(dcast_codec_sizes(r->cur, r->base, r->count, r->es, sizes, &changed), DCAST_OK);
+	CHECK_ERR(dcast_codec_encode(r->cur, b2, r->count, r->es, -1, DCAST_ENCODE_UPDATE_BASE, out, cap,
+				     &info), DCAST_OK);
+	CHECK(info.changed == changed);
+	for (int e = 0; e < DCAST_ENC_COUNT; e++)
+		CHECK(info.payload_bytes <= sizes[e]);
+	CHECK(info.payload_bytes == sizes[info.encoding]);
+	CHECK(memcmp(b2, r->cur, bytes) == 0);
+	free(out);
+	free(b2);
+}
+
+static void test_roundtrips(void)
+{
+	static const uint64_t counts[] = { 0, 1, 7, 8, 9, 1000, 4099, 100003 };
+	static const double dens[] = { 0, 0.001, 0.01, 0.05, 0.3, 1.0 };
+	static const unsigned sizes[] = { 1, 2, 4 };
+	for (size_t c = 0; c < DCAST_ARRAY_LEN(counts); c++)
+		for (size_t d = 0; d < DCAST_ARRAY_LEN(dens); d++)
+			for (size_t s = 0; s < DCAST_ARRAY_LEN(sizes); s++) {
+				range r = make_range(counts[c], sizes[s], dens[d], (int)(c + d) & 1);
+				for (int e = -1; e < DCAST_ENC_COUNT; e++)
+					roundtrip(&r, e);
+				auto_pick(&r);
+				free_range(&r);
+			}
+}
+
+static void test_anchor_and_args(void)
+{
+	range r = make_range(1000, 2, 0.01, 1);
+	size_t cap = dcast_codec_bound(1000, 2);
+	uint8_t *out = malloc(cap), dst[2000];
+	dcast_chunk_info info;
+	CHECK_ERR(dcast_codec_encode(r.cur, NULL, 1000, 2, -1, 0, out, cap, &info), DCAST_OK);
+	CHECK(info.encoding == DCAST_ENC_DENSE && info.changed == 1000 && info.payload_bytes == 2000);
+	CHECK_ERR(dcast_codec_apply(&info, out, dst, NULL), DCAST_OK);
+	CHECK(memcmp(dst, r.cur, 2000) == 0);
+	CHECK_ERR(dcast_codec_encode(r.cur, NULL, 1000, 2, DCAST_ENC_IDX32, 0, out, cap, &info), DCAST_EINVAL);
+	CHECK_ERR(dcast_codec_encode(r.cur, r.base, 1000, 3, -1, 0, out, cap, &info), DCAST_EINVAL);
+	CHECK_ERR(dcast_codec_encode(r.cur, r.base, 1000, 2, 4, 0, out, cap, &info), DCAST_EINVAL);
+	CHECK_ERR(dcast_codec_encode(r.cur, r.base, 1000, 2, -1, 0, out, cap - 1, &info), DCAST_EINVAL);
+	CHECK_ERR(dcast_codec_encode(r.cur, r.base, (uint64_t)DCAST_MAX_CHUNK_ELEMS + 1, 2, -1, 0, out,
+				     cap, &info), DCAST_EINVAL);
+	CHECK(strcmp(dcast_encoding_name(DCAST_ENC_COMPACT), "compact") == 0);
+	CHECK(strcmp(dcast_encoding_name(9), "?") == 0);
+	free(out);
+	free_range(&r);
+}
+
+/* Apply a (maybe broken) payload: it either fails with dst untouched, or
+ * succeeds.  Returns 1 when rejected. */
+static int rejected(const dcast_chunk_info *info, const uint8_t *pl, const range *r)
+{
+	uint64_t bytes = r->count * r->es;
+	uint8_t *dst = malloc(bytes + 1), *old = malloc(bytes + 1);
+	REQUIRE(dst && old);
+	memcpy(dst, r->base, bytes);
+	int rc = dcast_codec_apply(info, pl, dst, old);
+	if (rc) {
+		CHECK(memcmp(dst, r->base, bytes) == 0);
+		CHECK(dcast_last_error()[0] != 0);
+	}
+	free(dst);
+	free(old);
+	return rc != 0;
+}
+
+static void encode_forced(const range *r, int enc, uint8_t **out, dcast_chunk_info *info)
+{
+	size_t cap = dcast_codec_bound(r->count, r->es) + 16;
+	*out = calloc(1, cap);
+	REQUIRE(*out);
+	REQUIRE(dcast_codec_encode(r->cur, r->base, r->count, r->es, enc, 0, *out, cap, info) == DCAST_OK);
+}
+
+/* Every single-bit flip of a small payload, truncations, extensions and
+ * wrong counts. Structure flips must be caught; value flips may pass. */
+static void corrupt_all_bits(int enc, unsigned es)
+{
+	range r = make_range(300, es, 0.05, 1);
+	uint8_t *pl;
+	dcast_chunk_info info, bad;
+	encode_forced(&r, enc, &pl, &info);
+	unsigned caught = 0, flips = 0;
+	for (uint64_t i = 0; i < info.payload_bytes; i++)
+		for (unsigned b = 0; b < 8; b++, flips++) {
+			pl[i] ^= (uint8_t)(1u << b);
+			caught += (unsigned)rejected(&info, pl, &r);
+			pl[i] ^= (uint8_t)(1u << b);
+		}
+	CHECK(enc == DCAST_ENC_DENSE || caught > 0);
+	bad = info, bad.payload_bytes--;
+	CHECK(info.payload_bytes == 0 || rejected(&bad, pl, &r));
+	bad = info, bad.payload_bytes++;
+	CHECK(rejected(&bad, pl, &r));
+	bad = info, bad.changed++;
+	CHECK(enc == DCAST_ENC_DENSE || rejected(&bad, pl, &r));
+	bad = info, bad.changed--;
+	CHECK(enc == DCAST_ENC_DENSE || rejected(&bad, pl, &r));
+	bad = info, bad.count--;
+	CHECK(rejected(&bad, pl, &r));
+	bad = info, bad.count = (uint64_t)DCAST_MAX_CHUNK_ELEMS + 1;
+	CHECK(rejected(&bad, pl, &r));
+	bad = info, bad.elem_size = 3;
+	CHECK(rejected(&bad, pl, &r));
+	bad = info, bad.encoding = 7;
+	CHECK(rejected(&bad, pl, &r));
+	CHECK(!rejected(&info, pl, &r));
+	free(pl);
+	free_range(&r);
+}
+
+static void test_idx32_positions(void)
+{
+	range r = make_range(500, 2, 0.05, 1);
+	uint8_t *pl;
+	dcast_chunk_info info;
+	encode_forced(&r, DCAST_ENC_IDX32, &pl, &info);
+	uint32_t p0, p1, big = 500;
+	memcpy(&p0, pl, 4);
+	memcpy(&p1, pl + 6, 4);
+	memcpy(pl + 6, &p0, 4); /* repeat */
+	CHECK(rejected(&info, pl, &r));
+	memcpy(pl, &p1, 4); /* decreasing */
+	CHECK(rejected(&info, pl, &r));
+	memcpy(pl, &p0, 4);
+	memcpy(pl + 6, &p1, 4);
+	memcpy(pl + (info.changed - 1) * 6, &big, 4); /* out of range */
+	CHECK(rejected(&info, pl, &r));
+	free(pl);
+	free_range(&r);
+}
+
+static void test_compact_structure(void)
+{
+	range r = make_range(200000, 2, 0.05, 1); /* ~10 index blocks */
+	uint8_t *pl;
+	dcast_chunk_info info;
+	encode_forced(&r, DCAST_ENC_COMPACT, &pl, &info);
+	REQUIRE(info.changed > 3 * DCAST_CPT_BLOCK);
+	unsigned hb = dcast_cpt_hdr_bytes(pl[1], 16);
+	uint8_t save = pl[0];
+	pl[0] = 26; /* k too large */
+	CHECK(rejected(&info, pl, &r));
+	pl[0] = save;
+	save = pl[1];
+	pl[1] = 2; /* unknown mode */
+	CHECK(rejected(&info, pl, &r));
+	pl[1] = save;
+	pl[hb - 1] ^= 0x80; /* header padding */
+	CHECK(rejected(&info, pl, &r));
+	pl[hb - 1] ^= 0x80;
+	for (unsigned i = 0; i < 16; i++) { /* every index field, every byte */
+		pl[hb + i] ^= 1;
+		CHECK(rejected(&info, pl, &r));
+		pl[hb + i] ^= 1;
+	}
+	dcast_chunk_info longer = info;
+	longer.payload_bytes++; /* trailing garbage byte (zero) */
+	CHECK(rejected(&longer, pl, &r));
+	for (uint64_t i = 0; i < info.payload_bytes; i += 97) { /* truncations */
+		dcast_chunk_info t = info;
+		t.payload_bytes = i;
+		CHECK(rejected(&t, pl, &r));
+	}
+	CHECK(!rejected(&info, pl, &r));
+	free(pl);
+	free_range(&r);
+}
+
+/* A bad table: lengths that overfill the Kraft sum, or one above LMAX. */
+static void test_compact_table(void)
+{
+	range r = make_range(5000, 2, 0.05, 1);
+	uint8_t *pl;
+	dcast_chunk_info info;
+	encode_forced(&r, DCAST_ENC_COMPACT, &pl, &info);
+	REQUIRE(pl[1] == DCAST_CPT_CODED);
+	uint8_t t0 = pl[2];
+	pl[2] = 0x11; /* two codes of length 1, plus the rest */
+	CHECK(rejected(&info, pl, &r));
+	pl[2] = 0xd0 | (t0 & 15); /* length 13 */
+	CHECK(rejected(&info, pl, &r));
+	pl[2] = t0;
+	CHECK(!rejected(&info, pl, &r));
+	free(pl);
+	free_range(&r);
+}
+
+/* RL-like bf16 at 1% (changes of one ulp, a few of two): the compact code
+ * lands under 12 bits a change and within 1.15x of the entropy bound. */
+static void test_compact_size(void)
+{
+	range r = make_range(1u << 20, 2, 0, 0);
+	uint64_t sizes[DCAST_ENC_COUNT], changed, twos = 0, n = r.count;
+	for (uint64_t i = 0; i < n; i++) {
+		if (rnd01() >= 0.01)
+			continue;
+		uint32_t b = dcast_load_elem(r.base + 2 * i, 2), zz = rnd01() < 0.05 ? 3 + (rnd() & 1) : 1 + (rnd() & 1);
+		twos += zz > 2;
+		dcast_store_elem(r.cur + 2 * i, 2, dcast_ulp_apply(b, zz, 16));
+	}
+	CHECK_ERR(dcast_codec_sizes(r.cur, r.base, n, 2, sizes, &changed), DCAST_OK);
+	double p = (double)changed / (double)n, q = (double)twos / (double)changed;
+	double hpos = -(double)n * (p * log2(p) + (1 - p) * log2(1 - p));
+	double hval = -(double)changed * ((1 - q) * log2((1 - q) / 2) + q * log2(q / 2));
+	double bits = 8.0 * (double)sizes[DCAST_ENC_COMPACT];
+	printf("compact at 1%%: %.2f bits per changed element, %.3fx the entropy bound\n",
+	       bits / (double)changed, bits / (hpos + hval));
+	CHECK(bits / (double)changed < 12.0);
+	CHECK(bits < 1.15 * (hpos + hval));
+	free_range(&r);
+}
+
+int main(void)
+{
+	static const int simd[] = { DCAST_SIMD_PORTABLE, DCAST_SIMD_AVX2, DCAST_SIMD_AVX512 };
+	for (size_t i = 0; i < DCAST_ARRAY_LEN(simd); i++) {
+		if (dcast_simd_force(simd[i]) != simd[i])
+			continue;
+		printf("compare variant %d\n", simd[i]);
+		test_roundtrips();
+	}
+	dcast_simd_force(DCAST_SIMD_AUTO);
+	test_anchor_and_args();
+	for (int e = 0; e < DCAST_ENC_COUNT; e++)
+		for (unsigned es = 1; es <= 4; es *= 2)
+			corrupt_all_bits(e, es);
+	test_idx32_positions();
+	test_compact_structure();
+	test_compact_table();
+	test_compact_size();
+	return check_done("test_codec");
+}

@@ -1,0 +1,182 @@
+/* Helpers shared by the deltacast subcommands: error reports, number
+ * parsing, clock, matched checkpoint pairs, atomically committed outputs. */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "dcast_common.h"
+
+int cli_report(const char *cmd, int err)
+{
+	fprintf(stderr, "deltacast %s: %s: %s\n", cmd, dcast_strerror(err), dcast_last_error());
+	return CLI_FAILED;
+}
+
+int cli_usage_error(const char *cmd, const char *fmt, ...)
+{
+	va_list ap;
+	fprintf(stderr, "deltacast %s: ", cmd);
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fprintf(stderr, "; see deltacast %s --help\n", cmd);
+	return CLI_USAGE;
+}
+
+const char *cli_option_name(const struct option *longopts, int val)
+{
+	for (; longopts->name; longopts++)
+		if (longopts->val == val)
+			return longopts->name;
+	return "?";
+}
+
+int cli_parse_count(const char *s, uint64_t *out)
+{
+	static const char suffixes[] = "KMBGT";
+	static const double scale[] = {1e3, 1e6, 1e9, 1e9, 1e12};
+	char *end = NULL;
+	errno = 0;
+	double v = strtod(s, &end);
+	if (errno || end == s || !isfinite(v) || v <= 0)
+		return -1;
+	const char *hit = *end ? strchr(suffixes, *end) : NULL;
+	if (hit) {
+		v *= scale[hit - suffixes];
+		end++;
+	}
+	if (*end || v >= 1e18 || v < 1)
+		return -1;
+	*out = (uint64_t)llround(v);
+	return 0;
+}
+
+int cli_parse_double(const char *s, double lo, double hi, double *out)
+{
+	char *end = NULL;
+	errno = 0;
+	double v = strtod(s, &end);
+	if (errno || end == s || *end || !isfinite(v) || v < lo || v > hi)
+		return -1;
+	*out = v;
+	return 0;
+}
+
+double cli_now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+unsigned cli_codec_elem_size(const dcast_st_tensor *t)
+{
+	return t->elem_size == 8 ? 4 : t->elem_size;
+}
+
+static int same_layout(const dcast_st_tensor *a, const dcast_st_tensor *b)
+{
+	if (a->dtype != b->dtype || a->ndim != b->ndim)
+		return 0;
+	return memcmp(a->shape, b->shape, a->ndim * sizeof(a->shape[0])) == 0;
+}
+
+/* Fill base_of; in strict mode any difference in the tensor sets is an error. */
+static int match_tensors(cli_pair *p, const char *base_path, const char *cur_path, int strict)
+{
+	size_t n = dcast_st_count(p->cur);
+	for (size_t i = 0; i < n; i++) {
+		const dcast_st_tensor *t = dcast_st_tensor_at(p->cur, i);
+		const dcast_st_tensor *b = dcast_st_find(p->base, t->name);
+		if (b && same_layout(b, t))
+			p->base_of[i] = b;
+		else if (strict)
+			return dcast_fail(b ? DCAST_ESHAPE : DCAST_ENOTFOUND,
+					  "tensor \"%s\" of %s %s %s", t->name, cur_path,
+					  b ? "has another dtype or shape in" : "is missing from",
+					  base_path);
+	}
+	if (strict && dcast_st_count(p->base) != n)
+		return dcast_fail(DCAST_ESHAPE, "%s has %zu tensors, %s has %zu", base_path,
+				  dcast_st_count(p->base), cur_path, n);
+	return 0;
+}
+
+int cli_pair_open(const char *base_path, const char *cur_path, int strict, cli_pair *p)
+{
+	memset(p, 0, sizeof(*p));
+	int err = dcast_st_open(base_path, &p->base);
+	if (!err)
+		err = dcast_st_open(cur_path, &p->cur);
+	if (!err) {
+		p->base_of = calloc(dcast_st_count(p->cur) + 1, sizeof(*p->base_of));
+		err = p->base_of ? match_tensors(p, base_path, cur_path, strict)
+				 : dcast_fail(DCAST_ENOMEM, "out of memory");
+	}
+	if (err)
+		cli_pair_close(p);
+	return err;
+}
+
+void cli_pair_close(cli_pair *p)
+{
+	dcast_st_close(&p->base);
+	dcast_st_close(&p->cur);
+	free(p->base_of);
+	p->base_of = NULL;
+}
+
+int cli_out_open(const char *path, cli_out *o)
+{
+	o->path = path;
+	o->fd = -1;
+	size_t n = strlen(path) + 16;
+	o->tmp = malloc(n);
+	if (!o->tmp)
+		return dcast_fail(DCAST_ENOMEM, "out of memory");
+	snprintf(o->tmp, n, "%s.tmp.XXXXXX", path);
+	o->fd = mkostemp(o->tmp, O_CLOEXEC);
+	if (o->fd < 0) {
+		int e = errno;
+		free(o->tmp);
+		o->tmp = NULL;
+		return dcast_fail(DCAST_EIO, "%s: cannot create a temporary file: %s", path, strerror(e));
+	}
+	return 0;
+}
+
+int cli_out_commit(cli_out *o)
+{
+	int err = 0;
+	if (fchmod(o->fd, 0644) != 0 || fsync(o->fd) != 0)
+		err = dcast_fail(DCAST_EIO, "%s: fsync: %s", o->tmp, strerror(errno));
+	if (close(o->fd) != 0 && !err)
+		err = dcast_fail(DCAST_EIO, "%s: close: %s", o->tmp, strerror(errno));
+	o->fd = -1;
+	if (!err && rename(o->tmp, o->path) != 0)
+		err = dcast_fail(DCAST_EIO, "rename %s to %s: %s", o->tmp, o->path, strerror(errno));
+	if (err)
+		unlink(o->tmp);
+	free(o->tmp);
+	o->tmp = NULL;
+	return err;
+}
+
+void cli_out_abort(cli_out *o)
+{
+	if (o->fd >= 0)
+		close(o->fd);
+	if (o->tmp)
+		unlink(o->tmp);
+	free(o->tmp);
+	o->tmp = NULL;
+	o->fd = -1;
+}

@@ -46,6 +46,10 @@ int cli_parse_count(const char *s, uint64_t *out);
 /* Parse a finite double in [lo, hi]; 0 on success, -1 otherwise. */
 int cli_parse_double(const char *s, double lo, double hi, double *out);
 
+/* Print s as a JSON string literal (quotes, backslashes and control
+ * characters escaped). */
+void cli_print_json_string(FILE *to, const char *s);
+
 /* Seconds of the monotonic clock. */
 double cli_now_s(void);
 

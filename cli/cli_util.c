@@ -70,6 +70,21 @@ int cli_parse_double(const char *s, double lo, double hi, double *out)
 	return 0;
 }
 
+void cli_print_json_string(FILE *to, const char *s)
+{
+	fputc('"', to);
+	for (; *s; s++) {
+		unsigned char c = (unsigned char)*s;
+		if (c == '"' || c == '\\')
+			fprintf(to, "\\%c", c);
+		else if (c < 0x20)
+			fprintf(to, "\\u%04x", c);
+		else
+			fputc(c, to);
+	}
+	fputc('"', to);
+}
+
 double cli_now_s(void)
 {
 	struct timespec ts;

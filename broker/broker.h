@@ -1,0 +1,271 @@
+/* Private to broker/: the deltacast-broker service.  One thread, one event
+ * loop (loop.c) over the producer ROUTER, the consumer ROUTER, the upstream
+ * DEALERs of a relay and a few extra fds; per model a log of committed
+ * versions (log.c) filled by producer ingest (ingest.c) or by the relay
+ * (relay.c) and streamed to consumers under credit (fanout.c).  The wire
+ * contract is docs/protocol.md; the operator's view is docs/operations.md.
+ *
+ * Hook points for durability, folding, security and metrics are the
+ * functions under "Hooks" below: each is one clearly named call site. */
+#ifndef DCAST_BROKER_H
+#define DCAST_BROKER_H
+
+#include <stddef.h>
+#include <stdio.h>
+#include <stdint.h>
+#include <zmq.h>
+#include "deltacast/err.h"
+#include "deltacast/schema.h"
+#include "dcast_wire.h"
+
+#define BROKER_MAX_MODELS 256
+#define BROKER_MAX_UPSTREAM_MODELS 16
+#define BROKER_MAX_EXTRA_FDS 8
+#define BROKER_MAX_RID 255
+#define BROKER_BURST_MSGS 64   /* messages sent to one consumer per loop turn */
+#define BROKER_RECV_BURST 256  /* messages read from one socket per loop turn */
+
+/* ---- configuration (config.c: one table row per flag) ---- */
+struct broker_config {
+	const char *producers;      /* --producers ENDPOINT (required) */
+	const char *consumers;      /* --consumers ENDPOINT (required) */
+	const char *data_dir;       /* --data-dir DIR */
+	const char *upstream;       /* --upstream ENDPOINT: relay */
+	const char *upstream_models[BROKER_MAX_UPSTREAM_MODELS]; /* --upstream-model */
+	uint32_t n_upstream_models;
+	const char *log_level;      /* --log-level error|warn|info|debug */
+	uint64_t retain_versions;   /* --retain-versions: log entries per model */
+	uint64_t retain_bytes;      /* --retain-bytes: payload bytes per model log */
+	uint64_t max_pending_bytes; /* --max-pending-bytes: one open version */
+	uint64_t producer_window_bytes; /* --producer-window-bytes */
+	uint64_t upstream_window_bytes; /* --upstream-window-bytes */
+	uint64_t part_timeout_ms;   /* --part-timeout-ms */
+	uint64_t heartbeat_ms;      /* --heartbeat-ms */
+	uint64_t max_consumers;     /* --max-consumers */
+	uint64_t max_producers;     /* --max-producers */
+	uint64_t max_models;        /* --max-models */
+	/* Other broker features add their fields here (one line each). */
+	const char *curve_secret, *producer_keys, *consumer_keys, *metrics;
+	uint64_t fold_fraction_pct, fold_every;
+};
+
+/* Parse argv (and --config FILE) into cfg, after setting defaults.  Returns
+ * 0, 1 when --help was printed (exit 0), or a dcast_err with a detail
+ * naming the flag or config line.  Strings point into argv or into storage
+ * owned by config.c until broker_config_free(). */
+int broker_config_parse(struct broker_config *cfg, int argc, char **argv);
+/* Check cross-flag rules (a feature enabled without its setting). */
+int broker_config_check(const struct broker_config *cfg);
+void broker_config_free(void);
+void broker_config_usage(FILE *to);
+
+/* ---- the log ---- */
+
+/* A manifest shared by every version sent under it.  Refcounted. */
+struct broker_manifest {
+	unsigned refs;
+	dcast_manifest m;  /* owns m.tensors */
+	void *enc;         /* encoded MANIFEST header, for comparing and sending */
+	size_t enc_len;
+};
+
+/* One stored chunk: the header frame as consumers get it (part 0, seq = its
+ * index in the version) and the payload frame as it arrived; sent with
+ * zmq_msg_copy, so every consumer shares the one payload in memory. */
+struct broker_chunk {
+	zmq_msg_t hdr, payload;
+};
+
+/* A committed version.  Refcounted: the log holds one reference and every
+ * consumer streaming it one more, so dropping it from the log never pulls
+ * it from under a consumer mid-stream. */
+struct broker_version {
+	unsigned refs;
+	uint64_t version, base_version; /* base NONE for an anchor */
+	int anchor;
+	uint32_t n_chunks;
+	struct broker_chunk *chunks;
+	uint64_t payload_bytes;
+	zmq_msg_t commit_hdr;           /* COMMIT(part 0 of 1) for consumers */
+	uint32_t n_digests;
+	dcast_range_digest *digests;    /* every part's, owned */
+	struct broker_manifest *manifest; /* reference */
+};
+
+/* A chunk of an open version, before it is numbered for consumers. */
+struct broker_pending_chunk {
+	dcast_chunk c;
+	zmq_msg_t payload;
+};
+
+struct broker_part {
+	int seen, committed;
+	uint64_t last_ms;            /* last progress (chunk or commit) */
+	uint32_t n, cap;
+	struct broker_pending_chunk *chunks;
+	uint64_t bytes;
+	uint32_t n_digests;
+	dcast_range_digest *digests; /* from its COMMIT, owned */
+};
+
+/* A version whose parts are still arriving: invisible to consumers. */
+struct broker_pending {
+	uint64_t version, base_version;
+	int anchor;
+	uint32_t parts, n_committed;
+	uint64_t bytes, created_ms;
+	struct broker_manifest *manifest; /* reference: chunks checked against it */
+	struct broker_part *part;         /* [parts] */
+};
+
+struct broker_model {
+	char name[DCAST_MAX_NAME + 1];
+	struct broker_manifest *manifest; /* current; NULL until one arrives */
+	struct broker_version **log;      /* [0] the newest anchor, then deltas */
+	uint32_t n_log, cap_log;
+	uint64_t log_bytes;
+	int need_anchor;                  /* next version must be an anchor */
+	int relayed;                      /* filled from --upstream, not producers */
+	struct broker_pending *pending;   /* at most one open version */
+	uint64_t versions_committed, versions_aborted;
+};
+
+/* ---- peers ---- */
+struct broker_peer {
+	int used;
+	uint8_t rid[BROKER_MAX_RID];
+	size_t rid_len;
+	int role;                    /* dcast_role */
+	struct broker_model *model;
+	char client[DCAST_MAX_CLIENT + 1];
+	uint64_t last_recv_ms, last_send_ms;
+	/* producer */
+	uint32_t part, parts;
+	int manifest_ok;
+	uint64_t credit_owed;        /* bytes stored, not yet granted back */
+	/* consumer */
+	uint64_t credit_bytes, sent_bytes; /* granted in total, payload sent */
+	uint64_t have_version;       /* newest version whose COMMIT went out */
+	uint64_t acked_version;      /* newest the consumer says it applied */
+	struct broker_version *cur;  /* streaming this one (reference) */
+	uint32_t next_chunk;         /* next chunk of cur; n_chunks: COMMIT next */
+	struct broker_manifest *manifest_sent; /* reference */
+	int blocked;                 /* pipe full on the last send */
+};
+
+struct broker_upstream {
+	void *sock;
+	struct broker_model *model;
+	uint64_t last_recv_ms, last_send_ms, hello_ms;
+	uint64_t credit_owed;
+	int joined;
+};
+
+/* Kept up to date by the core; read by metrics and status. */
+struct broker_stats {
+	uint64_t versions_committed, versions_aborted;
+	uint64_t chunks_in, bytes_in;    /* payload stored from producers / upstream */
+	uint64_t chunks_out, bytes_out;  /* payload sent to consumers */
+	uint32_t producers_connected, consumers_connected;
+	uint64_t errors[DCAST_ERR_COUNT]; /* inbound messages refused, by code */
+	uint64_t peers_timed_out;
+};
+
+struct broker;
+typedef void (*broker_fd_fn)(struct broker *b, int fd, void *arg);
+
+struct broker {
+	struct broker_config cfg;
+	void *ctx, *producers, *consumers;
+	int signal_fd;
+	volatile int stop;
+	struct broker_model *models[BROKER_MAX_MODELS];
+	uint32_t n_models;
+	struct broker_peer *prod, *cons; /* [max_producers], [max_consumers] */
+	struct broker_upstream up[BROKER_MAX_UPSTREAM_MODELS];
+	uint32_t n_up;
+	struct {
+		int fd;
+		broker_fd_fn fn;
+		void *arg;
+	} extra[BROKER_MAX_EXTRA_FDS];
+	uint32_t n_extra;
+	int fanout_more;   /* a consumer has more to send now */
+	int fanout_blocked; /* a consumer's pipe was full */
+	uint64_t last_timer_ms;
+	struct broker_stats stats;
+};
+
+/* ---- loop.c ---- */
+int broker_open(struct broker *b, const struct broker_config *cfg);
+int broker_run(struct broker *b);
+void broker_close(struct broker *b);
+/* Refuse an inbound message: count it by code and send ERROR back. */
+void broker_refuse(struct broker *b, void *sock, const zmq_msg_t *rid, int code,
+		   const char *model, uint64_t version);
+/* The peer slot of a routing id in arr[n]; with create, a free slot set up
+ * for it (NULL and DCAST_EBUSY when every slot is taken). */
+struct broker_peer *broker_peer_find(struct broker_peer *arr, uint64_t n, const zmq_msg_t *rid,
+				     int create);
+/* Send a header built from `m` to a peer (best effort, never blocks). */
+int broker_send_msg(struct broker *b, void *sock, struct broker_peer *p, const dcast_msg *m);
+
+/* ---- log.c ---- */
+struct broker_model *broker_model_get(struct broker *b, const char *name, int create);
+void broker_model_free(struct broker_model *m);
+struct broker_manifest *broker_manifest_new(dcast_manifest *m); /* takes m->tensors */
+void broker_manifest_put(struct broker_manifest *mf);
+void broker_version_put(struct broker_version *v);
+uint64_t broker_model_newest(const struct broker_model *m); /* NONE if empty */
+/* Append a committed version to the model's log (an anchor replaces what
+ * came before).  Takes the caller's reference.  Errors: DCAST_EVERSION. */
+int broker_log_append(struct broker *b, struct broker_model *m, struct broker_version *v);
+/* Index of `version` in the log, -1 if absent. */
+int broker_log_find(const struct broker_model *m, uint64_t version);
+
+/* ---- ingest.c: producers, and the open-version logic the relay reuses ---- */
+void broker_producer_msg(struct broker *b, dcast_wire_in *in);
+void broker_producer_timers(struct broker *b, uint64_t now_ms);
+void broker_producer_flush_credit(struct broker *b);
+int broker_pending_open(struct broker *b, struct broker_model *m, const dcast_chunk *c,
+			uint32_t parts);
+int broker_pending_chunk(struct broker *b, struct broker_model *m, uint32_t part,
+			 dcast_wire_in *in);
+/* Close `part` of the open version with its COMMIT; when every part has
+ * committed, the version enters the log (returns 0; *committed set). */
+int broker_pending_commit(struct broker *b, struct broker_model *m, uint32_t part,
+			  dcast_commit *c, int *committed);
+void broker_pending_abort(struct broker *b, struct broker_model *m, const char *why);
+int broker_chunk_check(const struct broker_manifest *mf, const dcast_chunk *c);
+
+/* ---- fanout.c: consumers ---- */
+void broker_consumer_msg(struct broker *b, dcast_wire_in *in);
+void broker_fanout(struct broker *b);
+void broker_consumer_timers(struct broker *b, uint64_t now_ms);
+void broker_peer_reset(struct broker_peer *p);
+
+/* ---- relay.c ---- */
+int broker_relay_open(struct broker *b);
+void broker_relay_msg(struct broker *b, struct broker_upstream *u);
+void broker_relay_timers(struct broker *b, uint64_t now_ms);
+void broker_relay_flush_credit(struct broker *b);
+void broker_relay_close(struct broker *b);
+
+/* ---- Hooks (one call site each) ---- */
+
+/* Called once a version has all its parts and before any ACK goes out or
+ * any consumer sees it.  Durability fsyncs it here; the anchor folder
+ * consumes it here.  A non-zero dcast_err drops the version (ERROR to the
+ * producers, nothing served).  log.c. */
+int broker_version_committed(struct broker *b, struct broker_model *m,
+			     struct broker_version *v);
+/* Called once at start-up, after the sockets are set up and before the
+ * loop runs: re-insert durable versions with broker_log_append().  log.c. */
+int broker_log_restore(struct broker *b);
+/* Called for each ROUTER before bind (which: "producers"/"consumers") and
+ * each upstream DEALER before connect ("upstream"): CURVE goes here. */
+int broker_socket_setup(struct broker *b, void *sock, const char *which);
+/* Add an fd to the poll set (metrics listener); fn runs when readable. */
+int broker_poll_add(struct broker *b, int fd, broker_fd_fn fn, void *arg);
+
+#endif

@@ -1,0 +1,251 @@
+/* deltacast-broker configuration: one table row per flag, the same names on
+ * the command line (--name VALUE) and in a --config file (`name = value`
+ * lines, # comments).  Command-line flags win over the file whatever their
+ * order, because the file is read first.  Adding a flag = a field in
+ * struct broker_config + one row here (+ a row in docs/operations.md). */
+#include <errno.h>
+#include <stddef.h>
+#include <string.h>
+#include "broker.h"
+#include "dcast_common.h"
+
+enum flag_kind { FLAG_STR, FLAG_U64, FLAG_LIST };
+
+struct flag {
+	const char *name;
+	enum flag_kind kind;
+	size_t off;
+	const char *def; /* default, as text; NULL: none */
+	const char *help;
+};
+
+#define OFF(f) offsetof(struct broker_config, f)
+static const struct flag flags[] = {
+	{"producers", FLAG_STR, OFF(producers), NULL, "ENDPOINT producers connect to (ROUTER bind), required"},
+	{"consumers", FLAG_STR, OFF(consumers), NULL, "ENDPOINT consumers connect to (ROUTER bind), required"},
+	{"data-dir", FLAG_STR, OFF(data_dir), NULL, "DIR for durable segments (no durability without it)"},
+	{"upstream", FLAG_STR, OFF(upstream), NULL, "ENDPOINT of an upstream broker's consumer socket: relay"},
+	{"upstream-model", FLAG_LIST, OFF(upstream_models), NULL, "NAME of a model to relay (repeat; required with --upstream)"},
+	{"retain-versions", FLAG_U64, OFF(retain_versions), "1024", "log entries per model (anchor + deltas) before an anchor is requested"},
+	{"retain-bytes", FLAG_U64, OFF(retain_bytes), "17179869184", "payload bytes per model log before an anchor is requested"},
+	{"max-pending-bytes", FLAG_U64, OFF(max_pending_bytes), "17179869184", "payload bytes of one uncommitted version"},
+	{"producer-window-bytes", FLAG_U64, OFF(producer_window_bytes), "268435456", "credit granted to each producer part"},
+	{"upstream-window-bytes", FLAG_U64, OFF(upstream_window_bytes), "1073741824", "credit granted to the upstream broker (relay)"},
+	{"part-timeout-ms", FLAG_U64, OFF(part_timeout_ms), "30000", "a part silent this long mid-version aborts the version"},
+	{"heartbeat-ms", FLAG_U64, OFF(heartbeat_ms), "1000", "heartbeat interval; peers silent 3x this are dropped"},
+	{"max-consumers", FLAG_U64, OFF(max_consumers), "4096", "consumer connections at once"},
+	{"max-producers", FLAG_U64, OFF(max_producers), "4096", "producer part connections at once"},
+	{"max-models", FLAG_U64, OFF(max_models), "64", "models at once (at most 256)"},
+	{"log-level", FLAG_STR, OFF(log_level), "info", "error, warn, info or debug"},
+};
+#undef OFF
+
+#define MAX_OWNED 256
+static char *owned[MAX_OWNED]; /* strings read from a config file */
+static unsigned n_owned;
+
+void broker_config_usage(FILE *to)
+{
+	fprintf(to, "usage: deltacast-broker --producers ENDPOINT --consumers ENDPOINT [options]\n"
+		    "  --config FILE  read `name = value` lines (names as the long flags)\n"
+		    "  --help         this text\n");
+	for (size_t i = 0; i < DCAST_ARRAY_LEN(flags); i++)
+		fprintf(to, "  --%-22s %s%s%s%s\n", flags[i].name, flags[i].help,
+			flags[i].def ? " [" : "", flags[i].def ? flags[i].def : "",
+			flags[i].def ? "]" : "");
+}
+
+static const struct flag *flag_find(const char *name)
+{
+	for (size_t i = 0; i < DCAST_ARRAY_LEN(flags); i++)
+		if (!strcmp(flags[i].name, name))
+			return &flags[i];
+	return NULL;
+}
+
+static int set_u64(uint64_t *dst, const char *name, const char *val)
+{
+	char *end;
+	unsigned long long v;
+
+	errno = 0;
+	v = strtoull(val, &end, 10);
+	if (!*val || *end || errno || val[0] == '-')
+		return dcast_fail(DCAST_EINVAL, "--%s: \"%s\" is not an unsigned integer", name, val);
+	*dst = v;
+	return 0;
+}
+
+static int flag_set(struct broker_config *cfg, const struct flag *f, const char *val)
+{
+	char *base = (char *)cfg + f->off;
+
+	switch (f->kind) {
+	case FLAG_STR:
+		*(const char **)base = val;
+		return 0;
+	case FLAG_U64:
+		return set_u64((uint64_t *)base, f->name, val);
+	case FLAG_LIST:
+		if (cfg->n_upstream_models >= BROKER_MAX_UPSTREAM_MODELS)
+			return dcast_fail(DCAST_EINVAL, "--%s: more than %d given", f->name,
+					  BROKER_MAX_UPSTREAM_MODELS);
+		((const char **)base)[cfg->n_upstream_models++] = val;
+		return 0;
+	}
+	return dcast_fail(DCAST_EINVAL, "--%s: bad flag kind", f->name);
+}
+
+static char *keep(const char *s)
+{
+	char *d;
+
+	if (n_owned >= MAX_OWNED || !(d = strdup(s)))
+		return NULL;
+	owned[n_owned++] = d;
+	return d;
+}
+
+static char *trim(char *s)
+{
+	char *e;
+
+	while (*s == ' ' || *s == '\t')
+		s++;
+	e = s + strlen(s);
+	while (e > s && (e[-1] == ' ' || e[-1] == '\t' || e[-1] == '\n' || e[-1] == '\r'))
+		*--e = 0;
+	return s;
+}
+
+static int config_line(struct broker_config *cfg, char *line, const char *path, int lineno)
+{
+	char *eq, *key, *val;
+	const struct flag *f;
+
+	key = trim(line);
+	if (!*key || *key == '#')
+		return 0;
+	if (!(eq = strchr(key, '=')))
+		return dcast_fail(DCAST_EINVAL, "%s:%d: expected `name = value`", path, lineno);
+	*eq = 0;
+	key = trim(key);
+	val = trim(eq + 1);
+	if (!(f = flag_find(key)))
+		return dcast_fail(DCAST_EINVAL, "%s:%d: unknown setting \"%s\"", path, lineno, key);
+	if (!(val = keep(val)))
+		return dcast_fail(DCAST_ENOMEM, "%s:%d: out of memory", path, lineno);
+	return flag_set(cfg, f, val);
+}
+
+static int config_file(struct broker_config *cfg, const char *path)
+{
+	char line[4096];
+	int lineno = 0, rc = 0;
+	FILE *f = fopen(path, "r");
+
+	if (!f)
+		return dcast_fail(DCAST_EIO, "--config %s: %s", path, strerror(errno));
+	while (!rc && fgets(line, sizeof(line), f) && lineno < 100000) {
+		lineno++;
+		if (!strchr(line, '\n') && !feof(f))
+			rc = dcast_fail(DCAST_EINVAL, "%s:%d: line too long", path, lineno);
+		else
+			rc = config_line(cfg, line, path, lineno);
+	}
+	fclose(f);
+	return rc;
+}
+
+static int set_defaults(struct broker_config *cfg)
+{
+	memset(cfg, 0, sizeof(*cfg));
+	for (size_t i = 0; i < DCAST_ARRAY_LEN(flags); i++)
+		if (flags[i].def) {
+			int rc = flag_set(cfg, &flags[i], flags[i].def);
+			if (rc)
+				return rc;
+		}
+	return 0;
+}
+
+/* --config first, so that the command line overrides the file. */
+static int find_config(int argc, char **argv, const char **path)
+{
+	*path = NULL;
+	for (int i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h"))
+			return 1;
+		if (!strcmp(argv[i], "--config")) {
+			if (i + 1 >= argc)
+				return dcast_fail(DCAST_EINVAL, "--config: needs a FILE");
+			*path = argv[++i];
+		}
+	}
+	return 0;
+}
+
+int broker_config_parse(struct broker_config *cfg, int argc, char **argv)
+{
+	const char *path;
+	int rc = set_defaults(cfg);
+
+	if (!rc)
+		rc = find_config(argc, argv, &path);
+	if (!rc && path)
+		rc = config_file(cfg, path);
+	for (int i = 1; !rc && i < argc; i++) {
+		const struct flag *f;
+
+		if (!strcmp(argv[i], "--config")) {
+			i++;
+			continue;
+		}
+		if (strncmp(argv[i], "--", 2) || !(f = flag_find(argv[i] + 2)))
+			return dcast_fail(DCAST_EINVAL, "unknown argument \"%s\" (see --help)", argv[i]);
+		if (i + 1 >= argc)
+			return dcast_fail(DCAST_EINVAL, "%s: needs a value", argv[i]);
+		rc = flag_set(cfg, f, argv[++i]);
+	}
+	return rc;
+}
+
+static int need(int cond, const char *what)
+{
+	return cond ? 0 : dcast_fail(DCAST_EINVAL, "%s", what);
+}
+
+int broker_config_check(const struct broker_config *c)
+{
+	int rc = 0;
+
+	if (!rc) rc = need(c->producers && *c->producers, "--producers ENDPOINT is required");
+	if (!rc) rc = need(c->consumers && *c->consumers, "--consumers ENDPOINT is required");
+	if (!rc) rc = need(!c->upstream || c->n_upstream_models,
+			   "--upstream needs at least one --upstream-model NAME");
+	if (!rc) rc = need(c->upstream || !c->n_upstream_models,
+			   "--upstream-model given without --upstream ENDPOINT");
+	if (!rc) rc = need(c->heartbeat_ms >= 10 && c->heartbeat_ms <= 3600000,
+			   "--heartbeat-ms must be in [10, 3600000]");
+	if (!rc) rc = need(c->part_timeout_ms >= 1, "--part-timeout-ms must be at least 1");
+	if (!rc) rc = need(c->retain_versions >= 1, "--retain-versions must be at least 1");
+	if (!rc) rc = need(c->max_models >= 1 && c->max_models <= BROKER_MAX_MODELS,
+			   "--max-models must be in [1, 256]");
+	if (!rc) rc = need(c->max_consumers >= 1 && c->max_consumers <= 1000000,
+			   "--max-consumers must be in [1, 1000000]");
+	if (!rc) rc = need(c->max_producers >= 1 && c->max_producers <= 1000000,
+			   "--max-producers must be in [1, 1000000]");
+	if (!rc) rc = need(c->producer_window_bytes >= 1 &&
+			   c->producer_window_bytes <= DCAST_MAX_CREDIT_BYTES,
+			   "--producer-window-bytes must be in [1, 2^40]");
+	if (!rc) rc = need(c->upstream_window_bytes >= 1 &&
+			   c->upstream_window_bytes <= DCAST_MAX_CREDIT_BYTES,
+			   "--upstream-window-bytes must be in [1, 2^40]");
+	return rc;
+}
+
+void broker_config_free(void)
+{
+	while (n_owned)
+		free(owned[--n_owned]);
+}

@@ -1,0 +1,281 @@
+/* Consumer side: HELLO/CREDIT/ACK/BYE from consumers, and fan-out.  Each
+ * consumer has its own cursor (the version it is streaming, the next chunk)
+ * and credit; per loop turn it gets at most BROKER_BURST_MSGS messages,
+ * sent with ZMQ_DONTWAIT, so a consumer that stops (credit spent, pipe full)
+ * holds only its own cursor.  Payload frames go out as zmq_msg_copy of the
+ * log's messages: N consumers share one copy.  docs/protocol.md,
+ * "Consumer and broker". */
+#include <errno.h>
+#include <string.h>
+#include "broker.h"
+#include "dcast_common.h"
+
+enum pump { PUMP_IDLE, PUMP_MORE, PUMP_BLOCKED, PUMP_GONE };
+
+void broker_peer_reset(struct broker_peer *p)
+{
+	broker_version_put(p->cur);
+	broker_manifest_put(p->manifest_sent);
+	p->cur = NULL;
+	p->manifest_sent = NULL;
+	p->next_chunk = 0;
+}
+
+static void consumer_drop(struct broker *b, struct broker_peer *p, const char *why)
+{
+	DCAST_LOG_I("consumer %s of %s: %s (had version %lld)", p->client,
+		    p->model ? p->model->name : "?", why, (long long)p->have_version);
+	broker_peer_reset(p);
+	memset(p, 0, sizeof(*p));
+	b->stats.consumers_connected--;
+}
+
+static int send_err(struct broker *b, const char *what)
+{
+	(void)b;
+	if (errno == EAGAIN)
+		return PUMP_BLOCKED;
+	if (errno == EHOSTUNREACH)
+		return PUMP_GONE;
+	DCAST_LOG_W("send %s: %s", what, zmq_strerror(errno));
+	return PUMP_GONE;
+}
+
+/* One multipart message [rid, copy of hdr, copy of payload] or a raw header. */
+static int send_frames(struct broker *b, struct broker_peer *p, zmq_msg_t *hdr,
+		       zmq_msg_t *payload, const void *raw, size_t raw_len)
+{
+	void *s = b->consumers;
+	zmq_msg_t h, pl;
+
+	if (zmq_send(s, p->rid, p->rid_len, ZMQ_DONTWAIT | ZMQ_SNDMORE) < 0)
+		return send_err(b, "routing id");
+	if (raw) {
+		zmq_msg_init_size(&h, raw_len);
+		memcpy(zmq_msg_data(&h), raw, raw_len);
+	} else {
+		zmq_msg_init(&h);
+		zmq_msg_copy(&h, hdr);
+	}
+	/* After the routing id the pipe has room: ROUTER_MANDATORY checked it. */
+	if (zmq_msg_send(&h, s, ZMQ_DONTWAIT | (payload ? ZMQ_SNDMORE : 0)) < 0) {
+		zmq_msg_close(&h);
+		return send_err(b, "header");
+	}
+	if (payload) {
+		zmq_msg_init(&pl);
+		zmq_msg_copy(&pl, payload);
+		if (zmq_msg_send(&pl, s, ZMQ_DONTWAIT) < 0) {
+			zmq_msg_close(&pl);
+			return send_err(b, "payload");
+		}
+	}
+	p->last_send_ms = dcast_now_ms();
+	return PUMP_MORE;
+}
+
+/* The version to stream after p->have_version: the next delta if
+ * have_version is in the log, else the newest anchor if it is newer. */
+static struct broker_version *next_version(const struct broker_model *m, uint64_t have)
+{
+	int i;
+
+	if (!m->n_log)
+		return NULL;
+	if (have == DCAST_VERSION_NONE)
+		return m->log[0];
+	i = broker_log_find(m, have);
+	if (i >= 0)
+		return (uint32_t)i + 1 < m->n_log ? m->log[i + 1] : NULL;
+	return m->log[0]->version > have ? m->log[0] : NULL;
+}
+
+static int send_manifest(struct broker *b, struct broker_peer *p, struct broker_manifest *mf)
+{
+	int rc = send_frames(b, p, NULL, NULL, mf->enc, mf->enc_len);
+
+	if (rc == PUMP_MORE) {
+		broker_manifest_put(p->manifest_sent);
+		p->manifest_sent = mf;
+		mf->refs++;
+	}
+	return rc;
+}
+
+/* One step of a consumer's stream: a MANIFEST, a CHUNK or a COMMIT. */
+static int pump_one(struct broker *b, struct broker_peer *p)
+{
+	struct broker_version *v = p->cur;
+	struct broker_chunk *ch;
+	uint64_t len;
+	int rc;
+
+	if (!v) {
+		if (!(v = next_version(p->model, p->have_version))) {
+			struct broker_manifest *mf = p->model->manifest;
+			return mf && mf != p->manifest_sent ? send_manifest(b, p, mf) : PUMP_IDLE;
+		}
+		p->cur = v;
+		v->refs++;
+		p->next_chunk = 0;
+	}
+	if (v->manifest != p->manifest_sent)
+		return send_manifest(b, p, v->manifest);
+	if (p->next_chunk == v->n_chunks) {
+		if ((rc = send_frames(b, p, &v->commit_hdr, NULL, NULL, 0)) != PUMP_MORE)
+			return rc;
+		p->have_version = v->version;
+		p->cur = NULL;
+		broker_version_put(v);
+		return PUMP_MORE;
+	}
+	ch = &v->chunks[p->next_chunk];
+	len = zmq_msg_size(&ch->payload);
+	if (p->sent_bytes + len > p->credit_bytes)
+		return PUMP_IDLE; /* waits for CREDIT */
+	if ((rc = send_frames(b, p, &ch->hdr, &ch->payload, NULL, 0)) != PUMP_MORE)
+		return rc;
+	p->sent_bytes += len;
+	p->next_chunk++;
+	b->stats.chunks_out++;
+	b->stats.bytes_out += len;
+	return PUMP_MORE;
+}
+
+static void consumer_pump(struct broker *b, struct broker_peer *p)
+{
+	int rc = PUMP_MORE;
+
+	for (int i = 0; i < BROKER_BURST_MSGS && rc == PUMP_MORE; i++)
+		rc = pump_one(b, p);
+	p->blocked = rc == PUMP_BLOCKED;
+	if (rc == PUMP_MORE)
+		b->fanout_more = 1;
+	else if (rc == PUMP_BLOCKED)
+		b->fanout_blocked = 1;
+	else if (rc == PUMP_GONE)
+		consumer_drop(b, p, "unreachable");
+}
+
+void broker_fanout(struct broker *b)
+{
+	b->fanout_more = b->fanout_blocked = 0;
+	for (uint64_t i = 0; i < b->cfg.max_consumers; i++)
+		if (b->cons[i].used)
+			consumer_pump(b, &b->cons[i]);
+}
+
+static void consumer_hello(struct broker *b, struct broker_peer *p, dcast_wire_in *in)
+{
+	const dcast_hello *h = &in->msg.u.hello;
+	struct broker_model *m = NULL;
+	dcast_msg w;
+	int rc = DCAST_EBUSY;
+
+	if (h->role != DCAST_ROLE_CONSUMER)
+		rc = dcast_fail(DCAST_EFIELD_RANGE, "HELLO.role: producer on the consumer endpoint");
+	else if ((m = broker_model_get(b, h->model, 1)))
+		rc = 0;
+	if (!rc && !p && !(p = broker_peer_find(b->cons, b->cfg.max_consumers, &in->rid, 1)))
+		rc = DCAST_EBUSY;
+	if (rc) {
+		broker_refuse(b, b->consumers, &in->rid, rc, h->model, DCAST_VERSION_NONE);
+		return;
+	}
+	if (!p->model)
+		b->stats.consumers_connected++;
+	broker_peer_reset(p);
+	p->role = DCAST_ROLE_CONSUMER;
+	p->model = m;
+	p->have_version = p->acked_version = h->have_version;
+	p->credit_bytes = h->window_bytes;
+	p->sent_bytes = 0;
+	p->last_recv_ms = dcast_now_ms();
+	snprintf(p->client, sizeof(p->client), "%s", h->client);
+	DCAST_LOG_I("consumer %s of %s joined, has version %lld, window %llu", p->client, m->name,
+		    (long long)h->have_version, (unsigned long long)h->window_bytes);
+	dcast_msg_init(&w, DCAST_MSG_WELCOME);
+	snprintf(w.u.welcome.model, sizeof(w.u.welcome.model), "%s", m->name);
+	w.u.welcome.version = broker_model_newest(m);
+	w.u.welcome.anchor_version = m->n_log ? m->log[0]->version : DCAST_VERSION_NONE;
+	w.u.welcome.heartbeat_ms = (uint32_t)b->cfg.heartbeat_ms;
+	broker_send_msg(b, b->consumers, p, &w);
+}
+
+static int consumer_dispatch(struct broker *b, struct broker_peer *p, const dcast_msg *msg)
+{
+	const uint64_t credit_max = 1ull << 62;
+
+	switch (msg->type) {
+	case DCAST_MSG_CREDIT:
+		p->credit_bytes += msg->u.credit.bytes;
+		if (p->credit_bytes > credit_max)
+			p->credit_bytes = credit_max;
+		return 0;
+	case DCAST_MSG_ACK:
+		if (strcmp(msg->u.ack.model, p->model->name))
+			return dcast_fail(DCAST_EFIELD_RANGE, "ACK.model: \"%s\", HELLO said \"%s\"",
+					  msg->u.ack.model, p->model->name);
+		p->acked_version = msg->u.ack.version;
+		return 0;
+	case DCAST_MSG_HEARTBEAT:
+		return 0;
+	case DCAST_MSG_ERROR:
+		DCAST_LOG_W("consumer %s: ERROR %s: %s", p->client,
+			    dcast_errname((int)msg->u.error.code), msg->u.error.text);
+		return 0;
+	default:
+		(void)b;
+		return dcast_fail(DCAST_EMSG_TYPE, "%s: not expected from a consumer",
+				  dcast_msg_type_name((int)msg->type));
+	}
+}
+
+void broker_consumer_msg(struct broker *b, dcast_wire_in *in)
+{
+	struct broker_peer *p = broker_peer_find(b->cons, b->cfg.max_consumers, &in->rid, 0);
+	int rc;
+
+	if (in->msg.type == DCAST_MSG_HELLO) {
+		consumer_hello(b, p, in);
+		return;
+	}
+	if (!p) {
+		if (in->msg.type != DCAST_MSG_BYE) {
+			dcast_fail(DCAST_ESTATE, "%s before HELLO", dcast_msg_type_name((int)in->msg.type));
+			broker_refuse(b, b->consumers, &in->rid, DCAST_ESTATE, "", DCAST_VERSION_NONE);
+		}
+		return;
+	}
+	p->last_recv_ms = dcast_now_ms();
+	if (in->msg.type == DCAST_MSG_BYE) {
+		consumer_drop(b, p, "said BYE");
+		return;
+	}
+	if ((rc = consumer_dispatch(b, p, &in->msg)))
+		broker_refuse(b, b->consumers, &in->rid, rc, p->model->name, DCAST_VERSION_NONE);
+}
+
+void broker_consumer_timers(struct broker *b, uint64_t now_ms)
+{
+	uint64_t hb = b->cfg.heartbeat_ms;
+	dcast_msg h;
+
+	dcast_msg_init(&h, DCAST_MSG_HEARTBEAT);
+	h.u.heartbeat.time_ms = now_ms;
+	for (uint64_t i = 0; i < b->cfg.max_consumers; i++) {
+		struct broker_peer *p = &b->cons[i];
+
+		if (!p->used)
+			continue;
+		if (now_ms - p->last_recv_ms > 3 * hb) {
+			b->stats.peers_timed_out++;
+			consumer_drop(b, p, "silent for 3 heartbeats");
+			continue;
+		}
+		if (now_ms - p->last_send_ms >= hb && !p->blocked) {
+			h.u.heartbeat.version = broker_model_newest(p->model);
+			broker_send_msg(b, b->consumers, p, &h);
+		}
+	}
+}

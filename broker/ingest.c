@@ -1,0 +1,704 @@
+/* Producer ingest: HELLO/MANIFEST/CHUNK/COMMIT from producer parts, the one
+ * open version per model (struct broker_pending) and its commit into the
+ * log.  The relay (relay.c) feeds upstream versions through the same
+ * pending functions as a single part.  Rules: docs/protocol.md,
+ * "Producer part and broker". */
+#include <string.h>
+#include "broker.h"
+#include "dcast_common.h"
+
+#define MAX_PART_CHUNKS (1u << 24) /* chunks of one part's version held at once */
+
+static void free_buf(void *data, void *hint)
+{
+	(void)hint;
+	free(data);
+}
+
+/* Encode m into a zmq message (the header frame kept in the log). */
+static int encode_frame(const dcast_msg *m, zmq_msg_t *out)
+{
+	void *buf;
+	size_t len;
+	int rc = dcast_msg_encode(m, &buf, &len);
+
+	if (rc)
+		return rc;
+	if (zmq_msg_init_data(out, buf, len, free_buf, NULL)) {
+		free(buf);
+		return dcast_fail(DCAST_EZMQ, "zmq_msg_init_data: %s", zmq_strerror(zmq_errno()));
+	}
+	return 0;
+}
+
+static void pending_free(struct broker_pending *pd)
+{
+	if (!pd)
+		return;
+	for (uint32_t i = 0; i < pd->parts; i++) {
+		struct broker_part *pt = &pd->part[i];
+
+		for (uint32_t j = 0; j < pt->n; j++)
+			zmq_msg_close(&pt->chunks[j].payload);
+		free(pt->chunks);
+		free(pt->digests);
+	}
+	free(pd->part);
+	broker_manifest_put(pd->manifest);
+	free(pd);
+}
+
+static void producers_error(struct broker *b, struct broker_model *m, int code,
+			    uint64_t version, const char *text)
+{
+	for (uint64_t i = 0; i < b->cfg.max_producers; i++) {
+		struct broker_peer *p = &b->prod[i];
+
+		if (p->used && p->model == m) {
+			dcast_wire_send_error(b->producers, p->rid, p->rid_len, code, m->name,
+					      version, text);
+			p->last_send_ms = dcast_now_ms();
+		}
+	}
+}
+
+void broker_pending_abort(struct broker *b, struct broker_model *m, const char *why)
+{
+	struct broker_pending *pd = m->pending;
+	char text[DCAST_MAX_TEXT + 1];
+
+	if (!pd)
+		return;
+	snprintf(text, sizeof(text), "model %s version %llu dropped: %s", m->name,
+		 (unsigned long long)pd->version, why);
+	DCAST_LOG_W("%s", text);
+	if (!m->relayed)
+		producers_error(b, m, DCAST_EABORTED, pd->version, text);
+	m->pending = NULL;
+	m->versions_aborted++;
+	b->stats.versions_aborted++;
+	pending_free(pd);
+}
+
+static int version_rules(const struct broker_model *m, const dcast_chunk *c)
+{
+	uint64_t newest = broker_model_newest(m);
+
+	if (newest != DCAST_VERSION_NONE && c->version <= newest)
+		return dcast_fail(DCAST_EVERSION, "model %s: version %llu is not above the newest committed %llu",
+				  m->name, (unsigned long long)c->version, (unsigned long long)newest);
+	if (c->anchor)
+		return 0;
+	if (newest == DCAST_VERSION_NONE || m->need_anchor)
+		return dcast_fail(DCAST_EVERSION, "model %s: delta %llu refused, the next version must be an anchor",
+				  m->name, (unsigned long long)c->version);
+	if (c->base_version != newest)
+		return dcast_fail(DCAST_EVERSION, "model %s: delta %llu has base_version %llu, newest committed is %llu",
+				  m->name, (unsigned long long)c->version,
+				  (unsigned long long)c->base_version, (unsigned long long)newest);
+	return 0;
+}
+
+int broker_pending_open(struct broker *b, struct broker_model *m, const dcast_chunk *c,
+			uint32_t parts)
+{
+	struct broker_pending *pd;
+	int rc;
+
+	if (!m->manifest)
+		return dcast_fail(DCAST_ESTATE, "model %s: CHUNK before any MANIFEST", m->name);
+	if ((rc = version_rules(m, c)))
+		return rc;
+	if (!(pd = calloc(1, sizeof(*pd))) || !(pd->part = calloc(parts, sizeof(*pd->part)))) {
+		free(pd);
+		return dcast_fail(DCAST_ENOMEM, "model %s: open version %llu", m->name,
+				  (unsigned long long)c->version);
+	}
+	pd->version = c->version;
+	pd->base_version = c->anchor ? DCAST_VERSION_NONE : c->base_version;
+	pd->anchor = c->anchor;
+	pd->parts = parts;
+	pd->created_ms = dcast_now_ms();
+	pd->manifest = m->manifest;
+	m->manifest->refs++;
+	m->pending = pd;
+	(void)b;
+	return 0;
+}
+
+int broker_chunk_check(const struct broker_manifest *mf, const dcast_chunk *c)
+{
+	const dcast_tensor_desc *t;
+	uint64_t elems;
+
+	if (c->tensor >= mf->m.n_tensors)
+		return dcast_fail(DCAST_EFIELD_RANGE, "CHUNK.tensor: %u outside the manifest's %u tensors",
+				  c->tensor, mf->m.n_tensors);
+	t = &mf->m.tensors[c->tensor];
+	elems = dcast_tensor_elems(t);
+	if (c->start > elems || c->count > elems - c->start)
+		return dcast_fail(DCAST_ESHAPE, "CHUNK tensor %s: range [%llu, +%llu) outside its %llu elements",
+				  t->name, (unsigned long long)c->start,
+				  (unsigned long long)c->count, (unsigned long long)elems);
+	if (c->elem_size != dcast_dtype_size((int)t->dtype))
+		return dcast_fail(DCAST_ESHAPE, "CHUNK tensor %s: elem_size %u, dtype %s has %u",
+				  t->name, c->elem_size, dcast_dtype_name((int)t->dtype),
+				  dcast_dtype_size((int)t->dtype));
+	return 0;
+}
+
+static int pending_match(const struct broker_model *m, const struct broker_pending *pd,
+			 uint64_t version, int anchor, uint64_t base, uint32_t part)
+{
+	if (version != pd->version)
+		return dcast_fail(DCAST_EVERSION, "model %s: version %llu while version %llu is open",
+				  m->name, (unsigned long long)version,
+				  (unsigned long long)pd->version);
+	if (!anchor != !pd->anchor || (!anchor && base != pd->base_version))
+		return dcast_fail(DCAST_EVERSION, "model %s version %llu: parts disagree on anchor/base_version",
+				  m->name, (unsigned long long)version);
+	if (part >= pd->parts)
+		return dcast_fail(DCAST_EFIELD_RANGE, "model %s version %llu: part %u, version has %u parts",
+				  m->name, (unsigned long long)version, part, pd->parts);
+	if (pd->part[part].committed)
+		return dcast_fail(DCAST_ESTATE, "model %s version %llu: part %u already committed",
+				  m->name, (unsigned long long)version, part);
+	return 0;
+}
+
+static int part_reserve(struct broker_part *pt)
+{
+	struct broker_pending_chunk *n;
+	uint32_t cap;
+
+	if (pt->n < pt->cap)
+		return 0;
+	if (pt->cap >= MAX_PART_CHUNKS)
+		return dcast_fail(DCAST_ETOO_LARGE, "more than %u chunks in one part", MAX_PART_CHUNKS);
+	cap = pt->cap ? pt->cap * 2 : 64;
+	if (!(n = realloc(pt->chunks, cap * sizeof(*n))))
+		return dcast_fail(DCAST_ENOMEM, "chunk list of %u", cap);
+	pt->chunks = n;
+	pt->cap = cap;
+	return 0;
+}
+
+int broker_pending_chunk(struct broker *b, struct broker_model *m, uint32_t part,
+			 dcast_wire_in *in)
+{
+	struct broker_pending *pd = m->pending;
+	const dcast_chunk *c = &in->msg.u.chunk;
+	struct broker_pending_chunk *pc;
+	struct broker_part *pt;
+	int rc;
+
+	if ((rc = pending_match(m, pd, c->version, c->anchor, c->base_version, part)) ||
+	    (rc = broker_chunk_check(pd->manifest, c)))
+		return rc;
+	if (c->payload_bytes && (rc = dcast_chunk_verify(c, zmq_msg_data(&in->payload))))
+		return rc;
+	if (pd->bytes + c->payload_bytes > b->cfg.max_pending_bytes)
+		return dcast_fail(DCAST_ETOO_LARGE, "model %s version %llu: over --max-pending-bytes %llu",
+				  m->name, (unsigned long long)pd->version,
+				  (unsigned long long)b->cfg.max_pending_bytes);
+	pt = &pd->part[part];
+	if ((rc = part_reserve(pt)))
+		return rc;
+	pc = &pt->chunks[pt->n++];
+	pc->c = *c;
+	zmq_msg_init(&pc->payload);
+	if (in->has_payload)
+		zmq_msg_move(&pc->payload, &in->payload);
+	pt->seen = 1;
+	pt->last_ms = dcast_now_ms();
+	pt->bytes += c->payload_bytes;
+	pd->bytes += c->payload_bytes;
+	b->stats.chunks_in++;
+	b->stats.bytes_in += c->payload_bytes;
+	return 0;
+}
+
+static int seq_cmp(const void *a, const void *b)
+{
+	uint32_t x = ((const struct broker_pending_chunk *)a)->c.seq;
+	uint32_t y = ((const struct broker_pending_chunk *)b)->c.seq;
+
+	return (x > y) - (x < y);
+}
+
+/* Sort a part's chunks by seq and drop repeats (a chunk seen twice is ignored). */
+static void part_dedupe(struct broker_part *pt)
+{
+	uint32_t w = 0;
+
+	qsort(pt->chunks, pt->n, sizeof(*pt->chunks), seq_cmp);
+	for (uint32_t r = 0; r < pt->n; r++) {
+		if (w && pt->chunks[w - 1].c.seq == pt->chunks[r].c.seq) {
+			pt->bytes -= pt->chunks[r].c.payload_bytes;
+			zmq_msg_close(&pt->chunks[r].payload);
+			continue;
+		}
+		pt->chunks[w++] = pt->chunks[r];
+	}
+	pt->n = w;
+}
+
+static int part_matches_commit(const struct broker_model *m, struct broker_part *pt,
+			       const dcast_commit *c)
+{
+	part_dedupe(pt);
+	if (pt->n != c->chunks || pt->bytes != c->bytes)
+		return dcast_fail(DCAST_ECORRUPT, "model %s version %llu part %u: COMMIT says %u chunks / %llu bytes, received %u / %llu",
+				  m->name, (unsigned long long)c->version, c->part, c->chunks,
+				  (unsigned long long)c->bytes, pt->n, (unsigned long long)pt->bytes);
+	for (uint32_t i = 0; i < pt->n; i++)
+		if (pt->chunks[i].c.seq != i)
+			return dcast_fail(DCAST_ECORRUPT, "model %s version %llu part %u: chunk seq %u missing",
+					  m->name, (unsigned long long)c->version, c->part, i);
+	return 0;
+}
+
+static int digests_check(const struct broker_manifest *mf, const dcast_commit *c)
+{
+	for (uint32_t i = 0; i < c->n_digests; i++) {
+		const dcast_range_digest *d = &c->digests[i];
+		uint64_t elems;
+
+		if (d->tensor >= mf->m.n_tensors)
+			return dcast_fail(DCAST_EFIELD_RANGE, "COMMIT.digests[%u].tensor: %u outside the manifest's %u tensors",
+					  i, d->tensor, mf->m.n_tensors);
+		elems = dcast_tensor_elems(&mf->m.tensors[d->tensor]);
+		if (d->start > elems || d->count > elems - d->start)
+			return dcast_fail(DCAST_ESHAPE, "COMMIT.digests[%u]: range [%llu, +%llu) outside tensor %u's %llu elements",
+					  i, (unsigned long long)d->start,
+					  (unsigned long long)d->count, d->tensor,
+					  (unsigned long long)elems);
+	}
+	return 0;
+}
+
+static int version_chunks(struct broker_version *v, struct broker_pending *pd)
+{
+	uint32_t k = 0;
+	int rc;
+
+	for (uint32_t i = 0; i < pd->parts; i++)
+		v->n_chunks += pd->part[i].n;
+	if (!(v->chunks = calloc(v->n_chunks ? v->n_chunks : 1, sizeof(*v->chunks))))
+		return dcast_fail(DCAST_ENOMEM, "version of %u chunks", v->n_chunks);
+	for (uint32_t i = 0; i < pd->parts; i++)
+		for (uint32_t j = 0; j < pd->part[i].n; j++, k++) {
+			dcast_msg hm;
+
+			dcast_msg_init(&hm, DCAST_MSG_CHUNK);
+			hm.u.chunk = pd->part[i].chunks[j].c;
+			hm.u.chunk.part = 0;
+			hm.u.chunk.seq = k;
+			if ((rc = encode_frame(&hm, &v->chunks[k].hdr))) {
+				v->n_chunks = k; /* what is initialised, for the put */
+				return rc;
+			}
+			zmq_msg_init(&v->chunks[k].payload);
+			zmq_msg_move(&v->chunks[k].payload, &pd->part[i].chunks[j].payload);
+		}
+	return 0;
+}
+
+static int version_digests(struct broker_version *v, const struct broker_pending *pd)
+{
+	uint64_t n = 0;
+
+	for (uint32_t i = 0; i < pd->parts; i++)
+		n += pd->part[i].n_digests;
+	if (n > DCAST_MAX_DIGESTS)
+		return dcast_fail(DCAST_ETOO_LARGE, "version %llu: %llu digests over all parts, limit %d",
+				  (unsigned long long)v->version, (unsigned long long)n,
+				  DCAST_MAX_DIGESTS);
+	if (n && !(v->digests = malloc(n * sizeof(*v->digests))))
+		return dcast_fail(DCAST_ENOMEM, "version %llu: %llu digests",
+				  (unsigned long long)v->version, (unsigned long long)n);
+	for (uint32_t i = 0; i < pd->parts; i++) {
+		memcpy(v->digests + v->n_digests, pd->part[i].digests,
+		       pd->part[i].n_digests * sizeof(*v->digests));
+		v->n_digests += pd->part[i].n_digests;
+	}
+	return 0;
+}
+
+static int version_commit_frame(struct broker_version *v, const char *model)
+{
+	dcast_msg cm;
+
+	dcast_msg_init(&cm, DCAST_MSG_COMMIT);
+	snprintf(cm.u.commit.model, sizeof(cm.u.commit.model), "%s", model);
+	cm.u.commit.version = v->version;
+	cm.u.commit.base_version = v->base_version;
+	cm.u.commit.anchor = (uint32_t)v->anchor;
+	cm.u.commit.chunks = v->n_chunks;
+	cm.u.commit.bytes = v->payload_bytes;
+	cm.u.commit.n_digests = v->n_digests;
+	cm.u.commit.digests = v->digests;
+	return encode_frame(&cm, &v->commit_hdr);
+}
+
+/* Build the version consumers will see from a fully committed pending one. */
+static int version_build(struct broker_model *m, struct broker_pending *pd,
+			 struct broker_version **out)
+{
+	struct broker_version *v = calloc(1, sizeof(*v));
+	int rc;
+
+	if (!v)
+		return dcast_fail(DCAST_ENOMEM, "model %s: version", m->name);
+	v->refs = 1;
+	v->version = pd->version;
+	v->base_version = pd->base_version;
+	v->anchor = pd->anchor;
+	v->payload_bytes = pd->bytes;
+	v->manifest = pd->manifest;
+	pd->manifest->refs++;
+	zmq_msg_init(&v->commit_hdr);
+	if ((rc = version_chunks(v, pd)) || (rc = version_digests(v, pd)) ||
+	    (rc = version_commit_frame(v, m->name))) {
+		broker_version_put(v);
+		return rc;
+	}
+	*out = v;
+	return 0;
+}
+
+static void producers_ack(struct broker *b, struct broker_model *m, uint64_t version)
+{
+	dcast_msg a;
+
+	dcast_msg_init(&a, DCAST_MSG_ACK);
+	snprintf(a.u.ack.model, sizeof(a.u.ack.model), "%s", m->name);
+	a.u.ack.version = version;
+	for (uint64_t i = 0; i < b->cfg.max_producers; i++) {
+		struct broker_peer *p = &b->prod[i];
+
+		if (p->used && p->model == m) {
+			a.u.ack.part = p->part;
+			broker_send_msg(b, b->producers, p, &a);
+		}
+	}
+}
+
+static int pending_finish(struct broker *b, struct broker_model *m)
+{
+	struct broker_pending *pd = m->pending;
+	struct broker_version *v = NULL;
+	int rc;
+
+	if ((rc = version_build(m, pd, &v)))
+		return rc;
+	if ((rc = broker_version_committed(b, m, v)) || (rc = broker_log_append(b, m, v))) {
+		broker_version_put(v);
+		return rc;
+	}
+	m->pending = NULL;
+	pending_free(pd);
+	m->versions_committed++;
+	b->stats.versions_committed++;
+	if (!m->relayed)
+		producers_ack(b, m, v->version);
+	return 0;
+}
+
+int broker_pending_commit(struct broker *b, struct broker_model *m, uint32_t part,
+			  dcast_commit *c, int *committed)
+{
+	struct broker_pending *pd = m->pending;
+	struct broker_part *pt;
+	int rc;
+
+	*committed = 0;
+	if (!pd)
+		return dcast_fail(DCAST_ESTATE, "model %s: COMMIT %llu with no chunks received",
+				  m->name, (unsigned long long)c->version);
+	if ((rc = pending_match(m, pd, c->version, c->anchor, c->base_version, part)))
+		return rc;
+	if (c->parts != pd->parts)
+		return dcast_fail(DCAST_EFIELD_RANGE, "COMMIT.parts: %u, version %llu has %u",
+				  c->parts, (unsigned long long)c->version, pd->parts);
+	pt = &pd->part[part];
+	if ((rc = part_matches_commit(m, pt, c)) || (rc = digests_check(pd->manifest, c)))
+		return rc;
+	pt->digests = c->digests; /* taken from the message */
+	pt->n_digests = c->n_digests;
+	c->digests = NULL;
+	c->n_digests = 0;
+	pt->committed = pt->seen = 1;
+	pt->last_ms = dcast_now_ms();
+	if (++pd->n_committed < pd->parts)
+		return 0;
+	if ((rc = pending_finish(b, m)))
+		return rc;
+	*committed = 1;
+	return 0;
+}
+
+/* ---- producer peers ---- */
+
+static void producer_drop(struct broker *b, struct broker_peer *p, const char *why)
+{
+	struct broker_model *m = p->model;
+
+	if (m && m->pending && p->part < m->pending->parts &&
+	    m->pending->part[p->part].seen && !m->pending->part[p->part].committed) {
+		char text[128];
+
+		snprintf(text, sizeof(text), "part %u %s mid-version", p->part, why);
+		broker_pending_abort(b, m, text);
+	}
+	DCAST_LOG_I("producer %s part %u/%u of %s: %s", p->client, p->part, p->parts,
+		    m ? m->name : "?", why);
+	memset(p, 0, sizeof(*p));
+	b->stats.producers_connected--;
+}
+
+static void producer_welcome(struct broker *b, struct broker_peer *p)
+{
+	struct broker_model *m = p->model;
+	dcast_msg w, cr;
+
+	dcast_msg_init(&w, DCAST_MSG_WELCOME);
+	snprintf(w.u.welcome.model, sizeof(w.u.welcome.model), "%s", m->name);
+	w.u.welcome.version = broker_model_newest(m);
+	w.u.welcome.anchor_version = m->n_log ? m->log[0]->version : DCAST_VERSION_NONE;
+	w.u.welcome.need_anchor = m->need_anchor || !m->n_log;
+	w.u.welcome.heartbeat_ms = (uint32_t)b->cfg.heartbeat_ms;
+	broker_send_msg(b, b->producers, p, &w);
+	dcast_msg_init(&cr, DCAST_MSG_CREDIT);
+	cr.u.credit.bytes = b->cfg.producer_window_bytes;
+	broker_send_msg(b, b->producers, p, &cr);
+}
+
+/* A second connection for the same model and part replaces the first. */
+static void producer_replace_part(struct broker *b, struct broker_peer *p)
+{
+	for (uint64_t i = 0; i < b->cfg.max_producers; i++) {
+		struct broker_peer *o = &b->prod[i];
+
+		if (o != p && o->used && o->model == p->model && o->part == p->part)
+			producer_drop(b, o, "replaced by a new connection");
+	}
+}
+
+static void producer_hello(struct broker *b, struct broker_peer *p, dcast_wire_in *in)
+{
+	const dcast_hello *h = &in->msg.u.hello;
+	struct broker_model *m = NULL;
+	int rc = DCAST_EBUSY;
+
+	if (h->role != DCAST_ROLE_PRODUCER)
+		rc = dcast_fail(DCAST_EFIELD_RANGE, "HELLO.role: consumer on the producer endpoint");
+	else if (!(m = broker_model_get(b, h->model, 1)))
+		;
+	else if (m->relayed)
+		rc = dcast_fail(DCAST_ESTATE, "model %s is relayed from --upstream; producers refused",
+				m->name);
+	else
+		rc = 0;
+	if (!rc && p && p->used)
+		producer_drop(b, p, "sent HELLO again");
+	if (!rc && !(p = broker_peer_find(b->prod, b->cfg.max_producers, &in->rid, 1)))
+		rc = DCAST_EBUSY;
+	if (rc) {
+		broker_refuse(b, b->producers, &in->rid, rc, h->model, DCAST_VERSION_NONE);
+		return;
+	}
+	b->stats.producers_connected++;
+	p->role = DCAST_ROLE_PRODUCER;
+	p->model = m;
+	p->part = h->part;
+	p->parts = h->parts;
+	p->last_recv_ms = dcast_now_ms();
+	snprintf(p->client, sizeof(p->client), "%s", h->client);
+	producer_replace_part(b, p);
+	DCAST_LOG_I("producer %s part %u/%u of %s joined", p->client, p->part, p->parts, m->name);
+	producer_welcome(b, p);
+}
+
+static int producer_manifest(struct broker *b, struct broker_peer *p, dcast_msg *msg)
+{
+	struct broker_model *m = p->model;
+	struct broker_manifest *mf;
+
+	if (strcmp(msg->u.manifest.model, m->name))
+		return dcast_fail(DCAST_EFIELD_RANGE, "MANIFEST.model: \"%s\", HELLO said \"%s\"",
+				  msg->u.manifest.model, m->name);
+	if (!(mf = broker_manifest_new(&msg->u.manifest)))
+		return dcast_fail(DCAST_ENOMEM, "model %s: manifest", m->name);
+	p->manifest_ok = 1;
+	if (m->manifest && m->manifest->enc_len == mf->enc_len &&
+	    !memcmp(m->manifest->enc, mf->enc, mf->enc_len)) {
+		broker_manifest_put(mf);
+		return 0;
+	}
+	if (m->manifest) {
+		DCAST_LOG_I("model %s: manifest changed; next version must be an anchor", m->name);
+		broker_pending_abort(b, m, "manifest changed");
+		m->need_anchor = 1;
+		broker_manifest_put(m->manifest);
+		m->manifest = mf;
+		for (uint64_t i = 0; i < b->cfg.max_producers; i++)
+			if (b->prod[i].used && b->prod[i].model == m)
+				producer_welcome(b, &b->prod[i]);
+		return 0;
+	}
+	m->manifest = mf;
+	return 0;
+}
+
+static int producer_chunk(struct broker *b, struct broker_peer *p, dcast_wire_in *in)
+{
+	struct broker_model *m = p->model;
+	const dcast_chunk *c = &in->msg.u.chunk;
+	int rc;
+
+	if (strcmp(c->model, m->name))
+		return dcast_fail(DCAST_EFIELD_RANGE, "CHUNK.model: \"%s\", HELLO said \"%s\"", c->model, m->name);
+	if (c->part != p->part)
+		return dcast_fail(DCAST_EFIELD_RANGE, "CHUNK.part: %u, HELLO said %u", c->part, p->part);
+	if (!p->manifest_ok)
+		return dcast_fail(DCAST_ESTATE, "model %s: CHUNK before MANIFEST on this connection", m->name);
+	if (!m->pending && (rc = broker_pending_open(b, m, c, p->parts)))
+		return rc;
+	if ((rc = broker_pending_chunk(b, m, p->part, in))) {
+		/* a bad chunk of the open version spoils it; a stray one does not */
+		if (rc != DCAST_EVERSION && rc != DCAST_ESTATE && rc != DCAST_EFIELD_RANGE)
+			broker_pending_abort(b, m, dcast_last_error());
+		return rc;
+	}
+	p->credit_owed += c->payload_bytes;
+	return 0;
+}
+
+static int producer_commit(struct broker *b, struct broker_peer *p, dcast_commit *c)
+{
+	struct broker_model *m = p->model;
+	int committed, rc;
+
+	if (strcmp(c->model, m->name))
+		return dcast_fail(DCAST_EFIELD_RANGE, "COMMIT.model: \"%s\", HELLO said \"%s\"", c->model, m->name);
+	if (c->part != p->part)
+		return dcast_fail(DCAST_EFIELD_RANGE, "COMMIT.part: %u, HELLO said %u", c->part, p->part);
+	rc = broker_pending_commit(b, m, p->part, c, &committed);
+	if (rc && rc != DCAST_EVERSION && rc != DCAST_ESTATE && m->pending &&
+	    m->pending->version == c->version)
+		broker_pending_abort(b, m, dcast_last_error());
+	return rc;
+}
+
+static int producer_dispatch(struct broker *b, struct broker_peer *p, dcast_wire_in *in)
+{
+	switch (in->msg.type) {
+	case DCAST_MSG_MANIFEST:
+		return producer_manifest(b, p, &in->msg);
+	case DCAST_MSG_CHUNK:
+		return producer_chunk(b, p, in);
+	case DCAST_MSG_COMMIT:
+		return producer_commit(b, p, &in->msg.u.commit);
+	case DCAST_MSG_HEARTBEAT:
+		return 0;
+	case DCAST_MSG_ERROR:
+		DCAST_LOG_W("producer %s: ERROR %s: %s", p->client,
+			    dcast_errname((int)in->msg.u.error.code), in->msg.u.error.text);
+		return 0;
+	default:
+		return dcast_fail(DCAST_EMSG_TYPE, "%s: not expected from a producer",
+				  dcast_msg_type_name((int)in->msg.type));
+	}
+}
+
+void broker_producer_msg(struct broker *b, dcast_wire_in *in)
+{
+	struct broker_peer *p = broker_peer_find(b->prod, b->cfg.max_producers, &in->rid, 0);
+	int rc;
+
+	if (in->msg.type == DCAST_MSG_HELLO) {
+		producer_hello(b, p, in);
+		return;
+	}
+	if (!p) {
+		if (in->msg.type != DCAST_MSG_BYE) {
+			dcast_fail(DCAST_ESTATE, "%s before HELLO", dcast_msg_type_name((int)in->msg.type));
+			broker_refuse(b, b->producers, &in->rid, DCAST_ESTATE, "", DCAST_VERSION_NONE);
+		}
+		return;
+	}
+	p->last_recv_ms = dcast_now_ms();
+	if (in->msg.type == DCAST_MSG_BYE) {
+		producer_drop(b, p, "said BYE");
+		return;
+	}
+	if ((rc = producer_dispatch(b, p, in)))
+		broker_refuse(b, b->producers, &in->rid, rc, p->model->name,
+			      in->msg.type == DCAST_MSG_CHUNK ? in->msg.u.chunk.version :
+			      in->msg.type == DCAST_MSG_COMMIT ? in->msg.u.commit.version :
+			      DCAST_VERSION_NONE);
+}
+
+static void pending_timeouts(struct broker *b, struct broker_model *m, uint64_t now_ms)
+{
+	struct broker_pending *pd = m->pending;
+
+	if (!pd || m->relayed)
+		return;
+	for (uint32_t i = 0; i < pd->parts; i++) {
+		uint64_t last = pd->part[i].seen ? pd->part[i].last_ms : pd->created_ms;
+		char why[128];
+
+		if (pd->part[i].committed || now_ms - last <= b->cfg.part_timeout_ms)
+			continue;
+		snprintf(why, sizeof(why), "part %u made no progress for %llu ms (--part-timeout-ms)",
+			 i, (unsigned long long)(now_ms - last));
+		broker_pending_abort(b, m, why);
+		return;
+	}
+}
+
+void broker_producer_timers(struct broker *b, uint64_t now_ms)
+{
+	uint64_t hb = b->cfg.heartbeat_ms;
+	dcast_msg h;
+
+	dcast_msg_init(&h, DCAST_MSG_HEARTBEAT);
+	h.u.heartbeat.time_ms = now_ms;
+	for (uint32_t i = 0; i < b->n_models; i++)
+		pending_timeouts(b, b->models[i], now_ms);
+	for (uint64_t i = 0; i < b->cfg.max_producers; i++) {
+		struct broker_peer *p = &b->prod[i];
+
+		if (!p->used)
+			continue;
+		if (now_ms - p->last_recv_ms > 3 * hb) {
+			b->stats.peers_timed_out++;
+			producer_drop(b, p, "silent for 3 heartbeats");
+			continue;
+		}
+		if (now_ms - p->last_send_ms >= hb) {
+			h.u.heartbeat.version = broker_model_newest(p->model);
+			broker_send_msg(b, b->producers, p, &h);
+		}
+	}
+}
+
+void broker_producer_flush_credit(struct broker *b)
+{
+	dcast_msg cr;
+
+	dcast_msg_init(&cr, DCAST_MSG_CREDIT);
+	for (uint64_t i = 0; i < b->cfg.max_producers; i++) {
+		struct broker_peer *p = &b->prod[i];
+
+		if (!p->used || !p->credit_owed)
+			continue;
+		cr.u.credit.bytes = p->credit_owed;
+		if (cr.u.credit.bytes > DCAST_MAX_CREDIT_BYTES)
+			cr.u.credit.bytes = DCAST_MAX_CREDIT_BYTES;
+		p->credit_owed -= cr.u.credit.bytes;
+		broker_send_msg(b, b->producers, p, &cr);
+	}
+}

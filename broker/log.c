@@ -1,0 +1,189 @@
+/* The broker's log per model: the newest anchor and every committed delta
+ * after it, each version refcounted so that consumers mid-stream keep what
+ * the log drops.  Retention does not cut the chain (that would strand every
+ * consumer behind the cut): past --retain-versions or --retain-bytes the
+ * model asks its producers for an anchor, which then replaces the log. */
+#include <string.h>
+#include "broker.h"
+#include "dcast_common.h"
+
+struct broker_model *broker_model_get(struct broker *b, const char *name, int create)
+{
+	struct broker_model *m;
+
+	for (uint32_t i = 0; i < b->n_models; i++)
+		if (!strcmp(b->models[i]->name, name))
+			return b->models[i];
+	if (!create)
+		return NULL;
+	if (b->n_models >= b->cfg.max_models) {
+		dcast_fail(DCAST_EBUSY, "model \"%s\": broker already serves --max-models %llu models",
+			   name, (unsigned long long)b->cfg.max_models);
+		return NULL;
+	}
+	if (!(m = calloc(1, sizeof(*m)))) {
+		dcast_fail(DCAST_ENOMEM, "model \"%s\": out of memory", name);
+		return NULL;
+	}
+	snprintf(m->name, sizeof(m->name), "%s", name);
+	b->models[b->n_models++] = m;
+	DCAST_LOG_I("model %s: created", name);
+	return m;
+}
+
+struct broker_manifest *broker_manifest_new(dcast_manifest *src)
+{
+	struct broker_manifest *mf = calloc(1, sizeof(*mf));
+	dcast_msg msg;
+
+	if (!mf)
+		return NULL;
+	dcast_msg_init(&msg, DCAST_MSG_MANIFEST);
+	msg.u.manifest = *src;
+	if (dcast_msg_encode(&msg, &mf->enc, &mf->enc_len)) {
+		free(mf);
+		return NULL;
+	}
+	mf->m = *src;
+	src->tensors = NULL;
+	src->n_tensors = 0;
+	mf->refs = 1;
+	return mf;
+}
+
+void broker_manifest_put(struct broker_manifest *mf)
+{
+	if (!mf || --mf->refs)
+		return;
+	free(mf->m.tensors);
+	free(mf->enc);
+	free(mf);
+}
+
+void broker_version_put(struct broker_version *v)
+{
+	if (!v || --v->refs)
+		return;
+	for (uint32_t i = 0; i < v->n_chunks; i++) {
+		zmq_msg_close(&v->chunks[i].hdr);
+		zmq_msg_close(&v->chunks[i].payload);
+	}
+	free(v->chunks);
+	zmq_msg_close(&v->commit_hdr);
+	free(v->digests);
+	broker_manifest_put(v->manifest);
+	free(v);
+}
+
+void broker_model_free(struct broker_model *m)
+{
+	for (uint32_t i = 0; i < m->n_log; i++)
+		broker_version_put(m->log[i]);
+	free(m->log);
+	broker_manifest_put(m->manifest);
+	free(m);
+}
+
+uint64_t broker_model_newest(const struct broker_model *m)
+{
+	return m->n_log ? m->log[m->n_log - 1]->version : DCAST_VERSION_NONE;
+}
+
+int broker_log_find(const struct broker_model *m, uint64_t version)
+{
+	for (uint32_t i = 0; i < m->n_log; i++)
+		if (m->log[i]->version == version)
+			return (int)i;
+	return -1;
+}
+
+static void log_clear(struct broker_model *m)
+{
+	for (uint32_t i = 0; i < m->n_log; i++)
+		broker_version_put(m->log[i]);
+	m->n_log = 0;
+	m->log_bytes = 0;
+}
+
+static int log_reserve(struct broker_model *m)
+{
+	struct broker_version **n;
+	uint32_t cap;
+
+	if (m->n_log < m->cap_log)
+		return 0;
+	cap = m->cap_log ? m->cap_log * 2 : 16;
+	if (!(n = realloc(m->log, cap * sizeof(*n))))
+		return dcast_fail(DCAST_ENOMEM, "model %s: log of %u versions", m->name, cap);
+	m->log = n;
+	m->cap_log = cap;
+	return 0;
+}
+
+/* Past retention: ask the producers for an anchor (WELCOME need_anchor). */
+static void retention_check(struct broker *b, struct broker_model *m)
+{
+	dcast_msg w;
+
+	if (m->need_anchor || (m->n_log <= b->cfg.retain_versions &&
+			       m->log_bytes <= b->cfg.retain_bytes))
+		return;
+	m->need_anchor = 1;
+	DCAST_LOG_I("model %s: log holds %u versions, %llu bytes: past retention, asking for an anchor",
+		    m->name, m->n_log, (unsigned long long)m->log_bytes);
+	dcast_msg_init(&w, DCAST_MSG_WELCOME);
+	snprintf(w.u.welcome.model, sizeof(w.u.welcome.model), "%s", m->name);
+	w.u.welcome.version = broker_model_newest(m);
+	w.u.welcome.anchor_version = m->log[0]->version;
+	w.u.welcome.need_anchor = 1;
+	w.u.welcome.heartbeat_ms = (uint32_t)b->cfg.heartbeat_ms;
+	for (uint64_t i = 0; i < b->cfg.max_producers; i++)
+		if (b->prod[i].used && b->prod[i].model == m)
+			broker_send_msg(b, b->producers, &b->prod[i], &w);
+}
+
+int broker_log_append(struct broker *b, struct broker_model *m, struct broker_version *v)
+{
+	uint64_t newest = broker_model_newest(m);
+	int rc;
+
+	if (newest != DCAST_VERSION_NONE && v->version <= newest)
+		return dcast_fail(DCAST_EVERSION, "model %s: version %llu not above newest %llu",
+				  m->name, (unsigned long long)v->version,
+				  (unsigned long long)newest);
+	if (!v->anchor && (newest == DCAST_VERSION_NONE || v->base_version != newest))
+		return dcast_fail(DCAST_EVERSION, "model %s: delta %llu on base %llu, newest is %llu",
+				  m->name, (unsigned long long)v->version,
+				  (unsigned long long)v->base_version, (unsigned long long)newest);
+	if (v->anchor) {
+		if (m->n_log)
+			DCAST_LOG_I("model %s: anchor %llu replaces %u older versions", m->name,
+				    (unsigned long long)v->version, m->n_log);
+		log_clear(m);
+		m->need_anchor = 0;
+	}
+	if ((rc = log_reserve(m)))
+		return rc;
+	m->log[m->n_log++] = v;
+	m->log_bytes += v->payload_bytes;
+	retention_check(b, m);
+	return 0;
+}
+
+/* Hook: durability (fsync) and the anchor folder add their calls here. */
+int broker_version_committed(struct broker *b, struct broker_model *m,
+			     struct broker_version *v)
+{
+	(void)b;
+	DCAST_LOG_I("model %s: version %llu committed (%s, %u chunks, %llu bytes)", m->name,
+		    (unsigned long long)v->version, v->anchor ? "anchor" : "delta", v->n_chunks,
+		    (unsigned long long)v->payload_bytes);
+	return 0;
+}
+
+/* Hook: durability re-inserts the versions on disk here. */
+int broker_log_restore(struct broker *b)
+{
+	(void)b;
+	return 0;
+}

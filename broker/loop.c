@@ -1,0 +1,266 @@
+/* The broker's single-threaded event loop: zmq_poll over the producer and
+ * consumer ROUTERs, the relay's upstream DEALERs, a signalfd (SIGTERM,
+ * SIGINT) and extra fds (metrics), with a timer for heartbeats and part
+ * timeouts.  Each turn reads a bounded burst from each socket, grants
+ * producer credit, then gives every consumer a bounded burst of sends. */
+#include <errno.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/signalfd.h>
+#include <unistd.h>
+#include "broker.h"
+#include "dcast_common.h"
+#include "dcast_wire.h"
+
+#define MAX_POLL (3 + BROKER_MAX_UPSTREAM_MODELS + BROKER_MAX_EXTRA_FDS)
+
+struct broker_peer *broker_peer_find(struct broker_peer *arr, uint64_t n, const zmq_msg_t *rid,
+				     int create)
+{
+	size_t len = zmq_msg_size((zmq_msg_t *)rid);
+	const void *data = zmq_msg_data((zmq_msg_t *)rid);
+	struct broker_peer *free_slot = NULL;
+
+	if (len > BROKER_MAX_RID)
+		return NULL;
+	for (uint64_t i = 0; i < n; i++) {
+		if (!arr[i].used) {
+			if (!free_slot)
+				free_slot = &arr[i];
+			continue;
+		}
+		if (arr[i].rid_len == len && !memcmp(arr[i].rid, data, len))
+			return &arr[i];
+	}
+	if (!create || !free_slot) {
+		if (create)
+			dcast_fail(DCAST_EBUSY, "all %llu peer slots in use", (unsigned long long)n);
+		return NULL;
+	}
+	memset(free_slot, 0, sizeof(*free_slot));
+	free_slot->used = 1;
+	memcpy(free_slot->rid, data, len);
+	free_slot->rid_len = len;
+	return free_slot;
+}
+
+void broker_refuse(struct broker *b, void *sock, const zmq_msg_t *rid, int code,
+		   const char *model, uint64_t version)
+{
+	char text[DCAST_MAX_TEXT + 1];
+
+	snprintf(text, sizeof(text), "%s", dcast_last_error());
+	if (code > 0 && code < DCAST_ERR_COUNT)
+		b->stats.errors[code]++;
+	DCAST_LOG_W("refused a message (%s): %s", dcast_errname(code), text);
+	if (rid)
+		dcast_wire_send_error(sock, zmq_msg_data((zmq_msg_t *)rid),
+				      zmq_msg_size((zmq_msg_t *)rid), code, model, version, text);
+}
+
+int broker_send_msg(struct broker *b, void *sock, struct broker_peer *p, const dcast_msg *m)
+{
+	(void)b;
+	p->last_send_ms = dcast_now_ms();
+	return dcast_wire_send(sock, p->rid, p->rid_len, m, NULL, ZMQ_DONTWAIT);
+}
+
+/* Hook: CURVE and other socket options go here, before bind/connect. */
+int broker_socket_setup(struct broker *b, void *sock, const char *which)
+{
+	int one = 1;
+
+	(void)b;
+	if (dcast_wire_socket_opts(sock))
+		return dcast_fail(DCAST_EZMQ, "%s socket: %s", which, dcast_last_error());
+	if (strcmp(which, "upstream") &&
+	    zmq_setsockopt(sock, ZMQ_ROUTER_MANDATORY, &one, sizeof(one)))
+		return dcast_fail(DCAST_EZMQ, "%s socket: ZMQ_ROUTER_MANDATORY: %s", which,
+				  zmq_strerror(errno));
+	return 0;
+}
+
+int broker_poll_add(struct broker *b, int fd, broker_fd_fn fn, void *arg)
+{
+	if (b->n_extra >= BROKER_MAX_EXTRA_FDS)
+		return dcast_fail(DCAST_EBUSY, "poll set: more than %d extra fds", BROKER_MAX_EXTRA_FDS);
+	b->extra[b->n_extra].fd = fd;
+	b->extra[b->n_extra].fn = fn;
+	b->extra[b->n_extra].arg = arg;
+	b->n_extra++;
+	return 0;
+}
+
+static int router_open(struct broker *b, void **sock, const char *endpoint, const char *which)
+{
+	if (!(*sock = zmq_socket(b->ctx, ZMQ_ROUTER)))
+		return dcast_fail(DCAST_EZMQ, "%s socket: %s", which, zmq_strerror(errno));
+	if (broker_socket_setup(b, *sock, which))
+		return DCAST_EZMQ;
+	if (zmq_bind(*sock, endpoint))
+		return dcast_fail(DCAST_EZMQ, "--%s %s: bind: %s", which, endpoint,
+				  zmq_strerror(errno));
+	DCAST_LOG_I("%s on %s", which, endpoint);
+	return 0;
+}
+
+/* SIGTERM/SIGINT arrive on a signalfd in the poll set: blocked before the
+ * ZeroMQ context starts, so its threads inherit the mask. */
+static int signals_open(struct broker *b)
+{
+	sigset_t set;
+
+	sigemptyset(&set);
+	sigaddset(&set, SIGTERM);
+	sigaddset(&set, SIGINT);
+	if (sigprocmask(SIG_BLOCK, &set, NULL) ||
+	    (b->signal_fd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC)) < 0)
+		return dcast_fail(DCAST_EIO, "signalfd: %s", strerror(errno));
+	return 0;
+}
+
+static int peers_alloc(struct broker *b)
+{
+	b->prod = calloc(b->cfg.max_producers, sizeof(*b->prod));
+	b->cons = calloc(b->cfg.max_consumers, sizeof(*b->cons));
+	if (!b->prod || !b->cons)
+		return dcast_fail(DCAST_ENOMEM, "peer tables (%llu producers, %llu consumers)",
+				  (unsigned long long)b->cfg.max_producers,
+				  (unsigned long long)b->cfg.max_consumers);
+	return 0;
+}
+
+int broker_open(struct broker *b, const struct broker_config *cfg)
+{
+	int rc;
+
+	memset(b, 0, sizeof(*b));
+	b->cfg = *cfg;
+	b->signal_fd = -1;
+	if ((rc = signals_open(b)) || (rc = peers_alloc(b)))
+		return rc;
+	if (!(b->ctx = zmq_ctx_new()))
+		return dcast_fail(DCAST_EZMQ, "zmq_ctx_new: %s", zmq_strerror(errno));
+	if ((rc = router_open(b, &b->producers, cfg->producers, "producers")) ||
+	    (rc = router_open(b, &b->consumers, cfg->consumers, "consumers")) ||
+	    (rc = broker_relay_open(b)) || (rc = broker_log_restore(b)))
+		return rc;
+	return 0;
+}
+
+static void drain(struct broker *b, void *sock, int router,
+		  void (*handle)(struct broker *, dcast_wire_in *))
+{
+	for (int i = 0; i < BROKER_RECV_BURST; i++) {
+		dcast_wire_in in;
+		int rc = dcast_wire_recv(sock, router, &in, ZMQ_DONTWAIT);
+
+		if (rc == DCAST_EBUSY) {
+			dcast_wire_in_close(&in);
+			return;
+		}
+		if (rc)
+			broker_refuse(b, sock, in.has_rid ? &in.rid : NULL, rc, "",
+				      DCAST_VERSION_NONE);
+		else
+			handle(b, &in);
+		dcast_wire_in_close(&in);
+	}
+}
+
+static void timers(struct broker *b)
+{
+	uint64_t now = dcast_now_ms();
+	uint64_t every = b->cfg.heartbeat_ms / 4;
+
+	if (now - b->last_timer_ms < (every ? every : 1))
+		return;
+	b->last_timer_ms = now;
+	broker_producer_timers(b, now);
+	broker_consumer_timers(b, now);
+	broker_relay_timers(b, now);
+}
+
+static long poll_timeout(const struct broker *b)
+{
+	if (b->fanout_more)
+		return 0;
+	if (b->fanout_blocked)
+		return 2; /* a consumer's pipe was full; retry soon */
+	return (long)(b->cfg.heartbeat_ms / 4 ? b->cfg.heartbeat_ms / 4 : 1);
+}
+
+static int poll_once(struct broker *b)
+{
+	zmq_pollitem_t it[MAX_POLL];
+	int n = 0, rc;
+
+	it[n++] = (zmq_pollitem_t){b->producers, 0, ZMQ_POLLIN, 0};
+	it[n++] = (zmq_pollitem_t){b->consumers, 0, ZMQ_POLLIN, 0};
+	it[n++] = (zmq_pollitem_t){NULL, b->signal_fd, ZMQ_POLLIN, 0};
+	for (uint32_t i = 0; i < b->n_up; i++)
+		it[n++] = (zmq_pollitem_t){b->up[i].sock, 0, ZMQ_POLLIN, 0};
+	for (uint32_t i = 0; i < b->n_extra; i++)
+		it[n++] = (zmq_pollitem_t){NULL, b->extra[i].fd, ZMQ_POLLIN, 0};
+	rc = zmq_poll(it, n, poll_timeout(b));
+	if (rc < 0)
+		return errno == EINTR ? 0 : dcast_fail(DCAST_EZMQ, "zmq_poll: %s", zmq_strerror(errno));
+	if (it[0].revents & ZMQ_POLLIN)
+		drain(b, b->producers, 1, broker_producer_msg);
+	if (it[1].revents & ZMQ_POLLIN)
+		drain(b, b->consumers, 1, broker_consumer_msg);
+	if (it[2].revents & ZMQ_POLLIN)
+		b->stop = 1;
+	for (uint32_t i = 0; i < b->n_up; i++)
+		if (it[3 + i].revents & ZMQ_POLLIN)
+			broker_relay_msg(b, &b->up[i]);
+	for (uint32_t i = 0; i < b->n_extra; i++)
+		if (it[3 + b->n_up + i].revents & ZMQ_POLLIN)
+			b->extra[i].fn(b, b->extra[i].fd, b->extra[i].arg);
+	return 0;
+}
+
+int broker_run(struct broker *b)
+{
+	int rc = 0;
+
+	while (!b->stop && !rc) {
+		rc = poll_once(b);
+		broker_producer_flush_credit(b);
+		broker_relay_flush_credit(b);
+		broker_fanout(b);
+		timers(b);
+	}
+	if (b->stop)
+		DCAST_LOG_I("signal received: shutting down");
+	return rc;
+}
+
+static void peers_free(struct broker_peer *arr, uint64_t n)
+{
+	for (uint64_t i = 0; arr && i < n; i++)
+		if (arr[i].used)
+			broker_peer_reset(&arr[i]);
+	free(arr);
+}
+
+void broker_close(struct broker *b)
+{
+	for (uint32_t i = 0; i < b->n_models; i++)
+		if (b->prod && b->models[i]->pending)
+			broker_pending_abort(b, b->models[i], "broker shutting down");
+	peers_free(b->prod, b->cfg.max_producers);
+	peers_free(b->cons, b->cfg.max_consumers);
+	for (uint32_t i = 0; i < b->n_models; i++)
+		broker_model_free(b->models[i]);
+	broker_relay_close(b);
+	if (b->producers)
+		zmq_close(b->producers);
+	if (b->consumers)
+		zmq_close(b->consumers);
+	if (b->ctx)
+		zmq_ctx_term(b->ctx);
+	if (b->signal_fd >= 0)
+		close(b->signal_fd);
+	memset(b, 0, sizeof(*b));
+}

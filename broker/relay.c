@@ -1,0 +1,220 @@
+/* Relay: with --upstream the broker is a consumer of another broker (one
+ * DEALER per --upstream-model) and serves what it receives to its own
+ * consumers, so brokers form a fan-out tree.  Upstream versions go through
+ * the same open-version checks as producer parts (one part): manifest
+ * ranges, every checksum, COMMIT counts.  On a gap, a bad message, an
+ * upstream ERROR or 3 heartbeats of silence the relay re-joins with
+ * HELLO(have_version = its newest). */
+#include <errno.h>
+#include <string.h>
+#include "broker.h"
+#include "dcast_common.h"
+#include "dcast_wire.h"
+
+static int up_send(struct broker_upstream *u, const dcast_msg *m)
+{
+	u->last_send_ms = dcast_now_ms();
+	return dcast_wire_send(u->sock, NULL, 0, m, NULL, ZMQ_DONTWAIT);
+}
+
+static void relay_hello(struct broker *b, struct broker_upstream *u, const char *why)
+{
+	struct broker_model *m = u->model;
+	dcast_msg h;
+
+	if (m->pending)
+		broker_pending_abort(b, m, why);
+	dcast_msg_init(&h, DCAST_MSG_HELLO);
+	h.u.hello.role = DCAST_ROLE_CONSUMER;
+	snprintf(h.u.hello.model, sizeof(h.u.hello.model), "%s", m->name);
+	h.u.hello.have_version = broker_model_newest(m);
+	h.u.hello.window_bytes = b->cfg.upstream_window_bytes;
+	snprintf(h.u.hello.client, sizeof(h.u.hello.client), "relay");
+	u->credit_owed = 0;
+	u->joined = 0;
+	u->hello_ms = u->last_recv_ms = dcast_now_ms();
+	DCAST_LOG_I("relay %s: HELLO to %s with version %lld (%s)", m->name, b->cfg.upstream,
+		    (long long)h.u.hello.have_version, why);
+	if (up_send(u, &h))
+		DCAST_LOG_W("relay %s: HELLO: %s", m->name, dcast_last_error());
+}
+
+int broker_relay_open(struct broker *b)
+{
+	for (uint32_t i = 0; b->cfg.upstream && i < b->cfg.n_upstream_models; i++) {
+		struct broker_upstream *u = &b->up[i];
+
+		if (!(u->model = broker_model_get(b, b->cfg.upstream_models[i], 1)))
+			return DCAST_EBUSY;
+		u->model->relayed = 1;
+		if (!(u->sock = zmq_socket(b->ctx, ZMQ_DEALER)))
+			return dcast_fail(DCAST_EZMQ, "upstream socket: %s", zmq_strerror(errno));
+		b->n_up++;
+		if (broker_socket_setup(b, u->sock, "upstream"))
+			return DCAST_EZMQ;
+		if (zmq_connect(u->sock, b->cfg.upstream))
+			return dcast_fail(DCAST_EZMQ, "--upstream %s: connect: %s", b->cfg.upstream,
+					  zmq_strerror(errno));
+		relay_hello(b, u, "start");
+	}
+	return 0;
+}
+
+static int relay_manifest(struct broker *b, struct broker_model *m, dcast_msg *msg)
+{
+	struct broker_manifest *mf;
+
+	if (!(mf = broker_manifest_new(&msg->u.manifest)))
+		return dcast_fail(DCAST_ENOMEM, "relay %s: manifest", m->name);
+	if (m->manifest && m->manifest->enc_len == mf->enc_len &&
+	    !memcmp(m->manifest->enc, mf->enc, mf->enc_len)) {
+		broker_manifest_put(mf);
+		return 0;
+	}
+	if (m->pending)
+		broker_pending_abort(b, m, "upstream manifest changed");
+	broker_manifest_put(m->manifest);
+	m->manifest = mf;
+	return 0;
+}
+
+static int relay_chunk(struct broker *b, struct broker_upstream *u, dcast_wire_in *in)
+{
+	struct broker_model *m = u->model;
+	const dcast_chunk *c = &in->msg.u.chunk;
+	int rc;
+
+	if (!m->pending && (rc = broker_pending_open(b, m, c, 1)))
+		return rc;
+	if ((rc = broker_pending_chunk(b, m, 0, in)))
+		return rc;
+	u->credit_owed += c->payload_bytes;
+	return 0;
+}
+
+static int relay_commit(struct broker *b, struct broker_upstream *u, dcast_commit *c)
+{
+	struct broker_model *m = u->model;
+	int committed, rc;
+	dcast_msg a;
+
+	if ((rc = broker_pending_commit(b, m, 0, c, &committed)) || !committed)
+		return rc;
+	dcast_msg_init(&a, DCAST_MSG_ACK);
+	snprintf(a.u.ack.model, sizeof(a.u.ack.model), "%s", m->name);
+	a.u.ack.version = c->version;
+	up_send(u, &a);
+	return 0;
+}
+
+static int relay_dispatch(struct broker *b, struct broker_upstream *u, dcast_wire_in *in)
+{
+	dcast_msg *msg = &in->msg;
+
+	switch (msg->type) {
+	case DCAST_MSG_WELCOME:
+		u->joined = 1;
+		return 0;
+	case DCAST_MSG_MANIFEST:
+		return relay_manifest(b, u->model, msg);
+	case DCAST_MSG_CHUNK:
+		return relay_chunk(b, u, in);
+	case DCAST_MSG_COMMIT:
+		return relay_commit(b, u, &msg->u.commit);
+	case DCAST_MSG_HEARTBEAT:
+		return 0;
+	case DCAST_MSG_ERROR:
+		return dcast_fail(DCAST_ECLOSED, "upstream ERROR %s: %s",
+				  dcast_errname((int)msg->u.error.code), msg->u.error.text);
+	case DCAST_MSG_BYE:
+		return dcast_fail(DCAST_ECLOSED, "upstream said BYE: %s", msg->u.bye.reason);
+	default:
+		return dcast_fail(DCAST_EMSG_TYPE, "%s: not expected from an upstream broker",
+				  dcast_msg_type_name((int)msg->type));
+	}
+}
+
+static int model_matches(const struct broker_model *m, const dcast_msg *msg)
+{
+	const char *name = msg->type == DCAST_MSG_WELCOME ? msg->u.welcome.model :
+			   msg->type == DCAST_MSG_MANIFEST ? msg->u.manifest.model :
+			   msg->type == DCAST_MSG_CHUNK ? msg->u.chunk.model :
+			   msg->type == DCAST_MSG_COMMIT ? msg->u.commit.model : m->name;
+
+	if (strcmp(name, m->name))
+		return dcast_fail(DCAST_EFIELD_RANGE, "%s.model: \"%s\", relaying \"%s\"",
+				  dcast_msg_type_name((int)msg->type), name, m->name);
+	return 0;
+}
+
+void broker_relay_msg(struct broker *b, struct broker_upstream *u)
+{
+	for (int i = 0; i < BROKER_RECV_BURST; i++) {
+		dcast_wire_in in;
+		int rc = dcast_wire_recv(u->sock, 0, &in, ZMQ_DONTWAIT);
+
+		if (rc == DCAST_EBUSY) {
+			dcast_wire_in_close(&in);
+			return;
+		}
+		u->last_recv_ms = dcast_now_ms();
+		if (!rc && !(rc = model_matches(u->model, &in.msg)))
+			rc = relay_dispatch(b, u, &in);
+		dcast_wire_in_close(&in);
+		if (rc) {
+			char why[DCAST_MAX_TEXT + 64];
+
+			if (rc > 0 && rc < DCAST_ERR_COUNT)
+				b->stats.errors[rc]++;
+			snprintf(why, sizeof(why), "%s: %s", dcast_errname(rc), dcast_last_error());
+			DCAST_LOG_W("relay %s: %s", u->model->name, why);
+			relay_hello(b, u, why);
+			return;
+		}
+	}
+}
+
+void broker_relay_timers(struct broker *b, uint64_t now_ms)
+{
+	uint64_t hb = b->cfg.heartbeat_ms;
+	dcast_msg h;
+
+	dcast_msg_init(&h, DCAST_MSG_HEARTBEAT);
+	h.u.heartbeat.time_ms = now_ms;
+	for (uint32_t i = 0; i < b->n_up; i++) {
+		struct broker_upstream *u = &b->up[i];
+
+		if (now_ms - u->last_recv_ms > 3 * hb) {
+			relay_hello(b, u, "upstream silent for 3 heartbeats");
+			continue;
+		}
+		if (now_ms - u->last_send_ms >= hb) {
+			h.u.heartbeat.version = broker_model_newest(u->model);
+			up_send(u, &h);
+		}
+	}
+}
+
+void broker_relay_flush_credit(struct broker *b)
+{
+	dcast_msg cr;
+
+	dcast_msg_init(&cr, DCAST_MSG_CREDIT);
+	for (uint32_t i = 0; i < b->n_up; i++) {
+		struct broker_upstream *u = &b->up[i];
+
+		if (!u->credit_owed)
+			continue;
+		cr.u.credit.bytes = u->credit_owed;
+		if (up_send(u, &cr) == 0)
+			u->credit_owed = 0;
+	}
+}
+
+void broker_relay_close(struct broker *b)
+{
+	for (uint32_t i = 0; i < b->n_up; i++)
+		if (b->up[i].sock)
+			zmq_close(b->up[i].sock);
+	b->n_up = 0;
+}

@@ -1,0 +1,796 @@
+/* Durable log segments (segment.h): append records through dcast_io, fsync
+ * at commit, verify and cut torn tails at load.  Record prefixes live in a
+ * fixed pool until their writes are reaped; headers and payloads are
+ * written straight from the caller's frames. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+#include "dcast_common.h"
+#include "dcast_io.h"
+#include "deltacast/schema.h"
+#include "segment.h"
+
+#define SEG_MAGIC 0x31524344u /* "DCR1" little-endian */
+#define SEG_IO_DEPTH 64u
+#define SEG_PREFIX_POOL 4096u
+#define SEG_MAX_FILES 1024u  /* segment files looked at per model folder */
+#define SEG_ROOT_MAX 1024
+#define SEG_DIR_MAX (SEG_ROOT_MAX + 300)
+#define SEG_PATH_MAX (SEG_DIR_MAX + 40)
+
+struct seg_file {
+	int fd, handle;               /* handle: dcast_io file, -1 when closed */
+	uint64_t anchor;              /* the version it starts with */
+	uint64_t end, commit_end;     /* write offset, end of the last commit */
+	char path[SEG_PATH_MAX];
+};
+
+struct seg_model {
+	char name[DCAST_MAX_NAME + 1];
+	char dir[SEG_DIR_MAX];
+	struct seg_file cur, prev;    /* prev: open while a new anchor is uncommitted */
+	int has_prev;
+};
+
+struct broker_seg_store {
+	char root[SEG_ROOT_MAX];
+	dcast_io *io;
+	struct seg_model *models[BROKER_SEG_MAX_MODELS];
+	unsigned n_models;
+	uint8_t (*prefix)[BROKER_SEG_RECORD_BYTES]; /* [SEG_PREFIX_POOL] */
+	unsigned n_prefix;
+	int write_err;                /* first failed write since the last commit */
+	char write_detail[512];
+	uint8_t *rbuf;                /* load: one record's header + payload */
+	size_t rbuf_cap;
+};
+
+/* A decoded record prefix. */
+struct seg_rec {
+	uint16_t kind, flags;
+	uint32_t hdr_len, payload_len;
+	uint64_t version, checksum;
+};
+
+/* ---- encoding ------------------------------------------------------- */
+
+static void put32(uint8_t *p, uint32_t v)
+{
+	for (int i = 0; i < 4; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static void put64(uint8_t *p, uint64_t v)
+{
+	for (int i = 0; i < 8; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint32_t get32(const uint8_t *p)
+{
+	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static uint64_t get64(const uint8_t *p)
+{
+	return (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32;
+}
+
+static uint64_t rec_checksum(const uint8_t *prefix, const void *hdr, size_t hdr_len,
+			     const void *payload, size_t payload_len)
+{
+	uint64_t h = XXH3_64bits(prefix, 24);
+
+	h = XXH3_64bits_withSeed(hdr, hdr_len, h);
+	return XXH3_64bits_withSeed(payload, payload_len, h);
+}
+
+static void rec_encode(uint8_t *p, int kind, uint64_t version, const void *hdr, size_t hdr_len,
+		       const void *payload, size_t payload_len)
+{
+	put32(p, SEG_MAGIC);
+	p[4] = (uint8_t)kind;
+	p[5] = p[6] = p[7] = 0;
+	put32(p + 8, (uint32_t)hdr_len);
+	put32(p + 12, (uint32_t)payload_len);
+	put64(p + 16, version);
+	put64(p + 24, rec_checksum(p, hdr, hdr_len, payload, payload_len));
+}
+
+static void rec_decode(const uint8_t *p, struct seg_rec *r)
+{
+	r->kind = (uint16_t)(p[4] | p[5] << 8);
+	r->flags = (uint16_t)(p[6] | p[7] << 8);
+	r->hdr_len = get32(p + 8);
+	r->payload_len = get32(p + 12);
+	r->version = get64(p + 16);
+	r->checksum = get64(p + 24);
+}
+
+/* ---- store and models ----------------------------------------------- */
+
+static int mkdir_p(const char *path)
+{
+	if (mkdir(path, 0755) == 0 || errno == EEXIST)
+		return 0;
+	return dcast_fail(DCAST_EIO, "segment: mkdir '%s': %s", path, strerror(errno));
+}
+
+static void fsync_dir(const char *dir)
+{
+	int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+
+	if (fd >= 0) {
+		if (fsync(fd))
+			DCAST_LOG_W("segment: fsync dir '%s': %s", dir, strerror(errno));
+		close(fd);
+	}
+}
+
+int broker_seg_open(broker_seg_store **out, const char *data_dir)
+{
+	broker_seg_store *s;
+	int rc;
+
+	*out = NULL;
+	if (!data_dir || !*data_dir || strlen(data_dir) >= SEG_ROOT_MAX)
+		return dcast_fail(DCAST_EINVAL, "segment: --data-dir missing or too long");
+	rc = mkdir_p(data_dir);
+	if (rc)
+		return rc;
+	s = calloc(1, sizeof(*s));
+	if (!s || !(s->prefix = calloc(SEG_PREFIX_POOL, BROKER_SEG_RECORD_BYTES))) {
+		free(s);
+		return dcast_fail(DCAST_ENOMEM, "segment: store allocation");
+	}
+	snprintf(s->root, sizeof(s->root), "%s", data_dir);
+	rc = dcast_io_open(&s->io, SEG_IO_DEPTH);
+	if (rc) {
+		free(s->prefix);
+		free(s);
+		return rc;
+	}
+	*out = s;
+	return 0;
+}
+
+static void file_close(broker_seg_store *s, struct seg_file *f)
+{
+	if (f->handle >= 0)
+		dcast_io_file_remove(s->io, f->handle);
+	if (f->fd >= 0)
+		close(f->fd);
+	f->fd = f->handle = -1;
+}
+
+void broker_seg_close(broker_seg_store **sp)
+{
+	broker_seg_store *s = sp ? *sp : NULL;
+
+	if (!s)
+		return;
+	dcast_io_drain(s->io);
+	for (unsigned i = 0; i < s->n_models; i++) {
+		file_close(s, &s->models[i]->cur);
+		if (s->models[i]->has_prev)
+			file_close(s, &s->models[i]->prev);
+		free(s->models[i]);
+	}
+	dcast_io_close(&s->io);
+	free(s->prefix);
+	free(s->rbuf);
+	free(s);
+	*sp = NULL;
+}
+
+int broker_seg_uses_uring(const broker_seg_store *s)
+{
+	return dcast_io_uses_uring(s->io);
+}
+
+/* Folder name of a model: its safe characters (at most 48), '-', and a
+ * hash of the whole name, so any UTF-8 name maps to one short path. */
+static void model_dirname(const char *name, char *out, size_t cap)
+{
+	char safe[49];
+	size_t n = 0;
+
+	for (const char *p = name; *p && n < sizeof(safe) - 1; p++)
+		if ((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') ||
+		    (*p >= '0' && *p <= '9') || *p == '.' || *p == '_' || *p == '-')
+			safe[n++] = *p;
+	safe[n] = '\0';
+	snprintf(out, cap, "%s-%016llx", safe,
+		 (unsigned long long)XXH3_64bits(name, strlen(name)));
+}
+
+static struct seg_model *model_find(broker_seg_store *s, const char *name)
+{
+	for (unsigned i = 0; i < s->n_models; i++)
+		if (!strcmp(s->models[i]->name, name))
+			return s->models[i];
+	return NULL;
+}
+
+static struct seg_model *model_get(broker_seg_store *s, const char *name)
+{
+	struct seg_model *m = model_find(s, name);
+	char dn[128];
+
+	if (m)
+		return m;
+	if (s->n_models == BROKER_SEG_MAX_MODELS) {
+		dcast_fail(DCAST_EBUSY, "segment: %u models already", BROKER_SEG_MAX_MODELS);
+		return NULL;
+	}
+	m = calloc(1, sizeof(*m));
+	if (!m) {
+		dcast_fail(DCAST_ENOMEM, "segment: model allocation");
+		return NULL;
+	}
+	snprintf(m->name, sizeof(m->name), "%s", name);
+	model_dirname(name, dn, sizeof(dn));
+	snprintf(m->dir, sizeof(m->dir), "%s/%s", s->root, dn);
+	m->cur.fd = m->cur.handle = m->prev.fd = m->prev.handle = -1;
+	s->models[s->n_models++] = m;
+	return m;
+}
+
+static void seg_path(const struct seg_model *m, uint64_t anchor, char *out, size_t cap)
+{
+	snprintf(out, cap, "%s/seg-%020llu.log", m->dir, (unsigned long long)anchor);
+}
+
+/* ---- queued writes -------------------------------------------------- */
+
+static void note_write_errors(broker_seg_store *s, const dcast_io_done *d, int n)
+{
+	for (int i = 0; i < n; i++)
+		if (d[i].err && !s->write_err) {
+			s->write_err = d[i].err;
+			snprintf(s->write_detail, sizeof(s->write_detail), "%s", dcast_last_error());
+		}
+}
+
+/* Reap every outstanding write, keeping the first error. */
+static void reap_all(broker_seg_store *s)
+{
+	int rc = dcast_io_drain(s->io);
+
+	if (rc && !s->write_err) {
+		s->write_err = rc;
+		snprintf(s->write_detail, sizeof(s->write_detail), "%s", dcast_last_error());
+	}
+	s->n_prefix = 0;
+}
+
+static int queue_write(broker_seg_store *s, struct seg_file *f, const void *buf, size_t len)
+{
+	dcast_io_done done[16];
+	int rc;
+
+	if (len == 0)
+		return 0;
+	for (unsigned tries = 0; tries < SEG_IO_DEPTH + 1; tries++) {
+		rc = dcast_io_write(s->io, f->handle, buf, len, f->end, DCAST_IO_NO_BUF, 0);
+		if (rc != DCAST_EBUSY)
+			break;
+		int n = dcast_io_wait(s->io, 1, done, 16);
+
+		if (n < 0)
+			return -n;
+		note_write_errors(s, done, n);
+	}
+	if (rc == 0)
+		f->end += len;
+	return rc;
+}
+
+/* Queue one record at the end of f. */
+static int put_record(broker_seg_store *s, struct seg_file *f, int kind, uint64_t version,
+		      const void *hdr, size_t hdr_len, const void *payload, size_t payload_len)
+{
+	uint8_t *p;
+	int rc;
+
+	if (hdr_len > DCAST_MAX_HEADER_BYTES || payload_len > DCAST_MAX_CHUNK_BYTES)
+		return dcast_fail(DCAST_EINVAL, "segment: record of %zu+%zu bytes over limits",
+				  hdr_len, payload_len);
+	if (s->n_prefix == SEG_PREFIX_POOL)
+		reap_all(s);
+	p = s->prefix[s->n_prefix++];
+	rec_encode(p, kind, version, hdr, hdr_len, payload, payload_len);
+	rc = queue_write(s, f, p, BROKER_SEG_RECORD_BYTES);
+	if (!rc)
+		rc = queue_write(s, f, hdr, hdr_len);
+	if (!rc)
+		rc = queue_write(s, f, payload, payload_len);
+	return rc;
+}
+
+/* ---- writing versions ----------------------------------------------- */
+
+static int file_create(broker_seg_store *s, struct seg_model *m, uint64_t anchor)
+{
+	struct seg_file *f = &m->cur;
+	int rc = mkdir_p(m->dir);
+
+	if (rc)
+		return rc;
+	seg_path(m, anchor, f->path, sizeof(f->path));
+	f->fd = open(f->path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	if (f->fd < 0)
+		return dcast_fail(DCAST_EIO, "segment: create '%s': %s", f->path, strerror(errno));
+	f->handle = dcast_io_file_add(s->io, f->fd, f->path);
+	if (f->handle < 0) {
+		close(f->fd);
+		f->fd = -1;
+		return -f->handle;
+	}
+	f->anchor = anchor;
+	f->end = f->commit_end = 0;
+	fsync_dir(m->dir);
+	fsync_dir(s->root);
+	return 0;
+}
+
+int broker_seg_begin_anchor(broker_seg_store *s, const char *model, uint64_t version,
+			    const void *manifest_hdr, size_t manifest_len)
+{
+	struct seg_model *m = model_get(s, model);
+	int rc;
+
+	if (!m)
+		return dcast_fail(DCAST_EBUSY, "segment: %s", dcast_last_error());
+	if (m->cur.fd >= 0 && m->cur.end != m->cur.commit_end)
+		return dcast_fail(DCAST_ESTATE, "segment: model %s has an uncommitted version",
+				  model);
+	if (m->cur.fd >= 0 && m->cur.anchor == version)
+		return dcast_fail(DCAST_ESTATE, "segment: model %s already has a segment at %llu",
+				  model, (unsigned long long)version);
+	if (m->has_prev)
+		file_close(s, &m->prev);
+	m->prev = m->cur;
+	m->has_prev = m->cur.fd >= 0;
+	rc = file_create(s, m, version);
+	if (!rc)
+		rc = put_record(s, &m->cur, BROKER_SEG_FILE, version, model, strlen(model), NULL, 0);
+	if (!rc)
+		rc = put_record(s, &m->cur, BROKER_SEG_MANIFEST, version, manifest_hdr,
+				manifest_len, NULL, 0);
+	if (!rc)
+		rc = dcast_io_drain(s->io); /* the caller may free manifest_hdr on return */
+	if (rc)
+		broker_seg_abort(s, model);
+	return rc;
+}
+
+int broker_seg_append_chunk(broker_seg_store *s, const char *model, uint64_t version,
+			    const void *hdr, size_t hdr_len, const void *payload,
+			    size_t payload_len)
+{
+	struct seg_model *m = model_find(s, model);
+
+	if (!m || m->cur.fd < 0)
+		return dcast_fail(DCAST_ESTATE, "segment: model %s has no segment: the first "
+				  "version must be an anchor", model);
+	return put_record(s, &m->cur, BROKER_SEG_CHUNK, version, hdr, hdr_len, payload,
+			  payload_len);
+}
+
+/* Anchor committed: the previous segment is superseded. */
+static void drop_prev(broker_seg_store *s, struct seg_model *m)
+{
+	if (!m->has_prev)
+		return;
+	file_close(s, &m->prev);
+	if (unlink(m->prev.path))
+		DCAST_LOG_W("segment: unlink '%s': %s", m->prev.path, strerror(errno));
+	else
+		DCAST_LOG_I("segment: '%s' superseded by anchor %llu: deleted", m->prev.path,
+			    (unsigned long long)m->cur.anchor);
+	m->has_prev = 0;
+	fsync_dir(m->dir);
+}
+
+int broker_seg_commit(broker_seg_store *s, const char *model, uint64_t version,
+		      const void *commit_hdr, size_t commit_len)
+{
+	struct seg_model *m = model_find(s, model);
+	int rc;
+
+	if (!m || m->cur.fd < 0)
+		return dcast_fail(DCAST_ESTATE, "segment: model %s has no segment", model);
+	rc = put_record(s, &m->cur, BROKER_SEG_COMMIT, version, commit_hdr, commit_len, NULL, 0);
+	if (!rc)
+		rc = dcast_io_sync(s->io, m->cur.handle, 1);
+	s->n_prefix = 0;
+	if (!rc && s->write_err) {
+		rc = s->write_err;
+		dcast_fail(rc, "%s", s->write_detail);
+	}
+	if (rc) {
+		char why[512];
+
+		snprintf(why, sizeof(why), "%s", dcast_last_error());
+		broker_seg_abort(s, model);
+		return dcast_fail(rc, "segment: version %llu of %s not durable: %s",
+				  (unsigned long long)version, model, why);
+	}
+	m->cur.commit_end = m->cur.end;
+	drop_prev(s, m);
+	return 0;
+}
+
+int broker_seg_abort(broker_seg_store *s, const char *model)
+{
+	struct seg_model *m = model_find(s, model);
+	struct seg_file *f;
+
+	if (!m || m->cur.fd < 0)
+		return 0;
+	reap_all(s);
+	s->write_err = 0;
+	f = &m->cur;
+	if (f->commit_end == 0) {
+		file_close(s, f);
+		unlink(f->path);
+		m->cur = m->prev;
+		m->has_prev = 0;
+		if (m->cur.fd < 0)
+			m->cur.handle = -1;
+		return 0;
+	}
+	if (ftruncate(f->fd, (off_t)f->commit_end))
+		return dcast_fail(DCAST_EIO, "segment: truncate '%s' to %llu: %s", f->path,
+				  (unsigned long long)f->commit_end, strerror(errno));
+	f->end = f->commit_end;
+	return 0;
+}
+
+uint64_t broker_seg_bytes(const broker_seg_store *s, const char *model)
+{
+	for (unsigned i = 0; i < s->n_models; i++)
+		if (!strcmp(s->models[i]->name, model))
+			return s->models[i]->cur.fd >= 0 ? s->models[i]->cur.commit_end : 0;
+	return 0;
+}
+
+/* ---- loading -------------------------------------------------------- */
+
+/* What verifying a segment found. */
+struct seg_scan {
+	uint64_t size, good_end, last_version;
+	unsigned versions;
+	char model[DCAST_MAX_NAME + 1];
+	char why[256];        /* why the scan stopped before the end, "" if it did not */
+	uint64_t bad_off;
+};
+
+/* Per-version counters while scanning. */
+struct seg_scan_ver {
+	uint64_t version, chunks, bytes;
+	int kind_last;
+};
+
+static int rbuf_reserve(broker_seg_store *s, size_t n)
+{
+	uint8_t *p;
+
+	if (n <= s->rbuf_cap)
+		return 0;
+	p = realloc(s->rbuf, n);
+	if (!p)
+		return dcast_fail(DCAST_ENOMEM, "segment: %zu-byte record buffer", n);
+	s->rbuf = p;
+	s->rbuf_cap = n;
+	return 0;
+}
+
+/* Read the record at off into r and s->rbuf; a message in why if it is not
+ * whole and intact. */
+static int read_record(broker_seg_store *s, int h, uint64_t off, uint64_t size,
+		       struct seg_rec *r, char *why, size_t why_cap)
+{
+	uint8_t p[BROKER_SEG_RECORD_BYTES];
+	uint64_t len;
+	int rc;
+
+	if (size - off < BROKER_SEG_RECORD_BYTES)
+		return snprintf(why, why_cap, "torn record prefix"), DCAST_ECORRUPT;
+	rc = dcast_io_pread_all(s->io, h, p, sizeof(p), off);
+	if (rc)
+		return snprintf(why, why_cap, "%s", dcast_last_error()), rc;
+	rec_decode(p, r);
+	if (get32(p) != SEG_MAGIC || r->flags || r->kind < BROKER_SEG_FILE ||
+	    r->kind > BROKER_SEG_COMMIT)
+		return snprintf(why, why_cap, "bad record magic/kind"), DCAST_ECORRUPT;
+	if (r->hdr_len > DCAST_MAX_HEADER_BYTES || r->payload_len > DCAST_MAX_CHUNK_BYTES)
+		return snprintf(why, why_cap, "record lengths over limits"), DCAST_ECORRUPT;
+	len = (uint64_t)r->hdr_len + r->payload_len;
+	if (size - off - BROKER_SEG_RECORD_BYTES < len)
+		return snprintf(why, why_cap, "torn record (%llu bytes missing)",
+				(unsigned long long)(len - (size - off - BROKER_SEG_RECORD_BYTES))),
+		       DCAST_ECORRUPT;
+	if ((rc = rbuf_reserve(s, len + 1)) != 0 ||
+	    (rc = dcast_io_pread_all(s->io, h, s->rbuf, len, off + BROKER_SEG_RECORD_BYTES)))
+		return snprintf(why, why_cap, "%s", dcast_last_error()), rc;
+	if (rec_checksum(p, s->rbuf, r->hdr_len, s->rbuf + r->hdr_len, r->payload_len) !=
+	    r->checksum)
+		return snprintf(why, why_cap, "record checksum mismatch"), DCAST_ECHECKSUM;
+	return 0;
+}
+
+static int chunk_fits(const struct seg_rec *r, const dcast_msg *msg, const struct seg_scan *sc,
+		      const struct seg_scan_ver *v, const void *payload)
+{
+	return dcast_msg_check_payload(msg, r->payload_len) == 0 &&
+	       msg->u.chunk.version == r->version && (!v->chunks || v->version == r->version) &&
+	       (!sc->versions || r->version > sc->last_version) &&
+	       dcast_chunk_verify(&msg->u.chunk, payload) == 0;
+}
+
+static int commit_fits(const struct seg_rec *r, const dcast_msg *msg, const struct seg_scan *sc,
+		       const struct seg_scan_ver *v)
+{
+	const dcast_commit *c = &msg->u.commit;
+
+	return c->version == r->version && (!v->chunks || v->version == r->version) &&
+	       c->chunks == v->chunks && c->bytes == v->bytes && (sc->versions || c->anchor) &&
+	       (!sc->versions || r->version > sc->last_version);
+}
+
+static int order_ok(int kind, int kind_last)
+{
+	if (kind == BROKER_SEG_FILE)
+		return kind_last == 0;
+	if (kind == BROKER_SEG_MANIFEST)
+		return kind_last == BROKER_SEG_FILE;
+	return kind_last >= BROKER_SEG_MANIFEST;
+}
+
+static int check_file_record(const struct seg_rec *r, const uint8_t *hdr, struct seg_scan *sc)
+{
+	if (r->hdr_len == 0 || r->hdr_len > DCAST_MAX_NAME || r->payload_len ||
+	    memchr(hdr, 0, r->hdr_len))
+		return -1;
+	memcpy(sc->model, hdr, r->hdr_len);
+	sc->model[r->hdr_len] = '\0';
+	return 0;
+}
+
+/* Check a verified record's header against its kind and its place in the
+ * sequence FILE MANIFEST (CHUNK* COMMIT)*.  Returns 1 when it closes a
+ * version, 0 when fine, -1 (why set) when it does not belong. */
+static int check_record(broker_seg_store *s, const struct seg_rec *r, struct seg_scan *sc,
+			struct seg_scan_ver *v, char *why, size_t why_cap)
+{
+	static const uint32_t want_type[] = {0, 0, DCAST_MSG_MANIFEST, DCAST_MSG_CHUNK,
+					     DCAST_MSG_COMMIT};
+	dcast_msg msg;
+	int rc = 0;
+
+	if (!order_ok(r->kind, v->kind_last))
+		return snprintf(why, why_cap, "record kind %u out of order", r->kind), -1;
+	v->kind_last = r->kind;
+	if (r->kind == BROKER_SEG_FILE)
+		return check_file_record(r, s->rbuf, sc) ? (snprintf(why, why_cap, "bad FILE record"), -1) : 0;
+	if (dcast_msg_decode(s->rbuf, r->hdr_len, &msg))
+		return snprintf(why, why_cap, "header: %s", dcast_last_error()), -1;
+	if (msg.type != want_type[r->kind])
+		rc = -1;
+	else if (r->kind == BROKER_SEG_CHUNK)
+		rc = chunk_fits(r, &msg, sc, v, s->rbuf + r->hdr_len) ? 0 : -1;
+	else if (r->kind == BROKER_SEG_COMMIT)
+		rc = commit_fits(r, &msg, sc, v) ? 1 : -1;
+	if (rc < 0)
+		snprintf(why, why_cap, "%s record of version %llu does not fit its version",
+			 dcast_msg_type_name((int)msg.type), (unsigned long long)r->version);
+	dcast_msg_free(&msg);
+	if (rc == 0 && r->kind == BROKER_SEG_CHUNK) {
+		v->version = r->version;
+		v->chunks++;
+		v->bytes += r->payload_len;
+	}
+	return rc;
+}
+
+/* Verify a whole segment file: sc->good_end is the end of the last whole
+ * committed version. */
+static int scan_file(broker_seg_store *s, int h, struct seg_scan *sc)
+{
+	struct seg_scan_ver v = {0};
+	struct seg_rec r;
+	uint64_t off = 0;
+
+	while (off < sc->size) {
+		int rc = read_record(s, h, off, sc->size, &r, sc->why, sizeof(sc->why)), closes;
+
+		if (rc == DCAST_ENOMEM || rc == DCAST_EIO)
+			return rc;
+		closes = rc ? -1 : check_record(s, &r, sc, &v, sc->why, sizeof(sc->why));
+		if (closes < 0) {
+			sc->bad_off = off;
+			return 0;
+		}
+		off += BROKER_SEG_RECORD_BYTES + (uint64_t)r.hdr_len + r.payload_len;
+		if (closes) {
+			sc->good_end = off;
+			sc->last_version = r.version;
+			sc->versions++;
+			v.chunks = v.bytes = 0;
+		}
+	}
+	sc->why[0] = '\0';
+	return 0;
+}
+
+/* Replay records [0, end) of a verified file through fn. */
+static int replay_file(broker_seg_store *s, int h, const char *model, uint64_t end,
+		       broker_seg_visit_fn fn, void *ctx)
+{
+	struct seg_rec r;
+	char why[256];
+	uint64_t off = 0;
+	int rc;
+
+	while (off < end) {
+		rc = read_record(s, h, off, end, &r, why, sizeof(why));
+		if (rc)
+			return dcast_fail(rc, "segment: replay of %s at offset %llu: %s", model,
+					  (unsigned long long)off, why);
+		if (r.kind != BROKER_SEG_FILE) {
+			rc = fn(ctx, model, r.kind, r.version, s->rbuf, r.hdr_len,
+				s->rbuf + r.hdr_len, r.payload_len);
+			if (rc)
+				return rc;
+		}
+		off += BROKER_SEG_RECORD_BYTES + (uint64_t)r.hdr_len + r.payload_len;
+	}
+	return 0;
+}
+
+/* Cut a file back to sc->good_end (or remove it when nothing in it is
+ * whole).  Returns 1 when the file is gone. */
+static int cut_tail(const char *path, int fd, const struct seg_scan *sc)
+{
+	if (sc->good_end == 0) {
+		DCAST_LOG_W("segment: '%s' holds no whole committed version (%s at offset %llu): "
+			    "deleted", path, sc->why[0] ? sc->why : "empty",
+			    (unsigned long long)sc->bad_off);
+		unlink(path);
+		return 1;
+	}
+	if (sc->good_end == sc->size)
+		return 0;
+	DCAST_LOG_W("segment: '%s': %s at offset %llu; cut back to offset %llu (last whole "
+		    "version %llu)", path, sc->why, (unsigned long long)sc->bad_off,
+		    (unsigned long long)sc->good_end, (unsigned long long)sc->last_version);
+	if (ftruncate(fd, (off_t)sc->good_end) || fsync(fd))
+		return dcast_fail(DCAST_EIO, "segment: truncate '%s': %s", path, strerror(errno)),
+		       -1;
+	return 0;
+}
+
+static int cmp_u64_desc(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+	return x < y ? 1 : x > y ? -1 : 0;
+}
+
+/* Anchor versions of the seg-*.log files in dir, newest first. */
+static unsigned list_segments(const char *dir, uint64_t *out, unsigned cap)
+{
+	DIR *d = opendir(dir);
+	struct dirent *e;
+	unsigned n = 0;
+
+	while (d && (e = readdir(d)) != NULL && n < cap) {
+		unsigned long long v;
+		char tail[8];
+
+		if (sscanf(e->d_name, "seg-%20llu%7s", &v, tail) == 2 && !strcmp(tail, ".log") &&
+		    strlen(e->d_name) == 28)
+			out[n++] = v;
+	}
+	if (d)
+		closedir(d);
+	qsort(out, n, sizeof(*out), cmp_u64_desc);
+	return n;
+}
+
+/* Open and verify one segment file; on success (whole versions in it) the
+ * file stays open in *f and *sc describes it.  Returns 1 if usable. */
+static int open_verified(broker_seg_store *s, const char *path, struct seg_file *f,
+			 struct seg_scan *sc)
+{
+	struct stat st;
+	int rc;
+
+	memset(sc, 0, sizeof(*sc));
+	f->fd = open(path, O_RDWR | O_CLOEXEC);
+	if (f->fd < 0 || fstat(f->fd, &st))
+		return dcast_fail(DCAST_EIO, "segment: open '%s': %s", path, strerror(errno)), -1;
+	f->handle = dcast_io_file_add(s->io, f->fd, path);
+	sc->size = (uint64_t)st.st_size;
+	rc = f->handle < 0 ? -f->handle : scan_file(s, f->handle, sc);
+	if (!rc)
+		rc = cut_tail(path, f->fd, sc) == 0 ? 0 : 1;
+	if (rc) {
+		file_close(s, f);
+		return rc == 1 ? 0 : -1;
+	}
+	snprintf(f->path, sizeof(f->path), "%s", path);
+	f->end = f->commit_end = sc->good_end;
+	return 1;
+}
+
+/* Load one model folder: the newest usable segment is replayed and kept;
+ * every older one is superseded and deleted. */
+static int load_model_dir(broker_seg_store *s, const char *dir, broker_seg_visit_fn fn,
+			  void *ctx)
+{
+	uint64_t anchors[SEG_MAX_FILES];
+	unsigned n = list_segments(dir, anchors, SEG_MAX_FILES);
+	struct seg_file f = {.fd = -1, .handle = -1};
+	struct seg_scan sc;
+	struct seg_model *m = NULL;
+	char path[SEG_PATH_MAX];
+	uint64_t found_anchor = 0;
+	int found = 0, rc = 0;
+
+	for (unsigned i = 0; i < n; i++) {
+		snprintf(path, sizeof(path), "%s/seg-%020llu.log", dir,
+			 (unsigned long long)anchors[i]);
+		if (found) {
+			DCAST_LOG_I("segment: '%s' superseded by a newer anchor: deleted", path);
+			unlink(path);
+			continue;
+		}
+		rc = open_verified(s, path, &f, &sc);
+		if (rc < 0)
+			return DCAST_EIO;
+		found = rc;
+		found_anchor = anchors[i];
+	}
+	if (!found)
+		return 0;
+	m = model_get(s, sc.model);
+	if (!m || m->cur.fd >= 0) {
+		file_close(s, &f);
+		return m ? dcast_fail(DCAST_ECORRUPT, "segment: two folders for model %s", sc.model)
+			 : DCAST_EBUSY;
+	}
+	f.anchor = found_anchor;
+	m->cur = f;
+	DCAST_LOG_I("segment: model %s: %u version(s) up to %llu from '%s'", sc.model,
+		    sc.versions, (unsigned long long)sc.last_version, f.path);
+	return replay_file(s, f.handle, sc.model, sc.good_end, fn, ctx);
+}
+
+int broker_seg_load(broker_seg_store *s, broker_seg_visit_fn fn, void *ctx)
+{
+	DIR *d = opendir(s->root);
+	struct dirent *e;
+	char dir[SEG_DIR_MAX];
+	int rc = 0;
+
+	if (!d)
+		return dcast_fail(DCAST_EIO, "segment: open '%s': %s", s->root, strerror(errno));
+	while (!rc && (e = readdir(d)) != NULL) {
+		struct stat st;
+
+		if (e->d_name[0] == '.')
+			continue;
+		snprintf(dir, sizeof(dir), "%s/%s", s->root, e->d_name);
+		if (stat(dir, &st) == 0 && S_ISDIR(st.st_mode))
+			rc = load_model_dir(s, dir, fn, ctx);
+	}
+	closedir(d);
+	return rc;
+}

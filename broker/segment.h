@@ -1,0 +1,103 @@
+/* Private to broker/: durable log segments under --data-dir.
+ *
+ * Per model a folder <data-dir>/<safe name>-<hash>/ holds append-only
+ * segment files seg-<anchor version, 20 digits>.log, one per anchor: the
+ * anchor, then every delta committed after it.  A segment is a sequence of
+ * records, each
+ *
+ *   u32 magic "DCR1" | u16 kind | u16 flags (0) | u32 header_len |
+ *   u32 payload_len | u64 version | u64 checksum | header | payload
+ *
+ * (little-endian; checksum = XXH3-64 chained over the first 24 bytes, the
+ * header and the payload).  Kinds: FILE (header = model name, first record),
+ * MANIFEST (the encoded MANIFEST header), CHUNK (the CHUNK header consumers
+ * get + its payload), COMMIT (the broker's COMMIT header; closes a version).
+ * Headers are the wire's msgpack bytes, checked by the strict schema
+ * decoder again at load.
+ *
+ * Writes go through dcast_io (io_uring or the plain path); a version's
+ * records are written, then fsynced, inside broker_seg_commit(), before the
+ * caller acknowledges it.  At load every record is verified; a torn or
+ * corrupt tail is cut back (the file truncated) to the end of the last whole
+ * committed version, with a log line naming file and offset.  Only the
+ * newest segment with a committed anchor is replayed; older ones are
+ * superseded and deleted. */
+#ifndef DCAST_BROKER_SEGMENT_H
+#define DCAST_BROKER_SEGMENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum broker_seg_kind {
+	BROKER_SEG_FILE = 1,
+	BROKER_SEG_MANIFEST,
+	BROKER_SEG_CHUNK,
+	BROKER_SEG_COMMIT,
+};
+
+#define BROKER_SEG_MAX_MODELS 256
+#define BROKER_SEG_RECORD_BYTES 32 /* fixed part of a record */
+
+typedef struct broker_seg_store broker_seg_store;
+
+/* Open (creating if needed) the store in data_dir.  Nothing is read until
+ * broker_seg_load().  On success *out is the caller's (broker_seg_close).
+ * Errors: DCAST_EIO (data_dir cannot be created / opened, naming it),
+ * DCAST_ENOMEM, dcast_io_open's errors. */
+int broker_seg_open(broker_seg_store **out, const char *data_dir);
+
+/* Close every file, free the store, set *s to NULL.  Uncommitted records
+ * are left on disk; the next load cuts them.  NULL-safe. */
+void broker_seg_close(broker_seg_store **s);
+
+/* Called by broker_seg_load for each record of each committed version in
+ * order: MANIFEST, then per version its CHUNKs and its COMMIT.  hdr and
+ * payload are valid only during the call (copy what is kept).  A non-zero
+ * return stops the load and is returned by it. */
+typedef int (*broker_seg_visit_fn)(void *ctx, const char *model, int kind, uint64_t version,
+				   const void *hdr, size_t hdr_len, const void *payload,
+				   size_t payload_len);
+
+/* Read every model folder: verify each segment, cut torn tails (truncating
+ * the file, logging file and offset), delete segments without a committed
+ * version and segments superseded by a newer committed anchor, then replay
+ * the newest segment of each model through fn, and keep it open for
+ * appending.  Errors: DCAST_EIO, DCAST_ENOMEM, fn's. */
+int broker_seg_load(broker_seg_store *s, broker_seg_visit_fn fn, void *ctx);
+
+/* Start a new segment for model at anchor `version` (its FILE and MANIFEST
+ * records are written before it returns; manifest_hdr is the encoded
+ * MANIFEST, the caller's, free to go on return).  The previous
+ * segment stays until this anchor commits.  Errors: DCAST_EIO, DCAST_ESTATE
+ * (an uncommitted version is open), DCAST_EBUSY (too many models). */
+int broker_seg_begin_anchor(broker_seg_store *s, const char *model, uint64_t version,
+			    const void *manifest_hdr, size_t manifest_len);
+
+/* Queue one CHUNK record of version `version`.  hdr and payload must stay
+ * valid and unchanged until broker_seg_commit or broker_seg_abort returns
+ * for this model.  Errors: DCAST_ESTATE (no segment: an anchor must begin
+ * one first), DCAST_EINVAL (sizes over the schema limits), DCAST_EIO. */
+int broker_seg_append_chunk(broker_seg_store *s, const char *model, uint64_t version,
+			    const void *hdr, size_t hdr_len, const void *payload,
+			    size_t payload_len);
+
+/* Write the COMMIT record of `version`, wait for every queued write and
+ * fsync the segment: on 0 the version is durable.  When it was an anchor
+ * (begun with broker_seg_begin_anchor), older segments of the model are
+ * then deleted.  On error the version's records are cut off again
+ * (broker_seg_abort) and the error returned: DCAST_EIO naming the file. */
+int broker_seg_commit(broker_seg_store *s, const char *model, uint64_t version,
+		      const void *commit_hdr, size_t commit_len);
+
+/* Forget the queued, uncommitted records of model: wait for their writes
+ * and truncate the segment back to its last commit (an anchor segment with
+ * no commit is deleted and the previous one is current again). */
+int broker_seg_abort(broker_seg_store *s, const char *model);
+
+/* Bytes on disk of the model's current segment (0 if none); for metrics. */
+uint64_t broker_seg_bytes(const broker_seg_store *s, const char *model);
+
+/* 1 when the store's writes go through io_uring. */
+int broker_seg_uses_uring(const broker_seg_store *s);
+
+#endif

@@ -1,0 +1,331 @@
+/* broker/segment.c on real files (through io_uring and the plain path):
+ * versions written then reloaded equal; an anchor starts a new segment and
+ * deletes the old; an aborted version leaves nothing; a segment truncated at
+ * random offsets or with a random byte flipped reloads as exactly the
+ * committed prefix (file cut back, never a partial version) and takes new
+ * versions after it. */
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+#include "../broker/segment.c"
+#include "check.h"
+
+#define N_VERSIONS 10
+#define MAX_RECS 256
+#define CHUNKS_PER_VERSION 4
+#define CHUNK_ELEMS 512
+
+static char root[] = "/tmp/dcast_test_segment_XXXXXX";
+
+/* A record as written or as replayed: kind, version, hashes of its bytes. */
+struct rec {
+	int kind;
+	uint64_t version, hdr_hash, payload_hash;
+};
+
+static struct rec written[MAX_RECS], loaded[MAX_RECS];
+static unsigned n_written, n_loaded;
+static uint64_t commit_end[N_VERSIONS + 4]; /* segment size after commit i */
+static uint32_t rng = 12345;
+
+static int visit(void *ctx, const char *model, int kind, uint64_t version, const void *hdr,
+		 size_t hdr_len, const void *payload, size_t payload_len)
+{
+	(void)ctx;
+	if (strcmp(model, "llama/7b") || n_loaded == MAX_RECS)
+		return DCAST_EINVAL;
+	loaded[n_loaded++] = (struct rec){kind, version, XXH3_64bits(hdr, hdr_len),
+					  XXH3_64bits(payload, payload_len)};
+	return 0;
+}
+
+static void note(int kind, uint64_t version, const void *hdr, size_t hdr_len,
+		 const void *payload, size_t payload_len)
+{
+	REQUIRE(n_written < MAX_RECS);
+	written[n_written++] = (struct rec){kind, version, XXH3_64bits(hdr, hdr_len),
+					    XXH3_64bits(payload, payload_len)};
+}
+
+static void encode(const dcast_msg *m, void **out, size_t *len)
+{
+	REQUIRE(dcast_msg_encode(m, out, len) == 0);
+}
+
+static void begin_anchor(broker_seg_store *s, uint64_t version)
+{
+	dcast_tensor_desc t = {.name = "w", .dtype = DCAST_DTYPE_F32, .ndim = 1,
+			       .shape = {CHUNKS_PER_VERSION * CHUNK_ELEMS}};
+	dcast_msg m;
+	void *hdr;
+	size_t len;
+
+	dcast_msg_init(&m, DCAST_MSG_MANIFEST);
+	snprintf(m.u.manifest.model, sizeof(m.u.manifest.model), "llama/7b");
+	m.u.manifest.n_tensors = 1;
+	m.u.manifest.tensors = &t;
+	encode(&m, &hdr, &len);
+	CHECK_ERR(broker_seg_begin_anchor(s, "llama/7b", version, hdr, len), 0);
+	note(BROKER_SEG_MANIFEST, version, hdr, len, NULL, 0);
+	free(hdr);
+}
+
+/* Write one version (anchor or delta) with dense chunks, optionally commit. */
+static void write_version(broker_seg_store *s, uint64_t version, int anchor, int commit)
+{
+	static uint32_t payload[CHUNKS_PER_VERSION][CHUNK_ELEMS];
+	void *hdrs[CHUNKS_PER_VERSION], *chdr;
+	size_t lens[CHUNKS_PER_VERSION], clen;
+	dcast_range_digest dg = {0, 0, CHUNKS_PER_VERSION * CHUNK_ELEMS, version * 7};
+	dcast_msg m;
+
+	if (anchor)
+		begin_anchor(s, version);
+	for (unsigned i = 0; i < CHUNKS_PER_VERSION; i++) {
+		for (unsigned k = 0; k < CHUNK_ELEMS; k++)
+			payload[i][k] = rng = rng * 1664525u + 1013904223u;
+		dcast_msg_init(&m, DCAST_MSG_CHUNK);
+		dcast_chunk *c = &m.u.chunk;
+		snprintf(c->model, sizeof(c->model), "llama/7b");
+		c->version = version;
+		c->base_version = anchor ? DCAST_VERSION_NONE : version - 1;
+		c->anchor = (uint32_t)anchor;
+		c->seq = i;
+		c->start = (uint64_t)i * CHUNK_ELEMS;
+		c->count = CHUNK_ELEMS;
+		c->elem_size = 4;
+		c->changed = CHUNK_ELEMS;
+		c->payload_bytes = sizeof(payload[i]);
+		c->checksum = XXH3_64bits(payload[i], sizeof(payload[i]));
+		encode(&m, &hdrs[i], &lens[i]);
+		CHECK_ERR(broker_seg_append_chunk(s, "llama/7b", version, hdrs[i], lens[i],
+						  payload[i], sizeof(payload[i])), 0);
+	}
+	dcast_msg_init(&m, DCAST_MSG_COMMIT);
+	snprintf(m.u.commit.model, sizeof(m.u.commit.model), "llama/7b");
+	m.u.commit.version = version;
+	m.u.commit.base_version = anchor ? DCAST_VERSION_NONE : version - 1;
+	m.u.commit.anchor = (uint32_t)anchor;
+	m.u.commit.chunks = CHUNKS_PER_VERSION;
+	m.u.commit.bytes = sizeof(payload);
+	m.u.commit.n_digests = 1;
+	m.u.commit.digests = &dg;
+	encode(&m, &chdr, &clen);
+	if (commit) {
+		CHECK_ERR(broker_seg_commit(s, "llama/7b", version, chdr, clen), 0);
+		for (unsigned i = 0; i < CHUNKS_PER_VERSION; i++)
+			note(BROKER_SEG_CHUNK, version, hdrs[i], lens[i], payload[i],
+			     sizeof(payload[i]));
+		note(BROKER_SEG_COMMIT, version, chdr, clen, NULL, 0);
+	} else {
+		CHECK_ERR(broker_seg_abort(s, "llama/7b"), 0);
+	}
+	for (unsigned i = 0; i < CHUNKS_PER_VERSION; i++)
+		free(hdrs[i]);
+	free(chdr);
+}
+
+static void reload(broker_seg_store **s, const char *dir)
+{
+	broker_seg_close(s);
+	n_loaded = 0;
+	REQUIRE(broker_seg_open(s, dir) == 0);
+	CHECK_ERR(broker_seg_load(*s, visit, NULL), 0);
+}
+
+/* Records replayed == the first n records written. */
+static int loaded_equals_prefix(unsigned n)
+{
+	if (n_loaded != n)
+		return 0;
+	for (unsigned i = 0; i < n; i++)
+		if (memcmp(&loaded[i], &written[i], sizeof(loaded[i])))
+			return 0;
+	return 1;
+}
+
+static unsigned records_through(unsigned versions)
+{
+	return versions ? 1 + versions * (CHUNKS_PER_VERSION + 1) : 0;
+}
+
+static int count_segments(const char *model_dir)
+{
+	uint64_t a[16];
+
+	return (int)list_segments(model_dir, a, 16);
+}
+
+static void model_dir_of(const char *dir, char *out, size_t cap)
+{
+	char dn[128];
+
+	model_dirname("llama/7b", dn, sizeof(dn));
+	snprintf(out, cap, "%s/%s", dir, dn);
+}
+
+/* Basic round trip, abort, new anchor superseding the old segment. */
+static void test_roundtrip(const char *dir)
+{
+	broker_seg_store *s;
+	char mdir[512];
+
+	n_written = 0;
+	REQUIRE(broker_seg_open(&s, dir) == 0);
+	CHECK_ERR(broker_seg_load(s, visit, NULL), 0);
+	CHECK_ERR(broker_seg_append_chunk(s, "llama/7b", 1, "x", 1, NULL, 0), DCAST_ESTATE);
+	for (uint64_t v = 1; v <= N_VERSIONS; v++) {
+		write_version(s, v, v == 1, 1);
+		commit_end[v] = broker_seg_bytes(s, "llama/7b");
+	}
+	write_version(s, N_VERSIONS + 1, 0, 0); /* aborted: leaves nothing */
+	CHECK(broker_seg_bytes(s, "llama/7b") == commit_end[N_VERSIONS]);
+	reload(&s, dir);
+	CHECK(loaded_equals_prefix(records_through(N_VERSIONS)));
+	/* Appending continues after a reload. */
+	write_version(s, N_VERSIONS + 1, 0, 1);
+	reload(&s, dir);
+	CHECK(loaded_equals_prefix(n_written));
+	/* A new anchor: new segment; the old one goes once it commits. */
+	model_dir_of(dir, mdir, sizeof(mdir));
+	CHECK(count_segments(mdir) == 1);
+	n_written = 0;
+	write_version(s, N_VERSIONS + 2, 1, 1);
+	CHECK(count_segments(mdir) == 1);
+	write_version(s, N_VERSIONS + 3, 0, 1);
+	reload(&s, dir);
+	CHECK(loaded_equals_prefix(n_written) && n_written == records_through(2));
+	/* An anchor begun and aborted: the previous segment stays current. */
+	write_version(s, N_VERSIONS + 4, 1, 0);
+	CHECK(count_segments(mdir) == 1);
+	reload(&s, dir);
+	CHECK(loaded_equals_prefix(records_through(2)));
+	broker_seg_close(&s);
+}
+
+static void write_bytes(const char *path, const uint8_t *p, size_t n)
+{
+	FILE *f = fopen(path, "wb");
+
+	REQUIRE(f && fwrite(p, 1, n, f) == n && fclose(f) == 0);
+}
+
+static uint8_t *read_bytes(const char *path, size_t *n)
+{
+	FILE *f = fopen(path, "rb");
+	uint8_t *p;
+	long len;
+
+	REQUIRE(f && fseek(f, 0, SEEK_END) == 0 && (len = ftell(f)) > 0);
+	p = malloc((size_t)len);
+	rewind(f);
+	REQUIRE(p && fread(p, 1, (size_t)len, f) == (size_t)len);
+	fclose(f);
+	*n = (size_t)len;
+	return p;
+}
+
+/* Damage the segment (cut at `cut`, or flip the byte at `flip`), reload,
+ * and check exactly the versions wholly before the damage come back. */
+static void damage_trial(const char *dir, const char *seg, const uint8_t *orig, size_t n,
+			 size_t cut, long flip)
+{
+	uint8_t *copy = malloc(n);
+	size_t limit = flip >= 0 ? (size_t)flip : cut;
+	unsigned k = 0;
+	broker_seg_store *s = NULL;
+	struct stat st;
+
+	memcpy(copy, orig, n);
+	if (flip >= 0)
+		copy[flip] ^= (uint8_t)(1u << (rng++ % 8));
+	write_bytes(seg, copy, flip >= 0 ? n : cut);
+	while (k < N_VERSIONS && commit_end[k + 1] <= limit)
+		k++;
+	reload(&s, dir);
+	if (!loaded_equals_prefix(records_through(k)))
+		fprintf(stderr, "damage cut=%zu flip=%ld: loaded %u records, want %u\n", cut, flip,
+			n_loaded, records_through(k));
+	CHECK(loaded_equals_prefix(records_through(k)));
+	if (k == 0)
+		CHECK(stat(seg, &st) != 0);
+	else
+		CHECK(stat(seg, &st) == 0 && (uint64_t)st.st_size == commit_end[k]);
+	/* The store takes the next version after the cut (an anchor if empty). */
+	if (k > 0) {
+		unsigned save = n_written;
+
+		n_written = records_through(k);
+		write_version(s, k + 1, 0, 1);
+		reload(&s, dir);
+		CHECK(loaded_equals_prefix(records_through(k + 1)));
+		n_written = save;
+	}
+	broker_seg_close(&s);
+	free(copy);
+}
+
+static void test_damage(const char *dir)
+{
+	broker_seg_store *s;
+	char mdir[512], seg[600];
+	uint8_t *orig;
+	size_t n;
+
+	n_written = 0;
+	REQUIRE(broker_seg_open(&s, dir) == 0);
+	for (uint64_t v = 1; v <= N_VERSIONS; v++) {
+		write_version(s, v, v == 1, 1);
+		commit_end[v] = broker_seg_bytes(s, "llama/7b");
+	}
+	broker_seg_close(&s);
+	model_dir_of(dir, mdir, sizeof(mdir));
+	snprintf(seg, sizeof(seg), "%s/seg-%020llu.log", mdir, 1ull);
+	orig = read_bytes(seg, &n);
+	CHECK(n == commit_end[N_VERSIONS]);
+	struct rec saved[MAX_RECS];
+	memcpy(saved, written, sizeof(saved));
+	for (int t = 0; t < 40; t++) {
+		size_t cut = (rng = rng * 1664525u + 1013904223u) % n;
+
+		memcpy(written, saved, sizeof(saved));
+		damage_trial(dir, seg, orig, n, cut, -1);
+		memcpy(written, saved, sizeof(saved));
+		damage_trial(dir, seg, orig, n, 0, (long)((rng = rng * 1664525u + 1013904223u) % n));
+	}
+	/* Cuts exactly at version boundaries and one byte either side. */
+	for (unsigned v = 1; v <= N_VERSIONS; v++)
+		for (int d = -1; d <= 1; d++) {
+			memcpy(written, saved, sizeof(saved));
+			if (commit_end[v] + d <= n)
+				damage_trial(dir, seg, orig, n, (size_t)(commit_end[v] + d), -1);
+		}
+	free(orig);
+}
+
+static void run(const char *label)
+{
+	char dir[256], cmd[300];
+
+	fprintf(stderr, "-- %s\n", label);
+	snprintf(dir, sizeof(dir), "%s/%s", root, label);
+	test_roundtrip(dir);
+	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+	CHECK(system(cmd) == 0);
+	test_damage(dir);
+}
+
+int main(void)
+{
+	char cmd[300];
+
+	REQUIRE(mkdtemp(root));
+	dcast_log_set_level(DCAST_LOG_WARN);
+	unsetenv("DELTACAST_IO_URING");
+	run("uring");
+	setenv("DELTACAST_IO_URING", "0", 1);
+	run("plain");
+	snprintf(cmd, sizeof(cmd), "rm -rf %s", root);
+	CHECK(system(cmd) == 0);
+	return check_done("test_segment");
+}

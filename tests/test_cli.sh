@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# deltacast CLI end to end: gen-trace a small model, diff --json, delta +
+# apply reproducing NEW byte for byte, and refusals (corrupt patch, wrong
+# BASE) that leave no OUT behind.
+set -u
+B="${DELTACAST_BUILD:-build}/deltacast"
+PY=${PYTHON:-/usr/bin/python3}
+T=$(mktemp -d /tmp/dcast_test_cli.XXXXXX)
+trap 'rm -rf "$T"' EXIT
+fail=0
+check() { if ! eval "$2"; then echo "FAIL: $1"; fail=1; else echo "ok: $1"; fi; }
+
+[ -x "$B" ] || { echo "no $B"; exit 1; }
+check "--help lists commands" '"$B" --help | grep -q gen-trace'
+check "diff --help" '"$B" diff --help | grep -q json'
+check "unknown command fails" '! "$B" frobnicate 2>/dev/null'
+
+"$B" gen-trace --params 2M --steps 3 --density 0.01 --seed 7 -o "$T/tr" 2>"$T/gen.err"
+check "gen-trace exit 0" '[ $? = 0 ]'
+cat "$T/gen.err"
+check "gen-trace wrote v0000..v0003" '[ -f "$T/tr/v0000.safetensors" ] && [ -f "$T/tr/v0003.safetensors" ] && [ ! -e "$T/tr/v0004.safetensors" ]'
+check "density reported near 0.01" \
+	'"$PY" -c "import re,sys; d=[float(x) for x in re.findall(r\"density ([0-9.]+)\", open(sys.argv[1]).read())]; sys.exit(not (len(d)==3 and all(0.007<x<0.013 for x in d)))" "$T/gen.err"'
+
+"$B" diff "$T/tr/v0001.safetensors" "$T/tr/v0002.safetensors" --json >"$T/diff.json"
+check "diff --json exit 0" '[ $? = 0 ]'
+check "diff --json: exact, 0 < density < 0.05, keys present" \
+	'"$PY" -c "
+import json,sys
+d=json.load(open(sys.argv[1]))
+keys=\"elements changed density bytes_chosen bits_per_changed entropy_bound_bytes encode_gbps apply_gbps memcpy_gbps exact tensors\".split()
+assert all(k in d for k in keys), keys
+assert d[\"exact\"] is True and 0 < d[\"density\"] < 0.05
+assert sum(t[\"changed\"] for t in d[\"tensors\"]) == d[\"changed\"]
+assert 0 < d[\"entropy_bound_bytes\"] <= d[\"bytes_chosen\"]
+" "$T/diff.json"'
+check "diff text says exact" '"$B" diff "$T/tr/v0000.safetensors" "$T/tr/v0001.safetensors" | grep -q "round trip: exact"'
+
+"$B" delta "$T/tr/v0001.safetensors" "$T/tr/v0002.safetensors" -o "$T/p12"
+check "delta exit 0" '[ $? = 0 ] && [ -s "$T/p12" ]'
+"$B" apply "$T/tr/v0001.safetensors" "$T/p12" -o "$T/out.safetensors"
+check "apply exit 0" '[ $? = 0 ]'
+check "OUT equals NEW byte for byte" 'cmp "$T/out.safetensors" "$T/tr/v0002.safetensors"'
+
+# A flipped byte anywhere in the patch: refused, no OUT.
+size=$(stat -c %s "$T/p12")
+for off in 3 100 $((size / 2)) $((size - 3)); do
+	cp "$T/p12" "$T/bad"
+	"$PY" -c "import sys; f=open(sys.argv[1],'r+b'); f.seek(int(sys.argv[2])); b=f.read(1); f.seek(int(sys.argv[2])); f.write(bytes([b[0]^0x10]))" "$T/bad" $off
+	"$B" apply "$T/tr/v0001.safetensors" "$T/bad" -o "$T/out_bad.safetensors" 2>"$T/bad.err"
+	rc=$?
+	check "corrupt patch (byte $off) refused" '[ $rc != 0 ] && grep -qiE "checksum|trailer|corrupt|magic" "$T/bad.err" && [ ! -e "$T/out_bad.safetensors" ]'
+done
+head -c $((size - 100)) "$T/p12" >"$T/short"
+check "truncated patch refused" '! "$B" apply "$T/tr/v0001.safetensors" "$T/short" -o "$T/out_bad.safetensors" 2>/dev/null && [ ! -e "$T/out_bad.safetensors" ]'
+
+"$B" apply "$T/tr/v0000.safetensors" "$T/p12" -o "$T/out_wrong.safetensors" 2>"$T/wrong.err"
+rc=$?
+cat "$T/wrong.err"
+check "mismatched BASE refused" '[ $rc != 0 ] && grep -q "wrong BASE" "$T/wrong.err" && [ ! -e "$T/out_wrong.safetensors" ]'
+check "no temporary files left" '! ls "$T"/*.tmp.* 2>/dev/null'
+exit $fail

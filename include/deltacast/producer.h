@@ -1,0 +1,153 @@
+/* deltacast producer: the library a trainer embeds to publish versions of a
+ * model to a broker.  Each trainer rank opens one producer for its part of
+ * the model, registers its tensors (or its shards of them) once, and calls
+ * dcast_producer_publish() after each optimizer step.  The first version
+ * goes out as a dense anchor, later ones as sparse deltas against the last
+ * version the broker acknowledged, which the producer keeps as a baseline in
+ * pinned host memory and updates in O(changed).
+ *
+ * Encoding chunk k+1 overlaps ZeroMQ's I/O thread sending chunk k (payloads
+ * go out zero-copy from a bounded pool of encode buffers), sends stay within
+ * the broker's credit, and a lost connection is re-joined a bounded number
+ * of times.  Wire protocol: docs/protocol.md.
+ *
+ * Thread safety: one producer is used by one thread at a time.  Different
+ * producers are independent. */
+#ifndef DELTACAST_PRODUCER_H
+#define DELTACAST_PRODUCER_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "deltacast/err.h"
+#include "deltacast/schema.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct dcast_producer dcast_producer;
+
+/* Where a registered tensor's memory lives. */
+typedef enum dcast_mem {
+	DCAST_MEM_HOST = 0, /* ordinary (or pinned) host memory */
+	DCAST_MEM_CUDA = 1  /* CUDA device memory */
+} dcast_mem;
+
+/* Options of dcast_producer_open().  Fill with dcast_producer_opts_init()
+ * and change what you need; NULL means all defaults. */
+typedef struct dcast_producer_opts {
+	uint64_t range_elems;        /* elements per chunk, 1..2^26; default 1<<20 */
+	uint64_t max_inflight_bytes; /* encode buffers handed to ZeroMQ at once;
+					default 64 MiB, at least two chunks */
+	uint64_t undo_bytes;         /* rollback log of a delta until its ACK;
+					0 = model bytes / 8, at least 1 MiB.  When a
+					delta outgrows it and then fails, the next
+					version is sent as an anchor instead */
+	uint32_t connect_timeout_ms; /* open / re-join: WELCOME within; default 5000 */
+	uint32_t ack_timeout_ms;     /* a publish waiting for credit, or for the
+					previous version's ACK, without progress
+					for this long fails; default 30000 */
+	uint32_t max_reconnects;     /* re-joins per call after a lost connection;
+					default 3, 0 = fail at once */
+	uint32_t reconnect_backoff_ms; /* first backoff, doubling to 2 s; default 100 */
+	int baseline_on_device;      /* CUDA tensors: keep their baseline in device
+					memory (needs a CUDA build and device) */
+	const char *client;          /* HELLO.client, for the broker's logs; may be NULL */
+	/* CURVE: all three set (Z85, 40 characters each) or all NULL. */
+	const char *curve_server_key;
+	const char *curve_public_key;
+	const char *curve_secret_key;
+} dcast_producer_opts;
+
+/* Set every option to its default.  Never fails. */
+void dcast_producer_opts_init(dcast_producer_opts *opts);
+
+/* Counters of one producer, for progress displays and tests.  Values are
+ * those of the latest publish unless named total_. */
+typedef struct dcast_producer_stats {
+	uint64_t version;          /* latest version published (or NONE) */
+	int anchor;                /* it was an anchor */
+	uint64_t chunks_total;     /* chunk ranges of this part */
+	uint64_t chunks_sent;      /* CHUNK messages sent for it */
+	uint64_t changed_elems;    /* elements that differ from the baseline */
+	uint64_t elems;            /* elements of this part */
+	uint64_t payload_bytes;    /* CHUNK payload bytes sent */
+	uint64_t model_bytes;      /* bytes of this part's tensors */
+	uint64_t acked_version;    /* newest version the broker acknowledged */
+	uint64_t total_reconnects; /* re-joins since open */
+	uint64_t total_payload_bytes;
+} dcast_producer_stats;
+
+/* Connect to the broker at `endpoint` (a ZeroMQ endpoint such as
+ * "tcp://127.0.0.1:5555") as part `part` of `parts` of model `model`: send
+ * HELLO and wait for WELCOME within opts->connect_timeout_ms.  `opts` is
+ * copied (NULL: defaults); the strings it points to are copied too.
+ * On success *out owns the producer (dcast_producer_close()).  On error *out
+ * is NULL.  Errors: DCAST_EINVAL (NULL or bad argument, a bad option, naming
+ * it), DCAST_ECLOSED (no WELCOME in time: the broker is down or unreachable,
+ * naming the endpoint), DCAST_EAUTH (CURVE handshake refused), DCAST_EZMQ,
+ * DCAST_ENOMEM, or an ERROR code the broker answered with. */
+int dcast_producer_open(const char *endpoint, const char *model, uint32_t part, uint32_t parts,
+			const dcast_producer_opts *opts, dcast_producer **out);
+
+/* Register a tensor (or this part's shard of it) before the first publish.
+ * name: unique, 1..255 bytes.  dtype: a dcast_dtype.  ndim/shape: the GLOBAL
+ * shape (every part registers the same one).  ptr: shard_count_elems
+ * contiguous elements holding elements [shard_offset_elems, shard_offset_elems
+ * + shard_count_elems) of the flattened global tensor; for an unsharded
+ * tensor pass offset 0 and the tensor's element count.  The memory stays the
+ * caller's and must stay valid and unchanged during each publish.  mem says
+ * where ptr points.  Registering a name again after a publish only replaces
+ * the pointer (the tensor moved), and must keep dtype, shape and shard.
+ * Errors: DCAST_EINVAL (NULL, empty or long name, ptr NULL with elements,
+ * shard outside the tensor), DCAST_EDTYPE (dtype the codec cannot take),
+ * DCAST_ESHAPE (ndim over 8, too many elements, or a shape, dtype or shard
+ * different from the first registration), DCAST_ESTATE (a new tensor after
+ * the first publish), DCAST_ETOO_LARGE (more than DCAST_MAX_TENSORS),
+ * DCAST_ENODEVICE (mem CUDA without a usable CUDA device), DCAST_ENOMEM. */
+int dcast_producer_register(dcast_producer *p, const char *name, int dtype, uint32_t ndim,
+			    const uint64_t *shape, const void *ptr, int mem,
+			    uint64_t shard_offset_elems, uint64_t shard_count_elems);
+
+/* Publish the registered tensors' current contents as `version`: an anchor
+ * (every element) the first time, after the broker asked for one, or when no
+ * acknowledged baseline exists; otherwise a delta against the last version
+ * the broker acknowledged, skipping chunks that did not change.  If the
+ * previous version is still unacknowledged, waits for its ACK first (up to
+ * ack_timeout_ms; a failed previous version is rolled back and logged, and
+ * this one is sent against the version before it).  A lost connection is
+ * re-joined (bounded) and the version re-sent from its first chunk.
+ * Returns 0 once every chunk and the COMMIT are handed to the connection:
+ * the caller may then change its tensors.  That is not yet the broker's
+ * acknowledgement: dcast_producer_wait() reports it.
+ * Errors: DCAST_EVERSION (version not above the last published or the
+ * broker's newest), DCAST_ESTATE (nothing registered), DCAST_ECLOSED (the
+ * connection could not be re-joined), DCAST_ETIMEDOUT (no credit or ACK in
+ * ack_timeout_ms), DCAST_ENODEVICE, an ERROR code from the broker (its text
+ * in the detail), DCAST_ENOMEM.  On error the baseline stays the last
+ * acknowledged state and nothing of the version is committed. */
+int dcast_producer_publish(dcast_producer *p, uint64_t version);
+
+/* Wait up to timeout_ms for the broker's ACK of `version` (0 returns at
+ * once).  Returns 0 when the broker acknowledged it (also for any earlier
+ * acknowledged version).  Errors: DCAST_ETIMEDOUT (not yet: the version is
+ * still pending, call again), DCAST_ENOTFOUND (never published, or already
+ * failed), DCAST_EABORTED / another broker ERROR code (the broker refused or
+ * dropped it), DCAST_ECLOSED (connection lost before the ACK).  On any error
+ * but DCAST_ETIMEDOUT the version is abandoned and the baseline rolled back
+ * to the last acknowledged version; publish a newer version (or this one
+ * again) to retry. */
+int dcast_producer_wait(dcast_producer *p, uint64_t version, int timeout_ms);
+
+/* Copy the counters into *out.  Never fails for valid pointers. */
+void dcast_producer_stats_get(const dcast_producer *p, dcast_producer_stats *out);
+
+/* Send BYE, close the connection and free everything, including the
+ * baseline; set *p to NULL.  NULL or *p == NULL is a no-op.  A version not
+ * yet acknowledged is abandoned (the broker drops it). */
+void dcast_producer_close(dcast_producer **p);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,258 @@
+/* The producer object: options, open/close, tensor registration. */
+#include <string.h>
+#include "producer_impl.h"
+
+void dcast_producer_opts_init(dcast_producer_opts *o)
+{
+	memset(o, 0, sizeof(*o));
+	o->range_elems = 1u << 20;
+	o->max_inflight_bytes = 64u << 20;
+	o->connect_timeout_ms = 5000;
+	o->ack_timeout_ms = 30000;
+	o->max_reconnects = 3;
+	o->reconnect_backoff_ms = 100;
+}
+
+static int copy_str(char *dst, size_t cap, const char *src, const char *what)
+{
+	size_t n = src ? strlen(src) : 0;
+
+	if (n >= cap)
+		return dcast_fail(DCAST_EINVAL, "producer: %s is %zu bytes, at most %zu", what, n,
+				  cap - 1);
+	memcpy(dst, src ? src : "", n + 1);
+	return 0;
+}
+
+static int check_keys(dcast_producer *p, const dcast_producer_opts *o)
+{
+	int n = !!o->curve_server_key + !!o->curve_public_key + !!o->curve_secret_key;
+	const char *k[3] = {o->curve_server_key, o->curve_public_key, o->curve_secret_key};
+	char *dst[3] = {p->curve_server, p->curve_public, p->curve_secret};
+
+	if (n == 0)
+		return 0;
+	if (n != 3)
+		return dcast_fail(DCAST_EINVAL, "producer: CURVE needs curve_server_key, "
+				  "curve_public_key and curve_secret_key together (%d of 3 set)", n);
+	for (int i = 0; i < 3; i++) {
+		if (strlen(k[i]) != PROD_KEY_LEN)
+			return dcast_fail(DCAST_EINVAL, "producer: CURVE key %d is %zu characters, "
+					  "want %d (Z85)", i, strlen(k[i]), PROD_KEY_LEN);
+		memcpy(dst[i], k[i], PROD_KEY_LEN + 1);
+	}
+	return 0;
+}
+
+static int check_opts(const dcast_producer_opts *o)
+{
+	if (o->range_elems < 1 || o->range_elems > DCAST_MAX_RANGE_ELEMS)
+		return dcast_fail(DCAST_EINVAL, "producer: range_elems %llu outside [1, %u]",
+				  (unsigned long long)o->range_elems, DCAST_MAX_RANGE_ELEMS);
+	if (o->connect_timeout_ms == 0 || o->ack_timeout_ms == 0)
+		return dcast_fail(DCAST_EINVAL, "producer: connect_timeout_ms and ack_timeout_ms "
+				  "must be above 0");
+	if (o->baseline_on_device && !dcast_cuda_available())
+		return dcast_fail(DCAST_ENODEVICE, "producer: baseline_on_device set but no "
+				  "usable CUDA device");
+	return 0;
+}
+
+static int check_open_args(const char *endpoint, const char *model, uint32_t part,
+			   uint32_t parts)
+{
+	if (!endpoint || !*endpoint)
+		return dcast_fail(DCAST_EINVAL, "producer: no broker endpoint");
+	if (!model || !*model || strlen(model) > DCAST_MAX_NAME)
+		return dcast_fail(DCAST_EINVAL, "producer: model name must be 1..%d bytes",
+				  DCAST_MAX_NAME);
+	if (parts < 1 || parts > DCAST_MAX_PARTS || part >= parts)
+		return dcast_fail(DCAST_EINVAL, "producer: part %u of %u: need part < parts <= %d",
+				  part, parts, DCAST_MAX_PARTS);
+	return 0;
+}
+
+static int init_fields(dcast_producer *p, const char *endpoint, const char *model,
+		       const dcast_producer_opts *opts)
+{
+	int rc;
+
+	if (opts)
+		p->opts = *opts;
+	else
+		dcast_producer_opts_init(&p->opts);
+	if ((rc = check_opts(&p->opts)) || (rc = check_keys(p, &p->opts)) ||
+	    (rc = copy_str(p->endpoint, sizeof(p->endpoint), endpoint, "endpoint")) ||
+	    (rc = copy_str(p->client, sizeof(p->client), p->opts.client, "client")))
+		return rc;
+	memcpy(p->model, model, strlen(model) + 1);
+	p->opts.client = NULL;
+	p->opts.curve_server_key = p->opts.curve_public_key = p->opts.curve_secret_key = NULL;
+	p->acked_version = p->pending_version = p->last_version = DCAST_VERSION_NONE;
+	p->stats.version = p->stats.acked_version = DCAST_VERSION_NONE;
+	p->conn.broker_version = DCAST_VERSION_NONE;
+	return 0;
+}
+
+int dcast_producer_open(const char *endpoint, const char *model, uint32_t part, uint32_t parts,
+			const dcast_producer_opts *opts, dcast_producer **out)
+{
+	dcast_producer *p;
+	int rc;
+
+	if (!out)
+		return dcast_fail(DCAST_EINVAL, "producer_open: out is NULL");
+	*out = NULL;
+	if ((rc = check_open_args(endpoint, model, part, parts)))
+		return rc;
+	if (!(p = calloc(1, sizeof(*p))))
+		return dcast_fail(DCAST_ENOMEM, "producer_open: out of memory");
+	p->part = part;
+	p->parts = parts;
+	if ((rc = init_fields(p, endpoint, model, opts)))
+		goto fail;
+	if (!(p->zctx = zmq_ctx_new())) {
+		rc = dcast_fail(DCAST_EZMQ, "producer_open: zmq_ctx_new failed");
+		goto fail;
+	}
+	if ((rc = prod_conn_join(p)))
+		goto fail;
+	*out = p;
+	return 0;
+fail:
+	dcast_producer_close(&p);
+	return rc;
+}
+
+static prod_tensor *find_tensor(dcast_producer *p, const char *name)
+{
+	for (uint32_t i = 0; i < p->n_tensors; i++)
+		if (!strcmp(p->tensors[i].desc.name, name))
+			return &p->tensors[i];
+	return NULL;
+}
+
+/* Fill a tensor description from the caller's arguments, checking each. */
+static int describe(prod_tensor *t, const char *name, int dtype, uint32_t ndim,
+		    const uint64_t *shape, uint64_t off, uint64_t count)
+{
+	uint64_t elems = 1;
+
+	if (dtype < 0 || dtype >= DCAST_DTYPE_COUNT)
+		return dcast_fail(DCAST_EDTYPE, "register %s: dtype %d is not one the codec takes "
+				  "(BF16, F16, F32, F8_*, I8..U32)", name, dtype);
+	if (ndim > DCAST_MAX_DIMS || (ndim && !shape))
+		return dcast_fail(DCAST_ESHAPE, "register %s: %u dims (at most %d) or NULL shape",
+				  name, ndim, DCAST_MAX_DIMS);
+	for (uint32_t d = 0; d < ndim; d++) {
+		if (shape[d] && elems > DCAST_MAX_TENSOR_ELEMS / shape[d])
+			return dcast_fail(DCAST_ESHAPE, "register %s: more than 2^48 elements", name);
+		elems *= shape[d];
+	}
+	if (off > elems || count > elems - off)
+		return dcast_fail(DCAST_EINVAL, "register %s: shard [%llu, +%llu) outside the "
+				  "tensor's %llu elements", name, (unsigned long long)off,
+				  (unsigned long long)count, (unsigned long long)elems);
+	memset(t, 0, sizeof(*t));
+	memcpy(t->desc.name, name, strlen(name) + 1);
+	t->desc.dtype = (uint32_t)dtype;
+	t->desc.ndim = ndim;
+	if (ndim)
+		memcpy(t->desc.shape, shape, ndim * sizeof(shape[0]));
+	t->elem_size = dcast_dtype_size(dtype);
+	t->shard_off = off;
+	t->shard_count = count;
+	return 0;
+}
+
+static int same_tensor(const prod_tensor *a, const prod_tensor *b)
+{
+	return a->desc.dtype == b->desc.dtype && a->desc.ndim == b->desc.ndim &&
+	       !memcmp(a->desc.shape, b->desc.shape, sizeof(a->desc.shape)) &&
+	       a->shard_off == b->shard_off && a->shard_count == b->shard_count;
+}
+
+static int check_mem(const char *name, const void *ptr, int mem, uint64_t count)
+{
+	if (!ptr && count)
+		return dcast_fail(DCAST_EINVAL, "register %s: NULL data for %llu elements", name,
+				  (unsigned long long)count);
+	if (mem != DCAST_MEM_HOST && mem != DCAST_MEM_CUDA)
+		return dcast_fail(DCAST_EINVAL, "register %s: mem %d is neither HOST nor CUDA",
+				  name, mem);
+	if (mem == DCAST_MEM_CUDA && !dcast_cuda_available())
+		return dcast_fail(DCAST_ENODEVICE, "register %s: tensor is in CUDA memory but no "
+				  "usable CUDA device is present in this build", name);
+	if (mem == DCAST_MEM_CUDA)
+		return dcast_fail(DCAST_ENODEVICE, "register %s: CUDA tensors need the device "
+				  "codec (codec_cuda.h), not in this build yet", name);
+	return 0;
+}
+
+static int add_tensor(dcast_producer *p, const prod_tensor *t)
+{
+	if (p->n_tensors == p->cap_tensors) {
+		uint32_t cap = p->cap_tensors ? p->cap_tensors * 2 : 16;
+		prod_tensor *n = realloc(p->tensors, cap * sizeof(*n));
+
+		if (!n)
+			return dcast_fail(DCAST_ENOMEM, "register: out of memory");
+		p->tensors = n;
+		p->cap_tensors = cap;
+	}
+	p->tensors[p->n_tensors++] = *t;
+	return 0;
+}
+
+int dcast_producer_register(dcast_producer *p, const char *name, int dtype, uint32_t ndim,
+			    const uint64_t *shape, const void *ptr, int mem,
+			    uint64_t shard_offset_elems, uint64_t shard_count_elems)
+{
+	prod_tensor t, *old;
+	int rc;
+
+	if (!p || !name || !*name || strlen(name) > DCAST_MAX_NAME)
+		return dcast_fail(DCAST_EINVAL, "register: NULL producer or name not 1..%d bytes",
+				  DCAST_MAX_NAME);
+	if ((rc = describe(&t, name, dtype, ndim, shape, shard_offset_elems, shard_count_elems)) ||
+	    (rc = check_mem(name, ptr, mem, shard_count_elems)))
+		return rc;
+	t.ptr = ptr;
+	t.mem = mem;
+	if ((old = find_tensor(p, name))) {
+		if (!same_tensor(old, &t))
+			return dcast_fail(DCAST_ESHAPE, "register %s: dtype, shape or shard differs "
+					  "from its first registration (%s, %u dims)", name,
+					  dcast_dtype_name(old->desc.dtype), old->desc.ndim);
+		old->ptr = ptr;
+		return 0;
+	}
+	if (p->frozen)
+		return dcast_fail(DCAST_ESTATE, "register %s: new tensors only before the first "
+				  "publish (the manifest is fixed)", name);
+	if (p->n_tensors >= DCAST_MAX_TENSORS)
+		return dcast_fail(DCAST_ETOO_LARGE, "register %s: more than %d tensors", name,
+				  DCAST_MAX_TENSORS);
+	return add_tensor(p, &t);
+}
+
+void dcast_producer_stats_get(const dcast_producer *p, dcast_producer_stats *out)
+{
+	*out = p->stats;
+	out->acked_version = p->acked_version;
+}
+
+void dcast_producer_close(dcast_producer **pp)
+{
+	dcast_producer *p;
+
+	if (!pp || !(p = *pp))
+		return;
+	prod_conn_close(p, 1);
+	if (p->zctx)
+		zmq_ctx_term(p->zctx);
+	prod_mem_free(p);
+	free(p->tensors);
+	free(p);
+	*pp = NULL;
+}

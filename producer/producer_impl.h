@@ -1,0 +1,129 @@
+/* Private to producer/: the producer object, its connection to the broker
+ * (conn.c), its memory (baseline, encode slots, undo log: memory.c) and the
+ * publish pipeline (publish.c).  The public surface is deltacast/producer.h. */
+#ifndef DCAST_PRODUCER_IMPL_H
+#define DCAST_PRODUCER_IMPL_H
+
+#include <pthread.h>
+#include <stdint.h>
+#include "dcast_common.h"
+#include "dcast_wire.h"
+#include "deltacast/codec.h"
+#include "deltacast/producer.h"
+
+#define PROD_ENDPOINT_MAX 512
+#define PROD_KEY_LEN 40
+#define PROD_BACKOFF_MAX_MS 2000u
+
+/* One registered tensor (or shard). */
+typedef struct prod_tensor {
+	dcast_tensor_desc desc;  /* global name, dtype, shape */
+	unsigned elem_size;
+	uint64_t shard_off, shard_count; /* elements of the flat global tensor */
+	const unsigned char *ptr;        /* caller's memory: shard_count elements */
+	int mem;                         /* dcast_mem */
+	unsigned char *base;             /* baseline of the shard (in the region) */
+	uint32_t first_chunk, n_chunks;  /* chunk ranges of this shard */
+} prod_tensor;
+
+/* An encode buffer handed to ZeroMQ; back in the pool when ZeroMQ frees it
+ * (from its I/O thread, hence the lock). */
+typedef struct prod_slot {
+	unsigned char *buf;
+	struct prod_pool *pool;
+	uint32_t next_free; /* free-list link, UINT32_MAX ends it */
+} prod_slot;
+
+typedef struct prod_pool {
+	pthread_mutex_t lock;
+	pthread_cond_t freed;
+	prod_slot *slots;
+	uint32_t n_slots, free_head, n_free;
+	size_t slot_bytes;
+} prod_pool;
+
+/* Rollback log of the version in flight: for each delta chunk, what it
+ * changed in the baseline (a copy of its payload and the old values), so a
+ * failed version restores the last acknowledged state. */
+typedef struct prod_undo {
+	unsigned char *buf;
+	size_t cap, used;
+	uint32_t n_records;
+	int lost;  /* a record did not fit: rollback impossible, send an anchor */
+} prod_undo;
+
+typedef struct prod_conn {
+	void *sock, *mon;       /* DEALER to the broker, PAIR of its monitor */
+	int up;                 /* HELLO answered and not disconnected since */
+	int manifest_sent;      /* on this connection */
+	int auth_failed;        /* the monitor saw a CURVE handshake refused */
+	uint32_t generation;    /* bumped on every (re-)join */
+	uint64_t credit_granted, credit_used;
+	uint64_t broker_version; /* newest committed, from WELCOME / ACK */
+	int need_anchor;
+	uint32_t heartbeat_ms;
+	uint64_t last_send_ms;
+	/* An ERROR from the broker not yet consumed by a call. */
+	int peer_err;
+	uint64_t peer_err_version;
+	char peer_err_text[DCAST_MAX_TEXT + 1];
+} prod_conn;
+
+struct dcast_producer {
+	void *zctx;
+	char endpoint[PROD_ENDPOINT_MAX];
+	char model[DCAST_MAX_NAME + 1];
+	uint32_t part, parts;
+	dcast_producer_opts opts;
+	char client[DCAST_MAX_CLIENT + 1];
+	char curve_server[PROD_KEY_LEN + 1], curve_public[PROD_KEY_LEN + 1],
+		curve_secret[PROD_KEY_LEN + 1];
+	prod_conn conn;
+
+	prod_tensor *tensors;
+	uint32_t n_tensors, cap_tensors;
+	int frozen;              /* manifest fixed: first publish done */
+
+	/* Allocated at the first publish. */
+	unsigned char *base_region;
+	size_t base_region_bytes;
+	uint64_t *chunk_digest;  /* per chunk range: digest of the baseline */
+	dcast_range_digest *commit_digests;
+	uint32_t n_chunks;
+	prod_pool pool;
+	prod_undo undo;
+
+	int baseline_valid;      /* baseline holds acked_version */
+	uint64_t acked_version;  /* newest acknowledged by the broker */
+	uint64_t pending_version; /* committed-sent, awaiting ACK, or NONE */
+	int pending_anchor;
+	uint64_t last_version;   /* newest version passed to publish */
+	uint64_t failed_version; /* the last version that failed, its error */
+	int failed_err;
+	char failed_text[DCAST_MAX_TEXT + 64];
+	dcast_producer_stats stats;
+};
+
+/* conn.c */
+int prod_conn_join(dcast_producer *p);
+int prod_conn_rejoin(dcast_producer *p, const char *why);
+void prod_conn_close(dcast_producer *p, int send_bye);
+int prod_conn_send(dcast_producer *p, const dcast_msg *m, zmq_msg_t *payload, uint64_t deadline_ms);
+int prod_conn_poll(dcast_producer *p, int timeout_ms);
+int prod_conn_take_error(dcast_producer *p, uint64_t version);
+
+/* memory.c */
+int prod_mem_setup(dcast_producer *p);
+void prod_mem_free(dcast_producer *p);
+int prod_pool_get(prod_pool *pool, uint64_t deadline_ms, prod_slot **out);
+void prod_pool_free_cb(void *data, void *hint);
+void prod_undo_reset(prod_undo *u);
+int prod_undo_apply(dcast_producer *p, prod_tensor *t, uint64_t off_elems, uint32_t chunk,
+		    const dcast_chunk_info *info, const void *payload);
+void prod_undo_rollback(dcast_producer *p);
+
+/* publish.c */
+void prod_version_acked(dcast_producer *p, uint64_t version);
+void prod_version_failed(dcast_producer *p, const char *why);
+
+#endif

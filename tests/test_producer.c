@@ -1,0 +1,144 @@
+/* Producer library against the real broker binary: argument and state
+ * errors, a broker that is not there, then an anchor followed by deltas that
+ * the test reader (tests/tools/producer_reader) receives bit-exact. */
+
+#include <stdint.h>
+#include "check.h"
+#include "deltacast/producer.h"
+#include "deltacast/safetensors.h"
+#include "producer_harness.h"
+
+#define N_A (3u << 20) /* 3 chunks of 1M elements */
+#define N_B 1000u
+
+static char dir[256];
+static uint16_t *ta, *tb;
+
+static int same_as_file(const char *path, const char *name, const void *data, size_t bytes)
+{
+	dcast_st_file *f = NULL;
+	const dcast_st_tensor *t;
+	int ok;
+
+	if (dcast_st_open(path, &f))
+		return 0;
+	t = dcast_st_find(f, name);
+	ok = t && t->nbytes == bytes && !memcmp(t->data, data, bytes);
+	dcast_st_close(&f);
+	return ok;
+}
+
+static void test_no_broker(void)
+{
+	dcast_producer_opts o;
+	dcast_producer *p = (void *)1;
+
+	dcast_producer_opts_init(&o);
+	o.connect_timeout_ms = 300;
+	/* port 1 on loopback: nothing listens there */
+	CHECK_ERR(dcast_producer_open("tcp://127.0.0.1:1", "m", 0, 1, &o, &p), DCAST_ECLOSED);
+	CHECK(p == NULL);
+	CHECK(strstr(dcast_last_error(), "tcp://127.0.0.1:1") != NULL);
+	CHECK_ERR(dcast_producer_open("tcp://127.0.0.1:1", "m", 2, 2, NULL, &p), DCAST_EINVAL);
+	CHECK_ERR(dcast_producer_open("tcp://127.0.0.1:1", "", 0, 1, NULL, &p), DCAST_EINVAL);
+	o.curve_server_key = "0123456789012345678901234567890123456789";
+	CHECK_ERR(dcast_producer_open("tcp://127.0.0.1:1", "m", 0, 1, &o, &p), DCAST_EINVAL);
+	CHECK(strstr(dcast_last_error(), "CURVE") != NULL);
+	dcast_producer_opts_init(&o);
+	o.range_elems = 0;
+	CHECK_ERR(dcast_producer_open("tcp://127.0.0.1:1", "m", 0, 1, &o, &p), DCAST_EINVAL);
+}
+
+static void test_register_errors(dcast_producer *p)
+{
+	uint64_t shape[2] = {N_B / 10, 10}, bad[2] = {N_B, 10};
+
+	CHECK_ERR(dcast_producer_register(p, "x", 99, 2, shape, tb, DCAST_MEM_HOST, 0, N_B),
+		  DCAST_EDTYPE);
+	CHECK_ERR(dcast_producer_register(p, "x", DCAST_DTYPE_BF16, 9, shape, tb, DCAST_MEM_HOST,
+					  0, N_B), DCAST_ESHAPE);
+	CHECK_ERR(dcast_producer_register(p, "x", DCAST_DTYPE_BF16, 2, shape, tb, DCAST_MEM_HOST,
+					  1, N_B), DCAST_EINVAL);
+	CHECK_ERR(dcast_producer_register(p, "x", DCAST_DTYPE_BF16, 2, shape, NULL, DCAST_MEM_HOST,
+					  0, N_B), DCAST_EINVAL);
+	CHECK_ERR(dcast_producer_register(p, "x", DCAST_DTYPE_BF16, 2, shape, tb, DCAST_MEM_CUDA, 0,
+					  N_B), DCAST_ENODEVICE);
+	CHECK(strstr(dcast_last_error(), "CUDA") != NULL);
+	CHECK_ERR(dcast_producer_publish(p, 1), DCAST_ESTATE);
+	CHECK_ERR(dcast_producer_register(p, "b", DCAST_DTYPE_BF16, 2, shape, tb, DCAST_MEM_HOST, 0,
+					  N_B), 0);
+	CHECK_ERR(dcast_producer_register(p, "b", DCAST_DTYPE_BF16, 2, bad, tb, DCAST_MEM_HOST, 0,
+					  N_B * 10), DCAST_ESHAPE);
+	CHECK_ERR(dcast_producer_register(p, "b", DCAST_DTYPE_F16, 2, shape, tb, DCAST_MEM_HOST, 0,
+					  N_B), DCAST_ESHAPE);
+}
+
+static void publish_and_read(dcast_producer *p, harness_broker *b, uint64_t v, int anchor)
+{
+	dcast_producer_stats s;
+	char out[512];
+
+	CHECK_ERR(dcast_producer_publish(p, v), 0);
+	CHECK_ERR(dcast_producer_wait(p, v, 20000), 0);
+	dcast_producer_stats_get(p, &s);
+	CHECK(s.version == v && s.anchor == anchor && s.acked_version == v);
+	if (!anchor)
+		CHECK(s.payload_bytes < s.model_bytes / 10); /* sparse: 0.1% changed */
+	snprintf(out, sizeof(out), "%s/read-%llu.safetensors", dir, (unsigned long long)v);
+	CHECK(harness_read(b, "unit", v, out) == 0);
+	CHECK(same_as_file(out, "a", ta, N_A * 2));
+	CHECK(same_as_file(out, "b", tb, N_B * 2));
+}
+
+static void test_versions(harness_broker *b)
+{
+	dcast_producer *p = NULL;
+	uint64_t seed = 42, shape_a[1] = {N_A};
+	dcast_producer_stats s;
+
+	REQUIRE(dcast_producer_open(b->prod_ep, "unit", 0, 1, NULL, &p) == 0);
+	test_register_errors(p);
+	harness_fill(ta, N_A, &seed);
+	harness_fill(tb, N_B, &seed);
+	REQUIRE(dcast_producer_register(p, "a", DCAST_DTYPE_BF16, 1, shape_a, ta, DCAST_MEM_HOST, 0,
+					N_A) == 0);
+	publish_and_read(p, b, 1, 1);
+	CHECK_ERR(dcast_producer_register(p, "late", DCAST_DTYPE_BF16, 1, shape_a, ta,
+					  DCAST_MEM_HOST, 0, N_A), DCAST_ESTATE);
+	harness_perturb(ta, N_A, 1000, &seed);
+	publish_and_read(p, b, 2, 0);
+	CHECK_ERR(dcast_producer_publish(p, 2), DCAST_EVERSION);
+	CHECK(strstr(dcast_last_error(), "not above") != NULL);
+	CHECK_ERR(dcast_producer_wait(p, 77, 0), DCAST_ENOTFOUND);
+	/* nothing changed: a delta of one empty chunk still commits */
+	publish_and_read(p, b, 5, 0);
+	dcast_producer_stats_get(p, &s);
+	CHECK(s.chunks_sent == 1 && s.changed_elems == 0);
+	/* a change confined to tensor b and one chunk of a */
+	harness_perturb(tb, N_B, 20000, &seed);
+	ta[(2u << 20) + 5] ^= 0x10;
+	publish_and_read(p, b, 6, 0);
+	dcast_producer_stats_get(p, &s);
+	CHECK(s.chunks_sent == 2);
+	dcast_producer_close(&p);
+	CHECK(p == NULL);
+	dcast_producer_close(&p); /* no-op */
+}
+
+int main(void)
+{
+	harness_broker b = {0};
+
+	harness_init();
+	snprintf(dir, sizeof(dir), "/tmp/dcast-test-producer-XXXXXX");
+	REQUIRE(mkdtemp(dir));
+	ta = calloc(N_A, 2);
+	tb = calloc(N_B, 2);
+	test_no_broker();
+	REQUIRE(harness_broker_start(&b, dir) == 0);
+	test_versions(&b);
+	harness_broker_kill(&b, SIGTERM);
+	free(ta);
+	free(tb);
+	return check_done("test_producer");
+}

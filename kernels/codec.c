@@ -34,7 +34,7 @@ static void all_sizes(const dcast_changes *ch, uint64_t count, unsigned es, dcas
 {
 	dcast_simple_sizes(count, es, ch->n, sizes);
 	dcast_cpt_plan_make(&ch->stats, 8 * es, plan);
-	plan->pos_bits = dcast_cpt_pos_bits(ch, plan->k);
+	plan->pos_bits = ch->pos_bits; /* same k: both from the stats */
 	sizes[DCAST_ENC_COMPACT] = dcast_cpt_bytes(plan);
 }
 
@@ -109,7 +109,6 @@ int dcast_codec_encode(const void *cur, void *base, uint64_t count, unsigned ele
 	if (flags & DCAST_ENCODE_UPDATE_BASE)
 		update_base(&ch, base, elem_size);
 	*info = (dcast_chunk_info){ (uint32_t)enc, elem_size, count, ch.n, sizes[enc] };
-	dcast_changes_free(&ch);
 	return DCAST_OK;
 }
 
@@ -127,7 +126,6 @@ int dcast_codec_sizes(const void *cur, const void *base, uint64_t count, unsigne
 		return rc;
 	all_sizes(&ch, count, elem_size, &plan, sizes);
 	*changed = ch.n;
-	dcast_changes_free(&ch);
 	return DCAST_OK;
 }
 
@@ -204,19 +202,11 @@ static int cpt_load(const dcast_chunk_info *info, const uint8_t *pl, cpt_decoded
 		return dcast_fail(DCAST_ECORRUPT, "compact payload: %" PRIu64 " bytes cannot hold %" PRIu64 " changes",
 				  info->payload_bytes, info->changed);
 	size_t n = info->changed ? info->changed : 1;
-	dec->pos = malloc(n * 4);
-	dec->val = malloc(n * 4);
-	if (!dec->pos || !dec->val) {
-		free(dec->pos);
-		free(dec->val);
+	dec->pos = dcast_scratch(DCAST_SCRATCH_DEC_POS, n * 4);
+	dec->val = dcast_scratch(DCAST_SCRATCH_DEC_VAL, n * 4);
+	if (!dec->pos || !dec->val)
 		return dcast_fail(DCAST_ENOMEM, "compact payload: no memory for %" PRIu64 " changes", info->changed);
-	}
-	int rc = dcast_cpt_decode(info, pl, dec->pos, dec->val, &dec->mode);
-	if (rc) {
-		free(dec->pos);
-		free(dec->val);
-	}
-	return rc;
+	return dcast_cpt_decode(info, pl, dec->pos, dec->val, &dec->mode);
 }
 
 /* ---- writers, run only after the checks passed ---- */
@@ -297,8 +287,6 @@ static int apply_or_revert(const dcast_chunk_info *info, const uint8_t *pl, uint
 		if ((rc = cpt_load(info, pl, &dec)))
 			return rc;
 		cpt_write(info, &dec, dst, old_out, old);
-		free(dec.pos);
-		free(dec.val);
 		return DCAST_OK;
 	}
 }

@@ -8,16 +8,6 @@
 
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "payloads are little-endian");
 
-uint64_t dcast_cpt_pos_bits(const dcast_changes *ch, unsigned k)
-{
-	uint64_t bits = 0, next = 0;
-	for (uint64_t i = 0; i < ch->n; i++) {
-		bits += dcast_rice_len(ch->pos[i] - (uint32_t)next, k);
-		next = (uint64_t)ch->pos[i] + 1;
-	}
-	return bits;
-}
-
 /* LSB-first bit writer; each flush stores 8 bytes, so the buffer needs 8
  * bytes of slack past the last byte written. */
 typedef struct bitwriter {

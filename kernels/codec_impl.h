@@ -60,14 +60,16 @@ DCAST_HD uint32_t dcast_mask_w(unsigned w)
  * sign clear -> set the sign bit.  Orders patterns as their floats. */
 DCAST_HD uint32_t dcast_sortable(uint32_t x, unsigned w)
 {
-	uint32_t sb = 1u << (w - 1);
-	return (x & sb) ? (~x & dcast_mask_w(w)) : (x | sb);
+	uint32_t sb = 1u << (w - 1), m = dcast_mask_w(w);
+	uint32_t neg = 0u - ((x >> (w - 1)) & 1u); /* branchless: signs are random */
+	return x ^ (sb | (neg & m));
 }
 
 DCAST_HD uint32_t dcast_unsortable(uint32_t s, unsigned w)
 {
-	uint32_t sb = 1u << (w - 1);
-	return (s & sb) ? (s ^ sb) : (~s & dcast_mask_w(w));
+	uint32_t sb = 1u << (w - 1), m = dcast_mask_w(w);
+	uint32_t pos = 0u - ((s >> (w - 1)) & 1u);
+	return s ^ (m ^ (pos & (m ^ sb)));
 }
 
 /* Zig-zag image of the w-bit difference new - old (mod 2^w) of the sortable
@@ -410,8 +412,12 @@ DCAST_HD uint64_t dcast_bits_peek(const uint8_t *s, uint64_t nbytes, uint64_t bi
 {
 	uint64_t byte = bit >> 3, v = 0;
 	if (byte + 8 <= nbytes) {
+#ifdef __CUDA_ARCH__
 		for (unsigned i = 0; i < 8; i++)
 			v |= (uint64_t)s[byte + i] << (8 * i);
+#else
+		__builtin_memcpy(&v, s + byte, 8); /* little-endian hosts only */
+#endif
 	} else {
 		for (unsigned i = 0; byte + i < nbytes; i++)
 			v |= (uint64_t)s[byte + i] << (8 * i);
@@ -542,12 +548,22 @@ typedef struct dcast_changes {
 	uint32_t *zz;   /* zig-zag ulp differences */
 	uint64_t n, cap;
 	dcast_cpt_stats stats;
+	unsigned k;        /* Rice parameter the stats imply */
+	uint64_t pos_bits; /* exact position bits under k */
 } dcast_changes;
 
+/* Scratch slots, one array each, per thread (codec_scratch.c). */
+enum { DCAST_SCRATCH_POS, DCAST_SCRATCH_NEWV, DCAST_SCRATCH_ZZ, DCAST_SCRATCH_DEC_POS,
+       DCAST_SCRATCH_DEC_VAL, DCAST_SCRATCH_SLOTS };
+
+/* This thread's scratch array for `slot`, grown (contents kept) to at
+ * least `bytes`; valid until the next call for the same slot.  NULL when
+ * out of memory. */
+void *dcast_scratch(unsigned slot, size_t bytes);
+
 /* Find the changed elements of cur vs base and gather the compact stats.
- * On DCAST_ENOMEM ch is freed. */
+ * The arrays are this thread's scratch (no free needed). */
 int dcast_scan(const void *cur, const void *base, uint64_t count, unsigned es, dcast_changes *ch);
-void dcast_changes_free(dcast_changes *ch);
 
 /* Grow ch so that `more` further entries fit. */
 int dcast_changes_reserve(dcast_changes *ch, uint64_t more);
@@ -559,9 +575,6 @@ enum dcast_simd { DCAST_SIMD_AUTO = 0, DCAST_SIMD_PORTABLE, DCAST_SIMD_AVX2, DCA
  * which is PORTABLE when the CPU lacks the one asked for. */
 int dcast_simd_force(int simd);
 
-/* Exact bits of the positions under the plan's k. */
-uint64_t dcast_cpt_pos_bits(const dcast_changes *ch, unsigned k);
-
 /* Write a compact payload (plan complete, pos_bits included); out has
  * room for dcast_cpt_bytes(plan) + 8. */
 void dcast_cpt_emit(const dcast_changes *ch, const dcast_cpt_plan *p, uint8_t *out);
@@ -570,8 +583,30 @@ void dcast_cpt_emit(const dcast_changes *ch, const dcast_cpt_plan *p, uint8_t *o
 int dcast_cpt_decode(const dcast_chunk_info *info, const uint8_t *payload, uint32_t *pos,
 		     uint32_t *val, unsigned *mode);
 
-uint32_t dcast_load_elem(const uint8_t *p, unsigned es);
-void dcast_store_elem(uint8_t *p, unsigned es, uint32_t v);
+#include <string.h>
+
+static inline uint32_t dcast_load_elem(const uint8_t *p, unsigned es)
+{
+	uint8_t v8;
+	uint16_t v16;
+	uint32_t v32;
+	switch (es) {
+	case 1: memcpy(&v8, p, 1); return v8;
+	case 2: memcpy(&v16, p, 2); return v16;
+	default: memcpy(&v32, p, 4); return v32;
+	}
+}
+
+static inline void dcast_store_elem(uint8_t *p, unsigned es, uint32_t v)
+{
+	uint8_t v8 = (uint8_t)v;
+	uint16_t v16 = (uint16_t)v;
+	switch (es) {
+	case 1: memcpy(p, &v8, 1); break;
+	case 2: memcpy(p, &v16, 2); break;
+	default: memcpy(p, &v, 4); break;
+	}
+}
 
 #endif
 #endif

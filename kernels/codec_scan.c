@@ -10,37 +10,6 @@
 
 #define ALWAYS_INLINE inline __attribute__((always_inline))
 
-uint32_t dcast_load_elem(const uint8_t *p, unsigned es)
-{
-	uint8_t v8;
-	uint16_t v16;
-	uint32_t v32;
-	switch (es) {
-	case 1: memcpy(&v8, p, 1); return v8;
-	case 2: memcpy(&v16, p, 2); return v16;
-	default: memcpy(&v32, p, 4); return v32;
-	}
-}
-
-void dcast_store_elem(uint8_t *p, unsigned es, uint32_t v)
-{
-	uint8_t v8 = (uint8_t)v;
-	uint16_t v16 = (uint16_t)v;
-	switch (es) {
-	case 1: memcpy(p, &v8, 1); break;
-	case 2: memcpy(p, &v16, 2); break;
-	default: memcpy(p, &v, 4); break;
-	}
-}
-
-void dcast_changes_free(dcast_changes *ch)
-{
-	free(ch->pos);
-	free(ch->newv);
-	free(ch->zz);
-	memset(ch, 0, sizeof(*ch));
-}
-
 int dcast_changes_reserve(dcast_changes *ch, uint64_t more)
 {
 	if (ch->n + more <= ch->cap)
@@ -48,48 +17,51 @@ int dcast_changes_reserve(dcast_changes *ch, uint64_t more)
 	uint64_t cap = ch->cap ? ch->cap * 2 : 1024;
 	while (cap < ch->n + more)
 		cap *= 2;
-	uint32_t *p = realloc(ch->pos, cap * 4), *v, *z;
-	if (p)
-		ch->pos = p;
-	v = p ? realloc(ch->newv, cap * 4) : NULL;
-	if (v)
-		ch->newv = v;
-	z = v ? realloc(ch->zz, cap * 4) : NULL;
-	if (!z) {
-		dcast_changes_free(ch);
+	ch->pos = dcast_scratch(DCAST_SCRATCH_POS, cap * 4);
+	ch->newv = ch->pos ? dcast_scratch(DCAST_SCRATCH_NEWV, cap * 4) : NULL;
+	ch->zz = ch->newv ? dcast_scratch(DCAST_SCRATCH_ZZ, cap * 4) : NULL;
+	if (!ch->zz)
 		return dcast_fail(DCAST_ENOMEM, "codec scan: no memory for %" PRIu64 " changes", cap);
-	}
-	ch->zz = z;
 	ch->cap = cap;
 	return DCAST_OK;
 }
 
-/* Record element i (known to differ). Caller reserved room. */
-static ALWAYS_INLINE void record(dcast_changes *ch, const uint8_t *cur, const uint8_t *base,
-				 uint64_t i, unsigned es)
-{
-	uint32_t nv = dcast_load_elem(cur + i * es, es), ov = dcast_load_elem(base + i * es, es);
-	uint32_t zz = dcast_ulp_zz(ov, nv, 8 * es);
-	uint64_t n = ch->n++;
-	ch->pos[n] = (uint32_t)i;
-	ch->newv[n] = nv;
-	ch->zz[n] = zz;
-	ch->stats.hist[dcast_cpt_symbol(zz)]++;
-}
-
-/* Record every element flagged in `bits`, where bit j*es stands for
- * element first + j (byte-granular compare masks). */
-static ALWAYS_INLINE int record_mask(dcast_changes *ch, const uint8_t *cur, const uint8_t *base,
+/* Append the changed elements flagged in `bits` (bit j*es: element
+ * first + j of a fully loaded 64-byte group g/gb), with new value and ulp
+ * difference, four at a time without a branch per element.  Slots past the
+ * new end get element 63/es of the group, which exists; capacity has room. */
+static ALWAYS_INLINE int record_mask(dcast_changes *ch, const uint8_t *g, const uint8_t *gb,
 				     uint64_t first, uint64_t bits, unsigned es)
 {
-	if (dcast_changes_reserve(ch, 64))
+	if (ch->n + 68 > ch->cap && dcast_changes_reserve(ch, 68))
 		return DCAST_ENOMEM;
-	while (bits) {
-		unsigned b = (unsigned)__builtin_ctzll(bits);
-		record(ch, cur, base, first + b / es, es);
-		bits &= bits - 1;
+	uint32_t *p = ch->pos + ch->n, *nv = ch->newv + ch->n, *zz = ch->zz + ch->n;
+	unsigned cnt = (unsigned)__builtin_popcountll(bits);
+	ch->n += cnt;
+	for (;;) {
+		for (int j = 0; j < 4; j++) {
+			unsigned e = (unsigned)__builtin_ctzll(bits | (1ull << 63)) / es;
+			uint32_t v = dcast_load_elem(g + e * es, es);
+			p[j] = (uint32_t)(first + e);
+			nv[j] = v;
+			zz[j] = dcast_ulp_zz(dcast_load_elem(gb + e * es, es), v, 8 * es);
+			bits &= bits - 1;
+		}
+		if (cnt <= 4)
+			return DCAST_OK;
+		p += 4, nv += 4, zz += 4;
+		cnt -= 4;
 	}
-	return DCAST_OK;
+}
+
+/* Same with one mask bit per element (AVX-512 compares). */
+static ALWAYS_INLINE int record_mask_1bit(dcast_changes *ch, const uint8_t *g, const uint8_t *gb,
+					  uint64_t first, uint64_t bits, unsigned es)
+{
+	uint64_t spread = 0;
+	for (unsigned j = 0; j < 64 / es; j++)
+		spread |= ((bits >> j) & 1) << (j * es);
+	return record_mask(ch, g, gb, first, spread, es);
 }
 
 /* Keep one bit per element of a byte-granular mask. */
@@ -106,7 +78,10 @@ static ALWAYS_INLINE int scan_tail(const uint8_t *c, const uint8_t *b, uint64_t 
 			continue;
 		if (dcast_changes_reserve(ch, 1))
 			return DCAST_ENOMEM;
-		record(ch, c, b, i, es);
+		uint32_t v = dcast_load_elem(c + i * es, es);
+		ch->pos[ch->n] = (uint32_t)i;
+		ch->newv[ch->n] = v;
+		ch->zz[ch->n++] = dcast_ulp_zz(dcast_load_elem(b + i * es, es), v, 8 * es);
 	}
 	return DCAST_OK;
 }
@@ -124,7 +99,7 @@ static ALWAYS_INLINE int scan_portable_es(const uint8_t *c, const uint8_t *b, ui
 			continue;
 		for (unsigned j = 0; j < 8; j += es) /* bit j*es: element j differs */
 			m |= (((x ^ y) >> (8 * j)) & em) ? 1ull << j : 0;
-		if (record_mask(ch, c, b, off / es, elem_bits(m, es), es))
+		if (record_mask(ch, c + off, b + off, off / es, elem_bits(m, es), es))
 			return DCAST_ENOMEM;
 	}
 	return scan_tail(c, b, off / es, count, es, ch);
@@ -143,7 +118,7 @@ static int scan_portable(const uint8_t *c, const uint8_t *b, uint64_t count, uns
 #if defined(__x86_64__)
 #include <immintrin.h>
 
-__attribute__((target("avx2"))) static ALWAYS_INLINE uint64_t neq_mask_avx2(const uint8_t *c,
+__attribute__((target("avx2,popcnt,bmi,bmi2"))) static ALWAYS_INLINE uint64_t neq_mask_avx2(const uint8_t *c,
 									     const uint8_t *b,
 									     unsigned es)
 {
@@ -167,19 +142,19 @@ __attribute__((target("avx2"))) static ALWAYS_INLINE uint64_t neq_mask_avx2(cons
 	return ~eq;
 }
 
-__attribute__((target("avx2"))) static ALWAYS_INLINE int
+__attribute__((target("avx2,popcnt,bmi,bmi2"))) static ALWAYS_INLINE int
 scan_avx2_es(const uint8_t *c, const uint8_t *b, uint64_t count, unsigned es, dcast_changes *ch)
 {
 	uint64_t bytes = count * es, off = 0;
 	for (; off + 64 <= bytes; off += 64) {
 		uint64_t m = neq_mask_avx2(c + off, b + off, es);
-		if (m && record_mask(ch, c, b, off / es, elem_bits(m, es), es))
+		if (m && record_mask(ch, c + off, b + off, off / es, elem_bits(m, es), es))
 			return DCAST_ENOMEM;
 	}
 	return scan_tail(c, b, off / es, count, es, ch);
 }
 
-__attribute__((target("avx2"))) static int scan_avx2(const uint8_t *c, const uint8_t *b,
+__attribute__((target("avx2,popcnt,bmi,bmi2"))) static int scan_avx2(const uint8_t *c, const uint8_t *b,
 						      uint64_t count, unsigned es, dcast_changes *ch)
 {
 	switch (es) {
@@ -190,7 +165,7 @@ __attribute__((target("avx2"))) static int scan_avx2(const uint8_t *c, const uin
 }
 
 /* AVX-512BW: one mask bit per element straight from the compare. */
-__attribute__((target("avx512f,avx512bw"))) static ALWAYS_INLINE int
+__attribute__((target("avx512f,avx512bw,popcnt,bmi,bmi2"))) static ALWAYS_INLINE int
 scan_avx512_es(const uint8_t *c, const uint8_t *b, uint64_t count, unsigned es, dcast_changes *ch)
 {
 	uint64_t bytes = count * es, off = 0;
@@ -200,17 +175,13 @@ scan_avx512_es(const uint8_t *c, const uint8_t *b, uint64_t count, unsigned es, 
 		uint64_t m = es == 1 ? _mm512_cmpneq_epi8_mask(x, y)
 			     : es == 2 ? _mm512_cmpneq_epi16_mask(x, y)
 				       : _mm512_cmpneq_epi32_mask(x, y);
-		if (!m)
-			continue;
-		if (dcast_changes_reserve(ch, 64))
+		if (m && record_mask_1bit(ch, c + off, b + off, off / es, m, es))
 			return DCAST_ENOMEM;
-		for (; m; m &= m - 1)
-			record(ch, c, b, off / es + (unsigned)__builtin_ctzll(m), es);
 	}
 	return scan_tail(c, b, off / es, count, es, ch);
 }
 
-__attribute__((target("avx512f,avx512bw"))) static int
+__attribute__((target("avx512f,avx512bw,popcnt,bmi,bmi2"))) static int
 scan_avx512(const uint8_t *c, const uint8_t *b, uint64_t count, unsigned es, dcast_changes *ch)
 {
 	switch (es) {
@@ -224,9 +195,11 @@ static int simd_supported(int simd)
 {
 	__builtin_cpu_init();
 	if (simd == DCAST_SIMD_AVX512)
-		return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+		return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+		       simd_supported(DCAST_SIMD_AVX2);
 	if (simd == DCAST_SIMD_AVX2)
-		return __builtin_cpu_supports("avx2");
+		return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("popcnt") &&
+		       __builtin_cpu_supports("bmi") && __builtin_cpu_supports("bmi2");
 	return simd == DCAST_SIMD_PORTABLE;
 }
 #else
@@ -259,12 +232,33 @@ static int simd_pick(void)
 	return simd_supported(DCAST_SIMD_AVX2) ? DCAST_SIMD_AVX2 : DCAST_SIMD_PORTABLE;
 }
 
+/* Second pass, over the recorded changes only (contiguous): the symbol
+ * histogram (four copies, to keep increments independent) and the exact
+ * Rice bits of the positions under the k their mean implies. */
+static void stats_pass(dcast_changes *ch)
+{
+	uint32_t hist[4][DCAST_CPT_NSYM_MAX] = { { 0 } };
+	uint32_t next = 0, *pos = ch->pos, *zzv = ch->zz;
+	uint64_t pos_bits = 0, n = ch->n;
+	ch->stats.changed = n;
+	ch->stats.gap_sum = n ? (uint64_t)pos[n - 1] + 1 - n : 0;
+	unsigned k = ch->k = dcast_cpt_choose_k(n, ch->stats.gap_sum);
+	for (uint64_t i = 0; i < n; i++) {
+		hist[i & 3][dcast_cpt_symbol(zzv[i])]++;
+		pos_bits += dcast_rice_len(pos[i] - next, k);
+		next = pos[i] + 1;
+	}
+	for (unsigned s = 0; s < DCAST_CPT_NSYM_MAX; s++)
+		ch->stats.hist[s] = (uint64_t)hist[0][s] + hist[1][s] + hist[2][s] + hist[3][s];
+	ch->pos_bits = pos_bits;
+}
+
 int dcast_scan(const void *cur, const void *base, uint64_t count, unsigned es, dcast_changes *ch)
 {
 	const uint8_t *c = cur, *b = base;
 	int rc;
 	memset(ch, 0, sizeof(*ch));
-	if (dcast_changes_reserve(ch, count / 64 + 64))
+	if (dcast_changes_reserve(ch, count / 64 + 128))
 		return DCAST_ENOMEM;
 	switch (simd_pick()) {
 #if defined(__x86_64__)
@@ -275,7 +269,6 @@ int dcast_scan(const void *cur, const void *base, uint64_t count, unsigned es, d
 	}
 	if (rc)
 		return rc;
-	ch->stats.changed = ch->n;
-	ch->stats.gap_sum = ch->n ? (uint64_t)ch->pos[ch->n - 1] + 1 - ch->n : 0;
+	stats_pass(ch);
 	return DCAST_OK;
 }

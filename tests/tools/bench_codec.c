@@ -1,0 +1,329 @@
+/* bench_codec: sizes and CPU speed of the delta codec on RL-like bf16
+ * updates, for `make bench-codec`.  It makes its own data: fp32 master
+ * weights ~ N(0, 0.02), one AdamW-like step whose learning rate is searched
+ * so the bf16 images change at the target density, both rounded to bf16.
+ * Prints, per density: bits per changed element of every encoding, the
+ * entropy bound (per chunk n*H(p) for positions, plus the empirical entropy
+ * of the sortable-integer differences of all changed elements), chosen/bound,
+ * and encode/apply throughput as ratios to one-thread memcpy of the same
+ * bytes timed in the same run.  --write FILE puts the table into FILE
+ * between the bench-codec markers, keeping the rest of the file. */
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include "deltacast/codec.h"
+
+#define REPS 5
+
+typedef struct rng {
+	uint64_t s;
+} rng;
+
+static uint64_t rng_next(rng *r)
+{
+	uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+static double rng_normal(rng *r)
+{
+	double u1 = ((double)(rng_next(r) >> 11) + 0.5) / 9007199254740992.0;
+	double u2 = (double)(rng_next(r) >> 11) / 9007199254740992.0;
+	return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+static uint16_t bf16(float f)
+{
+	uint32_t u;
+	memcpy(&u, &f, 4);
+	return (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+}
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* The workload: master weights, Adam-normalised update directions (unit
+ * scale, heavier tails than a Gaussian) and the weight-decay rate. */
+typedef struct workload {
+	uint64_t n;
+	float *master, *dir;
+	uint16_t *base, *cur;
+} workload;
+
+static void workload_init(workload *w, uint64_t n)
+{
+	rng r = { 42 };
+	w->n = n;
+	w->master = malloc(n * 4);
+	w->dir = malloc(n * 4);
+	w->base = malloc(n * 2);
+	w->cur = malloc(n * 2);
+	if (!w->master || !w->dir || !w->base || !w->cur) {
+		fprintf(stderr, "bench_codec: out of memory\n");
+		exit(1);
+	}
+	for (uint64_t i = 0; i < n; i++) {
+		double g = rng_normal(&r);
+		w->master[i] = (float)(0.02 * rng_normal(&r));
+		w->dir[i] = (float)(g / sqrt(0.5 + 0.5 * g * g)); /* like m / sqrt(v) */
+		w->base[i] = bf16(w->master[i]);
+	}
+}
+
+/* One AdamW step at learning rate lr (weight decay 0.01); returns density. */
+static double workload_step(workload *w, double lr, uint64_t limit)
+{
+	uint64_t changed = 0;
+	for (uint64_t i = 0; i < limit; i++) {
+		float m = w->master[i];
+		float nm = (float)(m - lr * (w->dir[i] + 0.01 * m));
+		w->cur[i] = bf16(nm);
+		changed += w->cur[i] != w->base[i];
+	}
+	return (double)changed / (double)limit;
+}
+
+/* Learning rate for a target density, searched on a prefix. */
+static double find_lr(workload *w, double density)
+{
+	double lo = 1e-9, hi = 1e-1;
+	uint64_t sample = w->n < (1u << 22) ? w->n : (1u << 22);
+	for (int it = 0; it < 40; it++) {
+		double mid = sqrt(lo * hi);
+		if (workload_step(w, mid, sample) < density)
+			lo = mid;
+		else
+			hi = mid;
+	}
+	return sqrt(lo * hi);
+}
+
+typedef struct result {
+	double density, lr;
+	uint64_t changed, sizes[DCAST_ENC_COUNT], chosen;
+	double bound_bits, enc_ratio, apply_ratio, memcpy_gbps, enc_gbps, apply_gbps;
+	int exact;
+} result;
+
+static double h2(double p)
+{
+	return p <= 0 || p >= 1 ? 0 : -(p * log2(p) + (1 - p) * log2(1 - p));
+}
+
+static double bound_bits(const workload *w, uint64_t chunk)
+{
+	static uint64_t hist[65536];
+	double bits = 0, vals = 0;
+	uint64_t total = 0;
+	memset(hist, 0, sizeof(hist));
+	for (uint64_t off = 0; off < w->n; off += chunk) {
+		uint64_t n = w->n - off < chunk ? w->n - off : chunk, c = 0;
+		for (uint64_t i = off; i < off + n; i++) {
+			if (w->cur[i] == w->base[i])
+				continue;
+			uint16_t sb = w->base[i] & 0x8000 ? (uint16_t)~w->base[i] : w->base[i] | 0x8000;
+			uint16_t sc = w->cur[i] & 0x8000 ? (uint16_t)~w->cur[i] : w->cur[i] | 0x8000;
+			hist[(uint16_t)(sc - sb)]++;
+			c++;
+		}
+		bits += (double)n * h2((double)c / (double)n);
+		total += c;
+	}
+	for (unsigned v = 0; v < 65536; v++)
+		if (hist[v])
+			vals -= (double)hist[v] * log2((double)hist[v] / (double)total);
+	return bits + vals;
+}
+
+static double time_memcpy(const workload *w, uint8_t *dst)
+{
+	double best = 1e30;
+	for (int r = 0; r < REPS; r++) {
+		double t = now_s();
+		memcpy(dst, w->cur, w->n * 2);
+		t = now_s() - t;
+		best = t < best ? t : best;
+	}
+	return best;
+}
+
+typedef struct chunks {
+	uint64_t chunk, nchunks;
+	size_t slot;
+	uint8_t *payloads;
+	dcast_chunk_info *info;
+} chunks;
+
+static double time_encode(const workload *w, chunks *c)
+{
+	double best = 1e30;
+	for (int r = 0; r < REPS; r++) {
+		double t = now_s();
+		for (uint64_t k = 0; k < c->nchunks; k++) {
+			uint64_t off = k * c->chunk, n = w->n - off < c->chunk ? w->n - off : c->chunk;
+			if (dcast_codec_encode(w->cur + off, w->base + off, n, 2, -1, 0,
+					       c->payloads + k * c->slot, c->slot, &c->info[k])) {
+				fprintf(stderr, "bench_codec: encode: %s\n", dcast_last_error());
+				exit(1);
+			}
+		}
+		t = now_s() - t;
+		best = t < best ? t : best;
+	}
+	return best;
+}
+
+static double time_apply(const workload *w, const chunks *c, uint16_t *dst, int *exact)
+{
+	double best = 1e30;
+	for (int r = 0; r < REPS; r++) {
+		memcpy(dst, w->base, w->n * 2);
+		double t = now_s();
+		for (uint64_t k = 0; k < c->nchunks; k++)
+			if (dcast_codec_apply(&c->info[k], c->payloads + k * c->slot, dst + k * c->chunk, NULL)) {
+				fprintf(stderr, "bench_codec: apply: %s\n", dcast_last_error());
+				exit(1);
+			}
+		t = now_s() - t;
+		best = t < best ? t : best;
+	}
+	*exact = memcmp(dst, w->cur, w->n * 2) == 0;
+	return best;
+}
+
+static void sizes_of(const workload *w, const chunks *c, result *res)
+{
+	memset(res->sizes, 0, sizeof(res->sizes));
+	res->changed = res->chosen = 0;
+	for (uint64_t k = 0; k < c->nchunks; k++) {
+		uint64_t off = k * c->chunk, n = w->n - off < c->chunk ? w->n - off : c->chunk, s[DCAST_ENC_COUNT], ch;
+		dcast_codec_sizes(w->cur + off, w->base + off, n, 2, s, &ch);
+		for (int e = 0; e < DCAST_ENC_COUNT; e++)
+			res->sizes[e] += s[e];
+		res->changed += ch;
+		res->chosen += c->info[k].payload_bytes;
+	}
+}
+
+static void run_density(workload *w, chunks *c, double density, uint16_t *scratch, result *res)
+{
+	double bytes = (double)w->n * 2;
+	res->density = density;
+	res->lr = find_lr(w, density);
+	workload_step(w, res->lr, w->n);
+	double tm = time_memcpy(w, (uint8_t *)scratch);
+	double te = time_encode(w, c);
+	double ta = time_apply(w, c, scratch, &res->exact);
+	sizes_of(w, c, res);
+	res->bound_bits = bound_bits(w, c->chunk);
+	res->memcpy_gbps = bytes / tm / 1e9;
+	res->enc_gbps = bytes / te / 1e9;
+	res->apply_gbps = bytes / ta / 1e9;
+	res->enc_ratio = tm / te;
+	res->apply_ratio = tm / ta;
+}
+
+static void print_table(FILE *f, const result *r, int nr, uint64_t n, uint64_t chunk)
+{
+	fprintf(f, "RL-like bf16, %" PRIu64 " elements in chunks of %" PRIu64 "; bits per changed element.\n\n",
+		n, chunk);
+	fprintf(f, "| density | lr | changed | dense | idx32 | bitmask | compact | chosen | bound | chosen/bound "
+		   "| encode GB/s | apply GB/s | memcpy GB/s | encode/memcpy | apply/memcpy | exact |\n");
+	fprintf(f, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+	for (int i = 0; i < nr; i++) {
+		double ch = r[i].changed ? (double)r[i].changed : 1;
+		fprintf(f, "| %.1f%% | %.2g | %" PRIu64 " |", 100 * r[i].density, r[i].lr, r[i].changed);
+		for (int e = 0; e < DCAST_ENC_COUNT; e++)
+			fprintf(f, " %.2f |", 8.0 * (double)r[i].sizes[e] / ch);
+		fprintf(f, " %.2f | %.2f | %.3f | %.2f | %.2f | %.2f | %.2fx | %.2fx | %s |\n",
+			8.0 * (double)r[i].chosen / ch, r[i].bound_bits / ch,
+			8.0 * (double)r[i].chosen / r[i].bound_bits, r[i].enc_gbps, r[i].apply_gbps,
+			r[i].memcpy_gbps, r[i].enc_ratio, r[i].apply_ratio, r[i].exact ? "yes" : "NO");
+	}
+}
+
+/* Replace the text between the markers in `path` (appending them if absent). */
+static int write_section(const char *path, const char *body)
+{
+	static const char *begin = "<!-- bench-codec:begin -->", *end = "<!-- bench-codec:end -->";
+	char *old = NULL;
+	size_t len = 0;
+	FILE *f = fopen(path, "r");
+	if (f) {
+		fseek(f, 0, SEEK_END);
+		len = (size_t)ftell(f);
+		fseek(f, 0, SEEK_SET);
+		old = calloc(1, len + 1);
+		if (!old || fread(old, 1, len, f) != len)
+			len = 0;
+		fclose(f);
+	}
+	const char *b = old ? strstr(old, begin) : NULL, *e = b ? strstr(b, end) : NULL;
+	f = fopen(path, "w");
+	if (!f)
+		return -1;
+	if (b && e) {
+		fwrite(old, 1, (size_t)(b - old), f);
+		fprintf(f, "%s\n%s%s", begin, body, e);
+	} else {
+		fprintf(f, "%s", old && len ? old : "# Benchmarks\n");
+		fprintf(f, "\n## Delta codec (CPU)\n\n%s\n%s%s\n", begin, body, end);
+	}
+	free(old);
+	return fclose(f);
+}
+
+int main(int argc, char **argv)
+{
+	static const double dens[] = { 0.001, 0.01, 0.05, 0.30 };
+	uint64_t n = 1u << 25, chunk = 1u << 20;
+	const char *out = NULL;
+	for (int i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "--elems") && i + 1 < argc)
+			n = strtoull(argv[++i], NULL, 0);
+		else if (!strcmp(argv[i], "--chunk") && i + 1 < argc)
+			chunk = strtoull(argv[++i], NULL, 0);
+		else if (!strcmp(argv[i], "--write") && i + 1 < argc)
+			out = argv[++i];
+		else {
+			fprintf(stderr, "usage: bench_codec [--elems N] [--chunk N] [--write FILE]\n");
+			return 2;
+		}
+	}
+	workload w;
+	workload_init(&w, n);
+	chunks c = { chunk, (n + chunk - 1) / chunk, dcast_codec_bound(chunk, 2), NULL, NULL };
+	c.payloads = malloc(c.nchunks * c.slot);
+	c.info = calloc(c.nchunks, sizeof(*c.info));
+	uint16_t *scratch = malloc(n * 2);
+	result res[4];
+	if (!c.payloads || !c.info || !scratch)
+		return 1;
+	for (int i = 0; i < 4; i++)
+		run_density(&w, &c, dens[i], scratch, &res[i]);
+	char *body = NULL;
+	size_t blen = 0;
+	FILE *mem = open_memstream(&body, &blen);
+	fprintf(mem, "Command: `make bench-codec` (build/tools/bench_codec --elems %" PRIu64 " --chunk %" PRIu64
+		     "), one thread, best of %d.\n\n", n, chunk, REPS);
+	print_table(mem, res, 4, n, chunk);
+	fclose(mem);
+	fputs(body, stdout);
+	if (out && write_section(out, body)) {
+		perror(out);
+		return 1;
+	}
+	for (int i = 0; i < 4; i++)
+		if (!res[i].exact)
+			return 1;
+	return 0;
+}

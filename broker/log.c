@@ -6,6 +6,7 @@
 #include <string.h>
 #include "broker.h"
 #include "dcast_common.h"
+#include "durable.h" /* durability hooks (broker/durable.c) */
 
 struct broker_model *broker_model_get(struct broker *b, const char *name, int create)
 {
@@ -174,16 +175,18 @@ int broker_log_append(struct broker *b, struct broker_model *m, struct broker_ve
 int broker_version_committed(struct broker *b, struct broker_model *m,
 			     struct broker_version *v)
 {
-	(void)b;
+	int rc;
+
 	DCAST_LOG_I("model %s: version %llu committed (%s, %u chunks, %llu bytes)", m->name,
 		    (unsigned long long)v->version, v->anchor ? "anchor" : "delta", v->n_chunks,
 		    (unsigned long long)v->payload_bytes);
+	if ((rc = broker_durable_commit(b, m, v))) /* --data-dir: fsynced before the ACK */
+		return rc;
 	return 0;
 }
 
 /* Hook: durability re-inserts the versions on disk here. */
 int broker_log_restore(struct broker *b)
 {
-	(void)b;
-	return 0;
+	return broker_durable_restore(b); /* --data-dir: replay segments */
 }

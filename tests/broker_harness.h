@@ -1,0 +1,452 @@
+/* Test harness for broker tests over real processes: start the
+ * deltacast-broker binary on loopback ports picked from the test's PID
+ * (retrying on a bind failure), kill it (also at exit, on failure), and a
+ * minimal producer and consumer speaking the wire protocol with the schema
+ * and codec, keeping their tensors in memory so tests compare bytes. */
+#ifndef DCAST_TEST_BROKER_HARNESS_H
+#define DCAST_TEST_BROKER_HARNESS_H
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <zmq.h>
+#include "check.h"
+#include "dcast_wire.h"
+#include "deltacast/codec.h"
+#include "deltacast/schema.h"
+
+#define H_TENSORS 2
+#define H_ELEMS 65536 /* per tensor, bf16 */
+#define H_CHUNK_ELEMS 16384
+#define H_MAX_ARGS 32
+
+struct h_broker {
+	pid_t pid;
+	int pport, cport;
+	char log[256];
+	const char *extra[H_MAX_ARGS];
+	int n_extra;
+};
+
+static pid_t h_children[16];
+static int h_n_children;
+static void *h_ctx;
+
+static inline void h_kill_all(void)
+{
+	for (int i = 0; i < h_n_children; i++)
+		if (h_children[i] > 0) {
+			kill(h_children[i], SIGKILL);
+			waitpid(h_children[i], NULL, 0);
+			h_children[i] = 0;
+		}
+}
+
+static inline void h_init(void)
+{
+	atexit(h_kill_all);
+	signal(SIGPIPE, SIG_IGN);
+	h_ctx = zmq_ctx_new();
+	REQUIRE(h_ctx);
+}
+
+static const char *h_build(void)
+{
+	const char *b = getenv("DELTACAST_BUILD");
+
+	return b ? b : "build";
+}
+
+static inline int h_file_has(const char *path, const char *needle)
+{
+	char buf[1 << 16];
+	FILE *f = fopen(path, "r");
+	size_t n;
+
+	if (!f)
+		return 0;
+	n = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	buf[n] = '\0';
+	return strstr(buf, needle) != NULL;
+}
+
+static inline int h_count_in_file(const char *path, const char *needle)
+{
+	char buf[1 << 18], *p;
+	FILE *f = fopen(path, "r");
+	size_t n;
+	int count = 0;
+
+	if (!f)
+		return 0;
+	n = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	buf[n] = '\0';
+	for (p = buf; (p = strstr(p, needle)) != NULL; p++)
+		count++;
+	return count;
+}
+
+static inline void h_track(pid_t pid)
+{
+	for (int i = 0; i < h_n_children; i++)
+		if (h_children[i] == 0) {
+			h_children[i] = pid;
+			return;
+		}
+	REQUIRE(h_n_children < 16);
+	h_children[h_n_children++] = pid;
+}
+
+static inline void h_untrack(pid_t pid)
+{
+	for (int i = 0; i < h_n_children; i++)
+		if (h_children[i] == pid)
+			h_children[i] = 0;
+}
+
+/* Start the broker; keeps its ports when set (a restart), else picks them.
+ * Returns 0 once both sockets are bound. */
+static inline int h_broker_try(struct h_broker *br)
+{
+	char bin[512], pe[64], ce[64];
+	const char *argv[H_MAX_ARGS + 8];
+	int n = 0;
+
+	snprintf(bin, sizeof(bin), "%s/deltacast-broker", h_build());
+	snprintf(pe, sizeof(pe), "tcp://127.0.0.1:%d", br->pport);
+	snprintf(ce, sizeof(ce), "tcp://127.0.0.1:%d", br->cport);
+	argv[n++] = bin;
+	argv[n++] = "--producers";
+	argv[n++] = pe;
+	argv[n++] = "--consumers";
+	argv[n++] = ce;
+	for (int i = 0; i < br->n_extra; i++)
+		argv[n++] = br->extra[i];
+	argv[n] = NULL;
+	truncate(br->log, 0);
+	br->pid = fork();
+	REQUIRE(br->pid >= 0);
+	if (br->pid == 0) {
+		FILE *f = freopen(br->log, "a", stderr);
+
+		(void)f;
+		execv(bin, (char *const *)argv);
+		_exit(127);
+	}
+	h_track(br->pid);
+	for (int i = 0; i < 200; i++) {
+		int st;
+
+		if (h_count_in_file(br->log, " on tcp://") >= 2)
+			return 0;
+		if (waitpid(br->pid, &st, WNOHANG) == br->pid) {
+			h_untrack(br->pid);
+			br->pid = 0;
+			return -1;
+		}
+		usleep(50000);
+	}
+	return -1;
+}
+
+static inline void h_broker_start(struct h_broker *br)
+{
+	int fixed = br->pport != 0;
+
+	for (int attempt = 0; attempt < 20; attempt++) {
+		if (!fixed) {
+			int base = 20000 + (int)((getpid() * 7 + attempt * 131) % 20000) * 2;
+
+			br->pport = base;
+			br->cport = base + 1;
+		}
+		if (h_broker_try(br) == 0)
+			return;
+		if (br->pid > 0) {
+			kill(br->pid, SIGKILL);
+			waitpid(br->pid, NULL, 0);
+			h_untrack(br->pid);
+		}
+		usleep(fixed ? 300000 : 10000);
+	}
+	fprintf(stderr, "broker did not start; log %s\n", br->log);
+	REQUIRE(0);
+}
+
+static inline void h_broker_kill(struct h_broker *br, int sig)
+{
+	if (br->pid <= 0)
+		return;
+	kill(br->pid, sig);
+	waitpid(br->pid, NULL, 0);
+	h_untrack(br->pid);
+	br->pid = 0;
+}
+
+/* ---- a client (producer or consumer) on a DEALER --------------------- */
+
+struct h_client {
+	void *sock;
+	const char *model;
+	uint16_t state[H_TENSORS][H_ELEMS]; /* current tensors */
+	uint16_t base[H_TENSORS][H_ELEMS];  /* producer: last published */
+	uint64_t version;                   /* producer: last published; consumer: last commit */
+	uint64_t welcome_version;
+	int welcomed, manifest_seen, errors, digest_mismatch;
+	uint64_t commits;                   /* consumer: COMMITs received */
+	uint64_t anchors;                   /* consumer: anchor COMMITs received */
+	uint64_t last_ack;
+	uint32_t last_error_code;
+};
+
+static inline void h_client_open(struct h_client *c, int port, const char *model)
+{
+	char ep[64];
+	int ms = 100;
+
+	memset(c, 0, sizeof(*c));
+	c->model = model;
+	c->version = c->last_ack = DCAST_VERSION_NONE;
+	c->sock = zmq_socket(h_ctx, ZMQ_DEALER);
+	REQUIRE(c->sock);
+	dcast_wire_socket_opts(c->sock);
+	zmq_setsockopt(c->sock, ZMQ_RCVTIMEO, &ms, sizeof(ms));
+	snprintf(ep, sizeof(ep), "tcp://127.0.0.1:%d", port);
+	REQUIRE(zmq_connect(c->sock, ep) == 0);
+}
+
+static inline void h_client_close(struct h_client *c)
+{
+	int zero = 0;
+
+	if (c->sock) {
+		zmq_setsockopt(c->sock, ZMQ_LINGER, &zero, sizeof(zero));
+		zmq_close(c->sock);
+	}
+	c->sock = NULL;
+}
+
+static inline int h_send(struct h_client *c, const dcast_msg *m, zmq_msg_t *payload)
+{
+	return dcast_wire_send(c->sock, NULL, 0, m, payload, 0);
+}
+
+static inline void h_hello(struct h_client *c, int role, uint64_t have)
+{
+	dcast_msg m;
+
+	dcast_msg_init(&m, DCAST_MSG_HELLO);
+	m.u.hello.role = (uint32_t)role;
+	snprintf(m.u.hello.model, sizeof(m.u.hello.model), "%s", c->model);
+	m.u.hello.have_version = have;
+	m.u.hello.window_bytes = role == DCAST_ROLE_CONSUMER ? (1ull << 30) : 0;
+	snprintf(m.u.hello.client, sizeof(m.u.hello.client), "test-%d", (int)getpid());
+	REQUIRE(h_send(c, &m, NULL) == 0);
+}
+
+static inline void h_fill_manifest(const char *model, dcast_msg *m, dcast_tensor_desc *t)
+{
+	dcast_msg_init(m, DCAST_MSG_MANIFEST);
+	snprintf(m->u.manifest.model, sizeof(m->u.manifest.model), "%s", model);
+	for (int i = 0; i < H_TENSORS; i++) {
+		memset(&t[i], 0, sizeof(t[i]));
+		snprintf(t[i].name, sizeof(t[i].name), "layer%d.weight", i);
+		t[i].dtype = DCAST_DTYPE_BF16;
+		t[i].ndim = 2;
+		t[i].shape[0] = 256;
+		t[i].shape[1] = H_ELEMS / 256;
+	}
+	m->u.manifest.n_tensors = H_TENSORS;
+	m->u.manifest.tensors = t;
+}
+
+/* Consumer side: take one message; apply chunks to state as they come. */
+static inline void h_consumer_handle(struct h_client *c, dcast_wire_in *in)
+{
+	dcast_msg *m = &in->msg;
+
+	if (m->type == DCAST_MSG_WELCOME) {
+		c->welcomed = 1;
+		c->welcome_version = m->u.welcome.version;
+	} else if (m->type == DCAST_MSG_MANIFEST) {
+		c->manifest_seen = 1;
+	} else if (m->type == DCAST_MSG_CHUNK) {
+		dcast_chunk *ch = &m->u.chunk;
+		dcast_chunk_info info = {ch->encoding, ch->elem_size, ch->count, ch->changed,
+					 ch->payload_bytes};
+		void *p = zmq_msg_data(&in->payload);
+
+		if (ch->tensor >= H_TENSORS || ch->start + ch->count > H_ELEMS ||
+		    dcast_chunk_verify(ch, p) || dcast_codec_apply(&info, p, &c->state[ch->tensor][ch->start], NULL))
+			c->errors++;
+	} else if (m->type == DCAST_MSG_COMMIT) {
+		dcast_commit *cm = &m->u.commit;
+
+		for (uint32_t i = 0; i < cm->n_digests; i++) {
+			dcast_range_digest *d = &cm->digests[i];
+
+			if (d->tensor >= H_TENSORS || d->start + d->count > H_ELEMS ||
+			    dcast_digest(&c->state[d->tensor][d->start], d->count * 2) != d->digest)
+				c->digest_mismatch++;
+		}
+		c->version = cm->version;
+		c->commits++;
+		c->anchors += cm->anchor;
+	} else if (m->type == DCAST_MSG_ERROR) {
+		c->last_error_code = m->u.error.code;
+	}
+}
+
+/* Producer side: WELCOME, CREDIT, ACK, ERROR. */
+static inline void h_producer_handle(struct h_client *c, dcast_wire_in *in)
+{
+	dcast_msg *m = &in->msg;
+
+	if (m->type == DCAST_MSG_WELCOME) {
+		c->welcomed = 1;
+		c->welcome_version = m->u.welcome.version;
+	} else if (m->type == DCAST_MSG_ACK) {
+		c->last_ack = m->u.ack.version;
+	} else if (m->type == DCAST_MSG_ERROR) {
+		c->last_error_code = m->u.error.code;
+		c->errors++;
+	}
+}
+
+/* Receive until done(c) holds or `rounds` receive timeouts of 100 ms in a
+ * row pass (a bound on silence, not on total time; messages are capped). */
+static inline int h_pump(struct h_client *c, int consumer, int (*done)(struct h_client *), int rounds)
+{
+	int idle = 0;
+
+	for (long total = 0; !done(c) && idle < rounds && total < 1000000; total++) {
+		dcast_wire_in in;
+
+		if (dcast_wire_recv(c->sock, 0, &in, 0) == 0) {
+			if (consumer)
+				h_consumer_handle(c, &in);
+			else
+				h_producer_handle(c, &in);
+			idle = 0;
+		} else {
+			idle++;
+		}
+		dcast_wire_in_close(&in);
+	}
+	return done(c);
+}
+
+static inline int h_done_welcomed(struct h_client *c)
+{
+	return c->welcomed;
+}
+
+static uint64_t h_want;
+static inline int h_done_acked(struct h_client *c)
+{
+	return c->last_ack != DCAST_VERSION_NONE && c->last_ack >= h_want;
+}
+
+static inline int h_done_version(struct h_client *c)
+{
+	return c->version != DCAST_VERSION_NONE && c->version >= h_want;
+}
+
+static inline int h_done_error(struct h_client *c)
+{
+	return c->last_error_code != 0;
+}
+
+/* Producer: HELLO, WELCOME, MANIFEST. */
+static inline int h_producer_join(struct h_client *c)
+{
+	dcast_tensor_desc t[H_TENSORS];
+	dcast_msg m;
+
+	h_hello(c, DCAST_ROLE_PRODUCER, DCAST_VERSION_NONE);
+	if (!h_pump(c, 0, h_done_welcomed, 50))
+		return -1;
+	h_fill_manifest(c->model, &m, t);
+	return h_send(c, &m, NULL);
+}
+
+/* Change about 1/frac of the elements (new random bit patterns). */
+static inline void h_mutate(struct h_client *c, uint32_t *rng, unsigned frac)
+{
+	for (int t = 0; t < H_TENSORS; t++)
+		for (int i = 0; i < H_ELEMS; i++) {
+			*rng = *rng * 1664525u + 1013904223u;
+			if ((*rng >> 8) % frac == 0)
+				c->state[t][i] = (uint16_t)(*rng >> 16);
+		}
+}
+
+/* Publish c->state as `version` (anchor or delta on c->version), wait for
+ * its ACK (rounds x 100 ms of silence at most).  Returns 0 when acked. */
+static inline int h_publish(struct h_client *c, uint64_t version, int anchor, int rounds)
+{
+	static uint8_t out[H_CHUNK_ELEMS * 8 + 4096];
+	dcast_range_digest dg[H_TENSORS];
+	uint32_t seq = 0;
+	uint64_t bytes = 0;
+	dcast_msg m;
+
+	for (int t = 0; t < H_TENSORS; t++)
+		for (uint32_t s = 0; s < H_ELEMS; s += H_CHUNK_ELEMS) {
+			dcast_chunk_info info;
+			zmq_msg_t pl;
+
+			REQUIRE(dcast_codec_encode(&c->state[t][s], anchor ? NULL : &c->base[t][s],
+						   H_CHUNK_ELEMS, 2, -1, DCAST_ENCODE_UPDATE_BASE,
+						   out, sizeof(out), &info) == 0);
+			dcast_msg_init(&m, DCAST_MSG_CHUNK);
+			dcast_chunk *ch = &m.u.chunk;
+			snprintf(ch->model, sizeof(ch->model), "%s", c->model);
+			ch->version = version;
+			ch->base_version = anchor ? DCAST_VERSION_NONE : c->version;
+			ch->anchor = (uint32_t)anchor;
+			ch->seq = seq++;
+			ch->tensor = (uint32_t)t;
+			ch->start = s;
+			ch->count = H_CHUNK_ELEMS;
+			ch->elem_size = 2;
+			ch->encoding = info.encoding;
+			ch->changed = info.changed;
+			ch->payload_bytes = info.payload_bytes;
+			ch->checksum = dcast_checksum(out, info.payload_bytes);
+			REQUIRE(zmq_msg_init_size(&pl, info.payload_bytes) == 0);
+			memcpy(zmq_msg_data(&pl), out, info.payload_bytes);
+			REQUIRE(h_send(c, &m, &pl) == 0);
+			bytes += info.payload_bytes;
+		}
+	if (anchor)
+		memcpy(c->base, c->state, sizeof(c->state));
+	dcast_msg_init(&m, DCAST_MSG_COMMIT);
+	snprintf(m.u.commit.model, sizeof(m.u.commit.model), "%s", c->model);
+	m.u.commit.version = version;
+	m.u.commit.base_version = anchor ? DCAST_VERSION_NONE : c->version;
+	m.u.commit.anchor = (uint32_t)anchor;
+	m.u.commit.chunks = seq;
+	m.u.commit.bytes = bytes;
+	for (int t = 0; t < H_TENSORS; t++)
+		dg[t] = (dcast_range_digest){(uint32_t)t, 0, H_ELEMS,
+					     dcast_digest(c->state[t], sizeof(c->state[t]))};
+	m.u.commit.n_digests = H_TENSORS;
+	m.u.commit.digests = dg;
+	REQUIRE(h_send(c, &m, NULL) == 0);
+	c->version = version;
+	h_want = version;
+	return h_pump(c, 0, h_done_acked, rounds) ? 0 : -1;
+}
+
+/* Consumer: HELLO(have) and receive until version `want` is committed. */
+static inline int h_consume_until(struct h_client *c, uint64_t have, uint64_t want, int rounds)
+{
+	h_hello(c, DCAST_ROLE_CONSUMER, have);
+	h_want = want;
+	return h_pump(c, 1, h_done_version, rounds) ? 0 : -1;
+}
+
+#endif

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Broker: two producer parts (each owning half of every tensor) make one
+# version each time; a version commits only when both parts committed, and
+# consumers get one COMMIT per version carrying both parts' digests.
+. "$(dirname "$0")/tools/broker_lib.sh"
+
+start_broker b
+bg c1 "$WC" consume "$b_CONS" m2 --until 8
+C1=$LAST_PID
+bg p0 "$WC" produce "$b_PROD" m2 --part 0 --parts 2 --versions 8
+P0=$LAST_PID
+sleep 0.5 # part 0 alone cannot commit anything
+grep -q "committed" "$TMP/b.log" && fail "a version committed with one part of two"
+bg p1 "$WC" produce "$b_PROD" m2 --part 1 --parts 2 --versions 8
+P1=$LAST_PID
+wait "$P0" || fail "part 0 exited $?"
+wait "$P1" || fail "part 1 exited $?"
+wait "$C1" || fail "consumer exited $?"
+grep -q "applied=8 versions=8 anchors=1 .*bit-exact" "$TMP/c1.out" || fail "consumer: $(cat "$TMP/c1.out")"
+[ "$(grep -c "committed" "$TMP/b.log")" = 8 ] || fail "expected 8 commits"
+stop_broker b
+echo "test_broker_parts: ok"

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Broker relay: broker B consumes model m8 from broker A (--upstream) and
+# serves its own consumers bit-exact, live and late.
+. "$(dirname "$0")/tools/broker_lib.sh"
+
+start_broker a
+start_broker r --upstream "$a_CONS" --upstream-model m8
+bg c1 "$WC" consume "$r_CONS" m8 --until 15
+C1=$LAST_PID
+sleep 0.3
+"$WC" produce "$a_PROD" m8 --versions 15 2>"$TMP/p.err" || fail "producer exited $?"
+wait "$C1" || fail "live consumer of the relay exited $?"
+grep -q "applied=15 versions=15 anchors=1 .*bit-exact" "$TMP/c1.out" || fail "live: $(cat "$TMP/c1.out")"
+"$WC" consume "$r_CONS" m8 --until 15 >"$TMP/c2.out" 2>"$TMP/c2.err" || fail "late consumer exited $?"
+grep -q "applied=15 versions=15 anchors=1 .*bit-exact" "$TMP/c2.out" || fail "late: $(cat "$TMP/c2.out")"
+# The relay refuses producers for a relayed model.
+"$WC" produce "$r_PROD" m8 --versions 16 2>"$TMP/p2.err" && fail "relay accepted a producer for m8"
+grep -q "relayed" "$TMP/p2.err" || fail "no clear refusal: $(cat "$TMP/p2.err")"
+stop_broker r
+stop_broker a
+echo "test_broker_relay: ok"

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Broker: one consumer stopped with SIGSTOP holds only its own cursor.  The
+# others receive every version while it is stopped (compared by versions and
+# bytes delivered, not time); after SIGCONT it is dropped-and-rejoins and
+# also ends bit-exact.
+. "$(dirname "$0")/tools/broker_lib.sh"
+
+start_broker b --heartbeat-ms 200
+bg slow "$WC" consume "$b_CONS" m6 --until 30 --window 65536 --stats "$TMP/slow.stats"
+SLOW=$LAST_PID
+for i in 1 2 3; do
+	bg "c$i" "$WC" consume "$b_CONS" m6 --until 30 --stats "$TMP/c$i.stats"
+	CP[$i]=$LAST_PID
+done
+sleep 0.3
+"$WC" produce "$b_PROD" m6 --versions 1 2>"$TMP/p1.err" || fail "producer (v1) exited $?"
+wait_for 20 grep -qs "applied=1 " "$TMP/slow.stats" || fail "slow consumer never applied version 1"
+kill -STOP "$SLOW"
+"$WC" produce "$b_PROD" m6 --versions 30 2>"$TMP/p2.err" || fail "producer exited $? while a consumer was stopped"
+for i in 1 2 3; do
+	wait "${CP[$i]}" || fail "consumer $i exited $?"
+	grep -q "applied=30 versions=30 .*bit-exact" "$TMP/c$i.out" || fail "consumer $i: $(cat "$TMP/c$i.out")"
+done
+fast_bytes=$(stat_of "$TMP/c1.stats" bytes)
+slow_bytes=$(stat_of "$TMP/slow.stats" bytes)
+slow_applied=$(stat_of "$TMP/slow.stats" applied)
+echo "delivered while stopped: others $fast_bytes bytes (30 versions), stopped one $slow_bytes bytes ($slow_applied versions)"
+[ "$slow_applied" -lt 30 ] && [ "$slow_bytes" -lt "$fast_bytes" ] || fail "the stopped consumer was not behind"
+kill -CONT "$SLOW"
+wait "$SLOW" || fail "stopped consumer did not catch up after SIGCONT ($?)"
+grep -q "applied=30 .*bit-exact" "$TMP/slow.out" || fail "slow: $(cat "$TMP/slow.out")"
+stop_broker b
+echo "test_broker_sigstop: ok"

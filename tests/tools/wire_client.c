@@ -1,0 +1,602 @@
+/* wire_client: a test producer part or consumer speaking the wire protocol
+ * directly (dcast_wire_* and the CPU codec), for the broker tests.
+ *
+ * The model is synthetic and deterministic: T BF16 tensors of E elements;
+ * state(0) is seeded noise and state(v) changes about density_ppm of the
+ * elements of state(v-1).  Any process can recompute state(v), so a consumer
+ * checks its result bit-exact against the source without sharing memory.
+ *
+ *   wire_client produce ENDPOINT MODEL [--part P --parts N] --versions V
+ *                       [--pause-at V]      send half of V's chunks, then hang
+ *   wire_client consume ENDPOINT MODEL --until V [--window BYTES]
+ *                       [--state FILE]      resume from / save to FILE
+ *                       [--stats FILE]      progress after every version
+ *                       [--exit-after K]    _exit after K versions (a crash)
+ * Common: --tensors T --elems E --chunk-elems C --density-ppm D --seed S
+ *         --timeout-ms MS.  Exit 0 ok, 1 failure (a line on stderr says why). */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "deltacast/codec.h"
+#include "dcast_common.h"
+#include "dcast_wire.h"
+
+#define MAX_T 16
+
+static struct opts {
+	const char *mode, *endpoint, *model, *state_file, *stats_file;
+	uint32_t part, parts, tensors;
+	uint64_t elems, chunk_elems, density_ppm, seed, versions, pause_at, until;
+	uint64_t window, exit_after, timeout_ms;
+} o = {.parts = 1, .tensors = 3, .elems = 65536, .chunk_elems = 16384,
+       .density_ppm = 20000, .seed = 1, .window = 1 << 20, .timeout_ms = 50000};
+
+static uint16_t *state[MAX_T], *work[MAX_T];
+
+static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+static void die(const char *fmt, ...)
+{
+	va_list ap;
+
+	fprintf(stderr, "wire_client %s %s: ", o.mode, o.model ? o.model : "");
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fprintf(stderr, " (last error: %s)\n", dcast_last_error());
+	exit(1);
+}
+
+static uint64_t mix(uint64_t x)
+{
+	x += 0x9e3779b97f4a7c15ull;
+	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+	x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+	return x ^ (x >> 31);
+}
+
+static void state_init(uint16_t **t)
+{
+	for (uint32_t k = 0; k < o.tensors; k++)
+		for (uint64_t i = 0; i < o.elems; i++)
+			t[k][i] = (uint16_t)mix(o.seed ^ ((uint64_t)k << 40) ^ i);
+}
+
+static void state_step(uint16_t **t, uint64_t v)
+{
+	for (uint32_t k = 0; k < o.tensors; k++)
+		for (uint64_t i = 0; i < o.elems; i++) {
+			uint64_t h = mix(mix(o.seed * 31 + v) ^ ((uint64_t)k << 48) ^ i);
+
+			if (h % 1000000 < o.density_ppm)
+				t[k][i] = (uint16_t)(h >> 40);
+		}
+}
+
+static void state_at(uint16_t **t, uint64_t v)
+{
+	state_init(t);
+	for (uint64_t s = 1; s <= v && v != DCAST_VERSION_NONE; s++)
+		state_step(t, s);
+}
+
+static void alloc_state(void)
+{
+	if (o.tensors > MAX_T || !o.elems)
+		die("bad --tensors/--elems");
+	for (uint32_t k = 0; k < o.tensors; k++) {
+		state[k] = calloc(o.elems, 2);
+		work[k] = calloc(o.elems, 2);
+		if (!state[k] || !work[k])
+			die("out of memory");
+	}
+}
+
+static void *connect_dealer(void **ctx)
+{
+	void *s;
+
+	*ctx = zmq_ctx_new();
+	s = zmq_socket(*ctx, ZMQ_DEALER);
+	if (!s || dcast_wire_socket_opts(s) || zmq_connect(s, o.endpoint))
+		die("connect %s: %s", o.endpoint, zmq_strerror(errno));
+	return s;
+}
+
+static void send_msg(void *s, const dcast_msg *m, zmq_msg_t *payload)
+{
+	if (dcast_wire_send(s, NULL, 0, m, payload, 0))
+		die("send %s", dcast_msg_type_name((int)m->type));
+}
+
+static void send_simple(void *s, int type, uint64_t a)
+{
+	dcast_msg m;
+
+	dcast_msg_init(&m, type);
+	if (type == DCAST_MSG_CREDIT)
+		m.u.credit.bytes = a;
+	if (type == DCAST_MSG_HEARTBEAT)
+		m.u.heartbeat.time_ms = dcast_now_ms();
+	send_msg(s, &m, NULL);
+}
+
+static void send_hello(void *s, int role, uint64_t have)
+{
+	dcast_msg m;
+
+	dcast_msg_init(&m, DCAST_MSG_HELLO);
+	m.u.hello.role = (uint32_t)role;
+	snprintf(m.u.hello.model, sizeof(m.u.hello.model), "%s", o.model);
+	m.u.hello.part = o.part;
+	m.u.hello.parts = o.parts;
+	m.u.hello.have_version = have;
+	m.u.hello.window_bytes = role == DCAST_ROLE_CONSUMER ? o.window : 0;
+	snprintf(m.u.hello.client, sizeof(m.u.hello.client), "wire_client-%d", (int)getpid());
+	send_msg(s, &m, NULL);
+}
+
+/* Receive one message within the overall deadline, sending a HEARTBEAT
+ * every 300 ms of waiting.  Returns 0 or dies. */
+static uint64_t deadline_ms, last_hb_ms;
+static void recv_msg(void *s, dcast_wire_in *in)
+{
+	for (;;) {
+		zmq_pollitem_t it = {s, 0, ZMQ_POLLIN, 0};
+		uint64_t now = dcast_now_ms();
+		int rc;
+
+		if (now > deadline_ms)
+			die("timed out after %llu ms", (unsigned long long)o.timeout_ms);
+		if (now - last_hb_ms >= 300) {
+			send_simple(s, DCAST_MSG_HEARTBEAT, 0);
+			last_hb_ms = now;
+		}
+		if (zmq_poll(&it, 1, 100) <= 0)
+			continue;
+		rc = dcast_wire_recv(s, 0, in, 0);
+		if (!rc)
+			return;
+		dcast_wire_in_close(in);
+		die("received a bad message: %s", dcast_errname(rc));
+	}
+}
+
+static void send_manifest(void *s)
+{
+	dcast_tensor_desc td[MAX_T];
+	dcast_msg m;
+
+	memset(td, 0, sizeof(td));
+	for (uint32_t k = 0; k < o.tensors; k++) {
+		snprintf(td[k].name, sizeof(td[k].name), "layer%u.weight", k);
+		td[k].dtype = DCAST_DTYPE_BF16;
+		td[k].ndim = 1;
+		td[k].shape[0] = o.elems;
+	}
+	dcast_msg_init(&m, DCAST_MSG_MANIFEST);
+	snprintf(m.u.manifest.model, sizeof(m.u.manifest.model), "%s", o.model);
+	m.u.manifest.n_tensors = o.tensors;
+	m.u.manifest.tensors = td;
+	send_msg(s, &m, NULL);
+}
+
+/* ---- producer ---- */
+
+struct prod {
+	void *s;
+	uint64_t credit, newest;
+	int need_anchor;
+};
+
+/* Handle one message while waiting; returns its type. */
+static int prod_pump(struct prod *p, uint64_t want_ack)
+{
+	dcast_wire_in in;
+	int type;
+
+	recv_msg(p->s, &in);
+	type = (int)in.msg.type;
+	if (type == DCAST_MSG_CREDIT)
+		p->credit += in.msg.u.credit.bytes;
+	if (type == DCAST_MSG_WELCOME) {
+		p->newest = in.msg.u.welcome.version;
+		p->need_anchor = (int)in.msg.u.welcome.need_anchor;
+	}
+	if (type == DCAST_MSG_ERROR) {
+		fprintf(stderr, "producer part %u: ERROR %s: %s\n", o.part,
+			dcast_errname((int)in.msg.u.error.code), in.msg.u.error.text);
+		exit(in.msg.u.error.code == DCAST_EABORTED ? 3 : 1);
+	}
+	if (type == DCAST_MSG_ACK && in.msg.u.ack.version != want_ack)
+		type = DCAST_MSG_HEARTBEAT;
+	dcast_wire_in_close(&in);
+	return type;
+}
+
+static void prod_chunk(struct prod *p, dcast_msg *hm, const void *buf)
+{
+	zmq_msg_t pl;
+
+	while (p->credit < hm->u.chunk.payload_bytes)
+		prod_pump(p, DCAST_VERSION_NONE);
+	p->credit -= hm->u.chunk.payload_bytes;
+	zmq_msg_init_size(&pl, hm->u.chunk.payload_bytes);
+	memcpy(zmq_msg_data(&pl), buf, hm->u.chunk.payload_bytes);
+	send_msg(p->s, hm, &pl);
+}
+
+static void slice(uint64_t *lo, uint64_t *hi)
+{
+	*lo = o.elems * o.part / o.parts;
+	*hi = o.elems * (o.part + 1) / o.parts;
+}
+
+static void prod_version(struct prod *p, uint64_t v, int anchor)
+{
+	size_t cap = dcast_codec_bound(o.chunk_elems, 2);
+	uint8_t *out = malloc(cap);
+	dcast_range_digest dg[MAX_T];
+	uint64_t lo, hi, bytes = 0;
+	uint32_t seq = 0, total = 0;
+	dcast_msg hm, cm;
+
+	slice(&lo, &hi);
+	for (uint32_t k = 0; k < o.tensors; k++)
+		total += (uint32_t)((hi - lo + o.chunk_elems - 1) / o.chunk_elems);
+	state_step(work, v); /* work = state(v); state = state(v-1) baseline */
+	for (uint32_t k = 0; k < o.tensors; k++)
+		for (uint64_t st = lo; st < hi; st += o.chunk_elems) {
+			uint64_t n = hi - st < o.chunk_elems ? hi - st : o.chunk_elems;
+			dcast_chunk_info info;
+
+			if (dcast_codec_encode(work[k] + st, anchor ? NULL : state[k] + st, n, 2, -1,
+					       DCAST_ENCODE_UPDATE_BASE, out, cap, &info))
+				die("encode");
+			if (!anchor && !info.changed)
+				continue;
+			if (o.pause_at == v && seq >= total / 2) {
+				fprintf(stderr, "producer part %u: pausing inside version %llu\n", o.part,
+					(unsigned long long)v);
+				for (;;)
+					pause();
+			}
+			dcast_msg_init(&hm, DCAST_MSG_CHUNK);
+			snprintf(hm.u.chunk.model, sizeof(hm.u.chunk.model), "%s", o.model);
+			hm.u.chunk.version = v;
+			hm.u.chunk.base_version = anchor ? DCAST_VERSION_NONE : v - 1;
+			hm.u.chunk.anchor = (uint32_t)anchor;
+			hm.u.chunk.part = o.part;
+			hm.u.chunk.seq = seq++;
+			hm.u.chunk.tensor = k;
+			hm.u.chunk.start = st;
+			hm.u.chunk.count = n;
+			hm.u.chunk.elem_size = 2;
+			hm.u.chunk.encoding = info.encoding;
+			hm.u.chunk.changed = info.changed;
+			hm.u.chunk.payload_bytes = info.payload_bytes;
+			hm.u.chunk.checksum = dcast_checksum(out, info.payload_bytes);
+			prod_chunk(p, &hm, out);
+			bytes += info.payload_bytes;
+		}
+	for (uint32_t k = 0; k < o.tensors; k++) {
+		memcpy(state[k] + lo, work[k] + lo, (hi - lo) * 2);
+		dg[k] = (dcast_range_digest){k, lo, hi - lo, dcast_digest(work[k] + lo, (hi - lo) * 2)};
+	}
+	dcast_msg_init(&cm, DCAST_MSG_COMMIT);
+	snprintf(cm.u.commit.model, sizeof(cm.u.commit.model), "%s", o.model);
+	cm.u.commit.version = v;
+	cm.u.commit.base_version = anchor ? DCAST_VERSION_NONE : v - 1;
+	cm.u.commit.anchor = (uint32_t)anchor;
+	cm.u.commit.part = o.part;
+	cm.u.commit.parts = o.parts;
+	cm.u.commit.chunks = seq;
+	cm.u.commit.bytes = bytes;
+	cm.u.commit.n_digests = o.tensors;
+	cm.u.commit.digests = dg;
+	send_msg(p->s, &cm, NULL);
+	while (prod_pump(p, v) != DCAST_MSG_ACK)
+		;
+	free(out);
+}
+
+static int produce(void)
+{
+	struct prod p = {.newest = DCAST_VERSION_NONE};
+	void *ctx;
+	uint64_t v0;
+	int anchor;
+
+	p.s = connect_dealer(&ctx);
+	send_hello(p.s, DCAST_ROLE_PRODUCER, DCAST_VERSION_NONE);
+	while (prod_pump(&p, DCAST_VERSION_NONE) != DCAST_MSG_WELCOME)
+		;
+	send_manifest(p.s);
+	v0 = p.newest == DCAST_VERSION_NONE ? 1 : p.newest + 1;
+	anchor = p.need_anchor || p.newest == DCAST_VERSION_NONE;
+	p.need_anchor = 0;
+	state_at(state, v0 - 1);
+	state_at(work, v0 - 1);
+	for (uint64_t v = v0; v <= o.versions; v++) {
+		prod_version(&p, v, anchor);
+		anchor = p.need_anchor; /* a WELCOME during v may ask for one */
+		p.need_anchor = 0;
+	}
+	fprintf(stderr, "producer part %u/%u: published versions %llu..%llu\n", o.part, o.parts,
+		(unsigned long long)v0, (unsigned long long)o.versions);
+	send_simple(p.s, DCAST_MSG_BYE, 0);
+	zmq_close(p.s);
+	zmq_ctx_term(ctx);
+	return 0;
+}
+
+/* ---- consumer ---- */
+
+struct cons {
+	void *s;
+	uint64_t applied, open;  /* open: version being staged, NONE if none */
+	int open_anchor;
+	uint64_t chunks, bytes, open_chunks, open_bytes;
+	uint64_t versions, anchors, run_versions;
+	int joining; /* HELLOs not yet answered: what arrives before is stale */
+};
+
+static void state_save(const struct cons *c)
+{
+	char tmp[4096];
+	FILE *f;
+
+	if (!o.state_file)
+		return;
+	snprintf(tmp, sizeof(tmp), "%s.tmp", o.state_file);
+	if (!(f = fopen(tmp, "wb")))
+		die("open %s: %s", tmp, strerror(errno));
+	fwrite(&c->applied, 8, 1, f);
+	for (uint32_t k = 0; k < o.tensors; k++)
+		fwrite(state[k], 2, o.elems, f);
+	if (fclose(f) || rename(tmp, o.state_file))
+		die("write %s", o.state_file);
+}
+
+static void state_load(struct cons *c)
+{
+	FILE *f;
+	int ok = 1;
+
+	c->applied = DCAST_VERSION_NONE;
+	if (!o.state_file || !(f = fopen(o.state_file, "rb")))
+		return;
+	ok = fread(&c->applied, 8, 1, f) == 1;
+	for (uint32_t k = 0; ok && k < o.tensors; k++)
+		ok = fread(state[k], 2, o.elems, f) == o.elems;
+	fclose(f);
+	if (!ok)
+		die("%s: short file", o.state_file);
+}
+
+static void stats_write(const struct cons *c)
+{
+	FILE *f;
+	char tmp[4096];
+
+	if (!o.stats_file)
+		return;
+	snprintf(tmp, sizeof(tmp), "%s.tmp", o.stats_file);
+	if (!(f = fopen(tmp, "w")))
+		die("open %s", tmp);
+	fprintf(f, "applied=%lld versions=%llu anchors=%llu chunks=%llu bytes=%llu\n",
+		(long long)c->applied, (unsigned long long)c->versions,
+		(unsigned long long)c->anchors, (unsigned long long)c->chunks,
+		(unsigned long long)c->bytes);
+	fclose(f);
+	rename(tmp, o.stats_file);
+}
+
+static void cons_rejoin(struct cons *c, const char *why)
+{
+	fprintf(stderr, "consumer: re-join at %lld: %s\n", (long long)c->applied, why);
+	c->open = DCAST_VERSION_NONE;
+	c->joining++;
+	send_hello(c->s, DCAST_ROLE_CONSUMER, c->applied);
+}
+
+static void cons_open(struct cons *c, uint64_t version, int anchor)
+{
+	c->open = version;
+	c->open_anchor = anchor;
+	c->open_chunks = c->open_bytes = 0;
+	for (uint32_t k = 0; k < o.tensors; k++)
+		memcpy(work[k], state[k], o.elems * 2);
+}
+
+static void cons_manifest(const dcast_manifest *m)
+{
+	if (m->n_tensors != o.tensors)
+		die("MANIFEST has %u tensors, expected %u", m->n_tensors, o.tensors);
+	for (uint32_t k = 0; k < o.tensors; k++)
+		if (m->tensors[k].dtype != DCAST_DTYPE_BF16 || dcast_tensor_elems(&m->tensors[k]) != o.elems)
+			die("MANIFEST tensor %u: unexpected dtype/shape", k);
+}
+
+static void cons_chunk(struct cons *c, dcast_wire_in *in)
+{
+	const dcast_chunk *h = &in->msg.u.chunk;
+	const void *pl = in->has_payload ? zmq_msg_data(&in->payload) : "";
+	dcast_chunk_info info = {h->encoding, h->elem_size, h->count, h->changed, h->payload_bytes};
+
+	if (c->open != h->version) {
+		if (!h->anchor && h->base_version != c->applied) {
+			cons_rejoin(c, "delta base is not the applied version");
+			return;
+		}
+		cons_open(c, h->version, (int)h->anchor);
+	}
+	if (dcast_chunk_verify(h, pl))
+		die("chunk checksum");
+	if (h->tensor >= o.tensors || h->start + h->count > o.elems || h->elem_size != 2)
+		die("chunk range outside the model");
+	if (dcast_codec_apply(&info, pl, work[h->tensor] + h->start, NULL))
+		die("apply v%llu", (unsigned long long)h->version);
+	c->open_chunks++;
+	c->open_bytes += h->payload_bytes;
+	c->chunks++;
+	c->bytes += h->payload_bytes;
+	if (h->payload_bytes)
+		send_simple(c->s, DCAST_MSG_CREDIT, h->payload_bytes);
+}
+
+static void cons_commit(struct cons *c, const dcast_commit *m)
+{
+	dcast_msg a;
+
+	if (m->version != c->open)
+		die("COMMIT %llu while staging %lld", (unsigned long long)m->version, (long long)c->open);
+	if (m->chunks != c->open_chunks || m->bytes != c->open_bytes)
+		die("COMMIT %llu: %u chunks/%llu bytes, received %llu/%llu",
+		    (unsigned long long)m->version, m->chunks, (unsigned long long)m->bytes,
+		    (unsigned long long)c->open_chunks, (unsigned long long)c->open_bytes);
+	for (uint32_t i = 0; i < m->n_digests; i++) {
+		const dcast_range_digest *d = &m->digests[i];
+
+		if (d->tensor >= o.tensors || d->start + d->count > o.elems ||
+		    dcast_digest(work[d->tensor] + d->start, d->count * 2) != d->digest)
+			die("COMMIT %llu: digest %u differs", (unsigned long long)m->version, i);
+	}
+	for (uint32_t k = 0; k < o.tensors; k++)
+		memcpy(state[k], work[k], o.elems * 2);
+	c->applied = m->version;
+	c->open = DCAST_VERSION_NONE;
+	c->versions++;
+	c->run_versions++;
+	c->anchors += m->anchor;
+	dcast_msg_init(&a, DCAST_MSG_ACK);
+	snprintf(a.u.ack.model, sizeof(a.u.ack.model), "%s", o.model);
+	a.u.ack.version = m->version;
+	send_msg(c->s, &a, NULL);
+	state_save(c);
+	stats_write(c);
+	if (o.exit_after && c->run_versions >= o.exit_after) {
+		fprintf(stderr, "consumer: exiting (crash) after version %llu\n",
+			(unsigned long long)c->applied);
+		_exit(0);
+	}
+}
+
+static void cons_msg(struct cons *c, dcast_wire_in *in)
+{
+	const dcast_commit *cm = &in->msg.u.commit;
+
+	if (in->msg.type == DCAST_MSG_WELCOME && c->joining)
+		c->joining--;
+	if (c->joining && (in->msg.type == DCAST_MSG_CHUNK || in->msg.type == DCAST_MSG_COMMIT))
+		return;
+	switch (in->msg.type) {
+	case DCAST_MSG_MANIFEST:
+		cons_manifest(&in->msg.u.manifest);
+		break;
+	case DCAST_MSG_CHUNK:
+		cons_chunk(c, in);
+		break;
+	case DCAST_MSG_COMMIT:
+		if (c->open == DCAST_VERSION_NONE && cm->chunks)
+			break; /* the tail of a version abandoned by a re-join */
+		if (c->open == DCAST_VERSION_NONE && !cm->anchor && cm->base_version != c->applied) {
+			cons_rejoin(c, "empty delta on another base");
+			break;
+		}
+		if (c->open == DCAST_VERSION_NONE)
+			cons_open(c, cm->version, (int)cm->anchor);
+		cons_commit(c, cm);
+		break;
+	case DCAST_MSG_ERROR:
+		cons_rejoin(c, in->msg.u.error.text);
+		break;
+	default:
+		break;
+	}
+}
+
+static int consume(void)
+{
+	struct cons c = {.open = DCAST_VERSION_NONE};
+	void *ctx;
+
+	state_load(&c);
+	c.s = connect_dealer(&ctx);
+	c.joining = 1;
+	send_hello(c.s, DCAST_ROLE_CONSUMER, c.applied);
+	while (c.applied == DCAST_VERSION_NONE || c.applied < o.until) {
+		dcast_wire_in in;
+
+		recv_msg(c.s, &in);
+		cons_msg(&c, &in);
+		dcast_wire_in_close(&in);
+	}
+	state_at(work, c.applied);
+	for (uint32_t k = 0; k < o.tensors; k++)
+		if (memcmp(work[k], state[k], o.elems * 2))
+			die("tensor %u differs from the source at version %llu", k,
+			    (unsigned long long)c.applied);
+	printf("consumer: applied=%llu versions=%llu anchors=%llu chunks=%llu bytes=%llu bit-exact\n",
+	       (unsigned long long)c.applied, (unsigned long long)c.versions,
+	       (unsigned long long)c.anchors, (unsigned long long)c.chunks,
+	       (unsigned long long)c.bytes);
+	send_simple(c.s, DCAST_MSG_BYE, 0);
+	zmq_close(c.s);
+	zmq_ctx_term(ctx);
+	return 0;
+}
+
+static uint64_t num(const char *s)
+{
+	char *e;
+	unsigned long long v = strtoull(s, &e, 10);
+
+	if (!*s || *e)
+		die("not a number: %s", s);
+	return v;
+}
+
+static void parse(int argc, char **argv)
+{
+	if (argc < 4)
+		die("usage: wire_client produce|consume ENDPOINT MODEL [options]");
+	o.mode = argv[1];
+	o.endpoint = argv[2];
+	o.model = argv[3];
+	for (int i = 4; i + 1 < argc; i += 2) {
+		const char *k = argv[i], *v = argv[i + 1];
+
+		if (!strcmp(k, "--part")) o.part = (uint32_t)num(v);
+		else if (!strcmp(k, "--parts")) o.parts = (uint32_t)num(v);
+		else if (!strcmp(k, "--tensors")) o.tensors = (uint32_t)num(v);
+		else if (!strcmp(k, "--elems")) o.elems = num(v);
+		else if (!strcmp(k, "--chunk-elems")) o.chunk_elems = num(v);
+		else if (!strcmp(k, "--density-ppm")) o.density_ppm = num(v);
+		else if (!strcmp(k, "--seed")) o.seed = num(v);
+		else if (!strcmp(k, "--versions")) o.versions = num(v);
+		else if (!strcmp(k, "--pause-at")) o.pause_at = num(v);
+		else if (!strcmp(k, "--until")) o.until = num(v);
+		else if (!strcmp(k, "--window")) o.window = num(v);
+		else if (!strcmp(k, "--exit-after")) o.exit_after = num(v);
+		else if (!strcmp(k, "--timeout-ms")) o.timeout_ms = num(v);
+		else if (!strcmp(k, "--state")) o.state_file = v;
+		else if (!strcmp(k, "--stats")) o.stats_file = v;
+		else die("unknown option %s", k);
+	}
+}
+
+int main(int argc, char **argv)
+{
+	parse(argc, argv);
+	alloc_state();
+	deadline_ms = dcast_now_ms() + o.timeout_ms;
+	if (!strcmp(o.mode, "produce"))
+		return produce();
+	if (!strcmp(o.mode, "consume"))
+		return consume();
+	die("unknown mode %s", o.mode);
+}

@@ -235,6 +235,8 @@ int broker_pending_chunk(struct broker *b, struct broker_model *m, uint32_t part
  * committed, the version enters the log (returns 0; *committed set). */
 int broker_pending_commit(struct broker *b, struct broker_model *m, uint32_t part,
 			  dcast_commit *c, int *committed);
+/* Drop the open version: ERROR(DCAST_EABORTED, why) to the model's
+ * producers; why == NULL drops it quietly (nothing was accepted into it). */
 void broker_pending_abort(struct broker *b, struct broker_model *m, const char *why);
 int broker_chunk_check(const struct broker_manifest *mf, const dcast_chunk *c);
 

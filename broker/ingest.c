@@ -69,14 +69,16 @@ void broker_pending_abort(struct broker *b, struct broker_model *m, const char *
 
 	if (!pd)
 		return;
-	snprintf(text, sizeof(text), "model %s version %llu dropped: %s", m->name,
-		 (unsigned long long)pd->version, why);
-	DCAST_LOG_W("%s", text);
-	if (!m->relayed)
-		producers_error(b, m, DCAST_EABORTED, pd->version, text);
 	m->pending = NULL;
-	m->versions_aborted++;
-	b->stats.versions_aborted++;
+	if (why) {
+		snprintf(text, sizeof(text), "model %s version %llu dropped: %s", m->name,
+			 (unsigned long long)pd->version, why);
+		DCAST_LOG_W("%s", text);
+		if (!m->relayed)
+			producers_error(b, m, DCAST_EABORTED, pd->version, text);
+		m->versions_aborted++;
+		b->stats.versions_aborted++;
+	}
 	pending_free(pd);
 }
 
@@ -555,7 +557,7 @@ static int producer_chunk(struct broker *b, struct broker_peer *p, dcast_wire_in
 {
 	struct broker_model *m = p->model;
 	const dcast_chunk *c = &in->msg.u.chunk;
-	int rc;
+	int opened, rc;
 
 	if (strcmp(c->model, m->name))
 		return dcast_fail(DCAST_EFIELD_RANGE, "CHUNK.model: \"%s\", HELLO said \"%s\"", c->model, m->name);
@@ -563,11 +565,15 @@ static int producer_chunk(struct broker *b, struct broker_peer *p, dcast_wire_in
 		return dcast_fail(DCAST_EFIELD_RANGE, "CHUNK.part: %u, HELLO said %u", c->part, p->part);
 	if (!p->manifest_ok)
 		return dcast_fail(DCAST_ESTATE, "model %s: CHUNK before MANIFEST on this connection", m->name);
-	if (!m->pending && (rc = broker_pending_open(b, m, c, p->parts)))
+	opened = !m->pending;
+	if (opened && (rc = broker_pending_open(b, m, c, p->parts)))
 		return rc;
 	if ((rc = broker_pending_chunk(b, m, p->part, in))) {
-		/* a bad chunk of the open version spoils it; a stray one does not */
-		if (rc != DCAST_EVERSION && rc != DCAST_ESTATE && rc != DCAST_EFIELD_RANGE)
+		/* A bad chunk of an open version spoils it; a stray one does not,
+		 * and a version that the bad chunk itself opened goes quietly. */
+		if (opened)
+			broker_pending_abort(b, m, NULL);
+		else if (rc != DCAST_EVERSION && rc != DCAST_ESTATE && rc != DCAST_EFIELD_RANGE)
 			broker_pending_abort(b, m, dcast_last_error());
 		return rc;
 	}

@@ -1,0 +1,288 @@
+/* Broker: malformed messages (garbage, wrong proto, bad fields, unknown
+ * keys, extra frames, wrong payload size, bad checksum, a range outside the
+ * manifest, messages before HELLO) each get an ERROR with the right code
+ * while a good consumer and producer on the same broker go on to finish
+ * bit-exact.  Real broker process over loopback. */
+#include <signal.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include "check.h"
+#include "deltacast/codec.h"
+#include "dcast_common.h"
+#include "dcast_wire.h"
+
+static pid_t broker_pid = -1, client_pid[2] = {-1, -1};
+static char dir[64] = "/tmp/dcast-malformed.XXXXXX", prod_ep[64], cons_ep[64];
+static const char *build;
+
+static void kill_all(void)
+{
+	pid_t all[3] = {broker_pid, client_pid[0], client_pid[1]};
+
+	for (int i = 0; i < 3; i++)
+		if (all[i] > 0) {
+			kill(all[i], SIGKILL);
+			waitpid(all[i], NULL, 0);
+		}
+}
+
+static int log_has(const char *path, const char *what)
+{
+	char buf[65536];
+	FILE *f = fopen(path, "r");
+	size_t n = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
+
+	if (f)
+		fclose(f);
+	buf[n] = 0;
+	return strstr(buf, what) != NULL;
+}
+
+static pid_t spawn(char *const argv[], const char *log_path)
+{
+	pid_t pid = fork();
+
+	if (pid == 0) {
+		FILE *f = freopen(log_path, "a", stderr);
+		(void)f;
+		execv(argv[0], argv);
+		_exit(127);
+	}
+	return pid;
+}
+
+static int start_broker(void)
+{
+	char bin[512], log_path[128];
+
+	snprintf(bin, sizeof(bin), "%s/deltacast-broker", build);
+	snprintf(log_path, sizeof(log_path), "%s/broker.log", dir);
+	for (int t = 0; t < 20; t++) {
+		int port = 10000 + (int)((getpid() * 13 + t * 7919) % 10000) * 2;
+		char *argv[] = {bin, "--producers", prod_ep, "--consumers", cons_ep, NULL};
+
+		snprintf(prod_ep, sizeof(prod_ep), "tcp://127.0.0.1:%d", port);
+		snprintf(cons_ep, sizeof(cons_ep), "tcp://127.0.0.1:%d", port + 1);
+		broker_pid = spawn(argv, log_path);
+		for (int i = 0; i < 100 && !log_has(log_path, "consumers on"); i++)
+			usleep(50000);
+		if (log_has(log_path, "consumers on") && waitpid(broker_pid, NULL, WNOHANG) == 0)
+			return 0;
+		kill(broker_pid, SIGKILL);
+		waitpid(broker_pid, NULL, 0);
+		broker_pid = -1;
+	}
+	return -1;
+}
+
+static void *dealer(void *ctx, const char *ep)
+{
+	void *s = zmq_socket(ctx, ZMQ_DEALER);
+
+	REQUIRE(s && !dcast_wire_socket_opts(s) && !zmq_connect(s, ep));
+	return s;
+}
+
+/* Wait for the next message other than HEARTBEAT and CREDIT; return its
+ * ERROR code (0 if not an ERROR, -1 if none came). */
+static int next_error(void *s)
+{
+	for (int i = 0; i < 50; i++) {
+		zmq_pollitem_t it = {s, 0, ZMQ_POLLIN, 0};
+		dcast_wire_in in;
+		int code = -1;
+
+		if (zmq_poll(&it, 1, 100) <= 0)
+			continue;
+		if (dcast_wire_recv(s, 0, &in, 0) == 0) {
+			if (in.msg.type == DCAST_MSG_ERROR) {
+				code = (int)in.msg.u.error.code;
+				printf("  ERROR %s: %s\n", dcast_errname(code), in.msg.u.error.text);
+			} else if (in.msg.type != DCAST_MSG_HEARTBEAT && in.msg.type != DCAST_MSG_CREDIT) {
+				code = 0;
+			}
+		}
+		dcast_wire_in_close(&in);
+		if (code >= 0)
+			return code;
+	}
+	return -1;
+}
+
+static void send_frames(void *s, const void *a, size_t al, const void *b, size_t bl,
+			const void *c, size_t cl)
+{
+	zmq_send(s, a, al, b ? ZMQ_SNDMORE : 0);
+	if (b)
+		zmq_send(s, b, bl, c ? ZMQ_SNDMORE : 0);
+	if (c)
+		zmq_send(s, c, cl, 0);
+}
+
+static void send_msg(void *s, dcast_msg *m, const void *payload, size_t len)
+{
+	void *hdr;
+	size_t hl;
+
+	REQUIRE(dcast_msg_encode(m, &hdr, &hl) == 0);
+	send_frames(s, hdr, hl, payload, len, NULL, 0);
+	free(hdr);
+}
+
+static void chunk_msg(dcast_msg *m, uint32_t tensor, uint64_t payload_bytes, uint64_t checksum)
+{
+	dcast_msg_init(m, DCAST_MSG_CHUNK);
+	strcpy(m->u.chunk.model, "bad");
+	m->u.chunk.version = 1;
+	m->u.chunk.anchor = 1;
+	m->u.chunk.tensor = tensor;
+	m->u.chunk.count = 8;
+	m->u.chunk.elem_size = 2;
+	m->u.chunk.payload_bytes = payload_bytes;
+	m->u.chunk.checksum = checksum;
+}
+
+static void producer_join(void *p)
+{
+	dcast_tensor_desc td;
+	dcast_msg m;
+
+	dcast_msg_init(&m, DCAST_MSG_HELLO);
+	strcpy(m.u.hello.model, "bad");
+	send_msg(p, &m, NULL, 0);
+	CHECK(next_error(p) == 0); /* WELCOME */
+	memset(&td, 0, sizeof(td));
+	strcpy(td.name, "w");
+	td.dtype = DCAST_DTYPE_BF16;
+	td.ndim = 1;
+	td.shape[0] = 64;
+	dcast_msg_init(&m, DCAST_MSG_MANIFEST);
+	strcpy(m.u.manifest.model, "bad");
+	m.u.manifest.n_tensors = 1;
+	m.u.manifest.tensors = &td;
+	send_msg(p, &m, NULL, 0);
+}
+
+static void bad_producer_messages(void *p)
+{
+	static const uint8_t proto2[] = {0x82, 0xa5, 'p', 'r', 'o', 't', 'o', 0x02,
+					 0xa4, 't', 'y', 'p', 'e', 0xa5, 'H', 'E', 'L', 'L', 'O'};
+	static const uint8_t parts0[] = {0x85, 0xa5, 'p', 'r', 'o', 't', 'o', 0x01, 0xa4, 't', 'y', 'p', 'e',
+		0xa5, 'H', 'E', 'L', 'L', 'O', 0xa4, 'r', 'o', 'l', 'e', 0xa8, 'p', 'r', 'o', 'd', 'u', 'c', 'e', 'r',
+		0xa5, 'm', 'o', 'd', 'e', 'l', 0xa1, 'x', 0xa5, 'p', 'a', 'r', 't', 's', 0x00};
+	static const uint8_t unknown[] = {0x85, 0xa5, 'p', 'r', 'o', 't', 'o', 0x01, 0xa4, 't', 'y', 'p', 'e',
+		0xa5, 'H', 'E', 'L', 'L', 'O', 0xa4, 'r', 'o', 'l', 'e', 0xa8, 'p', 'r', 'o', 'd', 'u', 'c', 'e', 'r',
+		0xa5, 'm', 'o', 'd', 'e', 'l', 0xa1, 'x', 0xa3, 'z', 'z', 'z', 0x00};
+	uint8_t payload[16] = {1, 2, 3};
+	dcast_msg m;
+
+	printf("producer endpoint:\n");
+	send_frames(p, "garbage!", 8, NULL, 0, NULL, 0);
+	CHECK_ERR(next_error(p), DCAST_EMALFORMED);
+	send_frames(p, proto2, sizeof(proto2), NULL, 0, NULL, 0);
+	CHECK_ERR(next_error(p), DCAST_EPROTO_VERSION);
+	send_frames(p, parts0, sizeof(parts0), NULL, 0, NULL, 0);
+	CHECK_ERR(next_error(p), DCAST_EFIELD_RANGE);
+	send_frames(p, unknown, sizeof(unknown), NULL, 0, NULL, 0);
+	CHECK_ERR(next_error(p), DCAST_EFIELD_UNKNOWN);
+	send_frames(p, "a", 1, "b", 1, "c", 1);
+	CHECK_ERR(next_error(p), DCAST_EMALFORMED);
+	chunk_msg(&m, 0, 16, dcast_checksum(payload, 16));
+	send_msg(p, &m, payload, 16);
+	CHECK_ERR(next_error(p), DCAST_ESTATE); /* before HELLO */
+	producer_join(p);
+	chunk_msg(&m, 0, 16, dcast_checksum(payload, 16));
+	send_msg(p, &m, payload, 10);
+	CHECK_ERR(next_error(p), DCAST_EPAYLOAD_SIZE);
+	chunk_msg(&m, 0, 16, 12345);
+	send_msg(p, &m, payload, 16);
+	CHECK_ERR(next_error(p), DCAST_ECHECKSUM);
+	chunk_msg(&m, 7, 16, dcast_checksum(payload, 16));
+	send_msg(p, &m, payload, 16);
+	CHECK_ERR(next_error(p), DCAST_EFIELD_RANGE);
+	chunk_msg(&m, 0, 16, dcast_checksum(payload, 16));
+	m.u.chunk.start = 60; /* 60 + 8 > 64 elements */
+	send_msg(p, &m, payload, 16);
+	CHECK_ERR(next_error(p), DCAST_ESHAPE);
+	/* A good chunk opens version 1; a bad one then drops it for every part. */
+	chunk_msg(&m, 0, 16, dcast_checksum(payload, 16));
+	send_msg(p, &m, payload, 16);
+	m.u.chunk.seq = 1;
+	m.u.chunk.checksum ^= 1;
+	send_msg(p, &m, payload, 16);
+	CHECK_ERR(next_error(p), DCAST_EABORTED);
+	CHECK_ERR(next_error(p), DCAST_ECHECKSUM);
+	dcast_msg_init(&m, DCAST_MSG_ACK);
+	strcpy(m.u.ack.model, "bad");
+	send_msg(p, &m, NULL, 0);
+	CHECK_ERR(next_error(p), DCAST_EMSG_TYPE);
+}
+
+static void bad_consumer_messages(void *c)
+{
+	dcast_msg m;
+
+	printf("consumer endpoint:\n");
+	send_frames(c, "\xc1", 1, NULL, 0, NULL, 0);
+	CHECK_ERR(next_error(c), DCAST_EMALFORMED);
+	dcast_msg_init(&m, DCAST_MSG_CREDIT);
+	m.u.credit.bytes = 10;
+	send_msg(c, &m, NULL, 0);
+	CHECK_ERR(next_error(c), DCAST_ESTATE);
+	dcast_msg_init(&m, DCAST_MSG_HELLO);
+	strcpy(m.u.hello.model, "bad");
+	send_msg(c, &m, NULL, 0); /* role producer on the consumer endpoint */
+	CHECK_ERR(next_error(c), DCAST_EFIELD_RANGE);
+}
+
+static int run_client(int i, const char *mode, const char *ep)
+{
+	char bin[512], log_path[128];
+	char *argv[] = {bin, (char *)mode, (char *)ep, "good", i ? "--versions" : "--until", "5", NULL};
+	int st;
+
+	snprintf(bin, sizeof(bin), "%s/tools/wire_client", build);
+	snprintf(log_path, sizeof(log_path), "%s/client%d.log", dir, i);
+	client_pid[i] = spawn(argv, log_path);
+	return client_pid[i] > 0 ? 0 : -1;
+	(void)st;
+}
+
+static int wait_client(int i)
+{
+	int st = 0;
+
+	waitpid(client_pid[i], &st, 0);
+	client_pid[i] = -1;
+	return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+int main(void)
+{
+	void *ctx, *p, *c;
+	int st = 0;
+
+	if (!(build = getenv("DELTACAST_BUILD")))
+		build = "build";
+	REQUIRE(mkdtemp(dir));
+	atexit(kill_all);
+	REQUIRE(start_broker() == 0);
+	REQUIRE(run_client(0, "consume", cons_ep) == 0); /* a good consumer, live throughout */
+	ctx = zmq_ctx_new();
+	p = dealer(ctx, prod_ep);
+	c = dealer(ctx, cons_ep);
+	bad_producer_messages(p);
+	bad_consumer_messages(c);
+	REQUIRE(run_client(1, "produce", prod_ep) == 0);
+	CHECK(wait_client(1) == 0);
+	CHECK(wait_client(0) == 0);
+	zmq_close(p);
+	zmq_close(c);
+	zmq_ctx_term(ctx);
+	kill(broker_pid, SIGTERM);
+	waitpid(broker_pid, &st, 0);
+	broker_pid = -1;
+	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	return check_done("test_broker_malformed");
+}

@@ -9,6 +9,7 @@
 #include <sys/signalfd.h>
 #include <unistd.h>
 #include "broker.h"
+#include "auth.h" /* CURVE + ZAP (broker/auth.c) */
 #include "dcast_common.h"
 #include "dcast_wire.h"
 
@@ -77,7 +78,7 @@ int broker_socket_setup(struct broker *b, void *sock, const char *which)
 	    zmq_setsockopt(sock, ZMQ_ROUTER_MANDATORY, &one, sizeof(one)))
 		return dcast_fail(DCAST_EZMQ, "%s socket: ZMQ_ROUTER_MANDATORY: %s", which,
 				  zmq_strerror(errno));
-	return 0;
+	return broker_auth_socket(b, sock, which); /* --curve-secret (broker/auth.c) */
 }
 
 int broker_poll_add(struct broker *b, int fd, broker_fd_fn fn, void *arg)

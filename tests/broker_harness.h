@@ -11,6 +11,7 @@
 #include <unistd.h>
 #include <zmq.h>
 #include "check.h"
+#include "dcast_curve.h"
 #include "dcast_wire.h"
 #include "deltacast/codec.h"
 #include "deltacast/schema.h"
@@ -201,7 +202,10 @@ struct h_client {
 	uint32_t last_error_code;
 };
 
-static inline void h_client_open(struct h_client *c, int port, const char *model)
+/* Open a DEALER to port; with server_pub set it is a CURVE client using the
+ * secret key file `secret_file`. */
+static inline void h_client_open_curve(struct h_client *c, int port, const char *model,
+				       const char *server_pub, const char *secret_file)
 {
 	char ep[64];
 	int ms = 100;
@@ -213,8 +217,15 @@ static inline void h_client_open(struct h_client *c, int port, const char *model
 	REQUIRE(c->sock);
 	dcast_wire_socket_opts(c->sock);
 	zmq_setsockopt(c->sock, ZMQ_RCVTIMEO, &ms, sizeof(ms));
+	if (server_pub)
+		REQUIRE(dcast_curve_client_setup(c->sock, server_pub, secret_file) == 0);
 	snprintf(ep, sizeof(ep), "tcp://127.0.0.1:%d", port);
 	REQUIRE(zmq_connect(c->sock, ep) == 0);
+}
+
+static inline void h_client_open(struct h_client *c, int port, const char *model)
+{
+	h_client_open_curve(c, port, model, NULL, NULL);
 }
 
 static inline void h_client_close(struct h_client *c)

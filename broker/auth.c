@@ -1,0 +1,213 @@
+/* CURVE server set-up and the ZAP handler (auth.h).  The handler runs in its
+ * own thread on a REP socket: it reads only the key lists, which are fixed
+ * before it starts, and answers every request, so handshakes never wait on
+ * the broker's loop.  Sockets are told apart by ZMQ_ZAP_DOMAIN. */
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <string.h>
+#include "auth.h"
+#include "dcast_common.h"
+#include "dcast_curve.h"
+
+#define AUTH_MAX_KEYS 4096
+#define AUTH_ZAP_FRAMES 8
+
+struct key_list {
+	char (*keys)[DCAST_Z85_KEY_LEN + 1];
+	unsigned n;
+	int given;
+};
+
+static struct {
+	int started;
+	char secret[DCAST_Z85_KEY_LEN + 1], public_z85[DCAST_Z85_KEY_LEN + 1];
+	struct key_list producers, consumers;
+	void *zap;
+	pthread_t thread;
+	atomic_ullong refused;
+} auth;
+
+uint64_t broker_auth_refused(void)
+{
+	return atomic_load(&auth.refused);
+}
+
+static int load_keys(const char *path, struct key_list *kl)
+{
+	char line[256];
+	FILE *f;
+	int lineno = 0;
+
+	if (!path)
+		return 0;
+	kl->given = 1;
+	if (!(kl->keys = calloc(AUTH_MAX_KEYS, sizeof(*kl->keys))))
+		return dcast_fail(DCAST_ENOMEM, "key list '%s'", path);
+	if (!(f = fopen(path, "r")))
+		return dcast_fail(DCAST_EIO, "key list '%s': %s", path, strerror(errno));
+	while (fgets(line, sizeof(line), f)) {
+		size_t n = strcspn(line, " \t\r\n");
+		uint8_t bin[32];
+		int key;
+
+		lineno++;
+		line[n] = '\0';
+		key = n == DCAST_Z85_KEY_LEN && zmq_z85_decode(bin, line); /* Z85 has '#' */
+		if (!key && (n == 0 || line[0] == '#'))
+			continue;
+		if (!key || kl->n == AUTH_MAX_KEYS) {
+			fclose(f);
+			return dcast_fail(DCAST_EMALFORMED, "key list '%s' line %d: %s", path, lineno,
+					  kl->n == AUTH_MAX_KEYS ? "more than 4096 keys"
+								 : "not a 40-character Z85 public key");
+		}
+		memcpy(kl->keys[kl->n++], line, n + 1);
+	}
+	fclose(f);
+	DCAST_LOG_I("auth: %u key(s) from '%s'", kl->n, path);
+	return 0;
+}
+
+static int key_listed(const struct key_list *kl, const char *z85)
+{
+	for (unsigned i = 0; i < kl->n; i++)
+		if (!strcmp(kl->keys[i], z85))
+			return 1;
+	return 0;
+}
+
+/* Decide one ZAP request: 1 admit, 0 refuse. */
+static int zap_decide(const char *domain, const char *mechanism, const uint8_t *key,
+		      size_t key_len, char *z85)
+{
+	strcpy(z85, "?");
+	if (strcmp(mechanism, "CURVE") || key_len != 32 || !zmq_z85_encode(z85, key, 32))
+		return 0;
+	if (!strcmp(domain, "producers"))
+		return key_listed(&auth.producers, z85);
+	if (!strcmp(domain, "consumers"))
+		return !auth.consumers.given || key_listed(&auth.consumers, z85);
+	return 0;
+}
+
+static void frame_str(zmq_msg_t *m, char *out, size_t cap)
+{
+	size_t n = zmq_msg_size(m) < cap - 1 ? zmq_msg_size(m) : cap - 1;
+
+	memcpy(out, zmq_msg_data(m), n);
+	out[n] = '\0';
+}
+
+static void zap_reply(void *sock, zmq_msg_t *req_id, int ok)
+{
+	const char *status = ok ? "200" : "400", *text = ok ? "OK" : "key not listed";
+
+	zmq_send(sock, "1.0", 3, ZMQ_SNDMORE);
+	zmq_send(sock, zmq_msg_data(req_id), zmq_msg_size(req_id), ZMQ_SNDMORE);
+	zmq_send(sock, status, 3, ZMQ_SNDMORE);
+	zmq_send(sock, text, strlen(text), ZMQ_SNDMORE);
+	zmq_send(sock, "", 0, ZMQ_SNDMORE);
+	zmq_send(sock, "", 0, 0);
+}
+
+/* Receive one request (all its frames); returns frames read, -1 on ETERM. */
+static int zap_recv(void *sock, zmq_msg_t *f)
+{
+	int n = 0, more = 1;
+
+	while (more) {
+		zmq_msg_t scratch, *m = n < AUTH_ZAP_FRAMES ? &f[n] : &scratch;
+
+		zmq_msg_init(m);
+		if (zmq_msg_recv(m, sock, 0) < 0) {
+			zmq_msg_close(m);
+			return errno == ETERM ? -1 : n;
+		}
+		more = zmq_msg_more(m);
+		if (m == &scratch)
+			zmq_msg_close(m);
+		else
+			n++;
+	}
+	return n;
+}
+
+static void *zap_thread(void *arg)
+{
+	void *sock = arg;
+	zmq_msg_t f[AUTH_ZAP_FRAMES];
+	int n;
+
+	while ((n = zap_recv(sock, f)) >= 0) {
+		char domain[64] = "", mech[32] = "", addr[64] = "", z85[DCAST_Z85_KEY_LEN + 1];
+		int ok = 0;
+
+		if (n >= 7) {
+			frame_str(&f[2], domain, sizeof(domain));
+			frame_str(&f[3], addr, sizeof(addr));
+			frame_str(&f[5], mech, sizeof(mech));
+			ok = zap_decide(domain, mech, zmq_msg_data(&f[6]), zmq_msg_size(&f[6]), z85);
+		}
+		if (n >= 2)
+			zap_reply(sock, &f[1], ok);
+		if (!ok) {
+			atomic_fetch_add(&auth.refused, 1);
+			DCAST_LOG_W("auth: refused %s peer %s: %s key %s not listed", domain, addr,
+				    mech, z85);
+		}
+		for (int i = 0; i < n; i++)
+			zmq_msg_close(&f[i]);
+	}
+	zmq_close(sock);
+	return NULL;
+}
+
+static int auth_start(struct broker *b)
+{
+	const struct broker_config *c = &b->cfg;
+	int zero = 0, rc;
+
+	if (!c->producer_keys)
+		return dcast_fail(DCAST_EINVAL, "--curve-secret needs --producer-keys FILE "
+				  "(the producer keys to admit)");
+	if ((rc = dcast_curve_read_secret(c->curve_secret, auth.secret, auth.public_z85)) ||
+	    (rc = load_keys(c->producer_keys, &auth.producers)) ||
+	    (rc = load_keys(c->consumer_keys, &auth.consumers)))
+		return rc;
+	auth.zap = zmq_socket(b->ctx, ZMQ_REP);
+	if (!auth.zap || zmq_setsockopt(auth.zap, ZMQ_LINGER, &zero, sizeof(zero)) ||
+	    zmq_bind(auth.zap, "inproc://zeromq.zap.01"))
+		return dcast_fail(DCAST_EZMQ, "ZAP handler: %s", zmq_strerror(errno));
+	if (pthread_create(&auth.thread, NULL, zap_thread, auth.zap))
+		return dcast_fail(DCAST_ENOMEM, "ZAP handler thread");
+	pthread_detach(auth.thread);
+	auth.started = 1;
+	DCAST_LOG_I("auth: CURVE on; server public key %s; consumers %s", auth.public_z85,
+		    auth.consumers.given ? "listed only" : "any CURVE client");
+	return 0;
+}
+
+int broker_auth_socket(struct broker *b, void *sock, const char *which)
+{
+	const struct broker_config *c = &b->cfg;
+	int one = 1, rc;
+
+	if (!c->curve_secret)
+		return c->producer_keys || c->consumer_keys
+			       ? dcast_fail(DCAST_EINVAL, "--producer-keys/--consumer-keys need "
+					    "--curve-secret FILE")
+			       : 0;
+	if (!auth.started && (rc = auth_start(b)))
+		return rc;
+	if (!strcmp(which, "upstream")) {
+		DCAST_LOG_W("auth: the --upstream connection is not CURVE-encrypted");
+		return 0;
+	}
+	if (zmq_setsockopt(sock, ZMQ_ZAP_DOMAIN, which, strlen(which)) ||
+	    zmq_setsockopt(sock, ZMQ_CURVE_SERVER, &one, sizeof(one)) ||
+	    zmq_setsockopt(sock, ZMQ_CURVE_SECRETKEY, auth.secret, DCAST_Z85_KEY_LEN))
+		return dcast_fail(DCAST_EZMQ, "%s socket: CURVE options: %s", which,
+				  zmq_strerror(errno));
+	return 0;
+}

@@ -1,0 +1,22 @@
+/* Private to broker/: CURVE on the broker's sockets and the ZAP handler that
+ * admits listed keys (--curve-secret, --producer-keys, --consumer-keys). */
+#ifndef DCAST_BROKER_AUTH_H
+#define DCAST_BROKER_AUTH_H
+
+#include <stdint.h>
+#include "broker.h"
+
+/* Set CURVE server options on a broker socket before bind (which:
+ * "producers", "consumers"; "upstream" DEALERs are left plain).  The first
+ * call with --curve-secret loads the key files and starts the ZAP handler
+ * thread on inproc://zeromq.zap.01 in b->ctx; it runs until the context
+ * terminates.  Without --curve-secret: no-op, but key lists given without
+ * it are refused.  Errors: DCAST_EINVAL (a key file without
+ * --curve-secret, --curve-secret without --producer-keys), key file errors
+ * (DCAST_EIO / DCAST_EMALFORMED naming file and line), DCAST_EZMQ. */
+int broker_auth_socket(struct broker *b, void *sock, const char *which);
+
+/* Peers refused by the ZAP handler so far (for metrics). */
+uint64_t broker_auth_refused(void);
+
+#endif

@@ -15,7 +15,8 @@
 	X(gen_trace, "gen-trace", "write a synthetic RL training trace of bf16 checkpoints")  \
 	X(diff, "diff", "measure the delta between two checkpoints: sizes, entropy, speed")  \
 	X(delta, "delta", "encode NEW against BASE into a patch file")                      \
-	X(apply, "apply", "apply a patch file to BASE, writing a checkpoint equal to NEW")
+	X(apply, "apply", "apply a patch file to BASE, writing a checkpoint equal to NEW") \
+	X(subscribe, "subscribe", "follow a model from a broker into DIR/model.safetensors")
 
 #define CLI_DECLARE(fn, name, summary) int cmd_##fn(int argc, char **argv);
 CLI_COMMANDS(CLI_DECLARE)

@@ -1,0 +1,139 @@
+/* deltacast subscribe: follow a model through a broker with the consumer
+ * library and keep DIR/model.safetensors equal to the newest applied
+ * version (plus the delta log it writes while staging).  One line per
+ * applied version; exits 0 once --until is reached. */
+#include <getopt.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "dcast_common.h"
+#include "deltacast/consumer.h"
+
+#define CMD "subscribe"
+
+static const char usage_text[] =
+	"usage: deltacast subscribe --broker ENDPOINT --model NAME --dir DIR\n"
+	"                           [--until VERSION] [--budget BYTES] [--no-verify]\n"
+	"Receives versions of NAME from the broker's consumer endpoint, applies each\n"
+	"one and writes it to DIR/model.safetensors.  Prints, per version:\n"
+	"  version V anchor|delta bytes B stage_ms S apply_ms A received R\n"
+	"(R: payload bytes received since start).  Restarted with the same DIR it\n"
+	"resumes from the last whole version there.  Exits 0 when VERSION is applied.\n";
+
+static volatile sig_atomic_t stop;
+
+static void on_signal(int sig)
+{
+	(void)sig;
+	stop = 1;
+}
+
+typedef struct sub_args {
+	const char *broker, *model, *dir;
+	uint64_t until, budget;
+	int verify;
+} sub_args;
+
+static int parse(int argc, char **argv, sub_args *a)
+{
+	static const struct option opts[] = {
+		{"broker", required_argument, 0, 'b'}, {"model", required_argument, 0, 'm'},
+		{"dir", required_argument, 0, 'd'},    {"until", required_argument, 0, 'u'},
+		{"budget", required_argument, 0, 'B'}, {"no-verify", no_argument, 0, 'n'},
+		{"help", no_argument, 0, 'h'},         {0, 0, 0, 0}};
+	int o;
+	char *end;
+
+	*a = (sub_args){.until = DCAST_VERSION_NONE, .budget = 64u << 20, .verify = 1};
+	while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+		switch (o) {
+		case 'b': a->broker = optarg; break;
+		case 'm': a->model = optarg; break;
+		case 'd': a->dir = optarg; break;
+		case 'n': a->verify = 0; break;
+		case 'u':
+		case 'B':
+			*(o == 'u' ? &a->until : &a->budget) = strtoull(optarg, &end, 10);
+			if (!*optarg || *end)
+				return cli_usage_error(CMD, "--%s: \"%s\" is not an unsigned integer",
+						       cli_option_name(opts, o), optarg);
+			break;
+		case 'h': fputs(usage_text, stdout); return -1;
+		default: return cli_usage_error(CMD, "unknown option");
+		}
+	}
+	if (!a->broker || !a->model || !a->dir)
+		return cli_usage_error(CMD, "--broker, --model and --dir are required");
+	return 0;
+}
+
+static void print_version(dcast_consumer *c)
+{
+	dcast_consumer_stats st;
+
+	dcast_consumer_stats_get(c, &st);
+	printf("version %" PRIu64 " %s bytes %" PRIu64 " stage_ms %.3f apply_ms %.3f received %" PRIu64 "\n",
+	       st.version, st.anchor ? "anchor" : "delta", st.bytes, st.stage_ns / 1e6, st.apply_ns / 1e6,
+	       st.total_bytes_received);
+	fflush(stdout);
+}
+
+static int reached(dcast_consumer *c, uint64_t until)
+{
+	uint64_t v = dcast_consumer_version(c);
+	return until != DCAST_VERSION_NONE && v != DCAST_VERSION_NONE && v >= until;
+}
+
+static int follow(dcast_consumer *c, const sub_args *a)
+{
+	dcast_event ev;
+	int err = 0;
+
+	while (!stop && !err && !reached(c, a->until)) {
+		if ((err = dcast_consumer_poll(c, 200, &ev)))
+			break;
+		if (ev.type == DCAST_EV_ERROR || ev.type == DCAST_EV_GAP)
+			fprintf(stderr, "deltacast subscribe: %s at version %" PRIu64 ": %s\n",
+				ev.type == DCAST_EV_GAP ? "gap" : dcast_errname(ev.code), ev.version, ev.text);
+		if (ev.type != DCAST_EV_VERSION_READY)
+			continue;
+		if (dcast_consumer_apply(c, ev.version)) {
+			fprintf(stderr, "deltacast subscribe: version %" PRIu64 " refused: %s\n", ev.version,
+				dcast_last_error());
+			continue;
+		}
+		if (!(err = dcast_consumer_checkpoint(c)))
+			print_version(c);
+	}
+	return err;
+}
+
+int cmd_subscribe(int argc, char **argv)
+{
+	sub_args a;
+	dcast_consumer_opts o;
+	dcast_consumer *c = NULL;
+	int rc = parse(argc, argv, &a), err;
+
+	if (rc)
+		return rc < 0 ? CLI_OK : rc;
+	dcast_consumer_opts_init(&o);
+	o.verify_digests = a.verify;
+	o.fold_every = 1;
+	o.client = "deltacast-subscribe";
+	signal(SIGINT, on_signal);
+	signal(SIGTERM, on_signal);
+	if ((err = dcast_consumer_open(a.broker, a.model, a.dir, a.budget, &o, &c)))
+		return cli_report(CMD, err);
+	if (dcast_consumer_version(c) != DCAST_VERSION_NONE)
+		printf("loaded version %" PRIu64 " from %s\n", dcast_consumer_version(c), a.dir);
+	fflush(stdout);
+	err = follow(c, &a);
+	dcast_consumer_close(&c);
+	if (err)
+		return cli_report(CMD, err);
+	return stop ? CLI_FAILED : CLI_OK;
+}

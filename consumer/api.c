@@ -1,0 +1,176 @@
+/* The consumer's calls on live tensors: bind, read, apply, wait, stats. */
+#include <errno.h>
+#include <inttypes.h>
+#include <string.h>
+#include <time.h>
+#include "consumer_impl.h"
+#include "dcast_common.h"
+
+int dcast_consumer_bind(dcast_consumer *c, const char *name, void *ptr, dcast_mem mem, uint64_t bytes)
+{
+	cs_tensor *t;
+
+	if (!c || !name || !ptr)
+		return dcast_fail(DCAST_EINVAL, "dcast_consumer_bind: NULL argument");
+	if (!(t = cs_tensor_find(c, name)))
+		return dcast_fail(DCAST_ENOTFOUND, "bind: no tensor \"%s\" in the manifest of %s", name, c->model);
+	if (mem == DCAST_MEM_CUDA && !dcast_cuda_available())
+		return dcast_fail(DCAST_ENODEVICE, "bind %s: CUDA memory but no CUDA device", name);
+	if (mem != DCAST_MEM_HOST && mem != DCAST_MEM_CUDA)
+		return dcast_fail(DCAST_EINVAL, "bind %s: unknown memory kind %d", name, (int)mem);
+	if (bytes != t->bytes)
+		return dcast_fail(DCAST_ESHAPE, "bind %s: %" PRIu64 " bytes given, the manifest says %" PRIu64,
+				  name, bytes, t->bytes);
+	if (!t->owned)
+		return dcast_fail(DCAST_ESTATE, "bind %s: already bound", name);
+	if (mem == DCAST_MEM_CUDA)
+		return dcast_fail(DCAST_ENODEVICE, "bind %s: CUDA tensors need a CUDA build with a device", name);
+	memcpy(ptr, t->ptr, t->bytes);
+	free(t->ptr);
+	t->ptr = ptr;
+	t->mem = mem;
+	t->owned = 0;
+	return 0;
+}
+
+int dcast_consumer_tensor(dcast_consumer *c, const char *name, void **ptr, dcast_tensor_desc *desc,
+			  dcast_mem *mem)
+{
+	cs_tensor *t = c && name ? cs_tensor_find(c, name) : NULL;
+
+	if (!t)
+		return dcast_fail(DCAST_ENOTFOUND, "no tensor \"%s\"", name ? name : "(null)");
+	if (ptr)
+		*ptr = t->ptr;
+	if (desc)
+		*desc = t->desc;
+	if (mem)
+		*mem = (dcast_mem)t->mem;
+	return 0;
+}
+
+uint32_t dcast_consumer_tensor_count(const dcast_consumer *c)
+{
+	return c ? c->n_tensors : 0;
+}
+
+int dcast_consumer_tensor_at(const dcast_consumer *c, uint32_t i, dcast_tensor_desc *desc)
+{
+	if (!c || !desc || i >= c->n_tensors)
+		return dcast_fail(DCAST_ENOTFOUND, "tensor index %u out of range", i);
+	*desc = c->tensors[i].desc;
+	return 0;
+}
+
+uint64_t dcast_consumer_ready_version(const dcast_consumer *c)
+{
+	uint64_t have = dcast_consumer_version(c), v = DCAST_VERSION_NONE;
+
+	for (uint32_t i = 0; c && i < c->n_staged && c->staged[i].state == CS_V_READY; i++) {
+		const cs_version *s = &c->staged[i];
+		if (!s->anchor && s->base_version != have)
+			break;
+		v = have = s->version;
+	}
+	return v;
+}
+
+static void record_stats(dcast_consumer *c, const cs_version *v, uint64_t apply_ns)
+{
+	c->stats.version = v->version;
+	c->stats.anchor = v->anchor;
+	c->stats.chunks = v->n_chunks;
+	c->stats.bytes = v->bytes;
+	c->stats.stage_ns = v->ready_ns - v->first_ns;
+	c->stats.apply_ns = apply_ns;
+	c->stats.spilled_chunks = v->spilled;
+}
+
+/* Apply the first staged version; on success it leaves staged[]. */
+static int apply_first(dcast_consumer *c)
+{
+	cs_version *v = &c->staged[0];
+	uint64_t t0 = dcast_now_ns();
+	int err;
+
+	if (v->state != CS_V_READY)
+		return dcast_fail(DCAST_ESTATE, "version %" PRIu64 " is not ready", v->version);
+	if (!v->anchor && v->base_version != dcast_consumer_version(c))
+		return dcast_fail(DCAST_EGAP, "version %" PRIu64 " builds on %" PRIu64 ", tensors hold %" PRIu64,
+				  v->version, v->base_version, dcast_consumer_version(c));
+	err = cs_apply_version(c, v, c->opts.verify_digests);
+	if (err)
+		return err;
+	cs_set_applied(c, v->version);
+	record_stats(c, v, dcast_now_ns() - t0);
+	cs_ack(c, v->version);
+	c->deltas_since_fold = v->anchor ? c->opts.fold_every : c->deltas_since_fold + 1;
+	if (c->deltas_since_fold >= c->opts.fold_every)
+		c->fold_due = 1;
+	cs_version_drop(c, v, 0);
+	return 0;
+}
+
+int dcast_consumer_apply(dcast_consumer *c, uint64_t version)
+{
+	cs_version *v = c ? cs_version_find(c, version) : NULL;
+	int err = 0;
+
+	if (!v || v->state != CS_V_READY)
+		return dcast_fail(DCAST_ESTATE, "apply: version %" PRIu64 " is not ready", version);
+	if (v->anchor) /* an anchor supersedes everything staged before it */
+		while (&c->staged[0] != v && c->staged[0].version < version)
+			cs_version_drop(c, &c->staged[0], 1), v--;
+	for (uint32_t guard = 0; !err && c->n_staged && c->staged[0].version <= version &&
+	     guard < CS_MAX_STAGED; guard++)
+		err = apply_first(c);
+	if (err) {
+		int rerr = cs_rejoin(c);
+		(void)rerr;
+	}
+	return err;
+}
+
+int dcast_consumer_wait_version(dcast_consumer *c, uint64_t min_version, int timeout_ms)
+{
+	struct timespec ts;
+	int rc = 0;
+
+	if (!c)
+		return dcast_fail(DCAST_EINVAL, "wait_version: NULL consumer");
+	clock_gettime(CLOCK_REALTIME, &ts);
+	ts.tv_sec += timeout_ms / 1000;
+	ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000;
+	if (ts.tv_nsec >= 1000000000)
+		ts.tv_sec++, ts.tv_nsec -= 1000000000;
+	pthread_mutex_lock(&c->mu);
+	for (;;) {
+		uint64_t v = atomic_load(&c->applied);
+		if (v != DCAST_VERSION_NONE && v >= min_version)
+			break;
+		rc = timeout_ms < 0 ? pthread_cond_wait(&c->cv, &c->mu) : pthread_cond_timedwait(&c->cv, &c->mu, &ts);
+		if (rc == ETIMEDOUT)
+			break;
+	}
+	pthread_mutex_unlock(&c->mu);
+	if (rc == ETIMEDOUT)
+		return dcast_fail(DCAST_ETIMEDOUT, "version %" PRIu64 " not reached in %d ms", min_version, timeout_ms);
+	return 0;
+}
+
+void dcast_consumer_stats_get(const dcast_consumer *c, dcast_consumer_stats *st)
+{
+	*st = c->stats;
+	st->total_bytes_received = c->total_received;
+	st->peak_pool_bytes = c->pool.peak;
+	st->pool_bytes = c->pool.bytes;
+}
+
+int dcast_consumer_checkpoint(dcast_consumer *c)
+{
+	int err = cs_ckpt_fold(c);
+
+	if (!err)
+		c->fold_due = 0;
+	return err;
+}

@@ -1,0 +1,378 @@
+/* Reading the local checkpoint back: load at open (anchor file, then every
+ * whole record file in version order, cutting a torn or corrupt tail),
+ * restore after a failed apply that could not undo in memory, and fold the
+ * log into a new anchor file.  Record layout: ckpt.c. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include "consumer_impl.h"
+#include "dcast_common.h"
+#include "deltacast/safetensors.h"
+
+#define MAX_LOG_FILES 4096
+
+static int pread_full(int fd, void *buf, size_t len, uint64_t off)
+{
+	size_t got = 0;
+
+	for (int guard = 0; got < len && guard < 1000000; guard++) {
+		ssize_t r = pread(fd, (char *)buf + got, len - got, (off_t)(off + got));
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			return -1;
+		got += (size_t)r;
+	}
+	return 0;
+}
+
+/* Read a small body (manifest, digests) into a new buffer and check it. */
+static int read_body(int fd, const rec_hdr *h, uint64_t off, void **out, const char *path)
+{
+	void *b = malloc(h->body_len ? h->body_len : 1);
+
+	if (!b)
+		return dcast_fail(DCAST_ENOMEM, "%s: record body of %" PRIu64 " bytes", path, h->body_len);
+	if (pread_full(fd, b, h->body_len, off) || dcast_checksum(b, h->body_len) != h->body_checksum) {
+		free(b);
+		return dcast_fail(DCAST_ECORRUPT, "%s: record at %" PRIu64 ": body torn or corrupt", path, off);
+	}
+	*out = b;
+	return 0;
+}
+
+static int on_manifest(dcast_consumer *c, int fd, const rec_hdr *h, uint64_t off, const char *path)
+{
+	void *b;
+	dcast_msg m;
+	int err = read_body(fd, h, off, &b, path);
+
+	if (err)
+		return err;
+	err = dcast_msg_decode(b, h->body_len, &m);
+	free(b);
+	if (err)
+		return dcast_fail(DCAST_ECORRUPT, "%s: manifest record: %s", path, dcast_last_error());
+	if (m.type != DCAST_MSG_MANIFEST)
+		err = dcast_fail(DCAST_ECORRUPT, "%s: manifest record holds %s", path, dcast_msg_type_name((int)m.type));
+	else
+		err = cs_tensors_from_manifest(c, &m.u.manifest);
+	dcast_msg_free(&m);
+	return err;
+}
+
+static int on_chunk(dcast_consumer *c, cs_version *v, const rec_hdr *h, uint64_t off, const char *path)
+{
+	dcast_chunk k = {0};
+	cs_chunk s = {0};
+
+	k.version = h->version;
+	k.base_version = h->base_version;
+	k.anchor = h->anchor;
+	k.part = h->part;
+	k.seq = h->seq_or_chunks;
+	k.tensor = h->tensor_or_ndigests;
+	k.start = h->start_or_bytes;
+	k.count = h->count;
+	k.elem_size = h->elem_size;
+	k.encoding = h->encoding;
+	k.changed = h->changed;
+	k.payload_bytes = h->body_len;
+	if (h->version != v->version || h->anchor != (uint32_t)v->anchor ||
+	    h->base_version != v->base_version || cs_check_chunk(c, &k))
+		return dcast_fail(DCAST_ECORRUPT, "%s: chunk record at %" PRIu64 " does not fit: %s",
+				  path, off, dcast_last_error());
+	if (cs_version_seen(v, k.part, k.seq))
+		return 0;
+	s.part = k.part, s.seq = k.seq, s.tensor = k.tensor, s.start = k.start;
+	s.info = (dcast_chunk_info){k.encoding, k.elem_size, k.count, k.changed, k.payload_bytes};
+	s.checksum = h->body_checksum;
+	s.file_off = off;
+	return cs_version_add(v, &s);
+}
+
+static int on_commit(cs_version *v, int fd, const rec_hdr *h, uint64_t off, const char *path)
+{
+	rec_digest *d;
+	dcast_commit *m = &v->commit;
+	int err;
+
+	if (h->seq_or_chunks != v->n_chunks || h->start_or_bytes != v->bytes ||
+	    h->body_len != (uint64_t)h->tensor_or_ndigests * sizeof(rec_digest))
+		return dcast_fail(DCAST_ECORRUPT, "%s: commit record: %u chunks / %" PRIu64
+				  " bytes, file holds %u / %" PRIu64, path, h->seq_or_chunks,
+				  h->start_or_bytes, v->n_chunks, v->bytes);
+	if ((err = read_body(fd, h, off, (void **)&d, path)))
+		return err;
+	m->digests = calloc(h->tensor_or_ndigests ? h->tensor_or_ndigests : 1, sizeof(*m->digests));
+	if (!m->digests) {
+		free(d);
+		return dcast_fail(DCAST_ENOMEM, "%s: digests", path);
+	}
+	m->n_digests = h->tensor_or_ndigests;
+	for (uint32_t i = 0; i < m->n_digests; i++)
+		m->digests[i] = (dcast_range_digest){d[i].tensor, d[i].start, d[i].count, d[i].digest};
+	free(d);
+	m->version = v->version;
+	m->base_version = v->base_version;
+	m->anchor = (uint32_t)v->anchor;
+	m->chunks = v->n_chunks;
+	m->bytes = v->bytes;
+	v->state = CS_V_READY;
+	return 0;
+}
+
+static int parse_records(dcast_consumer *c, cs_version *v, const char *path, uint64_t size)
+{
+	uint64_t off = 0;
+	int err = 0;
+
+	for (uint32_t guard = 0; off < size && guard < DCAST_MAX_CHUNKS; guard++) {
+		rec_hdr h;
+		if (off + sizeof(h) > size || pread_full(v->fd, &h, sizeof(h), off) ||
+		    h.magic != REC_MAGIC || dcast_checksum(&h, offsetof(rec_hdr, hdr_checksum)) != h.hdr_checksum ||
+		    h.body_len > size - off - sizeof(h))
+			return dcast_fail(DCAST_ECORRUPT, "%s: torn or corrupt record at offset %" PRIu64, path, off);
+		if (v->state == CS_V_READY)
+			return dcast_fail(DCAST_ECORRUPT, "%s: record after the commit record", path);
+		if (off == 0) {
+			v->anchor = (int)h.anchor;
+			v->base_version = h.base_version;
+		}
+		off += sizeof(h);
+		if (h.type == REC_MANIFEST && off == sizeof(h))
+			err = c->n_tensors ? 0 : on_manifest(c, v->fd, &h, off, path);
+		else if (h.type == REC_CHUNK)
+			err = on_chunk(c, v, &h, off, path);
+		else if (h.type == REC_COMMIT)
+			err = on_commit(v, v->fd, &h, off, path);
+		else
+			err = dcast_fail(DCAST_ECORRUPT, "%s: unknown record type %u", path, h.type);
+		if (err)
+			return err;
+		off += h.body_len;
+	}
+	if (v->state != CS_V_READY)
+		return dcast_fail(DCAST_ETRUNCATED, "%s: no commit record (version incomplete)", path);
+	return 0;
+}
+
+/* Open and index the record file of `version` into *v (READY on success). */
+static int parse_file(dcast_consumer *c, uint64_t version, cs_version *v)
+{
+	char path[4096];
+	struct stat st;
+
+	cs_version_init(v, version);
+	cs_ckpt_version_path(c, version, path, sizeof(path));
+	v->fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (v->fd < 0 || fstat(v->fd, &st) != 0)
+		return dcast_fail(DCAST_EIO, "%s: open: %s", path, strerror(errno));
+	v->file_bytes = (uint64_t)st.st_size;
+	return parse_records(c, v, path, v->file_bytes);
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+	return x < y ? -1 : x > y;
+}
+
+/* Versions of the record files present, sorted; *n at most cap. */
+static int list_versions(dcast_consumer *c, uint64_t *out, uint32_t cap, uint32_t *n)
+{
+	DIR *d = opendir(c->log_dir);
+	struct dirent *e;
+
+	*n = 0;
+	if (!d)
+		return dcast_fail(DCAST_EIO, "%s: %s", c->log_dir, strerror(errno));
+	while ((e = readdir(d)) && *n < cap) {
+		char *end;
+		unsigned long long v = strtoull(e->d_name, &end, 10);
+		if (end != e->d_name && !strcmp(end, ".rec"))
+			out[(*n)++] = v;
+	}
+	closedir(d);
+	qsort(out, *n, sizeof(*out), cmp_u64);
+	return 0;
+}
+
+static void remove_version(dcast_consumer *c, uint64_t version)
+{
+	char path[4096];
+
+	cs_ckpt_version_path(c, version, path, sizeof(path));
+	unlink(path);
+}
+
+static int copy_anchor_tensor(cs_tensor *t, const dcast_st_tensor *s, const char *path)
+{
+	if (!s || s->nbytes != t->bytes || dcast_dtype_from_name(dcast_st_dtype_name(s->dtype)) != (int)t->desc.dtype)
+		return dcast_fail(DCAST_ESHAPE, "%s: tensor %s missing or of another dtype/size",
+				  path, t->desc.name);
+	if (t->mem != DCAST_MEM_HOST)
+		return dcast_fail(DCAST_ENODEVICE, "%s: restoring CUDA tensor %s needs a device", path, t->desc.name);
+	memcpy(t->ptr, s->data, t->bytes);
+	return 0;
+}
+
+/* Tensors (created from the file when none are known yet) := anchor file. */
+static int load_anchor(dcast_consumer *c, uint64_t *version)
+{
+	dcast_st_file *f = NULL;
+	const char *vs;
+	int err = dcast_st_open(c->anchor_path, &f);
+
+	if (err)
+		return err;
+	vs = dcast_st_metadata_get(f, "deltacast.version");
+	if (!vs || !*vs) {
+		dcast_st_close(&f);
+		return dcast_fail(DCAST_ECORRUPT, "%s: no deltacast.version metadata", c->anchor_path);
+	}
+	*version = strtoull(vs, NULL, 10);
+	if (!c->n_tensors) {
+		dcast_manifest m = {0};
+		size_t n = dcast_st_count(f);
+		snprintf(m.model, sizeof(m.model), "%s", c->model);
+		m.tensors = calloc(n ? n : 1, sizeof(*m.tensors));
+		m.n_tensors = (uint32_t)n;
+		for (size_t i = 0; m.tensors && i < n; i++) {
+			const dcast_st_tensor *s = dcast_st_tensor_at(f, i);
+			snprintf(m.tensors[i].name, sizeof(m.tensors[i].name), "%s", s->name);
+			m.tensors[i].dtype = (uint32_t)dcast_dtype_from_name(dcast_st_dtype_name(s->dtype));
+			m.tensors[i].ndim = s->ndim;
+			memcpy(m.tensors[i].shape, s->shape, sizeof(s->shape));
+		}
+		err = m.tensors ? cs_tensors_from_manifest(c, &m) : dcast_fail(DCAST_ENOMEM, "manifest");
+		free(m.tensors);
+	}
+	for (uint32_t i = 0; !err && i < c->n_tensors; i++)
+		err = copy_anchor_tensor(&c->tensors[i], dcast_st_find(f, c->tensors[i].desc.name),
+					 c->anchor_path);
+	dcast_st_close(&f);
+	return err;
+}
+
+/* Replay whole record files after `have` up to `until`; cut from the first
+ * one that is not whole or does not follow. */
+static int replay(dcast_consumer *c, uint64_t have, uint64_t until, int cut)
+{
+	uint64_t *vers = malloc(MAX_LOG_FILES * sizeof(*vers));
+	uint32_t n = 0;
+	int err = vers ? list_versions(c, vers, MAX_LOG_FILES, &n) : dcast_fail(DCAST_ENOMEM, "log list");
+
+	for (uint32_t i = 0; !err && i < n; i++) {
+		cs_version v;
+		if (vers[i] <= have && have != DCAST_VERSION_NONE) {
+			if (cut)
+				remove_version(c, vers[i]);
+			continue;
+		}
+		if (vers[i] > until && until != DCAST_VERSION_NONE)
+			break;
+		err = parse_file(c, vers[i], &v);
+		if (!err && !v.anchor && v.base_version != have)
+			err = dcast_fail(DCAST_EGAP, "record file of version %" PRIu64 ": base %" PRIu64
+					 " but checkpoint is at %" PRIu64, vers[i], v.base_version, have);
+		if (!err)
+			err = cs_apply_version(c, &v, c->opts.verify_digests);
+		if (!err) {
+			have = vers[i];
+			cs_set_applied(c, have);
+			if (cut)
+				c->deltas_since_fold = v.anchor ? 1000000 : c->deltas_since_fold + 1;
+		}
+		cs_version_free(&v);
+		if (err && cut) {
+			DCAST_LOG_W("consumer %s: checkpoint cut back to version %" PRIu64 ": %s",
+				    c->model, have, dcast_last_error());
+			for (uint32_t j = i; j < n; j++)
+				remove_version(c, vers[j]);
+			err = 0;
+			break;
+		}
+	}
+	free(vers);
+	if (!err)
+		cs_set_applied(c, have);
+	return err;
+}
+
+int cs_ckpt_load(dcast_consumer *c)
+{
+	uint64_t have = DCAST_VERSION_NONE;
+	int err;
+
+	if (access(c->anchor_path, F_OK) == 0) {
+		err = load_anchor(c, &have);
+		if (err)
+			return err;
+	}
+	c->anchor_file_version = have;
+	cs_set_applied(c, have);
+	err = replay(c, have, DCAST_VERSION_NONE, 1);
+	if (!err && c->deltas_since_fold >= (c->opts.fold_every ? c->opts.fold_every : 1))
+		err = cs_ckpt_fold(c);
+	return err;
+}
+
+int cs_ckpt_restore(dcast_consumer *c)
+{
+	uint64_t target = dcast_consumer_version(c), have = DCAST_VERSION_NONE;
+	int err = 0;
+
+	if (target == DCAST_VERSION_NONE)
+		return 0;
+	if (c->anchor_file_version != DCAST_VERSION_NONE && (err = load_anchor(c, &have)))
+		return err;
+	err = replay(c, have, target, 0);
+	if (!err && dcast_consumer_version(c) != target)
+		err = dcast_fail(DCAST_ECORRUPT, "restore reached version %" PRIu64 ", not %" PRIu64,
+				 dcast_consumer_version(c), target);
+	return err;
+}
+
+int cs_ckpt_fold(dcast_consumer *c)
+{
+	uint64_t v = dcast_consumer_version(c);
+	char vbuf[32];
+	dcast_st_meta meta[2] = {{"deltacast.model", c->model}, {"deltacast.version", vbuf}};
+	dcast_st_spec *specs;
+	int err = 0;
+
+	if (v == DCAST_VERSION_NONE)
+		return 0;
+	specs = calloc(c->n_tensors ? c->n_tensors : 1, sizeof(*specs));
+	if (!specs)
+		return dcast_fail(DCAST_ENOMEM, "fold: %u tensors", c->n_tensors);
+	snprintf(vbuf, sizeof(vbuf), "%" PRIu64, v);
+	for (uint32_t i = 0; !err && i < c->n_tensors; i++) {
+		cs_tensor *t = &c->tensors[i];
+		if (t->mem != DCAST_MEM_HOST)
+			err = dcast_fail(DCAST_ENODEVICE, "fold: tensor %s is on a CUDA device", t->desc.name);
+		specs[i] = (dcast_st_spec){t->desc.name, dcast_st_dtype_from_name(dcast_dtype_name((int)t->desc.dtype),
+				strlen(dcast_dtype_name((int)t->desc.dtype))), t->desc.ndim, {0}, t->ptr};
+		memcpy(specs[i].shape, t->desc.shape, sizeof(t->desc.shape));
+	}
+	if (!err)
+		err = dcast_st_write(c->anchor_path, specs, c->n_tensors, meta, 2);
+	free(specs);
+	if (err)
+		return err;
+	c->anchor_file_version = v;
+	c->deltas_since_fold = 0;
+	uint64_t *vers = malloc(MAX_LOG_FILES * sizeof(*vers));
+	uint32_t n;
+	if (vers && list_versions(c, vers, MAX_LOG_FILES, &n) == 0)
+		for (uint32_t i = 0; i < n && vers[i] <= v; i++)
+			remove_version(c, vers[i]);
+	free(vers);
+	return 0;
+}

@@ -1,0 +1,248 @@
+/* The consumer object: open (pool, checkpoint, connect), bind and read
+ * tensors, apply (the one step that changes live tensors), the atomic
+ * version, and close. */
+#include <errno.h>
+#include <inttypes.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <zmq.h>
+#include "consumer_impl.h"
+#include "dcast_common.h"
+#include "dcast_wire.h"
+
+#define MIN_BUDGET (1u << 20)
+
+void dcast_consumer_opts_init(dcast_consumer_opts *o)
+{
+	memset(o, 0, sizeof(*o));
+	o->verify_digests = 1;
+	o->fold_every = 16;
+	o->max_staged = 4;
+}
+
+void cs_event_push(dcast_consumer *c, int type, uint64_t version, int code, const char *text)
+{
+	dcast_event *e;
+
+	if (c->ev_count == CS_EVENTS) { /* bounded: the oldest goes */
+		c->ev_head = (c->ev_head + 1) % CS_EVENTS;
+		c->ev_count--;
+	}
+	e = &c->events[(c->ev_head + c->ev_count++) % CS_EVENTS];
+	memset(e, 0, sizeof(*e));
+	e->type = type;
+	e->version = version;
+	e->have_version = DCAST_VERSION_NONE;
+	e->code = code;
+	snprintf(e->text, sizeof(e->text), "%s", text ? text : "");
+}
+
+void cs_set_applied(dcast_consumer *c, uint64_t v)
+{
+	pthread_mutex_lock(&c->mu);
+	atomic_store(&c->applied, v);
+	pthread_cond_broadcast(&c->cv);
+	pthread_mutex_unlock(&c->mu);
+}
+
+uint64_t dcast_consumer_version(const dcast_consumer *c)
+{
+	return c ? atomic_load(&((dcast_consumer *)c)->applied) : DCAST_VERSION_NONE;
+}
+
+cs_tensor *cs_tensor_find(dcast_consumer *c, const char *name)
+{
+	for (uint32_t i = 0; i < c->n_tensors; i++)
+		if (!strcmp(c->tensors[i].desc.name, name))
+			return &c->tensors[i];
+	return NULL;
+}
+
+static void tensors_free(dcast_consumer *c)
+{
+	for (uint32_t i = 0; i < c->n_tensors; i++)
+		if (c->tensors[i].owned)
+			free(c->tensors[i].ptr);
+	free(c->tensors);
+	c->tensors = NULL;
+	c->n_tensors = 0;
+}
+
+int cs_tensors_from_manifest(dcast_consumer *c, const dcast_manifest *m)
+{
+	cs_tensor *t = calloc(m->n_tensors ? m->n_tensors : 1, sizeof(*t));
+
+	if (!t)
+		return dcast_fail(DCAST_ENOMEM, "tensor table of %u", m->n_tensors);
+	c->tensors = t;
+	c->n_tensors = m->n_tensors;
+	for (uint32_t i = 0; i < m->n_tensors; i++) {
+		t[i].desc = m->tensors[i];
+		t[i].elem_size = dcast_dtype_size((int)t[i].desc.dtype);
+		t[i].bytes = dcast_tensor_elems(&t[i].desc) * t[i].elem_size;
+		t[i].mem = DCAST_MEM_HOST;
+		t[i].owned = 1;
+		t[i].ptr = calloc(1, t[i].bytes ? t[i].bytes : 1);
+		if (!t[i].ptr) {
+			tensors_free(c);
+			return dcast_fail(DCAST_ENOMEM, "host copy of tensor %s (%" PRIu64 " bytes)",
+					  m->tensors[i].name, t[i].bytes);
+		}
+	}
+	return 0;
+}
+
+static int parse_fault(dcast_consumer *c)
+{
+	const char *f = getenv("DELTACAST_CONSUMER_FAULT");
+	static const char *kinds[] = {"", "corrupt:", "skip:", "digest:"};
+
+	c->fault_kind = CS_FAULT_NONE;
+	for (int k = 1; f && k < 4; k++)
+		if (!strncmp(f, kinds[k], strlen(kinds[k]))) {
+			c->fault_kind = k;
+			c->fault_version = strtoull(f + strlen(kinds[k]), NULL, 10);
+			DCAST_LOG_W("consumer: test fault %s armed", f);
+		}
+	return 0;
+}
+
+static int check_args(const char *endpoint, const char *model, const char *dir, uint64_t budget,
+		      const dcast_consumer_opts *o)
+{
+	if (!endpoint || !*endpoint || !model || !*model || strlen(model) > DCAST_MAX_NAME || !dir || !*dir)
+		return dcast_fail(DCAST_EINVAL, "dcast_consumer_open: endpoint, model (1..%d bytes) and dir "
+				  "are required", DCAST_MAX_NAME);
+	if (budget < MIN_BUDGET)
+		return dcast_fail(DCAST_EINVAL, "dcast_consumer_open: staging budget %" PRIu64
+				  " below the minimum of %u bytes", budget, MIN_BUDGET);
+	if (o->curve_server_key && (!o->curve_public_key || !o->curve_secret_key))
+		return dcast_fail(DCAST_EINVAL, "dcast_consumer_open: curve_server_key set but the "
+				  "consumer's curve_public_key/curve_secret_key are missing");
+	return 0;
+}
+
+static char *join(const char *a, const char *b)
+{
+	size_t n = strlen(a) + strlen(b) + 2;
+	char *s = malloc(n);
+
+	if (s)
+		snprintf(s, n, "%s/%s", a, b);
+	return s;
+}
+
+static int make_paths(dcast_consumer *c, const char *dir, const char *endpoint)
+{
+	c->dir = strdup(dir);
+	c->endpoint = strdup(endpoint);
+	c->anchor_path = join(dir, "model.safetensors");
+	c->log_dir = join(dir, "model.dlog");
+	if (!c->dir || !c->endpoint || !c->anchor_path || !c->log_dir)
+		return dcast_fail(DCAST_ENOMEM, "paths");
+	if ((mkdir(dir, 0755) && errno != EEXIST) || (mkdir(c->log_dir, 0755) && errno != EEXIST))
+		return dcast_fail(DCAST_EIO, "%s: mkdir: %s", dir, strerror(errno));
+	return 0;
+}
+
+static int set_curve(dcast_consumer *c)
+{
+	const dcast_consumer_opts *o = &c->opts;
+
+	if (!o->curve_server_key)
+		return 0;
+	if (zmq_setsockopt(c->sock, ZMQ_CURVE_SERVERKEY, o->curve_server_key, 40) ||
+	    zmq_setsockopt(c->sock, ZMQ_CURVE_PUBLICKEY, o->curve_public_key, 40) ||
+	    zmq_setsockopt(c->sock, ZMQ_CURVE_SECRETKEY, o->curve_secret_key, 40))
+		return dcast_fail(DCAST_EINVAL, "CURVE keys (Z85, 40 characters): %s", zmq_strerror(errno));
+	return 0;
+}
+
+static int connect_broker(dcast_consumer *c)
+{
+	int err;
+
+	c->zctx = zmq_ctx_new();
+	c->sock = c->zctx ? zmq_socket(c->zctx, ZMQ_DEALER) : NULL;
+	if (!c->sock)
+		return dcast_fail(DCAST_EZMQ, "zmq socket: %s", zmq_strerror(errno));
+	if ((err = dcast_wire_socket_opts(c->sock)) || (err = set_curve(c)))
+		return err;
+	if (zmq_connect(c->sock, c->endpoint))
+		return dcast_fail(DCAST_EZMQ, "connect %s: %s", c->endpoint, zmq_strerror(errno));
+	return cs_session_start(c);
+}
+
+int dcast_consumer_open(const char *endpoint, const char *model, const char *dir,
+			uint64_t staging_budget_bytes, const dcast_consumer_opts *opts,
+			dcast_consumer **out)
+{
+	dcast_consumer *c = NULL;
+	dcast_consumer_opts def;
+	int err;
+
+	if (!out)
+		return dcast_fail(DCAST_EINVAL, "dcast_consumer_open: out is NULL");
+	*out = NULL;
+	if (!opts)
+		dcast_consumer_opts_init(&def), opts = &def;
+	if ((err = check_args(endpoint, model, dir, staging_budget_bytes, opts)))
+		return err;
+	if (!(c = calloc(1, sizeof(*c))))
+		return dcast_fail(DCAST_ENOMEM, "consumer");
+	c->opts = *opts;
+	if (!c->opts.max_staged || c->opts.max_staged > CS_MAX_STAGED - 2)
+		c->opts.max_staged = CS_MAX_STAGED - 2;
+	snprintf(c->model, sizeof(c->model), "%s", model);
+	c->budget = staging_budget_bytes;
+	c->drop_version = DCAST_VERSION_NONE;
+	c->anchor_file_version = DCAST_VERSION_NONE;
+	atomic_init(&c->applied, DCAST_VERSION_NONE);
+	pthread_mutex_init(&c->mu, NULL);
+	pthread_cond_init(&c->cv, NULL);
+	for (int i = 0; i < CS_MAX_STAGED; i++)
+		cs_version_init(&c->staged[i], DCAST_VERSION_NONE);
+	parse_fault(c);
+	if ((err = make_paths(c, dir, endpoint)) || (err = cs_pool_open(&c->pool, staging_budget_bytes)))
+		goto fail;
+	if ((err = dcast_io_open(&c->io, 8)) ||
+	    (err = dcast_io_register_buffers(c->io, &(struct iovec){c->pool.base, c->pool.bytes}, 1)))
+		goto fail;
+	c->window_bytes = c->pool.region_bytes;
+	c->stats.version = DCAST_VERSION_NONE;
+	if ((err = cs_ckpt_load(c)) || (err = connect_broker(c)))
+		goto fail;
+	*out = c;
+	return 0;
+fail:
+	dcast_consumer_close(&c);
+	return err;
+}
+
+void dcast_consumer_close(dcast_consumer **cp)
+{
+	dcast_consumer *c = cp ? *cp : NULL;
+
+	if (!c)
+		return;
+	if (c->sock) {
+		dcast_msg m;
+		dcast_msg_init(&m, DCAST_MSG_BYE);
+		snprintf(m.u.bye.reason, sizeof(m.u.bye.reason), "consumer closing");
+		dcast_wire_send(c->sock, NULL, 0, &m, NULL, ZMQ_DONTWAIT);
+		zmq_close(c->sock);
+	}
+	if (c->zctx)
+		zmq_ctx_term(c->zctx);
+	for (uint32_t i = 0; i < CS_MAX_STAGED; i++)
+		cs_version_free(&c->staged[i]);
+	dcast_io_close(&c->io);
+	cs_pool_close(&c->pool);
+	tensors_free(c);
+	pthread_mutex_destroy(&c->mu);
+	pthread_cond_destroy(&c->cv);
+	free(c->dir), free(c->endpoint), free(c->anchor_path), free(c->log_dir);
+	free(c);
+	*cp = NULL;
+}

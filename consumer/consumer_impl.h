@@ -1,0 +1,190 @@
+/* Private to consumer/: the consumer object and the pieces it is made of:
+ * the staging pool (staging.c), the on-disk version log and anchor
+ * (ckpt.c), applying and undoing a version (apply.c), the broker session
+ * and state machine (session.c), the public object (consumer.c). */
+#ifndef DCAST_CONSUMER_IMPL_H
+#define DCAST_CONSUMER_IMPL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include "deltacast/codec.h"
+#include "deltacast/consumer.h"
+#include "deltacast/schema.h"
+#include "dcast_io.h"
+
+/* ---- staging pool: pinned memory in three regions ----
+ * resident: chunks kept until apply (bump-allocated, reset when empty);
+ * scratch:  one chunk at a time on its way to disk, or read back for apply;
+ * undo:     old values saved by apply for rollback.
+ * Each region is a quarter of the budget; the last quarter is the credit
+ * the broker may have in flight inside ZeroMQ. */
+typedef struct cs_pool {
+	unsigned char *base;
+	uint64_t bytes;                /* whole mapping */
+	uint64_t region_bytes;         /* each of the three regions */
+	uint64_t resident_used, resident_live; /* bump offset, live chunks */
+	uint64_t in_use, peak;         /* bytes in use now / at most */
+	int locked;                    /* mlock succeeded */
+} cs_pool;
+
+int cs_pool_open(cs_pool *p, uint64_t budget_bytes);
+void cs_pool_close(cs_pool *p);
+unsigned char *cs_pool_scratch(cs_pool *p);
+unsigned char *cs_pool_undo(cs_pool *p);
+/* A resident slot of n bytes, or NULL when the resident region is full. */
+unsigned char *cs_pool_resident_get(cs_pool *p, uint64_t n);
+void cs_pool_resident_put(cs_pool *p, uint64_t n);
+
+/* ---- one staged chunk ---- */
+typedef struct cs_chunk {
+	uint32_t part, seq, tensor;
+	uint64_t start;
+	dcast_chunk_info info;
+	uint64_t checksum;
+	uint64_t file_off;     /* payload offset in the version's record file */
+	unsigned char *resident; /* payload in the pool, or NULL: read from file */
+} cs_chunk;
+
+enum cs_vstate { CS_V_STAGING = 1, CS_V_READY };
+
+/* ---- one version being staged or ready ---- */
+typedef struct cs_version {
+	uint64_t version, base_version;
+	int anchor, state;
+	cs_chunk *chunks;
+	uint32_t n_chunks, cap_chunks;
+	uint64_t *seen;        /* open-addressed set of (part << 32 | seq) + 1 */
+	uint32_t seen_cap;
+	uint64_t bytes;
+	dcast_commit commit;   /* digests owned here once READY */
+	int fd;                /* record file, open while staged */
+	dcast_io *io;          /* the engine fd is added to, as io_file */
+	int io_file;
+	uint64_t file_bytes;
+	uint64_t first_ns, ready_ns;
+	uint64_t spilled;
+} cs_version;
+
+/* ---- the live tensors ---- */
+typedef struct cs_tensor {
+	dcast_tensor_desc desc;
+	unsigned elem_size;
+	uint64_t bytes;
+	unsigned char *ptr;    /* live data */
+	int mem;               /* dcast_mem */
+	int owned;             /* ptr is our malloc'd host copy */
+} cs_tensor;
+
+#define CS_MAX_STAGED 16
+#define CS_EVENTS 32
+
+struct dcast_consumer {
+	char model[DCAST_MAX_NAME + 1];
+	char *dir, *anchor_path, *log_dir, *endpoint;
+	dcast_consumer_opts opts;
+	uint64_t budget;
+
+	cs_tensor *tensors;
+	uint32_t n_tensors;
+
+	_Atomic uint64_t applied;      /* live version, NONE before the first */
+	pthread_mutex_t mu;            /* for wait_version */
+	pthread_cond_t cv;
+	uint64_t anchor_file_version;  /* version in model.safetensors, or NONE */
+	uint32_t deltas_since_fold;
+	int restoring;                 /* inside cs_ckpt_restore: no nested restore */
+
+	cs_pool pool;
+	dcast_io *io;                  /* record writes/reads: io_uring or plain */
+	cs_version staged[CS_MAX_STAGED]; /* in version order */
+	uint32_t n_staged;
+	uint64_t drop_version;         /* chunks of this version are refused until it ends */
+
+	/* session */
+	void *zctx, *sock;
+	int welcomed, manifest_bad, fold_due;
+	uint64_t hello_ms;
+	uint32_t heartbeat_ms;
+	uint64_t last_send_ms, last_recv_ms;
+	uint64_t credit_pending;       /* freed bytes not yet granted */
+	uint64_t window_bytes;
+
+	dcast_event events[CS_EVENTS];
+	uint32_t ev_head, ev_count;
+
+	dcast_consumer_stats stats;
+	uint64_t total_received;
+
+	/* test hooks from DELTACAST_CONSUMER_FAULT: "corrupt:V" flips a payload
+	 * bit of the first chunk of V as it arrives (once), "skip:V" drops every
+	 * message of V (once), "digest:V" flips a bit after the checksum check. */
+	int fault_kind;
+	uint64_t fault_version;
+};
+
+enum { CS_FAULT_NONE, CS_FAULT_CORRUPT, CS_FAULT_SKIP, CS_FAULT_DIGEST };
+
+/* version.c */
+void cs_version_init(cs_version *v, uint64_t version);
+void cs_version_free(cs_version *v);
+int cs_version_seen(const cs_version *v, uint32_t part, uint32_t seq);
+int cs_version_add(cs_version *v, const cs_chunk *k);
+
+/* consumer.c */
+void cs_event_push(dcast_consumer *c, int type, uint64_t version, int code, const char *text);
+cs_tensor *cs_tensor_find(dcast_consumer *c, const char *name);
+int cs_tensors_from_manifest(dcast_consumer *c, const dcast_manifest *m);
+void cs_set_applied(dcast_consumer *c, uint64_t v);
+
+/* staging of versions (session.c) */
+cs_version *cs_version_find(dcast_consumer *c, uint64_t version);
+void cs_version_drop(dcast_consumer *c, cs_version *v, int unlink_file);
+void cs_drop_all(dcast_consumer *c);
+int cs_rejoin(dcast_consumer *c);
+int cs_session_start(dcast_consumer *c);
+int cs_ack(dcast_consumer *c, uint64_t version);
+void cs_credit_free(dcast_consumer *c, uint64_t bytes);
+
+/* ckpt.c: record files "DIR/model.dlog/<version>.rec", each:
+ * chunk records then one commit record; see ckpt.c for the layout. */
+int cs_ckpt_version_create(dcast_consumer *c, cs_version *v);
+int cs_ckpt_chunk_write(dcast_consumer *c, cs_version *v, const dcast_chunk *h,
+			const void *payload, uint64_t *payload_off);
+int cs_ckpt_commit_write(dcast_consumer *c, cs_version *v);
+void cs_ckpt_version_path(const dcast_consumer *c, uint64_t version, char *out, size_t cap);
+int cs_ckpt_load(dcast_consumer *c);
+int cs_ckpt_fold(dcast_consumer *c);
+int cs_ckpt_restore(dcast_consumer *c);
+int cs_ckpt_read_payload(dcast_consumer *c, const cs_version *v, const cs_chunk *k, void *dst);
+
+/* Record file format (little-endian, written by ckpt.c, read by ckpt_load.c). */
+#define REC_MAGIC 0x43524344u /* "DCRC" */
+enum { REC_CHUNK = 1, REC_COMMIT = 2, REC_MANIFEST = 3 };
+
+/* One record header; body_len bytes of body follow it. */
+typedef struct rec_hdr {
+	uint32_t magic, type;
+	uint64_t version, base_version;
+	uint32_t anchor, part;
+	uint32_t seq_or_chunks, tensor_or_ndigests;
+	uint64_t start_or_bytes, count;
+	uint32_t elem_size, encoding;
+	uint64_t changed;
+	uint64_t body_len;
+	uint64_t body_checksum; /* CHUNK: the wire checksum; else XXH3 of the body */
+	uint64_t hdr_checksum;  /* XXH3 of every byte before this field */
+} rec_hdr;
+_Static_assert(sizeof(rec_hdr) == 96, "record header is 96 bytes on disk");
+
+typedef struct rec_digest {
+	uint32_t tensor, pad;
+	uint64_t start, count, digest;
+} rec_digest;
+_Static_assert(sizeof(rec_digest) == 32, "digest entry is 32 bytes on disk");
+
+/* apply.c */
+int cs_apply_version(dcast_consumer *c, cs_version *v, int verify);
+int cs_check_chunk(const dcast_consumer *c, const dcast_chunk *h);
+
+#endif

@@ -1,0 +1,455 @@
+/* The broker session and the version state machine: HELLO / WELCOME,
+ * MANIFEST, CHUNK staging (pool slot -> checksum -> record file), COMMIT
+ * (-> READY), credit that follows freed pool bytes, heartbeats, and the
+ * re-join on a gap or a refused version (docs/protocol.md, "Consumer and
+ * broker").  Messages that arrive after a re-join's HELLO and before its
+ * WELCOME belong to the old stream and are dropped. */
+#include <errno.h>
+#include <inttypes.h>
+#include <string.h>
+#include <unistd.h>
+#include <zmq.h>
+#include "consumer_impl.h"
+#include "dcast_common.h"
+#include "dcast_wire.h"
+
+#define RECV_BURST 64
+
+static int send_msg(dcast_consumer *c, const dcast_msg *m)
+{
+	int err = dcast_wire_send(c->sock, NULL, 0, m, NULL, ZMQ_DONTWAIT);
+
+	if (!err)
+		c->last_send_ms = dcast_now_ms();
+	else if (err == DCAST_EBUSY)
+		err = 0; /* not connected yet or queue full: heartbeat/rejoin retries */
+	return err;
+}
+
+static int send_hello(dcast_consumer *c)
+{
+	dcast_msg m;
+
+	dcast_msg_init(&m, DCAST_MSG_HELLO);
+	m.u.hello.role = DCAST_ROLE_CONSUMER;
+	snprintf(m.u.hello.model, sizeof(m.u.hello.model), "%s", c->model);
+	m.u.hello.have_version = dcast_consumer_version(c);
+	m.u.hello.window_bytes = c->window_bytes;
+	snprintf(m.u.hello.client, sizeof(m.u.hello.client), "%s", c->opts.client ? c->opts.client : "");
+	c->welcomed = 0;
+	c->hello_ms = dcast_now_ms();
+	return dcast_wire_send(c->sock, NULL, 0, &m, NULL, 0);
+}
+
+void cs_credit_free(dcast_consumer *c, uint64_t bytes)
+{
+	c->credit_pending += bytes;
+}
+
+static uint32_t ready_count(const dcast_consumer *c)
+{
+	uint32_t n = 0;
+
+	for (uint32_t i = 0; i < c->n_staged; i++)
+		n += c->staged[i].state == CS_V_READY;
+	return n;
+}
+
+static int flush_credit(dcast_consumer *c)
+{
+	dcast_msg m;
+
+	if (!c->credit_pending || !c->welcomed || ready_count(c) >= c->opts.max_staged)
+		return 0;
+	dcast_msg_init(&m, DCAST_MSG_CREDIT);
+	m.u.credit.bytes = c->credit_pending;
+	c->credit_pending = 0;
+	return send_msg(c, &m);
+}
+
+cs_version *cs_version_find(dcast_consumer *c, uint64_t version)
+{
+	for (uint32_t i = 0; i < c->n_staged; i++)
+		if (c->staged[i].version == version)
+			return &c->staged[i];
+	return NULL;
+}
+
+static void release_resident(dcast_consumer *c, cs_version *v)
+{
+	for (uint32_t i = 0; i < v->n_chunks; i++)
+		if (v->chunks[i].resident) {
+			cs_pool_resident_put(&c->pool, v->chunks[i].info.payload_bytes);
+			v->chunks[i].resident = NULL;
+		}
+}
+
+/* Forget v (staged[] stays in order); its record file goes when unlink_file. */
+void cs_version_drop(dcast_consumer *c, cs_version *v, int unlink_file)
+{
+	uint32_t i = (uint32_t)(v - c->staged);
+	char path[4096];
+
+	DCAST_ASSERT(i < c->n_staged);
+	release_resident(c, v);
+	if (unlink_file) {
+		cs_ckpt_version_path(c, v->version, path, sizeof(path));
+		unlink(path);
+	}
+	cs_version_free(v);
+	memmove(&c->staged[i], &c->staged[i + 1], (c->n_staged - i - 1) * sizeof(*v));
+	c->n_staged--;
+	cs_version_init(&c->staged[c->n_staged], DCAST_VERSION_NONE);
+}
+
+void cs_drop_all(dcast_consumer *c)
+{
+	while (c->n_staged)
+		cs_version_drop(c, &c->staged[c->n_staged - 1], 1);
+}
+
+/* Start over from the applied version: the broker resends what we need. */
+int cs_rejoin(dcast_consumer *c)
+{
+	cs_drop_all(c);
+	c->credit_pending = 0;
+	c->drop_version = DCAST_VERSION_NONE;
+	return send_hello(c);
+}
+
+static int refuse(dcast_consumer *c, uint64_t version, int code)
+{
+	DCAST_LOG_W("consumer %s: version %" PRIu64 " refused: %s", c->model, version, dcast_last_error());
+	cs_event_push(c, DCAST_EV_ERROR, version, code, dcast_last_error());
+	return cs_rejoin(c);
+}
+
+/* Version that a new delta must build on: the newest staged, else applied. */
+static uint64_t tail_version(const dcast_consumer *c)
+{
+	return c->n_staged ? c->staged[c->n_staged - 1].version : dcast_consumer_version(c);
+}
+
+static int gap(dcast_consumer *c, uint64_t version, uint64_t base)
+{
+	dcast_event *e;
+
+	DCAST_LOG_W("consumer %s: gap: version %" PRIu64 " builds on %" PRIu64 ", we have %" PRIu64
+		    "; re-joining", c->model, version, base, tail_version(c));
+	cs_event_push(c, DCAST_EV_GAP, version, DCAST_EGAP, "delta on a base we do not have");
+	e = &c->events[(c->ev_head + c->ev_count - 1) % CS_EVENTS];
+	e->have_version = dcast_consumer_version(c);
+	return cs_rejoin(c);
+}
+
+static cs_version *version_begin(dcast_consumer *c, const dcast_chunk *h, int *err)
+{
+	cs_version *v;
+
+	*err = 0;
+	if (!h->anchor && h->base_version != tail_version(c)) {
+		*err = gap(c, h->version, h->base_version);
+		return NULL;
+	}
+	if (c->n_staged == CS_MAX_STAGED) {
+		*err = refuse(c, h->version, dcast_fail(DCAST_EBUSY, "%u versions staged and not applied",
+							CS_MAX_STAGED));
+		return NULL;
+	}
+	v = &c->staged[c->n_staged];
+	cs_version_init(v, h->version);
+	v->base_version = h->base_version;
+	v->anchor = (int)h->anchor;
+	v->state = CS_V_STAGING;
+	v->first_ns = dcast_now_ns();
+	if ((*err = cs_ckpt_version_create(c, v))) {
+		cs_version_free(v);
+		return NULL;
+	}
+	c->n_staged++;
+	if (v->anchor)
+		cs_event_push(c, DCAST_EV_ANCHOR, v->version, 0, "");
+	return v;
+}
+
+/* Is this chunk or commit for something we do not want?  Gives its credit back. */
+static int unwanted(dcast_consumer *c, uint64_t version, uint64_t payload_bytes)
+{
+	uint64_t have = dcast_consumer_version(c);
+
+	if ((have != DCAST_VERSION_NONE && version <= have) || version == c->drop_version) {
+		cs_credit_free(c, payload_bytes);
+		return 1;
+	}
+	return 0;
+}
+
+/* Payload -> pool slot -> checksum -> record file. */
+static int stage_payload(dcast_consumer *c, cs_version *v, const dcast_chunk *h, zmq_msg_t *payload)
+{
+	cs_chunk k = {h->part, h->seq, h->tensor, h->start,
+		      {h->encoding, h->elem_size, h->count, h->changed, h->payload_bytes},
+		      h->checksum, 0, NULL};
+	unsigned char *slot;
+	int err;
+
+	if (h->payload_bytes > c->pool.region_bytes)
+		return refuse(c, h->version, dcast_fail(DCAST_ETOO_LARGE, "CHUNK payload of %" PRIu64
+			" bytes exceeds a quarter of the staging budget (%" PRIu64 " bytes)",
+			h->payload_bytes, c->pool.region_bytes));
+	slot = cs_pool_resident_get(&c->pool, h->payload_bytes);
+	k.resident = slot;
+	if (!slot)
+		slot = cs_pool_scratch(&c->pool);
+	memcpy(slot, zmq_msg_data(payload), h->payload_bytes);
+	if (c->fault_kind == CS_FAULT_CORRUPT && c->fault_version == h->version) {
+		c->fault_kind = CS_FAULT_NONE; /* test hook: one bit flipped on the way */
+		slot[h->payload_bytes / 2] ^= 0x10;
+	}
+	if ((err = dcast_chunk_verify(h, slot)) || (err = cs_ckpt_chunk_write(c, v, h, slot, &k.file_off))) {
+		if (k.resident)
+			cs_pool_resident_put(&c->pool, h->payload_bytes);
+		cs_credit_free(c, h->payload_bytes);
+		return err == DCAST_EIO ? err : refuse(c, h->version, err);
+	}
+	cs_credit_free(c, h->payload_bytes); /* out of ZeroMQ's memory: the broker may send more */
+	if (!k.resident)
+		v->spilled++;
+	c->total_received += h->payload_bytes;
+	if ((err = cs_version_add(v, &k)) && k.resident)
+		cs_pool_resident_put(&c->pool, h->payload_bytes);
+	return err;
+}
+
+static int on_chunk(dcast_consumer *c, dcast_wire_in *in)
+{
+	const dcast_chunk *h = &in->msg.u.chunk;
+	cs_version *v;
+	int err;
+
+	if (c->fault_kind == CS_FAULT_SKIP && c->fault_version == h->version)
+		return 0; /* test hook: as if lost; the broker's credit is not returned */
+	if (unwanted(c, h->version, h->payload_bytes))
+		return 0;
+	if ((err = cs_check_chunk(c, h)))
+		return refuse(c, h->version, err);
+	v = cs_version_find(c, h->version);
+	if (!v && !(v = version_begin(c, h, &err)))
+		return err;
+	if (v->state == CS_V_READY || cs_version_seen(v, h->part, h->seq)) {
+		cs_credit_free(c, h->payload_bytes); /* duplicate: harmless */
+		return 0;
+	}
+	if (h->anchor != (uint32_t)v->anchor || h->base_version != v->base_version)
+		return refuse(c, h->version, dcast_fail(DCAST_EFIELD_RANGE, "CHUNK of version %" PRIu64
+			": anchor/base_version differ from its other chunks", h->version));
+	return stage_payload(c, v, h, &in->payload);
+}
+
+static int commit_matches(const cs_version *v, const dcast_commit *m)
+{
+	if (m->chunks != v->n_chunks || m->bytes != v->bytes || m->anchor != (uint32_t)v->anchor ||
+	    m->base_version != v->base_version)
+		return dcast_fail(DCAST_ECORRUPT, "COMMIT of version %" PRIu64 ": %u chunks / %" PRIu64
+				  " bytes announced, %u / %" PRIu64 " staged", m->version, m->chunks,
+				  m->bytes, v->n_chunks, v->bytes);
+	return 0;
+}
+
+static int on_commit(dcast_consumer *c, dcast_wire_in *in)
+{
+	dcast_commit *m = &in->msg.u.commit;
+	cs_version *v;
+	int err;
+
+	if (c->fault_kind == CS_FAULT_SKIP && c->fault_version == m->version) {
+		c->fault_kind = CS_FAULT_NONE;
+		return 0;
+	}
+	if (unwanted(c, m->version, 0)) {
+		if (m->version == c->drop_version)
+			c->drop_version = DCAST_VERSION_NONE;
+		return 0;
+	}
+	v = cs_version_find(c, m->version);
+	if (!v && m->chunks == 0) {
+		dcast_chunk h = {.version = m->version, .base_version = m->base_version, .anchor = m->anchor};
+		if (!(v = version_begin(c, &h, &err)))
+			return err;
+	}
+	if (!v)
+		return gap(c, m->version, m->base_version);
+	if (v->state == CS_V_READY)
+		return 0;
+	if ((err = commit_matches(v, m)))
+		return refuse(c, m->version, err);
+	v->commit = *m;
+	m->digests = NULL;
+	m->n_digests = 0;
+	if ((err = cs_ckpt_commit_write(c, v))) {
+		cs_version_drop(c, v, 1);
+		return err;
+	}
+	v->state = CS_V_READY;
+	v->ready_ns = dcast_now_ns();
+	cs_event_push(c, DCAST_EV_VERSION_READY, v->version, 0, "");
+	c->events[(c->ev_head + c->ev_count - 1) % CS_EVENTS].bytes = v->bytes;
+	return 0;
+}
+
+static int manifest_matches(const dcast_consumer *c, const dcast_manifest *m)
+{
+	if (m->n_tensors != c->n_tensors)
+		return 0;
+	for (uint32_t i = 0; i < m->n_tensors; i++) {
+		const dcast_tensor_desc *a = &m->tensors[i], *b = &c->tensors[i].desc;
+		if (strcmp(a->name, b->name) || a->dtype != b->dtype || a->ndim != b->ndim ||
+		    memcmp(a->shape, b->shape, a->ndim * sizeof(a->shape[0])))
+			return 0;
+	}
+	return 1;
+}
+
+static int on_manifest(dcast_consumer *c, dcast_wire_in *in)
+{
+	if (!c->n_tensors)
+		return cs_tensors_from_manifest(c, &in->msg.u.manifest);
+	if (manifest_matches(c, &in->msg.u.manifest))
+		return 0;
+	dcast_fail(DCAST_ESHAPE, "MANIFEST of %s differs from the tensors this consumer holds "
+		   "(checkpoint in %s); start with an empty directory", c->model, c->dir);
+	cs_event_push(c, DCAST_EV_ERROR, DCAST_VERSION_NONE, DCAST_ESHAPE, dcast_last_error());
+	c->manifest_bad = 1;
+	return 0;
+}
+
+static int on_message(dcast_consumer *c, dcast_wire_in *in)
+{
+	dcast_msg *m = &in->msg;
+
+	DCAST_LOG_D("consumer %s: %s (welcomed %d)", c->model, dcast_msg_type_name((int)m->type), c->welcomed);
+	if (m->type == DCAST_MSG_WELCOME) {
+		c->welcomed = 1;
+		c->heartbeat_ms = c->opts.heartbeat_ms ? c->opts.heartbeat_ms
+				  : m->u.welcome.heartbeat_ms ? m->u.welcome.heartbeat_ms : 1000;
+		return 0;
+	}
+	if (!c->welcomed || c->manifest_bad)
+		return 0; /* the old stream, before our re-join's WELCOME */
+	switch (m->type) {
+	case DCAST_MSG_MANIFEST: return on_manifest(c, in);
+	case DCAST_MSG_CHUNK: return c->n_tensors ? on_chunk(c, in) : 0;
+	case DCAST_MSG_COMMIT: return c->n_tensors ? on_commit(c, in) : 0;
+	case DCAST_MSG_ERROR:
+		dcast_fail((int)m->u.error.code, "broker: %s", m->u.error.text);
+		cs_event_push(c, DCAST_EV_ERROR, m->u.error.version, (int)m->u.error.code, dcast_last_error());
+		return 0;
+	case DCAST_MSG_BYE: return send_hello(c);
+	default: return 0;
+	}
+}
+
+static int receive_burst(dcast_consumer *c)
+{
+	int err = 0;
+
+	for (int i = 0; i < RECV_BURST && !err; i++) {
+		dcast_wire_in in;
+		int rc = dcast_wire_recv(c->sock, 0, &in, ZMQ_DONTWAIT);
+		if (rc == DCAST_EBUSY) {
+			dcast_wire_in_close(&in);
+			break;
+		}
+		c->last_recv_ms = dcast_now_ms();
+		if (rc == DCAST_EZMQ)
+			err = rc;
+		else if (rc)
+			DCAST_LOG_W("consumer %s: dropped a bad message: %s", c->model, dcast_last_error());
+		else
+			err = on_message(c, &in);
+		dcast_wire_in_close(&in);
+	}
+	return err;
+}
+
+static int keepalive(dcast_consumer *c)
+{
+	uint64_t now = dcast_now_ms(), hb = c->heartbeat_ms ? c->heartbeat_ms : 1000;
+	dcast_msg m;
+
+	if (!c->welcomed && now - c->hello_ms >= 3 * hb)
+		return send_hello(c);
+	if (c->welcomed && now - c->last_recv_ms > 3 * hb) {
+		DCAST_LOG_W("consumer %s: broker silent for %" PRIu64 " ms; re-joining", c->model,
+			    now - c->last_recv_ms);
+		c->last_recv_ms = now;
+		return cs_rejoin(c);
+	}
+	if (now - c->last_send_ms < hb)
+		return 0;
+	dcast_msg_init(&m, DCAST_MSG_HEARTBEAT);
+	m.u.heartbeat.time_ms = now;
+	m.u.heartbeat.version = dcast_consumer_version(c);
+	return send_msg(c, &m);
+}
+
+static int pop_event(dcast_consumer *c, dcast_event *ev)
+{
+	if (!c->ev_count)
+		return 0;
+	*ev = c->events[c->ev_head];
+	c->ev_head = (c->ev_head + 1) % CS_EVENTS;
+	c->ev_count--;
+	return 1;
+}
+
+int cs_session_start(dcast_consumer *c)
+{
+	c->last_recv_ms = dcast_now_ms();
+	return send_hello(c);
+}
+
+int cs_ack(dcast_consumer *c, uint64_t version)
+{
+	dcast_msg m;
+
+	dcast_msg_init(&m, DCAST_MSG_ACK);
+	snprintf(m.u.ack.model, sizeof(m.u.ack.model), "%s", c->model);
+	m.u.ack.version = version;
+	return send_msg(c, &m);
+}
+
+int dcast_consumer_poll(dcast_consumer *c, int timeout_ms, dcast_event *ev)
+{
+	uint64_t deadline = dcast_now_ms() + (uint64_t)(timeout_ms < 0 ? 1 << 30 : timeout_ms);
+	int err = 0;
+
+	if (!c || !ev)
+		return dcast_fail(DCAST_EINVAL, "dcast_consumer_poll: NULL argument");
+	memset(ev, 0, sizeof(*ev));
+	ev->version = DCAST_VERSION_NONE;
+	if (c->fold_due && !(err = cs_ckpt_fold(c)))
+		c->fold_due = 0;
+	for (uint32_t guard = 0; !err && guard < (1u << 30); guard++) {
+		uint64_t now = dcast_now_ms();
+		if (pop_event(c, ev))
+			return 0;
+		zmq_pollitem_t it = {c->sock, 0, ZMQ_POLLIN, 0};
+		long wait = now >= deadline ? 0 : (long)(deadline - now);
+		if (wait > (long)(c->heartbeat_ms ? c->heartbeat_ms : 1000))
+			wait = c->heartbeat_ms ? c->heartbeat_ms : 1000;
+		if (zmq_poll(&it, 1, wait) < 0 && errno != EINTR)
+			return dcast_fail(DCAST_EZMQ, "zmq_poll: %s", zmq_strerror(errno));
+		if (it.revents & ZMQ_POLLIN)
+			err = receive_burst(c);
+		if (!err)
+			err = flush_credit(c);
+		if (!err)
+			err = keepalive(c);
+		if (!c->ev_count && dcast_now_ms() >= deadline)
+			break;
+	}
+	if (!err)
+		pop_event(c, ev);
+	return err;
+}

@@ -1,0 +1,74 @@
+/* The staging pool: one pinned mapping (mmap + mlock, best effort) split
+ * into resident, scratch and undo regions (consumer_impl.h).  Allocated
+ * once at open; nothing on the receive path allocates. */
+#include <errno.h>
+#include <string.h>
+#include <sys/mman.h>
+#include "consumer_impl.h"
+#include "dcast_common.h"
+
+int cs_pool_open(cs_pool *p, uint64_t budget_bytes)
+{
+	memset(p, 0, sizeof(*p));
+	p->region_bytes = (budget_bytes / 4) & ~(uint64_t)4095;
+	p->bytes = 3 * p->region_bytes;
+	p->base = mmap(NULL, p->bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (p->base == MAP_FAILED) {
+		p->base = NULL;
+		return dcast_fail(DCAST_ENOMEM, "staging pool: mmap %llu bytes: %s",
+				  (unsigned long long)p->bytes, strerror(errno));
+	}
+	if (mlock(p->base, p->bytes) == 0) {
+		p->locked = 1;
+	} else {
+		static _Atomic int warned;
+		if (!warned++)
+			DCAST_LOG_W("consumer: staging pool of %llu bytes not pinned (mlock: %s; "
+				    "raise RLIMIT_MEMLOCK); continuing unpinned",
+				    (unsigned long long)p->bytes, strerror(errno));
+	}
+	return 0;
+}
+
+void cs_pool_close(cs_pool *p)
+{
+	if (p->base)
+		munmap(p->base, p->bytes);
+	memset(p, 0, sizeof(*p));
+}
+
+unsigned char *cs_pool_scratch(cs_pool *p)
+{
+	return p->base + p->region_bytes;
+}
+
+unsigned char *cs_pool_undo(cs_pool *p)
+{
+	return p->base + 2 * p->region_bytes;
+}
+
+unsigned char *cs_pool_resident_get(cs_pool *p, uint64_t n)
+{
+	uint64_t aligned = (n + 63) & ~(uint64_t)63;
+	unsigned char *slot;
+
+	if (p->resident_used + aligned > p->region_bytes)
+		return NULL;
+	slot = p->base + p->resident_used;
+	p->resident_used += aligned;
+	p->resident_live++;
+	p->in_use += aligned;
+	if (p->in_use > p->peak)
+		p->peak = p->in_use;
+	return slot;
+}
+
+void cs_pool_resident_put(cs_pool *p, uint64_t n)
+{
+	uint64_t aligned = (n + 63) & ~(uint64_t)63;
+
+	DCAST_ASSERT(p->resident_live > 0 && p->in_use >= aligned);
+	p->in_use -= aligned;
+	if (--p->resident_live == 0)
+		p->resident_used = 0;
+}

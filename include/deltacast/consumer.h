@@ -1,0 +1,177 @@
+/* deltacast consumer: embedded in a rollout worker, it receives versions of
+ * one model from a broker, stages them through a bounded pinned pool into a
+ * local checkpoint, and applies each whole, checked version to the live
+ * tensors in one short, transactional step.
+ *
+ * States: empty -> syncing -> ready(V) -> applied(V) (docs/protocol.md,
+ * "Consumer and broker").  Live tensors are always exactly one committed
+ * version: apply() either moves them to the next version completely or
+ * leaves them as they were.
+ *
+ * Local checkpoint in `dir`: DIR/model.safetensors (the newest folded
+ * anchor, loadable by any safetensors reader, metadata "deltacast.version")
+ * and DIR/model.dlog/ (one record file per staged version after it).  On
+ * open the consumer loads it, reaches the last complete version and joins
+ * the broker with that have_version.
+ *
+ * Threads: one thread drives a consumer (poll, apply, bind, close);
+ * dcast_consumer_version() and dcast_consumer_wait_version() are safe from
+ * any thread. */
+#ifndef DELTACAST_CONSUMER_H
+#define DELTACAST_CONSUMER_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "deltacast/err.h"
+#include "deltacast/schema.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct dcast_consumer dcast_consumer;
+
+/* Where a bound tensor lives (the same type as in producer.h, which
+ * defines it when included first). */
+#if !defined(DELTACAST_PRODUCER_H) && !defined(DCAST_MEM_DEFINED)
+#define DCAST_MEM_DEFINED
+typedef enum dcast_mem {
+	DCAST_MEM_HOST = 0,
+	DCAST_MEM_CUDA = 1
+} dcast_mem;
+#endif
+
+/* Options; dcast_consumer_opts_init() fills the defaults. */
+typedef struct dcast_consumer_opts {
+	int verify_digests;          /* 1: check COMMIT digests after apply (default 1) */
+	uint32_t heartbeat_ms;       /* 0: the broker's WELCOME value (default 0) */
+	uint32_t fold_every;         /* fold the log into a new anchor after this many
+					applied deltas; 1 = after every version (default 16) */
+	uint32_t max_staged;         /* versions staged ahead of apply before credit
+					pauses (default 4) */
+	const char *client;          /* HELLO.client, may be NULL */
+	const char *curve_server_key; /* Z85 broker public key; NULL = no CURVE */
+	const char *curve_public_key; /* Z85 own key pair; required with server key */
+	const char *curve_secret_key;
+} dcast_consumer_opts;
+
+/* Fill *o with the defaults above.  Never fails. */
+void dcast_consumer_opts_init(dcast_consumer_opts *o);
+
+/* Events returned by dcast_consumer_poll(). */
+typedef enum dcast_event_type {
+	DCAST_EV_NONE = 0,      /* timeout, nothing happened */
+	DCAST_EV_VERSION_READY, /* version: staged, checked, committed; apply() may take it */
+	DCAST_EV_ANCHOR,        /* version: an anchor started arriving (recovery point) */
+	DCAST_EV_GAP,           /* have_version / version: a delta on a base we do not
+				   have; staged versions dropped, re-joined */
+	DCAST_EV_ERROR,         /* code, version, text: a version was refused (checksum,
+				   range, broker ERROR); re-joined, live tensors untouched */
+} dcast_event_type;
+
+typedef struct dcast_event {
+	int type;              /* dcast_event_type */
+	uint64_t version;      /* the version concerned, or DCAST_VERSION_NONE */
+	uint64_t have_version; /* GAP: the version we had */
+	int code;              /* ERROR: dcast_err */
+	uint64_t bytes;        /* VERSION_READY: payload bytes received for it */
+	char text[256];        /* ERROR: what was wrong */
+} dcast_event;
+
+/* Per-version numbers, for the version last applied. */
+typedef struct dcast_consumer_stats {
+	uint64_t version;        /* NONE before the first apply */
+	int anchor;              /* 1 if it was an anchor */
+	uint64_t chunks;         /* chunks in it */
+	uint64_t bytes;          /* payload bytes it carried */
+	uint64_t stage_ns;       /* first chunk to READY */
+	uint64_t apply_ns;       /* inside apply(): the pause a serving engine sees */
+	uint64_t spilled_chunks; /* chunks that went through the on-disk log only */
+	uint64_t total_bytes_received; /* payload bytes received since open */
+	uint64_t peak_pool_bytes;      /* most staging pool bytes in use at once */
+	uint64_t pool_bytes;           /* size of the staging pool */
+} dcast_consumer_stats;
+
+/* Connect to the broker at `endpoint` (e.g. "tcp://127.0.0.1:5556") as a
+ * consumer of `model`, with local checkpoint directory `dir` (created if
+ * missing) and a staging budget: the pinned pool plus the credit the broker
+ * may have in flight stay within staging_budget_bytes (at least 1 MiB; one
+ * chunk payload must fit in a quarter of it).  Loads the checkpoint in dir
+ * first.  opts NULL = defaults.  On success *out owns the consumer (close it
+ * with dcast_consumer_close).  Errors: DCAST_EINVAL (argument, option
+ * combination such as a CURVE server key without a key pair), DCAST_ENOMEM,
+ * DCAST_EIO (dir, checkpoint), DCAST_ECORRUPT (checkpoint anchor unreadable),
+ * DCAST_EZMQ.  On error *out is NULL. */
+int dcast_consumer_open(const char *endpoint, const char *model, const char *dir,
+			uint64_t staging_budget_bytes, const dcast_consumer_opts *opts,
+			dcast_consumer **out);
+
+/* Say BYE, release everything, set *c to NULL.  NULL-safe.  Bound tensors
+ * stay with the caller, unchanged. */
+void dcast_consumer_close(dcast_consumer **c);
+
+/* Make the caller's buffer `ptr` (bytes long, in `mem`) the live tensor
+ * `name`.  The tensor must be known (manifest received or checkpoint loaded:
+ * dcast_consumer_tensor_count() > 0) and bytes must equal its size.  Its
+ * current contents (if a version is applied) are copied into ptr, and the
+ * consumer's own host copy is freed.  The caller keeps ownership of ptr and
+ * must keep it valid until close.  Errors: DCAST_ENOTFOUND (name),
+ * DCAST_ESHAPE (size), DCAST_ENODEVICE (CUDA without a device), DCAST_ESTATE
+ * (already bound). */
+int dcast_consumer_bind(dcast_consumer *c, const char *name, void *ptr, dcast_mem mem,
+			uint64_t bytes);
+
+/* The live tensor `name`: *ptr (host or device, see *mem) and its manifest
+ * entry.  The pointer stays valid until close or a bind of that name; its
+ * contents change only inside dcast_consumer_apply.  Any out pointer may be
+ * NULL.  Errors: DCAST_ENOTFOUND. */
+int dcast_consumer_tensor(dcast_consumer *c, const char *name, void **ptr,
+			  dcast_tensor_desc *desc, dcast_mem *mem);
+
+/* Number of tensors known (0 before the manifest); desc of tensor i. */
+uint32_t dcast_consumer_tensor_count(const dcast_consumer *c);
+int dcast_consumer_tensor_at(const dcast_consumer *c, uint32_t i, dcast_tensor_desc *desc);
+
+/* Drive the consumer for up to timeout_ms (0: do not wait; -1: forever):
+ * receive, check and stage messages, grant credit, heartbeat.  Returns 0
+ * with *ev set as soon as an event is due, or with ev->type DCAST_EV_NONE
+ * when the time is up.  Errors (returned, not as events): DCAST_EZMQ,
+ * DCAST_EIO (checkpoint write failed; the version is dropped). */
+int dcast_consumer_poll(dcast_consumer *c, int timeout_ms, dcast_event *ev);
+
+/* Apply READY version `version` to the live tensors, after the READY
+ * versions staged before it (each its own transaction; an anchor makes the
+ * ones before it unnecessary: they are dropped).  Every chunk is range-checked and written with its old values saved, then
+ * the COMMIT digests are checked (verify_digests).  On any failure the
+ * tensors are restored exactly to the previous version and the error is
+ * returned; the refused version is dropped and re-requested.  Errors:
+ * DCAST_ESTATE (not ready), DCAST_EGAP (its base is not the applied
+ * version), DCAST_ECORRUPT / DCAST_ECHECKSUM (staged data), DCAST_EDIGEST,
+ * DCAST_EIO. */
+int dcast_consumer_apply(dcast_consumer *c, uint64_t version);
+
+/* Newest READY version that apply() can take now, or NONE. */
+uint64_t dcast_consumer_ready_version(const dcast_consumer *c);
+
+/* The version the live tensors hold (atomic; any thread); NONE before the
+ * first apply. */
+uint64_t dcast_consumer_version(const dcast_consumer *c);
+
+/* Block until the applied version is >= min_version or timeout_ms passes
+ * (-1: forever).  Any thread.  Errors: DCAST_ETIMEDOUT. */
+int dcast_consumer_wait_version(dcast_consumer *c, uint64_t min_version, int timeout_ms);
+
+/* Fold now: write DIR/model.safetensors as the applied version (atomic:
+ * temporary file, fsync, rename) and drop the record files it covers.  The
+ * fold policy (fold_every) does this from poll(); call it to have the file
+ * current at once.  Errors: DCAST_EIO, DCAST_ENOMEM, DCAST_ENODEVICE (a CUDA
+ * tensor without a device). */
+int dcast_consumer_checkpoint(dcast_consumer *c);
+
+/* Numbers for the version last applied plus totals.  Never fails. */
+void dcast_consumer_stats_get(const dcast_consumer *c, dcast_consumer_stats *st);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

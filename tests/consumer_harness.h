@@ -1,0 +1,275 @@
+/* Shared by the consumer tests and bench: start the real broker binary on
+ * loopback ports picked from the test's PID (retrying on collisions), a
+ * small model a producer publishes, and a poll/apply driver.  Every child
+ * dies with the test (PR_SET_PDEATHSIG) and is killed at exit. */
+#ifndef DCAST_CONSUMER_HARNESS_H
+#define DCAST_CONSUMER_HARNESS_H
+
+#include <errno.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include "deltacast/producer.h"
+#include "deltacast/consumer.h"
+
+#define H_MAX_CHILDREN 8
+static pid_t h_children[H_MAX_CHILDREN];
+
+static void h_kill_children(void)
+{
+	for (int i = 0; i < H_MAX_CHILDREN; i++)
+		if (h_children[i] > 0) {
+			kill(h_children[i], SIGKILL);
+			waitpid(h_children[i], NULL, 0);
+			h_children[i] = 0;
+		}
+}
+
+static void h_on_signal(int sig)
+{
+	h_kill_children();
+	_exit(128 + sig);
+}
+
+static void h_track(pid_t pid)
+{
+	for (int i = 0; i < H_MAX_CHILDREN; i++)
+		if (h_children[i] <= 0) {
+			h_children[i] = pid;
+			return;
+		}
+}
+
+static void h_untrack(pid_t pid)
+{
+	for (int i = 0; i < H_MAX_CHILDREN; i++)
+		if (h_children[i] == pid)
+			h_children[i] = 0;
+}
+
+static const char *h_build(void)
+{
+	const char *b = getenv("DELTACAST_BUILD");
+	return b && *b ? b : "build";
+}
+
+/* fork + exec argv with stdout to out_fd (-1: inherit). */
+static pid_t h_spawn(char *const argv[], int out_fd)
+{
+	pid_t pid = fork();
+
+	if (pid == 0) {
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		if (out_fd >= 0)
+			dup2(out_fd, 1);
+		execv(argv[0], argv);
+		_exit(127);
+	}
+	if (pid > 0)
+		h_track(pid);
+	return pid;
+}
+
+static void h_sleep_ms(int ms)
+{
+	struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000};
+	nanosleep(&ts, NULL);
+}
+
+typedef struct h_broker {
+	pid_t pid;
+	char producers[64], consumers[64];
+} h_broker;
+
+/* Start the broker; 0 on success. */
+static int h_broker_start(h_broker *b)
+{
+	static int installed;
+	char bin[512];
+
+	if (!installed++) {
+		atexit(h_kill_children);
+		signal(SIGTERM, h_on_signal);
+		signal(SIGINT, h_on_signal);
+	}
+	snprintf(bin, sizeof(bin), "%s/deltacast-broker", h_build());
+	for (int attempt = 0; attempt < 20; attempt++) {
+		int port = 20000 + (int)((getpid() * 37 + attempt * 7919) % 40000);
+		snprintf(b->producers, sizeof(b->producers), "tcp://127.0.0.1:%d", port);
+		snprintf(b->consumers, sizeof(b->consumers), "tcp://127.0.0.1:%d", port + 1);
+		char *argv[] = {bin, "--producers", b->producers, "--consumers", b->consumers, NULL};
+		b->pid = h_spawn(argv, -1);
+		if (b->pid < 0)
+			return -1;
+		h_sleep_ms(300);
+		if (waitpid(b->pid, NULL, WNOHANG) == 0)
+			return 0; /* still running: it bound both ports */
+		h_untrack(b->pid);
+	}
+	return -1;
+}
+
+static void h_broker_stop(h_broker *b)
+{
+	if (b->pid > 0) {
+		kill(b->pid, SIGKILL);
+		waitpid(b->pid, NULL, 0);
+		h_untrack(b->pid);
+		b->pid = 0;
+	}
+}
+
+/* ---- a small model: bf16 and f32 tensors, ~1.3 MB ---- */
+#define H_TENSORS 3
+typedef struct h_model {
+	const char *name[H_TENSORS];
+	int dtype[H_TENSORS];
+	uint32_t ndim[H_TENSORS];
+	uint64_t shape[H_TENSORS][2];
+	uint64_t bytes[H_TENSORS];
+	unsigned char *cur[H_TENSORS];
+	unsigned char *snap[16][H_TENSORS]; /* contents at version v (1..15) */
+	uint64_t rng;
+} h_model;
+
+static uint64_t h_rand(uint64_t *s)
+{
+	*s ^= *s << 13;
+	*s ^= *s >> 7;
+	*s ^= *s << 17;
+	return *s;
+}
+
+static void h_model_init(h_model *m, uint64_t seed, uint64_t scale)
+{
+	static const char *names[H_TENSORS] = {"layers.0.w", "layers.0.f32", "head.b"};
+	memset(m, 0, sizeof(*m));
+	m->rng = seed | 1;
+	for (int t = 0; t < H_TENSORS; t++) {
+		m->name[t] = names[t];
+		m->dtype[t] = t == 1 ? DCAST_DTYPE_F32 : DCAST_DTYPE_BF16;
+		m->ndim[t] = 2;
+		m->shape[t][0] = t == 2 ? 1 : 256 * scale;
+		m->shape[t][1] = t == 0 ? 1024 : t == 1 ? 800 : 1000;
+		m->bytes[t] = m->shape[t][0] * m->shape[t][1] * (t == 1 ? 4 : 2);
+		m->cur[t] = malloc(m->bytes[t]);
+		for (uint64_t i = 0; i < m->bytes[t]; i++)
+			m->cur[t][i] = (unsigned char)h_rand(&m->rng);
+	}
+}
+
+static uint64_t h_model_bytes(const h_model *m)
+{
+	uint64_t n = 0;
+	for (int t = 0; t < H_TENSORS; t++)
+		n += m->bytes[t];
+	return n;
+}
+
+/* Change about 1/density_inv of the elements (low bits: an optimizer step). */
+static void h_model_step(h_model *m, unsigned density_inv)
+{
+	for (int t = 0; t < H_TENSORS; t++) {
+		unsigned es = t == 1 ? 4 : 2;
+		uint64_t n = m->bytes[t] / es, k = n / density_inv + 1;
+		for (uint64_t j = 0; j < k; j++)
+			m->cur[t][(h_rand(&m->rng) % n) * es] ^= (unsigned char)(1 + h_rand(&m->rng) % 7);
+	}
+}
+
+static void h_model_snap(h_model *m, uint64_t v)
+{
+	for (int t = 0; t < H_TENSORS; t++) {
+		m->snap[v][t] = malloc(m->bytes[t]);
+		memcpy(m->snap[v][t], m->cur[t], m->bytes[t]);
+	}
+}
+
+static int h_producer_open(const h_broker *b, const char *model_name, h_model *m, dcast_producer **p)
+{
+	dcast_producer_opts o;
+	int err;
+
+	dcast_producer_opts_init(&o);
+	o.range_elems = 32768;
+	if ((err = dcast_producer_open(b->producers, model_name, 0, 1, &o, p)))
+		return err;
+	for (int t = 0; t < H_TENSORS && !err; t++)
+		err = dcast_producer_register(*p, m->name[t], m->dtype[t], m->ndim[t], m->shape[t], m->cur[t],
+					      DCAST_MEM_HOST, 0, m->bytes[t] / (t == 1 ? 4 : 2));
+	return err;
+}
+
+/* Publish version v (after a step for v > 1), wait for its ACK, snapshot. */
+static int h_publish(dcast_producer *p, h_model *m, uint64_t v, unsigned density_inv)
+{
+	int err;
+
+	if (v > 1)
+		h_model_step(m, density_inv);
+	h_model_snap(m, v);
+	if ((err = dcast_producer_publish(p, v)))
+		return err;
+	return dcast_producer_wait(p, v, 20000);
+}
+
+/* Do the consumer's tensors equal the snapshot of version v? */
+static int h_equal(dcast_consumer *c, const h_model *m, uint64_t v)
+{
+	for (int t = 0; t < H_TENSORS; t++) {
+		void *ptr;
+		if (dcast_consumer_tensor(c, m->name[t], &ptr, NULL, NULL) || memcmp(ptr, m->snap[v][t], m->bytes[t]))
+			return 0;
+	}
+	return 1;
+}
+
+/* What the driver saw on the way. */
+typedef struct h_seen {
+	int gaps, errors, anchors, apply_failures;
+	int last_error, last_apply_error;
+	int untouched_ok, untouched_bad; /* tensors checked at each refusal */
+} h_seen;
+
+/* Poll and apply every READY version until the consumer holds `target`
+ * (bounded: about 40 s).  At every refusal, check that the tensors still
+ * equal the applied version's snapshot. */
+static int h_drive(dcast_consumer *c, const h_model *m, uint64_t target, h_seen *s)
+{
+	dcast_event ev;
+
+	for (int i = 0; i < 400; i++) {
+		uint64_t have = dcast_consumer_version(c);
+		if (have != DCAST_VERSION_NONE && have >= target)
+			return 0;
+		if (dcast_consumer_poll(c, 100, &ev))
+			return -1;
+		if (ev.type == DCAST_EV_GAP)
+			s->gaps++;
+		if (ev.type == DCAST_EV_ANCHOR)
+			s->anchors++;
+		if (ev.type == DCAST_EV_ERROR)
+			s->errors++, s->last_error = ev.code;
+		if (ev.type == DCAST_EV_VERSION_READY && dcast_consumer_ready_version(c) != DCAST_VERSION_NONE) {
+			int err = dcast_consumer_apply(c, dcast_consumer_ready_version(c));
+			if (err)
+				s->apply_failures++, s->last_apply_error = err;
+			if (!err)
+				continue;
+		}
+		if (ev.type == DCAST_EV_ERROR || ev.type == DCAST_EV_VERSION_READY) {
+			have = dcast_consumer_version(c);
+			if (have != DCAST_VERSION_NONE)
+				h_equal(c, m, have) ? s->untouched_ok++ : s->untouched_bad++;
+		}
+	}
+	return -1;
+}
+
+#endif

@@ -1,0 +1,165 @@
+/* Consumer end to end with the real broker binary and the producer library
+ * over loopback TCP: anchor then deltas applied bit-exact with a staging
+ * budget smaller than the model (chunks spill to the on-disk log and apply
+ * reads them back), a clean restart from the local checkpoint without the
+ * anchor again, a corrupt chunk refused with live tensors untouched, a
+ * digest failure rolled back exactly, a gap detected and healed.
+ * tests/test_consumer_plain.sh runs it again with DELTACAST_IO_URING=0. */
+#include <stdlib.h>
+#include "check.h"
+#include "consumer_harness.h"
+#include "dcast_common.h"
+
+#define BUDGET (1u << 20)
+
+static char root[] = "/tmp/dcast-consumer-XXXXXX";
+
+static const char *dir_for(const char *name)
+{
+	static char path[256];
+	snprintf(path, sizeof(path), "%s/%s", root, name);
+	return path;
+}
+
+static dcast_consumer *open_consumer(const h_broker *b, const char *model, const char *dir)
+{
+	dcast_consumer *c = NULL;
+	CHECK(dcast_consumer_open(b->consumers, model, dir, BUDGET, NULL, &c) == 0);
+	return c;
+}
+
+/* Anchor + deltas bit-exact, model larger than the budget, restart. */
+static void test_stream_and_restart(const h_broker *b)
+{
+	h_model m;
+	dcast_producer *p = NULL;
+	dcast_consumer *c;
+	dcast_consumer_stats st;
+	h_seen s = {0};
+
+	h_model_init(&m, 11, 1);
+	REQUIRE(h_model_bytes(&m) > BUDGET);
+	REQUIRE(h_producer_open(b, "m_stream", &m, &p) == 0);
+	REQUIRE(h_publish(p, &m, 1, 100) == 0);
+	c = open_consumer(b, "m_stream", dir_for("stream"));
+	REQUIRE(c);
+	CHECK(dcast_consumer_version(c) == DCAST_VERSION_NONE);
+	CHECK(h_drive(c, &m, 1, &s) == 0);
+	CHECK(h_equal(c, &m, 1));
+	dcast_consumer_stats_get(c, &st);
+	CHECK(st.anchor == 1 && st.version == 1);
+	CHECK(st.bytes == h_model_bytes(&m));
+	CHECK(st.spilled_chunks > 0);            /* did not fit: went through the log */
+	CHECK(st.pool_bytes <= BUDGET && st.peak_pool_bytes <= st.pool_bytes);
+	CHECK(s.anchors == 1);
+	for (uint64_t v = 2; v <= 4; v++) {
+		REQUIRE(h_publish(p, &m, v, 100) == 0);
+		CHECK(h_drive(c, &m, v, &s) == 0);
+		CHECK(h_equal(c, &m, v));
+		dcast_consumer_stats_get(c, &st);
+		CHECK(st.version == v && st.anchor == 0 && st.bytes < h_model_bytes(&m) / 4);
+	}
+	CHECK(s.gaps == 0 && s.errors == 0 && s.apply_failures == 0);
+	dcast_consumer_close(&c);
+	CHECK(c == NULL);
+
+	/* Restart from the directory: version 4 at once, then only the delta. */
+	REQUIRE(h_publish(p, &m, 5, 100) == 0);
+	c = open_consumer(b, "m_stream", dir_for("stream"));
+	REQUIRE(c);
+	CHECK(dcast_consumer_version(c) == 4);
+	CHECK(h_equal(c, &m, 4));
+	CHECK(h_drive(c, &m, 5, &s) == 0);
+	CHECK(h_equal(c, &m, 5));
+	dcast_consumer_stats_get(c, &st);
+	CHECK(st.total_bytes_received > 0 && st.total_bytes_received < h_model_bytes(&m) / 4);
+	dcast_consumer_close(&c);
+	dcast_producer_close(&p);
+}
+
+/* A fault armed through the test hook, then driven to `target`. */
+static void run_fault(const h_broker *b, const char *model, const char *fault, uint64_t versions,
+		      h_seen *s, int *exact)
+{
+	h_model m;
+	dcast_producer *p = NULL;
+	dcast_consumer *c;
+
+	h_model_init(&m, 29, 1);
+	REQUIRE(h_producer_open(b, model, &m, &p) == 0);
+	for (uint64_t v = 1; v <= versions; v++)
+		REQUIRE(h_publish(p, &m, v, 100) == 0);
+	setenv("DELTACAST_CONSUMER_FAULT", fault, 1);
+	c = open_consumer(b, model, dir_for(model));
+	unsetenv("DELTACAST_CONSUMER_FAULT");
+	REQUIRE(c);
+	CHECK(h_drive(c, &m, versions, s) == 0);
+	*exact = h_equal(c, &m, versions);
+	dcast_consumer_close(&c);
+	dcast_producer_close(&p);
+}
+
+static void test_corrupt_chunk(const h_broker *b)
+{
+	h_seen s = {0};
+	int exact = 0;
+
+	run_fault(b, "m_corrupt", "corrupt:2", 3, &s, &exact);
+	CHECK(s.errors >= 1 && s.last_error == DCAST_ECHECKSUM);
+	CHECK(s.untouched_bad == 0);
+	CHECK(exact); /* re-joined and healed */
+}
+
+static void test_digest_rollback(const h_broker *b)
+{
+	h_seen s = {0};
+	int exact = 0;
+
+	run_fault(b, "m_digest", "digest:3", 4, &s, &exact);
+	CHECK(s.apply_failures >= 1);
+	CHECK(s.last_apply_error == DCAST_EDIGEST || s.last_apply_error == DCAST_ECORRUPT);
+	CHECK(s.untouched_ok >= 1 && s.untouched_bad == 0); /* exactly version 2 after the refusal */
+	CHECK(exact);
+}
+
+static void test_gap(const h_broker *b)
+{
+	h_seen s = {0};
+	int exact = 0;
+
+	run_fault(b, "m_gap", "skip:2", 3, &s, &exact);
+	CHECK(s.gaps >= 1);
+	CHECK(exact);
+}
+
+static void test_bad_args(void)
+{
+	dcast_consumer *c = (dcast_consumer *)1;
+	dcast_consumer_opts o;
+
+	CHECK_ERR(dcast_consumer_open("tcp://127.0.0.1:1", "m", dir_for("x"), 1000, NULL, &c), DCAST_EINVAL);
+	CHECK(c == NULL);
+	dcast_consumer_opts_init(&o);
+	o.curve_server_key = "0123456789012345678901234567890123456789";
+	CHECK_ERR(dcast_consumer_open("tcp://127.0.0.1:1", "m", dir_for("x"), BUDGET, &o, &c), DCAST_EINVAL);
+	CHECK(strstr(dcast_last_error(), "curve_public_key") != NULL);
+}
+
+int main(void)
+{
+	h_broker b;
+
+	REQUIRE(mkdtemp(root));
+	test_bad_args();
+	REQUIRE(h_broker_start(&b) == 0);
+	test_stream_and_restart(&b);
+	test_corrupt_chunk(&b);
+	test_digest_rollback(&b);
+	test_gap(&b);
+	h_broker_stop(&b);
+	char cmd[300];
+	snprintf(cmd, sizeof(cmd), "rm -rf %s", root);
+	if (!check_failures && system(cmd) != 0)
+		fprintf(stderr, "could not remove %s\n", root);
+	return check_done("test_consumer");
+}

@@ -363,6 +363,6 @@ int prod_conn_rejoin(dcast_producer *p, const char *why)
 	settle_pending(p);
 	if (rc == DCAST_EAUTH)
 		return dcast_fail(rc, "%s", last);
-	return dcast_fail(DCAST_ECLOSED, "producer: %s (broker %s) and %u re-join(s) failed: %s",
-			  first, p->endpoint, p->opts.max_reconnects, last);
+	return dcast_fail(DCAST_ECLOSED, "%s; %u re-join(s) failed, the last: %s", first,
+			  p->opts.max_reconnects, last);
 }

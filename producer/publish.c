@@ -110,7 +110,8 @@ static int wait_credit(dcast_producer *p, prod_run *r, uint64_t need)
 
 		if (dcast_now_ms() - r->progress_ms > p->opts.ack_timeout_ms)
 			return dcast_fail(DCAST_ETIMEDOUT, "producer: no credit from the broker at %s "
-					  "for %u ms (have %llu bytes, chunk needs %llu)",
+					  "for %u ms (have %llu bytes, chunk needs %llu; the broker's "
+					  "window must hold one chunk)",
 					  p->endpoint, p->opts.ack_timeout_ms,
 					  (unsigned long long)have, (unsigned long long)need);
 		if ((rc = check_broker(p, r, PROD_POLL_MS)))

@@ -1,0 +1,7 @@
+"""deltacast: stream model weights from trainers to rollout workers.
+
+Python binding over libdeltacast.so (ctypes, no compile step)."""
+from ._lib import DeltacastError
+from .producer import Producer
+
+__all__ = ["DeltacastError", "Producer"]

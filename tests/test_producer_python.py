@@ -1,0 +1,113 @@
+"""The Python binding publishes numpy tensors (bf16 bit patterns, float32,
+float16) through the real broker; the test reader (tests/tools/
+producer_reader) receives every version bit-exact.  Errors surface as
+DeltacastError with the C code and message."""
+import json
+import os
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+from deltacast import DeltacastError, Producer
+
+BUILD = os.environ.get("DELTACAST_BUILD", "build")
+procs = []
+
+
+def start_broker(tmp):
+    for attempt in range(20):
+        port = 20000 + (os.getpid() * 131 + attempt * 977 + 7) % 30000
+        log = os.path.join(tmp, f"broker-{attempt}.log")
+        ep = (f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{port + 1}")
+        with open(log, "w") as f:
+            p = subprocess.Popen([os.path.join(BUILD, "deltacast-broker"), "--producers", ep[0],
+                                  "--consumers", ep[1]], stdout=f, stderr=f)
+        procs.append(p)
+        for _ in range(250):
+            if "consumers on" in open(log).read():
+                return ep
+            if p.poll() is not None:
+                break
+            time.sleep(0.02)
+        p.kill()
+        p.wait()
+    raise RuntimeError("no broker could start")
+
+
+def read_version(cons_ep, model, version, out):
+    r = subprocess.run([os.path.join(BUILD, "tools", "producer_reader"), "--endpoint", cons_ep,
+                        "--model", model, "--until", str(version), "--out", out,
+                        "--timeout-ms", "20000"], timeout=40)
+    assert r.returncode == 0, f"reader exit {r.returncode}"
+    with open(out, "rb") as f:
+        blob = f.read()
+    n = struct.unpack("<Q", blob[:8])[0]
+    hdr = json.loads(blob[8:8 + n])
+    data = blob[8 + n:]
+    return {k: data[v["data_offsets"][0]:v["data_offsets"][1]]
+            for k, v in hdr.items() if k != "__metadata__"}
+
+
+def expect_error(name, fn):
+    try:
+        fn()
+    except DeltacastError as e:
+        assert e.name == name, f"got {e.name}: {e}, want {name}"
+        assert e.code > 0 and str(e)
+        return e
+    raise AssertionError(f"no error, want {name}")
+
+
+def main():
+    tmp = tempfile.mkdtemp(prefix="dcast-test-producer-py-")
+    try:
+        e = expect_error("DCAST_ECLOSED", lambda: Producer("tcp://127.0.0.1:1", "m",
+                                                           connect_timeout_ms=300))
+        assert "tcp://127.0.0.1:1" in str(e)
+        prod_ep, cons_ep = start_broker(tmp)
+        rng = np.random.default_rng(5)
+        w = (0x3c00 + rng.integers(0, 1024, size=(1500, 1000))).astype(np.uint16)  # bf16 bits
+        f32 = rng.standard_normal(70000).astype(np.float32)
+        f16 = rng.standard_normal((10, 33)).astype(np.float16)
+        with Producer(prod_ep, "pymodel", range_elems=1 << 18) as p:
+            expect_error("DCAST_EDTYPE", lambda: p.register("bad", np.zeros(4, np.float64)))
+            expect_error("DCAST_EINVAL", lambda: p.register("nc", f16[:, ::2]))
+            expect_error("DCAST_EDTYPE", lambda: p.register("x", f32, dtype="bf16"))
+            p.register("w", w, dtype="bf16")
+            p.register("f32", f32)
+            p.register("f16", f16)
+            for v in (1, 2, 3):
+                if v > 1:
+                    idx = rng.integers(0, w.size, size=w.size // 100)
+                    w.reshape(-1)[idx] += 1
+                    f32[rng.integers(0, f32.size, 50)] *= 2
+                p.publish(v)
+                p.wait(v, 20000)
+                s = p.stats()
+                assert s.anchor == (v == 1) and s.acked_version == v
+                got = read_version(cons_ep, "pymodel", v, os.path.join(tmp, f"v{v}.st"))
+                assert got["w"] == w.tobytes(), f"w differs at version {v}"
+                assert got["f32"] == f32.tobytes(), f"f32 differs at version {v}"
+                assert got["f16"] == f16.tobytes(), f"f16 differs at version {v}"
+            assert s.payload_bytes < s.model_bytes // 10, (s.payload_bytes, s.model_bytes)
+            e = expect_error("DCAST_EVERSION", lambda: p.publish(3))
+            assert "not above" in e.detail
+            expect_error("DCAST_ESHAPE", lambda: p.register("w", w[:10], dtype="bf16"))
+        print("test_producer_python: ok")
+        return 0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGKILL)
+                p.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

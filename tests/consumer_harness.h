@@ -18,6 +18,8 @@
 #include "deltacast/producer.h"
 #include "deltacast/consumer.h"
 
+#pragma GCC diagnostic ignored "-Wunused-function"
+
 #define H_MAX_CHILDREN 8
 static pid_t h_children[H_MAX_CHILDREN];
 

@@ -7,6 +7,7 @@
 #include "broker.h"
 #include "dcast_common.h"
 #include "durable.h" /* durability hooks (broker/durable.c) */
+#include "metrics.h" /* --metrics (broker/metrics.c) */
 
 struct broker_model *broker_model_get(struct broker *b, const char *name, int create)
 {
@@ -188,5 +189,7 @@ int broker_version_committed(struct broker *b, struct broker_model *m,
 /* Hook: durability re-inserts the versions on disk here. */
 int broker_log_restore(struct broker *b)
 {
-	return broker_durable_restore(b); /* --data-dir: replay segments */
+	int rc = broker_durable_restore(b); /* --data-dir: replay segments */
+
+	return rc ? rc : broker_metrics_open(b); /* --metrics: listener in the poll set */
 }

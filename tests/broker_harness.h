@@ -27,6 +27,8 @@ struct h_broker {
 	char log[256];
 	const char *extra[H_MAX_ARGS];
 	int n_extra;
+	int with_metrics;  /* add --metrics 127.0.0.1:<pport + 2> */
+	char metrics[32];
 };
 
 static pid_t h_children[16];
@@ -125,6 +127,11 @@ static inline int h_broker_try(struct h_broker *br)
 	argv[n++] = ce;
 	for (int i = 0; i < br->n_extra; i++)
 		argv[n++] = br->extra[i];
+	if (br->with_metrics) {
+		snprintf(br->metrics, sizeof(br->metrics), "127.0.0.1:%d", br->pport + 2);
+		argv[n++] = "--metrics";
+		argv[n++] = br->metrics;
+	}
 	argv[n] = NULL;
 	truncate(br->log, 0);
 	br->pid = fork();
@@ -158,7 +165,7 @@ static inline void h_broker_start(struct h_broker *br)
 
 	for (int attempt = 0; attempt < 20; attempt++) {
 		if (!fixed) {
-			int base = 20000 + (int)((getpid() * 7 + attempt * 131) % 20000) * 2;
+			int base = 20000 + (int)((getpid() * 7 + attempt * 131) % 13000) * 3;
 
 			br->pport = base;
 			br->cport = base + 1;

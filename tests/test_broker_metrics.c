@@ -1,0 +1,101 @@
+/* /metrics over real processes: after a producer publishes three versions
+ * and a consumer applies and ACKs them, GET /metrics on --metrics shows the
+ * versions, bytes in and out, the consumer with its version and lag 0;
+ * another path gets 404. */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include "broker_harness.h"
+
+static char dir[] = "/tmp/dcast_test_metrics_XXXXXX";
+static char page[1 << 16];
+
+static int http_get(int port, const char *path)
+{
+	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+	char req[128];
+	size_t n = 0;
+	ssize_t r;
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+
+	inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+	if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)))
+		return -1;
+	snprintf(req, sizeof(req), "GET %s HTTP/1.0\r\n\r\n", path);
+	if (send(fd, req, strlen(req), 0) < 0)
+		return close(fd), -1;
+	while (n < sizeof(page) - 1 && (r = recv(fd, page + n, sizeof(page) - 1 - n, 0)) > 0)
+		n += (size_t)r;
+	page[n] = '\0';
+	close(fd);
+	return (int)n;
+}
+
+static uint64_t metric(const char *name)
+{
+	char needle[256], *p;
+
+	snprintf(needle, sizeof(needle), "\n%s ", name);
+	p = strstr(page, needle);
+	return p ? strtoull(p + strlen(needle), NULL, 10) : UINT64_MAX;
+}
+
+int main(void)
+{
+	static struct h_client prod, cons;
+	struct h_broker br = {0};
+	uint32_t rng = 7;
+	char cmd[300];
+	dcast_msg ack;
+	int found = 0;
+
+	h_init();
+	REQUIRE(mkdtemp(dir));
+	snprintf(br.log, sizeof(br.log), "%s/broker.log", dir);
+	br.with_metrics = 1;
+	h_broker_start(&br);
+	CHECK(h_file_has(br.log, "metrics on http://"));
+
+	h_client_open(&prod, br.pport, "metrics/model");
+	REQUIRE(h_producer_join(&prod) == 0);
+	for (uint64_t v = 1; v <= 3; v++) {
+		h_mutate(&prod, &rng, v == 1 ? 1 : 30);
+		CHECK(h_publish(&prod, v, v == 1, 100) == 0);
+	}
+	h_client_open(&cons, br.cport, "metrics/model");
+	CHECK(h_consume_until(&cons, DCAST_VERSION_NONE, 3, 100) == 0);
+	dcast_msg_init(&ack, DCAST_MSG_ACK);
+	snprintf(ack.u.ack.model, sizeof(ack.u.ack.model), "metrics/model");
+	ack.u.ack.version = 3;
+	CHECK(h_send(&cons, &ack, NULL) == 0);
+
+	/* The ACK travels asynchronously: poll the page (bounded) for it. */
+	for (int i = 0; i < 100 && !found; i++) {
+		CHECK(http_get(br.pport + 2, "/metrics") > 0);
+		found = strstr(page, "deltacast_consumer_version{model=\"metrics/model\"") &&
+			strstr(page, "} 3\n");
+		if (!found)
+			usleep(50000);
+	}
+	CHECK(found);
+	CHECK(strncmp(page, "HTTP/1.0 200 OK", 15) == 0);
+	CHECK(metric("deltacast_versions_committed_total") == 3);
+	CHECK(metric("deltacast_consumers_connected") == 1);
+	CHECK(metric("deltacast_producers_connected") == 1);
+	CHECK(metric("deltacast_bytes_in_total") > 0);
+	CHECK(metric("deltacast_bytes_out_total") == metric("deltacast_bytes_in_total"));
+	CHECK(metric("deltacast_model_version{model=\"metrics/model\"}") == 3);
+	CHECK(strstr(page, "deltacast_consumer_lag_versions{model=\"metrics/model\"") != NULL);
+	CHECK(strstr(page, "# TYPE deltacast_bytes_in_total counter") != NULL);
+	CHECK(http_get(br.pport + 2, "/nope") > 0 && strstr(page, "404") != NULL);
+	if (check_failures)
+		fprintf(stderr, "page:\n%s\n", page);
+
+	h_client_close(&prod);
+	h_client_close(&cons);
+	h_broker_kill(&br, SIGTERM);
+	zmq_ctx_term(h_ctx);
+	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+	CHECK(system(cmd) == 0);
+	return check_done("test_broker_metrics");
+}

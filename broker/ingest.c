@@ -8,6 +8,7 @@
 #include "dcast_common.h"
 
 #define MAX_PART_CHUNKS (1u << 24) /* chunks of one part's version held at once */
+#define PAYLOAD_COPY_BELOW (64u << 10)
 
 static void free_buf(void *data, void *hint)
 {
@@ -185,6 +186,22 @@ static int part_reserve(struct broker_part *pt)
 	return 0;
 }
 
+/* Keep a payload for the log.  ZeroMQ receives small messages into a shared
+ * decoder buffer (ZMQ_ZERO_COPY_RECV), which one kept message can pin whole; copying small
+ * payloads to their own exact allocation keeps the log at its real size. */
+static void payload_keep(zmq_msg_t *dst, dcast_wire_in *in)
+{
+	size_t len = in->has_payload ? zmq_msg_size(&in->payload) : 0;
+
+	if (len && len < PAYLOAD_COPY_BELOW && !zmq_msg_init_size(dst, len)) {
+		memcpy(zmq_msg_data(dst), zmq_msg_data(&in->payload), len);
+		return;
+	}
+	zmq_msg_init(dst);
+	if (len)
+		zmq_msg_move(dst, &in->payload);
+}
+
 int broker_pending_chunk(struct broker *b, struct broker_model *m, uint32_t part,
 			 dcast_wire_in *in)
 {
@@ -208,9 +225,7 @@ int broker_pending_chunk(struct broker *b, struct broker_model *m, uint32_t part
 		return rc;
 	pc = &pt->chunks[pt->n++];
 	pc->c = *c;
-	zmq_msg_init(&pc->payload);
-	if (in->has_payload)
-		zmq_msg_move(&pc->payload, &in->payload);
+	payload_keep(&pc->payload, in);
 	pt->seen = 1;
 	pt->last_ms = dcast_now_ms();
 	pt->bytes += c->payload_bytes;

@@ -37,13 +37,11 @@ static const struct flag flags[] = {
 	{"max-producers", FLAG_U64, OFF(max_producers), "4096", "producer part connections at once"},
 	{"max-models", FLAG_U64, OFF(max_models), "64", "models at once (at most 256)"},
 	{"log-level", FLAG_STR, OFF(log_level), "info", "error, warn, info or debug"},
-	/* durability, security, observability, anchors (broker/auth.c, metrics.c, fold.c) */
+	/* security and observability (broker/auth.c, broker/metrics.c) */
 	{"curve-secret", FLAG_STR, OFF(curve_secret), NULL, "FILE with the broker's Z85 CURVE secret key: CURVE on both sockets"},
 	{"producer-keys", FLAG_STR, OFF(producer_keys), NULL, "FILE of producer Z85 public keys to admit, one a line (required with --curve-secret)"},
 	{"consumer-keys", FLAG_STR, OFF(consumer_keys), NULL, "FILE of consumer Z85 public keys to admit (default: any CURVE client)"},
 	{"metrics", FLAG_STR, OFF(metrics), NULL, "HOST:PORT for GET /metrics (Prometheus text), e.g. 127.0.0.1:9464"},
-	{"anchor-fraction-pct", FLAG_U64, OFF(fold_fraction_pct), "50", "broker makes an anchor once deltas since the last exceed this % of the model (0: off)"},
-	{"anchor-every", FLAG_U64, OFF(fold_every), "0", "broker makes an anchor every K versions (0: off)"},
 };
 #undef OFF
 

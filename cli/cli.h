@@ -16,7 +16,8 @@
 	X(diff, "diff", "measure the delta between two checkpoints: sizes, entropy, speed")  \
 	X(delta, "delta", "encode NEW against BASE into a patch file")                      \
 	X(apply, "apply", "apply a patch file to BASE, writing a checkpoint equal to NEW") \
-	X(subscribe, "subscribe", "follow a model from a broker into DIR/model.safetensors")
+	X(subscribe, "subscribe", "follow a model from a broker into DIR/model.safetensors") \
+	X(publish, "publish", "publish checkpoints through a broker, each file the next version")
 
 #define CLI_DECLARE(fn, name, summary) int cmd_##fn(int argc, char **argv);
 CLI_COMMANDS(CLI_DECLARE)

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# deltacast publish end to end: a gen-trace model's checkpoints go through the
+# real broker as an anchor and deltas; the test reader's copy of the last
+# version equals the last file tensor by tensor; bad input is refused with a
+# clear message.
+set -u
+B=${DELTACAST_BUILD:-build}
+PY=${PYTHON:-/usr/bin/python3}
+tmp=$(mktemp -d /tmp/dcast-test-producer-cli-XXXXXX)
+broker=
+cleanup() { [ -n "$broker" ] && kill -9 "$broker" 2>/dev/null && wait "$broker" 2>/dev/null; rm -rf "$tmp"; }
+trap cleanup EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+
+"$B/deltacast" gen-trace --params 3M --steps 3 --density 0.01 -o "$tmp/trace" 2>/dev/null ||
+	fail "gen-trace"
+for attempt in $(seq 0 19); do
+	port=$((20000 + ($$ * 131 + attempt * 977 + 13) % 30000))
+	"$B/deltacast-broker" --producers "tcp://127.0.0.1:$port" \
+		--consumers "tcp://127.0.0.1:$((port + 1))" >"$tmp/broker.log" 2>&1 &
+	broker=$!
+	for _ in $(seq 250); do
+		grep -q "consumers on" "$tmp/broker.log" && break 2
+		kill -0 "$broker" 2>/dev/null || break
+		sleep 0.02
+	done
+	kill -9 "$broker" 2>/dev/null; wait "$broker" 2>/dev/null; broker=
+done
+[ -n "$broker" ] || fail "no broker started"
+ep="tcp://127.0.0.1:$port"
+
+"$B/deltacast" publish --broker "$ep" --model cli "$tmp"/trace/v000*.safetensors 2>"$tmp/pub.log" ||
+	{ cat "$tmp/pub.log"; fail "publish"; }
+cat "$tmp/pub.log"
+[ "$(grep -c '^version' "$tmp/pub.log")" = 4 ] || fail "want 4 progress lines"
+grep -q '^version 1 anchor' "$tmp/pub.log" || fail "first version not an anchor"
+grep -q '^version 4 delta' "$tmp/pub.log" || fail "last version not a delta"
+"$B/tools/producer_reader" --endpoint "tcp://127.0.0.1:$((port + 1))" --model cli --until 4 \
+	--out "$tmp/got.safetensors" >/dev/null || fail "reader"
+"$PY" - "$tmp/got.safetensors" "$tmp/trace/v0003.safetensors" <<'PYEOF' || fail "content differs"
+import json, struct, sys
+def load(p):
+    b = open(p, "rb").read(); n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n])
+    return {k: b[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]]
+            for k, v in h.items() if k != "__metadata__"}
+a, b = load(sys.argv[1]), load(sys.argv[2])
+assert a.keys() == b.keys() and all(a[k] == b[k] for k in a), "tensors differ"
+PYEOF
+
+# versions must increase: the broker's newest is 4
+"$B/deltacast" publish --broker "$ep" --model cli "$tmp/trace/v0000.safetensors" 2>"$tmp/err.log" &&
+	fail "republishing version 1 succeeded"
+grep -q "not above" "$tmp/err.log" || { cat "$tmp/err.log"; fail "no version error"; }
+# a file with other tensors than the first
+"$PY" - "$tmp/other.safetensors" <<'PYEOF'
+import json, struct, sys
+h = json.dumps({"zzz": {"dtype": "BF16", "shape": [4], "data_offsets": [0, 8]}}).encode()
+h += b" " * (-len(h) % 8)
+open(sys.argv[1], "wb").write(struct.pack("<Q", len(h)) + h + bytes(8))
+PYEOF
+"$B/deltacast" publish --broker "$ep" --model cli2 "$tmp/trace/v0000.safetensors" \
+	"$tmp/other.safetensors" 2>"$tmp/err2.log" && fail "a file with other tensors was published"
+grep -q "other.safetensors" "$tmp/err2.log" || { cat "$tmp/err2.log"; fail "error names no file"; }
+# no broker at all
+"$B/deltacast" publish --broker tcp://127.0.0.1:1 --model cli "$tmp/trace/v0000.safetensors" \
+	2>"$tmp/err3.log" && fail "publish without a broker succeeded"
+grep -q "tcp://127.0.0.1:1" "$tmp/err3.log" || { cat "$tmp/err3.log"; fail "error names no endpoint"; }
+"$B/deltacast" publish --model x f 2>/dev/null; [ $? = 2 ] || fail "usage error not 2"
+echo "test_producer_cli: ok"

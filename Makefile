@@ -138,3 +138,19 @@ clean:
 	rm -rf build build-san
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
+
+# --- codec benchmarks ---
+# The CUDA objects use CUB, whose host code needs the C++ runtime at link time.
+ifneq ($(NVCC),)
+CUDA_LIBS += -lstdc++
+endif
+.PHONY: bench-codec bench-gpu
+# Sizes and CPU speed of the codec on RL-like bf16 updates; rewrites the
+# bench-codec section of docs/benchmarks.md.
+bench-codec: $(BUILD)/tools/bench_codec
+	$(BUILD)/tools/bench_codec --write docs/benchmarks.md
+
+# GPU encode/apply/digest throughput against a device-to-device copy; says
+# "skip: no CUDA device" (exit 77 from the tool) where there is none.
+bench-gpu: $(BUILD)/tools/bench_gpu_codec
+	@$(BUILD)/tools/bench_gpu_codec; rc=$$?; [ $$rc = 77 ] || exit $$rc

@@ -38,6 +38,19 @@ static void all_sizes(const dcast_changes *ch, uint64_t count, unsigned es, dcas
 	sizes[DCAST_ENC_COMPACT] = dcast_cpt_bytes(plan);
 }
 
+int dcast_codec_check_encode(uint64_t count, unsigned es, int force, size_t out_cap)
+{
+	int rc = check_range(count, es);
+	if (rc)
+		return rc;
+	if (force >= DCAST_ENC_COUNT)
+		return dcast_fail(DCAST_EINVAL, "codec: unknown encoding %d", force);
+	if (out_cap < dcast_codec_bound(count, es))
+		return dcast_fail(DCAST_EINVAL, "codec: out_cap %zu below dcast_codec_bound() = %zu",
+				  out_cap, dcast_codec_bound(count, es));
+	return DCAST_OK;
+}
+
 static void emit_idx32(const dcast_changes *ch, unsigned es, uint8_t *out)
 {
 	for (uint64_t i = 0; i < ch->n; i++, out += 4 + es) {
@@ -88,14 +101,9 @@ int dcast_codec_encode(const void *cur, void *base, uint64_t count, unsigned ele
 		       int force_encoding, unsigned flags, void *out, size_t out_cap,
 		       dcast_chunk_info *info)
 {
-	int rc = check_range(count, elem_size);
+	int rc = dcast_codec_check_encode(count, elem_size, force_encoding, out_cap);
 	if (rc)
 		return rc;
-	if (force_encoding >= DCAST_ENC_COUNT)
-		return dcast_fail(DCAST_EINVAL, "codec: unknown encoding %d", force_encoding);
-	if (out_cap < dcast_codec_bound(count, elem_size))
-		return dcast_fail(DCAST_EINVAL, "codec: out_cap %zu below dcast_codec_bound() = %zu",
-				  out_cap, dcast_codec_bound(count, elem_size));
 	if (!base)
 		return encode_anchor(cur, count, elem_size, force_encoding, out, info);
 	dcast_changes ch;
@@ -131,7 +139,7 @@ int dcast_codec_sizes(const void *cur, const void *base, uint64_t count, unsigne
 
 /* ---- checks shared by apply and revert ---- */
 
-static int check_info(const dcast_chunk_info *info, const void *payload, const void *dst)
+int dcast_codec_check_info(const dcast_chunk_info *info, const void *payload, const void *dst)
 {
 	int rc = check_range(info->count, info->elem_size);
 	if (rc)
@@ -146,7 +154,7 @@ static int check_info(const dcast_chunk_info *info, const void *payload, const v
 	return DCAST_OK;
 }
 
-static int check_size(const dcast_chunk_info *info, uint64_t want)
+int dcast_codec_check_size(const dcast_chunk_info *info, uint64_t want)
 {
 	if (info->payload_bytes == want)
 		return DCAST_OK;
@@ -157,7 +165,7 @@ static int check_size(const dcast_chunk_info *info, uint64_t want)
 static int idx32_check(const dcast_chunk_info *info, const uint8_t *pl)
 {
 	unsigned es = info->elem_size;
-	int rc = check_size(info, info->changed * (4 + es));
+	int rc = dcast_codec_check_size(info, info->changed * (4 + es));
 	uint64_t next = 0;
 	for (uint64_t i = 0; !rc && i < info->changed; i++) {
 		uint32_t p = dcast_rd32le(pl + i * (4 + es));
@@ -175,7 +183,7 @@ static int idx32_check(const dcast_chunk_info *info, const uint8_t *pl)
 static int bitmask_check(const dcast_chunk_info *info, const uint8_t *pl)
 {
 	uint64_t mb = dcast_bitmask_bytes(info->count), ones = 0;
-	int rc = check_size(info, mb + info->changed * info->elem_size);
+	int rc = dcast_codec_check_size(info, mb + info->changed * info->elem_size);
 	if (rc)
 		return rc;
 	for (uint64_t i = 0; i < mb; i++)
@@ -261,14 +269,14 @@ static void cpt_write(const dcast_chunk_info *info, const cpt_decoded *dec, uint
 static int apply_or_revert(const dcast_chunk_info *info, const uint8_t *pl, uint8_t *dst,
 			   uint8_t *old_out, const uint8_t *old)
 {
-	int rc = check_info(info, pl, dst);
+	int rc = dcast_codec_check_info(info, pl, dst);
 	uint64_t dense = info->count * info->elem_size;
 	cpt_decoded dec;
 	if (rc)
 		return rc;
 	switch (info->encoding) {
 	case DCAST_ENC_DENSE:
-		if ((rc = check_size(info, dense)))
+		if ((rc = dcast_codec_check_size(info, dense)))
 			return rc;
 		if (old_out && dense)
 			memcpy(old_out, dst, dense);

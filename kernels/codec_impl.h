@@ -428,7 +428,8 @@ DCAST_HD uint64_t dcast_bits_peek(const uint8_t *s, uint64_t nbytes, uint64_t bi
 /* Decode one gap at *bit; returns its code length, 0 on a bad code. */
 DCAST_HD unsigned dcast_rice_decode(uint64_t peek, unsigned k, uint32_t *gap)
 {
-	unsigned q = (unsigned)DCAST_CTZ64(~peek);
+	uint64_t inv = ~peek;
+	unsigned q = inv ? (unsigned)DCAST_CTZ64(inv) : 64u;
 	if (q >= DCAST_CPT_QESC) {
 		*gap = (uint32_t)(peek >> DCAST_CPT_QESC) & ((1u << DCAST_CPT_GAP_BITS) - 1);
 		return DCAST_CPT_QESC + DCAST_CPT_GAP_BITS;
@@ -537,6 +538,21 @@ DCAST_HD void dcast_simple_sizes(uint64_t count, unsigned es, uint64_t changed,
 	sizes[DCAST_ENC_IDX32] = changed * (4 + es);
 	sizes[DCAST_ENC_BITMASK] = dcast_bitmask_bytes(count) + changed * es;
 }
+
+/* ---- host functions of codec*.c the CUDA host code calls too ---- */
+#ifdef __cplusplus
+extern "C" {
+#endif
+/* The checks of dcast_codec_apply on info alone: elem_size, count,
+ * encoding, changed <= count, NULL pointers. */
+int dcast_codec_check_info(const dcast_chunk_info *info, const void *payload, const void *dst);
+/* payload_bytes == want, else DCAST_EPAYLOAD_SIZE naming the encoding. */
+int dcast_codec_check_size(const dcast_chunk_info *info, uint64_t want);
+/* The argument checks of dcast_codec_encode. */
+int dcast_codec_check_encode(uint64_t count, unsigned es, int force, size_t out_cap);
+#ifdef __cplusplus
+}
+#endif
 
 /* ---- host-only helpers shared by codec*.c ---- */
 #ifndef __CUDACC__

@@ -3,5 +3,6 @@
 Python binding over libdeltacast.so (ctypes, no compile step)."""
 from ._lib import DeltacastError
 from .producer import Producer
+from .consumer import Consumer
 
-__all__ = ["DeltacastError", "Producer"]
+__all__ = ["Consumer", "DeltacastError", "Producer"]

@@ -1,0 +1,825 @@
+/* The delta codec on a CUDA device: the twins of codec.c and digest.c.
+ * Bit-level logic comes from codec_impl.h / xxh3_hd.h (shared with the CPU,
+ * which is the oracle); this file only distributes it over threads:
+ * ordered compaction of changed elements (tile counts, scan, block scan),
+ * per-element code lengths + prefix sum + atomicOr scatter for the compact
+ * bitstream, per-block decoding from the block index, and a warp per 1 MiB
+ * digest block.  Decisions (k, table, encoding) are made on the host from
+ * device-computed stats with the same functions the CPU codec uses, so the
+ * bytes are identical.  Apply checks everything on the device and only then
+ * lets the write kernel (which reads the error word first) touch dst. */
+#include <cub/cub.cuh>
+#include <cuda_runtime.h>
+#include "codec_impl.h"
+#include "deltacast/codec_cuda.h"
+extern "C" {
+#include "dcast_common.h"
+}
+
+#define TILE 4096u        /* elements per compaction tile */
+#define TILE_THREADS 256u /* 16 elements per thread */
+#define NO_ERROR 0xffffffffffffffffull
+
+/* ---- error plumbing and scratch ---- */
+
+static int cuda_fail(cudaError_t e, const char *what)
+{
+	return dcast_fail(DCAST_ECUDA, "%s: %s", what, cudaGetErrorString(e));
+}
+
+#define CU(call, what)                                        \
+	do {                                                  \
+		cudaError_t e_ = (call);                      \
+		if (e_ != cudaSuccess) {                      \
+			rc = cuda_fail(e_, what);             \
+			goto out;                             \
+		}                                             \
+	} while (0)
+
+/* Device scratch taken on the stream and given back together. */
+struct scratch {
+	void *p[16];
+	unsigned n;
+	cudaStream_t s;
+};
+
+static cudaError_t scratch_get(scratch *sc, void **p, size_t bytes)
+{
+	cudaError_t e = cudaMallocAsync(p, bytes ? bytes : 8, sc->s);
+	if (e == cudaSuccess)
+		sc->p[sc->n++] = *p;
+	return e;
+}
+
+static void scratch_put(scratch *sc)
+{
+	for (unsigned i = 0; i < sc->n; i++)
+		cudaFreeAsync(sc->p[i], sc->s);
+	sc->n = 0;
+}
+
+static unsigned grid_for(uint64_t n, unsigned threads)
+{
+	uint64_t g = (n + threads - 1) / threads;
+	return (unsigned)(g ? (g < (1u << 30) ? g : (1u << 30)) : 1);
+}
+
+extern "C" int dcast_cuda_available(void)
+{
+	static int state = -1; /* -1 unknown, 0 none, 1 present */
+	if (state >= 0)
+		return state;
+	int n = 0;
+	cudaError_t e = cudaGetDeviceCount(&n);
+	if (e != cudaSuccess || n <= 0) {
+		DCAST_LOG_I("no CUDA device: using CPU codec (%s)",
+			    e != cudaSuccess ? cudaGetErrorString(e) : "device count 0");
+		state = 0;
+	} else {
+		state = 1;
+	}
+	return state;
+}
+
+/* ---- element access ---- */
+
+template <unsigned ES> __device__ __forceinline__ uint32_t ld(const void *p, uint64_t i)
+{
+	if (ES == 1)
+		return ((const uint8_t *)p)[i];
+	if (ES == 2)
+		return ((const uint16_t *)p)[i];
+	return ((const uint32_t *)p)[i];
+}
+
+template <unsigned ES> __device__ __forceinline__ void st(void *p, uint64_t i, uint32_t v)
+{
+	if (ES == 1)
+		((uint8_t *)p)[i] = (uint8_t)v;
+	else if (ES == 2)
+		((uint16_t *)p)[i] = (uint16_t)v;
+	else
+		((uint32_t *)p)[i] = v;
+}
+
+__device__ __forceinline__ void st_bytes(uint8_t *p, uint32_t v, unsigned n)
+{
+	for (unsigned i = 0; i < n; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+
+/* ---- encode: ordered compaction ---- */
+
+template <unsigned ES>
+__global__ void k_tile_count(const void *cur, const void *base, uint64_t count, unsigned *tile_n)
+{
+	typedef cub::BlockReduce<unsigned, TILE_THREADS> reduce;
+	__shared__ typename reduce::TempStorage tmp;
+	uint64_t first = (uint64_t)blockIdx.x * TILE;
+	unsigned c = 0;
+	for (unsigned j = threadIdx.x; j < TILE; j += TILE_THREADS) {
+		uint64_t i = first + j;
+		c += i < count && ld<ES>(cur, i) != ld<ES>(base, i);
+	}
+	unsigned total = reduce(tmp).Sum(c);
+	if (threadIdx.x == 0)
+		tile_n[blockIdx.x] = total;
+}
+
+/* Each thread takes 16 consecutive elements of the tile, so a block scan of
+ * the per-thread counts gives every change its rank in position order. */
+template <unsigned ES>
+__global__ void k_tile_write(const void *cur, const void *base, uint64_t count,
+			     const unsigned *tile_off, uint32_t *pos, uint32_t *newv, uint32_t *zz)
+{
+	typedef cub::BlockScan<unsigned, TILE_THREADS> scan;
+	__shared__ typename scan::TempStorage tmp;
+	const unsigned per = TILE / TILE_THREADS;
+	uint64_t first = (uint64_t)blockIdx.x * TILE + (uint64_t)threadIdx.x * per;
+	unsigned mine = 0, rank;
+	for (unsigned j = 0; j < per; j++)
+		mine += first + j < count && ld<ES>(cur, first + j) != ld<ES>(base, first + j);
+	scan(tmp).ExclusiveSum(mine, rank);
+	uint64_t out = (uint64_t)tile_off[blockIdx.x] + rank;
+	for (unsigned j = 0; j < per && mine; j++) {
+		uint64_t i = first + j;
+		if (i >= count)
+			break;
+		uint32_t nv = ld<ES>(cur, i), ov = ld<ES>(base, i);
+		if (nv == ov)
+			continue;
+		pos[out] = (uint32_t)i;
+		newv[out] = nv;
+		zz[out] = dcast_ulp_zz(ov, nv, 8 * ES);
+		out++;
+	}
+}
+
+/* Symbol histogram and exact position bits under k. */
+__global__ void k_stats(const uint32_t *pos, const uint32_t *zz, uint64_t n, unsigned k,
+			unsigned long long *hist, unsigned long long *pos_bits)
+{
+	__shared__ unsigned long long sh[DCAST_CPT_NSYM_MAX];
+	__shared__ unsigned long long sbits;
+	for (unsigned i = threadIdx.x; i < DCAST_CPT_NSYM_MAX; i += blockDim.x)
+		sh[i] = 0;
+	if (threadIdx.x == 0)
+		sbits = 0;
+	__syncthreads();
+	unsigned long long bits = 0;
+	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+	     i += (uint64_t)gridDim.x * blockDim.x) {
+		uint32_t prev_next = i ? pos[i - 1] + 1 : 0;
+		atomicAdd(&sh[dcast_cpt_symbol(zz[i])], 1ull);
+		bits += dcast_rice_len(pos[i] - prev_next, k);
+	}
+	atomicAdd(&sbits, bits);
+	__syncthreads();
+	for (unsigned i = threadIdx.x; i < DCAST_CPT_NSYM_MAX; i += blockDim.x)
+		if (sh[i])
+			atomicAdd(&hist[i], sh[i]);
+	if (threadIdx.x == 0)
+		atomicAdd(pos_bits, sbits);
+}
+
+/* ---- encode: emitters ---- */
+
+template <unsigned ES>
+__global__ void k_emit_idx32(const uint32_t *pos, const uint32_t *newv, uint64_t n, uint8_t *out)
+{
+	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+	     i += (uint64_t)gridDim.x * blockDim.x) {
+		st_bytes(out + i * (4 + ES), pos[i], 4);
+		st_bytes(out + i * (4 + ES) + 4, newv[i], ES);
+	}
+}
+
+template <unsigned ES>
+__global__ void k_emit_bitmask(const uint32_t *pos, const uint32_t *newv, uint64_t n, uint64_t mb,
+			       uint8_t *out)
+{
+	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+	     i += (uint64_t)gridDim.x * blockDim.x) {
+		uint32_t p = pos[i];
+		atomicOr((unsigned *)out + p / 32, 1u << (p % 32)); /* mask bytes only: bits < count */
+		st_bytes(out + mb + i * ES, newv[i], ES);
+	}
+}
+
+/* Code length of element i (position + value). */
+__global__ void k_cpt_len(const uint32_t *pos, const uint32_t *newv, const uint32_t *zz, uint64_t n,
+			  dcast_cpt_plan plan, unsigned long long *len)
+{
+	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+	     i += (uint64_t)gridDim.x * blockDim.x) {
+		uint32_t prev_next = i ? pos[i - 1] + 1 : 0;
+		unsigned vl;
+		dcast_cpt_value_bits(&plan, zz[i], newv[i], &vl);
+		len[i] = dcast_rice_len(pos[i] - prev_next, plan.k) + vl;
+	}
+}
+
+/* OR `len` (<= 57) bits of v into the zeroed stream at bit `at`. */
+__device__ __forceinline__ void put_bits(unsigned long long *words, uint64_t at, uint64_t v, unsigned len)
+{
+	unsigned sh = (unsigned)(at & 63);
+	atomicOr(&words[at >> 6], (unsigned long long)(v << sh));
+	if (sh && sh + len > 64)
+		atomicOr(&words[(at >> 6) + 1], (unsigned long long)(v >> (64 - sh)));
+}
+
+__global__ void k_cpt_emit(const uint32_t *pos, const uint32_t *newv, const uint32_t *zz, uint64_t n,
+			   dcast_cpt_plan plan, const unsigned long long *off,
+			   unsigned long long *words, uint8_t *index)
+{
+	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+	     i += (uint64_t)gridDim.x * blockDim.x) {
+		uint32_t gap = pos[i] - (i ? pos[i - 1] + 1 : 0);
+		unsigned rl = dcast_rice_len(gap, plan.k), vl;
+		uint64_t vb = dcast_cpt_value_bits(&plan, zz[i], newv[i], &vl);
+		put_bits(words, off[i], dcast_rice_bits(gap, plan.k), rl);
+		put_bits(words, off[i] + rl, vb, vl);
+		if (i && i % DCAST_CPT_BLOCK == 0) {
+			uint8_t *e = index + (i / DCAST_CPT_BLOCK - 1) * DCAST_CPT_INDEX_ENTRY;
+			st_bytes(e, (uint32_t)off[i], 4);
+			st_bytes(e + 4, pos[i - 1], 4);
+		}
+	}
+}
+
+template <unsigned ES>
+__global__ void k_update_base(const uint32_t *pos, const uint32_t *newv, uint64_t n, void *base)
+{
+	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+	     i += (uint64_t)gridDim.x * blockDim.x)
+		st<ES>(base, pos[i], newv[i]);
+}
+
+/* ---- encode: host driver ---- */
+
+struct changes_dev {
+	uint64_t n;
+	uint32_t *pos, *newv, *zz;
+};
+
+template <unsigned ES>
+static int find_changes(const void *cur, const void *base, uint64_t count, scratch *sc,
+			changes_dev *ch)
+{
+	int rc = DCAST_OK;
+	uint64_t ntiles = (count + TILE - 1) / TILE;
+	unsigned *tile_n = NULL, *tile_off = NULL, last[2] = { 0, 0 };
+	void *tmp = NULL;
+	size_t tmp_bytes = 0;
+	CU(scratch_get(sc, (void **)&tile_n, (ntiles + 1) * 4), "cudaMallocAsync(tile counts)");
+	CU(scratch_get(sc, (void **)&tile_off, (ntiles + 1) * 4), "cudaMallocAsync(tile offsets)");
+	CU(cudaMemsetAsync(tile_n, 0, (ntiles + 1) * 4, sc->s), "cudaMemsetAsync");
+	if (ntiles)
+		k_tile_count<ES><<<(unsigned)ntiles, TILE_THREADS, 0, sc->s>>>(cur, base, count, tile_n);
+	CU(cudaGetLastError(), "k_tile_count");
+	CU(cub::DeviceScan::ExclusiveSum(NULL, tmp_bytes, tile_n, tile_off, (int)(ntiles + 1), sc->s),
+	   "cub scan size");
+	CU(scratch_get(sc, &tmp, tmp_bytes), "cudaMallocAsync(scan)");
+	CU(cub::DeviceScan::ExclusiveSum(tmp, tmp_bytes, tile_n, tile_off, (int)(ntiles + 1), sc->s),
+	   "cub scan");
+	CU(cudaMemcpyAsync(last, tile_off + ntiles, 4, cudaMemcpyDeviceToHost, sc->s), "copy count");
+	CU(cudaStreamSynchronize(sc->s), "sync");
+	ch->n = last[0];
+	CU(scratch_get(sc, (void **)&ch->pos, ch->n * 4), "cudaMallocAsync(pos)");
+	CU(scratch_get(sc, (void **)&ch->newv, ch->n * 4), "cudaMallocAsync(newv)");
+	CU(scratch_get(sc, (void **)&ch->zz, ch->n * 4), "cudaMallocAsync(zz)");
+	if (ntiles && ch->n)
+		k_tile_write<ES><<<(unsigned)ntiles, TILE_THREADS, 0, sc->s>>>(cur, base, count, tile_off,
+									   ch->pos, ch->newv, ch->zz);
+	CU(cudaGetLastError(), "k_tile_write");
+out:
+	return rc;
+}
+
+/* The compact plan from device stats, exactly as the CPU makes it. */
+static int plan_compact(const changes_dev *ch, unsigned w, scratch *sc, dcast_cpt_plan *plan)
+{
+	int rc = DCAST_OK;
+	dcast_cpt_stats st = {};
+	unsigned long long *dev = NULL, host[DCAST_CPT_NSYM_MAX + 1];
+	uint32_t last = 0;
+	unsigned k;
+	st.changed = ch->n;
+	if (ch->n) {
+		CU(cudaMemcpyAsync(&last, ch->pos + ch->n - 1, 4, cudaMemcpyDeviceToHost, sc->s), "copy pos");
+		CU(cudaStreamSynchronize(sc->s), "sync");
+		st.gap_sum = (uint64_t)last + 1 - ch->n;
+	}
+	k = dcast_cpt_choose_k(st.changed, st.gap_sum);
+	CU(scratch_get(sc, (void **)&dev, sizeof(host)), "cudaMallocAsync(stats)");
+	CU(cudaMemsetAsync(dev, 0, sizeof(host), sc->s), "cudaMemsetAsync");
+	if (ch->n)
+		k_stats<<<grid_for(ch->n, 256) < 1024 ? grid_for(ch->n, 256) : 1024, 256, 0, sc->s>>>(
+			ch->pos, ch->zz, ch->n, k, dev, dev + DCAST_CPT_NSYM_MAX);
+	CU(cudaGetLastError(), "k_stats");
+	CU(cudaMemcpyAsync(host, dev, sizeof(host), cudaMemcpyDeviceToHost, sc->s), "copy stats");
+	CU(cudaStreamSynchronize(sc->s), "sync");
+	for (unsigned i = 0; i < DCAST_CPT_NSYM_MAX; i++)
+		st.hist[i] = host[i];
+	dcast_cpt_plan_make(&st, w, plan);
+	plan->pos_bits = host[DCAST_CPT_NSYM_MAX];
+out:
+	return rc;
+}
+
+static int emit_compact(const changes_dev *ch, const dcast_cpt_plan *plan, scratch *sc, uint8_t *dev_out)
+{
+	int rc = DCAST_OK;
+	uint8_t hdr[32];
+	unsigned hb = dcast_cpt_hdr_bytes(plan->mode, plan->w);
+	uint64_t soff = dcast_cpt_stream_off(plan), sbytes = (plan->pos_bits + plan->val_bits + 7) / 8;
+	unsigned long long *len = NULL, *off = NULL;
+	void *tmp = NULL;
+	size_t tmp_bytes = 0;
+	dcast_cpt_hdr_write(plan, hdr);
+	CU(cudaMemcpyAsync(dev_out, hdr, hb, cudaMemcpyHostToDevice, sc->s), "copy header");
+	CU(cudaMemsetAsync(dev_out + soff, 0, (sbytes + 15) & ~7ull, sc->s), "cudaMemsetAsync");
+	if (!ch->n)
+		goto out;
+	CU(scratch_get(sc, (void **)&len, ch->n * 8), "cudaMallocAsync(len)");
+	CU(scratch_get(sc, (void **)&off, ch->n * 8), "cudaMallocAsync(off)");
+	k_cpt_len<<<grid_for(ch->n, 256), 256, 0, sc->s>>>(ch->pos, ch->newv, ch->zz, ch->n, *plan, len);
+	CU(cudaGetLastError(), "k_cpt_len");
+	CU(cub::DeviceScan::ExclusiveSum(NULL, tmp_bytes, len, off, (int)ch->n, sc->s), "cub scan size");
+	CU(scratch_get(sc, &tmp, tmp_bytes), "cudaMallocAsync(scan)");
+	CU(cub::DeviceScan::ExclusiveSum(tmp, tmp_bytes, len, off, (int)ch->n, sc->s), "cub scan");
+	k_cpt_emit<<<grid_for(ch->n, 256), 256, 0, sc->s>>>(ch->pos, ch->newv, ch->zz, ch->n, *plan, off,
+							     (unsigned long long *)(dev_out + soff),
+							     dev_out + hb);
+	CU(cudaGetLastError(), "k_cpt_emit");
+out:
+	return rc;
+}
+
+template <unsigned ES>
+static int emit_dev(int enc, const changes_dev *ch, const dcast_cpt_plan *plan, uint64_t count,
+		    scratch *sc, uint8_t *dev_out)
+{
+	int rc = DCAST_OK;
+	unsigned g = grid_for(ch->n, 256);
+	uint64_t mb = dcast_bitmask_bytes(count);
+	switch (enc) {
+	case DCAST_ENC_IDX32:
+		if (ch->n)
+			k_emit_idx32<ES><<<g, 256, 0, sc->s>>>(ch->pos, ch->newv, ch->n, dev_out);
+		break;
+	case DCAST_ENC_BITMASK:
+		CU(cudaMemsetAsync(dev_out, 0, (mb + 3) & ~3ull, sc->s), "cudaMemsetAsync");
+		if (ch->n)
+			k_emit_bitmask<ES><<<g, 256, 0, sc->s>>>(ch->pos, ch->newv, ch->n, mb, dev_out);
+		break;
+	default:
+		return emit_compact(ch, plan, sc, dev_out);
+	}
+	CU(cudaGetLastError(), "emit kernel");
+out:
+	return rc;
+}
+
+template <unsigned ES>
+static int encode_delta(const void *cur, void *base, uint64_t count, int force, unsigned flags,
+			void *out, dcast_chunk_info *info, scratch *sc)
+{
+	int rc;
+	changes_dev ch = {};
+	dcast_cpt_plan plan;
+	uint64_t sizes[DCAST_ENC_COUNT];
+	uint8_t *dev_out = NULL;
+	if ((rc = find_changes<ES>(cur, base, count, sc, &ch)) || (rc = plan_compact(&ch, 8 * ES, sc, &plan)))
+		return rc;
+	dcast_simple_sizes(count, ES, ch.n, sizes);
+	sizes[DCAST_ENC_COMPACT] = dcast_cpt_bytes(&plan);
+	int enc = force >= 0 ? force : dcast_pick_smallest(sizes);
+	if (enc == DCAST_ENC_DENSE) {
+		CU(cudaMemcpyAsync(out, cur, count * ES, cudaMemcpyDefault, sc->s), "copy dense");
+	} else {
+		CU(scratch_get(sc, (void **)&dev_out, ((sizes[enc] + 64) & ~7ull)), "cudaMallocAsync(payload)");
+		if ((rc = emit_dev<ES>(enc, &ch, &plan, count, sc, dev_out)))
+			return rc;
+		CU(cudaMemcpyAsync(out, dev_out, sizes[enc], cudaMemcpyDefault, sc->s), "copy payload");
+	}
+	if ((flags & DCAST_ENCODE_UPDATE_BASE) && ch.n)
+		k_update_base<ES><<<grid_for(ch.n, 256), 256, 0, sc->s>>>(ch.pos, ch.newv, ch.n, base);
+	CU(cudaGetLastError(), "k_update_base");
+	CU(cudaStreamSynchronize(sc->s), "sync");
+	*info = dcast_chunk_info{ (uint32_t)enc, ES, count, ch.n, sizes[enc] };
+out:
+	return rc;
+}
+
+static int check_aligned(const void *p, unsigned es, const char *what)
+{
+	if ((uintptr_t)p % es)
+		return dcast_fail(DCAST_EINVAL, "%s: device pointer not aligned to elem_size %u", what, es);
+	return DCAST_OK;
+}
+
+extern "C" int dcast_cuda_encode(const void *cur, void *base, uint64_t count, unsigned elem_size,
+				 int force_encoding, unsigned flags, void *out, size_t out_cap,
+				 dcast_chunk_info *info, void *stream)
+{
+	scratch sc = {};
+	sc.s = (cudaStream_t)stream;
+	int rc = dcast_codec_check_encode(count, elem_size, force_encoding, out_cap);
+	if (rc || (rc = check_aligned(cur, elem_size, "dcast_cuda_encode cur")) ||
+	    (rc = check_aligned(base, elem_size, "dcast_cuda_encode base")))
+		return rc;
+	if (!dcast_cuda_available())
+		return dcast_fail(DCAST_ENODEVICE, "dcast_cuda_encode: no CUDA device");
+	if (!base) {
+		if (force_encoding >= 0 && force_encoding != DCAST_ENC_DENSE)
+			return dcast_fail(DCAST_EINVAL, "codec: an anchor (base NULL) is dense, not %s",
+					  dcast_encoding_name(force_encoding));
+		CU(cudaMemcpyAsync(out, cur, count * elem_size, cudaMemcpyDefault, sc.s), "copy anchor");
+		CU(cudaStreamSynchronize(sc.s), "sync");
+		*info = dcast_chunk_info{ DCAST_ENC_DENSE, elem_size, count, count, count * elem_size };
+		return DCAST_OK;
+	}
+	switch (elem_size) {
+	case 1: rc = encode_delta<1>(cur, base, count, force_encoding, flags, out, info, &sc); break;
+	case 2: rc = encode_delta<2>(cur, base, count, force_encoding, flags, out, info, &sc); break;
+	default: rc = encode_delta<4>(cur, base, count, force_encoding, flags, out, info, &sc); break;
+	}
+out:
+	scratch_put(&sc);
+	cudaStreamSynchronize(sc.s);
+	return rc;
+}
+
+/* ---- apply ---- */
+
+/* First failing element (atomicMin) and what failed, for the detail. */
+struct apply_err {
+	unsigned long long elem;
+	unsigned code;
+};
+
+template <unsigned ES>
+__global__ void k_idx32_check(const uint8_t *pl, uint64_t n, uint64_t count, apply_err *err)
+{
+	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+	     i += (uint64_t)gridDim.x * blockDim.x) {
+		uint32_t p = dcast_rd32le(pl + i * (4 + ES));
+		bool bad = p >= count || (i && p <= dcast_rd32le(pl + (i - 1) * (4 + ES)));
+		if (bad)
+			atomicMin(&err->elem, (unsigned long long)i);
+	}
+}
+
+__device__ __forceinline__ uint32_t rd_le(const uint8_t *p, unsigned n)
+{
+	uint32_t v = 0;
+	for (unsigned i = 0; i < n; i++)
+		v |= (uint32_t)p[i] << (8 * i);
+	return v;
+}
+
+template <unsigned ES>
+__global__ void k_idx32_apply(const uint8_t *pl, uint64_t n, void *dst, void *old_out,
+			      const apply_err *err)
+{
+	if (err->elem != NO_ERROR)
+		return;
+	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+	     i += (uint64_t)gridDim.x * blockDim.x) {
+		const uint8_t *r = pl + i * (4 + ES);
+		uint32_t p = dcast_rd32le(r);
+		if (old_out)
+			st<ES>(old_out, i, ld<ES>(dst, p));
+		st<ES>(dst, p, rd_le(r + 4, ES));
+	}
+}
+
+__global__ void k_byte_pop(const uint8_t *mask, uint64_t mb, unsigned *pop)
+{
+	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < mb;
+	     i += (uint64_t)gridDim.x * blockDim.x)
+		pop[i] = __popc(mask[i]);
+}
+
+__global__ void k_bitmask_check(const uint8_t *mask, uint64_t mb, uint64_t count, uint64_t changed,
+				const unsigned *rank, const unsigned *pop, apply_err *err)
+{
+	uint64_t ones = mb ? (uint64_t)rank[mb - 1] + pop[mb - 1] : 0;
+	if ((count & 7) && (mask[mb - 1] >> (count & 7)))
+		err->elem = count, err->code = 1;
+	else if (ones != changed)
+		err->elem = ones, err->code = 2;
+}
+
+template <unsigned ES>
+__global__ void k_bitmask_apply(const uint8_t *pl, uint64_t mb, const unsigned *rank, void *dst,
+				void *old_out, const apply_err *err)
+{
+	if (err->elem != NO_ERROR)
+		return;
+	for (uint64_t b = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; b < mb;
+	     b += (uint64_t)gridDim.x * blockDim.x) {
+		unsigned r = rank[b];
+		for (unsigned bits = pl[b]; bits; bits &= bits - 1, r++) {
+			uint64_t p = b * 8 + (__ffs(bits) - 1);
+			if (old_out)
+				st<ES>(old_out, r, ld<ES>(dst, p));
+			st<ES>(dst, p, rd_le(pl + mb + (uint64_t)r * ES, ES));
+		}
+	}
+}
+
+/* One thread per index block: decode it from where the index says. */
+struct block_end {
+	unsigned long long bit, next;
+	int status;
+};
+
+__global__ void k_cpt_decode(dcast_cpt_dec d, const uint16_t *lut_dev, const uint8_t *index,
+			     uint64_t changed, uint32_t *pos, uint32_t *val, block_end *ends)
+{
+	__shared__ uint16_t lut[DCAST_CPT_LUT_SIZE];
+	for (unsigned i = threadIdx.x; i < DCAST_CPT_LUT_SIZE; i += blockDim.x)
+		lut[i] = lut_dev[i];
+	__syncthreads();
+	d.lut = lut;
+	uint64_t b = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+	uint64_t nb = dcast_cpt_nblocks(changed);
+	if (b >= nb)
+		return;
+	uint64_t first = b * DCAST_CPT_BLOCK, n = changed - first < DCAST_CPT_BLOCK ? changed - first : DCAST_CPT_BLOCK;
+	uint64_t bit = b ? dcast_rd32le(index + (b - 1) * 8) : 0;
+	uint64_t next = b ? (uint64_t)dcast_rd32le(index + (b - 1) * 8 + 4) + 1 : 0;
+	ends[b].status = dcast_cpt_decode_run(&d, &bit, &next, n, pos + first, val + first);
+	ends[b].bit = bit;
+	ends[b].next = next;
+}
+
+/* Chain the blocks: each must end where the next one's index entry starts. */
+__global__ void k_cpt_chain(dcast_cpt_dec d, const uint8_t *index, uint64_t changed,
+			    const block_end *ends, apply_err *err)
+{
+	uint64_t nb = dcast_cpt_nblocks(changed);
+	for (uint64_t b = 0; b < nb; b++) {
+		int e = ends[b].status;
+		if (!e && b + 1 < nb &&
+		    (ends[b].bit != dcast_rd32le(index + b * 8) ||
+		     ends[b].next != (uint64_t)dcast_rd32le(index + b * 8 + 4) + 1))
+			e = DCAST_CPT_EINDEX;
+		if (!e && b + 1 == nb)
+			e = dcast_cpt_check_trail(&d, ends[b].bit);
+		if (e) {
+			err->elem = b * DCAST_CPT_BLOCK;
+			err->code = (unsigned)e;
+			return;
+		}
+	}
+}
+
+template <unsigned ES>
+__global__ void k_cpt_apply(const uint32_t *pos, const uint32_t *val, uint64_t n, unsigned mode,
+			    void *dst, void *old_out, const apply_err *err)
+{
+	if (err->elem != NO_ERROR)
+		return;
+	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+	     i += (uint64_t)gridDim.x * blockDim.x) {
+		uint32_t old = ld<ES>(dst, pos[i]);
+		if (old_out)
+			st<ES>(old_out, i, old);
+		st<ES>(dst, pos[i], mode == DCAST_CPT_RAW ? val[i] : dcast_ulp_apply(old, val[i], 8 * ES));
+	}
+}
+
+struct apply_ctx {
+	const dcast_chunk_info *info;
+	const uint8_t *pl;
+	void *dst, *old_out;
+	apply_err *err;
+	scratch *sc;
+};
+
+template <unsigned ES> static int apply_idx32(apply_ctx *a)
+{
+	int rc = dcast_codec_check_size(a->info, a->info->changed * (4 + ES));
+	uint64_t n = a->info->changed;
+	if (rc || !n)
+		return rc;
+	k_idx32_check<ES><<<grid_for(n, 256), 256, 0, a->sc->s>>>(a->pl, n, a->info->count, a->err);
+	k_idx32_apply<ES><<<grid_for(n, 256), 256, 0, a->sc->s>>>(a->pl, n, a->dst, a->old_out, a->err);
+	return DCAST_OK;
+}
+
+template <unsigned ES> static int apply_bitmask(apply_ctx *a)
+{
+	uint64_t mb = dcast_bitmask_bytes(a->info->count);
+	int rc = dcast_codec_check_size(a->info, mb + a->info->changed * ES);
+	unsigned *pop = NULL, *rank = NULL;
+	void *tmp = NULL;
+	size_t tmp_bytes = 0;
+	if (rc || !mb)
+		return rc;
+	CU(scratch_get(a->sc, (void **)&pop, mb * 4), "cudaMallocAsync(pop)");
+	CU(scratch_get(a->sc, (void **)&rank, mb * 4), "cudaMallocAsync(rank)");
+	k_byte_pop<<<grid_for(mb, 256), 256, 0, a->sc->s>>>(a->pl, mb, pop);
+	CU(cub::DeviceScan::ExclusiveSum(NULL, tmp_bytes, pop, rank, (int)mb, a->sc->s), "cub scan size");
+	CU(scratch_get(a->sc, &tmp, tmp_bytes), "cudaMallocAsync(scan)");
+	CU(cub::DeviceScan::ExclusiveSum(tmp, tmp_bytes, pop, rank, (int)mb, a->sc->s), "cub scan");
+	k_bitmask_check<<<1, 1, 0, a->sc->s>>>(a->pl, mb, a->info->count, a->info->changed, rank, pop, a->err);
+	k_bitmask_apply<ES><<<grid_for(mb, 256), 256, 0, a->sc->s>>>(a->pl, mb, rank, a->dst, a->old_out, a->err);
+out:
+	return rc;
+}
+
+/* Header on the host (it is tiny), everything else on the device. */
+template <unsigned ES> static int apply_compact(apply_ctx *a)
+{
+	int rc = DCAST_OK;
+	uint8_t hdr[32] = { 0 };
+	uint16_t lut[DCAST_CPT_LUT_SIZE];
+	dcast_cpt_dec d;
+	dcast_cpt_table t;
+	uint64_t n = a->info->changed, nb = dcast_cpt_nblocks(n), hbytes = a->info->payload_bytes;
+	uint32_t *pos = NULL, *val = NULL;
+	uint16_t *lut_dev = NULL;
+	block_end *ends = NULL;
+	CU(cudaMemcpy(hdr, a->pl, hbytes < sizeof(hdr) ? hbytes : sizeof(hdr), cudaMemcpyDefault), "copy header");
+	if (const char *bad = dcast_cpt_hdr_parse(hdr, hbytes, 8 * ES, &d, &t))
+		return dcast_fail(DCAST_ECORRUPT, "compact payload: %s", bad);
+	{
+		uint64_t off = dcast_cpt_hdr_bytes(d.mode, d.w) + dcast_cpt_index_bytes(n);
+		if (off > hbytes)
+			return dcast_fail(DCAST_EPAYLOAD_SIZE, "compact payload: %llu bytes, header and block index need %llu",
+					  (unsigned long long)hbytes, (unsigned long long)off);
+		if (n > hbytes * 4)
+			return dcast_fail(DCAST_ECORRUPT, "compact payload: %llu bytes cannot hold %llu changes",
+					  (unsigned long long)hbytes, (unsigned long long)n);
+		d.stream = a->pl + off;
+		d.stream_bytes = hbytes - off;
+		d.count = a->info->count;
+		d.lut = NULL;
+		if (!n)
+			return d.stream_bytes ? dcast_fail(DCAST_ECORRUPT, "compact payload, element 0: %s",
+							   dcast_cpt_errstr(DCAST_CPT_ETRAIL))
+					      : DCAST_OK;
+	}
+	if (d.mode == DCAST_CPT_CODED)
+		dcast_cpt_lut_fill(&t, dcast_cpt_nsym(d.w), lut, 0, 1);
+	CU(scratch_get(a->sc, (void **)&lut_dev, sizeof(lut)), "cudaMallocAsync(lut)");
+	CU(scratch_get(a->sc, (void **)&pos, n * 4), "cudaMallocAsync(pos)");
+	CU(scratch_get(a->sc, (void **)&val, n * 4), "cudaMallocAsync(val)");
+	CU(scratch_get(a->sc, (void **)&ends, nb * sizeof(block_end)), "cudaMallocAsync(ends)");
+	CU(cudaMemcpyAsync(lut_dev, lut, sizeof(lut), cudaMemcpyHostToDevice, a->sc->s), "copy lut");
+	k_cpt_decode<<<grid_for(nb, 64), 64, 0, a->sc->s>>>(d, lut_dev, a->pl + dcast_cpt_hdr_bytes(d.mode, d.w), n,
+							  pos, val, ends);
+	k_cpt_chain<<<1, 1, 0, a->sc->s>>>(d, a->pl + dcast_cpt_hdr_bytes(d.mode, d.w), n, ends, a->err);
+	k_cpt_apply<ES><<<grid_for(n, 256), 256, 0, a->sc->s>>>(pos, val, n, d.mode, a->dst, a->old_out, a->err);
+	CU(cudaStreamSynchronize(a->sc->s), "sync");
+out:
+	return rc;
+}
+
+static int apply_dense(apply_ctx *a)
+{
+	int rc = dcast_codec_check_size(a->info, a->info->count * a->info->elem_size);
+	uint64_t bytes = a->info->payload_bytes;
+	if (rc || !bytes)
+		return rc;
+	if (a->old_out)
+		CU(cudaMemcpyAsync(a->old_out, a->dst, bytes, cudaMemcpyDeviceToDevice, a->sc->s), "save old");
+	CU(cudaMemcpyAsync(a->dst, a->pl, bytes, cudaMemcpyDefault, a->sc->s), "copy dense");
+out:
+	return rc;
+}
+
+template <unsigned ES> static int apply_es(apply_ctx *a)
+{
+	switch (a->info->encoding) {
+	case DCAST_ENC_DENSE: return apply_dense(a);
+	case DCAST_ENC_IDX32: return apply_idx32<ES>(a);
+	case DCAST_ENC_BITMASK: return apply_bitmask<ES>(a);
+	default: return apply_compact<ES>(a);
+	}
+}
+
+static int apply_report(const dcast_chunk_info *info, const apply_err *e)
+{
+	if (e->elem == NO_ERROR)
+		return DCAST_OK;
+	switch (info->encoding) {
+	case DCAST_ENC_IDX32:
+		return dcast_fail(DCAST_ECORRUPT, "idx32 payload: element %llu position out of range or not increasing",
+				  e->elem);
+	case DCAST_ENC_BITMASK:
+		if (e->code == 1)
+			return dcast_fail(DCAST_ECORRUPT, "bitmask payload: bits past count %llu are set", e->elem);
+		return dcast_fail(DCAST_ECORRUPT, "bitmask payload: %llu bits set, changed says %llu", e->elem,
+				  (unsigned long long)info->changed);
+	default:
+		return dcast_fail(DCAST_ECORRUPT, "compact payload, element %llu: %s", e->elem,
+				  dcast_cpt_errstr((int)e->code));
+	}
+}
+
+extern "C" int dcast_cuda_apply(const dcast_chunk_info *info, const void *payload, void *dst,
+				void *old_out, void *stream)
+{
+	scratch sc = {};
+	sc.s = (cudaStream_t)stream;
+	apply_err *err = NULL, host_err = { NO_ERROR, 0 };
+	apply_ctx a = { info, (const uint8_t *)payload, dst, old_out, NULL, &sc };
+	int rc = dcast_codec_check_info(info, payload, dst);
+	if (rc || (rc = check_aligned(dst, info->elem_size, "dcast_cuda_apply dst")))
+		return rc;
+	if (!dcast_cuda_available())
+		return dcast_fail(DCAST_ENODEVICE, "dcast_cuda_apply: no CUDA device");
+	CU(scratch_get(&sc, (void **)&err, sizeof(*err)), "cudaMallocAsync(err)");
+	CU(cudaMemcpyAsync(err, &host_err, sizeof(host_err), cudaMemcpyHostToDevice, sc.s), "init err");
+	a.err = err;
+	switch (info->elem_size) {
+	case 1: rc = apply_es<1>(&a); break;
+	case 2: rc = apply_es<2>(&a); break;
+	default: rc = apply_es<4>(&a); break;
+	}
+	if (rc)
+		goto out;
+	CU(cudaGetLastError(), "apply kernels");
+	CU(cudaMemcpyAsync(&host_err, err, sizeof(host_err), cudaMemcpyDeviceToHost, sc.s), "copy err");
+	CU(cudaStreamSynchronize(sc.s), "sync");
+	rc = apply_report(info, &host_err);
+out:
+	scratch_put(&sc);
+	cudaStreamSynchronize(sc.s);
+	return rc;
+}
+
+/* ---- digest ---- */
+
+/* One warp per 1 MiB block: thread t owns accumulator lane t%8 and every
+ * fourth stripe (group t/8) of each 1 KiB XXH3 block; the group sums meet
+ * by shuffles before each lane-wise scramble. */
+__global__ void k_digest_blocks(const uint8_t *data, size_t len, uint64_t nblk, uint64_t *hashes)
+{
+	__shared__ uint8_t secret[DCAST_XXH_SECRET_SIZE];
+	for (unsigned i = threadIdx.x; i < DCAST_XXH_SECRET_SIZE; i += blockDim.x)
+		secret[i] = dcast_xxh3_secret()[i];
+	__syncthreads();
+	uint64_t blk = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+	unsigned t = threadIdx.x % 32, lane = t % 8, g = t / 8;
+	if (blk >= nblk)
+		return;
+	const uint8_t *in = data + blk * DCAST_DIGEST_BLOCK;
+	size_t n = len - blk * DCAST_DIGEST_BLOCK < DCAST_DIGEST_BLOCK ? len - blk * DCAST_DIGEST_BLOCK
+									 : DCAST_DIGEST_BLOCK;
+	if (n <= 240) {
+		if (t == 0)
+			hashes[blk] = dcast_xxh3_64(in, n);
+		return;
+	}
+	uint64_t acc = dcast_xxh3_acc_init(lane), nb = dcast_xxh3_long_blocks(n);
+	for (uint64_t b = 0; b < nb; b++) {
+		uint64_t part = dcast_xxh3_block_lane(in + b * DCAST_XXH_BLOCK, g, DCAST_XXH_STRIPES_PER_BLOCK,
+						      4, lane, secret);
+		part += __shfl_xor_sync(0xffffffffu, part, 8);
+		part += __shfl_xor_sync(0xffffffffu, part, 16);
+		acc = dcast_xxh3_scramble_lane(acc + part, lane, secret);
+	}
+	uint64_t part = dcast_xxh3_block_lane(in + nb * DCAST_XXH_BLOCK, g, dcast_xxh3_long_tail_stripes(n),
+					      4, lane, secret);
+	part += __shfl_xor_sync(0xffffffffu, part, 8);
+	part += __shfl_xor_sync(0xffffffffu, part, 16);
+	acc += part + dcast_xxh3_last_stripe_lane(in, n, lane, secret);
+	uint64_t all[8];
+	for (unsigned l = 0; l < 8; l++)
+		all[l] = __shfl_sync(0xffffffffu, acc, l);
+	if (t == 0)
+		hashes[blk] = dcast_xxh3_merge(all, n, secret);
+}
+
+extern "C" int dcast_cuda_digest(const void *data, size_t len, uint64_t *digest, void *stream)
+{
+	scratch sc = {};
+	sc.s = (cudaStream_t)stream;
+	int rc = DCAST_OK;
+	uint64_t nblk = (len + DCAST_DIGEST_BLOCK - 1) / DCAST_DIGEST_BLOCK, *dev = NULL, *host = NULL;
+	if (!dcast_cuda_available())
+		return dcast_fail(DCAST_ENODEVICE, "dcast_cuda_digest: no CUDA device");
+	host = (uint64_t *)malloc(nblk ? nblk * 8 : 8);
+	if (!host)
+		return dcast_fail(DCAST_ENOMEM, "dcast_cuda_digest: no memory for %llu block hashes",
+				  (unsigned long long)nblk);
+	if (nblk) {
+		CU(scratch_get(&sc, (void **)&dev, nblk * 8), "cudaMallocAsync(hashes)");
+		k_digest_blocks<<<grid_for(nblk * 32, 128), 128, 0, sc.s>>>((const uint8_t *)data, len, nblk, dev);
+		CU(cudaGetLastError(), "k_digest_blocks");
+		CU(cudaMemcpyAsync(host, dev, nblk * 8, cudaMemcpyDeviceToHost, sc.s), "copy hashes");
+		CU(cudaStreamSynchronize(sc.s), "sync");
+	}
+	*digest = dcast_xxh3_64(host, nblk * 8); /* little-endian hosts: the array is the LE bytes */
+out:
+	scratch_put(&sc);
+	cudaStreamSynchronize(sc.s);
+	free(host);
+	return rc;
+}

@@ -1,0 +1,175 @@
+/* CUDA codec against its CPU twin: on fresh seeded random ranges, the GPU
+ * encode gives the CPU's payload bytes and info (output poisoned first),
+ * GPU apply from device and from pinned host memory gives the CPU's result
+ * and saved old values, corrupted payloads get the CPU's verdict with dst
+ * untouched, and the GPU digest equals dcast_digest.  Exits 77 without a
+ * CUDA device (or in a build without CUDA). */
+#include <stdint.h>
+#include "check.h"
+#include "deltacast/codec.h"
+#include "deltacast/codec_cuda.h"
+
+#ifndef DCAST_HAVE_CUDA
+int main(void)
+{
+	TEST_SKIP("no CUDA device (built without CUDA)");
+}
+#else
+#include <cuda_runtime.h>
+
+#define POISON 0xa5
+
+static uint64_t rng_state;
+
+static uint64_t rnd(void)
+{
+	uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+static void *dev_alloc(size_t n)
+{
+	void *p = NULL;
+	REQUIRE(cudaMalloc(&p, n ? n : 1) == cudaSuccess);
+	REQUIRE(cudaMemset(p, POISON, n ? n : 1) == cudaSuccess);
+	return p;
+}
+
+static void *to_dev(const void *h, size_t n)
+{
+	void *d = dev_alloc(n);
+	REQUIRE(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice) == cudaSuccess);
+	return d;
+}
+
+static void from_dev(void *h, const void *d, size_t n)
+{
+	REQUIRE(cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost) == cudaSuccess);
+}
+
+typedef struct gcase {
+	uint64_t count;
+	unsigned es;
+	uint8_t *base, *cur;
+} gcase;
+
+/* Mostly +-1 ulp-like changes (low bits), some random patterns. */
+static gcase make_case(uint64_t count, unsigned es, double density)
+{
+	gcase c = { count, es, malloc(count * es + 1), malloc(count * es + 1) };
+	for (uint64_t i = 0; i < count * es; i++)
+		c.base[i] = c.cur[i] = (uint8_t)rnd();
+	for (uint64_t i = 0; i < count; i++) {
+		if ((double)(rnd() >> 11) / 9007199254740992.0 >= density && i != 0)
+			continue;
+		uint8_t *p = c.cur + i * es;
+		if (rnd() % 8)
+			p[0] ^= (uint8_t)(1 + rnd() % 3);
+		else
+			p[es - 1] ^= 0x80;
+	}
+	return c;
+}
+
+/* GPU apply of `pl` (host bytes) from device and from pinned memory equals
+ * the CPU result; returns the CPU's error code. */
+static int apply_both(const gcase *c, const dcast_chunk_info *info, const uint8_t *pl)
+{
+	size_t bytes = c->count * c->es, old_bytes = (info->encoding == DCAST_ENC_DENSE ? c->count : info->changed) * c->es;
+	uint8_t *cpu = malloc(bytes + 1), *cpu_old = malloc(old_bytes + 1), *gpu = malloc(bytes + 1),
+		*gpu_old = malloc(old_bytes + 1), *pinned = NULL;
+	memcpy(cpu, c->base, bytes);
+	int want = dcast_codec_apply(info, pl, cpu, cpu_old);
+	REQUIRE(cudaMallocHost((void **)&pinned, info->payload_bytes + 1) == cudaSuccess);
+	memcpy(pinned, pl, info->payload_bytes);
+	void *dpl = to_dev(pl, info->payload_bytes);
+	for (int from_pinned = 0; from_pinned < 2; from_pinned++) {
+		void *dst = to_dev(c->base, bytes), *old = dev_alloc(old_bytes);
+		int got = dcast_cuda_apply(info, from_pinned ? (void *)pinned : dpl, dst, old, NULL);
+		CHECK_ERR(got, want);
+		from_dev(gpu, dst, bytes);
+		CHECK(memcmp(gpu, want ? c->base : cpu, bytes) == 0);
+		if (!want && old_bytes) {
+			from_dev(gpu_old, old, old_bytes);
+			CHECK(memcmp(gpu_old, cpu_old, old_bytes) == 0);
+		}
+		cudaFree(dst);
+		cudaFree(old);
+	}
+	cudaFree(dpl);
+	cudaFreeHost(pinned);
+	free(cpu), free(cpu_old), free(gpu), free(gpu_old);
+	return want;
+}
+
+static void check_case(const gcase *c, int enc)
+{
+	size_t cap = dcast_codec_bound(c->count, c->es), bytes = c->count * c->es;
+	uint8_t *cpu_out = malloc(cap), *gpu_out = malloc(cap), *b2 = malloc(bytes + 1);
+	dcast_chunk_info ci, gi;
+	REQUIRE(dcast_codec_encode(c->cur, c->base, c->count, c->es, enc, 0, cpu_out, cap, &ci) == DCAST_OK);
+	void *dcur = to_dev(c->cur, bytes), *dbase = to_dev(c->base, bytes);
+	memset(gpu_out, POISON, cap);
+	CHECK_ERR(dcast_cuda_encode(dcur, dbase, c->count, c->es, enc, DCAST_ENCODE_UPDATE_BASE, gpu_out, cap,
+				    &gi, NULL), DCAST_OK);
+	CHECK(memcmp(&ci, &gi, sizeof(ci)) == 0);
+	CHECK(memcmp(cpu_out, gpu_out, ci.payload_bytes) == 0);
+	from_dev(b2, dbase, bytes);
+	CHECK(memcmp(b2, c->cur, bytes) == 0);
+	CHECK_ERR(apply_both(c, &ci, cpu_out), DCAST_OK);
+	for (unsigned k = 0; k < 8 && ci.payload_bytes; k++) { /* corruptions: same verdict */
+		uint64_t at = rnd() % ci.payload_bytes;
+		uint8_t bit = (uint8_t)(1u << (rnd() % 8));
+		cpu_out[at] ^= bit;
+		apply_both(c, &ci, cpu_out);
+		cpu_out[at] ^= bit;
+	}
+	if (check_failures)
+		fprintf(stderr, "  case count=%" PRIu64 " es=%u enc=%d\n", c->count, c->es, enc);
+	cudaFree(dcur), cudaFree(dbase);
+	free(cpu_out), free(gpu_out), free(b2);
+}
+
+static void test_codec(void)
+{
+	static const uint64_t counts[] = { 0, 1, 1000, 100003, 3000000 };
+	static const double dens[] = { 0, 0.001, 0.01, 0.05, 0.3, 1.0 };
+	for (size_t i = 0; i < sizeof(counts) / sizeof(counts[0]); i++)
+		for (size_t d = 0; d < sizeof(dens) / sizeof(dens[0]); d++)
+			for (unsigned es = 1; es <= 4; es *= 2) {
+				gcase c = make_case(counts[i], es, dens[d]);
+				for (int enc = -1; enc < DCAST_ENC_COUNT; enc++)
+					check_case(&c, enc);
+				free(c.base), free(c.cur);
+			}
+}
+
+static void test_digest(void)
+{
+	static const size_t lens[] = { 0, 1, 16, 100, 240, 241, 1024, 1025, 65536 + 7, (1u << 20) - 1,
+				       1u << 20, (1u << 20) + 1, 3 * (1u << 20) + 123 };
+	uint8_t *h = malloc(4u << 20);
+	for (size_t i = 0; i < (4u << 20); i++)
+		h[i] = (uint8_t)rnd();
+	for (size_t i = 0; i < sizeof(lens) / sizeof(lens[0]); i++) {
+		void *d = to_dev(h, lens[i]);
+		uint64_t got = 0;
+		CHECK_ERR(dcast_cuda_digest(d, lens[i], &got, NULL), DCAST_OK);
+		CHECK(got == dcast_digest(h, lens[i]));
+		cudaFree(d);
+	}
+	free(h);
+}
+
+int main(void)
+{
+	if (!dcast_cuda_available())
+		TEST_SKIP("no CUDA device");
+	rng_state = 20260101;
+	test_digest();
+	test_codec();
+	return check_done("test_gpu_codec");
+}
+#endif

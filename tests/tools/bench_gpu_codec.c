@@ -1,0 +1,143 @@
+/* bench_gpu_codec: CUDA codec throughput on RL-like bf16 updates, for
+ * `make bench-gpu`: encode, apply and digest, each as GB/s of the range's
+ * bytes and as a ratio to a device-to-device cudaMemcpy of the same bytes
+ * timed in the same run.  Also says whether the GPU payloads equal the CPU's.
+ * Exits 77 ("skip: no CUDA device") without a device. */
+#include <inttypes.h>
+#include <stdio.h>
+#include "deltacast/codec.h"
+#include "deltacast/codec_cuda.h"
+#include "rl_workload.h"
+
+#ifndef DCAST_HAVE_CUDA
+int main(void)
+{
+	printf("skip: no CUDA device (built without CUDA)\n");
+	return 77;
+}
+#else
+#include <cuda_runtime.h>
+
+#define REPS 5
+#define CHUNK (1u << 24)
+
+static void need(int ok, const char *what)
+{
+	if (!ok) {
+		fprintf(stderr, "bench_gpu_codec: %s failed: %s\n", what, dcast_last_error());
+		exit(1);
+	}
+}
+
+typedef struct gpu_bufs {
+	uint64_t n, nchunks;
+	size_t slot;
+	void *cur, *base, *dst, *copy, *payloads_dev;
+	uint8_t *payloads; /* pinned */
+	dcast_chunk_info *info;
+} gpu_bufs;
+
+static double best_of(double (*fn)(gpu_bufs *), gpu_bufs *g)
+{
+	double best = 1e30;
+	for (int r = 0; r < REPS; r++) {
+		double t = fn(g);
+		best = t < best ? t : best;
+	}
+	return best;
+}
+
+static double run_copy(gpu_bufs *g)
+{
+	double t = now_s();
+	need(cudaMemcpy(g->copy, g->cur, g->n * 2, cudaMemcpyDeviceToDevice) == cudaSuccess, "cudaMemcpy");
+	need(cudaDeviceSynchronize() == cudaSuccess, "sync");
+	return now_s() - t;
+}
+
+static double run_encode(gpu_bufs *g)
+{
+	double t = now_s();
+	for (uint64_t k = 0; k < g->nchunks; k++) {
+		uint64_t off = k * CHUNK, n = g->n - off < CHUNK ? g->n - off : CHUNK;
+		need(dcast_cuda_encode((uint16_t *)g->cur + off, (uint16_t *)g->base + off, n, 2, -1, 0,
+				       g->payloads + k * g->slot, g->slot, &g->info[k], NULL) == DCAST_OK, "encode");
+	}
+	return now_s() - t;
+}
+
+static double run_apply(gpu_bufs *g)
+{
+	need(cudaMemcpy(g->dst, g->base, g->n * 2, cudaMemcpyDeviceToDevice) == cudaSuccess, "reset");
+	double t = now_s();
+	for (uint64_t k = 0; k < g->nchunks; k++)
+		need(dcast_cuda_apply(&g->info[k], (uint8_t *)g->payloads_dev + k * g->slot,
+				      (uint16_t *)g->dst + k * CHUNK, NULL, NULL) == DCAST_OK, "apply");
+	return now_s() - t;
+}
+
+static double run_digest(gpu_bufs *g)
+{
+	uint64_t d;
+	double t = now_s();
+	need(dcast_cuda_digest(g->cur, g->n * 2, &d, NULL) == DCAST_OK, "digest");
+	return now_s() - t;
+}
+
+static int same_as_cpu(const workload *w, const gpu_bufs *g)
+{
+	uint8_t *out = malloc(g->slot);
+	dcast_chunk_info ci;
+	uint64_t n = w->n < CHUNK ? w->n : CHUNK;
+	need(dcast_codec_encode(w->cur, w->base, n, 2, -1, 0, out, g->slot, &ci) == DCAST_OK, "cpu encode");
+	int same = !memcmp(&ci, &g->info[0], sizeof(ci)) && !memcmp(out, g->payloads, ci.payload_bytes);
+	free(out);
+	return same;
+}
+
+static void bench_density(workload *w, gpu_bufs *g, double density)
+{
+	double bytes = (double)g->n * 2;
+	workload_step(w, find_lr(w, density), w->n);
+	need(cudaMemcpy(g->cur, w->cur, g->n * 2, cudaMemcpyHostToDevice) == cudaSuccess, "upload");
+	double tc = best_of(run_copy, g), te = best_of(run_encode, g);
+	for (uint64_t k = 0; k < g->nchunks; k++)
+		need(cudaMemcpy((uint8_t *)g->payloads_dev + k * g->slot, g->payloads + k * g->slot,
+				g->info[k].payload_bytes, cudaMemcpyHostToDevice) == cudaSuccess, "payload upload");
+	double ta = best_of(run_apply, g), td = best_of(run_digest, g);
+	int exact = 1;
+	uint16_t *back = malloc(g->n * 2);
+	need(cudaMemcpy(back, g->dst, g->n * 2, cudaMemcpyDeviceToHost) == cudaSuccess, "download");
+	exact = !memcmp(back, w->cur, g->n * 2);
+	free(back);
+	printf("| %.1f%% | %.1f | %.1f | %.2fx | %.1f | %.2fx | %.1f | %.2fx | %s | %s |\n", 100 * density,
+	       bytes / tc / 1e9, bytes / te / 1e9, tc / te, bytes / ta / 1e9, tc / ta, bytes / td / 1e9, tc / td,
+	       same_as_cpu(w, g) ? "yes" : "NO", exact ? "yes" : "NO");
+}
+
+int main(void)
+{
+	static const double dens[] = { 0.001, 0.01, 0.05, 0.30 };
+	if (!dcast_cuda_available()) {
+		printf("skip: no CUDA device\n");
+		return 77;
+	}
+	workload w;
+	workload_init(&w, 1u << 26);
+	gpu_bufs g = { .n = w.n, .nchunks = (w.n + CHUNK - 1) / CHUNK, .slot = dcast_codec_bound(CHUNK, 2) };
+	need(cudaMalloc(&g.cur, g.n * 2) == cudaSuccess && cudaMalloc(&g.base, g.n * 2) == cudaSuccess &&
+		     cudaMalloc(&g.dst, g.n * 2) == cudaSuccess && cudaMalloc(&g.copy, g.n * 2) == cudaSuccess &&
+		     cudaMalloc(&g.payloads_dev, g.nchunks * g.slot) == cudaSuccess &&
+		     cudaMallocHost((void **)&g.payloads, g.nchunks * g.slot) == cudaSuccess,
+	     "device allocation");
+	g.info = calloc(g.nchunks, sizeof(*g.info));
+	need(cudaMemcpy(g.base, w.base, g.n * 2, cudaMemcpyHostToDevice) == cudaSuccess, "upload");
+	printf("RL-like bf16, %" PRIu64 " elements in chunks of %u, best of %d; GB/s of the range's bytes.\n\n",
+	       g.n, CHUNK, REPS);
+	printf("| density | D2D copy | encode | encode/copy | apply | apply/copy | digest | digest/copy "
+	       "| payload = CPU | exact |\n|---|---|---|---|---|---|---|---|---|---|\n");
+	for (int i = 0; i < 4; i++)
+		bench_density(&w, &g, dens[i]);
+	return 0;
+}
+#endif

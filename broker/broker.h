@@ -49,8 +49,9 @@ struct broker_config {
 	uint64_t fold_fraction_pct, fold_every;
 };
 
+#define BROKER_CONFIG_HELP (-1)
 /* Parse argv (and --config FILE) into cfg, after setting defaults.  Returns
- * 0, 1 when --help was printed (exit 0), or a dcast_err with a detail
+ * 0, BROKER_CONFIG_HELP when --help was asked for, or a dcast_err with a detail
  * naming the flag or config line.  Strings point into argv or into storage
  * owned by config.c until broker_config_free(). */
 int broker_config_parse(struct broker_config *cfg, int argc, char **argv);

@@ -180,7 +180,7 @@ static int find_config(int argc, char **argv, const char **path)
 	*path = NULL;
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h"))
-			return 1;
+			return BROKER_CONFIG_HELP;
 		if (!strcmp(argv[i], "--config")) {
 			if (i + 1 >= argc)
 				return dcast_fail(DCAST_EINVAL, "--config: needs a FILE");

@@ -23,7 +23,7 @@ int main(int argc, char **argv)
 	static struct broker b;
 	int rc = broker_config_parse(&cfg, argc, argv);
 
-	if (rc == 1) {
+	if (rc == BROKER_CONFIG_HELP) {
 		broker_config_usage(stdout);
 		broker_config_free();
 		return 0;

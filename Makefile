@@ -154,3 +154,16 @@ bench-codec: $(BUILD)/tools/bench_codec
 # "skip: no CUDA device" (exit 77 from the tool) where there is none.
 bench-gpu: $(BUILD)/tools/bench_gpu_codec
 	@$(BUILD)/tools/bench_gpu_codec; rc=$$?; [ $$rc = 77 ] || exit $$rc
+
+# --- producer ---
+# `make bench-producer`: publish time of a 1%-density gen-trace version vs one
+# memcpy of the model, and wire bytes vs model bytes, into docs/benchmarks.md.
+BENCH_PRODUCER_PARAMS ?= 100M
+.PHONY: bench-producer
+bench-producer: all $(BUILD)/tools/bench_producer
+	@[ -f $(BUILD)/bench-producer-$(BENCH_PRODUCER_PARAMS)/v0001.safetensors ] || \
+	  $(BUILD)/deltacast gen-trace --params $(BENCH_PRODUCER_PARAMS) --steps 1 --density 0.01 \
+	    -o $(BUILD)/bench-producer-$(BENCH_PRODUCER_PARAMS)
+	DELTACAST_BUILD=$(BUILD) $(BUILD)/tools/bench_producer \
+	  --trace $(BUILD)/bench-producer-$(BENCH_PRODUCER_PARAMS) --rounds 5 --doc docs/benchmarks.md \
+	  --cmd "make bench-producer BENCH_PRODUCER_PARAMS=$(BENCH_PRODUCER_PARAMS)"

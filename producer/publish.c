@@ -34,9 +34,9 @@ void prod_version_failed(dcast_producer *p, const char *why)
 {
 	if (p->pending_version == DCAST_VERSION_NONE)
 		return;
-	DCAST_LOG_W("producer %s part %u: version %llu failed (%s); baseline back at %llu%s",
+	DCAST_LOG_W("producer %s part %u: version %llu failed (%s); baseline back at %lld%s",
 		    p->model, p->part, (unsigned long long)p->pending_version, why,
-		    (unsigned long long)p->acked_version,
+		    (long long)p->acked_version, /* -1: none */
 		    p->pending_anchor || p->undo.lost ? ", next version is an anchor" : "");
 	if (p->pending_anchor || p->undo.lost)
 		p->baseline_valid = 0;

@@ -167,3 +167,19 @@ bench-producer: all $(BUILD)/tools/bench_producer
 	DELTACAST_BUILD=$(BUILD) $(BUILD)/tools/bench_producer \
 	  --trace $(BUILD)/bench-producer-$(BENCH_PRODUCER_PARAMS) --rounds 5 --doc docs/benchmarks.md \
 	  --cmd "make bench-producer BENCH_PRODUCER_PARAMS=$(BENCH_PRODUCER_PARAMS)"
+
+# --- consumer ---
+# `make bench-consumer`: staging throughput vs memcpy into the pinned pool,
+# apply time of a 1%-density version vs its end-to-end receive time, and
+# record-log writes vs dd, against the real broker and producer; the table
+# goes into docs/benchmarks.md between the bench-consumer markers.
+BENCH_CONSUMER_MB ?= 128
+.PHONY: bench-consumer
+bench-consumer: all $(BUILD)/tools/bench_consumer
+	DELTACAST_BUILD=$(abspath $(BUILD)) $(BUILD)/tools/bench_consumer $(BENCH_CONSUMER_MB) > $(BUILD)/bench-consumer.md
+	@cat $(BUILD)/bench-consumer.md
+	@$(PYTHON) -c 'import sys; d, t = sys.argv[1], open(sys.argv[2]).read(); \
+	  b, e = "<!-- bench-consumer:begin -->", "<!-- bench-consumer:end -->"; s = open(d).read(); \
+	  body = b + "\n`make bench-consumer BENCH_CONSUMER_MB=$(BENCH_CONSUMER_MB)`:\n\n" + t + e; \
+	  s = s[:s.index(b)] + body + s[s.index(e) + len(e):] if b in s else s + "\n## Consumer\n\n" + body + "\n"; \
+	  open(d, "w").write(s)' docs/benchmarks.md $(BUILD)/bench-consumer.md

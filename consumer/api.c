@@ -125,8 +125,11 @@ int dcast_consumer_apply(dcast_consumer *c, uint64_t version)
 	     guard < CS_MAX_STAGED; guard++)
 		err = apply_first(c);
 	if (err) {
-		int rerr = cs_rejoin(c);
-		(void)rerr;
+		char why[512];
+		snprintf(why, sizeof(why), "%s", dcast_last_error());
+		DCAST_LOG_W("consumer %s: apply of version %" PRIu64 " refused: %s", c->model, version, why);
+		cs_rejoin(c); /* the broker sends the refused version again */
+		dcast_fail(err, "%s", why);
 	}
 	return err;
 }
@@ -164,6 +167,8 @@ void dcast_consumer_stats_get(const dcast_consumer *c, dcast_consumer_stats *st)
 	st->total_bytes_received = c->total_received;
 	st->peak_pool_bytes = c->pool.peak;
 	st->pool_bytes = c->pool.bytes;
+	st->log_write_bytes = c->log_write_bytes;
+	st->log_write_ns = c->log_write_ns;
 }
 
 int dcast_consumer_checkpoint(dcast_consumer *c)

@@ -57,6 +57,7 @@ static void hdr_seal(rec_hdr *h)
 static int append(dcast_consumer *c, cs_version *v, rec_hdr *h, const void *body,
 		  uint64_t *body_off)
 {
+	uint64_t t0 = dcast_now_ns();
 	int err;
 
 	hdr_seal(h);
@@ -65,8 +66,10 @@ static int append(dcast_consumer *c, cs_version *v, rec_hdr *h, const void *body
 		err = dcast_io_write(c->io, v->io_file, body, h->body_len, v->file_bytes + sizeof(*h),
 				     pool_index(c, body, h->body_len), 2);
 	int derr = dcast_io_drain(c->io); /* h lives on the caller's stack */
+	c->log_write_ns += dcast_now_ns() - t0;
 	if (err || (err = derr))
 		return err;
+	c->log_write_bytes += sizeof(*h) + h->body_len;
 	if (body_off)
 		*body_off = v->file_bytes + sizeof(*h);
 	v->file_bytes += sizeof(*h) + h->body_len;
@@ -163,7 +166,11 @@ int cs_ckpt_commit_write(dcast_consumer *c, cs_version *v)
 	h.body_checksum = dcast_checksum(d, h.body_len);
 	err = append(c, v, &h, d, NULL);
 	free(d);
-	return err ? err : dcast_io_sync(c->io, v->io_file, 1);
+	uint64_t t0 = dcast_now_ns();
+	if (!err)
+		err = dcast_io_sync(c->io, v->io_file, 1);
+	c->log_write_ns += dcast_now_ns() - t0;
+	return err;
 }
 
 int cs_ckpt_read_payload(dcast_consumer *c, const cs_version *v, const cs_chunk *k, void *dst)

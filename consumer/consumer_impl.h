@@ -115,6 +115,7 @@ struct dcast_consumer {
 
 	dcast_consumer_stats stats;
 	uint64_t total_received;
+	uint64_t log_write_bytes, log_write_ns;
 
 	/* test hooks from DELTACAST_CONSUMER_FAULT: "corrupt:V" flips a payload
 	 * bit of the first chunk of V as it arrives (once), "skip:V" drops every

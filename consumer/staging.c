@@ -12,7 +12,7 @@ int cs_pool_open(cs_pool *p, uint64_t budget_bytes)
 	memset(p, 0, sizeof(*p));
 	p->region_bytes = (budget_bytes / 4) & ~(uint64_t)4095;
 	p->bytes = 3 * p->region_bytes;
-	p->base = mmap(NULL, p->bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	p->base = mmap(NULL, p->bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
 	if (p->base == MAP_FAILED) {
 		p->base = NULL;
 		return dcast_fail(DCAST_ENOMEM, "staging pool: mmap %llu bytes: %s",

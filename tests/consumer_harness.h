@@ -193,13 +193,25 @@ static void h_model_snap(h_model *m, uint64_t v)
 	}
 }
 
+static uint64_t h_range_elems = 32768; /* producer chunk size */
+
+static void h_model_free(h_model *m)
+{
+	for (int t = 0; t < H_TENSORS; t++) {
+		free(m->cur[t]);
+		for (int v = 0; v < 16; v++)
+			free(m->snap[v][t]);
+	}
+	memset(m, 0, sizeof(*m));
+}
+
 static int h_producer_open(const h_broker *b, const char *model_name, h_model *m, dcast_producer **p)
 {
 	dcast_producer_opts o;
 	int err;
 
 	dcast_producer_opts_init(&o);
-	o.range_elems = 32768;
+	o.range_elems = h_range_elems;
 	if ((err = dcast_producer_open(b->producers, model_name, 0, 1, &o, p)))
 		return err;
 	for (int t = 0; t < H_TENSORS && !err; t++)

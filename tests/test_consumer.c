@@ -75,6 +75,7 @@ static void test_stream_and_restart(const h_broker *b)
 	CHECK(st.total_bytes_received > 0 && st.total_bytes_received < h_model_bytes(&m) / 4);
 	dcast_consumer_close(&c);
 	dcast_producer_close(&p);
+	h_model_free(&m);
 }
 
 /* A fault armed through the test hook, then driven to `target`. */
@@ -97,6 +98,7 @@ static void run_fault(const h_broker *b, const char *model, const char *fault, u
 	*exact = h_equal(c, &m, versions);
 	dcast_consumer_close(&c);
 	dcast_producer_close(&p);
+	h_model_free(&m);
 }
 
 static void test_corrupt_chunk(const h_broker *b)

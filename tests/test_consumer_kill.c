@@ -165,6 +165,7 @@ int main(void)
 	CHECK(file_equals(path, &m, 5));
 
 	dcast_producer_close(&p);
+	h_model_free(&m);
 	h_broker_stop(&b);
 	snprintf(path, sizeof(path), "rm -rf %s", root);
 	if (!check_failures && system(path) != 0)

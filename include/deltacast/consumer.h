@@ -90,6 +90,8 @@ typedef struct dcast_consumer_stats {
 	uint64_t total_bytes_received; /* payload bytes received since open */
 	uint64_t peak_pool_bytes;      /* most staging pool bytes in use at once */
 	uint64_t pool_bytes;           /* size of the staging pool */
+	uint64_t log_write_bytes;      /* bytes written to the record log since open */
+	uint64_t log_write_ns;         /* time spent writing them (syncs included) */
 } dcast_consumer_stats;
 
 /* Connect to the broker at `endpoint` (e.g. "tcp://127.0.0.1:5556") as a

@@ -27,11 +27,11 @@ int dcast_changes_reserve(dcast_changes *ch, uint64_t more)
 }
 
 /* Append the changed elements flagged in `bits` (bit j*es: element
- * first + j of a fully loaded 64-byte group g/gb), with new value and ulp
- * difference, four at a time without a branch per element.  Slots past the
- * new end get element 63/es of the group, which exists; capacity has room. */
+ * first + j of a fully loaded group g/gb of `group` bytes), with new value
+ * and ulp difference, four at a time without a branch per element.  Slots
+ * past the new end get the group's last element; capacity has room. */
 static ALWAYS_INLINE int record_mask(dcast_changes *ch, const uint8_t *g, const uint8_t *gb,
-				     uint64_t first, uint64_t bits, unsigned es)
+				     uint64_t first, uint64_t bits, unsigned es, unsigned group)
 {
 	if (ch->n + 68 > ch->cap && dcast_changes_reserve(ch, 68))
 		return DCAST_ENOMEM;
@@ -40,7 +40,7 @@ static ALWAYS_INLINE int record_mask(dcast_changes *ch, const uint8_t *g, const 
 	ch->n += cnt;
 	for (;;) {
 		for (int j = 0; j < 4; j++) {
-			unsigned e = (unsigned)__builtin_ctzll(bits | (1ull << 63)) / es;
+			unsigned e = (unsigned)__builtin_ctzll(bits | (1ull << (group - 1))) / es;
 			uint32_t v = dcast_load_elem(g + e * es, es);
 			p[j] = (uint32_t)(first + e);
 			nv[j] = v;
@@ -61,7 +61,7 @@ static ALWAYS_INLINE int record_mask_1bit(dcast_changes *ch, const uint8_t *g, c
 	uint64_t spread = 0;
 	for (unsigned j = 0; j < 64 / es; j++)
 		spread |= ((bits >> j) & 1) << (j * es);
-	return record_mask(ch, g, gb, first, spread, es);
+	return record_mask(ch, g, gb, first, spread, es, 64);
 }
 
 /* Keep one bit per element of a byte-granular mask. */
@@ -99,7 +99,7 @@ static ALWAYS_INLINE int scan_portable_es(const uint8_t *c, const uint8_t *b, ui
 			continue;
 		for (unsigned j = 0; j < 8; j += es) /* bit j*es: element j differs */
 			m |= (((x ^ y) >> (8 * j)) & em) ? 1ull << j : 0;
-		if (record_mask(ch, c + off, b + off, off / es, elem_bits(m, es), es))
+		if (record_mask(ch, c + off, b + off, off / es, elem_bits(m, es), es, 8))
 			return DCAST_ENOMEM;
 	}
 	return scan_tail(c, b, off / es, count, es, ch);
@@ -148,7 +148,7 @@ scan_avx2_es(const uint8_t *c, const uint8_t *b, uint64_t count, unsigned es, dc
 	uint64_t bytes = count * es, off = 0;
 	for (; off + 64 <= bytes; off += 64) {
 		uint64_t m = neq_mask_avx2(c + off, b + off, es);
-		if (m && record_mask(ch, c + off, b + off, off / es, elem_bits(m, es), es))
+		if (m && record_mask(ch, c + off, b + off, off / es, elem_bits(m, es), es, 64))
 			return DCAST_ENOMEM;
 	}
 	return scan_tail(c, b, off / es, count, es, ch);

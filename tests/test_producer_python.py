@@ -12,9 +12,26 @@ import sys
 import tempfile
 import time
 
-import numpy as np
 
-from deltacast import DeltacastError, Producer
+def _sanitizer_reexec():
+    """A sanitizer build of libdeltacast.so loads only with the ASan runtime
+    first: re-run this script with it preloaded (leak checks off: python)."""
+    lib = os.environ.get("DELTACAST_LIB", "")
+    if "build-san" not in lib or os.environ.get("LD_PRELOAD"):
+        return
+    pre = []
+    for name in ("libasan.so", "libubsan.so"):
+        r = subprocess.run(["cc", "-print-file-name=" + name], capture_output=True, text=True)
+        if r.returncode == 0 and os.path.isabs(r.stdout.strip()):
+            pre.append(r.stdout.strip())
+    env = dict(os.environ, LD_PRELOAD=":".join(pre), ASAN_OPTIONS="detect_leaks=0")
+    os.execve(sys.executable, [sys.executable] + sys.argv, env)
+
+
+_sanitizer_reexec()
+import numpy as np  # noqa: E402
+
+from deltacast import DeltacastError, Producer  # noqa: E402
 
 BUILD = os.environ.get("DELTACAST_BUILD", "build")
 procs = []

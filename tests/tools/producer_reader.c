@@ -204,6 +204,10 @@ int main(int argc, char **argv)
 	rc = run(&r, endpoint, until, timeout_ms);
 	if (!rc)
 		rc = write_out(&r, out);
+	for (uint32_t i = 0; i < r.n; i++)
+		free(r.data[i]);
+	free(r.data);
+	free(r.desc);
 	if (r.sock)
 		zmq_close(r.sock);
 	if (r.ctx)

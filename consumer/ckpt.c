@@ -98,6 +98,8 @@ static int write_manifest(dcast_consumer *c, cs_version *v)
 		return err;
 	h.type = REC_MANIFEST;
 	h.version = v->version;
+	h.base_version = v->base_version;
+	h.anchor = (uint32_t)v->anchor;
 	h.body_len = len;
 	h.body_checksum = dcast_checksum(buf, len);
 	err = append(c, v, &h, buf, NULL);

@@ -56,8 +56,11 @@ static int on_manifest(dcast_consumer *c, int fd, const rec_hdr *h, uint64_t off
 		return err;
 	err = dcast_msg_decode(b, h->body_len, &m);
 	free(b);
-	if (err)
-		return dcast_fail(DCAST_ECORRUPT, "%s: manifest record: %s", path, dcast_last_error());
+	if (err) {
+		char why[512];
+		snprintf(why, sizeof(why), "%s", dcast_last_error());
+		return dcast_fail(DCAST_ECORRUPT, "%s: manifest record: %s", path, why);
+	}
 	if (m.type != DCAST_MSG_MANIFEST)
 		err = dcast_fail(DCAST_ECORRUPT, "%s: manifest record holds %s", path, dcast_msg_type_name((int)m.type));
 	else
@@ -84,9 +87,14 @@ static int on_chunk(dcast_consumer *c, cs_version *v, const rec_hdr *h, uint64_t
 	k.changed = h->changed;
 	k.payload_bytes = h->body_len;
 	if (h->version != v->version || h->anchor != (uint32_t)v->anchor ||
-	    h->base_version != v->base_version || cs_check_chunk(c, &k))
-		return dcast_fail(DCAST_ECORRUPT, "%s: chunk record at %" PRIu64 " does not fit: %s",
-				  path, off, dcast_last_error());
+	    h->base_version != v->base_version)
+		return dcast_fail(DCAST_ECORRUPT, "%s: chunk record at %" PRIu64 " is not of version %"
+				  PRIu64, path, off, v->version);
+	if (cs_check_chunk(c, &k)) {
+		char why[512];
+		snprintf(why, sizeof(why), "%s", dcast_last_error());
+		return dcast_fail(DCAST_ECORRUPT, "%s: chunk record at %" PRIu64 ": %s", path, off, why);
+	}
 	if (cs_version_seen(v, k.part, k.seq))
 		return 0;
 	s.part = k.part, s.seq = k.seq, s.tensor = k.tensor, s.start = k.start;

@@ -5,39 +5,20 @@ without the anchor, bad input raises DeltacastError with the C code, and
 examples/rollout_worker.py tags every sample with the version it used."""
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 
-import numpy as np
+# Shared with the producer's test: the sanitizer re-exec (runs on import)
+# and the broker start-up on PID-based ports.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_producer_python import procs, start_broker  # noqa: E402
 
-from deltacast import Consumer, DeltacastError, Producer
+import numpy as np  # noqa: E402
 
-BUILD = os.environ.get("DELTACAST_BUILD", "build")
+from deltacast import Consumer, DeltacastError, Producer  # noqa: E402
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "examples"))
-procs = []
-
-
-def start_broker(tmp):
-    for attempt in range(20):
-        port = 20000 + (os.getpid() * 193 + attempt * 1009 + 11) % 30000
-        log = os.path.join(tmp, f"broker-{attempt}.log")
-        ep = (f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{port + 1}")
-        with open(log, "w") as f:
-            p = subprocess.Popen([os.path.join(BUILD, "deltacast-broker"), "--producers", ep[0],
-                                  "--consumers", ep[1]], stdout=f, stderr=f)
-        procs.append(p)
-        for _ in range(250):
-            if "consumers on" in open(log).read():
-                return ep
-            if p.poll() is not None:
-                break
-            time.sleep(0.02)
-        p.kill()
-        p.wait()
-    raise RuntimeError("no broker could start")
 
 
 def drive(c, target, polls=400):

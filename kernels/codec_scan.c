@@ -26,42 +26,46 @@ int dcast_changes_reserve(dcast_changes *ch, uint64_t more)
 	return DCAST_OK;
 }
 
-/* Append the changed elements flagged in `bits` (bit j*es: element
- * first + j of a fully loaded group g/gb of `group` bytes), with new value
- * and ulp difference, four at a time without a branch per element.  Slots
- * past the new end get the group's last element; capacity has room. */
-static ALWAYS_INLINE int record_mask(dcast_changes *ch, const uint8_t *g, const uint8_t *gb,
-				     uint64_t first, uint64_t bits, unsigned es, unsigned group)
+/* Append the positions flagged in `bits` (bit j*es: element first + j),
+ * four at a time without a branch per element; up to 3 slots past the new
+ * end get junk (capacity has room). */
+static ALWAYS_INLINE int record_pos(dcast_changes *ch, uint64_t first, uint64_t bits, unsigned es)
 {
 	if (ch->n + 68 > ch->cap && dcast_changes_reserve(ch, 68))
 		return DCAST_ENOMEM;
-	uint32_t *p = ch->pos + ch->n, *nv = ch->newv + ch->n, *zz = ch->zz + ch->n;
+	uint32_t *p = ch->pos + ch->n;
 	unsigned cnt = (unsigned)__builtin_popcountll(bits);
 	ch->n += cnt;
 	for (;;) {
 		for (int j = 0; j < 4; j++) {
-			unsigned e = (unsigned)__builtin_ctzll(bits | (1ull << (group - 1))) / es;
-			uint32_t v = dcast_load_elem(g + e * es, es);
-			p[j] = (uint32_t)(first + e);
-			nv[j] = v;
-			zz[j] = dcast_ulp_zz(dcast_load_elem(gb + e * es, es), v, 8 * es);
+			p[j] = (uint32_t)(first + (unsigned)__builtin_ctzll(bits | (1ull << 63)) / es);
 			bits &= bits - 1;
 		}
 		if (cnt <= 4)
 			return DCAST_OK;
-		p += 4, nv += 4, zz += 4;
+		p += 4;
 		cnt -= 4;
 	}
 }
 
-/* Same with one mask bit per element (AVX-512 compares). */
-static ALWAYS_INLINE int record_mask_1bit(dcast_changes *ch, const uint8_t *g, const uint8_t *gb,
-					  uint64_t first, uint64_t bits, unsigned es)
+/* Value symbol counts, four copies so that increments stay independent. */
+typedef uint32_t scan_hist[4][DCAST_CPT_NSYM_MAX];
+
+/* New values and ulp differences of the changes recorded since `from`,
+ * read while their block is still in L1; counts their symbols. */
+static ALWAYS_INLINE void gather(dcast_changes *ch, const uint8_t *c, const uint8_t *b, uint64_t from,
+				 unsigned es, scan_hist hist)
 {
-	uint64_t spread = 0;
-	for (unsigned j = 0; j < 64 / es; j++)
-		spread |= ((bits >> j) & 1) << (j * es);
-	return record_mask(ch, g, gb, first, spread, es, 64);
+	const uint32_t *pos = ch->pos;
+	uint32_t *newv = ch->newv, *zzv = ch->zz;
+	for (uint64_t i = from; i < ch->n; i++) {
+		uint64_t at = (uint64_t)pos[i] * es;
+		uint32_t nv = dcast_load_elem(c + at, es);
+		uint32_t zz = dcast_ulp_zz(dcast_load_elem(b + at, es), nv, 8 * es);
+		newv[i] = nv;
+		zzv[i] = zz;
+		hist[i & 3][dcast_cpt_symbol(zz)]++;
+	}
 }
 
 /* Keep one bit per element of a byte-granular mask. */
@@ -70,57 +74,72 @@ static ALWAYS_INLINE uint64_t elem_bits(uint64_t m, unsigned es)
 	return es == 1 ? m : es == 2 ? m & 0x5555555555555555ull : m & 0x1111111111111111ull;
 }
 
-static ALWAYS_INLINE int scan_tail(const uint8_t *c, const uint8_t *b, uint64_t from,
-				   uint64_t count, unsigned es, dcast_changes *ch)
+/* Bytes compared before their changes are gathered (fits L1 twice). */
+#define SCAN_BLOCK 8192u
+
+/* Elements [from, count) one by one. */
+static ALWAYS_INLINE int scan_tail(const uint8_t *c, const uint8_t *b, uint64_t from, uint64_t count,
+				   unsigned es, dcast_changes *ch, scan_hist hist)
 {
+	uint64_t first = ch->n;
 	for (uint64_t i = from; i < count; i++) {
 		if (memcmp(c + i * es, b + i * es, es) == 0)
 			continue;
 		if (dcast_changes_reserve(ch, 1))
 			return DCAST_ENOMEM;
-		uint32_t v = dcast_load_elem(c + i * es, es);
-		ch->pos[ch->n] = (uint32_t)i;
-		ch->newv[ch->n] = v;
-		ch->zz[ch->n++] = dcast_ulp_zz(dcast_load_elem(b + i * es, es), v, 8 * es);
+		ch->pos[ch->n++] = (uint32_t)i;
 	}
+	gather(ch, c, b, first, es, hist);
 	return DCAST_OK;
 }
 
+/* Portable: 8 bytes at a time. */
+static ALWAYS_INLINE uint64_t neq_mask_word(const uint8_t *c, const uint8_t *b, unsigned es)
+{
+	uint64_t x, y, m = 0, em = es == 1 ? 0xff : es == 2 ? 0xffff : 0xffffffffull;
+	memcpy(&x, c, 8);
+	memcpy(&y, b, 8);
+	if (x == y)
+		return 0;
+	for (unsigned j = 0; j < 8; j += es) /* bit j*es: element j differs */
+		m |= (((x ^ y) >> (8 * j)) & em) ? 1ull << j : 0;
+	return m;
+}
+
 static ALWAYS_INLINE int scan_portable_es(const uint8_t *c, const uint8_t *b, uint64_t count,
-					  unsigned es, dcast_changes *ch)
+					  unsigned es, dcast_changes *ch, scan_hist hist)
 {
 	uint64_t bytes = count * es, off = 0;
-	for (; off + 8 <= bytes; off += 8) {
-		uint64_t x, y, m = 0;
-		uint64_t em = es == 1 ? 0xff : es == 2 ? 0xffff : 0xffffffffull;
-		memcpy(&x, c + off, 8);
-		memcpy(&y, b + off, 8);
-		if (x == y)
-			continue;
-		for (unsigned j = 0; j < 8; j += es) /* bit j*es: element j differs */
-			m |= (((x ^ y) >> (8 * j)) & em) ? 1ull << j : 0;
-		if (record_mask(ch, c + off, b + off, off / es, elem_bits(m, es), es, 8))
-			return DCAST_ENOMEM;
+	while (off + 8 <= bytes) {
+		uint64_t from = ch->n, end = off + SCAN_BLOCK < bytes ? off + SCAN_BLOCK : bytes & ~7ull;
+		for (; off < end; off += 8) {
+			uint64_t m = neq_mask_word(c + off, b + off, es);
+			if (m && record_pos(ch, off / es, m, es))
+				return DCAST_ENOMEM;
+		}
+		gather(ch, c, b, from, es, hist);
 	}
-	return scan_tail(c, b, off / es, count, es, ch);
+	return scan_tail(c, b, off / es, count, es, ch, hist);
 }
 
 static int scan_portable(const uint8_t *c, const uint8_t *b, uint64_t count, unsigned es,
-			 dcast_changes *ch)
+			 dcast_changes *ch, scan_hist hist)
 {
 	switch (es) {
-	case 1: return scan_portable_es(c, b, count, 1, ch);
-	case 2: return scan_portable_es(c, b, count, 2, ch);
-	default: return scan_portable_es(c, b, count, 4, ch);
+	case 1: return scan_portable_es(c, b, count, 1, ch, hist);
+	case 2: return scan_portable_es(c, b, count, 2, ch, hist);
+	default: return scan_portable_es(c, b, count, 4, ch, hist);
 	}
 }
 
 #if defined(__x86_64__)
 #include <immintrin.h>
 
-__attribute__((target("avx2,popcnt,bmi,bmi2"))) static ALWAYS_INLINE uint64_t neq_mask_avx2(const uint8_t *c,
-									     const uint8_t *b,
-									     unsigned es)
+#define TARGET_AVX2 __attribute__((target("avx2,popcnt,bmi,bmi2")))
+#define TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx2,popcnt,bmi,bmi2")))
+
+TARGET_AVX2 static ALWAYS_INLINE uint64_t neq_mask_avx2(const uint8_t *c, const uint8_t *b,
+							 unsigned es)
 {
 	__m256i c0 = _mm256_loadu_si256((const __m256i *)c);
 	__m256i c1 = _mm256_loadu_si256((const __m256i *)(c + 32));
@@ -139,55 +158,68 @@ __attribute__((target("avx2,popcnt,bmi,bmi2"))) static ALWAYS_INLINE uint64_t ne
 	}
 	uint64_t eq = (uint32_t)_mm256_movemask_epi8(e0) |
 		      (uint64_t)(uint32_t)_mm256_movemask_epi8(e1) << 32;
-	return ~eq;
+	return elem_bits(~eq, es);
 }
 
-__attribute__((target("avx2,popcnt,bmi,bmi2"))) static ALWAYS_INLINE int
-scan_avx2_es(const uint8_t *c, const uint8_t *b, uint64_t count, unsigned es, dcast_changes *ch)
+/* AVX-512BW: one mask bit per element, spread to one per byte-granular
+ * element slot so record_pos sees the same layout as the others. */
+TARGET_AVX512 static ALWAYS_INLINE uint64_t neq_mask_avx512(const uint8_t *c, const uint8_t *b,
+							     unsigned es)
 {
-	uint64_t bytes = count * es, off = 0;
-	for (; off + 64 <= bytes; off += 64) {
-		uint64_t m = neq_mask_avx2(c + off, b + off, es);
-		if (m && record_mask(ch, c + off, b + off, off / es, elem_bits(m, es), es, 64))
-			return DCAST_ENOMEM;
-	}
-	return scan_tail(c, b, off / es, count, es, ch);
+	__m512i x = _mm512_loadu_si512((const void *)c);
+	__m512i y = _mm512_loadu_si512((const void *)b);
+	if (es == 1)
+		return _mm512_cmpneq_epi8_mask(x, y);
+	if (es == 2)
+		return _pdep_u64(_mm512_cmpneq_epi16_mask(x, y), 0x5555555555555555ull);
+	return _pdep_u64(_mm512_cmpneq_epi32_mask(x, y), 0x1111111111111111ull);
 }
 
-__attribute__((target("avx2,popcnt,bmi,bmi2"))) static int scan_avx2(const uint8_t *c, const uint8_t *b,
-						      uint64_t count, unsigned es, dcast_changes *ch)
+/* 64 bytes a step; gather after each SCAN_BLOCK bytes. */
+#define SCAN_SIMD_BODY(maskfn)                                                                 \
+	uint64_t bytes = count * es, off = 0;                                                   \
+	while (off + 64 <= bytes) {                                                             \
+		uint64_t from = ch->n;                                                          \
+		uint64_t end = off + SCAN_BLOCK < bytes ? off + SCAN_BLOCK : bytes & ~63ull;    \
+		for (; off < end; off += 64) {                                                  \
+			uint64_t m = maskfn(c + off, b + off, es);                              \
+			if (m && record_pos(ch, off / es, m, es))                               \
+				return DCAST_ENOMEM;                                            \
+		}                                                                               \
+		gather(ch, c, b, from, es, hist);                                               \
+	}                                                                                       \
+	return scan_tail(c, b, off / es, count, es, ch, hist)
+
+TARGET_AVX2 static ALWAYS_INLINE int scan_avx2_es(const uint8_t *c, const uint8_t *b, uint64_t count,
+						  unsigned es, dcast_changes *ch, scan_hist hist)
 {
-	switch (es) {
-	case 1: return scan_avx2_es(c, b, count, 1, ch);
-	case 2: return scan_avx2_es(c, b, count, 2, ch);
-	default: return scan_avx2_es(c, b, count, 4, ch);
-	}
+	SCAN_SIMD_BODY(neq_mask_avx2);
 }
 
-/* AVX-512BW: one mask bit per element straight from the compare. */
-__attribute__((target("avx512f,avx512bw,popcnt,bmi,bmi2"))) static ALWAYS_INLINE int
-scan_avx512_es(const uint8_t *c, const uint8_t *b, uint64_t count, unsigned es, dcast_changes *ch)
-{
-	uint64_t bytes = count * es, off = 0;
-	for (; off + 64 <= bytes; off += 64) {
-		__m512i x = _mm512_loadu_si512((const void *)(c + off));
-		__m512i y = _mm512_loadu_si512((const void *)(b + off));
-		uint64_t m = es == 1 ? _mm512_cmpneq_epi8_mask(x, y)
-			     : es == 2 ? _mm512_cmpneq_epi16_mask(x, y)
-				       : _mm512_cmpneq_epi32_mask(x, y);
-		if (m && record_mask_1bit(ch, c + off, b + off, off / es, m, es))
-			return DCAST_ENOMEM;
-	}
-	return scan_tail(c, b, off / es, count, es, ch);
-}
-
-__attribute__((target("avx512f,avx512bw,popcnt,bmi,bmi2"))) static int
-scan_avx512(const uint8_t *c, const uint8_t *b, uint64_t count, unsigned es, dcast_changes *ch)
+TARGET_AVX2 static int scan_avx2(const uint8_t *c, const uint8_t *b, uint64_t count, unsigned es,
+				 dcast_changes *ch, scan_hist hist)
 {
 	switch (es) {
-	case 1: return scan_avx512_es(c, b, count, 1, ch);
-	case 2: return scan_avx512_es(c, b, count, 2, ch);
-	default: return scan_avx512_es(c, b, count, 4, ch);
+	case 1: return scan_avx2_es(c, b, count, 1, ch, hist);
+	case 2: return scan_avx2_es(c, b, count, 2, ch, hist);
+	default: return scan_avx2_es(c, b, count, 4, ch, hist);
+	}
+}
+
+TARGET_AVX512 static ALWAYS_INLINE int scan_avx512_es(const uint8_t *c, const uint8_t *b,
+						      uint64_t count, unsigned es, dcast_changes *ch,
+						      scan_hist hist)
+{
+	SCAN_SIMD_BODY(neq_mask_avx512);
+}
+
+TARGET_AVX512 static int scan_avx512(const uint8_t *c, const uint8_t *b, uint64_t count, unsigned es,
+				     dcast_changes *ch, scan_hist hist)
+{
+	switch (es) {
+	case 1: return scan_avx512_es(c, b, count, 1, ch, hist);
+	case 2: return scan_avx512_es(c, b, count, 2, ch, hist);
+	default: return scan_avx512_es(c, b, count, 4, ch, hist);
 	}
 }
 
@@ -232,43 +264,42 @@ static int simd_pick(void)
 	return simd_supported(DCAST_SIMD_AVX2) ? DCAST_SIMD_AVX2 : DCAST_SIMD_PORTABLE;
 }
 
-/* Second pass, over the recorded changes only (contiguous): the symbol
- * histogram (four copies, to keep increments independent) and the exact
- * Rice bits of the positions under the k their mean implies. */
-static void stats_pass(dcast_changes *ch)
+/* Exact Rice bits of the positions under the k their mean implies
+ * (contiguous, after the scan: k needs the last position). */
+static void pos_bits_pass(dcast_changes *ch)
 {
-	uint32_t hist[4][DCAST_CPT_NSYM_MAX] = { { 0 } };
-	uint32_t next = 0, *pos = ch->pos, *zzv = ch->zz;
+	uint32_t next = 0, *pos = ch->pos;
 	uint64_t pos_bits = 0, n = ch->n;
 	ch->stats.changed = n;
 	ch->stats.gap_sum = n ? (uint64_t)pos[n - 1] + 1 - n : 0;
 	unsigned k = ch->k = dcast_cpt_choose_k(n, ch->stats.gap_sum);
 	for (uint64_t i = 0; i < n; i++) {
-		hist[i & 3][dcast_cpt_symbol(zzv[i])]++;
 		pos_bits += dcast_rice_len(pos[i] - next, k);
 		next = pos[i] + 1;
 	}
-	for (unsigned s = 0; s < DCAST_CPT_NSYM_MAX; s++)
-		ch->stats.hist[s] = (uint64_t)hist[0][s] + hist[1][s] + hist[2][s] + hist[3][s];
 	ch->pos_bits = pos_bits;
 }
 
 int dcast_scan(const void *cur, const void *base, uint64_t count, unsigned es, dcast_changes *ch)
 {
 	const uint8_t *c = cur, *b = base;
+	scan_hist hist;
 	int rc;
 	memset(ch, 0, sizeof(*ch));
+	memset(hist, 0, sizeof(hist));
 	if (dcast_changes_reserve(ch, count / 64 + 128))
 		return DCAST_ENOMEM;
 	switch (simd_pick()) {
 #if defined(__x86_64__)
-	case DCAST_SIMD_AVX512: rc = scan_avx512(c, b, count, es, ch); break;
-	case DCAST_SIMD_AVX2: rc = scan_avx2(c, b, count, es, ch); break;
+	case DCAST_SIMD_AVX512: rc = scan_avx512(c, b, count, es, ch, hist); break;
+	case DCAST_SIMD_AVX2: rc = scan_avx2(c, b, count, es, ch, hist); break;
 #endif
-	default: rc = scan_portable(c, b, count, es, ch); break;
+	default: rc = scan_portable(c, b, count, es, ch, hist); break;
 	}
 	if (rc)
 		return rc;
-	stats_pass(ch);
+	for (unsigned s = 0; s < DCAST_CPT_NSYM_MAX; s++)
+		ch->stats.hist[s] = (uint64_t)hist[0][s] + hist[1][s] + hist[2][s] + hist[3][s];
+	pos_bits_pass(ch);
 	return DCAST_OK;
 }

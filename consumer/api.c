@@ -23,13 +23,18 @@ int dcast_consumer_bind(dcast_consumer *c, const char *name, void *ptr, dcast_me
 				  name, bytes, t->bytes);
 	if (!t->owned)
 		return dcast_fail(DCAST_ESTATE, "bind %s: already bound", name);
-	if (mem == DCAST_MEM_CUDA)
-		return dcast_fail(DCAST_ENODEVICE, "bind %s: CUDA tensors need a CUDA build with a device", name);
-	memcpy(ptr, t->ptr, t->bytes);
-	free(t->ptr);
+	unsigned char *host = t->ptr;
 	t->ptr = ptr;
 	t->mem = mem;
+	int err = cs_to_tensor(t, 0, host, t->bytes); /* the current version moves over */
+	if (err) {
+		t->ptr = host;
+		t->mem = DCAST_MEM_HOST;
+		return err;
+	}
+	free(host);
 	t->owned = 0;
+	c->device_tensors += mem == DCAST_MEM_CUDA;
 	return 0;
 }
 

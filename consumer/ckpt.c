@@ -175,24 +175,29 @@ int cs_ckpt_commit_write(dcast_consumer *c, cs_version *v)
 	return err;
 }
 
-int cs_ckpt_read_payload(dcast_consumer *c, const cs_version *v, const cs_chunk *k, void *dst)
+int cs_io_read(dcast_consumer *c, int file, void *dst, uint64_t len, uint64_t off, const char *what)
 {
 	dcast_io_done d;
-	int err, n;
-	char path[4096];
+	int n, err = dcast_io_read(c->io, file, dst, len, off, pool_index(c, dst, len), 3);
 
-	if (v->io_file < 0 && (err = io_attach(c, (cs_version *)v, "record file")))
-		return err;
-	err = dcast_io_read(c->io, v->io_file, dst, k->info.payload_bytes, k->file_off,
-			    pool_index(c, dst, k->info.payload_bytes), 3);
 	if (err)
 		return err;
 	n = dcast_io_wait(c->io, 1, &d, 1);
 	if (n < 0)
 		return -n;
-	if (n == 1 && !d.err && d.bytes == k->info.payload_bytes)
+	if (n == 1 && !d.err && d.bytes == len)
 		return 0;
+	return n == 1 && d.err ? d.err : dcast_fail(DCAST_ETRUNCATED, "%s: %" PRIu64 " bytes at %"
+						      PRIu64 " run past its end", what, len, off);
+}
+
+int cs_ckpt_read_payload(dcast_consumer *c, const cs_version *v, const cs_chunk *k, void *dst)
+{
+	char path[4096];
+	int err;
+
 	cs_ckpt_version_path(c, v->version, path, sizeof(path));
-	return n == 1 && d.err ? d.err : dcast_fail(DCAST_ETRUNCATED, "%s: payload at %" PRIu64
-				" ends early", path, k->file_off);
+	if (v->io_file < 0 && (err = io_attach(c, (cs_version *)v, path)))
+		return err;
+	return cs_io_read(c, v->io_file, dst, k->info.payload_bytes, k->file_off, path);
 }

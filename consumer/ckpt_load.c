@@ -1,7 +1,7 @@
 /* Reading the local checkpoint back: load at open (anchor file, then every
  * whole record file in version order, cutting a torn or corrupt tail),
- * restore after a failed apply that could not undo in memory, and fold the
- * log into a new anchor file.  Record layout: ckpt.c. */
+ * and restore after a failed apply that could not undo in memory.  Record
+ * layout: consumer_impl.h; the anchor file: anchor.c. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -12,9 +12,8 @@
 #include <unistd.h>
 #include "consumer_impl.h"
 #include "dcast_common.h"
-#include "deltacast/safetensors.h"
 
-#define MAX_LOG_FILES 4096
+
 
 static int pread_full(int fd, void *buf, size_t len, uint64_t off)
 {
@@ -192,7 +191,7 @@ static int cmp_u64(const void *a, const void *b)
 }
 
 /* Versions of the record files present, sorted; *n at most cap. */
-static int list_versions(dcast_consumer *c, uint64_t *out, uint32_t cap, uint32_t *n)
+int cs_ckpt_list(dcast_consumer *c, uint64_t *out, uint32_t cap, uint32_t *n)
 {
 	DIR *d = opendir(c->log_dir);
 	struct dirent *e;
@@ -211,7 +210,7 @@ static int list_versions(dcast_consumer *c, uint64_t *out, uint32_t cap, uint32_
 	return 0;
 }
 
-static void remove_version(dcast_consumer *c, uint64_t version)
+void cs_ckpt_remove(dcast_consumer *c, uint64_t version)
 {
 	char path[4096];
 
@@ -219,68 +218,19 @@ static void remove_version(dcast_consumer *c, uint64_t version)
 	unlink(path);
 }
 
-static int copy_anchor_tensor(cs_tensor *t, const dcast_st_tensor *s, const char *path)
-{
-	if (!s || s->nbytes != t->bytes || dcast_dtype_from_name(dcast_st_dtype_name(s->dtype)) != (int)t->desc.dtype)
-		return dcast_fail(DCAST_ESHAPE, "%s: tensor %s missing or of another dtype/size",
-				  path, t->desc.name);
-	if (t->mem != DCAST_MEM_HOST)
-		return dcast_fail(DCAST_ENODEVICE, "%s: restoring CUDA tensor %s needs a device", path, t->desc.name);
-	memcpy(t->ptr, s->data, t->bytes);
-	return 0;
-}
-
-/* Tensors (created from the file when none are known yet) := anchor file. */
-static int load_anchor(dcast_consumer *c, uint64_t *version)
-{
-	dcast_st_file *f = NULL;
-	const char *vs;
-	int err = dcast_st_open(c->anchor_path, &f);
-
-	if (err)
-		return err;
-	vs = dcast_st_metadata_get(f, "deltacast.version");
-	if (!vs || !*vs) {
-		dcast_st_close(&f);
-		return dcast_fail(DCAST_ECORRUPT, "%s: no deltacast.version metadata", c->anchor_path);
-	}
-	*version = strtoull(vs, NULL, 10);
-	if (!c->n_tensors) {
-		dcast_manifest m = {0};
-		size_t n = dcast_st_count(f);
-		snprintf(m.model, sizeof(m.model), "%s", c->model);
-		m.tensors = calloc(n ? n : 1, sizeof(*m.tensors));
-		m.n_tensors = (uint32_t)n;
-		for (size_t i = 0; m.tensors && i < n; i++) {
-			const dcast_st_tensor *s = dcast_st_tensor_at(f, i);
-			snprintf(m.tensors[i].name, sizeof(m.tensors[i].name), "%s", s->name);
-			m.tensors[i].dtype = (uint32_t)dcast_dtype_from_name(dcast_st_dtype_name(s->dtype));
-			m.tensors[i].ndim = s->ndim;
-			memcpy(m.tensors[i].shape, s->shape, sizeof(s->shape));
-		}
-		err = m.tensors ? cs_tensors_from_manifest(c, &m) : dcast_fail(DCAST_ENOMEM, "manifest");
-		free(m.tensors);
-	}
-	for (uint32_t i = 0; !err && i < c->n_tensors; i++)
-		err = copy_anchor_tensor(&c->tensors[i], dcast_st_find(f, c->tensors[i].desc.name),
-					 c->anchor_path);
-	dcast_st_close(&f);
-	return err;
-}
-
 /* Replay whole record files after `have` up to `until`; cut from the first
  * one that is not whole or does not follow. */
 static int replay(dcast_consumer *c, uint64_t have, uint64_t until, int cut)
 {
-	uint64_t *vers = malloc(MAX_LOG_FILES * sizeof(*vers));
+	uint64_t *vers = malloc(CS_MAX_LOG_FILES * sizeof(*vers));
 	uint32_t n = 0;
-	int err = vers ? list_versions(c, vers, MAX_LOG_FILES, &n) : dcast_fail(DCAST_ENOMEM, "log list");
+	int err = vers ? cs_ckpt_list(c, vers, CS_MAX_LOG_FILES, &n) : dcast_fail(DCAST_ENOMEM, "log list");
 
 	for (uint32_t i = 0; !err && i < n; i++) {
 		cs_version v;
 		if (vers[i] <= have && have != DCAST_VERSION_NONE) {
 			if (cut)
-				remove_version(c, vers[i]);
+				cs_ckpt_remove(c, vers[i]);
 			continue;
 		}
 		if (vers[i] > until && until != DCAST_VERSION_NONE)
@@ -302,7 +252,7 @@ static int replay(dcast_consumer *c, uint64_t have, uint64_t until, int cut)
 			DCAST_LOG_W("consumer %s: checkpoint cut back to version %" PRIu64 ": %s",
 				    c->model, have, dcast_last_error());
 			for (uint32_t j = i; j < n; j++)
-				remove_version(c, vers[j]);
+				cs_ckpt_remove(c, vers[j]);
 			err = 0;
 			break;
 		}
@@ -319,7 +269,7 @@ int cs_ckpt_load(dcast_consumer *c)
 	int err;
 
 	if (access(c->anchor_path, F_OK) == 0) {
-		err = load_anchor(c, &have);
+		err = cs_anchor_load(c, &have);
 		if (err)
 			return err;
 	}
@@ -338,49 +288,11 @@ int cs_ckpt_restore(dcast_consumer *c)
 
 	if (target == DCAST_VERSION_NONE)
 		return 0;
-	if (c->anchor_file_version != DCAST_VERSION_NONE && (err = load_anchor(c, &have)))
+	if (c->anchor_file_version != DCAST_VERSION_NONE && (err = cs_anchor_load(c, &have)))
 		return err;
 	err = replay(c, have, target, 0);
 	if (!err && dcast_consumer_version(c) != target)
 		err = dcast_fail(DCAST_ECORRUPT, "restore reached version %" PRIu64 ", not %" PRIu64,
 				 dcast_consumer_version(c), target);
 	return err;
-}
-
-int cs_ckpt_fold(dcast_consumer *c)
-{
-	uint64_t v = dcast_consumer_version(c);
-	char vbuf[32];
-	dcast_st_meta meta[2] = {{"deltacast.model", c->model}, {"deltacast.version", vbuf}};
-	dcast_st_spec *specs;
-	int err = 0;
-
-	if (v == DCAST_VERSION_NONE)
-		return 0;
-	specs = calloc(c->n_tensors ? c->n_tensors : 1, sizeof(*specs));
-	if (!specs)
-		return dcast_fail(DCAST_ENOMEM, "fold: %u tensors", c->n_tensors);
-	snprintf(vbuf, sizeof(vbuf), "%" PRIu64, v);
-	for (uint32_t i = 0; !err && i < c->n_tensors; i++) {
-		cs_tensor *t = &c->tensors[i];
-		if (t->mem != DCAST_MEM_HOST)
-			err = dcast_fail(DCAST_ENODEVICE, "fold: tensor %s is on a CUDA device", t->desc.name);
-		specs[i] = (dcast_st_spec){t->desc.name, dcast_st_dtype_from_name(dcast_dtype_name((int)t->desc.dtype),
-				strlen(dcast_dtype_name((int)t->desc.dtype))), t->desc.ndim, {0}, t->ptr};
-		memcpy(specs[i].shape, t->desc.shape, sizeof(t->desc.shape));
-	}
-	if (!err)
-		err = dcast_st_write(c->anchor_path, specs, c->n_tensors, meta, 2);
-	free(specs);
-	if (err)
-		return err;
-	c->anchor_file_version = v;
-	c->deltas_since_fold = 0;
-	uint64_t *vers = malloc(MAX_LOG_FILES * sizeof(*vers));
-	uint32_t n;
-	if (vers && list_versions(c, vers, MAX_LOG_FILES, &n) == 0)
-		for (uint32_t i = 0; i < n && vers[i] <= v; i++)
-			remove_version(c, vers[i]);
-	free(vers);
-	return 0;
 }

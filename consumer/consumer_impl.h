@@ -26,6 +26,7 @@ typedef struct cs_pool {
 	uint64_t resident_used, resident_live; /* bump offset, live chunks */
 	uint64_t in_use, peak;         /* bytes in use now / at most */
 	int locked;                    /* mlock succeeded */
+	int cuda_registered;           /* cudaHostRegister succeeded */
 } cs_pool;
 
 int cs_pool_open(cs_pool *p, uint64_t budget_bytes);
@@ -35,6 +36,10 @@ unsigned char *cs_pool_undo(cs_pool *p);
 /* A resident slot of n bytes, or NULL when the resident region is full. */
 unsigned char *cs_pool_resident_get(cs_pool *p, uint64_t n);
 void cs_pool_resident_put(cs_pool *p, uint64_t n);
+
+/* devmem.c: host or CUDA tensors */
+void cs_pool_cuda_register(cs_pool *p);
+void cs_pool_cuda_unregister(cs_pool *p);
 
 /* ---- one staged chunk ---- */
 typedef struct cs_chunk {
@@ -87,6 +92,7 @@ struct dcast_consumer {
 
 	cs_tensor *tensors;
 	uint32_t n_tensors;
+	uint32_t device_tensors;       /* bound in CUDA memory: undo from the checkpoint */
 
 	_Atomic uint64_t applied;      /* live version, NONE before the first */
 	pthread_mutex_t mu;            /* for wait_version */
@@ -119,7 +125,7 @@ struct dcast_consumer {
 
 	/* test hooks from DELTACAST_CONSUMER_FAULT: "corrupt:V" flips a payload
 	 * bit of the first chunk of V as it arrives (once), "skip:V" drops every
-	 * message of V (once), "digest:V" flips a bit after the checksum check. */
+	 * message of V (once), "digest:V" makes V's first COMMIT digest wrong when it is applied. */
 	int fault_kind;
 	uint64_t fault_version;
 };
@@ -131,6 +137,13 @@ void cs_version_init(cs_version *v, uint64_t version);
 void cs_version_free(cs_version *v);
 int cs_version_seen(const cs_version *v, uint32_t part, uint32_t seq);
 int cs_version_add(cs_version *v, const cs_chunk *k);
+
+/* devmem.c (needs cs_tensor) */
+int cs_to_tensor(cs_tensor *t, uint64_t off, const void *src, uint64_t n);
+int cs_from_tensor(const cs_tensor *t, uint64_t off, void *dst, uint64_t n);
+int cs_tensor_apply(cs_tensor *t, const dcast_chunk_info *info, const void *payload, uint64_t start,
+		    void *old);
+int cs_tensor_digest(const cs_tensor *t, uint64_t off, uint64_t n, uint64_t *digest);
 
 /* consumer.c */
 void cs_event_push(dcast_consumer *c, int type, uint64_t version, int code, const char *text);
@@ -157,6 +170,13 @@ void cs_ckpt_version_path(const dcast_consumer *c, uint64_t version, char *out, 
 int cs_ckpt_load(dcast_consumer *c);
 int cs_ckpt_fold(dcast_consumer *c);
 int cs_ckpt_restore(dcast_consumer *c);
+int cs_ckpt_list(dcast_consumer *c, uint64_t *out, uint32_t cap, uint32_t *n);
+void cs_ckpt_remove(dcast_consumer *c, uint64_t version);
+int cs_io_read(dcast_consumer *c, int file, void *dst, uint64_t len, uint64_t off, const char *what);
+#define CS_MAX_LOG_FILES 4096
+
+/* anchor.c: DIR/model.safetensors through dcast_io and the pool */
+int cs_anchor_load(dcast_consumer *c, uint64_t *version);
 int cs_ckpt_read_payload(dcast_consumer *c, const cs_version *v, const cs_chunk *k, void *dst);
 
 /* Record file format (little-endian, written by ckpt.c, read by ckpt_load.c). */

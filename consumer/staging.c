@@ -27,11 +27,13 @@ int cs_pool_open(cs_pool *p, uint64_t budget_bytes)
 				    "raise RLIMIT_MEMLOCK); continuing unpinned",
 				    (unsigned long long)p->bytes, strerror(errno));
 	}
+	cs_pool_cuda_register(p);
 	return 0;
 }
 
 void cs_pool_close(cs_pool *p)
 {
+	cs_pool_cuda_unregister(p);
 	if (p->base)
 		munmap(p->base, p->bytes);
 	memset(p, 0, sizeof(*p));

@@ -80,7 +80,7 @@ static void test_stream_and_restart(const h_broker *b)
 
 /* A fault armed through the test hook, then driven to `target`. */
 static void run_fault(const h_broker *b, const char *model, const char *fault, uint64_t versions,
-		      h_seen *s, int *exact)
+		      unsigned density_inv, h_seen *s, int *exact)
 {
 	h_model m;
 	dcast_producer *p = NULL;
@@ -89,7 +89,7 @@ static void run_fault(const h_broker *b, const char *model, const char *fault, u
 	h_model_init(&m, 29, 1);
 	REQUIRE(h_producer_open(b, model, &m, &p) == 0);
 	for (uint64_t v = 1; v <= versions; v++)
-		REQUIRE(h_publish(p, &m, v, 100) == 0);
+		REQUIRE(h_publish(p, &m, v, density_inv) == 0);
 	setenv("DELTACAST_CONSUMER_FAULT", fault, 1);
 	c = open_consumer(b, model, dir_for(model));
 	unsetenv("DELTACAST_CONSUMER_FAULT");
@@ -106,7 +106,7 @@ static void test_corrupt_chunk(const h_broker *b)
 	h_seen s = {0};
 	int exact = 0;
 
-	run_fault(b, "m_corrupt", "corrupt:2", 3, &s, &exact);
+	run_fault(b, "m_corrupt", "corrupt:2", 3, 100, &s, &exact);
 	CHECK(s.errors >= 1 && s.last_error == DCAST_ECHECKSUM);
 	CHECK(s.untouched_bad == 0);
 	CHECK(exact); /* re-joined and healed */
@@ -117,10 +117,24 @@ static void test_digest_rollback(const h_broker *b)
 	h_seen s = {0};
 	int exact = 0;
 
-	run_fault(b, "m_digest", "digest:3", 4, &s, &exact);
+	run_fault(b, "m_digest", "digest:3", 4, 100, &s, &exact);
 	CHECK(s.apply_failures >= 1);
-	CHECK(s.last_apply_error == DCAST_EDIGEST || s.last_apply_error == DCAST_ECORRUPT);
+	CHECK(s.last_apply_error == DCAST_EDIGEST);
 	CHECK(s.untouched_ok >= 1 && s.untouched_bad == 0); /* exactly version 2 after the refusal */
+	CHECK(exact);
+}
+
+/* A delta whose old values do not fit the undo region (a third of the
+ * model changes, the region is a quarter of a 1 MiB budget) fails its
+ * digest: the previous version comes back from the local checkpoint. */
+static void test_digest_restore(const h_broker *b)
+{
+	h_seen s = {0};
+	int exact = 0;
+
+	run_fault(b, "m_restore", "digest:3", 4, 3, &s, &exact);
+	CHECK(s.apply_failures >= 1 && s.last_apply_error == DCAST_EDIGEST);
+	CHECK(s.untouched_ok >= 1 && s.untouched_bad == 0);
 	CHECK(exact);
 }
 
@@ -129,7 +143,7 @@ static void test_gap(const h_broker *b)
 	h_seen s = {0};
 	int exact = 0;
 
-	run_fault(b, "m_gap", "skip:2", 3, &s, &exact);
+	run_fault(b, "m_gap", "skip:2", 3, 100, &s, &exact);
 	CHECK(s.gaps >= 1);
 	CHECK(exact);
 }
@@ -197,6 +211,7 @@ int main(void)
 	test_stream_and_restart(&b);
 	test_corrupt_chunk(&b);
 	test_digest_rollback(&b);
+	test_digest_restore(&b);
 	test_gap(&b);
 	test_corrupt_log(&b);
 	h_broker_stop(&b);

@@ -1,0 +1,219 @@
+/* The anchor file DIR/model.safetensors: loaded at open and on restore by
+ * reading its data area through dcast_io into the pool's scratch region and
+ * copying each piece to the live tensor (host or device); folded from the
+ * live tensors the same way in reverse, into a temporary file that is
+ * fsynced and renamed over the old one (then the directory is fsynced). */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+#include "consumer_impl.h"
+#include "dcast_common.h"
+#include "deltacast/safetensors.h"
+
+/* Tensor table from the file's header when no manifest is known yet. */
+static int tensors_from_file(dcast_consumer *c, const dcast_st_file *f)
+{
+	dcast_manifest m = {0};
+	size_t n = dcast_st_count(f);
+	int err;
+
+	snprintf(m.model, sizeof(m.model), "%s", c->model);
+	m.tensors = calloc(n ? n : 1, sizeof(*m.tensors));
+	if (!m.tensors)
+		return dcast_fail(DCAST_ENOMEM, "%s: %zu tensors", c->anchor_path, n);
+	m.n_tensors = (uint32_t)n;
+	for (size_t i = 0; i < n; i++) {
+		const dcast_st_tensor *s = dcast_st_tensor_at(f, i);
+		snprintf(m.tensors[i].name, sizeof(m.tensors[i].name), "%s", s->name);
+		int dt = dcast_dtype_from_name(dcast_st_dtype_name(s->dtype));
+		if (dt < 0) {
+			free(m.tensors);
+			return dcast_fail(DCAST_EDTYPE, "%s: tensor %s has dtype %s, not one deltacast carries",
+					  c->anchor_path, s->name, dcast_st_dtype_name(s->dtype));
+		}
+		m.tensors[i].dtype = (uint32_t)dt;
+		m.tensors[i].ndim = s->ndim;
+		memcpy(m.tensors[i].shape, s->shape, sizeof(s->shape));
+	}
+	err = cs_tensors_from_manifest(c, &m);
+	free(m.tensors);
+	return err;
+}
+
+/* Read one tensor's bytes at file offset `off` piece by piece via the pool. */
+static int read_tensor(dcast_consumer *c, int file, cs_tensor *t, uint64_t off)
+{
+	unsigned char *scratch = cs_pool_scratch(&c->pool);
+	uint64_t piece = c->pool.region_bytes;
+	int err = 0;
+
+	for (uint64_t done = 0; !err && done < t->bytes; done += piece) {
+		uint64_t n = t->bytes - done < piece ? t->bytes - done : piece;
+		err = cs_io_read(c, file, scratch, n, off + done, c->anchor_path);
+		if (!err)
+			err = cs_to_tensor(t, done, scratch, n);
+	}
+	return err;
+}
+
+static int read_tensors(dcast_consumer *c, const dcast_st_file *f, int file)
+{
+	size_t hdr = 0;
+	int err = 0;
+
+	dcast_st_header_bytes(f, &hdr);
+	for (uint32_t i = 0; !err && i < c->n_tensors; i++) {
+		cs_tensor *t = &c->tensors[i];
+		const dcast_st_tensor *s = dcast_st_find(f, t->desc.name);
+		if (!s || s->nbytes != t->bytes ||
+		    dcast_dtype_from_name(dcast_st_dtype_name(s->dtype)) != (int)t->desc.dtype)
+			return dcast_fail(DCAST_ESHAPE, "%s: tensor %s missing or of another dtype/size",
+					  c->anchor_path, t->desc.name);
+		err = read_tensor(c, file, t, hdr + s->data_offset);
+	}
+	return err;
+}
+
+int cs_anchor_load(dcast_consumer *c, uint64_t *version)
+{
+	dcast_st_file *f = NULL;
+	const char *vs;
+	int fd = -1, file = -1, err = dcast_st_open(c->anchor_path, &f); /* header checks */
+
+	if (err)
+		return err;
+	vs = dcast_st_metadata_get(f, "deltacast.version");
+	if (!vs || !*vs)
+		err = dcast_fail(DCAST_ECORRUPT, "%s: no deltacast.version metadata", c->anchor_path);
+	if (!err)
+		*version = strtoull(vs, NULL, 10);
+	if (!err && !c->n_tensors)
+		err = tensors_from_file(c, f);
+	if (!err && (fd = open(c->anchor_path, O_RDONLY | O_CLOEXEC)) < 0)
+		err = dcast_fail(DCAST_EIO, "%s: open: %s", c->anchor_path, strerror(errno));
+	if (!err && (file = dcast_io_file_add(c->io, fd, c->anchor_path)) < 0)
+		err = dcast_fail(-file, "%s: cannot add to the I/O engine", c->anchor_path);
+	if (!err)
+		err = read_tensors(c, f, file);
+	if (file >= 0)
+		dcast_io_file_remove(c->io, file);
+	if (fd >= 0)
+		close(fd);
+	dcast_st_close(&f);
+	return err;
+}
+
+/* Write tensor t at off: host tensors straight from their memory, device
+ * tensors through the scratch region (fixed-buffer writes). */
+static int write_tensor(dcast_consumer *c, int file, const cs_tensor *t, uint64_t off)
+{
+	unsigned char *scratch = cs_pool_scratch(&c->pool);
+	uint64_t piece = c->pool.region_bytes;
+	int err = 0;
+
+	for (uint64_t done = 0; !err && done < t->bytes; done += piece) {
+		uint64_t n = t->bytes - done < piece ? t->bytes - done : piece;
+		if (t->mem == DCAST_MEM_HOST) {
+			err = dcast_io_write(c->io, file, t->ptr + done, n, off + done, DCAST_IO_NO_BUF, 4);
+		} else if (!(err = dcast_io_drain(c->io)) && !(err = cs_from_tensor(t, done, scratch, n))) {
+			err = dcast_io_write(c->io, file, scratch, n, off + done,
+					     dcast_io_buffers_fixed(c->io) ? 0 : DCAST_IO_NO_BUF, 4);
+		}
+		if (err == DCAST_EBUSY && !(err = dcast_io_drain(c->io)))
+			done -= piece; /* queue was full: submit this piece again */
+	}
+	return err;
+}
+
+static int layout(dcast_consumer *c, const char *version, dcast_st_layout *lay)
+{
+	dcast_st_meta meta[2] = {{"deltacast.model", c->model}, {"deltacast.version", version}};
+	dcast_st_spec *specs = calloc(c->n_tensors ? c->n_tensors : 1, sizeof(*specs));
+	int err;
+
+	if (!specs)
+		return dcast_fail(DCAST_ENOMEM, "fold: %u tensors", c->n_tensors);
+	for (uint32_t i = 0; i < c->n_tensors; i++) {
+		const char *dn = dcast_dtype_name((int)c->tensors[i].desc.dtype);
+		specs[i].name = c->tensors[i].desc.name;
+		specs[i].dtype = dcast_st_dtype_from_name(dn, strlen(dn));
+		specs[i].ndim = c->tensors[i].desc.ndim;
+		memcpy(specs[i].shape, c->tensors[i].desc.shape, sizeof(specs[i].shape));
+	}
+	err = dcast_st_layout_compute(specs, c->n_tensors, meta, 2, lay);
+	free(specs);
+	return err;
+}
+
+static int write_file(dcast_consumer *c, int file, const dcast_st_layout *lay)
+{
+	int err = dcast_io_write(c->io, file, lay->header, lay->header_bytes, 0, DCAST_IO_NO_BUF, 4);
+
+	for (uint32_t i = 0; !err && i < c->n_tensors; i++)
+		err = write_tensor(c, file, &c->tensors[i], lay->file_offsets[i]);
+	int derr = dcast_io_sync(c->io, file, 0);
+	return err ? err : derr;
+}
+
+static int fsync_dir(const char *dir)
+{
+	int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC), rc = fd >= 0 ? fsync(fd) : -1;
+
+	if (fd >= 0)
+		close(fd);
+	return rc ? dcast_fail(DCAST_EIO, "%s: fsync: %s", dir, strerror(errno)) : 0;
+}
+
+/* Temporary file, fsync, rename over the anchor, fsync the directory. */
+static int write_anchor(dcast_consumer *c, const dcast_st_layout *lay)
+{
+	char tmp[4200];
+	int fd, file, err;
+
+	snprintf(tmp, sizeof(tmp), "%s.tmp", c->anchor_path);
+	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	if (fd < 0)
+		return dcast_fail(DCAST_EIO, "%s: create: %s", tmp, strerror(errno));
+	file = dcast_io_file_add(c->io, fd, tmp);
+	err = file < 0 ? dcast_fail(-file, "%s: cannot add to the I/O engine", tmp) : write_file(c, file, lay);
+	if (file >= 0) {
+		int rerr = dcast_io_file_remove(c->io, file);
+		err = err ? err : rerr;
+	}
+	close(fd);
+	if (!err && rename(tmp, c->anchor_path) != 0)
+		err = dcast_fail(DCAST_EIO, "%s: rename to %s: %s", tmp, c->anchor_path, strerror(errno));
+	if (err)
+		unlink(tmp);
+	return err ? err : fsync_dir(c->dir);
+}
+
+int cs_ckpt_fold(dcast_consumer *c)
+{
+	uint64_t v = dcast_consumer_version(c), *vers;
+	char vbuf[32];
+	dcast_st_layout lay;
+	uint32_t n = 0;
+	int err;
+
+	if (v == DCAST_VERSION_NONE)
+		return 0;
+	snprintf(vbuf, sizeof(vbuf), "%" PRIu64, v);
+	if ((err = layout(c, vbuf, &lay)))
+		return err;
+	err = write_anchor(c, &lay);
+	dcast_st_layout_free(&lay);
+	if (err)
+		return err;
+	c->anchor_file_version = v;
+	c->deltas_since_fold = 0;
+	vers = malloc(CS_MAX_LOG_FILES * sizeof(*vers));
+	if (vers && cs_ckpt_list(c, vers, CS_MAX_LOG_FILES, &n) == 0)
+		for (uint32_t i = 0; i < n && vers[i] <= v; i++)
+			cs_ckpt_remove(c, vers[i]);
+	free(vers);
+	return 0;
+}

@@ -219,7 +219,7 @@ static int cpt_load(const dcast_chunk_info *info, const uint8_t *pl, cpt_decoded
 
 /* ---- writers, run only after the checks passed ---- */
 
-static void swap_elem(uint8_t *d, unsigned es, uint32_t v, uint8_t *old_out, uint64_t i)
+static inline void swap_elem(uint8_t *d, unsigned es, uint32_t v, uint8_t *old_out, uint64_t i)
 {
 	if (old_out)
 		memcpy(old_out + i * es, d, es);
@@ -251,16 +251,27 @@ static void bitmask_write(const dcast_chunk_info *info, const uint8_t *pl, uint8
 	}
 }
 
-static void cpt_write(const dcast_chunk_info *info, const cpt_decoded *dec, uint8_t *dst,
-		      uint8_t *old_out, const uint8_t *old)
+static inline __attribute__((always_inline)) void cpt_write_es(const dcast_chunk_info *info,
+								const cpt_decoded *dec, uint8_t *dst,
+								uint8_t *old_out, const uint8_t *old,
+								unsigned es)
 {
-	unsigned es = info->elem_size, w = 8 * es;
 	for (uint64_t i = 0; i < info->changed; i++) {
 		uint8_t *d = dst + (uint64_t)dec->pos[i] * es;
 		uint32_t v = old ? dcast_load_elem(old + i * es, es)
 			   : dec->mode == DCAST_CPT_RAW ? dec->val[i]
-							: dcast_ulp_apply(dcast_load_elem(d, es), dec->val[i], w);
+							: dcast_ulp_apply(dcast_load_elem(d, es), dec->val[i], 8 * es);
 		swap_elem(d, es, v, old_out, i);
+	}
+}
+
+static void cpt_write(const dcast_chunk_info *info, const cpt_decoded *dec, uint8_t *dst,
+		      uint8_t *old_out, const uint8_t *old)
+{
+	switch (info->elem_size) {
+	case 1: cpt_write_es(info, dec, dst, old_out, old, 1); break;
+	case 2: cpt_write_es(info, dec, dst, old_out, old, 2); break;
+	default: cpt_write_es(info, dec, dst, old_out, old, 4); break;
 	}
 }
 

@@ -51,8 +51,14 @@ void dcast_cpt_emit(const dcast_changes *ch, const dcast_cpt_plan *p, uint8_t *o
 			wr32le(e, (uint32_t)bw_tell(&w));
 			wr32le(e + 4, ch->pos[i - 1]);
 		}
-		bw_put(&w, dcast_rice_bits(gap, p->k), dcast_rice_len(gap, p->k));
-		bw_put(&w, vbits, vlen);
+		unsigned rlen = dcast_rice_len(gap, p->k);
+		uint64_t rbits = dcast_rice_bits(gap, p->k);
+		if (rlen + vlen <= 56) { /* the usual case: one flush */
+			bw_put(&w, rbits | vbits << rlen, rlen + vlen);
+		} else {
+			bw_put(&w, rbits, rlen);
+			bw_put(&w, vbits, vlen);
+		}
 		next = ch->pos[i] + 1;
 	}
 }

@@ -125,12 +125,13 @@ struct dcast_consumer {
 
 	/* test hooks from DELTACAST_CONSUMER_FAULT: "corrupt:V" flips a payload
 	 * bit of the first chunk of V as it arrives (once), "skip:V" drops every
-	 * message of V (once), "digest:V" makes V's first COMMIT digest wrong when it is applied. */
+	 * message of V (once), "digest:V" makes V's first COMMIT digest wrong when it is applied,
+	 * "dup:V" delivers every chunk of V twice. */
 	int fault_kind;
 	uint64_t fault_version;
 };
 
-enum { CS_FAULT_NONE, CS_FAULT_CORRUPT, CS_FAULT_SKIP, CS_FAULT_DIGEST };
+enum { CS_FAULT_NONE, CS_FAULT_CORRUPT, CS_FAULT_SKIP, CS_FAULT_DIGEST, CS_FAULT_DUP };
 
 /* version.c */
 void cs_version_init(cs_version *v, uint64_t version);

@@ -338,7 +338,13 @@ static int on_message(dcast_consumer *c, dcast_wire_in *in)
 		return 0; /* the old stream, before our re-join's WELCOME */
 	switch (m->type) {
 	case DCAST_MSG_MANIFEST: return on_manifest(c, in);
-	case DCAST_MSG_CHUNK: return c->n_tensors ? on_chunk(c, in) : 0;
+	case DCAST_MSG_CHUNK:
+		if (c->fault_kind == CS_FAULT_DUP && c->fault_version == m->u.chunk.version && c->n_tensors) {
+			int err = on_chunk(c, in); /* test hook: the same chunk twice */
+			if (err)
+				return err;
+		}
+		return c->n_tensors ? on_chunk(c, in) : 0;
 	case DCAST_MSG_COMMIT: return c->n_tensors ? on_commit(c, in) : 0;
 	case DCAST_MSG_ERROR:
 		dcast_fail((int)m->u.error.code, "broker: %s", m->u.error.text);

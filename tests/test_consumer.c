@@ -138,6 +138,17 @@ static void test_digest_restore(const h_broker *b)
 	CHECK(exact);
 }
 
+/* Every chunk of version 2 arrives twice: staged once, applied bit-exact. */
+static void test_duplicates(const h_broker *b)
+{
+	h_seen s = {0};
+	int exact = 0;
+
+	run_fault(b, "m_dup", "dup:2", 3, 100, &s, &exact);
+	CHECK(s.errors == 0 && s.gaps == 0 && s.apply_failures == 0);
+	CHECK(exact);
+}
+
 static void test_gap(const h_broker *b)
 {
 	h_seen s = {0};
@@ -213,6 +224,7 @@ int main(void)
 	test_digest_rollback(&b);
 	test_digest_restore(&b);
 	test_gap(&b);
+	test_duplicates(&b);
 	test_corrupt_log(&b);
 	h_broker_stop(&b);
 	char cmd[300];

@@ -182,6 +182,8 @@ TARGET_AVX512 static ALWAYS_INLINE uint64_t neq_mask_avx512(const uint8_t *c, co
 		uint64_t from = ch->n;                                                          \
 		uint64_t end = off + SCAN_BLOCK < bytes ? off + SCAN_BLOCK : bytes & ~63ull;    \
 		for (; off < end; off += 64) {                                                  \
+			__builtin_prefetch(c + off + 2048);                                     \
+			__builtin_prefetch(b + off + 2048);                                     \
 			uint64_t m = maskfn(c + off, b + off, es);                              \
 			if (m && record_pos(ch, off / es, m, es))                               \
 				return DCAST_ENOMEM;                                            \

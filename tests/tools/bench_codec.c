@@ -199,6 +199,7 @@ int main(int argc, char **argv)
 	static const double dens[] = { 0.001, 0.01, 0.05, 0.30 };
 	uint64_t n = 1u << 25, chunk = 1u << 20;
 	const char *out = NULL;
+	double only = 0;
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--elems") && i + 1 < argc)
 			n = strtoull(argv[++i], NULL, 0);
@@ -206,8 +207,10 @@ int main(int argc, char **argv)
 			chunk = strtoull(argv[++i], NULL, 0);
 		else if (!strcmp(argv[i], "--write") && i + 1 < argc)
 			out = argv[++i];
+		else if (!strcmp(argv[i], "--density") && i + 1 < argc)
+			only = strtod(argv[++i], NULL);
 		else {
-			fprintf(stderr, "usage: bench_codec [--elems N] [--chunk N] [--write FILE]\n");
+			fprintf(stderr, "usage: bench_codec [--elems N] [--chunk N] [--density P] [--write FILE]\n");
 			return 2;
 		}
 	}
@@ -218,23 +221,24 @@ int main(int argc, char **argv)
 	c.info = calloc(c.nchunks, sizeof(*c.info));
 	uint16_t *scratch = malloc(n * 2);
 	result res[4];
+	int nr = only > 0 ? 1 : 4;
 	if (!c.payloads || !c.info || !scratch)
 		return 1;
-	for (int i = 0; i < 4; i++)
-		run_density(&w, &c, dens[i], scratch, &res[i]);
+	for (int i = 0; i < nr; i++)
+		run_density(&w, &c, only > 0 ? only : dens[i], scratch, &res[i]);
 	char *body = NULL;
 	size_t blen = 0;
 	FILE *mem = open_memstream(&body, &blen);
 	fprintf(mem, "Command: `make bench-codec` (build/tools/bench_codec --elems %" PRIu64 " --chunk %" PRIu64
 		     "), one thread, best of %d.\n\n", n, chunk, REPS);
-	print_table(mem, res, 4, n, chunk);
+	print_table(mem, res, nr, n, chunk);
 	fclose(mem);
 	fputs(body, stdout);
 	if (out && write_section(out, body)) {
 		perror(out);
 		return 1;
 	}
-	for (int i = 0; i < 4; i++)
+	for (int i = 0; i < nr; i++)
 		if (!res[i].exact)
 			return 1;
 	return 0;

@@ -120,6 +120,12 @@ static int check_args(const char *endpoint, const char *model, const char *dir, 
 	if (o->curve_server_key && (!o->curve_public_key || !o->curve_secret_key))
 		return dcast_fail(DCAST_EINVAL, "dcast_consumer_open: curve_server_key set but the "
 				  "consumer's curve_public_key/curve_secret_key are missing");
+	if (o->curve_server_key && (strlen(o->curve_server_key) != 40 || strlen(o->curve_public_key) != 40 ||
+				    strlen(o->curve_secret_key) != 40))
+		return dcast_fail(DCAST_EINVAL, "dcast_consumer_open: CURVE keys must be 40 Z85 characters");
+	if (!o->curve_server_key && (o->curve_public_key || o->curve_secret_key))
+		return dcast_fail(DCAST_EINVAL, "dcast_consumer_open: curve_public_key/curve_secret_key "
+				  "given without curve_server_key (the broker's public key)");
 	return 0;
 }
 

@@ -89,8 +89,8 @@ typedef struct h_broker {
 	char producers[64], consumers[64];
 } h_broker;
 
-/* Start the broker; 0 on success. */
-static int h_broker_start(h_broker *b)
+/* Start the broker with extra flags (NULL-terminated, may be NULL); 0 on success. */
+static int h_broker_start_args(h_broker *b, char *const *extra)
 {
 	static int installed;
 	char bin[512];
@@ -105,7 +105,9 @@ static int h_broker_start(h_broker *b)
 		int port = 20000 + (int)((getpid() * 37 + attempt * 7919) % 40000);
 		snprintf(b->producers, sizeof(b->producers), "tcp://127.0.0.1:%d", port);
 		snprintf(b->consumers, sizeof(b->consumers), "tcp://127.0.0.1:%d", port + 1);
-		char *argv[] = {bin, "--producers", b->producers, "--consumers", b->consumers, NULL};
+		char *argv[16] = {bin, "--producers", b->producers, "--consumers", b->consumers};
+		for (int i = 0; extra && extra[i] && i < 10; i++)
+			argv[5 + i] = extra[i];
 		b->pid = h_spawn(argv, -1);
 		if (b->pid < 0)
 			return -1;
@@ -115,6 +117,11 @@ static int h_broker_start(h_broker *b)
 		h_untrack(b->pid);
 	}
 	return -1;
+}
+
+static int h_broker_start(h_broker *b)
+{
+	return h_broker_start_args(b, NULL);
 }
 
 static void h_broker_stop(h_broker *b)

@@ -5,12 +5,27 @@
  * anchor again, a corrupt chunk refused with live tensors untouched, a
  * digest failure rolled back exactly, a gap detected and healed.
  * tests/test_consumer_plain.sh runs it again with DELTACAST_IO_URING=0. */
+#include <pthread.h>
 #include <stdlib.h>
 #include "check.h"
 #include "consumer_harness.h"
 #include "dcast_common.h"
 
 #define BUDGET (1u << 20)
+
+typedef struct waiter {
+	dcast_consumer *c;
+	uint64_t version;
+	int rc;
+} waiter;
+
+/* Another thread waits for a version while the main thread drives. */
+static void *wait_thread(void *arg)
+{
+	waiter *w = arg;
+	w->rc = dcast_consumer_wait_version(w->c, w->version, 30000);
+	return NULL;
+}
 
 static char root[] = "/tmp/dcast-consumer-XXXXXX";
 
@@ -52,9 +67,18 @@ static void test_stream_and_restart(const h_broker *b)
 	CHECK(st.spilled_chunks > 0);            /* did not fit: went through the log */
 	CHECK(st.pool_bytes <= BUDGET && st.peak_pool_bytes <= st.pool_bytes);
 	CHECK(s.anchors == 1);
+	CHECK(dcast_consumer_wait_version(c, 1, 0) == 0);
+	CHECK_ERR(dcast_consumer_wait_version(c, 2, 10), DCAST_ETIMEDOUT);
+	waiter w = {c, 3, -1};
+	pthread_t th;
+	REQUIRE(pthread_create(&th, NULL, wait_thread, &w) == 0);
 	for (uint64_t v = 2; v <= 4; v++) {
 		REQUIRE(h_publish(p, &m, v, 100) == 0);
 		CHECK(h_drive(c, &m, v, &s) == 0);
+		if (v == 3) {
+			pthread_join(th, NULL);
+			CHECK(w.rc == 0);
+		}
 		CHECK(h_equal(c, &m, v));
 		dcast_consumer_stats_get(c, &st);
 		CHECK(st.version == v && st.anchor == 0 && st.bytes < h_model_bytes(&m) / 4);

@@ -46,7 +46,7 @@ struct broker_config {
 	uint64_t max_models;        /* --max-models */
 	/* Other broker features add their fields here (one line each). */
 	const char *curve_secret, *producer_keys, *consumer_keys, *metrics;
-	uint64_t fold_fraction_pct, fold_every;
+	const char *anchor_fraction; uint64_t anchor_every; /* broker-made anchors (fold.c) */
 };
 
 #define BROKER_CONFIG_HELP (-1)
@@ -129,6 +129,7 @@ struct broker_model {
 	int relayed;                      /* filled from --upstream, not producers */
 	struct broker_pending *pending;   /* at most one open version */
 	uint64_t versions_committed, versions_aborted;
+	struct broker_fold *fold;         /* broker-made anchors (fold.c), NULL if off */
 };
 
 /* ---- peers ---- */
@@ -170,6 +171,7 @@ struct broker_stats {
 	uint32_t producers_connected, consumers_connected;
 	uint64_t errors[DCAST_ERR_COUNT]; /* inbound messages refused, by code */
 	uint64_t peers_timed_out;
+	uint64_t anchors_made, anchor_digest_errors; /* broker-made anchors (fold.c) */
 };
 
 struct broker;
@@ -223,6 +225,14 @@ uint64_t broker_model_newest(const struct broker_model *m); /* NONE if empty */
 int broker_log_append(struct broker *b, struct broker_model *m, struct broker_version *v);
 /* Index of `version` in the log, -1 if absent. */
 int broker_log_find(const struct broker_model *m, uint64_t version);
+/* Put a broker-made anchor (fold.c) at the head of the log in place of the
+ * delta of the same version and everything before it.  Takes the caller's
+ * reference of `anchor`; each removed version's reference goes to
+ * keep(arg, v) in log order (NULL: put).  Errors: DCAST_EVERSION when the
+ * anchor's version is not a delta in the log (nothing changed then). */
+int broker_log_replace_anchor(struct broker *b, struct broker_model *m,
+			      struct broker_version *anchor,
+			      void (*keep)(void *arg, struct broker_version *v), void *arg);
 
 /* ---- ingest.c: producers, and the open-version logic the relay reuses ---- */
 void broker_producer_msg(struct broker *b, dcast_wire_in *in);
@@ -240,6 +250,9 @@ int broker_pending_commit(struct broker *b, struct broker_model *m, uint32_t par
  * producers; why == NULL drops it quietly (nothing was accepted into it). */
 void broker_pending_abort(struct broker *b, struct broker_model *m, const char *why);
 int broker_chunk_check(const struct broker_manifest *mf, const dcast_chunk *c);
+/* Encode m into *out (uninitialised; a header frame kept in the log, owning
+ * the bytes).  Errors: the encoder's, DCAST_EZMQ; *out is then untouched. */
+int broker_frame_encode(const dcast_msg *m, zmq_msg_t *out);
 
 /* ---- fanout.c: consumers ---- */
 void broker_consumer_msg(struct broker *b, dcast_wire_in *in);

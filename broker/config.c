@@ -8,6 +8,7 @@
 #include <string.h>
 #include "broker.h"
 #include "dcast_common.h"
+#include "fold.h" /* --anchor-fraction (broker/fold.c) */
 
 enum flag_kind { FLAG_STR, FLAG_U64, FLAG_LIST };
 
@@ -42,6 +43,9 @@ static const struct flag flags[] = {
 	{"producer-keys", FLAG_STR, OFF(producer_keys), NULL, "FILE of producer Z85 public keys to admit, one a line (required with --curve-secret)"},
 	{"consumer-keys", FLAG_STR, OFF(consumer_keys), NULL, "FILE of consumer Z85 public keys to admit (default: any CURVE client)"},
 	{"metrics", FLAG_STR, OFF(metrics), NULL, "HOST:PORT for GET /metrics (Prometheus text), e.g. 127.0.0.1:9464"},
+	/* broker-made anchors (broker/fold.c) */
+	{"anchor-fraction", FLAG_STR, OFF(anchor_fraction), "0.5", "make an anchor once delta bytes since the last one exceed F x the model's size (0: off)"},
+	{"anchor-every", FLAG_U64, OFF(anchor_every), "0", "make an anchor every K versions (0: off)"},
 };
 #undef OFF
 
@@ -246,6 +250,7 @@ int broker_config_check(const struct broker_config *c)
 	if (!rc) rc = need(c->upstream_window_bytes >= 1 &&
 			   c->upstream_window_bytes <= DCAST_MAX_CREDIT_BYTES,
 			   "--upstream-window-bytes must be in [1, 2^40]");
+	if (!rc) rc = broker_fold_config_check(c);
 	return rc;
 }
 

@@ -9,6 +9,7 @@
 #include <string.h>
 #include "broker.h"
 #include "dcast_common.h"
+#include "fold.h"
 
 enum pump { PUMP_IDLE, PUMP_MORE, PUMP_BLOCKED, PUMP_GONE };
 
@@ -87,6 +88,8 @@ static struct broker_version *next_version(const struct broker_model *m, uint64_
 	i = broker_log_find(m, have);
 	if (i >= 0)
 		return (uint32_t)i + 1 < m->n_log ? m->log[i + 1] : NULL;
+	if (broker_fold_next(m, have)) /* superseded by a broker-made anchor (fold.c) */
+		return broker_fold_next(m, have);
 	return m->log[0]->version > have ? m->log[0] : NULL;
 }
 

@@ -16,8 +16,7 @@ static void free_buf(void *data, void *hint)
 	free(data);
 }
 
-/* Encode m into a zmq message (the header frame kept in the log). */
-static int encode_frame(const dcast_msg *m, zmq_msg_t *out)
+int broker_frame_encode(const dcast_msg *m, zmq_msg_t *out)
 {
 	void *buf;
 	size_t len;
@@ -311,7 +310,7 @@ static int version_chunks(struct broker_version *v, struct broker_pending *pd)
 			hm.u.chunk = pd->part[i].chunks[j].c;
 			hm.u.chunk.part = 0;
 			hm.u.chunk.seq = k;
-			if ((rc = encode_frame(&hm, &v->chunks[k].hdr))) {
+			if ((rc = broker_frame_encode(&hm, &v->chunks[k].hdr))) {
 				v->n_chunks = k; /* what is initialised, for the put */
 				return rc;
 			}
@@ -355,7 +354,7 @@ static int version_commit_frame(struct broker_version *v, const char *model)
 	cm.u.commit.bytes = v->payload_bytes;
 	cm.u.commit.n_digests = v->n_digests;
 	cm.u.commit.digests = v->digests;
-	return encode_frame(&cm, &v->commit_hdr);
+	return broker_frame_encode(&cm, &v->commit_hdr);
 }
 
 /* Build the version consumers will see from a fully committed pending one. */

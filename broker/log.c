@@ -8,6 +8,7 @@
 #include "dcast_common.h"
 #include "durable.h" /* durability hooks (broker/durable.c) */
 #include "metrics.h" /* --metrics (broker/metrics.c) */
+#include "fold.h" /* broker-made anchors (broker/fold.c) */
 
 struct broker_model *broker_model_get(struct broker *b, const char *name, int create)
 {
@@ -82,6 +83,7 @@ void broker_model_free(struct broker_model *m)
 	for (uint32_t i = 0; i < m->n_log; i++)
 		broker_version_put(m->log[i]);
 	free(m->log);
+	broker_fold_free(m);
 	broker_manifest_put(m->manifest);
 	free(m);
 }
@@ -172,6 +174,31 @@ int broker_log_append(struct broker *b, struct broker_model *m, struct broker_ve
 	return 0;
 }
 
+int broker_log_replace_anchor(struct broker *b, struct broker_model *m,
+			      struct broker_version *anchor,
+			      void (*keep)(void *arg, struct broker_version *v), void *arg)
+{
+	int at = broker_log_find(m, anchor->version);
+
+	(void)b;
+	if (at <= 0)
+		return dcast_fail(DCAST_EVERSION, "model %s: made anchor %llu is not a delta in the log",
+				  m->name, (unsigned long long)anchor->version);
+	for (int i = 0; i <= at; i++) {
+		m->log_bytes -= m->log[i]->payload_bytes;
+		if (keep)
+			keep(arg, m->log[i]);
+		else
+			broker_version_put(m->log[i]);
+	}
+	m->log[0] = anchor;
+	memmove(m->log + 1, m->log + at + 1, (m->n_log - (uint32_t)at - 1) * sizeof(*m->log));
+	m->n_log -= (uint32_t)at;
+	m->log_bytes += anchor->payload_bytes;
+	m->need_anchor = 0;
+	return 0;
+}
+
 /* Hook: durability (fsync) and the anchor folder add their calls here. */
 int broker_version_committed(struct broker *b, struct broker_model *m,
 			     struct broker_version *v)
@@ -183,6 +210,7 @@ int broker_version_committed(struct broker *b, struct broker_model *m,
 		    (unsigned long long)v->payload_bytes);
 	if ((rc = broker_durable_commit(b, m, v))) /* --data-dir: fsynced before the ACK */
 		return rc;
+	broker_fold_committed(b, m, v); /* broker-made anchors: queued, folded after the ACK */
 	return 0;
 }
 
@@ -191,5 +219,7 @@ int broker_log_restore(struct broker *b)
 {
 	int rc = broker_durable_restore(b); /* --data-dir: replay segments */
 
+	if (!rc)
+		rc = broker_fold_open(b); /* broker-made anchors: fold the restored logs */
 	return rc ? rc : broker_metrics_open(b); /* --metrics: listener in the poll set */
 }

@@ -94,6 +94,14 @@ static void render_models(struct out *o, const struct broker *b)
 			emit(o, "deltacast_model_version{model=\"%s\"} %llu\n", m,
 			     (unsigned long long)v);
 	}
+	emit(o, "# HELP deltacast_model_anchor_version newest anchor in the log\n"
+		"# TYPE deltacast_model_anchor_version gauge\n");
+	for (uint32_t i = 0; i < b->n_models; i++) {
+		label(m, sizeof(m), b->models[i]->name);
+		if (b->models[i]->n_log)
+			emit(o, "deltacast_model_anchor_version{model=\"%s\"} %llu\n", m,
+			     (unsigned long long)b->models[i]->log[0]->version);
+	}
 	emit(o, "# HELP deltacast_model_log_versions versions in the model's log\n"
 		"# TYPE deltacast_model_log_versions gauge\n");
 	for (uint32_t i = 0; i < b->n_models; i++) {
@@ -146,6 +154,9 @@ size_t broker_metrics_render(const struct broker *b, char *buf, size_t cap)
 	gauge(&o, "consumers_connected", "consumers connected", st->consumers_connected);
 	counter(&o, "peers_timed_out_total", "peers dropped after heartbeats", st->peers_timed_out);
 	counter(&o, "auth_refused_total", "peers refused by the ZAP handler", broker_auth_refused());
+	counter(&o, "anchors_made_total", "anchors the broker made by folding deltas", st->anchors_made);
+	counter(&o, "anchor_digest_errors_total", "made anchors refused: digest differs from the producer's",
+		st->anchor_digest_errors);
 	render_errors(&o, st);
 	render_models(&o, b);
 	render_consumers(&o, b);

@@ -17,7 +17,9 @@
 	X(delta, "delta", "encode NEW against BASE into a patch file")                      \
 	X(apply, "apply", "apply a patch file to BASE, writing a checkpoint equal to NEW") \
 	X(subscribe, "subscribe", "follow a model from a broker into DIR/model.safetensors") \
-	X(publish, "publish", "publish checkpoints through a broker, each file the next version")
+	X(publish, "publish", "publish checkpoints through a broker, each file the next version") \
+	X(status, "status", "show a broker's models, consumers and counters from its /metrics") \
+	X(keygen, "keygen", "write a CURVE key pair PREFIX.secret / PREFIX.public")
 
 #define CLI_DECLARE(fn, name, summary) int cmd_##fn(int argc, char **argv);
 CLI_COMMANDS(CLI_DECLARE)

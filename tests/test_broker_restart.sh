@@ -4,7 +4,7 @@
 # anchor resent, fewer bytes than the first run, and ends bit-exact.
 . "$(dirname "$0")/tools/broker_lib.sh"
 
-start_broker b
+start_broker b --anchor-fraction 0 # log as the producer sent it (no broker-made anchors)
 "$WC" produce "$b_PROD" m3 --versions 20 2>"$TMP/p.err" || fail "producer exited $?"
 "$WC" consume "$b_CONS" m3 --until 20 --exit-after 5 --state "$TMP/state" --stats "$TMP/s1" \
 	>"$TMP/c1.out" 2>"$TMP/c1.err" || fail "first consumer run exited $?"

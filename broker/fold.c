@@ -1,0 +1,624 @@
+/* Broker-made anchors (fold.h).  The commit hook only queues a reference;
+ * the work runs from an eventfd in the poll set, which stays readable while
+ * work remains, so each loop turn does a bounded share of it between the
+ * sockets' bursts: at most FOLD_VERSIONS_PER_TURN deltas folded (each
+ * O(changed): dcast_codec_apply on the state, no temporaries), or
+ * FOLD_STEP_BYTES of an anchor cut (digest check, then dense chunks).
+ * Folding pauses while a cut is under way so that the state stays at V.
+ * Only publishing the made anchor (durable write when --data-dir is set,
+ * then the log swap) happens in one step, with a log line of its duration. */
+#include <errno.h>
+#include <math.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+#include "broker.h"
+#include "dcast_common.h"
+#include "deltacast/codec.h"
+#include "durable.h"
+#include "fold.h"
+
+#define FOLD_QUEUE 4096              /* committed versions waiting per model */
+#define FOLD_VERSIONS_PER_TURN 16
+#define FOLD_STEP_BYTES (64u << 20)  /* anchor-cut work per loop turn */
+#define FOLD_FRACTION_MAX 1000.0
+
+struct fold_cut {
+	struct broker_version *src; /* V as committed (reference): its digests */
+	struct broker_version *v;   /* the anchor being built (reference) */
+	uint32_t next_digest, next_chunk;
+	uint32_t tensor;            /* next range: tensor, first element */
+	uint64_t start;
+	uint64_t t0_ns;
+};
+
+struct broker_fold {
+	struct broker_manifest *mf; /* the state's manifest (reference) */
+	uint8_t **data;             /* [mf->m.n_tensors] host copy of the state */
+	uint64_t dense_bytes;
+	uint64_t version;           /* of the state; NONE: unusable until an anchor */
+	uint64_t delta_bytes, deltas; /* folded since the log's anchor */
+	struct broker_version *queue[FOLD_QUEUE];
+	uint32_t q_head, q_n;
+	struct fold_cut cut;        /* cut.v set: a cut is under way */
+	struct broker_version **old; /* the chains made anchors replaced, joined */
+	uint32_t n_old, cap_old;
+	uint64_t old_bytes;
+};
+
+static int fold_efd = -1;
+static double fold_fraction;
+static uint64_t fold_every;
+
+static int fraction_parse(const char *s, double *out)
+{
+	char *end;
+
+	errno = 0;
+	*out = s ? strtod(s, &end) : 0.0;
+	if (s && (!*s || *end || errno || !isfinite(*out) || *out < 0.0 ||
+		  *out > FOLD_FRACTION_MAX))
+		return dcast_fail(DCAST_EINVAL, "--anchor-fraction: \"%s\" is not a number in [0, 1000]",
+				  s);
+	return 0;
+}
+
+int broker_fold_config_check(const struct broker_config *cfg)
+{
+	double f;
+
+	return fraction_parse(cfg->anchor_fraction, &f);
+}
+
+static void signal_work(void)
+{
+	uint64_t one = 1;
+
+	if (fold_efd >= 0 && write(fold_efd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+		DCAST_LOG_W("fold: eventfd write: %s", strerror(errno));
+}
+
+/* ---- the state ---- */
+
+static void state_free(struct broker_fold *f)
+{
+	for (uint32_t i = 0; f->data && i < f->mf->m.n_tensors; i++)
+		free(f->data[i]);
+	free(f->data);
+	f->data = NULL;
+	broker_manifest_put(f->mf);
+	f->mf = NULL;
+	f->dense_bytes = 0;
+}
+
+static uint64_t tensor_bytes(const struct broker_manifest *mf, uint32_t t)
+{
+	return dcast_tensor_elems(&mf->m.tensors[t]) * dcast_dtype_size((int)mf->m.tensors[t].dtype);
+}
+
+/* Buffers for every tensor of mf (kept when the manifest is the same). */
+static int state_alloc(struct broker_fold *f, struct broker_manifest *mf)
+{
+	uint32_t n = mf->m.n_tensors;
+
+	if (f->mf == mf)
+		return 0;
+	state_free(f);
+	f->mf = mf;
+	mf->refs++;
+	if (!(f->data = calloc(n ? n : 1, sizeof(*f->data))))
+		return dcast_fail(DCAST_ENOMEM, "fold: %u tensor pointers", n);
+	for (uint32_t i = 0; i < n; i++) {
+		uint64_t bytes = tensor_bytes(mf, i);
+
+		if (!bytes || !(f->data[i] = malloc(bytes)))
+			return dcast_fail(DCAST_ENOMEM, "fold: tensor %s: %llu bytes",
+					  mf->m.tensors[i].name, (unsigned long long)bytes);
+		f->dense_bytes += bytes;
+	}
+	return 0;
+}
+
+/* Apply one stored chunk to the state: its header is re-read (the log keeps
+ * encoded frames) and range-checked against the state's manifest. */
+static int fold_chunk(struct broker_fold *f, const struct broker_chunk *ch)
+{
+	const struct broker_manifest *mf = f->mf;
+	const dcast_chunk *c;
+	dcast_chunk_info info;
+	dcast_msg msg;
+	unsigned es;
+	int rc, type;
+
+	if ((rc = dcast_msg_decode(zmq_msg_data((zmq_msg_t *)&ch->hdr),
+				   zmq_msg_size((zmq_msg_t *)&ch->hdr), &msg)))
+		return rc;
+	type = (int)msg.type;
+	dcast_msg_free(&msg); /* a CHUNK owns nothing; its fields stay readable */
+	c = &msg.u.chunk;
+	if (type != DCAST_MSG_CHUNK || c->tensor >= mf->m.n_tensors)
+		return dcast_fail(DCAST_ECORRUPT, "fold: stored chunk is not a CHUNK of the manifest");
+	es = dcast_dtype_size((int)mf->m.tensors[c->tensor].dtype);
+	if (c->elem_size != es || c->start > dcast_tensor_elems(&mf->m.tensors[c->tensor]) ||
+	    c->count > dcast_tensor_elems(&mf->m.tensors[c->tensor]) - c->start)
+		return dcast_fail(DCAST_ESHAPE, "fold: chunk of tensor %u outside the manifest",
+				  c->tensor);
+	info = (dcast_chunk_info){c->encoding, c->elem_size, c->count, c->changed, c->payload_bytes};
+	return dcast_codec_apply(&info, zmq_msg_data((zmq_msg_t *)&ch->payload),
+				 f->data[c->tensor] + c->start * es, NULL);
+}
+
+static void fold_version(struct broker_model *m, struct broker_fold *f, struct broker_version *v)
+{
+	int rc = 0;
+
+	if (!v->anchor && (f->version == DCAST_VERSION_NONE || v->base_version != f->version ||
+			   v->manifest != f->mf)) {
+		if (f->version != DCAST_VERSION_NONE)
+			DCAST_LOG_W("model %s: fold: delta %llu is not on the folded version %llu; "
+				    "no broker-made anchors until the next anchor", m->name,
+				    (unsigned long long)v->version, (unsigned long long)f->version);
+		f->version = DCAST_VERSION_NONE;
+		return;
+	}
+	if (v->anchor)
+		rc = state_alloc(f, v->manifest);
+	f->version = DCAST_VERSION_NONE; /* until every chunk is in */
+	for (uint32_t i = 0; !rc && i < v->n_chunks; i++)
+		rc = fold_chunk(f, &v->chunks[i]);
+	if (rc) {
+		DCAST_LOG_E("model %s: fold of version %llu failed (%s): %s; no broker-made anchors "
+			    "until the next anchor", m->name, (unsigned long long)v->version,
+			    dcast_errname(rc), dcast_last_error());
+		return;
+	}
+	f->version = v->version;
+	f->delta_bytes = v->anchor ? 0 : f->delta_bytes + v->payload_bytes;
+	f->deltas = v->anchor ? 0 : f->deltas + 1;
+}
+
+/* ---- the superseded chain ---- */
+
+static void old_free(struct broker_fold *f)
+{
+	for (uint32_t i = 0; i < f->n_old; i++)
+		broker_version_put(f->old[i]);
+	f->n_old = 0;
+	f->old_bytes = 0;
+}
+
+/* Room for n more versions in the chain (allocated when an anchor is made). */
+static void old_reserve(struct broker_fold *f, uint32_t n)
+{
+	struct broker_version **o;
+
+	if (f->n_old + n <= f->cap_old)
+		return;
+	if (!(o = realloc(f->old, (f->n_old + n) * sizeof(*o)))) {
+		old_free(f); /* lagging consumers take the anchor path instead */
+		return;
+	}
+	f->old = o;
+	f->cap_old = f->n_old + n;
+}
+
+/* keep() for broker_log_replace_anchor: the chain stays one run of deltas
+ * from its first anchor on, so a later batch's (made) anchor is not kept. */
+static void old_keep(void *arg, struct broker_version *v)
+{
+	struct broker_fold *f = arg;
+
+	if (f->n_old < f->cap_old && !(f->n_old && v->anchor)) {
+		f->old[f->n_old++] = v;
+		f->old_bytes += v->payload_bytes;
+	} else {
+		broker_version_put(v);
+	}
+}
+
+/* Drop the chain once no connected consumer has a version inside it, or
+ * when it passes the log's retention limits (those consumers then take the
+ * anchor path). */
+static void old_prune(struct broker *b, struct broker_model *m, struct broker_fold *f)
+{
+	uint64_t lo, hi;
+
+	if (!f->n_old)
+		return;
+	if (f->n_old > b->cfg.retain_versions || f->old_bytes > b->cfg.retain_bytes) {
+		DCAST_LOG_I("model %s: versions superseded by made anchors pass retention: "
+			    "consumers behind them take the anchor path", m->name);
+		old_free(f);
+		return;
+	}
+	lo = f->old[0]->version;
+	hi = f->old[f->n_old - 1]->version;
+	for (uint64_t i = 0; i < b->cfg.max_consumers; i++) {
+		const struct broker_peer *p = &b->cons[i];
+
+		if (p->used && p->model == m && p->have_version != DCAST_VERSION_NONE &&
+		    p->have_version >= lo && p->have_version < hi)
+			return;
+	}
+	DCAST_LOG_D("model %s: no consumer behind made anchor %llu: dropping %u superseded versions",
+		    m->name, (unsigned long long)hi, f->n_old);
+	old_free(f);
+}
+
+struct broker_version *broker_fold_next(const struct broker_model *m, uint64_t have)
+{
+	const struct broker_fold *f = m->fold;
+
+	for (uint32_t i = 0; f && i + 1 < f->n_old; i++)
+		if (f->old[i]->version == have)
+			return f->old[i + 1];
+	return NULL;
+}
+
+/* ---- the cut ---- */
+
+static void cut_drop(struct broker_fold *f)
+{
+	broker_version_put(f->cut.src);
+	broker_version_put(f->cut.v);
+	memset(&f->cut, 0, sizeof(f->cut));
+}
+
+static uint32_t cut_chunks(const struct broker_manifest *mf)
+{
+	uint64_t n = 0;
+
+	for (uint32_t t = 0; t < mf->m.n_tensors; t++)
+		n += (dcast_tensor_elems(&mf->m.tensors[t]) + BROKER_FOLD_RANGE_ELEMS - 1) /
+		     BROKER_FOLD_RANGE_ELEMS;
+	return n > UINT32_MAX / 2 ? 0 : (uint32_t)n;
+}
+
+/* Set up the anchor of the state's version (src, in the log): every
+ * allocation of the cut but the chunk frames happens here. */
+static int cut_start(struct broker_model *m, struct broker_fold *f, struct broker_version *src)
+{
+	struct broker_version *v = calloc(1, sizeof(*v));
+	uint32_t n = cut_chunks(f->mf);
+
+	if (!v || !n || !src->n_digests) {
+		free(v);
+		return dcast_fail(v ? DCAST_EDIGEST : DCAST_ENOMEM, "model %s: cannot cut version %llu: %s",
+				  m->name, (unsigned long long)src->version,
+				  v ? "no digests (or no chunks) to check it against" : "out of memory");
+	}
+	v->refs = 1;
+	v->version = src->version;
+	v->base_version = DCAST_VERSION_NONE;
+	v->anchor = 1;
+	v->manifest = f->mf;
+	f->mf->refs++;
+	zmq_msg_init(&v->commit_hdr);
+	v->chunks = calloc(n, sizeof(*v->chunks));
+	v->digests = malloc(src->n_digests * sizeof(*v->digests));
+	if (!v->chunks || !v->digests) {
+		broker_version_put(v);
+		return dcast_fail(DCAST_ENOMEM, "model %s: anchor of %u chunks", m->name, n);
+	}
+	v->n_chunks = n;
+	for (uint32_t i = 0; i < n; i++) {
+		zmq_msg_init(&v->chunks[i].hdr);
+		zmq_msg_init(&v->chunks[i].payload);
+	}
+	memcpy(v->digests, src->digests, src->n_digests * sizeof(*v->digests));
+	v->n_digests = src->n_digests;
+	f->cut = (struct fold_cut){.src = src, .v = v, .t0_ns = dcast_now_ns()};
+	src->refs++;
+	return 0;
+}
+
+/* Re-encode a frame initialised empty (so that a put always finds it set). */
+static int frame_encode(const dcast_msg *msg, zmq_msg_t *out)
+{
+	int rc;
+
+	zmq_msg_close(out);
+	if ((rc = broker_frame_encode(msg, out)))
+		zmq_msg_init(out);
+	return rc;
+}
+
+/* One dense CHUNK of the state: tensor cut.tensor from cut.start. */
+static int cut_chunk(const char *model, struct broker_fold *f, uint64_t *bytes)
+{
+	struct fold_cut *cut = &f->cut;
+	struct broker_chunk *ch = &cut->v->chunks[cut->next_chunk];
+	const dcast_tensor_desc *td = &f->mf->m.tensors[cut->tensor];
+	uint64_t elems = dcast_tensor_elems(td), count = elems - cut->start;
+	unsigned es = dcast_dtype_size((int)td->dtype);
+	dcast_msg hm;
+
+	if (count > BROKER_FOLD_RANGE_ELEMS)
+		count = BROKER_FOLD_RANGE_ELEMS;
+	*bytes = count * es;
+	zmq_msg_close(&ch->payload);
+	if (zmq_msg_init_size(&ch->payload, *bytes)) {
+		zmq_msg_init(&ch->payload);
+		return dcast_fail(DCAST_ENOMEM, "anchor chunk of %llu bytes", (unsigned long long)*bytes);
+	}
+	memcpy(zmq_msg_data(&ch->payload), f->data[cut->tensor] + cut->start * es, *bytes);
+	dcast_msg_init(&hm, DCAST_MSG_CHUNK);
+	snprintf(hm.u.chunk.model, sizeof(hm.u.chunk.model), "%s", model);
+	hm.u.chunk.version = cut->v->version;
+	hm.u.chunk.base_version = DCAST_VERSION_NONE;
+	hm.u.chunk.anchor = 1;
+	hm.u.chunk.seq = cut->next_chunk;
+	hm.u.chunk.tensor = cut->tensor;
+	hm.u.chunk.start = cut->start;
+	hm.u.chunk.count = count;
+	hm.u.chunk.elem_size = es;
+	hm.u.chunk.encoding = DCAST_ENC_DENSE;
+	hm.u.chunk.changed = count;
+	hm.u.chunk.payload_bytes = *bytes;
+	hm.u.chunk.checksum = dcast_checksum(zmq_msg_data(&ch->payload), *bytes);
+	cut->next_chunk++;
+	cut->v->payload_bytes += *bytes;
+	cut->start += count;
+	if (cut->start == elems) {
+		cut->tensor++;
+		cut->start = 0;
+	}
+	return frame_encode(&hm, &ch->hdr);
+}
+
+/* Check the state against the producer's digest `i` for V. */
+static int cut_digest(const struct broker_fold *f, uint32_t i, uint64_t *bytes)
+{
+	const dcast_range_digest *d = &f->cut.src->digests[i];
+	const dcast_tensor_desc *td;
+	unsigned es;
+
+	if (d->tensor >= f->mf->m.n_tensors)
+		return dcast_fail(DCAST_EDIGEST, "digest %u: tensor %u outside the manifest", i, d->tensor);
+	td = &f->mf->m.tensors[d->tensor];
+	es = dcast_dtype_size((int)td->dtype);
+	if (d->start > dcast_tensor_elems(td) || d->count > dcast_tensor_elems(td) - d->start)
+		return dcast_fail(DCAST_EDIGEST, "digest %u: range outside tensor %s", i, td->name);
+	*bytes = d->count * es;
+	if (dcast_digest(f->data[d->tensor] + d->start * es, *bytes) != d->digest)
+		return dcast_fail(DCAST_EDIGEST, "tensor %s [%llu, +%llu): the folded state's digest "
+				  "differs from the producer's", td->name,
+				  (unsigned long long)d->start, (unsigned long long)d->count);
+	return 0;
+}
+
+/* A bounded share of the cut: digests first, then the chunks.  Returns 0
+ * and sets *done, or an error (the cut is then dropped by the caller). */
+static int cut_step(const char *model, struct broker_fold *f, int *done)
+{
+	struct fold_cut *cut = &f->cut;
+	uint64_t spent = 0, bytes;
+	int rc = 0;
+
+	while (!rc && spent < FOLD_STEP_BYTES && cut->next_digest < cut->src->n_digests) {
+		rc = cut_digest(f, cut->next_digest++, &bytes);
+		spent += bytes;
+	}
+	while (!rc && spent < FOLD_STEP_BYTES && cut->next_chunk < cut->v->n_chunks) {
+		rc = cut_chunk(model, f, &bytes);
+		spent += bytes;
+	}
+	*done = !rc && cut->next_chunk == cut->v->n_chunks;
+	return rc;
+}
+
+static int cut_commit_frame(const char *model, struct broker_version *v)
+{
+	dcast_msg cm;
+
+	dcast_msg_init(&cm, DCAST_MSG_COMMIT);
+	snprintf(cm.u.commit.model, sizeof(cm.u.commit.model), "%s", model);
+	cm.u.commit.version = v->version;
+	cm.u.commit.base_version = DCAST_VERSION_NONE;
+	cm.u.commit.anchor = 1;
+	cm.u.commit.chunks = v->n_chunks;
+	cm.u.commit.bytes = v->payload_bytes;
+	cm.u.commit.n_digests = v->n_digests;
+	cm.u.commit.digests = v->digests;
+	return frame_encode(&cm, &v->commit_hdr);
+}
+
+/* --data-dir: the anchor begins a new segment; the deltas after V, already
+ * in the old segment, are written again after it so the new one is whole. */
+static int cut_durable(struct broker *b, struct broker_model *m, struct broker_version *v, int at)
+{
+	int rc = broker_durable_commit(b, m, v);
+
+	for (uint32_t i = (uint32_t)at + 1; !rc && i < m->n_log; i++)
+		rc = broker_durable_commit(b, m, m->log[i]);
+	return rc;
+}
+
+/* Publish the finished anchor: durable, then in the log in place of V and
+ * everything before it (kept aside for consumers still behind V). */
+static int cut_publish(struct broker *b, struct broker_model *m, struct broker_fold *f)
+{
+	struct broker_version *v = f->cut.v;
+	int at = broker_log_find(m, v->version), rc;
+	uint64_t t1_ns;
+
+	if (at <= 0 || m->log[at] != f->cut.src)
+		return dcast_fail(DCAST_EVERSION, "version %llu is no longer a delta in the log",
+				  (unsigned long long)v->version);
+	if ((rc = cut_commit_frame(m->name, v)) || (rc = cut_durable(b, m, v, at)))
+		return rc;
+	if (f->n_old && f->old[f->n_old - 1]->version != m->log[0]->version)
+		old_free(f); /* a producer anchor came between: start a new chain */
+	old_reserve(f, (uint32_t)at + 1);
+	f->cut.v = NULL; /* the log takes this reference */
+	if ((rc = broker_log_replace_anchor(b, m, v, old_keep, f))) {
+		f->cut.v = v;
+		return rc;
+	}
+	t1_ns = dcast_now_ns();
+	b->stats.anchors_made++;
+	DCAST_LOG_I("model %s: made anchor %llu (%u chunks, %llu bytes, digests equal) in %.1f ms; "
+		    "it replaces %d versions", m->name, (unsigned long long)v->version, v->n_chunks,
+		    (unsigned long long)v->payload_bytes, (double)(t1_ns - f->cut.t0_ns) / 1e6, at + 1);
+	old_prune(b, m, f);
+	return 0;
+}
+
+/* Advance the model's cut.  Returns 1 while it is still under way. */
+static int cut_turn(struct broker *b, struct broker_model *m, struct broker_fold *f)
+{
+	int done = 0, rc = cut_step(m->name, f, &done);
+
+	if (!rc && !done)
+		return 1;
+	if (!rc)
+		rc = cut_publish(b, m, f);
+	if (rc == DCAST_EDIGEST) {
+		b->stats.anchor_digest_errors++;
+		f->version = DCAST_VERSION_NONE;
+	}
+	if (rc)
+		DCAST_LOG_E("model %s: made anchor %llu not published (%s): %s%s", m->name,
+			    (unsigned long long)f->cut.src->version, dcast_errname(rc),
+			    dcast_last_error(), rc == DCAST_EDIGEST ?
+			    "; no broker-made anchors until the next anchor" : "");
+	cut_drop(f);
+	return 0;
+}
+
+static int cut_due(const struct broker_fold *f)
+{
+	if (f->version == DCAST_VERSION_NONE || !f->deltas)
+		return 0;
+	if (fold_every && f->deltas >= fold_every)
+		return 1;
+	return fold_fraction > 0.0 && (double)f->delta_bytes > fold_fraction * (double)f->dense_bytes;
+}
+
+static void cut_maybe(struct broker_model *m, struct broker_fold *f)
+{
+	int at;
+
+	if (!cut_due(f))
+		return;
+	at = broker_log_find(m, f->version);
+	f->delta_bytes = f->deltas = 0; /* counted again from V, whatever happens */
+	if (at <= 0)
+		return; /* V is the log's anchor already, or gone */
+	if (cut_start(m, f, m->log[at]))
+		DCAST_LOG_E("model %s: %s", m->name, dcast_last_error());
+}
+
+/* ---- the queue and the turn ---- */
+
+static struct broker_fold *fold_get(struct broker_model *m)
+{
+	if (!m->fold && (m->fold = calloc(1, sizeof(*m->fold))))
+		m->fold->version = DCAST_VERSION_NONE;
+	return m->fold;
+}
+
+static void queue_clear(struct broker_fold *f)
+{
+	for (; f->q_n; f->q_n--, f->q_head = (f->q_head + 1) % FOLD_QUEUE)
+		broker_version_put(f->queue[f->q_head]);
+}
+
+static void queue_push(struct broker_model *m, struct broker_fold *f, struct broker_version *v)
+{
+	if (f->q_n == FOLD_QUEUE) {
+		DCAST_LOG_W("model %s: fold queue full (%d versions): no broker-made anchors until "
+			    "the next anchor", m->name, FOLD_QUEUE);
+		queue_clear(f);
+		f->version = DCAST_VERSION_NONE;
+	}
+	f->queue[(f->q_head + f->q_n++) % FOLD_QUEUE] = v;
+	v->refs++;
+}
+
+void broker_fold_committed(struct broker *b, struct broker_model *m, struct broker_version *v)
+{
+	struct broker_fold *f;
+
+	(void)b;
+	if (fold_efd < 0)
+		return;
+	if (!(f = fold_get(m))) {
+		DCAST_LOG_E("model %s: fold state: out of memory; no broker-made anchors", m->name);
+		return;
+	}
+	queue_push(m, f, v);
+	signal_work();
+}
+
+/* Fold what is queued (versions that did not make it into the log are
+ * skipped), then maybe start a cut.  Returns 1 while work remains. */
+static int fold_turn(struct broker *b, struct broker_model *m, struct broker_fold *f)
+{
+	if (f->cut.v)
+		return cut_turn(b, m, f) || f->q_n;
+	for (int i = 0; i < FOLD_VERSIONS_PER_TURN && f->q_n && !f->cut.v; i++) {
+		struct broker_version *v = f->queue[f->q_head];
+		int at = broker_log_find(m, v->version);
+
+		f->q_head = (f->q_head + 1) % FOLD_QUEUE;
+		f->q_n--;
+		if (at >= 0 && m->log[at] == v)
+			fold_version(m, f, v);
+		broker_version_put(v);
+		if (!f->q_n)
+			cut_maybe(m, f);
+	}
+	old_prune(b, m, f);
+	return f->q_n || f->cut.v;
+}
+
+static void fold_ready(struct broker *b, int fd, void *arg)
+{
+	int more = 0;
+	uint64_t n;
+
+	(void)arg;
+	for (uint32_t i = 0; i < b->n_models; i++)
+		if (b->models[i]->fold)
+			more |= fold_turn(b, b->models[i], b->models[i]->fold);
+	if (!more && read(fd, &n, sizeof(n)) < 0 && errno != EAGAIN)
+		DCAST_LOG_W("fold: eventfd read: %s", strerror(errno));
+}
+
+int broker_fold_open(struct broker *b)
+{
+	int rc = fraction_parse(b->cfg.anchor_fraction, &fold_fraction);
+
+	fold_every = b->cfg.anchor_every;
+	if (rc || (fold_fraction <= 0.0 && !fold_every))
+		return rc;
+	if ((fold_efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0)
+		return dcast_fail(DCAST_EIO, "fold: eventfd: %s", strerror(errno));
+	if ((rc = broker_poll_add(b, fold_efd, fold_ready, NULL))) {
+		close(fold_efd);
+		fold_efd = -1;
+		return rc;
+	}
+	for (uint32_t i = 0; i < b->n_models; i++) /* restored from --data-dir */
+		for (uint32_t j = 0; j < b->models[i]->n_log; j++)
+			broker_fold_committed(b, b->models[i], b->models[i]->log[j]);
+	DCAST_LOG_I("broker-made anchors: every %llu versions, fraction %g of the model (0: off)",
+		    (unsigned long long)fold_every, fold_fraction);
+	return 0;
+}
+
+void broker_fold_free(struct broker_model *m)
+{
+	struct broker_fold *f = m->fold;
+
+	if (!f)
+		return;
+	queue_clear(f);
+	cut_drop(f);
+	old_free(f);
+	free(f->old);
+	state_free(f);
+	free(f);
+	m->fold = NULL;
+}

@@ -1,0 +1,41 @@
+/* Private to broker/: broker-made anchors (fold.c).  Per model the broker
+ * keeps a host copy of the state, folds every committed delta into it with
+ * the CPU codec (O(changed)), and past --anchor-fraction / --anchor-every
+ * cuts a dense anchor of the newest folded version V, checks it against
+ * the producer's digests for V, and puts it at the head of the log in place
+ * of everything up to V.  docs/operations.md, "Broker-made anchors". */
+#ifndef DCAST_BROKER_FOLD_H
+#define DCAST_BROKER_FOLD_H
+
+#include "broker.h"
+
+/* Range of one made-anchor CHUNK, in elements. */
+#define BROKER_FOLD_RANGE_ELEMS (1u << 20)
+
+/* Parse and check --anchor-fraction (a decimal in [0, 1000]; 0 = off).
+ * Errors: DCAST_EINVAL naming the flag and value. */
+int broker_fold_config_check(const struct broker_config *cfg);
+
+/* Start folding when either trigger is on: an eventfd in the poll set that
+ * runs the bounded fold / cut steps after the commit that queued them, and
+ * the state of every model restored from --data-dir folded from its log.
+ * No-op with both triggers off.  Errors: DCAST_EIO (eventfd), poll-set
+ * errors, DCAST_ENOMEM. */
+int broker_fold_open(struct broker *b);
+
+/* Queue a committed version for folding (takes a reference of its own);
+ * the work runs on a later loop turn, after the version is in the log and
+ * acknowledged.  Never fails: a version that cannot be queued stops
+ * folding for the model until its next producer anchor (logged). */
+void broker_fold_committed(struct broker *b, struct broker_model *m, struct broker_version *v);
+
+/* For the fan-out: the version to stream after `have` when `have` is no
+ * longer in the log because a made anchor superseded it, from the chain
+ * the made anchor replaced (kept while a connected consumer is on it), so
+ * that a lagging consumer goes on with deltas.  NULL when not there. */
+struct broker_version *broker_fold_next(const struct broker_model *m, uint64_t have);
+
+/* Free the model's fold state (state copy, queue, cut, kept chain). */
+void broker_fold_free(struct broker_model *m);
+
+#endif

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Broker-made anchors: a producer sends one anchor then 20 deltas at ~5%
+# density to a broker with --anchor-every 5 (fraction off).  The broker folds
+# the deltas and cuts anchors at 6, 11, 16, 21 (each checked against the
+# producer's digests).  A late joiner gets the made anchor 21 only: its bytes
+# are one model, not the first anchor + 20 deltas, and it ends bit-identical
+# with every digest equal.  Consumers connected from the start keep
+# receiving deltas (21 versions, 1 anchor, bit-exact), also one stopped at
+# version 1 while the deltas it needs were folded out of the log.  Then
+# --anchor-fraction alone cuts anchors by size, and a --data-dir broker
+# restarted after made anchors serves the made anchor from disk.
+. "$(dirname "$0")/tools/broker_lib.sh"
+
+T=3 E=65536 MODEL_BYTES=$((3 * 65536 * 2))
+COMMON=(--tensors $T --elems $E --density-ppm 50000)
+
+start_broker a --anchor-every 5 --anchor-fraction 0
+bg early "$WC" consume "$a_CONS" ma --until 21 "${COMMON[@]}" --window 65536
+EARLY=$LAST_PID
+bg lag "$WC" consume "$a_CONS" ma --until 21 "${COMMON[@]}" --stats "$TMP/lag.stats"
+LAG=$LAST_PID
+both_joined() { [ "$(grep -c "consumer wire_client.* of ma joined" "$TMP/a.log")" = 2 ]; }
+wait_for 10 both_joined || fail "consumers did not join"
+"$WC" produce "$a_PROD" ma --versions 1 "${COMMON[@]}" 2>"$TMP/p1.err" || fail "producer exited $?"
+wait_for 10 grep -qs "applied=1 " "$TMP/lag.stats" || fail "lagging consumer did not apply the first anchor"
+kill -STOP "$LAG" # held at version 1 while every delta up to 21 is folded away
+"$WC" produce "$a_PROD" ma --versions 21 "${COMMON[@]}" 2>"$TMP/p.err" || fail "producer exited $?"
+wait "$EARLY" || fail "early consumer exited $?: $(cat "$TMP/early.err")"
+grep -q "applied=21 versions=21 anchors=1 .*bit-exact" "$TMP/early.out" ||
+	fail "early consumer: $(cat "$TMP/early.out")"
+for v in 6 11 16 21; do
+	wait_for 10 grep -q "made anchor $v (.*digests equal)" "$TMP/a.log" || fail "no made anchor $v"
+done
+kill -CONT "$LAG"
+wait "$LAG" || fail "lagging consumer exited $?: $(cat "$TMP/lag.err")"
+grep -q "applied=21 versions=21 anchors=1 .*bit-exact" "$TMP/lag.out" ||
+	fail "lagging consumer did not go on with deltas: $(cat "$TMP/lag.out")"
+"$WC" consume "$a_CONS" ma --until 21 "${COMMON[@]}" >"$TMP/late.out" 2>"$TMP/late.err" ||
+	fail "late joiner exited $?: $(cat "$TMP/late.err")"
+grep -q "applied=21 versions=1 anchors=1 .*bit-exact" "$TMP/late.out" || fail "late joiner: $(cat "$TMP/late.out")"
+late_bytes=$(sed -n 's/.* bytes=\([0-9]*\) .*/\1/p' "$TMP/late.out")
+early_bytes=$(sed -n 's/.* bytes=\([0-9]*\) .*/\1/p' "$TMP/early.out")
+[ "$late_bytes" = "$MODEL_BYTES" ] || fail "late joiner received $late_bytes bytes, one model is $MODEL_BYTES"
+[ "$early_bytes" -gt "$((MODEL_BYTES * 2))" ] || fail "early consumer received only $early_bytes bytes"
+! grep -q "not published" "$TMP/a.log" || fail "a made anchor was refused"
+stop_broker a
+
+# Fraction 0.5 alone: a 5%-density delta is ~7% of the model, so an anchor is
+# cut about every 8 deltas; a late joiner's bytes stay within one model plus
+# the fraction (plus the one delta that crosses it).
+start_broker f --anchor-fraction 0.5
+"$WC" produce "$f_PROD" mf --versions 21 "${COMMON[@]}" 2>"$TMP/pf.err" || fail "producer exited $?"
+wait_for 10 grep -q "made anchor" "$TMP/f.log" || fail "fraction: no made anchor"
+"$WC" consume "$f_CONS" mf --until 21 "${COMMON[@]}" >"$TMP/lf.out" 2>"$TMP/lf.err" || fail "late joiner exited $?"
+grep -q "applied=21 .*anchors=1 .*bit-exact" "$TMP/lf.out" || fail "fraction late joiner: $(cat "$TMP/lf.out")"
+versions=$(sed -n 's/.* versions=\([0-9]*\) .*/\1/p' "$TMP/lf.out")
+bytes=$(sed -n 's/.* bytes=\([0-9]*\) .*/\1/p' "$TMP/lf.out")
+[ "$versions" -lt 10 ] || fail "fraction late joiner streamed $versions versions"
+[ "$bytes" -le $((MODEL_BYTES * 16 / 10)) ] || fail "fraction late joiner received $bytes bytes"
+stop_broker f
+
+# --data-dir: the made anchor is a new segment; after SIGKILL + restart the
+# broker serves the made anchor 21 and nothing older.
+mkdir -p "$TMP/data"
+start_broker d --anchor-every 10 --anchor-fraction 0 --data-dir "$TMP/data"
+"$WC" produce "$d_PROD" md --versions 23 "${COMMON[@]}" 2>"$TMP/pd.err" || fail "producer exited $?"
+wait_for 10 grep -q "made anchor 21 " "$TMP/d.log" || fail "durable: no made anchor 21"
+kill -9 "$d_PID"; wait "$d_PID" 2>/dev/null
+start_broker d2 --anchor-every 10 --anchor-fraction 0 --data-dir "$TMP/data"
+grep -q "3 committed version(s) restored" "$TMP/d2.log" || fail "restart did not restore anchor 21 + 22, 23"
+"$WC" consume "$d2_CONS" md --until 23 "${COMMON[@]}" >"$TMP/ld.out" 2>"$TMP/ld.err" || fail "consumer exited $?"
+grep -q "applied=23 versions=3 anchors=1 .*bit-exact" "$TMP/ld.out" || fail "after restart: $(cat "$TMP/ld.out")"
+stop_broker d2
+echo "test_broker_anchor: ok"

@@ -194,16 +194,21 @@ __global__ void k_emit_idx32(const uint32_t *pos, const uint32_t *newv, uint64_t
 	}
 }
 
-template <unsigned ES>
-__global__ void k_emit_bitmask(const uint32_t *pos, const uint32_t *newv, uint64_t n, uint64_t mb,
-			       uint8_t *out)
+/* Mask bits first (atomicOr on words of the zeroed mask), values in a
+ * second kernel: the last mask word may share bytes with the values. */
+__global__ void k_emit_mask(const uint32_t *pos, uint64_t n, uint8_t *out)
 {
 	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-	     i += (uint64_t)gridDim.x * blockDim.x) {
-		uint32_t p = pos[i];
-		atomicOr((unsigned *)out + p / 32, 1u << (p % 32)); /* mask bytes only: bits < count */
-		st_bytes(out + mb + i * ES, newv[i], ES);
-	}
+	     i += (uint64_t)gridDim.x * blockDim.x)
+		atomicOr((unsigned *)out + pos[i] / 32, 1u << (pos[i] % 32));
+}
+
+template <unsigned ES>
+__global__ void k_emit_values(const uint32_t *newv, uint64_t n, uint8_t *out)
+{
+	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+	     i += (uint64_t)gridDim.x * blockDim.x)
+		st_bytes(out + i * ES, newv[i], ES);
 }
 
 /* Code length of element i (position + value). */
@@ -370,8 +375,10 @@ static int emit_dev(int enc, const changes_dev *ch, const dcast_cpt_plan *plan, 
 		break;
 	case DCAST_ENC_BITMASK:
 		CU(cudaMemsetAsync(dev_out, 0, (mb + 3) & ~3ull, sc->s), "cudaMemsetAsync");
-		if (ch->n)
-			k_emit_bitmask<ES><<<g, 256, 0, sc->s>>>(ch->pos, ch->newv, ch->n, mb, dev_out);
+		if (ch->n) {
+			k_emit_mask<<<g, 256, 0, sc->s>>>(ch->pos, ch->n, dev_out);
+			k_emit_values<ES><<<g, 256, 0, sc->s>>>(ch->newv, ch->n, dev_out + mb);
+		}
 		break;
 	default:
 		return emit_compact(ch, plan, sc, dev_out);
@@ -644,6 +651,9 @@ template <unsigned ES> static int apply_compact(apply_ctx *a)
 	uint32_t *pos = NULL, *val = NULL;
 	uint16_t *lut_dev = NULL;
 	block_end *ends = NULL;
+	if (n > hbytes * 4) /* first, as on the CPU */
+		return dcast_fail(DCAST_ECORRUPT, "compact payload: %llu bytes cannot hold %llu changes",
+				  (unsigned long long)hbytes, (unsigned long long)n);
 	CU(cudaMemcpy(hdr, a->pl, hbytes < sizeof(hdr) ? hbytes : sizeof(hdr), cudaMemcpyDefault), "copy header");
 	if (const char *bad = dcast_cpt_hdr_parse(hdr, hbytes, 8 * ES, &d, &t))
 		return dcast_fail(DCAST_ECORRUPT, "compact payload: %s", bad);
@@ -652,9 +662,6 @@ template <unsigned ES> static int apply_compact(apply_ctx *a)
 		if (off > hbytes)
 			return dcast_fail(DCAST_EPAYLOAD_SIZE, "compact payload: %llu bytes, header and block index need %llu",
 					  (unsigned long long)hbytes, (unsigned long long)off);
-		if (n > hbytes * 4)
-			return dcast_fail(DCAST_ECORRUPT, "compact payload: %llu bytes cannot hold %llu changes",
-					  (unsigned long long)hbytes, (unsigned long long)n);
 		d.stream = a->pl + off;
 		d.stream_bytes = hbytes - off;
 		d.count = a->info->count;

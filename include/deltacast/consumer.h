@@ -33,7 +33,7 @@ typedef struct dcast_consumer dcast_consumer;
 
 /* Where a bound tensor lives (the same type as in producer.h, which
  * defines it when included first). */
-#if !defined(DELTACAST_PRODUCER_H) && !defined(DCAST_MEM_DEFINED)
+#if !defined(DCAST_MEM_DEFINED)
 #define DCAST_MEM_DEFINED
 typedef enum dcast_mem {
 	DCAST_MEM_HOST = 0,

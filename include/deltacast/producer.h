@@ -27,11 +27,15 @@ extern "C" {
 
 typedef struct dcast_producer dcast_producer;
 
-/* Where a registered tensor's memory lives. */
+/* Where a registered tensor's memory lives (consumer.h shares the type:
+ * whichever header comes first defines it). */
+#if !defined(DCAST_MEM_DEFINED)
+#define DCAST_MEM_DEFINED
 typedef enum dcast_mem {
 	DCAST_MEM_HOST = 0, /* ordinary (or pinned) host memory */
 	DCAST_MEM_CUDA = 1  /* CUDA device memory */
 } dcast_mem;
+#endif
 
 /* Options of dcast_producer_open().  Fill with dcast_producer_opts_init()
  * and change what you need; NULL means all defaults. */

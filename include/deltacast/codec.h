@@ -6,7 +6,10 @@
  * functions are the oracle; the CUDA twins (dcast_cuda_*) produce the same
  * payload bytes and digests.  Byte layouts: docs/protocol.md, "Delta codec".
  *
- * Thread safety: every function is reentrant; callers own all buffers. */
+ * Thread safety: every function is reentrant; callers own all buffers.
+ * Memory: encode and apply keep per-thread scratch arrays between calls
+ * (O(changed) of the largest chunk the thread has coded, about 12 bytes a
+ * changed element), freed when the thread exits; nothing else is allocated. */
 #ifndef DELTACAST_CODEC_H
 #define DELTACAST_CODEC_H
 
@@ -44,49 +47,62 @@ typedef struct dcast_chunk_info {
 const char *dcast_encoding_name(int encoding);
 
 /* Upper bound on the payload bytes any encoding produces for `count`
- * elements of `elem_size` bytes: size encode's output buffer with it. */
+ * elements of `elem_size` bytes (plus slack the encoder writes into):
+ * size encode's output buffer with it.  count * (4 + elem_size) + count/8 + 64. */
 size_t dcast_codec_bound(uint64_t count, unsigned elem_size);
 
 /* Flags for dcast_codec_encode. */
 #define DCAST_ENCODE_UPDATE_BASE 1u /* copy changed elements of cur into base: O(changed) */
 
 /* Encode cur[0..count) against base[0..count).  base == NULL means an
- * anchor: the range is sent dense.  force_encoding < 0 picks the smallest
- * encoding; otherwise that one is used.  The payload goes to out (out_cap
- * bytes, at least dcast_codec_bound()); info describes it.
+ * anchor: the range is sent dense (info->changed = count).  force_encoding
+ * < 0 picks the smallest encoding (ties: the lower id); otherwise that one is
+ * used.  The payload goes to out (out_cap bytes, at least
+ * dcast_codec_bound(); bytes past info->payload_bytes may be scribbled);
+ * info describes it.  For a delta, info->changed counts the elements whose
+ * bit pattern differs, whatever the encoding.
  * Errors: DCAST_EINVAL (elem_size, count > DCAST_MAX_CHUNK_ELEMS, out_cap too
- * small, unknown encoding).  On error base is untouched. */
+ * small, unknown encoding, an anchor forced to a sparse encoding),
+ * DCAST_ENOMEM.  On error base is untouched. */
 int dcast_codec_encode(const void *cur, void *base, uint64_t count, unsigned elem_size,
 		       int force_encoding, unsigned flags, void *out, size_t out_cap,
 		       dcast_chunk_info *info);
 
 /* Payload size of every encoding for this range, without writing payloads,
- * and the number of changed elements (for reports and the diff CLI). */
+ * and the number of changed elements (for reports and the diff CLI).
+ * base must not be NULL.  Errors: DCAST_EINVAL, DCAST_ENOMEM. */
 int dcast_codec_sizes(const void *cur, const void *base, uint64_t count, unsigned elem_size,
 		      uint64_t sizes[DCAST_ENC_COUNT], uint64_t *changed);
 
 /* Check the payload against info completely (lengths, counts, every
- * position in range and strictly increasing, padding), then write it into
- * dst[0..info->count), which holds the base version of the range.  If
- * old_out is not NULL it receives the overwritten bit patterns of the
- * changed elements, in position order (info->changed * elem_size bytes), so
- * dcast_codec_revert() can undo the write.  A dense payload overwrites all.
- * Errors: DCAST_ECORRUPT / DCAST_EPAYLOAD_SIZE / DCAST_EINVAL, with a detail
- * naming the problem; on any error dst is untouched. */
+ * position in range and strictly increasing, code tables, block index,
+ * padding), then write it into dst[0..info->count), which holds the base
+ * version of the range (compact value differences are applied to it).  If
+ * old_out is not NULL it receives the overwritten bit patterns so that
+ * dcast_codec_revert() can undo the write: for the sparse encodings those
+ * of the changed elements in position order (info->changed * elem_size
+ * bytes); for dense, which overwrites everything, the whole previous range
+ * (info->count * elem_size bytes).  The checksum is the caller's (CHUNK).
+ * Errors: DCAST_EPAYLOAD_SIZE (length differs from what info implies),
+ * DCAST_ECORRUPT (structure), DCAST_EINVAL (elem_size, encoding, count,
+ * NULL buffers), DCAST_ENOMEM; the detail names the problem (and the element
+ * where there is one).  On any error dst and old_out are untouched. */
 int dcast_codec_apply(const dcast_chunk_info *info, const void *payload, void *dst,
 		      void *old_out);
 
 /* Undo a dcast_codec_apply(): write the `old` values saved by it back to the
- * positions the same payload names.  For a dense payload `old` must be the
- * whole previous range (info->count * elem_size bytes). */
+ * positions the same payload names (checked again as apply checks it).  For
+ * a dense payload `old` is the whole previous range (info->count * elem_size
+ * bytes).  Errors as dcast_codec_apply; on error dst is untouched. */
 int dcast_codec_revert(const dcast_chunk_info *info, const void *payload, void *dst,
 		       const void *old);
 
 /* Checksum of a payload as carried in CHUNK.checksum: XXH3-64, seed 0. */
 uint64_t dcast_checksum(const void *data, size_t len);
 
-/* Digest of a range's bytes as carried in COMMIT.digests: defined in
- * docs/protocol.md over fixed blocks so CPU and GPU agree. */
+/* Digest of a range's bytes as carried in COMMIT.digests: XXH3-64 of each
+ * 1 MiB block, then XXH3-64 of those hashes as little-endian u64s
+ * (docs/protocol.md, "Checksum and digest"), so CPU and GPU agree. */
 uint64_t dcast_digest(const void *data, size_t len);
 
 /* 1 when a usable CUDA device is present and this build has CUDA; else 0.

@@ -7,8 +7,9 @@
 # with every digest equal.  Consumers connected from the start keep
 # receiving deltas (21 versions, 1 anchor, bit-exact), also one stopped at
 # version 1 while the deltas it needs were folded out of the log.  Then
-# --anchor-fraction alone cuts anchors by size, and a --data-dir broker
-# restarted after made anchors serves the made anchor from disk.
+# --anchor-fraction alone cuts anchors by size, a --data-dir broker
+# restarted after made anchors serves the made anchor from disk, and a
+# made anchor whose digests differ from the producer's is not published.
 . "$(dirname "$0")/tools/broker_lib.sh"
 
 T=3 E=65536 MODEL_BYTES=$((3 * 65536 * 2))
@@ -71,4 +72,17 @@ grep -q "3 committed version(s) restored" "$TMP/d2.log" || fail "restart did not
 "$WC" consume "$d2_CONS" md --until 23 "${COMMON[@]}" >"$TMP/ld.out" 2>"$TMP/ld.err" || fail "consumer exited $?"
 grep -q "applied=23 versions=3 anchors=1 .*bit-exact" "$TMP/ld.out" || fail "after restart: $(cat "$TMP/ld.out")"
 stop_broker d2
+# A made anchor whose state does not hash to the producer's digests for V
+# (the producer's COMMIT of 6 carries a wrong digest) is refused: an error
+# line, the counter, nothing published: the log keeps the producer's anchor.
+start_broker_metrics g --anchor-every 5 --anchor-fraction 0
+"$WC" produce "$g_PROD" mg --versions 8 "${COMMON[@]}" --bad-digest-at 6 2>"$TMP/pg.err" || fail "producer exited $?"
+wait_for 10 grep -q "made anchor 6 not published (DCAST_EDIGEST)" "$TMP/g.log" || fail "digest mismatch not reported"
+"$BUILD/deltacast" status --broker "$g_METRICS" --raw >"$TMP/g.metrics" || fail "status --raw exited $?"
+grep -q '^deltacast_anchor_digest_errors_total 1$' "$TMP/g.metrics" || fail "digest error not counted"
+grep -q '^deltacast_anchors_made_total 0$' "$TMP/g.metrics" || fail "an anchor was made"
+grep -q '^deltacast_model_anchor_version{model="mg"} 1$' "$TMP/g.metrics" || fail "the log's anchor changed"
+"$WC" consume "$g_CONS" mg --until 5 "${COMMON[@]}" >"$TMP/lg.out" 2>"$TMP/lg.err" || fail "consumer exited $?"
+grep -q "applied=5 versions=5 anchors=1 .*bit-exact" "$TMP/lg.out" || fail "after refusal: $(cat "$TMP/lg.out")"
+stop_broker g
 echo "test_broker_anchor: ok"

@@ -33,23 +33,19 @@ grep -q "connect: Connection refused" "$TMP/st0.out" || fail "status error uncle
 "$CLI" status >/dev/null 2>&1; [ $? = 2 ] || fail "status without --broker is not a usage error"
 
 # A broker with metrics, a model with a made anchor, and a consumer.
-for try in $(seq 0 19); do
-	MPORT=$((30000 + (($$ * 7 + try * 131 + RANDOM) % 20000)))
-	start_broker s --anchor-every 5 --anchor-fraction 0 --metrics "127.0.0.1:$MPORT"
-	grep -q "metrics on" "$TMP/s.log" && break
-	kill -9 "$s_PID"; wait "$s_PID" 2>/dev/null; : >"$TMP/s.log"
-done
+start_broker_metrics s --anchor-every 5 --anchor-fraction 0
+MADDR=$s_METRICS
 "$WC" produce "$s_PROD" stm --versions 7 --density-ppm 50000 2>"$TMP/p.err" || fail "producer exited $?"
 bg c "$WC" consume "$s_CONS" stm --until 1000 --density-ppm 50000 --stats "$TMP/c.stats"
 wait_for 10 grep -qs "applied=7 " "$TMP/c.stats" || fail "consumer did not reach version 7"
 wait_for 10 grep -q "made anchor 6 " "$TMP/s.log" || fail "no made anchor 6"
-got_acks() { "$CLI" status --broker "127.0.0.1:$MPORT" >"$TMP/st.out" 2>&1 && grep -qE '^[0-9]+ +wire_client-[0-9]+ +stm +7 +0$' "$TMP/st.out"; }
+got_acks() { "$CLI" status --broker "$MADDR" >"$TMP/st.out" 2>&1 && grep -qE '^[0-9]+ +wire_client-[0-9]+ +stm +7 +0$' "$TMP/st.out"; }
 wait_for 10 got_acks || fail "status has no consumer row at version 7, lag 0: $(cat "$TMP/st.out")"
 grep -qE '^stm +7 +6 +2$' "$TMP/st.out" || fail "status model row (version 7, anchor 6, log 2): $(cat "$TMP/st.out")"
 grep -q "versions: 7 committed, 0 aborted; anchors made by the broker: 1 " "$TMP/st.out" || fail "totals: $(cat "$TMP/st.out")"
 grep -q "1 consumers connected" "$TMP/st.out" || fail "consumers connected: $(cat "$TMP/st.out")"
 grep -q "errors: none" "$TMP/st.out" || fail "errors: $(cat "$TMP/st.out")"
-"$CLI" status --broker "127.0.0.1:$MPORT" --raw >"$TMP/raw.out" || fail "status --raw exited $?"
+"$CLI" status --broker "$MADDR" --raw >"$TMP/raw.out" || fail "status --raw exited $?"
 grep -q '^deltacast_model_anchor_version{model="stm"} 6$' "$TMP/raw.out" || fail "raw metrics lack the anchor version"
 grep -q '^deltacast_anchors_made_total 1$' "$TMP/raw.out" || fail "raw metrics lack anchors_made_total"
 stop_broker s

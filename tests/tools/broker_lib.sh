@@ -75,3 +75,19 @@ bg() {
 stat_of() {
 	sed -n "s/.*\b$2=\([-0-9]*\).*/\1/p" "$1" 2>/dev/null
 }
+
+# start_broker_metrics NAME [FLAGS...]: start_broker with --metrics on a free
+# loopback port (retrying on a taken one); sets NAME_METRICS=127.0.0.1:PORT.
+start_broker_metrics() {
+	local name=$1 try port pid
+	shift
+	for try in $(seq 0 19); do
+		port=$((30000 + (($$ * 7 + try * 131 + RANDOM) % 20000)))
+		start_broker "$name" --metrics "127.0.0.1:$port" "$@"
+		wait_for 5 grep -qs "metrics on" "$TMP/$name.log" && break
+		eval "pid=\$${name}_PID"
+		kill -9 "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; : >"$TMP/$name.log"
+	done
+	grep -qs "metrics on" "$TMP/$name.log" || fail "broker $name: no free metrics port"
+	eval "${name}_METRICS=127.0.0.1:$port"
+}

@@ -8,6 +8,7 @@
  *
  *   wire_client produce ENDPOINT MODEL [--part P --parts N] --versions V
  *                       [--pause-at V]      send half of V's chunks, then hang
+ *                       [--bad-digest-at V] V's COMMIT carries a wrong digest
  *   wire_client consume ENDPOINT MODEL --until V [--window BYTES]
  *                       [--state FILE]      resume from / save to FILE
  *                       [--stats FILE]      progress after every version
@@ -30,7 +31,7 @@
 static struct opts {
 	const char *mode, *endpoint, *model, *state_file, *stats_file;
 	uint32_t part, parts, tensors;
-	uint64_t elems, chunk_elems, density_ppm, seed, versions, pause_at, until;
+	uint64_t elems, chunk_elems, density_ppm, seed, versions, pause_at, until, bad_digest_at;
 	uint64_t window, exit_after, timeout_ms;
 } o = {.parts = 1, .tensors = 3, .elems = 65536, .chunk_elems = 16384,
        .density_ppm = 20000, .seed = 1, .window = 1 << 20, .timeout_ms = 50000};
@@ -286,6 +287,7 @@ static void prod_version(struct prod *p, uint64_t v, int anchor)
 		memcpy(state[k] + lo, work[k] + lo, (hi - lo) * 2);
 		dg[k] = (dcast_range_digest){k, lo, hi - lo, dcast_digest(work[k] + lo, (hi - lo) * 2)};
 	}
+	dg[0].digest ^= o.bad_digest_at == v; /* a producer bug the broker's fold must catch */
 	dcast_msg_init(&cm, DCAST_MSG_COMMIT);
 	snprintf(cm.u.commit.model, sizeof(cm.u.commit.model), "%s", o.model);
 	cm.u.commit.version = v;
@@ -579,6 +581,7 @@ static void parse(int argc, char **argv)
 		else if (!strcmp(k, "--seed")) o.seed = num(v);
 		else if (!strcmp(k, "--versions")) o.versions = num(v);
 		else if (!strcmp(k, "--pause-at")) o.pause_at = num(v);
+		else if (!strcmp(k, "--bad-digest-at")) o.bad_digest_at = num(v);
 		else if (!strcmp(k, "--until")) o.until = num(v);
 		else if (!strcmp(k, "--window")) o.window = num(v);
 		else if (!strcmp(k, "--exit-after")) o.exit_after = num(v);

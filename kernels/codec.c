@@ -28,13 +28,22 @@ static int check_range(uint64_t count, unsigned es)
 	return DCAST_OK;
 }
 
-/* Sizes of every encoding; the compact plan is completed as a side effect. */
-static void all_sizes(const dcast_changes *ch, uint64_t count, unsigned es, dcast_cpt_plan *plan,
-		      uint64_t sizes[DCAST_ENC_COUNT])
+/* Sizes of every encoding; the compact plan is completed as a side effect.
+ * With `exact` 0 the compact size may be an upper bound (pos_bits = ~0):
+ * enough when even the bound is the smallest, as encode then learns the
+ * exact size from the emitter and skips a pass. */
+static void all_sizes(const dcast_changes *ch, uint64_t count, unsigned es, int exact,
+		      dcast_cpt_plan *plan, uint64_t sizes[DCAST_ENC_COUNT])
 {
 	dcast_simple_sizes(count, es, ch->n, sizes);
 	dcast_cpt_plan_make(&ch->stats, 8 * es, plan);
-	plan->pos_bits = ch->pos_bits; /* same k: both from the stats */
+	plan->pos_bits = dcast_cpt_pos_bits_bound(&ch->stats, plan->k);
+	sizes[DCAST_ENC_COMPACT] = dcast_cpt_bytes(plan);
+	if (!exact && dcast_pick_smallest(sizes) == DCAST_ENC_COMPACT) {
+		plan->pos_bits = UINT64_MAX;
+		return;
+	}
+	plan->pos_bits = dcast_cpt_pos_bits(ch, plan->k);
 	sizes[DCAST_ENC_COMPACT] = dcast_cpt_bytes(plan);
 }
 
@@ -69,15 +78,19 @@ static void emit_bitmask(const dcast_changes *ch, uint64_t count, unsigned es, u
 	}
 }
 
-static void emit(int enc, const dcast_changes *ch, const dcast_cpt_plan *plan, const void *cur,
-		 uint64_t count, unsigned es, uint8_t *out)
+/* Write the payload; returns its exact size. */
+static uint64_t emit(int enc, const dcast_changes *ch, dcast_cpt_plan *plan, const void *cur,
+		     uint64_t count, unsigned es, const uint64_t sizes[DCAST_ENC_COUNT], uint8_t *out)
 {
 	switch (enc) {
 	case DCAST_ENC_DENSE: memcpy(out, cur, count * es); break;
 	case DCAST_ENC_IDX32: emit_idx32(ch, es, out); break;
 	case DCAST_ENC_BITMASK: emit_bitmask(ch, count, es, out); break;
-	default: dcast_cpt_emit(ch, plan, out); break;
+	default:
+		plan->pos_bits = dcast_cpt_emit(ch, plan, out);
+		return dcast_cpt_bytes(plan);
 	}
+	return sizes[enc];
 }
 
 static int encode_anchor(const void *cur, uint64_t count, unsigned es, int force, void *out,
@@ -111,12 +124,12 @@ int dcast_codec_encode(const void *cur, void *base, uint64_t count, unsigned ele
 	uint64_t sizes[DCAST_ENC_COUNT];
 	if ((rc = dcast_scan(cur, base, count, elem_size, &ch)))
 		return rc;
-	all_sizes(&ch, count, elem_size, &plan, sizes);
+	all_sizes(&ch, count, elem_size, force_encoding >= 0, &plan, sizes);
 	int enc = force_encoding >= 0 ? force_encoding : dcast_pick_smallest(sizes);
-	emit(enc, &ch, &plan, cur, count, elem_size, out);
+	uint64_t bytes = emit(enc, &ch, &plan, cur, count, elem_size, sizes, out);
 	if (flags & DCAST_ENCODE_UPDATE_BASE)
 		update_base(&ch, base, elem_size);
-	*info = (dcast_chunk_info){ (uint32_t)enc, elem_size, count, ch.n, sizes[enc] };
+	*info = (dcast_chunk_info){ (uint32_t)enc, elem_size, count, ch.n, bytes };
 	return DCAST_OK;
 }
 
@@ -132,7 +145,7 @@ int dcast_codec_sizes(const void *cur, const void *base, uint64_t count, unsigne
 	dcast_cpt_plan plan;
 	if ((rc = dcast_scan(cur, base, count, elem_size, &ch)))
 		return rc;
-	all_sizes(&ch, count, elem_size, &plan, sizes);
+	all_sizes(&ch, count, elem_size, 1, &plan, sizes);
 	*changed = ch.n;
 	return DCAST_OK;
 }

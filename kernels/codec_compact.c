@@ -36,11 +36,12 @@ static void wr32le(uint8_t *p, uint32_t v)
 	memcpy(p, &v, 4);
 }
 
-void dcast_cpt_emit(const dcast_changes *ch, const dcast_cpt_plan *p, uint8_t *out)
+uint64_t dcast_cpt_emit(const dcast_changes *ch, const dcast_cpt_plan *p, uint8_t *out)
 {
 	uint8_t *idx = out + dcast_cpt_hdr_bytes(p->mode, p->w);
 	bitwriter w = { out + dcast_cpt_stream_off(p), out + dcast_cpt_stream_off(p), 0, 0 };
 	uint32_t next = 0;
+	uint64_t pos_bits = 0;
 	dcast_cpt_hdr_write(p, out);
 	for (uint64_t i = 0; i < ch->n; i++) {
 		uint32_t gap = ch->pos[i] - next;
@@ -52,6 +53,7 @@ void dcast_cpt_emit(const dcast_changes *ch, const dcast_cpt_plan *p, uint8_t *o
 			wr32le(e + 4, ch->pos[i - 1]);
 		}
 		unsigned rlen = dcast_rice_len(gap, p->k);
+		pos_bits += rlen;
 		uint64_t rbits = dcast_rice_bits(gap, p->k);
 		if (rlen + vlen <= 56) { /* the usual case: one flush */
 			bw_put(&w, rbits | vbits << rlen, rlen + vlen);
@@ -61,6 +63,7 @@ void dcast_cpt_emit(const dcast_changes *ch, const dcast_cpt_plan *p, uint8_t *o
 		}
 		next = ch->pos[i] + 1;
 	}
+	return pos_bits;
 }
 
 /* The prefix-code lookup, filled symbol by symbol (the GPU fills it entry

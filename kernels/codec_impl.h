@@ -564,8 +564,6 @@ typedef struct dcast_changes {
 	uint32_t *zz;   /* zig-zag ulp differences */
 	uint64_t n, cap;
 	dcast_cpt_stats stats;
-	unsigned k;        /* Rice parameter the stats imply */
-	uint64_t pos_bits; /* exact position bits under k */
 } dcast_changes;
 
 /* Scratch slots, one array each, per thread (codec_scratch.c). */
@@ -591,9 +589,18 @@ enum dcast_simd { DCAST_SIMD_AUTO = 0, DCAST_SIMD_PORTABLE, DCAST_SIMD_AVX2, DCA
  * which is PORTABLE when the CPU lacks the one asked for. */
 int dcast_simd_force(int simd);
 
-/* Write a compact payload (plan complete, pos_bits included); out has
- * room for dcast_cpt_bytes(plan) + 8. */
-void dcast_cpt_emit(const dcast_changes *ch, const dcast_cpt_plan *p, uint8_t *out);
+/* Exact bits of the positions under Rice parameter k. */
+uint64_t dcast_cpt_pos_bits(const dcast_changes *ch, unsigned k);
+
+/* Upper bound on them without a pass: each code is at most (gap >> k) + 1 + k. */
+static inline uint64_t dcast_cpt_pos_bits_bound(const dcast_cpt_stats *st, unsigned k)
+{
+	return st->changed * (k + 1) + (st->gap_sum >> k);
+}
+
+/* Write a compact payload (pos_bits of the plan not needed); out has room
+ * for its bytes + 8.  Returns the position bits it wrote. */
+uint64_t dcast_cpt_emit(const dcast_changes *ch, const dcast_cpt_plan *p, uint8_t *out);
 
 /* Check a compact payload and decode it into pos/val (info->changed each). */
 int dcast_cpt_decode(const dcast_chunk_info *info, const uint8_t *payload, uint32_t *pos,

@@ -138,54 +138,67 @@ static int scan_portable(const uint8_t *c, const uint8_t *b, uint64_t count, uns
 #define TARGET_AVX2 __attribute__((target("avx2,popcnt,bmi,bmi2")))
 #define TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx2,popcnt,bmi,bmi2")))
 
+TARGET_AVX2 static ALWAYS_INLINE __m256i eq_avx2(const uint8_t *c, const uint8_t *b, unsigned es)
+{
+	__m256i x = _mm256_loadu_si256((const __m256i *)c), y = _mm256_loadu_si256((const __m256i *)b);
+	return es == 1 ? _mm256_cmpeq_epi8(x, y) : es == 2 ? _mm256_cmpeq_epi16(x, y) : _mm256_cmpeq_epi32(x, y);
+}
+
+/* Equality of 32 elements as one byte each, in element order. */
+TARGET_AVX2 static ALWAYS_INLINE uint32_t eq32_avx2(const uint8_t *c, const uint8_t *b, unsigned es)
+{
+	if (es == 1)
+		return (uint32_t)_mm256_movemask_epi8(eq_avx2(c, b, 1));
+	if (es == 2) { /* pack two 16-lane results to bytes; undo the lane interleave */
+		__m256i p = _mm256_packs_epi16(eq_avx2(c, b, 2), eq_avx2(c + 32, b + 32, 2));
+		return (uint32_t)_mm256_movemask_epi8(_mm256_permute4x64_epi64(p, 0xd8));
+	}
+	__m256i p01 = _mm256_packs_epi32(eq_avx2(c, b, 4), eq_avx2(c + 32, b + 32, 4));
+	__m256i p23 = _mm256_packs_epi32(eq_avx2(c + 64, b + 64, 4), eq_avx2(c + 96, b + 96, 4));
+	__m256i p = _mm256_packs_epi16(p01, p23);
+	p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+	return (uint32_t)_mm256_movemask_epi8(p);
+}
+
+/* One bit per differing element for the 64 elements at c/b. */
 TARGET_AVX2 static ALWAYS_INLINE uint64_t neq_mask_avx2(const uint8_t *c, const uint8_t *b,
 							 unsigned es)
 {
-	__m256i c0 = _mm256_loadu_si256((const __m256i *)c);
-	__m256i c1 = _mm256_loadu_si256((const __m256i *)(c + 32));
-	__m256i b0 = _mm256_loadu_si256((const __m256i *)b);
-	__m256i b1 = _mm256_loadu_si256((const __m256i *)(b + 32));
-	__m256i e0, e1;
-	if (es == 1) {
-		e0 = _mm256_cmpeq_epi8(c0, b0);
-		e1 = _mm256_cmpeq_epi8(c1, b1);
-	} else if (es == 2) {
-		e0 = _mm256_cmpeq_epi16(c0, b0);
-		e1 = _mm256_cmpeq_epi16(c1, b1);
-	} else {
-		e0 = _mm256_cmpeq_epi32(c0, b0);
-		e1 = _mm256_cmpeq_epi32(c1, b1);
-	}
-	uint64_t eq = (uint32_t)_mm256_movemask_epi8(e0) |
-		      (uint64_t)(uint32_t)_mm256_movemask_epi8(e1) << 32;
-	return elem_bits(~eq, es);
+	uint64_t eq = eq32_avx2(c, b, es) | (uint64_t)eq32_avx2(c + 32 * es, b + 32 * es, es) << 32;
+	return ~eq;
 }
 
-/* AVX-512BW: one mask bit per element, spread to one per byte-granular
- * element slot so record_pos sees the same layout as the others. */
+/* AVX-512BW: one mask bit per element for 64 elements. */
 TARGET_AVX512 static ALWAYS_INLINE uint64_t neq_mask_avx512(const uint8_t *c, const uint8_t *b,
 							     unsigned es)
 {
-	__m512i x = _mm512_loadu_si512((const void *)c);
-	__m512i y = _mm512_loadu_si512((const void *)b);
-	if (es == 1)
-		return _mm512_cmpneq_epi8_mask(x, y);
-	if (es == 2)
-		return _pdep_u64(_mm512_cmpneq_epi16_mask(x, y), 0x5555555555555555ull);
-	return _pdep_u64(_mm512_cmpneq_epi32_mask(x, y), 0x1111111111111111ull);
+	uint64_t m = 0;
+	for (unsigned part = 0; part < es; part++) {
+		__m512i x = _mm512_loadu_si512((const void *)(c + 64 * part));
+		__m512i y = _mm512_loadu_si512((const void *)(b + 64 * part));
+		uint64_t k = es == 1 ? _mm512_cmpneq_epi8_mask(x, y)
+			     : es == 2 ? _mm512_cmpneq_epi16_mask(x, y)
+				       : _mm512_cmpneq_epi32_mask(x, y);
+		m |= k << (part * (64 / es));
+	}
+	return m;
 }
 
-/* 64 bytes a step; gather after each SCAN_BLOCK bytes. */
+/* 64 elements a step (one mask bit each); gather after each SCAN_BLOCK
+ * bytes, while they are still in L1. */
 #define SCAN_SIMD_BODY(maskfn)                                                                 \
-	uint64_t bytes = count * es, off = 0;                                                   \
-	while (off + 64 <= bytes) {                                                             \
-		uint64_t from = ch->n;                                                          \
-		uint64_t end = off + SCAN_BLOCK < bytes ? off + SCAN_BLOCK : bytes & ~63ull;    \
-		for (; off < end; off += 64) {                                                  \
-			__builtin_prefetch(c + off + 2048);                                     \
-			__builtin_prefetch(b + off + 2048);                                     \
+	uint64_t bytes = count * es, off = 0, group = 64 * es;                                  \
+	while (off + group <= bytes) {                                                          \
+		uint64_t from = ch->n, end = off + SCAN_BLOCK;                                  \
+		if (end > bytes - bytes % group)                                                \
+			end = bytes - bytes % group;                                            \
+		for (; off < end; off += group) {                                               \
+			for (unsigned l_ = 0; l_ < es; l_++) { /* every line of the group */  \
+				__builtin_prefetch(c + off + 2048 + 64 * l_);                   \
+				__builtin_prefetch(b + off + 2048 + 64 * l_);                   \
+			}                                                                       \
 			uint64_t m = maskfn(c + off, b + off, es);                              \
-			if (m && record_pos(ch, off / es, m, es))                               \
+			if (m && record_pos(ch, off / es, m, 1))                                \
 				return DCAST_ENOMEM;                                            \
 		}                                                                               \
 		gather(ch, c, b, from, es, hist);                                               \
@@ -266,20 +279,15 @@ static int simd_pick(void)
 	return simd_supported(DCAST_SIMD_AVX2) ? DCAST_SIMD_AVX2 : DCAST_SIMD_PORTABLE;
 }
 
-/* Exact Rice bits of the positions under the k their mean implies
- * (contiguous, after the scan: k needs the last position). */
-static void pos_bits_pass(dcast_changes *ch)
+uint64_t dcast_cpt_pos_bits(const dcast_changes *ch, unsigned k)
 {
 	uint32_t next = 0, *pos = ch->pos;
-	uint64_t pos_bits = 0, n = ch->n;
-	ch->stats.changed = n;
-	ch->stats.gap_sum = n ? (uint64_t)pos[n - 1] + 1 - n : 0;
-	unsigned k = ch->k = dcast_cpt_choose_k(n, ch->stats.gap_sum);
-	for (uint64_t i = 0; i < n; i++) {
-		pos_bits += dcast_rice_len(pos[i] - next, k);
+	uint64_t bits = 0;
+	for (uint64_t i = 0; i < ch->n; i++) {
+		bits += dcast_rice_len(pos[i] - next, k);
 		next = pos[i] + 1;
 	}
-	ch->pos_bits = pos_bits;
+	return bits;
 }
 
 int dcast_scan(const void *cur, const void *base, uint64_t count, unsigned es, dcast_changes *ch)
@@ -302,6 +310,7 @@ int dcast_scan(const void *cur, const void *base, uint64_t count, unsigned es, d
 		return rc;
 	for (unsigned s = 0; s < DCAST_CPT_NSYM_MAX; s++)
 		ch->stats.hist[s] = (uint64_t)hist[0][s] + hist[1][s] + hist[2][s] + hist[3][s];
-	pos_bits_pass(ch);
+	ch->stats.changed = ch->n;
+	ch->stats.gap_sum = ch->n ? (uint64_t)ch->pos[ch->n - 1] + 1 - ch->n : 0;
 	return DCAST_OK;
 }

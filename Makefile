@@ -183,3 +183,14 @@ bench-consumer: all $(BUILD)/tools/bench_consumer
 	  body = b + "\n`make bench-consumer BENCH_CONSUMER_MB=$(BENCH_CONSUMER_MB)`:\n\n" + t + e; \
 	  s = s[:s.index(b)] + body + s[s.index(e) + len(e):] if b in s else s + "\n## Consumer\n\n" + body + "\n"; \
 	  open(d, "w").write(s)' docs/benchmarks.md $(BUILD)/bench-consumer.md
+
+# --- e2e ---
+# `make demo`: the whole system on loopback (scripts/demo.sh): broker, a
+# gen-trace model (DEMO_PARAMS, default 300M), a producer, 4 consumers (one
+# late, one killed and restarted), live progress, summary, equality check.
+# `make test-faults`: the fault-injection suite (scripts/faults.sh): SEEDS
+# trials (default 5), or SEED=N for exactly one.
+E2E_TOOLS = $(BUILD)/tools/fault_digest $(BUILD)/tools/fault_consumer
+.PHONY: demo test-faults
+demo: all $(E2E_TOOLS)
+	@DELTACAST_BUILD=$(abspath $(BUILD)) PYTHON=$(PYTHON) scripts/demo.sh

@@ -1,0 +1,100 @@
+# Sourced by scripts/demo.sh, scripts/faults.sh and scripts/bench_e2e.sh:
+# start real processes on loopback (the broker on ports picked from the PID,
+# retrying on a bind failure), time-stamp their progress lines, and kill
+# every process started here on any exit.
+set -u
+E2E_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BUILD=${DELTACAST_BUILD:-$E2E_ROOT/build}
+DC=$BUILD/deltacast
+BROKER_BIN=$BUILD/deltacast-broker
+PY=${PYTHON:-/usr/bin/python3}
+E2E_PIDS=()
+
+e2e_cleanup() {
+	local p
+	for p in "${E2E_PIDS[@]}"; do
+		kill -CONT "$p" 2>/dev/null
+		kill -9 "$p" 2>/dev/null
+	done
+	for p in "${E2E_PIDS[@]}"; do wait "$p" 2>/dev/null; done
+	E2E_PIDS=()
+}
+
+# e2e_track PID: kill PID on exit.
+e2e_track() { E2E_PIDS+=("$1"); }
+
+# e2e_wait_for TENTHS COMMAND...: poll every 0.1 s until COMMAND succeeds.
+e2e_wait_for() {
+	local n=$1 i
+	shift
+	for ((i = 0; i < n; i++)); do "$@" && return 0; sleep 0.1; done
+	return 1
+}
+
+# e2e_pick_port TRY: a port from [20000, 60000) drawn from the PID and the
+# try number; the caller retries on a bind failure.
+e2e_pick_port() {
+	echo $((20000 + ($$ * 37 + $1 * 7919 + RANDOM) % 40000))
+}
+
+# e2e_start_broker LOG PORT [FLAGS...]: start the broker on PORT (producers)
+# and PORT+1 (consumers); sets BROKER_PID.  Returns 1 if it did not come up.
+e2e_start_broker_at() {
+	local log=$1 port=$2
+	shift 2
+	"$BROKER_BIN" --producers "tcp://127.0.0.1:$port" --consumers "tcp://127.0.0.1:$((port + 1))" \
+		"$@" 2>>"$log" &
+	BROKER_PID=$!
+	e2e_track "$BROKER_PID"
+	if e2e_wait_for 100 e2e_broker_up "$log" "$port"; then return 0; fi
+	kill -9 "$BROKER_PID" 2>/dev/null
+	wait "$BROKER_PID" 2>/dev/null
+	return 1
+}
+
+# The broker logs "consumers on ENDPOINT" once both sockets are bound.
+e2e_broker_up() {
+	kill -0 "$BROKER_PID" 2>/dev/null || return 1
+	grep -qs "consumers on tcp://127.0.0.1:$(($2 + 1))" "$1"
+}
+
+# e2e_start_broker LOG [FLAGS...]: pick ports, retrying; sets BROKER_PORT,
+# PROD_EP, CONS_EP, BROKER_PID.
+e2e_start_broker() {
+	local log=$1 try port
+	shift
+	for try in $(seq 0 29); do
+		port=$(e2e_pick_port "$try")
+		if e2e_start_broker_at "$log" "$port" "$@"; then
+			BROKER_PORT=$port
+			PROD_EP=tcp://127.0.0.1:$port
+			CONS_EP=tcp://127.0.0.1:$((port + 1))
+			return 0
+		fi
+		echo "e2e: port $port busy, retrying" >>"$log"
+	done
+	return 1
+}
+
+# e2e_stamp LOG [PREFIX]: copy stdin lines to LOG as "EPOCH LINE"; with a
+# PREFIX, also echo them to stdout (live progress) through e2e_show.  It must
+# never stop reading: the writer would die of SIGPIPE.
+e2e_stamp() {
+	local log=$1 prefix=${2:-} line
+	while IFS= read -r line; do
+		printf '%s %s\n' "$EPOCHREALTIME" "$line" >>"$log"
+		[ -n "$prefix" ] && { e2e_show "$prefix" "$line" || true; }
+	done
+	return 0
+}
+
+# Default live display: override in the sourcing script.
+e2e_show() { printf '%-10s %s\n' "$1" "$2"; }
+
+# e2e_last_version LOG: the newest "version V" (or "loaded version V") in a
+# stamped log, or 0.
+e2e_last_version() {
+	local v
+	v=$(sed -n 's/^[0-9.]* \(loaded \)\{0,1\}version \([0-9]*\) .*/\2/p' "$1" 2>/dev/null | tail -n 1)
+	echo "${v:-0}"
+}

@@ -1,0 +1,135 @@
+/* fault_consumer: `deltacast subscribe` for the fault suite.  Follows a
+ * model with the consumer library into DIR (checkpoint after every apply,
+ * so a restart resumes from DIR) and, after every apply and after loading
+ * the checkpoint, prints the model digest of the LIVE tensors
+ * (tests/tools/fault_digest.h):
+ *   loaded V DIGEST
+ *   applied V anchor|delta DIGEST
+ * The suite checks each line against the producer's file for V, so a
+ * version reported as applied with other weights is caught.
+ * usage: fault_consumer ENDPOINT MODEL DIR UNTIL [BUDGET_BYTES]
+ * Exit 0 once UNTIL is applied; 1 on an error (named on stderr). */
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include "deltacast/consumer.h"
+#include "fault_digest.h"
+
+static fault_entry entries[FAULT_MAX_TENSORS];
+static volatile sig_atomic_t stop;
+
+static void on_signal(int sig)
+{
+	(void)sig;
+	stop = 1;
+}
+
+static int live_digest(dcast_consumer *c, uint64_t *out)
+{
+	uint32_t n = dcast_consumer_tensor_count(c);
+
+	if (n > FAULT_MAX_TENSORS)
+		return DCAST_ETOO_LARGE;
+	for (uint32_t i = 0; i < n; i++) {
+		dcast_tensor_desc d;
+		void *ptr = NULL;
+		dcast_mem mem;
+		uint64_t bytes;
+		int rc = dcast_consumer_tensor_at(c, i, &d);
+
+		if (!rc)
+			rc = dcast_consumer_tensor(c, d.name, &ptr, NULL, &mem);
+		if (rc)
+			return rc;
+		bytes = dcast_dtype_size((int)d.dtype);
+		for (uint32_t k = 0; k < d.ndim; k++)
+			bytes *= d.shape[k];
+		fault_entry_set(&entries[i], d.name, ptr, bytes);
+	}
+	*out = fault_model_digest(entries, n);
+	return 0;
+}
+
+static int report(dcast_consumer *c, const char *what)
+{
+	dcast_consumer_stats st;
+	uint64_t digest;
+	int rc = live_digest(c, &digest);
+
+	if (rc) {
+		fprintf(stderr, "fault_consumer: digest: %s\n", dcast_last_error());
+		return rc;
+	}
+	dcast_consumer_stats_get(c, &st);
+	if (what)
+		printf("%s %" PRIu64 " %016" PRIx64 "\n", what, dcast_consumer_version(c), digest);
+	else
+		printf("applied %" PRIu64 " %s %016" PRIx64 "\n", dcast_consumer_version(c),
+		       st.anchor ? "anchor" : "delta", digest);
+	fflush(stdout);
+	return 0;
+}
+
+static int reached(dcast_consumer *c, uint64_t until)
+{
+	uint64_t v = dcast_consumer_version(c);
+	return v != DCAST_VERSION_NONE && v >= until;
+}
+
+static int follow(dcast_consumer *c, uint64_t until)
+{
+	dcast_event ev;
+	int err = 0;
+
+	while (!stop && !err && !reached(c, until)) {
+		if ((err = dcast_consumer_poll(c, 200, &ev)))
+			break;
+		if (ev.type == DCAST_EV_ERROR || ev.type == DCAST_EV_GAP)
+			fprintf(stderr, "fault_consumer: %s at version %" PRIu64 ": %s\n",
+				ev.type == DCAST_EV_GAP ? "gap" : dcast_errname(ev.code), ev.version,
+				ev.text);
+		if (ev.type != DCAST_EV_VERSION_READY)
+			continue;
+		if (dcast_consumer_apply(c, ev.version)) {
+			fprintf(stderr, "fault_consumer: version %" PRIu64 " refused: %s\n", ev.version,
+				dcast_last_error());
+			continue;
+		}
+		if (!(err = dcast_consumer_checkpoint(c)))
+			err = report(c, NULL);
+	}
+	return err;
+}
+
+int main(int argc, char **argv)
+{
+	dcast_consumer_opts o;
+	dcast_consumer *c = NULL;
+	uint64_t until, budget = 16u << 20;
+	int err;
+
+	if (argc < 5 || argc > 6) {
+		fprintf(stderr, "usage: fault_consumer ENDPOINT MODEL DIR UNTIL [BUDGET_BYTES]\n");
+		return 2;
+	}
+	until = strtoull(argv[4], NULL, 10);
+	if (argc == 6)
+		budget = strtoull(argv[5], NULL, 10);
+	dcast_consumer_opts_init(&o);
+	o.fold_every = 1;
+	o.client = "fault_consumer";
+	signal(SIGTERM, on_signal);
+	if ((err = dcast_consumer_open(argv[1], argv[2], argv[3], budget, &o, &c))) {
+		fprintf(stderr, "fault_consumer: open: %s: %s\n", dcast_errname(err), dcast_last_error());
+		return 1;
+	}
+	if (dcast_consumer_version(c) != DCAST_VERSION_NONE)
+		err = report(c, "loaded");
+	if (!err)
+		err = follow(c, until);
+	if (err)
+		fprintf(stderr, "fault_consumer: %s: %s\n", dcast_errname(err), dcast_last_error());
+	dcast_consumer_close(&c);
+	return err || stop ? 1 : 0;
+}

@@ -36,32 +36,61 @@ static void wr32le(uint8_t *p, uint32_t v)
 	memcpy(p, &v, 4);
 }
 
+/* Value codes of the differences 1..8 (the common ones), prebuilt. */
+typedef struct direct_codes {
+	uint64_t bits[DCAST_CPT_NDIRECT + 1];
+	unsigned len[DCAST_CPT_NDIRECT + 1];
+} direct_codes;
+
+static inline uint64_t value_bits(const dcast_cpt_plan *p, const direct_codes *dc, uint32_t zz,
+				  uint32_t newv, unsigned *len)
+{
+	if (p->mode == DCAST_CPT_CODED && zz <= DCAST_CPT_NDIRECT) {
+		*len = dc->len[zz];
+		return dc->bits[zz];
+	}
+	return dcast_cpt_value_bits(p, zz, newv, len);
+}
+
+/* Elements [first, end) of the stream; returns their position bits. */
+static uint64_t emit_run(const dcast_changes *ch, const dcast_cpt_plan *p, const direct_codes *dc,
+			 uint64_t first, uint64_t end, bitwriter *w)
+{
+	uint64_t pos_bits = 0;
+	uint32_t next = first ? ch->pos[first - 1] + 1 : 0;
+	for (uint64_t i = first; i < end; i++) {
+		uint32_t gap = ch->pos[i] - next;
+		unsigned rlen = dcast_rice_len(gap, p->k), vlen;
+		uint64_t rbits = dcast_rice_bits(gap, p->k), vbits = value_bits(p, dc, ch->zz[i], ch->newv[i], &vlen);
+		pos_bits += rlen;
+		if (rlen + vlen <= 56) { /* the usual case: one flush */
+			bw_put(w, rbits | vbits << rlen, rlen + vlen);
+		} else {
+			bw_put(w, rbits, rlen);
+			bw_put(w, vbits, vlen);
+		}
+		next = ch->pos[i] + 1;
+	}
+	return pos_bits;
+}
+
 uint64_t dcast_cpt_emit(const dcast_changes *ch, const dcast_cpt_plan *p, uint8_t *out)
 {
 	uint8_t *idx = out + dcast_cpt_hdr_bytes(p->mode, p->w);
 	bitwriter w = { out + dcast_cpt_stream_off(p), out + dcast_cpt_stream_off(p), 0, 0 };
-	uint32_t next = 0;
+	direct_codes dc;
 	uint64_t pos_bits = 0;
 	dcast_cpt_hdr_write(p, out);
-	for (uint64_t i = 0; i < ch->n; i++) {
-		uint32_t gap = ch->pos[i] - next;
-		unsigned vlen;
-		uint64_t vbits = dcast_cpt_value_bits(p, ch->zz[i], ch->newv[i], &vlen);
-		if (i && i % DCAST_CPT_BLOCK == 0) {
-			uint8_t *e = idx + (i / DCAST_CPT_BLOCK - 1) * DCAST_CPT_INDEX_ENTRY;
+	for (uint32_t z = 1; z <= DCAST_CPT_NDIRECT; z++)
+		dc.bits[z] = dcast_cpt_value_bits(p, z, 0, &dc.len[z]);
+	for (uint64_t first = 0; first < ch->n; first += DCAST_CPT_BLOCK) {
+		uint64_t end = ch->n - first < DCAST_CPT_BLOCK ? ch->n : first + DCAST_CPT_BLOCK;
+		if (first) {
+			uint8_t *e = idx + (first / DCAST_CPT_BLOCK - 1) * DCAST_CPT_INDEX_ENTRY;
 			wr32le(e, (uint32_t)bw_tell(&w));
-			wr32le(e + 4, ch->pos[i - 1]);
+			wr32le(e + 4, ch->pos[first - 1]);
 		}
-		unsigned rlen = dcast_rice_len(gap, p->k);
-		pos_bits += rlen;
-		uint64_t rbits = dcast_rice_bits(gap, p->k);
-		if (rlen + vlen <= 56) { /* the usual case: one flush */
-			bw_put(&w, rbits | vbits << rlen, rlen + vlen);
-		} else {
-			bw_put(&w, rbits, rlen);
-			bw_put(&w, vbits, vlen);
-		}
-		next = ch->pos[i] + 1;
+		pos_bits += emit_run(ch, p, &dc, first, end, &w);
 	}
 	return pos_bits;
 }

@@ -20,7 +20,7 @@
 
 #define FOLD_QUEUE 4096              /* committed versions waiting per model */
 #define FOLD_VERSIONS_PER_TURN 16
-#define FOLD_STEP_BYTES (64u << 20)  /* anchor-cut work per loop turn */
+#define FOLD_STEP_BYTES (16u << 20)  /* anchor-cut work per loop turn: ~10 ms */
 #define FOLD_FRACTION_MAX 1000.0
 
 struct fold_cut {

@@ -15,6 +15,16 @@
 T=3 E=65536 MODEL_BYTES=$((3 * 65536 * 2))
 COMMON=(--tensors $T --elems $E --density-ppm 50000)
 
+# Bad values are refused at start with the flag named (exit 2), and --help lists both flags.
+for bad in abc -1 1e9 nan; do
+	"$BROKER" --producers tcp://127.0.0.1:1 --consumers tcp://127.0.0.1:2 --anchor-fraction "$bad" 2>"$TMP/bad.err"
+	rc=$?; [ $rc = 2 ] || fail "--anchor-fraction $bad: exit $rc"
+	grep -q "anchor-fraction: \"$bad\" is not a number in \[0, 1000\]" "$TMP/bad.err" || fail "unclear: $(cat "$TMP/bad.err")"
+done
+"$BROKER" --producers tcp://127.0.0.1:1 --consumers tcp://127.0.0.1:2 --anchor-every x 2>"$TMP/bad.err"
+[ $? = 2 ] && grep -q "anchor-every" "$TMP/bad.err" || fail "--anchor-every x: $(cat "$TMP/bad.err")"
+[ "$("$BROKER" --help | grep -c -- '--anchor-\(fraction\|every\)')" = 2 ] || fail "--help lacks the anchor flags"
+
 start_broker a --anchor-every 5 --anchor-fraction 0
 bg early "$WC" consume "$a_CONS" ma --until 21 "${COMMON[@]}" --window 65536
 EARLY=$LAST_PID

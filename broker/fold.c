@@ -477,7 +477,10 @@ static int cut_turn(struct broker *b, struct broker_model *m, struct broker_fold
 		b->stats.anchor_digest_errors++;
 		f->version = DCAST_VERSION_NONE;
 	}
-	if (rc)
+	if (rc == DCAST_EVERSION) /* a producer anchor overtook it: nothing lost */
+		DCAST_LOG_I("model %s: made anchor %llu dropped: %s", m->name,
+			    (unsigned long long)f->cut.src->version, dcast_last_error());
+	else if (rc)
 		DCAST_LOG_E("model %s: made anchor %llu not published (%s): %s%s", m->name,
 			    (unsigned long long)f->cut.src->version, dcast_errname(rc),
 			    dcast_last_error(), rc == DCAST_EDIGEST ?

@@ -8,8 +8,9 @@
 # receiving deltas (21 versions, 1 anchor, bit-exact), also one stopped at
 # version 1 while the deltas it needs were folded out of the log.  Then
 # --anchor-fraction alone cuts anchors by size, a --data-dir broker
-# restarted after made anchors serves the made anchor from disk, and a
-# made anchor whose digests differ from the producer's is not published.
+# restarted after made anchors serves the made anchor from disk, a made
+# anchor whose digests differ from the producer's is not published, and the
+# real publish/subscribe tools go through a made anchor bit-exact.
 . "$(dirname "$0")/tools/broker_lib.sh"
 
 T=3 E=65536 MODEL_BYTES=$((3 * 65536 * 2))
@@ -95,4 +96,21 @@ grep -q '^deltacast_model_anchor_version{model="mg"} 1$' "$TMP/g.metrics" || fai
 "$WC" consume "$g_CONS" mg --until 5 "${COMMON[@]}" >"$TMP/lg.out" 2>"$TMP/lg.err" || fail "consumer exited $?"
 grep -q "applied=5 versions=5 anchors=1 .*bit-exact" "$TMP/lg.out" || fail "after refusal: $(cat "$TMP/lg.out")"
 stop_broker g
+# The real tools: deltacast publish (producer library) sends a gen-trace
+# model's anchor + 6 deltas; the broker makes anchors 4 and 7; a late
+# deltacast subscribe (consumer library, digest verification on) starts
+# from the made anchor 7 and its file equals the trace's last checkpoint.
+"$BUILD/deltacast" gen-trace --params 3M --steps 6 --density 0.01 -o "$TMP/trace" 2>/dev/null || fail "gen-trace"
+start_broker t --anchor-every 3 --anchor-fraction 0
+"$BUILD/deltacast" publish --broker "$t_PROD" --model tm "$TMP"/trace/v000*.safetensors 2>"$TMP/pub.err" ||
+	fail "publish: $(cat "$TMP/pub.err")"
+wait_for 10 grep -q "made anchor 7 (.*digests equal)" "$TMP/t.log" || fail "no made anchor 7 from the producer library's digests"
+"$BUILD/deltacast" subscribe --broker "$t_CONS" --model tm --dir "$TMP/sub" --until 7 >"$TMP/sub.out" 2>"$TMP/sub.err" ||
+	fail "subscribe exited $?: $(tail -3 "$TMP/sub.err")"
+[ "$(grep -c '^version' "$TMP/sub.out")" = 1 ] && grep -q '^version 7 anchor' "$TMP/sub.out" ||
+	fail "late subscriber: $(cat "$TMP/sub.out")"
+"$BUILD/deltacast" diff "$TMP/trace/v0006.safetensors" "$TMP/sub/model.safetensors" --json >"$TMP/diff.json" ||
+	fail "diff exited $?"
+grep -q '^{"elements":[0-9]*,"changed":0,' "$TMP/diff.json" || fail "subscriber's model differs: $(head -c 200 "$TMP/diff.json")"
+stop_broker t
 echo "test_broker_anchor: ok"

@@ -195,7 +195,7 @@ static void run_density(workload *w, chunks *c, double density, uint16_t *scratc
 
 static void print_table(FILE *f, const result *r, int nr, uint64_t n, uint64_t chunk)
 {
-	fprintf(f, "RL-like bf16, %" PRIu64 " elements in chunks of %" PRIu64 "; bits per changed element.\n\n",
+	fprintf(f, "RL-like bf16, %" PRIu64 " elements in chunks of %" PRIu64 ".\n\n",
 		n, chunk);
 	fprintf(f, "| density | lr | changed | dense | idx32 | bitmask | compact | chosen | bound | chosen/bound "
 		   "| encode GB/s | apply GB/s | memcpy GB/s | encode/memcpy | apply/memcpy | encode %u thr/memcpy | exact |\n",
@@ -280,8 +280,16 @@ int main(int argc, char **argv)
 	char *body = NULL;
 	size_t blen = 0;
 	FILE *mem = open_memstream(&body, &blen);
+	double load[1] = { 0 };
+	getloadavg(load, 1);
 	fprintf(mem, "Command: `make bench-codec` (build/tools/bench_codec --elems %" PRIu64 " --chunk %" PRIu64
-		     "), one thread, best of %d.\n\n", n, chunk, REPS);
+		     "); %ld CPUs, load average %.1f at the end (a shared machine: timings are noisy), best of %d.\n\n"
+		     "Sizes are bits per changed element. *bound*: per chunk n*H(p) for the positions plus, over all "
+		     "changed elements, the empirical entropy of the sortable-integer differences (issue 3). "
+		     "Throughputs are GB/s of the NEW bytes; memcpy is one thread copying the same bytes in the same "
+		     "run; encode and apply are one thread; *encode N thr* encodes the chunks with N threads "
+		     "(chunk-parallel, as a producer with N encoder threads would).\n\n",
+		n, chunk, sysconf(_SC_NPROCESSORS_ONLN), load[0], REPS);
 	print_table(mem, res, nr, n, chunk);
 	fclose(mem);
 	fputs(body, stdout);

@@ -37,7 +37,8 @@ NVCC_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=s
 	-gencode arch=compute_90,code=compute_90
 ifneq ($(NVCC),)
 CUDA_CFLAGS := -DDCAST_HAVE_CUDA=1 -I$(CUDA_HOME)/include
-CUDA_LIBS   := -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt
+# CUB's host code in the kernels needs the C++ runtime at link time.
+CUDA_LIBS   := -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
 endif
 
 CFLAGS  := $(CFLAGS_BASE) $(CUDA_CFLAGS) $(EXTRA_CFLAGS)
@@ -63,14 +64,19 @@ FUZZ_SRCS := $(wildcard tests/fuzz/fuzz_*.c)
 LIBA  := $(BUILD)/libdeltacast.a
 LIBSO := $(BUILD)/libdeltacast.so
 
-.SECONDARY:
+.PRECIOUS: $(BUILD)/obj/%.o $(BUILD)/obj/tests/%.o $(BUILD)/obj/tests/tools/%.o
 .PHONY: all deps test test-gpu fuzz install clean vectors
 all: $(LIBA) $(LIBSO) $(PROGS)
 
 deps:
 	@scripts/deps.sh
 
-$(BUILD)/obj/%.o: %.c | deps
+# Objects depend on a stamp of the flags, so switching CUDA=0/1 rebuilds them.
+FLAGS_STAMP := $(BUILD)/.flags-$(shell echo '$(CC) $(CFLAGS) $(NVCC)' | md5sum | cut -c1-12)
+$(FLAGS_STAMP):
+	@mkdir -p $(@D) && rm -f $(BUILD)/.flags-* && touch $@
+
+$(BUILD)/obj/%.o: %.c $(FLAGS_STAMP) | deps
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $(DEP_CFLAGS) -MMD -MP -c $< -o $@
 
@@ -140,10 +146,6 @@ clean:
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
 
 # --- codec benchmarks ---
-# The CUDA objects use CUB, whose host code needs the C++ runtime at link time.
-ifneq ($(NVCC),)
-CUDA_LIBS += -lstdc++
-endif
 .PHONY: bench-codec bench-gpu
 # Sizes and CPU speed of the codec on RL-like bf16 updates; rewrites the
 # bench-codec section of docs/benchmarks.md.

@@ -39,6 +39,13 @@ int cli_report(const char *cmd, int err);
  * returns CLI_USAGE. */
 int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* Parse "CMD A B -o OUT [--help]" for the two-input, one-output commands.
+ * Returns -1 when the caller should go on (*out and argv[optind],
+ * argv[optind + 1] set); otherwise the exit code to return (help printed,
+ * or a usage error naming `needs`). */
+int cli_parse_two_in_one_out(const char *cmd, const char *usage, const char *needs, int argc,
+			     char **argv, const char **out);
+
 /* Long name of the option whose getopt value is `val` ("?" if none). */
 struct option;
 const char *cli_option_name(const struct option *longopts, int val);

@@ -195,3 +195,24 @@ void cli_out_abort(cli_out *o)
 	o->tmp = NULL;
 	o->fd = -1;
 }
+
+int cli_parse_two_in_one_out(const char *cmd, const char *usage, const char *needs, int argc,
+			     char **argv, const char **out)
+{
+	static const struct option longopts[] = {{"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+	int c;
+
+	*out = NULL;
+	while ((c = getopt_long(argc, argv, "ho:", longopts, NULL)) != -1) {
+		if (c == 'h') {
+			fputs(usage, stdout);
+			return CLI_OK;
+		}
+		if (c != 'o')
+			return cli_usage_error(cmd, "bad option");
+		*out = optarg;
+	}
+	if (argc - optind != 2 || !*out)
+		return cli_usage_error(cmd, "needs %s", needs);
+	return -1;
+}

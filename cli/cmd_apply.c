@@ -282,20 +282,11 @@ static int apply_patch(const char *base_path, const char *patch_path, const char
 
 int cmd_apply(int argc, char **argv)
 {
-	static const struct option longopts[] = {{"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
-	const char *out = NULL;
-	int c;
-	while ((c = getopt_long(argc, argv, "ho:", longopts, NULL)) != -1) {
-		if (c == 'h') {
-			fputs(usage_text, stdout);
-			return CLI_OK;
-		}
-		if (c != 'o')
-			return cli_usage_error(CMD, "bad option");
-		out = optarg;
-	}
-	if (argc - optind != 2 || !out)
-		return cli_usage_error(CMD, "needs BASE, PATCH and -o OUT");
+	const char *out;
+	int rc = cli_parse_two_in_one_out(CMD, usage_text, "BASE, PATCH and -o OUT", argc, argv, &out);
+
+	if (rc >= 0)
+		return rc;
 	int err = apply_patch(argv[optind], argv[optind + 1], out);
 	return err ? cli_report(CMD, err) : CLI_OK;
 }

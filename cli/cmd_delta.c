@@ -155,20 +155,11 @@ static int write_patch(const cli_pair *p, const char *out_path)
 
 int cmd_delta(int argc, char **argv)
 {
-	static const struct option longopts[] = {{"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
-	const char *out = NULL;
-	int c;
-	while ((c = getopt_long(argc, argv, "ho:", longopts, NULL)) != -1) {
-		if (c == 'h') {
-			fputs(usage_text, stdout);
-			return CLI_OK;
-		}
-		if (c != 'o')
-			return cli_usage_error(CMD, "bad option");
-		out = optarg;
-	}
-	if (argc - optind != 2 || !out)
-		return cli_usage_error(CMD, "needs BASE, NEW and -o PATCH");
+	const char *out;
+	int rc = cli_parse_two_in_one_out(CMD, usage_text, "BASE, NEW and -o PATCH", argc, argv, &out);
+
+	if (rc >= 0)
+		return rc;
 	cli_pair p;
 	int err = cli_pair_open(argv[optind], argv[optind + 1], 0, &p);
 	if (!err)

@@ -192,7 +192,11 @@ bench-consumer: all $(BUILD)/tools/bench_consumer
 # late, one killed and restarted), live progress, summary, equality check.
 # `make test-faults`: the fault-injection suite (scripts/faults.sh): SEEDS
 # trials (default 5), or SEED=N for exactly one.
-E2E_TOOLS = $(BUILD)/tools/fault_digest $(BUILD)/tools/fault_consumer
+E2E_TOOLS = $(BUILD)/tools/fault_digest $(BUILD)/tools/fault_consumer \
+	$(BUILD)/tools/fault_publish $(BUILD)/tools/faultproxy
+SEEDS ?= 5
 .PHONY: demo test-faults
 demo: all $(E2E_TOOLS)
 	@DELTACAST_BUILD=$(abspath $(BUILD)) PYTHON=$(PYTHON) scripts/demo.sh
+test-faults: all $(E2E_TOOLS)
+	@DELTACAST_BUILD=$(abspath $(BUILD)) PYTHON=$(PYTHON) SEEDS=$(SEEDS) scripts/faults.sh

@@ -11,12 +11,15 @@
 set -u
 . "$(dirname "$0")/e2e_lib.sh"
 
-PARAMS=${DEMO_PARAMS:-300M}
+PARAMS=${DEMO_PARAMS:-200M}
 VERSIONS=${DEMO_VERSIONS:-10}
 DENSITY=${DEMO_DENSITY:-0.01}
 LATE_AT=${DEMO_LATE_AT:-4}
 KILL_AT=${DEMO_KILL_AT:-5}
 DEADLINE_S=${DEMO_TIMEOUT_S:-170}
+# A consumer busy applying and folding a large anchor does not heartbeat; the
+# broker drops a peer silent for 3 heartbeats.
+HEARTBEAT_MS=${DEMO_HEARTBEAT_MS:-5000}
 MODEL=demo
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/deltacast-demo.XXXXXX")
 T0=$EPOCHREALTIME
@@ -89,7 +92,9 @@ for ((k = 0; k < VERSIONS; k++)); do
 done
 
 # 2. Broker, three consumers, the producer.
-e2e_start_broker "$TMP/broker.log" || die "no broker started"
+# shellcheck disable=SC2086
+e2e_start_broker "$TMP/broker.log" --heartbeat-ms "$HEARTBEAT_MS" ${DEMO_BROKER_FLAGS:-} ||
+	die "no broker started"
 echo "[$(elapsed)] broker up: producers $PROD_EP, consumers $CONS_EP (pid $BROKER_PID)"
 for c in c1 c2 c3; do
 	start_consumer "$c"

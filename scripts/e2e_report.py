@@ -71,10 +71,13 @@ def demo(tmp):
             if alive is None:
                 continue  # not running when the version was published (late, or killed)
             n_all += 1
-            got = [float(x[0]) for x in cons[n] if x[1] == v and float(x[0]) >= alive]
+            mine = [x for x in cons[n] if float(x[0]) >= alive]
+            got = [float(x[0]) for x in mine if x[1] == v]
+            prev = [float(x[0]) for x in mine if int(x[1]) == int(v) - 1]
             killed = [te for te, w in evs[n] if w == "kill" and te > start]
             if got and not (killed and killed[0] < got[0]):
-                reach = max(reach, got[0] - start)
+                ready = max(start, prev[0]) if prev else start
+                reach = max(reach, got[0] - ready)
                 n_in += 1
         if kind == "anchor":
             anchor_reach = reach
@@ -87,9 +90,11 @@ def demo(tmp):
         speed = (anchor_reach / reach) if (anchor_reach and reach) else 0
         print("%7s %-6s %7.3f%% %12s %12s %10.1f %10.3f s (%d/%d) %10.1fx %8.1fx" %
               (v, kind, dens, mib(b), mib(m), ms, reach, n_in, n_all, ratio, speed))
-    print("(to every consumer: publish start to the last live consumer's apply line, over"
-          " the consumers running when it was published; speed-up: the anchor's time / this"
-          " version's time, the anchor being the full model over the same path)")
+    print("(to every consumer: the longest, over the consumers running when it was published,"
+          " from the later of its publish start and the consumer's apply of the version before"
+          " it, to the consumer's apply line: delivery time without queueing behind earlier"
+          " versions; speed-up: the anchor's time / this version's, the anchor being the full"
+          " model over the same path)")
     print()
     print("consumer versions  received        stage ms (mean)  apply ms (mean)  notes")
     for n in names:

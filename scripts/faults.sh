@@ -1,0 +1,367 @@
+#!/usr/bin/env bash
+# `make test-faults`: the fault-injection suite.  Each trial draws a seed;
+# the seed fixes the trial's fault kind, how many faults, the progress
+# points and delays at which they strike, the proxy's decisions and whether
+# io_uring is refused (DELTACAST_IO_URING=0), so `SEED=N` replays the same
+# schedule (process timing itself is not deterministic).  A trial runs a
+# broker (--data-dir), `deltacast publish` of a gen-trace model and
+# FAULT_CONSUMERS tests/tools/fault_consumer processes, injects the faults,
+# then stops injecting, restarts whatever is down and requires:
+#   - every consumer reaches the producer's newest committed version and its
+#     DIR/model.safetensors has that version's model digest;
+#   - every "applied V" / "loaded V" line any consumer printed carries the
+#     digest of the producer's file for V (a divergence otherwise).
+# Prints per fault kind: trials, faults injected, divergences, failures.
+# SEEDS=N trials (default 5) from FAULT_SEED_BASE (default: drawn); SEED=N
+# one trial; FAULT_KINDS="k1 k2" restricts the kinds.  Exit 0 only when no
+# trial diverged or failed to converge.
+set -u
+. "$(dirname "$0")/e2e_lib.sh"
+
+ALL_KINDS="broker_kill broker_stop producer_kill producer_stop consumer_kill consumer_stop proxy ckpt_corrupt segment_corrupt"
+KINDS=(${FAULT_KINDS:-$ALL_KINDS})
+NCONS=${FAULT_CONSUMERS:-3}
+PARAMS=${FAULT_PARAMS:-4M}
+NVER=${FAULT_VERSIONS:-8}
+CONVERGE_S=${FAULT_CONVERGE_S:-30}
+PROXY=$BUILD/tools/faultproxy
+FC=$BUILD/tools/fault_consumer
+FD=$BUILD/tools/fault_digest
+FP=$BUILD/tools/fault_publish
+INTERVAL_MS=${FAULT_INTERVAL_MS:-150}
+ROOT=$(mktemp -d "${TMPDIR:-/tmp}/deltacast-faults.XXXXXX")
+MODEL=faults
+
+finish() {
+	e2e_cleanup
+	[ -n "${FAULT_KEEP:-}" ] && echo "faults: files kept in $ROOT" || rm -rf "$ROOT"
+}
+trap finish EXIT
+trap 'exit 130' INT TERM
+
+for t in "$DC" "$BROKER_BIN" "$PROXY" "$FC" "$FD" "$FP"; do
+	[ -x "$t" ] || { echo "faults: missing $t (make all $BUILD/tools/...)"; exit 1; }
+done
+
+# ---- the trace and its digests, shared by every trial ----
+"$DC" gen-trace --params "$PARAMS" --steps $((NVER - 1)) --density 0.01 -o "$ROOT/trace" \
+	2>"$ROOT/gentrace.log" || { cat "$ROOT/gentrace.log"; exit 1; }
+declare -a FILES WANT
+for ((v = 1; v <= NVER; v++)); do
+	FILES[v]=$(printf '%s/v%04d.safetensors' "$ROOT/trace" $((v - 1)))
+	WANT[v]=$("$FD" "${FILES[v]}" | cut -d' ' -f1)
+done
+
+# ---- seeded draws (no subshells: they would not advance RANDOM) ----
+rnd() { R=$((RANDOM % $1)); }
+
+# ---- per-trial state ----
+T= BPORT= PPORT= PROXY_PID= PUB_PID= TRIAL_ENV=()
+declare -a CPID
+FAULTS=0
+
+say() { echo "$*" >>"$T/trial.log"; }
+
+broker_start() {
+	if [ -z "$BPORT" ]; then
+		local try port
+		for try in $(seq 0 29); do
+			port=$(e2e_pick_port "$try")
+			e2e_start_broker_at "$T/broker.log" "$port" --data-dir "$T/data" --heartbeat-ms 500 \
+				--metrics "127.0.0.1:$((port + 2))" && { BPORT=$port; return 0; }
+		done
+		return 1
+	else
+		local i
+		for i in $(seq 20); do
+			e2e_start_broker_at "$T/broker.log" "$BPORT" --data-dir "$T/data" --heartbeat-ms 500 \
+				--metrics "127.0.0.1:$((BPORT + 2))" && return 0
+			sleep 0.2
+		done
+		return 1
+	fi
+}
+
+broker_alive() { kill -0 "$BROKER_PID" 2>/dev/null; }
+
+committed() {
+	local v
+	v=$(sed -n "s/.*model $MODEL: version \([0-9]*\) committed.*/\1/p" "$T/broker.log" | sort -n | tail -n 1)
+	echo "${v:-0}"
+}
+
+# broker_newest: the broker's newest committed version (its /metrics), 0 if none.
+broker_newest() {
+	local v
+	v=$("$PY" -c 'import sys, urllib.request as u
+try: sys.stdout.write(u.urlopen(sys.argv[1], timeout=2).read().decode())
+except Exception: pass' "http://127.0.0.1:$((BPORT + 2))/metrics" |
+		sed -n "s/^deltacast_model_version{model=\"$MODEL\"} \([0-9]*\).*/\1/p")
+	echo "${v:-0}"
+}
+
+# publish_from V: versions V..NVER, one every INTERVAL_MS (V an anchor when
+# V > 1: a new producer has no baseline).
+publish_from() {
+	local v=$1 args=()
+	for ((k = v; k <= NVER; k++)); do args+=("${FILES[k]}"); done
+	env "${TRIAL_ENV[@]}" "$FP" "tcp://127.0.0.1:$BPORT" "$MODEL" "$v" "$INTERVAL_MS" "${args[@]}" \
+		>>"$T/pub.out" 2>>"$T/pub.log" &
+	PUB_PID=$!
+	e2e_track "$PUB_PID"
+	say "publish from $v (pid $PUB_PID)"
+}
+
+consumer_ep() {
+	if [ -n "$PPORT" ]; then echo "tcp://127.0.0.1:$PPORT"; else echo "tcp://127.0.0.1:$((BPORT + 1))"; fi
+}
+
+consumer_start() {
+	local i=$1
+	env "${TRIAL_ENV[@]}" "$FC" "$(consumer_ep)" "$MODEL" "$T/c$i" "$NVER" \
+		>>"$T/c$i.out" 2>>"$T/c$i.err" &
+	CPID[i]=$!
+	e2e_track "${CPID[i]}"
+}
+
+cons_version() { e2e_last_version_fc "$T/c$1.out"; }
+e2e_last_version_fc() {
+	local v
+	v=$(sed -n 's/^\(applied\|loaded\) \([0-9]*\) .*/\2/p' "$1" 2>/dev/null | tail -n 1)
+	echo "${v:-0}"
+}
+
+# wait_point: wait for a progress point drawn from the seed (the producer's
+# committed count or a consumer's version reaching k), then 0-300 ms more.
+wait_point() {
+	local k i who deadline=$((SECONDS + 15))
+	rnd "$NVER"; k=$((R + 1))
+	rnd 2; who=$R
+	rnd "$NCONS"; i=$R
+	rnd 300; local ms=$R
+	while [ $SECONDS -lt $deadline ]; do
+		if [ $who = 0 ]; then [ "$(committed)" -ge "$k" ] && break
+		else [ "$(cons_version "$i")" -ge "$k" ] && break; fi
+		sleep 0.05
+	done
+	sleep "0.$(printf '%03d' "$ms")"
+}
+
+pause_len() { rnd 40; PAUSE="$((R / 10 + 0)).$((R % 10 + 1))"; } # 0.1 .. 4.0 s
+
+flip_or_cut() { # flip_or_cut FILE: truncate, or flip one bit, drawn from the seed
+	local f=$1 size off
+	size=$(stat -c %s "$f" 2>/dev/null) || return 1
+	[ "$size" -gt 0 ] || return 1
+	rnd 2
+	if [ $R = 0 ]; then
+		rnd 1000
+		truncate -s $((size * R / 1000)) "$f"
+		say "truncated $f from $size to $((size * R / 1000))"
+	else
+		rnd 1000000; off=$((R % size))
+		rnd 8
+		"$PY" - "$f" "$off" "$R" <<'PYEOF'
+import sys
+p, off, bit = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+with open(p, "r+b") as f:
+    f.seek(off); b = f.read(1); f.seek(off); f.write(bytes([b[0] ^ (1 << bit)]))
+PYEOF
+		say "flipped bit $R at $off of $f ($size bytes)"
+	fi
+}
+
+pick_file() { # pick_file DIR GLOB...: one file under DIR, drawn from the seed
+	local files=() f
+	for f in "$@"; do [ -f "$f" ] && files+=("$f"); done
+	[ ${#files[@]} -gt 0 ] || { PICK=; return 1; }
+	rnd ${#files[@]}; PICK=${files[R]}
+}
+
+inject() { # inject KIND: one fault
+	local kind=$1 i
+	rnd "$NCONS"; i=$R
+	case $kind in
+	broker_kill)
+		kill -9 "$BROKER_PID"; wait "$BROKER_PID" 2>/dev/null
+		say "SIGKILL broker"; rnd 10; sleep "0.$R"; broker_start || say "broker restart failed" ;;
+	broker_stop)
+		pause_len; kill -STOP "$BROKER_PID"; say "SIGSTOP broker for $PAUSE s"
+		sleep "$PAUSE"; kill -CONT "$BROKER_PID" ;;
+	producer_kill)
+		kill -0 "$PUB_PID" 2>/dev/null || return 1
+		kill -9 "$PUB_PID"; wait "$PUB_PID" 2>/dev/null; say "SIGKILL producer"
+		rnd 10; sleep "0.$R"
+		local newest; newest=$(broker_newest)
+		[ "$newest" -lt "$NVER" ] && publish_from $((newest + 1)) ;;
+	producer_stop)
+		kill -0 "$PUB_PID" 2>/dev/null || return 1
+		pause_len; kill -STOP "$PUB_PID"; say "SIGSTOP producer for $PAUSE s"
+		sleep "$PAUSE"; kill -CONT "$PUB_PID" ;;
+	consumer_kill)
+		kill -9 "${CPID[i]}" 2>/dev/null; wait "${CPID[i]}" 2>/dev/null; say "SIGKILL c$i"
+		rnd 10; sleep "0.$R"; consumer_start "$i" ;;
+	consumer_stop)
+		kill -0 "${CPID[i]}" 2>/dev/null || return 1
+		pause_len; kill -STOP "${CPID[i]}"; say "SIGSTOP c$i for $PAUSE s"
+		sleep "$PAUSE"; kill -CONT "${CPID[i]}" ;;
+	ckpt_corrupt)
+		kill -9 "${CPID[i]}" 2>/dev/null; wait "${CPID[i]}" 2>/dev/null; say "SIGKILL c$i"
+		pick_file "$T/c$i/model.safetensors" "$T/c$i"/model.dlog/*.rec && flip_or_cut "$PICK"
+		consumer_start "$i" ;;
+	segment_corrupt)
+		kill -9 "$BROKER_PID"; wait "$BROKER_PID" 2>/dev/null; say "SIGKILL broker"
+		pick_file $(find "$T/data" -type f 2>/dev/null) && flip_or_cut "$PICK"
+		broker_start || say "broker restart failed" ;;
+	proxy) sleep 1 ;; # the proxy injects on its own; count its lines afterwards
+	esac
+	return 0
+}
+
+# recover: stop injecting, bring back whatever is down, wait for convergence.
+recover() {
+	local deadline=$((SECONDS + CONVERGE_S)) i rc restarts=0
+	[ -n "$PROXY_PID" ] && kill -USR1 "$PROXY_PID" 2>/dev/null
+	kill -CONT "$BROKER_PID" "$PUB_PID" "${CPID[@]}" 2>/dev/null
+	broker_alive || broker_start || { say "broker does not restart"; return 1; }
+	while [ $SECONDS -lt $deadline ]; do
+		if ! kill -0 "$PUB_PID" 2>/dev/null && [ $restarts -lt 8 ]; then
+			local newest; newest=$(broker_newest)
+			if [ "$newest" -lt "$NVER" ]; then
+				wait "$PUB_PID" 2>/dev/null
+				restarts=$((restarts + 1))
+				publish_from $((newest + 1))
+			fi
+		fi
+		local done_n=0
+		for ((i = 0; i < NCONS; i++)); do
+			if [ "$(cons_version "$i")" -ge "$NVER" ]; then done_n=$((done_n + 1)); continue; fi
+			kill -0 "${CPID[i]}" 2>/dev/null && continue
+			wait "${CPID[i]}" 2>/dev/null; rc=$?
+			if grep -qs "open:" "$T/c$i.err" && [ ! -e "$T/c$i.wiped" ]; then
+				# a checkpoint refused with a clear error: the operator clears it
+				say "c$i refused its checkpoint: $(grep "open:" "$T/c$i.err" | tail -n 1)"
+				rm -rf "$T/c$i"; touch "$T/c$i.wiped"
+			fi
+			say "c$i exited $rc; restarting"
+			consumer_start "$i"
+		done
+		[ $done_n = "$NCONS" ] && return 0
+		sleep 0.1
+	done
+	say "not converged after ${CONVERGE_S}s: committed $(committed), consumers:$(for ((i = 0; i < NCONS; i++)); do printf ' %s' "$(cons_version "$i")"; done)"
+	return 1
+}
+
+# check: divergences (a reported version whose digest is not the producer's).
+check() {
+	local i line v d bad=0
+	for ((i = 0; i < NCONS; i++)); do
+		while read -r what v rest; do
+			d=${rest##* }
+			if [ -z "${WANT[v]:-}" ] || [ "$d" != "${WANT[v]}" ]; then
+				bad=$((bad + 1)); say "DIVERGENCE c$i: $what $v $rest (want ${WANT[v]:-none})"
+			fi
+		done < <(grep -E '^(applied|loaded) ' "$T/c$i.out" 2>/dev/null)
+	done
+	DIVERGED=$bad
+}
+
+final_equal() {
+	local i got ok=0
+	for ((i = 0; i < NCONS; i++)); do
+		got=$("$FD" "$T/c$i/model.safetensors" 2>>"$T/trial.log" | cut -d' ' -f1)
+		[ "$got" = "${WANT[NVER]}" ] || { ok=1; say "c$i final file digest ${got:-unreadable}, want ${WANT[NVER]}"; }
+	done
+	return $ok
+}
+
+# run_trial SEED: sets KIND FAULTS DIVERGED CONV URING
+run_trial() {
+	local seed=$1 kind nfaults j
+	RANDOM=$seed
+	T=$ROOT/t$seed; rm -rf "$T"; mkdir -p "$T"
+	BPORT= PPORT= PROXY_PID= FAULTS=0 TRIAL_ENV=(DELTACAST_LOG=info)
+	rnd ${#KINDS[@]}; kind=${KINDS[R]}
+	rnd 3; local uring=1; [ $R = 0 ] && { uring=0; TRIAL_ENV+=(DELTACAST_IO_URING=0); }
+	rnd 3; nfaults=$((R + 1))
+	say "seed $seed kind $kind faults $nfaults io_uring $uring"
+	export DELTACAST_IO_URING=$uring
+	[ $uring = 1 ] && unset DELTACAST_IO_URING
+	KIND=$kind URING=$uring CONV=0 DIVERGED=0
+	broker_start || return
+	if [ "$kind" = proxy ]; then
+		local try
+		for try in $(seq 0 9); do
+			PPORT=$(e2e_pick_port $((try + 50)))
+			rnd 4; local drop=$((R + 1)); rnd 20; local delay=$((R + 5))
+			rnd 4; local trunc=$((R + 1)); rnd 8; local corrupt=$((R + 2))
+			"$PROXY" "$PPORT" $((BPORT + 1)) "$seed" $drop $delay $trunc $corrupt 2>>"$T/proxy.log" &
+			PROXY_PID=$!; e2e_track "$PROXY_PID"
+			e2e_wait_for 20 grep -qs "listening on $PPORT" "$T/proxy.log" && break
+			kill -9 "$PROXY_PID" 2>/dev/null; wait "$PROXY_PID" 2>/dev/null; PROXY_PID= PPORT=
+		done
+		say "proxy on $PPORT: drop $drop delay $delay truncate $trunc corrupt $corrupt per mille"
+	fi
+	for ((j = 0; j < NCONS; j++)); do consumer_start "$j"; done
+	publish_from 1
+	for ((j = 0; j < nfaults; j++)); do
+		wait_point
+		inject "$kind" && FAULTS=$((FAULTS + 1))
+	done
+	[ "$kind" = proxy ] && sleep 1
+	local conv=1
+	recover || conv=0
+	[ $conv = 1 ] && { final_equal || conv=0; }
+	[ "$kind" = proxy ] && FAULTS=$(grep -c '^fault ' "$T/proxy.log")
+	check
+	e2e_cleanup
+	unset DELTACAST_IO_URING
+	CONV=$conv
+}
+
+# ---- the trials ----
+if [ -n "${SEED:-}" ]; then
+	SEEDLIST=("$SEED")
+else
+	base=${FAULT_SEED_BASE:-$((($$ * 7919 + $(date +%s)) % 1000000))}
+	SEEDLIST=()
+	for ((s = 0; s < ${SEEDS:-5}; s++)); do SEEDLIST+=($((base + s))); done
+fi
+declare -A N_TRIALS N_FAULTS N_DIV N_FAIL
+failed_seeds=""
+for seed in "${SEEDLIST[@]}"; do
+	run_trial "$seed"
+	kind=$KIND nf=$FAULTS dv=$DIVERGED conv=$CONV uring=$URING
+	for k in "$kind" $([ "$uring" = 0 ] && echo io_uring_refused); do
+		N_TRIALS[$k]=$((${N_TRIALS[$k]:-0} + 1))
+		N_FAULTS[$k]=$((${N_FAULTS[$k]:-0} + nf))
+		N_DIV[$k]=$((${N_DIV[$k]:-0} + dv))
+		[ "$conv" = 1 ] || N_FAIL[$k]=$((${N_FAIL[$k]:-0} + 1))
+	done
+	status=ok
+	if [ "$dv" != 0 ] || [ "$conv" != 1 ]; then
+		status=FAIL; failed_seeds="$failed_seeds $seed"
+		sed 's/^/    | /' "$ROOT/t$seed/trial.log"
+		for f in "$ROOT/t$seed"/*.err; do tail -n 3 "$f" | sed "s#^#    | $(basename "$f"): #"; done
+	fi
+	printf 'trial SEED=%-8s %-16s faults %3s  io_uring %s  divergences %s  converged %s  %s\n' \
+		"$seed" "$kind" "$nf" "$([ "$uring" = 1 ] && echo on || echo off)" "$dv" "$conv" "$status"
+	[ "$status" = ok ] && [ -z "${FAULT_KEEP:-}" ] && rm -rf "$ROOT/t$seed"
+done
+
+echo
+printf '%-18s %7s %7s %12s %9s\n' "fault kind" trials faults divergences failures
+tt=0 tf=0 td=0 tx=0
+for k in $ALL_KINDS io_uring_refused; do
+	[ -n "${N_TRIALS[$k]:-}" ] || continue
+	printf '%-18s %7s %7s %12s %9s\n' "$k" "${N_TRIALS[$k]}" "${N_FAULTS[$k]}" "${N_DIV[$k]}" "${N_FAIL[$k]:-0}"
+	[ "$k" = io_uring_refused ] && continue
+	tt=$((tt + N_TRIALS[$k])); tf=$((tf + N_FAULTS[$k])); td=$((td + N_DIV[$k])); tx=$((tx + ${N_FAIL[$k]:-0}))
+done
+printf '%-18s %7s %7s %12s %9s\n' total "$tt" "$tf" "$td" "$tx"
+if [ -n "$failed_seeds" ]; then
+	echo "faults: FAILED seeds:$failed_seeds (replay one with: SEED=N FAULT_KINDS=\"${KINDS[*]}\" make test-faults)"
+	exit 1
+fi
+echo "faults: OK: $tt trials, $tf faults, 0 divergences, all converged"

@@ -1,0 +1,73 @@
+/* fault_publish: a paced `deltacast publish` for the fault suite, so that
+ * faults strike while versions are still flowing.  Publishes FILE[i] as
+ * version FIRST+i with the producer library (the first as an anchor, then
+ * deltas), waits for each ACK, prints "acked V", then sleeps INTERVAL_MS.
+ * usage: fault_publish ENDPOINT MODEL FIRST INTERVAL_MS FILE...
+ * Exit 0 when every file is acknowledged; 1 with the error on stderr. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include "deltacast/producer.h"
+#include "deltacast/safetensors.h"
+
+static int register_file(dcast_producer *p, dcast_st_file *f)
+{
+	for (size_t i = 0; i < dcast_st_count(f); i++) {
+		const dcast_st_tensor *t = dcast_st_tensor_at(f, i);
+		int d = dcast_dtype_from_name(dcast_st_dtype_name(t->dtype));
+		int rc = d < 0 ? DCAST_EDTYPE
+			       : dcast_producer_register(p, t->name, d, t->ndim, t->shape, t->data,
+							 DCAST_MEM_HOST, 0, t->count);
+		if (rc)
+			return rc;
+	}
+	return 0;
+}
+
+static void nap(long ms)
+{
+	struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+	nanosleep(&ts, NULL);
+}
+
+int main(int argc, char **argv)
+{
+	dcast_st_file *prev = NULL, *f = NULL;
+	dcast_producer_opts o;
+	dcast_producer *p = NULL;
+	uint64_t first;
+	long interval_ms;
+	int rc = 0;
+
+	if (argc < 6) {
+		fprintf(stderr, "usage: fault_publish ENDPOINT MODEL FIRST INTERVAL_MS FILE...\n");
+		return 2;
+	}
+	first = strtoull(argv[3], NULL, 10);
+	interval_ms = atol(argv[4]);
+	dcast_producer_opts_init(&o);
+	o.client = "fault_publish";
+	o.max_reconnects = 10;
+	if ((rc = dcast_producer_open(argv[1], argv[2], 0, 1, &o, &p)))
+		goto out;
+	for (int i = 5; i < argc && !rc; i++) {
+		uint64_t v = first + (uint64_t)(i - 5);
+		if ((rc = dcast_st_open(argv[i], &f)) || (rc = register_file(p, f)) ||
+		    (rc = dcast_producer_publish(p, v)) || (rc = dcast_producer_wait(p, v, 20000)))
+			break;
+		dcast_st_close(&prev); /* the producer now points into f */
+		prev = f;
+		f = NULL;
+		printf("acked %" PRIu64 "\n", v);
+		fflush(stdout);
+		nap(interval_ms);
+	}
+out:
+	if (rc)
+		fprintf(stderr, "fault_publish: %s: %s\n", dcast_errname(rc), dcast_last_error());
+	dcast_st_close(&f);
+	dcast_st_close(&prev);
+	dcast_producer_close(&p);
+	return rc ? 1 : 0;
+}

@@ -1,0 +1,203 @@
+/* faultproxy: a loopback TCP proxy for the fault suite.  Accepts on
+ * 127.0.0.1:LISTEN, connects each client to 127.0.0.1:TARGET, and forwards
+ * both ways in blocks of at most 16 KiB.  Per block, with the per-mille
+ * rates given and a PRNG seeded by SEED (the same seed draws the same
+ * decisions), it:
+ *   drop      closes both sides of the connection before forwarding
+ *   delay     sleeps 1..50 ms before forwarding
+ *   truncate  forwards a random prefix of the block, then closes both sides
+ *   corrupt   flips one random bit of the block (after the 64-byte ZMTP greeting)
+ * Each fault is one stderr line "fault KIND conn N at byte B".  SIGUSR1 stops
+ * injecting (clean forwarding from then on); SIGTERM exits 0.
+ * usage: faultproxy LISTEN TARGET SEED DROP DELAY TRUNCATE CORRUPT */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAX_PAIRS 64
+#define BLOCK_BYTES 16384
+#define GREETING_BYTES 64
+
+typedef struct pair {
+	int fd[2];          /* 0: client side, 1: broker side; -1 when unused */
+	uint64_t moved[2];  /* bytes read from each side */
+	unsigned id;
+} pair;
+
+static pair pairs[MAX_PAIRS];
+static volatile sig_atomic_t quiet, stop;
+static uint64_t rng;
+static unsigned rate_drop, rate_delay, rate_trunc, rate_corrupt;
+
+static void on_usr1(int s) { (void)s; quiet = 1; }
+static void on_term(int s) { (void)s; stop = 1; }
+
+static uint64_t next_rand(void)
+{
+	rng ^= rng << 13;
+	rng ^= rng >> 7;
+	rng ^= rng << 17;
+	return rng;
+}
+
+static int chance(unsigned per_mille)
+{
+	return !quiet && per_mille && next_rand() % 1000 < per_mille;
+}
+
+static int tcp_socket(int port, int listening)
+{
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1;
+
+	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	if (fd < 0)
+		return -1;
+	setsockopt(fd, listening ? SOL_SOCKET : IPPROTO_TCP, listening ? SO_REUSEADDR : TCP_NODELAY,
+		   &one, sizeof(one));
+	if (listening ? bind(fd, (struct sockaddr *)&a, sizeof(a)) || listen(fd, 64)
+		      : connect(fd, (struct sockaddr *)&a, sizeof(a))) {
+		close(fd);
+		return -1;
+	}
+	return fd;
+}
+
+static void pair_close(pair *p)
+{
+	for (int s = 0; s < 2; s++)
+		if (p->fd[s] >= 0)
+			close(p->fd[s]);
+	p->fd[0] = p->fd[1] = -1;
+}
+
+static void accept_one(int lfd, int target, unsigned *next_id)
+{
+	int c = accept4(lfd, NULL, NULL, SOCK_CLOEXEC), b;
+
+	if (c < 0)
+		return;
+	for (int i = 0; i < MAX_PAIRS; i++) {
+		if (pairs[i].fd[0] >= 0)
+			continue;
+		if ((b = tcp_socket(target, 0)) < 0)
+			break; /* broker down: the client sees a closed connection */
+		pairs[i] = (pair){.fd = {c, b}, .id = (*next_id)++};
+		return;
+	}
+	close(c);
+}
+
+static void fault(const char *kind, const pair *p, int side)
+{
+	fprintf(stderr, "fault %s conn %u at byte %llu\n", kind, p->id,
+		(unsigned long long)p->moved[side]);
+}
+
+static int write_all(int fd, const unsigned char *b, size_t n)
+{
+	for (int guard = 0; n && guard < 100000; guard++) {
+		ssize_t w = write(fd, b, n);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0)
+			return -1;
+		b += w;
+		n -= (size_t)w;
+	}
+	return n ? -1 : 0;
+}
+
+/* Move one block from side s to the other; 0, or -1 to close the pair. */
+static int forward(pair *p, int s)
+{
+	static unsigned char buf[BLOCK_BYTES];
+	ssize_t n = read(p->fd[s], buf, sizeof(buf));
+	uint64_t before = p->moved[s];
+
+	if (n <= 0)
+		return n < 0 && errno == EINTR ? 0 : -1;
+	p->moved[s] += (uint64_t)n;
+	if (chance(rate_drop))
+		return fault("drop", p, s), -1;
+	if (chance(rate_delay)) {
+		struct timespec ts = {0, (long)(1 + next_rand() % 50) * 1000000L};
+		fault("delay", p, s);
+		nanosleep(&ts, NULL);
+	}
+	if (p->moved[s] > GREETING_BYTES && chance(rate_corrupt)) {
+		uint64_t lo = before < GREETING_BYTES ? GREETING_BYTES - before : 0;
+		uint64_t at = lo + next_rand() % ((uint64_t)n - lo);
+		buf[at] ^= (unsigned char)(1u << (next_rand() % 8));
+		fault("corrupt", p, s);
+	}
+	if (chance(rate_trunc)) {
+		fault("truncate", p, s);
+		write_all(p->fd[!s], buf, next_rand() % (uint64_t)n);
+		return -1;
+	}
+	return write_all(p->fd[!s], buf, (size_t)n);
+}
+
+static void serve(int lfd, int target)
+{
+	struct pollfd pf[1 + 2 * MAX_PAIRS];
+	unsigned next_id = 0;
+
+	while (!stop) {
+		int n = 1;
+		pf[0] = (struct pollfd){.fd = lfd, .events = POLLIN};
+		for (int i = 0; i < MAX_PAIRS; i++)
+			for (int s = 0; s < 2; s++)
+				pf[n++] = (struct pollfd){.fd = pairs[i].fd[s], .events = POLLIN};
+		if (poll(pf, (nfds_t)n, 200) <= 0)
+			continue;
+		if (pf[0].revents)
+			accept_one(lfd, target, &next_id);
+		for (int i = 0; i < MAX_PAIRS; i++)
+			for (int s = 0; s < 2; s++)
+				if (pairs[i].fd[s] >= 0 && pf[1 + 2 * i + s].revents && forward(&pairs[i], s))
+					pair_close(&pairs[i]);
+	}
+}
+
+int main(int argc, char **argv)
+{
+	int lfd;
+
+	if (argc != 8) {
+		fprintf(stderr, "usage: faultproxy LISTEN TARGET SEED DROP DELAY TRUNCATE CORRUPT"
+				" (rates per mille of blocks)\n");
+		return 2;
+	}
+	rng = strtoull(argv[3], NULL, 10) * 0x9E3779B97F4A7C15ull + 1;
+	rate_drop = (unsigned)atoi(argv[4]);
+	rate_delay = (unsigned)atoi(argv[5]);
+	rate_trunc = (unsigned)atoi(argv[6]);
+	rate_corrupt = (unsigned)atoi(argv[7]);
+	for (int i = 0; i < MAX_PAIRS; i++)
+		pairs[i].fd[0] = pairs[i].fd[1] = -1;
+	signal(SIGPIPE, SIG_IGN);
+	signal(SIGUSR1, on_usr1);
+	signal(SIGTERM, on_term);
+	if ((lfd = tcp_socket(atoi(argv[1]), 1)) < 0) {
+		fprintf(stderr, "faultproxy: cannot listen on 127.0.0.1:%s: %s\n", argv[1], strerror(errno));
+		return 1;
+	}
+	fprintf(stderr, "faultproxy: listening on %s, forwarding to %s\n", argv[1], argv[2]);
+	serve(lfd, atoi(argv[2]));
+	for (int i = 0; i < MAX_PAIRS; i++)
+		pair_close(&pairs[i]);
+	close(lfd);
+	return 0;
+}

@@ -57,7 +57,7 @@ rnd() { R=$((RANDOM % $1)); }
 
 # ---- per-trial state ----
 T= BPORT= PPORT= PROXY_PID= PUB_PID= TRIAL_ENV=()
-declare -a CPID
+declare -a CPID CDONE CREST
 FAULTS=0
 
 say() { echo "$*" >>"$T/trial.log"; }
@@ -116,8 +116,14 @@ consumer_ep() {
 	if [ -n "$PPORT" ]; then echo "tcp://127.0.0.1:$PPORT"; else echo "tcp://127.0.0.1:$((BPORT + 1))"; fi
 }
 
+# refused_ckpt I: consumer I's last words refuse its local checkpoint.
+refused_ckpt() {
+	tail -n 1 "$T/c$1.err" 2>/dev/null | grep -qE "open: |start with an empty directory"
+}
+
 consumer_start() {
 	local i=$1
+	CDONE[i]=0
 	env "${TRIAL_ENV[@]}" "$FC" "$(consumer_ep)" "$MODEL" "$T/c$i" "$NVER" \
 		>>"$T/c$i.out" 2>>"$T/c$i.err" &
 	CPID[i]=$!
@@ -235,13 +241,19 @@ recover() {
 		fi
 		local done_n=0
 		for ((i = 0; i < NCONS; i++)); do
-			if [ "$(cons_version "$i")" -ge "$NVER" ]; then done_n=$((done_n + 1)); continue; fi
-			kill -0 "${CPID[i]}" 2>/dev/null && continue
+			if [ "${CDONE[i]}" = 1 ]; then done_n=$((done_n + 1)); continue; fi
+			if kill -0 "${CPID[i]}" 2>/dev/null; then
+				refused_ckpt "$i" || continue
+				kill -9 "${CPID[i]}"
+			fi
 			wait "${CPID[i]}" 2>/dev/null; rc=$?
-			if grep -qs "open:" "$T/c$i.err" && [ ! -e "$T/c$i.wiped" ]; then
+			if [ $rc = 0 ]; then CDONE[i]=1; done_n=$((done_n + 1)); continue; fi
+			CREST[i]=$((${CREST[i]:-0} + 1))
+			[ "${CREST[i]}" -le 10 ] || continue
+			if refused_ckpt "$i"; then
 				# a checkpoint refused with a clear error: the operator clears it
-				say "c$i refused its checkpoint: $(grep "open:" "$T/c$i.err" | tail -n 1)"
-				rm -rf "$T/c$i"; touch "$T/c$i.wiped"
+				say "c$i refused its checkpoint: $(tail -n 1 "$T/c$i.err"); cleared"
+				rm -rf "$T/c$i"
 			fi
 			say "c$i exited $rc; restarting"
 			consumer_start "$i"
@@ -281,7 +293,7 @@ run_trial() {
 	local seed=$1 kind nfaults j
 	RANDOM=$seed
 	T=$ROOT/t$seed; rm -rf "$T"; mkdir -p "$T"
-	BPORT= PPORT= PROXY_PID= FAULTS=0 TRIAL_ENV=(DELTACAST_LOG=info)
+	BPORT= PPORT= PROXY_PID= FAULTS=0 TRIAL_ENV=(DELTACAST_LOG=info) CREST=()
 	rnd ${#KINDS[@]}; kind=${KINDS[R]}
 	rnd 3; local uring=1; [ $R = 0 ] && { uring=0; TRIAL_ENV+=(DELTACAST_IO_URING=0); }
 	rnd 3; nfaults=$((R + 1))

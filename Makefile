@@ -200,3 +200,9 @@ demo: all $(E2E_TOOLS)
 	@DELTACAST_BUILD=$(abspath $(BUILD)) PYTHON=$(PYTHON) scripts/demo.sh
 test-faults: all $(E2E_TOOLS)
 	@DELTACAST_BUILD=$(abspath $(BUILD)) PYTHON=$(PYTHON) SEEDS=$(SEEDS) scripts/faults.sh
+# `make bench`: deltacast deltas vs full anchors vs raw TCP loopback, time to
+# every consumer (scripts/bench_e2e.sh; BENCH_PARAMS, BENCH_CONSUMERS);
+# rewrites the bench-e2e section of docs/benchmarks.md.
+.PHONY: bench
+bench: all $(BUILD)/tools/bench_tcp
+	@DELTACAST_BUILD=$(abspath $(BUILD)) PYTHON=$(PYTHON) scripts/bench_e2e.sh

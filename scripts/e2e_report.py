@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Summaries for scripts/demo.sh and scripts/bench_e2e.sh from their time-stamped logs.
 
-  e2e_report.py demo TMPDIR
+  e2e_report.py demo TMPDIR    the demo's tables
+  e2e_report.py bench TMPDIR   one JSON line: mean time to every consumer of versions 2..
 
 Logs (written by e2e_stamp: "EPOCH LINE"):
   producer.log  deltacast publish: version V anchor|delta bytes B of M (R%) changed C (D%)
@@ -53,14 +54,11 @@ def incarnation_start(ev, t):
     return alive
 
 
-def demo(tmp):
+def load(tmp):
     pub = parse(os.path.join(tmp, "producer.log"), PUB)
     names = sorted(n[:-4] for n in os.listdir(tmp) if re.match(r"c\d+\.log$", n))
     cons = {n: parse(os.path.join(tmp, n + ".log"), SUB) for n in names}
     evs = {n: events(os.path.join(tmp, n + ".events")) for n in names}
-    if not pub:
-        print("no producer lines", file=sys.stderr)
-        return 1
     rows, anchor_reach = [], None
     for (t, v, kind, b, m, _, ch, dens, _, _, ms) in pub:
         t, b, m, ms = float(t), int(b), int(m), float(ms)
@@ -82,6 +80,30 @@ def demo(tmp):
         if kind == "anchor":
             anchor_reach = reach
         rows.append((v, kind, float(dens), b, m, ms, reach, n_in, n_all))
+    return pub, names, cons, evs, rows, anchor_reach
+
+
+def bench(tmp):
+    """One JSON line: mean time to every consumer of versions 2.. and their bytes."""
+    import json
+    pub, names, cons, evs, rows, _ = load(tmp)
+    later = [r for r in rows if int(r[0]) >= 2]
+    if not later:
+        return 1
+    print(json.dumps({
+        "versions": len(later), "consumers": len(names),
+        "mean_reach_s": sum(r[6] for r in later) / len(later),
+        "wire_bytes": sum(r[3] for r in later) // len(later),
+        "model_bytes": later[0][4],
+        "density": sum(r[2] for r in later) / len(later)}))
+    return 0
+
+
+def demo(tmp):
+    pub, names, cons, evs, rows, anchor_reach = load(tmp)
+    if not pub:
+        print("no producer lines", file=sys.stderr)
+        return 1
     print()
     print("version kind    density  wire bytes    model bytes  publish ms  to every consumer"
           "  bytes saved  speed-up")
@@ -118,7 +140,7 @@ def demo(tmp):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "demo":
-        sys.exit(demo(sys.argv[2]))
+    if len(sys.argv) == 3 and sys.argv[1] in ("demo", "bench"):
+        sys.exit((demo if sys.argv[1] == "demo" else bench)(sys.argv[2]))
     print(__doc__, file=sys.stderr)
     sys.exit(2)

@@ -1,0 +1,116 @@
+/* bench_tcp BYTES N: the raw TCP loopback ceiling for scripts/bench_e2e.sh.
+ * Sends BYTES to each of N receivers at once (one sender and one receiver
+ * thread per connection, 1 MiB writes from one shared buffer, reads into a
+ * per-receiver 1 MiB buffer) and prints "seconds S bytes B" for the time
+ * until every receiver has all of its bytes.  Exit 1 on a socket error. */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAX_CONN 64
+#define IO_BYTES (1u << 20)
+
+static uint64_t total_bytes;
+static unsigned char send_buf[IO_BYTES];
+
+typedef struct conn {
+	int fd;
+	int failed;
+	pthread_t th;
+} conn;
+
+static void *sender(void *arg)
+{
+	conn *c = arg;
+	uint64_t left = total_bytes;
+
+	while (left && !c->failed) {
+		ssize_t w = write(c->fd, send_buf, left < IO_BYTES ? left : IO_BYTES);
+		if (w <= 0)
+			c->failed = 1;
+		else
+			left -= (uint64_t)w;
+	}
+	return NULL;
+}
+
+static void *receiver(void *arg)
+{
+	conn *c = arg;
+	unsigned char *buf = malloc(IO_BYTES);
+	uint64_t left = total_bytes;
+
+	while (buf && left && !c->failed) {
+		ssize_t r = read(c->fd, buf, IO_BYTES);
+		if (r <= 0)
+			c->failed = 1;
+		else
+			left -= (uint64_t)r;
+	}
+	c->failed |= !buf;
+	free(buf);
+	return NULL;
+}
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+int main(int argc, char **argv)
+{
+	struct sockaddr_in a = {.sin_family = AF_INET};
+	socklen_t len = sizeof(a);
+	conn snd[MAX_CONN], rcv[MAX_CONN];
+	int lfd, n, failed = 0;
+	double t0;
+
+	if (argc != 3 || (n = atoi(argv[2])) < 1 || n > MAX_CONN) {
+		fprintf(stderr, "usage: bench_tcp BYTES N (1 <= N <= %d)\n", MAX_CONN);
+		return 2;
+	}
+	total_bytes = strtoull(argv[1], NULL, 10);
+	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	lfd = socket(AF_INET, SOCK_STREAM, 0);
+	if (lfd < 0 || bind(lfd, (struct sockaddr *)&a, sizeof(a)) || listen(lfd, MAX_CONN) ||
+	    getsockname(lfd, (struct sockaddr *)&a, &len)) {
+		perror("bench_tcp: listen");
+		return 1;
+	}
+	for (int i = 0; i < n; i++) {
+		snd[i] = (conn){.fd = socket(AF_INET, SOCK_STREAM, 0)};
+		if (snd[i].fd < 0 || connect(snd[i].fd, (struct sockaddr *)&a, sizeof(a))) {
+			perror("bench_tcp: connect");
+			return 1;
+		}
+		rcv[i] = (conn){.fd = accept(lfd, NULL, NULL)};
+		if (rcv[i].fd < 0) {
+			perror("bench_tcp: accept");
+			return 1;
+		}
+	}
+	t0 = now_s();
+	for (int i = 0; i < n; i++) {
+		pthread_create(&rcv[i].th, NULL, receiver, &rcv[i]);
+		pthread_create(&snd[i].th, NULL, sender, &snd[i]);
+	}
+	for (int i = 0; i < n; i++) {
+		pthread_join(snd[i].th, NULL);
+		pthread_join(rcv[i].th, NULL);
+		failed |= snd[i].failed | rcv[i].failed;
+		close(snd[i].fd);
+		close(rcv[i].fd);
+	}
+	printf("seconds %.6f bytes %llu\n", now_s() - t0, (unsigned long long)(total_bytes * (uint64_t)n));
+	close(lfd);
+	return failed;
+}

@@ -334,6 +334,14 @@ static int on_message(dcast_consumer *c, dcast_wire_in *in)
 				  : m->u.welcome.heartbeat_ms ? m->u.welcome.heartbeat_ms : 1000;
 		return 0;
 	}
+	if (m->type == DCAST_MSG_ERROR && m->u.error.code == DCAST_ESTATE) {
+		/* The broker does not know us (it restarted, dropped us after a
+		 * silence, or the connection was re-made): join again from the
+		 * applied version.  One reply per message we sent bounds the rate. */
+		DCAST_LOG_W("consumer %s: broker lost our session (%s); re-joining", c->model,
+			    m->u.error.text);
+		return cs_rejoin(c);
+	}
 	if (!c->welcomed || c->manifest_bad)
 		return 0; /* the old stream, before our re-join's WELCOME */
 	switch (m->type) {

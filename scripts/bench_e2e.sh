@@ -98,7 +98,12 @@ import os, sys
 path, table = sys.argv[1], sys.argv[2]
 b, e = "<!-- bench-e2e:begin -->", "<!-- bench-e2e:end -->"
 s = open(path).read() if os.path.exists(path) else "# Benchmarks\n"
-body = b + "\n" + table + "\n\nNot measured yet: HTTP (nginx) fan-out, Redis pub/sub, shared-filesystem reload.\n" + e
+note = ("\nThe deltacast time covers the whole path: the producer's diff and encode, the broker,"
+        " each consumer's staging, apply with digest check, and its checkpoint write (`deltacast"
+        " subscribe` rewrites DIR/model.safetensors after every version); the raw TCP rows move"
+        " bytes only.  Not measured yet: HTTP (nginx) fan-out, Redis pub/sub, shared-filesystem"
+        " reload.\n")
+body = b + "\n" + table + "\n" + note + e
 s = s[:s.index(b)] + body + s[s.index(e) + len(e):] if b in s else s + "\n## End to end\n\n" + body + "\n"
 open(path, "w").write(s)
 PYEOF

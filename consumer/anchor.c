@@ -11,6 +11,7 @@
 #include <unistd.h>
 #include "consumer_impl.h"
 #include "dcast_common.h"
+#include "deltacast/codec.h"
 #include "deltacast/safetensors.h"
 
 /* Tensor table from the file's header when no manifest is known yet. */
@@ -77,6 +78,39 @@ static int read_tensors(dcast_consumer *c, const dcast_st_file *f, int file)
 	return err;
 }
 
+/* Digest of the whole model as it is now: XXH3-64 (dcast_checksum) of the
+ * little-endian per-tensor dcast_digest values, in manifest order.  Kept in
+ * the anchor file's metadata so a load can tell a flipped bit on disk. */
+static int model_digest(dcast_consumer *c, uint64_t *out)
+{
+	uint64_t *d = calloc(c->n_tensors ? c->n_tensors : 1, sizeof(*d));
+	int err = d ? 0 : dcast_fail(DCAST_ENOMEM, "checkpoint digest: %u tensors", c->n_tensors);
+
+	for (uint32_t i = 0; !err && i < c->n_tensors; i++)
+		err = cs_tensor_digest(&c->tensors[i], 0, c->tensors[i].bytes, &d[i]);
+	if (!err)
+		*out = dcast_checksum(d, c->n_tensors * sizeof(*d));
+	free(d);
+	return err;
+}
+
+static int check_model_digest(dcast_consumer *c, const dcast_st_file *f)
+{
+	const char *want = dcast_st_metadata_get(f, "deltacast.digest");
+	uint64_t got = 0;
+	int err;
+
+	if (!want || !*want)
+		return dcast_fail(DCAST_ECORRUPT, "%s: no deltacast.digest metadata", c->anchor_path);
+	if ((err = model_digest(c, &got)))
+		return err;
+	if (strtoull(want, NULL, 16) != got)
+		return dcast_fail(DCAST_ECORRUPT,
+				  "%s: tensor data digest %016" PRIx64 ", metadata says %s: the file is corrupt",
+				  c->anchor_path, got, want);
+	return 0;
+}
+
 int cs_anchor_load(dcast_consumer *c, uint64_t *version)
 {
 	dcast_st_file *f = NULL;
@@ -98,6 +132,8 @@ int cs_anchor_load(dcast_consumer *c, uint64_t *version)
 		err = dcast_fail(-file, "%s: cannot add to the I/O engine", c->anchor_path);
 	if (!err)
 		err = read_tensors(c, f, file);
+	if (!err)
+		err = check_model_digest(c, f);
 	if (file >= 0)
 		dcast_io_file_remove(c->io, file);
 	if (fd >= 0)
@@ -128,9 +164,11 @@ static int write_tensor(dcast_consumer *c, int file, const cs_tensor *t, uint64_
 	return err;
 }
 
-static int layout(dcast_consumer *c, const char *version, dcast_st_layout *lay)
+static int layout(dcast_consumer *c, const char *version, const char *digest,
+		  dcast_st_layout *lay)
 {
-	dcast_st_meta meta[2] = {{"deltacast.model", c->model}, {"deltacast.version", version}};
+	dcast_st_meta meta[3] = {{"deltacast.model", c->model}, {"deltacast.version", version},
+				 {"deltacast.digest", digest}};
 	dcast_st_spec *specs = calloc(c->n_tensors ? c->n_tensors : 1, sizeof(*specs));
 	int err;
 
@@ -143,7 +181,7 @@ static int layout(dcast_consumer *c, const char *version, dcast_st_layout *lay)
 		specs[i].ndim = c->tensors[i].desc.ndim;
 		memcpy(specs[i].shape, c->tensors[i].desc.shape, sizeof(specs[i].shape));
 	}
-	err = dcast_st_layout_compute(specs, c->n_tensors, meta, 2, lay);
+	err = dcast_st_layout_compute(specs, c->n_tensors, meta, 3, lay);
 	free(specs);
 	return err;
 }
@@ -193,8 +231,8 @@ static int write_anchor(dcast_consumer *c, const dcast_st_layout *lay)
 
 int cs_ckpt_fold(dcast_consumer *c)
 {
-	uint64_t v = dcast_consumer_version(c), *vers;
-	char vbuf[32];
+	uint64_t v = dcast_consumer_version(c), *vers, digest = 0;
+	char vbuf[32], dbuf[32];
 	dcast_st_layout lay;
 	uint32_t n = 0;
 	int err;
@@ -202,7 +240,10 @@ int cs_ckpt_fold(dcast_consumer *c)
 	if (v == DCAST_VERSION_NONE)
 		return 0;
 	snprintf(vbuf, sizeof(vbuf), "%" PRIu64, v);
-	if ((err = layout(c, vbuf, &lay)))
+	if ((err = model_digest(c, &digest)))
+		return err;
+	snprintf(dbuf, sizeof(dbuf), "%016" PRIx64, digest);
+	if ((err = layout(c, vbuf, dbuf, &lay)))
 		return err;
 	err = write_anchor(c, &lay);
 	dcast_st_layout_free(&lay);

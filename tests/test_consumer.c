@@ -223,6 +223,48 @@ static void test_corrupt_log(const h_broker *b)
 	h_model_free(&m);
 }
 
+/* A bit flipped in the tensor data of the checkpoint's safetensors anchor
+ * (which its own header cannot show) is caught by the model digest in its
+ * metadata: open refuses the checkpoint with a clear error instead of
+ * serving weights that are not any committed version. */
+static void test_corrupt_anchor_file(const h_broker *b)
+{
+	h_model m;
+	dcast_producer *p = NULL;
+	dcast_consumer *c;
+	h_seen s = {0};
+	char path[512];
+	dcast_consumer_opts o;
+
+	dcast_consumer_opts_init(&o);
+	o.fold_every = 1; /* every applied version folds into model.safetensors */
+	h_model_init(&m, 43, 1);
+	REQUIRE(h_producer_open(b, "m_anchor", &m, &p) == 0);
+	for (uint64_t v = 1; v <= 2; v++)
+		REQUIRE(h_publish(p, &m, v, 100) == 0);
+	c = NULL;
+	REQUIRE(dcast_consumer_open(b->consumers, "m_anchor", dir_for("anchor"), BUDGET, &o, &c) == 0);
+	CHECK(h_drive(c, &m, 2, &s) == 0);
+	CHECK(dcast_consumer_checkpoint(c) == 0); /* model.safetensors at version 2 */
+	dcast_consumer_close(&c);
+	snprintf(path, sizeof(path), "%s/model.safetensors", dir_for("anchor"));
+	FILE *f = fopen(path, "r+b");
+	REQUIRE(f);
+	fseek(f, -3, SEEK_END); /* tensor data, not the header */
+	int ch = fgetc(f);
+	fseek(f, -3, SEEK_END);
+	fputc(ch ^ 0x10, f);
+	fclose(f);
+	c = NULL;
+	CHECK_ERR(dcast_consumer_open(b->consumers, "m_anchor", dir_for("anchor"), BUDGET, &o, &c),
+		  DCAST_ECORRUPT);
+	CHECK(c == NULL);
+	fprintf(stderr, "refused as: %s\n", dcast_last_error());
+	CHECK(strstr(dcast_last_error(), "digest") != NULL);
+	dcast_producer_close(&p);
+	h_model_free(&m);
+}
+
 static void test_bad_args(void)
 {
 	dcast_consumer *c = (dcast_consumer *)1;
@@ -250,6 +292,7 @@ int main(void)
 	test_gap(&b);
 	test_duplicates(&b);
 	test_corrupt_log(&b);
+	test_corrupt_anchor_file(&b);
 	h_broker_stop(&b);
 	char cmd[300];
 	snprintf(cmd, sizeof(cmd), "rm -rf %s", root);

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The short run of the fault-injection suite (scripts/faults.sh, 5 drawn
-# seeds; the long run is `SEEDS=N make test-faults`).  Only the kinds that
-# pass today: the others (broker kill/stop, consumer stop, proxy, checkpoint
-# and segment corruption) expose two open consumer bugs listed in
-# docs/reliability.md ("Open failures") and would keep `make test` red.
-# FAULT_KINDS overrides.
+# seeds; the long run is `SEEDS=N make test-faults`).  Every kind except
+# `proxy`, which still fails intermittently (a consumer left without a
+# WELCOME after the proxy's connection drops; docs/reliability.md, "Open
+# failures") and would make `make test` flaky.  FAULT_KINDS overrides.
 set -u
-exec env FAULT_KINDS="${FAULT_KINDS:-producer_kill producer_stop consumer_kill}" SEEDS="${SEEDS:-5}" \
+kinds="broker_kill broker_stop producer_kill producer_stop consumer_kill consumer_stop ckpt_corrupt segment_corrupt"
+exec env FAULT_KINDS="${FAULT_KINDS:-$kinds}" SEEDS="${SEEDS:-5}" \
 	bash "$(dirname "$0")/../scripts/faults.sh"

@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -81,17 +82,27 @@ static void pair_close(pair *p)
 	p->fd[0] = p->fd[1] = -1;
 }
 
+/* Writes block the single-threaded proxy: a peer that stops reading for
+ * 2 s loses its connection (logged as a stall) instead of stalling all. */
+static void send_timeout(int fd)
+{
+	struct timeval tv = {2, 0};
+	setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+}
+
 static void accept_one(int lfd, int target, unsigned *next_id)
 {
 	int c = accept4(lfd, NULL, NULL, SOCK_CLOEXEC), b;
 
 	if (c < 0)
 		return;
+	send_timeout(c);
 	for (int i = 0; i < MAX_PAIRS; i++) {
 		if (pairs[i].fd[0] >= 0)
 			continue;
 		if ((b = tcp_socket(target, 0)) < 0)
 			break; /* broker down: the client sees a closed connection */
+		send_timeout(b);
 		pairs[i] = (pair){.fd = {c, b}, .id = (*next_id)++};
 		return;
 	}
@@ -146,7 +157,11 @@ static int forward(pair *p, int s)
 		write_all(p->fd[!s], buf, next_rand() % (uint64_t)n);
 		return -1;
 	}
-	return write_all(p->fd[!s], buf, (size_t)n);
+	if (write_all(p->fd[!s], buf, (size_t)n)) {
+		fprintf(stderr, "stall conn %u: peer not reading, closed\n", p->id);
+		return -1;
+	}
+	return 0;
 }
 
 static void serve(int lfd, int target)

@@ -62,3 +62,24 @@ def check(rc):
         detail = l.dcast_last_error().decode(errors="replace")
         raise DeltacastError(rc, name, detail)
     return rc
+
+
+class Closable:
+    """Context-manager and finaliser behaviour shared by Producer and
+    Consumer: both call their own idempotent close()."""
+
+    def close(self):
+        raise NotImplementedError
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass

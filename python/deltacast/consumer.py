@@ -17,7 +17,7 @@ alive until close(); its contents change only inside apply()."""
 import collections
 import ctypes
 
-from ._lib import check, fail, lib
+from ._lib import Closable, check, fail, lib
 
 VERSION_NONE = (1 << 64) - 1
 MEM_HOST, MEM_CUDA = 0, 1
@@ -87,7 +87,7 @@ def _ver(v):
     return None if v == VERSION_NONE else v
 
 
-class Consumer:
+class Consumer(Closable):
     """A consumer of one model (see the module doc)."""
 
     def __init__(self, broker, model, dir, budget_bytes=256 << 20, verify=True, fold_every=None,
@@ -201,16 +201,3 @@ class Consumer:
         if self._c is not None and self._c.value:
             self._l.dcast_consumer_close(ctypes.byref(self._c))
         self._bound = {}
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass

@@ -11,7 +11,7 @@ library reads the memory during publish(): keep the tensors alive and
 unchanged until publish() returns."""
 import ctypes
 
-from ._lib import check, fail, lib
+from ._lib import Closable, check, fail, lib
 
 _DTYPES = {"BF16": 0, "F16": 1, "F32": 2, "F8_E4M3": 3, "F8_E5M2": 4, "I8": 5, "U8": 6,
            "I16": 7, "U16": 8, "I32": 9, "U32": 10}
@@ -89,7 +89,7 @@ def _describe_torch(name, t, dtype):
     return kind, tuple(t.shape), t.data_ptr(), mem
 
 
-class Producer:
+class Producer(Closable):
     """One part of a model's producer, connected to a broker (see module doc)."""
 
     def __init__(self, broker, model, part=0, parts=1, range_elems=None,
@@ -147,16 +147,3 @@ class Producer:
         if self._p is not None and self._p.value:
             self._l.dcast_producer_close(ctypes.byref(self._p))
         self._keep = {}
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass

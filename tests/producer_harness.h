@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "deltacast/safetensors.h"
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -211,6 +212,23 @@ static inline uint64_t harness_rand(uint64_t *s)
 }
 
 /* Change about `per_million` of n bf16 elements by one ulp (or more). */
+/* 1 when tensor `name` of the safetensors file at `path` holds exactly
+ * `bytes` bytes equal to `data`. */
+static inline int harness_same_as_file(const char *path, const char *name, const void *data,
+				       size_t bytes)
+{
+	dcast_st_file *f = NULL;
+	const dcast_st_tensor *t;
+	int ok;
+
+	if (dcast_st_open(path, &f))
+		return 0;
+	t = dcast_st_find(f, name);
+	ok = t && t->nbytes == bytes && !memcmp(t->data, data, bytes);
+	dcast_st_close(&f);
+	return ok;
+}
+
 static inline void harness_perturb(uint16_t *x, uint64_t n, uint64_t per_million, uint64_t *seed)
 {
 	for (uint64_t i = 0; i < n; i++)

@@ -14,20 +14,6 @@
 static char dir[256];
 static uint16_t *ta, *tb;
 
-static int same_as_file(const char *path, const char *name, const void *data, size_t bytes)
-{
-	dcast_st_file *f = NULL;
-	const dcast_st_tensor *t;
-	int ok;
-
-	if (dcast_st_open(path, &f))
-		return 0;
-	t = dcast_st_find(f, name);
-	ok = t && t->nbytes == bytes && !memcmp(t->data, data, bytes);
-	dcast_st_close(&f);
-	return ok;
-}
-
 static void test_no_broker(void)
 {
 	dcast_producer_opts o;
@@ -86,8 +72,8 @@ static void publish_and_read(dcast_producer *p, harness_broker *b, uint64_t v, i
 		CHECK(s.payload_bytes < s.model_bytes / 10); /* sparse: 0.1% changed */
 	snprintf(out, sizeof(out), "%s/read-%llu.safetensors", dir, (unsigned long long)v);
 	CHECK(harness_read(b, "unit", v, out) == 0);
-	CHECK(same_as_file(out, "a", ta, N_A * 2));
-	CHECK(same_as_file(out, "b", tb, N_B * 2));
+	CHECK(harness_same_as_file(out, "a", ta, N_A * 2));
+	CHECK(harness_same_as_file(out, "b", tb, N_B * 2));
 }
 
 static void test_versions(harness_broker *b)

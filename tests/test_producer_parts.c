@@ -12,20 +12,6 @@
 #define SPLIT ((1u << 20) + 123)
 #define N_S 4096               /* owned by part 0 only */
 
-static int same_as_file(const char *path, const char *name, const void *data, size_t bytes)
-{
-	dcast_st_file *f = NULL;
-	const dcast_st_tensor *t;
-	int ok;
-
-	if (dcast_st_open(path, &f))
-		return 0;
-	t = dcast_st_find(f, name);
-	ok = t && t->nbytes == bytes && !memcmp(t->data, data, bytes);
-	dcast_st_close(&f);
-	return ok;
-}
-
 static void reg(dcast_producer *p, uint16_t *w, uint16_t *s, uint32_t part)
 {
 	uint64_t shape_w[2] = {N_W, 1}, shape_s[1] = {N_S};
@@ -66,8 +52,8 @@ int main(void)
 	publish_both(pp, 10);
 	snprintf(out, sizeof(out), "%s/v10.safetensors", dir);
 	CHECK(harness_read(&b, "parts", 10, out) == 0);
-	CHECK(same_as_file(out, "w", w, N_W * 2));
-	CHECK(same_as_file(out, "s", s, N_S * 2));
+	CHECK(harness_same_as_file(out, "w", w, N_W * 2));
+	CHECK(harness_same_as_file(out, "s", s, N_S * 2));
 	/* a delta where only part 1's range of w changed, then one in both */
 	harness_perturb(w + SPLIT, N_W - SPLIT, 5000, &seed);
 	publish_both(pp, 11);
@@ -81,8 +67,8 @@ int main(void)
 	publish_both(pp, 12);
 	snprintf(out, sizeof(out), "%s/v12.safetensors", dir);
 	CHECK(harness_read(&b, "parts", 12, out) == 0);
-	CHECK(same_as_file(out, "w", w, N_W * 2));
-	CHECK(same_as_file(out, "s", s, N_S * 2));
+	CHECK(harness_same_as_file(out, "w", w, N_W * 2));
+	CHECK(harness_same_as_file(out, "s", s, N_S * 2));
 	dcast_producer_close(&pp[0]);
 	dcast_producer_close(&pp[1]);
 	harness_broker_kill(&b, SIGTERM);

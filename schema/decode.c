@@ -63,29 +63,40 @@ static int get_str(const msgpack_object *o, const char *path, const struct field
 	return 0;
 }
 
+static int is_key(const msgpack_object *k, const char *s)
+{
+	size_t n = strlen(s);
+
+	return k->type == MSGPACK_OBJECT_STR && k->via.str.size == n &&
+	       memcmp(k->via.str.ptr, s, n) == 0;
+}
+
+/* Role or dtype name -> enum value, compared in place (no copy). */
+static int enum_value(const msgpack_object *o, int kind)
+{
+	int n = kind == F_ROLE ? 2 : DCAST_DTYPE_COUNT;
+
+	for (int i = 0; i < n; i++)
+		if (is_key(o, kind == F_ROLE ? schema_role_name(i) : dcast_dtype_name(i)))
+			return i;
+	return -1;
+}
+
 static int get_enum_str(const msgpack_object *o, const char *path, const struct field *f,
 			uint32_t *dst)
 {
-	char s[32];
-	struct field sf = *f;
-	int v;
+	int rc = want(o, MSGPACK_OBJECT_STR, path, f->key, "str");
 
-	sf.max = sizeof(s) - 1;
-	if (o->type == MSGPACK_OBJECT_STR && o->via.str.size >= sizeof(s))
-		return dcast_fail(f->kind == F_DTYPE ? DCAST_EDTYPE : DCAST_EFIELD_RANGE,
-				  "%s.%s: unknown value", path, f->key);
-	int rc = get_str(o, path, &sf, s);
 	if (rc)
 		return rc;
-	if (f->kind == F_ROLE)
-		v = strcmp(s, "producer") == 0 ? DCAST_ROLE_PRODUCER
-		    : strcmp(s, "consumer") == 0 ? DCAST_ROLE_CONSUMER : -1;
-	else
-		v = dcast_dtype_from_name(s);
+	int v = enum_value(o, f->kind);
+	int shown = o->via.str.size > 32 ? 32 : (int)o->via.str.size;
 	if (v < 0 && f->kind == F_DTYPE)
-		return dcast_fail(DCAST_EDTYPE, "%s.%s: unknown dtype \"%s\"", path, f->key, s);
+		return dcast_fail(DCAST_EDTYPE, "%s.%s: unknown dtype \"%.*s\"", path, f->key,
+				  shown, o->via.str.ptr);
 	if (v < 0)
-		return dcast_fail(DCAST_EFIELD_RANGE, "%s.%s: unknown value \"%s\"", path, f->key, s);
+		return dcast_fail(DCAST_EFIELD_RANGE, "%s.%s: unknown value \"%.*s\"", path,
+				  f->key, shown, o->via.str.ptr);
 	*dst = (uint32_t)v;
 	return 0;
 }
@@ -182,13 +193,6 @@ static int decode_field(const msgpack_object *o, const struct field *f, void *ba
 	}
 }
 
-static int is_key(const msgpack_object *k, const char *s)
-{
-	size_t n = strlen(s);
-
-	return k->type == MSGPACK_OBJECT_STR && k->via.str.size == n &&
-	       memcmp(k->via.str.ptr, s, n) == 0;
-}
 
 static int find_field(const struct msg_table *t, const msgpack_object *k)
 {

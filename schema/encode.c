@@ -5,11 +5,6 @@
 #include "dcast_common.h"
 #include "schema_impl.h"
 
-static const char *role_name(uint32_t r)
-{
-	return r == DCAST_ROLE_PRODUCER ? "producer" : "consumer";
-}
-
 /* ---- msgpack ---- */
 
 static void pack_str(msgpack_packer *pk, const char *s)
@@ -54,7 +49,7 @@ static void pack_field(msgpack_packer *pk, const struct field *f, const void *ba
 			msgpack_pack_uint64(pk, *(const uint64_t *)slot);
 		break;
 	case F_STR: pack_str(pk, slot); break;
-	case F_ROLE: pack_str(pk, role_name(*(const uint32_t *)slot)); break;
+	case F_ROLE: pack_str(pk, schema_role_name(*(const uint32_t *)slot)); break;
 	case F_DTYPE: pack_str(pk, dcast_dtype_name(*(const uint32_t *)slot)); break;
 	case F_SHAPE:
 		msgpack_pack_array(pk, t->ndim);
@@ -191,7 +186,7 @@ static void json_value(struct jbuf *b, const struct field *f, const void *base)
 			juint(b, *(const uint64_t *)slot);
 		break;
 	case F_STR: jstr(b, slot); break;
-	case F_ROLE: jstr(b, role_name(*(const uint32_t *)slot)); break;
+	case F_ROLE: jstr(b, schema_role_name(*(const uint32_t *)slot)); break;
 	case F_DTYPE: jstr(b, dcast_dtype_name(*(const uint32_t *)slot)); break;
 	case F_SHAPE:
 		jputs(b, "[");

@@ -38,6 +38,9 @@ struct msg_table {
 /* Table of a message type; NULL for an invalid type. */
 const struct msg_table *schema_table(int type);
 
+/* Wire name of a dcast_role ("producer", "consumer"). */
+const char *schema_role_name(uint32_t role);
+
 /* Tables of the nested maps. */
 extern const struct msg_table schema_tensor_table;
 extern const struct msg_table schema_digest_table;

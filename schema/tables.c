@@ -126,6 +126,11 @@ const struct msg_table *schema_table(int type)
 	return &tables[type];
 }
 
+const char *schema_role_name(uint32_t role)
+{
+	return role == DCAST_ROLE_PRODUCER ? "producer" : "consumer";
+}
+
 const char *dcast_msg_type_name(int type)
 {
 	const struct msg_table *t = schema_table(type);

@@ -124,12 +124,7 @@ static int decode_map(const msgpack_object *o, const struct msg_table *t, void *
 static int get_array(const msgpack_object *o, const char *path, const struct field *f,
 		     void *base)
 {
-	void *slot = (char *)base + f->off;
-	void **arr = f->kind == F_TENSORS ? (void **)&((dcast_manifest *)base)->tensors
-					  : (void **)&((dcast_commit *)base)->digests;
-	const struct msg_table *sub = f->kind == F_TENSORS ? &schema_tensor_table
-							   : &schema_digest_table;
-	size_t elem = f->kind == F_TENSORS ? sizeof(dcast_tensor_desc) : sizeof(dcast_range_digest);
+	struct schema_array a = schema_array_of(f, base);
 	char sub_path[96];
 	int rc = want(o, MSGPACK_OBJECT_ARRAY, path, f->key, "array");
 
@@ -138,13 +133,14 @@ static int get_array(const msgpack_object *o, const char *path, const struct fie
 	if (o->via.array.size > f->max)
 		return dcast_fail(DCAST_ETOO_LARGE, "%s.%s: %u entries exceeds limit %llu", path,
 				  f->key, o->via.array.size, (unsigned long long)f->max);
-	*(uint32_t *)slot = o->via.array.size;
-	*arr = calloc(o->via.array.size ? o->via.array.size : 1, elem);
-	if (!*arr)
+	*a.count = o->via.array.size;
+	*a.entries = calloc(o->via.array.size ? o->via.array.size : 1, a.entry_size);
+	if (!*a.entries)
 		return dcast_fail(DCAST_ENOMEM, "%s.%s: out of memory", path, f->key);
 	for (uint32_t i = 0; i < o->via.array.size && !rc; i++) {
 		snprintf(sub_path, sizeof(sub_path), "%s.%s[%u]", path, f->key, i);
-		rc = decode_map(&o->via.array.ptr[i], sub, (char *)*arr + i * elem, sub_path, 0);
+		rc = decode_map(&o->via.array.ptr[i], a.table, (char *)*a.entries + i * a.entry_size,
+				sub_path, 0);
 	}
 	return rc;
 }

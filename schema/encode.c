@@ -19,15 +19,11 @@ static void pack_map(msgpack_packer *pk, const struct msg_table *t, const void *
 
 static void pack_array(msgpack_packer *pk, const struct field *f, const void *base)
 {
-	int tensors = f->kind == F_TENSORS;
-	uint32_t n = *(const uint32_t *)((const char *)base + f->off);
-	const char *arr = tensors ? (const char *)((const dcast_manifest *)base)->tensors
-				  : (const char *)((const dcast_commit *)base)->digests;
-	size_t elem = tensors ? sizeof(dcast_tensor_desc) : sizeof(dcast_range_digest);
+	struct schema_array a = schema_array_of(f, base);
 
-	msgpack_pack_array(pk, n);
-	for (uint32_t i = 0; i < n; i++)
-		pack_map(pk, tensors ? &schema_tensor_table : &schema_digest_table, arr + i * elem);
+	msgpack_pack_array(pk, *a.count);
+	for (uint32_t i = 0; i < *a.count; i++)
+		pack_map(pk, a.table, (const char *)*a.entries + i * a.entry_size);
 }
 
 static void pack_field(msgpack_packer *pk, const struct field *f, const void *base)
@@ -156,16 +152,12 @@ static void json_map(struct jbuf *b, const struct msg_table *t, const void *base
 
 static void json_array(struct jbuf *b, const struct field *f, const void *base)
 {
-	int tensors = f->kind == F_TENSORS;
-	uint32_t n = *(const uint32_t *)((const char *)base + f->off);
-	const char *arr = tensors ? (const char *)((const dcast_manifest *)base)->tensors
-				  : (const char *)((const dcast_commit *)base)->digests;
-	size_t elem = tensors ? sizeof(dcast_tensor_desc) : sizeof(dcast_range_digest);
+	struct schema_array a = schema_array_of(f, base);
 
 	jputs(b, "[");
-	for (uint32_t i = 0; i < n; i++) {
+	for (uint32_t i = 0; i < *a.count; i++) {
 		jputs(b, i ? ", " : "");
-		json_map(b, tensors ? &schema_tensor_table : &schema_digest_table, arr + i * elem);
+		json_map(b, a.table, (const char *)*a.entries + i * a.entry_size);
 	}
 	jputs(b, "]");
 }

@@ -41,6 +41,17 @@ const struct msg_table *schema_table(int type);
 /* Wire name of a dcast_role ("producer", "consumer"). */
 const char *schema_role_name(uint32_t role);
 
+/* Where an array field (F_TENSORS, F_DIGESTS) of the message at `base`
+ * keeps its entries: the count, the pointer slot, one entry's size and the
+ * table of an entry. */
+struct schema_array {
+	uint32_t *count;
+	void **entries;
+	size_t entry_size;
+	const struct msg_table *table;
+};
+struct schema_array schema_array_of(const struct field *f, const void *base);
+
 /* Tables of the nested maps. */
 extern const struct msg_table schema_tensor_table;
 extern const struct msg_table schema_digest_table;

@@ -126,6 +126,23 @@ const struct msg_table *schema_table(int type)
 	return &tables[type];
 }
 
+struct schema_array schema_array_of(const struct field *f, const void *base)
+{
+	char *b = (char *)(uintptr_t)base; /* callers that only read keep it const */
+	struct schema_array a = {.count = (uint32_t *)(b + f->off)};
+
+	if (f->kind == F_TENSORS) {
+		a.entries = (void **)&((dcast_manifest *)b)->tensors;
+		a.entry_size = sizeof(dcast_tensor_desc);
+		a.table = &schema_tensor_table;
+	} else {
+		a.entries = (void **)&((dcast_commit *)b)->digests;
+		a.entry_size = sizeof(dcast_range_digest);
+		a.table = &schema_digest_table;
+	}
+	return a;
+}
+
 const char *schema_role_name(uint32_t role)
 {
 	return role == DCAST_ROLE_PRODUCER ? "producer" : "consumer";

@@ -127,23 +127,20 @@ int schema_validate_fields(const struct msg_table *t, const void *base, const ch
 
 static int check_array(const struct field *f, const void *base, const char *path)
 {
-	int tensors = f->kind == F_TENSORS;
-	uint32_t n = *(const uint32_t *)((const char *)base + f->off);
-	const void *arr = tensors ? (const void *)((const dcast_manifest *)base)->tensors
-				  : (const void *)((const dcast_commit *)base)->digests;
-	size_t elem = tensors ? sizeof(dcast_tensor_desc) : sizeof(dcast_range_digest);
-	const struct msg_table *sub = tensors ? &schema_tensor_table : &schema_digest_table;
+	struct schema_array a = schema_array_of(f, base);
+	uint32_t n = *a.count;
 	char sub_path[96];
 	int rc = 0;
 
 	if (n > f->max)
 		return dcast_fail(DCAST_ETOO_LARGE, "%s.%s: %u entries exceeds limit %llu", path,
 				  f->key, n, (unsigned long long)f->max);
-	if (n && !arr)
+	if (n && !*a.entries)
 		return dcast_fail(DCAST_EINVAL, "%s.%s: %u entries but no array", path, f->key, n);
 	for (uint32_t i = 0; i < n && !rc; i++) {
 		snprintf(sub_path, sizeof(sub_path), "%s.%s[%u]", path, f->key, i);
-		rc = schema_validate_fields(sub, (const char *)arr + i * elem, sub_path);
+		rc = schema_validate_fields(a.table, (const char *)*a.entries + i * a.entry_size,
+					    sub_path);
 	}
 	return rc;
 }

@@ -243,7 +243,11 @@ int broker_pending_open(struct broker *b, struct broker_model *m, const dcast_ch
 int broker_pending_chunk(struct broker *b, struct broker_model *m, uint32_t part,
 			 dcast_wire_in *in);
 /* Close `part` of the open version with its COMMIT; when every part has
- * committed, the version enters the log (returns 0; *committed set). */
+ * committed, the version enters the log (returns 0; *committed set).  With
+ * no open version, a COMMIT of 0 chunks (a part with nothing changed)
+ * opens one under the same rules as a first CHUNK; one with chunks is
+ * refused (DCAST_ESTATE).  A version this COMMIT opened is dropped quietly
+ * when the COMMIT is refused. */
 int broker_pending_commit(struct broker *b, struct broker_model *m, uint32_t part,
 			  dcast_commit *c, int *committed);
 /* Drop the open version: ERROR(DCAST_EABORTED, why) to the model's

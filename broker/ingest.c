@@ -421,17 +421,30 @@ static int pending_finish(struct broker *b, struct broker_model *m)
 	return 0;
 }
 
-int broker_pending_commit(struct broker *b, struct broker_model *m, uint32_t part,
-			  dcast_commit *c, int *committed)
+/* A COMMIT with no open version: one with chunks lost them (an error); a
+ * part with nothing to send (chunks 0) opens the version itself. */
+static int pending_open_by_commit(struct broker *b, struct broker_model *m,
+				  const dcast_commit *c)
+{
+	dcast_chunk first;
+
+	if (c->chunks)
+		return dcast_fail(DCAST_ESTATE, "model %s: COMMIT %llu of %u chunks, none received",
+				  m->name, (unsigned long long)c->version, c->chunks);
+	memset(&first, 0, sizeof(first));
+	first.version = c->version;
+	first.base_version = c->base_version;
+	first.anchor = c->anchor;
+	return broker_pending_open(b, m, &first, c->parts);
+}
+
+static int pending_commit_part(struct broker *b, struct broker_model *m, uint32_t part,
+			       dcast_commit *c, int *committed)
 {
 	struct broker_pending *pd = m->pending;
 	struct broker_part *pt;
 	int rc;
 
-	*committed = 0;
-	if (!pd)
-		return dcast_fail(DCAST_ESTATE, "model %s: COMMIT %llu with no chunks received",
-				  m->name, (unsigned long long)c->version);
 	if ((rc = pending_match(m, pd, c->version, c->anchor, c->base_version, part)))
 		return rc;
 	if (c->parts != pd->parts)
@@ -452,6 +465,21 @@ int broker_pending_commit(struct broker *b, struct broker_model *m, uint32_t par
 		return rc;
 	*committed = 1;
 	return 0;
+}
+
+int broker_pending_commit(struct broker *b, struct broker_model *m, uint32_t part,
+			  dcast_commit *c, int *committed)
+{
+	int opened = !m->pending, rc;
+
+	*committed = 0;
+	if (opened && (rc = pending_open_by_commit(b, m, c)))
+		return rc;
+	rc = pending_commit_part(b, m, part, c, committed);
+	if (rc && opened && m->pending && m->pending->version == c->version &&
+	    !m->pending->n_committed)
+		broker_pending_abort(b, m, NULL); /* this COMMIT opened it: nothing was accepted */
+	return rc;
 }
 
 /* ---- producer peers ---- */
@@ -602,8 +630,11 @@ static int producer_commit(struct broker *b, struct broker_peer *p, dcast_commit
 
 	if (strcmp(c->model, m->name))
 		return dcast_fail(DCAST_EFIELD_RANGE, "COMMIT.model: \"%s\", HELLO said \"%s\"", c->model, m->name);
-	if (c->part != p->part)
-		return dcast_fail(DCAST_EFIELD_RANGE, "COMMIT.part: %u, HELLO said %u", c->part, p->part);
+	if (c->part != p->part || c->parts != p->parts)
+		return dcast_fail(DCAST_EFIELD_RANGE, "COMMIT part %u of %u, HELLO said %u of %u",
+				  c->part, c->parts, p->part, p->parts);
+	if (!p->manifest_ok)
+		return dcast_fail(DCAST_ESTATE, "model %s: COMMIT before MANIFEST on this connection", m->name);
 	rc = broker_pending_commit(b, m, p->part, c, &committed);
 	if (rc && rc != DCAST_EVERSION && rc != DCAST_ESTATE && m->pending &&
 	    m->pending->version == c->version)

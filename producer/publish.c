@@ -258,29 +258,6 @@ static int send_commit(dcast_producer *p, const prod_run *r)
 	return prod_conn_send(p, &m, NULL, dcast_now_ms() + p->opts.ack_timeout_ms);
 }
 
-/* A delta in which nothing changed still sends one (empty) chunk: the
- * broker opens a version at its first chunk. */
-static int send_unchanged(dcast_producer *p, prod_run *r)
-{
-	for (uint32_t i = 0; i < p->n_tensors; i++) {
-		prod_tensor *t = &p->tensors[i];
-		dcast_chunk_info info;
-		prod_slot *slot;
-		int send, rc;
-
-		if (!t->n_chunks)
-			continue;
-		if ((rc = get_slot(p, r, &slot)))
-			return rc;
-		if ((rc = encode_range(p, r, t, 0, slot, &info, &send))) {
-			prod_pool_free_cb(slot->buf, slot);
-			return rc;
-		}
-		return send_slot(p, r, t, 0, &info, slot);
-	}
-	return 0;
-}
-
 /* One attempt at the whole version on the current connection. */
 static int publish_once(dcast_producer *p, prod_run *r)
 {
@@ -291,8 +268,6 @@ static int publish_once(dcast_producer *p, prod_run *r)
 	for (uint32_t i = 0; i < p->n_tensors; i++)
 		if ((rc = publish_tensor(p, r, &p->tensors[i])))
 			return rc;
-	if (r->seq == 0 && (rc = send_unchanged(p, r)))
-		return rc;
 	if ((rc = check_broker(p, r, 0)))
 		return rc;
 	return send_commit(p, r);

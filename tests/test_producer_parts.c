@@ -1,7 +1,10 @@
 /* Two producer parts (two trainer ranks) publish shards of the same model
  * through the real broker: each sends only its own ranges, the version
  * commits when both have committed, and the reader gets the whole model
- * bit-exact, first as an anchor and then as deltas. */
+ * bit-exact, first as an anchor and then as deltas.  A part whose ranges
+ * did not change sends only its COMMIT (0 chunks), which opens the version
+ * at the broker when it comes first; a version where no part changed has no
+ * chunks at all. */
 #include <stdint.h>
 #include "check.h"
 #include "deltacast/producer.h"
@@ -61,12 +64,24 @@ int main(void)
 	dcast_producer_stats_get(pp[1], &s1);
 	CHECK(!s0.anchor && !s1.anchor);
 	CHECK(s0.changed_elems == 0 && s1.changed_elems > 0);
+	CHECK(s0.chunks_sent == 0 && s1.chunks_sent > 0); /* part 0: a COMMIT of 0 chunks */
 	CHECK(s0.elems == SPLIT + N_S && s1.elems == N_W - SPLIT);
+	snprintf(out, sizeof(out), "%s/v11.safetensors", dir);
+	CHECK(harness_read(&b, "parts", 11, out) == 0);
+	CHECK(harness_same_as_file(out, "w", w, N_W * 2));
 	harness_perturb(w, N_W, 10000, &seed);
 	harness_perturb(s, N_S, 10000, &seed);
 	publish_both(pp, 12);
-	snprintf(out, sizeof(out), "%s/v12.safetensors", dir);
-	CHECK(harness_read(&b, "parts", 12, out) == 0);
+	/* nothing changed anywhere: a version of 0 chunks, opened by a COMMIT;
+	 * then a delta on top of it */
+	publish_both(pp, 13);
+	dcast_producer_stats_get(pp[0], &s0);
+	dcast_producer_stats_get(pp[1], &s1);
+	CHECK(s0.chunks_sent == 0 && s1.chunks_sent == 0 && s0.acked_version == 13);
+	harness_perturb(w, N_W, 10000, &seed);
+	publish_both(pp, 14);
+	snprintf(out, sizeof(out), "%s/v14.safetensors", dir);
+	CHECK(harness_read(&b, "parts", 14, out) == 0);
 	CHECK(harness_same_as_file(out, "w", w, N_W * 2));
 	CHECK(harness_same_as_file(out, "s", s, N_S * 2));
 	dcast_producer_close(&pp[0]);

@@ -1,30 +1,48 @@
 #!/usr/bin/env bash
 # `make bench`: time for a version to reach BENCH_CONSUMERS consumers on this
-# machine, for the same gen-trace versions, as
-#   1. deltacast deltas (one `deltacast publish`: an anchor, then deltas);
-#   2. deltacast full anchors (one `deltacast publish` per version: each one
-#      a full anchor of the model);
-#   3. raw TCP loopback (tests/tools/bench_tcp): the model's bytes, and the
-#      delta's bytes, to every consumer at once: the ceiling.
-# Consumers are `deltacast subscribe` processes (apply, digest check, and a
-# checkpoint file written per version).  Writes the table between the
-# bench-e2e markers of docs/benchmarks.md (BENCH_DOC=0: print only).
+# machine, for the same gen-trace versions, over
+#   delta   deltacast deltas (one `deltacast publish`: an anchor, then deltas);
+#   anchor  deltacast full anchors (one `deltacast publish` per version);
+#   http    nginx serving each version's patch file to curl + `deltacast apply`;
+#   redis   the same patch bytes over Redis pub/sub (tests/tools/bench_redis);
+#   fs      the whole checkpoint through a shared folder, reloaded by each;
+#   tcp     raw TCP loopback (tests/tools/bench_tcp): the model's bytes, and
+#           the delta's bytes, to every consumer at once: the ceiling.
+# BENCH_ROWS=delta,http,... runs some of them (and prints only).  Consumers
+# of the deltacast rows are `deltacast subscribe` processes; the others are
+# in scripts/bench_baselines.sh.  Writes the table between the bench-e2e
+# markers of docs/benchmarks.md and PNGs into docs/plots/ (BENCH_DOC=0:
+# print only).  Every server runs on loopback from a mktemp folder, and
+# every process started here is killed on exit.
 set -u
 . "$(dirname "$0")/e2e_lib.sh"
+. "$(dirname "$0")/bench_baselines.sh"
 
 PARAMS=${BENCH_PARAMS:-100M}
 NVER=${BENCH_VERSIONS:-6}
 NCONS=${BENCH_CONSUMERS:-4}
+ALL_ROWS=delta,anchor,http,redis,fs,tcp
+ROWS=,${BENCH_ROWS:-$ALL_ROWS},
 DOC=${BENCH_DOC:-$E2E_ROOT/docs/benchmarks.md}
+PLOTS=$(dirname "$DOC")/plots
+[ "$ROWS" = ",$ALL_ROWS," ] || DOC=0
+NGINX=$(command -v nginx || echo /usr/sbin/nginx)
+REDIS_SERVER=$(command -v redis-server || echo /usr/bin/redis-server)
+REDIS_CLI=$(command -v redis-cli || echo /usr/bin/redis-cli)
 ROOT=$(mktemp -d "${TMPDIR:-/tmp}/deltacast-bench.XXXXXX")
-trap 'e2e_cleanup; rm -rf "$ROOT"' EXIT
+trap 'bench_stop_servers; e2e_cleanup; rm -rf "$ROOT"' EXIT
 trap 'exit 130' INT TERM
 die() { echo "bench: FAILED: $*" >&2; exit 1; }
+want() { [[ $ROWS == *",$1,"* ]]; }
 
-"$DC" gen-trace --params "$PARAMS" --steps $((NVER - 1)) --density 0.01 -o "$ROOT/trace" \
-	2>"$ROOT/gentrace.log" || die "gen-trace"
-FILES=()
-for ((k = 0; k < NVER; k++)); do FILES+=("$(printf '%s/v%04d.safetensors' "$ROOT/trace" "$k")"); done
+# The command that reproduces one row (non-default settings included).
+row_cmd() {
+	local env=""
+	[ "$PARAMS" = 100M ] || env+=" BENCH_PARAMS=$PARAMS"
+	[ "$NVER" = 6 ] || env+=" BENCH_VERSIONS=$NVER"
+	[ "$NCONS" = 4 ] || env+=" BENCH_CONSUMERS=$NCONS"
+	echo "\`make bench BENCH_ROWS=$1$env\`"
+}
 
 # run_mode MODE DIR: broker, NCONS subscribers, publish as MODE (delta|anchor).
 run_mode() {
@@ -57,54 +75,61 @@ run_mode() {
 	"$PY" "$E2E_ROOT/scripts/e2e_report.py" bench "$d" || die "report $mode"
 }
 
-field() { "$PY" -c 'import json, sys; print(json.loads(sys.argv[1])[sys.argv[2]])' "$1" "$2"; }
+# row NAME FUNCTION ARGS...: run FUNCTION in a subshell that cleans up after
+# itself on any exit; its stdout is the row's JSON.
+row() {
+	local name=$1
+	shift
+	echo "bench: $name" >&2
+	("$@") >>"$ROOT/rows.jsonl" || exit 1
+}
 
-echo "bench: $PARAMS params, $NVER versions, $NCONS consumers" >&2
-J_DELTA=$(run_mode delta "$ROOT/delta") || exit 1
-J_ANCHOR=$(run_mode anchor "$ROOT/anchor") || exit 1
-MODEL_BYTES=$(field "$J_DELTA" model_bytes)
-DELTA_BYTES=$(field "$J_DELTA" wire_bytes)
-TCP_FULL=$("$BUILD/tools/bench_tcp" "$MODEL_BYTES" "$NCONS" | awk '{print $2}') || die "bench_tcp"
-TCP_DELTA=$("$BUILD/tools/bench_tcp" "$DELTA_BYTES" "$NCONS" | awk '{print $2}') || die "bench_tcp"
+# deltacast_row MODE NAME (run_mode in this shell, so a failure cleans up).
+deltacast_row() {
+	run_mode "$1" "$ROOT/$1" >"$ROOT/$1.json" &&
+		"$PY" "$REPORT" deltacast "$NCONS" "$2" "$(row_cmd "$1")" <"$ROOT/$1.json"
+}
+baseline_row() { # KIND NAME
+	"bench_$1" "$ROOT/$1" >&2 && "$PY" "$REPORT" baseline "$ROOT/$1" "$2" "$(row_cmd "$1")"
+}
+# tcp_row BYTES NAME: bench_tcp three times.
+tcp_row() {
+	local s=() k
+	for k in 1 2 3; do s+=("$("$BUILD/tools/bench_tcp" "$1" "$NCONS" | awk '{print $2}')") || die "bench_tcp"; done
+	"$PY" "$REPORT" tcp $(($1 * NCONS)) "$2" "\`build/tools/bench_tcp $1 $NCONS\`" "${s[@]}"
+}
+trap_row() { trap 'bench_stop_servers; e2e_cleanup' EXIT; "$@"; }
 
-table=$("$PY" - "$J_DELTA" "$J_ANCHOR" "$TCP_FULL" "$TCP_DELTA" "$NCONS" "$PARAMS" "$NVER" <<'PYEOF'
-import json, sys
-d, a = json.loads(sys.argv[1]), json.loads(sys.argv[2])
-tcp_full, tcp_delta, n = float(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
-base_t, base_b = d["mean_reach_s"], d["wire_bytes"] * n
-rows = [
-    ("deltacast deltas", d["mean_reach_s"], d["wire_bytes"] * n, "`make bench`"),
-    ("deltacast full anchors", a["mean_reach_s"], a["wire_bytes"] * n, "`make bench`"),
-    ("raw TCP loopback, full model (ceiling)", tcp_full, d["model_bytes"] * n,
-     "`build/tools/bench_tcp %d %d`" % (d["model_bytes"], n)),
-    ("raw TCP loopback, delta bytes (ceiling)", tcp_delta, d["wire_bytes"] * n,
-     "`build/tools/bench_tcp %d %d`" % (d["wire_bytes"], n)),
-]
-print("%s bf16 parameters (%.1f MiB), %d versions at %.2f%% density, %d consumers"
-      " (`deltacast subscribe`: apply, digest check, checkpoint file per version), one 2-core"
-      " VM, loopback.  Time: mean over versions 2..%d from publish start to the last consumer's"
-      " apply, not counting queueing behind the previous version.\n"
-      % (sys.argv[6], d["model_bytes"] / 2**20, int(sys.argv[7]), d["density"], n, int(sys.argv[7])))
-print("| transport | time to all consumers | x deltacast | bytes moved | x deltacast | command |")
-print("| --- | --- | --- | --- | --- | --- |")
-for name, t, b, cmd in rows:
-    print("| %s | %.3f s | %.2f | %.1f MiB | %.1f | %s |" % (name, t, t / base_t, b / 2**20, b / base_b, cmd))
-PYEOF
-)
-echo "$table"
-[ "$DOC" = 0 ] && exit 0
-"$PY" - "$DOC" "$table" <<'PYEOF'
-import os, sys
-path, table = sys.argv[1], sys.argv[2]
-b, e = "<!-- bench-e2e:begin -->", "<!-- bench-e2e:end -->"
-s = open(path).read() if os.path.exists(path) else "# Benchmarks\n"
-note = ("\nThe deltacast time covers the whole path: the producer's diff and encode, the broker,"
-        " each consumer's staging, apply with digest check, and its checkpoint write (`deltacast"
-        " subscribe` rewrites DIR/model.safetensors after every version); the raw TCP rows move"
-        " bytes only.  Not measured yet: HTTP (nginx) fan-out, Redis pub/sub, shared-filesystem"
-        " reload.\n")
-body = b + "\n" + table + "\n" + note + e
-s = s[:s.index(b)] + body + s[s.index(e) + len(e):] if b in s else s + "\n## End to end\n\n" + body + "\n"
-open(path, "w").write(s)
-PYEOF
-echo "bench: wrote $DOC" >&2
+REPORT=$E2E_ROOT/scripts/bench_report.py
+LOAD0=$(cut -d' ' -f1-3 /proc/loadavg)
+echo "bench: $PARAMS params, $NVER versions, $NCONS consumers, rows ${ROWS:1:-1}" >&2
+"$DC" gen-trace --params "$PARAMS" --steps $((NVER - 1)) --density 0.01 -o "$ROOT/trace" \
+	2>"$ROOT/gentrace.log" || die "gen-trace"
+FILES=()
+for ((k = 0; k < NVER; k++)); do FILES+=("$(printf '%s/v%04d.safetensors' "$ROOT/trace" "$k")"); done
+MODEL_BYTES=$(stat -c %s "${FILES[0]}")
+
+want delta && row "deltacast deltas" trap_row deltacast_row delta "deltacast deltas"
+want anchor && row "deltacast full anchors" trap_row deltacast_row anchor "deltacast full anchors"
+want http && row "HTTP (nginx) patch files" trap_row baseline_row http "HTTP: nginx serves patch files, curl + apply"
+want redis && row "Redis pub/sub" trap_row baseline_row redis "Redis pub/sub, 1 MiB messages of the patch, apply"
+want fs && row "shared filesystem" trap_row baseline_row fs "shared filesystem: whole checkpoint, reloaded"
+if want tcp; then
+	DELTA_BYTES=$("$PY" -c 'import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+d = [r for r in rows if r["name"] == "deltacast deltas"]
+print(int(d[0]["bytes"]) // int(sys.argv[2]) if d else 0)' "$ROOT/rows.jsonl" "$NCONS")
+	row "raw TCP, full model" trap_row tcp_row "$MODEL_BYTES" "raw TCP loopback, full model (ceiling)"
+	[ "$DELTA_BYTES" -gt 0 ] &&
+		row "raw TCP, delta bytes" trap_row tcp_row "$DELTA_BYTES" "raw TCP loopback, delta bytes (ceiling)"
+fi
+
+META=$(printf '%s bf16 parameters (%.1f MiB), %d versions at 1%% density (gen-trace), %d consumers, one %d-core VM, loopback; load average %s at the start, %s at the end.' \
+	"$PARAMS" "$(awk -v b="$MODEL_BYTES" 'BEGIN { print b / 1048576 }')" "$NVER" "$NCONS" "$(nproc)" "$LOAD0" \
+	"$(cut -d' ' -f1-3 /proc/loadavg)")
+if [ "$DOC" = 0 ]; then
+	"$PY" "$REPORT" table "$ROOT/rows.jsonl" "$META"
+else
+	"$PY" "$REPORT" table "$ROOT/rows.jsonl" "$META" "$DOC" "$PLOTS" || die "report"
+	echo "bench: wrote $DOC and $PLOTS/bench_e2e_{time,bytes}.png" >&2
+fi

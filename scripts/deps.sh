@@ -2,6 +2,8 @@
 # Install the Debian packages deltacast needs, but only those pkg-config (or,
 # for Python modules and tools, a probe) cannot find.  `apt-get update` runs
 # once, before the first install, since a fresh machine's lists may be empty.
+# `deps.sh bench` also installs what `make bench` compares against (nginx,
+# redis-server, curl, matplotlib); `make test` never needs them.
 set -eu
 missing=""
 need_pc() { pkg-config --exists "$1" 2>/dev/null || missing="$missing $2"; }
@@ -20,6 +22,14 @@ fi
 need_cmd clang clang
 need_py msgpack python3-msgpack
 need_py numpy python3-numpy
+if [ "${1:-}" = bench ]; then
+  # nginx and redis-server live in /usr/sbin and /usr/bin; probe both.
+  [ -x /usr/sbin/nginx ] || need_cmd nginx nginx
+  need_cmd redis-server redis-server
+  need_cmd redis-cli redis-tools
+  need_cmd curl curl
+  need_py matplotlib python3-matplotlib
+fi
 [ -z "$missing" ] && exit 0
 echo "deps: installing$missing"
 if [ "$(id -u)" != 0 ]; then SUDO=sudo; else SUDO=; fi

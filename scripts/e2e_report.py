@@ -84,7 +84,8 @@ def load(tmp):
 
 
 def bench(tmp):
-    """One JSON line: mean time to every consumer of versions 2.. and their bytes."""
+    """One JSON line: time to every consumer of versions 2.. (mean, and each) and their
+    bytes; the same for version 1."""
     import json
     pub, names, cons, evs, rows, _ = load(tmp)
     later = [r for r in rows if int(r[0]) >= 2]
@@ -93,6 +94,8 @@ def bench(tmp):
     print(json.dumps({
         "versions": len(later), "consumers": len(names),
         "mean_reach_s": sum(r[6] for r in later) / len(later),
+        "reach_s": [r[6] for r in later], "first_reach_s": rows[0][6],
+        "first_bytes": rows[0][3],
         "wire_bytes": sum(r[3] for r in later) // len(later),
         "model_bytes": later[0][4],
         "density": sum(r[2] for r in later) / len(later)}))

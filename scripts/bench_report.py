@@ -1,0 +1,165 @@
+#!/usr/bin/env python3
+"""Rows, table, docs section and plots of `make bench` (scripts/bench_e2e.sh).
+
+  bench_report.py baseline DIR NAME COMMAND        a row from scripts/bench_baselines.sh logs
+  bench_report.py deltacast NCONS NAME COMMAND     a row from e2e_report.py bench's JSON (stdin)
+  bench_report.py tcp BYTES NAME COMMAND S...      a row from bench_tcp runs of S seconds each
+  bench_report.py table ROWS META [DOC PLOTS]      print the table; with DOC and PLOTS, write the
+                                                   bench-e2e section of DOC and PNGs into PLOTS
+
+A row is one JSON line: name, command, reach_s (per version 2..N: seconds from the producer
+starting on it to the last consumer having it), first_s (the same for version 1, which every
+transport sends whole), bytes (per version 2..N, summed over the consumers), first_bytes.
+"""
+import json
+import os
+import statistics
+import sys
+
+
+def per_version(path, cast):
+    """{version: [values]} from "V VALUE" lines (a "V FAIL" line is an error)."""
+    out = {}
+    for line in open(path) if os.path.exists(path) else []:
+        v, val = line.split()
+        if val == "FAIL":
+            raise SystemExit("bench_report: %s: version %s failed" % (path, v))
+        out.setdefault(int(v), []).append(cast(val))
+    return out
+
+
+def baseline(d, name, command):
+    start = {v: t[0] for v, t in per_version(os.path.join(d, "start.log"), float).items()}
+    done = {}
+    for f in sorted(os.listdir(d)):
+        if f.endswith(".done"):
+            for v, ts in per_version(os.path.join(d, f), float).items():
+                done.setdefault(v, []).append(max(ts))
+    nbytes = {v: sum(b) for v, b in per_version(os.path.join(d, "bytes.log"), int).items()}
+    versions = sorted(start)
+    reach = {v: max(done[v]) - start[v] for v in versions}
+    return {"name": name, "command": command, "first_s": reach[1], "first_bytes": nbytes.get(1, 0),
+            "reach_s": [reach[v] for v in versions[1:]],
+            "bytes": statistics.mean(nbytes.get(v, 0) for v in versions[1:])}
+
+
+def deltacast(nconsumers, name, command):
+    j = json.loads(sys.stdin.read())
+    return {"name": name, "command": command, "first_s": j["first_reach_s"],
+            "first_bytes": j["first_bytes"] * nconsumers, "reach_s": j["reach_s"],
+            "bytes": j["wire_bytes"] * nconsumers, "model_bytes": j["model_bytes"],
+            "density": j["density"]}
+
+
+def tcp(nbytes, name, command, seconds):
+    return {"name": name, "command": command, "first_s": None, "first_bytes": None,
+            "reach_s": seconds, "bytes": nbytes}
+
+
+def mib(n):
+    return "%.1f MiB" % (n / 2**20) if n >= 2**20 else "%.0f KiB" % (n / 1024)
+
+
+def ratio(x, base):
+    return "%.2f" % (x / base) if base else "-"
+
+
+def table(rows, meta):
+    base = next((r for r in rows if r["name"] == "deltacast deltas"), None)
+    bt = statistics.median(base["reach_s"]) if base else 0
+    bb = base["bytes"] if base else 0
+    out = [meta, "",
+           "| transport | time to all consumers | x deltacast | bytes moved | x deltacast "
+           "| version 1 (whole model): time, bytes | command |",
+           "| --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        t = statistics.median(r["reach_s"])
+        first = ("%.2f s, %s" % (r["first_s"], mib(r["first_bytes"]))
+                 if r["first_s"] is not None else "-")
+        out.append("| %s | %.3f s | %s | %s | %s | %s | %s |" % (
+            r["name"], t, ratio(t, bt), mib(r["bytes"]), ratio(r["bytes"], bb), first, r["command"]))
+    return "\n".join(out)
+
+
+def plot(rows, plots):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    names = [r["name"] for r in rows][::-1]
+    series = [("bench_e2e_time.png", "time to all consumers per version (median), s",
+               [statistics.median(r["reach_s"]) for r in rows][::-1]),
+              ("bench_e2e_bytes.png", "bytes moved per version to all consumers, MiB",
+               [r["bytes"] / 2**20 for r in rows][::-1])]
+    os.makedirs(plots, exist_ok=True)
+    for fname, label, vals in series:
+        fig, ax = plt.subplots(figsize=(8, 0.45 * len(rows) + 1.2))
+        bars = ax.barh(names, vals, color=["#d62728" if n.startswith("deltacast") else "#7f7f7f"
+                                           for n in names])
+        ax.set_xscale("log")
+        ax.set_xlabel(label + " (log scale)")
+        ax.bar_label(bars, labels=["%.3g" % v for v in vals], padding=3, fontsize=8)
+        ax.margins(x=0.15)
+        fig.tight_layout()
+        fig.savefig(os.path.join(plots, fname), dpi=100)
+        plt.close(fig)
+    return [os.path.join(plots, s[0]) for s in series]
+
+
+NOTE = """
+Time: per version, from the moment the producer starts on it (deltacast: `publish` starts the
+version; HTTP and Redis: `deltacast delta` starts the patch; shared filesystem: the checkpoint
+write starts) to the moment the last consumer has it, without queueing behind the version
+before; the median over versions 2..N.  Bytes: what reached the consumers per version, summed
+over them (deltacast: chunk payloads; HTTP: nginx's bytes sent, headers included; Redis: socket
+bytes, RESP framing included; shared filesystem: bytes read; raw TCP: bytes sent).
+
+What each consumer does: deltacast, `deltacast subscribe` (staging, apply with digest check, a
+checkpoint file rewritten per version); HTTP, curl then `deltacast apply` (checksum and digest
+checks, writes and fsyncs the new checkpoint); Redis, `build/tools/bench_redis sub` (1 MiB
+messages, reassembled) then `deltacast apply`; shared filesystem, `build/tools/bench_fs load`
+(the whole file read into memory; hashed after the clock stops).  Every baseline's consumers
+end equal to the newest version (cmp, or XXH3 of every reload).  In the baselines' favour: the
+consumers learn of a new version the moment it is ready (no polling interval), and the shared
+filesystem is a local one whose page cache still holds the file just written.
+
+Plots: [time to all consumers](plots/bench_e2e_time.png),
+[bytes moved](plots/bench_e2e_bytes.png).
+
+![time to all consumers](plots/bench_e2e_time.png)
+![bytes moved](plots/bench_e2e_bytes.png)
+"""
+
+
+def write_doc(path, text):
+    b, e = "<!-- bench-e2e:begin -->", "<!-- bench-e2e:end -->"
+    s = open(path).read() if os.path.exists(path) else "# Benchmarks\n"
+    body = b + "\n" + text + "\n" + NOTE + e
+    if b in s:
+        s = s[:s.index(b)] + body + s[s.index(e) + len(e):]
+    else:
+        s += "\n## End to end\n\n" + body + "\n"
+    open(path, "w").write(s)
+
+
+def main(argv):
+    if len(argv) == 5 and argv[1] == "baseline":
+        print(json.dumps(baseline(argv[2], argv[3], argv[4])))
+    elif len(argv) == 5 and argv[1] == "deltacast":
+        print(json.dumps(deltacast(int(argv[2]), argv[3], argv[4])))
+    elif len(argv) >= 6 and argv[1] == "tcp":
+        print(json.dumps(tcp(int(argv[2]), argv[3], argv[4], [float(s) for s in argv[5:]])))
+    elif len(argv) in (4, 6) and argv[1] == "table":
+        rows = [json.loads(line) for line in open(argv[2]) if line.strip()]
+        text = table(rows, argv[3])
+        print(text)
+        if len(argv) == 6:
+            plot(rows, argv[5])
+            write_doc(argv[4], text)
+    else:
+        print(__doc__, file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

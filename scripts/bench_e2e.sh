@@ -12,7 +12,7 @@
 # of the deltacast rows are `deltacast subscribe` processes; the others are
 # in scripts/bench_baselines.sh.  Writes the table between the bench-e2e
 # markers of docs/benchmarks.md and PNGs into docs/plots/ (BENCH_DOC=0:
-# print only).  Every server runs on loopback from a mktemp folder, and
+# print only; BENCH_KEEP=1 keeps the logs' folder).  Every server runs on loopback from a mktemp folder, and
 # every process started here is killed on exit.
 set -u
 . "$(dirname "$0")/e2e_lib.sh"
@@ -21,6 +21,7 @@ set -u
 PARAMS=${BENCH_PARAMS:-100M}
 NVER=${BENCH_VERSIONS:-6}
 NCONS=${BENCH_CONSUMERS:-4}
+REPEATS=${BENCH_REPEATS:-3}
 ALL_ROWS=delta,anchor,http,redis,fs,tcp
 ROWS=,${BENCH_ROWS:-$ALL_ROWS},
 DOC=${BENCH_DOC:-$E2E_ROOT/docs/benchmarks.md}
@@ -30,7 +31,7 @@ NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 REDIS_SERVER=$(command -v redis-server || echo /usr/bin/redis-server)
 REDIS_CLI=$(command -v redis-cli || echo /usr/bin/redis-cli)
 ROOT=$(mktemp -d "${TMPDIR:-/tmp}/deltacast-bench.XXXXXX")
-trap 'bench_stop_servers; e2e_cleanup; rm -rf "$ROOT"' EXIT
+trap 'bench_stop_servers; e2e_cleanup; [ "${BENCH_KEEP:-0}" = 1 ] && echo "bench: kept $ROOT" >&2 || rm -rf "$ROOT"' EXIT
 trap 'exit 130' INT TERM
 die() { echo "bench: FAILED: $*" >&2; exit 1; }
 want() { [[ $ROWS == *",$1,"* ]]; }
@@ -41,6 +42,7 @@ row_cmd() {
 	[ "$PARAMS" = 100M ] || env+=" BENCH_PARAMS=$PARAMS"
 	[ "$NVER" = 6 ] || env+=" BENCH_VERSIONS=$NVER"
 	[ "$NCONS" = 4 ] || env+=" BENCH_CONSUMERS=$NCONS"
+	[ "$REPEATS" = 3 ] || env+=" BENCH_REPEATS=$REPEATS"
 	echo "\`make bench BENCH_ROWS=$1$env\`"
 }
 
@@ -76,21 +78,25 @@ run_mode() {
 }
 
 # row NAME FUNCTION ARGS...: run FUNCTION in a subshell that cleans up after
-# itself on any exit; its stdout is the row's JSON.
+# itself on any exit; its stdout is the row's JSON.  Its files go under
+# RUN, removed after the row (BENCH_KEEP=1: kept).
 row() {
 	local name=$1
 	shift
-	echo "bench: $name" >&2
+	echo "bench: round $REP/$REPEATS: $name" >&2
+	RUN=$ROOT/round$REP
+	mkdir -p "$RUN"
 	("$@") >>"$ROOT/rows.jsonl" || exit 1
+	[ "${BENCH_KEEP:-0}" = 1 ] || rm -rf "$RUN"
 }
 
 # deltacast_row MODE NAME (run_mode in this shell, so a failure cleans up).
 deltacast_row() {
-	run_mode "$1" "$ROOT/$1" >"$ROOT/$1.json" &&
-		"$PY" "$REPORT" deltacast "$NCONS" "$2" "$(row_cmd "$1")" <"$ROOT/$1.json"
+	run_mode "$1" "$RUN/$1" >"$RUN/$1.json" &&
+		"$PY" "$REPORT" deltacast "$NCONS" "$2" "$(row_cmd "$1")" "$RUN/$1" <"$RUN/$1.json"
 }
 baseline_row() { # KIND NAME
-	"bench_$1" "$ROOT/$1" >&2 && "$PY" "$REPORT" baseline "$ROOT/$1" "$2" "$(row_cmd "$1")"
+	"bench_$1" "$RUN/$1" >&2 && "$PY" "$REPORT" baseline "$RUN/$1" "$2" "$(row_cmd "$1")"
 }
 # tcp_row BYTES NAME: bench_tcp three times.
 tcp_row() {
@@ -100,29 +106,43 @@ tcp_row() {
 }
 trap_row() { trap 'bench_stop_servers; e2e_cleanup' EXIT; "$@"; }
 
+# A copy of the programs, so a rebuild during the run cannot swap them.
+snapshot_build() {
+	mkdir -p "$ROOT/bin/tools" &&
+		cp "$DC" "$BROKER_BIN" "$ROOT/bin/" &&
+		cp "$BUILD/tools/bench_tcp" "$BUILD/tools/bench_redis" "$BUILD/tools/bench_fs" "$ROOT/bin/tools/" ||
+		die "programs missing in $BUILD (run make first)"
+	BUILD=$ROOT/bin DC=$ROOT/bin/deltacast BROKER_BIN=$ROOT/bin/deltacast-broker
+}
+
 REPORT=$E2E_ROOT/scripts/bench_report.py
+snapshot_build
 LOAD0=$(cut -d' ' -f1-3 /proc/loadavg)
-echo "bench: $PARAMS params, $NVER versions, $NCONS consumers, rows ${ROWS:1:-1}" >&2
+echo "bench: $PARAMS params, $NVER versions, $NCONS consumers, $REPEATS rounds of ${ROWS:1:-1}" >&2
 "$DC" gen-trace --params "$PARAMS" --steps $((NVER - 1)) --density 0.01 -o "$ROOT/trace" \
 	2>"$ROOT/gentrace.log" || die "gen-trace"
 FILES=()
 for ((k = 0; k < NVER; k++)); do FILES+=("$(printf '%s/v%04d.safetensors' "$ROOT/trace" "$k")"); done
 MODEL_BYTES=$(stat -c %s "${FILES[0]}")
 
-want delta && row "deltacast deltas" trap_row deltacast_row delta "deltacast deltas"
-want anchor && row "deltacast full anchors" trap_row deltacast_row anchor "deltacast full anchors"
-want http && row "HTTP (nginx) patch files" trap_row baseline_row http "HTTP: nginx serves patch files, curl + apply"
-want redis && row "Redis pub/sub" trap_row baseline_row redis "Redis pub/sub, 1 MiB messages of the patch, apply"
-want fs && row "shared filesystem" trap_row baseline_row fs "shared filesystem: whole checkpoint, reloaded"
-if want tcp; then
-	DELTA_BYTES=$("$PY" -c 'import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1])]
-d = [r for r in rows if r["name"] == "deltacast deltas"]
-print(int(d[0]["bytes"]) // int(sys.argv[2]) if d else 0)' "$ROOT/rows.jsonl" "$NCONS")
+# One round: every row once, in order.
+round() {
+	want delta && row "deltacast deltas" trap_row deltacast_row delta "deltacast deltas"
+	want anchor && row "deltacast full anchors" trap_row deltacast_row anchor "deltacast full anchors"
+	want http && row "HTTP (nginx) patch files" trap_row baseline_row http "HTTP (nginx) patch files, curl + apply"
+	want redis && row "Redis pub/sub" trap_row baseline_row redis "Redis pub/sub of the patch, apply"
+	want fs && row "shared filesystem" trap_row baseline_row fs "shared filesystem, whole checkpoint reloaded"
+	want tcp || return 0
 	row "raw TCP, full model" trap_row tcp_row "$MODEL_BYTES" "raw TCP loopback, full model (ceiling)"
+	DELTA_BYTES=$("$PY" "$REPORT" delta-bytes "$ROOT/rows.jsonl" "$NCONS")
 	[ "$DELTA_BYTES" -gt 0 ] &&
 		row "raw TCP, delta bytes" trap_row tcp_row "$DELTA_BYTES" "raw TCP loopback, delta bytes (ceiling)"
-fi
+	return 0
+}
+
+# Rounds interleave the rows, so a burst of load from elsewhere on the
+# machine spreads over all of them.
+for ((REP = 1; REP <= REPEATS; REP++)); do round; done
 
 META=$(printf '%s bf16 parameters (%.1f MiB), %d versions at 1%% density (gen-trace), %d consumers, one %d-core VM, loopback; load average %s at the start, %s at the end.' \
 	"$PARAMS" "$(awk -v b="$MODEL_BYTES" 'BEGIN { print b / 1048576 }')" "$NVER" "$NCONS" "$(nproc)" "$LOAD0" \

@@ -2,17 +2,23 @@
 """Rows, table, docs section and plots of `make bench` (scripts/bench_e2e.sh).
 
   bench_report.py baseline DIR NAME COMMAND        a row from scripts/bench_baselines.sh logs
-  bench_report.py deltacast NCONS NAME COMMAND     a row from e2e_report.py bench's JSON (stdin)
+  bench_report.py deltacast NCONS NAME COMMAND DIR a row from e2e_report.py bench's JSON (stdin)
+                                                   and the subscribers' logs in DIR
   bench_report.py tcp BYTES NAME COMMAND S...      a row from bench_tcp runs of S seconds each
+  bench_report.py delta-bytes ROWS NCONS           one consumer's bytes per delta (first deltacast
+                                                   deltas row of the file ROWS), or 0
   bench_report.py table ROWS META [DOC PLOTS]      print the table; with DOC and PLOTS, write the
                                                    bench-e2e section of DOC and PNGs into PLOTS
 
 A row is one JSON line: name, command, reach_s (per version 2..N: seconds from the producer
 starting on it to the last consumer having it), first_s (the same for version 1, which every
 transport sends whole), bytes (per version 2..N, summed over the consumers), first_bytes.
+Rows of the same name (rounds of the benchmark) merge: their samples pool, the table shows
+medians.
 """
 import json
 import os
+import re
 import statistics
 import sys
 
@@ -43,17 +49,49 @@ def baseline(d, name, command):
             "bytes": statistics.mean(nbytes.get(v, 0) for v in versions[1:])}
 
 
-def deltacast(nconsumers, name, command):
+def apply_ms(d):
+    """The subscribers' apply step per version 2.. (ms), from "version V ... apply_ms A" lines."""
+    rx = re.compile(r"^[0-9.]+ version (\d+) \S+ bytes \d+ stage_ms [0-9.]+ apply_ms ([0-9.]+)")
+    out = []
+    for f in sorted(os.listdir(d)):
+        if re.match(r"c\d+\.log$", f):
+            out += [float(m.group(2)) for m in map(rx.match, open(os.path.join(d, f)))
+                    if m and int(m.group(1)) >= 2]
+    return out
+
+
+def deltacast(nconsumers, name, command, d):
     j = json.loads(sys.stdin.read())
     return {"name": name, "command": command, "first_s": j["first_reach_s"],
             "first_bytes": j["first_bytes"] * nconsumers, "reach_s": j["reach_s"],
-            "bytes": j["wire_bytes"] * nconsumers, "model_bytes": j["model_bytes"],
-            "density": j["density"]}
+            "bytes": j["wire_bytes"] * nconsumers, "apply_ms": apply_ms(d)}
 
 
 def tcp(nbytes, name, command, seconds):
     return {"name": name, "command": command, "first_s": None, "first_bytes": None,
             "reach_s": seconds, "bytes": nbytes}
+
+
+def merge(rows):
+    """One row per name, in first-seen order: samples pooled, bytes averaged."""
+    out = {}
+    for r in rows:
+        m = out.setdefault(r["name"], dict(r, reach_s=[], first=[], nbytes=[], apply_ms=[]))
+        m["reach_s"] += r["reach_s"]
+        m["nbytes"].append(r["bytes"])
+        m["apply_ms"] += r.get("apply_ms", [])
+        if r["first_s"] is not None:
+            m["first"].append(r["first_s"])
+    for m in out.values():
+        m["bytes"] = statistics.mean(m["nbytes"])
+        m["first_s"] = statistics.median(m["first"]) if m["first"] else None
+        m["rounds"] = len(m["nbytes"])
+    return list(out.values())
+
+
+def delta_bytes(rows, nconsumers):
+    d = [r for r in rows if r["name"] == "deltacast deltas"]
+    return int(d[0]["bytes"]) // nconsumers if d else 0
 
 
 def mib(n):
@@ -69,15 +107,22 @@ def table(rows, meta):
     bt = statistics.median(base["reach_s"]) if base else 0
     bb = base["bytes"] if base else 0
     out = [meta, "",
-           "| transport | time to all consumers | x deltacast | bytes moved | x deltacast "
-           "| version 1 (whole model): time, bytes | command |",
-           "| --- | --- | --- | --- | --- | --- | --- |"]
+           "| transport | time to all consumers | (min..max) | x deltacast | bytes moved "
+           "| x deltacast | version 1 (whole model): time, bytes | command |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         t = statistics.median(r["reach_s"])
         first = ("%.2f s, %s" % (r["first_s"], mib(r["first_bytes"]))
                  if r["first_s"] is not None else "-")
-        out.append("| %s | %.3f s | %s | %s | %s | %s | %s |" % (
-            r["name"], t, ratio(t, bt), mib(r["bytes"]), ratio(r["bytes"], bb), first, r["command"]))
+        out.append("| %s | %.3f s | %.3f..%.3f | %s | %s | %s | %s | %s |" % (
+            r["name"], t, min(r["reach_s"]), max(r["reach_s"]), ratio(t, bt), mib(r["bytes"]),
+            ratio(r["bytes"], bb), first, r["command"]))
+    if base and base["apply_ms"]:
+        out += ["", "Samples per row: %d rounds x %d versions (raw TCP: 3 runs a round).  The "
+                "deltacast consumers' apply step took %.0f ms per version (median); the rest of "
+                "their time is staging and rewriting the whole checkpoint file after each version."
+                % (base["rounds"], len(base["reach_s"]) // base["rounds"],
+                   statistics.median(base["apply_ms"]))]
     return "\n".join(out)
 
 
@@ -144,12 +189,14 @@ def write_doc(path, text):
 def main(argv):
     if len(argv) == 5 and argv[1] == "baseline":
         print(json.dumps(baseline(argv[2], argv[3], argv[4])))
-    elif len(argv) == 5 and argv[1] == "deltacast":
-        print(json.dumps(deltacast(int(argv[2]), argv[3], argv[4])))
+    elif len(argv) == 6 and argv[1] == "deltacast":
+        print(json.dumps(deltacast(int(argv[2]), argv[3], argv[4], argv[5])))
+    elif len(argv) == 4 and argv[1] == "delta-bytes":
+        print(delta_bytes([json.loads(line) for line in open(argv[2]) if line.strip()], int(argv[3])))
     elif len(argv) >= 6 and argv[1] == "tcp":
         print(json.dumps(tcp(int(argv[2]), argv[3], argv[4], [float(s) for s in argv[5:]])))
     elif len(argv) in (4, 6) and argv[1] == "table":
-        rows = [json.loads(line) for line in open(argv[2]) if line.strip()]
+        rows = merge(json.loads(line) for line in open(argv[2]) if line.strip())
         text = table(rows, argv[3])
         print(text)
         if len(argv) == 6:

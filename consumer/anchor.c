@@ -130,6 +130,7 @@ int cs_anchor_load(dcast_consumer *c, uint64_t *version)
 		err = dcast_fail(DCAST_EIO, "%s: open: %s", c->anchor_path, strerror(errno));
 	if (!err && (file = dcast_io_file_add(c->io, fd, c->anchor_path)) < 0)
 		err = dcast_fail(-file, "%s: cannot add to the I/O engine", c->anchor_path);
+	cs_dcache_clear(&c->dcache); /* the tensors are overwritten */
 	if (!err)
 		err = read_tensors(c, f, file);
 	if (!err)

@@ -33,6 +33,7 @@ int dcast_consumer_bind(dcast_consumer *c, const char *name, void *ptr, dcast_me
 		return err;
 	}
 	free(host);
+	cs_dcache_clear(&c->dcache); /* the caller's memory from now on: hash it afresh */
 	t->owned = 0;
 	c->device_tensors += mem == DCAST_MEM_CUDA;
 	return 0;
@@ -89,6 +90,7 @@ static void record_stats(dcast_consumer *c, const cs_version *v, uint64_t apply_
 	c->stats.stage_ns = v->ready_ns - v->first_ns;
 	c->stats.apply_ns = apply_ns;
 	c->stats.spilled_chunks = v->spilled;
+	c->stats.verify_bytes = c->opts.verify_digests ? c->verify_bytes : 0;
 }
 
 /* Apply the first staged version; on success it leaves staged[]. */

@@ -35,23 +35,46 @@ int cs_check_chunk(const dcast_consumer *c, const dcast_chunk *h)
 	return 0;
 }
 
-/* An anchor must cover every element of every tensor exactly. */
-static int check_anchor_cover(const dcast_consumer *c, const cs_version *v)
+static int chunk_cmp(const void *a, const void *b)
 {
-	uint64_t *cover = calloc(c->n_tensors ? c->n_tensors : 1, sizeof(*cover));
-	int err = 0;
+	const cs_chunk *x = a, *y = b;
 
-	if (!cover)
-		return dcast_fail(DCAST_ENOMEM, "anchor coverage");
-	for (uint32_t i = 0; i < v->n_chunks; i++)
-		cover[v->chunks[i].tensor] += v->chunks[i].info.count;
-	for (uint32_t t = 0; !err && t < c->n_tensors; t++)
-		if (cover[t] != dcast_tensor_elems(&c->tensors[t].desc))
-			err = dcast_fail(DCAST_ECORRUPT, "anchor %" PRIu64 ": tensor %s covered by %" PRIu64
-					 " of %" PRIu64 " elements", v->version, c->tensors[t].desc.name,
-					 cover[t], dcast_tensor_elems(&c->tensors[t].desc));
-	free(cover);
-	return err;
+	if (x->tensor != y->tensor)
+		return x->tensor < y->tensor ? -1 : 1;
+	return x->start < y->start ? -1 : x->start > y->start;
+}
+
+static int uncovered(const dcast_consumer *c, const cs_version *v, uint32_t t, uint64_t from, uint64_t to)
+{
+	return dcast_fail(DCAST_ECORRUPT, "anchor %" PRIu64 ": tensor %s elements [%" PRIu64 ", %" PRIu64
+			  ") not covered", v->version, c->tensors[t].desc.name, from, to);
+}
+
+/* Chunks in (tensor, start) order, so that writes and block hashing walk
+ * memory forward; they must not overlap, and an anchor's must cover every
+ * element of every tensor. */
+static int sort_chunks(const dcast_consumer *c, cs_version *v)
+{
+	uint64_t next = 0;
+	uint32_t t = 0;
+
+	qsort(v->chunks, v->n_chunks, sizeof(*v->chunks), chunk_cmp);
+	for (uint32_t i = 0; i < v->n_chunks; i++) {
+		const cs_chunk *k = &v->chunks[i];
+		if (i && k->tensor == v->chunks[i - 1].tensor && k->start < next)
+			return dcast_fail(DCAST_ECORRUPT, "version %" PRIu64 ": chunks of tensor %s overlap at element %"
+					  PRIu64, v->version, c->tensors[k->tensor].desc.name, k->start);
+		for (; v->anchor && t < k->tensor; t++, next = 0)
+			if (next != dcast_tensor_elems(&c->tensors[t].desc))
+				return uncovered(c, v, t, next, dcast_tensor_elems(&c->tensors[t].desc));
+		if (v->anchor && k->start != next)
+			return uncovered(c, v, t, next, k->start);
+		next = k->start + k->info.count;
+	}
+	for (; v->anchor && t < c->n_tensors; t++, next = 0)
+		if (next != dcast_tensor_elems(&c->tensors[t].desc))
+			return uncovered(c, v, t, next, dcast_tensor_elems(&c->tensors[t].desc));
+	return 0;
 }
 
 static uint64_t undo_bytes(const cs_chunk *k)
@@ -116,26 +139,6 @@ static void undo_chunks(dcast_consumer *c, const cs_version *v, uint32_t n, uint
 	}
 }
 
-static int verify_digests(dcast_consumer *c, const cs_version *v)
-{
-	for (uint32_t i = 0; i < v->commit.n_digests; i++) {
-		const dcast_range_digest *d = &v->commit.digests[i];
-		const cs_tensor *t = d->tensor < c->n_tensors ? &c->tensors[d->tensor] : NULL;
-		uint64_t elems = t ? dcast_tensor_elems(&t->desc) : 0;
-		if (!t || d->start > elems || d->count > elems - d->start)
-			return dcast_fail(DCAST_EFIELD_RANGE, "COMMIT.digests[%u]: range outside the manifest", i);
-		uint64_t got = 0;
-		int err = cs_tensor_digest(t, d->start * t->elem_size, d->count * t->elem_size, &got);
-		if (err)
-			return err;
-		if (got != d->digest)
-			return dcast_fail(DCAST_EDIGEST, "version %" PRIu64 ": tensor %s [%" PRIu64 ", +%" PRIu64
-					  ") digest differs from the producer's", v->version, t->desc.name,
-					  d->start, d->count);
-	}
-	return 0;
-}
-
 static int rollback(dcast_consumer *c, const cs_version *v, int in_memory, uint32_t n, uint64_t off, int err)
 {
 	char why[512];
@@ -157,29 +160,46 @@ static int rollback(dcast_consumer *c, const cs_version *v, int in_memory, uint3
 			  why, v->version);
 }
 
+/* The test hook "digest:V": V's first COMMIT digest is made wrong. */
+static void fault_digest(dcast_consumer *c, cs_version *v)
+{
+	if (c->fault_kind == CS_FAULT_DIGEST && c->fault_version == v->version && v->commit.n_digests) {
+		c->fault_kind = CS_FAULT_NONE;
+		v->commit.digests[0].digest ^= 1;
+	}
+}
+
+/* verify: 0 none, 1 the blocks this version wrote (verify.c), 2 every block. */
 int cs_apply_version(dcast_consumer *c, cs_version *v, int verify)
 {
 	uint64_t need = 0, off = 0;
-	int in_memory, err = 0;
+	int in_memory, err;
+	cs_dcache next = {0};
 	uint32_t i;
 
-	if (v->anchor && (err = check_anchor_cover(c, v)))
+	if ((err = sort_chunks(c, v)))
 		return err;
+	fault_digest(c, v);
+	if (verify && (err = cs_verify_plan(c, v, verify == 2, &next)))
+		return err;
+	if (!verify)
+		cs_dcache_clear(&c->dcache); /* it would no longer describe the tensors */
 	for (i = 0; i < v->n_chunks; i++)
 		need += undo_bytes(&v->chunks[i]);
 	in_memory = !v->anchor && need <= c->pool.region_bytes && !c->device_tensors;
 	for (i = 0; !err && i < v->n_chunks; i++) {
 		err = write_chunk(c, v, &v->chunks[i], in_memory ? cs_pool_undo(&c->pool) + off : NULL);
-		if (!err)
-			off += undo_bytes(&v->chunks[i]);
+		if (err)
+			break;
+		off += undo_bytes(&v->chunks[i]);
+		if (verify)
+			cs_verify_written(c, &next, v, i);
 	}
-	if (err)
-		return rollback(c, v, in_memory, i - 1, off, err);
-	if (c->fault_kind == CS_FAULT_DIGEST && c->fault_version == v->version && v->commit.n_digests) {
-		c->fault_kind = CS_FAULT_NONE; /* test hook: the digest check fails after every write */
-		v->commit.digests[0].digest ^= 1;
+	if (!err && verify)
+		err = cs_verify_finish(c, v, &next);
+	if (err) {
+		cs_dcache_clear(&next);
+		return rollback(c, v, in_memory, i, off, err);
 	}
-	if (verify && (err = verify_digests(c, v)))
-		return rollback(c, v, in_memory, v->n_chunks, off, err);
 	return 0;
 }

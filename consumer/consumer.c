@@ -244,6 +244,7 @@ void dcast_consumer_close(dcast_consumer **cp)
 	for (uint32_t i = 0; i < CS_MAX_STAGED; i++)
 		cs_version_free(&c->staged[i]);
 	dcast_io_close(&c->io);
+	cs_dcache_clear(&c->dcache);
 	cs_pool_close(&c->pool);
 	tensors_free(c);
 	pthread_mutex_destroy(&c->mu);

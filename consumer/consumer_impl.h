@@ -81,6 +81,26 @@ typedef struct cs_tensor {
 	int owned;             /* ptr is our malloc'd host copy */
 } cs_tensor;
 
+/* ---- block hashes of the live tensors (verify.c) ----
+ * One entry per COMMIT digest range of the applied version, sorted by
+ * (tensor, start, count), with the XXH3 hash of each 1 MiB block of the
+ * range (docs/protocol.md, "Checksum and digest"). */
+#define CS_DIGEST_BLOCK (1u << 20)
+
+typedef struct cs_dentry {
+	dcast_range_digest d;  /* the range and the producer's digest */
+	uint64_t first;        /* its first block hash in cs_dcache.hash */
+	uint32_t nblocks;      /* 0 for a device tensor: hashed whole, not kept */
+} cs_dentry;
+
+typedef struct cs_dcache {
+	cs_dentry *e;
+	uint32_t n;
+	uint64_t *hash, nh;
+	uint8_t *todo;         /* while verifying: 1 = block to hash again */
+	uint32_t cur_e, cur_b; /* while verifying: next block to hash */
+} cs_dcache;
+
 #define CS_MAX_STAGED 16
 #define CS_EVENTS 32
 
@@ -100,6 +120,9 @@ struct dcast_consumer {
 	uint64_t anchor_file_version;  /* version in model.safetensors, or NONE */
 	uint32_t deltas_since_fold;
 	int restoring;                 /* inside cs_ckpt_restore: no nested restore */
+
+	cs_dcache dcache;              /* block hashes at the applied version; n 0 = none */
+	uint64_t verify_bytes;         /* hashed by the last apply's check */
 
 	cs_pool pool;
 	dcast_io *io;                  /* record writes/reads: io_uring or plain */
@@ -204,6 +227,15 @@ typedef struct rec_digest {
 	uint64_t start, count, digest;
 } rec_digest;
 _Static_assert(sizeof(rec_digest) == 32, "digest entry is 32 bytes on disk");
+
+/* verify.c: plan which blocks of v's digest ranges to hash again (all with
+ * `full` or without a cached entry), hash them as chunks are written
+ * (cs_verify_written after chunk i of v, chunks sorted by tensor/start),
+ * then finish: check every digest; on success *n becomes c->dcache. */
+int cs_verify_plan(dcast_consumer *c, const cs_version *v, int full, cs_dcache *n);
+void cs_verify_written(dcast_consumer *c, cs_dcache *n, const cs_version *v, uint32_t i);
+int cs_verify_finish(dcast_consumer *c, const cs_version *v, cs_dcache *n);
+void cs_dcache_clear(cs_dcache *d);
 
 /* apply.c */
 int cs_apply_version(dcast_consumer *c, cs_version *v, int verify);

@@ -143,7 +143,7 @@ typedef struct h_model {
 	uint64_t shape[H_TENSORS][2];
 	uint64_t bytes[H_TENSORS];
 	unsigned char *cur[H_TENSORS];
-	unsigned char *snap[16][H_TENSORS]; /* contents at version v (1..15) */
+	unsigned char *snap[32][H_TENSORS]; /* contents at version v (1..31) */
 	uint64_t rng;
 } h_model;
 
@@ -206,7 +206,7 @@ static void h_model_free(h_model *m)
 {
 	for (int t = 0; t < H_TENSORS; t++) {
 		free(m->cur[t]);
-		for (int v = 0; v < 16; v++)
+		for (int v = 0; v < 32; v++)
 			free(m->snap[v][t]);
 	}
 	memset(m, 0, sizeof(*m));
@@ -245,7 +245,8 @@ static int h_equal(dcast_consumer *c, const h_model *m, uint64_t v)
 {
 	for (int t = 0; t < H_TENSORS; t++) {
 		void *ptr;
-		if (dcast_consumer_tensor(c, m->name[t], &ptr, NULL, NULL) || memcmp(ptr, m->snap[v][t], m->bytes[t]))
+		if (!m->snap[v][t] || dcast_consumer_tensor(c, m->name[t], &ptr, NULL, NULL) ||
+		    memcmp(ptr, m->snap[v][t], m->bytes[t]))
 			return 0;
 	}
 	return 1;

@@ -265,6 +265,75 @@ static void test_corrupt_anchor_file(const h_broker *b)
 	h_model_free(&m);
 }
 
+/* Version v changes only head.b (tensor 2): one digest block of the model. */
+static int publish_head(dcast_producer *p, h_model *m, uint64_t v)
+{
+	for (uint64_t i = 0; i < m->bytes[2]; i += 50)
+		m->cur[2][i] ^= 0x3;
+	h_model_snap(m, v);
+	return dcast_producer_publish(p, v) ? -1 : dcast_producer_wait(p, v, 20000);
+}
+
+static dcast_consumer *open_verify(const h_broker *b, const char *dir, int verify)
+{
+	dcast_consumer_opts o;
+	dcast_consumer *c = NULL;
+
+	dcast_consumer_opts_init(&o);
+	o.verify_digests = verify;
+	CHECK(dcast_consumer_open(b->consumers, "m_verify", dir, BUDGET, &o, &c) == 0);
+	return c;
+}
+
+static uint64_t verified_bytes(dcast_consumer *c)
+{
+	dcast_consumer_stats st;
+	dcast_consumer_stats_get(c, &st);
+	return st.verify_bytes;
+}
+
+/* Verification hashes only the digest blocks a version wrote (1), or all
+ * of them (2); a wrong digest on a block it did not write is still caught. */
+static void test_verify_incremental(const h_broker *b)
+{
+	h_model m;
+	dcast_producer *p = NULL;
+	dcast_consumer *inc, *full;
+	h_seen s = {0};
+	int exact = 0;
+
+	h_model_init(&m, 47, 1);
+	REQUIRE(h_producer_open(b, "m_verify", &m, &p) == 0);
+	REQUIRE(h_publish(p, &m, 1, 100) == 0);
+	inc = open_verify(b, dir_for("verify_inc"), 1);
+	full = open_verify(b, dir_for("verify_full"), 2);
+	REQUIRE(inc && full);
+	CHECK(h_drive(inc, &m, 1, &s) == 0 && h_drive(full, &m, 1, &s) == 0);
+	CHECK(verified_bytes(inc) == h_model_bytes(&m)); /* nothing to reuse yet */
+	REQUIRE(publish_head(p, &m, 2) == 0);
+	CHECK(h_drive(inc, &m, 2, &s) == 0 && h_drive(full, &m, 2, &s) == 0);
+	CHECK(h_equal(inc, &m, 2) && h_equal(full, &m, 2));
+	CHECK(verified_bytes(inc) == m.bytes[2]);
+	CHECK(verified_bytes(full) == h_model_bytes(&m));
+	REQUIRE(h_publish(p, &m, 3, 100) == 0);
+	CHECK(h_drive(inc, &m, 3, &s) == 0 && h_equal(inc, &m, 3));
+	CHECK(s.errors == 0 && s.apply_failures == 0);
+	dcast_consumer_close(&inc);
+	dcast_consumer_close(&full);
+	REQUIRE(publish_head(p, &m, 4) == 0);
+	setenv("DELTACAST_CONSUMER_FAULT", "digest:4", 1); /* digests[0]: a block v4 did not write */
+	inc = open_verify(b, dir_for("verify_fault"), 1);
+	unsetenv("DELTACAST_CONSUMER_FAULT");
+	REQUIRE(inc);
+	CHECK(h_drive(inc, &m, 4, &s) == 0);
+	CHECK(s.apply_failures >= 1 && s.last_apply_error == DCAST_EDIGEST && s.untouched_bad == 0);
+	exact = h_equal(inc, &m, 4);
+	CHECK(exact);
+	dcast_consumer_close(&inc);
+	dcast_producer_close(&p);
+	h_model_free(&m);
+}
+
 static void test_bad_args(void)
 {
 	dcast_consumer *c = (dcast_consumer *)1;
@@ -293,6 +362,7 @@ int main(void)
 	test_duplicates(&b);
 	test_corrupt_log(&b);
 	test_corrupt_anchor_file(&b);
+	test_verify_incremental(&b);
 	h_broker_stop(&b);
 	char cmd[300];
 	snprintf(cmd, sizeof(cmd), "rm -rf %s", root);

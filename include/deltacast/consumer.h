@@ -43,7 +43,12 @@ typedef enum dcast_mem {
 
 /* Options; dcast_consumer_opts_init() fills the defaults. */
 typedef struct dcast_consumer_opts {
-	int verify_digests;          /* 1: check COMMIT digests after apply (default 1) */
+	int verify_digests;          /* check COMMIT digests after apply: 1 (default) hashes
+					again only the 1 MiB digest blocks the version wrote and
+					reuses the hashes of the others from the last checked
+					version; 2 hashes every block of every version (also
+					catches changes made to bound tensors outside the
+					consumer); 0 does not check */
 	uint32_t heartbeat_ms;       /* 0: the broker's WELCOME value (default 0) */
 	uint32_t fold_every;         /* fold the log into a new anchor after this many
 					applied deltas; 1 = after every version (default 16) */
@@ -92,6 +97,9 @@ typedef struct dcast_consumer_stats {
 	uint64_t pool_bytes;           /* size of the staging pool */
 	uint64_t log_write_bytes;      /* bytes written to the record log since open */
 	uint64_t log_write_ns;         /* time spent writing them (syncs included) */
+	uint64_t verify_bytes;         /* tensor bytes hashed to check the last version's
+					  digests (only blocks it wrote, unless verify_digests
+					  is 2 or no earlier version was checked); 0 unverified */
 } dcast_consumer_stats;
 
 /* Connect to the broker at `endpoint` (e.g. "tcp://127.0.0.1:5556") as a

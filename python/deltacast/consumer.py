@@ -56,7 +56,8 @@ class Stats(ctypes.Structure):
                 ("stage_ns", ctypes.c_uint64), ("apply_ns", ctypes.c_uint64),
                 ("spilled_chunks", ctypes.c_uint64), ("total_bytes_received", ctypes.c_uint64),
                 ("peak_pool_bytes", ctypes.c_uint64), ("pool_bytes", ctypes.c_uint64),
-                ("log_write_bytes", ctypes.c_uint64), ("log_write_ns", ctypes.c_uint64)]
+                ("log_write_bytes", ctypes.c_uint64), ("log_write_ns", ctypes.c_uint64),
+                ("verify_bytes", ctypes.c_uint64)]
 
 
 def _declare(l):

@@ -1,0 +1,230 @@
+/* Digest verification in O(changed).  A COMMIT digest is XXH3 of the
+ * per-1-MiB-block XXH3 hashes of its range (docs/protocol.md, "Checksum and
+ * digest"), so the consumer keeps the block hashes of the live tensors at
+ * the applied version (c->dcache, one entry per COMMIT digest range) and,
+ * after an apply, hashes again only the blocks that overlap a chunk which
+ * wrote something, each as soon as the last chunk over it is written (while
+ * its bytes are still in cache); every other block hash is reused and the
+ * digests are combined from the block hashes.  The new cache replaces the
+ * old one only when every digest matched.  verify_digests = 2 hashes every
+ * block of every version (no reuse).  Device tensors are hashed whole by
+ * the CUDA digest, without reuse. */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+#include "consumer_impl.h"
+#include "dcast_common.h"
+
+#if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "the digest combines block hashes as little-endian u64"
+#endif
+
+void cs_dcache_clear(cs_dcache *d)
+{
+	free(d->e);
+	free(d->hash);
+	free(d->todo);
+	memset(d, 0, sizeof(*d));
+}
+
+static int key_cmp(const dcast_range_digest *a, const dcast_range_digest *b)
+{
+	if (a->tensor != b->tensor)
+		return a->tensor < b->tensor ? -1 : 1;
+	if (a->start != b->start)
+		return a->start < b->start ? -1 : 1;
+	return a->count < b->count ? -1 : a->count > b->count;
+}
+
+static int entry_cmp(const void *a, const void *b)
+{
+	return key_cmp(&((const cs_dentry *)a)->d, &((const cs_dentry *)b)->d);
+}
+
+/* The cached entry of the same range, or NULL. */
+static const cs_dentry *cache_find(const cs_dcache *d, const dcast_range_digest *key)
+{
+	uint32_t lo = 0, hi = d->n;
+
+	while (lo < hi) {
+		uint32_t mid = lo + (hi - lo) / 2;
+		int r = key_cmp(&d->e[mid].d, key);
+		if (!r)
+			return &d->e[mid];
+		if (r < 0)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return NULL;
+}
+
+/* Did a chunk of v (sorted by tensor, start) write elements [lo, hi) of tensor t? */
+static int written(const cs_version *v, uint32_t t, uint64_t lo, uint64_t hi)
+{
+	uint32_t a = 0, b = v->n_chunks;
+
+	while (a < b) { /* first chunk of t that ends after lo */
+		uint32_t mid = a + (b - a) / 2;
+		const cs_chunk *k = &v->chunks[mid];
+		if (k->tensor < t || (k->tensor == t && k->start + k->info.count <= lo))
+			a = mid + 1;
+		else
+			b = mid;
+	}
+	for (; a < v->n_chunks && v->chunks[a].tensor == t && v->chunks[a].start < hi; a++)
+		if (v->chunks[a].info.encoding == DCAST_ENC_DENSE || v->chunks[a].info.changed)
+			return 1;
+	return 0;
+}
+
+static uint64_t blocks_of(const cs_tensor *t, const dcast_range_digest *d)
+{
+	return (d->count * t->elem_size + CS_DIGEST_BLOCK - 1) / CS_DIGEST_BLOCK;
+}
+
+static int check_entry(const dcast_consumer *c, const dcast_range_digest *d, uint32_t i)
+{
+	const cs_tensor *t = d->tensor < c->n_tensors ? &c->tensors[d->tensor] : NULL;
+	uint64_t elems = t ? dcast_tensor_elems(&t->desc) : 0;
+
+	if (!t || d->start > elems || d->count > elems - d->start)
+		return dcast_fail(DCAST_EFIELD_RANGE, "COMMIT.digests[%u]: range outside the manifest", i);
+	return 0;
+}
+
+/* Entries sorted by range, each with its slice of the block hash array. */
+static int plan_entries(dcast_consumer *c, const cs_version *v, cs_dcache *n)
+{
+	const dcast_commit *m = &v->commit;
+	uint64_t blocks = 0;
+	int err = 0;
+
+	n->e = calloc(m->n_digests ? m->n_digests : 1, sizeof(*n->e));
+	if (!n->e)
+		return dcast_fail(DCAST_ENOMEM, "digest table of version %" PRIu64, v->version);
+	n->n = m->n_digests;
+	for (uint32_t i = 0; !err && i < m->n_digests; i++)
+		if (!(err = check_entry(c, &m->digests[i], i)))
+			n->e[i].d = m->digests[i];
+	if (err)
+		return err;
+	qsort(n->e, n->n, sizeof(*n->e), entry_cmp);
+	for (uint32_t i = 0; i < n->n; i++) {
+		const cs_tensor *t = &c->tensors[n->e[i].d.tensor];
+		n->e[i].first = blocks;
+		n->e[i].nblocks = t->mem == DCAST_MEM_HOST ? blocks_of(t, &n->e[i].d) : 0;
+		blocks += n->e[i].nblocks;
+	}
+	n->nh = blocks;
+	n->hash = malloc((blocks ? blocks : 1) * sizeof(*n->hash));
+	n->todo = malloc(blocks ? blocks : 1);
+	if (!n->hash || !n->todo)
+		return dcast_fail(DCAST_ENOMEM, "%" PRIu64 " block hashes of version %" PRIu64, blocks, v->version);
+	return 0;
+}
+
+/* Which blocks of entry e must be hashed again; the others take the cached hash. */
+static void plan_blocks(const dcast_consumer *c, const cs_version *v, cs_dcache *n, const cs_dentry *e,
+			int full)
+{
+	const cs_dentry *old = full ? NULL : cache_find(&c->dcache, &e->d);
+	uint64_t per = CS_DIGEST_BLOCK / c->tensors[e->d.tensor].elem_size;
+
+	for (uint64_t j = 0; j < e->nblocks; j++) {
+		uint64_t lo = e->d.start + j * per, hi = lo + per;
+		if (hi > e->d.start + e->d.count)
+			hi = e->d.start + e->d.count;
+		int again = !old || written(v, e->d.tensor, lo, hi);
+		n->todo[e->first + j] = (uint8_t)again;
+		if (!again)
+			n->hash[e->first + j] = c->dcache.hash[old->first + j];
+	}
+}
+
+int cs_verify_plan(dcast_consumer *c, const cs_version *v, int full, cs_dcache *n)
+{
+	int err;
+
+	memset(n, 0, sizeof(*n));
+	c->verify_bytes = 0;
+	if ((err = plan_entries(c, v, n))) {
+		cs_dcache_clear(n);
+		return err;
+	}
+	for (uint32_t i = 0; i < n->n; i++)
+		plan_blocks(c, v, n, &n->e[i], full);
+	return 0;
+}
+
+/* Hash pending blocks in range order while they lie before (tensor, byte
+ * `limit`); every chunk that could still write them comes later. */
+static void hash_until(dcast_consumer *c, cs_dcache *n, uint32_t tensor, uint64_t limit)
+{
+	for (; n->cur_e < n->n; n->cur_e++, n->cur_b = 0) {
+		const cs_dentry *e = &n->e[n->cur_e];
+		const cs_tensor *t = &c->tensors[e->d.tensor];
+		uint64_t base = e->d.start * t->elem_size, end = base + e->d.count * t->elem_size;
+		for (; n->cur_b < e->nblocks; n->cur_b++) {
+			uint64_t off = base + (uint64_t)n->cur_b * CS_DIGEST_BLOCK;
+			uint64_t len = end - off < CS_DIGEST_BLOCK ? end - off : CS_DIGEST_BLOCK;
+			if (e->d.tensor > tensor || (e->d.tensor == tensor && off + len > limit))
+				return;
+			if (!n->todo[e->first + n->cur_b])
+				continue;
+			n->hash[e->first + n->cur_b] = dcast_checksum(t->ptr + off, len);
+			c->verify_bytes += len;
+		}
+	}
+}
+
+void cs_verify_written(dcast_consumer *c, cs_dcache *n, const cs_version *v, uint32_t i)
+{
+	const cs_chunk *k = &v->chunks[i], *next = i + 1 < v->n_chunks ? &v->chunks[i + 1] : NULL;
+
+	if (!n->e)
+		return;
+	if (next && next->tensor == k->tensor)
+		hash_until(c, n, k->tensor, next->start * c->tensors[k->tensor].elem_size);
+	else
+		hash_until(c, n, k->tensor, UINT64_MAX);
+}
+
+static int entry_digest(dcast_consumer *c, const cs_dentry *e, const cs_dcache *n, uint64_t *out)
+{
+	const cs_tensor *t = &c->tensors[e->d.tensor];
+
+	if (t->mem != DCAST_MEM_HOST) {
+		c->verify_bytes += e->d.count * t->elem_size;
+		return cs_tensor_digest(t, e->d.start * t->elem_size, e->d.count * t->elem_size, out);
+	}
+	*out = dcast_checksum(n->hash + e->first, (size_t)e->nblocks * sizeof(uint64_t));
+	return 0;
+}
+
+int cs_verify_finish(dcast_consumer *c, const cs_version *v, cs_dcache *n)
+{
+	int err = 0;
+
+	hash_until(c, n, UINT32_MAX, UINT64_MAX);
+	for (uint32_t i = 0; !err && i < n->n; i++) {
+		const cs_dentry *e = &n->e[i];
+		uint64_t got = 0;
+		if ((err = entry_digest(c, e, n, &got)))
+			break;
+		if (got != e->d.digest)
+			err = dcast_fail(DCAST_EDIGEST, "version %" PRIu64 ": tensor %s [%" PRIu64 ", +%" PRIu64
+					 ") digest differs from the producer's", v->version,
+					 c->tensors[e->d.tensor].desc.name, e->d.start, e->d.count);
+	}
+	if (err) {
+		cs_dcache_clear(n);
+		return err;
+	}
+	free(n->todo);
+	n->todo = NULL;
+	cs_dcache_clear(&c->dcache);
+	c->dcache = *n;
+	memset(n, 0, sizeof(*n));
+	return 0;
+}

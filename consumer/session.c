@@ -1,9 +1,13 @@
 /* The broker session and the version state machine: HELLO / WELCOME,
  * MANIFEST, CHUNK staging (pool slot -> checksum -> record file), COMMIT
  * (-> READY), credit that follows freed pool bytes, heartbeats, and the
- * re-join on a gap or a refused version (docs/protocol.md, "Consumer and
- * broker").  Messages that arrive after a re-join's HELLO and before its
- * WELCOME belong to the old stream and are dropped. */
+ * re-join on a gap, a refused version, a message that does not decode or a
+ * stalled stream (docs/protocol.md, "Consumer and broker").  Messages that
+ * arrive after a re-join's HELLO and before its WELCOME belong to the old
+ * stream and are dropped.  A HELLO left without a WELCOME, or a broker gone
+ * silent, gets a new socket: ZeroMQ gives up on a connection for good after
+ * a protocol error (a damaged frame header, an oversized frame), and such a
+ * socket would never reach the broker again. */
 #include <errno.h>
 #include <inttypes.h>
 #include <string.h>
@@ -26,6 +30,38 @@ static int send_msg(dcast_consumer *c, const dcast_msg *m)
 	return err;
 }
 
+static int set_curve(dcast_consumer *c)
+{
+	const dcast_consumer_opts *o = &c->opts;
+
+	if (!o->curve_server_key)
+		return 0;
+	if (zmq_setsockopt(c->sock, ZMQ_CURVE_SERVERKEY, o->curve_server_key, 40) ||
+	    zmq_setsockopt(c->sock, ZMQ_CURVE_PUBLICKEY, o->curve_public_key, 40) ||
+	    zmq_setsockopt(c->sock, ZMQ_CURVE_SECRETKEY, o->curve_secret_key, 40))
+		return dcast_fail(DCAST_EINVAL, "CURVE keys (Z85, 40 characters): %s", zmq_strerror(errno));
+	return 0;
+}
+
+/* A new DEALER connected to the broker, in place of the old one (closed,
+ * its queued messages dropped: linger 0). */
+static int socket_open(dcast_consumer *c)
+{
+	int err;
+
+	if (c->sock)
+		zmq_close(c->sock);
+	if (!(c->sock = zmq_socket(c->zctx, ZMQ_DEALER)))
+		return dcast_fail(DCAST_EZMQ, "zmq socket: %s", zmq_strerror(errno));
+	if ((err = dcast_wire_socket_opts(c->sock)) || (err = set_curve(c)))
+		return err;
+	if (zmq_connect(c->sock, c->endpoint))
+		return dcast_fail(DCAST_EZMQ, "connect %s: %s", c->endpoint, zmq_strerror(errno));
+	return 0;
+}
+
+/* HELLO never blocks: unsent (no peer, queue full) it is sent again, on a
+ * new socket, when no WELCOME came (keepalive). */
 static int send_hello(dcast_consumer *c)
 {
 	dcast_msg m;
@@ -38,7 +74,7 @@ static int send_hello(dcast_consumer *c)
 	snprintf(m.u.hello.client, sizeof(m.u.hello.client), "%s", c->opts.client ? c->opts.client : "");
 	c->welcomed = 0;
 	c->hello_ms = dcast_now_ms();
-	return dcast_wire_send(c->sock, NULL, 0, &m, NULL, 0);
+	return send_msg(c, &m);
 }
 
 void cs_credit_free(dcast_consumer *c, uint64_t bytes)
@@ -64,6 +100,7 @@ static int flush_credit(dcast_consumer *c)
 	dcast_msg_init(&m, DCAST_MSG_CREDIT);
 	m.u.credit.bytes = c->credit_pending;
 	c->credit_pending = 0;
+	c->progress_ms = dcast_now_ms(); /* the broker may send again: not stalled yet */
 	return send_msg(c, &m);
 }
 
@@ -111,6 +148,7 @@ void cs_drop_all(dcast_consumer *c)
 /* Start over from the applied version: the broker resends what we need. */
 int cs_rejoin(dcast_consumer *c)
 {
+	c->progress_ms = dcast_now_ms();
 	cs_drop_all(c);
 	c->credit_pending = 0;
 	c->drop_version = DCAST_VERSION_NONE;
@@ -292,6 +330,7 @@ static int on_commit(dcast_consumer *c, dcast_wire_in *in)
 	}
 	v->state = CS_V_READY;
 	v->ready_ns = dcast_now_ns();
+	c->progress_ms = dcast_now_ms();
 	cs_event_push(c, DCAST_EV_VERSION_READY, v->version, 0, "");
 	c->events[(c->ev_head + c->ev_count - 1) % CS_EVENTS].bytes = v->bytes;
 	return 0;
@@ -312,6 +351,7 @@ static int manifest_matches(const dcast_consumer *c, const dcast_manifest *m)
 
 static int on_manifest(dcast_consumer *c, dcast_wire_in *in)
 {
+	c->progress_ms = dcast_now_ms();
 	if (!c->n_tensors)
 		return cs_tensors_from_manifest(c, &in->msg.u.manifest);
 	if (manifest_matches(c, &in->msg.u.manifest))
@@ -330,6 +370,8 @@ static int on_message(dcast_consumer *c, dcast_wire_in *in)
 	DCAST_LOG_D("consumer %s: %s (welcomed %d)", c->model, dcast_msg_type_name((int)m->type), c->welcomed);
 	if (m->type == DCAST_MSG_WELCOME) {
 		c->welcomed = 1;
+		c->broker_newest = m->u.welcome.version;
+		c->progress_ms = dcast_now_ms();
 		c->heartbeat_ms = c->opts.heartbeat_ms ? c->opts.heartbeat_ms
 				  : m->u.welcome.heartbeat_ms ? m->u.welcome.heartbeat_ms : 1000;
 		return 0;
@@ -359,8 +401,21 @@ static int on_message(dcast_consumer *c, dcast_wire_in *in)
 		cs_event_push(c, DCAST_EV_ERROR, m->u.error.version, (int)m->u.error.code, dcast_last_error());
 		return 0;
 	case DCAST_MSG_BYE: return send_hello(c);
+	case DCAST_MSG_HEARTBEAT:
+		c->broker_newest = m->u.heartbeat.version;
+		return 0;
 	default: return 0;
 	}
+}
+
+/* A message from the broker that does not decode leaves a hole in the
+ * stream (a lost MANIFEST would leave every later CHUNK unusable): join
+ * again.  Before the WELCOME we are joining already. */
+static int bad_message(dcast_consumer *c)
+{
+	DCAST_LOG_W("consumer %s: dropped a bad message: %s%s", c->model, dcast_last_error(),
+		    c->welcomed ? "; re-joining" : "");
+	return c->welcomed ? cs_rejoin(c) : 0;
 }
 
 static int receive_burst(dcast_consumer *c)
@@ -378,7 +433,7 @@ static int receive_burst(dcast_consumer *c)
 		if (rc == DCAST_EZMQ)
 			err = rc;
 		else if (rc)
-			DCAST_LOG_W("consumer %s: dropped a bad message: %s", c->model, dcast_last_error());
+			err = bad_message(c);
 		else
 			err = on_message(c, &in);
 		dcast_wire_in_close(&in);
@@ -386,17 +441,58 @@ static int receive_burst(dcast_consumer *c)
 	return err;
 }
 
+/* Newest version READY or applied. */
+static uint64_t held_version(const dcast_consumer *c)
+{
+	for (uint32_t i = c->n_staged; i-- > 0;)
+		if (c->staged[i].state == CS_V_READY)
+			return c->staged[i].version;
+	return dcast_consumer_version(c);
+}
+
+/* The broker has a version newer than any we hold, we are not holding its
+ * credit back, and nothing of the stream came for 3 heartbeats (a CREDIT or
+ * MANIFEST lost on the way, a refused last version). */
+static int stalled(const dcast_consumer *c, uint64_t now, uint64_t hb)
+{
+	uint64_t held = held_version(c);
+
+	return c->welcomed && !c->manifest_bad && c->broker_newest != DCAST_VERSION_NONE &&
+	       (held == DCAST_VERSION_NONE || c->broker_newest > held) &&
+	       ready_count(c) < c->opts.max_staged && now - c->progress_ms > 3 * hb;
+}
+
+/* A new socket, then HELLO (a re-join when welcomed: the broker has lost
+ * us or we it); the old connection may be dead for good. */
+static int reconnect(dcast_consumer *c)
+{
+	int err = socket_open(c);
+
+	if (err)
+		return err;
+	return c->welcomed ? cs_rejoin(c) : send_hello(c);
+}
+
 static int keepalive(dcast_consumer *c)
 {
 	uint64_t now = dcast_now_ms(), hb = c->heartbeat_ms ? c->heartbeat_ms : 1000;
 	dcast_msg m;
 
-	if (!c->welcomed && now - c->hello_ms >= 3 * hb)
-		return send_hello(c);
+	if (!c->welcomed && now - c->hello_ms >= 3 * hb) {
+		DCAST_LOG_I("consumer %s: no WELCOME for %" PRIu64 " ms; reconnecting", c->model,
+			    now - c->hello_ms);
+		return reconnect(c);
+	}
 	if (c->welcomed && now - c->last_recv_ms > 3 * hb) {
-		DCAST_LOG_W("consumer %s: broker silent for %" PRIu64 " ms; re-joining", c->model,
+		DCAST_LOG_W("consumer %s: broker silent for %" PRIu64 " ms; reconnecting", c->model,
 			    now - c->last_recv_ms);
 		c->last_recv_ms = now;
+		return reconnect(c);
+	}
+	if (stalled(c, now, hb)) {
+		DCAST_LOG_W("consumer %s: broker has version %" PRIu64 ", we have %lld and got "
+			    "nothing for %" PRIu64 " ms; re-joining", c->model, c->broker_newest,
+			    (long long)held_version(c), now - c->progress_ms);
 		return cs_rejoin(c);
 	}
 	if (now - c->last_send_ms < hb)
@@ -419,8 +515,11 @@ static int pop_event(dcast_consumer *c, dcast_event *ev)
 
 int cs_session_start(dcast_consumer *c)
 {
+	int err = socket_open(c);
+
 	c->last_recv_ms = dcast_now_ms();
-	return send_hello(c);
+	c->broker_newest = DCAST_VERSION_NONE;
+	return err ? err : send_hello(c);
 }
 
 int cs_ack(dcast_consumer *c, uint64_t version)

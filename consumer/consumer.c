@@ -152,31 +152,10 @@ static int make_paths(dcast_consumer *c, const char *dir, const char *endpoint)
 	return 0;
 }
 
-static int set_curve(dcast_consumer *c)
-{
-	const dcast_consumer_opts *o = &c->opts;
-
-	if (!o->curve_server_key)
-		return 0;
-	if (zmq_setsockopt(c->sock, ZMQ_CURVE_SERVERKEY, o->curve_server_key, 40) ||
-	    zmq_setsockopt(c->sock, ZMQ_CURVE_PUBLICKEY, o->curve_public_key, 40) ||
-	    zmq_setsockopt(c->sock, ZMQ_CURVE_SECRETKEY, o->curve_secret_key, 40))
-		return dcast_fail(DCAST_EINVAL, "CURVE keys (Z85, 40 characters): %s", zmq_strerror(errno));
-	return 0;
-}
-
 static int connect_broker(dcast_consumer *c)
 {
-	int err;
-
-	c->zctx = zmq_ctx_new();
-	c->sock = c->zctx ? zmq_socket(c->zctx, ZMQ_DEALER) : NULL;
-	if (!c->sock)
-		return dcast_fail(DCAST_EZMQ, "zmq socket: %s", zmq_strerror(errno));
-	if ((err = dcast_wire_socket_opts(c->sock)) || (err = set_curve(c)))
-		return err;
-	if (zmq_connect(c->sock, c->endpoint))
-		return dcast_fail(DCAST_EZMQ, "connect %s: %s", c->endpoint, zmq_strerror(errno));
+	if (!(c->zctx = zmq_ctx_new()))
+		return dcast_fail(DCAST_EZMQ, "zmq_ctx_new: %s", zmq_strerror(errno));
 	return cs_session_start(c);
 }
 

@@ -137,6 +137,8 @@ struct dcast_consumer {
 	uint32_t heartbeat_ms;
 	uint64_t last_send_ms, last_recv_ms;
 	uint64_t credit_pending;       /* freed bytes not yet granted */
+	uint64_t broker_newest;        /* from WELCOME and HEARTBEAT, or NONE */
+	uint64_t progress_ms;          /* the stream last moved (stalled() in session.c) */
 	uint64_t window_bytes;
 
 	dcast_event events[CS_EVENTS];
@@ -180,7 +182,7 @@ cs_version *cs_version_find(dcast_consumer *c, uint64_t version);
 void cs_version_drop(dcast_consumer *c, cs_version *v, int unlink_file);
 void cs_drop_all(dcast_consumer *c);
 int cs_rejoin(dcast_consumer *c);
-int cs_session_start(dcast_consumer *c);
+int cs_session_start(dcast_consumer *c); /* opens the socket (c->zctx set), sends HELLO */
 int cs_ack(dcast_consumer *c, uint64_t version);
 void cs_credit_free(dcast_consumer *c, uint64_t bytes);
 

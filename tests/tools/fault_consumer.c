@@ -7,8 +7,13 @@
  *   applied V anchor|delta DIGEST
  * The suite checks each line against the producer's file for V, so a
  * version reported as applied with other weights is caught.
+ * Errors the library recovers from (a refused chunk or version, a failed
+ * apply or checkpoint write: it re-joins, or the next apply writes the
+ * checkpoint again) are printed and followed on; only DCAST_EZMQ from poll
+ * (the session itself broken) and a failed digest end it.
  * usage: fault_consumer ENDPOINT MODEL DIR UNTIL [BUDGET_BYTES]
- * Exit 0 once UNTIL is applied; 1 on an error (named on stderr). */
+ * Exit 0 once UNTIL is applied and checkpointed; 1 on an error (named on
+ * stderr). */
 #include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
@@ -77,29 +82,46 @@ static int reached(dcast_consumer *c, uint64_t until)
 	return v != DCAST_VERSION_NONE && v >= until;
 }
 
+/* Print a recoverable error; 0 to go on. */
+static int going_on(const char *what, int err)
+{
+	fprintf(stderr, "fault_consumer: %s: %s: %s; going on\n", what, dcast_errname(err),
+		dcast_last_error());
+	return 0;
+}
+
+/* Apply a READY version, checkpoint and report it.  A failed checkpoint
+ * is written again after the next apply, or at the end (unsaved). */
+static int take(dcast_consumer *c, uint64_t version, int *unsaved)
+{
+	int err = dcast_consumer_apply(c, version);
+
+	if (err) /* the library dropped it and re-joins */
+		return going_on("apply", err);
+	if ((err = dcast_consumer_checkpoint(c)))
+		going_on("checkpoint", err);
+	*unsaved = err != 0;
+	return report(c, NULL);
+}
+
 static int follow(dcast_consumer *c, uint64_t until)
 {
 	dcast_event ev;
-	int err = 0;
+	int err = 0, unsaved = 0;
 
 	while (!stop && !err && !reached(c, until)) {
-		if ((err = dcast_consumer_poll(c, 200, &ev)))
-			break;
+		if ((err = dcast_consumer_poll(c, 200, &ev))) {
+			err = err == DCAST_EZMQ ? err : going_on("poll", err);
+			continue;
+		}
 		if (ev.type == DCAST_EV_ERROR || ev.type == DCAST_EV_GAP)
 			fprintf(stderr, "fault_consumer: %s at version %" PRIu64 ": %s\n",
 				ev.type == DCAST_EV_GAP ? "gap" : dcast_errname(ev.code), ev.version,
 				ev.text);
-		if (ev.type != DCAST_EV_VERSION_READY)
-			continue;
-		if (dcast_consumer_apply(c, ev.version)) {
-			fprintf(stderr, "fault_consumer: version %" PRIu64 " refused: %s\n", ev.version,
-				dcast_last_error());
-			continue;
-		}
-		if (!(err = dcast_consumer_checkpoint(c)))
-			err = report(c, NULL);
+		if (ev.type == DCAST_EV_VERSION_READY)
+			err = take(c, ev.version, &unsaved);
 	}
-	return err;
+	return err || stop || !unsaved ? err : dcast_consumer_checkpoint(c);
 }
 
 int main(int argc, char **argv)

@@ -210,6 +210,9 @@ static int bitmask_check(const dcast_chunk_info *info, const uint8_t *pl)
 	return DCAST_OK;
 }
 
+/* The compact writer prefetches the element this many positions ahead. */
+#define APPLY_PREFETCH 32
+
 /* Decoded compact payload: positions and (zig-zag or raw) values. */
 typedef struct cpt_decoded {
 	uint32_t *pos, *val;
@@ -223,10 +226,11 @@ static int cpt_load(const dcast_chunk_info *info, const uint8_t *pl, cpt_decoded
 		return dcast_fail(DCAST_ECORRUPT, "compact payload: %" PRIu64 " bytes cannot hold %" PRIu64 " changes",
 				  info->payload_bytes, info->changed);
 	size_t n = info->changed ? info->changed : 1;
-	dec->pos = dcast_scratch(DCAST_SCRATCH_DEC_POS, n * 4);
+	dec->pos = dcast_scratch(DCAST_SCRATCH_DEC_POS, (n + APPLY_PREFETCH) * 4);
 	dec->val = dcast_scratch(DCAST_SCRATCH_DEC_VAL, n * 4);
 	if (!dec->pos || !dec->val)
 		return dcast_fail(DCAST_ENOMEM, "compact payload: no memory for %" PRIu64 " changes", info->changed);
+	memset(dec->pos + info->changed, 0, APPLY_PREFETCH * 4); /* prefetched, never written */
 	return dcast_cpt_decode(info, pl, dec->pos, dec->val, &dec->mode);
 }
 
@@ -271,6 +275,9 @@ static inline __attribute__((always_inline)) void cpt_write_es(const dcast_chunk
 {
 	for (uint64_t i = 0; i < info->changed; i++) {
 		uint8_t *d = dst + (uint64_t)dec->pos[i] * es;
+		/* the positions are known ahead: fetch their lines early (pos[]
+		 * has slack past changed, see cpt_load) */
+		__builtin_prefetch(dst + (uint64_t)dec->pos[i + APPLY_PREFETCH] * es, 1);
 		uint32_t v = old ? dcast_load_elem(old + i * es, es)
 			   : dec->mode == DCAST_CPT_RAW ? dec->val[i]
 							: dcast_ulp_apply(dcast_load_elem(d, es), dec->val[i], 8 * es);

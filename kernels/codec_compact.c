@@ -135,26 +135,51 @@ static int cpt_decode_blocks(const dcast_cpt_dec *d, const uint8_t *idx, uint64_
 	return e ? cpt_fail(e, changed) : DCAST_OK;
 }
 
-int dcast_cpt_decode(const dcast_chunk_info *info, const uint8_t *payload, uint32_t *pos,
-		     uint32_t *val, unsigned *mode)
+/* Parse the header and find the stream: d (all but lut) and t filled. */
+static int cpt_open(const dcast_chunk_info *info, const uint8_t *payload, dcast_cpt_dec *d,
+		    dcast_cpt_table *t)
 {
-	dcast_cpt_dec d;
-	dcast_cpt_table t;
-	uint16_t lut[DCAST_CPT_LUT_SIZE];
-	const char *bad = dcast_cpt_hdr_parse(payload, info->payload_bytes, 8 * info->elem_size, &d, &t);
+	const char *bad = dcast_cpt_hdr_parse(payload, info->payload_bytes, 8 * info->elem_size, d, t);
 	if (bad)
 		return dcast_fail(DCAST_ECORRUPT, "compact payload: %s", bad);
-	uint64_t off = dcast_cpt_hdr_bytes(d.mode, d.w) + dcast_cpt_index_bytes(info->changed);
+	uint64_t off = dcast_cpt_hdr_bytes(d->mode, d->w) + dcast_cpt_index_bytes(info->changed);
 	if (off > info->payload_bytes)
 		return dcast_fail(DCAST_EPAYLOAD_SIZE,
 				  "compact payload: %" PRIu64 " bytes, header and block index need %" PRIu64,
 				  info->payload_bytes, off);
-	d.stream = payload + off;
-	d.stream_bytes = info->payload_bytes - off;
-	d.count = info->count;
+	d->stream = payload + off;
+	d->stream_bytes = info->payload_bytes - off;
+	d->count = info->count;
+	d->lut = NULL;
+	return DCAST_OK;
+}
+
+int dcast_cpt_decode_checked(const dcast_chunk_info *info, const uint8_t *payload, uint32_t *pos,
+			     uint32_t *val, unsigned *mode)
+{
+	dcast_cpt_dec d;
+	dcast_cpt_table t;
+	uint16_t lut[DCAST_CPT_LUT_SIZE];
+	int rc = cpt_open(info, payload, &d, &t);
+	if (rc)
+		return rc;
 	d.lut = lut;
 	if (d.mode == DCAST_CPT_CODED)
 		lut_build(&t, dcast_cpt_nsym(d.w), lut);
 	*mode = d.mode;
 	return cpt_decode_blocks(&d, payload + dcast_cpt_hdr_bytes(d.mode, d.w), info->changed, pos, val);
+}
+
+int dcast_cpt_decode(const dcast_chunk_info *info, const uint8_t *payload, uint32_t *pos,
+		     uint32_t *val, unsigned *mode)
+{
+	dcast_cpt_dec d;
+	dcast_cpt_table t;
+	int rc = cpt_open(info, payload, &d, &t);
+	if (rc)
+		return rc;
+	*mode = d.mode;
+	if (!dcast_cpt_decode_fast(&d, &t, payload + dcast_cpt_hdr_bytes(d.mode, d.w), info->changed, pos, val))
+		return DCAST_OK;
+	return dcast_cpt_decode_checked(info, payload, pos, val, mode);
 }

@@ -602,9 +602,24 @@ static inline uint64_t dcast_cpt_pos_bits_bound(const dcast_cpt_stats *st, unsig
  * for its bytes + 8.  Returns the position bits it wrote. */
 uint64_t dcast_cpt_emit(const dcast_changes *ch, const dcast_cpt_plan *p, uint8_t *out);
 
-/* Check a compact payload and decode it into pos/val (info->changed each). */
+/* Check a compact payload and decode it into pos/val (info->changed each):
+ * the fast decoder, and the checking one when that fails (pos/val may be
+ * scribbled on error). */
 int dcast_cpt_decode(const dcast_chunk_info *info, const uint8_t *payload, uint32_t *pos,
 		     uint32_t *val, unsigned *mode);
+
+/* The same with the sequential checking decoder only (the reference that
+ * names the problem; tests compare the two). */
+int dcast_cpt_decode_checked(const dcast_chunk_info *info, const uint8_t *payload, uint32_t *pos,
+			     uint32_t *val, unsigned *mode);
+
+/* The fast path of dcast_cpt_decode (codec_decode.c): several blocks at
+ * once.  d and t as dcast_cpt_hdr_parse left them, idx the block index.
+ * 0 when the payload decoded and passed every check the sequential decoder
+ * makes; -1 when it did not or took a path this one leaves to that decoder
+ * (which then runs and names the problem).  pos/val may be scribbled. */
+int dcast_cpt_decode_fast(const dcast_cpt_dec *d, const dcast_cpt_table *t, const uint8_t *idx,
+			  uint64_t changed, uint32_t *pos, uint32_t *val);
 
 #include <string.h>
 

@@ -303,6 +303,101 @@ static void test_compact_size(void)
 	free_range(&r);
 }
 
+/* The fast compact decoder alone (header parsed as dcast_cpt_decode does):
+ * 0 accepted, -1 refused, -2 header refused before it runs. */
+static int fast_decode(const dcast_chunk_info *info, const uint8_t *pl, uint32_t *pos, uint32_t *val)
+{
+	dcast_cpt_dec d;
+	dcast_cpt_table t;
+	if (dcast_cpt_hdr_parse(pl, info->payload_bytes, 8 * info->elem_size, &d, &t))
+		return -2;
+	uint64_t hb = dcast_cpt_hdr_bytes(d.mode, d.w), off = hb + dcast_cpt_index_bytes(info->changed);
+	if (off > info->payload_bytes)
+		return -2;
+	d.stream = pl + off;
+	d.stream_bytes = info->payload_bytes - off;
+	d.count = info->count;
+	d.lut = NULL;
+	return dcast_cpt_decode_fast(&d, &t, pl + hb, info->changed, pos, val);
+}
+
+/* The fast decoder accepts exactly what the checking one accepts, with the
+ * same positions and values. */
+static void fast_agrees(const dcast_chunk_info *info, const uint8_t *pl)
+{
+	size_t n = info->changed + 1;
+	uint32_t *p1 = malloc(n * 4), *v1 = malloc(n * 4), *p2 = malloc(n * 4), *v2 = malloc(n * 4);
+	unsigned mode;
+	REQUIRE(p1 && v1 && p2 && v2);
+	int rf = fast_decode(info, pl, p1, v1);
+	int rr = dcast_cpt_decode_checked(info, pl, p2, v2, &mode);
+	if (rf != -2) {
+		CHECK((rf == 0) == (rr == DCAST_OK));
+		CHECK(rf || (!memcmp(p1, p2, info->changed * 4) && !memcmp(v1, v2, info->changed * 4)));
+	}
+	free(p1);
+	free(v1);
+	free(p2);
+	free(v2);
+}
+
+/* Valid payloads of every shape the fast decoder has a path for (coded and
+ * raw values, 1/2/4-byte elements, escaped gaps, Rice codes so long the
+ * value needs a second load, a partial last block, lanes in lockstep), then
+ * random bit flips and byte overwrites of each. */
+static void fast_case(range *r, int want_mode)
+{
+	uint8_t *pl;
+	dcast_chunk_info info;
+	encode_forced(r, DCAST_ENC_COMPACT, &pl, &info);
+	CHECK(want_mode < 0 || pl[1] == want_mode);
+	fast_agrees(&info, pl);
+	for (unsigned i = 0; i < 400 && info.payload_bytes; i++) {
+		uint64_t at = rnd() % info.payload_bytes;
+		uint8_t save = pl[at];
+		pl[at] = i & 1 ? (uint8_t)rnd() : (uint8_t)(save ^ (1u << (rnd() & 7)));
+		fast_agrees(&info, pl);
+		pl[at] = save;
+	}
+	free(pl);
+	free_range(r);
+}
+
+/* Changes in two dense clusters far apart: the gap between them escapes. */
+static range clustered(uint64_t count, unsigned es)
+{
+	range r = make_range(count, es, 0, 0);
+	for (uint64_t i = 0; i < count; i++)
+		if ((i < count / 16 || i >= count - count / 16) && rnd01() < 0.5)
+			dcast_store_elem(r.cur + i * es, es,
+					 dcast_ulp_apply(dcast_load_elem(r.base + i * es, es), 1 + (rnd() & 1), 8 * es));
+	return r;
+}
+
+/* Every change a random bit pattern: raw values are the smaller. */
+static range random_changes(uint64_t count, unsigned es, double density)
+{
+	range r = make_range(count, es, 0, 0);
+	for (uint64_t i = 0; i < count; i++)
+		if (rnd01() < density)
+			dcast_store_elem(r.cur + i * es, es, ~dcast_load_elem(r.base + i * es, es));
+	return r;
+}
+
+static void test_fast_decoder(void)
+{
+	for (unsigned es = 1; es <= 4; es *= 2) {
+		range r = make_range(200000, es, 0.05, 1); /* ~10 blocks: lockstep and alone */
+		fast_case(&r, DCAST_CPT_CODED);
+		r = clustered(400000, es);
+		fast_case(&r, -1);
+		r = random_changes(120000, es, 0.1);
+		fast_case(&r, DCAST_CPT_RAW);
+	}
+	range r = make_range(1u << 22, 4, 0.00002, 1); /* k ~ 15: long Rice codes, long values */
+	fast_case(&r, -1);
+}
+
 int main(void)
 {
 	static const int simd[] = { DCAST_SIMD_PORTABLE, DCAST_SIMD_AVX2, DCAST_SIMD_AVX512 };
@@ -321,5 +416,6 @@ int main(void)
 	test_compact_structure();
 	test_compact_table();
 	test_compact_size();
+	test_fast_decoder();
 	return check_done("test_codec");
 }

@@ -247,6 +247,8 @@ static void part_dedupe(struct broker_part *pt)
 {
 	uint32_t w = 0;
 
+	if (!pt->n)
+		return; /* a part of no chunks: chunks may be NULL */
 	qsort(pt->chunks, pt->n, sizeof(*pt->chunks), seq_cmp);
 	for (uint32_t r = 0; r < pt->n; r++) {
 		if (w && pt->chunks[w - 1].c.seq == pt->chunks[r].c.seq) {
@@ -334,6 +336,8 @@ static int version_digests(struct broker_version *v, const struct broker_pending
 		return dcast_fail(DCAST_ENOMEM, "version %llu: %llu digests",
 				  (unsigned long long)v->version, (unsigned long long)n);
 	for (uint32_t i = 0; i < pd->parts; i++) {
+		if (!pd->part[i].n_digests)
+			continue;
 		memcpy(v->digests + v->n_digests, pd->part[i].digests,
 		       pd->part[i].n_digests * sizeof(*v->digests));
 		v->n_digests += pd->part[i].n_digests;

@@ -274,18 +274,26 @@ static int send_hello(dcast_producer *p, uint64_t deadline_ms)
 	return prod_conn_send(p, &m, NULL, deadline_ms);
 }
 
-/* A version sent before the connection broke: committed if the broker says
- * its newest version has reached it, otherwise lost. */
+/* A version whose COMMIT went out before the connection broke: taken if the
+ * re-joined broker's newest version is exactly it; to be sent again if the
+ * broker's newest is older (it never committed it, or lost it); failed when
+ * no connection came back, or the broker moved past it (we cannot tell). */
 static void settle_pending(dcast_producer *p)
 {
 	uint64_t v = p->pending_version, b = p->conn.broker_version;
 
 	if (v == DCAST_VERSION_NONE)
 		return;
-	if (b != DCAST_VERSION_NONE && b >= v)
+	if (p->conn.up && b == v) {
 		prod_version_acked(p, v);
-	else
-		prod_version_failed(p, "connection to the broker lost before its ACK");
+	} else if (p->conn.up && (b == DCAST_VERSION_NONE || b < v)) {
+		p->resend = 1;
+	} else if (p->conn.up) {
+		prod_version_failed(p, DCAST_EVERSION, "the re-joined broker's newest version "
+				    "is above it; whether it was taken is unknown");
+	} else {
+		prod_version_failed(p, DCAST_ECLOSED, "connection to the broker lost before its ACK");
+	}
 }
 
 static int await_welcome(dcast_producer *p, uint64_t deadline_ms)

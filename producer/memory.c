@@ -10,15 +10,6 @@
 #define PROD_ALIGN 64
 #define PROD_UNDO_MIN (1u << 20)
 
-/* One undo record; its payload copy and old values follow, 8-aligned. */
-typedef struct prod_undo_rec {
-	uint32_t tensor, chunk;
-	uint64_t off_elems;     /* first element of the range within the shard */
-	dcast_chunk_info info;
-	uint64_t old_digest;
-	uint64_t payload_len, old_len;
-} prod_undo_rec;
-
 static size_t pad8(size_t n)
 {
 	return (n + 7) & ~(size_t)7;
@@ -233,6 +224,16 @@ int prod_undo_apply(dcast_producer *p, prod_tensor *t, uint64_t off_elems, uint3
 	return rc;
 }
 
+/* The record at *at (start at 0), moving *at past it; its payload copy
+ * follows it.  The caller counts records (u->n_records). */
+const prod_undo_rec *prod_undo_next(const prod_undo *u, size_t *at)
+{
+	const prod_undo_rec *r = (const prod_undo_rec *)(u->buf + *at);
+
+	*at += sizeof(*r) + pad8(r->payload_len) + pad8(r->old_len);
+	return r;
+}
+
 /* Put back what the records of the version in flight changed. */
 void prod_undo_rollback(dcast_producer *p)
 {
@@ -240,7 +241,7 @@ void prod_undo_rollback(dcast_producer *p)
 	size_t at = 0;
 
 	for (uint32_t i = 0; i < u->n_records; i++) {
-		prod_undo_rec *r = (prod_undo_rec *)(u->buf + at);
+		const prod_undo_rec *r = prod_undo_next(u, &at);
 		prod_tensor *t = &p->tensors[r->tensor];
 		unsigned char *base = t->base + r->off_elems * t->elem_size;
 		const unsigned char *pl = (const unsigned char *)(r + 1);
@@ -251,7 +252,6 @@ void prod_undo_rollback(dcast_producer *p)
 		else
 			dcast_codec_revert(&r->info, pl, base, old);
 		p->chunk_digest[r->chunk] = r->old_digest;
-		at += sizeof(*r) + pad8(r->payload_len) + pad8(r->old_len);
 	}
 	prod_undo_reset(u);
 }

@@ -42,6 +42,23 @@ typedef struct prod_pool {
 	size_t slot_bytes;
 } prod_pool;
 
+/* How a published version ended: 0 acknowledged, else its error. */
+typedef struct prod_outcome {
+	uint64_t version;
+	int err;
+} prod_outcome;
+
+#define PROD_HISTORY 64
+
+/* One undo record; its payload copy and old values follow, 8-aligned. */
+typedef struct prod_undo_rec {
+	uint32_t tensor, chunk;
+	uint64_t off_elems;     /* first element of the range within the shard */
+	dcast_chunk_info info;
+	uint64_t old_digest;
+	uint64_t payload_len, old_len;
+} prod_undo_rec;
+
 /* Rollback log of the version in flight: for each delta chunk, what it
  * changed in the baseline (a copy of its payload and the old values), so a
  * failed version restores the last acknowledged state. */
@@ -97,10 +114,15 @@ struct dcast_producer {
 	uint64_t acked_version;  /* newest acknowledged by the broker */
 	uint64_t pending_version; /* committed-sent, awaiting ACK, or NONE */
 	int pending_anchor;
+	int resend;              /* a re-join found the broker without the
+				    pending version: send it again (wait()) */
+	uint32_t resends;        /* of the pending version */
 	uint64_t last_version;   /* newest version passed to publish */
 	uint64_t failed_version; /* the last version that failed, its error */
 	int failed_err;
 	char failed_text[DCAST_MAX_TEXT + 64];
+	prod_outcome history[PROD_HISTORY]; /* the latest settled versions */
+	uint64_t n_history;
 	dcast_producer_stats stats;
 };
 
@@ -121,9 +143,11 @@ void prod_undo_reset(prod_undo *u);
 int prod_undo_apply(dcast_producer *p, prod_tensor *t, uint64_t off_elems, uint32_t chunk,
 		    const dcast_chunk_info *info, const void *payload);
 void prod_undo_rollback(dcast_producer *p);
+const prod_undo_rec *prod_undo_next(const prod_undo *u, size_t *at);
 
 /* publish.c */
 void prod_version_acked(dcast_producer *p, uint64_t version);
-void prod_version_failed(dcast_producer *p, const char *why);
+void prod_version_failed(dcast_producer *p, int err, const char *why);
+int prod_resend_pending(dcast_producer *p);
 
 #endif

@@ -18,19 +18,27 @@ typedef struct prod_run {
 	uint64_t progress_ms; /* last time credit or a slot came back */
 } prod_run;
 
+static void remember(dcast_producer *p, uint64_t version, int err)
+{
+	p->history[p->n_history++ % PROD_HISTORY] = (prod_outcome){version, err};
+}
+
+/* Only an ACK naming the pending version settles it. */
 void prod_version_acked(dcast_producer *p, uint64_t version)
 {
-	if (p->pending_version == DCAST_VERSION_NONE || version < p->pending_version)
+	if (p->pending_version == DCAST_VERSION_NONE || version != p->pending_version)
 		return;
 	if (p->pending_anchor)
 		p->conn.need_anchor = 0;
 	p->acked_version = p->pending_version;
 	p->pending_version = DCAST_VERSION_NONE;
 	p->baseline_valid = 1;
+	p->resend = 0;
 	prod_undo_reset(&p->undo);
+	remember(p, p->acked_version, 0);
 }
 
-void prod_version_failed(dcast_producer *p, const char *why)
+void prod_version_failed(dcast_producer *p, int err, const char *why)
 {
 	if (p->pending_version == DCAST_VERSION_NONE)
 		return;
@@ -42,10 +50,12 @@ void prod_version_failed(dcast_producer *p, const char *why)
 		p->baseline_valid = 0;
 	prod_undo_rollback(p);
 	p->failed_version = p->pending_version;
-	p->failed_err = DCAST_ECLOSED;
+	p->failed_err = err;
 	snprintf(p->failed_text, sizeof(p->failed_text), "version %llu failed: %s",
 		 (unsigned long long)p->pending_version, why);
+	remember(p, p->pending_version, err);
 	p->pending_version = DCAST_VERSION_NONE;
+	p->resend = 0;
 }
 
 /* Mark the version in flight failed with error `rc` (whose detail is the
@@ -55,8 +65,7 @@ static int fail_pending(dcast_producer *p, int rc)
 	char why[DCAST_MAX_TEXT];
 
 	snprintf(why, sizeof(why), "%s", dcast_last_error());
-	prod_version_failed(p, why);
-	p->failed_err = rc > 0 ? rc : DCAST_EABORTED;
+	prod_version_failed(p, rc > 0 ? rc : DCAST_EABORTED, why);
 	return dcast_fail(rc, "%s", why);
 }
 
@@ -273,21 +282,114 @@ static int publish_once(dcast_producer *p, prod_run *r)
 	return send_commit(p, r);
 }
 
-static void start_run(dcast_producer *p, uint64_t version, prod_run *r)
+/* A delta needs the broker's newest version to be our acknowledged one. */
+static int need_anchor(const dcast_producer *p)
 {
-	int anchor = !p->baseline_valid || p->conn.need_anchor ||
-		     p->acked_version == DCAST_VERSION_NONE ||
-		     p->acked_version != p->conn.broker_version;
+	return p->conn.need_anchor || p->acked_version == DCAST_VERSION_NONE ||
+	       p->acked_version != p->conn.broker_version;
+}
 
+static void init_run(dcast_producer *p, uint64_t version, int anchor, prod_run *r)
+{
 	memset(r, 0, sizeof(*r));
 	r->version = version;
 	r->anchor = anchor;
 	r->base_version = anchor ? DCAST_VERSION_NONE : p->acked_version;
 	r->gen = p->conn.generation;
 	r->progress_ms = dcast_now_ms();
+}
+
+static void start_run(dcast_producer *p, uint64_t version, prod_run *r)
+{
+	int anchor = !p->baseline_valid || need_anchor(p);
+
+	init_run(p, version, anchor, r);
 	prod_undo_reset(&p->undo);
 	p->pending_version = version;
 	p->pending_anchor = anchor;
+	p->resend = 0;
+	p->resends = 0;
+}
+
+/* ---- sending the pending version again after a re-join ----
+ * Once publish returned, every range was encoded: the baseline holds the
+ * pending version and the undo log its delta's payloads (unless it
+ * overflowed).  The caller's tensors may have moved on, so a re-send comes
+ * from these: the same delta when the broker still has its base, otherwise
+ * the baseline as an anchor. */
+
+static int resend_record(dcast_producer *p, prod_run *r, const prod_undo_rec *u)
+{
+	prod_slot *slot;
+	int rc;
+
+	if ((rc = check_broker(p, r, 0)) || (rc = get_slot(p, r, &slot)))
+		return rc;
+	memcpy(slot->buf, u + 1, u->payload_len);
+	return send_slot(p, r, &p->tensors[u->tensor], u->off_elems, &u->info, slot);
+}
+
+static int resend_baseline_range(dcast_producer *p, prod_run *r, const prod_tensor *t,
+				 uint32_t k)
+{
+	uint64_t off = (uint64_t)k * p->opts.range_elems;
+	uint64_t count = t->shard_count - off < p->opts.range_elems ? t->shard_count - off
+								      : p->opts.range_elems;
+	dcast_chunk_info info = {DCAST_ENC_DENSE, t->elem_size, count, count,
+				 count * t->elem_size};
+	prod_slot *slot;
+	int rc;
+
+	if ((rc = check_broker(p, r, 0)) || (rc = get_slot(p, r, &slot)))
+		return rc;
+	memcpy(slot->buf, t->base + off * t->elem_size, info.payload_bytes);
+	return send_slot(p, r, t, off, &info, slot);
+}
+
+static int resend_once(dcast_producer *p, prod_run *r)
+{
+	size_t at = 0;
+	int rc;
+
+	if (!p->conn.manifest_sent && (rc = send_manifest(p)))
+		return rc;
+	for (uint32_t i = 0; r->anchor && i < p->n_tensors; i++)
+		for (uint32_t k = 0; k < p->tensors[i].n_chunks; k++)
+			if ((rc = resend_baseline_range(p, r, &p->tensors[i], k)))
+				return rc;
+	for (uint32_t i = 0; !r->anchor && i < p->undo.n_records; i++)
+		if ((rc = resend_record(p, r, prod_undo_next(&p->undo, &at))))
+			return rc;
+	if ((rc = check_broker(p, r, 0)))
+		return rc;
+	return send_commit(p, r);
+}
+
+int prod_resend_pending(dcast_producer *p)
+{
+	int anchor = p->pending_anchor || p->undo.lost || need_anchor(p), rc;
+	prod_run r;
+
+	p->resend = 0;
+	if (++p->resends > p->opts.max_reconnects)
+		return dcast_fail(DCAST_ECLOSED, "producer: version %llu sent %u times, never "
+				  "acknowledged by the broker at %s",
+				  (unsigned long long)p->pending_version, p->resends, p->endpoint);
+	init_run(p, p->pending_version, anchor, &r);
+	if ((rc = resend_once(p, &r)) == PROD_RESTART) {
+		init_run(p, p->pending_version, 1, &r); /* the broker asked for an anchor */
+		rc = resend_once(p, &r);
+	}
+	if (rc == PROD_RESTART)
+		return dcast_fail(DCAST_ESTATE, "publish: broker keeps asking for an anchor");
+	if (rc)
+		return rc;
+	DCAST_LOG_I("producer %s part %u: the broker did not have version %llu; sent it "
+		    "again as %s", p->model, p->part, (unsigned long long)r.version,
+		    r.anchor ? "an anchor" : "the same delta");
+	p->pending_anchor = r.anchor;
+	p->stats.total_resends++;
+	return 0;
 }
 
 static void finish_stats(dcast_producer *p, const prod_run *r)
@@ -431,6 +533,53 @@ int dcast_producer_publish(dcast_producer *p, uint64_t version)
 	return 0;
 }
 
+/* The outcome of a version that is not pending. */
+static int settled(const dcast_producer *p, uint64_t version)
+{
+	uint64_t n = p->n_history < PROD_HISTORY ? p->n_history : PROD_HISTORY;
+
+	for (uint64_t i = 1; i <= n; i++) {
+		const prod_outcome *o = &p->history[(p->n_history - i) % PROD_HISTORY];
+
+		if (o->version != version)
+			continue;
+		if (!o->err)
+			return 0;
+		if (version == p->failed_version)
+			return dcast_fail(p->failed_err, "%s", p->failed_text);
+		return dcast_fail(o->err, "wait: version %llu failed (%s)",
+				  (unsigned long long)version, dcast_errname(o->err));
+	}
+	if (p->n_history > PROD_HISTORY && version < p->history[p->n_history % PROD_HISTORY].version)
+		return dcast_fail(DCAST_ENOTFOUND, "wait: version %llu is older than the last %d "
+				  "published; its outcome is no longer kept",
+				  (unsigned long long)version, PROD_HISTORY);
+	return dcast_fail(DCAST_ENOTFOUND, "wait: version %llu was never published",
+			  (unsigned long long)version);
+}
+
+/* One step of waiting for the pending version: errors from the broker, a
+ * lost connection (re-join, and re-send if the broker lacks the version). */
+static int wait_step(dcast_producer *p, uint64_t version, uint64_t deadline_ms)
+{
+	int rc;
+
+	if ((rc = prod_conn_take_error(p, version)))
+		return fail_pending(p, rc);
+	if (!p->conn.up && (rc = prod_conn_rejoin(p, "connection lost before the ACK")))
+		return p->pending_version == version ? fail_pending(p, rc) : rc;
+	if (p->pending_version != version)
+		return 0; /* settled by the re-join */
+	if (p->resend && (rc = prod_resend_pending(p)))
+		return p->conn.up || p->resends > p->opts.max_reconnects ? fail_pending(p, rc) : 0;
+	if (dcast_now_ms() >= deadline_ms)
+		return dcast_fail(DCAST_ETIMEDOUT, "wait: no ACK of version %llu from the "
+				  "broker at %s yet", (unsigned long long)version, p->endpoint);
+	uint64_t left = deadline_ms - dcast_now_ms();
+	prod_conn_poll(p, (int)(left > PROD_POLL_MS ? PROD_POLL_MS : left));
+	return 0;
+}
+
 int dcast_producer_wait(dcast_producer *p, uint64_t version, int timeout_ms)
 {
 	uint64_t deadline = dcast_now_ms() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0);
@@ -438,23 +587,8 @@ int dcast_producer_wait(dcast_producer *p, uint64_t version, int timeout_ms)
 
 	if (!p)
 		return dcast_fail(DCAST_EINVAL, "wait: NULL producer");
-	for (;;) {
-		if (p->acked_version != DCAST_VERSION_NONE && version <= p->acked_version)
-			return 0;
-		if (version == p->failed_version && p->pending_version != version)
-			return dcast_fail(p->failed_err, "%s", p->failed_text);
-		if (version != p->pending_version)
-			return dcast_fail(DCAST_ENOTFOUND, "wait: version %llu was never published",
-					  (unsigned long long)version);
-		if ((rc = prod_conn_take_error(p, version)))
-			return fail_pending(p, rc);
-		if (!p->conn.up && (rc = prod_conn_rejoin(p, "connection lost before the ACK")))
-			return p->pending_version == version ? fail_pending(p, rc) : rc;
-		if (dcast_now_ms() >= deadline)
-			return dcast_fail(DCAST_ETIMEDOUT, "wait: no ACK of version %llu from the "
-					  "broker at %s within %d ms", (unsigned long long)version,
-					  p->endpoint, timeout_ms);
-		uint64_t left = deadline - dcast_now_ms();
-		prod_conn_poll(p, (int)(left > PROD_POLL_MS ? PROD_POLL_MS : left));
-	}
+	while (version == p->pending_version)
+		if ((rc = wait_step(p, version, deadline)))
+			return rc;
+	return settled(p, version);
 }

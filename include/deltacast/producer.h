@@ -80,6 +80,8 @@ typedef struct dcast_producer_stats {
 	uint64_t acked_version;    /* newest version the broker acknowledged */
 	uint64_t total_reconnects; /* re-joins since open */
 	uint64_t total_payload_bytes;
+	uint64_t total_resends;    /* versions sent again after a re-join found
+				      the broker without them */
 } dcast_producer_stats;
 
 /* Connect to the broker at `endpoint` (a ZeroMQ endpoint such as
@@ -133,14 +135,25 @@ int dcast_producer_register(dcast_producer *p, const char *name, int dtype, uint
 int dcast_producer_publish(dcast_producer *p, uint64_t version);
 
 /* Wait up to timeout_ms for the broker's ACK of `version` (0 returns at
- * once).  Returns 0 when the broker acknowledged it (also for any earlier
- * acknowledged version).  Errors: DCAST_ETIMEDOUT (not yet: the version is
- * still pending, call again), DCAST_ENOTFOUND (never published, or already
- * failed), DCAST_EABORTED / another broker ERROR code (the broker refused or
- * dropped it), DCAST_ECLOSED (connection lost before the ACK).  On any error
- * but DCAST_ETIMEDOUT the version is abandoned and the baseline rolled back
- * to the last acknowledged version; publish a newer version (or this one
- * again) to retry. */
+ * once).  Returns 0 only when the broker acknowledged that very version
+ * (for an earlier version: when it was acknowledged; the outcomes of the
+ * last 64 versions are kept).  If the connection was lost after the COMMIT
+ * went out, wait re-joins (bounded) and asks the broker: a WELCOME naming
+ * this version as its newest counts as the ACK; an older newest version
+ * means the broker never took it (or lost it), and the version is sent
+ * again from the baseline (the same delta, or an anchor if the broker lost
+ * its state), not from the caller's tensors, which may have changed; a
+ * re-join and re-send may outlast timeout_ms.
+ * Errors: DCAST_ETIMEDOUT (not yet: the version is still pending, call
+ * again), DCAST_ENOTFOUND (never published, or too old to be kept),
+ * DCAST_EABORTED / another broker ERROR code (the broker refused or dropped
+ * it), DCAST_ECLOSED (connection lost and not re-joined, or re-sent
+ * max_reconnects times without an ACK), DCAST_EVERSION (the re-joined
+ * broker's newest version is above it: whether it was taken is unknown).
+ * On any error but DCAST_ETIMEDOUT the version is abandoned and the
+ * baseline rolled back to the last acknowledged version; publish a newer
+ * version (or this one again) to retry.  Asking again for a failed version
+ * returns its error again. */
 int dcast_producer_wait(dcast_producer *p, uint64_t version, int timeout_ms);
 
 /* Copy the counters into *out.  Never fails for valid pointers. */

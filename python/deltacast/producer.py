@@ -40,7 +40,7 @@ class Stats(ctypes.Structure):
                 ("changed_elems", ctypes.c_uint64), ("elems", ctypes.c_uint64),
                 ("payload_bytes", ctypes.c_uint64), ("model_bytes", ctypes.c_uint64),
                 ("acked_version", ctypes.c_uint64), ("total_reconnects", ctypes.c_uint64),
-                ("total_payload_bytes", ctypes.c_uint64)]
+                ("total_payload_bytes", ctypes.c_uint64), ("total_resends", ctypes.c_uint64)]
 
 
 def _declare(l):

@@ -1,0 +1,174 @@
+/* A lost connection after publish() handed over the COMMIT and before the
+ * ACK: wait() must never report a version the broker did not take.
+ * (1) The broker is stopped, takes the version into its socket buffer, and is
+ *     killed (SIGKILL) and restarted with its data dir: it has the version
+ *     before; wait() re-joins, re-sends the same delta from the baseline
+ *     (the trainer's tensors have moved on meanwhile) and gets the ACK.
+ * (2) The same, restarted without a data dir: it lost everything; the
+ *     version goes again as an anchor made from the baseline.
+ * (3) The broker takes the version but its ACK is lost (a stopped proxy in
+ *     between, then killed): the re-joined broker names the version as its
+ *     newest, which counts as the ACK; nothing is sent again.
+ * Each time a reader gets the version bit-exact as published. */
+#include <stdint.h>
+#include "check.h"
+#include "deltacast/producer.h"
+#include "deltacast/safetensors.h"
+#include "producer_harness.h"
+
+#define N (1u << 21) /* 4 MiB of bf16 in 8 chunks */
+
+static harness_broker b;
+static char dir[] = "/tmp/dcast-test-producer-resend-XXXXXX";
+static uint16_t *w, *want;
+static uint64_t seed = 5;
+static pid_t proxy;
+static int proxy_port;
+
+static int read_back(uint64_t v)
+{
+	char out[256];
+
+	snprintf(out, sizeof(out), "%s/v%llu.safetensors", dir, (unsigned long long)v);
+	return !harness_read(&b, "resend", v, out) && harness_same_as_file(out, "w", want, N * 2ull);
+}
+
+/* Version v goes into a stopped broker's socket buffer, then the broker
+ * dies and comes back (with data dir or not); meanwhile the trainer moves on. */
+static void lost_before_commit(dcast_producer *p, uint64_t v, int keep_data)
+{
+	harness_perturb(w, N, 10000, &seed);
+	memcpy(want, w, N * 2ull);
+	harness_broker_kill(&b, SIGSTOP);
+	CHECK_ERR(dcast_producer_publish(p, v), 0);
+	harness_sleep_ms(100);
+	harness_broker_kill(&b, SIGKILL);
+	if (!keep_data)
+		b.n_extra = 0;
+	REQUIRE(harness_broker_restart(&b) == 0);
+	harness_perturb(w, N, 10000, &seed); /* the next step's weights */
+	CHECK_ERR(dcast_producer_wait(p, v, 20000), 0);
+	CHECK(read_back(v));
+}
+
+static void start_proxy(void)
+{
+	char exe[512], listen[16], target[16];
+
+	snprintf(exe, sizeof(exe), "%s/tools/faultproxy", harness_build());
+	snprintf(listen, sizeof(listen), "%d", proxy_port);
+	snprintf(target, sizeof(target), "%d", b.prod_port);
+	if ((proxy = fork()) == 0) {
+		execl(exe, exe, listen, target, "1", "0", "0", "0", "0", (char *)NULL);
+		_exit(127);
+	}
+	harness_track(proxy, 1);
+	harness_sleep_ms(200);
+}
+
+static void stop_proxy(int sig)
+{
+	kill(proxy, sig);
+	if (sig == SIGKILL) {
+		waitpid(proxy, NULL, 0);
+		harness_track(proxy, 0);
+	}
+}
+
+/* (3): the broker commits v, its ACK is stuck in a stopped proxy that dies. */
+static void ack_lost(dcast_producer *p, uint64_t v)
+{
+	char line[64];
+
+	harness_perturb(w, N, 10000, &seed);
+	memcpy(want, w, N * 2ull);
+	harness_broker_kill(&b, SIGSTOP);
+	CHECK_ERR(dcast_producer_publish(p, v), 0);
+	harness_sleep_ms(100);
+	stop_proxy(SIGSTOP);
+	kill(b.pid, SIGCONT);
+	snprintf(line, sizeof(line), "version %llu committed", (unsigned long long)v);
+	for (int i = 0; i < 250 && !file_has(b.log, line); i++)
+		harness_sleep_ms(20);
+	CHECK(file_has(b.log, line));
+	stop_proxy(SIGKILL);
+	start_proxy();
+	CHECK_ERR(dcast_producer_wait(p, v, 20000), 0);
+	CHECK(read_back(v));
+}
+
+int main(void)
+{
+	dcast_producer_opts o;
+	dcast_producer *p = NULL, *q = NULL;
+	dcast_producer_stats s;
+	uint64_t shape[1] = {N};
+	char data[64], ep[64];
+
+	harness_init();
+	REQUIRE(mkdtemp(dir) && (w = calloc(N, 2)) && (want = calloc(N, 2)));
+	snprintf(data, sizeof(data), "%s/data", dir);
+	snprintf(b.extra[b.n_extra++], 64, "--data-dir");
+	snprintf(b.extra[b.n_extra++], 64, "%s", data);
+	REQUIRE(harness_broker_start(&b, dir) == 0);
+	dcast_producer_opts_init(&o);
+	o.connect_timeout_ms = 1000;
+	o.max_reconnects = 5;
+	o.range_elems = 1u << 18;
+	REQUIRE(dcast_producer_open(b.prod_ep, "resend", 0, 1, &o, &p) == 0);
+	harness_fill(w, N, &seed);
+	memcpy(want, w, N * 2ull);
+	REQUIRE(dcast_producer_register(p, "w", DCAST_DTYPE_BF16, 1, shape, w, DCAST_MEM_HOST, 0,
+					N) == 0);
+	CHECK_ERR(dcast_producer_publish(p, 1), 0);
+	CHECK_ERR(dcast_producer_wait(p, 1, 20000), 0);
+
+	/* (1) the restarted broker has version 1: the same delta again */
+	lost_before_commit(p, 2, 1);
+	dcast_producer_stats_get(p, &s);
+	CHECK(s.total_reconnects >= 1 && s.total_resends == 1 && s.acked_version == 2);
+	CHECK(file_has(b.log, "version 2 committed (delta"));
+	/* the trainer's tensors moved on: a plain delta against 2 */
+	memcpy(want, w, N * 2ull);
+	CHECK_ERR(dcast_producer_publish(p, 3), 0);
+	CHECK_ERR(dcast_producer_wait(p, 3, 20000), 0);
+	dcast_producer_stats_get(p, &s);
+	CHECK(!s.anchor);
+	CHECK(read_back(3));
+
+	/* (2) the restarted broker lost everything: an anchor from the baseline */
+	lost_before_commit(p, 4, 0);
+	dcast_producer_stats_get(p, &s);
+	CHECK(s.total_resends == 2 && s.acked_version == 4);
+	CHECK(file_has(b.log, "version 4 committed (anchor"));
+	CHECK_ERR(dcast_producer_wait(p, 2, 0), 0); /* earlier outcomes are kept */
+	CHECK_ERR(dcast_producer_wait(p, 9, 0), DCAST_ENOTFOUND);
+
+	/* (3) through a proxy: the broker took version 5 and its ACK was lost */
+	proxy_port = b.cons_port + 2;
+	start_proxy();
+	snprintf(ep, sizeof(ep), "tcp://127.0.0.1:%d", proxy_port);
+	dcast_producer_close(&p);
+	REQUIRE(dcast_producer_open(ep, "resend", 0, 1, &o, &q) == 0);
+	REQUIRE(dcast_producer_register(q, "w", DCAST_DTYPE_BF16, 1, shape, w, DCAST_MEM_HOST, 0,
+					N) == 0);
+	memcpy(want, w, N * 2ull);
+	CHECK_ERR(dcast_producer_publish(q, 5), 0); /* a new producer: an anchor */
+	CHECK_ERR(dcast_producer_wait(q, 5, 20000), 0);
+	ack_lost(q, 6);
+	dcast_producer_stats_get(q, &s);
+	CHECK(s.total_reconnects >= 1 && s.total_resends == 0 && s.acked_version == 6);
+	harness_perturb(w, N, 10000, &seed);
+	memcpy(want, w, N * 2ull);
+	CHECK_ERR(dcast_producer_publish(q, 7), 0);
+	CHECK_ERR(dcast_producer_wait(q, 7, 20000), 0);
+	dcast_producer_stats_get(q, &s);
+	CHECK(!s.anchor);
+	CHECK(read_back(7));
+	dcast_producer_close(&q);
+	stop_proxy(SIGKILL);
+	harness_broker_kill(&b, SIGTERM);
+	free(w);
+	free(want);
+	return check_done("test_producer_resend");
+}

@@ -60,21 +60,22 @@ int dcast_codec_check_encode(uint64_t count, unsigned es, int force, size_t out_
 	return DCAST_OK;
 }
 
-static void emit_idx32(const dcast_changes *ch, unsigned es, uint8_t *out)
+static void emit_idx32(const dcast_changes *ch, const uint8_t *cur, unsigned es, uint8_t *out)
 {
 	for (uint64_t i = 0; i < ch->n; i++, out += 4 + es) {
 		memcpy(out, &ch->pos[i], 4);
-		dcast_store_elem(out + 4, es, ch->newv[i]);
+		memcpy(out + 4, cur + (uint64_t)ch->pos[i] * es, es);
 	}
 }
 
-static void emit_bitmask(const dcast_changes *ch, uint64_t count, unsigned es, uint8_t *out)
+static void emit_bitmask(const dcast_changes *ch, const uint8_t *cur, uint64_t count, unsigned es,
+			 uint8_t *out)
 {
 	uint64_t mb = dcast_bitmask_bytes(count);
 	memset(out, 0, mb);
 	for (uint64_t i = 0; i < ch->n; i++) {
 		out[ch->pos[i] >> 3] |= (uint8_t)(1u << (ch->pos[i] & 7));
-		dcast_store_elem(out + mb + i * es, es, ch->newv[i]);
+		memcpy(out + mb + i * es, cur + (uint64_t)ch->pos[i] * es, es);
 	}
 }
 
@@ -84,10 +85,10 @@ static uint64_t emit(int enc, const dcast_changes *ch, dcast_cpt_plan *plan, con
 {
 	switch (enc) {
 	case DCAST_ENC_DENSE: memcpy(out, cur, count * es); break;
-	case DCAST_ENC_IDX32: emit_idx32(ch, es, out); break;
-	case DCAST_ENC_BITMASK: emit_bitmask(ch, count, es, out); break;
+	case DCAST_ENC_IDX32: emit_idx32(ch, cur, es, out); break;
+	case DCAST_ENC_BITMASK: emit_bitmask(ch, cur, count, es, out); break;
 	default:
-		plan->pos_bits = dcast_cpt_emit(ch, plan, out);
+		plan->pos_bits = dcast_cpt_emit(ch, plan, cur, es, out);
 		return dcast_cpt_bytes(plan);
 	}
 	return sizes[enc];
@@ -104,10 +105,12 @@ static int encode_anchor(const void *cur, uint64_t count, unsigned es, int force
 	return DCAST_OK;
 }
 
-static void update_base(const dcast_changes *ch, uint8_t *base, unsigned es)
+static void update_base(const dcast_changes *ch, const uint8_t *cur, uint8_t *base, unsigned es)
 {
-	for (uint64_t i = 0; i < ch->n; i++)
-		dcast_store_elem(base + (uint64_t)ch->pos[i] * es, es, ch->newv[i]);
+	for (uint64_t i = 0; i < ch->n; i++) {
+		uint64_t at = (uint64_t)ch->pos[i] * es;
+		memcpy(base + at, cur + at, es);
+	}
 }
 
 int dcast_codec_encode(const void *cur, void *base, uint64_t count, unsigned elem_size,
@@ -128,7 +131,7 @@ int dcast_codec_encode(const void *cur, void *base, uint64_t count, unsigned ele
 	int enc = force_encoding >= 0 ? force_encoding : dcast_pick_smallest(sizes);
 	uint64_t bytes = emit(enc, &ch, &plan, cur, count, elem_size, sizes, out);
 	if (flags & DCAST_ENCODE_UPDATE_BASE)
-		update_base(&ch, base, elem_size);
+		update_base(&ch, cur, base, elem_size);
 	*info = (dcast_chunk_info){ (uint32_t)enc, elem_size, count, ch.n, bytes };
 	return DCAST_OK;
 }

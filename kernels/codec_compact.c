@@ -36,53 +36,92 @@ static void wr32le(uint8_t *p, uint32_t v)
 	memcpy(p, &v, 4);
 }
 
-/* Value codes of the differences 1..8 (the common ones), prebuilt. */
-typedef struct direct_codes {
-	uint64_t bits[DCAST_CPT_NDIRECT + 1];
-	unsigned len[DCAST_CPT_NDIRECT + 1];
-} direct_codes;
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+#define LIKELY(x) __builtin_expect(!!(x), 1)
 
-static inline uint64_t value_bits(const dcast_cpt_plan *p, const direct_codes *dc, uint32_t zz,
-				  uint32_t newv, unsigned *len)
+/* Value codes of the differences below VT (nearly all of them), prebuilt:
+ * code bits << 5 | length.  Such a code is at most LMAX + 5 = 17 bits, so
+ * with k <= FAST_KMAX an element (Rice code + value) fits one flush. */
+#define VT 64u
+#define FAST_KMAX 19u
+
+/* What an element's bits come from: the plan, the table, the new values
+ * (raw mode reads them from cur). */
+typedef struct emitter {
+	const dcast_changes *ch;
+	const dcast_cpt_plan *p;
+	const uint8_t *cur;
+	unsigned es;
+	uint32_t vt[VT];
+} emitter;
+
+/* Any element, by the general code functions. */
+static void emit_any(const emitter *em, uint64_t i, uint32_t gap, bitwriter *w)
 {
-	if (p->mode == DCAST_CPT_CODED && zz <= DCAST_CPT_NDIRECT) {
-		*len = dc->len[zz];
-		return dc->bits[zz];
+	const dcast_cpt_plan *p = em->p;
+	unsigned rlen = dcast_rice_len(gap, p->k), vlen;
+	uint32_t newv = dcast_load_elem(em->cur + (uint64_t)em->ch->pos[i] * em->es, em->es);
+	uint64_t rbits = dcast_rice_bits(gap, p->k), vbits = dcast_cpt_value_bits(p, em->ch->zz[i], newv, &vlen);
+	if (rlen + vlen <= 56) {
+		bw_put(w, rbits | vbits << rlen, rlen + vlen);
+	} else {
+		bw_put(w, rbits, rlen);
+		bw_put(w, vbits, vlen);
 	}
-	return dcast_cpt_value_bits(p, zz, newv, len);
 }
 
-/* Elements [first, end) of the stream; returns their position bits. */
-static uint64_t emit_run(const dcast_changes *ch, const dcast_cpt_plan *p, const direct_codes *dc,
-			 uint64_t first, uint64_t end, bitwriter *w)
+/* Elements [first, end) of a coded stream with k <= FAST_KMAX: the usual
+ * element is one table lookup and one flush; the Rice code with q ones,
+ * a zero and the k low bits is ((low << 1 | 1) << q) - 1. */
+static ALWAYS_INLINE void emit_coded(const emitter *em, uint64_t first, uint64_t end, bitwriter *w)
 {
-	uint64_t pos_bits = 0;
-	uint32_t next = first ? ch->pos[first - 1] + 1 : 0;
+	const uint32_t *pos = em->ch->pos, *zzv = em->ch->zz;
+	unsigned k = em->p->k;
+	uint32_t km = (1u << k) - 1, next = first ? pos[first - 1] + 1 : 0;
 	for (uint64_t i = first; i < end; i++) {
-		uint32_t gap = ch->pos[i] - next;
-		unsigned rlen = dcast_rice_len(gap, p->k), vlen;
-		uint64_t rbits = dcast_rice_bits(gap, p->k), vbits = value_bits(p, dc, ch->zz[i], ch->newv[i], &vlen);
-		pos_bits += rlen;
-		if (rlen + vlen <= 56) { /* the usual case: one flush */
-			bw_put(w, rbits | vbits << rlen, rlen + vlen);
+		uint32_t gap = pos[i] - next, q = gap >> k, zz = zzv[i];
+		next = pos[i] + 1;
+		if (LIKELY(q < DCAST_CPT_QESC && zz < VT)) {
+			uint32_t e = em->vt[zz];
+			unsigned rl = q + 1 + k;
+			uint64_t rice = (((uint64_t)(gap & km) << 1 | 1) << q) - 1;
+			bw_put(w, rice | (uint64_t)(e >> 5) << rl, rl + (e & 31));
 		} else {
-			bw_put(w, rbits, rlen);
-			bw_put(w, vbits, vlen);
+			emit_any(em, i, gap, w);
 		}
-		next = ch->pos[i] + 1;
 	}
-	return pos_bits;
 }
 
-uint64_t dcast_cpt_emit(const dcast_changes *ch, const dcast_cpt_plan *p, uint8_t *out)
+static void emit_general(const emitter *em, uint64_t first, uint64_t end, bitwriter *w)
+{
+	const uint32_t *pos = em->ch->pos;
+	uint32_t next = first ? pos[first - 1] + 1 : 0;
+	for (uint64_t i = first; i < end; i++) {
+		emit_any(em, i, pos[i] - next, w);
+		next = pos[i] + 1;
+	}
+}
+
+static void emit_run(const emitter *em, uint64_t first, uint64_t end, bitwriter *w)
+{
+	if (em->p->mode == DCAST_CPT_CODED && em->p->k <= FAST_KMAX)
+		emit_coded(em, first, end, w);
+	else
+		emit_general(em, first, end, w);
+}
+
+uint64_t dcast_cpt_emit(const dcast_changes *ch, const dcast_cpt_plan *p, const void *cur,
+			unsigned es, uint8_t *out)
 {
 	uint8_t *idx = out + dcast_cpt_hdr_bytes(p->mode, p->w);
 	bitwriter w = { out + dcast_cpt_stream_off(p), out + dcast_cpt_stream_off(p), 0, 0 };
-	direct_codes dc;
-	uint64_t pos_bits = 0;
+	emitter em = { ch, p, cur, es, { 0 } };
 	dcast_cpt_hdr_write(p, out);
-	for (uint32_t z = 1; z <= DCAST_CPT_NDIRECT; z++)
-		dc.bits[z] = dcast_cpt_value_bits(p, z, 0, &dc.len[z]);
+	for (uint32_t z = 1; p->mode == DCAST_CPT_CODED && z < VT; z++) {
+		unsigned len;
+		uint64_t bits = dcast_cpt_value_bits(p, z, 0, &len);
+		em.vt[z] = (uint32_t)bits << 5 | len;
+	}
 	for (uint64_t first = 0; first < ch->n; first += DCAST_CPT_BLOCK) {
 		uint64_t end = ch->n - first < DCAST_CPT_BLOCK ? ch->n : first + DCAST_CPT_BLOCK;
 		if (first) {
@@ -90,9 +129,9 @@ uint64_t dcast_cpt_emit(const dcast_changes *ch, const dcast_cpt_plan *p, uint8_
 			wr32le(e, (uint32_t)bw_tell(&w));
 			wr32le(e + 4, ch->pos[first - 1]);
 		}
-		pos_bits += emit_run(ch, p, &dc, first, end, &w);
+		emit_run(&em, first, end, &w);
 	}
-	return pos_bits;
+	return bw_tell(&w) - p->val_bits;
 }
 
 /* The prefix-code lookup, filled symbol by symbol (the GPU fills it entry

@@ -560,14 +560,13 @@ int dcast_codec_check_encode(uint64_t count, unsigned es, int force, size_t out_
 /* Changed elements of a range, as found by the vectorized compare. */
 typedef struct dcast_changes {
 	uint32_t *pos;  /* positions, increasing */
-	uint32_t *newv; /* new bit patterns */
-	uint32_t *zz;   /* zig-zag ulp differences */
+	uint32_t *zz;   /* zig-zag ulp differences (new values: read cur at pos) */
 	uint64_t n, cap;
 	dcast_cpt_stats stats;
 } dcast_changes;
 
 /* Scratch slots, one array each, per thread (codec_scratch.c). */
-enum { DCAST_SCRATCH_POS, DCAST_SCRATCH_NEWV, DCAST_SCRATCH_ZZ, DCAST_SCRATCH_DEC_POS,
+enum { DCAST_SCRATCH_POS, DCAST_SCRATCH_ZZ, DCAST_SCRATCH_DEC_POS,
        DCAST_SCRATCH_DEC_VAL, DCAST_SCRATCH_SLOTS };
 
 /* This thread's scratch array for `slot`, grown (contents kept) to at
@@ -599,8 +598,10 @@ static inline uint64_t dcast_cpt_pos_bits_bound(const dcast_cpt_stats *st, unsig
 }
 
 /* Write a compact payload (pos_bits of the plan not needed); out has room
- * for its bytes + 8.  Returns the position bits it wrote. */
-uint64_t dcast_cpt_emit(const dcast_changes *ch, const dcast_cpt_plan *p, uint8_t *out);
+ * for its bytes + 8; cur is the range's new values (es bytes each), read for
+ * raw values.  Returns the position bits it wrote. */
+uint64_t dcast_cpt_emit(const dcast_changes *ch, const dcast_cpt_plan *p, const void *cur,
+			unsigned es, uint8_t *out);
 
 /* Check a compact payload and decode it into pos/val (info->changed each):
  * the fast decoder, and the checking one when that fails (pos/val may be

@@ -18,8 +18,7 @@ int dcast_changes_reserve(dcast_changes *ch, uint64_t more)
 	while (cap < ch->n + more)
 		cap *= 2;
 	ch->pos = dcast_scratch(DCAST_SCRATCH_POS, cap * 4);
-	ch->newv = ch->pos ? dcast_scratch(DCAST_SCRATCH_NEWV, cap * 4) : NULL;
-	ch->zz = ch->newv ? dcast_scratch(DCAST_SCRATCH_ZZ, cap * 4) : NULL;
+	ch->zz = ch->pos ? dcast_scratch(DCAST_SCRATCH_ZZ, cap * 4) : NULL;
 	if (!ch->zz)
 		return dcast_fail(DCAST_ENOMEM, "codec scan: no memory for %" PRIu64 " changes", cap);
 	ch->cap = cap;
@@ -57,12 +56,11 @@ static ALWAYS_INLINE void gather(dcast_changes *ch, const uint8_t *c, const uint
 				 unsigned es, scan_hist hist)
 {
 	const uint32_t *pos = ch->pos;
-	uint32_t *newv = ch->newv, *zzv = ch->zz;
+	uint32_t *zzv = ch->zz;
 	for (uint64_t i = from; i < ch->n; i++) {
 		uint64_t at = (uint64_t)pos[i] * es;
 		uint32_t nv = dcast_load_elem(c + at, es);
 		uint32_t zz = dcast_ulp_zz(dcast_load_elem(b + at, es), nv, 8 * es);
-		newv[i] = nv;
 		zzv[i] = zz;
 		hist[i & 3][dcast_cpt_symbol(zz)]++;
 	}

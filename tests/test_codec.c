@@ -398,6 +398,75 @@ static void test_fast_decoder(void)
 	fast_case(&r, -1);
 }
 
+/* Payload bytes must not change (the CUDA twin writes the same ones): a
+ * hash over payloads of fixed inputs (every element size; sparse, RL-like,
+ * long differences, random values, all changed; a clustered range whose
+ * gap escapes), every encoding forced and picked, against the value the
+ * encoder gave before its speed work (commit 0f43f06). */
+#define GOLDEN_HASH 0xa6539e6c53b6af5cull
+
+static uint64_t golden_state;
+
+static uint64_t golden_rnd(void)
+{
+	uint64_t z = (golden_state += 0x9e3779b97f4a7c15ull);
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+static uint32_t golden_change(uint32_t x, unsigned w)
+{
+	uint64_t k = golden_rnd() % 16;
+	return k < 12 ? dcast_ulp_apply(x, 1 + (uint32_t)(k & 1), w)
+	       : k < 15 ? dcast_ulp_apply(x, 3 + (uint32_t)(golden_rnd() % 300), w)
+			: (uint32_t)golden_rnd() & dcast_mask_w(w);
+}
+
+static uint64_t golden_range(unsigned es, double density, uint64_t n, int clustered)
+{
+	uint8_t *b = malloc(n * es), *c = malloc(n * es), *out = malloc(dcast_codec_bound(n, es));
+	unsigned w = 8 * es;
+	uint64_t h = 0;
+	REQUIRE(b && c && out);
+	for (uint64_t i = 0; i < n; i++) {
+		uint32_t x = (uint32_t)golden_rnd() & dcast_mask_w(w), y = x;
+		double u = (double)(golden_rnd() >> 11) / 9007199254740992.0;
+		int in = !clustered || i < n / 16 || i >= n - n / 16;
+		if (in && u < density)
+			y = golden_change(x, w);
+		dcast_store_elem(b + i * es, es, x);
+		dcast_store_elem(c + i * es, es, y);
+	}
+	for (int e = -1; e < DCAST_ENC_COUNT; e++) {
+		dcast_chunk_info info;
+		REQUIRE(dcast_codec_encode(c, b, n, es, e, 0, out, dcast_codec_bound(n, es), &info) == DCAST_OK);
+		h = h * 31 + dcast_checksum(out, info.payload_bytes) + info.payload_bytes * 7 + info.encoding +
+		    info.changed * 3;
+	}
+	free(b);
+	free(c);
+	free(out);
+	return h;
+}
+
+static void test_golden_bytes(void)
+{
+	static const double dens[] = { 0.0005, 0.01, 0.05, 0.3, 1.0 };
+	uint64_t h = 0;
+	for (unsigned es = 1; es <= 4; es *= 2) {
+		for (unsigned d = 0; d < DCAST_ARRAY_LEN(dens); d++) {
+			golden_state = es * 100 + d;
+			h = h * 31 + golden_range(es, dens[d], 70001, 0);
+		}
+		golden_state = es;
+		h = h * 31 + golden_range(es, 0.5, 300000, 1);
+		h = h * 31 + golden_range(es, 0.00002, 1u << 21, 0);
+	}
+	printf("golden payload hash %016" PRIx64 "\n", h);
+	CHECK(h == GOLDEN_HASH);
+}
+
 int main(void)
 {
 	static const int simd[] = { DCAST_SIMD_PORTABLE, DCAST_SIMD_AVX2, DCAST_SIMD_AVX512 };
@@ -417,5 +486,6 @@ int main(void)
 	test_compact_table();
 	test_compact_size();
 	test_fast_decoder();
+	test_golden_bytes();
 	return check_done("test_codec");
 }

@@ -13,8 +13,9 @@
 #     digest of the producer's file for V (a divergence otherwise).
 # Prints per fault kind: trials, faults injected, divergences, failures.
 # SEEDS=N trials (default 5) from FAULT_SEED_BASE (default: drawn); SEED=N
-# one trial; FAULT_KINDS="k1 k2" restricts the kinds.  Exit 0 only when no
-# trial diverged or failed to converge.
+# one trial; FAULT_KINDS="k1 k2" restricts the kinds; FAULT_KEEP=1 keeps
+# every trial's files, FAULT_KEEP=failed those of failed trials.  Exit 0
+# only when no trial diverged or failed to converge.
 set -u
 . "$(dirname "$0")/e2e_lib.sh"
 
@@ -308,12 +309,13 @@ run_trial() {
 			PPORT=$(e2e_pick_port $((try + 50)))
 			rnd 4; local drop=$((R + 1)); rnd 20; local delay=$((R + 5))
 			rnd 4; local trunc=$((R + 1)); rnd 8; local corrupt=$((R + 2))
-			"$PROXY" "$PPORT" $((BPORT + 1)) "$seed" $drop $delay $trunc $corrupt 2>>"$T/proxy.log" &
+			rnd 16; local dup=$((R + 5))
+			"$PROXY" "$PPORT" $((BPORT + 1)) "$seed" $drop $delay $trunc $corrupt $dup 2>>"$T/proxy.log" &
 			PROXY_PID=$!; e2e_track "$PROXY_PID"
 			e2e_wait_for 20 grep -qs "listening on $PPORT" "$T/proxy.log" && break
 			kill -9 "$PROXY_PID" 2>/dev/null; wait "$PROXY_PID" 2>/dev/null; PROXY_PID= PPORT=
 		done
-		say "proxy on $PPORT: drop $drop delay $delay truncate $trunc corrupt $corrupt per mille"
+		say "proxy on $PPORT: drop $drop delay $delay truncate $trunc corrupt $corrupt duplicate $dup per mille"
 	fi
 	for ((j = 0; j < NCONS; j++)); do consumer_start "$j"; done
 	publish_from 1
@@ -359,7 +361,7 @@ for seed in "${SEEDLIST[@]}"; do
 	fi
 	printf 'trial SEED=%-8s %-16s faults %3s  io_uring %s  divergences %s  converged %s  %s\n' \
 		"$seed" "$kind" "$nf" "$([ "$uring" = 1 ] && echo on || echo off)" "$dv" "$conv" "$status"
-	[ "$status" = ok ] && [ -z "${FAULT_KEEP:-}" ] && rm -rf "$ROOT/t$seed"
+	[ "$status" = ok ] && [ "${FAULT_KEEP:-}" != 1 ] && rm -rf "$ROOT/t$seed"
 done
 
 echo

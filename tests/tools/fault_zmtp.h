@@ -121,6 +121,32 @@ static inline void fz_take(fz_dir *d, const fz_item *it)
 	memmove(d->buf, d->buf + it->n, d->len);
 }
 
+/* Bytes of the whole message at the start of the buffer (every frame of it
+ * there, none too big for the buffer), or 0. */
+static inline size_t fz_message_len(const fz_dir *d)
+{
+	size_t o = 0;
+
+	if (d->greet || d->pass || d->in_msg)
+		return 0;
+	while (o < d->len) {
+		const unsigned char *b = d->buf + o;
+		size_t hl = b[0] & FZ_LONG ? 9 : 2;
+		uint64_t size = 0;
+
+		if (b[0] & FZ_COMMAND || d->len - o < hl)
+			return 0;
+		for (size_t i = 1; i < hl; i++)
+			size = size << 8 | b[i];
+		if (size > d->len - o - hl)
+			return 0;
+		o += hl + (size_t)size;
+		if (!(b[0] & FZ_MORE))
+			return o;
+	}
+	return 0;
+}
+
 /* Does the body hold the bytes s (a msgpack string, say)? */
 static inline unsigned char *fz_find(const fz_item *it, const char *s, size_t n)
 {

@@ -1,15 +1,18 @@
 /* faultproxy: a loopback TCP proxy for the fault suite.  Accepts on
  * 127.0.0.1:LISTEN, connects each client to 127.0.0.1:TARGET, and forwards
- * both ways in blocks of at most 16 KiB.  Per block, with the per-mille
- * rates given and a PRNG seeded by SEED (the same seed draws the same
- * decisions), it:
- *   drop      closes both sides of the connection before forwarding
- *   delay     sleeps 1..50 ms before forwarding
- *   truncate  forwards a random prefix of the block, then closes both sides
- *   corrupt   flips one random bit of the block (after the 64-byte ZMTP greeting)
+ * both ways whole ZMTP frames (tests/tools/fault_zmtp.h; a frame too big
+ * for its 64 KiB buffer goes through in pieces).  Per read (at most 64 KiB),
+ * with the per-mille rates given and a PRNG seeded by SEED (the same seed
+ * draws the same decisions), it:
+ *   drop       closes both sides of the connection before forwarding
+ *   delay      sleeps 1..50 ms before forwarding
+ *   corrupt    flips one random bit of what was read (after the 64-byte
+ *              ZMTP greeting; the frame parser sees the damage too)
+ *   truncate   forwards a random prefix of the next frame, then closes both sides
+ *   duplicate  sends the next whole message (all its frames) twice
  * Each fault is one stderr line "fault KIND conn N at byte B".  SIGUSR1 stops
  * injecting (clean forwarding from then on); SIGTERM exits 0.
- * usage: faultproxy LISTEN TARGET SEED DROP DELAY TRUNCATE CORRUPT */
+ * usage: faultproxy LISTEN TARGET SEED DROP DELAY TRUNCATE CORRUPT [DUPLICATE] */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
@@ -24,21 +27,21 @@
 #include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
+#include "fault_zmtp.h"
 
 #define MAX_PAIRS 64
-#define BLOCK_BYTES 16384
-#define GREETING_BYTES 64
 
 typedef struct pair {
 	int fd[2];          /* 0: client side, 1: broker side; -1 when unused */
 	uint64_t moved[2];  /* bytes read from each side */
 	unsigned id;
+	fz_dir d[2];        /* frames read from each side */
 } pair;
 
 static pair pairs[MAX_PAIRS];
 static volatile sig_atomic_t quiet, stop;
 static uint64_t rng;
-static unsigned rate_drop, rate_delay, rate_trunc, rate_corrupt;
+static unsigned rate_drop, rate_delay, rate_trunc, rate_corrupt, rate_dup;
 
 static void on_usr1(int s) { (void)s; quiet = 1; }
 static void on_term(int s) { (void)s; stop = 1; }
@@ -103,7 +106,12 @@ static void accept_one(int lfd, int target, unsigned *next_id)
 		if ((b = tcp_socket(target, 0)) < 0)
 			break; /* broker down: the client sees a closed connection */
 		send_timeout(b);
-		pairs[i] = (pair){.fd = {c, b}, .id = (*next_id)++};
+		pairs[i].fd[0] = c;
+		pairs[i].fd[1] = b;
+		pairs[i].moved[0] = pairs[i].moved[1] = 0;
+		pairs[i].id = (*next_id)++;
+		fz_init(&pairs[i].d[0]);
+		fz_init(&pairs[i].d[1]);
 		return;
 	}
 	close(c);
@@ -129,12 +137,71 @@ static int write_all(int fd, const unsigned char *b, size_t n)
 	return n ? -1 : 0;
 }
 
-/* Move one block from side s to the other; 0, or -1 to close the pair. */
+static int stalled(const pair *p)
+{
+	fprintf(stderr, "stall conn %u: peer not reading, closed\n", p->id);
+	return -1;
+}
+
+/* Send the whole message at the buffer's start twice and pass it. */
+static int duplicate(pair *p, int s, size_t len)
+{
+	fz_dir *d = &p->d[s];
+	fz_item it;
+
+	fault("duplicate", p, s);
+	if (write_all(p->fd[!s], d->buf, len) || write_all(p->fd[!s], d->buf, len))
+		return stalled(p);
+	for (size_t done = 0; done < len && fz_next(d, &it); done += it.n)
+		fz_take(d, &it);
+	return 0;
+}
+
+/* Forward every whole item read from side s, with the truncation or
+ * duplication drawn for this read; 0, or -1 to close the pair. */
+static int emit(pair *p, int s, int trunc, int dup)
+{
+	fz_dir *d = &p->d[s];
+	fz_item it;
+
+	while (fz_next(d, &it)) {
+		size_t whole = dup && it.first ? fz_message_len(d) : 0;
+		if (whole) {
+			if (duplicate(p, s, whole))
+				return -1;
+			dup = 0;
+			continue;
+		}
+		if (trunc) {
+			fault("truncate", p, s);
+			write_all(p->fd[!s], it.p, next_rand() % it.n);
+			return -1;
+		}
+		if (write_all(p->fd[!s], it.p, it.n))
+			return stalled(p);
+		fz_take(d, &it);
+	}
+	return 0;
+}
+
+/* Flip one bit of the n bytes just read (not in the greeting). */
+static void corrupt(pair *p, int s, size_t n)
+{
+	uint64_t before = p->moved[s] - n;
+	uint64_t lo = before < FZ_GREETING ? FZ_GREETING - before : 0;
+	uint64_t at = lo + next_rand() % ((uint64_t)n - lo);
+
+	p->d[s].buf[p->d[s].len + at] ^= (unsigned char)(1u << (next_rand() % 8));
+	fault("corrupt", p, s);
+}
+
+/* Read what side s has (into its frame buffer) and move it on; 0, or -1 to
+ * close the pair. */
 static int forward(pair *p, int s)
 {
-	static unsigned char buf[BLOCK_BYTES];
-	ssize_t n = read(p->fd[s], buf, sizeof(buf));
-	uint64_t before = p->moved[s];
+	fz_dir *d = &p->d[s];
+	ssize_t n = read(p->fd[s], d->buf + d->len, FZ_BUF - d->len);
+	int trunc, dup;
 
 	if (n <= 0)
 		return n < 0 && errno == EINTR ? 0 : -1;
@@ -146,22 +213,12 @@ static int forward(pair *p, int s)
 		fault("delay", p, s);
 		nanosleep(&ts, NULL);
 	}
-	if (p->moved[s] > GREETING_BYTES && chance(rate_corrupt)) {
-		uint64_t lo = before < GREETING_BYTES ? GREETING_BYTES - before : 0;
-		uint64_t at = lo + next_rand() % ((uint64_t)n - lo);
-		buf[at] ^= (unsigned char)(1u << (next_rand() % 8));
-		fault("corrupt", p, s);
-	}
-	if (chance(rate_trunc)) {
-		fault("truncate", p, s);
-		write_all(p->fd[!s], buf, next_rand() % (uint64_t)n);
-		return -1;
-	}
-	if (write_all(p->fd[!s], buf, (size_t)n)) {
-		fprintf(stderr, "stall conn %u: peer not reading, closed\n", p->id);
-		return -1;
-	}
-	return 0;
+	if (p->moved[s] > FZ_GREETING && chance(rate_corrupt))
+		corrupt(p, s, (size_t)n);
+	d->len += (size_t)n;
+	trunc = chance(rate_trunc); /* drawn in this order: replays stay the same */
+	dup = chance(rate_dup);
+	return emit(p, s, trunc, dup);
 }
 
 static void serve(int lfd, int target)
@@ -190,9 +247,9 @@ int main(int argc, char **argv)
 {
 	int lfd;
 
-	if (argc != 8) {
+	if (argc != 8 && argc != 9) {
 		fprintf(stderr, "usage: faultproxy LISTEN TARGET SEED DROP DELAY TRUNCATE CORRUPT"
-				" (rates per mille of blocks)\n");
+				" [DUPLICATE] (rates per mille of reads)\n");
 		return 2;
 	}
 	rng = strtoull(argv[3], NULL, 10) * 0x9E3779B97F4A7C15ull + 1;
@@ -200,6 +257,7 @@ int main(int argc, char **argv)
 	rate_delay = (unsigned)atoi(argv[5]);
 	rate_trunc = (unsigned)atoi(argv[6]);
 	rate_corrupt = (unsigned)atoi(argv[7]);
+	rate_dup = argc == 9 ? (unsigned)atoi(argv[8]) : 0;
 	for (int i = 0; i < MAX_PAIRS; i++)
 		pairs[i].fd[0] = pairs[i].fd[1] = -1;
 	signal(SIGPIPE, SIG_IGN);

@@ -2,6 +2,8 @@
  * faults strike while versions are still flowing.  Publishes FILE[i] as
  * version FIRST+i with the producer library (the first as an anchor, then
  * deltas), waits for each ACK, prints "acked V", then sleeps INTERVAL_MS.
+ * INTERVAL_MS -1: before each version, waits for a line on stdin instead
+ * (scripts/bench_e2e.sh paces it; EOF stops it, exit 0).
  * usage: fault_publish ENDPOINT MODEL FIRST INTERVAL_MS FILE...
  * Exit 0 when every file is acknowledged; 1 with the error on stderr. */
 #include <inttypes.h>
@@ -53,6 +55,9 @@ int main(int argc, char **argv)
 		goto out;
 	for (int i = 5; i < argc && !rc; i++) {
 		uint64_t v = first + (uint64_t)(i - 5);
+		char go[64];
+		if (interval_ms < 0 && !fgets(go, sizeof(go), stdin))
+			break;
 		if ((rc = dcast_st_open(argv[i], &f)) || (rc = register_file(p, f)) ||
 		    (rc = dcast_producer_publish(p, v)) || (rc = dcast_producer_wait(p, v, 20000)))
 			break;
@@ -61,7 +66,7 @@ int main(int argc, char **argv)
 		f = NULL;
 		printf("acked %" PRIu64 "\n", v);
 		fflush(stdout);
-		nap(interval_ms);
+		nap(interval_ms > 0 ? interval_ms : 0);
 	}
 out:
 	if (rc)

@@ -53,7 +53,7 @@ static int uncovered(const dcast_consumer *c, const cs_version *v, uint32_t t, u
 /* Chunks in (tensor, start) order, so that writes and block hashing walk
  * memory forward; they must not overlap, and an anchor's must cover every
  * element of every tensor. */
-static int sort_chunks(const dcast_consumer *c, cs_version *v)
+int cs_sort_chunks(const dcast_consumer *c, cs_version *v)
 {
 	uint64_t next = 0;
 	uint32_t t = 0;
@@ -77,10 +77,20 @@ static int sort_chunks(const dcast_consumer *c, cs_version *v)
 	return 0;
 }
 
-static uint64_t undo_bytes(const cs_chunk *k)
+/* What k writes at apply: its idx32 form made by the check ahead (verify.c)
+ * when `ahead`, else its own payload. */
+static dcast_chunk_info info_of(const cs_chunk *k, int ahead)
 {
-	uint64_t n = k->info.encoding == DCAST_ENC_DENSE ? k->info.count : k->info.changed;
-	return n * k->info.elem_size;
+	if (!ahead || !k->ahead)
+		return k->info;
+	return (dcast_chunk_info){DCAST_ENC_IDX32, k->info.elem_size, k->info.count, k->ahead_changed,
+				  k->ahead_changed * (4 + k->info.elem_size)};
+}
+
+static uint64_t undo_bytes(const cs_chunk *k, int ahead)
+{
+	dcast_chunk_info i = info_of(k, ahead);
+	return (i.encoding == DCAST_ENC_DENSE ? i.count : i.changed) * i.elem_size;
 }
 
 static unsigned char *dst_of(dcast_consumer *c, const cs_chunk *k)
@@ -88,9 +98,7 @@ static unsigned char *dst_of(dcast_consumer *c, const cs_chunk *k)
 	return c->tensors[k->tensor].ptr + k->start * k->info.elem_size;
 }
 
-/* The checked payload of k: resident, or read back from the record file. */
-static int payload_of(dcast_consumer *c, const cs_version *v, const cs_chunk *k,
-		      const unsigned char **out)
+int cs_chunk_payload(dcast_consumer *c, const cs_version *v, const cs_chunk *k, const unsigned char **out)
 {
 	int err;
 
@@ -107,45 +115,58 @@ static int payload_of(dcast_consumer *c, const cs_version *v, const cs_chunk *k,
 	return 0;
 }
 
-static int write_chunk(dcast_consumer *c, const cs_version *v, const cs_chunk *k, unsigned char *old)
+/* The payload that info_of(k, ahead) describes. */
+static int source_of(dcast_consumer *c, const cs_version *v, const cs_chunk *k, int ahead,
+		     const unsigned char **out)
 {
+	if (ahead && k->ahead) {
+		*out = k->ahead;
+		return 0;
+	}
+	return cs_chunk_payload(c, v, k, out);
+}
+
+static int write_chunk(dcast_consumer *c, const cs_version *v, const cs_chunk *k, int ahead, unsigned char *old)
+{
+	dcast_chunk_info info = info_of(k, ahead);
 	const unsigned char *p;
-	int err = payload_of(c, v, k, &p);
+	int err = source_of(c, v, k, ahead, &p);
 
 	if (err)
 		return err;
-	if (old && k->info.encoding == DCAST_ENC_DENSE) {
-		memcpy(old, dst_of(c, k), undo_bytes(k));
+	if (old && info.encoding == DCAST_ENC_DENSE) {
+		memcpy(old, dst_of(c, k), undo_bytes(k, ahead));
 		old = NULL;
 	}
-	return cs_tensor_apply(&c->tensors[k->tensor], &k->info, p, k->start, old);
+	return cs_tensor_apply(&c->tensors[k->tensor], &info, p, k->start, old);
 }
 
-static void undo_chunks(dcast_consumer *c, const cs_version *v, uint32_t n, uint64_t undo_off)
+static void undo_chunks(dcast_consumer *c, const cs_version *v, int ahead, uint32_t n, unsigned char *undo,
+			uint64_t undo_off)
 {
-	unsigned char *undo = cs_pool_undo(&c->pool);
-
 	for (uint32_t i = n; i-- > 0;) {
 		const cs_chunk *k = &v->chunks[i];
+		dcast_chunk_info info = info_of(k, ahead);
 		const unsigned char *p;
-		undo_off -= undo_bytes(k);
-		if (k->info.encoding == DCAST_ENC_DENSE) {
-			memcpy(dst_of(c, k), undo + undo_off, undo_bytes(k));
+		undo_off -= undo_bytes(k, ahead);
+		if (info.encoding == DCAST_ENC_DENSE) {
+			memcpy(dst_of(c, k), undo + undo_off, undo_bytes(k, ahead));
 			continue;
 		}
-		if (payload_of(c, v, k, &p) || dcast_codec_revert(&k->info, p, dst_of(c, k), undo + undo_off))
+		if (source_of(c, v, k, ahead, &p) || dcast_codec_revert(&info, p, dst_of(c, k), undo + undo_off))
 			DCAST_LOG_E("consumer %s: undo of version %" PRIu64 " chunk %u failed: %s", c->model,
 				    v->version, i, dcast_last_error());
 	}
 }
 
-static int rollback(dcast_consumer *c, const cs_version *v, int in_memory, uint32_t n, uint64_t off, int err)
+static int rollback(dcast_consumer *c, const cs_version *v, int ahead, unsigned char *undo, uint32_t n,
+		    uint64_t off, int err)
 {
 	char why[512];
 
 	snprintf(why, sizeof(why), "%s", dcast_last_error());
-	if (in_memory) {
-		undo_chunks(c, v, n, off);
+	if (undo) {
+		undo_chunks(c, v, ahead, n, undo, off);
 	} else if (!c->restoring) {
 		DCAST_LOG_I("consumer %s: old values of version %" PRIu64 " not kept in memory; restoring "
 			    "version %" PRIu64 " from the local checkpoint", c->model, v->version,
@@ -169,37 +190,51 @@ static void fault_digest(dcast_consumer *c, cs_version *v)
 	}
 }
 
-/* verify: 0 none, 1 the blocks this version wrote (verify.c), 2 every block. */
+/* Was v checked ahead against the version the tensors hold (verify.c)? */
+static int checked_ahead(const dcast_consumer *c, const cs_version *v, int verify)
+{
+	return verify == 1 && v->ahead.e && c->ahead_owner == v->version &&
+	       v->ahead_base == dcast_consumer_version(c);
+}
+
+/* verify: 0 none, 1 the blocks this version wrote (verify.c; nothing left
+ * to hash when the version was checked ahead), 2 every block. */
 int cs_apply_version(dcast_consumer *c, cs_version *v, int verify)
 {
 	uint64_t need = 0, off = 0;
-	int in_memory, err;
+	int ahead = checked_ahead(c, v, verify), err;
+	unsigned char *undo = cs_pool_undo(&c->pool) + (ahead ? v->ahead_bytes : 0);
 	cs_dcache next = {0};
 	uint32_t i;
 
-	if ((err = sort_chunks(c, v)))
+	if (!ahead)
+		c->ahead_owner = DCAST_VERSION_NONE; /* the undo region is about to be overwritten */
+	if ((err = cs_sort_chunks(c, v)))
 		return err;
 	fault_digest(c, v);
-	if (verify && (err = cs_verify_plan(c, v, verify == 2, &next)))
+	if (verify && !ahead && (err = cs_verify_plan(c, v, verify == 2, &next)))
 		return err;
 	if (!verify)
 		cs_dcache_clear(&c->dcache); /* it would no longer describe the tensors */
 	for (i = 0; i < v->n_chunks; i++)
-		need += undo_bytes(&v->chunks[i]);
-	in_memory = !v->anchor && need <= c->pool.region_bytes && !c->device_tensors;
+		need += undo_bytes(&v->chunks[i], ahead);
+	if (v->anchor || c->device_tensors || need > c->pool.region_bytes - (uint64_t)(undo - cs_pool_undo(&c->pool)))
+		undo = NULL; /* old values do not fit: the checkpoint restores them */
 	for (i = 0; !err && i < v->n_chunks; i++) {
-		err = write_chunk(c, v, &v->chunks[i], in_memory ? cs_pool_undo(&c->pool) + off : NULL);
+		err = write_chunk(c, v, &v->chunks[i], ahead, undo ? undo + off : NULL);
 		if (err)
 			break;
-		off += undo_bytes(&v->chunks[i]);
-		if (verify)
+		off += undo_bytes(&v->chunks[i], ahead);
+		if (verify && !ahead)
 			cs_verify_written(c, &next, v, i);
 	}
-	if (!err && verify)
+	if (!err && verify && !ahead)
 		err = cs_verify_finish(c, v, &next);
 	if (err) {
 		cs_dcache_clear(&next);
-		return rollback(c, v, in_memory, i, off, err);
+		return rollback(c, v, ahead, undo, i, off, err);
 	}
+	if (ahead)
+		cs_verify_ahead_done(c, v);
 	return 0;
 }

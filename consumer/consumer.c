@@ -96,10 +96,10 @@ int cs_tensors_from_manifest(dcast_consumer *c, const dcast_manifest *m)
 static int parse_fault(dcast_consumer *c)
 {
 	const char *f = getenv("DELTACAST_CONSUMER_FAULT");
-	static const char *kinds[] = {"", "corrupt:", "skip:", "digest:", "dup:"};
+	static const char *kinds[] = {"", "corrupt:", "skip:", "digest:", "dup:", "predigest:"};
 
 	c->fault_kind = CS_FAULT_NONE;
-	for (int k = 1; f && k < 5; k++)
+	for (int k = 1; f && k < 6; k++)
 		if (!strncmp(f, kinds[k], strlen(kinds[k]))) {
 			c->fault_kind = k;
 			c->fault_version = strtoull(f + strlen(kinds[k]), NULL, 10);
@@ -183,6 +183,7 @@ int dcast_consumer_open(const char *endpoint, const char *model, const char *dir
 	c->budget = staging_budget_bytes;
 	c->drop_version = DCAST_VERSION_NONE;
 	c->anchor_file_version = DCAST_VERSION_NONE;
+	c->ahead_owner = DCAST_VERSION_NONE;
 	atomic_init(&c->applied, DCAST_VERSION_NONE);
 	pthread_mutex_init(&c->mu, NULL);
 	pthread_cond_init(&c->cv, NULL);
@@ -224,6 +225,7 @@ void dcast_consumer_close(dcast_consumer **cp)
 		cs_version_free(&c->staged[i]);
 	dcast_io_close(&c->io);
 	cs_dcache_clear(&c->dcache);
+	free(c->ahead_buf);
 	cs_pool_close(&c->pool);
 	tensors_free(c);
 	pthread_mutex_destroy(&c->mu);

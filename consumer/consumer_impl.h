@@ -41,6 +41,26 @@ void cs_pool_resident_put(cs_pool *p, uint64_t n);
 void cs_pool_cuda_register(cs_pool *p);
 void cs_pool_cuda_unregister(cs_pool *p);
 
+/* ---- block hashes of the live tensors (verify.c) ----
+ * One entry per COMMIT digest range of the applied version, sorted by
+ * (tensor, start, count), with the XXH3 hash of each 1 MiB block of the
+ * range (docs/protocol.md, "Checksum and digest"). */
+#define CS_DIGEST_BLOCK (1u << 20)
+
+typedef struct cs_dentry {
+	dcast_range_digest d;  /* the range and the producer's digest */
+	uint64_t first;        /* its first block hash in cs_dcache.hash */
+	uint32_t nblocks;      /* 0 for a device tensor: hashed whole, not kept */
+} cs_dentry;
+
+typedef struct cs_dcache {
+	cs_dentry *e;
+	uint32_t n;
+	uint64_t *hash, nh;
+	uint8_t *todo;         /* while verifying: 1 = block to hash again */
+	uint32_t cur_e, cur_b; /* while verifying: next block to hash */
+} cs_dcache;
+
 /* ---- one staged chunk ---- */
 typedef struct cs_chunk {
 	uint32_t part, seq, tensor;
@@ -49,6 +69,8 @@ typedef struct cs_chunk {
 	uint64_t checksum;
 	uint64_t file_off;     /* payload offset in the version's record file */
 	unsigned char *resident; /* payload in the pool, or NULL: read from file */
+	unsigned char *ahead;  /* checked ahead: its idx32 form in the undo region, or NULL */
+	uint64_t ahead_changed; /* elements in that form */
 } cs_chunk;
 
 enum cs_vstate { CS_V_STAGING = 1, CS_V_READY };
@@ -69,6 +91,10 @@ typedef struct cs_version {
 	uint64_t file_bytes;
 	uint64_t first_ns, ready_ns;
 	uint64_t spilled;
+	cs_dcache ahead;       /* checked ahead: block hashes after it, n 0 = not checked */
+	uint64_t ahead_base;   /* the applied version it was checked against */
+	uint64_t ahead_bytes;  /* undo region bytes holding its chunks' idx32 forms */
+	uint64_t ahead_hashed; /* bytes hashed to check it */
 } cs_version;
 
 /* ---- the live tensors ---- */
@@ -80,26 +106,6 @@ typedef struct cs_tensor {
 	int mem;               /* dcast_mem */
 	int owned;             /* ptr is our malloc'd host copy */
 } cs_tensor;
-
-/* ---- block hashes of the live tensors (verify.c) ----
- * One entry per COMMIT digest range of the applied version, sorted by
- * (tensor, start, count), with the XXH3 hash of each 1 MiB block of the
- * range (docs/protocol.md, "Checksum and digest"). */
-#define CS_DIGEST_BLOCK (1u << 20)
-
-typedef struct cs_dentry {
-	dcast_range_digest d;  /* the range and the producer's digest */
-	uint64_t first;        /* its first block hash in cs_dcache.hash */
-	uint32_t nblocks;      /* 0 for a device tensor: hashed whole, not kept */
-} cs_dentry;
-
-typedef struct cs_dcache {
-	cs_dentry *e;
-	uint32_t n;
-	uint64_t *hash, nh;
-	uint8_t *todo;         /* while verifying: 1 = block to hash again */
-	uint32_t cur_e, cur_b; /* while verifying: next block to hash */
-} cs_dcache;
 
 #define CS_MAX_STAGED 16
 #define CS_EVENTS 32
@@ -123,6 +129,8 @@ struct dcast_consumer {
 
 	cs_dcache dcache;              /* block hashes at the applied version; n 0 = none */
 	uint64_t verify_bytes;         /* hashed by the last apply's check */
+	uint64_t ahead_owner;          /* the version whose idx32 forms fill the undo region */
+	unsigned char *ahead_buf;      /* one chunk range being checked ahead */
 
 	cs_pool pool;
 	dcast_io *io;                  /* record writes/reads: io_uring or plain */
@@ -151,12 +159,13 @@ struct dcast_consumer {
 	/* test hooks from DELTACAST_CONSUMER_FAULT: "corrupt:V" flips a payload
 	 * bit of the first chunk of V as it arrives (once), "skip:V" drops every
 	 * message of V (once), "digest:V" makes V's first COMMIT digest wrong when it is applied,
-	 * "dup:V" delivers every chunk of V twice. */
+	 * "dup:V" delivers every chunk of V twice, "predigest:V" makes V's first
+	 * COMMIT digest wrong when V is checked ahead of apply (verify.c). */
 	int fault_kind;
 	uint64_t fault_version;
 };
 
-enum { CS_FAULT_NONE, CS_FAULT_CORRUPT, CS_FAULT_SKIP, CS_FAULT_DIGEST, CS_FAULT_DUP };
+enum { CS_FAULT_NONE, CS_FAULT_CORRUPT, CS_FAULT_SKIP, CS_FAULT_DIGEST, CS_FAULT_DUP, CS_FAULT_PREDIGEST };
 
 /* version.c */
 void cs_version_init(cs_version *v, uint64_t version);
@@ -238,9 +247,22 @@ int cs_verify_plan(dcast_consumer *c, const cs_version *v, int full, cs_dcache *
 void cs_verify_written(dcast_consumer *c, cs_dcache *n, const cs_version *v, uint32_t i);
 int cs_verify_finish(dcast_consumer *c, const cs_version *v, cs_dcache *n);
 void cs_dcache_clear(cs_dcache *d);
+/* Check READY delta v, whose base the tensors hold, before apply: each
+ * written chunk range is patched in a copy and its blocks hashed there, the
+ * digests compared, and the chunk's changes kept in idx32 form in the undo
+ * region so that apply only scatters them.  0 also when v cannot be checked
+ * ahead (apply checks it then); an error (DCAST_EDIGEST, DCAST_ECORRUPT...)
+ * refuses v.  cs_verify_ahead_done: v applied, its hashes become c->dcache. */
+int cs_verify_ahead(dcast_consumer *c, cs_version *v);
+void cs_verify_ahead_done(dcast_consumer *c, cs_version *v);
 
 /* apply.c */
 int cs_apply_version(dcast_consumer *c, cs_version *v, int verify);
 int cs_check_chunk(const dcast_consumer *c, const dcast_chunk *h);
+/* Sort v's chunks by (tensor, start); refuse overlaps and, for an anchor,
+ * any element not covered (DCAST_ECORRUPT). */
+int cs_sort_chunks(const dcast_consumer *c, cs_version *v);
+/* k's checked payload: resident, or read back into the scratch region. */
+int cs_chunk_payload(dcast_consumer *c, const cs_version *v, const cs_chunk *k, const unsigned char **out);
 
 #endif

@@ -227,7 +227,7 @@ static int stage_payload(dcast_consumer *c, cs_version *v, const dcast_chunk *h,
 {
 	cs_chunk k = {h->part, h->seq, h->tensor, h->start,
 		      {h->encoding, h->elem_size, h->count, h->changed, h->payload_bytes},
-		      h->checksum, 0, NULL};
+		      h->checksum, 0, NULL, NULL, 0};
 	unsigned char *slot;
 	int err;
 
@@ -329,6 +329,8 @@ static int on_commit(dcast_consumer *c, dcast_wire_in *in)
 		return err;
 	}
 	v->state = CS_V_READY;
+	if ((err = cs_verify_ahead(c, v))) /* digests checked before apply where it can be */
+		return refuse(c, m->version, err);
 	v->ready_ns = dcast_now_ns();
 	c->progress_ms = dcast_now_ms();
 	cs_event_push(c, DCAST_EV_VERSION_READY, v->version, 0, "");
@@ -543,6 +545,8 @@ int dcast_consumer_poll(dcast_consumer *c, int timeout_ms, dcast_event *ev)
 	ev->version = DCAST_VERSION_NONE;
 	if (c->fold_due && !(err = cs_ckpt_fold(c)))
 		c->fold_due = 0;
+	if (!err && c->n_staged && (err = cs_verify_ahead(c, &c->staged[0]))) /* staged behind the last apply */
+		err = refuse(c, c->staged[0].version, err);
 	for (uint32_t guard = 0; !err && guard < (1u << 30); guard++) {
 		uint64_t now = dcast_now_ms();
 		if (pop_event(c, ev))

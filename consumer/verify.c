@@ -202,11 +202,10 @@ static int entry_digest(dcast_consumer *c, const cs_dentry *e, const cs_dcache *
 	return 0;
 }
 
-int cs_verify_finish(dcast_consumer *c, const cs_version *v, cs_dcache *n)
+static int compare_digests(dcast_consumer *c, const cs_version *v, cs_dcache *n)
 {
 	int err = 0;
 
-	hash_until(c, n, UINT32_MAX, UINT64_MAX);
 	for (uint32_t i = 0; !err && i < n->n; i++) {
 		const cs_dentry *e = &n->e[i];
 		uint64_t got = 0;
@@ -217,14 +216,211 @@ int cs_verify_finish(dcast_consumer *c, const cs_version *v, cs_dcache *n)
 					 ") digest differs from the producer's", v->version,
 					 c->tensors[e->d.tensor].desc.name, e->d.start, e->d.count);
 	}
-	if (err) {
-		cs_dcache_clear(n);
-		return err;
-	}
 	free(n->todo);
 	n->todo = NULL;
+	return err;
+}
+
+static void install(dcast_consumer *c, cs_dcache *n)
+{
 	cs_dcache_clear(&c->dcache);
 	c->dcache = *n;
 	memset(n, 0, sizeof(*n));
+}
+
+int cs_verify_finish(dcast_consumer *c, const cs_version *v, cs_dcache *n)
+{
+	int err;
+
+	hash_until(c, n, UINT32_MAX, UINT64_MAX);
+	if ((err = compare_digests(c, v, n))) {
+		cs_dcache_clear(n);
+		return err;
+	}
+	install(c, n);
 	return 0;
+}
+
+/* ---- checking ahead, before apply ---- */
+
+#define AHEAD_MAX_RANGE_BYTES (16u << 20) /* larger chunk ranges are checked at apply */
+#define AHEAD_NO 1000                     /* not an error: check at apply instead */
+
+static int ahead_possible(const dcast_consumer *c, const cs_version *v)
+{
+	if (c->fault_kind == CS_FAULT_DIGEST && c->fault_version == v->version)
+		return 0; /* the test hook exercises the check at apply and its rollback */
+	return c->opts.verify_digests == 1 && !v->anchor && !c->device_tensors && v->state == CS_V_READY &&
+	       !v->ahead.e && v->base_version == dcast_consumer_version(c) && v->commit.n_digests;
+}
+
+/* Append k's idx32 record (docs/protocol.md, "1: idx32") for element i. */
+static int put_idx32(const unsigned char *to, uint64_t i, unsigned es, unsigned char *out, uint64_t cap,
+		     uint64_t *used)
+{
+	uint32_t pos = (uint32_t)i;
+
+	if (*used + 4 + es > cap)
+		return 0;
+	memcpy(out + *used, &pos, 4);
+	memcpy(out + *used + 4, to + i * es, es);
+	*used += 4 + es;
+	return 1;
+}
+
+/* The idx32 payload of every element where `to` differs from `from`, into
+ * out (cap bytes); 0 when it does not fit.  Compares 8 bytes at a time. */
+static int changes_idx32(const unsigned char *from, const unsigned char *to, uint64_t count, unsigned es,
+			 unsigned char *out, uint64_t cap, uint64_t *n)
+{
+	uint64_t used = 0, words = count * es / 8;
+
+	for (uint64_t w = 0; w < words; w++) {
+		uint64_t a, b;
+		memcpy(&a, from + w * 8, 8);
+		memcpy(&b, to + w * 8, 8);
+		if (a == b)
+			continue;
+		for (uint64_t i = w * 8 / es; i < (w + 1) * 8 / es; i++)
+			if (memcmp(from + i * es, to + i * es, es) && !put_idx32(to, i, es, out, cap, &used))
+				return 0;
+	}
+	for (uint64_t i = words * 8 / es; i < count; i++)
+		if (memcmp(from + i * es, to + i * es, es) && !put_idx32(to, i, es, out, cap, &used))
+			return 0;
+	*n = used / (4 + es);
+	return 1;
+}
+
+/* The first entry of tensor t that ends after element `lo`, or n->n; AHEAD_NO
+ * when an entry sticks out of [lo, hi) (then a block mixes two chunks). */
+static int entries_within(const cs_dcache *n, uint32_t t, uint64_t lo, uint64_t hi, uint32_t *first)
+{
+	uint32_t a = 0, b = n->n;
+
+	while (a < b) {
+		uint32_t mid = a + (b - a) / 2;
+		const dcast_range_digest *d = &n->e[mid].d;
+		if (d->tensor < t || (d->tensor == t && d->start + d->count <= lo))
+			a = mid + 1;
+		else
+			b = mid;
+	}
+	*first = a;
+	for (; a < n->n && n->e[a].d.tensor == t && n->e[a].d.start < hi; a++)
+		if (n->e[a].d.start < lo || n->e[a].d.start + n->e[a].d.count > hi)
+			return AHEAD_NO;
+	return 0;
+}
+
+/* Hash the blocks of the entries inside chunk k from its patched copy. */
+static void hash_copy(dcast_consumer *c, cs_dcache *n, const cs_chunk *k, uint32_t first,
+		      const unsigned char *copy)
+{
+	unsigned es = k->info.elem_size;
+
+	for (uint32_t i = first; i < n->n && n->e[i].d.tensor == k->tensor &&
+	     n->e[i].d.start < k->start + k->info.count; i++) {
+		const cs_dentry *e = &n->e[i];
+		uint64_t base = (e->d.start - k->start) * es, end = base + e->d.count * es;
+		for (uint32_t j = 0; j < e->nblocks; j++) {
+			uint64_t off = base + (uint64_t)j * CS_DIGEST_BLOCK;
+			uint64_t len = end - off < CS_DIGEST_BLOCK ? end - off : CS_DIGEST_BLOCK;
+			n->hash[e->first + j] = dcast_checksum(copy + off, len);
+			n->todo[e->first + j] = 0;
+			c->verify_bytes += len;
+		}
+	}
+}
+
+/* Patch a copy of chunk k's range, hash its blocks, keep its changes in
+ * idx32 form at *used in the undo region when they fit below `cap`. */
+static int ahead_chunk(dcast_consumer *c, cs_version *v, cs_dcache *n, cs_chunk *k, uint64_t cap,
+		       uint64_t *used)
+{
+	const cs_tensor *t = &c->tensors[k->tensor];
+	uint64_t bytes = k->info.count * t->elem_size;
+	const unsigned char *p, *live = t->ptr + k->start * t->elem_size;
+	unsigned char *out = cs_pool_undo(&c->pool) + *used;
+	uint32_t first;
+	int err;
+
+	if (k->info.encoding != DCAST_ENC_DENSE && !k->info.changed)
+		return 0;
+	if (bytes > AHEAD_MAX_RANGE_BYTES || entries_within(n, k->tensor, k->start, k->start + k->info.count, &first))
+		return AHEAD_NO;
+	if (!c->ahead_buf && !(c->ahead_buf = malloc(AHEAD_MAX_RANGE_BYTES)))
+		return AHEAD_NO;
+	memcpy(c->ahead_buf, live, bytes);
+	if ((err = cs_chunk_payload(c, v, k, &p)) || (err = dcast_codec_apply(&k->info, p, c->ahead_buf, NULL)))
+		return err;
+	hash_copy(c, n, k, first, c->ahead_buf);
+	if (changes_idx32(live, c->ahead_buf, k->info.count, t->elem_size, out, cap - *used, &k->ahead_changed)) {
+		k->ahead = out;
+		*used += k->ahead_changed * (4 + t->elem_size);
+	}
+	return 0;
+}
+
+/* Undo region bytes the old values of v take at apply, at most. */
+static uint64_t undo_need(const cs_version *v)
+{
+	uint64_t need = 0;
+
+	for (uint32_t i = 0; i < v->n_chunks; i++)
+		need += (v->chunks[i].info.encoding == DCAST_ENC_DENSE ? v->chunks[i].info.count
+								      : v->chunks[i].info.changed) * v->chunks[i].info.elem_size;
+	return need;
+}
+
+static void ahead_forget(cs_version *v)
+{
+	cs_dcache_clear(&v->ahead);
+	for (uint32_t i = 0; i < v->n_chunks; i++)
+		v->chunks[i].ahead = NULL;
+}
+
+int cs_verify_ahead(dcast_consumer *c, cs_version *v)
+{
+	uint64_t need, used = 0;
+	cs_dcache n;
+	int err;
+
+	if (!ahead_possible(c, v))
+		return 0;
+	if (c->fault_kind == CS_FAULT_PREDIGEST && c->fault_version == v->version) {
+		c->fault_kind = CS_FAULT_NONE; /* test hook: the check ahead must refuse v */
+		v->commit.digests[0].digest ^= 1;
+	}
+
+	if ((err = cs_sort_chunks(c, v)) || (err = cs_verify_plan(c, v, 0, &n)))
+		return err == DCAST_ENOMEM ? 0 : err;
+	need = undo_need(v);
+	c->ahead_owner = v->version; /* the undo region is ours now */
+	for (uint32_t i = 0; !err && i < v->n_chunks; i++)
+		err = ahead_chunk(c, v, &n, &v->chunks[i], need < c->pool.region_bytes ? c->pool.region_bytes - need : 0,
+				  &used);
+	if (!err) {
+		hash_until(c, &n, UINT32_MAX, UINT64_MAX); /* blocks v does not write: as they are */
+		err = compare_digests(c, v, &n);
+	}
+	if (err) {
+		cs_dcache_clear(&n);
+		ahead_forget(v);
+		c->ahead_owner = DCAST_VERSION_NONE;
+		return err == AHEAD_NO ? 0 : err;
+	}
+	v->ahead = n;
+	v->ahead_base = dcast_consumer_version(c);
+	v->ahead_bytes = used;
+	v->ahead_hashed = c->verify_bytes;
+	return 0;
+}
+
+void cs_verify_ahead_done(dcast_consumer *c, cs_version *v)
+{
+	install(c, &v->ahead);
+	c->verify_bytes = v->ahead_hashed;
+	ahead_forget(v);
+	c->ahead_owner = DCAST_VERSION_NONE;
 }

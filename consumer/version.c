@@ -86,6 +86,7 @@ void cs_version_free(cs_version *v)
 	free(v->chunks);
 	free(v->seen);
 	free(v->commit.digests);
+	cs_dcache_clear(&v->ahead);
 	if (v->io && v->io_file >= 0)
 		dcast_io_file_remove(v->io, v->io_file);
 	if (v->fd >= 0)

@@ -136,6 +136,34 @@ static void test_corrupt_chunk(const h_broker *b)
 	CHECK(exact); /* re-joined and healed */
 }
 
+/* A wrong digest found when version 3 is checked ahead of apply (it
+ * arrives while version 2 is live): refused before it touches the live
+ * tensors, re-joined, healed. */
+static void test_digest_ahead(const h_broker *b)
+{
+	h_model m;
+	dcast_producer *p = NULL;
+	dcast_consumer *c;
+	h_seen s = {0};
+
+	h_model_init(&m, 31, 1);
+	REQUIRE(h_producer_open(b, "m_ahead", &m, &p) == 0);
+	REQUIRE(h_publish(p, &m, 1, 100) == 0 && h_publish(p, &m, 2, 100) == 0);
+	setenv("DELTACAST_CONSUMER_FAULT", "predigest:3", 1);
+	c = open_consumer(b, "m_ahead", dir_for("ahead"));
+	unsetenv("DELTACAST_CONSUMER_FAULT");
+	REQUIRE(c);
+	CHECK(h_drive(c, &m, 2, &s) == 0);
+	REQUIRE(h_publish(p, &m, 3, 100) == 0 && h_publish(p, &m, 4, 100) == 0);
+	CHECK(h_drive(c, &m, 4, &s) == 0);
+	CHECK(s.errors >= 1 && s.last_error == DCAST_EDIGEST);
+	CHECK(s.apply_failures == 0 && s.untouched_bad == 0);
+	CHECK(h_equal(c, &m, 4));
+	dcast_consumer_close(&c);
+	dcast_producer_close(&p);
+	h_model_free(&m);
+}
+
 static void test_digest_rollback(const h_broker *b)
 {
 	h_seen s = {0};
@@ -357,6 +385,7 @@ int main(void)
 	test_stream_and_restart(&b);
 	test_corrupt_chunk(&b);
 	test_digest_rollback(&b);
+	test_digest_ahead(&b);
 	test_digest_restore(&b);
 	test_gap(&b);
 	test_duplicates(&b);

@@ -105,12 +105,30 @@ static int encode_anchor(const void *cur, uint64_t count, unsigned es, int force
 	return DCAST_OK;
 }
 
-static void update_base(const dcast_changes *ch, const uint8_t *cur, uint8_t *base, unsigned es)
+static void update_base(const dcast_changes *ch, const uint8_t *cur, uint8_t *base, unsigned es,
+			uint8_t *old)
 {
 	for (uint64_t i = 0; i < ch->n; i++) {
 		uint64_t at = (uint64_t)ch->pos[i] * es;
+		if (old)
+			memcpy(old + i * es, base + at, es);
 		memcpy(base + at, cur + at, es);
 	}
+}
+
+/* Where DCAST_ENCODE_SAVE_OLD puts the old values; NULL (and an error) when
+ * out has no room for them. */
+static uint8_t *old_values_at(int enc, const dcast_changes *ch, uint64_t count, unsigned es,
+			      uint64_t bytes, uint8_t *out, size_t out_cap)
+{
+	uint64_t at = (bytes + 7) & ~(uint64_t)7;
+	uint64_t need = (enc == DCAST_ENC_DENSE ? count : ch->n) * es;
+	if (at > out_cap || need > out_cap - at) {
+		dcast_fail(DCAST_EINVAL, "codec: out_cap %zu has no room for %" PRIu64
+			   " bytes of old values past a %" PRIu64 "-byte payload", out_cap, need, bytes);
+		return NULL;
+	}
+	return out + at;
 }
 
 int dcast_codec_encode(const void *cur, void *base, uint64_t count, unsigned elem_size,
@@ -130,8 +148,14 @@ int dcast_codec_encode(const void *cur, void *base, uint64_t count, unsigned ele
 	all_sizes(&ch, count, elem_size, force_encoding >= 0, &plan, sizes);
 	int enc = force_encoding >= 0 ? force_encoding : dcast_pick_smallest(sizes);
 	uint64_t bytes = emit(enc, &ch, &plan, cur, count, elem_size, sizes, out);
+	uint8_t *old = NULL;
+	if ((flags & DCAST_ENCODE_UPDATE_BASE) && (flags & DCAST_ENCODE_SAVE_OLD) &&
+	    !(old = old_values_at(enc, &ch, count, elem_size, bytes, out, out_cap)))
+		return DCAST_EINVAL;
+	if (old && enc == DCAST_ENC_DENSE)
+		memcpy(old, base, count * elem_size); /* dense: revert wants the whole range */
 	if (flags & DCAST_ENCODE_UPDATE_BASE)
-		update_base(&ch, cur, base, elem_size);
+		update_base(&ch, cur, base, elem_size, enc == DCAST_ENC_DENSE ? NULL : old);
 	*info = (dcast_chunk_info){ (uint32_t)enc, elem_size, count, ch.n, bytes };
 	return DCAST_OK;
 }

@@ -79,7 +79,8 @@ static void roundtrip(const range *r, int enc)
 	free(old);
 }
 
-/* The automatic pick is the smallest size, and UPDATE_BASE makes base cur. */
+/* The automatic pick is the smallest size, UPDATE_BASE makes base cur, and
+ * SAVE_OLD keeps what revert needs to undo that. */
 static void auto_pick(const range *r)
 {
 	size_t cap = dcast_codec_bound(r->count, r->es), bytes = r->count * r->es;
@@ -96,6 +97,15 @@ static void auto_pick(const range *r)
 		CHECK(info.payload_bytes <= sizes[e]);
 	CHECK(info.payload_bytes == sizes[info.encoding]);
 	CHECK(memcmp(b2, r->cur, bytes) == 0);
+	/* SAVE_OLD: the old values after the payload revert the update */
+	memcpy(b2, r->base, bytes);
+	CHECK_ERR(dcast_codec_encode(r->cur, b2, r->count, r->es, -1,
+				     DCAST_ENCODE_UPDATE_BASE | DCAST_ENCODE_SAVE_OLD, out, cap, &info),
+		  DCAST_OK);
+	CHECK(memcmp(b2, r->cur, bytes) == 0);
+	CHECK_ERR(dcast_codec_revert(&info, out, b2, out + ((info.payload_bytes + 7) & ~7ull)),
+		  DCAST_OK);
+	CHECK(memcmp(b2, r->base, bytes) == 0);
 	free(out);
 	free(b2);
 }

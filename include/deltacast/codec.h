@@ -53,6 +53,13 @@ size_t dcast_codec_bound(uint64_t count, unsigned elem_size);
 
 /* Flags for dcast_codec_encode. */
 #define DCAST_ENCODE_UPDATE_BASE 1u /* copy changed elements of cur into base: O(changed) */
+#define DCAST_ENCODE_SAVE_OLD 2u    /* with UPDATE_BASE: the bit patterns it overwrote
+				       follow the payload in out, from the first multiple
+				       of 8 at or past info->payload_bytes, laid out as
+				       dcast_codec_apply's old_out (the whole previous
+				       range for dense), so dcast_codec_revert() undoes
+				       the update; dcast_codec_bound() has room for them
+				       when force_encoding < 0 */
 
 /* Encode cur[0..count) against base[0..count).  base == NULL means an
  * anchor: the range is sent dense (info->changed = count).  force_encoding

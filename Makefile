@@ -202,10 +202,12 @@ test-faults: all $(E2E_TOOLS)
 	@DELTACAST_BUILD=$(abspath $(BUILD)) PYTHON=$(PYTHON) SEEDS=$(SEEDS) scripts/faults.sh
 # `make bench`: deltacast deltas vs full anchors vs HTTP (nginx), Redis
 # pub/sub, a shared-filesystem reload and raw TCP loopback, time to every
-# consumer (scripts/bench_e2e.sh; BENCH_PARAMS, BENCH_CONSUMERS, BENCH_ROWS);
+# consumer (scripts/bench_e2e.sh; BENCH_PARAMS, BENCH_CONSUMERS, BENCH_ROWS,
+# BENCH_REPEATS);
 # installs nginx/redis/matplotlib if missing; rewrites the bench-e2e section
 # of docs/benchmarks.md and docs/plots/bench_e2e_*.png.
 .PHONY: bench
-bench: all $(BUILD)/tools/bench_tcp $(BUILD)/tools/bench_redis $(BUILD)/tools/bench_fs
+bench: all $(BUILD)/tools/bench_tcp $(BUILD)/tools/bench_redis $(BUILD)/tools/bench_fs \
+	$(BUILD)/tools/fault_publish
 	@scripts/deps.sh bench
 	@DELTACAST_BUILD=$(abspath $(BUILD)) PYTHON=$(PYTHON) scripts/bench_e2e.sh

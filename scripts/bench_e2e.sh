@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # `make bench`: time for a version to reach BENCH_CONSUMERS consumers on this
 # machine, for the same gen-trace versions, over
-#   delta   deltacast deltas (one `deltacast publish`: an anchor, then deltas);
+#   delta   deltacast deltas, one version at a time as every baseline runs
+#           (tests/tools/fault_publish paced: an anchor, then deltas);
+#   pipelined  deltacast deltas from one `deltacast publish` of every version;
 #   anchor  deltacast full anchors (one `deltacast publish` per version);
 #   http    nginx serving each version's patch file to curl + `deltacast apply`;
 #   redis   the same patch bytes over Redis pub/sub (tests/tools/bench_redis);
@@ -22,7 +24,7 @@ PARAMS=${BENCH_PARAMS:-100M}
 NVER=${BENCH_VERSIONS:-6}
 NCONS=${BENCH_CONSUMERS:-4}
 REPEATS=${BENCH_REPEATS:-3}
-ALL_ROWS=delta,anchor,http,redis,fs,tcp
+ALL_ROWS=delta,pipelined,anchor,http,redis,fs,tcp
 ROWS=,${BENCH_ROWS:-$ALL_ROWS},
 DOC=${BENCH_DOC:-$E2E_ROOT/docs/benchmarks.md}
 PLOTS=$(dirname "$DOC")/plots
@@ -46,9 +48,9 @@ row_cmd() {
 	echo "\`make bench BENCH_ROWS=$1$env\`"
 }
 
-# run_mode MODE DIR: broker, NCONS subscribers, publish as MODE (delta|anchor).
-run_mode() {
-	local mode=$1 d=$2 i k deadline=$((SECONDS + 300))
+# Start the broker and NCONS `deltacast subscribe` consumers under DIR.
+start_deltacast() {
+	local d=$1 i
 	mkdir -p "$d"
 	e2e_start_broker "$d/broker.log" --heartbeat-ms 5000 || die "no broker"
 	for ((i = 1; i <= NCONS; i++)); do
@@ -57,24 +59,62 @@ run_mode() {
 			> >(e2e_stamp "$d/c$i.log") 2>>"$d/c$i.err" &
 		e2e_track $!
 	done
-	if [ "$mode" = delta ]; then
-		"$DC" publish --broker "$PROD_EP" --model bench "${FILES[@]}" 2> >(e2e_stamp "$d/producer.log") ||
-			die "publish"
-	else
-		for ((k = 0; k < NVER; k++)); do
-			"$DC" publish --broker "$PROD_EP" --model bench --first-version $((k + 1)) "${FILES[k]}" \
-				2> >(e2e_stamp "$d/producer.log") || die "publish $((k + 1))"
-		done
-	fi
+}
+
+# wait_deltacast DIR V: until every consumer has applied V.
+wait_deltacast() {
+	local i deadline=$((SECONDS + 120))
 	for ((i = 1; i <= NCONS; i++)); do
-		while [ "$(e2e_last_version "$d/c$i.log")" -lt "$NVER" ]; do
-			[ $SECONDS -lt $deadline ] || die "$mode: c$i stuck at $(e2e_last_version "$d/c$i.log")"
-			sleep 0.1
+		while [ "$(e2e_last_version "$1/c$i.log")" -lt "$2" ]; do
+			[ $SECONDS -lt $deadline ] || die "$1: c$i stuck at $(e2e_last_version "$1/c$i.log")"
+			sleep 0.02
 		done
 	done
+}
+
+# bench_deltacast DIR MODE: one version at a time, as the baselines run:
+# delta (fault_publish, paced by a line per version: an anchor, then deltas)
+# or anchor (one `deltacast publish` per version).  Writes the logs of
+# scripts/bench_baselines.sh from the subscribers' lines.
+bench_deltacast() {
+	local d=$1 mode=$2 v i go pub
+	start_deltacast "$d"
+	if [ "$mode" = delta ]; then
+		mkfifo "$d/go"
+		"$BUILD/tools/fault_publish" "$PROD_EP" bench 1 -1 "${FILES[@]}" <"$d/go" >"$d/producer.log" 2>&1 &
+		pub=$!
+		e2e_track $pub
+		exec {go}>"$d/go"
+	fi
+	for ((v = 1; v <= NVER; v++)); do
+		bench_stamp "$v" "$d/start.log"
+		if [ "$mode" = delta ]; then
+			(echo go >&$go) 2>/dev/null || die "fault_publish is gone (see $d/producer.log)"
+		else
+			"$DC" publish --broker "$PROD_EP" --model bench --first-version "$v" "${FILES[v - 1]}" \
+				2>>"$d/producer.log" || die "publish $v"
+		fi
+		wait_deltacast "$d" "$v"
+	done
+	[ "$mode" = delta ] && { exec {go}>&-; wait "$pub" || die "fault_publish (see $d/producer.log)"; }
+	for ((i = 1; i <= NCONS; i++)); do
+		awk '$2 == "version" { print $3, $1 }' "$d/c$i.log" >"$d/c$i.done"
+		awk '$2 == "version" { print $3, $6 }' "$d/c$i.log" >>"$d/bytes.log"
+	done
+	e2e_cleanup
+}
+
+# bench_pipelined DIR: one `deltacast publish` of every version, as a user
+# runs it; e2e_report.py times each version without its queueing.
+bench_pipelined() {
+	local d=$1
+	start_deltacast "$d"
+	"$DC" publish --broker "$PROD_EP" --model bench "${FILES[@]}" 2> >(e2e_stamp "$d/producer.log") ||
+		die "publish"
+	wait_deltacast "$d" "$NVER"
 	sleep 0.2
 	e2e_cleanup
-	"$PY" "$E2E_ROOT/scripts/e2e_report.py" bench "$d" || die "report $mode"
+	"$PY" "$E2E_ROOT/scripts/e2e_report.py" bench "$d" || die "report pipelined"
 }
 
 # row NAME FUNCTION ARGS...: run FUNCTION in a subshell that cleans up after
@@ -90,10 +130,14 @@ row() {
 	[ "${BENCH_KEEP:-0}" = 1 ] || rm -rf "$RUN"
 }
 
-# deltacast_row MODE NAME (run_mode in this shell, so a failure cleans up).
-deltacast_row() {
-	run_mode "$1" "$RUN/$1" >"$RUN/$1.json" &&
-		"$PY" "$REPORT" deltacast "$NCONS" "$2" "$(row_cmd "$1")" "$RUN/$1" <"$RUN/$1.json"
+# pipelined_row NAME (bench_pipelined in this shell, so a failure cleans up).
+pipelined_row() {
+	bench_pipelined "$RUN/pipelined" >"$RUN/pipelined.json" &&
+		"$PY" "$REPORT" deltacast "$NCONS" "$1" "$(row_cmd pipelined)" "$RUN/pipelined" <"$RUN/pipelined.json"
+}
+deltacast_row() { # MODE NAME
+	bench_deltacast "$RUN/$1" "$1" >&2 &&
+		"$PY" "$REPORT" baseline "$RUN/$1" "$2" "$(row_cmd "$1")"
 }
 baseline_row() { # KIND NAME
 	"bench_$1" "$RUN/$1" >&2 && "$PY" "$REPORT" baseline "$RUN/$1" "$2" "$(row_cmd "$1")"
@@ -110,7 +154,8 @@ trap_row() { trap 'bench_stop_servers; e2e_cleanup' EXIT; "$@"; }
 snapshot_build() {
 	mkdir -p "$ROOT/bin/tools" &&
 		cp "$DC" "$BROKER_BIN" "$ROOT/bin/" &&
-		cp "$BUILD/tools/bench_tcp" "$BUILD/tools/bench_redis" "$BUILD/tools/bench_fs" "$ROOT/bin/tools/" ||
+		cp "$BUILD/tools/bench_tcp" "$BUILD/tools/bench_redis" "$BUILD/tools/bench_fs" \
+			"$BUILD/tools/fault_publish" "$ROOT/bin/tools/" ||
 		die "programs missing in $BUILD (run make first)"
 	BUILD=$ROOT/bin DC=$ROOT/bin/deltacast BROKER_BIN=$ROOT/bin/deltacast-broker
 }
@@ -128,6 +173,8 @@ MODEL_BYTES=$(stat -c %s "${FILES[0]}")
 # One round: every row once, in order.
 round() {
 	want delta && row "deltacast deltas" trap_row deltacast_row delta "deltacast deltas"
+	want pipelined && row "deltacast deltas, pipelined" trap_row pipelined_row \
+		"deltacast deltas, pipelined (one \`deltacast publish\` of all versions)"
 	want anchor && row "deltacast full anchors" trap_row deltacast_row anchor "deltacast full anchors"
 	want http && row "HTTP (nginx) patch files" trap_row baseline_row http "HTTP (nginx) patch files, curl + apply"
 	want redis && row "Redis pub/sub" trap_row baseline_row redis "Redis pub/sub of the patch, apply"

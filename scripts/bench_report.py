@@ -46,7 +46,7 @@ def baseline(d, name, command):
     reach = {v: max(done[v]) - start[v] for v in versions}
     return {"name": name, "command": command, "first_s": reach[1], "first_bytes": nbytes.get(1, 0),
             "reach_s": [reach[v] for v in versions[1:]],
-            "bytes": statistics.mean(nbytes.get(v, 0) for v in versions[1:])}
+            "bytes": statistics.mean(nbytes.get(v, 0) for v in versions[1:]), "apply_ms": apply_ms(d)}
 
 
 def apply_ms(d):

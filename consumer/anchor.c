@@ -78,36 +78,52 @@ static int read_tensors(dcast_consumer *c, const dcast_st_file *f, int file)
 	return err;
 }
 
-/* Digest of the whole model as it is now: XXH3-64 (dcast_checksum) of the
- * little-endian per-tensor dcast_digest values, in manifest order.  Kept in
- * the anchor file's metadata so a load can tell a flipped bit on disk. */
-static int model_digest(dcast_consumer *c, uint64_t *out)
+/* XXH3-64 of a tensor's name, dtype and shape. */
+static uint64_t desc_hash(const dcast_tensor_desc *t)
 {
-	uint64_t *d = calloc(c->n_tensors ? c->n_tensors : 1, sizeof(*d));
+	uint64_t v[3 + DCAST_MAX_DIMS] = {dcast_checksum(t->name, strlen(t->name)), t->dtype, t->ndim};
+
+	memcpy(&v[3], t->shape, t->ndim * sizeof(t->shape[0]));
+	return dcast_checksum(v, (3 + t->ndim) * sizeof(v[0]));
+}
+
+/* Digest of the whole model as it is now, as version `version`: XXH3-64
+ * (dcast_checksum) of the little-endian u64s version and, per tensor in
+ * manifest order, desc_hash and dcast_digest.  Kept in the anchor file's
+ * metadata so a load refuses a flipped bit on disk: in the data, a tensor's
+ * name, dtype or shape, or the version. */
+static int model_digest(dcast_consumer *c, uint64_t version, uint64_t *out)
+{
+	uint64_t *d = calloc(2 * (size_t)c->n_tensors + 1, sizeof(*d));
 	int err = d ? 0 : dcast_fail(DCAST_ENOMEM, "checkpoint digest: %u tensors", c->n_tensors);
 
-	for (uint32_t i = 0; !err && i < c->n_tensors; i++)
-		err = cs_tensor_digest(&c->tensors[i], 0, c->tensors[i].bytes, &d[i]);
-	if (!err)
-		*out = dcast_checksum(d, c->n_tensors * sizeof(*d));
+	for (uint32_t i = 0; !err && i < c->n_tensors; i++) {
+		d[1 + 2 * i] = desc_hash(&c->tensors[i].desc);
+		err = cs_tensor_digest(&c->tensors[i], 0, c->tensors[i].bytes, &d[2 + 2 * i]);
+	}
+	if (!err) {
+		d[0] = version;
+		*out = dcast_checksum(d, (2 * (size_t)c->n_tensors + 1) * sizeof(*d));
+	}
 	free(d);
 	return err;
 }
 
-static int check_model_digest(dcast_consumer *c, const dcast_st_file *f)
+static int check_model_digest(dcast_consumer *c, const dcast_st_file *f, uint64_t version)
 {
-	const char *want = dcast_st_metadata_get(f, "deltacast.digest");
+	const char *want = dcast_st_metadata_get(f, "deltacast.model_digest");
 	uint64_t got = 0;
 	int err;
 
 	if (!want || !*want)
-		return dcast_fail(DCAST_ECORRUPT, "%s: no deltacast.digest metadata", c->anchor_path);
-	if ((err = model_digest(c, &got)))
+		return dcast_fail(DCAST_ECORRUPT, "%s: no deltacast.model_digest metadata (damaged, or "
+				  "written before names and version were covered)", c->anchor_path);
+	if ((err = model_digest(c, version, &got)))
 		return err;
 	if (strtoull(want, NULL, 16) != got)
 		return dcast_fail(DCAST_ECORRUPT,
-				  "%s: tensor data digest %016" PRIx64 ", metadata says %s: the file is corrupt",
-				  c->anchor_path, got, want);
+				  "%s: model digest %016" PRIx64 " (tensor names, shapes, data, version), "
+				  "metadata says %s: the file is corrupt", c->anchor_path, got, want);
 	return 0;
 }
 
@@ -134,7 +150,7 @@ int cs_anchor_load(dcast_consumer *c, uint64_t *version)
 	if (!err)
 		err = read_tensors(c, f, file);
 	if (!err)
-		err = check_model_digest(c, f);
+		err = check_model_digest(c, f, *version);
 	if (file >= 0)
 		dcast_io_file_remove(c->io, file);
 	if (fd >= 0)
@@ -169,7 +185,7 @@ static int layout(dcast_consumer *c, const char *version, const char *digest,
 		  dcast_st_layout *lay)
 {
 	dcast_st_meta meta[3] = {{"deltacast.model", c->model}, {"deltacast.version", version},
-				 {"deltacast.digest", digest}};
+				 {"deltacast.model_digest", digest}};
 	dcast_st_spec *specs = calloc(c->n_tensors ? c->n_tensors : 1, sizeof(*specs));
 	int err;
 
@@ -241,7 +257,7 @@ int cs_ckpt_fold(dcast_consumer *c)
 	if (v == DCAST_VERSION_NONE)
 		return 0;
 	snprintf(vbuf, sizeof(vbuf), "%" PRIu64, v);
-	if ((err = model_digest(c, &digest)))
+	if ((err = model_digest(c, v, &digest)))
 		return err;
 	snprintf(dbuf, sizeof(dbuf), "%016" PRIx64, digest);
 	if ((err = layout(c, vbuf, dbuf, &lay)))

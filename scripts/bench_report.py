@@ -127,45 +127,64 @@ def table(rows, meta):
 
 
 def plot(rows, plots):
+    """Two bar charts, log scale; the time bars carry min..max whiskers."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    names = [r["name"] for r in rows][::-1]
-    series = [("bench_e2e_time.png", "time to all consumers per version (median), s",
-               [statistics.median(r["reach_s"]) for r in rows][::-1]),
+    rows = rows[::-1]
+    names = [r["name"].replace("`", "") for r in rows]
+    med = [statistics.median(r["reach_s"]) for r in rows]
+    spread = [[m - min(r["reach_s"]) for m, r in zip(med, rows)],
+              [max(r["reach_s"]) - m for m, r in zip(med, rows)]]
+    series = [("bench_e2e_time.png", "time to all consumers per version, s (median, min..max)",
+               med, spread),
               ("bench_e2e_bytes.png", "bytes moved per version to all consumers, MiB",
-               [r["bytes"] / 2**20 for r in rows][::-1])]
+               [r["bytes"] / 2**20 for r in rows], None)]
     os.makedirs(plots, exist_ok=True)
-    for fname, label, vals in series:
-        fig, ax = plt.subplots(figsize=(8, 0.45 * len(rows) + 1.2))
-        bars = ax.barh(names, vals, color=["#d62728" if n.startswith("deltacast") else "#7f7f7f"
-                                           for n in names])
+    for fname, label, vals, err in series:
+        fig, ax = plt.subplots(figsize=(10, 0.45 * len(rows) + 1.2))
+        bars = ax.barh(names, vals, xerr=err, capsize=3, color=[
+            "#d62728" if n.startswith("deltacast") else "#7f7f7f" for n in names])
         ax.set_xscale("log")
-        ax.set_xlabel(label + " (log scale)")
+        ax.set_xlabel(label + ", log scale")
         ax.bar_label(bars, labels=["%.3g" % v for v in vals], padding=3, fontsize=8)
         ax.margins(x=0.15)
         fig.tight_layout()
         fig.savefig(os.path.join(plots, fname), dpi=100)
         plt.close(fig)
-    return [os.path.join(plots, s[0]) for s in series]
 
 
 NOTE = """
-Time: per version, from the moment the producer starts on it (deltacast: `publish` starts the
-version; HTTP and Redis: `deltacast delta` starts the patch; shared filesystem: the checkpoint
-write starts) to the moment the last consumer has it, without queueing behind the version
-before; the median over versions 2..N.  Bytes: what reached the consumers per version, summed
-over them (deltacast: chunk payloads; HTTP: nginx's bytes sent, headers included; Redis: socket
-bytes, RESP framing included; shared filesystem: bytes read; raw TCP: bytes sent).
+Time: per version, from the moment the producer starts on it to the moment the last consumer
+has it; the median over versions 2..N of every round.  Every row but "pipelined" runs one
+version at a time, the next starting once every consumer has the one before (deltacast: the
+paced publisher `build/tools/fault_publish` is told to publish it, or `deltacast publish`
+starts, for anchors; HTTP and Redis: `deltacast delta` starts the patch; shared filesystem: the
+checkpoint write starts).  The pipelined row is one `deltacast publish` of every version, as a
+user runs it; its time for a version starts at the later of that version's publish start and
+each consumer's apply of the version before (no queueing counted).  Bytes: what reached the
+consumers per version, summed over them (deltacast: chunk payloads; HTTP: nginx's bytes sent,
+headers included; Redis: socket bytes, RESP framing included; shared filesystem: bytes read;
+raw TCP: bytes sent).
 
-What each consumer does: deltacast, `deltacast subscribe` (staging, apply with digest check, a
-checkpoint file rewritten per version); HTTP, curl then `deltacast apply` (checksum and digest
-checks, writes and fsyncs the new checkpoint); Redis, `build/tools/bench_redis sub` (1 MiB
-messages, reassembled) then `deltacast apply`; shared filesystem, `build/tools/bench_fs load`
-(the whole file read into memory; hashed after the clock stops).  Every baseline's consumers
-end equal to the newest version (cmp, or XXH3 of every reload).  In the baselines' favour: the
-consumers learn of a new version the moment it is ready (no polling interval), and the shared
-filesystem is a local one whose page cache still holds the file just written.
+What each consumer does: deltacast, `deltacast subscribe` (staging, apply with digest check,
+the whole checkpoint file rewritten and fsynced per version); HTTP, curl then `deltacast apply`
+(checksum and digest checks, the new checkpoint written and fsynced); Redis,
+`build/tools/bench_redis sub` (1 MiB messages, reassembled) then `deltacast apply`; shared
+filesystem, `build/tools/bench_fs load` (the whole file read into memory, hashed after the
+clock stops).  Every baseline's consumers end equal to the newest version (cmp, or XXH3 of
+every reload).  In the baselines' favour: their consumers learn of a new version the moment it
+is ready (no polling interval), and the shared filesystem is a local one whose page cache still
+holds the file just written (a real shared filesystem moves its bytes over the network: the
+bytes column is what a cluster would carry).
+
+Reading it: on one machine the bytes barely set the time (loopback carries the whole model to
+every consumer in under a second: the raw TCP rows).  What every delta row pays per version is
+each consumer rebuilding and fsyncing its whole checkpoint file, on 2 cores shared by all the
+processes, so deltacast, HTTP patch files and Redis land close together, and the shared
+filesystem reload, which writes nothing on the consumer side and reads from the page cache, is
+as fast or faster here.  Across machines the bytes column is the cost: the whole-model rows
+carry two orders of magnitude more per consumer, every version.
 
 Plots: [time to all consumers](plots/bench_e2e_time.png),
 [bytes moved](plots/bench_e2e_bytes.png).

@@ -179,7 +179,7 @@ static int rd_bulk(reader *r, char *dst, size_t cap, size_t *n)
 	if (rd_int(r, '$', &len))
 		return -1;
 	if (len < 0 || (unsigned long long)len > cap)
-		return fail("bulk string longer than a chunk message");
+		return fail("RESP bulk string longer than this field allows");
 	*n = (size_t)len;
 	return rd_exact(r, dst, *n) || rd_exact(r, NULL, 2) ? -1 : 0;
 }
@@ -289,8 +289,9 @@ static int subscribe(int fd, reader *r, const char *channel)
 	long long n;
 	size_t len;
 
-	if (write_all(fd, &iov, 1) || rd_int(r, '*', &n) || n != 3 || rd_bulk(r, kind, sizeof(kind), &len) ||
-	    len != 9 || memcmp(kind, "subscribe", 9))
+	if (write_all(fd, &iov, 1) || rd_int(r, '*', &n) || rd_bulk(r, kind, sizeof(kind), &len))
+		return -1;
+	if (n != 3 || len != 9 || memcmp(kind, "subscribe", 9))
 		return fail("SUBSCRIBE was not confirmed");
 	if (rd_bulk(r, cmd, sizeof(cmd), &len) || rd_int(r, ':', &n))
 		return -1;
@@ -304,8 +305,9 @@ static int read_message(reader *r, unsigned char *msg, size_t *n)
 	long long parts;
 	size_t len;
 
-	if (rd_int(r, '*', &parts) || parts != 3 || rd_bulk(r, kind, sizeof(kind), &len) || len != 7 ||
-	    memcmp(kind, "message", 7))
+	if (rd_int(r, '*', &parts) || rd_bulk(r, kind, sizeof(kind), &len))
+		return -1;
+	if (parts != 3 || len != 7 || memcmp(kind, "message", 7))
 		return fail("unexpected push from redis (not a 3-part \"message\")");
 	return rd_bulk(r, chan, sizeof(chan), &len) || rd_bulk(r, (char *)msg, HDR_BYTES + CHUNK_BYTES, n) ? -1 : 0;
 }

@@ -282,8 +282,8 @@ static void settle_pending(dcast_producer *p)
 {
 	uint64_t v = p->pending_version, b = p->conn.broker_version;
 
-	if (v == DCAST_VERSION_NONE)
-		return;
+	if (v == DCAST_VERSION_NONE || !p->commit_sent)
+		return; /* mid-publish: publish() retries or fails it */
 	if (p->conn.up && b == v) {
 		prod_version_acked(p, v);
 	} else if (p->conn.up && (b == DCAST_VERSION_NONE || b < v)) {

@@ -1,7 +1,8 @@
 /* The producer's memory, all allocated at the first publish: the baseline
  * (pinned host memory: mmap + mlock, best effort), the per-chunk digests,
- * the pool of encode slots handed to ZeroMQ, and the undo log that lets a
- * failed delta be taken back out of the baseline. */
+ * the pool of encode slots handed to ZeroMQ (each holds a payload and the
+ * baseline values its encoding overwrote), and the undo log that lets a
+ * failed delta be taken back out of the baseline, or sent again. */
 #include <errno.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -181,47 +182,36 @@ void prod_undo_reset(prod_undo *u)
 	u->lost = 0;
 }
 
-static int apply_dense(unsigned char *base, const void *payload, size_t len, unsigned char *old)
-{
-	if (old)
-		memcpy(old, base, len);
-	memcpy(base, payload, len);
-	return 0;
-}
-
-int prod_undo_apply(dcast_producer *p, prod_tensor *t, uint64_t off_elems, uint32_t chunk,
-		    const dcast_chunk_info *info, const void *payload)
+/* Log the change a finished job made to the baseline: its payload (to send
+ * it again) and the values it overwrote, which follow the payload in the
+ * slot (DCAST_ENCODE_SAVE_OLD).  A log too small is marked lost: that
+ * version can be neither rolled back nor re-sent as a delta. */
+void prod_undo_record(dcast_producer *p, uint32_t chunk, const prod_job *job)
 {
 	prod_undo *u = &p->undo;
-	unsigned char *base = t->base + off_elems * t->elem_size, *old = NULL;
+	const prod_tensor *t = &p->tensors[job->tensor];
+	const dcast_chunk_info *info = &job->info;
 	int dense = info->encoding == DCAST_ENC_DENSE;
 	size_t old_len = (dense ? info->count : info->changed) * t->elem_size;
 	size_t need = sizeof(prod_undo_rec) + pad8(info->payload_bytes) + pad8(old_len);
-	int rc;
+	prod_undo_rec *r = (prod_undo_rec *)(u->buf + u->used);
 
-	if (!u->lost && u->cap - u->used >= need) {
-		prod_undo_rec *r = (prod_undo_rec *)(u->buf + u->used);
-		r->tensor = (uint32_t)(t - p->tensors);
-		r->chunk = chunk;
-		r->off_elems = off_elems;
-		r->info = *info;
-		r->old_digest = p->chunk_digest[chunk];
-		r->payload_len = info->payload_bytes;
-		r->old_len = old_len;
-		memcpy(r + 1, payload, info->payload_bytes);
-		old = (unsigned char *)(r + 1) + pad8(info->payload_bytes);
-		u->used += need;
-		u->n_records++;
-	} else {
+	if (u->lost || u->cap - u->used < need) {
 		u->lost = 1;
+		return;
 	}
-	rc = dense ? apply_dense(base, payload, old_len, old)
-		   : dcast_codec_apply(info, payload, base, old);
-	if (rc && old) { /* nothing was written: drop the record */
-		u->used -= need;
-		u->n_records--;
-	}
-	return rc;
+	r->tensor = job->tensor;
+	r->chunk = chunk;
+	r->off_elems = (uint64_t)(chunk - t->first_chunk) * p->opts.range_elems;
+	r->info = *info;
+	r->old_digest = p->chunk_digest[chunk];
+	r->payload_len = info->payload_bytes;
+	r->old_len = old_len;
+	memcpy(r + 1, job->slot->buf, info->payload_bytes);
+	memcpy((unsigned char *)(r + 1) + pad8(info->payload_bytes),
+	       job->slot->buf + pad8(info->payload_bytes), old_len);
+	u->used += need;
+	u->n_records++;
 }
 
 /* The record at *at (start at 0), moving *at past it; its payload copy

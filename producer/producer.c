@@ -49,6 +49,9 @@ static int check_opts(const dcast_producer_opts *o)
 	if (o->range_elems < 1 || o->range_elems > DCAST_MAX_RANGE_ELEMS)
 		return dcast_fail(DCAST_EINVAL, "producer: range_elems %llu outside [1, %u]",
 				  (unsigned long long)o->range_elems, DCAST_MAX_RANGE_ELEMS);
+	if (o->encode_threads > 64)
+		return dcast_fail(DCAST_EINVAL, "producer: encode_threads %u, at most 64",
+				  o->encode_threads);
 	if (o->connect_timeout_ms == 0 || o->ack_timeout_ms == 0)
 		return dcast_fail(DCAST_EINVAL, "producer: connect_timeout_ms and ack_timeout_ms "
 				  "must be above 0");
@@ -251,6 +254,7 @@ void dcast_producer_close(dcast_producer **pp)
 	prod_conn_close(p, 1);
 	if (p->zctx)
 		zmq_ctx_term(p->zctx);
+	prod_enc_free(p);
 	prod_mem_free(p);
 	free(p->tensors);
 	free(p);

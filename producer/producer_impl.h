@@ -1,6 +1,8 @@
-/* Private to producer/: the producer object, its connection to the broker
- * (conn.c), its memory (baseline, encode slots, undo log: memory.c) and the
- * publish pipeline (publish.c).  The public surface is deltacast/producer.h. */
+/* Private to producer/: the producer object (producer.c), its connection to
+ * the broker (conn.c), its memory (baseline, encode slots, undo log:
+ * memory.c), the encoder threads (encode.c), the publish pipeline
+ * (publish.c, send.c) and the end of a version: ACK, failure, wait()
+ * (settle.c).  The public surface is deltacast/producer.h. */
 #ifndef DCAST_PRODUCER_IMPL_H
 #define DCAST_PRODUCER_IMPL_H
 
@@ -69,6 +71,43 @@ typedef struct prod_undo {
 	int lost;  /* a record did not fit: rollback impossible, send an anchor */
 } prod_undo;
 
+/* One chunk range of the version being published: encoded by a worker,
+ * taken (recorded and sent) by the publishing thread in range order. */
+typedef struct prod_job {
+	prod_slot *slot;        /* payload, then the old values; NULL: nothing to send */
+	dcast_chunk_info info;
+	uint64_t digest;        /* of the range at this version (if it changed) */
+	uint32_t tensor;
+	int done, rc;           /* under the encoder's lock */
+} prod_job;
+
+typedef struct prod_encoder {
+	pthread_t *threads;
+	uint32_t n_threads;
+	int ready;              /* lock and conditions initialised */
+	pthread_mutex_t lock;
+	pthread_cond_t work_cv, done_cv;
+	prod_job *jobs;         /* one per chunk range */
+	uint64_t run;           /* bumped by every start: the workers' signal */
+	uint32_t next, end;     /* next range to claim, end of this run */
+	uint32_t busy;          /* workers inside the current run */
+	int anchor, abort, stop;
+	int err;                /* the first error of this run, its detail */
+	char err_text[DCAST_MAX_TEXT];
+} prod_encoder;
+
+/* One attempt at sending a version. */
+typedef struct prod_run {
+	uint64_t version, base_version;
+	int anchor;
+	uint32_t gen, seq;
+	uint64_t bytes, changed;
+	uint64_t progress_ms; /* last time credit or a slot came back */
+} prod_run;
+
+#define PROD_RESTART (-1)   /* the broker asked for an anchor mid-version */
+#define PROD_POLL_MS 100
+
 typedef struct prod_conn {
 	void *sock, *mon;       /* DEALER to the broker, PAIR of its monitor */
 	int up;                 /* HELLO answered and not disconnected since */
@@ -109,11 +148,14 @@ struct dcast_producer {
 	uint32_t n_chunks;
 	prod_pool pool;
 	prod_undo undo;
+	prod_encoder enc;
+	uint32_t resume_from;    /* ranges below are encoded and recorded */
 
 	int baseline_valid;      /* baseline holds acked_version */
 	uint64_t acked_version;  /* newest acknowledged by the broker */
 	uint64_t pending_version; /* committed-sent, awaiting ACK, or NONE */
 	int pending_anchor;
+	int commit_sent;         /* the pending version's COMMIT went out */
 	int resend;              /* a re-join found the broker without the
 				    pending version: send it again (wait()) */
 	uint32_t resends;        /* of the pending version */
@@ -140,14 +182,32 @@ void prod_mem_free(dcast_producer *p);
 int prod_pool_get(prod_pool *pool, uint64_t deadline_ms, prod_slot **out);
 void prod_pool_free_cb(void *data, void *hint);
 void prod_undo_reset(prod_undo *u);
-int prod_undo_apply(dcast_producer *p, prod_tensor *t, uint64_t off_elems, uint32_t chunk,
-		    const dcast_chunk_info *info, const void *payload);
+void prod_undo_record(dcast_producer *p, uint32_t chunk, const prod_job *job);
 void prod_undo_rollback(dcast_producer *p);
 const prod_undo_rec *prod_undo_next(const prod_undo *u, size_t *at);
 
-/* publish.c */
+/* encode.c */
+int prod_enc_setup(dcast_producer *p);
+void prod_enc_free(dcast_producer *p);
+void prod_enc_start(dcast_producer *p, int anchor, uint32_t from);
+int prod_enc_wait(dcast_producer *p, uint32_t j, int timeout_ms, prod_job **out);
+uint32_t prod_enc_stop(dcast_producer *p);
+uint64_t prod_range_count(const dcast_producer *p, const prod_tensor *t, uint64_t off);
+
+/* send.c */
+int prod_need_anchor(const dcast_producer *p);
+void prod_init_run(dcast_producer *p, uint64_t version, int anchor, prod_run *r);
+int prod_check_broker(dcast_producer *p, const prod_run *r, int timeout_ms);
+int prod_send_slot(dcast_producer *p, prod_run *r, const prod_tensor *t, uint64_t off,
+		   const dcast_chunk_info *info, prod_slot *slot);
+int prod_send_manifest(dcast_producer *p);
+int prod_send_commit(dcast_producer *p, const prod_run *r);
+int prod_replay_records(dcast_producer *p, prod_run *r);
+int prod_resend_pending(dcast_producer *p);
+
+/* settle.c */
 void prod_version_acked(dcast_producer *p, uint64_t version);
 void prod_version_failed(dcast_producer *p, int err, const char *why);
-int prod_resend_pending(dcast_producer *p);
+int prod_fail_pending(dcast_producer *p, int rc);
 
 #endif

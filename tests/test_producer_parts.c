@@ -4,7 +4,9 @@
  * bit-exact, first as an anchor and then as deltas.  A part whose ranges
  * did not change sends only its COMMIT (0 chunks), which opens the version
  * at the broker when it comes first; a version where no part changed has no
- * chunks at all. */
+ * chunks at all.  A version one part never sends is dropped by the broker
+ * (part timeout): the other part's wait() says so, its baseline goes back,
+ * and the next version is again a delta from both. */
 #include <stdint.h>
 #include "check.h"
 #include "deltacast/producer.h"
@@ -45,6 +47,8 @@ int main(void)
 
 	harness_init();
 	REQUIRE(mkdtemp(dir) && w && s);
+	snprintf(b.extra[b.n_extra++], 64, "--part-timeout-ms");
+	snprintf(b.extra[b.n_extra++], 64, "1000");
 	REQUIRE(harness_broker_start(&b, dir) == 0);
 	for (uint32_t i = 0; i < 2; i++)
 		REQUIRE(dcast_producer_open(b.prod_ep, "parts", i, 2, NULL, &pp[i]) == 0);
@@ -82,6 +86,20 @@ int main(void)
 	publish_both(pp, 14);
 	snprintf(out, sizeof(out), "%s/v14.safetensors", dir);
 	CHECK(harness_read(&b, "parts", 14, out) == 0);
+	CHECK(harness_same_as_file(out, "w", w, N_W * 2));
+	CHECK(harness_same_as_file(out, "s", s, N_S * 2));
+	/* part 1 never sends version 15: dropped; part 0 rolls its baseline back */
+	harness_perturb(w, N_W, 10000, &seed);
+	CHECK_ERR(dcast_producer_publish(pp[0], 15), 0);
+	CHECK_ERR(dcast_producer_wait(pp[0], 15, 10000), DCAST_EABORTED);
+	CHECK(strstr(dcast_last_error(), "15") != NULL);
+	harness_perturb(w, N_W, 10000, &seed);
+	harness_perturb(s, N_S, 10000, &seed);
+	publish_both(pp, 16);
+	dcast_producer_stats_get(pp[0], &s0);
+	CHECK(!s0.anchor && s0.changed_elems < (SPLIT + N_S) / 20);
+	snprintf(out, sizeof(out), "%s/v16.safetensors", dir);
+	CHECK(harness_read(&b, "parts", 16, out) == 0);
 	CHECK(harness_same_as_file(out, "w", w, N_W * 2));
 	CHECK(harness_same_as_file(out, "s", s, N_S * 2));
 	dcast_producer_close(&pp[0]);

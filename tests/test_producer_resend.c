@@ -1,5 +1,9 @@
 /* A lost connection after publish() handed over the COMMIT and before the
  * ACK: wait() must never report a version the broker did not take.
+ * (0) First, the broker dies mid-version (stopped under a 1 MiB credit
+ *     window, killed, restarted with its data dir): publish() re-joins and
+ *     resumes the delta, the ranges already encoded going again from the
+ *     undo log.
  * (1) The broker is stopped, takes the version into its socket buffer, and is
  *     killed (SIGKILL) and restarted with its data dir: it has the version
  *     before; wait() re-joins, re-sends the same delta from the baseline
@@ -10,6 +14,7 @@
  *     between, then killed): the re-joined broker names the version as its
  *     newest, which counts as the ACK; nothing is sent again.
  * Each time a reader gets the version bit-exact as published. */
+#include <pthread.h>
 #include <stdint.h>
 #include "check.h"
 #include "deltacast/producer.h"
@@ -44,10 +49,38 @@ static void lost_before_commit(dcast_producer *p, uint64_t v, int keep_data)
 	harness_sleep_ms(100);
 	harness_broker_kill(&b, SIGKILL);
 	if (!keep_data)
-		b.n_extra = 0;
+		b.n_extra = 2; /* the window only */
 	REQUIRE(harness_broker_restart(&b) == 0);
 	harness_perturb(w, N, 10000, &seed); /* the next step's weights */
 	CHECK_ERR(dcast_producer_wait(p, v, 20000), 0);
+	CHECK(read_back(v));
+}
+
+static void *kill_and_restart(void *arg)
+{
+	(void)arg;
+	harness_sleep_ms(300);
+	harness_broker_kill(&b, SIGKILL);
+	harness_broker_restart(&b);
+	return NULL;
+}
+
+/* (0): every element changes (a dense delta, four times the window): the
+ * kill lands mid-version; the restarted broker has the version before. */
+static void lost_mid_version(dcast_producer *p, uint64_t v)
+{
+	dcast_producer_stats s;
+	pthread_t th;
+
+	harness_fill(w, N, &seed);
+	memcpy(want, w, N * 2ull);
+	harness_broker_kill(&b, SIGSTOP);
+	pthread_create(&th, NULL, kill_and_restart, NULL);
+	CHECK_ERR(dcast_producer_publish(p, v), 0);
+	pthread_join(th, NULL);
+	CHECK_ERR(dcast_producer_wait(p, v, 20000), 0);
+	dcast_producer_stats_get(p, &s);
+	CHECK(!s.anchor && s.total_reconnects >= 1 && s.total_resends == 0);
 	CHECK(read_back(v));
 }
 
@@ -108,6 +141,8 @@ int main(void)
 	harness_init();
 	REQUIRE(mkdtemp(dir) && (w = calloc(N, 2)) && (want = calloc(N, 2)));
 	snprintf(data, sizeof(data), "%s/data", dir);
+	snprintf(b.extra[b.n_extra++], 64, "--producer-window-bytes");
+	snprintf(b.extra[b.n_extra++], 64, "1048576");
 	snprintf(b.extra[b.n_extra++], 64, "--data-dir");
 	snprintf(b.extra[b.n_extra++], 64, "%s", data);
 	REQUIRE(harness_broker_start(&b, dir) == 0);
@@ -115,6 +150,7 @@ int main(void)
 	o.connect_timeout_ms = 1000;
 	o.max_reconnects = 5;
 	o.range_elems = 1u << 18;
+	o.undo_bytes = 32u << 20; /* holds (0)'s dense delta: it can resume */
 	REQUIRE(dcast_producer_open(b.prod_ep, "resend", 0, 1, &o, &p) == 0);
 	harness_fill(w, N, &seed);
 	memcpy(want, w, N * 2ull);
@@ -123,28 +159,31 @@ int main(void)
 	CHECK_ERR(dcast_producer_publish(p, 1), 0);
 	CHECK_ERR(dcast_producer_wait(p, 1, 20000), 0);
 
-	/* (1) the restarted broker has version 1: the same delta again */
-	lost_before_commit(p, 2, 1);
+	/* (0) killed mid-version, back with its data: the delta resumes */
+	lost_mid_version(p, 2);
+
+	/* (1) the restarted broker has version 2: the same delta again */
+	lost_before_commit(p, 3, 1);
 	dcast_producer_stats_get(p, &s);
-	CHECK(s.total_reconnects >= 1 && s.total_resends == 1 && s.acked_version == 2);
-	CHECK(file_has(b.log, "version 2 committed (delta"));
-	/* the trainer's tensors moved on: a plain delta against 2 */
+	CHECK(s.total_reconnects >= 2 && s.total_resends == 1 && s.acked_version == 3);
+	CHECK(file_has(b.log, "version 3 committed (delta"));
+	/* the trainer's tensors moved on: a plain delta against 3 */
 	memcpy(want, w, N * 2ull);
-	CHECK_ERR(dcast_producer_publish(p, 3), 0);
-	CHECK_ERR(dcast_producer_wait(p, 3, 20000), 0);
+	CHECK_ERR(dcast_producer_publish(p, 4), 0);
+	CHECK_ERR(dcast_producer_wait(p, 4, 20000), 0);
 	dcast_producer_stats_get(p, &s);
 	CHECK(!s.anchor);
-	CHECK(read_back(3));
+	CHECK(read_back(4));
 
 	/* (2) the restarted broker lost everything: an anchor from the baseline */
-	lost_before_commit(p, 4, 0);
+	lost_before_commit(p, 5, 0);
 	dcast_producer_stats_get(p, &s);
-	CHECK(s.total_resends == 2 && s.acked_version == 4);
-	CHECK(file_has(b.log, "version 4 committed (anchor"));
-	CHECK_ERR(dcast_producer_wait(p, 2, 0), 0); /* earlier outcomes are kept */
+	CHECK(s.total_resends == 2 && s.acked_version == 5);
+	CHECK(file_has(b.log, "version 5 committed (anchor"));
+	CHECK_ERR(dcast_producer_wait(p, 3, 0), 0); /* earlier outcomes are kept */
 	CHECK_ERR(dcast_producer_wait(p, 9, 0), DCAST_ENOTFOUND);
 
-	/* (3) through a proxy: the broker took version 5 and its ACK was lost */
+	/* (3) through a proxy: the broker took version 7 and its ACK was lost */
 	proxy_port = b.cons_port + 2;
 	start_proxy();
 	snprintf(ep, sizeof(ep), "tcp://127.0.0.1:%d", proxy_port);
@@ -153,18 +192,18 @@ int main(void)
 	REQUIRE(dcast_producer_register(q, "w", DCAST_DTYPE_BF16, 1, shape, w, DCAST_MEM_HOST, 0,
 					N) == 0);
 	memcpy(want, w, N * 2ull);
-	CHECK_ERR(dcast_producer_publish(q, 5), 0); /* a new producer: an anchor */
-	CHECK_ERR(dcast_producer_wait(q, 5, 20000), 0);
-	ack_lost(q, 6);
+	CHECK_ERR(dcast_producer_publish(q, 6), 0); /* a new producer: an anchor */
+	CHECK_ERR(dcast_producer_wait(q, 6, 20000), 0);
+	ack_lost(q, 7);
 	dcast_producer_stats_get(q, &s);
-	CHECK(s.total_reconnects >= 1 && s.total_resends == 0 && s.acked_version == 6);
+	CHECK(s.total_reconnects >= 1 && s.total_resends == 0 && s.acked_version == 7);
 	harness_perturb(w, N, 10000, &seed);
 	memcpy(want, w, N * 2ull);
-	CHECK_ERR(dcast_producer_publish(q, 7), 0);
-	CHECK_ERR(dcast_producer_wait(q, 7, 20000), 0);
+	CHECK_ERR(dcast_producer_publish(q, 8), 0);
+	CHECK_ERR(dcast_producer_wait(q, 8, 20000), 0);
 	dcast_producer_stats_get(q, &s);
 	CHECK(!s.anchor);
-	CHECK(read_back(7));
+	CHECK(read_back(8));
 	dcast_producer_close(&q);
 	stop_proxy(SIGKILL);
 	harness_broker_kill(&b, SIGTERM);

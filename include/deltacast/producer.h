@@ -4,15 +4,17 @@
  * dcast_producer_publish() after each optimizer step.  The first version
  * goes out as a dense anchor, later ones as sparse deltas against the last
  * version the broker acknowledged, which the producer keeps as a baseline in
- * pinned host memory and updates in O(changed).
+ * pinned host memory and updates in O(changed) while it encodes.
  *
- * Encoding chunk k+1 overlaps ZeroMQ's I/O thread sending chunk k (payloads
- * go out zero-copy from a bounded pool of encode buffers), sends stay within
- * the broker's credit, and a lost connection is re-joined a bounded number
- * of times.  Wire protocol: docs/protocol.md.
+ * Encoder threads (opts.encode_threads) diff the chunk ranges in parallel;
+ * the calling thread sends them in order, so ZeroMQ's I/O thread sends chunk
+ * k while chunks k+1... are encoded (payloads go out zero-copy from a
+ * bounded pool of encode buffers).  Sends stay within the broker's credit,
+ * and a lost connection is re-joined a bounded number of times.  Wire
+ * protocol: docs/protocol.md.
  *
- * Thread safety: one producer is used by one thread at a time.  Different
- * producers are independent. */
+ * Thread safety: one producer is used by one thread at a time (its encoder
+ * threads are its own).  Different producers are independent. */
 #ifndef DELTACAST_PRODUCER_H
 #define DELTACAST_PRODUCER_H
 
@@ -61,6 +63,8 @@ typedef struct dcast_producer_opts {
 	const char *curve_server_key;
 	const char *curve_public_key;
 	const char *curve_secret_key;
+	uint32_t encode_threads;     /* threads diffing chunk ranges while this one
+					sends; 0 = one per CPU, at most 8; max 64 */
 } dcast_producer_opts;
 
 /* Set every option to its default.  Never fails. */

@@ -30,7 +30,8 @@ class _Opts(ctypes.Structure):
                 ("ack_timeout_ms", ctypes.c_uint32), ("max_reconnects", ctypes.c_uint32),
                 ("reconnect_backoff_ms", ctypes.c_uint32), ("baseline_on_device", ctypes.c_int),
                 ("client", ctypes.c_char_p), ("curve_server_key", ctypes.c_char_p),
-                ("curve_public_key", ctypes.c_char_p), ("curve_secret_key", ctypes.c_char_p)]
+                ("curve_public_key", ctypes.c_char_p), ("curve_secret_key", ctypes.c_char_p),
+                ("encode_threads", ctypes.c_uint32)]
 
 
 class Stats(ctypes.Structure):

@@ -197,7 +197,9 @@ static int write_doc(const char *path, const char *body)
 int main(int argc, char **argv)
 {
 	static const struct option opts[] = {{"trace", 1, 0, 't'}, {"rounds", 1, 0, 'r'},
-					     {"doc", 1, 0, 'd'}, {"cmd", 1, 0, 'c'}, {0, 0, 0, 0}};
+					     {"doc", 1, 0, 'd'}, {"cmd", 1, 0, 'c'},
+					     {"encode-threads", 1, 0, 'e'}, {0, 0, 0, 0}};
+	dcast_producer_opts po;
 	const char *trace = NULL, *doc = NULL, *cmd = "make bench-producer";
 	harness_broker hb = {0};
 	dcast_producer *p = NULL;
@@ -205,11 +207,13 @@ int main(int argc, char **argv)
 	char dir[] = "/tmp/dcast-bench-producer-XXXXXX", body[4096];
 	int c;
 
+	dcast_producer_opts_init(&po);
 	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
 		if (c == 't') trace = optarg;
 		else if (c == 'r') b.rounds = atoi(optarg);
 		else if (c == 'd') doc = optarg;
 		else if (c == 'c') cmd = optarg;
+		else if (c == 'e') po.encode_threads = (uint32_t)atoi(optarg);
 		else return 2;
 	}
 	if (!trace || b.rounds < 1 || b.rounds > MAX_ROUNDS) {
@@ -219,7 +223,7 @@ int main(int argc, char **argv)
 	}
 	atexit(harness_kill_all);
 	if (!mkdtemp(dir) || harness_broker_start(&hb, dir) ||
-	    dcast_producer_open(hb.prod_ep, "bench", 0, 1, NULL, &p) || setup(&b, trace, p) ||
+	    dcast_producer_open(hb.prod_ep, "bench", 0, 1, &po, &p) || setup(&b, trace, p) ||
 	    run(&b, p)) {
 		fprintf(stderr, "bench_producer: %s\n", dcast_last_error());
 		return 1;

@@ -1,0 +1,237 @@
+/* The producer's encoder threads: each takes a free encode slot, then the
+ * next chunk range of the version, diffs it against the baseline (updating
+ * the baseline in O(changed) and keeping the values it overwrote after the
+ * payload), digests the range, and marks the job done.  The publishing
+ * thread sends the jobs in range order as they finish, so the ranges after
+ * the one on the wire are being encoded meanwhile.  A worker takes its slot
+ * before its range, so the lowest unsent range always has one: the pool
+ * cannot deadlock. */
+#include <string.h>
+#include <unistd.h>
+#include "producer_impl.h"
+
+#define ENC_SLOT_WAIT_MS 50
+
+static uint64_t range_off(const dcast_producer *p, const prod_tensor *t, uint32_t j)
+{
+	return (uint64_t)(j - t->first_chunk) * p->opts.range_elems;
+}
+
+uint64_t prod_range_count(const dcast_producer *p, const prod_tensor *t, uint64_t off)
+{
+	return t->shard_count - off < p->opts.range_elems ? t->shard_count - off
+							 : p->opts.range_elems;
+}
+
+/* Encode range j into job->slot (the worker thread's whole job). */
+static int encode_job(dcast_producer *p, int anchor, uint32_t j, prod_job *job)
+{
+	const prod_tensor *t = &p->tensors[job->tensor];
+	uint64_t off = range_off(p, t, j), count = prod_range_count(p, t, off);
+	size_t bytes = count * t->elem_size;
+	const unsigned char *cur = t->ptr + off * t->elem_size;
+	unsigned char *base = t->base + off * t->elem_size;
+	unsigned flags = DCAST_ENCODE_UPDATE_BASE | DCAST_ENCODE_SAVE_OLD;
+	int rc = dcast_codec_encode(cur, anchor ? NULL : base, count, t->elem_size, -1, flags,
+				    job->slot->buf, p->pool.slot_bytes, &job->info);
+
+	if (rc)
+		return rc;
+	if (anchor)
+		memcpy(base, cur, bytes);
+	if (anchor || job->info.changed)
+		job->digest = dcast_digest(base, bytes);
+	return 0;
+}
+
+/* Take a slot, then the next job; 0 when the run has no more (or stops). */
+static int claim(dcast_producer *p, prod_encoder *e, uint32_t *j, prod_slot **slot)
+{
+	for (;;) {
+		int got;
+
+		pthread_mutex_unlock(&e->lock);
+		got = !prod_pool_get(&p->pool, dcast_now_ms() + ENC_SLOT_WAIT_MS, slot);
+		pthread_mutex_lock(&e->lock);
+		if (e->abort || e->next >= e->end) {
+			if (got)
+				prod_pool_free_cb((*slot)->buf, *slot);
+			return 0;
+		}
+		if (got) {
+			*j = e->next++;
+			return 1;
+		}
+	}
+}
+
+static void finish_job(prod_encoder *e, prod_job *job, int rc)
+{
+	if (rc && !e->err) {
+		e->err = rc;
+		snprintf(e->err_text, sizeof(e->err_text), "%s", dcast_last_error());
+	}
+	job->rc = rc;
+	job->done = 1;
+	pthread_cond_broadcast(&e->done_cv);
+}
+
+/* Called with e->lock held; returns with it held. */
+static void work_run(dcast_producer *p, prod_encoder *e)
+{
+	prod_slot *slot;
+	uint32_t j;
+
+	while (claim(p, e, &j, &slot)) {
+		prod_job *job = &e->jobs[j];
+		int anchor = e->anchor, rc;
+
+		job->slot = slot;
+		pthread_mutex_unlock(&e->lock);
+		rc = encode_job(p, anchor, j, job);
+		if (!rc && !anchor && !job->info.changed) {
+			prod_pool_free_cb(slot->buf, slot); /* nothing to send */
+			job->slot = NULL;
+		}
+		pthread_mutex_lock(&e->lock);
+		finish_job(e, job, rc);
+	}
+}
+
+static void *worker(void *arg)
+{
+	dcast_producer *p = arg;
+	prod_encoder *e = &p->enc;
+	uint64_t seen = 0;
+
+	pthread_mutex_lock(&e->lock);
+	for (;;) {
+		while (!e->stop && e->run == seen)
+			pthread_cond_wait(&e->work_cv, &e->lock);
+		if (e->stop)
+			break;
+		seen = e->run;
+		e->busy++;
+		work_run(p, e);
+		e->busy--;
+		pthread_cond_broadcast(&e->done_cv);
+	}
+	pthread_mutex_unlock(&e->lock);
+	return NULL;
+}
+
+static uint32_t default_threads(void)
+{
+	long n = sysconf(_SC_NPROCESSORS_ONLN);
+
+	return n < 1 ? 1 : n > 8 ? 8 : (uint32_t)n;
+}
+
+static void job_tensors(dcast_producer *p)
+{
+	for (uint32_t i = 0; i < p->n_tensors; i++)
+		for (uint32_t k = 0; k < p->tensors[i].n_chunks; k++)
+			p->enc.jobs[p->tensors[i].first_chunk + k].tensor = i;
+}
+
+int prod_enc_setup(dcast_producer *p)
+{
+	prod_encoder *e = &p->enc;
+	uint32_t n = p->opts.encode_threads ? p->opts.encode_threads : default_threads();
+
+	if (!(e->jobs = calloc(p->n_chunks + 1, sizeof(*e->jobs))) ||
+	    !(e->threads = calloc(n, sizeof(*e->threads))))
+		return dcast_fail(DCAST_ENOMEM, "producer: out of memory for %u encode jobs",
+				  p->n_chunks);
+	job_tensors(p);
+	pthread_mutex_init(&e->lock, NULL);
+	pthread_cond_init(&e->work_cv, NULL);
+	pthread_cond_init(&e->done_cv, NULL);
+	e->ready = 1;
+	for (; e->n_threads < n; e->n_threads++)
+		if (pthread_create(&e->threads[e->n_threads], NULL, worker, p))
+			return dcast_fail(DCAST_ENOMEM, "producer: cannot start encoder thread %u of "
+					  "%u", e->n_threads + 1, n);
+	return 0;
+}
+
+void prod_enc_free(dcast_producer *p)
+{
+	prod_encoder *e = &p->enc;
+
+	if (e->ready) {
+		pthread_mutex_lock(&e->lock);
+		e->stop = 1;
+		pthread_cond_broadcast(&e->work_cv);
+		pthread_mutex_unlock(&e->lock);
+		for (uint32_t i = 0; i < e->n_threads; i++)
+			pthread_join(e->threads[i], NULL);
+		pthread_mutex_destroy(&e->lock);
+		pthread_cond_destroy(&e->work_cv);
+		pthread_cond_destroy(&e->done_cv);
+	}
+	free(e->threads);
+	free(e->jobs);
+	memset(e, 0, sizeof(*e));
+}
+
+void prod_enc_start(dcast_producer *p, int anchor, uint32_t from)
+{
+	prod_encoder *e = &p->enc;
+
+	pthread_mutex_lock(&e->lock);
+	for (uint32_t j = from; j < p->n_chunks; j++) {
+		e->jobs[j].done = e->jobs[j].rc = 0;
+		e->jobs[j].slot = NULL;
+	}
+	e->anchor = anchor;
+	e->next = from;
+	e->end = p->n_chunks;
+	e->abort = e->err = 0;
+	e->run++;
+	pthread_cond_broadcast(&e->work_cv);
+	pthread_mutex_unlock(&e->lock);
+}
+
+static void deadline_in(struct timespec *ts, int ms)
+{
+	clock_gettime(CLOCK_REALTIME, ts);
+	ts->tv_nsec += (long)ms * 1000000L;
+	ts->tv_sec += ts->tv_nsec / 1000000000L;
+	ts->tv_nsec %= 1000000000L;
+}
+
+int prod_enc_wait(dcast_producer *p, uint32_t j, int timeout_ms, prod_job **out)
+{
+	prod_encoder *e = &p->enc;
+	struct timespec ts;
+	int done;
+
+	deadline_in(&ts, timeout_ms);
+	pthread_mutex_lock(&e->lock);
+	while (!e->jobs[j].done &&
+	       pthread_cond_timedwait(&e->done_cv, &e->lock, &ts) == 0)
+		;
+	done = e->jobs[j].done;
+	pthread_mutex_unlock(&e->lock);
+	*out = &e->jobs[j];
+	if (!done)
+		return DCAST_ETIMEDOUT;
+	if ((*out)->rc)
+		return dcast_fail((*out)->rc, "producer: encoding range %u: %s", j, e->err_text);
+	return 0;
+}
+
+uint32_t prod_enc_stop(dcast_producer *p)
+{
+	prod_encoder *e = &p->enc;
+	uint32_t claimed;
+
+	pthread_mutex_lock(&e->lock);
+	e->abort = 1;
+	while (e->busy)
+		pthread_cond_wait(&e->done_cv, &e->lock);
+	claimed = e->next;
+	pthread_mutex_unlock(&e->lock);
+	return claimed;
+}

@@ -37,6 +37,20 @@ bench_wait_all() {
 	return 0
 }
 
+# bench_fan_out DIR V TAKE ARGS...: "TAKE DIR I V ARGS..." for every
+# consumer I at once (each appends "V EPOCH" or "V FAIL" to DIR/cI.done),
+# then until every consumer has V.
+bench_fan_out() {
+	local d=$1 v=$2 take=$3 i pids=()
+	shift 3
+	for ((i = 1; i <= NCONS; i++)); do
+		"$take" "$d" "$i" "$v" "$@" &
+		pids+=($!)
+	done
+	wait "${pids[@]}"
+	bench_wait_all "$d" "$v"
+}
+
 # bench_check_final DIR: every consumer's file equals the newest version.
 bench_check_final() {
 	local d=$1 i
@@ -132,7 +146,7 @@ bench_consumer_dirs() {
 # HTTP: after the producer's step, every consumer fetches at once (the
 # announcement costs nothing here; real deployments poll or get a message).
 bench_http() {
-	local d=$1 n=$1/nginx v i pids
+	local d=$1 n=$1/nginx v
 	mkdir -p "$n/www" "$n/tmp"
 	bench_consumer_dirs "$d"
 	bench_start_server "$d/server.log" nginx "curl -s -o /dev/null http://127.0.0.1:PORT/" \
@@ -140,13 +154,7 @@ bench_http() {
 	for ((v = 1; v <= NVER; v++)); do
 		bench_stamp "$v" "$d/start.log"
 		bench_make_version "$v" "$n/www" || die "http: producer, version $v"
-		pids=()
-		for ((i = 1; i <= NCONS; i++)); do
-			bench_http_take "$d" "$i" "$v" "http://127.0.0.1:$BENCH_PORT" &
-			pids+=($!)
-		done
-		wait "${pids[@]}"
-		bench_wait_all "$d" "$v"
+		bench_fan_out "$d" "$v" bench_http_take "http://127.0.0.1:$BENCH_PORT"
 	done
 	bench_stop_servers
 	# "/vV.patch BYTES" (or /v1.safetensors) per request: bytes on the wire.
@@ -216,20 +224,14 @@ bench_fs_take() {
 }
 
 bench_fs() {
-	local d=$1 v i want pids
+	local d=$1 v want
 	mkdir -p "$d/shared"
 	for ((v = 1; v <= NVER; v++)); do
 		want=$("$BUILD/tools/bench_fs" hash "${FILES[v - 1]}" | awk '{print $4}')
 		bench_stamp "$v" "$d/start.log"
 		"$BUILD/tools/bench_fs" put "${FILES[v - 1]}" "$d/shared/model.safetensors" ||
 			die "fs: producer, version $v"
-		pids=()
-		for ((i = 1; i <= NCONS; i++)); do
-			bench_fs_take "$d" "$i" "$v" "$want" &
-			pids+=($!)
-		done
-		wait "${pids[@]}"
-		bench_wait_all "$d" "$v"
+		bench_fan_out "$d" "$v" bench_fs_take "$want"
 	done
 	echo "$(basename "$d"): all $NCONS consumers loaded every version, hashes equal" >&2
 }

@@ -18,6 +18,7 @@
  * when its bytes are all there.  Bad input is an error naming what was
  * wrong; exit 1. */
 #include <arpa/inet.h>
+#include <endian.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -186,16 +187,15 @@ static int rd_bulk(reader *r, char *dst, size_t cap, size_t *n)
 
 static uint64_t get_u64(const unsigned char *p)
 {
-	uint64_t v = 0;
-	for (int i = 7; i >= 0; i--)
-		v = v << 8 | p[i];
-	return v;
+	uint64_t v;
+	memcpy(&v, p, 8);
+	return le64toh(v);
 }
 
 static void put_u64(unsigned char *p, uint64_t v)
 {
-	for (int i = 0; i < 8; i++, v >>= 8)
-		p[i] = (unsigned char)v;
+	v = htole64(v);
+	memcpy(p, &v, 8);
 }
 
 static void put_hdr(unsigned char *h, const chunk_hdr *c)

@@ -141,9 +141,12 @@ static int write_chunk(dcast_consumer *c, const cs_version *v, const cs_chunk *k
 	return cs_tensor_apply(&c->tensors[k->tensor], &info, p, k->start, old);
 }
 
-static void undo_chunks(dcast_consumer *c, const cs_version *v, int ahead, uint32_t n, unsigned char *undo,
-			uint64_t undo_off)
+/* Write back the old values of chunks [0, n); 0 when every one came back. */
+static int undo_chunks(dcast_consumer *c, const cs_version *v, int ahead, uint32_t n, unsigned char *undo,
+		       uint64_t undo_off)
 {
+	int failed = 0;
+
 	for (uint32_t i = n; i-- > 0;) {
 		const cs_chunk *k = &v->chunks[i];
 		dcast_chunk_info info = info_of(k, ahead);
@@ -153,10 +156,46 @@ static void undo_chunks(dcast_consumer *c, const cs_version *v, int ahead, uint3
 			memcpy(dst_of(c, k), undo + undo_off, undo_bytes(k, ahead));
 			continue;
 		}
-		if (source_of(c, v, k, ahead, &p) || dcast_codec_revert(&info, p, dst_of(c, k), undo + undo_off))
+		if (source_of(c, v, k, ahead, &p) || dcast_codec_revert(&info, p, dst_of(c, k), undo + undo_off)) {
 			DCAST_LOG_E("consumer %s: undo of version %" PRIu64 " chunk %u failed: %s", c->model,
 				    v->version, i, dcast_last_error());
+			failed = 1;
+		}
 	}
+	return failed;
+}
+
+/* The tensors hold no committed version any more: say so (version NONE),
+ * forget what described them, and drop the local checkpoint, which could
+ * not rebuild them; the re-join that follows asks the broker for an anchor. */
+static void invalidate(dcast_consumer *c)
+{
+	cs_set_applied(c, DCAST_VERSION_NONE);
+	cs_dcache_clear(&c->dcache);
+	c->ahead_owner = DCAST_VERSION_NONE;
+	c->fold_due = 0;
+	cs_ckpt_discard(c);
+}
+
+/* Back to the version before v: old values from memory, else the local
+ * checkpoint (not from inside a restore: the outer one fails instead). */
+static int restore_previous(dcast_consumer *c, const cs_version *v, int ahead, unsigned char *undo, uint32_t n,
+			    uint64_t off)
+{
+	int err;
+
+	if (undo)
+		return undo_chunks(c, v, ahead, n, undo, off) ? DCAST_ECORRUPT : 0;
+	if (c->restoring)
+		return DCAST_ECORRUPT;
+	DCAST_LOG_I("consumer %s: old values of version %" PRIu64 " not kept in memory; restoring version %"
+		    PRIu64 " from the local checkpoint", c->model, v->version, dcast_consumer_version(c));
+	c->restoring = 1;
+	err = cs_ckpt_restore(c);
+	c->restoring = 0;
+	if (err)
+		DCAST_LOG_E("consumer %s: restore from the local checkpoint failed: %s", c->model, dcast_last_error());
+	return err;
 }
 
 static int rollback(dcast_consumer *c, const cs_version *v, int ahead, unsigned char *undo, uint32_t n,
@@ -165,20 +204,18 @@ static int rollback(dcast_consumer *c, const cs_version *v, int ahead, unsigned 
 	char why[512];
 
 	snprintf(why, sizeof(why), "%s", dcast_last_error());
-	if (undo) {
-		undo_chunks(c, v, ahead, n, undo, off);
-	} else if (!c->restoring) {
-		DCAST_LOG_I("consumer %s: old values of version %" PRIu64 " not kept in memory; restoring "
-			    "version %" PRIu64 " from the local checkpoint", c->model, v->version,
-			    dcast_consumer_version(c));
-		c->restoring = 1;
-		int rerr = cs_ckpt_restore(c);
-		c->restoring = 0;
-		if (rerr)
-			DCAST_LOG_E("consumer %s: restore from checkpoint failed: %s", c->model, dcast_last_error());
-	}
-	return dcast_fail(err, "%s (version %" PRIu64 " refused; tensors kept at the previous version)",
-			  why, v->version);
+	uint64_t prev = dcast_consumer_version(c);
+	if (!restore_previous(c, v, ahead, undo, n, off))
+		return dcast_fail(err, "%s (version %" PRIu64 " refused; tensors kept at the previous version)",
+				  why, v->version);
+	if (c->restoring) /* the outer restore fails and gives up */
+		return dcast_fail(err, "%s (version %" PRIu64 " could not be replayed)", why, v->version);
+	invalidate(c);
+	DCAST_LOG_E("consumer %s: version %" PRIu64 " refused and version %" PRIu64 " could not be brought back; "
+		    "tensors hold no valid version until an anchor arrives", c->model, v->version, prev);
+	return dcast_fail(err, "%s (version %" PRIu64 " refused; version %" PRIu64 " could not be restored "
+			  "either: the tensors hold no valid version (version() is NONE) until the broker's "
+			  "anchor is applied)", why, v->version, prev);
 }
 
 /* The test hook "digest:V": V's first COMMIT digest is made wrong. */

@@ -288,6 +288,7 @@ int cs_ckpt_restore(dcast_consumer *c)
 
 	if (target == DCAST_VERSION_NONE)
 		return 0;
+	cs_set_applied(c, DCAST_VERSION_NONE); /* not valid while they are rebuilt */
 	if (c->anchor_file_version != DCAST_VERSION_NONE && (err = cs_anchor_load(c, &have)))
 		return err;
 	err = replay(c, have, target, 0);
@@ -295,4 +296,20 @@ int cs_ckpt_restore(dcast_consumer *c)
 		err = dcast_fail(DCAST_ECORRUPT, "restore reached version %" PRIu64 ", not %" PRIu64,
 				 dcast_consumer_version(c), target);
 	return err;
+}
+
+void cs_ckpt_discard(dcast_consumer *c)
+{
+	uint64_t *vers = malloc(CS_MAX_LOG_FILES * sizeof(*vers));
+	uint32_t n = 0;
+
+	DCAST_LOG_W("consumer %s: local checkpoint in %s removed: it could not rebuild the tensors", c->model,
+		    c->dir);
+	unlink(c->anchor_path);
+	c->anchor_file_version = DCAST_VERSION_NONE;
+	c->deltas_since_fold = 0;
+	if (vers && cs_ckpt_list(c, vers, CS_MAX_LOG_FILES, &n) == 0)
+		for (uint32_t i = 0; i < n; i++)
+			cs_ckpt_remove(c, vers[i]);
+	free(vers);
 }

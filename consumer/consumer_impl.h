@@ -205,6 +205,9 @@ void cs_ckpt_version_path(const dcast_consumer *c, uint64_t version, char *out, 
 int cs_ckpt_load(dcast_consumer *c);
 int cs_ckpt_fold(dcast_consumer *c);
 int cs_ckpt_restore(dcast_consumer *c);
+/* Remove the anchor file and every record file (they could not rebuild the
+ * applied version); the next anchor applied is folded afresh. */
+void cs_ckpt_discard(dcast_consumer *c);
 int cs_ckpt_list(dcast_consumer *c, uint64_t *out, uint32_t cap, uint32_t *n);
 void cs_ckpt_remove(dcast_consumer *c, uint64_t version);
 int cs_io_read(dcast_consumer *c, int file, void *dst, uint64_t len, uint64_t off, const char *what);

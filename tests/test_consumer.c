@@ -362,6 +362,71 @@ static void test_verify_incremental(const h_broker *b)
 	h_model_free(&m);
 }
 
+/* Poll until version v is READY (bounded). */
+static int wait_ready(dcast_consumer *c, uint64_t v)
+{
+	dcast_event ev;
+
+	for (int i = 0; i < 300; i++) {
+		if (dcast_consumer_poll(c, 100, &ev))
+			return -1;
+		if (ev.type == DCAST_EV_VERSION_READY && ev.version == v)
+			return 0;
+	}
+	return -1;
+}
+
+/* Double fault: version 3 (a third of the model changes: its old values do
+ * not fit in memory) fails its digest, and the local checkpoint that should
+ * bring version 2 back has a flipped data bit.  The consumer must not claim
+ * version 2 (or any) for tensors that are not exactly it: version() becomes
+ * NONE, the checkpoint is dropped, and the broker's anchor heals it. */
+static void test_double_fault(const h_broker *b)
+{
+	h_model m;
+	dcast_producer *p = NULL;
+	dcast_consumer *c = NULL;
+	dcast_consumer_opts o;
+	h_seen s = {0};
+	char path[512];
+
+	dcast_consumer_opts_init(&o);
+	o.fold_every = 1;
+	h_model_init(&m, 53, 1);
+	REQUIRE(h_producer_open(b, "m_double", &m, &p) == 0);
+	REQUIRE(h_publish(p, &m, 1, 100) == 0 && h_publish(p, &m, 2, 100) == 0);
+	setenv("DELTACAST_CONSUMER_FAULT", "digest:3", 1);
+	REQUIRE(dcast_consumer_open(b->consumers, "m_double", dir_for("double"), BUDGET, &o, &c) == 0);
+	unsetenv("DELTACAST_CONSUMER_FAULT");
+	CHECK(h_drive(c, &m, 2, &s) == 0);
+	CHECK(dcast_consumer_checkpoint(c) == 0); /* model.safetensors at version 2, no record files */
+	snprintf(path, sizeof(path), "%s/model.safetensors", dir_for("double"));
+	FILE *f = fopen(path, "r+b");
+	REQUIRE(f);
+	fseek(f, -3, SEEK_END);
+	int ch = fgetc(f);
+	fseek(f, -3, SEEK_END);
+	fputc(ch ^ 0x10, f);
+	fclose(f);
+	REQUIRE(h_publish(p, &m, 3, 3) == 0);
+	REQUIRE(wait_ready(c, 3) == 0);
+	CHECK_ERR(dcast_consumer_apply(c, 3), DCAST_EDIGEST);
+	fprintf(stderr, "refused as: %s\n", dcast_last_error());
+	uint64_t have = dcast_consumer_version(c);
+	CHECK(have == DCAST_VERSION_NONE || h_equal(c, &m, have)); /* never a version it does not hold */
+	CHECK(have == DCAST_VERSION_NONE);                         /* here: the checkpoint was corrupt */
+	CHECK(strstr(dcast_last_error(), "no valid version") != NULL);
+	CHECK(access(path, F_OK) != 0);                            /* dropped, not loaded again */
+	CHECK(h_drive(c, &m, 3, &s) == 0 && h_equal(c, &m, 3));    /* healed from the broker's anchor */
+	CHECK(s.untouched_bad == 0);
+	dcast_consumer_close(&c);
+	REQUIRE(dcast_consumer_open(b->consumers, "m_double", dir_for("double"), BUDGET, &o, &c) == 0);
+	CHECK(dcast_consumer_version(c) == 3 && h_equal(c, &m, 3)); /* the new checkpoint is whole */
+	dcast_consumer_close(&c);
+	dcast_producer_close(&p);
+	h_model_free(&m);
+}
+
 static void test_bad_args(void)
 {
 	dcast_consumer *c = (dcast_consumer *)1;
@@ -392,6 +457,7 @@ int main(void)
 	test_corrupt_log(&b);
 	test_corrupt_anchor_file(&b);
 	test_verify_incremental(&b);
+	test_double_fault(&b);
 	h_broker_stop(&b);
 	char cmd[300];
 	snprintf(cmd, sizeof(cmd), "rm -rf %s", root);

@@ -58,7 +58,7 @@ rnd() { R=$((RANDOM % $1)); }
 
 # ---- per-trial state ----
 T= BPORT= PPORT= PROXY_PID= PUB_PID= TRIAL_ENV=()
-declare -a CPID CDONE CREST
+declare -a CPID CDONE CREST CERRPOS
 FAULTS=0
 
 say() { echo "$*" >>"$T/trial.log"; }
@@ -117,14 +117,20 @@ consumer_ep() {
 	if [ -n "$PPORT" ]; then echo "tcp://127.0.0.1:$PPORT"; else echo "tcp://127.0.0.1:$((BPORT + 1))"; fi
 }
 
-# refused_ckpt I: consumer I's last words refuse its local checkpoint.
+# last_words I: the last line consumer I's current process wrote to stderr.
+last_words() {
+	tail -c +$((${CERRPOS[$1]:-0} + 1)) "$T/c$1.err" 2>/dev/null | tail -n 1
+}
+
+# refused_ckpt I: consumer I's current process refuses its local checkpoint.
 refused_ckpt() {
-	tail -n 1 "$T/c$1.err" 2>/dev/null | grep -qE "open: |start with an empty directory"
+	last_words "$1" | grep -qE "open: |start with an empty directory"
 }
 
 consumer_start() {
 	local i=$1
 	CDONE[i]=0
+	CERRPOS[i]=$(stat -c %s "$T/c$i.err" 2>/dev/null || echo 0)
 	env "${TRIAL_ENV[@]}" "$FC" "$(consumer_ep)" "$MODEL" "$T/c$i" "$NVER" \
 		>>"$T/c$i.out" 2>>"$T/c$i.err" &
 	CPID[i]=$!
@@ -253,7 +259,7 @@ recover() {
 			[ "${CREST[i]}" -le 10 ] || continue
 			if refused_ckpt "$i"; then
 				# a checkpoint refused with a clear error: the operator clears it
-				say "c$i refused its checkpoint: $(tail -n 1 "$T/c$i.err"); cleared"
+				say "c$i refused its checkpoint: $(last_words "$i"); cleared"
 				rm -rf "$T/c$i"
 			fi
 			say "c$i exited $rc; restarting"

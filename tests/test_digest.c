@@ -81,7 +81,9 @@ int main(void)
 	for (size_t i = 0; i < DCAST_ARRAY_LEN(lens); i++)
 		CHECK(dcast_digest(p + 1, lens[i]) == digest_by_definition(p + 1, lens[i]));
 	CHECK(dcast_digest(p, 100) != dcast_digest(p + 1, 100));
-	CHECK(dcast_checksum(p, 1000) == XXH3_64bits(p, 1000));
+	for (size_t n = 0; n <= 3000; n += 7) /* short, mid and long (AVX2) paths */
+		CHECK(dcast_checksum(p + 5, n) == XXH3_64bits(p + 5, n));
+	CHECK(dcast_checksum(p, 2 * MIB + 3) == XXH3_64bits(p, 2 * MIB + 3));
 	free(p);
 	return check_done("test_digest");
 }

@@ -55,41 +55,76 @@ typedef struct emitter {
 	uint32_t vt[VT];
 } emitter;
 
-/* Any element, by the general code functions. */
-static void emit_any(const emitter *em, uint64_t i, uint32_t gap, bitwriter *w)
+/* Any element's bits, by the general code functions: the Rice code and
+ * the value, or (when they would not fit one flush) each alone. */
+typedef struct elem_bits {
+	uint64_t bits[2];
+	unsigned len[2];
+} elem_bits;
+
+static elem_bits elem_any(const emitter *em, uint64_t i, uint32_t gap)
 {
 	const dcast_cpt_plan *p = em->p;
 	unsigned rlen = dcast_rice_len(gap, p->k), vlen;
 	uint32_t newv = dcast_load_elem(em->cur + (uint64_t)em->ch->pos[i] * em->es, em->es);
 	uint64_t rbits = dcast_rice_bits(gap, p->k), vbits = dcast_cpt_value_bits(p, em->ch->zz[i], newv, &vlen);
-	if (rlen + vlen <= 56) {
-		bw_put(w, rbits | vbits << rlen, rlen + vlen);
-	} else {
-		bw_put(w, rbits, rlen);
-		bw_put(w, vbits, vlen);
-	}
+	if (rlen + vlen <= 56)
+		return (elem_bits){ { rbits | vbits << rlen, 0 }, { rlen + vlen, 0 } };
+	return (elem_bits){ { rbits, vbits }, { rlen, vlen } };
 }
 
-/* Elements [first, end) of a coded stream with k <= FAST_KMAX: the usual
- * element is one table lookup and one flush; the Rice code with q ones,
- * a zero and the k low bits is ((low << 1 | 1) << q) - 1. */
-static ALWAYS_INLINE void emit_coded(const emitter *em, uint64_t first, uint64_t end, bitwriter *w)
+static ALWAYS_INLINE void put_any(bitwriter *w, elem_bits e)
+{
+	bw_put(w, e.bits[0], e.len[0]);
+	if (e.len[1])
+		bw_put(w, e.bits[1], e.len[1]);
+}
+
+/* The usual element (q < QESC, a difference below VT) of a coded stream
+ * with k <= FAST_KMAX: one table lookup, at most 56 bits; the Rice code
+ * with q ones, a zero and the k low bits is ((low << 1 | 1) << q) - 1.
+ * Returns 0 for any other element. */
+static ALWAYS_INLINE int elem_usual(const emitter *em, uint32_t gap, uint32_t zz, uint64_t *bits,
+				    unsigned *len)
+{
+	unsigned k = em->p->k, q = gap >> k, rl = q + 1 + k;
+	if (!LIKELY(q < DCAST_CPT_QESC && zz < VT))
+		return 0;
+	uint32_t e = em->vt[zz];
+	*bits = ((((uint64_t)(gap & ((1u << k) - 1)) << 1 | 1) << q) - 1) | (uint64_t)(e >> 5) << rl;
+	*len = rl + (e & 31);
+	return 1;
+}
+
+/* Elements [first, end) of a coded stream with k <= FAST_KMAX, two at a
+ * time: two usual elements usually share one flush, which halves the
+ * writer's dependency chain.  The writer lives in registers here. */
+static ALWAYS_INLINE void emit_coded(const emitter *em, uint64_t first, uint64_t end, bitwriter *wp)
 {
 	const uint32_t *pos = em->ch->pos, *zzv = em->ch->zz;
-	unsigned k = em->p->k;
-	uint32_t km = (1u << k) - 1, next = first ? pos[first - 1] + 1 : 0;
-	for (uint64_t i = first; i < end; i++) {
-		uint32_t gap = pos[i] - next, q = gap >> k, zz = zzv[i];
-		next = pos[i] + 1;
-		if (LIKELY(q < DCAST_CPT_QESC && zz < VT)) {
-			uint32_t e = em->vt[zz];
-			unsigned rl = q + 1 + k;
-			uint64_t rice = (((uint64_t)(gap & km) << 1 | 1) << q) - 1;
-			bw_put(w, rice | (uint64_t)(e >> 5) << rl, rl + (e & 31));
+	uint32_t next = first ? pos[first - 1] + 1 : 0;
+	bitwriter w = *wp;
+	uint64_t i = first;
+	for (; i + 2 <= end; i += 2) {
+		uint32_t g0 = pos[i] - next, g1 = pos[i + 1] - pos[i] - 1;
+		uint64_t b0, b1;
+		unsigned l0, l1;
+		next = pos[i + 1] + 1;
+		if (LIKELY(elem_usual(em, g0, zzv[i], &b0, &l0) && elem_usual(em, g1, zzv[i + 1], &b1, &l1))) {
+			if (LIKELY(l0 + l1 <= 56)) {
+				bw_put(&w, b0 | b1 << l0, l0 + l1);
+			} else {
+				bw_put(&w, b0, l0);
+				bw_put(&w, b1, l1);
+			}
 		} else {
-			emit_any(em, i, gap, w);
+			put_any(&w, elem_any(em, i, g0));
+			put_any(&w, elem_any(em, i + 1, g1));
 		}
 	}
+	if (i < end)
+		put_any(&w, elem_any(em, i, pos[i] - next));
+	*wp = w;
 }
 
 static void emit_general(const emitter *em, uint64_t first, uint64_t end, bitwriter *w)
@@ -97,7 +132,7 @@ static void emit_general(const emitter *em, uint64_t first, uint64_t end, bitwri
 	const uint32_t *pos = em->ch->pos;
 	uint32_t next = first ? pos[first - 1] + 1 : 0;
 	for (uint64_t i = first; i < end; i++) {
-		emit_any(em, i, pos[i] - next, w);
+		put_any(w, elem_any(em, i, pos[i] - next));
 		next = pos[i] + 1;
 	}
 }

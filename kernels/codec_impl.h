@@ -567,7 +567,7 @@ typedef struct dcast_changes {
 
 /* Scratch slots, one array each, per thread (codec_scratch.c). */
 enum { DCAST_SCRATCH_POS, DCAST_SCRATCH_ZZ, DCAST_SCRATCH_DEC_POS,
-       DCAST_SCRATCH_DEC_VAL, DCAST_SCRATCH_SLOTS };
+       DCAST_SCRATCH_DEC_VAL, DCAST_SCRATCH_DEC_STREAM, DCAST_SCRATCH_SLOTS };
 
 /* This thread's scratch array for `slot`, grown (contents kept) to at
  * least `bytes`; valid until the next call for the same slot.  NULL when

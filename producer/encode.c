@@ -1,11 +1,12 @@
-/* The producer's encoder threads: each takes a free encode slot, then the
- * next chunk range of the version, diffs it against the baseline (updating
- * the baseline in O(changed) and keeping the values it overwrote after the
- * payload), digests the range, and marks the job done.  The publishing
- * thread sends the jobs in range order as they finish, so the ranges after
- * the one on the wire are being encoded meanwhile.  A worker takes its slot
- * before its range, so the lowest unsent range always has one: the pool
- * cannot deadlock. */
+/* The producer's encoders: worker threads, and the publishing thread while
+ * it waits for the range it sends next.  Each takes a free encode slot,
+ * then the next chunk range of the version, diffs it against the baseline
+ * (updating the baseline in O(changed) and keeping the values it overwrote
+ * after the payload), digests the range, and marks the job done.  The
+ * publishing thread sends the jobs in range order as they finish, so the
+ * ranges after the one on the wire are being encoded meanwhile.  A slot is
+ * always taken before a range, so the lowest unsent range always has one:
+ * the pool cannot deadlock. */
 #include <string.h>
 #include <unistd.h>
 #include "producer_impl.h"
@@ -44,25 +45,9 @@ static int encode_job(dcast_producer *p, int anchor, uint32_t j, prod_job *job)
 	return 0;
 }
 
-/* Take a slot, then the next job; 0 when the run has no more (or stops). */
-static int claim(dcast_producer *p, prod_encoder *e, uint32_t *j, prod_slot **slot)
+static int more(const prod_encoder *e)
 {
-	for (;;) {
-		int got;
-
-		pthread_mutex_unlock(&e->lock);
-		got = !prod_pool_get(&p->pool, dcast_now_ms() + ENC_SLOT_WAIT_MS, slot);
-		pthread_mutex_lock(&e->lock);
-		if (e->abort || e->next >= e->end) {
-			if (got)
-				prod_pool_free_cb((*slot)->buf, *slot);
-			return 0;
-		}
-		if (got) {
-			*j = e->next++;
-			return 1;
-		}
-	}
+	return !e->abort && e->next < e->end;
 }
 
 static void finish_job(prod_encoder *e, prod_job *job, int rc)
@@ -76,25 +61,43 @@ static void finish_job(prod_encoder *e, prod_job *job, int rc)
 	pthread_cond_broadcast(&e->done_cv);
 }
 
-/* Called with e->lock held; returns with it held. */
+/* With a slot in hand: take the next range, if any, and encode it.  Called
+ * with e->lock held; returns with it held; 0 when there was none. */
+static int encode_next(dcast_producer *p, prod_encoder *e, prod_slot *slot)
+{
+	int anchor = e->anchor, rc;
+	uint32_t j = e->next;
+	prod_job *job = &e->jobs[j];
+
+	if (!more(e)) {
+		prod_pool_free_cb(slot->buf, slot);
+		return 0;
+	}
+	e->next++;
+	job->slot = slot;
+	pthread_mutex_unlock(&e->lock);
+	rc = encode_job(p, anchor, j, job);
+	if (!rc && !anchor && !job->info.changed) {
+		prod_pool_free_cb(slot->buf, slot); /* nothing to send */
+		job->slot = NULL;
+	}
+	pthread_mutex_lock(&e->lock);
+	finish_job(e, job, rc);
+	return 1;
+}
+
+/* A worker's share of a run.  Called with e->lock held; returns with it held. */
 static void work_run(dcast_producer *p, prod_encoder *e)
 {
-	prod_slot *slot;
-	uint32_t j;
+	while (more(e)) {
+		prod_slot *slot;
+		int got;
 
-	while (claim(p, e, &j, &slot)) {
-		prod_job *job = &e->jobs[j];
-		int anchor = e->anchor, rc;
-
-		job->slot = slot;
 		pthread_mutex_unlock(&e->lock);
-		rc = encode_job(p, anchor, j, job);
-		if (!rc && !anchor && !job->info.changed) {
-			prod_pool_free_cb(slot->buf, slot); /* nothing to send */
-			job->slot = NULL;
-		}
+		got = !prod_pool_get(&p->pool, dcast_now_ms() + ENC_SLOT_WAIT_MS, &slot);
 		pthread_mutex_lock(&e->lock);
-		finish_job(e, job, rc);
+		if (got && !encode_next(p, e, slot))
+			return;
 	}
 }
 
@@ -120,10 +123,13 @@ static void *worker(void *arg)
 	return NULL;
 }
 
-static uint32_t default_threads(void)
+/* Encoders in all, the publishing thread included. */
+static uint32_t encoders(const dcast_producer *p)
 {
 	long n = sysconf(_SC_NPROCESSORS_ONLN);
 
+	if (p->opts.encode_threads)
+		return p->opts.encode_threads;
 	return n < 1 ? 1 : n > 8 ? 8 : (uint32_t)n;
 }
 
@@ -137,10 +143,10 @@ static void job_tensors(dcast_producer *p)
 int prod_enc_setup(dcast_producer *p)
 {
 	prod_encoder *e = &p->enc;
-	uint32_t n = p->opts.encode_threads ? p->opts.encode_threads : default_threads();
+	uint32_t n = encoders(p) - 1; /* worker threads */
 
 	if (!(e->jobs = calloc(p->n_chunks + 1, sizeof(*e->jobs))) ||
-	    !(e->threads = calloc(n, sizeof(*e->threads))))
+	    !(e->threads = calloc(n + 1, sizeof(*e->threads))))
 		return dcast_fail(DCAST_ENOMEM, "producer: out of memory for %u encode jobs",
 				  p->n_chunks);
 	job_tensors(p);
@@ -201,6 +207,16 @@ static void deadline_in(struct timespec *ts, int ms)
 	ts->tv_nsec %= 1000000000L;
 }
 
+/* The publishing thread encodes a range itself when a slot is free at once. */
+static int help(dcast_producer *p, prod_encoder *e)
+{
+	prod_slot *slot;
+
+	if (!more(e) || prod_pool_get(&p->pool, 0, &slot))
+		return 0;
+	return encode_next(p, e, slot);
+}
+
 int prod_enc_wait(dcast_producer *p, uint32_t j, int timeout_ms, prod_job **out)
 {
 	prod_encoder *e = &p->enc;
@@ -209,9 +225,9 @@ int prod_enc_wait(dcast_producer *p, uint32_t j, int timeout_ms, prod_job **out)
 
 	deadline_in(&ts, timeout_ms);
 	pthread_mutex_lock(&e->lock);
-	while (!e->jobs[j].done &&
-	       pthread_cond_timedwait(&e->done_cv, &e->lock, &ts) == 0)
-		;
+	if (!e->jobs[j].done && !help(p, e)) /* one range at most: the caller polls */
+		while (!e->jobs[j].done && pthread_cond_timedwait(&e->done_cv, &e->lock, &ts) == 0)
+			;
 	done = e->jobs[j].done;
 	pthread_mutex_unlock(&e->lock);
 	*out = &e->jobs[j];

@@ -26,6 +26,7 @@ static void *map_region(size_t bytes, const char *what)
 			   what, strerror(errno));
 		return NULL;
 	}
+	madvise(m, bytes, MADV_HUGEPAGE); /* fewer TLB misses when diffing; a hint only */
 	if (mlock(m, bytes) && !warned) {
 		warned = 1;
 		DCAST_LOG_I("producer: %s not pinned (mlock: %s); using pageable memory", what,

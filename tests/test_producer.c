@@ -33,6 +33,10 @@ static void test_no_broker(void)
 	dcast_producer_opts_init(&o);
 	o.range_elems = 0;
 	CHECK_ERR(dcast_producer_open("tcp://127.0.0.1:1", "m", 0, 1, &o, &p), DCAST_EINVAL);
+	dcast_producer_opts_init(&o);
+	o.encode_threads = 65;
+	CHECK_ERR(dcast_producer_open("tcp://127.0.0.1:1", "m", 0, 1, &o, &p), DCAST_EINVAL);
+	CHECK(strstr(dcast_last_error(), "encode_threads") != NULL);
 }
 
 static void test_register_errors(dcast_producer *p)
@@ -76,13 +80,17 @@ static void publish_and_read(dcast_producer *p, harness_broker *b, uint64_t v, i
 	CHECK(harness_same_as_file(out, "b", tb, N_B * 2));
 }
 
-static void test_versions(harness_broker *b)
+/* encoders: opts.encode_threads (0 the default, 1 the caller alone) */
+static void test_versions(harness_broker *b, uint32_t encoders)
 {
 	dcast_producer *p = NULL;
 	uint64_t seed = 42, shape_a[1] = {N_A};
 	dcast_producer_stats s;
+	dcast_producer_opts o;
 
-	REQUIRE(dcast_producer_open(b->prod_ep, "unit", 0, 1, NULL, &p) == 0);
+	dcast_producer_opts_init(&o);
+	o.encode_threads = encoders;
+	REQUIRE(dcast_producer_open(b->prod_ep, "unit", 0, 1, &o, &p) == 0);
 	test_register_errors(p);
 	harness_fill(ta, N_A, &seed);
 	harness_fill(tb, N_B, &seed);
@@ -122,7 +130,12 @@ int main(void)
 	tb = calloc(N_B, 2);
 	test_no_broker();
 	REQUIRE(harness_broker_start(&b, dir) == 0);
-	test_versions(&b);
+	test_versions(&b, 0);
+	for (uint32_t n = 1; n <= 3; n += 2) { /* a fresh broker each time */
+		harness_broker_kill(&b, SIGTERM);
+		REQUIRE(harness_broker_restart(&b) == 0);
+		test_versions(&b, n);
+	}
 	harness_broker_kill(&b, SIGTERM);
 	free(ta);
 	free(tb);

@@ -63,8 +63,10 @@ typedef struct dcast_producer_opts {
 	const char *curve_server_key;
 	const char *curve_public_key;
 	const char *curve_secret_key;
-	uint32_t encode_threads;     /* threads diffing chunk ranges while this one
-					sends; 0 = one per CPU, at most 8; max 64 */
+	uint32_t encode_threads;     /* encoders diffing chunk ranges, the calling
+					thread included (it encodes while the range
+					it sends next is not ready); 0 = one per CPU,
+					at most 8; 1..64 */
 } dcast_producer_opts;
 
 /* Set every option to its default.  Never fails. */

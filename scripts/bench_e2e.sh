@@ -191,9 +191,9 @@ round() {
 # machine spreads over all of them.
 for ((REP = 1; REP <= REPEATS; REP++)); do round; done
 
-META=$(printf '%s bf16 parameters (%.1f MiB), %d versions at 1%% density (gen-trace), %d consumers, one %d-core VM, loopback; load average %s at the start, %s at the end.' \
+META=$(printf '%s bf16 parameters (%.1f MiB), %d versions at 1%% density (gen-trace), %d consumers, one %d-core VM, loopback; load average %s at the start, %s at the end.  The whole table and both plots: %s, %d s.' \
 	"$PARAMS" "$(awk -v b="$MODEL_BYTES" 'BEGIN { print b / 1048576 }')" "$NVER" "$NCONS" "$(nproc)" "$LOAD0" \
-	"$(cut -d' ' -f1-3 /proc/loadavg)")
+	"$(cut -d' ' -f1-3 /proc/loadavg)" "$(row_cmd "$ALL_ROWS" | sed 's/ BENCH_ROWS=[^ `]*//')" "$SECONDS")
 if [ "$DOC" = 0 ]; then
 	"$PY" "$REPORT" table "$ROOT/rows.jsonl" "$META"
 else

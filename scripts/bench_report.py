@@ -99,7 +99,7 @@ def mib(n):
 
 
 def ratio(x, base):
-    return "%.2f" % (x / base) if base else "-"
+    return "%.3g" % (x / base) if base else "-"
 
 
 def table(rows, meta):

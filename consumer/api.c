@@ -15,7 +15,8 @@ int dcast_consumer_bind(dcast_consumer *c, const char *name, void *ptr, dcast_me
 	if (!(t = cs_tensor_find(c, name)))
 		return dcast_fail(DCAST_ENOTFOUND, "bind: no tensor \"%s\" in the manifest of %s", name, c->model);
 	if (mem == DCAST_MEM_CUDA && !dcast_cuda_available())
-		return dcast_fail(DCAST_ENODEVICE, "bind %s: CUDA memory but no CUDA device", name);
+		return dcast_fail(DCAST_ENODEVICE, "bind %s: CUDA memory but no CUDA device (or a build without "
+				  "CUDA); the tensor stays in the consumer's host memory", name);
 	if (mem != DCAST_MEM_HOST && mem != DCAST_MEM_CUDA)
 		return dcast_fail(DCAST_EINVAL, "bind %s: unknown memory kind %d", name, (int)mem);
 	if (bytes != t->bytes)

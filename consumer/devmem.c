@@ -1,8 +1,12 @@
 /* Where live tensors live: host memory (memcpy, the CPU codec) or a CUDA
  * device (cudaMemcpy from the pinned pool, the codec's CUDA twins).  The
- * device paths exist only in CUDA builds and run only with a device; no
- * GPU is on the development machines, so they are exercised where one is
- * lent (see the report of issue 6). */
+ * device paths exist only in CUDA builds (nvcc found) and run only with a
+ * device.  No GPU is on the development machines: there they compile, and
+ * tests/test_consumer_gpu.c checks the fallback (binding CUDA memory fails
+ * with DCAST_ENODEVICE, the consumer keeps its host tensors; the codec says
+ * once "no CUDA device: using CPU codec").  Its device half (bind
+ * cudaMalloc'd tensors, apply, roll back from the checkpoint) has not run
+ * here; it runs where a GPU is lent (`make test-gpu`). */
 #include <inttypes.h>
 #include <string.h>
 #include "consumer_impl.h"

@@ -1,0 +1,153 @@
+/* The consumer with live tensors in CUDA memory (consumer/devmem.c).
+ * Without a CUDA device (the development machines) it checks the fallback:
+ * binding CUDA memory is refused with DCAST_ENODEVICE and a message naming
+ * the tensor, and the consumer goes on with its own host tensors, bit-exact.
+ * With a device (only where one is lent: this path has not run on the
+ * development machines) it binds cudaMalloc'd tensors, applies an anchor
+ * and deltas on the device, forces a digest failure (the previous version
+ * comes back from the local checkpoint, as device tensors keep no old
+ * values in memory) and compares the device bytes with the producer's. */
+#include <stdlib.h>
+#include "check.h"
+#include "consumer_harness.h"
+#include "deltacast/codec_cuda.h"
+#ifdef DCAST_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+#define BUDGET (1u << 20)
+
+static char root[] = "/tmp/dcast-consumer-gpu-XXXXXX";
+
+static const char *dir_for(const char *name)
+{
+	static char path[256];
+	snprintf(path, sizeof(path), "%s/%s", root, name);
+	return path;
+}
+
+/* Open a consumer of `model` and poll until the manifest is known. */
+static dcast_consumer *open_with_manifest(const h_broker *b, const char *model)
+{
+	dcast_consumer *c = NULL;
+	dcast_event ev;
+
+	if (dcast_consumer_open(b->consumers, model, dir_for(model), BUDGET, NULL, &c))
+		return NULL;
+	for (int i = 0; i < 300 && !dcast_consumer_tensor_count(c); i++)
+		if (dcast_consumer_poll(c, 20, &ev))
+			break;
+	return c;
+}
+
+static void test_no_device(const h_broker *b)
+{
+	h_model m;
+	dcast_producer *p = NULL;
+	dcast_consumer *c;
+	h_seen s = {0};
+
+	h_model_init(&m, 61, 1);
+	REQUIRE(h_producer_open(b, "m_nodev", &m, &p) == 0);
+	REQUIRE(h_publish(p, &m, 1, 100) == 0);
+	c = open_with_manifest(b, "m_nodev");
+	REQUIRE(c && dcast_consumer_tensor_count(c) == H_TENSORS);
+	CHECK_ERR(dcast_consumer_bind(c, m.name[0], m.cur[0], DCAST_MEM_CUDA, m.bytes[0]), DCAST_ENODEVICE);
+	fprintf(stderr, "refused as: %s\n", dcast_last_error());
+	CHECK(strstr(dcast_last_error(), "CUDA") && strstr(dcast_last_error(), m.name[0]));
+	dcast_mem mem = DCAST_MEM_CUDA;
+	CHECK(dcast_consumer_tensor(c, m.name[0], NULL, NULL, &mem) == 0 && mem == DCAST_MEM_HOST);
+	CHECK(h_drive(c, &m, 1, &s) == 0 && h_equal(c, &m, 1));
+	REQUIRE(h_publish(p, &m, 2, 100) == 0);
+	CHECK(h_drive(c, &m, 2, &s) == 0 && h_equal(c, &m, 2));
+	dcast_consumer_close(&c);
+	dcast_producer_close(&p);
+	h_model_free(&m);
+}
+
+#ifdef DCAST_HAVE_CUDA
+static int device_equal(void *const dev[H_TENSORS], const h_model *m, uint64_t v)
+{
+	int same = 1;
+
+	for (int t = 0; t < H_TENSORS && same; t++) {
+		unsigned char *host = malloc(m->bytes[t]);
+		same = host && cudaMemcpy(host, dev[t], m->bytes[t], cudaMemcpyDeviceToHost) == cudaSuccess &&
+		       !memcmp(host, m->snap[v][t], m->bytes[t]);
+		free(host);
+	}
+	return same;
+}
+
+/* Poll and apply one version at a time until `target` (bounded). */
+static int drive_device(dcast_consumer *c, uint64_t target, int *failures)
+{
+	dcast_event ev;
+
+	for (int i = 0; i < 400; i++) {
+		uint64_t have = dcast_consumer_version(c);
+		if (have != DCAST_VERSION_NONE && have >= target)
+			return 0;
+		if (dcast_consumer_poll(c, 100, &ev))
+			return -1;
+		if (ev.type == DCAST_EV_VERSION_READY && dcast_consumer_ready_version(c) != DCAST_VERSION_NONE &&
+		    dcast_consumer_apply(c, dcast_consumer_ready_version(c)))
+			(*failures)++;
+	}
+	return -1;
+}
+
+static void test_device(const h_broker *b)
+{
+	h_model m;
+	dcast_producer *p = NULL;
+	dcast_consumer *c;
+	void *dev[H_TENSORS] = {0};
+	int failures = 0;
+
+	h_model_init(&m, 67, 1);
+	REQUIRE(h_producer_open(b, "m_dev", &m, &p) == 0);
+	REQUIRE(h_publish(p, &m, 1, 100) == 0);
+	setenv("DELTACAST_CONSUMER_FAULT", "digest:3", 1);
+	c = open_with_manifest(b, "m_dev");
+	unsetenv("DELTACAST_CONSUMER_FAULT");
+	REQUIRE(c);
+	for (int t = 0; t < H_TENSORS; t++) {
+		REQUIRE(cudaMalloc(&dev[t], m.bytes[t]) == cudaSuccess);
+		CHECK(dcast_consumer_bind(c, m.name[t], dev[t], DCAST_MEM_CUDA, m.bytes[t]) == 0);
+	}
+	CHECK(drive_device(c, 1, &failures) == 0 && device_equal(dev, &m, 1));
+	for (uint64_t v = 2; v <= 4; v++) {
+		REQUIRE(h_publish(p, &m, v, 100) == 0);
+		CHECK(drive_device(c, v, &failures) == 0);
+		CHECK(device_equal(dev, &m, v));
+	}
+	CHECK(failures >= 1); /* version 3's digest, undone from the checkpoint and sent again */
+	dcast_consumer_close(&c);
+	for (int t = 0; t < H_TENSORS; t++)
+		cudaFree(dev[t]);
+	dcast_producer_close(&p);
+	h_model_free(&m);
+}
+#endif
+
+int main(void)
+{
+	h_broker b;
+
+	REQUIRE(mkdtemp(root));
+	REQUIRE(h_broker_start(&b) == 0);
+	if (!dcast_cuda_available()) {
+		test_no_device(&b);
+	} else {
+#ifdef DCAST_HAVE_CUDA
+		test_device(&b);
+#endif
+	}
+	h_broker_stop(&b);
+	char cmd[300];
+	snprintf(cmd, sizeof(cmd), "rm -rf %s", root);
+	if (!check_failures && system(cmd) != 0)
+		fprintf(stderr, "could not remove %s\n", root);
+	return check_done("test_consumer_gpu");
+}

@@ -36,6 +36,7 @@ static ALWAYS_INLINE int record_pos(dcast_changes *ch, uint64_t first, uint64_t 
 	unsigned cnt = (unsigned)__builtin_popcountll(bits);
 	ch->n += cnt;
 	for (;;) {
+#pragma GCC unroll 4
 		for (int j = 0; j < 4; j++) {
 			p[j] = (uint32_t)(first + (unsigned)__builtin_ctzll(bits | (1ull << 63)) / es);
 			bits &= bits - 1;

@@ -19,7 +19,7 @@
 #include "deltacast/codec.h"
 #include "rl_workload.h"
 
-#define REPS 5
+#define REPS 9
 
 typedef struct result {
 	double density, lr;
@@ -60,14 +60,9 @@ static double bound_bits(const workload *w, uint64_t chunk)
 
 static double time_memcpy(const workload *w, uint8_t *dst)
 {
-	double best = 1e30;
-	for (int r = 0; r < REPS; r++) {
-		double t = now_s();
-		memcpy(dst, w->cur, w->n * 2);
-		t = now_s() - t;
-		best = t < best ? t : best;
-	}
-	return best;
+	double t = now_s();
+	memcpy(dst, w->cur, w->n * 2);
+	return now_s() - t;
 }
 
 typedef struct chunks {
@@ -79,21 +74,16 @@ typedef struct chunks {
 
 static double time_encode(const workload *w, chunks *c)
 {
-	double best = 1e30;
-	for (int r = 0; r < REPS; r++) {
-		double t = now_s();
-		for (uint64_t k = 0; k < c->nchunks; k++) {
-			uint64_t off = k * c->chunk, n = w->n - off < c->chunk ? w->n - off : c->chunk;
-			if (dcast_codec_encode(w->cur + off, w->base + off, n, 2, -1, 0,
-					       c->payloads + k * c->slot, c->slot, &c->info[k])) {
-				fprintf(stderr, "bench_codec: encode: %s\n", dcast_last_error());
-				exit(1);
-			}
+	double t = now_s();
+	for (uint64_t k = 0; k < c->nchunks; k++) {
+		uint64_t off = k * c->chunk, n = w->n - off < c->chunk ? w->n - off : c->chunk;
+		if (dcast_codec_encode(w->cur + off, w->base + off, n, 2, -1, 0, c->payloads + k * c->slot,
+				       c->slot, &c->info[k])) {
+			fprintf(stderr, "bench_codec: encode: %s\n", dcast_last_error());
+			exit(1);
 		}
-		t = now_s() - t;
-		best = t < best ? t : best;
 	}
-	return best;
+	return now_s() - t;
 }
 
 /* Chunk-parallel encode: thread t takes chunks t, t + T, ... (how a
@@ -120,19 +110,14 @@ static double time_encode_mt(const workload *w, chunks *c, unsigned nthreads)
 {
 	pthread_t th[16];
 	mt_job jobs[16];
-	double best = 1e30;
-	for (int r = 0; r < REPS; r++) {
-		double t = now_s();
-		for (unsigned i = 0; i < nthreads; i++) {
-			jobs[i] = (mt_job){ w, c, i, nthreads };
-			pthread_create(&th[i], NULL, encode_some, &jobs[i]);
-		}
-		for (unsigned i = 0; i < nthreads; i++)
-			pthread_join(th[i], NULL);
-		t = now_s() - t;
-		best = t < best ? t : best;
+	double t = now_s();
+	for (unsigned i = 0; i < nthreads; i++) {
+		jobs[i] = (mt_job){ w, c, i, nthreads };
+		pthread_create(&th[i], NULL, encode_some, &jobs[i]);
 	}
-	return best;
+	for (unsigned i = 0; i < nthreads; i++)
+		pthread_join(th[i], NULL);
+	return now_s() - t;
 }
 
 static unsigned bench_threads(void)
@@ -143,20 +128,21 @@ static unsigned bench_threads(void)
 
 static double time_apply(const workload *w, const chunks *c, uint16_t *dst, int *exact)
 {
-	double best = 1e30;
-	for (int r = 0; r < REPS; r++) {
-		memcpy(dst, w->base, w->n * 2);
-		double t = now_s();
-		for (uint64_t k = 0; k < c->nchunks; k++)
-			if (dcast_codec_apply(&c->info[k], c->payloads + k * c->slot, dst + k * c->chunk, NULL)) {
-				fprintf(stderr, "bench_codec: apply: %s\n", dcast_last_error());
-				exit(1);
-			}
-		t = now_s() - t;
-		best = t < best ? t : best;
-	}
+	memcpy(dst, w->base, w->n * 2);
+	double t = now_s();
+	for (uint64_t k = 0; k < c->nchunks; k++)
+		if (dcast_codec_apply(&c->info[k], c->payloads + k * c->slot, dst + k * c->chunk, NULL)) {
+			fprintf(stderr, "bench_codec: apply: %s\n", dcast_last_error());
+			exit(1);
+		}
+	t = now_s() - t;
 	*exact = memcmp(dst, w->cur, w->n * 2) == 0;
-	return best;
+	return t;
+}
+
+static void keep_min(double *best, double t)
+{
+	*best = t < *best ? t : *best;
 }
 
 static void sizes_of(const workload *w, const chunks *c, result *res)
@@ -179,10 +165,16 @@ static void run_density(workload *w, chunks *c, double density, uint16_t *scratc
 	res->density = density;
 	res->lr = find_lr(w, density);
 	workload_step(w, res->lr, w->n);
-	double tm = time_memcpy(w, (uint8_t *)scratch);
-	double te = time_encode(w, c);
-	double tmt = time_encode_mt(w, c, bench_threads());
-	double ta = time_apply(w, c, scratch, &res->exact);
+	double tm = 1e30, te = 1e30, tmt = 1e30, ta = 1e30;
+	res->exact = 1;
+	for (int r = 0; r < REPS; r++) { /* interleaved: each sees the same machine load */
+		int exact;
+		keep_min(&tm, time_memcpy(w, (uint8_t *)scratch));
+		keep_min(&te, time_encode(w, c));
+		keep_min(&tmt, time_encode_mt(w, c, bench_threads()));
+		keep_min(&ta, time_apply(w, c, scratch, &exact));
+		res->exact &= exact;
+	}
 	sizes_of(w, c, res);
 	res->bound_bits = bound_bits(w, c->chunk);
 	res->memcpy_gbps = bytes / tm / 1e9;
@@ -283,7 +275,7 @@ int main(int argc, char **argv)
 	double load[1] = { 0 };
 	getloadavg(load, 1);
 	fprintf(mem, "Command: `make bench-codec` (build/tools/bench_codec --elems %" PRIu64 " --chunk %" PRIu64
-		     "); %ld CPUs, load average %.1f at the end (a shared machine: timings are noisy), best of %d.\n\n"
+		     "); %ld CPUs, load average %.1f at the end (a shared machine: timings are noisy), best of %d runs of each, interleaved.\n\n"
 		     "Sizes are bits per changed element. *bound*: per chunk n*H(p) for the positions plus, over all "
 		     "changed elements, the empirical entropy of the sortable-integer differences (issue 3). "
 		     "Throughputs are GB/s of the NEW bytes; memcpy is one thread copying the same bytes in the same "

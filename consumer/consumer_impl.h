@@ -95,6 +95,7 @@ typedef struct cs_version {
 	uint64_t ahead_base;   /* the applied version it was checked against */
 	uint64_t ahead_bytes;  /* undo region bytes holding its chunks' idx32 forms */
 	uint64_t ahead_hashed; /* bytes hashed to check it */
+	int ahead_tried;       /* cs_verify_ahead ran (once per version) */
 } cs_version;
 
 /* ---- the live tensors ---- */

@@ -251,7 +251,7 @@ static int ahead_possible(const dcast_consumer *c, const cs_version *v)
 	if (c->fault_kind == CS_FAULT_DIGEST && c->fault_version == v->version)
 		return 0; /* the test hook exercises the check at apply and its rollback */
 	return c->opts.verify_digests == 1 && !v->anchor && !c->device_tensors && v->state == CS_V_READY &&
-	       !v->ahead.e && v->base_version == dcast_consumer_version(c) && v->commit.n_digests;
+	       !v->ahead_tried && v->base_version == dcast_consumer_version(c) && v->commit.n_digests;
 }
 
 /* Append k's idx32 record (docs/protocol.md, "1: idx32") for element i. */
@@ -388,6 +388,7 @@ int cs_verify_ahead(dcast_consumer *c, cs_version *v)
 
 	if (!ahead_possible(c, v))
 		return 0;
+	v->ahead_tried = 1;
 	if (c->fault_kind == CS_FAULT_PREDIGEST && c->fault_version == v->version) {
 		c->fault_kind = CS_FAULT_NONE; /* test hook: the check ahead must refuse v */
 		v->commit.digests[0].digest ^= 1;

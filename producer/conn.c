@@ -146,10 +146,14 @@ static void drain_monitor(dcast_producer *p)
 		zmq_msg_init(&addr);
 		zmq_msg_recv(&addr, p->conn.mon, 0);
 		zmq_msg_close(&addr);
+		if (id == ZMQ_EVENT_DISCONNECTED && !p->conn.handshaken && p->curve_server[0])
+			p->conn.dropped_in_handshake = 1;
 		if (id == ZMQ_EVENT_DISCONNECTED)
 			p->conn.up = 0;
+		if (id == ZMQ_EVENT_HANDSHAKE_SUCCEEDED)
+			p->conn.handshaken = 1;
 		if (id == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH || id == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL)
-			p->conn.auth_failed = 1;
+			p->conn.auth_failed = id;
 	}
 }
 
@@ -175,7 +179,15 @@ static void drain_socket(dcast_producer *p)
 static int lost(dcast_producer *p)
 {
 	if (p->conn.auth_failed)
-		return dcast_fail(DCAST_EAUTH, "producer: broker at %s refused the CURVE handshake",
+		return dcast_fail(DCAST_EAUTH, "producer: broker at %s: the CURVE handshake failed "
+				  "(%s)", p->endpoint, !p->curve_server[0]
+				  ? "it wants CURVE: set curve_server_key and the producer's keys"
+				  : p->conn.auth_failed == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH
+				  ? "it refused our key: is curve_public_key in its --producer-keys?"
+				  : "does the broker use CURVE (--curve-secret)?");
+	if (p->conn.dropped_in_handshake)
+		return dcast_fail(DCAST_EAUTH, "producer: broker at %s closed the connection during "
+				  "the CURVE handshake (is curve_server_key its public key?)",
 				  p->endpoint);
 	return dcast_fail(DCAST_ECLOSED, "producer: connection to the broker at %s lost",
 			  p->endpoint);
@@ -254,8 +266,9 @@ int prod_conn_send(dcast_producer *p, const dcast_msg *m, zmq_msg_t *payload,
 			return rc;
 		if ((rc = wait_out(p, deadline_ms)))
 			return rc;
-		if (!p->conn.up && m->type != DCAST_MSG_HELLO)
-			return lost(p);
+		if (p->conn.auth_failed || p->conn.dropped_in_handshake ||
+		    (!p->conn.up && m->type != DCAST_MSG_HELLO))
+			return lost(p); /* a refused handshake never lets the HELLO out */
 	}
 }
 
@@ -313,7 +326,7 @@ static int await_welcome(dcast_producer *p, uint64_t deadline_ms)
 			return zfail("zmq_poll");
 		drain_socket(p);
 		drain_monitor(p);
-		if (p->conn.auth_failed)
+		if (p->conn.auth_failed || p->conn.dropped_in_handshake)
 			return lost(p);
 		if ((rc = prod_conn_take_error(p, DCAST_VERSION_NONE)))
 			return rc;
@@ -329,6 +342,7 @@ int prod_conn_join(dcast_producer *p)
 	prod_conn_close(p, 0);
 	p->conn.generation++;
 	p->conn.auth_failed = p->conn.peer_err = 0;
+	p->conn.handshaken = p->conn.dropped_in_handshake = 0;
 	if ((rc = open_socket(p)) || (rc = send_hello(p, deadline)) ||
 	    (rc = await_welcome(p, deadline))) {
 		if (rc == DCAST_ETIMEDOUT)

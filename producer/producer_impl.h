@@ -112,7 +112,10 @@ typedef struct prod_conn {
 	void *sock, *mon;       /* DEALER to the broker, PAIR of its monitor */
 	int up;                 /* HELLO answered and not disconnected since */
 	int manifest_sent;      /* on this connection */
-	int auth_failed;        /* the monitor saw a CURVE handshake refused */
+	int auth_failed;        /* the monitor saw a handshake fail: the event */
+	int handshaken;         /* ... or one succeed on this socket */
+	int dropped_in_handshake; /* a CURVE connection closed before its handshake
+				     ended: most likely the wrong server key */
 	uint32_t generation;    /* bumped on every (re-)join */
 	uint64_t credit_granted, credit_used;
 	uint64_t broker_version; /* newest committed, from WELCOME / ACK */

@@ -312,9 +312,29 @@ static inline __attribute__((always_inline)) void cpt_write_es(const dcast_chunk
 	}
 }
 
+/* The common apply (coded differences, nothing saved) without the
+ * per-element choices of cpt_write_es. */
+static inline __attribute__((always_inline)) void cpt_add_es(uint64_t changed, const cpt_decoded *dec,
+							      uint8_t *dst, unsigned es)
+{
+	const uint32_t *pos = dec->pos, *val = dec->val;
+	for (uint64_t i = 0; i < changed; i++) {
+		uint8_t *d = dst + (uint64_t)pos[i] * es;
+		__builtin_prefetch(dst + (uint64_t)pos[i + APPLY_PREFETCH] * es, 1);
+		dcast_store_elem(d, es, dcast_ulp_apply(dcast_load_elem(d, es), val[i], 8 * es));
+	}
+}
+
 static void cpt_write(const dcast_chunk_info *info, const cpt_decoded *dec, uint8_t *dst,
 		      uint8_t *old_out, const uint8_t *old)
 {
+	if (!old && !old_out && dec->mode == DCAST_CPT_CODED) {
+		switch (info->elem_size) {
+		case 1: cpt_add_es(info->changed, dec, dst, 1); return;
+		case 2: cpt_add_es(info->changed, dec, dst, 2); return;
+		default: cpt_add_es(info->changed, dec, dst, 4); return;
+		}
+	}
 	switch (info->elem_size) {
 	case 1: cpt_write_es(info, dec, dst, old_out, old, 1); break;
 	case 2: cpt_write_es(info, dec, dst, old_out, old, 2); break;

@@ -240,12 +240,29 @@ static int h_publish(dcast_producer *p, h_model *m, uint64_t v, unsigned density
 	return dcast_producer_wait(p, v, 20000);
 }
 
-/* Do the consumer's tensors equal the snapshot of version v? */
+/* A model (seed), its producer on `name`, and versions 1..versions
+ * published at 1/density_inv density.  0 or the first error. */
+static int h_model_start(const h_broker *b, const char *name, uint64_t seed, uint64_t versions,
+			 unsigned density_inv, h_model *m, dcast_producer **p)
+{
+	int err;
+
+	h_model_init(m, seed, 1);
+	if ((err = h_producer_open(b, name, m, p)))
+		return err;
+	for (uint64_t v = 1; v <= versions && !err; v++)
+		err = h_publish(*p, m, v, density_inv);
+	return err;
+}
+
+/* Do the consumer's tensors equal the snapshot of version v?  (0 for
+ * tensors in CUDA memory: not comparable here.) */
 static int h_equal(dcast_consumer *c, const h_model *m, uint64_t v)
 {
 	for (int t = 0; t < H_TENSORS; t++) {
 		void *ptr;
-		if (!m->snap[v][t] || dcast_consumer_tensor(c, m->name[t], &ptr, NULL, NULL) ||
+		dcast_mem mem = DCAST_MEM_HOST;
+		if (!m->snap[v][t] || dcast_consumer_tensor(c, m->name[t], &ptr, NULL, &mem) || mem != DCAST_MEM_HOST ||
 		    memcmp(ptr, m->snap[v][t], m->bytes[t]))
 			return 0;
 	}

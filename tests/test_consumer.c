@@ -110,10 +110,7 @@ static void run_fault(const h_broker *b, const char *model, const char *fault, u
 	dcast_producer *p = NULL;
 	dcast_consumer *c;
 
-	h_model_init(&m, 29, 1);
-	REQUIRE(h_producer_open(b, model, &m, &p) == 0);
-	for (uint64_t v = 1; v <= versions; v++)
-		REQUIRE(h_publish(p, &m, v, density_inv) == 0);
+	REQUIRE(h_model_start(b, model, 29, versions, density_inv, &m, &p) == 0);
 	setenv("DELTACAST_CONSUMER_FAULT", fault, 1);
 	c = open_consumer(b, model, dir_for(model));
 	unsetenv("DELTACAST_CONSUMER_FAULT");
@@ -146,9 +143,7 @@ static void test_digest_ahead(const h_broker *b)
 	dcast_consumer *c;
 	h_seen s = {0};
 
-	h_model_init(&m, 31, 1);
-	REQUIRE(h_producer_open(b, "m_ahead", &m, &p) == 0);
-	REQUIRE(h_publish(p, &m, 1, 100) == 0 && h_publish(p, &m, 2, 100) == 0);
+	REQUIRE(h_model_start(b, "m_ahead", 31, 2, 100, &m, &p) == 0);
 	setenv("DELTACAST_CONSUMER_FAULT", "predigest:3", 1);
 	c = open_consumer(b, "m_ahead", dir_for("ahead"));
 	unsetenv("DELTACAST_CONSUMER_FAULT");
@@ -222,10 +217,7 @@ static void test_corrupt_log(const h_broker *b)
 	h_seen s = {0};
 	char path[512];
 
-	h_model_init(&m, 41, 1);
-	REQUIRE(h_producer_open(b, "m_log", &m, &p) == 0);
-	for (uint64_t v = 1; v <= 3; v++)
-		REQUIRE(h_publish(p, &m, v, 100) == 0);
+	REQUIRE(h_model_start(b, "m_log", 41, 3, 100, &m, &p) == 0);
 	c = open_consumer(b, "m_log", dir_for("log"));
 	REQUIRE(c);
 	CHECK(h_drive(c, &m, 3, &s) == 0);
@@ -266,10 +258,7 @@ static void test_corrupt_anchor_file(const h_broker *b)
 
 	dcast_consumer_opts_init(&o);
 	o.fold_every = 1; /* every applied version folds into model.safetensors */
-	h_model_init(&m, 43, 1);
-	REQUIRE(h_producer_open(b, "m_anchor", &m, &p) == 0);
-	for (uint64_t v = 1; v <= 2; v++)
-		REQUIRE(h_publish(p, &m, v, 100) == 0);
+	REQUIRE(h_model_start(b, "m_anchor", 43, 2, 100, &m, &p) == 0);
 	c = NULL;
 	REQUIRE(dcast_consumer_open(b->consumers, "m_anchor", dir_for("anchor"), BUDGET, &o, &c) == 0);
 	CHECK(h_drive(c, &m, 2, &s) == 0);
@@ -330,9 +319,7 @@ static void test_verify_incremental(const h_broker *b)
 	h_seen s = {0};
 	int exact = 0;
 
-	h_model_init(&m, 47, 1);
-	REQUIRE(h_producer_open(b, "m_verify", &m, &p) == 0);
-	REQUIRE(h_publish(p, &m, 1, 100) == 0);
+	REQUIRE(h_model_start(b, "m_verify", 47, 1, 100, &m, &p) == 0);
 	inc = open_verify(b, dir_for("verify_inc"), 1);
 	full = open_verify(b, dir_for("verify_full"), 2);
 	REQUIRE(inc && full);
@@ -392,9 +379,7 @@ static void test_double_fault(const h_broker *b)
 
 	dcast_consumer_opts_init(&o);
 	o.fold_every = 1;
-	h_model_init(&m, 53, 1);
-	REQUIRE(h_producer_open(b, "m_double", &m, &p) == 0);
-	REQUIRE(h_publish(p, &m, 1, 100) == 0 && h_publish(p, &m, 2, 100) == 0);
+	REQUIRE(h_model_start(b, "m_double", 53, 2, 100, &m, &p) == 0);
 	setenv("DELTACAST_CONSUMER_FAULT", "digest:3", 1);
 	REQUIRE(dcast_consumer_open(b->consumers, "m_double", dir_for("double"), BUDGET, &o, &c) == 0);
 	unsetenv("DELTACAST_CONSUMER_FAULT");

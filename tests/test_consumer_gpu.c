@@ -47,9 +47,7 @@ static void test_no_device(const h_broker *b)
 	dcast_consumer *c;
 	h_seen s = {0};
 
-	h_model_init(&m, 61, 1);
-	REQUIRE(h_producer_open(b, "m_nodev", &m, &p) == 0);
-	REQUIRE(h_publish(p, &m, 1, 100) == 0);
+	REQUIRE(h_model_start(b, "m_nodev", 61, 1, 100, &m, &p) == 0);
 	c = open_with_manifest(b, "m_nodev");
 	REQUIRE(c && dcast_consumer_tensor_count(c) == H_TENSORS);
 	CHECK_ERR(dcast_consumer_bind(c, m.name[0], m.cur[0], DCAST_MEM_CUDA, m.bytes[0]), DCAST_ENODEVICE);
@@ -79,35 +77,15 @@ static int device_equal(void *const dev[H_TENSORS], const h_model *m, uint64_t v
 	return same;
 }
 
-/* Poll and apply one version at a time until `target` (bounded). */
-static int drive_device(dcast_consumer *c, uint64_t target, int *failures)
-{
-	dcast_event ev;
-
-	for (int i = 0; i < 400; i++) {
-		uint64_t have = dcast_consumer_version(c);
-		if (have != DCAST_VERSION_NONE && have >= target)
-			return 0;
-		if (dcast_consumer_poll(c, 100, &ev))
-			return -1;
-		if (ev.type == DCAST_EV_VERSION_READY && dcast_consumer_ready_version(c) != DCAST_VERSION_NONE &&
-		    dcast_consumer_apply(c, dcast_consumer_ready_version(c)))
-			(*failures)++;
-	}
-	return -1;
-}
-
 static void test_device(const h_broker *b)
 {
 	h_model m;
 	dcast_producer *p = NULL;
 	dcast_consumer *c;
 	void *dev[H_TENSORS] = {0};
-	int failures = 0;
+	h_seen s = {0};
 
-	h_model_init(&m, 67, 1);
-	REQUIRE(h_producer_open(b, "m_dev", &m, &p) == 0);
-	REQUIRE(h_publish(p, &m, 1, 100) == 0);
+	REQUIRE(h_model_start(b, "m_dev", 67, 1, 100, &m, &p) == 0);
 	setenv("DELTACAST_CONSUMER_FAULT", "digest:3", 1);
 	c = open_with_manifest(b, "m_dev");
 	unsetenv("DELTACAST_CONSUMER_FAULT");
@@ -116,13 +94,13 @@ static void test_device(const h_broker *b)
 		REQUIRE(cudaMalloc(&dev[t], m.bytes[t]) == cudaSuccess);
 		CHECK(dcast_consumer_bind(c, m.name[t], dev[t], DCAST_MEM_CUDA, m.bytes[t]) == 0);
 	}
-	CHECK(drive_device(c, 1, &failures) == 0 && device_equal(dev, &m, 1));
+	CHECK(h_drive(c, &m, 1, &s) == 0 && device_equal(dev, &m, 1)); /* h_equal: 0 on the device */
 	for (uint64_t v = 2; v <= 4; v++) {
 		REQUIRE(h_publish(p, &m, v, 100) == 0);
-		CHECK(drive_device(c, v, &failures) == 0);
+		CHECK(h_drive(c, &m, v, &s) == 0);
 		CHECK(device_equal(dev, &m, v));
 	}
-	CHECK(failures >= 1); /* version 3's digest, undone from the checkpoint and sent again */
+	CHECK(s.apply_failures >= 1); /* version 3's digest, undone from the checkpoint and sent again */
 	dcast_consumer_close(&c);
 	for (int t = 0; t < H_TENSORS; t++)
 		cudaFree(dev[t]);

@@ -52,6 +52,7 @@ typedef struct emitter {
 	const dcast_cpt_plan *p;
 	const uint8_t *cur;
 	unsigned es;
+	int bmi2;
 	uint32_t vt[VT];
 } emitter;
 
@@ -137,12 +138,26 @@ static void emit_general(const emitter *em, uint64_t first, uint64_t end, bitwri
 	}
 }
 
+/* emit_coded built twice: for BMI2 and for any x86-64. */
+DCAST_TARGET_BMI2 static void emit_coded_bmi2(const emitter *em, uint64_t first, uint64_t end,
+					      bitwriter *w)
+{
+	emit_coded(em, first, end, w);
+}
+
+static void emit_coded_plain(const emitter *em, uint64_t first, uint64_t end, bitwriter *w)
+{
+	emit_coded(em, first, end, w);
+}
+
 static void emit_run(const emitter *em, uint64_t first, uint64_t end, bitwriter *w)
 {
-	if (em->p->mode == DCAST_CPT_CODED && em->p->k <= FAST_KMAX)
-		emit_coded(em, first, end, w);
-	else
+	if (em->p->mode != DCAST_CPT_CODED || em->p->k > FAST_KMAX)
 		emit_general(em, first, end, w);
+	else if (em->bmi2)
+		emit_coded_bmi2(em, first, end, w);
+	else
+		emit_coded_plain(em, first, end, w);
 }
 
 uint64_t dcast_cpt_emit(const dcast_changes *ch, const dcast_cpt_plan *p, const void *cur,
@@ -150,7 +165,7 @@ uint64_t dcast_cpt_emit(const dcast_changes *ch, const dcast_cpt_plan *p, const 
 {
 	uint8_t *idx = out + dcast_cpt_hdr_bytes(p->mode, p->w);
 	bitwriter w = { out + dcast_cpt_stream_off(p), out + dcast_cpt_stream_off(p), 0, 0 };
-	emitter em = { ch, p, cur, es, { 0 } };
+	emitter em = { ch, p, cur, es, dcast_simd_bmi2(), { 0 } };
 	dcast_cpt_hdr_write(p, out);
 	for (uint32_t z = 1; p->mode == DCAST_CPT_CODED && z < VT; z++) {
 		unsigned len;

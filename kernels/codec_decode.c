@@ -208,7 +208,8 @@ static ALWAYS_INLINE int lanes_run(const fastdec *f, lane *ln, unsigned n, uint3
 
 /* One variant per value mode, and for Rice codes that may leave too few
  * bits in the window for the value (a large k). */
-static int lanes_run_mode(const fastdec *f, lane *ln, unsigned n, uint32_t *pos, uint32_t *val)
+static ALWAYS_INLINE int lanes_run_mode(const fastdec *f, lane *ln, unsigned n, uint32_t *pos,
+					 uint32_t *val)
 {
 	int raw = f->d->mode == DCAST_CPT_RAW, longk = f->k + DCAST_CPT_QESC > f->reload_at;
 	if (raw)
@@ -261,21 +262,43 @@ static int lanes_check(const fastdec *f, const uint8_t *idx, uint64_t nblocks, u
 	return 0;
 }
 
+/* Every block, four at a time. */
+static ALWAYS_INLINE int blocks_run(const fastdec *f, const uint8_t *idx, uint64_t changed,
+				    uint32_t *pos, uint32_t *val)
+{
+	uint64_t nblocks = dcast_cpt_nblocks(changed);
+	lane ln[4];
+	for (uint64_t first = 0; first < nblocks; first += 4) {
+		unsigned n = nblocks - first < 4 ? (unsigned)(nblocks - first) : 4;
+		if (lanes_init(f, idx, changed, first, n, ln) || lanes_run_mode(f, ln, n, pos, val) ||
+		    lanes_check(f, idx, nblocks, first, n, ln))
+			return -1;
+	}
+	return 0;
+}
+
+/* blocks_run built twice: for BMI2 and for any x86-64. */
+DCAST_TARGET_BMI2 static int blocks_run_bmi2(const fastdec *f, const uint8_t *idx, uint64_t changed,
+					     uint32_t *pos, uint32_t *val)
+{
+	return blocks_run(f, idx, changed, pos, val);
+}
+
+static int blocks_run_plain(const fastdec *f, const uint8_t *idx, uint64_t changed, uint32_t *pos,
+			    uint32_t *val)
+{
+	return blocks_run(f, idx, changed, pos, val);
+}
+
 int dcast_cpt_decode_fast(const dcast_cpt_dec *d, const dcast_cpt_table *t, const uint8_t *idx,
 			  uint64_t changed, uint32_t *pos, uint32_t *val)
 {
 	fastdec f;
-	uint64_t nblocks = dcast_cpt_nblocks(changed);
-	lane ln[4];
-	if (!nblocks)
+	if (!changed)
 		return dcast_cpt_check_trail(d, 0) ? -1 : 0;
 	if (fastdec_init(&f, d, t))
 		return -1;
-	for (uint64_t first = 0; first < nblocks; first += 4) {
-		unsigned n = nblocks - first < 4 ? (unsigned)(nblocks - first) : 4;
-		if (lanes_init(&f, idx, changed, first, n, ln) || lanes_run_mode(&f, ln, n, pos, val) ||
-		    lanes_check(&f, idx, nblocks, first, n, ln))
-			return -1;
-	}
-	return 0;
+	if (dcast_simd_bmi2())
+		return blocks_run_bmi2(&f, idx, changed, pos, val);
+	return blocks_run_plain(&f, idx, changed, pos, val);
 }

@@ -588,6 +588,16 @@ enum dcast_simd { DCAST_SIMD_AUTO = 0, DCAST_SIMD_PORTABLE, DCAST_SIMD_AVX2, DCA
  * which is PORTABLE when the CPU lacks the one asked for. */
 int dcast_simd_force(int simd);
 
+/* 1 when the variant in use has BMI2 (AVX2 and AVX-512 imply it here): the
+ * bit coders then run their BMI2 builds, which shift by a register. */
+int dcast_simd_bmi2(void);
+
+#if defined(__x86_64__)
+#define DCAST_TARGET_BMI2 __attribute__((target("bmi,bmi2")))
+#else
+#define DCAST_TARGET_BMI2
+#endif
+
 /* Exact bits of the positions under Rice parameter k. */
 uint64_t dcast_cpt_pos_bits(const dcast_changes *ch, unsigned k);
 

@@ -278,6 +278,11 @@ static int simd_pick(void)
 	return simd_supported(DCAST_SIMD_AVX2) ? DCAST_SIMD_AVX2 : DCAST_SIMD_PORTABLE;
 }
 
+int dcast_simd_bmi2(void)
+{
+	return simd_pick() != DCAST_SIMD_PORTABLE;
+}
+
 uint64_t dcast_cpt_pos_bits(const dcast_changes *ch, unsigned k)
 {
 	uint32_t next = 0, *pos = ch->pos;

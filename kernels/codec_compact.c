@@ -85,10 +85,10 @@ static ALWAYS_INLINE void put_any(bitwriter *w, elem_bits e)
  * with k <= FAST_KMAX: one table lookup, at most 56 bits; the Rice code
  * with q ones, a zero and the k low bits is ((low << 1 | 1) << q) - 1.
  * Returns 0 for any other element. */
-static ALWAYS_INLINE int elem_usual(const emitter *em, uint32_t gap, uint32_t zz, uint64_t *bits,
-				    unsigned *len)
+static ALWAYS_INLINE int elem_usual(const emitter *em, unsigned k, uint32_t gap, uint32_t zz,
+				    uint64_t *bits, unsigned *len)
 {
-	unsigned k = em->p->k, q = gap >> k, rl = q + 1 + k;
+	unsigned q = gap >> k, rl = q + 1 + k;
 	if (!LIKELY(q < DCAST_CPT_QESC && zz < VT))
 		return 0;
 	uint32_t e = em->vt[zz];
@@ -104,6 +104,7 @@ static ALWAYS_INLINE void emit_coded(const emitter *em, uint64_t first, uint64_t
 {
 	const uint32_t *pos = em->ch->pos, *zzv = em->ch->zz;
 	uint32_t next = first ? pos[first - 1] + 1 : 0;
+	const unsigned k = em->p->k; /* a local: the writer's byte stores alias everything */
 	bitwriter w = *wp;
 	uint64_t i = first;
 	for (; i + 2 <= end; i += 2) {
@@ -111,7 +112,8 @@ static ALWAYS_INLINE void emit_coded(const emitter *em, uint64_t first, uint64_t
 		uint64_t b0, b1;
 		unsigned l0, l1;
 		next = pos[i + 1] + 1;
-		if (LIKELY(elem_usual(em, g0, zzv[i], &b0, &l0) && elem_usual(em, g1, zzv[i + 1], &b1, &l1))) {
+		if (LIKELY(elem_usual(em, k, g0, zzv[i], &b0, &l0) &&
+			   elem_usual(em, k, g1, zzv[i + 1], &b1, &l1))) {
 			if (LIKELY(l0 + l1 <= 56)) {
 				bw_put(&w, b0 | b1 << l0, l0 + l1);
 			} else {

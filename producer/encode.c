@@ -33,9 +33,12 @@ static int encode_job(dcast_producer *p, int anchor, uint32_t j, prod_job *job)
 	const unsigned char *cur = t->ptr + off * t->elem_size;
 	unsigned char *base = t->base + off * t->elem_size;
 	unsigned flags = DCAST_ENCODE_UPDATE_BASE | DCAST_ENCODE_SAVE_OLD;
-	int rc = dcast_codec_encode(cur, anchor ? NULL : base, count, t->elem_size, -1, flags,
-				    job->slot->buf, p->pool.slot_bytes, &job->info);
+	int rc;
 
+	if (t->mem == DCAST_MEM_CUDA)
+		return prod_dev_encode(p, t, anchor, off, count, job);
+	rc = dcast_codec_encode(cur, anchor ? NULL : base, count, t->elem_size, -1, flags,
+				job->slot->buf, p->pool.slot_bytes, &job->info);
 	if (rc)
 		return rc;
 	if (anchor)
@@ -187,7 +190,7 @@ void prod_enc_start(dcast_producer *p, int anchor, uint32_t from)
 
 	pthread_mutex_lock(&e->lock);
 	for (uint32_t j = from; j < p->n_chunks; j++) {
-		e->jobs[j].done = e->jobs[j].rc = 0;
+		e->jobs[j].done = e->jobs[j].rc = e->jobs[j].no_old = 0;
 		e->jobs[j].slot = NULL;
 	}
 	e->anchor = anchor;

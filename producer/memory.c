@@ -35,10 +35,11 @@ static void *map_region(size_t bytes, const char *what)
 	return m;
 }
 
-/* Chunk ranges per tensor, baseline offsets; returns the baseline bytes. */
+/* Chunk ranges per tensor, offsets of the baselines kept in host memory;
+ * returns the bytes of those. */
 static int layout(dcast_producer *p, size_t *base_bytes, size_t *max_chunk_bytes)
 {
-	uint64_t r = p->opts.range_elems, chunks = 0, bytes = 0;
+	uint64_t r = p->opts.range_elems, chunks = 0, bytes = 0, model = 0;
 
 	*max_chunk_bytes = 0;
 	for (uint32_t i = 0; i < p->n_tensors; i++) {
@@ -52,14 +53,17 @@ static int layout(dcast_producer *p, size_t *base_bytes, size_t *max_chunk_bytes
 		if (chunks > DCAST_MAX_DIGESTS)
 			return dcast_fail(DCAST_ETOO_LARGE, "producer: more than %d chunk ranges "
 					  "(one digest each): raise range_elems", DCAST_MAX_DIGESTS);
+		model += t->shard_count * t->elem_size;
+		if (n && cb > *max_chunk_bytes)
+			*max_chunk_bytes = cb;
+		if (t->base_on_device)
+			continue;
 		bytes = (bytes + PROD_ALIGN - 1) & ~(uint64_t)(PROD_ALIGN - 1);
 		t->base = (unsigned char *)(uintptr_t)bytes; /* offset until mapped */
 		bytes += t->shard_count * t->elem_size;
-		if (n && cb > *max_chunk_bytes)
-			*max_chunk_bytes = cb;
 	}
 	p->n_chunks = (uint32_t)chunks;
-	p->stats.model_bytes = bytes;
+	p->stats.model_bytes = model;
 	*base_bytes = (size_t)bytes;
 	return 0;
 }
@@ -100,20 +104,24 @@ int prod_mem_setup(dcast_producer *p)
 	size_t bytes = 0, chunk_bytes = 0;
 	int rc;
 
+	prod_dev_alloc(p);
 	if ((rc = layout(p, &bytes, &chunk_bytes)))
 		return rc;
 	if (bytes && !(p->base_region = map_region(bytes, "baseline")))
 		return DCAST_ENOMEM;
 	p->base_region_bytes = bytes;
 	for (uint32_t i = 0; i < p->n_tensors; i++)
-		p->tensors[i].base = p->base_region + (uintptr_t)p->tensors[i].base;
+		if (!p->tensors[i].base_on_device)
+			p->tensors[i].base = p->base_region + (uintptr_t)p->tensors[i].base;
+	if ((rc = prod_dev_map(p)))
+		return rc;
 	p->chunk_digest = calloc(p->n_chunks + 1, sizeof(*p->chunk_digest));
 	p->commit_digests = calloc(p->n_chunks + 1, sizeof(*p->commit_digests));
 	if (!p->chunk_digest || !p->commit_digests)
 		return dcast_fail(DCAST_ENOMEM, "producer: out of memory for %u digests", p->n_chunks);
 	if ((rc = pool_setup(&p->pool, chunk_bytes, p->opts.max_inflight_bytes)))
 		return rc;
-	p->undo.cap = p->opts.undo_bytes ? p->opts.undo_bytes : bytes / 8;
+	p->undo.cap = p->opts.undo_bytes ? p->opts.undo_bytes : p->stats.model_bytes / 8;
 	p->undo.cap = p->undo.cap < PROD_UNDO_MIN ? PROD_UNDO_MIN : p->undo.cap;
 	if (!(p->undo.buf = map_region(p->undo.cap, "undo log")))
 		return DCAST_ENOMEM;
@@ -122,6 +130,7 @@ int prod_mem_setup(dcast_producer *p)
 
 void prod_mem_free(dcast_producer *p)
 {
+	prod_dev_free(p);
 	if (p->base_region)
 		munmap(p->base_region, p->base_region_bytes);
 	if (p->undo.buf)
@@ -185,8 +194,9 @@ void prod_undo_reset(prod_undo *u)
 
 /* Log the change a finished job made to the baseline: its payload (to send
  * it again) and the values it overwrote, which follow the payload in the
- * slot (DCAST_ENCODE_SAVE_OLD).  A log too small is marked lost: that
- * version can be neither rolled back nor re-sent as a delta. */
+ * slot (DCAST_ENCODE_SAVE_OLD).  A log too small, or a change made on a
+ * device (no old values), marks it lost: that version can be neither rolled
+ * back nor re-sent as a delta. */
 void prod_undo_record(dcast_producer *p, uint32_t chunk, const prod_job *job)
 {
 	prod_undo *u = &p->undo;
@@ -197,7 +207,7 @@ void prod_undo_record(dcast_producer *p, uint32_t chunk, const prod_job *job)
 	size_t need = sizeof(prod_undo_rec) + pad8(info->payload_bytes) + pad8(old_len);
 	prod_undo_rec *r = (prod_undo_rec *)(u->buf + u->used);
 
-	if (u->lost || u->cap - u->used < need) {
+	if (u->lost || job->no_old || u->cap - u->used < need) {
 		u->lost = 1;
 		return;
 	}

@@ -183,12 +183,6 @@ static int check_mem(const char *name, const void *ptr, int mem, uint64_t count)
 	if (mem != DCAST_MEM_HOST && mem != DCAST_MEM_CUDA)
 		return dcast_fail(DCAST_EINVAL, "register %s: mem %d is neither HOST nor CUDA",
 				  name, mem);
-	if (mem == DCAST_MEM_CUDA && !dcast_cuda_available())
-		return dcast_fail(DCAST_ENODEVICE, "register %s: tensor is in CUDA memory but no "
-				  "usable CUDA device is present in this build", name);
-	if (mem == DCAST_MEM_CUDA)
-		return dcast_fail(DCAST_ENODEVICE, "register %s: CUDA tensors need the device "
-				  "codec (codec_cuda.h), not in this build yet", name);
 	return 0;
 }
 
@@ -218,7 +212,8 @@ int dcast_producer_register(dcast_producer *p, const char *name, int dtype, uint
 		return dcast_fail(DCAST_EINVAL, "register: NULL producer or name not 1..%d bytes",
 				  DCAST_MAX_NAME);
 	if ((rc = describe(&t, name, dtype, ndim, shape, shard_offset_elems, shard_count_elems)) ||
-	    (rc = check_mem(name, ptr, mem, shard_count_elems)))
+	    (rc = check_mem(name, ptr, mem, shard_count_elems)) ||
+	    (mem == DCAST_MEM_CUDA && (rc = prod_dev_register(&t, ptr))))
 		return rc;
 	t.ptr = ptr;
 	t.mem = mem;
@@ -227,7 +222,11 @@ int dcast_producer_register(dcast_producer *p, const char *name, int dtype, uint
 			return dcast_fail(DCAST_ESHAPE, "register %s: dtype, shape or shard differs "
 					  "from its first registration (%s, %u dims)", name,
 					  dcast_dtype_name(old->desc.dtype), old->desc.ndim);
+		if (old->mem != mem || (old->base_on_device && old->device != t.device))
+			return dcast_fail(DCAST_EINVAL, "register %s: moved between host and device "
+					  "memory, or to another device than its baseline's", name);
 		old->ptr = ptr;
+		old->device = t.device;
 		return 0;
 	}
 	if (p->frozen)

@@ -24,6 +24,8 @@ typedef struct prod_tensor {
 	uint64_t shard_off, shard_count; /* elements of the flat global tensor */
 	const unsigned char *ptr;        /* caller's memory: shard_count elements */
 	int mem;                         /* dcast_mem */
+	int device;                      /* CUDA: the device ptr is on */
+	int base_on_device;              /* CUDA: base is cudaMalloc'd (device.c) */
 	unsigned char *base;             /* baseline of the shard (in the region) */
 	uint32_t first_chunk, n_chunks;  /* chunk ranges of this shard */
 } prod_tensor;
@@ -78,6 +80,7 @@ typedef struct prod_job {
 	dcast_chunk_info info;
 	uint64_t digest;        /* of the range at this version (if it changed) */
 	uint32_t tensor;
+	int no_old;             /* changed on a device: no old values (device.c) */
 	int done, rc;           /* under the encoder's lock */
 } prod_job;
 
@@ -146,6 +149,7 @@ struct dcast_producer {
 	/* Allocated at the first publish. */
 	unsigned char *base_region;
 	size_t base_region_bytes;
+	int base_registered;     /* with CUDA, for device tensors' kernels */
 	uint64_t *chunk_digest;  /* per chunk range: digest of the baseline */
 	dcast_range_digest *commit_digests;
 	uint32_t n_chunks;
@@ -188,6 +192,15 @@ void prod_undo_reset(prod_undo *u);
 void prod_undo_record(dcast_producer *p, uint32_t chunk, const prod_job *job);
 void prod_undo_rollback(dcast_producer *p);
 const prod_undo_rec *prod_undo_next(const prod_undo *u, size_t *at);
+
+/* device.c: CUDA tensors (compiled without CUDA: refused at register) */
+int prod_dev_register(prod_tensor *t, const void *ptr);
+void prod_dev_alloc(dcast_producer *p);
+int prod_dev_map(dcast_producer *p);
+void prod_dev_free(dcast_producer *p);
+int prod_dev_encode(dcast_producer *p, const prod_tensor *t, int anchor, uint64_t off,
+		    uint64_t count, prod_job *job);
+int prod_base_read(const prod_tensor *t, uint64_t off, void *dst, size_t bytes);
 
 /* encode.c */
 int prod_enc_setup(dcast_producer *p);

@@ -209,7 +209,10 @@ static int resend_baseline_range(dcast_producer *p, prod_run *r, const prod_tens
 
 	if ((rc = prod_check_broker(p, r, 0)) || (rc = get_slot(p, r, &slot)))
 		return rc;
-	memcpy(slot->buf, t->base + off * t->elem_size, info.payload_bytes);
+	if ((rc = prod_base_read(t, off, slot->buf, info.payload_bytes))) {
+		prod_pool_free_cb(slot->buf, slot);
+		return rc;
+	}
 	return prod_send_slot(p, r, t, off, &info, slot);
 }
 

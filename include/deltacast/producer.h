@@ -57,7 +57,9 @@ typedef struct dcast_producer_opts {
 					default 3, 0 = fail at once */
 	uint32_t reconnect_backoff_ms; /* first backoff, doubling to 2 s; default 100 */
 	int baseline_on_device;      /* CUDA tensors: keep their baseline in device
-					memory (needs a CUDA build and device) */
+					memory where cudaMalloc finds room (else
+					pinned host memory); needs a CUDA build and
+					device, else open fails DCAST_ENODEVICE */
 	const char *client;          /* HELLO.client, for the broker's logs; may be NULL */
 	/* CURVE: all three set (Z85, 40 characters each) or all NULL. */
 	const char *curve_server_key;
@@ -110,13 +112,20 @@ int dcast_producer_open(const char *endpoint, const char *model, uint32_t part, 
  * tensor pass offset 0 and the tensor's element count.  The memory stays the
  * caller's and must stay valid and unchanged during each publish.  mem says
  * where ptr points.  Registering a name again after a publish only replaces
- * the pointer (the tensor moved), and must keep dtype, shape and shard.
+ * the pointer (the tensor moved), and must keep dtype, shape, shard and
+ * memory kind (host or CUDA; DCAST_EINVAL otherwise).
  * Errors: DCAST_EINVAL (NULL, empty or long name, ptr NULL with elements,
  * shard outside the tensor), DCAST_EDTYPE (dtype the codec cannot take),
  * DCAST_ESHAPE (ndim over 8, too many elements, or a shape, dtype or shard
  * different from the first registration), DCAST_ESTATE (a new tensor after
  * the first publish), DCAST_ETOO_LARGE (more than DCAST_MAX_TENSORS),
- * DCAST_ENODEVICE (mem CUDA without a usable CUDA device), DCAST_ENOMEM. */
+ * DCAST_ENODEVICE (mem CUDA without a usable CUDA device, or in a build
+ * without CUDA), DCAST_ECUDA (the pointer's attributes could not be read),
+ * DCAST_ENOMEM.  A CUDA tensor (ptr device memory, on any device) is diffed
+ * on its device; only payloads cross PCIe.  Its changes keep no old values,
+ * so a failed version that touched one is followed by an anchor.  The CUDA
+ * path has not run on the development machines (no GPU there): see
+ * producer/device.c. */
 int dcast_producer_register(dcast_producer *p, const char *name, int dtype, uint32_t ndim,
 			    const uint64_t *shape, const void *ptr, int mem,
 			    uint64_t shard_offset_elems, uint64_t shard_count_elems);

@@ -1,0 +1,179 @@
+/* Tensors in CUDA memory: diffed on their device with the codec's CUDA
+ * twins (kernels/codec_cuda.cu), so only payloads cross PCIe into the
+ * encode slots.  Their baseline is device memory when opts.baseline_on_device
+ * asks for it and cudaMalloc finds room, else the pinned host region,
+ * registered with CUDA so the kernels read it over PCIe.  The device path
+ * keeps no old values (the CUDA encoder has no SAVE_OLD): a version with a
+ * changed device range can be neither rolled back nor resumed as a delta,
+ * and goes again, or is followed, as an anchor.
+ *
+ * UNTESTED: there is no GPU on the development machines.  There the build
+ * has CUDA (nvcc is present) and dcast_cuda_available() says 0, so a CUDA
+ * tensor is refused at register with DCAST_ENODEVICE (tests/test_producer_gpu.c
+ * checks that); the device half of that test runs only where a GPU is lent
+ * (`make test-gpu`). */
+#include <string.h>
+#include "producer_impl.h"
+#ifdef DCAST_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#include "deltacast/codec_cuda.h"
+#endif
+
+#ifdef DCAST_HAVE_CUDA
+static int cu_fail(cudaError_t e, const char *what, const char *name)
+{
+	return dcast_fail(DCAST_ECUDA, "producer: %s for tensor %s: %s", what, name,
+			  cudaGetErrorString(e));
+}
+
+int prod_dev_register(prod_tensor *t, const void *ptr)
+{
+	struct cudaPointerAttributes a;
+	cudaError_t e;
+
+	if (!dcast_cuda_available())
+		return dcast_fail(DCAST_ENODEVICE, "register %s: the tensor is in CUDA memory but "
+				  "no usable CUDA device is present", t->desc.name);
+	if ((e = cudaPointerGetAttributes(&a, ptr)))
+		return cu_fail(e, "cudaPointerGetAttributes", t->desc.name);
+	if (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged)
+		return dcast_fail(DCAST_EINVAL, "register %s: mem is CUDA but the pointer is not "
+				  "device memory", t->desc.name);
+	t->device = a.device;
+	return 0;
+}
+
+/* Before the host region is laid out: device baselines where asked for and
+ * cudaMalloc finds room (the rest go to the pinned host region). */
+void prod_dev_alloc(dcast_producer *p)
+{
+	for (uint32_t i = 0; i < p->n_tensors && p->opts.baseline_on_device; i++) {
+		prod_tensor *t = &p->tensors[i];
+		size_t bytes = t->shard_count * t->elem_size;
+		void *d = NULL;
+
+		if (t->mem != DCAST_MEM_CUDA || !bytes)
+			continue;
+		if (!cudaSetDevice(t->device) && !cudaMalloc(&d, bytes)) {
+			t->base = d;
+			t->base_on_device = 1;
+			continue;
+		}
+		DCAST_LOG_I("producer: baseline of %s does not fit on device %d: pinned host "
+			    "memory instead", t->desc.name, t->device);
+	}
+}
+
+/* After: the kernels read host baselines of CUDA tensors over PCIe. */
+int prod_dev_map(dcast_producer *p)
+{
+	int host_base = 0;
+	cudaError_t e;
+
+	for (uint32_t i = 0; i < p->n_tensors; i++)
+		host_base |= p->tensors[i].mem == DCAST_MEM_CUDA && !p->tensors[i].base_on_device;
+	if (!host_base || !p->base_region_bytes)
+		return 0;
+	if ((e = cudaHostRegister(p->base_region, p->base_region_bytes, cudaHostRegisterMapped)))
+		return cu_fail(e, "cudaHostRegister of the baseline", "(all)");
+	p->base_registered = 1;
+	return 0;
+}
+
+void prod_dev_free(dcast_producer *p)
+{
+	for (uint32_t i = 0; i < p->n_tensors; i++)
+		if (p->tensors[i].base_on_device) {
+			cudaFree(p->tensors[i].base);
+			p->tensors[i].base = NULL;
+			p->tensors[i].base_on_device = 0;
+		}
+	if (p->base_registered)
+		cudaHostUnregister(p->base_region);
+	p->base_registered = 0;
+}
+
+static int dev_digest(const prod_tensor *t, const unsigned char *base, size_t bytes, uint64_t *d)
+{
+	if (!t->base_on_device) {
+		*d = dcast_digest(base, bytes);
+		return 0;
+	}
+	return dcast_cuda_digest(base, bytes, d, NULL);
+}
+
+int prod_dev_encode(dcast_producer *p, const prod_tensor *t, int anchor, uint64_t off,
+		    uint64_t count, prod_job *job)
+{
+	size_t bytes = count * t->elem_size;
+	const unsigned char *cur = t->ptr + off * t->elem_size;
+	unsigned char *base = t->base + off * t->elem_size;
+	cudaError_t e;
+	int rc;
+
+	if ((e = cudaSetDevice(t->device)))
+		return cu_fail(e, "cudaSetDevice", t->desc.name);
+	rc = dcast_cuda_encode(cur, anchor ? NULL : base, count, t->elem_size, -1,
+			       DCAST_ENCODE_UPDATE_BASE, job->slot->buf, p->pool.slot_bytes,
+			       &job->info, NULL);
+	if (rc)
+		return rc;
+	job->no_old = !anchor && job->info.changed;
+	if (anchor && (e = cudaMemcpy(base, cur, bytes, cudaMemcpyDefault)))
+		return cu_fail(e, "cudaMemcpy into the baseline", t->desc.name);
+	if (anchor || job->info.changed)
+		return dev_digest(t, base, bytes, &job->digest);
+	return 0;
+}
+
+int prod_base_read(const prod_tensor *t, uint64_t off, void *dst, size_t bytes)
+{
+	cudaError_t e;
+
+	if (!t->base_on_device) {
+		memcpy(dst, t->base + off * t->elem_size, bytes);
+		return 0;
+	}
+	if ((e = cudaSetDevice(t->device)) ||
+	    (e = cudaMemcpy(dst, t->base + off * t->elem_size, bytes, cudaMemcpyDeviceToHost)))
+		return cu_fail(e, "cudaMemcpy from the baseline", t->desc.name);
+	return 0;
+}
+#else /* no CUDA in this build */
+int prod_dev_register(prod_tensor *t, const void *ptr)
+{
+	(void)ptr;
+	return dcast_fail(DCAST_ENODEVICE, "register %s: the tensor is in CUDA memory but this "
+			  "build has no CUDA", t->desc.name);
+}
+
+void prod_dev_alloc(dcast_producer *p)
+{
+	(void)p;
+}
+
+int prod_dev_map(dcast_producer *p)
+{
+	(void)p;
+	return 0;
+}
+
+void prod_dev_free(dcast_producer *p)
+{
+	(void)p;
+}
+
+int prod_dev_encode(dcast_producer *p, const prod_tensor *t, int anchor, uint64_t off,
+		    uint64_t count, prod_job *job)
+{
+	(void)p, (void)anchor, (void)off, (void)count, (void)job;
+	return dcast_fail(DCAST_ENODEVICE, "producer: tensor %s is in CUDA memory but this "
+			  "build has no CUDA", t->desc.name);
+}
+
+int prod_base_read(const prod_tensor *t, uint64_t off, void *dst, size_t bytes)
+{
+	memcpy(dst, t->base + off * t->elem_size, bytes);
+	return 0;
+}
+#endif

@@ -1,0 +1,126 @@
+/* The producer with tensors in CUDA memory (producer/device.c).
+ * Without a CUDA device (the development machines) it checks the fallback:
+ * registering a CUDA tensor is refused with DCAST_ENODEVICE and a message
+ * naming the tensor, baseline_on_device is refused at open, and the same
+ * producer goes on publishing its host tensors, bit-exact.
+ * With a device (only where one is lent: this half has NOT run on the
+ * development machines) it registers cudaMalloc'd tensors beside a host
+ * one, with the baseline in device memory and in pinned host memory, and
+ * publishes an anchor and a delta that a reader gets bit-exact. */
+#include <stdint.h>
+#include "check.h"
+#include "deltacast/codec_cuda.h"
+#include "deltacast/producer.h"
+#include "producer_harness.h"
+#ifdef DCAST_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+#define N_H 4096            /* host tensor "h" */
+#define N_D ((1u << 19) + 3) /* device tensor "d": two ranges and a bit */
+
+static char dir[] = "/tmp/dcast-test-producer-gpu-XXXXXX";
+static uint16_t *h, *d_host; /* d_host: what the device tensor holds */
+static uint64_t seed = 11;
+
+static int read_back(const harness_broker *b, const char *model, uint64_t v)
+{
+	char out[256];
+
+	snprintf(out, sizeof(out), "%s/%s-v%llu.safetensors", dir, model, (unsigned long long)v);
+	return !harness_read(b, model, v, out) && harness_same_as_file(out, "h", h, N_H * 2) &&
+	       (!d_host || harness_same_as_file(out, "d", d_host, N_D * 2ull));
+}
+
+static dcast_producer *open_model(const harness_broker *b, const char *model, int on_device)
+{
+	dcast_producer_opts o;
+	dcast_producer *p = NULL;
+
+	dcast_producer_opts_init(&o);
+	o.range_elems = 1u << 18;
+	o.baseline_on_device = on_device;
+	REQUIRE(dcast_producer_open(b->prod_ep, model, 0, 1, &o, &p) == 0);
+	return p;
+}
+
+static void test_no_device(const harness_broker *b)
+{
+	uint64_t shape_h[1] = {N_H}, shape_d[1] = {N_D};
+	dcast_producer_opts o;
+	dcast_producer *p = NULL;
+
+	dcast_producer_opts_init(&o);
+	o.baseline_on_device = 1;
+	CHECK_ERR(dcast_producer_open(b->prod_ep, "nodev", 0, 1, &o, &p), DCAST_ENODEVICE);
+	CHECK(strstr(dcast_last_error(), "baseline_on_device") != NULL);
+	p = open_model(b, "nodev", 0);
+	CHECK_ERR(dcast_producer_register(p, "d", DCAST_DTYPE_BF16, 1, shape_d, h, DCAST_MEM_CUDA,
+					  0, N_D), DCAST_ENODEVICE);
+	fprintf(stderr, "refused as: %s\n", dcast_last_error());
+	CHECK(strstr(dcast_last_error(), "CUDA") && strstr(dcast_last_error(), "register d"));
+	REQUIRE(dcast_producer_register(p, "h", DCAST_DTYPE_BF16, 1, shape_h, h, DCAST_MEM_HOST, 0,
+					N_H) == 0);
+	CHECK_ERR(dcast_producer_publish(p, 1), 0);
+	CHECK_ERR(dcast_producer_wait(p, 1, 20000), 0);
+	harness_perturb(h, N_H, 50000, &seed);
+	CHECK_ERR(dcast_producer_publish(p, 2), 0);
+	CHECK_ERR(dcast_producer_wait(p, 2, 20000), 0);
+	CHECK(read_back(b, "nodev", 2));
+	dcast_producer_close(&p);
+}
+
+#ifdef DCAST_HAVE_CUDA
+/* Anchor and delta of a device tensor beside a host one (untested here). */
+static void test_device(const harness_broker *b, const char *model, int on_device)
+{
+	uint64_t shape_h[1] = {N_H}, shape_d[1] = {N_D};
+	dcast_producer_stats s;
+	dcast_producer *p = open_model(b, model, on_device);
+	void *dev = NULL;
+
+	REQUIRE(cudaMalloc(&dev, N_D * 2ull) == cudaSuccess);
+	harness_fill(d_host, N_D, &seed);
+	REQUIRE(cudaMemcpy(dev, d_host, N_D * 2ull, cudaMemcpyHostToDevice) == cudaSuccess);
+	REQUIRE(dcast_producer_register(p, "h", DCAST_DTYPE_BF16, 1, shape_h, h, DCAST_MEM_HOST, 0,
+					N_H) == 0);
+	REQUIRE(dcast_producer_register(p, "d", DCAST_DTYPE_BF16, 1, shape_d, dev, DCAST_MEM_CUDA,
+					0, N_D) == 0);
+	CHECK_ERR(dcast_producer_publish(p, 1), 0);
+	CHECK_ERR(dcast_producer_wait(p, 1, 20000), 0);
+	CHECK(read_back(b, model, 1));
+	harness_perturb(d_host, N_D, 10000, &seed);
+	harness_perturb(h, N_H, 10000, &seed);
+	REQUIRE(cudaMemcpy(dev, d_host, N_D * 2ull, cudaMemcpyHostToDevice) == cudaSuccess);
+	CHECK_ERR(dcast_producer_publish(p, 2), 0);
+	CHECK_ERR(dcast_producer_wait(p, 2, 20000), 0);
+	dcast_producer_stats_get(p, &s);
+	CHECK(!s.anchor && s.payload_bytes < s.model_bytes / 4);
+	CHECK(read_back(b, model, 2));
+	dcast_producer_close(&p);
+	cudaFree(dev);
+}
+#endif
+
+int main(void)
+{
+	harness_broker b = {0};
+
+	harness_init();
+	REQUIRE(mkdtemp(dir) && (h = calloc(N_H, 2)));
+	harness_fill(h, N_H, &seed);
+	REQUIRE(harness_broker_start(&b, dir) == 0);
+	if (!dcast_cuda_available()) {
+		test_no_device(&b);
+	} else {
+#ifdef DCAST_HAVE_CUDA
+		REQUIRE((d_host = calloc(N_D, 2)));
+		test_device(&b, "dev_base", 1);
+		test_device(&b, "host_base", 0);
+		free(d_host);
+#endif
+	}
+	harness_broker_kill(&b, SIGTERM);
+	free(h);
+	return check_done("test_producer_gpu");
+}

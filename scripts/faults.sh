@@ -272,6 +272,16 @@ recover() {
 	return 1
 }
 
+# proxy_tally: the proxy's faults of this trial, in all and by kind.
+declare -A PX
+proxy_tally() {
+	local k
+	FAULTS=$(grep -c '^fault ' "$T/proxy.log")
+	for k in drop delay corrupt truncate duplicate; do
+		PX[$k]=$((${PX[$k]:-0} + $(grep -c "^fault $k " "$T/proxy.log")))
+	done
+}
+
 # check: divergences (a reported version whose digest is not the producer's).
 check() {
 	local i line v d bad=0
@@ -333,7 +343,7 @@ run_trial() {
 	local conv=1
 	recover || conv=0
 	[ $conv = 1 ] && { final_equal || conv=0; }
-	[ "$kind" = proxy ] && FAULTS=$(grep -c '^fault ' "$T/proxy.log")
+	[ "$kind" = proxy ] && proxy_tally
 	check
 	e2e_cleanup
 	unset DELTACAST_IO_URING
@@ -380,6 +390,8 @@ for k in $ALL_KINDS io_uring_refused; do
 	tt=$((tt + N_TRIALS[$k])); tf=$((tf + N_FAULTS[$k])); td=$((td + N_DIV[$k])); tx=$((tx + ${N_FAIL[$k]:-0}))
 done
 printf '%-18s %7s %7s %12s %9s\n' total "$tt" "$tf" "$td" "$tx"
+[ -n "${N_TRIALS[proxy]:-}" ] && echo "proxy faults by kind: drop ${PX[drop]} delay ${PX[delay]}" \
+	"corrupt ${PX[corrupt]} truncate ${PX[truncate]} duplicate ${PX[duplicate]}"
 if [ -n "$failed_seeds" ]; then
 	echo "faults: FAILED seeds:$failed_seeds (replay one with: SEED=N FAULT_KINDS=\"${KINDS[*]}\" make test-faults)"
 	exit 1

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "deltacast/producer.h"
 #include "deltacast/safetensors.h"
 #include <sys/wait.h>
 #include <time.h>
@@ -200,6 +201,14 @@ static inline int harness_read(const harness_broker *b, const char *model, uint6
 	waitpid(pid, &st, 0);
 	harness_track(pid, 0);
 	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* publish(v), then wait up to 20 s for its ACK: 0 or the first error. */
+static inline int harness_publish(dcast_producer *p, uint64_t v)
+{
+	int rc = dcast_producer_publish(p, v);
+
+	return rc ? rc : dcast_producer_wait(p, v, 20000);
 }
 
 /* xorshift64*: seeded, reproducible test data. */

@@ -61,11 +61,9 @@ static void test_no_device(const harness_broker *b)
 	CHECK(strstr(dcast_last_error(), "CUDA") && strstr(dcast_last_error(), "register d"));
 	REQUIRE(dcast_producer_register(p, "h", DCAST_DTYPE_BF16, 1, shape_h, h, DCAST_MEM_HOST, 0,
 					N_H) == 0);
-	CHECK_ERR(dcast_producer_publish(p, 1), 0);
-	CHECK_ERR(dcast_producer_wait(p, 1, 20000), 0);
+	CHECK_ERR(harness_publish(p, 1), 0);
 	harness_perturb(h, N_H, 50000, &seed);
-	CHECK_ERR(dcast_producer_publish(p, 2), 0);
-	CHECK_ERR(dcast_producer_wait(p, 2, 20000), 0);
+	CHECK_ERR(harness_publish(p, 2), 0);
 	CHECK(read_back(b, "nodev", 2));
 	dcast_producer_close(&p);
 }
@@ -86,14 +84,12 @@ static void test_device(const harness_broker *b, const char *model, int on_devic
 					N_H) == 0);
 	REQUIRE(dcast_producer_register(p, "d", DCAST_DTYPE_BF16, 1, shape_d, dev, DCAST_MEM_CUDA,
 					0, N_D) == 0);
-	CHECK_ERR(dcast_producer_publish(p, 1), 0);
-	CHECK_ERR(dcast_producer_wait(p, 1, 20000), 0);
+	CHECK_ERR(harness_publish(p, 1), 0);
 	CHECK(read_back(b, model, 1));
 	harness_perturb(d_host, N_D, 10000, &seed);
 	harness_perturb(h, N_H, 10000, &seed);
 	REQUIRE(cudaMemcpy(dev, d_host, N_D * 2ull, cudaMemcpyHostToDevice) == cudaSuccess);
-	CHECK_ERR(dcast_producer_publish(p, 2), 0);
-	CHECK_ERR(dcast_producer_wait(p, 2, 20000), 0);
+	CHECK_ERR(harness_publish(p, 2), 0);
 	dcast_producer_stats_get(p, &s);
 	CHECK(!s.anchor && s.payload_bytes < s.model_bytes / 4);
 	CHECK(read_back(b, model, 2));

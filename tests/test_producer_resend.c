@@ -38,6 +38,18 @@ static int read_back(uint64_t v)
 	return !harness_read(&b, "resend", v, out) && harness_same_as_file(out, "w", want, N * 2ull);
 }
 
+/* The tensors as they are, published as a delta and read back. */
+static void plain_delta(dcast_producer *p, uint64_t v)
+{
+	dcast_producer_stats s;
+
+	memcpy(want, w, N * 2ull);
+	CHECK_ERR(harness_publish(p, v), 0);
+	dcast_producer_stats_get(p, &s);
+	CHECK(!s.anchor);
+	CHECK(read_back(v));
+}
+
 /* Version v goes into a stopped broker's socket buffer, then the broker
  * dies and comes back (with data dir or not); meanwhile the trainer moves on. */
 static void lost_before_commit(dcast_producer *p, uint64_t v, int keep_data)
@@ -156,8 +168,7 @@ int main(void)
 	memcpy(want, w, N * 2ull);
 	REQUIRE(dcast_producer_register(p, "w", DCAST_DTYPE_BF16, 1, shape, w, DCAST_MEM_HOST, 0,
 					N) == 0);
-	CHECK_ERR(dcast_producer_publish(p, 1), 0);
-	CHECK_ERR(dcast_producer_wait(p, 1, 20000), 0);
+	CHECK_ERR(harness_publish(p, 1), 0);
 
 	/* (0) killed mid-version, back with its data: the delta resumes */
 	lost_mid_version(p, 2);
@@ -168,12 +179,7 @@ int main(void)
 	CHECK(s.total_reconnects >= 2 && s.total_resends == 1 && s.acked_version == 3);
 	CHECK(file_has(b.log, "version 3 committed (delta"));
 	/* the trainer's tensors moved on: a plain delta against 3 */
-	memcpy(want, w, N * 2ull);
-	CHECK_ERR(dcast_producer_publish(p, 4), 0);
-	CHECK_ERR(dcast_producer_wait(p, 4, 20000), 0);
-	dcast_producer_stats_get(p, &s);
-	CHECK(!s.anchor);
-	CHECK(read_back(4));
+	plain_delta(p, 4);
 
 	/* (2) the restarted broker lost everything: an anchor from the baseline */
 	lost_before_commit(p, 5, 0);
@@ -192,18 +198,12 @@ int main(void)
 	REQUIRE(dcast_producer_register(q, "w", DCAST_DTYPE_BF16, 1, shape, w, DCAST_MEM_HOST, 0,
 					N) == 0);
 	memcpy(want, w, N * 2ull);
-	CHECK_ERR(dcast_producer_publish(q, 6), 0); /* a new producer: an anchor */
-	CHECK_ERR(dcast_producer_wait(q, 6, 20000), 0);
+	CHECK_ERR(harness_publish(q, 6), 0); /* a new producer: an anchor */
 	ack_lost(q, 7);
 	dcast_producer_stats_get(q, &s);
 	CHECK(s.total_reconnects >= 1 && s.total_resends == 0 && s.acked_version == 7);
 	harness_perturb(w, N, 10000, &seed);
-	memcpy(want, w, N * 2ull);
-	CHECK_ERR(dcast_producer_publish(q, 8), 0);
-	CHECK_ERR(dcast_producer_wait(q, 8, 20000), 0);
-	dcast_producer_stats_get(q, &s);
-	CHECK(!s.anchor);
-	CHECK(read_back(8));
+	plain_delta(q, 8);
 	dcast_producer_close(&q);
 	stop_proxy(SIGKILL);
 	harness_broker_kill(&b, SIGTERM);

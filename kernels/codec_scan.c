@@ -73,8 +73,10 @@ static ALWAYS_INLINE uint64_t elem_bits(uint64_t m, unsigned es)
 	return es == 1 ? m : es == 2 ? m & 0x5555555555555555ull : m & 0x1111111111111111ull;
 }
 
-/* Bytes compared before their changes are gathered (fits L1 twice). */
-#define SCAN_BLOCK 8192u
+/* Bytes compared before their changes are gathered: no more than the
+ * prefetch distance, so loads stay in flight while the gather computes
+ * (2048 measured best of 1024..8192 at 1% and 5%). */
+#define SCAN_BLOCK 2048u
 
 /* Elements [from, count) one by one. */
 static ALWAYS_INLINE int scan_tail(const uint8_t *c, const uint8_t *b, uint64_t from, uint64_t count,

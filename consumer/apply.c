@@ -130,9 +130,11 @@ static int write_chunk(dcast_consumer *c, const cs_version *v, const cs_chunk *k
 {
 	dcast_chunk_info info = info_of(k, ahead);
 	const unsigned char *p;
-	int err = source_of(c, v, k, ahead, &p);
+	int err;
 
-	if (err)
+	if (ahead && k->ahead)
+		return cs_ahead_write(c, k, old);
+	if ((err = source_of(c, v, k, ahead, &p)))
 		return err;
 	if (old && info.encoding == DCAST_ENC_DENSE) {
 		memcpy(old, dst_of(c, k), undo_bytes(k, ahead));
@@ -152,6 +154,10 @@ static int undo_chunks(dcast_consumer *c, const cs_version *v, int ahead, uint32
 		dcast_chunk_info info = info_of(k, ahead);
 		const unsigned char *p;
 		undo_off -= undo_bytes(k, ahead);
+		if (ahead && k->ahead) {
+			cs_ahead_revert(c, k, undo + undo_off);
+			continue;
+		}
 		if (info.encoding == DCAST_ENC_DENSE) {
 			memcpy(dst_of(c, k), undo + undo_off, undo_bytes(k, ahead));
 			continue;

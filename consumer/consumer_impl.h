@@ -259,6 +259,10 @@ void cs_dcache_clear(cs_dcache *d);
  * refuses v.  cs_verify_ahead_done: v applied, its hashes become c->dcache. */
 int cs_verify_ahead(dcast_consumer *c, cs_version *v);
 void cs_verify_ahead_done(dcast_consumer *c, cs_version *v);
+/* Write chunk k's changes checked ahead (host tensor; old values to old
+ * unless NULL), or put the old values back.  Errors: DCAST_ECORRUPT. */
+int cs_ahead_write(dcast_consumer *c, const cs_chunk *k, unsigned char *old);
+void cs_ahead_revert(dcast_consumer *c, const cs_chunk *k, const unsigned char *old);
 
 /* apply.c */
 int cs_apply_version(dcast_consumer *c, cs_version *v, int verify);

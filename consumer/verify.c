@@ -292,6 +292,55 @@ static int changes_idx32(const unsigned char *from, const unsigned char *to, uin
 	return 1;
 }
 
+/* Write k's changes kept in idx32 form into the live tensor (host memory),
+ * their old values to old (NULL: not kept), per element size so that each
+ * element moves as one load and store.  Positions are checked first. */
+static inline __attribute__((always_inline)) void scatter_es(const unsigned char *rec, uint64_t n,
+							   unsigned char *dst, unsigned char *old, unsigned es)
+{
+	for (uint64_t i = 0; i < n; i++, rec += 4 + es) {
+		uint32_t pos;
+		memcpy(&pos, rec, 4);
+		if (old)
+			memcpy(old + i * es, dst + (uint64_t)pos * es, es);
+		memcpy(dst + (uint64_t)pos * es, rec + 4, es);
+	}
+}
+
+int cs_ahead_write(dcast_consumer *c, const cs_chunk *k, unsigned char *old)
+{
+	const cs_tensor *t = &c->tensors[k->tensor];
+	unsigned char *dst = t->ptr + k->start * t->elem_size;
+	unsigned es = t->elem_size;
+
+	for (uint64_t i = 0; i < k->ahead_changed; i++) {
+		uint32_t pos;
+		memcpy(&pos, k->ahead + i * (4 + es), 4);
+		if (pos >= k->info.count)
+			return dcast_fail(DCAST_ECORRUPT, "tensor %s: checked change %" PRIu64 " at %u outside its "
+					  "chunk of %" PRIu64, t->desc.name, i, pos, k->info.count);
+	}
+	if (es == 2)
+		scatter_es(k->ahead, k->ahead_changed, dst, old, 2);
+	else if (es == 4)
+		scatter_es(k->ahead, k->ahead_changed, dst, old, 4);
+	else
+		scatter_es(k->ahead, k->ahead_changed, dst, old, 1);
+	return 0;
+}
+
+void cs_ahead_revert(dcast_consumer *c, const cs_chunk *k, const unsigned char *old)
+{
+	const cs_tensor *t = &c->tensors[k->tensor];
+	unsigned es = t->elem_size;
+
+	for (uint64_t i = 0; i < k->ahead_changed; i++) {
+		uint32_t pos;
+		memcpy(&pos, k->ahead + i * (4 + es), 4);
+		memcpy(t->ptr + (k->start + pos) * es, old + i * es, es);
+	}
+}
+
 /* The first entry of tensor t that ends after element `lo`, or n->n; AHEAD_NO
  * when an entry sticks out of [lo, hi) (then a block mixes two chunks). */
 static int entries_within(const cs_dcache *n, uint32_t t, uint64_t lo, uint64_t hi, uint32_t *first)

@@ -16,12 +16,14 @@
 
 static const char usage_text[] =
 	"usage: deltacast subscribe --broker ENDPOINT --model NAME --dir DIR\n"
-	"                           [--until VERSION] [--budget BYTES] [--no-verify]\n"
+	"                           [--until VERSION] [--budget BYTES] [--no-verify | --verify-all]\n"
 	"Receives versions of NAME from the broker's consumer endpoint, applies each\n"
 	"one and writes it to DIR/model.safetensors.  Prints, per version:\n"
 	"  version V anchor|delta bytes B stage_ms S apply_ms A received R\n"
 	"(R: payload bytes received since start).  Restarted with the same DIR it\n"
-	"resumes from the last whole version there.  Exits 0 when VERSION is applied.\n";
+	"resumes from the last whole version there.  Exits 0 when VERSION is applied.\n"
+	"Digests are checked on the 1 MiB blocks each version writes; --verify-all\n"
+	"hashes every block of every version, --no-verify checks none.\n";
 
 static volatile sig_atomic_t stop;
 
@@ -43,7 +45,8 @@ static int parse(int argc, char **argv, sub_args *a)
 		{"broker", required_argument, 0, 'b'}, {"model", required_argument, 0, 'm'},
 		{"dir", required_argument, 0, 'd'},    {"until", required_argument, 0, 'u'},
 		{"budget", required_argument, 0, 'B'}, {"no-verify", no_argument, 0, 'n'},
-		{"help", no_argument, 0, 'h'},         {0, 0, 0, 0}};
+		{"verify-all", no_argument, 0, 'a'},   {"help", no_argument, 0, 'h'},
+		{0, 0, 0, 0}};
 	int o;
 	char *end;
 
@@ -54,6 +57,7 @@ static int parse(int argc, char **argv, sub_args *a)
 		case 'm': a->model = optarg; break;
 		case 'd': a->dir = optarg; break;
 		case 'n': a->verify = 0; break;
+		case 'a': a->verify = 2; break;
 		case 'u':
 		case 'B':
 			*(o == 'u' ? &a->until : &a->budget) = strtoull(optarg, &end, 10);

@@ -99,12 +99,13 @@ def main():
         p.publish(4)
         p.wait(4)
         snaps[4] = {k: a.copy() for k, a in src.items()}
-        with Consumer(cons_ep, "pym", d, budget_bytes=1 << 20) as c2:
+        with Consumer(cons_ep, "pym", d, budget_bytes=1 << 20, verify="all") as c2:
             assert c2.version == 3, c2.version
             assert drive(c2, 4)
             assert all(np.array_equal(c2.tensor(k), snaps[4][k]) for k in src)
             model_bytes = sum(a.nbytes for a in src.values())
             assert 0 < c2.stats().total_bytes_received < model_bytes // 4
+            assert c2.stats().verify_bytes == model_bytes  # "all": every block hashed
 
         # The example worker: every sample tagged with a version it really had.
         import rollout_worker

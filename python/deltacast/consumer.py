@@ -89,7 +89,9 @@ def _ver(v):
 
 
 class Consumer(Closable):
-    """A consumer of one model (see the module doc)."""
+    """A consumer of one model (see the module doc).  verify: True checks the
+    COMMIT digests on the 1 MiB blocks each version writes, "all" hashes every
+    block of every version, False checks none."""
 
     def __init__(self, broker, model, dir, budget_bytes=256 << 20, verify=True, fold_every=None,
                  client="python"):
@@ -98,7 +100,7 @@ class Consumer(Closable):
         self._bound = {}
         opts = _Opts()
         self._l.dcast_consumer_opts_init(ctypes.byref(opts))
-        opts.verify_digests = 1 if verify else 0
+        opts.verify_digests = 2 if verify == "all" else 1 if verify else 0
         if fold_every is not None:
             opts.fold_every = fold_every
         self._client = client.encode()

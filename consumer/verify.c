@@ -246,6 +246,13 @@ int cs_verify_finish(dcast_consumer *c, const cs_version *v, cs_dcache *n)
 #define AHEAD_MAX_RANGE_BYTES (16u << 20) /* larger chunk ranges are checked at apply */
 #define AHEAD_NO 1000                     /* not an error: check at apply instead */
 
+/* The copy a chunk range is patched in: a quarter of the staging budget,
+ * 16 MiB at most (allocated at the first check ahead). */
+static uint64_t ahead_buf_bytes(const dcast_consumer *c)
+{
+	return c->budget / 4 < AHEAD_MAX_RANGE_BYTES ? c->budget / 4 : AHEAD_MAX_RANGE_BYTES;
+}
+
 static int ahead_possible(const dcast_consumer *c, const cs_version *v)
 {
 	if (c->fault_kind == CS_FAULT_DIGEST && c->fault_version == v->version)
@@ -396,9 +403,9 @@ static int ahead_chunk(dcast_consumer *c, cs_version *v, cs_dcache *n, cs_chunk 
 
 	if (k->info.encoding != DCAST_ENC_DENSE && !k->info.changed)
 		return 0;
-	if (bytes > AHEAD_MAX_RANGE_BYTES || entries_within(n, k->tensor, k->start, k->start + k->info.count, &first))
+	if (bytes > ahead_buf_bytes(c) || entries_within(n, k->tensor, k->start, k->start + k->info.count, &first))
 		return AHEAD_NO;
-	if (!c->ahead_buf && !(c->ahead_buf = malloc(AHEAD_MAX_RANGE_BYTES)))
+	if (!c->ahead_buf && !(c->ahead_buf = malloc(ahead_buf_bytes(c))))
 		return AHEAD_NO;
 	memcpy(c->ahead_buf, live, bytes);
 	if ((err = cs_chunk_payload(c, v, k, &p)) || (err = dcast_codec_apply(&k->info, p, c->ahead_buf, NULL)))

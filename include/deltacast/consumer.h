@@ -106,7 +106,9 @@ typedef struct dcast_consumer_stats {
  * consumer of `model`, with local checkpoint directory `dir` (created if
  * missing) and a staging budget: the pinned pool plus the credit the broker
  * may have in flight stay within staging_budget_bytes (at least 1 MiB; one
- * chunk payload must fit in a quarter of it).  Loads the checkpoint in dir
+ * chunk payload must fit in a quarter of it).  Checking digests ahead of
+ * apply takes one more buffer of a quarter of the budget (16 MiB at most)
+ * and 8 bytes per MiB of model for block hashes.  Loads the checkpoint in dir
  * first.  opts NULL = defaults.  On success *out owns the consumer (close it
  * with dcast_consumer_close).  Errors: DCAST_EINVAL (argument, option
  * combination such as a CURVE server key without a key pair), DCAST_ENOMEM,

@@ -167,7 +167,7 @@ bench-producer: all $(BUILD)/tools/bench_producer
 	  $(BUILD)/deltacast gen-trace --params $(BENCH_PRODUCER_PARAMS) --steps 1 --density 0.01 \
 	    -o $(BUILD)/bench-producer-$(BENCH_PRODUCER_PARAMS)
 	DELTACAST_BUILD=$(BUILD) $(BUILD)/tools/bench_producer \
-	  --trace $(BUILD)/bench-producer-$(BENCH_PRODUCER_PARAMS) --rounds 5 --doc docs/benchmarks.md \
+	  --trace $(BUILD)/bench-producer-$(BENCH_PRODUCER_PARAMS) --rounds 21 --doc docs/benchmarks.md \
 	  --cmd "make bench-producer BENCH_PRODUCER_PARAMS=$(BENCH_PRODUCER_PARAMS)"
 
 # --- consumer ---

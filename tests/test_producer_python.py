@@ -32,6 +32,7 @@ _sanitizer_reexec()
 import numpy as np  # noqa: E402
 
 from deltacast import DeltacastError, Producer  # noqa: E402
+from deltacast._lib import lib  # noqa: E402
 
 BUILD = os.environ.get("DELTACAST_BUILD", "build")
 procs = []
@@ -88,11 +89,15 @@ def main():
                                                            connect_timeout_ms=300))
         assert "tcp://127.0.0.1:1" in str(e)
         prod_ep, cons_ep = start_broker(tmp)
+        if not lib().dcast_cuda_available():  # no GPU here: the option is refused at open
+            e = expect_error("DCAST_ENODEVICE",
+                             lambda: Producer(prod_ep, "m", baseline_on_device=True))
+            assert "baseline_on_device" in str(e)
         rng = np.random.default_rng(5)
         w = (0x3c00 + rng.integers(0, 1024, size=(1500, 1000))).astype(np.uint16)  # bf16 bits
         f32 = rng.standard_normal(70000).astype(np.float32)
         f16 = rng.standard_normal((10, 33)).astype(np.float16)
-        with Producer(prod_ep, "pymodel", range_elems=1 << 18) as p:
+        with Producer(prod_ep, "pymodel", range_elems=1 << 18, encode_threads=2) as p:
             expect_error("DCAST_EDTYPE", lambda: p.register("bad", np.zeros(4, np.float64)))
             expect_error("DCAST_EINVAL", lambda: p.register("nc", f16[:, ::2]))
             expect_error("DCAST_EDTYPE", lambda: p.register("x", f32, dtype="bf16"))

@@ -94,7 +94,8 @@ class Producer(Closable):
     """One part of a model's producer, connected to a broker (see module doc)."""
 
     def __init__(self, broker, model, part=0, parts=1, range_elems=None,
-                 connect_timeout_ms=None, max_reconnects=None, client="python"):
+                 connect_timeout_ms=None, max_reconnects=None, client="python",
+                 encode_threads=None, baseline_on_device=False):
         self._l = _declare(lib())
         self._p = ctypes.c_void_p()
         self._keep = {}
@@ -106,6 +107,9 @@ class Producer(Closable):
             opts.connect_timeout_ms = connect_timeout_ms
         if max_reconnects is not None:
             opts.max_reconnects = max_reconnects
+        if encode_threads is not None:
+            opts.encode_threads = encode_threads
+        opts.baseline_on_device = int(bool(baseline_on_device))
         self._client = client.encode()
         opts.client = self._client
         check(self._l.dcast_producer_open(broker.encode(), model.encode(), part, parts,

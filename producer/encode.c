@@ -69,14 +69,15 @@ static void finish_job(prod_encoder *e, prod_job *job, int rc)
 static int encode_next(dcast_producer *p, prod_encoder *e, prod_slot *slot)
 {
 	int anchor = e->anchor, rc;
-	uint32_t j = e->next;
-	prod_job *job = &e->jobs[j];
+	uint32_t j;
+	prod_job *job;
 
 	if (!more(e)) {
 		prod_pool_free_cb(slot->buf, slot);
 		return 0;
 	}
-	e->next++;
+	j = e->next++;
+	job = &e->jobs[j];
 	job->slot = slot;
 	pthread_mutex_unlock(&e->lock);
 	rc = encode_job(p, anchor, j, job);

@@ -186,15 +186,20 @@ TARGET_AVX512 static ALWAYS_INLINE uint64_t neq_mask_avx512(const uint8_t *c, co
 }
 
 /* 64 elements a step (one mask bit each); gather after each SCAN_BLOCK
- * bytes, while they are still in L1. */
+ * bytes, while they are still in L1.  Software prefetch pays only where
+ * there is work to hide the loads behind: it is on while the last block had
+ * more than PREFETCH_MIN changes (with none, the hardware prefetcher keeps
+ * up and the prefetch instructions only cost). */
+#define PREFETCH_MIN 2u
 #define SCAN_SIMD_BODY(maskfn)                                                                 \
 	uint64_t bytes = count * es, off = 0, group = 64 * es;                                  \
+	int pf = 1;                                                                             \
 	while (off + group <= bytes) {                                                          \
 		uint64_t from = ch->n, end = off + SCAN_BLOCK;                                  \
 		if (end > bytes - bytes % group)                                                \
 			end = bytes - bytes % group;                                            \
 		for (; off < end; off += group) {                                               \
-			for (unsigned l_ = 0; l_ < es; l_++) { /* every line of the group */  \
+			for (unsigned l_ = 0; pf && l_ < es; l_++) { /* each line */           \
 				__builtin_prefetch(c + off + 2048 + 64 * l_);                   \
 				__builtin_prefetch(b + off + 2048 + 64 * l_);                   \
 			}                                                                       \
@@ -202,6 +207,7 @@ TARGET_AVX512 static ALWAYS_INLINE uint64_t neq_mask_avx512(const uint8_t *c, co
 			if (m && record_pos(ch, off / es, m, 1))                                \
 				return DCAST_ENOMEM;                                            \
 		}                                                                               \
+		pf = ch->n - from > PREFETCH_MIN;                                               \
 		gather(ch, c, b, from, es, hist);                                               \
 	}                                                                                       \
 	return scan_tail(c, b, off / es, count, es, ch, hist)

@@ -105,14 +105,26 @@ static int encode_anchor(const void *cur, uint64_t count, unsigned es, int force
 	return DCAST_OK;
 }
 
-static void update_base(const dcast_changes *ch, const uint8_t *cur, uint8_t *base, unsigned es,
-			uint8_t *old)
+static inline __attribute__((always_inline)) void update_base_es(const dcast_changes *ch,
+								  const uint8_t *cur, uint8_t *base,
+								  unsigned es, uint8_t *old)
 {
 	for (uint64_t i = 0; i < ch->n; i++) {
 		uint64_t at = (uint64_t)ch->pos[i] * es;
 		if (old)
 			memcpy(old + i * es, base + at, es);
 		memcpy(base + at, cur + at, es);
+	}
+}
+
+/* One loop per element size, so each memcpy is a single move, not a call. */
+static void update_base(const dcast_changes *ch, const uint8_t *cur, uint8_t *base, unsigned es,
+			uint8_t *old)
+{
+	switch (es) {
+	case 1: update_base_es(ch, cur, base, 1, old); break;
+	case 2: update_base_es(ch, cur, base, 2, old); break;
+	default: update_base_es(ch, cur, base, 4, old); break;
 	}
 }
 

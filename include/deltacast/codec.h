@@ -8,8 +8,9 @@
  *
  * Thread safety: every function is reentrant; callers own all buffers.
  * Memory: encode and apply keep per-thread scratch arrays between calls
- * (O(changed) of the largest chunk the thread has coded, about 12 bytes a
- * changed element), freed when the thread exits; nothing else is allocated. */
+ * (O(changed) of the largest chunk the thread has coded: 8 bytes a changed
+ * element each, and apply a copy of the largest compact payload), freed
+ * when the thread exits; nothing else is allocated. */
 #ifndef DELTACAST_CODEC_H
 #define DELTACAST_CODEC_H
 

@@ -33,8 +33,13 @@ static uint64_t digest_blocks(const void *data, size_t len,
  * libxxhash is built for SSE2 (about 15 GB/s here, 38 with AVX2), and the
  * producer digests every range of every version. */
 #if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h> /* xxhash.h includes it only when built with -mavx2 */
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx2")
+#endif
 #define XXH_INLINE_ALL
 #define XXH_VECTOR XXH_AVX2
 #include <xxhash.h>
@@ -42,7 +47,11 @@ static uint64_t xxh3_avx2(const void *data, size_t len)
 {
 	return XXH3_64bits(data, len);
 }
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 
 static uint64_t xxh3(const void *data, size_t len)
 {

@@ -47,6 +47,21 @@ static int check_failures;
 		exit(77);                               \
 	} while (0)
 
+/* Remove the test's scratch directory DIR and everything under it, checking
+ * that it went.  After a failed check it is kept instead, and its path
+ * printed, so that the files can be inspected. */
+static inline void check_remove_dir(const char *dir)
+{
+	char cmd[4200];
+
+	if (check_failures) {
+		fprintf(stderr, "kept %s\n", dir);
+		return;
+	}
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+	CHECK(system(cmd) == 0);
+}
+
 static inline int check_done(const char *name)
 {
 	if (check_failures) {

@@ -39,7 +39,7 @@ int main(void)
 	static struct h_client good, bad, plain, cons;
 	struct h_broker br = {0};
 	char srv_pub[41], srv_key[300], good_pub[41], good_key[300], bad_pub[41], bad_key[300];
-	char cons_pub[41], cons_key[300], keys[300], text[256], cmd[400];
+	char cons_pub[41], cons_key[300], keys[300], text[256];
 	uint32_t rng = 99;
 
 	h_init();
@@ -99,11 +99,6 @@ int main(void)
 	h_client_close(&cons);
 	h_broker_kill(&br, SIGTERM);
 	zmq_ctx_term(h_ctx);
-	if (check_failures == 0) {
-		snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-		CHECK(system(cmd) == 0);
-	} else {
-		fprintf(stderr, "kept %s\n", dir);
-	}
+	check_remove_dir(dir);
 	return check_done("test_broker_auth");
 }

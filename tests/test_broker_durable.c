@@ -42,7 +42,7 @@ int main(void)
 	static char dir[] = "/tmp/dcast_test_durable_XXXXXX";
 	struct h_broker br = {0};
 	uint32_t rng = 4242;
-	char seg[2100], data[300], cmd[400];
+	char seg[2100], data[300];
 	struct stat st;
 
 	h_init();
@@ -105,11 +105,8 @@ int main(void)
 
 	h_broker_kill(&br, SIGTERM);
 	zmq_ctx_term(h_ctx);
-	if (check_failures == 0) {
-		snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-		CHECK(system(cmd) == 0);
-	} else {
-		fprintf(stderr, "kept %s (broker log: %s)\n", dir, br.log);
-	}
+	if (check_failures)
+		fprintf(stderr, "broker log: %s\n", br.log);
+	check_remove_dir(dir);
 	return check_done("test_broker_durable");
 }

@@ -45,7 +45,6 @@ int main(void)
 	static struct h_client prod, cons;
 	struct h_broker br = {0};
 	uint32_t rng = 7;
-	char cmd[300];
 	dcast_msg ack;
 	int found = 0;
 
@@ -95,7 +94,6 @@ int main(void)
 	h_client_close(&cons);
 	h_broker_kill(&br, SIGTERM);
 	zmq_ctx_term(h_ctx);
-	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-	CHECK(system(cmd) == 0);
+	check_remove_dir(dir);
 	return check_done("test_broker_metrics");
 }

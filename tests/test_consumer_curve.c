@@ -110,8 +110,6 @@ int main(void)
 	dcast_producer_close(&p);
 	h_model_free(&m);
 	h_broker_stop(&b);
-	snprintf(dir, sizeof(dir), "rm -rf %s", root);
-	if (!check_failures && system(dir) != 0)
-		fprintf(stderr, "could not remove %s\n", root);
+	check_remove_dir(root);
 	return check_done("test_consumer_curve");
 }

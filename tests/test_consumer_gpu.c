@@ -123,9 +123,6 @@ int main(void)
 #endif
 	}
 	h_broker_stop(&b);
-	char cmd[300];
-	snprintf(cmd, sizeof(cmd), "rm -rf %s", root);
-	if (!check_failures && system(cmd) != 0)
-		fprintf(stderr, "could not remove %s\n", root);
+	check_remove_dir(root);
 	return check_done("test_consumer_gpu");
 }

@@ -169,8 +169,6 @@ int main(void)
 	dcast_producer_close(&p);
 	h_model_free(&m);
 	h_broker_stop(&b);
-	snprintf(path, sizeof(path), "rm -rf %s", root);
-	if (!check_failures && system(path) != 0)
-		fprintf(stderr, "could not remove %s\n", root);
+	check_remove_dir(root);
 	return check_done("test_consumer_kill");
 }

@@ -279,8 +279,6 @@ int main(void)
 	dcast_producer_close(&p);
 	h_broker_stop(&br);
 	h_model_free(&m);
-	char cmd[256];
-	snprintf(cmd, sizeof(cmd), "rm -rf %s", root);
-	CHECK(system(cmd) == 0);
+	check_remove_dir(root);
 	return check_done("test_faults_zmtp");
 }

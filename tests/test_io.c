@@ -215,11 +215,6 @@ int main(void)
 	CHECK(dcast_io_uses_uring(io) == 0);
 	dcast_io_close(&io);
 	run_all("plain path");
-	{
-		char cmd[300];
-
-		snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-		CHECK(system(cmd) == 0);
-	}
+	check_remove_dir(dir);
 	return check_done("test_io");
 }

@@ -317,15 +317,12 @@ static void run(const char *label)
 
 int main(void)
 {
-	char cmd[300];
-
 	REQUIRE(mkdtemp(root));
 	dcast_log_set_level(DCAST_LOG_WARN);
 	unsetenv("DELTACAST_IO_URING");
 	run("uring");
 	setenv("DELTACAST_IO_URING", "0", 1);
 	run("plain");
-	snprintf(cmd, sizeof(cmd), "rm -rf %s", root);
-	CHECK(system(cmd) == 0);
+	check_remove_dir(root);
 	return check_done("test_segment");
 }

@@ -48,23 +48,61 @@ static ALWAYS_INLINE int record_pos(dcast_changes *ch, uint64_t first, uint64_t 
 	}
 }
 
-/* Value symbol counts, four copies so that increments stay independent. */
-typedef uint32_t scan_hist[4][DCAST_CPT_NSYM_MAX];
+/* Counts of the ulp differences below 64 by value, and of the larger ones
+ * by bit length (folded into symbol counts at the end), four copies so that
+ * increments stay independent. */
+#define HZ 64u
+typedef uint32_t scan_hist[4][HZ + 33];
 
-/* New values and ulp differences of the changes recorded since `from`,
- * read while their block is still in L1; counts their symbols. */
+static ALWAYS_INLINE int32_t load_sx(const uint8_t *p, unsigned es)
+{
+	int8_t a;
+	int16_t h;
+	int32_t v;
+	switch (es) {
+	case 1: memcpy(&a, p, 1); return a;
+	case 2: memcpy(&h, p, 2); return h;
+	default: memcpy(&v, p, 4); return v;
+	}
+}
+
+/* dcast_ulp_zz of elements loaded sign-extended: fewer instructions. */
+static ALWAYS_INLINE uint32_t zz_sx(int32_t nv, int32_t ov, unsigned es)
+{
+	uint32_t sb = 1u << (8 * es - 1);
+	uint32_t d = ((uint32_t)nv ^ ((uint32_t)(nv >> 31) | sb)) - ((uint32_t)ov ^ ((uint32_t)(ov >> 31) | sb));
+	int32_t ds = es == 1 ? (int8_t)d : es == 2 ? (int16_t)d : (int32_t)d;
+	return ((uint32_t)ds << 1 ^ (uint32_t)(ds >> 31)) & dcast_mask_w(8 * es);
+}
+
+static ALWAYS_INLINE unsigned hist_slot(uint32_t zz)
+{
+	return zz < HZ ? zz : HZ + 32 - (unsigned)__builtin_clz(zz);
+}
+
+static ALWAYS_INLINE void gather1(dcast_changes *ch, const uint8_t *c, const uint8_t *b, uint64_t i,
+				  unsigned es, uint32_t *h)
+{
+	uint64_t at = (uint64_t)ch->pos[i] * es;
+	uint32_t zz = zz_sx(load_sx(c + at, es), load_sx(b + at, es), es);
+	ch->zz[i] = zz;
+	h[hist_slot(zz)]++;
+}
+
+/* ulp differences of the changes recorded since `from`, read while their
+ * block is still in L1; counts them. */
 static ALWAYS_INLINE void gather(dcast_changes *ch, const uint8_t *c, const uint8_t *b, uint64_t from,
 				 unsigned es, scan_hist hist)
 {
-	const uint32_t *pos = ch->pos;
-	uint32_t *zzv = ch->zz;
-	for (uint64_t i = from; i < ch->n; i++) {
-		uint64_t at = (uint64_t)pos[i] * es;
-		uint32_t nv = dcast_load_elem(c + at, es);
-		uint32_t zz = dcast_ulp_zz(dcast_load_elem(b + at, es), nv, 8 * es);
-		zzv[i] = zz;
-		hist[i & 3][dcast_cpt_symbol(zz)]++;
+	uint64_t i = from;
+	for (; i + 4 <= ch->n; i += 4) {
+		gather1(ch, c, b, i, es, hist[0]);
+		gather1(ch, c, b, i + 1, es, hist[1]);
+		gather1(ch, c, b, i + 2, es, hist[2]);
+		gather1(ch, c, b, i + 3, es, hist[3]);
 	}
+	for (; i < ch->n; i++)
+		gather1(ch, c, b, i, es, hist[0]);
 }
 
 /* Keep one bit per element of a byte-granular mask. */
@@ -136,8 +174,8 @@ static int scan_portable(const uint8_t *c, const uint8_t *b, uint64_t count, uns
 #if defined(__x86_64__)
 #include <immintrin.h>
 
-#define TARGET_AVX2 __attribute__((target("avx2,popcnt,bmi,bmi2")))
-#define TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx2,popcnt,bmi,bmi2")))
+#define TARGET_AVX2 __attribute__((target("avx2,popcnt,bmi,bmi2,lzcnt")))
+#define TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx2,popcnt,bmi,bmi2,lzcnt")))
 
 TARGET_AVX2 static ALWAYS_INLINE __m256i eq_avx2(const uint8_t *c, const uint8_t *b, unsigned es)
 {
@@ -198,14 +236,22 @@ TARGET_AVX512 static ALWAYS_INLINE uint64_t neq_mask_avx512(const uint8_t *c, co
 		uint64_t from = ch->n, end = off + SCAN_BLOCK;                                  \
 		if (end > bytes - bytes % group)                                                \
 			end = bytes - bytes % group;                                            \
-		for (; off < end; off += group) {                                               \
-			for (unsigned l_ = 0; pf && l_ < es; l_++) { /* each line */           \
-				__builtin_prefetch(c + off + 2048 + 64 * l_);                   \
-				__builtin_prefetch(b + off + 2048 + 64 * l_);                   \
+		if (pf) {                                                                       \
+			for (; off < end; off += group) {                                       \
+				for (unsigned l_ = 0; l_ < es; l_++) { /* each line */         \
+					__builtin_prefetch(c + off + 2048 + 64 * l_);           \
+					__builtin_prefetch(b + off + 2048 + 64 * l_);           \
+				}                                                               \
+				uint64_t m = maskfn(c + off, b + off, es);                      \
+				if (record_pos(ch, off / es, m, 1))                             \
+					return DCAST_ENOMEM;                                    \
 			}                                                                       \
-			uint64_t m = maskfn(c + off, b + off, es);                              \
-			if (m && record_pos(ch, off / es, m, 1))                                \
-				return DCAST_ENOMEM;                                            \
+		} else {                                                                        \
+			for (; off < end; off += group) {                                       \
+				uint64_t m = maskfn(c + off, b + off, es);                      \
+				if (m && record_pos(ch, off / es, m, 1))                        \
+					return DCAST_ENOMEM;                                    \
+			}                                                                       \
 		}                                                                               \
 		pf = ch->n - from > PREFETCH_MIN;                                               \
 		gather(ch, c, b, from, es, hist);                                               \
@@ -320,8 +366,10 @@ int dcast_scan(const void *cur, const void *base, uint64_t count, unsigned es, d
 	}
 	if (rc)
 		return rc;
-	for (unsigned s = 0; s < DCAST_CPT_NSYM_MAX; s++)
-		ch->stats.hist[s] = (uint64_t)hist[0][s] + hist[1][s] + hist[2][s] + hist[3][s];
+	for (unsigned z = 1; z < HZ + 33; z++) {
+		uint64_t cnt = (uint64_t)hist[0][z] + hist[1][z] + hist[2][z] + hist[3][z];
+		ch->stats.hist[z < HZ ? dcast_cpt_symbol(z) : DCAST_CPT_NDIRECT + (z - HZ) - 4] += cnt;
+	}
 	ch->stats.changed = ch->n;
 	ch->stats.gap_sum = ch->n ? (uint64_t)ch->pos[ch->n - 1] + 1 - ch->n : 0;
 	return DCAST_OK;

@@ -9,6 +9,7 @@
 #include "dcast_common.h"
 
 #define ALWAYS_INLINE inline __attribute__((always_inline))
+#define LIKELY(x) __builtin_expect(!!(x), 1)
 
 int dcast_changes_reserve(dcast_changes *ch, uint64_t more)
 {
@@ -80,11 +81,21 @@ static ALWAYS_INLINE unsigned hist_slot(uint32_t zz)
 	return zz < HZ ? zz : HZ + 32 - (unsigned)__builtin_clz(zz);
 }
 
+/* The same when both have the same sign (nearly always): the difference
+ * of the sortable images is nv - ov, negated for negative values, and fits
+ * w - 1 bits, so no wrap-around to undo. */
+static ALWAYS_INLINE uint32_t zz_same_sign(int32_t nv, int32_t ov)
+{
+	int32_t m = nv >> 31, d = (int32_t)(((uint32_t)nv - (uint32_t)ov) ^ (uint32_t)m) - m;
+	return (uint32_t)d << 1 ^ (uint32_t)(d >> 31);
+}
+
 static ALWAYS_INLINE void gather1(dcast_changes *ch, const uint8_t *c, const uint8_t *b, uint64_t i,
 				  unsigned es, uint32_t *h)
 {
 	uint64_t at = (uint64_t)ch->pos[i] * es;
-	uint32_t zz = zz_sx(load_sx(c + at, es), load_sx(b + at, es), es);
+	int32_t nv = load_sx(c + at, es), ov = load_sx(b + at, es);
+	uint32_t zz = LIKELY((nv ^ ov) >= 0) ? zz_same_sign(nv, ov) : zz_sx(nv, ov, es);
 	ch->zz[i] = zz;
 	h[hist_slot(zz)]++;
 }

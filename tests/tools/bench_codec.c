@@ -25,6 +25,7 @@ typedef struct result {
 	double density, lr;
 	uint64_t changed, sizes[DCAST_ENC_COUNT], chosen;
 	double bound_bits, enc_ratio, apply_ratio, memcpy_gbps, enc_gbps, apply_gbps, enc_mt_ratio;
+	double enc_in_ratio; /* against memcpy of the encoder's input, cur and base */
 	int exact;
 } result;
 
@@ -62,6 +63,15 @@ static double time_memcpy(const workload *w, uint8_t *dst)
 {
 	double t = now_s();
 	memcpy(dst, w->cur, w->n * 2);
+	return now_s() - t;
+}
+
+/* memcpy of what encode reads: cur and base, 2 * n * 2 bytes. */
+static double time_memcpy_input(const workload *w, uint8_t *dst)
+{
+	double t = now_s();
+	memcpy(dst, w->cur, w->n * 2);
+	memcpy(dst + w->n * 2, w->base, w->n * 2);
 	return now_s() - t;
 }
 
@@ -159,17 +169,19 @@ static void sizes_of(const workload *w, const chunks *c, result *res)
 	}
 }
 
-static void run_density(workload *w, chunks *c, double density, uint16_t *scratch, result *res)
+static void run_density(workload *w, chunks *c, double density, uint16_t *scratch, uint8_t *scratch_in,
+			result *res)
 {
 	double bytes = (double)w->n * 2;
 	res->density = density;
 	res->lr = find_lr(w, density);
 	workload_step(w, res->lr, w->n);
-	double tm = 1e30, te = 1e30, tmt = 1e30, ta = 1e30;
+	double tm = 1e30, tmi = 1e30, te = 1e30, tmt = 1e30, ta = 1e30;
 	res->exact = 1;
 	for (int r = 0; r < REPS; r++) { /* interleaved: each sees the same machine load */
 		int exact;
 		keep_min(&tm, time_memcpy(w, (uint8_t *)scratch));
+		keep_min(&tmi, time_memcpy_input(w, scratch_in));
 		keep_min(&te, time_encode(w, c));
 		keep_min(&tmt, time_encode_mt(w, c, bench_threads()));
 		keep_min(&ta, time_apply(w, c, scratch, &exact));
@@ -182,6 +194,7 @@ static void run_density(workload *w, chunks *c, double density, uint16_t *scratc
 	res->apply_gbps = bytes / ta / 1e9;
 	res->enc_ratio = tm / te;
 	res->enc_mt_ratio = tm / tmt;
+	res->enc_in_ratio = tmi / te;
 	res->apply_ratio = tm / ta;
 }
 
@@ -190,18 +203,18 @@ static void print_table(FILE *f, const result *r, int nr, uint64_t n, uint64_t c
 	fprintf(f, "RL-like bf16, %" PRIu64 " elements in chunks of %" PRIu64 ".\n\n",
 		n, chunk);
 	fprintf(f, "| density | lr | changed | dense | idx32 | bitmask | compact | chosen | bound | chosen/bound "
-		   "| encode GB/s | apply GB/s | memcpy GB/s | encode/memcpy | apply/memcpy | encode %u thr/memcpy | exact |\n",
+		   "| encode GB/s | apply GB/s | memcpy GB/s | encode/memcpy | encode/memcpy of input | apply/memcpy | encode %u thr/memcpy | exact |\n",
 		bench_threads());
-	fprintf(f, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+	fprintf(f, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
 	for (int i = 0; i < nr; i++) {
 		double ch = r[i].changed ? (double)r[i].changed : 1;
 		fprintf(f, "| %.1f%% | %.2g | %" PRIu64 " |", 100 * r[i].density, r[i].lr, r[i].changed);
 		for (int e = 0; e < DCAST_ENC_COUNT; e++)
 			fprintf(f, " %.2f |", 8.0 * (double)r[i].sizes[e] / ch);
-		fprintf(f, " %.2f | %.2f | %.3f | %.2f | %.2f | %.2f | %.2fx | %.2fx | %.2fx | %s |\n",
+		fprintf(f, " %.2f | %.2f | %.3f | %.2f | %.2f | %.2f | %.2fx | %.2fx | %.2fx | %.2fx | %s |\n",
 			8.0 * (double)r[i].chosen / ch, r[i].bound_bits / ch,
 			8.0 * (double)r[i].chosen / r[i].bound_bits, r[i].enc_gbps, r[i].apply_gbps,
-			r[i].memcpy_gbps, r[i].enc_ratio, r[i].apply_ratio, r[i].enc_mt_ratio,
+			r[i].memcpy_gbps, r[i].enc_ratio, r[i].enc_in_ratio, r[i].apply_ratio, r[i].enc_mt_ratio,
 			r[i].exact ? "yes" : "NO");
 	}
 }
@@ -263,12 +276,13 @@ int main(int argc, char **argv)
 	c.payloads = malloc(c.nchunks * c.slot);
 	c.info = calloc(c.nchunks, sizeof(*c.info));
 	uint16_t *scratch = malloc(n * 2);
+	uint8_t *scratch_in = malloc(n * 4);
 	result res[4];
 	int nr = only > 0 ? 1 : 4;
-	if (!c.payloads || !c.info || !scratch)
+	if (!c.payloads || !c.info || !scratch || !scratch_in)
 		return 1;
 	for (int i = 0; i < nr; i++)
-		run_density(&w, &c, only > 0 ? only : dens[i], scratch, &res[i]);
+		run_density(&w, &c, only > 0 ? only : dens[i], scratch, scratch_in, &res[i]);
 	char *body = NULL;
 	size_t blen = 0;
 	FILE *mem = open_memstream(&body, &blen);
@@ -279,7 +293,8 @@ int main(int argc, char **argv)
 		     "Sizes are bits per changed element. *bound*: per chunk n*H(p) for the positions plus, over all "
 		     "changed elements, the empirical entropy of the sortable-integer differences (issue 3). "
 		     "Throughputs are GB/s of the NEW bytes; memcpy is one thread copying the same bytes in the same "
-		     "run; encode and apply are one thread; *encode N thr* encodes the chunks with N threads "
+		     "run; *memcpy of input* is one thread copying what encode reads, NEW and BASE (twice the bytes); "
+		     "encode and apply are one thread; *encode N thr* encodes the chunks with N threads "
 		     "(chunk-parallel, as a producer with N encoder threads would).\n\n",
 		n, chunk, sysconf(_SC_NPROCESSORS_ONLN), load[0], REPS);
 	print_table(mem, res, nr, n, chunk);

@@ -39,9 +39,10 @@ static void wr32le(uint8_t *p, uint32_t v)
 #define ALWAYS_INLINE inline __attribute__((always_inline))
 #define LIKELY(x) __builtin_expect(!!(x), 1)
 
-/* Value codes of the differences below VT (nearly all of them), prebuilt:
- * code bits << 5 | length.  Such a code is at most LMAX + 5 = 17 bits, so
- * with k <= FAST_KMAX an element (Rice code + value) fits one flush. */
+/* Value codes of the differences below VT (nearly all of them), prebuilt
+ * with the chunk's k folded in: (code bits << k) << 6 | (k + length).  A
+ * code is at most LMAX + 5 = 17 bits, so with k <= FAST_KMAX an element
+ * (Rice code + value) fits one flush. */
 #define VT 64u
 #define FAST_KMAX 19u
 
@@ -53,7 +54,7 @@ typedef struct emitter {
 	const uint8_t *cur;
 	unsigned es;
 	int bmi2;
-	uint32_t vt[VT];
+	uint64_t vt[VT];
 } emitter;
 
 /* Any element's bits, by the general code functions: the Rice code and
@@ -82,18 +83,18 @@ static ALWAYS_INLINE void put_any(bitwriter *w, elem_bits e)
 }
 
 /* The usual element (q < QESC, a difference below VT) of a coded stream
- * with k <= FAST_KMAX: one table lookup, at most 56 bits; the Rice code
- * with q ones, a zero and the k low bits is ((low << 1 | 1) << q) - 1.
- * Returns 0 for any other element. */
+ * with k <= FAST_KMAX: one table lookup, at most 56 bits.  q ones, a zero,
+ * then x (the k low bits of the gap and the value code above them) is
+ * ((x << 1 | 1) << q) - 1.  Returns 0 for any other element. */
 static ALWAYS_INLINE int elem_usual(const emitter *em, unsigned k, uint32_t gap, uint32_t zz,
 				    uint64_t *bits, unsigned *len)
 {
-	unsigned q = gap >> k, rl = q + 1 + k;
+	unsigned q = gap >> k;
 	if (!LIKELY(q < DCAST_CPT_QESC && zz < VT))
 		return 0;
-	uint32_t e = em->vt[zz];
-	*bits = ((((uint64_t)(gap & ((1u << k) - 1)) << 1 | 1) << q) - 1) | (uint64_t)(e >> 5) << rl;
-	*len = rl + (e & 31);
+	uint64_t e = em->vt[zz]; /* the k low bits, then the value code: one OR */
+	*bits = ((((gap & ((1u << k) - 1)) | e >> 6) << 1 | 1) << q) - 1;
+	*len = q + 1 + (unsigned)(e & 63);
 	return 1;
 }
 
@@ -172,7 +173,7 @@ uint64_t dcast_cpt_emit(const dcast_changes *ch, const dcast_cpt_plan *p, const 
 	for (uint32_t z = 1; p->mode == DCAST_CPT_CODED && z < VT; z++) {
 		unsigned len;
 		uint64_t bits = dcast_cpt_value_bits(p, z, 0, &len);
-		em.vt[z] = (uint32_t)bits << 5 | len;
+		em.vt[z] = bits << p->k << 6 | (p->k + len);
 	}
 	for (uint64_t first = 0; first < ch->n; first += DCAST_CPT_BLOCK) {
 		uint64_t end = ch->n - first < DCAST_CPT_BLOCK ? ch->n : first + DCAST_CPT_BLOCK;

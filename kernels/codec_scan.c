@@ -27,9 +27,10 @@ int dcast_changes_reserve(dcast_changes *ch, uint64_t more)
 }
 
 /* Append the positions flagged in `bits` (bit j*es: element first + j),
- * four at a time without a branch per element; up to 3 slots past the new
- * end get junk (capacity has room). */
-static ALWAYS_INLINE int record_pos(dcast_changes *ch, uint64_t first, uint64_t bits, unsigned es)
+ * W at a time (2 or 4) without a branch per element; up to W - 1 slots past
+ * the new end get junk (capacity has room). */
+static ALWAYS_INLINE int record_pos(dcast_changes *ch, uint64_t first, uint64_t bits, unsigned es,
+				    unsigned W)
 {
 	if (ch->n + 68 > ch->cap && dcast_changes_reserve(ch, 68))
 		return DCAST_ENOMEM;
@@ -38,14 +39,14 @@ static ALWAYS_INLINE int record_pos(dcast_changes *ch, uint64_t first, uint64_t 
 	ch->n += cnt;
 	for (;;) {
 #pragma GCC unroll 4
-		for (int j = 0; j < 4; j++) {
+		for (unsigned j = 0; j < W; j++) {
 			p[j] = (uint32_t)(first + (unsigned)__builtin_ctzll(bits | (1ull << 63)) / es);
 			bits &= bits - 1;
 		}
-		if (cnt <= 4)
+		if (cnt <= W)
 			return DCAST_OK;
-		p += 4;
-		cnt -= 4;
+		p += W;
+		cnt -= W;
 	}
 }
 
@@ -164,7 +165,7 @@ static ALWAYS_INLINE int scan_portable_es(const uint8_t *c, const uint8_t *b, ui
 		uint64_t from = ch->n, end = off + SCAN_BLOCK < bytes ? off + SCAN_BLOCK : bytes & ~7ull;
 		for (; off < end; off += 8) {
 			uint64_t m = neq_mask_word(c + off, b + off, es);
-			if (m && record_pos(ch, off / es, m, es))
+			if (m && record_pos(ch, off / es, m, es, 4))
 				return DCAST_ENOMEM;
 		}
 		gather(ch, c, b, from, es, hist);
@@ -235,36 +236,40 @@ TARGET_AVX512 static ALWAYS_INLINE uint64_t neq_mask_avx512(const uint8_t *c, co
 }
 
 /* 64 elements a step (one mask bit each); gather after each SCAN_BLOCK
- * bytes, while they are still in L1.  Software prefetch pays only where
- * there is work to hide the loads behind: it is on while the last block had
- * more than PREFETCH_MIN changes (with none, the hardware prefetcher keeps
- * up and the prefetch instructions only cost). */
+ * bytes, while they are still in L1.  How a block runs depends on how many
+ * changes the last one had:
+ * - at most PREFETCH_MIN: a branch skips groups without changes, which is
+ *   then well predicted, and no software prefetch (with no work to hide the
+ *   loads behind, the hardware prefetcher keeps up and prefetches only cost);
+ * - more: every group records W positions without a branch (W = 2 up to
+ *   WIDE_MIN changes a block, else 4), so that the number of changes in a
+ *   group, now unpredictable, costs no mispredicted branch, and the next
+ *   block is prefetched. */
 #define PREFETCH_MIN 2u
+#define WIDE_MIN 24u
+#define SCAN_GROUPS(maskfn, W)                                                                 \
+	for (; off < end; off += group) {                                                       \
+		for (unsigned l_ = 0; W && l_ < es; l_++) { /* each line */                    \
+			__builtin_prefetch(c + off + 2048 + 64 * l_);                           \
+			__builtin_prefetch(b + off + 2048 + 64 * l_);                           \
+		}                                                                               \
+		uint64_t m = maskfn(c + off, b + off, es);                                      \
+		if ((W || m) && record_pos(ch, off / es, m, 1, W ? W : 4))                      \
+			return DCAST_ENOMEM;                                                    \
+	}
 #define SCAN_SIMD_BODY(maskfn)                                                                 \
-	uint64_t bytes = count * es, off = 0, group = 64 * es;                                  \
-	int pf = 1;                                                                             \
+	uint64_t bytes = count * es, off = 0, group = 64 * es, last = PREFETCH_MIN + 1;         \
 	while (off + group <= bytes) {                                                          \
 		uint64_t from = ch->n, end = off + SCAN_BLOCK;                                  \
 		if (end > bytes - bytes % group)                                                \
 			end = bytes - bytes % group;                                            \
-		if (pf) {                                                                       \
-			for (; off < end; off += group) {                                       \
-				for (unsigned l_ = 0; l_ < es; l_++) { /* each line */         \
-					__builtin_prefetch(c + off + 2048 + 64 * l_);           \
-					__builtin_prefetch(b + off + 2048 + 64 * l_);           \
-				}                                                               \
-				uint64_t m = maskfn(c + off, b + off, es);                      \
-				if (record_pos(ch, off / es, m, 1))                             \
-					return DCAST_ENOMEM;                                    \
-			}                                                                       \
-		} else {                                                                        \
-			for (; off < end; off += group) {                                       \
-				uint64_t m = maskfn(c + off, b + off, es);                      \
-				if (m && record_pos(ch, off / es, m, 1))                        \
-					return DCAST_ENOMEM;                                    \
-			}                                                                       \
-		}                                                                               \
-		pf = ch->n - from > PREFETCH_MIN;                                               \
+		if (last <= PREFETCH_MIN)                                                       \
+			SCAN_GROUPS(maskfn, 0)                                                  \
+		else if (last <= WIDE_MIN)                                                      \
+			SCAN_GROUPS(maskfn, 2)                                                  \
+		else                                                                            \
+			SCAN_GROUPS(maskfn, 4)                                                  \
+		last = ch->n - from;                                                            \
 		gather(ch, c, b, from, es, hist);                                               \
 	}                                                                                       \
 	return scan_tail(c, b, off / es, count, es, ch, hist)

@@ -26,6 +26,7 @@ typedef struct result {
 	uint64_t changed, sizes[DCAST_ENC_COUNT], chosen;
 	double bound_bits, enc_ratio, apply_ratio, memcpy_gbps, enc_gbps, apply_gbps, enc_mt_ratio;
 	double enc_in_ratio; /* against memcpy of the encoder's input, cur and base */
+	double t_memcpy, t_enc, t_enc_hot; /* seconds, best of REPS */
 	int exact;
 } result;
 
@@ -86,7 +87,7 @@ static double time_memcpy_input(const workload *w, uint8_t *dst)
 typedef struct chunks {
 	uint64_t chunk, nchunks;
 	size_t slot;
-	uint8_t *payloads;
+	uint8_t *payloads, *hot_out; /* hot_out: time_encode_hot's, one slot */
 	dcast_chunk_info *info;
 } chunks;
 
@@ -101,6 +102,19 @@ static double time_encode(const workload *w, chunks *c)
 			exit(1);
 		}
 	}
+	return now_s() - t;
+}
+
+/* Compute alone: one chunk, resident in L3 after the first pass, encoded
+ * as many times as the model has chunks (the same bytes as time_encode). */
+static double time_encode_hot(const workload *w, chunks *c)
+{
+	uint64_t off = c->nchunks / 2 * c->chunk, n = w->n - off < c->chunk ? w->n - off : c->chunk;
+	dcast_chunk_info info;
+	double t = now_s();
+	for (uint64_t k = 0; k < c->nchunks; k++)
+		if (dcast_codec_encode(w->cur + off, w->base + off, n, 2, -1, 0, c->hot_out, c->slot, &info))
+			exit(1);
 	return now_s() - t;
 }
 
@@ -184,7 +198,7 @@ static void run_density(workload *w, chunks *c, double density, uint16_t *scratc
 	res->density = density;
 	res->lr = find_lr(w, density);
 	workload_step(w, res->lr, w->n);
-	double tm = 1e30, tmi = 1e30, te = 1e30, tmt = 1e30, ta = 1e30;
+	double tm = 1e30, tmi = 1e30, te = 1e30, teh = 1e30, tmt = 1e30, ta = 1e30;
 	res->exact = 1;
 	for (int r = 0; r < REPS; r++) { /* interleaved: each sees the same machine load */
 		int exact;
@@ -192,6 +206,7 @@ static void run_density(workload *w, chunks *c, double density, uint16_t *scratc
 		keep_min(&tmi, time_memcpy_input(w, scratch_in));
 		keep_min(&te, time_encode(w, c));
 		keep_min(&tmt, time_encode_mt(w, c, bench_threads()));
+		keep_min(&teh, time_encode_hot(w, c));
 		keep_min(&ta, time_apply(w, c, scratch, &exact));
 		res->exact &= exact;
 	}
@@ -203,6 +218,9 @@ static void run_density(workload *w, chunks *c, double density, uint16_t *scratc
 	res->enc_ratio = tm / te;
 	res->enc_mt_ratio = tm / tmt;
 	res->enc_in_ratio = tmi / te;
+	res->t_memcpy = tm;
+	res->t_enc = te;
+	res->t_enc_hot = teh;
 	res->apply_ratio = tm / ta;
 }
 
@@ -225,6 +243,21 @@ static void print_table(FILE *f, const result *r, int nr, uint64_t n, uint64_t c
 			r[i].memcpy_gbps, r[i].enc_ratio, r[i].enc_in_ratio, r[i].apply_ratio, r[i].enc_mt_ratio,
 			r[i].exact ? "yes" : "NO");
 	}
+}
+
+/* Where encode's time goes: with the data in DRAM (as above) and with one
+ * chunk resident in L3, which leaves the compute alone. */
+static void print_cost_table(FILE *f, const result *r, int nr, uint64_t n)
+{
+	fprintf(f, "\nEncode, memory and compute (one thread, %" PRIu64 " elements; *in L3*: the middle chunk "
+		   "encoded once per chunk of the model, so the same bytes as *encode* with the loads hitting "
+		   "L3):\n\n", n);
+	fprintf(f, "| density | memcpy ms | encode ms | encode ms, in L3 | in L3 ns per changed element |\n");
+	fprintf(f, "|---|---|---|---|---|\n");
+	for (int i = 0; i < nr; i++)
+		fprintf(f, "| %.1f%% | %.2f | %.2f | %.2f | %.2f |\n", 100 * r[i].density, 1e3 * r[i].t_memcpy,
+			1e3 * r[i].t_enc, 1e3 * r[i].t_enc_hot,
+			r[i].changed ? 1e9 * r[i].t_enc_hot / (double)r[i].changed : 0.0);
 }
 
 /* Replace the text between the markers in `path` (appending them if absent). */
@@ -280,14 +313,15 @@ int main(int argc, char **argv)
 	}
 	workload w;
 	workload_init(&w, n);
-	chunks c = { chunk, (n + chunk - 1) / chunk, dcast_codec_bound(chunk, 2), NULL, NULL };
+	chunks c = { chunk, (n + chunk - 1) / chunk, dcast_codec_bound(chunk, 2), NULL, NULL, NULL };
 	c.payloads = malloc(c.nchunks * c.slot);
+	c.hot_out = malloc(c.slot);
 	c.info = calloc(c.nchunks, sizeof(*c.info));
 	uint16_t *scratch = malloc(n * 2);
 	uint8_t *scratch_in = malloc(n * 4);
 	result res[4];
 	int nr = only > 0 ? 1 : 4;
-	if (!c.payloads || !c.info || !scratch || !scratch_in)
+	if (!c.payloads || !c.hot_out || !c.info || !scratch || !scratch_in)
 		return 1;
 	for (int i = 0; i < nr; i++)
 		run_density(&w, &c, only > 0 ? only : dens[i], scratch, scratch_in, &res[i]);
@@ -306,6 +340,7 @@ int main(int argc, char **argv)
 		     "(chunk-parallel, as a producer with N encoder threads would).\n\n",
 		n, chunk, sysconf(_SC_NPROCESSORS_ONLN), load[0], REPS);
 	print_table(mem, res, nr, n, chunk);
+	print_cost_table(mem, res, nr, n);
 	fclose(mem);
 	fputs(body, stdout);
 	if (out && write_section(out, body)) {

@@ -146,8 +146,8 @@ static void drain_monitor(dcast_producer *p)
 		zmq_msg_init(&addr);
 		zmq_msg_recv(&addr, p->conn.mon, 0);
 		zmq_msg_close(&addr);
-		if (id == ZMQ_EVENT_DISCONNECTED && !p->conn.handshaken && p->curve_server[0])
-			p->conn.dropped_in_handshake = 1;
+		if (id == ZMQ_EVENT_DISCONNECTED && !p->conn.handshaken)
+			p->conn.dropped_in_handshake++;
 		if (id == ZMQ_EVENT_DISCONNECTED)
 			p->conn.up = 0;
 		if (id == ZMQ_EVENT_HANDSHAKE_SUCCEEDED)
@@ -176,6 +176,14 @@ static void drain_socket(dcast_producer *p)
 	}
 }
 
+/* The broker refuses us: a handshake failure the monitor reported (libzmq
+ * reports a mechanism mismatch only when the peer's greeting arrived before
+ * it hung up), or every connection dropped before its handshake ended. */
+static int handshake_refused(const dcast_producer *p)
+{
+	return p->conn.auth_failed || p->conn.dropped_in_handshake >= PROD_HANDSHAKE_DROPS;
+}
+
 static int lost(dcast_producer *p)
 {
 	if (p->conn.auth_failed)
@@ -185,10 +193,11 @@ static int lost(dcast_producer *p)
 				  : p->conn.auth_failed == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH
 				  ? "it refused our key: is curve_public_key in its --producer-keys?"
 				  : "does the broker use CURVE (--curve-secret)?");
-	if (p->conn.dropped_in_handshake)
-		return dcast_fail(DCAST_EAUTH, "producer: broker at %s closed the connection during "
-				  "the CURVE handshake (is curve_server_key its public key?)",
-				  p->endpoint);
+	if (p->conn.dropped_in_handshake >= PROD_HANDSHAKE_DROPS)
+		return dcast_fail(DCAST_EAUTH, "producer: broker at %s closed %u connections during "
+				  "the handshake (%s)", p->endpoint, p->conn.dropped_in_handshake,
+				  p->curve_server[0] ? "CURVE: is curve_server_key its public key?"
+				  : "it wants CURVE? set curve_server_key and the producer's keys");
 	return dcast_fail(DCAST_ECLOSED, "producer: connection to the broker at %s lost",
 			  p->endpoint);
 }
@@ -266,8 +275,7 @@ int prod_conn_send(dcast_producer *p, const dcast_msg *m, zmq_msg_t *payload,
 			return rc;
 		if ((rc = wait_out(p, deadline_ms)))
 			return rc;
-		if (p->conn.auth_failed || p->conn.dropped_in_handshake ||
-		    (!p->conn.up && m->type != DCAST_MSG_HELLO))
+		if (handshake_refused(p) || (!p->conn.up && m->type != DCAST_MSG_HELLO))
 			return lost(p); /* a refused handshake never lets the HELLO out */
 	}
 }
@@ -326,7 +334,7 @@ static int await_welcome(dcast_producer *p, uint64_t deadline_ms)
 			return zfail("zmq_poll");
 		drain_socket(p);
 		drain_monitor(p);
-		if (p->conn.auth_failed || p->conn.dropped_in_handshake)
+		if (handshake_refused(p))
 			return lost(p);
 		if ((rc = prod_conn_take_error(p, DCAST_VERSION_NONE)))
 			return rc;

@@ -110,6 +110,7 @@ typedef struct prod_run {
 
 #define PROD_RESTART (-1)   /* the broker asked for an anchor mid-version */
 #define PROD_POLL_MS 100
+#define PROD_HANDSHAKE_DROPS 3u /* see conn.dropped_in_handshake */
 
 typedef struct prod_conn {
 	void *sock, *mon;       /* DEALER to the broker, PAIR of its monitor */
@@ -117,8 +118,10 @@ typedef struct prod_conn {
 	int manifest_sent;      /* on this connection */
 	int auth_failed;        /* the monitor saw a handshake fail: the event */
 	int handshaken;         /* ... or one succeed on this socket */
-	int dropped_in_handshake; /* a CURVE connection closed before its handshake
-				     ended: most likely the wrong server key */
+	unsigned dropped_in_handshake; /* connections closed before their handshake
+					  ended: PROD_HANDSHAKE_DROPS of them in one
+					  join mean a refusal (wrong server key, or a
+					  broker that wants CURVE), not a restart */
 	uint32_t generation;    /* bumped on every (re-)join */
 	uint64_t credit_granted, credit_used;
 	uint64_t broker_version; /* newest committed, from WELCOME / ACK */

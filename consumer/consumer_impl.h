@@ -110,6 +110,7 @@ typedef struct cs_tensor {
 
 #define CS_MAX_STAGED 16
 #define CS_EVENTS 32
+#define CS_MANIFEST_MISMATCHES 2 /* in a row, before a MANIFEST unlike our tensors is believed */
 
 struct dcast_consumer {
 	char model[DCAST_MAX_NAME + 1];
@@ -142,6 +143,7 @@ struct dcast_consumer {
 	/* session */
 	void *zctx, *sock;
 	int welcomed, manifest_bad, fold_due;
+	uint32_t manifest_mismatches;  /* MANIFESTs in a row unlike the tensors held */
 	uint64_t hello_ms;
 	uint32_t heartbeat_ms;
 	uint64_t last_send_ms, last_recv_ms;

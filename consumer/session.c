@@ -356,10 +356,20 @@ static int on_manifest(dcast_consumer *c, dcast_wire_in *in)
 	c->progress_ms = dcast_now_ms();
 	if (!c->n_tensors)
 		return cs_tensors_from_manifest(c, &in->msg.u.manifest);
-	if (manifest_matches(c, &in->msg.u.manifest))
+	if (manifest_matches(c, &in->msg.u.manifest)) {
+		c->manifest_mismatches = 0;
 		return 0;
+	}
+	if (++c->manifest_mismatches < CS_MANIFEST_MISMATCHES) {
+		/* Header frames carry no checksum: one that decodes may still have
+		 * been damaged on the way.  Ask again before giving up. */
+		DCAST_LOG_W("consumer %s: MANIFEST differs from the tensors held; re-joining to "
+			    "read it again", c->model);
+		return cs_rejoin(c);
+	}
 	dcast_fail(DCAST_ESHAPE, "MANIFEST of %s differs from the tensors this consumer holds "
-		   "(checkpoint in %s); start with an empty directory", c->model, c->dir);
+		   "(%u times in a row; checkpoint in %s); start with an empty directory", c->model,
+		   c->manifest_mismatches, c->dir);
 	cs_event_push(c, DCAST_EV_ERROR, DCAST_VERSION_NONE, DCAST_ESHAPE, dcast_last_error());
 	c->manifest_bad = 1;
 	return 0;

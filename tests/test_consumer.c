@@ -412,6 +412,48 @@ static void test_double_fault(const h_broker *b)
 	h_model_free(&m);
 }
 
+/* A checkpoint of one model opened against a broker whose MANIFEST has
+ * other shapes: after reading the MANIFEST again (one could have been
+ * damaged on the way), the consumer reports DCAST_ESHAPE naming the
+ * directory, and nothing of the other model is applied. */
+static void test_manifest_mismatch(const h_broker *b)
+{
+	h_model m1, m2;
+	dcast_producer *p1 = NULL, *p2 = NULL;
+	dcast_consumer *c;
+	dcast_event ev = {0};
+	int err = 0, ready = 0;
+
+	h_model_init(&m1, 41, 1);
+	h_model_init(&m2, 43, 2);
+	REQUIRE(h_producer_open(b, "m_shape_a", &m1, &p1) == 0);
+	REQUIRE(h_publish(p1, &m1, 1, 100) == 0);
+	REQUIRE(h_producer_open(b, "m_shape_b", &m2, &p2) == 0);
+	REQUIRE(h_publish(p2, &m2, 1, 100) == 0);
+	c = open_consumer(b, "m_shape_a", dir_for("shape"));
+	REQUIRE(c);
+	CHECK(wait_ready(c, 1) == 0);
+	dcast_consumer_close(&c);
+	c = open_consumer(b, "m_shape_b", dir_for("shape"));
+	REQUIRE(c);
+	for (int i = 0; i < 100 && !err; i++) {
+		if (dcast_consumer_poll(c, 100, &ev))
+			break;
+		if (ev.type == DCAST_EV_ERROR)
+			err = ev.code;
+		ready |= ev.type == DCAST_EV_VERSION_READY;
+	}
+	CHECK_ERR(err, DCAST_ESHAPE);
+	CHECK(strstr(ev.text, "2 times in a row") != NULL);
+	CHECK(strstr(ev.text, dir_for("shape")) != NULL);
+	CHECK(!ready);
+	dcast_consumer_close(&c);
+	dcast_producer_close(&p1);
+	dcast_producer_close(&p2);
+	h_model_free(&m1);
+	h_model_free(&m2);
+}
+
 static void test_bad_args(void)
 {
 	dcast_consumer *c = (dcast_consumer *)1;
@@ -443,6 +485,7 @@ int main(void)
 	test_corrupt_anchor_file(&b);
 	test_verify_incremental(&b);
 	test_double_fault(&b);
+	test_manifest_mismatch(&b);
 	h_broker_stop(&b);
 	check_remove_dir(root);
 	return check_done("test_consumer");

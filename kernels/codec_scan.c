@@ -68,23 +68,15 @@ static ALWAYS_INLINE int32_t load_sx(const uint8_t *p, unsigned es)
 	}
 }
 
-/* dcast_ulp_zz of elements loaded sign-extended: fewer instructions. */
-static ALWAYS_INLINE uint32_t zz_sx(int32_t nv, int32_t ov, unsigned es)
-{
-	uint32_t sb = 1u << (8 * es - 1);
-	uint32_t d = ((uint32_t)nv ^ ((uint32_t)(nv >> 31) | sb)) - ((uint32_t)ov ^ ((uint32_t)(ov >> 31) | sb));
-	int32_t ds = es == 1 ? (int8_t)d : es == 2 ? (int16_t)d : (int32_t)d;
-	return ((uint32_t)ds << 1 ^ (uint32_t)(ds >> 31)) & dcast_mask_w(8 * es);
-}
-
 static ALWAYS_INLINE unsigned hist_slot(uint32_t zz)
 {
 	return zz < HZ ? zz : HZ + 32 - (unsigned)__builtin_clz(zz);
 }
 
-/* The same when both have the same sign (nearly always): the difference
- * of the sortable images is nv - ov, negated for negative values, and fits
- * w - 1 bits, so no wrap-around to undo. */
+/* dcast_ulp_zz of two elements loaded sign-extended that have the same
+ * sign (nearly always): the difference of their sortable images is nv - ov,
+ * negated for negative values, and fits w - 1 bits, so no wrap-around to
+ * undo. */
 static ALWAYS_INLINE uint32_t zz_same_sign(int32_t nv, int32_t ov)
 {
 	int32_t m = nv >> 31, d = (int32_t)(((uint32_t)nv - (uint32_t)ov) ^ (uint32_t)m) - m;
@@ -96,7 +88,9 @@ static ALWAYS_INLINE void gather1(dcast_changes *ch, const uint8_t *c, const uin
 {
 	uint64_t at = (uint64_t)ch->pos[i] * es;
 	int32_t nv = load_sx(c + at, es), ov = load_sx(b + at, es);
-	uint32_t zz = LIKELY((nv ^ ov) >= 0) ? zz_same_sign(nv, ov) : zz_sx(nv, ov, es);
+	uint32_t m = dcast_mask_w(8 * es);
+	uint32_t zz = LIKELY((nv ^ ov) >= 0) ? zz_same_sign(nv, ov)
+					     : dcast_ulp_zz((uint32_t)ov & m, (uint32_t)nv & m, 8 * es);
 	ch->zz[i] = zz;
 	h[hist_slot(zz)]++;
 }

@@ -60,20 +60,6 @@ static const char *h_build(void)
 	return b ? b : "build";
 }
 
-static inline int h_file_has(const char *path, const char *needle)
-{
-	char buf[1 << 16];
-	FILE *f = fopen(path, "r");
-	size_t n;
-
-	if (!f)
-		return 0;
-	n = fread(buf, 1, sizeof(buf) - 1, f);
-	fclose(f);
-	buf[n] = '\0';
-	return strstr(buf, needle) != NULL;
-}
-
 static inline int h_count_in_file(const char *path, const char *needle)
 {
 	char buf[1 << 18], *p;

@@ -62,6 +62,22 @@ static inline void check_remove_dir(const char *dir)
 	CHECK(system(cmd) == 0);
 }
 
+/* 1 when the file at PATH holds NEEDLE in its first 64 KiB (logs the
+ * tests read); 0 when it does not or cannot be read. */
+static inline int check_file_has(const char *path, const char *needle)
+{
+	char buf[1 << 16];
+	FILE *f = fopen(path, "r");
+	size_t n;
+
+	if (!f)
+		return 0;
+	n = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	buf[n] = '\0';
+	return strstr(buf, needle) != NULL;
+}
+
 static inline int check_done(const char *name)
 {
 	if (check_failures) {

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "check.h"
 #include "deltacast/producer.h"
 #include "deltacast/safetensors.h"
 #include <sys/wait.h>
@@ -73,20 +74,6 @@ static inline const char *harness_build(void)
 	return b ? b : "build";
 }
 
-static inline int file_has(const char *path, const char *needle)
-{
-	char buf[8192];
-	FILE *f = fopen(path, "r");
-	size_t n;
-
-	if (!f)
-		return 0;
-	n = fread(buf, 1, sizeof(buf) - 1, f);
-	fclose(f);
-	buf[n] = 0;
-	return strstr(buf, needle) != NULL;
-}
-
 static inline pid_t harness_spawn_broker(harness_broker *b)
 {
 	char exe[512];
@@ -123,7 +110,7 @@ static inline int harness_broker_restart(harness_broker *b)
 			b->pid = harness_spawn_broker(b);
 			harness_track(b->pid, 1);
 		}
-		if (file_has(b->log, "consumers on"))
+		if (check_file_has(b->log, "consumers on"))
 			return 0;
 		if (waitpid(b->pid, &st, WNOHANG) == b->pid) {
 			harness_track(b->pid, 0);
@@ -151,7 +138,7 @@ static inline int harness_broker_start(harness_broker *b, const char *dir)
 		for (int waited = 0; waited < 5000; waited += 20) {
 			int st;
 
-			if (file_has(b->log, "consumers on"))
+			if (check_file_has(b->log, "consumers on"))
 				return 0;
 			if (waitpid(b->pid, &st, WNOHANG) == b->pid) {
 				harness_track(b->pid, 0);

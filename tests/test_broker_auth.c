@@ -58,18 +58,18 @@ int main(void)
 	br.extra[br.n_extra++] = keys;
 	br.pport = 1; /* any: the broker exits before binding */
 	CHECK(h_broker_try(&br) != 0);
-	CHECK(h_file_has(br.log, "need --curve-secret"));
+	CHECK(check_file_has(br.log, "need --curve-secret"));
 	br.pport = br.cport = 0;
 	br.extra[br.n_extra++] = "--curve-secret";
 	br.extra[br.n_extra++] = srv_key;
 	h_broker_start(&br);
-	CHECK(h_file_has(br.log, srv_pub));
+	CHECK(check_file_has(br.log, srv_pub));
 
 	/* An unlisted key and a plain client: refused, logged, no WELCOME. */
 	h_client_open_curve(&bad, br.pport, "secure/model", srv_pub, bad_key);
 	h_hello(&bad, DCAST_ROLE_PRODUCER, DCAST_VERSION_NONE);
 	CHECK(wait_log(br.log, bad_pub, 1));
-	CHECK(h_file_has(br.log, "refused producers peer"));
+	CHECK(check_file_has(br.log, "refused producers peer"));
 	h_client_open(&plain, br.pport, "secure/model");
 	h_hello(&plain, DCAST_ROLE_PRODUCER, DCAST_VERSION_NONE);
 

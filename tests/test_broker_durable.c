@@ -67,7 +67,7 @@ int main(void)
 	/* SIGKILL, restart on the same ports and data dir: no producer. */
 	h_broker_kill(&br, SIGKILL);
 	h_broker_start(&br);
-	CHECK(h_file_has(br.log, "6 committed version(s) restored"));
+	CHECK(check_file_has(br.log, "6 committed version(s) restored"));
 	h_client_open(&cons, br.cport, "durable/model");
 	CHECK(h_consume_until(&cons, DCAST_VERSION_NONE, VERSIONS, 100) == 0);
 	CHECK(cons.welcome_version == VERSIONS);
@@ -82,9 +82,9 @@ int main(void)
 	REQUIRE(stat(seg, &st) == 0 && st.st_size > 5);
 	REQUIRE(truncate(seg, st.st_size - 5) == 0);
 	h_broker_start(&br);
-	CHECK(h_file_has(br.log, "cut back to offset"));
-	CHECK(h_file_has(br.log, "last whole version 5"));
-	CHECK(h_file_has(br.log, seg));
+	CHECK(check_file_has(br.log, "cut back to offset"));
+	CHECK(check_file_has(br.log, "last whole version 5"));
+	CHECK(check_file_has(br.log, seg));
 	h_client_open(&cons, br.cport, "durable/model");
 	CHECK(h_consume_until(&cons, DCAST_VERSION_NONE, VERSIONS - 1, 100) == 0);
 	CHECK(cons.welcome_version == VERSIONS - 1);

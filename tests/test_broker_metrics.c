@@ -53,7 +53,7 @@ int main(void)
 	snprintf(br.log, sizeof(br.log), "%s/broker.log", dir);
 	br.with_metrics = 1;
 	h_broker_start(&br);
-	CHECK(h_file_has(br.log, "metrics on http://"));
+	CHECK(check_file_has(br.log, "metrics on http://"));
 
 	h_client_open(&prod, br.pport, "metrics/model");
 	REQUIRE(h_producer_join(&prod) == 0);

@@ -89,14 +89,14 @@ int main(void)
 	CHECK_ERR(harness_publish(p, 2), 0);
 	dcast_producer_stats_get(p, &s);
 	CHECK(!s.anchor && s.acked_version == 2);
-	CHECK(file_has(b.log, "version 2 committed (delta"));
+	CHECK(check_file_has(b.log, "version 2 committed (delta"));
 	dcast_producer_close(&p);
 
 	/* refused: an unlisted key, the wrong server key, no CURVE at all */
 	refused(&b, server.pub, &stranger, "unlisted key", "--producer-keys");
 	refused(&b, stranger.pub, &listed, "wrong server key", "curve_server_key");
 	refused(&b, NULL, NULL, "no CURVE", "wants CURVE");
-	CHECK(!file_has(b.log, "version 3"));
+	CHECK(!check_file_has(b.log, "version 3"));
 	harness_broker_kill(&b, SIGTERM);
 	free(w);
 	return check_done("test_producer_curve");

@@ -133,9 +133,9 @@ static void ack_lost(dcast_producer *p, uint64_t v)
 	stop_proxy(SIGSTOP);
 	kill(b.pid, SIGCONT);
 	snprintf(line, sizeof(line), "version %llu committed", (unsigned long long)v);
-	for (int i = 0; i < 250 && !file_has(b.log, line); i++)
+	for (int i = 0; i < 250 && !check_file_has(b.log, line); i++)
 		harness_sleep_ms(20);
-	CHECK(file_has(b.log, line));
+	CHECK(check_file_has(b.log, line));
 	stop_proxy(SIGKILL);
 	start_proxy();
 	CHECK_ERR(dcast_producer_wait(p, v, 20000), 0);
@@ -177,7 +177,7 @@ int main(void)
 	lost_before_commit(p, 3, 1);
 	dcast_producer_stats_get(p, &s);
 	CHECK(s.total_reconnects >= 2 && s.total_resends == 1 && s.acked_version == 3);
-	CHECK(file_has(b.log, "version 3 committed (delta"));
+	CHECK(check_file_has(b.log, "version 3 committed (delta"));
 	/* the trainer's tensors moved on: a plain delta against 3 */
 	plain_delta(p, 4);
 
@@ -185,7 +185,7 @@ int main(void)
 	lost_before_commit(p, 5, 0);
 	dcast_producer_stats_get(p, &s);
 	CHECK(s.total_resends == 2 && s.acked_version == 5);
-	CHECK(file_has(b.log, "version 5 committed (anchor"));
+	CHECK(check_file_has(b.log, "version 5 committed (anchor"));
 	CHECK_ERR(dcast_producer_wait(p, 3, 0), 0); /* earlier outcomes are kept */
 	CHECK_ERR(dcast_producer_wait(p, 9, 0), DCAST_ENOTFOUND);
 

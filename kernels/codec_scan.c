@@ -56,16 +56,11 @@ static ALWAYS_INLINE int record_pos(dcast_changes *ch, uint64_t first, uint64_t 
 #define HZ 64u
 typedef uint32_t scan_hist[4][HZ + 33];
 
+/* An element's bit pattern, sign-extended from its width. */
 static ALWAYS_INLINE int32_t load_sx(const uint8_t *p, unsigned es)
 {
-	int8_t a;
-	int16_t h;
-	int32_t v;
-	switch (es) {
-	case 1: memcpy(&a, p, 1); return a;
-	case 2: memcpy(&h, p, 2); return h;
-	default: memcpy(&v, p, 4); return v;
-	}
+	unsigned sh = 32 - 8 * es;
+	return (int32_t)(dcast_load_elem(p, es) << sh) >> sh;
 }
 
 static ALWAYS_INLINE unsigned hist_slot(uint32_t zz)

@@ -59,8 +59,8 @@ typedef uint32_t scan_hist[4][HZ + 33];
 /* An element's bit pattern, sign-extended from its width. */
 static ALWAYS_INLINE int32_t load_sx(const uint8_t *p, unsigned es)
 {
-	unsigned sh = 32 - 8 * es;
-	return (int32_t)(dcast_load_elem(p, es) << sh) >> sh;
+	uint32_t v = dcast_load_elem(p, es);
+	return es == 1 ? (int8_t)v : es == 2 ? (int16_t)v : (int32_t)v; /* one movsx */
 }
 
 static ALWAYS_INLINE unsigned hist_slot(uint32_t zz)
@@ -87,7 +87,10 @@ static ALWAYS_INLINE void gather1(dcast_changes *ch, const uint8_t *c, const uin
 	uint32_t zz = LIKELY((nv ^ ov) >= 0) ? zz_same_sign(nv, ov)
 					     : dcast_ulp_zz((uint32_t)ov & m, (uint32_t)nv & m, 8 * es);
 	ch->zz[i] = zz;
-	h[hist_slot(zz)]++;
+	if (LIKELY(zz < HZ))
+		h[zz]++;
+	else
+		h[hist_slot(zz)]++;
 }
 
 /* ulp differences of the changes recorded since `from`, read while their

@@ -39,10 +39,15 @@ static void wr32le(uint8_t *p, uint32_t v)
 #define ALWAYS_INLINE inline __attribute__((always_inline))
 #define LIKELY(x) __builtin_expect(!!(x), 1)
 
-/* Value codes of the differences below VT (nearly all of them), prebuilt
- * with the chunk's k folded in: (code bits << k) << 6 | (k + length).  A
- * code is at most LMAX + 5 = 17 bits, so with k <= FAST_KMAX an element
- * (Rice code + value) fits one flush. */
+/* The usual element of a coded stream: gap quotient q below QESC and
+ * ulp difference zz below VT (nearly all of them).  Its bits, but for the
+ * k low bits of the gap, depend on (q, zz) alone, so they are prebuilt per
+ * chunk: usual[q][zz] holds q ones, a zero, room for the k low bits, then
+ * zz's value code, less q << (k + q + 1), so that adding gap << (q + 1)
+ * (q << k plus the low bits) puts the low bits in; usual_len[q][zz] is the
+ * length.  The value code is at
+ * most LMAX + 5 = 17 bits, so with k <= FAST_KMAX an element fits one
+ * flush (at most 56 bits). */
 #define VT 64u
 #define FAST_KMAX 19u
 
@@ -54,8 +59,28 @@ typedef struct emitter {
 	const uint8_t *cur;
 	unsigned es;
 	int bmi2;
-	uint64_t vt[VT];
+	uint64_t usual[DCAST_CPT_QESC * VT];
+	uint8_t usual_len[DCAST_CPT_QESC * VT];
 } emitter;
+
+/* Row 0 from the value codes; row q is row 0 moved up by q ones. */
+static void usual_build(emitter *em)
+{
+	const dcast_cpt_plan *p = em->p;
+	em->usual[0] = em->usual_len[0] = 0; /* zz 0 is never a change */
+	for (uint32_t z = 1; z < VT; z++) {
+		unsigned len;
+		uint64_t bits = dcast_cpt_value_bits(p, z, 0, &len);
+		em->usual[z] = bits << (p->k + 1);
+		em->usual_len[z] = (uint8_t)(1 + p->k + len);
+	}
+	for (unsigned q = 1; q < DCAST_CPT_QESC; q++)
+		for (uint32_t z = 0; z < VT; z++) {
+			em->usual[q * VT + z] = (em->usual[z] << q | ((1ull << q) - 1)) -
+						((uint64_t)q << (p->k + q + 1));
+			em->usual_len[q * VT + z] = (uint8_t)(em->usual_len[z] + q);
+		}
+}
 
 /* Any element's bits, by the general code functions: the Rice code and
  * the value, or (when they would not fit one flush) each alone. */
@@ -82,19 +107,18 @@ static ALWAYS_INLINE void put_any(bitwriter *w, elem_bits e)
 		bw_put(w, e.bits[1], e.len[1]);
 }
 
-/* The usual element (q < QESC, a difference below VT) of a coded stream
- * with k <= FAST_KMAX: one table lookup, at most 56 bits.  q ones, a zero,
- * then x (the k low bits of the gap and the value code above them) is
- * ((x << 1 | 1) << q) - 1.  Returns 0 for any other element. */
+/* The usual element's bits (see usual_build): the table entry plus the
+ * gap moved past the q ones and the zero.  Returns 0 for any other
+ * element. */
 static ALWAYS_INLINE int elem_usual(const emitter *em, unsigned k, uint32_t gap, uint32_t zz,
 				    uint64_t *bits, unsigned *len)
 {
 	unsigned q = gap >> k;
 	if (!LIKELY(q < DCAST_CPT_QESC && zz < VT))
 		return 0;
-	uint64_t e = em->vt[zz]; /* the k low bits, then the value code: one OR */
-	*bits = ((((gap & ((1u << k) - 1)) | e >> 6) << 1 | 1) << q) - 1;
-	*len = q + 1 + (unsigned)(e & 63);
+	unsigned at = q * VT + zz;
+	*bits = em->usual[at] + ((uint64_t)gap << (q + 1));
+	*len = em->usual_len[at];
 	return 1;
 }
 
@@ -103,18 +127,18 @@ static ALWAYS_INLINE int elem_usual(const emitter *em, unsigned k, uint32_t gap,
  * writer's dependency chain.  The writer lives in registers here. */
 static ALWAYS_INLINE void emit_coded(const emitter *em, uint64_t first, uint64_t end, bitwriter *wp)
 {
-	const uint32_t *pos = em->ch->pos, *zzv = em->ch->zz;
+	const uint32_t *pos = em->ch->pos, *zzv = em->ch->zz + first, *p = pos + first;
 	uint32_t next = first ? pos[first - 1] + 1 : 0;
 	const unsigned k = em->p->k; /* a local: the writer's byte stores alias everything */
 	bitwriter w = *wp;
 	uint64_t i = first;
-	for (; i + 2 <= end; i += 2) {
-		uint32_t g0 = pos[i] - next, g1 = pos[i + 1] - pos[i] - 1;
+	for (; i + 2 <= end; i += 2, p += 2, zzv += 2) {
+		uint32_t g0 = p[0] - next, g1 = p[1] - p[0] - 1;
 		uint64_t b0, b1;
 		unsigned l0, l1;
-		next = pos[i + 1] + 1;
-		if (LIKELY(elem_usual(em, k, g0, zzv[i], &b0, &l0) &&
-			   elem_usual(em, k, g1, zzv[i + 1], &b1, &l1))) {
+		next = p[1] + 1;
+		if (LIKELY(elem_usual(em, k, g0, zzv[0], &b0, &l0) &&
+			   elem_usual(em, k, g1, zzv[1], &b1, &l1))) {
 			if (LIKELY(l0 + l1 <= 56)) {
 				bw_put(&w, b0 | b1 << l0, l0 + l1);
 			} else {
@@ -168,13 +192,10 @@ uint64_t dcast_cpt_emit(const dcast_changes *ch, const dcast_cpt_plan *p, const 
 {
 	uint8_t *idx = out + dcast_cpt_hdr_bytes(p->mode, p->w);
 	bitwriter w = { out + dcast_cpt_stream_off(p), out + dcast_cpt_stream_off(p), 0, 0 };
-	emitter em = { ch, p, cur, es, dcast_simd_bmi2(), { 0 } };
+	emitter em = { .ch = ch, .p = p, .cur = cur, .es = es, .bmi2 = dcast_simd_bmi2() };
 	dcast_cpt_hdr_write(p, out);
-	for (uint32_t z = 1; p->mode == DCAST_CPT_CODED && z < VT; z++) {
-		unsigned len;
-		uint64_t bits = dcast_cpt_value_bits(p, z, 0, &len);
-		em.vt[z] = bits << p->k << 6 | (p->k + len);
-	}
+	if (p->mode == DCAST_CPT_CODED && p->k <= FAST_KMAX)
+		usual_build(&em);
 	for (uint64_t first = 0; first < ch->n; first += DCAST_CPT_BLOCK) {
 		uint64_t end = ch->n - first < DCAST_CPT_BLOCK ? ch->n : first + DCAST_CPT_BLOCK;
 		if (first) {

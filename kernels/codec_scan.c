@@ -26,17 +26,21 @@ int dcast_changes_reserve(dcast_changes *ch, uint64_t more)
 	return DCAST_OK;
 }
 
-/* Append the positions flagged in `bits` (bit j*es: element first + j),
- * W at a time (2 or 4) without a branch per element; up to W - 1 slots past
- * the new end get junk (capacity has room). */
-static ALWAYS_INLINE int record_pos(dcast_changes *ch, uint64_t first, uint64_t bits, unsigned es,
-				    unsigned W)
+/* Bytes compared before their changes are gathered: no more than the
+ * prefetch distance, so loads stay in flight while the gather computes
+ * (2048 measured best of 1024..8192 at 1% and 5%). */
+#define SCAN_BLOCK 2048u
+
+/* Append at p the positions flagged in `bits` (bit j*es: element first +
+ * j), W at a time (2 or 4) without a branch per element; returns the new
+ * end.  Up to W - 1 slots past it get junk: the caller reserved room for a
+ * block's elements and RECORD_SLACK more. */
+#define RECORD_SLACK 68u
+static ALWAYS_INLINE uint32_t *record_pos(uint32_t *p, uint64_t first, uint64_t bits, unsigned es,
+					  unsigned W)
 {
-	if (ch->n + 68 > ch->cap && dcast_changes_reserve(ch, 68))
-		return DCAST_ENOMEM;
-	uint32_t *p = ch->pos + ch->n;
 	unsigned cnt = (unsigned)__builtin_popcountll(bits);
-	ch->n += cnt;
+	uint32_t *end = p + cnt;
 	for (;;) {
 #pragma GCC unroll 4
 		for (unsigned j = 0; j < W; j++) {
@@ -44,10 +48,16 @@ static ALWAYS_INLINE int record_pos(dcast_changes *ch, uint64_t first, uint64_t 
 			bits &= bits - 1;
 		}
 		if (cnt <= W)
-			return DCAST_OK;
+			return end;
 		p += W;
 		cnt -= W;
 	}
+}
+
+/* Room for the changes of one block of SCAN_BLOCK bytes. */
+static ALWAYS_INLINE uint32_t *block_room(dcast_changes *ch)
+{
+	return dcast_changes_reserve(ch, SCAN_BLOCK + RECORD_SLACK) ? NULL : ch->pos + ch->n;
 }
 
 /* Counts of the ulp differences below 64 by value, and of the larger ones
@@ -115,10 +125,6 @@ static ALWAYS_INLINE uint64_t elem_bits(uint64_t m, unsigned es)
 	return es == 1 ? m : es == 2 ? m & 0x5555555555555555ull : m & 0x1111111111111111ull;
 }
 
-/* Bytes compared before their changes are gathered: no more than the
- * prefetch distance, so loads stay in flight while the gather computes
- * (2048 measured best of 1024..8192 at 1% and 5%). */
-#define SCAN_BLOCK 2048u
 
 /* Elements [from, count) one by one. */
 static ALWAYS_INLINE int scan_tail(const uint8_t *c, const uint8_t *b, uint64_t from, uint64_t count,
@@ -155,11 +161,15 @@ static ALWAYS_INLINE int scan_portable_es(const uint8_t *c, const uint8_t *b, ui
 	uint64_t bytes = count * es, off = 0;
 	while (off + 8 <= bytes) {
 		uint64_t from = ch->n, end = off + SCAN_BLOCK < bytes ? off + SCAN_BLOCK : bytes & ~7ull;
+		uint32_t *p = block_room(ch);
+		if (!p)
+			return DCAST_ENOMEM;
 		for (; off < end; off += 8) {
 			uint64_t m = neq_mask_word(c + off, b + off, es);
-			if (m && record_pos(ch, off / es, m, es, 4))
-				return DCAST_ENOMEM;
+			if (m)
+				p = record_pos(p, off / es, m, es, 4);
 		}
+		ch->n = (uint64_t)(p - ch->pos);
 		gather(ch, c, b, from, es, hist);
 	}
 	return scan_tail(c, b, off / es, count, es, ch, hist);
@@ -246,13 +256,16 @@ TARGET_AVX512 static ALWAYS_INLINE uint64_t neq_mask_avx512(const uint8_t *c, co
 			__builtin_prefetch(b + off + 2048 + 64 * l_);                           \
 		}                                                                               \
 		uint64_t m = maskfn(c + off, b + off, es);                                      \
-		if ((W || m) && record_pos(ch, off / es, m, 1, W ? W : 4))                      \
-			return DCAST_ENOMEM;                                                    \
+		if (W || m)                                                                     \
+			p = record_pos(p, off / es, m, 1, W ? W : 4);                           \
 	}
 #define SCAN_SIMD_BODY(maskfn)                                                                 \
 	uint64_t bytes = count * es, off = 0, group = 64 * es, last = PREFETCH_MIN + 1;         \
 	while (off + group <= bytes) {                                                          \
 		uint64_t from = ch->n, end = off + SCAN_BLOCK;                                  \
+		uint32_t *p = block_room(ch);                                                   \
+		if (!p)                                                                         \
+			return DCAST_ENOMEM;                                                    \
 		if (end > bytes - bytes % group)                                                \
 			end = bytes - bytes % group;                                            \
 		if (last <= PREFETCH_MIN)                                                       \
@@ -261,6 +274,7 @@ TARGET_AVX512 static ALWAYS_INLINE uint64_t neq_mask_avx512(const uint8_t *c, co
 			SCAN_GROUPS(maskfn, 2)                                                  \
 		else                                                                            \
 			SCAN_GROUPS(maskfn, 4)                                                  \
+		ch->n = (uint64_t)(p - ch->pos);                                                \
 		last = ch->n - from;                                                            \
 		gather(ch, c, b, from, es, hist);                                               \
 	}                                                                                       \

@@ -313,6 +313,71 @@ static void test_compact_size(void)
 	free_range(&r);
 }
 
+/* Changes at the given gaps (gap: elements skipped before the change),
+ * each by a difference of zz 1..80 (so both below and above the emitter's
+ * table of 64). */
+static range range_at_gaps(const uint64_t *gaps, unsigned n, unsigned es)
+{
+	uint64_t count = 0;
+	for (unsigned i = 0; i < n; i++)
+		count += gaps[i] + 1;
+	range r = make_range(count, es, 0, 0);
+	uint64_t at = 0;
+	for (unsigned i = 0; i < n; i++) {
+		at += gaps[i];
+		uint32_t b = dcast_load_elem(r.base + at * es, es), c = b;
+		while (c == b)
+			c = dcast_ulp_apply(b, 1 + (uint32_t)(rnd() % 80), 8 * es);
+		dcast_store_elem(r.cur + at * es, es, c);
+		at++;
+	}
+	return r;
+}
+
+/* Gaps of about 2^s, and one change in 24 at a gap of j * 2^s for j =
+ * 0..45, so that with the Rice parameter k the plan picks (about s) the
+ * quotients run over 0 .. QESC and past it.  Returns how many. */
+static unsigned sweep_gaps(unsigned s, uint64_t *gaps)
+{
+	unsigned n = 0;
+	for (unsigned j = 0; j < 46; j++) {
+		for (unsigned i = 0; i < 23; i++)
+			gaps[n++] = (1ull << s) + (rnd() & ((1ull << s) - 1) & 7);
+		gaps[n++] = ((uint64_t)j << s) + (rnd() & ((1ull << s) - 1));
+	}
+	return n;
+}
+
+/* The compact emitter builds, per chunk, the bits of every usual element
+ * (gap quotient q below QESC, difference below 64) for its Rice parameter
+ * k.  For k from 0 up, gaps whose quotients cover every row of that table
+ * and the escape past it, differences below and above 64: every payload
+ * must round-trip exactly, and the test checks that the last row and the
+ * escape were written for many k. */
+static void test_compact_rows(void)
+{
+	static uint64_t gaps[46 * 24];
+	unsigned ks_last_row = 0, ks_escape = 0;
+	for (unsigned es = 1; es <= 4; es *= 2)
+		for (unsigned s = 0; s <= 11; s++) {
+			unsigned n = sweep_gaps(s, gaps);
+			range r = range_at_gaps(gaps, n, es);
+			uint8_t *pl;
+			dcast_chunk_info info;
+			encode_forced(&r, DCAST_ENC_COMPACT, &pl, &info);
+			CHECK(info.changed == n);
+			for (unsigned i = 0; pl[1] == DCAST_CPT_CODED && i < n; i++) { /* byte 0: k */
+				ks_last_row |= (uint32_t)(gaps[i] >> pl[0] == DCAST_CPT_QESC - 1) << pl[0];
+				ks_escape |= (uint32_t)(gaps[i] >> pl[0] >= DCAST_CPT_QESC) << pl[0];
+			}
+			roundtrip(&r, DCAST_ENC_COMPACT);
+			free(pl);
+			free_range(&r);
+		}
+	CHECK(__builtin_popcount(ks_last_row) >= 10);
+	CHECK(__builtin_popcount(ks_escape) >= 10);
+}
+
 /* The fast compact decoder alone (header parsed as dcast_cpt_decode does):
  * 0 accepted, -1 refused, -2 header refused before it runs. */
 static int fast_decode(const dcast_chunk_info *info, const uint8_t *pl, uint32_t *pos, uint32_t *val)
@@ -486,6 +551,7 @@ int main(void)
 	test_compact_structure();
 	test_compact_table();
 	test_compact_size();
+	test_compact_rows();
 	test_fast_decoder();
 	test_golden_bytes();
 	return check_done("test_codec");

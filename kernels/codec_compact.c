@@ -45,9 +45,8 @@ static void wr32le(uint8_t *p, uint32_t v)
  * chunk: usual[q][zz] holds q ones, a zero, room for the k low bits, then
  * zz's value code, less q << (k + q + 1), so that adding gap << (q + 1)
  * (q << k plus the low bits) puts the low bits in; usual_len[q][zz] is the
- * length.  The value code is at
- * most LMAX + 5 = 17 bits, so with k <= FAST_KMAX an element fits one
- * flush (at most 56 bits). */
+ * length.  The value code is at most LMAX + 5 = 17 bits, so with
+ * k <= FAST_KMAX an element fits one flush (at most 56 bits). */
 #define VT 64u
 #define FAST_KMAX 19u
 

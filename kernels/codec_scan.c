@@ -119,12 +119,6 @@ static ALWAYS_INLINE void gather(dcast_changes *ch, const uint8_t *c, const uint
 		gather1(ch, c, b, i, es, hist[0]);
 }
 
-/* Keep one bit per element of a byte-granular mask. */
-static ALWAYS_INLINE uint64_t elem_bits(uint64_t m, unsigned es)
-{
-	return es == 1 ? m : es == 2 ? m & 0x5555555555555555ull : m & 0x1111111111111111ull;
-}
-
 /* Elements [from, count) one by one. */
 static ALWAYS_INLINE int scan_tail(const uint8_t *c, const uint8_t *b, uint64_t from, uint64_t count,
 				   unsigned es, dcast_changes *ch, scan_hist hist)

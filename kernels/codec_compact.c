@@ -62,23 +62,26 @@ typedef struct emitter {
 	uint8_t usual_len[DCAST_CPT_QESC * VT];
 } emitter;
 
-/* Row 0 from the value codes; row q is row 0 moved up by q ones. */
+/* Row 0 from the value codes; row q is row 0 moved up by q ones.  Built
+ * from local copies of row 0, which nothing aliases, so that the rows are
+ * vector loops: a chunk with few changes pays little for the table. */
 static void usual_build(emitter *em)
 {
 	const dcast_cpt_plan *p = em->p;
-	em->usual[0] = em->usual_len[0] = 0; /* zz 0 is never a change */
+	uint64_t row0[VT] = { 0 }; /* zz 0 is never a change */
+	uint8_t len0[VT] = { 0 };
 	for (uint32_t z = 1; z < VT; z++) {
 		unsigned len;
-		uint64_t bits = dcast_cpt_value_bits(p, z, 0, &len);
-		em->usual[z] = bits << (p->k + 1);
-		em->usual_len[z] = (uint8_t)(1 + p->k + len);
+		row0[z] = dcast_cpt_value_bits(p, z, 0, &len) << (p->k + 1);
+		len0[z] = (uint8_t)(1 + p->k + len);
 	}
-	for (unsigned q = 1; q < DCAST_CPT_QESC; q++)
-		for (uint32_t z = 0; z < VT; z++) {
-			em->usual[q * VT + z] = (em->usual[z] << q | ((1ull << q) - 1)) -
-						((uint64_t)q << (p->k + q + 1));
-			em->usual_len[q * VT + z] = (uint8_t)(em->usual_len[z] + q);
-		}
+	for (unsigned q = 0; q < DCAST_CPT_QESC; q++) {
+		uint64_t ones = (1ull << q) - 1, bias = (uint64_t)q << (p->k + q + 1);
+		for (uint32_t z = 0; z < VT; z++)
+			em->usual[q * VT + z] = (row0[z] << q | ones) - bias;
+		for (uint32_t z = 0; z < VT; z++)
+			em->usual_len[q * VT + z] = (uint8_t)(len0[z] + q);
+	}
 }
 
 /* Any element's bits, by the general code functions: the Rice code and

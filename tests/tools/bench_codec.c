@@ -91,17 +91,22 @@ typedef struct chunks {
 	dcast_chunk_info *info;
 } chunks;
 
+/* Chunk k into its payload slot; exits on an error. */
+static void encode_chunk(const workload *w, chunks *c, uint64_t k)
+{
+	uint64_t off = k * c->chunk, n = w->n - off < c->chunk ? w->n - off : c->chunk;
+	if (dcast_codec_encode(w->cur + off, w->base + off, n, 2, -1, 0, c->payloads + k * c->slot, c->slot,
+			       &c->info[k])) {
+		fprintf(stderr, "bench_codec: encode: %s\n", dcast_last_error());
+		exit(1);
+	}
+}
+
 static double time_encode(const workload *w, chunks *c)
 {
 	double t = now_s();
-	for (uint64_t k = 0; k < c->nchunks; k++) {
-		uint64_t off = k * c->chunk, n = w->n - off < c->chunk ? w->n - off : c->chunk;
-		if (dcast_codec_encode(w->cur + off, w->base + off, n, 2, -1, 0, c->payloads + k * c->slot,
-				       c->slot, &c->info[k])) {
-			fprintf(stderr, "bench_codec: encode: %s\n", dcast_last_error());
-			exit(1);
-		}
-	}
+	for (uint64_t k = 0; k < c->nchunks; k++)
+		encode_chunk(w, c, k);
 	return now_s() - t;
 }
 
@@ -134,16 +139,8 @@ typedef struct mt_pool {
 
 static void encode_claimed(mt_pool *m)
 {
-	const workload *w = m->w;
-	chunks *c = m->c;
-	for (uint64_t k; (k = m->next++) < c->nchunks;) {
-		uint64_t off = k * c->chunk, n = w->n - off < c->chunk ? w->n - off : c->chunk;
-		if (dcast_codec_encode(w->cur + off, w->base + off, n, 2, -1, 0, c->payloads + k * c->slot,
-				       c->slot, &c->info[k])) {
-			fprintf(stderr, "bench_codec: encode: %s\n", dcast_last_error());
-			exit(1);
-		}
-	}
+	for (uint64_t k; (k = m->next++) < m->c->nchunks;)
+		encode_chunk(m->w, m->c, k);
 }
 
 static void *mt_worker(void *arg)

@@ -141,17 +141,20 @@ static void send_hello(void *s, int role, uint64_t have)
 }
 
 /* Receive one message within the overall deadline, sending a HEARTBEAT
- * every 300 ms of waiting.  Returns 0 or dies. */
+ * every 300 ms of waiting.  Returns 1 with a message, 0 when wait_ms
+ * passed without one; dies on a bad message or past the deadline. */
 static uint64_t deadline_ms, last_hb_ms;
-static void recv_msg(void *s, dcast_wire_in *in)
+static int recv_within(void *s, dcast_wire_in *in, uint64_t wait_ms)
 {
-	for (;;) {
+	for (uint64_t start = dcast_now_ms();;) {
 		zmq_pollitem_t it = {s, 0, ZMQ_POLLIN, 0};
 		uint64_t now = dcast_now_ms();
 		int rc;
 
 		if (now > deadline_ms)
 			die("timed out after %llu ms", (unsigned long long)o.timeout_ms);
+		if (now - start >= wait_ms)
+			return 0;
 		if (now - last_hb_ms >= 300) {
 			send_simple(s, DCAST_MSG_HEARTBEAT, 0);
 			last_hb_ms = now;
@@ -160,10 +163,15 @@ static void recv_msg(void *s, dcast_wire_in *in)
 			continue;
 		rc = dcast_wire_recv(s, 0, in, 0);
 		if (!rc)
-			return;
+			return 1;
 		dcast_wire_in_close(in);
 		die("received a bad message: %s", dcast_errname(rc));
 	}
+}
+
+static void recv_msg(void *s, dcast_wire_in *in)
+{
+	recv_within(s, in, UINT64_MAX);
 }
 
 static void send_manifest(void *s)
@@ -343,7 +351,8 @@ struct cons {
 	int open_anchor;
 	uint64_t chunks, bytes, open_chunks, open_bytes;
 	uint64_t versions, anchors, run_versions;
-	int joining; /* HELLOs not yet answered: what arrives before is stale */
+	int welcomed;     /* 0: our HELLO is unanswered, what arrives is stale */
+	uint64_t hello_ms; /* when it was sent; re-sent after HELLO_RETRY_MS */
 };
 
 static void state_save(const struct cons *c)
@@ -397,12 +406,35 @@ static void stats_write(const struct cons *c)
 	rename(tmp, o.stats_file);
 }
 
+/* A HELLO not answered by a WELCOME in this time (refused, or the WELCOME
+ * dropped at a full queue) is sent again. */
+#define HELLO_RETRY_MS 1000
+
+static void cons_hello(struct cons *c)
+{
+	c->open = DCAST_VERSION_NONE;
+	c->welcomed = 0;
+	c->hello_ms = dcast_now_ms();
+	send_hello(c->s, DCAST_ROLE_CONSUMER, c->applied);
+}
+
+/* One HELLO at a time: while one is out, what arrives is the old stream's
+ * or the answers to its stale messages, and its WELCOME (or the retry)
+ * starts over anyway. */
 static void cons_rejoin(struct cons *c, const char *why)
 {
+	if (!c->welcomed)
+		return;
 	fprintf(stderr, "consumer: re-join at %lld: %s\n", (long long)c->applied, why);
-	c->open = DCAST_VERSION_NONE;
-	c->joining++;
-	send_hello(c->s, DCAST_ROLE_CONSUMER, c->applied);
+	cons_hello(c);
+}
+
+static void cons_idle(struct cons *c)
+{
+	if (!c->welcomed && dcast_now_ms() - c->hello_ms >= HELLO_RETRY_MS) {
+		fprintf(stderr, "consumer: no WELCOME in %d ms; HELLO again\n", HELLO_RETRY_MS);
+		cons_hello(c);
+	}
 }
 
 static void cons_open(struct cons *c, uint64_t version, int anchor)
@@ -491,11 +523,13 @@ static void cons_msg(struct cons *c, dcast_wire_in *in)
 {
 	const dcast_commit *cm = &in->msg.u.commit;
 
-	if (in->msg.type == DCAST_MSG_WELCOME && c->joining)
-		c->joining--;
-	if (c->joining && (in->msg.type == DCAST_MSG_CHUNK || in->msg.type == DCAST_MSG_COMMIT))
+	if (!c->welcomed && (in->msg.type == DCAST_MSG_CHUNK || in->msg.type == DCAST_MSG_COMMIT))
 		return;
 	switch (in->msg.type) {
+	case DCAST_MSG_WELCOME: /* a stream starts: whatever was being staged is gone */
+		c->welcomed = 1;
+		c->open = DCAST_VERSION_NONE;
+		break;
 	case DCAST_MSG_MANIFEST:
 		cons_manifest(&in->msg.u.manifest);
 		break;
@@ -528,12 +562,14 @@ static int consume(void)
 
 	state_load(&c);
 	c.s = connect_dealer(&ctx);
-	c.joining = 1;
-	send_hello(c.s, DCAST_ROLE_CONSUMER, c.applied);
+	cons_hello(&c);
 	while (c.applied == DCAST_VERSION_NONE || c.applied < o.until) {
 		dcast_wire_in in;
 
-		recv_msg(c.s, &in);
+		if (!recv_within(c.s, &in, 250)) {
+			cons_idle(&c);
+			continue;
+		}
 		cons_msg(&c, &in);
 		dcast_wire_in_close(&in);
 	}

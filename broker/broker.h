@@ -153,6 +153,7 @@ struct broker_peer {
 	uint32_t next_chunk;         /* next chunk of cur; n_chunks: COMMIT next */
 	struct broker_manifest *manifest_sent; /* reference */
 	int blocked;                 /* pipe full on the last send */
+	int welcome_due;             /* HELLO answered by the next send */
 };
 
 struct broker_upstream {

@@ -6,6 +6,8 @@
  * log's messages: N consumers share one copy.  docs/protocol.md,
  * "Consumer and broker". */
 #include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include "broker.h"
 #include "dcast_common.h"
@@ -105,7 +107,35 @@ static int send_manifest(struct broker *b, struct broker_peer *p, struct broker_
 	return rc;
 }
 
-/* One step of a consumer's stream: a MANIFEST, a CHUNK or a COMMIT. */
+/* The WELCOME that answers a HELLO: the first message of the stream, sent
+ * by the pump so that a full pipe delays it, as any other, rather than
+ * dropping it (the consumer would drop what follows, waiting for it). */
+static int send_welcome(struct broker *b, struct broker_peer *p)
+{
+	struct broker_model *m = p->model;
+	dcast_msg w;
+	void *enc;
+	size_t len;
+	int rc;
+
+	dcast_msg_init(&w, DCAST_MSG_WELCOME);
+	snprintf(w.u.welcome.model, sizeof(w.u.welcome.model), "%s", m->name);
+	w.u.welcome.version = broker_model_newest(m);
+	w.u.welcome.anchor_version = m->n_log ? m->log[0]->version : DCAST_VERSION_NONE;
+	w.u.welcome.heartbeat_ms = (uint32_t)b->cfg.heartbeat_ms;
+	if (dcast_msg_encode(&w, &enc, &len)) {
+		DCAST_LOG_W("consumer %s: WELCOME: %s", p->client, dcast_last_error());
+		return PUMP_GONE;
+	}
+	rc = send_frames(b, p, NULL, NULL, enc, len);
+	free(enc);
+	if (rc == PUMP_MORE)
+		p->welcome_due = 0;
+	return rc;
+}
+
+/* One step of a consumer's stream: its WELCOME, a MANIFEST, a CHUNK or a
+ * COMMIT. */
 static int pump_one(struct broker *b, struct broker_peer *p)
 {
 	struct broker_version *v = p->cur;
@@ -113,6 +143,8 @@ static int pump_one(struct broker *b, struct broker_peer *p)
 	uint64_t len;
 	int rc;
 
+	if (p->welcome_due)
+		return send_welcome(b, p);
 	if (!v) {
 		if (!(v = next_version(p->model, p->have_version))) {
 			struct broker_manifest *mf = p->model->manifest;
@@ -172,7 +204,6 @@ static void consumer_hello(struct broker *b, struct broker_peer *p, dcast_wire_i
 {
 	const dcast_hello *h = &in->msg.u.hello;
 	struct broker_model *m = NULL;
-	dcast_msg w;
 	int rc = DCAST_EBUSY;
 
 	if (h->role != DCAST_ROLE_CONSUMER)
@@ -197,12 +228,8 @@ static void consumer_hello(struct broker *b, struct broker_peer *p, dcast_wire_i
 	snprintf(p->client, sizeof(p->client), "%s", h->client);
 	DCAST_LOG_I("consumer %s of %s joined, has version %lld, window %llu", p->client, m->name,
 		    (long long)h->have_version, (unsigned long long)h->window_bytes);
-	dcast_msg_init(&w, DCAST_MSG_WELCOME);
-	snprintf(w.u.welcome.model, sizeof(w.u.welcome.model), "%s", m->name);
-	w.u.welcome.version = broker_model_newest(m);
-	w.u.welcome.anchor_version = m->n_log ? m->log[0]->version : DCAST_VERSION_NONE;
-	w.u.welcome.heartbeat_ms = (uint32_t)b->cfg.heartbeat_ms;
-	broker_send_msg(b, b->consumers, p, &w);
+	p->welcome_due = 1;
+	consumer_pump(b, p);
 }
 
 static int consumer_dispatch(struct broker *b, struct broker_peer *p, const dcast_msg *msg)

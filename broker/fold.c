@@ -569,8 +569,7 @@ static int fold_turn(struct broker *b, struct broker_model *m, struct broker_fol
 		if (at >= 0 && m->log[at] == v)
 			fold_version(m, f, v);
 		broker_version_put(v);
-		if (!f->q_n)
-			cut_maybe(m, f);
+		cut_maybe(m, f); /* at the version that passes the trigger, queued or not */
 	}
 	old_prune(b, m, f);
 	return f->q_n || f->cut.v;

@@ -36,6 +36,21 @@ int dcast_changes_reserve(dcast_changes *ch, uint64_t more)
  * end.  Up to W - 1 slots past it get junk: the caller reserved room for a
  * block's elements and RECORD_SLACK more. */
 #define RECORD_SLACK 68u
+
+/* The lowest set bit's index, or junk for 0 (a junk slot's).  On x86-64
+ * tzcnt: 64 for 0 with BMI1, and read as bsf before it (destination left
+ * as it was), so no OR to keep 0 away. */
+static ALWAYS_INLINE unsigned low_bit(uint64_t bits)
+{
+#if defined(__x86_64__)
+	uint64_t r;
+	__asm__("tzcnt %1, %0" : "=r"(r) : "r"(bits) : "cc");
+	return (unsigned)r;
+#else
+	return (unsigned)__builtin_ctzll(bits | (1ull << 63));
+#endif
+}
+
 static ALWAYS_INLINE uint32_t *record_pos(uint32_t *p, uint64_t first, uint64_t bits, unsigned es,
 					  unsigned W)
 {
@@ -44,7 +59,7 @@ static ALWAYS_INLINE uint32_t *record_pos(uint32_t *p, uint64_t first, uint64_t 
 	for (;;) {
 #pragma GCC unroll 4
 		for (unsigned j = 0; j < W; j++) {
-			p[j] = (uint32_t)(first + (unsigned)__builtin_ctzll(bits | (1ull << 63)) / es);
+			p[j] = (uint32_t)(first + low_bit(bits) / es);
 			bits &= bits - 1;
 		}
 		if (cnt <= W)

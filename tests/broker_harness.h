@@ -179,6 +179,19 @@ static inline void h_broker_kill(struct h_broker *br, int sig)
 	br->pid = 0;
 }
 
+/* The end of a test: stop the broker, end ZeroMQ, name the broker's log
+ * on a failure (check_remove_dir keeps dir then), and the closing line.
+ * Clients must be closed first. */
+static inline int h_finish(struct h_broker *br, const char *dir, const char *name)
+{
+	h_broker_kill(br, SIGTERM);
+	zmq_ctx_term(h_ctx);
+	if (check_failures)
+		fprintf(stderr, "broker log: %s\n", br->log);
+	check_remove_dir(dir);
+	return check_done(name);
+}
+
 /* ---- a client (producer or consumer) on a DEALER --------------------- */
 
 struct h_client {

@@ -97,8 +97,5 @@ int main(void)
 	h_client_close(&bad);
 	h_client_close(&plain);
 	h_client_close(&cons);
-	h_broker_kill(&br, SIGTERM);
-	zmq_ctx_term(h_ctx);
-	check_remove_dir(dir);
-	return check_done("test_broker_auth");
+	return h_finish(&br, dir, "test_broker_auth");
 }

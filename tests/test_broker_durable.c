@@ -103,10 +103,5 @@ int main(void)
 	CHECK(h_publish(&prod, VERSIONS, 0, 100) == 0);
 	h_client_close(&prod);
 
-	h_broker_kill(&br, SIGTERM);
-	zmq_ctx_term(h_ctx);
-	if (check_failures)
-		fprintf(stderr, "broker log: %s\n", br.log);
-	check_remove_dir(dir);
-	return check_done("test_broker_durable");
+	return h_finish(&br, dir, "test_broker_durable");
 }

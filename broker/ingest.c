@@ -300,8 +300,10 @@ static int version_chunks(struct broker_version *v, struct broker_pending *pd)
 	uint32_t k = 0;
 	int rc;
 
-	for (uint32_t i = 0; i < pd->parts; i++)
+	for (uint32_t i = 0; i < pd->parts; i++) { /* parts deduplicated: pd->bytes counts repeats */
 		v->n_chunks += pd->part[i].n;
+		v->payload_bytes += pd->part[i].bytes;
+	}
 	if (!(v->chunks = calloc(v->n_chunks ? v->n_chunks : 1, sizeof(*v->chunks))))
 		return dcast_fail(DCAST_ENOMEM, "version of %u chunks", v->n_chunks);
 	for (uint32_t i = 0; i < pd->parts; i++)
@@ -374,7 +376,6 @@ static int version_build(struct broker_model *m, struct broker_pending *pd,
 	v->version = pd->version;
 	v->base_version = pd->base_version;
 	v->anchor = pd->anchor;
-	v->payload_bytes = pd->bytes;
 	v->manifest = pd->manifest;
 	pd->manifest->refs++;
 	zmq_msg_init(&v->commit_hdr);

@@ -206,7 +206,11 @@ struct h_client {
 	uint64_t anchors;                   /* consumer: anchor COMMITs received */
 	uint64_t last_ack;
 	uint32_t last_error_code;
+	uint64_t open_chunks, open_bytes;   /* consumer: received since the last COMMIT */
+	uint64_t commit_mismatch;           /* consumer: COMMITs whose counts differ from them */
 };
+
+static int h_dup_seq = -1; /* h_publish sends the chunk of this seq twice */
 
 /* Open a DEALER to port; with server_pub set it is a CURVE client using the
  * secret key file `secret_file`. */
@@ -287,6 +291,7 @@ static inline void h_consumer_handle(struct h_client *c, dcast_wire_in *in)
 	if (m->type == DCAST_MSG_WELCOME) {
 		c->welcomed = 1;
 		c->welcome_version = m->u.welcome.version;
+		c->open_chunks = c->open_bytes = 0; /* a new stream */
 	} else if (m->type == DCAST_MSG_MANIFEST) {
 		c->manifest_seen = 1;
 	} else if (m->type == DCAST_MSG_CHUNK) {
@@ -298,8 +303,13 @@ static inline void h_consumer_handle(struct h_client *c, dcast_wire_in *in)
 		if (ch->tensor >= H_TENSORS || ch->start + ch->count > H_ELEMS ||
 		    dcast_chunk_verify(ch, p) || dcast_codec_apply(&info, p, &c->state[ch->tensor][ch->start], NULL))
 			c->errors++;
+		c->open_chunks++;
+		c->open_bytes += ch->payload_bytes;
 	} else if (m->type == DCAST_MSG_COMMIT) {
 		dcast_commit *cm = &m->u.commit;
+
+		c->commit_mismatch += cm->chunks != c->open_chunks || cm->bytes != c->open_bytes;
+		c->open_chunks = c->open_bytes = 0;
 
 		for (uint32_t i = 0; i < cm->n_digests; i++) {
 			dcast_range_digest *d = &cm->digests[i];
@@ -435,6 +445,11 @@ static inline int h_publish(struct h_client *c, uint64_t version, int anchor, in
 			ch->checksum = dcast_checksum(out, info.payload_bytes);
 			REQUIRE(zmq_msg_init_size(&pl, info.payload_bytes) == 0);
 			memcpy(zmq_msg_data(&pl), out, info.payload_bytes);
+			if (ch->seq == (uint32_t)h_dup_seq) { /* a repeat, as after a resend */
+				zmq_msg_t again;
+				REQUIRE(zmq_msg_init(&again) == 0 && zmq_msg_copy(&again, &pl) == 0);
+				REQUIRE(h_send(c, &m, &again) == 0);
+			}
 			REQUIRE(h_send(c, &m, &pl) == 0);
 			bytes += info.payload_bytes;
 		}

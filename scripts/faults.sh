@@ -20,6 +20,10 @@ set -u
 . "$(dirname "$0")/e2e_lib.sh"
 
 ALL_KINDS="broker_kill broker_stop producer_kill producer_stop consumer_kill consumer_stop proxy ckpt_corrupt segment_corrupt"
+# Opt-in (FAULT_KINDS=proxy_producer): the proxy between producer and broker.
+# Not drawn by default: a bit flipped in a CHUNK header (no checksum covers
+# headers) can commit a version every consumer refuses (docs/reliability.md).
+OPT_KINDS="proxy_producer"
 KINDS=(${FAULT_KINDS:-$ALL_KINDS})
 NCONS=${FAULT_CONSUMERS:-3}
 PARAMS=${FAULT_PARAMS:-4M}
@@ -57,7 +61,7 @@ done
 rnd() { R=$((RANDOM % $1)); }
 
 # ---- per-trial state ----
-T= BPORT= PPORT= PROXY_PID= PUB_PID= TRIAL_ENV=()
+T= BPORT= PPORT= PROXY_PID= PROXY_SIDE= PUB_PID= TRIAL_ENV=()
 declare -a CPID CDONE CREST CERRPOS
 FAULTS=0
 
@@ -106,15 +110,20 @@ except Exception: pass' "http://127.0.0.1:$((BPORT + 2))/metrics" |
 publish_from() {
 	local v=$1 args=()
 	for ((k = v; k <= NVER; k++)); do args+=("${FILES[k]}"); done
-	env "${TRIAL_ENV[@]}" "$FP" "tcp://127.0.0.1:$BPORT" "$MODEL" "$v" "$INTERVAL_MS" "${args[@]}" \
+	env "${TRIAL_ENV[@]}" "$FP" "$(producer_ep)" "$MODEL" "$v" "$INTERVAL_MS" "${args[@]}" \
 		>>"$T/pub.out" 2>>"$T/pub.log" &
 	PUB_PID=$!
 	e2e_track "$PUB_PID"
 	say "publish from $v (pid $PUB_PID)"
 }
 
+# Where each side connects: through the proxy when it sits on that side.
+producer_ep() {
+	if [ -n "$PPORT" ] && [ "$PROXY_SIDE" = producers ]; then echo "tcp://127.0.0.1:$PPORT"; else echo "tcp://127.0.0.1:$BPORT"; fi
+}
+
 consumer_ep() {
-	if [ -n "$PPORT" ]; then echo "tcp://127.0.0.1:$PPORT"; else echo "tcp://127.0.0.1:$((BPORT + 1))"; fi
+	if [ -n "$PPORT" ] && [ "$PROXY_SIDE" = consumers ]; then echo "tcp://127.0.0.1:$PPORT"; else echo "tcp://127.0.0.1:$((BPORT + 1))"; fi
 }
 
 # last_words I: the last line consumer I's current process wrote to stderr.
@@ -226,7 +235,7 @@ inject() { # inject KIND: one fault
 		kill -9 "$BROKER_PID"; wait "$BROKER_PID" 2>/dev/null; say "SIGKILL broker"
 		pick_file $(find "$T/data" -type f 2>/dev/null) && flip_or_cut "$PICK"
 		broker_start || say "broker restart failed" ;;
-	proxy) sleep 1 ;; # the proxy injects on its own; count its lines afterwards
+	proxy | proxy_producer) sleep 1 ;; # the proxy injects on its own; count its lines afterwards
 	esac
 	return 0
 }
@@ -310,7 +319,7 @@ run_trial() {
 	local seed=$1 kind nfaults j
 	RANDOM=$seed
 	T=$ROOT/t$seed; rm -rf "$T"; mkdir -p "$T"
-	BPORT= PPORT= PROXY_PID= FAULTS=0 TRIAL_ENV=(DELTACAST_LOG=info) CREST=()
+	BPORT= PPORT= PROXY_PID= PROXY_SIDE= FAULTS=0 TRIAL_ENV=(DELTACAST_LOG=info) CREST=()
 	rnd ${#KINDS[@]}; kind=${KINDS[R]}
 	rnd 3; local uring=1; [ $R = 0 ] && { uring=0; TRIAL_ENV+=(DELTACAST_IO_URING=0); }
 	rnd 3; nfaults=$((R + 1))
@@ -319,19 +328,21 @@ run_trial() {
 	[ $uring = 1 ] && unset DELTACAST_IO_URING
 	KIND=$kind URING=$uring CONV=0 DIVERGED=0
 	broker_start || return
-	if [ "$kind" = proxy ]; then
-		local try
+	if [ "$kind" = proxy ] || [ "$kind" = proxy_producer ]; then
+		local try target=$((BPORT + 1))
+		PROXY_SIDE=consumers
+		[ "$kind" = proxy_producer ] && { PROXY_SIDE=producers; target=$BPORT; }
 		for try in $(seq 0 9); do
 			PPORT=$(e2e_pick_port $((try + 50)))
 			rnd 4; local drop=$((R + 1)); rnd 20; local delay=$((R + 5))
 			rnd 4; local trunc=$((R + 1)); rnd 8; local corrupt=$((R + 2))
 			rnd 16; local dup=$((R + 5))
-			"$PROXY" "$PPORT" $((BPORT + 1)) "$seed" $drop $delay $trunc $corrupt $dup 2>>"$T/proxy.log" &
+			"$PROXY" "$PPORT" "$target" "$seed" $drop $delay $trunc $corrupt $dup 2>>"$T/proxy.log" &
 			PROXY_PID=$!; e2e_track "$PROXY_PID"
 			e2e_wait_for 20 grep -qs "listening on $PPORT" "$T/proxy.log" && break
 			kill -9 "$PROXY_PID" 2>/dev/null; wait "$PROXY_PID" 2>/dev/null; PROXY_PID= PPORT=
 		done
-		say "proxy on $PPORT: drop $drop delay $delay truncate $trunc corrupt $corrupt duplicate $dup per mille"
+		say "proxy on $PPORT in front of the $PROXY_SIDE port: drop $drop delay $delay truncate $trunc corrupt $corrupt duplicate $dup per mille"
 	fi
 	for ((j = 0; j < NCONS; j++)); do consumer_start "$j"; done
 	publish_from 1
@@ -339,11 +350,11 @@ run_trial() {
 		wait_point
 		inject "$kind" && FAULTS=$((FAULTS + 1))
 	done
-	[ "$kind" = proxy ] && sleep 1
+	[ -n "$PROXY_SIDE" ] && sleep 1
 	local conv=1
 	recover || conv=0
 	[ $conv = 1 ] && { final_equal || conv=0; }
-	[ "$kind" = proxy ] && proxy_tally
+	[ -n "$PROXY_SIDE" ] && proxy_tally
 	check
 	e2e_cleanup
 	unset DELTACAST_IO_URING
@@ -383,14 +394,14 @@ done
 echo
 printf '%-18s %7s %7s %12s %9s\n' "fault kind" trials faults divergences failures
 tt=0 tf=0 td=0 tx=0
-for k in $ALL_KINDS io_uring_refused; do
+for k in $ALL_KINDS $OPT_KINDS io_uring_refused; do
 	[ -n "${N_TRIALS[$k]:-}" ] || continue
 	printf '%-18s %7s %7s %12s %9s\n' "$k" "${N_TRIALS[$k]}" "${N_FAULTS[$k]}" "${N_DIV[$k]}" "${N_FAIL[$k]:-0}"
 	[ "$k" = io_uring_refused ] && continue
 	tt=$((tt + N_TRIALS[$k])); tf=$((tf + N_FAULTS[$k])); td=$((td + N_DIV[$k])); tx=$((tx + ${N_FAIL[$k]:-0}))
 done
 printf '%-18s %7s %7s %12s %9s\n' total "$tt" "$tf" "$td" "$tx"
-[ -n "${N_TRIALS[proxy]:-}" ] && echo "proxy faults by kind: drop ${PX[drop]} delay ${PX[delay]}" \
+[ -n "${N_TRIALS[proxy]:-}${N_TRIALS[proxy_producer]:-}" ] && echo "proxy faults by kind: drop ${PX[drop]} delay ${PX[delay]}" \
 	"corrupt ${PX[corrupt]} truncate ${PX[truncate]} duplicate ${PX[duplicate]}"
 if [ -n "$failed_seeds" ]; then
 	echo "faults: FAILED seeds:$failed_seeds (replay one with: SEED=N FAULT_KINDS=\"${KINDS[*]}\" make test-faults)"

@@ -221,6 +221,9 @@ struct broker_manifest *broker_manifest_new(dcast_manifest *m); /* takes m->tens
 void broker_manifest_put(struct broker_manifest *mf);
 void broker_version_put(struct broker_version *v);
 uint64_t broker_model_newest(const struct broker_model *m); /* NONE if empty */
+/* A WELCOME for model m into w: its newest version, its log's anchor (NONE
+ * if empty) and the broker's heartbeat; need_anchor left 0. */
+void broker_welcome_init(const struct broker *b, const struct broker_model *m, dcast_msg *w);
 /* Append a committed version to the model's log (an anchor replaces what
  * came before).  Takes the caller's reference.  Errors: DCAST_EVERSION. */
 int broker_log_append(struct broker *b, struct broker_model *m, struct broker_version *v);

@@ -6,7 +6,6 @@
  * log's messages: N consumers share one copy.  docs/protocol.md,
  * "Consumer and broker". */
 #include <errno.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "broker.h"
@@ -112,17 +111,12 @@ static int send_manifest(struct broker *b, struct broker_peer *p, struct broker_
  * dropping it (the consumer would drop what follows, waiting for it). */
 static int send_welcome(struct broker *b, struct broker_peer *p)
 {
-	struct broker_model *m = p->model;
 	dcast_msg w;
 	void *enc;
 	size_t len;
 	int rc;
 
-	dcast_msg_init(&w, DCAST_MSG_WELCOME);
-	snprintf(w.u.welcome.model, sizeof(w.u.welcome.model), "%s", m->name);
-	w.u.welcome.version = broker_model_newest(m);
-	w.u.welcome.anchor_version = m->n_log ? m->log[0]->version : DCAST_VERSION_NONE;
-	w.u.welcome.heartbeat_ms = (uint32_t)b->cfg.heartbeat_ms;
+	broker_welcome_init(b, p->model, &w);
 	if (dcast_msg_encode(&w, &enc, &len)) {
 		DCAST_LOG_W("consumer %s: WELCOME: %s", p->client, dcast_last_error());
 		return PUMP_GONE;

@@ -511,12 +511,8 @@ static void producer_welcome(struct broker *b, struct broker_peer *p)
 	struct broker_model *m = p->model;
 	dcast_msg w, cr;
 
-	dcast_msg_init(&w, DCAST_MSG_WELCOME);
-	snprintf(w.u.welcome.model, sizeof(w.u.welcome.model), "%s", m->name);
-	w.u.welcome.version = broker_model_newest(m);
-	w.u.welcome.anchor_version = m->n_log ? m->log[0]->version : DCAST_VERSION_NONE;
+	broker_welcome_init(b, m, &w);
 	w.u.welcome.need_anchor = m->need_anchor || !m->n_log;
-	w.u.welcome.heartbeat_ms = (uint32_t)b->cfg.heartbeat_ms;
 	broker_send_msg(b, b->producers, p, &w);
 	dcast_msg_init(&cr, DCAST_MSG_CREDIT);
 	cr.u.credit.bytes = b->cfg.producer_window_bytes;

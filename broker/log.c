@@ -93,6 +93,15 @@ uint64_t broker_model_newest(const struct broker_model *m)
 	return m->n_log ? m->log[m->n_log - 1]->version : DCAST_VERSION_NONE;
 }
 
+void broker_welcome_init(const struct broker *b, const struct broker_model *m, dcast_msg *w)
+{
+	dcast_msg_init(w, DCAST_MSG_WELCOME);
+	snprintf(w->u.welcome.model, sizeof(w->u.welcome.model), "%s", m->name);
+	w->u.welcome.version = broker_model_newest(m);
+	w->u.welcome.anchor_version = m->n_log ? m->log[0]->version : DCAST_VERSION_NONE;
+	w->u.welcome.heartbeat_ms = (uint32_t)b->cfg.heartbeat_ms;
+}
+
 int broker_log_find(const struct broker_model *m, uint64_t version)
 {
 	for (uint32_t i = 0; i < m->n_log; i++)
@@ -135,12 +144,8 @@ static void retention_check(struct broker *b, struct broker_model *m)
 	m->need_anchor = 1;
 	DCAST_LOG_I("model %s: log holds %u versions, %llu bytes: past retention, asking for an anchor",
 		    m->name, m->n_log, (unsigned long long)m->log_bytes);
-	dcast_msg_init(&w, DCAST_MSG_WELCOME);
-	snprintf(w.u.welcome.model, sizeof(w.u.welcome.model), "%s", m->name);
-	w.u.welcome.version = broker_model_newest(m);
-	w.u.welcome.anchor_version = m->log[0]->version;
+	broker_welcome_init(b, m, &w);
 	w.u.welcome.need_anchor = 1;
-	w.u.welcome.heartbeat_ms = (uint32_t)b->cfg.heartbeat_ms;
 	for (uint64_t i = 0; i < b->cfg.max_producers; i++)
 		if (b->prod[i].used && b->prod[i].model == m)
 			broker_send_msg(b, b->producers, &b->prod[i], &w);

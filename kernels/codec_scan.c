@@ -31,12 +31,6 @@ int dcast_changes_reserve(dcast_changes *ch, uint64_t more)
  * (2048 measured best of 1024..8192 at 1% and 5%). */
 #define SCAN_BLOCK 2048u
 
-/* Append at p the positions flagged in `bits` (bit j*es: element first +
- * j), W at a time (2 or 4) without a branch per element; returns the new
- * end.  Up to W - 1 slots past it get junk: the caller reserved room for a
- * block's elements and RECORD_SLACK more. */
-#define RECORD_SLACK 68u
-
 /* The lowest set bit's index, or junk for 0 (a junk slot's).  On x86-64
  * tzcnt: 64 for 0 with BMI1, and read as bsf before it (destination left
  * as it was), so no OR to keep 0 away. */
@@ -51,6 +45,11 @@ static ALWAYS_INLINE unsigned low_bit(uint64_t bits)
 #endif
 }
 
+/* Append at p the positions flagged in `bits` (bit j*es: element first +
+ * j), W at a time (2 or 4) without a branch per element; returns the new
+ * end.  Up to W - 1 slots past it get junk: the caller reserved room for a
+ * block's elements and RECORD_SLACK more. */
+#define RECORD_SLACK 68u
 static ALWAYS_INLINE uint32_t *record_pos(uint32_t *p, uint64_t first, uint64_t bits, unsigned es,
 					  unsigned W)
 {
@@ -398,7 +397,8 @@ int dcast_scan(const void *cur, const void *base, uint64_t count, unsigned es, d
 		return rc;
 	for (unsigned z = 1; z < HZ + 33; z++) {
 		uint64_t cnt = (uint64_t)hist[0][z] + hist[1][z] + hist[2][z] + hist[3][z];
-		ch->stats.hist[z < HZ ? dcast_cpt_symbol(z) : DCAST_CPT_NDIRECT + (z - HZ) - 4] += cnt;
+		if (cnt) /* slot HZ + b counts bit length b (7 or more): the symbol of 1 << (b - 1) */
+			ch->stats.hist[dcast_cpt_symbol(z < HZ ? z : 1u << (z - HZ - 1))] += cnt;
 	}
 	ch->stats.changed = ch->n;
 	ch->stats.gap_sum = ch->n ? (uint64_t)ch->pos[ch->n - 1] + 1 - ch->n : 0;

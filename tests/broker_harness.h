@@ -212,12 +212,10 @@ struct h_client {
 
 static int h_dup_seq = -1; /* h_publish sends the chunk of this seq twice */
 
-/* Open a DEALER to port; with server_pub set it is a CURVE client using the
- * secret key file `secret_file`. */
-static inline void h_client_open_curve(struct h_client *c, int port, const char *model,
-				       const char *server_pub, const char *secret_file)
+/* A client's DEALER, not yet connected: options set before
+ * h_client_connect() apply to its connection. */
+static inline void h_client_socket(struct h_client *c, const char *model)
 {
-	char ep[64];
 	int ms = 100;
 
 	memset(c, 0, sizeof(*c));
@@ -227,10 +225,25 @@ static inline void h_client_open_curve(struct h_client *c, int port, const char 
 	REQUIRE(c->sock);
 	dcast_wire_socket_opts(c->sock);
 	zmq_setsockopt(c->sock, ZMQ_RCVTIMEO, &ms, sizeof(ms));
-	if (server_pub)
-		REQUIRE(dcast_curve_client_setup(c->sock, server_pub, secret_file) == 0);
+}
+
+static inline void h_client_connect(struct h_client *c, int port)
+{
+	char ep[64];
+
 	snprintf(ep, sizeof(ep), "tcp://127.0.0.1:%d", port);
 	REQUIRE(zmq_connect(c->sock, ep) == 0);
+}
+
+/* Open a DEALER to port; with server_pub set it is a CURVE client using the
+ * secret key file `secret_file`. */
+static inline void h_client_open_curve(struct h_client *c, int port, const char *model,
+				       const char *server_pub, const char *secret_file)
+{
+	h_client_socket(c, model);
+	if (server_pub)
+		REQUIRE(dcast_curve_client_setup(c->sock, server_pub, secret_file) == 0);
+	h_client_connect(c, port);
 }
 
 static inline void h_client_open(struct h_client *c, int port, const char *model)

@@ -19,22 +19,16 @@ struct drain {
 	uint64_t before_welcome_msgs;   /* messages between HELLO and WELCOME */
 };
 
+/* A consumer whose receive side holds little: one queued message, a
+ * small TCP buffer. */
 static void open_small_consumer(struct h_client *c, int port)
 {
-	char ep[64];
-	int ms = 100, one = 1, small = 4096;
+	int one = 1, small = 4096;
 
-	memset(c, 0, sizeof(*c));
-	c->model = "welcome/model";
-	c->version = c->last_ack = DCAST_VERSION_NONE;
-	c->sock = zmq_socket(h_ctx, ZMQ_DEALER);
-	REQUIRE(c->sock);
-	dcast_wire_socket_opts(c->sock);
-	zmq_setsockopt(c->sock, ZMQ_RCVTIMEO, &ms, sizeof(ms));
+	h_client_socket(c, "welcome/model");
 	zmq_setsockopt(c->sock, ZMQ_RCVHWM, &one, sizeof(one));
 	zmq_setsockopt(c->sock, ZMQ_RCVBUF, &small, sizeof(small));
-	snprintf(ep, sizeof(ep), "tcp://127.0.0.1:%d", port);
-	REQUIRE(zmq_connect(c->sock, ep) == 0);
+	h_client_connect(c, port);
 }
 
 static void send_heartbeat(struct h_client *c)

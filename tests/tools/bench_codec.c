@@ -91,15 +91,27 @@ typedef struct chunks {
 	dcast_chunk_info *info;
 } chunks;
 
-/* Chunk k into its payload slot; exits on an error. */
-static void encode_chunk(const workload *w, chunks *c, uint64_t k)
+/* Elements in chunk k (the last may be short). */
+static uint64_t chunk_elems(const workload *w, const chunks *c, uint64_t k)
 {
-	uint64_t off = k * c->chunk, n = w->n - off < c->chunk ? w->n - off : c->chunk;
-	if (dcast_codec_encode(w->cur + off, w->base + off, n, 2, -1, 0, c->payloads + k * c->slot, c->slot,
-			       &c->info[k])) {
+	uint64_t off = k * c->chunk;
+	return w->n - off < c->chunk ? w->n - off : c->chunk;
+}
+
+/* Chunk k into out (c->slot bytes); exits on an error. */
+static void encode_into(const workload *w, const chunks *c, uint64_t k, uint8_t *out, dcast_chunk_info *info)
+{
+	uint64_t off = k * c->chunk;
+	if (dcast_codec_encode(w->cur + off, w->base + off, chunk_elems(w, c, k), 2, -1, 0, out, c->slot, info)) {
 		fprintf(stderr, "bench_codec: encode: %s\n", dcast_last_error());
 		exit(1);
 	}
+}
+
+/* Chunk k into its payload slot. */
+static void encode_chunk(const workload *w, chunks *c, uint64_t k)
+{
+	encode_into(w, c, k, c->payloads + k * c->slot, &c->info[k]);
 }
 
 static double time_encode(const workload *w, chunks *c)
@@ -114,12 +126,10 @@ static double time_encode(const workload *w, chunks *c)
  * as many times as the model has chunks (the same bytes as time_encode). */
 static double time_encode_hot(const workload *w, chunks *c)
 {
-	uint64_t off = c->nchunks / 2 * c->chunk, n = w->n - off < c->chunk ? w->n - off : c->chunk;
 	dcast_chunk_info info;
 	double t = now_s();
 	for (uint64_t k = 0; k < c->nchunks; k++)
-		if (dcast_codec_encode(w->cur + off, w->base + off, n, 2, -1, 0, c->hot_out, c->slot, &info))
-			exit(1);
+		encode_into(w, c, c->nchunks / 2, c->hot_out, &info);
 	return now_s() - t;
 }
 
@@ -220,8 +230,8 @@ static void sizes_of(const workload *w, const chunks *c, result *res)
 	memset(res->sizes, 0, sizeof(res->sizes));
 	res->changed = res->chosen = 0;
 	for (uint64_t k = 0; k < c->nchunks; k++) {
-		uint64_t off = k * c->chunk, n = w->n - off < c->chunk ? w->n - off : c->chunk, s[DCAST_ENC_COUNT], ch;
-		dcast_codec_sizes(w->cur + off, w->base + off, n, 2, s, &ch);
+		uint64_t off = k * c->chunk, s[DCAST_ENC_COUNT], ch;
+		dcast_codec_sizes(w->cur + off, w->base + off, chunk_elems(w, c, k), 2, s, &ch);
 		for (int e = 0; e < DCAST_ENC_COUNT; e++)
 			res->sizes[e] += s[e];
 		res->changed += ch;

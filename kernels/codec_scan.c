@@ -133,11 +133,11 @@ static ALWAYS_INLINE void gather(dcast_changes *ch, const uint8_t *c, const uint
 		gather1(ch, c, b, i, es, hist[0]);
 }
 
-/* Elements [from, count) one by one. */
+/* Elements [from, count) one by one; then the differences of changes
+ * [done, n), those not gathered yet. */
 static ALWAYS_INLINE int scan_tail(const uint8_t *c, const uint8_t *b, uint64_t from, uint64_t count,
-				   unsigned es, dcast_changes *ch, scan_hist hist)
+				   unsigned es, dcast_changes *ch, uint64_t done, scan_hist hist)
 {
-	uint64_t first = ch->n;
 	for (uint64_t i = from; i < count; i++) {
 		if (memcmp(c + i * es, b + i * es, es) == 0)
 			continue;
@@ -145,7 +145,7 @@ static ALWAYS_INLINE int scan_tail(const uint8_t *c, const uint8_t *b, uint64_t 
 			return DCAST_ENOMEM;
 		ch->pos[ch->n++] = (uint32_t)i;
 	}
-	gather(ch, c, b, first, es, hist);
+	gather(ch, c, b, done, es, hist);
 	return DCAST_OK;
 }
 
@@ -179,7 +179,7 @@ static ALWAYS_INLINE int scan_portable_es(const uint8_t *c, const uint8_t *b, ui
 		ch->n = (uint64_t)(p - ch->pos);
 		gather(ch, c, b, from, es, hist);
 	}
-	return scan_tail(c, b, off / es, count, es, ch, hist);
+	return scan_tail(c, b, off / es, count, es, ch, ch->n, hist);
 }
 
 static int scan_portable(const uint8_t *c, const uint8_t *b, uint64_t count, unsigned es,
@@ -244,6 +244,81 @@ TARGET_AVX512 static ALWAYS_INLINE uint64_t neq_mask_avx512(const uint8_t *c, co
 	return m;
 }
 
+/* Changes whose ulp difference is 1..GV (nearly all of them in RL
+ * updates) are counted 8 at a time, each value in its own lanes: acc[v - 1]
+ * less one for each lane that matched. */
+#define GV 4
+typedef __m256i gather_acc[GV];
+
+/* 8 elements at c + pos * es, as 32-bit lanes sign-extended from es. */
+TARGET_AVX2 static ALWAYS_INLINE __m256i gather8_sx(const uint8_t *c, __m256i pv, unsigned es)
+{
+	if (es == 4)
+		return _mm256_i32gather_epi32((const int *)c, pv, 4);
+	__m256i v = es == 2 ? _mm256_i32gather_epi32((const int *)c, pv, 2)
+			    : _mm256_i32gather_epi32((const int *)c, pv, 1);
+	unsigned sh = 32 - 8 * es;
+	return _mm256_srai_epi32(_mm256_slli_epi32(v, (int)sh), (int)sh);
+}
+
+/* zz_same_sign of the 8 changes from i, stored, and counted in a; returns
+ * the lanes left to gather1: a sign flip, or a difference above GV. */
+TARGET_AVX2 static ALWAYS_INLINE unsigned gather8(const dcast_changes *ch, const uint8_t *c,
+						  const uint8_t *b, uint64_t i, unsigned es, __m256i *a)
+{
+	__m256i pv = _mm256_loadu_si256((const __m256i *)(ch->pos + i));
+	__m256i nv = gather8_sx(c, pv, es), ov = gather8_sx(b, pv, es);
+	__m256i m = _mm256_srai_epi32(nv, 31);
+	__m256i d = _mm256_sub_epi32(_mm256_xor_si256(_mm256_sub_epi32(nv, ov), m), m);
+	__m256i zz = _mm256_xor_si256(_mm256_slli_epi32(d, 1), _mm256_srai_epi32(d, 31));
+	__m256i flip = _mm256_srai_epi32(_mm256_xor_si256(nv, ov), 31), seen = _mm256_setzero_si256();
+	_mm256_storeu_si256((__m256i *)(ch->zz + i), zz);
+#pragma GCC unroll 4
+	for (int v = 0; v < GV; v++) {
+		__m256i e = _mm256_andnot_si256(flip, _mm256_cmpeq_epi32(zz, _mm256_set1_epi32(v + 1)));
+		a[v] = _mm256_sub_epi32(a[v], e);
+		seen = _mm256_or_si256(seen, e);
+	}
+	return ~(unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(seen)) & 0xffu;
+}
+
+/* gather() 8 changes at a time while the 4 bytes read at each position
+ * stay inside the range (`bytes` long) and positions fit a gather's
+ * signed index; returns how far it got.  The lanes left over go through
+ * gather1 (which stores and counts them again, exactly) after up to 8
+ * batches, so that the loop over them, not a branch per batch, takes the
+ * misprediction. */
+TARGET_AVX2 static ALWAYS_INLINE uint64_t gather_avx2(dcast_changes *ch, const uint8_t *c,
+						      const uint8_t *b, uint64_t i, unsigned es,
+						      uint64_t bytes, scan_hist hist, gather_acc acc)
+{
+	__m256i a[GV]; /* acc in registers: __m256i may alias hist */
+	if (bytes > INT32_MAX)
+		return i;
+	memcpy(a, acc, sizeof(a));
+	while (i + 8 <= ch->n && (uint64_t)ch->pos[i + 7] * es + 4 <= bytes) {
+		uint64_t i0 = i, left = 0;
+		for (unsigned t = 0; t < 64 && i + 8 <= ch->n && (uint64_t)ch->pos[i + 7] * es + 4 <= bytes;
+		     t += 8, i += 8)
+			left |= (uint64_t)gather8(ch, c, b, i, es, a) << t;
+		for (; left; left &= left - 1)
+			gather1(ch, c, b, i0 + (unsigned)__builtin_ctzll(left), es, hist[0]);
+	}
+	memcpy(acc, a, sizeof(a));
+	return i;
+}
+
+/* Add acc's counts to hist. */
+TARGET_AVX2 static void gather_acc_fold(gather_acc acc, scan_hist hist)
+{
+	for (int v = 0; v < GV; v++) {
+		uint32_t lane[8];
+		_mm256_storeu_si256((__m256i *)lane, acc[v]);
+		for (int j = 0; j < 8; j++)
+			hist[0][v + 1] += lane[j];
+	}
+}
+
 /* 64 elements a step (one mask bit each); gather after each SCAN_BLOCK
  * bytes, while they are still in L1.  How a block runs depends on how many
  * changes the last one had:
@@ -267,7 +342,9 @@ TARGET_AVX512 static ALWAYS_INLINE uint64_t neq_mask_avx512(const uint8_t *c, co
 			p = record_pos(p, off / es, m, 1, W ? W : 4);                           \
 	}
 #define SCAN_SIMD_BODY(maskfn)                                                                 \
-	uint64_t bytes = count * es, off = 0, group = 64 * es, last = PREFETCH_MIN + 1;         \
+	uint64_t bytes = count * es, off = 0, group = 64 * es, last = PREFETCH_MIN + 1, done = 0; \
+	gather_acc acc = { _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), \
+			   _mm256_setzero_si256() };                                            \
 	while (off + group <= bytes) {                                                          \
 		uint64_t from = ch->n, end = off + SCAN_BLOCK;                                  \
 		uint32_t *p = block_room(ch);                                                   \
@@ -283,9 +360,10 @@ TARGET_AVX512 static ALWAYS_INLINE uint64_t neq_mask_avx512(const uint8_t *c, co
 			SCAN_GROUPS(maskfn, 4)                                                  \
 		ch->n = (uint64_t)(p - ch->pos);                                                \
 		last = ch->n - from;                                                            \
-		gather(ch, c, b, from, es, hist);                                               \
+		done = gather_avx2(ch, c, b, done, es, bytes, hist, acc);                       \
 	}                                                                                       \
-	return scan_tail(c, b, off / es, count, es, ch, hist)
+	gather_acc_fold(acc, hist);                                                             \
+	return scan_tail(c, b, off / es, count, es, ch, done, hist)
 
 TARGET_AVX2 static ALWAYS_INLINE int scan_avx2_es(const uint8_t *c, const uint8_t *b, uint64_t count,
 						  unsigned es, dcast_changes *ch, scan_hist hist)

@@ -516,7 +516,7 @@ static uint64_t golden_range(unsigned es, double density, uint64_t n, int cluste
 	return h;
 }
 
-static void test_golden_bytes(void)
+static void golden_bytes(void)
 {
 	static const double dens[] = { 0.0005, 0.01, 0.05, 0.3, 1.0 };
 	uint64_t h = 0;
@@ -531,6 +531,20 @@ static void test_golden_bytes(void)
 	}
 	printf("golden payload hash %016" PRIx64 "\n", h);
 	CHECK(h == GOLDEN_HASH);
+}
+
+/* The same bytes from every compare variant this CPU has (each has its
+ * own scan and gather). */
+static void test_golden_bytes(void)
+{
+	static const int simd[] = { DCAST_SIMD_PORTABLE, DCAST_SIMD_AVX2, DCAST_SIMD_AVX512 };
+	for (size_t i = 0; i < DCAST_ARRAY_LEN(simd); i++) {
+		if (dcast_simd_force(simd[i]) != simd[i])
+			continue;
+		printf("variant %d: ", simd[i]);
+		golden_bytes();
+	}
+	dcast_simd_force(DCAST_SIMD_AUTO);
 }
 
 int main(void)

@@ -213,7 +213,7 @@ int broker_pending_chunk(struct broker *b, struct broker_model *m, uint32_t part
 	if ((rc = pending_match(m, pd, c->version, c->anchor, c->base_version, part)) ||
 	    (rc = broker_chunk_check(pd->manifest, c)))
 		return rc;
-	if (c->payload_bytes && (rc = dcast_chunk_verify(c, zmq_msg_data(&in->payload))))
+	if ((rc = dcast_chunk_verify(c, zmq_msg_data(&in->payload)))) /* header too, empty payload or not */
 		return rc;
 	if (pd->bytes + c->payload_bytes > b->cfg.max_pending_bytes)
 		return dcast_fail(DCAST_ETOO_LARGE, "model %s version %llu: over --max-pending-bytes %llu",

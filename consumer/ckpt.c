@@ -133,7 +133,7 @@ int cs_ckpt_version_create(dcast_consumer *c, cs_version *v)
 }
 
 int cs_ckpt_chunk_write(dcast_consumer *c, cs_version *v, const dcast_chunk *k,
-			const void *payload, uint64_t *payload_off)
+			const void *payload, uint64_t payload_sum, uint64_t *payload_off)
 {
 	rec_hdr h = {0};
 
@@ -150,7 +150,7 @@ int cs_ckpt_chunk_write(dcast_consumer *c, cs_version *v, const dcast_chunk *k,
 	h.encoding = k->encoding;
 	h.changed = k->changed;
 	h.body_len = k->payload_bytes;
-	h.body_checksum = k->checksum;
+	h.body_checksum = payload_sum;
 	return append(c, v, &h, payload, payload_off);
 }
 

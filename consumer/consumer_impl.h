@@ -66,7 +66,7 @@ typedef struct cs_chunk {
 	uint32_t part, seq, tensor;
 	uint64_t start;
 	dcast_chunk_info info;
-	uint64_t checksum;
+	uint64_t checksum;     /* dcast_checksum of the payload alone */
 	uint64_t file_off;     /* payload offset in the version's record file */
 	unsigned char *resident; /* payload in the pool, or NULL: read from file */
 	unsigned char *ahead;  /* checked ahead: its idx32 form in the undo region, or NULL */
@@ -202,7 +202,7 @@ void cs_credit_free(dcast_consumer *c, uint64_t bytes);
  * chunk records then one commit record; see ckpt.c for the layout. */
 int cs_ckpt_version_create(dcast_consumer *c, cs_version *v);
 int cs_ckpt_chunk_write(dcast_consumer *c, cs_version *v, const dcast_chunk *h,
-			const void *payload, uint64_t *payload_off);
+			const void *payload, uint64_t payload_sum, uint64_t *payload_off);
 int cs_ckpt_commit_write(dcast_consumer *c, cs_version *v);
 void cs_ckpt_version_path(const dcast_consumer *c, uint64_t version, char *out, size_t cap);
 int cs_ckpt_load(dcast_consumer *c);
@@ -234,7 +234,7 @@ typedef struct rec_hdr {
 	uint32_t elem_size, encoding;
 	uint64_t changed;
 	uint64_t body_len;
-	uint64_t body_checksum; /* CHUNK: the wire checksum; else XXH3 of the body */
+	uint64_t body_checksum; /* XXH3 of the body (CHUNK: dcast_checksum of the payload) */
 	uint64_t hdr_checksum;  /* XXH3 of every byte before this field */
 } rec_hdr;
 _Static_assert(sizeof(rec_hdr) == 96, "record header is 96 bytes on disk");

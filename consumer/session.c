@@ -227,7 +227,7 @@ static int stage_payload(dcast_consumer *c, cs_version *v, const dcast_chunk *h,
 {
 	cs_chunk k = {h->part, h->seq, h->tensor, h->start,
 		      {h->encoding, h->elem_size, h->count, h->changed, h->payload_bytes},
-		      h->checksum, 0, NULL, NULL, 0};
+		      0, 0, NULL, NULL, 0};
 	unsigned char *slot;
 	int err;
 
@@ -244,7 +244,9 @@ static int stage_payload(dcast_consumer *c, cs_version *v, const dcast_chunk *h,
 		c->fault_kind = CS_FAULT_NONE; /* test hook: one bit flipped on the way */
 		slot[h->payload_bytes / 2] ^= 0x10;
 	}
-	if ((err = dcast_chunk_verify(h, slot)) || (err = cs_ckpt_chunk_write(c, v, h, slot, &k.file_off))) {
+	k.checksum = dcast_checksum(slot, h->payload_bytes); /* kept: the record's and apply's check */
+	if ((err = dcast_chunk_verify_sum(h, k.checksum)) ||
+	    (err = cs_ckpt_chunk_write(c, v, h, slot, k.checksum, &k.file_off))) {
 		if (k.resident)
 			cs_pool_resident_put(&c->pool, h->payload_bytes);
 		cs_credit_free(c, h->payload_bytes);

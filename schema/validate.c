@@ -277,9 +277,25 @@ int dcast_msg_check_payload(const dcast_msg *m, size_t payload_len)
 			  dcast_msg_type_name(m->type), payload_len, (unsigned long long)want);
 }
 
+uint64_t dcast_chunk_checksum(const dcast_chunk *c, uint64_t payload_sum)
+{
+	uint64_t v[11] = { payload_sum, c->version, c->base_version, c->anchor, c->tensor, c->start,
+			   c->count, c->elem_size, c->encoding, c->changed, c->payload_bytes };
+	unsigned char le[sizeof(v)];
+
+	for (size_t i = 0; i < sizeof(le); i++)
+		le[i] = (unsigned char)(v[i / 8] >> (8 * (i % 8)));
+	return dcast_checksum(le, sizeof(le));
+}
+
 int dcast_chunk_verify(const dcast_chunk *c, const void *payload)
 {
-	uint64_t sum = dcast_checksum(payload, c->payload_bytes);
+	return dcast_chunk_verify_sum(c, dcast_checksum(payload, c->payload_bytes));
+}
+
+int dcast_chunk_verify_sum(const dcast_chunk *c, uint64_t payload_sum)
+{
+	uint64_t sum = dcast_chunk_checksum(c, payload_sum);
 
 	if (sum == c->checksum)
 		return 0;

@@ -130,7 +130,13 @@ static void send_msg(void *s, dcast_msg *m, const void *payload, size_t len)
 	free(hdr);
 }
 
-static void chunk_msg(dcast_msg *m, uint32_t tensor, uint64_t payload_bytes, uint64_t checksum)
+/* Seal m's header and payload (16 bytes) with their checksum. */
+static void seal(dcast_msg *m, const uint8_t *payload)
+{
+	m->u.chunk.checksum = dcast_chunk_checksum(&m->u.chunk, dcast_checksum(payload, 16));
+}
+
+static void chunk_msg(dcast_msg *m, uint32_t tensor, uint64_t payload_bytes, const uint8_t *payload)
 {
 	dcast_msg_init(m, DCAST_MSG_CHUNK);
 	strcpy(m->u.chunk.model, "bad");
@@ -140,7 +146,7 @@ static void chunk_msg(dcast_msg *m, uint32_t tensor, uint64_t payload_bytes, uin
 	m->u.chunk.count = 8;
 	m->u.chunk.elem_size = 2;
 	m->u.chunk.payload_bytes = payload_bytes;
-	m->u.chunk.checksum = checksum;
+	seal(m, payload);
 }
 
 static void producer_join(void *p)
@@ -188,25 +194,31 @@ static void bad_producer_messages(void *p)
 	CHECK_ERR(next_error(p), DCAST_EFIELD_UNKNOWN);
 	send_frames(p, "a", 1, "b", 1, "c", 1);
 	CHECK_ERR(next_error(p), DCAST_EMALFORMED);
-	chunk_msg(&m, 0, 16, dcast_checksum(payload, 16));
+	chunk_msg(&m, 0, 16, payload);
 	send_msg(p, &m, payload, 16);
 	CHECK_ERR(next_error(p), DCAST_ESTATE); /* before HELLO */
 	producer_join(p);
-	chunk_msg(&m, 0, 16, dcast_checksum(payload, 16));
+	chunk_msg(&m, 0, 16, payload);
 	send_msg(p, &m, payload, 10);
 	CHECK_ERR(next_error(p), DCAST_EPAYLOAD_SIZE);
-	chunk_msg(&m, 0, 16, 12345);
+	chunk_msg(&m, 0, 16, payload);
+	m.u.chunk.checksum = 12345;
 	send_msg(p, &m, payload, 16);
 	CHECK_ERR(next_error(p), DCAST_ECHECKSUM);
-	chunk_msg(&m, 7, 16, dcast_checksum(payload, 16));
+	chunk_msg(&m, 0, 16, payload);
+	m.u.chunk.start = 8; /* placement changed after sealing, still inside the tensor */
+	send_msg(p, &m, payload, 16);
+	CHECK_ERR(next_error(p), DCAST_ECHECKSUM);
+	chunk_msg(&m, 7, 16, payload);
 	send_msg(p, &m, payload, 16);
 	CHECK_ERR(next_error(p), DCAST_EFIELD_RANGE);
-	chunk_msg(&m, 0, 16, dcast_checksum(payload, 16));
+	chunk_msg(&m, 0, 16, payload);
 	m.u.chunk.start = 60; /* 60 + 8 > 64 elements */
+	seal(&m, payload);
 	send_msg(p, &m, payload, 16);
 	CHECK_ERR(next_error(p), DCAST_ESHAPE);
 	/* A good chunk opens version 1; a bad one then drops it for every part. */
-	chunk_msg(&m, 0, 16, dcast_checksum(payload, 16));
+	chunk_msg(&m, 0, 16, payload);
 	send_msg(p, &m, payload, 16);
 	m.u.chunk.seq = 1;
 	m.u.chunk.checksum ^= 1;

@@ -134,6 +134,34 @@ static void test_corruption(void)
 	free(copy), free(buf);
 }
 
+/* Every single-bit change of a placement field fails the checksum, as a
+ * damaged payload does; part and seq (renumbered by the broker) do not.
+ * (A receiver has checked payload_bytes against the frame first, so the
+ * payload's own sum is used here.) */
+static void header_flips(const dcast_chunk *good, const uint8_t *payload)
+{
+	uint64_t sum = dcast_checksum(payload, good->payload_bytes);
+	static const size_t off[] = { offsetof(dcast_chunk, version), offsetof(dcast_chunk, base_version),
+				      offsetof(dcast_chunk, tensor), offsetof(dcast_chunk, start),
+				      offsetof(dcast_chunk, count), offsetof(dcast_chunk, changed),
+				      offsetof(dcast_chunk, payload_bytes) };
+	int caught = 0;
+
+	for (size_t f = 0; f < sizeof(off) / sizeof(off[0]); f++)
+		for (unsigned bit = 0; bit < 32; bit++) {
+			dcast_chunk c = *good;
+			((uint8_t *)&c)[off[f] + bit / 8] ^= (uint8_t)(1u << (bit % 8));
+			caught += dcast_chunk_verify_sum(&c, sum) == DCAST_ECHECKSUM;
+		}
+	CHECK(caught == 7 * 32);
+	dcast_chunk c = *good;
+	c.anchor ^= 1, c.elem_size ^= 4, c.encoding ^= 2;
+	CHECK_ERR(dcast_chunk_verify_sum(&c, sum), DCAST_ECHECKSUM);
+	c = *good;
+	c.part ^= 1, c.seq ^= 9;
+	CHECK_ERR(dcast_chunk_verify_sum(&c, sum), DCAST_OK);
+}
+
 static void test_payload_and_checksum(void)
 {
 	dcast_msg m;
@@ -145,11 +173,12 @@ static void test_payload_and_checksum(void)
 	strcpy(m.u.chunk.model, "m");
 	m.u.chunk.version = 1, m.u.chunk.anchor = 1, m.u.chunk.count = 32;
 	m.u.chunk.elem_size = 2, m.u.chunk.payload_bytes = 64;
-	m.u.chunk.checksum = dcast_checksum(payload, sizeof(payload));
+	m.u.chunk.checksum = dcast_chunk_checksum(&m.u.chunk, dcast_checksum(payload, sizeof(payload)));
 	CHECK_ERR(dcast_msg_validate(&m), DCAST_OK);
 	CHECK_ERR(dcast_msg_check_payload(&m, 64), DCAST_OK);
 	CHECK_ERR(dcast_msg_check_payload(&m, 63), DCAST_EPAYLOAD_SIZE);
 	CHECK_ERR(dcast_chunk_verify(&m.u.chunk, payload), DCAST_OK);
+	header_flips(&m.u.chunk, payload);
 	payload[10] ^= 1;
 	CHECK_ERR(dcast_chunk_verify(&m.u.chunk, payload), DCAST_ECHECKSUM);
 	dcast_msg_init(&m, DCAST_MSG_CREDIT);

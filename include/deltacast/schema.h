@@ -123,7 +123,7 @@ typedef struct dcast_chunk {
 	uint32_t encoding;      /* enum dcast_encoding (codec.h) */
 	uint64_t changed;       /* changed elements, <= count */
 	uint64_t payload_bytes; /* length of frame 1 */
-	uint64_t checksum;      /* XXH3-64 of the payload */
+	uint64_t checksum;      /* dcast_chunk_checksum(): payload and placement */
 } dcast_chunk;
 
 /* A digest of one tensor range at the committed version. */
@@ -226,9 +226,21 @@ int dcast_msg_decode(const void *data, size_t len, dcast_msg *m);
  * Errors: DCAST_EPAYLOAD_SIZE. */
 int dcast_msg_check_payload(const dcast_msg *m, size_t payload_len);
 
-/* Check a CHUNK payload's checksum.  Errors: DCAST_ECHECKSUM, naming the
- * chunk (model, version, tensor, start). */
+/* The checksum a CHUNK carries, given payload_sum = dcast_checksum() of
+ * its payload: XXH3-64 (seed 0) of 11 little-endian u64s, payload_sum,
+ * version, base_version, anchor, tensor, start, count, elem_size,
+ * encoding, changed, payload_bytes (docs/protocol.md).  A header whose
+ * placement changed on the way then fails the check as a damaged payload
+ * does.  `part` and `seq` are left out: the broker renumbers them. */
+uint64_t dcast_chunk_checksum(const dcast_chunk *c, uint64_t payload_sum);
+
+/* Check a CHUNK's checksum against its payload (payload_bytes long).
+ * Errors: DCAST_ECHECKSUM, naming the chunk (model, version, tensor,
+ * start). */
 int dcast_chunk_verify(const dcast_chunk *c, const void *payload);
+
+/* The same check for a payload whose dcast_checksum() the caller has. */
+int dcast_chunk_verify_sum(const dcast_chunk *c, uint64_t payload_sum);
 
 /* Names used on the wire and in logs; "?" when out of range. */
 const char *dcast_msg_type_name(int type);

@@ -19,11 +19,7 @@
 set -u
 . "$(dirname "$0")/e2e_lib.sh"
 
-ALL_KINDS="broker_kill broker_stop producer_kill producer_stop consumer_kill consumer_stop proxy ckpt_corrupt segment_corrupt"
-# Opt-in (FAULT_KINDS=proxy_producer): the proxy between producer and broker.
-# Not drawn by default: a bit flipped in a CHUNK header (no checksum covers
-# headers) can commit a version every consumer refuses (docs/reliability.md).
-OPT_KINDS="proxy_producer"
+ALL_KINDS="broker_kill broker_stop producer_kill producer_stop consumer_kill consumer_stop proxy proxy_producer ckpt_corrupt segment_corrupt"
 KINDS=(${FAULT_KINDS:-$ALL_KINDS})
 NCONS=${FAULT_CONSUMERS:-3}
 PARAMS=${FAULT_PARAMS:-4M}
@@ -394,7 +390,7 @@ done
 echo
 printf '%-18s %7s %7s %12s %9s\n' "fault kind" trials faults divergences failures
 tt=0 tf=0 td=0 tx=0
-for k in $ALL_KINDS $OPT_KINDS io_uring_refused; do
+for k in $ALL_KINDS io_uring_refused; do
 	[ -n "${N_TRIALS[$k]:-}" ] || continue
 	printf '%-18s %7s %7s %12s %9s\n' "$k" "${N_TRIALS[$k]}" "${N_FAULTS[$k]}" "${N_DIV[$k]}" "${N_FAIL[$k]:-0}"
 	[ "$k" = io_uring_refused ] && continue

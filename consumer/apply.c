@@ -233,6 +233,25 @@ static void fault_digest(dcast_consumer *c, cs_version *v)
 	}
 }
 
+/* The test hook "aheadfail:V": when V was checked ahead, a chunk in its
+ * second half gets a checked change outside its range, so that apply
+ * fails halfway and must undo, from their checked form, the chunks it has
+ * written. */
+static void fault_ahead(dcast_consumer *c, cs_version *v, int ahead)
+{
+	if (c->fault_kind != CS_FAULT_AHEADFAIL || c->fault_version != v->version || !ahead)
+		return;
+	for (uint32_t i = v->n_chunks / 2; i < v->n_chunks; i++) {
+		cs_chunk *k = &v->chunks[i];
+		uint32_t bad = (uint32_t)k->info.count;
+		if (k->ahead && k->ahead_changed) {
+			memcpy(k->ahead, &bad, 4);
+			c->fault_kind = CS_FAULT_NONE;
+			return;
+		}
+	}
+}
+
 /* Was v checked ahead against the version the tensors hold (verify.c)? */
 static int checked_ahead(const dcast_consumer *c, const cs_version *v, int verify)
 {
@@ -255,6 +274,7 @@ int cs_apply_version(dcast_consumer *c, cs_version *v, int verify)
 	if ((err = cs_sort_chunks(c, v)))
 		return err;
 	fault_digest(c, v);
+	fault_ahead(c, v, ahead);
 	if (verify && !ahead && (err = cs_verify_plan(c, v, verify == 2, &next)))
 		return err;
 	if (!verify)

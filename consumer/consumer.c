@@ -96,10 +96,11 @@ int cs_tensors_from_manifest(dcast_consumer *c, const dcast_manifest *m)
 static int parse_fault(dcast_consumer *c)
 {
 	const char *f = getenv("DELTACAST_CONSUMER_FAULT");
-	static const char *kinds[] = {"", "corrupt:", "skip:", "digest:", "dup:", "predigest:"};
+	static const char *kinds[CS_FAULT_KINDS] = {"", "corrupt:", "skip:", "digest:", "dup:", "predigest:",
+						    "aheadfail:"};
 
 	c->fault_kind = CS_FAULT_NONE;
-	for (int k = 1; f && k < 6; k++)
+	for (int k = 1; f && k < CS_FAULT_KINDS; k++)
 		if (!strncmp(f, kinds[k], strlen(kinds[k]))) {
 			c->fault_kind = k;
 			c->fault_version = strtoull(f + strlen(kinds[k]), NULL, 10);

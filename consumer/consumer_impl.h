@@ -168,7 +168,8 @@ struct dcast_consumer {
 	uint64_t fault_version;
 };
 
-enum { CS_FAULT_NONE, CS_FAULT_CORRUPT, CS_FAULT_SKIP, CS_FAULT_DIGEST, CS_FAULT_DUP, CS_FAULT_PREDIGEST };
+enum { CS_FAULT_NONE, CS_FAULT_CORRUPT, CS_FAULT_SKIP, CS_FAULT_DIGEST, CS_FAULT_DUP, CS_FAULT_PREDIGEST,
+       CS_FAULT_AHEADFAIL, CS_FAULT_KINDS };
 
 /* version.c */
 void cs_version_init(cs_version *v, uint64_t version);

@@ -159,6 +159,33 @@ static void test_digest_ahead(const h_broker *b)
 	h_model_free(&m);
 }
 
+/* Version 3, checked ahead while version 2 is live, fails halfway through
+ * its apply (a checked change outside its chunk): the chunks already
+ * written are undone from their checked form, the tensors are exactly
+ * version 2 again, and the consumer re-joins and heals. */
+static void test_ahead_rollback(const h_broker *b)
+{
+	h_model m;
+	dcast_producer *p = NULL;
+	dcast_consumer *c;
+	h_seen s = {0};
+
+	REQUIRE(h_model_start(b, "m_aheadfail", 37, 2, 100, &m, &p) == 0);
+	setenv("DELTACAST_CONSUMER_FAULT", "aheadfail:3", 1);
+	c = open_consumer(b, "m_aheadfail", dir_for("aheadfail"));
+	unsetenv("DELTACAST_CONSUMER_FAULT");
+	REQUIRE(c);
+	CHECK(h_drive(c, &m, 2, &s) == 0);
+	REQUIRE(h_publish(p, &m, 3, 100) == 0 && h_publish(p, &m, 4, 100) == 0);
+	CHECK(h_drive(c, &m, 4, &s) == 0);
+	CHECK(s.apply_failures >= 1 && s.last_apply_error == DCAST_ECORRUPT);
+	CHECK(s.untouched_ok >= 1 && s.untouched_bad == 0);
+	CHECK(h_equal(c, &m, 4));
+	dcast_consumer_close(&c);
+	dcast_producer_close(&p);
+	h_model_free(&m);
+}
+
 static void test_digest_rollback(const h_broker *b)
 {
 	h_seen s = {0};
@@ -478,6 +505,7 @@ int main(void)
 	test_corrupt_chunk(&b);
 	test_digest_rollback(&b);
 	test_digest_ahead(&b);
+	test_ahead_rollback(&b);
 	test_digest_restore(&b);
 	test_gap(&b);
 	test_duplicates(&b);

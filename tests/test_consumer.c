@@ -133,30 +133,39 @@ static void test_corrupt_chunk(const h_broker *b)
 	CHECK(exact); /* re-joined and healed */
 }
 
+/* Versions 1-2 applied, then 3 and 4 published while 2 is live, so that 3
+ * is checked ahead; `fault` (DELTACAST_CONSUMER_FAULT) armed for 3.  The
+ * consumer must end bit-exact at 4; s says what it went through. */
+static void run_ahead_fault(const h_broker *b, const char *model, uint64_t seed, const char *fault, h_seen *s)
+{
+	h_model m;
+	dcast_producer *p = NULL;
+	dcast_consumer *c;
+
+	REQUIRE(h_model_start(b, model, seed, 2, 100, &m, &p) == 0);
+	setenv("DELTACAST_CONSUMER_FAULT", fault, 1);
+	c = open_consumer(b, model, dir_for(model));
+	unsetenv("DELTACAST_CONSUMER_FAULT");
+	REQUIRE(c);
+	CHECK(h_drive(c, &m, 2, s) == 0);
+	REQUIRE(h_publish(p, &m, 3, 100) == 0 && h_publish(p, &m, 4, 100) == 0);
+	CHECK(h_drive(c, &m, 4, s) == 0);
+	CHECK(h_equal(c, &m, 4));
+	dcast_consumer_close(&c);
+	dcast_producer_close(&p);
+	h_model_free(&m);
+}
+
 /* A wrong digest found when version 3 is checked ahead of apply (it
  * arrives while version 2 is live): refused before it touches the live
  * tensors, re-joined, healed. */
 static void test_digest_ahead(const h_broker *b)
 {
-	h_model m;
-	dcast_producer *p = NULL;
-	dcast_consumer *c;
 	h_seen s = {0};
 
-	REQUIRE(h_model_start(b, "m_ahead", 31, 2, 100, &m, &p) == 0);
-	setenv("DELTACAST_CONSUMER_FAULT", "predigest:3", 1);
-	c = open_consumer(b, "m_ahead", dir_for("ahead"));
-	unsetenv("DELTACAST_CONSUMER_FAULT");
-	REQUIRE(c);
-	CHECK(h_drive(c, &m, 2, &s) == 0);
-	REQUIRE(h_publish(p, &m, 3, 100) == 0 && h_publish(p, &m, 4, 100) == 0);
-	CHECK(h_drive(c, &m, 4, &s) == 0);
+	run_ahead_fault(b, "m_ahead", 31, "predigest:3", &s);
 	CHECK(s.errors >= 1 && s.last_error == DCAST_EDIGEST);
 	CHECK(s.apply_failures == 0 && s.untouched_bad == 0);
-	CHECK(h_equal(c, &m, 4));
-	dcast_consumer_close(&c);
-	dcast_producer_close(&p);
-	h_model_free(&m);
 }
 
 /* Version 3, checked ahead while version 2 is live, fails halfway through
@@ -165,25 +174,11 @@ static void test_digest_ahead(const h_broker *b)
  * version 2 again, and the consumer re-joins and heals. */
 static void test_ahead_rollback(const h_broker *b)
 {
-	h_model m;
-	dcast_producer *p = NULL;
-	dcast_consumer *c;
 	h_seen s = {0};
 
-	REQUIRE(h_model_start(b, "m_aheadfail", 37, 2, 100, &m, &p) == 0);
-	setenv("DELTACAST_CONSUMER_FAULT", "aheadfail:3", 1);
-	c = open_consumer(b, "m_aheadfail", dir_for("aheadfail"));
-	unsetenv("DELTACAST_CONSUMER_FAULT");
-	REQUIRE(c);
-	CHECK(h_drive(c, &m, 2, &s) == 0);
-	REQUIRE(h_publish(p, &m, 3, 100) == 0 && h_publish(p, &m, 4, 100) == 0);
-	CHECK(h_drive(c, &m, 4, &s) == 0);
+	run_ahead_fault(b, "m_aheadfail", 37, "aheadfail:3", &s);
 	CHECK(s.apply_failures >= 1 && s.last_apply_error == DCAST_ECORRUPT);
 	CHECK(s.untouched_ok >= 1 && s.untouched_bad == 0);
-	CHECK(h_equal(c, &m, 4));
-	dcast_consumer_close(&c);
-	dcast_producer_close(&p);
-	h_model_free(&m);
 }
 
 static void test_digest_rollback(const h_broker *b)

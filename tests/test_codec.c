@@ -533,30 +533,23 @@ static void golden_bytes(void)
 	CHECK(h == GOLDEN_HASH);
 }
 
-/* The same bytes from every compare variant this CPU has (each has its
- * own scan and gather). */
-static void test_golden_bytes(void)
+/* fn under every compare variant this CPU has (each has its own scan and
+ * gather), then back to the automatic choice. */
+static void each_variant(const char *what, void (*fn)(void))
 {
 	static const int simd[] = { DCAST_SIMD_PORTABLE, DCAST_SIMD_AVX2, DCAST_SIMD_AVX512 };
 	for (size_t i = 0; i < DCAST_ARRAY_LEN(simd); i++) {
 		if (dcast_simd_force(simd[i]) != simd[i])
 			continue;
-		printf("variant %d: ", simd[i]);
-		golden_bytes();
+		printf("%s, compare variant %d\n", what, simd[i]);
+		fn();
 	}
 	dcast_simd_force(DCAST_SIMD_AUTO);
 }
 
 int main(void)
 {
-	static const int simd[] = { DCAST_SIMD_PORTABLE, DCAST_SIMD_AVX2, DCAST_SIMD_AVX512 };
-	for (size_t i = 0; i < DCAST_ARRAY_LEN(simd); i++) {
-		if (dcast_simd_force(simd[i]) != simd[i])
-			continue;
-		printf("compare variant %d\n", simd[i]);
-		test_roundtrips();
-	}
-	dcast_simd_force(DCAST_SIMD_AUTO);
+	each_variant("round trips", test_roundtrips);
 	test_anchor_and_args();
 	for (int e = 0; e < DCAST_ENC_COUNT; e++)
 		for (unsigned es = 1; es <= 4; es *= 2)
@@ -567,6 +560,6 @@ int main(void)
 	test_compact_size();
 	test_compact_rows();
 	test_fast_decoder();
-	test_golden_bytes();
+	each_variant("golden bytes", golden_bytes);
 	return check_done("test_codec");
 }

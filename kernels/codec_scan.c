@@ -293,13 +293,15 @@ TARGET_AVX2 static ALWAYS_INLINE uint64_t gather_avx2(dcast_changes *ch, const u
 						      uint64_t bytes, scan_hist hist, gather_acc acc)
 {
 	__m256i a[GV]; /* acc in registers: __m256i may alias hist */
+	uint64_t end = ch->n; /* changes up to end: 4 bytes read at each stay inside */
 	if (bytes > INT32_MAX)
 		return i;
+	while (end > i && (uint64_t)ch->pos[end - 1] * es + 4 > bytes)
+		end--;
 	memcpy(a, acc, sizeof(a));
-	while (i + 8 <= ch->n && (uint64_t)ch->pos[i + 7] * es + 4 <= bytes) {
+	while (i + 8 <= end) {
 		uint64_t i0 = i, left = 0;
-		for (unsigned t = 0; t < 64 && i + 8 <= ch->n && (uint64_t)ch->pos[i + 7] * es + 4 <= bytes;
-		     t += 8, i += 8)
+		for (unsigned t = 0; t < 64 && i + 8 <= end; t += 8, i += 8)
 			left |= (uint64_t)gather8(ch, c, b, i, es, a) << t;
 		for (; left; left &= left - 1)
 			gather1(ch, c, b, i0 + (unsigned)__builtin_ctzll(left), es, hist[0]);

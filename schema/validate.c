@@ -277,15 +277,14 @@ int dcast_msg_check_payload(const dcast_msg *m, size_t payload_len)
 			  dcast_msg_type_name(m->type), payload_len, (unsigned long long)want);
 }
 
+_Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the checksum hashes little-endian u64s");
+
 uint64_t dcast_chunk_checksum(const dcast_chunk *c, uint64_t payload_sum)
 {
-	uint64_t v[11] = { payload_sum, c->version, c->base_version, c->anchor, c->tensor, c->start,
-			   c->count, c->elem_size, c->encoding, c->changed, c->payload_bytes };
-	unsigned char le[sizeof(v)];
+	const uint64_t v[11] = { payload_sum, c->version, c->base_version, c->anchor, c->tensor, c->start,
+				 c->count, c->elem_size, c->encoding, c->changed, c->payload_bytes };
 
-	for (size_t i = 0; i < sizeof(le); i++)
-		le[i] = (unsigned char)(v[i / 8] >> (8 * (i % 8)));
-	return dcast_checksum(le, sizeof(le));
+	return dcast_checksum(v, sizeof(v));
 }
 
 int dcast_chunk_verify(const dcast_chunk *c, const void *payload)

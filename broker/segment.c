@@ -14,7 +14,13 @@
 #include "deltacast/schema.h"
 #include "segment.h"
 
-#define SEG_MAGIC 0x31524344u /* "DCR1" little-endian */
+/* "DCR2" little-endian.  The last byte is the format: "DCR1" segments
+ * hold CHUNK headers whose checksum does not cover the chunk's placement,
+ * which this broker would take for corrupt. */
+#define SEG_MAGIC 0x32524344u
+#define SEG_FORMAT(magic) ((magic) >> 24)
+#define SEG_FAMILY(magic) (((magic) & 0xffffffu) == (SEG_MAGIC & 0xffffffu) && \
+			   SEG_FORMAT(magic) >= '0' && SEG_FORMAT(magic) <= '9')
 #define SEG_IO_DEPTH 64u
 #define SEG_PREFIX_POOL 4096u
 #define SEG_MAX_FILES 1024u  /* segment files looked at per model folder */
@@ -498,6 +504,7 @@ static int read_record(broker_seg_store *s, int h, uint64_t off, uint64_t size,
 {
 	uint8_t p[BROKER_SEG_RECORD_BYTES];
 	uint64_t len;
+	uint32_t magic;
 	int rc;
 
 	if (size - off < BROKER_SEG_RECORD_BYTES)
@@ -506,7 +513,8 @@ static int read_record(broker_seg_store *s, int h, uint64_t off, uint64_t size,
 	if (rc)
 		return snprintf(why, why_cap, "%s", dcast_last_error()), rc;
 	rec_decode(p, r);
-	if (get32(p) != SEG_MAGIC || r->flags || r->kind < BROKER_SEG_FILE ||
+	magic = get32(p);
+	if ((magic != SEG_MAGIC && !SEG_FAMILY(magic)) || r->flags || r->kind < BROKER_SEG_FILE ||
 	    r->kind > BROKER_SEG_COMMIT)
 		return snprintf(why, why_cap, "bad record magic/kind"), DCAST_ECORRUPT;
 	if (r->hdr_len > DCAST_MAX_HEADER_BYTES || r->payload_len > DCAST_MAX_CHUNK_BYTES)
@@ -522,6 +530,11 @@ static int read_record(broker_seg_store *s, int h, uint64_t off, uint64_t size,
 	if (rec_checksum(p, s->rbuf, r->hdr_len, s->rbuf + r->hdr_len, r->payload_len) !=
 	    r->checksum)
 		return snprintf(why, why_cap, "record checksum mismatch"), DCAST_ECHECKSUM;
+	if (magic != SEG_MAGIC) /* whole, so written that way: not damage */
+		return snprintf(why, why_cap, "a whole record of segment format %c at offset %llu "
+				"(this broker reads format %c)", (char)SEG_FORMAT(magic),
+				(unsigned long long)off, (char)SEG_FORMAT(SEG_MAGIC)),
+		       DCAST_EPROTO_VERSION;
 	return 0;
 }
 
@@ -610,7 +623,7 @@ static int scan_file(broker_seg_store *s, int h, struct seg_scan *sc)
 	while (off < sc->size) {
 		int rc = read_record(s, h, off, sc->size, &r, sc->why, sizeof(sc->why)), closes;
 
-		if (rc == DCAST_ENOMEM || rc == DCAST_EIO)
+		if (rc == DCAST_ENOMEM || rc == DCAST_EIO || rc == DCAST_EPROTO_VERSION)
 			return rc;
 		closes = rc ? -1 : check_record(s, &r, sc, &v, sc->why, sizeof(sc->why));
 		if (closes < 0) {
@@ -705,7 +718,10 @@ static unsigned list_segments(const char *dir, uint64_t *out, unsigned cap)
 }
 
 /* Open and verify one segment file; on success (whole versions in it) the
- * file stays open in *f and *sc describes it.  Returns 1 if usable. */
+ * file stays open in *f and *sc describes it.  Returns 1 if usable, 0 when
+ * nothing in it was whole (the file is gone), minus an error code else: a
+ * file of another segment format gives -DCAST_EPROTO_VERSION and is left
+ * as it is. */
 static int open_verified(broker_seg_store *s, const char *path, struct seg_file *f,
 			 struct seg_scan *sc)
 {
@@ -715,15 +731,19 @@ static int open_verified(broker_seg_store *s, const char *path, struct seg_file 
 	memset(sc, 0, sizeof(*sc));
 	f->fd = open(path, O_RDWR | O_CLOEXEC);
 	if (f->fd < 0 || fstat(f->fd, &st))
-		return dcast_fail(DCAST_EIO, "segment: open '%s': %s", path, strerror(errno)), -1;
+		return dcast_fail(DCAST_EIO, "segment: open '%s': %s", path, strerror(errno)),
+		       -DCAST_EIO;
 	f->handle = dcast_io_file_add(s->io, f->fd, path);
 	sc->size = (uint64_t)st.st_size;
 	rc = f->handle < 0 ? -f->handle : scan_file(s, f->handle, sc);
+	if (rc == DCAST_EPROTO_VERSION)
+		dcast_fail(rc, "segment '%s': %s; left as it is (use another --data-dir, or move "
+			   "the file away to drop it)", path, sc->why);
 	if (!rc)
-		rc = cut_tail(path, f->fd, sc) == 0 ? 0 : 1;
+		rc = cut_tail(path, f->fd, sc);
 	if (rc) {
 		file_close(s, f);
-		return rc == 1 ? 0 : -1;
+		return rc == 1 ? 0 : rc < 0 ? -DCAST_EIO : -rc;
 	}
 	snprintf(f->path, sizeof(f->path), "%s", path);
 	f->end = f->commit_end = sc->good_end;
@@ -754,7 +774,7 @@ static int load_model_dir(broker_seg_store *s, const char *dir, broker_seg_visit
 		}
 		rc = open_verified(s, path, &f, &sc);
 		if (rc < 0)
-			return DCAST_EIO;
+			return -rc;
 		found = rc;
 		found_anchor = anchors[i];
 	}

@@ -5,7 +5,7 @@
  * anchor, then every delta committed after it.  A segment is a sequence of
  * records, each
  *
- *   u32 magic "DCR1" | u16 kind | u16 flags (0) | u32 header_len |
+ *   u32 magic "DCR2" | u16 kind | u16 flags (0) | u32 header_len |
  *   u32 payload_len | u64 version | u64 checksum | header | payload
  *
  * (little-endian; checksum = XXH3-64 chained over the first 24 bytes, the
@@ -19,7 +19,10 @@
  * records are written, then fsynced, inside broker_seg_commit(), before the
  * caller acknowledges it.  At load every record is verified; a torn or
  * corrupt tail is cut back (the file truncated) to the end of the last whole
- * committed version, with a log line naming file and offset.  Only the
+ * committed version, with a log line naming file and offset.  A whole
+ * record of another format ("DCR1", "DCR3", ...: its checksum holds, so it
+ * was written that way) stops the load with DCAST_EPROTO_VERSION, naming
+ * the file; nothing is cut or deleted.  Only the
  * newest segment with a committed anchor is replayed; older ones are
  * superseded and deleted. */
 #ifndef DCAST_BROKER_SEGMENT_H
@@ -62,7 +65,9 @@ typedef int (*broker_seg_visit_fn)(void *ctx, const char *model, int kind, uint6
  * the file, logging file and offset), delete segments without a committed
  * version and segments superseded by a newer committed anchor, then replay
  * the newest segment of each model through fn, and keep it open for
- * appending.  Errors: DCAST_EIO, DCAST_ENOMEM, fn's. */
+ * appending.  Errors: DCAST_EIO, DCAST_ENOMEM, DCAST_EPROTO_VERSION (a
+ * segment of another format, named in the error and left untouched; models
+ * loaded before it stay loaded), fn's. */
 int broker_seg_load(broker_seg_store *s, broker_seg_visit_fn fn, void *ctx);
 
 /* Start a new segment for model at anchor `version` (its FILE and MANIFEST

@@ -40,7 +40,7 @@ static const struct {
 	[DCAST_EABORTED] = {"DCAST_EABORTED", "version aborted"},
 };
 
-static _Thread_local char last_error[512];
+static _Thread_local char last_error[1024];
 
 const char *dcast_strerror(int err)
 {
@@ -76,10 +76,12 @@ void dcast_clear_error(void)
 
 int dcast_fail(int err, const char *fmt, ...)
 {
+	char text[sizeof(last_error)]; /* an argument may be dcast_last_error() itself */
 	va_list ap;
 
 	va_start(ap, fmt);
-	vsnprintf(last_error, sizeof(last_error), fmt, ap);
+	vsnprintf(text, sizeof(text), fmt, ap);
 	va_end(ap);
+	memcpy(last_error, text, sizeof(text));
 	return err;
 }

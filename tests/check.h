@@ -78,6 +78,31 @@ static inline int check_file_has(const char *path, const char *needle)
 	return strstr(buf, needle) != NULL;
 }
 
+/* The whole file at PATH, malloc'd (the caller frees it), its length in
+ * *n; stops the test when it cannot be read or is empty. */
+static inline uint8_t *check_read_file(const char *path, size_t *n)
+{
+	FILE *f = fopen(path, "rb");
+	uint8_t *p;
+	long len;
+
+	REQUIRE(f && fseek(f, 0, SEEK_END) == 0 && (len = ftell(f)) > 0);
+	p = malloc((size_t)len);
+	rewind(f);
+	REQUIRE(p && fread(p, 1, (size_t)len, f) == (size_t)len);
+	fclose(f);
+	*n = (size_t)len;
+	return p;
+}
+
+/* Replace the file at PATH with the n bytes at p; stops the test on error. */
+static inline void check_write_file(const char *path, const uint8_t *p, size_t n)
+{
+	FILE *f = fopen(path, "wb");
+
+	REQUIRE(f && fwrite(p, 1, n, f) == n && fclose(f) == 0);
+}
+
 static inline int check_done(const char *name)
 {
 	if (check_failures) {

@@ -2,9 +2,11 @@
  * and deltas (each ACKed after fsync), is killed with SIGKILL, restarts, and
  * serves every committed version to a fresh consumer bit-exact with no
  * producer resending; then a torn segment tail is cut back to the last whole
- * version, with a log line naming the file and offset. */
+ * version, with a log line naming the file and offset; last, a segment of
+ * another format stops the broker's start and is left as it is. */
 #include <dirent.h>
 #include <sys/stat.h>
+#include <xxhash.h>
 #include "broker_harness.h"
 
 #define VERSIONS 6
@@ -33,6 +35,39 @@ static int find_segment(const char *root, char *out, size_t cap)
 	if (d)
 		closedir(d);
 	return found;
+}
+
+/* Rewrite a segment's first record (FILE: no payload) as format fmt, its
+ * checksum redone: XXH3-64 chained over the 24-byte prefix and the header
+ * (broker/segment.h). */
+static void as_format(uint8_t *p, char fmt)
+{
+	uint32_t hdr_len;
+	uint64_t h;
+
+	memcpy(&hdr_len, p + 8, 4);
+	p[3] = (uint8_t)fmt;
+	h = XXH3_64bits(p, 24);
+	h = XXH3_64bits_withSeed(p + 32, hdr_len, h);
+	h = XXH3_64bits_withSeed(p + 32 + hdr_len, 0, h);
+	memcpy(p + 24, &h, 8);
+}
+
+/* Start the broker and wait up to 10 s for it to exit: 1 when it did, with
+ * a non-zero status. */
+static int broker_exits_failing(struct h_broker *br)
+{
+	int st = 0;
+
+	if (h_broker_try(br) && br->pid == 0)
+		return 1; /* exited during start-up (h_broker_try reaped it) */
+	for (int i = 0; i < 200; i++, usleep(50000))
+		if (waitpid(br->pid, &st, WNOHANG) == br->pid) {
+			h_untrack(br->pid);
+			br->pid = 0;
+			return !WIFEXITED(st) || WEXITSTATUS(st) != 0;
+		}
+	return 0;
 }
 
 int main(void)
@@ -102,6 +137,22 @@ int main(void)
 	memcpy(prod.state, snap[VERSIONS], sizeof(prod.state));
 	CHECK(h_publish(&prod, VERSIONS, 0, 100) == 0);
 	h_client_close(&prod);
+
+	/* A segment of another format (its FILE record rewritten whole as
+	 * "DCR1"): the broker refuses to start, names the file, leaves it. */
+	h_broker_kill(&br, SIGKILL);
+	size_t n;
+	uint8_t *img = check_read_file(seg, &n), *after;
+	REQUIRE(n > 32 && img[3] == '2');
+	as_format(img, '1');
+	check_write_file(seg, img, n);
+	CHECK(broker_exits_failing(&br));
+	CHECK(check_file_has(br.log, "segment format 1"));
+	CHECK(check_file_has(br.log, seg));
+	after = check_read_file(seg, &n);
+	CHECK(memcmp(after, img, n) == 0);
+	free(img);
+	free(after);
 
 	return h_finish(&br, dir, "test_broker_durable");
 }

@@ -3,7 +3,8 @@
  * deletes the old; an aborted version leaves nothing; a segment truncated at
  * random offsets or with a random byte flipped reloads as exactly the
  * committed prefix (file cut back, never a partial version) and takes new
- * versions after it. */
+ * versions after it; a whole segment of another format stops the load and
+ * is left untouched. */
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -203,28 +204,6 @@ static void test_roundtrip(const char *dir)
 	broker_seg_close(&s);
 }
 
-static void write_bytes(const char *path, const uint8_t *p, size_t n)
-{
-	FILE *f = fopen(path, "wb");
-
-	REQUIRE(f && fwrite(p, 1, n, f) == n && fclose(f) == 0);
-}
-
-static uint8_t *read_bytes(const char *path, size_t *n)
-{
-	FILE *f = fopen(path, "rb");
-	uint8_t *p;
-	long len;
-
-	REQUIRE(f && fseek(f, 0, SEEK_END) == 0 && (len = ftell(f)) > 0);
-	p = malloc((size_t)len);
-	rewind(f);
-	REQUIRE(p && fread(p, 1, (size_t)len, f) == (size_t)len);
-	fclose(f);
-	*n = (size_t)len;
-	return p;
-}
-
 /* Damage the segment (cut at `cut`, or flip the byte at `flip`), reload,
  * and check exactly the versions wholly before the damage come back. */
 static void damage_trial(const char *dir, const char *seg, const uint8_t *orig, size_t n,
@@ -239,7 +218,7 @@ static void damage_trial(const char *dir, const char *seg, const uint8_t *orig, 
 	memcpy(copy, orig, n);
 	if (flip >= 0)
 		copy[flip] ^= (uint8_t)(1u << (rng++ % 8));
-	write_bytes(seg, copy, flip >= 0 ? n : cut);
+	check_write_file(seg, copy, flip >= 0 ? n : cut);
 	while (k < N_VERSIONS && commit_end[k + 1] <= limit)
 		k++;
 	reload(&s, dir);
@@ -281,7 +260,7 @@ static void test_damage(const char *dir)
 	broker_seg_close(&s);
 	model_dir_of(dir, mdir, sizeof(mdir));
 	snprintf(seg, sizeof(seg), "%s/seg-%020llu.log", mdir, 1ull);
-	orig = read_bytes(seg, &n);
+	orig = check_read_file(seg, &n);
 	CHECK(n == commit_end[N_VERSIONS]);
 	struct rec saved[MAX_RECS];
 	memcpy(saved, written, sizeof(saved));
@@ -303,6 +282,79 @@ static void test_damage(const char *dir)
 	free(orig);
 }
 
+/* Rewrite the record at p + off as segment format `fmt` with its checksum
+ * whole again: what a broker writing that format would have left. */
+static void reformat_record(uint8_t *p, size_t off, char fmt)
+{
+	struct seg_rec r;
+	uint8_t *hdr = p + off + BROKER_SEG_RECORD_BYTES;
+
+	rec_decode(p + off, &r);
+	p[off + 3] = (uint8_t)fmt;
+	put64(p + off + 24, rec_checksum(p + off, hdr, r.hdr_len, hdr + r.hdr_len, r.payload_len));
+}
+
+/* Offset of the i-th record (0: FILE) of a segment image. */
+static size_t record_off(const uint8_t *p, unsigned i)
+{
+	size_t off = 0;
+
+	for (; i; i--) {
+		struct seg_rec r;
+
+		rec_decode(p + off, &r);
+		off += BROKER_SEG_RECORD_BYTES + (size_t)r.hdr_len + r.payload_len;
+	}
+	return off;
+}
+
+/* A whole record of another segment format (its first, or a CHUNK in the
+ * middle; older "1" or newer "3") stops the load with an error naming the
+ * file, and the file is left byte for byte.  The same byte flipped by
+ * damage (checksum broken) is damage: cut as before. */
+static void test_other_format(const char *dir)
+{
+	static const struct { unsigned rec; char fmt; } cases[] = {
+		{0, '1'}, {1 + 1 + CHUNKS_PER_VERSION + 1, '1'}, {0, '3'}};
+	broker_seg_store *s;
+	char mdir[512], seg[600], want[32];
+	uint8_t *orig, *copy, *after;
+	size_t n, m;
+
+	n_written = 0;
+	REQUIRE(broker_seg_open(&s, dir) == 0);
+	for (uint64_t v = 1; v <= 3; v++)
+		write_version(s, v, v == 1, 1);
+	broker_seg_close(&s);
+	model_dir_of(dir, mdir, sizeof(mdir));
+	snprintf(seg, sizeof(seg), "%s/seg-%020llu.log", mdir, 1ull);
+	orig = check_read_file(seg, &n);
+	REQUIRE((copy = malloc(n)) != NULL);
+	for (unsigned t = 0; t < sizeof(cases) / sizeof(cases[0]); t++) {
+		memcpy(copy, orig, n);
+		reformat_record(copy, record_off(orig, cases[t].rec), cases[t].fmt);
+		check_write_file(seg, copy, n);
+		REQUIRE(broker_seg_open(&s, dir) == 0);
+		n_loaded = 0;
+		CHECK_ERR(broker_seg_load(s, visit, NULL), DCAST_EPROTO_VERSION);
+		snprintf(want, sizeof(want), "segment format %c", cases[t].fmt);
+		CHECK(strstr(dcast_last_error(), seg) && strstr(dcast_last_error(), want));
+		CHECK(n_loaded == 0);
+		broker_seg_close(&s);
+		after = check_read_file(seg, &m);
+		CHECK(m == n && memcmp(after, copy, n) == 0);
+		free(after);
+	}
+	memcpy(copy, orig, n);
+	copy[3] ^= 1; /* "DCR2" -> "DCR3", checksum not redone */
+	check_write_file(seg, copy, n);
+	reload(&s, dir);
+	CHECK(n_loaded == 0 && count_segments(mdir) == 0);
+	broker_seg_close(&s);
+	free(copy);
+	free(orig);
+}
+
 static void run(const char *label)
 {
 	char dir[256], cmd[300];
@@ -313,6 +365,8 @@ static void run(const char *label)
 	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
 	CHECK(system(cmd) == 0);
 	test_damage(dir);
+	CHECK(system(cmd) == 0);
+	test_other_format(dir);
 }
 
 int main(void)

@@ -156,6 +156,15 @@ struct broker_peer {
 	int welcome_due;             /* HELLO answered by the next send */
 };
 
+/* A table of peers: cap slots, found by routing id through an index.
+ * Slots [hi, cap) are all free, so loops over peers stop at hi. */
+struct broker_peers {
+	struct broker_peer *arr;     /* [cap] */
+	uint64_t cap, n, hi;         /* slots, slots in use, 1 + highest in use */
+	uint32_t *index;             /* [mask + 1]: slot + 1, 0 empty */
+	uint64_t mask;
+};
+
 struct broker_upstream {
 	void *sock;
 	struct broker_model *model;
@@ -185,7 +194,7 @@ struct broker {
 	volatile int stop;
 	struct broker_model *models[BROKER_MAX_MODELS];
 	uint32_t n_models;
-	struct broker_peer *prod, *cons; /* [max_producers], [max_consumers] */
+	struct broker_peers prod, cons; /* max_producers, max_consumers slots */
 	struct broker_upstream up[BROKER_MAX_UPSTREAM_MODELS];
 	uint32_t n_up;
 	struct {
@@ -207,10 +216,23 @@ void broker_close(struct broker *b);
 /* Refuse an inbound message: count it by code and send ERROR back. */
 void broker_refuse(struct broker *b, void *sock, const zmq_msg_t *rid, int code,
 		   const char *model, uint64_t version);
-/* The peer slot of a routing id in arr[n]; with create, a free slot set up
- * for it (NULL and DCAST_EBUSY when every slot is taken). */
-struct broker_peer *broker_peer_find(struct broker_peer *arr, uint64_t n, const zmq_msg_t *rid,
-				     int create);
+/* Set up an empty table of cap slots (broker/peers.c).  Errors:
+ * DCAST_ENOMEM (nothing left allocated). */
+int broker_peers_init(struct broker_peers *s, uint64_t cap);
+/* Release every peer's references and the table's memory; s is left empty.
+ * Safe on a table that init failed on or never saw. */
+void broker_peers_free(struct broker_peers *s);
+/* The peer of a routing id, found through the index; with create, the
+ * lowest free slot set up for it (used, rid, all else 0).  NULL when not
+ * found and not created: a routing id over BROKER_MAX_RID, or every slot
+ * taken (DCAST_EBUSY set). */
+struct broker_peer *broker_peer_find(struct broker_peers *s, const zmq_msg_t *rid, int create);
+/* Release p's references (the version it streams, the manifest last sent)
+ * and restart its stream; p stays in its table. */
+void broker_peer_reset(struct broker_peer *p);
+/* Drop p from s: its references released (broker_peer_reset), its slot
+ * zeroed and free again.  No-op on a free slot. */
+void broker_peer_forget(struct broker_peers *s, struct broker_peer *p);
 /* Send a header built from `m` to a peer (best effort, never blocks). */
 int broker_send_msg(struct broker *b, void *sock, struct broker_peer *p, const dcast_msg *m);
 
@@ -266,7 +288,6 @@ int broker_frame_encode(const dcast_msg *m, zmq_msg_t *out);
 void broker_consumer_msg(struct broker *b, dcast_wire_in *in);
 void broker_fanout(struct broker *b);
 void broker_consumer_timers(struct broker *b, uint64_t now_ms);
-void broker_peer_reset(struct broker_peer *p);
 
 /* ---- relay.c ---- */
 int broker_relay_open(struct broker *b);

@@ -14,21 +14,11 @@
 
 enum pump { PUMP_IDLE, PUMP_MORE, PUMP_BLOCKED, PUMP_GONE };
 
-void broker_peer_reset(struct broker_peer *p)
-{
-	broker_version_put(p->cur);
-	broker_manifest_put(p->manifest_sent);
-	p->cur = NULL;
-	p->manifest_sent = NULL;
-	p->next_chunk = 0;
-}
-
 static void consumer_drop(struct broker *b, struct broker_peer *p, const char *why)
 {
 	DCAST_LOG_I("consumer %s of %s: %s (had version %lld)", p->client,
 		    p->model ? p->model->name : "?", why, (long long)p->have_version);
-	broker_peer_reset(p);
-	memset(p, 0, sizeof(*p));
+	broker_peer_forget(&b->cons, p);
 	b->stats.consumers_connected--;
 }
 
@@ -189,9 +179,9 @@ static void consumer_pump(struct broker *b, struct broker_peer *p)
 void broker_fanout(struct broker *b)
 {
 	b->fanout_more = b->fanout_blocked = 0;
-	for (uint64_t i = 0; i < b->cfg.max_consumers; i++)
-		if (b->cons[i].used)
-			consumer_pump(b, &b->cons[i]);
+	for (uint64_t i = 0; i < b->cons.hi; i++)
+		if (b->cons.arr[i].used)
+			consumer_pump(b, &b->cons.arr[i]);
 }
 
 static void consumer_hello(struct broker *b, struct broker_peer *p, dcast_wire_in *in)
@@ -204,7 +194,7 @@ static void consumer_hello(struct broker *b, struct broker_peer *p, dcast_wire_i
 		rc = dcast_fail(DCAST_EFIELD_RANGE, "HELLO.role: producer on the consumer endpoint");
 	else if ((m = broker_model_get(b, h->model, 1)))
 		rc = 0;
-	if (!rc && !p && !(p = broker_peer_find(b->cons, b->cfg.max_consumers, &in->rid, 1)))
+	if (!rc && !p && !(p = broker_peer_find(&b->cons, &in->rid, 1)))
 		rc = DCAST_EBUSY;
 	if (rc) {
 		broker_refuse(b, b->consumers, &in->rid, rc, h->model, DCAST_VERSION_NONE);
@@ -257,7 +247,7 @@ static int consumer_dispatch(struct broker *b, struct broker_peer *p, const dcas
 
 void broker_consumer_msg(struct broker *b, dcast_wire_in *in)
 {
-	struct broker_peer *p = broker_peer_find(b->cons, b->cfg.max_consumers, &in->rid, 0);
+	struct broker_peer *p = broker_peer_find(&b->cons, &in->rid, 0);
 	int rc;
 
 	if (in->msg.type == DCAST_MSG_HELLO) {
@@ -287,8 +277,8 @@ void broker_consumer_timers(struct broker *b, uint64_t now_ms)
 
 	dcast_msg_init(&h, DCAST_MSG_HEARTBEAT);
 	h.u.heartbeat.time_ms = now_ms;
-	for (uint64_t i = 0; i < b->cfg.max_consumers; i++) {
-		struct broker_peer *p = &b->cons[i];
+	for (uint64_t i = 0; i < b->cons.hi; i++) {
+		struct broker_peer *p = &b->cons.arr[i];
 
 		if (!p->used)
 			continue;

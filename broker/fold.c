@@ -233,8 +233,8 @@ static void old_prune(struct broker *b, struct broker_model *m, struct broker_fo
 	}
 	lo = f->old[0]->version;
 	hi = f->old[f->n_old - 1]->version;
-	for (uint64_t i = 0; i < b->cfg.max_consumers; i++) {
-		const struct broker_peer *p = &b->cons[i];
+	for (uint64_t i = 0; i < b->cons.hi; i++) {
+		const struct broker_peer *p = &b->cons.arr[i];
 
 		if (p->used && p->model == m && p->have_version != DCAST_VERSION_NONE &&
 		    p->have_version >= lo && p->have_version < hi)

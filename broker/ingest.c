@@ -51,8 +51,8 @@ static void pending_free(struct broker_pending *pd)
 static void producers_error(struct broker *b, struct broker_model *m, int code,
 			    uint64_t version, const char *text)
 {
-	for (uint64_t i = 0; i < b->cfg.max_producers; i++) {
-		struct broker_peer *p = &b->prod[i];
+	for (uint64_t i = 0; i < b->prod.hi; i++) {
+		struct broker_peer *p = &b->prod.arr[i];
 
 		if (p->used && p->model == m) {
 			dcast_wire_send_error(b->producers, p->rid, p->rid_len, code, m->name,
@@ -395,8 +395,8 @@ static void producers_ack(struct broker *b, struct broker_model *m, uint64_t ver
 	dcast_msg_init(&a, DCAST_MSG_ACK);
 	snprintf(a.u.ack.model, sizeof(a.u.ack.model), "%s", m->name);
 	a.u.ack.version = version;
-	for (uint64_t i = 0; i < b->cfg.max_producers; i++) {
-		struct broker_peer *p = &b->prod[i];
+	for (uint64_t i = 0; i < b->prod.hi; i++) {
+		struct broker_peer *p = &b->prod.arr[i];
 
 		if (p->used && p->model == m) {
 			a.u.ack.part = p->part;
@@ -502,7 +502,7 @@ static void producer_drop(struct broker *b, struct broker_peer *p, const char *w
 	}
 	DCAST_LOG_I("producer %s part %u/%u of %s: %s", p->client, p->part, p->parts,
 		    m ? m->name : "?", why);
-	memset(p, 0, sizeof(*p));
+	broker_peer_forget(&b->prod, p);
 	b->stats.producers_connected--;
 }
 
@@ -522,8 +522,8 @@ static void producer_welcome(struct broker *b, struct broker_peer *p)
 /* A second connection for the same model and part replaces the first. */
 static void producer_replace_part(struct broker *b, struct broker_peer *p)
 {
-	for (uint64_t i = 0; i < b->cfg.max_producers; i++) {
-		struct broker_peer *o = &b->prod[i];
+	for (uint64_t i = 0; i < b->prod.hi; i++) {
+		struct broker_peer *o = &b->prod.arr[i];
 
 		if (o != p && o->used && o->model == p->model && o->part == p->part)
 			producer_drop(b, o, "replaced by a new connection");
@@ -547,7 +547,7 @@ static void producer_hello(struct broker *b, struct broker_peer *p, dcast_wire_i
 		rc = 0;
 	if (!rc && p && p->used)
 		producer_drop(b, p, "sent HELLO again");
-	if (!rc && !(p = broker_peer_find(b->prod, b->cfg.max_producers, &in->rid, 1)))
+	if (!rc && !(p = broker_peer_find(&b->prod, &in->rid, 1)))
 		rc = DCAST_EBUSY;
 	if (rc) {
 		broker_refuse(b, b->producers, &in->rid, rc, h->model, DCAST_VERSION_NONE);
@@ -587,9 +587,9 @@ static int producer_manifest(struct broker *b, struct broker_peer *p, dcast_msg 
 		m->need_anchor = 1;
 		broker_manifest_put(m->manifest);
 		m->manifest = mf;
-		for (uint64_t i = 0; i < b->cfg.max_producers; i++)
-			if (b->prod[i].used && b->prod[i].model == m)
-				producer_welcome(b, &b->prod[i]);
+		for (uint64_t i = 0; i < b->prod.hi; i++)
+			if (b->prod.arr[i].used && b->prod.arr[i].model == m)
+				producer_welcome(b, &b->prod.arr[i]);
 		return 0;
 	}
 	m->manifest = mf;
@@ -666,7 +666,7 @@ static int producer_dispatch(struct broker *b, struct broker_peer *p, dcast_wire
 
 void broker_producer_msg(struct broker *b, dcast_wire_in *in)
 {
-	struct broker_peer *p = broker_peer_find(b->prod, b->cfg.max_producers, &in->rid, 0);
+	struct broker_peer *p = broker_peer_find(&b->prod, &in->rid, 0);
 	int rc;
 
 	if (in->msg.type == DCAST_MSG_HELLO) {
@@ -720,8 +720,8 @@ void broker_producer_timers(struct broker *b, uint64_t now_ms)
 	h.u.heartbeat.time_ms = now_ms;
 	for (uint32_t i = 0; i < b->n_models; i++)
 		pending_timeouts(b, b->models[i], now_ms);
-	for (uint64_t i = 0; i < b->cfg.max_producers; i++) {
-		struct broker_peer *p = &b->prod[i];
+	for (uint64_t i = 0; i < b->prod.hi; i++) {
+		struct broker_peer *p = &b->prod.arr[i];
 
 		if (!p->used)
 			continue;
@@ -742,8 +742,8 @@ void broker_producer_flush_credit(struct broker *b)
 	dcast_msg cr;
 
 	dcast_msg_init(&cr, DCAST_MSG_CREDIT);
-	for (uint64_t i = 0; i < b->cfg.max_producers; i++) {
-		struct broker_peer *p = &b->prod[i];
+	for (uint64_t i = 0; i < b->prod.hi; i++) {
+		struct broker_peer *p = &b->prod.arr[i];
 
 		if (!p->used || !p->credit_owed)
 			continue;

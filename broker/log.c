@@ -146,9 +146,9 @@ static void retention_check(struct broker *b, struct broker_model *m)
 		    m->name, m->n_log, (unsigned long long)m->log_bytes);
 	broker_welcome_init(b, m, &w);
 	w.u.welcome.need_anchor = 1;
-	for (uint64_t i = 0; i < b->cfg.max_producers; i++)
-		if (b->prod[i].used && b->prod[i].model == m)
-			broker_send_msg(b, b->producers, &b->prod[i], &w);
+	for (uint64_t i = 0; i < b->prod.hi; i++)
+		if (b->prod.arr[i].used && b->prod.arr[i].model == m)
+			broker_send_msg(b, b->producers, &b->prod.arr[i], &w);
 }
 
 int broker_log_append(struct broker *b, struct broker_model *m, struct broker_version *v)

@@ -15,36 +15,6 @@
 
 #define MAX_POLL (3 + BROKER_MAX_UPSTREAM_MODELS + BROKER_MAX_EXTRA_FDS)
 
-struct broker_peer *broker_peer_find(struct broker_peer *arr, uint64_t n, const zmq_msg_t *rid,
-				     int create)
-{
-	size_t len = zmq_msg_size((zmq_msg_t *)rid);
-	const void *data = zmq_msg_data((zmq_msg_t *)rid);
-	struct broker_peer *free_slot = NULL;
-
-	if (len > BROKER_MAX_RID)
-		return NULL;
-	for (uint64_t i = 0; i < n; i++) {
-		if (!arr[i].used) {
-			if (!free_slot)
-				free_slot = &arr[i];
-			continue;
-		}
-		if (arr[i].rid_len == len && !memcmp(arr[i].rid, data, len))
-			return &arr[i];
-	}
-	if (!create || !free_slot) {
-		if (create)
-			dcast_fail(DCAST_EBUSY, "all %llu peer slots in use", (unsigned long long)n);
-		return NULL;
-	}
-	memset(free_slot, 0, sizeof(*free_slot));
-	free_slot->used = 1;
-	memcpy(free_slot->rid, data, len);
-	free_slot->rid_len = len;
-	return free_slot;
-}
-
 void broker_refuse(struct broker *b, void *sock, const zmq_msg_t *rid, int code,
 		   const char *model, uint64_t version)
 {
@@ -122,13 +92,9 @@ static int signals_open(struct broker *b)
 
 static int peers_alloc(struct broker *b)
 {
-	b->prod = calloc(b->cfg.max_producers, sizeof(*b->prod));
-	b->cons = calloc(b->cfg.max_consumers, sizeof(*b->cons));
-	if (!b->prod || !b->cons)
-		return dcast_fail(DCAST_ENOMEM, "peer tables (%llu producers, %llu consumers)",
-				  (unsigned long long)b->cfg.max_producers,
-				  (unsigned long long)b->cfg.max_consumers);
-	return 0;
+	int rc = broker_peers_init(&b->prod, b->cfg.max_producers);
+
+	return rc ? rc : broker_peers_init(&b->cons, b->cfg.max_consumers);
 }
 
 int broker_open(struct broker *b, const struct broker_config *cfg)
@@ -237,21 +203,13 @@ int broker_run(struct broker *b)
 	return rc;
 }
 
-static void peers_free(struct broker_peer *arr, uint64_t n)
-{
-	for (uint64_t i = 0; arr && i < n; i++)
-		if (arr[i].used)
-			broker_peer_reset(&arr[i]);
-	free(arr);
-}
-
 void broker_close(struct broker *b)
 {
 	for (uint32_t i = 0; i < b->n_models; i++)
-		if (b->prod && b->models[i]->pending)
+		if (b->prod.arr && b->models[i]->pending)
 			broker_pending_abort(b, b->models[i], "broker shutting down");
-	peers_free(b->prod, b->cfg.max_producers);
-	peers_free(b->cons, b->cfg.max_consumers);
+	broker_peers_free(&b->prod);
+	broker_peers_free(&b->cons);
 	for (uint32_t i = 0; i < b->n_models; i++)
 		broker_model_free(b->models[i]);
 	broker_relay_close(b);

@@ -118,8 +118,8 @@ static void render_consumers(struct out *o, const struct broker *b)
 		"# TYPE deltacast_consumer_version gauge\n"
 		"# HELP deltacast_consumer_lag_versions newest committed minus applied\n"
 		"# TYPE deltacast_consumer_lag_versions gauge\n");
-	for (uint64_t i = 0; b->cons && i < b->cfg.max_consumers; i++) {
-		const struct broker_peer *p = &b->cons[i];
+	for (uint64_t i = 0; i < b->cons.hi; i++) {
+		const struct broker_peer *p = &b->cons.arr[i];
 		uint64_t newest, have;
 
 		if (!p->used || !p->model)

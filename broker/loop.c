@@ -108,9 +108,11 @@ int broker_open(struct broker *b, const struct broker_config *cfg)
 		return rc;
 	if (!(b->ctx = zmq_ctx_new()))
 		return dcast_fail(DCAST_EZMQ, "zmq_ctx_new: %s", zmq_strerror(errno));
-	if ((rc = router_open(b, &b->producers, cfg->producers, "producers")) ||
-	    (rc = router_open(b, &b->consumers, cfg->consumers, "consumers")) ||
-	    (rc = broker_relay_open(b)) || (rc = broker_log_restore(b)))
+	/* The data dir is restored before the endpoints bind: a broker that
+	 * cannot load it exits without having listened. */
+	if ((rc = broker_relay_open(b)) || (rc = broker_log_restore(b)) ||
+	    (rc = router_open(b, &b->producers, cfg->producers, "producers")) ||
+	    (rc = router_open(b, &b->consumers, cfg->consumers, "consumers")))
 		return rc;
 	return 0;
 }

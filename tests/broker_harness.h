@@ -29,6 +29,7 @@ struct h_broker {
 	int n_extra;
 	int with_metrics;  /* add --metrics 127.0.0.1:<pport + 2> */
 	char metrics[32];
+	int exit_status;   /* waitpid status when h_broker_try saw it exit */
 };
 
 static pid_t h_children[16];
@@ -138,6 +139,7 @@ static inline int h_broker_try(struct h_broker *br)
 		if (waitpid(br->pid, &st, WNOHANG) == br->pid) {
 			h_untrack(br->pid);
 			br->pid = 0;
+			br->exit_status = st;
 			return -1;
 		}
 		usleep(50000);

@@ -355,7 +355,7 @@ static int cut_chunk(const char *model, struct broker_fold *f, uint64_t *bytes)
 	hm.u.chunk.encoding = DCAST_ENC_DENSE;
 	hm.u.chunk.changed = count;
 	hm.u.chunk.payload_bytes = *bytes;
-	hm.u.chunk.checksum = dcast_chunk_checksum(&hm.u.chunk, dcast_checksum(zmq_msg_data(&ch->payload), *bytes));
+	dcast_chunk_seal(&hm.u.chunk, zmq_msg_data(&ch->payload));
 	cut->next_chunk++;
 	cut->v->payload_bytes += *bytes;
 	cut->start += count;

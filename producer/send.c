@@ -27,7 +27,7 @@ static void fill_chunk_msg(const dcast_producer *p, const prod_run *r, const pro
 	c->encoding = info->encoding;
 	c->changed = info->changed;
 	c->payload_bytes = info->payload_bytes;
-	c->checksum = dcast_chunk_checksum(c, dcast_checksum(payload, info->payload_bytes));
+	dcast_chunk_seal(c, payload);
 }
 
 /* A delta needs the broker's newest version to be our acknowledged one. */

@@ -287,6 +287,11 @@ uint64_t dcast_chunk_checksum(const dcast_chunk *c, uint64_t payload_sum)
 	return dcast_checksum(v, sizeof(v));
 }
 
+void dcast_chunk_seal(dcast_chunk *c, const void *payload)
+{
+	c->checksum = dcast_chunk_checksum(c, dcast_checksum(payload, c->payload_bytes));
+}
+
 int dcast_chunk_verify(const dcast_chunk *c, const void *payload)
 {
 	return dcast_chunk_verify_sum(c, dcast_checksum(payload, c->payload_bytes));

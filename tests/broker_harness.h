@@ -457,7 +457,7 @@ static inline int h_publish(struct h_client *c, uint64_t version, int anchor, in
 			ch->encoding = info.encoding;
 			ch->changed = info.changed;
 			ch->payload_bytes = info.payload_bytes;
-			ch->checksum = dcast_chunk_checksum(ch, dcast_checksum(out, info.payload_bytes));
+			dcast_chunk_seal(ch, out);
 			REQUIRE(zmq_msg_init_size(&pl, info.payload_bytes) == 0);
 			memcpy(zmq_msg_data(&pl), out, info.payload_bytes);
 			if (ch->seq == (uint32_t)h_dup_seq) { /* a repeat, as after a resend */

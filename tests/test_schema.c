@@ -173,7 +173,8 @@ static void test_payload_and_checksum(void)
 	strcpy(m.u.chunk.model, "m");
 	m.u.chunk.version = 1, m.u.chunk.anchor = 1, m.u.chunk.count = 32;
 	m.u.chunk.elem_size = 2, m.u.chunk.payload_bytes = 64;
-	m.u.chunk.checksum = dcast_chunk_checksum(&m.u.chunk, dcast_checksum(payload, sizeof(payload)));
+	dcast_chunk_seal(&m.u.chunk, payload);
+	CHECK(m.u.chunk.checksum == dcast_chunk_checksum(&m.u.chunk, dcast_checksum(payload, sizeof(payload))));
 	CHECK_ERR(dcast_msg_validate(&m), DCAST_OK);
 	CHECK_ERR(dcast_msg_check_payload(&m, 64), DCAST_OK);
 	CHECK_ERR(dcast_msg_check_payload(&m, 63), DCAST_EPAYLOAD_SIZE);

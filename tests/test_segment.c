@@ -97,7 +97,7 @@ static void write_version(broker_seg_store *s, uint64_t version, int anchor, int
 		c->elem_size = 4;
 		c->changed = CHUNK_ELEMS;
 		c->payload_bytes = sizeof(payload[i]);
-		c->checksum = dcast_chunk_checksum(c, XXH3_64bits(payload[i], sizeof(payload[i])));
+		dcast_chunk_seal(c, payload[i]);
 		encode(&m, &hdrs[i], &lens[i]);
 		CHECK_ERR(broker_seg_append_chunk(s, "llama/7b", version, hdrs[i], lens[i],
 						  payload[i], sizeof(payload[i])), 0);

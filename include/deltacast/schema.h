@@ -234,6 +234,10 @@ int dcast_msg_check_payload(const dcast_msg *m, size_t payload_len);
  * does.  `part` and `seq` are left out: the broker renumbers them. */
 uint64_t dcast_chunk_checksum(const dcast_chunk *c, uint64_t payload_sum);
 
+/* Set c->checksum for its payload (payload_bytes long, every other field
+ * already final): what a sender does last, the twin of dcast_chunk_verify. */
+void dcast_chunk_seal(dcast_chunk *c, const void *payload);
+
 /* Check a CHUNK's checksum against its payload (payload_bytes long).
  * Errors: DCAST_ECHECKSUM, naming the chunk (model, version, tensor,
  * start). */

@@ -287,7 +287,7 @@ static void prod_version(struct prod *p, uint64_t v, int anchor)
 			hm.u.chunk.encoding = info.encoding;
 			hm.u.chunk.changed = info.changed;
 			hm.u.chunk.payload_bytes = info.payload_bytes;
-			hm.u.chunk.checksum = dcast_chunk_checksum(&hm.u.chunk, dcast_checksum(out, info.payload_bytes));
+			dcast_chunk_seal(&hm.u.chunk, out);
 			prod_chunk(p, &hm, out);
 			bytes += info.payload_bytes;
 		}

@@ -290,7 +290,14 @@ void broker_fanout(struct broker *b);
 void broker_consumer_timers(struct broker *b, uint64_t now_ms);
 
 /* ---- relay.c ---- */
+/* With --upstream: one connected DEALER per --upstream-model, each model
+ * created and marked relayed; nothing sent yet.  Returns DCAST_EZMQ or
+ * DCAST_EBUSY (no model slot left), with dcast_last_error() set. */
 int broker_relay_open(struct broker *b);
+/* Say HELLO upstream for every relayed model, with have_version its newest
+ * version: called once the data dir is restored, so a restarted relay asks
+ * only for what follows what it kept. */
+void broker_relay_start(struct broker *b);
 void broker_relay_msg(struct broker *b, struct broker_upstream *u);
 void broker_relay_timers(struct broker *b, uint64_t now_ms);
 void broker_relay_flush_credit(struct broker *b);

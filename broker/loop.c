@@ -108,12 +108,14 @@ int broker_open(struct broker *b, const struct broker_config *cfg)
 		return rc;
 	if (!(b->ctx = zmq_ctx_new()))
 		return dcast_fail(DCAST_EZMQ, "zmq_ctx_new: %s", zmq_strerror(errno));
-	/* The data dir is restored before the endpoints bind: a broker that
-	 * cannot load it exits without having listened. */
+	/* The data dir is restored before the endpoints bind (a broker that
+	 * cannot load it exits without having listened) and before the relay's
+	 * HELLO (which names the newest version restored). */
 	if ((rc = broker_relay_open(b)) || (rc = broker_log_restore(b)) ||
 	    (rc = router_open(b, &b->producers, cfg->producers, "producers")) ||
 	    (rc = router_open(b, &b->consumers, cfg->consumers, "consumers")))
 		return rc;
+	broker_relay_start(b);
 	return 0;
 }
 

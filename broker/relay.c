@@ -55,9 +55,14 @@ int broker_relay_open(struct broker *b)
 		if (zmq_connect(u->sock, b->cfg.upstream))
 			return dcast_fail(DCAST_EZMQ, "--upstream %s: connect: %s", b->cfg.upstream,
 					  zmq_strerror(errno));
-		relay_hello(b, u, "start");
 	}
 	return 0;
+}
+
+void broker_relay_start(struct broker *b)
+{
+	for (uint32_t i = 0; i < b->n_up; i++)
+		relay_hello(b, &b->up[i], "start");
 }
 
 static int relay_manifest(struct broker *b, struct broker_model *m, dcast_msg *msg)

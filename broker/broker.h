@@ -21,6 +21,7 @@
 #define BROKER_MAX_MODELS 256
 #define BROKER_MAX_UPSTREAM_MODELS 16
 #define BROKER_MAX_EXTRA_FDS 8
+#define BROKER_REFUSE_LOG_MAX 20 /* refusal log lines a second */
 #define BROKER_MAX_RID 255
 #define BROKER_BURST_MSGS 64   /* messages sent to one consumer per loop turn */
 #define BROKER_RECV_BURST 256  /* messages read from one socket per loop turn */
@@ -207,13 +208,19 @@ struct broker {
 	int fanout_blocked; /* a consumer's pipe was full */
 	uint64_t last_timer_ms;
 	struct broker_stats stats;
+	/* Refusal log lines: at most BROKER_REFUSE_LOG_MAX a second, the rest
+	 * counted and summed up in one line when the second is over. */
+	uint64_t refuse_window_ms;
+	uint32_t refuse_logged, refuse_quiet;
 };
 
 /* ---- loop.c ---- */
 int broker_open(struct broker *b, const struct broker_config *cfg);
 int broker_run(struct broker *b);
 void broker_close(struct broker *b);
-/* Refuse an inbound message: count it by code and send ERROR back. */
+/* Refuse an inbound message: count it by code, log it (at most
+ * BROKER_REFUSE_LOG_MAX lines a second: a dropped producer's in-flight
+ * chunks would log one line each) and send ERROR back, every time. */
 void broker_refuse(struct broker *b, void *sock, const zmq_msg_t *rid, int code,
 		   const char *model, uint64_t version);
 /* Set up an empty table of cap slots (broker/peers.c).  Errors:

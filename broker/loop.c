@@ -15,6 +15,29 @@
 
 #define MAX_POLL (3 + BROKER_MAX_UPSTREAM_MODELS + BROKER_MAX_EXTRA_FDS)
 
+/* Close the refusal log's window once a second has passed, saying how
+ * many refusals it did not log. */
+static void refuse_log_roll(struct broker *b, uint64_t now)
+{
+	if (now - b->refuse_window_ms < 1000)
+		return;
+	if (b->refuse_quiet)
+		DCAST_LOG_W("%u more refused messages not logged in the last %llu ms "
+			    "(deltacast_errors_total counts every one)", b->refuse_quiet,
+			    (unsigned long long)(now - b->refuse_window_ms));
+	b->refuse_window_ms = now;
+	b->refuse_logged = b->refuse_quiet = 0;
+}
+
+static int refuse_log_ok(struct broker *b)
+{
+	refuse_log_roll(b, dcast_now_ms());
+	if (b->refuse_logged < BROKER_REFUSE_LOG_MAX)
+		return ++b->refuse_logged;
+	b->refuse_quiet++;
+	return 0;
+}
+
 void broker_refuse(struct broker *b, void *sock, const zmq_msg_t *rid, int code,
 		   const char *model, uint64_t version)
 {
@@ -23,7 +46,8 @@ void broker_refuse(struct broker *b, void *sock, const zmq_msg_t *rid, int code,
 	snprintf(text, sizeof(text), "%s", dcast_last_error());
 	if (code > 0 && code < DCAST_ERR_COUNT)
 		b->stats.errors[code]++;
-	DCAST_LOG_W("refused a message (%s): %s", dcast_errname(code), text);
+	if (refuse_log_ok(b))
+		DCAST_LOG_W("refused a message (%s): %s", dcast_errname(code), text);
 	if (rid)
 		dcast_wire_send_error(sock, zmq_msg_data((zmq_msg_t *)rid),
 				      zmq_msg_size((zmq_msg_t *)rid), code, model, version, text);
@@ -147,6 +171,7 @@ static void timers(struct broker *b)
 	if (now - b->last_timer_ms < (every ? every : 1))
 		return;
 	b->last_timer_ms = now;
+	refuse_log_roll(b, now);
 	broker_producer_timers(b, now);
 	broker_consumer_timers(b, now);
 	broker_relay_timers(b, now);

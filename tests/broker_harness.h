@@ -61,23 +61,6 @@ static const char *h_build(void)
 	return b ? b : "build";
 }
 
-static inline int h_count_in_file(const char *path, const char *needle)
-{
-	char buf[1 << 18], *p;
-	FILE *f = fopen(path, "r");
-	size_t n;
-	int count = 0;
-
-	if (!f)
-		return 0;
-	n = fread(buf, 1, sizeof(buf) - 1, f);
-	fclose(f);
-	buf[n] = '\0';
-	for (p = buf; (p = strstr(p, needle)) != NULL; p++)
-		count++;
-	return count;
-}
-
 static inline void h_track(pid_t pid)
 {
 	for (int i = 0; i < h_n_children; i++)
@@ -134,7 +117,7 @@ static inline int h_broker_try(struct h_broker *br)
 	for (int i = 0; i < 200; i++) {
 		int st;
 
-		if (h_count_in_file(br->log, " on tcp://") >= 2)
+		if (check_count_in_file(br->log, " on tcp://") >= 2)
 			return 0;
 		if (waitpid(br->pid, &st, WNOHANG) == br->pid) {
 			h_untrack(br->pid);

@@ -62,20 +62,29 @@ static inline void check_remove_dir(const char *dir)
 	CHECK(system(cmd) == 0);
 }
 
-/* 1 when the file at PATH holds NEEDLE in its first 64 KiB (logs the
- * tests read); 0 when it does not or cannot be read. */
-static inline int check_file_has(const char *path, const char *needle)
+/* How many times NEEDLE occurs in the first 256 KiB of the file at PATH
+ * (logs the tests read); 0 when it cannot be read. */
+static inline int check_count_in_file(const char *path, const char *needle)
 {
-	char buf[1 << 16];
+	char buf[1 << 18];
 	FILE *f = fopen(path, "r");
 	size_t n;
+	int count = 0;
 
 	if (!f)
 		return 0;
 	n = fread(buf, 1, sizeof(buf) - 1, f);
 	fclose(f);
 	buf[n] = '\0';
-	return strstr(buf, needle) != NULL;
+	for (char *p = buf; (p = strstr(p, needle)) != NULL; p++)
+		count++;
+	return count;
+}
+
+/* 1 when the file at PATH holds NEEDLE in its first 256 KiB. */
+static inline int check_file_has(const char *path, const char *needle)
+{
+	return check_count_in_file(path, needle) > 0;
 }
 
 /* The whole file at PATH, malloc'd (the caller frees it), its length in

@@ -27,7 +27,7 @@ static void keypair(const char *name, char *pub, char *path, size_t cap)
 static int wait_log(const char *log, const char *needle, int count)
 {
 	for (int i = 0; i < 200; i++) {
-		if (h_count_in_file(log, needle) >= count)
+		if (check_count_in_file(log, needle) >= count)
 			return 1;
 		usleep(50000);
 	}
@@ -91,7 +91,7 @@ int main(void)
 	h_pump(&bad, 0, h_done_welcomed, 1);
 	h_pump(&plain, 0, h_done_welcomed, 1);
 	CHECK(!bad.welcomed && !plain.welcomed);
-	CHECK(h_count_in_file(br.log, "model secure/model: version") == 2);
+	CHECK(check_count_in_file(br.log, "model secure/model: version") == 2);
 
 	h_client_close(&good);
 	h_client_close(&bad);

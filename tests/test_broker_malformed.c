@@ -27,18 +27,6 @@ static void kill_all(void)
 		}
 }
 
-static int log_has(const char *path, const char *what)
-{
-	char buf[65536];
-	FILE *f = fopen(path, "r");
-	size_t n = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
-
-	if (f)
-		fclose(f);
-	buf[n] = 0;
-	return strstr(buf, what) != NULL;
-}
-
 static pid_t spawn(char *const argv[], const char *log_path)
 {
 	pid_t pid = fork();
@@ -65,9 +53,9 @@ static int start_broker(void)
 		snprintf(prod_ep, sizeof(prod_ep), "tcp://127.0.0.1:%d", port);
 		snprintf(cons_ep, sizeof(cons_ep), "tcp://127.0.0.1:%d", port + 1);
 		broker_pid = spawn(argv, log_path);
-		for (int i = 0; i < 100 && !log_has(log_path, "consumers on"); i++)
+		for (int i = 0; i < 100 && !check_file_has(log_path, "consumers on"); i++)
 			usleep(50000);
-		if (log_has(log_path, "consumers on") && waitpid(broker_pid, NULL, WNOHANG) == 0)
+		if (check_file_has(log_path, "consumers on") && waitpid(broker_pid, NULL, WNOHANG) == 0)
 			return 0;
 		kill(broker_pid, SIGKILL);
 		waitpid(broker_pid, NULL, 0);
@@ -248,6 +236,36 @@ static void bad_consumer_messages(void *c)
 	CHECK_ERR(next_error(c), DCAST_EFIELD_RANGE);
 }
 
+/* A peer that never said HELLO sends FLOOD chunks, as a dropped producer's
+ * in-flight chunks arrive: each gets its ERROR, but the broker's log keeps
+ * to BROKER_REFUSE_LOG_MAX (20) refusal lines a second and then says how
+ * many it left out.  `since`: when the test's first refusal was sent. */
+#define FLOOD 400
+static void refusal_flood(void *f, uint64_t since)
+{
+	char log_path[128];
+	uint8_t payload[16] = {1, 2, 3};
+	dcast_msg m;
+	int errors = 0;
+
+	printf("flood of %d chunks before HELLO:\n", FLOOD);
+	for (int i = 0; i < FLOOD; i++) {
+		chunk_msg(&m, 0, 16, payload);
+		m.u.chunk.seq = (uint32_t)i;
+		send_msg(f, &m, payload, 16);
+	}
+	for (int i = 0; i < FLOOD; i++)
+		errors += next_error(f) == DCAST_ESTATE;
+	CHECK(errors == FLOOD);
+	usleep(1500000); /* the window closes; the timers log the summary */
+	snprintf(log_path, sizeof(log_path), "%s/broker.log", dir);
+	int lines = check_count_in_file(log_path, "refused a message");
+	uint64_t secs = (dcast_now_ms() - since) / 1000 + 1;
+	printf("  %d refusal lines in %llu s\n", lines, (unsigned long long)secs);
+	CHECK(lines <= 20 * (int)secs);
+	CHECK(check_file_has(log_path, "more refused messages not logged"));
+}
+
 static int run_client(int i, const char *mode, const char *ep)
 {
 	char bin[512], log_path[128];
@@ -272,7 +290,8 @@ static int wait_client(int i)
 
 int main(void)
 {
-	void *ctx, *p, *c;
+	void *ctx, *p, *c, *f;
+	uint64_t since;
 	int st = 0;
 
 	if (!(build = getenv("DELTACAST_BUILD")))
@@ -284,13 +303,17 @@ int main(void)
 	ctx = zmq_ctx_new();
 	p = dealer(ctx, prod_ep);
 	c = dealer(ctx, cons_ep);
+	since = dcast_now_ms();
 	bad_producer_messages(p);
 	bad_consumer_messages(c);
+	f = dealer(ctx, prod_ep);
+	refusal_flood(f, since);
 	REQUIRE(run_client(1, "produce", prod_ep) == 0);
 	CHECK(wait_client(1) == 0);
 	CHECK(wait_client(0) == 0);
 	zmq_close(p);
 	zmq_close(c);
+	zmq_close(f);
 	zmq_ctx_term(ctx);
 	kill(broker_pid, SIGTERM);
 	waitpid(broker_pid, &st, 0);

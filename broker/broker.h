@@ -207,6 +207,9 @@ struct broker {
 	int fanout_more;   /* a consumer has more to send now */
 	int fanout_blocked; /* a consumer's pipe was full */
 	uint64_t last_timer_ms;
+	/* This timer turn came more than a heartbeat late (the loop was busy):
+	 * heartbeats go out, but no peer or part is judged silent. */
+	int late_turn;
 	struct broker_stats stats;
 	/* Refusal log lines: at most BROKER_REFUSE_LOG_MAX a second, the rest
 	 * counted and summed up in one line when the second is over. */

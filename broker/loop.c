@@ -170,15 +170,13 @@ static void timers(struct broker *b)
 
 	if (now - b->last_timer_ms < (every ? every : 1))
 		return;
-	if (b->last_timer_ms && now - b->last_timer_ms > b->cfg.heartbeat_ms) {
-		/* The loop itself was busy (a long fsync, a stopped process): what
-		 * peers sent meanwhile is still queued, so their silence is not
-		 * judged until the next turn, after the queues are read. */
+	/* A late turn: the loop itself was busy (a long fsync, a stopped
+	 * process), and what peers sent meanwhile may still be queued, so their
+	 * silence is judged on the next turn, after the queues are read. */
+	b->late_turn = b->last_timer_ms && now - b->last_timer_ms > b->cfg.heartbeat_ms;
+	if (b->late_turn)
 		DCAST_LOG_W("event loop busy for %llu ms: peer timeouts checked next turn",
 			    (unsigned long long)(now - b->last_timer_ms));
-		b->last_timer_ms = now;
-		return;
-	}
 	b->last_timer_ms = now;
 	refuse_log_roll(b, now);
 	broker_producer_timers(b, now);

@@ -514,7 +514,7 @@ static int read_record(broker_seg_store *s, int h, uint64_t off, uint64_t size,
 		return snprintf(why, why_cap, "%s", dcast_last_error()), rc;
 	rec_decode(p, r);
 	magic = get32(p);
-	if ((magic != SEG_MAGIC && !SEG_FAMILY(magic)) || r->flags || r->kind < BROKER_SEG_FILE ||
+	if (!SEG_FAMILY(magic) || r->flags || r->kind < BROKER_SEG_FILE ||
 	    r->kind > BROKER_SEG_COMMIT)
 		return snprintf(why, why_cap, "bad record magic/kind"), DCAST_ECORRUPT;
 	if (r->hdr_len > DCAST_MAX_HEADER_BYTES || r->payload_len > DCAST_MAX_CHUNK_BYTES)
@@ -726,7 +726,7 @@ static int open_verified(broker_seg_store *s, const char *path, struct seg_file 
 			 struct seg_scan *sc)
 {
 	struct stat st;
-	int rc;
+	int rc, cut;
 
 	memset(sc, 0, sizeof(*sc));
 	f->fd = open(path, O_RDWR | O_CLOEXEC);
@@ -739,11 +739,10 @@ static int open_verified(broker_seg_store *s, const char *path, struct seg_file 
 	if (rc == DCAST_EPROTO_VERSION)
 		dcast_fail(rc, "segment '%s': %s; left as it is (use another --data-dir, or move "
 			   "the file away to drop it)", path, sc->why);
-	if (!rc)
-		rc = cut_tail(path, f->fd, sc);
-	if (rc) {
+	cut = rc ? 0 : cut_tail(path, f->fd, sc); /* 1: deleted, -1: DCAST_EIO */
+	if (rc || cut) {
 		file_close(s, f);
-		return rc == 1 ? 0 : rc < 0 ? -DCAST_EIO : -rc;
+		return rc ? -rc : cut < 0 ? -DCAST_EIO : 0;
 	}
 	snprintf(f->path, sizeof(f->path), "%s", path);
 	f->end = f->commit_end = sc->good_end;

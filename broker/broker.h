@@ -218,6 +218,14 @@ struct broker {
 };
 
 /* ---- loop.c ---- */
+/* 1 when a peer or part last heard from at `last` has been silent past
+ * `limit` ms at `now`; never on a late turn (the silence may be the loop's
+ * own: what was sent meanwhile is still queued). */
+static inline int broker_silent(const struct broker *b, uint64_t now, uint64_t last,
+				uint64_t limit)
+{
+	return !b->late_turn && now - last > limit;
+}
 int broker_open(struct broker *b, const struct broker_config *cfg);
 int broker_run(struct broker *b);
 void broker_close(struct broker *b);

@@ -43,12 +43,13 @@ static int durable_write(struct broker_model *m, struct broker_version *v)
  * which the event loop spent waiting (docs/operations.md, durability). */
 int broker_durable_commit(struct broker *b, struct broker_model *m, struct broker_version *v)
 {
-	uint64_t t0 = dcast_now_ns();
+	uint64_t t0;
 	int rc;
 
 	(void)b;
 	if (!store)
 		return 0;
+	t0 = dcast_now_ns();
 	if (!(rc = durable_write(m, v)))
 		DCAST_LOG_I("model %s: version %llu durable: %llu bytes written and fsynced in %.1f ms",
 			    m->name, (unsigned long long)v->version, (unsigned long long)v->payload_bytes,

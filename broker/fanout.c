@@ -282,7 +282,7 @@ void broker_consumer_timers(struct broker *b, uint64_t now_ms)
 
 		if (!p->used)
 			continue;
-		if (!b->late_turn && now_ms - p->last_recv_ms > 3 * hb) {
+		if (broker_silent(b, now_ms, p->last_recv_ms, 3 * hb)) {
 			b->stats.peers_timed_out++;
 			consumer_drop(b, p, "silent for 3 heartbeats");
 			continue;

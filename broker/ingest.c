@@ -702,7 +702,7 @@ static void pending_timeouts(struct broker *b, struct broker_model *m, uint64_t 
 		uint64_t last = pd->part[i].seen ? pd->part[i].last_ms : pd->created_ms;
 		char why[128];
 
-		if (pd->part[i].committed || b->late_turn || now_ms - last <= b->cfg.part_timeout_ms)
+		if (pd->part[i].committed || !broker_silent(b, now_ms, last, b->cfg.part_timeout_ms))
 			continue;
 		snprintf(why, sizeof(why), "part %u made no progress for %llu ms (--part-timeout-ms)",
 			 i, (unsigned long long)(now_ms - last));
@@ -725,7 +725,7 @@ void broker_producer_timers(struct broker *b, uint64_t now_ms)
 
 		if (!p->used)
 			continue;
-		if (!b->late_turn && now_ms - p->last_recv_ms > 3 * hb) {
+		if (broker_silent(b, now_ms, p->last_recv_ms, 3 * hb)) {
 			b->stats.peers_timed_out++;
 			producer_drop(b, p, "silent for 3 heartbeats");
 			continue;

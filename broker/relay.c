@@ -189,7 +189,7 @@ void broker_relay_timers(struct broker *b, uint64_t now_ms)
 	for (uint32_t i = 0; i < b->n_up; i++) {
 		struct broker_upstream *u = &b->up[i];
 
-		if (!b->late_turn && now_ms - u->last_recv_ms > 3 * hb) {
+		if (broker_silent(b, now_ms, u->last_recv_ms, 3 * hb)) {
 			relay_hello(b, u, "upstream silent for 3 heartbeats");
 			continue;
 		}

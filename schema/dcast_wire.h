@@ -11,7 +11,8 @@
 /* One received message.  Owns its frames: dcast_wire_in_close(). */
 typedef struct dcast_wire_in {
 	zmq_msg_t rid;      /* routing id, valid when has_rid */
-	zmq_msg_t payload;  /* valid when has_payload */
+	zmq_msg_t payload;  /* always a valid message: empty (size 0) unless has_payload,
+			       so zmq_msg_data/zmq_msg_size never meet an uninitialised one */
 	int has_rid, has_payload;
 	dcast_msg msg;      /* decoded header (valid only when recv returned 0) */
 } dcast_wire_in;
@@ -36,7 +37,8 @@ int dcast_wire_send(void *sock, const void *rid, size_t rid_len, const dcast_msg
  * (frame count), every dcast_msg_decode error, DCAST_EPAYLOAD_SIZE. */
 int dcast_wire_recv(void *sock, int router, dcast_wire_in *in, int flags);
 
-/* Release the frames and decoded header of `in`.  Idempotent. */
+/* Release the frames and decoded header of `in` (payload left empty and
+ * valid).  Idempotent. */
 void dcast_wire_in_close(dcast_wire_in *in);
 
 /* Send an ERROR(code, text) to a peer; best effort, never blocks. */

@@ -91,6 +91,7 @@ static int recv_frame(void *sock, zmq_msg_t *f, int flags)
 	if (zmq_msg_recv(f, sock, flags) < 0) {
 		int rc = zmq_err("recv");
 		zmq_msg_close(f);
+		zmq_msg_init(f); /* left empty and valid */
 		return rc;
 	}
 	return 0;
@@ -121,6 +122,7 @@ int dcast_wire_recv(void *sock, int router, dcast_wire_in *in, int flags)
 	int rc;
 
 	memset(in, 0, sizeof(*in));
+	zmq_msg_init(&in->payload); /* empty until a payload frame arrives, never invalid */
 	if ((rc = recv_frame(sock, router ? &in->rid : &hdr, flags)))
 		return rc;
 	if (router) {
@@ -137,8 +139,8 @@ void dcast_wire_in_close(dcast_wire_in *in)
 {
 	if (in->has_rid)
 		zmq_msg_close(&in->rid);
-	if (in->has_payload)
-		zmq_msg_close(&in->payload);
+	zmq_msg_close(&in->payload);
+	zmq_msg_init(&in->payload);
 	in->has_rid = in->has_payload = 0;
 	dcast_msg_free(&in->msg);
 }

@@ -134,7 +134,8 @@ static void chunk_msg(dcast_msg *m, uint32_t tensor, uint64_t payload_bytes, con
 	m->u.chunk.count = 8;
 	m->u.chunk.elem_size = 2;
 	m->u.chunk.payload_bytes = payload_bytes;
-	seal(m, payload);
+	if (payload)
+		seal(m, payload);
 }
 
 static void producer_join(void *p)
@@ -217,6 +218,49 @@ static void bad_producer_messages(void *p)
 	strcpy(m.u.ack.model, "bad");
 	send_msg(p, &m, NULL, 0);
 	CHECK_ERR(next_error(p), DCAST_EMSG_TYPE);
+}
+
+static void commit_msg(dcast_msg *m, uint64_t version, int anchor, uint32_t chunks, uint64_t bytes)
+{
+	dcast_msg_init(m, DCAST_MSG_COMMIT);
+	strcpy(m->u.commit.model, "bad");
+	m->u.commit.version = version;
+	m->u.commit.anchor = (uint32_t)anchor;
+	m->u.commit.base_version = anchor ? DCAST_VERSION_NONE : version - 1;
+	m->u.commit.parts = 1;
+	m->u.commit.chunks = chunks;
+	m->u.commit.bytes = bytes;
+}
+
+/* Once the model has a committed version, a delta CHUNK that says
+ * payload_bytes 0 and comes without a payload frame (a valid empty
+ * payload) is taken like any other: it aborted the broker in a libzmq
+ * assertion (zmq_msg_data of a payload that was never received). */
+static void empty_payload_without_frame(void *p)
+{
+	uint8_t dense[128];
+	dcast_msg m;
+
+	printf("delta chunk with payload_bytes 0 and no payload frame:\n");
+	for (int i = 0; i < 128; i++)
+		dense[i] = (uint8_t)i;
+	chunk_msg(&m, 0, 128, dense);
+	m.u.chunk.count = 64;
+	dcast_chunk_seal(&m.u.chunk, dense);
+	send_msg(p, &m, dense, 128);
+	commit_msg(&m, 1, 1, 1, 128);
+	send_msg(p, &m, NULL, 0);
+	CHECK(next_error(p) == 0); /* ACK of the anchor */
+	chunk_msg(&m, 0, 0, NULL);
+	m.u.chunk.version = 2;
+	m.u.chunk.base_version = 1;
+	m.u.chunk.anchor = 0;
+	m.u.chunk.encoding = DCAST_ENC_IDX32;
+	dcast_chunk_seal(&m.u.chunk, "");
+	send_msg(p, &m, NULL, 0);
+	commit_msg(&m, 2, 0, 1, 0);
+	send_msg(p, &m, NULL, 0);
+	CHECK(next_error(p) == 0); /* the broker is alive and ACKs version 2 */
 }
 
 static void bad_consumer_messages(void *c)
@@ -305,6 +349,7 @@ int main(void)
 	c = dealer(ctx, cons_ep);
 	since = dcast_now_ms();
 	bad_producer_messages(p);
+	empty_payload_without_frame(p);
 	bad_consumer_messages(c);
 	f = dealer(ctx, prod_ep);
 	refusal_flood(f, since);

@@ -91,6 +91,16 @@ static uint32_t ready_count(const dcast_consumer *c)
 	return n;
 }
 
+/* Every staging slot holds a READY version: the next message could only
+ * begin another, so the socket is left unread until apply() frees a slot.
+ * ZeroMQ's queue and the broker's credit hold the rest back (a log of
+ * hundreds of small versions is taken 16 at a time, not refused and sent
+ * again forever). */
+static int intake_full(const dcast_consumer *c)
+{
+	return c->n_staged == CS_MAX_STAGED && c->staged[CS_MAX_STAGED - 1].state == CS_V_READY;
+}
+
 static int flush_credit(dcast_consumer *c)
 {
 	dcast_msg m;
@@ -436,7 +446,7 @@ static int receive_burst(dcast_consumer *c)
 {
 	int err = 0;
 
-	for (int i = 0; i < RECV_BURST && !err; i++) {
+	for (int i = 0; i < RECV_BURST && !err && !intake_full(c); i++) {
 		dcast_wire_in in;
 		int rc = dcast_wire_recv(c->sock, 0, &in, ZMQ_DONTWAIT);
 		if (rc == DCAST_EBUSY) {
@@ -497,6 +507,8 @@ static int keepalive(dcast_consumer *c)
 			    now - c->hello_ms);
 		return reconnect(c);
 	}
+	if (intake_full(c))
+		c->last_recv_ms = now; /* unread by choice, not silent */
 	if (c->welcomed && now - c->last_recv_ms > 3 * hb) {
 		DCAST_LOG_W("consumer %s: broker silent for %" PRIu64 " ms; reconnecting", c->model,
 			    now - c->last_recv_ms);
@@ -563,7 +575,7 @@ int dcast_consumer_poll(dcast_consumer *c, int timeout_ms, dcast_event *ev)
 		uint64_t now = dcast_now_ms();
 		if (pop_event(c, ev))
 			return 0;
-		zmq_pollitem_t it = {c->sock, 0, ZMQ_POLLIN, 0};
+		zmq_pollitem_t it = {c->sock, 0, intake_full(c) ? 0 : ZMQ_POLLIN, 0};
 		long wait = now >= deadline ? 0 : (long)(deadline - now);
 		if (wait > (long)(c->heartbeat_ms ? c->heartbeat_ms : 1000))
 			wait = c->heartbeat_ms ? c->heartbeat_ms : 1000;

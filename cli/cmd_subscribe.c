@@ -17,13 +17,21 @@
 static const char usage_text[] =
 	"usage: deltacast subscribe --broker ENDPOINT --model NAME --dir DIR\n"
 	"                           [--until VERSION] [--budget BYTES] [--no-verify | --verify-all]\n"
-	"Receives versions of NAME from the broker's consumer endpoint, applies each\n"
-	"one and writes it to DIR/model.safetensors.  Prints, per version:\n"
+	"                           [--fold-every N]\n"
+	"Receives versions of NAME from the broker's consumer endpoint and applies\n"
+	"each one.  DIR holds model.safetensors (a folded anchor) and a log of the\n"
+	"versions after it; the log is folded into model.safetensors in the\n"
+	"background once it exceeds a quarter of the model, and when subscribe\n"
+	"exits (at --until, SIGTERM or SIGINT) model.safetensors is the newest\n"
+	"applied version.  --fold-every N also folds after every N versions (1:\n"
+	"a current file after each version, at the cost of writing the whole\n"
+	"model each time).  Prints, per version:\n"
 	"  version V anchor|delta bytes B stage_ms S apply_ms A received R\n"
 	"(R: payload bytes received since start).  Restarted with the same DIR it\n"
-	"resumes from the last whole version there.  Exits 0 when VERSION is applied.\n"
-	"Digests are checked on the 1 MiB blocks each version writes; --verify-all\n"
-	"hashes every block of every version, --no-verify checks none.\n";
+	"resumes from the last whole version there.  Exits 0 when VERSION is applied\n"
+	"or on SIGTERM/SIGINT once the file is written.  Digests are checked as each\n"
+	"version is applied; --verify-all recomputes them over every element of every\n"
+	"version, --no-verify checks none.\n";
 
 static volatile sig_atomic_t stop;
 
@@ -35,7 +43,7 @@ static void on_signal(int sig)
 
 typedef struct sub_args {
 	const char *broker, *model, *dir;
-	uint64_t until, budget;
+	uint64_t until, budget, fold_every;
 	int verify;
 } sub_args;
 
@@ -46,7 +54,7 @@ static int parse(int argc, char **argv, sub_args *a)
 		{"dir", required_argument, 0, 'd'},    {"until", required_argument, 0, 'u'},
 		{"budget", required_argument, 0, 'B'}, {"no-verify", no_argument, 0, 'n'},
 		{"verify-all", no_argument, 0, 'a'},   {"help", no_argument, 0, 'h'},
-		{0, 0, 0, 0}};
+		{"fold-every", required_argument, 0, 'f'}, {0, 0, 0, 0}};
 	int o;
 	char *end;
 
@@ -60,7 +68,8 @@ static int parse(int argc, char **argv, sub_args *a)
 		case 'a': a->verify = 2; break;
 		case 'u':
 		case 'B':
-			*(o == 'u' ? &a->until : &a->budget) = strtoull(optarg, &end, 10);
+		case 'f':
+			*(o == 'u' ? &a->until : o == 'B' ? &a->budget : &a->fold_every) = strtoull(optarg, &end, 10);
 			if (!*optarg || *end)
 				return cli_usage_error(CMD, "--%s: \"%s\" is not an unsigned integer",
 						       cli_option_name(opts, o), optarg);
@@ -109,9 +118,18 @@ static int follow(dcast_consumer *c, const sub_args *a)
 				dcast_last_error());
 			continue;
 		}
-		if (!(err = dcast_consumer_checkpoint(c)))
-			print_version(c);
+		print_version(c);
 	}
+	return err;
+}
+
+/* Leave DIR/model.safetensors at the newest applied version. */
+static int fold_on_exit(dcast_consumer *c)
+{
+	int err = dcast_consumer_checkpoint(c);
+
+	if (err)
+		fprintf(stderr, "deltacast subscribe: writing the checkpoint: %s\n", dcast_last_error());
 	return err;
 }
 
@@ -126,7 +144,9 @@ int cmd_subscribe(int argc, char **argv)
 		return rc < 0 ? CLI_OK : rc;
 	dcast_consumer_opts_init(&o);
 	o.verify_digests = a.verify;
-	o.fold_every = 1;
+	if (a.fold_every > UINT32_MAX)
+		return cli_usage_error(CMD, "--fold-every: %" PRIu64 " is too large", a.fold_every);
+	o.fold_every = (uint32_t)a.fold_every;
 	o.client = "deltacast-subscribe";
 	signal(SIGINT, on_signal);
 	signal(SIGTERM, on_signal);
@@ -136,8 +156,8 @@ int cmd_subscribe(int argc, char **argv)
 		printf("loaded version %" PRIu64 " from %s\n", dcast_consumer_version(c), a.dir);
 	fflush(stdout);
 	err = follow(c, &a);
+	if (!err)
+		err = fold_on_exit(c);
 	dcast_consumer_close(&c);
-	if (err)
-		return cli_report(CMD, err);
-	return stop ? CLI_FAILED : CLI_OK;
+	return err ? cli_report(CMD, err) : CLI_OK;
 }

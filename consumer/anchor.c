@@ -268,6 +268,7 @@ int cs_ckpt_fold(dcast_consumer *c)
 		return err;
 	c->anchor_file_version = v;
 	c->deltas_since_fold = 0;
+	c->log_since_fold = 0;
 	vers = malloc(CS_MAX_LOG_FILES * sizeof(*vers));
 	if (vers && cs_ckpt_list(c, vers, CS_MAX_LOG_FILES, &n) == 0)
 		for (uint32_t i = 0; i < n && vers[i] <= v; i++)

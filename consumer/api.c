@@ -6,12 +6,10 @@
 #include "consumer_impl.h"
 #include "dcast_common.h"
 
-int dcast_consumer_bind(dcast_consumer *c, const char *name, void *ptr, dcast_mem mem, uint64_t bytes)
+static int bind_locked(dcast_consumer *c, const char *name, void *ptr, dcast_mem mem, uint64_t bytes)
 {
 	cs_tensor *t;
 
-	if (!c || !name || !ptr)
-		return dcast_fail(DCAST_EINVAL, "dcast_consumer_bind: NULL argument");
 	if (!(t = cs_tensor_find(c, name)))
 		return dcast_fail(DCAST_ENOTFOUND, "bind: no tensor \"%s\" in the manifest of %s", name, c->model);
 	if (mem == DCAST_MEM_CUDA && !dcast_cuda_available())
@@ -40,36 +38,67 @@ int dcast_consumer_bind(dcast_consumer *c, const char *name, void *ptr, dcast_me
 	return 0;
 }
 
+int dcast_consumer_bind(dcast_consumer *c, const char *name, void *ptr, dcast_mem mem, uint64_t bytes)
+{
+	int err;
+
+	if (!c || !name || !ptr)
+		return dcast_fail(DCAST_EINVAL, "dcast_consumer_bind: NULL argument");
+	pthread_mutex_lock(&c->lock);
+	err = bind_locked(c, name, ptr, mem, bytes);
+	pthread_mutex_unlock(&c->lock);
+	return err;
+}
+
 int dcast_consumer_tensor(dcast_consumer *c, const char *name, void **ptr, dcast_tensor_desc *desc,
 			  dcast_mem *mem)
 {
-	cs_tensor *t = c && name ? cs_tensor_find(c, name) : NULL;
+	cs_tensor *t;
 
-	if (!t)
+	if (!c || !name)
 		return dcast_fail(DCAST_ENOTFOUND, "no tensor \"%s\"", name ? name : "(null)");
-	if (ptr)
+	pthread_mutex_lock(&c->lock);
+	t = cs_tensor_find(c, name);
+	if (t && ptr)
 		*ptr = t->ptr;
-	if (desc)
+	if (t && desc)
 		*desc = t->desc;
-	if (mem)
+	if (t && mem)
 		*mem = (dcast_mem)t->mem;
+	pthread_mutex_unlock(&c->lock);
+	if (!t)
+		return dcast_fail(DCAST_ENOTFOUND, "no tensor \"%s\"", name);
 	return 0;
 }
 
 uint32_t dcast_consumer_tensor_count(const dcast_consumer *c)
 {
-	return c ? c->n_tensors : 0;
+	dcast_consumer *w = (dcast_consumer *)c;
+	uint32_t n;
+
+	if (!c)
+		return 0;
+	pthread_mutex_lock(&w->lock);
+	n = c->n_tensors;
+	pthread_mutex_unlock(&w->lock);
+	return n;
 }
 
 int dcast_consumer_tensor_at(const dcast_consumer *c, uint32_t i, dcast_tensor_desc *desc)
 {
-	if (!c || !desc || i >= c->n_tensors)
-		return dcast_fail(DCAST_ENOTFOUND, "tensor index %u out of range", i);
-	*desc = c->tensors[i].desc;
-	return 0;
+	dcast_consumer *w = (dcast_consumer *)c;
+	int found;
+
+	if (!c || !desc)
+		return dcast_fail(DCAST_EINVAL, "dcast_consumer_tensor_at: NULL argument");
+	pthread_mutex_lock(&w->lock);
+	if ((found = i < c->n_tensors))
+		*desc = c->tensors[i].desc;
+	pthread_mutex_unlock(&w->lock);
+	return found ? 0 : dcast_fail(DCAST_ENOTFOUND, "tensor index %u out of range", i);
 }
 
-uint64_t dcast_consumer_ready_version(const dcast_consumer *c)
+static uint64_t ready_locked(const dcast_consumer *c)
 {
 	uint64_t have = dcast_consumer_version(c), v = DCAST_VERSION_NONE;
 
@@ -79,6 +108,19 @@ uint64_t dcast_consumer_ready_version(const dcast_consumer *c)
 			break;
 		v = have = s->version;
 	}
+	return v;
+}
+
+uint64_t dcast_consumer_ready_version(const dcast_consumer *c)
+{
+	dcast_consumer *w = (dcast_consumer *)c; /* the lock, not the state, changes */
+	uint64_t v;
+
+	if (!c)
+		return DCAST_VERSION_NONE;
+	pthread_mutex_lock(&w->lock);
+	v = ready_locked(c);
+	pthread_mutex_unlock(&w->lock);
 	return v;
 }
 
@@ -112,16 +154,45 @@ static int apply_first(dcast_consumer *c)
 	cs_set_applied(c, v->version);
 	record_stats(c, v, dcast_now_ns() - t0);
 	cs_ack(c, v->version);
-	c->deltas_since_fold = v->anchor ? c->opts.fold_every : c->deltas_since_fold + 1;
-	if (c->deltas_since_fold >= c->opts.fold_every)
-		c->fold_due = 1;
+	c->deltas_since_fold++;
+	if (cs_fold_wanted(c)) {
+		c->fold_due = 1; /* on the consumer's thread, after this apply */
+		cs_wake(c);
+	}
 	cs_version_drop(c, v, 0);
 	return 0;
 }
 
-int dcast_consumer_apply(dcast_consumer *c, uint64_t version)
+static uint64_t model_bytes(const dcast_consumer *c)
 {
-	cs_version *v = c ? cs_version_find(c, version) : NULL;
+	uint64_t n = 0;
+
+	for (uint32_t i = 0; i < c->n_tensors; i++)
+		n += c->tensors[i].bytes;
+	return n;
+}
+
+int cs_fold_wanted(const dcast_consumer *c)
+{
+	if (c->opts.fold_every && c->deltas_since_fold >= c->opts.fold_every)
+		return 1;
+	return c->opts.fold_fraction > 0 &&
+	       (double)c->log_since_fold > c->opts.fold_fraction * (double)model_bytes(c);
+}
+
+int cs_check_next(dcast_consumer *c)
+{
+	int err;
+
+	if (c->n_staged && (err = cs_verify_ahead(c, &c->staged[0])))
+		return cs_refuse(c, c->staged[0].version, err);
+	return 0;
+}
+
+/* dcast_consumer_apply with `lock` held. */
+static int apply_locked(dcast_consumer *c, uint64_t version)
+{
+	cs_version *v = cs_version_find(c, version);
 	int err = 0;
 
 	if (!v || v->state != CS_V_READY)
@@ -142,6 +213,26 @@ int dcast_consumer_apply(dcast_consumer *c, uint64_t version)
 	return err;
 }
 
+int dcast_consumer_apply(dcast_consumer *c, uint64_t version)
+{
+	int err;
+
+	if (!c)
+		return dcast_fail(DCAST_EINVAL, "dcast_consumer_apply: NULL consumer");
+	pthread_mutex_lock(&c->lock);
+	err = apply_locked(c, version);
+	cs_check_next(c);
+	pthread_mutex_unlock(&c->lock);
+	return err;
+}
+
+int cs_auto_apply(dcast_consumer *c)
+{
+	uint64_t v = c->opts.auto_apply ? ready_locked(c) : DCAST_VERSION_NONE;
+
+	return v == DCAST_VERSION_NONE ? 0 : apply_locked(c, v);
+}
+
 int dcast_consumer_wait_version(dcast_consumer *c, uint64_t min_version, int timeout_ms)
 {
 	struct timespec ts;
@@ -149,11 +240,7 @@ int dcast_consumer_wait_version(dcast_consumer *c, uint64_t min_version, int tim
 
 	if (!c)
 		return dcast_fail(DCAST_EINVAL, "wait_version: NULL consumer");
-	clock_gettime(CLOCK_REALTIME, &ts);
-	ts.tv_sec += timeout_ms / 1000;
-	ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000;
-	if (ts.tv_nsec >= 1000000000)
-		ts.tv_sec++, ts.tv_nsec -= 1000000000;
+	cs_deadline(&ts, timeout_ms < 0 ? 0 : timeout_ms);
 	pthread_mutex_lock(&c->mu);
 	for (;;) {
 		uint64_t v = atomic_load(&c->applied);
@@ -171,19 +258,28 @@ int dcast_consumer_wait_version(dcast_consumer *c, uint64_t min_version, int tim
 
 void dcast_consumer_stats_get(const dcast_consumer *c, dcast_consumer_stats *st)
 {
+	dcast_consumer *w = (dcast_consumer *)c;
+
+	pthread_mutex_lock(&w->lock);
 	*st = c->stats;
 	st->total_bytes_received = c->total_received;
 	st->peak_pool_bytes = c->pool.peak;
 	st->pool_bytes = c->pool.bytes;
 	st->log_write_bytes = c->log_write_bytes;
 	st->log_write_ns = c->log_write_ns;
+	st->rejoins = c->hellos ? c->hellos - 1 : 0;
+	pthread_mutex_unlock(&w->lock);
 }
 
 int dcast_consumer_checkpoint(dcast_consumer *c)
 {
-	int err = cs_ckpt_fold(c);
+	int err;
 
-	if (!err)
+	if (!c)
+		return dcast_fail(DCAST_EINVAL, "dcast_consumer_checkpoint: NULL consumer");
+	pthread_mutex_lock(&c->lock);
+	if (!(err = cs_ckpt_fold(c)))
 		c->fold_due = 0;
+	pthread_mutex_unlock(&c->lock);
 	return err;
 }

@@ -79,6 +79,7 @@ static int append(dcast_consumer *c, cs_version *v, rec_hdr *h, const void *body
 	if (err || (err = derr))
 		return err;
 	c->log_write_bytes += sizeof(*h) + h->body_len;
+	c->log_since_fold += sizeof(*h) + h->body_len;
 	start_writeback(v, v->file_bytes, sizeof(*h) + h->body_len);
 	if (body_off)
 		*body_off = v->file_bytes + sizeof(*h);

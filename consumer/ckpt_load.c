@@ -210,6 +210,23 @@ int cs_ckpt_list(dcast_consumer *c, uint64_t *out, uint32_t cap, uint32_t *n)
 	return 0;
 }
 
+/* Bytes of the record files left in the log: what a fold would take in. */
+static uint64_t log_bytes(dcast_consumer *c)
+{
+	uint64_t *vers = malloc(CS_MAX_LOG_FILES * sizeof(*vers)), total = 0;
+	uint32_t n = 0;
+	char path[4096];
+	struct stat st;
+
+	if (vers && cs_ckpt_list(c, vers, CS_MAX_LOG_FILES, &n) == 0)
+		for (uint32_t i = 0; i < n; i++) {
+			cs_ckpt_version_path(c, vers[i], path, sizeof(path));
+			total += stat(path, &st) == 0 ? (uint64_t)st.st_size : 0;
+		}
+	free(vers);
+	return total;
+}
+
 void cs_ckpt_remove(dcast_consumer *c, uint64_t version)
 {
 	char path[4096];
@@ -276,7 +293,8 @@ int cs_ckpt_load(dcast_consumer *c)
 	c->anchor_file_version = have;
 	cs_set_applied(c, have);
 	err = replay(c, have, DCAST_VERSION_NONE, 1);
-	if (!err && c->deltas_since_fold >= (c->opts.fold_every ? c->opts.fold_every : 1))
+	c->log_since_fold = log_bytes(c);
+	if (!err && cs_fold_wanted(c))
 		err = cs_ckpt_fold(c);
 	return err;
 }

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 #include <zmq.h>
 #include "consumer_impl.h"
 #include "dcast_common.h"
@@ -17,7 +18,8 @@ void dcast_consumer_opts_init(dcast_consumer_opts *o)
 {
 	memset(o, 0, sizeof(*o));
 	o->verify_digests = 1;
-	o->fold_every = 16;
+	o->fold_every = 0;
+	o->fold_fraction = 0.25;
 	o->max_staged = 4;
 }
 
@@ -124,6 +126,9 @@ static int check_args(const char *endpoint, const char *model, const char *dir, 
 	if (o->curve_server_key && (strlen(o->curve_server_key) != 40 || strlen(o->curve_public_key) != 40 ||
 				    strlen(o->curve_secret_key) != 40))
 		return dcast_fail(DCAST_EINVAL, "dcast_consumer_open: CURVE keys must be 40 Z85 characters");
+	if (!(o->fold_fraction >= 0))
+		return dcast_fail(DCAST_EINVAL, "dcast_consumer_open: fold_fraction %g is not >= 0",
+				  o->fold_fraction);
 	if (!o->curve_server_key && (o->curve_public_key || o->curve_secret_key))
 		return dcast_fail(DCAST_EINVAL, "dcast_consumer_open: curve_public_key/curve_secret_key "
 				  "given without curve_server_key (the broker's public key)");
@@ -188,6 +193,9 @@ int dcast_consumer_open(const char *endpoint, const char *model, const char *dir
 	atomic_init(&c->applied, DCAST_VERSION_NONE);
 	pthread_mutex_init(&c->mu, NULL);
 	pthread_cond_init(&c->cv, NULL);
+	pthread_mutex_init(&c->lock, NULL);
+	pthread_cond_init(&c->ev_cv, NULL);
+	c->wake_fd = -1;
 	for (int i = 0; i < CS_MAX_STAGED; i++)
 		cs_version_init(&c->staged[i], DCAST_VERSION_NONE);
 	parse_fault(c);
@@ -213,6 +221,9 @@ void dcast_consumer_close(dcast_consumer **cp)
 
 	if (!c)
 		return;
+	cs_session_stop(c); /* the socket is ours again */
+	if (c->fold_due && cs_ckpt_fold(c)) /* owed by the policy; the log still has it all */
+		DCAST_LOG_W("consumer %s: fold at close: %s", c->model, dcast_last_error());
 	if (c->sock) {
 		dcast_msg m;
 		dcast_msg_init(&m, DCAST_MSG_BYE);
@@ -231,6 +242,10 @@ void dcast_consumer_close(dcast_consumer **cp)
 	tensors_free(c);
 	pthread_mutex_destroy(&c->mu);
 	pthread_cond_destroy(&c->cv);
+	pthread_mutex_destroy(&c->lock);
+	pthread_cond_destroy(&c->ev_cv);
+	if (c->wake_fd >= 0)
+		close(c->wake_fd);
 	free(c->dir), free(c->endpoint), free(c->anchor_path), free(c->log_dir);
 	free(c);
 	*cp = NULL;

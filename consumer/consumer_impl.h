@@ -8,6 +8,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <time.h>
 #include "deltacast/codec.h"
 #include "deltacast/consumer.h"
 #include "deltacast/schema.h"
@@ -123,8 +124,25 @@ struct dcast_consumer {
 	uint32_t device_tensors;       /* bound in CUDA memory: undo from the checkpoint */
 
 	_Atomic uint64_t applied;      /* live version, NONE before the first */
-	pthread_mutex_t mu;            /* for wait_version */
+	pthread_mutex_t mu;            /* for wait_version (taken after `lock`, never before) */
 	pthread_cond_t cv;
+
+	/* The session thread (session.c) owns the socket; every other field
+	 * is shared with the caller's threads under `lock`.  The caller never
+	 * sends: it leaves a HELLO (hello_due) or an ACK (ack_due) for the
+	 * thread and wakes it through wake_fd. */
+	pthread_mutex_t lock;
+	pthread_cond_t ev_cv;          /* an event was pushed, or the thread stopped */
+	pthread_t thread;
+	int thread_started;
+	_Atomic int stop;
+	int wake_fd;                   /* eventfd in the thread's zmq_poll set */
+	int hello_due;                 /* send HELLO on the thread's next turn */
+	uint64_t ack_due;              /* newest applied version not ACKed yet, or NONE */
+	int err_code;                  /* the thread's last failure for poll(), 0 = none */
+	char err_text[512];
+	uint64_t log_since_fold;       /* record-log bytes written since the last fold */
+	uint64_t hellos;               /* HELLOs sent since open */
 	uint64_t anchor_file_version;  /* version in model.safetensors, or NONE */
 	uint32_t deltas_since_fold;
 	int restoring;                 /* inside cs_ckpt_restore: no nested restore */
@@ -194,9 +212,34 @@ void cs_set_applied(dcast_consumer *c, uint64_t v);
 cs_version *cs_version_find(dcast_consumer *c, uint64_t version);
 void cs_version_drop(dcast_consumer *c, cs_version *v, int unlink_file);
 void cs_drop_all(dcast_consumer *c);
+/* Drop every staged version and join again from the applied version: the
+ * HELLO goes out on the session thread's next turn.  Callers hold `lock`. */
 int cs_rejoin(dcast_consumer *c);
-int cs_session_start(dcast_consumer *c); /* opens the socket (c->zctx set), sends HELLO */
-int cs_ack(dcast_consumer *c, uint64_t version);
+/* Refuse `version` for `code` (dcast_last_error() says why): an ERROR
+ * event, then cs_rejoin.  Callers hold `lock`. */
+int cs_refuse(dcast_consumer *c, uint64_t version, int code);
+/* Open the socket (c->zctx set) and start the session thread, which sends
+ * HELLO.  Errors: DCAST_EZMQ, DCAST_EIO (eventfd), DCAST_ENOMEM (thread). */
+int cs_session_start(dcast_consumer *c);
+/* Stop the session thread and wait for it; NULL-safe, idempotent. */
+void cs_session_stop(dcast_consumer *c);
+/* Wake the session thread out of its wait (work was left for it). */
+void cs_wake(dcast_consumer *c);
+/* ACK `version` as applied, from the session thread's next turn. */
+void cs_ack(dcast_consumer *c, uint64_t version);
+/* *ts = now (CLOCK_REALTIME) + timeout_ms, for pthread_cond_timedwait. */
+void cs_deadline(struct timespec *ts, int timeout_ms);
+/* The fold policy (api.c): the record log since the last fold is over
+ * fold_fraction of the model's bytes (an applied anchor always is), or
+ * fold_every deltas were applied since. */
+int cs_fold_wanted(const dcast_consumer *c);
+/* With opts.auto_apply, apply the newest READY version (session thread,
+ * `lock` held); 0 when there is none.  Errors: as dcast_consumer_apply. */
+int cs_auto_apply(dcast_consumer *c);
+/* Check the first staged version ahead of apply once its base is live
+ * (after each apply, and on every turn of the thread), so that a bad one
+ * is refused (cs_refuse) without touching the tensors.  Holds `lock`. */
+int cs_check_next(dcast_consumer *c);
 void cs_credit_free(dcast_consumer *c, uint64_t bytes);
 
 /* ckpt.c: record files "DIR/model.dlog/<version>.rec", each:

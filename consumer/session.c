@@ -1,4 +1,5 @@
-/* The broker session and the version state machine: HELLO / WELCOME,
+/* The broker session and the version state machine, run by the consumer's
+ * own thread (session_main), which alone touches the socket: HELLO / WELCOME,
  * MANIFEST, CHUNK staging (pool slot -> checksum -> record file), COMMIT
  * (-> READY), credit that follows freed pool bytes, heartbeats, and the
  * re-join on a gap, a refused version, a message that does not decode or a
@@ -11,6 +12,8 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <string.h>
+#include <sys/eventfd.h>
+#include <time.h>
 #include <unistd.h>
 #include <zmq.h>
 #include "consumer_impl.h"
@@ -61,7 +64,7 @@ static int socket_open(dcast_consumer *c)
 }
 
 /* HELLO never blocks: unsent (no peer, queue full) it is sent again, on a
- * new socket, when no WELCOME came (keepalive). */
+ * new socket, when no WELCOME came (keepalive).  Session thread only. */
 static int send_hello(dcast_consumer *c)
 {
 	dcast_msg m;
@@ -74,7 +77,20 @@ static int send_hello(dcast_consumer *c)
 	snprintf(m.u.hello.client, sizeof(m.u.hello.client), "%s", c->opts.client ? c->opts.client : "");
 	c->welcomed = 0;
 	c->hello_ms = dcast_now_ms();
+	c->hello_due = 0;
+	c->hellos++;
 	return send_msg(c, &m);
+}
+
+/* From here on the old stream is ignored; the HELLO itself goes out on the
+ * session thread's next turn (any thread may ask for it). */
+static int request_hello(dcast_consumer *c)
+{
+	c->welcomed = 0;
+	c->hello_ms = dcast_now_ms();
+	c->hello_due = 1;
+	cs_wake(c);
+	return 0;
 }
 
 void cs_credit_free(dcast_consumer *c, uint64_t bytes)
@@ -162,10 +178,10 @@ int cs_rejoin(dcast_consumer *c)
 	cs_drop_all(c);
 	c->credit_pending = 0;
 	c->drop_version = DCAST_VERSION_NONE;
-	return send_hello(c);
+	return request_hello(c);
 }
 
-static int refuse(dcast_consumer *c, uint64_t version, int code)
+int cs_refuse(dcast_consumer *c, uint64_t version, int code)
 {
 	DCAST_LOG_W("consumer %s: version %" PRIu64 " refused: %s", c->model, version, dcast_last_error());
 	cs_event_push(c, DCAST_EV_ERROR, version, code, dcast_last_error());
@@ -200,7 +216,7 @@ static cs_version *version_begin(dcast_consumer *c, const dcast_chunk *h, int *e
 		return NULL;
 	}
 	if (c->n_staged == CS_MAX_STAGED) {
-		*err = refuse(c, h->version, dcast_fail(DCAST_EBUSY, "%u versions staged and not applied",
+		*err = cs_refuse(c, h->version, dcast_fail(DCAST_EBUSY, "%u versions staged and not applied",
 							CS_MAX_STAGED));
 		return NULL;
 	}
@@ -242,7 +258,7 @@ static int stage_payload(dcast_consumer *c, cs_version *v, const dcast_chunk *h,
 	int err;
 
 	if (h->payload_bytes > c->pool.region_bytes)
-		return refuse(c, h->version, dcast_fail(DCAST_ETOO_LARGE, "CHUNK payload of %" PRIu64
+		return cs_refuse(c, h->version, dcast_fail(DCAST_ETOO_LARGE, "CHUNK payload of %" PRIu64
 			" bytes exceeds a quarter of the staging budget (%" PRIu64 " bytes)",
 			h->payload_bytes, c->pool.region_bytes));
 	slot = cs_pool_resident_get(&c->pool, h->payload_bytes);
@@ -260,7 +276,7 @@ static int stage_payload(dcast_consumer *c, cs_version *v, const dcast_chunk *h,
 		if (k.resident)
 			cs_pool_resident_put(&c->pool, h->payload_bytes);
 		cs_credit_free(c, h->payload_bytes);
-		return err == DCAST_EIO ? err : refuse(c, h->version, err);
+		return err == DCAST_EIO ? err : cs_refuse(c, h->version, err);
 	}
 	cs_credit_free(c, h->payload_bytes); /* out of ZeroMQ's memory: the broker may send more */
 	if (!k.resident)
@@ -282,7 +298,7 @@ static int on_chunk(dcast_consumer *c, dcast_wire_in *in)
 	if (unwanted(c, h->version, h->payload_bytes))
 		return 0;
 	if ((err = cs_check_chunk(c, h)))
-		return refuse(c, h->version, err);
+		return cs_refuse(c, h->version, err);
 	v = cs_version_find(c, h->version);
 	if (!v && !(v = version_begin(c, h, &err)))
 		return err;
@@ -291,7 +307,7 @@ static int on_chunk(dcast_consumer *c, dcast_wire_in *in)
 		return 0;
 	}
 	if (h->anchor != (uint32_t)v->anchor || h->base_version != v->base_version)
-		return refuse(c, h->version, dcast_fail(DCAST_EFIELD_RANGE, "CHUNK of version %" PRIu64
+		return cs_refuse(c, h->version, dcast_fail(DCAST_EFIELD_RANGE, "CHUNK of version %" PRIu64
 			": anchor/base_version differ from its other chunks", h->version));
 	return stage_payload(c, v, h, &in->payload);
 }
@@ -332,7 +348,7 @@ static int on_commit(dcast_consumer *c, dcast_wire_in *in)
 	if (v->state == CS_V_READY)
 		return 0;
 	if ((err = commit_matches(v, m)))
-		return refuse(c, m->version, err);
+		return cs_refuse(c, m->version, err);
 	v->commit = *m;
 	m->digests = NULL;
 	m->n_digests = 0;
@@ -342,7 +358,7 @@ static int on_commit(dcast_consumer *c, dcast_wire_in *in)
 	}
 	v->state = CS_V_READY;
 	if ((err = cs_verify_ahead(c, v))) /* digests checked before apply where it can be */
-		return refuse(c, m->version, err);
+		return cs_refuse(c, m->version, err);
 	v->ready_ns = dcast_now_ns();
 	c->progress_ms = dcast_now_ms();
 	cs_event_push(c, DCAST_EV_VERSION_READY, v->version, 0, "");
@@ -424,7 +440,7 @@ static int on_message(dcast_consumer *c, dcast_wire_in *in)
 		dcast_fail((int)m->u.error.code, "broker: %s", m->u.error.text);
 		cs_event_push(c, DCAST_EV_ERROR, m->u.error.version, (int)m->u.error.code, dcast_last_error());
 		return 0;
-	case DCAST_MSG_BYE: return send_hello(c);
+	case DCAST_MSG_BYE: return request_hello(c);
 	case DCAST_MSG_HEARTBEAT:
 		c->broker_newest = m->u.heartbeat.version;
 		return 0;
@@ -494,7 +510,7 @@ static int reconnect(dcast_consumer *c)
 
 	if (err)
 		return err;
-	return c->welcomed ? cs_rejoin(c) : send_hello(c);
+	return c->welcomed ? cs_rejoin(c) : request_hello(c);
 }
 
 static int keepalive(dcast_consumer *c)
@@ -521,7 +537,7 @@ static int keepalive(dcast_consumer *c)
 			    (long long)held_version(c), now - c->progress_ms);
 		return cs_rejoin(c);
 	}
-	if (now - c->last_send_ms < hb)
+	if (now - c->last_send_ms < hb || c->hello_due) /* a HELLO is about to go */
 		return 0;
 	dcast_msg_init(&m, DCAST_MSG_HEARTBEAT);
 	m.u.heartbeat.time_ms = now;
@@ -539,58 +555,190 @@ static int pop_event(dcast_consumer *c, dcast_event *ev)
 	return 1;
 }
 
+void cs_wake(dcast_consumer *c)
+{
+	uint64_t one = 1;
+
+	if (c->wake_fd >= 0 && write(c->wake_fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+		DCAST_LOG_W("consumer %s: wake the session thread: %s", c->model, strerror(errno));
+}
+
+void cs_ack(dcast_consumer *c, uint64_t version)
+{
+	c->ack_due = version;
+	cs_wake(c);
+}
+
+/* What the caller left for the thread: the HELLO, then the newest ACK
+ * (one ACK for several versions applied in one go: the broker keeps the
+ * newest). */
+static int flush_outbox(dcast_consumer *c)
+{
+	dcast_msg m;
+	int err;
+
+	if (c->hello_due && (err = send_hello(c)))
+		return err;
+	if (c->ack_due == DCAST_VERSION_NONE)
+		return 0;
+	dcast_msg_init(&m, DCAST_MSG_ACK);
+	snprintf(m.u.ack.model, sizeof(m.u.ack.model), "%s", c->model);
+	m.u.ack.version = c->ack_due;
+	c->ack_due = DCAST_VERSION_NONE;
+	return send_msg(c, &m);
+}
+
+/* Fold the checkpoint when the policy asked for it (cs_fold_wanted), here
+ * and never inside apply().  A failed fold is reported and tried again at
+ * the policy's next trigger, not on every turn. */
+static int fold_if_due(dcast_consumer *c)
+{
+	if (!c->fold_due)
+		return 0;
+	c->fold_due = 0;
+	return cs_ckpt_fold(c);
+}
+
+/* One turn of the session thread, under `lock`: check ahead what is
+ * staged, read what came (unless every slot is full), grant credit,
+ * heartbeat, send what the caller left, fold when due. */
+static int session_turn(dcast_consumer *c, int readable)
+{
+	int err = 0;
+
+	err = cs_check_next(c);
+	if (!err && readable)
+		err = receive_burst(c);
+	if (!err)
+		err = flush_credit(c);
+	if (!err)
+		err = keepalive(c);
+	if (!err)
+		err = cs_auto_apply(c);
+	if (!err)
+		err = flush_outbox(c);
+	if (!err)
+		err = fold_if_due(c);
+	return err;
+}
+
+/* Keep a failure of the thread for the next poll(), and tell the log. */
+static void thread_failed(dcast_consumer *c, int err)
+{
+	c->err_code = err;
+	snprintf(c->err_text, sizeof(c->err_text), "%s", dcast_last_error());
+	DCAST_LOG_W("consumer %s: %s", c->model, c->err_text);
+}
+
+static void drain_wake(dcast_consumer *c)
+{
+	uint64_t n;
+
+	if (read(c->wake_fd, &n, sizeof(n)) < 0 && errno != EAGAIN)
+		DCAST_LOG_W("consumer %s: wake fd: %s", c->model, strerror(errno));
+}
+
+/* The session thread: turns, each followed by a wait (lock released) for
+ * the socket, a wake-up or a quarter heartbeat, until close.  After a
+ * failure it waits a whole heartbeat before the next turn. */
+static void *session_main(void *arg)
+{
+	dcast_consumer *c = arg;
+	int readable = 0;
+
+	pthread_mutex_lock(&c->lock);
+	while (!atomic_load(&c->stop)) {
+		uint32_t hb = c->heartbeat_ms ? c->heartbeat_ms : 1000;
+		int err = session_turn(c, readable), n;
+		zmq_pollitem_t it[2] = {{c->sock, 0, intake_full(c) ? 0 : ZMQ_POLLIN, 0},
+					{NULL, c->wake_fd, ZMQ_POLLIN, 0}};
+
+		if (err)
+			thread_failed(c, err);
+		if (err || c->ev_count)
+			pthread_cond_broadcast(&c->ev_cv);
+		pthread_mutex_unlock(&c->lock);
+		n = zmq_poll(it, 2, err ? hb : hb / 4);
+		pthread_mutex_lock(&c->lock);
+		if (n < 0 && errno != EINTR)
+			thread_failed(c, dcast_fail(DCAST_EZMQ, "zmq_poll: %s", zmq_strerror(errno)));
+		readable = n > 0 && (it[0].revents & ZMQ_POLLIN);
+		if (n > 0 && (it[1].revents & ZMQ_POLLIN))
+			drain_wake(c);
+	}
+	pthread_cond_broadcast(&c->ev_cv);
+	pthread_mutex_unlock(&c->lock);
+	return NULL;
+}
+
 int cs_session_start(dcast_consumer *c)
 {
 	int err = socket_open(c);
 
 	c->last_recv_ms = dcast_now_ms();
 	c->broker_newest = DCAST_VERSION_NONE;
-	return err ? err : send_hello(c);
+	c->ack_due = DCAST_VERSION_NONE;
+	if (err)
+		return err;
+	if ((c->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0)
+		return dcast_fail(DCAST_EIO, "eventfd: %s", strerror(errno));
+	request_hello(c);
+	if ((err = pthread_create(&c->thread, NULL, session_main, c)))
+		return dcast_fail(DCAST_ENOMEM, "consumer session thread: %s", strerror(err));
+	c->thread_started = 1;
+	return 0;
 }
 
-int cs_ack(dcast_consumer *c, uint64_t version)
+void cs_session_stop(dcast_consumer *c)
 {
-	dcast_msg m;
+	if (!c || !c->thread_started)
+		return;
+	atomic_store(&c->stop, 1);
+	cs_wake(c);
+	pthread_join(c->thread, NULL);
+	c->thread_started = 0;
+}
 
-	dcast_msg_init(&m, DCAST_MSG_ACK);
-	snprintf(m.u.ack.model, sizeof(m.u.ack.model), "%s", c->model);
-	m.u.ack.version = version;
-	return send_msg(c, &m);
+void cs_deadline(struct timespec *ts, int timeout_ms)
+{
+	clock_gettime(CLOCK_REALTIME, ts);
+	ts->tv_sec += timeout_ms / 1000;
+	ts->tv_nsec += (long)(timeout_ms % 1000) * 1000000;
+	if (ts->tv_nsec >= 1000000000)
+		ts->tv_sec++, ts->tv_nsec -= 1000000000;
+}
+
+/* Wait on ev_cv (lock held) until an event, a failure of the thread, or
+ * the deadline; timeout_ms 0 does not wait, -1 waits for ever. */
+static void wait_event(dcast_consumer *c, int timeout_ms)
+{
+	struct timespec ts;
+
+	cs_deadline(&ts, timeout_ms < 0 ? 0 : timeout_ms);
+	while (!c->ev_count && !c->err_code && timeout_ms && c->thread_started && !atomic_load(&c->stop)) {
+		int rc = timeout_ms < 0 ? pthread_cond_wait(&c->ev_cv, &c->lock)
+					: pthread_cond_timedwait(&c->ev_cv, &c->lock, &ts);
+		if (rc == ETIMEDOUT)
+			break;
+	}
 }
 
 int dcast_consumer_poll(dcast_consumer *c, int timeout_ms, dcast_event *ev)
 {
-	uint64_t deadline = dcast_now_ms() + (uint64_t)(timeout_ms < 0 ? 1 << 30 : timeout_ms);
 	int err = 0;
 
 	if (!c || !ev)
 		return dcast_fail(DCAST_EINVAL, "dcast_consumer_poll: NULL argument");
 	memset(ev, 0, sizeof(*ev));
 	ev->version = DCAST_VERSION_NONE;
-	if (c->fold_due && !(err = cs_ckpt_fold(c)))
-		c->fold_due = 0;
-	if (!err && c->n_staged && (err = cs_verify_ahead(c, &c->staged[0]))) /* staged behind the last apply */
-		err = refuse(c, c->staged[0].version, err);
-	for (uint32_t guard = 0; !err && guard < (1u << 30); guard++) {
-		uint64_t now = dcast_now_ms();
-		if (pop_event(c, ev))
-			return 0;
-		zmq_pollitem_t it = {c->sock, 0, intake_full(c) ? 0 : ZMQ_POLLIN, 0};
-		long wait = now >= deadline ? 0 : (long)(deadline - now);
-		if (wait > (long)(c->heartbeat_ms ? c->heartbeat_ms : 1000))
-			wait = c->heartbeat_ms ? c->heartbeat_ms : 1000;
-		if (zmq_poll(&it, 1, wait) < 0 && errno != EINTR)
-			return dcast_fail(DCAST_EZMQ, "zmq_poll: %s", zmq_strerror(errno));
-		if (it.revents & ZMQ_POLLIN)
-			err = receive_burst(c);
-		if (!err)
-			err = flush_credit(c);
-		if (!err)
-			err = keepalive(c);
-		if (!c->ev_count && dcast_now_ms() >= deadline)
-			break;
-	}
-	if (!err)
+	pthread_mutex_lock(&c->lock);
+	wait_event(c, timeout_ms);
+	if (c->err_code) {
+		err = dcast_fail(c->err_code, "%s", c->err_text);
+		c->err_code = 0;
+	} else {
 		pop_event(c, ev);
+	}
+	pthread_mutex_unlock(&c->lock);
 	return err;
 }

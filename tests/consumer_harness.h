@@ -269,12 +269,47 @@ static int h_equal(dcast_consumer *c, const h_model *m, uint64_t v)
 	return 1;
 }
 
+/* A thread blocked in wait_version(version) (30 s at most); rc its result. */
+typedef struct h_waiter {
+	dcast_consumer *c;
+	uint64_t version;
+	int rc;
+} h_waiter;
+
+static void *h_wait_thread(void *arg)
+{
+	h_waiter *w = arg;
+
+	w->rc = dcast_consumer_wait_version(w->c, w->version, 30000);
+	return NULL;
+}
+
 /* What the driver saw on the way. */
 typedef struct h_seen {
 	int gaps, errors, anchors, apply_failures;
 	int last_error, last_apply_error;
 	int untouched_ok, untouched_bad; /* tensors checked at each refusal */
 } h_seen;
+
+static void h_count(h_seen *s, const dcast_event *ev)
+{
+	if (ev->type == DCAST_EV_GAP)
+		s->gaps++;
+	if (ev->type == DCAST_EV_ANCHOR)
+		s->anchors++;
+	if (ev->type == DCAST_EV_ERROR)
+		s->errors++, s->last_error = ev->code;
+}
+
+/* The consumer's thread runs ahead of the driver: count the events it
+ * queued before the target was reached. */
+static void h_drain(dcast_consumer *c, h_seen *s)
+{
+	dcast_event ev;
+
+	while (dcast_consumer_poll(c, 0, &ev) == 0 && ev.type != DCAST_EV_NONE)
+		h_count(s, &ev);
+}
 
 /* Poll and apply every READY version until the consumer holds `target`
  * (bounded: about 40 s).  At every refusal, check that the tensors still
@@ -285,16 +320,13 @@ static int h_drive(dcast_consumer *c, const h_model *m, uint64_t target, h_seen 
 
 	for (int i = 0; i < 400; i++) {
 		uint64_t have = dcast_consumer_version(c);
-		if (have != DCAST_VERSION_NONE && have >= target)
+		if (have != DCAST_VERSION_NONE && have >= target) {
+			h_drain(c, s);
 			return 0;
+		}
 		if (dcast_consumer_poll(c, 100, &ev))
 			return -1;
-		if (ev.type == DCAST_EV_GAP)
-			s->gaps++;
-		if (ev.type == DCAST_EV_ANCHOR)
-			s->anchors++;
-		if (ev.type == DCAST_EV_ERROR)
-			s->errors++, s->last_error = ev.code;
+		h_count(s, &ev);
 		if (ev.type == DCAST_EV_VERSION_READY && dcast_consumer_ready_version(c) != DCAST_VERSION_NONE) {
 			int err = dcast_consumer_apply(c, dcast_consumer_ready_version(c));
 			if (err)

@@ -13,20 +13,6 @@
 
 #define BUDGET (1u << 20)
 
-typedef struct waiter {
-	dcast_consumer *c;
-	uint64_t version;
-	int rc;
-} waiter;
-
-/* Another thread waits for a version while the main thread drives. */
-static void *wait_thread(void *arg)
-{
-	waiter *w = arg;
-	w->rc = dcast_consumer_wait_version(w->c, w->version, 30000);
-	return NULL;
-}
-
 static char root[] = "/tmp/dcast-consumer-XXXXXX";
 
 static const char *dir_for(const char *name)
@@ -69,9 +55,9 @@ static void test_stream_and_restart(const h_broker *b)
 	CHECK(s.anchors == 1);
 	CHECK(dcast_consumer_wait_version(c, 1, 0) == 0);
 	CHECK_ERR(dcast_consumer_wait_version(c, 2, 10), DCAST_ETIMEDOUT);
-	waiter w = {c, 3, -1};
+	h_waiter w = {c, 3, -1};
 	pthread_t th;
-	REQUIRE(pthread_create(&th, NULL, wait_thread, &w) == 0);
+	REQUIRE(pthread_create(&th, NULL, h_wait_thread, &w) == 0);
 	for (uint64_t v = 2; v <= 4; v++) {
 		REQUIRE(h_publish(p, &m, v, 100) == 0);
 		CHECK(h_drive(c, &m, v, &s) == 0);
@@ -240,7 +226,11 @@ static void test_corrupt_log(const h_broker *b)
 	char path[512];
 
 	REQUIRE(h_model_start(b, "m_log", 41, 3, 100, &m, &p) == 0);
-	c = open_consumer(b, "m_log", dir_for("log"));
+	dcast_consumer_opts o;
+	dcast_consumer_opts_init(&o);
+	o.fold_fraction = 0; /* no fold: every version stays in the record log */
+	c = NULL;
+	CHECK(dcast_consumer_open(b->consumers, "m_log", dir_for("log"), BUDGET, &o, &c) == 0);
 	REQUIRE(c);
 	CHECK(h_drive(c, &m, 3, &s) == 0);
 	dcast_consumer_close(&c);

@@ -14,9 +14,13 @@
  * open the consumer loads it, reaches the last complete version and joins
  * the broker with that have_version.
  *
- * Threads: one thread drives a consumer (poll, apply, bind, close);
- * dcast_consumer_version() and dcast_consumer_wait_version() are safe from
- * any thread. */
+ * Threads: each consumer runs its own thread, which owns the broker
+ * connection: it answers heartbeats, grants credit, stages, checks and logs
+ * versions, and folds the checkpoint, whether or not the caller calls in.
+ * A rollout engine calls apply() at its own pause points, minutes apart if
+ * it likes, and stays joined meanwhile; poll() only hands out events.
+ * Every function is safe from any thread (they take the consumer's lock);
+ * close() must not race with the others. */
 #ifndef DELTACAST_CONSUMER_H
 #define DELTACAST_CONSUMER_H
 
@@ -50,14 +54,24 @@ typedef struct dcast_consumer_opts {
 					catches changes made to bound tensors outside the
 					consumer); 0 does not check */
 	uint32_t heartbeat_ms;       /* 0: the broker's WELCOME value (default 0) */
-	uint32_t fold_every;         /* fold the log into a new anchor after this many
-					applied deltas; 1 = after every version (default 16) */
+	uint32_t fold_every;         /* also fold the log into a new anchor after this many
+					applied deltas; 1 = after every version; 0 (the
+					default): by fold_fraction alone */
 	uint32_t max_staged;         /* versions staged ahead of apply before credit
 					pauses (default 4) */
 	const char *client;          /* HELLO.client, may be NULL */
 	const char *curve_server_key; /* Z85 broker public key; NULL = no CURVE */
 	const char *curve_public_key; /* Z85 own key pair; required with server key */
 	const char *curve_secret_key;
+	double fold_fraction;        /* fold once the record log written since the last fold
+					exceeds this fraction of the model's bytes (default
+					0.25; an applied anchor always does); 0: fold_every
+					alone.  Folds run on the consumer's thread, never
+					inside apply() */
+	int auto_apply;              /* 1: the consumer's thread applies each version as soon
+					as it is READY (for callers that let weights change at
+					any moment, e.g. deltacast subscribe); 0 (default):
+					only dcast_consumer_apply() changes the live tensors */
 } dcast_consumer_opts;
 
 /* Fill *o with the defaults above.  Never fails. */
@@ -100,6 +114,8 @@ typedef struct dcast_consumer_stats {
 	uint64_t verify_bytes;         /* tensor bytes hashed to check the last version's
 					  digests (only blocks it wrote, unless verify_digests
 					  is 2 or no earlier version was checked); 0 unverified */
+	uint64_t rejoins;              /* HELLOs sent again since open: re-joins after a gap,
+					  a refusal or a lost session, and reconnects */
 } dcast_consumer_stats;
 
 /* Connect to the broker at `endpoint` (e.g. "tcp://127.0.0.1:5556") as a
@@ -144,11 +160,14 @@ int dcast_consumer_tensor(dcast_consumer *c, const char *name, void **ptr,
 uint32_t dcast_consumer_tensor_count(const dcast_consumer *c);
 int dcast_consumer_tensor_at(const dcast_consumer *c, uint32_t i, dcast_tensor_desc *desc);
 
-/* Drive the consumer for up to timeout_ms (0: do not wait; -1: forever):
- * receive, check and stage messages, grant credit, heartbeat.  Returns 0
- * with *ev set as soon as an event is due, or with ev->type DCAST_EV_NONE
- * when the time is up.  Errors (returned, not as events): DCAST_EZMQ,
- * DCAST_EIO (checkpoint write failed; the version is dropped). */
+/* Wait up to timeout_ms (0: do not wait; -1: forever) for the next event
+ * of the consumer's thread.  Optional: the thread keeps the consumer
+ * joined whether or not anyone polls (the 32 newest events are kept).
+ * Returns 0 with *ev set as soon as an event is due, or with ev->type
+ * DCAST_EV_NONE when the time is up.  Errors (returned once, not as
+ * events): what the thread last failed on, e.g. DCAST_EZMQ, DCAST_EIO (a
+ * record or fold write failed; the version is dropped, or the fold is
+ * tried again at the policy's next trigger). */
 int dcast_consumer_poll(dcast_consumer *c, int timeout_ms, dcast_event *ev);
 
 /* Apply READY version `version` to the live tensors, after the READY
@@ -175,8 +194,9 @@ int dcast_consumer_wait_version(dcast_consumer *c, uint64_t min_version, int tim
 
 /* Fold now: write DIR/model.safetensors as the applied version (atomic:
  * temporary file, fsync, rename) and drop the record files it covers.  The
- * fold policy (fold_every) does this from poll(); call it to have the file
- * current at once.  Errors: DCAST_EIO, DCAST_ENOMEM, DCAST_ENODEVICE (a CUDA
+ * fold policy (fold_fraction, fold_every) does this on the consumer's
+ * thread; call it to have the file current at once (O(model): for exit or
+ * export, not for every version).  Errors: DCAST_EIO, DCAST_ENOMEM, DCAST_ENODEVICE (a CUDA
  * tensor without a device). */
 int dcast_consumer_checkpoint(dcast_consumer *c);
 

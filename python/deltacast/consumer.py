@@ -4,16 +4,20 @@ each whole, checked version to live tensors in one short step.
     with Consumer("tcp://127.0.0.1:5556", "policy", "/var/lib/worker") as c:
         c.bind("w", weights)               # numpy array (or torch CPU tensor)
         while True:
-            ev = c.poll(100)
-            if ev and ev.type == "ready":
-                c.apply(ev.version)
-            sample = generate(...); sample.version = c.version
+            batch = generate(...)          # seconds or minutes: the consumer
+            batch.version = c.version      # stays joined on its own thread
+            v = c.ready_version()          # at the engine's pause point
+            if v is not None:
+                c.apply(v)
 
-The consumer keeps a local checkpoint in `dir` (DIR/model.safetensors plus
-a log of staged versions) and resumes from it when opened again.  Tensors
-become known after the manifest arrives (or from the checkpoint): bind()
-needs them, so poll() until c.names() is not empty.  A bound array must stay
-alive until close(); its contents change only inside apply()."""
+The consumer runs its own thread: it keeps the broker session, stages and
+checks versions whether or not the caller calls in; poll() only hands out
+events (optional).  It keeps a local checkpoint in `dir`
+(DIR/model.safetensors plus a log of staged versions) and resumes from it
+when opened again.  Tensors become known after the manifest arrives (or
+from the checkpoint): bind() needs them, so wait until c.names() is not
+empty.  A bound array must stay alive until close(); its contents change
+only inside apply() (or on the consumer's thread with auto_apply=True)."""
 import collections
 import ctypes
 
@@ -35,7 +39,8 @@ class _Opts(ctypes.Structure):
     _fields_ = [("verify_digests", ctypes.c_int), ("heartbeat_ms", ctypes.c_uint32),
                 ("fold_every", ctypes.c_uint32), ("max_staged", ctypes.c_uint32),
                 ("client", ctypes.c_char_p), ("curve_server_key", ctypes.c_char_p),
-                ("curve_public_key", ctypes.c_char_p), ("curve_secret_key", ctypes.c_char_p)]
+                ("curve_public_key", ctypes.c_char_p), ("curve_secret_key", ctypes.c_char_p),
+                ("fold_fraction", ctypes.c_double), ("auto_apply", ctypes.c_int)]
 
 
 class _Event(ctypes.Structure):
@@ -57,7 +62,7 @@ class Stats(ctypes.Structure):
                 ("spilled_chunks", ctypes.c_uint64), ("total_bytes_received", ctypes.c_uint64),
                 ("peak_pool_bytes", ctypes.c_uint64), ("pool_bytes", ctypes.c_uint64),
                 ("log_write_bytes", ctypes.c_uint64), ("log_write_ns", ctypes.c_uint64),
-                ("verify_bytes", ctypes.c_uint64)]
+                ("verify_bytes", ctypes.c_uint64), ("rejoins", ctypes.c_uint64)]
 
 
 def _declare(l):
@@ -94,7 +99,7 @@ class Consumer(Closable):
     block of every version, False checks none."""
 
     def __init__(self, broker, model, dir, budget_bytes=256 << 20, verify=True, fold_every=None,
-                 client="python"):
+                 client="python", auto_apply=False, fold_fraction=None):
         self._l = _declare(lib())
         self._c = ctypes.c_void_p()
         self._bound = {}
@@ -103,6 +108,9 @@ class Consumer(Closable):
         opts.verify_digests = 2 if verify == "all" else 1 if verify else 0
         if fold_every is not None:
             opts.fold_every = fold_every
+        if fold_fraction is not None:
+            opts.fold_fraction = fold_fraction
+        opts.auto_apply = 1 if auto_apply else 0
         self._client = client.encode()
         opts.client = self._client
         check(self._l.dcast_consumer_open(broker.encode(), model.encode(), str(dir).encode(),

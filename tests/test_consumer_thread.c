@@ -1,0 +1,173 @@
+/* The consumer lives on its own thread (issue 17): with a real broker and
+ * producer over loopback,
+ * - a caller that does not call in for 10 s (5 heartbeat timeouts at the
+ *   default 1 s) stays joined (no re-join, no HELLO again) and, when it
+ *   finally calls apply(), takes the newest version bit-exact;
+ * - wait_version() returns in a thread of its own while nobody polls and
+ *   another thread only applies at its pause points;
+ * - with auto_apply, nobody calls anything and wait_version() still
+ *   returns, the tensors bit-exact;
+ * - folding happens on the consumer's thread, never inside apply(): the
+ *   log of applied deltas is folded by size and apply() of a delta never
+ *   writes the model file. */
+#include <pthread.h>
+#include <sys/stat.h>
+#include "check.h"
+#include "consumer_harness.h"
+
+#define BUDGET (8u << 20)
+
+static char root[64] = "/tmp/dcast-cthread.XXXXXX";
+
+static const char *dir_for(const char *name)
+{
+	static char path[8][256];
+	static int next;
+	char *p = path[next++ % 8];
+
+	snprintf(p, 256, "%s/%s", root, name);
+	return p;
+}
+
+static dcast_consumer *open_with(const h_broker *b, const char *model, int auto_apply)
+{
+	dcast_consumer_opts o;
+	dcast_consumer *c = NULL;
+
+	dcast_consumer_opts_init(&o);
+	o.auto_apply = auto_apply;
+	CHECK(dcast_consumer_open(b->consumers, model, dir_for(model), BUDGET, &o, &c) == 0);
+	return c;
+}
+
+/* Wait (bounded, 20 s) until `v` is READY; apply nothing. */
+static int ready_within(dcast_consumer *c, uint64_t v)
+{
+	for (int i = 0; i < 200; i++) {
+		dcast_event ev;
+		uint64_t r = dcast_consumer_ready_version(c);
+		if (r != DCAST_VERSION_NONE && r >= v)
+			return 1;
+		if (dcast_consumer_poll(c, 100, &ev))
+			return 0;
+	}
+	return 0;
+}
+
+static void test_sleeping_caller(const h_broker *b)
+{
+	h_model m;
+	dcast_producer *p = NULL;
+	dcast_consumer *c;
+	dcast_consumer_stats st;
+
+	REQUIRE(h_model_start(b, "m_sleep", 51, 1, 100, &m, &p) == 0);
+	REQUIRE((c = open_with(b, "m_sleep", 0)));
+	REQUIRE(ready_within(c, 1));
+	CHECK(dcast_consumer_apply(c, 1) == 0);
+	/* The caller generates for 10 s without calling in; the trainer
+	 * publishes a version every 2 s meanwhile. */
+	for (uint64_t v = 2; v <= 6; v++) {
+		h_sleep_ms(2000);
+		CHECK(h_publish(p, &m, v, 100) == 0);
+	}
+	CHECK(ready_within(c, 6));
+	CHECK(dcast_consumer_apply(c, dcast_consumer_ready_version(c)) == 0);
+	CHECK(dcast_consumer_version(c) == 6);
+	CHECK(h_equal(c, &m, 6));
+	dcast_consumer_stats_get(c, &st);
+	printf("sleeping caller: version %llu after 10 s away, %llu re-joins\n",
+	       (unsigned long long)st.version, (unsigned long long)st.rejoins);
+	CHECK(st.rejoins == 0);
+	dcast_consumer_close(&c);
+	dcast_producer_close(&p);
+	h_model_free(&m);
+}
+
+/* Nobody polls: one thread waits for `target`; the "engine" (this thread)
+ * applies at its pause points, or with auto_apply does nothing at all. */
+static void wait_case(const h_broker *b, const char *model, uint64_t seed, int auto_apply, uint64_t target)
+{
+	h_model m;
+	dcast_producer *p = NULL;
+	dcast_consumer *c;
+	pthread_t t;
+
+	h_model_init(&m, seed, 1);
+	REQUIRE(h_producer_open(b, model, &m, &p) == 0);
+	REQUIRE((c = open_with(b, model, auto_apply)));
+	h_waiter w = {c, target, -1};
+	REQUIRE(pthread_create(&t, NULL, h_wait_thread, &w) == 0);
+	for (uint64_t v = 1; v <= target; v++)
+		CHECK(h_publish(p, &m, v, 100) == 0);
+	for (int i = 0; !auto_apply && i < 400 && dcast_consumer_version(c) != target; i++) {
+		uint64_t r = dcast_consumer_ready_version(c);
+		if (r != DCAST_VERSION_NONE)
+			CHECK(dcast_consumer_apply(c, r) == 0);
+		h_sleep_ms(50); /* the engine's work between pause points */
+	}
+	pthread_join(t, NULL);
+	CHECK(w.rc == 0);
+	CHECK(h_equal(c, &m, target));
+	dcast_consumer_close(&c);
+	dcast_producer_close(&p);
+	h_model_free(&m);
+}
+
+static long mtime_ns(const char *path)
+{
+	struct stat st;
+
+	return stat(path, &st) ? -1 : st.st_mtim.tv_sec * 1000000000L + st.st_mtim.tv_nsec;
+}
+
+/* apply() of a delta never writes model.safetensors; the size policy folds
+ * on the consumer's thread once the log passes a quarter of the model. */
+static void test_fold_off_apply(const h_broker *b)
+{
+	h_model m;
+	dcast_producer *p = NULL;
+	dcast_consumer *c;
+	char file[512];
+	int folds = 0;
+
+	REQUIRE(h_model_start(b, "m_fold", 54, 1, 100, &m, &p) == 0);
+	REQUIRE((c = open_with(b, "m_fold", 0)));
+	snprintf(file, sizeof(file), "%s/model.safetensors", dir_for("m_fold"));
+	REQUIRE(ready_within(c, 1));
+	CHECK(dcast_consumer_apply(c, 1) == 0);
+	for (int i = 0; i < 200 && mtime_ns(file) < 0; i++) /* the anchor is folded by the thread */
+		h_sleep_ms(20);
+	CHECK(mtime_ns(file) >= 0);
+	for (uint64_t v = 2; v <= 12; v++) {
+		long before;
+		CHECK(h_publish(p, &m, v, 4) == 0); /* 25% density: a fold every few versions */
+		REQUIRE(ready_within(c, v));
+		before = mtime_ns(file);
+		CHECK(dcast_consumer_apply(c, v) == 0);
+		CHECK(mtime_ns(file) == before); /* not inside apply() */
+		for (int i = 0; i < 50 && mtime_ns(file) == before; i++)
+			h_sleep_ms(10);
+		folds += mtime_ns(file) != before;
+	}
+	printf("fold policy: %d folds in 11 deltas of 25%% density\n", folds);
+	CHECK(folds >= 1 && folds <= 10);
+	CHECK(h_equal(c, &m, 12));
+	dcast_consumer_close(&c);
+	dcast_producer_close(&p);
+	h_model_free(&m);
+}
+
+int main(void)
+{
+	h_broker b;
+
+	REQUIRE(mkdtemp(root));
+	REQUIRE(h_broker_start(&b) == 0);
+	wait_case(&b, "m_wait", 52, 0, 4);
+	wait_case(&b, "m_auto", 53, 1, 5);
+	test_fold_off_apply(&b);
+	test_sleeping_caller(&b);
+	h_broker_stop(&b);
+	return check_done("test_consumer_thread");
+}

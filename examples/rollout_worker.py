@@ -1,7 +1,7 @@
 """A rollout worker loop on deltacast: generation runs on the live weights,
-new versions are staged in the background of poll(), applied between
-generation steps, and every generated sample carries the version of the
-weights that produced it.
+new versions are staged by the consumer's own thread meanwhile, applied
+between generation steps (the engine's pause points), and every generated
+sample carries the version of the weights that produced it.
 
     python3 examples/rollout_worker.py --broker tcp://127.0.0.1:5556 \
         --model policy --dir /tmp/worker0 --samples 100
@@ -27,8 +27,8 @@ def run(broker, model, dir, samples, min_version=None, poll_ms=50, budget_bytes=
     out = []
     with Consumer(broker, model, dir, budget_bytes=budget_bytes) as c:
         while not c.names() or c.version is None or (min_version and c.version < min_version):
-            ev = c.poll(poll_ms)
-            if ev and ev.type == "ready" and c.ready_version is not None:
+            c.poll(poll_ms)  # events are optional: this only waits for one
+            if c.ready_version is not None:
                 c.apply(c.ready_version)
         weights = {}
         for name in c.names():
@@ -36,10 +36,10 @@ def run(broker, model, dir, samples, min_version=None, poll_ms=50, budget_bytes=
             weights[name] = np.empty_like(live)
             c.bind(name, weights[name])  # the engine's own buffers become the live tensors
         for prompt in range(samples):
-            ev = c.poll(0)  # stage whatever arrived; never blocks generation
-            if ev and ev.type == "ready" and c.ready_version is not None:
-                c.apply(c.ready_version)  # the short pause: one whole version at once
-            elif ev and ev.type in ("gap", "error"):
+            if c.ready_version is not None:  # the pause point: one whole version at once
+                c.apply(c.ready_version)
+            ev = c.poll(0)  # optional: report what the consumer's thread ran into
+            if ev and ev.type in ("gap", "error"):
                 print(f"worker: {ev.type} at version {ev.version}: {ev.text}", file=sys.stderr)
             version = c.version  # read together with the weights it tags
             out.append((prompt, generate(weights, prompt), version))

@@ -6,9 +6,8 @@ each whole, checked version to live tensors in one short step.
         while True:
             batch = generate(...)          # seconds or minutes: the consumer
             batch.version = c.version      # stays joined on its own thread
-            v = c.ready_version()          # at the engine's pause point
-            if v is not None:
-                c.apply(v)
+            if c.ready_version is not None:  # the engine's pause point
+                c.apply(c.ready_version)
 
 The consumer runs its own thread: it keeps the broker session, stages and
 checks versions whether or not the caller calls in; poll() only hands out

@@ -295,6 +295,67 @@ static int digests_check(const struct broker_manifest *mf, const dcast_commit *c
 	return 0;
 }
 
+struct span {
+	uint64_t tensor, start, count;
+};
+
+static int span_cmp(const void *a, const void *b)
+{
+	const struct span *x = a, *y = b;
+
+	if (x->tensor != y->tensor)
+		return x->tensor < y->tensor ? -1 : 1;
+	return x->start < y->start ? -1 : x->start > y->start;
+}
+
+/* Walk spans sorted by (tensor, start): each tensor covered from 0 to its
+ * last element, without gap or overlap. */
+static int spans_cover(const struct broker_manifest *mf, const struct span *s, uint64_t n)
+{
+	uint64_t k = 0;
+
+	for (uint32_t t = 0; t < mf->m.n_tensors; t++) {
+		uint64_t next = 0, elems = dcast_tensor_elems(&mf->m.tensors[t]);
+		for (; k < n && s[k].tensor == t; k++) {
+			if (s[k].start != next)
+				return dcast_fail(DCAST_ECORRUPT, "anchor: tensor %s elements [%llu, %llu) %s",
+						  mf->m.tensors[t].name, (unsigned long long)next,
+						  (unsigned long long)s[k].start,
+						  s[k].start > next ? "missing" : "sent twice");
+			next += s[k].count;
+		}
+		if (next != elems)
+			return dcast_fail(DCAST_ECORRUPT, "anchor: tensor %s has %llu of its %llu elements",
+					  mf->m.tensors[t].name, (unsigned long long)next,
+					  (unsigned long long)elems);
+	}
+	return 0;
+}
+
+/* An anchor carries every element of every tensor of its manifest, once;
+ * anything less would replace the log with a version no consumer can take
+ * (an empty anchor poisoned a model for good). */
+static int anchor_complete(const struct broker_pending *pd)
+{
+	uint64_t n = 0, k = 0;
+	struct span *s;
+	int rc;
+
+	for (uint32_t i = 0; i < pd->parts; i++)
+		n += pd->part[i].n;
+	if (!(s = malloc((n ? n : 1) * sizeof(*s))))
+		return dcast_fail(DCAST_ENOMEM, "anchor of %llu chunks", (unsigned long long)n);
+	for (uint32_t i = 0; i < pd->parts; i++)
+		for (uint32_t j = 0; j < pd->part[i].n; j++, k++) {
+			const dcast_chunk *c = &pd->part[i].chunks[j].c;
+			s[k] = (struct span){c->tensor, c->start, c->count};
+		}
+	qsort(s, n, sizeof(*s), span_cmp);
+	rc = spans_cover(pd->manifest, s, n);
+	free(s);
+	return rc;
+}
+
 static int version_chunks(struct broker_version *v, struct broker_pending *pd)
 {
 	uint32_t k = 0;
@@ -411,7 +472,7 @@ static int pending_finish(struct broker *b, struct broker_model *m)
 	struct broker_version *v = NULL;
 	int rc;
 
-	if ((rc = version_build(m, pd, &v)))
+	if ((pd->anchor && (rc = anchor_complete(pd))) || (rc = version_build(m, pd, &v)))
 		return rc;
 	if ((rc = broker_version_committed(b, m, v)) || (rc = broker_log_append(b, m, v))) {
 		broker_version_put(v);

@@ -263,6 +263,31 @@ static void empty_payload_without_frame(void *p)
 	CHECK(next_error(p) == 0); /* the broker is alive and ACKs version 2 */
 }
 
+/* An anchor must carry every element of its manifest: an empty one (a
+ * COMMIT of 0 chunks) or one with half a tensor is refused, and the log
+ * keeps serving the last good version (it replaced the log, and no fresh
+ * consumer could ever obtain weights again). */
+static void incomplete_anchors(void *p)
+{
+	uint8_t half[64] = {7};
+	dcast_msg m;
+
+	printf("incomplete anchors:\n");
+	commit_msg(&m, 3, 1, 0, 0);
+	send_msg(p, &m, NULL, 0);
+	CHECK_ERR(next_error(p), DCAST_EABORTED); /* to every part */
+	CHECK_ERR(next_error(p), DCAST_ECORRUPT);
+	chunk_msg(&m, 0, 64, half);
+	m.u.chunk.version = 3;
+	m.u.chunk.count = 32;
+	dcast_chunk_seal(&m.u.chunk, half);
+	send_msg(p, &m, half, 64);
+	commit_msg(&m, 3, 1, 1, 64);
+	send_msg(p, &m, NULL, 0);
+	CHECK_ERR(next_error(p), DCAST_EABORTED);
+	CHECK_ERR(next_error(p), DCAST_ECORRUPT);
+}
+
 static void bad_consumer_messages(void *c)
 {
 	dcast_msg m;
@@ -350,6 +375,7 @@ int main(void)
 	since = dcast_now_ms();
 	bad_producer_messages(p);
 	empty_payload_without_frame(p);
+	incomplete_anchors(p);
 	bad_consumer_messages(c);
 	f = dealer(ctx, prod_ep);
 	refusal_flood(f, since);

@@ -147,6 +147,8 @@ struct broker_peer {
 	int manifest_ok;
 	uint64_t credit_owed;        /* bytes stored, not yet granted back */
 	/* consumer */
+	char want[DCAST_MAX_NAME + 1]; /* the model its HELLO named; model stays NULL until a
+					  producer creates it (consumers take no model slot) */
 	uint64_t credit_bytes, sent_bytes; /* granted in total, payload sent */
 	uint64_t have_version;       /* newest version whose COMMIT went out */
 	uint64_t acked_version;      /* newest the consumer says it applied */

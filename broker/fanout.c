@@ -16,8 +16,8 @@ enum pump { PUMP_IDLE, PUMP_MORE, PUMP_BLOCKED, PUMP_GONE };
 
 static void consumer_drop(struct broker *b, struct broker_peer *p, const char *why)
 {
-	DCAST_LOG_I("consumer %s of %s: %s (had version %lld)", p->client,
-		    p->model ? p->model->name : "?", why, (long long)p->have_version);
+	DCAST_LOG_I("consumer %s of %s: %s (had version %lld)", p->client, p->want, why,
+		    (long long)p->have_version);
 	broker_peer_forget(&b->cons, p);
 	b->stats.consumers_connected--;
 }
@@ -107,6 +107,7 @@ static int send_welcome(struct broker *b, struct broker_peer *p)
 	int rc;
 
 	broker_welcome_init(b, p->model, &w);
+	snprintf(w.u.welcome.model, sizeof(w.u.welcome.model), "%s", p->want);
 	if (dcast_msg_encode(&w, &enc, &len)) {
 		DCAST_LOG_W("consumer %s: WELCOME: %s", p->client, dcast_last_error());
 		return PUMP_GONE;
@@ -129,6 +130,8 @@ static int pump_one(struct broker *b, struct broker_peer *p)
 
 	if (p->welcome_due)
 		return send_welcome(b, p);
+	if (!p->model)
+		return PUMP_IDLE; /* waits for a producer to create it */
 	if (!v) {
 		if (!(v = next_version(p->model, p->have_version))) {
 			struct broker_manifest *mf = p->model->manifest;
@@ -192,26 +195,29 @@ static void consumer_hello(struct broker *b, struct broker_peer *p, dcast_wire_i
 
 	if (h->role != DCAST_ROLE_CONSUMER)
 		rc = dcast_fail(DCAST_EFIELD_RANGE, "HELLO.role: producer on the consumer endpoint");
-	else if ((m = broker_model_get(b, h->model, 1)))
+	else
 		rc = 0;
+	m = broker_model_get(b, h->model, 0); /* only producers create models */
 	if (!rc && !p && !(p = broker_peer_find(&b->cons, &in->rid, 1)))
 		rc = DCAST_EBUSY;
 	if (rc) {
 		broker_refuse(b, b->consumers, &in->rid, rc, h->model, DCAST_VERSION_NONE);
 		return;
 	}
-	if (!p->model)
+	if (!p->want[0])
 		b->stats.consumers_connected++;
 	broker_peer_reset(p);
 	p->role = DCAST_ROLE_CONSUMER;
 	p->model = m;
+	snprintf(p->want, sizeof(p->want), "%.*s", DCAST_MAX_NAME, h->model);
 	p->have_version = p->acked_version = h->have_version;
 	p->credit_bytes = h->window_bytes;
 	p->sent_bytes = 0;
 	p->last_recv_ms = dcast_now_ms();
 	snprintf(p->client, sizeof(p->client), "%s", h->client);
-	DCAST_LOG_I("consumer %s of %s joined, has version %lld, window %llu", p->client, m->name,
-		    (long long)h->have_version, (unsigned long long)h->window_bytes);
+	DCAST_LOG_I("consumer %s of %s joined, has version %lld, window %llu%s", p->client, p->want,
+		    (long long)h->have_version, (unsigned long long)h->window_bytes,
+		    m ? "" : " (no such model yet: it waits for a producer to create it)");
 	p->welcome_due = 1;
 	consumer_pump(b, p);
 }
@@ -227,9 +233,9 @@ static int consumer_dispatch(struct broker *b, struct broker_peer *p, const dcas
 			p->credit_bytes = credit_max;
 		return 0;
 	case DCAST_MSG_ACK:
-		if (strcmp(msg->u.ack.model, p->model->name))
+		if (strcmp(msg->u.ack.model, p->want))
 			return dcast_fail(DCAST_EFIELD_RANGE, "ACK.model: \"%s\", HELLO said \"%s\"",
-					  msg->u.ack.model, p->model->name);
+					  msg->u.ack.model, p->want);
 		p->acked_version = msg->u.ack.version;
 		return 0;
 	case DCAST_MSG_HEARTBEAT:
@@ -267,7 +273,7 @@ void broker_consumer_msg(struct broker *b, dcast_wire_in *in)
 		return;
 	}
 	if ((rc = consumer_dispatch(b, p, &in->msg)))
-		broker_refuse(b, b->consumers, &in->rid, rc, p->model->name, DCAST_VERSION_NONE);
+		broker_refuse(b, b->consumers, &in->rid, rc, p->want, DCAST_VERSION_NONE);
 }
 
 void broker_consumer_timers(struct broker *b, uint64_t now_ms)

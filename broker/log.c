@@ -10,6 +10,19 @@
 #include "metrics.h" /* --metrics (broker/metrics.c) */
 #include "fold.h" /* broker-made anchors (broker/fold.c) */
 
+/* Consumers that said HELLO for `m` before it existed stream it from now on. */
+static void attach_waiting(struct broker *b, struct broker_model *m)
+{
+	for (uint64_t i = 0; i < b->cons.hi; i++) {
+		struct broker_peer *p = &b->cons.arr[i];
+
+		if (p->used && !p->model && !strcmp(p->want, m->name)) {
+			p->model = m;
+			DCAST_LOG_I("consumer %s: model %s now exists; streaming it", p->client, m->name);
+		}
+	}
+}
+
 struct broker_model *broker_model_get(struct broker *b, const char *name, int create)
 {
 	struct broker_model *m;
@@ -31,6 +44,7 @@ struct broker_model *broker_model_get(struct broker *b, const char *name, int cr
 	snprintf(m->name, sizeof(m->name), "%s", name);
 	b->models[b->n_models++] = m;
 	DCAST_LOG_I("model %s: created", name);
+	attach_waiting(b, m);
 	return m;
 }
 
@@ -90,15 +104,15 @@ void broker_model_free(struct broker_model *m)
 
 uint64_t broker_model_newest(const struct broker_model *m)
 {
-	return m->n_log ? m->log[m->n_log - 1]->version : DCAST_VERSION_NONE;
+	return m && m->n_log ? m->log[m->n_log - 1]->version : DCAST_VERSION_NONE;
 }
 
 void broker_welcome_init(const struct broker *b, const struct broker_model *m, dcast_msg *w)
 {
 	dcast_msg_init(w, DCAST_MSG_WELCOME);
-	snprintf(w->u.welcome.model, sizeof(w->u.welcome.model), "%s", m->name);
+	snprintf(w->u.welcome.model, sizeof(w->u.welcome.model), "%s", m ? m->name : "");
 	w->u.welcome.version = broker_model_newest(m);
-	w->u.welcome.anchor_version = m->n_log ? m->log[0]->version : DCAST_VERSION_NONE;
+	w->u.welcome.anchor_version = m && m->n_log ? m->log[0]->version : DCAST_VERSION_NONE;
 	w->u.welcome.heartbeat_ms = (uint32_t)b->cfg.heartbeat_ms;
 }
 

@@ -206,8 +206,46 @@ static void test_extension_and_errors(void)
 	CHECK(dcast_dtype_size(DCAST_DTYPE_F8_E4M3) == 1 && dcast_dtype_size(99) == 0);
 }
 
+/* A BYE whose reason is `bytes` (n of them), as a peer could send it. */
+static int decode_reason(const char *bytes, size_t n)
+{
+	dcast_msg m;
+	void *buf;
+	size_t len;
+	int rc;
+
+	dcast_msg_init(&m, DCAST_MSG_BYE);
+	memset(m.u.bye.reason, 'x', n); /* encoded last: overwritten below */
+	m.u.bye.reason[n] = '\0';
+	REQUIRE(dcast_msg_encode(&m, &buf, &len) == 0 && len > n);
+	REQUIRE(!memcmp((char *)buf + len - n, m.u.bye.reason, n));
+	memcpy((char *)buf + len - n, bytes, n);
+	rc = dcast_msg_decode(buf, len, &m);
+	if (!rc)
+		dcast_msg_free(&m);
+	free(buf);
+	return rc;
+}
+
+/* Strings must be UTF-8 (issue 18 item 3: a model named ff fe fd reached
+ * WELCOME and /metrics as raw bytes). */
+static void test_utf8(void)
+{
+	static const char *good[] = {"plain", "h\xc3\xa9llo", "\xe2\x82\xac", "\xf0\x9f\x98\x80",
+				     "\xf4\x8f\xbf\xbf"};
+	static const char *bad[] = {"\xff\xfe\xfd", "\xc0\x80", "\xed\xa0\x80", "ok\xe2\x82",
+				    "\xf4\x90\x80\x80", "\x80", "\xc3\x28"};
+
+	for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++)
+		CHECK_ERR(decode_reason(good[i], strlen(good[i])), DCAST_OK);
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+		CHECK_ERR(decode_reason(bad[i], strlen(bad[i])), DCAST_EFIELD_RANGE);
+	CHECK(strstr(dcast_last_error(), "not UTF-8") != NULL);
+}
+
 int main(void)
 {
+	test_utf8();
 	test_limits();
 	test_big_manifest();
 	test_truncations();

@@ -577,7 +577,29 @@ static void producer_welcome(struct broker *b, struct broker_peer *p)
 	broker_send_msg(b, b->producers, p, &w);
 	dcast_msg_init(&cr, DCAST_MSG_CREDIT);
 	cr.u.credit.bytes = b->cfg.producer_window_bytes;
+	p->credit_bytes = cr.u.credit.bytes; /* granted since this HELLO */
+	p->sent_bytes = 0;                   /* CHUNK payload bytes received since */
 	broker_send_msg(b, b->producers, p, &cr);
+}
+
+/* The window is the broker's memory bound, not the producer's good
+ * manners: a chunk beyond the credit granted is refused and spoils the
+ * open version. */
+static int producer_credit_take(struct broker *b, struct broker_peer *p, const dcast_chunk *c)
+{
+	struct broker_model *m = p->model;
+
+	if (p->sent_bytes + c->payload_bytes <= p->credit_bytes) {
+		p->sent_bytes += c->payload_bytes;
+		return 0;
+	}
+	dcast_fail(DCAST_EBUSY, "model %s part %u: CHUNK of %llu payload bytes beyond the credit "
+		   "granted (%llu received of %llu granted)", m->name, p->part,
+		   (unsigned long long)c->payload_bytes, (unsigned long long)p->sent_bytes,
+		   (unsigned long long)p->credit_bytes);
+	if (m->pending)
+		broker_pending_abort(b, m, dcast_last_error());
+	return DCAST_EBUSY;
 }
 
 /* A second connection for the same model and part replaces the first. */
@@ -669,6 +691,8 @@ static int producer_chunk(struct broker *b, struct broker_peer *p, dcast_wire_in
 		return dcast_fail(DCAST_EFIELD_RANGE, "CHUNK.part: %u, HELLO said %u", c->part, p->part);
 	if (!p->manifest_ok)
 		return dcast_fail(DCAST_ESTATE, "model %s: CHUNK before MANIFEST on this connection", m->name);
+	if ((rc = producer_credit_take(b, p, c)))
+		return rc;
 	opened = !m->pending;
 	if (opened && (rc = broker_pending_open(b, m, c, p->parts)))
 		return rc;
@@ -812,6 +836,7 @@ void broker_producer_flush_credit(struct broker *b)
 		if (cr.u.credit.bytes > DCAST_MAX_CREDIT_BYTES)
 			cr.u.credit.bytes = DCAST_MAX_CREDIT_BYTES;
 		p->credit_owed -= cr.u.credit.bytes;
+		p->credit_bytes += cr.u.credit.bytes;
 		broker_send_msg(b, b->producers, p, &cr);
 	}
 }

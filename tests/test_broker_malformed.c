@@ -48,7 +48,8 @@ static int start_broker(void)
 	snprintf(log_path, sizeof(log_path), "%s/broker.log", dir);
 	for (int t = 0; t < 20; t++) {
 		int port = 10000 + (int)((getpid() * 13 + t * 7919) % 10000) * 2;
-		char *argv[] = {bin, "--producers", prod_ep, "--consumers", cons_ep, NULL};
+		char *argv[] = {bin, "--producers", prod_ep, "--consumers", cons_ep,
+				"--producer-window-bytes", "65536", NULL};
 
 		snprintf(prod_ep, sizeof(prod_ep), "tcp://127.0.0.1:%d", port);
 		snprintf(cons_ep, sizeof(cons_ep), "tcp://127.0.0.1:%d", port + 1);
@@ -288,6 +289,37 @@ static void incomplete_anchors(void *p)
 	CHECK_ERR(next_error(p), DCAST_ECORRUPT);
 }
 
+/* Credit is enforced (issue 18 item 2): one 128 KiB chunk against the
+ * 64 KiB window (--producer-window-bytes) is refused, not stored. */
+static void over_credit(void *p)
+{
+	static uint8_t big[131072];
+	dcast_tensor_desc td;
+	dcast_msg m;
+
+	printf("chunk beyond the producer's credit:\n");
+	dcast_msg_init(&m, DCAST_MSG_HELLO);
+	strcpy(m.u.hello.model, "big");
+	send_msg(p, &m, NULL, 0);
+	CHECK(next_error(p) == 0); /* WELCOME */
+	memset(&td, 0, sizeof(td));
+	strcpy(td.name, "w");
+	td.dtype = DCAST_DTYPE_BF16;
+	td.ndim = 1;
+	td.shape[0] = 65536;
+	dcast_msg_init(&m, DCAST_MSG_MANIFEST);
+	strcpy(m.u.manifest.model, "big");
+	m.u.manifest.n_tensors = 1;
+	m.u.manifest.tensors = &td;
+	send_msg(p, &m, NULL, 0);
+	chunk_msg(&m, 0, sizeof(big), big);
+	strcpy(m.u.chunk.model, "big");
+	m.u.chunk.count = 65536;
+	dcast_chunk_seal(&m.u.chunk, big);
+	send_msg(p, &m, big, sizeof(big));
+	CHECK_ERR(next_error(p), DCAST_EBUSY);
+}
+
 static void bad_consumer_messages(void *c)
 {
 	dcast_msg m;
@@ -379,6 +411,9 @@ int main(void)
 	bad_consumer_messages(c);
 	f = dealer(ctx, prod_ep);
 	refusal_flood(f, since);
+	void *o = dealer(ctx, prod_ep);
+	over_credit(o);
+	zmq_close(o);
 	REQUIRE(run_client(1, "produce", prod_ep) == 0);
 	CHECK(wait_client(1) == 0);
 	CHECK(wait_client(0) == 0);

@@ -143,6 +143,18 @@ int broker_open(struct broker *b, const struct broker_config *cfg)
 	return 0;
 }
 
+/* A message that does not decode is still traffic: its sender is not
+ * silent (docs/protocol.md, HEARTBEAT: "after heartbeat_ms without other
+ * traffic"), it only gets its ERROR. */
+static void heard_from(struct broker *b, void *sock, dcast_wire_in *in)
+{
+	struct broker_peers *s = sock == b->producers ? &b->prod : sock == b->consumers ? &b->cons : NULL;
+	struct broker_peer *p = s && in->has_rid ? broker_peer_find(s, &in->rid, 0) : NULL;
+
+	if (p)
+		p->last_recv_ms = dcast_now_ms();
+}
+
 static void drain(struct broker *b, void *sock, int router,
 		  void (*handle)(struct broker *, dcast_wire_in *))
 {
@@ -154,10 +166,11 @@ static void drain(struct broker *b, void *sock, int router,
 			dcast_wire_in_close(&in);
 			return;
 		}
-		if (rc)
+		if (rc) {
+			heard_from(b, sock, &in);
 			broker_refuse(b, sock, in.has_rid ? &in.rid : NULL, rc, "",
 				      DCAST_VERSION_NONE);
-		else
+		} else
 			handle(b, &in);
 		dcast_wire_in_close(&in);
 	}

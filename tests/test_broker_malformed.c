@@ -320,6 +320,29 @@ static void over_credit(void *p)
 	CHECK_ERR(next_error(p), DCAST_EBUSY);
 }
 
+/* A peer whose only traffic for 4 s (4 heartbeats) is refused is not
+ * silent (issue 18 item 16): it keeps its session. */
+static void refused_is_not_silence(void *c)
+{
+	dcast_msg m;
+
+	printf("refused messages are traffic:\n");
+	dcast_msg_init(&m, DCAST_MSG_HELLO);
+	m.u.hello.role = DCAST_ROLE_CONSUMER;
+	strcpy(m.u.hello.model, "nomodel");
+	send_msg(c, &m, NULL, 0);
+	CHECK(next_error(c) == 0); /* WELCOME: the model does not exist, nothing streams */
+	for (int i = 0; i < 8; i++) {
+		send_frames(c, "\xc1", 1, NULL, 0, NULL, 0);
+		CHECK_ERR(next_error(c), DCAST_EMALFORMED);
+		usleep(500000); /* the scenario: time passes with nothing else sent */
+	}
+	dcast_msg_init(&m, DCAST_MSG_ACK);
+	strcpy(m.u.ack.model, "other");
+	send_msg(c, &m, NULL, 0);
+	CHECK_ERR(next_error(c), DCAST_EFIELD_RANGE); /* known: DCAST_ESTATE had it been dropped */
+}
+
 static void bad_consumer_messages(void *c)
 {
 	dcast_msg m;
@@ -411,9 +434,11 @@ int main(void)
 	bad_consumer_messages(c);
 	f = dealer(ctx, prod_ep);
 	refusal_flood(f, since);
-	void *o = dealer(ctx, prod_ep);
+	void *o = dealer(ctx, prod_ep), *q = dealer(ctx, cons_ep);
 	over_credit(o);
+	refused_is_not_silence(q);
 	zmq_close(o);
+	zmq_close(q);
 	REQUIRE(run_client(1, "produce", prod_ep) == 0);
 	CHECK(wait_client(1) == 0);
 	CHECK(wait_client(0) == 0);

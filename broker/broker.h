@@ -150,6 +150,8 @@ struct broker_peer {
 	char want[DCAST_MAX_NAME + 1]; /* the model its HELLO named; model stays NULL until a
 					  producer creates it (consumers take no model slot) */
 	uint64_t credit_bytes, sent_bytes; /* granted in total, payload sent */
+	uint64_t window_bytes;       /* HELLO.window_bytes: no chunk larger can ever go */
+	uint64_t too_large_told;     /* version whose oversized chunk was reported, or 0 */
 	uint64_t have_version;       /* newest version whose COMMIT went out */
 	uint64_t acked_version;      /* newest the consumer says it applied */
 	struct broker_version *cur;  /* streaming this one (reference) */

@@ -119,6 +119,29 @@ static int send_welcome(struct broker *b, struct broker_peer *p)
 	return rc;
 }
 
+/* A chunk larger than the consumer's whole window can never be sent: say
+ * so (once per version and HELLO) instead of waiting for credit forever. */
+static int window_too_small(struct broker *b, struct broker_peer *p, const struct broker_version *v,
+			    uint64_t len)
+{
+	dcast_msg e;
+
+	if (p->too_large_told == v->version + 1)
+		return PUMP_IDLE;
+	p->too_large_told = v->version + 1;
+	dcast_msg_init(&e, DCAST_MSG_ERROR);
+	e.u.error.code = DCAST_ETOO_LARGE;
+	snprintf(e.u.error.model, sizeof(e.u.error.model), "%s", p->want);
+	e.u.error.version = v->version;
+	snprintf(e.u.error.text, sizeof(e.u.error.text), "version %llu has a chunk of %llu payload bytes, "
+		 "more than this consumer's whole window (HELLO.window_bytes %llu): it can never be "
+		 "sent; raise the staging budget", (unsigned long long)v->version,
+		 (unsigned long long)len, (unsigned long long)p->window_bytes);
+	DCAST_LOG_W("consumer %s of %s: %s", p->client, p->want, e.u.error.text);
+	broker_send_msg(b, b->consumers, p, &e);
+	return PUMP_IDLE;
+}
+
 /* One step of a consumer's stream: its WELCOME, a MANIFEST, a CHUNK or a
  * COMMIT. */
 static int pump_one(struct broker *b, struct broker_peer *p)
@@ -153,6 +176,8 @@ static int pump_one(struct broker *b, struct broker_peer *p)
 	}
 	ch = &v->chunks[p->next_chunk];
 	len = zmq_msg_size(&ch->payload);
+	if (len > p->window_bytes)
+		return window_too_small(b, p, v, len);
 	if (p->sent_bytes + len > p->credit_bytes)
 		return PUMP_IDLE; /* waits for CREDIT */
 	if ((rc = send_frames(b, p, &ch->hdr, &ch->payload, NULL, 0)) != PUMP_MORE)
@@ -211,7 +236,8 @@ static void consumer_hello(struct broker *b, struct broker_peer *p, dcast_wire_i
 	p->model = m;
 	snprintf(p->want, sizeof(p->want), "%.*s", DCAST_MAX_NAME, h->model);
 	p->have_version = p->acked_version = h->have_version;
-	p->credit_bytes = h->window_bytes;
+	p->credit_bytes = p->window_bytes = h->window_bytes;
+	p->too_large_told = 0;
 	p->sent_bytes = 0;
 	p->last_recv_ms = dcast_now_ms();
 	snprintf(p->client, sizeof(p->client), "%s", h->client);

@@ -117,6 +117,9 @@ static int check_args(const char *endpoint, const char *model, const char *dir, 
 	if (!endpoint || !*endpoint || !model || !*model || strlen(model) > DCAST_MAX_NAME || !dir || !*dir)
 		return dcast_fail(DCAST_EINVAL, "dcast_consumer_open: endpoint, model (1..%d bytes) and dir "
 				  "are required", DCAST_MAX_NAME);
+	if (!strstr(endpoint, "://"))
+		return dcast_fail(DCAST_EINVAL, "dcast_consumer_open: endpoint \"%s\" is not a ZeroMQ "
+				  "endpoint (tcp://HOST:PORT, ipc://PATH or inproc://NAME)", endpoint);
 	if (budget < MIN_BUDGET)
 		return dcast_fail(DCAST_EINVAL, "dcast_consumer_open: staging budget %" PRIu64
 				  " below the minimum of %u bytes", budget, MIN_BUDGET);

@@ -403,6 +403,16 @@ static int on_manifest(dcast_consumer *c, dcast_wire_in *in)
 	return 0;
 }
 
+/* An ERROR before the WELCOME answers our HELLO (a producer endpoint, a
+ * refused key, a full broker): tell the caller, as an event. */
+static int hello_refused(dcast_consumer *c, const dcast_error_msg *e)
+{
+	dcast_fail((int)e->code, "broker at %s (before its WELCOME): %s", c->endpoint, e->text);
+	DCAST_LOG_W("consumer %s: %s", c->model, dcast_last_error());
+	cs_event_push(c, DCAST_EV_ERROR, DCAST_VERSION_NONE, (int)e->code, dcast_last_error());
+	return 0;
+}
+
 static int on_message(dcast_consumer *c, dcast_wire_in *in)
 {
 	dcast_msg *m = &in->msg;
@@ -424,6 +434,8 @@ static int on_message(dcast_consumer *c, dcast_wire_in *in)
 			    m->u.error.text);
 		return cs_rejoin(c);
 	}
+	if (!c->welcomed && m->type == DCAST_MSG_ERROR)
+		return hello_refused(c, &m->u.error);
 	if (!c->welcomed || c->manifest_bad)
 		return 0; /* the old stream, before our re-join's WELCOME */
 	switch (m->type) {
@@ -519,8 +531,10 @@ static int keepalive(dcast_consumer *c)
 	dcast_msg m;
 
 	if (!c->welcomed && now - c->hello_ms >= 3 * hb) {
-		DCAST_LOG_I("consumer %s: no WELCOME for %" PRIu64 " ms; reconnecting", c->model,
-			    now - c->hello_ms);
+		dcast_fail(DCAST_ETIMEDOUT, "no WELCOME from %s in %" PRIu64 " ms: no broker listening "
+			   "there, or not its consumer endpoint; trying again", c->endpoint, now - c->hello_ms);
+		DCAST_LOG_W("consumer %s: %s", c->model, dcast_last_error());
+		cs_event_push(c, DCAST_EV_ERROR, DCAST_VERSION_NONE, DCAST_ETIMEDOUT, dcast_last_error());
 		return reconnect(c);
 	}
 	if (intake_full(c))
@@ -678,6 +692,7 @@ int cs_session_start(dcast_consumer *c)
 	c->last_recv_ms = dcast_now_ms();
 	c->broker_newest = DCAST_VERSION_NONE;
 	c->ack_due = DCAST_VERSION_NONE;
+	c->heartbeat_ms = c->opts.heartbeat_ms; /* until a WELCOME says (0: 1000) */
 	if (err)
 		return err;
 	if ((c->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0)

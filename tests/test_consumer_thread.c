@@ -158,6 +158,42 @@ static void test_fold_off_apply(const h_broker *b)
 	h_model_free(&m);
 }
 
+/* Poll until an ERROR event with `code` (10 s at most). */
+static int error_event_within(dcast_consumer *c, int code)
+{
+	for (int i = 0; i < 100; i++) {
+		dcast_event ev;
+		if (dcast_consumer_poll(c, 100, &ev) == 0 && ev.type == DCAST_EV_ERROR && ev.code == code) {
+			printf("  event: %s: %s\n", dcast_errname(ev.code), ev.text);
+			return 1;
+		}
+	}
+	return 0;
+}
+
+/* A misconfigured consumer says so within seconds (issue 18 item 15). */
+static void test_misconfigured(const h_broker *b)
+{
+	dcast_consumer_opts o;
+	dcast_consumer *c = NULL;
+	char nobody[64];
+	int port;
+
+	printf("misconfigured consumers:\n");
+	dcast_consumer_opts_init(&o);
+	o.heartbeat_ms = 200;
+	CHECK_ERR(dcast_consumer_open("127.0.0.1:5556", "m", dir_for("bad0"), BUDGET, &o, &c), DCAST_EINVAL);
+	CHECK(strstr(dcast_last_error(), "not a ZeroMQ endpoint") != NULL);
+	REQUIRE(sscanf(strrchr(b->consumers, ':') + 1, "%d", &port) == 1);
+	snprintf(nobody, sizeof(nobody), "tcp://127.0.0.1:%d", port + 2); /* nothing listens */
+	REQUIRE(dcast_consumer_open(nobody, "m", dir_for("bad1"), BUDGET, &o, &c) == 0);
+	CHECK(error_event_within(c, DCAST_ETIMEDOUT));
+	dcast_consumer_close(&c);
+	REQUIRE(dcast_consumer_open(b->producers, "m", dir_for("bad2"), BUDGET, &o, &c) == 0);
+	CHECK(error_event_within(c, DCAST_EFIELD_RANGE)); /* the producer endpoint */
+	dcast_consumer_close(&c);
+}
+
 int main(void)
 {
 	h_broker b;
@@ -167,6 +203,7 @@ int main(void)
 	wait_case(&b, "m_wait", 52, 0, 4);
 	wait_case(&b, "m_auto", 53, 1, 5);
 	test_fold_off_apply(&b);
+	test_misconfigured(&b);
 	test_sleeping_caller(&b);
 	h_broker_stop(&b);
 	return check_done("test_consumer_thread");

@@ -23,7 +23,7 @@ static inline __attribute__((always_inline)) uint64_t sum_es(const uint8_t *rest
 	uint64_t acc = 0;
 
 	for (uint64_t j = 0; j < n; j++) {
-		uint64_t bits = es == 1 ? p[j] : es == 2 ? ((const uint16_t *)p)[j] : ((const uint32_t *)p)[j];
+		uint64_t bits = dcast_load_elem(p + j * es, es); /* any alignment */
 		acc += dcast_ld_mix((((first + j) << 32) | bits) ^ seed);
 	}
 	return acc;
@@ -69,11 +69,7 @@ static sum_fn pick(void)
 
 static uint64_t sum_segment(const uint8_t *p, uint64_t n, uint64_t first, uint64_t seed, unsigned es)
 {
-	static sum_fn fn; /* a benign race: every thread picks the same */
-
-	if (!fn)
-		fn = pick();
-	return fn(p, n, first, seed, es);
+	return pick()(p, n, first, seed, es); /* reads flags set once at load: cheap */
 }
 #else
 #define sum_segment sum_base

@@ -135,10 +135,10 @@ int dcast_ldigest(uint32_t tensor, uint64_t start, const void *data, uint64_t co
 
 /* Move *digest, the digest of a range that begins at element `start`, by
  * n changes: element start + pos[i] went from old_vals[i] to new_vals[i]
- * (packed arrays of elem_size-byte bit patterns).  Positions may repeat or
- * come in any order only if old/new chain correctly; the caller owns all
- * arrays.  Errors: DCAST_EINVAL (elem_size, NULL arrays with n > 0);
- * *digest is then untouched. */
+ * (packed arrays of elem_size-byte bit patterns, in any order; a position
+ * listed twice must chain, its second old value being its first new one).
+ * The caller owns all arrays.  Errors: DCAST_EINVAL (elem_size, NULL
+ * arrays with n > 0); *digest is then untouched. */
 int dcast_ldigest_update(uint64_t *digest, uint32_t tensor, uint64_t start, const uint32_t *pos,
 			 const void *old_vals, const void *new_vals, uint64_t n, unsigned elem_size);
 

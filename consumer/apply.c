@@ -215,10 +215,12 @@ static int fault_ahead(dcast_consumer *c, const cs_version *v, int ahead, uint32
 			  v->version, i);
 }
 
-/* Was v checked ahead against the version the tensors hold (verify.c)? */
+/* Was v checked ahead against the version the tensors hold (verify.c),
+ * and do the cached digests it moved still describe them (a bind or an
+ * anchor load since clears them)? */
 static int checked_ahead(const dcast_consumer *c, const cs_version *v, int verify)
 {
-	return verify == 1 && v->ahead.e && v->ahead_base == dcast_consumer_version(c);
+	return verify == 1 && v->ahead.e && v->ahead_base == dcast_consumer_version(c) && c->dcache.n;
 }
 
 /* Old values of v fit in the undo region?  Else NULL: the checkpoint

@@ -371,6 +371,7 @@ static int cut_digest(const struct broker_fold *f, uint32_t i, uint64_t *bytes)
 {
 	const dcast_range_digest *d = &f->cut.src->digests[i];
 	const dcast_tensor_desc *td;
+	uint64_t got = 0;
 	unsigned es;
 
 	if (d->tensor >= f->mf->m.n_tensors)
@@ -380,7 +381,9 @@ static int cut_digest(const struct broker_fold *f, uint32_t i, uint64_t *bytes)
 	if (d->start > dcast_tensor_elems(td) || d->count > dcast_tensor_elems(td) - d->start)
 		return dcast_fail(DCAST_EDIGEST, "digest %u: range outside tensor %s", i, td->name);
 	*bytes = d->count * es;
-	if (dcast_digest(f->data[d->tensor] + d->start * es, *bytes) != d->digest)
+	if (dcast_ldigest(d->tensor, d->start, f->data[d->tensor] + d->start * es, d->count, es, &got))
+		return dcast_fail(DCAST_EDIGEST, "digest %u: %s", i, dcast_last_error());
+	if (got != d->digest)
 		return dcast_fail(DCAST_EDIGEST, "tensor %s [%llu, +%llu): the folded state's digest "
 				  "differs from the producer's", td->name,
 				  (unsigned long long)d->start, (unsigned long long)d->count);

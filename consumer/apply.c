@@ -50,7 +50,7 @@ static int uncovered(const dcast_consumer *c, const cs_version *v, uint32_t t, u
 			  ") not covered", v->version, c->tensors[t].desc.name, from, to);
 }
 
-/* Chunks in (tensor, start) order, so that writes and block hashing walk
+/* Chunks in (tensor, start) order, so that writes and digest updates walk
  * memory forward; they must not overlap, and an anchor's must cover every
  * element of every tensor. */
 int cs_sort_chunks(const dcast_consumer *c, cs_version *v)
@@ -77,20 +77,10 @@ int cs_sort_chunks(const dcast_consumer *c, cs_version *v)
 	return 0;
 }
 
-/* What k writes at apply: its idx32 form made by the check ahead (verify.c)
- * when `ahead`, else its own payload. */
-static dcast_chunk_info info_of(const cs_chunk *k, int ahead)
+/* Bytes of old values k saves at apply. */
+static uint64_t undo_bytes(const cs_chunk *k)
 {
-	if (!ahead || !k->ahead)
-		return k->info;
-	return (dcast_chunk_info){DCAST_ENC_IDX32, k->info.elem_size, k->info.count, k->ahead_changed,
-				  k->ahead_changed * (4 + k->info.elem_size)};
-}
-
-static uint64_t undo_bytes(const cs_chunk *k, int ahead)
-{
-	dcast_chunk_info i = info_of(k, ahead);
-	return (i.encoding == DCAST_ENC_DENSE ? i.count : i.changed) * i.elem_size;
+	return (k->info.encoding == DCAST_ENC_DENSE ? k->info.count : k->info.changed) * k->info.elem_size;
 }
 
 static unsigned char *dst_of(dcast_consumer *c, const cs_chunk *k)
@@ -115,54 +105,35 @@ int cs_chunk_payload(dcast_consumer *c, const cs_version *v, const cs_chunk *k, 
 	return 0;
 }
 
-/* The payload that info_of(k, ahead) describes. */
-static int source_of(dcast_consumer *c, const cs_version *v, const cs_chunk *k, int ahead,
-		     const unsigned char **out)
+/* Write k (old values to old unless NULL); *p is the payload it wrote. */
+static int write_chunk(dcast_consumer *c, const cs_version *v, const cs_chunk *k, unsigned char *old,
+		       const unsigned char **p)
 {
-	if (ahead && k->ahead) {
-		*out = k->ahead;
-		return 0;
-	}
-	return cs_chunk_payload(c, v, k, out);
-}
-
-static int write_chunk(dcast_consumer *c, const cs_version *v, const cs_chunk *k, int ahead, unsigned char *old)
-{
-	dcast_chunk_info info = info_of(k, ahead);
-	const unsigned char *p;
 	int err;
 
-	if (ahead && k->ahead)
-		return cs_ahead_write(c, k, old);
-	if ((err = source_of(c, v, k, ahead, &p)))
+	if ((err = cs_chunk_payload(c, v, k, p)))
 		return err;
-	if (old && info.encoding == DCAST_ENC_DENSE) {
-		memcpy(old, dst_of(c, k), undo_bytes(k, ahead));
+	if (old && k->info.encoding == DCAST_ENC_DENSE) {
+		memcpy(old, dst_of(c, k), undo_bytes(k));
 		old = NULL;
 	}
-	return cs_tensor_apply(&c->tensors[k->tensor], &info, p, k->start, old);
+	return cs_tensor_apply(&c->tensors[k->tensor], &k->info, *p, k->start, old);
 }
 
 /* Write back the old values of chunks [0, n); 0 when every one came back. */
-static int undo_chunks(dcast_consumer *c, const cs_version *v, int ahead, uint32_t n, unsigned char *undo,
-		       uint64_t undo_off)
+static int undo_chunks(dcast_consumer *c, const cs_version *v, uint32_t n, unsigned char *undo, uint64_t undo_off)
 {
 	int failed = 0;
 
 	for (uint32_t i = n; i-- > 0;) {
 		const cs_chunk *k = &v->chunks[i];
-		dcast_chunk_info info = info_of(k, ahead);
 		const unsigned char *p;
-		undo_off -= undo_bytes(k, ahead);
-		if (ahead && k->ahead) {
-			cs_ahead_revert(c, k, undo + undo_off);
+		undo_off -= undo_bytes(k);
+		if (k->info.encoding == DCAST_ENC_DENSE) {
+			memcpy(dst_of(c, k), undo + undo_off, undo_bytes(k));
 			continue;
 		}
-		if (info.encoding == DCAST_ENC_DENSE) {
-			memcpy(dst_of(c, k), undo + undo_off, undo_bytes(k, ahead));
-			continue;
-		}
-		if (source_of(c, v, k, ahead, &p) || dcast_codec_revert(&info, p, dst_of(c, k), undo + undo_off)) {
+		if (cs_chunk_payload(c, v, k, &p) || dcast_codec_revert(&k->info, p, dst_of(c, k), undo + undo_off)) {
 			DCAST_LOG_E("consumer %s: undo of version %" PRIu64 " chunk %u failed: %s", c->model,
 				    v->version, i, dcast_last_error());
 			failed = 1;
@@ -178,20 +149,18 @@ static void invalidate(dcast_consumer *c)
 {
 	cs_set_applied(c, DCAST_VERSION_NONE);
 	cs_dcache_clear(&c->dcache);
-	c->ahead_owner = DCAST_VERSION_NONE;
 	c->fold_due = 0;
 	cs_ckpt_discard(c);
 }
 
 /* Back to the version before v: old values from memory, else the local
  * checkpoint (not from inside a restore: the outer one fails instead). */
-static int restore_previous(dcast_consumer *c, const cs_version *v, int ahead, unsigned char *undo, uint32_t n,
-			    uint64_t off)
+static int restore_previous(dcast_consumer *c, const cs_version *v, unsigned char *undo, uint32_t n, uint64_t off)
 {
 	int err;
 
 	if (undo)
-		return undo_chunks(c, v, ahead, n, undo, off) ? DCAST_ECORRUPT : 0;
+		return undo_chunks(c, v, n, undo, off) ? DCAST_ECORRUPT : 0;
 	if (c->restoring)
 		return DCAST_ECORRUPT;
 	DCAST_LOG_I("consumer %s: old values of version %" PRIu64 " not kept in memory; restoring version %"
@@ -204,14 +173,14 @@ static int restore_previous(dcast_consumer *c, const cs_version *v, int ahead, u
 	return err;
 }
 
-static int rollback(dcast_consumer *c, const cs_version *v, int ahead, unsigned char *undo, uint32_t n,
-		    uint64_t off, int err)
+static int rollback(dcast_consumer *c, const cs_version *v, unsigned char *undo, uint32_t n, uint64_t off,
+		    int err)
 {
 	char why[512];
 
 	snprintf(why, sizeof(why), "%s", dcast_last_error());
 	uint64_t prev = dcast_consumer_version(c);
-	if (!restore_previous(c, v, ahead, undo, n, off))
+	if (!restore_previous(c, v, undo, n, off))
 		return dcast_fail(err, "%s (version %" PRIu64 " refused; tensors kept at the previous version)",
 				  why, v->version);
 	if (c->restoring) /* the outer restore fails and gives up */
@@ -233,69 +202,73 @@ static void fault_digest(dcast_consumer *c, cs_version *v)
 	}
 }
 
-/* The test hook "aheadfail:V": when V was checked ahead, a chunk in its
- * second half gets a checked change outside its range, so that apply
- * fails halfway and must undo, from their checked form, the chunks it has
- * written. */
-static void fault_ahead(dcast_consumer *c, cs_version *v, int ahead)
+/* The test hook "aheadfail:V": when V was checked ahead, the first chunk
+ * in its second half that writes something is refused, so that apply
+ * fails halfway and must undo the chunks it has written. */
+static int fault_ahead(dcast_consumer *c, const cs_version *v, int ahead, uint32_t i)
 {
-	if (c->fault_kind != CS_FAULT_AHEADFAIL || c->fault_version != v->version || !ahead)
-		return;
-	for (uint32_t i = v->n_chunks / 2; i < v->n_chunks; i++) {
-		cs_chunk *k = &v->chunks[i];
-		uint32_t bad = (uint32_t)k->info.count;
-		if (k->ahead && k->ahead_changed) {
-			memcpy(k->ahead, &bad, 4);
-			c->fault_kind = CS_FAULT_NONE;
-			return;
-		}
-	}
+	if (c->fault_kind != CS_FAULT_AHEADFAIL || c->fault_version != v->version || !ahead ||
+	    i < v->n_chunks / 2 || !cs_chunk_writes(&v->chunks[i]))
+		return 0;
+	c->fault_kind = CS_FAULT_NONE;
+	return dcast_fail(DCAST_ECORRUPT, "version %" PRIu64 " chunk %u: refused by the test hook aheadfail",
+			  v->version, i);
 }
 
-/* Was v checked ahead against the version the tensors hold (verify.c)? */
+/* Was v checked ahead against the version the tensors hold (verify.c),
+ * and do the cached digests it moved still describe them (a bind or an
+ * anchor load since clears them)? */
 static int checked_ahead(const dcast_consumer *c, const cs_version *v, int verify)
 {
-	return verify == 1 && v->ahead.e && c->ahead_owner == v->version &&
-	       v->ahead_base == dcast_consumer_version(c);
+	return verify == 1 && v->ahead.e && v->ahead_base == dcast_consumer_version(c) && c->dcache.n;
 }
 
-/* verify: 0 none, 1 the blocks this version wrote (verify.c; nothing left
- * to hash when the version was checked ahead), 2 every block. */
+/* Old values of v fit in the undo region?  Else NULL: the checkpoint
+ * restores the previous version (anchors, device tensors, large deltas). */
+static unsigned char *undo_for(dcast_consumer *c, const cs_version *v)
+{
+	uint64_t need = 0;
+
+	for (uint32_t i = 0; i < v->n_chunks; i++)
+		need += undo_bytes(&v->chunks[i]);
+	if (v->anchor || c->device_tensors || need > c->pool.region_bytes)
+		return NULL;
+	return cs_pool_undo(&c->pool);
+}
+
+/* verify: 0 none, 1 moves the cached digests by the changes (verify.c;
+ * nothing left to do when the version was checked ahead), 2 computes every
+ * digest whole. */
 int cs_apply_version(dcast_consumer *c, cs_version *v, int verify)
 {
-	uint64_t need = 0, off = 0;
 	int ahead = checked_ahead(c, v, verify), err;
-	unsigned char *undo = cs_pool_undo(&c->pool) + (ahead ? v->ahead_bytes : 0);
+	unsigned char *undo;
 	cs_dcache next = {0};
+	uint64_t off = 0;
 	uint32_t i;
 
-	if (!ahead)
-		c->ahead_owner = DCAST_VERSION_NONE; /* the undo region is about to be overwritten */
 	if ((err = cs_sort_chunks(c, v)))
 		return err;
 	fault_digest(c, v);
-	fault_ahead(c, v, ahead);
 	if (verify && !ahead && (err = cs_verify_plan(c, v, verify == 2, &next)))
 		return err;
 	if (!verify)
 		cs_dcache_clear(&c->dcache); /* it would no longer describe the tensors */
-	for (i = 0; i < v->n_chunks; i++)
-		need += undo_bytes(&v->chunks[i], ahead);
-	if (v->anchor || c->device_tensors || need > c->pool.region_bytes - (uint64_t)(undo - cs_pool_undo(&c->pool)))
-		undo = NULL; /* old values do not fit: the checkpoint restores them */
+	undo = undo_for(c, v);
 	for (i = 0; !err && i < v->n_chunks; i++) {
-		err = write_chunk(c, v, &v->chunks[i], ahead, undo ? undo + off : NULL);
-		if (err)
+		const cs_chunk *k = &v->chunks[i];
+		const unsigned char *p;
+		if ((err = fault_ahead(c, v, ahead, i)) || (err = write_chunk(c, v, k, undo ? undo + off : NULL, &p)))
 			break;
-		off += undo_bytes(&v->chunks[i], ahead);
 		if (verify && !ahead)
-			cs_verify_written(c, &next, v, i);
+			cs_verify_written(c, &next, k, p, undo ? undo + off : NULL);
+		off += undo_bytes(k);
 	}
 	if (!err && verify && !ahead)
 		err = cs_verify_finish(c, v, &next);
 	if (err) {
 		cs_dcache_clear(&next);
-		return rollback(c, v, ahead, undo, i, off, err);
+		return rollback(c, v, undo, i, off, err);
 	}
 	if (ahead)
 		cs_verify_ahead_done(c, v);

@@ -192,7 +192,6 @@ int dcast_consumer_open(const char *endpoint, const char *model, const char *dir
 	c->budget = staging_budget_bytes;
 	c->drop_version = DCAST_VERSION_NONE;
 	c->anchor_file_version = DCAST_VERSION_NONE;
-	c->ahead_owner = DCAST_VERSION_NONE;
 	atomic_init(&c->applied, DCAST_VERSION_NONE);
 	pthread_mutex_init(&c->mu, NULL);
 	pthread_cond_init(&c->cv, NULL);
@@ -240,7 +239,6 @@ void dcast_consumer_close(dcast_consumer **cp)
 		cs_version_free(&c->staged[i]);
 	dcast_io_close(&c->io);
 	cs_dcache_clear(&c->dcache);
-	free(c->ahead_buf);
 	cs_pool_close(&c->pool);
 	tensors_free(c);
 	pthread_mutex_destroy(&c->mu);

@@ -42,24 +42,19 @@ void cs_pool_resident_put(cs_pool *p, uint64_t n);
 void cs_pool_cuda_register(cs_pool *p);
 void cs_pool_cuda_unregister(cs_pool *p);
 
-/* ---- block hashes of the live tensors (verify.c) ----
+/* ---- digests of the live tensors (verify.c) ----
  * One entry per COMMIT digest range of the applied version, sorted by
- * (tensor, start, count), with the XXH3 hash of each 1 MiB block of the
- * range (docs/protocol.md, "Checksum and digest"). */
-#define CS_DIGEST_BLOCK (1u << 20)
-
+ * (tensor, start, count): the producer's digest and ours (docs/protocol.md,
+ * "Checksum and digest"); once installed as c->dcache the two are equal. */
 typedef struct cs_dentry {
 	dcast_range_digest d;  /* the range and the producer's digest */
-	uint64_t first;        /* its first block hash in cs_dcache.hash */
-	uint32_t nblocks;      /* 0 for a device tensor: hashed whole, not kept */
+	uint64_t have;         /* while verifying: cached value moved by the changes */
+	int full;              /* while verifying: compute `have` over the whole range */
 } cs_dentry;
 
 typedef struct cs_dcache {
 	cs_dentry *e;
 	uint32_t n;
-	uint64_t *hash, nh;
-	uint8_t *todo;         /* while verifying: 1 = block to hash again */
-	uint32_t cur_e, cur_b; /* while verifying: next block to hash */
 } cs_dcache;
 
 /* ---- one staged chunk ---- */
@@ -70,8 +65,6 @@ typedef struct cs_chunk {
 	uint64_t checksum;     /* dcast_checksum of the payload alone */
 	uint64_t file_off;     /* payload offset in the version's record file */
 	unsigned char *resident; /* payload in the pool, or NULL: read from file */
-	unsigned char *ahead;  /* checked ahead: its idx32 form in the undo region, or NULL */
-	uint64_t ahead_changed; /* elements in that form */
 } cs_chunk;
 
 enum cs_vstate { CS_V_STAGING = 1, CS_V_READY };
@@ -92,10 +85,9 @@ typedef struct cs_version {
 	uint64_t file_bytes;
 	uint64_t first_ns, ready_ns;
 	uint64_t spilled;
-	cs_dcache ahead;       /* checked ahead: block hashes after it, n 0 = not checked */
+	cs_dcache ahead;       /* checked ahead: the digests after it, n 0 = not checked */
 	uint64_t ahead_base;   /* the applied version it was checked against */
-	uint64_t ahead_bytes;  /* undo region bytes holding its chunks' idx32 forms */
-	uint64_t ahead_hashed; /* bytes hashed to check it */
+	uint64_t ahead_hashed; /* tensor bytes read to check it */
 	int ahead_tried;       /* cs_verify_ahead ran (once per version) */
 } cs_version;
 
@@ -147,10 +139,8 @@ struct dcast_consumer {
 	uint32_t deltas_since_fold;
 	int restoring;                 /* inside cs_ckpt_restore: no nested restore */
 
-	cs_dcache dcache;              /* block hashes at the applied version; n 0 = none */
-	uint64_t verify_bytes;         /* hashed by the last apply's check */
-	uint64_t ahead_owner;          /* the version whose idx32 forms fill the undo region */
-	unsigned char *ahead_buf;      /* one chunk range being checked ahead */
+	cs_dcache dcache;              /* digests at the applied version; n 0 = none */
+	uint64_t verify_bytes;         /* tensor bytes read by the last version's check */
 
 	cs_pool pool;
 	dcast_io *io;                  /* record writes/reads: io_uring or plain */
@@ -201,6 +191,8 @@ int cs_from_tensor(const cs_tensor *t, uint64_t off, void *dst, uint64_t n);
 int cs_tensor_apply(cs_tensor *t, const dcast_chunk_info *info, const void *payload, uint64_t start,
 		    void *old);
 int cs_tensor_digest(const cs_tensor *t, uint64_t off, uint64_t n, uint64_t *digest);
+/* The COMMIT digest of elements [start, start+count) of t, manifest index `index`. */
+int cs_tensor_ldigest(const cs_tensor *t, uint32_t index, uint64_t start, uint64_t count, uint64_t *digest);
 
 /* consumer.c */
 void cs_event_push(dcast_consumer *c, int type, uint64_t version, int code, const char *text);
@@ -289,26 +281,25 @@ typedef struct rec_digest {
 } rec_digest;
 _Static_assert(sizeof(rec_digest) == 32, "digest entry is 32 bytes on disk");
 
-/* verify.c: plan which blocks of v's digest ranges to hash again (all with
- * `full` or without a cached entry), hash them as chunks are written
- * (cs_verify_written after chunk i of v, chunks sorted by tensor/start),
- * then finish: check every digest; on success *n becomes c->dcache. */
+/* verify.c: plan v's check (every range computed whole with `full` or
+ * without a cached value), move the digests by each chunk as it is written
+ * (cs_verify_written after chunk k of v, with the payload it wrote and the
+ * old values it saved, NULL when none were kept), then finish: check every
+ * digest; on success *n becomes c->dcache. */
 int cs_verify_plan(dcast_consumer *c, const cs_version *v, int full, cs_dcache *n);
-void cs_verify_written(dcast_consumer *c, cs_dcache *n, const cs_version *v, uint32_t i);
+void cs_verify_written(dcast_consumer *c, cs_dcache *n, const cs_chunk *k, const unsigned char *payload,
+		       const unsigned char *old);
 int cs_verify_finish(dcast_consumer *c, const cs_version *v, cs_dcache *n);
 void cs_dcache_clear(cs_dcache *d);
+/* Does chunk k write anything (dense, or changed > 0)? */
+int cs_chunk_writes(const cs_chunk *k);
 /* Check READY delta v, whose base the tensors hold, before apply: each
- * written chunk range is patched in a copy and its blocks hashed there, the
- * digests compared, and the chunk's changes kept in idx32 form in the undo
- * region so that apply only scatters them.  0 also when v cannot be checked
- * ahead (apply checks it then); an error (DCAST_EDIGEST, DCAST_ECORRUPT...)
- * refuses v.  cs_verify_ahead_done: v applied, its hashes become c->dcache. */
+ * cached digest moved by the changes of v's payloads (old values read from
+ * the live tensors, nothing written, nothing copied) and compared.  0 also
+ * when v cannot be checked ahead (apply checks it then); DCAST_EDIGEST
+ * refuses v.  cs_verify_ahead_done: v applied, its digests become c->dcache. */
 int cs_verify_ahead(dcast_consumer *c, cs_version *v);
 void cs_verify_ahead_done(dcast_consumer *c, cs_version *v);
-/* Write chunk k's changes checked ahead (host tensor; old values to old
- * unless NULL), or put the old values back.  Errors: DCAST_ECORRUPT. */
-int cs_ahead_write(dcast_consumer *c, const cs_chunk *k, unsigned char *old);
-void cs_ahead_revert(dcast_consumer *c, const cs_chunk *k, const unsigned char *old);
 
 /* apply.c */
 int cs_apply_version(dcast_consumer *c, cs_version *v, int verify);

@@ -80,6 +80,17 @@ int cs_tensor_digest(const cs_tensor *t, uint64_t off, uint64_t n, uint64_t *dig
 #endif
 }
 
+int cs_tensor_ldigest(const cs_tensor *t, uint32_t index, uint64_t start, uint64_t count, uint64_t *digest)
+{
+	if (t->mem == DCAST_MEM_HOST)
+		return dcast_ldigest(index, start, t->ptr + start * t->elem_size, count, t->elem_size, digest);
+#ifdef DCAST_HAVE_CUDA
+	return dcast_cuda_ldigest(index, start, t->ptr + start * t->elem_size, count, t->elem_size, digest, NULL);
+#else
+	return dcast_fail(DCAST_ENODEVICE, "tensor %s: CUDA memory in a build without CUDA", t->desc.name);
+#endif
+}
+
 /* Pin the pool for the device's DMA too (registering cudaHostAlloc memory
  * with io_uring fails on some kernels, so the pool is mmap'd and registered
  * the other way round).  Best effort: unpinned copies still work. */

@@ -253,7 +253,7 @@ static int stage_payload(dcast_consumer *c, cs_version *v, const dcast_chunk *h,
 {
 	cs_chunk k = {h->part, h->seq, h->tensor, h->start,
 		      {h->encoding, h->elem_size, h->count, h->changed, h->payload_bytes},
-		      0, 0, NULL, NULL, 0};
+		      0, 0, NULL};
 	unsigned char *slot;
 	int err;
 

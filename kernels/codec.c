@@ -214,7 +214,7 @@ int dcast_codec_check_size(const dcast_chunk_info *info, uint64_t want)
 			  dcast_encoding_name((int)info->encoding), info->payload_bytes, want);
 }
 
-static int idx32_check(const dcast_chunk_info *info, const uint8_t *pl)
+int dcast_idx32_check(const dcast_chunk_info *info, const uint8_t *pl)
 {
 	unsigned es = info->elem_size;
 	int rc = dcast_codec_check_size(info, info->changed * (4 + es));
@@ -232,7 +232,7 @@ static int idx32_check(const dcast_chunk_info *info, const uint8_t *pl)
 	return rc;
 }
 
-static int bitmask_check(const dcast_chunk_info *info, const uint8_t *pl)
+int dcast_bitmask_check(const dcast_chunk_info *info, const uint8_t *pl)
 {
 	uint64_t mb = dcast_bitmask_bytes(info->count), ones = 0;
 	int rc = dcast_codec_check_size(info, mb + info->changed * info->elem_size);
@@ -374,11 +374,11 @@ static int apply_or_revert(const dcast_chunk_info *info, const uint8_t *pl, uint
 			memcpy(dst, old ? old : pl, dense);
 		return DCAST_OK;
 	case DCAST_ENC_IDX32:
-		if (!(rc = idx32_check(info, pl)))
+		if (!(rc = dcast_idx32_check(info, pl)))
 			idx32_write(info, pl, dst, old_out, old);
 		return rc;
 	case DCAST_ENC_BITMASK:
-		if (!(rc = bitmask_check(info, pl)))
+		if (!(rc = dcast_bitmask_check(info, pl)))
 			bitmask_write(info, pl, dst, old_out, old);
 		return rc;
 	default:

@@ -830,3 +830,78 @@ out:
 	free(host);
 	return rc;
 }
+
+/* ---- additive digest (dcast_ldigest's twin) ---- */
+
+template <unsigned ES>
+__device__ uint32_t load_bits(const uint8_t *p, uint64_t j)
+{
+	if (ES == 1)
+		return p[j];
+	if (ES == 2)
+		return ((const uint16_t *)p)[j];
+	return ((const uint32_t *)p)[j];
+}
+
+/* Grid-stride partial sums, a warp reduction, one atomicAdd per warp: the
+ * sum mod 2^64 is the same in any order. */
+template <unsigned ES>
+__global__ void k_ldigest(const uint8_t *p, uint64_t count, uint32_t tensor, uint64_t start, unsigned long long *out)
+{
+	uint64_t acc = 0, seg = ~0ull, seed = 0;
+	for (uint64_t j = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; j < count;
+	     j += (uint64_t)gridDim.x * blockDim.x) {
+		uint64_t i = start + j;
+		if (i >> 32 != seg) {
+			seg = i >> 32;
+			seed = dcast_ld_seed(tensor, seg);
+		}
+		acc += dcast_ld_term_seeded(seed, i, load_bits<ES>(p, j));
+	}
+	for (unsigned d = 16; d; d >>= 1)
+		acc += __shfl_xor_sync(0xffffffffu, acc, d);
+	if ((threadIdx.x & 31) == 0 && acc)
+		atomicAdd(out, (unsigned long long)acc);
+}
+
+static void launch_ldigest(uint32_t tensor, uint64_t start, const void *data, uint64_t count, unsigned es,
+			   unsigned long long *dev, cudaStream_t s)
+{
+	unsigned g = grid_for(count, 256) < 4096 ? grid_for(count, 256) : 4096;
+	const uint8_t *p = (const uint8_t *)data;
+	if (es == 1)
+		k_ldigest<1><<<g, 256, 0, s>>>(p, count, tensor, start, dev);
+	else if (es == 2)
+		k_ldigest<2><<<g, 256, 0, s>>>(p, count, tensor, start, dev);
+	else
+		k_ldigest<4><<<g, 256, 0, s>>>(p, count, tensor, start, dev);
+}
+
+extern "C" int dcast_cuda_ldigest(uint32_t tensor, uint64_t start, const void *data, uint64_t count,
+				  unsigned elem_size, uint64_t *digest, void *stream)
+{
+	scratch sc = {};
+	sc.s = (cudaStream_t)stream;
+	int rc = DCAST_OK;
+	unsigned long long *dev = NULL, host = 0;
+	if (elem_size != 1 && elem_size != 2 && elem_size != 4)
+		return dcast_fail(DCAST_EINVAL, "dcast_cuda_ldigest: elem_size %u (1, 2 or 4)", elem_size);
+	if ((count && !data) || start + count < start)
+		return dcast_fail(DCAST_EINVAL, "dcast_cuda_ldigest: %s",
+				  count && !data ? "data is NULL" : "start + count past 2^64");
+	if (!dcast_cuda_available())
+		return dcast_fail(DCAST_ENODEVICE, "dcast_cuda_ldigest: no CUDA device");
+	if (count) {
+		CU(scratch_get(&sc, (void **)&dev, sizeof(*dev)), "cudaMallocAsync(sum)");
+		CU(cudaMemsetAsync(dev, 0, sizeof(*dev), sc.s), "cudaMemsetAsync(sum)");
+		launch_ldigest(tensor, start, data, count, elem_size, dev, sc.s);
+		CU(cudaGetLastError(), "k_ldigest");
+		CU(cudaMemcpyAsync(&host, dev, sizeof(host), cudaMemcpyDeviceToHost, sc.s), "copy sum");
+		CU(cudaStreamSynchronize(sc.s), "sync");
+	}
+	*digest = host;
+out:
+	scratch_put(&sc);
+	cudaStreamSynchronize(sc.s);
+	return rc;
+}

@@ -539,6 +539,31 @@ DCAST_HD void dcast_simple_sizes(uint64_t count, unsigned es, uint64_t changed,
 	sizes[DCAST_ENC_BITMASK] = dcast_bitmask_bytes(count) + changed * es;
 }
 
+/* ---- the additive digest (docs/protocol.md, "Checksum and digest") ---- */
+
+/* SplitMix64's finalizer (Stafford's Mix13): a bijection of 64 bits. */
+DCAST_HD uint64_t dcast_ld_mix(uint64_t x)
+{
+	x ^= x >> 30;
+	x *= 0xbf58476d1ce4e5b9ull;
+	x ^= x >> 27;
+	x *= 0x94d049bb133111ebull;
+	return x ^ (x >> 31);
+}
+
+/* The key of the 2^32-element segment `seg` (= index >> 32) of a tensor. */
+DCAST_HD uint64_t dcast_ld_seed(uint32_t tensor, uint64_t seg)
+{
+	return dcast_ld_mix((((uint64_t)tensor << 32) | (seg & 0xffffffffu)) ^ 0x9e3779b97f4a7c15ull);
+}
+
+/* One element's term under its segment's seed: index's low 32 bits above
+ * the bit pattern, so within a segment distinct (index, bits) never collide. */
+DCAST_HD uint64_t dcast_ld_term_seeded(uint64_t seed, uint64_t index, uint32_t bits)
+{
+	return dcast_ld_mix(((index << 32) | bits) ^ seed);
+}
+
 /* ---- host functions of codec*.c the CUDA host code calls too ---- */
 #ifdef __cplusplus
 extern "C" {
@@ -546,6 +571,9 @@ extern "C" {
 /* The checks of dcast_codec_apply on info alone: elem_size, count,
  * encoding, changed <= count, NULL pointers. */
 int dcast_codec_check_info(const dcast_chunk_info *info, const void *payload, const void *dst);
+/* The structural checks of an idx32 / bitmask payload (codec.c). */
+int dcast_idx32_check(const dcast_chunk_info *info, const uint8_t *pl);
+int dcast_bitmask_check(const dcast_chunk_info *info, const uint8_t *pl);
 /* payload_bytes == want, else DCAST_EPAYLOAD_SIZE naming the encoding. */
 int dcast_codec_check_size(const dcast_chunk_info *info, uint64_t want);
 /* The argument checks of dcast_codec_encode. */

@@ -40,6 +40,13 @@ int dcast_cuda_digest(const void *data, size_t len, uint64_t *digest, void *stre
 	(void)data, (void)len, (void)digest, (void)stream;
 	return no_device("dcast_cuda_digest");
 }
+
+int dcast_cuda_ldigest(uint32_t tensor, uint64_t start, const void *data, uint64_t count,
+		       unsigned elem_size, uint64_t *digest, void *stream)
+{
+	(void)tensor, (void)start, (void)data, (void)count, (void)elem_size, (void)digest, (void)stream;
+	return no_device("dcast_cuda_ldigest");
+}
 #else
 typedef int dcast_codec_nocuda_unused; /* ISO C forbids an empty unit */
 #endif

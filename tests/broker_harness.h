@@ -197,6 +197,14 @@ struct h_client {
 
 static int h_dup_seq = -1; /* h_publish sends the chunk of this seq twice */
 
+/* The COMMIT digest of count bf16 elements from `start` of tensor t. */
+static uint64_t h_ldigest(uint32_t t, uint64_t start, const uint16_t *data, uint64_t count)
+{
+	uint64_t d = 0;
+	REQUIRE(dcast_ldigest(t, start, data, count, 2, &d) == DCAST_OK);
+	return d;
+}
+
 /* A client's DEALER, not yet connected: options set before
  * h_client_connect() apply to its connection. */
 static inline void h_client_socket(struct h_client *c, const char *model)
@@ -313,7 +321,7 @@ static inline void h_consumer_handle(struct h_client *c, dcast_wire_in *in)
 			dcast_range_digest *d = &cm->digests[i];
 
 			if (d->tensor >= H_TENSORS || d->start + d->count > H_ELEMS ||
-			    dcast_digest(&c->state[d->tensor][d->start], d->count * 2) != d->digest)
+			    h_ldigest(d->tensor, d->start, &c->state[d->tensor][d->start], d->count) != d->digest)
 				c->digest_mismatch++;
 		}
 		c->version = cm->version;
@@ -462,7 +470,7 @@ static inline int h_publish(struct h_client *c, uint64_t version, int anchor, in
 	m.u.commit.bytes = bytes;
 	for (int t = 0; t < H_TENSORS; t++)
 		dg[t] = (dcast_range_digest){(uint32_t)t, 0, H_ELEMS,
-					     dcast_digest(c->state[t], sizeof(c->state[t]))};
+					     h_ldigest((uint32_t)t, 0, c->state[t], H_ELEMS)};
 	m.u.commit.n_digests = H_TENSORS;
 	m.u.commit.digests = dg;
 	REQUIRE(h_send(c, &m, NULL) == 0);

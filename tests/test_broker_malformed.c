@@ -162,12 +162,12 @@ static void producer_join(void *p)
 
 static void bad_producer_messages(void *p)
 {
-	static const uint8_t proto2[] = {0x82, 0xa5, 'p', 'r', 'o', 't', 'o', 0x02,
+	static const uint8_t proto3[] = {0x82, 0xa5, 'p', 'r', 'o', 't', 'o', 0x03,
 					 0xa4, 't', 'y', 'p', 'e', 0xa5, 'H', 'E', 'L', 'L', 'O'};
-	static const uint8_t parts0[] = {0x85, 0xa5, 'p', 'r', 'o', 't', 'o', 0x01, 0xa4, 't', 'y', 'p', 'e',
+	static const uint8_t parts0[] = {0x85, 0xa5, 'p', 'r', 'o', 't', 'o', 0x02, 0xa4, 't', 'y', 'p', 'e',
 		0xa5, 'H', 'E', 'L', 'L', 'O', 0xa4, 'r', 'o', 'l', 'e', 0xa8, 'p', 'r', 'o', 'd', 'u', 'c', 'e', 'r',
 		0xa5, 'm', 'o', 'd', 'e', 'l', 0xa1, 'x', 0xa5, 'p', 'a', 'r', 't', 's', 0x00};
-	static const uint8_t unknown[] = {0x85, 0xa5, 'p', 'r', 'o', 't', 'o', 0x01, 0xa4, 't', 'y', 'p', 'e',
+	static const uint8_t unknown[] = {0x85, 0xa5, 'p', 'r', 'o', 't', 'o', 0x02, 0xa4, 't', 'y', 'p', 'e',
 		0xa5, 'H', 'E', 'L', 'L', 'O', 0xa4, 'r', 'o', 'l', 'e', 0xa8, 'p', 'r', 'o', 'd', 'u', 'c', 'e', 'r',
 		0xa5, 'm', 'o', 'd', 'e', 'l', 0xa1, 'x', 0xa3, 'z', 'z', 'z', 0x00};
 	uint8_t payload[16] = {1, 2, 3};
@@ -176,7 +176,7 @@ static void bad_producer_messages(void *p)
 	printf("producer endpoint:\n");
 	send_frames(p, "garbage!", 8, NULL, 0, NULL, 0);
 	CHECK_ERR(next_error(p), DCAST_EMALFORMED);
-	send_frames(p, proto2, sizeof(proto2), NULL, 0, NULL, 0);
+	send_frames(p, proto3, sizeof(proto3), NULL, 0, NULL, 0);
 	CHECK_ERR(next_error(p), DCAST_EPROTO_VERSION);
 	send_frames(p, parts0, sizeof(parts0), NULL, 0, NULL, 0);
 	CHECK_ERR(next_error(p), DCAST_EFIELD_RANGE);

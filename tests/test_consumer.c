@@ -155,9 +155,9 @@ static void test_digest_ahead(const h_broker *b)
 }
 
 /* Version 3, checked ahead while version 2 is live, fails halfway through
- * its apply (a checked change outside its chunk): the chunks already
- * written are undone from their checked form, the tensors are exactly
- * version 2 again, and the consumer re-joins and heals. */
+ * its apply (the test hook refuses a chunk): the chunks already written
+ * are undone from their saved old values, the tensors are exactly version
+ * 2 again, and the consumer re-joins and heals. */
 static void test_ahead_rollback(const h_broker *b)
 {
 	h_seen s = {0};
@@ -294,7 +294,7 @@ static void test_corrupt_anchor_file(const h_broker *b)
 	h_model_free(&m);
 }
 
-/* Version v changes only head.b (tensor 2): one digest block of the model. */
+/* Version v changes only head.b (tensor 2): one byte in 50. */
 static int publish_head(dcast_producer *p, h_model *m, uint64_t v)
 {
 	for (uint64_t i = 0; i < m->bytes[2]; i += 50)
@@ -321,8 +321,9 @@ static uint64_t verified_bytes(dcast_consumer *c)
 	return st.verify_bytes;
 }
 
-/* Verification hashes only the digest blocks a version wrote (1), or all
- * of them (2); a wrong digest on a block it did not write is still caught. */
+/* Verification reads only the old and new values of the elements a version
+ * changed (1), or the whole model (2); a wrong digest of a range it did not
+ * write is still caught. */
 static void test_verify_incremental(const h_broker *b)
 {
 	h_model m;
@@ -340,7 +341,8 @@ static void test_verify_incremental(const h_broker *b)
 	REQUIRE(publish_head(p, &m, 2) == 0);
 	CHECK(h_drive(inc, &m, 2, &s) == 0 && h_drive(full, &m, 2, &s) == 0);
 	CHECK(h_equal(inc, &m, 2) && h_equal(full, &m, 2));
-	CHECK(verified_bytes(inc) == m.bytes[2]);
+	/* old and new value of each changed bf16 element, one every 25 */
+	CHECK(verified_bytes(inc) == 2 * 2 * ((m.bytes[2] + 49) / 50));
 	CHECK(verified_bytes(full) == h_model_bytes(&m));
 	REQUIRE(h_publish(p, &m, 3, 100) == 0);
 	CHECK(h_drive(inc, &m, 3, &s) == 0 && h_equal(inc, &m, 3));
@@ -348,7 +350,7 @@ static void test_verify_incremental(const h_broker *b)
 	dcast_consumer_close(&inc);
 	dcast_consumer_close(&full);
 	REQUIRE(publish_head(p, &m, 4) == 0);
-	setenv("DELTACAST_CONSUMER_FAULT", "digest:4", 1); /* digests[0]: a block v4 did not write */
+	setenv("DELTACAST_CONSUMER_FAULT", "digest:4", 1); /* digests[0]: a range v4 did not write */
 	inc = open_verify(b, dir_for("verify_fault"), 1);
 	unsetenv("DELTACAST_CONSUMER_FAULT");
 	REQUIRE(inc);
@@ -356,6 +358,14 @@ static void test_verify_incremental(const h_broker *b)
 	CHECK(s.apply_failures >= 1 && s.last_apply_error == DCAST_EDIGEST && s.untouched_bad == 0);
 	exact = h_equal(inc, &m, 4);
 	CHECK(exact);
+	dcast_consumer_close(&inc);
+	/* Reopened at 3, it replays 2 and 3 from its record files (3 checked
+	 * after apply from its saved old values), so 4 moves cached digests. */
+	inc = open_verify(b, dir_for("verify_inc"), 1);
+	REQUIRE(inc);
+	CHECK(dcast_consumer_version(inc) == 3);
+	CHECK(h_drive(inc, &m, 4, &s) == 0 && h_equal(inc, &m, 4));
+	CHECK(verified_bytes(inc) == 2 * 2 * ((m.bytes[2] + 49) / 50));
 	dcast_consumer_close(&inc);
 	dcast_producer_close(&p);
 	h_model_free(&m);

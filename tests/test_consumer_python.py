@@ -105,7 +105,7 @@ def main():
             assert all(np.array_equal(c2.tensor(k), snaps[4][k]) for k in src)
             model_bytes = sum(a.nbytes for a in src.values())
             assert 0 < c2.stats().total_bytes_received < model_bytes // 4
-            assert c2.stats().verify_bytes == model_bytes  # "all": every block hashed
+            assert c2.stats().verify_bytes == model_bytes  # "all": every range computed whole
 
         # The example worker: every sample tagged with a version it really had.
         import rollout_worker

@@ -2,8 +2,8 @@
  * encode gives the CPU's payload bytes and info (output poisoned first),
  * GPU apply from device and from pinned host memory gives the CPU's result
  * and saved old values, corrupted payloads get the CPU's verdict with dst
- * untouched, and the GPU digest equals dcast_digest.  Exits 77 without a
- * CUDA device (or in a build without CUDA). */
+ * untouched, and the GPU digests equal dcast_digest and dcast_ldigest.
+ * Exits 77 without a CUDA device (or in a build without CUDA). */
 #include <stdint.h>
 #include "check.h"
 #include "deltacast/codec.h"
@@ -163,12 +163,35 @@ static void test_digest(void)
 	free(h);
 }
 
+/* The additive digest on the device equals the CPU's, for every element
+ * size, across a 2^32-element segment boundary, and for an empty range. */
+static void test_ldigest(void)
+{
+	static const uint64_t counts[] = { 0, 1, 31, 1000, 65536 + 7, (1u << 20) + 3 };
+	static const uint64_t starts[] = { 0, 77, (1ull << 32) - 500 };
+	uint8_t *h = malloc(4u << 20);
+	for (size_t i = 0; i < (4u << 20); i++)
+		h[i] = (uint8_t)rnd();
+	for (unsigned es = 1; es <= 4; es *= 2)
+		for (size_t i = 0; i < sizeof(counts) / sizeof(counts[0]); i++)
+			for (size_t s = 0; s < sizeof(starts) / sizeof(starts[0]); s++) {
+				void *d = to_dev(h, counts[i] * es);
+				uint64_t got = 1, want = 2;
+				CHECK_ERR(dcast_cuda_ldigest(3, starts[s], d, counts[i], es, &got, NULL), DCAST_OK);
+				CHECK_ERR(dcast_ldigest(3, starts[s], h, counts[i], es, &want), DCAST_OK);
+				CHECK(got == want);
+				cudaFree(d);
+			}
+	free(h);
+}
+
 int main(void)
 {
 	if (!dcast_cuda_available())
 		TEST_SKIP("no CUDA device");
 	rng_state = 20260101;
 	test_digest();
+	test_ldigest();
 	test_codec();
 	return check_done("test_gpu_codec");
 }

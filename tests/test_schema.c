@@ -190,8 +190,8 @@ static void test_payload_and_checksum(void)
 
 static void test_extension_and_errors(void)
 {
-	/* {"proto":1,"type":"BYE","x-trace":"abc"}: extensions are ignored */
-	static const uint8_t ext[] = {0x83, 0xa5, 'p', 'r', 'o', 't', 'o', 0x01, 0xa4, 't',
+	/* {"proto":2,"type":"BYE","x-trace":"abc"}: extensions are ignored */
+	static const uint8_t ext[] = {0x83, 0xa5, 'p', 'r', 'o', 't', 'o', 0x02, 0xa4, 't',
 				      'y', 'p', 'e', 0xa3, 'B', 'Y', 'E', 0xa7, 'x', '-',
 				      't', 'r', 'a', 'c', 'e', 0xa3, 'a', 'b', 'c'};
 	dcast_msg m;

@@ -36,7 +36,7 @@ def main():
         if got != want:
             print(f"{stem}: msgpack decodes to\n  {got}\nbut JSON says\n  {want}")
             failures += 1
-        if got.get("proto") != 1 or got.get("type") not in TYPES:
+        if got.get("proto") != 2 or got.get("type") not in TYPES:
             print(f"{stem}: proto/type wrong: {got.get('proto')} {got.get('type')}")
             failures += 1
         seen.add(got.get("type"))

@@ -108,10 +108,58 @@ int dcast_codec_revert(const dcast_chunk_info *info, const void *payload, void *
 /* Checksum of a payload as carried in CHUNK.checksum: XXH3-64, seed 0. */
 uint64_t dcast_checksum(const void *data, size_t len);
 
-/* Digest of a range's bytes as carried in COMMIT.digests: XXH3-64 of each
- * 1 MiB block, then XXH3-64 of those hashes as little-endian u64s
- * (docs/protocol.md, "Checksum and digest"), so CPU and GPU agree. */
+/* Digest of a byte string for files (anchor metadata, patch files): XXH3-64
+ * of each 1 MiB block, then XXH3-64 of those hashes as little-endian u64s
+ * (docs/protocol.md, "Checksum and digest"), so CPU and GPU agree.  COMMIT
+ * digests use dcast_ldigest instead. */
 uint64_t dcast_digest(const void *data, size_t len);
+
+/* ---- the additive digest carried in COMMIT.digests ----
+ * The digest of elements [start, start+count) of tensor `tensor` is the sum
+ * mod 2^64 of one term per element, h(tensor, index, bits), where bits is
+ * the element's bit pattern (its elem_size bytes as a little-endian
+ * integer) and index its position in the whole tensor (docs/protocol.md,
+ * "Checksum and digest").  A sum does not depend on order, so CPU and GPU
+ * agree, and a delta moves it by h(new) - h(old) of each changed element:
+ * O(changed).  It catches accidental damage, not forgery (no key). */
+
+/* h(tensor, index, bits): the term one element adds to its range's digest. */
+uint64_t dcast_ldigest_term(uint32_t tensor, uint64_t index, uint32_t bits);
+
+/* *digest = the digest of data[0..count), elements start..start+count-1 of
+ * tensor (count 0 gives 0).  Reads count * elem_size bytes; allocates
+ * nothing.  Errors: DCAST_EINVAL (elem_size not 1, 2 or 4; data NULL with
+ * count > 0; start + count past 2^64); *digest is then untouched. */
+int dcast_ldigest(uint32_t tensor, uint64_t start, const void *data, uint64_t count,
+		  unsigned elem_size, uint64_t *digest);
+
+/* Move *digest, the digest of a range that begins at element `start`, by
+ * n changes: element start + pos[i] went from old_vals[i] to new_vals[i]
+ * (packed arrays of elem_size-byte bit patterns, in any order; a position
+ * listed twice must chain, its second old value being its first new one).
+ * The caller owns all arrays.  Errors: DCAST_EINVAL (elem_size, NULL
+ * arrays with n > 0); *digest is then untouched. */
+int dcast_ldigest_update(uint64_t *digest, uint32_t tensor, uint64_t start, const uint32_t *pos,
+			 const void *old_vals, const void *new_vals, uint64_t n, unsigned elem_size);
+
+/* Move *digest by the change that payload (info, as for dcast_codec_apply)
+ * makes to the range `range` = elements start..start+info->count-1 of
+ * tensor, counting only the changed elements at positions [lo, hi) of the
+ * range (lo = 0, hi = info->count: all; a digest range that covers part of
+ * a chunk takes its part).  Two moments:
+ *  - old == NULL: range still holds the values before the payload (a check
+ *    before apply): old values are read from range, new ones decoded;
+ *  - old != NULL: the payload has been applied to range and old holds the
+ *    values it overwrote, laid out as dcast_codec_apply's old_out (or
+ *    DCAST_ENCODE_SAVE_OLD's): new values are read from range.
+ * Reads O(changed) elements (a dense payload: the whole range).  The
+ * payload is checked as dcast_codec_apply checks it; compact payloads are
+ * decoded into the thread's scratch arrays (see the top of this file).
+ * Errors: those of dcast_codec_apply, DCAST_EINVAL (lo > hi or hi > count);
+ * *digest is then untouched. */
+int dcast_ldigest_payload(uint64_t *digest, uint32_t tensor, uint64_t start,
+			  const dcast_chunk_info *info, const void *payload, const void *range,
+			  const void *old, uint64_t lo, uint64_t hi);
 
 /* 1 when a usable CUDA device is present and this build has CUDA; else 0.
  * The first call that finds none logs once that the CPU twin is used. */

@@ -1,5 +1,5 @@
 /* deltacast delta codec on a CUDA device: the twins of dcast_codec_encode,
- * dcast_codec_apply and dcast_digest for ranges that live in GPU memory.
+ * dcast_codec_apply, dcast_digest and dcast_ldigest for ranges that live in GPU memory.
  * They give the same payload bytes and digests as the CPU functions (which
  * are the oracle).  Each call runs on `stream` (a cudaStream_t, NULL for the
  * default stream) and returns when its work is complete.
@@ -35,6 +35,14 @@ int dcast_cuda_apply(const dcast_chunk_info *info, const void *payload, void *ds
 
 /* dcast_digest of len bytes of device memory, into *digest. */
 int dcast_cuda_digest(const void *data, size_t len, uint64_t *digest, void *stream);
+
+/* dcast_ldigest of count elements of device memory (elements start.. of
+ * tensor), into *digest: one pass, partial sums per thread, added
+ * atomically (a sum mod 2^64 is the same in any order, so it equals the
+ * CPU's).  Errors also DCAST_EINVAL as dcast_ldigest; *digest is then
+ * untouched. */
+int dcast_cuda_ldigest(uint32_t tensor, uint64_t start, const void *data, uint64_t count,
+		       unsigned elem_size, uint64_t *digest, void *stream);
 
 #ifdef __cplusplus
 }

@@ -47,12 +47,14 @@ typedef enum dcast_mem {
 
 /* Options; dcast_consumer_opts_init() fills the defaults. */
 typedef struct dcast_consumer_opts {
-	int verify_digests;          /* check COMMIT digests after apply: 1 (default) hashes
-					again only the 1 MiB digest blocks the version wrote and
-					reuses the hashes of the others from the last checked
-					version; 2 hashes every block of every version (also
-					catches changes made to bound tensors outside the
-					consumer); 0 does not check */
+	int verify_digests;          /* check COMMIT digests: 1 (default) moves the digests
+					of the last checked version by the elements this one
+					changes (O(changed), before apply where it can);
+					ranges without a cached digest (anchors, after a
+					restart) are computed whole; 2 computes every range
+					whole after every apply (also catches changes made
+					to bound tensors outside the consumer); 0 does not
+					check */
 	uint32_t heartbeat_ms;       /* 0: the broker's WELCOME value (default 0) */
 	uint32_t fold_every;         /* also fold the log into a new anchor after this many
 					applied deltas; 1 = after every version; 0 (the
@@ -111,9 +113,12 @@ typedef struct dcast_consumer_stats {
 	uint64_t pool_bytes;           /* size of the staging pool */
 	uint64_t log_write_bytes;      /* bytes written to the record log since open */
 	uint64_t log_write_ns;         /* time spent writing them (syncs included) */
-	uint64_t verify_bytes;         /* tensor bytes hashed to check the last version's
-					  digests (only blocks it wrote, unless verify_digests
-					  is 2 or no earlier version was checked); 0 unverified */
+	uint64_t verify_bytes;         /* tensor bytes read to check the last version's
+					  digests: old and new value of each changed element
+					  (every element of a dense chunk), plus every byte
+					  of a range computed whole (verify_digests 2, no
+					  earlier version checked, device tensors, old values
+					  not kept); 0 unverified */
 	uint64_t rejoins;              /* HELLOs sent again since open: re-joins after a gap,
 					  a refusal or a lost session, and reconnects */
 } dcast_consumer_stats;
@@ -122,9 +127,10 @@ typedef struct dcast_consumer_stats {
  * consumer of `model`, with local checkpoint directory `dir` (created if
  * missing) and a staging budget: the pinned pool plus the credit the broker
  * may have in flight stay within staging_budget_bytes (at least 1 MiB; one
- * chunk payload must fit in a quarter of it).  Checking digests ahead of
- * apply takes one more buffer of a quarter of the budget (16 MiB at most)
- * and 8 bytes per MiB of model for block hashes.  Loads the checkpoint in dir
+ * chunk payload must fit in a quarter of it).  Checking digests keeps 48
+ * bytes per COMMIT digest range (the producer's range_elems, 2^20
+ * elements by default) for the live version and for each version checked
+ * ahead of apply.  Loads the checkpoint in dir
  * first.  opts NULL = defaults.  On success *out owns the consumer (close it
  * with dcast_consumer_close).  Errors: DCAST_EINVAL (argument, option
  * combination such as a CURVE server key without a key pair), DCAST_ENOMEM,

@@ -18,7 +18,7 @@ extern "C" {
 #endif
 
 /* Protocol version spoken by this build; carried as "proto" in every header. */
-#define DCAST_PROTO_VERSION 1
+#define DCAST_PROTO_VERSION 2
 
 /* Limits (docs/protocol.md, "Limits").  Receivers enforce them before
  * allocating; ZMQ_MAXMSGSIZE is set to DCAST_MAX_FRAME_BYTES. */

@@ -94,8 +94,8 @@ def _ver(v):
 
 class Consumer(Closable):
     """A consumer of one model (see the module doc).  verify: True checks the
-    COMMIT digests on the 1 MiB blocks each version writes, "all" hashes every
-    block of every version, False checks none."""
+    COMMIT digests from the elements each version changes, "all" computes
+    every digest range whole after every version, False checks none."""
 
     def __init__(self, broker, model, dir, budget_bytes=256 << 20, verify=True, fold_every=None,
                  client="python", auto_apply=False, fold_fraction=None):

@@ -242,7 +242,7 @@ static void bad(const char *name, int type, struct mutation mu, const char *err,
 	msgpack_sbuffer_destroy(&sb);
 }
 
-static void v_proto2(msgpack_packer *pk) { msgpack_pack_uint32(pk, 2); }
+static void v_proto1(msgpack_packer *pk) { msgpack_pack_uint32(pk, 1); } /* a peer of protocol 1 */
 static void v_type_foo(msgpack_packer *pk) { pack_s(pk, "FOO"); }
 static void v_str1(msgpack_packer *pk) { pack_s(pk, "1"); }
 static void v_neg(msgpack_packer *pk) { msgpack_pack_int64(pk, -1); }
@@ -335,8 +335,8 @@ static void write_bad_raw(void)
 
 static void write_bad_fields(void)
 {
-	bad("proto_2", DCAST_MSG_CHUNK, MUT_SET("proto", v_proto2), "DCAST_EPROTO_VERSION",
-	    "header.proto: version 2");
+	bad("proto_1", DCAST_MSG_CHUNK, MUT_SET("proto", v_proto1), "DCAST_EPROTO_VERSION",
+	    "header.proto: version 1");
 	bad("proto_missing", DCAST_MSG_ACK, MUT_DROP("proto"), "DCAST_EFIELD_MISSING", "header.proto");
 	bad("type_unknown", DCAST_MSG_ACK, MUT_SET("type", v_type_foo), "DCAST_EMSG_TYPE",
 	    "\\\"FOO\\\"");

@@ -86,12 +86,14 @@ static int on_commit(reader *r, const dcast_commit *c)
 				  c->version, c->chunks, r->chunks);
 	for (uint32_t i = 0; i < c->n_digests; i++) {
 		const dcast_range_digest *d = &c->digests[i];
+		uint64_t got = 0;
 		unsigned es;
 
 		if (d->tensor >= r->n)
 			return dcast_fail(DCAST_ECORRUPT, "digest of tensor %u", d->tensor);
 		es = dcast_dtype_size((int)r->desc[d->tensor].dtype);
-		if (dcast_digest(r->data[d->tensor] + d->start * es, d->count * es) != d->digest)
+		if (dcast_ldigest(d->tensor, d->start, r->data[d->tensor] + d->start * es, d->count, es, &got) ||
+		    got != d->digest)
 			return dcast_fail(DCAST_EDIGEST, "version %" PRIu64 ": digest of %s [%" PRIu64
 					  ", +%" PRIu64 ") differs", c->version,
 					  r->desc[d->tensor].name, d->start, d->count);

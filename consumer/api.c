@@ -154,6 +154,7 @@ static int apply_first(dcast_consumer *c)
 	cs_set_applied(c, v->version);
 	record_stats(c, v, dcast_now_ns() - t0);
 	cs_ack(c, v->version);
+	c->refusals = 0;
 	c->deltas_since_fold++;
 	if (cs_fold_wanted(c)) {
 		c->fold_due = 1; /* on the consumer's thread, after this apply */
@@ -207,6 +208,7 @@ static int apply_locked(dcast_consumer *c, uint64_t version)
 		char why[512];
 		snprintf(why, sizeof(why), "%s", dcast_last_error());
 		DCAST_LOG_W("consumer %s: apply of version %" PRIu64 " refused: %s", c->model, version, why);
+		cs_note_refusal(c, version);
 		cs_rejoin(c); /* the broker sends the refused version again */
 		dcast_fail(err, "%s", why);
 	}

@@ -135,6 +135,9 @@ struct dcast_consumer {
 	char err_text[512];
 	uint64_t log_since_fold;       /* record-log bytes written since the last fold */
 	uint64_t hellos;               /* HELLOs sent since open */
+	uint64_t refused_version;      /* the version refused last, and how many times in a */
+	uint32_t refusals;             /* row: the re-join backs off (cs_note_refusal) */
+	uint64_t hello_at_ms;          /* a HELLO due goes out no earlier than this */
 	uint64_t anchor_file_version;  /* version in model.safetensors, or NONE */
 	uint32_t deltas_since_fold;
 	int restoring;                 /* inside cs_ckpt_restore: no nested restore */
@@ -207,6 +210,12 @@ void cs_drop_all(dcast_consumer *c);
 /* Drop every staged version and join again from the applied version: the
  * HELLO goes out on the session thread's next turn.  Callers hold `lock`. */
 int cs_rejoin(dcast_consumer *c);
+/* `version` was refused (by a check or an apply): the re-join's HELLO
+ * waits 100 ms after the second refusal of the same version in a row,
+ * doubling to 30 s, so a version no consumer can take (a poisoned log)
+ * costs a bounded rate of re-sends, not thousands a second.  A version
+ * applied resets it. */
+void cs_note_refusal(dcast_consumer *c, uint64_t version);
 /* Refuse `version` for `code` (dcast_last_error() says why): an ERROR
  * event, then cs_rejoin.  Callers hold `lock`. */
 int cs_refuse(dcast_consumer *c, uint64_t version, int code);

@@ -181,10 +181,30 @@ int cs_rejoin(dcast_consumer *c)
 	return request_hello(c);
 }
 
+#define CS_BACKOFF_FIRST_MS 100
+#define CS_BACKOFF_MAX_MS 30000
+
+void cs_note_refusal(dcast_consumer *c, uint64_t version)
+{
+	uint64_t delay = 0;
+
+	c->refusals = c->refused_version == version ? c->refusals + 1 : 1;
+	c->refused_version = version;
+	if (c->refusals > 1)
+		delay = c->refusals - 2 >= 9 ? CS_BACKOFF_MAX_MS : (uint64_t)CS_BACKOFF_FIRST_MS << (c->refusals - 2);
+	if (delay > CS_BACKOFF_MAX_MS)
+		delay = CS_BACKOFF_MAX_MS;
+	c->hello_at_ms = dcast_now_ms() + delay;
+	if (delay)
+		DCAST_LOG_W("consumer %s: version %" PRIu64 " refused %u times in a row; joining again "
+			    "in %" PRIu64 " ms", c->model, version, c->refusals, delay);
+}
+
 int cs_refuse(dcast_consumer *c, uint64_t version, int code)
 {
 	DCAST_LOG_W("consumer %s: version %" PRIu64 " refused: %s", c->model, version, dcast_last_error());
 	cs_event_push(c, DCAST_EV_ERROR, version, code, dcast_last_error());
+	cs_note_refusal(c, version);
 	return cs_rejoin(c);
 }
 
@@ -530,7 +550,7 @@ static int keepalive(dcast_consumer *c)
 	uint64_t now = dcast_now_ms(), hb = c->heartbeat_ms ? c->heartbeat_ms : 1000;
 	dcast_msg m;
 
-	if (!c->welcomed && now - c->hello_ms >= 3 * hb) {
+	if (!c->welcomed && !c->hello_due && now - c->hello_ms >= 3 * hb) {
 		dcast_fail(DCAST_ETIMEDOUT, "no WELCOME from %s in %" PRIu64 " ms: no broker listening "
 			   "there, or not its consumer endpoint; trying again", c->endpoint, now - c->hello_ms);
 		DCAST_LOG_W("consumer %s: %s", c->model, dcast_last_error());
@@ -591,7 +611,7 @@ static int flush_outbox(dcast_consumer *c)
 	dcast_msg m;
 	int err;
 
-	if (c->hello_due && (err = send_hello(c)))
+	if (c->hello_due && dcast_now_ms() >= c->hello_at_ms && (err = send_hello(c)))
 		return err;
 	if (c->ack_due == DCAST_VERSION_NONE)
 		return 0;

@@ -427,10 +427,10 @@ static int cut_commit_frame(const char *model, struct broker_version *v)
  * in the old segment, are written again after it so the new one is whole. */
 static int cut_durable(struct broker *b, struct broker_model *m, struct broker_version *v, int at)
 {
-	int rc = broker_durable_commit(b, m, v);
+	int rc = broker_durable_commit(b, m, v, 0); /* queued: no ACK for these */
 
 	for (uint32_t i = (uint32_t)at + 1; !rc && i < m->n_log; i++)
-		rc = broker_durable_commit(b, m, m->log[i]);
+		rc = broker_durable_commit(b, m, m->log[i], 0);
 	return rc;
 }
 

@@ -5,8 +5,9 @@
  * O(changed): dcast_codec_apply on the state, no temporaries), or
  * FOLD_STEP_BYTES of an anchor cut (digest check, then dense chunks).
  * Folding pauses while a cut is under way so that the state stays at V.
- * Only publishing the made anchor (durable write when --data-dir is set,
- * then the log swap) happens in one step, with a log line of its duration. */
+ * Only publishing the made anchor (its durable write queued to the writer
+ * thread when --data-dir is set, then the log swap) happens in one step,
+ * with a log line of its duration. */
 #include <errno.h>
 #include <math.h>
 #include <string.h>
@@ -434,7 +435,7 @@ static int cut_durable(struct broker *b, struct broker_model *m, struct broker_v
 	return rc;
 }
 
-/* Publish the finished anchor: durable, then in the log in place of V and
+/* Publish the finished anchor: its write queued, then in the log in place of V and
  * everything before it (kept aside for consumers still behind V). */
 static int cut_publish(struct broker *b, struct broker_model *m, struct broker_fold *f)
 {

@@ -220,10 +220,9 @@ int broker_version_committed(struct broker *b, struct broker_model *m,
 	DCAST_LOG_I("model %s: version %llu committed (%s, %u chunks, %llu bytes)", m->name,
 		    (unsigned long long)v->version, v->anchor ? "anchor" : "delta", v->n_chunks,
 		    (unsigned long long)v->payload_bytes);
-	if ((rc = broker_durable_commit(b, m, v, 1))) /* --data-dir: ACK once durable */
-		return rc;
-	broker_fold_committed(b, m, v); /* broker-made anchors: queued, folded after the ACK */
-	return 0;
+	rc = broker_durable_commit(b, m, v, 1); /* --data-dir: ACK once durable */
+	broker_fold_committed(b, m, v); /* broker-made anchors: queued, folded later */
+	return rc; /* it is in the log either way: the fold must see it */
 }
 
 /* Hook: durability re-inserts the versions on disk here. */

@@ -48,10 +48,12 @@ struct broker_config {
 	/* Other broker features add their fields here (one line each). */
 	const char *curve_secret, *producer_keys, *consumer_keys, *metrics;
 	const char *anchor_fraction; uint64_t anchor_every; /* broker-made anchors (fold.c) */
+	uint64_t fault_slowdisk_ms; /* DELTACAST_BROKER_FAULT=slowdisk:MS (tests; durable.c) */
 };
 
 #define BROKER_CONFIG_HELP (-1)
-/* Parse argv (and --config FILE) into cfg, after setting defaults.  Returns
+/* Parse argv (and --config FILE) into cfg, after setting defaults, and
+ * DELTACAST_BROKER_FAULT from the environment (read once, here).  Returns
  * 0, BROKER_CONFIG_HELP when --help was asked for, or a dcast_err with a detail
  * naming the flag or config line.  Strings point into argv or into storage
  * owned by config.c until broker_config_free(). */
@@ -131,6 +133,7 @@ struct broker_model {
 	struct broker_pending *pending;   /* at most one open version */
 	uint64_t versions_committed, versions_aborted;
 	struct broker_fold *fold;         /* broker-made anchors (fold.c), NULL if off */
+	uint64_t durable_version;         /* newest ACKed on its durable completion (--data-dir) */
 };
 
 /* ---- peers ---- */
@@ -187,6 +190,8 @@ struct broker_stats {
 	uint64_t errors[DCAST_ERR_COUNT]; /* inbound messages refused, by code */
 	uint64_t peers_timed_out;
 	uint64_t anchors_made, anchor_digest_errors; /* broker-made anchors (fold.c) */
+	uint64_t durable_failures;       /* versions that did not become durable */
+	uint64_t loop_stall_max_ns;      /* longest loop turn spent on durable work */
 };
 
 struct broker;
@@ -281,6 +286,9 @@ int broker_log_find(const struct broker_model *m, uint64_t version);
 int broker_log_replace_anchor(struct broker *b, struct broker_model *m,
 			      struct broker_version *anchor,
 			      void (*keep)(void *arg, struct broker_version *v), void *arg);
+/* Ask the model's producers for an anchor: need_anchor set, WELCOME with
+ * need_anchor to each (log.c; retention and a lost durable write). */
+void broker_log_need_anchor(struct broker *b, struct broker_model *m);
 
 /* ---- ingest.c: producers, and the open-version logic the relay reuses ---- */
 void broker_producer_msg(struct broker *b, dcast_wire_in *in);
@@ -298,6 +306,16 @@ int broker_pending_chunk(struct broker *b, struct broker_model *m, uint32_t part
  * when the COMMIT is refused. */
 int broker_pending_commit(struct broker *b, struct broker_model *m, uint32_t part,
 			  dcast_commit *c, int *committed);
+/* A committed version is durable (or there is no data dir): ACK it, to the
+ * model's producers, or upstream for a relayed model.  The one place an
+ * ACK of a version goes out; with --data-dir only durable.c calls it. */
+void broker_version_ack(struct broker *b, struct broker_model *m, uint64_t version);
+/* A committed version (served, never ACKed) did not become durable:
+ * ERROR(DCAST_EIO, why) to the model's producers, and the model takes only
+ * an anchor from now on (WELCOME need_anchor), which starts a whole segment
+ * again.  A relayed model only logs (its upstream decides what comes). */
+void broker_version_lost(struct broker *b, struct broker_model *m, uint64_t version,
+			 const char *why);
 /* Drop the open version: ERROR(DCAST_EABORTED, why) to the model's
  * producers; why == NULL drops it quietly (nothing was accepted into it). */
 void broker_pending_abort(struct broker *b, struct broker_model *m, const char *why);
@@ -323,14 +341,18 @@ void broker_relay_start(struct broker *b);
 void broker_relay_msg(struct broker *b, struct broker_upstream *u);
 void broker_relay_timers(struct broker *b, uint64_t now_ms);
 void broker_relay_flush_credit(struct broker *b);
+/* ACK `version` upstream on the DEALER of relayed model m (it is in the
+ * relay's log, durable with --data-dir); no-op when m is not relayed. */
+void broker_relay_ack(struct broker *b, struct broker_model *m, uint64_t version);
 void broker_relay_close(struct broker *b);
 
 /* ---- Hooks (one call site each) ---- */
 
-/* Called once a version has all its parts and before any ACK goes out or
- * any consumer sees it.  Durability fsyncs it here; the anchor folder
- * consumes it here.  A non-zero dcast_err drops the version (ERROR to the
- * producers, nothing served).  log.c. */
+/* Called once a version has all its parts and is in the log, before any
+ * ACK goes out or any consumer sees it (the same loop turn).  Durability
+ * queues its write here (the ACK follows the completion); the anchor
+ * folder queues it here.  Returns 0, or DCAST_ENOMEM when the write could
+ * not be queued (the caller then reports the version lost).  log.c. */
 int broker_version_committed(struct broker *b, struct broker_model *m,
 			     struct broker_version *v);
 /* Called once at start-up, after the sockets are set up and before the

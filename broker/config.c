@@ -194,6 +194,27 @@ static int find_config(int argc, char **argv, const char **path)
 	return 0;
 }
 
+/* DELTACAST_BROKER_FAULT=slowdisk:MS (tests only): the durable writer
+ * sleeps MS ms before each COMMIT record and after each fsync, a slow disk
+ * at the writer's seam (broker/durable.c).  Read once, here. */
+static int fault_env(struct broker_config *cfg)
+{
+	const char *f = getenv("DELTACAST_BROKER_FAULT");
+	unsigned long long ms;
+	char *end;
+
+	if (!f || !*f)
+		return 0;
+	if (strncmp(f, "slowdisk:", 9))
+		return dcast_fail(DCAST_EINVAL, "DELTACAST_BROKER_FAULT=%s: only slowdisk:MS is known", f);
+	errno = 0;
+	ms = strtoull(f + 9, &end, 10);
+	if (errno || end == f + 9 || *end || ms > 600000)
+		return dcast_fail(DCAST_EINVAL, "DELTACAST_BROKER_FAULT=%s: MS must be 0..600000", f);
+	cfg->fault_slowdisk_ms = ms;
+	return 0;
+}
+
 int broker_config_parse(struct broker_config *cfg, int argc, char **argv)
 {
 	const char *path;
@@ -203,6 +224,8 @@ int broker_config_parse(struct broker_config *cfg, int argc, char **argv)
 		rc = find_config(argc, argv, &path);
 	if (!rc && path)
 		rc = config_file(cfg, path);
+	if (!rc)
+		rc = fault_env(cfg);
 	for (int i = 1; !rc && i < argc; i++) {
 		const struct flag *f;
 

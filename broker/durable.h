@@ -1,21 +1,44 @@
-/* Private to broker/: --data-dir durability (durable.c over segment.c). */
+/* Private to broker/: --data-dir durability (durable.c over segment.c).
+ * A committed version is queued to a writer thread that writes and fsyncs
+ * it in commit order; its completion comes back through an eventfd in the
+ * loop's poll set, and only then is the version ACKed.  The loop itself
+ * never waits for the disk.  docs/operations.md, "Durability". */
 #ifndef DCAST_BROKER_DURABLE_H
 #define DCAST_BROKER_DURABLE_H
 
 #include "broker.h"
 
-/* Write v's records to the model's segment (a new segment when v is an
- * anchor) and fsync them; 0 means v is durable and may be acknowledged.
- * No-op without --data-dir.  Errors: DCAST_EIO naming the file (nothing of
- * v is left on disk), DCAST_ESTATE (a delta with no segment). */
-int broker_durable_commit(struct broker *b, struct broker_model *m, struct broker_version *v);
+/* 1 with --data-dir (after broker_durable_restore): ACKs wait for the
+ * durable completion; 0 without, and committed versions are ACKed at once. */
+int broker_durable_on(void);
 
-/* Open the store in --data-dir and re-insert every durable committed
- * version into the log with broker_log_append(), cutting torn tails.
- * No-op without --data-dir.  Errors: DCAST_EIO, DCAST_ENOMEM, log errors. */
+/* Queue v's records for the model's segment (a new segment when v is an
+ * anchor) and their fsync, behind every version queued before; returns at
+ * once.  The job takes its own reference of v (released on the loop once
+ * written).  With ack, the completion ACKs v (broker_version_ack) when it
+ * is durable, or reports it lost (broker_version_lost) when not: a failed
+ * write, or any later version of the model until an anchor (a hole).
+ * No-op without --data-dir.  Errors: DCAST_ENOMEM (nothing queued). */
+int broker_durable_commit(struct broker *b, struct broker_model *m, struct broker_version *v,
+			  int ack);
+
+/* Called at the end of every loop turn: the time this turn spent queueing
+ * writes and handling completions goes into stats.loop_stall_max_ns, and a
+ * turn over 10 ms of it is logged. */
+void broker_durable_turn_end(struct broker *b);
+
+/* Versions queued and not yet reported back (for metrics). */
+uint64_t broker_durable_in_flight(void);
+
+/* Open the store in --data-dir, re-insert every durable committed version
+ * into the log with broker_log_append(), cutting torn tails, then start the
+ * writer thread and put its eventfd in the poll set.  No-op without
+ * --data-dir.  Errors: DCAST_EIO (also eventfd, thread), DCAST_ENOMEM, log
+ * and poll-set errors. */
 int broker_durable_restore(struct broker *b);
 
-/* Close the store (at shutdown).  Safe without one. */
-void broker_durable_close(void);
+/* At shutdown: let the writer finish what is queued (durable, not ACKed:
+ * the loop is gone), join it, close the store.  Safe without one. */
+void broker_durable_close(struct broker *b);
 
 #endif

@@ -5,8 +5,9 @@
  * O(changed): dcast_codec_apply on the state, no temporaries), or
  * FOLD_STEP_BYTES of an anchor cut (digest check, then dense chunks).
  * Folding pauses while a cut is under way so that the state stays at V.
- * Only publishing the made anchor (durable write when --data-dir is set,
- * then the log swap) happens in one step, with a log line of its duration. */
+ * Only publishing the made anchor (its durable write queued to the writer
+ * thread when --data-dir is set, then the log swap) happens in one step,
+ * with a log line of its duration. */
 #include <errno.h>
 #include <math.h>
 #include <string.h>
@@ -430,14 +431,14 @@ static int cut_commit_frame(const char *model, struct broker_version *v)
  * in the old segment, are written again after it so the new one is whole. */
 static int cut_durable(struct broker *b, struct broker_model *m, struct broker_version *v, int at)
 {
-	int rc = broker_durable_commit(b, m, v);
+	int rc = broker_durable_commit(b, m, v, 0); /* queued: no ACK for these */
 
 	for (uint32_t i = (uint32_t)at + 1; !rc && i < m->n_log; i++)
-		rc = broker_durable_commit(b, m, m->log[i]);
+		rc = broker_durable_commit(b, m, m->log[i], 0);
 	return rc;
 }
 
-/* Publish the finished anchor: durable, then in the log in place of V and
+/* Publish the finished anchor: its write queued, then in the log in place of V and
  * everything before it (kept aside for consumers still behind V). */
 static int cut_publish(struct broker *b, struct broker_model *m, struct broker_fold *f)
 {

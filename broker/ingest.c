@@ -6,6 +6,7 @@
 #include <string.h>
 #include "broker.h"
 #include "dcast_common.h"
+#include "durable.h" /* --data-dir: ACK on the durable completion */
 
 #define MAX_PART_CHUNKS (1u << 24) /* chunks of one part's version held at once */
 #define PAYLOAD_COPY_BELOW (64u << 10)
@@ -466,6 +467,32 @@ static void producers_ack(struct broker *b, struct broker_model *m, uint64_t ver
 	}
 }
 
+void broker_version_ack(struct broker *b, struct broker_model *m, uint64_t version)
+{
+	/* only what is durable is acknowledged (durable.c sets it first) */
+	DCAST_ASSERT(!broker_durable_on() || m->durable_version == version);
+	if (m->relayed)
+		broker_relay_ack(b, m, version);
+	else
+		producers_ack(b, m, version);
+}
+
+void broker_version_lost(struct broker *b, struct broker_model *m, uint64_t version,
+			 const char *why)
+{
+	char text[DCAST_MAX_TEXT + 1];
+
+	if (m->relayed)
+		return;
+	snprintf(text, sizeof(text), "model %s version %llu is not durable (%s); publish an "
+		 "anchor", m->name, (unsigned long long)version, why);
+	producers_error(b, m, DCAST_EIO, version, text);
+	if (!m->need_anchor)
+		broker_log_need_anchor(b, m);
+}
+
+/* Into the log (consumers get it this turn), then the hooks; the ACK goes
+ * out now without a data dir, else on the write's completion. */
 static int pending_finish(struct broker *b, struct broker_model *m)
 {
 	struct broker_pending *pd = m->pending;
@@ -474,7 +501,7 @@ static int pending_finish(struct broker *b, struct broker_model *m)
 
 	if ((pd->anchor && (rc = anchor_complete(pd))) || (rc = version_build(m, pd, &v)))
 		return rc;
-	if ((rc = broker_version_committed(b, m, v)) || (rc = broker_log_append(b, m, v))) {
+	if ((rc = broker_log_append(b, m, v))) {
 		broker_version_put(v);
 		return rc;
 	}
@@ -482,8 +509,10 @@ static int pending_finish(struct broker *b, struct broker_model *m)
 	pending_free(pd);
 	m->versions_committed++;
 	b->stats.versions_committed++;
-	if (!m->relayed)
-		producers_ack(b, m, v->version);
+	if (broker_version_committed(b, m, v))
+		broker_version_lost(b, m, v->version, dcast_last_error());
+	else if (!broker_durable_on())
+		broker_version_ack(b, m, v->version);
 	return 0;
 }
 

@@ -42,6 +42,7 @@ struct broker_model *broker_model_get(struct broker *b, const char *name, int cr
 		return NULL;
 	}
 	snprintf(m->name, sizeof(m->name), "%s", name);
+	m->durable_version = DCAST_VERSION_NONE;
 	b->models[b->n_models++] = m;
 	DCAST_LOG_I("model %s: created", name);
 	attach_waiting(b, m);
@@ -147,22 +148,27 @@ static int log_reserve(struct broker_model *m)
 	return 0;
 }
 
-/* Past retention: ask the producers for an anchor (WELCOME need_anchor). */
-static void retention_check(struct broker *b, struct broker_model *m)
+void broker_log_need_anchor(struct broker *b, struct broker_model *m)
 {
 	dcast_msg w;
 
-	if (m->need_anchor || (m->n_log <= b->cfg.retain_versions &&
-			       m->log_bytes <= b->cfg.retain_bytes))
-		return;
 	m->need_anchor = 1;
-	DCAST_LOG_I("model %s: log holds %u versions, %llu bytes: past retention, asking for an anchor",
-		    m->name, m->n_log, (unsigned long long)m->log_bytes);
 	broker_welcome_init(b, m, &w);
 	w.u.welcome.need_anchor = 1;
 	for (uint64_t i = 0; i < b->prod.hi; i++)
 		if (b->prod.arr[i].used && b->prod.arr[i].model == m)
 			broker_send_msg(b, b->producers, &b->prod.arr[i], &w);
+}
+
+/* Past retention: ask the producers for an anchor (WELCOME need_anchor). */
+static void retention_check(struct broker *b, struct broker_model *m)
+{
+	if (m->need_anchor || (m->n_log <= b->cfg.retain_versions &&
+			       m->log_bytes <= b->cfg.retain_bytes))
+		return;
+	DCAST_LOG_I("model %s: log holds %u versions, %llu bytes: past retention, asking for an anchor",
+		    m->name, m->n_log, (unsigned long long)m->log_bytes);
+	broker_log_need_anchor(b, m);
 }
 
 int broker_log_append(struct broker *b, struct broker_model *m, struct broker_version *v)
@@ -218,7 +224,8 @@ int broker_log_replace_anchor(struct broker *b, struct broker_model *m,
 	return 0;
 }
 
-/* Hook: durability (fsync) and the anchor folder add their calls here. */
+/* Hook: durability (queued; ACK on completion) and the anchor folder add
+ * their calls here. */
 int broker_version_committed(struct broker *b, struct broker_model *m,
 			     struct broker_version *v)
 {
@@ -227,10 +234,9 @@ int broker_version_committed(struct broker *b, struct broker_model *m,
 	DCAST_LOG_I("model %s: version %llu committed (%s, %u chunks, %llu bytes)", m->name,
 		    (unsigned long long)v->version, v->anchor ? "anchor" : "delta", v->n_chunks,
 		    (unsigned long long)v->payload_bytes);
-	if ((rc = broker_durable_commit(b, m, v))) /* --data-dir: fsynced before the ACK */
-		return rc;
-	broker_fold_committed(b, m, v); /* broker-made anchors: queued, folded after the ACK */
-	return 0;
+	rc = broker_durable_commit(b, m, v, 1); /* --data-dir: ACK once durable */
+	broker_fold_committed(b, m, v); /* broker-made anchors: queued, folded later */
+	return rc; /* it is in the log either way: the fold must see it */
 }
 
 /* Hook: durability re-inserts the versions on disk here. */

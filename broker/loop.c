@@ -12,6 +12,7 @@
 #include "auth.h" /* CURVE + ZAP (broker/auth.c) */
 #include "dcast_common.h"
 #include "dcast_wire.h"
+#include "durable.h" /* --data-dir: the writer thread (broker/durable.c) */
 
 #define MAX_POLL (3 + BROKER_MAX_UPSTREAM_MODELS + BROKER_MAX_EXTRA_FDS)
 
@@ -246,6 +247,7 @@ int broker_run(struct broker *b)
 		broker_relay_flush_credit(b);
 		broker_fanout(b);
 		timers(b);
+		broker_durable_turn_end(b);
 	}
 	if (b->stop)
 		DCAST_LOG_I("signal received: shutting down");
@@ -257,6 +259,7 @@ void broker_close(struct broker *b)
 	for (uint32_t i = 0; i < b->n_models; i++)
 		if (b->prod.arr && b->models[i]->pending)
 			broker_pending_abort(b, b->models[i], "broker shutting down");
+	broker_durable_close(b); /* the writer finishes what is queued */
 	broker_peers_free(&b->prod);
 	broker_peers_free(&b->cons);
 	for (uint32_t i = 0; i < b->n_models; i++)

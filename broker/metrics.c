@@ -12,6 +12,7 @@
 #include <unistd.h>
 #include "auth.h"
 #include "dcast_common.h"
+#include "durable.h" /* writer metrics (broker/durable.c) */
 #include "metrics.h"
 
 #define METRICS_BODY_BYTES (1u << 20)
@@ -157,6 +158,13 @@ size_t broker_metrics_render(const struct broker *b, char *buf, size_t cap)
 	counter(&o, "anchors_made_total", "anchors the broker made by folding deltas", st->anchors_made);
 	counter(&o, "anchor_digest_errors_total", "made anchors refused: digest differs from the producer's",
 		st->anchor_digest_errors);
+	counter(&o, "durable_failures_total", "committed versions that did not become durable",
+		st->durable_failures);
+	gauge(&o, "durable_in_flight_versions", "versions queued for the durable writer, not yet done",
+	      broker_durable_in_flight());
+	emit(&o, "# HELP deltacast_loop_stall_max_ms longest event loop turn spent on durable work\n"
+	     "# TYPE deltacast_loop_stall_max_ms gauge\ndeltacast_loop_stall_max_ms %.3f\n",
+	     (double)st->loop_stall_max_ns / 1e6);
 	render_errors(&o, st);
 	render_models(&o, b);
 	render_consumers(&o, b);

@@ -97,19 +97,25 @@ static int relay_chunk(struct broker *b, struct broker_upstream *u, dcast_wire_i
 	return 0;
 }
 
+/* The ACK upstream goes out from broker_version_ack (with --data-dir once
+ * the version is durable). */
 static int relay_commit(struct broker *b, struct broker_upstream *u, dcast_commit *c)
 {
-	struct broker_model *m = u->model;
-	int committed, rc;
+	int committed;
+
+	return broker_pending_commit(b, u->model, 0, c, &committed);
+}
+
+void broker_relay_ack(struct broker *b, struct broker_model *m, uint64_t version)
+{
 	dcast_msg a;
 
-	if ((rc = broker_pending_commit(b, m, 0, c, &committed)) || !committed)
-		return rc;
 	dcast_msg_init(&a, DCAST_MSG_ACK);
 	snprintf(a.u.ack.model, sizeof(a.u.ack.model), "%s", m->name);
-	a.u.ack.version = c->version;
-	up_send(u, &a);
-	return 0;
+	a.u.ack.version = version;
+	for (uint32_t i = 0; i < b->n_up; i++)
+		if (b->up[i].model == m)
+			up_send(&b->up[i], &a);
 }
 
 static int relay_dispatch(struct broker *b, struct broker_upstream *u, dcast_wire_in *in)

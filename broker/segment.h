@@ -17,7 +17,9 @@
  *
  * Writes go through dcast_io (io_uring or the plain path); a version's
  * records are written, then fsynced, inside broker_seg_commit(), before the
- * caller acknowledges it.  At load every record is verified; a torn or
+ * caller acknowledges it.  A store is used by one thread at a time: the
+ * broker loads it on its loop's thread at start-up, then hands it to its
+ * durable writer thread (broker/durable.c), which alone writes.  At load every record is verified; a torn or
  * corrupt tail is cut back (the file truncated) to the end of the last whole
  * committed version, with a log line naming file and offset.  A whole
  * record of another format ("DCR1", "DCR3", ...: its checksum holds, so it

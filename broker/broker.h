@@ -129,6 +129,7 @@ struct broker_model {
 	uint32_t n_log, cap_log;
 	uint64_t log_bytes;
 	int need_anchor;                  /* next version must be an anchor */
+	uint64_t run;                     /* run identity (broker/run.c), never 0 */
 	int relayed;                      /* filled from --upstream, not producers */
 	struct broker_pending *pending;   /* at most one open version */
 	uint64_t versions_committed, versions_aborted;
@@ -265,6 +266,15 @@ int broker_send_msg(struct broker *b, void *sock, struct broker_peer *p, const d
 
 /* ---- log.c ---- */
 struct broker_model *broker_model_get(struct broker *b, const char *name, int create);
+
+/* run.c: a model's run identity (set at creation by broker_model_get, not
+ * kept; the creator keeps or restores it).  broker_run_new: a random non-zero id.
+ * broker_run_save: keep m->run in the data dir (if any; a failure is
+ * logged, not fatal).  broker_run_restore: m->run from the data dir, or
+ * keep the new one and save it. */
+uint64_t broker_run_new(void);
+void broker_run_save(const struct broker *b, const struct broker_model *m);
+void broker_run_restore(const struct broker *b, struct broker_model *m);
 void broker_model_free(struct broker_model *m);
 struct broker_manifest *broker_manifest_new(dcast_manifest *m); /* takes m->tensors */
 void broker_manifest_put(struct broker_manifest *mf);

@@ -380,7 +380,9 @@ static int restore_manifest(struct restore *r, const char *model, const void *hd
 
 	if (rc)
 		return rc;
-	r->m = broker_model_get(r->b, model, 1);
+	if (!broker_model_get(r->b, model, 0) && (r->m = broker_model_get(r->b, model, 1)))
+		broker_run_restore(r->b, r->m); /* the run the segments belong to */
+	r->m = broker_model_get(r->b, model, 0);
 	mf = r->m ? broker_manifest_new(&msg.u.manifest) : NULL;
 	dcast_msg_free(&msg);
 	if (!mf)

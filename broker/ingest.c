@@ -642,6 +642,17 @@ static void producer_replace_part(struct broker *b, struct broker_peer *p)
 	}
 }
 
+/* The model a producer's HELLO names, created (with a new run, kept in
+ * the data dir) if it does not exist. */
+static struct broker_model *producer_model(struct broker *b, const char *name)
+{
+	struct broker_model *m = broker_model_get(b, name, 0);
+
+	if (!m && (m = broker_model_get(b, name, 1)))
+		broker_run_save(b, m);
+	return m;
+}
+
 static void producer_hello(struct broker *b, struct broker_peer *p, dcast_wire_in *in)
 {
 	const dcast_hello *h = &in->msg.u.hello;
@@ -650,7 +661,7 @@ static void producer_hello(struct broker *b, struct broker_peer *p, dcast_wire_i
 
 	if (h->role != DCAST_ROLE_PRODUCER)
 		rc = dcast_fail(DCAST_EFIELD_RANGE, "HELLO.role: consumer on the producer endpoint");
-	else if (!(m = broker_model_get(b, h->model, 1)))
+	else if (!(m = producer_model(b, h->model)))
 		;
 	else if (m->relayed)
 		rc = dcast_fail(DCAST_ESTATE, "model %s is relayed from --upstream; producers refused",

@@ -43,8 +43,9 @@ struct broker_model *broker_model_get(struct broker *b, const char *name, int cr
 	}
 	snprintf(m->name, sizeof(m->name), "%s", name);
 	m->durable_version = DCAST_VERSION_NONE;
+	m->run = broker_run_new();
 	b->models[b->n_models++] = m;
-	DCAST_LOG_I("model %s: created", name);
+	DCAST_LOG_I("model %s: created, run %016llx", name, (unsigned long long)m->run);
 	attach_waiting(b, m);
 	return m;
 }
@@ -115,6 +116,7 @@ void broker_welcome_init(const struct broker *b, const struct broker_model *m, d
 	w->u.welcome.version = broker_model_newest(m);
 	w->u.welcome.anchor_version = m && m->n_log ? m->log[0]->version : DCAST_VERSION_NONE;
 	w->u.welcome.heartbeat_ms = (uint32_t)b->cfg.heartbeat_ms;
+	w->u.welcome.run = m ? m->run : 0;
 }
 
 int broker_log_find(const struct broker_model *m, uint64_t version)

@@ -118,6 +118,18 @@ void broker_relay_ack(struct broker *b, struct broker_model *m, uint64_t version
 			up_send(&b->up[i], &a);
 }
 
+/* A relay serves its upstream's run: its consumers must see the same
+ * stream identity as the upstream's own. */
+static void relay_adopt_run(struct broker *b, struct broker_model *m, uint64_t run)
+{
+	if (!run || run == m->run)
+		return;
+	DCAST_LOG_I("relay %s: upstream serves run %016llx (was %016llx)", m->name,
+		    (unsigned long long)run, (unsigned long long)m->run);
+	m->run = run;
+	broker_run_save(b, m);
+}
+
 static int relay_dispatch(struct broker *b, struct broker_upstream *u, dcast_wire_in *in)
 {
 	dcast_msg *msg = &in->msg;
@@ -125,6 +137,7 @@ static int relay_dispatch(struct broker *b, struct broker_upstream *u, dcast_wir
 	switch (msg->type) {
 	case DCAST_MSG_WELCOME:
 		u->joined = 1;
+		relay_adopt_run(b, u->model, msg->u.welcome.run);
 		return 0;
 	case DCAST_MSG_MANIFEST:
 		return relay_manifest(b, u->model, msg);

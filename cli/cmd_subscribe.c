@@ -94,10 +94,14 @@ static void print_version(dcast_consumer *c)
 	fflush(stdout);
 }
 
+/* --until is reached by a version of the broker's run, not by one loaded
+ * from DIR that may be an earlier run's (dcast_consumer_run: 0 until a
+ * WELCOME confirmed the state). */
 static int reached(dcast_consumer *c, uint64_t until)
 {
 	uint64_t v = dcast_consumer_version(c);
-	return until != DCAST_VERSION_NONE && v != DCAST_VERSION_NONE && v >= until;
+	return until != DCAST_VERSION_NONE && v != DCAST_VERSION_NONE && v >= until &&
+	       dcast_consumer_run(c) != 0;
 }
 
 static int follow(dcast_consumer *c, const sub_args *a)

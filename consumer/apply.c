@@ -145,7 +145,7 @@ static int undo_chunks(dcast_consumer *c, const cs_version *v, uint32_t n, unsig
 /* The tensors hold no committed version any more: say so (version NONE),
  * forget what described them, and drop the local checkpoint, which could
  * not rebuild them; the re-join that follows asks the broker for an anchor. */
-static void invalidate(dcast_consumer *c)
+void cs_forget_state(dcast_consumer *c)
 {
 	cs_set_applied(c, DCAST_VERSION_NONE);
 	cs_dcache_clear(&c->dcache);
@@ -185,7 +185,7 @@ static int rollback(dcast_consumer *c, const cs_version *v, unsigned char *undo,
 				  why, v->version);
 	if (c->restoring) /* the outer restore fails and gives up */
 		return dcast_fail(err, "%s (version %" PRIu64 " could not be replayed)", why, v->version);
-	invalidate(c);
+	cs_forget_state(c);
 	DCAST_LOG_E("consumer %s: version %" PRIu64 " refused and version %" PRIu64 " could not be brought back; "
 		    "tensors hold no valid version until an anchor arrives", c->model, v->version, prev);
 	return dcast_fail(err, "%s (version %" PRIu64 " refused; version %" PRIu64 " could not be restored "

@@ -161,6 +161,22 @@ static int make_paths(dcast_consumer *c, const char *dir, const char *endpoint)
 	return 0;
 }
 
+/* A local checkpoint that does not load (damaged, another format) is
+ * dropped, not a reason to refuse to start: the broker has every committed
+ * version, and the consumer fetches an anchor itself. */
+static int load_or_drop(dcast_consumer *c)
+{
+	int err = cs_ckpt_load(c);
+
+	if (err != DCAST_ECORRUPT && err != DCAST_EMALFORMED && err != DCAST_EPROTO_VERSION &&
+	    err != DCAST_ESHAPE)
+		return err;
+	DCAST_LOG_W("consumer %s: local checkpoint in %s dropped: %s; fetching an anchor", c->model,
+		    c->dir, dcast_last_error());
+	cs_forget_state(c);
+	return 0;
+}
+
 static int connect_broker(dcast_consumer *c)
 {
 	if (!(c->zctx = zmq_ctx_new()))
@@ -208,7 +224,8 @@ int dcast_consumer_open(const char *endpoint, const char *model, const char *dir
 		goto fail;
 	c->window_bytes = c->pool.region_bytes;
 	c->stats.version = DCAST_VERSION_NONE;
-	if ((err = cs_ckpt_load(c)) || (err = connect_broker(c)))
+	cs_run_load(c);
+	if ((err = load_or_drop(c)) || (err = connect_broker(c)))
 		goto fail;
 	*out = c;
 	return 0;

@@ -135,6 +135,8 @@ struct dcast_consumer {
 	char err_text[512];
 	uint64_t log_since_fold;       /* record-log bytes written since the last fold */
 	uint64_t hellos;               /* HELLOs sent since open */
+	uint64_t run;                  /* run of the state held (DIR/run), 0 unknown */
+	_Atomic uint64_t run_confirmed; /* run a WELCOME confirmed, 0 until then */
 	uint64_t refused_version;      /* the version refused last, and how many times in a */
 	uint32_t refusals;             /* row: the re-join backs off (cs_note_refusal) */
 	uint64_t hello_at_ms;          /* a HELLO due goes out no earlier than this */
@@ -309,6 +311,18 @@ int cs_chunk_writes(const cs_chunk *k);
  * refuses v.  cs_verify_ahead_done: v applied, its digests become c->dcache. */
 int cs_verify_ahead(dcast_consumer *c, cs_version *v);
 void cs_verify_ahead_done(dcast_consumer *c, cs_version *v);
+
+/* The tensors hold no committed version any more: version NONE, cached
+ * digests forgotten, the local checkpoint removed (apply.c). */
+void cs_forget_state(dcast_consumer *c);
+
+/* run.c: the run identity of the state held (docs/protocol.md,
+ * WELCOME.run).  cs_run_load: c->run from DIR/run (0 when absent).
+ * cs_run_check: a WELCOME's run against it; state of another run is
+ * dropped (returns 1: the caller re-joins for an anchor), an unknown run
+ * is adopted and kept in DIR/run. */
+void cs_run_load(dcast_consumer *c);
+int cs_run_check(dcast_consumer *c, uint64_t run);
 
 /* apply.c */
 int cs_apply_version(dcast_consumer *c, cs_version *v, int verify);

@@ -438,6 +438,8 @@ static int on_message(dcast_consumer *c, dcast_wire_in *in)
 	dcast_msg *m = &in->msg;
 
 	DCAST_LOG_D("consumer %s: %s (welcomed %d)", c->model, dcast_msg_type_name((int)m->type), c->welcomed);
+	if (m->type == DCAST_MSG_WELCOME && cs_run_check(c, m->u.welcome.run))
+		return cs_rejoin(c); /* our state was another run's: ask for an anchor */
 	if (m->type == DCAST_MSG_WELCOME) {
 		c->welcomed = 1;
 		c->broker_newest = m->u.welcome.version;

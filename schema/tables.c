@@ -26,6 +26,7 @@ static const struct field welcome_fields[] = {
 	{"anchor_version", F_VER, 1, OFF(dcast_welcome, anchor_version), 0, VERMAX},
 	{"need_anchor", F_BOOL, 1, OFF(dcast_welcome, need_anchor), 0, 1},
 	{"heartbeat_ms", F_U32, 0, OFF(dcast_welcome, heartbeat_ms), 0, 3600000},
+	{"run", F_U64, 0, OFF(dcast_welcome, run), 0, UINT64_MAX},
 };
 
 static const struct field manifest_fields[] = {

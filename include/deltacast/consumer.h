@@ -194,6 +194,12 @@ uint64_t dcast_consumer_ready_version(const dcast_consumer *c);
  * first apply. */
 uint64_t dcast_consumer_version(const dcast_consumer *c);
 
+/* The run identity of the broker's stream that the state held belongs
+ * to, once a WELCOME confirmed it; 0 before (the version loaded from the
+ * local checkpoint may still be an earlier run's: a WELCOME naming another
+ * run drops it, logs why and fetches an anchor).  Any thread. */
+uint64_t dcast_consumer_run(const dcast_consumer *c);
+
 /* Block until the applied version is >= min_version or timeout_ms passes
  * (-1: forever).  Any thread.  Errors: DCAST_ETIMEDOUT. */
 int dcast_consumer_wait_version(dcast_consumer *c, uint64_t min_version, int timeout_ms);

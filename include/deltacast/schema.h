@@ -92,6 +92,7 @@ typedef struct dcast_welcome {
 	uint64_t anchor_version; /* newest anchor in the log, or NONE */
 	uint32_t need_anchor;    /* producer: next version must be an anchor */
 	uint32_t heartbeat_ms;   /* peer silent 3x this long is considered gone */
+	uint64_t run;            /* run identity of the model's stream; 0: none */
 } dcast_welcome;
 
 typedef struct dcast_tensor_desc {

@@ -1,0 +1,74 @@
+/* Run identity of a model's stream (docs/protocol.md, WELCOME.run): a
+ * random non-zero u64 chosen when a producer creates the model, adopted
+ * from the upstream broker by a relay, and kept in the data dir
+ * (DATA_DIR/runs/<model name in hex>) so that a restarted broker serves the
+ * same run.  A consumer holding state of another run drops it and takes an
+ * anchor, so state from an earlier run is never served as current. */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include "broker.h"
+#include "dcast_common.h"
+
+uint64_t broker_run_new(void)
+{
+	uint64_t r = 0;
+
+	while (!r)
+		if (getrandom(&r, sizeof(r), 0) != sizeof(r))
+			r = dcast_now_ns() ^ ((uint64_t)getpid() << 32); /* no entropy source: still unique enough */
+	return r;
+}
+
+static void run_path(const struct broker *b, const char *model, char *out, size_t cap)
+{
+	int n = snprintf(out, cap, "%s/runs/", b->cfg.data_dir);
+
+	for (const unsigned char *p = (const unsigned char *)model; *p && n + 3 < (int)cap; p++)
+		n += snprintf(out + n, cap - (size_t)n, "%02x", *p);
+}
+
+void broker_run_save(const struct broker *b, const struct broker_model *m)
+{
+	char path[4096], tmp[4200], dir[4096];
+	FILE *f;
+
+	if (!b->cfg.data_dir)
+		return;
+	snprintf(dir, sizeof(dir), "%s/runs", b->cfg.data_dir);
+	run_path(b, m->name, path, sizeof(path));
+	snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+	if ((mkdir(dir, 0755) && errno != EEXIST) || !(f = fopen(tmp, "w"))) {
+		DCAST_LOG_W("model %s: run id not kept in %s: %s", m->name, dir, strerror(errno));
+		return;
+	}
+	fprintf(f, "%016" PRIx64 "\n", m->run);
+	if (fflush(f) || fsync(fileno(f)) || fclose(f) || rename(tmp, path))
+		DCAST_LOG_W("model %s: run id not kept in %s: %s", m->name, path, strerror(errno));
+}
+
+void broker_run_restore(const struct broker *b, struct broker_model *m)
+{
+	char path[4096];
+	uint64_t run = 0;
+	FILE *f;
+
+	run_path(b, m->name, path, sizeof(path));
+	if ((f = fopen(path, "r"))) {
+		if (fscanf(f, "%16" SCNx64, &run) != 1)
+			run = 0;
+		fclose(f);
+	}
+	if (run) {
+		m->run = run;
+		return;
+	}
+	DCAST_LOG_W("model %s: no run id in %s (data dir from an older broker?): a new run %016" PRIx64
+		    "; consumers holding this model's state take an anchor", m->name, path, m->run);
+	broker_run_save(b, m);
+}

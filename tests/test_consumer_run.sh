@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Run identity (issue 18 item 13): a worker directory holding version 5 of
+# an earlier run, joined to a broker serving a new run of the same model
+# name (versions 1..3, other weights), drops its state with a log line and
+# ends at the new run's version 3, digests checked; it did not exit at once
+# holding the old run's version 5.  A broker restarted on its data dir
+# keeps its run: a worker at its newest version keeps its state.
+. "$(dirname "$0")/tools/broker_lib.sh"
+
+sub() { # DIR UNTIL OUT
+	timeout 60 "$BUILD/deltacast" subscribe --broker "$s_CONS" --model r --dir "$1" --until "$2" \
+		>"$3.out" 2>"$3.err" || fail "subscribe $3 exited $?: $(tail -3 "$3.err")"
+}
+
+start_broker s
+"$WC" produce "$s_PROD" r --versions 5 --seed 1 >"$TMP/p1.log" 2>&1 || fail "first run's producer"
+sub "$TMP/w" 5 "$TMP/a"
+stop_broker s
+start_broker s
+"$WC" produce "$s_PROD" r --versions 3 --seed 2 >"$TMP/p2.log" 2>&1 || fail "second run's producer"
+sub "$TMP/w" 3 "$TMP/b"
+grep -q "^loaded version 5" "$TMP/b.out" || fail "the old run's state was not there: $(cat "$TMP/b.out")"
+grep -q "belongs to run .* dropped" "$TMP/b.err" || fail "no line saying the old run's state was dropped"
+grep -q "^version 1 anchor" "$TMP/b.out" && grep -q "^version 3 delta" "$TMP/b.out" ||
+	fail "not the new run's anchor and version 3: $(cat "$TMP/b.out")"
+stop_broker s
+
+start_broker d --data-dir "$TMP/data"
+s_PROD=$d_PROD s_CONS=$d_CONS
+"$WC" produce "$s_PROD" r --versions 3 --seed 3 >"$TMP/p3.log" 2>&1 || fail "third run's producer"
+sub "$TMP/w2" 3 "$TMP/c"
+kill -9 "$d_PID"; wait "$d_PID" 2>/dev/null
+start_broker d --data-dir "$TMP/data"
+s_CONS=$d_CONS
+sub "$TMP/w2" 3 "$TMP/d"
+! grep -q "dropped" "$TMP/d.err" || fail "state dropped across a broker restart on its data dir"
+[ "$(grep -c '^version' "$TMP/d.out")" = 0 ] || fail "fetched again: $(cat "$TMP/d.out")"
+stop_broker d
+echo "test_consumer_run: ok"

@@ -1,0 +1,32 @@
+"""docs/protocol.md is enough to implement a peer (issue 18 item 17): its
+table of ERROR codes must match the library's codes and names exactly,
+every code the library has must be listed, and the header's `proto` and
+the limits table must name the library's DCAST_PROTO_VERSION."""
+import ctypes
+import os
+import re
+import sys
+
+root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+lib = ctypes.CDLL(os.environ.get("DELTACAST_LIB", os.path.join(root, "build", "libdeltacast.so")))
+lib.dcast_errname.restype = ctypes.c_char_p
+lib.dcast_errname.argtypes = [ctypes.c_int]
+doc = open(os.path.join(root, "docs", "protocol.md")).read()
+
+rows = dict((int(c), n) for c, n in re.findall(r"^\| (\d+) \| `(DCAST_E[A-Z_]+)` \|", doc, re.M))
+failures = []
+code = 1
+while code < 256 and lib.dcast_errname(code).decode() != "DCAST_EUNKNOWN":
+    name = lib.dcast_errname(code).decode()
+    if rows.get(code) != name:
+        failures.append(f"code {code}: library {name}, doc {rows.get(code)}")
+    code += 1
+if len(rows) != code - 1:
+    failures.append(f"doc lists {len(rows)} codes, the library has {code - 1}")
+proto = re.search(r"#define DCAST_PROTO_VERSION (\d+)", open(os.path.join(root, "include", "deltacast", "schema.h")).read()).group(1)
+if f"protocol version, `{proto}`" not in doc or f"| `DCAST_PROTO_VERSION` | {proto} |" not in doc:
+    failures.append(f"docs do not say proto {proto} in the header table and the limits table")
+for f in failures:
+    print("FAIL:", f)
+print(f"test_protocol_doc: {code - 1} codes checked, {len(failures)} failures")
+sys.exit(1 if failures else 0)

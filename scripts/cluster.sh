@@ -12,6 +12,7 @@
 #   --params P      gen-trace model size (default 10M)
 #   --versions V    versions published, the first an anchor (default 4)
 #   --range-elems N elements per chunk (default 131072)
+#   --heartbeat-ms MS  the brokers' heartbeat (default: the broker's, 1000)
 #   --keep          keep the run's folder
 # Example: scripts/cluster.sh tree:2:6 --params 1M --versions 5
 set -u
@@ -22,7 +23,7 @@ BUILD=${DELTACAST_BUILD:-$HERE/../build}
 MODEL=m
 SPEC=${1:?usage: scripts/cluster.sh star:N|tree:R:N[+lossy] [--rate R] [--edge R] [--params P] [--versions V] [--range-elems N] [--keep]}
 shift
-RATE=100mbit EDGE=1gbit PARAMS=10M NVER=4 KEEP=0 CL_RANGE_ELEMS=131072
+RATE=100mbit EDGE=1gbit PARAMS=10M NVER=4 KEEP=0 CL_RANGE_ELEMS=131072 BROKER_FLAGS=()
 while [ $# -gt 0 ]; do
 	case $1 in
 	--rate) RATE=$2; shift ;;
@@ -30,6 +31,7 @@ while [ $# -gt 0 ]; do
 	--params) PARAMS=$2; shift ;;
 	--versions) NVER=$2; shift ;;
 	--range-elems) CL_RANGE_ELEMS=$2; shift ;;
+	--heartbeat-ms) BROKER_FLAGS+=(--heartbeat-ms "$2"); shift ;;
 	--keep) KEEP=1 ;;
 	*) echo "cluster: unknown option $1" >&2; exit 2 ;;
 	esac
@@ -45,7 +47,7 @@ trap 'exit 130' INT TERM
 	2>"$RUN/gentrace.log" || { echo "cluster: gen-trace failed" >&2; exit 1; }
 FILES=("$RUN"/trace/v*.safetensors)
 cl_topology "$SPEC" "$RATE" "$EDGE" || exit 1
-cl_start_brokers || exit 1
+cl_start_brokers "${BROKER_FLAGS[@]}" || exit 1
 cl_start_workers "$NVER" || exit 1
 echo "cluster: $SPEC, root link $RATE, others $EDGE, $PARAMS params ($(stat -c %s "${FILES[0]}") bytes), ${#CL_WORKERS[@]} workers joined" >&2
 cl_run_versions "${FILES[@]}" >"$RUN/versions.jsonl" || exit 1

@@ -110,13 +110,13 @@ cl_rate_bps() {
 }
 
 # cl_shape NS DEV RATE DELAY: egress of DEV at RATE (tbf; its queue holds
-# 100 ms at RATE before it drops), then netem DELAY under it where the kernel
+# CL_TBF_LATENCY, default 100 ms, at RATE before it drops), then netem DELAY under it where the kernel
 # has sch_netem.  Without it (CONFIG_NET_SCH_NETEM unset, as on the dev VM)
 # links have no added delay, and the first cl_shape says so once.
 cl_shape() {
 	local ns=$1 dev=$2 rate=$3 delay=$4
 	tc -n "$ns" qdisc add dev "$dev" root handle 1: tbf rate "$rate" burst "$(cl_burst "$rate")" \
-		latency 100ms || return 1
+		latency "${CL_TBF_LATENCY:-100ms}" || return 1
 	[ "${CL_NO_NETEM:-0}" = 1 ] && return 0
 	if ! tc -n "$ns" qdisc add dev "$dev" parent 1:1 handle 10: netem delay "$delay" limit 100000 \
 		2>/dev/null; then

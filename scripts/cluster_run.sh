@@ -187,7 +187,8 @@ cl_run_versions() {
 	wait "$CL_PUB_PID" || { echo "cluster: publisher failed: $(tail -n 2 "$RUN/publisher.log")" >&2; return 1; }
 }
 
-# cl_check_final FILE: every worker's subscriber exited 0 and its
+# cl_check_final FILE: every worker's subscriber exited 0 (at --until, or
+# on SIGTERM) and its
 # model.safetensors holds FILE's tensors bit for bit (the model digest of
 # tests/tools/fault_digest: names, dtypes, shapes and every byte; the
 # files' headers may differ).

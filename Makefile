@@ -211,3 +211,15 @@ bench: all $(BUILD)/tools/bench_tcp $(BUILD)/tools/bench_redis $(BUILD)/tools/be
 	$(BUILD)/tools/fault_publish
 	@scripts/deps.sh bench
 	@DELTACAST_BUILD=$(abspath $(BUILD)) PYTHON=$(PYTHON) scripts/bench_e2e.sh
+
+# --- cluster ---
+# `make bench-cluster`: deltacast deltas (star and a relay tree), full
+# anchors and whole-model HTTP (nginx + curl) to N = 8 16 32 64 workers, each
+# in its own network namespace behind tbf-shaped links (root only;
+# scripts/bench_cluster.sh; BENCH_CLUSTER_QUICK=1: N = 8 16 at a 4M model);
+# rewrites the bench-cluster section at the end of docs/benchmarks.md and
+# docs/plots/bench_cluster_*.png.
+.PHONY: bench-cluster
+bench-cluster: all $(BUILD)/tools/fault_publish $(BUILD)/tools/fault_digest
+	@scripts/deps.sh bench
+	@DELTACAST_BUILD=$(abspath $(BUILD)) PYTHON=$(PYTHON) nice -n 10 scripts/bench_cluster.sh

@@ -5,6 +5,8 @@
  * INTERVAL_MS -1: before each version, waits for a line on stdin instead
  * (scripts/bench_e2e.sh paces it; EOF stops it, exit 0).
  * usage: fault_publish ENDPOINT MODEL FIRST INTERVAL_MS FILE...
+ * FAULT_PUBLISH_RANGE_ELEMS=N in the environment: chunks of N elements
+ * (scripts/cluster_run.sh scales them with the model).
  * Exit 0 when every file is acknowledged; 1 with the error on stderr. */
 #include <inttypes.h>
 #include <stdio.h>
@@ -51,6 +53,8 @@ int main(int argc, char **argv)
 	dcast_producer_opts_init(&o);
 	o.client = "fault_publish";
 	o.max_reconnects = 10;
+	if (getenv("FAULT_PUBLISH_RANGE_ELEMS"))
+		o.range_elems = strtoull(getenv("FAULT_PUBLISH_RANGE_ELEMS"), NULL, 10);
 	if ((rc = dcast_producer_open(argv[1], argv[2], 0, 1, &o, &p)))
 		goto out;
 	for (int i = 5; i < argc && !rc; i++) {

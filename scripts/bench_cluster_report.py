@@ -1,0 +1,178 @@
+#!/usr/bin/env python3
+"""Table, targets and plots for `make bench-cluster` (scripts/bench_cluster.sh).
+
+usage: bench_cluster_report.py ROWS.jsonl META_JSON [DOC PLOTS_DIR]
+ROWS: one JSON object per (row, N): row star|tree|http, n, versions (per
+version: v, t seconds to the last worker, links {port: [rx, tx]} as the
+switch counts them (rx: what that host sent), rates {port: bits/s}).
+Prints the section; with DOC, replaces (or appends) the part between the
+bench-cluster markers at its end and writes PLOTS_DIR/bench_cluster_*.png."""
+import json
+import statistics
+import sys
+
+BEGIN, END = "<!-- bench-cluster:begin -->", "<!-- bench-cluster:end -->"
+
+
+def floor_s(ver):
+    """The link-rate floor of one version: the busiest link's bytes / rate."""
+    return max(max(rx, tx) * 8 / ver["rates"][p] for p, (rx, tx) in ver["links"].items())
+
+
+def root_sent(ver):
+    return ver["links"]["root"][0]
+
+
+def summarize(rows):
+    """{(row, n): {"t", "floor", "root", ...}} with medians over delta versions."""
+    out = {}
+    for r in rows:
+        n, vs = r["n"], r["versions"]
+        if r["row"] == "http":
+            out[("http", n)] = {"t": vs[0]["t"], "floor": floor_s(vs[0]), "root": root_sent(vs[0])}
+            continue
+        deltas = vs[1:]
+        out[(r["row"], n)] = {
+            "t": statistics.median(v["t"] for v in deltas),
+            "t_max": max(v["t"] for v in deltas),
+            "floor": statistics.median(floor_s(v) for v in deltas),
+            "root": statistics.median(root_sent(v) for v in deltas),
+            "broker_rss": r["broker_rss_kib"], "worker_rss": r["worker_rss_kib"],
+        }
+        out[(r["row"] + "-anchor", n)] = {"t": vs[0]["t"], "floor": floor_s(vs[0]), "root": root_sent(vs[0])}
+    return out
+
+
+ROWS = [
+    ("star", "deltacast deltas, star (median of the deltas)"),
+    ("tree", "deltacast deltas, tree of {relays} relays (median of the deltas)"),
+    ("star-anchor", "deltacast full anchor, star (version 1)"),
+    ("tree-anchor", "deltacast full anchor, tree (version 1)"),
+    ("http", "whole model over HTTP (nginx on root, curl on every worker)"),
+]
+
+
+def fmt_b(b):
+    return "%.2f MB" % (b / 1e6)
+
+
+def section(rows, meta):
+    s = summarize(rows)
+    ns = sorted({n for (_, n) in s})
+    head = "| row | " + " | ".join("N=%d" % n for n in ns) + " |\n|---|" + "---|" * len(ns) + "\n"
+    out = [BEGIN, "", "Command: `%s` (%d s; %d CPUs, load average %s before, %s after: a shared machine)." % (
+        meta["cmd"], meta["seconds"], meta["cpus"], meta["load0"], meta["load1"]), ""]
+    out.append(
+        "Model: gen-trace %s bf16 parameters (%s), an anchor then %d deltas at ~1%% density; chunks of %d "
+        "elements; brokers with `--heartbeat-ms %d --anchor-fraction 0`; workers are `deltacast subscribe` "
+        "(digests checked, local checkpoint written), each in its own network namespace.  Links: the root "
+        "host's (trainer + root broker, or nginx) at %s, the bottleneck; every other host's at %s; tbf both "
+        "ways%s.  Every worker's final model is checked bit-exact (model digest)." % (
+            meta["params"], fmt_b(meta["model_bytes"]), meta["deltas"], meta["range_elems"],
+            meta["heartbeat_ms"], meta["rate"], meta["edge"],
+            "" if meta["netem"] else " (no added delay: this kernel has no sch_netem)"))
+    out += ["", "Seconds from publish start (HTTP: request start) to the version applied on every worker:", "",
+            head.rstrip("\n")]
+    for key, label in ROWS:
+        cells = ["%.3f" % s[(key, n)]["t"] if (key, n) in s else "" for n in ns]
+        out.append("| %s | %s |" % (label.format(relays=meta["relays"]), " | ".join(cells)))
+    cells = ["%.3f" % s[("star", n)]["floor"] if ("star", n) in s else "" for n in ns]
+    out.append("| link-rate floor of the star deltas (bytes on the root link / its rate) | %s |" % " | ".join(cells))
+    cells = ["%.3f" % s[("tree", n)]["floor"] if ("tree", n) in s else "" for n in ns]
+    out.append("| link-rate floor of the tree deltas (busiest link's bytes / its rate) | %s |" % " | ".join(cells))
+    out += ["", "Bytes sent by the root host per version (its link is the bottleneck):", "", head.rstrip("\n")]
+    for key, label in ROWS:
+        cells = [fmt_b(s[(key, n)]["root"]) if (key, n) in s else "" for n in ns]
+        out.append("| %s | %s |" % (label.format(relays=meta["relays"]), " | ".join(cells)))
+    out += ["", "Resident memory (KiB, VmRSS / VmHWM) at the end of each deltacast run:", "", head.rstrip("\n")]
+    for key, what in (("star", "root broker, star"), ("tree", "relay broker r1, tree"),
+                      ("star", "one worker (w1), star")):
+        field = "worker_rss" if "worker" in what else "broker_rss"
+        cells = ["%d / %d" % tuple(s[(key, n)][field]) if (key, n) in s else "" for n in ns]
+        out.append("| %s | %s |" % (what, " | ".join(cells)))
+    out += ["", "Targets (issue 19), this run:", "", "| target | measured | goal | |", "|---|---|---|---|"]
+    for line in targets(s, ns):
+        out.append(line)
+    out += ["", "Plots: `docs/plots/bench_cluster_time.png` (seconds to every worker against N, per row), "
+            "`docs/plots/bench_cluster_bytes.png` (bytes the root host sent per version).", "", END]
+    return "\n".join(out) + "\n", s, ns
+
+
+def targets(s, ns):
+    nmax, lines = max(ns), []
+
+    def row(name, measured, goal, ok):
+        lines.append("| %s | %s | %s | %s |" % (name, measured, goal, "met" if ok else "**not met**"))
+        print("target: %s: %s (goal %s): %s" % (name, measured, goal, "met" if ok else "NOT MET"),
+              file=sys.stderr)
+
+    for key in ("star", "tree"):
+        if (key, nmax) in s:
+            d = s[(key, nmax)]
+            row("1%% deltas to all %d workers, %s, within 2x the link-rate floor" % (nmax, key),
+                "%.3f s = %.2fx the floor %.3f s (worst delta %.3f s)" % (d["t"], d["t"] / d["floor"], d["floor"], d["t_max"]),
+                "at most 2.00x", d["t"] <= 2 * d["floor"])
+    for key in ("star", "tree"):
+        if (key, nmax) in s and ("http", nmax) in s:
+            r = s[("http", nmax)]["t"] / s[(key, nmax)]["t"]
+            row("deltas (%s) against the whole model over HTTP, N=%d" % (key, nmax),
+                "%.1fx faster (%.3f s against %.3f s)" % (r, s[(key, nmax)]["t"], s[("http", nmax)]["t"]),
+                "at least 50x", r >= 50)
+    lo = 16 if ("tree", 16) in s else min(ns)
+    if ("tree", lo) in s and ("tree", nmax) in s and lo != nmax:
+        a, b = s[("tree", lo)]["root"], s[("tree", nmax)]["root"]
+        row("tree: root egress per delta version, N=%d to N=%d" % (lo, nmax),
+            "%s to %s (%+.1f%%)" % (fmt_b(a), fmt_b(b), 100 * (b - a) / a), "within 10%", abs(b - a) <= 0.1 * a)
+    return lines
+
+
+def plots(s, ns, meta, d):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for key, label in ROWS:
+        xs = [n for n in ns if (key, n) in s]
+        ax.plot(xs, [s[(key, n)]["t"] for n in xs], marker="o", label=label.format(relays=meta["relays"]))
+    xs = [n for n in ns if ("star", n) in s]
+    ax.plot(xs, [s[("star", n)]["floor"] for n in xs], "k--", label="link-rate floor, star deltas")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks(ns, [str(n) for n in ns])
+    ax.set_xlabel("workers")
+    ax.set_ylabel("seconds to every worker")
+    ax.set_title("%s model, root link %s" % (fmt_b(meta["model_bytes"]), meta["rate"]))
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(d + "/bench_cluster_time.png", dpi=110)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for key, label in ROWS:
+        xs = [n for n in ns if (key, n) in s]
+        ax.plot(xs, [s[(key, n)]["root"] / 1e6 for n in xs], marker="o", label=label.format(relays=meta["relays"]))
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks(ns, [str(n) for n in ns])
+    ax.set_xlabel("workers")
+    ax.set_ylabel("MB sent by the root host per version")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(d + "/bench_cluster_bytes.png", dpi=110)
+
+
+def main():
+    rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+    meta = json.loads(sys.argv[2])
+    text, s, ns = section(rows, meta)
+    print(text)
+    if len(sys.argv) > 3:
+        doc = open(sys.argv[3]).read()
+        if BEGIN in doc:
+            doc = doc[:doc.index(BEGIN)] + text.rstrip("\n") + doc[doc.index(END) + len(END):]
+        else:
+            doc = doc.rstrip("\n") + "\n\n## Cluster: network namespaces, link-bound (`make bench-cluster`)\n\n" + text
+        open(sys.argv[3], "w").write(doc)
+        plots(s, ns, meta, sys.argv[4])
+
+
+if __name__ == "__main__":
+    main()

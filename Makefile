@@ -63,9 +63,13 @@ FUZZ_SRCS := $(wildcard tests/fuzz/fuzz_*.c)
 
 LIBA  := $(BUILD)/libdeltacast.a
 LIBSO := $(BUILD)/libdeltacast.so
+# One version for the library, deltacast.pc and the Python package.
+VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' python/deltacast/_version.py)
+SOMAJOR := $(firstword $(subst ., ,$(VERSION)))
+SONAME  := libdeltacast.so.$(SOMAJOR)
 
 .PRECIOUS: $(BUILD)/obj/%.o $(BUILD)/obj/tests/%.o $(BUILD)/obj/tests/tools/%.o
-.PHONY: all deps test test-gpu fuzz install clean vectors
+.PHONY: all deps test test-gpu fuzz install uninstall clean vectors
 all: $(LIBA) $(LIBSO) $(PROGS)
 
 deps:
@@ -89,8 +93,8 @@ $(LIBA): $(LIB_OBJS) $(CU_OBJS)
 	@mkdir -p $(@D)
 	rm -f $@ && ar rcs $@ $^
 
-$(LIBSO): $(LIB_OBJS) $(CU_OBJS)
-	$(CC) -shared $(SANFLAGS) -o $@ $^ $(LDLIBS)
+$(LIBSO): $(LIB_OBJS) $(CU_OBJS) Makefile
+	$(CC) -shared $(SANFLAGS) -Wl,-soname,$(SONAME) -o $@ $(filter %.o,$^) $(LDLIBS)
 
 $(BUILD)/deltacast-broker: $(BROKER_SRCS:%.c=$(BUILD)/obj/%.o) $(LIBA)
 	$(CC) $(SANFLAGS) -o $@ $^ $(LDLIBS)
@@ -131,14 +135,42 @@ fuzz: $(FUZZ_SRCS:tests/fuzz/%.c=$(BUILD)/fuzz/%)
 	  $$f -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -print_final_stats=1 \
 	    $(BUILD)/fuzz/corpus-$$n tests/fuzz/seeds/$$n 2>&1 | tail -n 12 || exit 1; done
 
+# `make install [PREFIX=/usr/local] [DESTDIR=...]`: headers, libdeltacast.a,
+# libdeltacast.so.VERSION with its SONAME link .so.MAJOR and the .so link,
+# the programs, deltacast.pc, and the Python package into the interpreter's
+# directory for PREFIX (scripts/pysite.py; PYSITE=DIR overrides), which
+# records LIBDIR so that `import deltacast` needs no environment.  Under a
+# prefix the loader does not search, deltacast.pc adds an rpath.
+LIBDIR ?= $(PREFIX)/lib
+PYSITE ?= $(shell $(PYTHON) scripts/pysite.py $(PREFIX))
+SYSTEM_LIBDIRS := /usr/lib /usr/local/lib
+PC_RPATH = $(if $(filter $(SYSTEM_LIBDIRS),$(LIBDIR)),,-Wl,-rpath,$${libdir})
 install: all
-	install -d $(DESTDIR)$(PREFIX)/include/deltacast $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/bin
+	install -d $(DESTDIR)$(PREFIX)/include/deltacast $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(PREFIX)/bin
 	install -m 644 include/deltacast/*.h $(DESTDIR)$(PREFIX)/include/deltacast/
-	install -m 644 $(LIBA) $(DESTDIR)$(PREFIX)/lib/
-	install -m 755 $(LIBSO) $(DESTDIR)$(PREFIX)/lib/
+	install -m 644 $(LIBA) $(DESTDIR)$(LIBDIR)/
+	install -m 755 $(LIBSO) $(DESTDIR)$(LIBDIR)/libdeltacast.so.$(VERSION)
+	ln -sf libdeltacast.so.$(VERSION) $(DESTDIR)$(LIBDIR)/$(SONAME)
+	ln -sf $(SONAME) $(DESTDIR)$(LIBDIR)/libdeltacast.so
 	$(if $(PROGS),install -m 755 $(PROGS) $(DESTDIR)$(PREFIX)/bin/)
-	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@LIBS@|$(DEP_LIBS) $(CUDA_LIBS) -lm -lpthread|' \
-		scripts/deltacast.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/deltacast.pc
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@LIBDIR@|$(LIBDIR)|' -e 's|@VERSION@|$(VERSION)|' \
+		-e 's|@RPATH@|$(PC_RPATH)|' \
+		-e 's|@LIBS@|$(DEP_LIBS) $(CUDA_LIBS) -lm -lpthread|' \
+		scripts/deltacast.pc.in > $(DESTDIR)$(LIBDIR)/pkgconfig/deltacast.pc
+	install -d $(DESTDIR)$(PYSITE)/deltacast
+	install -m 644 python/deltacast/*.py python/deltacast/py.typed $(DESTDIR)$(PYSITE)/deltacast/
+	printf '"""Written by make install."""\nLIBDIR = "%s"\n' '$(LIBDIR)' \
+		> $(DESTDIR)$(PYSITE)/deltacast/_install.py
+	@if [ -z "$(DESTDIR)" ] && [ "$$(id -u)" = 0 ] && command -v ldconfig >/dev/null; then \
+		ldconfig; fi
+
+# Removes what `make install` put under the same PREFIX / DESTDIR / PYSITE.
+uninstall:
+	rm -rf $(DESTDIR)$(PREFIX)/include/deltacast $(DESTDIR)$(PYSITE)/deltacast
+	rm -f $(DESTDIR)$(LIBDIR)/libdeltacast.a $(DESTDIR)$(LIBDIR)/libdeltacast.so \
+		$(DESTDIR)$(LIBDIR)/$(SONAME) $(DESTDIR)$(LIBDIR)/libdeltacast.so.$(VERSION) \
+		$(DESTDIR)$(LIBDIR)/pkgconfig/deltacast.pc \
+		$(DESTDIR)$(PREFIX)/bin/deltacast $(DESTDIR)$(PREFIX)/bin/deltacast-broker
 
 clean:
 	rm -rf build build-san

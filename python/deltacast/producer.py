@@ -206,16 +206,20 @@ class Producer(Closable):
         items: Iterable[Tuple[str, Any]] = list(module.named_parameters())
         if buffers:
             items = list(items) + list(module.named_buffers())
-        out: Dict[str, str] = {}
+        plan: Dict[str, Tuple[str, Any]] = {}
         for name, t in items:
             if filter is not None and not filter(name, t):
                 continue
             published = name_map(name) if name_map is not None else name
             if published is None:
                 continue
+            if _dtypes.wire_of(t) is None:  # refuse before registering any
+                raise fail("DCAST_EDTYPE", f"register_module: {name} is {t.dtype}, which the codec "
+                                           "does not take (skip it with filter=, or publish a copy)")
+            plan[name] = (published, t)
+        for name, (published, t) in plan.items():
             self.register(published, t)
-            out[name] = published
-        return out
+        return {name: published for name, (published, _) in plan.items()}
 
     def _follow_moves(self, p: ctypes.c_void_p) -> None:
         for name, e in self._entries.items():

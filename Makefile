@@ -21,7 +21,9 @@ endif
 
 PKGS     := libzmq msgpack liburing libxxhash
 CC       ?= cc
-CFLAGS_BASE := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -fPIC -pthread \
+# -fvisibility=hidden: libdeltacast.so exports only what the public headers
+# mark DCAST_API (include/deltacast/export.h).
+CFLAGS_BASE := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -fPIC -pthread -fvisibility=hidden \
 	-Iinclude -Icommon -Ischema -Ikernels -Iproducer -Iconsumer $(OPT) $(SANFLAGS)
 # Deferred (=) so that pkg-config runs after `make deps` has installed things.
 DEP_CFLAGS = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
@@ -42,6 +44,9 @@ CUDA_LIBS   := -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
 endif
 
 CFLAGS  := $(CFLAGS_BASE) $(CUDA_CFLAGS) $(EXTRA_CFLAGS)
+# The CLI is a user of the library like any other: public headers only.
+PRIVATE_INCLUDES := -Icommon -Ischema -Ikernels -Iproducer -Iconsumer
+$(BUILD)/obj/cli/%.o: CFLAGS := $(filter-out $(PRIVATE_INCLUDES),$(CFLAGS))
 LDLIBS   = $(DEP_LIBS) $(CUDA_LIBS) -lm -lpthread
 
 # Library sources: every .c in these folders (broker/ and cli/ are programs).
@@ -84,17 +89,18 @@ $(BUILD)/obj/%.o: %.c $(FLAGS_STAMP) | deps
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $(DEP_CFLAGS) -MMD -MP -c $< -o $@
 
-$(BUILD)/obj/%.cu.o: %.cu | deps
+$(BUILD)/obj/%.cu.o: %.cu $(FLAGS_STAMP) | deps
 	@mkdir -p $(@D)
-	$(NVCC) -O3 -std=c++17 $(NVCC_ARCH) -Iinclude -Ikernels -Icommon -Xcompiler -fPIC \
+	$(NVCC) -O3 -std=c++17 $(NVCC_ARCH) -Iinclude -Ikernels -Icommon -Xcompiler -fPIC,-fvisibility=hidden \
 		-DDCAST_HAVE_CUDA=1 -MMD -MP -c $< -o $@
 
 $(LIBA): $(LIB_OBJS) $(CU_OBJS)
 	@mkdir -p $(@D)
 	rm -f $@ && ar rcs $@ $^
 
-$(LIBSO): $(LIB_OBJS) $(CU_OBJS) Makefile
-	$(CC) -shared $(SANFLAGS) -Wl,-soname,$(SONAME) -o $@ $(filter %.o,$^) $(LDLIBS)
+$(LIBSO): $(LIB_OBJS) $(CU_OBJS) Makefile scripts/libdeltacast.map
+	$(CC) -shared $(SANFLAGS) -Wl,-soname,$(SONAME) -Wl,--version-script=scripts/libdeltacast.map \
+		-o $@ $(filter %.o,$^) $(LDLIBS)
 
 $(BUILD)/deltacast-broker: $(BROKER_SRCS:%.c=$(BUILD)/obj/%.o) $(LIBA)
 	$(CC) $(SANFLAGS) -o $@ $^ $(LDLIBS)

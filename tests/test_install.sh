@@ -4,7 +4,7 @@
 # on sys.path) and loads the installed library by its recorded path; the
 # library carries the SONAME libdeltacast.so.0 with its links; a C program
 # built with `pkg-config --cflags --libs deltacast` runs with no
-# LD_LIBRARY_PATH.  Skips (77) under SAN=1, whose library needs the
+# LD_LIBRARY_PATH; nm -D shows only dcast_ functions.  Skips (77) under SAN=1, whose library needs the
 # sanitizer runtime preloaded, and without pkg-config or a C compiler.
 set -u
 cd "$(dirname "$0")/.."
@@ -28,6 +28,13 @@ VERSION=$(sed -n 's/^__version__ = "\(.*\)"/\1/p' python/deltacast/_version.py)
 [ "$(readlink "$P/lib/libdeltacast.so")" = "libdeltacast.so.0" ] || fail "libdeltacast.so link"
 readelf -d "$P/lib/libdeltacast.so.$VERSION" | grep -q 'SONAME.*\[libdeltacast.so.0\]' ||
 	fail "SONAME is not libdeltacast.so.0: $(readelf -d "$P/lib/libdeltacast.so.$VERSION" | grep SONAME)"
+
+# The installed library exports what the built one does (test_seal: the public API only).
+cmp -s <(nm -D --defined-only "$P/lib/libdeltacast.so.0" | awk '{print $3}' | sort) \
+	<(nm -D --defined-only "$BUILD/libdeltacast.so" | awk '{print $3}' | sort) ||
+	fail "nm -D of the installed library differs from the build's"
+nm -D --defined-only "$P/lib/libdeltacast.so.0" | awk '{print $3}' | grep -v '^dcast_' | head -n 3 |
+	grep -q . && fail "the installed library exports non-dcast_ symbols"
 
 # Python: a clean environment, the installed package, the installed library.
 SITE=$("$PYTHON" scripts/pysite.py "$P")

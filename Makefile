@@ -21,7 +21,9 @@ endif
 
 PKGS     := libzmq msgpack liburing libxxhash
 CC       ?= cc
-CFLAGS_BASE := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -fPIC -pthread \
+# -fvisibility=hidden: libdeltacast.so exports only what the public headers
+# mark DCAST_API (include/deltacast/export.h).
+CFLAGS_BASE := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -fPIC -pthread -fvisibility=hidden \
 	-Iinclude -Icommon -Ischema -Ikernels -Iproducer -Iconsumer $(OPT) $(SANFLAGS)
 # Deferred (=) so that pkg-config runs after `make deps` has installed things.
 DEP_CFLAGS = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
@@ -42,6 +44,9 @@ CUDA_LIBS   := -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
 endif
 
 CFLAGS  := $(CFLAGS_BASE) $(CUDA_CFLAGS) $(EXTRA_CFLAGS)
+# The CLI is a user of the library like any other: public headers only.
+PRIVATE_INCLUDES := -Icommon -Ischema -Ikernels -Iproducer -Iconsumer
+$(BUILD)/obj/cli/%.o: CFLAGS := $(filter-out $(PRIVATE_INCLUDES),$(CFLAGS))
 LDLIBS   = $(DEP_LIBS) $(CUDA_LIBS) -lm -lpthread
 
 # Library sources: every .c in these folders (broker/ and cli/ are programs).
@@ -63,9 +68,13 @@ FUZZ_SRCS := $(wildcard tests/fuzz/fuzz_*.c)
 
 LIBA  := $(BUILD)/libdeltacast.a
 LIBSO := $(BUILD)/libdeltacast.so
+# One version for the library, deltacast.pc and the Python package.
+VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' python/deltacast/_version.py)
+SOMAJOR := $(firstword $(subst ., ,$(VERSION)))
+SONAME  := libdeltacast.so.$(SOMAJOR)
 
 .PRECIOUS: $(BUILD)/obj/%.o $(BUILD)/obj/tests/%.o $(BUILD)/obj/tests/tools/%.o
-.PHONY: all deps test test-gpu fuzz install clean vectors
+.PHONY: all deps test test-gpu fuzz install uninstall clean vectors
 all: $(LIBA) $(LIBSO) $(PROGS)
 
 deps:
@@ -80,17 +89,18 @@ $(BUILD)/obj/%.o: %.c $(FLAGS_STAMP) | deps
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $(DEP_CFLAGS) -MMD -MP -c $< -o $@
 
-$(BUILD)/obj/%.cu.o: %.cu | deps
+$(BUILD)/obj/%.cu.o: %.cu $(FLAGS_STAMP) | deps
 	@mkdir -p $(@D)
-	$(NVCC) -O3 -std=c++17 $(NVCC_ARCH) -Iinclude -Ikernels -Icommon -Xcompiler -fPIC \
+	$(NVCC) -O3 -std=c++17 $(NVCC_ARCH) -Iinclude -Ikernels -Icommon -Xcompiler -fPIC,-fvisibility=hidden \
 		-DDCAST_HAVE_CUDA=1 -MMD -MP -c $< -o $@
 
 $(LIBA): $(LIB_OBJS) $(CU_OBJS)
 	@mkdir -p $(@D)
 	rm -f $@ && ar rcs $@ $^
 
-$(LIBSO): $(LIB_OBJS) $(CU_OBJS)
-	$(CC) -shared $(SANFLAGS) -o $@ $^ $(LDLIBS)
+$(LIBSO): $(LIB_OBJS) $(CU_OBJS) Makefile scripts/libdeltacast.map
+	$(CC) -shared $(SANFLAGS) -Wl,-soname,$(SONAME) -Wl,--version-script=scripts/libdeltacast.map \
+		-o $@ $(filter %.o,$^) $(LDLIBS)
 
 $(BUILD)/deltacast-broker: $(BROKER_SRCS:%.c=$(BUILD)/obj/%.o) $(LIBA)
 	$(CC) $(SANFLAGS) -o $@ $^ $(LDLIBS)
@@ -131,14 +141,42 @@ fuzz: $(FUZZ_SRCS:tests/fuzz/%.c=$(BUILD)/fuzz/%)
 	  $$f -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -print_final_stats=1 \
 	    $(BUILD)/fuzz/corpus-$$n tests/fuzz/seeds/$$n 2>&1 | tail -n 12 || exit 1; done
 
+# `make install [PREFIX=/usr/local] [DESTDIR=...]`: headers, libdeltacast.a,
+# libdeltacast.so.VERSION with its SONAME link .so.MAJOR and the .so link,
+# the programs, deltacast.pc, and the Python package into the interpreter's
+# directory for PREFIX (scripts/pysite.py; PYSITE=DIR overrides), which
+# records LIBDIR so that `import deltacast` needs no environment.  Under a
+# prefix the loader does not search, deltacast.pc adds an rpath.
+LIBDIR ?= $(PREFIX)/lib
+PYSITE ?= $(shell $(PYTHON) scripts/pysite.py $(PREFIX))
+SYSTEM_LIBDIRS := /usr/lib /usr/local/lib
+PC_RPATH = $(if $(filter $(SYSTEM_LIBDIRS),$(LIBDIR)),,-Wl,-rpath,$${libdir})
 install: all
-	install -d $(DESTDIR)$(PREFIX)/include/deltacast $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/bin
+	install -d $(DESTDIR)$(PREFIX)/include/deltacast $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(PREFIX)/bin
 	install -m 644 include/deltacast/*.h $(DESTDIR)$(PREFIX)/include/deltacast/
-	install -m 644 $(LIBA) $(DESTDIR)$(PREFIX)/lib/
-	install -m 755 $(LIBSO) $(DESTDIR)$(PREFIX)/lib/
+	install -m 644 $(LIBA) $(DESTDIR)$(LIBDIR)/
+	install -m 755 $(LIBSO) $(DESTDIR)$(LIBDIR)/libdeltacast.so.$(VERSION)
+	ln -sf libdeltacast.so.$(VERSION) $(DESTDIR)$(LIBDIR)/$(SONAME)
+	ln -sf $(SONAME) $(DESTDIR)$(LIBDIR)/libdeltacast.so
 	$(if $(PROGS),install -m 755 $(PROGS) $(DESTDIR)$(PREFIX)/bin/)
-	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@LIBS@|$(DEP_LIBS) $(CUDA_LIBS) -lm -lpthread|' \
-		scripts/deltacast.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/deltacast.pc
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@LIBDIR@|$(LIBDIR)|' -e 's|@VERSION@|$(VERSION)|' \
+		-e 's|@RPATH@|$(PC_RPATH)|' \
+		-e 's|@LIBS@|$(DEP_LIBS) $(CUDA_LIBS) -lm -lpthread|' \
+		scripts/deltacast.pc.in > $(DESTDIR)$(LIBDIR)/pkgconfig/deltacast.pc
+	install -d $(DESTDIR)$(PYSITE)/deltacast
+	install -m 644 python/deltacast/*.py python/deltacast/py.typed $(DESTDIR)$(PYSITE)/deltacast/
+	printf '"""Written by make install."""\nLIBDIR = "%s"\n' '$(LIBDIR)' \
+		> $(DESTDIR)$(PYSITE)/deltacast/_install.py
+	@if [ -z "$(DESTDIR)" ] && [ "$$(id -u)" = 0 ] && command -v ldconfig >/dev/null; then \
+		ldconfig; fi
+
+# Removes what `make install` put under the same PREFIX / DESTDIR / PYSITE.
+uninstall:
+	rm -rf $(DESTDIR)$(PREFIX)/include/deltacast $(DESTDIR)$(PYSITE)/deltacast
+	rm -f $(DESTDIR)$(LIBDIR)/libdeltacast.a $(DESTDIR)$(LIBDIR)/libdeltacast.so \
+		$(DESTDIR)$(LIBDIR)/$(SONAME) $(DESTDIR)$(LIBDIR)/libdeltacast.so.$(VERSION) \
+		$(DESTDIR)$(LIBDIR)/pkgconfig/deltacast.pc \
+		$(DESTDIR)$(PREFIX)/bin/deltacast $(DESTDIR)$(PREFIX)/bin/deltacast-broker
 
 clean:
 	rm -rf build build-san

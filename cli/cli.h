@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "deltacast/err.h"
 #include "deltacast/safetensors.h"
 
 /* X(function suffix, command name, one-line summary) */
@@ -31,9 +32,22 @@ enum { CLI_OK = 0, CLI_FAILED = 1, CLI_USAGE = 2 };
 /* Element range of one chunk in diff and delta (codec elements). */
 #define CLI_CHUNK_ELEMS (1u << 20)
 
-/* Print "deltacast CMD: <error text>: <detail>" for err to stderr; returns
- * CLI_FAILED. */
+/* The CLI uses only the public API (include/deltacast/): its own failures
+ * carry their detail here.  cli_fail records a printf-style detail for
+ * `err` on this thread and returns err, as the library's internal
+ * dcast_fail does; cli_report prints it when the error it reports is that
+ * code, else the library's dcast_last_error(). */
+int cli_fail(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Print "deltacast CMD: <error text>: <detail>" for err to stderr and
+ * forget the CLI's detail; returns CLI_FAILED. */
 int cli_report(const char *cmd, int err);
+
+/* Write `len` bytes to fd at offset `off`, retrying short writes and EINTR;
+ * `label` names the file in the error.  Errors: DCAST_EIO (cli_fail). */
+int cli_pwrite_all(int fd, const void *buf, size_t len, uint64_t off, const char *label);
+
+#define CLI_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 
 /* Print a usage error for cmd ("deltacast CMD: what; see --help");
  * returns CLI_USAGE. */

@@ -12,12 +12,48 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "dcast_common.h"
+
+static _Thread_local char cli_detail[1024];
+static _Thread_local int cli_detail_err;
+
+int cli_fail(int err, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(cli_detail, sizeof(cli_detail), fmt, ap);
+	va_end(ap);
+	cli_detail_err = err;
+	return err;
+}
 
 int cli_report(const char *cmd, int err)
 {
-	fprintf(stderr, "deltacast %s: %s: %s\n", cmd, dcast_strerror(err), dcast_last_error());
+	const char *detail = err == cli_detail_err && cli_detail[0] ? cli_detail : dcast_last_error();
+
+	fprintf(stderr, "deltacast %s: %s: %s\n", cmd, dcast_strerror(err), detail);
+	cli_detail[0] = '\0';
+	cli_detail_err = 0;
 	return CLI_FAILED;
+}
+
+int cli_pwrite_all(int fd, const void *buf, size_t len, uint64_t off, const char *label)
+{
+	const char *p = buf;
+
+	while (len) {
+		size_t n = len < (1u << 30) ? len : (1u << 30);
+		ssize_t w = pwrite(fd, p, n, (off_t)off);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0)
+			return cli_fail(DCAST_EIO, "%s: write at offset %llu: %s", label,
+					(unsigned long long)off, w < 0 ? strerror(errno) : "no progress");
+		p += w;
+		len -= (size_t)w;
+		off += (uint64_t)w;
+	}
+	return 0;
 }
 
 int cli_usage_error(const char *cmd, const char *fmt, ...)
@@ -114,13 +150,13 @@ static int match_tensors(cli_pair *p, const char *base_path, const char *cur_pat
 		if (b && same_layout(b, t))
 			p->base_of[i] = b;
 		else if (strict)
-			return dcast_fail(b ? DCAST_ESHAPE : DCAST_ENOTFOUND,
+			return cli_fail(b ? DCAST_ESHAPE : DCAST_ENOTFOUND,
 					  "tensor \"%s\" of %s %s %s", t->name, cur_path,
 					  b ? "has another dtype or shape in" : "is missing from",
 					  base_path);
 	}
 	if (strict && dcast_st_count(p->base) != n)
-		return dcast_fail(DCAST_ESHAPE, "%s has %zu tensors, %s has %zu", base_path,
+		return cli_fail(DCAST_ESHAPE, "%s has %zu tensors, %s has %zu", base_path,
 				  dcast_st_count(p->base), cur_path, n);
 	return 0;
 }
@@ -134,7 +170,7 @@ int cli_pair_open(const char *base_path, const char *cur_path, int strict, cli_p
 	if (!err) {
 		p->base_of = calloc(dcast_st_count(p->cur) + 1, sizeof(*p->base_of));
 		err = p->base_of ? match_tensors(p, base_path, cur_path, strict)
-				 : dcast_fail(DCAST_ENOMEM, "out of memory");
+				 : cli_fail(DCAST_ENOMEM, "out of memory");
 	}
 	if (err)
 		cli_pair_close(p);
@@ -156,14 +192,14 @@ int cli_out_open(const char *path, cli_out *o)
 	size_t n = strlen(path) + 16;
 	o->tmp = malloc(n);
 	if (!o->tmp)
-		return dcast_fail(DCAST_ENOMEM, "out of memory");
+		return cli_fail(DCAST_ENOMEM, "out of memory");
 	snprintf(o->tmp, n, "%s.tmp.XXXXXX", path);
 	o->fd = mkostemp(o->tmp, O_CLOEXEC);
 	if (o->fd < 0) {
 		int e = errno;
 		free(o->tmp);
 		o->tmp = NULL;
-		return dcast_fail(DCAST_EIO, "%s: cannot create a temporary file: %s", path, strerror(e));
+		return cli_fail(DCAST_EIO, "%s: cannot create a temporary file: %s", path, strerror(e));
 	}
 	return 0;
 }
@@ -172,12 +208,12 @@ int cli_out_commit(cli_out *o)
 {
 	int err = 0;
 	if (fchmod(o->fd, 0644) != 0 || fsync(o->fd) != 0)
-		err = dcast_fail(DCAST_EIO, "%s: fsync: %s", o->tmp, strerror(errno));
+		err = cli_fail(DCAST_EIO, "%s: fsync: %s", o->tmp, strerror(errno));
 	if (close(o->fd) != 0 && !err)
-		err = dcast_fail(DCAST_EIO, "%s: close: %s", o->tmp, strerror(errno));
+		err = cli_fail(DCAST_EIO, "%s: close: %s", o->tmp, strerror(errno));
 	o->fd = -1;
 	if (!err && rename(o->tmp, o->path) != 0)
-		err = dcast_fail(DCAST_EIO, "rename %s to %s: %s", o->tmp, o->path, strerror(errno));
+		err = cli_fail(DCAST_EIO, "rename %s to %s: %s", o->tmp, o->path, strerror(errno));
 	if (err)
 		unlink(o->tmp);
 	free(o->tmp);

@@ -13,7 +13,6 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "dcast_common.h"
 #include "deltacast/codec.h"
 #include "patch.h"
 
@@ -38,7 +37,7 @@ typedef struct patch_view {
 
 static int corrupt(const patch_view *v, const char *what)
 {
-	return dcast_fail(DCAST_ECORRUPT, "%s: %s", v->path, what);
+	return cli_fail(DCAST_ECORRUPT, "%s: %s", v->path, what);
 }
 
 static uint64_t le64(const unsigned char *p)
@@ -53,17 +52,17 @@ static int map_patch(patch_view *v)
 {
 	int fd = open(v->path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
-		return dcast_fail(errno == ENOENT ? DCAST_ENOTFOUND : DCAST_EIO, "%s: open: %s",
+		return cli_fail(errno == ENOENT ? DCAST_ENOTFOUND : DCAST_EIO, "%s: open: %s",
 				  v->path, strerror(errno));
 	struct stat st;
-	int err = fstat(fd, &st) ? dcast_fail(DCAST_EIO, "%s: stat: %s", v->path, strerror(errno)) : 0;
+	int err = fstat(fd, &st) ? cli_fail(DCAST_EIO, "%s: stat: %s", v->path, strerror(errno)) : 0;
 	if (!err && (uint64_t)st.st_size < PATCH_HEADER_BYTES + PATCH_TRAILER_BYTES)
-		err = dcast_fail(DCAST_ETRUNCATED, "%s: %lld bytes is too short for a patch", v->path,
+		err = cli_fail(DCAST_ETRUNCATED, "%s: %lld bytes is too short for a patch", v->path,
 				 (long long)st.st_size);
 	if (!err) {
 		void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
 		if (m == MAP_FAILED)
-			err = dcast_fail(DCAST_EIO, "%s: mmap: %s", v->path, strerror(errno));
+			err = cli_fail(DCAST_EIO, "%s: mmap: %s", v->path, strerror(errno));
 		else
 			v->data = m, v->size = (size_t)st.st_size;
 	}
@@ -75,10 +74,10 @@ static int check_trailer(patch_view *v)
 {
 	const unsigned char *tr = v->data + v->size - PATCH_TRAILER_BYTES;
 	if (memcmp(tr, PATCH_TRAILER_MAGIC, 8) != 0 || le64(tr + 8) != v->size)
-		return dcast_fail(DCAST_ETRUNCATED, "%s: no valid trailer (truncated or not a patch)",
+		return cli_fail(DCAST_ETRUNCATED, "%s: no valid trailer (truncated or not a patch)",
 				  v->path);
 	if (dcast_checksum(v->data, v->size - 8) != le64(tr + 16))
-		return dcast_fail(DCAST_ECHECKSUM, "%s: whole-file checksum mismatch (file corrupt)",
+		return cli_fail(DCAST_ECHECKSUM, "%s: whole-file checksum mismatch (file corrupt)",
 				  v->path);
 	v->chunks_end = v->size - PATCH_TRAILER_BYTES;
 	return 0;
@@ -104,14 +103,14 @@ static int read_tensor_table(patch_view *v)
 		return corrupt(v, "tensor table runs past the end");
 	v->tensors = calloc(v->h.tensor_count + 1, sizeof(*v->tensors));
 	if (!v->tensors)
-		return dcast_fail(DCAST_ENOMEM, "out of memory");
+		return cli_fail(DCAST_ENOMEM, "out of memory");
 	for (uint64_t i = 0; i < v->h.tensor_count; i++, at += PATCH_TENSOR_BYTES) {
 		patch_tensor *pt = &v->tensors[i];
 		const dcast_st_tensor *t = dcast_st_tensor_at(v->layout, i);
 		patch_tensor_get(v->data + at, pt);
 		if (pt->elem_size != cli_codec_elem_size(t) || pt->count != t->nbytes / pt->elem_size ||
 		    pt->has_base > 1)
-			return dcast_fail(DCAST_ECORRUPT, "%s: tensor table entry of \"%s\" disagrees with its header",
+			return cli_fail(DCAST_ECORRUPT, "%s: tensor table entry of \"%s\" disagrees with its header",
 					  v->path, t->name);
 	}
 	v->chunks_at = at;
@@ -121,9 +120,9 @@ static int read_tensor_table(patch_view *v)
 static int parse_head(patch_view *v)
 {
 	if (patch_header_get(v->data, &v->h) != 0)
-		return dcast_fail(DCAST_EMALFORMED, "%s: not a deltacast patch (bad magic)", v->path);
+		return cli_fail(DCAST_EMALFORMED, "%s: not a deltacast patch (bad magic)", v->path);
 	if (v->h.version != PATCH_VERSION || v->h.flags != 0)
-		return dcast_fail(DCAST_EPROTO_VERSION, "%s: patch version %u flags %u (this build reads %u, 0)",
+		return cli_fail(DCAST_EPROTO_VERSION, "%s: patch version %u flags %u (this build reads %u, 0)",
 				  v->path, v->h.version, v->h.flags, PATCH_VERSION);
 	int err = parse_layout(v);
 	return err ? err : read_tensor_table(v);
@@ -139,13 +138,13 @@ static int check_base(const patch_view *v, const dcast_st_file *base, const char
 			continue;
 		const dcast_st_tensor *b = dcast_st_find(base, t->name);
 		if (!b)
-			return dcast_fail(DCAST_ENOTFOUND, "%s lacks tensor \"%s\" that the patch is based on",
+			return cli_fail(DCAST_ENOTFOUND, "%s lacks tensor \"%s\" that the patch is based on",
 					  base_path, t->name);
 		if (b->dtype != t->dtype || b->nbytes != t->nbytes)
-			return dcast_fail(DCAST_ESHAPE, "%s: tensor \"%s\" has another dtype or size than "
+			return cli_fail(DCAST_ESHAPE, "%s: tensor \"%s\" has another dtype or size than "
 					  "the patch's base", base_path, t->name);
 		if (dcast_digest(b->data, b->nbytes) != v->tensors[i].base_digest)
-			return dcast_fail(DCAST_EDIGEST, "%s: tensor \"%s\" is not the one the patch was "
+			return cli_fail(DCAST_EDIGEST, "%s: tensor \"%s\" is not the one the patch was "
 					  "made against (digest differs): wrong BASE", base_path, t->name);
 	}
 	return 0;
@@ -169,7 +168,7 @@ static int next_chunk(const patch_view *v, uint64_t *at, uint32_t *tensor, uint6
 	    patch_pad(c->payload_bytes) > v->chunks_end - *at - c->payload_bytes)
 		return corrupt(v, "chunk payload runs past the end");
 	if (dcast_checksum(v->data + *at, c->payload_bytes) != c->checksum)
-		return dcast_fail(DCAST_ECHECKSUM, "%s: chunk of tensor %u at element %llu: checksum "
+		return cli_fail(DCAST_ECHECKSUM, "%s: chunk of tensor %u at element %llu: checksum "
 				  "mismatch", v->path, c->tensor_index, (unsigned long long)c->begin);
 	*pos += c->count;
 	return 0;
@@ -212,7 +211,7 @@ static int check_new_digests(const patch_view *v, const unsigned char *data)
 	for (uint64_t i = 0; i < v->h.tensor_count; i++) {
 		const dcast_st_tensor *t = dcast_st_tensor_at(v->layout, i);
 		if (dcast_digest(data + t->data_offset, t->nbytes) != v->tensors[i].new_digest)
-			return dcast_fail(DCAST_EDIGEST, "tensor \"%s\" after applying %s differs from "
+			return cli_fail(DCAST_EDIGEST, "tensor \"%s\" after applying %s differs from "
 					  "NEW (digest)", t->name, v->path);
 	}
 	return 0;
@@ -241,13 +240,13 @@ static int write_output(const patch_view *v, const dcast_st_file *base, const ch
 	size_t size = (size_t)(v->h.new_header_bytes + v->h.new_data_bytes);
 	void *map = MAP_FAILED;
 	if (ftruncate(o.fd, (off_t)size) != 0)
-		err = dcast_fail(DCAST_EIO, "%s: ftruncate: %s", o.tmp, strerror(errno));
+		err = cli_fail(DCAST_EIO, "%s: ftruncate: %s", o.tmp, strerror(errno));
 	else if ((map = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, o.fd, 0)) == MAP_FAILED)
-		err = dcast_fail(DCAST_EIO, "%s: mmap: %s", o.tmp, strerror(errno));
+		err = cli_fail(DCAST_EIO, "%s: mmap: %s", o.tmp, strerror(errno));
 	if (!err)
 		err = fill_output(v, base, map);
 	if (map != MAP_FAILED && msync(map, size, MS_SYNC) != 0 && !err)
-		err = dcast_fail(DCAST_EIO, "%s: msync: %s", o.tmp, strerror(errno));
+		err = cli_fail(DCAST_EIO, "%s: msync: %s", o.tmp, strerror(errno));
 	if (map != MAP_FAILED)
 		munmap(map, size);
 	if (err)

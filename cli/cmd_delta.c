@@ -8,7 +8,6 @@
 #include <sys/mman.h>
 
 #include "cli.h"
-#include "dcast_common.h"
 #include "deltacast/codec.h"
 #include "patch.h"
 
@@ -29,11 +28,11 @@ typedef struct patch_writer {
 static int put(patch_writer *w, const void *buf, uint64_t len)
 {
 	static const unsigned char zeros[8];
-	int err = dcast_st_pwrite_all(w->out.fd, buf, (size_t)len, w->pos, w->out.tmp);
+	int err = cli_pwrite_all(w->out.fd, buf, (size_t)len, w->pos, w->out.tmp);
 	w->pos += len;
 	uint64_t pad = patch_pad(w->pos);
 	if (!err && pad)
-		err = dcast_st_pwrite_all(w->out.fd, zeros, (size_t)pad, w->pos, w->out.tmp);
+		err = cli_pwrite_all(w->out.fd, zeros, (size_t)pad, w->pos, w->out.tmp);
 	w->pos += pad;
 	return err;
 }
@@ -106,17 +105,17 @@ static int write_trailer(patch_writer *w)
 	memcpy(tr, PATCH_TRAILER_MAGIC, 8);
 	for (int i = 0; i < 8; i++)
 		tr[8 + i] = (unsigned char)(size >> (8 * i));
-	int err = dcast_st_pwrite_all(w->out.fd, tr, 16, w->pos, w->out.tmp);
+	int err = cli_pwrite_all(w->out.fd, tr, 16, w->pos, w->out.tmp);
 	if (err)
 		return err;
 	void *map = mmap(NULL, (size_t)(w->pos + 16), PROT_READ, MAP_SHARED, w->out.fd, 0);
 	if (map == MAP_FAILED)
-		return dcast_fail(DCAST_EIO, "%s: mmap: %s", w->out.tmp, strerror(errno));
+		return cli_fail(DCAST_EIO, "%s: mmap: %s", w->out.tmp, strerror(errno));
 	uint64_t sum = dcast_checksum(map, (size_t)(w->pos + 16));
 	munmap(map, (size_t)(w->pos + 16));
 	for (int i = 0; i < 8; i++)
 		tr[16 + i] = (unsigned char)(sum >> (8 * i));
-	return dcast_st_pwrite_all(w->out.fd, tr + 16, 8, w->pos + 16, w->out.tmp);
+	return cli_pwrite_all(w->out.fd, tr + 16, 8, w->pos + 16, w->out.tmp);
 }
 
 static uint64_t count_chunks(const dcast_st_file *f)
@@ -135,7 +134,7 @@ static int write_patch(const cli_pair *p, const char *out_path)
 	w.payload_cap = dcast_codec_bound(CLI_CHUNK_ELEMS, 4);
 	w.payload = malloc(w.payload_cap);
 	if (!w.payload)
-		return dcast_fail(DCAST_ENOMEM, "out of memory");
+		return cli_fail(DCAST_ENOMEM, "out of memory");
 	int err = cli_out_open(out_path, &w.out);
 	if (!err)
 		err = write_head(&w, p, count_chunks(p->cur));

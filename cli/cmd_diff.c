@@ -9,7 +9,6 @@
 #include <string.h>
 
 #include "cli.h"
-#include "dcast_common.h"
 #include "deltacast/codec.h"
 #include "histogram.h"
 
@@ -49,7 +48,7 @@ static int ensure(void **buf, size_t *cap, size_t need)
 		return 0;
 	void *p = realloc(*buf, need);
 	if (!p)
-		return dcast_fail(DCAST_ENOMEM, "out of memory (%zu bytes)", need);
+		return cli_fail(DCAST_ENOMEM, "out of memory (%zu bytes)", need);
 	*buf = p;
 	*cap = need;
 	return 0;
@@ -169,7 +168,7 @@ static int diff_tensor(diff_run *r, const dcast_st_tensor *b, const dcast_st_ten
 		count_values(cur, base, count, es, &values);
 		td->entropy_bits = position_bits(count, td->changed) + cli_hist_bits(&values);
 		cli_hist_merge(&r->values, &values);
-		err = values.failed ? dcast_fail(DCAST_ENOMEM, "out of memory (histogram)") : 0;
+		err = values.failed ? cli_fail(DCAST_ENOMEM, "out of memory (histogram)") : 0;
 	}
 	cli_hist_free(&values);
 	if (!err)
@@ -278,7 +277,7 @@ static int diff_all(const cli_pair *p, int json)
 	size_t n = dcast_st_count(p->cur);
 	tensor_diff *tds = calloc(n + 1, sizeof(*tds));
 	diff_run r = {0};
-	int err = tds ? 0 : dcast_fail(DCAST_ENOMEM, "out of memory");
+	int err = tds ? 0 : cli_fail(DCAST_ENOMEM, "out of memory");
 	for (size_t i = 0; i < n && !err; i++)
 		err = diff_tensor(&r, p->base_of[i], dcast_st_tensor_at(p->cur, i), &tds[i]);
 	tensor_diff tot = {0};

@@ -9,7 +9,6 @@
 #include <sys/stat.h>
 
 #include "cli.h"
-#include "dcast_common.h"
 #include "trace.h"
 
 #define CMD "gen-trace"
@@ -82,7 +81,7 @@ static int write_version(const trace_opts *o, const trace_model *m, const dcast_
 	snprintf(seed_text, sizeof(seed_text), "%llu", (unsigned long long)o->seed);
 	dcast_st_meta meta[] = {{"format", "pt"}, {"generator", "deltacast gen-trace"},
 				{"step", step_text}, {"seed", seed_text}};
-	return dcast_st_write(path, specs, m->count, meta, DCAST_ARRAY_LEN(meta));
+	return dcast_st_write(path, specs, m->count, meta, CLI_ARRAY_LEN(meta));
 }
 
 static int run_steps(const trace_opts *o, trace_state *s, const dcast_st_spec *specs)
@@ -110,7 +109,7 @@ int cmd_gen_trace(int argc, char **argv)
 	if (rc)
 		return rc;
 	if (mkdir(o.dir, 0755) != 0 && errno != EEXIST)
-		return cli_report(CMD, dcast_fail(DCAST_EIO, "%s: mkdir: %s", o.dir, strerror(errno)));
+		return cli_report(CMD, cli_fail(DCAST_EIO, "%s: mkdir: %s", o.dir, strerror(errno)));
 	trace_model m;
 	trace_state s = {0};
 	int err = trace_model_plan(o.params, &m);
@@ -118,7 +117,7 @@ int cmd_gen_trace(int argc, char **argv)
 		err = trace_state_init(&s, &m, o.seed, o.threads);
 	dcast_st_spec *specs = err ? NULL : make_specs(&m, s.bf);
 	if (!err && !specs)
-		err = dcast_fail(DCAST_ENOMEM, "out of memory");
+		err = cli_fail(DCAST_ENOMEM, "out of memory");
 	if (!err) {
 		fprintf(stderr, "gen-trace: %llu parameters: hidden %u, %u layers, mlp %u, vocab %u, "
 				"%zu tensors\n",

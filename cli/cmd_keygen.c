@@ -8,13 +8,13 @@
 #include <fcntl.h>
 #include <getopt.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zmq.h>
 
 #include "cli.h"
-#include "dcast_common.h"
 
 #define CMD "keygen"
 #define KEY_PATH_MAX 4096
@@ -36,23 +36,23 @@ static int write_key_file(const char *path, const char *text, mode_t mode, int f
 	int fd;
 
 	if (!force && access(path, F_OK) == 0)
-		return dcast_fail(DCAST_EINVAL, "%s exists (use --force to replace it)", path);
+		return cli_fail(DCAST_EINVAL, "%s exists (use --force to replace it)", path);
 	snprintf(tmp, sizeof(tmp), "%s.tmp.XXXXXX", path);
 	if ((fd = mkstemp(tmp)) < 0)
-		return dcast_fail(DCAST_EIO, "%s: %s", tmp, strerror(errno));
+		return cli_fail(DCAST_EIO, "%s: %s", tmp, strerror(errno));
 	if (fchmod(fd, mode) || write(fd, text, len) != (ssize_t)len || fsync(fd)) {
 		int e = errno;
 
 		close(fd);
 		unlink(tmp);
-		return dcast_fail(DCAST_EIO, "%s: %s", tmp, strerror(e));
+		return cli_fail(DCAST_EIO, "%s: %s", tmp, strerror(e));
 	}
 	close(fd);
 	if (rename(tmp, path)) {
 		int e = errno;
 
 		unlink(tmp);
-		return dcast_fail(DCAST_EIO, "%s: %s", path, strerror(e));
+		return cli_fail(DCAST_EIO, "%s: %s", path, strerror(e));
 	}
 	return 0;
 }
@@ -63,14 +63,14 @@ static int keygen(const char *prefix, int force)
 	int rc;
 
 	if (strlen(prefix) + 8 >= KEY_PATH_MAX)
-		return dcast_fail(DCAST_EINVAL, "-o: PREFIX longer than %d bytes", KEY_PATH_MAX - 8);
+		return cli_fail(DCAST_EINVAL, "-o: PREFIX longer than %d bytes", KEY_PATH_MAX - 8);
 	snprintf(spath, sizeof(spath), "%s.secret", prefix);
 	snprintf(ppath, sizeof(ppath), "%s.public", prefix);
 	if (!force && (access(spath, F_OK) == 0 || access(ppath, F_OK) == 0))
-		return dcast_fail(DCAST_EINVAL, "%s exists (use --force to replace it)",
+		return cli_fail(DCAST_EINVAL, "%s exists (use --force to replace it)",
 				  access(spath, F_OK) == 0 ? spath : ppath);
 	if (zmq_curve_keypair(pub, sec))
-		return dcast_fail(DCAST_EZMQ, "zmq_curve_keypair: %s (libzmq built without CURVE?)",
+		return cli_fail(DCAST_EZMQ, "zmq_curve_keypair: %s (libzmq built without CURVE?)",
 				  zmq_strerror(errno));
 	snprintf(text, sizeof(text), "# deltacast CURVE secret key: keep it private\n%s\n", sec);
 	rc = write_key_file(spath, text, 0600, force);

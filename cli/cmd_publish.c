@@ -10,7 +10,6 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "dcast_common.h"
 #include "deltacast/producer.h"
 
 #define CMD "publish"
@@ -86,7 +85,7 @@ static int codec_dtype(const dcast_st_tensor *t, const char *path)
 	int d = dcast_dtype_from_name(dcast_st_dtype_name(t->dtype));
 
 	if (d < 0)
-		return -dcast_fail(DCAST_EDTYPE, "%s: tensor %s is %s, a dtype the codec cannot take",
+		return -cli_fail(DCAST_EDTYPE, "%s: tensor %s is %s, a dtype the codec cannot take",
 				   path, t->name, dcast_st_dtype_name(t->dtype));
 	return d;
 }
@@ -98,7 +97,7 @@ static int register_file(dcast_producer *p, dcast_st_file *f, const char *path, 
 	size_t n = dcast_st_count(f);
 
 	if (want && n != want)
-		return dcast_fail(DCAST_ESHAPE, "%s has %zu tensors, the first file %zu", path, n,
+		return cli_fail(DCAST_ESHAPE, "%s has %zu tensors, the first file %zu", path, n,
 				  want);
 	for (size_t i = 0; i < n; i++) {
 		const dcast_st_tensor *t = dcast_st_tensor_at(f, i);
@@ -109,10 +108,10 @@ static int register_file(dcast_producer *p, dcast_st_file *f, const char *path, 
 		rc = dcast_producer_register(p, t->name, d, t->ndim, t->shape, t->data,
 					     DCAST_MEM_HOST, 0, t->count);
 		if (rc == DCAST_ESTATE)
-			return dcast_fail(DCAST_ENOTFOUND, "%s: tensor %s is not in the first file",
+			return cli_fail(DCAST_ENOTFOUND, "%s: tensor %s is not in the first file",
 					  path, t->name);
 		if (rc)
-			return dcast_fail(rc, "%s: %s", path, dcast_last_error());
+			return cli_fail(rc, "%s: %s", path, dcast_last_error());
 	}
 	return 0;
 }

@@ -15,7 +15,6 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "dcast_common.h"
 
 #define CMD "status"
 #define STATUS_MAX_BYTES (4u << 20) /* the broker caps its body at 1 MiB */
@@ -50,7 +49,7 @@ static int split_addr(const char *addr, char *host, size_t cap, const char **por
 		addr += 7;
 	colon = strrchr(addr, ':');
 	if (!colon || colon == addr || (size_t)(colon - addr) >= cap || !colon[1])
-		return dcast_fail(DCAST_EINVAL, "--broker \"%s\": want HOST:PORT", addr);
+		return cli_fail(DCAST_EINVAL, "--broker \"%s\": want HOST:PORT", addr);
 	memcpy(host, addr, (size_t)(colon - addr));
 	host[colon - addr] = '\0';
 	*port = colon + 1;
@@ -70,7 +69,7 @@ static int dial(const char *addr, long timeout_ms, int *out)
 	snprintf(port_s, sizeof(port_s), "%.7s", port);
 	strtok(port_s, "/"); /* a trailing /metrics is fine */
 	if ((rc = getaddrinfo(host, port_s, &hints, &ai)))
-		return dcast_fail(DCAST_EIO, "--broker %s: %s", addr, gai_strerror(rc));
+		return cli_fail(DCAST_EIO, "--broker %s: %s", addr, gai_strerror(rc));
 	for (p = ai; p && fd < 0; p = p->ai_next) {
 		if ((fd = socket(p->ai_family, p->ai_socktype | SOCK_CLOEXEC, 0)) < 0)
 			continue;
@@ -84,7 +83,7 @@ static int dial(const char *addr, long timeout_ms, int *out)
 	}
 	freeaddrinfo(ai);
 	if (fd < 0)
-		return dcast_fail(DCAST_EIO, "--broker %s: connect: %s (is the broker running with "
+		return cli_fail(DCAST_EIO, "--broker %s: connect: %s (is the broker running with "
 				  "--metrics %s?)", addr, strerror(err), addr);
 	*out = fd;
 	return 0;
@@ -99,7 +98,7 @@ static int http_get(const char *addr, long timeout_ms, char **buf, size_t *len)
 	int fd = -1, rc;
 
 	if (!b)
-		return dcast_fail(DCAST_ENOMEM, "%u-byte response buffer", STATUS_MAX_BYTES);
+		return cli_fail(DCAST_ENOMEM, "%u-byte response buffer", STATUS_MAX_BYTES);
 	if ((rc = dial(addr, timeout_ms, &fd))) {
 		free(b);
 		return rc;
@@ -115,7 +114,7 @@ static int http_get(const char *addr, long timeout_ms, char **buf, size_t *len)
 	b[*len] = '\0';
 	if (r < 0) {
 		free(b);
-		return dcast_fail(DCAST_EIO, "--broker %s: %s", addr, strerror(rc));
+		return cli_fail(DCAST_EIO, "--broker %s: %s", addr, strerror(rc));
 	}
 	*buf = b;
 	return 0;
@@ -127,9 +126,9 @@ static int http_body(const char *addr, char *resp, char **body)
 	char *end = strstr(resp, "\r\n\r\n");
 
 	if (strncmp(resp, "HTTP/1.", 7) || !end)
-		return dcast_fail(DCAST_EMALFORMED, "--broker %s: not an HTTP response", addr);
+		return cli_fail(DCAST_EMALFORMED, "--broker %s: not an HTTP response", addr);
 	if (strncmp(resp + 8, " 200", 4))
-		return dcast_fail(DCAST_ENOTFOUND, "--broker %s: /metrics answered \"%.*s\"", addr,
+		return cli_fail(DCAST_ENOTFOUND, "--broker %s: /metrics answered \"%.*s\"", addr,
 				  (int)strcspn(resp, "\r\n"), resp);
 	*body = end + 4;
 	return 0;
@@ -224,13 +223,13 @@ static int status_parse(char *body, struct status *st)
 	for (char *c = body; *c; c++)
 		lines += *c == '\n';
 	if (!(st->s = calloc(lines, sizeof(*st->s))))
-		return dcast_fail(DCAST_ENOMEM, "%zu metric lines", lines);
+		return cli_fail(DCAST_ENOMEM, "%zu metric lines", lines);
 	st->cap = lines;
 	for (char *line = strtok(body, "\n"); line && st->n < st->cap; line = strtok(NULL, "\n"))
 		if (line[0] != '#' && !parse_line(line, &st->s[st->n]))
 			st->n++;
 	if (!st->n)
-		return dcast_fail(DCAST_EMALFORMED, "the response has no deltacast_ metrics");
+		return cli_fail(DCAST_EMALFORMED, "the response has no deltacast_ metrics");
 	return 0;
 }
 

@@ -9,7 +9,6 @@
 #include <string.h>
 
 #include "cli.h"
-#include "dcast_common.h"
 #include "deltacast/consumer.h"
 
 #define CMD "subscribe"

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dcast_common.h"
+#include "cli.h"
 #include "trace.h"
 
 #define INIT_STD 0.02f
@@ -91,11 +91,11 @@ int trace_model_plan(uint64_t params, trace_model *m)
 {
 	memset(m, 0, sizeof(*m));
 	if (params < 100000 || !plan_shape(params, m))
-		return dcast_fail(DCAST_EINVAL, "--params %llu is too small for a transformer (>= 100K)",
+		return cli_fail(DCAST_EINVAL, "--params %llu is too small for a transformer (>= 100K)",
 				  (unsigned long long)params);
 	m->tensors = calloc(3 + 9 * (size_t)m->layers, sizeof(*m->tensors));
 	if (!m->tensors)
-		return dcast_fail(DCAST_ENOMEM, "out of memory");
+		return cli_fail(DCAST_ENOMEM, "out of memory");
 	add_tensor(m, "model.embed_tokens.weight", m->vocab, m->hidden, 0.0f, INIT_STD);
 	for (unsigned l = 0; l < m->layers; l++)
 		add_layer(m, l);

@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dcast_common.h"
+#include "cli.h"
 #include "trace.h"
 
 #define BETA1 0.9f
@@ -154,7 +154,7 @@ int trace_state_init(trace_state *s, const trace_model *m, uint64_t seed, unsign
 	s->bf = malloc(n * sizeof(uint16_t));
 	if (!s->w || !s->m || !s->v || !s->bf) {
 		trace_state_free(s);
-		return dcast_fail(DCAST_ENOMEM, "out of memory for %zu parameters (14 bytes each)", n);
+		return cli_fail(DCAST_ENOMEM, "out of memory for %zu parameters (14 bytes each)", n);
 	}
 	run_parallel(s, init_range, NULL);
 	return 0;

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include "deltacast/err.h"
+#include "deltacast/log.h"
 
 /* Record `err` with a printf-style detail for dcast_last_error() and return
  * it, so that a failure path reads `return dcast_fail(DCAST_EX, "...", ...)`. */
@@ -16,12 +17,10 @@ int dcast_fail(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3
 /* Clear this thread's detail message. */
 void dcast_clear_error(void);
 
-enum dcast_log_level { DCAST_LOG_ERROR, DCAST_LOG_WARN, DCAST_LOG_INFO, DCAST_LOG_DEBUG };
-
-/* Log one line to stderr with a timestamp and level when `level` is at or
- * below the threshold (DELTACAST_LOG=error|warn|info|debug, default info). */
+/* Log one line (to stderr with a timestamp and level, or to the handler
+ * of dcast_log_set_handler) when `level` is at or below the threshold
+ * (deltacast/log.h: DELTACAST_LOG=error|warn|info|debug, default info). */
 void dcast_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-void dcast_log_set_level(int level);
 
 #define DCAST_LOG_E(...) dcast_log(DCAST_LOG_ERROR, __VA_ARGS__)
 #define DCAST_LOG_W(...) dcast_log(DCAST_LOG_WARN, __VA_ARGS__)

@@ -1,10 +1,17 @@
-/* Leveled logging to stderr and the monotonic clock. */
+/* Leveled logging (to stderr, or to a handler the host installs) and the
+ * monotonic clock.  The handler sits behind a read-write lock: log lines
+ * take it shared, so they run concurrently, and dcast_log_set_handler takes
+ * it exclusively, so that once it returns nobody runs the old handler. */
+#include <pthread.h>
 #include <stdarg.h>
 #include <string.h>
 #include <time.h>
 #include "dcast_common.h"
 
-static int log_threshold = -1;
+static _Atomic int log_threshold = -1;
+static pthread_rwlock_t handler_lock = PTHREAD_RWLOCK_INITIALIZER;
+static dcast_log_fn handler_fn;
+static void *handler_arg;
 
 static int level_from_env(void)
 {
@@ -19,7 +26,27 @@ static int level_from_env(void)
 
 void dcast_log_set_level(int level)
 {
-	log_threshold = level;
+	log_threshold = level < DCAST_LOG_ERROR ? DCAST_LOG_ERROR
+		      : level > DCAST_LOG_DEBUG ? DCAST_LOG_DEBUG : level;
+}
+
+int dcast_log_get_level(void)
+{
+	int t = log_threshold;
+
+	if (t < 0) {
+		t = level_from_env();
+		log_threshold = t;
+	}
+	return t;
+}
+
+void dcast_log_set_handler(dcast_log_fn fn, void *arg)
+{
+	pthread_rwlock_wrlock(&handler_lock);
+	handler_fn = fn;
+	handler_arg = arg;
+	pthread_rwlock_unlock(&handler_lock);
 }
 
 void dcast_log(int level, const char *fmt, ...)
@@ -29,16 +56,20 @@ void dcast_log(int level, const char *fmt, ...)
 	struct timespec ts;
 	va_list ap;
 
-	if (log_threshold < 0)
-		log_threshold = level_from_env();
-	if (level > log_threshold)
+	if (level > dcast_log_get_level())
 		return;
-	clock_gettime(CLOCK_REALTIME, &ts);
 	va_start(ap, fmt);
 	vsnprintf(line, sizeof(line), fmt, ap);
 	va_end(ap);
-	fprintf(stderr, "%lld.%03ld %c %s\n", (long long)ts.tv_sec, ts.tv_nsec / 1000000,
-		tag[level & 3], line);
+	pthread_rwlock_rdlock(&handler_lock);
+	if (handler_fn) {
+		handler_fn(level, line, handler_arg);
+	} else {
+		clock_gettime(CLOCK_REALTIME, &ts);
+		fprintf(stderr, "%lld.%03ld %c %s\n", (long long)ts.tv_sec, ts.tv_nsec / 1000000,
+			tag[level & 3], line);
+	}
+	pthread_rwlock_unlock(&handler_lock);
 }
 
 uint64_t dcast_now_ns(void)

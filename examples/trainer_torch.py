@@ -16,7 +16,7 @@ opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
 
 with Producer(sys.argv[1] if len(sys.argv) > 1 else "tcp://127.0.0.1:5555", "example") as p:
     for name, param in model.named_parameters():
-        p.register(name, param.data)  # the library reads param.data at each publish
+        p.register(name, param)  # the parameter itself: a replaced param.data is followed
     for step in range(1, 11):
         loss = model(torch.randn(8, 1024, dtype=torch.bfloat16)).square().mean()
         opt.zero_grad()

@@ -222,7 +222,8 @@ void dcast_st_layout_free(dcast_st_layout *layout)
 	memset(layout, 0, sizeof(*layout));
 }
 
-int dcast_st_pwrite_all(int fd, const void *buf, size_t len, uint64_t off, const char *label)
+/* Write len bytes at off, retrying short writes and EINTR. */
+static int st_pwrite_all(int fd, const void *buf, size_t len, uint64_t off, const char *label)
 {
 	const char *p = buf;
 	while (len) {
@@ -243,12 +244,12 @@ int dcast_st_pwrite_all(int fd, const void *buf, size_t len, uint64_t off, const
 static int write_data(int fd, const char *tmp, const dcast_st_spec *specs,
 		      const dcast_st_layout *lay)
 {
-	int err = dcast_st_pwrite_all(fd, lay->header, lay->header_bytes, 0, tmp);
+	int err = st_pwrite_all(fd, lay->header, lay->header_bytes, 0, tmp);
 	for (size_t i = 0; i < lay->count && !err; i++) {
 		if (!specs[i].data && lay->nbytes[i])
 			return dcast_fail(DCAST_EINVAL, "safetensors writer: tensor \"%s\" has no data",
 					  specs[i].name);
-		err = dcast_st_pwrite_all(fd, specs[i].data, lay->nbytes[i], lay->file_offsets[i], tmp);
+		err = st_pwrite_all(fd, specs[i].data, lay->nbytes[i], lay->file_offsets[i], tmp);
 	}
 	if (!err && fsync(fd) != 0)
 		err = dcast_fail(DCAST_EIO, "%s: fsync: %s", tmp, strerror(errno));

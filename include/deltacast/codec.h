@@ -45,12 +45,12 @@ typedef struct dcast_chunk_info {
 } dcast_chunk_info;
 
 /* Name of an encoding ("dense", "idx32", "bitmask", "compact"); "?" if unknown. */
-const char *dcast_encoding_name(int encoding);
+DCAST_API const char *dcast_encoding_name(int encoding);
 
 /* Upper bound on the payload bytes any encoding produces for `count`
  * elements of `elem_size` bytes (plus slack the encoder writes into):
  * size encode's output buffer with it.  count * (4 + elem_size) + count/8 + 64. */
-size_t dcast_codec_bound(uint64_t count, unsigned elem_size);
+DCAST_API size_t dcast_codec_bound(uint64_t count, unsigned elem_size);
 
 /* Flags for dcast_codec_encode. */
 #define DCAST_ENCODE_UPDATE_BASE 1u /* copy changed elements of cur into base: O(changed) */
@@ -72,14 +72,14 @@ size_t dcast_codec_bound(uint64_t count, unsigned elem_size);
  * Errors: DCAST_EINVAL (elem_size, count > DCAST_MAX_CHUNK_ELEMS, out_cap too
  * small, unknown encoding, an anchor forced to a sparse encoding),
  * DCAST_ENOMEM.  On error base is untouched. */
-int dcast_codec_encode(const void *cur, void *base, uint64_t count, unsigned elem_size,
+DCAST_API int dcast_codec_encode(const void *cur, void *base, uint64_t count, unsigned elem_size,
 		       int force_encoding, unsigned flags, void *out, size_t out_cap,
 		       dcast_chunk_info *info);
 
 /* Payload size of every encoding for this range, without writing payloads,
  * and the number of changed elements (for reports and the diff CLI).
  * base must not be NULL.  Errors: DCAST_EINVAL, DCAST_ENOMEM. */
-int dcast_codec_sizes(const void *cur, const void *base, uint64_t count, unsigned elem_size,
+DCAST_API int dcast_codec_sizes(const void *cur, const void *base, uint64_t count, unsigned elem_size,
 		      uint64_t sizes[DCAST_ENC_COUNT], uint64_t *changed);
 
 /* Check the payload against info completely (lengths, counts, every
@@ -95,24 +95,24 @@ int dcast_codec_sizes(const void *cur, const void *base, uint64_t count, unsigne
  * DCAST_ECORRUPT (structure), DCAST_EINVAL (elem_size, encoding, count,
  * NULL buffers), DCAST_ENOMEM; the detail names the problem (and the element
  * where there is one).  On any error dst and old_out are untouched. */
-int dcast_codec_apply(const dcast_chunk_info *info, const void *payload, void *dst,
+DCAST_API int dcast_codec_apply(const dcast_chunk_info *info, const void *payload, void *dst,
 		      void *old_out);
 
 /* Undo a dcast_codec_apply(): write the `old` values saved by it back to the
  * positions the same payload names (checked again as apply checks it).  For
  * a dense payload `old` is the whole previous range (info->count * elem_size
  * bytes).  Errors as dcast_codec_apply; on error dst is untouched. */
-int dcast_codec_revert(const dcast_chunk_info *info, const void *payload, void *dst,
+DCAST_API int dcast_codec_revert(const dcast_chunk_info *info, const void *payload, void *dst,
 		       const void *old);
 
 /* Checksum of a payload as carried in CHUNK.checksum: XXH3-64, seed 0. */
-uint64_t dcast_checksum(const void *data, size_t len);
+DCAST_API uint64_t dcast_checksum(const void *data, size_t len);
 
 /* Digest of a byte string for files (anchor metadata, patch files): XXH3-64
  * of each 1 MiB block, then XXH3-64 of those hashes as little-endian u64s
  * (docs/protocol.md, "Checksum and digest"), so CPU and GPU agree.  COMMIT
  * digests use dcast_ldigest instead. */
-uint64_t dcast_digest(const void *data, size_t len);
+DCAST_API uint64_t dcast_digest(const void *data, size_t len);
 
 /* ---- the additive digest carried in COMMIT.digests ----
  * The digest of elements [start, start+count) of tensor `tensor` is the sum
@@ -124,13 +124,13 @@ uint64_t dcast_digest(const void *data, size_t len);
  * O(changed).  It catches accidental damage, not forgery (no key). */
 
 /* h(tensor, index, bits): the term one element adds to its range's digest. */
-uint64_t dcast_ldigest_term(uint32_t tensor, uint64_t index, uint32_t bits);
+DCAST_API uint64_t dcast_ldigest_term(uint32_t tensor, uint64_t index, uint32_t bits);
 
 /* *digest = the digest of data[0..count), elements start..start+count-1 of
  * tensor (count 0 gives 0).  Reads count * elem_size bytes; allocates
  * nothing.  Errors: DCAST_EINVAL (elem_size not 1, 2 or 4; data NULL with
  * count > 0; start + count past 2^64); *digest is then untouched. */
-int dcast_ldigest(uint32_t tensor, uint64_t start, const void *data, uint64_t count,
+DCAST_API int dcast_ldigest(uint32_t tensor, uint64_t start, const void *data, uint64_t count,
 		  unsigned elem_size, uint64_t *digest);
 
 /* Move *digest, the digest of a range that begins at element `start`, by
@@ -139,7 +139,7 @@ int dcast_ldigest(uint32_t tensor, uint64_t start, const void *data, uint64_t co
  * listed twice must chain, its second old value being its first new one).
  * The caller owns all arrays.  Errors: DCAST_EINVAL (elem_size, NULL
  * arrays with n > 0); *digest is then untouched. */
-int dcast_ldigest_update(uint64_t *digest, uint32_t tensor, uint64_t start, const uint32_t *pos,
+DCAST_API int dcast_ldigest_update(uint64_t *digest, uint32_t tensor, uint64_t start, const uint32_t *pos,
 			 const void *old_vals, const void *new_vals, uint64_t n, unsigned elem_size);
 
 /* Move *digest by the change that payload (info, as for dcast_codec_apply)
@@ -157,13 +157,13 @@ int dcast_ldigest_update(uint64_t *digest, uint32_t tensor, uint64_t start, cons
  * decoded into the thread's scratch arrays (see the top of this file).
  * Errors: those of dcast_codec_apply, DCAST_EINVAL (lo > hi or hi > count);
  * *digest is then untouched. */
-int dcast_ldigest_payload(uint64_t *digest, uint32_t tensor, uint64_t start,
+DCAST_API int dcast_ldigest_payload(uint64_t *digest, uint32_t tensor, uint64_t start,
 			  const dcast_chunk_info *info, const void *payload, const void *range,
 			  const void *old, uint64_t lo, uint64_t hi);
 
 /* 1 when a usable CUDA device is present and this build has CUDA; else 0.
  * The first call that finds none logs once that the CPU twin is used. */
-int dcast_cuda_available(void);
+DCAST_API int dcast_cuda_available(void);
 
 #ifdef __cplusplus
 }

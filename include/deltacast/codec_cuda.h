@@ -23,25 +23,25 @@ extern "C" {
  * device memory, out_cap >= dcast_codec_bound()).  base == NULL: anchor,
  * dense.  DCAST_ENCODE_UPDATE_BASE updates base on the device.  Same
  * errors as dcast_codec_encode; on error base is untouched. */
-int dcast_cuda_encode(const void *cur, void *base, uint64_t count, unsigned elem_size,
+DCAST_API int dcast_cuda_encode(const void *cur, void *base, uint64_t count, unsigned elem_size,
 		      int force_encoding, unsigned flags, void *out, size_t out_cap,
 		      dcast_chunk_info *info, void *stream);
 
 /* dcast_codec_apply for a device dst (and device old_out, or NULL): the
  * whole payload is checked on the device before any element of dst is
  * written; on error dst is untouched and the detail names the problem. */
-int dcast_cuda_apply(const dcast_chunk_info *info, const void *payload, void *dst, void *old_out,
+DCAST_API int dcast_cuda_apply(const dcast_chunk_info *info, const void *payload, void *dst, void *old_out,
 		     void *stream);
 
 /* dcast_digest of len bytes of device memory, into *digest. */
-int dcast_cuda_digest(const void *data, size_t len, uint64_t *digest, void *stream);
+DCAST_API int dcast_cuda_digest(const void *data, size_t len, uint64_t *digest, void *stream);
 
 /* dcast_ldigest of count elements of device memory (elements start.. of
  * tensor), into *digest: one pass, partial sums per thread, added
  * atomically (a sum mod 2^64 is the same in any order, so it equals the
  * CPU's).  Errors also DCAST_EINVAL as dcast_ldigest; *digest is then
  * untouched. */
-int dcast_cuda_ldigest(uint32_t tensor, uint64_t start, const void *data, uint64_t count,
+DCAST_API int dcast_cuda_ldigest(uint32_t tensor, uint64_t start, const void *data, uint64_t count,
 		       unsigned elem_size, uint64_t *digest, void *stream);
 
 #ifdef __cplusplus

@@ -77,7 +77,7 @@ typedef struct dcast_consumer_opts {
 } dcast_consumer_opts;
 
 /* Fill *o with the defaults above.  Never fails. */
-void dcast_consumer_opts_init(dcast_consumer_opts *o);
+DCAST_API void dcast_consumer_opts_init(dcast_consumer_opts *o);
 
 /* Events returned by dcast_consumer_poll(). */
 typedef enum dcast_event_type {
@@ -136,13 +136,13 @@ typedef struct dcast_consumer_stats {
  * combination such as a CURVE server key without a key pair), DCAST_ENOMEM,
  * DCAST_EIO (dir, checkpoint), DCAST_ECORRUPT (checkpoint anchor unreadable),
  * DCAST_EZMQ.  On error *out is NULL. */
-int dcast_consumer_open(const char *endpoint, const char *model, const char *dir,
+DCAST_API int dcast_consumer_open(const char *endpoint, const char *model, const char *dir,
 			uint64_t staging_budget_bytes, const dcast_consumer_opts *opts,
 			dcast_consumer **out);
 
 /* Say BYE, release everything, set *c to NULL.  NULL-safe.  Bound tensors
  * stay with the caller, unchanged. */
-void dcast_consumer_close(dcast_consumer **c);
+DCAST_API void dcast_consumer_close(dcast_consumer **c);
 
 /* Make the caller's buffer `ptr` (bytes long, in `mem`) the live tensor
  * `name`.  The tensor must be known (manifest received or checkpoint loaded:
@@ -152,19 +152,19 @@ void dcast_consumer_close(dcast_consumer **c);
  * must keep it valid until close.  Errors: DCAST_ENOTFOUND (name),
  * DCAST_ESHAPE (size), DCAST_ENODEVICE (CUDA without a device), DCAST_ESTATE
  * (already bound). */
-int dcast_consumer_bind(dcast_consumer *c, const char *name, void *ptr, dcast_mem mem,
+DCAST_API int dcast_consumer_bind(dcast_consumer *c, const char *name, void *ptr, dcast_mem mem,
 			uint64_t bytes);
 
 /* The live tensor `name`: *ptr (host or device, see *mem) and its manifest
  * entry.  The pointer stays valid until close or a bind of that name; its
  * contents change only inside dcast_consumer_apply.  Any out pointer may be
  * NULL.  Errors: DCAST_ENOTFOUND. */
-int dcast_consumer_tensor(dcast_consumer *c, const char *name, void **ptr,
+DCAST_API int dcast_consumer_tensor(dcast_consumer *c, const char *name, void **ptr,
 			  dcast_tensor_desc *desc, dcast_mem *mem);
 
 /* Number of tensors known (0 before the manifest); desc of tensor i. */
-uint32_t dcast_consumer_tensor_count(const dcast_consumer *c);
-int dcast_consumer_tensor_at(const dcast_consumer *c, uint32_t i, dcast_tensor_desc *desc);
+DCAST_API uint32_t dcast_consumer_tensor_count(const dcast_consumer *c);
+DCAST_API int dcast_consumer_tensor_at(const dcast_consumer *c, uint32_t i, dcast_tensor_desc *desc);
 
 /* Wait up to timeout_ms (0: do not wait; -1: forever) for the next event
  * of the consumer's thread.  Optional: the thread keeps the consumer
@@ -174,7 +174,7 @@ int dcast_consumer_tensor_at(const dcast_consumer *c, uint32_t i, dcast_tensor_d
  * events): what the thread last failed on, e.g. DCAST_EZMQ, DCAST_EIO (a
  * record or fold write failed; the version is dropped, or the fold is
  * tried again at the policy's next trigger). */
-int dcast_consumer_poll(dcast_consumer *c, int timeout_ms, dcast_event *ev);
+DCAST_API int dcast_consumer_poll(dcast_consumer *c, int timeout_ms, dcast_event *ev);
 
 /* Apply READY version `version` to the live tensors, after the READY
  * versions staged before it (each its own transaction; an anchor makes the
@@ -185,24 +185,24 @@ int dcast_consumer_poll(dcast_consumer *c, int timeout_ms, dcast_event *ev);
  * DCAST_ESTATE (not ready), DCAST_EGAP (its base is not the applied
  * version), DCAST_ECORRUPT / DCAST_ECHECKSUM (staged data), DCAST_EDIGEST,
  * DCAST_EIO. */
-int dcast_consumer_apply(dcast_consumer *c, uint64_t version);
+DCAST_API int dcast_consumer_apply(dcast_consumer *c, uint64_t version);
 
 /* Newest READY version that apply() can take now, or NONE. */
-uint64_t dcast_consumer_ready_version(const dcast_consumer *c);
+DCAST_API uint64_t dcast_consumer_ready_version(const dcast_consumer *c);
 
 /* The version the live tensors hold (atomic; any thread); NONE before the
  * first apply. */
-uint64_t dcast_consumer_version(const dcast_consumer *c);
+DCAST_API uint64_t dcast_consumer_version(const dcast_consumer *c);
 
 /* The run identity of the broker's stream that the state held belongs
  * to, once a WELCOME confirmed it; 0 before (the version loaded from the
  * local checkpoint may still be an earlier run's: a WELCOME naming another
  * run drops it, logs why and fetches an anchor).  Any thread. */
-uint64_t dcast_consumer_run(const dcast_consumer *c);
+DCAST_API uint64_t dcast_consumer_run(const dcast_consumer *c);
 
 /* Block until the applied version is >= min_version or timeout_ms passes
  * (-1: forever).  Any thread.  Errors: DCAST_ETIMEDOUT. */
-int dcast_consumer_wait_version(dcast_consumer *c, uint64_t min_version, int timeout_ms);
+DCAST_API int dcast_consumer_wait_version(dcast_consumer *c, uint64_t min_version, int timeout_ms);
 
 /* Fold now: write DIR/model.safetensors as the applied version (atomic:
  * temporary file, fsync, rename) and drop the record files it covers.  The
@@ -210,10 +210,10 @@ int dcast_consumer_wait_version(dcast_consumer *c, uint64_t min_version, int tim
  * thread; call it to have the file current at once (O(model): for exit or
  * export, not for every version).  Errors: DCAST_EIO, DCAST_ENOMEM, DCAST_ENODEVICE (a CUDA
  * tensor without a device). */
-int dcast_consumer_checkpoint(dcast_consumer *c);
+DCAST_API int dcast_consumer_checkpoint(dcast_consumer *c);
 
 /* Numbers for the version last applied plus totals.  Never fails. */
-void dcast_consumer_stats_get(const dcast_consumer *c, dcast_consumer_stats *st);
+DCAST_API void dcast_consumer_stats_get(const dcast_consumer *c, dcast_consumer_stats *st);
 
 #ifdef __cplusplus
 }

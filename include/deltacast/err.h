@@ -8,6 +8,8 @@
 #ifndef DELTACAST_ERR_H
 #define DELTACAST_ERR_H
 
+#include "deltacast/export.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -49,20 +51,20 @@ typedef enum dcast_err {
 
 /* Fixed text of an error code ("field missing", ...).  Never NULL; unknown
  * codes give "unknown error".  The string is static. */
-const char *dcast_strerror(int err);
+DCAST_API const char *dcast_strerror(int err);
 
 /* Symbolic name of an error code ("DCAST_EFIELD_MISSING"), as used in test
  * vectors.  Never NULL; the string is static. */
-const char *dcast_errname(int err);
+DCAST_API const char *dcast_errname(int err);
 
 /* Parse a symbolic name back to its code; returns -1 if unknown. */
-int dcast_err_from_name(const char *name);
+DCAST_API int dcast_err_from_name(const char *name);
 
 /* Detail message of the last error set on this thread, e.g.
  * "CHUNK.count: 70000000 exceeds DCAST_MAX_CHUNK_ELEMS (16777216)".
  * Empty string when none.  Valid until the next deltacast call on this
  * thread; copy it to keep it. */
-const char *dcast_last_error(void);
+DCAST_API const char *dcast_last_error(void);
 
 #ifdef __cplusplus
 }

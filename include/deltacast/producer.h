@@ -72,7 +72,7 @@ typedef struct dcast_producer_opts {
 } dcast_producer_opts;
 
 /* Set every option to its default.  Never fails. */
-void dcast_producer_opts_init(dcast_producer_opts *opts);
+DCAST_API void dcast_producer_opts_init(dcast_producer_opts *opts);
 
 /* Counters of one producer, for progress displays and tests.  Values are
  * those of the latest publish unless named total_. */
@@ -101,7 +101,7 @@ typedef struct dcast_producer_stats {
  * it), DCAST_ECLOSED (no WELCOME in time: the broker is down or unreachable,
  * naming the endpoint), DCAST_EAUTH (CURVE handshake refused), DCAST_EZMQ,
  * DCAST_ENOMEM, or an ERROR code the broker answered with. */
-int dcast_producer_open(const char *endpoint, const char *model, uint32_t part, uint32_t parts,
+DCAST_API int dcast_producer_open(const char *endpoint, const char *model, uint32_t part, uint32_t parts,
 			const dcast_producer_opts *opts, dcast_producer **out);
 
 /* Register a tensor (or this part's shard of it) before the first publish.
@@ -126,7 +126,7 @@ int dcast_producer_open(const char *endpoint, const char *model, uint32_t part, 
  * so a failed version that touched one is followed by an anchor.  The CUDA
  * path has not run on the development machines (no GPU there): see
  * producer/device.c. */
-int dcast_producer_register(dcast_producer *p, const char *name, int dtype, uint32_t ndim,
+DCAST_API int dcast_producer_register(dcast_producer *p, const char *name, int dtype, uint32_t ndim,
 			    const uint64_t *shape, const void *ptr, int mem,
 			    uint64_t shard_offset_elems, uint64_t shard_count_elems);
 
@@ -147,7 +147,7 @@ int dcast_producer_register(dcast_producer *p, const char *name, int dtype, uint
  * ack_timeout_ms), DCAST_ENODEVICE, an ERROR code from the broker (its text
  * in the detail), DCAST_ENOMEM.  On error the baseline stays the last
  * acknowledged state and nothing of the version is committed. */
-int dcast_producer_publish(dcast_producer *p, uint64_t version);
+DCAST_API int dcast_producer_publish(dcast_producer *p, uint64_t version);
 
 /* Wait up to timeout_ms for the broker's ACK of `version` (0 returns at
  * once).  Returns 0 only when the broker acknowledged that very version
@@ -169,15 +169,15 @@ int dcast_producer_publish(dcast_producer *p, uint64_t version);
  * baseline rolled back to the last acknowledged version; publish a newer
  * version (or this one again) to retry.  Asking again for a failed version
  * returns its error again. */
-int dcast_producer_wait(dcast_producer *p, uint64_t version, int timeout_ms);
+DCAST_API int dcast_producer_wait(dcast_producer *p, uint64_t version, int timeout_ms);
 
 /* Copy the counters into *out.  Never fails for valid pointers. */
-void dcast_producer_stats_get(const dcast_producer *p, dcast_producer_stats *out);
+DCAST_API void dcast_producer_stats_get(const dcast_producer *p, dcast_producer_stats *out);
 
 /* Send BYE, close the connection and free everything, including the
  * baseline; set *p to NULL.  NULL or *p == NULL is a no-op.  A version not
  * yet acknowledged is abandoned (the broker drops it). */
-void dcast_producer_close(dcast_producer **p);
+DCAST_API void dcast_producer_close(dcast_producer **p);
 
 #ifdef __cplusplus
 }

@@ -46,13 +46,13 @@ enum dcast_st_dtype {
 };
 
 /* Safetensors name of a dtype ("BF16"); "?" when unknown. Static string. */
-const char *dcast_st_dtype_name(int dtype);
+DCAST_API const char *dcast_st_dtype_name(int dtype);
 
 /* Element size in bytes of a dtype; 0 when unknown. */
-unsigned dcast_st_dtype_size(int dtype);
+DCAST_API unsigned dcast_st_dtype_size(int dtype);
 
 /* Parse a dtype name of `len` bytes ("F8_E4M3"); -1 when unknown. */
-int dcast_st_dtype_from_name(const char *name, size_t len);
+DCAST_API int dcast_st_dtype_from_name(const char *name, size_t len);
 
 /* One tensor of a file (or of a layout being written). */
 typedef struct dcast_st_tensor {
@@ -79,47 +79,47 @@ typedef struct dcast_st_file dcast_st_file;
  * DCAST_ESHAPE (too many dims, size overflow), DCAST_ECORRUPT (offsets out of
  * range, wrong size, overlapping, gaps), DCAST_ETOO_LARGE, DCAST_ENOMEM.
  * On error *out is NULL. */
-int dcast_st_open(const char *path, dcast_st_file **out);
+DCAST_API int dcast_st_open(const char *path, dcast_st_file **out);
 
 /* The same checks on a whole file image already in memory (len bytes).
  * The file borrows buf: buf must outlive *out.  `label` names the source in
  * error messages (may be NULL). */
-int dcast_st_parse(const void *buf, size_t len, const char *label, dcast_st_file **out);
+DCAST_API int dcast_st_parse(const void *buf, size_t len, const char *label, dcast_st_file **out);
 
 /* Parse only a JSON header of hdr_len bytes (without the 8-byte length
  * prefix) describing a data area of data_bytes bytes.  Tensor data pointers
  * are NULL.  The JSON is copied; hdr need not outlive *out. */
-int dcast_st_parse_header(const void *hdr, size_t hdr_len, uint64_t data_bytes,
+DCAST_API int dcast_st_parse_header(const void *hdr, size_t hdr_len, uint64_t data_bytes,
 			  const char *label, dcast_st_file **out);
 
 /* Release a file and set *f to NULL; NULL or *f == NULL is a no-op. */
-void dcast_st_close(dcast_st_file **f);
+DCAST_API void dcast_st_close(dcast_st_file **f);
 
 /* Number of tensors. */
-size_t dcast_st_count(const dcast_st_file *f);
+DCAST_API size_t dcast_st_count(const dcast_st_file *f);
 
 /* Tensor i (0 <= i < count), in order of data offsets; NULL when out of
  * range.  The pointer lives as long as f. */
-const dcast_st_tensor *dcast_st_tensor_at(const dcast_st_file *f, size_t i);
+DCAST_API const dcast_st_tensor *dcast_st_tensor_at(const dcast_st_file *f, size_t i);
 
 /* Tensor by name; NULL when absent (O(log n)). */
-const dcast_st_tensor *dcast_st_find(const dcast_st_file *f, const char *name);
+DCAST_API const dcast_st_tensor *dcast_st_find(const dcast_st_file *f, const char *name);
 
 /* Number of __metadata__ entries, and entry i (key/value owned by f, in
  * header order); dcast_st_metadata_at returns DCAST_EINVAL when out of range. */
-size_t dcast_st_metadata_count(const dcast_st_file *f);
-int dcast_st_metadata_at(const dcast_st_file *f, size_t i, const char **key,
+DCAST_API size_t dcast_st_metadata_count(const dcast_st_file *f);
+DCAST_API int dcast_st_metadata_at(const dcast_st_file *f, size_t i, const char **key,
 			 const char **value);
 
 /* Value of __metadata__ key, or NULL. */
-const char *dcast_st_metadata_get(const dcast_st_file *f, const char *key);
+DCAST_API const char *dcast_st_metadata_get(const dcast_st_file *f, const char *key);
 
 /* The raw header as it appears in the file: the 8-byte length followed by
  * the JSON (and its padding); *len gets its size.  Owned by f. */
-const void *dcast_st_header_bytes(const dcast_st_file *f, size_t *len);
+DCAST_API const void *dcast_st_header_bytes(const dcast_st_file *f, size_t *len);
 
 /* Size of the data area in bytes (end of the last tensor). */
-uint64_t dcast_st_data_bytes(const dcast_st_file *f);
+DCAST_API uint64_t dcast_st_data_bytes(const dcast_st_file *f);
 
 /* ---- writing ---- */
 
@@ -156,23 +156,19 @@ typedef struct dcast_st_layout {
  * Checks names (non-empty, unique, not "__metadata__"), dtypes, shapes.
  * On success *out owns its arrays (dcast_st_layout_free); on error *out is
  * zeroed.  Errors: DCAST_EINVAL, DCAST_EDTYPE, DCAST_ESHAPE, DCAST_ENOMEM. */
-int dcast_st_layout_compute(const dcast_st_spec *specs, size_t n, const dcast_st_meta *meta,
+DCAST_API int dcast_st_layout_compute(const dcast_st_spec *specs, size_t n, const dcast_st_meta *meta,
 			    size_t n_meta, dcast_st_layout *out);
 
 /* Free a layout's arrays and zero it; a zeroed layout is a no-op. */
-void dcast_st_layout_free(dcast_st_layout *layout);
+DCAST_API void dcast_st_layout_free(dcast_st_layout *layout);
 
 /* Write a whole file: header then every spec's data, to `path`.tmp.<pid>,
  * fsync, rename over `path`, fsync the directory.  On error no file is left
  * at the temporary path and `path` is untouched.  Errors: those of
  * dcast_st_layout_compute, DCAST_EINVAL (a NULL data pointer for a non-empty
  * tensor), DCAST_EIO naming the file. */
-int dcast_st_write(const char *path, const dcast_st_spec *specs, size_t n,
+DCAST_API int dcast_st_write(const char *path, const dcast_st_spec *specs, size_t n,
 		   const dcast_st_meta *meta, size_t n_meta);
-
-/* Write `len` bytes to fd at file offset `off`, retrying short writes and
- * EINTR.  `label` names the file in the error.  Errors: DCAST_EIO. */
-int dcast_st_pwrite_all(int fd, const void *buf, size_t len, uint64_t off, const char *label);
 
 #ifdef __cplusplus
 }

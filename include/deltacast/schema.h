@@ -197,20 +197,20 @@ typedef struct dcast_msg {
 
 /* Zero `m`, set its type and the defaults of optional fields (versions
  * NONE, parts 1).  Never fails for a valid type. */
-void dcast_msg_init(dcast_msg *m, dcast_msg_type type);
+DCAST_API void dcast_msg_init(dcast_msg *m, dcast_msg_type type);
 
 /* Free what a decoded or built message owns (manifest tensors, commit
  * digests) and zero those pointers.  NULL-safe; idempotent. */
-void dcast_msg_free(dcast_msg *m);
+DCAST_API void dcast_msg_free(dcast_msg *m);
 
 /* Check every field of `m` against the limits and cross-field rules of
  * docs/protocol.md (the same checks decode makes).  Errors as for decode. */
-int dcast_msg_validate(const dcast_msg *m);
+DCAST_API int dcast_msg_validate(const dcast_msg *m);
 
 /* Encode `m` as a msgpack header.  On success *out is a malloc'd buffer the
  * caller frees with free(), *out_len its length.  Validates first: an
  * invalid message is never encoded.  Errors: validation errors, DCAST_ENOMEM. */
-int dcast_msg_encode(const dcast_msg *m, void **out, size_t *out_len);
+DCAST_API int dcast_msg_encode(const dcast_msg *m, void **out, size_t *out_len);
 
 /* Decode a header frame into `m` (which need not be initialised).  On
  * success the caller owns what `m` points to (dcast_msg_free()); on failure
@@ -220,12 +220,12 @@ int dcast_msg_encode(const dcast_msg *m, void **out, size_t *out_len);
  * DCAST_EFIELD_MISSING, DCAST_EFIELD_TYPE, DCAST_EFIELD_RANGE,
  * DCAST_EFIELD_UNKNOWN (keys starting "x-" are extensions and ignored),
  * DCAST_EDTYPE. */
-int dcast_msg_decode(const void *data, size_t len, dcast_msg *m);
+DCAST_API int dcast_msg_decode(const void *data, size_t len, dcast_msg *m);
 
 /* Check that a payload frame of payload_len bytes (0: no frame) fits the
  * header: CHUNK needs exactly payload_bytes, every other type none.
  * Errors: DCAST_EPAYLOAD_SIZE. */
-int dcast_msg_check_payload(const dcast_msg *m, size_t payload_len);
+DCAST_API int dcast_msg_check_payload(const dcast_msg *m, size_t payload_len);
 
 /* The checksum a CHUNK carries, given payload_sum = dcast_checksum() of
  * its payload: XXH3-64 (seed 0) of 11 little-endian u64s, payload_sum,
@@ -233,36 +233,36 @@ int dcast_msg_check_payload(const dcast_msg *m, size_t payload_len);
  * encoding, changed, payload_bytes (docs/protocol.md).  A header whose
  * placement changed on the way then fails the check as a damaged payload
  * does.  `part` and `seq` are left out: the broker renumbers them. */
-uint64_t dcast_chunk_checksum(const dcast_chunk *c, uint64_t payload_sum);
+DCAST_API uint64_t dcast_chunk_checksum(const dcast_chunk *c, uint64_t payload_sum);
 
 /* Set c->checksum for its payload (payload_bytes long, every other field
  * already final): what a sender does last, the twin of dcast_chunk_verify. */
-void dcast_chunk_seal(dcast_chunk *c, const void *payload);
+DCAST_API void dcast_chunk_seal(dcast_chunk *c, const void *payload);
 
 /* Check a CHUNK's checksum against its payload (payload_bytes long).
  * Errors: DCAST_ECHECKSUM, naming the chunk (model, version, tensor,
  * start). */
-int dcast_chunk_verify(const dcast_chunk *c, const void *payload);
+DCAST_API int dcast_chunk_verify(const dcast_chunk *c, const void *payload);
 
 /* The same check for a payload whose dcast_checksum() the caller has. */
-int dcast_chunk_verify_sum(const dcast_chunk *c, uint64_t payload_sum);
+DCAST_API int dcast_chunk_verify_sum(const dcast_chunk *c, uint64_t payload_sum);
 
 /* Names used on the wire and in logs; "?" when out of range. */
-const char *dcast_msg_type_name(int type);
-const char *dcast_dtype_name(int dtype);
+DCAST_API const char *dcast_msg_type_name(int type);
+DCAST_API const char *dcast_dtype_name(int dtype);
 
 /* dtype from its wire name; -1 if unknown.  Element size in bytes, 0 if
  * the dtype is unknown. */
-int dcast_dtype_from_name(const char *name);
-unsigned dcast_dtype_size(int dtype);
+DCAST_API int dcast_dtype_from_name(const char *name);
+DCAST_API unsigned dcast_dtype_size(int dtype);
 
 /* Elements of a tensor (product of its shape). */
-uint64_t dcast_tensor_elems(const dcast_tensor_desc *t);
+DCAST_API uint64_t dcast_tensor_elems(const dcast_tensor_desc *t);
 
 /* Write `m` as the JSON object a msgpack decoder yields for its header
  * (keys in encoding order), for test vectors and debugging.  On success
  * *out is a malloc'd NUL-terminated string the caller frees. */
-int dcast_msg_to_json(const dcast_msg *m, char **out);
+DCAST_API int dcast_msg_to_json(const dcast_msg *m, char **out);
 
 #ifdef __cplusplus
 }

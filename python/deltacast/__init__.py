@@ -1,8 +1,16 @@
 """deltacast: stream model weights from trainers to rollout workers.
 
-Python binding over libdeltacast.so (ctypes, no compile step)."""
-from ._lib import DeltacastError
+Python binding over libdeltacast (ctypes, no compile step).  Producer
+publishes versions of a model's tensors (numpy or torch); Consumer receives
+them and applies each whole, checked version to live tensors.  The C
+library's log lines go to logging.getLogger("deltacast"); failing calls
+raise DeltacastError (.name "DCAST_...", .text, .detail)."""
+from ._lib import (DeltacastArgumentError, DeltacastError, DeltacastTimeout, library_path,
+                   read_curve_key, set_log_level)
+from ._version import __version__
+from .consumer import Consumer, Event, default_budget
 from .producer import Producer
-from .consumer import Consumer
 
-__all__ = ["Consumer", "DeltacastError", "Producer"]
+__all__ = ["Consumer", "DeltacastArgumentError", "DeltacastError", "DeltacastTimeout", "Event",
+           "Producer", "__version__", "default_budget", "library_path", "read_curve_key",
+           "set_log_level"]

@@ -2,7 +2,7 @@
 each whole, checked version to live tensors in one short step.
 
     with Consumer("tcp://127.0.0.1:5556", "policy", "/var/lib/worker") as c:
-        c.bind("w", weights)               # numpy array (or torch CPU tensor)
+        c.bind("w", weights)               # numpy array or torch tensor (CPU or CUDA)
         while True:
             batch = generate(...)          # seconds or minutes: the consumer
             batch.version = c.version      # stays joined on its own thread
@@ -16,22 +16,46 @@ events (optional).  It keeps a local checkpoint in `dir`
 when opened again.  Tensors become known after the manifest arrives (or
 from the checkpoint): bind() needs them, so wait until c.names() is not
 empty.  A bound array must stay alive until close(); its contents change
-only inside apply() (or on the consumer's thread with auto_apply=True)."""
-import collections
-import ctypes
+only inside apply() (or on the consumer's thread with auto_apply=True).
 
-from ._lib import Closable, check, fail, lib
+bind() checks the array against the manifest: its dtype must hold the
+published dtype (bf16 as torch.bfloat16 or uint16 bit patterns, fp8 as
+uint8) and its shape must equal the published shape; anything else raises
+DeltacastArgumentError naming the tensor, so weights are never filled with
+reinterpreted bytes.
+
+The staging budget (pinned pool plus broker credit) defaults to four times
+the model's bytes, clamped to [16 MiB, 256 MiB], when the size is known
+(model_bytes=, or DIR/model.safetensors from an earlier run), else 64 MiB.
+One chunk payload must fit in a quarter of it (a dense chunk of the
+producer's default 2^20 fp32 elements is 4 MiB)."""
+from __future__ import annotations
+
+import ctypes
+import os
+import struct
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple, Union
+
+from . import _dtypes
+from ._lib import Closable, check, curve_keys, fail, lib, need_endpoint, need_int, need_str
 
 VERSION_NONE = (1 << 64) - 1
 MEM_HOST, MEM_CUDA = 0, 1
-_DTYPE_NAMES = ["BF16", "F16", "F32", "F8_E4M3", "F8_E5M2", "I8", "U8", "I16", "U16", "I32", "U32"]
-# numpy dtype holding each wire dtype's elements (bf16 and fp8 as bit patterns)
-_NUMPY_OF = {"BF16": "uint16", "F16": "float16", "F32": "float32", "F8_E4M3": "uint8",
-             "F8_E5M2": "uint8", "I8": "int8", "U8": "uint8", "I16": "int16", "U16": "uint16",
-             "I32": "int32", "U32": "uint32"}
+MiB = 1 << 20
+BUDGET_UNKNOWN_MODEL = 64 * MiB
+BUDGET_MIN, BUDGET_MAX = 16 * MiB, 256 * MiB
 _EVENTS = {0: None, 1: "ready", 2: "anchor", 3: "gap", 4: "error"}
 
-Event = collections.namedtuple("Event", "type version have_version code text bytes")
+
+class Event(NamedTuple):
+    """What the consumer's thread reported (dcast_event): type is "ready",
+    "anchor", "gap" or "error"."""
+    type: str
+    version: Optional[int]
+    have_version: Optional[int]
+    code: int
+    text: str
+    bytes: int
 
 
 class _Opts(ctypes.Structure):
@@ -88,39 +112,117 @@ def _declare(l):
     return l
 
 
-def _ver(v):
+def _ver(v: int) -> Optional[int]:
     return None if v == VERSION_NONE else v
 
 
-class Consumer(Closable):
-    """A consumer of one model (see the module doc).  verify: True checks the
-    COMMIT digests from the elements each version changes, "all" computes
-    every digest range whole after every version, False checks none."""
+def _checkpoint_bytes(dir: str) -> Optional[int]:
+    """Data bytes of DIR/model.safetensors (the model's size), or None."""
+    path = os.path.join(dir, "model.safetensors")
+    try:
+        with open(path, "rb") as f:
+            (hdr,) = struct.unpack("<Q", f.read(8))
+        return max(0, os.path.getsize(path) - 8 - hdr)
+    except (OSError, struct.error):
+        return None
 
-    def __init__(self, broker, model, dir, budget_bytes=256 << 20, verify=True, fold_every=None,
-                 client="python", auto_apply=False, fold_fraction=None):
+
+def default_budget(model_bytes: Optional[int]) -> int:
+    """The staging budget Consumer picks: 4x the model (a whole anchor stays
+    in the pinned pool), rounded up to a MiB and clamped to [16 MiB, 256 MiB];
+    64 MiB when the model's size is unknown."""
+    if model_bytes is None:
+        return BUDGET_UNKNOWN_MODEL
+    want = (4 * model_bytes + MiB - 1) // MiB * MiB
+    return min(BUDGET_MAX, max(BUDGET_MIN, want))
+
+
+def _pointer(name: str, array: Any) -> Tuple[int, int, int]:
+    """(address, bytes, memory kind) of a bindable array or tensor."""
+    if _dtypes.is_torch(array):
+        if not array.is_contiguous():
+            raise fail("DCAST_EINVAL", f"bind {name}: torch tensor is not contiguous")
+        mem = MEM_CUDA if array.is_cuda else MEM_HOST
+        return array.data_ptr(), array.numel() * array.element_size(), mem
+    flags = getattr(array, "flags", None)
+    if flags is None:
+        raise fail("DCAST_EINVAL", f"bind {name}: need a numpy array or a torch tensor, "
+                                   f"got {type(array).__name__}")
+    if not flags["C_CONTIGUOUS"] or not flags["WRITEABLE"]:
+        raise fail("DCAST_EINVAL", f"bind {name}: numpy array must be C-contiguous and writeable")
+    return array.ctypes.data, array.nbytes, MEM_HOST
+
+
+class Consumer(Closable):
+    """A consumer of one model (see the module doc).
+
+    broker: the broker's consumer endpoint; model: the model's name; dir:
+    the local checkpoint directory (created if missing; required).
+    budget_bytes: staging budget (None: sized from model_bytes or the
+    checkpoint in dir, see default_budget).  verify: True checks the COMMIT
+    digests on the 1 MiB blocks each version writes, "all" hashes every
+    block of every version, False checks none.  auto_apply: the consumer's
+    thread applies each READY version at once.  curve_*: Z85 keys (the
+    broker's public key and this consumer's pair) to speak CURVE."""
+
+    def __init__(self, broker: str, model: str, dir: Union[str, "os.PathLike[str]"],
+                 budget_bytes: Optional[int] = None, *, verify: Union[bool, str] = True,
+                 fold_every: Optional[int] = None, fold_fraction: Optional[float] = None,
+                 auto_apply: bool = False, client: str = "python",
+                 max_staged: Optional[int] = None, heartbeat_ms: Optional[int] = None,
+                 model_bytes: Optional[int] = None, curve_server_key: Union[str, bytes, None] = None,
+                 curve_public_key: Union[str, bytes, None] = None,
+                 curve_secret_key: Union[str, bytes, None] = None) -> None:
+        self._c: Optional[ctypes.c_void_p] = None
+        self._bound: dict = {}
+        ep = need_endpoint("Consumer: broker", broker)
+        mb = need_str("Consumer: model", model, 255)
+        if not isinstance(dir, (str, os.PathLike)) or not os.fspath(dir):
+            raise fail("DCAST_EINVAL", "Consumer: dir (the local checkpoint directory) must be "
+                                       f"a non-empty path, got {dir!r}")
+        dir = os.fspath(dir)
+        if verify not in (True, False, "all"):
+            raise fail("DCAST_EINVAL", f"Consumer: verify must be True, False or \"all\", got {verify!r}")
+        if model_bytes is not None:
+            need_int("Consumer: model_bytes", model_bytes, 0)
+        if budget_bytes is None:
+            budget_bytes = default_budget(model_bytes if model_bytes is not None
+                                          else _checkpoint_bytes(dir))
+        need_int("Consumer: budget_bytes", budget_bytes, MiB, (1 << 64) - 1)
         self._l = _declare(lib())
-        self._c = ctypes.c_void_p()
-        self._bound = {}
         opts = _Opts()
         self._l.dcast_consumer_opts_init(ctypes.byref(opts))
         opts.verify_digests = 2 if verify == "all" else 1 if verify else 0
         if fold_every is not None:
-            opts.fold_every = fold_every
+            opts.fold_every = need_int("Consumer: fold_every", fold_every, 0, (1 << 32) - 1)
         if fold_fraction is not None:
-            opts.fold_fraction = fold_fraction
+            if isinstance(fold_fraction, bool) or not isinstance(fold_fraction, (int, float)) \
+                    or not fold_fraction >= 0:
+                raise fail("DCAST_EINVAL", f"Consumer: fold_fraction must be a number >= 0, "
+                                           f"got {fold_fraction!r}")
+            opts.fold_fraction = float(fold_fraction)
+        if max_staged is not None:
+            opts.max_staged = need_int("Consumer: max_staged", max_staged, 1, (1 << 32) - 1)
+        if heartbeat_ms is not None:
+            opts.heartbeat_ms = need_int("Consumer: heartbeat_ms", heartbeat_ms, 0, (1 << 32) - 1)
         opts.auto_apply = 1 if auto_apply else 0
-        self._client = client.encode()
-        opts.client = self._client
-        check(self._l.dcast_consumer_open(broker.encode(), model.encode(), str(dir).encode(),
-                                          budget_bytes, ctypes.byref(opts), ctypes.byref(self._c)))
+        # the C side keeps these pointers (re-joins): they live as long as self
+        self._strings = [need_str("Consumer: client", client, 64)] + \
+            curve_keys(curve_server_key, curve_public_key, curve_secret_key)
+        opts.client, opts.curve_server_key, opts.curve_public_key, opts.curve_secret_key = \
+            self._strings
+        self.budget_bytes = budget_bytes
+        c = ctypes.c_void_p()
+        check(self._l.dcast_consumer_open(ep, mb, dir.encode(), budget_bytes,
+                                          ctypes.byref(opts), ctypes.byref(c)))
+        self._c = c
 
-    def _live(self):
+    def _live(self) -> ctypes.c_void_p:
         if self._c is None or not self._c.value:
             raise fail("DCAST_ESTATE", "consumer is closed")
         return self._c
 
-    def names(self):
+    def names(self) -> List[str]:
         """Names of the model's tensors, in manifest order ([] before the manifest)."""
         c, d = self._live(), _Desc()
         out = []
@@ -129,14 +231,19 @@ class Consumer(Closable):
             out.append(d.name.decode())
         return out
 
-    def _desc(self, name):
+    def _desc(self, name: str) -> Tuple[int, str, Tuple[int, ...], int]:
         ptr, d, mem = ctypes.c_void_p(), _Desc(), ctypes.c_int()
-        check(self._l.dcast_consumer_tensor(self._live(), name.encode(), ctypes.byref(ptr),
-                                            ctypes.byref(d), ctypes.byref(mem)))
-        dtype = _DTYPE_NAMES[d.dtype]
-        return ptr.value, dtype, tuple(d.shape[i] for i in range(d.ndim)), mem.value
+        check(self._l.dcast_consumer_tensor(self._live(), need_str("tensor name", name),
+                                            ctypes.byref(ptr), ctypes.byref(d), ctypes.byref(mem)))
+        dtype = _dtypes.WIRE[d.dtype]
+        return ptr.value or 0, dtype, tuple(int(d.shape[i]) for i in range(d.ndim)), mem.value
 
-    def tensor(self, name):
+    def describe(self, name: str) -> Tuple[str, Tuple[int, ...]]:
+        """(wire dtype, shape) of tensor `name` in the manifest, e.g. ("BF16", (64, 32))."""
+        _, dtype, shape, _ = self._desc(name)
+        return dtype, shape
+
+    def tensor(self, name: str) -> Any:
         """A numpy view of the live host tensor `name` (bf16/fp8 as uint bit
         patterns).  Valid until close() or bind(); changes only in apply()."""
         import numpy as np
@@ -146,67 +253,105 @@ class Consumer(Closable):
         n = 1
         for s in shape:
             n *= s
-        dt = np.dtype(_NUMPY_OF[dtype])
+        dt = np.dtype(_dtypes.numpy_view_dtype(dtype))
         buf = (ctypes.c_char * (n * dt.itemsize)).from_address(ptr) if n else bytearray()
         return np.frombuffer(buf, dtype=dt, count=n).reshape(shape)
 
-    def bind(self, name, array):
-        """Make `array` (C-contiguous numpy array or torch tensor of the
-        manifest's size) the live tensor `name`; the current version is
-        copied into it."""
-        if hasattr(array, "data_ptr"):
-            ptr, nbytes = array.data_ptr(), array.numel() * array.element_size()
-            mem = MEM_CUDA if array.is_cuda else MEM_HOST
-            if not array.is_contiguous():
-                raise fail("DCAST_EINVAL", f"bind {name}: torch tensor is not contiguous")
-        else:
-            if not array.flags["C_CONTIGUOUS"] or not array.flags["WRITEABLE"]:
-                raise fail("DCAST_EINVAL", f"bind {name}: numpy array must be C-contiguous and writeable")
-            ptr, nbytes, mem = array.ctypes.data, array.nbytes, MEM_HOST
+    def bind(self, name: str, array: Any) -> None:
+        """Make `array` (a C-contiguous, writeable numpy array or a contiguous
+        torch tensor, CPU or CUDA) the live tensor `name`; the current
+        version is copied into it.  Its dtype must hold the manifest's dtype
+        and its shape must equal the manifest's shape (DeltacastArgumentError
+        naming both otherwise).  Keep it alive until close()."""
+        _, dtype, shape, _ = self._desc(name)
+        if not _dtypes.holds(array, dtype):
+            raise fail("DCAST_EDTYPE", f"bind {name}: the model publishes {dtype}, the array is "
+                                       f"{_dtypes.dtype_str(array)} (bind a {_dtypes.holders(dtype)})")
+        if _dtypes.shape_of(array) != shape:
+            raise fail("DCAST_ESHAPE", f"bind {name}: the model publishes shape {shape}, the "
+                                       f"array has shape {_dtypes.shape_of(array)}")
+        ptr, nbytes, mem = _pointer(name, array)
         check(self._l.dcast_consumer_bind(self._live(), name.encode(), ptr, mem, nbytes))
         self._bound[name] = array
 
-    def poll(self, timeout_ms=100):
-        """Drive the consumer up to timeout_ms; returns an Event (type "ready",
-        "anchor", "gap" or "error") or None when nothing happened."""
+    def bind_module(self, module: Any, *, buffers: bool = True,
+                    name_map: Optional[Callable[[str], Optional[str]]] = None,
+                    filter: Optional[Callable[[str, Any], bool]] = None) -> Dict[str, str]:
+        """Bind every parameter (and, with buffers=True, every buffer) of a
+        torch module to the published tensor of the same name (name_map(name)
+        gives another; None skips it; filter(name, tensor) False skips it).
+        Each must be in the manifest with the same dtype and shape, else
+        DeltacastArgumentError names it; nothing is bound in that case.
+        Returns {module name: published name}."""
+        items = list(module.named_parameters())
+        if buffers:
+            items += list(module.named_buffers())
+        plan: Dict[str, Tuple[str, Any]] = {}
+        known = set(self.names())
+        for name, t in items:
+            if filter is not None and not filter(name, t):
+                continue
+            published = name_map(name) if name_map is not None else name
+            if published is None:
+                continue
+            if published not in known:
+                raise fail("DCAST_ENOTFOUND", f"bind_module: {name} (published as {published}) is "
+                                              "not in the model's manifest (name_map or filter it)")
+            dtype, shape = self.describe(published)
+            if not _dtypes.holds(t, dtype) or _dtypes.shape_of(t) != shape:
+                raise fail("DCAST_EDTYPE" if not _dtypes.holds(t, dtype) else "DCAST_ESHAPE",
+                           f"bind_module: {name} is {_dtypes.dtype_str(t)} {_dtypes.shape_of(t)}, "
+                           f"the model publishes {published} as {dtype} {shape}")
+            plan[name] = (published, t)
+        for name, (published, t) in plan.items():
+            self.bind(published, t)
+        return {name: published for name, (published, _) in plan.items()}
+
+    def poll(self, timeout_ms: int = 100) -> Optional[Event]:
+        """Wait up to timeout_ms for the consumer thread's next event; returns
+        an Event (type "ready", "anchor", "gap" or "error") or None."""
         ev = _Event()
-        check(self._l.dcast_consumer_poll(self._live(), timeout_ms, ctypes.byref(ev)))
+        check(self._l.dcast_consumer_poll(self._live(), need_int("poll: timeout_ms", timeout_ms, -1),
+                                          ctypes.byref(ev)))
         kind = _EVENTS.get(ev.type)
         if kind is None:
             return None
         return Event(kind, _ver(ev.version), _ver(ev.have_version), ev.code,
                      ev.text.decode(errors="replace"), ev.bytes)
 
-    def apply(self, version):
+    def apply(self, version: int) -> None:
         """Apply READY `version` (transactional: on error the tensors keep the
         previous version and DeltacastError is raised)."""
-        check(self._l.dcast_consumer_apply(self._live(), version))
+        check(self._l.dcast_consumer_apply(self._live(), need_int("apply: version", version, 0)))
 
     @property
-    def version(self):
+    def version(self) -> Optional[int]:
         """Version the live tensors hold, None before the first apply."""
         return _ver(self._l.dcast_consumer_version(self._live()))
 
     @property
-    def ready_version(self):
+    def ready_version(self) -> Optional[int]:
         """Newest version apply() can take now, or None."""
         return _ver(self._l.dcast_consumer_ready_version(self._live()))
 
-    def wait_version(self, min_version, timeout_ms=-1):
-        """Block until version >= min_version (raises DCAST_ETIMEDOUT)."""
-        check(self._l.dcast_consumer_wait_version(self._live(), min_version, timeout_ms))
+    def wait_version(self, min_version: int, timeout_ms: int = -1) -> None:
+        """Block until version >= min_version (DeltacastTimeout, a
+        TimeoutError, when timeout_ms passes first; -1 waits forever)."""
+        check(self._l.dcast_consumer_wait_version(
+            self._live(), need_int("wait_version: min_version", min_version, 0),
+            need_int("wait_version: timeout_ms", timeout_ms, -1)))
 
-    def checkpoint(self):
+    def checkpoint(self) -> None:
         """Write DIR/model.safetensors as the applied version now."""
         check(self._l.dcast_consumer_checkpoint(self._live()))
 
-    def stats(self):
+    def stats(self) -> Stats:
         """Numbers of the version last applied (a Stats structure)."""
         s = Stats()
         self._l.dcast_consumer_stats_get(self._live(), ctypes.byref(s))
         return s
 
-    def close(self):
+    def close(self) -> None:
         """Disconnect and free; bound arrays keep their contents.  Idempotent."""
         if self._c is not None and self._c.value:
             self._l.dcast_consumer_close(ctypes.byref(self._c))

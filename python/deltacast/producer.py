@@ -1,6 +1,7 @@
 """Producer: publish versions of a model's tensors to a deltacast broker.
 
     with Producer("tcp://127.0.0.1:5555", "policy") as p:
+        p.register_module(model)          # every parameter and buffer, or:
         p.register("w", weights)          # numpy array or torch tensor
         p.publish(1); p.wait(1)
 
@@ -8,20 +9,27 @@ numpy arrays must be C-contiguous; float32 -> F32, float16 -> F16, and
 uint16 holding bf16 bit patterns -> BF16 when dtype="bf16" is given.  torch
 tensors (CPU or CUDA, bfloat16 included) are passed by data_ptr().  The
 library reads the memory during publish(): keep the tensors alive and
-unchanged until publish() returns."""
+unchanged until publish() returns.
+
+Register the torch Parameter itself (register_module does), not
+`param.data`: publish() then sees a parameter whose storage was replaced
+(`param.data = ...`, `model.to(...)`, loading a state dict with assign)
+and follows it to the new memory, logging a warning (on_moved="follow",
+the default), or raises DeltacastError DCAST_ESTATE (on_moved="raise").
+A plain tensor registered from `param.data` keeps pointing at the old
+memory, and the workers would keep the old weights."""
+from __future__ import annotations
+
 import ctypes
+import logging
+from typing import Any, Callable, Dict, Iterable, Optional, Sequence, Tuple, Union
 
-from ._lib import Closable, check, fail, lib
+from . import _dtypes
+from ._lib import Closable, check, curve_keys, fail, lib, need_endpoint, need_int, need_str
 
-_DTYPES = {"BF16": 0, "F16": 1, "F32": 2, "F8_E4M3": 3, "F8_E5M2": 4, "I8": 5, "U8": 6,
-           "I16": 7, "U16": 8, "I32": 9, "U32": 10}
-_NUMPY = {"float32": "F32", "float16": "F16", "int8": "I8", "uint8": "U8", "int16": "I16",
-          "uint16": "U16", "int32": "I32", "uint32": "U32"}
-_TORCH = {"torch.float32": "F32", "torch.float16": "F16", "torch.bfloat16": "BF16",
-          "torch.int8": "I8", "torch.uint8": "U8", "torch.int16": "I16", "torch.int32": "I32",
-          "torch.float8_e4m3fn": "F8_E4M3", "torch.float8_e5m2": "F8_E5M2"}
 MEM_HOST, MEM_CUDA = 0, 1
 VERSION_NONE = (1 << 64) - 1
+log = logging.getLogger("deltacast")
 
 
 class _Opts(ctypes.Structure):
@@ -44,7 +52,7 @@ class Stats(ctypes.Structure):
                 ("total_payload_bytes", ctypes.c_uint64), ("total_resends", ctypes.c_uint64)]
 
 
-def _declare(l):
+def _declare(l: ctypes.CDLL) -> ctypes.CDLL:
     vp, u32, u64 = ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint64
     l.dcast_producer_opts_init.argtypes = [ctypes.POINTER(_Opts)]
     l.dcast_producer_open.argtypes = [ctypes.c_char_p, ctypes.c_char_p, u32, u32,
@@ -58,27 +66,29 @@ def _declare(l):
     return l
 
 
-def _describe_numpy(name, a, dtype):
+def _describe_numpy(name: str, a: Any, dtype: Optional[str]) -> Tuple[str, int, int]:
     if not a.flags["C_CONTIGUOUS"]:
         raise fail("DCAST_EINVAL", f"register {name}: numpy array is not C-contiguous "
                                    "(use numpy.ascontiguousarray)")
     if dtype is not None:
         want = dtype.upper()
-        if want == "BF16" and a.dtype.name != "uint16":
-            raise fail("DCAST_EDTYPE", f"register {name}: dtype='bf16' needs a uint16 array of "
-                                       f"bf16 bit patterns, got {a.dtype.name}")
-        if want != "BF16" and _NUMPY.get(a.dtype.name) != want:
-            raise fail("DCAST_EDTYPE", f"register {name}: dtype={dtype!r} does not match the "
-                                       f"array's {a.dtype.name}")
-        return want, a.shape, a.ctypes.data, MEM_HOST
-    if a.dtype.name not in _NUMPY:
+        if want not in _dtypes.CODE:
+            raise fail("DCAST_EDTYPE", f"register {name}: unknown dtype {dtype!r} "
+                                       f"(one of {', '.join(_dtypes.WIRE)})")
+        if not _dtypes.holds(a, want):
+            raise fail("DCAST_EDTYPE", f"register {name}: dtype={dtype!r} needs a numpy "
+                                       f"{' or '.join(_dtypes.NUMPY_OF[want])} array, got "
+                                       f"{a.dtype.name}")
+        return want, a.ctypes.data, MEM_HOST
+    kind = _dtypes.wire_of(a)
+    if kind is None:
         raise fail("DCAST_EDTYPE", f"register {name}: numpy dtype {a.dtype.name} is not one the "
                                    "codec takes (float32, float16, bf16 as uint16, 8/16/32-bit ints)")
-    return _NUMPY[a.dtype.name], a.shape, a.ctypes.data, MEM_HOST
+    return kind, a.ctypes.data, MEM_HOST
 
 
-def _describe_torch(name, t, dtype):
-    kind = _TORCH.get(str(t.dtype))
+def _describe_torch(name: str, t: Any, dtype: Optional[str]) -> Tuple[str, int, int]:
+    kind = _dtypes.wire_of(t)
     if dtype is not None and kind != dtype.upper():
         raise fail("DCAST_EDTYPE", f"register {name}: dtype={dtype!r} does not match {t.dtype}")
     if kind is None:
@@ -86,69 +96,170 @@ def _describe_torch(name, t, dtype):
                                    "takes (float32, float16, bfloat16, float8, 8/16/32-bit ints)")
     if not t.is_contiguous():
         raise fail("DCAST_EINVAL", f"register {name}: torch tensor is not contiguous")
-    mem = MEM_CUDA if t.is_cuda else MEM_HOST
-    return kind, tuple(t.shape), t.data_ptr(), mem
+    return kind, t.data_ptr(), MEM_CUDA if t.is_cuda else MEM_HOST
+
+
+class _Entry:
+    """One registered tensor: what the C side was told, to notice moves."""
+    __slots__ = ("tensor", "kind", "shape", "gshape", "offset", "ptr", "mem")
+
+    def __init__(self, tensor: Any, kind: str, shape: Tuple[int, ...], gshape: Tuple[int, ...],
+                 offset: int, ptr: int, mem: int) -> None:
+        self.tensor, self.kind, self.shape, self.gshape = tensor, kind, shape, gshape
+        self.offset, self.ptr, self.mem = offset, ptr, mem
 
 
 class Producer(Closable):
-    """One part of a model's producer, connected to a broker (see module doc)."""
+    """One part (`part` of `parts`) of a model's producer, connected to the
+    broker's producer endpoint (see the module doc).  curve_*: Z85 keys (the
+    broker's public key and this producer's pair) to speak CURVE.
+    on_moved: "follow" or "raise" when a registered torch tensor's storage
+    was replaced (see the module doc)."""
 
-    def __init__(self, broker, model, part=0, parts=1, range_elems=None,
-                 connect_timeout_ms=None, max_reconnects=None, client="python",
-                 encode_threads=None, baseline_on_device=False):
+    def __init__(self, broker: str, model: str, part: int = 0, parts: int = 1, *,
+                 range_elems: Optional[int] = None, connect_timeout_ms: Optional[int] = None,
+                 ack_timeout_ms: Optional[int] = None, max_reconnects: Optional[int] = None,
+                 max_inflight_bytes: Optional[int] = None, undo_bytes: Optional[int] = None,
+                 client: str = "python", encode_threads: Optional[int] = None,
+                 baseline_on_device: bool = False, on_moved: str = "follow",
+                 curve_server_key: Union[str, bytes, None] = None,
+                 curve_public_key: Union[str, bytes, None] = None,
+                 curve_secret_key: Union[str, bytes, None] = None) -> None:
+        self._p: Optional[ctypes.c_void_p] = None
+        self._entries: Dict[str, _Entry] = {}
+        ep = need_endpoint("Producer: broker", broker)
+        mb = need_str("Producer: model", model, 255)
+        need_int("Producer: parts", parts, 1, 4096)
+        need_int("Producer: part", part, 0, parts - 1)
+        if on_moved not in ("follow", "raise"):
+            raise fail("DCAST_EINVAL", f"Producer: on_moved must be \"follow\" or \"raise\", "
+                                       f"got {on_moved!r}")
+        self.on_moved = on_moved
         self._l = _declare(lib())
-        self._p = ctypes.c_void_p()
-        self._keep = {}
         opts = _Opts()
         self._l.dcast_producer_opts_init(ctypes.byref(opts))
-        if range_elems is not None:
-            opts.range_elems = range_elems
-        if connect_timeout_ms is not None:
-            opts.connect_timeout_ms = connect_timeout_ms
-        if max_reconnects is not None:
-            opts.max_reconnects = max_reconnects
-        if encode_threads is not None:
-            opts.encode_threads = encode_threads
+        u32, u64 = (1 << 32) - 1, (1 << 64) - 1
+        for field, value, lo, hi in (("range_elems", range_elems, 1, 1 << 26),
+                                     ("connect_timeout_ms", connect_timeout_ms, 1, u32),
+                                     ("ack_timeout_ms", ack_timeout_ms, 1, u32),
+                                     ("max_reconnects", max_reconnects, 0, u32),
+                                     ("max_inflight_bytes", max_inflight_bytes, 1, u64),
+                                     ("undo_bytes", undo_bytes, 0, u64),
+                                     ("encode_threads", encode_threads, 0, 64)):
+            if value is not None:
+                setattr(opts, field, need_int(f"Producer: {field}", value, lo, hi))
         opts.baseline_on_device = int(bool(baseline_on_device))
-        self._client = client.encode()
-        opts.client = self._client
-        check(self._l.dcast_producer_open(broker.encode(), model.encode(), part, parts,
-                                          ctypes.byref(opts), ctypes.byref(self._p)))
+        self._strings = [need_str("Producer: client", client, 64)] + \
+            curve_keys(curve_server_key, curve_public_key, curve_secret_key)
+        opts.client, opts.curve_server_key, opts.curve_public_key, opts.curve_secret_key = \
+            self._strings
+        p = ctypes.c_void_p()
+        check(self._l.dcast_producer_open(ep, mb, part, parts, ctypes.byref(opts), ctypes.byref(p)))
+        self._p = p
 
-    def register(self, name, tensor, dtype=None, shape=None, shard_offset=0):
-        """Register a numpy array or torch tensor under `name`.  For a shard of
-        a larger tensor pass its global `shape` and element `shard_offset`."""
+    def _live(self, what: str) -> ctypes.c_void_p:
         if self._p is None or not self._p.value:
-            raise fail("DCAST_ESTATE", "register: producer is closed")
-        if hasattr(tensor, "data_ptr"):
-            kind, local, ptr, mem = _describe_torch(name, tensor, dtype)
+            raise fail("DCAST_ESTATE", f"{what}: producer is closed")
+        return self._p
+
+    def register(self, name: str, tensor: Any, dtype: Optional[str] = None,
+                 shape: Optional[Sequence[int]] = None, shard_offset: int = 0) -> None:
+        """Register a numpy array or torch tensor under `name`.  For a shard of
+        a larger tensor pass its global `shape` and element `shard_offset`
+        (the shard is one contiguous range of the flattened tensor)."""
+        p = self._live("register")
+        nb = need_str("register: name", name, 255)
+        need_int(f"register {name}: shard_offset", shard_offset, 0)
+        if _dtypes.is_torch(tensor):
+            kind, ptr, mem = _describe_torch(name, tensor, dtype)
+        elif hasattr(tensor, "flags") and hasattr(tensor, "dtype"):
+            kind, ptr, mem = _describe_numpy(name, tensor, dtype)
         else:
-            kind, local, ptr, mem = _describe_numpy(name, tensor, dtype)
+            raise fail("DCAST_EINVAL", f"register {name}: need a numpy array or a torch tensor, "
+                                       f"got {type(tensor).__name__}")
+        local = _dtypes.shape_of(tensor)
+        gshape = tuple(need_int(f"register {name}: shape", d, 0) for d in shape) \
+            if shape is not None else local
+        entry = _Entry(tensor, kind, local, gshape, shard_offset, ptr, mem)
+        self._register(p, nb, entry)
+        self._entries[name] = entry  # the C side reads this memory at each publish
+
+    def _register(self, p: ctypes.c_void_p, nb: bytes, e: _Entry) -> None:
         count = 1
-        for d in local:
-            count *= int(d)
-        gshape = tuple(int(d) for d in (shape if shape is not None else local))
-        dims = (ctypes.c_uint64 * max(1, len(gshape)))(*gshape)
-        check(self._l.dcast_producer_register(self._p, name.encode(), _DTYPES[kind], len(gshape),
-                                              dims, ptr, mem, shard_offset, count))
-        self._keep[name] = tensor  # the C side reads this memory at each publish
+        for d in e.shape:
+            count *= d
+        dims = (ctypes.c_uint64 * max(1, len(e.gshape)))(*e.gshape)
+        check(self._l.dcast_producer_register(p, nb, _dtypes.CODE[e.kind], len(e.gshape), dims,
+                                              e.ptr, e.mem, e.offset, count))
 
-    def publish(self, version):
+    def register_module(self, module: Any, *, buffers: bool = True,
+                        name_map: Optional[Callable[[str], Optional[str]]] = None,
+                        filter: Optional[Callable[[str, Any], bool]] = None) -> Dict[str, str]:
+        """Register every parameter (and, with buffers=True, every buffer) of
+        a torch module under its named_parameters() name.  name_map(name)
+        gives the published name (None skips the tensor); filter(name,
+        tensor) False skips it.  The Parameters themselves are registered, so
+        replaced storage is noticed at publish.  Returns {module name:
+        published name}.  A dtype the codec cannot take (int64, bool,
+        float64) raises DeltacastArgumentError naming the tensor: skip it
+        with filter or publish a converted copy."""
+        items: Iterable[Tuple[str, Any]] = list(module.named_parameters())
+        if buffers:
+            items = list(items) + list(module.named_buffers())
+        plan: Dict[str, Tuple[str, Any]] = {}
+        for name, t in items:
+            if filter is not None and not filter(name, t):
+                continue
+            published = name_map(name) if name_map is not None else name
+            if published is None:
+                continue
+            if _dtypes.wire_of(t) is None:  # refuse before registering any
+                raise fail("DCAST_EDTYPE", f"register_module: {name} is {t.dtype}, which the codec "
+                                           "does not take (skip it with filter=, or publish a copy)")
+            plan[name] = (published, t)
+        for name, (published, t) in plan.items():
+            self.register(published, t)
+        return {name: published for name, (published, _) in plan.items()}
+
+    def _follow_moves(self, p: ctypes.c_void_p) -> None:
+        for name, e in self._entries.items():
+            t = e.tensor
+            if not _dtypes.is_torch(t) or t.data_ptr() == e.ptr:
+                continue
+            what = (f"register {name}: the tensor's storage moved since register() "
+                    f"({e.ptr:#x} -> {t.data_ptr():#x}: param.data replaced, .to(), or "
+                    "load_state_dict(assign=True)?)")
+            if self.on_moved == "raise":
+                raise fail("DCAST_ESTATE", what + "; register it again (on_moved=\"raise\")")
+            kind, ptr, mem = _describe_torch(name, t, None)
+            if kind != e.kind or _dtypes.shape_of(t) != e.shape or mem != e.mem:
+                raise fail("DCAST_ESHAPE", f"{what}; its dtype, shape or device changed too "
+                                           f"({e.kind} {e.shape} -> {kind} {_dtypes.shape_of(t)})")
+            log.warning("%s; following it to the new memory", what)
+            e.ptr = ptr
+            self._register(p, name.encode(), e)
+
+    def publish(self, version: int) -> None:
         """Send the registered tensors as `version` (anchor or delta)."""
-        check(self._l.dcast_producer_publish(self._p, version))
+        p = self._live("publish")
+        need_int("publish: version", version, 0, (1 << 64) - 2)
+        self._follow_moves(p)
+        check(self._l.dcast_producer_publish(p, version))
 
-    def wait(self, version, timeout_ms=30000):
-        """Block until the broker acknowledged `version`; raises on failure."""
-        check(self._l.dcast_producer_wait(self._p, version, timeout_ms))
+    def wait(self, version: int, timeout_ms: int = 30000) -> None:
+        """Block until the broker acknowledged `version`; raises on failure
+        (DeltacastTimeout, a TimeoutError, when timeout_ms passes first)."""
+        check(self._l.dcast_producer_wait(self._live("wait"), need_int("wait: version", version, 0),
+                                          need_int("wait: timeout_ms", timeout_ms, -1)))
 
-    def stats(self):
+    def stats(self) -> Stats:
         """Counters of the latest publish (a Stats structure)."""
         s = Stats()
-        self._l.dcast_producer_stats_get(self._p, ctypes.byref(s))
+        self._l.dcast_producer_stats_get(self._live("stats"), ctypes.byref(s))
         return s
 
-    def close(self):
+    def close(self) -> None:
         """Close the connection and free the baseline; idempotent."""
         if self._p is not None and self._p.value:
             self._l.dcast_producer_close(ctypes.byref(self._p))
-        self._keep = {}
+        self._entries = {}

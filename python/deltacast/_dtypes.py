@@ -1,0 +1,70 @@
+"""The wire dtypes (include/deltacast/schema.h, dcast_dtype) and which numpy
+and torch dtypes hold each: shared by register (producer) and bind
+(consumer), so both refuse the same mismatches."""
+from __future__ import annotations
+
+from typing import Any, Dict, Optional, Tuple
+
+# dcast_dtype values, in enum order
+WIRE = ["BF16", "F16", "F32", "F8_E4M3", "F8_E5M2", "I8", "U8", "I16", "U16", "I32", "U32"]
+CODE = {name: i for i, name in enumerate(WIRE)}
+
+# numpy dtype names that hold each wire dtype's elements.  bf16 and fp8 have
+# no numpy dtype: their bit patterns travel in uint16 / uint8 arrays (or in
+# ml_dtypes' bfloat16 / float8 types where installed).
+NUMPY_OF = {"BF16": ("uint16", "bfloat16"), "F16": ("float16",), "F32": ("float32",),
+            "F8_E4M3": ("uint8", "float8_e4m3fn"), "F8_E5M2": ("uint8", "float8_e5m2"),
+            "I8": ("int8",), "U8": ("uint8",), "I16": ("int16",), "U16": ("uint16",),
+            "I32": ("int32",), "U32": ("uint32",)}
+# numpy dtype -> wire dtype when the caller does not say (uint16 means U16:
+# pass dtype="bf16" for bf16 bit patterns)
+WIRE_OF_NUMPY = {"float32": "F32", "float16": "F16", "int8": "I8", "uint8": "U8",
+                 "int16": "I16", "uint16": "U16", "int32": "I32", "uint32": "U32",
+                 "bfloat16": "BF16", "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2"}
+WIRE_OF_TORCH = {"torch.float32": "F32", "torch.float16": "F16", "torch.bfloat16": "BF16",
+                 "torch.int8": "I8", "torch.uint8": "U8", "torch.int16": "I16",
+                 "torch.int32": "I32", "torch.float8_e4m3fn": "F8_E4M3",
+                 "torch.float8_e5m2": "F8_E5M2"}
+
+
+def is_torch(t: Any) -> bool:
+    return hasattr(t, "data_ptr") and hasattr(t, "is_cuda")
+
+
+def wire_of(t: Any) -> Optional[str]:
+    """The wire dtype a torch tensor or numpy array holds by its own dtype,
+    or None when no wire dtype matches."""
+    if is_torch(t):
+        return WIRE_OF_TORCH.get(str(t.dtype))
+    return WIRE_OF_NUMPY.get(getattr(getattr(t, "dtype", None), "name", ""))
+
+
+def holds(t: Any, wire: str) -> bool:
+    """Whether array or tensor `t` holds elements of wire dtype `wire`."""
+    if is_torch(t):
+        return WIRE_OF_TORCH.get(str(t.dtype)) == wire
+    return t.dtype.name in NUMPY_OF[wire]
+
+
+def dtype_str(t: Any) -> str:
+    return str(t.dtype) if is_torch(t) else t.dtype.name
+
+
+def shape_of(t: Any) -> Tuple[int, ...]:
+    return tuple(int(d) for d in t.shape)
+
+
+def numpy_view_dtype(wire: str) -> str:
+    """The numpy dtype tensor() views a wire dtype's elements as."""
+    return NUMPY_OF[wire][0]
+
+
+def describe(t: Any) -> Dict[str, Any]:
+    """dtype and shape of an array or tensor, for error messages."""
+    return {"dtype": dtype_str(t), "shape": shape_of(t)}
+
+
+def holders(wire: str) -> str:
+    """What may hold a wire dtype, for error messages."""
+    torch_name = {v: k for k, v in WIRE_OF_TORCH.items()}.get(wire, "no torch dtype")
+    return f"{torch_name} tensor or a numpy {'/'.join(NUMPY_OF[wire])} array"

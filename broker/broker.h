@@ -129,7 +129,8 @@ struct broker_model {
 	uint32_t n_log, cap_log;
 	uint64_t log_bytes;
 	int need_anchor;                  /* next version must be an anchor */
-	uint64_t run;                     /* run identity (broker/run.c), never 0 */
+	uint64_t run;                     /* run identity (broker/run.c); 0 only for a relayed
+					     model before its upstream's WELCOME */
 	int relayed;                      /* filled from --upstream, not producers */
 	struct broker_pending *pending;   /* at most one open version */
 	uint64_t versions_committed, versions_aborted;
@@ -337,6 +338,11 @@ int broker_frame_encode(const dcast_msg *m, zmq_msg_t *out);
 /* ---- fanout.c: consumers ---- */
 void broker_consumer_msg(struct broker *b, dcast_wire_in *in);
 void broker_fanout(struct broker *b);
+/* Send every consumer streaming `m` a WELCOME again, before what it is sent
+ * next: the model's run became known (created for consumers that waited, or
+ * adopted from a relay's upstream).  A WELCOME mid-stream changes nothing
+ * in the consumer's stream; it confirms or refutes the run of its state. */
+void broker_rewelcome(struct broker *b, const struct broker_model *m);
 void broker_consumer_timers(struct broker *b, uint64_t now_ms);
 
 /* ---- relay.c ---- */

@@ -212,6 +212,13 @@ void broker_fanout(struct broker *b)
 			consumer_pump(b, &b->cons.arr[i]);
 }
 
+void broker_rewelcome(struct broker *b, const struct broker_model *m)
+{
+	for (uint64_t i = 0; i < b->cons.hi; i++)
+		if (b->cons.arr[i].used && b->cons.arr[i].model == m)
+			b->cons.arr[i].welcome_due = 1;
+}
+
 static void consumer_hello(struct broker *b, struct broker_peer *p, dcast_wire_in *in)
 {
 	const dcast_hello *h = &in->msg.u.hello;

@@ -47,6 +47,7 @@ struct broker_model *broker_model_get(struct broker *b, const char *name, int cr
 	b->models[b->n_models++] = m;
 	DCAST_LOG_I("model %s: created, run %016llx", name, (unsigned long long)m->run);
 	attach_waiting(b, m);
+	broker_rewelcome(b, m); /* those that waited learn the run */
 	return m;
 }
 

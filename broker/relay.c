@@ -47,6 +47,7 @@ int broker_relay_open(struct broker *b)
 		if (!(u->model = broker_model_get(b, b->cfg.upstream_models[i], 1)))
 			return DCAST_EBUSY;
 		u->model->relayed = 1;
+		u->model->run = 0; /* none until the upstream's WELCOME names it */
 		if (!(u->sock = zmq_socket(b->ctx, ZMQ_DEALER)))
 			return dcast_fail(DCAST_EZMQ, "upstream socket: %s", zmq_strerror(errno));
 		b->n_up++;
@@ -128,6 +129,7 @@ static void relay_adopt_run(struct broker *b, struct broker_model *m, uint64_t r
 		    (unsigned long long)run, (unsigned long long)m->run);
 	m->run = run;
 	broker_run_save(b, m);
+	broker_rewelcome(b, m); /* consumers welcomed with run 0 confirm it */
 }
 
 static int relay_dispatch(struct broker *b, struct broker_upstream *u, dcast_wire_in *in)

@@ -160,8 +160,9 @@ class Consumer(Closable):
     the local checkpoint directory (created if missing; required).
     budget_bytes: staging budget (None: sized from model_bytes or the
     checkpoint in dir, see default_budget).  verify: True checks the COMMIT
-    digests on the 1 MiB blocks each version writes, "all" hashes every
-    block of every version, False checks none.  auto_apply: the consumer's
+    digests from the elements each version changes (O(changed)), "all"
+    computes every digest range whole after every version, False checks
+    none.  auto_apply: the consumer's
     thread applies each READY version at once.  curve_*: Z85 keys (the
     broker's public key and this consumer's pair) to speak CURVE."""
 

@@ -111,32 +111,47 @@ static void render_models(struct out *o, const struct broker *b)
 	}
 }
 
-static void render_consumers(struct out *o, const struct broker *b)
+/* The version a consumer has, for version and lag: what it ACKed, else
+ * the newest version sent to it (NONE before either). */
+static uint64_t consumer_have(const struct broker_peer *p)
+{
+	return p->acked_version != DCAST_VERSION_NONE ? p->acked_version : p->have_version;
+}
+
+static uint64_t consumer_lag(const struct broker_peer *p)
+{
+	uint64_t newest = broker_model_newest(p->model), have = consumer_have(p);
+
+	return newest != DCAST_VERSION_NONE && newest > have ? newest - have : 0;
+}
+
+/* One family with a sample per consumer that has a version: the
+ * exposition format wants each family's samples together, after its
+ * HELP and TYPE (docs/operations.md, "Metrics"). */
+static void consumer_family(struct out *o, const struct broker *b, const char *name,
+			    const char *help, uint64_t (*value)(const struct broker_peer *))
 {
 	char m[2 * DCAST_MAX_NAME + 2], c[2 * DCAST_MAX_CLIENT + 2];
 
-	emit(o, "# HELP deltacast_consumer_version version the consumer says it applied\n"
-		"# TYPE deltacast_consumer_version gauge\n"
-		"# HELP deltacast_consumer_lag_versions newest committed minus applied\n"
-		"# TYPE deltacast_consumer_lag_versions gauge\n");
+	emit(o, "# HELP deltacast_%s %s\n# TYPE deltacast_%s gauge\n", name, help, name);
 	for (uint64_t i = 0; i < b->cons.hi; i++) {
 		const struct broker_peer *p = &b->cons.arr[i];
-		uint64_t newest, have;
 
-		if (!p->used || !p->model)
+		if (!p->used || !p->model || consumer_have(p) == DCAST_VERSION_NONE)
 			continue;
-		newest = broker_model_newest(p->model);
-		have = p->acked_version != DCAST_VERSION_NONE ? p->acked_version : p->have_version;
 		label(m, sizeof(m), p->model->name);
 		label(c, sizeof(c), p->client);
-		if (have == DCAST_VERSION_NONE)
-			continue;
-		emit(o, "deltacast_consumer_version{model=\"%s\",client=\"%s\",slot=\"%llu\"} %llu\n",
-		     m, c, (unsigned long long)i, (unsigned long long)have);
-		emit(o, "deltacast_consumer_lag_versions{model=\"%s\",client=\"%s\",slot=\"%llu\"} %llu\n",
-		     m, c, (unsigned long long)i,
-		     (unsigned long long)(newest != DCAST_VERSION_NONE && newest > have ? newest - have : 0));
+		emit(o, "deltacast_%s{model=\"%s\",client=\"%s\",slot=\"%llu\"} %llu\n", name, m, c,
+		     (unsigned long long)i, (unsigned long long)value(p));
 	}
+}
+
+static void render_consumers(struct out *o, const struct broker *b)
+{
+	consumer_family(o, b, "consumer_version", "version the consumer says it applied",
+			consumer_have);
+	consumer_family(o, b, "consumer_lag_versions", "newest committed minus applied",
+			consumer_lag);
 }
 
 size_t broker_metrics_render(const struct broker *b, char *buf, size_t cap)

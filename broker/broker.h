@@ -20,7 +20,7 @@
 
 #define BROKER_MAX_MODELS 256
 #define BROKER_MAX_UPSTREAM_MODELS 16
-#define BROKER_MAX_EXTRA_FDS 8
+#define BROKER_MAX_EXTRA_FDS 32 /* eventfds, the metrics listener and its clients */
 #define BROKER_REFUSE_LOG_MAX 20 /* refusal log lines a second */
 #define BROKER_MAX_RID 255
 #define BROKER_BURST_MSGS 64   /* messages sent to one consumer per loop turn */
@@ -211,6 +211,7 @@ struct broker {
 	uint32_t n_up;
 	struct {
 		int fd;
+		short events; /* ZMQ_POLLIN and/or ZMQ_POLLOUT */
 		broker_fd_fn fn;
 		void *arg;
 	} extra[BROKER_MAX_EXTRA_FDS];
@@ -377,7 +378,13 @@ int broker_log_restore(struct broker *b);
 /* Called for each ROUTER before bind (which: "producers"/"consumers") and
  * each upstream DEALER before connect ("upstream"): CURVE goes here. */
 int broker_socket_setup(struct broker *b, void *sock, const char *which);
-/* Add an fd to the poll set (metrics listener); fn runs when readable. */
+/* Add an fd to the poll set for ZMQ_POLLIN (eventfds, the metrics listener
+ * and clients); fn runs when it is ready for its events or has an error.
+ * fn may add and remove fds.  Errors: DCAST_EBUSY (the set is full). */
 int broker_poll_add(struct broker *b, int fd, broker_fd_fn fn, void *arg);
+/* Poll fd for these events instead (ZMQ_POLLIN, ZMQ_POLLOUT or both). */
+void broker_poll_events(struct broker *b, int fd, short events);
+/* Take fd out of the poll set, before closing it.  No-op if absent. */
+void broker_poll_del(struct broker *b, int fd);
 
 #endif

@@ -1,8 +1,9 @@
 /* The broker's single-threaded event loop: zmq_poll over the producer and
  * consumer ROUTERs, the relay's upstream DEALERs, a signalfd (SIGTERM,
- * SIGINT) and extra fds (metrics), with a timer for heartbeats and part
- * timeouts.  Each turn reads a bounded burst from each socket, grants
- * producer credit, then gives every consumer a bounded burst of sends. */
+ * SIGINT) and extra fds (eventfds, the metrics listener and clients), with
+ * a timer for heartbeats, part timeouts and metrics clients' time.  Each
+ * turn reads a bounded burst from each socket, grants producer credit,
+ * then gives every consumer a bounded burst of sends. */
 #include <errno.h>
 #include <signal.h>
 #include <string.h>
@@ -13,6 +14,7 @@
 #include "dcast_common.h"
 #include "dcast_wire.h"
 #include "durable.h" /* --data-dir: the writer thread (broker/durable.c) */
+#include "metrics.h" /* --metrics: clients past their time are closed */
 
 #define MAX_POLL (3 + BROKER_MAX_UPSTREAM_MODELS + BROKER_MAX_EXTRA_FDS)
 
@@ -81,10 +83,48 @@ int broker_poll_add(struct broker *b, int fd, broker_fd_fn fn, void *arg)
 	if (b->n_extra >= BROKER_MAX_EXTRA_FDS)
 		return dcast_fail(DCAST_EBUSY, "poll set: more than %d extra fds", BROKER_MAX_EXTRA_FDS);
 	b->extra[b->n_extra].fd = fd;
+	b->extra[b->n_extra].events = ZMQ_POLLIN;
 	b->extra[b->n_extra].fn = fn;
 	b->extra[b->n_extra].arg = arg;
 	b->n_extra++;
 	return 0;
+}
+
+static int extra_find(const struct broker *b, int fd)
+{
+	for (uint32_t i = 0; i < b->n_extra; i++)
+		if (b->extra[i].fd == fd)
+			return (int)i;
+	return -1;
+}
+
+void broker_poll_events(struct broker *b, int fd, short events)
+{
+	int i = extra_find(b, fd);
+
+	if (i >= 0)
+		b->extra[i].events = events;
+}
+
+void broker_poll_del(struct broker *b, int fd)
+{
+	int i = extra_find(b, fd);
+
+	if (i >= 0)
+		b->extra[i] = b->extra[--b->n_extra];
+}
+
+/* Run the callback of each extra fd that is ready.  A callback may add or
+ * remove fds (the metrics listener accepts, a client closes), so each is
+ * looked up by fd rather than by its place in the poll set. */
+static void extra_dispatch(struct broker *b, const zmq_pollitem_t *it, uint32_t n)
+{
+	for (uint32_t i = 0; i < n; i++) {
+		int k = it[i].revents ? extra_find(b, it[i].fd) : -1;
+
+		if (k >= 0)
+			b->extra[k].fn(b, it[i].fd, b->extra[k].arg);
+	}
 }
 
 static int router_open(struct broker *b, void **sock, const char *endpoint, const char *which)
@@ -196,6 +236,7 @@ static void timers(struct broker *b)
 	broker_producer_timers(b, now);
 	broker_consumer_timers(b, now);
 	broker_relay_timers(b, now);
+	broker_metrics_timers(b, now);
 }
 
 static long poll_timeout(const struct broker *b)
@@ -210,6 +251,7 @@ static long poll_timeout(const struct broker *b)
 static int poll_once(struct broker *b)
 {
 	zmq_pollitem_t it[MAX_POLL];
+	uint32_t n_extra = b->n_extra;
 	int n = 0, rc;
 
 	it[n++] = (zmq_pollitem_t){b->producers, 0, ZMQ_POLLIN, 0};
@@ -217,8 +259,8 @@ static int poll_once(struct broker *b)
 	it[n++] = (zmq_pollitem_t){NULL, b->signal_fd, ZMQ_POLLIN, 0};
 	for (uint32_t i = 0; i < b->n_up; i++)
 		it[n++] = (zmq_pollitem_t){b->up[i].sock, 0, ZMQ_POLLIN, 0};
-	for (uint32_t i = 0; i < b->n_extra; i++)
-		it[n++] = (zmq_pollitem_t){NULL, b->extra[i].fd, ZMQ_POLLIN, 0};
+	for (uint32_t i = 0; i < n_extra; i++)
+		it[n++] = (zmq_pollitem_t){NULL, b->extra[i].fd, b->extra[i].events, 0};
 	rc = zmq_poll(it, n, poll_timeout(b));
 	if (rc < 0)
 		return errno == EINTR ? 0 : dcast_fail(DCAST_EZMQ, "zmq_poll: %s", zmq_strerror(errno));
@@ -231,9 +273,7 @@ static int poll_once(struct broker *b)
 	for (uint32_t i = 0; i < b->n_up; i++)
 		if (it[3 + i].revents & ZMQ_POLLIN)
 			broker_relay_msg(b, &b->up[i]);
-	for (uint32_t i = 0; i < b->n_extra; i++)
-		if (it[3 + b->n_up + i].revents & ZMQ_POLLIN)
-			b->extra[i].fn(b, b->extra[i].fd, b->extra[i].arg);
+	extra_dispatch(b, it + 3 + b->n_up, n_extra);
 	return 0;
 }
 

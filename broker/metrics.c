@@ -1,7 +1,19 @@
-/* A tiny HTTP/1.0 server for /metrics (metrics.h).  The listening fd sits in
- * the broker's poll set; each readable turn accepts a bounded number of
- * connections, reads the request with a short timeout, answers and closes.
- * The response buffer is allocated once at open. */
+/* A small HTTP/1.0 server for /metrics (metrics.h), inside the broker's
+ * event loop.  The listener and every client are non-blocking fds in the
+ * loop's poll set: a turn reads what a client has sent, renders the page
+ * once the request is complete, and sends what the socket takes, keeping
+ * the rest for the next turn.  Each client is bounded: METRICS_REQUEST_BYTES
+ * of request, METRICS_CLIENT_MS from accept to the last byte sent, and at
+ * most METRICS_MAX_CLIENTS at once (more are closed at once); the time is
+ * checked on each readiness and on the loop's timer turn (heartbeat_ms / 4).
+ * So a slow or silent client costs the loop a recv or a send, never a wait.
+ *
+ * Why not a thread with a snapshot: the page reads models, consumers and
+ * stats that the loop changes every turn; a thread would need a copy
+ * published under a lock on every turn (or the loop to stop for it), while
+ * rendering here, when a request is complete, costs one pass over the
+ * tables and no locking.  The page buffer is allocated once at open; only
+ * a response the socket did not take at once is copied, per client. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -16,10 +28,24 @@
 #include "metrics.h"
 
 #define METRICS_BODY_BYTES (1u << 20)
-#define METRICS_ACCEPT_BURST 8
-#define METRICS_READ_TIMEOUT_MS 200
+#define METRICS_HEAD_BYTES 256       /* room before the body for the HTTP head */
+#define METRICS_REQUEST_BYTES 8192   /* a longer request is closed unanswered */
+#define METRICS_CLIENT_MS 2000       /* accept to last byte sent, then closed */
+#define METRICS_MAX_CLIENTS 16       /* more are closed as soon as accepted */
+#define METRICS_ACCEPT_BURST 32
 
-static char *body;
+struct metrics_client {
+	int used, fd;
+	uint64_t deadline_ms;
+	size_t req_len;
+	char req[METRICS_REQUEST_BYTES];
+	char *out;                   /* the unsent part of the response, owned */
+	size_t out_len, out_off;
+	int answered;                /* the response is composed: only sending left */
+};
+
+static char *page; /* [METRICS_HEAD_BYTES + METRICS_BODY_BYTES] */
+static struct metrics_client clients[METRICS_MAX_CLIENTS];
 
 struct out {
 	char *buf;
@@ -111,32 +137,47 @@ static void render_models(struct out *o, const struct broker *b)
 	}
 }
 
-static void render_consumers(struct out *o, const struct broker *b)
+/* The version a consumer has, for version and lag: what it ACKed, else
+ * the newest version sent to it (NONE before either). */
+static uint64_t consumer_have(const struct broker_peer *p)
+{
+	return p->acked_version != DCAST_VERSION_NONE ? p->acked_version : p->have_version;
+}
+
+static uint64_t consumer_lag(const struct broker_peer *p)
+{
+	uint64_t newest = broker_model_newest(p->model), have = consumer_have(p);
+
+	return newest != DCAST_VERSION_NONE && newest > have ? newest - have : 0;
+}
+
+/* One family with a sample per consumer that has a version: the
+ * exposition format wants each family's samples together, after its
+ * HELP and TYPE (docs/operations.md, "Metrics"). */
+static void consumer_family(struct out *o, const struct broker *b, const char *name,
+			    const char *help, uint64_t (*value)(const struct broker_peer *))
 {
 	char m[2 * DCAST_MAX_NAME + 2], c[2 * DCAST_MAX_CLIENT + 2];
 
-	emit(o, "# HELP deltacast_consumer_version version the consumer says it applied\n"
-		"# TYPE deltacast_consumer_version gauge\n"
-		"# HELP deltacast_consumer_lag_versions newest committed minus applied\n"
-		"# TYPE deltacast_consumer_lag_versions gauge\n");
+	emit(o, "# HELP deltacast_%s %s\n# TYPE deltacast_%s gauge\n", name, help, name);
 	for (uint64_t i = 0; i < b->cons.hi; i++) {
 		const struct broker_peer *p = &b->cons.arr[i];
-		uint64_t newest, have;
 
-		if (!p->used || !p->model)
+		if (!p->used || !p->model || consumer_have(p) == DCAST_VERSION_NONE)
 			continue;
-		newest = broker_model_newest(p->model);
-		have = p->acked_version != DCAST_VERSION_NONE ? p->acked_version : p->have_version;
 		label(m, sizeof(m), p->model->name);
 		label(c, sizeof(c), p->client);
-		if (have == DCAST_VERSION_NONE)
-			continue;
-		emit(o, "deltacast_consumer_version{model=\"%s\",client=\"%s\",slot=\"%llu\"} %llu\n",
-		     m, c, (unsigned long long)i, (unsigned long long)have);
-		emit(o, "deltacast_consumer_lag_versions{model=\"%s\",client=\"%s\",slot=\"%llu\"} %llu\n",
-		     m, c, (unsigned long long)i,
-		     (unsigned long long)(newest != DCAST_VERSION_NONE && newest > have ? newest - have : 0));
+		emit(o, "deltacast_%s{model=\"%s\",client=\"%s\",slot=\"%llu\"} %llu\n", name, m, c,
+		     (unsigned long long)i, (unsigned long long)value(p));
 	}
+}
+
+static void render_consumers(struct out *o, const struct broker *b)
+{
+	consumer_family(o, b, "consumer_version", "version the consumer says it applied",
+			consumer_have);
+	consumer_family(o, b, "consumer_lag_versions", "newest committed minus applied",
+			consumer_lag);
 }
 
 size_t broker_metrics_render(const struct broker *b, char *buf, size_t cap)
@@ -171,44 +212,157 @@ size_t broker_metrics_render(const struct broker *b, char *buf, size_t cap)
 	return o.len;
 }
 
-/* Answer one connection: GET /metrics, else 404. */
-static void serve(struct broker *b, int fd)
+static void client_close(struct broker *b, struct metrics_client *c)
 {
-	struct timeval tv = {0, METRICS_READ_TIMEOUT_MS * 1000};
-	char req[2048], head[160];
-	size_t n = 0, len = 0;
-	ssize_t r;
-	int ok;
-
-	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-	setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-	while (n < sizeof(req) - 1 && (r = recv(fd, req + n, sizeof(req) - 1 - n, 0)) > 0) {
-		n += (size_t)r;
-		req[n] = '\0';
-		if (strstr(req, "\r\n\r\n") || strstr(req, "\n\n"))
-			break;
-	}
-	req[n] = '\0';
-	ok = !strncmp(req, "GET /metrics ", 13) || !strncmp(req, "GET /metrics\r", 13);
-	if (ok)
-		len = broker_metrics_render(b, body, METRICS_BODY_BYTES);
-	snprintf(head, sizeof(head), "HTTP/1.0 %s\r\nContent-Type: text/plain; version=0.0.4\r\n"
-		 "Content-Length: %zu\r\nConnection: close\r\n\r\n",
-		 ok ? "200 OK" : "404 Not Found", ok ? len : (size_t)10);
-	if (send(fd, head, strlen(head), MSG_NOSIGNAL) > 0)
-		send(fd, ok ? body : "not found\n", ok ? len : 10, MSG_NOSIGNAL);
-	close(fd);
+	broker_poll_del(b, c->fd);
+	close(c->fd);
+	free(c->out);
+	*c = (struct metrics_client){0};
 }
 
-static void on_readable(struct broker *b, int lfd, void *arg)
+/* Send what the socket takes; closed once all is sent or on an error. */
+static void client_send(struct broker *b, struct metrics_client *c)
+{
+	while (c->out_off < c->out_len) {
+		ssize_t r = send(c->fd, c->out + c->out_off, c->out_len - c->out_off,
+				 MSG_NOSIGNAL | MSG_DONTWAIT);
+
+		if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+			return;
+		if (r <= 0)
+			break;
+		c->out_off += (size_t)r;
+	}
+	client_close(b, c);
+}
+
+/* The HTTP head before the body in page[]; returns where the response starts. */
+static char *head_before(char *body, int ok, size_t len, size_t *head_len)
+{
+	char head[METRICS_HEAD_BYTES];
+	int n = snprintf(head, sizeof(head), "HTTP/1.0 %s\r\nContent-Type: text/plain; version=0.0.4; "
+			 "charset=utf-8\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n",
+			 ok ? "200 OK" : "404 Not Found", len);
+
+	*head_len = (size_t)n;
+	return memcpy(body - n, head, (size_t)n);
+}
+
+/* Compose the response (GET /metrics, else 404) in page[], send what the
+ * socket takes now and keep a copy of the rest. */
+static void client_answer(struct broker *b, struct metrics_client *c)
+{
+	char *body = page + METRICS_HEAD_BYTES, *resp;
+	int ok = c->req_len >= 13 && (!memcmp(c->req, "GET /metrics ", 13) ||
+				      !memcmp(c->req, "GET /metrics\r", 13));
+	size_t len = ok ? broker_metrics_render(b, body, METRICS_BODY_BYTES) : 10, head, sent;
+	ssize_t r;
+
+	if (!ok)
+		memcpy(body, "not found\n", 10);
+	resp = head_before(body, ok, len, &head);
+	r = send(c->fd, resp, head + len, MSG_NOSIGNAL | MSG_DONTWAIT);
+	sent = r > 0 ? (size_t)r : 0;
+	c->answered = 1;
+	if (sent == head + len || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK) ||
+	    !(c->out = malloc(head + len - sent))) {
+		client_close(b, c);
+		return;
+	}
+	memcpy(c->out, resp + sent, head + len - sent);
+	c->out_len = head + len - sent;
+	broker_poll_events(b, c->fd, ZMQ_POLLOUT);
+}
+
+/* A blank line ends the request; only the bytes just read (and the three
+ * before them) are searched, so a byte-at-a-time sender costs O(1) a byte. */
+static int request_complete(const struct metrics_client *c, size_t from)
+{
+	size_t at = from > 3 ? from - 3 : 0;
+
+	return memmem(c->req + at, c->req_len - at, "\r\n\r\n", 4) ||
+	       memmem(c->req + at, c->req_len - at, "\n\n", 2);
+}
+
+/* Read what has arrived: 1 when the request is complete (or ended by
+ * EOF), 0 to wait for more, -1 to close (an error, or too long). */
+static int client_read(struct metrics_client *c)
+{
+	for (;;) {
+		size_t from = c->req_len;
+		ssize_t r = recv(c->fd, c->req + from, sizeof(c->req) - from, MSG_DONTWAIT);
+
+		if (r < 0)
+			return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? 0 : -1;
+		c->req_len += (size_t)r;
+		if (r == 0 || request_complete(c, from))
+			return 1;
+		if (c->req_len == sizeof(c->req))
+			return -1; /* METRICS_REQUEST_BYTES */
+	}
+}
+
+static void client_recv(struct broker *b, struct metrics_client *c)
+{
+	int rc = client_read(c);
+
+	if (rc > 0)
+		client_answer(b, c);
+	else if (rc < 0)
+		client_close(b, c);
+}
+
+static void on_client(struct broker *b, int fd, void *arg)
+{
+	struct metrics_client *c = arg;
+
+	(void)fd;
+	if (dcast_now_ms() >= c->deadline_ms)
+		client_close(b, c);
+	else if (c->answered)
+		client_send(b, c);
+	else
+		client_recv(b, c);
+}
+
+void broker_metrics_timers(struct broker *b, uint64_t now_ms)
+{
+	for (int i = 0; i < METRICS_MAX_CLIENTS; i++)
+		if (clients[i].used && now_ms >= clients[i].deadline_ms)
+			client_close(b, &clients[i]);
+}
+
+static struct metrics_client *client_slot(void)
+{
+	for (int i = 0; i < METRICS_MAX_CLIENTS; i++)
+		if (!clients[i].used)
+			return &clients[i];
+	return NULL;
+}
+
+/* Take a new connection into a free slot; with none free (or a full poll
+ * set) it is closed at once. */
+static void client_open(struct broker *b, int fd)
+{
+	struct metrics_client *c = client_slot();
+
+	if (!c || broker_poll_add(b, fd, on_client, c)) {
+		close(fd);
+		return;
+	}
+	*c = (struct metrics_client){.used = 1, .fd = fd,
+				     .deadline_ms = dcast_now_ms() + METRICS_CLIENT_MS};
+}
+
+static void on_listener(struct broker *b, int lfd, void *arg)
 {
 	(void)arg;
 	for (int i = 0; i < METRICS_ACCEPT_BURST; i++) {
-		int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+		int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
 
 		if (fd < 0)
 			return;
-		serve(b, fd);
+		client_open(b, fd);
 	}
 }
 
@@ -241,7 +395,7 @@ int broker_metrics_open(struct broker *b)
 		return 0;
 	if ((rc = parse_addr(b->cfg.metrics, &sa)))
 		return rc;
-	if (!body && !(body = malloc(METRICS_BODY_BYTES)))
+	if (!page && !(page = malloc(METRICS_HEAD_BYTES + METRICS_BODY_BYTES)))
 		return dcast_fail(DCAST_ENOMEM, "metrics buffer");
 	fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
 	if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) ||
@@ -251,7 +405,7 @@ int broker_metrics_open(struct broker *b)
 			close(fd);
 		return rc;
 	}
-	if ((rc = broker_poll_add(b, fd, on_readable, NULL))) {
+	if ((rc = broker_poll_add(b, fd, on_listener, NULL))) {
 		close(fd);
 		return rc;
 	}

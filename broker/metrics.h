@@ -7,10 +7,14 @@
 #include "broker.h"
 
 /* Open the listening socket (non-blocking) and add it to the broker's poll
- * set.  No-op without --metrics.  Errors: DCAST_EINVAL (not HOST:PORT with
+ * set; clients are served from the loop without blocking it (metrics.c).  No-op without --metrics.  Errors: DCAST_EINVAL (not HOST:PORT with
  * a numeric IPv4 host), DCAST_EIO (socket / bind / listen, naming the
  * address), poll-set errors. */
 int broker_metrics_open(struct broker *b);
+
+/* Close the clients past their time (METRICS_CLIENT_MS from accept): the
+ * loop's timer turn.  No-op without --metrics. */
+void broker_metrics_timers(struct broker *b, uint64_t now_ms);
 
 /* Write the metrics text into buf (cap bytes, NUL-terminated, truncated at
  * a line boundary when full).  Returns its length. */

@@ -23,6 +23,7 @@ need_cmd clang clang
 need_py msgpack python3-msgpack
 need_py numpy python3-numpy
 need_py torch python3-torch   # the torch tests (they skip without it)
+need_py prometheus_client python3-prometheus-client # tests: /metrics parsed for real
 if [ "${1:-}" = bench ]; then
   # nginx and redis-server live in /usr/sbin and /usr/bin; probe both.
   [ -x /usr/sbin/nginx ] || need_cmd nginx nginx

@@ -49,9 +49,15 @@ static void pending_free(struct broker_pending *pd)
 	free(pd);
 }
 
+/* ERROR to every producer of m.  The caller may still report the reason
+ * it holds in dcast_last_error(): a send that fails (a producer gone, not
+ * yet timed out) must not replace it (found by tests/tools/fuzz_broker). */
 static void producers_error(struct broker *b, struct broker_model *m, int code,
 			    uint64_t version, const char *text)
 {
+	char reason[DCAST_MAX_TEXT + 1];
+
+	snprintf(reason, sizeof(reason), "%s", dcast_last_error());
 	for (uint64_t i = 0; i < b->prod.hi; i++) {
 		struct broker_peer *p = &b->prod.arr[i];
 
@@ -61,6 +67,7 @@ static void producers_error(struct broker *b, struct broker_model *m, int code,
 			p->last_send_ms = dcast_now_ms();
 		}
 	}
+	dcast_fail(code, "%s", reason);
 }
 
 void broker_pending_abort(struct broker *b, struct broker_model *m, const char *why)

@@ -19,9 +19,9 @@
  *
  *   fuzz_broker [--seed S] [--batches N] [--seconds T] [--start-batch B]
  *               [--rss-max-mib M] [--check-every K] [--dir DIR]
- *               [--attach PID PRODUCERS CONSUMERS]
+ *               [--durable 1] [--attach PID PRODUCERS CONSUMERS]
  * Without --attach it starts $DELTACAST_BUILD/deltacast-broker (default
- * build/) with small caps.  Exit 0: no crash, RSS in bound, every check
+ * build/) with small caps (and --data-dir DIR/data with --durable 1).  Exit 0: no crash, RSS in bound, every check
  * passed; 1 otherwise (the line says which batch and how to replay). */
 #include <errno.h>
 #include <msgpack.h>
@@ -48,7 +48,7 @@
 /* ---- options, figures ---- */
 
 static struct opts {
-	uint64_t seed, batches, seconds, start_batch, rss_max_mib, check_every;
+	uint64_t seed, batches, seconds, start_batch, rss_max_mib, check_every, durable;
 	const char *dir, *build;
 	pid_t pid;
 	int attached;
@@ -684,13 +684,13 @@ static void conv_init(struct conv *c)
 {
 	static const uint32_t dtypes[] = {DCAST_DTYPE_U8, DCAST_DTYPE_BF16, DCAST_DTYPE_F32};
 	static const uint64_t elems[] = {64, 100, 1000, 4096};
-	static const uint32_t chunk[] = {16, 64, 256, 1024};
+	static const uint32_t chunk[] = {16, 64, 256, 1024, 1}; /* 1: a flood of tiny chunks */
 
 	memset(c, 0, sizeof(*c));
 	snprintf(c->model, sizeof(c->model), "%s", fuzz_models[below(6)]);
 	c->parts = chance(70) ? 1 : 2 + (uint32_t)below(MAX_PARTS - 1);
 	c->ntd = 1 + (uint32_t)below(MAX_TENSORS);
-	c->chunk_elems = chunk[below(4)];
+	c->chunk_elems = chunk[chance(3) ? 4 : below(4)];
 	for (uint32_t t = 0; t < c->ntd; t++) {
 		dcast_tensor_desc *d = &c->td[t];
 		uint64_t n = elems[below(4)];
@@ -1114,12 +1114,15 @@ static int file_has(const char *path, const char *s)
 
 static int broker_try(const char *bin, int port, const char *log_path)
 {
+	char data_dir[600];
 	char *argv[] = {(char *)bin, "--producers", o.prod_ep, "--consumers", o.cons_ep,
 			"--heartbeat-ms", "300", "--part-timeout-ms", "1500",
 			"--max-pending-bytes", "16777216", "--retain-bytes", "33554432",
 			"--retain-versions", "64", "--producer-window-bytes", "4194304",
-			"--max-producers", "1024", "--max-consumers", "1024", NULL};
+			"--max-producers", "1024", "--max-consumers", "1024",
+			o.durable ? "--data-dir" : NULL, data_dir, NULL};
 
+	snprintf(data_dir, sizeof(data_dir), "%s/data", o.dir);
 	snprintf(o.prod_ep, sizeof(o.prod_ep), "tcp://127.0.0.1:%d", port);
 	snprintf(o.cons_ep, sizeof(o.cons_ep), "tcp://127.0.0.1:%d", port + 1);
 	o.pid = spawn(argv, log_path);
@@ -1295,6 +1298,7 @@ static void parse(int argc, char **argv)
 		else if (!strcmp(k, "--rss-max-mib")) o.rss_max_mib = num(argv[++i]);
 		else if (!strcmp(k, "--check-every")) o.check_every = num(argv[++i]) ? num(argv[i]) : 1;
 		else if (!strcmp(k, "--dir")) o.dir = argv[++i];
+		else if (!strcmp(k, "--durable")) o.durable = num(argv[++i]);
 		else if (!strcmp(k, "--attach") && i + 3 < argc) {
 			o.attached = 1;
 			o.pid = (pid_t)num(argv[++i]);

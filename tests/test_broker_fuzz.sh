@@ -6,4 +6,6 @@
 # normal consumer bit-exact.  Long runs: `make fuzz-broker`.
 set -u
 BUILD=${DELTACAST_BUILD:-$PWD/build}
-exec nice -n 5 "$BUILD/tools/fuzz_broker" --seed 18019 --seconds 25 --rss-max-mib 512
+rss_max=512
+case "$BUILD" in *-san*) rss_max=2048 ;; esac # ASan's shadow and quarantine
+exec nice -n 5 "$BUILD/tools/fuzz_broker" --seed 18019 --seconds 25 --rss-max-mib "$rss_max"

@@ -30,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -438,7 +439,7 @@ static void mut_tensors(struct fmsg *m)
 	case 0: t->dtype = (uint32_t)below(DCAST_DTYPE_COUNT + 2); break;
 	case 1: t->ndim = (uint32_t)below(DCAST_MAX_DIMS + 2); break;
 	case 2: t->shape[below(DCAST_MAX_DIMS)] = interesting(t->shape[0]); break;
-	case 3: strcpy(t->name, m->td[0].name); break; /* a duplicate name */
+	case 3: memmove(t->name, m->td[0].name, sizeof(t->name)); break; /* a duplicate name */
 	default: t->name[0] = chance(50) ? '\0' : '\xff'; break;
 	}
 }
@@ -800,7 +801,7 @@ static void conv_step(struct conv *c)
 static void conv_versions(struct conv *c, uint64_t newest)
 {
 	uint64_t v = newest == DCAST_VERSION_NONE ? 1 : newest + 1;
-	uint32_t deltas = (uint32_t)below(4);
+	uint32_t deltas = chance(15) ? 8 + (uint32_t)below(8) : (uint32_t)below(4); /* long: folds cut */
 
 	for (uint32_t i = 0; i <= deltas; i++, v++) {
 		if (i)
@@ -1091,6 +1092,7 @@ static pid_t spawn(char *const argv[], const char *log_path)
 		FILE *f = freopen(log_path, "a", stderr);
 
 		(void)f;
+		prctl(PR_SET_PDEATHSIG, SIGKILL); /* a tool that dies leaves no broker behind */
 		if (!freopen("/dev/null", "w", stdout))
 			_exit(127);
 		execv(argv[0], argv);

@@ -261,3 +261,16 @@ bench: all $(BUILD)/tools/bench_tcp $(BUILD)/tools/bench_redis $(BUILD)/tools/be
 bench-cluster: all $(BUILD)/tools/fault_publish $(BUILD)/tools/fault_digest
 	@scripts/deps.sh bench
 	@DELTACAST_BUILD=$(abspath $(BUILD)) PYTHON=$(PYTHON) nice -n 10 scripts/bench_cluster.sh
+
+# --- live broker fuzzing ---
+# `make fuzz-broker`: tests/tools/fuzz_broker drives a real broker with
+# mutated producer and consumer conversations for FUZZ_BROKER_SECONDS
+# (default 600), niced, seed FUZZ_BROKER_SEED (default: the clock); it
+# prints inputs tried, crashes and max VmRSS, and on a failure the seed and
+# batch that replay it.  docs/reliability.md has the figures of past runs.
+FUZZ_BROKER_SECONDS ?= 600
+FUZZ_BROKER_SEED ?= $(shell date +%s)
+.PHONY: fuzz-broker
+fuzz-broker: all $(BUILD)/tools/fuzz_broker $(BUILD)/tools/wire_client
+	DELTACAST_BUILD=$(abspath $(BUILD)) nice -n 10 $(BUILD)/tools/fuzz_broker \
+	  --seed $(FUZZ_BROKER_SEED) --seconds $(FUZZ_BROKER_SECONDS)

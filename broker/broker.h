@@ -94,6 +94,7 @@ struct broker_version {
 	uint32_t n_digests;
 	dcast_range_digest *digests;    /* every part's, owned */
 	struct broker_manifest *manifest; /* reference */
+	uint64_t mem_bytes;             /* broker_version_mem(), set as it enters the log */
 };
 
 /* A chunk of an open version, before it is numbered for consumers. */
@@ -117,7 +118,8 @@ struct broker_pending {
 	uint64_t version, base_version;
 	int anchor;
 	uint32_t parts, n_committed;
-	uint64_t bytes, created_ms;
+	uint64_t mem_bytes;               /* held in memory: payloads, chunk slots, digests */
+	uint64_t created_ms;
 	struct broker_manifest *manifest; /* reference: chunks checked against it */
 	struct broker_part *part;         /* [parts] */
 };
@@ -127,7 +129,7 @@ struct broker_model {
 	struct broker_manifest *manifest; /* current; NULL until one arrives */
 	struct broker_version **log;      /* [0] the newest anchor, then deltas */
 	uint32_t n_log, cap_log;
-	uint64_t log_bytes;
+	uint64_t log_bytes;               /* sum of the versions' mem_bytes (--retain-bytes) */
 	int need_anchor;                  /* next version must be an anchor */
 	uint64_t run;                     /* run identity (broker/run.c); 0 only for a relayed
 					     model before its upstream's WELCOME */
@@ -267,6 +269,14 @@ void broker_peer_forget(struct broker_peers *s, struct broker_peer *p);
 int broker_send_msg(struct broker *b, void *sock, struct broker_peer *p, const dcast_msg *m);
 
 /* ---- log.c ---- */
+/* One allocation's cost beyond its bytes: the allocator's header plus
+ * ZeroMQ's content block of a kept message (issue 18 item 8: the caps count
+ * what a message costs in memory, not its payload). */
+#define BROKER_ALLOC_BYTES 64
+/* What a committed version holds in memory: the struct, per chunk its
+ * broker_chunk (two zmq_msg_t), header frame and payload with their
+ * allocations, the COMMIT frame and the digests.  --retain-bytes counts it. */
+uint64_t broker_version_mem(const struct broker_version *v);
 struct broker_model *broker_model_get(struct broker *b, const char *name, int create);
 
 /* run.c: a model's run identity (set at creation by broker_model_get, not

@@ -211,7 +211,7 @@ static void old_keep(void *arg, struct broker_version *v)
 
 	if (f->n_old < f->cap_old && !(f->n_old && v->anchor)) {
 		f->old[f->n_old++] = v;
-		f->old_bytes += v->payload_bytes;
+		f->old_bytes += v->mem_bytes;
 	} else {
 		broker_version_put(v);
 	}

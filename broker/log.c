@@ -80,6 +80,18 @@ void broker_manifest_put(struct broker_manifest *mf)
 	free(mf);
 }
 
+uint64_t broker_version_mem(const struct broker_version *v)
+{
+	uint64_t bytes = sizeof(*v) + (uint64_t)v->n_digests * sizeof(*v->digests) +
+			 zmq_msg_size((zmq_msg_t *)&v->commit_hdr) + 4 * BROKER_ALLOC_BYTES;
+
+	for (uint32_t i = 0; i < v->n_chunks; i++)
+		bytes += sizeof(v->chunks[i]) + 3 * BROKER_ALLOC_BYTES +
+			 zmq_msg_size((zmq_msg_t *)&v->chunks[i].hdr) +
+			 zmq_msg_size((zmq_msg_t *)&v->chunks[i].payload);
+	return bytes;
+}
+
 void broker_version_put(struct broker_version *v)
 {
 	if (!v || --v->refs)
@@ -169,7 +181,7 @@ static void retention_check(struct broker *b, struct broker_model *m)
 	if (m->need_anchor || (m->n_log <= b->cfg.retain_versions &&
 			       m->log_bytes <= b->cfg.retain_bytes))
 		return;
-	DCAST_LOG_I("model %s: log holds %u versions, %llu bytes: past retention, asking for an anchor",
+	DCAST_LOG_I("model %s: log holds %u versions, %llu bytes in memory: past retention, asking for an anchor",
 		    m->name, m->n_log, (unsigned long long)m->log_bytes);
 	broker_log_need_anchor(b, m);
 }
@@ -197,7 +209,8 @@ int broker_log_append(struct broker *b, struct broker_model *m, struct broker_ve
 	if ((rc = log_reserve(m)))
 		return rc;
 	m->log[m->n_log++] = v;
-	m->log_bytes += v->payload_bytes;
+	v->mem_bytes = broker_version_mem(v);
+	m->log_bytes += v->mem_bytes;
 	retention_check(b, m);
 	return 0;
 }
@@ -213,7 +226,7 @@ int broker_log_replace_anchor(struct broker *b, struct broker_model *m,
 		return dcast_fail(DCAST_EVERSION, "model %s: made anchor %llu is not a delta in the log",
 				  m->name, (unsigned long long)anchor->version);
 	for (int i = 0; i <= at; i++) {
-		m->log_bytes -= m->log[i]->payload_bytes;
+		m->log_bytes -= m->log[i]->mem_bytes;
 		if (keep)
 			keep(arg, m->log[i]);
 		else
@@ -222,7 +235,8 @@ int broker_log_replace_anchor(struct broker *b, struct broker_model *m,
 	m->log[0] = anchor;
 	memmove(m->log + 1, m->log + at + 1, (m->n_log - (uint32_t)at - 1) * sizeof(*m->log));
 	m->n_log -= (uint32_t)at;
-	m->log_bytes += anchor->payload_bytes;
+	anchor->mem_bytes = broker_version_mem(anchor);
+	m->log_bytes += anchor->mem_bytes;
 	m->need_anchor = 0;
 	return 0;
 }

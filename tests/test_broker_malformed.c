@@ -74,8 +74,8 @@ static void *dealer(void *ctx, const char *ep)
 }
 
 /* Wait for the next message other than HEARTBEAT and CREDIT; return its
- * ERROR code (0 if not an ERROR, -1 if none came). */
-static int next_error(void *s)
+ * ERROR code (0 if not an ERROR, -1 if none came) and its text. */
+static int next_error_text(void *s, char *text, size_t n)
 {
 	for (int i = 0; i < 50; i++) {
 		zmq_pollitem_t it = {s, 0, ZMQ_POLLIN, 0};
@@ -87,6 +87,7 @@ static int next_error(void *s)
 		if (dcast_wire_recv(s, 0, &in, 0) == 0) {
 			if (in.msg.type == DCAST_MSG_ERROR) {
 				code = (int)in.msg.u.error.code;
+				snprintf(text, n, "%s", in.msg.u.error.text);
 				printf("  ERROR %s: %s\n", dcast_errname(code), in.msg.u.error.text);
 			} else if (in.msg.type != DCAST_MSG_HEARTBEAT && in.msg.type != DCAST_MSG_CREDIT) {
 				code = 0;
@@ -97,6 +98,13 @@ static int next_error(void *s)
 			return code;
 	}
 	return -1;
+}
+
+static int next_error(void *s)
+{
+	char text[DCAST_MAX_TEXT + 1];
+
+	return next_error_text(s, text, sizeof(text));
 }
 
 static void send_frames(void *s, const void *a, size_t al, const void *b, size_t bl,
@@ -139,25 +147,32 @@ static void chunk_msg(dcast_msg *m, uint32_t tensor, uint64_t payload_bytes, con
 		seal(m, payload);
 }
 
-static void producer_join(void *p)
+static void producer_join_model(void *p, const char *model)
 {
 	dcast_tensor_desc td;
 	dcast_msg m;
 
-	dcast_msg_init(&m, DCAST_MSG_HELLO);
-	strcpy(m.u.hello.model, "bad");
-	send_msg(p, &m, NULL, 0);
-	CHECK(next_error(p) == 0); /* WELCOME */
 	memset(&td, 0, sizeof(td));
 	strcpy(td.name, "w");
 	td.dtype = DCAST_DTYPE_BF16;
 	td.ndim = 1;
 	td.shape[0] = 64;
 	dcast_msg_init(&m, DCAST_MSG_MANIFEST);
-	strcpy(m.u.manifest.model, "bad");
+	snprintf(m.u.manifest.model, sizeof(m.u.manifest.model), "%s", model);
 	m.u.manifest.n_tensors = 1;
 	m.u.manifest.tensors = &td;
 	send_msg(p, &m, NULL, 0);
+}
+
+static void producer_join(void *p)
+{
+	dcast_msg m;
+
+	dcast_msg_init(&m, DCAST_MSG_HELLO);
+	strcpy(m.u.hello.model, "bad");
+	send_msg(p, &m, NULL, 0);
+	CHECK(next_error(p) == 0); /* WELCOME */
+	producer_join_model(p, "bad");
 }
 
 static void bad_producer_messages(void *p)
@@ -343,6 +358,46 @@ static void refused_is_not_silence(void *c)
 	CHECK_ERR(next_error(c), DCAST_EFIELD_RANGE); /* known: DCAST_ESTATE had it been dropped */
 }
 
+/* Found by tests/tools/fuzz_broker: a refusal that drops the open version
+ * tells every producer of the model; when one of them had gone (its socket
+ * closed, not yet timed out) the failed send replaced the reason, and the
+ * refused producer got ERROR DCAST_ECORRUPT "send routing id: Host
+ * unreachable" instead of what was wrong with its COMMIT. */
+static void reason_survives_failed_send(void *ctx)
+{
+	void *p = dealer(ctx, prod_ep), *gone = dealer(ctx, prod_ep);
+	uint8_t dense[128] = {5};
+	char text[DCAST_MAX_TEXT + 1] = "";
+	dcast_msg m;
+
+	printf("the refusal's reason survives a send to a producer that is gone:\n");
+	dcast_msg_init(&m, DCAST_MSG_HELLO);
+	strcpy(m.u.hello.model, "gone");
+	m.u.hello.part = 1;
+	m.u.hello.parts = 2;
+	send_msg(gone, &m, NULL, 0);
+	CHECK(next_error(gone) == 0); /* WELCOME */
+	zmq_close(gone);
+	usleep(300000); /* the broker sees the connection end */
+	dcast_msg_init(&m, DCAST_MSG_HELLO);
+	strcpy(m.u.hello.model, "gone");
+	send_msg(p, &m, NULL, 0);
+	CHECK(next_error(p) == 0);
+	producer_join_model(p, "gone");
+	chunk_msg(&m, 0, 128, dense);
+	strcpy(m.u.chunk.model, "gone");
+	m.u.chunk.count = 64;
+	dcast_chunk_seal(&m.u.chunk, dense);
+	send_msg(p, &m, dense, 128);
+	commit_msg(&m, 1, 1, 2, 128); /* says 2 chunks: 1 came */
+	strcpy(m.u.commit.model, "gone");
+	send_msg(p, &m, NULL, 0);
+	CHECK_ERR(next_error(p), DCAST_EABORTED);
+	CHECK_ERR(next_error_text(p, text, sizeof(text)), DCAST_ECORRUPT);
+	CHECK(strstr(text, "COMMIT says 2 chunks") != NULL);
+	zmq_close(p);
+}
+
 static void bad_consumer_messages(void *c)
 {
 	dcast_msg m;
@@ -437,6 +492,7 @@ int main(void)
 	void *o = dealer(ctx, prod_ep), *q = dealer(ctx, cons_ep);
 	over_credit(o);
 	refused_is_not_silence(q);
+	reason_survives_failed_send(ctx);
 	zmq_close(o);
 	zmq_close(q);
 	REQUIRE(run_client(1, "produce", prod_ep) == 0);

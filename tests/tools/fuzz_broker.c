@@ -1,0 +1,1387 @@
+/* fuzz_broker: a seeded, structure-aware mutation tool for a live
+ * deltacast-broker (issue 18 item 19).  Each batch opens producer and
+ * consumer connections and plays valid conversations (HELLO, MANIFEST,
+ * anchor and delta CHUNKs made by the real codec, COMMIT with real digests,
+ * CREDIT, ACK, HEARTBEAT, BYE) with mutations: field values at and past
+ * their limits, wrong msgpack types, dropped, repeated and unknown keys,
+ * wrong models, parts, versions and seq, payload sizes and bytes, raw header
+ * bytes, frame counts (header only, payload only, empty frames, three
+ * frames), orders (COMMIT first, repeats, drops, HELLO mid-stream, a
+ * reconnect mid-version), parts interleaved, many connections at once.
+ * Mutated CHUNK headers are usually sealed again (dcast_chunk_seal's
+ * checksum) so that they pass the checksum and reach deeper code.
+ *
+ * After each batch: the broker process is alive, its VmRSS is under the
+ * bound, and (every --check-every batches) a normal producer publishes the
+ * next version of model "good" and a fresh normal consumer receives it
+ * bit-exact (tests/tools/wire_client).  The batch's random stream depends
+ * only on (seed, batch), so a failure names what replays it.
+ *
+ *   fuzz_broker [--seed S] [--batches N] [--seconds T] [--start-batch B]
+ *               [--rss-max-mib M] [--check-every K] [--dir DIR]
+ *               [--durable 1] [--attach PID PRODUCERS CONSUMERS]
+ * Without --attach it starts $DELTACAST_BUILD/deltacast-broker (default
+ * build/) with small caps (and --data-dir DIR/data with --durable 1).  Exit 0: no crash, RSS in bound, every check
+ * passed; 1 otherwise (the line says which batch and how to replay). */
+#include <errno.h>
+#include <msgpack.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <zmq.h>
+#include "deltacast/codec.h"
+#include "dcast_common.h"
+#include "dcast_wire.h"
+
+#define MAX_FIELDS 32
+#define MAX_STREAMS 96
+#define MAX_TENSORS 3
+#define MAX_PARTS 3
+#define RSS_MAX_MIB 768
+#define GOOD_ELEMS "8192"
+
+/* ---- options, figures ---- */
+
+static struct opts {
+	uint64_t seed, batches, seconds, start_batch, rss_max_mib, check_every, durable;
+	const char *dir, *build;
+	pid_t pid;
+	int attached;
+	char prod_ep[128], cons_ep[128];
+} o = {.seed = 1, .batches = UINT64_MAX, .seconds = 30, .rss_max_mib = RSS_MAX_MIB,
+       .check_every = 1};
+
+static struct figures {
+	uint64_t batches, streams, inputs, mutated, send_dropped, replies;
+	uint64_t errors[DCAST_ERR_COUNT];
+	uint64_t checks, good_version, rss_max_kib, rss_start_kib;
+} fig;
+
+static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void say(const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vprintf(fmt, ap);
+	va_end(ap);
+	fflush(stdout);
+}
+
+/* ---- random numbers: one stream per (seed, batch) ---- */
+
+static uint64_t rng;
+
+static uint64_t mix64(uint64_t x)
+{
+	x += 0x9e3779b97f4a7c15ull;
+	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+	x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+	return x ^ (x >> 31);
+}
+
+static uint64_t rnd(void)
+{
+	rng += 0x9e3779b97f4a7c15ull;
+	return mix64(rng);
+}
+
+static uint64_t below(uint64_t n)
+{
+	return n ? rnd() % n : 0;
+}
+
+static int chance(unsigned pct)
+{
+	return below(100) < pct;
+}
+
+/* Values at and past the protocol's limits (docs/protocol.md, "Limits"). */
+static uint64_t interesting(uint64_t cur)
+{
+	static const uint64_t v[] = {0, 1, 2, 3, 7, 255, 256, 1024, 4095, 4096, 4097, 65535,
+		65536, 65537, (1u << 26) - 1, 1u << 26, (1u << 26) + 1, (1u << 28) + (1u << 20),
+		(1u << 28) + (1u << 20) + 1, 262144, 262145, (1ull << 31) - 1, 1ull << 31,
+		(1ull << 32) - 1, 1ull << 32, 1ull << 40, (1ull << 40) + 1, (1ull << 48) - 1,
+		1ull << 48, (1ull << 48) + 1, 1ull << 62, 1ull << 63, UINT64_MAX - 1, UINT64_MAX};
+	uint64_t k = below(sizeof(v) / sizeof(v[0]) + 4);
+
+	if (k < sizeof(v) / sizeof(v[0]))
+		return v[k];
+	return k == sizeof(v) / sizeof(v[0]) ? cur + 1 : k == sizeof(v) / sizeof(v[0]) + 1 ? cur - 1 : rnd();
+}
+
+/* ---- strings: a fixed pool, so fields point at static storage ---- */
+
+static char long_a[1100];
+
+static const char *bad_string(uint32_t *len)
+{
+	static const char *pool[] = {"fz0", "fz1", "good", "", "\xff\xfe\xfd", "a\0b", "\xed\xa0\x80",
+				     "\xc0\x80", "producer", "consumer", "CHUNK", "nomodel"};
+	uint64_t k = below(sizeof(pool) / sizeof(pool[0]) + 4);
+
+	if (k < sizeof(pool) / sizeof(pool[0])) {
+		*len = k == 5 ? 3 : (uint32_t)strlen(pool[k]);
+		return pool[k];
+	}
+	static const uint32_t lens[] = {255, 256, 1024, 1025};
+	*len = lens[k - sizeof(pool) / sizeof(pool[0])];
+	return long_a;
+}
+
+/* ---- a message as a list of msgpack fields ---- */
+
+enum kind { K_UINT, K_STR, K_NIL, K_BOOL, K_NEG, K_FLOAT, K_BIN, K_ARRAY, K_MAP, K_DEEP,
+	    K_TENSORS, K_DIGESTS, K_KINDS };
+
+struct field {
+	const char *key;
+	int kind;
+	uint64_t u;
+	const char *s;
+	uint32_t slen;
+};
+
+enum frames { FR_NORMAL, FR_HDR_ONLY, FR_EMPTY_PAYLOAD, FR_PAYLOAD_ONLY, FR_EMPTY_ONLY,
+	      FR_THREE, FR_KINDS };
+
+struct fmsg {
+	int type;                 /* dcast_msg_type */
+	struct field f[MAX_FIELDS];
+	uint32_t nf;
+	uint8_t *payload;         /* owned */
+	size_t plen;
+	int frames, seal, raw;    /* raw: 0 none, else a byte edit of the encoded header */
+	dcast_tensor_desc *td;    /* MANIFEST: owned */
+	uint32_t ntd;
+	dcast_range_digest *dg;   /* COMMIT: owned */
+	uint32_t ndg;
+};
+
+static struct field *fadd(struct fmsg *m, const char *key, int kind, uint64_t u)
+{
+	struct field *f = &m->f[m->nf < MAX_FIELDS ? m->nf++ : MAX_FIELDS - 1];
+
+	*f = (struct field){key, kind, u, NULL, 0};
+	return f;
+}
+
+static void fstr(struct fmsg *m, const char *key, const char *s)
+{
+	struct field *f = fadd(m, key, K_STR, 0);
+
+	f->s = s;
+	f->slen = (uint32_t)strlen(s);
+}
+
+static void fver(struct fmsg *m, const char *key, uint64_t v)
+{
+	fadd(m, key, v == DCAST_VERSION_NONE ? K_NIL : K_UINT, v);
+}
+
+static void msg_start(struct fmsg *m, int type)
+{
+	memset(m, 0, sizeof(*m));
+	m->type = type;
+	fadd(m, "proto", K_UINT, DCAST_PROTO_VERSION);
+	fstr(m, "type", dcast_msg_type_name(type));
+}
+
+static struct field *ffind(struct fmsg *m, const char *key)
+{
+	for (uint32_t i = 0; i < m->nf; i++)
+		if (!strcmp(m->f[i].key, key))
+			return &m->f[i];
+	return NULL;
+}
+
+static uint64_t fget(struct fmsg *m, const char *key, uint64_t dflt)
+{
+	struct field *f = ffind(m, key);
+
+	if (!f || (f->kind != K_UINT && f->kind != K_BOOL && f->kind != K_NIL))
+		return dflt;
+	return f->kind == K_NIL ? DCAST_VERSION_NONE : f->u;
+}
+
+static void msg_free(struct fmsg *m)
+{
+	free(m->payload);
+	free(m->td);
+	free(m->dg);
+	m->payload = NULL;
+	m->td = NULL;
+	m->dg = NULL;
+}
+
+static void *dup_bytes(const void *p, size_t n)
+{
+	void *q = n ? malloc(n) : NULL;
+
+	if (q)
+		memcpy(q, p, n);
+	return q;
+}
+
+static void msg_copy(struct fmsg *dst, const struct fmsg *src)
+{
+	*dst = *src;
+	dst->payload = dup_bytes(src->payload, src->plen);
+	dst->td = dup_bytes(src->td, src->ntd * sizeof(*src->td));
+	dst->dg = dup_bytes(src->dg, (size_t)src->ndg * sizeof(*src->dg));
+	if ((src->plen && !dst->payload) || (src->ntd && !dst->td) || (src->ndg && !dst->dg)) {
+		dst->plen = dst->ntd = dst->ndg = 0; /* out of memory: an empty one */
+		msg_free(dst);
+	}
+}
+
+/* Seal a CHUNK again from the values its fields now hold. */
+static void msg_seal(struct fmsg *m)
+{
+	struct field *cs = ffind(m, "checksum");
+	dcast_chunk c;
+
+	if (m->type != DCAST_MSG_CHUNK || !cs || cs->kind != K_UINT)
+		return;
+	memset(&c, 0, sizeof(c));
+	c.version = fget(m, "version", 0);
+	c.base_version = fget(m, "base_version", DCAST_VERSION_NONE);
+	c.anchor = (uint32_t)fget(m, "anchor", 0);
+	c.tensor = (uint32_t)fget(m, "tensor", 0);
+	c.start = fget(m, "start", 0);
+	c.count = fget(m, "count", 0);
+	c.elem_size = (uint32_t)fget(m, "elem_size", 0);
+	c.encoding = (uint32_t)fget(m, "encoding", 0);
+	c.changed = fget(m, "changed", 0);
+	c.payload_bytes = fget(m, "payload_bytes", 0);
+	cs->u = dcast_chunk_checksum(&c, dcast_checksum(m->payload ? (void *)m->payload : "", m->plen));
+}
+
+/* ---- encoding with msgpack-c, any types ---- */
+
+static void pack_str(msgpack_packer *pk, const char *s, size_t n)
+{
+	msgpack_pack_str(pk, n);
+	msgpack_pack_str_body(pk, s, n);
+}
+
+static void pack_tensors(msgpack_packer *pk, const struct fmsg *m)
+{
+	msgpack_pack_array(pk, m->ntd);
+	for (uint32_t i = 0; i < m->ntd; i++) {
+		const dcast_tensor_desc *t = &m->td[i];
+
+		msgpack_pack_map(pk, 3);
+		pack_str(pk, "name", 4);
+		pack_str(pk, t->name, strlen(t->name));
+		pack_str(pk, "dtype", 5);
+		pack_str(pk, dcast_dtype_name((int)t->dtype), strlen(dcast_dtype_name((int)t->dtype)));
+		pack_str(pk, "shape", 5);
+		msgpack_pack_array(pk, t->ndim);
+		for (uint32_t d = 0; d < t->ndim; d++)
+			msgpack_pack_uint64(pk, d < DCAST_MAX_DIMS ? t->shape[d] : 1);
+	}
+}
+
+static void pack_digests(msgpack_packer *pk, const struct fmsg *m)
+{
+	msgpack_pack_array(pk, m->ndg);
+	for (uint32_t i = 0; i < m->ndg; i++) {
+		const dcast_range_digest *d = &m->dg[i];
+
+		msgpack_pack_map(pk, 4);
+		pack_str(pk, "tensor", 6);
+		msgpack_pack_uint64(pk, d->tensor);
+		pack_str(pk, "start", 5);
+		msgpack_pack_uint64(pk, d->start);
+		pack_str(pk, "count", 5);
+		msgpack_pack_uint64(pk, d->count);
+		pack_str(pk, "digest", 6);
+		msgpack_pack_uint64(pk, d->digest);
+	}
+}
+
+static void pack_value(msgpack_packer *pk, const struct fmsg *m, const struct field *f)
+{
+	switch (f->kind) {
+	case K_UINT: msgpack_pack_uint64(pk, f->u); break;
+	case K_STR: pack_str(pk, f->s, f->slen); break;
+	case K_NIL: msgpack_pack_nil(pk); break;
+	case K_BOOL: f->u ? msgpack_pack_true(pk) : msgpack_pack_false(pk); break;
+	case K_NEG: msgpack_pack_int64(pk, -(int64_t)(f->u >> 1) - 1); break;
+	case K_FLOAT: msgpack_pack_double(pk, (double)f->u / 3.0); break;
+	case K_BIN: msgpack_pack_bin(pk, f->slen); msgpack_pack_bin_body(pk, f->s, f->slen); break;
+	case K_ARRAY:
+		msgpack_pack_array(pk, f->u % 9);
+		for (uint64_t i = 0; i < f->u % 9; i++)
+			msgpack_pack_uint64(pk, i);
+		break;
+	case K_MAP: msgpack_pack_map(pk, 0); break;
+	case K_DEEP:
+		for (int i = 0; i < 8; i++)
+			msgpack_pack_array(pk, 1);
+		msgpack_pack_nil(pk);
+		break;
+	case K_TENSORS: pack_tensors(pk, m); break;
+	case K_DIGESTS: pack_digests(pk, m); break;
+	}
+}
+
+static void raw_edit(msgpack_sbuffer *sb)
+{
+	size_t at = below(sb->size ? sb->size : 1);
+
+	if (!sb->size)
+		return;
+	switch (below(4)) {
+	case 0: sb->data[at] ^= (char)(1u << below(8)); break;
+	case 1: sb->size = at; break;                         /* truncated */
+	case 2: sb->data[at] = (char)rnd(); break;
+	default: sb->data[at] = (char)0xc1; break;            /* never-used byte */
+	}
+}
+
+static void msg_encode(struct fmsg *m, msgpack_sbuffer *sb)
+{
+	msgpack_packer pk;
+
+	if (m->seal)
+		msg_seal(m);
+	msgpack_sbuffer_init(sb);
+	msgpack_packer_init(&pk, sb, msgpack_sbuffer_write);
+	msgpack_pack_map(&pk, m->nf);
+	for (uint32_t i = 0; i < m->nf; i++) {
+		pack_str(&pk, m->f[i].key, strlen(m->f[i].key));
+		pack_value(&pk, m, &m->f[i]);
+	}
+	if (m->raw)
+		raw_edit(sb);
+}
+
+/* ---- sending with any frame layout ---- */
+
+static int send_frame(void *s, const void *p, size_t n, int more)
+{
+	if (zmq_send(s, p, n, ZMQ_DONTWAIT | (more ? ZMQ_SNDMORE : 0)) >= 0)
+		return 0;
+	fig.send_dropped++;
+	return -1;
+}
+
+static void msg_send(void *s, struct fmsg *m)
+{
+	msgpack_sbuffer sb;
+	const void *pl = m->payload ? (void *)m->payload : "";
+	int with_pl = m->type == DCAST_MSG_CHUNK || m->plen;
+
+	msg_encode(m, &sb);
+	fig.inputs++;
+	switch (m->frames) {
+	case FR_HDR_ONLY: send_frame(s, sb.data, sb.size, 0); break;
+	case FR_EMPTY_PAYLOAD: if (!send_frame(s, sb.data, sb.size, 1)) send_frame(s, "", 0, 0); break;
+	case FR_PAYLOAD_ONLY: send_frame(s, pl, m->plen, 0); break;
+	case FR_EMPTY_ONLY: send_frame(s, "", 0, 0); break;
+	case FR_THREE:
+		if (!send_frame(s, sb.data, sb.size, 1) && !send_frame(s, pl, m->plen, 1))
+			send_frame(s, "x", 1, 0);
+		break;
+	default:
+		if (!send_frame(s, sb.data, sb.size, with_pl) && with_pl)
+			send_frame(s, pl, m->plen, 0);
+	}
+	msgpack_sbuffer_destroy(&sb);
+}
+
+/* ---- mutations of one message ---- */
+
+static struct field *any_field(struct fmsg *m)
+{
+	return m->nf ? &m->f[below(m->nf)] : NULL;
+}
+
+static void mut_digests(struct fmsg *m)
+{
+	static const uint32_t counts[] = {0, 1, 4096, 262144, 262145};
+	uint32_t n = counts[below(5)];
+	dcast_range_digest *dg;
+
+	if (m->ndg && chance(50)) { /* a wrong range or value */
+		dcast_range_digest *d = &m->dg[below(m->ndg)];
+		uint64_t *which[] = {&d->start, &d->count, &d->digest};
+		*which[below(3)] = interesting(d->count);
+		d->tensor = chance(20) ? (uint32_t)interesting(d->tensor) : d->tensor;
+		return;
+	}
+	if (!(dg = calloc(n ? n : 1, sizeof(*dg))))
+		return;
+	for (uint32_t i = 0; i < n; i++)
+		dg[i] = (dcast_range_digest){0, 0, 0, 0}; /* empty ranges, digest 0: all valid */
+	free(m->dg);
+	m->dg = dg;
+	m->ndg = n;
+}
+
+static void mut_tensors(struct fmsg *m)
+{
+	dcast_tensor_desc *t;
+
+	if (!m->ntd)
+		return;
+	t = &m->td[below(m->ntd)];
+	switch (below(5)) {
+	case 0: t->dtype = (uint32_t)below(DCAST_DTYPE_COUNT + 2); break;
+	case 1: t->ndim = (uint32_t)below(DCAST_MAX_DIMS + 2); break;
+	case 2: t->shape[below(DCAST_MAX_DIMS)] = interesting(t->shape[0]); break;
+	case 3: memmove(t->name, m->td[0].name, sizeof(t->name)); break; /* a duplicate name */
+	default: t->name[0] = chance(50) ? '\0' : '\xff'; break;
+	}
+}
+
+static void mut_type_specific(struct fmsg *m)
+{
+	if (m->type == DCAST_MSG_COMMIT)
+		mut_digests(m);
+	else if (m->type == DCAST_MSG_MANIFEST)
+		mut_tensors(m);
+	else if (m->nf)
+		any_field(m)->u = interesting(0);
+}
+
+static void mut_payload_size(struct fmsg *m)
+{
+	size_t n = chance(50) ? (m->plen ? below(m->plen) : 0) : m->plen + 1 + below(64);
+	uint8_t *p = calloc(n ? n : 1, 1);
+	struct field *pb = ffind(m, "payload_bytes");
+
+	if (!p)
+		return;
+	memcpy(p, m->payload ? m->payload : p, n < m->plen ? n : m->plen);
+	free(m->payload);
+	m->payload = p;
+	m->plen = n;
+	if (pb && chance(60))
+		pb->u = n; /* header agrees: sealed, it reaches the codec checks */
+}
+
+static void mut_field(struct fmsg *m, unsigned what)
+{
+	struct field *f = any_field(m);
+	uint32_t len;
+
+	if (!f)
+		return;
+	switch (what) {
+	case 0: f->u = interesting(f->u); break;
+	case 1: f->kind = (int)below(K_TENSORS); f->s = bad_string(&f->slen); break;
+	case 2: *f = m->f[--m->nf]; break;                               /* dropped */
+	case 3: *fadd(m, f->key, f->kind, f->u) = *f; break;             /* repeated */
+	case 4: fadd(m, chance(50) ? "zzz" : "x-ext", K_UINT, 1); break; /* unknown key */
+	default:
+		f = ffind(m, chance(70) ? "model" : "type");
+		if (f) {
+			f->kind = K_STR;
+			f->s = bad_string(&len);
+			f->slen = len;
+		}
+	}
+}
+
+static void mut_msg(struct fmsg *m)
+{
+	unsigned what = (unsigned)below(12);
+
+	fig.mutated++;
+	if (what < 6)
+		mut_field(m, what);
+	else if (what == 6)
+		m->frames = (int)below(FR_KINDS);
+	else if (what == 7)
+		mut_payload_size(m);
+	else if (what == 8 && m->plen)
+		m->payload[below(m->plen)] ^= (uint8_t)(1 + below(255)); /* garbage behind a checksum */
+	else if (what == 9)
+		m->raw = 1;
+	else if (what == 10)
+		mut_type_specific(m);
+	else
+		ffind(m, "proto") ? (void)(ffind(m, "proto")->u = below(4)) : (void)0;
+	if (m->type == DCAST_MSG_CHUNK)
+		m->seal = chance(75);
+}
+
+/* ---- streams: one connection and its script ---- */
+
+struct conv;
+
+struct stream {
+	void *sock;
+	int consumer, reader;     /* reader: a consumer that reads and grants credit */
+	struct fmsg *msg;
+	uint32_t n, cap, next, reconnect_at;
+	uint64_t welcome_version;
+	int welcomed, hello_acked;
+	struct conv *conv;
+};
+
+/* A producer conversation: one model, its manifest and tensors, P parts. */
+struct conv {
+	char model[16];
+	uint32_t parts, ntd, chunk_elems;
+	dcast_tensor_desc td[MAX_TENSORS];
+	uint8_t *cur[MAX_TENSORS], *base[MAX_TENSORS];
+	struct stream *part[MAX_PARTS];
+};
+
+static void *g_ctx;
+static struct stream streams[MAX_STREAMS];
+static struct conv convs[MAX_STREAMS];
+static uint32_t n_streams, n_convs;
+
+static struct fmsg *script_add(struct stream *st)
+{
+	if (st->n == st->cap) {
+		uint32_t cap = st->cap ? st->cap * 2 : 32;
+		struct fmsg *n = realloc(st->msg, cap * sizeof(*n));
+
+		if (!n) {
+			fprintf(stderr, "fuzz_broker: out of memory\n");
+			exit(1);
+		}
+		st->msg = n;
+		st->cap = cap;
+	}
+	return &st->msg[st->n++];
+}
+
+static void *open_dealer(const char *ep)
+{
+	void *s = zmq_socket(g_ctx, ZMQ_DEALER);
+	int hwm = 100000;
+
+	if (!s || dcast_wire_socket_opts(s) || zmq_setsockopt(s, ZMQ_SNDHWM, &hwm, sizeof(hwm)) ||
+	    zmq_connect(s, ep)) {
+		fprintf(stderr, "fuzz_broker: connect %s: %s\n", ep, zmq_strerror(errno));
+		exit(1);
+	}
+	return s;
+}
+
+static struct stream *stream_new(int consumer)
+{
+	struct stream *st = &streams[n_streams++];
+
+	memset(st, 0, sizeof(*st));
+	st->consumer = consumer;
+	st->sock = open_dealer(consumer ? o.cons_ep : o.prod_ep);
+	st->welcome_version = DCAST_VERSION_NONE;
+	st->reconnect_at = UINT32_MAX;
+	fig.streams++;
+	return st;
+}
+
+static void stream_free(struct stream *st)
+{
+	for (uint32_t i = 0; i < st->n; i++)
+		msg_free(&st->msg[i]);
+	free(st->msg);
+	zmq_close(st->sock);
+	memset(st, 0, sizeof(*st));
+}
+
+/* ---- message builders ---- */
+
+static void build_hello(struct fmsg *m, int role, const char *model, uint32_t part,
+			uint32_t parts, uint64_t have, uint64_t window)
+{
+	msg_start(m, DCAST_MSG_HELLO);
+	fstr(m, "role", role == DCAST_ROLE_CONSUMER ? "consumer" : "producer");
+	fstr(m, "model", model);
+	fadd(m, "part", K_UINT, part);
+	fadd(m, "parts", K_UINT, parts);
+	fver(m, "have_version", have);
+	if (window)
+		fadd(m, "window_bytes", K_UINT, window);
+	fstr(m, "client", "fuzz_broker");
+}
+
+static void build_manifest(struct fmsg *m, const struct conv *c)
+{
+	msg_start(m, DCAST_MSG_MANIFEST);
+	fstr(m, "model", c->model);
+	fadd(m, "tensors", K_TENSORS, 0);
+	m->td = dup_bytes(c->td, c->ntd * sizeof(c->td[0]));
+	m->ntd = m->td ? c->ntd : 0;
+}
+
+static void build_simple(struct fmsg *m, int type, const char *model, uint64_t a)
+{
+	msg_start(m, type);
+	if (type == DCAST_MSG_CREDIT)
+		fadd(m, "bytes", K_UINT, a);
+	if (type == DCAST_MSG_ACK) {
+		fstr(m, "model", model);
+		fadd(m, "version", K_UINT, a);
+	}
+	if (type == DCAST_MSG_HEARTBEAT) {
+		fadd(m, "time_ms", K_UINT, dcast_now_ms());
+		fver(m, "version", a);
+	}
+	if (type == DCAST_MSG_BYE)
+		fstr(m, "reason", "fuzz");
+}
+
+static void build_chunk(struct fmsg *m, const struct conv *c, const dcast_chunk *h,
+			const void *payload)
+{
+	msg_start(m, DCAST_MSG_CHUNK);
+	fstr(m, "model", c->model);
+	fadd(m, "version", K_UINT, h->version);
+	fver(m, "base_version", h->base_version);
+	fadd(m, "anchor", K_BOOL, h->anchor);
+	fadd(m, "part", K_UINT, h->part);
+	fadd(m, "seq", K_UINT, h->seq);
+	fadd(m, "tensor", K_UINT, h->tensor);
+	fadd(m, "start", K_UINT, h->start);
+	fadd(m, "count", K_UINT, h->count);
+	fadd(m, "elem_size", K_UINT, h->elem_size);
+	fadd(m, "encoding", K_UINT, h->encoding);
+	fadd(m, "changed", K_UINT, h->changed);
+	fadd(m, "payload_bytes", K_UINT, h->payload_bytes);
+	fadd(m, "checksum", K_UINT, 0);
+	m->payload = dup_bytes(payload, h->payload_bytes);
+	m->plen = m->payload ? h->payload_bytes : 0;
+	m->seal = 1;
+}
+
+static void build_commit(struct fmsg *m, const struct conv *c, const dcast_commit *h,
+			 const dcast_range_digest *dg)
+{
+	msg_start(m, DCAST_MSG_COMMIT);
+	fstr(m, "model", c->model);
+	fadd(m, "version", K_UINT, h->version);
+	fver(m, "base_version", h->base_version);
+	fadd(m, "anchor", K_BOOL, h->anchor);
+	fadd(m, "part", K_UINT, h->part);
+	fadd(m, "parts", K_UINT, h->parts);
+	fadd(m, "chunks", K_UINT, h->chunks);
+	fadd(m, "bytes", K_UINT, h->bytes);
+	fadd(m, "digests", K_DIGESTS, 0);
+	m->dg = dup_bytes(dg, (size_t)h->n_digests * sizeof(*dg));
+	m->ndg = m->dg ? h->n_digests : 0;
+}
+
+/* ---- a producer conversation: tensors, anchor, deltas ---- */
+
+static const char *fuzz_models[] = {"fz0", "fz1", "fz2", "fz3", "fz4", "fz5"};
+
+static void conv_init(struct conv *c)
+{
+	static const uint32_t dtypes[] = {DCAST_DTYPE_U8, DCAST_DTYPE_BF16, DCAST_DTYPE_F32};
+	static const uint64_t elems[] = {64, 100, 1000, 4096};
+	static const uint32_t chunk[] = {16, 64, 256, 1024, 1}; /* 1: a flood of tiny chunks */
+
+	memset(c, 0, sizeof(*c));
+	snprintf(c->model, sizeof(c->model), "%s", fuzz_models[below(6)]);
+	c->parts = chance(70) ? 1 : 2 + (uint32_t)below(MAX_PARTS - 1);
+	c->ntd = 1 + (uint32_t)below(MAX_TENSORS);
+	c->chunk_elems = chunk[chance(3) ? 4 : below(4)];
+	for (uint32_t t = 0; t < c->ntd; t++) {
+		dcast_tensor_desc *d = &c->td[t];
+		uint64_t n = elems[below(4)];
+
+		snprintf(d->name, sizeof(d->name), "t%u", t);
+		d->dtype = dtypes[below(3)];
+		d->ndim = 1;
+		d->shape[0] = n;
+		c->cur[t] = malloc(n * 4);
+		c->base[t] = calloc(n, 4);
+		for (uint64_t i = 0; c->cur[t] && i < n * 4; i++)
+			c->cur[t][i] = (uint8_t)rnd();
+	}
+}
+
+static void conv_free(struct conv *c)
+{
+	for (uint32_t t = 0; t < c->ntd; t++) {
+		free(c->cur[t]);
+		free(c->base[t]);
+	}
+	memset(c, 0, sizeof(*c));
+}
+
+static unsigned conv_es(const struct conv *c, uint32_t t)
+{
+	return dcast_dtype_size((int)c->td[t].dtype);
+}
+
+/* One part's chunks of tensor t for version v; returns payload bytes. */
+static uint64_t part_tensor_chunks(struct conv *c, struct stream *st, const dcast_chunk *tmpl,
+				   uint32_t t, uint32_t *seq)
+{
+	uint64_t n = c->td[t].shape[0], bytes = 0, lo = n * tmpl->part / c->parts,
+		 hi = n * (tmpl->part + 1) / c->parts;
+	unsigned es = conv_es(c, t);
+	static uint8_t out[1024 * 8 + 4096];
+
+	for (uint64_t s = lo; s < hi; s += c->chunk_elems) {
+		uint64_t k = hi - s < c->chunk_elems ? hi - s : c->chunk_elems;
+		dcast_chunk h = *tmpl;
+		dcast_chunk_info info;
+
+		if (dcast_codec_encode(c->cur[t] + s * es, tmpl->anchor ? NULL : c->base[t] + s * es,
+				       k, es, -1, 0, out, sizeof(out), &info))
+			continue;
+		if (!tmpl->anchor && !info.changed)
+			continue;
+		h.seq = (*seq)++;
+		h.tensor = t;
+		h.start = s;
+		h.count = k;
+		h.elem_size = es;
+		h.encoding = info.encoding;
+		h.changed = info.changed;
+		h.payload_bytes = info.payload_bytes;
+		build_chunk(script_add(st), c, &h, out);
+		bytes += info.payload_bytes;
+	}
+	return bytes;
+}
+
+static void part_version(struct conv *c, uint32_t p, uint64_t v, int anchor)
+{
+	struct stream *st = c->part[p];
+	dcast_range_digest dg[MAX_TENSORS];
+	dcast_chunk tmpl;
+	dcast_commit cm;
+	uint32_t seq = 0;
+	uint64_t bytes = 0;
+
+	memset(&tmpl, 0, sizeof(tmpl));
+	tmpl.version = v;
+	tmpl.base_version = anchor ? DCAST_VERSION_NONE : v - 1;
+	tmpl.anchor = (uint32_t)anchor;
+	tmpl.part = p;
+	for (uint32_t t = 0; t < c->ntd; t++) {
+		uint64_t n = c->td[t].shape[0], lo = n * p / c->parts, hi = n * (p + 1) / c->parts;
+
+		bytes += part_tensor_chunks(c, st, &tmpl, t, &seq);
+		dg[t] = (dcast_range_digest){t, lo, hi - lo, 0};
+		dcast_ldigest(t, lo, c->cur[t] + lo * conv_es(c, t), hi - lo, conv_es(c, t), &dg[t].digest);
+	}
+	memset(&cm, 0, sizeof(cm));
+	cm.version = v;
+	cm.base_version = tmpl.base_version;
+	cm.anchor = (uint32_t)anchor;
+	cm.part = p;
+	cm.parts = c->parts;
+	cm.chunks = seq;
+	cm.bytes = bytes;
+	cm.n_digests = c->ntd;
+	build_commit(script_add(st), c, &cm, dg);
+}
+
+/* About 2% of the elements change. */
+static void conv_step(struct conv *c)
+{
+	for (uint32_t t = 0; t < c->ntd; t++) {
+		uint64_t n = c->td[t].shape[0] * conv_es(c, t);
+
+		for (uint64_t k = 0; k < n / 50 + 1; k++)
+			c->cur[t][below(n)] = (uint8_t)rnd();
+	}
+}
+
+static void conv_versions(struct conv *c, uint64_t newest)
+{
+	uint64_t v = newest == DCAST_VERSION_NONE ? 1 : newest + 1;
+	uint32_t deltas = chance(15) ? 8 + (uint32_t)below(8) : (uint32_t)below(4); /* long: folds cut */
+
+	for (uint32_t i = 0; i <= deltas; i++, v++) {
+		if (i)
+			conv_step(c);
+		for (uint32_t p = 0; p < c->parts; p++)
+			part_version(c, p, v, i == 0);
+		for (uint32_t t = 0; t < c->ntd; t++)
+			memcpy(c->base[t], c->cur[t], c->td[t].shape[0] * conv_es(c, t));
+	}
+}
+
+/* ---- script-level mutations: orders, repeats, reconnects ---- */
+
+static void script_swap(struct stream *st)
+{
+	uint32_t a = 1 + (uint32_t)below(st->n - 1), b = 1 + (uint32_t)below(st->n - 1);
+	struct fmsg t = st->msg[a];
+
+	st->msg[a] = st->msg[b];
+	st->msg[b] = t;
+}
+
+static void script_repeat(struct stream *st)
+{
+	uint32_t a = (uint32_t)below(st->n);
+	struct fmsg *m = script_add(st);
+	uint32_t at = a + 1 + (uint32_t)below(st->n - a - 1);
+
+	msg_copy(m, &st->msg[a]);
+	struct fmsg t = *m;
+	memmove(&st->msg[at + 1], &st->msg[at], (st->n - 1 - at) * sizeof(*m));
+	st->msg[at] = t;
+}
+
+static void script_drop(struct stream *st)
+{
+	uint32_t a = 1 + (uint32_t)below(st->n - 1);
+
+	msg_free(&st->msg[a]);
+	memmove(&st->msg[a], &st->msg[a + 1], (st->n - a - 1) * sizeof(st->msg[0]));
+	st->n--;
+}
+
+/* The last COMMIT moves before the first CHUNK. */
+static void script_commit_first(struct stream *st)
+{
+	uint32_t c = st->n, k = 0;
+	struct fmsg t;
+
+	for (uint32_t i = 0; i < st->n; i++)
+		if (st->msg[i].type == DCAST_MSG_COMMIT)
+			c = i;
+	while (k < st->n && st->msg[k].type != DCAST_MSG_CHUNK)
+		k++;
+	if (c >= st->n || k >= c)
+		return;
+	t = st->msg[c];
+	memmove(&st->msg[k + 1], &st->msg[k], (c - k) * sizeof(t));
+	st->msg[k] = t;
+}
+
+static void script_mutate(struct stream *st)
+{
+	unsigned ops = (unsigned)below(3);
+
+	for (unsigned i = 0; i < ops && st->n > 2; i++) {
+		switch (below(6)) {
+		case 0: script_swap(st); break;
+		case 1: script_repeat(st); break;
+		case 2: script_drop(st); break;
+		case 3: script_commit_first(st); break;
+		case 4: st->reconnect_at = 2 + (uint32_t)below(st->n - 2); break;
+		default: /* cut short: no COMMIT, no BYE */
+			while (st->n > 2 && chance(80))
+				msg_free(&st->msg[--st->n]);
+		}
+	}
+	for (uint32_t i = 0; i < st->n; i++)
+		if (chance(8))
+			mut_msg(&st->msg[i]);
+}
+
+/* ---- a batch ---- */
+
+static void conv_open(void)
+{
+	struct conv *c = &convs[n_convs++];
+
+	conv_init(c);
+	for (uint32_t p = 0; p < c->parts && n_streams < MAX_STREAMS; p++) {
+		struct stream *st = stream_new(0);
+
+		st->conv = c;
+		c->part[p] = st;
+		build_hello(script_add(st), DCAST_ROLE_PRODUCER, c->model, p, c->parts,
+			    DCAST_VERSION_NONE, 0);
+		if (chance(10))
+			mut_msg(&st->msg[0]);
+	}
+	if (!c->part[c->parts - 1])
+		c->parts = 0; /* no room for every part: the conversation stays silent */
+}
+
+static const char *consumer_model(void)
+{
+	static const char *m[] = {"good", "fz0", "fz1", "fz2", "fz3", "nomodel"};
+
+	return m[below(6)];
+}
+
+static void consumer_open(void)
+{
+	static const uint64_t windows[] = {0, 1, 1024, 1 << 20, 1ull << 40, 64 << 20};
+	struct stream *st = stream_new(1);
+	const char *model = consumer_model();
+	uint64_t have = chance(50) ? DCAST_VERSION_NONE : interesting(1);
+	uint32_t extra = (uint32_t)below(6);
+
+	st->reader = chance(70);
+	build_hello(script_add(st), DCAST_ROLE_CONSUMER, model, 0, 1, have, windows[below(6)]);
+	for (uint32_t i = 0; i < extra; i++) {
+		static const int types[] = {DCAST_MSG_CREDIT, DCAST_MSG_ACK, DCAST_MSG_HEARTBEAT,
+					    DCAST_MSG_CREDIT, DCAST_MSG_HELLO, DCAST_MSG_COMMIT};
+		int type = types[below(6)];
+
+		if (type == DCAST_MSG_HELLO)
+			msg_copy(script_add(st), &st->msg[0]);
+		else
+			build_simple(script_add(st), type, model, interesting(1 << 20));
+	}
+	if (chance(40))
+		build_simple(script_add(st), DCAST_MSG_BYE, model, 0);
+	for (uint32_t i = 0; i < st->n; i++)
+		if (chance(15))
+			mut_msg(&st->msg[i]);
+}
+
+static void batch_plan(void)
+{
+	uint32_t n = 1 + (uint32_t)below(8);
+
+	if (chance(5))
+		n += 40; /* many connections at once */
+	for (uint32_t i = 0; i < n && n_streams + MAX_PARTS <= MAX_STREAMS; i++) {
+		if (chance(65))
+			conv_open();
+		else
+			consumer_open();
+	}
+}
+
+/* Read what arrived: WELCOME versions, ERROR codes; readers grant credit. */
+static void stream_read(struct stream *st)
+{
+	dcast_wire_in in;
+
+	for (int k = 0; k < 256; k++) {
+		int rc = dcast_wire_recv(st->sock, 0, &in, ZMQ_DONTWAIT);
+
+		if (rc == DCAST_EBUSY) {
+			dcast_wire_in_close(&in);
+			return;
+		}
+		fig.replies++;
+		if (!rc && in.msg.type == DCAST_MSG_WELCOME) {
+			st->welcomed = 1;
+			st->welcome_version = in.msg.u.welcome.version;
+		}
+		if (!rc && in.msg.type == DCAST_MSG_ERROR && in.msg.u.error.code < DCAST_ERR_COUNT)
+			fig.errors[in.msg.u.error.code]++;
+		if (!rc && in.msg.type == DCAST_MSG_CHUNK && st->reader) {
+			struct fmsg cr;
+
+			build_simple(&cr, DCAST_MSG_CREDIT, "", in.msg.u.chunk.payload_bytes + 1);
+			msg_send(st->sock, &cr);
+		}
+		dcast_wire_in_close(&in);
+	}
+}
+
+static void read_all(uint64_t ms)
+{
+	uint64_t end = dcast_now_ms() + ms;
+
+	do {
+		for (uint32_t i = 0; i < n_streams; i++)
+			if (!streams[i].consumer || streams[i].reader || chance(10))
+				stream_read(&streams[i]);
+		usleep(2000);
+	} while (dcast_now_ms() < end);
+}
+
+static void hellos(void)
+{
+	for (uint32_t i = 0; i < n_streams; i++) {
+		msg_send(streams[i].sock, &streams[i].msg[0]);
+		streams[i].next = 1;
+	}
+	for (uint64_t end = dcast_now_ms() + 300; dcast_now_ms() < end;) {
+		int all = 1;
+
+		read_all(5);
+		for (uint32_t i = 0; i < n_streams; i++)
+			all &= streams[i].welcomed || streams[i].consumer;
+		if (all)
+			break;
+	}
+}
+
+static void conv_script(struct conv *c)
+{
+	uint64_t newest = c->part[0]->welcome_version;
+
+	for (uint32_t p = 0; p < c->parts; p++) {
+		struct stream *st = c->part[p];
+
+		build_manifest(script_add(st), c);
+		if (chance(10))
+			build_simple(script_add(st), DCAST_MSG_HEARTBEAT, c->model, newest);
+	}
+	conv_versions(c, newest);
+	for (uint32_t p = 0; p < c->parts; p++) {
+		if (chance(5))
+			build_simple(script_add(c->part[p]), DCAST_MSG_ACK, c->model, 1);
+		if (chance(50))
+			build_simple(script_add(c->part[p]), DCAST_MSG_BYE, c->model, 0);
+		script_mutate(c->part[p]);
+	}
+}
+
+/* A reconnect mid-version: a new socket says HELLO and MANIFEST again. */
+static void stream_reconnect(struct stream *st)
+{
+	zmq_close(st->sock);
+	st->sock = open_dealer(st->consumer ? o.cons_ep : o.prod_ep);
+	msg_send(st->sock, &st->msg[0]);
+	if (st->n > 1 && st->msg[1].type == DCAST_MSG_MANIFEST)
+		msg_send(st->sock, &st->msg[1]);
+	fig.streams++;
+}
+
+/* Interleave every stream's script, a random stream at each step. */
+static void play(void)
+{
+	uint32_t left = 0;
+
+	for (uint32_t i = 0; i < n_streams; i++)
+		left += streams[i].n - streams[i].next;
+	while (left) {
+		struct stream *st = &streams[below(n_streams)];
+
+		if (st->next >= st->n)
+			continue;
+		if (st->next == st->reconnect_at)
+			stream_reconnect(st);
+		msg_send(st->sock, &st->msg[st->next++]);
+		left--;
+		if (chance(3))
+			read_all(0);
+	}
+}
+
+static void batch_run(uint64_t batch)
+{
+	rng = mix64(o.seed * 0x100000001b3ull ^ mix64(batch));
+	n_streams = n_convs = 0;
+	batch_plan();
+	hellos();
+	for (uint32_t i = 0; i < n_convs; i++)
+		if (convs[i].parts)
+			conv_script(&convs[i]);
+	play();
+	read_all(50 + below(100));
+	for (uint32_t i = 0; i < n_streams; i++)
+		stream_free(&streams[i]);
+	for (uint32_t i = 0; i < n_convs; i++)
+		conv_free(&convs[i]);
+	fig.batches++;
+}
+
+/* ---- the broker process and its health ---- */
+
+static pid_t spawn(char *const argv[], const char *log_path)
+{
+	pid_t pid = fork();
+
+	if (pid == 0) {
+		FILE *f = freopen(log_path, "a", stderr);
+
+		(void)f;
+		prctl(PR_SET_PDEATHSIG, SIGKILL); /* a tool that dies leaves no broker behind */
+		if (!freopen("/dev/null", "w", stdout))
+			_exit(127);
+		execv(argv[0], argv);
+		_exit(127);
+	}
+	return pid;
+}
+
+static int file_has(const char *path, const char *s)
+{
+	char line[4096];
+	FILE *f = fopen(path, "r");
+	int found = 0;
+
+	while (f && !found && fgets(line, sizeof(line), f))
+		found = strstr(line, s) != NULL;
+	if (f)
+		fclose(f);
+	return found;
+}
+
+static int broker_try(const char *bin, int port, const char *log_path)
+{
+	char data_dir[600];
+	char *argv[] = {(char *)bin, "--producers", o.prod_ep, "--consumers", o.cons_ep,
+			"--heartbeat-ms", "300", "--part-timeout-ms", "1500",
+			"--max-pending-bytes", "16777216", "--retain-bytes", "33554432",
+			"--retain-versions", "64", "--producer-window-bytes", "4194304",
+			"--max-producers", "1024", "--max-consumers", "1024",
+			o.durable ? "--data-dir" : NULL, data_dir, NULL};
+
+	snprintf(data_dir, sizeof(data_dir), "%s/data", o.dir);
+	snprintf(o.prod_ep, sizeof(o.prod_ep), "tcp://127.0.0.1:%d", port);
+	snprintf(o.cons_ep, sizeof(o.cons_ep), "tcp://127.0.0.1:%d", port + 1);
+	o.pid = spawn(argv, log_path);
+	for (int i = 0; i < 100 && !file_has(log_path, "consumers on"); i++)
+		usleep(50000);
+	if (file_has(log_path, "consumers on") && waitpid(o.pid, NULL, WNOHANG) == 0)
+		return 0;
+	kill(o.pid, SIGKILL);
+	waitpid(o.pid, NULL, 0);
+	return -1;
+}
+
+static void broker_start(void)
+{
+	char bin[512], log_path[600];
+
+	snprintf(bin, sizeof(bin), "%s/deltacast-broker", o.build);
+	snprintf(log_path, sizeof(log_path), "%s/broker.log", o.dir);
+	for (int t = 0; t < 20; t++)
+		if (!broker_try(bin, 10000 + (int)((getpid() * 13 + t * 7919 + rnd()) % 10000) * 2, log_path))
+			return;
+	fprintf(stderr, "fuzz_broker: the broker did not start (log %s)\n", log_path);
+	exit(1);
+}
+
+/* 0 alive; else a line saying how it ended. */
+static int broker_dead(char *why, size_t n)
+{
+	int st;
+
+	if (o.attached) {
+		snprintf(why, n, "process %d is gone", (int)o.pid);
+		return kill(o.pid, 0) != 0;
+	}
+	if (waitpid(o.pid, &st, WNOHANG) != o.pid)
+		return 0;
+	if (WIFSIGNALED(st))
+		snprintf(why, n, "killed by signal %d (%s)", WTERMSIG(st), strsignal(WTERMSIG(st)));
+	else
+		snprintf(why, n, "exited with status %d", WEXITSTATUS(st));
+	return 1;
+}
+
+static uint64_t rss_kib(void)
+{
+	char path[64], line[256];
+	unsigned long long kib = 0;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/status", (int)o.pid);
+	if (!(f = fopen(path, "r")))
+		return 0;
+	while (fgets(line, sizeof(line), f))
+		if (sscanf(line, "VmRSS: %llu kB", &kib) == 1)
+			break;
+	fclose(f);
+	return kib;
+}
+
+static int run_wait(char *const argv[], const char *log_path)
+{
+	pid_t pid = spawn(argv, log_path);
+	int st = 0;
+
+	if (pid < 0)
+		return -1;
+	waitpid(pid, &st, 0);
+	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/* A normal producer publishes the next version of "good"; a fresh normal
+ * consumer must then receive it bit-exact.  0 when both succeed. */
+static int good_check(void)
+{
+	char bin[512], ver[32], log_path[600];
+	char *prod[] = {bin, "produce", o.prod_ep, "good", "--versions", ver, "--elems", GOOD_ELEMS,
+			"--chunk-elems", "2048", "--timeout-ms", "30000", NULL};
+	char *cons[] = {bin, "consume", o.cons_ep, "good", "--until", ver, "--elems", GOOD_ELEMS,
+			"--chunk-elems", "2048", "--timeout-ms", "30000", NULL};
+
+	snprintf(bin, sizeof(bin), "%s/tools/wire_client", o.build);
+	snprintf(ver, sizeof(ver), "%llu", (unsigned long long)++fig.good_version);
+	snprintf(log_path, sizeof(log_path), "%s/good.log", o.dir);
+	fig.checks++;
+	if (run_wait(prod, log_path))
+		return -1;
+	return run_wait(cons, log_path);
+}
+
+/* ---- main ---- */
+
+static void fail_batch(uint64_t batch, const char *what)
+{
+	say("FAIL: %s after batch %llu (seed %llu)\n", what, (unsigned long long)batch,
+	    (unsigned long long)o.seed);
+	say("replay: fuzz_broker --seed %llu --batches %llu   (or --start-batch %llu --batches 1)\n",
+	    (unsigned long long)o.seed, (unsigned long long)batch + 1, (unsigned long long)batch);
+	say("broker log: %s/broker.log, good pair log: %s/good.log\n", o.dir, o.dir);
+}
+
+static int after_batch(uint64_t batch)
+{
+	char why[128], text[256];
+	uint64_t kib;
+
+	if (broker_dead(why, sizeof(why))) {
+		snprintf(text, sizeof(text), "CRASH: the broker %s", why);
+		fail_batch(batch, text);
+		return -1;
+	}
+	kib = rss_kib();
+	fig.rss_max_kib = kib > fig.rss_max_kib ? kib : fig.rss_max_kib;
+	if ((batch + 1) % 100 == 0)
+		say("batch %llu: broker VmRSS %.1f MiB, %llu inputs so far\n",
+		    (unsigned long long)batch + 1, kib / 1024.0, (unsigned long long)fig.inputs);
+	if (kib > o.rss_max_mib << 10) {
+		snprintf(text, sizeof(text), "broker VmRSS %llu KiB over the bound of %llu MiB",
+			 (unsigned long long)kib, (unsigned long long)o.rss_max_mib);
+		fail_batch(batch, text);
+		return -1;
+	}
+	if ((batch + 1) % o.check_every == 0 && good_check()) {
+		snprintf(text, sizeof(text), "the good producer/consumer pair failed at version %llu",
+			 (unsigned long long)fig.good_version);
+		fail_batch(batch, broker_dead(why, sizeof(why)) ? why : text);
+		return -1;
+	}
+	return 0;
+}
+
+static void report(uint64_t secs)
+{
+	say("fuzz_broker: seed %llu, batches %llu, %llu s, connections %llu, inputs %llu "
+	    "(%llu mutated, %llu not sent: pipe full), replies %llu, good checks %llu\n",
+	    (unsigned long long)o.seed, (unsigned long long)fig.batches, (unsigned long long)secs,
+	    (unsigned long long)fig.streams, (unsigned long long)fig.inputs,
+	    (unsigned long long)fig.mutated, (unsigned long long)fig.send_dropped,
+	    (unsigned long long)fig.replies, (unsigned long long)fig.checks);
+	say("fuzz_broker: VmRSS %.1f MiB at start, max %.1f MiB (bound %llu MiB)\n",
+	    fig.rss_start_kib / 1024.0, fig.rss_max_kib / 1024.0, (unsigned long long)o.rss_max_mib);
+	say("fuzz_broker: ERRORs received by code:");
+	for (int c = 1; c < DCAST_ERR_COUNT; c++)
+		if (fig.errors[c])
+			say(" %s %llu", dcast_errname(c), (unsigned long long)fig.errors[c]);
+	say("\n");
+}
+
+static uint64_t num(const char *s)
+{
+	char *e;
+	unsigned long long v = strtoull(s, &e, 10);
+
+	if (!*s || *e) {
+		fprintf(stderr, "fuzz_broker: not a number: %s\n", s);
+		exit(2);
+	}
+	return v;
+}
+
+static void parse(int argc, char **argv)
+{
+	for (int i = 1; i < argc; i++) {
+		const char *k = argv[i];
+
+		if (i + 1 >= argc) {
+			fprintf(stderr, "fuzz_broker: %s needs a value\n", k);
+			exit(2);
+		}
+		if (!strcmp(k, "--seed")) o.seed = num(argv[++i]);
+		else if (!strcmp(k, "--batches")) o.batches = num(argv[++i]);
+		else if (!strcmp(k, "--seconds")) o.seconds = num(argv[++i]);
+		else if (!strcmp(k, "--start-batch")) o.start_batch = num(argv[++i]);
+		else if (!strcmp(k, "--rss-max-mib")) o.rss_max_mib = num(argv[++i]);
+		else if (!strcmp(k, "--check-every")) o.check_every = num(argv[++i]) ? num(argv[i]) : 1;
+		else if (!strcmp(k, "--dir")) o.dir = argv[++i];
+		else if (!strcmp(k, "--durable")) o.durable = num(argv[++i]);
+		else if (!strcmp(k, "--attach") && i + 3 < argc) {
+			o.attached = 1;
+			o.pid = (pid_t)num(argv[++i]);
+			snprintf(o.prod_ep, sizeof(o.prod_ep), "%s", argv[++i]);
+			snprintf(o.cons_ep, sizeof(o.cons_ep), "%s", argv[++i]);
+		} else {
+			fprintf(stderr, "fuzz_broker: unknown option %s (see the comment at the top "
+				"of tests/tools/fuzz_broker.c)\n", k);
+			exit(2);
+		}
+	}
+}
+
+static int dir_made; /* o.dir is ours: removed after a run that passed */
+
+static void dir_remove(void)
+{
+	char path[600];
+
+	snprintf(path, sizeof(path), "%s/broker.log", o.dir);
+	unlink(path);
+	snprintf(path, sizeof(path), "%s/good.log", o.dir);
+	unlink(path);
+	rmdir(o.dir);
+}
+
+static void setup(void)
+{
+	static char dir[] = "/tmp/fuzz-broker.XXXXXX";
+
+	memset(long_a, 'a', sizeof(long_a));
+	signal(SIGPIPE, SIG_IGN);
+	if (!(o.build = getenv("DELTACAST_BUILD")))
+		o.build = "build";
+	dir_made = !o.dir;
+	if (!o.dir && !(o.dir = mkdtemp(dir))) {
+		fprintf(stderr, "fuzz_broker: mkdtemp: %s\n", strerror(errno));
+		exit(1);
+	}
+	mkdir(o.dir, 0755);
+	rng = mix64(o.seed);
+	if (!o.attached)
+		broker_start();
+	g_ctx = zmq_ctx_new();
+}
+
+int main(int argc, char **argv)
+{
+	uint64_t t0, batch;
+	int rc = 0;
+
+	parse(argc, argv);
+	setup();
+	say("fuzz_broker: seed %llu, broker pid %d on %s / %s, files in %s\n",
+	    (unsigned long long)o.seed, (int)o.pid, o.prod_ep, o.cons_ep, o.dir);
+	fig.rss_start_kib = rss_kib();
+	if (good_check()) {
+		fail_batch(0, "the good pair failed before any fuzzing");
+		return 1;
+	}
+	t0 = dcast_now_ms();
+	for (batch = o.start_batch; !rc && batch - o.start_batch < o.batches &&
+	     dcast_now_ms() - t0 < o.seconds * 1000; batch++) {
+		batch_run(batch);
+		rc = after_batch(batch);
+	}
+	report((dcast_now_ms() - t0) / 1000);
+	zmq_ctx_term(g_ctx);
+	if (!o.attached && !rc) {
+		int st = 0;
+
+		kill(o.pid, SIGTERM);
+		waitpid(o.pid, &st, 0);
+		rc = !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+		if (rc)
+			say("FAIL: the broker did not stop cleanly on SIGTERM\n");
+	}
+	if (!o.attached && rc)
+		kill(o.pid, SIGKILL);
+	say("fuzz_broker: %s\n", rc ? "FAILED" : "ok, no crash");
+	if (!rc && dir_made)
+		dir_remove();
+	return rc ? 1 : 0;
+}

@@ -134,6 +134,9 @@ struct broker_model {
 	uint64_t versions_committed, versions_aborted;
 	struct broker_fold *fold;         /* broker-made anchors (fold.c), NULL if off */
 	uint64_t durable_version;         /* newest ACKed on its durable completion (--data-dir) */
+	uint64_t lost_version;            /* newest version lost from a damaged segment that was
+					     whole on disk (maybe ACKed): no version at or below
+					     it is taken again; NONE if none (durable.c) */
 };
 
 /* ---- peers ---- */

@@ -90,6 +90,11 @@ static int version_rules(const struct broker_model *m, const dcast_chunk *c)
 	if (newest != DCAST_VERSION_NONE && c->version <= newest)
 		return dcast_fail(DCAST_EVERSION, "model %s: version %llu is not above the newest committed %llu",
 				  m->name, (unsigned long long)c->version, (unsigned long long)newest);
+	if (m->lost_version != DCAST_VERSION_NONE && c->version <= m->lost_version)
+		return dcast_fail(DCAST_EVERSION, "model %s: version %llu is not above %llu, the newest "
+				  "version lost from a damaged segment (its number is spent)",
+				  m->name, (unsigned long long)c->version,
+				  (unsigned long long)m->lost_version);
 	if (c->anchor)
 		return 0;
 	if (newest == DCAST_VERSION_NONE || m->need_anchor)

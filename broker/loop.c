@@ -13,6 +13,7 @@
 #include "dcast_common.h"
 #include "dcast_wire.h"
 #include "durable.h" /* --data-dir: the writer thread (broker/durable.c) */
+#include "limits.h" /* accept failures watched (broker/limits.c) */
 
 #define MAX_POLL (3 + BROKER_MAX_UPSTREAM_MODELS + BROKER_MAX_EXTRA_FDS)
 
@@ -97,7 +98,7 @@ static int router_open(struct broker *b, void **sock, const char *endpoint, cons
 		return dcast_fail(DCAST_EZMQ, "--%s %s: bind: %s", which, endpoint,
 				  zmq_strerror(errno));
 	DCAST_LOG_I("%s on %s", which, endpoint);
-	return 0;
+	return broker_limits_watch(b, *sock, which);
 }
 
 /* SIGTERM/SIGINT arrive on a signalfd in the poll set: blocked before the
@@ -265,6 +266,7 @@ void broker_close(struct broker *b)
 	for (uint32_t i = 0; i < b->n_models; i++)
 		broker_model_free(b->models[i]);
 	broker_relay_close(b);
+	broker_limits_close();
 	if (b->producers)
 		zmq_close(b->producers);
 	if (b->consumers)

@@ -5,6 +5,7 @@
  * "Producer part and broker". */
 #include <string.h>
 #include "broker.h"
+#include "auth.h" /* producer keys tied to models */
 #include "dcast_common.h"
 #include "durable.h" /* --data-dir: ACK on the durable completion */
 
@@ -655,6 +656,8 @@ static void producer_hello(struct broker *b, struct broker_peer *p, dcast_wire_i
 
 	if (h->role != DCAST_ROLE_PRODUCER)
 		rc = dcast_fail(DCAST_EFIELD_RANGE, "HELLO.role: consumer on the producer endpoint");
+	else if ((rc = broker_auth_producer_model(in->user_id, h->model))) /* broker/auth.c */
+		;
 	else if (!(m = broker_model_get(b, h->model, 1)))
 		;
 	else if (m->relayed)

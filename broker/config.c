@@ -30,6 +30,7 @@ static const struct flag flags[] = {
 	{"retain-versions", FLAG_U64, OFF(retain_versions), "1024", "log entries per model (anchor + deltas) before an anchor is requested"},
 	{"retain-bytes", FLAG_U64, OFF(retain_bytes), "17179869184", "payload bytes per model log before an anchor is requested"},
 	{"max-pending-bytes", FLAG_U64, OFF(max_pending_bytes), "17179869184", "payload bytes of one uncommitted version"},
+	{"max-pending-total-bytes", FLAG_U64, OFF(max_pending_total_bytes), "0", "payload bytes of the uncommitted versions of all models (0: a quarter of physical memory)"},
 	{"producer-window-bytes", FLAG_U64, OFF(producer_window_bytes), "268435456", "credit granted to each producer part"},
 	{"upstream-window-bytes", FLAG_U64, OFF(upstream_window_bytes), "1073741824", "credit granted to the upstream broker (relay)"},
 	{"part-timeout-ms", FLAG_U64, OFF(part_timeout_ms), "30000", "a part silent this long mid-version aborts the version"},

@@ -81,6 +81,7 @@ void broker_pending_abort(struct broker *b, struct broker_model *m, const char *
 		m->versions_aborted++;
 		b->stats.versions_aborted++;
 	}
+	b->pending_total_bytes -= pd->bytes;
 	pending_free(pd);
 }
 
@@ -226,6 +227,11 @@ int broker_pending_chunk(struct broker *b, struct broker_model *m, uint32_t part
 		return dcast_fail(DCAST_ETOO_LARGE, "model %s version %llu: over --max-pending-bytes %llu",
 				  m->name, (unsigned long long)pd->version,
 				  (unsigned long long)b->cfg.max_pending_bytes);
+	if (b->pending_total_bytes + c->payload_bytes > b->cfg.max_pending_total_bytes)
+		return dcast_fail(DCAST_ETOO_LARGE, "model %s version %llu: open versions of all models "
+				  "would pass --max-pending-total-bytes %llu", m->name,
+				  (unsigned long long)pd->version,
+				  (unsigned long long)b->cfg.max_pending_total_bytes);
 	pt = &pd->part[part];
 	if ((rc = part_reserve(pt)))
 		return rc;
@@ -236,6 +242,7 @@ int broker_pending_chunk(struct broker *b, struct broker_model *m, uint32_t part
 	pt->last_ms = dcast_now_ms();
 	pt->bytes += c->payload_bytes;
 	pd->bytes += c->payload_bytes;
+	b->pending_total_bytes += c->payload_bytes;
 	b->stats.chunks_in++;
 	b->stats.bytes_in += c->payload_bytes;
 	return 0;
@@ -512,6 +519,7 @@ static int pending_finish(struct broker *b, struct broker_model *m)
 		return rc;
 	}
 	m->pending = NULL;
+	b->pending_total_bytes -= pd->bytes;
 	pending_free(pd);
 	m->versions_committed++;
 	b->stats.versions_committed++;

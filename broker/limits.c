@@ -98,6 +98,19 @@ void broker_limits_nofile(const struct broker_config *c)
 					 : 0));
 }
 
+void broker_limits_memory(struct broker_config *c)
+{
+	long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+	uint64_t phys = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0;
+
+	if (!c->max_pending_total_bytes)
+		c->max_pending_total_bytes = phys ? phys / 4 : 4ull << 30;
+	DCAST_LOG_I("memory: open versions hold at most %llu payload bytes in all "
+		    "(--max-pending-total-bytes; physical memory %llu), %llu per version "
+		    "(--max-pending-bytes)", (unsigned long long)c->max_pending_total_bytes,
+		    (unsigned long long)phys, (unsigned long long)c->max_pending_bytes);
+}
+
 static unsigned fds_open(void)
 {
 	DIR *d = opendir("/proc/self/fd");

@@ -13,6 +13,10 @@
  * need.  Never fails: a broker with a low limit still runs. */
 void broker_limits_nofile(const struct broker_config *c);
 
+/* Resolve --max-pending-total-bytes 0 to a quarter of physical memory and
+ * log the bound on open versions. */
+void broker_limits_memory(struct broker_config *c);
+
 /* Watch a bound ROUTER for accept failures (a socket monitor in the poll
  * set): each is counted and logged, at most once per 10 s, naming the
  * error, the descriptors open and the limit.  Errors: DCAST_EZMQ,

@@ -35,6 +35,7 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	broker_limits_nofile(&cfg);
+	broker_limits_memory(&cfg);
 	rc = broker_open(&b, &cfg);
 	if (rc)
 		DCAST_LOG_E("start: %s", dcast_last_error());

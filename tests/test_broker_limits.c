@@ -4,7 +4,9 @@
  * --max-consumers allows; with its limit then cut to 60 descriptors (prlimit
  * on the running process) 80 connections make accept() fail with EMFILE,
  * which is logged with the descriptors open and the limit, and once they
- * leave a new consumer is welcomed again. */
+ * leave a new consumer is welcomed again.  Last, --max-pending-total-bytes
+ * (default logged) takes two 256 KiB anchors in turn under a 300000-byte
+ * cap (each commit frees its share) and refuses one under 200000. */
 #include <sys/resource.h>
 #include "broker_harness.h"
 
@@ -20,6 +22,26 @@ static int wait_log(const char *log, const char *needle)
 		usleep(50000);
 	}
 	return 0;
+}
+
+/* Two anchors of 256 KiB payload each, in turn: both ACKed when `fits`,
+ * else the first is refused naming the cap. */
+static void pending_cap(struct h_broker *br, int fits)
+{
+	static struct h_client prod;
+	uint32_t rng = 5;
+
+	h_client_open(&prod, br->pport, "limits/pending");
+	REQUIRE(h_producer_join(&prod) == 0);
+	h_mutate(&prod, &rng, 1);
+	CHECK((h_publish(&prod, 1, 1, fits ? 100 : 5) == 0) == fits);
+	if (fits) {
+		h_mutate(&prod, &rng, 1);
+		CHECK(h_publish(&prod, 2, 1, 100) == 0);
+	} else {
+		CHECK(check_file_has(br->log, "would pass --max-pending-total-bytes 200000"));
+	}
+	h_client_close(&prod);
 }
 
 int main(void)
@@ -65,5 +87,18 @@ int main(void)
 	CHECK(h_pump(&cons, 1, h_done_welcomed, 100));
 	CHECK(cons.welcome_version == DCAST_VERSION_NONE);
 	h_client_close(&cons);
+	CHECK(check_file_has(br.log, "memory: open versions hold at most"));
+
+	/* The cap over all open versions. */
+	h_broker_kill(&br, SIGKILL);
+	br.n_extra = 0;
+	br.extra[br.n_extra++] = "--max-pending-total-bytes";
+	br.extra[br.n_extra++] = "300000";
+	h_broker_start(&br);
+	pending_cap(&br, 1);
+	h_broker_kill(&br, SIGKILL);
+	br.extra[1] = "200000";
+	h_broker_start(&br);
+	pending_cap(&br, 0);
 	return h_finish(&br, dir, "test_broker_limits");
 }

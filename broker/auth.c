@@ -15,6 +15,7 @@
 
 struct key_list {
 	char (*keys)[DCAST_Z85_KEY_LEN + 1];
+	char **models;   /* [AUTH_MAX_KEYS]: a key's model list, "a,b"; NULL: any model */
 	unsigned n;
 	int given;
 };
@@ -33,47 +34,112 @@ uint64_t broker_auth_refused(void)
 	return atomic_load(&auth.refused);
 }
 
-static int load_keys(const char *path, struct key_list *kl)
+/* The rest of a key line: empty or "*" (any model), or models "a,b". */
+static int key_models(char *rest, int producers, const char *path, int lineno, char **out)
 {
-	char line[256];
+	char *end = rest + strcspn(rest, "#\r\n");
+
+	*out = NULL;
+	*end = '\0';
+	while (end > rest && (end[-1] == ' ' || end[-1] == '\t'))
+		*--end = '\0';
+	rest += strspn(rest, " \t");
+	if (!*rest || !strcmp(rest, "*"))
+		return 0;
+	if (!producers)
+		return dcast_fail(DCAST_EMALFORMED, "key list '%s' line %d: a model list (\"%s\") is "
+				  "only for --producer-keys", path, lineno, rest);
+	if (strlen(rest) > 4000 || strstr(rest, ",,") || *rest == ',' || end[-1] == ',' ||
+	    strpbrk(rest, " \t"))
+		return dcast_fail(DCAST_EMALFORMED, "key list '%s' line %d: \"%s\" is not a model "
+				  "list (KEY, KEY *, or KEY model1,model2 with no spaces)", path,
+				  lineno, rest);
+	if (!(*out = strdup(rest)))
+		return dcast_fail(DCAST_ENOMEM, "key list '%s'", path);
+	return 0;
+}
+
+static int key_line(struct key_list *kl, char *line, int producers, const char *path,
+		    int lineno)
+{
+	size_t n = strcspn(line, " \t\r\n");
+	uint8_t bin[32];
+	char *rest = line + n + (line[n] != '\0');
+	int key;
+
+	line[n] = '\0';
+	key = n == DCAST_Z85_KEY_LEN && zmq_z85_decode(bin, line); /* Z85 has '#' */
+	if (!key && (n == 0 || line[0] == '#'))
+		return 0;
+	if (!key || kl->n == AUTH_MAX_KEYS)
+		return dcast_fail(DCAST_EMALFORMED, "key list '%s' line %d: %s", path, lineno,
+				  kl->n == AUTH_MAX_KEYS ? "more than 4096 keys"
+							 : "not a 40-character Z85 public key");
+	memcpy(kl->keys[kl->n], line, n + 1);
+	return key_models(rest, producers, path, lineno, &kl->models[kl->n++]);
+}
+
+static int load_keys(const char *path, struct key_list *kl, int producers)
+{
+	char line[4096 + 64];
 	FILE *f;
-	int lineno = 0;
+	int lineno = 0, rc = 0;
 
 	if (!path)
 		return 0;
 	kl->given = 1;
-	if (!(kl->keys = calloc(AUTH_MAX_KEYS, sizeof(*kl->keys))))
+	if (!(kl->keys = calloc(AUTH_MAX_KEYS, sizeof(*kl->keys))) ||
+	    !(kl->models = calloc(AUTH_MAX_KEYS, sizeof(*kl->models))))
 		return dcast_fail(DCAST_ENOMEM, "key list '%s'", path);
 	if (!(f = fopen(path, "r")))
 		return dcast_fail(DCAST_EIO, "key list '%s': %s", path, strerror(errno));
-	while (fgets(line, sizeof(line), f)) {
-		size_t n = strcspn(line, " \t\r\n");
-		uint8_t bin[32];
-		int key;
-
-		lineno++;
-		line[n] = '\0';
-		key = n == DCAST_Z85_KEY_LEN && zmq_z85_decode(bin, line); /* Z85 has '#' */
-		if (!key && (n == 0 || line[0] == '#'))
-			continue;
-		if (!key || kl->n == AUTH_MAX_KEYS) {
-			fclose(f);
-			return dcast_fail(DCAST_EMALFORMED, "key list '%s' line %d: %s", path, lineno,
-					  kl->n == AUTH_MAX_KEYS ? "more than 4096 keys"
-								 : "not a 40-character Z85 public key");
-		}
-		memcpy(kl->keys[kl->n++], line, n + 1);
-	}
+	while (!rc && fgets(line, sizeof(line), f))
+		rc = key_line(kl, line, producers, path, ++lineno);
 	fclose(f);
-	DCAST_LOG_I("auth: %u key(s) from '%s'", kl->n, path);
-	return 0;
+	if (!rc)
+		DCAST_LOG_I("auth: %u key(s) from '%s'", kl->n, path);
+	return rc;
+}
+
+/* Index of a key in the list, -1 if absent. */
+static int key_find(const struct key_list *kl, const char *z85)
+{
+	for (unsigned i = 0; i < kl->n; i++)
+		if (!strcmp(kl->keys[i], z85))
+			return (int)i;
+	return -1;
 }
 
 static int key_listed(const struct key_list *kl, const char *z85)
 {
-	for (unsigned i = 0; i < kl->n; i++)
-		if (!strcmp(kl->keys[i], z85))
+	return key_find(kl, z85) >= 0;
+}
+
+/* 1 when `model` is an item of the comma-separated list. */
+static int list_has(const char *list, const char *model)
+{
+	size_t n = strlen(model);
+
+	for (const char *p = list; p; p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL)
+		if (!strncmp(p, model, n) && (p[n] == ',' || p[n] == '\0'))
 			return 1;
+	return 0;
+}
+
+int broker_auth_producer_model(const char *user_id, const char *model)
+{
+	int i;
+
+	if (!auth.started)
+		return 0;
+	i = key_find(&auth.producers, user_id);
+	if (i < 0)
+		return dcast_fail(DCAST_EAUTH, "producer HELLO for model \"%s\": the connection "
+				  "has no listed CURVE key", model);
+	if (auth.producers.models[i] && !list_has(auth.producers.models[i], model))
+		return dcast_fail(DCAST_EAUTH, "producer key %s may not publish model \"%s\" "
+				  "(its --producer-keys line allows: %s)", user_id, model,
+				  auth.producers.models[i]);
 	return 0;
 }
 
@@ -99,7 +165,10 @@ static void frame_str(zmq_msg_t *m, char *out, size_t cap)
 	out[n] = '\0';
 }
 
-static void zap_reply(void *sock, zmq_msg_t *req_id, int ok)
+/* The user id of an admitted peer is its Z85 public key: every message it
+ * sends carries it (zmq_msg_gets "User-Id", dcast_wire_in.user_id), which
+ * ties a key to the models its line lists. */
+static void zap_reply(void *sock, zmq_msg_t *req_id, int ok, const char *z85)
 {
 	const char *status = ok ? "200" : "400", *text = ok ? "OK" : "key not listed";
 
@@ -107,7 +176,7 @@ static void zap_reply(void *sock, zmq_msg_t *req_id, int ok)
 	zmq_send(sock, zmq_msg_data(req_id), zmq_msg_size(req_id), ZMQ_SNDMORE);
 	zmq_send(sock, status, 3, ZMQ_SNDMORE);
 	zmq_send(sock, text, strlen(text), ZMQ_SNDMORE);
-	zmq_send(sock, "", 0, ZMQ_SNDMORE);
+	zmq_send(sock, z85, ok ? strlen(z85) : 0, ZMQ_SNDMORE);
 	zmq_send(sock, "", 0, 0);
 }
 
@@ -150,7 +219,7 @@ static void *zap_thread(void *arg)
 			ok = zap_decide(domain, mech, zmq_msg_data(&f[6]), zmq_msg_size(&f[6]), z85);
 		}
 		if (n >= 2)
-			zap_reply(sock, &f[1], ok);
+			zap_reply(sock, &f[1], ok, z85);
 		if (!ok) {
 			atomic_fetch_add(&auth.refused, 1);
 			DCAST_LOG_W("auth: refused %s peer %s: %s key %s not listed", domain, addr,
@@ -172,8 +241,8 @@ static int auth_start(struct broker *b)
 		return dcast_fail(DCAST_EINVAL, "--curve-secret needs --producer-keys FILE "
 				  "(the producer keys to admit)");
 	if ((rc = dcast_curve_read_secret(c->curve_secret, auth.secret, auth.public_z85)) ||
-	    (rc = load_keys(c->producer_keys, &auth.producers)) ||
-	    (rc = load_keys(c->consumer_keys, &auth.consumers)))
+	    (rc = load_keys(c->producer_keys, &auth.producers, 1)) ||
+	    (rc = load_keys(c->consumer_keys, &auth.consumers, 0)))
 		return rc;
 	auth.zap = zmq_socket(b->ctx, ZMQ_REP);
 	if (!auth.zap || zmq_setsockopt(auth.zap, ZMQ_LINGER, &zero, sizeof(zero)) ||

@@ -16,6 +16,13 @@
  * (DCAST_EIO / DCAST_EMALFORMED naming file and line), DCAST_EZMQ. */
 int broker_auth_socket(struct broker *b, void *sock, const char *which);
 
+/* May the producer connection whose messages carry ZAP user id `user_id`
+ * (dcast_wire_in.user_id: its Z85 CURVE key) publish `model`?  The key
+ * must be listed, and its --producer-keys line
+ * must name the model or none (any model).  0 without --curve-secret.
+ * Errors: DCAST_EAUTH, the text naming the key, the model and the list. */
+int broker_auth_producer_model(const char *user_id, const char *model);
+
 /* Peers refused by the ZAP handler so far (for metrics). */
 uint64_t broker_auth_refused(void);
 

@@ -38,6 +38,8 @@ struct broker_config {
 	uint64_t retain_versions;   /* --retain-versions: log entries per model */
 	uint64_t retain_bytes;      /* --retain-bytes: payload bytes per model log */
 	uint64_t max_pending_bytes; /* --max-pending-bytes: one open version */
+	uint64_t max_pending_total_bytes; /* --max-pending-total-bytes: all open versions
+					     (0 in the flags: a quarter of physical memory) */
 	uint64_t producer_window_bytes; /* --producer-window-bytes */
 	uint64_t upstream_window_bytes; /* --upstream-window-bytes */
 	uint64_t part_timeout_ms;   /* --part-timeout-ms */
@@ -138,6 +140,9 @@ struct broker_model {
 	uint64_t versions_committed, versions_aborted;
 	struct broker_fold *fold;         /* broker-made anchors (fold.c), NULL if off */
 	uint64_t durable_version;         /* newest ACKed on its durable completion (--data-dir) */
+	uint64_t lost_version;            /* newest version lost from a damaged segment that was
+					     whole on disk (maybe ACKed): no version at or below
+					     it is taken again; NONE if none (durable.c) */
 };
 
 /* ---- peers ---- */
@@ -225,6 +230,7 @@ struct broker {
 	 * heartbeats go out, but no peer or part is judged silent. */
 	int late_turn;
 	struct broker_stats stats;
+	uint64_t pending_total_bytes; /* payload of every model's open version (ingest.c) */
 	/* Refusal log lines: at most BROKER_REFUSE_LOG_MAX a second, the rest
 	 * counted and summed up in one line when the second is over. */
 	uint64_t refuse_window_ms;

@@ -467,6 +467,24 @@ static int restore_commit(struct restore *r, uint64_t version, const void *hdr, 
 	return 0;
 }
 
+/* A damaged segment lost versions (segment.c set them aside): the model
+ * exists, asks for an anchor, and never takes a lost number again. */
+static int restore_lost(struct restore *r, const char *model, uint64_t whole)
+{
+	struct broker_model *m = broker_model_get(r->b, model, 1);
+
+	if (!m)
+		return DCAST_EBUSY;
+	if (whole == DCAST_VERSION_NONE)
+		return 0;
+	m->lost_version = whole;
+	m->need_anchor = 1;
+	DCAST_LOG_W("model %s: versions up to %llu were whole on disk and are lost: the next "
+		    "version must be an anchor above %llu", model, (unsigned long long)whole,
+		    (unsigned long long)whole);
+	return 0;
+}
+
 static int restore_visit(void *ctx, const char *model, int kind, uint64_t version,
 			 const void *hdr, size_t hdr_len, const void *payload, size_t payload_len)
 {
@@ -474,6 +492,8 @@ static int restore_visit(void *ctx, const char *model, int kind, uint64_t versio
 
 	if (kind == BROKER_SEG_MANIFEST)
 		return restore_manifest(r, model, hdr, hdr_len);
+	if (kind == BROKER_SEG_LOST)
+		return restore_lost(r, model, version);
 	if (!r->m)
 		return dcast_fail(DCAST_ECORRUPT, "restore: %s: version before its manifest", model);
 	if (kind == BROKER_SEG_CHUNK)

@@ -5,6 +5,7 @@
  * "Producer part and broker". */
 #include <string.h>
 #include "broker.h"
+#include "auth.h" /* producer keys tied to models */
 #include "dcast_common.h"
 #include "durable.h" /* --data-dir: ACK on the durable completion */
 
@@ -87,6 +88,7 @@ void broker_pending_abort(struct broker *b, struct broker_model *m, const char *
 		m->versions_aborted++;
 		b->stats.versions_aborted++;
 	}
+	b->pending_total_bytes -= pd->mem_bytes;
 	pending_free(pd);
 }
 
@@ -97,6 +99,11 @@ static int version_rules(const struct broker_model *m, const dcast_chunk *c)
 	if (newest != DCAST_VERSION_NONE && c->version <= newest)
 		return dcast_fail(DCAST_EVERSION, "model %s: version %llu is not above the newest committed %llu",
 				  m->name, (unsigned long long)c->version, (unsigned long long)newest);
+	if (m->lost_version != DCAST_VERSION_NONE && c->version <= m->lost_version)
+		return dcast_fail(DCAST_EVERSION, "model %s: version %llu is not above %llu, the newest "
+				  "version lost from a damaged segment (its number is spent)",
+				  m->name, (unsigned long long)c->version,
+				  (unsigned long long)m->lost_version);
 	if (c->anchor)
 		return 0;
 	if (newest == DCAST_VERSION_NONE || m->need_anchor)
@@ -182,23 +189,29 @@ static int pending_match(const struct broker_model *m, const struct broker_pendi
  * 1.5 GiB while counted as 4 MB (issue 18 item 8). */
 #define PENDING_CHUNK_BYTES (2 * sizeof(struct broker_pending_chunk) + BROKER_ALLOC_BYTES)
 
-/* Count `bytes` more memory against --max-pending-bytes, or refuse them
- * (DCAST_ETOO_LARGE, naming what was held and what came). */
+/* Count `bytes` more memory against --max-pending-bytes (this open version)
+ * and --max-pending-total-bytes (those of all models), or refuse them
+ * (DCAST_ETOO_LARGE, naming the cap, what was held and what came). */
 static int pending_charge(struct broker *b, struct broker_model *m, uint64_t bytes,
 			  const char *what)
 {
 	struct broker_pending *pd = m->pending;
 
-	if (bytes <= b->cfg.max_pending_bytes && pd->mem_bytes <= b->cfg.max_pending_bytes - bytes) {
-		pd->mem_bytes += bytes;
-		return 0;
-	}
-	return dcast_fail(DCAST_ETOO_LARGE, "model %s version %llu: %s costing %llu bytes of memory "
-			  "would take the open version past --max-pending-bytes %llu (it holds %llu: "
-			  "payloads, %zu bytes a chunk, 32 a digest)", m->name,
-			  (unsigned long long)pd->version, what, (unsigned long long)bytes,
-			  (unsigned long long)b->cfg.max_pending_bytes,
-			  (unsigned long long)pd->mem_bytes, (size_t)PENDING_CHUNK_BYTES);
+	if (bytes > b->cfg.max_pending_bytes || pd->mem_bytes > b->cfg.max_pending_bytes - bytes)
+		return dcast_fail(DCAST_ETOO_LARGE, "model %s version %llu: %s costing %llu bytes of memory "
+				  "would take the open version past --max-pending-bytes %llu (it holds %llu: "
+				  "payloads, %zu bytes a chunk, 32 a digest)", m->name,
+				  (unsigned long long)pd->version, what, (unsigned long long)bytes,
+				  (unsigned long long)b->cfg.max_pending_bytes,
+				  (unsigned long long)pd->mem_bytes, (size_t)PENDING_CHUNK_BYTES);
+	if (b->pending_total_bytes + bytes > b->cfg.max_pending_total_bytes)
+		return dcast_fail(DCAST_ETOO_LARGE, "model %s version %llu: %s would take the open "
+				  "versions of all models past --max-pending-total-bytes %llu", m->name,
+				  (unsigned long long)pd->version, what,
+				  (unsigned long long)b->cfg.max_pending_total_bytes);
+	pd->mem_bytes += bytes;
+	b->pending_total_bytes += bytes;
+	return 0;
 }
 
 static int part_reserve(struct broker_part *pt)
@@ -535,6 +548,7 @@ static int pending_finish(struct broker *b, struct broker_model *m)
 		return rc;
 	}
 	m->pending = NULL;
+	b->pending_total_bytes -= pd->mem_bytes;
 	pending_free(pd);
 	m->versions_committed++;
 	b->stats.versions_committed++;
@@ -691,6 +705,8 @@ static void producer_hello(struct broker *b, struct broker_peer *p, dcast_wire_i
 
 	if (h->role != DCAST_ROLE_PRODUCER)
 		rc = dcast_fail(DCAST_EFIELD_RANGE, "HELLO.role: consumer on the producer endpoint");
+	else if ((rc = broker_auth_producer_model(in->user_id, h->model))) /* broker/auth.c */
+		;
 	else if (!(m = producer_model(b, h->model)))
 		;
 	else if (m->relayed)

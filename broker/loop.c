@@ -15,6 +15,7 @@
 #include "dcast_wire.h"
 #include "durable.h" /* --data-dir: the writer thread (broker/durable.c) */
 #include "metrics.h" /* --metrics: clients past their time are closed */
+#include "limits.h" /* accept failures watched (broker/limits.c) */
 
 #define MAX_POLL (3 + BROKER_MAX_UPSTREAM_MODELS + BROKER_MAX_EXTRA_FDS)
 
@@ -137,7 +138,7 @@ static int router_open(struct broker *b, void **sock, const char *endpoint, cons
 		return dcast_fail(DCAST_EZMQ, "--%s %s: bind: %s", which, endpoint,
 				  zmq_strerror(errno));
 	DCAST_LOG_I("%s on %s", which, endpoint);
-	return 0;
+	return broker_limits_watch(b, *sock, which);
 }
 
 /* SIGTERM/SIGINT arrive on a signalfd in the poll set: blocked before the
@@ -305,6 +306,7 @@ void broker_close(struct broker *b)
 	for (uint32_t i = 0; i < b->n_models; i++)
 		broker_model_free(b->models[i]);
 	broker_relay_close(b);
+	broker_limits_close();
 	if (b->producers)
 		zmq_close(b->producers);
 	if (b->consumers)

@@ -4,6 +4,7 @@
 #include <string.h>
 #include "broker.h"
 #include "dcast_common.h"
+#include "limits.h" /* the open-file limit (broker/limits.c) */
 
 static int log_level_set(const char *name)
 {
@@ -33,6 +34,8 @@ int main(int argc, char **argv)
 		broker_config_free();
 		return 2;
 	}
+	broker_limits_nofile(&cfg);
+	broker_limits_memory(&cfg);
 	rc = broker_open(&b, &cfg);
 	if (rc)
 		DCAST_LOG_E("start: %s", dcast_last_error());

@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 #include <xxhash.h>
 #include "dcast_common.h"
@@ -475,6 +476,9 @@ struct seg_scan {
 	char model[DCAST_MAX_NAME + 1];
 	char why[256];        /* why the scan stopped before the end, "" if it did not */
 	uint64_t bad_off;
+	/* from good_end on (set_aside): versions of readable records, and the
+	 * newest whose COMMIT record verifies; DCAST_VERSION_NONE if none */
+	uint64_t lost_lo, lost_hi, whole_lost;
 };
 
 /* Per-version counters while scanning. */
@@ -667,26 +671,210 @@ static int replay_file(broker_seg_store *s, int h, const char *model, uint64_t e
 	return 0;
 }
 
-/* Cut a file back to sc->good_end (or remove it when nothing in it is
- * whole).  Returns 1 when the file is gone. */
-static int cut_tail(const char *path, int fd, const struct seg_scan *sc)
+/* ---- quarantine: what cannot be read is kept, never deleted ---------- */
+
+/* Versions in the records from good_end on: readable records only (a
+ * damaged record's own fields are not trusted).  A COMMIT record that
+ * verifies there was whole on disk, so fsynced and maybe ACKed. */
+static void note_lost(struct seg_scan *sc, const struct seg_rec *r)
 {
+	if (r->kind == BROKER_SEG_FILE || (sc->versions && r->version <= sc->last_version))
+		return;
+	if (sc->lost_lo == DCAST_VERSION_NONE || r->version < sc->lost_lo)
+		sc->lost_lo = r->version;
+	if (sc->lost_hi == DCAST_VERSION_NONE || r->version > sc->lost_hi)
+		sc->lost_hi = r->version;
+	if (r->kind == BROKER_SEG_COMMIT &&
+	    (sc->whole_lost == DCAST_VERSION_NONE || r->version > sc->whole_lost))
+		sc->whole_lost = r->version;
+}
+
+/* Offset of the next record magic at or after off (size if none). */
+static uint64_t next_magic(int fd, uint64_t off, uint64_t size)
+{
+	static uint8_t buf[1 << 16];
+	static const uint8_t magic[4] = {'D', 'C', 'R', '2'};
+
+	while (off < size) {
+		ssize_t n = pread(fd, buf, sizeof(buf), (off_t)off);
+		const uint8_t *hit = n >= 4 ? memmem(buf, (size_t)n, magic, 4) : NULL;
+
+		if (hit)
+			return off + (uint64_t)(hit - buf);
+		if (n < 4)
+			return size;
+		off += (uint64_t)n - 3;
+	}
+	return size;
+}
+
+/* Read past the break to name what is lost: every record that verifies,
+ * re-synchronising on the next magic after one that does not. */
+static void survey_tail(broker_seg_store *s, int h, int fd, struct seg_scan *sc)
+{
+	uint64_t off = sc->good_end;
+	struct seg_rec r;
+	char why[256];
+
+	while (off < sc->size) {
+		int rc = read_record(s, h, off, sc->size, &r, why, sizeof(why));
+
+		if (rc == DCAST_ENOMEM || rc == DCAST_EIO)
+			return;
+		if (rc == 0) {
+			note_lost(sc, &r);
+			off += BROKER_SEG_RECORD_BYTES + (uint64_t)r.hdr_len + r.payload_len;
+		} else {
+			off = next_magic(fd, off + 1, sc->size);
+		}
+	}
+}
+
+/* A free name in DATA_DIR/quarantine/ for bytes from `from` on of the
+ * segment at path: <model folder>.<file>.from-<offset>.<UTC time>[.N]. */
+static int quarantine_name(const broker_seg_store *s, const char *path, uint64_t from,
+			   char *out, size_t cap)
+{
+	const char *file = strrchr(path, '/') + 1, *dir = file - 1;
+	char stamp[32], qdir[SEG_ROOT_MAX + 16];
+	struct tm tm;
+	time_t now = time(NULL);
+	int rc;
+
+	while (dir > path && dir[-1] != '/')
+		dir--;
+	snprintf(qdir, sizeof(qdir), "%s/" BROKER_SEG_QUARANTINE, s->root);
+	if ((rc = mkdir_p(qdir)))
+		return rc;
+	strftime(stamp, sizeof(stamp), "%Y%m%dT%H%M%SZ", gmtime_r(&now, &tm));
+	for (unsigned i = 0; i < 1000; i++) {
+		int n = snprintf(out, cap, "%s/" BROKER_SEG_QUARANTINE "/%.*s.%s.from-%llu.%s",
+				 s->root, (int)(file - 1 - dir), dir, file,
+				 (unsigned long long)from, stamp);
+
+		if (i)
+			snprintf(out + n, cap - (size_t)n, ".%u", i);
+		if (access(out, F_OK) && errno == ENOENT)
+			return 0;
+	}
+	return dcast_fail(DCAST_EIO, "segment: no free quarantine name for '%s'", path);
+}
+
+static void fsync_parent(const char *path)
+{
+	char dir[SEG_PATH_MAX];
+
+	snprintf(dir, sizeof(dir), "%.*s", (int)(strrchr(path, '/') - path), path);
+	fsync_dir(dir);
+}
+
+static void fsync_quarantine(const broker_seg_store *s)
+{
+	char q[SEG_ROOT_MAX + 16];
+
+	snprintf(q, sizeof(q), "%s/" BROKER_SEG_QUARANTINE, s->root);
+	fsync_dir(q);
+}
+
+/* Copy bytes [from, size) of fd into the new file q, fsynced. */
+static int copy_tail(int fd, uint64_t from, uint64_t size, const char *q)
+{
+	static uint8_t buf[1 << 20];
+	int out = open(q, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+	int rc = out < 0 ? -1 : 0;
+
+	while (!rc && from < size) {
+		size_t want = size - from < sizeof(buf) ? (size_t)(size - from) : sizeof(buf);
+		ssize_t n = pread(fd, buf, want, (off_t)from);
+
+		rc = n <= 0 || write(out, buf, (size_t)n) != n ? -1 : 0;
+		from += n > 0 ? (uint64_t)n : 0;
+	}
+	if (!rc)
+		rc = fsync(out);
+	if (rc)
+		rc = dcast_fail(DCAST_EIO, "segment: copy to '%s': %s", q, strerror(errno));
+	if (out >= 0)
+		close(out);
+	return rc;
+}
+
+/* Move what cannot be replayed to quarantine/: the whole file when
+ * nothing in it is whole, else its tail from the end of the last whole
+ * version (copied, fsynced, then the file cut back).  q: where it went. */
+static int quarantine(broker_seg_store *s, const char *path, int fd, const struct seg_scan *sc,
+		      char *q, size_t cap)
+{
+	int rc = quarantine_name(s, path, sc->good_end, q, cap);
+
+	if (!rc && sc->good_end == 0 && rename(path, q))
+		rc = dcast_fail(DCAST_EIO, "segment: move '%s' to '%s': %s", path, q, strerror(errno));
+	if (!rc && sc->good_end)
+		rc = copy_tail(fd, sc->good_end, sc->size, q);
+	if (rc)
+		return rc;
+	fsync_quarantine(s);
 	if (sc->good_end == 0) {
-		DCAST_LOG_W("segment: '%s' holds no whole committed version (%s at offset %llu): "
-			    "deleted", path, sc->why[0] ? sc->why : "empty",
-			    (unsigned long long)sc->bad_off);
+		fsync_parent(path);
+		return 0;
+	}
+	if (ftruncate(fd, (off_t)sc->good_end) || fsync(fd))
+		return dcast_fail(DCAST_EIO, "segment: truncate '%s': %s", path, strerror(errno));
+	return 0;
+}
+
+/* "versions 4..7", "version 7", or "no readable version". */
+static void lost_text(const struct seg_scan *sc, char *out, size_t cap)
+{
+	if (sc->lost_lo == DCAST_VERSION_NONE)
+		snprintf(out, cap, "no readable version");
+	else if (sc->lost_lo == sc->lost_hi)
+		snprintf(out, cap, "version %llu", (unsigned long long)sc->lost_lo);
+	else
+		snprintf(out, cap, "versions %llu..%llu", (unsigned long long)sc->lost_lo,
+			 (unsigned long long)sc->lost_hi);
+}
+
+/* The one line that says what was lost, from which file, kept where. */
+static void log_lost(const char *path, const struct seg_scan *sc, const char *q)
+{
+	char lost[64], whole[64] = "";
+
+	lost_text(sc, lost, sizeof(lost));
+	if (sc->whole_lost != DCAST_VERSION_NONE)
+		snprintf(whole, sizeof(whole), "; whole on disk up to version %llu",
+			 (unsigned long long)sc->whole_lost);
+	if (sc->good_end == 0)
+		DCAST_LOG_E("segment: model %s: %s lost (%s at offset %llu of '%s'%s): no whole "
+			    "version before it; the file is kept in '%s'", sc->model[0] ? sc->model : "?",
+			    lost, sc->why[0] ? sc->why : "empty", (unsigned long long)sc->bad_off, path,
+			    whole, q);
+	else
+		DCAST_LOG_E("segment: model %s: %s lost (%s at offset %llu of '%s'%s): cut back to "
+			    "offset %llu (last whole version %llu); bytes %llu..%llu kept in '%s'",
+			    sc->model, lost, sc->why, (unsigned long long)sc->bad_off, path, whole,
+			    (unsigned long long)sc->good_end, (unsigned long long)sc->last_version,
+			    (unsigned long long)sc->good_end, (unsigned long long)sc->size, q);
+}
+
+/* Set aside what cannot be replayed.  Returns 1 when the file is gone
+ * (moved whole), 0 when it stays (maybe cut back), -1 on DCAST_EIO. */
+static int set_aside(broker_seg_store *s, const char *path, int h, int fd, struct seg_scan *sc)
+{
+	char q[SEG_PATH_MAX + 64];
+
+	if (sc->good_end == sc->size && sc->size)
+		return 0;
+	if (sc->size == 0) {
+		DCAST_LOG_W("segment: '%s' is empty (a new segment cut short): removed", path);
 		unlink(path);
 		return 1;
 	}
-	if (sc->good_end == sc->size)
-		return 0;
-	DCAST_LOG_W("segment: '%s': %s at offset %llu; cut back to offset %llu (last whole "
-		    "version %llu)", path, sc->why, (unsigned long long)sc->bad_off,
-		    (unsigned long long)sc->good_end, (unsigned long long)sc->last_version);
-	if (ftruncate(fd, (off_t)sc->good_end) || fsync(fd))
-		return dcast_fail(DCAST_EIO, "segment: truncate '%s': %s", path, strerror(errno)),
-		       -1;
-	return 0;
+	survey_tail(s, h, fd, sc);
+	if (quarantine(s, path, fd, sc, q, sizeof(q)))
+		return -1;
+	log_lost(path, sc, q);
+	return sc->good_end == 0;
 }
 
 static int cmp_u64_desc(const void *a, const void *b)
@@ -717,8 +905,9 @@ static unsigned list_segments(const char *dir, uint64_t *out, unsigned cap)
 	return n;
 }
 
-/* Open and verify one segment file; on success (whole versions in it) the
- * file stays open in *f and *sc describes it.  Returns 1 if usable, 0 when
+/* Open and verify one segment file; what cannot be replayed goes to
+ * quarantine/ (set_aside).  On success (whole versions in it) the file
+ * stays open in *f and *sc describes it.  Returns 1 if usable, 0 when
  * nothing in it was whole (the file is gone), minus an error code else: a
  * file of another segment format gives -DCAST_EPROTO_VERSION and is left
  * as it is. */
@@ -726,9 +915,10 @@ static int open_verified(broker_seg_store *s, const char *path, struct seg_file 
 			 struct seg_scan *sc)
 {
 	struct stat st;
-	int rc, cut;
+	int rc, gone;
 
 	memset(sc, 0, sizeof(*sc));
+	sc->lost_lo = sc->lost_hi = sc->whole_lost = DCAST_VERSION_NONE;
 	f->fd = open(path, O_RDWR | O_CLOEXEC);
 	if (f->fd < 0 || fstat(f->fd, &st))
 		return dcast_fail(DCAST_EIO, "segment: open '%s': %s", path, strerror(errno)),
@@ -739,24 +929,64 @@ static int open_verified(broker_seg_store *s, const char *path, struct seg_file 
 	if (rc == DCAST_EPROTO_VERSION)
 		dcast_fail(rc, "segment '%s': %s; left as it is (use another --data-dir, or move "
 			   "the file away to drop it)", path, sc->why);
-	cut = rc ? 0 : cut_tail(path, f->fd, sc); /* 1: deleted, -1: DCAST_EIO */
-	if (rc || cut) {
+	gone = rc ? 0 : set_aside(s, path, f->handle, f->fd, sc); /* 1: moved, -1: DCAST_EIO */
+	if (rc || gone) {
 		file_close(s, f);
-		return rc ? -rc : cut < 0 ? -DCAST_EIO : 0;
+		return rc ? -rc : gone < 0 ? -DCAST_EIO : 0;
 	}
 	snprintf(f->path, sizeof(f->path), "%s", path);
 	f->end = f->commit_end = sc->good_end;
 	return 1;
 }
 
-/* Load one model folder: the newest usable segment is replayed and kept;
- * every older one is superseded and deleted. */
+/* What a model folder's segments lost, over all of them. */
+struct seg_losses {
+	int any;
+	uint64_t whole;                   /* newest version whole on disk and lost */
+	char model[DCAST_MAX_NAME + 1];   /* from a FILE record that verified */
+};
+
+static void losses_add(struct seg_losses *l, const struct seg_scan *sc)
+{
+	if (sc->good_end == sc->size)
+		return;
+	l->any = 1;
+	if (sc->whole_lost != DCAST_VERSION_NONE &&
+	    (l->whole == DCAST_VERSION_NONE || sc->whole_lost > l->whole))
+		l->whole = sc->whole_lost;
+	if (!l->model[0])
+		snprintf(l->model, sizeof(l->model), "%s", sc->model);
+}
+
+/* After a model's replay: tell the caller what was lost (BROKER_SEG_LOST),
+ * so that the model exists and refuses those version numbers again. */
+static int report_losses(const struct seg_losses *l, const char *dir, int found,
+			 broker_seg_visit_fn fn, void *ctx)
+{
+	if (!l->any)
+		return 0;
+	if (!l->model[0]) {
+		DCAST_LOG_E("segment: '%s': no readable model name and no intact anchor; "
+			    "nothing restored from it", dir);
+		return 0;
+	}
+	if (!found)
+		DCAST_LOG_E("segment: model %s: no intact anchor left: the model starts empty and "
+			    "asks its producers for an anchor", l->model);
+	return fn(ctx, l->model, BROKER_SEG_LOST, l->whole, NULL, 0, NULL, 0);
+}
+
+/* Load one model folder, newest segment first: the first one with an
+ * intact anchor is replayed (up to any break) and kept, every older one is
+ * superseded and deleted; a newer one without an intact anchor has gone to
+ * quarantine/ on the way. */
 static int load_model_dir(broker_seg_store *s, const char *dir, broker_seg_visit_fn fn,
 			  void *ctx)
 {
 	uint64_t anchors[SEG_MAX_FILES];
 	unsigned n = list_segments(dir, anchors, SEG_MAX_FILES);
 	struct seg_file f = {.fd = -1, .handle = -1};
+	struct seg_losses lost = {.whole = DCAST_VERSION_NONE};
 	struct seg_scan sc;
 	struct seg_model *m = NULL;
 	char path[SEG_PATH_MAX];
@@ -774,11 +1004,12 @@ static int load_model_dir(broker_seg_store *s, const char *dir, broker_seg_visit
 		rc = open_verified(s, path, &f, &sc);
 		if (rc < 0)
 			return -rc;
+		losses_add(&lost, &sc);
 		found = rc;
 		found_anchor = anchors[i];
 	}
 	if (!found)
-		return 0;
+		return report_losses(&lost, dir, 0, fn, ctx);
 	m = model_get(s, sc.model);
 	if (!m || m->cur.fd >= 0) {
 		file_close(s, &f);
@@ -789,7 +1020,9 @@ static int load_model_dir(broker_seg_store *s, const char *dir, broker_seg_visit
 	m->cur = f;
 	DCAST_LOG_I("segment: model %s: %u version(s) up to %llu from '%s'", sc.model,
 		    sc.versions, (unsigned long long)sc.last_version, f.path);
-	return replay_file(s, f.handle, sc.model, sc.good_end, fn, ctx);
+	snprintf(lost.model, sizeof(lost.model), "%s", sc.model);
+	rc = replay_file(s, f.handle, sc.model, sc.good_end, fn, ctx);
+	return rc ? rc : report_losses(&lost, dir, 1, fn, ctx);
 }
 
 int broker_seg_load(broker_seg_store *s, broker_seg_visit_fn fn, void *ctx)
@@ -805,6 +1038,8 @@ int broker_seg_load(broker_seg_store *s, broker_seg_visit_fn fn, void *ctx)
 		struct stat st;
 
 		if (e->d_name[0] == '.')
+			continue;
+		if (!strcmp(e->d_name, BROKER_SEG_QUARANTINE))
 			continue;
 		snprintf(dir, sizeof(dir), "%s/%s", s->root, e->d_name);
 		if (stat(dir, &st) == 0 && S_ISDIR(st.st_mode))

@@ -19,14 +19,17 @@
  * records are written, then fsynced, inside broker_seg_commit(), before the
  * caller acknowledges it.  A store is used by one thread at a time: the
  * broker loads it on its loop's thread at start-up, then hands it to its
- * durable writer thread (broker/durable.c), which alone writes.  At load every record is verified; a torn or
- * corrupt tail is cut back (the file truncated) to the end of the last whole
- * committed version, with a log line naming file and offset.  A whole
+ * durable writer thread (broker/durable.c), which alone writes.  At load
+ * every record is verified.  Nothing that cannot be replayed is deleted: a
+ * torn or corrupt tail is copied to <data-dir>/quarantine/ and the file cut
+ * back to the end of the last whole committed version; a file with no whole
+ * version is moved there; one error line says which model, which versions,
+ * which file and where the bytes went.  A whole
  * record of another format ("DCR1", "DCR3", ...: its checksum holds, so it
  * was written that way) stops the load with DCAST_EPROTO_VERSION, naming
- * the file; nothing is cut or deleted.  Only the
- * newest segment with a committed anchor is replayed; older ones are
- * superseded and deleted. */
+ * the file; nothing is cut or deleted.  Only the newest segment with an
+ * intact anchor is replayed; older ones are superseded and deleted.
+ * docs/operations.md, "Damaged segments". */
 #ifndef DCAST_BROKER_SEGMENT_H
 #define DCAST_BROKER_SEGMENT_H
 
@@ -38,7 +41,10 @@ enum broker_seg_kind {
 	BROKER_SEG_MANIFEST,
 	BROKER_SEG_CHUNK,
 	BROKER_SEG_COMMIT,
+	BROKER_SEG_LOST,     /* not a record: reported by broker_seg_load, see there */
 };
+
+#define BROKER_SEG_QUARANTINE "quarantine" /* <data-dir>/quarantine/: bytes set aside */
 
 #define BROKER_SEG_MAX_MODELS 256
 #define BROKER_SEG_RECORD_BYTES 32 /* fixed part of a record */
@@ -63,11 +69,16 @@ typedef int (*broker_seg_visit_fn)(void *ctx, const char *model, int kind, uint6
 				   const void *hdr, size_t hdr_len, const void *payload,
 				   size_t payload_len);
 
-/* Read every model folder: verify each segment, cut torn tails (truncating
- * the file, logging file and offset), delete segments without a committed
- * version and segments superseded by a newer committed anchor, then replay
- * the newest segment of each model through fn, and keep it open for
- * appending.  Errors: DCAST_EIO, DCAST_ENOMEM, DCAST_EPROTO_VERSION (a
+/* Read every model folder: verify each segment newest first; set aside in
+ * quarantine/ what cannot be replayed (a damaged or torn tail is copied
+ * there and cut off, a file with no whole version moved there; one error
+ * line each), delete segments superseded by a newer intact anchor, then
+ * replay the newest segment with an intact anchor through fn, and keep it
+ * open for appending.  When a model's folder lost anything, fn is called
+ * once more after its replay (or alone, when no anchor survived) with kind
+ * BROKER_SEG_LOST and version = the newest lost version whose COMMIT record
+ * still verifies (whole on disk, so maybe acknowledged), or
+ * DCAST_VERSION_NONE; hdr and payload NULL.  Errors: DCAST_EIO, DCAST_ENOMEM, DCAST_EPROTO_VERSION (a
  * segment of another format, named in the error and left untouched; models
  * loaded before it stay loaded), fn's. */
 int broker_seg_load(broker_seg_store *s, broker_seg_visit_fn fn, void *ctx);

@@ -15,6 +15,7 @@ typedef struct dcast_wire_in {
 			       so zmq_msg_data/zmq_msg_size never meet an uninitialised one */
 	int has_rid, has_payload;
 	dcast_msg msg;      /* decoded header (valid only when recv returned 0) */
+	char user_id[64];   /* router: the ZAP user id of the sender (CURVE), "" if none */
 } dcast_wire_in;
 
 /* Set the options every deltacast socket uses: ZMQ_MAXMSGSIZE from the

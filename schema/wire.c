@@ -116,6 +116,16 @@ static int recv_body(void *sock, dcast_wire_in *in, zmq_msg_t *hdr)
 	return dcast_msg_check_payload(&in->msg, in->has_payload ? zmq_msg_size(&in->payload) : 0);
 }
 
+/* The ZAP user id rides on the frames after the routing id (libzmq 4.3
+ * sets no metadata on the routing id frame itself). */
+static void user_id_copy(dcast_wire_in *in, zmq_msg_t *hdr)
+{
+	const char *uid = zmq_msg_gets(hdr, "User-Id");
+
+	if (uid)
+		snprintf(in->user_id, sizeof(in->user_id), "%s", uid);
+}
+
 int dcast_wire_recv(void *sock, int router, dcast_wire_in *in, int flags)
 {
 	zmq_msg_t hdr;
@@ -131,6 +141,7 @@ int dcast_wire_recv(void *sock, int router, dcast_wire_in *in, int flags)
 			return dcast_fail(DCAST_EMALFORMED, "message: routing id without header frame");
 		if ((rc = recv_frame(sock, &hdr, 0)))
 			return rc;
+		user_id_copy(in, &hdr);
 	}
 	return recv_body(sock, in, &hdr);
 }

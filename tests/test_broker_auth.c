@@ -1,7 +1,10 @@
 /* CURVE + ZAP over real processes: with --curve-secret and --producer-keys
  * a listed producer publishes and a CURVE consumer receives it, while an
  * unlisted producer key and a plain (no CURVE) producer are refused and
- * logged; key lists without --curve-secret fail at start-up. */
+ * logged; a key whose --producer-keys line lists other models is refused at
+ * HELLO with DCAST_EAUTH naming key, model and list, and welcomed for its
+ * own model; key lists without --curve-secret, and a malformed model list,
+ * fail at start-up. */
 #include "broker_harness.h"
 
 static char dir[] = "/tmp/dcast_test_auth_XXXXXX";
@@ -36,10 +39,10 @@ static int wait_log(const char *log, const char *needle, int count)
 
 int main(void)
 {
-	static struct h_client good, bad, plain, cons;
+	static struct h_client good, bad, plain, cons, lim, lim2;
 	struct h_broker br = {0};
 	char srv_pub[41], srv_key[300], good_pub[41], good_key[300], bad_pub[41], bad_key[300];
-	char cons_pub[41], cons_key[300], keys[300], text[256];
+	char cons_pub[41], cons_key[300], keys[300], text[512], lim_pub[41], lim_key[300];
 	uint32_t rng = 99;
 
 	h_init();
@@ -48,8 +51,9 @@ int main(void)
 	keypair("good", good_pub, good_key, sizeof(good_key));
 	keypair("bad", bad_pub, bad_key, sizeof(bad_key));
 	keypair("consumer", cons_pub, cons_key, sizeof(cons_key));
+	keypair("limited", lim_pub, lim_key, sizeof(lim_key));
 	snprintf(keys, sizeof(keys), "%s/producers.keys", dir);
-	snprintf(text, sizeof(text), "# admitted producers\n%s\n", good_pub);
+	snprintf(text, sizeof(text), "# admitted producers\n%s a, b\n", good_pub);
 	write_file(keys, text);
 	snprintf(br.log, sizeof(br.log), "%s/broker.log", dir);
 
@@ -59,9 +63,14 @@ int main(void)
 	br.pport = 1; /* any: the broker exits before binding */
 	CHECK(h_broker_try(&br) != 0);
 	CHECK(check_file_has(br.log, "need --curve-secret"));
-	br.pport = br.cport = 0;
 	br.extra[br.n_extra++] = "--curve-secret";
 	br.extra[br.n_extra++] = srv_key;
+	CHECK(h_broker_try(&br) != 0); /* "a,b" lists with a space */
+	CHECK(check_file_has(br.log, "line 2: \"a, b\" is not a model list"));
+	snprintf(text, sizeof(text), "# admitted producers\n%s *  # any model\n%s other/model,x\n",
+		 good_pub, lim_pub);
+	write_file(keys, text);
+	br.pport = br.cport = 0;
 	h_broker_start(&br);
 	CHECK(check_file_has(br.log, srv_pub));
 
@@ -85,6 +94,17 @@ int main(void)
 	CHECK(cons.errors == 0 && cons.digest_mismatch == 0);
 	CHECK(memcmp(cons.state, good.state, sizeof(good.state)) == 0);
 
+	/* A key tied to other models: refused at HELLO, welcomed for its own. */
+	h_client_open_curve(&lim, br.pport, "secure/model", srv_pub, lim_key);
+	h_hello(&lim, DCAST_ROLE_PRODUCER, DCAST_VERSION_NONE);
+	CHECK(h_pump(&lim, 0, h_done_error, 50) && !lim.welcomed);
+	CHECK(lim.last_error_code == DCAST_EAUTH);
+	snprintf(text, sizeof(text), "producer key %s may not publish model \"secure/model\" "
+		 "(its --producer-keys line allows: other/model,x)", lim_pub);
+	CHECK(check_file_has(br.log, text));
+	h_client_open_curve(&lim2, br.pport, "other/model", srv_pub, lim_key);
+	CHECK(h_producer_join(&lim2) == 0);
+
 	/* The refused ones never got a WELCOME (they have had the whole
 	 * exchange above to get one; count, not time). */
 	CHECK(!bad.welcomed && bad.last_ack == DCAST_VERSION_NONE);
@@ -97,5 +117,7 @@ int main(void)
 	h_client_close(&bad);
 	h_client_close(&plain);
 	h_client_close(&cons);
+	h_client_close(&lim);
+	h_client_close(&lim2);
 	return h_finish(&br, dir, "test_broker_auth");
 }

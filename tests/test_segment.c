@@ -2,9 +2,10 @@
  * versions written then reloaded equal; an anchor starts a new segment and
  * deletes the old; an aborted version leaves nothing; a segment truncated at
  * random offsets or with a random byte flipped reloads as exactly the
- * committed prefix (file cut back, never a partial version) and takes new
- * versions after it; a whole segment of another format stops the load and
- * is left untouched. */
+ * committed prefix (file cut back, never a partial version), the bytes cut
+ * off are in quarantine/ byte for byte, and takes new versions after it; a
+ * whole segment of another format stops the load and is left untouched. */
+#include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -25,7 +26,7 @@ struct rec {
 };
 
 static struct rec written[MAX_RECS], loaded[MAX_RECS];
-static unsigned n_written, n_loaded;
+static unsigned n_written, n_loaded, n_lost; /* n_lost: BROKER_SEG_LOST reports */
 static uint64_t commit_end[N_VERSIONS + 4]; /* segment size after commit i */
 static uint32_t rng = 12345;
 
@@ -35,6 +36,8 @@ static int visit(void *ctx, const char *model, int kind, uint64_t version, const
 	(void)ctx;
 	if (strcmp(model, "llama/7b") || n_loaded == MAX_RECS)
 		return DCAST_EINVAL;
+	if (kind == BROKER_SEG_LOST)
+		return n_lost++, 0;
 	loaded[n_loaded++] = (struct rec){kind, version, XXH3_64bits(hdr, hdr_len),
 					  XXH3_64bits(payload, payload_len)};
 	return 0;
@@ -129,7 +132,7 @@ static void write_version(broker_seg_store *s, uint64_t version, int anchor, int
 static void reload(broker_seg_store **s, const char *dir)
 {
 	broker_seg_close(s);
-	n_loaded = 0;
+	n_loaded = n_lost = 0;
 	REQUIRE(broker_seg_open(s, dir) == 0);
 	CHECK_ERR(broker_seg_load(*s, visit, NULL), 0);
 }
@@ -204,8 +207,52 @@ static void test_roundtrip(const char *dir)
 	broker_seg_close(&s);
 }
 
+/* The one file in dir/quarantine/ (NULL if none), malloc'd, its length in
+ * *n; the folder is emptied for the next trial. */
+static uint8_t *take_quarantined(const char *dir, size_t *n)
+{
+	char q[300], path[600], cmd[400];
+	DIR *d;
+	struct dirent *e;
+	uint8_t *p = NULL;
+	int files = 0;
+
+	snprintf(q, sizeof(q), "%s/quarantine", dir);
+	*n = 0;
+	if (!(d = opendir(q)))
+		return NULL;
+	while ((e = readdir(d)))
+		if (e->d_name[0] != '.' && !files++) {
+			snprintf(path, sizeof(path), "%s/%s", q, e->d_name);
+			p = check_read_file(path, n);
+		}
+	closedir(d);
+	CHECK(files <= 1);
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", q);
+	CHECK(system(cmd) == 0);
+	return p;
+}
+
 /* Damage the segment (cut at `cut`, or flip the byte at `flip`), reload,
- * and check exactly the versions wholly before the damage come back. */
+ * and check exactly the versions wholly before the damage come back and
+ * the rest is in quarantine/ byte for byte. */
+/* After a reload of an image of `end` bytes cut back to `kept`: bytes
+ * [kept, end) are the quarantined file, and one BROKER_SEG_LOST report
+ * came (none when nothing was cut, or the file was empty). */
+static void check_quarantine(const char *dir, const uint8_t *img, size_t end, size_t kept)
+{
+	size_t qn;
+	uint8_t *q = take_quarantined(dir, &qn);
+
+	if (end == kept || end == 0) {
+		CHECK(q == NULL && n_lost == 0);
+		return;
+	}
+	CHECK(q && qn == end - kept && memcmp(q, img + kept, qn) == 0);
+	CHECK(n_lost <= 1); /* 0 when the FILE record itself is hit: no model name */
+	free(q);
+}
+
 static void damage_trial(const char *dir, const char *seg, const uint8_t *orig, size_t n,
 			 size_t cut, long flip)
 {
@@ -226,6 +273,7 @@ static void damage_trial(const char *dir, const char *seg, const uint8_t *orig, 
 		fprintf(stderr, "damage cut=%zu flip=%ld: loaded %u records, want %u\n", cut, flip,
 			n_loaded, records_through(k));
 	CHECK(loaded_equals_prefix(records_through(k)));
+	check_quarantine(dir, copy, flip >= 0 ? n : cut, k ? commit_end[k] : 0);
 	if (k == 0)
 		CHECK(stat(seg, &st) != 0);
 	else

@@ -39,7 +39,7 @@ static void pending_cap(struct h_broker *br, int fits)
 		h_mutate(&prod, &rng, 1);
 		CHECK(h_publish(&prod, 2, 1, 100) == 0);
 	} else {
-		CHECK(check_file_has(br->log, "would pass --max-pending-total-bytes 200000"));
+		CHECK(check_file_has(br->log, "past --max-pending-total-bytes 200000"));
 	}
 	h_client_close(&prod);
 }

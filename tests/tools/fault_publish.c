@@ -12,20 +12,7 @@
 #include <time.h>
 #include "deltacast/producer.h"
 #include "deltacast/safetensors.h"
-
-static int register_file(dcast_producer *p, dcast_st_file *f)
-{
-	for (size_t i = 0; i < dcast_st_count(f); i++) {
-		const dcast_st_tensor *t = dcast_st_tensor_at(f, i);
-		int d = dcast_dtype_from_name(dcast_st_dtype_name(t->dtype));
-		int rc = d < 0 ? DCAST_EDTYPE
-			       : dcast_producer_register(p, t->name, d, t->ndim, t->shape, t->data,
-							 DCAST_MEM_HOST, 0, t->count);
-		if (rc)
-			return rc;
-	}
-	return 0;
-}
+#include "st_register.h"
 
 static void nap(long ms)
 {
@@ -58,7 +45,7 @@ int main(int argc, char **argv)
 		char go[64];
 		if (interval_ms < 0 && !fgets(go, sizeof(go), stdin))
 			break;
-		if ((rc = dcast_st_open(argv[i], &f)) || (rc = register_file(p, f)) ||
+		if ((rc = dcast_st_open(argv[i], &f)) || (rc = st_register_file(p, f)) ||
 		    (rc = dcast_producer_publish(p, v)) || (rc = dcast_producer_wait(p, v, 20000)))
 			break;
 		dcast_st_close(&prev); /* the producer now points into f */

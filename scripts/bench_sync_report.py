@@ -1,0 +1,273 @@
+#!/usr/bin/env python3
+"""Table and targets of `make bench-sync` (scripts/bench_sync.sh).
+
+  bench_sync_report.py delta-bytes ROOT   median delta payload bytes of ROOT/floor.log
+  bench_sync_report.py table ROOT DOC     print the section; DOC != "0": also rewrite the
+                                          bench-sync section of DOC (appended if absent)
+
+ROOT holds floor.log (tests/tools/bench_sync_floor), tcp.log ("tcp delta|model N BYTES S"),
+meta ("key value" lines) and one folder per run with config, publish.log
+(tests/tools/bench_sync_publish) and cI.log per consumer: "applied V KIND key value..."
+(bench_sync_consumer, C or Python) or "T_US WRITE_BYTES version V KIND key value..."
+(`deltacast subscribe` lines stamped by bench_sync.sh)."""
+import os
+import statistics
+import sys
+
+BEGIN, END = "<!-- bench-sync:begin -->", "<!-- bench-sync:end -->"
+FORMS = {"lib": "library, C (bench_sync_consumer)", "py": "library, Python binding",
+         "sub": "`deltacast subscribe`"}
+FORM_ORDER = ["lib", "py", "sub"]
+
+
+def pairs(words):
+    """{key: int or float} from "key value key value ..." (ms keys become ns)."""
+    out = {}
+    for k, v in zip(words[::2], words[1::2]):
+        try:
+            val = float(v)
+        except ValueError:
+            continue
+        if k.endswith("_ms"):
+            k, val = k[:-3] + "_ns", val * 1e6
+        out[k] = val
+    return out
+
+
+def consumer_line(line):
+    """(version, {t_ns, stage_ns, apply_ns, bytes, ...}) or None."""
+    w = line.split()
+    if len(w) >= 3 and w[0] == "applied":
+        rec = pairs(w[3:])
+        return int(w[1]), rec
+    if len(w) >= 5 and w[2] == "version":
+        rec = pairs(w[5:])
+        rec["t_ns"], rec["io_write_bytes"] = int(w[0]) * 1000, int(w[1])
+        return int(w[3]), rec
+    return None
+
+
+def read_consumer(path):
+    out = {}
+    for line in open(path):
+        got = consumer_line(line)
+        if got:
+            out[got[0]] = got[1]
+    return out
+
+
+def read_kv(path):
+    out = {}
+    for line in open(path):
+        k, _, v = line.rstrip("\n").partition(" ")
+        out[k] = v
+    return out
+
+
+def median(xs):
+    return statistics.median(xs) if xs else None
+
+
+def grown(cons, key, v):
+    """Largest growth of a cumulative counter from v-1 to v over the consumers, or None."""
+    if any(key not in c[v] or key not in c[v - 1] for c in cons):
+        return None
+    return max(c[v][key] - c[v - 1][key] for c in cons)
+
+
+def most(cons, key, v):
+    return max(c[v][key] for c in cons) if all(key in c[v] for c in cons) else None
+
+
+def run_summary(d):
+    """The numbers of one run: per delta version, then medians."""
+    cfg = read_kv(os.path.join(d, "config"))
+    pub = {}
+    for line in open(os.path.join(d, "publish.log")):
+        w = line.split()
+        pub[int(w[1])] = (int(w[2]), int(w[3]))
+    cons = [read_consumer(os.path.join(d, f)) for f in sorted(os.listdir(d))
+            if f.startswith("c") and f.endswith(".log")]
+    deltas = sorted(pub)[1:]
+    per = {k: [] for k in ("reach", "publish", "stage", "apply", "bytes", "hashed", "written", "logged")}
+    for v in deltas:
+        per["reach"].append(max(c[v]["t_ns"] for c in cons) - pub[v][0])
+        per["publish"].append(pub[v][1] - pub[v][0])
+        per["stage"].append(most(cons, "stage_ns", v))
+        per["apply"].append(most(cons, "apply_ns", v))
+        per["bytes"].append(most(cons, "bytes", v))
+        per["hashed"].append(most(cons, "verify_bytes", v))
+        per["written"].append(grown(cons, "io_write_bytes", v))
+        per["logged"].append(grown(cons, "log_write_bytes", v))
+    s = {k: (None if None in xs else median(xs)) for k, xs in per.items()}
+    s.update(form=cfg["form"], n=int(cfg["n"]), datadir=cfg["datadir"] == "1",
+             reach_min=min(per["reach"]), reach_max=max(per["reach"]), versions=len(deltas))
+    return s
+
+
+def floor_summary(root):
+    rows = [pairs(line.split()[2:]) for line in open(os.path.join(root, "floor.log"))]
+    get = lambda k: median([r[k] for r in rows])  # noqa: E731
+    return {"encode": get("encode_ns"), "apply": get("apply_ns"),
+            "total": median([r["encode_ns"] + r["apply_ns"] for r in rows]),
+            "payload": get("payload_bytes"), "changed": get("changed"), "pairs": len(rows)}
+
+
+def tcp_summary(root):
+    got = {}
+    for line in open(os.path.join(root, "tcp.log")):
+        _, kind, n, _, s = line.split()
+        got.setdefault((kind, int(n)), []).append(float(s) * 1e9)
+    return {k: median(v) for k, v in got.items()}
+
+
+def ms(ns):
+    return "-" if ns is None else "%.1f" % (ns / 1e6)
+
+
+def mb_of(b, model):
+    return "not reported" if b is None else "%.2f (%.3f)" % (b / 1e6, b / model)
+
+
+def ratio(a, b):
+    return None if a is None or not b else a / b
+
+
+def fmt_ratio(r):
+    return "-" if r is None else "%.3gx" % r
+
+
+def table_rows(runs, tcp, floor, model):
+    head = ("| consumer | N | broker | delta to all N, ms: median (min..max) | publish to ACK, ms "
+            "| stage, ms | apply, ms | raw TCP, delta bytes, ms | raw TCP, whole model, ms "
+            "| delta / TCP whole model | stage / floor | hashed per consumer, MB (x model) "
+            "| written per consumer, MB (x model) | of it, record log, MB | wire bytes per consumer |")
+    out = [head, "|" + " --- |" * head.count(" | ") + " --- |"]
+    for r in runs:
+        td, tm = tcp.get(("delta", r["n"])), tcp.get(("model", r["n"]))
+        out.append("| %s | %d | %s | %s (%s..%s) | %s | %s | %s | %s | %s | **%s** | %s | %s | %s | %s | %s |" % (
+            FORMS[r["form"]], r["n"], "--data-dir" if r["datadir"] else "memory",
+            ms(r["reach"]), ms(r["reach_min"]), ms(r["reach_max"]), ms(r["publish"]),
+            ms(r["stage"]), ms(r["apply"]), ms(td), ms(tm), fmt_ratio(ratio(r["reach"], tm)),
+            fmt_ratio(ratio(r["stage"], floor["total"])), mb_of(r["hashed"], model),
+            mb_of(r["written"], model), "-" if r["logged"] is None else "%.2f" % (r["logged"] / 1e6),
+            "%d" % r["bytes"]))
+    return out
+
+
+def verdict(value, goal):
+    if value is None:
+        return "not measured"
+    return "met" if value <= goal else "**not met**"
+
+
+def target_cells(r, tm, floor, model):
+    """{target: cell} for one consumer form's run."""
+    cells = {}
+    rr = ratio(r["reach"], tm)
+    cells["reach"] = "%s / %s ms = %s: %s" % (ms(r["reach"]), ms(tm), fmt_ratio(rr), verdict(rr, 0.1))
+    for key in ("hashed", "written"):
+        frac = ratio(r[key], model)
+        cells[key] = ("not reported: not measured" if frac is None else
+                      "%.2f MB = %.3f: %s" % (r[key] / 1e6, frac, verdict(frac, 0.05)))
+    sr = ratio(r["stage"], floor["total"])
+    cells["stage"] = "%s / %s ms = %s: %s" % (ms(r["stage"]), ms(floor["total"]), fmt_ratio(sr), verdict(sr, 3))
+    return cells
+
+
+TARGETS = [("reach", "(1) 1%% delta to all %d consumers / raw TCP of the whole model to %d", "at most 0.1x"),
+           ("hashed", "(2) bytes hashed per version per consumer / model", "at most 0.05"),
+           ("written", "(2) bytes written to disk per version per consumer / model", "at most 0.05"),
+           ("stage", "(2) stage time / compute floor", "at most 3x")]
+
+
+def target_rows(runs, tcp, floor, model, n):
+    """One row per target, one column per consumer form (the runs at N = n, no --data-dir)."""
+    sel = [r for r in runs if r["n"] == n and not r["datadir"]]
+    cells = [target_cells(r, tcp.get(("model", n)), floor, model) for r in sel]
+    out = ["| target (issue 17) | goal | " + " | ".join(FORMS[r["form"]] for r in sel) + " |",
+           "| --- | --- |" + " --- |" * len(sel)]
+    for key, what, goal in TARGETS:
+        label = what % (n, n) if "%d" in what else what
+        out.append("| %s | %s | %s |" % (label, goal, " | ".join(c[key] for c in cells)))
+    return out
+
+
+NOTES = """\
+How it is measured (scripts/bench_sync.sh; every number from this one run):
+- **delta to all N**: per delta version, from the producer's `dcast_producer_publish()` call
+  (tests/tools/bench_sync_publish, the version's file already in memory) to the last of the N
+  consumers having applied it (CLOCK_REALTIME in each process; `deltacast subscribe`: the moment
+  its `version V` line, printed after apply and its checkpoint write, reaches the script); the
+  median (min..max) over the delta versions.  The next version is published once all N consumers
+  have applied the one before, so every consumer holds the anchor and every earlier version.
+- **publish to ACK**: the producer's publish call to the broker's ACK (encode, send, commit).
+  **stage**, **apply**: the consumers' stats (first chunk to READY; inside apply), the slowest
+  consumer of each version, median over versions.
+- **raw TCP** (tests/tools/bench_tcp): the delta's payload bytes (the floor's median) and the
+  whole model file, to N receivers at once over loopback, median of 3: the ceiling to beat.
+- **floor**: tests/tools/bench_sync_floor, one thread: encode of each delta against the version
+  before (2^20-element chunks, smallest encoding, as the producer does), then decode and scatter of
+  every payload into a copy of the version before (`dcast_codec_apply`); best of 3 per version,
+  median over versions.
+- **hashed**: `dcast_consumer_stats.verify_bytes` of each version (the library forms; `deltacast
+  subscribe` prints no such number); **written**: growth of the consumer process's
+  `write_bytes` in /proc/PID/io from the version before (every byte it sent towards the disk:
+  record log, checkpoint folds); **record log**: growth of `log_write_bytes` in the stats.  Per
+  version the largest over the consumers, median over versions.
+- Consumers: the library with default options (digests checked on the blocks a version writes,
+  the default fold policy, a 64 MiB staging budget, its own host copy of the tensors);
+  `deltacast subscribe` as users run it.  The broker runs without --data-dir except in the row
+  that says so; everything shares this machine's cores.
+"""
+
+
+def section(root):
+    meta = read_kv(os.path.join(root, "meta"))
+    model = int(meta["model_bytes"])
+    floor, tcp = floor_summary(root), tcp_summary(root)
+    runs = [run_summary(os.path.join(root, d)) for d in sorted(os.listdir(root))
+            if os.path.exists(os.path.join(root, d, "config"))]
+    runs.sort(key=lambda r: (r["datadir"], r["n"], FORM_ORDER.index(r["form"])))
+    ns = sorted({r["n"] for r in runs})
+    tn = 4 if 4 in ns else ns[-1]
+    lines = [BEGIN,
+             "Command: `%s` (%d s; Linux %s, %s CPUs, load average %s at the start, %s at the end: a shared "
+             "machine, timings are noisy).  %s bf16 parameters (%d bytes), an anchor then %s deltas at ~1%% "
+             "density (gen-trace); medians over the %s deltas." % (
+                 meta["command"], int(meta["seconds"]), os.uname().machine, meta["cpus"], meta["load_start"],
+                 meta["load_end"], meta["params"], model, meta["versions"], meta["versions"]),
+             "", *table_rows(runs, tcp, floor, model), "",
+             "Compute floor (one thread): encode %s ms + decode and scatter %s ms = **%s ms** per delta "
+             "(payload %d bytes, %d changed elements, median of %d versions)." % (
+                 ms(floor["encode"]), ms(floor["apply"]), ms(floor["total"]), floor["payload"],
+                 floor["changed"], floor["pairs"]),
+             "", "Targets (issue 17), N = %d, broker without --data-dir:" % tn, "",
+             *target_rows(runs, tcp, floor, model, tn), "", NOTES.rstrip("\n"), END]
+    return "\n".join(lines) + "\n"
+
+
+def write_doc(doc, body):
+    s = open(doc).read() if os.path.exists(doc) else ""
+    if BEGIN in s and END in s:
+        s = s[:s.index(BEGIN)] + body.rstrip("\n") + s[s.index(END) + len(END):]
+    else:
+        s = s.rstrip("\n") + "\n\n## Sync: a delta to N consumers (`make bench-sync`)\n\n" + body
+    open(doc, "w").write(s)
+
+
+def main(argv):
+    if len(argv) == 3 and argv[1] == "delta-bytes":
+        print(int(floor_summary(argv[2])["payload"]))
+    elif len(argv) == 4 and argv[1] == "table":
+        body = section(argv[2])
+        sys.stdout.write(body)
+        if argv[3] != "0":
+            write_doc(argv[3], body)
+            print("bench-sync: wrote %s" % argv[3], file=sys.stderr)
+    else:
+        sys.exit(__doc__)
+
+
+if __name__ == "__main__":
+    main(sys.argv)

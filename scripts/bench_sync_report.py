@@ -89,9 +89,11 @@ def run_summary(d):
     cons = [read_consumer(os.path.join(d, f)) for f in sorted(os.listdir(d))
             if f.startswith("c") and f.endswith(".log")]
     deltas = sorted(pub)[1:]
-    per = {k: [] for k in ("reach", "publish", "stage", "apply", "bytes", "hashed", "written", "logged")}
+    per = {k: [] for k in ("reach", "rest", "publish", "stage", "apply", "bytes", "hashed", "written", "logged")}
     for v in deltas:
-        per["reach"].append(max(c[v]["t_ns"] for c in cons) - pub[v][0])
+        last = max((c[v] for c in cons), key=lambda r: r["t_ns"])
+        per["reach"].append(last["t_ns"] - pub[v][0])
+        per["rest"].append(per["reach"][-1] - last["stage_ns"] - last["apply_ns"])
         per["publish"].append(pub[v][1] - pub[v][0])
         per["stage"].append(most(cons, "stage_ns", v))
         per["apply"].append(most(cons, "apply_ns", v))
@@ -139,15 +141,15 @@ def fmt_ratio(r):
 
 def table_rows(runs, tcp, floor, model):
     head = ("| consumer | N | broker | delta to all N, ms: median (min..max) | publish to ACK, ms "
-            "| stage, ms | apply, ms | raw TCP, delta bytes, ms | raw TCP, whole model, ms "
+            "| last consumer: before its first chunk + after its apply, ms | stage, ms | apply, ms | raw TCP, delta bytes, ms | raw TCP, whole model, ms "
             "| delta / TCP whole model | stage / floor | hashed per consumer, MB (x model) "
             "| written per consumer, MB (x model) | of it, record log, MB | wire bytes per consumer |")
     out = [head, "|" + " --- |" * head.count(" | ") + " --- |"]
     for r in runs:
         td, tm = tcp.get(("delta", r["n"])), tcp.get(("model", r["n"]))
-        out.append("| %s | %d | %s | %s (%s..%s) | %s | %s | %s | %s | %s | **%s** | %s | %s | %s | %s | %s |" % (
+        out.append("| %s | %d | %s | %s (%s..%s) | %s | %s | %s | %s | %s | %s | **%s** | %s | %s | %s | %s | %s |" % (
             FORMS[r["form"]], r["n"], "--data-dir" if r["datadir"] else "memory",
-            ms(r["reach"]), ms(r["reach_min"]), ms(r["reach_max"]), ms(r["publish"]),
+            ms(r["reach"]), ms(r["reach_min"]), ms(r["reach_max"]), ms(r["publish"]), ms(r["rest"]),
             ms(r["stage"]), ms(r["apply"]), ms(td), ms(tm), fmt_ratio(ratio(r["reach"], tm)),
             fmt_ratio(ratio(r["stage"], floor["total"])), mb_of(r["hashed"], model),
             mb_of(r["written"], model), "-" if r["logged"] is None else "%.2f" % (r["logged"] / 1e6),
@@ -199,6 +201,9 @@ How it is measured (scripts/bench_sync.sh; every number from this one run):
   median (min..max) over the delta versions.  The next version is published once all N consumers
   have applied the one before, so every consumer holds the anchor and every earlier version.
 - **publish to ACK**: the producer's publish call to the broker's ACK (encode, send, commit).
+  **before its first chunk + after its apply**: for the consumer that was last, the time to all N
+  less its stage and apply times: the wait for the first chunk (the producer's encode and the
+  broker's commit come first) and, for `deltacast subscribe`, its checkpoint write after apply.
   **stage**, **apply**: the consumers' stats (first chunk to READY; inside apply), the slowest
   consumer of each version, median over versions.
 - **raw TCP** (tests/tools/bench_tcp): the delta's payload bytes (the floor's median) and the

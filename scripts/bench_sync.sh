@@ -1,26 +1,31 @@
 #!/usr/bin/env bash
 # `make bench-sync` (issue 17): how long a 1% delta takes to reach N
-# consumers that already hold the versions before it, against raw TCP and
+# consumers that already hold every version before it, against raw TCP and
 # against the codec's compute floor, and what each consumer hashes and
 # writes per version.  One run, side by side:
-#   - gen-trace versions of a BENCH_SYNC_PARAMS bf16 model (cached in
-#     $BUILD/bench-sync-PARAMS-K), an anchor then BENCH_SYNC_VERSIONS deltas;
+#   - gen-trace versions of a bf16 model, an anchor then deltas (cached in
+#     $BUILD/bench-sync-PARAMS-K);
 #   - the compute floor (tests/tools/bench_sync_floor: encode + decode and
 #     scatter of each delta, one thread);
 #   - raw TCP loopback (tests/tools/bench_tcp) of the delta's payload bytes
 #     and of the whole model file to N receivers, median of 3;
-#   - for N in BENCH_SYNC_N and each consumer form in BENCH_SYNC_FORMS
-#     (lib: tests/tools/bench_sync_consumer, the C library with default
-#     options; py: scripts/bench_sync_consumer.py, the Python binding;
-#     sub: `deltacast subscribe` plus $BENCH_SYNC_SUBSCRIBE_ARGS): a real
-#     broker (no --data-dir; BENCH_SYNC_DATADIR=1 adds one lib row with it),
-#     the paced producer tests/tools/bench_sync_publish, N consumers; each
-#     version is published once every consumer has applied the one before.
+#   - per N and consumer form: a real broker, the paced producer
+#     tests/tools/bench_sync_publish and N consumers, each version published
+#     once all N have applied the one before.  Forms: lib
+#     (tests/tools/bench_sync_consumer, the C library, default options), py
+#     (scripts/bench_sync_consumer.py, the Python binding), sub
+#     (`deltacast subscribe`).
 # scripts/bench_sync_report.py turns the logs into the table and the
-# targets; it rewrites the bench-sync section of BENCH_SYNC_DOC
-# (docs/benchmarks.md; 0: print only, the default with BENCH_SYNC_QUICK=1).
-# BENCH_SYNC_QUICK=1: a 10M model, N = 1 4.  BENCH_SYNC_KEEP=1 keeps the
-# logs.  Every process started here is killed on any exit.
+# targets, and rewrites the bench-sync section of the doc.
+# Knobs (environment):
+#   BENCH_SYNC_PARAMS (100M)  BENCH_SYNC_N ("1 4 8")  BENCH_SYNC_VERSIONS (5 deltas)
+#   BENCH_SYNC_QUICK=1        10M and N = "1 4", print only
+#   BENCH_SYNC_FORMS ("lib py sub")  BENCH_SYNC_DATADIR (1: one more lib row,
+#                             N = 4, broker with --data-dir)
+#   BENCH_SYNC_SUBSCRIBE_ARGS extra `deltacast subscribe` flags (e.g. --fold-every 16)
+#   BENCH_SYNC_DOC            the doc to rewrite (docs/benchmarks.md; 0: print only)
+#   BENCH_SYNC_TRACE          the trace folder;  BENCH_SYNC_KEEP=1 keeps the logs
+# Every process started here is killed on any exit.
 set -u
 . "$(dirname "$0")/e2e_lib.sh"
 

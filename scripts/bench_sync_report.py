@@ -222,7 +222,9 @@ How it is measured (scripts/bench_sync.sh; every number from this one run):
   poll, while that delta arrives.  The medians leave it out; the max shows it.
 - Consumers: the library with default options (digests checked on the blocks a version writes,
   the default fold policy, a 64 MiB staging budget, its own host copy of the tensors);
-  `deltacast subscribe` as users run it.  The broker runs without --data-dir except in the row
+  `deltacast subscribe` as users run it.  Every version counted here passed the consumer's own
+  check against the producer's digests (on by default in both forms; a refused version stops
+  the run).  The broker runs without --data-dir except in the row
   that says so; everything shares this machine's cores.
 """
 

@@ -4,7 +4,8 @@ once).  Prints the same line as tests/tools/bench_sync_consumer after each
 apply:
   applied V anchor|delta t_ns T stage_ns S apply_ns A bytes B
     verify_bytes H log_write_bytes L io_write_bytes W
-usage: bench_sync_consumer.py ENDPOINT MODEL DIR UNTIL [BUDGET_BYTES]"""
+Staging budget 64 MiB, as bench_sync_consumer and `deltacast subscribe`.
+usage: bench_sync_consumer.py ENDPOINT MODEL DIR UNTIL"""
 import os
 import sys
 import time
@@ -34,11 +35,10 @@ def report(c, t_ns):
 
 
 def main(argv):
-    if len(argv) not in (5, 6):
+    if len(argv) != 5:
         sys.exit(__doc__.split("\n")[-1])
     endpoint, model, directory, until = argv[1], argv[2], argv[3], int(argv[4])
-    budget = int(argv[5]) if len(argv) == 6 else 64 << 20
-    with Consumer(endpoint, model, directory, budget_bytes=budget, client="bench_sync_py") as c:
+    with Consumer(endpoint, model, directory, budget_bytes=64 << 20, client="bench_sync_py") as c:
         while c.version is None or c.version < until:
             ev = c.poll(200)
             if ev is None:

@@ -8,7 +8,8 @@
  * S, A, B, H, L: dcast_consumer_stats (L cumulative since open); W: this
  * process's write_bytes from /proc/self/io (cumulative; every byte it sent
  * towards the disk, checkpoint folds included).
- * usage: bench_sync_consumer ENDPOINT MODEL DIR UNTIL [BUDGET_BYTES]
+ * Staging budget 64 MiB, `deltacast subscribe`'s default.
+ * usage: bench_sync_consumer ENDPOINT MODEL DIR UNTIL
  * Exit 0 once UNTIL is applied; 1 on an error (named on stderr). */
 #include <inttypes.h>
 #include <signal.h>
@@ -88,22 +89,18 @@ int main(int argc, char **argv)
 {
 	dcast_consumer_opts o;
 	dcast_consumer *c = NULL;
-	uint64_t until, budget = 64u << 20;
 	int err;
 
-	if (argc < 5 || argc > 6) {
-		fprintf(stderr, "usage: bench_sync_consumer ENDPOINT MODEL DIR UNTIL [BUDGET_BYTES]\n");
+	if (argc != 5) {
+		fprintf(stderr, "usage: bench_sync_consumer ENDPOINT MODEL DIR UNTIL\n");
 		return 2;
 	}
-	until = strtoull(argv[4], NULL, 10);
-	if (argc == 6)
-		budget = strtoull(argv[5], NULL, 10);
 	dcast_consumer_opts_init(&o);
 	o.client = "bench_sync_consumer";
 	signal(SIGTERM, on_signal);
 	signal(SIGINT, on_signal);
-	if (!(err = dcast_consumer_open(argv[1], argv[2], argv[3], budget, &o, &c)))
-		err = follow(c, until);
+	if (!(err = dcast_consumer_open(argv[1], argv[2], argv[3], 64u << 20, &o, &c)))
+		err = follow(c, strtoull(argv[4], NULL, 10));
 	if (err)
 		fprintf(stderr, "bench_sync_consumer: %s: %s\n", dcast_errname(err), dcast_last_error());
 	dcast_consumer_close(&c);

@@ -4,7 +4,8 @@
 # against the codec's compute floor, and what each consumer hashes and
 # writes per version.  One run, side by side:
 #   - gen-trace versions of a bf16 model, an anchor then deltas (cached in
-#     $BUILD/bench-sync-PARAMS-K);
+#     $BUILD/bench-sync-PARAMS-K); the first delta after the anchor is a
+#     warm-up, not counted (the consumers write the anchor meanwhile);
 #   - the compute floor (tests/tools/bench_sync_floor: encode + decode and
 #     scatter of each delta, one thread);
 #   - raw TCP loopback (tests/tools/bench_tcp) of the delta's payload bytes
@@ -34,11 +35,13 @@ if [ "$QUICK" = 1 ]; then DEF_PARAMS=10M DEF_N="1 4" DEF_DOC=0; else DEF_PARAMS=
 PARAMS=${BENCH_SYNC_PARAMS:-$DEF_PARAMS}
 NS=${BENCH_SYNC_N:-$DEF_N}
 NDELTA=${BENCH_SYNC_VERSIONS:-5}
+WARM=1 # deltas sent after the anchor and not counted (the consumers fold the anchor meanwhile)
+STEPS=$((WARM + NDELTA))
 FORMS=${BENCH_SYNC_FORMS:-lib py sub}
 DATADIR_ROW=${BENCH_SYNC_DATADIR:-1}
 SUB_ARGS=${BENCH_SYNC_SUBSCRIBE_ARGS:-}
 DOC=${BENCH_SYNC_DOC:-$DEF_DOC}
-TRACE=${BENCH_SYNC_TRACE:-$BUILD/bench-sync-$PARAMS-$NDELTA}
+TRACE=${BENCH_SYNC_TRACE:-$BUILD/bench-sync-$PARAMS-$STEPS}
 ROOT=$(mktemp -d "${TMPDIR:-/tmp}/deltacast-bench-sync.XXXXXX")
 REPORT=$E2E_ROOT/scripts/bench_sync_report.py
 NEVER=1000000 # --until for consumers: they run until killed, so /proc stays readable
@@ -74,14 +77,14 @@ snapshot_build() {
 # gen-trace once per size (written aside, then renamed: never half a trace).
 make_trace() {
 	if [ ! -f "$TRACE/done" ]; then
-		say "gen-trace --params $PARAMS --steps $NDELTA --density 0.01 -> $TRACE"
+		say "gen-trace --params $PARAMS --steps $STEPS --density 0.01 -> $TRACE"
 		rm -rf "$TRACE.tmp"
-		"$DC" gen-trace --params "$PARAMS" --steps "$NDELTA" --density 0.01 -o "$TRACE.tmp" \
+		"$DC" gen-trace --params "$PARAMS" --steps "$STEPS" --density 0.01 -o "$TRACE.tmp" \
 			2>"$ROOT/gentrace.log" || die "gen-trace (see $ROOT/gentrace.log)"
 		touch "$TRACE.tmp/done" && rm -rf "$TRACE" && mv "$TRACE.tmp" "$TRACE" || die "trace dir"
 	fi
 	FILES=()
-	for ((k = 0; k <= NDELTA; k++)); do FILES+=("$(printf '%s/v%04d.safetensors' "$TRACE" "$k")"); done
+	for ((k = 0; k <= STEPS; k++)); do FILES+=("$(printf '%s/v%04d.safetensors' "$TRACE" "$k")"); done
 	MODEL_BYTES=$(stat -c %s "${FILES[0]}")
 }
 
@@ -173,7 +176,7 @@ run_config() {
 	pub=$!
 	e2e_track $pub
 	exec {go}>"$d/go"
-	for ((v = 1; v <= NDELTA + 1; v++)); do
+	for ((v = 1; v <= STEPS + 1; v++)); do
 		(echo go >&$go) 2>/dev/null || die "bench_sync_publish is gone ($(cat "$d/publish.err"))"
 		wait_all "$d" "$v"
 	done
@@ -191,7 +194,7 @@ main() {
 	LOAD0=$(cut -d' ' -f1-3 /proc/loadavg)
 	make_trace
 	say "compute floor"
-	"$BIN/tools/bench_sync_floor" "${FILES[@]}" >"$ROOT/floor.log" || die "bench_sync_floor"
+	"$BIN/tools/bench_sync_floor" "${FILES[@]:WARM}" >"$ROOT/floor.log" || die "bench_sync_floor"
 	DELTA_BYTES=$("$PY" "$REPORT" delta-bytes "$ROOT") || die "delta bytes"
 	say "raw TCP, $DELTA_BYTES and $MODEL_BYTES bytes to N = $NS"
 	tcp_rows
@@ -203,8 +206,8 @@ main() {
 		[[ " $NS " == *" 4 "* ]] || n=${NS%% *}
 		run_config lib "$n" 1
 	fi
-	printf 'params %s\nmodel_bytes %s\nversions %s\ncpus %s\nload_start %s\nload_end %s\nseconds %s\ncommand %s\n' \
-		"$PARAMS" "$MODEL_BYTES" "$NDELTA" "$(nproc)" "$LOAD0" "$(cut -d' ' -f1-3 /proc/loadavg)" \
+	printf 'params %s\nmodel_bytes %s\nversions %s\nwarmup %s\ncpus %s\nload_start %s\nload_end %s\nseconds %s\ncommand %s\n' \
+		"$PARAMS" "$MODEL_BYTES" "$NDELTA" "$WARM" "$(nproc)" "$LOAD0" "$(cut -d' ' -f1-3 /proc/loadavg)" \
 		"$SECONDS" "$(run_cmd)" >"$ROOT/meta"
 	"$PY" "$REPORT" table "$ROOT" "$DOC" || die "report"
 }

@@ -79,8 +79,8 @@ def most(cons, key, v):
     return max(c[v][key] for c in cons) if all(key in c[v] for c in cons) else None
 
 
-def run_summary(d):
-    """The numbers of one run: per delta version, then medians."""
+def run_summary(d, warmup):
+    """The numbers of one run: per delta version after the warm-up ones, then medians."""
     cfg = read_kv(os.path.join(d, "config"))
     pub = {}
     for line in open(os.path.join(d, "publish.log")):
@@ -88,7 +88,7 @@ def run_summary(d):
         pub[int(w[1])] = (int(w[2]), int(w[3]))
     cons = [read_consumer(os.path.join(d, f)) for f in sorted(os.listdir(d))
             if f.startswith("c") and f.endswith(".log")]
-    deltas = sorted(pub)[1:]
+    deltas = sorted(pub)[1 + warmup:]
     per = {k: [] for k in ("reach", "rest", "publish", "stage", "apply", "bytes", "hashed", "written", "logged")}
     for v in deltas:
         last = max((c[v] for c in cons), key=lambda r: r["t_ns"])
@@ -217,9 +217,9 @@ How it is measured (scripts/bench_sync.sh; every number from this one run):
   `write_bytes` in /proc/PID/io from the version before (every byte it sent towards the disk:
   record log, checkpoint folds); **record log**: growth of `log_write_bytes` in the stats.  Per
   version the largest over the consumers, median over versions.
-- **min..max**: the slowest delta is usually the first after the anchor: a library consumer
-  folds an applied anchor into DIR/model.safetensors (the whole model written) from its next
-  poll, while that delta arrives.  The medians leave it out; the max shows it.
+- **warm-up**: the first delta after the anchor is sent and applied but not counted: a library
+  consumer folds an applied anchor into DIR/model.safetensors (the whole model written) from its
+  next poll, while that delta arrives, so that delta carries the anchor's cost.
 - Consumers: the library with default options (digests checked on the blocks a version writes,
   the default fold policy, a 64 MiB staging budget, its own host copy of the tensors);
   `deltacast subscribe` as users run it.  Every version counted here passed the consumer's own
@@ -233,17 +233,17 @@ def section(root):
     meta = read_kv(os.path.join(root, "meta"))
     model = int(meta["model_bytes"])
     floor, tcp = floor_summary(root), tcp_summary(root)
-    runs = [run_summary(os.path.join(root, d)) for d in sorted(os.listdir(root))
+    runs = [run_summary(os.path.join(root, d), int(meta["warmup"])) for d in sorted(os.listdir(root))
             if os.path.exists(os.path.join(root, d, "config"))]
     runs.sort(key=lambda r: (r["datadir"], r["n"], FORM_ORDER.index(r["form"])))
     ns = sorted({r["n"] for r in runs})
     tn = 4 if 4 in ns else ns[-1]
     lines = [BEGIN,
              "Command: `%s` (%d s; Linux %s, %s CPUs, load average %s at the start, %s at the end: a shared "
-             "machine, timings are noisy).  %s bf16 parameters (%d bytes), an anchor then %s deltas at ~1%% "
-             "density (gen-trace); medians over the %s deltas." % (
+             "machine, timings are noisy).  %s bf16 parameters (%d bytes), an anchor, %s warm-up delta, then %s deltas "
+             "at ~1%% density (gen-trace); medians over those %s." % (
                  meta["command"], int(meta["seconds"]), os.uname().machine, meta["cpus"], meta["load_start"],
-                 meta["load_end"], meta["params"], model, meta["versions"], meta["versions"]),
+                 meta["load_end"], meta["params"], model, meta["warmup"], meta["versions"], meta["versions"]),
              "", *table_rows(runs, tcp, floor, model), "",
              "Compute floor (one thread): encode %s ms + decode and scatter %s ms = **%s ms** per delta "
              "(payload %d bytes, %d changed elements, median of %d versions)." % (

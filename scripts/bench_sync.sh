@@ -6,11 +6,11 @@
 #   - gen-trace versions of a bf16 model, an anchor then deltas (cached in
 #     $BUILD/bench-sync-PARAMS-K); the first delta after the anchor is a
 #     warm-up, not counted (the consumers write the anchor meanwhile);
-#   - the compute floor (tests/tools/bench_sync_floor: encode + decode and
-#     scatter of each delta, one thread);
-#   - raw TCP loopback (tests/tools/bench_tcp) of the delta's payload bytes
-#     and of the whole model file to N receivers, median of 3;
-#   - per N and consumer form: a real broker, the paced producer
+#   - per N and consumer form, first the row's references: the compute
+#     floor (tests/tools/bench_sync_floor: encode + decode and scatter of
+#     each delta, one thread) and raw TCP loopback (tests/tools/bench_tcp)
+#     of the delta's payload bytes and of the whole model file to N
+#     receivers, median of 3; then a real broker, the paced producer
 #     tests/tools/bench_sync_publish and N consumers, each version published
 #     once all N have applied the one before.  Forms: lib
 #     (tests/tools/bench_sync_consumer, the C library, default options), py
@@ -88,16 +88,18 @@ make_trace() {
 	MODEL_BYTES=$(stat -c %s "${FILES[0]}")
 }
 
-# Raw TCP to N receivers: 3 runs each of the delta's bytes and the model's.
-tcp_rows() {
-	local n bytes kind k s
-	for n in $NS; do
-		for kind in delta model; do
-			[ $kind = delta ] && bytes=$DELTA_BYTES || bytes=$MODEL_BYTES
-			for k in 1 2 3; do
-				s=$("$BIN/tools/bench_tcp" "$bytes" "$n" | awk '{ print $2 }') || die "bench_tcp $bytes $n"
-				echo "tcp $kind $n $bytes $s" >>"$ROOT/tcp.log"
-			done
+# refs DIR N: the references of one row, measured just before it so that
+# both see the same load on this shared machine: the compute floor
+# (DIR/floor.log) and raw TCP to N receivers, 3 runs each of the delta's
+# bytes and the model's (DIR/tcp.log).
+refs() {
+	local d=$1 n=$2 bytes kind k s
+	"$BIN/tools/bench_sync_floor" "${FILES[@]:WARM}" >"$d/floor.log" || die "bench_sync_floor"
+	for kind in delta model; do
+		[ $kind = delta ] && bytes=$DELTA_BYTES || bytes=$MODEL_BYTES
+		for k in 1 2 3; do
+			s=$("$BIN/tools/bench_tcp" "$bytes" "$n" | awk '{ print $2 }') || die "bench_tcp $bytes $n"
+			echo "tcp $kind $n $bytes $s" >>"$d/tcp.log"
 		done
 	done
 }
@@ -167,6 +169,7 @@ run_config() {
 	d=$ROOT/$form-n$n-dd$dd
 	mkdir -p "$d"
 	say "$form consumers, N=$n$([ "$dd" = 1 ] && echo ', broker --data-dir')"
+	refs "$d" "$n"
 	[ "$dd" = 1 ] && flags+=(--data-dir "$d/broker-data")
 	e2e_start_broker "$d/broker.log" "${flags[@]}" || die "no broker (see $d/broker.log)"
 	CPIDS=()
@@ -193,11 +196,9 @@ main() {
 	mkfifo "$ROOT/nap" && exec {NAP}<>"$ROOT/nap" || die "nap fifo"
 	LOAD0=$(cut -d' ' -f1-3 /proc/loadavg)
 	make_trace
-	say "compute floor"
 	"$BIN/tools/bench_sync_floor" "${FILES[@]:WARM}" >"$ROOT/floor.log" || die "bench_sync_floor"
 	DELTA_BYTES=$("$PY" "$REPORT" delta-bytes "$ROOT") || die "delta bytes"
-	say "raw TCP, $DELTA_BYTES and $MODEL_BYTES bytes to N = $NS"
-	tcp_rows
+	say "delta payload $DELTA_BYTES bytes, model file $MODEL_BYTES bytes"
 	for n in $NS; do
 		for form in $FORMS; do run_config "$form" "$n" 0; done
 	done

@@ -5,8 +5,8 @@
   bench_sync_report.py table ROOT DOC     print the section; DOC != "0": also rewrite the
                                           bench-sync section of DOC (appended if absent)
 
-ROOT holds floor.log (tests/tools/bench_sync_floor), tcp.log ("tcp delta|model N BYTES S"),
-meta ("key value" lines) and one folder per run with config, publish.log
+ROOT holds floor.log (tests/tools/bench_sync_floor), meta ("key value" lines) and one folder
+per run with its references floor.log and tcp.log ("tcp delta|model N BYTES S"), config, publish.log
 (tests/tools/bench_sync_publish) and cI.log per consumer: "applied V KIND key value..."
 (bench_sync_consumer, C or Python) or "T_US WRITE_BYTES version V KIND key value..."
 (`deltacast subscribe` lines stamped by bench_sync.sh)."""
@@ -104,20 +104,22 @@ def run_summary(d, warmup):
     s = {k: (None if None in xs else median(xs)) for k, xs in per.items()}
     s.update(form=cfg["form"], n=int(cfg["n"]), datadir=cfg["datadir"] == "1",
              reach_min=min(per["reach"]), reach_max=max(per["reach"]), versions=len(deltas))
+    tcp = tcp_summary(d)
+    s.update(floor=floor_summary(d), tcp_delta=tcp[("delta", s["n"])], tcp_model=tcp[("model", s["n"])])
     return s
 
 
-def floor_summary(root):
-    rows = [pairs(line.split()[2:]) for line in open(os.path.join(root, "floor.log"))]
+def floor_summary(d):
+    rows = [pairs(line.split()[2:]) for line in open(os.path.join(d, "floor.log"))]
     get = lambda k: median([r[k] for r in rows])  # noqa: E731
     return {"encode": get("encode_ns"), "apply": get("apply_ns"),
             "total": median([r["encode_ns"] + r["apply_ns"] for r in rows]),
             "payload": get("payload_bytes"), "changed": get("changed"), "pairs": len(rows)}
 
 
-def tcp_summary(root):
+def tcp_summary(d):
     got = {}
-    for line in open(os.path.join(root, "tcp.log")):
+    for line in open(os.path.join(d, "tcp.log")):
         _, kind, n, _, s = line.split()
         got.setdefault((kind, int(n)), []).append(float(s) * 1e9)
     return {k: median(v) for k, v in got.items()}
@@ -139,21 +141,35 @@ def fmt_ratio(r):
     return "-" if r is None else "%.3gx" % r
 
 
-def table_rows(runs, tcp, floor, model):
-    head = ("| consumer | N | broker | delta to all N, ms: median (min..max) | publish to ACK, ms "
-            "| last consumer: before its first chunk + after its apply, ms | stage, ms | apply, ms | raw TCP, delta bytes, ms | raw TCP, whole model, ms "
-            "| delta / TCP whole model | stage / floor | hashed per consumer, MB (x model) "
-            "| written per consumer, MB (x model) | of it, record log, MB | wire bytes per consumer |")
-    out = [head, "|" + " --- |" * head.count(" | ") + " --- |"]
+def columns(model):
+    """(header, cell of a run) for each column of the main table."""
+    return [
+        ("consumer", lambda r: FORMS[r["form"]]),
+        ("N", lambda r: "%d" % r["n"]),
+        ("broker", lambda r: "--data-dir" if r["datadir"] else "memory"),
+        ("delta to all N, ms: median (min..max)",
+         lambda r: "%s (%s..%s)" % (ms(r["reach"]), ms(r["reach_min"]), ms(r["reach_max"]))),
+        ("publish to ACK, ms", lambda r: ms(r["publish"])),
+        ("last consumer: before its first chunk + after its apply, ms", lambda r: ms(r["rest"])),
+        ("stage, ms", lambda r: ms(r["stage"])),
+        ("apply, ms", lambda r: ms(r["apply"])),
+        ("raw TCP, delta bytes, ms", lambda r: ms(r["tcp_delta"])),
+        ("raw TCP, whole model, ms", lambda r: ms(r["tcp_model"])),
+        ("delta / TCP whole model", lambda r: "**%s**" % fmt_ratio(ratio(r["reach"], r["tcp_model"]))),
+        ("floor, ms", lambda r: ms(r["floor"]["total"])),
+        ("stage / floor", lambda r: fmt_ratio(ratio(r["stage"], r["floor"]["total"]))),
+        ("hashed per consumer, MB (x model)", lambda r: mb_of(r["hashed"], model)),
+        ("written per consumer, MB (x model)", lambda r: mb_of(r["written"], model)),
+        ("of it, record log, MB", lambda r: "-" if r["logged"] is None else "%.2f" % (r["logged"] / 1e6)),
+        ("wire bytes per consumer", lambda r: "%d" % r["bytes"]),
+    ]
+
+
+def table_rows(runs, model):
+    cols = columns(model)
+    out = ["| " + " | ".join(h for h, _ in cols) + " |", "|" + " --- |" * len(cols)]
     for r in runs:
-        td, tm = tcp.get(("delta", r["n"])), tcp.get(("model", r["n"]))
-        out.append("| %s | %d | %s | %s (%s..%s) | %s | %s | %s | %s | %s | %s | **%s** | %s | %s | %s | %s | %s |" % (
-            FORMS[r["form"]], r["n"], "--data-dir" if r["datadir"] else "memory",
-            ms(r["reach"]), ms(r["reach_min"]), ms(r["reach_max"]), ms(r["publish"]), ms(r["rest"]),
-            ms(r["stage"]), ms(r["apply"]), ms(td), ms(tm), fmt_ratio(ratio(r["reach"], tm)),
-            fmt_ratio(ratio(r["stage"], floor["total"])), mb_of(r["hashed"], model),
-            mb_of(r["written"], model), "-" if r["logged"] is None else "%.2f" % (r["logged"] / 1e6),
-            "%d" % r["bytes"]))
+        out.append("| " + " | ".join(cell(r) for _, cell in cols) + " |")
     return out
 
 
@@ -170,21 +186,21 @@ def cell_ratio(a, b, goal, unit="ms"):
     return "%s / %s ms = %s: %s" % (ms(a), ms(b), fmt_ratio(r), verdict(r, goal))
 
 
-def target_rows(runs, tcp, floor, model, n):
+def target_rows(runs, model, n):
     """One row per target, one column per consumer form: (1) and the bytes at N = n, the
     stage time at N = 1 (a consumer alone) and at N = n; runs without --data-dir."""
     forms = [f for f in FORM_ORDER if any(r["form"] == f for r in runs)]
     at = {(r["form"], r["n"]): r for r in runs if not r["datadir"]}
-    tm = tcp.get(("model", n))
     rows = [("(1) 1%% delta to all %d consumers / raw TCP of the whole model to %d" % (n, n), "at most 0.1x",
-             lambda f: cell_ratio(at[f, n]["reach"], tm, 0.1)),
+             lambda f: cell_ratio(at[f, n]["reach"], at[f, n]["tcp_model"], 0.1)),
             ("(2) bytes hashed per version per consumer / model, N = %d" % n, "at most 0.05",
              lambda f: cell_ratio(at[f, n]["hashed"], model, 0.05, "MB")),
             ("(2) bytes written to disk per version per consumer / model, N = %d" % n, "at most 0.05",
              lambda f: cell_ratio(at[f, n]["written"], model, 0.05, "MB"))]
     for k in sorted({1, n}):
         rows.append(("(2) stage time / compute floor, N = %d" % k, "at most 3x",
-                     lambda f, k=k: cell_ratio(at[f, k]["stage"], floor["total"], 3) if (f, k) in at else "-"))
+                     lambda f, k=k: cell_ratio(at[f, k]["stage"], at[f, k]["floor"]["total"], 3)
+                     if (f, k) in at else "-"))
     out = ["| target (issue 17) | goal | " + " | ".join(FORMS[f] for f in forms) + " |",
            "| --- | --- |" + " --- |" * len(forms)]
     for label, goal, cell in rows:
@@ -208,6 +224,8 @@ How it is measured (scripts/bench_sync.sh; every number from this one run):
   consumer of each version, median over versions.
 - **raw TCP** (tests/tools/bench_tcp): the delta's payload bytes (the floor's median) and the
   whole model file, to N receivers at once over loopback, median of 3: the ceiling to beat.
+  It and the floor are measured again just before each row, so that a row and its references
+  see the same load on this shared machine.
 - **floor**: tests/tools/bench_sync_floor, one thread: encode of each delta against the version
   before (2^20-element chunks, smallest encoding, as the producer does), then decode and scatter of
   every payload into a copy of the version before (`dcast_codec_apply`); best of 3 per version,
@@ -229,30 +247,38 @@ How it is measured (scripts/bench_sync.sh; every number from this one run):
 """
 
 
+def floor_line(runs):
+    """The compute floor: medians over the rows' own measurements (min..max of the totals)."""
+    fl = [r["floor"] for r in runs]
+    tot = [f["total"] for f in fl]
+    f0 = fl[0]
+    return ("Compute floor (one thread, measured before each row): encode %s ms + decode and scatter %s ms = "
+            "**%s ms** per delta, median over the rows (%s..%s); payload %d bytes, %d changed elements "
+            "(median of the %d counted deltas)." % (
+                ms(median([f["encode"] for f in fl])), ms(median([f["apply"] for f in fl])), ms(median(tot)),
+                ms(min(tot)), ms(max(tot)), f0["payload"], f0["changed"], f0["pairs"]))
+
+
 def section(root):
     meta = read_kv(os.path.join(root, "meta"))
     model = int(meta["model_bytes"])
-    floor, tcp = floor_summary(root), tcp_summary(root)
     runs = [run_summary(os.path.join(root, d), int(meta["warmup"])) for d in sorted(os.listdir(root))
             if os.path.exists(os.path.join(root, d, "config"))]
     runs.sort(key=lambda r: (r["datadir"], r["n"], FORM_ORDER.index(r["form"])))
     ns = sorted({r["n"] for r in runs})
     tn = 4 if 4 in ns else ns[-1]
+    budget = [0.1 * r["tcp_model"] for r in runs if r["n"] == tn and not r["datadir"]]
     lines = [BEGIN,
              "Command: `%s` (%d s; Linux %s, %s CPUs, load average %s at the start, %s at the end: a shared "
              "machine, timings are noisy).  %s bf16 parameters (%d bytes), an anchor, %s warm-up delta, then %s deltas "
              "at ~1%% density (gen-trace); medians over those %s." % (
                  meta["command"], int(meta["seconds"]), os.uname().machine, meta["cpus"], meta["load_start"],
                  meta["load_end"], meta["params"], model, meta["warmup"], meta["versions"], meta["versions"]),
-             "", *table_rows(runs, tcp, floor, model), "",
-             "Compute floor (one thread): encode %s ms + decode and scatter %s ms = **%s ms** per delta "
-             "(payload %d bytes, %d changed elements, median of %d versions)." % (
-                 ms(floor["encode"]), ms(floor["apply"]), ms(floor["total"]), floor["payload"],
-                 floor["changed"], floor["pairs"]),
-             "", "Targets (issue 17), broker without --data-dir; for (1) at N = %d the budget is %s ms, "
-             "against a one-thread compute floor of %s ms:" % (tn, ms(0.1 * tcp[("model", tn)]), ms(floor["total"])),
-             "",
-             *target_rows(runs, tcp, floor, model, tn), "", NOTES.rstrip("\n"), END]
+             "", *table_rows(runs, model), "", floor_line(runs), "",
+             "Targets (issue 17), broker without --data-dir; each ratio against its own row's references.  "
+             "The budget of (1) at N = %d was %s..%s ms in these rows, against the one-thread compute floor above:" % (
+                 tn, ms(min(budget)), ms(max(budget))),
+             "", *target_rows(runs, model, tn), "", NOTES.rstrip("\n"), END]
     return "\n".join(lines) + "\n"
 
 

@@ -102,6 +102,7 @@ def run_summary(d, warmup):
         per["written"].append(grown(cons, "io_write_bytes", v))
         per["logged"].append(grown(cons, "log_write_bytes", v))
     s = {k: (None if None in xs else median(xs)) for k, xs in per.items()}
+    s["written_mean"] = None if None in per["written"] else statistics.mean(per["written"])
     s.update(form=cfg["form"], n=int(cfg["n"]), datadir=cfg["datadir"] == "1",
              reach_min=min(per["reach"]), reach_max=max(per["reach"]), versions=len(deltas))
     tcp = tcp_summary(d)
@@ -159,7 +160,8 @@ def columns(model):
         ("floor, ms", lambda r: ms(r["floor"]["total"])),
         ("stage / floor", lambda r: fmt_ratio(ratio(r["stage"], r["floor"]["total"]))),
         ("hashed per consumer, MB (x model)", lambda r: mb_of(r["hashed"], model)),
-        ("written per consumer, MB (x model)", lambda r: mb_of(r["written"], model)),
+        ("written per consumer, MB (x model); mean", lambda r: "%s; %s" % (
+            mb_of(r["written"], model), "-" if r["written_mean"] is None else "%.2f" % (r["written_mean"] / 1e6))),
         ("of it, record log, MB", lambda r: "-" if r["logged"] is None else "%.2f" % (r["logged"] / 1e6)),
         ("wire bytes per consumer", lambda r: "%d" % r["bytes"]),
     ]
@@ -234,7 +236,10 @@ How it is measured (scripts/bench_sync.sh; every number from this one run):
   subscribe` prints no such number); **written**: growth of the consumer process's
   `write_bytes` in /proc/PID/io from the version before (every byte it sent towards the disk:
   record log, checkpoint folds); **record log**: growth of `log_write_bytes` in the stats.  Per
-  version the largest over the consumers, median over versions.
+  version the largest over the consumers, median over versions (and the mean, which shows a
+  periodic fold when one falls among the counted versions: the library folds the whole model
+  into DIR/model.safetensors every 16 deltas by default, 1/16 of the model per version on
+  average, which few counted versions do not show; `deltacast subscribe` folds after every one).
 - **warm-up**: the first delta after the anchor is sent and applied but not counted: a library
   consumer folds an applied anchor into DIR/model.safetensors (the whole model written) from its
   next poll, while that delta arrives, so that delta carries the anchor's cost.

@@ -111,7 +111,7 @@ stamp_io() {
 	local pid=$1 line t k v wb
 	while IFS= read -r line; do
 		t=$EPOCHREALTIME wb=0
-		while read -r k v; do [ "$k" = write_bytes: ] && wb=$v; done <"/proc/$pid/io"
+		while read -r k v; do [ "$k" = write_bytes: ] && wb=$v; done <"/proc/$pid/io" 2>/dev/null
 		printf '%s %s %s\n' "${t/./}" "$wb" "$line"
 	done
 	return 0
@@ -162,18 +162,20 @@ wait_all() {
 	done
 }
 
-# run_config FORM N DATADIR(0|1): broker, N consumers, the paced producer;
-# every version published once all N consumers applied the one before.
-run_config() {
-	local form=$1 n=$2 dd=$3 d i v go pub flags=(--heartbeat-ms 5000)
-	d=$ROOT/$form-n$n-dd$dd
-	mkdir -p "$d"
-	say "$form consumers, N=$n$([ "$dd" = 1 ] && echo ', broker --data-dir')"
-	refs "$d" "$n"
+# start_run DIR FORM N DATADIR(0|1): the broker and N consumers of FORM;
+# CPIDS their PIDs.
+start_run() {
+	local d=$1 form=$2 n=$3 dd=$4 i flags=(--heartbeat-ms 5000)
 	[ "$dd" = 1 ] && flags+=(--data-dir "$d/broker-data")
 	e2e_start_broker "$d/broker.log" "${flags[@]}" || die "no broker (see $d/broker.log)"
 	CPIDS=()
 	for ((i = 1; i <= n; i++)); do start_consumer "$form" "$d" "$i"; done
+}
+
+# publish_paced DIR: the paced producer publishes every file, each once all
+# consumers have applied the one before.
+publish_paced() {
+	local d=$1 v go pub
 	mkfifo "$d/go"
 	"$BIN/tools/bench_sync_publish" "$PROD_EP" bench 1 "${FILES[@]}" <"$d/go" >"$d/publish.log" 2>"$d/publish.err" &
 	pub=$!
@@ -185,6 +187,17 @@ run_config() {
 	done
 	exec {go}>&-
 	wait $pub || die "bench_sync_publish ($(cat "$d/publish.err"))"
+}
+
+# run_config FORM N DATADIR(0|1): one row: its references, then the run in
+# ROOT/FORM-nN-ddDATADIR.
+run_config() {
+	local form=$1 n=$2 dd=$3 d=$ROOT/$1-n$2-dd$3
+	mkdir -p "$d"
+	say "$form consumers, N=$n$([ "$dd" = 1 ] && echo ', broker --data-dir')"
+	refs "$d" "$n"
+	start_run "$d" "$form" "$n" "$dd"
+	publish_paced "$d"
 	e2e_cleanup
 	printf 'form %s\nn %s\ndatadir %s\n' "$form" "$n" "$dd" >"$d/config"
 	[ "${BENCH_SYNC_KEEP:-0}" = 1 ] || rm -rf "$d"/c*/ "$d/broker-data"

@@ -224,6 +224,6 @@ BENCH_SYNC_QUICK ?= 0
 BENCH_SYNC_PARAMS ?= $(if $(filter 1,$(BENCH_SYNC_QUICK)),10M,100M)
 .PHONY: bench-sync
 bench-sync: all $(BUILD)/tools/bench_tcp $(BUILD)/tools/bench_sync_floor \
-	$(BUILD)/tools/bench_sync_publish $(BUILD)/tools/bench_sync_consumer
+	$(BUILD)/tools/fault_publish $(BUILD)/tools/bench_sync_consumer
 	@DELTACAST_BUILD=$(abspath $(BUILD)) PYTHON=$(PYTHON) BENCH_SYNC_QUICK=$(BENCH_SYNC_QUICK) \
 	  BENCH_SYNC_PARAMS=$(BENCH_SYNC_PARAMS) scripts/bench_sync.sh

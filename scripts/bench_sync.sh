@@ -11,7 +11,7 @@
 #     each delta, one thread) and raw TCP loopback (tests/tools/bench_tcp)
 #     of the delta's payload bytes and of the whole model file to N
 #     receivers, median of 3; then a real broker, the paced producer
-#     tests/tools/bench_sync_publish and N consumers, each version published
+#     tests/tools/fault_publish and N consumers, each version published
 #     once all N have applied the one before.  Forms: lib
 #     (tests/tools/bench_sync_consumer, the C library, default options), py
 #     (scripts/bench_sync_consumer.py, the Python binding), sub
@@ -68,7 +68,7 @@ snapshot_build() {
 	local t
 	mkdir -p "$ROOT/bin/tools" || die "mkdir"
 	cp "$DC" "$BROKER_BIN" "$BUILD/libdeltacast.so" "$ROOT/bin/" || die "programs missing in $BUILD (run make)"
-	for t in bench_tcp bench_sync_floor bench_sync_publish bench_sync_consumer; do
+	for t in bench_tcp bench_sync_floor fault_publish bench_sync_consumer; do
 		cp "$BUILD/tools/$t" "$ROOT/bin/tools/" || die "$BUILD/tools/$t missing (run make)"
 	done
 	BIN=$ROOT/bin DC=$ROOT/bin/deltacast BROKER_BIN=$ROOT/bin/deltacast-broker
@@ -177,16 +177,16 @@ start_run() {
 publish_paced() {
 	local d=$1 v go pub
 	mkfifo "$d/go"
-	"$BIN/tools/bench_sync_publish" "$PROD_EP" bench 1 "${FILES[@]}" <"$d/go" >"$d/publish.log" 2>"$d/publish.err" &
+	"$BIN/tools/fault_publish" "$PROD_EP" bench 1 -1 "${FILES[@]}" <"$d/go" >"$d/publish.log" 2>"$d/publish.err" &
 	pub=$!
 	e2e_track $pub
 	exec {go}>"$d/go"
 	for ((v = 1; v <= STEPS + 1; v++)); do
-		(echo go >&$go) 2>/dev/null || die "bench_sync_publish is gone ($(cat "$d/publish.err"))"
+		(echo go >&$go) 2>/dev/null || die "fault_publish is gone ($(cat "$d/publish.err"))"
 		wait_all "$d" "$v"
 	done
 	exec {go}>&-
-	wait $pub || die "bench_sync_publish ($(cat "$d/publish.err"))"
+	wait $pub || die "fault_publish ($(cat "$d/publish.err"))"
 }
 
 # run_config FORM N DATADIR(0|1): one row: its references, then the run in

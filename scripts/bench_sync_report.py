@@ -7,7 +7,7 @@
 
 ROOT holds floor.log (tests/tools/bench_sync_floor), meta ("key value" lines) and one folder
 per run with its references floor.log and tcp.log ("tcp delta|model N BYTES S"), config, publish.log
-(tests/tools/bench_sync_publish) and cI.log per consumer: "applied V KIND key value..."
+(tests/tools/fault_publish) and cI.log per consumer: "applied V KIND key value..."
 (bench_sync_consumer, C or Python) or "T_US WRITE_BYTES version V KIND key value..."
 (`deltacast subscribe` lines stamped by bench_sync.sh)."""
 import os
@@ -213,7 +213,7 @@ def target_rows(runs, model, n):
 NOTES = """\
 How it is measured (scripts/bench_sync.sh; every number from this one run):
 - **delta to all N**: per delta version, from the producer's `dcast_producer_publish()` call
-  (tests/tools/bench_sync_publish, the version's file already in memory) to the last of the N
+  (tests/tools/fault_publish, the version's file already in memory) to the last of the N
   consumers having applied it (CLOCK_REALTIME in each process; `deltacast subscribe`: the moment
   its `version V` line, printed after apply and its checkpoint write, reaches the script); the
   median (min..max) over the delta versions.  The next version is published once all N consumers

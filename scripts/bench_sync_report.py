@@ -247,8 +247,8 @@ How it is measured (scripts/bench_sync.sh; every number from this one run):
   the default fold policy, a 64 MiB staging budget, its own host copy of the tensors);
   `deltacast subscribe` as users run it.  Every version counted here passed the consumer's own
   check against the producer's digests (on by default in both forms; a refused version stops
-  the run).  The broker runs without --data-dir except in the row
-  that says so; everything shares this machine's cores.
+  the run).  The broker runs without --data-dir except in the row that says so; everything
+  shares this machine's cores.
 """
 
 

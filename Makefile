@@ -274,3 +274,19 @@ FUZZ_BROKER_SEED ?= $(shell date +%s)
 fuzz-broker: all $(BUILD)/tools/fuzz_broker $(BUILD)/tools/wire_client
 	DELTACAST_BUILD=$(abspath $(BUILD)) nice -n 10 $(BUILD)/tools/fuzz_broker \
 	  --seed $(FUZZ_BROKER_SEED) --seconds $(FUZZ_BROKER_SECONDS)
+
+# --- bench-sync (issue 17) ---
+# `make bench-sync`: a 1% delta of a BENCH_SYNC_PARAMS bf16 model to N = 1, 4,
+# 8 consumers (the library in C and Python, `deltacast subscribe`), against
+# raw TCP of the delta's bytes and of the whole model, and the codec's
+# compute floor; bytes hashed and written per version; issue 17's targets
+# (scripts/bench_sync.sh).  Rewrites the bench-sync section of
+# docs/benchmarks.md.  BENCH_SYNC_QUICK=1: a 10M model, N = 1, 4, print only.
+# More knobs in the script's header (BENCH_SYNC_SUBSCRIBE_ARGS, ...).
+BENCH_SYNC_QUICK ?= 0
+BENCH_SYNC_PARAMS ?= $(if $(filter 1,$(BENCH_SYNC_QUICK)),10M,100M)
+.PHONY: bench-sync
+bench-sync: all $(BUILD)/tools/bench_tcp $(BUILD)/tools/bench_sync_floor \
+	$(BUILD)/tools/fault_publish $(BUILD)/tools/bench_sync_consumer
+	@DELTACAST_BUILD=$(abspath $(BUILD)) PYTHON=$(PYTHON) BENCH_SYNC_QUICK=$(BENCH_SYNC_QUICK) \
+	  BENCH_SYNC_PARAMS=$(BENCH_SYNC_PARAMS) scripts/bench_sync.sh

@@ -105,7 +105,7 @@ void broker_limits_memory(struct broker_config *c)
 
 	if (!c->max_pending_total_bytes)
 		c->max_pending_total_bytes = phys ? phys / 4 : 4ull << 30;
-	DCAST_LOG_I("memory: open versions hold at most %llu payload bytes in all "
+	DCAST_LOG_I("memory: open versions hold at most %llu bytes of memory in all "
 		    "(--max-pending-total-bytes; physical memory %llu), %llu per version "
 		    "(--max-pending-bytes)", (unsigned long long)c->max_pending_total_bytes,
 		    (unsigned long long)phys, (unsigned long long)c->max_pending_bytes);

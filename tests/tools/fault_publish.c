@@ -1,9 +1,14 @@
 /* fault_publish: a paced `deltacast publish` for the fault suite, so that
  * faults strike while versions are still flowing.  Publishes FILE[i] as
  * version FIRST+i with the producer library (the first as an anchor, then
- * deltas), waits for each ACK, prints "acked V", then sleeps INTERVAL_MS.
+ * deltas), waits for each ACK, prints "acked V T_START T_ACKED", then
+ * sleeps INTERVAL_MS.  Before publishing it reads every page of the file's
+ * tensors, so that page faults on the mapping stay outside the publish (a
+ * trainer's weights are in memory); T_START is CLOCK_REALTIME nanoseconds
+ * just before dcast_producer_publish(), T_ACKED after the ACK
+ * (scripts/bench_sync.sh times versions from them).
  * INTERVAL_MS -1: before each version, waits for a line on stdin instead
- * (scripts/bench_e2e.sh paces it; EOF stops it, exit 0).
+ * (scripts/bench_e2e.sh and bench_sync.sh pace it; EOF stops it, exit 0).
  * usage: fault_publish ENDPOINT MODEL FIRST INTERVAL_MS FILE...
  * FAULT_PUBLISH_RANGE_ELEMS=N in the environment: chunks of N elements
  * (scripts/cluster_run.sh scales them with the model).
@@ -27,6 +32,42 @@ static int register_file(dcast_producer *p, dcast_st_file *f)
 			return rc;
 	}
 	return 0;
+}
+
+/* Read one byte of every 4 KiB page of every tensor of f. */
+static void touch_file(const dcast_st_file *f)
+{
+	volatile unsigned char sink = 0;
+
+	for (size_t i = 0; i < dcast_st_count(f); i++) {
+		const dcast_st_tensor *t = dcast_st_tensor_at(f, i);
+		for (uint64_t off = 0; off < t->nbytes; off += 4096)
+			sink ^= ((const unsigned char *)t->data)[off];
+	}
+	(void)sink;
+}
+
+static uint64_t realtime_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Publish the registered file as version v and wait for its ACK; print
+ * "acked V T_START T_ACKED". */
+static int publish_acked(dcast_producer *p, uint64_t v)
+{
+	uint64_t t0 = realtime_ns();
+	int rc = dcast_producer_publish(p, v);
+
+	if (!rc)
+		rc = dcast_producer_wait(p, v, 20000);
+	if (!rc) {
+		printf("acked %" PRIu64 " %" PRIu64 " %" PRIu64 "\n", v, t0, realtime_ns());
+		fflush(stdout);
+	}
+	return rc;
 }
 
 static void nap(long ms)
@@ -62,14 +103,14 @@ int main(int argc, char **argv)
 		char go[64];
 		if (interval_ms < 0 && !fgets(go, sizeof(go), stdin))
 			break;
-		if ((rc = dcast_st_open(argv[i], &f)) || (rc = register_file(p, f)) ||
-		    (rc = dcast_producer_publish(p, v)) || (rc = dcast_producer_wait(p, v, 20000)))
+		if ((rc = dcast_st_open(argv[i], &f)) || (rc = register_file(p, f)))
+			break;
+		touch_file(f);
+		if ((rc = publish_acked(p, v)))
 			break;
 		dcast_st_close(&prev); /* the producer now points into f */
 		prev = f;
 		f = NULL;
-		printf("acked %" PRIu64 "\n", v);
-		fflush(stdout);
 		nap(interval_ms > 0 ? interval_ms : 0);
 	}
 out:

@@ -1,0 +1,108 @@
+/* bench_sync_consumer: the library consumer of scripts/bench_sync.sh, as a
+ * rollout worker embeds it: default options (digests checked, the library's
+ * fold policy), the consumer's own host copy of the tensors, and every READY
+ * version applied at once.  After each apply it prints one line:
+ *   applied V anchor|delta t_ns T stage_ns S apply_ns A bytes B
+ *     verify_bytes H log_write_bytes L io_write_bytes W
+ * T: CLOCK_REALTIME nanoseconds right after dcast_consumer_apply() returned;
+ * S, A, B, H, L: dcast_consumer_stats (L cumulative since open); W: this
+ * process's write_bytes from /proc/self/io (cumulative; every byte it sent
+ * towards the disk, checkpoint folds included).
+ * Staging budget 64 MiB, `deltacast subscribe`'s default.
+ * usage: bench_sync_consumer ENDPOINT MODEL DIR UNTIL
+ * Exit 0 once UNTIL is applied; 1 on an error (named on stderr). */
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include "deltacast/consumer.h"
+
+static volatile sig_atomic_t stop;
+
+static void on_signal(int sig)
+{
+	(void)sig;
+	stop = 1;
+}
+
+static uint64_t realtime_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* write_bytes of /proc/self/io, or 0 where the kernel does not say. */
+static uint64_t io_write_bytes(void)
+{
+	FILE *f = fopen("/proc/self/io", "r");
+	char line[128];
+	unsigned long long v = 0;
+
+	while (f && fgets(line, sizeof(line), f))
+		if (sscanf(line, "write_bytes: %llu", &v) == 1)
+			break;
+	if (f)
+		fclose(f);
+	return v;
+}
+
+static void report(const dcast_consumer *c, uint64_t t_ns)
+{
+	dcast_consumer_stats st;
+
+	dcast_consumer_stats_get(c, &st);
+	printf("applied %" PRIu64 " %s t_ns %" PRIu64 " stage_ns %" PRIu64 " apply_ns %" PRIu64
+	       " bytes %" PRIu64 " verify_bytes %" PRIu64 " log_write_bytes %" PRIu64
+	       " io_write_bytes %" PRIu64 "\n",
+	       st.version, st.anchor ? "anchor" : "delta", t_ns, st.stage_ns, st.apply_ns, st.bytes,
+	       st.verify_bytes, st.log_write_bytes, io_write_bytes());
+	fflush(stdout);
+}
+
+static int follow(dcast_consumer *c, uint64_t until)
+{
+	dcast_event ev;
+	int err = 0;
+
+	while (!stop && !err) {
+		uint64_t v = dcast_consumer_version(c);
+		if (v != DCAST_VERSION_NONE && v >= until)
+			break;
+		if ((err = dcast_consumer_poll(c, 200, &ev)))
+			break;
+		if (ev.type == DCAST_EV_ERROR || ev.type == DCAST_EV_GAP)
+			fprintf(stderr, "bench_sync_consumer: %s at version %" PRIu64 ": %s\n",
+				ev.type == DCAST_EV_GAP ? "gap" : dcast_errname(ev.code), ev.version, ev.text);
+		if (ev.type != DCAST_EV_VERSION_READY)
+			continue;
+		if ((err = dcast_consumer_apply(c, ev.version)))
+			break;
+		report(c, realtime_ns());
+	}
+	return err;
+}
+
+int main(int argc, char **argv)
+{
+	dcast_consumer_opts o;
+	dcast_consumer *c = NULL;
+	int err;
+
+	if (argc != 5) {
+		fprintf(stderr, "usage: bench_sync_consumer ENDPOINT MODEL DIR UNTIL\n");
+		return 2;
+	}
+	dcast_consumer_opts_init(&o);
+	o.client = "bench_sync_consumer";
+	signal(SIGTERM, on_signal);
+	signal(SIGINT, on_signal);
+	if (!(err = dcast_consumer_open(argv[1], argv[2], argv[3], 64u << 20, &o, &c)))
+		err = follow(c, strtoull(argv[4], NULL, 10));
+	if (err)
+		fprintf(stderr, "bench_sync_consumer: %s: %s\n", dcast_errname(err), dcast_last_error());
+	dcast_consumer_close(&c);
+	return err || stop ? 1 : 0;
+}

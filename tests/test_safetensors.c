@@ -1,6 +1,7 @@
 /* safetensors reader/writer: a written file reads back exactly (through
  * dcast_st_open), its layout is the reference one, and a set of corrupt
- * images is each rejected with the right error code. */
+ * images is each rejected with the right error code; the Hugging Face
+ * index reader's lookups, and each malformed index refused. */
 #include <fcntl.h>
 #include <stdint.h>
 #include <sys/stat.h>
@@ -228,6 +229,61 @@ static void test_parse_header(void)
 	CHECK_ERR(dcast_st_parse_header(json, strlen(json), 8, "hdr", &f), DCAST_ECORRUPT);
 }
 
+static int parse_index(const char *json, dcast_st_index **keep)
+{
+	dcast_st_index *x = NULL;
+	int err = dcast_st_index_parse(json, strlen(json), "idx.json", &x);
+	CHECK(err ? x == NULL : x != NULL);
+	if (keep && !err)
+		*keep = x;
+	else
+		dcast_st_index_close(&x);
+	return err;
+}
+
+/* model.safetensors.index.json: lookups, and each malformed index refused. */
+static void test_index(void)
+{
+	dcast_st_index *x = NULL;
+	const char *t = NULL, *f = NULL;
+	CHECK_ERR(parse_index("{\"metadata\":{\"total_size\":24},\"weight_map\":{"
+			      "\"b\":\"m-2.safetensors\",\"a\":\"m-1.safetensors\","
+			      "\"c\":\"m-2.safetensors\"}}", &x), DCAST_OK);
+	REQUIRE(x);
+	CHECK(dcast_st_index_count(x) == 3 && dcast_st_index_file_count(x) == 2);
+	CHECK(strcmp(dcast_st_index_file_at(x, 0), "m-1.safetensors") == 0);
+	CHECK(strcmp(dcast_st_index_file_at(x, 1), "m-2.safetensors") == 0);
+	CHECK(dcast_st_index_file_at(x, 2) == NULL);
+	CHECK(strcmp(dcast_st_index_file_of(x, "c"), "m-2.safetensors") == 0);
+	CHECK(dcast_st_index_file_of(x, "d") == NULL);
+	CHECK_ERR(dcast_st_index_at(x, 0, &t, &f), DCAST_OK);
+	CHECK(strcmp(t, "b") == 0 && strcmp(f, "m-2.safetensors") == 0);
+	CHECK_ERR(dcast_st_index_at(x, 3, &t, &f), DCAST_EINVAL);
+	dcast_st_index_close(&x);
+	CHECK(x == NULL);
+	dcast_st_index_close(&x);
+
+	CHECK_ERR(parse_index("{\"weight_map\":{\"a\":\"m.safetensors\"}}", NULL), DCAST_OK);
+	CHECK_ERR(parse_index("{\"weight_map\":{\"a\":\"m.safetensors\",\"a\":\"n.safetensors\"}}",
+			      NULL), DCAST_EMALFORMED); /* a tensor listed twice */
+	CHECK(strstr(dcast_last_error(), "idx.json") && strstr(dcast_last_error(), "\"a\""));
+	CHECK_ERR(parse_index("{}", NULL), DCAST_EMALFORMED);
+	CHECK(strstr(dcast_last_error(), "weight_map"));
+	CHECK_ERR(parse_index("{\"weight_map\":{}}", NULL), DCAST_EMALFORMED);
+	CHECK_ERR(parse_index("{\"weight_map\":[]}", NULL), DCAST_EMALFORMED);
+	CHECK_ERR(parse_index("[]", NULL), DCAST_EMALFORMED);
+	CHECK_ERR(parse_index("{\"metadata\":3,\"weight_map\":{\"a\":\"m.safetensors\"}}", NULL),
+		  DCAST_EMALFORMED);
+	CHECK_ERR(parse_index("{\"weight_map\":{\"a\":7}}", NULL), DCAST_EMALFORMED);
+	CHECK_ERR(parse_index("{\"weight_map\":{\"a\":\"m.bin\"}}", NULL), DCAST_EMALFORMED);
+	CHECK_ERR(parse_index("{\"weight_map\":{\"a\":\"../m.safetensors\"}}", NULL), DCAST_EMALFORMED);
+	CHECK(strstr(dcast_last_error(), "../m.safetensors") && strstr(dcast_last_error(), "\"a\""));
+	CHECK_ERR(parse_index("{\"weight_map\":{\"a\":\".safetensors\"}}", NULL), DCAST_EMALFORMED);
+	CHECK_ERR(parse_index("{\"weight_map\":{\"a\":\"d/m.safetensors\"}}", NULL), DCAST_EMALFORMED);
+	CHECK_ERR(parse_index("{\"weight_map\":{\"\":\"m.safetensors\"}}", NULL), DCAST_EMALFORMED);
+	CHECK_ERR(parse_index("{\"weight_map\":{\"a\":\"m.safetensors\"}", NULL), DCAST_EMALFORMED);
+}
+
 static void cleanup(void)
 {
 	char cmd[300];
@@ -246,6 +302,7 @@ int main(void)
 	test_header_len_rejects();
 	test_open_rejects();
 	test_parse_header();
+	test_index();
 	cleanup();
 	return check_done("test_safetensors");
 }

@@ -6,6 +6,8 @@
  * shapes and that the tensors tile the data area exactly.  The writer pads
  * the header with spaces to a multiple of 8 bytes, as the reference
  * implementation does, and writes through a temporary file, fsync and rename.
+ * A third part reads the index of a Hugging Face sharded checkpoint
+ * (model.safetensors.index.json: which shard file holds each tensor).
  *
  * Thread safety: a dcast_st_file is read-only after open and may be shared;
  * every function is reentrant. */
@@ -169,6 +171,43 @@ DCAST_API void dcast_st_layout_free(dcast_st_layout *layout);
  * tensor), DCAST_EIO naming the file. */
 DCAST_API int dcast_st_write(const char *path, const dcast_st_spec *specs, size_t n,
 		   const dcast_st_meta *meta, size_t n_meta);
+
+/* ---- Hugging Face sharded checkpoints ---- */
+
+/* A parsed model.safetensors.index.json: its "weight_map" names, for each
+ * tensor, the shard file that holds it.  Read-only after parse. */
+typedef struct dcast_st_index dcast_st_index;
+
+/* Parse an index of len bytes (the file's contents; label names it in
+ * errors, may be NULL).  Checks: a JSON object (the strict parser above:
+ * integers only, no duplicate keys, so a tensor listed twice is refused),
+ * "metadata" an object if present (not interpreted), "weight_map" a
+ * non-empty object whose values are plain file names ending in
+ * ".safetensors" (no '/', not starting with '.', at most 255 bytes).
+ * The JSON is copied; json need not outlive *out.  On success *out owns
+ * the index (dcast_st_index_close); on error *out is NULL.  Errors:
+ * DCAST_EMALFORMED (naming the byte offset or the entry), DCAST_ETOO_LARGE
+ * (over DCAST_ST_MAX_HEADER_BYTES), DCAST_ENOMEM. */
+DCAST_API int dcast_st_index_parse(const void *json, size_t len, const char *label,
+				   dcast_st_index **out);
+
+/* Release an index and set *x to NULL; NULL or *x == NULL is a no-op. */
+DCAST_API void dcast_st_index_close(dcast_st_index **x);
+
+/* Number of weight_map entries (tensors), and entry i in file order:
+ * *tensor and *file are owned by x.  DCAST_EINVAL when i is out of range. */
+DCAST_API size_t dcast_st_index_count(const dcast_st_index *x);
+DCAST_API int dcast_st_index_at(const dcast_st_index *x, size_t i, const char **tensor,
+				const char **file);
+
+/* The shard file that holds `tensor`, or NULL when the index does not
+ * list it (O(log n)).  Owned by x. */
+DCAST_API const char *dcast_st_index_file_of(const dcast_st_index *x, const char *tensor);
+
+/* Number of distinct shard files, and file i of them in sorted order
+ * (NULL when out of range).  Owned by x. */
+DCAST_API size_t dcast_st_index_file_count(const dcast_st_index *x);
+DCAST_API const char *dcast_st_index_file_at(const dcast_st_index *x, size_t i);
 
 #ifdef __cplusplus
 }

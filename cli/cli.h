@@ -75,6 +75,10 @@ int cli_parse_double(const char *s, double lo, double hi, double *out);
  * characters escaped). */
 void cli_print_json_string(FILE *to, const char *s);
 
+/* A new string a + b + c (malloc'd: the caller frees it), or NULL when out
+ * of memory. */
+char *cli_concat(const char *a, const char *b, const char *c);
+
 /* Seconds of the monotonic clock. */
 double cli_now_s(void);
 

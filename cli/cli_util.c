@@ -121,6 +121,16 @@ void cli_print_json_string(FILE *to, const char *s)
 	fputc('"', to);
 }
 
+char *cli_concat(const char *a, const char *b, const char *c)
+{
+	size_t n = strlen(a) + strlen(b) + strlen(c) + 1;
+	char *p = malloc(n);
+
+	if (p)
+		snprintf(p, n, "%s%s%s", a, b, c);
+	return p;
+}
+
 double cli_now_s(void)
 {
 	struct timespec ts;

@@ -1,6 +1,7 @@
 /* deltacast publish: publish safetensors checkpoints through a broker with
- * the producer library, each file as the next version (the first as an
- * anchor, later ones as deltas), waiting for each acknowledgement.  Shows
+ * the producer library, each file (or sharded Hugging Face checkpoint,
+ * cli/hf_layout.h) as the next version (the first as an anchor, later ones
+ * as deltas), waiting for each acknowledgement.  Shows
  * bytes, density and chunks per version: one updating line on a terminal,
  * one line per version otherwise. */
 #include <getopt.h>
@@ -11,16 +12,24 @@
 
 #include "cli.h"
 #include "deltacast/producer.h"
+#include "hf_layout.h"
 
 #define CMD "publish"
 
 static const char usage_text[] =
 	"usage: deltacast publish --broker ENDPOINT --model NAME [--first-version V]\n"
-	"                         [--range-elems N] [--timeout-ms MS] FILE.safetensors...\n"
-	"Publishes each FILE as the next version of NAME (from V, default 1): the\n"
-	"first as an anchor, the rest as deltas against the previous one.  Every file\n"
-	"must hold the same tensors (names, dtypes, shapes).  Waits for the broker's\n"
-	"acknowledgement of each version.  Per version it reports:\n"
+	"                         [--range-elems N] [--timeout-ms MS] INPUT...\n"
+	"Publishes each INPUT as the next version of NAME (from V, default 1): the\n"
+	"first as an anchor, the rest as deltas against the previous one.  An INPUT\n"
+	"is a FILE.safetensors, or a sharded Hugging Face checkpoint: a directory\n"
+	"holding one *.safetensors.index.json, or that index file.  A checkpoint is\n"
+	"one version: every tensor of its shards, plus the tensor\n"
+	"__deltacast_hf_layout__ that carries the index and the shard headers, so\n"
+	"that `deltacast subscribe --layout hf` writes the same files back.  The index\n"
+	"must name every shard in the directory, each tensor in exactly one shard.\n"
+	"Every INPUT must hold the same tensors (names, dtypes, shapes; a checkpoint\n"
+	"the same shards); all are checked before the first is published.  Waits for\n"
+	"the broker's acknowledgement of each version.  Per version it reports:\n"
 	"  version V anchor|delta bytes B of M (R%) changed C (D%) chunks S/T ms T\n";
 
 typedef struct pub_args {
@@ -71,7 +80,7 @@ static int parse(int argc, char **argv, pub_args *a)
 	if (!a->broker || !a->model)
 		return cli_usage_error(CMD, "--broker and --model are required");
 	if (optind >= argc)
-		return cli_usage_error(CMD, "no FILE.safetensors given");
+		return cli_usage_error(CMD, "no INPUT (FILE.safetensors or checkpoint directory) given");
 	if (t == 0 || t > 3600000)
 		return cli_usage_error(CMD, "--timeout-ms: %" PRIu64 " outside [1, 3600000]", t);
 	a->timeout_ms = (int)t;
@@ -90,30 +99,84 @@ static int codec_dtype(const dcast_st_tensor *t, const char *path)
 	return d;
 }
 
-/* Point the producer at file f's tensors: the first file registers them,
- * later ones must hold the same set (the library checks dtype and shape). */
-static int register_file(dcast_producer *p, dcast_st_file *f, const char *path, size_t want)
-{
-	size_t n = dcast_st_count(f);
+/* One version's input: a safetensors file, or a Hugging Face layout (its
+ * shards' tensors plus the tensor that carries the layout). */
+typedef struct pub_input {
+	int is_hf;
+	dcast_st_file *file;
+	hf_layout hf;
+} pub_input;
 
-	if (want && n != want)
-		return cli_fail(DCAST_ESHAPE, "%s has %zu tensors, the first file %zu", path, n,
-				  want);
-	for (size_t i = 0; i < n; i++) {
-		const dcast_st_tensor *t = dcast_st_tensor_at(f, i);
-		int d = codec_dtype(t, path), rc;
+static int input_open(const char *path, pub_input *in)
+{
+	memset(in, 0, sizeof(*in));
+	in->is_hf = hf_layout_wanted(path);
+	return in->is_hf ? hf_layout_open(path, &in->hf) : dcast_st_open(path, &in->file);
+}
+
+static void input_close(pub_input *in)
+{
+	dcast_st_close(&in->file);
+	hf_layout_close(&in->hf);
+}
+
+/* Every input must hold the tensors of the first (names, dtypes, shapes;
+ * a layout: the same shards and headers), checked before anything is
+ * published.  A lone file is checked when it is opened to publish. */
+static int check_inputs(const pub_args *a)
+{
+	pub_input first, next;
+	int err = 0;
+
+	if (!hf_layout_wanted(a->files[0]))
+		for (int i = 1; i < a->n_files && !err; i++) {
+			cli_pair pair;
+			if (hf_layout_wanted(a->files[i]))
+				return cli_fail(DCAST_EINVAL, "%s is a layout, %s a file: publish them in "
+						"separate runs", a->files[i], a->files[0]);
+			if (!(err = cli_pair_open(a->files[0], a->files[i], 1, &pair)))
+				cli_pair_close(&pair);
+		}
+	else if (!(err = input_open(a->files[0], &first))) {
+		for (int i = 1; i < a->n_files && !err; i++) {
+			if (!hf_layout_wanted(a->files[i]))
+				err = cli_fail(DCAST_EINVAL, "%s is a file, %s a layout: publish them in "
+					       "separate runs", a->files[i], a->files[0]);
+			else if (!(err = input_open(a->files[i], &next)) &&
+				 (next.hf.record_len != first.hf.record_len ||
+				  memcmp(next.hf.record, first.hf.record, first.hf.record_len) != 0))
+				err = cli_fail(DCAST_ESHAPE, "%s: its layout (index, shard names or tensor "
+					       "headers) differs from %s's; every version must keep the "
+					       "first one's", a->files[i], a->files[0]);
+			input_close(&next);
+		}
+		input_close(&first);
+	}
+	return err;
+}
+
+/* Point the producer at the input's tensors: the first version registers
+ * them, later ones move the same names to new memory. */
+static int register_input(dcast_producer *p, const pub_input *in, const char *path)
+{
+	size_t n = in->is_hf ? in->hf.n_tensors : dcast_st_count(in->file);
+	uint64_t rec_len = in->hf.record_len;
+	int rc = 0;
+
+	for (size_t i = 0; i < n && !rc; i++) {
+		const dcast_st_tensor *t = in->is_hf ? hf_layout_tensor_at(&in->hf, i)
+						     : dcast_st_tensor_at(in->file, i);
+		int d = codec_dtype(t, path);
 
 		if (d < 0)
 			return -d;
 		rc = dcast_producer_register(p, t->name, d, t->ndim, t->shape, t->data,
 					     DCAST_MEM_HOST, 0, t->count);
-		if (rc == DCAST_ESTATE)
-			return cli_fail(DCAST_ENOTFOUND, "%s: tensor %s is not in the first file",
-					  path, t->name);
-		if (rc)
-			return cli_fail(rc, "%s: %s", path, dcast_last_error());
 	}
-	return 0;
+	if (!rc && in->is_hf)
+		rc = dcast_producer_register(p, HF_LAYOUT_TENSOR, DCAST_DTYPE_U8, 1, &rec_len,
+					     in->hf.record, DCAST_MEM_HOST, 0, rec_len);
+	return rc ? cli_fail(rc, "%s: %s", path, dcast_last_error()) : 0;
 }
 
 static void show(const dcast_producer_stats *s, double secs, int tty, int last)
@@ -130,29 +193,27 @@ static void show(const dcast_producer_stats *s, double secs, int tty, int last)
 
 static int publish_all(dcast_producer *p, const pub_args *a)
 {
-	dcast_st_file *prev = NULL, *f = NULL;
+	pub_input prev = {0}, in = {0};
 	int tty = isatty(2), rc = 0;
-	size_t n_tensors = 0;
 
 	for (int i = 0; i < a->n_files && !rc; i++) {
 		uint64_t v = a->first + (uint64_t)i;
 		dcast_producer_stats s;
 		double t0 = cli_now_s();
 
-		if ((rc = dcast_st_open(a->files[i], &f)) ||
-		    (rc = register_file(p, f, a->files[i], n_tensors)) ||
+		if ((rc = input_open(a->files[i], &in)) ||
+		    (rc = register_input(p, &in, a->files[i])) ||
 		    (rc = dcast_producer_publish(p, v)) ||
 		    (rc = dcast_producer_wait(p, v, a->timeout_ms)))
 			break;
-		n_tensors = dcast_st_count(f);
-		dcast_st_close(&prev); /* the producer now points into f */
-		prev = f;
-		f = NULL;
+		input_close(&prev); /* the producer now points into in */
+		prev = in;
+		memset(&in, 0, sizeof(in));
 		dcast_producer_stats_get(p, &s);
 		show(&s, cli_now_s() - t0, tty, i + 1 == a->n_files);
 	}
-	dcast_st_close(&f);
-	dcast_st_close(&prev);
+	input_close(&in);
+	input_close(&prev);
 	return rc;
 }
 
@@ -168,7 +229,7 @@ int cmd_publish(int argc, char **argv)
 	dcast_producer_opts_init(&o);
 	o.range_elems = a.range_elems;
 	o.client = "deltacast-publish";
-	if ((rc = dcast_producer_open(a.broker, a.model, 0, 1, &o, &p)) ||
+	if ((rc = check_inputs(&a)) || (rc = dcast_producer_open(a.broker, a.model, 0, 1, &o, &p)) ||
 	    (rc = publish_all(p, &a))) {
 		int r = cli_report(CMD, rc);
 		dcast_producer_close(&p);

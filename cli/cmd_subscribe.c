@@ -1,7 +1,9 @@
 /* deltacast subscribe: follow a model through a broker with the consumer
  * library and keep DIR/model.safetensors equal to the newest applied
- * version (plus the delta log it writes while staging).  One line per
- * applied version; exits 0 once --until is reached. */
+ * version (plus the delta log it writes while staging); with --layout hf
+ * also the sharded Hugging Face checkpoint it was published from
+ * (cli/hf_layout.h).  One line per applied version; exits 0 once --until
+ * is reached. */
 #include <getopt.h>
 #include <inttypes.h>
 #include <signal.h>
@@ -10,13 +12,14 @@
 
 #include "cli.h"
 #include "deltacast/consumer.h"
+#include "hf_layout.h"
 
 #define CMD "subscribe"
 
 static const char usage_text[] =
 	"usage: deltacast subscribe --broker ENDPOINT --model NAME --dir DIR\n"
 	"                           [--until VERSION] [--budget BYTES] [--no-verify | --verify-all]\n"
-	"                           [--fold-every N]\n"
+	"                           [--fold-every N] [--layout hf [--layout-dir OUT]]\n"
 	"Receives versions of NAME from the broker's consumer endpoint and applies\n"
 	"each one.  DIR holds model.safetensors (a folded anchor) and a log of the\n"
 	"versions after it; the log is folded into model.safetensors in the\n"
@@ -30,7 +33,15 @@ static const char usage_text[] =
 	"resumes from the last whole version there.  Exits 0 when VERSION is applied\n"
 	"or on SIGTERM/SIGINT once the file is written.  Digests are checked as each\n"
 	"version is applied; --verify-all recomputes them over every element of every\n"
-	"version, --no-verify checks none.\n";
+	"version, --no-verify checks none.\n"
+	"--layout hf writes the model as the sharded Hugging Face checkpoint it was\n"
+	"published from (`deltacast publish DIR`): the same shard files and index,\n"
+	"byte for byte, plus deltacast.version, in OUT (default DIR/hf), after each\n"
+	"applied version that no newer one is already waiting behind, and at exit.\n"
+	"Each is written to OUT.deltacast-tmp and swapped in whole, so OUT always\n"
+	"holds one complete version (O(model) per write: an export).  Prints\n"
+	"  layout V written to OUT\n"
+	"after each; a model published from plain files has no layout (exit 1).\n";
 
 static volatile sig_atomic_t stop;
 
@@ -44,7 +55,26 @@ typedef struct sub_args {
 	const char *broker, *model, *dir;
 	uint64_t until, budget, fold_every;
 	int verify;
+	const char *layout_dir; /* --layout hf: where to write it; NULL without */
+	char layout_default[4096];
+	uint64_t layout_version; /* the version last written there */
 } sub_args;
+
+/* --layout hf [--layout-dir OUT]: OUT defaults to DIR/hf. */
+static int parse_layout(sub_args *a, const char *layout)
+{
+	if (!layout && a->layout_dir)
+		return cli_usage_error(CMD, "--layout-dir needs --layout hf");
+	if (!layout)
+		return 0;
+	if (strcmp(layout, "hf") != 0)
+		return cli_usage_error(CMD, "--layout: \"%s\" is not a layout (hf)", layout);
+	if (!a->layout_dir) {
+		snprintf(a->layout_default, sizeof(a->layout_default), "%s/hf", a->dir);
+		a->layout_dir = a->layout_default;
+	}
+	return 0;
+}
 
 static int parse(int argc, char **argv, sub_args *a)
 {
@@ -53,11 +83,14 @@ static int parse(int argc, char **argv, sub_args *a)
 		{"dir", required_argument, 0, 'd'},    {"until", required_argument, 0, 'u'},
 		{"budget", required_argument, 0, 'B'}, {"no-verify", no_argument, 0, 'n'},
 		{"verify-all", no_argument, 0, 'a'},   {"help", no_argument, 0, 'h'},
-		{"fold-every", required_argument, 0, 'f'}, {0, 0, 0, 0}};
+		{"fold-every", required_argument, 0, 'f'}, {"layout", required_argument, 0, 'l'},
+		{"layout-dir", required_argument, 0, 'L'}, {0, 0, 0, 0}};
+	const char *layout = NULL;
 	int o;
 	char *end;
 
-	*a = (sub_args){.until = DCAST_VERSION_NONE, .budget = 64u << 20, .verify = 1};
+	*a = (sub_args){.until = DCAST_VERSION_NONE, .budget = 64u << 20, .verify = 1,
+			.layout_version = DCAST_VERSION_NONE};
 	while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
 		switch (o) {
 		case 'b': a->broker = optarg; break;
@@ -65,6 +98,8 @@ static int parse(int argc, char **argv, sub_args *a)
 		case 'd': a->dir = optarg; break;
 		case 'n': a->verify = 0; break;
 		case 'a': a->verify = 2; break;
+		case 'l': layout = optarg; break;
+		case 'L': a->layout_dir = optarg; break;
 		case 'u':
 		case 'B':
 		case 'f':
@@ -79,7 +114,7 @@ static int parse(int argc, char **argv, sub_args *a)
 	}
 	if (!a->broker || !a->model || !a->dir)
 		return cli_usage_error(CMD, "--broker, --model and --dir are required");
-	return 0;
+	return parse_layout(a, layout);
 }
 
 static void print_version(dcast_consumer *c)
@@ -103,7 +138,25 @@ static int reached(dcast_consumer *c, uint64_t until)
 	       dcast_consumer_run(c) != 0;
 }
 
-static int follow(dcast_consumer *c, const sub_args *a)
+/* --layout hf: write the applied version's layout, unless a newer version
+ * is already waiting (its apply writes that one) or it is written already. */
+static int write_layout(dcast_consumer *c, sub_args *a, int at_exit)
+{
+	uint64_t v = dcast_consumer_version(c);
+	int err;
+
+	if (!a->layout_dir || v == DCAST_VERSION_NONE || v == a->layout_version ||
+	    (!at_exit && dcast_consumer_ready_version(c) != DCAST_VERSION_NONE))
+		return 0;
+	if ((err = hf_layout_export(c, a->layout_dir)))
+		return err;
+	a->layout_version = v;
+	printf("layout %" PRIu64 " written to %s\n", v, a->layout_dir);
+	fflush(stdout);
+	return 0;
+}
+
+static int follow(dcast_consumer *c, sub_args *a)
 {
 	dcast_event ev;
 	int err = 0;
@@ -122,6 +175,7 @@ static int follow(dcast_consumer *c, const sub_args *a)
 			continue;
 		}
 		print_version(c);
+		err = write_layout(c, a, 0);
 	}
 	return err;
 }
@@ -161,6 +215,8 @@ int cmd_subscribe(int argc, char **argv)
 	err = follow(c, &a);
 	if (!err)
 		err = fold_on_exit(c);
+	if (!err)
+		err = write_layout(c, &a, 1);
 	dcast_consumer_close(&c);
 	return err ? cli_report(CMD, err) : CLI_OK;
 }

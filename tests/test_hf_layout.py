@@ -1,0 +1,310 @@
+"""Sharded Hugging Face checkpoints through `deltacast publish DIR|INDEX`
+and `deltacast subscribe --layout hf`, with real files, a real broker and
+real subscriber processes.  A 3-shard checkpoint (BF16, F32 and U8 tensors,
+shard __metadata__, an index as transformers writes it) goes out as an
+anchor and deltas and comes back as the same files byte for byte, plus
+deltacast.version, with no temporary directory left (a stale one from a
+dead run is cleared); a restarted subscriber writes it from its checkpoint.
+Each bad input is refused naming the file and the tensor, before anything
+is published; a subscriber refuses a model without a layout, a layout
+record that does not decode or names a path outside its directory, and a
+--layout-dir holding someone else's files (left untouched)."""
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_producer_python import BUILD, procs, start_broker  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from deltacast import Producer  # noqa: E402
+
+DC = os.path.join(BUILD, "deltacast")
+LAYOUT_TENSOR = "__deltacast_hf_layout__"
+DTYPES = {"uint16": "BF16", "float32": "F32", "uint8": "U8"}
+
+
+def write_safetensors(path, tensors, meta=None):
+    """A safetensors file as the reference writer lays it out."""
+    hdr, off, blobs = {"__metadata__": meta or {"format": "pt"}}, 0, []
+    for name, a in tensors.items():
+        b = a.tobytes()
+        hdr[name] = {"dtype": DTYPES[a.dtype.name], "shape": list(a.shape),
+                     "data_offsets": [off, off + len(b)]}
+        off += len(b)
+        blobs.append(b)
+    h = json.dumps(hdr, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+def shard_name(i, n):
+    return f"model-{i + 1:05d}-of-{n:05d}.safetensors"
+
+
+def write_layout(d, shards, weight_map=None):
+    """Shards (a list of {name: array}) and their index, into directory d."""
+    os.makedirs(d, exist_ok=True)
+    wm, total = {}, 0
+    for i, tensors in enumerate(shards):
+        write_safetensors(os.path.join(d, shard_name(i, len(shards))), tensors)
+        for name, a in tensors.items():
+            wm[name] = shard_name(i, len(shards))
+            total += a.nbytes
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map or wm}
+    with open(os.path.join(d, "model.safetensors.index.json"), "w") as f:
+        f.write(json.dumps(index, indent=2, sort_keys=True) + "\n")
+    return d
+
+
+def model(rng):
+    return [{"a.w": rng.integers(0, 1 << 16, (64, 48), dtype=np.uint16),
+             "a.b": rng.standard_normal(48).astype(np.float32)},
+            {"b.w": rng.integers(0, 1 << 16, (96, 16), dtype=np.uint16)},
+            {"c.w": rng.integers(0, 256, (7,), dtype=np.uint8),
+             "c.norm": rng.standard_normal(16).astype(np.float32)}]
+
+
+def step(rng, shards):
+    """About 2% of the elements change, as after an RL optimizer step."""
+    for tensors in shards:
+        for a in tensors.values():
+            flat = a.reshape(-1).view(np.uint8 if a.itemsize == 1 else
+                                      np.uint16 if a.itemsize == 2 else np.uint32)
+            idx = rng.choice(flat.size, max(1, flat.size // 50), replace=False)
+            flat[idx] += 1
+
+
+def deltacast(*args):
+    return subprocess.run([DC, *args], capture_output=True, text=True, timeout=60)
+
+
+class Subscriber:
+    """A `deltacast subscribe` process whose stdout lines the test waits on."""
+
+    def __init__(self, tmp, name, *args):
+        self.out = os.path.join(tmp, name + ".out")
+        self.err = os.path.join(tmp, name + ".err")
+        with open(self.out, "w") as o, open(self.err, "w") as e:
+            self.p = subprocess.Popen([DC, "subscribe", *args], stdout=o, stderr=e)
+        procs.append(self.p)
+
+    def text(self):
+        with open(self.out) as f:
+            return f.read()
+
+    def wait_line(self, line):
+        """Wait until `line` is printed; fails if the process exits first."""
+        while line + "\n" not in self.text():
+            if self.p.poll() is not None and line + "\n" not in self.text():
+                raise AssertionError(f"subscriber exited {self.p.returncode} before {line!r}: "
+                                     f"{self.text()} {open(self.err).read()}")
+            time.sleep(0.02)
+
+    def finish(self):
+        rc = self.p.wait(timeout=60)
+        return rc, self.text(), open(self.err).read()
+
+
+def same_files(src, out, version):
+    want = sorted(os.listdir(src))
+    got = sorted(os.listdir(out))
+    assert got == sorted(want + ["deltacast.version"]), f"{out} holds {got}, want {want}"
+    for name in want:
+        with open(os.path.join(src, name), "rb") as a, open(os.path.join(out, name), "rb") as b:
+            assert a.read() == b.read(), f"{out}/{name} differs from {src}/{name}"
+    with open(os.path.join(out, "deltacast.version")) as f:
+        assert f.read() == f"{version}\n"
+
+
+def round_trip(tmp, prod, cons, rng):
+    shards = model(rng)
+    v = [write_layout(os.path.join(tmp, "v1"), shards)]
+    for i in (2, 3):
+        step(rng, shards)
+        v.append(write_layout(os.path.join(tmp, f"v{i}"), shards))
+    out = os.path.join(tmp, "out")
+    os.makedirs(out + ".deltacast-tmp")  # as a subscriber killed while writing leaves it
+    open(os.path.join(out + ".deltacast-tmp", "model-00001-of-00003.safetensors"), "w").close()
+    sub = Subscriber(tmp, "sub", "--broker", cons, "--model", "hf", "--dir",
+                     os.path.join(tmp, "sub"), "--layout", "hf", "--layout-dir", out)
+    r = deltacast("publish", "--broker", prod, "--model", "hf", "--range-elems", "256", v[0])
+    assert r.returncode == 0, r.stderr
+    assert "version 1 anchor" in r.stderr, r.stderr
+    sub.wait_line(f"layout 1 written to {out}")
+    same_files(v[0], out, 1)
+    assert not os.path.exists(out + ".deltacast-tmp"), "stale temporary directory left"
+
+    r = deltacast("publish", "--broker", prod, "--model", "hf", "--range-elems", "256",
+                  "--first-version", "2", os.path.join(v[1], "model.safetensors.index.json"), v[2])
+    assert r.returncode == 0, r.stderr
+    # a new publish process has no baseline: its first version is an anchor
+    assert "version 2 anchor" in r.stderr and "version 3 delta" in r.stderr, r.stderr
+    sub.wait_line(f"layout 3 written to {out}")
+    same_files(v[2], out, 3)
+    sub.p.terminate()
+    rc, text, err = sub.finish()
+    assert rc == 0, f"subscriber exit {rc}: {err}"
+    assert "version 3 delta" in text, text
+    same_files(v[2], out, 3)
+    for junk in (".deltacast-tmp", ".deltacast-old"):
+        assert not os.path.exists(out + junk), f"{out}{junk} left behind"
+
+    # restarted on its directory: version 3 from the checkpoint, written at exit
+    out2 = os.path.join(tmp, "out2")
+    sub2 = Subscriber(tmp, "sub2", "--broker", cons, "--model", "hf", "--dir",
+                      os.path.join(tmp, "sub"), "--layout", "hf", "--layout-dir", out2,
+                      "--until", "3")
+    rc, text, err = sub2.finish()
+    assert rc == 0 and "loaded version 3" in text, f"exit {rc}: {text} {err}"
+    same_files(v[2], out2, 3)
+
+    # a --layout-dir with other files is not replaced
+    foreign = os.path.join(tmp, "foreign")
+    os.makedirs(foreign)
+    with open(os.path.join(foreign, "notes.txt"), "w") as f:
+        f.write("mine\n")
+    sub3 = Subscriber(tmp, "sub3", "--broker", cons, "--model", "hf", "--dir",
+                      os.path.join(tmp, "sub3"), "--layout", "hf", "--layout-dir", foreign,
+                      "--until", "3")
+    rc, text, err = sub3.finish()
+    assert rc == 1 and foreign in err and "deltacast.version" in err, f"exit {rc}: {err}"
+    assert os.listdir(foreign) == ["notes.txt"], os.listdir(foreign)
+    return v
+
+
+def refused(prod, args, *words):
+    r = deltacast("publish", "--broker", prod, "--model", "bad", *args)
+    assert r.returncode == 1, f"{args}: exit {r.returncode}: {r.stderr}"
+    for w in words:
+        assert w in r.stderr, f"{args}: {w!r} not in {r.stderr!r}"
+    print(r.stderr.strip())
+
+
+def bad_inputs(tmp, prod, v1):
+    def copy(name):
+        d = os.path.join(tmp, name)
+        shutil.copytree(v1, d)
+        return d
+
+    s2, s3 = shard_name(1, 3), shard_name(2, 3)
+    d = copy("missing")
+    os.remove(os.path.join(d, s2))
+    refused(prod, [d], os.path.join(d, "model.safetensors.index.json"), s2, '"b.w"')
+
+    d = copy("twice")
+    rng = np.random.default_rng(5)
+    write_safetensors(os.path.join(d, s3), {"c.w": rng.integers(0, 256, (7,), dtype=np.uint8),
+                                            "b.w": np.zeros((96, 16), np.uint16)})
+    refused(prod, [d], '"b.w"', "two shards", s2, s3)
+
+    d = copy("stray")
+    shutil.copy(os.path.join(d, s3), os.path.join(d, "extra.safetensors"))
+    refused(prod, [d], "extra.safetensors", "not in")
+
+    d = copy("corrupt")
+    with open(os.path.join(d, s3), "r+b") as f:
+        f.seek(8)
+        f.write(b"#garbage")
+    refused(prod, [d], os.path.join(d, s3), '(holding tensor "c.', "header JSON")
+
+    d = copy("ghost")
+    index = os.path.join(d, "model.safetensors.index.json")
+    with open(index) as f:
+        idx = json.load(f)
+    idx["weight_map"]["ghost.w"] = shard_name(0, 3)
+    with open(index, "w") as f:
+        json.dump(idx, f)
+    refused(prod, [index], '"ghost.w"', shard_name(0, 3), "does not hold it")
+
+    d = copy("unlisted")
+    index = os.path.join(d, "model.safetensors.index.json")
+    del idx["weight_map"]["ghost.w"], idx["weight_map"]["a.b"]
+    with open(index, "w") as f:
+        json.dump(idx, f)
+    refused(prod, [d], '"a.b"', shard_name(0, 3), "not in the index")
+
+    d = copy("outside")
+    index = os.path.join(d, "model.safetensors.index.json")
+    idx["weight_map"]["a.b"] = shard_name(0, 3)
+    idx["weight_map"]["c.w"] = "../v1/" + s3
+    with open(index, "w") as f:
+        json.dump(idx, f)
+    refused(prod, [d], index, '"c.w"', "../v1/" + s3)
+
+    two = write_layout(os.path.join(tmp, "two"), [{"a.w": np.zeros((64, 48), np.uint16)},
+                                                   {"a.b": np.zeros(48, np.float32)}])
+    refused(prod, [v1, two], two, "differs", v1)
+    # a bad second version: not even the good first one is published
+    refused(prod, [v1, os.path.join(tmp, "missing")], s2)
+    r = deltacast("publish", "--broker", prod, "--model", "bad", v1)
+    assert r.returncode == 0 and "version 1 anchor" in r.stderr, \
+        f"version 1 of 'bad' was published by a refused run: {r.stderr}"
+
+
+def record(index_name, index, shards):
+    """A layout record (cli/hf_layout.h) of an index and {shard: header JSON}."""
+    out = b"DCHFLAY1" + struct.pack("<I", len(shards))
+    out += struct.pack("<I", len(index_name)) + index_name + struct.pack("<Q", len(index)) + index
+    for name, (hdr, data_bytes) in shards.items():
+        out += struct.pack("<I", len(name)) + name + struct.pack("<Q", len(hdr)) + hdr
+        out += struct.pack("<Q", data_bytes)
+    return np.frombuffer(out, dtype=np.uint8).copy()
+
+
+def subscriber_refuses(tmp, prod, cons, v1):
+    sub_args = ["--layout", "hf", "--until", "1"]
+    r = deltacast("publish", "--broker", prod, "--model", "plain",
+                  os.path.join(v1, shard_name(0, 3)))
+    assert r.returncode == 0, r.stderr
+    rc, _, err = Subscriber(tmp, "plain", "--broker", cons, "--model", "plain", "--dir",
+                            os.path.join(tmp, "plain"), *sub_args).finish()
+    assert rc == 1 and "carries no Hugging Face layout" in err, f"exit {rc}: {err}"
+
+    x = np.arange(4, dtype=np.uint8)
+    hdr = b'{"x":{"dtype":"U8","shape":[4],"data_offsets":[0,4]}}'
+    evil = b"../evil.safetensors"
+    name = b"model.safetensors.index.json"
+    good = json.dumps({"weight_map": {"x": "model.safetensors"}}).encode()
+    bad = json.dumps({"weight_map": {"x": evil.decode()}}).encode()
+    cases = {"garbage": (np.frombuffer(b"not a layout record", np.uint8).copy(), "magic"),
+             "evil": (record(name, bad, {evil: (hdr, 4)}), "../evil.safetensors"),
+             "short": (record(name, good, {b"model.safetensors": (hdr, 4)})[:-3], "cut short")}
+    for name, (rec, word) in cases.items():
+        with Producer(prod, name) as p:
+            p.register("x", x)
+            p.register(LAYOUT_TENSOR, rec)
+            p.publish(1)
+            p.wait(1)
+        out = os.path.join(tmp, name + "-layout")
+        rc, _, err = Subscriber(tmp, name, "--broker", cons, "--model", name, "--dir",
+                                os.path.join(tmp, name), "--layout-dir", out, *sub_args).finish()
+        assert rc == 1 and "layout record" in err and word in err, f"{name}: exit {rc}: {err}"
+        assert not os.path.exists(out), f"{name}: {out} written"
+    assert not os.path.exists(os.path.join(tmp, "evil.safetensors")), "wrote outside its directory"
+
+
+def main():
+    tmp = tempfile.mkdtemp(prefix="dcast-hf-layout-")
+    try:
+        prod, cons = start_broker(tmp)
+        v = round_trip(tmp, prod, cons, np.random.default_rng(1))
+        bad_inputs(tmp, prod, v[0])
+        subscriber_refuses(tmp, prod, cons, v[0])
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
+    print("test_hf_layout: ok")
+
+
+if __name__ == "__main__":
+    main()

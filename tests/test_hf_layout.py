@@ -4,7 +4,9 @@ real subscriber processes.  A 3-shard checkpoint (BF16, F32 and U8 tensors,
 shard __metadata__, an index as transformers writes it) goes out as an
 anchor and deltas and comes back as the same files byte for byte, plus
 deltacast.version, with no temporary directory left (a stale one from a
-dead run is cleared); a restarted subscriber writes it from its checkpoint.
+dead run is cleared); a reader loading the layout over and over while ten
+more versions land only ever finds one whole version; a restarted
+subscriber writes it from its checkpoint.
 Each bad input is refused naming the file and the tensor, before anything
 is published; a subscriber refuses a model without a layout, a layout
 record that does not decode or names a path outside its directory, and a
@@ -16,6 +18,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -124,6 +127,47 @@ def same_files(src, out, version):
         assert f.read() == f"{version}\n"
 
 
+def files_of(d):
+    with os.scandir(d) as it:
+        return {e.name: open(e.path, "rb").read() for e in it}
+
+
+class Reader(threading.Thread):
+    """Reads the layout directory over and over while versions land, as a
+    loader would: the directory opened once, then each file in it.  Every
+    read that finds all its files must be one version's layout, whole."""
+
+    def __init__(self, out, published):
+        super().__init__(daemon=True)
+        self.out, self.published, self.stop = out, published, threading.Event()
+        self.whole = self.vanished = 0
+        self.wrong = []
+
+    def read_once(self):
+        try:
+            fd = os.open(self.out, os.O_RDONLY | os.O_DIRECTORY)
+        except FileNotFoundError:
+            self.vanished += 1
+            return
+        try:
+            got = {n: open(n, "rb", opener=lambda p, f: os.open(p, f, dir_fd=fd)).read()
+                   for n in os.listdir(fd)}
+        except FileNotFoundError:  # swapped out while being read: its files are gone
+            self.vanished += 1
+            return
+        finally:
+            os.close(fd)
+        v = int(got.pop("deltacast.version", b"0"))
+        if got != self.published.get(v):
+            self.wrong.append(v)
+        else:
+            self.whole += 1
+
+    def run(self):
+        while not self.stop.is_set():
+            self.read_once()
+
+
 def round_trip(tmp, prod, cons, rng):
     shards = model(rng)
     v = [write_layout(os.path.join(tmp, "v1"), shards)]
@@ -149,22 +193,41 @@ def round_trip(tmp, prod, cons, rng):
     assert "version 2 anchor" in r.stderr and "version 3 delta" in r.stderr, r.stderr
     sub.wait_line(f"layout 3 written to {out}")
     same_files(v[2], out, 3)
+
+    # ten more versions while a reader loads the layout again and again
+    published = {i + 1: files_of(d) for i, d in enumerate(v)}
+    for i in range(4, 14):
+        step(rng, shards)
+        v.append(write_layout(os.path.join(tmp, f"v{i}"), shards))
+        published[i] = files_of(v[-1])
+    reader = Reader(out, published)
+    reader.start()
+    r = deltacast("publish", "--broker", prod, "--model", "hf", "--first-version", "4", *v[3:])
+    assert r.returncode == 0, r.stderr
+    sub.wait_line(f"layout 13 written to {out}")
+    reader.stop.set()
+    reader.join()
+    reader.read_once()  # after the last swap: version 13, whole
+    assert not reader.wrong, f"a reader saw a mixed or partial layout (versions {reader.wrong})"
+    assert reader.whole >= 1, "no read of the layout succeeded"
+    print(f"reader: {reader.whole} whole layouts read, {reader.vanished} swapped away mid-read")
+    same_files(v[-1], out, 13)
     sub.p.terminate()
     rc, text, err = sub.finish()
     assert rc == 0, f"subscriber exit {rc}: {err}"
-    assert "version 3 delta" in text, text
-    same_files(v[2], out, 3)
+    assert "version 13 delta" in text, text
+    same_files(v[-1], out, 13)
     for junk in (".deltacast-tmp", ".deltacast-old"):
         assert not os.path.exists(out + junk), f"{out}{junk} left behind"
 
-    # restarted on its directory: version 3 from the checkpoint, written at exit
+    # restarted on its directory: version 13 from the checkpoint, written at exit
     out2 = os.path.join(tmp, "out2")
     sub2 = Subscriber(tmp, "sub2", "--broker", cons, "--model", "hf", "--dir",
                       os.path.join(tmp, "sub"), "--layout", "hf", "--layout-dir", out2,
-                      "--until", "3")
+                      "--until", "13")
     rc, text, err = sub2.finish()
-    assert rc == 0 and "loaded version 3" in text, f"exit {rc}: {text} {err}"
-    same_files(v[2], out2, 3)
+    assert rc == 0 and "loaded version 13" in text, f"exit {rc}: {text} {err}"
+    same_files(v[-1], out2, 13)
 
     # a --layout-dir with other files is not replaced
     foreign = os.path.join(tmp, "foreign")

@@ -1,60 +1,90 @@
-"""A rollout worker loop on deltacast: generation runs on the live weights,
-new versions are staged by the consumer's own thread meanwhile, applied
-between generation steps (the engine's pause points), and every generated
-sample carries the version of the weights that produced it.
+"""A rollout worker on deltacast: it generates tokens with the tiny
+transformer of tiny_lm.py in batches, while the consumer's own thread
+receives and checks new versions; it applies a new version only between
+batches (its pause points), and tags every output with the version of the
+weights that produced it.
 
-    python3 examples/rollout_worker.py --broker tcp://127.0.0.1:5556 \
-        --model policy --dir /tmp/worker0 --samples 100
+    python3 examples/rollout_worker.py --broker tcp://127.0.0.1:5556 --dir /tmp/worker0
 
-The "model" here is a toy (a sum over the weights) so the loop runs
-anywhere; a real worker binds its engine's parameter tensors instead."""
+The model's parameters are bound to the consumer (bind_module): apply()
+writes each version straight into them, nothing is copied or reloaded.
+Prints one line per batch:
+    batch N version V: PROMPT -> GENERATED      (the first sequence of the batch)
+--out DIR also saves each batch as DIR/batch-N.pt (torch.save of a dict:
+version, prompt_len, tokens, logits), to check against the trainer's
+weights for that version (tests/test_torch_rollout.py does)."""
 import argparse
+import os
 import sys
 
-import numpy as np
+import torch
 
 from deltacast import Consumer
 
-
-def generate(weights, prompt):
-    """Stand-in for an inference step: depends on every weight."""
-    return float(sum(float(w.astype(np.float64).sum()) for w in weights.values())) + prompt
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from tiny_lm import TinyLM, generate, progressions  # noqa: E402
 
 
-def run(broker, model, dir, samples, min_version=None, poll_ms=50, budget_bytes=64 << 20):
-    """Generate `samples` samples; each is (prompt, output, version).  Waits
-    for the first version (and for min_version, if given) before starting."""
-    out = []
-    with Consumer(broker, model, dir, budget_bytes=budget_bytes) as c:
-        while not c.names() or c.version is None or (min_version and c.version < min_version):
-            c.poll(poll_ms)  # events are optional: this only waits for one
-            if c.ready_version is not None:
-                c.apply(c.ready_version)
-        weights = {}
-        for name in c.names():
-            live = c.tensor(name)
-            weights[name] = np.empty_like(live)
-            c.bind(name, weights[name])  # the engine's own buffers become the live tensors
-        for prompt in range(samples):
-            if c.ready_version is not None:  # the pause point: one whole version at once
-                c.apply(c.ready_version)
-            ev = c.poll(0)  # optional: report what the consumer's thread ran into
-            if ev and ev.type in ("gap", "error"):
-                print(f"worker: {ev.type} at version {ev.version}: {ev.text}", file=sys.stderr)
-            version = c.version  # read together with the weights it tags
-            out.append((prompt, generate(weights, prompt), version))
-    return out
+def wait_manifest(c, poll_ms=50):
+    """Block until the consumer knows the model's tensors (manifest or local checkpoint)."""
+    while not c.names():
+        c.poll(poll_ms)  # events are optional: this only waits for one
+
+
+def save(out_dir, batch, record):
+    path = os.path.join(out_dir, f"batch-{batch:05d}.pt")
+    torch.save(record, path + ".tmp")
+    os.replace(path + ".tmp", path)
+
+
+def run(broker, model_name, dir, out_dir=None, until_version=None, batches=None, batch_size=4,
+        prompt_len=8, new_tokens=8, seed=0, poll_ms=50):
+    """Generate batches until one ran on a version >= until_version, or
+    `batches` batches (None: forever).  Returns the number of batches."""
+    model = TinyLM().eval()
+    gen = torch.Generator().manual_seed(seed)
+    model_bytes = sum(t.numel() * t.element_size() for t in model.parameters())
+    if out_dir:
+        os.makedirs(out_dir, exist_ok=True)
+    with Consumer(broker, model_name, dir, model_bytes=model_bytes) as c:
+        wait_manifest(c, poll_ms)
+        c.bind_module(model)  # the parameters become the live tensors
+        n = 0
+        while batches is None or n < batches:
+            ready = c.ready_version
+            if ready is not None:
+                c.apply(ready)  # the pause point: a whole version, between batches
+            version = c.version  # what the weights hold until the next apply
+            if version is None:
+                c.poll(poll_ms)
+                continue
+            prompts = progressions(gen, batch_size, prompt_len)
+            tokens, logits = generate(model, prompts, new_tokens)
+            if out_dir:
+                save(out_dir, n, {"version": version, "prompt_len": prompt_len,
+                                  "tokens": tokens, "logits": logits})
+            print(f"batch {n} version {version}: {' '.join(map(str, tokens[0, :prompt_len].tolist()))}"
+                  f" -> {' '.join(map(str, tokens[0, prompt_len:].tolist()))}", flush=True)
+            n += 1
+            if until_version is not None and version >= until_version:
+                break
+    return n
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--broker", required=True)
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--dir", required=True)
-    ap.add_argument("--samples", type=int, default=100)
+    ap.add_argument("--broker", default="tcp://127.0.0.1:5556")
+    ap.add_argument("--model", default="tiny-lm")
+    ap.add_argument("--dir", required=True, help="local checkpoint directory")
+    ap.add_argument("--out", help="save every batch here")
+    ap.add_argument("--until-version", type=int, help="stop after a batch on this version")
+    ap.add_argument("--batches", type=int, help="stop after this many batches")
+    ap.add_argument("--batch-size", type=int, default=4)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     a = ap.parse_args()
-    for prompt, output, version in run(a.broker, a.model, a.dir, a.samples):
-        print(f"sample {prompt} version {version} output {output:.6g}")
+    torch.set_num_threads(a.threads)
+    run(a.broker, a.model, a.dir, a.out, a.until_version, a.batches, a.batch_size, seed=a.seed)
 
 
 if __name__ == "__main__":

@@ -1,29 +1,80 @@
-"""A trainer loop that publishes its weights after every optimizer step.
+"""A trainer that publishes its weights through deltacast: the tiny
+transformer of tiny_lm.py, trained in place (bf16 AdamW), published as
+version 1 before the first step (an anchor) and as the next version after
+every step (deltas against the last acknowledged one).
 
-    python3 examples/trainer_torch.py tcp://127.0.0.1:5555
+    python3 examples/trainer_torch.py --broker tcp://127.0.0.1:5555 --steps 300
 
-Needs torch (not required by the tests).  Run a broker first:
+Run a broker first:
     build/deltacast-broker --producers tcp://127.0.0.1:5555 --consumers tcp://127.0.0.1:5556
-"""
+and any number of examples/rollout_worker.py.  Prints one line per version:
+    published V anchor|delta bytes B changed C/E loss L
+--save-dir DIR also writes each published version's weights to DIR/vV.pt
+(torch.save of the state dict), to check workers against.  --paced takes a
+step only when a line arrives on stdin (EOF stops), so that a driver sets
+the pace."""
+import argparse
+import os
 import sys
 
 import torch
 
 from deltacast import Producer
 
-model = torch.nn.Linear(1024, 1024).to(torch.bfloat16)
-opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from tiny_lm import TinyLM, train_step  # noqa: E402
 
-with Producer(sys.argv[1] if len(sys.argv) > 1 else "tcp://127.0.0.1:5555", "example") as p:
-    for name, param in model.named_parameters():
-        p.register(name, param)  # the parameter itself: a replaced param.data is followed
-    for step in range(1, 11):
-        loss = model(torch.randn(8, 1024, dtype=torch.bfloat16)).square().mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()  # in place: the registered data_ptr()s stay valid
-        p.publish(step)  # anchor first, then deltas against the last acknowledged step
-        p.wait(step)
-        s = p.stats()
-        print(f"step {step}: {'anchor' if s.anchor else 'delta'} {s.payload_bytes} bytes, "
-              f"{s.changed_elems}/{s.elems} changed")
+
+def save(model, save_dir, version):
+    """DIR/vV.pt: the weights of `version`, written whole (tmp, rename)."""
+    path = os.path.join(save_dir, f"v{version}.pt")
+    torch.save({k: t.clone() for k, t in model.state_dict().items()}, path + ".tmp")
+    os.replace(path + ".tmp", path)
+
+
+def publish(p, model, version, save_dir, loss):
+    """Send `version` and wait for the broker's acknowledgement; then save it."""
+    p.publish(version)
+    p.wait(version)
+    if save_dir:
+        save(model, save_dir, version)
+    s = p.stats()
+    print(f"published {version} {'anchor' if s.anchor else 'delta'} bytes {s.payload_bytes} "
+          f"changed {s.changed_elems}/{s.elems} loss {loss:.4f}", flush=True)
+
+
+def run(broker, model_name, steps, save_dir=None, paced=False, seed=0, lr=3e-3):
+    """Train `steps` steps, publishing versions 1 .. steps + 1."""
+    torch.manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)
+    model = TinyLM()
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    if save_dir:
+        os.makedirs(save_dir, exist_ok=True)
+    with Producer(broker, model_name) as p:
+        p.register_module(model)  # the parameters themselves: opt.step() updates them in place
+        publish(p, model, 1, save_dir, float("nan"))
+        for version in range(2, steps + 2):
+            if paced and not sys.stdin.readline():
+                break
+            loss = train_step(model, opt, gen)
+            publish(p, model, version, save_dir, loss)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--broker", default="tcp://127.0.0.1:5555")
+    ap.add_argument("--model", default="tiny-lm")
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--save-dir")
+    ap.add_argument("--paced", action="store_true")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    run(a.broker, a.model, a.steps, a.save_dir, a.paced, a.seed, a.lr)
+
+
+if __name__ == "__main__":
+    main()

@@ -17,12 +17,11 @@ import shutil
 import struct
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_producer_python import BUILD, procs, start_broker  # noqa: E402
+from test_producer_python import BUILD, procs, run_with_broker  # noqa: E402
 
 import numpy as np  # noqa: E402
 
@@ -355,17 +354,11 @@ def subscriber_refuses(tmp, prod, cons, v1):
 
 
 def main():
-    tmp = tempfile.mkdtemp(prefix="dcast-hf-layout-")
-    try:
-        prod, cons = start_broker(tmp)
+    def body(tmp, prod, cons):
         v = round_trip(tmp, prod, cons, np.random.default_rng(1))
         bad_inputs(tmp, prod, v[0])
         subscriber_refuses(tmp, prod, cons, v[0])
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
-        shutil.rmtree(tmp, ignore_errors=True)
+    run_with_broker("dcast-hf-layout-", body)
     print("test_hf_layout: ok")
 
 

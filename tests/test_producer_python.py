@@ -58,6 +58,21 @@ def start_broker(tmp):
     raise RuntimeError("no broker could start")
 
 
+def run_with_broker(prefix, body):
+    """body(tmp, producer endpoint, consumer endpoint) with a fresh broker
+    and temporary directory; kills every process in `procs` and removes
+    the directory afterwards, pass or fail."""
+    tmp = tempfile.mkdtemp(prefix=prefix)
+    try:
+        body(tmp, *start_broker(tmp))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def read_version(cons_ep, model, version, out):
     r = subprocess.run([os.path.join(BUILD, "tools", "producer_reader"), "--endpoint", cons_ep,
                         "--model", model, "--until", str(version), "--out", out,

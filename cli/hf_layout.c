@@ -280,6 +280,20 @@ int hf_layout_decode(const void *rec, size_t len, hf_layout *l)
 
 /* ---- opening a layout on disk ---- */
 
+static int read_all(int fd, unsigned char *buf, size_t len, const char *path)
+{
+	while (len) {
+		ssize_t n = read(fd, buf, len);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			return cli_fail(DCAST_EIO, "%s: read: %s", path, n ? strerror(errno) : "file shrank");
+		buf += n;
+		len -= (size_t)n;
+	}
+	return 0;
+}
+
 static int read_index(hf_layout *l, const char *path)
 {
 	int fd = open(path, O_RDONLY | O_CLOEXEC), err = 0;
@@ -295,8 +309,8 @@ static int read_index(hf_layout *l, const char *path)
 			       (long long)st.st_size, DCAST_ST_MAX_HEADER_BYTES);
 	else if (!(l->index_json = malloc((size_t)st.st_size + 1)))
 		err = cli_fail(DCAST_ENOMEM, "%s: out of memory", path);
-	else if (read(fd, l->index_json, (size_t)st.st_size) != st.st_size)
-		err = cli_fail(DCAST_EIO, "%s: short read", path);
+	else
+		err = read_all(fd, l->index_json, (size_t)st.st_size, path);
 	l->index_len = err ? 0 : (size_t)st.st_size;
 	close(fd);
 	if (!err && dcast_st_index_parse(l->index_json, l->index_len, path, &l->index))

@@ -79,13 +79,15 @@ int main(void)
 	br.extra[br.n_extra++] = "3000";
 	h_broker_start(&br);
 
+	/* The producer creates the model first: a consumer that waited for it
+	 * would get a second WELCOME naming its run (broker_rewelcome). */
+	h_client_open(&prod, br.pport, "welcome/model");
+	REQUIRE(h_producer_join(&prod) == 0);
 	open_small_consumer(&cons, br.cport);
 	h_hello(&cons, DCAST_ROLE_CONSUMER, DCAST_VERSION_NONE);
 	CHECK(h_pump(&cons, 1, h_done_welcomed, 50));
 
 	/* The consumer reads nothing from here on until its second HELLO. */
-	h_client_open(&prod, br.pport, "welcome/model");
-	REQUIRE(h_producer_join(&prod) == 0);
 	for (uint64_t v = 1; v <= VERSIONS; v++) {
 		h_mutate(&prod, &rng, v == 1 ? 1 : 50);
 		CHECK(h_publish(&prod, v, v == 1, 100) == 0);

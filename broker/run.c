@@ -5,7 +5,6 @@
  * same run.  A consumer holding state of another run drops it and takes an
  * anchor, so state from an earlier run is never served as current. */
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
@@ -14,6 +13,7 @@
 #include <unistd.h>
 #include "broker.h"
 #include "dcast_common.h"
+#include "dcast_runfile.h"
 
 uint64_t broker_run_new(void)
 {
@@ -35,40 +35,34 @@ static void run_path(const struct broker *b, const char *model, char *out, size_
 
 void broker_run_save(const struct broker *b, const struct broker_model *m)
 {
-	char path[4096], tmp[4200], dir[4096];
-	FILE *f;
+	char path[4096], dir[4096];
 
 	if (!b->cfg.data_dir)
 		return;
 	snprintf(dir, sizeof(dir), "%s/runs", b->cfg.data_dir);
 	run_path(b, m->name, path, sizeof(path));
-	snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-	if ((mkdir(dir, 0755) && errno != EEXIST) || !(f = fopen(tmp, "w"))) {
+	if (mkdir(dir, 0755) && errno != EEXIST)
 		DCAST_LOG_W("model %s: run id not kept in %s: %s", m->name, dir, strerror(errno));
-		return;
-	}
-	fprintf(f, "%016" PRIx64 "\n", m->run);
-	if (fflush(f) || fsync(fileno(f)) || fclose(f) || rename(tmp, path))
-		DCAST_LOG_W("model %s: run id not kept in %s: %s", m->name, path, strerror(errno));
+	else if (dcast_runfile_save(path, m->run))
+		DCAST_LOG_W("model %s: run id not kept: %s", m->name, dcast_last_error());
 }
 
 void broker_run_restore(const struct broker *b, struct broker_model *m)
 {
 	char path[4096];
-	uint64_t run = 0;
-	FILE *f;
+	uint64_t run;
+	int rc;
 
 	run_path(b, m->name, path, sizeof(path));
-	if ((f = fopen(path, "r"))) {
-		if (fscanf(f, "%16" SCNx64, &run) != 1)
-			run = 0;
-		fclose(f);
-	}
-	if (run) {
+	if (!(rc = dcast_runfile_load(path, &run))) {
 		m->run = run;
 		return;
 	}
-	DCAST_LOG_W("model %s: no run id in %s (data dir from an older broker?): a new run %016" PRIx64
-		    "; consumers holding this model's state take an anchor", m->name, path, m->run);
+	if (rc == DCAST_ENOTFOUND)
+		DCAST_LOG_W("model %s: no run id in %s (data dir from an older broker?): a new run %016" PRIx64
+			    "; consumers holding this model's state take an anchor", m->name, path, m->run);
+	else
+		DCAST_LOG_E("model %s: run id lost (%s): a new run %016" PRIx64 "; consumers holding this "
+			    "model's state take an anchor", m->name, dcast_last_error(), m->run);
 	broker_run_save(b, m);
 }

@@ -28,8 +28,9 @@ static const char usage_text[] =
 	"applied version.  --fold-every N also folds after every N versions (1:\n"
 	"a current file after each version, at the cost of writing the whole\n"
 	"model each time).  Prints, per version:\n"
-	"  version V anchor|delta bytes B stage_ms S apply_ms A received R\n"
-	"(R: payload bytes received since start).  Restarted with the same DIR it\n"
+	"  version V anchor|delta bytes B stage_ms S apply_ms A received R verify_bytes H log_write_bytes L\n"
+	"(R: payload bytes received since start; H: bytes hashed to check V's\n"
+	"digests; L: bytes V added to DIR's record log).  Restarted with the same DIR it\n"
 	"resumes from the last whole version there.  Exits 0 when VERSION is applied\n"
 	"or on SIGTERM/SIGINT once the file is written.  Digests are checked as each\n"
 	"version is applied; --verify-all recomputes them over every element of every\n"
@@ -122,9 +123,10 @@ static void print_version(dcast_consumer *c)
 	dcast_consumer_stats st;
 
 	dcast_consumer_stats_get(c, &st);
-	printf("version %" PRIu64 " %s bytes %" PRIu64 " stage_ms %.3f apply_ms %.3f received %" PRIu64 "\n",
+	printf("version %" PRIu64 " %s bytes %" PRIu64 " stage_ms %.3f apply_ms %.3f received %" PRIu64
+	       " verify_bytes %" PRIu64 " log_write_bytes %" PRIu64 "\n",
 	       st.version, st.anchor ? "anchor" : "delta", st.bytes, st.stage_ns / 1e6, st.apply_ns / 1e6,
-	       st.total_bytes_received);
+	       st.total_bytes_received, st.verify_bytes, st.log_write_bytes);
 	fflush(stdout);
 }
 

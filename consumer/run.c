@@ -4,13 +4,11 @@
  * broker restarted afresh, a model name used again): it is dropped, with a
  * log line saying why, and the consumer joins again for an anchor, so that
  * state from another run is never served as current. */
-#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
-#include <string.h>
-#include <unistd.h>
 #include "consumer_impl.h"
 #include "dcast_common.h"
+#include "dcast_runfile.h"
 
 static void run_path(const dcast_consumer *c, char *out, size_t cap)
 {
@@ -20,44 +18,39 @@ static void run_path(const dcast_consumer *c, char *out, size_t cap)
 void cs_run_load(dcast_consumer *c)
 {
 	char path[4096];
-	FILE *f;
+	int rc;
 
 	run_path(c, path, sizeof(path));
-	c->run = 0;
-	if (!(f = fopen(path, "r")))
-		return;
-	if (fscanf(f, "%16" SCNx64, &c->run) != 1)
-		c->run = 0;
-	fclose(f);
+	if ((rc = dcast_runfile_load(path, &c->run)) && rc != DCAST_ENOTFOUND)
+		DCAST_LOG_W("consumer %s: run id lost (%s): local state of an unknown run, dropped at the "
+			    "broker's WELCOME", c->model, dcast_last_error());
 }
 
 static void run_save(dcast_consumer *c, uint64_t run)
 {
-	char path[4096], tmp[4200];
-	FILE *f;
+	char path[4096];
 
 	run_path(c, path, sizeof(path));
-	snprintf(tmp, sizeof(tmp), "%s.tmp", path);
 	c->run = run;
-	if (!(f = fopen(tmp, "w"))) {
-		DCAST_LOG_W("consumer %s: %s: %s", c->model, tmp, strerror(errno));
-		return;
-	}
-	fprintf(f, "%016" PRIx64 "\n", run);
-	if (fflush(f) || fsync(fileno(f)) || fclose(f) || rename(tmp, path))
-		DCAST_LOG_W("consumer %s: run id not kept in %s: %s", c->model, path, strerror(errno));
+	if (dcast_runfile_save(path, run))
+		DCAST_LOG_W("consumer %s: run id not kept: %s", c->model, dcast_last_error());
 }
 
 int cs_run_check(dcast_consumer *c, uint64_t run)
 {
-	int other = run && c->run && c->run != run && dcast_consumer_version(c) != DCAST_VERSION_NONE;
+	/* State of no known run (its run file lost) counts as another run's. */
+	int other = run && c->run != run && dcast_consumer_version(c) != DCAST_VERSION_NONE;
 
 	if (!run)
 		return 0; /* a broker that names no run: nothing to compare */
 	if (other) {
-		DCAST_LOG_W("consumer %s: the local state (version %" PRIu64 ") belongs to run %016" PRIx64
-			    ", the broker serves run %016" PRIx64 ": dropped; joining again for an anchor",
-			    c->model, dcast_consumer_version(c), c->run, run);
+		char was[32] = "no known run";
+
+		if (c->run)
+			snprintf(was, sizeof(was), "run %016" PRIx64, c->run);
+		DCAST_LOG_W("consumer %s: the local state (version %" PRIu64 ") belongs to %s, the broker "
+			    "serves run %016" PRIx64 ": dropped; joining again for an anchor", c->model,
+			    dcast_consumer_version(c), was, run);
 		cs_forget_state(c);
 		cs_drop_all(c);
 	}

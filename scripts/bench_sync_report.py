@@ -232,18 +232,18 @@ How it is measured (scripts/bench_sync.sh; every number from this one run):
   before (2^20-element chunks, smallest encoding, as the producer does), then decode and scatter of
   every payload into a copy of the version before (`dcast_codec_apply`); best of 3 per version,
   median over versions.
-- **hashed**: `dcast_consumer_stats.verify_bytes` of each version (the library forms; `deltacast
-  subscribe` prints no such number); **written**: growth of the consumer process's
+- **hashed**: `dcast_consumer_stats.verify_bytes` of each version (`deltacast subscribe` prints
+  it on its version line); **written**: growth of the consumer process's
   `write_bytes` in /proc/PID/io from the version before (every byte it sent towards the disk:
   record log, checkpoint folds); **record log**: growth of `log_write_bytes` in the stats.  Per
   version the largest over the consumers, median over versions (and the mean, which shows a
-  periodic fold when one falls among the counted versions: the library folds the whole model
-  into DIR/model.safetensors every 16 deltas by default, 1/16 of the model per version on
-  average, which few counted versions do not show; `deltacast subscribe` folds after every one).
-- **warm-up**: the first delta after the anchor is sent and applied but not counted: a library
-  consumer folds an applied anchor into DIR/model.safetensors (the whole model written) from its
-  next poll, while that delta arrives, so that delta carries the anchor's cost.
-- Consumers: the library with default options (digests checked on the blocks a version writes,
+  fold when one falls among the counted versions: both forms fold the record log into
+  DIR/model.safetensors in the background once it exceeds a quarter of the model, which 5
+  deltas of 1% do not reach; `deltacast subscribe` also when it exits).
+- **warm-up**: the first delta after the anchor is sent and applied but not counted: a consumer
+  folds an applied anchor into DIR/model.safetensors (the whole model written) on its own
+  thread while that delta arrives, so that delta carries the anchor's cost.
+- Consumers: the library with default options (digests checked from the elements each version changes,
   the default fold policy, a 64 MiB staging budget, its own host copy of the tensors);
   `deltacast subscribe` as users run it.  Every version counted here passed the consumer's own
   check against the producer's digests (on by default in both forms; a refused version stops

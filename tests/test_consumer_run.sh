@@ -4,7 +4,8 @@
 # name (versions 1..3, other weights), drops its state with a log line and
 # ends at the new run's version 3, digests checked; it did not exit at once
 # holding the old run's version 5.  A broker restarted on its data dir
-# keeps its run: a worker at its newest version keeps its state.
+# keeps its run: a worker at its newest version keeps its state.  Damaged
+# run files (the broker's and the worker's) are found, not misread.
 . "$(dirname "$0")/tools/broker_lib.sh"
 
 sub() { # DIR UNTIL OUT
@@ -35,5 +36,21 @@ s_CONS=$d_CONS
 sub "$TMP/w2" 3 "$TMP/d"
 ! grep -q "dropped" "$TMP/d.err" || fail "state dropped across a broker restart on its data dir"
 [ "$(grep -c '^version' "$TMP/d.out")" = 0 ] || fail "fetched again: $(cat "$TMP/d.out")"
+
+# A damaged run file is found, never read as another run: the broker's
+# (one flipped hex digit) gives a new run, logged; the worker's (damaged
+# too) makes its state of no known run, dropped for the new run's anchor.
+kill -9 "$d_PID"; wait "$d_PID" 2>/dev/null
+flip_hex() { sed -i '1s/^\(deltacast-run .\)./\1x/' "$1"; }
+flip_hex "$(ls "$TMP"/data/runs/* | head -1)"
+flip_hex "$TMP/w2/run"
+start_broker d --data-dir "$TMP/data"
+s_CONS=$d_CONS
+grep -q "run id lost (.*damaged file" "$TMP/d.log" || fail "the broker read a damaged run file"
+"$WC" produce "$d_PROD" r --versions 4 --seed 3 >"$TMP/p4.log" 2>&1 || fail "producer after the new run"
+sub "$TMP/w2" 4 "$TMP/e"
+grep -q "run id lost" "$TMP/e.err" || fail "the worker read a damaged run file: $(cat "$TMP/e.err")"
+grep -q "belongs to no known run.* dropped" "$TMP/e.err" || fail "state of no known run kept"
+grep -q "^version 4 " "$TMP/e.out" || fail "not at the new run's version 4: $(cat "$TMP/e.out")"
 stop_broker d
 echo "test_consumer_run: ok"

@@ -7,6 +7,9 @@ import os
 import re
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import test_producer_python  # noqa: E402,F401  (re-exec under the sanitizer runtime when needed)
+
 root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 lib = ctypes.CDLL(os.environ.get("DELTACAST_LIB", os.path.join(root, "build", "libdeltacast.so")))
 lib.dcast_errname.restype = ctypes.c_char_p

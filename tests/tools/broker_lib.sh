@@ -42,7 +42,10 @@ start_broker() {
 		"$BROKER" --producers "tcp://127.0.0.1:$port" --consumers "tcp://127.0.0.1:$((port + 1))" \
 			"$@" 2>>"$TMP/$name.log" &
 		pid=$!
-		if wait_for 5 grep -qs "consumers on" "$TMP/$name.log" && kill -0 "$pid" 2>/dev/null; then
+		# The line names this try's port: a restart under the same NAME
+		# appends to a log that already holds the earlier start's line.
+		if wait_for 5 grep -qs "consumers on tcp://127.0.0.1:$((port + 1))\$" "$TMP/$name.log" &&
+			kill -0 "$pid" 2>/dev/null; then
 			PIDS+=("$pid")
 			eval "${name}_PROD=tcp://127.0.0.1:$port ${name}_CONS=tcp://127.0.0.1:$((port + 1)) ${name}_PID=$pid"
 			return 0

@@ -241,15 +241,16 @@ void dcast_consumer_close(dcast_consumer **cp)
 	if (!c)
 		return;
 	cs_session_stop(c); /* the socket is ours again */
-	if (c->fold_due && cs_ckpt_fold(c)) /* owed by the policy; the log still has it all */
-		DCAST_LOG_W("consumer %s: fold at close: %s", c->model, dcast_last_error());
-	if (c->sock) {
+	if (c->sock) { /* BYE first: a fold below sends no heartbeats */
 		dcast_msg m;
 		dcast_msg_init(&m, DCAST_MSG_BYE);
 		snprintf(m.u.bye.reason, sizeof(m.u.bye.reason), "consumer closing");
 		dcast_wire_send(c->sock, NULL, 0, &m, NULL, ZMQ_DONTWAIT);
-		zmq_close(c->sock);
 	}
+	if (c->fold_due && cs_ckpt_fold(c)) /* owed by the policy; the log still has it all */
+		DCAST_LOG_W("consumer %s: fold at close: %s", c->model, dcast_last_error());
+	if (c->sock)
+		zmq_close(c->sock);
 	if (c->zctx)
 		zmq_ctx_term(c->zctx);
 	for (uint32_t i = 0; i < CS_MAX_STAGED; i++)

@@ -156,10 +156,19 @@ struct dcast_consumer {
 	/* session */
 	void *zctx, *sock;
 	int welcomed, manifest_bad, fold_due;
+	/* A fold the policy asked for runs on a thread of its own, holding
+	 * `lock`: the session thread keeps heartbeating meanwhile
+	 * (lock_for_turn in session.c).  Joined by the next turn or at stop. */
+	pthread_t fold_thread;
+	int fold_running, fold_joinable;
 	uint32_t manifest_mismatches;  /* MANIFESTs in a row unlike the tensors held */
 	uint64_t hello_ms;
 	uint32_t heartbeat_ms;
 	uint64_t last_send_ms, last_recv_ms;
+	/* Written and read by the session thread alone, so that it may use them
+	 * without `lock` while a caller holds it for long work (an apply). */
+	int own_joined;                /* welcomed and no HELLO pending */
+	uint32_t own_hb_ms;            /* the heartbeat interval in force */
 	uint64_t credit_pending;       /* freed bytes not yet granted */
 	uint64_t broker_newest;        /* from WELCOME and HEARTBEAT, or NONE */
 	uint64_t progress_ms;          /* the stream last moved (stalled() in session.c) */

@@ -547,10 +547,23 @@ static int reconnect(dcast_consumer *c)
 	return c->welcomed ? cs_rejoin(c) : request_hello(c);
 }
 
+/* A HEARTBEAT when nothing was sent for `every` ms (none while a HELLO is
+ * about to go). */
+static int heartbeat_if_due(dcast_consumer *c, uint64_t now, uint64_t every)
+{
+	dcast_msg m;
+
+	if (now - c->last_send_ms < every || c->hello_due)
+		return 0;
+	dcast_msg_init(&m, DCAST_MSG_HEARTBEAT);
+	m.u.heartbeat.time_ms = now;
+	m.u.heartbeat.version = dcast_consumer_version(c);
+	return send_msg(c, &m);
+}
+
 static int keepalive(dcast_consumer *c)
 {
 	uint64_t now = dcast_now_ms(), hb = c->heartbeat_ms ? c->heartbeat_ms : 1000;
-	dcast_msg m;
 
 	if (!c->welcomed && !c->hello_due && now - c->hello_ms >= 3 * hb) {
 		dcast_fail(DCAST_ETIMEDOUT, "no WELCOME from %s in %" PRIu64 " ms: no broker listening "
@@ -573,13 +586,9 @@ static int keepalive(dcast_consumer *c)
 			    (long long)held_version(c), now - c->progress_ms);
 		return cs_rejoin(c);
 	}
-	if (now - c->last_send_ms < hb || c->hello_due) /* a HELLO is about to go */
-		return 0;
-	dcast_msg_init(&m, DCAST_MSG_HEARTBEAT);
-	m.u.heartbeat.time_ms = now;
-	m.u.heartbeat.version = dcast_consumer_version(c);
-	return send_msg(c, &m);
+	return heartbeat_if_due(c, now, hb);
 }
+
 
 static int pop_event(dcast_consumer *c, dcast_event *ev)
 {
@@ -624,15 +633,72 @@ static int flush_outbox(dcast_consumer *c)
 	return send_msg(c, &m);
 }
 
-/* Fold the checkpoint when the policy asked for it (cs_fold_wanted), here
- * and never inside apply().  A failed fold is reported and tried again at
- * the policy's next trigger, not on every turn. */
+/* Keep a failure of the thread for the next poll(), and tell the log. */
+static void thread_failed(dcast_consumer *c, int err)
+{
+	c->err_code = err;
+	snprintf(c->err_text, sizeof(c->err_text), "%s", dcast_last_error());
+	DCAST_LOG_W("consumer %s: %s", c->model, c->err_text);
+}
+
+/* The fold thread: rewrite the checkpoint under `lock`, as a caller of
+ * dcast_consumer_checkpoint does; a failure goes to the next poll(). */
+static void *fold_main(void *arg)
+{
+	dcast_consumer *c = arg;
+	int err;
+
+	pthread_mutex_lock(&c->lock);
+	if ((err = cs_ckpt_fold(c)))
+		thread_failed(c, err);
+	c->fold_running = 0;
+	pthread_cond_broadcast(&c->ev_cv);
+	pthread_mutex_unlock(&c->lock);
+	return NULL;
+}
+
+/* Join the fold thread once it is done (`lock` held: it has let go). */
+static void fold_reap(dcast_consumer *c)
+{
+	if (!c->fold_joinable || c->fold_running)
+		return;
+	pthread_join(c->fold_thread, NULL);
+	c->fold_joinable = 0;
+}
+
+/* Fold when the policy asked for it (fold_due, set by an apply): on a
+ * thread of its own, so that this one heartbeats while the checkpoint is
+ * written (O(model), but only every fold_every deltas or fold_fraction of
+ * the model logged, not on every turn).  Where no thread can be made, fold
+ * here. */
 static int fold_if_due(dcast_consumer *c)
 {
-	if (!c->fold_due)
+	fold_reap(c);
+	if (!c->fold_due || c->fold_joinable)
 		return 0;
 	c->fold_due = 0;
+	c->fold_running = 1;
+	if (pthread_create(&c->fold_thread, NULL, fold_main, c) == 0) {
+		c->fold_joinable = 1;
+		return 0;
+	}
+	c->fold_running = 0;
 	return cs_ckpt_fold(c);
+}
+
+/* Run one step of a turn; a step that held the thread past a heartbeat
+ * without sending anything (the broker drops a consumer silent for three)
+ * is logged with what it was doing. */
+static int timed_step(dcast_consumer *c, const char *what, int (*step)(dcast_consumer *))
+{
+	uint64_t t0 = dcast_now_ms(), hb = c->heartbeat_ms ? c->heartbeat_ms : 1000;
+	int err = step(c);
+	uint64_t took = dcast_now_ms() - t0;
+
+	if (took > hb && c->last_send_ms < t0)
+		DCAST_LOG_W("consumer %s: session thread busy %" PRIu64 " ms %s (heartbeat %" PRIu64
+			    " ms): no heartbeat sent meanwhile", c->model, took, what, hb);
+	return err;
 }
 
 /* One turn of the session thread, under `lock`: check ahead what is
@@ -642,28 +708,20 @@ static int session_turn(dcast_consumer *c, int readable)
 {
 	int err = 0;
 
-	err = cs_check_next(c);
+	err = timed_step(c, "checking a staged version", cs_check_next);
 	if (!err && readable)
-		err = receive_burst(c);
+		err = timed_step(c, "receiving", receive_burst);
 	if (!err)
 		err = flush_credit(c);
 	if (!err)
 		err = keepalive(c);
 	if (!err)
-		err = cs_auto_apply(c);
+		err = timed_step(c, "applying", cs_auto_apply);
 	if (!err)
 		err = flush_outbox(c);
 	if (!err)
-		err = fold_if_due(c);
+		err = timed_step(c, "folding the checkpoint", fold_if_due);
 	return err;
-}
-
-/* Keep a failure of the thread for the next poll(), and tell the log. */
-static void thread_failed(dcast_consumer *c, int err)
-{
-	c->err_code = err;
-	snprintf(c->err_text, sizeof(c->err_text), "%s", dcast_last_error());
-	DCAST_LOG_W("consumer %s: %s", c->model, c->err_text);
 }
 
 static void drain_wake(dcast_consumer *c)
@@ -672,6 +730,41 @@ static void drain_wake(dcast_consumer *c)
 
 	if (read(c->wake_fd, &n, sizeof(n)) < 0 && errno != EAGAIN)
 		DCAST_LOG_W("consumer %s: wake fd: %s", c->model, strerror(errno));
+}
+
+/* A HEARTBEAT from the session thread while a caller holds `lock`: the
+ * socket is this thread's, and the message uses only what this thread
+ * wrote itself (own_*) or what is atomic (the applied version). */
+static void stalled_heartbeat(dcast_consumer *c)
+{
+	dcast_msg m;
+
+	if (!c->own_joined)
+		return;
+	dcast_msg_init(&m, DCAST_MSG_HEARTBEAT);
+	m.u.heartbeat.time_ms = dcast_now_ms();
+	m.u.heartbeat.version = dcast_consumer_version(c);
+	dcast_wire_send(c->sock, NULL, 0, &m, NULL, ZMQ_DONTWAIT); /* best effort */
+}
+
+/* Take `lock` for the next turn.  While a caller holds it for long work
+ * (an anchor's apply, a restore), heartbeat every half interval so the
+ * broker does not drop us as silent; and since we were not reading
+ * meanwhile, the broker's silence is counted again from the moment we
+ * listen (keepalive() would otherwise blame it for our own stall). */
+static void lock_for_turn(dcast_consumer *c)
+{
+	uint64_t t0 = dcast_now_ms(), hb = c->own_hb_ms ? c->own_hb_ms : 1000;
+	struct timespec ts;
+
+	for (;;) {
+		cs_deadline(&ts, (int)(hb / 2));
+		if (pthread_mutex_timedlock(&c->lock, &ts) == 0)
+			break;
+		stalled_heartbeat(c);
+	}
+	if (dcast_now_ms() - t0 > hb)
+		c->last_recv_ms = c->progress_ms = dcast_now_ms();
 }
 
 /* The session thread: turns, each followed by a wait (lock released) for
@@ -691,11 +784,13 @@ static void *session_main(void *arg)
 
 		if (err)
 			thread_failed(c, err);
+		c->own_joined = c->welcomed && !c->hello_due;
+		c->own_hb_ms = hb;
 		if (err || c->ev_count)
 			pthread_cond_broadcast(&c->ev_cv);
 		pthread_mutex_unlock(&c->lock);
 		n = zmq_poll(it, 2, err ? hb : hb / 4);
-		pthread_mutex_lock(&c->lock);
+		lock_for_turn(c);
 		if (n < 0 && errno != EINTR)
 			thread_failed(c, dcast_fail(DCAST_EZMQ, "zmq_poll: %s", zmq_strerror(errno)));
 		readable = n > 0 && (it[0].revents & ZMQ_POLLIN);
@@ -734,6 +829,9 @@ void cs_session_stop(dcast_consumer *c)
 	cs_wake(c);
 	pthread_join(c->thread, NULL);
 	c->thread_started = 0;
+	if (c->fold_joinable) /* it takes `lock`, which nobody holds now */
+		pthread_join(c->fold_thread, NULL);
+	c->fold_joinable = 0;
 }
 
 void cs_deadline(struct timespec *ts, int timeout_ms)

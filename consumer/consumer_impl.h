@@ -218,8 +218,12 @@ void cs_set_applied(dcast_consumer *c, uint64_t v);
 cs_version *cs_version_find(dcast_consumer *c, uint64_t version);
 void cs_version_drop(dcast_consumer *c, cs_version *v, int unlink_file);
 void cs_drop_all(dcast_consumer *c);
-/* Drop every staged version and join again from the applied version: the
- * HELLO goes out on the session thread's next turn.  Callers hold `lock`. */
+/* Drop every staged version at or after `version` (a refused one and what
+ * builds on it). */
+void cs_drop_from(dcast_consumer *c, uint64_t version);
+/* Join again after what we hold (READY versions in a chain stay, the rest is
+ * dropped): the HELLO goes out on the session thread's next turn.  Callers
+ * hold `lock`. */
 int cs_rejoin(dcast_consumer *c);
 /* `version` was refused (by a check or an apply): the re-join's HELLO
  * waits 100 ms after the second refusal of the same version in a row,

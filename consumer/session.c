@@ -63,6 +63,32 @@ static int socket_open(dcast_consumer *c)
 	return 0;
 }
 
+/* Staged versions at the front that are READY and apply in a chain from
+ * the live tensors: complete, committed to the record log and checked as
+ * far as they can be before apply. */
+static uint32_t ready_chain(const dcast_consumer *c)
+{
+	uint64_t have = dcast_consumer_version(c);
+	uint32_t n = 0;
+
+	for (; n < c->n_staged && c->staged[n].state == CS_V_READY; n++) {
+		const cs_version *v = &c->staged[n];
+		if (!v->anchor && v->base_version != have)
+			break;
+		have = v->version;
+	}
+	return n;
+}
+
+/* The newest version we hold: the end of the READY chain, else the
+ * applied one. */
+static uint64_t held_version(const dcast_consumer *c)
+{
+	uint32_t n = ready_chain(c);
+
+	return n ? c->staged[n - 1].version : dcast_consumer_version(c);
+}
+
 /* HELLO never blocks: unsent (no peer, queue full) it is sent again, on a
  * new socket, when no WELCOME came (keepalive).  Session thread only. */
 static int send_hello(dcast_consumer *c)
@@ -72,7 +98,7 @@ static int send_hello(dcast_consumer *c)
 	dcast_msg_init(&m, DCAST_MSG_HELLO);
 	m.u.hello.role = DCAST_ROLE_CONSUMER;
 	snprintf(m.u.hello.model, sizeof(m.u.hello.model), "%s", c->model);
-	m.u.hello.have_version = dcast_consumer_version(c);
+	m.u.hello.have_version = held_version(c); /* applied, or READY after it */
 	m.u.hello.window_bytes = c->window_bytes;
 	snprintf(m.u.hello.client, sizeof(m.u.hello.client), "%s", c->opts.client ? c->opts.client : "");
 	c->welcomed = 0;
@@ -171,11 +197,23 @@ void cs_drop_all(dcast_consumer *c)
 		cs_version_drop(c, &c->staged[c->n_staged - 1], 1);
 }
 
-/* Start over from the applied version: the broker resends what we need. */
+void cs_drop_from(dcast_consumer *c, uint64_t version)
+{
+	while (c->n_staged && c->staged[c->n_staged - 1].version >= version)
+		cs_version_drop(c, &c->staged[c->n_staged - 1], 1);
+}
+
+/* Start over after what we hold: the broker resends what we need.  Versions
+ * announced READY stay (a re-join is about the stream, not about them: the
+ * caller may apply them at any time); what was still staging is dropped.
+ * A refused version is dropped by the caller first (cs_drop_from). */
 int cs_rejoin(dcast_consumer *c)
 {
+	uint32_t keep = ready_chain(c);
+
 	c->progress_ms = dcast_now_ms();
-	cs_drop_all(c);
+	while (c->n_staged > keep)
+		cs_version_drop(c, &c->staged[c->n_staged - 1], 1);
 	c->credit_pending = 0;
 	c->drop_version = DCAST_VERSION_NONE;
 	return request_hello(c);
@@ -205,6 +243,7 @@ int cs_refuse(dcast_consumer *c, uint64_t version, int code)
 	DCAST_LOG_W("consumer %s: version %" PRIu64 " refused: %s", c->model, version, dcast_last_error());
 	cs_event_push(c, DCAST_EV_ERROR, version, code, dcast_last_error());
 	cs_note_refusal(c, version);
+	cs_drop_from(c, version);
 	return cs_rejoin(c);
 }
 
@@ -516,13 +555,6 @@ static int receive_burst(dcast_consumer *c)
 }
 
 /* Newest version READY or applied. */
-static uint64_t held_version(const dcast_consumer *c)
-{
-	for (uint32_t i = c->n_staged; i-- > 0;)
-		if (c->staged[i].state == CS_V_READY)
-			return c->staged[i].version;
-	return dcast_consumer_version(c);
-}
 
 /* The broker has a version newer than any we hold, we are not holding its
  * credit back, and nothing of the stream came for 3 heartbeats (a CREDIT or

@@ -6,7 +6,8 @@
  * corrupt record, or whose version does not follow the one before, is cut:
  * it and every later file are removed, so the checkpoint always ends at the
  * last whole version.  Records are written through dcast_io (io_uring),
- * their writeback started at once, and fdatasynced at the COMMIT record. */
+ * their writeback started at once, and fdatasynced after the COMMIT record
+ * by the sync thread (syncer.c): READY does not wait for the disk. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -179,11 +180,7 @@ int cs_ckpt_commit_write(dcast_consumer *c, cs_version *v)
 	h.body_checksum = dcast_checksum(d, h.body_len);
 	err = append(c, v, &h, d, NULL);
 	free(d);
-	uint64_t t0 = dcast_now_ns();
-	if (!err)
-		err = dcast_io_sync(c->io, v->io_file, 1);
-	c->log_write_ns += dcast_now_ns() - t0;
-	return err;
+	return err ? err : cs_syncer_push(&c->syncer, v->fd, v->version); /* durable later */
 }
 
 int cs_io_read(dcast_consumer *c, int file, void *dst, uint64_t len, uint64_t off, const char *what)

@@ -219,7 +219,7 @@ int dcast_consumer_open(const char *endpoint, const char *model, const char *dir
 	parse_fault(c);
 	if ((err = make_paths(c, dir, endpoint)) || (err = cs_pool_open(&c->pool, staging_budget_bytes)))
 		goto fail;
-	if ((err = dcast_io_open(&c->io, 8)) ||
+	if ((err = cs_syncer_open(&c->syncer)) || (err = dcast_io_open(&c->io, 8)) ||
 	    (err = dcast_io_register_buffers(c->io, &(struct iovec){c->pool.base, c->pool.bytes}, 1)))
 		goto fail;
 	c->window_bytes = c->pool.region_bytes;
@@ -249,6 +249,7 @@ void dcast_consumer_close(dcast_consumer **cp)
 	}
 	if (c->fold_due && cs_ckpt_fold(c)) /* owed by the policy; the log still has it all */
 		DCAST_LOG_W("consumer %s: fold at close: %s", c->model, dcast_last_error());
+	cs_syncer_close(&c->syncer); /* what was committed is on the disk */
 	if (c->sock)
 		zmq_close(c->sock);
 	if (c->zctx)

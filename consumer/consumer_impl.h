@@ -105,6 +105,22 @@ typedef struct cs_tensor {
 #define CS_EVENTS 32
 #define CS_MANIFEST_MISMATCHES 2 /* in a row, before a MANIFEST unlike our tensors is believed */
 
+/* The record log's background fdatasync (syncer.c): a queue of duplicated
+ * record-file descriptors, one per committed version, synced in order. */
+#define CS_SYNC_QUEUE 64
+typedef struct cs_syncer {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;             /* work queued, work done, or stop */
+	pthread_t th;
+	int inited, started, stop;
+	int fds[CS_SYNC_QUEUE];
+	uint64_t vers[CS_SYNC_QUEUE];
+	uint32_t head, n;
+	_Atomic uint64_t synced;       /* newest version the disk has, or NONE */
+	int err;                       /* a failed fdatasync, for the next poll() */
+	char err_text[256];
+} cs_syncer;
+
 struct dcast_consumer {
 	char model[DCAST_MAX_NAME + 1];
 	char *dir, *anchor_path, *log_dir, *endpoint;
@@ -149,6 +165,7 @@ struct dcast_consumer {
 
 	cs_pool pool;
 	dcast_io *io;                  /* record writes/reads: io_uring or plain */
+	cs_syncer syncer;              /* makes committed record files durable */
 	cs_version staged[CS_MAX_STAGED]; /* in version order */
 	uint32_t n_staged;
 	uint64_t drop_version;         /* chunks of this version are refused until it ends */
@@ -207,6 +224,20 @@ int cs_tensor_apply(cs_tensor *t, const dcast_chunk_info *info, const void *payl
 int cs_tensor_digest(const cs_tensor *t, uint64_t off, uint64_t n, uint64_t *digest);
 /* The COMMIT digest of elements [start, start+count) of t, manifest index `index`. */
 int cs_tensor_ldigest(const cs_tensor *t, uint32_t index, uint64_t start, uint64_t count, uint64_t *digest);
+
+/* syncer.c */
+/* Start the sync thread.  Errors: DCAST_ENOMEM (no thread: push syncs
+ * inline then). */
+int cs_syncer_open(cs_syncer *s);
+/* Queue record file `fd` (duplicated; the caller keeps its own) of
+ * `version` for fdatasync; waits while CS_SYNC_QUEUE files are pending.
+ * Errors: DCAST_EIO only when it had to sync inline and that failed. */
+int cs_syncer_push(cs_syncer *s, int fd, uint64_t version);
+/* A failed background fdatasync since the last call (set as the last
+ * error), else 0. */
+int cs_syncer_error(cs_syncer *s);
+/* Sync everything queued, stop the thread.  Safe on a zeroed syncer. */
+void cs_syncer_close(cs_syncer *s);
 
 /* consumer.c */
 void cs_event_push(dcast_consumer *c, int type, uint64_t version, int code, const char *text);

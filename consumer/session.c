@@ -674,14 +674,16 @@ static void thread_failed(dcast_consumer *c, int err)
 }
 
 /* The fold thread: rewrite the checkpoint under `lock`, as a caller of
- * dcast_consumer_checkpoint does; a failure goes to the next poll(). */
+ * dcast_consumer_checkpoint does, if the policy still wants it; a failure
+ * goes to the next poll(). */
 static void *fold_main(void *arg)
 {
 	dcast_consumer *c = arg;
 	int err;
 
 	pthread_mutex_lock(&c->lock);
-	if ((err = cs_ckpt_fold(c)))
+	/* Still due?  A dcast_consumer_checkpoint() may have folded first. */
+	if (cs_fold_wanted(c) && (err = cs_ckpt_fold(c)))
 		thread_failed(c, err);
 	c->fold_running = 0;
 	pthread_cond_broadcast(&c->ev_cv);
@@ -745,6 +747,8 @@ static int session_turn(dcast_consumer *c, int readable)
 		err = timed_step(c, "receiving", receive_burst);
 	if (!err)
 		err = flush_credit(c);
+	if (!err)
+		err = cs_syncer_error(&c->syncer);
 	if (!err)
 		err = keepalive(c);
 	if (!err)

@@ -44,6 +44,7 @@ struct broker_config {
 	uint64_t upstream_window_bytes; /* --upstream-window-bytes */
 	uint64_t part_timeout_ms;   /* --part-timeout-ms */
 	uint64_t heartbeat_ms;      /* --heartbeat-ms */
+	uint64_t io_threads;        /* --io-threads: ZeroMQ I/O threads */
 	uint64_t max_consumers;     /* --max-consumers */
 	uint64_t max_producers;     /* --max-producers */
 	uint64_t max_models;        /* --max-models */

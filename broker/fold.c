@@ -1,4 +1,11 @@
-/* Broker-made anchors (fold.h).  The commit hook only queues a reference;
+/* Broker-made anchors (fold.h).  The host copy of the state exists only
+ * while an anchor is being made: between cuts a committed version is only
+ * counted (O(1)), and when the counts pass a trigger the log's chain, from
+ * its anchor to the newest version, is queued and folded into a fresh
+ * state, the anchor is cut, and the state is freed.  So the broker holds
+ * about one log, not a log and a model (issue 22 item 3); each made anchor
+ * costs a replay of the chain, O(model), once per trigger.
+ * The commit hook only queues a reference;
  * the work runs from an eventfd in the poll set, which stays readable while
  * work remains, so each loop turn does a bounded share of it between the
  * sockets' bursts: at most FOLD_VERSIONS_PER_TURN deltas folded (each
@@ -39,6 +46,10 @@ struct broker_fold {
 	uint64_t dense_bytes;
 	uint64_t version;           /* of the state; NONE: unusable until an anchor */
 	uint64_t delta_bytes, deltas; /* folded since the log's anchor */
+	/* With no state (between cuts): deltas committed since the log's
+	 * anchor, counted only, and the model's dense size. */
+	uint64_t pend_bytes, pend_deltas, model_bytes;
+	int broken;                 /* the last state failed: none until an anchor */
 	struct broker_version *queue[FOLD_QUEUE];
 	uint32_t q_head, q_n;
 	struct fold_cut cut;        /* cut.v set: a cut is under way */
@@ -543,6 +554,60 @@ static void queue_push(struct broker_model *m, struct broker_fold *f, struct bro
 	v->refs++;
 }
 
+static uint64_t manifest_bytes(const struct broker_manifest *mf)
+{
+	uint64_t n = 0;
+
+	for (uint32_t t = 0; mf && t < mf->m.n_tensors; t++)
+		n += tensor_bytes(mf, t);
+	return n;
+}
+
+/* Without a state: count v (an anchor starts the count again). */
+static void lazy_count(struct broker_fold *f, const struct broker_version *v)
+{
+	if (v->anchor) {
+		f->pend_bytes = f->pend_deltas = 0;
+		f->model_bytes = manifest_bytes(v->manifest);
+		f->broken = 0;
+		return;
+	}
+	f->pend_deltas++;
+	f->pend_bytes += v->payload_bytes;
+}
+
+static int lazy_due(const struct broker_fold *f)
+{
+	if (!f->pend_deltas || f->broken)
+		return 0;
+	if (fold_every && f->pend_deltas >= fold_every)
+		return 1;
+	return fold_fraction > 0.0 && (double)f->pend_bytes > fold_fraction * (double)f->model_bytes;
+}
+
+/* A trigger passed: fold the log's chain, from its anchor, into a state. */
+static void rebuild(struct broker_model *m, struct broker_fold *f)
+{
+	f->pend_bytes = f->pend_deltas = 0;
+	for (uint32_t j = 0; j < m->n_log; j++)
+		queue_push(m, f, m->log[j]);
+}
+
+/* The cut is over and nothing is queued: free the state; what it folded
+ * past its last anchor is counted for the next trigger. */
+static void state_release(struct broker_fold *f)
+{
+	if (!f->data || f->q_n || f->cut.v)
+		return;
+	f->broken = f->version == DCAST_VERSION_NONE; /* a fold or a cut failed (logged) */
+	f->pend_bytes = f->version == DCAST_VERSION_NONE ? 0 : f->delta_bytes;
+	f->pend_deltas = f->version == DCAST_VERSION_NONE ? 0 : f->deltas;
+	f->model_bytes = f->dense_bytes;
+	state_free(f);
+	f->version = DCAST_VERSION_NONE;
+	f->delta_bytes = f->deltas = 0;
+}
+
 void broker_fold_committed(struct broker *b, struct broker_model *m, struct broker_version *v)
 {
 	struct broker_fold *f;
@@ -554,7 +619,15 @@ void broker_fold_committed(struct broker *b, struct broker_model *m, struct brok
 		DCAST_LOG_E("model %s: fold state: out of memory; no broker-made anchors", m->name);
 		return;
 	}
-	queue_push(m, f, v);
+	if (f->data || f->q_n || f->cut.v) { /* a state is being made or used: fold v too */
+		queue_push(m, f, v);
+		signal_work();
+		return;
+	}
+	lazy_count(f, v);
+	if (!lazy_due(f) || !m->n_log || !m->log[0]->anchor)
+		return;
+	rebuild(m, f);
 	signal_work();
 }
 
@@ -562,8 +635,11 @@ void broker_fold_committed(struct broker *b, struct broker_model *m, struct brok
  * skipped), then maybe start a cut.  Returns 1 while work remains. */
 static int fold_turn(struct broker *b, struct broker_model *m, struct broker_fold *f)
 {
-	if (f->cut.v)
-		return cut_turn(b, m, f) || f->q_n;
+	if (f->cut.v) {
+		int more = cut_turn(b, m, f);
+		state_release(f);
+		return more || f->q_n;
+	}
 	for (int i = 0; i < FOLD_VERSIONS_PER_TURN && f->q_n && !f->cut.v; i++) {
 		struct broker_version *v = f->queue[f->q_head];
 		int at = broker_log_find(m, v->version);
@@ -576,6 +652,7 @@ static int fold_turn(struct broker *b, struct broker_model *m, struct broker_fol
 		cut_maybe(m, f); /* at the version that passes the trigger, queued or not */
 	}
 	old_prune(b, m, f);
+	state_release(f);
 	return f->q_n || f->cut.v;
 }
 
@@ -612,6 +689,15 @@ int broker_fold_open(struct broker *b)
 	DCAST_LOG_I("broker-made anchors: every %llu versions, fraction %g of the model (0: off)",
 		    (unsigned long long)fold_every, fold_fraction);
 	return 0;
+}
+
+uint64_t broker_fold_state_bytes(const struct broker *b)
+{
+	uint64_t n = 0;
+
+	for (uint32_t i = 0; i < b->n_models; i++)
+		n += b->models[i]->fold ? b->models[i]->fold->dense_bytes : 0;
+	return n;
 }
 
 void broker_fold_free(struct broker_model *m)

@@ -1,9 +1,9 @@
 /* Private to broker/: broker-made anchors (fold.c).  Per model the broker
- * keeps a host copy of the state, folds every committed delta into it with
- * the CPU codec (O(changed)), and past --anchor-fraction / --anchor-every
- * cuts a dense anchor of the newest folded version V, checks it against
- * the producer's digests for V, and puts it at the head of the log in place
- * of everything up to V.  docs/operations.md, "Broker-made anchors". */
+ * counts committed deltas; past --anchor-fraction / --anchor-every it folds
+ * the log's chain (anchor, then every delta with the CPU codec) into a host
+ * copy of the state, cuts a dense anchor of the newest folded version V,
+ * checks it against the producer's digests for V, puts it at the head of
+ * the log in place of everything up to V, and frees the copy.  docs/operations.md, "Broker-made anchors". */
 #ifndef DCAST_BROKER_FOLD_H
 #define DCAST_BROKER_FOLD_H
 
@@ -34,6 +34,9 @@ void broker_fold_committed(struct broker *b, struct broker_model *m, struct brok
  * the made anchor replaced (kept while a connected consumer is on it), so
  * that a lagging consumer goes on with deltas.  NULL when not there. */
 struct broker_version *broker_fold_next(const struct broker_model *m, uint64_t have);
+
+/* Bytes of host state copies held now, all models (0 between cuts). */
+uint64_t broker_fold_state_bytes(const struct broker *b);
 
 /* Free the model's fold state (state copy, queue, cut, kept chain). */
 void broker_fold_free(struct broker_model *m);

@@ -25,6 +25,7 @@
 #include "auth.h"
 #include "dcast_common.h"
 #include "durable.h" /* writer metrics (broker/durable.c) */
+#include "fold.h"
 #include "metrics.h"
 
 #define METRICS_BODY_BYTES (1u << 20)
@@ -201,6 +202,8 @@ size_t broker_metrics_render(const struct broker *b, char *buf, size_t cap)
 		st->anchor_digest_errors);
 	counter(&o, "durable_failures_total", "committed versions that did not become durable",
 		st->durable_failures);
+	gauge(&o, "fold_state_bytes", "host copies of model states held to make anchors (0 between cuts)",
+	      broker_fold_state_bytes(b));
 	gauge(&o, "durable_in_flight_versions", "versions queued for the durable writer, not yet done",
 	      broker_durable_in_flight());
 	emit(&o, "# HELP deltacast_loop_stall_max_ms longest event loop turn spent on durable work\n"

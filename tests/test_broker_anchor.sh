@@ -96,6 +96,18 @@ grep -q '^deltacast_model_anchor_version{model="mg"} 1$' "$TMP/g.metrics" || fai
 "$WC" consume "$g_CONS" mg --until 5 "${COMMON[@]}" >"$TMP/lg.out" 2>"$TMP/lg.err" || fail "consumer exited $?"
 grep -q "applied=5 versions=5 anchors=1 .*bit-exact" "$TMP/lg.out" || fail "after refusal: $(cat "$TMP/lg.out")"
 stop_broker g
+# The host copy of the state exists only while an anchor is made (issue 22
+# item 3): after made anchor 6 the broker holds none (before: one model's
+# bytes for as long as the model lived).
+start_broker_metrics h --anchor-every 5 --anchor-fraction 0
+"$WC" produce "$h_PROD" mh --versions 8 "${COMMON[@]}" 2>"$TMP/ph.err" || fail "producer exited $?"
+wait_for 10 grep -q "made anchor 6 (.*digests equal)" "$TMP/h.log" || fail "no made anchor 6"
+"$BUILD/deltacast" status --broker "$h_METRICS" --raw >"$TMP/h.metrics" || fail "status --raw exited $?"
+grep -q '^deltacast_fold_state_bytes 0$' "$TMP/h.metrics" ||
+	fail "fold state kept after the cut: $(grep fold_state "$TMP/h.metrics")"
+"$WC" consume "$h_CONS" mh --until 8 "${COMMON[@]}" >"$TMP/lh.out" 2>"$TMP/lh.err" || fail "consumer exited $?"
+grep -q "applied=8 versions=3 anchors=1 .*bit-exact" "$TMP/lh.out" || fail "after the cut: $(cat "$TMP/lh.out")"
+stop_broker h
 # The real tools: deltacast publish (producer library) sends a gen-trace
 # model's anchor + 6 deltas; the broker makes anchors 4 and 7; a late
 # deltacast subscribe (consumer library, digest verification on) starts

@@ -96,19 +96,52 @@ static void lost_mid_version(dcast_producer *p, uint64_t v)
 	CHECK(read_back(v));
 }
 
-static void start_proxy(void)
+/* One try at the proxy on proxy_port: 1 once its "listening on PORT," line
+ * is in its log, 0 when it exited (the port is taken). */
+static int proxy_try(const char *exe, const char *log)
 {
-	char exe[512], listen[16], target[16];
+	char listen[16], target[16], line[64];
+	int count;
 
-	snprintf(exe, sizeof(exe), "%s/tools/faultproxy", harness_build());
 	snprintf(listen, sizeof(listen), "%d", proxy_port);
 	snprintf(target, sizeof(target), "%d", b.prod_port);
+	snprintf(line, sizeof(line), "listening on %d,", proxy_port);
+	count = check_count_in_file(log, line);
 	if ((proxy = fork()) == 0) {
+		if (!freopen(log, "a", stderr))
+			_exit(126);
 		execl(exe, exe, listen, target, "1", "0", "0", "0", "0", (char *)NULL);
 		_exit(127);
 	}
 	harness_track(proxy, 1);
-	harness_sleep_ms(200);
+	for (int waited = 0; waited < 5000; waited += 10) {
+		if (check_count_in_file(log, line) > count)
+			return 1;
+		if (waitpid(proxy, NULL, WNOHANG) == proxy)
+			break;
+		harness_sleep_ms(10);
+	}
+	kill(proxy, SIGKILL);
+	waitpid(proxy, NULL, 0);
+	harness_track(proxy, 0);
+	return 0;
+}
+
+/* The proxy, listening: on proxy_port when `same` (a restart: the producer
+ * knows that port; it is retried), else on the first free port from it. */
+static void start_proxy(int same)
+{
+	char exe[512], log[512];
+	int ok = 0;
+
+	snprintf(exe, sizeof(exe), "%s/tools/faultproxy", harness_build());
+	snprintf(log, sizeof(log), "%s/proxy.log", dir);
+	for (int attempt = 0; attempt < 20 && !(ok = proxy_try(exe, log)); attempt++)
+		if (!same)
+			proxy_port += 3;
+		else
+			harness_sleep_ms(50);
+	REQUIRE(ok);
 }
 
 static void stop_proxy(int sig)
@@ -137,7 +170,7 @@ static void ack_lost(dcast_producer *p, uint64_t v)
 		harness_sleep_ms(20);
 	CHECK(check_file_has(b.log, line));
 	stop_proxy(SIGKILL);
-	start_proxy();
+	start_proxy(1);
 	CHECK_ERR(dcast_producer_wait(p, v, 20000), 0);
 	CHECK(read_back(v));
 }
@@ -191,7 +224,7 @@ int main(void)
 
 	/* (3) through a proxy: the broker took version 7 and its ACK was lost */
 	proxy_port = b.cons_port + 2;
-	start_proxy();
+	start_proxy(0); /* the next free port from there */
 	snprintf(ep, sizeof(ep), "tcp://127.0.0.1:%d", proxy_port);
 	dcast_producer_close(&p);
 	REQUIRE(dcast_producer_open(ep, "resend", 0, 1, &o, &q) == 0);

@@ -307,7 +307,7 @@ static int unwanted(dcast_consumer *c, uint64_t version, uint64_t payload_bytes)
 	return 0;
 }
 
-/* Payload -> pool slot -> checksum -> record file. */
+/* Payload -> pool slot (when it stays resident) -> checksum -> record file. */
 static int stage_payload(dcast_consumer *c, cs_version *v, const dcast_chunk *h, zmq_msg_t *payload)
 {
 	cs_chunk k = {h->part, h->seq, h->tensor, h->start,
@@ -322,9 +322,10 @@ static int stage_payload(dcast_consumer *c, cs_version *v, const dcast_chunk *h,
 			h->payload_bytes, c->pool.region_bytes));
 	slot = cs_pool_resident_get(&c->pool, h->payload_bytes);
 	k.resident = slot;
-	if (!slot)
-		slot = cs_pool_scratch(&c->pool);
-	memcpy(slot, zmq_msg_data(payload), h->payload_bytes);
+	if (slot) /* kept in memory until apply */
+		memcpy(slot, zmq_msg_data(payload), h->payload_bytes);
+	else /* spilled: checked and written straight from ZeroMQ's buffer */
+		slot = zmq_msg_data(payload);
 	if (c->fault_kind == CS_FAULT_CORRUPT && c->fault_version == h->version) {
 		c->fault_kind = CS_FAULT_NONE; /* test hook: one bit flipped on the way */
 		slot[h->payload_bytes / 2] ^= 0x10;

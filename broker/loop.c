@@ -134,10 +134,15 @@ static int router_open(struct broker *b, void **sock, const char *endpoint, cons
 		return dcast_fail(DCAST_EZMQ, "%s socket: %s", which, zmq_strerror(errno));
 	if (broker_socket_setup(b, *sock, which))
 		return DCAST_EZMQ;
+	char bound[256];
+	size_t len = sizeof(bound);
+
 	if (zmq_bind(*sock, endpoint))
 		return dcast_fail(DCAST_EZMQ, "--%s %s: bind: %s", which, endpoint,
 				  zmq_strerror(errno));
-	DCAST_LOG_I("%s on %s", which, endpoint);
+	if (zmq_getsockopt(*sock, ZMQ_LAST_ENDPOINT, bound, &len))
+		snprintf(bound, sizeof(bound), "%s", endpoint);
+	DCAST_LOG_I("%s on %s", which, bound); /* the port bound: tcp://HOST:* picks one */
 	return broker_limits_watch(b, *sock, which);
 }
 

@@ -384,9 +384,22 @@ static int parse_addr(const char *s, struct sockaddr_in *sa)
 	memset(sa, 0, sizeof(*sa));
 	sa->sin_family = AF_INET;
 	sa->sin_port = htons((uint16_t)port);
-	if (*end || port == 0 || port > 65535 || inet_pton(AF_INET, host, &sa->sin_addr) != 1)
-		return dcast_fail(DCAST_EINVAL, "--metrics \"%s\": want IPv4-HOST:PORT (1..65535)", s);
+	if (*end || end == colon + 1 || port > 65535 || inet_pton(AF_INET, host, &sa->sin_addr) != 1)
+		return dcast_fail(DCAST_EINVAL, "--metrics \"%s\": want IPv4-HOST:PORT (0..65535; 0: "
+				  "any free port, named in the log)", s);
 	return 0;
+}
+
+/* Name the address bound: port 0 in --metrics picks a free one. */
+static void metrics_log_bound(int fd)
+{
+	struct sockaddr_in sa;
+	socklen_t len = sizeof(sa);
+	char host[INET_ADDRSTRLEN] = "?";
+
+	if (getsockname(fd, (struct sockaddr *)&sa, &len) == 0)
+		inet_ntop(AF_INET, &sa.sin_addr, host, sizeof(host));
+	DCAST_LOG_I("metrics on http://%s:%u/metrics", host, (unsigned)ntohs(sa.sin_port));
 }
 
 int broker_metrics_open(struct broker *b)
@@ -412,6 +425,6 @@ int broker_metrics_open(struct broker *b)
 		close(fd);
 		return rc;
 	}
-	DCAST_LOG_I("metrics on http://%s/metrics", b->cfg.metrics);
+	metrics_log_bound(fd);
 	return 0;
 }

@@ -1,6 +1,5 @@
-/* Test harness for broker tests over real processes: start the
- * deltacast-broker binary on loopback ports picked from the test's PID
- * (retrying on a bind failure), kill it (also at exit, on failure), and a
+/* Test harness for broker tests over real processes: the deltacast-broker
+ * binary started by tests/proc.h (on ports it picks and names), and a
  * minimal producer and consumer speaking the wire protocol with the schema
  * and codec, keeping their tensors in memory so tests compare bytes. */
 #ifndef DCAST_TEST_BROKER_HARNESS_H
@@ -11,6 +10,7 @@
 #include <unistd.h>
 #include <zmq.h>
 #include "check.h"
+#include "proc.h"
 #include "dcast_curve.h"
 #include "dcast_wire.h"
 #include "deltacast/codec.h"
@@ -19,157 +19,33 @@
 #define H_TENSORS 2
 #define H_ELEMS 65536 /* per tensor, bf16 */
 #define H_CHUNK_ELEMS 16384
-#define H_MAX_ARGS 32
 
-struct h_broker {
-	pid_t pid;
-	int pport, cport;
-	char log[256];
-	const char *extra[H_MAX_ARGS];
-	int n_extra;
-	int with_metrics;  /* add --metrics 127.0.0.1:<pport + 2> */
-	char metrics[32];
-	int exit_status;   /* waitpid status when h_broker_try saw it exit */
-};
-
-static pid_t h_children[16];
-static int h_n_children;
 static void *h_ctx;
 
-static inline void h_kill_all(void)
-{
-	for (int i = 0; i < h_n_children; i++)
-		if (h_children[i] > 0) {
-			kill(h_children[i], SIGKILL);
-			waitpid(h_children[i], NULL, 0);
-			h_children[i] = 0;
-		}
-}
-
+/* Call once at start: children die with the test; a ZeroMQ context. */
 static inline void h_init(void)
 {
-	atexit(h_kill_all);
-	signal(SIGPIPE, SIG_IGN);
+	tp_install();
 	h_ctx = zmq_ctx_new();
 	REQUIRE(h_ctx);
 }
 
-static const char *h_build(void)
+/* Start the broker (tests/proc.h: it picks its ports, or a restart binds
+ * br->pport and br->cport again); the test fails when it does not start. */
+static inline void h_broker_start(tp_broker *br)
 {
-	const char *b = getenv("DELTACAST_BUILD");
-
-	return b ? b : "build";
-}
-
-static inline void h_track(pid_t pid)
-{
-	for (int i = 0; i < h_n_children; i++)
-		if (h_children[i] == 0) {
-			h_children[i] = pid;
-			return;
-		}
-	REQUIRE(h_n_children < 16);
-	h_children[h_n_children++] = pid;
-}
-
-static inline void h_untrack(pid_t pid)
-{
-	for (int i = 0; i < h_n_children; i++)
-		if (h_children[i] == pid)
-			h_children[i] = 0;
-}
-
-/* Start the broker; keeps its ports when set (a restart), else picks them.
- * Returns 0 once both sockets are bound. */
-static inline int h_broker_try(struct h_broker *br)
-{
-	char bin[512], pe[64], ce[64];
-	const char *argv[H_MAX_ARGS + 8];
-	int n = 0;
-
-	snprintf(bin, sizeof(bin), "%s/deltacast-broker", h_build());
-	snprintf(pe, sizeof(pe), "tcp://127.0.0.1:%d", br->pport);
-	snprintf(ce, sizeof(ce), "tcp://127.0.0.1:%d", br->cport);
-	argv[n++] = bin;
-	argv[n++] = "--producers";
-	argv[n++] = pe;
-	argv[n++] = "--consumers";
-	argv[n++] = ce;
-	for (int i = 0; i < br->n_extra; i++)
-		argv[n++] = br->extra[i];
-	if (br->with_metrics) {
-		snprintf(br->metrics, sizeof(br->metrics), "127.0.0.1:%d", br->pport + 2);
-		argv[n++] = "--metrics";
-		argv[n++] = br->metrics;
-	}
-	argv[n] = NULL;
-	truncate(br->log, 0);
-	br->pid = fork();
-	REQUIRE(br->pid >= 0);
-	if (br->pid == 0) {
-		FILE *f = freopen(br->log, "a", stderr);
-
-		(void)f;
-		execv(bin, (char *const *)argv);
-		_exit(127);
-	}
-	h_track(br->pid);
-	for (int i = 0; i < 200; i++) {
-		int st;
-
-		if (check_count_in_file(br->log, " on tcp://") >= 2)
-			return 0;
-		if (waitpid(br->pid, &st, WNOHANG) == br->pid) {
-			h_untrack(br->pid);
-			br->pid = 0;
-			br->exit_status = st;
-			return -1;
-		}
-		usleep(50000);
-	}
-	return -1;
-}
-
-static inline void h_broker_start(struct h_broker *br)
-{
-	int fixed = br->pport != 0;
-
-	for (int attempt = 0; attempt < 20; attempt++) {
-		if (!fixed) {
-			int base = 20000 + (int)((getpid() * 7 + attempt * 131) % 13000) * 3;
-
-			br->pport = base;
-			br->cport = base + 1;
-		}
-		if (h_broker_try(br) == 0)
-			return;
-		if (br->pid > 0) {
-			kill(br->pid, SIGKILL);
-			waitpid(br->pid, NULL, 0);
-			h_untrack(br->pid);
-		}
-		usleep(fixed ? 300000 : 10000);
-	}
+	if (tp_broker_start(br) == 0)
+		return;
 	fprintf(stderr, "broker did not start; log %s\n", br->log);
 	REQUIRE(0);
-}
-
-static inline void h_broker_kill(struct h_broker *br, int sig)
-{
-	if (br->pid <= 0)
-		return;
-	kill(br->pid, sig);
-	waitpid(br->pid, NULL, 0);
-	h_untrack(br->pid);
-	br->pid = 0;
 }
 
 /* The end of a test: stop the broker, end ZeroMQ, name the broker's log
  * on a failure (check_remove_dir keeps dir then), and the closing line.
  * Clients must be closed first. */
-static inline int h_finish(struct h_broker *br, const char *dir, const char *name)
+static inline int h_finish(tp_broker *br, const char *dir, const char *name)
 {
-	h_broker_kill(br, SIGTERM);
+	tp_broker_kill(br, SIGTERM);
 	zmq_ctx_term(h_ctx);
 	if (check_failures)
 		fprintf(stderr, "broker log: %s\n", br->log);

@@ -27,20 +27,10 @@ static void keypair(const char *name, char *pub, char *path, size_t cap)
 	write_file(path, text);
 }
 
-static int wait_log(const char *log, const char *needle, int count)
-{
-	for (int i = 0; i < 200; i++) {
-		if (check_count_in_file(log, needle) >= count)
-			return 1;
-		usleep(50000);
-	}
-	return 0;
-}
-
 int main(void)
 {
 	static struct h_client good, bad, plain, cons, lim, lim2;
-	struct h_broker br = {0};
+	tp_broker br = {0};
 	char srv_pub[41], srv_key[300], good_pub[41], good_key[300], bad_pub[41], bad_key[300];
 	char cons_pub[41], cons_key[300], keys[300], text[512], lim_pub[41], lim_key[300];
 	uint32_t rng = 99;
@@ -61,11 +51,11 @@ int main(void)
 	br.extra[br.n_extra++] = "--producer-keys";
 	br.extra[br.n_extra++] = keys;
 	br.pport = 1; /* any: the broker exits before binding */
-	CHECK(h_broker_try(&br) != 0);
+	CHECK(tp_broker_try(&br) != 0);
 	CHECK(check_file_has(br.log, "need --curve-secret"));
 	br.extra[br.n_extra++] = "--curve-secret";
 	br.extra[br.n_extra++] = srv_key;
-	CHECK(h_broker_try(&br) != 0); /* "a,b" lists with a space */
+	CHECK(tp_broker_try(&br) != 0); /* "a,b" lists with a space */
 	CHECK(check_file_has(br.log, "line 2: \"a, b\" is not a model list"));
 	snprintf(text, sizeof(text), "# admitted producers\n%s *  # any model\n%s other/model,x\n",
 		 good_pub, lim_pub);
@@ -77,7 +67,7 @@ int main(void)
 	/* An unlisted key and a plain client: refused, logged, no WELCOME. */
 	h_client_open_curve(&bad, br.pport, "secure/model", srv_pub, bad_key);
 	h_hello(&bad, DCAST_ROLE_PRODUCER, DCAST_VERSION_NONE);
-	CHECK(wait_log(br.log, bad_pub, 1));
+	CHECK(tp_wait_log(br.log, bad_pub, 1, 10000));
 	CHECK(check_file_has(br.log, "refused producers peer"));
 	h_client_open(&plain, br.pport, "secure/model");
 	h_hello(&plain, DCAST_ROLE_PRODUCER, DCAST_VERSION_NONE);

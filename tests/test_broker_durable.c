@@ -58,7 +58,7 @@ int main(void)
 	static struct h_client prod, cons;
 	static uint16_t snap[VERSIONS + 1][H_TENSORS][H_ELEMS];
 	static char dir[] = "/tmp/dcast_test_durable_XXXXXX";
-	struct h_broker br = {0};
+	tp_broker br = {0};
 	uint32_t rng = 4242;
 	char seg[2100], data[300];
 	struct stat st;
@@ -83,7 +83,7 @@ int main(void)
 	h_client_close(&prod);
 
 	/* SIGKILL, restart on the same ports and data dir: no producer. */
-	h_broker_kill(&br, SIGKILL);
+	tp_broker_kill(&br, SIGKILL);
 	h_broker_start(&br);
 	CHECK(check_file_has(br.log, "6 committed version(s) restored"));
 	h_client_open(&cons, br.cport, "durable/model");
@@ -95,7 +95,7 @@ int main(void)
 	h_client_close(&cons);
 
 	/* Tear the tail: the last version's COMMIT record loses 5 bytes. */
-	h_broker_kill(&br, SIGKILL);
+	tp_broker_kill(&br, SIGKILL);
 	REQUIRE(find_segment(data, seg, sizeof(seg)));
 	REQUIRE(stat(seg, &st) == 0 && st.st_size > 5);
 	REQUIRE(truncate(seg, st.st_size - 5) == 0);
@@ -123,13 +123,13 @@ int main(void)
 
 	/* A segment of another format (its FILE record rewritten whole as
 	 * "DCR1"): the broker refuses to start, names the file, leaves it. */
-	h_broker_kill(&br, SIGKILL);
+	tp_broker_kill(&br, SIGKILL);
 	size_t n;
 	uint8_t *img = check_read_file(seg, &n), *after;
 	REQUIRE(n > 32 && img[3] == '2');
 	as_format(img, '1');
 	check_write_file(seg, img, n);
-	CHECK(h_broker_try(&br) != 0 && br.pid == 0); /* exited before binding */
+	CHECK(tp_broker_try(&br) != 0 && br.pid == 0); /* exited before binding */
 	CHECK(!WIFEXITED(br.exit_status) || WEXITSTATUS(br.exit_status) != 0);
 	CHECK(check_file_has(br.log, "segment format 1"));
 	CHECK(check_file_has(br.log, seg));

@@ -33,7 +33,7 @@ int main(void)
 {
 	static struct h_client prod;
 	static char dir[] = "/tmp/dcast_test_enospc_XXXXXX";
-	struct h_broker br = {0};
+	tp_broker br = {0};
 	uint32_t rng = 5;
 	uint64_t v, failed = 0;
 
@@ -68,7 +68,7 @@ int main(void)
 	CHECK(publish(&prod, failed + 1, 0) != 0); /* a delta past the hole */
 	CHECK(prod.last_error_code == DCAST_EVERSION);
 	h_client_close(&prod);
-	h_broker_kill(&br, SIGKILL);
+	tp_broker_kill(&br, SIGKILL);
 	CHECK(umount2(data, MNT_DETACH) == 0);
 	return h_finish(&br, dir, "test_broker_durable_enospc");
 }

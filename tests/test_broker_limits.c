@@ -14,19 +14,9 @@
 
 static char dir[] = "/tmp/dcast_test_limits_XXXXXX";
 
-static int wait_log(const char *log, const char *needle)
-{
-	for (int i = 0; i < 200; i++) {
-		if (check_file_has(log, needle))
-			return 1;
-		usleep(50000);
-	}
-	return 0;
-}
-
 /* Two anchors of 256 KiB payload each, in turn: both ACKed when `fits`,
  * else the first is refused naming the cap. */
-static void pending_cap(struct h_broker *br, int fits)
+static void pending_cap(tp_broker *br, int fits)
 {
 	static struct h_client prod;
 	uint32_t rng = 5;
@@ -47,7 +37,7 @@ static void pending_cap(struct h_broker *br, int fits)
 int main(void)
 {
 	static struct h_client conns[CONNS], cons;
-	struct h_broker br = {0};
+	tp_broker br = {0};
 	struct rlimit mine, low, cut = {60, 60};
 	char want[128];
 
@@ -77,7 +67,7 @@ int main(void)
 	REQUIRE(prlimit(br.pid, RLIMIT_NOFILE, &cut, NULL) == 0);
 	for (int i = 0; i < CONNS; i++)
 		h_client_open(&conns[i], br.cport, "limits/model");
-	CHECK(wait_log(br.log, "consumers endpoint: accept failed: Too many open files"));
+	CHECK(tp_wait_log(br.log, "consumers endpoint: accept failed: Too many open files", 1, 10000));
 	CHECK(check_file_has(br.log, "limit 60"));
 	for (int i = 0; i < CONNS; i++)
 		h_client_close(&conns[i]);
@@ -90,13 +80,13 @@ int main(void)
 	CHECK(check_file_has(br.log, "memory: open versions hold at most"));
 
 	/* The cap over all open versions. */
-	h_broker_kill(&br, SIGKILL);
+	tp_broker_kill(&br, SIGKILL);
 	br.n_extra = 0;
 	br.extra[br.n_extra++] = "--max-pending-total-bytes";
 	br.extra[br.n_extra++] = "300000";
 	h_broker_start(&br);
 	pending_cap(&br, 1);
-	h_broker_kill(&br, SIGKILL);
+	tp_broker_kill(&br, SIGKILL);
 	br.extra[1] = "200000";
 	h_broker_start(&br);
 	pending_cap(&br, 0);

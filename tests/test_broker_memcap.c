@@ -173,7 +173,7 @@ static void heavy_log(struct h_client *p)
 
 int main(void)
 {
-	struct h_broker br = {0};
+	tp_broker br = {0};
 	struct h_client *p = calloc(3, sizeof(*p));
 	const char *models[] = {"tiny", "digests", "retain"};
 

@@ -43,7 +43,7 @@ static uint64_t metric(const char *name)
 int main(void)
 {
 	static struct h_client prod, cons;
-	struct h_broker br = {0};
+	tp_broker br = {0};
 	uint32_t rng = 7;
 	dcast_msg ack;
 	int found = 0;
@@ -70,7 +70,7 @@ int main(void)
 
 	/* The ACK travels asynchronously: poll the page (bounded) for it. */
 	for (int i = 0; i < 100 && !found; i++) {
-		CHECK(http_get(br.pport + 2, "/metrics") > 0);
+		CHECK(http_get(br.mport, "/metrics") > 0);
 		found = strstr(page, "deltacast_consumer_version{model=\"metrics/model\"") &&
 			strstr(page, "} 3\n");
 		if (!found)
@@ -86,7 +86,7 @@ int main(void)
 	CHECK(metric("deltacast_model_version{model=\"metrics/model\"}") == 3);
 	CHECK(strstr(page, "deltacast_consumer_lag_versions{model=\"metrics/model\"") != NULL);
 	CHECK(strstr(page, "# TYPE deltacast_bytes_in_total counter") != NULL);
-	CHECK(http_get(br.pport + 2, "/nope") > 0 && strstr(page, "404") != NULL);
+	CHECK(http_get(br.mport, "/nope") > 0 && strstr(page, "404") != NULL);
 	if (check_failures)
 		fprintf(stderr, "page:\n%s\n", page);
 

@@ -91,7 +91,7 @@ static void reset_data(const char *seg, const uint8_t *img, size_t n)
 }
 
 /* A fresh consumer receives versions until `want`; its state is snap[want]. */
-static void consume_check(struct h_broker *br, uint64_t welcome, uint64_t want)
+static void consume_check(tp_broker *br, uint64_t welcome, uint64_t want)
 {
 	static struct h_client cons;
 
@@ -104,7 +104,7 @@ static void consume_check(struct h_broker *br, uint64_t welcome, uint64_t want)
 }
 
 /* A producer whose last published version is `at` (state snap[at]). */
-static void producer_at(struct h_client *prod, const struct h_broker *br, uint64_t at)
+static void producer_at(struct h_client *prod, const tp_broker *br, uint64_t at)
 {
 	h_client_open(prod, br->pport, "q/model");
 	memcpy(prod->state, snap[at], sizeof(prod->state));
@@ -116,7 +116,7 @@ static void producer_at(struct h_client *prod, const struct h_broker *br, uint64
 /* Case 1: a bit of the anchor's CHUNK payload.  Nothing is whole: the file
  * goes to quarantine whole, the model starts empty, numbers up to 7 are
  * spent, and an anchor at 8 serves again. */
-static void anchor_flipped(struct h_broker *br, const char *seg, const uint8_t *orig, size_t n)
+static void anchor_flipped(tp_broker *br, const char *seg, const uint8_t *orig, size_t n)
 {
 	static struct h_client prod;
 	uint8_t *img = malloc(n);
@@ -147,14 +147,14 @@ static void anchor_flipped(struct h_broker *br, const char *seg, const uint8_t *
 	CHECK(h_publish(&prod, VERSIONS + 1, 1, 100) == 0);
 	h_client_close(&prod);
 	consume_check(br, VERSIONS + 1, VERSIONS + 1);
-	h_broker_kill(br, SIGKILL);
+	tp_broker_kill(br, SIGKILL);
 	free(img);
 }
 
 /* Case 2: a bit of delta 4's first CHUNK.  1..3 are served, 4..7 are in
  * quarantine; delta 4 on 3 is refused (4 was whole on disk), an anchor at
  * 8 is taken. */
-static void delta_flipped(struct h_broker *br, const char *seg, const uint8_t *orig, size_t n)
+static void delta_flipped(tp_broker *br, const char *seg, const uint8_t *orig, size_t n)
 {
 	static struct h_client prod;
 	uint8_t *img = malloc(n);
@@ -186,14 +186,14 @@ static void delta_flipped(struct h_broker *br, const char *seg, const uint8_t *o
 	CHECK(h_publish(&prod, VERSIONS + 1, 1, 100) == 0);
 	h_client_close(&prod);
 	consume_check(br, VERSIONS + 1, VERSIONS + 1);
-	h_broker_kill(br, SIGKILL);
+	tp_broker_kill(br, SIGKILL);
 	free(img);
 }
 
 /* Case 3: the last record (7's COMMIT) flipped, or torn (cut 5 bytes
  * short).  1..6 are served, 7's records are in quarantine; 7 was not known
  * whole, so the producer may publish it again as a delta on 6. */
-static void last_damaged(struct h_broker *br, const char *seg, const uint8_t *orig, size_t n,
+static void last_damaged(tp_broker *br, const char *seg, const uint8_t *orig, size_t n,
 			 int torn)
 {
 	static struct h_client prod;
@@ -221,14 +221,14 @@ static void last_damaged(struct h_broker *br, const char *seg, const uint8_t *or
 	CHECK(h_publish(&prod, VERSIONS, 0, 100) == 0);
 	h_client_close(&prod);
 	consume_check(br, VERSIONS, VERSIONS);
-	h_broker_kill(br, SIGKILL);
+	tp_broker_kill(br, SIGKILL);
 	free(img);
 }
 
 int main(void)
 {
 	static struct h_client prod;
-	struct h_broker br = {0};
+	tp_broker br = {0};
 	uint32_t rng = 777;
 	char seg[2100];
 	uint8_t *orig;
@@ -254,7 +254,7 @@ int main(void)
 	}
 	CHECK(prod.last_ack == VERSIONS);
 	h_client_close(&prod);
-	h_broker_kill(&br, SIGKILL);
+	tp_broker_kill(&br, SIGKILL);
 
 	REQUIRE(one_file(data, "q", mdir, sizeof(mdir)));
 	REQUIRE(one_file(mdir, "seg-", seg, sizeof(seg)));

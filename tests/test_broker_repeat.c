@@ -9,7 +9,7 @@
 int main(void)
 {
 	static struct h_client prod, cons;
-	struct h_broker br = {0};
+	tp_broker br = {0};
 	uint32_t rng = 99;
 	char dir[] = "/tmp/dcast_test_repeat_XXXXXX";
 

@@ -166,7 +166,7 @@ static void join_all(int pport, int cport)
 }
 
 /* (1): returns the snapshots of model a's versions 1 and 2 in snap. */
-static void slow_write_phase(struct h_broker *br, uint16_t (*snap)[H_TENSORS][H_ELEMS])
+static void slow_write_phase(tp_broker *br, uint16_t (*snap)[H_TENSORS][H_ELEMS])
 {
 	uint32_t rng = 77;
 	uint64_t t0, hb0;
@@ -201,7 +201,7 @@ static void slow_write_phase(struct h_broker *br, uint16_t (*snap)[H_TENSORS][H_
 }
 
 /* (2): SIGKILL with version 3 in flight; restart; republish; read back. */
-static void kill_phase(struct h_broker *br, uint16_t (*snap)[H_TENSORS][H_ELEMS])
+static void kill_phase(tp_broker *br, uint16_t (*snap)[H_TENSORS][H_ELEMS])
 {
 	static struct h_client fresh;
 	uint32_t rng = 99;
@@ -211,7 +211,7 @@ static void kill_phase(struct h_broker *br, uint16_t (*snap)[H_TENSORS][H_ELEMS]
 	memcpy(snap[3], cl[PA].state, sizeof(snap[3]));
 	h_publish(&cl[PA], 3, 0, 0);
 	CHECK(run_until(a_has_3, 1000));
-	h_broker_kill(br, SIGKILL); /* the writer sleeps before 3's COMMIT record */
+	tp_broker_kill(br, SIGKILL); /* the writer sleeps before 3's COMMIT record */
 	CHECK(n_acks == 2);
 	unsetenv("DELTACAST_BROKER_FAULT");
 	h_broker_start(br);
@@ -239,7 +239,7 @@ int main(void)
 {
 	static uint16_t snap[4][H_TENSORS][H_ELEMS];
 	static char dir[] = "/tmp/dcast_test_slowdisk_XXXXXX";
-	struct h_broker br = {0};
+	tp_broker br = {0};
 	char fault[64];
 
 	h_init();

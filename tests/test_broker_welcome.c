@@ -67,7 +67,7 @@ static void drain(struct h_client *c, struct drain *d)
 int main(void)
 {
 	static struct h_client prod, cons;
-	struct h_broker br = {0};
+	tp_broker br = {0};
 	struct drain d = {.welcomes = 1}; /* the first, read by h_pump */
 	uint32_t rng = 777;
 	char dir[] = "/tmp/dcast_test_welcome_XXXXXX";

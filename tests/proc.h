@@ -1,0 +1,305 @@
+/* Test support shared by every C test that runs processes (issue 21 item 5):
+ * children tracked and killed at exit or on a fatal signal, one wait_until,
+ * and a real broker started on ports it picks itself (tcp://127.0.0.1:*,
+ * --metrics 127.0.0.1:0), ready when its log names the endpoints it bound.
+ * No port guessing, no collisions to retry, no fixed sleeps.  The harness
+ * headers (broker_, consumer_, producer_harness.h) build on this one. */
+#ifndef DCAST_TEST_PROC_H
+#define DCAST_TEST_PROC_H
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#pragma GCC diagnostic ignored "-Wunused-function"
+
+#define TP_MAX_CHILDREN 32
+#define TP_MAX_ARGS 40
+#define TP_START_MS 20000 /* a broker that has not bound its ports by then failed */
+
+static pid_t tp_children[TP_MAX_CHILDREN];
+
+/* The build folder: $DELTACAST_BUILD, else "build" (tests run from the root). */
+static const char *tp_build(void)
+{
+	const char *b = getenv("DELTACAST_BUILD");
+
+	return b && *b ? b : "build";
+}
+
+/* SIGKILL and reap every tracked child; at exit and on SIGTERM/SIGINT/SIGALRM. */
+static void tp_kill_all(void)
+{
+	for (int i = 0; i < TP_MAX_CHILDREN; i++)
+		if (tp_children[i] > 0) {
+			kill(tp_children[i], SIGCONT);
+			kill(tp_children[i], SIGKILL);
+			waitpid(tp_children[i], NULL, 0);
+			tp_children[i] = 0;
+		}
+}
+
+static void tp_on_signal(int sig)
+{
+	tp_kill_all();
+	_exit(128 + sig);
+}
+
+/* Install the exit and signal handlers (once; later calls do nothing). */
+static void tp_install(void)
+{
+	static int done;
+
+	if (done++)
+		return;
+	atexit(tp_kill_all);
+	signal(SIGTERM, tp_on_signal);
+	signal(SIGINT, tp_on_signal);
+	signal(SIGALRM, tp_on_signal);
+	signal(SIGPIPE, SIG_IGN);
+}
+
+/* Track a child so that it dies with the test; aborts when the table is full. */
+static void tp_track(pid_t pid)
+{
+	for (int i = 0; i < TP_MAX_CHILDREN; i++)
+		if (tp_children[i] <= 0) {
+			tp_children[i] = pid;
+			return;
+		}
+	fprintf(stderr, "tests/proc.h: more than %d children\n", TP_MAX_CHILDREN);
+	abort();
+}
+
+/* Forget a child that was reaped elsewhere. */
+static void tp_untrack(pid_t pid)
+{
+	for (int i = 0; i < TP_MAX_CHILDREN; i++)
+		if (tp_children[i] == pid)
+			tp_children[i] = 0;
+}
+
+static long tp_now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec * 1000L + ts.tv_nsec / 1000000L;
+}
+
+static void tp_sleep_ms(int ms)
+{
+	struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+
+	nanosleep(&ts, NULL);
+}
+
+/* Poll ready(arg) until it returns nonzero (returned) or timeout_ms pass (0).
+ * The pause between polls grows from 1 ms to 50 ms: an event is seen soon
+ * after it happens, a long wait costs little CPU. */
+static int tp_wait_until(int timeout_ms, int (*ready)(void *), void *arg)
+{
+	long end = tp_now_ms() + timeout_ms;
+	int pause = 1, r;
+
+	while (!(r = ready(arg))) {
+		if (tp_now_ms() >= end)
+			return 0;
+		tp_sleep_ms(pause);
+		pause = pause < 50 ? pause * 2 : 50;
+	}
+	return r;
+}
+
+struct tp_log_wait {
+	const char *path, *needle;
+	int count;
+};
+
+static int tp_log_has(void *arg)
+{
+	const struct tp_log_wait *w = arg;
+	FILE *f = fopen(w->path, "r");
+	char line[4096];
+	int n = 0;
+
+	if (!f)
+		return 0;
+	while (n < w->count && fgets(line, sizeof(line), f))
+		n += strstr(line, w->needle) != NULL;
+	fclose(f);
+	return n >= w->count;
+}
+
+/* Wait until the file at path holds `count` lines with needle (1), or
+ * timeout_ms pass (0): how tests wait for what a process logs. */
+static int tp_wait_log(const char *path, const char *needle, int count, int timeout_ms)
+{
+	struct tp_log_wait w = {path, needle, count};
+
+	return tp_wait_until(timeout_ms, tp_log_has, &w);
+}
+
+/* fork + exec argv, stdout to out_fd and stderr to err_fd (-1: inherit); the
+ * child dies with the test (PR_SET_PDEATHSIG) and is tracked.  -1 on failure. */
+static pid_t tp_spawn(char *const argv[], int out_fd, int err_fd)
+{
+	pid_t pid = fork();
+
+	if (pid == 0) {
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		if (out_fd >= 0)
+			dup2(out_fd, 1);
+		if (err_fd >= 0)
+			dup2(err_fd, 2);
+		execv(argv[0], argv);
+		_exit(127);
+	}
+	if (pid > 0)
+		tp_track(pid);
+	return pid;
+}
+
+/* A broker process.  Set log (its stderr, truncated at each start), the
+ * extra arguments and with_metrics; tp_broker_start fills the rest.  A
+ * restart (pport set) binds the same ports again. */
+typedef struct tp_broker {
+	pid_t pid;
+	int pport, cport, mport; /* bound ports; mport 0 without --metrics */
+	char prod[64], cons[64];  /* "tcp://127.0.0.1:PORT" */
+	char metrics[32];         /* "127.0.0.1:PORT" with --metrics */
+	char log[256];
+	const char *extra[TP_MAX_ARGS];
+	int n_extra;
+	int with_metrics;
+	int exit_status;          /* waitpid status when it exited while starting */
+} tp_broker;
+
+/* The port after the last `needle` in the file at path, 0 if none. */
+static int tp_log_port(const char *path, const char *needle)
+{
+	FILE *f = fopen(path, "r");
+	char line[1024];
+	int port = 0;
+
+	if (!f)
+		return 0;
+	while (fgets(line, sizeof(line), f)) {
+		char *p = strstr(line, needle);
+
+		if (p)
+			port = atoi(p + strlen(needle));
+	}
+	fclose(f);
+	return port;
+}
+
+/* Ready: the log names each endpoint asked for (1), or the broker exited (-1). */
+static int tp_broker_ready(void *arg)
+{
+	tp_broker *b = arg;
+	int st;
+
+	if (waitpid(b->pid, &st, WNOHANG) == b->pid) {
+		tp_untrack(b->pid);
+		b->pid = 0;
+		b->exit_status = st;
+		return -1;
+	}
+	b->cport = tp_log_port(b->log, "consumers on tcp://127.0.0.1:");
+	b->mport = b->with_metrics ? tp_log_port(b->log, "metrics on http://127.0.0.1:") : 0;
+	return b->cport && (b->mport || !b->with_metrics);
+}
+
+static void tp_broker_argv(tp_broker *b, char *bin, char **argv)
+{
+	static char pe[64], ce[64], me[32];
+	int n = 0;
+
+	snprintf(bin, 512, "%s/deltacast-broker", tp_build());
+	snprintf(pe, sizeof(pe), b->pport ? "tcp://127.0.0.1:%d" : "tcp://127.0.0.1:*", b->pport);
+	snprintf(ce, sizeof(ce), b->cport ? "tcp://127.0.0.1:%d" : "tcp://127.0.0.1:*", b->cport);
+	snprintf(me, sizeof(me), "127.0.0.1:%d", b->mport);
+	argv[n++] = bin;
+	argv[n++] = "--producers";
+	argv[n++] = pe;
+	argv[n++] = "--consumers";
+	argv[n++] = ce;
+	for (int i = 0; i < b->n_extra && n < TP_MAX_ARGS + 6; i++)
+		argv[n++] = (char *)b->extra[i];
+	if (b->with_metrics) {
+		argv[n++] = "--metrics";
+		argv[n++] = me;
+	}
+	argv[n] = NULL;
+}
+
+/* One start: 0 once the broker has bound every endpoint, -1 when it exited
+ * (exit_status says how) or did not bind within TP_START_MS (killed). */
+static int tp_broker_try(tp_broker *b)
+{
+	char bin[512], *argv[TP_MAX_ARGS + 8];
+	int fd = open(b->log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644), r;
+
+	if (fd < 0)
+		return -1;
+	tp_install();
+	tp_broker_argv(b, bin, argv);
+	b->pid = tp_spawn(argv, fd, fd);
+	close(fd);
+	if (b->pid < 0)
+		return b->pid = 0, -1;
+	r = tp_wait_until(TP_START_MS, tp_broker_ready, b);
+	if (r > 0) {
+		b->pport = tp_log_port(b->log, "producers on tcp://127.0.0.1:");
+		snprintf(b->prod, sizeof(b->prod), "tcp://127.0.0.1:%d", b->pport);
+		snprintf(b->cons, sizeof(b->cons), "tcp://127.0.0.1:%d", b->cport);
+		snprintf(b->metrics, sizeof(b->metrics), "127.0.0.1:%d", b->mport);
+		return 0;
+	}
+	if (b->pid > 0) { /* never bound: stuck */
+		kill(b->pid, SIGKILL);
+		waitpid(b->pid, &b->exit_status, 0);
+		tp_untrack(b->pid);
+		b->pid = 0;
+	}
+	return -1;
+}
+
+/* Start the broker.  Fresh ports are picked by the broker itself, so one try
+ * is enough; a restart on ports still held by a dying process gets a few
+ * more, 100 ms apart.  0 when running, -1 when it would not start. */
+static int tp_broker_start(tp_broker *b)
+{
+	int tries = b->pport ? 30 : 1;
+
+	for (int i = 0; i < tries; i++) {
+		if (tp_broker_try(b) == 0)
+			return 0;
+		if (i + 1 < tries)
+			tp_sleep_ms(100);
+	}
+	return -1;
+}
+
+/* Send sig; for SIGKILL and SIGTERM also reap.  No-op when not running. */
+static void tp_broker_kill(tp_broker *b, int sig)
+{
+	if (b->pid <= 0)
+		return;
+	kill(b->pid, sig);
+	if (sig != SIGKILL && sig != SIGTERM)
+		return;
+	waitpid(b->pid, &b->exit_status, 0);
+	tp_untrack(b->pid);
+	b->pid = 0;
+}
+
+#endif

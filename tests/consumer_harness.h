@@ -1,7 +1,7 @@
-/* Shared by the consumer tests and bench: start the real broker binary on
- * loopback ports picked from the test's PID (retrying on collisions), a
- * small model a producer publishes, and a poll/apply driver.  Every child
- * dies with the test (PR_SET_PDEATHSIG) and is killed at exit. */
+/* Shared by the consumer tests and bench: the real broker binary started
+ * by tests/proc.h (on ports it picks and names), a small model a producer
+ * publishes, and a poll/apply driver.  Every child dies with the test
+ * (PR_SET_PDEATHSIG) and is killed at exit. */
 #ifndef DCAST_CONSUMER_HARNESS_H
 #define DCAST_CONSUMER_HARNESS_H
 
@@ -15,108 +15,28 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+#include "check.h"
+#include "proc.h"
 #include "deltacast/producer.h"
 #include "deltacast/consumer.h"
 
 #pragma GCC diagnostic ignored "-Wunused-function"
 
-#define H_MAX_CHILDREN 8
-static pid_t h_children[H_MAX_CHILDREN];
+typedef tp_broker h_broker;
 
-static void h_kill_children(void)
-{
-	for (int i = 0; i < H_MAX_CHILDREN; i++)
-		if (h_children[i] > 0) {
-			kill(h_children[i], SIGKILL);
-			waitpid(h_children[i], NULL, 0);
-			h_children[i] = 0;
-		}
-}
-
-static void h_on_signal(int sig)
-{
-	h_kill_children();
-	_exit(128 + sig);
-}
-
-static void h_track(pid_t pid)
-{
-	for (int i = 0; i < H_MAX_CHILDREN; i++)
-		if (h_children[i] <= 0) {
-			h_children[i] = pid;
-			return;
-		}
-}
-
-static void h_untrack(pid_t pid)
-{
-	for (int i = 0; i < H_MAX_CHILDREN; i++)
-		if (h_children[i] == pid)
-			h_children[i] = 0;
-}
-
-static const char *h_build(void)
-{
-	const char *b = getenv("DELTACAST_BUILD");
-	return b && *b ? b : "build";
-}
-
-/* fork + exec argv with stdout to out_fd (-1: inherit). */
-static pid_t h_spawn(char *const argv[], int out_fd)
-{
-	pid_t pid = fork();
-
-	if (pid == 0) {
-		prctl(PR_SET_PDEATHSIG, SIGKILL);
-		if (out_fd >= 0)
-			dup2(out_fd, 1);
-		execv(argv[0], argv);
-		_exit(127);
-	}
-	if (pid > 0)
-		h_track(pid);
-	return pid;
-}
-
-static void h_sleep_ms(int ms)
-{
-	struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000};
-	nanosleep(&ts, NULL);
-}
-
-typedef struct h_broker {
-	pid_t pid;
-	char producers[64], consumers[64];
-} h_broker;
-
-/* Start the broker with extra flags (NULL-terminated, may be NULL); 0 on success. */
+/* Start the broker with extra flags (NULL-terminated, may be NULL); 0 once it
+ * has bound its ports (tests/proc.h), -1 if it would not start.  Its log is
+ * a file of its own, shown by h_broker_stop when the test has failed. */
 static int h_broker_start_args(h_broker *b, char *const *extra)
 {
-	static int installed;
-	char bin[512];
+	static int started;
 
-	if (!installed++) {
-		atexit(h_kill_children);
-		signal(SIGTERM, h_on_signal);
-		signal(SIGINT, h_on_signal);
-	}
-	snprintf(bin, sizeof(bin), "%s/deltacast-broker", h_build());
-	for (int attempt = 0; attempt < 20; attempt++) {
-		int port = 20000 + (int)((getpid() * 37 + attempt * 7919) % 40000);
-		snprintf(b->producers, sizeof(b->producers), "tcp://127.0.0.1:%d", port);
-		snprintf(b->consumers, sizeof(b->consumers), "tcp://127.0.0.1:%d", port + 1);
-		char *argv[16] = {bin, "--producers", b->producers, "--consumers", b->consumers};
-		for (int i = 0; extra && extra[i] && i < 10; i++)
-			argv[5 + i] = extra[i];
-		b->pid = h_spawn(argv, -1);
-		if (b->pid < 0)
-			return -1;
-		h_sleep_ms(300);
-		if (waitpid(b->pid, NULL, WNOHANG) == 0)
-			return 0; /* still running: it bound both ports */
-		h_untrack(b->pid);
-	}
-	return -1;
+	memset(b, 0, sizeof(*b));
+	snprintf(b->log, sizeof(b->log), "%s/dcast-broker-%d-%d.log",
+		 getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", (int)getpid(), started++);
+	for (int i = 0; extra && extra[i] && b->n_extra < TP_MAX_ARGS; i++)
+		b->extra[b->n_extra++] = extra[i];
+	return tp_broker_start(b);
 }
 
 static int h_broker_start(h_broker *b)
@@ -124,14 +44,18 @@ static int h_broker_start(h_broker *b)
 	return h_broker_start_args(b, NULL);
 }
 
+/* SIGKILL the broker; its log goes to stderr when a CHECK has failed, then is removed. */
 static void h_broker_stop(h_broker *b)
 {
-	if (b->pid > 0) {
-		kill(b->pid, SIGKILL);
-		waitpid(b->pid, NULL, 0);
-		h_untrack(b->pid);
-		b->pid = 0;
+	char cmd[600];
+
+	tp_broker_kill(b, SIGKILL);
+	if (check_failures) {
+		snprintf(cmd, sizeof(cmd), "tail -n 40 '%s' >&2", b->log);
+		if (system(cmd) != 0)
+			fprintf(stderr, "broker log %s unreadable\n", b->log);
 	}
+	unlink(b->log);
 }
 
 /* ---- a small model: bf16 and f32 tensors, ~1.3 MB ---- */

@@ -148,13 +148,18 @@ static int tp_wait_log(const char *path, const char *needle, int count, int time
 }
 
 /* fork + exec argv, stdout to out_fd and stderr to err_fd (-1: inherit); the
- * child dies with the test (PR_SET_PDEATHSIG) and is tracked.  -1 on failure. */
+ * child is tracked, and dies with the test even when the test itself is
+ * killed (PR_SET_PDEATHSIG) if spawned from the main thread: the signal
+ * follows the thread that forked, and a helper thread ends before the test.
+ * -1 on failure. */
 static pid_t tp_spawn(char *const argv[], int out_fd, int err_fd)
 {
+	int main_thread = gettid() == getpid();
 	pid_t pid = fork();
 
 	if (pid == 0) {
-		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		if (main_thread)
+			prctl(PR_SET_PDEATHSIG, SIGKILL);
 		if (out_fd >= 0)
 			dup2(out_fd, 1);
 		if (err_fd >= 0)
@@ -173,9 +178,9 @@ static pid_t tp_spawn(char *const argv[], int out_fd, int err_fd)
 typedef struct tp_broker {
 	pid_t pid;
 	int pport, cport, mport; /* bound ports; mport 0 without --metrics */
-	char prod[64], cons[64];  /* "tcp://127.0.0.1:PORT" */
+	char producers[64], consumers[64]; /* "tcp://127.0.0.1:PORT" */
 	char metrics[32];         /* "127.0.0.1:PORT" with --metrics */
-	char log[256];
+	char log[512];
 	const char *extra[TP_MAX_ARGS];
 	int n_extra;
 	int with_metrics;
@@ -259,8 +264,8 @@ static int tp_broker_try(tp_broker *b)
 	r = tp_wait_until(TP_START_MS, tp_broker_ready, b);
 	if (r > 0) {
 		b->pport = tp_log_port(b->log, "producers on tcp://127.0.0.1:");
-		snprintf(b->prod, sizeof(b->prod), "tcp://127.0.0.1:%d", b->pport);
-		snprintf(b->cons, sizeof(b->cons), "tcp://127.0.0.1:%d", b->cport);
+		snprintf(b->producers, sizeof(b->producers), "tcp://127.0.0.1:%d", b->pport);
+		snprintf(b->consumers, sizeof(b->consumers), "tcp://127.0.0.1:%d", b->cport);
 		snprintf(b->metrics, sizeof(b->metrics), "127.0.0.1:%d", b->mport);
 		return 0;
 	}

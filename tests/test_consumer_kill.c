@@ -28,13 +28,13 @@ static int sub_start(sub_proc *s, const h_broker *b, const char *dir, const char
 	char bin[512];
 	int fds[2];
 
-	snprintf(bin, sizeof(bin), "%s/deltacast", h_build());
+	snprintf(bin, sizeof(bin), "%s/deltacast", tp_build());
 	char *argv[] = {bin, "subscribe", "--broker", (char *)b->consumers, "--model", "m_kill",
 			"--dir", (char *)dir, "--budget", "1048576", until ? "--until" : NULL,
 			(char *)until, NULL};
 	if (pipe(fds))
 		return -1;
-	s->pid = h_spawn(argv, fds[1]);
+	s->pid = tp_spawn(argv, fds[1], -1);
 	close(fds[1]);
 	s->out = fds[0];
 	s->len = 0;
@@ -85,7 +85,7 @@ static void sub_kill(sub_proc *s)
 {
 	kill(s->pid, SIGKILL);
 	waitpid(s->pid, NULL, 0);
-	h_untrack(s->pid);
+	tp_untrack(s->pid);
 	close(s->out);
 }
 
@@ -161,7 +161,7 @@ int main(void)
 	CHECK(received < h_model_bytes(&m) / 2); /* no anchor again */
 	int status = -1;
 	CHECK(waitpid(s.pid, &status, 0) == s.pid && WIFEXITED(status) && WEXITSTATUS(status) == 0);
-	h_untrack(s.pid);
+	tp_untrack(s.pid);
 	close(s.out);
 	snprintf(path, sizeof(path), "%s/model.safetensors", dir);
 	CHECK(file_equals(path, &m, 5));

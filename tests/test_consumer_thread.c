@@ -71,7 +71,7 @@ static void test_sleeping_caller(const h_broker *b)
 	/* The caller generates for 10 s without calling in; the trainer
 	 * publishes a version every 2 s meanwhile. */
 	for (uint64_t v = 2; v <= 6; v++) {
-		h_sleep_ms(2000);
+		tp_sleep_ms(2000);
 		CHECK(h_publish(p, &m, v, 100) == 0);
 	}
 	CHECK(ready_within(c, 6));
@@ -107,7 +107,7 @@ static void wait_case(const h_broker *b, const char *model, uint64_t seed, int a
 		uint64_t r = dcast_consumer_ready_version(c);
 		if (r != DCAST_VERSION_NONE)
 			CHECK(dcast_consumer_apply(c, r) == 0);
-		h_sleep_ms(50); /* the engine's work between pause points */
+		tp_sleep_ms(50); /* the engine's work between pause points */
 	}
 	pthread_join(t, NULL);
 	CHECK(w.rc == 0);
@@ -140,7 +140,7 @@ static void test_fold_off_apply(const h_broker *b)
 	REQUIRE(ready_within(c, 1));
 	CHECK(dcast_consumer_apply(c, 1) == 0);
 	for (int i = 0; i < 200 && mtime_ns(file) < 0; i++) /* the anchor is folded by the thread */
-		h_sleep_ms(20);
+		tp_sleep_ms(20);
 	CHECK(mtime_ns(file) >= 0);
 	for (uint64_t v = 2; v <= 12; v++) {
 		long before;
@@ -150,7 +150,7 @@ static void test_fold_off_apply(const h_broker *b)
 		CHECK(dcast_consumer_apply(c, v) == 0);
 		CHECK(mtime_ns(file) == before); /* not inside apply() */
 		for (int i = 0; i < 50 && mtime_ns(file) == before; i++)
-			h_sleep_ms(10);
+			tp_sleep_ms(10);
 		folds += mtime_ns(file) != before;
 	}
 	printf("fold policy: %d folds in 11 deltas of 25%% density\n", folds);
@@ -214,7 +214,7 @@ static void test_ready_survives_rejoin(h_broker *b)
 	REQUIRE(ready_within(c, 1));
 	REQUIRE(kill(b->pid, SIGSTOP) == 0);
 	for (int i = 0; i < 200 && st.rejoins == 0; i++) { /* silent 3 x 200 ms: joins again */
-		h_sleep_ms(50);
+		tp_sleep_ms(50);
 		dcast_consumer_stats_get(c, &st);
 	}
 	CHECK(st.rejoins >= 1);

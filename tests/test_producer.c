@@ -90,7 +90,7 @@ static void test_versions(harness_broker *b, uint32_t encoders)
 
 	dcast_producer_opts_init(&o);
 	o.encode_threads = encoders;
-	REQUIRE(dcast_producer_open(b->prod_ep, "unit", 0, 1, &o, &p) == 0);
+	REQUIRE(dcast_producer_open(b->producers, "unit", 0, 1, &o, &p) == 0);
 	test_register_errors(p);
 	harness_fill(ta, N_A, &seed);
 	harness_fill(tb, N_B, &seed);
@@ -132,11 +132,11 @@ int main(void)
 	REQUIRE(harness_broker_start(&b, dir) == 0);
 	test_versions(&b, 0);
 	for (uint32_t n = 1; n <= 3; n += 2) { /* a fresh broker each time */
-		harness_broker_kill(&b, SIGTERM);
-		REQUIRE(harness_broker_restart(&b) == 0);
+		tp_broker_kill(&b, SIGTERM);
+		REQUIRE(tp_broker_start(&b) == 0);
 		test_versions(&b, n);
 	}
-	harness_broker_kill(&b, SIGTERM);
+	tp_broker_kill(&b, SIGTERM);
 	free(ta);
 	free(tb);
 	return check_done("test_producer");

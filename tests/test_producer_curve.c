@@ -36,7 +36,7 @@ static int open_as(const harness_broker *b, const char *server_pub, const keypai
 		o.curve_public_key = me->pub;
 		o.curve_secret_key = me->sec;
 	}
-	return dcast_producer_open(b->prod_ep, "curve", 0, 1, &o, p);
+	return dcast_producer_open(b->producers, "curve", 0, 1, &o, p);
 }
 
 /* Refused at open: DCAST_EAUTH, the message names the broker and `hint`. */
@@ -50,7 +50,7 @@ static void refused(const harness_broker *b, const char *server_pub, const keypa
 	CHECK_ERR(rc, DCAST_EAUTH);
 	CHECK(p == NULL);
 	CHECK(strstr(dcast_last_error(), "CURVE") != NULL);
-	CHECK(strstr(dcast_last_error(), b->prod_ep) != NULL);
+	CHECK(strstr(dcast_last_error(), b->producers) != NULL);
 	CHECK(strstr(dcast_last_error(), hint) != NULL);
 }
 
@@ -70,13 +70,16 @@ int main(void)
 	keypair *all[] = {&server, &listed, &stranger};
 	for (int i = 0; i < 3; i++)
 		REQUIRE(zmq_curve_keypair(all[i]->pub, all[i]->sec) == 0);
-	snprintf(b.extra[0], 64, "--curve-secret");
-	snprintf(b.extra[1], 64, "%s/broker.key", dir);
-	snprintf(b.extra[2], 64, "--producer-keys");
-	snprintf(b.extra[3], 64, "%s/producers", dir);
-	b.n_extra = 4;
-	write_file(b.extra[1], server.sec);
-	write_file(b.extra[3], listed.pub);
+	static char key_path[256], list_path[256];
+
+	snprintf(key_path, sizeof(key_path), "%s/broker.key", dir);
+	snprintf(list_path, sizeof(list_path), "%s/producers", dir);
+	b.extra[b.n_extra++] = "--curve-secret";
+	b.extra[b.n_extra++] = key_path;
+	b.extra[b.n_extra++] = "--producer-keys";
+	b.extra[b.n_extra++] = list_path;
+	write_file(key_path, server.sec);
+	write_file(list_path, listed.pub);
 	REQUIRE(harness_broker_start(&b, dir) == 0);
 
 	/* a listed key: anchor then delta, both acknowledged */
@@ -97,7 +100,7 @@ int main(void)
 	refused(&b, stranger.pub, &listed, "wrong server key", "curve_server_key");
 	refused(&b, NULL, NULL, "no CURVE", "wants CURVE");
 	CHECK(!check_file_has(b.log, "version 3"));
-	harness_broker_kill(&b, SIGTERM);
+	tp_broker_kill(&b, SIGTERM);
 	free(w);
 	return check_done("test_producer_curve");
 }

@@ -40,7 +40,7 @@ static dcast_producer *open_model(const harness_broker *b, const char *model, in
 	dcast_producer_opts_init(&o);
 	o.range_elems = 1u << 18;
 	o.baseline_on_device = on_device;
-	REQUIRE(dcast_producer_open(b->prod_ep, model, 0, 1, &o, &p) == 0);
+	REQUIRE(dcast_producer_open(b->producers, model, 0, 1, &o, &p) == 0);
 	return p;
 }
 
@@ -52,7 +52,7 @@ static void test_no_device(const harness_broker *b)
 
 	dcast_producer_opts_init(&o);
 	o.baseline_on_device = 1;
-	CHECK_ERR(dcast_producer_open(b->prod_ep, "nodev", 0, 1, &o, &p), DCAST_ENODEVICE);
+	CHECK_ERR(dcast_producer_open(b->producers, "nodev", 0, 1, &o, &p), DCAST_ENODEVICE);
 	CHECK(strstr(dcast_last_error(), "baseline_on_device") != NULL);
 	p = open_model(b, "nodev", 0);
 	CHECK_ERR(dcast_producer_register(p, "d", DCAST_DTYPE_BF16, 1, shape_d, h, DCAST_MEM_CUDA,
@@ -118,7 +118,7 @@ int main(void)
 		free(d_host);
 #endif
 	}
-	harness_broker_kill(&b, SIGTERM);
+	tp_broker_kill(&b, SIGTERM);
 	free(h);
 	return device ? check_done("test_producer_gpu") : check_skip("test_producer_gpu", "no CUDA device: the fallback checked (device tensors refused, naming them); the device path did not run");
 }

@@ -22,10 +22,10 @@ static char dir[] = "/tmp/dcast-test-producer-kill-XXXXXX";
 static void *killer(void *arg)
 {
 	(void)arg;
-	harness_sleep_ms(300);
-	harness_broker_kill(&b, SIGKILL);
+	tp_sleep_ms(300);
+	tp_broker_kill(&b, SIGKILL);
 	if (restart_after_kill)
-		harness_broker_restart(&b);
+		tp_broker_start(&b);
 	return NULL;
 }
 
@@ -43,7 +43,7 @@ static int publish_with_kill(dcast_producer *p, uint64_t v, int restart)
 	int rc;
 
 	restart_after_kill = restart;
-	harness_broker_kill(&b, SIGSTOP);
+	tp_broker_kill(&b, SIGSTOP);
 	pthread_create(&th, NULL, killer, NULL);
 	rc = dcast_producer_publish(p, v);
 	if (!rc)
@@ -62,14 +62,14 @@ int main(void)
 
 	harness_init();
 	REQUIRE(mkdtemp(dir) && (w = calloc(N, 2)));
-	snprintf(b.extra[b.n_extra++], 64, "--producer-window-bytes");
-	snprintf(b.extra[b.n_extra++], 64, "1048576");
+	b.extra[b.n_extra++] = "--producer-window-bytes";
+	b.extra[b.n_extra++] = "1048576";
 	REQUIRE(harness_broker_start(&b, dir) == 0);
 	dcast_producer_opts_init(&o);
 	o.connect_timeout_ms = 1000;
 	o.max_reconnects = 3;
 	o.range_elems = 1u << 18;
-	REQUIRE(dcast_producer_open(b.prod_ep, "kill", 0, 1, &o, &p) == 0);
+	REQUIRE(dcast_producer_open(b.producers, "kill", 0, 1, &o, &p) == 0);
 	harness_fill(w, N, &seed);
 	REQUIRE(dcast_producer_register(p, "w", DCAST_DTYPE_BF16, 1, shape, w, DCAST_MEM_HOST, 0,
 					N) == 0);
@@ -77,12 +77,12 @@ int main(void)
 	/* (1) killed and not back */
 	rc = publish_with_kill(p, 1, 0);
 	CHECK_ERR(rc, DCAST_ECLOSED);
-	CHECK(strstr(dcast_last_error(), b.prod_ep) != NULL);
+	CHECK(strstr(dcast_last_error(), b.producers) != NULL);
 	fprintf(stderr, "error as reported: %s\n", dcast_last_error());
 	dcast_producer_stats_get(p, &s);
 	CHECK(s.acked_version == DCAST_VERSION_NONE);
 	CHECK_ERR(dcast_producer_wait(p, 1, 0), DCAST_ECLOSED);
-	REQUIRE(harness_broker_restart(&b) == 0);
+	REQUIRE(tp_broker_start(&b) == 0);
 	CHECK_ERR(dcast_producer_publish(p, 1), 0);
 	CHECK_ERR(dcast_producer_wait(p, 1, 20000), 0);
 	CHECK(read_back(1));
@@ -105,7 +105,7 @@ int main(void)
 	CHECK(!s.anchor);
 	CHECK(read_back(3));
 	dcast_producer_close(&p);
-	harness_broker_kill(&b, SIGTERM);
+	tp_broker_kill(&b, SIGTERM);
 	free(w);
 	return check_done("test_producer_kill");
 }

@@ -47,11 +47,11 @@ int main(void)
 
 	harness_init();
 	REQUIRE(mkdtemp(dir) && w && s);
-	snprintf(b.extra[b.n_extra++], 64, "--part-timeout-ms");
-	snprintf(b.extra[b.n_extra++], 64, "1000");
+	b.extra[b.n_extra++] = "--part-timeout-ms";
+	b.extra[b.n_extra++] = "1000";
 	REQUIRE(harness_broker_start(&b, dir) == 0);
 	for (uint32_t i = 0; i < 2; i++)
-		REQUIRE(dcast_producer_open(b.prod_ep, "parts", i, 2, NULL, &pp[i]) == 0);
+		REQUIRE(dcast_producer_open(b.producers, "parts", i, 2, NULL, &pp[i]) == 0);
 	harness_fill(w, N_W, &seed);
 	harness_fill(s, N_S, &seed);
 	reg(pp[0], w, s, 0);
@@ -104,7 +104,7 @@ int main(void)
 	CHECK(harness_same_as_file(out, "s", s, N_S * 2));
 	dcast_producer_close(&pp[0]);
 	dcast_producer_close(&pp[1]);
-	harness_broker_kill(&b, SIGTERM);
+	tp_broker_kill(&b, SIGTERM);
 	free(w);
 	free(s);
 	return check_done("test_producer_parts");

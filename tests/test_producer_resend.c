@@ -56,13 +56,13 @@ static void lost_before_commit(dcast_producer *p, uint64_t v, int keep_data)
 {
 	harness_perturb(w, N, 10000, &seed);
 	memcpy(want, w, N * 2ull);
-	harness_broker_kill(&b, SIGSTOP);
+	tp_broker_kill(&b, SIGSTOP);
 	CHECK_ERR(dcast_producer_publish(p, v), 0);
-	harness_sleep_ms(100);
-	harness_broker_kill(&b, SIGKILL);
+	tp_sleep_ms(100);
+	tp_broker_kill(&b, SIGKILL);
 	if (!keep_data)
 		b.n_extra = 2; /* the window only */
-	REQUIRE(harness_broker_restart(&b) == 0);
+	REQUIRE(tp_broker_start(&b) == 0);
 	harness_perturb(w, N, 10000, &seed); /* the next step's weights */
 	CHECK_ERR(dcast_producer_wait(p, v, 20000), 0);
 	CHECK(read_back(v));
@@ -71,9 +71,9 @@ static void lost_before_commit(dcast_producer *p, uint64_t v, int keep_data)
 static void *kill_and_restart(void *arg)
 {
 	(void)arg;
-	harness_sleep_ms(300);
-	harness_broker_kill(&b, SIGKILL);
-	harness_broker_restart(&b);
+	tp_sleep_ms(300);
+	tp_broker_kill(&b, SIGKILL);
+	tp_broker_start(&b);
 	return NULL;
 }
 
@@ -86,7 +86,7 @@ static void lost_mid_version(dcast_producer *p, uint64_t v)
 
 	harness_fill(w, N, &seed);
 	memcpy(want, w, N * 2ull);
-	harness_broker_kill(&b, SIGSTOP);
+	tp_broker_kill(&b, SIGSTOP);
 	pthread_create(&th, NULL, kill_and_restart, NULL);
 	CHECK_ERR(dcast_producer_publish(p, v), 0);
 	pthread_join(th, NULL);
@@ -104,7 +104,7 @@ static int proxy_try(const char *exe, const char *log)
 	int count;
 
 	snprintf(listen, sizeof(listen), "%d", proxy_port);
-	snprintf(target, sizeof(target), "%d", b.prod_port);
+	snprintf(target, sizeof(target), "%d", b.pport);
 	snprintf(line, sizeof(line), "listening on %d,", proxy_port);
 	count = check_count_in_file(log, line);
 	if ((proxy = fork()) == 0) {
@@ -113,17 +113,17 @@ static int proxy_try(const char *exe, const char *log)
 		execl(exe, exe, listen, target, "1", "0", "0", "0", "0", (char *)NULL);
 		_exit(127);
 	}
-	harness_track(proxy, 1);
+	tp_track(proxy);
 	for (int waited = 0; waited < 5000; waited += 10) {
 		if (check_count_in_file(log, line) > count)
 			return 1;
 		if (waitpid(proxy, NULL, WNOHANG) == proxy)
 			break;
-		harness_sleep_ms(10);
+		tp_sleep_ms(10);
 	}
 	kill(proxy, SIGKILL);
 	waitpid(proxy, NULL, 0);
-	harness_track(proxy, 0);
+	tp_untrack(proxy);
 	return 0;
 }
 
@@ -134,13 +134,13 @@ static void start_proxy(int same)
 	char exe[512], log[512];
 	int ok = 0;
 
-	snprintf(exe, sizeof(exe), "%s/tools/faultproxy", harness_build());
+	snprintf(exe, sizeof(exe), "%s/tools/faultproxy", tp_build());
 	snprintf(log, sizeof(log), "%s/proxy.log", dir);
 	for (int attempt = 0; attempt < 20 && !(ok = proxy_try(exe, log)); attempt++)
 		if (!same)
 			proxy_port += 3;
 		else
-			harness_sleep_ms(50);
+			tp_sleep_ms(50);
 	REQUIRE(ok);
 }
 
@@ -149,7 +149,7 @@ static void stop_proxy(int sig)
 	kill(proxy, sig);
 	if (sig == SIGKILL) {
 		waitpid(proxy, NULL, 0);
-		harness_track(proxy, 0);
+		tp_untrack(proxy);
 	}
 }
 
@@ -160,14 +160,14 @@ static void ack_lost(dcast_producer *p, uint64_t v)
 
 	harness_perturb(w, N, 10000, &seed);
 	memcpy(want, w, N * 2ull);
-	harness_broker_kill(&b, SIGSTOP);
+	tp_broker_kill(&b, SIGSTOP);
 	CHECK_ERR(dcast_producer_publish(p, v), 0);
-	harness_sleep_ms(100);
+	tp_sleep_ms(100);
 	stop_proxy(SIGSTOP);
 	kill(b.pid, SIGCONT);
 	snprintf(line, sizeof(line), "version %llu committed", (unsigned long long)v);
 	for (int i = 0; i < 250 && !check_file_has(b.log, line); i++)
-		harness_sleep_ms(20);
+		tp_sleep_ms(20);
 	CHECK(check_file_has(b.log, line));
 	stop_proxy(SIGKILL);
 	start_proxy(1);
@@ -181,22 +181,23 @@ int main(void)
 	dcast_producer *p = NULL, *q = NULL;
 	dcast_producer_stats s;
 	uint64_t shape[1] = {N};
-	char data[64], ep[64];
+	static char data[64];
+	char ep[64];
 
 	harness_init();
 	REQUIRE(mkdtemp(dir) && (w = calloc(N, 2)) && (want = calloc(N, 2)));
 	snprintf(data, sizeof(data), "%s/data", dir);
-	snprintf(b.extra[b.n_extra++], 64, "--producer-window-bytes");
-	snprintf(b.extra[b.n_extra++], 64, "1048576");
-	snprintf(b.extra[b.n_extra++], 64, "--data-dir");
-	snprintf(b.extra[b.n_extra++], 64, "%s", data);
+	b.extra[b.n_extra++] = "--producer-window-bytes";
+	b.extra[b.n_extra++] = "1048576";
+	b.extra[b.n_extra++] = "--data-dir";
+	b.extra[b.n_extra++] = data;
 	REQUIRE(harness_broker_start(&b, dir) == 0);
 	dcast_producer_opts_init(&o);
 	o.connect_timeout_ms = 1000;
 	o.max_reconnects = 5;
 	o.range_elems = 1u << 18;
 	o.undo_bytes = 32u << 20; /* holds (0)'s dense delta: it can resume */
-	REQUIRE(dcast_producer_open(b.prod_ep, "resend", 0, 1, &o, &p) == 0);
+	REQUIRE(dcast_producer_open(b.producers, "resend", 0, 1, &o, &p) == 0);
 	harness_fill(w, N, &seed);
 	memcpy(want, w, N * 2ull);
 	REQUIRE(dcast_producer_register(p, "w", DCAST_DTYPE_BF16, 1, shape, w, DCAST_MEM_HOST, 0,
@@ -223,7 +224,7 @@ int main(void)
 	CHECK_ERR(dcast_producer_wait(p, 9, 0), DCAST_ENOTFOUND);
 
 	/* (3) through a proxy: the broker took version 7 and its ACK was lost */
-	proxy_port = b.cons_port + 2;
+	proxy_port = b.cport + 2;
 	start_proxy(0); /* the next free port from there */
 	snprintf(ep, sizeof(ep), "tcp://127.0.0.1:%d", proxy_port);
 	dcast_producer_close(&p);
@@ -239,7 +240,7 @@ int main(void)
 	plain_delta(q, 8);
 	dcast_producer_close(&q);
 	stop_proxy(SIGKILL);
-	harness_broker_kill(&b, SIGTERM);
+	tp_broker_kill(&b, SIGTERM);
 	free(w);
 	free(want);
 	return check_done("test_producer_resend");

@@ -261,10 +261,10 @@ int main(int argc, char **argv)
 			MAX_ROUNDS);
 		return 2;
 	}
-	atexit(harness_kill_all);
+	atexit(tp_kill_all);
 	getloadavg(&b.load_before, 1);
 	if (!mkdtemp(dir) || harness_broker_start(&hb, dir) ||
-	    dcast_producer_open(hb.prod_ep, "bench", 0, 1, &po, &p) || setup(&b, trace, p) ||
+	    dcast_producer_open(hb.producers, "bench", 0, 1, &po, &p) || setup(&b, trace, p) ||
 	    run(&b, p)) {
 		fprintf(stderr, "bench_producer: %s\n", dcast_last_error());
 		return 1;
@@ -274,7 +274,7 @@ int main(int argc, char **argv)
 	fclose(m);
 	fputs(body, stdout);
 	dcast_producer_close(&p);
-	harness_broker_kill(&hb, SIGTERM);
+	tp_broker_kill(&hb, SIGTERM);
 	if (doc && write_doc(doc, body))
 		return 1;
 	return 0;

@@ -83,7 +83,7 @@ make_model() {
 	MODEL_BYTES=$(stat -c %s "$MODEL")
 }
 
-# cell COLUMN N RUN SECONDS [RSS_KB REJOINS]: one measurement.
+# cell COLUMN N RUN SECONDS [RSS_KB REJOINS ACK_SECONDS]: one measurement.
 cell() { echo "$*" >>"$ROOT/cells.log"; }
 
 # seconds_since T0: seconds from EPOCHREALTIME T0 to now.
@@ -177,20 +177,23 @@ wait_lines() {
 	done
 }
 
-# anchor_seconds DIR WORD: from the producer's publish call to the last
-# consumer's "WORD 1 ... t_ns T" line.
+# anchor_seconds DIR WORD: "S A": S from the producer's publish call to the
+# last consumer's "WORD 1 ... t_ns T" line, A from it to the broker's ACK.
 anchor_seconds() {
 	awk -v word="$2" '
-		$1 == "acked" && $2 == 1 { t0 = $3 }
+		$1 == "acked" && $2 == 1 { t0 = $3; ack = $4 }
 		$1 == word && $2 == 1 { for (i = 3; i < NF; i++) if ($i == "t_ns" && $(i + 1) > last) last = $(i + 1) }
-		END { if (!t0 || !last) exit 1; printf "%.6f\n", (last - t0) / 1e9 }' "$1/publish.log" "$1"/c*.log
+		END { if (!t0 || !last) exit 1; printf "%.6f %.6f\n", (last - t0) / 1e9, (ack - t0) / 1e9 }' \
+		"$1/publish.log" "$1"/c*.log
 }
 
 # broker_run FORM N RUN: a fresh broker, N consumers of FORM, the anchor
 # published once all have joined; one cell, with the broker's VmRSS once
-# every consumer is done and how many times consumers joined beyond N.
+# every consumer is done, how many times consumers joined beyond N, and the
+# producer's publish to ACK.  Then sync: the next run does not pay for the
+# writeback of this one's files.
 broker_run() {
-	local form=$1 n=$2 k=$3 d=$ROOT/$1-n$2-$3 i go pub s rss joins word=ready
+	local form=$1 n=$2 k=$3 d=$ROOT/$1-n$2-$3 i go pub s ack rss joins word=ready
 	[ "$form" = recv ] && word=received
 	mkdir -p "$d"
 	# shellcheck disable=SC2086 # BROKER_ARGS: extra flags, split on spaces
@@ -208,13 +211,14 @@ broker_run() {
 	[ "$form" = lib ] && wait_lines "$d" applied
 	exec {go}>&-
 	wait "$pub" || die "fault_publish ($(cat "$d/publish.err"))"
-	s=$(anchor_seconds "$d" "$word") || die "$d: no times in the logs"
+	read -r s ack < <(anchor_seconds "$d" "$word") && [ -n "$ack" ] || die "$d: no times in the logs"
 	rss=$(awk '/^VmRSS/ { print $2 }' "/proc/$BROKER_PID/status")
 	joins=$(grep -c '^.*consumer .* joined, ' "$d/broker.log")
 	[ -s "$ROOT/payload" ] || awk '$1 == "received" { print $6; exit }' "$d/c1.log" >"$ROOT/payload"
-	cell "$form" "$n" "$k" "$s" "$rss" $((joins - n))
+	cell "$form" "$n" "$k" "$s" "$rss" $((joins - n)) "$ack"
 	e2e_cleanup || true
 	[ "$KEEP" = 1 ] || rm -rf "$d"
+	sync
 }
 
 # row N: the references, then the broker runs.

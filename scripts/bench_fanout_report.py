@@ -7,7 +7,7 @@
                                     of DOC (placed after bench-sync's if absent)
 
 ROOT holds meta ("key value" lines) and cells.log, one line per measurement:
-"COLUMN N RUN SECONDS [RSS_KB REJOINS]", COLUMN one of tcp, nginx, recv, lib."""
+"COLUMN N RUN SECONDS [RSS_KB REJOINS ACK_SECONDS]", COLUMN one of tcp, nginx, recv, lib."""
 import os
 import statistics
 import sys
@@ -50,17 +50,21 @@ median of {runs} runs, min..max in brackets, the ratio to the same row's raw TCP
 - **broker VmRSS after the anchor**: /proc/PID/status of the broker in the library runs, once
   every consumer has applied the anchor; against the model file's size.  **re-joins**: the
   broker's "joined" lines beyond N, summed over the library runs (a consumer the broker
-  dropped, or that gave up its session, joins again).
+  dropped, or that gave up its session, joins again).  **publish to ACK**: the producer's
+  publish call to the broker's ACK of the anchor (checksums, send, commit), median of the
+  library runs: the part of every broker column spent before the broker has the whole anchor.
+- After each broker run its processes are killed, its files removed and `sync` waits for the
+  writeback, so that a run does not pay for the one before.
 - Everything shares this machine's cores: producer, broker, N consumers, the references."""
 
 
 def read_cells(path):
-    """{(column, n): [(seconds, rss_kb, rejoins), ...]}"""
+    """{(column, n): [(seconds, rss_kb, rejoins, ack_seconds), ...]}"""
     cells = {}
     for line in open(path):
         w = line.split()
-        extra = [int(x) for x in w[4:6]] + [0, 0]
-        cells.setdefault((w[0], int(w[1])), []).append((float(w[3]), extra[0], extra[1]))
+        extra = [float(x) for x in w[4:7]] + [0, 0, 0]
+        cells.setdefault((w[0], int(w[1])), []).append((float(w[3]), *extra[:3]))
     return cells
 
 
@@ -85,12 +89,13 @@ def rss_cell(runs, model):
 
 def table(cells, ns, model):
     head = ["N"] + ["%s, ms" % name for _, name in COLUMNS] + \
-        ["broker VmRSS after the anchor, MB", "re-joins"]
+        ["broker VmRSS after the anchor, MB", "re-joins", "publish to ACK, ms"]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for n in ns:
         tcp = median_s(cells[("tcp", n)])
         row = [str(n), ms(tcp)] + [time_cell(cells[(c, n)], tcp) for c, _ in COLUMNS[1:]]
-        row += [rss_cell(cells[("lib", n)], model), str(sum(r[2] for r in cells[("lib", n)]))]
+        lib = cells[("lib", n)]
+        row += [rss_cell(lib, model), "%d" % sum(r[2] for r in lib), ms(statistics.median(r[3] for r in lib))]
         lines.append("| " + " | ".join(row) + " |")
     return lines
 

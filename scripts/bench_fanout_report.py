@@ -4,7 +4,7 @@
   bench_fanout_report.py ROOT DOC   print the section, then as the last line
                                     "fanout_over_raw_tcp R nginx_over_raw_tcp S";
                                     DOC != "0": also rewrite the bench-fanout section
-                                    of DOC (placed after bench-sync's if absent)
+                                    of DOC (placed after the Sync section if absent)
 
 ROOT holds meta ("key value" lines) and cells.log, one line per measurement:
 "COLUMN N RUN SECONDS [RSS_KB REJOINS ACK_SECONDS]", COLUMN one of tcp, nginx, recv, lib."""
@@ -142,9 +142,10 @@ def write_doc(doc, body):
     s = open(doc).read() if os.path.exists(doc) else ""
     if BEGIN in s and END in s:
         s = s[:s.index(BEGIN)] + body.rstrip("\n") + s[s.index(END) + len(END):]
-    elif AFTER in s:
-        at = s.index(AFTER) + len(AFTER)
-        s = s[:at] + "\n\n" + HEADING + "\n\n" + body.rstrip("\n") + s[at:]
+    elif AFTER in s:  # the sync section's own text after its marker stays with it
+        nxt = s.find("\n## ", s.index(AFTER))
+        at = len(s) if nxt < 0 else nxt + 1
+        s = s[:at] + HEADING + "\n\n" + body.rstrip("\n") + "\n\n" + s[at:]
     else:
         s = s.rstrip("\n") + "\n\n" + HEADING + "\n\n" + body
     open(doc, "w").write(s)

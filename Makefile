@@ -290,3 +290,21 @@ bench-sync: all $(BUILD)/tools/bench_tcp $(BUILD)/tools/bench_sync_floor \
 	$(BUILD)/tools/fault_publish $(BUILD)/tools/bench_sync_consumer
 	@DELTACAST_BUILD=$(abspath $(BUILD)) PYTHON=$(PYTHON) BENCH_SYNC_QUICK=$(BENCH_SYNC_QUICK) \
 	  BENCH_SYNC_PARAMS=$(BENCH_SYNC_PARAMS) scripts/bench_sync.sh
+
+# --- bench-fanout (issue 22) ---
+# `make bench-fanout`: an anchor (the whole BENCH_FANOUT_PARAMS bf16 model) to
+# N = 1, 4, 16 receivers over loopback, side by side in one run: raw TCP,
+# nginx + curl, the broker to consumers that only receive, the broker to
+# library consumers until READY, and the broker's VmRSS; medians of 3, issue
+# 22's targets, a last line `fanout_over_raw_tcp R nginx_over_raw_tcp S`
+# (scripts/bench_fanout.sh; installs nginx if missing).  Rewrites the
+# bench-fanout section of docs/benchmarks.md.  BENCH_FANOUT_QUICK=1: a 10M
+# model, N = 1, 4, print only.  More knobs in the script's header.
+BENCH_FANOUT_QUICK ?= 0
+BENCH_FANOUT_PARAMS ?= $(if $(filter 1,$(BENCH_FANOUT_QUICK)),10M,100M)
+.PHONY: bench-fanout
+bench-fanout: all $(BUILD)/tools/bench_tcp $(BUILD)/tools/fault_publish \
+	$(BUILD)/tools/bench_sync_consumer $(BUILD)/tools/wire_client
+	@scripts/deps.sh bench
+	@DELTACAST_BUILD=$(abspath $(BUILD)) PYTHON=$(PYTHON) BENCH_FANOUT_QUICK=$(BENCH_FANOUT_QUICK) \
+	  BENCH_FANOUT_PARAMS=$(BENCH_FANOUT_PARAMS) nice -n 10 scripts/bench_fanout.sh

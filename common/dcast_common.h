@@ -30,6 +30,8 @@ void dcast_log(int level, const char *fmt, ...) __attribute__((format(printf, 2,
 /* Monotonic clock in nanoseconds / milliseconds. */
 uint64_t dcast_now_ns(void);
 uint64_t dcast_now_ms(void);
+/* CLOCK_REALTIME in nanoseconds: times that other processes compare. */
+uint64_t dcast_wall_ns(void);
 
 /* Programming-error check: prints file:line and aborts. */
 #define DCAST_ASSERT(c)                                                        \

@@ -72,12 +72,22 @@ void dcast_log(int level, const char *fmt, ...)
 	pthread_rwlock_unlock(&handler_lock);
 }
 
-uint64_t dcast_now_ns(void)
+static uint64_t clock_ns(clockid_t id)
 {
 	struct timespec ts;
 
-	clock_gettime(CLOCK_MONOTONIC, &ts);
+	clock_gettime(id, &ts);
 	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+uint64_t dcast_now_ns(void)
+{
+	return clock_ns(CLOCK_MONOTONIC);
+}
+
+uint64_t dcast_wall_ns(void)
+{
+	return clock_ns(CLOCK_REALTIME);
 }
 
 uint64_t dcast_now_ms(void)

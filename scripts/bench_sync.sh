@@ -63,17 +63,6 @@ run_cmd() {
 	echo "make bench-sync$env"
 }
 
-# A copy of the programs, so that a rebuild during the run cannot swap them.
-snapshot_build() {
-	local t
-	mkdir -p "$ROOT/bin/tools" || die "mkdir"
-	cp "$DC" "$BROKER_BIN" "$BUILD/libdeltacast.so" "$ROOT/bin/" || die "programs missing in $BUILD (run make)"
-	for t in bench_tcp bench_sync_floor fault_publish bench_sync_consumer; do
-		cp "$BUILD/tools/$t" "$ROOT/bin/tools/" || die "$BUILD/tools/$t missing (run make)"
-	done
-	BIN=$ROOT/bin DC=$ROOT/bin/deltacast BROKER_BIN=$ROOT/bin/deltacast-broker
-}
-
 # gen-trace once per size (written aside, then renamed: never half a trace).
 make_trace() {
 	if [ ! -f "$TRACE/done" ]; then
@@ -205,7 +194,8 @@ run_config() {
 
 main() {
 	local n form
-	snapshot_build
+	e2e_snapshot "$ROOT" bench_tcp bench_sync_floor fault_publish bench_sync_consumer ||
+		die "programs missing in $BUILD (run make)"
 	mkfifo "$ROOT/nap" && exec {NAP}<>"$ROOT/nap" || die "nap fifo"
 	LOAD0=$(cut -d' ' -f1-3 /proc/loadavg)
 	make_trace

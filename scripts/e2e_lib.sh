@@ -1,4 +1,4 @@
-# Sourced by scripts/demo.sh, scripts/faults.sh and scripts/bench_e2e.sh:
+# Sourced by scripts/demo.sh, scripts/faults.sh, scripts/bench_e2e.sh, bench_sync.sh and bench_fanout.sh:
 # start real processes on loopback (the broker on ports picked from the PID,
 # retrying on a bind failure), time-stamp their progress lines, and kill
 # every process started here on any exit.
@@ -18,6 +18,17 @@ e2e_cleanup() {
 	done
 	for p in "${E2E_PIDS[@]}"; do wait "$p" 2>/dev/null; done
 	E2E_PIDS=()
+}
+
+# e2e_snapshot DIR TOOL...: copy the programs, libdeltacast.so and the named
+# tests/tools into DIR/bin, so that a rebuild during a run cannot swap them;
+# sets BIN, DC and BROKER_BIN to the copies.  Returns 1 if one is missing.
+e2e_snapshot() {
+	local bin=$1/bin t
+	shift
+	mkdir -p "$bin/tools" && cp "$DC" "$BROKER_BIN" "$BUILD/libdeltacast.so" "$bin/" || return 1
+	for t in "$@"; do cp "$BUILD/tools/$t" "$bin/tools/" || return 1; done
+	BIN=$bin DC=$bin/deltacast BROKER_BIN=$bin/deltacast-broker
 }
 
 # e2e_track PID: kill PID on exit.

@@ -1,7 +1,10 @@
 /* bench_sync_consumer: the library consumer of scripts/bench_sync.sh, as a
  * rollout worker embeds it: default options (digests checked, the library's
  * fold policy), the consumer's own host copy of the tensors, and every READY
- * version applied at once.  After each apply it prints one line:
+ * version applied at once.  When a version is READY it prints
+ *   ready V t_ns T
+ * (T: CLOCK_REALTIME nanoseconds when poll() returned the event;
+ * scripts/bench_fanout.sh times anchors to it), and after each apply:
  *   applied V anchor|delta t_ns T stage_ns S apply_ns A bytes B
  *     verify_bytes H log_write_bytes L io_write_bytes W
  * T: CLOCK_REALTIME nanoseconds right after dcast_consumer_apply() returned;
@@ -78,6 +81,7 @@ static int follow(dcast_consumer *c, uint64_t until)
 				ev.type == DCAST_EV_GAP ? "gap" : dcast_errname(ev.code), ev.version, ev.text);
 		if (ev.type != DCAST_EV_VERSION_READY)
 			continue;
+		printf("ready %" PRIu64 " t_ns %" PRIu64 "\n", ev.version, realtime_ns());
 		if ((err = dcast_consumer_apply(c, ev.version)))
 			break;
 		report(c, realtime_ns());

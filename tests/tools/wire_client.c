@@ -13,6 +13,11 @@
  *                       [--state FILE]      resume from / save to FILE
  *                       [--stats FILE]      progress after every version
  *                       [--exit-after K]    _exit after K versions (a crash)
+ *   wire_client receive ENDPOINT MODEL --until V [--window BYTES]
+ *                       only receive (`make bench-fanout`): count CHUNK
+ *                       payload bytes, return their credit, and at the
+ *                       COMMIT of V or later print "received V chunks C
+ *                       bytes B t_ns T" (T: CLOCK_REALTIME ns) and exit
  * Common: --tensors T --elems E --chunk-elems C --density-ppm D --seed S
  *         --timeout-ms MS.  Exit 0 ok, 1 failure (a line on stderr says why). */
 #include <errno.h>
@@ -484,16 +489,22 @@ static void cons_chunk(struct cons *c, dcast_wire_in *in)
 		send_simple(c->s, DCAST_MSG_CREDIT, h->payload_bytes);
 }
 
+/* Dies unless COMMIT m counts the chunks and bytes that arrived. */
+static void check_counts(const dcast_commit *m, uint64_t chunks, uint64_t bytes)
+{
+	if (m->chunks != chunks || m->bytes != bytes)
+		die("COMMIT %llu: %u chunks/%llu bytes, received %llu/%llu",
+		    (unsigned long long)m->version, m->chunks, (unsigned long long)m->bytes,
+		    (unsigned long long)chunks, (unsigned long long)bytes);
+}
+
 static void cons_commit(struct cons *c, const dcast_commit *m)
 {
 	dcast_msg a;
 
 	if (m->version != c->open)
 		die("COMMIT %llu while staging %lld", (unsigned long long)m->version, (long long)c->open);
-	if (m->chunks != c->open_chunks || m->bytes != c->open_bytes)
-		die("COMMIT %llu: %u chunks/%llu bytes, received %llu/%llu",
-		    (unsigned long long)m->version, m->chunks, (unsigned long long)m->bytes,
-		    (unsigned long long)c->open_chunks, (unsigned long long)c->open_bytes);
+	check_counts(m, c->open_chunks, c->open_bytes);
 	for (uint32_t i = 0; i < m->n_digests; i++) {
 		const dcast_range_digest *d = &m->digests[i];
 
@@ -592,6 +603,78 @@ static int consume(void)
 	return 0;
 }
 
+/* ---- receiver: a consumer that only counts what arrives ---- */
+
+/* Count one chunk, give its credit back. */
+static void recv_chunk(struct cons *c, const dcast_chunk *h)
+{
+	c->open_chunks++;
+	c->open_bytes += h->payload_bytes;
+	if (h->payload_bytes)
+		send_simple(c->s, DCAST_MSG_CREDIT, h->payload_bytes);
+}
+
+/* A COMMIT: 1 (and the "received" line) when it closes version --until or
+ * a later one with every chunk counted; 0 to go on counting afresh. */
+static int recv_commit(struct cons *c, const dcast_commit *m)
+{
+	uint64_t t = dcast_wall_ns(), chunks = c->open_chunks, bytes = c->open_bytes;
+
+	c->open_chunks = c->open_bytes = 0;
+	if (m->version < o.until)
+		return 0;
+	check_counts(m, chunks, bytes);
+	printf("received %llu chunks %llu bytes %llu t_ns %llu\n", (unsigned long long)m->version,
+	       (unsigned long long)chunks, (unsigned long long)bytes, (unsigned long long)t);
+	fflush(stdout);
+	return 1;
+}
+
+/* One message to the receiver: 1 once it is done. */
+static int recv_one(struct cons *c, dcast_wire_in *in)
+{
+	switch (in->msg.type) {
+	case DCAST_MSG_WELCOME:
+		c->welcomed = 1;
+		c->open_chunks = c->open_bytes = 0;
+		return 0;
+	case DCAST_MSG_CHUNK:
+		if (c->welcomed)
+			recv_chunk(c, &in->msg.u.chunk);
+		return 0;
+	case DCAST_MSG_COMMIT:
+		return c->welcomed && recv_commit(c, &in->msg.u.commit);
+	case DCAST_MSG_ERROR:
+		die("ERROR from the broker: %s", in->msg.u.error.text);
+	default:
+		return 0;
+	}
+}
+
+static int receive(void)
+{
+	struct cons c = {.open = DCAST_VERSION_NONE, .applied = DCAST_VERSION_NONE};
+	void *ctx;
+	int done = 0;
+
+	c.s = connect_dealer(&ctx);
+	cons_hello(&c);
+	while (!done) {
+		dcast_wire_in in;
+
+		if (!recv_within(c.s, &in, 250)) {
+			cons_idle(&c);
+			continue;
+		}
+		done = recv_one(&c, &in);
+		dcast_wire_in_close(&in);
+	}
+	send_simple(c.s, DCAST_MSG_BYE, 0);
+	zmq_close(c.s);
+	zmq_ctx_term(ctx);
+	return 0;
+}
+
 static uint64_t num(const char *s)
 {
 	char *e;
@@ -605,7 +688,7 @@ static uint64_t num(const char *s)
 static void parse(int argc, char **argv)
 {
 	if (argc < 4)
-		die("usage: wire_client produce|consume ENDPOINT MODEL [options]");
+		die("usage: wire_client produce|consume|receive ENDPOINT MODEL [options]");
 	o.mode = argv[1];
 	o.endpoint = argv[2];
 	o.model = argv[3];
@@ -635,8 +718,10 @@ static void parse(int argc, char **argv)
 int main(int argc, char **argv)
 {
 	parse(argc, argv);
-	alloc_state();
 	deadline_ms = dcast_now_ms() + o.timeout_ms;
+	if (!strcmp(o.mode, "receive"))
+		return receive();
+	alloc_state();
 	if (!strcmp(o.mode, "produce"))
 		return produce();
 	if (!strcmp(o.mode, "consume"))

@@ -1,0 +1,253 @@
+#!/usr/bin/env bash
+# `make bench-fanout` (issue 22 item 5): how fast an anchor, the whole
+# model, reaches N receivers over loopback: the broker against raw TCP and
+# nginx, side by side in one run.  Per N, first the row's references, then
+# the broker, RUNS times each (medians in the table):
+#   tcp    tests/tools/bench_tcp: the model file's bytes to N receivers;
+#   nginx  N curl fetches at once of the model file (into /dev/null) from a
+#          private nginx (its own conf and prefix in the temp dir, a free
+#          port; started for the row, stopped after it);
+#   recv   a fresh broker and N `wire_client receive` consumers: HELLO with
+#          the library's window, count the anchor's CHUNK payload bytes,
+#          give the credit back, stop at its COMMIT;
+#   lib    a fresh broker and N tests/tools/bench_sync_consumer (the C
+#          library, default options, 64 MiB staging) until each reports the
+#          anchor READY; the broker's VmRSS once all have applied it.
+# A broker run waits until the broker has logged N consumers joined, then
+# tests/tools/fault_publish publishes the model file as version 1 (an
+# anchor); the time runs from its dcast_producer_publish() call to the last
+# consumer's line (CLOCK_REALTIME in each process).  The model: gen-trace's
+# v0000 of a bf16 model (cached in $BUILD/bench-fanout-PARAMS).
+# scripts/bench_fanout_report.py turns ROOT/cells.log into the table, issue
+# 22's targets and the last line "fanout_over_raw_tcp R nginx_over_raw_tcp S",
+# and rewrites the bench-fanout section of the doc.
+# Knobs (environment):
+#   BENCH_FANOUT_PARAMS (100M)  BENCH_FANOUT_N ("1 4 16")  BENCH_FANOUT_RUNS (3)
+#   BENCH_FANOUT_QUICK=1        10M and N = "1 4", print only
+#   BENCH_FANOUT_BROKER_ARGS    extra broker flags (default none: its defaults)
+#   BENCH_FANOUT_DOC            the doc to rewrite (docs/benchmarks.md; 0: print only)
+#   BENCH_FANOUT_KEEP=1         keep the logs
+# Every process started here is killed, and the temp dir removed, on any exit.
+set -euo pipefail
+. "$(dirname "$0")/e2e_lib.sh"
+. "$(dirname "$0")/bench_baselines.sh"
+
+QUICK=${BENCH_FANOUT_QUICK:-0}
+if [ "$QUICK" = 1 ]; then DEF_PARAMS=10M DEF_N="1 4" DEF_DOC=0; else DEF_PARAMS=100M DEF_N="1 4 16" DEF_DOC=$E2E_ROOT/docs/benchmarks.md; fi
+PARAMS=${BENCH_FANOUT_PARAMS:-$DEF_PARAMS}
+NS=${BENCH_FANOUT_N:-$DEF_N}
+RUNS=${BENCH_FANOUT_RUNS:-3}
+BROKER_ARGS=${BENCH_FANOUT_BROKER_ARGS:-}
+DOC=${BENCH_FANOUT_DOC:-$DEF_DOC}
+KEEP=${BENCH_FANOUT_KEEP:-0}
+TRACE=$BUILD/bench-fanout-$PARAMS
+WINDOW=$((16 << 20)) # the library's window with a 64 MiB staging budget (a quarter)
+NEVER=1000000        # bench_sync_consumer's UNTIL: it runs until killed
+NGINX=$(command -v nginx || echo /usr/sbin/nginx)
+ROOT=$(mktemp -d "${TMPDIR:-/tmp}/deltacast-bench-fanout.XXXXXX")
+REPORT=$E2E_ROOT/scripts/bench_fanout_report.py
+
+die() { echo "bench-fanout: FAILED: $*" >&2; exit 1; }
+say() { echo "bench-fanout: $*" >&2; }
+
+# Servers first (nginx's master stops its workers), then everything else.
+cleanup() {
+	bench_stop_servers || true
+	e2e_cleanup || true
+	[ "$KEEP" = 1 ] || rm -rf "$ROOT"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# The command that reproduces this run (non-default settings included).
+run_cmd() {
+	local env=""
+	[ "$QUICK" = 1 ] && env+=" BENCH_FANOUT_QUICK=1"
+	[ "$PARAMS" = "$DEF_PARAMS" ] || env+=" BENCH_FANOUT_PARAMS=$PARAMS"
+	[ "$NS" = "$DEF_N" ] || env+=" BENCH_FANOUT_N=\"$NS\""
+	[ "$RUNS" = 3 ] || env+=" BENCH_FANOUT_RUNS=$RUNS"
+	[ -z "$BROKER_ARGS" ] || env+=" BENCH_FANOUT_BROKER_ARGS=\"$BROKER_ARGS\""
+	echo "make bench-fanout$env"
+}
+
+# The model: gen-trace's v0000 (written aside, then renamed: never half a file).
+make_model() {
+	if [ ! -f "$TRACE/done" ]; then
+		say "gen-trace --params $PARAMS --steps 0 -> $TRACE"
+		rm -rf "$TRACE.tmp"
+		"$DC" gen-trace --params "$PARAMS" --steps 0 --density 0.01 -o "$TRACE.tmp" \
+			2>"$ROOT/gentrace.log" || die "gen-trace (see $ROOT/gentrace.log)"
+		touch "$TRACE.tmp/done" && rm -rf "$TRACE" && mv "$TRACE.tmp" "$TRACE" || die "trace dir"
+	fi
+	MODEL=$TRACE/v0000.safetensors
+	MODEL_BYTES=$(stat -c %s "$MODEL")
+}
+
+# cell COLUMN N RUN SECONDS [RSS_KB REJOINS ACK_SECONDS]: one measurement.
+cell() { echo "$*" >>"$ROOT/cells.log"; }
+
+# seconds_since T0: seconds from EPOCHREALTIME T0 to now.
+seconds_since() {
+	local us=$((${EPOCHREALTIME/./} - ${1/./}))
+	printf '%d.%06d' $((us / 1000000)) $((us % 1000000))
+}
+
+tcp_run() {
+	local s
+	s=$("$BIN/tools/bench_tcp" "$MODEL_BYTES" "$1" | awk '{ print $2 }') || die "bench_tcp $MODEL_BYTES $1"
+	cell tcp "$1" "$2" "$s"
+}
+
+# nginx_run DIR N RUN: N curls at once; each must get the whole file.
+nginx_run() {
+	local d=$1 n=$2 k=$3 i t0 pids=()
+	t0=$EPOCHREALTIME
+	for ((i = 0; i < n; i++)); do
+		curl -sSf -o /dev/null -w '%{size_download}\n' "$URL" >>"$d/curl$k.log" 2>>"$d/curl.err" &
+		pids+=($!)
+	done
+	for i in "${pids[@]}"; do wait "$i" || die "curl $URL ($(cat "$d/curl.err"))"; done
+	cell nginx "$n" "$k" "$(seconds_since "$t0")"
+	[ "$(grep -cx "$MODEL_BYTES" "$d/curl$k.log")" = "$n" ] || die "curl: short fetch (see $d/curl$k.log)"
+}
+
+# refs DIR N: the row's references, measured just before it so that both
+# see the same load on this shared machine.
+refs() {
+	local d=$1 n=$2 k
+	for ((k = 1; k <= RUNS; k++)); do tcp_run "$n" "$k"; done
+	mkdir -p "$d/nginx/www" "$d/nginx/tmp"
+	ln "$MODEL" "$d/nginx/www/model.safetensors" 2>/dev/null || cp "$MODEL" "$d/nginx/www/model.safetensors"
+	bench_start_server "$d/server.log" nginx "curl -s -o /dev/null http://127.0.0.1:PORT/" \
+		bench_nginx_run "$d/nginx" PORT || die "nginx"
+	URL=http://127.0.0.1:$BENCH_PORT/model.safetensors
+	for ((k = 1; k <= RUNS; k++)); do nginx_run "$d" "$n" "$k"; done
+	bench_stop_servers || true
+	e2e_cleanup || true
+}
+
+# start_consumer FORM DIR I: consumer I, its lines in DIR/cI.log.
+start_consumer() {
+	local form=$1 d=$2 i=$3
+	if [ "$form" = recv ]; then
+		"$BIN/tools/wire_client" receive "$CONS_EP" bench --until 1 --window "$WINDOW" \
+			--timeout-ms 600000 >"$d/c$i.log" 2>"$d/c$i.err" &
+	else
+		"$BIN/tools/bench_sync_consumer" "$CONS_EP" bench "$d/c$i" $NEVER >"$d/c$i.log" 2>"$d/c$i.err" &
+	fi
+	CPIDS+=($!)
+	e2e_track $!
+}
+
+# has_line LOG WORD: LOG has a line "WORD 1 ..." (bash builtins only: the
+# polling must not load the 2 cores it measures).
+has_line() {
+	local w
+	while read -r -a w; do
+		[ "${w[0]:-}" = "$2" ] && [ "${w[1]:-}" = 1 ] && return 0
+	done <"$1"
+	return 1
+}
+
+# nap: 20 ms on a FIFO nobody writes (read -t), not a sleep process.
+nap() { read -r -t 0.02 -u "$NAP" || true; }
+
+# wait_joined DIR N: until the broker has logged N consumers joined.
+wait_joined() {
+	local d=$1 n=$2 deadline=$((SECONDS + 120))
+	until [ "$(grep -c '^.*consumer .* joined, ' "$d/broker.log")" -ge "$n" ]; do
+		kill -0 "$BROKER_PID" 2>/dev/null || die "$d: the broker exited"
+		[ $SECONDS -lt $deadline ] || die "$d: $n consumers did not join in 120 s"
+		nap
+	done
+}
+
+# wait_lines DIR WORD: until every consumer has its "WORD 1" line.
+wait_lines() {
+	local d=$1 word=$2 i deadline=$((SECONDS + 600))
+	for ((i = 1; i <= ${#CPIDS[@]}; i++)); do
+		until has_line "$d/c$i.log" "$word"; do
+			if ! kill -0 "${CPIDS[i - 1]}" 2>/dev/null; then
+				has_line "$d/c$i.log" "$word" && break
+				die "$d: consumer $i exited ($(tail -n 2 "$d/c$i.err"))"
+			fi
+			[ $SECONDS -lt $deadline ] || die "$d: consumer $i has no '$word 1' after 600 s"
+			nap
+		done
+	done
+}
+
+# anchor_seconds DIR WORD: "S A": S from the producer's publish call to the
+# last consumer's "WORD 1 ... t_ns T" line, A from it to the broker's ACK.
+anchor_seconds() {
+	awk -v word="$2" '
+		$1 == "acked" && $2 == 1 { t0 = $3; ack = $4 }
+		$1 == word && $2 == 1 { for (i = 3; i < NF; i++) if ($i == "t_ns" && $(i + 1) > last) last = $(i + 1) }
+		END { if (!t0 || !last) exit 1; printf "%.6f %.6f\n", (last - t0) / 1e9, (ack - t0) / 1e9 }' \
+		"$1/publish.log" "$1"/c*.log
+}
+
+# broker_run FORM N RUN: a fresh broker, N consumers of FORM, the anchor
+# published once all have joined; one cell, with the broker's VmRSS once
+# every consumer is done, how many times consumers joined beyond N, and the
+# producer's publish to ACK.  Then sync: the next run does not pay for the
+# writeback of this one's files.
+broker_run() {
+	local form=$1 n=$2 k=$3 d=$ROOT/$1-n$2-$3 i go pub s ack rss joins word=ready
+	[ "$form" = recv ] && word=received
+	mkdir -p "$d"
+	# shellcheck disable=SC2086 # BROKER_ARGS: extra flags, split on spaces
+	e2e_start_broker "$d/broker.log" $BROKER_ARGS || die "no broker (see $d/broker.log)"
+	CPIDS=()
+	for ((i = 1; i <= n; i++)); do start_consumer "$form" "$d" "$i"; done
+	wait_joined "$d" "$n"
+	mkfifo "$d/go"
+	"$BIN/tools/fault_publish" "$PROD_EP" bench 1 -1 "$MODEL" <"$d/go" >"$d/publish.log" 2>"$d/publish.err" &
+	pub=$!
+	e2e_track $pub
+	exec {go}>"$d/go"
+	echo go >&"$go"
+	wait_lines "$d" "$word"
+	[ "$form" = lib ] && wait_lines "$d" applied
+	exec {go}>&-
+	wait "$pub" || die "fault_publish ($(cat "$d/publish.err"))"
+	read -r s ack < <(anchor_seconds "$d" "$word") && [ -n "$ack" ] || die "$d: no times in the logs"
+	rss=$(awk '/^VmRSS/ { print $2 }' "/proc/$BROKER_PID/status")
+	joins=$(grep -c '^.*consumer .* joined, ' "$d/broker.log")
+	[ -s "$ROOT/payload" ] || awk '$1 == "received" { print $6; exit }' "$d/c1.log" >"$ROOT/payload"
+	cell "$form" "$n" "$k" "$s" "$rss" $((joins - n)) "$ack"
+	e2e_cleanup || true
+	[ "$KEEP" = 1 ] || rm -rf "$d"
+	sync
+}
+
+# row N: the references, then the broker runs.
+row() {
+	local n=$1 k form
+	say "N=$n: raw TCP, nginx, broker (receive only), broker (library until READY)"
+	mkdir -p "$ROOT/refs-n$n"
+	refs "$ROOT/refs-n$n" "$n"
+	for form in recv lib; do
+		for ((k = 1; k <= RUNS; k++)); do broker_run "$form" "$n" "$k"; done
+	done
+}
+
+main() {
+	local n
+	[ -x "$NGINX" ] || die "no nginx (make bench-fanout installs it: scripts/deps.sh bench)"
+	[ "$KEEP" = 1 ] && say "keeping the logs in $ROOT"
+	e2e_snapshot "$ROOT" bench_tcp fault_publish bench_sync_consumer wire_client ||
+		die "programs missing in $BUILD (run make)"
+	mkfifo "$ROOT/nap" && exec {NAP}<>"$ROOT/nap" || die "nap fifo"
+	LOAD0=$(cut -d' ' -f1-3 /proc/loadavg)
+	make_model
+	say "model: $PARAMS bf16 parameters, $MODEL_BYTES bytes; N = $NS; $RUNS runs per cell"
+	for n in $NS; do row "$n"; done
+	printf 'params %s\nmodel_bytes %s\npayload_bytes %s\nruns %s\nwindow %s\nbroker_args %s\ncpus %s\ncpu %s\nkernel %s\nload_start %s\nload_end %s\nseconds %s\ncommand %s\n' \
+		"$PARAMS" "$MODEL_BYTES" "$(cat "$ROOT/payload")" "$RUNS" "$WINDOW" "${BROKER_ARGS:-none}" \
+		"$(nproc)" "$(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -n 1)" "$(uname -sm)" \
+		"$LOAD0" "$(cut -d' ' -f1-3 /proc/loadavg)" "$SECONDS" "$(run_cmd)" >"$ROOT/meta"
+	"$PY" "$REPORT" "$ROOT" "$DOC" || die "report"
+}
+
+main

@@ -143,6 +143,7 @@ start_consumer() {
 # polling must not load the 2 cores it measures).
 has_line() {
 	local w
+	[ -f "$1" ] || return 1
 	while read -r -a w; do
 		[ "${w[0]:-}" = "$2" ] && [ "${w[1]:-}" = 1 ] && return 0
 	done <"$1"
@@ -177,44 +178,64 @@ wait_lines() {
 	done
 }
 
-# anchor_seconds DIR WORD: "S A": S from the producer's publish call to the
-# last consumer's "WORD 1 ... t_ns T" line, A from it to the broker's ACK.
+# anchor_seconds DIR WORD [START]: "S A": S from START (an $EPOCHREALTIME;
+# default the producer's publish call) to the last consumer's "WORD 1 ...
+# t_ns T" line, A from the publish call to the broker's ACK.
 anchor_seconds() {
-	awk -v word="$2" '
+	local start=${3:-}
+	awk -v word="$2" -v start="${start/./}000" '
 		$1 == "acked" && $2 == 1 { t0 = $3; ack = $4 }
 		$1 == word && $2 == 1 { for (i = 3; i < NF; i++) if ($i == "t_ns" && $(i + 1) > last) last = $(i + 1) }
-		END { if (!t0 || !last) exit 1; printf "%.6f %.6f\n", (last - t0) / 1e9, (ack - t0) / 1e9 }' \
+		END { if (!t0 || !last) exit 1; from = start > 1000 ? start : t0
+		      printf "%.6f %.6f\n", (last - from) / 1e9, (ack - t0) / 1e9 }' \
 		"$1/publish.log" "$1"/c*.log
 }
 
-# broker_run FORM N RUN: a fresh broker, N consumers of FORM, the anchor
-# published once all have joined; one cell, with the broker's VmRSS once
-# every consumer is done, how many times consumers joined beyond N, and the
-# producer's publish to ACK.  Then sync: the next run does not pay for the
-# writeback of this one's files.
+# wait_acked DIR: the broker has committed and ACKed the anchor.
+wait_acked() {
+	local deadline=$((SECONDS + 600))
+	until has_line "$1/publish.log" acked; do
+		kill -0 "$BROKER_PID" 2>/dev/null || die "$1: the broker exited"
+		[ $SECONDS -lt $deadline ] || die "$1: no ACK of the anchor in 600 s"
+		nap
+	done
+}
+
+# broker_run FORM N RUN: a fresh broker and one measurement.  recv, lib:
+# the anchor is committed first, then N consumers start at once (late
+# joiners, a restarted fleet): start to the last consumer's line.  live: N
+# library consumers wait, then the anchor is published (a new run): publish
+# start to the last READY, through the broker's store-and-forward (a version
+# is served once committed).
 broker_run() {
-	local form=$1 n=$2 k=$3 d=$ROOT/$1-n$2-$3 i go pub s ack rss joins word=ready
+	local form=$1 n=$2 k=$3 d=$ROOT/$1-n$2-$3 i go pub s ack t0 rss joins word=ready
 	[ "$form" = recv ] && word=received
 	mkdir -p "$d"
-	# shellcheck disable=SC2086 # BROKER_ARGS: extra flags, split on spaces
 	e2e_start_broker "$d/broker.log" $BROKER_ARGS || die "no broker (see $d/broker.log)"
-	CPIDS=()
-	for ((i = 1; i <= n; i++)); do start_consumer "$form" "$d" "$i"; done
-	wait_joined "$d" "$n"
 	mkfifo "$d/go"
 	"$BIN/tools/fault_publish" "$PROD_EP" bench 1 -1 "$MODEL" <"$d/go" >"$d/publish.log" 2>"$d/publish.err" &
 	pub=$!
 	e2e_track $pub
 	exec {go}>"$d/go"
-	echo go >&"$go"
+	CPIDS=()
+	if [ "$form" = live ]; then
+		for ((i = 1; i <= n; i++)); do start_consumer "$form" "$d" "$i"; done
+		wait_joined "$d" "$n"
+		echo go >&"$go"
+	else
+		echo go >&"$go"
+		wait_acked "$d"
+		t0=$EPOCHREALTIME
+		for ((i = 1; i <= n; i++)); do start_consumer "$form" "$d" "$i"; done
+	fi
 	wait_lines "$d" "$word"
-	[ "$form" = lib ] && wait_lines "$d" applied
+	[ "$form" = recv ] || wait_lines "$d" applied
 	exec {go}>&-
 	wait "$pub" || die "fault_publish ($(cat "$d/publish.err"))"
-	read -r s ack < <(anchor_seconds "$d" "$word") && [ -n "$ack" ] || die "$d: no times in the logs"
+	read -r s ack < <(anchor_seconds "$d" "$word" "${t0:-}") && [ -n "$ack" ] || die "$d: no times in the logs"
 	rss=$(awk '/^VmRSS/ { print $2 }' "/proc/$BROKER_PID/status")
 	joins=$(grep -c '^.*consumer .* joined, ' "$d/broker.log")
-	[ -s "$ROOT/payload" ] || awk '$1 == "received" { print $6; exit }' "$d/c1.log" >"$ROOT/payload"
+	[ -s "$ROOT/payload" ] || [ "$form" != recv ] || awk '$1 == "received" { print $6; exit }' "$d/c1.log" >"$ROOT/payload"
 	cell "$form" "$n" "$k" "$s" "$rss" $((joins - n)) "$ack"
 	e2e_cleanup || true
 	[ "$KEEP" = 1 ] || rm -rf "$d"
@@ -224,10 +245,10 @@ broker_run() {
 # row N: the references, then the broker runs.
 row() {
 	local n=$1 k form
-	say "N=$n: raw TCP, nginx, broker (receive only), broker (library until READY)"
+	say "N=$n: raw TCP, nginx, broker (late joiners: receive only, library until READY), broker (live publish)"
 	mkdir -p "$ROOT/refs-n$n"
 	refs "$ROOT/refs-n$n" "$n"
-	for form in recv lib; do
+	for form in recv lib live; do
 		for ((k = 1; k <= RUNS; k++)); do broker_run "$form" "$n" "$k"; done
 	done
 }

@@ -7,7 +7,7 @@
                                     of DOC (placed after the Sync section if absent)
 
 ROOT holds meta ("key value" lines) and cells.log, one line per measurement:
-"COLUMN N RUN SECONDS [RSS_KB REJOINS ACK_SECONDS]", COLUMN one of tcp, nginx, recv, lib."""
+"COLUMN N RUN SECONDS [RSS_KB REJOINS ACK_SECONDS]", COLUMN one of tcp, nginx, recv, lib, live."""
 import os
 import statistics
 import sys
@@ -18,8 +18,9 @@ BEGIN, END = "<!-- bench-fanout:begin -->", "<!-- bench-fanout:end -->"
 HEADING = "## Fan-out: an anchor to N consumers (`make bench-fanout`)"
 AFTER = "<!-- bench-sync:end -->"
 COLUMNS = [("tcp", "raw TCP"), ("nginx", "nginx + curl"),
-           ("recv", "broker to N consumers that only receive"),
-           ("lib", "broker to N library consumers, until READY")]
+           ("recv", "broker, anchor in its log, to N joining consumers that only receive"),
+           ("lib", "broker, anchor in its log, to N joining library consumers until READY"),
+           ("live", "publish start to N waiting library consumers READY")]
 GOAL = 1.25  # issue 22: library consumers until READY, at most this times raw TCP
 TARGET_N = (4, 16)
 LAST_N = 4  # the last line's N
@@ -36,23 +37,29 @@ median of {runs} runs, min..max in brackets, the ratio to the same row's raw TCP
   (its own conf and prefix in a temp dir, a free port, `sendfile on`, one worker per core)
   started for the row, then N `curl -o /dev/null` of the file at once, from the start of the
   first to the end of the last, each checked to have received the whole file.
-- Then the broker ({broker_args}), a fresh one for every run; N consumers connect and the run
-  starts once the broker has logged N joins; tests/tools/fault_publish then publishes the file
-  as version 1, an anchor, with the producer library (the file already in memory).  The time
-  runs from its `dcast_producer_publish()` call to the last consumer's line (CLOCK_REALTIME in
-  each process): **only receive**: `wire_client receive` (tests/tools/wire_client.c) sends HELLO
-  with the library's window ({window} MiB), counts each CHUNK's payload bytes and gives the credit
-  back, and prints its line at the anchor's COMMIT once the chunk and byte counts match it (no
+- Then the broker ({broker_args}), a fresh one for every run.  The two "anchor in its log"
+  columns are late joiners (a restarted fleet, workers added to a run): tests/tools/fault_publish
+  publishes the file as version 1, an anchor, with the producer library and the broker ACKs
+  it; then N consumers start at once, and the time runs from their start (the script's clock
+  before the first is forked) to the last consumer's line (CLOCK_REALTIME in each process):
+  **only receive**: `wire_client receive` (tests/tools/wire_client.c) sends HELLO with the
+  library's window ({window} MiB), counts each CHUNK's payload bytes and gives the credit back,
+  and prints its line at the anchor's COMMIT once the chunk and byte counts match it (no
   checksum, no copy); **library consumers until READY**: tests/tools/bench_sync_consumer, the C
   library with default options (64 MiB staging budget, every chunk checksummed, digests checked,
   the record log written in DIR), prints its line when `dcast_consumer_poll()` returns the
-  anchor's VERSION_READY, then applies it.
+  anchor's VERSION_READY, then applies it.  **publish start to N waiting library consumers**
+  (a new run: the consumers are there first): the same library consumers join, and the time
+  runs from fault_publish's `dcast_producer_publish()` call to the last READY; it holds two
+  hops, trainer to broker and broker to consumers, one after the other: the broker serves a
+  version once it is committed (docs/protocol.md), so this column is about the raw TCP time
+  plus the publish to ACK time at best.
 - **broker VmRSS after the anchor**: /proc/PID/status of the broker in the library runs, once
   every consumer has applied the anchor; against the model file's size.  **re-joins**: the
   broker's "joined" lines beyond N, summed over the library runs (a consumer the broker
   dropped, or that gave up its session, joins again).  **publish to ACK**: the producer's
   publish call to the broker's ACK of the anchor (checksums, send, commit), median of the
-  library runs: the part of every broker column spent before the broker has the whole anchor.
+  late-joiner library runs.
 - After each broker run its processes are killed, its files removed and `sync` waits for the
   writeback, so that a run does not pay for the one before.
 - Everything shares this machine's cores: producer, broker, N consumers, the references."""
@@ -95,7 +102,8 @@ def table(cells, ns, model):
         tcp = median_s(cells[("tcp", n)])
         row = [str(n), ms(tcp)] + [time_cell(cells[(c, n)], tcp) for c, _ in COLUMNS[1:]]
         lib = cells[("lib", n)]
-        row += [rss_cell(lib, model), "%d" % sum(r[2] for r in lib), ms(statistics.median(r[3] for r in lib))]
+        rejoins = sum(r[2] for c in ("lib", "live") for r in cells[(c, n)])
+        row += [rss_cell(lib, model), "%d" % rejoins, ms(statistics.median(r[3] for r in lib))]
         lines.append("| " + " | ".join(row) + " |")
     return lines
 

@@ -27,6 +27,7 @@ struct admin_client {
 	int used, fd;
 	uint64_t deadline_ms;
 	unsigned uid, pid;
+	int refused;                 /* not the broker's uid or root: answered EAUTH */
 	size_t len;
 	char req[ADMIN_REQUEST_BYTES];
 };
@@ -122,7 +123,11 @@ static void client_request(struct broker *b, struct admin_client *c)
 		return;
 	}
 	*nl = '\0';
-	request_run(b, c, c->req, out, sizeof(out));
+	if (c->refused)
+		snprintf(out, sizeof(out), "error DCAST_EAUTH: uid %u may not ask (only uid %u or root)\n",
+			 c->uid, (unsigned)geteuid());
+	else
+		request_run(b, c, c->req, out, sizeof(out));
 	if (!strncmp(out, "ok", 2))
 		DCAST_LOG_I("admin: uid %u pid %u: %.*s", c->uid, c->pid, (int)strcspn(out, "\n"), out);
 	else
@@ -172,27 +177,26 @@ static struct admin_client *client_slot(void)
 }
 
 /* Only the broker's own user (or root) may ask: the file mode is the first
- * fence, the peer's credentials the second. */
+ * fence, the peer's credentials the second.  A refused peer still has its
+ * request read before the answer, so that the answer is not lost to a
+ * reset (a UNIX socket closed with unread bytes resets the peer). */
 static void client_open(struct broker *b, int fd)
 {
 	struct admin_client *c = client_slot();
-	struct ucred cr;
+	struct ucred cr = {.pid = 0, .uid = (uid_t)-1};
 	socklen_t len = sizeof(cr);
 
-	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) || (cr.uid && cr.uid != geteuid())) {
-		DCAST_LOG_W("admin: refused a peer (uid %d, pid %d): only uid %u or root may ask",
-			    len ? (int)cr.uid : -1, len ? (int)cr.pid : -1, (unsigned)geteuid());
-		send(fd, "error DCAST_EAUTH: not the broker's user\n", 41, MSG_NOSIGNAL | MSG_DONTWAIT);
-		close(fd);
-		return;
-	}
 	if (!c || broker_poll_add(b, fd, on_client, c)) {
 		close(fd);
 		return;
 	}
+	getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len);
 	*c = (struct admin_client){.used = 1, .fd = fd, .uid = (unsigned)cr.uid,
-				   .pid = (unsigned)cr.pid,
+				   .pid = (unsigned)cr.pid, .refused = cr.uid && cr.uid != geteuid(),
 				   .deadline_ms = dcast_now_ms() + ADMIN_CLIENT_MS};
+	if (c->refused)
+		DCAST_LOG_W("admin: refused a peer (uid %u, pid %u): only uid %u or root may ask",
+			    c->uid, c->pid, (unsigned)geteuid());
 }
 
 static void on_listener(struct broker *b, int lfd, void *arg)

@@ -18,6 +18,16 @@
 count() { grep -c -- "$2" "$TMP/$1.log"; }
 model_dir() { ls "$1" | grep -c "^$2-"; }
 metric() { "$BUILD/deltacast" status --broker "$1" --raw | sed -n "s/^$2 //p"; }
+# admin_raw SOCKET BYTES [RUNAS...]: send BYTES (printf escapes), print the answer.
+admin_raw() {
+	local sock=$1 req=$2
+	shift 2
+	"$@" /usr/bin/python3 -c 'import socket, sys
+s = socket.socket(socket.AF_UNIX); s.settimeout(10); s.connect(sys.argv[1])
+s.sendall(sys.argv[2].encode("latin1").decode("unicode_escape").encode("latin1"))
+if not sys.argv[2].endswith("HOLD"): s.shutdown(socket.SHUT_WR)
+print(s.recv(4096).decode("latin1") or "closed", end="")' "$sock" "$req"
+}
 
 # ---- deletion ----
 SOCK=$TMP/admin.sock
@@ -52,6 +62,25 @@ start_broker d2 --max-models 2 --data-dir "$TMP/data" --admin-socket "$SOCK" --a
 grep -q "segment: model b:" "$TMP/d2.log" && grep -q "segment: model c:" "$TMP/d2.log" ||
 	fail "b and c not restored"
 [ "$(count d2 "model a")" = 0 ] || fail "the deleted model came back: $(grep -m1 'model a' "$TMP/d2.log")"
+# Hostile or careless requests get a clear error line and change nothing.
+expect_answer() { # REQUEST PATTERN
+	local got
+	got=$(admin_raw "$SOCK" "$1")
+	[[ "$got" == $2* ]] || fail "request '$1': answer '$got', want '$2'"
+}
+expect_answer 'frobnicate\n' 'error DCAST_EINVAL: unknown request "frobnicate"'
+expect_answer 'delete \n' 'error DCAST_EINVAL: model name of 0 bytes'
+expect_answer 'delete b' 'error DCAST_EINVAL: the request is not one line'
+expect_answer 'delete b\x00c\n' 'error DCAST_EINVAL: a NUL byte'
+expect_answer "delete $(printf 'x%.0s' $(seq 600))" 'error DCAST_ETOO_LARGE'
+expect_answer 'delete \xff\xfe\n' 'error DCAST_ENOTFOUND: no model "\\xff\\xfe"'
+! LC_ALL=C grep -q $'[\x80-\xff]' "$TMP/d2.log" || fail "raw bytes of a request reached the log"
+[ "$(admin_raw "$SOCK" 'HOLD')" = closed ] || fail "a silent admin client was not closed"
+chmod 711 "$TMP" && chmod 666 "$SOCK"
+got=$(admin_raw "$SOCK" 'delete b\n' setpriv --reuid=65534 --regid=65534 --clear-groups)
+chmod 700 "$TMP" && chmod 600 "$SOCK"
+[[ "$got" == "error DCAST_EAUTH"* ]] || fail "another uid was served: '$got'"
+grep -q "admin: refused a peer (uid 65534" "$TMP/d2.log" || fail "no refusal line for another uid"
 "$BUILD/deltacast" model delete c --admin-socket "$SOCK" >/dev/null || fail "delete c failed"
 "$WC" produce "$d2_PROD" a --versions 3 --seed 2 >"$TMP/a2.log" 2>&1 || fail "a refused after c was deleted"
 run_old=$(sed -n 's/.*model a: created, run \([0-9a-f]*\).*/\1/p' "$TMP/d.log")
@@ -84,4 +113,22 @@ start_broker e2 --max-models 2 --data-dir "$TMP/data2" --anchor-fraction 0
 grep -q "segment: model kept:" "$TMP/e2.log" || fail "kept not restored"
 [ "$(count e2 "model idle")" = 0 ] || fail "an expired model came back: $(grep -m1 'model idle' "$TMP/e2.log")"
 stop_broker e2
+
+# ---- deletion while the model's write is in flight ----
+# The writer deletes the files only after the write queued before: no
+# segment comes back, nothing is ACKed, the producer hears why.
+DELTACAST_BROKER_FAULT=slowdisk:1000 start_broker w --data-dir "$TMP/data3" \
+	--admin-socket "$TMP/admin3.sock" --anchor-fraction 0
+bg slowpub "$WC" produce "$w_PROD" slow --versions 1
+wait_for 10 grep -q "model slow: version 1 committed" "$TMP/w.log" || fail "slow did not commit"
+"$BUILD/deltacast" model delete slow --admin-socket "$TMP/admin3.sock" >/dev/null || fail "delete slow failed"
+wait_for 10 grep -q "model slow: segments deleted" "$TMP/w.log" || fail "files of slow not deleted"
+! wait "$LAST_PID" || fail "the producer of slow was ACKed"
+grep -q "DCAST_ENOTFOUND: model slow deleted: operator request" "$TMP/slowpub.err" ||
+	fail "the producer was not told: $(tail -2 "$TMP/slowpub.err")"
+[ "$(model_dir "$TMP/data3" slow)" = 0 ] || fail "files of slow left: $(ls -R "$TMP/data3")"
+stop_broker w
+start_broker w2 --data-dir "$TMP/data3" --anchor-fraction 0
+[ "$(count w2 "model slow")" = 0 ] || fail "slow came back: $(grep -m1 'model slow' "$TMP/w2.log")"
+stop_broker w2
 echo "test_broker_models: ok"

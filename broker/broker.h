@@ -342,6 +342,12 @@ int broker_model_remove(struct broker *b, struct broker_model *m, int expired, c
 /* Idle expiry (--model-idle-s, the loop's timer turn): a model with no
  * producer, no consumer and no open version for that long is removed. */
 void broker_models_idle(struct broker *b, uint64_t now_ms);
+/* Empty model m in place for a new run (a relay whose upstream's run
+ * changed): its open version dropped quietly, its log, manifest and fold
+ * state freed, its consumers' cursors reset, its segments deleted (queued
+ * after its writes, whose completions are then skipped).  The caller sets
+ * the new run. */
+void broker_model_clear(struct broker *b, struct broker_model *m);
 /* The durable writer deleted a removed model's files (or failed to, which
  * is logged): free it (durable.c calls it, in commit order). */
 void broker_model_dropped(struct broker *b, struct broker_model *m);

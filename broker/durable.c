@@ -48,7 +48,9 @@ struct durable_job {
 	char model[DCAST_MAX_NAME + 1];
 	uint64_t seq, version, queued_ns, write_ns;
 	int anchor, ack;
-	int drop;                   /* delete the removed model's files, then free j->m */
+	int drop;                   /* delete the model's files (then free j->m if free_model) */
+	int free_model;
+	uint64_t run;               /* j->m->run when queued: a later run skips the completion */
 	const void *manifest, *commit;
 	size_t manifest_len, commit_len;
 	uint32_t n_rec;
@@ -250,6 +252,7 @@ static struct durable_job *job_new(struct broker_model *m, struct broker_version
 	j->v = v;
 	v->refs++;
 	snprintf(j->model, sizeof(j->model), "%s", m->name);
+	j->run = m->run;
 	j->version = v->version;
 	j->anchor = v->anchor;
 	j->ack = ack;
@@ -258,16 +261,18 @@ static struct durable_job *job_new(struct broker_model *m, struct broker_version
 	return j;
 }
 
-int broker_durable_drop(struct broker *b, struct broker_model *m)
+int broker_durable_drop(struct broker *b, struct broker_model *m, int free_model)
 {
 	struct durable_job *j = calloc(1, sizeof(*j));
 
 	(void)b;
-	DCAST_ASSERT(dur.store && m->deleting);
+	DCAST_ASSERT(dur.store && (m->deleting || !free_model));
 	if (!j)
 		return dcast_fail(DCAST_ENOMEM, "durable: a job to delete model %s's files", m->name);
 	j->m = m;
 	j->drop = 1;
+	j->free_model = free_model;
+	j->run = m->run;
 	snprintf(j->model, sizeof(j->model), "%s", m->name);
 	j->queued_ns = dcast_now_ns();
 	pthread_mutex_lock(&dur.mu);
@@ -278,8 +283,8 @@ int broker_durable_drop(struct broker *b, struct broker_model *m)
 	return 0;
 }
 
-/* A removed model's files are gone (or not: logged); the job held the
- * model until now, behind every write of it queued before. */
+/* A model's files are gone (or not: logged); the job of a removed model
+ * held it until now, behind every write of it queued before. */
 static void job_dropped(struct broker *b, struct durable_job *j)
 {
 	if (j->err)
@@ -287,7 +292,8 @@ static void job_dropped(struct broker *b, struct durable_job *j)
 	else
 		DCAST_LOG_I("model %s: segments deleted from %s in %.1f ms", j->model,
 			    b->cfg.data_dir, (double)j->write_ns / 1e6);
-	broker_model_dropped(b, j->m);
+	if (j->free_model)
+		broker_model_dropped(b, j->m);
 }
 
 int broker_durable_on(void)
@@ -357,8 +363,8 @@ static void on_done(struct broker *b, int fd, void *arg)
 		DCAST_ASSERT(j->seq == ++dur.seq_done); /* completions in commit order */
 		if (j->drop)
 			job_dropped(b, j);
-		else if (j->m->deleting)
-			; /* removed since: nobody to ACK, its files go next */
+		else if (j->m->deleting || j->run != j->m->run)
+			; /* removed or cleared since: nothing to ACK, its files go next */
 		else if (j->err)
 			job_lost(b, j);
 		else
@@ -577,7 +583,7 @@ void broker_durable_close(struct broker *b)
 		dur.writer_on = 0;
 	}
 	while ((j = queue_pop(&dur.done)) != NULL) { /* durable, but the loop is gone: no ACK */
-		if (j->drop)
+		if (j->drop && j->free_model)
 			broker_model_free(j->m); /* removed: in no table, the job held it */
 		job_free(j);
 	}

@@ -66,7 +66,7 @@ int broker_model_remove(struct broker *b, struct broker_model *m, int expired, c
 		return dcast_fail(DCAST_ESTATE, "model %s is relayed from --upstream (its "
 				  "--upstream-model flag keeps it): not removed", m->name);
 	m->deleting = 1;
-	if (broker_durable_on() && broker_durable_drop(b, m)) {
+	if (broker_durable_on() && broker_durable_drop(b, m, 1)) {
 		m->deleting = 0;
 		return DCAST_ENOMEM;
 	}
@@ -88,6 +88,20 @@ int broker_model_remove(struct broker *b, struct broker_model *m, int expired, c
 	if (!broker_durable_on())
 		broker_model_free(m);
 	return 0;
+}
+
+void broker_model_clear(struct broker *b, struct broker_model *m)
+{
+	broker_pending_abort(b, m, NULL);
+	if (broker_durable_on() && broker_durable_drop(b, m, 0))
+		DCAST_LOG_E("model %s: segments of the earlier run not deleted: %s", m->name,
+			    dcast_last_error());
+	for (uint64_t i = 0; i < b->cons.hi; i++)
+		if (b->cons.arr[i].used && b->cons.arr[i].model == m)
+			broker_peer_reset(&b->cons.arr[i]);
+	model_empty(m);
+	m->need_anchor = 0;
+	m->durable_version = m->lost_version = DCAST_VERSION_NONE;
 }
 
 void broker_model_dropped(struct broker *b, struct broker_model *m)

@@ -131,4 +131,23 @@ stop_broker w
 start_broker w2 --data-dir "$TMP/data3" --anchor-fraction 0
 [ "$(count w2 "model slow")" = 0 ] || fail "slow came back: $(grep -m1 'model slow' "$TMP/w2.log")"
 stop_broker w2
+
+# ---- a relay of a model deleted and created again upstream ----
+# The relay's log belongs to the earlier run: it is dropped, not served
+# under the new run's id (its consumers get the new run's versions).
+start_broker u --admin-socket "$TMP/adminu.sock" --anchor-fraction 0
+start_broker r --upstream "$u_CONS" --upstream-model ra --data-dir "$TMP/data4" --anchor-fraction 0
+"$WC" produce "$u_PROD" ra --versions 3 --seed 1 >"$TMP/ra1.log" 2>&1 || fail "producer of ra refused"
+"$WC" consume "$r_CONS" ra --until 3 --seed 1 >"$TMP/rc1.log" 2>&1 || fail "relay did not serve run 1"
+"$BUILD/deltacast" model delete ra --admin-socket "$TMP/adminu.sock" >/dev/null || fail "delete ra failed"
+"$WC" produce "$u_PROD" ra --versions 2 --seed 2 >"$TMP/ra2.log" 2>&1 || fail "ra not created again"
+wait_for 10 grep -q "relay ra: upstream serves run .*: the earlier run's log is dropped" "$TMP/r.log" ||
+	fail "the relay kept the earlier run's log"
+"$WC" consume "$r_CONS" ra --until 2 --seed 2 >"$TMP/rc2.log" 2>&1 ||
+	fail "the relay served the earlier run: $(tail -1 "$TMP/rc2.log")"
+stop_broker r
+start_broker r2 --upstream "$u_CONS" --upstream-model ra --data-dir "$TMP/data4" --anchor-fraction 0
+grep -q "segment: model ra: 2 version(s) up to 2" "$TMP/r2.log" || fail "relay restored: $(grep -m1 'model ra:' "$TMP/r2.log")"
+stop_broker r2
+stop_broker u
 echo "test_broker_models: ok"

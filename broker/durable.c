@@ -171,7 +171,7 @@ static void job_run(struct durable_job *j)
 	if (j->drop) {
 		if ((j->err = broker_seg_drop(dur.store, j->model)) != 0)
 			snprintf(j->why, sizeof(j->why), "%s", dcast_last_error());
-		failed_set(j->m, 0); /* m is freed next: its address may come again */
+		failed_set(j->m, 0); /* no hole left; a removed m is freed next */
 	} else if (failed_find(j->m) >= 0 && !j->anchor) {
 		j->err = DCAST_EIO;
 		snprintf(j->why, sizeof(j->why), "not written: an earlier version of the model "

@@ -52,6 +52,8 @@ struct broker_config {
 	const char *curve_secret, *producer_keys, *consumer_keys, *metrics;
 	const char *anchor_fraction; uint64_t anchor_every; /* broker-made anchors (fold.c) */
 	uint64_t fault_slowdisk_ms; /* DELTACAST_BROKER_FAULT=slowdisk:MS (tests; durable.c) */
+	uint64_t model_idle_s;      /* --model-idle-s: an idle model is removed (retire.c; 0 never) */
+	const char *admin_socket;   /* --admin-socket PATH: operator requests (admin.c) */
 };
 
 #define BROKER_CONFIG_HELP (-1)
@@ -144,6 +146,9 @@ struct broker_model {
 	uint64_t lost_version;            /* newest version lost from a damaged segment that was
 					     whole on disk (maybe ACKed): no version at or below
 					     it is taken again; NONE if none (durable.c) */
+	uint64_t active_ms;               /* last time a peer was on it (retire.c: --model-idle-s) */
+	int deleting;                     /* removed: out of the table, its files being deleted
+					     by the durable writer, which then frees it (retire.c) */
 };
 
 /* ---- peers ---- */
@@ -202,6 +207,7 @@ struct broker_stats {
 	uint64_t anchors_made, anchor_digest_errors; /* broker-made anchors (fold.c) */
 	uint64_t durable_failures;       /* versions that did not become durable */
 	uint64_t loop_stall_max_ns;      /* longest loop turn spent on durable work */
+	uint64_t models_expired, models_deleted; /* models removed (retire.c) */
 };
 
 struct broker;
@@ -294,6 +300,9 @@ struct broker_model *broker_model_get(struct broker *b, const char *name, int cr
 uint64_t broker_run_new(void);
 void broker_run_save(const struct broker *b, const struct broker_model *m);
 void broker_run_restore(const struct broker *b, struct broker_model *m);
+/* broker_run_forget: delete m's run file from the data dir (if any), so a
+ * model created again under the name starts a new run (retire.c). */
+void broker_run_forget(const struct broker *b, const struct broker_model *m);
 void broker_model_free(struct broker_model *m);
 struct broker_manifest *broker_manifest_new(dcast_manifest *m); /* takes m->tensors */
 void broker_manifest_put(struct broker_manifest *mf);
@@ -318,6 +327,30 @@ int broker_log_replace_anchor(struct broker *b, struct broker_model *m,
 /* Ask the model's producers for an anchor: need_anchor set, WELCOME with
  * need_anchor to each (log.c; retention and a lost durable write). */
 void broker_log_need_anchor(struct broker *b, struct broker_model *m);
+
+/* ---- retire.c: removing models (idle expiry, operator deletion) ---- */
+/* Remove model m now: its open version is dropped, its producers and
+ * consumers get ERROR(DCAST_ENOTFOUND, "model M deleted: why") and are
+ * dropped (they HELLO again and wait; a producer's HELLO creates the name
+ * afresh, as a new run), its slot is free at once, and with --data-dir its
+ * segments and run file are deleted (the writer removes the segments, in
+ * order after the model's queued writes, and then frees m; without a data
+ * dir m is freed here).  `expired` picks the counter and the log line.
+ * Errors: DCAST_ESTATE (a relayed model: its --upstream-model flag keeps
+ * it), DCAST_ENOMEM (the file removal could not be queued; nothing done). */
+int broker_model_remove(struct broker *b, struct broker_model *m, int expired, const char *why);
+/* Idle expiry (--model-idle-s, the loop's timer turn): a model with no
+ * producer, no consumer and no open version for that long is removed. */
+void broker_models_idle(struct broker *b, uint64_t now_ms);
+/* Empty model m in place for a new run (a relay whose upstream's run
+ * changed): its open version dropped quietly, its log, manifest and fold
+ * state freed, its consumers' cursors reset, its segments deleted (queued
+ * after its writes, whose completions are then skipped).  The caller sets
+ * the new run. */
+void broker_model_clear(struct broker *b, struct broker_model *m);
+/* The durable writer deleted a removed model's files (or failed to, which
+ * is logged): free it (durable.c calls it, in commit order). */
+void broker_model_dropped(struct broker *b, struct broker_model *m);
 
 /* ---- ingest.c: producers, and the open-version logic the relay reuses ---- */
 void broker_producer_msg(struct broker *b, dcast_wire_in *in);

@@ -39,6 +39,8 @@ static const struct flag flags[] = {
 	{"max-consumers", FLAG_U64, OFF(max_consumers), "4096", "consumer connections at once"},
 	{"max-producers", FLAG_U64, OFF(max_producers), "4096", "producer part connections at once"},
 	{"max-models", FLAG_U64, OFF(max_models), "64", "models at once (at most 256)"},
+	{"model-idle-s", FLAG_U64, OFF(model_idle_s), "86400", "remove a model with no producer, no consumer and no open version for this long, files too (0: never)"},
+	{"admin-socket", FLAG_STR, OFF(admin_socket), NULL, "PATH of a UNIX socket (mode 0600) for `deltacast model delete` (off without it)"},
 	{"log-level", FLAG_STR, OFF(log_level), "info", "error, warn, info or debug"},
 	/* security and observability (broker/auth.c, broker/metrics.c) */
 	{"curve-secret", FLAG_STR, OFF(curve_secret), NULL, "FILE with the broker's Z85 CURVE secret key: CURVE on both sockets"},
@@ -276,6 +278,10 @@ int broker_config_check(const struct broker_config *c)
 	if (!rc) rc = need(c->upstream_window_bytes >= 1 &&
 			   c->upstream_window_bytes <= DCAST_MAX_CREDIT_BYTES,
 			   "--upstream-window-bytes must be in [1, 2^40]");
+	if (!rc) rc = need(c->model_idle_s <= 10ull * 365 * 86400,
+			   "--model-idle-s must be at most 315360000 (10 years; 0 = never)");
+	if (!rc) rc = need(!c->admin_socket || (*c->admin_socket && strlen(c->admin_socket) < 108),
+			   "--admin-socket PATH must be a path of 1 to 107 bytes (a UNIX socket address)");
 	if (!rc) rc = broker_fold_config_check(c);
 	return rc;
 }

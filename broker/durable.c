@@ -48,6 +48,9 @@ struct durable_job {
 	char model[DCAST_MAX_NAME + 1];
 	uint64_t seq, version, queued_ns, write_ns;
 	int anchor, ack;
+	int drop;                   /* delete the model's files (then free j->m if free_model) */
+	int free_model;
+	uint64_t run;               /* j->m->run when queued: a later run skips the completion */
 	const void *manifest, *commit;
 	size_t manifest_len, commit_len;
 	uint32_t n_rec;
@@ -165,7 +168,11 @@ static void job_run(struct durable_job *j)
 {
 	uint64_t t0 = dcast_now_ns();
 
-	if (failed_find(j->m) >= 0 && !j->anchor) {
+	if (j->drop) {
+		if ((j->err = broker_seg_drop(dur.store, j->model)) != 0)
+			snprintf(j->why, sizeof(j->why), "%s", dcast_last_error());
+		failed_set(j->m, 0); /* no hole left; a removed m is freed next */
+	} else if (failed_find(j->m) >= 0 && !j->anchor) {
 		j->err = DCAST_EIO;
 		snprintf(j->why, sizeof(j->why), "not written: an earlier version of the model "
 			 "failed to become durable (a hole), and only an anchor starts a whole "
@@ -245,12 +252,48 @@ static struct durable_job *job_new(struct broker_model *m, struct broker_version
 	j->v = v;
 	v->refs++;
 	snprintf(j->model, sizeof(j->model), "%s", m->name);
+	j->run = m->run;
 	j->version = v->version;
 	j->anchor = v->anchor;
 	j->ack = ack;
 	job_capture(j, v);
 	j->queued_ns = dcast_now_ns();
 	return j;
+}
+
+int broker_durable_drop(struct broker *b, struct broker_model *m, int free_model)
+{
+	struct durable_job *j = calloc(1, sizeof(*j));
+
+	(void)b;
+	DCAST_ASSERT(dur.store && (m->deleting || !free_model));
+	if (!j)
+		return dcast_fail(DCAST_ENOMEM, "durable: a job to delete model %s's files", m->name);
+	j->m = m;
+	j->drop = 1;
+	j->free_model = free_model;
+	j->run = m->run;
+	snprintf(j->model, sizeof(j->model), "%s", m->name);
+	j->queued_ns = dcast_now_ns();
+	pthread_mutex_lock(&dur.mu);
+	j->seq = ++dur.seq_queued;
+	queue_push(&dur.todo, j);
+	pthread_cond_signal(&dur.cv);
+	pthread_mutex_unlock(&dur.mu);
+	return 0;
+}
+
+/* A model's files are gone (or not: logged); the job of a removed model
+ * held it until now, behind every write of it queued before. */
+static void job_dropped(struct broker *b, struct durable_job *j)
+{
+	if (j->err)
+		DCAST_LOG_E("model %s: files not all deleted: %s", j->model, j->why);
+	else
+		DCAST_LOG_I("model %s: segments deleted from %s in %.1f ms", j->model,
+			    b->cfg.data_dir, (double)j->write_ns / 1e6);
+	if (j->free_model)
+		broker_model_dropped(b, j->m);
 }
 
 int broker_durable_on(void)
@@ -318,7 +361,11 @@ static void on_done(struct broker *b, int fd, void *arg)
 		if (!j)
 			break;
 		DCAST_ASSERT(j->seq == ++dur.seq_done); /* completions in commit order */
-		if (j->err)
+		if (j->drop)
+			job_dropped(b, j);
+		else if (j->m->deleting || j->run != j->m->run)
+			; /* removed or cleared since: nothing to ACK, its files go next */
+		else if (j->err)
 			job_lost(b, j);
 		else
 			job_durable(b, j);
@@ -535,8 +582,11 @@ void broker_durable_close(struct broker *b)
 		pthread_join(dur.writer, NULL);
 		dur.writer_on = 0;
 	}
-	while ((j = queue_pop(&dur.done)) != NULL) /* durable, but the loop is gone: no ACK */
+	while ((j = queue_pop(&dur.done)) != NULL) { /* durable, but the loop is gone: no ACK */
+		if (j->drop && j->free_model)
+			broker_model_free(j->m); /* removed: in no table, the job held it */
 		job_free(j);
+	}
 	if (dur.store)
 		DCAST_LOG_I("durable: longest event loop turn on durable work %.2f ms",
 			    (double)b->stats.loop_stall_max_ns / 1e6);

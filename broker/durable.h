@@ -22,6 +22,15 @@ int broker_durable_on(void);
 int broker_durable_commit(struct broker *b, struct broker_model *m, struct broker_version *v,
 			  int ack);
 
+/* Queue the deletion of model m's files (its segments), behind every write
+ * of it queued before; completions of those writes are skipped (nothing is
+ * ACKed) once m is removed (m->deleting) or its run changed.  With
+ * free_model (a removed model: m->deleting set, m out of the model table)
+ * the completion calls broker_model_dropped(), which frees m (so does
+ * broker_durable_close at shutdown).  Only with --data-dir.  Errors:
+ * DCAST_ENOMEM (nothing queued). */
+int broker_durable_drop(struct broker *b, struct broker_model *m, int free_model);
+
 /* Called at the end of every loop turn: the time this turn spent queueing
  * writes and handling completions goes into stats.loop_stall_max_ns, and a
  * turn over 10 ms of it is logged. */

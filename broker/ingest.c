@@ -708,7 +708,7 @@ static void producer_hello(struct broker *b, struct broker_peer *p, dcast_wire_i
 	else if ((rc = broker_auth_producer_model(in->user_id, h->model))) /* broker/auth.c */
 		;
 	else if (!(m = producer_model(b, h->model)))
-		;
+		rc = DCAST_EBUSY; /* or DCAST_ENOMEM: dcast_last_error() names it */
 	else if (m->relayed)
 		rc = dcast_fail(DCAST_ESTATE, "model %s is relayed from --upstream; producers refused",
 				m->name);

@@ -44,6 +44,7 @@ struct broker_model *broker_model_get(struct broker *b, const char *name, int cr
 	snprintf(m->name, sizeof(m->name), "%s", name);
 	m->durable_version = m->lost_version = DCAST_VERSION_NONE;
 	m->run = broker_run_new();
+	m->active_ms = dcast_now_ms();
 	b->models[b->n_models++] = m;
 	DCAST_LOG_I("model %s: created, run %016llx", name, (unsigned long long)m->run);
 	attach_waiting(b, m);

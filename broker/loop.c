@@ -16,6 +16,7 @@
 #include "durable.h" /* --data-dir: the writer thread (broker/durable.c) */
 #include "metrics.h" /* --metrics: clients past their time are closed */
 #include "limits.h" /* accept failures watched (broker/limits.c) */
+#include "admin.h" /* --admin-socket: clients past their time are closed */
 
 #define MAX_POLL (3 + BROKER_MAX_UPSTREAM_MODELS + BROKER_MAX_EXTRA_FDS)
 
@@ -190,7 +191,8 @@ int broker_open(struct broker *b, const struct broker_config *cfg)
 	 * HELLO (which names the newest version restored). */
 	if ((rc = broker_relay_open(b)) || (rc = broker_log_restore(b)) ||
 	    (rc = router_open(b, &b->producers, cfg->producers, "producers")) ||
-	    (rc = router_open(b, &b->consumers, cfg->consumers, "consumers")))
+	    (rc = router_open(b, &b->consumers, cfg->consumers, "consumers")) ||
+	    (rc = broker_admin_open(b)))
 		return rc;
 	broker_relay_start(b);
 	return 0;
@@ -249,6 +251,8 @@ static void timers(struct broker *b)
 	broker_consumer_timers(b, now);
 	broker_relay_timers(b, now);
 	broker_metrics_timers(b, now);
+	broker_admin_timers(b, now);
+	broker_models_idle(b, now); /* --model-idle-s (broker/retire.c) */
 }
 
 static long poll_timeout(const struct broker *b)
@@ -311,6 +315,7 @@ void broker_close(struct broker *b)
 	for (uint32_t i = 0; i < b->n_models; i++)
 		if (b->prod.arr && b->models[i]->pending)
 			broker_pending_abort(b, b->models[i], "broker shutting down");
+	broker_admin_close(b);
 	broker_durable_close(b); /* the writer finishes what is queued */
 	broker_peers_free(&b->prod);
 	broker_peers_free(&b->cons);

@@ -200,6 +200,10 @@ size_t broker_metrics_render(const struct broker *b, char *buf, size_t cap)
 	counter(&o, "anchors_made_total", "anchors the broker made by folding deltas", st->anchors_made);
 	counter(&o, "anchor_digest_errors_total", "made anchors refused: digest differs from the producer's",
 		st->anchor_digest_errors);
+	counter(&o, "models_expired_total", "models removed after --model-idle-s without peers",
+		st->models_expired);
+	counter(&o, "models_deleted_total", "models removed by an operator (deltacast model delete)",
+		st->models_deleted);
 	counter(&o, "durable_failures_total", "committed versions that did not become durable",
 		st->durable_failures);
 	gauge(&o, "fold_state_bytes", "host copies of model states held to make anchors (0 between cuts)",

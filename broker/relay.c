@@ -120,16 +120,28 @@ void broker_relay_ack(struct broker *b, struct broker_model *m, uint64_t version
 }
 
 /* A relay serves its upstream's run: its consumers must see the same
- * stream identity as the upstream's own. */
-static void relay_adopt_run(struct broker *b, struct broker_model *m, uint64_t run)
+ * stream identity as the upstream's own.  When the upstream's run changes
+ * (the model was removed and created again there, or the upstream restarted
+ * without its data dir), what the relay holds belongs to the earlier run:
+ * it is dropped, and the relay joins again from nothing, or it would serve
+ * the old run's versions under the new run's id. */
+static void relay_adopt_run(struct broker *b, struct broker_upstream *u, uint64_t run)
 {
+	struct broker_model *m = u->model;
+	int stale = m->run && (m->n_log || m->manifest);
+
 	if (!run || run == m->run)
 		return;
-	DCAST_LOG_I("relay %s: upstream serves run %016llx (was %016llx)", m->name,
-		    (unsigned long long)run, (unsigned long long)m->run);
+	DCAST_LOG_I("relay %s: upstream serves run %016llx (was %016llx)%s", m->name,
+		    (unsigned long long)run, (unsigned long long)m->run,
+		    stale ? ": the earlier run's log is dropped" : "");
+	if (stale)
+		broker_model_clear(b, m);
 	m->run = run;
 	broker_run_save(b, m);
 	broker_rewelcome(b, m); /* consumers welcomed with run 0 confirm it */
+	if (stale)
+		relay_hello(b, u, "the upstream's run changed");
 }
 
 static int relay_dispatch(struct broker *b, struct broker_upstream *u, dcast_wire_in *in)
@@ -139,7 +151,7 @@ static int relay_dispatch(struct broker *b, struct broker_upstream *u, dcast_wir
 	switch (msg->type) {
 	case DCAST_MSG_WELCOME:
 		u->joined = 1;
-		relay_adopt_run(b, u->model, msg->u.welcome.run);
+		relay_adopt_run(b, u, msg->u.welcome.run);
 		return 0;
 	case DCAST_MSG_MANIFEST:
 		return relay_manifest(b, u->model, msg);

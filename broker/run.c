@@ -66,3 +66,14 @@ void broker_run_restore(const struct broker *b, struct broker_model *m)
 			    "model's state take an anchor", m->name, dcast_last_error(), m->run);
 	broker_run_save(b, m);
 }
+
+void broker_run_forget(const struct broker *b, const struct broker_model *m)
+{
+	char path[4096];
+
+	if (!b->cfg.data_dir)
+		return;
+	run_path(b, m->name, path, sizeof(path));
+	if (unlink(path) && errno != ENOENT)
+		DCAST_LOG_W("model %s: run file %s not deleted: %s", m->name, path, strerror(errno));
+}

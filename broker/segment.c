@@ -459,6 +459,50 @@ int broker_seg_abort(broker_seg_store *s, const char *model)
 	return 0;
 }
 
+static unsigned list_segments(const char *dir, uint64_t *out, unsigned cap);
+
+/* Unlink every segment file of the folder, then the folder. */
+static int dir_remove(const char *dir)
+{
+	uint64_t anchors[SEG_MAX_FILES];
+	unsigned n = list_segments(dir, anchors, SEG_MAX_FILES);
+	char path[SEG_PATH_MAX];
+	int rc = 0;
+
+	for (unsigned i = 0; i < n; i++) {
+		snprintf(path, sizeof(path), "%s/seg-%020llu.log", dir, (unsigned long long)anchors[i]);
+		if (unlink(path) && errno != ENOENT)
+			rc = dcast_fail(DCAST_EIO, "segment: unlink '%s': %s", path, strerror(errno));
+	}
+	if (!rc && rmdir(dir) && errno != ENOENT)
+		rc = dcast_fail(DCAST_EIO, "segment: rmdir '%s': %s", dir, strerror(errno));
+	return rc;
+}
+
+int broker_seg_drop(broker_seg_store *s, const char *model)
+{
+	struct seg_model *m = model_find(s, model);
+	char dn[128], dir[SEG_DIR_MAX];
+	int rc;
+
+	if (m) {
+		reap_all(s);
+		s->write_err = 0;
+		file_close(s, &m->cur);
+		if (m->has_prev)
+			file_close(s, &m->prev);
+		for (unsigned i = 0; i < s->n_models; i++)
+			if (s->models[i] == m)
+				s->models[i] = s->models[--s->n_models];
+		free(m);
+	}
+	model_dirname(model, dn, sizeof(dn));
+	snprintf(dir, sizeof(dir), "%s/%s", s->root, dn);
+	rc = dir_remove(dir);
+	fsync_dir(s->root);
+	return rc;
+}
+
 uint64_t broker_seg_bytes(const broker_seg_store *s, const char *model)
 {
 	for (unsigned i = 0; i < s->n_models; i++)

@@ -112,6 +112,13 @@ int broker_seg_commit(broker_seg_store *s, const char *model, uint64_t version,
  * no commit is deleted and the previous one is current again). */
 int broker_seg_abort(broker_seg_store *s, const char *model);
 
+/* Delete the model's segments and its folder (a removed model: docs/
+ * operations.md, "Removing models"), and forget it: a later anchor of the
+ * name starts a new folder.  Uncommitted records go with it.  Files in
+ * quarantine/ stay.  Errors: DCAST_EIO naming what could not be deleted
+ * (the store forgets the model all the same). */
+int broker_seg_drop(broker_seg_store *s, const char *model);
+
 /* Bytes on disk of the model's current segment (0 if none); for metrics. */
 uint64_t broker_seg_bytes(const broker_seg_store *s, const char *model);
 

@@ -20,7 +20,8 @@
 	X(subscribe, "subscribe", "follow a model from a broker into DIR/model.safetensors") \
 	X(publish, "publish", "publish checkpoints through a broker, each file the next version") \
 	X(status, "status", "show a broker's models, consumers and counters from its /metrics") \
-	X(keygen, "keygen", "write a CURVE key pair PREFIX.secret / PREFIX.public")
+	X(keygen, "keygen", "write a CURVE key pair PREFIX.secret / PREFIX.public") \
+	X(model, "model", "model delete NAME: remove a model from a running broker (--admin-socket)")
 
 #define CLI_DECLARE(fn, name, summary) int cmd_##fn(int argc, char **argv);
 CLI_COMMANDS(CLI_DECLARE)
@@ -70,6 +71,10 @@ int cli_parse_count(const char *s, uint64_t *out);
 
 /* Parse a finite double in [lo, hi]; 0 on success, -1 otherwise. */
 int cli_parse_double(const char *s, double lo, double hi, double *out);
+
+/* Parse --timeout-ms (milliseconds in [1, 600000]) for cmd.  Returns 0,
+ * or CLI_USAGE after printing a usage error naming the value. */
+int cli_parse_timeout_ms(const char *cmd, const char *s, long *out);
 
 /* Print s as a JSON string literal (quotes, backslashes and control
  * characters escaped). */

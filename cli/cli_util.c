@@ -106,6 +106,17 @@ int cli_parse_double(const char *s, double lo, double hi, double *out)
 	return 0;
 }
 
+int cli_parse_timeout_ms(const char *cmd, const char *s, long *out)
+{
+	char *end;
+	long v = strtol(s, &end, 10);
+
+	if (!*s || *end || v < 1 || v > 600000)
+		return cli_usage_error(cmd, "--timeout-ms: \"%s\" not in [1, 600000]", s);
+	*out = v;
+	return 0;
+}
+
 void cli_print_json_string(FILE *to, const char *s)
 {
 	fputc('"', to);

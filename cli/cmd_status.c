@@ -348,7 +348,6 @@ int cmd_status(int argc, char **argv)
 	const char *addr = NULL;
 	long timeout_ms = 2000;
 	int raw = 0, c, rc;
-	char *end;
 
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "b:rt:h", longopts, NULL)) != -1) {
@@ -357,9 +356,8 @@ int cmd_status(int argc, char **argv)
 		} else if (c == 'r') {
 			raw = 1;
 		} else if (c == 't') {
-			timeout_ms = strtol(optarg, &end, 10);
-			if (*end || timeout_ms < 1 || timeout_ms > 600000)
-				return cli_usage_error(CMD, "--timeout-ms: \"%s\" not in [1, 600000]", optarg);
+			if ((rc = cli_parse_timeout_ms(CMD, optarg, &timeout_ms)))
+				return rc;
 		} else if (c == 'h') {
 			return fputs(usage_text, stdout), CLI_OK;
 		} else {

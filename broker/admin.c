@@ -1,0 +1,291 @@
+/* Operator requests (admin.h) on a local UNIX socket, inside the broker's
+ * event loop.  Why a UNIX socket and not the network: deleting a model is
+ * destructive (its log and files are gone, its consumers re-fetch an
+ * anchor), so it is reachable only by a local process of the broker's own
+ * user (or root): the socket file is created mode 0600, and each peer's
+ * uid is checked again with SO_PEERCRED, so a permissive umask or folder
+ * does not open it up.  The metrics port, unauthenticated, stays
+ * read-only.  Like the metrics clients, every client is a non-blocking fd
+ * in the poll set, bounded by ADMIN_REQUEST_BYTES, ADMIN_CLIENT_MS from
+ * accept and ADMIN_MAX_CLIENTS at once: a silent client costs a slot for
+ * two seconds, never a wait. */
+#include <errno.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+#include "admin.h"
+#include "dcast_common.h"
+
+#define ADMIN_REQUEST_BYTES 512  /* one line; a longer request is refused */
+#define ADMIN_CLIENT_MS 2000     /* accept to answer, then closed */
+#define ADMIN_MAX_CLIENTS 4      /* more are closed as soon as accepted */
+#define ADMIN_ANSWER_BYTES 2048
+
+struct admin_client {
+	int used, fd;
+	uint64_t deadline_ms;
+	unsigned uid, pid;
+	int refused;                 /* not the broker's uid or root: answered EAUTH */
+	size_t len;
+	char req[ADMIN_REQUEST_BYTES];
+};
+
+static struct admin_client clients[ADMIN_MAX_CLIENTS];
+static int listen_fd = -1;
+static char sock_path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+
+static void client_close(struct broker *b, struct admin_client *c)
+{
+	broker_poll_del(b, c->fd);
+	close(c->fd);
+	*c = (struct admin_client){0};
+}
+
+/* The answer is one short line: a UNIX socket's buffer takes it whole, and
+ * a client that does not read it loses it, never the loop's time. */
+static void client_answer(struct broker *b, struct admin_client *c, const char *line)
+{
+	if (send(c->fd, line, strlen(line), MSG_NOSIGNAL | MSG_DONTWAIT) < 0)
+		DCAST_LOG_W("admin: answer to pid %u not sent: %s", c->pid, strerror(errno));
+	client_close(b, c);
+}
+
+/* s as printable ASCII (other bytes as \xHH), for a name that matched
+ * nothing: it reaches the log and the answer, never raw. */
+static void printable(const char *s, char *out, size_t cap)
+{
+	size_t n = 0;
+
+	for (const unsigned char *p = (const unsigned char *)s; *p && n + 5 < cap; p++)
+		n += (size_t)snprintf(out + n, cap - n, *p >= 0x20 && *p < 0x7f && *p != '\\' ?
+				      "%c" : "\\x%02x", *p);
+	out[n] = '\0';
+}
+
+static struct broker_model *model_named(struct broker *b, const char *name)
+{
+	for (uint32_t i = 0; i < b->n_models; i++)
+		if (!strcmp(b->models[i]->name, name))
+			return b->models[i];
+	return NULL;
+}
+
+/* `delete MODEL`: the answer's line into out. */
+static void do_delete(struct broker *b, const struct admin_client *c, const char *name,
+		      char *out, size_t cap)
+{
+	struct broker_model *m = model_named(b, name);
+	char why[96], shown[4 * DCAST_MAX_NAME + 8];
+	int rc;
+
+	printable(name, shown, sizeof(shown));
+	if (!*name || strlen(name) > DCAST_MAX_NAME) {
+		snprintf(out, cap, "error DCAST_EINVAL: model name of %zu bytes (want 1 to %d)\n",
+			 strlen(name), DCAST_MAX_NAME);
+		return;
+	}
+	if (!m) {
+		snprintf(out, cap, "error DCAST_ENOTFOUND: no model \"%s\" (names are exact)\n", shown);
+		return;
+	}
+	snprintf(why, sizeof(why), "operator request (admin socket, uid %u pid %u)", c->uid, c->pid);
+	if ((rc = broker_model_remove(b, m, 0, why)))
+		snprintf(out, cap, "error %s: %s\n", dcast_errname(rc), dcast_last_error());
+	else
+		snprintf(out, cap, "ok model \"%s\" deleted%s\n", shown,
+			 b->cfg.data_dir ? "; its files in --data-dir are being deleted" : "");
+}
+
+/* One request line (newline stripped): the answer's line into out. */
+static void request_run(struct broker *b, const struct admin_client *c, const char *req,
+			char *out, size_t cap)
+{
+	char shown[64];
+
+	if (!strncmp(req, "delete ", 7)) {
+		do_delete(b, c, req + 7, out, cap);
+		return;
+	}
+	printable(req, shown, sizeof(shown));
+	snprintf(out, cap, "error DCAST_EINVAL: unknown request \"%s\" (want: delete MODEL)\n", shown);
+}
+
+static void client_request(struct broker *b, struct admin_client *c)
+{
+	char out[ADMIN_ANSWER_BYTES];
+	char *nl = memchr(c->req, '\n', c->len);
+
+	if (!nl || memchr(c->req, '\0', (size_t)(nl - c->req))) {
+		client_answer(b, c, nl ? "error DCAST_EINVAL: a NUL byte in the request\n" :
+				     "error DCAST_EINVAL: the request is not one line ended by a newline\n");
+		return;
+	}
+	*nl = '\0';
+	if (c->refused)
+		snprintf(out, sizeof(out), "error DCAST_EAUTH: uid %u may not ask (only uid %u or root)\n",
+			 c->uid, (unsigned)geteuid());
+	else
+		request_run(b, c, c->req, out, sizeof(out));
+	if (!strncmp(out, "ok", 2))
+		DCAST_LOG_I("admin: uid %u pid %u: %.*s", c->uid, c->pid, (int)strcspn(out, "\n"), out);
+	else
+		DCAST_LOG_W("admin: uid %u pid %u: %.*s", c->uid, c->pid, (int)strcspn(out, "\n"), out);
+	client_answer(b, c, out);
+}
+
+/* Read what has arrived; answer once a line (or EOF) is in, or refuse a
+ * request that fills the buffer without one. */
+static void on_client(struct broker *b, int fd, void *arg)
+{
+	struct admin_client *c = arg;
+	ssize_t r;
+
+	(void)fd;
+	if (dcast_now_ms() >= c->deadline_ms) {
+		client_close(b, c);
+		return;
+	}
+	r = recv(c->fd, c->req + c->len, sizeof(c->req) - c->len, MSG_DONTWAIT);
+	if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+		return;
+	if (r < 0) {
+		client_close(b, c);
+		return;
+	}
+	c->len += (size_t)r;
+	if (r == 0 || memchr(c->req + c->len - (size_t)r, '\n', (size_t)r))
+		client_request(b, c);
+	else if (c->len == sizeof(c->req))
+		client_answer(b, c, "error DCAST_ETOO_LARGE: request over 512 bytes\n");
+}
+
+void broker_admin_timers(struct broker *b, uint64_t now_ms)
+{
+	for (int i = 0; i < ADMIN_MAX_CLIENTS; i++)
+		if (clients[i].used && now_ms >= clients[i].deadline_ms)
+			client_close(b, &clients[i]);
+}
+
+static struct admin_client *client_slot(void)
+{
+	for (int i = 0; i < ADMIN_MAX_CLIENTS; i++)
+		if (!clients[i].used)
+			return &clients[i];
+	return NULL;
+}
+
+/* Only the broker's own user (or root) may ask: the file mode is the first
+ * fence, the peer's credentials the second.  A refused peer still has its
+ * request read before the answer, so that the answer is not lost to a
+ * reset (a UNIX socket closed with unread bytes resets the peer). */
+static void client_open(struct broker *b, int fd)
+{
+	struct admin_client *c = client_slot();
+	struct ucred cr = {.pid = 0, .uid = (uid_t)-1};
+	socklen_t len = sizeof(cr);
+
+	if (!c || broker_poll_add(b, fd, on_client, c)) {
+		close(fd);
+		return;
+	}
+	getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len);
+	*c = (struct admin_client){.used = 1, .fd = fd, .uid = (unsigned)cr.uid,
+				   .pid = (unsigned)cr.pid, .refused = cr.uid && cr.uid != geteuid(),
+				   .deadline_ms = dcast_now_ms() + ADMIN_CLIENT_MS};
+	if (c->refused)
+		DCAST_LOG_W("admin: refused a peer (uid %u, pid %u): only uid %u or root may ask",
+			    c->uid, c->pid, (unsigned)geteuid());
+}
+
+static void on_listener(struct broker *b, int lfd, void *arg)
+{
+	(void)arg;
+	for (int i = 0; i < ADMIN_MAX_CLIENTS; i++) {
+		int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+
+		if (fd < 0)
+			return;
+		client_open(b, fd);
+	}
+}
+
+/* A socket file left by a broker that died is replaced; a live one (a
+ * broker still running) or another kind of file is not. */
+static int path_clear(const struct sockaddr_un *sa)
+{
+	struct stat st;
+	int fd, live;
+
+	if (lstat(sa->sun_path, &st))
+		return errno == ENOENT ? 0 : dcast_fail(DCAST_EIO, "--admin-socket %s: %s",
+							sa->sun_path, strerror(errno));
+	if (!S_ISSOCK(st.st_mode))
+		return dcast_fail(DCAST_EIO, "--admin-socket %s: exists and is not a socket; not "
+				  "replaced", sa->sun_path);
+	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	live = fd >= 0 && !connect(fd, (const struct sockaddr *)sa, sizeof(*sa));
+	if (fd >= 0)
+		close(fd);
+	if (live)
+		return dcast_fail(DCAST_EIO, "--admin-socket %s: a process (another broker?) "
+				  "listens on it", sa->sun_path);
+	if (unlink(sa->sun_path))
+		return dcast_fail(DCAST_EIO, "--admin-socket %s: stale socket not removed: %s",
+				  sa->sun_path, strerror(errno));
+	DCAST_LOG_I("--admin-socket %s: replaced a stale socket file", sa->sun_path);
+	return 0;
+}
+
+static int listen_at(const struct sockaddr_un *sa)
+{
+	mode_t old;
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0), rc;
+
+	if (fd < 0)
+		return dcast_fail(DCAST_EIO, "--admin-socket: socket: %s", strerror(errno));
+	old = umask(0177); /* born 0600: no moment where others may connect */
+	rc = bind(fd, (const struct sockaddr *)sa, sizeof(*sa));
+	umask(old);
+	if (rc || listen(fd, ADMIN_MAX_CLIENTS)) {
+		rc = dcast_fail(DCAST_EIO, "--admin-socket %s: %s", sa->sun_path, strerror(errno));
+		close(fd);
+		return rc;
+	}
+	listen_fd = fd;
+	return 0;
+}
+
+int broker_admin_open(struct broker *b)
+{
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	int rc;
+
+	if (!b->cfg.admin_socket)
+		return 0;
+	DCAST_ASSERT(strlen(b->cfg.admin_socket) < sizeof(sa.sun_path)); /* config.c checked */
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", b->cfg.admin_socket);
+	if ((rc = path_clear(&sa)) || (rc = listen_at(&sa)))
+		return rc;
+	snprintf(sock_path, sizeof(sock_path), "%s", sa.sun_path);
+	if ((rc = broker_poll_add(b, listen_fd, on_listener, NULL)))
+		return rc;
+	DCAST_LOG_I("admin requests on %s (mode 0600, uid %u or root)", sock_path,
+		    (unsigned)geteuid());
+	return 0;
+}
+
+void broker_admin_close(struct broker *b)
+{
+	for (int i = 0; i < ADMIN_MAX_CLIENTS; i++)
+		if (clients[i].used)
+			client_close(b, &clients[i]);
+	if (listen_fd < 0)
+		return;
+	broker_poll_del(b, listen_fd);
+	close(listen_fd);
+	listen_fd = -1;
+	if (unlink(sock_path))
+		DCAST_LOG_W("--admin-socket %s: not removed: %s", sock_path, strerror(errno));
+}

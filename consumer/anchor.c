@@ -131,9 +131,10 @@ int cs_anchor_load(dcast_consumer *c, uint64_t *version)
 {
 	dcast_st_file *f = NULL;
 	const char *vs;
-	int fd = -1, file = -1, err = dcast_st_open(c->anchor_path, &f); /* header checks */
+	int fd = -1, file = -1, err;
 
-	if (err)
+	cs_ckpt_settle(c); /* chunk records written behind use the engine too */
+	if ((err = dcast_st_open(c->anchor_path, &f))) /* header checks */
 		return err;
 	vs = dcast_st_metadata_get(f, "deltacast.version");
 	if (!vs || !*vs)
@@ -254,6 +255,7 @@ int cs_ckpt_fold(dcast_consumer *c)
 	uint32_t n = 0;
 	int err;
 
+	cs_ckpt_settle(c); /* chunk records written behind use the engine too */
 	if (v == DCAST_VERSION_NONE)
 		return 0;
 	snprintf(vbuf, sizeof(vbuf), "%" PRIu64, v);

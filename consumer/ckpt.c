@@ -20,6 +20,7 @@
 #include "consumer_impl.h"
 #include "dcast_common.h"
 #include "deltacast/safetensors.h"
+#include <zmq.h>
 
 #if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "record files are little-endian; add byte swapping for this target"
@@ -59,17 +60,19 @@ static void hdr_seal(rec_hdr *h)
 /* Start the disk writing the record now (best effort: the fdatasync at
  * COMMIT is what makes it durable), so that the disk works while the next
  * chunks arrive and that fdatasync waits for the last few only. */
-static void start_writeback(const cs_version *v, uint64_t off, uint64_t len)
+static void start_writeback(int fd, uint64_t off, uint64_t len)
 {
-	(void)sync_file_range(v->fd, (off_t)off, (off_t)len, SYNC_FILE_RANGE_WRITE);
+	(void)sync_file_range(fd, (off_t)off, (off_t)len, SYNC_FILE_RANGE_WRITE);
 }
 
 static int append(dcast_consumer *c, cs_version *v, rec_hdr *h, const void *body,
 		  uint64_t *body_off)
 {
 	uint64_t t0 = dcast_now_ns();
-	int err;
+	int err = cs_ckpt_flush(c); /* chunk records first, and the engine to ourselves */
 
+	if (err)
+		return err;
 	hdr_seal(h);
 	err = dcast_io_write(c->io, v->io_file, h, sizeof(*h), v->file_bytes, DCAST_IO_NO_BUF, 1);
 	if (!err && h->body_len)
@@ -81,7 +84,7 @@ static int append(dcast_consumer *c, cs_version *v, rec_hdr *h, const void *body
 		return err;
 	c->log_write_bytes += sizeof(*h) + h->body_len;
 	c->log_since_fold += sizeof(*h) + h->body_len;
-	start_writeback(v, v->file_bytes, sizeof(*h) + h->body_len);
+	start_writeback(v->fd, v->file_bytes, sizeof(*h) + h->body_len);
 	if (body_off)
 		*body_off = v->file_bytes + sizeof(*h);
 	v->file_bytes += sizeof(*h) + h->body_len;
@@ -134,26 +137,213 @@ int cs_ckpt_version_create(dcast_consumer *c, cs_version *v)
 	return v->anchor ? write_manifest(c, v) : 0;
 }
 
-int cs_ckpt_chunk_write(dcast_consumer *c, cs_version *v, const dcast_chunk *k,
-			const void *payload, uint64_t payload_sum, uint64_t *payload_off)
+static void chunk_hdr(const dcast_chunk *k, uint64_t payload_sum, rec_hdr *h)
 {
-	rec_hdr h = {0};
+	*h = (rec_hdr){.type = REC_CHUNK, .version = k->version, .base_version = k->base_version,
+		       .anchor = k->anchor, .part = k->part, .seq_or_chunks = k->seq,
+		       .tensor_or_ndigests = k->tensor, .start_or_bytes = k->start, .count = k->count,
+		       .elem_size = k->elem_size, .encoding = k->encoding, .changed = k->changed,
+		       .body_len = k->payload_bytes, .body_checksum = payload_sum};
+	hdr_seal(h);
+}
 
-	h.type = REC_CHUNK;
-	h.version = k->version;
-	h.base_version = k->base_version;
-	h.anchor = k->anchor;
-	h.part = k->part;
-	h.seq_or_chunks = k->seq;
-	h.tensor_or_ndigests = k->tensor;
-	h.start_or_bytes = k->start;
-	h.count = k->count;
-	h.elem_size = k->elem_size;
-	h.encoding = k->encoding;
-	h.changed = k->changed;
-	h.body_len = k->payload_bytes;
-	h.body_checksum = payload_sum;
-	return append(c, v, &h, payload, payload_off);
+/* ---- chunk records, written behind ----
+ * A chunk's record goes to the I/O engine without waiting for it: the
+ * header is kept in a slot here, and the payload (ZeroMQ's message when
+ * the chunk is not kept resident) is held until both writes are done; only
+ * then does its credit go back to the broker, so what is held stays within
+ * the window.  The session thread receives the next chunks meanwhile.
+ The session thread reaps finished writes on every turn
+ * (cs_ckpt_progress) and polls its socket with a 1 ms timeout while any is
+ * pending; whatever else uses the engine waits for them all first (other
+ * records: cs_ckpt_flush; reads, folds, dropping a version:
+ * cs_ckpt_settle).  A failed write marks its version (it can never be
+ * READY) and is reported by the next cs_ckpt_flush or cs_ckpt_progress. */
+#define WB_SLOTS 16
+#define WB_TAG 0x57420000u
+
+typedef struct wb_slot {
+	rec_hdr h;
+	zmq_msg_t msg;      /* the payload, when held (has_msg) */
+	uint64_t version, off, credit;
+	int fd, left, has_msg, err;
+} wb_slot;
+
+struct cs_wb {
+	wb_slot s[WB_SLOTS];
+	uint32_t busy;      /* bit i: s[i] in use */
+	int err;            /* first failure not yet reported */
+	char why[256];      /* its detail (file, offset, the system's words) */
+};
+
+int cs_ckpt_wb_open(dcast_consumer *c)
+{
+	if (!(c->wb = calloc(1, sizeof(*c->wb))))
+		return dcast_fail(DCAST_ENOMEM, "consumer: record write queue");
+	return 0;
+}
+
+void cs_ckpt_wb_close(dcast_consumer *c)
+{
+	DCAST_ASSERT(!c->wb || !c->wb->busy); /* flushed by the session thread */
+	free(c->wb);
+	c->wb = NULL;
+}
+
+static void wb_done(dcast_consumer *c, wb_slot *s)
+{
+	uint64_t len = sizeof(s->h) + s->h.body_len;
+	cs_version *v = cs_version_find(c, s->version);
+
+	if (s->has_msg)
+		zmq_msg_close(&s->msg);
+	cs_credit_free(c, s->credit);
+	if (s->err) {
+		if (!c->wb->err) {
+			c->wb->err = s->err;
+			snprintf(c->wb->why, sizeof(c->wb->why), "%s", dcast_last_error());
+		}
+		if (v)
+			v->write_failed = 1;
+	} else {
+		start_writeback(s->fd, s->off, len);
+		c->log_write_bytes += len;
+		c->log_since_fold += len;
+	}
+	c->wb->busy &= ~(1u << (s - c->wb->s));
+}
+
+/* Reap finished writes, waiting for at least min_done of them. */
+static int wb_reap(dcast_consumer *c, unsigned min_done)
+{
+	dcast_io_done d[8];
+	int n = dcast_io_wait(c->io, min_done, d, 8);
+
+	if (n < 0)
+		return -n;
+	for (int i = 0; i < n; i++) {
+		wb_slot *s = &c->wb->s[d[i].tag & 0xffff];
+
+		DCAST_ASSERT((d[i].tag & ~0xffffull) == WB_TAG && s->left > 0);
+		if (d[i].err && !s->err)
+			s->err = d[i].err;
+		if (--s->left == 0)
+			wb_done(c, s);
+	}
+	return 0;
+}
+
+/* Wait for every pending write; a broken ring fails them all. */
+static void wb_wait_all(dcast_consumer *c)
+{
+	int err = 0;
+
+	while (c->wb->busy && !err)
+		err = wb_reap(c, 1);
+	for (int i = 0; err && i < WB_SLOTS; i++)
+		if (c->wb->busy & (1u << i)) {
+			c->wb->s[i].err = err;
+			wb_done(c, &c->wb->s[i]);
+		}
+}
+
+/* The failure not yet reported, with its detail, and forget it; or 0. */
+static int wb_report(dcast_consumer *c)
+{
+	int err = c->wb->err;
+
+	c->wb->err = 0;
+	return err ? dcast_fail(err, "record log: %s", c->wb->why) : 0;
+}
+
+int cs_ckpt_pending(const dcast_consumer *c)
+{
+	return c->wb && c->wb->busy;
+}
+
+int cs_ckpt_progress(dcast_consumer *c)
+{
+	if (!c->wb)
+		return 0;
+	if (c->wb->busy && wb_reap(c, 0))
+		wb_wait_all(c);
+	return wb_report(c);
+}
+
+void cs_ckpt_settle(dcast_consumer *c)
+{
+	if (c->wb && c->wb->busy)
+		wb_wait_all(c);
+}
+
+int cs_ckpt_flush(dcast_consumer *c)
+{
+	uint64_t t0 = dcast_now_ns();
+
+	if (!c->wb || (!c->wb->busy && !c->wb->err))
+		return 0;
+	wb_wait_all(c);
+	c->log_write_ns += dcast_now_ns() - t0;
+	return wb_report(c);
+}
+
+static wb_slot *wb_slot_get(dcast_consumer *c)
+{
+	while (c->wb->busy == (1u << WB_SLOTS) - 1)
+		if (wb_reap(c, 1)) {
+			wb_wait_all(c);
+			break;
+		}
+	for (int i = 0; i < WB_SLOTS; i++)
+		if (!(c->wb->busy & (1u << i))) {
+			c->wb->busy |= 1u << i;
+			return &c->wb->s[i];
+		}
+	return NULL;
+}
+
+int cs_ckpt_chunk_submit(dcast_consumer *c, cs_version *v, const dcast_chunk *k, zmq_msg_t *held,
+			 const void *payload, uint64_t payload_sum, uint64_t *payload_off)
+{
+	uint64_t t0 = dcast_now_ns(), tag;
+	wb_slot *s = wb_slot_get(c);
+	int err;
+
+	if (!s)
+		return dcast_fail(DCAST_EIO, "version %" PRIu64 ": record writes failed", k->version);
+	tag = WB_TAG | (uint64_t)(s - c->wb->s);
+	chunk_hdr(k, payload_sum, &s->h);
+	s->version = k->version;
+	s->off = v->file_bytes;
+	s->credit = k->payload_bytes;
+	s->fd = v->fd;
+	s->left = 2;
+	s->has_msg = s->err = 0;
+	err = dcast_io_write(c->io, v->io_file, &s->h, sizeof(s->h), s->off, DCAST_IO_NO_BUF, tag);
+	if (err) { /* nothing went: the caller still owns the payload and its credit */
+		c->wb->busy &= ~(1u << (s - c->wb->s));
+		return err;
+	}
+	if (held) { /* a small message keeps its bytes inside zmq_msg_t: take them from ours */
+		zmq_msg_init(&s->msg);
+		zmq_msg_move(&s->msg, held);
+		s->has_msg = 1;
+		payload = zmq_msg_data(&s->msg);
+	}
+	err = dcast_io_write(c->io, v->io_file, payload, k->payload_bytes, s->off + sizeof(s->h),
+			     pool_index(c, payload, k->payload_bytes), tag);
+	if (err) { /* the header went: its completion finds the slot failed */
+		s->err = err;
+		s->left = 1;
+		s->credit = 0; /* the caller gives it back */
+		return err;
+	}
+	*payload_off = s->off + sizeof(s->h);
+	v->file_bytes += sizeof(s->h) + k->payload_bytes;
+	if (wb_reap(c, 0)) /* what is done already: credit back early */
+		wb_wait_all(c); /* the ring failed: every pending write fails, reported by the flush */
+	c->log_write_ns += dcast_now_ns() - t0;
+	return 0;
 }
 
 int cs_ckpt_commit_write(dcast_consumer *c, cs_version *v)
@@ -186,9 +376,10 @@ int cs_ckpt_commit_write(dcast_consumer *c, cs_version *v)
 int cs_io_read(dcast_consumer *c, int file, void *dst, uint64_t len, uint64_t off, const char *what)
 {
 	dcast_io_done d;
-	int n, err = dcast_io_read(c->io, file, dst, len, off, pool_index(c, dst, len), 3);
+	int n, err;
 
-	if (err)
+	cs_ckpt_settle(c); /* the engine to ourselves; a failed record write is the session's */
+	if ((err = dcast_io_read(c->io, file, dst, len, off, pool_index(c, dst, len), 3)))
 		return err;
 	n = dcast_io_wait(c->io, 1, &d, 1);
 	if (n < 0)

@@ -219,7 +219,8 @@ int dcast_consumer_open(const char *endpoint, const char *model, const char *dir
 	parse_fault(c);
 	if ((err = make_paths(c, dir, endpoint)) || (err = cs_pool_open(&c->pool, staging_budget_bytes)))
 		goto fail;
-	if ((err = cs_syncer_open(&c->syncer)) || (err = dcast_io_open(&c->io, 8)) ||
+	if ((err = cs_syncer_open(&c->syncer)) || (err = cs_ckpt_wb_open(c)) ||
+	    (err = dcast_io_open(&c->io, CS_IO_DEPTH)) ||
 	    (err = dcast_io_register_buffers(c->io, &(struct iovec){c->pool.base, c->pool.bytes}, 1)))
 		goto fail;
 	c->window_bytes = c->pool.region_bytes;
@@ -241,6 +242,7 @@ void dcast_consumer_close(dcast_consumer **cp)
 	if (!c)
 		return;
 	cs_session_stop(c); /* the socket is ours again */
+	cs_ckpt_settle(c);  /* chunk records written behind */
 	if (c->sock) { /* BYE first: a fold below sends no heartbeats */
 		dcast_msg m;
 		dcast_msg_init(&m, DCAST_MSG_BYE);
@@ -256,6 +258,7 @@ void dcast_consumer_close(dcast_consumer **cp)
 		zmq_ctx_term(c->zctx);
 	for (uint32_t i = 0; i < CS_MAX_STAGED; i++)
 		cs_version_free(&c->staged[i]);
+	cs_ckpt_wb_close(c);
 	dcast_io_close(&c->io);
 	cs_dcache_clear(&c->dcache);
 	cs_pool_close(&c->pool);

@@ -9,6 +9,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include <time.h>
+#include <zmq.h>
 #include "deltacast/codec.h"
 #include "deltacast/consumer.h"
 #include "deltacast/schema.h"
@@ -89,6 +90,7 @@ typedef struct cs_version {
 	uint64_t ahead_base;   /* the applied version it was checked against */
 	uint64_t ahead_hashed; /* tensor bytes read to check it */
 	int ahead_tried;       /* cs_verify_ahead ran (once per version) */
+	int write_failed;      /* a chunk record's write failed: never READY */
 } cs_version;
 
 /* ---- the live tensors ---- */
@@ -102,6 +104,7 @@ typedef struct cs_tensor {
 } cs_tensor;
 
 #define CS_MAX_STAGED 16
+#define CS_IO_DEPTH 40 /* 16 chunk records written behind (2 writes each) and room */
 #define CS_EVENTS 32
 #define CS_MANIFEST_MISMATCHES 2 /* in a row, before a MANIFEST unlike our tensors is believed */
 
@@ -187,6 +190,7 @@ struct dcast_consumer {
 	int own_joined;                /* welcomed and no HELLO pending */
 	uint32_t own_hb_ms;            /* the heartbeat interval in force */
 	uint64_t credit_pending;       /* freed bytes not yet granted */
+	struct cs_wb *wb;              /* chunk records written behind (ckpt.c) */
 	uint64_t broker_newest;        /* from WELCOME and HEARTBEAT, or NONE */
 	uint64_t progress_ms;          /* the stream last moved (stalled() in session.c) */
 	uint64_t window_bytes;
@@ -292,8 +296,25 @@ void cs_credit_free(dcast_consumer *c, uint64_t bytes);
 /* ckpt.c: record files "DIR/model.dlog/<version>.rec", each:
  * chunk records then one commit record; see ckpt.c for the layout. */
 int cs_ckpt_version_create(dcast_consumer *c, cs_version *v);
-int cs_ckpt_chunk_write(dcast_consumer *c, cs_version *v, const dcast_chunk *h,
-			const void *payload, uint64_t payload_sum, uint64_t *payload_off);
+/* Write chunk k's record behind (see ckpt.c): payload (in the pool) stays
+ * valid until the write is done; or held, the message payload is the data
+ * of, is moved into the queue and closed then; k's payload bytes go back
+ * to the broker as credit then.  On an error the credit is the caller's
+ * to give back.  *payload_off: where the payload lands in v's file. */
+int cs_ckpt_chunk_submit(dcast_consumer *c, cs_version *v, const dcast_chunk *k, zmq_msg_t *held,
+			 const void *payload, uint64_t payload_sum, uint64_t *payload_off);
+/* Wait for every chunk record written behind; the first failure since the
+ * last call (its version is marked write_failed), else 0. */
+int cs_ckpt_flush(dcast_consumer *c);
+/* Wait for them as cs_ckpt_flush, keeping a failure for its next call. */
+void cs_ckpt_settle(dcast_consumer *c);
+/* Reap the writes already done (their credit goes back), without waiting;
+ * the first failure since the last report, else 0. */
+int cs_ckpt_progress(dcast_consumer *c);
+/* Is any chunk record still being written? */
+int cs_ckpt_pending(const dcast_consumer *c);
+int cs_ckpt_wb_open(dcast_consumer *c);
+void cs_ckpt_wb_close(dcast_consumer *c);
 int cs_ckpt_commit_write(dcast_consumer *c, cs_version *v);
 void cs_ckpt_version_path(const dcast_consumer *c, uint64_t version, char *out, size_t cap);
 int cs_ckpt_load(dcast_consumer *c);

@@ -180,6 +180,7 @@ void cs_version_drop(dcast_consumer *c, cs_version *v, int unlink_file)
 	char path[4096];
 
 	DCAST_ASSERT(i < c->n_staged);
+	cs_ckpt_settle(c); /* no record write still reads its slots or file */
 	release_resident(c, v);
 	if (unlink_file) {
 		cs_ckpt_version_path(c, v->version, path, sizeof(path));
@@ -307,7 +308,9 @@ static int unwanted(dcast_consumer *c, uint64_t version, uint64_t payload_bytes)
 	return 0;
 }
 
-/* Payload -> pool slot (when it stays resident) -> checksum -> record file. */
+/* Payload -> pool slot (when it stays resident) -> checksum -> record file,
+ * written behind: a spilled payload is written from ZeroMQ's buffer, held
+ * until the write is done, and its credit goes back then (ckpt.c). */
 static int stage_payload(dcast_consumer *c, cs_version *v, const dcast_chunk *h, zmq_msg_t *payload)
 {
 	cs_chunk k = {h->part, h->seq, h->tensor, h->start,
@@ -332,18 +335,19 @@ static int stage_payload(dcast_consumer *c, cs_version *v, const dcast_chunk *h,
 	}
 	k.checksum = dcast_checksum(slot, h->payload_bytes); /* kept: the record's and apply's check */
 	if ((err = dcast_chunk_verify_sum(h, k.checksum)) ||
-	    (err = cs_ckpt_chunk_write(c, v, h, slot, k.checksum, &k.file_off))) {
+	    (err = cs_ckpt_chunk_submit(c, v, h, k.resident ? NULL : payload, slot, k.checksum, &k.file_off))) {
 		if (k.resident)
 			cs_pool_resident_put(&c->pool, h->payload_bytes);
 		cs_credit_free(c, h->payload_bytes);
 		return err == DCAST_EIO ? err : cs_refuse(c, h->version, err);
 	}
-	cs_credit_free(c, h->payload_bytes); /* out of ZeroMQ's memory: the broker may send more */
 	if (!k.resident)
 		v->spilled++;
 	c->total_received += h->payload_bytes;
-	if ((err = cs_version_add(v, &k)) && k.resident)
+	if ((err = cs_version_add(v, &k)) && k.resident) {
+		cs_ckpt_settle(c); /* its record is written from the slot */
 		cs_pool_resident_put(&c->pool, h->payload_bytes);
+	}
 	return err;
 }
 
@@ -409,6 +413,11 @@ static int on_commit(dcast_consumer *c, dcast_wire_in *in)
 		return 0;
 	if ((err = commit_matches(v, m)))
 		return cs_refuse(c, m->version, err);
+	if (v->write_failed) {
+		cs_version_drop(c, v, 1);
+		return dcast_fail(DCAST_EIO, "version %" PRIu64 ": a chunk record could not be written "
+				  "(reported before); it is fetched again", m->version);
+	}
 	v->commit = *m;
 	m->digests = NULL;
 	m->n_digests = 0;
@@ -747,6 +756,8 @@ static int session_turn(dcast_consumer *c, int readable)
 	if (!err && readable)
 		err = timed_step(c, "receiving", receive_burst);
 	if (!err)
+		err = cs_ckpt_progress(c); /* records written behind: their credit */
+	if (!err)
 		err = flush_credit(c);
 	if (!err)
 		err = cs_syncer_error(&c->syncer);
@@ -826,7 +837,7 @@ static void *session_main(void *arg)
 		if (err || c->ev_count)
 			pthread_cond_broadcast(&c->ev_cv);
 		pthread_mutex_unlock(&c->lock);
-		n = zmq_poll(it, 2, err ? hb : hb / 4);
+		n = zmq_poll(it, 2, err ? hb : cs_ckpt_pending(c) ? 1 : hb / 4);
 		lock_for_turn(c);
 		if (n < 0 && errno != EINTR)
 			thread_failed(c, dcast_fail(DCAST_EZMQ, "zmq_poll: %s", zmq_strerror(errno)));

@@ -9,7 +9,7 @@ for i in $(seq 1 10); do
 	bg "c$i" "$WC" consume "$b_CONS" m1 --until 12
 	CPIDS[$i]=$LAST_PID
 done
-sleep 0.3
+wait_joined b 10
 "$WC" produce "$b_PROD" m1 --versions 12 2>"$TMP/p.err" || fail "producer exited $?"
 for i in $(seq 1 10); do
 	wait "${CPIDS[$i]}" || fail "consumer $i exited $?"

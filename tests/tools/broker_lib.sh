@@ -1,5 +1,5 @@
 # Sourced by tests/test_broker_*.sh: start real broker processes on loopback
-# ports chosen from the test's PID (retrying on a bind failure), run
+# ports they pick and name in their logs, run
 # wire_client producers/consumers, and kill everything on exit, pass or fail.
 set -u
 BUILD=${DELTACAST_BUILD:-$PWD/build}
@@ -33,28 +33,41 @@ wait_for() {
 	return 1
 }
 
-# start_broker NAME [FLAGS...]: sets NAME_PROD, NAME_CONS (endpoints), NAME_PID.
+# start_broker NAME [FLAGS...]: sets NAME_PROD, NAME_CONS (endpoints), NAME_PID,
+# and START_FROM (the log's first line of this start).
+# The broker binds ports it picks itself (tcp://127.0.0.1:*) and names them
+# in its log: that line is its readiness, and no port is ever guessed.  A
+# restart under the same NAME appends to the log: only lines after the
+# start count.
 start_broker() {
-	local name=$1 try port pid
+	local name=$1 log=$TMP/$1.log from pid prod cons
 	shift
-	for try in $(seq 0 19); do
-		port=$((10000 + (($$ * 13 + try * 7919 + RANDOM) % 10000) * 2))
-		"$BROKER" --producers "tcp://127.0.0.1:$port" --consumers "tcp://127.0.0.1:$((port + 1))" \
-			"$@" 2>>"$TMP/$name.log" &
-		pid=$!
-		# The line names this try's port: a restart under the same NAME
-		# appends to a log that already holds the earlier start's line.
-		if wait_for 5 grep -qs "consumers on tcp://127.0.0.1:$((port + 1))\$" "$TMP/$name.log" &&
-			kill -0 "$pid" 2>/dev/null; then
-			PIDS+=("$pid")
-			eval "${name}_PROD=tcp://127.0.0.1:$port ${name}_CONS=tcp://127.0.0.1:$((port + 1)) ${name}_PID=$pid"
-			return 0
-		fi
-		kill -9 "$pid" 2>/dev/null
-		wait "$pid" 2>/dev/null
-		echo "port $port busy, retrying" >>"$TMP/$name.log"
-	done
-	fail "broker $name did not start"
+	touch "$log"
+	from=$(($(wc -l <"$log") + 1))
+	START_FROM=$from
+	"$BROKER" --producers 'tcp://127.0.0.1:*' --consumers 'tcp://127.0.0.1:*' "$@" 2>>"$log" &
+	pid=$!
+	PIDS+=("$pid")
+	wait_for 10 bound_in "$log" "$from" "$pid" || fail "broker $name did not start"
+	prod=$(tail -n +"$from" "$log" | sed -n 's/.*producers on \(tcp:[^ ]*\)$/\1/p' | tail -n 1)
+	cons=$(tail -n +"$from" "$log" | sed -n 's/.*consumers on \(tcp:[^ ]*\)$/\1/p' | tail -n 1)
+	eval "${name}_PROD=$prod ${name}_CONS=$cons ${name}_PID=$pid"
+}
+
+# bound_in LOG FROM PID: the broker PID (alive) logged its consumers
+# endpoint at or after line FROM.
+bound_in() {
+	kill -0 "$3" 2>/dev/null && logged_since "$1" "$2" "consumers on tcp://"
+}
+
+# wait_joined NAME N: broker NAME's log holds N consumer joins (what a test
+# waits for before it publishes to consumers that must be there live).
+wait_joined() {
+	wait_for 10 joins_at_least "$TMP/$1.log" "$2" || fail "broker $1: fewer than $2 consumers joined"
+}
+
+joins_at_least() {
+	[ "$(grep -c 'consumer .* joined' "$1")" -ge "$2" ]
 }
 
 # stop_broker NAME: SIGTERM, expect exit 0 (a clean shutdown).
@@ -80,17 +93,18 @@ stat_of() {
 }
 
 # start_broker_metrics NAME [FLAGS...]: start_broker with --metrics on a free
-# loopback port (retrying on a taken one); sets NAME_METRICS=127.0.0.1:PORT.
+# loopback port the broker picks and logs; sets NAME_METRICS=127.0.0.1:PORT.
 start_broker_metrics() {
-	local name=$1 try port pid
+	local name=$1 port
 	shift
-	for try in $(seq 0 19); do
-		port=$((30000 + (($$ * 7 + try * 131 + RANDOM) % 20000)))
-		start_broker "$name" --metrics "127.0.0.1:$port" "$@"
-		wait_for 5 grep -qs "metrics on" "$TMP/$name.log" && break
-		eval "pid=\$${name}_PID"
-		kill -9 "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; : >"$TMP/$name.log"
-	done
-	grep -qs "metrics on" "$TMP/$name.log" || fail "broker $name: no free metrics port"
+	start_broker "$name" --metrics 127.0.0.1:0 "$@"
+	wait_for 5 logged_since "$TMP/$name.log" "$START_FROM" "metrics on http://" ||
+		fail "broker $name: no metrics listener"
+	port=$(tail -n +"$START_FROM" "$TMP/$name.log" | sed -n 's|.*metrics on http://127.0.0.1:\([0-9]*\)/metrics.*|\1|p' | tail -n 1)
 	eval "${name}_METRICS=127.0.0.1:$port"
+}
+
+# logged_since LOG FROM TEXT: TEXT is in LOG at or after line FROM.
+logged_since() {
+	tail -n +"$2" "$1" | grep -q "$3"
 }

@@ -7,62 +7,40 @@
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <fcntl.h>
 #include "check.h"
+#include "proc.h"
 #include "deltacast/codec.h"
 #include "dcast_common.h"
 #include "dcast_wire.h"
 
-static pid_t broker_pid = -1, client_pid[2] = {-1, -1};
+static pid_t client_pid[2] = {-1, -1};
 static char dir[64] = "/tmp/dcast-malformed.XXXXXX", prod_ep[64], cons_ep[64];
 static const char *build;
+static tp_broker br;
 
-static void kill_all(void)
-{
-	pid_t all[3] = {broker_pid, client_pid[0], client_pid[1]};
-
-	for (int i = 0; i < 3; i++)
-		if (all[i] > 0) {
-			kill(all[i], SIGKILL);
-			waitpid(all[i], NULL, 0);
-		}
-}
-
+/* Run argv with stderr appended to log_path; the child is tracked (proc.h). */
 static pid_t spawn(char *const argv[], const char *log_path)
 {
-	pid_t pid = fork();
+	int fd = open(log_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+	pid_t pid = fd >= 0 ? tp_spawn(argv, -1, fd) : -1;
 
-	if (pid == 0) {
-		FILE *f = freopen(log_path, "a", stderr);
-		(void)f;
-		execv(argv[0], argv);
-		_exit(127);
-	}
+	if (fd >= 0)
+		close(fd);
 	return pid;
 }
 
+/* The broker on ports it picks (tests/proc.h), a 64 KiB producer window. */
 static int start_broker(void)
 {
-	char bin[512], log_path[128];
-
-	snprintf(bin, sizeof(bin), "%s/deltacast-broker", build);
-	snprintf(log_path, sizeof(log_path), "%s/broker.log", dir);
-	for (int t = 0; t < 20; t++) {
-		int port = 10000 + (int)((getpid() * 13 + t * 7919) % 10000) * 2;
-		char *argv[] = {bin, "--producers", prod_ep, "--consumers", cons_ep,
-				"--producer-window-bytes", "65536", NULL};
-
-		snprintf(prod_ep, sizeof(prod_ep), "tcp://127.0.0.1:%d", port);
-		snprintf(cons_ep, sizeof(cons_ep), "tcp://127.0.0.1:%d", port + 1);
-		broker_pid = spawn(argv, log_path);
-		for (int i = 0; i < 100 && !check_file_has(log_path, "consumers on"); i++)
-			usleep(50000);
-		if (check_file_has(log_path, "consumers on") && waitpid(broker_pid, NULL, WNOHANG) == 0)
-			return 0;
-		kill(broker_pid, SIGKILL);
-		waitpid(broker_pid, NULL, 0);
-		broker_pid = -1;
-	}
-	return -1;
+	snprintf(br.log, sizeof(br.log), "%s/broker.log", dir);
+	br.extra[br.n_extra++] = "--producer-window-bytes";
+	br.extra[br.n_extra++] = "65536";
+	if (tp_broker_start(&br))
+		return -1;
+	snprintf(prod_ep, sizeof(prod_ep), "%s", br.producers);
+	snprintf(cons_ep, sizeof(cons_ep), "%s", br.consumers);
+	return 0;
 }
 
 static void *dealer(void *ctx, const char *ep)
@@ -463,6 +441,7 @@ static int wait_client(int i)
 	int st = 0;
 
 	waitpid(client_pid[i], &st, 0);
+	tp_untrack(client_pid[i]);
 	client_pid[i] = -1;
 	return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
 }
@@ -476,7 +455,7 @@ int main(void)
 	if (!(build = getenv("DELTACAST_BUILD")))
 		build = "build";
 	REQUIRE(mkdtemp(dir));
-	atexit(kill_all);
+	tp_install();
 	REQUIRE(start_broker() == 0);
 	REQUIRE(run_client(0, "consume", cons_ep) == 0); /* a good consumer, live throughout */
 	ctx = zmq_ctx_new();
@@ -502,9 +481,8 @@ int main(void)
 	zmq_close(c);
 	zmq_close(f);
 	zmq_ctx_term(ctx);
-	kill(broker_pid, SIGTERM);
-	waitpid(broker_pid, &st, 0);
-	broker_pid = -1;
+	tp_broker_kill(&br, SIGTERM);
+	st = br.exit_status;
 	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
 	return check_done("test_broker_malformed");
 }

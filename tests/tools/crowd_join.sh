@@ -8,7 +8,7 @@
 # subscriber fails or misses the anchor.  CROWD_ELEMS sizes the model (bf16
 # elements; default 100M = 201 MB), CROWD_N the consumers (16), CROWD_HB
 # the broker's --heartbeat-ms (its default, 1000).  CROWD_STRICT=1 exits 1
-# on any drop or re-join too (tests/test_consumer_crowd.sh).
+# on any drop, re-join or refusal too (tests/test_consumer_crowd.sh).
 # Run: tests/tools/crowd_join.sh
 . "$(dirname "$0")/broker_lib.sh"
 
@@ -29,10 +29,11 @@ for i in $(seq 1 $N); do
 done
 dropped=$(grep -c "silent for" "$TMP/s.log")
 rejoins=$(cat "$TMP"/w*.err | grep -c "re-joining\|reconnecting")
+refused=$(cat "$TMP"/w*.err | grep -c "refused")
 byes=$(grep -c 'said BYE' "$TMP/s.log")
 stop_broker s
 echo "crowd_join: $N consumers, $((ELEMS * 2 / 1000000)) MB anchor, heartbeat ${CROWD_HB:-1000} ms:" \
-	"dropped as silent $dropped, re-joins $rejoins, BYE $byes"
-if [ -n "${CROWD_STRICT:-}" ] && [ "$dropped" != 0 -o "$rejoins" != 0 ]; then
-	fail "a consumer busy with the anchor was taken for silent"
+	"dropped as silent $dropped, re-joins $rejoins, refusals $refused, BYE $byes"
+if [ -n "${CROWD_STRICT:-}" ] && [ "$dropped" != 0 -o "$rejoins" != 0 -o "$refused" != 0 ]; then
+	fail "a consumer busy with the anchor was taken for silent, or refused it"
 fi

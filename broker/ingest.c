@@ -707,8 +707,8 @@ static void producer_hello(struct broker *b, struct broker_peer *p, dcast_wire_i
 		rc = dcast_fail(DCAST_EFIELD_RANGE, "HELLO.role: consumer on the producer endpoint");
 	else if ((rc = broker_auth_producer_model(in->user_id, h->model))) /* broker/auth.c */
 		;
-	else if (!(m = producer_model(b, h->model)))
-		rc = DCAST_EBUSY; /* or DCAST_ENOMEM: dcast_last_error() names it */
+	else if (!(m = producer_model(b, h->model))) /* dcast_last_error() names why */
+		rc = b->n_models >= b->cfg.max_models ? DCAST_EBUSY : DCAST_ENOMEM;
 	else if (m->relayed)
 		rc = dcast_fail(DCAST_ESTATE, "model %s is relayed from --upstream; producers refused",
 				m->name);

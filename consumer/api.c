@@ -32,6 +32,8 @@ static int bind_locked(dcast_consumer *c, const char *name, void *ptr, dcast_mem
 		return err;
 	}
 	free(host);
+	if (mem == DCAST_MEM_CUDA)
+		cs_pool_cuda_register(&c->pool); /* DMA from the pool from now on */
 	cs_dcache_clear(&c->dcache); /* the caller's memory from now on: hash it afresh */
 	t->owned = 0;
 	c->device_tensors += mem == DCAST_MEM_CUDA;

@@ -93,11 +93,14 @@ int cs_tensor_ldigest(const cs_tensor *t, uint32_t index, uint64_t start, uint64
 
 /* Pin the pool for the device's DMA too (registering cudaHostAlloc memory
  * with io_uring fails on some kernels, so the pool is mmap'd and registered
- * the other way round).  Best effort: unpinned copies still work. */
+ * the other way round).  Done when the first device tensor is bound, not at
+ * open: a consumer of host tensors never starts CUDA (its probe alone took
+ * ~10 ms of every consumer's start here, with no device).  Best effort:
+ * unpinned copies still work. */
 void cs_pool_cuda_register(cs_pool *p)
 {
 #ifdef DCAST_HAVE_CUDA
-	if (!dcast_cuda_available())
+	if (p->cuda_registered || !dcast_cuda_available())
 		return;
 	int rc = cudaHostRegister(p->base, p->bytes, cudaHostRegisterDefault);
 	if (rc)

@@ -27,8 +27,7 @@ int cs_pool_open(cs_pool *p, uint64_t budget_bytes)
 				    "raise RLIMIT_MEMLOCK); continuing unpinned",
 				    (unsigned long long)p->bytes, strerror(errno));
 	}
-	cs_pool_cuda_register(p);
-	return 0;
+	return 0; /* pinned for CUDA too once a device tensor is bound (cs_pool_cuda_register) */
 }
 
 void cs_pool_close(cs_pool *p)

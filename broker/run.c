@@ -2,8 +2,10 @@
  * random non-zero u64 chosen when a producer creates the model, adopted
  * from the upstream broker by a relay, and kept in the data dir
  * (DATA_DIR/runs/<model name in hex>) so that a restarted broker serves the
- * same run.  A consumer holding state of another run drops it and takes an
- * anchor, so state from an earlier run is never served as current. */
+ * same run (a restarted relay reads it back to tell whether its restored
+ * log is of the run its upstream serves: relay.c).  A consumer holding
+ * state of another run drops it and takes an anchor, so state from an
+ * earlier run is never served as current. */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>

@@ -139,6 +139,9 @@ struct broker_model {
 	uint64_t run;                     /* run identity (broker/run.c); 0 only for a relayed
 					     model before its upstream's WELCOME */
 	int relayed;                      /* filled from --upstream, not producers */
+	int held;                         /* relayed, its log restored from --data-dir and not yet
+					     matched against its upstream's run: none of it is
+					     served or announced (relay.c) */
 	struct broker_pending *pending;   /* at most one open version */
 	uint64_t versions_committed, versions_aborted;
 	struct broker_fold *fold;         /* broker-made anchors (fold.c), NULL if off */
@@ -194,6 +197,8 @@ struct broker_upstream {
 	uint64_t last_recv_ms, last_send_ms, hello_ms;
 	uint64_t credit_owed;
 	int joined;
+	uint64_t kept_run;           /* the upstream run its restored log was relayed from
+					(the data dir's run file), 0 if none was kept */
 };
 
 /* Kept up to date by the core; read by metrics and status. */
@@ -300,6 +305,10 @@ struct broker_model *broker_model_get(struct broker *b, const char *name, int cr
 uint64_t broker_run_new(void);
 void broker_run_save(const struct broker *b, const struct broker_model *m);
 void broker_run_restore(const struct broker *b, struct broker_model *m);
+/* broker_run_load: the run kept for m in the data dir into *run (0 on an
+ * error).  Errors: DCAST_ENOTFOUND (no data dir or no run file: the detail
+ * names it), DCAST_EIO, DCAST_ECORRUPT (dcast_runfile_load). */
+int broker_run_load(const struct broker *b, const struct broker_model *m, uint64_t *run);
 /* broker_run_forget: delete m's run file from the data dir (if any), so a
  * model created again under the name starts a new run (retire.c). */
 void broker_run_forget(const struct broker *b, const struct broker_model *m);
@@ -308,6 +317,9 @@ struct broker_manifest *broker_manifest_new(dcast_manifest *m); /* takes m->tens
 void broker_manifest_put(struct broker_manifest *mf);
 void broker_version_put(struct broker_version *v);
 uint64_t broker_model_newest(const struct broker_model *m); /* NONE if empty */
+/* The newest version consumers are told of: NONE while m is held (a relay's
+ * restored log whose run is not yet confirmed), else broker_model_newest. */
+uint64_t broker_model_offered(const struct broker_model *m);
 /* A WELCOME for model m into w: its newest version, its log's anchor (NONE
  * if empty) and the broker's heartbeat; need_anchor left 0. */
 void broker_welcome_init(const struct broker *b, const struct broker_model *m, dcast_msg *w);

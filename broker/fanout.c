@@ -155,6 +155,8 @@ static int pump_one(struct broker *b, struct broker_peer *p)
 		return send_welcome(b, p);
 	if (!p->model)
 		return PUMP_IDLE; /* waits for a producer to create it */
+	if (p->model->held)
+		return PUMP_IDLE; /* a relay's restored log, maybe an earlier run's (relay.c) */
 	if (!v) {
 		if (!(v = next_version(p->model, p->have_version))) {
 			struct broker_manifest *mf = p->model->manifest;
@@ -327,7 +329,7 @@ void broker_consumer_timers(struct broker *b, uint64_t now_ms)
 			continue;
 		}
 		if (now_ms - p->last_send_ms >= hb && !p->blocked) {
-			h.u.heartbeat.version = broker_model_newest(p->model);
+			h.u.heartbeat.version = broker_model_offered(p->model);
 			broker_send_msg(b, b->consumers, p, &h);
 		}
 	}

@@ -123,12 +123,21 @@ uint64_t broker_model_newest(const struct broker_model *m)
 	return m && m->n_log ? m->log[m->n_log - 1]->version : DCAST_VERSION_NONE;
 }
 
+/* A held log may be an earlier run's: announcing its versions would make
+ * consumers wait for (and re-join to get) what is not served. */
+uint64_t broker_model_offered(const struct broker_model *m)
+{
+	return m && m->held ? DCAST_VERSION_NONE : broker_model_newest(m);
+}
+
 void broker_welcome_init(const struct broker *b, const struct broker_model *m, dcast_msg *w)
 {
+	int offered = m && m->n_log && !m->held;
+
 	dcast_msg_init(w, DCAST_MSG_WELCOME);
 	snprintf(w->u.welcome.model, sizeof(w->u.welcome.model), "%s", m ? m->name : "");
-	w->u.welcome.version = broker_model_newest(m);
-	w->u.welcome.anchor_version = m && m->n_log ? m->log[0]->version : DCAST_VERSION_NONE;
+	w->u.welcome.version = broker_model_offered(m);
+	w->u.welcome.anchor_version = offered ? m->log[0]->version : DCAST_VERSION_NONE;
 	w->u.welcome.heartbeat_ms = (uint32_t)b->cfg.heartbeat_ms;
 	w->u.welcome.run = m ? m->run : 0;
 }

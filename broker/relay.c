@@ -60,10 +60,36 @@ int broker_relay_open(struct broker *b)
 	return 0;
 }
 
+/* A log restored from the data dir was relayed from some run of the
+ * upstream's, kept in the data dir's run file; while the relay was down
+ * the upstream may have moved to another run.  Until the upstream's
+ * WELCOME says which run it serves (relay_adopt_run), the log is held:
+ * nothing of it is served, so no consumer gets an earlier run's versions
+ * under the new run's id. */
+static void relay_restored(struct broker *b, struct broker_upstream *u)
+{
+	struct broker_model *m = u->model;
+	int rc;
+
+	if (!m->n_log && !m->manifest && m->lost_version == DCAST_VERSION_NONE)
+		return; /* nothing restored: nothing to hold */
+	m->held = 1;
+	if ((rc = broker_run_load(b, m, &u->kept_run)))
+		DCAST_LOG_W("relay %s: restored log of version %lld held, with no run id to match "
+			    "(%s: %s): the upstream's WELCOME drops it", m->name,
+			    (long long)broker_model_newest(m), dcast_errname(rc), dcast_last_error());
+	else
+		DCAST_LOG_I("relay %s: restored log of version %lld, relayed from run %016llx, held "
+			    "until the upstream's WELCOME names its run", m->name,
+			    (long long)broker_model_newest(m), (unsigned long long)u->kept_run);
+}
+
 void broker_relay_start(struct broker *b)
 {
-	for (uint32_t i = 0; i < b->n_up; i++)
+	for (uint32_t i = 0; i < b->n_up; i++) {
+		relay_restored(b, &b->up[i]);
 		relay_hello(b, &b->up[i], "start");
+	}
 }
 
 static int relay_manifest(struct broker *b, struct broker_model *m, dcast_msg *msg)
@@ -119,29 +145,71 @@ void broker_relay_ack(struct broker *b, struct broker_model *m, uint64_t version
 			up_send(&b->up[i], &a);
 }
 
+/* The relay serves `run` from now on: its consumers learn it (those
+ * welcomed with run 0 confirm it, those holding another run's state drop
+ * it).  With drop, what it holds is another run's: it goes (log, segments,
+ * consumers' cursors) and the relay joins again from nothing. */
+static void relay_switch_run(struct broker *b, struct broker_upstream *u, uint64_t run, int drop)
+{
+	struct broker_model *m = u->model;
+
+	DCAST_ASSERT(run && !m->held);
+	if (drop)
+		broker_model_clear(b, m);
+	m->run = run;
+	broker_run_save(b, m);
+	broker_rewelcome(b, m);
+	if (drop)
+		relay_hello(b, u, "the upstream's run changed");
+}
+
+/* A held log (relay_restored) is served only if the upstream still serves
+ * the run it was relayed from; without a kept run id nothing says it is,
+ * so it is dropped too. */
+static void relay_release(struct broker *b, struct broker_upstream *u, uint64_t run)
+{
+	struct broker_model *m = u->model;
+	int same = u->kept_run == run;
+
+	m->held = 0;
+	if (same)
+		DCAST_LOG_I("relay %s: upstream serves run %016llx, the run of the restored log: "
+			    "serving it from version %lld", m->name, (unsigned long long)run,
+			    (long long)broker_model_newest(m));
+	else if (u->kept_run)
+		DCAST_LOG_I("relay %s: upstream serves run %016llx, the restored log is of run "
+			    "%016llx: it is dropped", m->name, (unsigned long long)run,
+			    (unsigned long long)u->kept_run);
+	else
+		DCAST_LOG_W("relay %s: upstream serves run %016llx, and no run id was kept with the "
+			    "restored log: it is dropped", m->name, (unsigned long long)run);
+	relay_switch_run(b, u, run, !same);
+}
+
 /* A relay serves its upstream's run: its consumers must see the same
  * stream identity as the upstream's own.  When the upstream's run changes
  * (the model was removed and created again there, or the upstream restarted
  * without its data dir), what the relay holds belongs to the earlier run:
  * it is dropped, and the relay joins again from nothing, or it would serve
- * the old run's versions under the new run's id. */
+ * the old run's versions under the new run's id.  Run 0 (an upstream that
+ * does not know its run yet, a relay itself) confirms nothing. */
 static void relay_adopt_run(struct broker *b, struct broker_upstream *u, uint64_t run)
 {
 	struct broker_model *m = u->model;
 	int stale = m->run && (m->n_log || m->manifest);
 
-	if (!run || run == m->run)
+	if (!run)
+		return;
+	if (m->held) {
+		relay_release(b, u, run);
+		return;
+	}
+	if (run == m->run)
 		return;
 	DCAST_LOG_I("relay %s: upstream serves run %016llx (was %016llx)%s", m->name,
 		    (unsigned long long)run, (unsigned long long)m->run,
 		    stale ? ": the earlier run's log is dropped" : "");
-	if (stale)
-		broker_model_clear(b, m);
-	m->run = run;
-	broker_run_save(b, m);
-	broker_rewelcome(b, m); /* consumers welcomed with run 0 confirm it */
-	if (stale)
-		relay_hello(b, u, "the upstream's run changed");
+	relay_switch_run(b, u, run, stale);
 }
 
 static int relay_dispatch(struct broker *b, struct broker_upstream *u, dcast_wire_in *in)

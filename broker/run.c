@@ -2,8 +2,10 @@
  * random non-zero u64 chosen when a producer creates the model, adopted
  * from the upstream broker by a relay, and kept in the data dir
  * (DATA_DIR/runs/<model name in hex>) so that a restarted broker serves the
- * same run.  A consumer holding state of another run drops it and takes an
- * anchor, so state from an earlier run is never served as current. */
+ * same run (a restarted relay reads it back to tell whether its restored
+ * log is of the run its upstream serves: relay.c).  A consumer holding
+ * state of another run drops it and takes an anchor, so state from an
+ * earlier run is never served as current. */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -47,20 +49,32 @@ void broker_run_save(const struct broker *b, const struct broker_model *m)
 		DCAST_LOG_W("model %s: run id not kept: %s", m->name, dcast_last_error());
 }
 
-void broker_run_restore(const struct broker *b, struct broker_model *m)
+int broker_run_load(const struct broker *b, const struct broker_model *m, uint64_t *run)
 {
 	char path[4096];
+	int rc;
+
+	*run = 0;
+	if (!b->cfg.data_dir)
+		return dcast_fail(DCAST_ENOTFOUND, "no --data-dir");
+	run_path(b, m->name, path, sizeof(path));
+	if ((rc = dcast_runfile_load(path, run)) == DCAST_ENOTFOUND)
+		dcast_fail(rc, "no run id in %s (data dir from an older broker?)", path);
+	return rc;
+}
+
+void broker_run_restore(const struct broker *b, struct broker_model *m)
+{
 	uint64_t run;
 	int rc;
 
-	run_path(b, m->name, path, sizeof(path));
-	if (!(rc = dcast_runfile_load(path, &run))) {
+	if (!(rc = broker_run_load(b, m, &run))) {
 		m->run = run;
 		return;
 	}
 	if (rc == DCAST_ENOTFOUND)
-		DCAST_LOG_W("model %s: no run id in %s (data dir from an older broker?): a new run %016" PRIx64
-			    "; consumers holding this model's state take an anchor", m->name, path, m->run);
+		DCAST_LOG_W("model %s: %s: a new run %016" PRIx64 "; consumers holding this model's "
+			    "state take an anchor", m->name, dcast_last_error(), m->run);
 	else
 		DCAST_LOG_E("model %s: run id lost (%s): a new run %016" PRIx64 "; consumers holding this "
 			    "model's state take an anchor", m->name, dcast_last_error(), m->run);

@@ -219,6 +219,8 @@ int cmd_subscribe(int argc, char **argv)
 		err = fold_on_exit(c);
 	if (!err)
 		err = write_layout(c, &a, 1);
+	if (a.layout_dir)
+		hf_layout_export_end(a.layout_dir);
 	dcast_consumer_close(&c);
 	return err ? cli_report(CMD, err) : CLI_OK;
 }

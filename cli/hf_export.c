@@ -167,6 +167,19 @@ static int existing_target(const char *out, int *exists)
 	return 0;
 }
 
+/* After the exchange tmp holds the layout just replaced.  A loader that
+ * opened the directory before the swap reads through that handle: deleting
+ * its files now would let a listing see part of a version.  It stays whole
+ * as `old` until the next swap; the one before it goes now. */
+static int keep_replaced(const char *tmp, const char *old)
+{
+	int err = remove_flat(old, 1);
+
+	if (!err && rename(tmp, old) != 0)
+		err = cli_fail(DCAST_EIO, "rename %s to %s: %s", tmp, old, strerror(errno));
+	return err;
+}
+
 /* Put the complete directory tmp in place of out. */
 static int swap_in(const char *tmp, const char *out, const char *old)
 {
@@ -179,7 +192,7 @@ static int swap_in(const char *tmp, const char *out, const char *old)
 		return rename(tmp, out) == 0 ? 0 : cli_fail(DCAST_EIO, "rename %s to %s: %s", tmp, out,
 							    strerror(errno));
 	if (renameat2(AT_FDCWD, tmp, AT_FDCWD, out, RENAME_EXCHANGE) == 0)
-		return remove_flat(tmp, 1); /* tmp now holds the old layout */
+		return keep_replaced(tmp, old);
 	if (errno != EINVAL && errno != ENOSYS && errno != ENOTSUP)
 		return cli_fail(DCAST_EIO, "exchange %s and %s: %s", tmp, out, strerror(errno));
 	if (!said++)
@@ -254,4 +267,13 @@ int hf_layout_export(dcast_consumer *c, const char *out)
 	free(old);
 	free(parent);
 	return err;
+}
+
+void hf_layout_export_end(const char *out)
+{
+	char *old = cli_concat(out, OLD_SUFFIX, "");
+
+	if (old)
+		remove_flat(old, 0);
+	free(old);
 }

@@ -86,12 +86,18 @@ void hf_layout_close(hf_layout *l);
  * file and HF_VERSION_FILE, into `out`.deltacast-tmp first (fsynced), then
  * swapped in whole (renameat2 RENAME_EXCHANGE; where the filesystem cannot,
  * rename the old one away and the new one in), so that `out` is always
- * absent or a complete layout of one version.  An existing `out` is
+ * absent or a complete layout of one version; the one replaced is kept as
+ * `out`.deltacast-old until the next (see hf_layout_export_end).  An existing `out` is
  * replaced only if it is empty or holds HF_VERSION_FILE.  The record is
  * read from c's HF_LAYOUT_TENSOR.  Errors (cli_fail, naming the file or
  * tensor): DCAST_ENOTFOUND (the model carries no layout), DCAST_ESHAPE
  * (a tensor unlike its header), DCAST_ECORRUPT (a bad record), DCAST_EIO
  * (nothing is swapped in), DCAST_ENOMEM. */
 int hf_layout_export(dcast_consumer *c, const char *out);
+
+/* The layout a swap replaced stays whole as `out`.deltacast-old until the
+ * next swap (a loader that opened it just before reads it whole); at the
+ * end of a run remove it.  Best effort: what cannot go is left, silently. */
+void hf_layout_export_end(const char *out);
 
 #endif

@@ -212,10 +212,22 @@ static void relay_adopt_run(struct broker *b, struct broker_upstream *u, uint64_
 	relay_switch_run(b, u, run, stale);
 }
 
+/* Sent before the WELCOME that answers our last HELLO: the stream of an
+ * earlier HELLO, which that HELLO ended (the upstream resets our cursor
+ * and credit).  Refusing it message by message would answer each with
+ * another HELLO. */
+static int stale(const struct broker_upstream *u, const dcast_msg *msg)
+{
+	return !u->joined && (msg->type == DCAST_MSG_MANIFEST || msg->type == DCAST_MSG_CHUNK ||
+			      msg->type == DCAST_MSG_COMMIT);
+}
+
 static int relay_dispatch(struct broker *b, struct broker_upstream *u, dcast_wire_in *in)
 {
 	dcast_msg *msg = &in->msg;
 
+	if (stale(u, msg))
+		return 0;
 	switch (msg->type) {
 	case DCAST_MSG_WELCOME:
 		u->joined = 1;

@@ -63,5 +63,21 @@ grep -q "relay m: upstream serves run $run_new, and no run id was kept with the 
 	"$TMP/r4.log" || fail "r4 did not drop an unidentified log: $(grep 'relay m' "$TMP/r4.log")"
 [ -f "$DATA/runs/6d" ] || fail "r4 did not keep the run id"
 stop_broker r4
+
+# A new run longer than the restored log: the relay's first HELLO asks for
+# what follows its version 3, so the upstream starts a stream of deltas
+# that the relay, having dropped its log, cannot take.  Messages of the
+# stream before the WELCOME to its next HELLO are that old stream: they
+# are left unread, not refused one by one with a HELLO each (before, some
+# 6,000 refusals and re-joins in 80 ms).
+"$BUILD/deltacast" model delete m --admin-socket "$TMP/admin.sock" >/dev/null || fail "second delete of m failed"
+"$WC" produce "$a_PROD" m --versions 7 --seed 3 >"$TMP/p3.log" 2>&1 || fail "m not created a third time"
+start_broker r5 --upstream "$a_CONS" --upstream-model m --data-dir "$DATA" --anchor-fraction 0
+"$WC" consume "$r5_CONS" m --until 7 --seed 3 >"$TMP/c5.out" 2>"$TMP/c5.err" || fail "consumer of r5 exited $?"
+grep -q "applied=7 .*bit-exact" "$TMP/c5.out" || fail "r5: $(cat "$TMP/c5.out")"
+hellos=$(grep -c "relay m: HELLO to" "$TMP/r5.log")
+echo "relay r5: $hellos HELLO(s) upstream to reach a longer new run"
+[ "$hellos" -le 3 ] || fail "relay r5 said HELLO $hellos times: $(grep -m3 'relay m: ' "$TMP/r5.log" | tail -n 1)"
+stop_broker r5
 stop_broker a
 echo "test_broker_relay_restart: ok"

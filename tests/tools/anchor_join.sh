@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# N library consumers join one committed anchor at once (a restarted fleet):
+# each one's time from the script's start of the consumers to READY, its
+# stage time (first chunk to READY) and apply time.  The consumer-side
+# numbers behind docs/benchmarks.md's bench-fanout notes; `make
+# bench-fanout` is the benchmark, this is the quick probe.
+# Usage: tests/tools/anchor_join.sh [N] [SAFETENSORS]
+# (run from the repo root after `make`; SAFETENSORS defaults to the 100M
+# model bench-fanout generates, build/bench-fanout-100M/v0000.safetensors).
+. "$(dirname "$0")/broker_lib.sh"
+
+N=${1:-1}
+MODEL=${2:-$BUILD/bench-fanout-100M/v0000.safetensors}
+[ -f "$MODEL" ] || fail "no model $MODEL (make bench-fanout generates it, or give one)"
+start_broker s
+"$BUILD/tools/fault_publish" "$s_PROD" bench 1 0 "$MODEL" >"$TMP/pub.log" 2>&1 || fail "publish: $(cat "$TMP/pub.log")"
+sync
+t0=$(date +%s%N)
+CONS=()
+for i in $(seq "$N"); do
+	"$BUILD/tools/bench_sync_consumer" "$s_CONS" bench "$TMP/c$i" 1 >"$TMP/c$i.log" 2>"$TMP/c$i.err" &
+	CONS+=($!)
+	PIDS+=($!)
+done
+for p in "${CONS[@]}"; do wait "$p" || fail "a consumer exited $?"; done
+for i in $(seq "$N"); do
+	awk -v t0="$t0" -v i="$i" '
+		$1 == "ready" { ready = ($4 - t0) / 1e6 }
+		$1 == "applied" { for (k = 1; k < NF; k++) { if ($k == "stage_ns") s = $(k + 1) / 1e6; if ($k == "apply_ns") a = $(k + 1) / 1e6 } }
+		END { printf "consumer %d: READY at %.0f ms, stage %.0f ms, apply %.0f ms\n", i, ready, s, a }' "$TMP/c$i.log"
+done
+stop_broker s

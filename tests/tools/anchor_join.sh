@@ -4,7 +4,7 @@
 # stage time (first chunk to READY) and apply time.  The consumer-side
 # numbers behind docs/benchmarks.md's bench-fanout notes; `make
 # bench-fanout` is the benchmark, this is the quick probe.
-# Usage: tests/tools/anchor_join.sh [N] [SAFETENSORS]
+# Usage: [ANCHOR_JOIN_BROKER_ARGS="--io-threads 8"] tests/tools/anchor_join.sh [N] [SAFETENSORS]
 # (run from the repo root after `make`; SAFETENSORS defaults to the 100M
 # model bench-fanout generates, build/bench-fanout-100M/v0000.safetensors).
 . "$(dirname "$0")/broker_lib.sh"
@@ -12,7 +12,7 @@
 N=${1:-1}
 MODEL=${2:-$BUILD/bench-fanout-100M/v0000.safetensors}
 [ -f "$MODEL" ] || fail "no model $MODEL (make bench-fanout generates it, or give one)"
-start_broker s
+start_broker s ${ANCHOR_JOIN_BROKER_ARGS:-}
 "$BUILD/tools/fault_publish" "$s_PROD" bench 1 0 "$MODEL" >"$TMP/pub.log" 2>&1 || fail "publish: $(cat "$TMP/pub.log")"
 sync
 t0=$(date +%s%N)

@@ -35,7 +35,7 @@ static const struct flag flags[] = {
 	{"upstream-window-bytes", FLAG_U64, OFF(upstream_window_bytes), "1073741824", "credit granted to the upstream broker (relay)"},
 	{"part-timeout-ms", FLAG_U64, OFF(part_timeout_ms), "30000", "a part silent this long mid-version aborts the version"},
 	{"heartbeat-ms", FLAG_U64, OFF(heartbeat_ms), "1000", "heartbeat interval; peers silent 3x this are dropped"},
-	{"io-threads", FLAG_U64, OFF(io_threads), "2", "ZeroMQ I/O threads (they do the sockets' TCP reads and writes)"},
+	{"io-threads", FLAG_U64, OFF(io_threads), "0", "ZeroMQ I/O threads (they do the sockets' TCP reads and writes); 0: half the CPUs, 2 to 8"},
 	{"max-consumers", FLAG_U64, OFF(max_consumers), "4096", "consumer connections at once"},
 	{"max-producers", FLAG_U64, OFF(max_producers), "4096", "producer part connections at once"},
 	{"max-models", FLAG_U64, OFF(max_models), "64", "models at once (at most 256)"},
@@ -263,7 +263,7 @@ int broker_config_check(const struct broker_config *c)
 			   "--upstream-model given without --upstream ENDPOINT");
 	if (!rc) rc = need(c->heartbeat_ms >= 10 && c->heartbeat_ms <= 3600000,
 			   "--heartbeat-ms must be in [10, 3600000]");
-	if (!rc) rc = need(c->io_threads >= 1 && c->io_threads <= 64, "--io-threads must be in [1, 64]");
+	if (!rc) rc = need(c->io_threads <= 64, "--io-threads must be in [0, 64] (0: half the CPUs, 2 to 8)");
 	if (!rc) rc = need(c->part_timeout_ms >= 1, "--part-timeout-ms must be at least 1");
 	if (!rc) rc = need(c->retain_versions >= 1, "--retain-versions must be at least 1");
 	if (!rc) rc = need(c->max_models >= 1 && c->max_models <= BROKER_MAX_MODELS,

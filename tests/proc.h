@@ -278,20 +278,20 @@ static int tp_broker_try(tp_broker *b)
 	return -1;
 }
 
+static int tp_broker_started(void *b)
+{
+	return tp_broker_try(b) == 0;
+}
+
 /* Start the broker.  Fresh ports are picked by the broker itself, so one try
- * is enough; a restart on ports still held by a dying process gets a few
- * more, 100 ms apart.  0 when running, -1 when it would not start. */
+ * is enough; a restart on ports still held by a dying process tries again
+ * (tp_wait_until's growing pauses) for up to 3 s.  0 when running, -1 when
+ * it would not start. */
 static int tp_broker_start(tp_broker *b)
 {
-	int tries = b->pport ? 30 : 1;
-
-	for (int i = 0; i < tries; i++) {
-		if (tp_broker_try(b) == 0)
-			return 0;
-		if (i + 1 < tries)
-			tp_sleep_ms(100);
-	}
-	return -1;
+	if (!b->pport)
+		return tp_broker_try(b);
+	return tp_wait_until(3000, tp_broker_started, b) ? 0 : -1;
 }
 
 /* Send sig; for SIGKILL and SIGTERM also reap.  No-op when not running. */

@@ -402,3 +402,43 @@ int dcast_codec_revert(const dcast_chunk_info *info, const void *payload, void *
 		return dcast_fail(DCAST_EINVAL, "codec revert: old is NULL");
 	return apply_or_revert(info, payload, dst, NULL, old ? old : "");
 }
+
+static void idx32_positions(const dcast_chunk_info *info, const uint8_t *pl, uint32_t *pos)
+{
+	for (uint64_t i = 0; i < info->changed; i++)
+		pos[i] = dcast_rd32le(pl + i * (4 + info->elem_size));
+}
+
+static void bitmask_positions(const dcast_chunk_info *info, const uint8_t *pl, uint32_t *pos)
+{
+	uint64_t mb = dcast_bitmask_bytes(info->count), i = 0;
+
+	for (uint64_t byte = 0; byte < mb; byte++)
+		for (unsigned bits = pl[byte]; bits; bits &= bits - 1)
+			pos[i++] = (uint32_t)(byte * 8 + (unsigned)__builtin_ctz(bits));
+}
+
+int dcast_codec_positions(const dcast_chunk_info *info, const void *payload, uint32_t *pos)
+{
+	int rc = dcast_codec_check_info(info, payload, pos);
+	cpt_decoded dec;
+
+	if (rc)
+		return rc;
+	switch (info->encoding) {
+	case DCAST_ENC_DENSE:
+		return dcast_fail(DCAST_EINVAL, "codec positions: a dense payload names every position");
+	case DCAST_ENC_IDX32:
+		if (!(rc = dcast_idx32_check(info, payload)))
+			idx32_positions(info, payload, pos);
+		return rc;
+	case DCAST_ENC_BITMASK:
+		if (!(rc = dcast_bitmask_check(info, payload)))
+			bitmask_positions(info, payload, pos);
+		return rc;
+	default:
+		if (!(rc = cpt_load(info, payload, &dec)) && info->changed)
+			memcpy(pos, dec.pos, info->changed * 4);
+		return rc;
+	}
+}

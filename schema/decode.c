@@ -156,6 +156,31 @@ static int get_shape(const msgpack_object *o, const char *path, const struct fie
 	return rc;
 }
 
+/* Tiles per dimension: 1..2^32-1 each; the count is checked against the
+ * shape by validation (the keys may come in any order). */
+static int get_grid(const msgpack_object *o, const char *path, const struct field *f,
+		    dcast_tensor_desc *t)
+{
+	int rc = want(o, MSGPACK_OBJECT_ARRAY, path, f->key, "array");
+	uint64_t v = 0;
+
+	if (rc)
+		return rc;
+	if (o->via.array.size > DCAST_MAX_DIMS)
+		return dcast_fail(DCAST_ETOO_LARGE, "%s.grid: %u dims exceeds DCAST_MAX_DIMS (%d)",
+				  path, o->via.array.size, DCAST_MAX_DIMS);
+	memset(t->grid, 0, sizeof(t->grid));
+	for (uint32_t i = 0; i < o->via.array.size && !rc; i++) {
+		if ((rc = get_uint(&o->via.array.ptr[i], path, "grid[]", &v)))
+			break;
+		if (v < f->min || v > f->max)
+			return dcast_fail(DCAST_EFIELD_RANGE, "%s.grid[%u]: %llu outside [1, 2^32)", path,
+					  i, (unsigned long long)v);
+		t->grid[i] = (uint32_t)v;
+	}
+	return rc;
+}
+
 static int decode_map(const msgpack_object *o, const struct msg_table *t, void *base,
 		      const char *path, int skip_header);
 
@@ -223,6 +248,8 @@ static int decode_field(const msgpack_object *o, const struct field *f, void *ba
 		return get_enum_str(o, path, f, slot);
 	case F_SHAPE:
 		return get_shape(o, path, f, base);
+	case F_GRID:
+		return get_grid(o, path, f, base);
 	default:
 		return get_array(o, path, f, base);
 	}

@@ -52,15 +52,25 @@ static void pack_field(msgpack_packer *pk, const struct field *f, const void *ba
 		for (uint32_t i = 0; i < t->ndim; i++)
 			msgpack_pack_uint64(pk, t->shape[i]);
 		break;
+	case F_GRID:
+		msgpack_pack_array(pk, t->ndim);
+		for (uint32_t i = 0; i < t->ndim; i++)
+			msgpack_pack_uint32(pk, t->grid[i] ? t->grid[i] : 1);
+		break;
 	default: pack_array(pk, f, base); break;
 	}
 }
 
 static void pack_map(msgpack_packer *pk, const struct msg_table *t, const void *base)
 {
-	msgpack_pack_map(pk, t->n_fields);
+	unsigned n = 0;
+
 	for (unsigned i = 0; i < t->n_fields; i++)
-		pack_field(pk, &t->fields[i], base);
+		n += (unsigned)schema_field_present(&t->fields[i], base);
+	msgpack_pack_map(pk, n);
+	for (unsigned i = 0; i < t->n_fields; i++)
+		if (schema_field_present(&t->fields[i], base))
+			pack_field(pk, &t->fields[i], base);
 }
 
 int dcast_msg_encode(const dcast_msg *m, void **out, size_t *out_len)
@@ -181,10 +191,11 @@ static void json_value(struct jbuf *b, const struct field *f, const void *base)
 	case F_ROLE: jstr(b, schema_role_name(*(const uint32_t *)slot)); break;
 	case F_DTYPE: jstr(b, dcast_dtype_name(*(const uint32_t *)slot)); break;
 	case F_SHAPE:
+	case F_GRID:
 		jputs(b, "[");
 		for (uint32_t i = 0; i < t->ndim; i++) {
 			jputs(b, i ? ", " : "");
-			juint(b, t->shape[i]);
+			juint(b, f->kind == F_SHAPE ? t->shape[i] : t->grid[i] ? t->grid[i] : 1);
 		}
 		jputs(b, "]");
 		break;
@@ -195,7 +206,10 @@ static void json_value(struct jbuf *b, const struct field *f, const void *base)
 static void json_fields(struct jbuf *b, const struct msg_table *t, const void *base, int first)
 {
 	for (unsigned i = 0; i < t->n_fields; i++) {
-		jputs(b, first && i == 0 ? "\"" : ", \"");
+		if (!schema_field_present(&t->fields[i], base))
+			continue;
+		jputs(b, first ? "\"" : ", \"");
+		first = 0;
 		jputs(b, t->fields[i].key);
 		jputs(b, "\": ");
 		json_value(b, &t->fields[i], base);

@@ -16,6 +16,7 @@ enum field_kind {
 	F_ROLE,    /* uint32_t dcast_role, as a string */
 	F_DTYPE,   /* uint32_t dcast_dtype, as a string */
 	F_SHAPE,   /* uint32_t ndim at off, uint64_t shape[] after it */
+	F_GRID,    /* dcast_tensor_desc.grid: sent only when tiled */
 	F_TENSORS, /* dcast_manifest: n_tensors + tensors */
 	F_DIGESTS, /* dcast_commit: n_digests + digests */
 };
@@ -59,6 +60,9 @@ extern const struct msg_table schema_digest_table;
 /* Bounded walk over raw msgpack: well-formed, depth and container counts
  * plausible for the bytes left, nothing after the root object. */
 int schema_prescan(const uint8_t *p, size_t len);
+
+/* Is field f of the map at base sent?  Every field but an untiled grid. */
+int schema_field_present(const struct field *f, const void *base);
 
 /* Range and cross-field checks of a message, shared by encode and decode. */
 int schema_validate_fields(const struct msg_table *t, const void *base, const char *path);

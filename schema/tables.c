@@ -93,6 +93,7 @@ static const struct field tensor_fields[] = {
 	NAME(dcast_tensor_desc, name, 1),
 	{"dtype", F_DTYPE, 1, OFF(dcast_tensor_desc, dtype), 0, DCAST_DTYPE_COUNT - 1},
 	{"shape", F_SHAPE, 1, OFF(dcast_tensor_desc, ndim), 0, DCAST_MAX_DIMS},
+	{"grid", F_GRID, 0, OFF(dcast_tensor_desc, grid), 1, UINT32_MAX},
 };
 
 static const struct field digest_fields[] = {
@@ -197,4 +198,17 @@ uint64_t dcast_tensor_elems(const dcast_tensor_desc *t)
 	for (uint32_t i = 0; i < t->ndim && i < DCAST_MAX_DIMS; i++)
 		n *= t->shape[i];
 	return n;
+}
+
+int dcast_tensor_tiled(const dcast_tensor_desc *t)
+{
+	for (uint32_t i = 0; i < t->ndim && i < DCAST_MAX_DIMS; i++)
+		if (t->grid[i] > 1)
+			return 1;
+	return 0;
+}
+
+int schema_field_present(const struct field *f, const void *base)
+{
+	return f->kind != F_GRID || dcast_tensor_tiled(base);
 }

@@ -89,6 +89,29 @@ static int check_shape(const dcast_tensor_desc *t, const char *path)
 	return 0;
 }
 
+/* A grid names every dimension (no more), and its tiles divide the shape. */
+static int check_grid(const dcast_tensor_desc *t, const char *path)
+{
+	uint32_t n = 0;
+
+	while (n < DCAST_MAX_DIMS && t->grid[n])
+		n++;
+	if (!n)
+		return 0;
+	for (uint32_t i = n; i < DCAST_MAX_DIMS; i++)
+		if (t->grid[i])
+			return dcast_fail(DCAST_EFIELD_RANGE, "%s.grid[%u]: 0 tiles", path, n);
+	if (n != t->ndim)
+		return dcast_fail(DCAST_EFIELD_RANGE, "%s.grid: %u entries for a shape of %u dims",
+				  path, n, t->ndim);
+	for (uint32_t i = 0; i < n; i++)
+		if (t->shape[i] % t->grid[i])
+			return dcast_fail(DCAST_EFIELD_RANGE, "%s.grid[%u]: %u tiles do not divide "
+					  "shape[%u] = %llu", path, i, t->grid[i], i,
+					  (unsigned long long)t->shape[i]);
+	return 0;
+}
+
 static int check_array(const struct field *f, const void *base, const char *path);
 
 static int check_field(const struct field *f, const void *base, const char *path)
@@ -111,6 +134,8 @@ static int check_field(const struct field *f, const void *base, const char *path
 		return check_str(f, slot, path);
 	case F_SHAPE:
 		return check_shape(base, path);
+	case F_GRID:
+		return check_grid(base, path);
 	default:
 		return check_array(f, base, path);
 	}

@@ -243,9 +243,69 @@ static void test_utf8(void)
 	CHECK(strstr(dcast_last_error(), "not UTF-8") != NULL);
 }
 
+/* A one-tensor MANIFEST: shape 6x8, grid g0 x g1 (0 x 0: untiled). */
+static void grid_manifest(dcast_msg *m, dcast_tensor_desc *t, uint32_t g0, uint32_t g1)
+{
+	dcast_msg_init(m, DCAST_MSG_MANIFEST);
+	memset(t, 0, sizeof(*t));
+	strcpy(m->u.manifest.model, "tp");
+	strcpy(t->name, "w");
+	t->ndim = 2, t->shape[0] = 6, t->shape[1] = 8;
+	t->grid[0] = g0, t->grid[1] = g1;
+	m->u.manifest.n_tensors = 1;
+	m->u.manifest.tensors = t;
+}
+
+static uint8_t *find_bytes(uint8_t *p, size_t len, const char *what, size_t n)
+{
+	for (size_t i = 0; i + n <= len; i++)
+		if (!memcmp(p + i, what, n))
+			return p + i;
+	return NULL;
+}
+
+/* MANIFEST.tensors[].grid: sent only when tiled, checked against the shape. */
+static void test_grid(void)
+{
+	dcast_msg m, back;
+	dcast_tensor_desc t;
+	void *a, *b;
+	size_t la, lb;
+	char *json;
+
+	grid_manifest(&m, &t, 0, 0);
+	REQUIRE(dcast_msg_encode(&m, &a, &la) == 0);
+	grid_manifest(&m, &t, 1, 1); /* all ones: untiled, the same bytes */
+	REQUIRE(dcast_msg_encode(&m, &b, &lb) == 0);
+	CHECK(la == lb && !memcmp(a, b, la) && !find_bytes(a, la, "grid", 4));
+	free(a), free(b);
+	grid_manifest(&m, &t, 2, 4);
+	roundtrip(&m);
+	REQUIRE(dcast_msg_encode(&m, &a, &la) == 0);
+	CHECK_ERR(dcast_msg_decode(a, la, &back), 0);
+	CHECK(back.u.manifest.tensors[0].grid[0] == 2 && back.u.manifest.tensors[0].grid[1] == 4);
+	CHECK(dcast_tensor_tiled(&back.u.manifest.tensors[0]));
+	CHECK(dcast_msg_to_json(&back, &json) == 0 && strstr(json, "\"grid\": [2, 4]"));
+	free(json);
+	dcast_msg_free(&back);
+	uint8_t *g = find_bytes(a, la, "\xa4grid\x92\x02\x04", 8);
+	REQUIRE(g);
+	g[7] = 3; /* 3 tiles do not divide 8 */
+	CHECK_ERR(dcast_msg_decode(a, la, &back), DCAST_EFIELD_RANGE);
+	CHECK(strstr(dcast_last_error(), "grid[1]") != NULL);
+	g[7] = 0; /* 0 tiles */
+	CHECK_ERR(dcast_msg_decode(a, la, &back), DCAST_EFIELD_RANGE);
+	free(a);
+	grid_manifest(&m, &t, 3, 0); /* one entry for two dims */
+	CHECK_ERR(dcast_msg_encode(&m, &a, &la), DCAST_EFIELD_RANGE);
+	grid_manifest(&m, &t, 4, 2); /* 4 does not divide 6 */
+	CHECK_ERR(dcast_msg_encode(&m, &a, &la), DCAST_EFIELD_RANGE);
+}
+
 int main(void)
 {
 	test_utf8();
+	test_grid();
 	test_limits();
 	test_big_manifest();
 	test_truncations();

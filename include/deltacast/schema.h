@@ -100,6 +100,12 @@ typedef struct dcast_tensor_desc {
 	uint32_t dtype;   /* dcast_dtype */
 	uint32_t ndim;
 	uint64_t shape[DCAST_MAX_DIMS];
+	/* Tiles per dimension when the producer parts hold the tensor as a grid
+	 * of equal tiles (tensor-parallel slices): grid[d] divides shape[d], and
+	 * the tensor's element order on the wire (CHUNK.start, digests) is tile
+	 * by tile, each tile row-major (docs/protocol.md, "Tiled tensors").  All
+	 * 0 (or all 1): untiled, the flat row-major order. */
+	uint32_t grid[DCAST_MAX_DIMS];
 } dcast_tensor_desc;
 
 /* MANIFEST: every tensor of the model (global shapes; every part sends the
@@ -258,6 +264,9 @@ DCAST_API unsigned dcast_dtype_size(int dtype);
 
 /* Elements of a tensor (product of its shape). */
 DCAST_API uint64_t dcast_tensor_elems(const dcast_tensor_desc *t);
+
+/* 1 when the tensor is tiled (some grid[d] above 1 for d < ndim), else 0. */
+DCAST_API int dcast_tensor_tiled(const dcast_tensor_desc *t);
 
 /* Write `m` as the JSON object a msgpack decoder yields for its header
  * (keys in encoding order), for test vectors and debugging.  On success

@@ -2,7 +2,10 @@
  * reading its data area through dcast_io into the pool's scratch region and
  * copying each piece to the live tensor (host or device); folded from the
  * live tensors the same way in reverse, into a temporary file that is
- * fsynced and renamed over the old one (then the directory is fsynced). */
+ * fsynced and renamed over the old one (then the directory is fsynced).
+ * Tiled tensors are kept in wire order in memory and in natural order in
+ * the file (an ordinary safetensors file), with their grid in metadata
+ * "deltacast.grid.NAME" ("2x4"); pieces are reordered through scratch. */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -13,6 +16,28 @@
 #include "dcast_common.h"
 #include "deltacast/codec.h"
 #include "deltacast/safetensors.h"
+
+#define GRID_KEY "deltacast.grid."
+
+/* The grid of tensor d from metadata "2x4" (none: untiled). */
+static int grid_from_file(const dcast_st_file *f, dcast_tensor_desc *d, const char *path)
+{
+	char key[sizeof(GRID_KEY) + DCAST_MAX_NAME];
+	const char *s;
+	char *end;
+
+	snprintf(key, sizeof(key), GRID_KEY "%s", d->name);
+	if (!(s = dcast_st_metadata_get(f, key)))
+		return 0;
+	for (uint32_t i = 0; i < d->ndim; i++, s = end + 1) {
+		unsigned long long g = strtoull(s, &end, 10);
+		if (end == s || !g || g > UINT32_MAX || d->shape[i] % g || *end != (i + 1 < d->ndim ? 'x' : '\0'))
+			return dcast_fail(DCAST_ECORRUPT, "%s: metadata %s is not a grid of %u dims that "
+					  "divides the shape", path, key, d->ndim);
+		d->grid[i] = (uint32_t)g;
+	}
+	return 0;
+}
 
 /* Tensor table from the file's header when no manifest is known yet. */
 static int tensors_from_file(dcast_consumer *c, const dcast_st_file *f)
@@ -38,10 +63,44 @@ static int tensors_from_file(dcast_consumer *c, const dcast_st_file *f)
 		m.tensors[i].dtype = (uint32_t)dt;
 		m.tensors[i].ndim = s->ndim;
 		memcpy(m.tensors[i].shape, s->shape, sizeof(s->shape));
+		if ((err = grid_from_file(f, &m.tensors[i], c->anchor_path))) {
+			free(m.tensors);
+			return err;
+		}
 	}
 	err = cs_tensors_from_manifest(c, &m);
 	free(m.tensors);
 	return err;
+}
+
+/* Natural elements [n0, n0 + n) of tiled t to nat (to_nat) or from it,
+ * against t's host copy in wire order. */
+static void tiled_copy(const cs_tensor *t, uint64_t n0, uint64_t n, unsigned char *nat, int to_nat)
+{
+	unsigned es = t->elem_size;
+
+	for (uint64_t i = 0, run, k; i < n; i += k) {
+		unsigned char *w = t->ptr + dcast_tiles_to_wire(&t->map, n0 + i, &run) * es;
+		k = run < n - i ? run : n - i;
+		memcpy(to_nat ? nat + i * es : w, to_nat ? w : nat + i * es, k * es);
+	}
+}
+
+/* Bytes [off, off + n) of the file's tensor t into t, or out of it. */
+static int piece_in(cs_tensor *t, uint64_t off, const unsigned char *src, uint64_t n)
+{
+	if (!t->map.tiled)
+		return cs_to_tensor(t, off, src, n);
+	tiled_copy(t, off / t->elem_size, n / t->elem_size, (unsigned char *)src, 0);
+	return 0;
+}
+
+static int piece_out(const cs_tensor *t, uint64_t off, unsigned char *dst, uint64_t n)
+{
+	if (!t->map.tiled)
+		return cs_from_tensor(t, off, dst, n);
+	tiled_copy(t, off / t->elem_size, n / t->elem_size, dst, 1);
+	return 0;
 }
 
 /* Read one tensor's bytes at file offset `off` piece by piece via the pool. */
@@ -55,7 +114,7 @@ static int read_tensor(dcast_consumer *c, int file, cs_tensor *t, uint64_t off)
 		uint64_t n = t->bytes - done < piece ? t->bytes - done : piece;
 		err = cs_io_read(c, file, scratch, n, off + done, c->anchor_path);
 		if (!err)
-			err = cs_to_tensor(t, done, scratch, n);
+			err = piece_in(t, done, scratch, n);
 	}
 	return err;
 }
@@ -78,13 +137,16 @@ static int read_tensors(dcast_consumer *c, const dcast_st_file *f, int file)
 	return err;
 }
 
-/* XXH3-64 of a tensor's name, dtype and shape. */
+/* XXH3-64 of a tensor's name, dtype and shape (and grid, when tiled). */
 static uint64_t desc_hash(const dcast_tensor_desc *t)
 {
-	uint64_t v[3 + DCAST_MAX_DIMS] = {dcast_checksum(t->name, strlen(t->name)), t->dtype, t->ndim};
+	uint64_t v[3 + 2 * DCAST_MAX_DIMS] = {dcast_checksum(t->name, strlen(t->name)), t->dtype, t->ndim};
+	uint32_t n = 3 + t->ndim;
 
 	memcpy(&v[3], t->shape, t->ndim * sizeof(t->shape[0]));
-	return dcast_checksum(v, (3 + t->ndim) * sizeof(v[0]));
+	for (uint32_t i = 0; dcast_tensor_tiled(t) && i < t->ndim; i++)
+		v[n++] = t->grid[i];
+	return dcast_checksum(v, n * sizeof(v[0]));
 }
 
 /* Digest of the whole model as it is now, as version `version`: XXH3-64
@@ -151,6 +213,8 @@ int cs_anchor_load(dcast_consumer *c, uint64_t *version)
 	if (!err)
 		err = read_tensors(c, f, file);
 	if (!err)
+		err = cs_views_refresh(c);
+	if (!err)
 		err = check_model_digest(c, f, *version);
 	if (file >= 0)
 		dcast_io_file_remove(c->io, file);
@@ -161,7 +225,7 @@ int cs_anchor_load(dcast_consumer *c, uint64_t *version)
 }
 
 /* Write tensor t at off: host tensors straight from their memory, device
- * tensors through the scratch region (fixed-buffer writes). */
+ * and tiled tensors through the scratch region (fixed-buffer writes). */
 static int write_tensor(dcast_consumer *c, int file, const cs_tensor *t, uint64_t off)
 {
 	unsigned char *scratch = cs_pool_scratch(&c->pool);
@@ -170,9 +234,9 @@ static int write_tensor(dcast_consumer *c, int file, const cs_tensor *t, uint64_
 
 	for (uint64_t done = 0; !err && done < t->bytes; done += piece) {
 		uint64_t n = t->bytes - done < piece ? t->bytes - done : piece;
-		if (t->mem == DCAST_MEM_HOST) {
+		if (t->mem == DCAST_MEM_HOST && !t->map.tiled) {
 			err = dcast_io_write(c->io, file, t->ptr + done, n, off + done, DCAST_IO_NO_BUF, 4);
-		} else if (!(err = dcast_io_drain(c->io)) && !(err = cs_from_tensor(t, done, scratch, n))) {
+		} else if (!(err = dcast_io_drain(c->io)) && !(err = piece_out(t, done, scratch, n))) {
 			err = dcast_io_write(c->io, file, scratch, n, off + done,
 					     dcast_io_buffers_fixed(c->io) ? 0 : DCAST_IO_NO_BUF, 4);
 		}
@@ -182,25 +246,52 @@ static int write_tensor(dcast_consumer *c, int file, const cs_tensor *t, uint64_
 	return err;
 }
 
+/* One metadata entry per tiled tensor: its grid ("2x4"), key and value
+ * in one string of store. */
+#define GRID_ENTRY (sizeof(GRID_KEY) + DCAST_MAX_NAME + 12 * DCAST_MAX_DIMS)
+
+static size_t grid_meta(const dcast_consumer *c, dcast_st_meta *meta, char *store)
+{
+	size_t n = 0;
+
+	for (uint32_t i = 0; i < c->n_tensors; i++) {
+		const dcast_tensor_desc *d = &c->tensors[i].desc;
+		char *e = store + n * GRID_ENTRY, *v;
+		if (!dcast_tensor_tiled(d))
+			continue;
+		v = e + snprintf(e, GRID_ENTRY, GRID_KEY "%s", d->name) + 1;
+		for (uint32_t k = 0, at = 0; k < d->ndim; k++)
+			at += (uint32_t)snprintf(v + at, 12, k ? "x%u" : "%u", d->grid[k]);
+		meta[n++] = (dcast_st_meta){e, v};
+	}
+	return n;
+}
+
 static int layout(dcast_consumer *c, const char *version, const char *digest,
 		  dcast_st_layout *lay)
 {
-	dcast_st_meta meta[3] = {{"deltacast.model", c->model}, {"deltacast.version", version},
-				 {"deltacast.model_digest", digest}};
-	dcast_st_spec *specs = calloc(c->n_tensors ? c->n_tensors : 1, sizeof(*specs));
-	int err;
+	size_t n = c->n_tensors ? c->n_tensors : 1;
+	dcast_st_meta *meta = calloc(n + 3, sizeof(*meta));
+	dcast_st_spec *specs = calloc(n, sizeof(*specs));
+	char *store = calloc(n, GRID_ENTRY);
+	int err = 0;
 
-	if (!specs)
-		return dcast_fail(DCAST_ENOMEM, "fold: %u tensors", c->n_tensors);
-	for (uint32_t i = 0; i < c->n_tensors; i++) {
+	if (!specs || !meta || !store)
+		err = dcast_fail(DCAST_ENOMEM, "fold: %u tensors", c->n_tensors);
+	for (uint32_t i = 0; !err && i < c->n_tensors; i++) {
 		const char *dn = dcast_dtype_name((int)c->tensors[i].desc.dtype);
 		specs[i].name = c->tensors[i].desc.name;
 		specs[i].dtype = dcast_st_dtype_from_name(dn, strlen(dn));
 		specs[i].ndim = c->tensors[i].desc.ndim;
 		memcpy(specs[i].shape, c->tensors[i].desc.shape, sizeof(specs[i].shape));
 	}
-	err = dcast_st_layout_compute(specs, c->n_tensors, meta, 3, lay);
-	free(specs);
+	if (!err) {
+		meta[0] = (dcast_st_meta){"deltacast.model", c->model};
+		meta[1] = (dcast_st_meta){"deltacast.version", version};
+		meta[2] = (dcast_st_meta){"deltacast.model_digest", digest};
+		err = dcast_st_layout_compute(specs, c->n_tensors, meta, 3 + grid_meta(c, meta + 3, store), lay);
+	}
+	free(specs), free(meta), free(store);
 	return err;
 }
 

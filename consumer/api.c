@@ -12,6 +12,11 @@ static int bind_locked(dcast_consumer *c, const char *name, void *ptr, dcast_mem
 
 	if (!(t = cs_tensor_find(c, name)))
 		return dcast_fail(DCAST_ENOTFOUND, "bind: no tensor \"%s\" in the manifest of %s", name, c->model);
+	if (dcast_tensor_tiled(&t->desc)) /* a view in natural order; the host copy stays */
+		return cs_bind_view(c, t, ptr, mem, 0, NULL, NULL, bytes);
+	if (t->n_views)
+		return dcast_fail(DCAST_ESTATE, "bind %s: slices of it are bound; bind the whole tensor "
+				  "as a slice too", name);
 	if (mem == DCAST_MEM_CUDA && !dcast_cuda_available())
 		return dcast_fail(DCAST_ENODEVICE, "bind %s: CUDA memory but no CUDA device (or a build without "
 				  "CUDA); the tensor stays in the consumer's host memory", name);

@@ -260,6 +260,10 @@ int cs_apply_version(dcast_consumer *c, cs_version *v, int verify)
 		const unsigned char *p;
 		if ((err = fault_ahead(c, v, ahead, i)) || (err = write_chunk(c, v, k, undo ? undo + off : NULL, &p)))
 			break;
+		if ((err = cs_views_chunk(c, k, p))) {
+			off += undo_bytes(k), i++; /* written: undone with the others */
+			break;
+		}
 		if (verify && !ahead)
 			cs_verify_written(c, &next, k, p, undo ? undo + off : NULL);
 		off += undo_bytes(k);
@@ -268,7 +272,11 @@ int cs_apply_version(dcast_consumer *c, cs_version *v, int verify)
 		err = cs_verify_finish(c, v, &next);
 	if (err) {
 		cs_dcache_clear(&next);
-		return rollback(c, v, undo, i, off, err);
+		err = rollback(c, v, undo, i, off, err);
+		if (cs_views_refresh(c)) /* they may hold some of v */
+			DCAST_LOG_E("consumer %s: bound slices not brought back after version %" PRIu64
+				    " failed: %s", c->model, v->version, dcast_last_error());
+		return err;
 	}
 	if (ahead)
 		cs_verify_ahead_done(c, v);

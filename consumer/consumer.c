@@ -63,9 +63,11 @@ cs_tensor *cs_tensor_find(dcast_consumer *c, const char *name)
 
 static void tensors_free(dcast_consumer *c)
 {
-	for (uint32_t i = 0; i < c->n_tensors; i++)
+	for (uint32_t i = 0; i < c->n_tensors; i++) {
 		if (c->tensors[i].owned)
 			free(c->tensors[i].ptr);
+		cs_views_free(&c->tensors[i]);
+	}
 	free(c->tensors);
 	c->tensors = NULL;
 	c->n_tensors = 0;
@@ -85,6 +87,7 @@ int cs_tensors_from_manifest(dcast_consumer *c, const dcast_manifest *m)
 		t[i].bytes = dcast_tensor_elems(&t[i].desc) * t[i].elem_size;
 		t[i].mem = DCAST_MEM_HOST;
 		t[i].owned = 1;
+		dcast_tiles_init(&t[i].map, &t[i].desc);
 		t[i].ptr = calloc(1, t[i].bytes ? t[i].bytes : 1);
 		if (!t[i].ptr) {
 			tensors_free(c);
@@ -263,6 +266,7 @@ void dcast_consumer_close(dcast_consumer **cp)
 	cs_dcache_clear(&c->dcache);
 	cs_pool_close(&c->pool);
 	tensors_free(c);
+	free(c->vpos), free(c->vch), free(c->vbuf);
 	pthread_mutex_destroy(&c->mu);
 	pthread_cond_destroy(&c->cv);
 	pthread_mutex_destroy(&c->lock);

@@ -14,6 +14,7 @@
 #include "deltacast/consumer.h"
 #include "deltacast/schema.h"
 #include "dcast_io.h"
+#include "dcast_tiles.h"
 
 /* ---- staging pool: pinned memory in three regions ----
  * resident: chunks kept until apply (bump-allocated, reset when empty);
@@ -94,13 +95,25 @@ typedef struct cs_version {
 } cs_version;
 
 /* ---- the live tensors ---- */
+
+/* A box of a tensor kept in the caller's memory, row-major in the box
+ * (views.c). */
+typedef struct cs_view {
+	dcast_box box;
+	unsigned char *ptr;
+	int mem;               /* dcast_mem */
+} cs_view;
+
 typedef struct cs_tensor {
 	dcast_tensor_desc desc;
 	unsigned elem_size;
 	uint64_t bytes;
-	unsigned char *ptr;    /* live data */
+	unsigned char *ptr;    /* live data, in wire order */
 	int mem;               /* dcast_mem */
 	int owned;             /* ptr is our malloc'd host copy */
+	dcast_tiles map;       /* wire order against natural order */
+	cs_view *views;        /* only while owned: the host copy feeds them */
+	uint32_t n_views;
 } cs_tensor;
 
 #define CS_MAX_STAGED 16
@@ -162,6 +175,12 @@ struct dcast_consumer {
 	uint64_t anchor_file_version;  /* version in model.safetensors, or NONE */
 	uint32_t deltas_since_fold;
 	int restoring;                 /* inside cs_ckpt_restore: no nested restore */
+
+	/* views.c: a sparse chunk's changes on their way to the views */
+	uint32_t *vpos;
+	void *vch;
+	unsigned char *vbuf;
+	uint64_t vpos_cap, vch_cap, vbuf_cap;
 
 	cs_dcache dcache;              /* digests at the applied version; n 0 = none */
 	uint64_t verify_bytes;         /* tensor bytes read by the last version's check */
@@ -228,6 +247,19 @@ int cs_tensor_apply(cs_tensor *t, const dcast_chunk_info *info, const void *payl
 int cs_tensor_digest(const cs_tensor *t, uint64_t off, uint64_t n, uint64_t *digest);
 /* The COMMIT digest of elements [start, start+count) of t, manifest index `index`. */
 int cs_tensor_ldigest(const cs_tensor *t, uint32_t index, uint64_t start, uint64_t count, uint64_t *digest);
+
+/* views.c: slices of tensors in the caller's memory */
+/* Bind ptr (bytes long, in mem) as the box off/ext (ndim 0: the whole
+ * tensor) of t, filled with t's current contents.  Errors as
+ * dcast_consumer_bind_slice. */
+int cs_bind_view(dcast_consumer *c, cs_tensor *t, void *ptr, dcast_mem mem, uint32_t ndim,
+		 const uint64_t *off, const uint64_t *ext, uint64_t bytes);
+/* Bring t's views up to date with chunk k, just written to t's host copy
+ * (payload: its payload).  Errors: DCAST_ENOMEM, DCAST_ECUDA. */
+int cs_views_chunk(dcast_consumer *c, const cs_chunk *k, const unsigned char *payload);
+/* Copy every view whole from its tensor (after a load or a rollback). */
+int cs_views_refresh(dcast_consumer *c);
+void cs_views_free(cs_tensor *t);
 
 /* syncer.c */
 /* Start the sync thread.  Errors: DCAST_ENOMEM (no thread: push syncs

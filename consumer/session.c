@@ -442,7 +442,7 @@ static int manifest_matches(const dcast_consumer *c, const dcast_manifest *m)
 	for (uint32_t i = 0; i < m->n_tensors; i++) {
 		const dcast_tensor_desc *a = &m->tensors[i], *b = &c->tensors[i].desc;
 		if (strcmp(a->name, b->name) || a->dtype != b->dtype || a->ndim != b->ndim ||
-		    memcmp(a->shape, b->shape, a->ndim * sizeof(a->shape[0])))
+		    memcmp(a->shape, b->shape, a->ndim * sizeof(a->shape[0])) || !dcast_grid_same(a, b))
 			return 0;
 	}
 	return 1;

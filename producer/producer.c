@@ -1,5 +1,6 @@
 /* The producer object: options, open/close, tensor registration. */
 #include <string.h>
+#include "dcast_tiles.h"
 #include "producer_impl.h"
 
 void dcast_producer_opts_init(dcast_producer_opts *o)
@@ -172,7 +173,7 @@ static int same_tensor(const prod_tensor *a, const prod_tensor *b)
 {
 	return a->desc.dtype == b->desc.dtype && a->desc.ndim == b->desc.ndim &&
 	       !memcmp(a->desc.shape, b->desc.shape, sizeof(a->desc.shape)) &&
-	       a->shard_off == b->shard_off && a->shard_count == b->shard_count;
+	       dcast_grid_same(&a->desc, &b->desc) && a->shard_off == b->shard_off && a->shard_count == b->shard_count;
 }
 
 static int check_mem(const char *name, const void *ptr, int mem, uint64_t count)
@@ -201,41 +202,98 @@ static int add_tensor(dcast_producer *p, const prod_tensor *t)
 	return 0;
 }
 
-int dcast_producer_register(dcast_producer *p, const char *name, int dtype, uint32_t ndim,
-			    const uint64_t *shape, const void *ptr, int mem,
-			    uint64_t shard_offset_elems, uint64_t shard_count_elems)
+/* Add t (described and checked) with its memory, or re-point it. */
+static int register_tensor(dcast_producer *p, prod_tensor *t, const void *ptr, int mem)
 {
-	prod_tensor t, *old;
+	prod_tensor *old;
 	int rc;
 
-	if (!p || !name || !*name || strlen(name) > DCAST_MAX_NAME)
-		return dcast_fail(DCAST_EINVAL, "register: NULL producer or name not 1..%d bytes",
-				  DCAST_MAX_NAME);
-	if ((rc = describe(&t, name, dtype, ndim, shape, shard_offset_elems, shard_count_elems)) ||
-	    (rc = check_mem(name, ptr, mem, shard_count_elems)) ||
-	    (mem == DCAST_MEM_CUDA && (rc = prod_dev_register(&t, ptr))))
+	if ((rc = check_mem(t->desc.name, ptr, mem, t->shard_count)) ||
+	    (mem == DCAST_MEM_CUDA && (rc = prod_dev_register(t, ptr))))
 		return rc;
-	t.ptr = ptr;
-	t.mem = mem;
-	if ((old = find_tensor(p, name))) {
-		if (!same_tensor(old, &t))
-			return dcast_fail(DCAST_ESHAPE, "register %s: dtype, shape or shard differs "
-					  "from its first registration (%s, %u dims)", name,
+	t->ptr = ptr;
+	t->mem = mem;
+	if ((old = find_tensor(p, t->desc.name))) {
+		if (!same_tensor(old, t))
+			return dcast_fail(DCAST_ESHAPE, "register %s: dtype, shape, grid or shard differs "
+					  "from its first registration (%s, %u dims)", t->desc.name,
 					  dcast_dtype_name(old->desc.dtype), old->desc.ndim);
-		if (old->mem != mem || (old->base_on_device && old->device != t.device))
+		if (old->mem != mem || (old->base_on_device && old->device != t->device))
 			return dcast_fail(DCAST_EINVAL, "register %s: moved between host and device "
-					  "memory, or to another device than its baseline's", name);
+					  "memory, or to another device than its baseline's", t->desc.name);
 		old->ptr = ptr;
-		old->device = t.device;
+		old->device = t->device;
 		return 0;
 	}
 	if (p->frozen)
 		return dcast_fail(DCAST_ESTATE, "register %s: new tensors only before the first "
-				  "publish (the manifest is fixed)", name);
+				  "publish (the manifest is fixed)", t->desc.name);
 	if (p->n_tensors >= DCAST_MAX_TENSORS)
-		return dcast_fail(DCAST_ETOO_LARGE, "register %s: more than %d tensors", name,
+		return dcast_fail(DCAST_ETOO_LARGE, "register %s: more than %d tensors", t->desc.name,
 				  DCAST_MAX_TENSORS);
-	return add_tensor(p, &t);
+	return add_tensor(p, t);
+}
+
+static int check_name(const dcast_producer *p, const char *name, const char *call)
+{
+	if (!p || !name || !*name || strlen(name) > DCAST_MAX_NAME)
+		return dcast_fail(DCAST_EINVAL, "%s: NULL producer or name not 1..%d bytes", call,
+				  DCAST_MAX_NAME);
+	return 0;
+}
+
+int dcast_producer_register(dcast_producer *p, const char *name, int dtype, uint32_t ndim,
+			    const uint64_t *shape, const void *ptr, int mem,
+			    uint64_t shard_offset_elems, uint64_t shard_count_elems)
+{
+	prod_tensor t;
+	int rc;
+
+	if ((rc = check_name(p, name, "register")) ||
+	    (rc = describe(&t, name, dtype, ndim, shape, shard_offset_elems, shard_count_elems)))
+		return rc;
+	return register_tensor(p, &t, ptr, mem);
+}
+
+/* The grid the tile `b` belongs to, and the tile's range in wire order. */
+static int describe_tile(prod_tensor *t, const dcast_box *b)
+{
+	uint64_t index;
+
+	if (!dcast_box_is_tile(b, &t->desc, &index))
+		return dcast_fail(DCAST_ESHAPE, "register_slice %s: the box is not a tile of an even "
+				  "grid (each extent must divide its dimension, each offset be a "
+				  "multiple of its extent)", t->desc.name);
+	for (uint32_t d = 0; d < t->desc.ndim; d++) {
+		if (t->desc.shape[d] / b->ext[d] > UINT32_MAX)
+			return dcast_fail(DCAST_ESHAPE, "register_slice %s: more than 2^32 tiles "
+					  "along dim %u", t->desc.name, d);
+		t->desc.grid[d] = (uint32_t)(t->desc.shape[d] / b->ext[d]);
+	}
+	t->shard_off = index * b->elems;
+	t->shard_count = b->elems;
+	return 0;
+}
+
+int dcast_producer_register_slice(dcast_producer *p, const char *name, int dtype, uint32_t ndim,
+				  const uint64_t *shape, const uint64_t *offset,
+				  const uint64_t *extent, const void *ptr, int mem)
+{
+	prod_tensor t;
+	dcast_box b;
+	int rc;
+
+	if ((rc = check_name(p, name, "register_slice")) ||
+	    (rc = describe(&t, name, dtype, ndim, shape, 0, 0)))
+		return rc;
+	if (!ndim)
+		return dcast_fail(DCAST_ESHAPE, "register_slice %s: a scalar has no slices", name);
+	if ((rc = dcast_box_init(&b, &t.desc, ndim, offset, extent, "register_slice")) ||
+	    (rc = describe_tile(&t, &b)))
+		return rc;
+	if (!ptr)
+		t.shard_off = t.shard_count = 0; /* declares the grid, holds no tile */
+	return register_tensor(p, &t, ptr, mem);
 }
 
 void dcast_producer_stats_get(const dcast_producer *p, dcast_producer_stats *out)

@@ -105,6 +105,13 @@ DCAST_API int dcast_codec_apply(const dcast_chunk_info *info, const void *payloa
 DCAST_API int dcast_codec_revert(const dcast_chunk_info *info, const void *payload, void *dst,
 		       const void *old);
 
+/* Positions (0..count) of the changed elements of a sparse payload, in
+ * increasing order, into pos (info->changed entries, the caller's; a
+ * compact payload is decoded into the thread's scratch arrays first).  The
+ * payload is checked as dcast_codec_apply checks it.  Errors: those of
+ * dcast_codec_apply; DCAST_EINVAL for a dense payload (every position). */
+DCAST_API int dcast_codec_positions(const dcast_chunk_info *info, const void *payload, uint32_t *pos);
+
 /* Checksum of a payload as carried in CHUNK.checksum: XXH3-64, seed 0. */
 DCAST_API uint64_t dcast_checksum(const void *data, size_t len);
 

@@ -149,16 +149,51 @@ DCAST_API void dcast_consumer_close(dcast_consumer **c);
  * dcast_consumer_tensor_count() > 0) and bytes must equal its size.  Its
  * current contents (if a version is applied) are copied into ptr, and the
  * consumer's own host copy is freed.  The caller keeps ownership of ptr and
- * must keep it valid until close.  Errors: DCAST_ENOTFOUND (name),
- * DCAST_ESHAPE (size), DCAST_ENODEVICE (CUDA without a device), DCAST_ESTATE
- * (already bound). */
+ * must keep it valid until close.  A tiled tensor (desc.grid, from
+ * producers that publish tensor-parallel slices) is bound as the slice
+ * that covers all of it (dcast_consumer_bind_slice): ptr gets the natural
+ * row-major layout and the host copy stays.  Errors: DCAST_ENOTFOUND
+ * (name), DCAST_ESHAPE (size), DCAST_ENODEVICE (CUDA without a device),
+ * DCAST_ESTATE (already bound, or slices of it are bound). */
 DCAST_API int dcast_consumer_bind(dcast_consumer *c, const char *name, void *ptr, dcast_mem mem,
 			uint64_t bytes);
+
+/* Bind the caller's buffer `ptr` (bytes long, in `mem`) as a box of tensor
+ * `name`: elements offset[d] <= x[d] < offset[d] + extent[d] of each of its
+ * ndim dimensions (ndim must be the tensor's), row-major in the box, e.g.
+ * the column block a tensor-parallel rank holds, whatever the producers'
+ * own split.  The box's current contents are copied into ptr, and every
+ * version applied from then on updates it in the same apply() (O(changed)
+ * for deltas).  Several boxes of one tensor may be bound, overlapping or
+ * not.  The consumer keeps the whole tensor in its host memory as well:
+ * that copy is what it applies, verifies and checkpoints, so a slice costs
+ * host memory for the whole tensor (docs/protocol.md, "Tiled tensors").
+ * The caller keeps ownership of ptr and must keep it valid until close.
+ * Errors: DCAST_EINVAL (NULL argument, ndim 0, unknown mem),
+ * DCAST_ENOTFOUND (name), DCAST_ESHAPE (ndim not the tensor's, a box
+ * outside it, bytes not the box's size), DCAST_ENODEVICE (CUDA without a
+ * device), DCAST_ESTATE (the tensor is bound whole by
+ * dcast_consumer_bind()), DCAST_ENOMEM, DCAST_ECUDA. */
+DCAST_API int dcast_consumer_bind_slice(dcast_consumer *c, const char *name, void *ptr, dcast_mem mem,
+			      uint32_t ndim, const uint64_t *offset, const uint64_t *extent,
+			      uint64_t bytes);
+
+/* Copy a box of live tensor `name` (as for dcast_consumer_bind_slice; ndim
+ * 0 with NULL offset and extent: the whole tensor) into the caller's host
+ * buffer dst (bytes long) in natural row-major order.  What a reader of a
+ * tiled tensor uses instead of dcast_consumer_tensor()'s pointer.
+ * Errors: DCAST_EINVAL (NULL argument), DCAST_ENOTFOUND, DCAST_ESHAPE (as
+ * for bind_slice), DCAST_ECUDA (a tensor bound in device memory). */
+DCAST_API int dcast_consumer_read_slice(dcast_consumer *c, const char *name, uint32_t ndim,
+			      const uint64_t *offset, const uint64_t *extent, void *dst,
+			      uint64_t bytes);
 
 /* The live tensor `name`: *ptr (host or device, see *mem) and its manifest
  * entry.  The pointer stays valid until close or a bind of that name; its
  * contents change only inside dcast_consumer_apply.  Any out pointer may be
- * NULL.  Errors: DCAST_ENOTFOUND. */
+ * NULL.  For a tiled tensor (dcast_tensor_tiled(desc)) the memory is the
+ * consumer's host copy in wire (tile) order, not row-major: read it with
+ * dcast_consumer_read_slice() or bind it.  Errors: DCAST_ENOTFOUND. */
 DCAST_API int dcast_consumer_tensor(dcast_consumer *c, const char *name, void **ptr,
 			  dcast_tensor_desc *desc, dcast_mem *mem);
 

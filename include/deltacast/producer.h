@@ -130,6 +130,28 @@ DCAST_API int dcast_producer_register(dcast_producer *p, const char *name, int d
 			    const uint64_t *shape, const void *ptr, int mem,
 			    uint64_t shard_offset_elems, uint64_t shard_count_elems);
 
+/* Register this part's tile of a tensor that the producer parts hold as a
+ * grid of equal N-D slices, as tensor-parallel ranks do (a column block of
+ * a row-major matrix: offset {0, c0}, extent {rows, cols / tp}).
+ * ndim/shape: the GLOBAL shape.  offset/extent (ndim entries each): the
+ * box this part holds; it must be one tile of an even grid: extent[d]
+ * divides shape[d] and offset[d] is a multiple of extent[d], so the grid
+ * is shape[d] / extent[d] tiles along dimension d.  ptr: the box's
+ * elements, contiguous, row-major in the box (what a rank's local shard
+ * tensor holds); NULL: this part holds no tile of the tensor but declares
+ * its grid (every part must register every tensor with the same grid, or
+ * the broker sees the manifest change).  mem, re-registration, lifetime
+ * and errors as dcast_producer_register(), plus DCAST_ESHAPE for a scalar,
+ * a box outside the tensor, of other dims, or not a tile of an even grid.
+ * A tensor registered with its whole shape as the box is untiled.  On the
+ * wire the tensor is sent in tile order (docs/protocol.md, "Tiled
+ * tensors"), so the tile is one contiguous range and costs what a
+ * contiguous shard costs; consumers see the tensor in its natural layout
+ * and may bind any box of it (dcast_consumer_bind_slice()). */
+DCAST_API int dcast_producer_register_slice(dcast_producer *p, const char *name, int dtype,
+				  uint32_t ndim, const uint64_t *shape, const uint64_t *offset,
+				  const uint64_t *extent, const void *ptr, int mem);
+
 /* Publish the registered tensors' current contents as `version`: an anchor
  * (every element) the first time, after the broker asked for one, or when no
  * acknowledged baseline exists; otherwise a delta against the last version

@@ -74,7 +74,8 @@ class _Event(ctypes.Structure):
 
 class _Desc(ctypes.Structure):
     _fields_ = [("name", ctypes.c_char * 256), ("dtype", ctypes.c_uint32),
-                ("ndim", ctypes.c_uint32), ("shape", ctypes.c_uint64 * 8)]
+                ("ndim", ctypes.c_uint32), ("shape", ctypes.c_uint64 * 8),
+                ("grid", ctypes.c_uint32 * 8)]
 
 
 class Stats(ctypes.Structure):

@@ -18,10 +18,23 @@
 #define TMP_SUFFIX ".deltacast-tmp"
 #define OLD_SUFFIX ".deltacast-old"
 
+/* A tiled tensor's bytes in natural order, in a buffer *copy of the caller's. */
+static int natural_copy(dcast_consumer *c, const dcast_st_tensor *t, const void **data, void **copy)
+{
+	if (!(*copy = malloc(t->nbytes ? t->nbytes : 1)))
+		return cli_fail(DCAST_ENOMEM, "tensor \"%s\": %llu bytes", t->name, (unsigned long long)t->nbytes);
+	int err = dcast_consumer_read_slice(c, t->name, 0, NULL, NULL, *copy, t->nbytes);
+	if (err)
+		return cli_fail(err, "tensor \"%s\": %s", t->name, dcast_last_error());
+	*data = *copy;
+	return 0;
+}
+
 /* The live host bytes of tensor t of `shard`, after checking that the
- * model publishes it with the header's dtype and shape. */
+ * model publishes it with the header's dtype and shape (a tiled tensor's
+ * through *copy, which the caller frees). */
 static int live_bytes(dcast_consumer *c, const char *shard, const dcast_st_tensor *t,
-		      const void **data)
+		      const void **data, void **copy)
 {
 	void *ptr = NULL;
 	dcast_tensor_desc d;
@@ -38,6 +51,8 @@ static int live_bytes(dcast_consumer *c, const char *shard, const dcast_st_tenso
 				dcast_dtype_name((int)d.dtype), d.ndim);
 	if (mem != DCAST_MEM_HOST)
 		return cli_fail(DCAST_EINVAL, "tensor \"%s\" lives on a CUDA device", t->name);
+	if (dcast_tensor_tiled(&d))
+		return natural_copy(c, t, data, copy);
 	*data = ptr;
 	return 0;
 }
@@ -78,8 +93,10 @@ static int write_shard(dcast_consumer *c, int dirfd, const char *dir, const hf_s
 	err = cli_pwrite_all(fd, hdr, hlen, 0, s->name);
 	for (size_t i = 0; !err && i < dcast_st_count(s->file); i++) {
 		const dcast_st_tensor *t = dcast_st_tensor_at(s->file, i);
-		if (!(err = live_bytes(c, s->name, t, &data)))
+		void *copy = NULL;
+		if (!(err = live_bytes(c, s->name, t, &data, &copy)))
 			err = cli_pwrite_all(fd, data, t->nbytes, hlen + t->data_offset, s->name);
+		free(copy);
 	}
 	return close_synced(fd, dir, s->name, err);
 }

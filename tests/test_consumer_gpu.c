@@ -6,7 +6,11 @@
  * development machines) it binds cudaMalloc'd tensors, applies an anchor
  * and deltas on the device, forces a digest failure (the previous version
  * comes back from the local checkpoint, as device tensors keep no old
- * values in memory) and compares the device bytes with the producer's. */
+ * values in memory) and compares the device bytes with the producer's;
+ * then binds a box of a tensor in device memory (a slice, as a worker
+ * with another TP degree binds: runs copied, sparse changes applied by
+ * the CUDA codec as idx32 payloads) through the same versions and the same
+ * forced failure (the host copy rolls back, the slice is copied again). */
 #include <stdlib.h>
 #include "check.h"
 #include "consumer_harness.h"
@@ -51,6 +55,9 @@ static void test_no_device(const h_broker *b)
 	c = open_with_manifest(b, "m_nodev");
 	REQUIRE(c && dcast_consumer_tensor_count(c) == H_TENSORS);
 	CHECK_ERR(dcast_consumer_bind(c, m.name[0], m.cur[0], DCAST_MEM_CUDA, m.bytes[0]), DCAST_ENODEVICE);
+	uint64_t off[2] = {0, 0}, ext[2] = {m.shape[0][0], m.shape[0][1]};
+	CHECK_ERR(dcast_consumer_bind_slice(c, m.name[0], m.cur[0], DCAST_MEM_CUDA, 2, off, ext, m.bytes[0]),
+		  DCAST_ENODEVICE);
 	fprintf(stderr, "refused as: %s\n", dcast_last_error());
 	CHECK(strstr(dcast_last_error(), "CUDA") && strstr(dcast_last_error(), m.name[0]));
 	dcast_mem mem = DCAST_MEM_CUDA;
@@ -107,6 +114,51 @@ static void test_device(const h_broker *b)
 	dcast_producer_close(&p);
 	h_model_free(&m);
 }
+/* Rows [10, 200) x columns [100, 612) of tensor 0 (bf16, 1024 wide). */
+#define BOX_R0 10
+#define BOX_R 190
+#define BOX_C0 100
+#define BOX_C 512
+
+static int slice_equal(const void *dev, const h_model *m, uint64_t v)
+{
+	uint16_t *host = malloc(BOX_R * BOX_C * 2);
+	const uint16_t *want = (const uint16_t *)m->snap[v][0];
+	int same = host && cudaMemcpy(host, dev, BOX_R * BOX_C * 2, cudaMemcpyDeviceToHost) == cudaSuccess;
+
+	for (uint64_t r = 0; same && r < BOX_R; r++)
+		same = !memcmp(host + r * BOX_C, want + (BOX_R0 + r) * m->shape[0][1] + BOX_C0, BOX_C * 2);
+	free(host);
+	return same;
+}
+
+static void test_device_slice(const h_broker *b)
+{
+	h_model m;
+	dcast_producer *p = NULL;
+	dcast_consumer *c;
+	void *dev = NULL;
+	h_seen s = {0};
+	uint64_t off[2] = {BOX_R0, BOX_C0}, ext[2] = {BOX_R, BOX_C};
+
+	REQUIRE(h_model_start(b, "m_devslice", 71, 1, 100, &m, &p) == 0);
+	setenv("DELTACAST_CONSUMER_FAULT", "digest:3", 1);
+	c = open_with_manifest(b, "m_devslice");
+	unsetenv("DELTACAST_CONSUMER_FAULT");
+	REQUIRE(c && cudaMalloc(&dev, BOX_R * BOX_C * 2) == cudaSuccess);
+	CHECK_ERR(dcast_consumer_bind_slice(c, m.name[0], dev, DCAST_MEM_CUDA, 2, off, ext, BOX_R * BOX_C * 2), 0);
+	CHECK(h_drive(c, &m, 1, &s) == 0 && slice_equal(dev, &m, 1) && h_equal(c, &m, 1));
+	for (uint64_t v = 2; v <= 4; v++) {
+		REQUIRE(h_publish(p, &m, v, 100) == 0);
+		CHECK(h_drive(c, &m, v, &s) == 0);
+		CHECK(slice_equal(dev, &m, v) && h_equal(c, &m, v));
+	}
+	CHECK(s.apply_failures >= 1);
+	dcast_consumer_close(&c);
+	cudaFree(dev);
+	dcast_producer_close(&p);
+	h_model_free(&m);
+}
 #endif
 
 int main(void)
@@ -122,6 +174,7 @@ int main(void)
 	} else {
 #ifdef DCAST_HAVE_CUDA
 		test_device(&b);
+		test_device_slice(&b);
 #endif
 	}
 	h_broker_stop(&b);

@@ -30,7 +30,7 @@ int main(void)
 	END();
 	BEGIN(dcast_tensor_desc, "tensor_desc");
 	FIELD(dcast_tensor_desc, name); FIELD(dcast_tensor_desc, dtype);
-	FIELD(dcast_tensor_desc, ndim); FIELD(dcast_tensor_desc, shape);
+	FIELD(dcast_tensor_desc, ndim); FIELD(dcast_tensor_desc, shape); FIELD(dcast_tensor_desc, grid);
 	END();
 	BEGIN(dcast_consumer_stats, "consumer_stats");
 	FIELD(dcast_consumer_stats, version); FIELD(dcast_consumer_stats, anchor);

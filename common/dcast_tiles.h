@@ -40,6 +40,9 @@ typedef struct dcast_box {
  * checks them).  Never fails. */
 void dcast_tiles_init(dcast_tiles *m, const dcast_tensor_desc *d);
 
+/* Do a and b have the same grid (0 and 1 alike: untiled)? */
+int dcast_grid_same(const dcast_tensor_desc *a, const dcast_tensor_desc *b);
+
 /* Wire index of natural index n (< m->elems); *run: the elements from n on
  * that are contiguous in both orders. */
 uint64_t dcast_tiles_to_wire(const dcast_tiles *m, uint64_t n, uint64_t *run);

@@ -47,6 +47,14 @@ void dcast_tiles_init(dcast_tiles *m, const dcast_tensor_desc *d)
 		m->inner *= m->shape[i];
 }
 
+int dcast_grid_same(const dcast_tensor_desc *a, const dcast_tensor_desc *b)
+{
+	for (uint32_t d = 0; d < DCAST_MAX_DIMS; d++)
+		if ((a->grid[d] ? a->grid[d] : 1) != (b->grid[d] ? b->grid[d] : 1))
+			return 0;
+	return 1;
+}
+
 uint64_t dcast_tiles_to_wire(const dcast_tiles *m, uint64_t n, uint64_t *run)
 {
 	uint64_t x[DCAST_MAX_DIMS], t = 0, in = 0;

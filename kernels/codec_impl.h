@@ -573,11 +573,6 @@ extern "C" {
 int dcast_codec_check_info(const dcast_chunk_info *info, const void *payload, const void *dst);
 /* The structural checks of an idx32 / bitmask payload (codec.c). */
 int dcast_idx32_check(const dcast_chunk_info *info, const uint8_t *pl);
-/* Positions (0..count) of the changed elements of a sparse payload, in
- * increasing order, into pos (info->changed entries, the caller's).  The
- * payload is checked as dcast_codec_apply checks it.  Errors: those of
- * dcast_codec_apply; DCAST_EINVAL for a dense payload. */
-int dcast_codec_positions(const dcast_chunk_info *info, const void *payload, uint32_t *pos);
 int dcast_bitmask_check(const dcast_chunk_info *info, const uint8_t *pl);
 /* payload_bytes == want, else DCAST_EPAYLOAD_SIZE naming the encoding. */
 int dcast_codec_check_size(const dcast_chunk_info *info, uint64_t want);

@@ -14,7 +14,7 @@ import ctypes
 import logging
 import os
 import threading
-from typing import Any, List, Optional, Union
+from typing import Any, List, Optional, Tuple, Union
 
 log = logging.getLogger("deltacast")
 
@@ -224,6 +224,19 @@ def need_int(what: str, value: Any, lo: int, hi: Optional[int] = None) -> int:
         bound = f"at least {lo}" if hi is None else f"in [{lo}, {hi}]"
         raise fail("DCAST_EINVAL", f"{what} must be {bound}, got {value}")
     return value
+
+
+def need_dims(what: str, dims: Any) -> Tuple[int, ...]:
+    """A sequence of ints >= 0 (a shape, an offset) as a tuple, or
+    DeltacastArgumentError naming `what`."""
+    if isinstance(dims, (str, bytes)) or not hasattr(dims, "__iter__"):
+        raise fail("DCAST_EINVAL", f"{what} must be a sequence of ints, got {dims!r}")
+    out = []
+    for d in dims:  # numpy and torch integer scalars count as ints
+        if hasattr(d, "__index__") and not isinstance(d, (bool, int)):
+            d = d.__index__()
+        out.append(need_int(what, d, 0))
+    return tuple(out)
 
 
 def curve_keys(server: Any, public: Any, secret: Any) -> List[Optional[bytes]]:

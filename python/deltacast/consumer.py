@@ -24,6 +24,13 @@ uint8) and its shape must equal the published shape; anything else raises
 DeltacastArgumentError naming the tensor, so weights are never filled with
 reinterpreted bytes.
 
+Tensors that the producers publish as tensor-parallel slices
+(Producer.register_slice) are "tiled": the consumer sees them in their
+natural layout whatever the producers' split.  bind() binds one whole;
+bind_slice() binds any box of it (the block a worker rank of another TP
+degree holds), kept up to date by every apply(); read_slice() copies a box
+out; grid() tells the producers' split.
+
 The staging budget (pinned pool plus broker credit) defaults to four times
 the model's bytes, clamped to [16 MiB, 256 MiB], when the size is known
 (model_bytes=, or DIR/model.safetensors from an earlier run), else 64 MiB.
@@ -34,10 +41,11 @@ from __future__ import annotations
 import ctypes
 import os
 import struct
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 from . import _dtypes
-from ._lib import Closable, check, curve_keys, fail, lib, need_endpoint, need_int, need_str
+from ._lib import (Closable, check, curve_keys, fail, lib, need_dims, need_endpoint, need_int,
+                   need_str)
 
 VERSION_NONE = (1 << 64) - 1
 MEM_HOST, MEM_CUDA = 0, 1
@@ -96,6 +104,10 @@ def _declare(l):
                                       ctypes.POINTER(_Opts), ctypes.POINTER(vp)]
     l.dcast_consumer_close.argtypes = [ctypes.POINTER(vp)]
     l.dcast_consumer_bind.argtypes = [vp, ctypes.c_char_p, vp, i, u64]
+    l.dcast_consumer_bind_slice.argtypes = [vp, ctypes.c_char_p, vp, i, u32, ctypes.POINTER(u64),
+                                            ctypes.POINTER(u64), u64]
+    l.dcast_consumer_read_slice.argtypes = [vp, ctypes.c_char_p, u32, ctypes.POINTER(u64),
+                                            ctypes.POINTER(u64), vp, u64]
     l.dcast_consumer_tensor.argtypes = [vp, ctypes.c_char_p, ctypes.POINTER(vp),
                                         ctypes.POINTER(_Desc), ctypes.POINTER(i)]
     l.dcast_consumer_tensor_count.argtypes = [vp]
@@ -138,20 +150,34 @@ def default_budget(model_bytes: Optional[int]) -> int:
     return min(BUDGET_MAX, max(BUDGET_MIN, want))
 
 
-def _pointer(name: str, array: Any) -> Tuple[int, int, int]:
+def _pointer(name: str, array: Any, call: str = "bind") -> Tuple[int, int, int]:
     """(address, bytes, memory kind) of a bindable array or tensor."""
     if _dtypes.is_torch(array):
         if not array.is_contiguous():
-            raise fail("DCAST_EINVAL", f"bind {name}: torch tensor is not contiguous")
+            raise fail("DCAST_EINVAL", f"{call} {name}: torch tensor is not contiguous")
         mem = MEM_CUDA if array.is_cuda else MEM_HOST
         return array.data_ptr(), array.numel() * array.element_size(), mem
     flags = getattr(array, "flags", None)
-    if flags is None:
-        raise fail("DCAST_EINVAL", f"bind {name}: need a numpy array or a torch tensor, "
+    if flags is None or not hasattr(array, "dtype"):
+        raise fail("DCAST_EINVAL", f"{call} {name}: need a numpy array or a torch tensor, "
                                    f"got {type(array).__name__}")
     if not flags["C_CONTIGUOUS"] or not flags["WRITEABLE"]:
-        raise fail("DCAST_EINVAL", f"bind {name}: numpy array must be C-contiguous and writeable")
+        raise fail("DCAST_EINVAL", f"{call} {name}: numpy array must be C-contiguous and "
+                                   "writeable")
     return array.ctypes.data, array.nbytes, MEM_HOST
+
+
+def _check_box(call: str, name: str, shape: Tuple[int, ...], offset: Tuple[int, ...],
+               extent: Tuple[int, ...]) -> None:
+    """DeltacastArgumentError (DCAST_ESHAPE) unless the box lies in the tensor."""
+    if len(offset) != len(shape) or len(extent) != len(shape):
+        raise fail("DCAST_ESHAPE", f"{call} {name}: the tensor has shape {shape}, the box "
+                                   f"offset {offset} extent {extent} (as many dims needed)")
+    for d, (o, e, s) in enumerate(zip(offset, extent, shape)):
+        if o + e > s:
+            raise fail("DCAST_ESHAPE", f"{call} {name}: the box offset {offset} extent {extent} "
+                                       f"is outside the tensor's shape {shape} (dim {d}: "
+                                       f"[{o}, {o + e}) of {s})")
 
 
 class Consumer(Closable):
@@ -177,6 +203,7 @@ class Consumer(Closable):
                  curve_secret_key: Union[str, bytes, None] = None) -> None:
         self._c: Optional[ctypes.c_void_p] = None
         self._bound: dict = {}
+        self._bound_slices: List[Any] = []
         ep = need_endpoint("Consumer: broker", broker)
         mb = need_str("Consumer: model", model, 255)
         if not isinstance(dir, (str, os.PathLike)) or not os.fspath(dir):
@@ -233,23 +260,48 @@ class Consumer(Closable):
             out.append(d.name.decode())
         return out
 
-    def _desc(self, name: str) -> Tuple[int, str, Tuple[int, ...], int]:
+    def _desc_grid(self, name: str) -> Tuple[int, str, Tuple[int, ...], int,
+                                             Optional[Tuple[int, ...]]]:
+        """(address, wire dtype, shape, memory kind, grid or None when untiled)."""
         ptr, d, mem = ctypes.c_void_p(), _Desc(), ctypes.c_int()
         check(self._l.dcast_consumer_tensor(self._live(), need_str("tensor name", name),
                                             ctypes.byref(ptr), ctypes.byref(d), ctypes.byref(mem)))
         dtype = _dtypes.WIRE[d.dtype]
-        return ptr.value or 0, dtype, tuple(int(d.shape[i]) for i in range(d.ndim)), mem.value
+        grid = tuple(max(1, int(d.grid[i])) for i in range(d.ndim))
+        return (ptr.value or 0, dtype, tuple(int(d.shape[i]) for i in range(d.ndim)), mem.value,
+                grid if any(g > 1 for g in grid) else None)
+
+    def _desc(self, name: str) -> Tuple[int, str, Tuple[int, ...], int]:
+        return self._desc_grid(name)[:4]
 
     def describe(self, name: str) -> Tuple[str, Tuple[int, ...]]:
         """(wire dtype, shape) of tensor `name` in the manifest, e.g. ("BF16", (64, 32))."""
         _, dtype, shape, _ = self._desc(name)
         return dtype, shape
 
+    def grid(self, name: str) -> Optional[Tuple[int, ...]]:
+        """Tiles per dimension of tensor `name` when the producers publish
+        it as tensor-parallel slices (e.g. (1, 4): four column blocks), or
+        None for an untiled tensor."""
+        return self._desc_grid(name)[4]
+
     def tensor(self, name: str) -> Any:
-        """A numpy view of the live host tensor `name` (bf16/fp8 as uint bit
-        patterns).  Valid until close() or bind(); changes only in apply()."""
+        """The live host tensor `name` as a numpy array (bf16/fp8 as uint bit
+        patterns), in its natural row-major layout.
+
+        Untiled tensors: a view of the consumer's memory, valid until close()
+        or bind(); it changes only in apply().  Tiled tensors (grid() not
+        None: published as tensor-parallel slices) are held in the
+        producers' tile order, so this returns a read-only COPY in natural
+        layout (read_slice(name)): it does not follow later versions; call
+        tensor() again after apply(), or bind()/bind_slice() an array to
+        have one kept up to date."""
         import numpy as np
-        ptr, dtype, shape, mem = self._desc(name)
+        ptr, dtype, shape, mem, grid = self._desc_grid(name)
+        if grid is not None:
+            out = self.read_slice(name)
+            out.flags.writeable = False
+            return out
         if mem != MEM_HOST:
             raise fail("DCAST_EINVAL", f"tensor {name} lives on a CUDA device")
         n = 1
@@ -264,8 +316,11 @@ class Consumer(Closable):
         torch tensor, CPU or CUDA) the live tensor `name`; the current
         version is copied into it.  Its dtype must hold the manifest's dtype
         and its shape must equal the manifest's shape (DeltacastArgumentError
-        naming both otherwise).  Keep it alive until close()."""
-        _, dtype, shape, _ = self._desc(name)
+        naming both otherwise).  A tiled tensor (grid() not None) is bound
+        as a view in natural layout that every apply() updates (the
+        consumer keeps its own host copy too), like bind_slice() of the
+        whole box.  Keep it alive until close()."""
+        _, dtype, shape, _, grid = self._desc_grid(name)
         if not _dtypes.holds(array, dtype):
             raise fail("DCAST_EDTYPE", f"bind {name}: the model publishes {dtype}, the array is "
                                        f"{_dtypes.dtype_str(array)} (bind a {_dtypes.holders(dtype)})")
@@ -274,7 +329,74 @@ class Consumer(Closable):
                                        f"array has shape {_dtypes.shape_of(array)}")
         ptr, nbytes, mem = _pointer(name, array)
         check(self._l.dcast_consumer_bind(self._live(), name.encode(), ptr, mem, nbytes))
-        self._bound[name] = array
+        if grid is not None:  # a view: the C side takes any number of them
+            self._bound_slices.append(array)
+        else:
+            self._bound[name] = array
+
+    def bind_slice(self, name: str, array: Any, offset: Sequence[int]) -> None:
+        """Bind `array` (as for bind(): a C-contiguous, writeable numpy array
+        or a contiguous torch tensor, CPU or CUDA) as a box of tensor
+        `name`: the elements from index `offset` (one per dimension) on,
+        with the array's shape as the box's extent, row-major in the box.
+        E.g. a TP rank r of T holding a column block of a (R, C) weight:
+        bind_slice(name, local, (0, r * (C // T))) with local of shape
+        (R, C // T).  Any box works, whatever the producers' split (tiled
+        or not); several boxes of one tensor may be bound, overlapping or
+        not.  The current version is copied into it and every apply()
+        updates it.  The consumer keeps the whole tensor in host memory as
+        well.  Errors: DeltacastArgumentError for a dtype that does not hold
+        the manifest's (DCAST_EDTYPE) or a box outside the tensor or of
+        other dims (DCAST_ESHAPE); DeltacastError DCAST_ESTATE when the
+        tensor is bound whole with bind() (an untiled one; a tiled one may
+        be bound both ways).  Keep the array alive until close()."""
+        _, dtype, shape, _ = self._desc(name)
+        off = need_dims(f"bind_slice {name}: offset", offset)
+        ptr, nbytes, mem = _pointer(name, array, "bind_slice")
+        if not _dtypes.holds(array, dtype):
+            raise fail("DCAST_EDTYPE", f"bind_slice {name}: the model publishes {dtype}, the array "
+                                       f"is {_dtypes.dtype_str(array)} (bind a "
+                                       f"{_dtypes.holders(dtype)})")
+        extent = _dtypes.shape_of(array)
+        if not shape:
+            raise fail("DCAST_ESHAPE", f"bind_slice {name}: a scalar has no slices (use bind)")
+        _check_box("bind_slice", name, shape, off, extent)
+        if not nbytes:
+            raise fail("DCAST_ESHAPE", f"bind_slice {name}: the box offset {off} extent {extent} "
+                                       "holds no elements")
+        arr = ctypes.c_uint64 * len(shape)
+        check(self._l.dcast_consumer_bind_slice(self._live(), name.encode(), ptr, mem, len(shape),
+                                                arr(*off), arr(*extent), nbytes))
+        self._bound_slices.append(array)
+
+    def read_slice(self, name: str, offset: Optional[Sequence[int]] = None,
+                   shape: Optional[Sequence[int]] = None) -> Any:
+        """A numpy copy, in natural row-major layout, of the box of the live
+        tensor `name` starting at `offset` (default: all zeros) with shape
+        `shape` (default: the rest of the tensor from offset); both
+        defaults: the whole tensor.  bf16/fp8 come as uint bit patterns
+        (as tensor()).  Works for tiled and untiled tensors; an untiled
+        tensor bound whole to CUDA memory is not readable here (DCAST_ECUDA:
+        read the bound tensor).  Errors: DeltacastArgumentError
+        (DCAST_ESHAPE) for a box outside the tensor or of other dims."""
+        import numpy as np
+        _, dtype, tshape, _ = self._desc(name)
+        off = need_dims(f"read_slice {name}: offset", offset) if offset is not None \
+            else (0,) * len(tshape)
+        ext = need_dims(f"read_slice {name}: shape", shape) if shape is not None \
+            else tuple(s - o for s, o in zip(tshape, off)) if len(off) == len(tshape) else ()
+        _check_box("read_slice", name, tshape, off, ext)
+        out = np.empty(ext, dtype=np.dtype(_dtypes.numpy_view_dtype(dtype)))
+        arr = ctypes.c_uint64 * max(1, len(tshape))
+        if tshape:
+            check(self._l.dcast_consumer_read_slice(self._live(), name.encode(), len(tshape),
+                                                    arr(*off), arr(*ext),
+                                                    out.ctypes.data if out.nbytes else None,
+                                                    out.nbytes))
+        else:  # a scalar: the whole tensor
+            check(self._l.dcast_consumer_read_slice(self._live(), name.encode(), 0, None, None,
+                                                    out.ctypes.data, out.nbytes))
+        return out
 
     def bind_module(self, module: Any, *, buffers: bool = True,
                     name_map: Optional[Callable[[str], Optional[str]]] = None,
@@ -358,3 +480,4 @@ class Consumer(Closable):
         if self._c is not None and self._c.value:
             self._l.dcast_consumer_close(ctypes.byref(self._c))
         self._bound = {}
+        self._bound_slices = []

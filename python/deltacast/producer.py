@@ -5,6 +5,17 @@
         p.register("w", weights)          # numpy array or torch tensor
         p.publish(1); p.wait(1)
 
+A tensor-parallel rank registers its local shard as a tile of the global
+tensor with register_slice: a column-parallel weight split over 4 ranks,
+rank r holding `local` of shape (rows, cols // 4):
+
+        p = Producer(broker, "policy", part=r, parts=4)
+        p.register_slice("mlp.up.weight", local, shape=(rows, cols),
+                         offset=(0, r * (cols // 4)))
+
+Consumers see the tensor in its natural layout whatever the producers'
+split, and may bind any box of it (Consumer.bind_slice).
+
 numpy arrays must be C-contiguous; float32 -> F32, float16 -> F16, and
 uint16 holding bf16 bit patterns -> BF16 when dtype="bf16" is given.  torch
 tensors (CPU or CUDA, bfloat16 included) are passed by data_ptr().  The
@@ -25,7 +36,8 @@ import logging
 from typing import Any, Callable, Dict, Iterable, Optional, Sequence, Tuple, Union
 
 from . import _dtypes
-from ._lib import Closable, check, curve_keys, fail, lib, need_endpoint, need_int, need_str
+from ._lib import (Closable, check, curve_keys, fail, lib, need_dims, need_endpoint, need_int,
+                   need_str)
 
 MEM_HOST, MEM_CUDA = 0, 1
 VERSION_NONE = (1 << 64) - 1
@@ -59,6 +71,9 @@ def _declare(l: ctypes.CDLL) -> ctypes.CDLL:
                                       ctypes.POINTER(_Opts), ctypes.POINTER(vp)]
     l.dcast_producer_register.argtypes = [vp, ctypes.c_char_p, ctypes.c_int, u32,
                                           ctypes.POINTER(u64), vp, ctypes.c_int, u64, u64]
+    l.dcast_producer_register_slice.argtypes = [vp, ctypes.c_char_p, ctypes.c_int, u32,
+                                                ctypes.POINTER(u64), ctypes.POINTER(u64),
+                                                ctypes.POINTER(u64), vp, ctypes.c_int]
     l.dcast_producer_publish.argtypes = [vp, u64]
     l.dcast_producer_wait.argtypes = [vp, u64, ctypes.c_int]
     l.dcast_producer_stats_get.argtypes = [vp, ctypes.POINTER(Stats)]
@@ -66,47 +81,62 @@ def _declare(l: ctypes.CDLL) -> ctypes.CDLL:
     return l
 
 
-def _describe_numpy(name: str, a: Any, dtype: Optional[str]) -> Tuple[str, int, int]:
+def _describe_numpy(name: str, a: Any, dtype: Optional[str],
+                    call: str = "register") -> Tuple[str, int, int]:
     if not a.flags["C_CONTIGUOUS"]:
-        raise fail("DCAST_EINVAL", f"register {name}: numpy array is not C-contiguous "
+        raise fail("DCAST_EINVAL", f"{call} {name}: numpy array is not C-contiguous "
                                    "(use numpy.ascontiguousarray)")
     if dtype is not None:
         want = dtype.upper()
         if want not in _dtypes.CODE:
-            raise fail("DCAST_EDTYPE", f"register {name}: unknown dtype {dtype!r} "
+            raise fail("DCAST_EDTYPE", f"{call} {name}: unknown dtype {dtype!r} "
                                        f"(one of {', '.join(_dtypes.WIRE)})")
         if not _dtypes.holds(a, want):
-            raise fail("DCAST_EDTYPE", f"register {name}: dtype={dtype!r} needs a numpy "
+            raise fail("DCAST_EDTYPE", f"{call} {name}: dtype={dtype!r} needs a numpy "
                                        f"{' or '.join(_dtypes.NUMPY_OF[want])} array, got "
                                        f"{a.dtype.name}")
         return want, a.ctypes.data, MEM_HOST
     kind = _dtypes.wire_of(a)
     if kind is None:
-        raise fail("DCAST_EDTYPE", f"register {name}: numpy dtype {a.dtype.name} is not one the "
+        raise fail("DCAST_EDTYPE", f"{call} {name}: numpy dtype {a.dtype.name} is not one the "
                                    "codec takes (float32, float16, bf16 as uint16, 8/16/32-bit ints)")
     return kind, a.ctypes.data, MEM_HOST
 
 
-def _describe_torch(name: str, t: Any, dtype: Optional[str]) -> Tuple[str, int, int]:
+def _describe_torch(name: str, t: Any, dtype: Optional[str],
+                    call: str = "register") -> Tuple[str, int, int]:
     kind = _dtypes.wire_of(t)
     if dtype is not None and kind != dtype.upper():
-        raise fail("DCAST_EDTYPE", f"register {name}: dtype={dtype!r} does not match {t.dtype}")
+        raise fail("DCAST_EDTYPE", f"{call} {name}: dtype={dtype!r} does not match {t.dtype}")
     if kind is None:
-        raise fail("DCAST_EDTYPE", f"register {name}: torch dtype {t.dtype} is not one the codec "
+        raise fail("DCAST_EDTYPE", f"{call} {name}: torch dtype {t.dtype} is not one the codec "
                                    "takes (float32, float16, bfloat16, float8, 8/16/32-bit ints)")
     if not t.is_contiguous():
-        raise fail("DCAST_EINVAL", f"register {name}: torch tensor is not contiguous")
+        raise fail("DCAST_EINVAL", f"{call} {name}: torch tensor is not contiguous")
     return kind, t.data_ptr(), MEM_CUDA if t.is_cuda else MEM_HOST
 
 
+def _describe(call: str, name: str, tensor: Any, dtype: Optional[str]) -> Tuple[str, int, int]:
+    """(wire dtype, address, memory kind) of a numpy array or torch tensor."""
+    if _dtypes.is_torch(tensor):
+        return _describe_torch(name, tensor, dtype, call)
+    if hasattr(tensor, "flags") and hasattr(tensor, "dtype"):
+        return _describe_numpy(name, tensor, dtype, call)
+    raise fail("DCAST_EINVAL", f"{call} {name}: need a numpy array or a torch tensor, "
+                               f"got {type(tensor).__name__}")
+
+
 class _Entry:
-    """One registered tensor: what the C side was told, to notice moves."""
-    __slots__ = ("tensor", "kind", "shape", "gshape", "offset", "ptr", "mem")
+    """One registered tensor: what the C side was told, to notice moves.
+    box: the slice's offset for register_slice (shape is then its extent),
+    None for register."""
+    __slots__ = ("tensor", "kind", "shape", "gshape", "offset", "ptr", "mem", "box")
 
     def __init__(self, tensor: Any, kind: str, shape: Tuple[int, ...], gshape: Tuple[int, ...],
-                 offset: int, ptr: int, mem: int) -> None:
+                 offset: int, ptr: int, mem: int,
+                 box: Optional[Tuple[int, ...]] = None) -> None:
         self.tensor, self.kind, self.shape, self.gshape = tensor, kind, shape, gshape
-        self.offset, self.ptr, self.mem = offset, ptr, mem
+        self.offset, self.ptr, self.mem, self.box = offset, ptr, mem, box
 
 
 class Producer(Closable):
@@ -170,13 +200,7 @@ class Producer(Closable):
         p = self._live("register")
         nb = need_str("register: name", name, 255)
         need_int(f"register {name}: shard_offset", shard_offset, 0)
-        if _dtypes.is_torch(tensor):
-            kind, ptr, mem = _describe_torch(name, tensor, dtype)
-        elif hasattr(tensor, "flags") and hasattr(tensor, "dtype"):
-            kind, ptr, mem = _describe_numpy(name, tensor, dtype)
-        else:
-            raise fail("DCAST_EINVAL", f"register {name}: need a numpy array or a torch tensor, "
-                                       f"got {type(tensor).__name__}")
+        kind, ptr, mem = _describe("register", name, tensor, dtype)
         local = _dtypes.shape_of(tensor)
         gshape = tuple(need_int(f"register {name}: shape", d, 0) for d in shape) \
             if shape is not None else local
@@ -184,7 +208,68 @@ class Producer(Closable):
         self._register(p, nb, entry)
         self._entries[name] = entry  # the C side reads this memory at each publish
 
+    def register_slice(self, name: str, tensor: Any, shape: Sequence[int],
+                       offset: Sequence[int], dtype: Optional[str] = None, *,
+                       extent: Optional[Sequence[int]] = None) -> None:
+        """Register this part's tile of a tensor that the producer parts
+        hold as tensor-parallel slices.  `tensor`: the rank's local shard
+        (numpy array or torch tensor, contiguous, CPU or CUDA, as for
+        register()), the box of the global tensor starting at element
+        `offset` (one index per dimension) with the shard's shape as its
+        extent; `shape`: the global shape.  The box must be one tile of an
+        even grid: each extent divides its dimension and each offset is a
+        multiple of its extent (a column-parallel weight of shape (R, C)
+        over T ranks: rank r registers its (R, C // T) shard at offset
+        (0, r * (C // T))).  Every part registers every tiled tensor with
+        the same grid; a part that holds none of a tensor declares the grid
+        with tensor=None, dtype= and extent= (the tiles' shape).  Consumers
+        see the tensor in its natural layout.  A tensor replicated on every
+        rank is not sliced: part 0 registers it with register(), the others
+        register(name, empty, shape=...) with an empty shard.  Errors:
+        DeltacastArgumentError (DCAST_ESHAPE) for a box outside the tensor,
+        of other dims, or not a tile of an even grid; otherwise as
+        register().  Moved torch storage is followed at publish as for
+        register()."""
+        p = self._live("register_slice")
+        nb = need_str("register_slice: name", name, 255)
+        gshape = need_dims(f"register_slice {name}: shape", shape)
+        off = need_dims(f"register_slice {name}: offset", offset)
+        if tensor is None:
+            if dtype is None or extent is None:
+                raise fail("DCAST_EINVAL", f"register_slice {name}: a part that holds no tile "
+                                           "(tensor=None) declares the grid with dtype= and "
+                                           "extent=")
+            want = dtype.upper() if isinstance(dtype, str) else ""
+            if want not in _dtypes.CODE:
+                raise fail("DCAST_EDTYPE", f"register_slice {name}: unknown dtype {dtype!r} "
+                                           f"(one of {', '.join(_dtypes.WIRE)})")
+            kind, ptr, mem = want, 0, MEM_HOST
+            local = need_dims(f"register_slice {name}: extent", extent)
+        else:
+            kind, ptr, mem = _describe("register_slice", name, tensor, dtype)
+            local = _dtypes.shape_of(tensor)
+            if extent is not None and need_dims(f"register_slice {name}: extent", extent) != local:
+                raise fail("DCAST_ESHAPE", f"register_slice {name}: extent {tuple(extent)} is "
+                                           f"not the local shard's shape {local}")
+        if not gshape:
+            raise fail("DCAST_ESHAPE", f"register_slice {name}: a scalar has no slices "
+                                       "(register it with register())")
+        if len(off) != len(gshape) or len(local) != len(gshape):
+            raise fail("DCAST_ESHAPE", f"register_slice {name}: the global shape {gshape}, the "
+                                       f"offset {off} and the local shard's shape {local} must "
+                                       "have as many dims")
+        entry = _Entry(tensor, kind, local, gshape, 0, ptr, mem, box=off)
+        self._register(p, nb, entry)
+        self._entries[name] = entry  # the C side reads this memory at each publish
+
     def _register(self, p: ctypes.c_void_p, nb: bytes, e: _Entry) -> None:
+        if e.box is not None:
+            nd = len(e.gshape)
+            arr = ctypes.c_uint64 * max(1, nd)
+            check(self._l.dcast_producer_register_slice(
+                p, nb, _dtypes.CODE[e.kind], nd, arr(*e.gshape), arr(*e.box), arr(*e.shape),
+                e.ptr or None, e.mem))
+            return
         count = 1
         for d in e.shape:
             count *= d

@@ -166,7 +166,7 @@ static const struct {
 	[DCAST_DTYPE_F8_E5M2] = {"F8_E5M2", 1}, [DCAST_DTYPE_I8] = {"I8", 1},
 	[DCAST_DTYPE_U8] = {"U8", 1},       [DCAST_DTYPE_I16] = {"I16", 2},
 	[DCAST_DTYPE_U16] = {"U16", 2},     [DCAST_DTYPE_I32] = {"I32", 4},
-	[DCAST_DTYPE_U32] = {"U32", 4},
+	[DCAST_DTYPE_U32] = {"U32", 4},     [DCAST_DTYPE_BOOL] = {"BOOL", 1},
 };
 
 const char *dcast_dtype_name(int dtype)

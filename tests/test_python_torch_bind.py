@@ -47,6 +47,16 @@ def raises(cls, name, fn, *words):
     raise AssertionError(f"no {name}")
 
 
+def apply_until(c, version):
+    """Poll and apply until c holds `version` (10 s at most)."""
+    for _ in range(200):
+        if c.version == version:
+            return
+        if c.ready_version is not None:
+            c.apply(c.ready_version)
+        c.poll(50)
+
+
 def wait_names(c):
     for _ in range(200):
         if c.names():
@@ -99,12 +109,7 @@ def main():
                lambda: c.bind_module(Tiny().to(torch.float16)), "proj.weight")
         worker = Tiny().to(torch.bfloat16)
         assert sorted(c.bind_module(worker)) == ["proj.bias", "proj.weight", "scale"]
-        for _ in range(200):
-            if c.version == 1:
-                break
-            if c.ready_version is not None:
-                c.apply(c.ready_version)
-            c.poll(50)
+        apply_until(c, 1)
         assert c.version == 1
         assert torch.equal(worker.proj.weight, trainer.proj.weight)
 
@@ -115,12 +120,7 @@ def main():
         p.wait(2)
         assert p.stats().changed_elems >= 64 * 32, p.stats().changed_elems  # not `changed 0`
         assert any("proj.weight" in m and "moved" in m for m in records.messages), records.messages
-        for _ in range(200):
-            if c.version == 2:
-                break
-            if c.ready_version is not None:
-                c.apply(c.ready_version)
-            c.poll(50)
+        apply_until(c, 2)
         assert c.version == 2 and torch.equal(worker.proj.weight, trainer.proj.weight)
 
         # A shape change is not a move: refused.
@@ -140,10 +140,23 @@ def main():
         m.register_buffer("steps", torch.zeros(1, dtype=torch.int64))
         with Producer(prod_ep, "tiny3") as p3:
             raises(DeltacastArgumentError, "DCAST_EDTYPE", lambda: p3.register_module(m), "steps")
+        # A bool buffer (an attention mask) goes out as BOOL, bit-exact.
+        m.register_buffer("mask", torch.rand(40) > 0.5)
         with Producer(prod_ep, "tiny4") as p4:
             got = p4.register_module(m, filter=lambda n, t: t.dtype != torch.int64,
                                      name_map=lambda n: "model." + n)
             assert got["proj.weight"] == "model.proj.weight" and "steps" not in got
+            assert got["mask"] == "model.mask"
+            p4.publish(1)
+            p4.wait(1)
+            w4 = Tiny().to(torch.bfloat16)
+            w4.register_buffer("mask", torch.zeros(40, dtype=torch.bool))
+            with Consumer(cons_ep, "tiny4", os.path.join(tmp, "w4")) as c4:
+                wait_names(c4)
+                assert c4.describe("model.mask") == ("BOOL", (40,))
+                c4.bind_module(w4, name_map=lambda n: "model." + n)
+                apply_until(c4, 1)
+                assert c4.version == 1 and torch.equal(w4.mask, m.mask) and w4.mask.any()
         c.close()
         print("test_python_torch_bind: ok")
         return 0

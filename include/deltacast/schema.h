@@ -70,6 +70,7 @@ typedef enum dcast_dtype {
 	DCAST_DTYPE_U16,
 	DCAST_DTYPE_I32,
 	DCAST_DTYPE_U32,
+	DCAST_DTYPE_BOOL,       /* one byte, 0 or 1 (torch.bool, numpy bool_) */
 	DCAST_DTYPE_COUNT
 } dcast_dtype;
 

@@ -12,18 +12,21 @@
  *
  * The maps work in runs: element spans contiguous in both orders (at most
  * one tile row long along the last tiled dimension, times the elements of
- * the dimensions after it). */
+ * the dimensions after it).  Indices are wire elements: an 8-byte dtype's
+ * two lanes per value are one more, innermost dimension (never tiled). */
 #ifndef DCAST_TILES_H
 #define DCAST_TILES_H
 
 #include <stdint.h>
 #include "deltacast/schema.h"
 
+#define DCAST_TILES_DIMS (DCAST_MAX_DIMS + 1) /* the lanes dimension too */
+
 typedef struct dcast_tiles {
 	uint32_t ndim;                 /* at least 1 (a scalar is one element) */
 	uint32_t k;                    /* the last dimension cut into tiles */
 	int tiled;
-	uint64_t shape[DCAST_MAX_DIMS], tile[DCAST_MAX_DIMS], grid[DCAST_MAX_DIMS];
+	uint64_t shape[DCAST_TILES_DIMS], tile[DCAST_TILES_DIMS], grid[DCAST_TILES_DIMS];
 	uint64_t elems, tile_elems;
 	uint64_t inner;                /* elements of the dimensions after k */
 } dcast_tiles;
@@ -32,7 +35,7 @@ typedef struct dcast_tiles {
  * kept by its callers in row-major order of ext. */
 typedef struct dcast_box {
 	uint32_t ndim;
-	uint64_t off[DCAST_MAX_DIMS], ext[DCAST_MAX_DIMS];
+	uint64_t off[DCAST_TILES_DIMS], ext[DCAST_TILES_DIMS];
 	uint64_t elems;
 } dcast_box;
 
@@ -50,8 +53,8 @@ uint64_t dcast_tiles_to_wire(const dcast_tiles *m, uint64_t n, uint64_t *run);
 /* Natural index of wire index w (< m->elems); *run as above. */
 uint64_t dcast_tiles_to_natural(const dcast_tiles *m, uint64_t w, uint64_t *run);
 
-/* Fill *b from ndim offsets and extents (both NULL, ndim 0: the whole
- * tensor) and check it lies inside tensor d.  `what` names the caller in
+/* Fill *b from ndim offsets and extents in values (both NULL, ndim 0: the
+ * whole tensor) and check it lies inside tensor d.  `what` names the caller in
  * the error.  Errors: DCAST_EINVAL (NULL arrays with ndim > 0),
  * DCAST_ESHAPE (ndim not the tensor's, a box outside it). */
 int dcast_box_init(dcast_box *b, const dcast_tensor_desc *d, uint32_t ndim, const uint64_t *off,

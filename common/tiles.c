@@ -29,12 +29,15 @@ static uint64_t lin(const uint64_t *x, const uint64_t *dims, uint32_t n)
 
 void dcast_tiles_init(dcast_tiles *m, const dcast_tensor_desc *d)
 {
+	unsigned lanes = dcast_dtype_lanes((int)d->dtype);
+
 	memset(m, 0, sizeof(*m));
-	m->ndim = d->ndim ? d->ndim : 1;
+	m->ndim = (d->ndim ? d->ndim : 1) + (lanes > 1);
 	m->elems = m->tile_elems = m->inner = 1;
 	for (uint32_t i = 0; i < m->ndim; i++) {
-		m->shape[i] = d->ndim ? d->shape[i] : 1;
-		m->grid[i] = d->ndim && d->grid[i] ? d->grid[i] : 1;
+		int lane_dim = lanes > 1 && i == m->ndim - 1;
+		m->shape[i] = lane_dim ? lanes : d->ndim ? d->shape[i] : 1;
+		m->grid[i] = !lane_dim && d->ndim && d->grid[i] ? d->grid[i] : 1;
 		m->tile[i] = m->shape[i] / m->grid[i];
 		m->elems *= m->shape[i];
 		m->tile_elems *= m->tile[i];
@@ -57,7 +60,7 @@ int dcast_grid_same(const dcast_tensor_desc *a, const dcast_tensor_desc *b)
 
 uint64_t dcast_tiles_to_wire(const dcast_tiles *m, uint64_t n, uint64_t *run)
 {
-	uint64_t x[DCAST_MAX_DIMS], t = 0, in = 0;
+	uint64_t x[DCAST_TILES_DIMS], t = 0, in = 0;
 
 	if (!m->tiled) {
 		*run = m->elems - n;
@@ -74,7 +77,7 @@ uint64_t dcast_tiles_to_wire(const dcast_tiles *m, uint64_t n, uint64_t *run)
 
 uint64_t dcast_tiles_to_natural(const dcast_tiles *m, uint64_t w, uint64_t *run)
 {
-	uint64_t q[DCAST_MAX_DIMS] = {0}, r[DCAST_MAX_DIMS] = {0}, in;
+	uint64_t q[DCAST_TILES_DIMS] = {0}, r[DCAST_TILES_DIMS] = {0}, in;
 
 	if (!m->tiled) {
 		*run = m->elems - w;
@@ -104,8 +107,9 @@ int dcast_box_init(dcast_box *b, const dcast_tensor_desc *d, uint32_t ndim, cons
 	b->ndim = m.ndim;
 	b->elems = 1;
 	for (uint32_t i = 0; i < m.ndim; i++) {
-		b->off[i] = ndim ? off[i] : 0;
-		b->ext[i] = ndim ? ext[i] : m.shape[i];
+		int given = ndim && i < ndim; /* not the lanes dimension */
+		b->off[i] = given ? off[i] : 0;
+		b->ext[i] = given ? ext[i] : m.shape[i];
 		if (b->off[i] > m.shape[i] || b->ext[i] > m.shape[i] - b->off[i])
 			return dcast_fail(DCAST_ESHAPE, "%s %s: dim %u, [%llu, +%llu) outside its %llu", what,
 					  d->name, i, (unsigned long long)b->off[i],
@@ -118,7 +122,7 @@ int dcast_box_init(dcast_box *b, const dcast_tensor_desc *d, uint32_t ndim, cons
 int dcast_box_is_tile(const dcast_box *b, const dcast_tensor_desc *d, uint64_t *tile_index)
 {
 	dcast_tiles m;
-	uint64_t q[DCAST_MAX_DIMS], g[DCAST_MAX_DIMS];
+	uint64_t q[DCAST_TILES_DIMS], g[DCAST_TILES_DIMS];
 
 	dcast_tiles_init(&m, d);
 	for (uint32_t i = 0; i < b->ndim; i++) {
@@ -134,7 +138,7 @@ int dcast_box_is_tile(const dcast_box *b, const dcast_tensor_desc *d, uint64_t *
 /* Box index of natural index n, or UINT64_MAX outside. */
 static uint64_t box_index(const dcast_tiles *m, const dcast_box *b, uint64_t n)
 {
-	uint64_t x[DCAST_MAX_DIMS];
+	uint64_t x[DCAST_TILES_DIMS];
 
 	unlin(n, m->shape, m->ndim, x);
 	for (uint32_t d = 0; d < m->ndim; d++) {
@@ -168,7 +172,7 @@ static int row_runs(const dcast_tiles *m, uint64_t n, uint64_t len, uint64_t bi,
 int dcast_tiles_box_runs(const dcast_tiles *m, const dcast_box *b, dcast_run_fn fn, void *ctx)
 {
 	uint32_t last = b->ndim - 1;
-	uint64_t x[DCAST_MAX_DIMS], rows = b->elems ? b->elems / b->ext[last] : 0;
+	uint64_t x[DCAST_TILES_DIMS], rows = b->elems ? b->elems / b->ext[last] : 0;
 	int rc = 0;
 
 	for (uint64_t r = 0; r < rows && !rc; r++) {

@@ -143,14 +143,14 @@ static int describe(prod_tensor *t, const char *name, int dtype, uint32_t ndim,
 	uint64_t elems = 1;
 
 	if (dtype < 0 || dtype >= DCAST_DTYPE_COUNT)
-		return dcast_fail(DCAST_EDTYPE, "register %s: dtype %d is not one the codec takes "
-				  "(BF16, F16, F32, F8_*, I8..U32)", name, dtype);
+		return dcast_fail(DCAST_EDTYPE, "register %s: dtype %d is not one deltacast carries "
+				  "(BF16, F16, F32, F8_*, I8..U32, BOOL, I64, U64, F64)", name, dtype);
 	if (ndim > DCAST_MAX_DIMS || (ndim && !shape))
 		return dcast_fail(DCAST_ESHAPE, "register %s: %u dims (at most %d) or NULL shape",
 				  name, ndim, DCAST_MAX_DIMS);
 	for (uint32_t d = 0; d < ndim; d++) {
-		if (shape[d] && elems > DCAST_MAX_TENSOR_ELEMS / shape[d])
-			return dcast_fail(DCAST_ESHAPE, "register %s: more than 2^48 elements", name);
+		if (shape[d] && elems > DCAST_MAX_TENSOR_ELEMS / dcast_dtype_lanes(dtype) / shape[d])
+			return dcast_fail(DCAST_ESHAPE, "register %s: more than 2^48 wire elements", name);
 		elems *= shape[d];
 	}
 	if (off > elems || count > elems - off)
@@ -163,9 +163,9 @@ static int describe(prod_tensor *t, const char *name, int dtype, uint32_t ndim,
 	t->desc.ndim = ndim;
 	if (ndim)
 		memcpy(t->desc.shape, shape, ndim * sizeof(shape[0]));
-	t->elem_size = dcast_dtype_size(dtype);
-	t->shard_off = off;
-	t->shard_count = count;
+	t->elem_size = dcast_dtype_size(dtype); /* wire elements from here on */
+	t->shard_off = off * dcast_dtype_lanes(dtype);
+	t->shard_count = count * dcast_dtype_lanes(dtype);
 	return 0;
 }
 

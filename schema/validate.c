@@ -73,7 +73,7 @@ static int check_str(const struct field *f, const char *s, const char *path)
 
 static int check_shape(const dcast_tensor_desc *t, const char *path)
 {
-	uint64_t n = 1;
+	uint64_t n = dcast_dtype_lanes((int)t->dtype) ? dcast_dtype_lanes((int)t->dtype) : 1;
 
 	if (t->ndim > DCAST_MAX_DIMS)
 		return dcast_fail(DCAST_ETOO_LARGE, "%s.shape: %u dims exceeds DCAST_MAX_DIMS (%d)",

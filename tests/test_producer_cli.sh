@@ -47,6 +47,40 @@ a, b = load(sys.argv[1]), load(sys.argv[2])
 assert a.keys() == b.keys() and all(a[k] == b[k] for k in a), "tensors differ"
 PYEOF
 
+# int64, float64 and bool tensors (8-byte values as two wire elements each)
+"$PY" - "$tmp" <<'PYEOF'
+import json, struct, sys
+import numpy as np
+def save(path, ts):
+    h, blob = {}, b""
+    for name, a in ts.items():
+        h[name] = {"dtype": {"int64": "I64", "float64": "F64", "bool": "BOOL"}[a.dtype.name],
+                   "shape": list(a.shape), "data_offsets": [len(blob), len(blob) + a.nbytes]}
+        blob += a.tobytes()
+    h = json.dumps(h).encode(); h += b" " * (-len(h) % 8)
+    open(path, "wb").write(struct.pack("<Q", len(h)) + h + blob)
+rng = np.random.default_rng(5)
+ts = {"steps": np.array([(1 << 40) + 7, -3, 12], np.int64), "stat": rng.standard_normal((4, 5)),
+      "mask": rng.random(16) > 0.5}
+save(sys.argv[1] + "/w1.safetensors", ts)
+ts["steps"] += 1; ts["stat"][1, 2] = 0.5; ts["mask"][3] = not ts["mask"][3]
+save(sys.argv[1] + "/w2.safetensors", ts)
+PYEOF
+"$B/deltacast" publish --broker "$ep" --model wide "$tmp/w1.safetensors" "$tmp/w2.safetensors" \
+	2>"$tmp/wide.log" || { cat "$tmp/wide.log"; fail "publish int64/float64/bool"; }
+"$B/tools/producer_reader" --endpoint "tcp://127.0.0.1:$((port + 1))" --model wide --until 2 \
+	--out "$tmp/wide.safetensors" >/dev/null || fail "reader of int64/float64/bool"
+"$PY" - "$tmp/wide.safetensors" "$tmp/w2.safetensors" <<'PYEOF' || fail "int64/float64/bool differ"
+import json, struct, sys
+def load(p):
+    b = open(p, "rb").read(); n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n])
+    return {k: (v["dtype"], b[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]])
+            for k, v in h.items() if k != "__metadata__"}
+a, b = load(sys.argv[1]), load(sys.argv[2])
+assert a == b, "tensors differ"
+PYEOF
+grep -q '^version 2 delta' "$tmp/wide.log" || { cat "$tmp/wide.log"; fail "version 2 not a delta"; }
+
 # versions must increase: the broker's newest is 4
 "$B/deltacast" publish --broker "$ep" --model cli "$tmp/trace/v0000.safetensors" 2>"$tmp/err.log" &&
 	fail "republishing version 1 succeeded"

@@ -113,7 +113,7 @@ def main():
         f32 = rng.standard_normal(70000).astype(np.float32)
         f16 = rng.standard_normal((10, 33)).astype(np.float16)
         with Producer(prod_ep, "pymodel", range_elems=1 << 18, encode_threads=2) as p:
-            expect_error("DCAST_EDTYPE", lambda: p.register("bad", np.zeros(4, np.float64)))
+            expect_error("DCAST_EDTYPE", lambda: p.register("bad", np.zeros(4, np.complex64)))
             expect_error("DCAST_EINVAL", lambda: p.register("nc", f16[:, ::2]))
             expect_error("DCAST_EDTYPE", lambda: p.register("x", f32, dtype="bf16"))
             p.register("w", w, dtype="bf16")

@@ -137,26 +137,47 @@ def main():
             raises(DeltacastError, "DCAST_ESTATE", lambda: p2.publish(2), "proj.weight", "moved")
         # Unsupported buffers name the tensor; filter skips them.
         m = Tiny().to(torch.bfloat16)
-        m.register_buffer("steps", torch.zeros(1, dtype=torch.int64))
+        m.register_buffer("phase", torch.zeros(3, dtype=torch.complex64))
         with Producer(prod_ep, "tiny3") as p3:
-            raises(DeltacastArgumentError, "DCAST_EDTYPE", lambda: p3.register_module(m), "steps")
-        # A bool buffer (an attention mask) goes out as BOOL, bit-exact.
+            raises(DeltacastArgumentError, "DCAST_EDTYPE", lambda: p3.register_module(m), "phase")
+        # bool, int64 and float64 buffers (a mask, a step counter, position
+        # ids, a running statistic) go out bit-exact; int64 and float64 as
+        # two wire elements per value.
         m.register_buffer("mask", torch.rand(40) > 0.5)
+        m.register_buffer("steps", torch.tensor([(1 << 40) + 7, -3], dtype=torch.int64))
+        m.register_buffer("pos", torch.arange(1000, dtype=torch.int64) * 3_000_000_000)
+        m.register_buffer("stat", torch.randn(5, 7, dtype=torch.float64))
         with Producer(prod_ep, "tiny4") as p4:
-            got = p4.register_module(m, filter=lambda n, t: t.dtype != torch.int64,
+            got = p4.register_module(m, filter=lambda n, t: t.dtype != torch.complex64,
                                      name_map=lambda n: "model." + n)
-            assert got["proj.weight"] == "model.proj.weight" and "steps" not in got
-            assert got["mask"] == "model.mask"
+            assert got["proj.weight"] == "model.proj.weight" and "phase" not in got
+            assert got["mask"] == "model.mask" and got["steps"] == "model.steps"
             p4.publish(1)
             p4.wait(1)
             w4 = Tiny().to(torch.bfloat16)
             w4.register_buffer("mask", torch.zeros(40, dtype=torch.bool))
+            w4.register_buffer("steps", torch.zeros(2, dtype=torch.int64))
+            w4.register_buffer("pos", torch.zeros(1000, dtype=torch.int64))
+            w4.register_buffer("stat", torch.zeros(5, 7, dtype=torch.float64))
             with Consumer(cons_ep, "tiny4", os.path.join(tmp, "w4")) as c4:
                 wait_names(c4)
                 assert c4.describe("model.mask") == ("BOOL", (40,))
                 c4.bind_module(w4, name_map=lambda n: "model." + n)
                 apply_until(c4, 1)
+                assert c4.describe("model.steps") == ("I64", (2,))
+                assert c4.describe("model.stat") == ("F64", (5, 7))
                 assert c4.version == 1 and torch.equal(w4.mask, m.mask) and w4.mask.any()
+                for name in ("steps", "pos", "stat"):
+                    assert torch.equal(getattr(w4, name), getattr(m, name)), name
+                # a delta: the counter steps, a few positions move
+                m.steps += 1
+                m.pos[::97] += 1
+                p4.publish(2)
+                p4.wait(2)
+                assert p4.stats().changed_elems <= 2 * (2 + 11), p4.stats().changed_elems
+                apply_until(c4, 2)
+                for name in ("steps", "pos", "stat"):
+                    assert torch.equal(getattr(w4, name), getattr(m, name)), name
         c.close()
         print("test_python_torch_bind: ok")
         return 0

@@ -51,6 +51,9 @@ class Model(torch.nn.Module):
         self.up = torch.nn.Linear(d, h)
         self.down = torch.nn.Linear(h, d)
         self.head = torch.nn.Linear(d, out, bias=False)
+        # an int64 buffer split on dim 1 (8-byte values: two wire elements)
+        self.register_buffer("pos", torch.arange(16 * 8, dtype=torch.int64).reshape(16, 8)
+                             * 3_000_000_007)
         self.up.to(torch.bfloat16)
         self.down.to(torch.bfloat16)
 
@@ -66,7 +69,8 @@ class Model(torch.nn.Module):
 SPLIT = {"norm.weight": (None, None), "norm.bias": (None, None),
          "up.weight": (0, None), "up.bias": (0, None),
          "down.weight": (1, None), "down.bias": (None, None),
-         "head.weight": (0, 2)}
+         "head.weight": (0, 2), "pos": (1, None)}
+WIRE_NAME = {torch.bfloat16: "bf16", torch.float32: "f32", torch.int64: "i64"}
 
 
 def box_of(shape, dim, rank, ranks):
@@ -84,11 +88,12 @@ def index(off, ext):
 
 def bits(t):
     """The bit patterns of a torch tensor or numpy array, as numpy."""
+    unsigned = {2: np.uint16, 4: np.uint32, 8: np.uint64}
     if isinstance(t, np.ndarray):
-        return t.view({2: np.uint16, 4: np.uint32}[t.itemsize])
+        return t.view(unsigned[t.itemsize])
     t = t.detach().cpu().contiguous()
-    width = {2: torch.int16, 4: torch.int32}[t.element_size()]
-    return t.view(width).numpy().view({2: np.uint16, 4: np.uint32}[t.element_size()])
+    width = {2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
+    return t.view(width).numpy().view(unsigned[t.element_size()])
 
 
 def same(a, b, what):
@@ -137,8 +142,7 @@ class Rank:
             off, ext = box_of(tuple(full.shape), dim, part // every, tiles)
             if part % every:  # holds no tile: declares the grid
                 self.p.register_slice(name, None, tuple(full.shape), off,
-                                      dtype="bf16" if full.dtype == torch.bfloat16 else "f32",
-                                      extent=ext)
+                                      dtype=WIRE_NAME[full.dtype], extent=ext)
                 continue
             local = full[index(off, ext)].clone()
             self.p.register_slice(name, local, full.shape, off)
@@ -212,7 +216,7 @@ def run_in(stack, prod_ep, cons_ep, tmp, parts, wtp, records):
     torch.manual_seed(parts)
     gen = torch.Generator().manual_seed(100 + parts)
     trainer = Model()
-    ref = {n: t.detach() for n, t in trainer.named_parameters()}
+    ref = {n: t.detach() for n, t in [*trainer.named_parameters(), *trainer.named_buffers()]}
     ranks = []
     for r in range(parts):
         ranks.append(Rank(prod_ep, model, r, parts, ref))
@@ -234,10 +238,11 @@ def run_in(stack, prod_ep, cons_ep, tmp, parts, wtp, records):
     # TP-1 worker: a full-shape model, bound before the first apply.
     worker = Model()
     with torch.no_grad():
-        for t in worker.parameters():
+        for t in [*worker.parameters(), *worker.buffers()]:
             t.zero_()
     assert sorted(whole.bind_module(worker)) == sorted(SPLIT)
-    wparams = dict(worker.named_parameters())
+    assert whole.describe("pos") == ("I64", (16, 8)) and whole.grid("pos") == (1, parts)
+    wparams = dict([*worker.named_parameters(), *worker.named_buffers()])
     # bad binds name the problem
     raises(DeltacastArgumentError, "DCAST_ESHAPE",
            lambda: whole.bind_slice("up.weight", torch.zeros(64, 64, dtype=torch.bfloat16),

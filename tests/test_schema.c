@@ -204,6 +204,11 @@ static void test_extension_and_errors(void)
 	CHECK_ERR(dcast_msg_validate(&m), DCAST_EMSG_TYPE);
 	CHECK(strcmp(dcast_dtype_name(dcast_dtype_from_name("BF16")), "BF16") == 0);
 	CHECK(dcast_dtype_size(DCAST_DTYPE_F8_E4M3) == 1 && dcast_dtype_size(99) == 0);
+	/* 8-byte values: two 4-byte wire elements each */
+	dcast_tensor_desc t = {.dtype = DCAST_DTYPE_F64, .ndim = 2, .shape = {3, 5}};
+	CHECK(dcast_dtype_size(DCAST_DTYPE_I64) == 4 && dcast_dtype_lanes(DCAST_DTYPE_I64) == 2);
+	CHECK(dcast_dtype_lanes(DCAST_DTYPE_BOOL) == 1 && dcast_dtype_lanes(99) == 0);
+	CHECK(dcast_tensor_elems(&t) == 30 && dcast_dtype_from_name("U64") == DCAST_DTYPE_U64);
 }
 
 /* A BYE whose reason is `bytes` (n of them), as a peer could send it. */

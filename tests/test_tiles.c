@@ -1,17 +1,20 @@
 /* The tile order of tiled tensors (common/tiles.c) against a brute-force
  * model: for many shapes and grids, the wire index of every element is the
- * one the definition in docs/protocol.md gives, the two maps invert each
- * other, every run they report is contiguous in both orders, and the runs
+ * one the definition in docs/protocol.md gives (8-byte values as two
+ * lanes), the two maps invert each other, every run they report is contiguous in both orders, and the runs
  * of a box (whole, or of a wire range) visit each of its elements once. */
 #include <stdint.h>
 #include "check.h"
 #include "dcast_tiles.h"
 
-/* The definition, element by element: tiles row-major, each row-major. */
+/* The definition, element by element: tiles row-major, each row-major;
+ * an 8-byte value's two lanes stay together, low word first. */
 static uint64_t wire_of(const dcast_tensor_desc *d, uint64_t n)
 {
-	uint64_t x[DCAST_MAX_DIMS], t = 0, in = 0, te = 1;
+	uint64_t x[DCAST_MAX_DIMS], t = 0, in = 0, te = 1, lanes = dcast_dtype_lanes((int)d->dtype);
+	uint64_t lane = n % lanes;
 
+	n /= lanes;
 	for (uint32_t i = d->ndim; i-- > 0;) {
 		x[i] = n % d->shape[i];
 		n /= d->shape[i];
@@ -22,7 +25,7 @@ static uint64_t wire_of(const dcast_tensor_desc *d, uint64_t n)
 		in = in * tile + x[i] % tile;
 		te *= tile;
 	}
-	return t * te + in;
+	return (t * te + in) * lanes + lane;
 }
 
 static uint64_t rnd(uint64_t *s)
@@ -36,6 +39,7 @@ static void random_desc(dcast_tensor_desc *d, uint64_t *seed)
 {
 	memset(d, 0, sizeof(*d));
 	snprintf(d->name, sizeof(d->name), "t");
+	d->dtype = rnd(seed) % 3 ? DCAST_DTYPE_BF16 : DCAST_DTYPE_I64;
 	d->ndim = 1 + (uint32_t)(rnd(seed) % 4);
 	for (uint32_t i = 0; i < d->ndim; i++) {
 		d->grid[i] = 1 + (uint32_t)(rnd(seed) % 3);

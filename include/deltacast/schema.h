@@ -71,6 +71,11 @@ typedef enum dcast_dtype {
 	DCAST_DTYPE_I32,
 	DCAST_DTYPE_U32,
 	DCAST_DTYPE_BOOL,       /* one byte, 0 or 1 (torch.bool, numpy bool_) */
+	/* 8-byte values travel as two 4-byte wire elements each, low word
+	 * first (the same bytes, little-endian): docs/protocol.md, MANIFEST. */
+	DCAST_DTYPE_I64,
+	DCAST_DTYPE_U64,
+	DCAST_DTYPE_F64,
 	DCAST_DTYPE_COUNT
 } dcast_dtype;
 
@@ -258,12 +263,16 @@ DCAST_API int dcast_chunk_verify_sum(const dcast_chunk *c, uint64_t payload_sum)
 DCAST_API const char *dcast_msg_type_name(int type);
 DCAST_API const char *dcast_dtype_name(int dtype);
 
-/* dtype from its wire name; -1 if unknown.  Element size in bytes, 0 if
- * the dtype is unknown. */
+/* dtype from its wire name; -1 if unknown.  dcast_dtype_size: bytes of
+ * one WIRE element (CHUNK.elem_size: 1, 2 or 4), 0 if the dtype is
+ * unknown; dcast_dtype_lanes: wire elements per value (1; 2 for the 8-byte
+ * dtypes I64, U64, F64), 0 if unknown. */
 DCAST_API int dcast_dtype_from_name(const char *name);
 DCAST_API unsigned dcast_dtype_size(int dtype);
+DCAST_API unsigned dcast_dtype_lanes(int dtype);
 
-/* Elements of a tensor (product of its shape). */
+/* Wire elements of a tensor: the product of its shape times its dtype's
+ * lanes (CHUNK.start and count, digests and tiles count these). */
 DCAST_API uint64_t dcast_tensor_elems(const dcast_tensor_desc *t);
 
 /* 1 when the tensor is tiled (some grid[d] above 1 for d < ndim), else 0. */

@@ -7,7 +7,7 @@ from typing import Any, Dict, Optional, Tuple
 
 # dcast_dtype values, in enum order
 WIRE = ["BF16", "F16", "F32", "F8_E4M3", "F8_E5M2", "I8", "U8", "I16", "U16", "I32", "U32",
-        "BOOL"]
+        "BOOL", "I64", "U64", "F64"]
 CODE = {name: i for i, name in enumerate(WIRE)}
 
 # numpy dtype names that hold each wire dtype's elements.  bf16 and fp8 have
@@ -16,17 +16,19 @@ CODE = {name: i for i, name in enumerate(WIRE)}
 NUMPY_OF = {"BF16": ("uint16", "bfloat16"), "F16": ("float16",), "F32": ("float32",),
             "F8_E4M3": ("uint8", "float8_e4m3fn"), "F8_E5M2": ("uint8", "float8_e5m2"),
             "I8": ("int8",), "U8": ("uint8",), "I16": ("int16",), "U16": ("uint16",),
-            "I32": ("int32",), "U32": ("uint32",), "BOOL": ("bool",)}
+            "I32": ("int32",), "U32": ("uint32",), "BOOL": ("bool",), "I64": ("int64",),
+            "U64": ("uint64",), "F64": ("float64",)}
 # numpy dtype -> wire dtype when the caller does not say (uint16 means U16:
 # pass dtype="bf16" for bf16 bit patterns)
 WIRE_OF_NUMPY = {"float32": "F32", "float16": "F16", "int8": "I8", "uint8": "U8",
                  "int16": "I16", "uint16": "U16", "int32": "I32", "uint32": "U32",
                  "bfloat16": "BF16", "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2",
-                 "bool": "BOOL"}
+                 "bool": "BOOL", "int64": "I64", "uint64": "U64", "float64": "F64"}
 WIRE_OF_TORCH = {"torch.float32": "F32", "torch.float16": "F16", "torch.bfloat16": "BF16",
                  "torch.int8": "I8", "torch.uint8": "U8", "torch.int16": "I16",
                  "torch.int32": "I32", "torch.float8_e4m3fn": "F8_E4M3",
-                 "torch.float8_e5m2": "F8_E5M2", "torch.bool": "BOOL"}
+                 "torch.float8_e5m2": "F8_E5M2", "torch.bool": "BOOL", "torch.int64": "I64",
+                 "torch.uint64": "U64", "torch.float64": "F64"}
 
 
 def is_torch(t: Any) -> bool:

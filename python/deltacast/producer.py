@@ -99,7 +99,7 @@ def _describe_numpy(name: str, a: Any, dtype: Optional[str],
     kind = _dtypes.wire_of(a)
     if kind is None:
         raise fail("DCAST_EDTYPE", f"{call} {name}: numpy dtype {a.dtype.name} is not one the "
-                                   "codec takes (float32, float16, bf16 as uint16, 8/16/32-bit ints)")
+                                   "codec takes (floats, bf16 as uint16, ints, bool)")
     return kind, a.ctypes.data, MEM_HOST
 
 
@@ -110,7 +110,7 @@ def _describe_torch(name: str, t: Any, dtype: Optional[str],
         raise fail("DCAST_EDTYPE", f"{call} {name}: dtype={dtype!r} does not match {t.dtype}")
     if kind is None:
         raise fail("DCAST_EDTYPE", f"{call} {name}: torch dtype {t.dtype} is not one the codec "
-                                   "takes (float32, float16, bfloat16, float8, 8/16/32-bit ints)")
+                                   "takes (floats, bfloat16, float8, ints, bool)")
     if not t.is_contiguous():
         raise fail("DCAST_EINVAL", f"{call} {name}: torch tensor is not contiguous")
     return kind, t.data_ptr(), MEM_CUDA if t.is_cuda else MEM_HOST
@@ -285,9 +285,11 @@ class Producer(Closable):
         gives the published name (None skips the tensor); filter(name,
         tensor) False skips it.  The Parameters themselves are registered, so
         replaced storage is noticed at publish.  Returns {module name:
-        published name}.  A dtype the codec cannot take (int64, bool,
-        float64) raises DeltacastArgumentError naming the tensor: skip it
-        with filter or publish a converted copy."""
+        published name}.  Every float, int and bool dtype torch has is
+        carried (int64 and float64 as two 4-byte wire elements per value);
+        one deltacast does not carry (complex, quantized) raises
+        DeltacastArgumentError naming the tensor: skip it with filter or
+        publish a converted copy."""
         items: Iterable[Tuple[str, Any]] = list(module.named_parameters())
         if buffers:
             items = list(items) + list(module.named_buffers())

@@ -47,9 +47,7 @@ static int live_digest(dcast_consumer *c, uint64_t *out)
 			rc = dcast_consumer_tensor(c, d.name, &ptr, NULL, &mem);
 		if (rc)
 			return rc;
-		bytes = dcast_dtype_size((int)d.dtype);
-		for (uint32_t k = 0; k < d.ndim; k++)
-			bytes *= d.shape[k];
+		bytes = dcast_tensor_elems(&d) * dcast_dtype_size((int)d.dtype);
 		fault_entry_set(&entries[i], d.name, ptr, bytes);
 	}
 	*out = fault_model_digest(entries, n);

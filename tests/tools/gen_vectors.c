@@ -288,10 +288,10 @@ static void tensor(msgpack_packer *pk, const char *name, const char *dtype, int 
 		msgpack_pack_uint32(pk, 2);
 }
 
-static void v_f64(msgpack_packer *pk)
+static void v_c64(msgpack_packer *pk)
 {
 	msgpack_pack_array(pk, 1);
-	tensor(pk, "w", "F64", 2);
+	tensor(pk, "w", "C64", 2);
 }
 
 static void v_nine_dims(msgpack_packer *pk)
@@ -373,8 +373,8 @@ static void write_bad_other(void)
 	    "HELLO.part: 3 not below parts (2)");
 	bad("hello_role", DCAST_MSG_HELLO, MUT_SET("role", v_observer), "DCAST_EFIELD_RANGE",
 	    "HELLO.role: unknown value");
-	bad("manifest_dtype", DCAST_MSG_MANIFEST, MUT_SET("tensors", v_f64), "DCAST_EDTYPE",
-	    "MANIFEST.tensors[0].dtype: unknown dtype \\\"F64\\\"");
+	bad("manifest_dtype", DCAST_MSG_MANIFEST, MUT_SET("tensors", v_c64), "DCAST_EDTYPE",
+	    "MANIFEST.tensors[0].dtype: unknown dtype \\\"C64\\\"");
 	bad("manifest_dims", DCAST_MSG_MANIFEST, MUT_SET("tensors", v_nine_dims),
 	    "DCAST_ETOO_LARGE", "MANIFEST.tensors[0].shape: 9 dims");
 	bad("manifest_duplicate", DCAST_MSG_MANIFEST, MUT_SET("tensors", v_dup_tensor),

@@ -5,10 +5,11 @@
  * user (or root): the socket file is created mode 0600, and each peer's
  * uid is checked again with SO_PEERCRED, so a permissive umask or folder
  * does not open it up.  The metrics port, unauthenticated, stays
- * read-only.  Like the metrics clients, every client is a non-blocking fd
- * in the poll set, bounded by ADMIN_REQUEST_BYTES, ADMIN_CLIENT_MS from
- * accept and ADMIN_MAX_CLIENTS at once: a silent client costs a slot for
- * two seconds, never a wait. */
+ * read-only.  Like the metrics clients (both are broker_clients tables,
+ * clients.c), every client is a non-blocking fd in the poll set, bounded
+ * by ADMIN_REQUEST_BYTES, ADMIN_CLIENT_MS from accept and
+ * ADMIN_MAX_CLIENTS at once: a silent client costs a slot for two seconds,
+ * never a wait. */
 #include <errno.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -24,30 +25,23 @@
 #define ADMIN_ANSWER_BYTES 2048
 
 struct admin_client {
-	int used, fd;
-	uint64_t deadline_ms;
+	struct broker_client base;   /* first: the slot of b->admin_clients */
 	unsigned uid, pid;
 	int refused;                 /* not the broker's uid or root: answered EAUTH */
 	size_t len;
 	char req[ADMIN_REQUEST_BYTES];
 };
 
-static struct admin_client clients[ADMIN_MAX_CLIENTS];
-static int listen_fd = -1;
-static char sock_path[sizeof(((struct sockaddr_un *)0)->sun_path)];
-
 static void client_close(struct broker *b, struct admin_client *c)
 {
-	broker_poll_del(b, c->fd);
-	close(c->fd);
-	*c = (struct admin_client){0};
+	broker_clients_close(b, &b->admin_clients, &c->base);
 }
 
 /* The answer is one short line: a UNIX socket's buffer takes it whole, and
  * a client that does not read it loses it, never the loop's time. */
 static void client_answer(struct broker *b, struct admin_client *c, const char *line)
 {
-	if (send(c->fd, line, strlen(line), MSG_NOSIGNAL | MSG_DONTWAIT) < 0)
+	if (send(c->base.fd, line, strlen(line), MSG_NOSIGNAL | MSG_DONTWAIT) < 0)
 		DCAST_LOG_W("admin: answer to pid %u not sent: %s", c->pid, strerror(errno));
 	client_close(b, c);
 }
@@ -143,11 +137,11 @@ static void on_client(struct broker *b, int fd, void *arg)
 	ssize_t r;
 
 	(void)fd;
-	if (dcast_now_ms() >= c->deadline_ms) {
+	if (dcast_now_ms() >= c->base.deadline_ms) {
 		client_close(b, c);
 		return;
 	}
-	r = recv(c->fd, c->req + c->len, sizeof(c->req) - c->len, MSG_DONTWAIT);
+	r = recv(c->base.fd, c->req + c->len, sizeof(c->req) - c->len, MSG_DONTWAIT);
 	if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
 		return;
 	if (r < 0) {
@@ -161,54 +155,24 @@ static void on_client(struct broker *b, int fd, void *arg)
 		client_answer(b, c, "error DCAST_ETOO_LARGE: request over 512 bytes\n");
 }
 
-void broker_admin_timers(struct broker *b, uint64_t now_ms)
-{
-	for (int i = 0; i < ADMIN_MAX_CLIENTS; i++)
-		if (clients[i].used && now_ms >= clients[i].deadline_ms)
-			client_close(b, &clients[i]);
-}
-
-static struct admin_client *client_slot(void)
-{
-	for (int i = 0; i < ADMIN_MAX_CLIENTS; i++)
-		if (!clients[i].used)
-			return &clients[i];
-	return NULL;
-}
-
 /* Only the broker's own user (or root) may ask: the file mode is the first
  * fence, the peer's credentials the second.  A refused peer still has its
  * request read before the answer, so that the answer is not lost to a
  * reset (a UNIX socket closed with unread bytes resets the peer). */
-static void client_open(struct broker *b, int fd)
+static void client_accept(struct broker *b, struct broker_client *base)
 {
-	struct admin_client *c = client_slot();
+	struct admin_client *c = (struct admin_client *)base;
 	struct ucred cr = {.pid = 0, .uid = (uid_t)-1};
 	socklen_t len = sizeof(cr);
 
-	if (!c || broker_poll_add(b, fd, on_client, c)) {
-		close(fd);
-		return;
-	}
-	getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len);
-	*c = (struct admin_client){.used = 1, .fd = fd, .uid = (unsigned)cr.uid,
-				   .pid = (unsigned)cr.pid, .refused = cr.uid && cr.uid != geteuid(),
-				   .deadline_ms = dcast_now_ms() + ADMIN_CLIENT_MS};
+	(void)b;
+	getsockopt(base->fd, SOL_SOCKET, SO_PEERCRED, &cr, &len);
+	c->uid = (unsigned)cr.uid;
+	c->pid = (unsigned)cr.pid;
+	c->refused = cr.uid && cr.uid != geteuid();
 	if (c->refused)
 		DCAST_LOG_W("admin: refused a peer (uid %u, pid %u): only uid %u or root may ask",
 			    c->uid, c->pid, (unsigned)geteuid());
-}
-
-static void on_listener(struct broker *b, int lfd, void *arg)
-{
-	(void)arg;
-	for (int i = 0; i < ADMIN_MAX_CLIENTS; i++) {
-		int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-
-		if (fd < 0)
-			return;
-		client_open(b, fd);
-	}
 }
 
 /* A socket file left by a broker that died is replaced; a live one (a
@@ -238,6 +202,7 @@ static int path_clear(const struct sockaddr_un *sa)
 	return 0;
 }
 
+/* The listening socket's fd, or a negative error. */
 static int listen_at(const struct sockaddr_un *sa)
 {
 	mode_t old;
@@ -251,41 +216,43 @@ static int listen_at(const struct sockaddr_un *sa)
 	if (rc || listen(fd, ADMIN_MAX_CLIENTS)) {
 		rc = dcast_fail(DCAST_EIO, "--admin-socket %s: %s", sa->sun_path, strerror(errno));
 		close(fd);
-		return rc;
+		return -rc;
 	}
-	listen_fd = fd;
-	return 0;
+	return fd;
 }
 
 int broker_admin_open(struct broker *b)
 {
 	struct sockaddr_un sa = {.sun_family = AF_UNIX};
-	int rc;
+	int fd, rc;
 
+	b->admin_clients = (struct broker_clients){
+		.what = "admin", .listen_fd = -1, .cap = ADMIN_MAX_CLIENTS, .burst = ADMIN_MAX_CLIENTS,
+		.slot_bytes = sizeof(struct admin_client), .client_ms = ADMIN_CLIENT_MS,
+		.on_client = on_client, .on_accept = client_accept};
 	if (!b->cfg.admin_socket)
 		return 0;
-	DCAST_ASSERT(strlen(b->cfg.admin_socket) < sizeof(sa.sun_path)); /* config.c checked */
+	DCAST_ASSERT(strlen(b->cfg.admin_socket) < sizeof(sa.sun_path) &&
+		     sizeof(sa.sun_path) <= sizeof(b->admin_path)); /* config.c checked */
 	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", b->cfg.admin_socket);
-	if ((rc = path_clear(&sa)) || (rc = listen_at(&sa)))
+	if ((rc = path_clear(&sa)))
 		return rc;
-	snprintf(sock_path, sizeof(sock_path), "%s", sa.sun_path);
-	if ((rc = broker_poll_add(b, listen_fd, on_listener, NULL)))
+	if ((fd = listen_at(&sa)) < 0)
+		return -fd;
+	if ((rc = broker_clients_start(b, &b->admin_clients, fd))) {
+		unlink(sa.sun_path);
 		return rc;
-	DCAST_LOG_I("admin requests on %s (mode 0600, uid %u or root)", sock_path,
+	}
+	snprintf(b->admin_path, sizeof(b->admin_path), "%s", sa.sun_path);
+	DCAST_LOG_I("admin requests on %s (mode 0600, uid %u or root)", b->admin_path,
 		    (unsigned)geteuid());
 	return 0;
 }
 
 void broker_admin_close(struct broker *b)
 {
-	for (int i = 0; i < ADMIN_MAX_CLIENTS; i++)
-		if (clients[i].used)
-			client_close(b, &clients[i]);
-	if (listen_fd < 0)
-		return;
-	broker_poll_del(b, listen_fd);
-	close(listen_fd);
-	listen_fd = -1;
-	if (unlink(sock_path))
-		DCAST_LOG_W("--admin-socket %s: not removed: %s", sock_path, strerror(errno));
+	broker_clients_stop(b, &b->admin_clients);
+	if (b->admin_path[0] && unlink(b->admin_path))
+		DCAST_LOG_W("--admin-socket %s: not removed: %s", b->admin_path, strerror(errno));
+	b->admin_path[0] = '\0';
 }

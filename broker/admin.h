@@ -14,10 +14,6 @@
  * Errors: DCAST_EIO naming the path and the cause, poll-set errors. */
 int broker_admin_open(struct broker *b);
 
-/* Close the clients past their time (ADMIN_CLIENT_MS from accept): the
- * loop's timer turn.  No-op without --admin-socket. */
-void broker_admin_timers(struct broker *b, uint64_t now_ms);
-
 /* Close every client and the listener and unlink the socket file.  Safe
  * without one. */
 void broker_admin_close(struct broker *b);

@@ -218,6 +218,31 @@ struct broker_stats {
 struct broker;
 typedef void (*broker_fd_fn)(struct broker *b, int fd, void *arg);
 
+/* ---- clients.c: bounded local clients of one listener ----
+ * The metrics page and the admin socket each accept a few non-blocking
+ * clients into the loop's poll set; every client has a slot (a struct
+ * that begins with struct broker_client), a deadline from accept, and is
+ * closed when its time is up, checked on each readiness and on the timer
+ * turn.  A client beyond the slots is closed as soon as accepted. */
+struct broker_client {
+	int used, fd;
+	uint64_t deadline_ms;
+};
+
+struct broker_clients {
+	const char *what;             /* for logs: "metrics", "admin" */
+	int listen_fd;                /* -1: not listening */
+	uint32_t cap, burst;          /* slots; accepts per listener readiness */
+	size_t slot_bytes;            /* each slot begins with struct broker_client */
+	uint64_t client_ms;           /* accept to close */
+	unsigned char *slots;         /* cap * slot_bytes, owned */
+	broker_fd_fn on_client;       /* readiness of a client fd; arg: its slot */
+	/* After a slot is taken for fd (fields past the base zeroed); may be NULL. */
+	void (*on_accept)(struct broker *b, struct broker_client *c);
+	/* Before a slot is cleared: release what it owns; may be NULL. */
+	void (*on_free)(struct broker_client *c);
+};
+
 struct broker {
 	struct broker_config cfg;
 	void *ctx, *producers, *consumers;
@@ -247,7 +272,22 @@ struct broker {
 	 * counted and summed up in one line when the second is over. */
 	uint64_t refuse_window_ms;
 	uint32_t refuse_logged, refuse_quiet;
+	struct broker_clients metrics_clients, admin_clients;
+	char *metrics_page;           /* the response buffer (metrics.c) */
+	char admin_path[108];         /* the socket file to unlink at close (admin.c) */
 };
+
+/* Take over listen_fd (non-blocking, listening): allocate t's slots and
+ * add the listener to the poll set.  On error listen_fd is closed.
+ * Errors: DCAST_ENOMEM, those of broker_poll_add. */
+int broker_clients_start(struct broker *b, struct broker_clients *t, int listen_fd);
+/* Close client c of t and clear its slot. */
+void broker_clients_close(struct broker *b, struct broker_clients *t, struct broker_client *c);
+/* Close t's clients past their deadline. */
+void broker_clients_timers(struct broker *b, struct broker_clients *t, uint64_t now_ms);
+/* Close every client and the listener, free the slots.  Safe when t never
+ * started. */
+void broker_clients_stop(struct broker *b, struct broker_clients *t);
 
 /* ---- loop.c ---- */
 /* 1 when a peer or part last heard from at `last` has been silent past

@@ -7,7 +7,6 @@
 #include "broker.h"
 #include "dcast_common.h"
 #include "durable.h" /* durability hooks (broker/durable.c) */
-#include "metrics.h" /* --metrics (broker/metrics.c) */
 #include "fold.h" /* broker-made anchors (broker/fold.c) */
 
 /* Consumers that said HELLO for `m` before it existed stream it from now on. */
@@ -271,7 +270,5 @@ int broker_log_restore(struct broker *b)
 {
 	int rc = broker_durable_restore(b); /* --data-dir: replay segments */
 
-	if (!rc)
-		rc = broker_fold_open(b); /* broker-made anchors: fold the restored logs */
-	return rc ? rc : broker_metrics_open(b); /* --metrics: listener in the poll set */
+	return rc ? rc : broker_fold_open(b); /* broker-made anchors: fold the restored logs */
 }

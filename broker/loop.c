@@ -14,9 +14,9 @@
 #include "dcast_common.h"
 #include "dcast_wire.h"
 #include "durable.h" /* --data-dir: the writer thread (broker/durable.c) */
-#include "metrics.h" /* --metrics: clients past their time are closed */
+#include "metrics.h" /* --metrics: the listener, opened and closed here */
 #include "limits.h" /* accept failures watched (broker/limits.c) */
-#include "admin.h" /* --admin-socket: clients past their time are closed */
+#include "admin.h" /* --admin-socket: the listener, opened and closed here */
 
 #define MAX_POLL (3 + BROKER_MAX_UPSTREAM_MODELS + BROKER_MAX_EXTRA_FDS)
 
@@ -196,6 +196,7 @@ int broker_open(struct broker *b, const struct broker_config *cfg)
 	memset(b, 0, sizeof(*b));
 	b->cfg = *cfg;
 	b->signal_fd = -1;
+	b->metrics_clients.listen_fd = b->admin_clients.listen_fd = -1;
 	if ((rc = signals_open(b)) || (rc = peers_alloc(b)))
 		return rc;
 	if (!(b->ctx = zmq_ctx_new()))
@@ -208,7 +209,7 @@ int broker_open(struct broker *b, const struct broker_config *cfg)
 	if ((rc = broker_relay_open(b)) || (rc = broker_log_restore(b)) ||
 	    (rc = router_open(b, &b->producers, cfg->producers, "producers")) ||
 	    (rc = router_open(b, &b->consumers, cfg->consumers, "consumers")) ||
-	    (rc = broker_admin_open(b)))
+	    (rc = broker_metrics_open(b)) || (rc = broker_admin_open(b)))
 		return rc;
 	broker_relay_start(b);
 	return 0;
@@ -266,8 +267,8 @@ static void timers(struct broker *b)
 	broker_producer_timers(b, now);
 	broker_consumer_timers(b, now);
 	broker_relay_timers(b, now);
-	broker_metrics_timers(b, now);
-	broker_admin_timers(b, now);
+	broker_clients_timers(b, &b->metrics_clients, now);
+	broker_clients_timers(b, &b->admin_clients, now);
 	broker_models_idle(b, now); /* --model-idle-s (broker/retire.c) */
 }
 
@@ -332,6 +333,7 @@ void broker_close(struct broker *b)
 		if (b->prod.arr && b->models[i]->pending)
 			broker_pending_abort(b, b->models[i], "broker shutting down");
 	broker_admin_close(b);
+	broker_metrics_close(b);
 	broker_durable_close(b); /* the writer finishes what is queued */
 	broker_peers_free(&b->prod);
 	broker_peers_free(&b->cons);

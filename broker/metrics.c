@@ -36,8 +36,7 @@
 #define METRICS_ACCEPT_BURST 32
 
 struct metrics_client {
-	int used, fd;
-	uint64_t deadline_ms;
+	struct broker_client base;   /* first: the slot of b->metrics_clients */
 	size_t req_len;
 	char req[METRICS_REQUEST_BYTES];
 	char *out;                   /* the unsent part of the response, owned */
@@ -45,8 +44,6 @@ struct metrics_client {
 	int answered;                /* the response is composed: only sending left */
 };
 
-static char *page; /* [METRICS_HEAD_BYTES + METRICS_BODY_BYTES] */
-static struct metrics_client clients[METRICS_MAX_CLIENTS];
 
 struct out {
 	char *buf;
@@ -221,17 +218,19 @@ size_t broker_metrics_render(const struct broker *b, char *buf, size_t cap)
 
 static void client_close(struct broker *b, struct metrics_client *c)
 {
-	broker_poll_del(b, c->fd);
-	close(c->fd);
-	free(c->out);
-	*c = (struct metrics_client){0};
+	broker_clients_close(b, &b->metrics_clients, &c->base);
+}
+
+static void client_free(struct broker_client *base)
+{
+	free(((struct metrics_client *)base)->out);
 }
 
 /* Send what the socket takes; closed once all is sent or on an error. */
 static void client_send(struct broker *b, struct metrics_client *c)
 {
 	while (c->out_off < c->out_len) {
-		ssize_t r = send(c->fd, c->out + c->out_off, c->out_len - c->out_off,
+		ssize_t r = send(c->base.fd, c->out + c->out_off, c->out_len - c->out_off,
 				 MSG_NOSIGNAL | MSG_DONTWAIT);
 
 		if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
@@ -243,7 +242,7 @@ static void client_send(struct broker *b, struct metrics_client *c)
 	client_close(b, c);
 }
 
-/* The HTTP head before the body in page[]; returns where the response starts. */
+/* The HTTP head before the body in the page; returns where the response starts. */
 static char *head_before(char *body, int ok, size_t len, size_t *head_len)
 {
 	char head[METRICS_HEAD_BYTES];
@@ -255,11 +254,11 @@ static char *head_before(char *body, int ok, size_t len, size_t *head_len)
 	return memcpy(body - n, head, (size_t)n);
 }
 
-/* Compose the response (GET /metrics, else 404) in page[], send what the
+/* Compose the response (GET /metrics, else 404) in the page, send what the
  * socket takes now and keep a copy of the rest. */
 static void client_answer(struct broker *b, struct metrics_client *c)
 {
-	char *body = page + METRICS_HEAD_BYTES, *resp;
+	char *body = b->metrics_page + METRICS_HEAD_BYTES, *resp;
 	int ok = c->req_len >= 13 && (!memcmp(c->req, "GET /metrics ", 13) ||
 				      !memcmp(c->req, "GET /metrics\r", 13));
 	size_t len = ok ? broker_metrics_render(b, body, METRICS_BODY_BYTES) : 10, head, sent;
@@ -268,7 +267,7 @@ static void client_answer(struct broker *b, struct metrics_client *c)
 	if (!ok)
 		memcpy(body, "not found\n", 10);
 	resp = head_before(body, ok, len, &head);
-	r = send(c->fd, resp, head + len, MSG_NOSIGNAL | MSG_DONTWAIT);
+	r = send(c->base.fd, resp, head + len, MSG_NOSIGNAL | MSG_DONTWAIT);
 	sent = r > 0 ? (size_t)r : 0;
 	c->answered = 1;
 	if (sent == head + len || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK) ||
@@ -278,7 +277,7 @@ static void client_answer(struct broker *b, struct metrics_client *c)
 	}
 	memcpy(c->out, resp + sent, head + len - sent);
 	c->out_len = head + len - sent;
-	broker_poll_events(b, c->fd, ZMQ_POLLOUT);
+	broker_poll_events(b, c->base.fd, ZMQ_POLLOUT);
 }
 
 /* A blank line ends the request; only the bytes just read (and the three
@@ -297,7 +296,7 @@ static int client_read(struct metrics_client *c)
 {
 	for (;;) {
 		size_t from = c->req_len;
-		ssize_t r = recv(c->fd, c->req + from, sizeof(c->req) - from, MSG_DONTWAIT);
+		ssize_t r = recv(c->base.fd, c->req + from, sizeof(c->req) - from, MSG_DONTWAIT);
 
 		if (r < 0)
 			return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? 0 : -1;
@@ -324,53 +323,12 @@ static void on_client(struct broker *b, int fd, void *arg)
 	struct metrics_client *c = arg;
 
 	(void)fd;
-	if (dcast_now_ms() >= c->deadline_ms)
+	if (dcast_now_ms() >= c->base.deadline_ms)
 		client_close(b, c);
 	else if (c->answered)
 		client_send(b, c);
 	else
 		client_recv(b, c);
-}
-
-void broker_metrics_timers(struct broker *b, uint64_t now_ms)
-{
-	for (int i = 0; i < METRICS_MAX_CLIENTS; i++)
-		if (clients[i].used && now_ms >= clients[i].deadline_ms)
-			client_close(b, &clients[i]);
-}
-
-static struct metrics_client *client_slot(void)
-{
-	for (int i = 0; i < METRICS_MAX_CLIENTS; i++)
-		if (!clients[i].used)
-			return &clients[i];
-	return NULL;
-}
-
-/* Take a new connection into a free slot; with none free (or a full poll
- * set) it is closed at once. */
-static void client_open(struct broker *b, int fd)
-{
-	struct metrics_client *c = client_slot();
-
-	if (!c || broker_poll_add(b, fd, on_client, c)) {
-		close(fd);
-		return;
-	}
-	*c = (struct metrics_client){.used = 1, .fd = fd,
-				     .deadline_ms = dcast_now_ms() + METRICS_CLIENT_MS};
-}
-
-static void on_listener(struct broker *b, int lfd, void *arg)
-{
-	(void)arg;
-	for (int i = 0; i < METRICS_ACCEPT_BURST; i++) {
-		int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-
-		if (fd < 0)
-			return;
-		client_open(b, fd);
-	}
 }
 
 static int parse_addr(const char *s, struct sockaddr_in *sa)
@@ -406,29 +364,47 @@ static void metrics_log_bound(int fd)
 	DCAST_LOG_I("metrics on http://%s:%u/metrics", host, (unsigned)ntohs(sa.sin_port));
 }
 
+/* The listening socket's fd for sa, or a negative error. */
+static int listen_at(const struct broker *b, const struct sockaddr_in *sa)
+{
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0), one = 1, rc;
+
+	if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) ||
+	    bind(fd, (const struct sockaddr *)sa, sizeof(*sa)) || listen(fd, 16)) {
+		rc = dcast_fail(DCAST_EIO, "--metrics %s: %s", b->cfg.metrics, strerror(errno));
+		if (fd >= 0)
+			close(fd);
+		return -rc;
+	}
+	return fd;
+}
+
 int broker_metrics_open(struct broker *b)
 {
 	struct sockaddr_in sa;
-	int fd, one = 1, rc;
+	int fd, rc;
 
+	b->metrics_clients = (struct broker_clients){
+		.what = "metrics", .listen_fd = -1, .cap = METRICS_MAX_CLIENTS,
+		.burst = METRICS_ACCEPT_BURST, .slot_bytes = sizeof(struct metrics_client),
+		.client_ms = METRICS_CLIENT_MS, .on_client = on_client, .on_free = client_free};
 	if (!b->cfg.metrics)
 		return 0;
 	if ((rc = parse_addr(b->cfg.metrics, &sa)))
 		return rc;
-	if (!page && !(page = malloc(METRICS_HEAD_BYTES + METRICS_BODY_BYTES)))
+	if (!(b->metrics_page = malloc(METRICS_HEAD_BYTES + METRICS_BODY_BYTES)))
 		return dcast_fail(DCAST_ENOMEM, "metrics buffer");
-	fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-	if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) ||
-	    bind(fd, (struct sockaddr *)&sa, sizeof(sa)) || listen(fd, 16)) {
-		rc = dcast_fail(DCAST_EIO, "--metrics %s: %s", b->cfg.metrics, strerror(errno));
-		if (fd >= 0)
-			close(fd);
+	if ((fd = listen_at(b, &sa)) < 0)
+		return -fd;
+	if ((rc = broker_clients_start(b, &b->metrics_clients, fd)))
 		return rc;
-	}
-	if ((rc = broker_poll_add(b, fd, on_listener, NULL))) {
-		close(fd);
-		return rc;
-	}
 	metrics_log_bound(fd);
 	return 0;
+}
+
+void broker_metrics_close(struct broker *b)
+{
+	broker_clients_stop(b, &b->metrics_clients);
+	free(b->metrics_page);
+	b->metrics_page = NULL;
 }

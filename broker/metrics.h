@@ -7,14 +7,17 @@
 #include "broker.h"
 
 /* Open the listening socket (non-blocking) and add it to the broker's poll
- * set; clients are served from the loop without blocking it (metrics.c).  No-op without --metrics.  Errors: DCAST_EINVAL (not HOST:PORT with
- * a numeric IPv4 host), DCAST_EIO (socket / bind / listen, naming the
- * address), poll-set errors. */
+ * set; clients are served from the loop without blocking it (metrics.c,
+ * b->metrics_clients: the loop's timer turn closes those past
+ * METRICS_CLIENT_MS).  No-op without --metrics, but always sets up the
+ * table.  Errors: DCAST_EINVAL (not HOST:PORT with a numeric IPv4 host),
+ * DCAST_EIO (socket / bind / listen, naming the address), DCAST_ENOMEM,
+ * poll-set errors. */
 int broker_metrics_open(struct broker *b);
 
-/* Close the clients past their time (METRICS_CLIENT_MS from accept): the
- * loop's timer turn.  No-op without --metrics. */
-void broker_metrics_timers(struct broker *b, uint64_t now_ms);
+/* Close every client and the listener, free the page.  Safe after a
+ * failed or no open. */
+void broker_metrics_close(struct broker *b);
 
 /* Write the metrics text into buf (cap bytes, NUL-terminated, truncated at
  * a line boundary when full).  Returns its length. */

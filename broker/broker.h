@@ -20,7 +20,7 @@
 
 #define BROKER_MAX_MODELS 256
 #define BROKER_MAX_UPSTREAM_MODELS 16
-#define BROKER_MAX_EXTRA_FDS 32 /* eventfds, the metrics listener and its clients */
+#define BROKER_MAX_EXTRA_FDS 32 /* eventfds, local listeners and clients (17 + 5), a signalfd */
 #define BROKER_REFUSE_LOG_MAX 20 /* refusal log lines a second */
 #define BROKER_MAX_RID 255
 #define BROKER_BURST_MSGS 64   /* messages sent to one consumer per loop turn */
@@ -246,8 +246,7 @@ struct broker_clients {
 struct broker {
 	struct broker_config cfg;
 	void *ctx, *producers, *consumers;
-	int signal_fd;
-	volatile int stop;
+	volatile int stop;             /* broker_run returns at the next turn */
 	struct broker_model *models[BROKER_MAX_MODELS];
 	uint32_t n_models;
 	struct broker_peers prod, cons; /* max_producers, max_consumers slots */

@@ -1,13 +1,11 @@
 /* The broker's single-threaded event loop: zmq_poll over the producer and
- * consumer ROUTERs, the relay's upstream DEALERs, a signalfd (SIGTERM,
- * SIGINT) and extra fds (eventfds, the metrics listener and clients), with
- * a timer for heartbeats, part timeouts and metrics clients' time.  Each
+ * consumer ROUTERs, the relay's upstream DEALERs and extra fds (eventfds,
+ * the metrics and admin listeners and clients, main.c's signalfd), with a
+ * timer for heartbeats, part timeouts and local clients' time.  Each
  * turn reads a bounded burst from each socket, grants producer credit,
  * then gives every consumer a bounded burst of sends. */
 #include <errno.h>
-#include <signal.h>
 #include <string.h>
-#include <sys/signalfd.h>
 #include <unistd.h>
 #include "broker.h"
 #include "auth.h" /* CURVE + ZAP (broker/auth.c) */
@@ -18,7 +16,7 @@
 #include "limits.h" /* accept failures watched (broker/limits.c) */
 #include "admin.h" /* --admin-socket: the listener, opened and closed here */
 
-#define MAX_POLL (3 + BROKER_MAX_UPSTREAM_MODELS + BROKER_MAX_EXTRA_FDS)
+#define MAX_POLL (2 + BROKER_MAX_UPSTREAM_MODELS + BROKER_MAX_EXTRA_FDS)
 
 /* Close the refusal log's window once a second has passed, saying how
  * many refusals it did not log. */
@@ -167,21 +165,6 @@ static int router_open(struct broker *b, void **sock, const char *endpoint, cons
 	return broker_limits_watch(b, *sock, which);
 }
 
-/* SIGTERM/SIGINT arrive on a signalfd in the poll set: blocked before the
- * ZeroMQ context starts, so its threads inherit the mask. */
-static int signals_open(struct broker *b)
-{
-	sigset_t set;
-
-	sigemptyset(&set);
-	sigaddset(&set, SIGTERM);
-	sigaddset(&set, SIGINT);
-	if (sigprocmask(SIG_BLOCK, &set, NULL) ||
-	    (b->signal_fd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC)) < 0)
-		return dcast_fail(DCAST_EIO, "signalfd: %s", strerror(errno));
-	return 0;
-}
-
 static int peers_alloc(struct broker *b)
 {
 	int rc = broker_peers_init(&b->prod, b->cfg.max_producers);
@@ -195,9 +178,8 @@ int broker_open(struct broker *b, const struct broker_config *cfg)
 
 	memset(b, 0, sizeof(*b));
 	b->cfg = *cfg;
-	b->signal_fd = -1;
 	b->metrics_clients.listen_fd = b->admin_clients.listen_fd = -1;
-	if ((rc = signals_open(b)) || (rc = peers_alloc(b)))
+	if ((rc = peers_alloc(b)))
 		return rc;
 	if (!(b->ctx = zmq_ctx_new()))
 		return dcast_fail(DCAST_EZMQ, "zmq_ctx_new: %s", zmq_strerror(errno));
@@ -289,7 +271,6 @@ static int poll_once(struct broker *b)
 
 	it[n++] = (zmq_pollitem_t){b->producers, 0, ZMQ_POLLIN, 0};
 	it[n++] = (zmq_pollitem_t){b->consumers, 0, ZMQ_POLLIN, 0};
-	it[n++] = (zmq_pollitem_t){NULL, b->signal_fd, ZMQ_POLLIN, 0};
 	for (uint32_t i = 0; i < b->n_up; i++)
 		it[n++] = (zmq_pollitem_t){b->up[i].sock, 0, ZMQ_POLLIN, 0};
 	for (uint32_t i = 0; i < n_extra; i++)
@@ -301,12 +282,10 @@ static int poll_once(struct broker *b)
 		drain(b, b->producers, 1, broker_producer_msg);
 	if (it[1].revents & ZMQ_POLLIN)
 		drain(b, b->consumers, 1, broker_consumer_msg);
-	if (it[2].revents & ZMQ_POLLIN)
-		b->stop = 1;
 	for (uint32_t i = 0; i < b->n_up; i++)
-		if (it[3 + i].revents & ZMQ_POLLIN)
+		if (it[2 + i].revents & ZMQ_POLLIN)
 			broker_relay_msg(b, &b->up[i]);
-	extra_dispatch(b, it + 3 + b->n_up, n_extra);
+	extra_dispatch(b, it + 2 + b->n_up, n_extra);
 	return 0;
 }
 
@@ -323,7 +302,7 @@ int broker_run(struct broker *b)
 		broker_durable_turn_end(b);
 	}
 	if (b->stop)
-		DCAST_LOG_I("signal received: shutting down");
+		DCAST_LOG_I("stop requested: shutting down");
 	return rc;
 }
 
@@ -347,7 +326,5 @@ void broker_close(struct broker *b)
 		zmq_close(b->consumers);
 	if (b->ctx)
 		zmq_ctx_term(b->ctx);
-	if (b->signal_fd >= 0)
-		close(b->signal_fd);
 	memset(b, 0, sizeof(*b));
 }

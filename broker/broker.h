@@ -272,6 +272,11 @@ struct broker {
 	uint64_t refuse_window_ms;
 	uint32_t refuse_logged, refuse_quiet;
 	struct broker_clients metrics_clients, admin_clients;
+	struct {                      /* broker-made anchors (fold.c) */
+		int efd;              /* work queued; -1: folding off */
+		double fraction;      /* --anchor-fraction */
+		uint64_t every;       /* --anchor-every */
+	} fold;
 	char *metrics_page;           /* the response buffer (metrics.c) */
 	char admin_path[108];         /* the socket file to unlink at close (admin.c) */
 };

@@ -58,9 +58,6 @@ struct broker_fold {
 	uint64_t old_bytes;
 };
 
-static int fold_efd = -1;
-static double fold_fraction;
-static uint64_t fold_every;
 
 static int fraction_parse(const char *s, double *out)
 {
@@ -82,11 +79,11 @@ int broker_fold_config_check(const struct broker_config *cfg)
 	return fraction_parse(cfg->anchor_fraction, &f);
 }
 
-static void signal_work(void)
+static void signal_work(const struct broker *b)
 {
 	uint64_t one = 1;
 
-	if (fold_efd >= 0 && write(fold_efd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+	if (b->fold.efd >= 0 && write(b->fold.efd, &one, sizeof(one)) < 0 && errno != EAGAIN)
 		DCAST_LOG_W("fold: eventfd write: %s", strerror(errno));
 }
 
@@ -504,20 +501,20 @@ static int cut_turn(struct broker *b, struct broker_model *m, struct broker_fold
 	return 0;
 }
 
-static int cut_due(const struct broker_fold *f)
+static int cut_due(const struct broker *b, const struct broker_fold *f)
 {
 	if (f->version == DCAST_VERSION_NONE || !f->deltas)
 		return 0;
-	if (fold_every && f->deltas >= fold_every)
+	if (b->fold.every && f->deltas >= b->fold.every)
 		return 1;
-	return fold_fraction > 0.0 && (double)f->delta_bytes > fold_fraction * (double)f->dense_bytes;
+	return b->fold.fraction > 0.0 && (double)f->delta_bytes > b->fold.fraction * (double)f->dense_bytes;
 }
 
-static void cut_maybe(struct broker_model *m, struct broker_fold *f)
+static void cut_maybe(const struct broker *b, struct broker_model *m, struct broker_fold *f)
 {
 	int at;
 
-	if (!cut_due(f))
+	if (!cut_due(b, f))
 		return;
 	at = broker_log_find(m, f->version);
 	f->delta_bytes = f->deltas = 0; /* counted again from V, whatever happens */
@@ -576,13 +573,13 @@ static void lazy_count(struct broker_fold *f, const struct broker_version *v)
 	f->pend_bytes += v->payload_bytes;
 }
 
-static int lazy_due(const struct broker_fold *f)
+static int lazy_due(const struct broker *b, const struct broker_fold *f)
 {
 	if (!f->pend_deltas || f->broken)
 		return 0;
-	if (fold_every && f->pend_deltas >= fold_every)
+	if (b->fold.every && f->pend_deltas >= b->fold.every)
 		return 1;
-	return fold_fraction > 0.0 && (double)f->pend_bytes > fold_fraction * (double)f->model_bytes;
+	return b->fold.fraction > 0.0 && (double)f->pend_bytes > b->fold.fraction * (double)f->model_bytes;
 }
 
 /* A trigger passed: fold the log's chain, from its anchor, into a state. */
@@ -612,8 +609,7 @@ void broker_fold_committed(struct broker *b, struct broker_model *m, struct brok
 {
 	struct broker_fold *f;
 
-	(void)b;
-	if (fold_efd < 0)
+	if (b->fold.efd < 0)
 		return;
 	if (!(f = fold_get(m))) {
 		DCAST_LOG_E("model %s: fold state: out of memory; no broker-made anchors", m->name);
@@ -621,14 +617,14 @@ void broker_fold_committed(struct broker *b, struct broker_model *m, struct brok
 	}
 	if (f->data || f->q_n || f->cut.v) { /* a state is being made or used: fold v too */
 		queue_push(m, f, v);
-		signal_work();
+		signal_work(b);
 		return;
 	}
 	lazy_count(f, v);
-	if (!lazy_due(f) || !m->n_log || !m->log[0]->anchor)
+	if (!lazy_due(b, f) || !m->n_log || !m->log[0]->anchor)
 		return;
 	rebuild(m, f);
-	signal_work();
+	signal_work(b);
 }
 
 /* Fold what is queued (versions that did not make it into the log are
@@ -649,7 +645,7 @@ static int fold_turn(struct broker *b, struct broker_model *m, struct broker_fol
 		if (at >= 0 && m->log[at] == v)
 			fold_version(m, f, v);
 		broker_version_put(v);
-		cut_maybe(m, f); /* at the version that passes the trigger, queued or not */
+		cut_maybe(b, m, f); /* at the version that passes the trigger, queued or not */
 	}
 	old_prune(b, m, f);
 	state_release(f);
@@ -671,24 +667,34 @@ static void fold_ready(struct broker *b, int fd, void *arg)
 
 int broker_fold_open(struct broker *b)
 {
-	int rc = fraction_parse(b->cfg.anchor_fraction, &fold_fraction);
+	int fd, rc = fraction_parse(b->cfg.anchor_fraction, &b->fold.fraction);
 
-	fold_every = b->cfg.anchor_every;
-	if (rc || (fold_fraction <= 0.0 && !fold_every))
+	b->fold.efd = -1;
+	b->fold.every = b->cfg.anchor_every;
+	if (rc || (b->fold.fraction <= 0.0 && !b->fold.every))
 		return rc;
-	if ((fold_efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0)
+	if ((fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0)
 		return dcast_fail(DCAST_EIO, "fold: eventfd: %s", strerror(errno));
-	if ((rc = broker_poll_add(b, fold_efd, fold_ready, NULL))) {
-		close(fold_efd);
-		fold_efd = -1;
+	if ((rc = broker_poll_add(b, fd, fold_ready, NULL))) {
+		close(fd);
 		return rc;
 	}
+	b->fold.efd = fd;
 	for (uint32_t i = 0; i < b->n_models; i++) /* restored from --data-dir */
 		for (uint32_t j = 0; j < b->models[i]->n_log; j++)
 			broker_fold_committed(b, b->models[i], b->models[i]->log[j]);
 	DCAST_LOG_I("broker-made anchors: every %llu versions, fraction %g of the model (0: off)",
-		    (unsigned long long)fold_every, fold_fraction);
+		    (unsigned long long)b->fold.every, b->fold.fraction);
 	return 0;
+}
+
+void broker_fold_close(struct broker *b)
+{
+	if (b->fold.efd < 0)
+		return;
+	broker_poll_del(b, b->fold.efd);
+	close(b->fold.efd);
+	b->fold.efd = -1;
 }
 
 uint64_t broker_fold_state_bytes(const struct broker *b)

@@ -23,6 +23,10 @@ int broker_fold_config_check(const struct broker_config *cfg);
  * errors, DCAST_ENOMEM. */
 int broker_fold_open(struct broker *b);
 
+/* Close the work eventfd (the models' fold states go with the models).
+ * Safe when folding was off or open failed. */
+void broker_fold_close(struct broker *b);
+
 /* Queue a committed version for folding (takes a reference of its own);
  * the work runs on a later loop turn, after the version is in the log and
  * acknowledged.  Never fails: a version that cannot be queued stops

@@ -15,6 +15,7 @@
 #include "metrics.h" /* --metrics: the listener, opened and closed here */
 #include "limits.h" /* accept failures watched (broker/limits.c) */
 #include "admin.h" /* --admin-socket: the listener, opened and closed here */
+#include "fold.h"  /* broker-made anchors: the work eventfd, closed here */
 
 #define MAX_POLL (2 + BROKER_MAX_UPSTREAM_MODELS + BROKER_MAX_EXTRA_FDS)
 
@@ -178,7 +179,7 @@ int broker_open(struct broker *b, const struct broker_config *cfg)
 
 	memset(b, 0, sizeof(*b));
 	b->cfg = *cfg;
-	b->metrics_clients.listen_fd = b->admin_clients.listen_fd = -1;
+	b->metrics_clients.listen_fd = b->admin_clients.listen_fd = b->fold.efd = -1;
 	if ((rc = peers_alloc(b)))
 		return rc;
 	if (!(b->ctx = zmq_ctx_new()))
@@ -318,6 +319,7 @@ void broker_close(struct broker *b)
 	broker_peers_free(&b->cons);
 	for (uint32_t i = 0; i < b->n_models; i++)
 		broker_model_free(b->models[i]);
+	broker_fold_close(b);
 	broker_relay_close(b);
 	broker_limits_close();
 	if (b->producers)

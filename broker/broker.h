@@ -272,6 +272,12 @@ struct broker {
 	uint64_t refuse_window_ms;
 	uint32_t refuse_logged, refuse_quiet;
 	struct broker_clients metrics_clients, admin_clients;
+	struct broker_watch {         /* accept failures of a listener (limits.c) */
+		void *mon;            /* its socket monitor */
+		const char *which;
+		uint64_t failures, logged_ms, unlogged;
+	} watch[2];
+	unsigned n_watch;
 	struct {                      /* broker-made anchors (fold.c) */
 		int efd;              /* work queued; -1: folding off */
 		double fraction;      /* --anchor-fraction */

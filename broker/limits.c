@@ -21,16 +21,6 @@
 #define NOFILE_MARGIN 64         /* ZeroMQ's own, io_uring, eventfds, signalfd, metrics */
 #define ACCEPT_LOG_EVERY_MS 10000
 
-struct watch {
-	void *mon;
-	const char *which;
-	uint64_t failures, logged_ms, unlogged;
-};
-
-static struct {
-	struct watch w[2];
-	unsigned n;
-} lim;
 
 static uint64_t nr_open(void)
 {
@@ -123,7 +113,7 @@ static unsigned fds_open(void)
 	return n > 3 ? n - 3 : 0; /* ".", "..", and the DIR's own */
 }
 
-static void accept_failed(struct watch *w, int err)
+static void accept_failed(struct broker_watch *w, int err)
 {
 	uint64_t now = dcast_now_ms();
 	struct rlimit rl = {0};
@@ -144,7 +134,7 @@ static void accept_failed(struct watch *w, int err)
 
 /* One monitor event: frame 1 is u16 event + u32 value, frame 2 the
  * endpoint. */
-static int monitor_read(struct watch *w)
+static int monitor_read(struct broker_watch *w)
 {
 	zmq_msg_t ev, ep;
 	uint16_t event;
@@ -178,12 +168,12 @@ static void on_monitor(struct broker *b, int fd, void *arg)
 
 int broker_limits_watch(struct broker *b, void *sock, const char *which)
 {
-	struct watch *w = &lim.w[lim.n];
+	struct broker_watch *w = &b->watch[b->n_watch];
 	char ep[64];
 	int fd;
 	size_t len = sizeof(fd);
 
-	if (lim.n == DCAST_ARRAY_LEN(lim.w))
+	if (b->n_watch == DCAST_ARRAY_LEN(b->watch))
 		return dcast_fail(DCAST_EBUSY, "limits: more than 2 listeners watched");
 	snprintf(ep, sizeof(ep), "inproc://deltacast-monitor-%s", which);
 	if (zmq_socket_monitor(sock, ep, ZMQ_EVENT_ACCEPT_FAILED) ||
@@ -191,19 +181,20 @@ int broker_limits_watch(struct broker *b, void *sock, const char *which)
 	    zmq_getsockopt(w->mon, ZMQ_FD, &fd, &len))
 		return dcast_fail(DCAST_EZMQ, "%s socket: monitor: %s", which, zmq_strerror(errno));
 	w->which = which;
-	lim.n++;
+	b->n_watch++;
 	on_monitor(b, fd, w); /* a first read arms ZMQ_FD: until the pipe was found empty
 				 once, no event would wake it */
 	return broker_poll_add(b, fd, on_monitor, w);
 }
 
-void broker_limits_close(void)
+void broker_limits_close(struct broker *b)
 {
 	int zero = 0;
 
-	for (unsigned i = 0; i < lim.n; i++) {
-		zmq_setsockopt(lim.w[i].mon, ZMQ_LINGER, &zero, sizeof(zero));
-		zmq_close(lim.w[i].mon);
+	for (unsigned i = 0; i < b->n_watch; i++) {
+		zmq_setsockopt(b->watch[i].mon, ZMQ_LINGER, &zero, sizeof(zero));
+		zmq_close(b->watch[i].mon);
 	}
-	memset(&lim, 0, sizeof(lim));
+	memset(b->watch, 0, sizeof(b->watch));
+	b->n_watch = 0;
 }

@@ -24,6 +24,6 @@ void broker_limits_memory(struct broker_config *c);
 int broker_limits_watch(struct broker *b, void *sock, const char *which);
 
 /* Close the monitors (before the sockets they watch). */
-void broker_limits_close(void);
+void broker_limits_close(struct broker *b);
 
 #endif

@@ -321,7 +321,7 @@ void broker_close(struct broker *b)
 		broker_model_free(b->models[i]);
 	broker_fold_close(b);
 	broker_relay_close(b);
-	broker_limits_close();
+	broker_limits_close(b);
 	if (b->producers)
 		zmq_close(b->producers);
 	if (b->consumers)

@@ -20,18 +20,20 @@ struct key_list {
 	int given;
 };
 
-static struct {
-	int started;
+/* b->auth: set once CURVE is on; the ZAP thread reads the key lists
+ * (never changed after start) and counts refusals. */
+struct broker_auth {
 	char secret[DCAST_Z85_KEY_LEN + 1], public_z85[DCAST_Z85_KEY_LEN + 1];
 	struct key_list producers, consumers;
 	void *zap;
 	pthread_t thread;
+	int thread_on;
 	atomic_ullong refused;
-} auth;
+};
 
-uint64_t broker_auth_refused(void)
+uint64_t broker_auth_refused(const struct broker *b)
 {
-	return atomic_load(&auth.refused);
+	return b->auth ? atomic_load(&b->auth->refused) : 0;
 }
 
 /* The rest of a key line: empty or "*" (any model), or models "a,b". */
@@ -126,34 +128,35 @@ static int list_has(const char *list, const char *model)
 	return 0;
 }
 
-int broker_auth_producer_model(const char *user_id, const char *model)
+int broker_auth_producer_model(const struct broker *b, const char *user_id, const char *model)
 {
+	const struct broker_auth *auth = b->auth;
 	int i;
 
-	if (!auth.started)
+	if (!auth)
 		return 0;
-	i = key_find(&auth.producers, user_id);
+	i = key_find(&auth->producers, user_id);
 	if (i < 0)
 		return dcast_fail(DCAST_EAUTH, "producer HELLO for model \"%s\": the connection "
 				  "has no listed CURVE key", model);
-	if (auth.producers.models[i] && !list_has(auth.producers.models[i], model))
+	if (auth->producers.models[i] && !list_has(auth->producers.models[i], model))
 		return dcast_fail(DCAST_EAUTH, "producer key %s may not publish model \"%s\" "
 				  "(its --producer-keys line allows: %s)", user_id, model,
-				  auth.producers.models[i]);
+				  auth->producers.models[i]);
 	return 0;
 }
 
 /* Decide one ZAP request: 1 admit, 0 refuse. */
-static int zap_decide(const char *domain, const char *mechanism, const uint8_t *key,
-		      size_t key_len, char *z85)
+static int zap_decide(const struct broker_auth *auth, const char *domain, const char *mechanism,
+		      const uint8_t *key, size_t key_len, char *z85)
 {
 	strcpy(z85, "?");
 	if (strcmp(mechanism, "CURVE") || key_len != 32 || !zmq_z85_encode(z85, key, 32))
 		return 0;
 	if (!strcmp(domain, "producers"))
-		return key_listed(&auth.producers, z85);
+		return key_listed(&auth->producers, z85);
 	if (!strcmp(domain, "consumers"))
-		return !auth.consumers.given || key_listed(&auth.consumers, z85);
+		return !auth->consumers.given || key_listed(&auth->consumers, z85);
 	return 0;
 }
 
@@ -204,7 +207,8 @@ static int zap_recv(void *sock, zmq_msg_t *f)
 
 static void *zap_thread(void *arg)
 {
-	void *sock = arg;
+	struct broker_auth *auth = arg;
+	void *sock = auth->zap;
 	zmq_msg_t f[AUTH_ZAP_FRAMES];
 	int n;
 
@@ -216,12 +220,12 @@ static void *zap_thread(void *arg)
 			frame_str(&f[2], domain, sizeof(domain));
 			frame_str(&f[3], addr, sizeof(addr));
 			frame_str(&f[5], mech, sizeof(mech));
-			ok = zap_decide(domain, mech, zmq_msg_data(&f[6]), zmq_msg_size(&f[6]), z85);
+			ok = zap_decide(auth, domain, mech, zmq_msg_data(&f[6]), zmq_msg_size(&f[6]), z85);
 		}
 		if (n >= 2)
 			zap_reply(sock, &f[1], ok, z85);
 		if (!ok) {
-			atomic_fetch_add(&auth.refused, 1);
+			atomic_fetch_add(&auth->refused, 1);
 			DCAST_LOG_W("auth: refused %s peer %s: %s key %s not listed", domain, addr,
 				    mech, z85);
 		}
@@ -232,29 +236,60 @@ static void *zap_thread(void *arg)
 	return NULL;
 }
 
+static void keys_free(struct key_list *kl)
+{
+	for (unsigned i = 0; kl->models && i < kl->n; i++)
+		free(kl->models[i]);
+	free(kl->models);
+	free(kl->keys);
+}
+
 static int auth_start(struct broker *b)
 {
 	const struct broker_config *c = &b->cfg;
+	struct broker_auth *auth;
 	int zero = 0, rc;
 
 	if (!c->producer_keys)
 		return dcast_fail(DCAST_EINVAL, "--curve-secret needs --producer-keys FILE "
 				  "(the producer keys to admit)");
-	if ((rc = dcast_curve_read_secret(c->curve_secret, auth.secret, auth.public_z85)) ||
-	    (rc = load_keys(c->producer_keys, &auth.producers, 1)) ||
-	    (rc = load_keys(c->consumer_keys, &auth.consumers, 0)))
+	if (!(auth = b->auth = calloc(1, sizeof(*auth))))
+		return dcast_fail(DCAST_ENOMEM, "auth state");
+	if ((rc = dcast_curve_read_secret(c->curve_secret, auth->secret, auth->public_z85)) ||
+	    (rc = load_keys(c->producer_keys, &auth->producers, 1)) ||
+	    (rc = load_keys(c->consumer_keys, &auth->consumers, 0)))
 		return rc;
-	auth.zap = zmq_socket(b->ctx, ZMQ_REP);
-	if (!auth.zap || zmq_setsockopt(auth.zap, ZMQ_LINGER, &zero, sizeof(zero)) ||
-	    zmq_bind(auth.zap, "inproc://zeromq.zap.01"))
-		return dcast_fail(DCAST_EZMQ, "ZAP handler: %s", zmq_strerror(errno));
-	if (pthread_create(&auth.thread, NULL, zap_thread, auth.zap))
-		return dcast_fail(DCAST_ENOMEM, "ZAP handler thread");
-	pthread_detach(auth.thread);
-	auth.started = 1;
-	DCAST_LOG_I("auth: CURVE on; server public key %s; consumers %s", auth.public_z85,
-		    auth.consumers.given ? "listed only" : "any CURVE client");
+	auth->zap = zmq_socket(b->ctx, ZMQ_REP);
+	if (!auth->zap || zmq_setsockopt(auth->zap, ZMQ_LINGER, &zero, sizeof(zero)) ||
+	    zmq_bind(auth->zap, "inproc://zeromq.zap.01"))
+		rc = dcast_fail(DCAST_EZMQ, "ZAP handler: %s", zmq_strerror(errno));
+	else if (pthread_create(&auth->thread, NULL, zap_thread, auth))
+		rc = dcast_fail(DCAST_ENOMEM, "ZAP handler thread");
+	if (rc) { /* the context cannot terminate while the socket is open */
+		if (auth->zap)
+			zmq_close(auth->zap);
+		auth->zap = NULL;
+		return rc;
+	}
+	auth->thread_on = 1;
+	DCAST_LOG_I("auth: CURVE on; server public key %s; consumers %s", auth->public_z85,
+		    auth->consumers.given ? "listed only" : "any CURVE client");
 	return 0;
+}
+
+void broker_auth_close(struct broker *b)
+{
+	struct broker_auth *auth = b->auth;
+
+	if (!auth)
+		return;
+	DCAST_ASSERT(!b->ctx); /* terminated: the ZAP thread's recv ended, it closed its socket */
+	if (auth->thread_on)
+		pthread_join(auth->thread, NULL);
+	keys_free(&auth->producers);
+	keys_free(&auth->consumers);
+	free(auth);
+	b->auth = NULL;
 }
 
 int broker_auth_socket(struct broker *b, void *sock, const char *which)
@@ -267,7 +302,7 @@ int broker_auth_socket(struct broker *b, void *sock, const char *which)
 			       ? dcast_fail(DCAST_EINVAL, "--producer-keys/--consumer-keys need "
 					    "--curve-secret FILE")
 			       : 0;
-	if (!auth.started && (rc = auth_start(b)))
+	if (!b->auth && (rc = auth_start(b)))
 		return rc;
 	if (!strcmp(which, "upstream")) {
 		DCAST_LOG_W("auth: the --upstream connection is not CURVE-encrypted");
@@ -275,7 +310,7 @@ int broker_auth_socket(struct broker *b, void *sock, const char *which)
 	}
 	if (zmq_setsockopt(sock, ZMQ_ZAP_DOMAIN, which, strlen(which)) ||
 	    zmq_setsockopt(sock, ZMQ_CURVE_SERVER, &one, sizeof(one)) ||
-	    zmq_setsockopt(sock, ZMQ_CURVE_SECRETKEY, auth.secret, DCAST_Z85_KEY_LEN))
+	    zmq_setsockopt(sock, ZMQ_CURVE_SECRETKEY, b->auth->secret, DCAST_Z85_KEY_LEN))
 		return dcast_fail(DCAST_EZMQ, "%s socket: CURVE options: %s", which,
 				  zmq_strerror(errno));
 	return 0;

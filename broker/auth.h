@@ -9,8 +9,8 @@
 /* Set CURVE server options on a broker socket before bind (which:
  * "producers", "consumers"; "upstream" DEALERs are left plain).  The first
  * call with --curve-secret loads the key files and starts the ZAP handler
- * thread on inproc://zeromq.zap.01 in b->ctx; it runs until the context
- * terminates.  Without --curve-secret: no-op, but key lists given without
+ * thread on inproc://zeromq.zap.01 in b->ctx (state in b->auth); it runs
+ * until the context terminates.  Without --curve-secret: no-op, but key lists given without
  * it are refused.  Errors: DCAST_EINVAL (a key file without
  * --curve-secret, --curve-secret without --producer-keys), key file errors
  * (DCAST_EIO / DCAST_EMALFORMED naming file and line), DCAST_EZMQ. */
@@ -21,9 +21,13 @@ int broker_auth_socket(struct broker *b, void *sock, const char *which);
  * must be listed, and its --producer-keys line
  * must name the model or none (any model).  0 without --curve-secret.
  * Errors: DCAST_EAUTH, the text naming the key, the model and the list. */
-int broker_auth_producer_model(const char *user_id, const char *model);
+int broker_auth_producer_model(const struct broker *b, const char *user_id, const char *model);
 
 /* Peers refused by the ZAP handler so far (for metrics). */
-uint64_t broker_auth_refused(void);
+uint64_t broker_auth_refused(const struct broker *b);
+
+/* After the context terminated (the ZAP thread's recv ends there): join
+ * the thread and free the key lists.  No-op when CURVE was off. */
+void broker_auth_close(struct broker *b);
 
 #endif

@@ -705,7 +705,7 @@ static void producer_hello(struct broker *b, struct broker_peer *p, dcast_wire_i
 
 	if (h->role != DCAST_ROLE_PRODUCER)
 		rc = dcast_fail(DCAST_EFIELD_RANGE, "HELLO.role: consumer on the producer endpoint");
-	else if ((rc = broker_auth_producer_model(in->user_id, h->model))) /* broker/auth.c */
+	else if ((rc = broker_auth_producer_model(b, in->user_id, h->model))) /* broker/auth.c */
 		;
 	else if (!(m = producer_model(b, h->model))) /* dcast_last_error() names why */
 		rc = b->n_models >= b->cfg.max_models ? DCAST_EBUSY : DCAST_ENOMEM;

@@ -328,5 +328,7 @@ void broker_close(struct broker *b)
 		zmq_close(b->consumers);
 	if (b->ctx)
 		zmq_ctx_term(b->ctx);
+	b->ctx = NULL;
+	broker_auth_close(b);
 	memset(b, 0, sizeof(*b));
 }

@@ -272,6 +272,7 @@ struct broker {
 	uint64_t refuse_window_ms;
 	uint32_t refuse_logged, refuse_quiet;
 	struct broker_auth *auth;     /* CURVE and the ZAP handler (auth.c); NULL: off */
+	struct broker_durable *dur;   /* --data-dir: the writer thread (durable.c); NULL: off */
 	struct broker_clients metrics_clients, admin_clients;
 	struct broker_watch {         /* accept failures of a listener (limits.c) */
 		void *mon;            /* its socket monitor */

@@ -63,7 +63,9 @@ struct job_queue {
 	struct durable_job *head, *tail;
 };
 
-static struct {
+/* b->dur: set with --data-dir.  The writer thread owns the segment store
+ * while it runs; the queues are shared under mu. */
+struct broker_durable {
 	broker_seg_store *store;
 	pthread_t writer;
 	int writer_on, efd, stop;
@@ -76,7 +78,7 @@ static struct {
 	unsigned n_failed;
 	/* loop only */
 	uint64_t seq_queued, seq_done, turn_ns;
-} dur = {.efd = -1, .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+};
 
 /* Restore state: the version being rebuilt from its records. */
 struct restore {
@@ -87,7 +89,7 @@ struct restore {
 	uint64_t versions;
 };
 
-/* ---- queues (callers hold dur.mu) ---------------------------------- */
+/* ---- queues (callers hold d->mu) ---------------------------------- */
 
 static void queue_push(struct job_queue *q, struct durable_job *j)
 {
@@ -110,107 +112,107 @@ static struct durable_job *queue_pop(struct job_queue *q)
 
 /* ---- the writer thread --------------------------------------------- */
 
-static void fault_sleep(void)
+static void fault_sleep(const struct broker_durable *d)
 {
-	struct timespec ts = {(time_t)(dur.slowdisk_ms / 1000),
-			      (long)(dur.slowdisk_ms % 1000) * 1000000L};
+	struct timespec ts = {(time_t)(d->slowdisk_ms / 1000),
+			      (long)(d->slowdisk_ms % 1000) * 1000000L};
 
-	while (dur.slowdisk_ms && nanosleep(&ts, &ts) && errno == EINTR)
+	while (d->slowdisk_ms && nanosleep(&ts, &ts) && errno == EINTR)
 		;
 }
 
-static int failed_find(const struct broker_model *m)
+static int failed_find(const struct broker_durable *d, const struct broker_model *m)
 {
-	for (unsigned i = 0; i < dur.n_failed; i++)
-		if (dur.failed[i] == m)
+	for (unsigned i = 0; i < d->n_failed; i++)
+		if (d->failed[i] == m)
 			return (int)i;
 	return -1;
 }
 
-static void failed_set(const struct broker_model *m, int on)
+static void failed_set(struct broker_durable *d, const struct broker_model *m, int on)
 {
-	int i = failed_find(m);
+	int i = failed_find(d, m);
 
-	if (on && i < 0 && dur.n_failed < BROKER_MAX_MODELS)
-		dur.failed[dur.n_failed++] = m;
+	if (on && i < 0 && d->n_failed < BROKER_MAX_MODELS)
+		d->failed[d->n_failed++] = m;
 	if (!on && i >= 0)
-		dur.failed[i] = dur.failed[--dur.n_failed];
+		d->failed[i] = d->failed[--d->n_failed];
 }
 
 /* The job's records, then the COMMIT record and the fsync.  The slowdisk
  * fault sleeps between the CHUNK records and the COMMIT, and after the
  * fsync: a SIGKILL in the first sleep leaves a torn version behind. */
-static int job_write(struct durable_job *j)
+static int job_write(struct broker_durable *d, struct durable_job *j)
 {
 	int rc = 0;
 
 	if (j->anchor)
-		rc = broker_seg_begin_anchor(dur.store, j->model, j->version, j->manifest,
+		rc = broker_seg_begin_anchor(d->store, j->model, j->version, j->manifest,
 					     j->manifest_len);
 	for (uint32_t i = 0; !rc && i < j->n_rec; i++)
-		rc = broker_seg_append_chunk(dur.store, j->model, j->version, j->rec[i].hdr,
+		rc = broker_seg_append_chunk(d->store, j->model, j->version, j->rec[i].hdr,
 					     j->rec[i].hdr_len, j->rec[i].payload,
 					     j->rec[i].payload_len);
 	if (rc) {
-		broker_seg_abort(dur.store, j->model);
+		broker_seg_abort(d->store, j->model);
 		return rc;
 	}
-	fault_sleep();
-	if ((rc = broker_seg_commit(dur.store, j->model, j->version, j->commit, j->commit_len)))
+	fault_sleep(d);
+	if ((rc = broker_seg_commit(d->store, j->model, j->version, j->commit, j->commit_len)))
 		return rc;
-	fault_sleep();
+	fault_sleep(d);
 	return 0;
 }
 
 /* After a failed write the model's segment has a hole: no later version
  * of it is written until an anchor starts a whole segment again. */
-static void job_run(struct durable_job *j)
+static void job_run(struct broker_durable *d, struct durable_job *j)
 {
 	uint64_t t0 = dcast_now_ns();
 
 	if (j->drop) {
-		if ((j->err = broker_seg_drop(dur.store, j->model)) != 0)
+		if ((j->err = broker_seg_drop(d->store, j->model)) != 0)
 			snprintf(j->why, sizeof(j->why), "%s", dcast_last_error());
-		failed_set(j->m, 0); /* no hole left; a removed m is freed next */
-	} else if (failed_find(j->m) >= 0 && !j->anchor) {
+		failed_set(d, j->m, 0); /* no hole left; a removed m is freed next */
+	} else if (failed_find(d, j->m) >= 0 && !j->anchor) {
 		j->err = DCAST_EIO;
 		snprintf(j->why, sizeof(j->why), "not written: an earlier version of the model "
 			 "failed to become durable (a hole), and only an anchor starts a whole "
 			 "segment again");
-	} else if ((j->err = job_write(j)) != 0) {
+	} else if ((j->err = job_write(d, j)) != 0) {
 		snprintf(j->why, sizeof(j->why), "%s", dcast_last_error());
 	}
-	failed_set(j->m, j->err != 0);
+	failed_set(d, j->m, j->err != 0);
 	j->write_ns = dcast_now_ns() - t0;
 }
 
-static void efd_signal(void)
+static void efd_signal(const struct broker_durable *d)
 {
 	uint64_t one = 1;
 
-	if (write(dur.efd, &one, sizeof(one)) != sizeof(one))
+	if (write(d->efd, &one, sizeof(one)) != sizeof(one))
 		DCAST_LOG_W("durable: eventfd write: %s", strerror(errno));
 }
 
 /* Jobs in queue order, one at a time; leaves once stopped and drained. */
 static void *writer_main(void *arg)
 {
+	struct broker_durable *d = arg;
 	struct durable_job *j;
 
-	(void)arg;
-	pthread_mutex_lock(&dur.mu);
-	while ((j = queue_pop(&dur.todo)) || !dur.stop) {
+	pthread_mutex_lock(&d->mu);
+	while ((j = queue_pop(&d->todo)) || !d->stop) {
 		if (!j) {
-			pthread_cond_wait(&dur.cv, &dur.mu);
+			pthread_cond_wait(&d->cv, &d->mu);
 			continue;
 		}
-		pthread_mutex_unlock(&dur.mu);
-		job_run(j);
-		pthread_mutex_lock(&dur.mu);
-		queue_push(&dur.done, j);
-		efd_signal();
+		pthread_mutex_unlock(&d->mu);
+		job_run(d, j);
+		pthread_mutex_lock(&d->mu);
+		queue_push(&d->done, j);
+		efd_signal(d);
 	}
-	pthread_mutex_unlock(&dur.mu);
+	pthread_mutex_unlock(&d->mu);
 	return NULL;
 }
 
@@ -263,10 +265,10 @@ static struct durable_job *job_new(struct broker_model *m, struct broker_version
 
 int broker_durable_drop(struct broker *b, struct broker_model *m, int free_model)
 {
+	struct broker_durable *d = b->dur;
 	struct durable_job *j = calloc(1, sizeof(*j));
 
-	(void)b;
-	DCAST_ASSERT(dur.store && (m->deleting || !free_model));
+	DCAST_ASSERT(d && d->store && (m->deleting || !free_model));
 	if (!j)
 		return dcast_fail(DCAST_ENOMEM, "durable: a job to delete model %s's files", m->name);
 	j->m = m;
@@ -275,11 +277,11 @@ int broker_durable_drop(struct broker *b, struct broker_model *m, int free_model
 	j->run = m->run;
 	snprintf(j->model, sizeof(j->model), "%s", m->name);
 	j->queued_ns = dcast_now_ns();
-	pthread_mutex_lock(&dur.mu);
-	j->seq = ++dur.seq_queued;
-	queue_push(&dur.todo, j);
-	pthread_cond_signal(&dur.cv);
-	pthread_mutex_unlock(&dur.mu);
+	pthread_mutex_lock(&d->mu);
+	j->seq = ++d->seq_queued;
+	queue_push(&d->todo, j);
+	pthread_cond_signal(&d->cv);
+	pthread_mutex_unlock(&d->mu);
 	return 0;
 }
 
@@ -296,28 +298,28 @@ static void job_dropped(struct broker *b, struct durable_job *j)
 		broker_model_dropped(b, j->m);
 }
 
-int broker_durable_on(void)
+int broker_durable_on(const struct broker *b)
 {
-	return dur.store != NULL;
+	return b->dur && b->dur->store;
 }
 
 int broker_durable_commit(struct broker *b, struct broker_model *m, struct broker_version *v,
 			  int ack)
 {
+	struct broker_durable *d = b->dur;
 	uint64_t t0 = dcast_now_ns();
 	struct durable_job *j;
 
-	(void)b;
-	if (!dur.store)
+	if (!d || !d->store)
 		return 0;
 	if (!(j = job_new(m, v, ack)))
 		return DCAST_ENOMEM;
-	pthread_mutex_lock(&dur.mu);
-	j->seq = ++dur.seq_queued;
-	queue_push(&dur.todo, j);
-	pthread_cond_signal(&dur.cv);
-	pthread_mutex_unlock(&dur.mu);
-	dur.turn_ns += dcast_now_ns() - t0;
+	pthread_mutex_lock(&d->mu);
+	j->seq = ++d->seq_queued;
+	queue_push(&d->todo, j);
+	pthread_cond_signal(&d->cv);
+	pthread_mutex_unlock(&d->mu);
+	d->turn_ns += dcast_now_ns() - t0;
 	return 0;
 }
 
@@ -348,19 +350,19 @@ static void job_lost(struct broker *b, struct durable_job *j)
 /* The eventfd: every finished job, in commit order. */
 static void on_done(struct broker *b, int fd, void *arg)
 {
+	struct broker_durable *d = arg;
 	uint64_t t0 = dcast_now_ns(), n;
 	struct durable_job *j;
 
-	(void)arg;
 	if (read(fd, &n, sizeof(n)) < 0 && errno != EAGAIN)
 		DCAST_LOG_W("durable: eventfd read: %s", strerror(errno));
 	for (;;) {
-		pthread_mutex_lock(&dur.mu);
-		j = queue_pop(&dur.done);
-		pthread_mutex_unlock(&dur.mu);
+		pthread_mutex_lock(&d->mu);
+		j = queue_pop(&d->done);
+		pthread_mutex_unlock(&d->mu);
 		if (!j)
 			break;
-		DCAST_ASSERT(j->seq == ++dur.seq_done); /* completions in commit order */
+		DCAST_ASSERT(j->seq == ++d->seq_done); /* completions in commit order */
 		if (j->drop)
 			job_dropped(b, j);
 		else if (j->m->deleting || j->run != j->m->run)
@@ -371,43 +373,43 @@ static void on_done(struct broker *b, int fd, void *arg)
 			job_durable(b, j);
 		job_free(j);
 	}
-	dur.turn_ns += dcast_now_ns() - t0;
+	d->turn_ns += dcast_now_ns() - t0;
 }
 
 void broker_durable_turn_end(struct broker *b)
 {
-	uint64_t ns = dur.turn_ns;
+	uint64_t ns = b->dur ? b->dur->turn_ns : 0;
 
 	if (!ns)
 		return;
-	dur.turn_ns = 0;
+	b->dur->turn_ns = 0;
 	if (ns > b->stats.loop_stall_max_ns)
 		b->stats.loop_stall_max_ns = ns;
 	if (ns > DURABLE_TURN_WARN_NS)
 		DCAST_LOG_W("event loop spent %.1f ms on durable work in one turn", (double)ns / 1e6);
 }
 
-uint64_t broker_durable_in_flight(void)
+uint64_t broker_durable_in_flight(const struct broker *b)
 {
-	return dur.seq_queued - dur.seq_done;
+	return b->dur ? b->dur->seq_queued - b->dur->seq_done : 0;
 }
 
-static int writer_start(struct broker *b)
+static int writer_start(struct broker *b, struct broker_durable *d)
 {
 	int rc;
 
-	dur.slowdisk_ms = b->cfg.fault_slowdisk_ms;
-	if ((dur.efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0)
+	d->slowdisk_ms = b->cfg.fault_slowdisk_ms;
+	if ((d->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0)
 		return dcast_fail(DCAST_EIO, "durable: eventfd: %s", strerror(errno));
-	if ((rc = broker_poll_add(b, dur.efd, on_done, NULL)))
+	if ((rc = broker_poll_add(b, d->efd, on_done, d)))
 		return rc;
-	if ((rc = pthread_create(&dur.writer, NULL, writer_main, NULL)))
+	if ((rc = pthread_create(&d->writer, NULL, writer_main, d)))
 		return dcast_fail(DCAST_EIO, "durable: writer thread: %s", strerror(rc));
-	dur.writer_on = 1;
-	if (dur.slowdisk_ms)
+	d->writer_on = 1;
+	if (d->slowdisk_ms)
 		DCAST_LOG_W("fault injection: slowdisk: the durable writer sleeps %llu ms before "
 			    "each COMMIT record and again after each fsync",
-			    (unsigned long long)dur.slowdisk_ms);
+			    (unsigned long long)d->slowdisk_ms);
 	return 0;
 }
 
@@ -548,50 +550,73 @@ static int restore_visit(void *ctx, const char *model, int kind, uint64_t versio
 	return restore_commit(r, version, hdr, hdr_len);
 }
 
+static struct broker_durable *durable_new(void)
+{
+	struct broker_durable *d = calloc(1, sizeof(*d));
+
+	if (!d)
+		return NULL;
+	d->efd = -1;
+	pthread_mutex_init(&d->mu, NULL);
+	pthread_cond_init(&d->cv, NULL);
+	return d;
+}
+
 int broker_durable_restore(struct broker *b)
 {
 	struct restore r = {.b = b};
+	struct broker_durable *d;
 	int rc;
 
 	if (!b->cfg.data_dir)
 		return 0;
-	if ((rc = broker_seg_open(&dur.store, b->cfg.data_dir)))
+	if (!(d = b->dur = durable_new()))
+		return dcast_fail(DCAST_ENOMEM, "durable state");
+	if ((rc = broker_seg_open(&d->store, b->cfg.data_dir)))
 		return rc;
 	DCAST_LOG_I("data dir %s: segments written through %s on a writer thread; ACKs on "
 		    "completion", b->cfg.data_dir,
-		    broker_seg_uses_uring(dur.store) ? "io_uring" : "pread/pwrite");
-	rc = broker_seg_load(dur.store, restore_visit, &r);
+		    broker_seg_uses_uring(d->store) ? "io_uring" : "pread/pwrite");
+	rc = broker_seg_load(d->store, restore_visit, &r);
 	if (r.v)
 		broker_version_put(r.v);
 	if (rc)
 		return dcast_fail(rc, "restore from %s: %s", b->cfg.data_dir, dcast_last_error());
 	DCAST_LOG_I("data dir %s: %llu committed version(s) restored", b->cfg.data_dir,
 		    (unsigned long long)r.versions);
-	return writer_start(b);
+	return writer_start(b, d);
 }
 
 void broker_durable_close(struct broker *b)
 {
+	struct broker_durable *d = b->dur;
 	struct durable_job *j;
 
-	if (dur.writer_on) {
-		pthread_mutex_lock(&dur.mu);
-		dur.stop = 1;
-		pthread_cond_signal(&dur.cv);
-		pthread_mutex_unlock(&dur.mu);
-		pthread_join(dur.writer, NULL);
-		dur.writer_on = 0;
+	if (!d)
+		return;
+	if (d->writer_on) {
+		pthread_mutex_lock(&d->mu);
+		d->stop = 1;
+		pthread_cond_signal(&d->cv);
+		pthread_mutex_unlock(&d->mu);
+		pthread_join(d->writer, NULL);
+		d->writer_on = 0;
 	}
-	while ((j = queue_pop(&dur.done)) != NULL) { /* durable, but the loop is gone: no ACK */
+	while ((j = queue_pop(&d->done)) != NULL) { /* durable, but the loop is gone: no ACK */
 		if (j->drop && j->free_model)
 			broker_model_free(j->m); /* removed: in no table, the job held it */
 		job_free(j);
 	}
-	if (dur.store)
+	if (d->store)
 		DCAST_LOG_I("durable: longest event loop turn on durable work %.2f ms",
 			    (double)b->stats.loop_stall_max_ns / 1e6);
-	if (dur.efd >= 0)
-		close(dur.efd);
-	dur.efd = -1;
-	broker_seg_close(&dur.store);
+	if (d->efd >= 0) {
+		broker_poll_del(b, d->efd);
+		close(d->efd);
+	}
+	broker_seg_close(&d->store);
+	pthread_mutex_destroy(&d->mu);
+	pthread_cond_destroy(&d->cv);
+	free(d);
+	b->dur = NULL;
 }

@@ -10,7 +10,7 @@
 
 /* 1 with --data-dir (after broker_durable_restore): ACKs wait for the
  * durable completion; 0 without, and committed versions are ACKed at once. */
-int broker_durable_on(void);
+int broker_durable_on(const struct broker *b);
 
 /* Queue v's records for the model's segment (a new segment when v is an
  * anchor) and their fsync, behind every version queued before; returns at
@@ -37,7 +37,7 @@ int broker_durable_drop(struct broker *b, struct broker_model *m, int free_model
 void broker_durable_turn_end(struct broker *b);
 
 /* Versions queued and not yet reported back (for metrics). */
-uint64_t broker_durable_in_flight(void);
+uint64_t broker_durable_in_flight(const struct broker *b);
 
 /* Open the store in --data-dir, re-insert every durable committed version
  * into the log with broker_log_append(), cutting torn tails, then start the

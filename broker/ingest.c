@@ -512,7 +512,7 @@ static void producers_ack(struct broker *b, struct broker_model *m, uint64_t ver
 void broker_version_ack(struct broker *b, struct broker_model *m, uint64_t version)
 {
 	/* only what is durable is acknowledged (durable.c sets it first) */
-	DCAST_ASSERT(!broker_durable_on() || m->durable_version == version);
+	DCAST_ASSERT(!broker_durable_on(b) || m->durable_version == version);
 	if (m->relayed)
 		broker_relay_ack(b, m, version);
 	else
@@ -554,7 +554,7 @@ static int pending_finish(struct broker *b, struct broker_model *m)
 	b->stats.versions_committed++;
 	if (broker_version_committed(b, m, v))
 		broker_version_lost(b, m, v->version, dcast_last_error());
-	else if (!broker_durable_on())
+	else if (!broker_durable_on(b))
 		broker_version_ack(b, m, v->version);
 	return 0;
 }

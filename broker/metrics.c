@@ -206,7 +206,7 @@ size_t broker_metrics_render(const struct broker *b, char *buf, size_t cap)
 	gauge(&o, "fold_state_bytes", "host copies of model states held to make anchors (0 between cuts)",
 	      broker_fold_state_bytes(b));
 	gauge(&o, "durable_in_flight_versions", "versions queued for the durable writer, not yet done",
-	      broker_durable_in_flight());
+	      broker_durable_in_flight(b));
 	emit(&o, "# HELP deltacast_loop_stall_max_ms longest event loop turn spent on durable work\n"
 	     "# TYPE deltacast_loop_stall_max_ms gauge\ndeltacast_loop_stall_max_ms %.3f\n",
 	     (double)st->loop_stall_max_ns / 1e6);

@@ -66,7 +66,7 @@ int broker_model_remove(struct broker *b, struct broker_model *m, int expired, c
 		return dcast_fail(DCAST_ESTATE, "model %s is relayed from --upstream (its "
 				  "--upstream-model flag keeps it): not removed", m->name);
 	m->deleting = 1;
-	if (broker_durable_on() && broker_durable_drop(b, m, 1)) {
+	if (broker_durable_on(b) && broker_durable_drop(b, m, 1)) {
 		m->deleting = 0;
 		return DCAST_ENOMEM;
 	}
@@ -74,7 +74,7 @@ int broker_model_remove(struct broker *b, struct broker_model *m, int expired, c
 		 m->name, expired ? "expired" : "deleted", why);
 	DCAST_LOG_I("model %s: removed (%s): %s; version %lld, %u versions in its log%s", m->name,
 		    expired ? "expired" : "deleted", why, (long long)broker_model_newest(m), m->n_log,
-		    broker_durable_on() ? "; its files are being deleted" : "");
+		    broker_durable_on(b) ? "; its files are being deleted" : "");
 	broker_pending_abort(b, m, text);
 	peers_evict(b, &b->prod, b->producers, &b->stats.producers_connected, m, text);
 	peers_evict(b, &b->cons, b->consumers, &b->stats.consumers_connected, m, text);
@@ -85,7 +85,7 @@ int broker_model_remove(struct broker *b, struct broker_model *m, int expired, c
 		b->stats.models_expired++;
 	else
 		b->stats.models_deleted++;
-	if (!broker_durable_on())
+	if (!broker_durable_on(b))
 		broker_model_free(m);
 	return 0;
 }
@@ -93,7 +93,7 @@ int broker_model_remove(struct broker *b, struct broker_model *m, int expired, c
 void broker_model_clear(struct broker *b, struct broker_model *m)
 {
 	broker_pending_abort(b, m, NULL);
-	if (broker_durable_on() && broker_durable_drop(b, m, 0))
+	if (broker_durable_on(b) && broker_durable_drop(b, m, 0))
 		DCAST_LOG_E("model %s: segments of the earlier run not deleted: %s", m->name,
 			    dcast_last_error());
 	for (uint64_t i = 0; i < b->cons.hi; i++)

@@ -218,6 +218,31 @@ struct broker_stats {
 struct broker;
 typedef void (*broker_fd_fn)(struct broker *b, int fd, void *arg);
 
+/* ---- io.c: the I/O primitives under everything that sends or waits ---- */
+/* Add an fd to the poll set for ZMQ_POLLIN (eventfds, local listeners and
+ * clients, a signalfd); fn runs when it is ready for its events or has an
+ * error.  fn may add and remove fds.  Errors: DCAST_EBUSY (the set is full). */
+int broker_poll_add(struct broker *b, int fd, broker_fd_fn fn, void *arg);
+/* Poll fd for these events instead (ZMQ_POLLIN, ZMQ_POLLOUT or both). */
+void broker_poll_events(struct broker *b, int fd, short events);
+/* Take fd out of the poll set, before closing it.  No-op if absent. */
+void broker_poll_del(struct broker *b, int fd);
+/* Run the callbacks of the extra fds that it[0..n) says are ready (loop.c). */
+void broker_poll_dispatch(struct broker *b, const zmq_pollitem_t *it, uint32_t n);
+/* Refuse an inbound message: count it by code, log it (at most
+ * BROKER_REFUSE_LOG_MAX lines a second: a dropped producer's in-flight
+ * chunks would log one line each) and send ERROR back, every time. */
+void broker_refuse(struct broker *b, void *sock, const zmq_msg_t *rid, int code,
+		   const char *model, uint64_t version);
+/* Once a second (the timer turn): close the refusal log's window, saying
+ * how many refusals it left out. */
+void broker_refuse_log_roll(struct broker *b, uint64_t now);
+/* Send a header built from `m` to a peer (best effort, never blocks). */
+int broker_send_msg(struct broker *b, void *sock, struct broker_peer *p, const dcast_msg *m);
+/* Options of every ROUTER before bind (which: "producers"/"consumers") and
+ * upstream DEALER before connect ("upstream"): CURVE (auth.c) among them. */
+int broker_socket_setup(struct broker *b, void *sock, const char *which);
+
 /* ---- clients.c: bounded local clients of one listener ----
  * The metrics page and the admin socket each accept a few non-blocking
  * clients into the loop's poll set; every client has a slot (a struct
@@ -313,11 +338,6 @@ static inline int broker_silent(const struct broker *b, uint64_t now, uint64_t l
 int broker_open(struct broker *b, const struct broker_config *cfg);
 int broker_run(struct broker *b);
 void broker_close(struct broker *b);
-/* Refuse an inbound message: count it by code, log it (at most
- * BROKER_REFUSE_LOG_MAX lines a second: a dropped producer's in-flight
- * chunks would log one line each) and send ERROR back, every time. */
-void broker_refuse(struct broker *b, void *sock, const zmq_msg_t *rid, int code,
-		   const char *model, uint64_t version);
 /* Set up an empty table of cap slots (broker/peers.c).  Errors:
  * DCAST_ENOMEM (nothing left allocated). */
 int broker_peers_init(struct broker_peers *s, uint64_t cap);
@@ -335,8 +355,6 @@ void broker_peer_reset(struct broker_peer *p);
 /* Drop p from s: its references released (broker_peer_reset), its slot
  * zeroed and free again.  No-op on a free slot. */
 void broker_peer_forget(struct broker_peers *s, struct broker_peer *p);
-/* Send a header built from `m` to a peer (best effort, never blocks). */
-int broker_send_msg(struct broker *b, void *sock, struct broker_peer *p, const dcast_msg *m);
 
 /* ---- log.c ---- */
 /* One allocation's cost beyond its bytes: the allocator's header plus
@@ -489,16 +507,5 @@ int broker_version_committed(struct broker *b, struct broker_model *m,
 /* Called once at start-up, after the sockets are set up and before the
  * loop runs: re-insert durable versions with broker_log_append().  log.c. */
 int broker_log_restore(struct broker *b);
-/* Called for each ROUTER before bind (which: "producers"/"consumers") and
- * each upstream DEALER before connect ("upstream"): CURVE goes here. */
-int broker_socket_setup(struct broker *b, void *sock, const char *which);
-/* Add an fd to the poll set for ZMQ_POLLIN (eventfds, the metrics listener
- * and clients); fn runs when it is ready for its events or has an error.
- * fn may add and remove fds.  Errors: DCAST_EBUSY (the set is full). */
-int broker_poll_add(struct broker *b, int fd, broker_fd_fn fn, void *arg);
-/* Poll fd for these events instead (ZMQ_POLLIN, ZMQ_POLLOUT or both). */
-void broker_poll_events(struct broker *b, int fd, short events);
-/* Take fd out of the poll set, before closing it.  No-op if absent. */
-void broker_poll_del(struct broker *b, int fd);
 
 #endif

@@ -16,6 +16,7 @@
 #include <zmq.h>
 #include "deltacast/err.h"
 #include "deltacast/schema.h"
+#include "dcast_common.h"
 #include "dcast_wire.h"
 
 #define BROKER_MAX_MODELS 256
@@ -239,9 +240,24 @@ void broker_refuse(struct broker *b, void *sock, const zmq_msg_t *rid, int code,
 void broker_refuse_log_roll(struct broker *b, uint64_t now);
 /* Send a header built from `m` to a peer (best effort, never blocks). */
 int broker_send_msg(struct broker *b, void *sock, struct broker_peer *p, const dcast_msg *m);
+/* Encode m into *out (uninitialised; a header frame kept in the log, owning
+ * the bytes).  Errors: the encoder's, DCAST_EZMQ; *out is then untouched. */
+int broker_frame_encode(const dcast_msg *m, zmq_msg_t *out);
 /* Options of every ROUTER before bind (which: "producers"/"consumers") and
  * upstream DEALER before connect ("upstream"): CURVE (auth.c) among them. */
 int broker_socket_setup(struct broker *b, void *sock, const char *which);
+
+/* ---- where a committed version's outcome goes ----
+ * A version came from producer parts (ingest.c) or from the upstream
+ * (relay.c, m->relayed); each registers at open how it is told that a
+ * version it committed is acknowledged (durable, or at once without a
+ * data dir) or lost (its write failed).  Durability and ingest report
+ * through broker_version_ack / broker_version_lost below, so neither names
+ * the other. */
+struct broker_outcome {
+	void (*acked)(struct broker *b, struct broker_model *m, uint64_t version);
+	void (*lost)(struct broker *b, struct broker_model *m, uint64_t version, const char *why);
+};
 
 /* ---- clients.c: bounded local clients of one listener ----
  * The metrics page and the admin socket each accept a few non-blocking
@@ -296,6 +312,7 @@ struct broker {
 	 * counted and summed up in one line when the second is over. */
 	uint64_t refuse_window_ms;
 	uint32_t refuse_logged, refuse_quiet;
+	struct broker_outcome outcome[2]; /* [m->relayed]: ingest.c, relay.c */
 	struct broker_auth *auth;     /* CURVE and the ZAP handler (auth.c); NULL: off */
 	struct broker_durable *dur;   /* --data-dir: the writer thread (durable.c); NULL: off */
 	struct broker_clients metrics_clients, admin_clients;
@@ -430,9 +447,6 @@ void broker_models_idle(struct broker *b, uint64_t now_ms);
  * after its writes, whose completions are then skipped).  The caller sets
  * the new run. */
 void broker_model_clear(struct broker *b, struct broker_model *m);
-/* The durable writer deleted a removed model's files (or failed to, which
- * is logged): free it (durable.c calls it, in commit order). */
-void broker_model_dropped(struct broker *b, struct broker_model *m);
 
 /* ---- ingest.c: producers, and the open-version logic the relay reuses ---- */
 void broker_producer_msg(struct broker *b, dcast_wire_in *in);
@@ -450,23 +464,12 @@ int broker_pending_chunk(struct broker *b, struct broker_model *m, uint32_t part
  * when the COMMIT is refused. */
 int broker_pending_commit(struct broker *b, struct broker_model *m, uint32_t part,
 			  dcast_commit *c, int *committed);
-/* A committed version is durable (or there is no data dir): ACK it, to the
- * model's producers, or upstream for a relayed model.  The one place an
- * ACK of a version goes out; with --data-dir only durable.c calls it. */
-void broker_version_ack(struct broker *b, struct broker_model *m, uint64_t version);
-/* A committed version (served, never ACKed) did not become durable:
- * ERROR(DCAST_EIO, why) to the model's producers, and the model takes only
- * an anchor from now on (WELCOME need_anchor), which starts a whole segment
- * again.  A relayed model only logs (its upstream decides what comes). */
-void broker_version_lost(struct broker *b, struct broker_model *m, uint64_t version,
-			 const char *why);
+/* Register the producers' outcomes (b->outcome[0]); broker_open. */
+void broker_ingest_init(struct broker *b);
 /* Drop the open version: ERROR(DCAST_EABORTED, why) to the model's
  * producers; why == NULL drops it quietly (nothing was accepted into it). */
 void broker_pending_abort(struct broker *b, struct broker_model *m, const char *why);
 int broker_chunk_check(const struct broker_manifest *mf, const dcast_chunk *c);
-/* Encode m into *out (uninitialised; a header frame kept in the log, owning
- * the bytes).  Errors: the encoder's, DCAST_EZMQ; *out is then untouched. */
-int broker_frame_encode(const dcast_msg *m, zmq_msg_t *out);
 
 /* ---- fanout.c: consumers ---- */
 void broker_consumer_msg(struct broker *b, dcast_wire_in *in);
@@ -476,6 +479,9 @@ void broker_fanout(struct broker *b);
  * adopted from a relay's upstream).  A WELCOME mid-stream changes nothing
  * in the consumer's stream; it confirms or refutes the run of its state. */
 void broker_rewelcome(struct broker *b, const struct broker_model *m);
+/* A producer created m: consumers that said HELLO for it before it existed
+ * stream it from now on, and all of them learn its run (WELCOME). */
+void broker_model_announce(struct broker *b, struct broker_model *m);
 void broker_consumer_timers(struct broker *b, uint64_t now_ms);
 
 /* ---- relay.c ---- */
@@ -492,20 +498,40 @@ void broker_relay_timers(struct broker *b, uint64_t now_ms);
 void broker_relay_flush_credit(struct broker *b);
 /* ACK `version` upstream on the DEALER of relayed model m (it is in the
  * relay's log, durable with --data-dir); no-op when m is not relayed. */
-void broker_relay_ack(struct broker *b, struct broker_model *m, uint64_t version);
 void broker_relay_close(struct broker *b);
 
-/* ---- Hooks (one call site each) ---- */
+/* ---- commit.c: the commit pipeline ---- */
+
+/* A committed version is durable (or there is no data dir): ACK it where
+ * it came from (b->outcome: the model's producers, or upstream for a
+ * relayed model).  The one place an ACK of a version goes out; with
+ * --data-dir only durable.c calls it. */
+static inline void broker_version_ack(struct broker *b, struct broker_model *m, uint64_t version)
+{
+	DCAST_ASSERT(b->outcome[m->relayed != 0].acked);
+	b->outcome[m->relayed != 0].acked(b, m, version);
+}
+/* A committed version (served, never ACKed) did not become durable: the
+ * producers get ERROR(DCAST_EIO, why) and the model takes only an anchor
+ * from now on (WELCOME need_anchor), which starts a whole segment again;
+ * a relayed model has no lost outcome (its upstream decides what comes). */
+static inline void broker_version_lost(struct broker *b, struct broker_model *m, uint64_t version,
+				       const char *why)
+{
+	if (b->outcome[m->relayed != 0].lost)
+		b->outcome[m->relayed != 0].lost(b, m, version, why);
+}
 
 /* Called once a version has all its parts and is in the log, before any
  * ACK goes out or any consumer sees it (the same loop turn).  Durability
  * queues its write here (the ACK follows the completion); the anchor
  * folder queues it here.  Returns 0, or DCAST_ENOMEM when the write could
- * not be queued (the caller then reports the version lost).  log.c. */
+ * not be queued (the caller then reports the version lost). */
 int broker_version_committed(struct broker *b, struct broker_model *m,
 			     struct broker_version *v);
-/* Called once at start-up, after the sockets are set up and before the
- * loop runs: re-insert durable versions with broker_log_append().  log.c. */
+/* Called once at start-up, before the endpoints bind: re-insert durable
+ * versions with broker_log_append(), then start the anchor folder over the
+ * restored logs. */
 int broker_log_restore(struct broker *b);
 
 #endif

@@ -294,8 +294,10 @@ static void job_dropped(struct broker *b, struct durable_job *j)
 	else
 		DCAST_LOG_I("model %s: segments deleted from %s in %.1f ms", j->model,
 			    b->cfg.data_dir, (double)j->write_ns / 1e6);
-	if (j->free_model)
-		broker_model_dropped(b, j->m);
+	if (j->free_model) { /* removed (retire.c): in no table, the job held it */
+		DCAST_ASSERT(j->m->deleting);
+		broker_model_free(j->m);
+	}
 }
 
 int broker_durable_on(const struct broker *b)

@@ -26,7 +26,7 @@ int broker_durable_commit(struct broker *b, struct broker_model *m, struct broke
  * of it queued before; completions of those writes are skipped (nothing is
  * ACKed) once m is removed (m->deleting) or its run changed.  With
  * free_model (a removed model: m->deleting set, m out of the model table)
- * the completion calls broker_model_dropped(), which frees m (so does
+ * the completion frees m, once its files are gone (so does
  * broker_durable_close at shutdown).  Only with --data-dir.  Errors:
  * DCAST_ENOMEM (nothing queued). */
 int broker_durable_drop(struct broker *b, struct broker_model *m, int free_model);

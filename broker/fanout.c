@@ -221,6 +221,25 @@ void broker_rewelcome(struct broker *b, const struct broker_model *m)
 			b->cons.arr[i].welcome_due = 1;
 }
 
+/* Consumers that said HELLO for `m` before it existed stream it from now on. */
+static void attach_waiting(struct broker *b, struct broker_model *m)
+{
+	for (uint64_t i = 0; i < b->cons.hi; i++) {
+		struct broker_peer *p = &b->cons.arr[i];
+
+		if (p->used && !p->model && !strcmp(p->want, m->name)) {
+			p->model = m;
+			DCAST_LOG_I("consumer %s: model %s now exists; streaming it", p->client, m->name);
+		}
+	}
+}
+
+void broker_model_announce(struct broker *b, struct broker_model *m)
+{
+	attach_waiting(b, m);
+	broker_rewelcome(b, m); /* those that waited learn the run */
+}
+
 static void consumer_hello(struct broker *b, struct broker_peer *p, dcast_wire_in *in)
 {
 	const dcast_hello *h = &in->msg.u.hello;

@@ -12,26 +12,6 @@
 #define MAX_PART_CHUNKS (1u << 24) /* chunks of one part's version held at once */
 #define PAYLOAD_COPY_BELOW (64u << 10)
 
-/* The encoder's buffer is msgpack's (8 KiB for a header of about 100
- * bytes): the log keeps an exact copy, or each stored CHUNK header would
- * hold a page of memory (a delta of 3072 chunks, 1.5 MB of payload, took
- * 15 MB of VmRSS: issue 22 item 3). */
-int broker_frame_encode(const dcast_msg *m, zmq_msg_t *out)
-{
-	void *buf;
-	size_t len;
-	int rc = dcast_msg_encode(m, &buf, &len);
-
-	if (rc)
-		return rc;
-	if (zmq_msg_init_size(out, len)) {
-		free(buf);
-		return dcast_fail(DCAST_EZMQ, "zmq_msg_init_size: %s", zmq_strerror(zmq_errno()));
-	}
-	memcpy(zmq_msg_data(out), buf, len);
-	free(buf);
-	return 0;
-}
 
 static void pending_free(struct broker_pending *pd)
 {
@@ -509,23 +489,19 @@ static void producers_ack(struct broker *b, struct broker_model *m, uint64_t ver
 	}
 }
 
-void broker_version_ack(struct broker *b, struct broker_model *m, uint64_t version)
+/* The outcome of a version the producers committed (b->outcome[0]). */
+static void producers_acked(struct broker *b, struct broker_model *m, uint64_t version)
 {
 	/* only what is durable is acknowledged (durable.c sets it first) */
 	DCAST_ASSERT(!broker_durable_on(b) || m->durable_version == version);
-	if (m->relayed)
-		broker_relay_ack(b, m, version);
-	else
-		producers_ack(b, m, version);
+	producers_ack(b, m, version);
 }
 
-void broker_version_lost(struct broker *b, struct broker_model *m, uint64_t version,
-			 const char *why)
+static void producers_lost(struct broker *b, struct broker_model *m, uint64_t version,
+			   const char *why)
 {
 	char text[DCAST_MAX_TEXT + 1];
 
-	if (m->relayed)
-		return;
 	snprintf(text, sizeof(text), "model %s version %llu is not durable (%s); publish an "
 		 "anchor", m->name, (unsigned long long)version, why);
 	producers_error(b, m, DCAST_EIO, version, text);
@@ -692,8 +668,10 @@ static struct broker_model *producer_model(struct broker *b, const char *name)
 {
 	struct broker_model *m = broker_model_get(b, name, 0);
 
-	if (!m && (m = broker_model_get(b, name, 1)))
+	if (!m && (m = broker_model_get(b, name, 1))) {
 		broker_run_save(b, m);
+		broker_model_announce(b, m);
+	}
 	return m;
 }
 
@@ -925,4 +903,9 @@ void broker_producer_flush_credit(struct broker *b)
 		p->credit_bytes += cr.u.credit.bytes;
 		broker_send_msg(b, b->producers, p, &cr);
 	}
+}
+
+void broker_ingest_init(struct broker *b)
+{
+	b->outcome[0] = (struct broker_outcome){producers_acked, producers_lost};
 }

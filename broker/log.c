@@ -6,21 +6,6 @@
 #include <string.h>
 #include "broker.h"
 #include "dcast_common.h"
-#include "durable.h" /* durability hooks (broker/durable.c) */
-#include "fold.h" /* broker-made anchors (broker/fold.c) */
-
-/* Consumers that said HELLO for `m` before it existed stream it from now on. */
-static void attach_waiting(struct broker *b, struct broker_model *m)
-{
-	for (uint64_t i = 0; i < b->cons.hi; i++) {
-		struct broker_peer *p = &b->cons.arr[i];
-
-		if (p->used && !p->model && !strcmp(p->want, m->name)) {
-			p->model = m;
-			DCAST_LOG_I("consumer %s: model %s now exists; streaming it", p->client, m->name);
-		}
-	}
-}
 
 struct broker_model *broker_model_get(struct broker *b, const char *name, int create)
 {
@@ -46,8 +31,6 @@ struct broker_model *broker_model_get(struct broker *b, const char *name, int cr
 	m->active_ms = dcast_now_ms();
 	b->models[b->n_models++] = m;
 	DCAST_LOG_I("model %s: created, run %016llx", name, (unsigned long long)m->run);
-	attach_waiting(b, m);
-	broker_rewelcome(b, m); /* those that waited learn the run */
 	return m;
 }
 
@@ -112,7 +95,7 @@ void broker_model_free(struct broker_model *m)
 	for (uint32_t i = 0; i < m->n_log; i++)
 		broker_version_put(m->log[i]);
 	free(m->log);
-	broker_fold_free(m);
+	DCAST_ASSERT(!m->fold); /* its owner freed it first (broker_fold_free) */
 	broker_manifest_put(m->manifest);
 	free(m);
 }
@@ -248,27 +231,4 @@ int broker_log_replace_anchor(struct broker *b, struct broker_model *m,
 	m->log_bytes += anchor->mem_bytes;
 	m->need_anchor = 0;
 	return 0;
-}
-
-/* Hook: durability (queued; ACK on completion) and the anchor folder add
- * their calls here. */
-int broker_version_committed(struct broker *b, struct broker_model *m,
-			     struct broker_version *v)
-{
-	int rc;
-
-	DCAST_LOG_I("model %s: version %llu committed (%s, %u chunks, %llu bytes)", m->name,
-		    (unsigned long long)v->version, v->anchor ? "anchor" : "delta", v->n_chunks,
-		    (unsigned long long)v->payload_bytes);
-	rc = broker_durable_commit(b, m, v, 1); /* --data-dir: ACK once durable */
-	broker_fold_committed(b, m, v); /* broker-made anchors: queued, folded later */
-	return rc; /* it is in the log either way: the fold must see it */
-}
-
-/* Hook: durability re-inserts the versions on disk here. */
-int broker_log_restore(struct broker *b)
-{
-	int rc = broker_durable_restore(b); /* --data-dir: replay segments */
-
-	return rc ? rc : broker_fold_open(b); /* broker-made anchors: fold the restored logs */
 }

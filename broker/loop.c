@@ -68,6 +68,7 @@ int broker_open(struct broker *b, const struct broker_config *cfg)
 	b->metrics_clients.listen_fd = b->admin_clients.listen_fd = b->fold.efd = -1;
 	if ((rc = peers_alloc(b)))
 		return rc;
+	broker_ingest_init(b);
 	if (!(b->ctx = zmq_ctx_new()))
 		return dcast_fail(DCAST_EZMQ, "zmq_ctx_new: %s", zmq_strerror(errno));
 	if ((rc = io_threads_set(b)))
@@ -203,8 +204,10 @@ void broker_close(struct broker *b)
 	broker_durable_close(b); /* the writer finishes what is queued */
 	broker_peers_free(&b->prod);
 	broker_peers_free(&b->cons);
-	for (uint32_t i = 0; i < b->n_models; i++)
+	for (uint32_t i = 0; i < b->n_models; i++) {
+		broker_fold_free(b->models[i]);
 		broker_model_free(b->models[i]);
+	}
 	broker_fold_close(b);
 	broker_relay_close(b);
 	broker_limits_close(b);

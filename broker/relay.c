@@ -39,8 +39,23 @@ static void relay_hello(struct broker *b, struct broker_upstream *u, const char 
 		DCAST_LOG_W("relay %s: HELLO: %s", m->name, dcast_last_error());
 }
 
+/* The outcome of a version the upstream committed (b->outcome[1]): the
+ * ACK goes upstream (with --data-dir once the version is durable). */
+static void relay_acked(struct broker *b, struct broker_model *m, uint64_t version)
+{
+	dcast_msg a;
+
+	dcast_msg_init(&a, DCAST_MSG_ACK);
+	snprintf(a.u.ack.model, sizeof(a.u.ack.model), "%s", m->name);
+	a.u.ack.version = version;
+	for (uint32_t i = 0; i < b->n_up; i++)
+		if (b->up[i].model == m)
+			up_send(&b->up[i], &a);
+}
+
 int broker_relay_open(struct broker *b)
 {
+	b->outcome[1] = (struct broker_outcome){relay_acked, NULL};
 	for (uint32_t i = 0; b->cfg.upstream && i < b->cfg.n_upstream_models; i++) {
 		struct broker_upstream *u = &b->up[i];
 
@@ -124,8 +139,7 @@ static int relay_chunk(struct broker *b, struct broker_upstream *u, dcast_wire_i
 	return 0;
 }
 
-/* The ACK upstream goes out from broker_version_ack (with --data-dir once
- * the version is durable). */
+/* The ACK upstream goes out from broker_version_ack (relay_acked). */
 static int relay_commit(struct broker *b, struct broker_upstream *u, dcast_commit *c)
 {
 	int committed;
@@ -133,17 +147,6 @@ static int relay_commit(struct broker *b, struct broker_upstream *u, dcast_commi
 	return broker_pending_commit(b, u->model, 0, c, &committed);
 }
 
-void broker_relay_ack(struct broker *b, struct broker_model *m, uint64_t version)
-{
-	dcast_msg a;
-
-	dcast_msg_init(&a, DCAST_MSG_ACK);
-	snprintf(a.u.ack.model, sizeof(a.u.ack.model), "%s", m->name);
-	a.u.ack.version = version;
-	for (uint32_t i = 0; i < b->n_up; i++)
-		if (b->up[i].model == m)
-			up_send(&b->up[i], &a);
-}
 
 /* The relay serves `run` from now on: its consumers learn it (those
  * welcomed with run 0 confirm it, those holding another run's state drop

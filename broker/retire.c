@@ -104,13 +104,6 @@ void broker_model_clear(struct broker *b, struct broker_model *m)
 	m->durable_version = m->lost_version = DCAST_VERSION_NONE;
 }
 
-void broker_model_dropped(struct broker *b, struct broker_model *m)
-{
-	(void)b;
-	DCAST_ASSERT(m->deleting);
-	broker_model_free(m);
-}
-
 /* Every model with a peer on it is active now. */
 static void models_touch(struct broker_peers *s, uint64_t now_ms)
 {

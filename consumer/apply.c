@@ -142,55 +142,21 @@ static int undo_chunks(dcast_consumer *c, const cs_version *v, uint32_t n, unsig
 	return failed;
 }
 
-/* The tensors hold no committed version any more: say so (version NONE),
- * forget what described them, and drop the local checkpoint, which could
- * not rebuild them; the re-join that follows asks the broker for an anchor. */
-void cs_forget_state(dcast_consumer *c)
-{
-	cs_set_applied(c, DCAST_VERSION_NONE);
-	cs_dcache_clear(&c->dcache);
-	c->fold_due = 0;
-	cs_ckpt_discard(c);
-}
-
-/* Back to the version before v: old values from memory, else the local
- * checkpoint (not from inside a restore: the outer one fails instead). */
-static int restore_previous(dcast_consumer *c, const cs_version *v, unsigned char *undo, uint32_t n, uint64_t off)
-{
-	int err;
-
-	if (undo)
-		return undo_chunks(c, v, n, undo, off) ? DCAST_ECORRUPT : 0;
-	if (c->restoring)
-		return DCAST_ECORRUPT;
-	DCAST_LOG_I("consumer %s: old values of version %" PRIu64 " not kept in memory; restoring version %"
-		    PRIu64 " from the local checkpoint", c->model, v->version, dcast_consumer_version(c));
-	c->restoring = 1;
-	err = cs_ckpt_restore(c);
-	c->restoring = 0;
-	if (err)
-		DCAST_LOG_E("consumer %s: restore from the local checkpoint failed: %s", c->model, dcast_last_error());
-	return err;
-}
-
+/* Back to the version before v from the old values kept in memory.
+ * Returns err, its detail saying what became of the tensors; *torn is set
+ * when they hold part of v (no old values kept, or not all came back):
+ * the caller's recovery policy (cs_ckpt_recover) takes over. */
 static int rollback(dcast_consumer *c, const cs_version *v, unsigned char *undo, uint32_t n, uint64_t off,
-		    int err)
+		    int err, int *torn)
 {
 	char why[512];
 
 	snprintf(why, sizeof(why), "%s", dcast_last_error());
-	uint64_t prev = dcast_consumer_version(c);
-	if (!restore_previous(c, v, undo, n, off))
+	if (undo && !undo_chunks(c, v, n, undo, off))
 		return dcast_fail(err, "%s (version %" PRIu64 " refused; tensors kept at the previous version)",
 				  why, v->version);
-	if (c->restoring) /* the outer restore fails and gives up */
-		return dcast_fail(err, "%s (version %" PRIu64 " could not be replayed)", why, v->version);
-	cs_forget_state(c);
-	DCAST_LOG_E("consumer %s: version %" PRIu64 " refused and version %" PRIu64 " could not be brought back; "
-		    "tensors hold no valid version until an anchor arrives", c->model, v->version, prev);
-	return dcast_fail(err, "%s (version %" PRIu64 " refused; version %" PRIu64 " could not be restored "
-			  "either: the tensors hold no valid version (version() is NONE) until the broker's "
-			  "anchor is applied)", why, v->version, prev);
+	*torn = 1;
+	return dcast_fail(err, "%s", why);
 }
 
 /* The test hook "digest:V": V's first COMMIT digest is made wrong. */
@@ -238,8 +204,10 @@ static unsigned char *undo_for(dcast_consumer *c, const cs_version *v)
 
 /* verify: 0 none, 1 moves the cached digests by the changes (verify.c;
  * nothing left to do when the version was checked ahead), 2 computes every
- * digest whole. */
-int cs_apply_version(dcast_consumer *c, cs_version *v, int verify)
+ * digest whole.  On failure the tensors are back at the previous version
+ * from the old values kept in memory, or *torn says they are not (the
+ * caller restores them from the checkpoint: cs_ckpt_recover). */
+int cs_apply_version(dcast_consumer *c, cs_version *v, int verify, int *torn)
 {
 	int ahead = checked_ahead(c, v, verify), err;
 	unsigned char *undo;
@@ -247,6 +215,7 @@ int cs_apply_version(dcast_consumer *c, cs_version *v, int verify)
 	uint64_t off = 0;
 	uint32_t i;
 
+	*torn = 0;
 	if ((err = cs_sort_chunks(c, v)))
 		return err;
 	fault_digest(c, v);
@@ -272,8 +241,8 @@ int cs_apply_version(dcast_consumer *c, cs_version *v, int verify)
 		err = cs_verify_finish(c, v, &next);
 	if (err) {
 		cs_dcache_clear(&next);
-		err = rollback(c, v, undo, i, off, err);
-		if (cs_views_refresh(c)) /* they may hold some of v */
+		err = rollback(c, v, undo, i, off, err, torn);
+		if (!*torn && cs_views_refresh(c)) /* they may hold some of v */
 			DCAST_LOG_E("consumer %s: bound slices not brought back after version %" PRIu64
 				    " failed: %s", c->model, v->version, dcast_last_error());
 		return err;

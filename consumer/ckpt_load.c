@@ -237,6 +237,10 @@ void cs_ckpt_remove(dcast_consumer *c, uint64_t version)
 
 /* Replay whole record files after `have` up to `until`; cut from the first
  * one that is not whole or does not follow. */
+/* Apply the record files after `have` up to `until` (NONE: all).  With
+ * cut (at load), a version that fails is cut off with all after it, the
+ * tensors first brought back to `have` if it tore them; without (a
+ * restore), any failure fails the replay. */
 static int replay(dcast_consumer *c, uint64_t have, uint64_t until, int cut)
 {
 	uint64_t *vers = malloc(CS_MAX_LOG_FILES * sizeof(*vers));
@@ -245,6 +249,7 @@ static int replay(dcast_consumer *c, uint64_t have, uint64_t until, int cut)
 
 	for (uint32_t i = 0; !err && i < n; i++) {
 		cs_version v;
+		int torn = 0;
 		if (vers[i] <= have && have != DCAST_VERSION_NONE) {
 			if (cut)
 				cs_ckpt_remove(c, vers[i]);
@@ -256,8 +261,8 @@ static int replay(dcast_consumer *c, uint64_t have, uint64_t until, int cut)
 		if (!err && !v.anchor && v.base_version != have)
 			err = dcast_fail(DCAST_EGAP, "record file of version %" PRIu64 ": base %" PRIu64
 					 " but checkpoint is at %" PRIu64, vers[i], v.base_version, have);
-		if (!err)
-			err = cs_apply_version(c, &v, c->opts.verify_digests);
+		if (!err && (err = cs_apply_version(c, &v, c->opts.verify_digests, &torn)) && torn && cut)
+			err = cs_ckpt_recover(c, vers[i], err); /* at load: back to `have`, then cut */
 		if (!err) {
 			have = vers[i];
 			cs_set_applied(c, have);
@@ -265,6 +270,11 @@ static int replay(dcast_consumer *c, uint64_t have, uint64_t until, int cut)
 				c->deltas_since_fold = v.anchor ? 1000000 : c->deltas_since_fold + 1;
 		}
 		cs_version_free(&v);
+		if (err && cut && dcast_consumer_version(c) != have) { /* recovery forgot it all */
+			have = DCAST_VERSION_NONE;
+			err = 0;
+			break;
+		}
 		if (err && cut) {
 			DCAST_LOG_W("consumer %s: checkpoint cut back to version %" PRIu64 ": %s",
 				    c->model, have, dcast_last_error());
@@ -330,4 +340,32 @@ void cs_ckpt_discard(dcast_consumer *c)
 		for (uint32_t i = 0; i < n; i++)
 			cs_ckpt_remove(c, vers[i]);
 	free(vers);
+}
+
+void cs_forget_state(dcast_consumer *c)
+{
+	cs_set_applied(c, DCAST_VERSION_NONE);
+	cs_dcache_clear(&c->dcache);
+	c->fold_due = 0;
+	cs_ckpt_discard(c);
+}
+
+int cs_ckpt_recover(dcast_consumer *c, uint64_t version, int err)
+{
+	uint64_t prev = dcast_consumer_version(c);
+	char why[512];
+
+	snprintf(why, sizeof(why), "%s", dcast_last_error());
+	DCAST_LOG_I("consumer %s: old values of version %" PRIu64 " not kept in memory; restoring version %"
+		    PRIu64 " from the local checkpoint", c->model, version, prev);
+	if (!cs_ckpt_restore(c))
+		return dcast_fail(err, "%s (version %" PRIu64 " refused; tensors kept at the previous version)",
+				  why, version);
+	DCAST_LOG_E("consumer %s: restore from the local checkpoint failed: %s", c->model, dcast_last_error());
+	cs_forget_state(c);
+	DCAST_LOG_E("consumer %s: version %" PRIu64 " refused and version %" PRIu64 " could not be brought back; "
+		    "tensors hold no valid version until an anchor arrives", c->model, version, prev);
+	return dcast_fail(err, "%s (version %" PRIu64 " refused; version %" PRIu64 " could not be restored "
+			  "either: the tensors hold no valid version (version() is NONE) until the broker's "
+			  "anchor is applied)", why, version, prev);
 }

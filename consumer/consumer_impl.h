@@ -174,7 +174,6 @@ struct dcast_consumer {
 	uint64_t hello_at_ms;          /* a HELLO due goes out no earlier than this */
 	uint64_t anchor_file_version;  /* version in model.safetensors, or NONE */
 	uint32_t deltas_since_fold;
-	int restoring;                 /* inside cs_ckpt_restore: no nested restore */
 
 	/* views.c: a sparse chunk's changes on their way to the views */
 	uint32_t *vpos;
@@ -352,6 +351,12 @@ void cs_ckpt_version_path(const dcast_consumer *c, uint64_t version, char *out, 
 int cs_ckpt_load(dcast_consumer *c);
 int cs_ckpt_fold(dcast_consumer *c);
 int cs_ckpt_restore(dcast_consumer *c);
+/* The recovery policy after an apply of `version` failed with err and left
+ * the tensors torn (cs_apply_version): bring the applied version back from
+ * the local checkpoint, or, when that fails too, forget the state (version
+ * NONE: the re-join asks for an anchor).  Returns err, its detail saying
+ * which. */
+int cs_ckpt_recover(dcast_consumer *c, uint64_t version, int err);
 /* Remove the anchor file and every record file (they could not rebuild the
  * applied version); the next anchor applied is folded afresh. */
 void cs_ckpt_discard(dcast_consumer *c);
@@ -410,7 +415,7 @@ int cs_verify_ahead(dcast_consumer *c, cs_version *v);
 void cs_verify_ahead_done(dcast_consumer *c, cs_version *v);
 
 /* The tensors hold no committed version any more: version NONE, cached
- * digests forgotten, the local checkpoint removed (apply.c). */
+ * digests forgotten, the local checkpoint removed (ckpt_load.c). */
 void cs_forget_state(dcast_consumer *c);
 
 /* run.c: the run identity of the state held (docs/protocol.md,
@@ -422,7 +427,7 @@ void cs_run_load(dcast_consumer *c);
 int cs_run_check(dcast_consumer *c, uint64_t run);
 
 /* apply.c */
-int cs_apply_version(dcast_consumer *c, cs_version *v, int verify);
+int cs_apply_version(dcast_consumer *c, cs_version *v, int verify, int *torn);
 int cs_check_chunk(const dcast_consumer *c, const dcast_chunk *h);
 /* Sort v's chunks by (tensor, start); refuse overlaps and, for an anchor,
  * any element not covered (DCAST_ECORRUPT). */

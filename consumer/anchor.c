@@ -369,3 +369,20 @@ int cs_ckpt_fold(dcast_consumer *c)
 	free(vers);
 	return 0;
 }
+
+static uint64_t model_bytes(const dcast_consumer *c)
+{
+	uint64_t n = 0;
+
+	for (uint32_t i = 0; i < c->n_tensors; i++)
+		n += c->tensors[i].bytes;
+	return n;
+}
+
+int cs_fold_wanted(const dcast_consumer *c)
+{
+	if (c->opts.fold_every && c->deltas_since_fold >= c->opts.fold_every)
+		return 1;
+	return c->opts.fold_fraction > 0 &&
+	       (double)c->log_since_fold > c->opts.fold_fraction * (double)model_bytes(c);
+}

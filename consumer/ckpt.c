@@ -393,3 +393,37 @@ int cs_ckpt_read_payload(dcast_consumer *c, const cs_version *v, const cs_chunk 
 		return err;
 	return cs_io_read(c, v->io_file, dst, k->info.payload_bytes, k->file_off, path);
 }
+
+static int cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+	return x < y ? -1 : x > y;
+}
+
+/* Versions of the record files present, sorted; *n at most cap. */
+int cs_ckpt_list(dcast_consumer *c, uint64_t *out, uint32_t cap, uint32_t *n)
+{
+	DIR *d = opendir(c->log_dir);
+	struct dirent *e;
+
+	*n = 0;
+	if (!d)
+		return dcast_fail(DCAST_EIO, "%s: %s", c->log_dir, strerror(errno));
+	while ((e = readdir(d)) && *n < cap) {
+		char *end;
+		unsigned long long v = strtoull(e->d_name, &end, 10);
+		if (end != e->d_name && !strcmp(end, ".rec"))
+			out[(*n)++] = v;
+	}
+	closedir(d);
+	qsort(out, *n, sizeof(*out), cmp_u64);
+	return 0;
+}
+
+void cs_ckpt_remove(dcast_consumer *c, uint64_t version)
+{
+	char path[4096];
+
+	cs_ckpt_version_path(c, version, path, sizeof(path));
+	unlink(path);
+}

@@ -13,8 +13,6 @@
 #include "consumer_impl.h"
 #include "dcast_common.h"
 
-
-
 static int pread_full(int fd, void *buf, size_t len, uint64_t off)
 {
 	size_t got = 0;
@@ -184,32 +182,6 @@ static int parse_file(dcast_consumer *c, uint64_t version, cs_version *v)
 	return parse_records(c, v, path, v->file_bytes);
 }
 
-static int cmp_u64(const void *a, const void *b)
-{
-	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-	return x < y ? -1 : x > y;
-}
-
-/* Versions of the record files present, sorted; *n at most cap. */
-int cs_ckpt_list(dcast_consumer *c, uint64_t *out, uint32_t cap, uint32_t *n)
-{
-	DIR *d = opendir(c->log_dir);
-	struct dirent *e;
-
-	*n = 0;
-	if (!d)
-		return dcast_fail(DCAST_EIO, "%s: %s", c->log_dir, strerror(errno));
-	while ((e = readdir(d)) && *n < cap) {
-		char *end;
-		unsigned long long v = strtoull(e->d_name, &end, 10);
-		if (end != e->d_name && !strcmp(end, ".rec"))
-			out[(*n)++] = v;
-	}
-	closedir(d);
-	qsort(out, *n, sizeof(*out), cmp_u64);
-	return 0;
-}
-
 /* Bytes of the record files left in the log: what a fold would take in. */
 static uint64_t log_bytes(dcast_consumer *c)
 {
@@ -225,14 +197,6 @@ static uint64_t log_bytes(dcast_consumer *c)
 		}
 	free(vers);
 	return total;
-}
-
-void cs_ckpt_remove(dcast_consumer *c, uint64_t version)
-{
-	char path[4096];
-
-	cs_ckpt_version_path(c, version, path, sizeof(path));
-	unlink(path);
 }
 
 /* Replay whole record files after `have` up to `until`; cut from the first

@@ -1,13 +1,22 @@
-/* Private to consumer/: the consumer object and the pieces it is made of:
- * the staging pool (staging.c), the on-disk version log and anchor
- * (ckpt.c), applying and undoing a version (apply.c), the broker session
- * and state machine (session.c), the public object (consumer.c). */
+/* Private to consumer/: the consumer object and the pieces it is made of.
+ * One way down (farm-studio look consumer: no circle), from the top:
+ *   open.c (open, close) and api.c (the calls on a live consumer);
+ *   session.c (the session thread: the wire's handlers, credit, folds);
+ *   run.c (run identity), ckpt_load.c (load, replay, the recovery policy);
+ *   apply.c (one version, transactional), anchor.c (the anchor file, the
+ *   fold policy), verify.c (digests), outbox.c (what callers leave for
+ *   the session thread);
+ *   staged.c (the staged versions), ckpt.c (the record log, written
+ *   behind), views.c (slices), version.c, syncer.c;
+ *   staging.c (the pinned pool), devmem.c (host or CUDA), state.c (the
+ *   tensor table, the applied version, events). */
 #ifndef DCAST_CONSUMER_IMPL_H
 #define DCAST_CONSUMER_IMPL_H
 
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <time.h>
 #include <zmq.h>
 #include "deltacast/codec.h"
@@ -58,6 +67,14 @@ typedef struct cs_dcache {
 	cs_dentry *e;
 	uint32_t n;
 } cs_dcache;
+
+/* Forget the cached digests (they no longer describe the tensors). */
+static inline void cs_dcache_clear(cs_dcache *d)
+{
+	free(d->e);
+	d->e = NULL;
+	d->n = 0;
+}
 
 /* ---- one staged chunk ---- */
 typedef struct cs_chunk {
@@ -229,6 +246,22 @@ struct dcast_consumer {
 	uint64_t fault_version;
 };
 
+/* Freed staging bytes, granted to the broker as CREDIT on the session
+ * thread's next turn (ckpt.c's write-behind calls it at completion). */
+static inline void cs_credit_free(dcast_consumer *c, uint64_t bytes)
+{
+	c->credit_pending += bytes;
+}
+
+/* The staged version `version`, or NULL. */
+static inline cs_version *cs_version_find(dcast_consumer *c, uint64_t version)
+{
+	for (uint32_t i = 0; i < c->n_staged; i++)
+		if (c->staged[i].version == version)
+			return &c->staged[i];
+	return NULL;
+}
+
 enum { CS_FAULT_NONE, CS_FAULT_CORRUPT, CS_FAULT_SKIP, CS_FAULT_DIGEST, CS_FAULT_DUP, CS_FAULT_PREDIGEST,
        CS_FAULT_AHEADFAIL, CS_FAULT_KINDS };
 
@@ -258,7 +291,12 @@ int cs_bind_view(dcast_consumer *c, cs_tensor *t, void *ptr, dcast_mem mem, uint
 int cs_views_chunk(dcast_consumer *c, const cs_chunk *k, const unsigned char *payload);
 /* Copy every view whole from its tensor (after a load or a rollback). */
 int cs_views_refresh(dcast_consumer *c);
-void cs_views_free(cs_tensor *t);
+static inline void cs_views_free(cs_tensor *t)
+{
+	free(t->views);
+	t->views = NULL;
+	t->n_views = 0;
+}
 
 /* syncer.c */
 /* Start the sync thread.  Errors: DCAST_ENOMEM (no thread: push syncs
@@ -274,19 +312,35 @@ int cs_syncer_error(cs_syncer *s);
 /* Sync everything queued, stop the thread.  Safe on a zeroed syncer. */
 void cs_syncer_close(cs_syncer *s);
 
-/* consumer.c */
+/* state.c */
 void cs_event_push(dcast_consumer *c, int type, uint64_t version, int code, const char *text);
+/* Free the tensor table (our host copies, the views' tables). */
+void cs_tensors_free(dcast_consumer *c);
 cs_tensor *cs_tensor_find(dcast_consumer *c, const char *name);
 int cs_tensors_from_manifest(dcast_consumer *c, const dcast_manifest *m);
 void cs_set_applied(dcast_consumer *c, uint64_t v);
 
-/* staging of versions (session.c) */
-cs_version *cs_version_find(dcast_consumer *c, uint64_t version);
+/* staged.c: the staged versions */
+/* Forget v (staged[] stays in order); its record file goes when unlink_file. */
 void cs_version_drop(dcast_consumer *c, cs_version *v, int unlink_file);
 void cs_drop_all(dcast_consumer *c);
 /* Drop every staged version at or after `version` (a refused one and what
  * builds on it). */
 void cs_drop_from(dcast_consumer *c, uint64_t version);
+/* Sort v's chunks by (tensor, start); refuse overlaps and, for an anchor,
+ * any element not covered (DCAST_ECORRUPT). */
+int cs_sort_chunks(const dcast_consumer *c, cs_version *v);
+/* k's checked payload: resident, or read back into the scratch region. */
+int cs_chunk_payload(dcast_consumer *c, const cs_version *v, const cs_chunk *k, const unsigned char **out);
+
+/* The READY versions at the front of staged[] that apply in a chain from
+ * the live tensors. */
+uint32_t cs_ready_chain(const dcast_consumer *c);
+
+/* outbox.c: what a caller leaves for the session thread */
+/* Ask for a HELLO on the session thread's next turn (from here on the old
+ * stream is ignored); any thread, `lock` held. */
+int cs_request_hello(dcast_consumer *c);
 /* Join again after what we hold (READY versions in a chain stay, the rest is
  * dropped): the HELLO goes out on the session thread's next turn.  Callers
  * hold `lock`. */
@@ -300,18 +354,20 @@ void cs_note_refusal(dcast_consumer *c, uint64_t version);
 /* Refuse `version` for `code` (dcast_last_error() says why): an ERROR
  * event, then cs_rejoin.  Callers hold `lock`. */
 int cs_refuse(dcast_consumer *c, uint64_t version, int code);
-/* Open the socket (c->zctx set) and start the session thread, which sends
- * HELLO.  Errors: DCAST_EZMQ, DCAST_EIO (eventfd), DCAST_ENOMEM (thread). */
-int cs_session_start(dcast_consumer *c);
-/* Stop the session thread and wait for it; NULL-safe, idempotent. */
-void cs_session_stop(dcast_consumer *c);
 /* Wake the session thread out of its wait (work was left for it). */
 void cs_wake(dcast_consumer *c);
 /* ACK `version` as applied, from the session thread's next turn. */
 void cs_ack(dcast_consumer *c, uint64_t version);
 /* *ts = now (CLOCK_REALTIME) + timeout_ms, for pthread_cond_timedwait. */
 void cs_deadline(struct timespec *ts, int timeout_ms);
-/* The fold policy (api.c): the record log since the last fold is over
+
+/* session.c: the session thread */
+/* Open the socket (c->zctx set) and start the session thread, which sends
+ * HELLO.  Errors: DCAST_EZMQ, DCAST_EIO (eventfd), DCAST_ENOMEM (thread). */
+int cs_session_start(dcast_consumer *c);
+/* Stop the session thread and wait for it; NULL-safe, idempotent. */
+void cs_session_stop(dcast_consumer *c);
+/* The fold policy (anchor.c): the record log since the last fold is over
  * fold_fraction of the model's bytes (an applied anchor always is), or
  * fold_every deltas were applied since. */
 int cs_fold_wanted(const dcast_consumer *c);
@@ -322,7 +378,6 @@ int cs_auto_apply(dcast_consumer *c);
  * (after each apply, and on every turn of the thread), so that a bad one
  * is refused (cs_refuse) without touching the tensors.  Holds `lock`. */
 int cs_check_next(dcast_consumer *c);
-void cs_credit_free(dcast_consumer *c, uint64_t bytes);
 
 /* ckpt.c: record files "DIR/model.dlog/<version>.rec", each:
  * chunk records then one commit record; see ckpt.c for the layout. */
@@ -403,7 +458,6 @@ int cs_verify_plan(dcast_consumer *c, const cs_version *v, int full, cs_dcache *
 void cs_verify_written(dcast_consumer *c, cs_dcache *n, const cs_chunk *k, const unsigned char *payload,
 		       const unsigned char *old);
 int cs_verify_finish(dcast_consumer *c, const cs_version *v, cs_dcache *n);
-void cs_dcache_clear(cs_dcache *d);
 /* Does chunk k write anything (dense, or changed > 0)? */
 int cs_chunk_writes(const cs_chunk *k);
 /* Check READY delta v, whose base the tensors hold, before apply: each
@@ -429,10 +483,5 @@ int cs_run_check(dcast_consumer *c, uint64_t run);
 /* apply.c */
 int cs_apply_version(dcast_consumer *c, cs_version *v, int verify, int *torn);
 int cs_check_chunk(const dcast_consumer *c, const dcast_chunk *h);
-/* Sort v's chunks by (tensor, start); refuse overlaps and, for an anchor,
- * any element not covered (DCAST_ECORRUPT). */
-int cs_sort_chunks(const dcast_consumer *c, cs_version *v);
-/* k's checked payload: resident, or read back into the scratch region. */
-int cs_chunk_payload(dcast_consumer *c, const cs_version *v, const cs_chunk *k, const unsigned char **out);
 
 #endif

@@ -63,28 +63,11 @@ static int socket_open(dcast_consumer *c)
 	return 0;
 }
 
-/* Staged versions at the front that are READY and apply in a chain from
- * the live tensors: complete, committed to the record log and checked as
- * far as they can be before apply. */
-static uint32_t ready_chain(const dcast_consumer *c)
-{
-	uint64_t have = dcast_consumer_version(c);
-	uint32_t n = 0;
-
-	for (; n < c->n_staged && c->staged[n].state == CS_V_READY; n++) {
-		const cs_version *v = &c->staged[n];
-		if (!v->anchor && v->base_version != have)
-			break;
-		have = v->version;
-	}
-	return n;
-}
-
 /* The newest version we hold: the end of the READY chain, else the
  * applied one. */
 static uint64_t held_version(const dcast_consumer *c)
 {
-	uint32_t n = ready_chain(c);
+	uint32_t n = cs_ready_chain(c);
 
 	return n ? c->staged[n - 1].version : dcast_consumer_version(c);
 }
@@ -106,22 +89,6 @@ static int send_hello(dcast_consumer *c)
 	c->hello_due = 0;
 	c->hellos++;
 	return send_msg(c, &m);
-}
-
-/* From here on the old stream is ignored; the HELLO itself goes out on the
- * session thread's next turn (any thread may ask for it). */
-static int request_hello(dcast_consumer *c)
-{
-	c->welcomed = 0;
-	c->hello_ms = dcast_now_ms();
-	c->hello_due = 1;
-	cs_wake(c);
-	return 0;
-}
-
-void cs_credit_free(dcast_consumer *c, uint64_t bytes)
-{
-	c->credit_pending += bytes;
 }
 
 static uint32_t ready_count(const dcast_consumer *c)
@@ -156,97 +123,6 @@ static int flush_credit(dcast_consumer *c)
 	return send_msg(c, &m);
 }
 
-cs_version *cs_version_find(dcast_consumer *c, uint64_t version)
-{
-	for (uint32_t i = 0; i < c->n_staged; i++)
-		if (c->staged[i].version == version)
-			return &c->staged[i];
-	return NULL;
-}
-
-static void release_resident(dcast_consumer *c, cs_version *v)
-{
-	for (uint32_t i = 0; i < v->n_chunks; i++)
-		if (v->chunks[i].resident) {
-			cs_pool_resident_put(&c->pool, v->chunks[i].info.payload_bytes);
-			v->chunks[i].resident = NULL;
-		}
-}
-
-/* Forget v (staged[] stays in order); its record file goes when unlink_file. */
-void cs_version_drop(dcast_consumer *c, cs_version *v, int unlink_file)
-{
-	uint32_t i = (uint32_t)(v - c->staged);
-	char path[4096];
-
-	DCAST_ASSERT(i < c->n_staged);
-	cs_ckpt_settle(c); /* no record write still reads its slots or file */
-	release_resident(c, v);
-	if (unlink_file) {
-		cs_ckpt_version_path(c, v->version, path, sizeof(path));
-		unlink(path);
-	}
-	cs_version_free(v);
-	memmove(&c->staged[i], &c->staged[i + 1], (c->n_staged - i - 1) * sizeof(*v));
-	c->n_staged--;
-	cs_version_init(&c->staged[c->n_staged], DCAST_VERSION_NONE);
-}
-
-void cs_drop_all(dcast_consumer *c)
-{
-	while (c->n_staged)
-		cs_version_drop(c, &c->staged[c->n_staged - 1], 1);
-}
-
-void cs_drop_from(dcast_consumer *c, uint64_t version)
-{
-	while (c->n_staged && c->staged[c->n_staged - 1].version >= version)
-		cs_version_drop(c, &c->staged[c->n_staged - 1], 1);
-}
-
-/* Start over after what we hold: the broker resends what we need.  Versions
- * announced READY stay (a re-join is about the stream, not about them: the
- * caller may apply them at any time); what was still staging is dropped.
- * A refused version is dropped by the caller first (cs_drop_from). */
-int cs_rejoin(dcast_consumer *c)
-{
-	uint32_t keep = ready_chain(c);
-
-	c->progress_ms = dcast_now_ms();
-	while (c->n_staged > keep)
-		cs_version_drop(c, &c->staged[c->n_staged - 1], 1);
-	c->credit_pending = 0;
-	c->drop_version = DCAST_VERSION_NONE;
-	return request_hello(c);
-}
-
-#define CS_BACKOFF_FIRST_MS 100
-#define CS_BACKOFF_MAX_MS 30000
-
-void cs_note_refusal(dcast_consumer *c, uint64_t version)
-{
-	uint64_t delay = 0;
-
-	c->refusals = c->refused_version == version ? c->refusals + 1 : 1;
-	c->refused_version = version;
-	if (c->refusals > 1)
-		delay = c->refusals - 2 >= 9 ? CS_BACKOFF_MAX_MS : (uint64_t)CS_BACKOFF_FIRST_MS << (c->refusals - 2);
-	if (delay > CS_BACKOFF_MAX_MS)
-		delay = CS_BACKOFF_MAX_MS;
-	c->hello_at_ms = dcast_now_ms() + delay;
-	if (delay)
-		DCAST_LOG_W("consumer %s: version %" PRIu64 " refused %u times in a row; joining again "
-			    "in %" PRIu64 " ms", c->model, version, c->refusals, delay);
-}
-
-int cs_refuse(dcast_consumer *c, uint64_t version, int code)
-{
-	DCAST_LOG_W("consumer %s: version %" PRIu64 " refused: %s", c->model, version, dcast_last_error());
-	cs_event_push(c, DCAST_EV_ERROR, version, code, dcast_last_error());
-	cs_note_refusal(c, version);
-	cs_drop_from(c, version);
-	return cs_rejoin(c);
-}
 
 /* Version that a new delta must build on: the newest staged, else applied. */
 static uint64_t tail_version(const dcast_consumer *c)
@@ -523,7 +399,7 @@ static int on_message(dcast_consumer *c, dcast_wire_in *in)
 		dcast_fail((int)m->u.error.code, "broker: %s", m->u.error.text);
 		cs_event_push(c, DCAST_EV_ERROR, m->u.error.version, (int)m->u.error.code, dcast_last_error());
 		return 0;
-	case DCAST_MSG_BYE: return request_hello(c);
+	case DCAST_MSG_BYE: return cs_request_hello(c);
 	case DCAST_MSG_HEARTBEAT:
 		c->broker_newest = m->u.heartbeat.version;
 		return 0;
@@ -586,7 +462,7 @@ static int reconnect(dcast_consumer *c)
 
 	if (err)
 		return err;
-	return c->welcomed ? cs_rejoin(c) : request_hello(c);
+	return c->welcomed ? cs_rejoin(c) : cs_request_hello(c);
 }
 
 /* A HEARTBEAT when nothing was sent for `every` ms (none while a HELLO is
@@ -631,7 +507,6 @@ static int keepalive(dcast_consumer *c)
 	return heartbeat_if_due(c, now, hb);
 }
 
-
 static int pop_event(dcast_consumer *c, dcast_event *ev)
 {
 	if (!c->ev_count)
@@ -640,20 +515,6 @@ static int pop_event(dcast_consumer *c, dcast_event *ev)
 	c->ev_head = (c->ev_head + 1) % CS_EVENTS;
 	c->ev_count--;
 	return 1;
-}
-
-void cs_wake(dcast_consumer *c)
-{
-	uint64_t one = 1;
-
-	if (c->wake_fd >= 0 && write(c->wake_fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
-		DCAST_LOG_W("consumer %s: wake the session thread: %s", c->model, strerror(errno));
-}
-
-void cs_ack(dcast_consumer *c, uint64_t version)
-{
-	c->ack_due = version;
-	cs_wake(c);
 }
 
 /* What the caller left for the thread: the HELLO, then the newest ACK
@@ -862,7 +723,7 @@ int cs_session_start(dcast_consumer *c)
 		return err;
 	if ((c->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0)
 		return dcast_fail(DCAST_EIO, "eventfd: %s", strerror(errno));
-	request_hello(c);
+	cs_request_hello(c);
 	if ((err = pthread_create(&c->thread, NULL, session_main, c)))
 		return dcast_fail(DCAST_ENOMEM, "consumer session thread: %s", strerror(err));
 	c->thread_started = 1;
@@ -880,15 +741,6 @@ void cs_session_stop(dcast_consumer *c)
 	if (c->fold_joinable) /* it takes `lock`, which nobody holds now */
 		pthread_join(c->fold_thread, NULL);
 	c->fold_joinable = 0;
-}
-
-void cs_deadline(struct timespec *ts, int timeout_ms)
-{
-	clock_gettime(CLOCK_REALTIME, ts);
-	ts->tv_sec += timeout_ms / 1000;
-	ts->tv_nsec += (long)(timeout_ms % 1000) * 1000000;
-	if (ts->tv_nsec >= 1000000000)
-		ts->tv_sec++, ts->tv_nsec -= 1000000000;
 }
 
 /* Wait on ev_cv (lock held) until an event, a failure of the thread, or

@@ -18,12 +18,6 @@
 #include "consumer_impl.h"
 #include "dcast_common.h"
 
-void cs_dcache_clear(cs_dcache *d)
-{
-	free(d->e);
-	memset(d, 0, sizeof(*d));
-}
-
 static int key_cmp(const dcast_range_digest *a, const dcast_range_digest *b)
 {
 	if (a->tensor != b->tensor)

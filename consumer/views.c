@@ -271,9 +271,3 @@ int dcast_consumer_read_slice(dcast_consumer *c, const char *name, uint32_t ndim
 	return err;
 }
 
-void cs_views_free(cs_tensor *t)
-{
-	free(t->views);
-	t->views = NULL;
-	t->n_views = 0;
-}

@@ -1,0 +1,83 @@
+/* The consumer's state that every part reads: the live tensors' table,
+ * the applied version (published for wait_version), the event queue.  At
+ * the bottom of consumer/: it calls nothing of it but the views' free. */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+#include "consumer_impl.h"
+#include "dcast_common.h"
+
+void cs_event_push(dcast_consumer *c, int type, uint64_t version, int code, const char *text)
+{
+	dcast_event *e;
+
+	if (c->ev_count == CS_EVENTS) { /* bounded: the oldest goes */
+		c->ev_head = (c->ev_head + 1) % CS_EVENTS;
+		c->ev_count--;
+	}
+	e = &c->events[(c->ev_head + c->ev_count++) % CS_EVENTS];
+	memset(e, 0, sizeof(*e));
+	e->type = type;
+	e->version = version;
+	e->have_version = DCAST_VERSION_NONE;
+	e->code = code;
+	snprintf(e->text, sizeof(e->text), "%s", text ? text : "");
+}
+
+void cs_set_applied(dcast_consumer *c, uint64_t v)
+{
+	pthread_mutex_lock(&c->mu);
+	atomic_store(&c->applied, v);
+	pthread_cond_broadcast(&c->cv);
+	pthread_mutex_unlock(&c->mu);
+}
+
+uint64_t dcast_consumer_version(const dcast_consumer *c)
+{
+	return c ? atomic_load(&((dcast_consumer *)c)->applied) : DCAST_VERSION_NONE;
+}
+
+cs_tensor *cs_tensor_find(dcast_consumer *c, const char *name)
+{
+	for (uint32_t i = 0; i < c->n_tensors; i++)
+		if (!strcmp(c->tensors[i].desc.name, name))
+			return &c->tensors[i];
+	return NULL;
+}
+
+void cs_tensors_free(dcast_consumer *c)
+{
+	for (uint32_t i = 0; i < c->n_tensors; i++) {
+		if (c->tensors[i].owned)
+			free(c->tensors[i].ptr);
+		cs_views_free(&c->tensors[i]);
+	}
+	free(c->tensors);
+	c->tensors = NULL;
+	c->n_tensors = 0;
+}
+
+int cs_tensors_from_manifest(dcast_consumer *c, const dcast_manifest *m)
+{
+	cs_tensor *t = calloc(m->n_tensors ? m->n_tensors : 1, sizeof(*t));
+
+	if (!t)
+		return dcast_fail(DCAST_ENOMEM, "tensor table of %u", m->n_tensors);
+	c->tensors = t;
+	c->n_tensors = m->n_tensors;
+	for (uint32_t i = 0; i < m->n_tensors; i++) {
+		t[i].desc = m->tensors[i];
+		t[i].elem_size = dcast_dtype_size((int)t[i].desc.dtype);
+		t[i].bytes = dcast_tensor_elems(&t[i].desc) * t[i].elem_size;
+		t[i].mem = DCAST_MEM_HOST;
+		t[i].owned = 1;
+		dcast_tiles_init(&t[i].map, &t[i].desc);
+		t[i].ptr = calloc(1, t[i].bytes ? t[i].bytes : 1);
+		if (!t[i].ptr) {
+			cs_tensors_free(c);
+			return dcast_fail(DCAST_ENOMEM, "host copy of tensor %s (%" PRIu64 " bytes)",
+					  m->tensors[i].name, t[i].bytes);
+		}
+	}
+	return 0;
+}

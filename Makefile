@@ -108,6 +108,12 @@ $(BUILD)/deltacast-broker: $(BROKER_SRCS:%.c=$(BUILD)/obj/%.o) $(LIBA)
 $(BUILD)/deltacast: $(CLI_SRCS:%.c=$(BUILD)/obj/%.o) $(LIBA)
 	$(CC) $(SANFLAGS) -o $@ $^ $(LDLIBS)
 
+# The broker embedded in a test (everything but main.o): two brokers in one process.
+BROKER_EMBED_OBJS := $(filter-out $(BUILD)/obj/broker/main.o,$(BROKER_SRCS:%.c=$(BUILD)/obj/%.o))
+$(BUILD)/tests/test_broker_inproc: $(BUILD)/obj/tests/test_broker_inproc.o $(BROKER_EMBED_OBJS) $(LIBA)
+	@mkdir -p $(@D)
+	$(CC) $(SANFLAGS) -o $@ $^ $(LDLIBS)
+
 $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(LIBA)
 	@mkdir -p $(@D)
 	$(CC) $(SANFLAGS) -o $@ $^ $(LDLIBS)

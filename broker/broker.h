@@ -28,6 +28,8 @@
 #define BROKER_RECV_BURST 256  /* messages read from one socket per loop turn */
 
 /* ---- configuration (config.c: one table row per flag) ---- */
+#define BROKER_CONFIG_OWNED 256 /* --config lines kept */
+
 struct broker_config {
 	const char *producers;      /* --producers ENDPOINT (required) */
 	const char *consumers;      /* --consumers ENDPOINT (required) */
@@ -55,6 +57,8 @@ struct broker_config {
 	uint64_t fault_slowdisk_ms; /* DELTACAST_BROKER_FAULT=slowdisk:MS (tests; durable.c) */
 	uint64_t model_idle_s;      /* --model-idle-s: an idle model is removed (retire.c; 0 never) */
 	const char *admin_socket;   /* --admin-socket PATH: operator requests (admin.c) */
+	char *owned[BROKER_CONFIG_OWNED]; /* strings read from a --config file */
+	unsigned n_owned;
 };
 
 #define BROKER_CONFIG_HELP (-1)
@@ -62,11 +66,12 @@ struct broker_config {
  * DELTACAST_BROKER_FAULT from the environment (read once, here).  Returns
  * 0, BROKER_CONFIG_HELP when --help was asked for, or a dcast_err with a detail
  * naming the flag or config line.  Strings point into argv or into storage
- * owned by config.c until broker_config_free(). */
+ * owned by cfg until broker_config_free(cfg) (struct broker keeps a copy
+ * of the pointers: free after broker_close). */
 int broker_config_parse(struct broker_config *cfg, int argc, char **argv);
 /* Check cross-flag rules (a feature enabled without its setting). */
 int broker_config_check(const struct broker_config *cfg);
-void broker_config_free(void);
+void broker_config_free(struct broker_config *cfg);
 void broker_config_usage(FILE *to);
 
 /* ---- the log ---- */

@@ -53,9 +53,6 @@ static const struct flag flags[] = {
 };
 #undef OFF
 
-#define MAX_OWNED 256
-static char *owned[MAX_OWNED]; /* strings read from a config file */
-static unsigned n_owned;
 
 void broker_config_usage(FILE *to)
 {
@@ -109,13 +106,14 @@ static int flag_set(struct broker_config *cfg, const struct flag *f, const char 
 	return dcast_fail(DCAST_EINVAL, "--%s: bad flag kind", f->name);
 }
 
-static char *keep(const char *s)
+/* A copy of s that cfg owns until broker_config_free. */
+static char *keep(struct broker_config *cfg, const char *s)
 {
 	char *d;
 
-	if (n_owned >= MAX_OWNED || !(d = strdup(s)))
+	if (cfg->n_owned >= BROKER_CONFIG_OWNED || !(d = strdup(s)))
 		return NULL;
-	owned[n_owned++] = d;
+	cfg->owned[cfg->n_owned++] = d;
 	return d;
 }
 
@@ -146,7 +144,7 @@ static int config_line(struct broker_config *cfg, char *line, const char *path, 
 	val = trim(eq + 1);
 	if (!(f = flag_find(key)))
 		return dcast_fail(DCAST_EINVAL, "%s:%d: unknown setting \"%s\"", path, lineno, key);
-	if (!(val = keep(val)))
+	if (!(val = keep(cfg, val)))
 		return dcast_fail(DCAST_ENOMEM, "%s:%d: out of memory", path, lineno);
 	return flag_set(cfg, f, val);
 }
@@ -286,8 +284,8 @@ int broker_config_check(const struct broker_config *c)
 	return rc;
 }
 
-void broker_config_free(void)
+void broker_config_free(struct broker_config *cfg)
 {
-	while (n_owned)
-		free(owned[--n_owned]);
+	while (cfg->n_owned)
+		free(cfg->owned[--cfg->n_owned]);
 }

@@ -79,18 +79,18 @@ int main(int argc, char **argv)
 
 	if (rc == BROKER_CONFIG_HELP) {
 		broker_config_usage(stdout);
-		broker_config_free();
+		broker_config_free(&cfg);
 		return 0;
 	}
 	if (rc || (rc = broker_config_check(&cfg)) || (rc = log_level_set(cfg.log_level))) {
 		fprintf(stderr, "deltacast-broker: %s\n", dcast_last_error());
-		broker_config_free();
+		broker_config_free(&cfg);
 		return 2;
 	}
 	broker_limits_nofile(&cfg);
 	broker_limits_memory(&cfg);
 	rc = serve(&b, &cfg);
-	broker_config_free();
+	broker_config_free(&cfg);
 	DCAST_LOG_I("stopped");
 	return rc ? 1 : 0;
 }

@@ -48,7 +48,7 @@ static void start(struct inproc *x)
 
 	REQUIRE(broker_config_parse(&cfg, 13, argv) == 0 && broker_config_check(&cfg) == 0);
 	broker_limits_memory(&cfg); /* --max-pending-total-bytes 0: a share of memory, as main.c */
-	REQUIRE(broker_open(&x->b, &cfg) == 0);
+	REQUIRE(broker_open(&x->b, &cfg) == 0); /* no --config: cfg owns no strings */
 	endpoint(x->b.producers, x->prod, sizeof(x->prod));
 	endpoint(x->b.consumers, x->cons, sizeof(x->cons));
 	REQUIRE(pthread_create(&x->th, NULL, run_main, x) == 0);
@@ -131,7 +131,6 @@ int main(void)
 	snprintf(cdir, sizeof(cdir), "%s/c-again", dir);
 	CHECK(read_back(&x[0], cdir, w[0]));
 	stop(&x[0]);
-	broker_config_free();
 	check_remove_dir(dir);
 	return check_done("test_broker_inproc");
 }

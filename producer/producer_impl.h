@@ -1,8 +1,9 @@
 /* Private to producer/: the producer object (producer.c), its connection to
  * the broker (conn.c), its memory (baseline, encode slots, undo log:
  * memory.c), the encoder threads (encode.c), the publish pipeline
- * (publish.c, send.c) and the end of a version: ACK, failure, wait()
- * (settle.c).  The public surface is deltacast/producer.h. */
+ * (publish.c, send.c) and the end of a version: ACK or failure
+ * (outcome.c, under the connection), wait() (settle.c).  No import circle
+ * (farm-studio look producer).  The public surface is deltacast/producer.h. */
 #ifndef DCAST_PRODUCER_IMPL_H
 #define DCAST_PRODUCER_IMPL_H
 
@@ -224,7 +225,7 @@ int prod_send_commit(dcast_producer *p, const prod_run *r);
 int prod_replay_records(dcast_producer *p, prod_run *r);
 int prod_resend_pending(dcast_producer *p);
 
-/* settle.c */
+/* outcome.c: the pending version's end (ACK or failure), remembered */
 void prod_version_acked(dcast_producer *p, uint64_t version);
 void prod_version_failed(dcast_producer *p, int err, const char *why);
 int prod_fail_pending(dcast_producer *p, int rc);

@@ -1,0 +1,55 @@
+/* The outcome of the pending version: the broker's ACK of exactly it, or a
+ * failure (the baseline rolled back to the last acknowledged state), each
+ * remembered for wait().  Below the connection (conn.c reports ACKs and
+ * what a re-join found) and the waits (settle.c). */
+#include <string.h>
+#include "producer_impl.h"
+
+static void remember(dcast_producer *p, uint64_t version, int err)
+{
+	p->history[p->n_history++ % PROD_HISTORY] = (prod_outcome){version, err};
+}
+
+/* Only an ACK naming the pending version settles it. */
+void prod_version_acked(dcast_producer *p, uint64_t version)
+{
+	if (p->pending_version == DCAST_VERSION_NONE || version != p->pending_version)
+		return;
+	if (p->pending_anchor)
+		p->conn.need_anchor = 0;
+	p->acked_version = p->pending_version;
+	p->pending_version = DCAST_VERSION_NONE;
+	p->baseline_valid = 1;
+	p->resend = 0;
+	prod_undo_reset(&p->undo);
+	remember(p, p->acked_version, 0);
+}
+
+void prod_version_failed(dcast_producer *p, int err, const char *why)
+{
+	if (p->pending_version == DCAST_VERSION_NONE)
+		return;
+	DCAST_LOG_W("producer %s part %u: version %llu failed (%s); baseline back at %lld%s",
+		    p->model, p->part, (unsigned long long)p->pending_version, why,
+		    (long long)p->acked_version, /* -1: none */
+		    p->pending_anchor || p->undo.lost ? ", next version is an anchor" : "");
+	if (p->pending_anchor || p->undo.lost)
+		p->baseline_valid = 0;
+	prod_undo_rollback(p);
+	p->failed_version = p->pending_version;
+	p->failed_err = err;
+	snprintf(p->failed_text, sizeof(p->failed_text), "version %llu failed: %s",
+		 (unsigned long long)p->pending_version, why);
+	remember(p, p->pending_version, err);
+	p->pending_version = DCAST_VERSION_NONE;
+	p->resend = 0;
+}
+
+int prod_fail_pending(dcast_producer *p, int rc)
+{
+	char why[DCAST_MAX_TEXT];
+
+	snprintf(why, sizeof(why), "%s", dcast_last_error());
+	prod_version_failed(p, rc > 0 ? rc : DCAST_EABORTED, why);
+	return dcast_fail(rc, "%s", why);
+}

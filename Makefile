@@ -202,6 +202,13 @@ bench-gpu: $(BUILD)/tools/bench_gpu_codec
 	@$(BUILD)/tools/bench_gpu_codec; rc=$$?; [ $$rc = 77 ] || exit $$rc
 
 # --- producer ---
+# `make bench-slices`: a consumer's apply of a 1% delta with tensor-parallel
+# slices bound (views) against an untiled tensor bound whole, into
+# docs/benchmarks.md (BENCH_SLICES_QUICK=1: small, print only).
+.PHONY: bench-slices
+bench-slices: all
+	DELTACAST_BUILD=$(BUILD) $(PYTHON) scripts/bench_slices.py
+
 # `make bench-producer`: publish time of a 1%-density gen-trace version vs one
 # memcpy of the model, and wire bytes vs model bytes, into docs/benchmarks.md.
 BENCH_PRODUCER_PARAMS ?= 100M

@@ -78,4 +78,15 @@ int dcast_tiles_range_runs(const dcast_tiles *m, const dcast_box *b, uint64_t w,
 /* Box index of wire index w, or UINT64_MAX when it is outside the box. */
 uint64_t dcast_tiles_box_index(const dcast_tiles *m, const dcast_box *b, uint64_t w);
 
+/* The same for increasing wire indices (a payload's changed positions):
+ * the cursor keeps the segment of the last one (contiguous in both orders
+ * and in one row of the last dimension), so most lookups cost a compare
+ * and an add.  Zero the cursor before the first call. */
+typedef struct dcast_box_cursor {
+	uint64_t lo, hi;       /* the segment, in wire indices */
+	uint64_t in_lo, in_hi; /* its part inside the box */
+	uint64_t bi;           /* box index of in_lo */
+} dcast_box_cursor;
+uint64_t dcast_box_cursor_index(const dcast_tiles *m, const dcast_box *b, dcast_box_cursor *k, uint64_t w);
+
 #endif

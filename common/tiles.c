@@ -75,21 +75,34 @@ uint64_t dcast_tiles_to_wire(const dcast_tiles *m, uint64_t n, uint64_t *run)
 	return t * m->tile_elems + in;
 }
 
+/* Natural coordinates x of wire index w; *run as for dcast_tiles_to_natural. */
+static void natural_coords(const dcast_tiles *m, uint64_t w, uint64_t *x, uint64_t *run)
+{
+	uint64_t r[DCAST_TILES_DIMS] = {0}, in;
+
+	if (!m->tiled) {
+		unlin(w, m->shape, m->ndim, x);
+		*run = m->elems - w;
+		return;
+	}
+	in = w % m->tile_elems;
+	unlin(w / m->tile_elems, m->grid, m->ndim, x);
+	unlin(in, m->tile, m->ndim, r);
+	for (uint32_t d = 0; d < m->ndim; d++)
+		x[d] = x[d] * m->tile[d] + r[d];
+	*run = (m->tile[m->k] - r[m->k]) * m->inner - in % m->inner;
+}
+
 uint64_t dcast_tiles_to_natural(const dcast_tiles *m, uint64_t w, uint64_t *run)
 {
-	uint64_t q[DCAST_TILES_DIMS] = {0}, r[DCAST_TILES_DIMS] = {0}, in;
+	uint64_t x[DCAST_TILES_DIMS] = {0};
 
 	if (!m->tiled) {
 		*run = m->elems - w;
 		return w;
 	}
-	in = w % m->tile_elems;
-	unlin(w / m->tile_elems, m->grid, m->ndim, q);
-	unlin(in, m->tile, m->ndim, r);
-	for (uint32_t d = 0; d < m->ndim; d++)
-		q[d] = q[d] * m->tile[d] + r[d];
-	*run = (m->tile[m->k] - r[m->k]) * m->inner - in % m->inner;
-	return lin(q, m->shape, m->ndim);
+	natural_coords(m, w, x, run);
+	return lin(x, m->shape, m->ndim);
 }
 
 int dcast_box_init(dcast_box *b, const dcast_tensor_desc *d, uint32_t ndim, const uint64_t *off,
@@ -135,18 +148,24 @@ int dcast_box_is_tile(const dcast_box *b, const dcast_tensor_desc *d, uint64_t *
 	return 1;
 }
 
-/* Box index of natural index n, or UINT64_MAX outside. */
-static uint64_t box_index(const dcast_tiles *m, const dcast_box *b, uint64_t n)
+/* Box index of natural coordinates x (changed), or UINT64_MAX outside. */
+static uint64_t box_index_at(const dcast_tiles *m, const dcast_box *b, uint64_t *x)
 {
-	uint64_t x[DCAST_TILES_DIMS];
-
-	unlin(n, m->shape, m->ndim, x);
 	for (uint32_t d = 0; d < m->ndim; d++) {
 		if (x[d] < b->off[d] || x[d] - b->off[d] >= b->ext[d])
 			return UINT64_MAX;
 		x[d] -= b->off[d];
 	}
 	return lin(x, b->ext, b->ndim);
+}
+
+/* Box index of natural index n, or UINT64_MAX outside. */
+static uint64_t box_index(const dcast_tiles *m, const dcast_box *b, uint64_t n)
+{
+	uint64_t x[DCAST_TILES_DIMS];
+
+	unlin(n, m->shape, m->ndim, x);
+	return box_index_at(m, b, x);
 }
 
 uint64_t dcast_tiles_box_index(const dcast_tiles *m, const dcast_box *b, uint64_t w)
@@ -205,4 +224,32 @@ int dcast_tiles_range_runs(const dcast_tiles *m, const dcast_box *b, uint64_t w,
 		}
 	}
 	return rc;
+}
+
+/* One set of natural coordinates per segment: no index is linearised and
+ * split again. */
+static void cursor_seek(const dcast_tiles *m, const dcast_box *b, dcast_box_cursor *k, uint64_t w)
+{
+	uint32_t last = m->ndim - 1;
+	uint64_t x[DCAST_TILES_DIMS], run, col, seg, lo_b = b->off[last], a, z, bi = UINT64_MAX;
+
+	natural_coords(m, w, x, &run);
+	col = x[last], seg = min64(run, m->shape[last] - col);
+	a = col > lo_b ? col : lo_b, z = min64(col + seg, lo_b + b->ext[last]);
+	if (a < z) {
+		x[last] = a;
+		bi = box_index_at(m, b, x);
+	}
+
+	k->lo = w, k->hi = w + seg;
+	k->in_lo = k->in_hi = w; /* empty: the segment is outside the box */
+	if (bi != UINT64_MAX)
+		k->in_lo = w + (a - col), k->in_hi = w + (z - col), k->bi = bi;
+}
+
+uint64_t dcast_box_cursor_index(const dcast_tiles *m, const dcast_box *b, dcast_box_cursor *k, uint64_t w)
+{
+	if (w < k->lo || w >= k->hi)
+		cursor_seek(m, b, k, w);
+	return w >= k->in_lo && w < k->in_hi ? k->bi + (w - k->in_lo) : UINT64_MAX;
 }

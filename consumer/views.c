@@ -4,9 +4,9 @@
  * is what apply writes, verification reads and the checkpoint saves.  A
  * view is brought up to date chunk by chunk as apply writes the host copy:
  * a dense chunk's runs are copied, a sparse chunk's changed elements are
- * re-encoded as idx32 payloads in the view's own order and applied there
- * (the CPU codec, or its CUDA twin for device memory), so a delta costs
- * O(changed).  Anything that rewrites the host copy otherwise (an anchor
+ * copied one by one into host memory, or re-encoded as idx32 payloads in
+ * the view's own order and applied by the CUDA codec for device memory,
+ * so a delta costs O(changed).  Anything that rewrites the host copy otherwise (an anchor
  * file loaded, a rollback) refreshes the views whole. */
 #include <inttypes.h>
 #include <string.h>
@@ -102,11 +102,12 @@ static uint64_t view_changes(dcast_consumer *c, const cs_tensor *t, const cs_vie
 			     const uint32_t *pos, uint64_t n)
 {
 	vchange *ch = c->vch;
+	dcast_box_cursor k = {0};
 	uint64_t m = 0;
 	int sorted = 1;
 
 	for (uint64_t i = 0; i < n; i++) {
-		uint64_t w = start + pos[i], bi = dcast_tiles_box_index(&t->map, &v->box, w);
+		uint64_t w = start + pos[i], bi = dcast_box_cursor_index(&t->map, &v->box, &k, w);
 		if (bi == UINT64_MAX)
 			continue;
 		sorted &= !m || ch[m - 1].bi < bi;
@@ -141,12 +142,34 @@ static int span_ok(const dcast_consumer *c, uint64_t i, uint64_t j)
 	return j - i < VIEW_BATCH && ch[j].bi - ch[i].bi < DCAST_MAX_CHUNK_ELEMS;
 }
 
+/* Host memory: each changed element straight from the host copy (the
+ * positions were checked when they were decoded). */
+static void view_sparse_host(const cs_tensor *t, const cs_view *v, uint64_t start, const uint32_t *pos,
+			     uint64_t n)
+{
+	unsigned es = t->elem_size;
+	dcast_box_cursor k = {0};
+
+	for (uint64_t i = 0; i < n; i++) {
+		uint64_t w = start + pos[i], bi = dcast_box_cursor_index(&t->map, &v->box, &k, w);
+		if (bi != UINT64_MAX)
+			memcpy(v->ptr + bi * es, t->ptr + w * es, es);
+	}
+}
+
+/* Device memory: the changes as idx32 payloads in the view's order, applied
+ * by the CUDA codec (one copy to the device per batch). */
 static int view_sparse(dcast_consumer *c, const cs_tensor *t, const cs_view *v, uint64_t start, uint64_t n)
 {
 	cs_tensor vt = view_tensor(t, v);
-	uint64_t m = view_changes(c, t, v, start, c->vpos, n);
+	uint64_t m;
 	int err = 0;
 
+	if (v->mem == DCAST_MEM_HOST) {
+		view_sparse_host(t, v, start, c->vpos, n);
+		return 0;
+	}
+	m = view_changes(c, t, v, start, c->vpos, n);
 	for (uint64_t i = 0, j; i < m && !err; i = j) {
 		for (j = i + 1; j < m && span_ok(c, i, j); j++)
 			;

@@ -98,6 +98,9 @@ static void check_box(const dcast_tensor_desc *d, uint64_t *seed)
 		in_box += bi != UINT64_MAX;
 	}
 	CHECK(in_box == b.elems);
+	dcast_box_cursor k = {0}; /* increasing lookups through the cursor agree */
+	for (uint64_t w = 0; w < m.elems; w += 1 + rnd(seed) % 3)
+		CHECK(dcast_box_cursor_index(&m, &b, &k, w) == dcast_tiles_box_index(&m, &b, w));
 	for (uint64_t w = 0; w < m.elems;) { /* random wire ranges cover the tensor */
 		uint64_t n = 1 + rnd(seed) % 9;
 		n = n < m.elems - w ? n : m.elems - w;

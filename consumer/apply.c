@@ -48,16 +48,19 @@ static unsigned char *dst_of(dcast_consumer *c, const cs_chunk *k)
 
 /* Write k (old values to old unless NULL); *p is the payload it wrote. */
 static int write_chunk(dcast_consumer *c, const cs_version *v, const cs_chunk *k, unsigned char *old,
-		       const unsigned char **p)
+		       const unsigned char **p, const uint32_t **pos)
 {
 	int err;
 
+	*pos = NULL;
 	if ((err = cs_chunk_payload(c, v, k, p)))
 		return err;
 	if (old && k->info.encoding == DCAST_ENC_DENSE) {
 		memcpy(old, dst_of(c, k), undo_bytes(k));
 		old = NULL;
 	}
+	if (c->tensors[k->tensor].n_views) /* their update takes the positions decoded here */
+		return cs_views_write_host(c, k, *p, old, pos);
 	return cs_tensor_apply(&c->tensors[k->tensor], &k->info, *p, k->start, old);
 }
 
@@ -168,9 +171,11 @@ int cs_apply_version(dcast_consumer *c, cs_version *v, int verify, int *torn)
 	for (i = 0; !err && i < v->n_chunks; i++) {
 		const cs_chunk *k = &v->chunks[i];
 		const unsigned char *p;
-		if ((err = fault_ahead(c, v, ahead, i)) || (err = write_chunk(c, v, k, undo ? undo + off : NULL, &p)))
+		const uint32_t *pos;
+		if ((err = fault_ahead(c, v, ahead, i)) ||
+		    (err = write_chunk(c, v, k, undo ? undo + off : NULL, &p, &pos)))
 			break;
-		if ((err = cs_views_chunk(c, k, p))) {
+		if ((err = cs_views_chunk(c, k, p, pos))) {
 			off += undo_bytes(k), i++; /* written: undone with the others */
 			break;
 		}

@@ -286,9 +286,16 @@ int cs_tensor_ldigest(const cs_tensor *t, uint32_t index, uint64_t start, uint64
  * dcast_consumer_bind_slice. */
 int cs_bind_view(dcast_consumer *c, cs_tensor *t, void *ptr, dcast_mem mem, uint32_t ndim,
 		 const uint64_t *off, const uint64_t *ext, uint64_t bytes);
+/* Write chunk k into its tensor's host copy (the tensor has views), old
+ * values to old unless NULL, as cs_tensor_apply does; *pos: the changed
+ * positions the codec decoded on the way (in c->vpos; NULL for a dense
+ * chunk), for cs_views_chunk.  Errors as dcast_codec_apply, DCAST_ENOMEM. */
+int cs_views_write_host(dcast_consumer *c, const cs_chunk *k, const unsigned char *payload, void *old,
+			const uint32_t **pos);
 /* Bring t's views up to date with chunk k, just written to t's host copy
- * (payload: its payload).  Errors: DCAST_ENOMEM, DCAST_ECUDA. */
-int cs_views_chunk(dcast_consumer *c, const cs_chunk *k, const unsigned char *payload);
+ * (payload: its payload; pos: its changed positions, or NULL to decode
+ * them).  Errors: DCAST_ENOMEM, DCAST_ECUDA. */
+int cs_views_chunk(dcast_consumer *c, const cs_chunk *k, const unsigned char *payload, const uint32_t *pos);
 /* Copy every view whole from its tensor (after a load or a rollback). */
 int cs_views_refresh(dcast_consumer *c);
 static inline void cs_views_free(cs_tensor *t)

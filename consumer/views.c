@@ -178,7 +178,25 @@ static int view_sparse(dcast_consumer *c, const cs_tensor *t, const cs_view *v, 
 	return err;
 }
 
-int cs_views_chunk(dcast_consumer *c, const cs_chunk *k, const unsigned char *payload)
+int cs_views_write_host(dcast_consumer *c, const cs_chunk *k, const unsigned char *payload, void *old,
+			const uint32_t **pos)
+{
+	cs_tensor *t = &c->tensors[k->tensor];
+	int err;
+
+	DCAST_ASSERT(t->owned && t->mem == DCAST_MEM_HOST); /* views feed from the host copy */
+	*pos = NULL;
+	if (k->info.encoding == DCAST_ENC_DENSE)
+		return cs_tensor_apply(t, &k->info, payload, k->start, old);
+	if ((err = grow((void **)&c->vpos, &c->vpos_cap, k->info.changed + 1, 4, "positions")) ||
+	    (err = dcast_codec_apply_positions(&k->info, payload, t->ptr + k->start * t->elem_size, old,
+					       c->vpos)))
+		return err;
+	*pos = c->vpos;
+	return 0;
+}
+
+int cs_views_chunk(dcast_consumer *c, const cs_chunk *k, const unsigned char *payload, const uint32_t *pos)
 {
 	cs_tensor *t = &c->tensors[k->tensor];
 	int err = 0;
@@ -194,10 +212,11 @@ int cs_views_chunk(dcast_consumer *c, const cs_chunk *k, const unsigned char *pa
 		}
 		return err;
 	}
-	if ((err = grow((void **)&c->vpos, &c->vpos_cap, k->info.changed + 1, 4, "positions")) ||
-	    (err = grow((void **)&c->vch, &c->vch_cap, k->info.changed + 1, sizeof(vchange), "changes")) ||
-	    (err = grow((void **)&c->vbuf, &c->vbuf_cap, (uint64_t)VIEW_BATCH * 8, 1, "payload bytes")) ||
-	    (err = dcast_codec_positions(&k->info, payload, c->vpos)))
+	if (!pos && ((err = grow((void **)&c->vpos, &c->vpos_cap, k->info.changed + 1, 4, "positions")) ||
+		     (err = dcast_codec_positions(&k->info, payload, c->vpos))))
+		return err;
+	if ((err = grow((void **)&c->vch, &c->vch_cap, k->info.changed + 1, sizeof(vchange), "changes")) ||
+	    (err = grow((void **)&c->vbuf, &c->vbuf_cap, (uint64_t)VIEW_BATCH * 8, 1, "payload bytes")))
 		return err;
 	for (uint32_t j = 0; j < t->n_views && !err; j++)
 		err = view_sparse(c, t, &t->views[j], k->start, k->info.changed);

@@ -354,10 +354,25 @@ static void cpt_write(const dcast_chunk_info *info, const cpt_decoded *dec, uint
 	}
 }
 
+static void idx32_positions(const dcast_chunk_info *info, const uint8_t *pl, uint32_t *pos)
+{
+	for (uint64_t i = 0; i < info->changed; i++)
+		pos[i] = dcast_rd32le(pl + i * (4 + info->elem_size));
+}
+
+static void bitmask_positions(const dcast_chunk_info *info, const uint8_t *pl, uint32_t *pos)
+{
+	uint64_t mb = dcast_bitmask_bytes(info->count), i = 0;
+
+	for (uint64_t byte = 0; byte < mb; byte++)
+		for (unsigned bits = pl[byte]; bits; bits &= bits - 1)
+			pos[i++] = (uint32_t)(byte * 8 + (unsigned)__builtin_ctz(bits));
+}
+
 /* Check the payload, then write new values (old == NULL) or the saved old
  * ones (revert). */
 static int apply_or_revert(const dcast_chunk_info *info, const uint8_t *pl, uint8_t *dst,
-			   uint8_t *old_out, const uint8_t *old)
+			   uint8_t *old_out, const uint8_t *old, uint32_t *pos_out)
 {
 	int rc = dcast_codec_check_info(info, pl, dst);
 	uint64_t dense = info->count * info->elem_size;
@@ -374,24 +389,38 @@ static int apply_or_revert(const dcast_chunk_info *info, const uint8_t *pl, uint
 			memcpy(dst, old ? old : pl, dense);
 		return DCAST_OK;
 	case DCAST_ENC_IDX32:
-		if (!(rc = dcast_idx32_check(info, pl)))
-			idx32_write(info, pl, dst, old_out, old);
-		return rc;
+		if ((rc = dcast_idx32_check(info, pl)))
+			return rc;
+		idx32_write(info, pl, dst, old_out, old);
+		if (pos_out)
+			idx32_positions(info, pl, pos_out);
+		return DCAST_OK;
 	case DCAST_ENC_BITMASK:
-		if (!(rc = dcast_bitmask_check(info, pl)))
-			bitmask_write(info, pl, dst, old_out, old);
-		return rc;
+		if ((rc = dcast_bitmask_check(info, pl)))
+			return rc;
+		bitmask_write(info, pl, dst, old_out, old);
+		if (pos_out)
+			bitmask_positions(info, pl, pos_out);
+		return DCAST_OK;
 	default:
 		if ((rc = cpt_load(info, pl, &dec)))
 			return rc;
 		cpt_write(info, &dec, dst, old_out, old);
+		if (pos_out && info->changed)
+			memcpy(pos_out, dec.pos, info->changed * 4);
 		return DCAST_OK;
 	}
 }
 
 int dcast_codec_apply(const dcast_chunk_info *info, const void *payload, void *dst, void *old_out)
 {
-	return apply_or_revert(info, payload, dst, old_out, NULL);
+	return apply_or_revert(info, payload, dst, old_out, NULL, NULL);
+}
+
+int dcast_codec_apply_positions(const dcast_chunk_info *info, const void *payload, void *dst, void *old_out,
+				uint32_t *pos_out)
+{
+	return apply_or_revert(info, payload, dst, old_out, NULL, pos_out);
 }
 
 int dcast_codec_revert(const dcast_chunk_info *info, const void *payload, void *dst,
@@ -400,22 +429,7 @@ int dcast_codec_revert(const dcast_chunk_info *info, const void *payload, void *
 	uint64_t need = info->encoding == DCAST_ENC_DENSE ? info->count : info->changed;
 	if (!old && need)
 		return dcast_fail(DCAST_EINVAL, "codec revert: old is NULL");
-	return apply_or_revert(info, payload, dst, NULL, old ? old : "");
-}
-
-static void idx32_positions(const dcast_chunk_info *info, const uint8_t *pl, uint32_t *pos)
-{
-	for (uint64_t i = 0; i < info->changed; i++)
-		pos[i] = dcast_rd32le(pl + i * (4 + info->elem_size));
-}
-
-static void bitmask_positions(const dcast_chunk_info *info, const uint8_t *pl, uint32_t *pos)
-{
-	uint64_t mb = dcast_bitmask_bytes(info->count), i = 0;
-
-	for (uint64_t byte = 0; byte < mb; byte++)
-		for (unsigned bits = pl[byte]; bits; bits &= bits - 1)
-			pos[i++] = (uint32_t)(byte * 8 + (unsigned)__builtin_ctz(bits));
+	return apply_or_revert(info, payload, dst, NULL, old ? old : "", NULL);
 }
 
 int dcast_codec_positions(const dcast_chunk_info *info, const void *payload, uint32_t *pos)

@@ -98,6 +98,14 @@ DCAST_API int dcast_codec_sizes(const void *cur, const void *base, uint64_t coun
 DCAST_API int dcast_codec_apply(const dcast_chunk_info *info, const void *payload, void *dst,
 		      void *old_out);
 
+/* dcast_codec_apply(), also writing the positions (0..count, increasing) of
+ * the changed elements of a sparse payload into pos_out (info->changed
+ * entries, the caller's; NULL: none), as dcast_codec_positions() would,
+ * without decoding the payload a second time.  A dense payload writes no
+ * positions.  Errors as dcast_codec_apply; pos_out is then untouched. */
+DCAST_API int dcast_codec_apply_positions(const dcast_chunk_info *info, const void *payload, void *dst,
+				void *old_out, uint32_t *pos_out);
+
 /* Undo a dcast_codec_apply(): write the `old` values saved by it back to the
  * positions the same payload names (checked again as apply checks it).  For
  * a dense payload `old` is the whole previous range (info->count * elem_size

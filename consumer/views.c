@@ -143,17 +143,24 @@ static int span_ok(const dcast_consumer *c, uint64_t i, uint64_t j)
 }
 
 /* Host memory: each changed element straight from the host copy (the
- * positions were checked when they were decoded). */
+ * positions were checked when they were decoded); ES a constant, so each
+ * copy is one load and one store. */
+#define VIEW_COPY_LOOP(ES)                                                              \
+	for (uint64_t i = 0; i < n; i++) {                                              \
+		uint64_t w = start + pos[i], bi = dcast_box_cursor_index(&t->map, &v->box, &k, w); \
+		if (bi != UINT64_MAX)                                                   \
+			memcpy(v->ptr + bi * (ES), t->ptr + w * (ES), (ES));             \
+	}
+
 static void view_sparse_host(const cs_tensor *t, const cs_view *v, uint64_t start, const uint32_t *pos,
 			     uint64_t n)
 {
-	unsigned es = t->elem_size;
 	dcast_box_cursor k = {0};
 
-	for (uint64_t i = 0; i < n; i++) {
-		uint64_t w = start + pos[i], bi = dcast_box_cursor_index(&t->map, &v->box, &k, w);
-		if (bi != UINT64_MAX)
-			memcpy(v->ptr + bi * es, t->ptr + w * es, es);
+	switch (t->elem_size) {
+	case 1: VIEW_COPY_LOOP(1) break;
+	case 2: VIEW_COPY_LOOP(2) break;
+	default: VIEW_COPY_LOOP(4) break;
 	}
 }
 

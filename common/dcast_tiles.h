@@ -86,6 +86,9 @@ typedef struct dcast_box_cursor {
 	uint64_t lo, hi;       /* the segment, in wire indices */
 	uint64_t in_lo, in_hi; /* its part inside the box */
 	uint64_t bi;           /* box index of in_lo */
+	int valid;             /* x and t0 describe the segment */
+	uint64_t x[DCAST_TILES_DIMS];  /* natural coordinates of lo */
+	uint64_t t0[DCAST_TILES_DIMS]; /* its tile's origin */
 } dcast_box_cursor;
 uint64_t dcast_box_cursor_index(const dcast_tiles *m, const dcast_box *b, dcast_box_cursor *k, uint64_t w);
 

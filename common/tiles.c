@@ -226,29 +226,68 @@ int dcast_tiles_range_runs(const dcast_tiles *m, const dcast_box *b, uint64_t w,
 	return rc;
 }
 
-/* One set of natural coordinates per segment: no index is linearised and
- * split again. */
-static void cursor_seek(const dcast_tiles *m, const dcast_box *b, dcast_box_cursor *k, uint64_t w)
+/* Segment [w, w + seg) whose first element has natural coordinates x:
+ * its part inside the box. */
+static void segment_set(const dcast_tiles *m, const dcast_box *b, dcast_box_cursor *k, uint64_t w,
+			uint64_t seg)
 {
 	uint32_t last = m->ndim - 1;
-	uint64_t x[DCAST_TILES_DIMS], run, col, seg, lo_b = b->off[last], a, z, bi = UINT64_MAX;
+	uint64_t y[DCAST_TILES_DIMS], col = k->x[last], lo_b = b->off[last], bi = UINT64_MAX;
+	uint64_t a = col > lo_b ? col : lo_b, z = min64(col + seg, lo_b + b->ext[last]);
 
-	natural_coords(m, w, x, &run);
-	col = x[last], seg = min64(run, m->shape[last] - col);
-	a = col > lo_b ? col : lo_b, z = min64(col + seg, lo_b + b->ext[last]);
 	if (a < z) {
-		x[last] = a;
-		bi = box_index_at(m, b, x);
+		memcpy(y, k->x, sizeof(y));
+		y[last] = a;
+		bi = box_index_at(m, b, y);
 	}
-
 	k->lo = w, k->hi = w + seg;
 	k->in_lo = k->in_hi = w; /* empty: the segment is outside the box */
 	if (bi != UINT64_MAX)
 		k->in_lo = w + (a - col), k->in_hi = w + (z - col), k->bi = bi;
 }
 
+/* The segment of w, from its coordinates (a few divisions). */
+static void cursor_seek(const dcast_tiles *m, const dcast_box *b, dcast_box_cursor *k, uint64_t w)
+{
+	uint32_t last = m->ndim - 1;
+	uint64_t run;
+
+	natural_coords(m, w, k->x, &run);
+	for (uint32_t d = 0; d < m->ndim; d++)
+		k->t0[d] = k->x[d] - k->x[d] % m->tile[d];
+	k->valid = 1;
+	segment_set(m, b, k, w, min64(run, m->shape[last] - k->x[last]));
+}
+
+/* The segment after the current one, when it is the next row of the same
+ * tile (no division): 0 when the tile ends there (seek instead). */
+static int cursor_step(const dcast_tiles *m, const dcast_box *b, dcast_box_cursor *k)
+{
+	uint32_t last = m->ndim - 1;
+	int d;
+
+	if (!k->valid)
+		return 0;
+	k->x[last] = k->t0[last];
+	for (d = (int)last - 1; d >= 0; d--) {
+		if (++k->x[d] < k->t0[d] + m->tile[d])
+			break;
+		k->x[d] = k->t0[d];
+	}
+	if (d < 0) { /* past the tile's last row */
+		k->valid = 0;
+		return 0;
+	}
+	/* a row start: the rest of the tile row when the last dimension is
+	 * tiled, else the whole row (the tile holds whole rows) */
+	segment_set(m, b, k, k->hi, m->tiled && m->k == last ? m->tile[last] : m->shape[last]);
+	return 1;
+}
+
 uint64_t dcast_box_cursor_index(const dcast_tiles *m, const dcast_box *b, dcast_box_cursor *k, uint64_t w)
 {
+	for (int steps = 0; w >= k->hi && k->hi > k->lo && steps < 64 && cursor_step(m, b, k); steps++)
+		;
 	if (w < k->lo || w >= k->hi)
 		cursor_seek(m, b, k, w);
 	return w >= k->in_lo && w < k->in_hi ? k->bi + (w - k->in_lo) : UINT64_MAX;

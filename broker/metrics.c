@@ -170,6 +170,18 @@ static void consumer_family(struct out *o, const struct broker *b, const char *n
 	}
 }
 
+/* Consumers whose pipe was full on the broker's last send to them: they
+ * read slower than the stream comes (or not at all); the rest is theirs
+ * to fetch when they read again. */
+static uint64_t consumers_blocked(const struct broker *b)
+{
+	uint64_t n = 0;
+
+	for (uint64_t i = 0; i < b->cons.hi; i++)
+		n += b->cons.arr[i].used && b->cons.arr[i].blocked;
+	return n;
+}
+
 static void render_consumers(struct out *o, const struct broker *b)
 {
 	consumer_family(o, b, "consumer_version", "version the consumer says it applied",
@@ -192,6 +204,7 @@ size_t broker_metrics_render(const struct broker *b, char *buf, size_t cap)
 	counter(&o, "bytes_out_total", "payload bytes sent to consumers", st->bytes_out);
 	gauge(&o, "producers_connected", "producer parts connected", st->producers_connected);
 	gauge(&o, "consumers_connected", "consumers connected", st->consumers_connected);
+	gauge(&o, "consumers_blocked", "consumers whose pipe was full on the last send", consumers_blocked(b));
 	counter(&o, "peers_timed_out_total", "peers dropped after heartbeats", st->peers_timed_out);
 	counter(&o, "auth_refused_total", "peers refused by the ZAP handler", broker_auth_refused(b));
 	counter(&o, "anchors_made_total", "anchors the broker made by folding deltas", st->anchors_made);

@@ -7,8 +7,11 @@
 #ifndef DCAST_TEST_PROC_H
 #define DCAST_TEST_PROC_H
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -305,6 +308,70 @@ static void tp_broker_kill(tp_broker *b, int sig)
 	waitpid(b->pid, &b->exit_status, 0);
 	tp_untrack(b->pid);
 	b->pid = 0;
+}
+
+/* ---- a broker's /metrics page ---- */
+
+static char tp_page[1 << 16]; /* the last page read */
+
+/* GET path from 127.0.0.1:port into tp_page (NUL-terminated, head
+ * included); its length, or -1 when nothing answered. */
+static int tp_http_get(int port, const char *path)
+{
+	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+	char req[128];
+	size_t n = 0;
+	ssize_t r;
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+
+	inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+	if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa))) {
+		if (fd >= 0)
+			close(fd);
+		return -1;
+	}
+	snprintf(req, sizeof(req), "GET %s HTTP/1.0\r\n\r\n", path);
+	if (send(fd, req, strlen(req), 0) < 0)
+		return close(fd), -1;
+	while (n < sizeof(tp_page) - 1 && (r = recv(fd, tp_page + n, sizeof(tp_page) - 1 - n, 0)) > 0)
+		n += (size_t)r;
+	tp_page[n] = '\0';
+	close(fd);
+	return (int)n;
+}
+
+/* The value of the unlabelled sample `name` in tp_page, UINT64_MAX if absent. */
+static uint64_t tp_metric(const char *name)
+{
+	char needle[256], *p;
+
+	snprintf(needle, sizeof(needle), "\n%s ", name);
+	p = strstr(tp_page, needle);
+	return p ? strtoull(p + strlen(needle), NULL, 10) : UINT64_MAX;
+}
+
+struct tp_metric_wait {
+	int port;
+	const char *name;
+	uint64_t at_least;
+};
+
+static int tp_metric_reached(void *arg)
+{
+	const struct tp_metric_wait *w = arg;
+	uint64_t v;
+
+	return tp_http_get(w->port, "/metrics") > 0 && (v = tp_metric(w->name)) != UINT64_MAX &&
+	       v >= w->at_least;
+}
+
+/* Wait until sample `name` on the broker's /metrics (port) is at least
+ * at_least (1), or timeout_ms pass (0): how tests wait for a counter. */
+static int tp_wait_metric(int port, const char *name, uint64_t at_least, int timeout_ms)
+{
+	struct tp_metric_wait w = {port, name, at_least};
+
+	return tp_wait_until(timeout_ms, tp_metric_reached, &w);
 }
 
 #endif

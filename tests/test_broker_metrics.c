@@ -8,37 +8,6 @@
 #include "broker_harness.h"
 
 static char dir[] = "/tmp/dcast_test_metrics_XXXXXX";
-static char page[1 << 16];
-
-static int http_get(int port, const char *path)
-{
-	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-	char req[128];
-	size_t n = 0;
-	ssize_t r;
-	int fd = socket(AF_INET, SOCK_STREAM, 0);
-
-	inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
-	if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)))
-		return -1;
-	snprintf(req, sizeof(req), "GET %s HTTP/1.0\r\n\r\n", path);
-	if (send(fd, req, strlen(req), 0) < 0)
-		return close(fd), -1;
-	while (n < sizeof(page) - 1 && (r = recv(fd, page + n, sizeof(page) - 1 - n, 0)) > 0)
-		n += (size_t)r;
-	page[n] = '\0';
-	close(fd);
-	return (int)n;
-}
-
-static uint64_t metric(const char *name)
-{
-	char needle[256], *p;
-
-	snprintf(needle, sizeof(needle), "\n%s ", name);
-	p = strstr(page, needle);
-	return p ? strtoull(p + strlen(needle), NULL, 10) : UINT64_MAX;
-}
 
 int main(void)
 {
@@ -70,25 +39,25 @@ int main(void)
 
 	/* The ACK travels asynchronously: poll the page (bounded) for it. */
 	for (int i = 0; i < 100 && !found; i++) {
-		CHECK(http_get(br.mport, "/metrics") > 0);
-		found = strstr(page, "deltacast_consumer_version{model=\"metrics/model\"") &&
-			strstr(page, "} 3\n");
+		CHECK(tp_http_get(br.mport, "/metrics") > 0);
+		found = strstr(tp_page, "deltacast_consumer_version{model=\"metrics/model\"") &&
+			strstr(tp_page, "} 3\n");
 		if (!found)
 			usleep(50000);
 	}
 	CHECK(found);
-	CHECK(strncmp(page, "HTTP/1.0 200 OK", 15) == 0);
-	CHECK(metric("deltacast_versions_committed_total") == 3);
-	CHECK(metric("deltacast_consumers_connected") == 1);
-	CHECK(metric("deltacast_producers_connected") == 1);
-	CHECK(metric("deltacast_bytes_in_total") > 0);
-	CHECK(metric("deltacast_bytes_out_total") == metric("deltacast_bytes_in_total"));
-	CHECK(metric("deltacast_model_version{model=\"metrics/model\"}") == 3);
-	CHECK(strstr(page, "deltacast_consumer_lag_versions{model=\"metrics/model\"") != NULL);
-	CHECK(strstr(page, "# TYPE deltacast_bytes_in_total counter") != NULL);
-	CHECK(http_get(br.mport, "/nope") > 0 && strstr(page, "404") != NULL);
+	CHECK(strncmp(tp_page, "HTTP/1.0 200 OK", 15) == 0);
+	CHECK(tp_metric("deltacast_versions_committed_total") == 3);
+	CHECK(tp_metric("deltacast_consumers_connected") == 1);
+	CHECK(tp_metric("deltacast_producers_connected") == 1);
+	CHECK(tp_metric("deltacast_bytes_in_total") > 0);
+	CHECK(tp_metric("deltacast_bytes_out_total") == tp_metric("deltacast_bytes_in_total"));
+	CHECK(tp_metric("deltacast_model_version{model=\"metrics/model\"}") == 3);
+	CHECK(strstr(tp_page, "deltacast_consumer_lag_versions{model=\"metrics/model\"") != NULL);
+	CHECK(strstr(tp_page, "# TYPE deltacast_bytes_in_total counter") != NULL);
+	CHECK(tp_http_get(br.mport, "/nope") > 0 && strstr(tp_page, "404") != NULL);
 	if (check_failures)
-		fprintf(stderr, "page:\n%s\n", page);
+		fprintf(stderr, "page:\n%s\n", tp_page);
 
 	h_client_close(&prod);
 	h_client_close(&cons);

@@ -77,6 +77,7 @@ int main(void)
 	snprintf(br.log, sizeof(br.log), "%s/broker.log", dir);
 	br.extra[br.n_extra++] = "--heartbeat-ms";
 	br.extra[br.n_extra++] = "3000";
+	br.with_metrics = 1;
 	h_broker_start(&br);
 
 	/* The producer creates the model first: a consumer that waited for it
@@ -94,7 +95,8 @@ int main(void)
 		if (v % 20 == 0)
 			send_heartbeat(&cons); /* not silent: the broker keeps it */
 	}
-	usleep(300000); /* the broker's sends to the consumer now fail with EAGAIN */
+	/* the broker's sends to the consumer now fail with EAGAIN */
+	CHECK(tp_wait_metric(br.mport, "deltacast_consumers_blocked", 1, 5000));
 
 	h_hello(&cons, DCAST_ROLE_CONSUMER, DCAST_VERSION_NONE);
 	drain(&cons, &d);

@@ -178,6 +178,23 @@ static void retention_check(struct broker *b, struct broker_model *m)
 	broker_log_need_anchor(b, m);
 }
 
+/* The log's invariant (issue 21 item 4): an anchor first, then deltas each
+ * on the version before it, versions increasing, log_bytes their sum.
+ * O(log length), on every change of the log. */
+static void log_check(const struct broker_model *m)
+{
+	uint64_t bytes = 0;
+
+	for (uint32_t i = 0; i < m->n_log; i++) {
+		const struct broker_version *v = m->log[i];
+		DCAST_ASSERT(i || v->anchor);
+		DCAST_ASSERT(!i || v->anchor || v->base_version == m->log[i - 1]->version);
+		DCAST_ASSERT(!i || v->version > m->log[i - 1]->version);
+		bytes += v->mem_bytes;
+	}
+	DCAST_ASSERT(bytes == m->log_bytes);
+}
+
 int broker_log_append(struct broker *b, struct broker_model *m, struct broker_version *v)
 {
 	uint64_t newest = broker_model_newest(m);
@@ -203,6 +220,7 @@ int broker_log_append(struct broker *b, struct broker_model *m, struct broker_ve
 	m->log[m->n_log++] = v;
 	v->mem_bytes = broker_version_mem(v);
 	m->log_bytes += v->mem_bytes;
+	log_check(m);
 	retention_check(b, m);
 	return 0;
 }
@@ -230,5 +248,6 @@ int broker_log_replace_anchor(struct broker *b, struct broker_model *m,
 	anchor->mem_bytes = broker_version_mem(anchor);
 	m->log_bytes += anchor->mem_bytes;
 	m->need_anchor = 0;
+	log_check(m);
 	return 0;
 }

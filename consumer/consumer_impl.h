@@ -340,6 +340,9 @@ int cs_sort_chunks(const dcast_consumer *c, cs_version *v);
 /* k's checked payload: resident, or read back into the scratch region. */
 int cs_chunk_payload(dcast_consumer *c, const cs_version *v, const cs_chunk *k, const unsigned char **out);
 
+/* The staging invariant (asserted): at most CS_MAX_STAGED versions, each
+ * staging or READY, versions increasing past the applied one. */
+void cs_staged_check(const dcast_consumer *c);
 /* The READY versions at the front of staged[] that apply in a chain from
  * the live tensors. */
 uint32_t cs_ready_chain(const dcast_consumer *c);
@@ -361,6 +364,9 @@ void cs_note_refusal(dcast_consumer *c, uint64_t version);
 /* Refuse `version` for `code` (dcast_last_error() says why): an ERROR
  * event, then cs_rejoin.  Callers hold `lock`. */
 int cs_refuse(dcast_consumer *c, uint64_t version, int code);
+/* The same for a message that is the peer's error and names no version
+ * held: the versions staged stay (READY ones across the re-join). */
+int cs_refuse_message(dcast_consumer *c, uint64_t version, int code);
 /* Wake the session thread out of its wait (work was left for it). */
 void cs_wake(dcast_consumer *c);
 /* ACK `version` as applied, from the session thread's next turn. */

@@ -56,13 +56,24 @@ void cs_note_refusal(dcast_consumer *c, uint64_t version)
 			    "in %" PRIu64 " ms", c->model, version, c->refusals, delay);
 }
 
-int cs_refuse(dcast_consumer *c, uint64_t version, int code)
+static int refuse(dcast_consumer *c, uint64_t version, int code, int drop)
 {
 	DCAST_LOG_W("consumer %s: version %" PRIu64 " refused: %s", c->model, version, dcast_last_error());
 	cs_event_push(c, DCAST_EV_ERROR, version, code, dcast_last_error());
 	cs_note_refusal(c, version);
-	cs_drop_from(c, version);
+	if (drop)
+		cs_drop_from(c, version);
 	return cs_rejoin(c);
+}
+
+int cs_refuse(dcast_consumer *c, uint64_t version, int code)
+{
+	return refuse(c, version, code, 1);
+}
+
+int cs_refuse_message(dcast_consumer *c, uint64_t version, int code)
+{
+	return refuse(c, version, code, 0);
 }
 
 void cs_wake(dcast_consumer *c)

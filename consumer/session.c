@@ -151,6 +151,12 @@ static cs_version *version_begin(dcast_consumer *c, const dcast_chunk *h, int *e
 		*err = gap(c, h->version, h->base_version);
 		return NULL;
 	}
+	if (c->n_staged && h->version <= tail_version(c)) { /* the peer's error: staged stays */
+		dcast_fail(DCAST_EVERSION, "version %" PRIu64 " is not above the newest staged, %" PRIu64,
+			   h->version, tail_version(c));
+		*err = cs_refuse_message(c, h->version, DCAST_EVERSION);
+		return NULL;
+	}
 	if (c->n_staged == CS_MAX_STAGED) {
 		*err = cs_refuse(c, h->version, dcast_fail(DCAST_EBUSY, "%u versions staged and not applied",
 							CS_MAX_STAGED));
@@ -167,6 +173,7 @@ static cs_version *version_begin(dcast_consumer *c, const dcast_chunk *h, int *e
 		return NULL;
 	}
 	c->n_staged++;
+	cs_staged_check(c);
 	if (v->anchor)
 		cs_event_push(c, DCAST_EV_ANCHOR, v->version, 0, "");
 	return v;

@@ -125,3 +125,17 @@ uint32_t cs_ready_chain(const dcast_consumer *c)
 	}
 	return n;
 }
+
+void cs_staged_check(const dcast_consumer *c)
+{
+	uint64_t prev = dcast_consumer_version(c);
+
+	DCAST_ASSERT(c->n_staged <= CS_MAX_STAGED);
+	for (uint32_t i = 0; i < c->n_staged; i++) {
+		const cs_version *v = &c->staged[i];
+		DCAST_ASSERT(v->state == CS_V_STAGING || v->state == CS_V_READY);
+		DCAST_ASSERT(prev == DCAST_VERSION_NONE || v->version > prev);
+		DCAST_ASSERT(v->anchor || v->base_version < v->version);
+		prev = v->version;
+	}
+}

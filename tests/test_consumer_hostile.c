@@ -1,0 +1,126 @@
+/* The consumer against a broker that breaks the protocol (a ROUTER socket
+ * in this test, speaking the wire format itself): after anchor 7 is READY
+ * it sends anchor 5.  Staged versions must stay in increasing order (the
+ * consumer asserts it, issue 21 item 4), so anchor 5 is refused as the
+ * peer's error, with an ERROR event naming both versions; version 7 stays
+ * READY and applies bit-exact.  Nothing aborts. */
+#include <stdint.h>
+#include "check.h"
+#include "dcast_wire.h"
+#include "deltacast/codec.h"
+#include "deltacast/consumer.h"
+#include "proc.h"
+
+#define N 64
+#define MODEL "hostile"
+
+static void *router, *ctx;
+static zmq_msg_t rid;
+
+static void send_to(dcast_msg *m, const void *payload, size_t len)
+{
+	zmq_msg_t p;
+
+	REQUIRE(zmq_msg_init_size(&p, len) == 0);
+	if (len)
+		memcpy(zmq_msg_data(&p), payload, len);
+	REQUIRE(dcast_wire_send(router, zmq_msg_data(&rid), zmq_msg_size(&rid), m, len ? &p : NULL, 0) == 0);
+	if (!len)
+		zmq_msg_close(&p);
+}
+
+/* The consumer's HELLO: keep its routing id, answer WELCOME and MANIFEST. */
+static void welcome(void)
+{
+	dcast_wire_in in;
+	dcast_msg m;
+
+	do
+		REQUIRE(dcast_wire_recv(router, 1, &in, 0) == 0);
+	while (in.msg.type != DCAST_MSG_HELLO && (dcast_wire_in_close(&in), 1));
+	zmq_msg_init(&rid);
+	zmq_msg_copy(&rid, &in.rid);
+	dcast_wire_in_close(&in);
+	dcast_msg_init(&m, DCAST_MSG_WELCOME);
+	strcpy(m.u.welcome.model, MODEL);
+	m.u.welcome.version = m.u.welcome.anchor_version = DCAST_VERSION_NONE;
+	m.u.welcome.heartbeat_ms = 60000;
+	m.u.welcome.run = 0x1234;
+	send_to(&m, NULL, 0);
+	dcast_tensor_desc t = {.name = "w", .dtype = DCAST_DTYPE_BF16, .ndim = 1, .shape = {N}};
+	dcast_msg_init(&m, DCAST_MSG_MANIFEST);
+	strcpy(m.u.manifest.model, MODEL);
+	m.u.manifest.n_tensors = 1;
+	m.u.manifest.tensors = &t;
+	send_to(&m, NULL, 0);
+}
+
+/* An anchor of `version` holding w, as one CHUNK and its COMMIT. */
+static void anchor(uint64_t version, const uint16_t *w)
+{
+	dcast_range_digest d = {0, 0, N, 0};
+	dcast_msg m;
+
+	dcast_msg_init(&m, DCAST_MSG_CHUNK);
+	strcpy(m.u.chunk.model, MODEL);
+	m.u.chunk.version = version;
+	m.u.chunk.base_version = DCAST_VERSION_NONE;
+	m.u.chunk.anchor = 1;
+	m.u.chunk.count = N, m.u.chunk.elem_size = 2, m.u.chunk.changed = N;
+	m.u.chunk.encoding = DCAST_ENC_DENSE, m.u.chunk.payload_bytes = N * 2;
+	dcast_chunk_seal(&m.u.chunk, w);
+	send_to(&m, w, N * 2);
+	REQUIRE(dcast_ldigest(0, 0, w, N, 2, &d.digest) == 0);
+	dcast_msg_init(&m, DCAST_MSG_COMMIT);
+	strcpy(m.u.commit.model, MODEL);
+	m.u.commit.version = version;
+	m.u.commit.base_version = DCAST_VERSION_NONE;
+	m.u.commit.anchor = 1, m.u.commit.parts = 1, m.u.commit.chunks = 1, m.u.commit.bytes = N * 2;
+	m.u.commit.n_digests = 1;
+	m.u.commit.digests = &d;
+	send_to(&m, NULL, 0);
+}
+
+/* The next event of type `type` within 10 s, into *ev. */
+static int event(dcast_consumer *c, int type, dcast_event *ev)
+{
+	for (int i = 0; i < 100; i++)
+		if (dcast_consumer_poll(c, 100, ev) == 0 && ev->type == type)
+			return 1;
+	return 0;
+}
+
+int main(void)
+{
+	char dir[] = "/tmp/dcast-test-hostile-XXXXXX", ep[128];
+	size_t len = sizeof(ep);
+	uint16_t w7[N], w5[N];
+	dcast_consumer *c = NULL;
+	dcast_event ev;
+	void *ptr;
+
+	alarm(60);
+	REQUIRE(mkdtemp(dir));
+	for (int i = 0; i < N; i++)
+		w7[i] = (uint16_t)(i * 7 + 1), w5[i] = (uint16_t)(i * 5 + 3);
+	REQUIRE((ctx = zmq_ctx_new()) && (router = zmq_socket(ctx, ZMQ_ROUTER)));
+	REQUIRE(zmq_bind(router, "tcp://127.0.0.1:*") == 0);
+	REQUIRE(zmq_getsockopt(router, ZMQ_LAST_ENDPOINT, ep, &len) == 0);
+	REQUIRE(dcast_consumer_open(ep, MODEL, dir, 4 << 20, NULL, &c) == 0);
+	welcome();
+	anchor(7, w7);
+	CHECK(event(c, DCAST_EV_VERSION_READY, &ev) && ev.version == 7);
+	anchor(5, w5); /* below the READY anchor 7: the broker's error */
+	CHECK(event(c, DCAST_EV_ERROR, &ev) && ev.version == 5 && ev.code == DCAST_EVERSION);
+	CHECK(strstr(ev.text, "not above the newest staged, 7") != NULL);
+	fprintf(stderr, "refused as: %s\n", ev.text);
+	CHECK(dcast_consumer_ready_version(c) == 7);
+	CHECK_ERR(dcast_consumer_apply(c, 7), 0);
+	CHECK(dcast_consumer_tensor(c, "w", &ptr, NULL, NULL) == 0 && !memcmp(ptr, w7, sizeof(w7)));
+	dcast_consumer_close(&c);
+	zmq_msg_close(&rid);
+	zmq_close(router);
+	zmq_ctx_term(ctx);
+	check_remove_dir(dir);
+	return check_done("test_consumer_hostile");
+}

@@ -105,34 +105,53 @@ static void render_errors(struct out *o, const struct broker_stats *st)
 			     (unsigned long long)st->errors[i]);
 }
 
-static void render_models(struct out *o, const struct broker *b)
+/* Per-model values (UINT64_MAX: no sample for that model). */
+static uint64_t model_version(const struct broker_model *m)
+{
+	uint64_t v = broker_model_newest(m);
+
+	return v == DCAST_VERSION_NONE ? UINT64_MAX : v;
+}
+
+static uint64_t model_anchor_version(const struct broker_model *m)
+{
+	return m->n_log ? m->log[0]->version : UINT64_MAX;
+}
+
+static uint64_t model_log_versions(const struct broker_model *m)
+{
+	return m->n_log;
+}
+
+/* Parts that committed the open version: a version waiting on a rank. */
+static uint64_t model_parts_committed(const struct broker_model *m)
+{
+	return m->pending ? m->pending->n_committed : 0;
+}
+
+/* One family with a sample per model, after its HELP and TYPE. */
+static void model_family(struct out *o, const struct broker *b, const char *name, const char *help,
+			 uint64_t (*value)(const struct broker_model *))
 {
 	char m[2 * DCAST_MAX_NAME + 2];
 
-	emit(o, "# HELP deltacast_model_version newest committed version\n"
-		"# TYPE deltacast_model_version gauge\n");
+	emit(o, "# HELP deltacast_%s %s\n# TYPE deltacast_%s gauge\n", name, help, name);
 	for (uint32_t i = 0; i < b->n_models; i++) {
-		uint64_t v = broker_model_newest(b->models[i]);
+		uint64_t v = value(b->models[i]);
 
 		label(m, sizeof(m), b->models[i]->name);
-		if (v != DCAST_VERSION_NONE)
-			emit(o, "deltacast_model_version{model=\"%s\"} %llu\n", m,
-			     (unsigned long long)v);
+		if (v != UINT64_MAX)
+			emit(o, "deltacast_%s{model=\"%s\"} %llu\n", name, m, (unsigned long long)v);
 	}
-	emit(o, "# HELP deltacast_model_anchor_version newest anchor in the log\n"
-		"# TYPE deltacast_model_anchor_version gauge\n");
-	for (uint32_t i = 0; i < b->n_models; i++) {
-		label(m, sizeof(m), b->models[i]->name);
-		if (b->models[i]->n_log)
-			emit(o, "deltacast_model_anchor_version{model=\"%s\"} %llu\n", m,
-			     (unsigned long long)b->models[i]->log[0]->version);
-	}
-	emit(o, "# HELP deltacast_model_log_versions versions in the model's log\n"
-		"# TYPE deltacast_model_log_versions gauge\n");
-	for (uint32_t i = 0; i < b->n_models; i++) {
-		label(m, sizeof(m), b->models[i]->name);
-		emit(o, "deltacast_model_log_versions{model=\"%s\"} %u\n", m, b->models[i]->n_log);
-	}
+}
+
+static void render_models(struct out *o, const struct broker *b)
+{
+	model_family(o, b, "model_version", "newest committed version", model_version);
+	model_family(o, b, "model_anchor_version", "newest anchor in the log", model_anchor_version);
+	model_family(o, b, "model_log_versions", "versions in the model's log", model_log_versions);
+	model_family(o, b, "model_parts_committed", "producer parts that committed the open version "
+		     "(0: none open)", model_parts_committed);
 }
 
 /* The version a consumer has, for version and lag: what it ACKed, else

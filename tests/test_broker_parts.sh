@@ -4,12 +4,14 @@
 # consumers get one COMMIT per version carrying both parts' digests.
 . "$(dirname "$0")/tools/broker_lib.sh"
 
-start_broker b
+start_broker_metrics b
 bg c1 "$WC" consume "$b_CONS" m2 --until 8
 C1=$LAST_PID
 bg p0 "$WC" produce "$b_PROD" m2 --part 0 --parts 2 --versions 8
 P0=$LAST_PID
-sleep 0.5 # part 0 alone cannot commit anything
+# part 0 has committed its share of version 1: alone, it commits nothing
+wait_for 10 metric_at_least "$b_METRICS" 'deltacast_model_parts_committed{model="m2"}' 1 ||
+	fail "part 0's COMMIT never reached the broker"
 grep -q "committed" "$TMP/b.log" && fail "a version committed with one part of two"
 bg p1 "$WC" produce "$b_PROD" m2 --part 1 --parts 2 --versions 8
 P1=$LAST_PID

@@ -104,6 +104,14 @@ start_broker_metrics() {
 	eval "${name}_METRICS=127.0.0.1:$port"
 }
 
+# metric_at_least HOST:PORT SAMPLE VALUE: the broker's /metrics has SAMPLE
+# (name with its labels, as printed) at VALUE or more.
+metric_at_least() {
+	local v
+	v=$("$BUILD/deltacast" status --broker "$1" --raw 2>/dev/null | awk -v s="$2" '$1 == s {print $2}')
+	[ -n "$v" ] && [ "$v" -ge "$3" ]
+}
+
 # logged_since LOG FROM TEXT: TEXT is in LOG at or after line FROM.
 logged_since() {
 	tail -n +"$2" "$1" | grep -q "$3"

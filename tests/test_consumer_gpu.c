@@ -84,80 +84,88 @@ static int device_equal(void *const dev[H_TENSORS], const h_model *m, uint64_t v
 	return same;
 }
 
-static void test_device(const h_broker *b)
+/* Device memory a consumer binds: how, and how it is compared with the
+ * producer's version v. */
+typedef struct dev_binding {
+	void *dev[H_TENSORS];
+	void (*bind)(struct dev_binding *d, dcast_consumer *c, const h_model *m);
+	int (*equal)(const struct dev_binding *d, dcast_consumer *c, const h_model *m, uint64_t v);
+} dev_binding;
+
+/* Versions 1..4 into device memory bound by d; version 3's digest is made
+ * wrong, so its apply fails and the previous version comes back (from the
+ * checkpoint for device tensors, from the host copy for a slice), and the
+ * broker sends it again. */
+static void device_versions(const h_broker *b, const char *model, uint64_t seed, dev_binding *d)
 {
 	h_model m;
 	dcast_producer *p = NULL;
 	dcast_consumer *c;
-	void *dev[H_TENSORS] = {0};
 	h_seen s = {0};
 
-	REQUIRE(h_model_start(b, "m_dev", 67, 1, 100, &m, &p) == 0);
+	REQUIRE(h_model_start(b, model, seed, 1, 100, &m, &p) == 0);
 	setenv("DELTACAST_CONSUMER_FAULT", "digest:3", 1);
-	c = open_with_manifest(b, "m_dev");
+	c = open_with_manifest(b, model);
 	unsetenv("DELTACAST_CONSUMER_FAULT");
 	REQUIRE(c);
-	for (int t = 0; t < H_TENSORS; t++) {
-		REQUIRE(cudaMalloc(&dev[t], m.bytes[t]) == cudaSuccess);
-		CHECK(dcast_consumer_bind(c, m.name[t], dev[t], DCAST_MEM_CUDA, m.bytes[t]) == 0);
-	}
-	CHECK(h_drive(c, &m, 1, &s) == 0 && device_equal(dev, &m, 1)); /* h_equal: 0 on the device */
+	d->bind(d, c, &m);
+	CHECK(h_drive(c, &m, 1, &s) == 0 && d->equal(d, c, &m, 1));
 	for (uint64_t v = 2; v <= 4; v++) {
 		REQUIRE(h_publish(p, &m, v, 100) == 0);
 		CHECK(h_drive(c, &m, v, &s) == 0);
-		CHECK(device_equal(dev, &m, v));
+		CHECK(d->equal(d, c, &m, v));
 	}
-	CHECK(s.apply_failures >= 1); /* version 3's digest, undone from the checkpoint and sent again */
+	CHECK(s.apply_failures >= 1); /* version 3's digest */
 	dcast_consumer_close(&c);
 	for (int t = 0; t < H_TENSORS; t++)
-		cudaFree(dev[t]);
+		cudaFree(d->dev[t]);
 	dcast_producer_close(&p);
 	h_model_free(&m);
 }
+
+/* Every tensor bound whole in device memory. */
+static void bind_whole(dev_binding *d, dcast_consumer *c, const h_model *m)
+{
+	for (int t = 0; t < H_TENSORS; t++) {
+		REQUIRE(cudaMalloc(&d->dev[t], m->bytes[t]) == cudaSuccess);
+		CHECK(dcast_consumer_bind(c, m->name[t], d->dev[t], DCAST_MEM_CUDA, m->bytes[t]) == 0);
+	}
+}
+
+static int whole_equal(const dev_binding *d, dcast_consumer *c, const h_model *m, uint64_t v)
+{
+	(void)c; /* h_equal: 0 on the device */
+	return device_equal(d->dev, m, v);
+}
+
 /* Rows [10, 200) x columns [100, 612) of tensor 0 (bf16, 1024 wide). */
 #define BOX_R0 10
 #define BOX_R 190
 #define BOX_C0 100
 #define BOX_C 512
 
-static int slice_equal(const void *dev, const h_model *m, uint64_t v)
+/* A box of tensor 0 bound in device memory, as a worker of another TP
+ * degree binds its block (runs copied, sparse changes applied by the CUDA
+ * codec as idx32 payloads). */
+static void bind_box(dev_binding *d, dcast_consumer *c, const h_model *m)
+{
+	uint64_t off[2] = {BOX_R0, BOX_C0}, ext[2] = {BOX_R, BOX_C};
+
+	REQUIRE(cudaMalloc(&d->dev[0], BOX_R * BOX_C * 2) == cudaSuccess);
+	CHECK_ERR(dcast_consumer_bind_slice(c, m->name[0], d->dev[0], DCAST_MEM_CUDA, 2, off, ext,
+					    BOX_R * BOX_C * 2), 0);
+}
+
+static int box_equal(const dev_binding *d, dcast_consumer *c, const h_model *m, uint64_t v)
 {
 	uint16_t *host = malloc(BOX_R * BOX_C * 2);
 	const uint16_t *want = (const uint16_t *)m->snap[v][0];
-	int same = host && cudaMemcpy(host, dev, BOX_R * BOX_C * 2, cudaMemcpyDeviceToHost) == cudaSuccess;
+	int same = host && cudaMemcpy(host, d->dev[0], BOX_R * BOX_C * 2, cudaMemcpyDeviceToHost) == cudaSuccess;
 
 	for (uint64_t r = 0; same && r < BOX_R; r++)
 		same = !memcmp(host + r * BOX_C, want + (BOX_R0 + r) * m->shape[0][1] + BOX_C0, BOX_C * 2);
 	free(host);
-	return same;
-}
-
-static void test_device_slice(const h_broker *b)
-{
-	h_model m;
-	dcast_producer *p = NULL;
-	dcast_consumer *c;
-	void *dev = NULL;
-	h_seen s = {0};
-	uint64_t off[2] = {BOX_R0, BOX_C0}, ext[2] = {BOX_R, BOX_C};
-
-	REQUIRE(h_model_start(b, "m_devslice", 71, 1, 100, &m, &p) == 0);
-	setenv("DELTACAST_CONSUMER_FAULT", "digest:3", 1);
-	c = open_with_manifest(b, "m_devslice");
-	unsetenv("DELTACAST_CONSUMER_FAULT");
-	REQUIRE(c && cudaMalloc(&dev, BOX_R * BOX_C * 2) == cudaSuccess);
-	CHECK_ERR(dcast_consumer_bind_slice(c, m.name[0], dev, DCAST_MEM_CUDA, 2, off, ext, BOX_R * BOX_C * 2), 0);
-	CHECK(h_drive(c, &m, 1, &s) == 0 && slice_equal(dev, &m, 1) && h_equal(c, &m, 1));
-	for (uint64_t v = 2; v <= 4; v++) {
-		REQUIRE(h_publish(p, &m, v, 100) == 0);
-		CHECK(h_drive(c, &m, v, &s) == 0);
-		CHECK(slice_equal(dev, &m, v) && h_equal(c, &m, v));
-	}
-	CHECK(s.apply_failures >= 1);
-	dcast_consumer_close(&c);
-	cudaFree(dev);
-	dcast_producer_close(&p);
-	h_model_free(&m);
+	return same && h_equal(c, m, v); /* the host copy the box is fed from */
 }
 #endif
 
@@ -173,8 +181,10 @@ int main(void)
 		test_no_device(&b);
 	} else {
 #ifdef DCAST_HAVE_CUDA
-		test_device(&b);
-		test_device_slice(&b);
+		dev_binding whole = {.bind = bind_whole, .equal = whole_equal};
+		dev_binding box = {.bind = bind_box, .equal = box_equal};
+		device_versions(&b, "m_dev", 67, &whole);
+		device_versions(&b, "m_devslice", 71, &box);
 #endif
 	}
 	h_broker_stop(&b);

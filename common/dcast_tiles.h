@@ -68,6 +68,10 @@ int dcast_box_is_tile(const dcast_box *b, const dcast_tensor_desc *d, uint64_t *
  * walk and is returned by it. */
 typedef int (*dcast_run_fn)(void *ctx, uint64_t bi, uint64_t wi, uint64_t n);
 
+/* The runs of natural range [n, n + len), in natural order; bi counts from
+ * 0 at n. */
+int dcast_tiles_natural_runs(const dcast_tiles *m, uint64_t n, uint64_t len, dcast_run_fn fn, void *ctx);
+
 /* Every run of box b, in box order. */
 int dcast_tiles_box_runs(const dcast_tiles *m, const dcast_box *b, dcast_run_fn fn, void *ctx);
 
@@ -75,11 +79,8 @@ int dcast_tiles_box_runs(const dcast_tiles *m, const dcast_box *b, dcast_run_fn 
 int dcast_tiles_range_runs(const dcast_tiles *m, const dcast_box *b, uint64_t w, uint64_t n,
 			   dcast_run_fn fn, void *ctx);
 
-/* Box index of wire index w, or UINT64_MAX when it is outside the box. */
-uint64_t dcast_tiles_box_index(const dcast_tiles *m, const dcast_box *b, uint64_t w);
-
-/* The same for increasing wire indices (a payload's changed positions):
- * the cursor keeps the segment of the last one (contiguous in both orders
+/* Box index of wire index w, or UINT64_MAX when it is outside the box, for
+ * increasing w (a payload's changed positions): the cursor keeps the segment of the last one (contiguous in both orders
  * and in one row of the last dimension), so most lookups cost a compare
  * and an add.  Zero the cursor before the first call. */
 typedef struct dcast_box_cursor {

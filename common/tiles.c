@@ -168,13 +168,6 @@ static uint64_t box_index(const dcast_tiles *m, const dcast_box *b, uint64_t n)
 	return box_index_at(m, b, x);
 }
 
-uint64_t dcast_tiles_box_index(const dcast_tiles *m, const dcast_box *b, uint64_t w)
-{
-	uint64_t run;
-
-	return box_index(m, b, dcast_tiles_to_natural(m, w, &run));
-}
-
 /* The runs of natural row segment [n, n + len), at box index bi on. */
 static int row_runs(const dcast_tiles *m, uint64_t n, uint64_t len, uint64_t bi, dcast_run_fn fn, void *ctx)
 {
@@ -186,6 +179,11 @@ static int row_runs(const dcast_tiles *m, uint64_t n, uint64_t len, uint64_t bi,
 		bi += k, n += k, len -= k;
 	}
 	return rc;
+}
+
+int dcast_tiles_natural_runs(const dcast_tiles *m, uint64_t n, uint64_t len, dcast_run_fn fn, void *ctx)
+{
+	return row_runs(m, n, len, 0, fn, ctx);
 }
 
 int dcast_tiles_box_runs(const dcast_tiles *m, const dcast_box *b, dcast_run_fn fn, void *ctx)

@@ -73,36 +73,6 @@ static int tensors_from_file(dcast_consumer *c, const dcast_st_file *f)
 	return err;
 }
 
-/* Natural elements [n0, n0 + n) of tiled t to nat (to_nat) or from it,
- * against t's host copy in wire order. */
-static void tiled_copy(const cs_tensor *t, uint64_t n0, uint64_t n, unsigned char *nat, int to_nat)
-{
-	unsigned es = t->elem_size;
-
-	for (uint64_t i = 0, run, k; i < n; i += k) {
-		unsigned char *w = t->ptr + dcast_tiles_to_wire(&t->map, n0 + i, &run) * es;
-		k = run < n - i ? run : n - i;
-		memcpy(to_nat ? nat + i * es : w, to_nat ? w : nat + i * es, k * es);
-	}
-}
-
-/* Bytes [off, off + n) of the file's tensor t into t, or out of it. */
-static int piece_in(cs_tensor *t, uint64_t off, const unsigned char *src, uint64_t n)
-{
-	if (!t->map.tiled)
-		return cs_to_tensor(t, off, src, n);
-	tiled_copy(t, off / t->elem_size, n / t->elem_size, (unsigned char *)src, 0);
-	return 0;
-}
-
-static int piece_out(const cs_tensor *t, uint64_t off, unsigned char *dst, uint64_t n)
-{
-	if (!t->map.tiled)
-		return cs_from_tensor(t, off, dst, n);
-	tiled_copy(t, off / t->elem_size, n / t->elem_size, dst, 1);
-	return 0;
-}
-
 /* Read one tensor's bytes at file offset `off` piece by piece via the pool. */
 static int read_tensor(dcast_consumer *c, int file, cs_tensor *t, uint64_t off)
 {
@@ -114,7 +84,7 @@ static int read_tensor(dcast_consumer *c, int file, cs_tensor *t, uint64_t off)
 		uint64_t n = t->bytes - done < piece ? t->bytes - done : piece;
 		err = cs_io_read(c, file, scratch, n, off + done, c->anchor_path);
 		if (!err)
-			err = piece_in(t, done, scratch, n);
+			err = cs_tensor_write_natural(t, done / t->elem_size, n / t->elem_size, scratch);
 	}
 	return err;
 }
@@ -236,7 +206,8 @@ static int write_tensor(dcast_consumer *c, int file, const cs_tensor *t, uint64_
 		uint64_t n = t->bytes - done < piece ? t->bytes - done : piece;
 		if (t->mem == DCAST_MEM_HOST && !t->map.tiled) {
 			err = dcast_io_write(c->io, file, t->ptr + done, n, off + done, DCAST_IO_NO_BUF, 4);
-		} else if (!(err = dcast_io_drain(c->io)) && !(err = piece_out(t, done, scratch, n))) {
+		} else if (!(err = dcast_io_drain(c->io)) &&
+			   !(err = cs_tensor_read_natural(t, done / t->elem_size, n / t->elem_size, scratch))) {
 			err = dcast_io_write(c->io, file, scratch, n, off + done,
 					     dcast_io_buffers_fixed(c->io) ? 0 : DCAST_IO_NO_BUF, 4);
 		}

@@ -175,7 +175,7 @@ int cs_apply_version(dcast_consumer *c, cs_version *v, int verify, int *torn)
 		if ((err = fault_ahead(c, v, ahead, i)) ||
 		    (err = write_chunk(c, v, k, undo ? undo + off : NULL, &p, &pos)))
 			break;
-		if ((err = cs_views_chunk(c, k, p, pos))) {
+		if ((err = cs_views_chunk(c, k, pos))) {
 			off += undo_bytes(k), i++; /* written: undone with the others */
 			break;
 		}

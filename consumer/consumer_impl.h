@@ -292,10 +292,15 @@ int cs_bind_view(dcast_consumer *c, cs_tensor *t, void *ptr, dcast_mem mem, uint
  * chunk), for cs_views_chunk.  Errors as dcast_codec_apply, DCAST_ENOMEM. */
 int cs_views_write_host(dcast_consumer *c, const cs_chunk *k, const unsigned char *payload, void *old,
 			const uint32_t **pos);
-/* Bring t's views up to date with chunk k, just written to t's host copy
- * (payload: its payload; pos: its changed positions, or NULL to decode
- * them).  Errors: DCAST_ENOMEM, DCAST_ECUDA. */
-int cs_views_chunk(dcast_consumer *c, const cs_chunk *k, const unsigned char *payload, const uint32_t *pos);
+/* Elements [n0, n0 + count) of t in natural (row-major) order, out to the
+ * host buffer dst or in from src: t's memory is in wire order (tile by
+ * tile when tiled; host or device).  Errors: those of cs_to/from_tensor. */
+int cs_tensor_read_natural(const cs_tensor *t, uint64_t n0, uint64_t count, void *dst);
+int cs_tensor_write_natural(cs_tensor *t, uint64_t n0, uint64_t count, const void *src);
+/* Bring t's views up to date with chunk k, just written to t's host copy by
+ * cs_views_write_host (pos: the changed positions it gave; NULL for a dense
+ * chunk).  Errors: DCAST_ENOMEM, DCAST_ECUDA. */
+int cs_views_chunk(dcast_consumer *c, const cs_chunk *k, const uint32_t *pos);
 /* Copy every view whole from its tensor (after a load or a rollback). */
 int cs_views_refresh(dcast_consumer *c);
 static inline void cs_views_free(cs_tensor *t)

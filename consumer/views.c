@@ -31,7 +31,7 @@ static cs_tensor view_tensor(const cs_tensor *t, const cs_view *v)
 typedef struct copy_ctx {
 	cs_tensor *dst;        /* the view (to_view) or the tensor */
 	const cs_tensor *src;
-	unsigned char *host;   /* read_slice: the caller's host buffer */
+	unsigned char *host;   /* read_slice, the anchor file's pieces: a host buffer */
 	unsigned es;
 } copy_ctx;
 
@@ -49,6 +49,28 @@ static int run_to_host(void *ctx, uint64_t bi, uint64_t wi, uint64_t n)
 	copy_ctx *x = ctx;
 
 	return cs_from_tensor(x->src, wi * x->es, x->host + bi * x->es, n * x->es);
+}
+
+/* Caller's host buffer -> live tensor (wire order, host or device). */
+static int run_from_host(void *ctx, uint64_t bi, uint64_t wi, uint64_t n)
+{
+	copy_ctx *x = ctx;
+
+	return cs_to_tensor(x->dst, wi * x->es, x->host + bi * x->es, n * x->es);
+}
+
+int cs_tensor_read_natural(const cs_tensor *t, uint64_t n0, uint64_t count, void *dst)
+{
+	copy_ctx x = {NULL, t, dst, t->elem_size};
+
+	return dcast_tiles_natural_runs(&t->map, n0, count, run_to_host, &x);
+}
+
+int cs_tensor_write_natural(cs_tensor *t, uint64_t n0, uint64_t count, const void *src)
+{
+	copy_ctx x = {t, t, (unsigned char *)src, t->elem_size};
+
+	return dcast_tiles_natural_runs(&t->map, n0, count, run_from_host, &x);
 }
 
 static int view_fill(const cs_tensor *t, const cs_view *v)
@@ -166,17 +188,17 @@ static void view_sparse_host(const cs_tensor *t, const cs_view *v, uint64_t star
 
 /* Device memory: the changes as idx32 payloads in the view's order, applied
  * by the CUDA codec (one copy to the device per batch). */
-static int view_sparse(dcast_consumer *c, const cs_tensor *t, const cs_view *v, uint64_t start, uint64_t n)
+static int view_sparse_device(dcast_consumer *c, const cs_tensor *t, const cs_view *v, uint64_t start,
+			      const uint32_t *pos, uint64_t n)
 {
 	cs_tensor vt = view_tensor(t, v);
 	uint64_t m;
-	int err = 0;
+	int err;
 
-	if (v->mem == DCAST_MEM_HOST) {
-		view_sparse_host(t, v, start, c->vpos, n);
-		return 0;
-	}
-	m = view_changes(c, t, v, start, c->vpos, n);
+	if ((err = grow((void **)&c->vch, &c->vch_cap, n + 1, sizeof(vchange), "changes")) ||
+	    (err = grow((void **)&c->vbuf, &c->vbuf_cap, (uint64_t)VIEW_BATCH * 8, 1, "payload bytes")))
+		return err;
+	m = view_changes(c, t, v, start, pos, n);
 	for (uint64_t i = 0, j; i < m && !err; i = j) {
 		for (j = i + 1; j < m && span_ok(c, i, j); j++)
 			;
@@ -203,7 +225,7 @@ int cs_views_write_host(dcast_consumer *c, const cs_chunk *k, const unsigned cha
 	return 0;
 }
 
-int cs_views_chunk(dcast_consumer *c, const cs_chunk *k, const unsigned char *payload, const uint32_t *pos)
+int cs_views_chunk(dcast_consumer *c, const cs_chunk *k, const uint32_t *pos)
 {
 	cs_tensor *t = &c->tensors[k->tensor];
 	int err = 0;
@@ -219,14 +241,14 @@ int cs_views_chunk(dcast_consumer *c, const cs_chunk *k, const unsigned char *pa
 		}
 		return err;
 	}
-	if (!pos && ((err = grow((void **)&c->vpos, &c->vpos_cap, k->info.changed + 1, 4, "positions")) ||
-		     (err = dcast_codec_positions(&k->info, payload, c->vpos))))
-		return err;
-	if ((err = grow((void **)&c->vch, &c->vch_cap, k->info.changed + 1, sizeof(vchange), "changes")) ||
-	    (err = grow((void **)&c->vbuf, &c->vbuf_cap, (uint64_t)VIEW_BATCH * 8, 1, "payload bytes")))
-		return err;
-	for (uint32_t j = 0; j < t->n_views && !err; j++)
-		err = view_sparse(c, t, &t->views[j], k->start, k->info.changed);
+	DCAST_ASSERT(pos); /* cs_views_write_host decoded them */
+	for (uint32_t j = 0; j < t->n_views && !err; j++) {
+		const cs_view *v = &t->views[j];
+		if (v->mem == DCAST_MEM_HOST)
+			view_sparse_host(t, v, k->start, pos, k->info.changed);
+		else
+			err = view_sparse_device(c, t, v, k->start, pos, k->info.changed);
+	}
 	return err;
 }
 

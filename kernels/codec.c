@@ -432,27 +432,3 @@ int dcast_codec_revert(const dcast_chunk_info *info, const void *payload, void *
 	return apply_or_revert(info, payload, dst, NULL, old ? old : "", NULL);
 }
 
-int dcast_codec_positions(const dcast_chunk_info *info, const void *payload, uint32_t *pos)
-{
-	int rc = dcast_codec_check_info(info, payload, pos);
-	cpt_decoded dec;
-
-	if (rc)
-		return rc;
-	switch (info->encoding) {
-	case DCAST_ENC_DENSE:
-		return dcast_fail(DCAST_EINVAL, "codec positions: a dense payload names every position");
-	case DCAST_ENC_IDX32:
-		if (!(rc = dcast_idx32_check(info, payload)))
-			idx32_positions(info, payload, pos);
-		return rc;
-	case DCAST_ENC_BITMASK:
-		if (!(rc = dcast_bitmask_check(info, payload)))
-			bitmask_positions(info, payload, pos);
-		return rc;
-	default:
-		if (!(rc = cpt_load(info, payload, &dec)) && info->changed)
-			memcpy(pos, dec.pos, info->changed * 4);
-		return rc;
-	}
-}

@@ -71,17 +71,15 @@ static void roundtrip(const range *r, int enc)
 	CHECK(memcmp(dst, r->cur, bytes) == 0);
 	CHECK_ERR(dcast_codec_revert(&info, out, dst, old), DCAST_OK);
 	CHECK(memcmp(dst, r->base, bytes) == 0);
-	if (info.encoding != DCAST_ENC_DENSE) { /* the positions apply decodes = the payload's */
-		uint32_t *pa = malloc(info.changed * 4 + 4), *pb = malloc(info.changed * 4 + 4);
-		REQUIRE(pa && pb);
+	if (info.encoding != DCAST_ENC_DENSE) { /* the positions apply decodes: exactly the changed ones */
+		uint32_t *pa = malloc(info.changed * 4 + 4);
+		REQUIRE(pa);
 		CHECK_ERR(dcast_codec_apply_positions(&info, out, dst, NULL, pa), DCAST_OK);
 		CHECK(memcmp(dst, r->cur, bytes) == 0);
-		CHECK_ERR(dcast_codec_positions(&info, out, pb), DCAST_OK);
-		CHECK(!memcmp(pa, pb, info.changed * 4));
-		for (uint64_t i = 0; i < info.changed; i++)
+		for (uint64_t i = 0; i < info.changed; i++) /* increasing, each a change: info.changed of them */
 			CHECK(pa[i] < r->count && (i == 0 || pa[i] > pa[i - 1]) &&
 			      memcmp(r->base + (uint64_t)pa[i] * r->es, r->cur + (uint64_t)pa[i] * r->es, r->es));
-		free(pa), free(pb);
+		free(pa);
 	}
 	if (check_failures)
 		fprintf(stderr, "  in roundtrip count=%" PRIu64 " es=%u enc=%d changed=%" PRIu64 "\n",

@@ -100,8 +100,8 @@ DCAST_API int dcast_codec_apply(const dcast_chunk_info *info, const void *payloa
 
 /* dcast_codec_apply(), also writing the positions (0..count, increasing) of
  * the changed elements of a sparse payload into pos_out (info->changed
- * entries, the caller's; NULL: none), as dcast_codec_positions() would,
- * without decoding the payload a second time.  A dense payload writes no
+ * entries, the caller's; NULL: none), from the same decode (what a
+ * consumer's bound slices need of a delta).  A dense payload writes no
  * positions.  Errors as dcast_codec_apply; pos_out is then untouched. */
 DCAST_API int dcast_codec_apply_positions(const dcast_chunk_info *info, const void *payload, void *dst,
 				void *old_out, uint32_t *pos_out);
@@ -112,13 +112,6 @@ DCAST_API int dcast_codec_apply_positions(const dcast_chunk_info *info, const vo
  * bytes).  Errors as dcast_codec_apply; on error dst is untouched. */
 DCAST_API int dcast_codec_revert(const dcast_chunk_info *info, const void *payload, void *dst,
 		       const void *old);
-
-/* Positions (0..count) of the changed elements of a sparse payload, in
- * increasing order, into pos (info->changed entries, the caller's; a
- * compact payload is decoded into the thread's scratch arrays first).  The
- * payload is checked as dcast_codec_apply checks it.  Errors: those of
- * dcast_codec_apply; DCAST_EINVAL for a dense payload (every position). */
-DCAST_API int dcast_codec_positions(const dcast_chunk_info *info, const void *payload, uint32_t *pos);
 
 /* Checksum of a payload as carried in CHUNK.checksum: XXH3-64, seed 0. */
 DCAST_API uint64_t dcast_checksum(const void *data, size_t len);

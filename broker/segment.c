@@ -9,19 +9,13 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
-#include <xxhash.h>
 #include "dcast_common.h"
 #include "dcast_io.h"
+#include "dcast_reclog.h"
+#include "deltacast/codec.h"
 #include "deltacast/schema.h"
 #include "segment.h"
 
-/* "DCR2" little-endian.  The last byte is the format: "DCR1" segments
- * hold CHUNK headers whose checksum does not cover the chunk's placement,
- * which this broker would take for corrupt. */
-#define SEG_MAGIC 0x32524344u
-#define SEG_FORMAT(magic) ((magic) >> 24)
-#define SEG_FAMILY(magic) (((magic) & 0xffffffu) == (SEG_MAGIC & 0xffffffu) && \
-			   SEG_FORMAT(magic) >= '0' && SEG_FORMAT(magic) <= '9')
 #define SEG_IO_DEPTH 64u
 #define SEG_PREFIX_POOL 4096u
 #define SEG_MAX_FILES 1024u  /* segment files looked at per model folder */
@@ -48,94 +42,20 @@ struct broker_seg_store {
 	dcast_io *io;
 	struct seg_model *models[BROKER_SEG_MAX_MODELS];
 	unsigned n_models;
-	uint8_t (*prefix)[BROKER_SEG_RECORD_BYTES]; /* [SEG_PREFIX_POOL] */
+	uint8_t (*prefix)[DCAST_REC_PREFIX]; /* [SEG_PREFIX_POOL] */
 	unsigned n_prefix;
 	int write_err;                /* first failed write since the last commit */
 	char write_detail[512];
-	uint8_t *rbuf;                /* load: one record's header + payload */
-	size_t rbuf_cap;
+	dcast_rec_reader rd;          /* load: reads one file at a time */
 };
-
-/* A decoded record prefix. */
-struct seg_rec {
-	uint16_t kind, flags;
-	uint32_t hdr_len, payload_len;
-	uint64_t version, checksum;
-};
-
-/* ---- encoding ------------------------------------------------------- */
-
-static void put32(uint8_t *p, uint32_t v)
-{
-	for (int i = 0; i < 4; i++)
-		p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void put64(uint8_t *p, uint64_t v)
-{
-	for (int i = 0; i < 8; i++)
-		p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint32_t get32(const uint8_t *p)
-{
-	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
-static uint64_t get64(const uint8_t *p)
-{
-	return (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32;
-}
-
-static uint64_t rec_checksum(const uint8_t *prefix, const void *hdr, size_t hdr_len,
-			     const void *payload, size_t payload_len)
-{
-	uint64_t h = XXH3_64bits(prefix, 24);
-
-	h = XXH3_64bits_withSeed(hdr, hdr_len, h);
-	return XXH3_64bits_withSeed(payload, payload_len, h);
-}
-
-static void rec_encode(uint8_t *p, int kind, uint64_t version, const void *hdr, size_t hdr_len,
-		       const void *payload, size_t payload_len)
-{
-	put32(p, SEG_MAGIC);
-	p[4] = (uint8_t)kind;
-	p[5] = p[6] = p[7] = 0;
-	put32(p + 8, (uint32_t)hdr_len);
-	put32(p + 12, (uint32_t)payload_len);
-	put64(p + 16, version);
-	put64(p + 24, rec_checksum(p, hdr, hdr_len, payload, payload_len));
-}
-
-static void rec_decode(const uint8_t *p, struct seg_rec *r)
-{
-	r->kind = (uint16_t)(p[4] | p[5] << 8);
-	r->flags = (uint16_t)(p[6] | p[7] << 8);
-	r->hdr_len = get32(p + 8);
-	r->payload_len = get32(p + 12);
-	r->version = get64(p + 16);
-	r->checksum = get64(p + 24);
-}
 
 /* ---- store and models ----------------------------------------------- */
 
-static int mkdir_p(const char *path)
+/* fsync a folder; a failure is logged (the files in it are synced). */
+static void dir_synced(const char *dir)
 {
-	if (mkdir(path, 0755) == 0 || errno == EEXIST)
-		return 0;
-	return dcast_fail(DCAST_EIO, "segment: mkdir '%s': %s", path, strerror(errno));
-}
-
-static void fsync_dir(const char *dir)
-{
-	int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-
-	if (fd >= 0) {
-		if (fsync(fd))
-			DCAST_LOG_W("segment: fsync dir '%s': %s", dir, strerror(errno));
-		close(fd);
-	}
+	if (dcast_fsync_dir(dir))
+		DCAST_LOG_W("segment: %s", dcast_last_error());
 }
 
 int broker_seg_open(broker_seg_store **out, const char *data_dir)
@@ -146,11 +66,11 @@ int broker_seg_open(broker_seg_store **out, const char *data_dir)
 	*out = NULL;
 	if (!data_dir || !*data_dir || strlen(data_dir) >= SEG_ROOT_MAX)
 		return dcast_fail(DCAST_EINVAL, "segment: --data-dir missing or too long");
-	rc = mkdir_p(data_dir);
+	rc = dcast_mkdir(data_dir);
 	if (rc)
 		return rc;
 	s = calloc(1, sizeof(*s));
-	if (!s || !(s->prefix = calloc(SEG_PREFIX_POOL, BROKER_SEG_RECORD_BYTES))) {
+	if (!s || !(s->prefix = calloc(SEG_PREFIX_POOL, DCAST_REC_PREFIX))) {
 		free(s);
 		return dcast_fail(DCAST_ENOMEM, "segment: store allocation");
 	}
@@ -189,7 +109,7 @@ void broker_seg_close(broker_seg_store **sp)
 	}
 	dcast_io_close(&s->io);
 	free(s->prefix);
-	free(s->rbuf);
+	dcast_rec_reader_free(&s->rd);
 	free(s);
 	*sp = NULL;
 }
@@ -212,7 +132,7 @@ static void model_dirname(const char *name, char *out, size_t cap)
 			safe[n++] = *p;
 	safe[n] = '\0';
 	snprintf(out, cap, "%s-%016llx", safe,
-		 (unsigned long long)XXH3_64bits(name, strlen(name)));
+		 (unsigned long long)dcast_checksum(name, strlen(name)));
 }
 
 static struct seg_model *model_find(broker_seg_store *s, const char *name)
@@ -310,8 +230,9 @@ static int put_record(broker_seg_store *s, struct seg_file *f, int kind, uint64_
 	if (s->n_prefix == SEG_PREFIX_POOL)
 		reap_all(s);
 	p = s->prefix[s->n_prefix++];
-	rec_encode(p, kind, version, hdr, hdr_len, payload, payload_len);
-	rc = queue_write(s, f, p, BROKER_SEG_RECORD_BYTES);
+	dcast_rec_encode(p, &(dcast_rec){(uint16_t)kind, (uint32_t)hdr_len, (uint32_t)payload_len,
+					 version, dcast_checksum(payload, payload_len)}, hdr);
+	rc = queue_write(s, f, p, DCAST_REC_PREFIX);
 	if (!rc)
 		rc = queue_write(s, f, hdr, hdr_len);
 	if (!rc)
@@ -324,7 +245,7 @@ static int put_record(broker_seg_store *s, struct seg_file *f, int kind, uint64_
 static int file_create(broker_seg_store *s, struct seg_model *m, uint64_t anchor)
 {
 	struct seg_file *f = &m->cur;
-	int rc = mkdir_p(m->dir);
+	int rc = dcast_mkdir(m->dir);
 
 	if (rc)
 		return rc;
@@ -340,8 +261,8 @@ static int file_create(broker_seg_store *s, struct seg_model *m, uint64_t anchor
 	}
 	f->anchor = anchor;
 	f->end = f->commit_end = 0;
-	fsync_dir(m->dir);
-	fsync_dir(s->root);
+	dir_synced(m->dir);
+	dir_synced(s->root);
 	return 0;
 }
 
@@ -401,7 +322,7 @@ static void drop_prev(broker_seg_store *s, struct seg_model *m)
 		DCAST_LOG_I("segment: '%s' superseded by anchor %llu: deleted", m->prev.path,
 			    (unsigned long long)m->cur.anchor);
 	m->has_prev = 0;
-	fsync_dir(m->dir);
+	dir_synced(m->dir);
 }
 
 int broker_seg_commit(broker_seg_store *s, const char *model, uint64_t version,
@@ -499,7 +420,7 @@ int broker_seg_drop(broker_seg_store *s, const char *model)
 	model_dirname(model, dn, sizeof(dn));
 	snprintf(dir, sizeof(dir), "%s/%s", s->root, dn);
 	rc = dir_remove(dir);
-	fsync_dir(s->root);
+	dir_synced(s->root);
 	return rc;
 }
 
@@ -515,94 +436,34 @@ uint64_t broker_seg_bytes(const broker_seg_store *s, const char *model)
 
 /* What verifying a segment found. */
 struct seg_scan {
-	uint64_t size, good_end, last_version;
-	unsigned versions;
+	dcast_rec_scan_out out;
+	uint64_t size, last_version;
 	char model[DCAST_MAX_NAME + 1];
-	char why[256];        /* why the scan stopped before the end, "" if it did not */
-	uint64_t bad_off;
-	/* from good_end on (set_aside): versions of readable records, and the
-	 * newest whose COMMIT record verifies; DCAST_VERSION_NONE if none */
+	/* from out.good_end on (set_aside): versions of readable records, and
+	 * the newest whose COMMIT record verifies; DCAST_VERSION_NONE if none */
 	uint64_t lost_lo, lost_hi, whole_lost;
-};
-
-/* Per-version counters while scanning. */
-struct seg_scan_ver {
+	/* the version being read */
 	uint64_t version, chunks, bytes;
 	int kind_last;
 };
 
-static int rbuf_reserve(broker_seg_store *s, size_t n)
-{
-	uint8_t *p;
-
-	if (n <= s->rbuf_cap)
-		return 0;
-	p = realloc(s->rbuf, n);
-	if (!p)
-		return dcast_fail(DCAST_ENOMEM, "segment: %zu-byte record buffer", n);
-	s->rbuf = p;
-	s->rbuf_cap = n;
-	return 0;
-}
-
-/* Read the record at off into r and s->rbuf; a message in why if it is not
- * whole and intact. */
-static int read_record(broker_seg_store *s, int h, uint64_t off, uint64_t size,
-		       struct seg_rec *r, char *why, size_t why_cap)
-{
-	uint8_t p[BROKER_SEG_RECORD_BYTES];
-	uint64_t len;
-	uint32_t magic;
-	int rc;
-
-	if (size - off < BROKER_SEG_RECORD_BYTES)
-		return snprintf(why, why_cap, "torn record prefix"), DCAST_ECORRUPT;
-	rc = dcast_io_pread_all(s->io, h, p, sizeof(p), off);
-	if (rc)
-		return snprintf(why, why_cap, "%s", dcast_last_error()), rc;
-	rec_decode(p, r);
-	magic = get32(p);
-	if (!SEG_FAMILY(magic) || r->flags || r->kind < BROKER_SEG_FILE ||
-	    r->kind > BROKER_SEG_COMMIT)
-		return snprintf(why, why_cap, "bad record magic/kind"), DCAST_ECORRUPT;
-	if (r->hdr_len > DCAST_MAX_HEADER_BYTES || r->payload_len > DCAST_MAX_CHUNK_BYTES)
-		return snprintf(why, why_cap, "record lengths over limits"), DCAST_ECORRUPT;
-	len = (uint64_t)r->hdr_len + r->payload_len;
-	if (size - off - BROKER_SEG_RECORD_BYTES < len)
-		return snprintf(why, why_cap, "torn record (%llu bytes missing)",
-				(unsigned long long)(len - (size - off - BROKER_SEG_RECORD_BYTES))),
-		       DCAST_ECORRUPT;
-	if ((rc = rbuf_reserve(s, len + 1)) != 0 ||
-	    (rc = dcast_io_pread_all(s->io, h, s->rbuf, len, off + BROKER_SEG_RECORD_BYTES)))
-		return snprintf(why, why_cap, "%s", dcast_last_error()), rc;
-	if (rec_checksum(p, s->rbuf, r->hdr_len, s->rbuf + r->hdr_len, r->payload_len) !=
-	    r->checksum)
-		return snprintf(why, why_cap, "record checksum mismatch"), DCAST_ECHECKSUM;
-	if (magic != SEG_MAGIC) /* whole, so written that way: not damage */
-		return snprintf(why, why_cap, "a whole record of segment format %c at offset %llu "
-				"(this broker reads format %c)", (char)SEG_FORMAT(magic),
-				(unsigned long long)off, (char)SEG_FORMAT(SEG_MAGIC)),
-		       DCAST_EPROTO_VERSION;
-	return 0;
-}
-
-static int chunk_fits(const struct seg_rec *r, const dcast_msg *msg, const struct seg_scan *sc,
-		      const struct seg_scan_ver *v, const void *payload)
+static int chunk_fits(const dcast_rec *r, const dcast_msg *msg, const struct seg_scan *sc,
+		      const void *payload)
 {
 	return dcast_msg_check_payload(msg, r->payload_len) == 0 &&
-	       msg->u.chunk.version == r->version && (!v->chunks || v->version == r->version) &&
-	       (!sc->versions || r->version > sc->last_version) &&
-	       dcast_chunk_verify(&msg->u.chunk, payload) == 0;
+	       msg->u.chunk.version == r->version && (!sc->chunks || sc->version == r->version) &&
+	       (!sc->out.units || r->version > sc->last_version) &&
+	       dcast_chunk_verify_sum(&msg->u.chunk, r->payload_sum) == 0 &&
+	       (payload || !r->payload_len);
 }
 
-static int commit_fits(const struct seg_rec *r, const dcast_msg *msg, const struct seg_scan *sc,
-		       const struct seg_scan_ver *v)
+static int commit_fits(const dcast_rec *r, const dcast_msg *msg, const struct seg_scan *sc)
 {
 	const dcast_commit *c = &msg->u.commit;
 
-	return c->version == r->version && (!v->chunks || v->version == r->version) &&
-	       c->chunks == v->chunks && c->bytes == v->bytes && (sc->versions || c->anchor) &&
-	       (!sc->versions || r->version > sc->last_version);
+	return c->version == r->version && (!sc->chunks || sc->version == r->version) &&
+	       c->chunks == sc->chunks && c->bytes == sc->bytes && (sc->out.units || c->anchor) &&
+	       (!sc->out.units || r->version > sc->last_version);
 }
 
 static int order_ok(int kind, int kind_last)
@@ -614,7 +475,7 @@ static int order_ok(int kind, int kind_last)
 	return kind_last >= BROKER_SEG_MANIFEST;
 }
 
-static int check_file_record(const struct seg_rec *r, const uint8_t *hdr, struct seg_scan *sc)
+static int check_file_record(const dcast_rec *r, const uint8_t *hdr, struct seg_scan *sc)
 {
 	if (r->hdr_len == 0 || r->hdr_len > DCAST_MAX_NAME || r->payload_len ||
 	    memchr(hdr, 0, r->hdr_len))
@@ -624,93 +485,82 @@ static int check_file_record(const struct seg_rec *r, const uint8_t *hdr, struct
 	return 0;
 }
 
-/* Check a verified record's header against its kind and its place in the
- * sequence FILE MANIFEST (CHUNK* COMMIT)*.  Returns 1 when it closes a
- * version, 0 when fine, -1 (why set) when it does not belong. */
-static int check_record(broker_seg_store *s, const struct seg_rec *r, struct seg_scan *sc,
-			struct seg_scan_ver *v, char *why, size_t why_cap)
+/* Check a record that reads back intact against its kind and its place in
+ * the sequence FILE MANIFEST (CHUNK* COMMIT)* (dcast_rec_fn).  Returns 1
+ * when it closes a version, 0 when fine, -1 (why set) when it does not
+ * belong. */
+static int check_record(void *ctx, uint64_t off, const dcast_rec *r, const uint8_t *hdr,
+			const uint8_t *payload, char *why, size_t why_cap)
 {
 	static const uint32_t want_type[] = {0, 0, DCAST_MSG_MANIFEST, DCAST_MSG_CHUNK,
 					     DCAST_MSG_COMMIT};
+	struct seg_scan *sc = ctx;
 	dcast_msg msg;
 	int rc = 0;
 
-	if (!order_ok(r->kind, v->kind_last))
+	(void)off;
+	if (!order_ok(r->kind, sc->kind_last))
 		return snprintf(why, why_cap, "record kind %u out of order", r->kind), -1;
-	v->kind_last = r->kind;
+	sc->kind_last = r->kind;
 	if (r->kind == BROKER_SEG_FILE)
-		return check_file_record(r, s->rbuf, sc) ? (snprintf(why, why_cap, "bad FILE record"), -1) : 0;
-	if (dcast_msg_decode(s->rbuf, r->hdr_len, &msg))
+		return check_file_record(r, hdr, sc) ? (snprintf(why, why_cap, "bad FILE record"), -1) : 0;
+	if (dcast_msg_decode(hdr, r->hdr_len, &msg))
 		return snprintf(why, why_cap, "header: %s", dcast_last_error()), -1;
 	if (msg.type != want_type[r->kind])
 		rc = -1;
 	else if (r->kind == BROKER_SEG_CHUNK)
-		rc = chunk_fits(r, &msg, sc, v, s->rbuf + r->hdr_len) ? 0 : -1;
+		rc = chunk_fits(r, &msg, sc, payload) ? 0 : -1;
 	else if (r->kind == BROKER_SEG_COMMIT)
-		rc = commit_fits(r, &msg, sc, v) ? 1 : -1;
+		rc = commit_fits(r, &msg, sc) ? 1 : -1;
 	if (rc < 0)
 		snprintf(why, why_cap, "%s record of version %llu does not fit its version",
 			 dcast_msg_type_name((int)msg.type), (unsigned long long)r->version);
 	dcast_msg_free(&msg);
 	if (rc == 0 && r->kind == BROKER_SEG_CHUNK) {
-		v->version = r->version;
-		v->chunks++;
-		v->bytes += r->payload_len;
+		sc->version = r->version;
+		sc->chunks++;
+		sc->bytes += r->payload_len;
+	}
+	if (rc == 1) {
+		sc->last_version = r->version;
+		sc->chunks = sc->bytes = 0;
 	}
 	return rc;
 }
 
-/* Verify a whole segment file: sc->good_end is the end of the last whole
- * committed version. */
-static int scan_file(broker_seg_store *s, int h, struct seg_scan *sc)
+/* Verify a whole segment file: sc->out.good_end is the end of the last
+ * whole committed version. */
+static int scan_file(broker_seg_store *s, int fd, struct seg_scan *sc)
 {
-	struct seg_scan_ver v = {0};
-	struct seg_rec r;
-	uint64_t off = 0;
-
-	while (off < sc->size) {
-		int rc = read_record(s, h, off, sc->size, &r, sc->why, sizeof(sc->why)), closes;
-
-		if (rc == DCAST_ENOMEM || rc == DCAST_EIO || rc == DCAST_EPROTO_VERSION)
-			return rc;
-		closes = rc ? -1 : check_record(s, &r, sc, &v, sc->why, sizeof(sc->why));
-		if (closes < 0) {
-			sc->bad_off = off;
-			return 0;
-		}
-		off += BROKER_SEG_RECORD_BYTES + (uint64_t)r.hdr_len + r.payload_len;
-		if (closes) {
-			sc->good_end = off;
-			sc->last_version = r.version;
-			sc->versions++;
-			v.chunks = v.bytes = 0;
-		}
-	}
-	sc->why[0] = '\0';
-	return 0;
+	s->rd.fd = fd;
+	s->rd.size = sc->size;
+	s->rd.max_kind = BROKER_SEG_COMMIT;
+	return dcast_rec_scan(&s->rd, 1, check_record, sc, &sc->out);
 }
 
 /* Replay records [0, end) of a verified file through fn. */
-static int replay_file(broker_seg_store *s, int h, const char *model, uint64_t end,
+static int replay_file(broker_seg_store *s, int fd, const char *model, uint64_t end,
 		       broker_seg_visit_fn fn, void *ctx)
 {
-	struct seg_rec r;
+	dcast_rec r;
 	char why[256];
 	uint64_t off = 0;
 	int rc;
 
+	s->rd.fd = fd;
+	s->rd.size = end;
 	while (off < end) {
-		rc = read_record(s, h, off, end, &r, why, sizeof(why));
+		rc = dcast_rec_read(&s->rd, off, 1, &r, why, sizeof(why));
 		if (rc)
 			return dcast_fail(rc, "segment: replay of %s at offset %llu: %s", model,
 					  (unsigned long long)off, why);
 		if (r.kind != BROKER_SEG_FILE) {
-			rc = fn(ctx, model, r.kind, r.version, s->rbuf, r.hdr_len,
-				s->rbuf + r.hdr_len, r.payload_len);
+			rc = fn(ctx, model, r.kind, r.version, s->rd.buf, r.hdr_len,
+				s->rd.buf + r.hdr_len, r.payload_len);
 			if (rc)
 				return rc;
 		}
-		off += BROKER_SEG_RECORD_BYTES + (uint64_t)r.hdr_len + r.payload_len;
+		off += dcast_rec_bytes(&r);
 	}
 	return 0;
 }
@@ -720,9 +570,9 @@ static int replay_file(broker_seg_store *s, int h, const char *model, uint64_t e
 /* Versions in the records from good_end on: readable records only (a
  * damaged record's own fields are not trusted).  A COMMIT record that
  * verifies there was whole on disk, so fsynced and maybe ACKed. */
-static void note_lost(struct seg_scan *sc, const struct seg_rec *r)
+static void note_lost(struct seg_scan *sc, const dcast_rec *r)
 {
-	if (r->kind == BROKER_SEG_FILE || (sc->versions && r->version <= sc->last_version))
+	if (r->kind == BROKER_SEG_FILE || (sc->out.units && r->version <= sc->last_version))
 		return;
 	if (sc->lost_lo == DCAST_VERSION_NONE || r->version < sc->lost_lo)
 		sc->lost_lo = r->version;
@@ -733,43 +583,26 @@ static void note_lost(struct seg_scan *sc, const struct seg_rec *r)
 		sc->whole_lost = r->version;
 }
 
-/* Offset of the next record magic at or after off (size if none). */
-static uint64_t next_magic(int fd, uint64_t off, uint64_t size)
-{
-	static uint8_t buf[1 << 16];
-	static const uint8_t magic[4] = {'D', 'C', 'R', '2'};
-
-	while (off < size) {
-		ssize_t n = pread(fd, buf, sizeof(buf), (off_t)off);
-		const uint8_t *hit = n >= 4 ? memmem(buf, (size_t)n, magic, 4) : NULL;
-
-		if (hit)
-			return off + (uint64_t)(hit - buf);
-		if (n < 4)
-			return size;
-		off += (uint64_t)n - 3;
-	}
-	return size;
-}
-
 /* Read past the break to name what is lost: every record that verifies,
  * re-synchronising on the next magic after one that does not. */
-static void survey_tail(broker_seg_store *s, int h, int fd, struct seg_scan *sc)
+static void survey_tail(broker_seg_store *s, int fd, struct seg_scan *sc)
 {
-	uint64_t off = sc->good_end;
-	struct seg_rec r;
+	uint64_t off = sc->out.good_end;
+	dcast_rec r;
 	char why[256];
 
+	s->rd.fd = fd;
+	s->rd.size = sc->size;
 	while (off < sc->size) {
-		int rc = read_record(s, h, off, sc->size, &r, why, sizeof(why));
+		int rc = dcast_rec_read(&s->rd, off, 1, &r, why, sizeof(why));
 
 		if (rc == DCAST_ENOMEM || rc == DCAST_EIO)
 			return;
 		if (rc == 0) {
 			note_lost(sc, &r);
-			off += BROKER_SEG_RECORD_BYTES + (uint64_t)r.hdr_len + r.payload_len;
+			off += dcast_rec_bytes(&r);
 		} else {
-			off = next_magic(fd, off + 1, sc->size);
+			off = dcast_rec_next_magic(fd, off + 1, sc->size);
 		}
 	}
 }
@@ -788,7 +621,7 @@ static int quarantine_name(const broker_seg_store *s, const char *path, uint64_t
 	while (dir > path && dir[-1] != '/')
 		dir--;
 	snprintf(qdir, sizeof(qdir), "%s/" BROKER_SEG_QUARANTINE, s->root);
-	if ((rc = mkdir_p(qdir)))
+	if ((rc = dcast_mkdir(qdir)))
 		return rc;
 	strftime(stamp, sizeof(stamp), "%Y%m%dT%H%M%SZ", gmtime_r(&now, &tm));
 	for (unsigned i = 0; i < 1000; i++) {
@@ -804,20 +637,12 @@ static int quarantine_name(const broker_seg_store *s, const char *path, uint64_t
 	return dcast_fail(DCAST_EIO, "segment: no free quarantine name for '%s'", path);
 }
 
-static void fsync_parent(const char *path)
-{
-	char dir[SEG_PATH_MAX];
-
-	snprintf(dir, sizeof(dir), "%.*s", (int)(strrchr(path, '/') - path), path);
-	fsync_dir(dir);
-}
-
 static void fsync_quarantine(const broker_seg_store *s)
 {
 	char q[SEG_ROOT_MAX + 16];
 
 	snprintf(q, sizeof(q), "%s/" BROKER_SEG_QUARANTINE, s->root);
-	fsync_dir(q);
+	dir_synced(q);
 }
 
 /* Copy bytes [from, size) of fd into the new file q, fsynced. */
@@ -849,20 +674,21 @@ static int copy_tail(int fd, uint64_t from, uint64_t size, const char *q)
 static int quarantine(broker_seg_store *s, const char *path, int fd, const struct seg_scan *sc,
 		      char *q, size_t cap)
 {
-	int rc = quarantine_name(s, path, sc->good_end, q, cap);
+	int rc = quarantine_name(s, path, sc->out.good_end, q, cap);
 
-	if (!rc && sc->good_end == 0 && rename(path, q))
+	if (!rc && sc->out.good_end == 0 && rename(path, q))
 		rc = dcast_fail(DCAST_EIO, "segment: move '%s' to '%s': %s", path, q, strerror(errno));
-	if (!rc && sc->good_end)
-		rc = copy_tail(fd, sc->good_end, sc->size, q);
+	if (!rc && sc->out.good_end)
+		rc = copy_tail(fd, sc->out.good_end, sc->size, q);
 	if (rc)
 		return rc;
 	fsync_quarantine(s);
-	if (sc->good_end == 0) {
-		fsync_parent(path);
+	if (sc->out.good_end == 0) {
+		if (dcast_fsync_parent(path))
+			DCAST_LOG_W("segment: %s", dcast_last_error());
 		return 0;
 	}
-	if (ftruncate(fd, (off_t)sc->good_end) || fsync(fd))
+	if (ftruncate(fd, (off_t)sc->out.good_end) || fsync(fd))
 		return dcast_fail(DCAST_EIO, "segment: truncate '%s': %s", path, strerror(errno));
 	return 0;
 }
@@ -888,37 +714,37 @@ static void log_lost(const char *path, const struct seg_scan *sc, const char *q)
 	if (sc->whole_lost != DCAST_VERSION_NONE)
 		snprintf(whole, sizeof(whole), "; whole on disk up to version %llu",
 			 (unsigned long long)sc->whole_lost);
-	if (sc->good_end == 0)
+	if (sc->out.good_end == 0)
 		DCAST_LOG_E("segment: model %s: %s lost (%s at offset %llu of '%s'%s): no whole "
 			    "version before it; the file is kept in '%s'", sc->model[0] ? sc->model : "?",
-			    lost, sc->why[0] ? sc->why : "empty", (unsigned long long)sc->bad_off, path,
+			    lost, sc->out.why[0] ? sc->out.why : "empty", (unsigned long long)sc->out.bad_off, path,
 			    whole, q);
 	else
 		DCAST_LOG_E("segment: model %s: %s lost (%s at offset %llu of '%s'%s): cut back to "
 			    "offset %llu (last whole version %llu); bytes %llu..%llu kept in '%s'",
-			    sc->model, lost, sc->why, (unsigned long long)sc->bad_off, path, whole,
-			    (unsigned long long)sc->good_end, (unsigned long long)sc->last_version,
-			    (unsigned long long)sc->good_end, (unsigned long long)sc->size, q);
+			    sc->model, lost, sc->out.why, (unsigned long long)sc->out.bad_off, path, whole,
+			    (unsigned long long)sc->out.good_end, (unsigned long long)sc->last_version,
+			    (unsigned long long)sc->out.good_end, (unsigned long long)sc->size, q);
 }
 
 /* Set aside what cannot be replayed.  Returns 1 when the file is gone
  * (moved whole), 0 when it stays (maybe cut back), -1 on DCAST_EIO. */
-static int set_aside(broker_seg_store *s, const char *path, int h, int fd, struct seg_scan *sc)
+static int set_aside(broker_seg_store *s, const char *path, int fd, struct seg_scan *sc)
 {
 	char q[SEG_PATH_MAX + 64];
 
-	if (sc->good_end == sc->size && sc->size)
+	if (sc->out.good_end == sc->size && sc->size)
 		return 0;
 	if (sc->size == 0) {
 		DCAST_LOG_W("segment: '%s' is empty (a new segment cut short): removed", path);
 		unlink(path);
 		return 1;
 	}
-	survey_tail(s, h, fd, sc);
+	survey_tail(s, fd, sc);
 	if (quarantine(s, path, fd, sc, q, sizeof(q)))
 		return -1;
 	log_lost(path, sc, q);
-	return sc->good_end == 0;
+	return sc->out.good_end == 0;
 }
 
 static int cmp_u64_desc(const void *a, const void *b)
@@ -969,17 +795,17 @@ static int open_verified(broker_seg_store *s, const char *path, struct seg_file 
 		       -DCAST_EIO;
 	f->handle = dcast_io_file_add(s->io, f->fd, path);
 	sc->size = (uint64_t)st.st_size;
-	rc = f->handle < 0 ? -f->handle : scan_file(s, f->handle, sc);
+	rc = f->handle < 0 ? -f->handle : scan_file(s, f->fd, sc);
 	if (rc == DCAST_EPROTO_VERSION)
 		dcast_fail(rc, "segment '%s': %s; left as it is (use another --data-dir, or move "
-			   "the file away to drop it)", path, sc->why);
-	gone = rc ? 0 : set_aside(s, path, f->handle, f->fd, sc); /* 1: moved, -1: DCAST_EIO */
+			   "the file away to drop it)", path, sc->out.why);
+	gone = rc ? 0 : set_aside(s, path, f->fd, sc); /* 1: moved, -1: DCAST_EIO */
 	if (rc || gone) {
 		file_close(s, f);
 		return rc ? -rc : gone < 0 ? -DCAST_EIO : 0;
 	}
 	snprintf(f->path, sizeof(f->path), "%s", path);
-	f->end = f->commit_end = sc->good_end;
+	f->end = f->commit_end = sc->out.good_end;
 	return 1;
 }
 
@@ -992,7 +818,7 @@ struct seg_losses {
 
 static void losses_add(struct seg_losses *l, const struct seg_scan *sc)
 {
-	if (sc->good_end == sc->size)
+	if (sc->out.good_end == sc->size)
 		return;
 	l->any = 1;
 	if (sc->whole_lost != DCAST_VERSION_NONE &&
@@ -1062,10 +888,10 @@ static int load_model_dir(broker_seg_store *s, const char *dir, broker_seg_visit
 	}
 	f.anchor = found_anchor;
 	m->cur = f;
-	DCAST_LOG_I("segment: model %s: %u version(s) up to %llu from '%s'", sc.model,
-		    sc.versions, (unsigned long long)sc.last_version, f.path);
+	DCAST_LOG_I("segment: model %s: %llu version(s) up to %llu from '%s'", sc.model,
+		    (unsigned long long)sc.out.units, (unsigned long long)sc.last_version, f.path);
 	snprintf(lost.model, sizeof(lost.model), "%s", sc.model);
-	rc = replay_file(s, f.handle, sc.model, sc.good_end, fn, ctx);
+	rc = replay_file(s, f.fd, sc.model, sc.out.good_end, fn, ctx);
 	return rc ? rc : report_losses(&lost, dir, 1, fn, ctx);
 }
 

@@ -2,18 +2,13 @@
  *
  * Per model a folder <data-dir>/<safe name>-<hash>/ holds append-only
  * segment files seg-<anchor version, 20 digits>.log, one per anchor: the
- * anchor, then every delta committed after it.  A segment is a sequence of
- * records, each
- *
- *   u32 magic "DCR2" | u16 kind | u16 flags (0) | u32 header_len |
- *   u32 payload_len | u64 version | u64 checksum | header | payload
- *
- * (little-endian; checksum = XXH3-64 chained over the first 24 bytes, the
- * header and the payload).  Kinds: FILE (header = model name, first record),
- * MANIFEST (the encoded MANIFEST header), CHUNK (the CHUNK header consumers
- * get + its payload), COMMIT (the broker's COMMIT header; closes a version).
- * Headers are the wire's msgpack bytes, checked by the strict schema
- * decoder again at load.
+ * anchor, then every delta committed after it.  A segment is a file of
+ * records in the durable record format the consumer's log uses too
+ * (common/dcast_reclog.h, "DCR3").  Kinds: FILE (header = model name,
+ * first record), MANIFEST (the encoded MANIFEST header), CHUNK (the CHUNK
+ * header consumers get + its payload), COMMIT (the broker's COMMIT header;
+ * closes a version).  Headers are the wire's msgpack bytes, checked by the
+ * strict schema decoder again at load.
  *
  * Writes go through dcast_io (io_uring or the plain path); a version's
  * records are written, then fsynced, inside broker_seg_commit(), before the
@@ -25,7 +20,7 @@
  * back to the end of the last whole committed version; a file with no whole
  * version is moved there; one error line says which model, which versions,
  * which file and where the bytes went.  A whole
- * record of another format ("DCR1", "DCR3", ...: its checksum holds, so it
+ * record of another format ("DCR2", "DCR4", ...: its checksum holds, so it
  * was written that way) stops the load with DCAST_EPROTO_VERSION, naming
  * the file; nothing is cut or deleted.  Only the newest segment with an
  * intact anchor is replayed; older ones are superseded and deleted.
@@ -47,7 +42,6 @@ enum broker_seg_kind {
 #define BROKER_SEG_QUARANTINE "quarantine" /* <data-dir>/quarantine/: bytes set aside */
 
 #define BROKER_SEG_MAX_MODELS 256
-#define BROKER_SEG_RECORD_BYTES 32 /* fixed part of a record */
 
 typedef struct broker_seg_store broker_seg_store;
 

@@ -37,9 +37,9 @@ static int find_segment(const char *root, char *out, size_t cap)
 	return found;
 }
 
-/* Rewrite a segment's first record (FILE: no payload) as format fmt, its
- * checksum redone: XXH3-64 chained over the 24-byte prefix and the header
- * (broker/segment.h). */
+/* Rewrite a segment's first record (FILE) as format fmt, its checksum
+ * redone: XXH3-64 of the 32 bytes before it, chained over the header that
+ * follows the 40-byte prefix (common/dcast_reclog.h). */
 static void as_format(uint8_t *p, char fmt)
 {
 	uint32_t hdr_len;
@@ -47,10 +47,8 @@ static void as_format(uint8_t *p, char fmt)
 
 	memcpy(&hdr_len, p + 8, 4);
 	p[3] = (uint8_t)fmt;
-	h = XXH3_64bits(p, 24);
-	h = XXH3_64bits_withSeed(p + 32, hdr_len, h);
-	h = XXH3_64bits_withSeed(p + 32 + hdr_len, 0, h);
-	memcpy(p + 24, &h, 8);
+	h = XXH3_64bits_withSeed(p + 40, hdr_len, XXH3_64bits(p, 32));
+	memcpy(p + 32, &h, 8);
 }
 
 int main(void)
@@ -122,16 +120,16 @@ int main(void)
 	h_client_close(&prod);
 
 	/* A segment of another format (its FILE record rewritten whole as
-	 * "DCR1"): the broker refuses to start, names the file, leaves it. */
+	 * "DCR2"): the broker refuses to start, names the file, leaves it. */
 	tp_broker_kill(&br, SIGKILL);
 	size_t n;
 	uint8_t *img = check_read_file(seg, &n), *after;
-	REQUIRE(n > 32 && img[3] == '2');
-	as_format(img, '1');
+	REQUIRE(n > 40 && img[3] == '3');
+	as_format(img, '2');
 	check_write_file(seg, img, n);
 	CHECK(tp_broker_try(&br) != 0 && br.pid == 0); /* exited before binding */
 	CHECK(!WIFEXITED(br.exit_status) || WEXITSTATUS(br.exit_status) != 0);
-	CHECK(check_file_has(br.log, "segment format 1"));
+	CHECK(check_file_has(br.log, "record of format 2"));
 	CHECK(check_file_has(br.log, seg));
 	after = check_read_file(seg, &n);
 	CHECK(memcmp(after, img, n) == 0);

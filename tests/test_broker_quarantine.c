@@ -9,6 +9,7 @@
 #include <dirent.h>
 #include <sys/stat.h>
 #include "broker_harness.h"
+#include "dcast_reclog.h"
 
 #define VERSIONS 7
 #define REC_CHUNK 3  /* broker/segment.h record kinds */
@@ -19,17 +20,17 @@ static char dir[] = "/tmp/dcast_test_quarantine_XXXXXX";
 static char data[300], qdir[320], mdir[1100];
 
 /* Offset of the first record of `kind` and `version` in a segment image,
- * and (end) where it ends; -1 if none.  Prefix: broker/segment.h. */
+ * and (end) where it ends; -1 if none.  Prefix: common/dcast_reclog.h. */
 static long find_rec(const uint8_t *p, size_t n, int kind, uint64_t version, size_t *end)
 {
-	for (size_t off = 0; off + 32 <= n;) {
+	for (size_t off = 0; off + DCAST_REC_PREFIX <= n;) {
 		uint32_t hdr_len, payload_len;
 		uint64_t v;
 
 		memcpy(&hdr_len, p + off + 8, 4);
 		memcpy(&payload_len, p + off + 12, 4);
 		memcpy(&v, p + off + 16, 8);
-		*end = off + 32 + hdr_len + payload_len;
+		*end = off + DCAST_REC_PREFIX + hdr_len + payload_len;
 		if (p[off + 4] == kind && v == version)
 			return (long)off;
 		off = *end;

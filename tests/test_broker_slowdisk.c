@@ -17,6 +17,7 @@
 #include <dirent.h>
 #include <poll.h>
 #include "broker_harness.h"
+#include "dcast_reclog.h"
 #include "dcast_common.h"
 
 #define SLOW_MS 600
@@ -37,7 +38,7 @@ static uint32_t le32(const uint8_t *p)
 }
 
 /* 1 when the segment file holds a COMMIT record of `version` of `model`
- * (records: broker/segment.h; the FILE record names the model). */
+ * (records: common/dcast_reclog.h; the FILE record names the model). */
 static int file_has_commit(const char *path, const char *model, uint64_t version)
 {
 	FILE *fp = fopen(path, "rb");
@@ -51,16 +52,16 @@ static int file_has_commit(const char *path, const char *model, uint64_t version
 		fclose(fp);
 	}
 
-	while (!found && off + 32 <= n) {
+	while (!found && off + DCAST_REC_PREFIX <= n) {
 		uint32_t kind = img[off + 4], hl = le32(img + off + 8), pl = le32(img + off + 12);
 		uint64_t v = le32(img + off + 16) | (uint64_t)le32(img + off + 20) << 32;
 
-		if (off + 32 + (uint64_t)hl + pl > n)
+		if (off + DCAST_REC_PREFIX + (uint64_t)hl + pl > n)
 			break;
 		if (kind == 1)
-			named = hl == strlen(model) && !memcmp(img + off + 32, model, hl);
+			named = hl == strlen(model) && !memcmp(img + off + DCAST_REC_PREFIX, model, hl);
 		found = named && kind == 4 && v == version;
-		off += 32 + (size_t)hl + pl;
+		off += DCAST_REC_PREFIX + (size_t)hl + pl;
 	}
 	free(img);
 	return found;

@@ -330,16 +330,24 @@ static void test_damage(const char *dir)
 	free(orig);
 }
 
-/* Rewrite the record at p + off as segment format `fmt` with its checksum
- * whole again: what a broker writing that format would have left. */
+/* The record at p (dcast_reclog.h's layout, read here on its own terms). */
+static void rec_at(const uint8_t *p, dcast_rec *r)
+{
+	memcpy(&r->hdr_len, p + 8, 4);
+	memcpy(&r->payload_len, p + 12, 4);
+}
+
+/* Rewrite the record at p + off as record format `fmt` with its checksum
+ * whole again: what a build writing that format would have left. */
 static void reformat_record(uint8_t *p, size_t off, char fmt)
 {
-	struct seg_rec r;
-	uint8_t *hdr = p + off + BROKER_SEG_RECORD_BYTES;
+	dcast_rec r;
+	uint64_t sum;
 
-	rec_decode(p + off, &r);
+	rec_at(p + off, &r);
 	p[off + 3] = (uint8_t)fmt;
-	put64(p + off + 24, rec_checksum(p + off, hdr, r.hdr_len, hdr + r.hdr_len, r.payload_len));
+	sum = XXH3_64bits_withSeed(p + off + DCAST_REC_PREFIX, r.hdr_len, XXH3_64bits(p + off, 32));
+	memcpy(p + off + 32, &sum, 8);
 }
 
 /* Offset of the i-th record (0: FILE) of a segment image. */
@@ -348,22 +356,22 @@ static size_t record_off(const uint8_t *p, unsigned i)
 	size_t off = 0;
 
 	for (; i; i--) {
-		struct seg_rec r;
+		dcast_rec r;
 
-		rec_decode(p + off, &r);
-		off += BROKER_SEG_RECORD_BYTES + (size_t)r.hdr_len + r.payload_len;
+		rec_at(p + off, &r);
+		off += DCAST_REC_PREFIX + (size_t)r.hdr_len + r.payload_len;
 	}
 	return off;
 }
 
 /* A whole record of another segment format (its first, or a CHUNK in the
- * middle; older "1" or newer "3") stops the load with an error naming the
+ * middle; older "2" or newer "4") stops the load with an error naming the
  * file, and the file is left byte for byte.  The same byte flipped by
  * damage (checksum broken) is damage: cut as before. */
 static void test_other_format(const char *dir)
 {
 	static const struct { unsigned rec; char fmt; } cases[] = {
-		{0, '1'}, {1 + 1 + CHUNKS_PER_VERSION + 1, '1'}, {0, '3'}};
+		{0, '2'}, {1 + 1 + CHUNKS_PER_VERSION + 1, '2'}, {0, '4'}};
 	broker_seg_store *s;
 	char mdir[512], seg[600], want[32];
 	uint8_t *orig, *copy, *after;
@@ -385,7 +393,7 @@ static void test_other_format(const char *dir)
 		REQUIRE(broker_seg_open(&s, dir) == 0);
 		n_loaded = 0;
 		CHECK_ERR(broker_seg_load(s, visit, NULL), DCAST_EPROTO_VERSION);
-		snprintf(want, sizeof(want), "segment format %c", cases[t].fmt);
+		snprintf(want, sizeof(want), "record of format %c", cases[t].fmt);
 		CHECK(strstr(dcast_last_error(), seg) && strstr(dcast_last_error(), want));
 		CHECK(n_loaded == 0);
 		broker_seg_close(&s);
@@ -394,7 +402,7 @@ static void test_other_format(const char *dir)
 		free(after);
 	}
 	memcpy(copy, orig, n);
-	copy[3] ^= 1; /* "DCR2" -> "DCR3", checksum not redone */
+	copy[3] ^= 1; /* "DCR3" -> "DCR2", checksum not redone */
 	check_write_file(seg, copy, n);
 	reload(&s, dir);
 	CHECK(n_loaded == 0 && count_segments(mdir) == 0);

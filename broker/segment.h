@@ -30,12 +30,13 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include "dcast_reclog.h"
 
-enum broker_seg_kind {
-	BROKER_SEG_FILE = 1,
-	BROKER_SEG_MANIFEST,
-	BROKER_SEG_CHUNK,
-	BROKER_SEG_COMMIT,
+enum broker_seg_kind { /* the record kinds of common/dcast_reclog.h */
+	BROKER_SEG_FILE = DCAST_REC_FILE,
+	BROKER_SEG_MANIFEST = DCAST_REC_MANIFEST,
+	BROKER_SEG_CHUNK = DCAST_REC_CHUNK,
+	BROKER_SEG_COMMIT = DCAST_REC_COMMIT,
 	BROKER_SEG_LOST,     /* not a record: reported by broker_seg_load, see there */
 };
 

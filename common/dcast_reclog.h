@@ -32,6 +32,16 @@
 #define DCAST_REC_PREFIX 40u   /* fixed part of a record, before its header */
 #define DCAST_REC_FORMAT '3'   /* the magic's last byte this build writes and reads */
 
+/* The kinds both logs use: a file opens with FILE (header: the model's
+ * name); MANIFEST, CHUNK and COMMIT hold those messages' headers, a CHUNK
+ * its payload too. */
+enum dcast_rec_kind {
+	DCAST_REC_FILE = 1,
+	DCAST_REC_MANIFEST,
+	DCAST_REC_CHUNK,
+	DCAST_REC_COMMIT,
+};
+
 /* A record's prefix, decoded. */
 typedef struct dcast_rec {
 	uint16_t kind;
@@ -72,8 +82,9 @@ void dcast_rec_reader_free(dcast_rec_reader *rd);
  * (after the header in rd->buf).  Returns 0; DCAST_ECORRUPT or
  * DCAST_ECHECKSUM with why set when the record is torn or damaged (where a
  * file is cut); DCAST_EPROTO_VERSION for a whole record of another format
- * (its checksum holds: written that way, not damaged); DCAST_EIO or
- * DCAST_ENOMEM (dcast_last_error() says which). */
+ * (its checksum holds: written that way, not damaged; its kind and flags
+ * are not judged, its lengths must be within this build's limits and the
+ * file); DCAST_EIO or DCAST_ENOMEM (dcast_last_error() says which). */
 int dcast_rec_read(dcast_rec_reader *rd, uint64_t off, int payload, dcast_rec *r, char *why,
 		   size_t why_cap);
 

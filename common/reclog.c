@@ -109,13 +109,17 @@ static void decode(const uint8_t *p, dcast_rec *r)
 
 #define WHY(rc, ...) (snprintf(why, why_cap, __VA_ARGS__), (rc))
 
-/* The fixed fields: family, kind, flags, lengths within limits and file. */
+/* The fixed fields: family, lengths within limits and file, and for this
+ * format kind and flags (another format's are its own: only its checksum
+ * tells whether it is whole). */
 static int prefix_check(const dcast_rec_reader *rd, const uint8_t *p, uint64_t off,
 			const dcast_rec *r, char *why, size_t why_cap)
 {
 	uint64_t left = rd->size - off - DCAST_REC_PREFIX;
+	uint32_t magic = get32(p);
 
-	if (!REC_FAMILY(get32(p)) || p[6] || p[7] || r->kind < 1 || r->kind > rd->max_kind)
+	if (!REC_FAMILY(magic) || (magic == REC_MAGIC && (p[6] || p[7] || r->kind < 1 ||
+							  r->kind > rd->max_kind)))
 		return WHY(DCAST_ECORRUPT, "bad record magic/kind at offset %llu",
 			   (unsigned long long)off);
 	if (r->hdr_len > DCAST_MAX_HEADER_BYTES || r->payload_len > DCAST_MAX_CHUNK_BYTES)
@@ -194,7 +198,8 @@ uint64_t dcast_rec_next_magic(int fd, uint64_t off, uint64_t size)
 	uint8_t buf[1 << 14];
 
 	while (off < size) {
-		ssize_t n = pread(fd, buf, sizeof(buf), (off_t)off);
+		size_t want = size - off < sizeof(buf) ? (size_t)(size - off) : sizeof(buf);
+		ssize_t n = pread(fd, buf, want, (off_t)off);
 		const uint8_t *hit = n >= 4 ? memmem(buf, (size_t)n, magic, 4) : NULL;
 
 		if (hit)

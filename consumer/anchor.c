@@ -13,6 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 #include "consumer_impl.h"
+#include "dcast_reclog.h"
 #include "dcast_common.h"
 #include "deltacast/codec.h"
 #include "deltacast/safetensors.h"
@@ -276,15 +277,6 @@ static int write_file(dcast_consumer *c, int file, const dcast_st_layout *lay)
 	return err ? err : derr;
 }
 
-static int fsync_dir(const char *dir)
-{
-	int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC), rc = fd >= 0 ? fsync(fd) : -1;
-
-	if (fd >= 0)
-		close(fd);
-	return rc ? dcast_fail(DCAST_EIO, "%s: fsync: %s", dir, strerror(errno)) : 0;
-}
-
 /* Temporary file, fsync, rename over the anchor, fsync the directory. */
 static int write_anchor(dcast_consumer *c, const dcast_st_layout *lay)
 {
@@ -306,7 +298,7 @@ static int write_anchor(dcast_consumer *c, const dcast_st_layout *lay)
 		err = dcast_fail(DCAST_EIO, "%s: rename to %s: %s", tmp, c->anchor_path, strerror(errno));
 	if (err)
 		unlink(tmp);
-	return err ? err : fsync_dir(c->dir);
+	return err ? err : dcast_fsync_dir(c->dir);
 }
 
 int cs_ckpt_fold(dcast_consumer *c)

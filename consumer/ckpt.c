@@ -1,8 +1,11 @@
 /* The local checkpoint: DIR/model.safetensors (the newest folded anchor,
  * metadata "deltacast.version") and DIR/model.dlog/<version>.rec, one record
- * file per version staged after it.  A record file holds, in order: for an
- * anchor a MANIFEST record, then one CHUNK record per distinct chunk, then
- * one COMMIT record.  A file without its COMMIT record, with a torn or
+ * file per version staged after it.  A record file is in the durable record
+ * format the broker's segments use too (common/dcast_reclog.h): a FILE
+ * record (the model's name), for an anchor a MANIFEST record, one CHUNK
+ * record per distinct chunk (the CHUNK header and its payload, as the wire
+ * had them), then one COMMIT record (the COMMIT header, digests included).
+ * A file without its COMMIT record, with a torn or
  * corrupt record, or whose version does not follow the one before, is cut:
  * it and every later file are removed, so the checkpoint always ends at the
  * last whole version.  Records are written through dcast_io (io_uring)
@@ -23,12 +26,9 @@
 #include <unistd.h>
 #include "consumer_impl.h"
 #include "dcast_common.h"
+#include "dcast_reclog.h"
 #include "deltacast/safetensors.h"
 #include <zmq.h>
-
-#if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
-#error "record files are little-endian; add byte swapping for this target"
-#endif
 
 void cs_ckpt_version_path(const dcast_consumer *c, uint64_t version, char *out, size_t cap)
 {
@@ -55,65 +55,89 @@ static int io_attach(dcast_consumer *c, cs_version *v, const char *path)
 	return 0;
 }
 
-static void hdr_seal(rec_hdr *h)
+/* A record's prefix and header, contiguous, ready to write: len bytes. */
+typedef struct rec_head {
+	uint8_t *p;
+	size_t cap, len;
+} rec_head;
+
+/* Fill h with record r whose header is hdr[0..hdr_len). */
+static int head_put(rec_head *h, dcast_rec *r, const void *hdr, size_t hdr_len)
 {
-	h->magic = REC_MAGIC;
-	h->hdr_checksum = dcast_checksum(h, offsetof(rec_hdr, hdr_checksum));
+	if (DCAST_REC_PREFIX + hdr_len > h->cap) {
+		uint8_t *p = realloc(h->p, DCAST_REC_PREFIX + hdr_len);
+		if (!p)
+			return dcast_fail(DCAST_ENOMEM, "record header of %zu bytes", hdr_len);
+		h->p = p;
+		h->cap = DCAST_REC_PREFIX + hdr_len;
+	}
+	memcpy(h->p + DCAST_REC_PREFIX, hdr, hdr_len);
+	r->hdr_len = (uint32_t)hdr_len;
+	dcast_rec_encode(h->p, r, hdr);
+	h->len = DCAST_REC_PREFIX + hdr_len;
+	return 0;
 }
 
-static int append(dcast_consumer *c, cs_version *v, rec_hdr *h, const void *body,
-		  uint64_t *body_off)
+/* Fill h with record r whose header is message m, encoded. */
+static int head_msg(rec_head *h, dcast_rec *r, const dcast_msg *m)
+{
+	void *enc = NULL;
+	size_t len = 0;
+	int err = dcast_msg_encode(m, &enc, &len);
+
+	if (!err)
+		err = head_put(h, r, enc, len);
+	free(enc);
+	return err;
+}
+
+/* Write a record without payload (FILE, MANIFEST, COMMIT) at the end of
+ * v's file and wait for it, after the chunk records written behind. */
+static int append(dcast_consumer *c, cs_version *v, const rec_head *h)
 {
 	uint64_t t0 = dcast_now_ns();
 	int err = cs_ckpt_flush(c); /* chunk records first, and the engine to ourselves */
 
 	if (err)
 		return err;
-	hdr_seal(h);
-	err = dcast_io_write(c->io, v->io_file, h, sizeof(*h), v->file_bytes, DCAST_IO_NO_BUF, 1);
-	if (!err && h->body_len)
-		err = dcast_io_write(c->io, v->io_file, body, h->body_len, v->file_bytes + sizeof(*h),
-				     pool_index(c, body, h->body_len), 2);
-	int derr = dcast_io_drain(c->io); /* h lives on the caller's stack */
+	err = dcast_io_write(c->io, v->io_file, h->p, h->len, v->file_bytes, DCAST_IO_NO_BUF, 1);
+	int derr = dcast_io_drain(c->io);
 	c->log_write_ns += dcast_now_ns() - t0;
 	if (err || (err = derr))
 		return err;
-	c->log_write_bytes += sizeof(*h) + h->body_len;
-	c->log_since_fold += sizeof(*h) + h->body_len;
-	if (body_off)
-		*body_off = v->file_bytes + sizeof(*h);
-	v->file_bytes += sizeof(*h) + h->body_len;
+	c->log_write_bytes += h->len;
+	c->log_since_fold += h->len;
+	v->file_bytes += h->len;
 	return 0;
 }
 
-static int write_manifest(dcast_consumer *c, cs_version *v)
+/* The first records of a version's file: FILE (the model's name), and for
+ * an anchor the MANIFEST of the tensors it fills. */
+static int write_opening(dcast_consumer *c, cs_version *v)
 {
+	dcast_rec r = {DCAST_REC_FILE, 0, 0, v->version, dcast_checksum(NULL, 0)};
+	rec_head h = {0};
 	dcast_msg m;
-	void *buf = NULL;
-	size_t len = 0;
-	rec_hdr h = {0};
-	int err;
+	int err = head_put(&h, &r, c->model, strlen(c->model));
 
+	if (!err)
+		err = append(c, v, &h);
+	if (err || !v->anchor) {
+		free(h.p);
+		return err;
+	}
 	dcast_msg_init(&m, DCAST_MSG_MANIFEST);
 	snprintf(m.u.manifest.model, sizeof(m.u.manifest.model), "%s", c->model);
 	m.u.manifest.n_tensors = c->n_tensors;
 	m.u.manifest.tensors = calloc(c->n_tensors ? c->n_tensors : 1, sizeof(dcast_tensor_desc));
-	if (!m.u.manifest.tensors)
-		return dcast_fail(DCAST_ENOMEM, "manifest record");
-	for (uint32_t i = 0; i < c->n_tensors; i++)
+	err = m.u.manifest.tensors ? 0 : dcast_fail(DCAST_ENOMEM, "manifest record");
+	for (uint32_t i = 0; !err && i < c->n_tensors; i++)
 		m.u.manifest.tensors[i] = c->tensors[i].desc;
-	err = dcast_msg_encode(&m, &buf, &len);
+	r.kind = DCAST_REC_MANIFEST;
+	if (!err && !(err = head_msg(&h, &r, &m)))
+		err = append(c, v, &h);
 	free(m.u.manifest.tensors);
-	if (err)
-		return err;
-	h.type = REC_MANIFEST;
-	h.version = v->version;
-	h.base_version = v->base_version;
-	h.anchor = (uint32_t)v->anchor;
-	h.body_len = len;
-	h.body_checksum = dcast_checksum(buf, len);
-	err = append(c, v, &h, buf, NULL);
-	free(buf);
+	free(h.p);
 	return err;
 }
 
@@ -127,19 +151,18 @@ int cs_ckpt_version_create(dcast_consumer *c, cs_version *v)
 		return dcast_fail(DCAST_EIO, "%s: create: %s", path, strerror(errno));
 	v->file_bytes = 0;
 	int err = io_attach(c, v, path);
-	if (err)
-		return err;
-	return v->anchor ? write_manifest(c, v) : 0;
+	return err ? err : write_opening(c, v);
 }
 
-static void chunk_hdr(const dcast_chunk *k, uint64_t payload_sum, rec_hdr *h)
+/* A CHUNK record's prefix and header: the header as the wire had it. */
+static int chunk_head(const dcast_chunk *k, uint64_t payload_sum, rec_head *h)
 {
-	*h = (rec_hdr){.type = REC_CHUNK, .version = k->version, .base_version = k->base_version,
-		       .anchor = k->anchor, .part = k->part, .seq_or_chunks = k->seq,
-		       .tensor_or_ndigests = k->tensor, .start_or_bytes = k->start, .count = k->count,
-		       .elem_size = k->elem_size, .encoding = k->encoding, .changed = k->changed,
-		       .body_len = k->payload_bytes, .body_checksum = payload_sum};
-	hdr_seal(h);
+	dcast_rec r = {DCAST_REC_CHUNK, 0, (uint32_t)k->payload_bytes, k->version, payload_sum};
+	dcast_msg m;
+
+	dcast_msg_init(&m, DCAST_MSG_CHUNK);
+	m.u.chunk = *k;
+	return head_msg(h, &r, &m);
 }
 
 /* ---- chunk records, written behind ----
@@ -158,7 +181,7 @@ static void chunk_hdr(const dcast_chunk *k, uint64_t payload_sum, rec_hdr *h)
 #define WB_TAG 0x57420000u
 
 typedef struct wb_slot {
-	rec_hdr h;
+	rec_head h;         /* the record's prefix and CHUNK header */
 	zmq_msg_t msg;      /* the payload, when held (has_msg) */
 	uint64_t version, off, credit;
 	int left, has_msg, err;
@@ -181,13 +204,15 @@ int cs_ckpt_wb_open(dcast_consumer *c)
 void cs_ckpt_wb_close(dcast_consumer *c)
 {
 	DCAST_ASSERT(!c->wb || !c->wb->busy); /* flushed by the session thread */
+	for (int i = 0; c->wb && i < WB_SLOTS; i++)
+		free(c->wb->s[i].h.p);
 	free(c->wb);
 	c->wb = NULL;
 }
 
 static void wb_done(dcast_consumer *c, wb_slot *s)
 {
-	uint64_t len = sizeof(s->h) + s->h.body_len;
+	uint64_t len = s->h.len + s->credit;
 	cs_version *v = cs_version_find(c, s->version);
 
 	if (s->has_msg)
@@ -306,13 +331,16 @@ int cs_ckpt_chunk_submit(dcast_consumer *c, cs_version *v, const dcast_chunk *k,
 	if (!s)
 		return dcast_fail(DCAST_EIO, "version %" PRIu64 ": record writes failed", k->version);
 	tag = WB_TAG | (uint64_t)(s - c->wb->s);
-	chunk_hdr(k, payload_sum, &s->h);
+	if ((err = chunk_head(k, payload_sum, &s->h))) {
+		c->wb->busy &= ~(1u << (s - c->wb->s));
+		return err;
+	}
 	s->version = k->version;
 	s->off = v->file_bytes;
 	s->credit = k->payload_bytes;
 	s->left = 2;
 	s->has_msg = s->err = 0;
-	err = dcast_io_write(c->io, v->io_file, &s->h, sizeof(s->h), s->off, DCAST_IO_NO_BUF, tag);
+	err = dcast_io_write(c->io, v->io_file, s->h.p, s->h.len, s->off, DCAST_IO_NO_BUF, tag);
 	if (err) { /* nothing went: the caller still owns the payload and its credit */
 		c->wb->busy &= ~(1u << (s - c->wb->s));
 		return err;
@@ -323,7 +351,7 @@ int cs_ckpt_chunk_submit(dcast_consumer *c, cs_version *v, const dcast_chunk *k,
 		s->has_msg = 1;
 		payload = zmq_msg_data(&s->msg);
 	}
-	err = dcast_io_write(c->io, v->io_file, payload, k->payload_bytes, s->off + sizeof(s->h),
+	err = dcast_io_write(c->io, v->io_file, payload, k->payload_bytes, s->off + s->h.len,
 			     pool_index(c, payload, k->payload_bytes), tag);
 	if (err) { /* the header went: its completion finds the slot failed */
 		s->err = err;
@@ -331,8 +359,8 @@ int cs_ckpt_chunk_submit(dcast_consumer *c, cs_version *v, const dcast_chunk *k,
 		s->credit = 0; /* the caller gives it back */
 		return err;
 	}
-	*payload_off = s->off + sizeof(s->h);
-	v->file_bytes += sizeof(s->h) + k->payload_bytes;
+	*payload_off = s->off + s->h.len;
+	v->file_bytes += s->h.len + k->payload_bytes;
 	if (wb_reap(c, 0)) /* what is done already: credit back early */
 		wb_wait_all(c); /* the ring failed: every pending write fails, reported by the flush */
 	c->log_write_ns += dcast_now_ns() - t0;
@@ -341,28 +369,17 @@ int cs_ckpt_chunk_submit(dcast_consumer *c, cs_version *v, const dcast_chunk *k,
 
 int cs_ckpt_commit_write(dcast_consumer *c, cs_version *v)
 {
-	const dcast_commit *m = &v->commit;
-	uint64_t n = m->n_digests;
-	rec_digest *d = calloc(n ? n : 1, sizeof(*d));
-	rec_hdr h = {0};
+	dcast_rec r = {DCAST_REC_COMMIT, 0, 0, v->version, dcast_checksum(NULL, 0)};
+	rec_head h = {0};
+	dcast_msg m;
 	int err;
 
-	if (!d)
-		return dcast_fail(DCAST_ENOMEM, "commit record of version %" PRIu64, v->version);
-	for (uint64_t i = 0; i < n; i++)
-		d[i] = (rec_digest){m->digests[i].tensor, 0, m->digests[i].start,
-				    m->digests[i].count, m->digests[i].digest};
-	h.type = REC_COMMIT;
-	h.version = v->version;
-	h.base_version = v->base_version;
-	h.anchor = (uint32_t)v->anchor;
-	h.seq_or_chunks = v->n_chunks;
-	h.tensor_or_ndigests = (uint32_t)n;
-	h.start_or_bytes = v->bytes;
-	h.body_len = n * sizeof(*d);
-	h.body_checksum = dcast_checksum(d, h.body_len);
-	err = append(c, v, &h, d, NULL);
-	free(d);
+	dcast_msg_init(&m, DCAST_MSG_COMMIT);
+	m.u.commit = v->commit; /* borrowed: its digests stay v's */
+	err = head_msg(&h, &r, &m);
+	if (!err)
+		err = append(c, v, &h);
+	free(h.p);
 	return err ? err : cs_syncer_push(&c->syncer, v->fd, v->version); /* durable later */
 }
 

@@ -12,174 +12,126 @@
 #include <unistd.h>
 #include "consumer_impl.h"
 #include "dcast_common.h"
+#include "dcast_reclog.h"
 
-static int pread_full(int fd, void *buf, size_t len, uint64_t off)
+/* Replaying one version's record file. */
+struct replay_file {
+	dcast_consumer *c;
+	cs_version *v;
+	uint32_t records;
+	int manifest, begun;
+};
+
+#define WHY(...) (snprintf(why, why_cap, __VA_ARGS__), -1)
+
+/* The version's anchor flag and base, from its first CHUNK or COMMIT. */
+static int begin(struct replay_file *f, uint32_t anchor, uint64_t base)
 {
-	size_t got = 0;
-
-	for (int guard = 0; got < len && guard < 1000000; guard++) {
-		ssize_t r = pread(fd, (char *)buf + got, len - got, (off_t)(off + got));
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r <= 0)
-			return -1;
-		got += (size_t)r;
+	if (!f->begun) {
+		f->v->anchor = (int)anchor;
+		f->v->base_version = base;
+		f->begun = 1;
 	}
+	return (int)anchor == f->manifest ? 0 : dcast_fail(DCAST_ECORRUPT, "%s without a MANIFEST "
+		"record first", anchor ? "an anchor" : "a delta");
+}
+
+static int replay_chunk(struct replay_file *f, uint64_t off, const dcast_rec *r, const dcast_chunk *h)
+{
+	int err = begin(f, h->anchor, h->base_version);
+
+	if (err || (err = cs_check_chunk(f->c, h)))
+		return err;
+	if ((err = cs_version_fit(f->v, h)))
+		return err == 1 ? 0 : err;
+	if ((err = dcast_chunk_verify_sum(h, r->payload_sum)))
+		return err;
+	return cs_version_take(f->v, h, r->payload_sum, off + DCAST_REC_PREFIX + r->hdr_len, NULL);
+}
+
+static int replay_commit(struct replay_file *f, dcast_commit *m)
+{
+	int err = begin(f, m->anchor, m->base_version);
+
+	if (err || (err = cs_version_close(f->v, m)))
+		return err;
+	f->v->state = CS_V_READY;
 	return 0;
 }
 
-/* Read a small body (manifest, digests) into a new buffer and check it. */
-static int read_body(int fd, const rec_hdr *h, uint64_t off, void **out, const char *path)
+/* One record's message, through the version's steps; 1 when it closes the
+ * version (COMMIT). */
+static int replay_msg(struct replay_file *f, uint64_t off, const dcast_rec *r, dcast_msg *m)
 {
-	void *b = malloc(h->body_len ? h->body_len : 1);
+	static const uint32_t want[] = {0, 0, DCAST_MSG_MANIFEST, DCAST_MSG_CHUNK, DCAST_MSG_COMMIT};
+	uint64_t version = m->type == DCAST_MSG_CHUNK ? m->u.chunk.version : m->u.commit.version;
 
-	if (!b)
-		return dcast_fail(DCAST_ENOMEM, "%s: record body of %" PRIu64 " bytes", path, h->body_len);
-	if (pread_full(fd, b, h->body_len, off) || dcast_checksum(b, h->body_len) != h->body_checksum) {
-		free(b);
-		return dcast_fail(DCAST_ECORRUPT, "%s: record at %" PRIu64 ": body torn or corrupt", path, off);
+	if (m->type != want[r->kind])
+		return dcast_fail(DCAST_ECORRUPT, "record of kind %u holds a %s", r->kind,
+				  dcast_msg_type_name((int)m->type));
+	if (r->kind == DCAST_REC_MANIFEST) {
+		if (f->records != 2)
+			return dcast_fail(DCAST_ECORRUPT, "MANIFEST record not second");
+		f->manifest = 1;
+		return cs_manifest_take(f->c, &m->u.manifest);
 	}
-	*out = b;
-	return 0;
+	if (version != f->v->version || r->version != version)
+		return dcast_fail(DCAST_ECORRUPT, "a record of version %" PRIu64, version);
+	if (r->kind == DCAST_REC_CHUNK)
+		return replay_chunk(f, off, r, &m->u.chunk);
+	return replay_commit(f, &m->u.commit) ? -1 : 1;
 }
 
-static int on_manifest(dcast_consumer *c, int fd, const rec_hdr *h, uint64_t off, const char *path)
+/* A record of a version's file (dcast_rec_fn): FILE (the model's name),
+ * MANIFEST for an anchor, CHUNKs, one COMMIT.  A consumer opened on
+ * another model's folder finds out as before, from the broker's MANIFEST
+ * (session.c), so the name is not compared here. */
+static int on_record(void *ctx, uint64_t off, const dcast_rec *r, const uint8_t *hdr,
+		     const uint8_t *payload, char *why, size_t why_cap)
 {
-	void *b;
+	struct replay_file *f = ctx;
 	dcast_msg m;
-	int err = read_body(fd, h, off, &b, path);
+	int rc;
 
-	if (err)
-		return err;
-	err = dcast_msg_decode(b, h->body_len, &m);
-	free(b);
-	if (err) {
-		char why[512];
-		snprintf(why, sizeof(why), "%s", dcast_last_error());
-		return dcast_fail(DCAST_ECORRUPT, "%s: manifest record: %s", path, why);
-	}
-	if (m.type != DCAST_MSG_MANIFEST)
-		err = dcast_fail(DCAST_ECORRUPT, "%s: manifest record holds %s", path, dcast_msg_type_name((int)m.type));
-	else
-		err = cs_tensors_from_manifest(c, &m.u.manifest);
+	(void)payload; /* read when applied, checked against r->payload_sum then */
+	if (++f->records == 1) /* the name is for people and tools: the MANIFEST says which model */
+		return r->kind == DCAST_REC_FILE ? 0 : WHY("no FILE record first");
+	if (r->kind == DCAST_REC_FILE || f->v->state == CS_V_READY)
+		return WHY("record of kind %u at offset %" PRIu64 " out of place", r->kind, off);
+	if (dcast_msg_decode(hdr, r->hdr_len, &m))
+		return WHY("record at offset %" PRIu64 ": %s", off, dcast_last_error());
+	rc = replay_msg(f, off, r, &m);
 	dcast_msg_free(&m);
-	return err;
+	return rc < 0 ? WHY("record at offset %" PRIu64 ": %s", off, dcast_last_error()) : rc;
 }
 
-static int on_chunk(dcast_consumer *c, cs_version *v, const rec_hdr *h, uint64_t off, const char *path)
-{
-	dcast_chunk k = {0};
-	cs_chunk s = {0};
-
-	k.version = h->version;
-	k.base_version = h->base_version;
-	k.anchor = h->anchor;
-	k.part = h->part;
-	k.seq = h->seq_or_chunks;
-	k.tensor = h->tensor_or_ndigests;
-	k.start = h->start_or_bytes;
-	k.count = h->count;
-	k.elem_size = h->elem_size;
-	k.encoding = h->encoding;
-	k.changed = h->changed;
-	k.payload_bytes = h->body_len;
-	if (h->version != v->version || h->anchor != (uint32_t)v->anchor ||
-	    h->base_version != v->base_version)
-		return dcast_fail(DCAST_ECORRUPT, "%s: chunk record at %" PRIu64 " is not of version %"
-				  PRIu64, path, off, v->version);
-	if (cs_check_chunk(c, &k)) {
-		char why[512];
-		snprintf(why, sizeof(why), "%s", dcast_last_error());
-		return dcast_fail(DCAST_ECORRUPT, "%s: chunk record at %" PRIu64 ": %s", path, off, why);
-	}
-	if (cs_version_seen(v, k.part, k.seq))
-		return 0;
-	s.part = k.part, s.seq = k.seq, s.tensor = k.tensor, s.start = k.start;
-	s.info = (dcast_chunk_info){k.encoding, k.elem_size, k.count, k.changed, k.payload_bytes};
-	s.checksum = h->body_checksum;
-	s.file_off = off;
-	return cs_version_add(v, &s);
-}
-
-static int on_commit(cs_version *v, int fd, const rec_hdr *h, uint64_t off, const char *path)
-{
-	rec_digest *d;
-	dcast_commit *m = &v->commit;
-	int err;
-
-	if (h->seq_or_chunks != v->n_chunks || h->start_or_bytes != v->bytes ||
-	    h->body_len != (uint64_t)h->tensor_or_ndigests * sizeof(rec_digest))
-		return dcast_fail(DCAST_ECORRUPT, "%s: commit record: %u chunks / %" PRIu64
-				  " bytes, file holds %u / %" PRIu64, path, h->seq_or_chunks,
-				  h->start_or_bytes, v->n_chunks, v->bytes);
-	if ((err = read_body(fd, h, off, (void **)&d, path)))
-		return err;
-	m->digests = calloc(h->tensor_or_ndigests ? h->tensor_or_ndigests : 1, sizeof(*m->digests));
-	if (!m->digests) {
-		free(d);
-		return dcast_fail(DCAST_ENOMEM, "%s: digests", path);
-	}
-	m->n_digests = h->tensor_or_ndigests;
-	for (uint32_t i = 0; i < m->n_digests; i++)
-		m->digests[i] = (dcast_range_digest){d[i].tensor, d[i].start, d[i].count, d[i].digest};
-	free(d);
-	m->version = v->version;
-	m->base_version = v->base_version;
-	m->anchor = (uint32_t)v->anchor;
-	m->chunks = v->n_chunks;
-	m->bytes = v->bytes;
-	v->state = CS_V_READY;
-	return 0;
-}
-
-static int parse_records(dcast_consumer *c, cs_version *v, const char *path, uint64_t size)
-{
-	uint64_t off = 0;
-	int err = 0;
-
-	for (uint32_t guard = 0; off < size && guard < DCAST_MAX_CHUNKS; guard++) {
-		rec_hdr h;
-		if (off + sizeof(h) > size || pread_full(v->fd, &h, sizeof(h), off) ||
-		    h.magic != REC_MAGIC || dcast_checksum(&h, offsetof(rec_hdr, hdr_checksum)) != h.hdr_checksum ||
-		    h.body_len > size - off - sizeof(h))
-			return dcast_fail(DCAST_ECORRUPT, "%s: torn or corrupt record at offset %" PRIu64, path, off);
-		if (v->state == CS_V_READY)
-			return dcast_fail(DCAST_ECORRUPT, "%s: record after the commit record", path);
-		if (off == 0) {
-			v->anchor = (int)h.anchor;
-			v->base_version = h.base_version;
-		}
-		off += sizeof(h);
-		if (h.type == REC_MANIFEST && off == sizeof(h))
-			err = c->n_tensors ? 0 : on_manifest(c, v->fd, &h, off, path);
-		else if (h.type == REC_CHUNK)
-			err = on_chunk(c, v, &h, off, path);
-		else if (h.type == REC_COMMIT)
-			err = on_commit(v, v->fd, &h, off, path);
-		else
-			err = dcast_fail(DCAST_ECORRUPT, "%s: unknown record type %u", path, h.type);
-		if (err)
-			return err;
-		off += h.body_len;
-	}
-	if (v->state != CS_V_READY)
-		return dcast_fail(DCAST_ETRUNCATED, "%s: no commit record (version incomplete)", path);
-	return 0;
-}
-
-/* Open and index the record file of `version` into *v (READY on success). */
+/* Open and index the record file of `version` into *v (READY on success):
+ * the whole file must be one version, closed by its COMMIT. */
 static int parse_file(dcast_consumer *c, uint64_t version, cs_version *v)
 {
+	struct replay_file f = {c, v, 0, 0, 0};
+	dcast_rec_reader rd = {.max_kind = DCAST_REC_COMMIT};
+	dcast_rec_scan_out out;
 	char path[4096];
 	struct stat st;
+	int err;
 
 	cs_version_init(v, version);
 	cs_ckpt_version_path(c, version, path, sizeof(path));
 	v->fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (v->fd < 0 || fstat(v->fd, &st) != 0)
 		return dcast_fail(DCAST_EIO, "%s: open: %s", path, strerror(errno));
-	v->file_bytes = (uint64_t)st.st_size;
-	return parse_records(c, v, path, v->file_bytes);
+	v->file_bytes = rd.size = (uint64_t)st.st_size;
+	rd.fd = v->fd;
+	err = dcast_rec_scan(&rd, 0, on_record, &f, &out);
+	dcast_rec_reader_free(&rd);
+	if (err)
+		return dcast_fail(err, "%s: %s", path, out.why);
+	if (out.bad_off != rd.size)
+		return dcast_fail(DCAST_ECORRUPT, "%s: %s", path, out.why);
+	if (v->state != CS_V_READY || out.good_end != rd.size)
+		return dcast_fail(DCAST_ETRUNCATED, "%s: no commit record (version incomplete)", path);
+	return 0;
 }
 
 /* Bytes of the record files left in the log: what a fold would take in. */

@@ -270,6 +270,23 @@ void cs_version_init(cs_version *v, uint64_t version);
 void cs_version_free(cs_version *v);
 int cs_version_seen(const cs_version *v, uint32_t part, uint32_t seq);
 int cs_version_add(cs_version *v, const cs_chunk *k);
+/* The version state machine's steps, one set for both of its sources: the
+ * broker's messages (session.c) and the replay of the record log
+ * (ckpt_load.c), the way redis replays its log through its command path.
+ * cs_version_fit: may CHUNK h (already checked against the tensors,
+ * cs_check_chunk) join v?  0: yes; 1: v has it already or is READY (a
+ * duplicate: harmless); DCAST_EFIELD_RANGE: its anchor or base differ.
+ * cs_version_take: h joins v, its payload summing to sum (checked by the
+ * caller: dcast_chunk_verify_sum) at file_off of v's record file
+ * (resident: its copy in the pool, or NULL).  Errors: DCAST_ENOMEM.
+ * cs_version_close: COMMIT m closes v when it announces exactly the
+ * chunks, bytes, anchor and base staged; its digests then move into v (m's
+ * are NULL after).  Errors: DCAST_ECORRUPT naming both counts.  The caller
+ * makes v READY once its record is written. */
+int cs_version_fit(const cs_version *v, const dcast_chunk *h);
+int cs_version_take(cs_version *v, const dcast_chunk *h, uint64_t sum, uint64_t file_off,
+		    unsigned char *resident);
+int cs_version_close(cs_version *v, dcast_commit *m);
 
 /* devmem.c (needs cs_tensor) */
 int cs_to_tensor(cs_tensor *t, uint64_t off, const void *src, uint64_t n);
@@ -330,6 +347,10 @@ void cs_event_push(dcast_consumer *c, int type, uint64_t version, int code, cons
 void cs_tensors_free(dcast_consumer *c);
 cs_tensor *cs_tensor_find(dcast_consumer *c, const char *name);
 int cs_tensors_from_manifest(dcast_consumer *c, const dcast_manifest *m);
+/* A MANIFEST, from the wire or the record log: the tensor table when none
+ * is held yet, else checked against it.  Errors: DCAST_ESHAPE (it differs:
+ * names, dtypes, shapes or grids), DCAST_ENOMEM. */
+int cs_manifest_take(dcast_consumer *c, const dcast_manifest *m);
 void cs_set_applied(dcast_consumer *c, uint64_t v);
 
 /* staged.c: the staged versions */
@@ -442,30 +463,6 @@ int cs_io_read(dcast_consumer *c, int file, void *dst, uint64_t len, uint64_t of
 int cs_anchor_load(dcast_consumer *c, uint64_t *version);
 int cs_ckpt_read_payload(dcast_consumer *c, const cs_version *v, const cs_chunk *k, void *dst);
 
-/* Record file format (little-endian, written by ckpt.c, read by ckpt_load.c). */
-#define REC_MAGIC 0x43524344u /* "DCRC" */
-enum { REC_CHUNK = 1, REC_COMMIT = 2, REC_MANIFEST = 3 };
-
-/* One record header; body_len bytes of body follow it. */
-typedef struct rec_hdr {
-	uint32_t magic, type;
-	uint64_t version, base_version;
-	uint32_t anchor, part;
-	uint32_t seq_or_chunks, tensor_or_ndigests;
-	uint64_t start_or_bytes, count;
-	uint32_t elem_size, encoding;
-	uint64_t changed;
-	uint64_t body_len;
-	uint64_t body_checksum; /* XXH3 of the body (CHUNK: dcast_checksum of the payload) */
-	uint64_t hdr_checksum;  /* XXH3 of every byte before this field */
-} rec_hdr;
-_Static_assert(sizeof(rec_hdr) == 96, "record header is 96 bytes on disk");
-
-typedef struct rec_digest {
-	uint32_t tensor, pad;
-	uint64_t start, count, digest;
-} rec_digest;
-_Static_assert(sizeof(rec_digest) == 32, "digest entry is 32 bytes on disk");
 
 /* verify.c: plan v's check (every range computed whole with `full` or
  * without a cached value), move the digests by each chunk as it is written

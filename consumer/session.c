@@ -196,18 +196,15 @@ static int unwanted(dcast_consumer *c, uint64_t version, uint64_t payload_bytes)
  * until the write is done, and its credit goes back then (ckpt.c). */
 static int stage_payload(dcast_consumer *c, cs_version *v, const dcast_chunk *h, zmq_msg_t *payload)
 {
-	cs_chunk k = {h->part, h->seq, h->tensor, h->start,
-		      {h->encoding, h->elem_size, h->count, h->changed, h->payload_bytes},
-		      0, 0, NULL};
-	unsigned char *slot;
+	unsigned char *slot, *resident;
+	uint64_t sum, off;
 	int err;
 
 	if (h->payload_bytes > c->pool.region_bytes)
 		return cs_refuse(c, h->version, dcast_fail(DCAST_ETOO_LARGE, "CHUNK payload of %" PRIu64
 			" bytes exceeds a quarter of the staging budget (%" PRIu64 " bytes)",
 			h->payload_bytes, c->pool.region_bytes));
-	slot = cs_pool_resident_get(&c->pool, h->payload_bytes);
-	k.resident = slot;
+	slot = resident = cs_pool_resident_get(&c->pool, h->payload_bytes);
 	if (slot) /* kept in memory until apply */
 		memcpy(slot, zmq_msg_data(payload), h->payload_bytes);
 	else /* spilled: checked and written straight from ZeroMQ's buffer */
@@ -216,18 +213,18 @@ static int stage_payload(dcast_consumer *c, cs_version *v, const dcast_chunk *h,
 		c->fault_kind = CS_FAULT_NONE; /* test hook: one bit flipped on the way */
 		slot[h->payload_bytes / 2] ^= 0x10;
 	}
-	k.checksum = dcast_checksum(slot, h->payload_bytes); /* kept: the record's and apply's check */
-	if ((err = dcast_chunk_verify_sum(h, k.checksum)) ||
-	    (err = cs_ckpt_chunk_submit(c, v, h, k.resident ? NULL : payload, slot, k.checksum, &k.file_off))) {
-		if (k.resident)
+	sum = dcast_checksum(slot, h->payload_bytes); /* kept: the record's and apply's check */
+	if ((err = dcast_chunk_verify_sum(h, sum)) ||
+	    (err = cs_ckpt_chunk_submit(c, v, h, resident ? NULL : payload, slot, sum, &off))) {
+		if (resident)
 			cs_pool_resident_put(&c->pool, h->payload_bytes);
 		cs_credit_free(c, h->payload_bytes);
 		return err == DCAST_EIO ? err : cs_refuse(c, h->version, err);
 	}
-	if (!k.resident)
+	if (!resident)
 		v->spilled++;
 	c->total_received += h->payload_bytes;
-	if ((err = cs_version_add(v, &k)) && k.resident) {
+	if ((err = cs_version_take(v, h, sum, off, resident)) && resident) {
 		cs_ckpt_settle(c); /* its record is written from the slot */
 		cs_pool_resident_put(&c->pool, h->payload_bytes);
 	}
@@ -249,24 +246,11 @@ static int on_chunk(dcast_consumer *c, dcast_wire_in *in)
 	v = cs_version_find(c, h->version);
 	if (!v && !(v = version_begin(c, h, &err)))
 		return err;
-	if (v->state == CS_V_READY || cs_version_seen(v, h->part, h->seq)) {
+	if ((err = cs_version_fit(v, h)) == 1) {
 		cs_credit_free(c, h->payload_bytes); /* duplicate: harmless */
 		return 0;
 	}
-	if (h->anchor != (uint32_t)v->anchor || h->base_version != v->base_version)
-		return cs_refuse(c, h->version, dcast_fail(DCAST_EFIELD_RANGE, "CHUNK of version %" PRIu64
-			": anchor/base_version differ from its other chunks", h->version));
-	return stage_payload(c, v, h, &in->payload);
-}
-
-static int commit_matches(const cs_version *v, const dcast_commit *m)
-{
-	if (m->chunks != v->n_chunks || m->bytes != v->bytes || m->anchor != (uint32_t)v->anchor ||
-	    m->base_version != v->base_version)
-		return dcast_fail(DCAST_ECORRUPT, "COMMIT of version %" PRIu64 ": %u chunks / %" PRIu64
-				  " bytes announced, %u / %" PRIu64 " staged", m->version, m->chunks,
-				  m->bytes, v->n_chunks, v->bytes);
-	return 0;
+	return err ? cs_refuse(c, h->version, err) : stage_payload(c, v, h, &in->payload);
 }
 
 static int on_commit(dcast_consumer *c, dcast_wire_in *in)
@@ -294,16 +278,13 @@ static int on_commit(dcast_consumer *c, dcast_wire_in *in)
 		return gap(c, m->version, m->base_version);
 	if (v->state == CS_V_READY)
 		return 0;
-	if ((err = commit_matches(v, m)))
+	if ((err = cs_version_close(v, m)))
 		return cs_refuse(c, m->version, err);
 	if (v->write_failed) {
 		cs_version_drop(c, v, 1);
 		return dcast_fail(DCAST_EIO, "version %" PRIu64 ": a chunk record could not be written "
 				  "(reported before); it is fetched again", m->version);
 	}
-	v->commit = *m;
-	m->digests = NULL;
-	m->n_digests = 0;
 	if ((err = cs_ckpt_commit_write(c, v))) {
 		cs_version_drop(c, v, 1);
 		return err;
@@ -318,27 +299,14 @@ static int on_commit(dcast_consumer *c, dcast_wire_in *in)
 	return 0;
 }
 
-static int manifest_matches(const dcast_consumer *c, const dcast_manifest *m)
-{
-	if (m->n_tensors != c->n_tensors)
-		return 0;
-	for (uint32_t i = 0; i < m->n_tensors; i++) {
-		const dcast_tensor_desc *a = &m->tensors[i], *b = &c->tensors[i].desc;
-		if (strcmp(a->name, b->name) || a->dtype != b->dtype || a->ndim != b->ndim ||
-		    memcmp(a->shape, b->shape, a->ndim * sizeof(a->shape[0])) || !dcast_grid_same(a, b))
-			return 0;
-	}
-	return 1;
-}
-
 static int on_manifest(dcast_consumer *c, dcast_wire_in *in)
 {
+	int err = cs_manifest_take(c, &in->msg.u.manifest);
+
 	c->progress_ms = dcast_now_ms();
-	if (!c->n_tensors)
-		return cs_tensors_from_manifest(c, &in->msg.u.manifest);
-	if (manifest_matches(c, &in->msg.u.manifest)) {
-		c->manifest_mismatches = 0;
-		return 0;
+	if (err != DCAST_ESHAPE) {
+		c->manifest_mismatches = err ? c->manifest_mismatches : 0;
+		return err;
 	}
 	if (++c->manifest_mismatches < CS_MANIFEST_MISMATCHES) {
 		/* Header frames carry no checksum: one that decodes may still have

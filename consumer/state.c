@@ -81,3 +81,24 @@ int cs_tensors_from_manifest(dcast_consumer *c, const dcast_manifest *m)
 	}
 	return 0;
 }
+
+static int manifest_matches(const dcast_consumer *c, const dcast_manifest *m)
+{
+	if (m->n_tensors != c->n_tensors)
+		return 0;
+	for (uint32_t i = 0; i < m->n_tensors; i++) {
+		const dcast_tensor_desc *a = &m->tensors[i], *b = &c->tensors[i].desc;
+		if (strcmp(a->name, b->name) || a->dtype != b->dtype || a->ndim != b->ndim ||
+		    memcmp(a->shape, b->shape, a->ndim * sizeof(a->shape[0])) || !dcast_grid_same(a, b))
+			return 0;
+	}
+	return 1;
+}
+
+int cs_manifest_take(dcast_consumer *c, const dcast_manifest *m)
+{
+	if (!c->n_tensors)
+		return cs_tensors_from_manifest(c, m);
+	return manifest_matches(c, m) ? 0 : dcast_fail(DCAST_ESHAPE, "MANIFEST of %s differs from "
+						       "the tensors held", c->model);
+}

@@ -10,10 +10,29 @@
 #include "check.h"
 #include "consumer_harness.h"
 #include "dcast_common.h"
+#include "dcast_reclog.h"
 
 #define BUDGET (1u << 20)
 
 static char root[] = "/tmp/dcast-consumer-XXXXXX";
+
+/* Offset of the first CHUNK record's payload in a record file (the
+ * layout of common/dcast_reclog.h: kind at 4, header_len at 8, payload_len
+ * at 12), or -1. */
+static long first_payload(FILE *f)
+{
+	uint8_t p[DCAST_REC_PREFIX];
+	uint32_t hl, pl;
+
+	for (long off = 0; fseek(f, off, SEEK_SET) == 0 && fread(p, 1, sizeof(p), f) == sizeof(p);) {
+		memcpy(&hl, p + 8, 4);
+		memcpy(&pl, p + 12, 4);
+		if (p[4] == DCAST_REC_CHUNK && pl > 5)
+			return off + (long)DCAST_REC_PREFIX + (long)hl;
+		off += (long)DCAST_REC_PREFIX + (long)hl + (long)pl;
+	}
+	return -1;
+}
 
 static const char *dir_for(const char *name)
 {
@@ -237,9 +256,11 @@ static void test_corrupt_log(const h_broker *b)
 	snprintf(path, sizeof(path), "%s/model.dlog/%020d.rec", dir_for("log"), 2);
 	FILE *f = fopen(path, "r+b");
 	REQUIRE(f);
-	fseek(f, 96 + 5, SEEK_SET); /* inside the first chunk's payload */
+	long at = first_payload(f) + 5; /* inside the first chunk's payload */
+	REQUIRE(at > 5);
+	fseek(f, at, SEEK_SET);
 	int ch = fgetc(f);
-	fseek(f, 96 + 5, SEEK_SET);
+	fseek(f, at, SEEK_SET);
 	fputc(ch ^ 0x01, f);
 	fclose(f);
 	REQUIRE(h_publish(p, &m, 4, 100) == 0);
@@ -248,7 +269,7 @@ static void test_corrupt_log(const h_broker *b)
 	CHECK(dcast_consumer_version(c) == 1);
 	CHECK(h_equal(c, &m, 1));
 	f = fopen(path, "rb"); /* cut: gone, or staged afresh by the consumer's thread */
-	CHECK(!f || (fseek(f, 96 + 5, SEEK_SET) == 0 && fgetc(f) == ch));
+	CHECK(!f || (fseek(f, at, SEEK_SET) == 0 && fgetc(f) == ch));
 	if (f)
 		fclose(f);
 	CHECK(h_drive(c, &m, 4, &s) == 0);

@@ -103,28 +103,6 @@ static int rollback(dcast_consumer *c, const cs_version *v, unsigned char *undo,
 	return dcast_fail(err, "%s", why);
 }
 
-/* The test hook "digest:V": V's first COMMIT digest is made wrong. */
-static void fault_digest(dcast_consumer *c, cs_version *v)
-{
-	if (c->fault_kind == CS_FAULT_DIGEST && c->fault_version == v->version && v->commit.n_digests) {
-		c->fault_kind = CS_FAULT_NONE;
-		v->commit.digests[0].digest ^= 1;
-	}
-}
-
-/* The test hook "aheadfail:V": when V was checked ahead, the first chunk
- * in its second half that writes something is refused, so that apply
- * fails halfway and must undo the chunks it has written. */
-static int fault_ahead(dcast_consumer *c, const cs_version *v, int ahead, uint32_t i)
-{
-	if (c->fault_kind != CS_FAULT_AHEADFAIL || c->fault_version != v->version || !ahead ||
-	    i < v->n_chunks / 2 || !cs_chunk_writes(&v->chunks[i]))
-		return 0;
-	c->fault_kind = CS_FAULT_NONE;
-	return dcast_fail(DCAST_ECORRUPT, "version %" PRIu64 " chunk %u: refused by the test hook aheadfail",
-			  v->version, i);
-}
-
 /* Was v checked ahead against the version the tensors hold (verify.c),
  * and do the cached digests it moved still describe them (a bind or an
  * anchor load since clears them)? */
@@ -157,12 +135,12 @@ int cs_apply_version(dcast_consumer *c, cs_version *v, int verify, int *torn)
 	unsigned char *undo;
 	cs_dcache next = {0};
 	uint64_t off = 0;
-	uint32_t i;
+	uint32_t i, refuse_at;
 
 	*torn = 0;
 	if ((err = cs_sort_chunks(c, v)))
 		return err;
-	fault_digest(c, v);
+	refuse_at = cs_fault_apply(c, v, ahead); /* the test seam: UINT32_MAX unless armed */
 	if (verify && !ahead && (err = cs_verify_plan(c, v, verify == 2, &next)))
 		return err;
 	if (!verify)
@@ -172,8 +150,10 @@ int cs_apply_version(dcast_consumer *c, cs_version *v, int verify, int *torn)
 		const cs_chunk *k = &v->chunks[i];
 		const unsigned char *p;
 		const uint32_t *pos;
-		if ((err = fault_ahead(c, v, ahead, i)) ||
-		    (err = write_chunk(c, v, k, undo ? undo + off : NULL, &p, &pos)))
+		if (i == refuse_at)
+			err = dcast_fail(DCAST_ECORRUPT, "version %" PRIu64 " chunk %u: refused by the test "
+					 "fault aheadfail", v->version, i);
+		if (err || (err = write_chunk(c, v, k, undo ? undo + off : NULL, &p, &pos)))
 			break;
 		if ((err = cs_views_chunk(c, k, pos))) {
 			off += undo_bytes(k), i++; /* written: undone with the others */

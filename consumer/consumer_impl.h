@@ -262,14 +262,28 @@ static inline cs_version *cs_version_find(dcast_consumer *c, uint64_t version)
 	return NULL;
 }
 
+/* fault.c: test faults (DELTACAST_CONSUMER_FAULT=KIND:V), at the seams
+ * only.  cs_fault_parse: arm from the environment, at open.
+ * cs_fault_wire: how many times a decoded broker message is delivered to
+ * the state machine (0, 1 or 2), after changing it as the fault says.
+ * cs_fault_holds_ahead: v must not be checked ahead (its fault is for the
+ * check at apply).  cs_fault_apply: at the start of v's apply; the chunk
+ * index at which apply must refuse v, or UINT32_MAX. */
 enum { CS_FAULT_NONE, CS_FAULT_CORRUPT, CS_FAULT_SKIP, CS_FAULT_DIGEST, CS_FAULT_DUP, CS_FAULT_PREDIGEST,
        CS_FAULT_AHEADFAIL, CS_FAULT_KINDS };
+void cs_fault_parse(dcast_consumer *c);
+struct dcast_wire_in;
+int cs_fault_wire(dcast_consumer *c, struct dcast_wire_in *in);
+int cs_fault_holds_ahead(const dcast_consumer *c, const cs_version *v);
+uint32_t cs_fault_apply(dcast_consumer *c, cs_version *v, int ahead);
 
 /* version.c */
 void cs_version_init(cs_version *v, uint64_t version);
 void cs_version_free(cs_version *v);
 int cs_version_seen(const cs_version *v, uint32_t part, uint32_t seq);
 int cs_version_add(cs_version *v, const cs_chunk *k);
+/* Does chunk k write anything (dense, or changed > 0)? */
+int cs_chunk_writes(const cs_chunk *k);
 /* The version state machine's steps, one set for both of its sources: the
  * broker's messages (session.c) and the replay of the record log
  * (ckpt_load.c), the way redis replays its log through its command path.
@@ -473,8 +487,6 @@ int cs_verify_plan(dcast_consumer *c, const cs_version *v, int full, cs_dcache *
 void cs_verify_written(dcast_consumer *c, cs_dcache *n, const cs_chunk *k, const unsigned char *payload,
 		       const unsigned char *old);
 int cs_verify_finish(dcast_consumer *c, const cs_version *v, cs_dcache *n);
-/* Does chunk k write anything (dense, or changed > 0)? */
-int cs_chunk_writes(const cs_chunk *k);
 /* Check READY delta v, whose base the tensors hold, before apply: each
  * cached digest moved by the changes of v's payloads (old values read from
  * the live tensors, nothing written, nothing copied) and compared.  0 also

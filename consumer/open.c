@@ -23,22 +23,6 @@ void dcast_consumer_opts_init(dcast_consumer_opts *o)
 	o->max_staged = 4;
 }
 
-static int parse_fault(dcast_consumer *c)
-{
-	const char *f = getenv("DELTACAST_CONSUMER_FAULT");
-	static const char *kinds[CS_FAULT_KINDS] = {"", "corrupt:", "skip:", "digest:", "dup:", "predigest:",
-						    "aheadfail:"};
-
-	c->fault_kind = CS_FAULT_NONE;
-	for (int k = 1; f && k < CS_FAULT_KINDS; k++)
-		if (!strncmp(f, kinds[k], strlen(kinds[k]))) {
-			c->fault_kind = k;
-			c->fault_version = strtoull(f + strlen(kinds[k]), NULL, 10);
-			DCAST_LOG_W("consumer: test fault %s armed", f);
-		}
-	return 0;
-}
-
 static int check_args(const char *endpoint, const char *model, const char *dir, uint64_t budget,
 		      const dcast_consumer_opts *o)
 {
@@ -144,7 +128,7 @@ int dcast_consumer_open(const char *endpoint, const char *model, const char *dir
 	c->wake_fd = -1;
 	for (int i = 0; i < CS_MAX_STAGED; i++)
 		cs_version_init(&c->staged[i], DCAST_VERSION_NONE);
-	parse_fault(c);
+	cs_fault_parse(c);
 	if ((err = make_paths(c, dir, endpoint)) || (err = cs_pool_open(&c->pool, staging_budget_bytes)))
 		goto fail;
 	if ((err = cs_syncer_open(&c->syncer)) || (err = cs_ckpt_wb_open(c)) ||

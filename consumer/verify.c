@@ -112,12 +112,6 @@ int cs_verify_plan(dcast_consumer *c, const cs_version *v, int full, cs_dcache *
 	return err;
 }
 
-/* Does chunk k write anything? */
-int cs_chunk_writes(const cs_chunk *k)
-{
-	return k->info.encoding == DCAST_ENC_DENSE || k->info.changed;
-}
-
 /* Tensor bytes read to move the digests by k's changes: old and new value
  * of each changed element (every element of a dense chunk). */
 static uint64_t change_bytes(const cs_chunk *k)
@@ -202,8 +196,8 @@ int cs_verify_finish(dcast_consumer *c, const cs_version *v, cs_dcache *n)
 
 static int ahead_possible(const dcast_consumer *c, const cs_version *v)
 {
-	if (c->fault_kind == CS_FAULT_DIGEST && c->fault_version == v->version)
-		return 0; /* the test hook exercises the check at apply and its rollback */
+	if (cs_fault_holds_ahead(c, v))
+		return 0; /* the test fault exercises the check at apply and its undo */
 	return c->opts.verify_digests == 1 && !v->anchor && !c->device_tensors && v->state == CS_V_READY &&
 	       !v->ahead_tried && v->base_version == dcast_consumer_version(c) && v->commit.n_digests &&
 	       c->dcache.n;
@@ -241,10 +235,6 @@ int cs_verify_ahead(dcast_consumer *c, cs_version *v)
 	if (!ahead_possible(c, v))
 		return 0;
 	v->ahead_tried = 1;
-	if (c->fault_kind == CS_FAULT_PREDIGEST && c->fault_version == v->version) {
-		c->fault_kind = CS_FAULT_NONE; /* test hook: the check ahead must refuse v */
-		v->commit.digests[0].digest ^= 1;
-	}
 	if ((err = cs_sort_chunks(c, v)) || (err = cs_verify_plan(c, v, 0, &n)))
 		return err == DCAST_ENOMEM ? 0 : err;
 	if (!all_cached(&n) || (err = ahead_chunks(c, v, &n)) || (err = compare_digests(c, v, &n))) {

@@ -71,6 +71,11 @@ int cs_version_seen(const cs_version *v, uint32_t part, uint32_t seq)
 	return 0;
 }
 
+int cs_chunk_writes(const cs_chunk *k)
+{
+	return k->info.encoding == DCAST_ENC_DENSE || k->info.changed;
+}
+
 int cs_version_add(cs_version *v, const cs_chunk *k)
 {
 	int err;

@@ -1,0 +1,102 @@
+/* Test fault injection, DELTACAST_CONSUMER_FAULT=KIND:V (tests only; off
+ * unless the variable is set when the consumer opens).  It acts at two
+ * seams and nowhere else: where a broker message enters the version state
+ * machine (cs_fault_wire, session.c) and where apply starts a version
+ * (cs_fault_apply, apply.c), plus one question the check ahead asks
+ * (cs_fault_holds_ahead, verify.c).  Each seam costs one compare when no
+ * fault is armed; the handlers, the apply loop and the digest code do not
+ * know faults exist.  Kinds, each for version V:
+ *   corrupt    one bit of V's first CHUNK payload flipped on the way in
+ *   skip       V's CHUNKs and COMMIT dropped, as if lost (credit not returned)
+ *   dup        every CHUNK of V delivered twice
+ *   predigest  V's COMMIT arrives with its first digest wrong
+ *   digest     V's first digest made wrong when its apply starts, and V
+ *              not checked ahead, so the check at apply and its undo run
+ *   aheadfail  V, checked ahead, has its apply refused at the first chunk
+ *              in its second half that writes, so apply undoes halfway */
+#include <string.h>
+#include "consumer_impl.h"
+#include "dcast_common.h"
+#include "dcast_wire.h"
+
+void cs_fault_parse(dcast_consumer *c)
+{
+	static const char *kinds[CS_FAULT_KINDS] = {"", "corrupt:", "skip:", "digest:", "dup:",
+						    "predigest:", "aheadfail:"};
+	const char *f = getenv("DELTACAST_CONSUMER_FAULT");
+
+	c->fault_kind = CS_FAULT_NONE;
+	for (int k = 1; f && k < CS_FAULT_KINDS; k++)
+		if (!strncmp(f, kinds[k], strlen(kinds[k]))) {
+			c->fault_kind = k;
+			c->fault_version = strtoull(f + strlen(kinds[k]), NULL, 10);
+			DCAST_LOG_W("consumer: test fault %s armed", f);
+		}
+}
+
+/* The armed fault, if it is `kind` for `version`. */
+static int armed(const dcast_consumer *c, int kind, uint64_t version)
+{
+	return c->fault_kind == kind && c->fault_version == version;
+}
+
+static void disarm(dcast_consumer *c)
+{
+	c->fault_kind = CS_FAULT_NONE;
+}
+
+static int wire_chunk(dcast_consumer *c, dcast_wire_in *in)
+{
+	uint64_t v = in->msg.u.chunk.version;
+	size_t n = zmq_msg_size(&in->payload);
+
+	if (armed(c, CS_FAULT_CORRUPT, v) && n) {
+		disarm(c);
+		((unsigned char *)zmq_msg_data(&in->payload))[n / 2] ^= 0x10;
+	}
+	return armed(c, CS_FAULT_SKIP, v) ? 0 : armed(c, CS_FAULT_DUP, v) ? 2 : 1;
+}
+
+static int wire_commit(dcast_consumer *c, dcast_commit *m)
+{
+	if (armed(c, CS_FAULT_PREDIGEST, m->version) && m->n_digests) {
+		disarm(c);
+		m->digests[0].digest ^= 1;
+	}
+	if (!armed(c, CS_FAULT_SKIP, m->version))
+		return 1;
+	disarm(c);
+	return 0;
+}
+
+int cs_fault_wire(dcast_consumer *c, dcast_wire_in *in)
+{
+	if (c->fault_kind == CS_FAULT_NONE)
+		return 1;
+	if (in->msg.type == DCAST_MSG_CHUNK)
+		return wire_chunk(c, in);
+	return in->msg.type == DCAST_MSG_COMMIT ? wire_commit(c, &in->msg.u.commit) : 1;
+}
+
+int cs_fault_holds_ahead(const dcast_consumer *c, const cs_version *v)
+{
+	return armed(c, CS_FAULT_DIGEST, v->version);
+}
+
+uint32_t cs_fault_apply(dcast_consumer *c, cs_version *v, int ahead)
+{
+	if (c->fault_kind == CS_FAULT_NONE)
+		return UINT32_MAX;
+	if (armed(c, CS_FAULT_DIGEST, v->version) && v->commit.n_digests) {
+		disarm(c);
+		v->commit.digests[0].digest ^= 1;
+	}
+	if (!armed(c, CS_FAULT_AHEADFAIL, v->version) || !ahead)
+		return UINT32_MAX;
+	for (uint32_t i = v->n_chunks / 2; i < v->n_chunks; i++)
+		if (cs_chunk_writes(&v->chunks[i])) {
+			disarm(c);
+			return i;
+		}
+	return UINT32_MAX;
+}

@@ -163,10 +163,10 @@ static int apply_first(dcast_consumer *c)
 	cs_set_applied(c, v->version);
 	record_stats(c, v, dcast_now_ns() - t0);
 	cs_ack(c, v->version);
-	c->refusals = 0;
-	c->deltas_since_fold++;
+	c->ob.refusals = 0;
+	c->ck.deltas_since_fold++;
 	if (cs_fold_wanted(c)) {
-		c->fold_due = 1; /* on the consumer's thread, after this apply */
+		c->ss.fold_due = 1; /* on the consumer's thread, after this apply */
 		cs_wake(c);
 	}
 	cs_version_drop(c, v, 0);
@@ -260,9 +260,9 @@ void dcast_consumer_stats_get(const dcast_consumer *c, dcast_consumer_stats *st)
 	st->total_bytes_received = c->total_received;
 	st->peak_pool_bytes = c->pool.peak;
 	st->pool_bytes = c->pool.bytes;
-	st->log_write_bytes = c->log_write_bytes;
-	st->log_write_ns = c->log_write_ns;
-	st->rejoins = c->hellos ? c->hellos - 1 : 0;
+	st->log_write_bytes = c->ck.log_write_bytes;
+	st->log_write_ns = c->ck.log_write_ns;
+	st->rejoins = c->ss.hellos ? c->ss.hellos - 1 : 0;
 	pthread_mutex_unlock(&w->lock);
 }
 
@@ -274,7 +274,7 @@ int dcast_consumer_checkpoint(dcast_consumer *c)
 		return dcast_fail(DCAST_EINVAL, "dcast_consumer_checkpoint: NULL consumer");
 	pthread_mutex_lock(&c->lock);
 	if (!(err = cs_ckpt_fold(c)))
-		c->fold_due = 0;
+		c->ss.fold_due = 0;
 	pthread_mutex_unlock(&c->lock);
 	return err;
 }

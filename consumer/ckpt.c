@@ -32,7 +32,7 @@
 
 void cs_ckpt_version_path(const dcast_consumer *c, uint64_t version, char *out, size_t cap)
 {
-	snprintf(out, cap, "%s/%020" PRIu64 ".rec", c->log_dir, version);
+	snprintf(out, cap, "%s/%020" PRIu64 ".rec", c->ck.log_dir, version);
 }
 
 static int pool_index(const dcast_consumer *c, const void *p, uint64_t len)
@@ -102,11 +102,11 @@ static int append(dcast_consumer *c, cs_version *v, const rec_head *h)
 		return err;
 	err = dcast_io_write(c->io, v->io_file, h->p, h->len, v->file_bytes, DCAST_IO_NO_BUF, 1);
 	int derr = dcast_io_drain(c->io);
-	c->log_write_ns += dcast_now_ns() - t0;
+	c->ck.log_write_ns += dcast_now_ns() - t0;
 	if (err || (err = derr))
 		return err;
-	c->log_write_bytes += h->len;
-	c->log_since_fold += h->len;
+	c->ck.log_write_bytes += h->len;
+	c->ck.log_since_fold += h->len;
 	v->file_bytes += h->len;
 	return 0;
 }
@@ -196,18 +196,18 @@ struct cs_wb {
 
 int cs_ckpt_wb_open(dcast_consumer *c)
 {
-	if (!(c->wb = calloc(1, sizeof(*c->wb))))
+	if (!(c->ck.wb = calloc(1, sizeof(*c->ck.wb))))
 		return dcast_fail(DCAST_ENOMEM, "consumer: record write queue");
 	return 0;
 }
 
 void cs_ckpt_wb_close(dcast_consumer *c)
 {
-	DCAST_ASSERT(!c->wb || !c->wb->busy); /* flushed by the session thread */
-	for (int i = 0; c->wb && i < WB_SLOTS; i++)
-		free(c->wb->s[i].h.p);
-	free(c->wb);
-	c->wb = NULL;
+	DCAST_ASSERT(!c->ck.wb || !c->ck.wb->busy); /* flushed by the session thread */
+	for (int i = 0; c->ck.wb && i < WB_SLOTS; i++)
+		free(c->ck.wb->s[i].h.p);
+	free(c->ck.wb);
+	c->ck.wb = NULL;
 }
 
 static void wb_done(dcast_consumer *c, wb_slot *s)
@@ -219,17 +219,17 @@ static void wb_done(dcast_consumer *c, wb_slot *s)
 		zmq_msg_close(&s->msg);
 	cs_credit_free(c, s->credit);
 	if (s->err) {
-		if (!c->wb->err) {
-			c->wb->err = s->err;
-			snprintf(c->wb->why, sizeof(c->wb->why), "%s", dcast_last_error());
+		if (!c->ck.wb->err) {
+			c->ck.wb->err = s->err;
+			snprintf(c->ck.wb->why, sizeof(c->ck.wb->why), "%s", dcast_last_error());
 		}
 		if (v)
 			v->write_failed = 1;
 	} else {
-		c->log_write_bytes += len;
-		c->log_since_fold += len;
+		c->ck.log_write_bytes += len;
+		c->ck.log_since_fold += len;
 	}
-	c->wb->busy &= ~(1u << (s - c->wb->s));
+	c->ck.wb->busy &= ~(1u << (s - c->ck.wb->s));
 }
 
 /* Reap finished writes, waiting for at least min_done of them. */
@@ -241,7 +241,7 @@ static int wb_reap(dcast_consumer *c, unsigned min_done)
 	if (n < 0)
 		return -n;
 	for (int i = 0; i < n; i++) {
-		wb_slot *s = &c->wb->s[d[i].tag & 0xffff];
+		wb_slot *s = &c->ck.wb->s[d[i].tag & 0xffff];
 
 		DCAST_ASSERT((d[i].tag & ~0xffffull) == WB_TAG && s->left > 0);
 		if (d[i].err && !s->err)
@@ -257,41 +257,41 @@ static void wb_wait_all(dcast_consumer *c)
 {
 	int err = 0;
 
-	while (c->wb->busy && !err)
+	while (c->ck.wb->busy && !err)
 		err = wb_reap(c, 1);
 	for (int i = 0; err && i < WB_SLOTS; i++)
-		if (c->wb->busy & (1u << i)) {
-			c->wb->s[i].err = err;
-			wb_done(c, &c->wb->s[i]);
+		if (c->ck.wb->busy & (1u << i)) {
+			c->ck.wb->s[i].err = err;
+			wb_done(c, &c->ck.wb->s[i]);
 		}
 }
 
 /* The failure not yet reported, with its detail, and forget it; or 0. */
 static int wb_report(dcast_consumer *c)
 {
-	int err = c->wb->err;
+	int err = c->ck.wb->err;
 
-	c->wb->err = 0;
-	return err ? dcast_fail(err, "record log: %s", c->wb->why) : 0;
+	c->ck.wb->err = 0;
+	return err ? dcast_fail(err, "record log: %s", c->ck.wb->why) : 0;
 }
 
 int cs_ckpt_pending(const dcast_consumer *c)
 {
-	return c->wb && c->wb->busy;
+	return c->ck.wb && c->ck.wb->busy;
 }
 
 int cs_ckpt_progress(dcast_consumer *c)
 {
-	if (!c->wb)
+	if (!c->ck.wb)
 		return 0;
-	if (c->wb->busy && wb_reap(c, 0))
+	if (c->ck.wb->busy && wb_reap(c, 0))
 		wb_wait_all(c);
 	return wb_report(c);
 }
 
 void cs_ckpt_settle(dcast_consumer *c)
 {
-	if (c->wb && c->wb->busy)
+	if (c->ck.wb && c->ck.wb->busy)
 		wb_wait_all(c);
 }
 
@@ -299,24 +299,24 @@ int cs_ckpt_flush(dcast_consumer *c)
 {
 	uint64_t t0 = dcast_now_ns();
 
-	if (!c->wb || (!c->wb->busy && !c->wb->err))
+	if (!c->ck.wb || (!c->ck.wb->busy && !c->ck.wb->err))
 		return 0;
 	wb_wait_all(c);
-	c->log_write_ns += dcast_now_ns() - t0;
+	c->ck.log_write_ns += dcast_now_ns() - t0;
 	return wb_report(c);
 }
 
 static wb_slot *wb_slot_get(dcast_consumer *c)
 {
-	while (c->wb->busy == (1u << WB_SLOTS) - 1)
+	while (c->ck.wb->busy == (1u << WB_SLOTS) - 1)
 		if (wb_reap(c, 1)) {
 			wb_wait_all(c);
 			break;
 		}
 	for (int i = 0; i < WB_SLOTS; i++)
-		if (!(c->wb->busy & (1u << i))) {
-			c->wb->busy |= 1u << i;
-			return &c->wb->s[i];
+		if (!(c->ck.wb->busy & (1u << i))) {
+			c->ck.wb->busy |= 1u << i;
+			return &c->ck.wb->s[i];
 		}
 	return NULL;
 }
@@ -330,9 +330,9 @@ int cs_ckpt_chunk_submit(dcast_consumer *c, cs_version *v, const dcast_chunk *k,
 
 	if (!s)
 		return dcast_fail(DCAST_EIO, "version %" PRIu64 ": record writes failed", k->version);
-	tag = WB_TAG | (uint64_t)(s - c->wb->s);
+	tag = WB_TAG | (uint64_t)(s - c->ck.wb->s);
 	if ((err = chunk_head(k, payload_sum, &s->h))) {
-		c->wb->busy &= ~(1u << (s - c->wb->s));
+		c->ck.wb->busy &= ~(1u << (s - c->ck.wb->s));
 		return err;
 	}
 	s->version = k->version;
@@ -342,7 +342,7 @@ int cs_ckpt_chunk_submit(dcast_consumer *c, cs_version *v, const dcast_chunk *k,
 	s->has_msg = s->err = 0;
 	err = dcast_io_write(c->io, v->io_file, s->h.p, s->h.len, s->off, DCAST_IO_NO_BUF, tag);
 	if (err) { /* nothing went: the caller still owns the payload and its credit */
-		c->wb->busy &= ~(1u << (s - c->wb->s));
+		c->ck.wb->busy &= ~(1u << (s - c->ck.wb->s));
 		return err;
 	}
 	if (held) { /* a small message keeps its bytes inside zmq_msg_t: take them from ours */
@@ -363,7 +363,7 @@ int cs_ckpt_chunk_submit(dcast_consumer *c, cs_version *v, const dcast_chunk *k,
 	v->file_bytes += s->h.len + k->payload_bytes;
 	if (wb_reap(c, 0)) /* what is done already: credit back early */
 		wb_wait_all(c); /* the ring failed: every pending write fails, reported by the flush */
-	c->log_write_ns += dcast_now_ns() - t0;
+	c->ck.log_write_ns += dcast_now_ns() - t0;
 	return 0;
 }
 
@@ -380,7 +380,7 @@ int cs_ckpt_commit_write(dcast_consumer *c, cs_version *v)
 	if (!err)
 		err = append(c, v, &h);
 	free(h.p);
-	return err ? err : cs_syncer_push(&c->syncer, v->fd, v->version); /* durable later */
+	return err ? err : cs_syncer_push(&c->ck.syncer, v->fd, v->version); /* durable later */
 }
 
 int cs_io_read(dcast_consumer *c, int file, void *dst, uint64_t len, uint64_t off, const char *what)
@@ -420,12 +420,12 @@ static int cmp_u64(const void *a, const void *b)
 /* Versions of the record files present, sorted; *n at most cap. */
 int cs_ckpt_list(dcast_consumer *c, uint64_t *out, uint32_t cap, uint32_t *n)
 {
-	DIR *d = opendir(c->log_dir);
+	DIR *d = opendir(c->ck.log_dir);
 	struct dirent *e;
 
 	*n = 0;
 	if (!d)
-		return dcast_fail(DCAST_EIO, "%s: %s", c->log_dir, strerror(errno));
+		return dcast_fail(DCAST_EIO, "%s: %s", c->ck.log_dir, strerror(errno));
 	while ((e = readdir(d)) && *n < cap) {
 		char *end;
 		unsigned long long v = strtoull(e->d_name, &end, 10);

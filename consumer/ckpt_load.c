@@ -183,7 +183,7 @@ static int replay(dcast_consumer *c, uint64_t have, uint64_t until, int cut)
 			have = vers[i];
 			cs_set_applied(c, have);
 			if (cut)
-				c->deltas_since_fold = v.anchor ? 1000000 : c->deltas_since_fold + 1;
+				c->ck.deltas_since_fold = v.anchor ? 1000000 : c->ck.deltas_since_fold + 1;
 		}
 		cs_version_free(&v);
 		if (err && cut && dcast_consumer_version(c) != have) { /* recovery forgot it all */
@@ -211,15 +211,15 @@ int cs_ckpt_load(dcast_consumer *c)
 	uint64_t have = DCAST_VERSION_NONE;
 	int err;
 
-	if (access(c->anchor_path, F_OK) == 0) {
+	if (access(c->ck.anchor_path, F_OK) == 0) {
 		err = cs_anchor_load(c, &have);
 		if (err)
 			return err;
 	}
-	c->anchor_file_version = have;
+	c->ck.anchor_file_version = have;
 	cs_set_applied(c, have);
 	err = replay(c, have, DCAST_VERSION_NONE, 1);
-	c->log_since_fold = log_bytes(c);
+	c->ck.log_since_fold = log_bytes(c);
 	if (!err && cs_fold_wanted(c))
 		err = cs_ckpt_fold(c);
 	return err;
@@ -233,7 +233,7 @@ int cs_ckpt_restore(dcast_consumer *c)
 	if (target == DCAST_VERSION_NONE)
 		return 0;
 	cs_set_applied(c, DCAST_VERSION_NONE); /* not valid while they are rebuilt */
-	if (c->anchor_file_version != DCAST_VERSION_NONE && (err = cs_anchor_load(c, &have)))
+	if (c->ck.anchor_file_version != DCAST_VERSION_NONE && (err = cs_anchor_load(c, &have)))
 		return err;
 	err = replay(c, have, target, 0);
 	if (!err && dcast_consumer_version(c) != target)
@@ -249,9 +249,9 @@ void cs_ckpt_discard(dcast_consumer *c)
 
 	DCAST_LOG_W("consumer %s: local checkpoint in %s removed: it could not rebuild the tensors", c->model,
 		    c->dir);
-	unlink(c->anchor_path);
-	c->anchor_file_version = DCAST_VERSION_NONE;
-	c->deltas_since_fold = 0;
+	unlink(c->ck.anchor_path);
+	c->ck.anchor_file_version = DCAST_VERSION_NONE;
+	c->ck.deltas_since_fold = 0;
 	if (vers && cs_ckpt_list(c, vers, CS_MAX_LOG_FILES, &n) == 0)
 		for (uint32_t i = 0; i < n; i++)
 			cs_ckpt_remove(c, vers[i]);
@@ -262,7 +262,7 @@ void cs_forget_state(dcast_consumer *c)
 {
 	cs_set_applied(c, DCAST_VERSION_NONE);
 	cs_dcache_clear(&c->dcache);
-	c->fold_due = 0;
+	c->ss.fold_due = 0;
 	cs_ckpt_discard(c);
 }
 

@@ -154,9 +154,81 @@ typedef struct cs_syncer {
 	char err_text[256];
 } cs_syncer;
 
+/* Test faults armed at open (fault.c). */
+typedef struct cs_fault {
+	int kind;                      /* CS_FAULT_*, NONE when unarmed */
+	uint64_t version;
+} cs_fault;
+
+/* A sparse chunk's changes on their way to the views (views.c). */
+typedef struct cs_vscratch {
+	uint32_t *pos;
+	void *ch;
+	unsigned char *buf;
+	uint64_t pos_cap, ch_cap, buf_cap;
+} cs_vscratch;
+
+/* The local checkpoint: anchor file and record log (ckpt.c, ckpt_load.c,
+ * anchor.c, syncer.c). */
+typedef struct cs_ckpt {
+	char *anchor_path, *log_dir;
+	uint64_t anchor_file_version;  /* version in model.safetensors, or NONE */
+	uint64_t log_since_fold;       /* record-log bytes written since the last fold */
+	uint32_t deltas_since_fold;
+	struct cs_wb *wb;              /* chunk records written behind (ckpt.c) */
+	cs_syncer syncer;              /* makes committed record files durable */
+	uint64_t log_write_bytes, log_write_ns;
+} cs_ckpt;
+
+/* What a caller leaves for the session thread, which alone sends
+ * (outbox.c): a HELLO (hello_due) or an ACK (ack_due), and the eventfd
+ * that wakes it. */
+typedef struct cs_outbox {
+	int wake_fd;                   /* eventfd in the thread's zmq_poll set */
+	int hello_due;                 /* send HELLO on the thread's next turn */
+	uint64_t ack_due;              /* newest applied version not ACKed yet, or NONE */
+	uint64_t hello_at_ms;          /* a HELLO due goes out no earlier than this */
+	uint64_t refused_version;      /* the version refused last, and how many times in a */
+	uint32_t refusals;             /* row: the re-join backs off (cs_note_refusal) */
+} cs_outbox;
+
+/* The session with the broker (session.c): its thread, socket, timers,
+ * credit and the fold it runs.  Fields under `own` are the thread's alone,
+ * so that it may use them without `lock` while a caller holds it for long
+ * work (an apply). */
+typedef struct cs_session {
+	pthread_t thread;
+	int thread_started;
+	_Atomic int stop;
+	int err_code;                  /* the thread's last failure for poll(), 0 = none */
+	char err_text[512];
+	void *zctx, *sock;
+	int welcomed, manifest_bad, fold_due;
+	uint32_t manifest_mismatches;  /* MANIFESTs in a row unlike the tensors held */
+	uint64_t hellos;               /* HELLOs sent since open */
+	uint64_t hello_ms;
+	uint32_t heartbeat_ms;
+	uint64_t last_send_ms, last_recv_ms;
+	uint64_t broker_newest;        /* from WELCOME and HEARTBEAT, or NONE */
+	uint64_t progress_ms;          /* the stream last moved (stalled() in session.c) */
+	uint64_t window_bytes;
+	uint64_t drop_version;         /* chunks of this version are refused until it ends */
+	/* A fold the policy asked for runs on a thread of its own, holding
+	 * `lock`: the session thread keeps heartbeating meanwhile
+	 * (lock_for_turn in session.c).  Joined by the next turn or at stop. */
+	pthread_t fold_thread;
+	int fold_running, fold_joinable;
+	int own_joined;                /* own: welcomed and no HELLO pending */
+	uint32_t own_hb_ms;            /* own: the heartbeat interval in force */
+	uint64_t credit_pending;       /* freed bytes not yet granted */
+} cs_session;
+
+/* One consumer.  Each module's state is a sub-struct it owns; what stays
+ * here is shared: the tensors, the applied version, the staged versions,
+ * the pool and I/O engine, the events, the locks. */
 struct dcast_consumer {
 	char model[DCAST_MAX_NAME + 1];
-	char *dir, *anchor_path, *log_dir, *endpoint;
+	char *dir, *endpoint;
 	dcast_consumer_opts opts;
 	uint64_t budget;
 
@@ -168,89 +240,39 @@ struct dcast_consumer {
 	pthread_mutex_t mu;            /* for wait_version (taken after `lock`, never before) */
 	pthread_cond_t cv;
 
-	/* The session thread (session.c) owns the socket; every other field
-	 * is shared with the caller's threads under `lock`.  The caller never
-	 * sends: it leaves a HELLO (hello_due) or an ACK (ack_due) for the
-	 * thread and wakes it through wake_fd. */
+	/* The session thread owns the socket; every other field is shared
+	 * with the caller's threads under `lock`. */
 	pthread_mutex_t lock;
 	pthread_cond_t ev_cv;          /* an event was pushed, or the thread stopped */
-	pthread_t thread;
-	int thread_started;
-	_Atomic int stop;
-	int wake_fd;                   /* eventfd in the thread's zmq_poll set */
-	int hello_due;                 /* send HELLO on the thread's next turn */
-	uint64_t ack_due;              /* newest applied version not ACKed yet, or NONE */
-	int err_code;                  /* the thread's last failure for poll(), 0 = none */
-	char err_text[512];
-	uint64_t log_since_fold;       /* record-log bytes written since the last fold */
-	uint64_t hellos;               /* HELLOs sent since open */
+	cs_session ss;
+	cs_outbox ob;
+	cs_ckpt ck;
+	cs_vscratch vs;
+	cs_fault fault;
+
 	uint64_t run;                  /* run of the state held (DIR/run), 0 unknown */
 	_Atomic uint64_t run_confirmed; /* run a WELCOME confirmed, 0 until then */
-	uint64_t refused_version;      /* the version refused last, and how many times in a */
-	uint32_t refusals;             /* row: the re-join backs off (cs_note_refusal) */
-	uint64_t hello_at_ms;          /* a HELLO due goes out no earlier than this */
-	uint64_t anchor_file_version;  /* version in model.safetensors, or NONE */
-	uint32_t deltas_since_fold;
-
-	/* views.c: a sparse chunk's changes on their way to the views */
-	uint32_t *vpos;
-	void *vch;
-	unsigned char *vbuf;
-	uint64_t vpos_cap, vch_cap, vbuf_cap;
 
 	cs_dcache dcache;              /* digests at the applied version; n 0 = none */
 	uint64_t verify_bytes;         /* tensor bytes read by the last version's check */
 
 	cs_pool pool;
 	dcast_io *io;                  /* record writes/reads: io_uring or plain */
-	cs_syncer syncer;              /* makes committed record files durable */
 	cs_version staged[CS_MAX_STAGED]; /* in version order */
 	uint32_t n_staged;
-	uint64_t drop_version;         /* chunks of this version are refused until it ends */
-
-	/* session */
-	void *zctx, *sock;
-	int welcomed, manifest_bad, fold_due;
-	/* A fold the policy asked for runs on a thread of its own, holding
-	 * `lock`: the session thread keeps heartbeating meanwhile
-	 * (lock_for_turn in session.c).  Joined by the next turn or at stop. */
-	pthread_t fold_thread;
-	int fold_running, fold_joinable;
-	uint32_t manifest_mismatches;  /* MANIFESTs in a row unlike the tensors held */
-	uint64_t hello_ms;
-	uint32_t heartbeat_ms;
-	uint64_t last_send_ms, last_recv_ms;
-	/* Written and read by the session thread alone, so that it may use them
-	 * without `lock` while a caller holds it for long work (an apply). */
-	int own_joined;                /* welcomed and no HELLO pending */
-	uint32_t own_hb_ms;            /* the heartbeat interval in force */
-	uint64_t credit_pending;       /* freed bytes not yet granted */
-	struct cs_wb *wb;              /* chunk records written behind (ckpt.c) */
-	uint64_t broker_newest;        /* from WELCOME and HEARTBEAT, or NONE */
-	uint64_t progress_ms;          /* the stream last moved (stalled() in session.c) */
-	uint64_t window_bytes;
 
 	dcast_event events[CS_EVENTS];
 	uint32_t ev_head, ev_count;
 
 	dcast_consumer_stats stats;
 	uint64_t total_received;
-	uint64_t log_write_bytes, log_write_ns;
-
-	/* test hooks from DELTACAST_CONSUMER_FAULT: "corrupt:V" flips a payload
-	 * bit of the first chunk of V as it arrives (once), "skip:V" drops every
-	 * message of V (once), "digest:V" makes V's first COMMIT digest wrong when it is applied,
-	 * "dup:V" delivers every chunk of V twice, "predigest:V" makes V's first
-	 * COMMIT digest wrong when V is checked ahead of apply (verify.c). */
-	int fault_kind;
-	uint64_t fault_version;
 };
 
 /* Freed staging bytes, granted to the broker as CREDIT on the session
  * thread's next turn (ckpt.c's write-behind calls it at completion). */
 static inline void cs_credit_free(dcast_consumer *c, uint64_t bytes)
 {
-	c->credit_pending += bytes;
+	c->ss.credit_pending += bytes;
 }
 
 /* The staged version `version`, or NULL. */
@@ -319,7 +341,7 @@ int cs_bind_view(dcast_consumer *c, cs_tensor *t, void *ptr, dcast_mem mem, uint
 		 const uint64_t *off, const uint64_t *ext, uint64_t bytes);
 /* Write chunk k into its tensor's host copy (the tensor has views), old
  * values to old unless NULL, as cs_tensor_apply does; *pos: the changed
- * positions the codec decoded on the way (in c->vpos; NULL for a dense
+ * positions the codec decoded on the way (in c->vs.pos; NULL for a dense
  * chunk), for cs_views_chunk.  Errors as dcast_codec_apply, DCAST_ENOMEM. */
 int cs_views_write_host(dcast_consumer *c, const cs_chunk *k, const unsigned char *payload, void *old,
 			const uint32_t **pos);
@@ -415,7 +437,7 @@ void cs_ack(dcast_consumer *c, uint64_t version);
 void cs_deadline(struct timespec *ts, int timeout_ms);
 
 /* session.c: the session thread */
-/* Open the socket (c->zctx set) and start the session thread, which sends
+/* Open the socket (c->ss.zctx set) and start the session thread, which sends
  * HELLO.  Errors: DCAST_EZMQ, DCAST_EIO (eventfd), DCAST_ENOMEM (thread). */
 int cs_session_start(dcast_consumer *c);
 /* Stop the session thread and wait for it; NULL-safe, idempotent. */

@@ -25,11 +25,11 @@ void cs_fault_parse(dcast_consumer *c)
 						    "predigest:", "aheadfail:"};
 	const char *f = getenv("DELTACAST_CONSUMER_FAULT");
 
-	c->fault_kind = CS_FAULT_NONE;
+	c->fault.kind = CS_FAULT_NONE;
 	for (int k = 1; f && k < CS_FAULT_KINDS; k++)
 		if (!strncmp(f, kinds[k], strlen(kinds[k]))) {
-			c->fault_kind = k;
-			c->fault_version = strtoull(f + strlen(kinds[k]), NULL, 10);
+			c->fault.kind = k;
+			c->fault.version = strtoull(f + strlen(kinds[k]), NULL, 10);
 			DCAST_LOG_W("consumer: test fault %s armed", f);
 		}
 }
@@ -37,12 +37,12 @@ void cs_fault_parse(dcast_consumer *c)
 /* The armed fault, if it is `kind` for `version`. */
 static int armed(const dcast_consumer *c, int kind, uint64_t version)
 {
-	return c->fault_kind == kind && c->fault_version == version;
+	return c->fault.kind == kind && c->fault.version == version;
 }
 
 static void disarm(dcast_consumer *c)
 {
-	c->fault_kind = CS_FAULT_NONE;
+	c->fault.kind = CS_FAULT_NONE;
 }
 
 static int wire_chunk(dcast_consumer *c, dcast_wire_in *in)
@@ -71,7 +71,7 @@ static int wire_commit(dcast_consumer *c, dcast_commit *m)
 
 int cs_fault_wire(dcast_consumer *c, dcast_wire_in *in)
 {
-	if (c->fault_kind == CS_FAULT_NONE)
+	if (c->fault.kind == CS_FAULT_NONE)
 		return 1;
 	if (in->msg.type == DCAST_MSG_CHUNK)
 		return wire_chunk(c, in);
@@ -85,7 +85,7 @@ int cs_fault_holds_ahead(const dcast_consumer *c, const cs_version *v)
 
 uint32_t cs_fault_apply(dcast_consumer *c, cs_version *v, int ahead)
 {
-	if (c->fault_kind == CS_FAULT_NONE)
+	if (c->fault.kind == CS_FAULT_NONE)
 		return UINT32_MAX;
 	if (armed(c, CS_FAULT_DIGEST, v->version) && v->commit.n_digests) {
 		disarm(c);

@@ -64,11 +64,11 @@ static int make_paths(dcast_consumer *c, const char *dir, const char *endpoint)
 {
 	c->dir = strdup(dir);
 	c->endpoint = strdup(endpoint);
-	c->anchor_path = join(dir, "model.safetensors");
-	c->log_dir = join(dir, "model.dlog");
-	if (!c->dir || !c->endpoint || !c->anchor_path || !c->log_dir)
+	c->ck.anchor_path = join(dir, "model.safetensors");
+	c->ck.log_dir = join(dir, "model.dlog");
+	if (!c->dir || !c->endpoint || !c->ck.anchor_path || !c->ck.log_dir)
 		return dcast_fail(DCAST_ENOMEM, "paths");
-	if ((mkdir(dir, 0755) && errno != EEXIST) || (mkdir(c->log_dir, 0755) && errno != EEXIST))
+	if ((mkdir(dir, 0755) && errno != EEXIST) || (mkdir(c->ck.log_dir, 0755) && errno != EEXIST))
 		return dcast_fail(DCAST_EIO, "%s: mkdir: %s", dir, strerror(errno));
 	return 0;
 }
@@ -91,7 +91,7 @@ static int load_or_drop(dcast_consumer *c)
 
 static int connect_broker(dcast_consumer *c)
 {
-	if (!(c->zctx = zmq_ctx_new()))
+	if (!(c->ss.zctx = zmq_ctx_new()))
 		return dcast_fail(DCAST_EZMQ, "zmq_ctx_new: %s", zmq_strerror(errno));
 	return cs_session_start(c);
 }
@@ -118,24 +118,24 @@ int dcast_consumer_open(const char *endpoint, const char *model, const char *dir
 		c->opts.max_staged = CS_MAX_STAGED - 2;
 	snprintf(c->model, sizeof(c->model), "%s", model);
 	c->budget = staging_budget_bytes;
-	c->drop_version = DCAST_VERSION_NONE;
-	c->anchor_file_version = DCAST_VERSION_NONE;
+	c->ss.drop_version = DCAST_VERSION_NONE;
+	c->ck.anchor_file_version = DCAST_VERSION_NONE;
 	atomic_init(&c->applied, DCAST_VERSION_NONE);
 	pthread_mutex_init(&c->mu, NULL);
 	pthread_cond_init(&c->cv, NULL);
 	pthread_mutex_init(&c->lock, NULL);
 	pthread_cond_init(&c->ev_cv, NULL);
-	c->wake_fd = -1;
+	c->ob.wake_fd = -1;
 	for (int i = 0; i < CS_MAX_STAGED; i++)
 		cs_version_init(&c->staged[i], DCAST_VERSION_NONE);
 	cs_fault_parse(c);
 	if ((err = make_paths(c, dir, endpoint)) || (err = cs_pool_open(&c->pool, staging_budget_bytes)))
 		goto fail;
-	if ((err = cs_syncer_open(&c->syncer)) || (err = cs_ckpt_wb_open(c)) ||
+	if ((err = cs_syncer_open(&c->ck.syncer)) || (err = cs_ckpt_wb_open(c)) ||
 	    (err = dcast_io_open(&c->io, CS_IO_DEPTH)) ||
 	    (err = dcast_io_register_buffers(c->io, &(struct iovec){c->pool.base, c->pool.bytes}, 1)))
 		goto fail;
-	c->window_bytes = c->pool.region_bytes;
+	c->ss.window_bytes = c->pool.region_bytes;
 	c->stats.version = DCAST_VERSION_NONE;
 	cs_run_load(c);
 	if ((err = load_or_drop(c)) || (err = connect_broker(c)))
@@ -155,19 +155,19 @@ void dcast_consumer_close(dcast_consumer **cp)
 		return;
 	cs_session_stop(c); /* the socket is ours again */
 	cs_ckpt_settle(c);  /* chunk records written behind */
-	if (c->sock) { /* BYE first: a fold below sends no heartbeats */
+	if (c->ss.sock) { /* BYE first: a fold below sends no heartbeats */
 		dcast_msg m;
 		dcast_msg_init(&m, DCAST_MSG_BYE);
 		snprintf(m.u.bye.reason, sizeof(m.u.bye.reason), "consumer closing");
-		dcast_wire_send(c->sock, NULL, 0, &m, NULL, ZMQ_DONTWAIT);
+		dcast_wire_send(c->ss.sock, NULL, 0, &m, NULL, ZMQ_DONTWAIT);
 	}
-	if (c->fold_due && cs_ckpt_fold(c)) /* owed by the policy; the log still has it all */
+	if (c->ss.fold_due && cs_ckpt_fold(c)) /* owed by the policy; the log still has it all */
 		DCAST_LOG_W("consumer %s: fold at close: %s", c->model, dcast_last_error());
-	cs_syncer_close(&c->syncer); /* what was committed is on the disk */
-	if (c->sock)
-		zmq_close(c->sock);
-	if (c->zctx)
-		zmq_ctx_term(c->zctx);
+	cs_syncer_close(&c->ck.syncer); /* what was committed is on the disk */
+	if (c->ss.sock)
+		zmq_close(c->ss.sock);
+	if (c->ss.zctx)
+		zmq_ctx_term(c->ss.zctx);
 	for (uint32_t i = 0; i < CS_MAX_STAGED; i++)
 		cs_version_free(&c->staged[i]);
 	cs_ckpt_wb_close(c);
@@ -175,14 +175,14 @@ void dcast_consumer_close(dcast_consumer **cp)
 	cs_dcache_clear(&c->dcache);
 	cs_pool_close(&c->pool);
 	cs_tensors_free(c);
-	free(c->vpos), free(c->vch), free(c->vbuf);
+	free(c->vs.pos), free(c->vs.ch), free(c->vs.buf);
 	pthread_mutex_destroy(&c->mu);
 	pthread_cond_destroy(&c->cv);
 	pthread_mutex_destroy(&c->lock);
 	pthread_cond_destroy(&c->ev_cv);
-	if (c->wake_fd >= 0)
-		close(c->wake_fd);
-	free(c->dir), free(c->endpoint), free(c->anchor_path), free(c->log_dir);
+	if (c->ob.wake_fd >= 0)
+		close(c->ob.wake_fd);
+	free(c->dir), free(c->endpoint), free(c->ck.anchor_path), free(c->ck.log_dir);
 	free(c);
 	*cp = NULL;
 }

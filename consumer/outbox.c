@@ -17,9 +17,9 @@
  * session thread's next turn (any thread may ask for it). */
 int cs_request_hello(dcast_consumer *c)
 {
-	c->welcomed = 0;
-	c->hello_ms = dcast_now_ms();
-	c->hello_due = 1;
+	c->ss.welcomed = 0;
+	c->ss.hello_ms = dcast_now_ms();
+	c->ob.hello_due = 1;
 	cs_wake(c);
 	return 0;
 }
@@ -32,11 +32,11 @@ int cs_rejoin(dcast_consumer *c)
 {
 	uint32_t keep = cs_ready_chain(c);
 
-	c->progress_ms = dcast_now_ms();
+	c->ss.progress_ms = dcast_now_ms();
 	while (c->n_staged > keep)
 		cs_version_drop(c, &c->staged[c->n_staged - 1], 1);
-	c->credit_pending = 0;
-	c->drop_version = DCAST_VERSION_NONE;
+	c->ss.credit_pending = 0;
+	c->ss.drop_version = DCAST_VERSION_NONE;
 	return cs_request_hello(c);
 }
 
@@ -44,16 +44,16 @@ void cs_note_refusal(dcast_consumer *c, uint64_t version)
 {
 	uint64_t delay = 0;
 
-	c->refusals = c->refused_version == version ? c->refusals + 1 : 1;
-	c->refused_version = version;
-	if (c->refusals > 1)
-		delay = c->refusals - 2 >= 9 ? CS_BACKOFF_MAX_MS : (uint64_t)CS_BACKOFF_FIRST_MS << (c->refusals - 2);
+	c->ob.refusals = c->ob.refused_version == version ? c->ob.refusals + 1 : 1;
+	c->ob.refused_version = version;
+	if (c->ob.refusals > 1)
+		delay = c->ob.refusals - 2 >= 9 ? CS_BACKOFF_MAX_MS : (uint64_t)CS_BACKOFF_FIRST_MS << (c->ob.refusals - 2);
 	if (delay > CS_BACKOFF_MAX_MS)
 		delay = CS_BACKOFF_MAX_MS;
-	c->hello_at_ms = dcast_now_ms() + delay;
+	c->ob.hello_at_ms = dcast_now_ms() + delay;
 	if (delay)
 		DCAST_LOG_W("consumer %s: version %" PRIu64 " refused %u times in a row; joining again "
-			    "in %" PRIu64 " ms", c->model, version, c->refusals, delay);
+			    "in %" PRIu64 " ms", c->model, version, c->ob.refusals, delay);
 }
 
 static int refuse(dcast_consumer *c, uint64_t version, int code, int drop)
@@ -80,13 +80,13 @@ void cs_wake(dcast_consumer *c)
 {
 	uint64_t one = 1;
 
-	if (c->wake_fd >= 0 && write(c->wake_fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+	if (c->ob.wake_fd >= 0 && write(c->ob.wake_fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
 		DCAST_LOG_W("consumer %s: wake the session thread: %s", c->model, strerror(errno));
 }
 
 void cs_ack(dcast_consumer *c, uint64_t version)
 {
-	c->ack_due = version;
+	c->ob.ack_due = version;
 	cs_wake(c);
 }
 

@@ -24,10 +24,10 @@
 
 static int send_msg(dcast_consumer *c, const dcast_msg *m)
 {
-	int err = dcast_wire_send(c->sock, NULL, 0, m, NULL, ZMQ_DONTWAIT);
+	int err = dcast_wire_send(c->ss.sock, NULL, 0, m, NULL, ZMQ_DONTWAIT);
 
 	if (!err)
-		c->last_send_ms = dcast_now_ms();
+		c->ss.last_send_ms = dcast_now_ms();
 	else if (err == DCAST_EBUSY)
 		err = 0; /* not connected yet or queue full: heartbeat/rejoin retries */
 	return err;
@@ -39,9 +39,9 @@ static int set_curve(dcast_consumer *c)
 
 	if (!o->curve_server_key)
 		return 0;
-	if (zmq_setsockopt(c->sock, ZMQ_CURVE_SERVERKEY, o->curve_server_key, 40) ||
-	    zmq_setsockopt(c->sock, ZMQ_CURVE_PUBLICKEY, o->curve_public_key, 40) ||
-	    zmq_setsockopt(c->sock, ZMQ_CURVE_SECRETKEY, o->curve_secret_key, 40))
+	if (zmq_setsockopt(c->ss.sock, ZMQ_CURVE_SERVERKEY, o->curve_server_key, 40) ||
+	    zmq_setsockopt(c->ss.sock, ZMQ_CURVE_PUBLICKEY, o->curve_public_key, 40) ||
+	    zmq_setsockopt(c->ss.sock, ZMQ_CURVE_SECRETKEY, o->curve_secret_key, 40))
 		return dcast_fail(DCAST_EINVAL, "CURVE keys (Z85, 40 characters): %s", zmq_strerror(errno));
 	return 0;
 }
@@ -52,13 +52,13 @@ static int socket_open(dcast_consumer *c)
 {
 	int err;
 
-	if (c->sock)
-		zmq_close(c->sock);
-	if (!(c->sock = zmq_socket(c->zctx, ZMQ_DEALER)))
+	if (c->ss.sock)
+		zmq_close(c->ss.sock);
+	if (!(c->ss.sock = zmq_socket(c->ss.zctx, ZMQ_DEALER)))
 		return dcast_fail(DCAST_EZMQ, "zmq socket: %s", zmq_strerror(errno));
-	if ((err = dcast_wire_socket_opts(c->sock)) || (err = set_curve(c)))
+	if ((err = dcast_wire_socket_opts(c->ss.sock)) || (err = set_curve(c)))
 		return err;
-	if (zmq_connect(c->sock, c->endpoint))
+	if (zmq_connect(c->ss.sock, c->endpoint))
 		return dcast_fail(DCAST_EZMQ, "connect %s: %s", c->endpoint, zmq_strerror(errno));
 	return 0;
 }
@@ -82,12 +82,12 @@ static int send_hello(dcast_consumer *c)
 	m.u.hello.role = DCAST_ROLE_CONSUMER;
 	snprintf(m.u.hello.model, sizeof(m.u.hello.model), "%s", c->model);
 	m.u.hello.have_version = held_version(c); /* applied, or READY after it */
-	m.u.hello.window_bytes = c->window_bytes;
+	m.u.hello.window_bytes = c->ss.window_bytes;
 	snprintf(m.u.hello.client, sizeof(m.u.hello.client), "%s", c->opts.client ? c->opts.client : "");
-	c->welcomed = 0;
-	c->hello_ms = dcast_now_ms();
-	c->hello_due = 0;
-	c->hellos++;
+	c->ss.welcomed = 0;
+	c->ss.hello_ms = dcast_now_ms();
+	c->ob.hello_due = 0;
+	c->ss.hellos++;
 	return send_msg(c, &m);
 }
 
@@ -114,12 +114,12 @@ static int flush_credit(dcast_consumer *c)
 {
 	dcast_msg m;
 
-	if (!c->credit_pending || !c->welcomed || ready_count(c) >= c->opts.max_staged)
+	if (!c->ss.credit_pending || !c->ss.welcomed || ready_count(c) >= c->opts.max_staged)
 		return 0;
 	dcast_msg_init(&m, DCAST_MSG_CREDIT);
-	m.u.credit.bytes = c->credit_pending;
-	c->credit_pending = 0;
-	c->progress_ms = dcast_now_ms(); /* the broker may send again: not stalled yet */
+	m.u.credit.bytes = c->ss.credit_pending;
+	c->ss.credit_pending = 0;
+	c->ss.progress_ms = dcast_now_ms(); /* the broker may send again: not stalled yet */
 	return send_msg(c, &m);
 }
 
@@ -184,7 +184,7 @@ static int unwanted(dcast_consumer *c, uint64_t version, uint64_t payload_bytes)
 {
 	uint64_t have = dcast_consumer_version(c);
 
-	if ((have != DCAST_VERSION_NONE && version <= have) || version == c->drop_version) {
+	if ((have != DCAST_VERSION_NONE && version <= have) || version == c->ss.drop_version) {
 		cs_credit_free(c, payload_bytes);
 		return 1;
 	}
@@ -254,8 +254,8 @@ static int on_commit(dcast_consumer *c, dcast_wire_in *in)
 	int err;
 
 	if (unwanted(c, m->version, 0)) {
-		if (m->version == c->drop_version)
-			c->drop_version = DCAST_VERSION_NONE;
+		if (m->version == c->ss.drop_version)
+			c->ss.drop_version = DCAST_VERSION_NONE;
 		return 0;
 	}
 	v = cs_version_find(c, m->version);
@@ -283,7 +283,7 @@ static int on_commit(dcast_consumer *c, dcast_wire_in *in)
 	if ((err = cs_verify_ahead(c, v))) /* digests checked before apply where it can be */
 		return cs_refuse(c, m->version, err);
 	v->ready_ns = dcast_now_ns();
-	c->progress_ms = dcast_now_ms();
+	c->ss.progress_ms = dcast_now_ms();
 	cs_event_push(c, DCAST_EV_VERSION_READY, v->version, 0, "");
 	c->events[(c->ev_head + c->ev_count - 1) % CS_EVENTS].bytes = v->bytes;
 	return 0;
@@ -293,12 +293,12 @@ static int on_manifest(dcast_consumer *c, dcast_wire_in *in)
 {
 	int err = cs_manifest_take(c, &in->msg.u.manifest);
 
-	c->progress_ms = dcast_now_ms();
+	c->ss.progress_ms = dcast_now_ms();
 	if (err != DCAST_ESHAPE) {
-		c->manifest_mismatches = err ? c->manifest_mismatches : 0;
+		c->ss.manifest_mismatches = err ? c->ss.manifest_mismatches : 0;
 		return err;
 	}
-	if (++c->manifest_mismatches < CS_MANIFEST_MISMATCHES) {
+	if (++c->ss.manifest_mismatches < CS_MANIFEST_MISMATCHES) {
 		/* Header frames carry no checksum: one that decodes may still have
 		 * been damaged on the way.  Ask again before giving up. */
 		DCAST_LOG_W("consumer %s: MANIFEST differs from the tensors held; re-joining to "
@@ -307,9 +307,9 @@ static int on_manifest(dcast_consumer *c, dcast_wire_in *in)
 	}
 	dcast_fail(DCAST_ESHAPE, "MANIFEST of %s differs from the tensors this consumer holds "
 		   "(%u times in a row; checkpoint in %s); start with an empty directory", c->model,
-		   c->manifest_mismatches, c->dir);
+		   c->ss.manifest_mismatches, c->dir);
 	cs_event_push(c, DCAST_EV_ERROR, DCAST_VERSION_NONE, DCAST_ESHAPE, dcast_last_error());
-	c->manifest_bad = 1;
+	c->ss.manifest_bad = 1;
 	return 0;
 }
 
@@ -327,14 +327,14 @@ static int on_message(dcast_consumer *c, dcast_wire_in *in)
 {
 	dcast_msg *m = &in->msg;
 
-	DCAST_LOG_D("consumer %s: %s (welcomed %d)", c->model, dcast_msg_type_name((int)m->type), c->welcomed);
+	DCAST_LOG_D("consumer %s: %s (welcomed %d)", c->model, dcast_msg_type_name((int)m->type), c->ss.welcomed);
 	if (m->type == DCAST_MSG_WELCOME && cs_run_check(c, m->u.welcome.run))
 		return cs_rejoin(c); /* our state was another run's: ask for an anchor */
 	if (m->type == DCAST_MSG_WELCOME) {
-		c->welcomed = 1;
-		c->broker_newest = m->u.welcome.version;
-		c->progress_ms = dcast_now_ms();
-		c->heartbeat_ms = c->opts.heartbeat_ms ? c->opts.heartbeat_ms
+		c->ss.welcomed = 1;
+		c->ss.broker_newest = m->u.welcome.version;
+		c->ss.progress_ms = dcast_now_ms();
+		c->ss.heartbeat_ms = c->opts.heartbeat_ms ? c->opts.heartbeat_ms
 				  : m->u.welcome.heartbeat_ms ? m->u.welcome.heartbeat_ms : 1000;
 		return 0;
 	}
@@ -346,9 +346,9 @@ static int on_message(dcast_consumer *c, dcast_wire_in *in)
 			    m->u.error.text);
 		return cs_rejoin(c);
 	}
-	if (!c->welcomed && m->type == DCAST_MSG_ERROR)
+	if (!c->ss.welcomed && m->type == DCAST_MSG_ERROR)
 		return hello_refused(c, &m->u.error);
-	if (!c->welcomed || c->manifest_bad)
+	if (!c->ss.welcomed || c->ss.manifest_bad)
 		return 0; /* the old stream, before our re-join's WELCOME */
 	switch (m->type) {
 	case DCAST_MSG_MANIFEST: return on_manifest(c, in);
@@ -360,7 +360,7 @@ static int on_message(dcast_consumer *c, dcast_wire_in *in)
 		return 0;
 	case DCAST_MSG_BYE: return cs_request_hello(c);
 	case DCAST_MSG_HEARTBEAT:
-		c->broker_newest = m->u.heartbeat.version;
+		c->ss.broker_newest = m->u.heartbeat.version;
 		return 0;
 	default: return 0;
 	}
@@ -383,8 +383,8 @@ static int deliver(dcast_consumer *c, dcast_wire_in *in)
 static int bad_message(dcast_consumer *c)
 {
 	DCAST_LOG_W("consumer %s: dropped a bad message: %s%s", c->model, dcast_last_error(),
-		    c->welcomed ? "; re-joining" : "");
-	return c->welcomed ? cs_rejoin(c) : 0;
+		    c->ss.welcomed ? "; re-joining" : "");
+	return c->ss.welcomed ? cs_rejoin(c) : 0;
 }
 
 static int receive_burst(dcast_consumer *c)
@@ -393,12 +393,12 @@ static int receive_burst(dcast_consumer *c)
 
 	for (int i = 0; i < RECV_BURST && !err && !intake_full(c); i++) {
 		dcast_wire_in in;
-		int rc = dcast_wire_recv(c->sock, 0, &in, ZMQ_DONTWAIT);
+		int rc = dcast_wire_recv(c->ss.sock, 0, &in, ZMQ_DONTWAIT);
 		if (rc == DCAST_EBUSY) {
 			dcast_wire_in_close(&in);
 			break;
 		}
-		c->last_recv_ms = dcast_now_ms();
+		c->ss.last_recv_ms = dcast_now_ms();
 		if (rc == DCAST_EZMQ)
 			err = rc;
 		else if (rc)
@@ -419,9 +419,9 @@ static int stalled(const dcast_consumer *c, uint64_t now, uint64_t hb)
 {
 	uint64_t held = held_version(c);
 
-	return c->welcomed && !c->manifest_bad && c->broker_newest != DCAST_VERSION_NONE &&
-	       (held == DCAST_VERSION_NONE || c->broker_newest > held) &&
-	       ready_count(c) < c->opts.max_staged && now - c->progress_ms > 3 * hb;
+	return c->ss.welcomed && !c->ss.manifest_bad && c->ss.broker_newest != DCAST_VERSION_NONE &&
+	       (held == DCAST_VERSION_NONE || c->ss.broker_newest > held) &&
+	       ready_count(c) < c->opts.max_staged && now - c->ss.progress_ms > 3 * hb;
 }
 
 /* A new socket, then HELLO (a re-join when welcomed: the broker has lost
@@ -432,7 +432,7 @@ static int reconnect(dcast_consumer *c)
 
 	if (err)
 		return err;
-	return c->welcomed ? cs_rejoin(c) : cs_request_hello(c);
+	return c->ss.welcomed ? cs_rejoin(c) : cs_request_hello(c);
 }
 
 /* A HEARTBEAT when nothing was sent for `every` ms (none while a HELLO is
@@ -441,7 +441,7 @@ static int heartbeat_if_due(dcast_consumer *c, uint64_t now, uint64_t every)
 {
 	dcast_msg m;
 
-	if (now - c->last_send_ms < every || c->hello_due)
+	if (now - c->ss.last_send_ms < every || c->ob.hello_due)
 		return 0;
 	dcast_msg_init(&m, DCAST_MSG_HEARTBEAT);
 	m.u.heartbeat.time_ms = now;
@@ -451,27 +451,27 @@ static int heartbeat_if_due(dcast_consumer *c, uint64_t now, uint64_t every)
 
 static int keepalive(dcast_consumer *c)
 {
-	uint64_t now = dcast_now_ms(), hb = c->heartbeat_ms ? c->heartbeat_ms : 1000;
+	uint64_t now = dcast_now_ms(), hb = c->ss.heartbeat_ms ? c->ss.heartbeat_ms : 1000;
 
-	if (!c->welcomed && !c->hello_due && now - c->hello_ms >= 3 * hb) {
+	if (!c->ss.welcomed && !c->ob.hello_due && now - c->ss.hello_ms >= 3 * hb) {
 		dcast_fail(DCAST_ETIMEDOUT, "no WELCOME from %s in %" PRIu64 " ms: no broker listening "
-			   "there, or not its consumer endpoint; trying again", c->endpoint, now - c->hello_ms);
+			   "there, or not its consumer endpoint; trying again", c->endpoint, now - c->ss.hello_ms);
 		DCAST_LOG_W("consumer %s: %s", c->model, dcast_last_error());
 		cs_event_push(c, DCAST_EV_ERROR, DCAST_VERSION_NONE, DCAST_ETIMEDOUT, dcast_last_error());
 		return reconnect(c);
 	}
 	if (intake_full(c))
-		c->last_recv_ms = now; /* unread by choice, not silent */
-	if (c->welcomed && now - c->last_recv_ms > 3 * hb) {
+		c->ss.last_recv_ms = now; /* unread by choice, not silent */
+	if (c->ss.welcomed && now - c->ss.last_recv_ms > 3 * hb) {
 		DCAST_LOG_W("consumer %s: broker silent for %" PRIu64 " ms; reconnecting", c->model,
-			    now - c->last_recv_ms);
-		c->last_recv_ms = now;
+			    now - c->ss.last_recv_ms);
+		c->ss.last_recv_ms = now;
 		return reconnect(c);
 	}
 	if (stalled(c, now, hb)) {
 		DCAST_LOG_W("consumer %s: broker has version %" PRIu64 ", we have %lld and got "
-			    "nothing for %" PRIu64 " ms; re-joining", c->model, c->broker_newest,
-			    (long long)held_version(c), now - c->progress_ms);
+			    "nothing for %" PRIu64 " ms; re-joining", c->model, c->ss.broker_newest,
+			    (long long)held_version(c), now - c->ss.progress_ms);
 		return cs_rejoin(c);
 	}
 	return heartbeat_if_due(c, now, hb);
@@ -495,23 +495,23 @@ static int flush_outbox(dcast_consumer *c)
 	dcast_msg m;
 	int err;
 
-	if (c->hello_due && dcast_now_ms() >= c->hello_at_ms && (err = send_hello(c)))
+	if (c->ob.hello_due && dcast_now_ms() >= c->ob.hello_at_ms && (err = send_hello(c)))
 		return err;
-	if (c->ack_due == DCAST_VERSION_NONE)
+	if (c->ob.ack_due == DCAST_VERSION_NONE)
 		return 0;
 	dcast_msg_init(&m, DCAST_MSG_ACK);
 	snprintf(m.u.ack.model, sizeof(m.u.ack.model), "%s", c->model);
-	m.u.ack.version = c->ack_due;
-	c->ack_due = DCAST_VERSION_NONE;
+	m.u.ack.version = c->ob.ack_due;
+	c->ob.ack_due = DCAST_VERSION_NONE;
 	return send_msg(c, &m);
 }
 
 /* Keep a failure of the thread for the next poll(), and tell the log. */
 static void thread_failed(dcast_consumer *c, int err)
 {
-	c->err_code = err;
-	snprintf(c->err_text, sizeof(c->err_text), "%s", dcast_last_error());
-	DCAST_LOG_W("consumer %s: %s", c->model, c->err_text);
+	c->ss.err_code = err;
+	snprintf(c->ss.err_text, sizeof(c->ss.err_text), "%s", dcast_last_error());
+	DCAST_LOG_W("consumer %s: %s", c->model, c->ss.err_text);
 }
 
 /* The fold thread: rewrite the checkpoint under `lock`, as a caller of
@@ -526,7 +526,7 @@ static void *fold_main(void *arg)
 	/* Still due?  A dcast_consumer_checkpoint() may have folded first. */
 	if (cs_fold_wanted(c) && (err = cs_ckpt_fold(c)))
 		thread_failed(c, err);
-	c->fold_running = 0;
+	c->ss.fold_running = 0;
 	pthread_cond_broadcast(&c->ev_cv);
 	pthread_mutex_unlock(&c->lock);
 	return NULL;
@@ -535,10 +535,10 @@ static void *fold_main(void *arg)
 /* Join the fold thread once it is done (`lock` held: it has let go). */
 static void fold_reap(dcast_consumer *c)
 {
-	if (!c->fold_joinable || c->fold_running)
+	if (!c->ss.fold_joinable || c->ss.fold_running)
 		return;
-	pthread_join(c->fold_thread, NULL);
-	c->fold_joinable = 0;
+	pthread_join(c->ss.fold_thread, NULL);
+	c->ss.fold_joinable = 0;
 }
 
 /* Fold when the policy asked for it (fold_due, set by an apply): on a
@@ -549,15 +549,15 @@ static void fold_reap(dcast_consumer *c)
 static int fold_if_due(dcast_consumer *c)
 {
 	fold_reap(c);
-	if (!c->fold_due || c->fold_joinable)
+	if (!c->ss.fold_due || c->ss.fold_joinable)
 		return 0;
-	c->fold_due = 0;
-	c->fold_running = 1;
-	if (pthread_create(&c->fold_thread, NULL, fold_main, c) == 0) {
-		c->fold_joinable = 1;
+	c->ss.fold_due = 0;
+	c->ss.fold_running = 1;
+	if (pthread_create(&c->ss.fold_thread, NULL, fold_main, c) == 0) {
+		c->ss.fold_joinable = 1;
 		return 0;
 	}
-	c->fold_running = 0;
+	c->ss.fold_running = 0;
 	return cs_ckpt_fold(c);
 }
 
@@ -566,11 +566,11 @@ static int fold_if_due(dcast_consumer *c)
  * is logged with what it was doing. */
 static int timed_step(dcast_consumer *c, const char *what, int (*step)(dcast_consumer *))
 {
-	uint64_t t0 = dcast_now_ms(), hb = c->heartbeat_ms ? c->heartbeat_ms : 1000;
+	uint64_t t0 = dcast_now_ms(), hb = c->ss.heartbeat_ms ? c->ss.heartbeat_ms : 1000;
 	int err = step(c);
 	uint64_t took = dcast_now_ms() - t0;
 
-	if (took > hb && c->last_send_ms < t0)
+	if (took > hb && c->ss.last_send_ms < t0)
 		DCAST_LOG_W("consumer %s: session thread busy %" PRIu64 " ms %s (heartbeat %" PRIu64
 			    " ms): no heartbeat sent meanwhile", c->model, took, what, hb);
 	return err;
@@ -591,7 +591,7 @@ static int session_turn(dcast_consumer *c, int readable)
 	if (!err)
 		err = flush_credit(c);
 	if (!err)
-		err = cs_syncer_error(&c->syncer);
+		err = cs_syncer_error(&c->ck.syncer);
 	if (!err)
 		err = keepalive(c);
 	if (!err)
@@ -607,7 +607,7 @@ static void drain_wake(dcast_consumer *c)
 {
 	uint64_t n;
 
-	if (read(c->wake_fd, &n, sizeof(n)) < 0 && errno != EAGAIN)
+	if (read(c->ob.wake_fd, &n, sizeof(n)) < 0 && errno != EAGAIN)
 		DCAST_LOG_W("consumer %s: wake fd: %s", c->model, strerror(errno));
 }
 
@@ -618,12 +618,12 @@ static void stalled_heartbeat(dcast_consumer *c)
 {
 	dcast_msg m;
 
-	if (!c->own_joined)
+	if (!c->ss.own_joined)
 		return;
 	dcast_msg_init(&m, DCAST_MSG_HEARTBEAT);
 	m.u.heartbeat.time_ms = dcast_now_ms();
 	m.u.heartbeat.version = dcast_consumer_version(c);
-	dcast_wire_send(c->sock, NULL, 0, &m, NULL, ZMQ_DONTWAIT); /* best effort */
+	dcast_wire_send(c->ss.sock, NULL, 0, &m, NULL, ZMQ_DONTWAIT); /* best effort */
 }
 
 /* Take `lock` for the next turn.  While a caller holds it for long work
@@ -633,7 +633,7 @@ static void stalled_heartbeat(dcast_consumer *c)
  * listen (keepalive() would otherwise blame it for our own stall). */
 static void lock_for_turn(dcast_consumer *c)
 {
-	uint64_t t0 = dcast_now_ms(), hb = c->own_hb_ms ? c->own_hb_ms : 1000;
+	uint64_t t0 = dcast_now_ms(), hb = c->ss.own_hb_ms ? c->ss.own_hb_ms : 1000;
 	struct timespec ts;
 
 	for (;;) {
@@ -643,7 +643,7 @@ static void lock_for_turn(dcast_consumer *c)
 		stalled_heartbeat(c);
 	}
 	if (dcast_now_ms() - t0 > hb)
-		c->last_recv_ms = c->progress_ms = dcast_now_ms();
+		c->ss.last_recv_ms = c->ss.progress_ms = dcast_now_ms();
 }
 
 /* The session thread: turns, each followed by a wait (lock released) for
@@ -655,16 +655,16 @@ static void *session_main(void *arg)
 	int readable = 0;
 
 	pthread_mutex_lock(&c->lock);
-	while (!atomic_load(&c->stop)) {
-		uint32_t hb = c->heartbeat_ms ? c->heartbeat_ms : 1000;
+	while (!atomic_load(&c->ss.stop)) {
+		uint32_t hb = c->ss.heartbeat_ms ? c->ss.heartbeat_ms : 1000;
 		int err = session_turn(c, readable), n;
-		zmq_pollitem_t it[2] = {{c->sock, 0, intake_full(c) ? 0 : ZMQ_POLLIN, 0},
-					{NULL, c->wake_fd, ZMQ_POLLIN, 0}};
+		zmq_pollitem_t it[2] = {{c->ss.sock, 0, intake_full(c) ? 0 : ZMQ_POLLIN, 0},
+					{NULL, c->ob.wake_fd, ZMQ_POLLIN, 0}};
 
 		if (err)
 			thread_failed(c, err);
-		c->own_joined = c->welcomed && !c->hello_due;
-		c->own_hb_ms = hb;
+		c->ss.own_joined = c->ss.welcomed && !c->ob.hello_due;
+		c->ss.own_hb_ms = hb;
 		if (err || c->ev_count)
 			pthread_cond_broadcast(&c->ev_cv);
 		pthread_mutex_unlock(&c->lock);
@@ -685,32 +685,32 @@ int cs_session_start(dcast_consumer *c)
 {
 	int err = socket_open(c);
 
-	c->last_recv_ms = dcast_now_ms();
-	c->broker_newest = DCAST_VERSION_NONE;
-	c->ack_due = DCAST_VERSION_NONE;
-	c->heartbeat_ms = c->opts.heartbeat_ms; /* until a WELCOME says (0: 1000) */
+	c->ss.last_recv_ms = dcast_now_ms();
+	c->ss.broker_newest = DCAST_VERSION_NONE;
+	c->ob.ack_due = DCAST_VERSION_NONE;
+	c->ss.heartbeat_ms = c->opts.heartbeat_ms; /* until a WELCOME says (0: 1000) */
 	if (err)
 		return err;
-	if ((c->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0)
+	if ((c->ob.wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0)
 		return dcast_fail(DCAST_EIO, "eventfd: %s", strerror(errno));
 	cs_request_hello(c);
-	if ((err = pthread_create(&c->thread, NULL, session_main, c)))
+	if ((err = pthread_create(&c->ss.thread, NULL, session_main, c)))
 		return dcast_fail(DCAST_ENOMEM, "consumer session thread: %s", strerror(err));
-	c->thread_started = 1;
+	c->ss.thread_started = 1;
 	return 0;
 }
 
 void cs_session_stop(dcast_consumer *c)
 {
-	if (!c || !c->thread_started)
+	if (!c || !c->ss.thread_started)
 		return;
-	atomic_store(&c->stop, 1);
+	atomic_store(&c->ss.stop, 1);
 	cs_wake(c);
-	pthread_join(c->thread, NULL);
-	c->thread_started = 0;
-	if (c->fold_joinable) /* it takes `lock`, which nobody holds now */
-		pthread_join(c->fold_thread, NULL);
-	c->fold_joinable = 0;
+	pthread_join(c->ss.thread, NULL);
+	c->ss.thread_started = 0;
+	if (c->ss.fold_joinable) /* it takes `lock`, which nobody holds now */
+		pthread_join(c->ss.fold_thread, NULL);
+	c->ss.fold_joinable = 0;
 }
 
 /* Wait on ev_cv (lock held) until an event, a failure of the thread, or
@@ -720,7 +720,7 @@ static void wait_event(dcast_consumer *c, int timeout_ms)
 	struct timespec ts;
 
 	cs_deadline(&ts, timeout_ms < 0 ? 0 : timeout_ms);
-	while (!c->ev_count && !c->err_code && timeout_ms && c->thread_started && !atomic_load(&c->stop)) {
+	while (!c->ev_count && !c->ss.err_code && timeout_ms && c->ss.thread_started && !atomic_load(&c->ss.stop)) {
 		int rc = timeout_ms < 0 ? pthread_cond_wait(&c->ev_cv, &c->lock)
 					: pthread_cond_timedwait(&c->ev_cv, &c->lock, &ts);
 		if (rc == ETIMEDOUT)
@@ -738,9 +738,9 @@ int dcast_consumer_poll(dcast_consumer *c, int timeout_ms, dcast_event *ev)
 	ev->version = DCAST_VERSION_NONE;
 	pthread_mutex_lock(&c->lock);
 	wait_event(c, timeout_ms);
-	if (c->err_code) {
-		err = dcast_fail(c->err_code, "%s", c->err_text);
-		c->err_code = 0;
+	if (c->ss.err_code) {
+		err = dcast_fail(c->ss.err_code, "%s", c->ss.err_text);
+		c->ss.err_code = 0;
 	} else {
 		pop_event(c, ev);
 	}

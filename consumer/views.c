@@ -119,11 +119,11 @@ static int grow(void **p, uint64_t *cap, uint64_t n, size_t size, const char *wh
 }
 
 /* The changes of the chunk at wire `start` (positions pos[0..n)) that fall
- * in view v, sorted by box index, into c->vch; their number. */
+ * in view v, sorted by box index, into c->vs.ch; their number. */
 static uint64_t view_changes(dcast_consumer *c, const cs_tensor *t, const cs_view *v, uint64_t start,
 			     const uint32_t *pos, uint64_t n)
 {
-	vchange *ch = c->vch;
+	vchange *ch = c->vs.ch;
 	dcast_box_cursor k = {0};
 	uint64_t m = 0;
 	int sorted = 1;
@@ -143,9 +143,9 @@ static uint64_t view_changes(dcast_consumer *c, const cs_tensor *t, const cs_vie
 /* Changes [i, i + n) as one idx32 payload on the view, from its first. */
 static int apply_batch(dcast_consumer *c, const cs_tensor *t, cs_tensor *vt, uint64_t i, uint64_t n)
 {
-	const vchange *ch = (const vchange *)c->vch + i;
+	const vchange *ch = (const vchange *)c->vs.ch + i;
 	unsigned es = t->elem_size;
-	unsigned char *p = c->vbuf;
+	unsigned char *p = c->vs.buf;
 	dcast_chunk_info info = {DCAST_ENC_IDX32, es, ch[n - 1].bi - ch[0].bi + 1, n, n * (4 + es)};
 
 	for (uint64_t k = 0; k < n; k++, p += 4 + es) {
@@ -153,13 +153,13 @@ static int apply_batch(dcast_consumer *c, const cs_tensor *t, cs_tensor *vt, uin
 		memcpy(p, &rel, 4); /* little-endian hosts only (docs/architecture.md) */
 		memcpy(p + 4, t->ptr + ch[k].wi * es, es);
 	}
-	return cs_tensor_apply(vt, &info, c->vbuf, ch[0].bi, NULL);
+	return cs_tensor_apply(vt, &info, c->vs.buf, ch[0].bi, NULL);
 }
 
 /* May change j join the idx32 payload that begins at change i? */
 static int span_ok(const dcast_consumer *c, uint64_t i, uint64_t j)
 {
-	const vchange *ch = c->vch;
+	const vchange *ch = c->vs.ch;
 
 	return j - i < VIEW_BATCH && ch[j].bi - ch[i].bi < DCAST_MAX_CHUNK_ELEMS;
 }
@@ -195,8 +195,8 @@ static int view_sparse_device(dcast_consumer *c, const cs_tensor *t, const cs_vi
 	uint64_t m;
 	int err;
 
-	if ((err = grow((void **)&c->vch, &c->vch_cap, n + 1, sizeof(vchange), "changes")) ||
-	    (err = grow((void **)&c->vbuf, &c->vbuf_cap, (uint64_t)VIEW_BATCH * 8, 1, "payload bytes")))
+	if ((err = grow((void **)&c->vs.ch, &c->vs.ch_cap, n + 1, sizeof(vchange), "changes")) ||
+	    (err = grow((void **)&c->vs.buf, &c->vs.buf_cap, (uint64_t)VIEW_BATCH * 8, 1, "payload bytes")))
 		return err;
 	m = view_changes(c, t, v, start, pos, n);
 	for (uint64_t i = 0, j; i < m && !err; i = j) {
@@ -217,11 +217,11 @@ int cs_views_write_host(dcast_consumer *c, const cs_chunk *k, const unsigned cha
 	*pos = NULL;
 	if (k->info.encoding == DCAST_ENC_DENSE)
 		return cs_tensor_apply(t, &k->info, payload, k->start, old);
-	if ((err = grow((void **)&c->vpos, &c->vpos_cap, k->info.changed + 1, 4, "positions")) ||
+	if ((err = grow((void **)&c->vs.pos, &c->vs.pos_cap, k->info.changed + 1, 4, "positions")) ||
 	    (err = dcast_codec_apply_positions(&k->info, payload, t->ptr + k->start * t->elem_size, old,
-					       c->vpos)))
+					       c->vs.pos)))
 		return err;
-	*pos = c->vpos;
+	*pos = c->vs.pos;
 	return 0;
 }
 

@@ -103,12 +103,25 @@ static int rollback(dcast_consumer *c, const cs_version *v, unsigned char *undo,
 	return dcast_fail(err, "%s", why);
 }
 
-/* Was v checked ahead against the version the tensors hold (verify.c),
- * and do the cached digests it moved still describe them (a bind or an
- * anchor load since clears them)? */
-static int checked_ahead(const dcast_consumer *c, const cs_version *v, int verify)
+/* How apply checks v's digests, chosen once per version. */
+enum check_how {
+	CHECK_NONE,     /* not asked to: the cached digests are forgotten */
+	CHECK_AHEAD,    /* done before apply (verify.c), against the live base: nothing left */
+	CHECK_WRITING,  /* digests moved by each chunk as it is written, compared at the end */
+	CHECK_WHOLE,    /* every digest computed over its whole range after the writes */
+};
+
+/* verify 1 uses the check ahead when v had one against the version the
+ * tensors hold and the cached digests it moved still describe them (a bind
+ * or an anchor load since clears them). */
+static enum check_how check_for(const dcast_consumer *c, const cs_version *v, int verify)
 {
-	return verify == 1 && v->ahead.e && v->ahead_base == dcast_consumer_version(c) && c->dcache.n;
+	if (!verify)
+		return CHECK_NONE;
+	if (verify == 2)
+		return CHECK_WHOLE;
+	return v->ahead.e && v->ahead_base == dcast_consumer_version(c) && c->dcache.n ? CHECK_AHEAD
+										   : CHECK_WRITING;
 }
 
 /* Old values of v fit in the undo region?  Else NULL: the checkpoint
@@ -124,28 +137,15 @@ static unsigned char *undo_for(dcast_consumer *c, const cs_version *v)
 	return cs_pool_undo(&c->pool);
 }
 
-/* verify: 0 none, 1 moves the cached digests by the changes (verify.c;
- * nothing left to do when the version was checked ahead), 2 computes every
- * digest whole.  On failure the tensors are back at the previous version
- * from the old values kept in memory, or *torn says they are not (the
- * caller restores them from the checkpoint: cs_ckpt_recover). */
-int cs_apply_version(dcast_consumer *c, cs_version *v, int verify, int *torn)
+/* Write v's chunks in order, old values to undo unless NULL, moving the
+ * digests in n unless NULL; refuse_at: the test fault's chunk.  *done:
+ * chunks written (to undo on failure), *off: undo bytes they used. */
+static int write_chunks(dcast_consumer *c, cs_version *v, unsigned char *undo, uint32_t refuse_at,
+			cs_dcache *n, uint32_t *done, uint64_t *off)
 {
-	int ahead = checked_ahead(c, v, verify), err;
-	unsigned char *undo;
-	cs_dcache next = {0};
-	uint64_t off = 0;
-	uint32_t i, refuse_at;
+	int err = 0;
+	uint32_t i;
 
-	*torn = 0;
-	if ((err = cs_sort_chunks(c, v)))
-		return err;
-	refuse_at = cs_fault_apply(c, v, ahead); /* the test seam: UINT32_MAX unless armed */
-	if (verify && !ahead && (err = cs_verify_plan(c, v, verify == 2, &next)))
-		return err;
-	if (!verify)
-		cs_dcache_clear(&c->dcache); /* it would no longer describe the tensors */
-	undo = undo_for(c, v);
 	for (i = 0; !err && i < v->n_chunks; i++) {
 		const cs_chunk *k = &v->chunks[i];
 		const unsigned char *p;
@@ -153,17 +153,47 @@ int cs_apply_version(dcast_consumer *c, cs_version *v, int verify, int *torn)
 		if (i == refuse_at)
 			err = dcast_fail(DCAST_ECORRUPT, "version %" PRIu64 " chunk %u: refused by the test "
 					 "fault aheadfail", v->version, i);
-		if (err || (err = write_chunk(c, v, k, undo ? undo + off : NULL, &p, &pos)))
+		if (err || (err = write_chunk(c, v, k, undo ? undo + *off : NULL, &p, &pos)))
 			break;
 		if ((err = cs_views_chunk(c, k, pos))) {
-			off += undo_bytes(k), i++; /* written: undone with the others */
+			*off += undo_bytes(k), i++; /* written: undone with the others */
 			break;
 		}
-		if (verify && !ahead)
-			cs_verify_written(c, &next, k, p, undo ? undo + off : NULL);
-		off += undo_bytes(k);
+		if (n)
+			cs_verify_written(c, n, k, p, undo ? undo + *off : NULL);
+		*off += undo_bytes(k);
 	}
-	if (!err && verify && !ahead)
+	*done = i;
+	return err;
+}
+
+/* Two strategies, each chosen once: how v is checked (check_for), and
+ * how a failure is undone (undo_for: old values kept in memory, or the
+ * caller restores the tensors from the checkpoint).  verify: 0 none, 1
+ * moves the cached digests by the changes, 2 computes every digest whole.
+ * On failure the tensors are back at the previous version from the old
+ * values kept in memory, or *torn says they are not (the caller's
+ * recovery: cs_ckpt_recover). */
+int cs_apply_version(dcast_consumer *c, cs_version *v, int verify, int *torn)
+{
+	enum check_how how = check_for(c, v, verify);
+	int checking = how == CHECK_WRITING || how == CHECK_WHOLE, err;
+	unsigned char *undo;
+	cs_dcache next = {0};
+	uint64_t off = 0;
+	uint32_t i = 0, refuse_at;
+
+	*torn = 0;
+	if ((err = cs_sort_chunks(c, v)))
+		return err;
+	refuse_at = cs_fault_apply(c, v, how == CHECK_AHEAD); /* the test seam: UINT32_MAX unless armed */
+	if (checking && (err = cs_verify_plan(c, v, how == CHECK_WHOLE, &next)))
+		return err;
+	if (how == CHECK_NONE)
+		cs_dcache_clear(&c->dcache); /* it would no longer describe the tensors */
+	undo = undo_for(c, v);
+	err = write_chunks(c, v, undo, refuse_at, checking ? &next : NULL, &i, &off);
+	if (!err && checking)
 		err = cs_verify_finish(c, v, &next);
 	if (err) {
 		cs_dcache_clear(&next);
@@ -173,7 +203,7 @@ int cs_apply_version(dcast_consumer *c, cs_version *v, int verify, int *torn)
 				    " failed: %s", c->model, v->version, dcast_last_error());
 		return err;
 	}
-	if (ahead)
+	if (how == CHECK_AHEAD)
 		cs_verify_ahead_done(c, v);
 	return 0;
 }

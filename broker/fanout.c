@@ -162,6 +162,7 @@ static int pump_one(struct broker *b, struct broker_peer *p)
 			struct broker_manifest *mf = p->model->manifest;
 			return mf && mf != p->manifest_sent ? send_manifest(b, p, mf) : PUMP_IDLE;
 		}
+		DCAST_ASSERT(p->have_version == DCAST_VERSION_NONE || v->version > p->have_version);
 		p->cur = v;
 		v->refs++;
 		p->next_chunk = 0;
@@ -186,6 +187,7 @@ static int pump_one(struct broker *b, struct broker_peer *p)
 		return rc;
 	p->sent_bytes += len;
 	p->next_chunk++;
+	DCAST_ASSERT(p->sent_bytes <= p->credit_bytes && p->next_chunk <= v->n_chunks);
 	b->stats.chunks_out++;
 	b->stats.bytes_out += len;
 	return PUMP_MORE;

@@ -13,10 +13,14 @@
 #define PAYLOAD_COPY_BELOW (64u << 10)
 
 
-static void pending_free(struct broker_pending *pd)
+/* Free an open version and take its memory off the broker's total (the
+ * sum of every open version's, asserted). */
+static void pending_free(struct broker *b, struct broker_pending *pd)
 {
 	if (!pd)
 		return;
+	DCAST_ASSERT(b->pending_total_bytes >= pd->mem_bytes);
+	b->pending_total_bytes -= pd->mem_bytes;
 	for (uint32_t i = 0; i < pd->parts; i++) {
 		struct broker_part *pt = &pd->part[i];
 
@@ -68,8 +72,7 @@ void broker_pending_abort(struct broker *b, struct broker_model *m, const char *
 		m->versions_aborted++;
 		b->stats.versions_aborted++;
 	}
-	b->pending_total_bytes -= pd->mem_bytes;
-	pending_free(pd);
+	pending_free(b, pd);
 }
 
 static int version_rules(const struct broker_model *m, const dcast_chunk *c)
@@ -524,8 +527,7 @@ static int pending_finish(struct broker *b, struct broker_model *m)
 		return rc;
 	}
 	m->pending = NULL;
-	b->pending_total_bytes -= pd->mem_bytes;
-	pending_free(pd);
+	pending_free(b, pd);
 	m->versions_committed++;
 	b->stats.versions_committed++;
 	if (broker_version_committed(b, m, v))

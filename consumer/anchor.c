@@ -325,6 +325,7 @@ int cs_ckpt_fold(dcast_consumer *c)
 	c->ck.anchor_file_version = v;
 	c->ck.deltas_since_fold = 0;
 	c->ck.log_since_fold = 0;
+	c->ck.fold_owed = 0;
 	vers = malloc(CS_MAX_LOG_FILES * sizeof(*vers));
 	if (vers && cs_ckpt_list(c, vers, CS_MAX_LOG_FILES, &n) == 0)
 		for (uint32_t i = 0; i < n && vers[i] <= v; i++)
@@ -344,6 +345,8 @@ static uint64_t model_bytes(const dcast_consumer *c)
 
 int cs_fold_wanted(const dcast_consumer *c)
 {
+	if (c->ck.fold_owed)
+		return 1;
 	if (c->opts.fold_every && c->ck.deltas_since_fold >= c->opts.fold_every)
 		return 1;
 	return c->opts.fold_fraction > 0 &&

@@ -27,6 +27,8 @@ static int bind_locked(dcast_consumer *c, const char *name, void *ptr, dcast_mem
 				  name, bytes, t->bytes);
 	if (!t->owned)
 		return dcast_fail(DCAST_ESTATE, "bind %s: already bound", name);
+	if (cs_drop_in_place(c)) /* written into the copy that moves now: fetched again */
+		cs_rejoin(c);
 	unsigned char *host = t->ptr;
 	t->ptr = ptr;
 	t->mem = mem;
@@ -155,6 +157,9 @@ static int apply_first(dcast_consumer *c)
 	if (!v->anchor && v->base_version != dcast_consumer_version(c))
 		return dcast_fail(DCAST_EGAP, "version %" PRIu64 " builds on %" PRIu64 ", tensors hold %" PRIu64,
 				  v->version, v->base_version, dcast_consumer_version(c));
+	if (c->ck.fold_owed && cs_ckpt_fold(c)) /* the checkpoint a torn apply restores from */
+		DCAST_LOG_W("consumer %s: fold before version %" PRIu64 " (the anchor received in place "
+			    "is on disk only once folded): %s", c->model, v->version, dcast_last_error());
 	err = cs_apply_version(c, v, c->opts.verify_digests, &torn);
 	if (err && torn)
 		err = cs_ckpt_recover(c, v->version, err); /* the recovery policy: checkpoint, else NONE */
@@ -165,6 +170,7 @@ static int apply_first(dcast_consumer *c)
 	cs_ack(c, v->version);
 	c->ob.refusals = 0;
 	c->ck.deltas_since_fold++;
+	c->ck.fold_owed |= v->in_place; /* the fold is its only copy on disk */
 	if (cs_fold_wanted(c)) {
 		c->ss.fold_due = 1; /* on the consumer's thread, after this apply */
 		cs_wake(c);

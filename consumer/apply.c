@@ -53,8 +53,8 @@ static int write_chunk(dcast_consumer *c, const cs_version *v, const cs_chunk *k
 	int err;
 
 	*pos = NULL;
-	if ((err = cs_chunk_payload(c, v, k, p)))
-		return err;
+	if ((err = cs_chunk_payload(c, v, k, p)) || k->file_off == CS_IN_PLACE)
+		return err; /* in place: written as it arrived */
 	if (old && k->info.encoding == DCAST_ENC_DENSE) {
 		memcpy(old, dst_of(c, k), undo_bytes(k));
 		old = NULL;

@@ -82,11 +82,14 @@ typedef struct cs_chunk {
 	uint64_t start;
 	dcast_chunk_info info;
 	uint64_t checksum;     /* dcast_checksum of the payload alone */
-	uint64_t file_off;     /* payload offset in the version's record file */
+	uint64_t file_off;     /* payload offset in the version's record file, or
+				* CS_IN_PLACE: the payload is the tensor's own bytes */
 	unsigned char *resident; /* payload in the pool, or NULL: read from file */
 } cs_chunk;
 
 enum cs_vstate { CS_V_STAGING = 1, CS_V_READY };
+
+#define CS_IN_PLACE UINT64_MAX
 
 /* ---- one version being staged or ready ---- */
 typedef struct cs_version {
@@ -109,6 +112,8 @@ typedef struct cs_version {
 	uint64_t ahead_hashed; /* tensor bytes read to check it */
 	int ahead_tried;       /* cs_verify_ahead ran (once per version) */
 	int write_failed;      /* a chunk record's write failed: never READY */
+	int in_place;          /* an anchor received straight into the library's own host
+				* tensors, which held no version: no record file (session.c) */
 } cs_version;
 
 /* ---- the live tensors ---- */
@@ -175,6 +180,8 @@ typedef struct cs_ckpt {
 	uint64_t anchor_file_version;  /* version in model.safetensors, or NONE */
 	uint64_t log_since_fold;       /* record-log bytes written since the last fold */
 	uint32_t deltas_since_fold;
+	int fold_owed;                 /* the applied version is on disk only once folded
+					* (an anchor received in place) */
 	struct cs_wb *wb;              /* chunk records written behind (ckpt.c) */
 	cs_syncer syncer;              /* makes committed record files durable */
 	uint64_t log_write_bytes, log_write_ns;
@@ -396,6 +403,10 @@ void cs_drop_all(dcast_consumer *c);
 /* Drop every staged version at or after `version` (a refused one and what
  * builds on it). */
 void cs_drop_from(dcast_consumer *c, uint64_t version);
+/* Drop the anchor received in place and every version after it (a whole
+ * bind moves the tensors it was written into); 1 when there was one (the
+ * caller re-joins for it), else 0. */
+int cs_drop_in_place(dcast_consumer *c);
 /* Sort v's chunks by (tensor, start); refuse overlaps and, for an anchor,
  * any element not covered (DCAST_ECORRUPT). */
 int cs_sort_chunks(const dcast_consumer *c, cs_version *v);

@@ -142,6 +142,22 @@ static int gap(dcast_consumer *c, uint64_t version, uint64_t base)
 	return cs_rejoin(c);
 }
 
+/* May an anchor go straight into the tensors as it arrives?  When they
+ * hold no version, nothing else is staged, every one is the library's own
+ * host copy (no caller's memory to tear, no view) and folds are on (the
+ * fold after its apply is its copy on disk: a crash before that loses it,
+ * and the broker sends it again). */
+static int in_place_ok(const dcast_consumer *c)
+{
+	if (dcast_consumer_version(c) != DCAST_VERSION_NONE || c->n_staged ||
+	    (!c->opts.fold_every && c->opts.fold_fraction <= 0))
+		return 0;
+	for (uint32_t i = 0; i < c->n_tensors; i++)
+		if (!c->tensors[i].owned || c->tensors[i].mem != DCAST_MEM_HOST || c->tensors[i].n_views)
+			return 0;
+	return 1;
+}
+
 static cs_version *version_begin(dcast_consumer *c, const dcast_chunk *h, int *err)
 {
 	cs_version *v;
@@ -168,7 +184,8 @@ static cs_version *version_begin(dcast_consumer *c, const dcast_chunk *h, int *e
 	v->anchor = (int)h->anchor;
 	v->state = CS_V_STAGING;
 	v->first_ns = dcast_now_ns();
-	if ((*err = cs_ckpt_version_create(c, v))) {
+	v->in_place = v->anchor && in_place_ok(c);
+	if (!v->in_place && (*err = cs_ckpt_version_create(c, v))) {
 		cs_version_free(v);
 		return NULL;
 	}
@@ -194,8 +211,27 @@ static int unwanted(dcast_consumer *c, uint64_t version, uint64_t payload_bytes)
 /* Payload -> pool slot (when it stays resident) -> checksum -> record file,
  * written behind: a spilled payload is written from ZeroMQ's buffer, held
  * until the write is done, and its credit goes back then (ckpt.c). */
+/* An anchor received in place (in_place_ok): each chunk, checked, goes
+ * straight to its range of the tensor, its credit back at once; apply has
+ * nothing left to write, only to check. */
+static int stage_in_place(dcast_consumer *c, cs_version *v, const dcast_chunk *h, zmq_msg_t *payload)
+{
+	const unsigned char *src = zmq_msg_data(payload);
+	uint64_t sum = dcast_checksum(src, h->payload_bytes);
+	int err = dcast_chunk_verify_sum(h, sum);
+
+	cs_credit_free(c, h->payload_bytes);
+	if (err)
+		return cs_refuse(c, h->version, err);
+	memcpy(c->tensors[h->tensor].ptr + h->start * h->elem_size, src, h->payload_bytes);
+	c->total_received += h->payload_bytes;
+	return cs_version_take(v, h, sum, CS_IN_PLACE, NULL);
+}
+
 static int stage_payload(dcast_consumer *c, cs_version *v, const dcast_chunk *h, zmq_msg_t *payload)
 {
+	if (v->in_place)
+		return stage_in_place(c, v, h, payload);
 	unsigned char *slot, *resident;
 	uint64_t sum, off;
 	int err;
@@ -275,7 +311,7 @@ static int on_commit(dcast_consumer *c, dcast_wire_in *in)
 		return dcast_fail(DCAST_EIO, "version %" PRIu64 ": a chunk record could not be written "
 				  "(reported before); it is fetched again", m->version);
 	}
-	if ((err = cs_ckpt_commit_write(c, v))) {
+	if (!v->in_place && (err = cs_ckpt_commit_write(c, v))) {
 		cs_version_drop(c, v, 1);
 		return err;
 	}

@@ -50,6 +50,14 @@ void cs_drop_from(dcast_consumer *c, uint64_t version)
 		cs_version_drop(c, &c->staged[c->n_staged - 1], 1);
 }
 
+int cs_drop_in_place(dcast_consumer *c)
+{
+	if (!c->n_staged || !c->staged[0].in_place)
+		return 0;
+	cs_drop_from(c, c->staged[0].version);
+	return 1;
+}
+
 static int chunk_cmp(const void *a, const void *b)
 {
 	const cs_chunk *x = a, *y = b;
@@ -98,6 +106,10 @@ int cs_chunk_payload(dcast_consumer *c, const cs_version *v, const cs_chunk *k, 
 
 	if (k->resident) {
 		*out = k->resident;
+		return 0;
+	}
+	if (k->file_off == CS_IN_PLACE) {
+		*out = c->tensors[k->tensor].ptr + k->start * k->info.elem_size;
 		return 0;
 	}
 	if ((err = cs_ckpt_read_payload(c, v, k, cs_pool_scratch(&c->pool))))

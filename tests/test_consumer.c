@@ -48,7 +48,18 @@ static dcast_consumer *open_consumer(const h_broker *b, const char *model, const
 	return c;
 }
 
-/* Anchor + deltas bit-exact, model larger than the budget, restart. */
+/* Does DIR(name)/model.dlog hold the record file of version v? */
+static int rec_exists(const char *name, uint64_t v)
+{
+	char path[512];
+
+	snprintf(path, sizeof(path), "%s/model.dlog/%020" PRIu64 ".rec", dir_for(name), v);
+	return access(path, F_OK) == 0;
+}
+
+/* Anchor + deltas bit-exact, model larger than the budget, restart.  The
+ * consumer holds no version and its tensors are its own, so the anchor is
+ * received in place (docs/protocol.md, "Anchors received in place"). */
 static void test_stream_and_restart(const h_broker *b)
 {
 	h_model m;
@@ -69,7 +80,8 @@ static void test_stream_and_restart(const h_broker *b)
 	dcast_consumer_stats_get(c, &st);
 	CHECK(st.anchor == 1 && st.version == 1);
 	CHECK(st.bytes == h_model_bytes(&m));
-	CHECK(st.spilled_chunks > 0);            /* did not fit: went through the log */
+	CHECK(st.spilled_chunks == 0);           /* in place: nothing staged, nothing spilled */
+	CHECK(!rec_exists("stream", 1));         /* and no record file: the fold is its copy */
 	CHECK(st.pool_bytes <= BUDGET && st.peak_pool_bytes <= st.pool_bytes);
 	CHECK(s.anchors == 1);
 	CHECK(dcast_consumer_wait_version(c, 1, 0) == 0);
@@ -102,6 +114,38 @@ static void test_stream_and_restart(const h_broker *b)
 	CHECK(h_equal(c, &m, 5));
 	dcast_consumer_stats_get(c, &st);
 	CHECK(st.total_bytes_received > 0 && st.total_bytes_received < h_model_bytes(&m) / 4);
+	dcast_consumer_close(&c);
+	dcast_producer_close(&p);
+	h_model_free(&m);
+}
+
+/* With folds off the anchor cannot be received in place (nothing would
+ * ever make it durable): it is staged, spilled to its record file and
+ * replayed from there at a restart. */
+static void test_anchor_through_log(const h_broker *b)
+{
+	h_model m;
+	dcast_producer *p = NULL;
+	dcast_consumer *c = NULL;
+	dcast_consumer_opts o;
+	dcast_consumer_stats st;
+	h_seen s = {0};
+
+	h_model_init(&m, 13, 1);
+	REQUIRE(h_producer_open(b, "m_logged", &m, &p) == 0);
+	REQUIRE(h_publish(p, &m, 1, 100) == 0);
+	dcast_consumer_opts_init(&o);
+	o.fold_fraction = 0;
+	CHECK(dcast_consumer_open(b->consumers, "m_logged", dir_for("logged"), BUDGET, &o, &c) == 0);
+	REQUIRE(c);
+	CHECK(h_drive(c, &m, 1, &s) == 0 && h_equal(c, &m, 1));
+	dcast_consumer_stats_get(c, &st);
+	CHECK(st.anchor == 1 && st.spilled_chunks > 0); /* did not fit: went through the log */
+	CHECK(rec_exists("logged", 1));
+	dcast_consumer_close(&c);
+	CHECK(dcast_consumer_open(b->consumers, "m_logged", dir_for("logged"), BUDGET, &o, &c) == 0);
+	REQUIRE(c);
+	CHECK(dcast_consumer_version(c) == 1 && h_equal(c, &m, 1)); /* replayed from its record */
 	dcast_consumer_close(&c);
 	dcast_producer_close(&p);
 	h_model_free(&m);
@@ -469,6 +513,7 @@ static void test_manifest_mismatch(const h_broker *b)
 	dcast_producer *p1 = NULL, *p2 = NULL;
 	dcast_consumer *c;
 	dcast_event ev = {0};
+	h_seen seen = {0};
 	int err = 0, ready = 0;
 
 	h_model_init(&m1, 41, 1);
@@ -479,7 +524,7 @@ static void test_manifest_mismatch(const h_broker *b)
 	REQUIRE(h_publish(p2, &m2, 1, 100) == 0);
 	c = open_consumer(b, "m_shape_a", dir_for("shape"));
 	REQUIRE(c);
-	CHECK(wait_ready(c, 1) == 0);
+	CHECK(h_drive(c, &m1, 1, &seen) == 0); /* applied, so the checkpoint holds it */
 	dcast_consumer_close(&c);
 	c = open_consumer(b, "m_shape_b", dir_for("shape"));
 	REQUIRE(c);
@@ -522,6 +567,7 @@ int main(void)
 	test_bad_args();
 	REQUIRE(h_broker_start(&b) == 0);
 	test_stream_and_restart(&b);
+	test_anchor_through_log(&b);
 	test_corrupt_chunk(&b);
 	test_digest_rollback(&b);
 	test_digest_ahead(&b);

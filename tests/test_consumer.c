@@ -48,6 +48,8 @@ static dcast_consumer *open_consumer(const h_broker *b, const char *model, const
 	return c;
 }
 
+static int wait_ready(dcast_consumer *c, uint64_t v);
+
 /* Does DIR(name)/model.dlog hold the record file of version v? */
 static int rec_exists(const char *name, uint64_t v)
 {
@@ -149,6 +151,37 @@ static void test_anchor_through_log(const h_broker *b)
 	dcast_consumer_close(&c);
 	dcast_producer_close(&p);
 	h_model_free(&m);
+}
+
+/* A whole bind while an anchor received in place is READY and not applied:
+ * the tensor's bytes move to the caller's memory, so the anchor is dropped
+ * and fetched again (through the staging pool now), then applied
+ * bit-exact into the bound buffer. */
+static void test_bind_during_in_place(const h_broker *b)
+{
+	h_model m;
+	dcast_producer *p = NULL;
+	dcast_consumer *c;
+	dcast_consumer_stats st;
+	h_seen s = {0};
+	unsigned char *mine;
+
+	h_model_init(&m, 17, 1);
+	REQUIRE(h_producer_open(b, "m_bindip", &m, &p) == 0);
+	REQUIRE(h_publish(p, &m, 1, 100) == 0);
+	c = open_consumer(b, "m_bindip", dir_for("bindip"));
+	REQUIRE(c && (mine = malloc(m.bytes[0])));
+	CHECK(wait_ready(c, 1) == 0);
+	CHECK(dcast_consumer_bind(c, m.name[0], mine, DCAST_MEM_HOST, m.bytes[0]) == 0);
+	CHECK(dcast_consumer_ready_version(c) == DCAST_VERSION_NONE); /* dropped */
+	CHECK(h_drive(c, &m, 1, &s) == 0);
+	CHECK(memcmp(mine, m.snap[1][0], m.bytes[0]) == 0);
+	dcast_consumer_stats_get(c, &st);
+	CHECK(st.version == 1 && st.anchor == 1 && st.spilled_chunks > 0); /* staged this time */
+	dcast_consumer_close(&c);
+	dcast_producer_close(&p);
+	h_model_free(&m);
+	free(mine);
 }
 
 /* A fault armed through the test hook, then driven to `target`. */
@@ -568,6 +601,7 @@ int main(void)
 	REQUIRE(h_broker_start(&b) == 0);
 	test_stream_and_restart(&b);
 	test_anchor_through_log(&b);
+	test_bind_during_in_place(&b);
 	test_corrupt_chunk(&b);
 	test_digest_rollback(&b);
 	test_digest_ahead(&b);

@@ -54,22 +54,31 @@ static int live_digest(dcast_consumer *c, uint64_t *out)
 	return 0;
 }
 
+/* Print the version held and the digest of the live tensors.  The
+ * consumer's thread may drop the state between the two reads (a WELCOME of
+ * another run: version() becomes NONE, the tensors stay as they were), so
+ * the version is read before and after: a line is printed only when both
+ * name the same version, never "applied NONE" (seen by the fault suite,
+ * segment_corrupt trials that damage the broker's run file). */
 static int report(dcast_consumer *c, const char *what)
 {
 	dcast_consumer_stats st;
-	uint64_t digest;
+	uint64_t digest, v = dcast_consumer_version(c);
 	int rc = live_digest(c, &digest);
 
 	if (rc) {
 		fprintf(stderr, "fault_consumer: digest: %s\n", dcast_last_error());
 		return rc;
 	}
+	if (v == DCAST_VERSION_NONE || dcast_consumer_version(c) != v) {
+		fprintf(stderr, "fault_consumer: the state was dropped while reporting; not reported\n");
+		return 0;
+	}
 	dcast_consumer_stats_get(c, &st);
 	if (what)
-		printf("%s %" PRIu64 " %016" PRIx64 "\n", what, dcast_consumer_version(c), digest);
+		printf("%s %" PRIu64 " %016" PRIx64 "\n", what, v, digest);
 	else
-		printf("applied %" PRIu64 " %s %016" PRIx64 "\n", dcast_consumer_version(c),
-		       st.anchor ? "anchor" : "delta", digest);
+		printf("applied %" PRIu64 " %s %016" PRIx64 "\n", v, st.anchor ? "anchor" : "delta", digest);
 	fflush(stdout);
 	return 0;
 }

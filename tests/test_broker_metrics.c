@@ -9,13 +9,25 @@
 
 static char dir[] = "/tmp/dcast_test_metrics_XXXXXX";
 
+/* Ready: /metrics on *port shows the consumer of metrics/model at version 3
+ * (its ACK has arrived). */
+static int consumer_at_3(void *port)
+{
+	const char *p;
+
+	if (tp_http_get(*(int *)port, "/metrics") <= 0)
+		return 0;
+	p = strstr(tp_page, "\ndeltacast_consumer_version{model=\"metrics/model\"");
+	p = p ? strstr(p, "} ") : NULL;
+	return p && strtoull(p + 2, NULL, 10) == 3;
+}
+
 int main(void)
 {
 	static struct h_client prod, cons;
 	tp_broker br = {0};
 	uint32_t rng = 7;
 	dcast_msg ack;
-	int found = 0;
 
 	h_init();
 	REQUIRE(mkdtemp(dir));
@@ -37,15 +49,8 @@ int main(void)
 	ack.u.ack.version = 3;
 	CHECK(h_send(&cons, &ack, NULL) == 0);
 
-	/* The ACK travels asynchronously: poll the page (bounded) for it. */
-	for (int i = 0; i < 100 && !found; i++) {
-		CHECK(tp_http_get(br.mport, "/metrics") > 0);
-		found = strstr(tp_page, "deltacast_consumer_version{model=\"metrics/model\"") &&
-			strstr(tp_page, "} 3\n");
-		if (!found)
-			usleep(50000);
-	}
-	CHECK(found);
+	/* The ACK travels asynchronously: wait until the page shows it. */
+	CHECK(tp_wait_until(5000, consumer_at_3, &br.mport));
 	CHECK(strncmp(tp_page, "HTTP/1.0 200 OK", 15) == 0);
 	CHECK(tp_metric("deltacast_versions_committed_total") == 3);
 	CHECK(tp_metric("deltacast_consumers_connected") == 1);

@@ -6,6 +6,7 @@
 #include <time.h>
 #include <unistd.h>
 #include "check.h"
+#include "proc.h"
 #include "dcast_common.h"
 #include "deltacast/log.h"
 
@@ -39,14 +40,21 @@ static void *log_lines(void *p)
 	return NULL;
 }
 
+/* The scenario, not a wait: a handler still busy 200 ms after the main
+ * thread has seen it start, so that the handler is replaced while a call
+ * is in flight. */
 static void slow_handler(int level, const char *msg, void *arg)
 {
-	struct timespec d = {0, 200 * 1000000};
-
 	(void)level, (void)msg, (void)arg;
 	in_handler = 1;
-	nanosleep(&d, NULL);
+	tp_sleep_ms(200);
 	slow_done = 1;
+}
+
+static int handler_entered(void *arg)
+{
+	(void)arg;
+	return in_handler;
 }
 
 static void *log_one(void *p)
@@ -76,8 +84,7 @@ int main(void)
 	/* Replacing the handler waits for a call in flight. */
 	dcast_log_set_handler(slow_handler, &slow_arg);
 	REQUIRE(pthread_create(&th[0], NULL, log_one, NULL) == 0);
-	while (!in_handler)
-		usleep(1000);
+	REQUIRE(tp_wait_until(5000, handler_entered, NULL));
 	dcast_log_set_handler(NULL, NULL);
 	CHECK(slow_done == 1);
 	pthread_join(th[0], NULL);

@@ -8,6 +8,7 @@
 #define DCAST_TEST_PROC_H
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -297,12 +298,51 @@ static int tp_broker_start(tp_broker *b)
 	return tp_wait_until(3000, tp_broker_started, b) ? 0 : -1;
 }
 
-/* Send sig; for SIGKILL and SIGTERM also reap.  No-op when not running. */
+/* 1 when the thread's /proc stat file at path says stopped (T). */
+static int tp_thread_stopped(const char *path)
+{
+	FILE *f = fopen(path, "r");
+	char line[512], *p = NULL;
+
+	if (f) {
+		p = fgets(line, sizeof(line), f) ? strrchr(line, ')') : NULL;
+		fclose(f);
+	}
+	return p && p[1] == ' ' && p[2] == 'T';
+}
+
+/* Ready: every thread of the process *(pid_t *)arg has stopped.  kill()
+ * returns before a SIGSTOP takes hold; until then the process may still
+ * read its sockets. */
+static int tp_stopped(void *arg)
+{
+	pid_t pid = *(pid_t *)arg;
+	char path[300];
+	struct dirent *e;
+	DIR *d;
+	int stopped = 1;
+
+	snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
+	if (!(d = opendir(path)))
+		return 0;
+	while (stopped && (e = readdir(d)))
+		if (e->d_name[0] != '.') {
+			snprintf(path, sizeof(path), "/proc/%d/task/%s/stat", (int)pid, e->d_name);
+			stopped = tp_thread_stopped(path);
+		}
+	closedir(d);
+	return stopped;
+}
+
+/* Send sig; for SIGKILL and SIGTERM also reap; for SIGSTOP wait (5 s at
+ * most) until every thread has stopped.  No-op when not running. */
 static void tp_broker_kill(tp_broker *b, int sig)
 {
 	if (b->pid <= 0)
 		return;
 	kill(b->pid, sig);
+	if (sig == SIGSTOP && !tp_wait_until(5000, tp_stopped, &b->pid))
+		fprintf(stderr, "tests/proc.h: broker %d did not stop\n", (int)b->pid);
 	if (sig != SIGKILL && sig != SIGTERM)
 		return;
 	waitpid(b->pid, &b->exit_status, 0);

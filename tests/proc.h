@@ -414,4 +414,67 @@ static int tp_wait_metric(int port, const char *name, uint64_t at_least, int tim
 	return tp_wait_until(timeout_ms, tp_metric_reached, &w);
 }
 
+/* ---- loopback TCP connections, as /proc/net/tcp shows them ----
+ * What a stopped or silent process cannot log: the bytes waiting in its
+ * sockets, and whether it has closed its end of a connection. */
+
+#define TP_TCP_ESTABLISHED 0x01
+#define TP_TCP_CLOSE_WAIT 0x08 /* the peer closed; this end not yet */
+#define TP_TCP_LISTEN 0x0A
+
+struct tp_tcp {
+	unsigned local, remote, state; /* ports; state as the kernel numbers it */
+	unsigned long tx, rx;          /* bytes in the send queue, received unread */
+};
+
+/* The next IPv4 socket of /proc/net/tcp (f open on it); 0 at the end. */
+static int tp_tcp_next(FILE *f, struct tp_tcp *t)
+{
+	char line[512];
+
+	while (fgets(line, sizeof(line), f))
+		if (sscanf(line, " %*d: %*x:%x %*x:%x %x %lx:%lx", &t->local, &t->remote, &t->state,
+			   &t->tx, &t->rx) == 5)
+			return 1;
+	return 0;
+}
+
+/* Bytes the server on `port` has received and not read yet (its
+ * connections' receive queues): what a stopped broker holds. */
+static unsigned long tp_tcp_unread(int port)
+{
+	FILE *f = fopen("/proc/net/tcp", "r");
+	struct tp_tcp t;
+	unsigned long n = 0;
+
+	while (f && tp_tcp_next(f, &t))
+		if (t.local == (unsigned)port && t.state != TP_TCP_LISTEN)
+			n += t.rx;
+	if (f)
+		fclose(f);
+	return n;
+}
+
+struct tp_unread_wait {
+	int port;
+	unsigned long at_least;
+};
+
+static int tp_unread_reached(void *arg)
+{
+	const struct tp_unread_wait *w = arg;
+
+	return tp_tcp_unread(w->port) >= w->at_least;
+}
+
+/* Wait until the server on `port` holds at least at_least bytes received
+ * and unread (1), or timeout_ms pass (0): how tests wait for what a stopped
+ * broker has been sent. */
+static int tp_wait_unread(int port, unsigned long at_least, int timeout_ms)
+{
+	struct tp_unread_wait w = {port, at_least};
+
+	return tp_wait_until(timeout_ms, tp_unread_reached, &w);
+}
+
 #endif

@@ -3,7 +3,8 @@
  * back the same version publishes and reads back bit-exact.  (2) It comes
  * back while the producer is re-joining: publish re-sends the version from
  * its first chunk and succeeds.  The broker is stopped (SIGSTOP) before the
- * publish with a small credit window, so the kill always lands mid-version. */
+ * publish with a small credit window, and killed once its socket holds
+ * chunks of the version (/proc/net/tcp): the kill always lands mid-version. */
 #include <pthread.h>
 #include <stdint.h>
 #include "check.h"
@@ -13,16 +14,19 @@
 
 #define N (8u << 20) /* 16 MiB of bf16 in 512 KiB chunks, credit window 1 MiB: even
 			    * the compact encoding of version 2 (~2.5 MB) outgrows it */
+#define IN_FLIGHT (16u << 10) /* bytes waiting for the stopped broker: more than any
+			       * control message, so chunks of the version */
 
 static harness_broker b;
 static int restart_after_kill;
 static uint16_t *w;
 static char dir[] = "/tmp/dcast-test-producer-kill-XXXXXX";
 
+/* Kill the broker once its socket holds chunks of the version (*arg: 1 when
+ * seen within 10 s); restart it when asked. */
 static void *killer(void *arg)
 {
-	(void)arg;
-	tp_sleep_ms(300);
+	*(int *)arg = tp_wait_unread(b.pport, IN_FLIGHT, 10000);
 	tp_broker_kill(&b, SIGKILL);
 	if (restart_after_kill)
 		tp_broker_start(&b);
@@ -40,15 +44,16 @@ static int read_back(uint64_t v)
 static int publish_with_kill(dcast_producer *p, uint64_t v, int restart)
 {
 	pthread_t th;
-	int rc;
+	int rc, in_flight = 0;
 
 	restart_after_kill = restart;
 	tp_broker_kill(&b, SIGSTOP);
-	pthread_create(&th, NULL, killer, NULL);
+	pthread_create(&th, NULL, killer, &in_flight);
 	rc = dcast_producer_publish(p, v);
 	if (!rc)
 		rc = dcast_producer_wait(p, v, 20000);
 	pthread_join(th, NULL);
+	CHECK(in_flight);
 	return rc;
 }
 

@@ -22,6 +22,8 @@
 #include "producer_harness.h"
 
 #define N (1u << 21) /* 4 MiB of bf16 in 8 chunks */
+#define IN_FLIGHT (16u << 10) /* bytes waiting for the stopped broker: more than any
+			       * control message, so chunks of the version */
 
 static harness_broker b;
 static char dir[] = "/tmp/dcast-test-producer-resend-XXXXXX";
@@ -54,11 +56,14 @@ static void plain_delta(dcast_producer *p, uint64_t v)
  * dies and comes back (with data dir or not); meanwhile the trainer moves on. */
 static void lost_before_commit(dcast_producer *p, uint64_t v, int keep_data)
 {
+	dcast_producer_stats s;
+
 	harness_perturb(w, N, 10000, &seed);
 	memcpy(want, w, N * 2ull);
 	tp_broker_kill(&b, SIGSTOP);
 	CHECK_ERR(dcast_producer_publish(p, v), 0);
-	tp_sleep_ms(100);
+	dcast_producer_stats_get(p, &s);
+	CHECK(tp_wait_unread(b.pport, s.payload_bytes, 5000)); /* its payload, unread */
 	tp_broker_kill(&b, SIGKILL);
 	if (!keep_data)
 		b.n_extra = 2; /* the window only */
@@ -68,10 +73,11 @@ static void lost_before_commit(dcast_producer *p, uint64_t v, int keep_data)
 	CHECK(read_back(v));
 }
 
+/* Once the stopped broker's socket holds chunks of the version (*arg: 1
+ * when seen within 10 s), kill it and start it again. */
 static void *kill_and_restart(void *arg)
 {
-	(void)arg;
-	tp_sleep_ms(300);
+	*(int *)arg = tp_wait_unread(b.pport, IN_FLIGHT, 10000);
 	tp_broker_kill(&b, SIGKILL);
 	tp_broker_start(&b);
 	return NULL;
@@ -83,13 +89,15 @@ static void lost_mid_version(dcast_producer *p, uint64_t v)
 {
 	dcast_producer_stats s;
 	pthread_t th;
+	int in_flight = 0;
 
 	harness_fill(w, N, &seed);
 	memcpy(want, w, N * 2ull);
 	tp_broker_kill(&b, SIGSTOP);
-	pthread_create(&th, NULL, kill_and_restart, NULL);
+	pthread_create(&th, NULL, kill_and_restart, &in_flight);
 	CHECK_ERR(dcast_producer_publish(p, v), 0);
 	pthread_join(th, NULL);
+	CHECK(in_flight);
 	CHECK_ERR(dcast_producer_wait(p, v, 20000), 0);
 	dcast_producer_stats_get(p, &s);
 	CHECK(!s.anchor && s.total_reconnects >= 1 && s.total_resends == 0);

@@ -11,7 +11,9 @@
  *   truncate   forwards a random prefix of the next frame, then closes both sides
  *   duplicate  sends the next whole message (all its frames) twice
  * Each fault is one stderr line "fault KIND conn N at byte B".  SIGUSR1 stops
- * injecting (clean forwarding from then on); SIGTERM exits 0.
+ * injecting (clean forwarding from then on); SIGUSR2 holds what the broker
+ * side sends (left unread in the sockets from then on, the line "holding
+ * what the broker sends" once it is so); SIGTERM exits 0.
  * usage: faultproxy LISTEN TARGET SEED DROP DELAY TRUNCATE CORRUPT [DUPLICATE] */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -39,12 +41,13 @@ typedef struct pair {
 } pair;
 
 static pair pairs[MAX_PAIRS];
-static volatile sig_atomic_t quiet, stop;
+static volatile sig_atomic_t quiet, stop, hold;
 static uint64_t rng;
 static unsigned rate_drop, rate_delay, rate_trunc, rate_corrupt, rate_dup;
 
 static void on_usr1(int s) { (void)s; quiet = 1; }
 static void on_term(int s) { (void)s; stop = 1; }
+static void on_usr2(int s) { (void)s; hold = 1; }
 
 static uint64_t next_rand(void)
 {
@@ -228,17 +231,22 @@ static void serve(int lfd, int target)
 
 	while (!stop) {
 		int n = 1;
+		if (hold == 1) { /* from here on nothing more is read from a broker */
+			hold = 2;
+			fprintf(stderr, "faultproxy: holding what the broker sends\n");
+		}
 		pf[0] = (struct pollfd){.fd = lfd, .events = POLLIN};
 		for (int i = 0; i < MAX_PAIRS; i++)
 			for (int s = 0; s < 2; s++)
-				pf[n++] = (struct pollfd){.fd = pairs[i].fd[s], .events = POLLIN};
+				pf[n++] = (struct pollfd){.fd = pairs[i].fd[s], .events = s && hold ? 0 : POLLIN};
 		if (poll(pf, (nfds_t)n, 200) <= 0)
 			continue;
 		if (pf[0].revents)
 			accept_one(lfd, target, &next_id);
 		for (int i = 0; i < MAX_PAIRS; i++)
 			for (int s = 0; s < 2; s++)
-				if (pairs[i].fd[s] >= 0 && pf[1 + 2 * i + s].revents && forward(&pairs[i], s))
+				if (pairs[i].fd[s] >= 0 && pf[1 + 2 * i + s].revents && !(s && hold) &&
+				    forward(&pairs[i], s))
 					pair_close(&pairs[i]);
 	}
 }
@@ -262,6 +270,7 @@ int main(int argc, char **argv)
 		pairs[i].fd[0] = pairs[i].fd[1] = -1;
 	signal(SIGPIPE, SIG_IGN);
 	signal(SIGUSR1, on_usr1);
+	signal(SIGUSR2, on_usr2);
 	signal(SIGTERM, on_term);
 	if ((lfd = tcp_socket(atoi(argv[1]), 1)) < 0) {
 		fprintf(stderr, "faultproxy: cannot listen on 127.0.0.1:%s: %s\n", argv[1], strerror(errno));

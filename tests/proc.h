@@ -477,4 +477,37 @@ static int tp_wait_unread(int port, unsigned long at_least, int timeout_ms)
 	return tp_wait_until(timeout_ms, tp_unread_reached, &w);
 }
 
+/* The local ports of the established client connections to `port`, up to
+ * max of them in ports[]; how many. */
+static int tp_tcp_clients(int port, int *ports, int max)
+{
+	FILE *f = fopen("/proc/net/tcp", "r");
+	struct tp_tcp t;
+	int n = 0;
+
+	while (f && n < max && tp_tcp_next(f, &t))
+		if (t.remote == (unsigned)port && t.state == TP_TCP_ESTABLISHED)
+			ports[n++] = (int)t.local;
+	if (f)
+		fclose(f);
+	return n;
+}
+
+/* 1 while the server on `port` holds its end of the connection from the
+ * client port `client` open (established, or the client closed and the
+ * server has not yet). */
+static int tp_tcp_server_open(int port, int client)
+{
+	FILE *f = fopen("/proc/net/tcp", "r");
+	struct tp_tcp t;
+	int held = 0;
+
+	while (f && !held && tp_tcp_next(f, &t))
+		held = t.local == (unsigned)port && t.remote == (unsigned)client &&
+		       (t.state == TP_TCP_ESTABLISHED || t.state == TP_TCP_CLOSE_WAIT);
+	if (f)
+		fclose(f);
+	return held;
+}
+
 #endif

@@ -336,6 +336,31 @@ static void refused_is_not_silence(void *c)
 	CHECK_ERR(next_error(c), DCAST_EFIELD_RANGE); /* known: DCAST_ESTATE had it been dropped */
 }
 
+/* The client port of the one connection to the producer endpoint that is
+ * not among before[0..n) (the ports before it was made); -1 if not one. */
+static int new_client_port(const int *before, int n)
+{
+	int now[64], k = tp_tcp_clients(br.pport, now, 64), found = -1;
+
+	for (int i = 0; i < k; i++) {
+		int old = 0;
+		for (int j = 0; j < n; j++)
+			old |= now[i] == before[j];
+		if (!old && found >= 0)
+			return -1;
+		if (!old)
+			found = now[i];
+	}
+	return found;
+}
+
+/* Ready: the broker has closed its end of the connection from client port
+ * *arg (its ZeroMQ has seen the connection end). */
+static int broker_closed(void *arg)
+{
+	return !tp_tcp_server_open(br.pport, *(int *)arg);
+}
+
 /* Found by tests/tools/fuzz_broker: a refusal that drops the open version
  * tells every producer of the model; when one of them had gone (its socket
  * closed, not yet timed out) the failed send replaced the reason, and the
@@ -343,7 +368,8 @@ static void refused_is_not_silence(void *c)
  * unreachable" instead of what was wrong with its COMMIT. */
 static void reason_survives_failed_send(void *ctx)
 {
-	void *p = dealer(ctx, prod_ep), *gone = dealer(ctx, prod_ep);
+	int before[64], n = tp_tcp_clients(br.pport, before, 64), port;
+	void *p, *gone = dealer(ctx, prod_ep);
 	uint8_t dense[128] = {5};
 	char text[DCAST_MAX_TEXT + 1] = "";
 	dcast_msg m;
@@ -355,8 +381,10 @@ static void reason_survives_failed_send(void *ctx)
 	m.u.hello.parts = 2;
 	send_msg(gone, &m, NULL, 0);
 	CHECK(next_error(gone) == 0); /* WELCOME */
+	REQUIRE((port = new_client_port(before, n)) > 0 && tp_tcp_server_open(br.pport, port));
 	zmq_close(gone);
-	usleep(300000); /* the broker sees the connection end */
+	REQUIRE(tp_wait_until(5000, broker_closed, &port)); /* the broker sees the connection end */
+	p = dealer(ctx, prod_ep);
 	dcast_msg_init(&m, DCAST_MSG_HELLO);
 	strcpy(m.u.hello.model, "gone");
 	send_msg(p, &m, NULL, 0);

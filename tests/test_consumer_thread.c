@@ -69,7 +69,8 @@ static void test_sleeping_caller(const h_broker *b)
 	REQUIRE(ready_within(c, 1));
 	CHECK(dcast_consumer_apply(c, 1) == 0);
 	/* The caller generates for 10 s without calling in; the trainer
-	 * publishes a version every 2 s meanwhile. */
+	 * publishes a version every 2 s meanwhile.  The sleep is the scenario
+	 * (time away), not a wait for anything. */
 	for (uint64_t v = 2; v <= 6; v++) {
 		tp_sleep_ms(2000);
 		CHECK(h_publish(p, &m, v, 100) == 0);
@@ -107,7 +108,7 @@ static void wait_case(const h_broker *b, const char *model, uint64_t seed, int a
 		uint64_t r = dcast_consumer_ready_version(c);
 		if (r != DCAST_VERSION_NONE)
 			CHECK(dcast_consumer_apply(c, r) == 0);
-		tp_sleep_ms(50); /* the engine's work between pause points */
+		tp_sleep_ms(50); /* the scenario: the engine's work between pause points */
 	}
 	pthread_join(t, NULL);
 	CHECK(w.rc == 0);
@@ -124,34 +125,57 @@ static long mtime_ns(const char *path)
 	return stat(path, &st) ? -1 : st.st_mtim.tv_sec * 1000000000L + st.st_mtim.tv_nsec;
 }
 
+static long fold_before; /* the model file's mtime before the fold waited for */
+
+/* Ready: the model file at path has been written since fold_before. */
+static int folded(void *path)
+{
+	return mtime_ns(path) != fold_before;
+}
+
+/* Bytes written to c's record log, from its stats. */
+static uint64_t log_bytes(dcast_consumer *c)
+{
+	dcast_consumer_stats st;
+
+	dcast_consumer_stats_get(c, &st);
+	return st.log_write_bytes;
+}
+
 /* apply() of a delta never writes model.safetensors; the size policy folds
- * on the consumer's thread once the log passes a quarter of the model. */
+ * on the consumer's thread once the log written since the last fold passes
+ * a quarter of the model, and only then: the test knows from the log's
+ * bytes which applies are followed by a fold, and waits for those. */
 static void test_fold_off_apply(const h_broker *b)
 {
 	h_model m;
 	dcast_producer *p = NULL;
 	dcast_consumer *c;
 	char file[512];
+	uint64_t folded_at;
 	int folds = 0;
 
 	REQUIRE(h_model_start(b, "m_fold", 54, 1, 100, &m, &p) == 0);
 	REQUIRE((c = open_with(b, "m_fold", 0)));
 	snprintf(file, sizeof(file), "%s/model.safetensors", dir_for("m_fold"));
 	REQUIRE(ready_within(c, 1));
+	fold_before = -1;
 	CHECK(dcast_consumer_apply(c, 1) == 0);
-	for (int i = 0; i < 200 && mtime_ns(file) < 0; i++) /* the anchor is folded by the thread */
-		tp_sleep_ms(20);
-	CHECK(mtime_ns(file) >= 0);
+	CHECK(tp_wait_until(5000, folded, file)); /* an applied anchor always folds */
+	folded_at = log_bytes(c);
 	for (uint64_t v = 2; v <= 12; v++) {
-		long before;
+		int due;
 		CHECK(h_publish(p, &m, v, 4) == 0); /* 25% density: a fold every few versions */
 		REQUIRE(ready_within(c, v));
-		before = mtime_ns(file);
+		due = (double)(log_bytes(c) - folded_at) > 0.25 * (double)h_model_bytes(&m);
+		fold_before = mtime_ns(file);
 		CHECK(dcast_consumer_apply(c, v) == 0);
-		CHECK(mtime_ns(file) == before); /* not inside apply() */
-		for (int i = 0; i < 50 && mtime_ns(file) == before; i++)
-			tp_sleep_ms(10);
-		folds += mtime_ns(file) != before;
+		CHECK(mtime_ns(file) == fold_before); /* not inside apply() */
+		if (!due)
+			continue;
+		CHECK(tp_wait_until(5000, folded, file)); /* on the consumer's thread */
+		folded_at = log_bytes(c);
+		folds++;
 	}
 	printf("fold policy: %d folds in 11 deltas of 25%% density\n", folds);
 	CHECK(folds >= 1 && folds <= 10);

@@ -41,7 +41,7 @@ bg w "$WC" consume "$s_CONS" m7 --until 1
 W=$LAST_PID
 wait_for 5 grep -qs "joined" "$TMP/s.log" || fail "consumer of broker s never joined"
 kill -STOP "$s_PID"
-sleep 3.5
+sleep 3.5 # the scenario: stopped for 3.5 heartbeats (1 s by default), not a wait
 kill -CONT "$s_PID"
 wait_for 5 grep -q "event loop busy" "$TMP/s.log" || fail "broker s did not notice its own stall"
 "$WC" produce "$s_PROD" m7 --versions 1 2>"$TMP/p3.err" || fail "producer to broker s exited $?"

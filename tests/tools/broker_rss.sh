@@ -19,7 +19,7 @@ for i in $(seq 1 50); do
 	"$WC" consume "$b_CONS" rss --until "$VERSIONS" --elems "$ELEMS" --timeout-ms 120000 >"$TMP/c$i.out" 2>&1 &
 	pids+=($!)
 done
-sleep 1
+wait_joined b 51 # the first consumer and these 50 have joined: the stream is under way
 rs=$(rss)
 for p in "${pids[@]}"; do wait "$p" || fail "consumer $p"; done
 r3=$(rss)

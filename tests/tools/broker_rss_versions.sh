@@ -10,17 +10,30 @@ ELEMS=${1:-1048576}
 VERSIONS=${2:-20}
 PPM=${3:-20000}
 rss() { local pid; eval "pid=\$${1}_PID"; awk '/VmRSS/ {print $2}' "/proc/$pid/status"; }
+# settled NAME: broker NAME has handled the producer's BYE and holds no
+# state for a broker-made anchor (/metrics).  A cut queued and not yet
+# begun shows the same: the broker exports no fold queue.
+settled() {
+	local m
+	eval "m=\$${1}_METRICS"
+	"$BUILD/deltacast" status --broker "$m" --raw 2>/dev/null | awk '
+		$1 == "deltacast_producers_connected" { p = $2 }
+		$1 == "deltacast_fold_state_bytes" { f = $2 }
+		END { exit !(p == "0" && f == "0") }'
+}
 log_payload() { sed -n "s/.*model $2: .*(\(anchor\|delta\), [0-9]* chunks, \([0-9]*\) bytes).*/\2/p" "$TMP/$1.log" | awk '{s+=$1} END {print s+0}'; }
 
 measure() { # NAME FRACTION
 	local name=$1 ep r0 r1 rn
-	start_broker "$name" --anchor-fraction "$2"
+	start_broker_metrics "$name" --anchor-fraction "$2"
 	eval "ep=\$${name}_PROD"
 	r0=$(rss "$name")
 	"$WC" produce "$ep" "v$name" --versions 1 --elems "$ELEMS" --density-ppm "$PPM" 2>"$TMP/p1$name.err" || fail producer
-	sleep 0.5; r1=$(rss "$name")
+	wait_for 10 settled "$name" || fail "broker $name did not settle"
+	r1=$(rss "$name")
 	"$WC" produce "$ep" "v$name" --versions "$VERSIONS" --elems "$ELEMS" --density-ppm "$PPM" 2>"$TMP/pn$name.err" || fail producer
-	sleep 0.5; rn=$(rss "$name")
+	wait_for 10 settled "$name" || fail "broker $name did not settle"
+	rn=$(rss "$name")
 	echo "--anchor-fraction $2: rss_kb start=$r0 1_version=$r1 ${VERSIONS}_versions=$rn" \
 		"(payload committed: $(log_payload "$name" "v$name") bytes; made anchors: $(grep -c 'made anchor' "$TMP/$name.log"))"
 	stop_broker "$name"

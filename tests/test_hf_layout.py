@@ -102,11 +102,16 @@ class Subscriber:
         with open(self.out) as f:
             return f.read()
 
-    def wait_line(self, line):
-        """Wait until `line` is printed; fails if the process exits first."""
+    def wait_line(self, line, timeout_s=60):
+        """Wait until `line` is printed; fails if the process exits first or
+        timeout_s pass."""
+        deadline = time.monotonic() + timeout_s
         while line + "\n" not in self.text():
             if self.p.poll() is not None and line + "\n" not in self.text():
                 raise AssertionError(f"subscriber exited {self.p.returncode} before {line!r}: "
+                                     f"{self.text()} {open(self.err).read()}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no {line!r} within {timeout_s} s: "
                                      f"{self.text()} {open(self.err).read()}")
             time.sleep(0.02)
 

@@ -41,16 +41,19 @@ class Proc:
             self.p = subprocess.Popen([sys.executable, *args], stdout=o, stderr=e, **kw)
         procs.append(self.p)
 
-    def wait_line(self, pattern):
-        """Wait until a line matches `pattern`; fails if the process exits first."""
+    def wait_line(self, pattern, timeout_s=60):
+        """Wait until a line matches `pattern`; fails if the process exits first
+        or timeout_s pass."""
         rx = re.compile(pattern, re.M)
+        deadline = time.monotonic() + timeout_s
         while True:
             exited = self.p.poll() is not None
             with open(self.out) as f:
                 if rx.search(f.read()):
                     return
-            if exited:
-                raise AssertionError(f"{self.name} exited {self.p.returncode} before /{pattern}/: "
+            if exited or time.monotonic() > deadline:
+                why = f"exited {self.p.returncode}" if exited else f"no line in {timeout_s} s"
+                raise AssertionError(f"{self.name} {why} before /{pattern}/: "
                                      f"{open(self.out).read()[-2000:]} {open(self.err).read()[-2000:]}")
             time.sleep(0.02)
 

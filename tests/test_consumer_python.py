@@ -9,7 +9,7 @@ import sys
 import tempfile
 
 # Shared with the producer's test: the sanitizer re-exec (runs on import)
-# and the broker start-up on PID-based ports.
+# and the broker start-up on ports it picks and logs.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_producer_python import procs, start_broker  # noqa: E402
 

@@ -4,6 +4,7 @@ producer_reader) receives every version bit-exact.  Errors surface as
 DeltacastError with the C code and message."""
 import json
 import os
+import re
 import shutil
 import signal
 import struct
@@ -38,24 +39,30 @@ BUILD = os.environ.get("DELTACAST_BUILD", "build")
 procs = []
 
 
-def start_broker(tmp):
-    for attempt in range(20):
-        port = 20000 + (os.getpid() * 131 + attempt * 977 + 7) % 30000
-        log = os.path.join(tmp, f"broker-{attempt}.log")
-        ep = (f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{port + 1}")
-        with open(log, "w") as f:
-            p = subprocess.Popen([os.path.join(BUILD, "deltacast-broker"), "--producers", ep[0],
-                                  "--consumers", ep[1]], stdout=f, stderr=f)
-        procs.append(p)
-        for _ in range(250):
-            if "consumers on" in open(log).read():
-                return ep
-            if p.poll() is not None:
-                break
-            time.sleep(0.02)
-        p.kill()
-        p.wait()
-    raise RuntimeError("no broker could start")
+def bound_endpoints(log):
+    """The (producers, consumers) endpoints the broker's log names, None
+    until it names both."""
+    text = open(log).read()
+    found = [re.search(rf"{role} on (tcp://127\.0\.0\.1:\d+)$", text, re.M)
+             for role in ("producers", "consumers")]
+    return tuple(m.group(1) for m in found) if all(found) else None
+
+
+def start_broker(tmp, *flags):
+    """A broker with `flags` on ports it picks itself (no port is guessed);
+    its (producers, consumers) endpoints once its log names them (10 s)."""
+    log = os.path.join(tmp, "broker.log")
+    with open(log, "w") as f:
+        p = subprocess.Popen([os.path.join(BUILD, "deltacast-broker"), "--producers",
+                              "tcp://127.0.0.1:*", "--consumers", "tcp://127.0.0.1:*", *flags],
+                             stdout=f, stderr=f)
+    procs.append(p)
+    deadline = time.monotonic() + 10
+    while not (eps := bound_endpoints(log)):
+        if p.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the broker did not start: {open(log).read()}")
+        time.sleep(0.02)
+    return eps
 
 
 def run_with_broker(prefix, body):

@@ -14,10 +14,9 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_producer_python import BUILD, procs  # noqa: E402  (sanitizer re-exec)
+from test_producer_python import BUILD, procs, start_broker  # noqa: E402  (sanitizer re-exec)
 
 import numpy as np  # noqa: E402
 
@@ -129,25 +128,8 @@ def start_curve_broker(tmp):
                        capture_output=True)
     with open(os.path.join(tmp, "producers"), "w") as f:
         f.write(open(os.path.join(tmp, "prod.public")).read())
-    for attempt in range(20):
-        port = 20000 + (os.getpid() * 137 + attempt * 971 + 11) % 30000
-        log = os.path.join(tmp, f"broker-{attempt}.log")
-        eps = (f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{port + 1}")
-        with open(log, "w") as f:
-            p = subprocess.Popen([os.path.join(BUILD, "deltacast-broker"), "--producers", eps[0],
-                                  "--consumers", eps[1], "--curve-secret",
-                                  os.path.join(tmp, "srv.secret"), "--producer-keys",
-                                  os.path.join(tmp, "producers")], stdout=f, stderr=f)
-        procs.append(p)
-        for _ in range(250):
-            if "consumers on" in open(log).read():
-                return eps
-            if p.poll() is not None:
-                break
-            time.sleep(0.02)
-        p.kill()
-        p.wait()
-    raise RuntimeError("no CURVE broker could start")
+    return start_broker(tmp, "--curve-secret", os.path.join(tmp, "srv.secret"),
+                        "--producer-keys", os.path.join(tmp, "producers"))
 
 
 def check_curve_and_log(tmp):

@@ -3,31 +3,15 @@
 # real broker as an anchor and deltas; the test reader's copy of the last
 # version equals the last file tensor by tensor; bad input is refused with a
 # clear message.
-set -u
-B=${DELTACAST_BUILD:-build}
+. "$(dirname "$0")/tools/broker_lib.sh"
+B=$BUILD
 PY=${PYTHON:-/usr/bin/python3}
-tmp=$(mktemp -d /tmp/dcast-test-producer-cli-XXXXXX)
-broker=
-cleanup() { [ -n "$broker" ] && kill -9 "$broker" 2>/dev/null && wait "$broker" 2>/dev/null; rm -rf "$tmp"; }
-trap cleanup EXIT
-fail() { echo "FAIL: $*"; exit 1; }
+tmp=$TMP
 
 "$B/deltacast" gen-trace --params 3M --steps 3 --density 0.01 -o "$tmp/trace" 2>/dev/null ||
 	fail "gen-trace"
-for attempt in $(seq 0 19); do
-	port=$((20000 + ($$ * 131 + attempt * 977 + 13) % 30000))
-	"$B/deltacast-broker" --producers "tcp://127.0.0.1:$port" \
-		--consumers "tcp://127.0.0.1:$((port + 1))" >"$tmp/broker.log" 2>&1 &
-	broker=$!
-	for _ in $(seq 250); do
-		grep -q "consumers on" "$tmp/broker.log" && break 2
-		kill -0 "$broker" 2>/dev/null || break
-		sleep 0.02
-	done
-	kill -9 "$broker" 2>/dev/null; wait "$broker" 2>/dev/null; broker=
-done
-[ -n "$broker" ] || fail "no broker started"
-ep="tcp://127.0.0.1:$port"
+start_broker b # on ports it picks and logs
+ep=$b_PROD
 
 "$B/deltacast" publish --broker "$ep" --model cli "$tmp"/trace/v000*.safetensors 2>"$tmp/pub.log" ||
 	{ cat "$tmp/pub.log"; fail "publish"; }
@@ -35,7 +19,7 @@ cat "$tmp/pub.log"
 [ "$(grep -c '^version' "$tmp/pub.log")" = 4 ] || fail "want 4 progress lines"
 grep -q '^version 1 anchor' "$tmp/pub.log" || fail "first version not an anchor"
 grep -q '^version 4 delta' "$tmp/pub.log" || fail "last version not a delta"
-"$B/tools/producer_reader" --endpoint "tcp://127.0.0.1:$((port + 1))" --model cli --until 4 \
+"$B/tools/producer_reader" --endpoint "$b_CONS" --model cli --until 4 \
 	--out "$tmp/got.safetensors" >/dev/null || fail "reader"
 "$PY" - "$tmp/got.safetensors" "$tmp/trace/v0003.safetensors" <<'PYEOF' || fail "content differs"
 import json, struct, sys
@@ -68,7 +52,7 @@ save(sys.argv[1] + "/w2.safetensors", ts)
 PYEOF
 "$B/deltacast" publish --broker "$ep" --model wide "$tmp/w1.safetensors" "$tmp/w2.safetensors" \
 	2>"$tmp/wide.log" || { cat "$tmp/wide.log"; fail "publish int64/float64/bool"; }
-"$B/tools/producer_reader" --endpoint "tcp://127.0.0.1:$((port + 1))" --model wide --until 2 \
+"$B/tools/producer_reader" --endpoint "$b_CONS" --model wide --until 2 \
 	--out "$tmp/wide.safetensors" >/dev/null || fail "reader of int64/float64/bool"
 "$PY" - "$tmp/wide.safetensors" "$tmp/w2.safetensors" <<'PYEOF' || fail "int64/float64/bool differ"
 import json, struct, sys

@@ -60,8 +60,9 @@ bound_in() {
 	kill -0 "$3" 2>/dev/null && logged_since "$1" "$2" "consumers on tcp://"
 }
 
-# wait_joined NAME N: broker NAME's log holds N consumer joins (what a test
-# waits for before it publishes to consumers that must be there live).
+# wait_joined NAME N: broker NAME's log holds N consumer joins, counted
+# since its start (consumers that already left count too; wait_consumers
+# counts those connected now, from /metrics).
 wait_joined() {
 	wait_for 10 joins_at_least "$TMP/$1.log" "$2" || fail "broker $1: fewer than $2 consumers joined"
 }
@@ -110,6 +111,45 @@ metric_at_least() {
 	local v
 	v=$("$BUILD/deltacast" status --broker "$1" --raw 2>/dev/null | awk -v s="$2" '$1 == s {print $2}')
 	[ -n "$v" ] && [ "$v" -ge "$3" ]
+}
+
+# metric_of HOST:PORT SAMPLE: SAMPLE's value on the broker's /metrics (name
+# with its labels, as printed); empty when the page has no such sample.
+metric_of() {
+	"$BUILD/deltacast" status --broker "$1" --raw 2>/dev/null | awk -v s="$2" '$1 == s {print $2}'
+}
+
+# metrics_addr NAME: set ADDR to broker NAME's metrics address
+# (start_broker_metrics), or fail.
+metrics_addr() {
+	eval "ADDR=\${${1}_METRICS:-}"
+	[ -n "$ADDR" ] || fail "broker $1 has no metrics listener (start it with start_broker_metrics)"
+}
+
+# wait_metric NAME SAMPLE VALUE [SECONDS]: wait (10 s unless told) until
+# broker NAME's SAMPLE is at VALUE or more, or fail naming what it is.
+wait_metric() {
+	local v
+	metrics_addr "$1"
+	wait_for "${4:-10}" metric_at_least "$ADDR" "$2" "$3" && return 0
+	v=$(metric_of "$ADDR" "$2")
+	fail "broker $1: $2 is ${v:-absent}, not $3 or more"
+}
+
+# check_metric NAME SAMPLE VALUE: broker NAME's SAMPLE is exactly VALUE
+# (VALUE empty: the page has no such sample), or fail.
+check_metric() {
+	local v
+	metrics_addr "$1"
+	v=$(metric_of "$ADDR" "$2")
+	[ "$v" = "$3" ] || fail "broker $1: $2 is ${v:-absent}, expected ${3:-absent}"
+}
+
+# wait_consumers NAME N: broker NAME (start_broker_metrics) has N consumers
+# connected (deltacast_consumers_connected): what a test waits for before it
+# publishes to consumers that must be there live.
+wait_consumers() {
+	wait_metric "$1" deltacast_consumers_connected "$2"
 }
 
 # logged_since LOG FROM TEXT: TEXT is in LOG at or after line FROM.

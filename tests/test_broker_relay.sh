@@ -4,10 +4,10 @@
 . "$(dirname "$0")/tools/broker_lib.sh"
 
 start_broker a
-start_broker r --upstream "$a_CONS" --upstream-model m8
+start_broker_metrics r --upstream "$a_CONS" --upstream-model m8
 bg c1 "$WC" consume "$r_CONS" m8 --until 15
 C1=$LAST_PID
-wait_joined r 1
+wait_consumers r 1
 "$WC" produce "$a_PROD" m8 --versions 15 2>"$TMP/p.err" || fail "producer exited $?"
 wait "$C1" || fail "live consumer of the relay exited $?"
 grep -q "applied=15 versions=15 anchors=1 .*bit-exact" "$TMP/c1.out" || fail "live: $(cat "$TMP/c1.out")"

@@ -152,6 +152,25 @@ wait_consumers() {
 	wait_metric "$1" deltacast_consumers_connected "$2"
 }
 
+# consumer_at_least HOST:PORT MODEL CLIENT VERSION: the consumer named
+# CLIENT (its HELLO's client name) of MODEL has VERSION or more
+# (deltacast_consumer_version, any slot).
+consumer_at_least() {
+	local v
+	v=$("$BUILD/deltacast" status --broker "$1" --raw 2>/dev/null |
+		awk -v s="deltacast_consumer_version{model=\"$2\",client=\"$3\"," 'index($1, s) == 1 {print $2; exit}')
+	[ -n "$v" ] && [ "$v" -ge "$4" ]
+}
+
+# wait_consumer NAME MODEL CLIENT VERSION: wait (10 s) until broker NAME
+# has the consumer CLIENT of MODEL at VERSION or more: one consumer, by
+# name, joined and served (not any consumer counted by the gauge).
+wait_consumer() {
+	metrics_addr "$1"
+	wait_for 10 consumer_at_least "$ADDR" "$2" "$3" "$4" ||
+		fail "broker $1: no consumer $3 of $2 at version $4: $("$BUILD/deltacast" status --broker "$ADDR" --raw | grep "^deltacast_consumer_version")"
+}
+
 # logged_since LOG FROM TEXT: TEXT is in LOG at or after line FROM.
 logged_since() {
 	tail -n +"$2" "$1" | grep -q "$3"

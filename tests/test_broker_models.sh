@@ -31,7 +31,7 @@ print(s.recv(4096).decode("latin1") or "closed", end="")' "$sock" "$req"
 
 # ---- deletion ----
 SOCK=$TMP/admin.sock
-start_broker d --max-models 2 --data-dir "$TMP/data" --admin-socket "$SOCK" --anchor-fraction 0
+start_broker_metrics d --max-models 2 --data-dir "$TMP/data" --admin-socket "$SOCK" --anchor-fraction 0
 [ "$(stat -c %a "$SOCK")" = 600 ] || fail "admin socket mode $(stat -c %a "$SOCK"), want 600"
 "$WC" produce "$d_PROD" a --versions 2 --seed 1 >"$TMP/a1.log" 2>&1 || fail "producer of a refused"
 "$WC" produce "$d_PROD" b --versions 2 >"$TMP/b1.log" 2>&1 || fail "producer of b refused"
@@ -43,13 +43,14 @@ kill -0 "$d_PID" || fail "the broker died on a HELLO past --max-models"
 [ "$(model_dir "$TMP/data" a)" = 1 ] && [ -f "$TMP/data/runs/61" ] || fail "no files of a"
 
 bg cons "$WC" consume "$d_CONS" a --until 99 --timeout-ms 60000
-wait_for 10 grep -q "consumer wire_client-$LAST_PID of a joined" "$TMP/d.log" || fail "consumer did not join"
+wait_consumer d a "wire_client-$LAST_PID" 2
 ! "$BUILD/deltacast" model delete nosuch --admin-socket "$SOCK" 2>"$TMP/nosuch.err" ||
 	fail "deleting a model that does not exist succeeded"
 grep -q "DCAST_ENOTFOUND: no model \"nosuch\"" "$TMP/nosuch.err" || fail "unclear: $(cat "$TMP/nosuch.err")"
 "$BUILD/deltacast" model delete a --admin-socket "$SOCK" >"$TMP/del.out" 2>&1 || fail "delete a failed"
 grep -q '^ok model "a" deleted' "$TMP/del.out" || fail "answer: $(cat "$TMP/del.out")"
 grep -q "model a: removed (deleted): operator request" "$TMP/d.log" || fail "no removal line"
+check_metric d deltacast_models_deleted_total 1
 grep -q "consumer wire_client-$LAST_PID of a: dropped: the model was removed" "$TMP/d.log" ||
 	fail "the consumer of a was not dropped"
 wait_for 10 grep -q "model a: segments deleted from" "$TMP/d.log" || fail "files of a not deleted"
@@ -95,18 +96,20 @@ stop_broker d2
 start_broker_metrics e --max-models 2 --model-idle-s 2 --data-dir "$TMP/data2" --anchor-fraction 0
 "$WC" produce "$e_PROD" kept --versions 1 >"$TMP/k.log" 2>&1 || fail "producer of kept refused"
 bg keeper "$WC" consume "$e_CONS" kept --until 99 --timeout-ms 60000
-wait_for 10 grep -q "consumer wire_client-$LAST_PID of kept joined" "$TMP/e.log" || fail "keeper did not join"
+wait_consumer e kept "wire_client-$LAST_PID" 1
 "$WC" produce "$e_PROD" idle1 --versions 1 >"$TMP/i1.log" 2>&1 || fail "producer of idle1 refused"
 ! "$WC" produce "$e_PROD" idle2 --versions 1 >"$TMP/i2a.log" 2>&1 || fail "a third model was accepted"
-wait_for 20 grep -q "model idle1: removed (expired): no producer, no consumer" "$TMP/e.log" ||
-	fail "idle1 did not expire"
+wait_metric e deltacast_models_expired_total 1 20
+grep -q "model idle1: removed (expired): no producer, no consumer" "$TMP/e.log" ||
+	fail "idle1 did not expire: $(grep -m1 'removed' "$TMP/e.log")"
 wait_for 10 grep -q "model idle1: segments deleted" "$TMP/e.log" || fail "files of idle1 not deleted"
 [ "$(model_dir "$TMP/data2" idle1)" = 0 ] || fail "files of idle1 left"
 "$WC" produce "$e_PROD" idle2 --versions 1 >"$TMP/i2b.log" 2>&1 || fail "idle2 refused after idle1 expired"
 # idle2's producer left after kept's: once idle2 expires, kept has been
 # without a producer longer than --model-idle-s, and only its consumer keeps it.
-wait_for 20 grep -q "model idle2: removed (expired)" "$TMP/e.log" || fail "idle2 did not expire"
-[ "$(count e "model kept: removed")" = 0 ] || fail "a model with a connected consumer expired"
+wait_metric e deltacast_models_expired_total 2 20
+grep -q "model idle2: removed (expired)" "$TMP/e.log" || fail "idle2 did not expire"
+check_metric e 'deltacast_model_version{model="kept"}' 1 # a model with a connected consumer does not expire
 [ "$(metric "$e_METRICS" deltacast_models_expired_total)" = 2 ] || fail "deltacast_models_expired_total not 2"
 stop_broker e
 start_broker e2 --max-models 2 --data-dir "$TMP/data2" --anchor-fraction 0
@@ -117,10 +120,10 @@ stop_broker e2
 # ---- deletion while the model's write is in flight ----
 # The writer deletes the files only after the write queued before: no
 # segment comes back, nothing is ACKed, the producer hears why.
-DELTACAST_BROKER_FAULT=slowdisk:1000 start_broker w --data-dir "$TMP/data3" \
+DELTACAST_BROKER_FAULT=slowdisk:1000 start_broker_metrics w --data-dir "$TMP/data3" \
 	--admin-socket "$TMP/admin3.sock" --anchor-fraction 0
 bg slowpub "$WC" produce "$w_PROD" slow --versions 1
-wait_for 10 grep -q "model slow: version 1 committed" "$TMP/w.log" || fail "slow did not commit"
+wait_metric w 'deltacast_model_version{model="slow"}' 1 # slow committed version 1
 "$BUILD/deltacast" model delete slow --admin-socket "$TMP/admin3.sock" >/dev/null || fail "delete slow failed"
 wait_for 10 grep -q "model slow: segments deleted" "$TMP/w.log" || fail "files of slow not deleted"
 ! wait "$LAST_PID" || fail "the producer of slow was ACKed"

@@ -27,11 +27,13 @@ run_new=$(sed -n 's/.*model m: created, run \([0-9a-f]*\).*/\1/p' "$TMP/a.log" |
 # The upstream is stopped while the relay restarts and a consumer joins
 # it: the relay has its restored log and no WELCOME from upstream yet.
 kill -STOP "$a_PID"
-start_broker r2 --upstream "$a_CONS" --upstream-model m --data-dir "$DATA" --anchor-fraction 0
-grep -q "segment: model m: 5 version(s) up to 5" "$TMP/r2.log" || fail "relay restored: $(grep -m1 'model m:' "$TMP/r2.log")"
+start_broker_metrics r2 --upstream "$a_CONS" --upstream-model m --data-dir "$DATA" --anchor-fraction 0
+# restored: 5 versions, up to 5
+check_metric r2 'deltacast_model_log_versions{model="m"}' 5
+check_metric r2 'deltacast_model_version{model="m"}' 5
 bg early "$WC" consume "$r2_CONS" m --until 3 --seed 2
 EARLY=$LAST_PID
-wait_joined r2 1
+wait_consumers r2 1
 kill -CONT "$a_PID"
 wait "$EARLY" || fail "early consumer of the restarted relay: $(tail -n 2 "$TMP/early.err")"
 grep -q "applied=3 .*bit-exact" "$TMP/early.out" || fail "early: $(cat "$TMP/early.out")"
@@ -45,11 +47,12 @@ grep -q "applied=3 .*bit-exact" "$TMP/late.out" || fail "late: $(cat "$TMP/late.
 stop_broker r2
 
 # Same run: the restored log is served, only what follows it is fetched.
-start_broker r3 --upstream "$a_CONS" --upstream-model m --data-dir "$DATA" --anchor-fraction 0
+start_broker_metrics r3 --upstream "$a_CONS" --upstream-model m --data-dir "$DATA" --anchor-fraction 0
 wait_for 10 grep -q "relay m: upstream serves run $run_new, the run of the restored log: serving it from version 3" \
 	"$TMP/r3.log" || fail "same run not confirmed: $(grep 'relay m' "$TMP/r3.log")"
 "$WC" consume "$r3_CONS" m --until 3 --seed 2 >"$TMP/c3.out" 2>"$TMP/c3.err" || fail "consumer of r3 exited $?"
-! grep -q "version [0-9]* committed\|dropped" "$TMP/r3.log" || fail "r3 fetched again what it kept"
+check_metric r3 deltacast_versions_committed_total 0 # r3 fetched nothing again
+! grep -q "dropped" "$TMP/r3.log" || fail "r3 dropped what it kept: $(grep -m1 dropped "$TMP/r3.log")"
 stop_broker r3
 
 # No run id kept with the log (a data dir from a broker before run ids):

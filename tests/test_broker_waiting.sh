@@ -6,7 +6,7 @@
 # once a producer creates it (with a second WELCOME naming the run).
 . "$(dirname "$0")/tools/broker_lib.sh"
 
-start_broker s --max-models 2
+start_broker_metrics s --max-models 2
 GHOSTS=()
 for i in 1 2 3 4 5 6 7 8; do
 	"$WC" consume "$s_CONS" "ghost$i" --until 1 --timeout-ms 60000 >"$TMP/ghost$i.log" 2>&1 &
@@ -19,9 +19,8 @@ later=$!
 timeout 60 "$BUILD/deltacast" subscribe --broker "$s_CONS" --model later --dir "$TMP/sub" --until 3 \
 	>"$TMP/sub.out" 2>"$TMP/sub.err" &
 sub=$!
-all_waiting() { [ "$(grep -c 'waits for a producer to create it' "$TMP/s.log")" -ge 10 ]; }
-wait_for 10 all_waiting ||
-	fail "consumers did not join: $(tail -3 "$TMP/s.log")"
+# all 10 joined (no model exists yet: each waits for a producer to create it)
+wait_consumers s 10
 "$WC" produce "$s_PROD" real --versions 2 >"$TMP/real.log" 2>&1 || fail "producer of a new model refused"
 "$WC" produce "$s_PROD" later --versions 3 >"$TMP/prod.log" 2>&1 || fail "producer of 'later' refused"
 wait "$later" || fail "the waiting consumer did not reach version 3 bit-exact"

@@ -380,7 +380,8 @@ static int tp_http_get(int port, const char *path)
 	return (int)n;
 }
 
-/* The value of the unlabelled sample `name` in tp_page, UINT64_MAX if absent. */
+/* The value of the sample `name` in tp_page (labels included as printed,
+ * e.g. deltacast_model_version{model="m"}), UINT64_MAX if absent. */
 static uint64_t tp_metric(const char *name)
 {
 	char needle[256], *p;
@@ -388,6 +389,13 @@ static uint64_t tp_metric(const char *name)
 	snprintf(needle, sizeof(needle), "\n%s ", name);
 	p = strstr(tp_page, needle);
 	return p ? strtoull(p + strlen(needle), NULL, 10) : UINT64_MAX;
+}
+
+/* Sample `name` on the broker's /metrics (port) now, UINT64_MAX when the
+ * page cannot be read or has no such sample. */
+static uint64_t tp_metric_now(int port, const char *name)
+{
+	return tp_http_get(port, "/metrics") > 0 ? tp_metric(name) : UINT64_MAX;
 }
 
 struct tp_metric_wait {

@@ -34,6 +34,7 @@ int main(void)
 	char srv_pub[41], srv_key[300], good_pub[41], good_key[300], bad_pub[41], bad_key[300];
 	char cons_pub[41], cons_key[300], keys[300], text[512], lim_pub[41], lim_key[300];
 	uint32_t rng = 99;
+	uint64_t v;
 
 	h_init();
 	REQUIRE(mkdtemp(dir));
@@ -61,6 +62,7 @@ int main(void)
 		 good_pub, lim_pub);
 	write_file(keys, text);
 	br.pport = br.cport = 0;
+	br.with_metrics = 1;
 	h_broker_start(&br);
 	CHECK(check_file_has(br.log, srv_pub));
 
@@ -69,6 +71,8 @@ int main(void)
 	h_hello(&bad, DCAST_ROLE_PRODUCER, DCAST_VERSION_NONE);
 	CHECK(tp_wait_log(br.log, bad_pub, 1, 10000));
 	CHECK(check_file_has(br.log, "refused producers peer"));
+	v = tp_metric_now(br.mport, "deltacast_auth_refused_total");
+	CHECK(v != UINT64_MAX && v >= 1); /* counted before its line is written */
 	h_client_open(&plain, br.pport, "secure/model");
 	h_hello(&plain, DCAST_ROLE_PRODUCER, DCAST_VERSION_NONE);
 
@@ -101,7 +105,9 @@ int main(void)
 	h_pump(&bad, 0, h_done_welcomed, 1);
 	h_pump(&plain, 0, h_done_welcomed, 1);
 	CHECK(!bad.welcomed && !plain.welcomed);
-	CHECK(check_count_in_file(br.log, "model secure/model: version") == 2);
+	CHECK(tp_metric_now(br.mport, "deltacast_versions_committed_total") == 2);
+	CHECK(tp_metric_now(br.mport, "deltacast_versions_aborted_total") == 0);
+	CHECK(tp_metric_now(br.mport, "deltacast_model_version{model=\"secure/model\"}") == 2);
 
 	h_client_close(&good);
 	h_client_close(&bad);

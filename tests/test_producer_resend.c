@@ -178,14 +178,11 @@ static void stop_proxy(int sig)
 /* (3): the broker commits v, its ACK is held by the proxy, which dies. */
 static void ack_lost(dcast_producer *p, uint64_t v)
 {
-	char line[64];
-
 	harness_perturb(w, N, 10000, &seed);
 	memcpy(want, w, N * 2ull);
 	hold_replies();
 	CHECK_ERR(dcast_producer_publish(p, v), 0);
-	snprintf(line, sizeof(line), "version %llu committed", (unsigned long long)v);
-	CHECK(tp_wait_log(b.log, line, 1, 5000));
+	CHECK(tp_wait_metric(b.mport, "deltacast_model_version{model=\"resend\"}", v, 5000));
 	stop_proxy(SIGKILL);
 	start_proxy(1);
 	CHECK_ERR(dcast_producer_wait(p, v, 20000), 0);
@@ -208,6 +205,7 @@ int main(void)
 	b.extra[b.n_extra++] = "1048576";
 	b.extra[b.n_extra++] = "--data-dir";
 	b.extra[b.n_extra++] = data;
+	b.with_metrics = 1;
 	REQUIRE(harness_broker_start(&b, dir) == 0);
 	dcast_producer_opts_init(&o);
 	o.connect_timeout_ms = 1000;

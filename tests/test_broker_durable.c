@@ -67,6 +67,7 @@ int main(void)
 	snprintf(data, sizeof(data), "%s/data", dir);
 	br.extra[br.n_extra++] = "--data-dir";
 	br.extra[br.n_extra++] = data;
+	br.with_metrics = 1;
 	h_broker_start(&br);
 
 	/* Publish an anchor and deltas; every one ACKed (= durable). */
@@ -83,7 +84,9 @@ int main(void)
 	/* SIGKILL, restart on the same ports and data dir: no producer. */
 	tp_broker_kill(&br, SIGKILL);
 	h_broker_start(&br);
-	CHECK(check_file_has(br.log, "6 committed version(s) restored"));
+	/* the 6 committed versions restored */
+	CHECK(tp_metric_now(br.mport, "deltacast_model_log_versions{model=\"durable/model\"}") == VERSIONS);
+	CHECK(tp_metric_now(br.mport, "deltacast_model_version{model=\"durable/model\"}") == VERSIONS);
 	h_client_open(&cons, br.cport, "durable/model");
 	CHECK(h_consume_until(&cons, DCAST_VERSION_NONE, VERSIONS, 100) == 0);
 	CHECK(cons.welcome_version == VERSIONS);

@@ -38,7 +38,7 @@ MADDR=$s_METRICS
 "$WC" produce "$s_PROD" stm --versions 7 --density-ppm 50000 2>"$TMP/p.err" || fail "producer exited $?"
 bg c "$WC" consume "$s_CONS" stm --until 1000 --density-ppm 50000 --stats "$TMP/c.stats"
 wait_for 10 grep -qs "applied=7 " "$TMP/c.stats" || fail "consumer did not reach version 7"
-wait_for 10 grep -q "made anchor 6 " "$TMP/s.log" || fail "no made anchor 6"
+wait_metric s 'deltacast_model_anchor_version{model="stm"}' 6 # made anchor 6
 got_acks() { "$CLI" status --broker "$MADDR" >"$TMP/st.out" 2>&1 && grep -qE '^[0-9]+ +wire_client-[0-9]+ +stm +7 +0$' "$TMP/st.out"; }
 wait_for 10 got_acks || fail "status has no consumer row at version 7, lag 0: $(cat "$TMP/st.out")"
 grep -qE '^stm +7 +6 +2$' "$TMP/st.out" || fail "status model row (version 7, anchor 6, log 2): $(cat "$TMP/st.out")"

@@ -14,7 +14,7 @@
 
 N=${CROWD_N:-16}
 ELEMS=${CROWD_ELEMS:-100000000}
-start_broker s --heartbeat-ms "${CROWD_HB:-1000}"
+start_broker_metrics s --heartbeat-ms "${CROWD_HB:-1000}"
 "$WC" produce "$s_PROD" crowd --tensors 8 --elems $((ELEMS / 8)) --versions 1 \
 	>"$TMP/prod.log" 2>&1 || fail "producer exited $?"
 SUBS=()
@@ -27,7 +27,7 @@ for i in $(seq 1 $N); do
 	wait "${SUBS[$((i - 1))]}" || fail "subscriber $i exited $?"
 	grep -q "^version 1 anchor " "$TMP/w$i.out" || fail "subscriber $i did not apply the anchor"
 done
-dropped=$(grep -c "silent for" "$TMP/s.log")
+dropped=$(metric_of "$s_METRICS" deltacast_peers_timed_out_total)
 rejoins=$(cat "$TMP"/w*.err | grep -c "re-joining\|reconnecting")
 refused=$(cat "$TMP"/w*.err | grep -c "refused")
 byes=$(grep -c 'said BYE' "$TMP/s.log")

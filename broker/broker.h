@@ -215,6 +215,7 @@ struct broker_stats {
 	uint32_t producers_connected, consumers_connected;
 	uint64_t errors[DCAST_ERR_COUNT]; /* inbound messages refused, by code */
 	uint64_t peers_timed_out;
+	uint64_t consumer_joins;         /* consumer HELLOs taken: joins and re-joins */
 	uint64_t anchors_made, anchor_digest_errors; /* broker-made anchors (fold.c) */
 	uint64_t durable_failures;       /* versions that did not become durable */
 	uint64_t loop_stall_max_ns;      /* longest loop turn spent on durable work */

@@ -261,6 +261,7 @@ static void consumer_hello(struct broker *b, struct broker_peer *p, dcast_wire_i
 	}
 	if (!p->want[0])
 		b->stats.consumers_connected++;
+	b->stats.consumer_joins++;
 	broker_peer_reset(p);
 	p->role = DCAST_ROLE_CONSUMER;
 	p->model = m;

@@ -224,6 +224,7 @@ size_t broker_metrics_render(const struct broker *b, char *buf, size_t cap)
 	gauge(&o, "producers_connected", "producer parts connected", st->producers_connected);
 	gauge(&o, "consumers_connected", "consumers connected", st->consumers_connected);
 	gauge(&o, "consumers_blocked", "consumers whose pipe was full on the last send", consumers_blocked(b));
+	counter(&o, "consumer_joins_total", "consumer HELLOs taken: joins and re-joins", st->consumer_joins);
 	counter(&o, "peers_timed_out_total", "peers dropped after heartbeats", st->peers_timed_out);
 	counter(&o, "auth_refused_total", "peers refused by the ZAP handler", broker_auth_refused(b));
 	counter(&o, "anchors_made_total", "anchors the broker made by folding deltas", st->anchors_made);

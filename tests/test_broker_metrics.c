@@ -54,6 +54,7 @@ int main(void)
 	CHECK(strncmp(tp_page, "HTTP/1.0 200 OK", 15) == 0);
 	CHECK(tp_metric("deltacast_versions_committed_total") == 3);
 	CHECK(tp_metric("deltacast_consumers_connected") == 1);
+	CHECK(tp_metric("deltacast_consumer_joins_total") == 1); /* one HELLO, no re-join */
 	CHECK(tp_metric("deltacast_producers_connected") == 1);
 	CHECK(tp_metric("deltacast_bytes_in_total") > 0);
 	CHECK(tp_metric("deltacast_bytes_out_total") == tp_metric("deltacast_bytes_in_total"));

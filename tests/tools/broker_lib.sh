@@ -60,15 +60,11 @@ bound_in() {
 	kill -0 "$3" 2>/dev/null && logged_since "$1" "$2" "consumers on tcp://"
 }
 
-# wait_joined NAME N: broker NAME's log holds N consumer joins, counted
-# since its start (consumers that already left count too; wait_consumers
-# counts those connected now, from /metrics).
+# wait_joined NAME N: broker NAME (start_broker_metrics) took N consumer
+# joins since its start, re-joins and consumers that already left included
+# (deltacast_consumer_joins_total; wait_consumers counts those connected now).
 wait_joined() {
-	wait_for 10 joins_at_least "$TMP/$1.log" "$2" || fail "broker $1: fewer than $2 consumers joined"
-}
-
-joins_at_least() {
-	[ "$(grep -c 'consumer .* joined' "$1")" -ge "$2" ]
+	wait_metric "$1" deltacast_consumer_joins_total "$2"
 }
 
 # stop_broker NAME: SIGTERM, expect exit 0 (a clean shutdown).

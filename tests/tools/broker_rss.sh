@@ -8,7 +8,7 @@ ELEMS=${1:-262144}
 VERSIONS=${2:-20}
 rss() { awk '/VmRSS/ {print $2}' "/proc/$b_PID/status"; }
 
-start_broker b
+start_broker_metrics b
 r0=$(rss)
 "$WC" produce "$b_PROD" rss --versions "$VERSIONS" --elems "$ELEMS" 2>"$TMP/p.err" || fail producer
 r1=$(rss)

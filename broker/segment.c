@@ -447,21 +447,20 @@ struct seg_scan {
 	int kind_last;
 };
 
-static int chunk_fits(const dcast_rec *r, const dcast_msg *msg, const struct seg_scan *sc,
-		      const void *payload)
+/* The message's version is the record's (dcast_rec_msg). */
+static int chunk_fits(const dcast_rec *r, const dcast_msg *msg, const struct seg_scan *sc)
 {
 	return dcast_msg_check_payload(msg, r->payload_len) == 0 &&
-	       msg->u.chunk.version == r->version && (!sc->chunks || sc->version == r->version) &&
+	       (!sc->chunks || sc->version == r->version) &&
 	       (!sc->out.units || r->version > sc->last_version) &&
-	       dcast_chunk_verify_sum(&msg->u.chunk, r->payload_sum) == 0 &&
-	       (payload || !r->payload_len);
+	       dcast_chunk_verify_sum(&msg->u.chunk, r->payload_sum) == 0;
 }
 
 static int commit_fits(const dcast_rec *r, const dcast_msg *msg, const struct seg_scan *sc)
 {
 	const dcast_commit *c = &msg->u.commit;
 
-	return c->version == r->version && (!sc->chunks || sc->version == r->version) &&
+	return (!sc->chunks || sc->version == r->version) &&
 	       c->chunks == sc->chunks && c->bytes == sc->bytes && (sc->out.units || c->anchor) &&
 	       (!sc->out.units || r->version > sc->last_version);
 }
@@ -492,24 +491,20 @@ static int check_file_record(const dcast_rec *r, const uint8_t *hdr, struct seg_
 static int check_record(void *ctx, uint64_t off, const dcast_rec *r, const uint8_t *hdr,
 			const uint8_t *payload, char *why, size_t why_cap)
 {
-	static const uint32_t want_type[] = {0, 0, DCAST_MSG_MANIFEST, DCAST_MSG_CHUNK,
-					     DCAST_MSG_COMMIT};
 	struct seg_scan *sc = ctx;
 	dcast_msg msg;
 	int rc = 0;
 
-	(void)off;
+	(void)off, (void)payload; /* checked against r->payload_sum by the scan */
 	if (!order_ok(r->kind, sc->kind_last))
 		return snprintf(why, why_cap, "record kind %u out of order", r->kind), -1;
 	sc->kind_last = r->kind;
 	if (r->kind == BROKER_SEG_FILE)
 		return check_file_record(r, hdr, sc) ? (snprintf(why, why_cap, "bad FILE record"), -1) : 0;
-	if (dcast_msg_decode(hdr, r->hdr_len, &msg))
+	if (dcast_rec_msg(r, hdr, &msg))
 		return snprintf(why, why_cap, "header: %s", dcast_last_error()), -1;
-	if (msg.type != want_type[r->kind])
-		rc = -1;
-	else if (r->kind == BROKER_SEG_CHUNK)
-		rc = chunk_fits(r, &msg, sc, payload) ? 0 : -1;
+	if (r->kind == BROKER_SEG_CHUNK)
+		rc = chunk_fits(r, &msg, sc) ? 0 : -1;
 	else if (r->kind == BROKER_SEG_COMMIT)
 		rc = commit_fits(r, &msg, sc) ? 1 : -1;
 	if (rc < 0)

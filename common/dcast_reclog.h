@@ -28,6 +28,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include "deltacast/schema.h"
 
 #define DCAST_REC_PREFIX 40u   /* fixed part of a record, before its header */
 #define DCAST_REC_FORMAT '3'   /* the magic's last byte this build writes and reads */
@@ -110,6 +111,14 @@ typedef struct dcast_rec_scan_out {
  * DCAST_EPROTO_VERSION (out->why names the record). */
 int dcast_rec_scan(dcast_rec_reader *rd, int payload, dcast_rec_fn fn, void *ctx,
 		   dcast_rec_scan_out *out);
+
+/* The message in record r's header (hdr[0..r->hdr_len), as dcast_rec_read
+ * or a scan's callback has it), decoded by the schema's strict decoder into
+ * *m, checked to be what r's kind holds (MANIFEST, CHUNK, COMMIT) and, for a
+ * CHUNK or COMMIT, of r's version.  On 0 the caller frees m
+ * (dcast_msg_free).  Errors: the decoder's, DCAST_ECORRUPT (a FILE record,
+ * or another message or version than the record says: named). */
+int dcast_rec_msg(const dcast_rec *r, const uint8_t *hdr, dcast_msg *m);
 
 /* Offset of the next record magic of this format at or after off in fd,
  * or size if there is none before it: where to look again after a damaged

@@ -192,6 +192,30 @@ int dcast_rec_scan(dcast_rec_reader *rd, int payload, dcast_rec_fn fn, void *ctx
 	return 0;
 }
 
+static int msg_fits(const dcast_rec *r, const dcast_msg *m)
+{
+	static const uint32_t holds[] = {0, 0, DCAST_MSG_MANIFEST, DCAST_MSG_CHUNK, DCAST_MSG_COMMIT};
+	uint64_t v = m->type == DCAST_MSG_CHUNK ? m->u.chunk.version : m->u.commit.version;
+
+	if (r->kind >= DCAST_ARRAY_LEN(holds) || m->type != holds[r->kind])
+		return dcast_fail(DCAST_ECORRUPT, "record of kind %u holds a %s", r->kind,
+				  dcast_msg_type_name((int)m->type));
+	if (r->kind != DCAST_REC_MANIFEST && v != r->version)
+		return dcast_fail(DCAST_ECORRUPT, "%s of version %llu in a record of version %llu",
+				  dcast_msg_type_name((int)m->type), (unsigned long long)v,
+				  (unsigned long long)r->version);
+	return 0;
+}
+
+int dcast_rec_msg(const dcast_rec *r, const uint8_t *hdr, dcast_msg *m)
+{
+	int err = dcast_msg_decode(hdr, r->hdr_len, m);
+
+	if (!err && (err = msg_fits(r, m)))
+		dcast_msg_free(m);
+	return err;
+}
+
 uint64_t dcast_rec_next_magic(int fd, uint64_t off, uint64_t size)
 {
 	static const uint8_t magic[4] = {'D', 'C', 'R', DCAST_REC_FORMAT};

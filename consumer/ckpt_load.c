@@ -1,7 +1,7 @@
 /* Reading the local checkpoint back: load at open (anchor file, then every
  * whole record file in version order, cutting a torn or corrupt tail),
- * and restore after a failed apply that could not undo in memory.  Record
- * layout: consumer_impl.h; the anchor file: anchor.c. */
+ * and restore after a failed apply that could not undo in memory.  Records:
+ * common/dcast_reclog.h and ckpt.c; the anchor file: anchor.c. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -59,24 +59,18 @@ static int replay_commit(struct replay_file *f, dcast_commit *m)
 	return 0;
 }
 
-/* One record's message, through the version's steps; 1 when it closes the
- * version (COMMIT). */
+/* One record's message (of the record's kind and version: dcast_rec_msg),
+ * through the version's steps; 1 when it closes the version (COMMIT). */
 static int replay_msg(struct replay_file *f, uint64_t off, const dcast_rec *r, dcast_msg *m)
 {
-	static const uint32_t want[] = {0, 0, DCAST_MSG_MANIFEST, DCAST_MSG_CHUNK, DCAST_MSG_COMMIT};
-	uint64_t version = m->type == DCAST_MSG_CHUNK ? m->u.chunk.version : m->u.commit.version;
-
-	if (m->type != want[r->kind])
-		return dcast_fail(DCAST_ECORRUPT, "record of kind %u holds a %s", r->kind,
-				  dcast_msg_type_name((int)m->type));
 	if (r->kind == DCAST_REC_MANIFEST) {
 		if (f->records != 2)
 			return dcast_fail(DCAST_ECORRUPT, "MANIFEST record not second");
 		f->manifest = 1;
 		return cs_manifest_take(f->c, &m->u.manifest);
 	}
-	if (version != f->v->version || r->version != version)
-		return dcast_fail(DCAST_ECORRUPT, "a record of version %" PRIu64, version);
+	if (r->version != f->v->version)
+		return dcast_fail(DCAST_ECORRUPT, "a record of version %" PRIu64, r->version);
 	if (r->kind == DCAST_REC_CHUNK)
 		return replay_chunk(f, off, r, &m->u.chunk);
 	return replay_commit(f, &m->u.commit) ? -1 : 1;
@@ -98,7 +92,7 @@ static int on_record(void *ctx, uint64_t off, const dcast_rec *r, const uint8_t 
 		return r->kind == DCAST_REC_FILE ? 0 : WHY("no FILE record first");
 	if (r->kind == DCAST_REC_FILE || f->v->state == CS_V_READY)
 		return WHY("record of kind %u at offset %" PRIu64 " out of place", r->kind, off);
-	if (dcast_msg_decode(hdr, r->hdr_len, &m))
+	if (dcast_rec_msg(r, hdr, &m))
 		return WHY("record at offset %" PRIu64 ": %s", off, dcast_last_error());
 	rc = replay_msg(f, off, r, &m);
 	dcast_msg_free(&m);

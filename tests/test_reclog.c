@@ -596,6 +596,46 @@ static void run_case(const char *name, void (*fn)(void))
 	fflush(stdout);
 }
 
+/* dcast_rec_msg: msgpack message m encoded as the header of a record of
+ * kind and version; its result. */
+static int msg_as(const dcast_msg *m, uint16_t kind, uint64_t version)
+{
+	dcast_rec r = {kind, 0, 0, version, 0};
+	dcast_msg out;
+	void *enc = NULL;
+	size_t len = 0;
+	int err;
+
+	REQUIRE(dcast_msg_encode(m, &enc, &len) == 0);
+	r.hdr_len = (uint32_t)len;
+	err = dcast_rec_msg(&r, enc, &out);
+	if (!err) {
+		CHECK(out.type == m->type);
+		dcast_msg_free(&out);
+	}
+	free(enc);
+	return err;
+}
+
+/* A record's header is the message its kind holds, of its version. */
+static void test_msg(void)
+{
+	dcast_msg m;
+
+	dcast_msg_init(&m, DCAST_MSG_COMMIT);
+	strcpy(m.u.commit.model, "m");
+	m.u.commit.version = 7;
+	m.u.commit.base_version = 6;
+	CHECK_ERR(msg_as(&m, DCAST_REC_COMMIT, 7), 0);
+	CHECK_ERR(msg_as(&m, DCAST_REC_COMMIT, 8), DCAST_ECORRUPT); /* another version */
+	CHECK(strstr(dcast_last_error(), "version 7 in a record of version 8") != NULL);
+	CHECK_ERR(msg_as(&m, DCAST_REC_CHUNK, 7), DCAST_ECORRUPT);  /* another kind */
+	CHECK(strstr(dcast_last_error(), "holds a COMMIT") != NULL);
+	CHECK_ERR(msg_as(&m, DCAST_REC_FILE, 7), DCAST_ECORRUPT);   /* FILE holds a name */
+	dcast_rec r = {DCAST_REC_COMMIT, 3, 0, 7, 0};
+	CHECK(dcast_rec_msg(&r, (const uint8_t *)"\xc1\xc1\xc1", &m) != 0); /* not msgpack */
+}
+
 int main(void)
 {
 	const char *seed = getenv("DCAST_TEST_SEED");
@@ -615,6 +655,7 @@ int main(void)
 	run_case("limits", test_limits);
 	run_case("next_magic", test_next_magic);
 	run_case("dirs", test_dirs);
+	run_case("msg", test_msg);
 	close(fd);
 	dcast_rec_reader_free(&rd);
 	free(img);

@@ -41,11 +41,6 @@ static uint64_t undo_bytes(const cs_chunk *k)
 	return (k->info.encoding == DCAST_ENC_DENSE ? k->info.count : k->info.changed) * k->info.elem_size;
 }
 
-static unsigned char *dst_of(dcast_consumer *c, const cs_chunk *k)
-{
-	return c->tensors[k->tensor].ptr + k->start * k->info.elem_size;
-}
-
 /* Write k (old values to old unless NULL); *p is the payload it wrote. */
 static int write_chunk(dcast_consumer *c, const cs_version *v, const cs_chunk *k, unsigned char *old,
 		       const unsigned char **p, const uint32_t **pos)
@@ -56,7 +51,7 @@ static int write_chunk(dcast_consumer *c, const cs_version *v, const cs_chunk *k
 	if ((err = cs_chunk_payload(c, v, k, p)) || k->file_off == CS_IN_PLACE)
 		return err; /* in place: written as it arrived */
 	if (old && k->info.encoding == DCAST_ENC_DENSE) {
-		memcpy(old, dst_of(c, k), undo_bytes(k));
+		memcpy(old, cs_chunk_dst(c, k), undo_bytes(k));
 		old = NULL;
 	}
 	if (c->tensors[k->tensor].n_views) /* their update takes the positions decoded here */
@@ -74,10 +69,10 @@ static int undo_chunks(dcast_consumer *c, const cs_version *v, uint32_t n, unsig
 		const unsigned char *p;
 		undo_off -= undo_bytes(k);
 		if (k->info.encoding == DCAST_ENC_DENSE) {
-			memcpy(dst_of(c, k), undo + undo_off, undo_bytes(k));
+			memcpy(cs_chunk_dst(c, k), undo + undo_off, undo_bytes(k));
 			continue;
 		}
-		if (cs_chunk_payload(c, v, k, &p) || dcast_codec_revert(&k->info, p, dst_of(c, k), undo + undo_off)) {
+		if (cs_chunk_payload(c, v, k, &p) || dcast_codec_revert(&k->info, p, cs_chunk_dst(c, k), undo + undo_off)) {
 			DCAST_LOG_E("consumer %s: undo of version %" PRIu64 " chunk %u failed: %s", c->model,
 				    v->version, i, dcast_last_error());
 			failed = 1;

@@ -282,6 +282,12 @@ static inline void cs_credit_free(dcast_consumer *c, uint64_t bytes)
 	c->ss.credit_pending += bytes;
 }
 
+/* Where chunk k's range starts in its live tensor (host or device). */
+static inline unsigned char *cs_chunk_dst(const dcast_consumer *c, const cs_chunk *k)
+{
+	return c->tensors[k->tensor].ptr + k->start * k->info.elem_size;
+}
+
 /* The staged version `version`, or NULL. */
 static inline cs_version *cs_version_find(dcast_consumer *c, uint64_t version)
 {

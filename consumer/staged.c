@@ -109,7 +109,7 @@ int cs_chunk_payload(dcast_consumer *c, const cs_version *v, const cs_chunk *k, 
 		return 0;
 	}
 	if (k->file_off == CS_IN_PLACE) {
-		*out = c->tensors[k->tensor].ptr + k->start * k->info.elem_size;
+		*out = cs_chunk_dst(c, k);
 		return 0;
 	}
 	if ((err = cs_ckpt_read_payload(c, v, k, cs_pool_scratch(&c->pool))))

@@ -86,9 +86,13 @@ struct broker_manifest {
 
 /* One stored chunk: the header frame as consumers get it (part 0, seq = its
  * index in the version) and the payload frame as it arrived; sent with
- * zmq_msg_copy, so every consumer shares the one payload in memory. */
+ * zmq_msg_copy, so every consumer shares the one payload in memory.
+ * payload_sum is dcast_checksum() of the payload, computed once where the
+ * chunk enters (checked on ingest, made by a fold, read back from disk) and
+ * handed to the durable record, which would otherwise hash it again. */
 struct broker_chunk {
 	zmq_msg_t hdr, payload;
+	uint64_t payload_sum;
 };
 
 /* A committed version.  Refcounted: the log holds one reference and every
@@ -112,6 +116,7 @@ struct broker_version {
 struct broker_pending_chunk {
 	dcast_chunk c;
 	zmq_msg_t payload;
+	uint64_t payload_sum; /* checked against c.checksum on ingest */
 };
 
 struct broker_part {

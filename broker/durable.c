@@ -36,6 +36,7 @@
 struct durable_rec {
 	const void *hdr, *payload;
 	size_t hdr_len, payload_len;
+	uint64_t payload_sum;
 };
 
 /* One version to make durable.  Set on the loop before it is queued and
@@ -152,7 +153,7 @@ static int job_write(struct broker_durable *d, struct durable_job *j)
 	for (uint32_t i = 0; !rc && i < j->n_rec; i++)
 		rc = broker_seg_append_chunk(d->store, j->model, j->version, j->rec[i].hdr,
 					     j->rec[i].hdr_len, j->rec[i].payload,
-					     j->rec[i].payload_len);
+					     j->rec[i].payload_len, j->rec[i].payload_sum);
 	if (rc) {
 		broker_seg_abort(d->store, j->model);
 		return rc;
@@ -235,7 +236,8 @@ static void job_capture(struct durable_job *j, struct broker_version *v)
 		j->rec[i] = (struct durable_rec){zmq_msg_data(&v->chunks[i].hdr),
 						 zmq_msg_data(&v->chunks[i].payload),
 						 zmq_msg_size(&v->chunks[i].hdr),
-						 zmq_msg_size(&v->chunks[i].payload)};
+						 zmq_msg_size(&v->chunks[i].payload),
+						 v->chunks[i].payload_sum};
 	j->n_rec = v->n_chunks;
 	j->commit = zmq_msg_data(&v->commit_hdr);
 	j->commit_len = zmq_msg_size(&v->commit_hdr);
@@ -460,13 +462,13 @@ static int restore_version_new(struct restore *r, uint64_t version)
 	return 0;
 }
 
-static int restore_chunk(struct restore *r, uint64_t version, const void *hdr, size_t hdr_len,
-			 const void *payload, size_t payload_len)
+static int restore_chunk(struct restore *r, const dcast_rec *rec, const void *hdr, const void *payload)
 {
+	struct broker_chunk *ch;
 	struct broker_version *v;
 	int rc;
 
-	if (!r->v && (rc = restore_version_new(r, version)))
+	if (!r->v && (rc = restore_version_new(r, rec->version)))
 		return rc;
 	v = r->v;
 	if (v->n_chunks == r->cap) {
@@ -478,14 +480,16 @@ static int restore_chunk(struct restore *r, uint64_t version, const void *hdr, s
 		v->chunks = c;
 		r->cap = cap;
 	}
-	if ((rc = frame_copy(&v->chunks[v->n_chunks].hdr, hdr, hdr_len)))
+	ch = &v->chunks[v->n_chunks];
+	if ((rc = frame_copy(&ch->hdr, hdr, rec->hdr_len)))
 		return rc;
-	if ((rc = frame_copy(&v->chunks[v->n_chunks].payload, payload, payload_len))) {
-		zmq_msg_close(&v->chunks[v->n_chunks].hdr);
+	if ((rc = frame_copy(&ch->payload, payload, rec->payload_len))) {
+		zmq_msg_close(&ch->hdr);
 		return rc;
 	}
+	ch->payload_sum = rec->payload_sum; /* checked by the load */
 	v->n_chunks++;
-	v->payload_bytes += payload_len;
+	v->payload_bytes += rec->payload_len;
 	return 0;
 }
 
@@ -536,20 +540,20 @@ static int restore_lost(struct restore *r, const char *model, uint64_t whole)
 	return 0;
 }
 
-static int restore_visit(void *ctx, const char *model, int kind, uint64_t version,
-			 const void *hdr, size_t hdr_len, const void *payload, size_t payload_len)
+static int restore_visit(void *ctx, const char *model, const dcast_rec *rec, const void *hdr,
+			 const void *payload)
 {
 	struct restore *r = ctx;
 
-	if (kind == BROKER_SEG_MANIFEST)
-		return restore_manifest(r, model, hdr, hdr_len);
-	if (kind == BROKER_SEG_LOST)
-		return restore_lost(r, model, version);
+	if (rec->kind == BROKER_SEG_MANIFEST)
+		return restore_manifest(r, model, hdr, rec->hdr_len);
+	if (rec->kind == BROKER_SEG_LOST)
+		return restore_lost(r, model, rec->version);
 	if (!r->m)
 		return dcast_fail(DCAST_ECORRUPT, "restore: %s: version before its manifest", model);
-	if (kind == BROKER_SEG_CHUNK)
-		return restore_chunk(r, version, hdr, hdr_len, payload, payload_len);
-	return restore_commit(r, version, hdr, hdr_len);
+	if (rec->kind == BROKER_SEG_CHUNK)
+		return restore_chunk(r, rec, hdr, payload);
+	return restore_commit(r, rec->version, hdr, rec->hdr_len);
 }
 
 static struct broker_durable *durable_new(void)

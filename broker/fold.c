@@ -364,7 +364,8 @@ static int cut_chunk(const char *model, struct broker_fold *f, uint64_t *bytes)
 	hm.u.chunk.encoding = DCAST_ENC_DENSE;
 	hm.u.chunk.changed = count;
 	hm.u.chunk.payload_bytes = *bytes;
-	dcast_chunk_seal(&hm.u.chunk, zmq_msg_data(&ch->payload));
+	ch->payload_sum = dcast_checksum(zmq_msg_data(&ch->payload), *bytes);
+	hm.u.chunk.checksum = dcast_chunk_checksum(&hm.u.chunk, ch->payload_sum);
 	cut->next_chunk++;
 	cut->v->payload_bytes += *bytes;
 	cut->start += count;

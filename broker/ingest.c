@@ -7,6 +7,7 @@
 #include "broker.h"
 #include "auth.h" /* producer keys tied to models */
 #include "dcast_common.h"
+#include "deltacast/codec.h" /* dcast_checksum */
 #include "durable.h" /* --data-dir: ACK on the durable completion */
 
 #define MAX_PART_CHUNKS (1u << 24) /* chunks of one part's version held at once */
@@ -237,12 +238,14 @@ int broker_pending_chunk(struct broker *b, struct broker_model *m, uint32_t part
 	const dcast_chunk *c = &in->msg.u.chunk;
 	struct broker_pending_chunk *pc;
 	struct broker_part *pt;
+	uint64_t sum;
 	int rc;
 
 	if ((rc = pending_match(m, pd, c->version, c->anchor, c->base_version, part)) ||
 	    (rc = broker_chunk_check(pd->manifest, c)))
 		return rc;
-	if ((rc = dcast_chunk_verify(c, zmq_msg_data(&in->payload)))) /* header too, empty payload or not */
+	sum = dcast_checksum(zmq_msg_data(&in->payload), c->payload_bytes);
+	if ((rc = dcast_chunk_verify_sum(c, sum))) /* header too, empty payload or not */
 		return rc;
 	if ((rc = pending_charge(b, m, PENDING_CHUNK_BYTES + c->payload_bytes, "a CHUNK")))
 		return rc;
@@ -251,6 +254,7 @@ int broker_pending_chunk(struct broker *b, struct broker_model *m, uint32_t part
 		return rc;
 	pc = &pt->chunks[pt->n++];
 	pc->c = *c;
+	pc->payload_sum = sum;
 	payload_keep(&pc->payload, in);
 	pt->seen = 1;
 	pt->last_ms = dcast_now_ms();
@@ -407,6 +411,7 @@ static int version_chunks(struct broker_version *v, struct broker_pending *pd)
 			}
 			zmq_msg_init(&v->chunks[k].payload);
 			zmq_msg_move(&v->chunks[k].payload, &pd->part[i].chunks[j].payload);
+			v->chunks[k].payload_sum = pd->part[i].chunks[j].payload_sum;
 		}
 	return 0;
 }

@@ -217,27 +217,34 @@ static int queue_write(broker_seg_store *s, struct seg_file *f, const void *buf,
 	return rc;
 }
 
-/* Queue one record at the end of f. */
-static int put_record(broker_seg_store *s, struct seg_file *f, int kind, uint64_t version,
-		      const void *hdr, size_t hdr_len, const void *payload, size_t payload_len)
+/* Queue one record at the end of f (lengths checked by the caller). */
+static int put_record(broker_seg_store *s, struct seg_file *f, const dcast_rec *r,
+		      const void *hdr, const void *payload)
 {
 	uint8_t *p;
 	int rc;
 
-	if (hdr_len > DCAST_MAX_HEADER_BYTES || payload_len > DCAST_MAX_CHUNK_BYTES)
-		return dcast_fail(DCAST_EINVAL, "segment: record of %zu+%zu bytes over limits",
-				  hdr_len, payload_len);
 	if (s->n_prefix == SEG_PREFIX_POOL)
 		reap_all(s);
 	p = s->prefix[s->n_prefix++];
-	dcast_rec_encode(p, &(dcast_rec){(uint16_t)kind, (uint32_t)hdr_len, (uint32_t)payload_len,
-					 version, dcast_checksum(payload, payload_len)}, hdr);
+	dcast_rec_encode(p, r, hdr);
 	rc = queue_write(s, f, p, DCAST_REC_PREFIX);
 	if (!rc)
-		rc = queue_write(s, f, hdr, hdr_len);
+		rc = queue_write(s, f, hdr, r->hdr_len);
 	if (!rc)
-		rc = queue_write(s, f, payload, payload_len);
+		rc = queue_write(s, f, payload, r->payload_len);
 	return rc;
+}
+
+/* A record without payload. */
+static int put_header(broker_seg_store *s, struct seg_file *f, int kind, uint64_t version,
+		      const void *hdr, size_t hdr_len)
+{
+	dcast_rec r = {(uint16_t)kind, (uint32_t)hdr_len, 0, version, dcast_checksum(NULL, 0)};
+
+	if (hdr_len > DCAST_MAX_HEADER_BYTES)
+		return dcast_fail(DCAST_EINVAL, "segment: record header of %zu bytes over limits", hdr_len);
+	return put_record(s, f, &r, hdr, NULL);
 }
 
 /* ---- writing versions ----------------------------------------------- */
@@ -286,10 +293,9 @@ int broker_seg_begin_anchor(broker_seg_store *s, const char *model, uint64_t ver
 	m->has_prev = m->cur.fd >= 0;
 	rc = file_create(s, m, version);
 	if (!rc)
-		rc = put_record(s, &m->cur, BROKER_SEG_FILE, version, model, strlen(model), NULL, 0);
+		rc = put_header(s, &m->cur, BROKER_SEG_FILE, version, model, strlen(model));
 	if (!rc)
-		rc = put_record(s, &m->cur, BROKER_SEG_MANIFEST, version, manifest_hdr,
-				manifest_len, NULL, 0);
+		rc = put_header(s, &m->cur, BROKER_SEG_MANIFEST, version, manifest_hdr, manifest_len);
 	if (!rc)
 		rc = dcast_io_drain(s->io); /* the caller may free manifest_hdr on return */
 	if (rc)
@@ -299,15 +305,19 @@ int broker_seg_begin_anchor(broker_seg_store *s, const char *model, uint64_t ver
 
 int broker_seg_append_chunk(broker_seg_store *s, const char *model, uint64_t version,
 			    const void *hdr, size_t hdr_len, const void *payload,
-			    size_t payload_len)
+			    size_t payload_len, uint64_t payload_sum)
 {
 	struct seg_model *m = model_find(s, model);
 
 	if (!m || m->cur.fd < 0)
 		return dcast_fail(DCAST_ESTATE, "segment: model %s has no segment: the first "
 				  "version must be an anchor", model);
-	return put_record(s, &m->cur, BROKER_SEG_CHUNK, version, hdr, hdr_len, payload,
-			  payload_len);
+	if (hdr_len > DCAST_MAX_HEADER_BYTES || payload_len > DCAST_MAX_CHUNK_BYTES)
+		return dcast_fail(DCAST_EINVAL, "segment: CHUNK record of %zu+%zu bytes over limits",
+				  hdr_len, payload_len);
+	return put_record(s, &m->cur, &(dcast_rec){BROKER_SEG_CHUNK, (uint32_t)hdr_len,
+						    (uint32_t)payload_len, version, payload_sum},
+			  hdr, payload);
 }
 
 /* Anchor committed: the previous segment is superseded. */
@@ -333,7 +343,7 @@ int broker_seg_commit(broker_seg_store *s, const char *model, uint64_t version,
 
 	if (!m || m->cur.fd < 0)
 		return dcast_fail(DCAST_ESTATE, "segment: model %s has no segment", model);
-	rc = put_record(s, &m->cur, BROKER_SEG_COMMIT, version, commit_hdr, commit_len, NULL, 0);
+	rc = put_header(s, &m->cur, BROKER_SEG_COMMIT, version, commit_hdr, commit_len);
 	if (!rc)
 		rc = dcast_io_sync(s->io, m->cur.handle, 1);
 	s->n_prefix = 0;
@@ -550,8 +560,7 @@ static int replay_file(broker_seg_store *s, int fd, const char *model, uint64_t 
 			return dcast_fail(rc, "segment: replay of %s at offset %llu: %s", model,
 					  (unsigned long long)off, why);
 		if (r.kind != BROKER_SEG_FILE) {
-			rc = fn(ctx, model, r.kind, r.version, s->rd.buf, r.hdr_len,
-				s->rd.buf + r.hdr_len, r.payload_len);
+			rc = fn(ctx, model, &r, s->rd.buf, s->rd.buf + r.hdr_len);
 			if (rc)
 				return rc;
 		}
@@ -838,7 +847,7 @@ static int report_losses(const struct seg_losses *l, const char *dir, int found,
 	if (!found)
 		DCAST_LOG_E("segment: model %s: no intact anchor left: the model starts empty and "
 			    "asks its producers for an anchor", l->model);
-	return fn(ctx, l->model, BROKER_SEG_LOST, l->whole, NULL, 0, NULL, 0);
+	return fn(ctx, l->model, &(dcast_rec){.kind = BROKER_SEG_LOST, .version = l->whole}, NULL, NULL);
 }
 
 /* Load one model folder, newest segment first: the first one with an

@@ -57,12 +57,13 @@ int broker_seg_open(broker_seg_store **out, const char *data_dir);
 void broker_seg_close(broker_seg_store **s);
 
 /* Called by broker_seg_load for each record of each committed version in
- * order: MANIFEST, then per version its CHUNKs and its COMMIT.  hdr and
- * payload are valid only during the call (copy what is kept).  A non-zero
- * return stops the load and is returned by it. */
-typedef int (*broker_seg_visit_fn)(void *ctx, const char *model, int kind, uint64_t version,
-				   const void *hdr, size_t hdr_len, const void *payload,
-				   size_t payload_len);
+ * order: MANIFEST, then per version its CHUNKs and its COMMIT.  r is the
+ * record's prefix (kind, version, lengths, the payload's checked sum); hdr
+ * (r->hdr_len bytes) and payload (r->payload_len) are valid only during the
+ * call (copy what is kept).  A non-zero return stops the load and is
+ * returned by it. */
+typedef int (*broker_seg_visit_fn)(void *ctx, const char *model, const dcast_rec *r,
+				   const void *hdr, const void *payload);
 
 /* Read every model folder: verify each segment newest first; set aside in
  * quarantine/ what cannot be replayed (a damaged or torn tail is copied
@@ -71,7 +72,7 @@ typedef int (*broker_seg_visit_fn)(void *ctx, const char *model, int kind, uint6
  * replay the newest segment with an intact anchor through fn, and keep it
  * open for appending.  When a model's folder lost anything, fn is called
  * once more after its replay (or alone, when no anchor survived) with kind
- * BROKER_SEG_LOST and version = the newest lost version whose COMMIT record
+ * r->kind BROKER_SEG_LOST and r->version = the newest lost version whose COMMIT record
  * still verifies (whole on disk, so maybe acknowledged), or
  * DCAST_VERSION_NONE; hdr and payload NULL.  Errors: DCAST_EIO, DCAST_ENOMEM, DCAST_EPROTO_VERSION (a
  * segment of another format, named in the error and left untouched; models
@@ -88,11 +89,13 @@ int broker_seg_begin_anchor(broker_seg_store *s, const char *model, uint64_t ver
 
 /* Queue one CHUNK record of version `version`.  hdr and payload must stay
  * valid and unchanged until broker_seg_commit or broker_seg_abort returns
- * for this model.  Errors: DCAST_ESTATE (no segment: an anchor must begin
+ * for this model; payload_sum is dcast_checksum() of the payload, which the
+ * broker computed when the chunk arrived (the record stores it, and a load
+ * checks the payload against it: a wrong sum loses the version).  Errors: DCAST_ESTATE (no segment: an anchor must begin
  * one first), DCAST_EINVAL (sizes over the schema limits), DCAST_EIO. */
 int broker_seg_append_chunk(broker_seg_store *s, const char *model, uint64_t version,
 			    const void *hdr, size_t hdr_len, const void *payload,
-			    size_t payload_len);
+			    size_t payload_len, uint64_t payload_sum);
 
 /* Write the COMMIT record of `version`, wait for every queued write and
  * fsync the segment: on 0 the version is durable.  When it was an anchor

@@ -30,16 +30,16 @@ static unsigned n_written, n_loaded, n_lost; /* n_lost: BROKER_SEG_LOST reports 
 static uint64_t commit_end[N_VERSIONS + 4]; /* segment size after commit i */
 static uint32_t rng = 12345;
 
-static int visit(void *ctx, const char *model, int kind, uint64_t version, const void *hdr,
-		 size_t hdr_len, const void *payload, size_t payload_len)
+static int visit(void *ctx, const char *model, const dcast_rec *r, const void *hdr,
+		 const void *payload)
 {
 	(void)ctx;
 	if (strcmp(model, "llama/7b") || n_loaded == MAX_RECS)
 		return DCAST_EINVAL;
-	if (kind == BROKER_SEG_LOST)
+	if (r->kind == BROKER_SEG_LOST)
 		return n_lost++, 0;
-	loaded[n_loaded++] = (struct rec){kind, version, XXH3_64bits(hdr, hdr_len),
-					  XXH3_64bits(payload, payload_len)};
+	loaded[n_loaded++] = (struct rec){r->kind, r->version, XXH3_64bits(hdr, r->hdr_len),
+					  XXH3_64bits(payload, r->payload_len)};
 	return 0;
 }
 
@@ -103,7 +103,8 @@ static void write_version(broker_seg_store *s, uint64_t version, int anchor, int
 		dcast_chunk_seal(c, payload[i]);
 		encode(&m, &hdrs[i], &lens[i]);
 		CHECK_ERR(broker_seg_append_chunk(s, "llama/7b", version, hdrs[i], lens[i],
-						  payload[i], sizeof(payload[i])), 0);
+						  payload[i], sizeof(payload[i]),
+						  dcast_checksum(payload[i], sizeof(payload[i]))), 0);
 	}
 	dcast_msg_init(&m, DCAST_MSG_COMMIT);
 	snprintf(m.u.commit.model, sizeof(m.u.commit.model), "llama/7b");
@@ -177,7 +178,7 @@ static void test_roundtrip(const char *dir)
 	n_written = 0;
 	REQUIRE(broker_seg_open(&s, dir) == 0);
 	CHECK_ERR(broker_seg_load(s, visit, NULL), 0);
-	CHECK_ERR(broker_seg_append_chunk(s, "llama/7b", 1, "x", 1, NULL, 0), DCAST_ESTATE);
+	CHECK_ERR(broker_seg_append_chunk(s, "llama/7b", 1, "x", 1, NULL, 0, 0), DCAST_ESTATE);
 	for (uint64_t v = 1; v <= N_VERSIONS; v++) {
 		write_version(s, v, v == 1, 1);
 		commit_end[v] = broker_seg_bytes(s, "llama/7b");

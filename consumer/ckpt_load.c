@@ -13,6 +13,7 @@
 #include "consumer_impl.h"
 #include "dcast_common.h"
 #include "dcast_reclog.h"
+#include "deltacast/safetensors.h"
 
 /* Replaying one version's record file. */
 struct replay_file {
@@ -76,10 +77,9 @@ static int replay_msg(struct replay_file *f, uint64_t off, const dcast_rec *r, d
 	return replay_commit(f, &m->u.commit) ? -1 : 1;
 }
 
-/* A record of a version's file (dcast_rec_fn): FILE (the model's name),
- * MANIFEST for an anchor, CHUNKs, one COMMIT.  A consumer opened on
- * another model's folder finds out as before, from the broker's MANIFEST
- * (session.c), so the name is not compared here. */
+/* A record of a version's file (dcast_rec_fn): FILE (the model's name,
+ * compared at open: check_owner), MANIFEST for an anchor, CHUNKs, one
+ * COMMIT. */
 static int on_record(void *ctx, uint64_t off, const dcast_rec *r, const uint8_t *hdr,
 		     const uint8_t *payload, char *why, size_t why_cap)
 {
@@ -88,7 +88,7 @@ static int on_record(void *ctx, uint64_t off, const dcast_rec *r, const uint8_t 
 	int rc;
 
 	(void)payload; /* read when applied, checked against r->payload_sum then */
-	if (++f->records == 1) /* the name is for people and tools: the MANIFEST says which model */
+	if (++f->records == 1)
 		return r->kind == DCAST_REC_FILE ? 0 : WHY("no FILE record first");
 	if (r->kind == DCAST_REC_FILE || f->v->state == CS_V_READY)
 		return WHY("record of kind %u at offset %" PRIu64 " out of place", r->kind, off);
@@ -200,11 +200,76 @@ static int replay(dcast_consumer *c, uint64_t have, uint64_t until, int cut)
 	return err;
 }
 
+/* The model a record file's FILE record names, into name (empty when its
+ * first record is not an intact FILE record: the replay cuts it). */
+static void rec_file_model(const dcast_consumer *c, uint64_t version, char *name)
+{
+	dcast_rec_reader rd = {.max_kind = DCAST_REC_COMMIT};
+	char path[4096], why[128];
+	struct stat st;
+	dcast_rec r;
+
+	name[0] = '\0';
+	cs_ckpt_version_path(c, version, path, sizeof(path));
+	if ((rd.fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
+		return;
+	if (fstat(rd.fd, &st) == 0 && (rd.size = (uint64_t)st.st_size) &&
+	    dcast_rec_read(&rd, 0, 0, &r, why, sizeof(why)) == 0 && r.kind == DCAST_REC_FILE &&
+	    r.hdr_len <= DCAST_MAX_NAME && !memchr(rd.buf, 0, r.hdr_len)) {
+		memcpy(name, rd.buf, r.hdr_len);
+		name[r.hdr_len] = '\0';
+	}
+	close(rd.fd);
+	dcast_rec_reader_free(&rd);
+}
+
+static int foreign(const dcast_consumer *c, const char *what, const char *name)
+{
+	return dcast_fail(DCAST_ESTATE, "%s holds model %s's checkpoint (%s), not %s's: left as it is; "
+			  "give each model its own directory, or remove it", c->dir, name, what, c->model);
+}
+
+/* The checkpoint in c->dir is this model's: the anchor file's metadata
+ * deltacast.model and every record file's FILE record name c->model.  A
+ * directory reused for another model (same tensors or not) is neither
+ * served nor deleted: the open fails.  Damage is left to the load. */
+static int anchor_owner(const dcast_consumer *c)
+{
+	dcast_st_file *f = NULL;
+	const char *m;
+	int err = 0;
+
+	if (access(c->ck.anchor_path, F_OK) == 0 && dcast_st_open(c->ck.anchor_path, &f) == 0 &&
+	    (m = dcast_st_metadata_get(f, "deltacast.model")) && strcmp(m, c->model))
+		err = foreign(c, "model.safetensors, metadata deltacast.model", m);
+	dcast_st_close(&f);
+	return err;
+}
+
+static int check_owner(dcast_consumer *c)
+{
+	uint64_t *vers = malloc(CS_MAX_LOG_FILES * sizeof(*vers));
+	char name[DCAST_MAX_NAME + 1];
+	uint32_t n = 0;
+	int err = vers ? anchor_owner(c) : dcast_fail(DCAST_ENOMEM, "log list");
+
+	if (!err && cs_ckpt_list(c, vers, CS_MAX_LOG_FILES, &n) == 0)
+		for (uint32_t i = 0; !err && i < n; i++) {
+			rec_file_model(c, vers[i], name);
+			if (name[0] && strcmp(name, c->model))
+				err = foreign(c, "model.dlog, its record files' FILE record", name);
+		}
+	free(vers);
+	return err;
+}
+
 int cs_ckpt_load(dcast_consumer *c)
 {
 	uint64_t have = DCAST_VERSION_NONE;
 	int err;
 
+	if ((err = check_owner(c)))
+		return err;
 	if (access(c->ck.anchor_path, F_OK) == 0) {
 		err = cs_anchor_load(c, &have);
 		if (err)

@@ -81,7 +81,7 @@ static int load_or_drop(dcast_consumer *c)
 	int err = cs_ckpt_load(c);
 
 	if (err != DCAST_ECORRUPT && err != DCAST_EMALFORMED && err != DCAST_EPROTO_VERSION &&
-	    err != DCAST_ESHAPE)
+	    err != DCAST_ESHAPE && err != DCAST_ETRUNCATED && err != DCAST_ETOO_LARGE && err != DCAST_EDTYPE)
 		return err;
 	DCAST_LOG_W("consumer %s: local checkpoint in %s dropped: %s; fetching an anchor", c->model,
 		    c->dir, dcast_last_error());

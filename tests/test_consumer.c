@@ -547,19 +547,21 @@ static void test_manifest_mismatch(const h_broker *b)
 	dcast_consumer *c;
 	dcast_event ev = {0};
 	h_seen seen = {0};
+	h_broker b2;
 	int err = 0, ready = 0;
 
 	h_model_init(&m1, 41, 1);
 	h_model_init(&m2, 43, 2);
-	REQUIRE(h_producer_open(b, "m_shape_a", &m1, &p1) == 0);
+	REQUIRE(h_producer_open(b, "m_shape", &m1, &p1) == 0);
 	REQUIRE(h_publish(p1, &m1, 1, 100) == 0);
-	REQUIRE(h_producer_open(b, "m_shape_b", &m2, &p2) == 0);
+	REQUIRE(h_broker_start(&b2) == 0); /* where m_shape has other tensors */
+	REQUIRE(h_producer_open(&b2, "m_shape", &m2, &p2) == 0);
 	REQUIRE(h_publish(p2, &m2, 1, 100) == 0);
-	c = open_consumer(b, "m_shape_a", dir_for("shape"));
+	c = open_consumer(b, "m_shape", dir_for("shape"));
 	REQUIRE(c);
 	CHECK(h_drive(c, &m1, 1, &seen) == 0); /* applied, so the checkpoint holds it */
 	dcast_consumer_close(&c);
-	c = open_consumer(b, "m_shape_b", dir_for("shape"));
+	c = open_consumer(&b2, "m_shape", dir_for("shape"));
 	REQUIRE(c);
 	for (int i = 0; i < 100 && !err; i++) {
 		if (dcast_consumer_poll(c, 100, &ev))
@@ -575,8 +577,64 @@ static void test_manifest_mismatch(const h_broker *b)
 	dcast_consumer_close(&c);
 	dcast_producer_close(&p1);
 	dcast_producer_close(&p2);
+	h_broker_stop(&b2);
 	h_model_free(&m1);
 	h_model_free(&m2);
+}
+
+static int copy_file(const char *from, const char *to)
+{
+	char cmd[2048];
+
+	snprintf(cmd, sizeof(cmd), "mkdir -p \"$(dirname '%s')\" && cp '%s' '%s'", to, from, to);
+	return system(cmd);
+}
+
+/* Open m_own_b on dir: refused, naming both models and what showed it. */
+static void check_refused(const h_broker *b, const char *dir, const char *what)
+{
+	dcast_consumer *c = NULL;
+
+	CHECK_ERR(dcast_consumer_open(b->consumers, "m_own_b", dir, BUDGET, NULL, &c), DCAST_ESTATE);
+	CHECK(c == NULL);
+	CHECK(strstr(dcast_last_error(), "m_own_a") && strstr(dcast_last_error(), "m_own_b"));
+	CHECK(strstr(dcast_last_error(), what) != NULL);
+}
+
+/* A directory holding another model's checkpoint, with the same tensors
+ * (so the broker's MANIFEST cannot tell): the open is refused and the
+ * files are left as they were, whether the anchor file or only a record
+ * file shows it; the owner opens it afterwards at its version. */
+static void test_foreign_dir(const h_broker *b)
+{
+	h_model m;
+	dcast_producer *p = NULL;
+	dcast_consumer *c = NULL;
+	dcast_consumer_opts o;
+	h_seen s = {0};
+	char from[512], to[512];
+
+	dcast_consumer_opts_init(&o);
+	o.fold_fraction = 0; /* version 2 stays a record file */
+	REQUIRE(h_model_start(b, "m_own_a", 47, 1, 100, &m, &p) == 0);
+	REQUIRE(dcast_consumer_open(b->consumers, "m_own_a", dir_for("own"), BUDGET, &o, &c) == 0);
+	CHECK(h_drive(c, &m, 1, &s) == 0);
+	CHECK(dcast_consumer_checkpoint(c) == 0); /* model.safetensors at version 1 */
+	REQUIRE(h_publish(p, &m, 2, 100) == 0);
+	CHECK(h_drive(c, &m, 2, &s) == 0);
+	dcast_consumer_close(&c);
+	REQUIRE(rec_exists("own", 2));
+	check_refused(b, dir_for("own"), "model.safetensors");
+	snprintf(from, sizeof(from), "%s/model.dlog/%020d.rec", dir_for("own"), 2);
+	snprintf(to, sizeof(to), "%s/model.dlog/%020d.rec", dir_for("own_log"), 2);
+	REQUIRE(copy_file(from, to) == 0);
+	check_refused(b, dir_for("own_log"), "record file");
+	CHECK(rec_exists("own_log", 2) && rec_exists("own", 2));
+	REQUIRE(dcast_consumer_open(b->consumers, "m_own_a", dir_for("own"), BUDGET, &o, &c) == 0);
+	CHECK(dcast_consumer_version(c) == 2 && h_equal(c, &m, 2));
+	dcast_consumer_close(&c);
+	dcast_producer_close(&p);
+	h_model_free(&m);
 }
 
 static void test_bad_args(void)
@@ -614,6 +672,7 @@ int main(void)
 	test_verify_incremental(&b);
 	test_double_fault(&b);
 	test_manifest_mismatch(&b);
+	test_foreign_dir(&b);
 	h_broker_stop(&b);
 	check_remove_dir(root);
 	return check_done("test_consumer");

@@ -134,8 +134,12 @@ typedef struct dcast_consumer_stats {
  * first.  opts NULL = defaults.  On success *out owns the consumer (close it
  * with dcast_consumer_close).  Errors: DCAST_EINVAL (argument, option
  * combination such as a CURVE server key without a key pair), DCAST_ENOMEM,
- * DCAST_EIO (dir, checkpoint), DCAST_ECORRUPT (checkpoint anchor unreadable),
- * DCAST_EZMQ.  On error *out is NULL. */
+ * DCAST_EIO (dir, checkpoint), DCAST_ESTATE (dir holds another model's
+ * checkpoint: model.safetensors or a record file names another model; the
+ * files are left as they are), DCAST_EZMQ.  A checkpoint that is damaged
+ * (fails its checksums or digests) is not an error: it is logged and
+ * dropped, and the consumer fetches an anchor (as is one that is
+ * truncated, malformed or of a format this build does not read).  On error *out is NULL. */
 DCAST_API int dcast_consumer_open(const char *endpoint, const char *model, const char *dir,
 			uint64_t staging_budget_bytes, const dcast_consumer_opts *opts,
 			dcast_consumer **out);

@@ -249,27 +249,18 @@ int dcast_bitmask_check(const dcast_chunk_info *info, const uint8_t *pl)
 	return DCAST_OK;
 }
 
-/* The compact writer prefetches the element this many positions ahead. */
-#define APPLY_PREFETCH 32
-
-/* Decoded compact payload: positions and (zig-zag or raw) values. */
-typedef struct cpt_decoded {
-	uint32_t *pos, *val;
-	unsigned mode;
-} cpt_decoded;
-
-static int cpt_load(const dcast_chunk_info *info, const uint8_t *pl, cpt_decoded *dec)
+int dcast_cpt_load(const dcast_chunk_info *info, const uint8_t *pl, dcast_cpt_decoded *dec)
 {
 	/* Every element costs at least 2 bits: refuse before allocating. */
 	if (info->changed > info->payload_bytes * 4)
 		return dcast_fail(DCAST_ECORRUPT, "compact payload: %" PRIu64 " bytes cannot hold %" PRIu64 " changes",
 				  info->payload_bytes, info->changed);
 	size_t n = info->changed ? info->changed : 1;
-	dec->pos = dcast_scratch(DCAST_SCRATCH_DEC_POS, (n + APPLY_PREFETCH) * 4);
+	dec->pos = dcast_scratch(DCAST_SCRATCH_DEC_POS, (n + DCAST_PREFETCH_AHEAD) * 4);
 	dec->val = dcast_scratch(DCAST_SCRATCH_DEC_VAL, n * 4);
 	if (!dec->pos || !dec->val)
 		return dcast_fail(DCAST_ENOMEM, "compact payload: no memory for %" PRIu64 " changes", info->changed);
-	memset(dec->pos + info->changed, 0, APPLY_PREFETCH * 4); /* prefetched, never written */
+	memset(dec->pos + info->changed, 0, DCAST_PREFETCH_AHEAD * 4); /* prefetched, never written */
 	return dcast_cpt_decode(info, pl, dec->pos, dec->val, &dec->mode);
 }
 
@@ -308,15 +299,15 @@ static void bitmask_write(const dcast_chunk_info *info, const uint8_t *pl, uint8
 }
 
 static inline __attribute__((always_inline)) void cpt_write_es(const dcast_chunk_info *info,
-								const cpt_decoded *dec, uint8_t *dst,
+								const dcast_cpt_decoded *dec, uint8_t *dst,
 								uint8_t *old_out, const uint8_t *old,
 								unsigned es)
 {
 	for (uint64_t i = 0; i < info->changed; i++) {
 		uint8_t *d = dst + (uint64_t)dec->pos[i] * es;
 		/* the positions are known ahead: fetch their lines early (pos[]
-		 * has slack past changed, see cpt_load) */
-		__builtin_prefetch(dst + (uint64_t)dec->pos[i + APPLY_PREFETCH] * es, 1);
+		 * has slack past changed, see dcast_cpt_load) */
+		__builtin_prefetch(dst + (uint64_t)dec->pos[i + DCAST_PREFETCH_AHEAD] * es, 1);
 		uint32_t v = old ? dcast_load_elem(old + i * es, es)
 			   : dec->mode == DCAST_CPT_RAW ? dec->val[i]
 							: dcast_ulp_apply(dcast_load_elem(d, es), dec->val[i], 8 * es);
@@ -326,18 +317,18 @@ static inline __attribute__((always_inline)) void cpt_write_es(const dcast_chunk
 
 /* The common apply (coded differences, nothing saved) without the
  * per-element choices of cpt_write_es. */
-static inline __attribute__((always_inline)) void cpt_add_es(uint64_t changed, const cpt_decoded *dec,
+static inline __attribute__((always_inline)) void cpt_add_es(uint64_t changed, const dcast_cpt_decoded *dec,
 							      uint8_t *dst, unsigned es)
 {
 	const uint32_t *pos = dec->pos, *val = dec->val;
 	for (uint64_t i = 0; i < changed; i++) {
 		uint8_t *d = dst + (uint64_t)pos[i] * es;
-		__builtin_prefetch(dst + (uint64_t)pos[i + APPLY_PREFETCH] * es, 1);
+		__builtin_prefetch(dst + (uint64_t)pos[i + DCAST_PREFETCH_AHEAD] * es, 1);
 		dcast_store_elem(d, es, dcast_ulp_apply(dcast_load_elem(d, es), val[i], 8 * es));
 	}
 }
 
-static void cpt_write(const dcast_chunk_info *info, const cpt_decoded *dec, uint8_t *dst,
+static void cpt_write(const dcast_chunk_info *info, const dcast_cpt_decoded *dec, uint8_t *dst,
 		      uint8_t *old_out, const uint8_t *old)
 {
 	if (!old && !old_out && dec->mode == DCAST_CPT_CODED) {
@@ -376,7 +367,7 @@ static int apply_or_revert(const dcast_chunk_info *info, const uint8_t *pl, uint
 {
 	int rc = dcast_codec_check_info(info, pl, dst);
 	uint64_t dense = info->count * info->elem_size;
-	cpt_decoded dec;
+	dcast_cpt_decoded dec;
 	if (rc)
 		return rc;
 	switch (info->encoding) {
@@ -403,7 +394,7 @@ static int apply_or_revert(const dcast_chunk_info *info, const uint8_t *pl, uint
 			bitmask_positions(info, pl, pos_out);
 		return DCAST_OK;
 	default:
-		if ((rc = cpt_load(info, pl, &dec)))
+		if ((rc = dcast_cpt_load(info, pl, &dec)))
 			return rc;
 		cpt_write(info, &dec, dst, old_out, old);
 		if (pos_out && info->changed)

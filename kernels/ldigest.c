@@ -173,8 +173,12 @@ static void walk_dense(ld_walk *w, const ld_src *s)
 
 static void walk_idx32(ld_walk *w, const ld_src *s)
 {
-	for (uint64_t i = 0; i < s->info->changed; i++) {
-		const uint8_t *r = s->pl + i * (4 + s->es);
+	uint64_t n = s->info->changed, stride = 4 + s->es;
+
+	for (uint64_t i = 0; i < n; i++) {
+		const uint8_t *r = s->pl + i * stride;
+		if (i + DCAST_PREFETCH_AHEAD < n)
+			__builtin_prefetch(s->range + (uint64_t)dcast_rd32le(r + DCAST_PREFETCH_AHEAD * stride) * s->es);
 		add_raw(w, s, i, dcast_rd32le(r), dcast_load_elem(r + 4, s->es));
 	}
 }
@@ -191,26 +195,21 @@ static void walk_bitmask(ld_walk *w, const ld_src *s)
 
 static int walk_compact(ld_walk *w, const ld_src *s)
 {
-	uint64_t n = s->info->changed ? s->info->changed : 1;
-	uint32_t *pos, *val;
-	unsigned mode;
+	const uint32_t *pos, *val;
+	dcast_cpt_decoded dec;
 	int rc;
 
-	if (s->info->changed > s->info->payload_bytes * 4)
-		return dcast_fail(DCAST_ECORRUPT, "compact payload: %" PRIu64 " bytes cannot hold %" PRIu64 " changes",
-				  s->info->payload_bytes, s->info->changed);
-	pos = dcast_scratch(DCAST_SCRATCH_DEC_POS, n * 4);
-	val = dcast_scratch(DCAST_SCRATCH_DEC_VAL, n * 4);
-	if (!pos || !val)
-		return dcast_fail(DCAST_ENOMEM, "compact payload: no memory for %" PRIu64 " changes", s->info->changed);
-	if ((rc = dcast_cpt_decode(s->info, s->pl, pos, val, &mode)))
+	if ((rc = dcast_cpt_load(s->info, s->pl, &dec)))
 		return rc;
+	pos = dec.pos;
+	val = dec.val;
 	for (uint64_t i = 0; i < s->info->changed; i++) {
+		__builtin_prefetch(s->range + (uint64_t)pos[i + DCAST_PREFETCH_AHEAD] * s->es);
 		uint32_t here = dcast_load_elem(s->range + (uint64_t)pos[i] * s->es, s->es);
 		if (s->old) /* applied: range holds the new value */
 			walk_add(w, pos[i], dcast_load_elem(s->old + i * s->es, s->es), here);
 		else
-			walk_add(w, pos[i], here, mode == DCAST_CPT_RAW ? val[i] : dcast_ulp_apply(here, val[i], 8 * s->es));
+			walk_add(w, pos[i], here, dec.mode == DCAST_CPT_RAW ? val[i] : dcast_ulp_apply(here, val[i], 8 * s->es));
 	}
 	return 0;
 }

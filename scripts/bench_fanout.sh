@@ -4,6 +4,9 @@
 # nginx, side by side in one run.  Per N, first the row's references, then
 # the broker, RUNS times each (medians in the table):
 #   tcp    tests/tools/bench_tcp: the model file's bytes to N receivers;
+#   keep   the same, each receiver reading into a fresh buffer of the
+#          model's size (bench_tcp ... keep): raw TCP to receivers that keep
+#          the model, first touch of its memory included;
 #   nginx  N curl fetches at once of the model file (into /dev/null) from a
 #          private nginx (its own conf and prefix in the temp dir, a free
 #          port; started for the row, stopped after it);
@@ -92,10 +95,12 @@ seconds_since() {
 	printf '%d.%06d' $((us / 1000000)) $((us % 1000000))
 }
 
+# tcp_run N RUN [keep]
 tcp_run() {
 	local s
-	s=$("$BIN/tools/bench_tcp" "$MODEL_BYTES" "$1" | awk '{ print $2 }') || die "bench_tcp $MODEL_BYTES $1"
-	cell tcp "$1" "$2" "$s"
+	s=$("$BIN/tools/bench_tcp" "$MODEL_BYTES" "$1" ${3:-} | awk '{ print $2 }') ||
+		die "bench_tcp $MODEL_BYTES $1 ${3:-}"
+	cell "${3:-tcp}" "$1" "$2" "$s"
 }
 
 # nginx_run DIR N RUN: N curls at once; each must get the whole file.
@@ -116,6 +121,7 @@ nginx_run() {
 refs() {
 	local d=$1 n=$2 k
 	for ((k = 1; k <= RUNS; k++)); do tcp_run "$n" "$k"; done
+	for ((k = 1; k <= RUNS; k++)); do tcp_run "$n" "$k" keep; done
 	mkdir -p "$d/nginx/www" "$d/nginx/tmp"
 	ln "$MODEL" "$d/nginx/www/model.safetensors" 2>/dev/null || cp "$MODEL" "$d/nginx/www/model.safetensors"
 	bench_start_server "$d/server.log" nginx "curl -s -o /dev/null http://127.0.0.1:PORT/" \

@@ -7,7 +7,7 @@
                                     of DOC (placed after the Sync section if absent)
 
 ROOT holds meta ("key value" lines) and cells.log, one line per measurement:
-"COLUMN N RUN SECONDS [RSS_KB REJOINS ACK_SECONDS]", COLUMN one of tcp, nginx, recv, lib, live."""
+"COLUMN N RUN SECONDS [RSS_KB REJOINS ACK_SECONDS]", COLUMN one of tcp, keep, nginx, recv, lib, live."""
 import os
 import statistics
 import sys
@@ -17,7 +17,7 @@ from bench_sync_report import read_kv
 BEGIN, END = "<!-- bench-fanout:begin -->", "<!-- bench-fanout:end -->"
 HEADING = "## Fan-out: an anchor to N consumers (`make bench-fanout`)"
 AFTER = "<!-- bench-sync:end -->"
-COLUMNS = [("tcp", "raw TCP"), ("nginx", "nginx + curl"),
+COLUMNS = [("tcp", "raw TCP"), ("keep", "raw TCP, receivers keep the model"), ("nginx", "nginx + curl"),
            ("recv", "broker, anchor in its log, to N joining consumers that only receive"),
            ("lib", "broker, anchor in its log, to N joining library consumers until READY"),
            ("live", "publish start to N waiting library consumers READY")]
@@ -33,7 +33,10 @@ median of {runs} runs, min..max in brackets, the ratio to the same row's raw TCP
 - Per N, first the row's references, so that a row and its references see the same load on
   this shared machine: **raw TCP** (tests/tools/bench_tcp: the file's size to N receivers at
   once over loopback, one sender and one receiver thread per connection, 1 MiB writes, reads
-  into a 1 MiB buffer, nothing else done with the bytes); **nginx + curl**: a private nginx
+  into a 1 MiB buffer, nothing else done with the bytes); **raw TCP, receivers keep the
+  model**: the same, each receiver reading into a buffer of the file's size that it allocates
+  when it starts (`bench_tcp BYTES N keep`): the least a receiver that keeps the model pays,
+  the first touch of that memory included (a consumer must hold the model); **nginx + curl**: a private nginx
   (its own conf and prefix in a temp dir, a free port, `sendfile on`, one worker per core)
   started for the row, then N `curl -o /dev/null` of the file at once, from the start of the
   first to the end of the last, each checked to have received the whole file.
@@ -120,6 +123,10 @@ def targets(cells, ns):
                      % (n, GOAL, ms(lib), ms(tcp), lib / tcp, verdict(lib / tcp <= GOAL)))
         lines.append("| library consumers until READY against nginx + curl, N = %d | faster | %s against %s ms | %s |"
                      % (n, ms(lib), ms(web), verdict(lib < web)))
+    for n in [n for n in TARGET_N if n in ns]:
+        lib, keep = (median_s(cells[(c, n)]) for c in ("lib", "keep"))
+        lines.append("| (a reference, not a target) library consumers until READY / raw TCP to receivers "
+                     "that keep the model, N = %d | | %s / %s ms = %.2fx | |" % (n, ms(lib), ms(keep), lib / keep))
     return lines
 
 

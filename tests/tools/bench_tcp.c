@@ -1,8 +1,11 @@
-/* bench_tcp BYTES N: the raw TCP loopback ceiling for scripts/bench_e2e.sh.
+/* bench_tcp BYTES N [keep]: the raw TCP loopback ceiling for the benches.
  * Sends BYTES to each of N receivers at once (one sender and one receiver
  * thread per connection, 1 MiB writes from one shared buffer, reads into a
  * per-receiver 1 MiB buffer) and prints "seconds S bytes B" for the time
- * until every receiver has all of its bytes.  Exit 1 on a socket error. */
+ * until every receiver has all of its bytes.  With "keep", each receiver
+ * reads into a buffer of BYTES of its own, allocated when it starts (inside
+ * the time): what a receiver that keeps the model pays, first touch of
+ * fresh memory included.  Exit 1 on a socket error. */
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -18,6 +21,7 @@
 #define IO_BYTES (1u << 20)
 
 static uint64_t total_bytes;
+static int keep;
 static unsigned char send_buf[IO_BYTES];
 
 typedef struct conn {
@@ -44,11 +48,11 @@ static void *sender(void *arg)
 static void *receiver(void *arg)
 {
 	conn *c = arg;
-	unsigned char *buf = malloc(IO_BYTES);
+	unsigned char *buf = malloc(keep ? total_bytes : IO_BYTES);
 	uint64_t left = total_bytes;
 
 	while (buf && left && !c->failed) {
-		ssize_t r = read(c->fd, buf, IO_BYTES);
+		ssize_t r = read(c->fd, buf + (keep ? total_bytes - left : 0), left < IO_BYTES ? left : IO_BYTES);
 		if (r <= 0)
 			c->failed = 1;
 		else
@@ -74,10 +78,12 @@ int main(int argc, char **argv)
 	int lfd, n, failed = 0;
 	double t0;
 
-	if (argc != 3 || (n = atoi(argv[2])) < 1 || n > MAX_CONN) {
-		fprintf(stderr, "usage: bench_tcp BYTES N (1 <= N <= %d)\n", MAX_CONN);
+	if (argc < 3 || argc > 4 || (n = atoi(argv[2])) < 1 || n > MAX_CONN ||
+	    (argc == 4 && strcmp(argv[3], "keep"))) {
+		fprintf(stderr, "usage: bench_tcp BYTES N [keep] (1 <= N <= %d)\n", MAX_CONN);
 		return 2;
 	}
+	keep = argc == 4;
 	total_bytes = strtoull(argv[1], NULL, 10);
 	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
 	lfd = socket(AF_INET, SOCK_STREAM, 0);

@@ -3,9 +3,49 @@
  * the log drops.  Retention does not cut the chain (that would strand every
  * consumer behind the cut): past --retain-versions or --retain-bytes the
  * model asks its producers for an anchor, which then replaces the log. */
+#include <malloc.h>
 #include <string.h>
 #include "broker.h"
 #include "dcast_common.h"
+
+#define TRIM_EVERY_MS 1000
+
+/* Nothing on its way: no fan-out under way and no open version. */
+static int quiet(const struct broker *b)
+{
+	if (b->fanout_more || b->fanout_blocked)
+		return 0;
+	for (uint32_t i = 0; i < b->n_models; i++)
+		if (b->models[i]->pending)
+			return 0;
+	return 1;
+}
+
+static uint64_t log_changes(const struct broker *b)
+{
+	return b->stats.versions_committed + b->stats.versions_aborted + b->stats.anchors_made;
+}
+
+int broker_heap_trim_due(const struct broker *b)
+{
+	return log_changes(b) != b->trim_seen;
+}
+
+void broker_heap_trim(struct broker *b, uint64_t now_ms)
+{
+	uint64_t seen = log_changes(b), t0;
+
+	if (seen == b->trim_seen || now_ms - b->trim_ms < TRIM_EVERY_MS || !quiet(b))
+		return;
+	t0 = dcast_now_ns();
+	malloc_trim(0);
+	t0 = dcast_now_ns() - t0;
+	b->trim_seen = seen;
+	b->trim_ms = now_ms;
+	b->stats.heap_trims++;
+	if (t0 > b->stats.heap_trim_max_ns)
+		b->stats.heap_trim_max_ns = t0;
+}
 
 struct broker_model *broker_model_get(struct broker *b, const char *name, int create)
 {

@@ -140,6 +140,7 @@ static void timers(struct broker *b)
 	broker_clients_timers(b, &b->metrics_clients, now);
 	broker_clients_timers(b, &b->admin_clients, now);
 	broker_models_idle(b, now); /* --model-idle-s (broker/retire.c) */
+	broker_heap_trim(b, now);
 }
 
 static long poll_timeout(const struct broker *b)

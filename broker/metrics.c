@@ -243,6 +243,12 @@ size_t broker_metrics_render(const struct broker *b, char *buf, size_t cap)
 	emit(&o, "# HELP deltacast_loop_stall_max_ms longest event loop turn spent on durable work\n"
 	     "# TYPE deltacast_loop_stall_max_ms gauge\ndeltacast_loop_stall_max_ms %.3f\n",
 	     (double)st->loop_stall_max_ns / 1e6);
+	counter(&o, "heap_trims_total", "free heap memory given back to the system (quiet turns after the log "
+		"changed)", st->heap_trims);
+	gauge(&o, "heap_trim_due", "1 while the log changed since the last heap trim", broker_heap_trim_due(b));
+	emit(&o, "# HELP deltacast_heap_trim_max_ms longest of those, on the event loop\n"
+	     "# TYPE deltacast_heap_trim_max_ms gauge\ndeltacast_heap_trim_max_ms %.3f\n",
+	     (double)st->heap_trim_max_ns / 1e6);
 	render_errors(&o, st);
 	render_models(&o, b);
 	render_consumers(&o, b);

@@ -1,7 +1,8 @@
 /* /metrics over real processes: after a producer publishes three versions
  * and a consumer applies and ACKs them, GET /metrics on --metrics shows the
  * versions, bytes in and out, the consumer with its version and lag 0;
- * another path gets 404. */
+ * another path gets 404.  Once the log is quiet the broker gives its freed
+ * heap back (a trim, none due after it). */
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -61,6 +62,9 @@ int main(void)
 	CHECK(tp_metric("deltacast_model_version{model=\"metrics/model\"}") == 3);
 	CHECK(strstr(tp_page, "deltacast_consumer_lag_versions{model=\"metrics/model\"") != NULL);
 	CHECK(strstr(tp_page, "# TYPE deltacast_bytes_in_total counter") != NULL);
+	CHECK(tp_wait_metric(br.mport, "deltacast_heap_trims_total", 1, 5000));
+	CHECK(tp_metric_now(br.mport, "deltacast_heap_trim_due") == 0); /* nothing changed since */
+	CHECK(strstr(tp_page, "\ndeltacast_heap_trim_max_ms ") != NULL);
 	CHECK(tp_http_get(br.mport, "/nope") > 0 && strstr(tp_page, "404") != NULL);
 	if (check_failures)
 		fprintf(stderr, "page:\n%s\n", tp_page);

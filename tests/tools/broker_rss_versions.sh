@@ -10,16 +10,20 @@ ELEMS=${1:-1048576}
 VERSIONS=${2:-20}
 PPM=${3:-20000}
 rss() { local pid; eval "pid=\$${1}_PID"; awk '/VmRSS/ {print $2}' "/proc/$pid/status"; }
-# settled NAME: broker NAME has handled the producer's BYE and holds no
-# state for a broker-made anchor (/metrics).  A cut queued and not yet
-# begun shows the same: the broker exports no fold queue.
-settled() {
+# metric NAME KEY: broker NAME's /metrics value of deltacast_KEY.
+metric() {
 	local m
 	eval "m=\$${1}_METRICS"
-	"$BUILD/deltacast" status --broker "$m" --raw 2>/dev/null | awk '
-		$1 == "deltacast_producers_connected" { p = $2 }
-		$1 == "deltacast_fold_state_bytes" { f = $2 }
-		END { exit !(p == "0" && f == "0") }'
+	"$BUILD/deltacast" status --broker "$m" --raw 2>/dev/null | awk -v k="deltacast_$2" '$1 == k { print $2 }'
+}
+# settled NAME: broker NAME has handled the producer's BYE, holds no state
+# for a broker-made anchor, and has given its freed heap back to the system
+# since the log last changed (deltacast_heap_trim_due 0: trimmed on a quiet
+# turn).  A cut queued and not yet begun shows the same: the broker exports
+# no fold queue.
+settled() {
+	[ "$(metric "$1" producers_connected)" = 0 ] && [ "$(metric "$1" fold_state_bytes)" = 0 ] &&
+		[ "$(metric "$1" heap_trim_due)" = 0 ]
 }
 log_payload() { sed -n "s/.*model $2: .*(\(anchor\|delta\), [0-9]* chunks, \([0-9]*\) bytes).*/\2/p" "$TMP/$1.log" | awk '{s+=$1} END {print s+0}'; }
 

@@ -24,6 +24,7 @@ MODEL=demo
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/deltacast-demo.XXXXXX")
 T0=$EPOCHREALTIME
 C3_PID=
+declare -A CPID # each consumer's running process
 
 finish() {
 	e2e_cleanup
@@ -67,6 +68,7 @@ start_consumer() {
 	"$DC" subscribe --broker "$CONS_EP" --model "$MODEL" --dir "$TMP/$name" --until "$VERSIONS" \
 		> >(e2e_stamp "$TMP/$name.log" "$name") 2>>"$TMP/$name.err" &
 	LAST_PID=$!
+	CPID[$name]=$LAST_PID
 	e2e_track "$LAST_PID"
 }
 
@@ -130,12 +132,18 @@ while :; do
 		start_consumer c3
 		restarted=1
 	fi
+	# Done: every consumer has exited, which `deltacast subscribe --until`
+	# does once it holds the last version and has written it to its
+	# model.safetensors (a version line comes before that write).
 	done_n=0
 	for c in c1 c2 c3 c4; do
-		[ "$(e2e_last_version "$TMP/$c.log")" -ge "$VERSIONS" ] && done_n=$((done_n + 1))
+		[ -n "${CPID[$c]:-}" ] && ! kill -0 "${CPID[$c]}" 2>/dev/null && done_n=$((done_n + 1))
 	done
 	[ $done_n = 4 ] && [ $late_started = 1 ] && [ $restarted = 1 ] && break
 	sleep 0.1
+done
+for c in c1 c2 c3 c4; do
+	wait "${CPID[$c]}" || die "$c: deltacast subscribe exited $? (see $TMP/$c.err)"
 done
 wait "$PUB_PID" || die "publish exited $?"
 sleep 0.2 # let the stampers drain

@@ -43,9 +43,6 @@ typedef struct cs_pool {
 } cs_pool;
 
 int cs_pool_open(cs_pool *p, uint64_t budget_bytes);
-/* Fault in every page of the pool (MADV_POPULATE_WRITE; contents kept, so
- * any thread may call it while the pool is in use); best effort. */
-void cs_pool_populate(cs_pool *p);
 /* Register the pool as the I/O engine's fixed buffer, once, before the
  * first I/O through it (record writes of resident chunks, reads into the
  * scratch, folds through it): that faults in and pins all of it.  Waits

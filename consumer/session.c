@@ -682,22 +682,6 @@ static void lock_for_turn(dcast_consumer *c)
 		c->ss.last_recv_ms = c->ss.progress_ms = dcast_now_ms();
 }
 
-/* A quiet moment (a version held, nothing staged, no record write in
- * flight) and the staging pool not yet pinned: fault it in outside the
- * lock (cs_pool_populate leaves its contents alone), then register it with
- * the I/O engine under the lock, which then costs little.  So neither the
- * first delta after a join nor the caller's apply() waits for it. */
-static void pool_warm(dcast_consumer *c)
-{
-	if (c->pool.io_pinned || c->n_staged || cs_ckpt_pending(c) ||
-	    dcast_consumer_version(c) == DCAST_VERSION_NONE)
-		return;
-	pthread_mutex_unlock(&c->lock);
-	cs_pool_populate(&c->pool);
-	lock_for_turn(c);
-	cs_pool_io_pin(c);
-}
-
 /* The session thread: turns, each followed by a wait (lock released) for
  * the socket, a wake-up or a quarter heartbeat, until close.  After a
  * failure it waits a whole heartbeat before the next turn. */
@@ -715,8 +699,6 @@ static void *session_main(void *arg)
 
 		if (err)
 			thread_failed(c, err);
-		else
-			pool_warm(c);
 		c->ss.own_joined = c->ss.welcomed && !c->ob.hello_due;
 		c->ss.own_hb_ms = hb;
 		if (err || c->ev_count)

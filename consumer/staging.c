@@ -4,9 +4,8 @@
  * faulted in and locked as they are first touched (MLOCK_ONFAULT), not at
  * open: populating a 48 MiB pool costs ~30 ms of a 2-core VM's CPU, which
  * a consumer joining on an anchor received in place (that hardly touches
- * the pool) would pay before its first chunk.  The session thread faults
- * it in and registers it with the I/O engine at its first quiet moment
- * (session.c, pool_warm), or the first I/O through it does (cs_pool_io_pin). */
+ * the pool) would pay before its first chunk.  The I/O engine pins the
+ * whole pool when it first does I/O through it (cs_pool_io_pin). */
 #include <errno.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -34,16 +33,6 @@ int cs_pool_open(cs_pool *p, uint64_t budget_bytes)
 				    (unsigned long long)p->bytes, strerror(errno));
 	}
 	return 0; /* pinned for CUDA too once a device tensor is bound (cs_pool_cuda_register) */
-}
-
-#ifndef MADV_POPULATE_WRITE
-#define MADV_POPULATE_WRITE 23 /* Linux 5.14 */
-#endif
-
-void cs_pool_populate(cs_pool *p)
-{
-	if (madvise(p->base, p->bytes, MADV_POPULATE_WRITE)) /* older kernels: the registration does it */
-		DCAST_LOG_D("consumer: staging pool not populated ahead (madvise: %s)", strerror(errno));
 }
 
 void cs_pool_close(cs_pool *p)

@@ -195,33 +195,23 @@ int cs_anchor_load(dcast_consumer *c, uint64_t *version)
 	return err;
 }
 
-/* n bytes of t from byte `done` through the scratch region (a fixed-buffer
- * write), in the file's natural order, once the scratch is free again. */
-static int write_piece(dcast_consumer *c, int file, const cs_tensor *t, uint64_t done, uint64_t n, uint64_t at)
-{
-	unsigned char *scratch = cs_pool_scratch(&c->pool);
-	int err;
-
-	cs_pool_io_pin(c);
-	if ((err = dcast_io_drain(c->io)) ||
-	    (err = cs_tensor_read_natural(t, done / t->elem_size, n / t->elem_size, scratch)))
-		return err;
-	return dcast_io_write(c->io, file, scratch, n, at, dcast_io_buffers_fixed(c->io) ? 0 : DCAST_IO_NO_BUF, 4);
-}
-
 /* Write tensor t at off: host tensors straight from their memory, device
- * and tiled tensors through the scratch region. */
+ * and tiled tensors through the scratch region (fixed-buffer writes). */
 static int write_tensor(dcast_consumer *c, int file, const cs_tensor *t, uint64_t off)
 {
+	unsigned char *scratch = cs_pool_scratch(&c->pool);
 	uint64_t piece = c->pool.region_bytes;
 	int err = 0;
 
 	for (uint64_t done = 0; !err && done < t->bytes; done += piece) {
 		uint64_t n = t->bytes - done < piece ? t->bytes - done : piece;
-		if (t->mem == DCAST_MEM_HOST && !t->map.tiled)
+		if (t->mem == DCAST_MEM_HOST && !t->map.tiled) {
 			err = dcast_io_write(c->io, file, t->ptr + done, n, off + done, DCAST_IO_NO_BUF, 4);
-		else
-			err = write_piece(c, file, t, done, n, off + done);
+		} else if (!(err = dcast_io_drain(c->io)) &&
+			   !(err = cs_tensor_read_natural(t, done / t->elem_size, n / t->elem_size, scratch))) {
+			err = dcast_io_write(c->io, file, scratch, n, off + done,
+					     dcast_io_buffers_fixed(c->io) ? 0 : DCAST_IO_NO_BUF, 4);
+		}
 		if (err == DCAST_EBUSY && !(err = dcast_io_drain(c->io)))
 			done -= piece; /* queue was full: submit this piece again */
 	}

@@ -35,16 +35,12 @@ void cs_ckpt_version_path(const dcast_consumer *c, uint64_t version, char *out, 
 	snprintf(out, cap, "%s/%020" PRIu64 ".rec", c->ck.log_dir, version);
 }
 
-static int in_pool(const dcast_consumer *c, const void *p, uint64_t len)
+static int pool_index(const dcast_consumer *c, const void *p, uint64_t len)
 {
 	const unsigned char *b = p;
 
-	return b >= c->pool.base && b + len <= c->pool.base + c->pool.bytes;
-}
-
-static int pool_index(const dcast_consumer *c, const void *p, uint64_t len)
-{
-	return in_pool(c, p, len) && dcast_io_buffers_fixed(c->io) ? 0 : DCAST_IO_NO_BUF;
+	return b >= c->pool.base && b + len <= c->pool.base + c->pool.bytes &&
+	       dcast_io_buffers_fixed(c->io) ? 0 : DCAST_IO_NO_BUF;
 }
 
 /* Bind a version's record file to the I/O engine. */
@@ -325,25 +321,12 @@ static wb_slot *wb_slot_get(dcast_consumer *c)
 	return NULL;
 }
 
-void cs_pool_io_pin(dcast_consumer *c)
-{
-	if (c->pool.io_pinned)
-		return;
-	c->pool.io_pinned = 1;
-	cs_ckpt_settle(c); /* the engine idle */
-	(void)dcast_io_register_buffers(c->io, &(struct iovec){c->pool.base, c->pool.bytes}, 1);
-}
-
 int cs_ckpt_chunk_submit(dcast_consumer *c, cs_version *v, const dcast_chunk *k, zmq_msg_t *held,
 			 const void *payload, uint64_t payload_sum, uint64_t *payload_off)
 {
 	uint64_t t0 = dcast_now_ns(), tag;
-	wb_slot *s;
+	wb_slot *s = wb_slot_get(c);
 	int err;
-
-	if (in_pool(c, payload, k->payload_bytes))
-		cs_pool_io_pin(c);
-	s = wb_slot_get(c);
 
 	if (!s)
 		return dcast_fail(DCAST_EIO, "version %" PRIu64 ": record writes failed", k->version);
@@ -406,8 +389,6 @@ int cs_io_read(dcast_consumer *c, int file, void *dst, uint64_t len, uint64_t of
 	int n, err;
 
 	cs_ckpt_settle(c); /* the engine to ourselves; a failed record write is the session's */
-	if (in_pool(c, dst, len))
-		cs_pool_io_pin(c);
 	if ((err = dcast_io_read(c->io, file, dst, len, off, pool_index(c, dst, len), 3)))
 		return err;
 	n = dcast_io_wait(c->io, 1, &d, 1);

@@ -37,18 +37,11 @@ typedef struct cs_pool {
 	uint64_t region_bytes;         /* each of the three regions */
 	uint64_t resident_used, resident_live; /* bump offset, live chunks */
 	uint64_t in_use, peak;         /* bytes in use now / at most */
-	int locked;                    /* mlock2 (on fault) succeeded */
-	int io_pinned;                 /* offered to the I/O engine (cs_pool_io_pin) */
+	int locked;                    /* mlock succeeded */
 	int cuda_registered;           /* cudaHostRegister succeeded */
 } cs_pool;
 
 int cs_pool_open(cs_pool *p, uint64_t budget_bytes);
-/* Register the pool as the I/O engine's fixed buffer, once, before the
- * first I/O through it (record writes of resident chunks, reads into the
- * scratch, folds through it): that faults in and pins all of it.  Waits
- * for the record writes in flight first.  A refusal leaves the pool a
- * plain buffer (logged by the engine). */
-void cs_pool_io_pin(dcast_consumer *c);
 void cs_pool_close(cs_pool *p);
 unsigned char *cs_pool_scratch(cs_pool *p);
 unsigned char *cs_pool_undo(cs_pool *p);

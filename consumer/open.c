@@ -132,7 +132,8 @@ int dcast_consumer_open(const char *endpoint, const char *model, const char *dir
 	if ((err = make_paths(c, dir, endpoint)) || (err = cs_pool_open(&c->pool, staging_budget_bytes)))
 		goto fail;
 	if ((err = cs_syncer_open(&c->ck.syncer)) || (err = cs_ckpt_wb_open(c)) ||
-	    (err = dcast_io_open(&c->io, CS_IO_DEPTH)))
+	    (err = dcast_io_open(&c->io, CS_IO_DEPTH)) ||
+	    (err = dcast_io_register_buffers(c->io, &(struct iovec){c->pool.base, c->pool.bytes}, 1)))
 		goto fail;
 	c->ss.window_bytes = c->pool.region_bytes;
 	c->stats.version = DCAST_VERSION_NONE;

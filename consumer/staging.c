@@ -1,11 +1,6 @@
 /* The staging pool: one pinned mapping (mmap + mlock, best effort) split
  * into resident, scratch and undo regions (consumer_impl.h).  Allocated
- * once at open; nothing on the receive path allocates.  Its pages are
- * faulted in and locked as they are first touched (MLOCK_ONFAULT), not at
- * open: populating a 48 MiB pool costs ~30 ms of a 2-core VM's CPU, which
- * a consumer joining on an anchor received in place (that hardly touches
- * the pool) would pay before its first chunk.  The I/O engine pins the
- * whole pool when it first does I/O through it (cs_pool_io_pin). */
+ * once at open; nothing on the receive path allocates. */
 #include <errno.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -17,18 +12,18 @@ int cs_pool_open(cs_pool *p, uint64_t budget_bytes)
 	memset(p, 0, sizeof(*p));
 	p->region_bytes = (budget_bytes / 4) & ~(uint64_t)4095;
 	p->bytes = 3 * p->region_bytes;
-	p->base = mmap(NULL, p->bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	p->base = mmap(NULL, p->bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
 	if (p->base == MAP_FAILED) {
 		p->base = NULL;
 		return dcast_fail(DCAST_ENOMEM, "staging pool: mmap %llu bytes: %s",
 				  (unsigned long long)p->bytes, strerror(errno));
 	}
-	if (mlock2(p->base, p->bytes, MLOCK_ONFAULT) == 0) {
+	if (mlock(p->base, p->bytes) == 0) {
 		p->locked = 1;
 	} else {
 		static _Atomic int warned;
 		if (!warned++)
-			DCAST_LOG_W("consumer: staging pool of %llu bytes not pinned (mlock2: %s; "
+			DCAST_LOG_W("consumer: staging pool of %llu bytes not pinned (mlock: %s; "
 				    "raise RLIMIT_MEMLOCK); continuing unpinned",
 				    (unsigned long long)p->bytes, strerror(errno));
 	}

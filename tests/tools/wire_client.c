@@ -71,12 +71,16 @@ static void state_init(uint16_t **t)
 			t[k][i] = (uint16_t)mix(o.seed ^ ((uint64_t)k << 40) ^ i);
 }
 
+static void hb_due(void);
+
 static void state_step(uint16_t **t, uint64_t v)
 {
 	for (uint32_t k = 0; k < o.tensors; k++)
 		for (uint64_t i = 0; i < o.elems; i++) {
 			uint64_t h = mix(mix(o.seed * 31 + v) ^ ((uint64_t)k << 48) ^ i);
 
+			if (!(i & 0xfffff))
+				hb_due();
 			if (h % 1000000 < o.density_ppm)
 				t[k][i] = (uint16_t)(h >> 40);
 		}
@@ -149,6 +153,19 @@ static void send_hello(void *s, int role, uint64_t have)
  * every 300 ms of waiting.  Returns 1 with a message, 0 when wait_ms
  * passed without one; dies on a bad message or past the deadline. */
 static uint64_t deadline_ms, last_hb_ms;
+
+/* The producer's socket once joined: long computations (a version's
+ * state, its digests; slow under the sanitizers) heartbeat on it every
+ * 300 ms, as the producer library's thread does, so that a broker with a
+ * short --heartbeat-ms does not drop a producer that is only busy. */
+static void *hb_sock;
+static void hb_due(void)
+{
+	if (hb_sock && dcast_now_ms() - last_hb_ms >= 300) {
+		send_simple(hb_sock, DCAST_MSG_HEARTBEAT, 0);
+		last_hb_ms = dcast_now_ms();
+	}
+}
 static int recv_within(void *s, dcast_wire_in *in, uint64_t wait_ms)
 {
 	for (uint64_t start = dcast_now_ms();;) {
@@ -293,12 +310,14 @@ static void prod_version(struct prod *p, uint64_t v, int anchor)
 			hm.u.chunk.changed = info.changed;
 			hm.u.chunk.payload_bytes = info.payload_bytes;
 			dcast_chunk_seal(&hm.u.chunk, out);
+			hb_due();
 			prod_chunk(p, &hm, out);
 			bytes += info.payload_bytes;
 		}
 	for (uint32_t k = 0; k < o.tensors; k++) {
 		memcpy(state[k] + lo, work[k] + lo, (hi - lo) * 2);
 		dg[k] = (dcast_range_digest){k, lo, hi - lo, 0};
+		hb_due();
 		if (dcast_ldigest(k, lo, work[k] + lo, hi - lo, 2, &dg[k].digest))
 			die("digest: %s", dcast_last_error());
 	}
@@ -331,6 +350,7 @@ static int produce(void)
 	send_hello(p.s, DCAST_ROLE_PRODUCER, DCAST_VERSION_NONE);
 	while (prod_pump(&p, DCAST_VERSION_NONE) != DCAST_MSG_WELCOME)
 		;
+	hb_sock = p.s;
 	send_manifest(p.s);
 	v0 = p.newest == DCAST_VERSION_NONE ? 1 : p.newest + 1;
 	anchor = p.need_anchor || p.newest == DCAST_VERSION_NONE;

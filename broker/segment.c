@@ -217,22 +217,28 @@ static int queue_write(broker_seg_store *s, struct seg_file *f, const void *buf,
 	return rc;
 }
 
-/* Queue one record at the end of f (lengths checked by the caller). */
-static int put_record(broker_seg_store *s, struct seg_file *f, const dcast_rec *r,
-		      const void *hdr, const void *payload)
+/* Queue one record at the end of f; payload_sum is dcast_checksum() of its
+ * payload (the caller's, computed when the chunk arrived). */
+static int put_record(broker_seg_store *s, struct seg_file *f, int kind, uint64_t version,
+		      const void *hdr, size_t hdr_len, const void *payload, size_t payload_len,
+		      uint64_t payload_sum)
 {
 	uint8_t *p;
 	int rc;
 
+	if (hdr_len > DCAST_MAX_HEADER_BYTES || payload_len > DCAST_MAX_CHUNK_BYTES)
+		return dcast_fail(DCAST_EINVAL, "segment: record of %zu+%zu bytes over limits",
+				  hdr_len, payload_len);
 	if (s->n_prefix == SEG_PREFIX_POOL)
 		reap_all(s);
 	p = s->prefix[s->n_prefix++];
-	dcast_rec_encode(p, r, hdr);
+	dcast_rec_encode(p, &(dcast_rec){(uint16_t)kind, (uint32_t)hdr_len, (uint32_t)payload_len,
+					 version, payload_sum}, hdr);
 	rc = queue_write(s, f, p, DCAST_REC_PREFIX);
 	if (!rc)
-		rc = queue_write(s, f, hdr, r->hdr_len);
+		rc = queue_write(s, f, hdr, hdr_len);
 	if (!rc)
-		rc = queue_write(s, f, payload, r->payload_len);
+		rc = queue_write(s, f, payload, payload_len);
 	return rc;
 }
 
@@ -240,11 +246,7 @@ static int put_record(broker_seg_store *s, struct seg_file *f, const dcast_rec *
 static int put_header(broker_seg_store *s, struct seg_file *f, int kind, uint64_t version,
 		      const void *hdr, size_t hdr_len)
 {
-	dcast_rec r = {(uint16_t)kind, (uint32_t)hdr_len, 0, version, dcast_checksum(NULL, 0)};
-
-	if (hdr_len > DCAST_MAX_HEADER_BYTES)
-		return dcast_fail(DCAST_EINVAL, "segment: record header of %zu bytes over limits", hdr_len);
-	return put_record(s, f, &r, hdr, NULL);
+	return put_record(s, f, kind, version, hdr, hdr_len, NULL, 0, dcast_checksum(NULL, 0));
 }
 
 /* ---- writing versions ----------------------------------------------- */
@@ -312,12 +314,8 @@ int broker_seg_append_chunk(broker_seg_store *s, const char *model, uint64_t ver
 	if (!m || m->cur.fd < 0)
 		return dcast_fail(DCAST_ESTATE, "segment: model %s has no segment: the first "
 				  "version must be an anchor", model);
-	if (hdr_len > DCAST_MAX_HEADER_BYTES || payload_len > DCAST_MAX_CHUNK_BYTES)
-		return dcast_fail(DCAST_EINVAL, "segment: CHUNK record of %zu+%zu bytes over limits",
-				  hdr_len, payload_len);
-	return put_record(s, &m->cur, &(dcast_rec){BROKER_SEG_CHUNK, (uint32_t)hdr_len,
-						    (uint32_t)payload_len, version, payload_sum},
-			  hdr, payload);
+	return put_record(s, &m->cur, BROKER_SEG_CHUNK, version, hdr, hdr_len, payload, payload_len,
+			  payload_sum);
 }
 
 /* Anchor committed: the previous segment is superseded. */
@@ -484,16 +482,6 @@ static int order_ok(int kind, int kind_last)
 	return kind_last >= BROKER_SEG_MANIFEST;
 }
 
-static int check_file_record(const dcast_rec *r, const uint8_t *hdr, struct seg_scan *sc)
-{
-	if (r->hdr_len == 0 || r->hdr_len > DCAST_MAX_NAME || r->payload_len ||
-	    memchr(hdr, 0, r->hdr_len))
-		return -1;
-	memcpy(sc->model, hdr, r->hdr_len);
-	sc->model[r->hdr_len] = '\0';
-	return 0;
-}
-
 /* Check a record that reads back intact against its kind and its place in
  * the sequence FILE MANIFEST (CHUNK* COMMIT)* (dcast_rec_fn).  Returns 1
  * when it closes a version, 0 when fine, -1 (why set) when it does not
@@ -510,7 +498,7 @@ static int check_record(void *ctx, uint64_t off, const dcast_rec *r, const uint8
 		return snprintf(why, why_cap, "record kind %u out of order", r->kind), -1;
 	sc->kind_last = r->kind;
 	if (r->kind == BROKER_SEG_FILE)
-		return check_file_record(r, hdr, sc) ? (snprintf(why, why_cap, "bad FILE record"), -1) : 0;
+		return dcast_rec_file_name(r, hdr, sc->model) ? (snprintf(why, why_cap, "bad FILE record"), -1) : 0;
 	if (dcast_rec_msg(r, hdr, &msg))
 		return snprintf(why, why_cap, "header: %s", dcast_last_error()), -1;
 	if (r->kind == BROKER_SEG_CHUNK)

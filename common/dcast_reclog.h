@@ -120,6 +120,12 @@ int dcast_rec_scan(dcast_rec_reader *rd, int payload, dcast_rec_fn fn, void *ctx
  * or another message or version than the record says: named). */
 int dcast_rec_msg(const dcast_rec *r, const uint8_t *hdr, dcast_msg *m);
 
+/* The model name a FILE record holds (hdr[0..r->hdr_len)) into name
+ * (DCAST_MAX_NAME + 1 bytes, NUL-terminated; untouched on error).  Errors:
+ * DCAST_ECORRUPT (not a FILE record, a payload, an empty or too long name,
+ * a NUL inside it). */
+int dcast_rec_file_name(const dcast_rec *r, const uint8_t *hdr, char *name);
+
 /* Offset of the next record magic of this format at or after off in fd,
  * or size if there is none before it: where to look again after a damaged
  * record, to name what lies past it. */

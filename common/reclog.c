@@ -216,6 +216,16 @@ int dcast_rec_msg(const dcast_rec *r, const uint8_t *hdr, dcast_msg *m)
 	return err;
 }
 
+int dcast_rec_file_name(const dcast_rec *r, const uint8_t *hdr, char *name)
+{
+	if (r->kind != DCAST_REC_FILE || r->payload_len || r->hdr_len == 0 || r->hdr_len > DCAST_MAX_NAME ||
+	    memchr(hdr, 0, r->hdr_len))
+		return dcast_fail(DCAST_ECORRUPT, "not a FILE record with a model name");
+	memcpy(name, hdr, r->hdr_len);
+	name[r->hdr_len] = '\0';
+	return 0;
+}
+
 uint64_t dcast_rec_next_magic(int fd, uint64_t off, uint64_t size)
 {
 	static const uint8_t magic[4] = {'D', 'C', 'R', DCAST_REC_FORMAT};

@@ -160,6 +160,15 @@ static int check_model_digest(dcast_consumer *c, const dcast_st_file *f, uint64_
 	return 0;
 }
 
+/* The file is this model's (metadata deltacast.model), before its tensors
+ * are read: another model's is left as it is (cs_ckpt_foreign). */
+static int owner_check(const dcast_consumer *c, const dcast_st_file *f)
+{
+	const char *m = dcast_st_metadata_get(f, "deltacast.model");
+
+	return m && strcmp(m, c->model) ? cs_ckpt_foreign(c, "model.safetensors, metadata deltacast.model", m) : 0;
+}
+
 int cs_anchor_load(dcast_consumer *c, uint64_t *version)
 {
 	dcast_st_file *f = NULL;
@@ -169,8 +178,9 @@ int cs_anchor_load(dcast_consumer *c, uint64_t *version)
 	cs_ckpt_settle(c); /* chunk records written behind use the engine too */
 	if ((err = dcast_st_open(c->ck.anchor_path, &f))) /* header checks */
 		return err;
+	err = owner_check(c, f);
 	vs = dcast_st_metadata_get(f, "deltacast.version");
-	if (!vs || !*vs)
+	if (!err && (!vs || !*vs))
 		err = dcast_fail(DCAST_ECORRUPT, "%s: no deltacast.version metadata", c->ck.anchor_path);
 	if (!err)
 		*version = strtoull(vs, NULL, 10);

@@ -13,7 +13,6 @@
 #include "consumer_impl.h"
 #include "dcast_common.h"
 #include "dcast_reclog.h"
-#include "deltacast/safetensors.h"
 
 /* Replaying one version's record file. */
 struct replay_file {
@@ -214,50 +213,34 @@ static void rec_file_model(const dcast_consumer *c, uint64_t version, char *name
 	if ((rd.fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
 		return;
 	if (fstat(rd.fd, &st) == 0 && (rd.size = (uint64_t)st.st_size) &&
-	    dcast_rec_read(&rd, 0, 0, &r, why, sizeof(why)) == 0 && r.kind == DCAST_REC_FILE &&
-	    r.hdr_len <= DCAST_MAX_NAME && !memchr(rd.buf, 0, r.hdr_len)) {
-		memcpy(name, rd.buf, r.hdr_len);
-		name[r.hdr_len] = '\0';
-	}
+	    dcast_rec_read(&rd, 0, 0, &r, why, sizeof(why)) == 0)
+		(void)dcast_rec_file_name(&r, rd.buf, name);
 	close(rd.fd);
 	dcast_rec_reader_free(&rd);
 }
 
-static int foreign(const dcast_consumer *c, const char *what, const char *name)
+int cs_ckpt_foreign(const dcast_consumer *c, const char *what, const char *name)
 {
 	return dcast_fail(DCAST_ESTATE, "%s holds model %s's checkpoint (%s), not %s's: left as it is; "
 			  "give each model its own directory, or remove it", c->dir, name, what, c->model);
 }
 
-/* The checkpoint in c->dir is this model's: the anchor file's metadata
- * deltacast.model and every record file's FILE record name c->model.  A
- * directory reused for another model (same tensors or not) is neither
- * served nor deleted: the open fails.  Damage is left to the load. */
-static int anchor_owner(const dcast_consumer *c)
-{
-	dcast_st_file *f = NULL;
-	const char *m;
-	int err = 0;
-
-	if (access(c->ck.anchor_path, F_OK) == 0 && dcast_st_open(c->ck.anchor_path, &f) == 0 &&
-	    (m = dcast_st_metadata_get(f, "deltacast.model")) && strcmp(m, c->model))
-		err = foreign(c, "model.safetensors, metadata deltacast.model", m);
-	dcast_st_close(&f);
-	return err;
-}
-
+/* Every record file's FILE record names c->model (the anchor file's
+ * metadata is checked by cs_anchor_load): a directory reused for another
+ * model (same tensors or not) is neither served nor deleted, the open
+ * fails.  Damage is left to the replay. */
 static int check_owner(dcast_consumer *c)
 {
 	uint64_t *vers = malloc(CS_MAX_LOG_FILES * sizeof(*vers));
 	char name[DCAST_MAX_NAME + 1];
 	uint32_t n = 0;
-	int err = vers ? anchor_owner(c) : dcast_fail(DCAST_ENOMEM, "log list");
+	int err = vers ? 0 : dcast_fail(DCAST_ENOMEM, "log list");
 
 	if (!err && cs_ckpt_list(c, vers, CS_MAX_LOG_FILES, &n) == 0)
 		for (uint32_t i = 0; !err && i < n; i++) {
 			rec_file_model(c, vers[i], name);
 			if (name[0] && strcmp(name, c->model))
-				err = foreign(c, "model.dlog, its record files' FILE record", name);
+				err = cs_ckpt_foreign(c, "model.dlog, its record files' FILE record", name);
 		}
 	free(vers);
 	return err;
@@ -268,13 +251,10 @@ int cs_ckpt_load(dcast_consumer *c)
 	uint64_t have = DCAST_VERSION_NONE;
 	int err;
 
+	if (access(c->ck.anchor_path, F_OK) == 0 && (err = cs_anchor_load(c, &have)))
+		return err;
 	if ((err = check_owner(c)))
 		return err;
-	if (access(c->ck.anchor_path, F_OK) == 0) {
-		err = cs_anchor_load(c, &have);
-		if (err)
-			return err;
-	}
 	c->ck.anchor_file_version = have;
 	cs_set_applied(c, have);
 	err = replay(c, have, DCAST_VERSION_NONE, 1);

@@ -495,7 +495,12 @@ int cs_ckpt_wb_open(dcast_consumer *c);
 void cs_ckpt_wb_close(dcast_consumer *c);
 int cs_ckpt_commit_write(dcast_consumer *c, cs_version *v);
 void cs_ckpt_version_path(const dcast_consumer *c, uint64_t version, char *out, size_t cap);
+/* Load the checkpoint in c->dir at open.  Errors: DCAST_ESTATE (another
+ * model's files: cs_ckpt_foreign), the damage load_or_drop drops, I/O. */
 int cs_ckpt_load(dcast_consumer *c);
+/* DCAST_ESTATE, naming c->dir, the other model and what showed it: a
+ * checkpoint directory of another model is neither served nor deleted. */
+int cs_ckpt_foreign(const dcast_consumer *c, const char *what, const char *name);
 int cs_ckpt_fold(dcast_consumer *c);
 int cs_ckpt_restore(dcast_consumer *c);
 /* The recovery policy after an apply of `version` failed with err and left
@@ -512,7 +517,9 @@ void cs_ckpt_remove(dcast_consumer *c, uint64_t version);
 int cs_io_read(dcast_consumer *c, int file, void *dst, uint64_t len, uint64_t off, const char *what);
 #define CS_MAX_LOG_FILES 4096
 
-/* anchor.c: DIR/model.safetensors through dcast_io and the pool */
+/* anchor.c: DIR/model.safetensors through dcast_io and the pool.  Load it
+ * into the tensors, its version into *version; DCAST_ESTATE before reading
+ * them when it is another model's (cs_ckpt_foreign). */
 int cs_anchor_load(dcast_consumer *c, uint64_t *version);
 int cs_ckpt_read_payload(dcast_consumer *c, const cs_version *v, const cs_chunk *k, void *dst);
 

@@ -636,6 +636,28 @@ static void test_msg(void)
 	CHECK(dcast_rec_msg(&r, (const uint8_t *)"\xc1\xc1\xc1", &m) != 0); /* not msgpack */
 }
 
+/* A FILE record's name: what both record logs take from it. */
+static void test_file_name(void)
+{
+	char name[DCAST_MAX_NAME + 1] = "kept", big[DCAST_MAX_NAME + 2];
+	dcast_rec r = {DCAST_REC_FILE, 5, 0, 1, 0};
+
+	CHECK_ERR(dcast_rec_file_name(&r, (const uint8_t *)"llama", name), 0);
+	CHECK(!strcmp(name, "llama"));
+	r.hdr_len = 3;
+	CHECK_ERR(dcast_rec_file_name(&r, (const uint8_t *)"a\0b", name), DCAST_ECORRUPT); /* a NUL */
+	CHECK(!strcmp(name, "llama")); /* untouched */
+	r.hdr_len = 0;
+	CHECK_ERR(dcast_rec_file_name(&r, (const uint8_t *)"", name), DCAST_ECORRUPT);
+	memset(big, 'x', sizeof(big));
+	r.hdr_len = DCAST_MAX_NAME + 1;
+	CHECK_ERR(dcast_rec_file_name(&r, (const uint8_t *)big, name), DCAST_ECORRUPT); /* too long */
+	r = (dcast_rec){DCAST_REC_FILE, 5, 1, 1, 0};
+	CHECK_ERR(dcast_rec_file_name(&r, (const uint8_t *)"llama", name), DCAST_ECORRUPT); /* a payload */
+	r = (dcast_rec){DCAST_REC_COMMIT, 5, 0, 1, 0};
+	CHECK_ERR(dcast_rec_file_name(&r, (const uint8_t *)"llama", name), DCAST_ECORRUPT); /* another kind */
+}
+
 int main(void)
 {
 	const char *seed = getenv("DCAST_TEST_SEED");
@@ -656,6 +678,7 @@ int main(void)
 	run_case("next_magic", test_next_magic);
 	run_case("dirs", test_dirs);
 	run_case("msg", test_msg);
+	run_case("file_name", test_file_name);
 	close(fd);
 	dcast_rec_reader_free(&rd);
 	free(img);

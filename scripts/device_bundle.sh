@@ -1,24 +1,33 @@
 #!/usr/bin/env bash
 # Put what a lent GPU machine needs into .dev/ (ignored by git; the device
-# tool carries it with `carry: [".dev"]`): the programs the GPU tests, the
-# GPU bench and the fan-out probes run, built here (`make` first), with the
-# shared libraries they link that the device image lacks, and
-# scripts/device_run.sh.  Then, with the device tool: `bash .dev/run.sh`
-# (see docs/benchmarks.md, "On a GPU host").  No rebuild happens there.
+# tool carries it with `carry: [".dev"]`), laid out as a small copy of the
+# repo so that the scripts run there unchanged: .dev/build/ the programs the
+# GPU tests, the GPU bench, the fan-out probes and `make bench-sync` run,
+# built here (`make` first); .dev/lib/ the shared libraries they link that
+# the device image lacks; .dev/scripts/ bench_sync.sh with e2e_lib.sh, its
+# report and its Python consumer; .dev/python/ the binding; .dev/tests/tools/
+# the fan-out probe's scripts; scripts/device_run.sh as .dev/run.sh.  Then,
+# with the device tool: `bash .dev/run.sh` (see docs/benchmarks.md, "On a
+# GPU host").  No rebuild happens there, and nothing outside .dev/ is read.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${DELTACAST_BUILD:-build}
-make -s "$B/tools/bench_gpu_codec" "$B/tools/producer_reader" "$B/tools/bench_tcp" \
-	"$B/tools/fault_publish" "$B/tools/bench_sync_consumer" "$B/tools/wire_client" all
-grep -qx '/.dev/' .git/info/exclude 2>/dev/null || { mkdir -p .git/info; echo '/.dev/' >>.git/info/exclude; }
-rm -rf .dev && mkdir -p .dev/build/tests .dev/build/tools .dev/lib
-cp "$B/deltacast" "$B/deltacast-broker" .dev/build/
-cp "$B"/tests/test_gpu_codec "$B"/tests/test_consumer_gpu "$B"/tests/test_producer_gpu .dev/build/tests/
-for t in bench_gpu_codec producer_reader bench_tcp fault_publish bench_sync_consumer wire_client; do
-	cp "$B/tools/$t" .dev/build/tools/
-done
+TOOLS=(bench_gpu_codec producer_reader bench_tcp fault_publish bench_sync_consumer wire_client bench_sync_floor)
+TESTS=(test_gpu_codec test_consumer_gpu test_producer_gpu)
+# `make all` does not relink tests/ and tools/: name each one.
+make -s all "${TOOLS[@]/#/$B/tools/}" "${TESTS[@]/#/$B/tests/}"
+X=$(git rev-parse --git-path info/exclude) # a worktree's is its main checkout's
+grep -qx '/.dev/' "$X" 2>/dev/null || { mkdir -p "$(dirname "$X")"; echo '/.dev/' >>"$X"; }
+rm -rf .dev && mkdir -p .dev/build/tests .dev/build/tools .dev/lib .dev/scripts .dev/tests/tools
+cp "$B/deltacast" "$B/deltacast-broker" "$B/libdeltacast.so" .dev/build/
+for t in "${TESTS[@]}"; do cp "$B/tests/$t" .dev/build/tests/; done
+for t in "${TOOLS[@]}"; do cp "$B/tools/$t" .dev/build/tools/; done
+cp scripts/bench_sync.sh scripts/e2e_lib.sh scripts/bench_sync_report.py scripts/bench_sync_consumer.py .dev/scripts/
+cp tests/tools/broker_lib.sh tests/tools/anchor_join.sh .dev/tests/tools/
+cp -r python .dev/python
+find .dev/python -name __pycache__ -prune -exec rm -rf {} +
 # every shared library but the C runtime's (the device has its own)
-ldd .dev/build/deltacast .dev/build/deltacast-broker .dev/build/tests/* .dev/build/tools/* |
+ldd .dev/build/deltacast .dev/build/deltacast-broker .dev/build/libdeltacast.so .dev/build/tests/* .dev/build/tools/* |
 	awk '$2 == "=>" && $3 ~ /^\// { print $3 }' | sort -u |
 	grep -Ev '/(libc|libm|libpthread|libdl|librt|libresolv|libstdc\+\+|libgcc_s|ld-linux[^/]*)\.so' |
 	while read -r l; do cp -L "$l" .dev/lib/; done

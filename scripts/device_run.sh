@@ -1,29 +1,108 @@
 #!/usr/bin/env bash
-# Runs on a lent GPU machine from .dev/run.sh (scripts/device_bundle.sh
-# makes .dev/): the GPU tests, `make bench-gpu`'s program, and an anchor to
-# N joining consumers (raw TCP, the broker to receive-only joiners, library
-# joiners until READY) on that host's cores.  Output in $OUT (the device
-# tool brings it back).  BARGS: flags for the brokers; NS: the N's.
+# Runs on a lent GPU machine as .dev/run.sh (scripts/device_bundle.sh makes
+# .dev/, a small copy of the repo: build/, lib/, scripts/, python/,
+# tests/tools/; nothing outside .dev/ is read).  Steps, in this order, each
+# in its own process under a time limit, a failing one recorded and the next
+# run anyway:
+#   gpu      the machine, the three GPU tests, `make bench-gpu`'s program
+#   sync     `make bench-sync` (issue 17) on this host's cores: forms
+#            SYNC_FORMS ("lib sub"), N's SYNC_N ("1 4 8"), the --data-dir row
+#            (SYNC_DATADIR=1); its logs (no model files) in sync-logs.tgz
+#   fanout   an anchor to N joining consumers (raw TCP, the broker to
+#            receive-only joiners, library joiners until READY); N's: NS
+#   sync-py  bench-sync's Python-binding form (same N's, no --data-dir row),
+#            if a python3 there imports numpy; logs in sync-py-logs.tgz
+# STEPS picks (default "gpu sync fanout sync-py"); DEADLINE (370 s): no step
+# runs past it, and one that would get under 30 s is skipped.  Each step's
+# own limit: gpu 240 s (a failing test_consumer_gpu spends ~110 s in the
+# consumer's rejoin back-off), sync 200 s, fanout and sync-py 75 s.  On an
+# H200 host (2026-11-26) the four took 150 + 42 + 19 + 17 s.  PARAMS (100M)
+# sizes the model of sync and fanout; BARGS: flags for fanout's brokers.
+# Output: STEP.txt and steps.txt (each step's rc and seconds) in $OUT.
+# bench_sync_report.py needs only python3's standard library; with no
+# python3 there the logs still come back (the table is made from them
+# afterwards, `scripts/bench_sync_report.py table DIR 0`).
 set -u
-cd "$(dirname "$0")/.."
-export LD_LIBRARY_PATH=$PWD/.dev/lib DELTACAST_BUILD=$PWD/.dev/build
+cd "$(dirname "$0")" || exit 1
+D=$PWD
+export LD_LIBRARY_PATH=$D/lib DELTACAST_BUILD=$D/build PYTHONDONTWRITEBYTECODE=1
 B=$DELTACAST_BUILD
 O=${OUT:-/tmp/devout}
 mkdir -p "$O"
-export BARGS=${BARGS:-}
-PARAMS=${PARAMS:-100M}
+export BARGS=${BARGS:-} PARAMS=${PARAMS:-100M}
+# gen-trace's versions: outside .dev/, so that a rehearsal does not make
+# .dev/ (what the device tool carries) 1.4 GB bigger.
+export SYNC_TRACE=${SYNC_TRACE:-${TMPDIR:-/tmp}/dev-bench-sync-$PARAMS-6}
+
+# A python3 for bench_sync_report.py (standard library only): PYTHON, else
+# the first python3 on PATH, else /usr/bin/python3; none: a stand-in that
+# answers delta-bytes with awk and leaves the table for later.
+pick_python() {
+	local p
+	for p in ${PYTHON:-} python3 /usr/bin/python3; do
+		command -v "$p" >/dev/null 2>&1 && "$p" -c 'import statistics' 2>/dev/null && { command -v "$p"; return; }
+	done
+	cat >"${TMPDIR:-/tmp}/dev-nopy" <<'EOF'
+#!/bin/sh
+case $2 in
+delta-bytes) awk '{ for (k = 3; k < NF; k += 2) if ($k == "payload_bytes") print $(k + 1) }' "$3/floor.log" |
+	sort -n | awk '{ a[NR] = $1 } END { if (NR % 2) print a[(NR + 1) / 2]; else print int((a[NR / 2] + a[NR / 2 + 1]) / 2) }' ;;
+table) echo "(no python3 here: make the table from the logs, scripts/bench_sync_report.py table DIR 0)" ;;
+*) exit 1 ;;
+esac
+EOF
+	chmod +x "${TMPDIR:-/tmp}/dev-nopy"
+	echo "${TMPDIR:-/tmp}/dev-nopy"
+}
 
 gpu() {
 	echo "== machine"
-	nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1
-	echo "cpus $(nproc), kernel $(uname -r)"
+	nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1
+	echo "cpus $(nproc), kernel $(uname -r), $(grep MemTotal /proc/meminfo), $(python3 --version 2>&1) at $(command -v python3)"
+	nvidia-smi 2>&1 | head -20
 	echo "== libraries not found"
-	ldd "$B/deltacast-broker" "$B"/tests/* | grep "not found"
+	ldd "$B/deltacast" "$B/deltacast-broker" "$B/libdeltacast.so" "$B"/tests/* "$B"/tools/* | grep "not found"
 	echo "== GPU tests"
 	for t in test_gpu_codec test_consumer_gpu test_producer_gpu; do
 		echo "-- $t"; timeout 120 "$B/tests/$t"; echo "rc=$?"
 	done
 	echo "== bench_gpu_codec"; timeout 200 "$B/tools/bench_gpu_codec"; echo "rc=$?"
+}
+
+# bench_sync NAME FORMS DATADIR: scripts/bench_sync.sh, its logs (without
+# the consumers' folders and models) in $O/NAME-logs.tgz.
+bench_sync() {
+	local name=$1 py tmp root
+	py=$(pick_python)
+	tmp=$(mktemp -d "${TMPDIR:-/tmp}/dev-$name.XXXXXX")
+	echo "== bench-sync: forms $2, N ${SYNC_N:-1 4 8}, --data-dir row $3, $PARAMS, $(nproc) cores, python $py"
+	TMPDIR=$tmp PYTHON=$py BENCH_SYNC_PARAMS=$PARAMS BENCH_SYNC_N="${SYNC_N:-1 4 8}" BENCH_SYNC_FORMS="$2" \
+		BENCH_SYNC_DATADIR=$3 BENCH_SYNC_DOC=0 BENCH_SYNC_KEEP=1 BENCH_SYNC_TRACE=$SYNC_TRACE \
+		bash scripts/bench_sync.sh
+	local rc=$?
+	echo "bench_sync.sh rc=$rc"
+	for root in "$tmp"/deltacast-bench-sync.*; do
+		[ -d "$root" ] || continue
+		(cd "$root" && find . -type f \( -name '*.log' -o -name '*.err' -o -name config -o -name meta \) \
+			-not -path './bin/*' -not -path './*/c[0-9]*/*' -not -path '*/broker-data/*' |
+			tar -czf "$O/$name-logs.tgz" -T -)
+		echo "logs: $name-logs.tgz ($(du -h "$O/$name-logs.tgz" | cut -f1))"
+		rm -rf "$root"
+	done
+	rmdir "$tmp" 2>/dev/null
+	return $rc
+}
+
+sync_lib() { bench_sync sync "${SYNC_FORMS:-lib sub}" "${SYNC_DATADIR:-1}"; }
+
+sync_py() {
+	local py
+	py=$(pick_python)
+	if ! DELTACAST_LIB=$B/libdeltacast.so PYTHONPATH=$D/python "$py" -c 'import numpy, deltacast' 2>&1; then
+		echo "== sync-py: skipped, $py cannot import numpy and the binding"
+		return 3
+	fi
+	bench_sync sync-py py 0
 }
 
 # recv_run N MODEL: the broker to N consumers that only receive.
@@ -45,19 +124,53 @@ recv_run() {
 
 fanout() {
 	echo "== an anchor to N joining consumers, $(nproc) cores, broker flags: ${BARGS:-none}"
-	rm -rf /tmp/trace
-	timeout 90 "$B/deltacast" gen-trace --params "$PARAMS" --steps 0 --density 0.01 -o /tmp/trace >/dev/null 2>&1
-	local m=/tmp/trace/v0000.safetensors n k
+	local m=$SYNC_TRACE/v0000.safetensors n
+	if [ ! -f "$SYNC_TRACE/done" ]; then # no bench-sync trace: the anchor alone
+		rm -rf "${TMPDIR:-/tmp}/dev-trace"
+		timeout 90 "$B/deltacast" gen-trace --params "$PARAMS" --steps 0 --density 0.01 -o "${TMPDIR:-/tmp}/dev-trace" >/dev/null 2>&1
+		m=${TMPDIR:-/tmp}/dev-trace/v0000.safetensors
+	fi
 	echo "model $(stat -c %s "$m") bytes"
 	for n in ${NS:-1 4 16}; do
-		for k in 1 2 3; do echo "raw_tcp n=$n: $("$B/tools/bench_tcp" "$(stat -c %s "$m")" "$n")"; done
-		for k in 1 2 3; do recv_run "$n" "$m"; done
-		for k in 1 2 3; do
+		for _ in 1 2 3; do echo "raw_tcp n=$n: $("$B/tools/bench_tcp" "$(stat -c %s "$m")" "$n")"; done
+		for _ in 1 2 3; do recv_run "$n" "$m"; done
+		for _ in 1 2 3; do
 			ANCHOR_JOIN_BROKER_ARGS="$BARGS" timeout 60 bash tests/tools/anchor_join.sh "$n" "$m" 2>&1 |
 				awk -v n="$n" '/READY at/ { v = $5 + 0; if (v > m) m = v } END { printf "lib n=%d: last READY at %d ms\n", n, m }'
 		done
 	done
 }
 
-[ -n "${SKIP_GPU:-}" ] || gpu 2>&1 | tee "$O/gpu.txt"
-fanout 2>&1 | tee "$O/fanout.txt"
+# `run.sh step NAME`: one step (the process the time limit ends).
+if [ "${1:-}" = step ]; then
+	case $2 in
+	gpu) gpu ;;
+	sync) sync_lib ;;
+	sync-py) sync_py ;;
+	fanout) fanout ;;
+	*) echo "no step $2"; exit 2 ;;
+	esac
+	exit
+fi
+
+DEADLINE=${DEADLINE:-370}
+declare -A CAP=([gpu]=240 [sync]=200 [fanout]=75 [sync-py]=75)
+{
+	echo "start $(date -u +%FT%TZ), $(nproc) cpus, steps: ${STEPS:-gpu sync fanout sync-py}, deadline ${DEADLINE} s"
+	nvidia-smi -L 2>&1
+} | tee "$O/steps.txt"
+for s in ${STEPS:-gpu sync fanout sync-py}; do
+	[ "$s" = gpu ] && [ -n "${SKIP_GPU:-}" ] && continue
+	left=$((DEADLINE - SECONDS))
+	lim=${CAP[$s]:-120}
+	[ "$lim" -le "$left" ] || lim=$left
+	if [ "$lim" -lt 30 ]; then
+		echo "step $s: skipped, ${left} s left" | tee -a "$O/steps.txt"
+		continue
+	fi
+	t0=$SECONDS
+	timeout -k 5 "$lim" bash "$D/run.sh" step "$s" 2>&1 | tee "$O/$s.txt"
+	rc=${PIPESTATUS[0]}
+	echo "step $s: rc=$rc in $((SECONDS - t0)) s (limit $lim s)$([ "$rc" = 124 ] && echo ', TIMED OUT')" | tee -a "$O/steps.txt"
+done
+echo "done in $SECONDS s" | tee -a "$O/steps.txt"

@@ -729,6 +729,34 @@ static int apply_report(const dcast_chunk_info *info, const apply_err *e)
 	}
 }
 
+/* Can the kernels read p where it is: device or managed memory, or host
+ * memory registered with the same address on the device? */
+static int device_readable(const void *p)
+{
+	cudaPointerAttributes at;
+	if (cudaPointerGetAttributes(&at, p) != cudaSuccess) {
+		cudaGetLastError(); /* not a CUDA error to keep: plain host memory */
+		return 0;
+	}
+	return at.type == cudaMemoryTypeDevice || at.type == cudaMemoryTypeManaged ||
+	       (at.type == cudaMemoryTypeHost && at.devicePointer == p);
+}
+
+/* A sparse payload the kernels cannot read in place (pageable host memory)
+ * is copied to device scratch first; a dense one is one cudaMemcpy anyway. */
+static int stage_payload(apply_ctx *a)
+{
+	int rc = DCAST_OK;
+	void *d = NULL;
+	if (a->info->encoding == DCAST_ENC_DENSE || !a->info->payload_bytes || device_readable(a->pl))
+		return DCAST_OK;
+	CU(scratch_get(a->sc, &d, a->info->payload_bytes), "cudaMallocAsync(payload)");
+	CU(cudaMemcpyAsync(d, a->pl, a->info->payload_bytes, cudaMemcpyHostToDevice, a->sc->s), "copy payload");
+	a->pl = (const uint8_t *)d;
+out:
+	return rc;
+}
+
 extern "C" int dcast_cuda_apply(const dcast_chunk_info *info, const void *payload, void *dst,
 				void *old_out, void *stream)
 {
@@ -744,6 +772,8 @@ extern "C" int dcast_cuda_apply(const dcast_chunk_info *info, const void *payloa
 	CU(scratch_get(&sc, (void **)&err, sizeof(*err)), "cudaMallocAsync(err)");
 	CU(cudaMemcpyAsync(err, &host_err, sizeof(host_err), cudaMemcpyHostToDevice, sc.s), "init err");
 	a.err = err;
+	if ((rc = stage_payload(&a)))
+		goto out;
 	switch (info->elem_size) {
 	case 1: rc = apply_es<1>(&a); break;
 	case 2: rc = apply_es<2>(&a); break;

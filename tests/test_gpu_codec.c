@@ -73,8 +73,9 @@ static gcase make_case(uint64_t count, unsigned es, double density)
 	return c;
 }
 
-/* GPU apply of `pl` (host bytes) from device and from pinned memory equals
- * the CPU result; returns the CPU's error code. */
+/* GPU apply of `pl` (host bytes) from device memory, from pinned memory and
+ * from ordinary (pageable) host memory equals the CPU result; returns the
+ * CPU's error code. */
 static int apply_both(const gcase *c, const dcast_chunk_info *info, const uint8_t *pl)
 {
 	size_t bytes = c->count * c->es, old_bytes = (info->encoding == DCAST_ENC_DENSE ? c->count : info->changed) * c->es;
@@ -85,9 +86,10 @@ static int apply_both(const gcase *c, const dcast_chunk_info *info, const uint8_
 	REQUIRE(cudaMallocHost((void **)&pinned, info->payload_bytes + 1) == cudaSuccess);
 	memcpy(pinned, pl, info->payload_bytes);
 	void *dpl = to_dev(pl, info->payload_bytes);
-	for (int from_pinned = 0; from_pinned < 2; from_pinned++) {
+	const void *srcs[3] = {dpl, pinned, pl};
+	for (int k = 0; k < 3; k++) {
 		void *dst = to_dev(c->base, bytes), *old = dev_alloc(old_bytes);
-		int got = dcast_cuda_apply(info, from_pinned ? (void *)pinned : dpl, dst, old, NULL);
+		int got = dcast_cuda_apply(info, srcs[k], dst, old, NULL);
 		CHECK_ERR(got, want);
 		from_dev(gpu, dst, bytes);
 		CHECK(memcmp(gpu, want ? c->base : cpu, bytes) == 0);

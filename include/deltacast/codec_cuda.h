@@ -4,9 +4,10 @@
  * are the oracle).  Each call runs on `stream` (a cudaStream_t, NULL for the
  * default stream) and returns when its work is complete.
  *
- * Pointers: device pointers for ranges; payloads may be device memory or
- * pinned host memory (any pointer cudaMemcpy can read with
- * cudaMemcpyDefault).  Scratch space is taken with cudaMallocAsync and
+ * Pointers: device pointers for ranges; payloads may be device memory,
+ * registered (pinned) host memory, or ordinary host memory, which
+ * dcast_cuda_apply first copies to the device (one cudaMemcpy of the
+ * payload).  Scratch space is taken with cudaMallocAsync and
  * given back before return.  Without CUDA in the build, or without a
  * device, every call returns DCAST_ENODEVICE; check dcast_cuda_available().
  * Errors also: DCAST_ECUDA (a CUDA call failed; detail names it). */

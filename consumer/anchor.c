@@ -120,25 +120,38 @@ static uint64_t desc_hash(const dcast_tensor_desc *t)
 	return dcast_checksum(v, n * sizeof(v[0]));
 }
 
-/* Digest of the whole model as it is now, as version `version`: XXH3-64
- * (dcast_checksum) of the little-endian u64s version and, per tensor in
- * manifest order, desc_hash and dcast_digest.  Kept in the anchor file's
- * metadata so a load refuses a flipped bit on disk: in the data, a tensor's
- * name, dtype or shape, or the version. */
+/* The file digest of model.safetensors: XXH3-64 (dcast_checksum) of the
+ * little-endian u64s version and, per tensor in manifest order, desc_hash
+ * and dcast_digest of its data (td[i]).  Kept in the file's metadata so a
+ * load refuses a flipped bit on disk: in the data, a tensor's name, dtype
+ * or shape, or the version. */
+uint64_t cs_file_digest(const cs_tensor *t, uint32_t n, uint64_t version, const uint64_t *td)
+{
+	uint64_t *d = malloc((2 * (size_t)n + 1) * sizeof(*d)), out;
+
+	if (!d) /* a digest no file has: the load refuses it, the fold is done again */
+		return 0;
+	d[0] = version;
+	for (uint32_t i = 0; i < n; i++) {
+		d[1 + 2 * i] = desc_hash(&t[i].desc);
+		d[2 + 2 * i] = td[i];
+	}
+	out = dcast_checksum(d, (2 * (size_t)n + 1) * sizeof(*d));
+	free(d);
+	return out;
+}
+
+/* The file digest of the live tensors as version `version`. */
 static int model_digest(dcast_consumer *c, uint64_t version, uint64_t *out)
 {
-	uint64_t *d = calloc(2 * (size_t)c->n_tensors + 1, sizeof(*d));
-	int err = d ? 0 : dcast_fail(DCAST_ENOMEM, "checkpoint digest: %u tensors", c->n_tensors);
+	uint64_t *td = calloc(c->n_tensors ? c->n_tensors : 1, sizeof(*td));
+	int err = td ? 0 : dcast_fail(DCAST_ENOMEM, "checkpoint digest: %u tensors", c->n_tensors);
 
-	for (uint32_t i = 0; !err && i < c->n_tensors; i++) {
-		d[1 + 2 * i] = desc_hash(&c->tensors[i].desc);
-		err = cs_tensor_digest(&c->tensors[i], 0, c->tensors[i].bytes, &d[2 + 2 * i]);
-	}
-	if (!err) {
-		d[0] = version;
-		*out = dcast_checksum(d, (2 * (size_t)c->n_tensors + 1) * sizeof(*d));
-	}
-	free(d);
+	for (uint32_t i = 0; !err && i < c->n_tensors; i++)
+		err = cs_tensor_digest(&c->tensors[i], 0, c->tensors[i].bytes, &td[i]);
+	if (!err)
+		*out = cs_file_digest(c->tensors, c->n_tensors, version, td);
+	free(td);
 	return err;
 }
 
@@ -232,12 +245,12 @@ static int write_tensor(dcast_consumer *c, int file, const cs_tensor *t, uint64_
  * in one string of store. */
 #define GRID_ENTRY (sizeof(GRID_KEY) + DCAST_MAX_NAME + 12 * DCAST_MAX_DIMS)
 
-static size_t grid_meta(const dcast_consumer *c, dcast_st_meta *meta, char *store)
+static size_t grid_meta(const cs_tensor *t, uint32_t nt, dcast_st_meta *meta, char *store)
 {
 	size_t n = 0;
 
-	for (uint32_t i = 0; i < c->n_tensors; i++) {
-		const dcast_tensor_desc *d = &c->tensors[i].desc;
+	for (uint32_t i = 0; i < nt; i++) {
+		const dcast_tensor_desc *d = &t[i].desc;
 		char *e = store + n * GRID_ENTRY, *v;
 		if (!dcast_tensor_tiled(d))
 			continue;
@@ -249,29 +262,30 @@ static size_t grid_meta(const dcast_consumer *c, dcast_st_meta *meta, char *stor
 	return n;
 }
 
-static int layout(dcast_consumer *c, const char *version, const char *digest,
-		  dcast_st_layout *lay)
+int cs_anchor_layout(const char *model, const cs_tensor *t, uint32_t nt, uint64_t version, const char *digest,
+		     dcast_st_layout *lay)
 {
-	size_t n = c->n_tensors ? c->n_tensors : 1;
+	size_t n = nt ? nt : 1;
 	dcast_st_meta *meta = calloc(n + 3, sizeof(*meta));
 	dcast_st_spec *specs = calloc(n, sizeof(*specs));
-	char *store = calloc(n, GRID_ENTRY);
+	char *store = calloc(n, GRID_ENTRY), vbuf[32];
 	int err = 0;
 
 	if (!specs || !meta || !store)
-		err = dcast_fail(DCAST_ENOMEM, "fold: %u tensors", c->n_tensors);
-	for (uint32_t i = 0; !err && i < c->n_tensors; i++) {
-		const char *dn = dcast_dtype_name((int)c->tensors[i].desc.dtype);
-		specs[i].name = c->tensors[i].desc.name;
+		err = dcast_fail(DCAST_ENOMEM, "fold: %u tensors", nt);
+	for (uint32_t i = 0; !err && i < nt; i++) {
+		const char *dn = dcast_dtype_name((int)t[i].desc.dtype);
+		specs[i].name = t[i].desc.name;
 		specs[i].dtype = dcast_st_dtype_from_name(dn, strlen(dn));
-		specs[i].ndim = c->tensors[i].desc.ndim;
-		memcpy(specs[i].shape, c->tensors[i].desc.shape, sizeof(specs[i].shape));
+		specs[i].ndim = t[i].desc.ndim;
+		memcpy(specs[i].shape, t[i].desc.shape, sizeof(specs[i].shape));
 	}
 	if (!err) {
-		meta[0] = (dcast_st_meta){"deltacast.model", c->model};
-		meta[1] = (dcast_st_meta){"deltacast.version", version};
+		snprintf(vbuf, sizeof(vbuf), "%" PRIu64, version);
+		meta[0] = (dcast_st_meta){"deltacast.model", model};
+		meta[1] = (dcast_st_meta){"deltacast.version", vbuf};
 		meta[2] = (dcast_st_meta){"deltacast.model_digest", digest};
-		err = dcast_st_layout_compute(specs, c->n_tensors, meta, 3 + grid_meta(c, meta + 3, store), lay);
+		err = dcast_st_layout_compute(specs, nt, meta, 3 + grid_meta(t, nt, meta + 3, store), lay);
 	}
 	free(specs), free(meta), free(store);
 	return err;
@@ -314,19 +328,18 @@ static int write_anchor(dcast_consumer *c, const dcast_st_layout *lay)
 int cs_ckpt_fold(dcast_consumer *c)
 {
 	uint64_t v = dcast_consumer_version(c), *vers, digest = 0;
-	char vbuf[32], dbuf[32];
+	char dbuf[32];
 	dcast_st_layout lay;
 	uint32_t n = 0;
 	int err;
 
+	if (v == DCAST_VERSION_NONE || v == c->ck.anchor_file_version)
+		return 0; /* nothing to fold */
 	cs_ckpt_settle(c); /* chunk records written behind use the engine too */
-	if (v == DCAST_VERSION_NONE)
-		return 0;
-	snprintf(vbuf, sizeof(vbuf), "%" PRIu64, v);
 	if ((err = model_digest(c, v, &digest)))
 		return err;
 	snprintf(dbuf, sizeof(dbuf), "%016" PRIx64, digest);
-	if ((err = layout(c, vbuf, dbuf, &lay)))
+	if ((err = cs_anchor_layout(c->model, c->tensors, c->n_tensors, v, dbuf, &lay)))
 		return err;
 	err = write_anchor(c, &lay);
 	dcast_st_layout_free(&lay);
@@ -335,7 +348,8 @@ int cs_ckpt_fold(dcast_consumer *c)
 	c->ck.anchor_file_version = v;
 	c->ck.deltas_since_fold = 0;
 	c->ck.log_since_fold = 0;
-	c->ck.fold_owed = 0;
+	c->ck.gen++; /* a fold running from the disk is not renamed over this */
+	c->ck.folds++;
 	vers = malloc(CS_MAX_LOG_FILES * sizeof(*vers));
 	if (vers && cs_ckpt_list(c, vers, CS_MAX_LOG_FILES, &n) == 0)
 		for (uint32_t i = 0; i < n && vers[i] <= v; i++)
@@ -355,8 +369,6 @@ static uint64_t model_bytes(const dcast_consumer *c)
 
 int cs_fold_wanted(const dcast_consumer *c)
 {
-	if (c->ck.fold_owed)
-		return 1;
 	if (c->opts.fold_every && c->ck.deltas_since_fold >= c->opts.fold_every)
 		return 1;
 	return c->opts.fold_fraction > 0 &&

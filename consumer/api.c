@@ -157,9 +157,6 @@ static int apply_first(dcast_consumer *c)
 	if (!v->anchor && v->base_version != dcast_consumer_version(c))
 		return dcast_fail(DCAST_EGAP, "version %" PRIu64 " builds on %" PRIu64 ", tensors hold %" PRIu64,
 				  v->version, v->base_version, dcast_consumer_version(c));
-	if (c->ck.fold_owed && cs_ckpt_fold(c)) /* the checkpoint a torn apply restores from */
-		DCAST_LOG_W("consumer %s: fold before version %" PRIu64 " (the anchor received in place "
-			    "is on disk only once folded): %s", c->model, v->version, dcast_last_error());
 	err = cs_apply_version(c, v, c->opts.verify_digests, &torn);
 	if (err && torn)
 		err = cs_ckpt_recover(c, v->version, err); /* the recovery policy: checkpoint, else NONE */
@@ -170,7 +167,6 @@ static int apply_first(dcast_consumer *c)
 	cs_ack(c, v->version);
 	c->ob.refusals = 0;
 	c->ck.deltas_since_fold++;
-	c->ck.fold_owed |= v->in_place; /* the fold is its only copy on disk */
 	if (cs_fold_wanted(c)) {
 		c->ss.fold_due = 1; /* on the consumer's thread, after this apply */
 		cs_wake(c);
@@ -269,6 +265,8 @@ void dcast_consumer_stats_get(const dcast_consumer *c, dcast_consumer_stats *st)
 	st->log_write_bytes = c->ck.log_write_bytes;
 	st->log_write_ns = c->ck.log_write_ns;
 	st->rejoins = c->ss.hellos ? c->ss.hellos - 1 : 0;
+	st->folds = c->ck.folds;
+	st->folding = c->ss.fold_running;
 	pthread_mutex_unlock(&w->lock);
 }
 
@@ -279,6 +277,8 @@ int dcast_consumer_checkpoint(dcast_consumer *c)
 	if (!c)
 		return dcast_fail(DCAST_EINVAL, "dcast_consumer_checkpoint: NULL consumer");
 	pthread_mutex_lock(&c->lock);
+	while (c->ss.fold_running) /* its file may be the one asked for */
+		pthread_cond_wait(&c->ev_cv, &c->lock);
 	if (!(err = cs_ckpt_fold(c)))
 		c->ss.fold_due = 0;
 	pthread_mutex_unlock(&c->lock);

@@ -291,7 +291,7 @@ void cs_ckpt_discard(dcast_consumer *c)
 	unlink(c->ck.anchor_path);
 	c->ck.anchor_file_version = DCAST_VERSION_NONE;
 	c->ck.deltas_since_fold = 0;
-	c->ck.fold_owed = 0;
+	c->ck.gen++; /* a fold running from the disk is not renamed over this */
 	if (vers && cs_ckpt_list(c, vers, CS_MAX_LOG_FILES, &n) == 0)
 		for (uint32_t i = 0; i < n; i++)
 			cs_ckpt_remove(c, vers[i]);

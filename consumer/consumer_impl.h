@@ -21,6 +21,7 @@
 #include <zmq.h>
 #include "deltacast/codec.h"
 #include "deltacast/consumer.h"
+#include "deltacast/safetensors.h"
 #include "deltacast/schema.h"
 #include "dcast_io.h"
 #include "dcast_tiles.h"
@@ -180,8 +181,10 @@ typedef struct cs_ckpt {
 	uint64_t anchor_file_version;  /* version in model.safetensors, or NONE */
 	uint64_t log_since_fold;       /* record-log bytes written since the last fold */
 	uint32_t deltas_since_fold;
-	int fold_owed;                 /* the applied version is on disk only once folded
-					* (an anchor received in place) */
+	_Atomic uint64_t gen;          /* moves whenever the files change under `lock` (a fold,
+					* a discard): a fold from the disk planned before is
+					* abandoned, never renamed over them (fold.c) */
+	uint64_t folds;                /* folds done since open */
 	struct cs_wb *wb;              /* chunk records written behind (ckpt.c) */
 	cs_syncer syncer;              /* makes committed record files durable */
 	uint64_t log_write_bytes, log_write_ns;
@@ -303,14 +306,16 @@ static inline cs_version *cs_version_find(dcast_consumer *c, uint64_t version)
  * the state machine (0, 1 or 2), after changing it as the fault says.
  * cs_fault_holds_ahead: v must not be checked ahead (its fault is for the
  * check at apply).  cs_fault_apply: at the start of v's apply; the chunk
- * index at which apply must refuse v, or UINT32_MAX. */
+ * index at which apply must refuse v, or UINT32_MAX.  cs_fault_fold: at
+ * the start of a fold from the disk, on the fold thread (no lock held). */
 enum { CS_FAULT_NONE, CS_FAULT_CORRUPT, CS_FAULT_SKIP, CS_FAULT_DIGEST, CS_FAULT_DUP, CS_FAULT_PREDIGEST,
-       CS_FAULT_AHEADFAIL, CS_FAULT_KINDS };
+       CS_FAULT_AHEADFAIL, CS_FAULT_FOLDHOLD, CS_FAULT_KINDS };
 void cs_fault_parse(dcast_consumer *c);
 struct dcast_wire_in;
 int cs_fault_wire(dcast_consumer *c, struct dcast_wire_in *in);
 int cs_fault_holds_ahead(const dcast_consumer *c, const cs_version *v);
 uint32_t cs_fault_apply(dcast_consumer *c, cs_version *v, int ahead);
+void cs_fault_fold(const dcast_consumer *c);
 
 /* version.c */
 void cs_version_init(cs_version *v, uint64_t version);
@@ -501,6 +506,9 @@ int cs_ckpt_load(dcast_consumer *c);
 /* DCAST_ESTATE, naming c->dir, the other model and what showed it: a
  * checkpoint directory of another model is neither served nor deleted. */
 int cs_ckpt_foreign(const dcast_consumer *c, const char *what, const char *name);
+/* Fold now, from the live tensors, under `lock` (O(model): at open and
+ * close, on request, and for models with tiled tensors).  Errors:
+ * DCAST_EIO, DCAST_ENOMEM, DCAST_ENODEVICE. */
 int cs_ckpt_fold(dcast_consumer *c);
 int cs_ckpt_restore(dcast_consumer *c);
 /* The recovery policy after an apply of `version` failed with err and left
@@ -517,6 +525,45 @@ void cs_ckpt_remove(dcast_consumer *c, uint64_t version);
 int cs_io_read(dcast_consumer *c, int file, void *dst, uint64_t len, uint64_t off, const char *what);
 #define CS_MAX_LOG_FILES 4096
 
+/* fold.c: a fold from the disk, off `lock` (see fold.c).  cs_fold_plan,
+ * under `lock`: fill *j (mode NONE: nothing to fold; LIVE: fold with
+ * cs_ckpt_fold instead; DISK: cs_fold_run without `lock`, then
+ * cs_fold_finish under it).  Errors: DCAST_ENOMEM, DCAST_EIO (the log's
+ * directory), DCAST_ECORRUPT (no file holds the applied version).
+ * cs_fold_run: write DIR/model.safetensors.fold as version j->version,
+ * checked against its digests; on error it is removed.  Errors: DCAST_EIO,
+ * DCAST_ENOMEM, DCAST_ECORRUPT / DCAST_ECHECKSUM (a damaged record file),
+ * DCAST_EDIGEST (the result is not the applied version), the codec's.
+ * cs_fold_finish: rename it over the anchor file and drop the record files
+ * it covers, unless c->ck.gen moved since the plan (then it is removed and
+ * 0 returned).  Errors: DCAST_EIO. */
+enum { CS_FOLD_NONE, CS_FOLD_LIVE, CS_FOLD_DISK };
+typedef struct cs_fold_job {
+	dcast_consumer *c;             /* for its paths and model name (fixed at open) */
+	int mode;
+	uint64_t version, have, gen;   /* target, anchor file's version, c->ck.gen at the plan */
+	cs_tensor *t;                  /* geometry of the tensors (no memory) */
+	uint32_t n;
+	dcast_range_digest *dig;       /* the target's COMMIT digests (c->dcache) */
+	uint32_t n_dig;
+	uint64_t *vers;                /* record files to replay, in order */
+	uint32_t n_vers;
+	uint64_t folded_bytes;         /* their bytes */
+} cs_fold_job;
+int cs_fold_plan(dcast_consumer *c, cs_fold_job *j);
+int cs_fold_run(cs_fold_job *j);
+int cs_fold_finish(dcast_consumer *c, cs_fold_job *j);
+void cs_fold_job_free(cs_fold_job *j);
+void cs_fold_tmp_path(const dcast_consumer *c, char *out, size_t cap);
+
+/* anchor.c: the layout of model.safetensors for tensors t[0..n) as
+ * version `version` with file digest `digest` (16 hex digits: the header's
+ * size does not depend on it).  Errors: those of dcast_st_layout_compute. */
+int cs_anchor_layout(const char *model, const cs_tensor *t, uint32_t n, uint64_t version, const char *digest,
+		     dcast_st_layout *lay);
+/* The file digest in model.safetensors' metadata, from each tensor's
+ * dcast_digest td[i] (anchor.c). */
+uint64_t cs_file_digest(const cs_tensor *t, uint32_t n, uint64_t version, const uint64_t *td);
 /* anchor.c: DIR/model.safetensors through dcast_io and the pool.  Load it
  * into the tensors, its version into *version; DCAST_ESTATE before reading
  * them when it is another model's (cs_ckpt_foreign). */

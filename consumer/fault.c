@@ -1,8 +1,9 @@
 /* Test fault injection, DELTACAST_CONSUMER_FAULT=KIND:V (tests only; off
  * unless the variable is set when the consumer opens).  It acts at two
  * seams and nowhere else: where a broker message enters the version state
- * machine (cs_fault_wire, session.c) and where apply starts a version
- * (cs_fault_apply, apply.c), plus one question the check ahead asks
+ * machine (cs_fault_wire, session.c), where apply starts a version
+ * (cs_fault_apply, apply.c) and where a fold from the disk starts
+ * (cs_fault_fold, fold.c), plus one question the check ahead asks
  * (cs_fault_holds_ahead, verify.c).  Each seam costs one compare when no
  * fault is armed; the handlers, the apply loop and the digest code do not
  * know faults exist.  Kinds, each for version V:
@@ -13,8 +14,13 @@
  *   digest     V's first digest made wrong when its apply starts, and V
  *              not checked ahead, so the check at apply and its undo run
  *   aheadfail  V, checked ahead, has its apply refused at the first chunk
- *              in its second half that writes, so apply undoes halfway */
+ *              in its second half that writes, so apply undoes halfway
+ *   foldhold   (V is a file descriptor) each fold from the disk first
+ *              reads one byte from V: the test holds the fold there, and
+ *              applies or damages files meanwhile, until it writes one */
+#include <errno.h>
 #include <string.h>
+#include <unistd.h>
 #include "consumer_impl.h"
 #include "dcast_common.h"
 #include "dcast_wire.h"
@@ -22,7 +28,7 @@
 void cs_fault_parse(dcast_consumer *c)
 {
 	static const char *kinds[CS_FAULT_KINDS] = {"", "corrupt:", "skip:", "digest:", "dup:",
-						    "predigest:", "aheadfail:"};
+						    "predigest:", "aheadfail:", "foldhold:"};
 	const char *f = getenv("DELTACAST_CONSUMER_FAULT");
 
 	c->fault.kind = CS_FAULT_NONE;
@@ -99,4 +105,12 @@ uint32_t cs_fault_apply(dcast_consumer *c, cs_version *v, int ahead)
 			return i;
 		}
 	return UINT32_MAX;
+}
+
+void cs_fault_fold(const dcast_consumer *c)
+{
+	char b;
+
+	if (c->fault.kind == CS_FAULT_FOLDHOLD && read((int)c->fault.version, &b, 1) != 1)
+		DCAST_LOG_W("consumer %s: test fault foldhold: read: %s", c->model, strerror(errno));
 }

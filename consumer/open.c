@@ -161,8 +161,7 @@ void dcast_consumer_close(dcast_consumer **cp)
 		snprintf(m.u.bye.reason, sizeof(m.u.bye.reason), "consumer closing");
 		dcast_wire_send(c->ss.sock, NULL, 0, &m, NULL, ZMQ_DONTWAIT);
 	}
-	if ((c->ss.fold_due || c->ck.fold_owed) && cs_ckpt_fold(c)) /* owed by the policy, or the
-									 * only copy of an anchor received in place */
+	if (c->ss.fold_due && cs_ckpt_fold(c)) /* owed by the policy */
 		DCAST_LOG_W("consumer %s: fold at close: %s", c->model, dcast_last_error());
 	cs_syncer_close(&c->ck.syncer); /* what was committed is on the disk */
 	if (c->ss.sock)

@@ -143,14 +143,11 @@ static int gap(dcast_consumer *c, uint64_t version, uint64_t base)
 }
 
 /* May an anchor go straight into the tensors as it arrives?  When they
- * hold no version, nothing else is staged, every one is the library's own
- * host copy (no caller's memory to tear, no view) and folds are on (the
- * fold after its apply is its copy on disk: a crash before that loses it,
- * and the broker sends it again). */
+ * hold no version, nothing else is staged and every one is the library's
+ * own host copy (no caller's memory to tear, no view). */
 static int in_place_ok(const dcast_consumer *c)
 {
-	if (dcast_consumer_version(c) != DCAST_VERSION_NONE || c->n_staged ||
-	    (!c->opts.fold_every && c->opts.fold_fraction <= 0))
+	if (dcast_consumer_version(c) != DCAST_VERSION_NONE || c->n_staged)
 		return 0;
 	for (uint32_t i = 0; i < c->n_tensors; i++)
 		if (!c->tensors[i].owned || c->tensors[i].mem != DCAST_MEM_HOST || c->tensors[i].n_views)
@@ -185,7 +182,7 @@ static cs_version *version_begin(dcast_consumer *c, const dcast_chunk *h, int *e
 	v->state = CS_V_STAGING;
 	v->first_ns = dcast_now_ns();
 	v->in_place = v->anchor && in_place_ok(c);
-	if (!v->in_place && (*err = cs_ckpt_version_create(c, v))) {
+	if ((*err = cs_ckpt_version_create(c, v))) {
 		cs_version_free(v);
 		return NULL;
 	}
@@ -212,18 +209,26 @@ static int unwanted(dcast_consumer *c, uint64_t version, uint64_t payload_bytes)
  * written behind: a spilled payload is written from ZeroMQ's buffer, held
  * until the write is done, and its credit goes back then (ckpt.c). */
 /* An anchor received in place (in_place_ok): each chunk, checked, goes
- * straight to its range of the tensor, its credit back at once; apply has
- * nothing left to write, only to check. */
+ * straight to its range of the tensor, and its record is written behind
+ * from there (nothing writes that range again before a later version's
+ * apply, and this version's COMMIT record waits for every chunk record);
+ * its credit goes back once written.  Apply has nothing left to write,
+ * only to check. */
 static int stage_in_place(dcast_consumer *c, cs_version *v, const dcast_chunk *h, zmq_msg_t *payload)
 {
 	const unsigned char *src = zmq_msg_data(payload);
-	uint64_t sum = dcast_checksum(src, h->payload_bytes);
+	unsigned char *dst = c->tensors[h->tensor].ptr + h->start * h->elem_size;
+	uint64_t sum = dcast_checksum(src, h->payload_bytes), off;
 	int err = dcast_chunk_verify_sum(h, sum);
 
-	cs_credit_free(c, h->payload_bytes);
-	if (err)
-		return cs_refuse(c, h->version, err);
-	memcpy(c->tensors[h->tensor].ptr + h->start * h->elem_size, src, h->payload_bytes);
+	if (!err) {
+		memcpy(dst, src, h->payload_bytes);
+		err = cs_ckpt_chunk_submit(c, v, h, NULL, dst, sum, &off);
+	}
+	if (err) {
+		cs_credit_free(c, h->payload_bytes);
+		return err == DCAST_EIO ? err : cs_refuse(c, h->version, err);
+	}
 	c->total_received += h->payload_bytes;
 	return cs_version_take(v, h, sum, CS_IN_PLACE, NULL);
 }
@@ -311,7 +316,7 @@ static int on_commit(dcast_consumer *c, dcast_wire_in *in)
 		return dcast_fail(DCAST_EIO, "version %" PRIu64 ": a chunk record could not be written "
 				  "(reported before); it is fetched again", m->version);
 	}
-	if (!v->in_place && (err = cs_ckpt_commit_write(c, v))) {
+	if ((err = cs_ckpt_commit_write(c, v))) {
 		cs_version_drop(c, v, 1);
 		return err;
 	}
@@ -550,18 +555,45 @@ static void thread_failed(dcast_consumer *c, int err)
 	DCAST_LOG_W("consumer %s: %s", c->model, c->ss.err_text);
 }
 
-/* The fold thread: rewrite the checkpoint under `lock`, as a caller of
- * dcast_consumer_checkpoint does, if the policy still wants it; a failure
- * goes to the next poll(). */
+/* A fold from the disk (fold.c): planned under `lock`, run without it (an
+ * apply() meanwhile does not wait), finished under it. */
+static int fold_from_disk(dcast_consumer *c, cs_fold_job *j)
+{
+	int err = cs_fold_plan(c, j);
+
+	if (err || j->mode != CS_FOLD_DISK)
+		return err;
+	pthread_mutex_unlock(&c->lock);
+	err = cs_fold_run(j);
+	pthread_mutex_lock(&c->lock);
+	return err ? err : cs_fold_finish(c, j);
+}
+
+/* The fold thread, if the policy still wants a fold (a
+ * dcast_consumer_checkpoint() may have folded first).  A model with tiled
+ * tensors, or a fold from the disk that failed while the files stayed as
+ * planned, is folded from the live tensors, which hold the applied
+ * version, checked; a failure goes to the next poll(). */
 static void *fold_main(void *arg)
 {
 	dcast_consumer *c = arg;
-	int err;
+	cs_fold_job j = {0};
+	int err = 0;
 
 	pthread_mutex_lock(&c->lock);
-	/* Still due?  A dcast_consumer_checkpoint() may have folded first. */
-	if (cs_fold_wanted(c) && (err = cs_ckpt_fold(c)))
+	if (cs_fold_wanted(c))
+		err = fold_from_disk(c, &j);
+	if (j.gen != c->ck.gen || atomic_load(&c->ss.stop)) {
+		err = 0; /* moot: the files moved on, or the consumer closes with its log durable */
+	} else if (err || j.mode == CS_FOLD_LIVE) {
+		if (err)
+			DCAST_LOG_W("consumer %s: fold from the disk: %s; folding from the tensors instead",
+				    c->model, dcast_last_error());
+		err = cs_ckpt_fold(c);
+	}
+	if (err)
 		thread_failed(c, err);
+	cs_fold_job_free(&j);
 	c->ss.fold_running = 0;
 	pthread_cond_broadcast(&c->ev_cv);
 	pthread_mutex_unlock(&c->lock);

@@ -10,13 +10,23 @@
  * - folding happens on the consumer's thread, never inside apply(): the
  *   log of applied deltas is folded by size and apply() of a delta never
  *   writes the model file;
+ * - a fold runs from the disk without the consumer's lock: held at its
+ *   start (test fault foldhold), deltas are applied meanwhile, bit-exact;
+ *   released, it writes the anchor it was asked for (the model file at
+ *   the version applied when it began, later versions still in the log),
+ *   and a reopen rebuilds the newest; a fold that finds a damaged record
+ *   file is done from the live tensors instead (the newest version);
  * - a version announced READY stays applicable across a re-join: the
  *   broker stops (SIGSTOP), the consumer takes it for dead and joins again,
  *   and apply() of the READY version still succeeds, bit-exact. */
+#include <fcntl.h>
+#include <inttypes.h>
 #include <pthread.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include "check.h"
 #include "consumer_harness.h"
+#include "deltacast/safetensors.h"
 
 #define BUDGET (8u << 20)
 
@@ -185,6 +195,107 @@ static void test_fold_off_apply(const h_broker *b)
 	h_model_free(&m);
 }
 
+static int fold_state(dcast_consumer *c, uint64_t *folds)
+{
+	dcast_consumer_stats st;
+
+	dcast_consumer_stats_get(c, &st);
+	*folds = st.folds;
+	return st.folding;
+}
+
+/* Wait (10 s at most, polling events) until a fold runs, or until `done`
+ * folds are finished and none runs. */
+static int fold_within(dcast_consumer *c, int running, uint64_t done)
+{
+	for (int i = 0; i < 100; i++) {
+		dcast_event ev;
+		uint64_t n;
+		int now = fold_state(c, &n);
+		if (running ? now : !now && n >= done)
+			return 1;
+		(void)dcast_consumer_poll(c, 100, &ev);
+	}
+	return 0;
+}
+
+static uint64_t file_version(const char *dir)
+{
+	char path[512];
+	dcast_st_file *f = NULL;
+	uint64_t v = 0;
+
+	snprintf(path, sizeof(path), "%s/model.safetensors", dir);
+	if (dcast_st_open(path, &f) == 0) {
+		const char *s = dcast_st_metadata_get(f, "deltacast.version");
+		v = s ? strtoull(s, NULL, 10) : 0;
+	}
+	dcast_st_close(&f);
+	return v;
+}
+
+/* Flip one byte in the middle of the record file of version v in dir. */
+static void damage_record(const char *dir, uint64_t v)
+{
+	char path[512];
+	struct stat st;
+	unsigned char b;
+	int fd;
+
+	snprintf(path, sizeof(path), "%s/model.dlog/%020" PRIu64 ".rec", dir, v);
+	REQUIRE((fd = open(path, O_RDWR)) >= 0 && fstat(fd, &st) == 0);
+	REQUIRE(pread(fd, &b, 1, st.st_size / 2) == 1);
+	b ^= 0x40;
+	REQUIRE(pwrite(fd, &b, 1, st.st_size / 2) == 1);
+	close(fd);
+}
+
+/* The anchor's fold, held at its start: deltas 2..4 are applied while it
+ * waits (apply() does not wait for a fold); released, it writes version 1
+ * (damaged: the record file of version 1 is flipped first, so it is done
+ * from the live tensors at version 4).  A reopen reaches 4 either way. */
+static void fold_held_case(const h_broker *b, const char *model, int damage)
+{
+	h_model m;
+	dcast_producer *p = NULL;
+	dcast_consumer *c;
+	int hold[2];
+	char env[32];
+	uint64_t n;
+
+	REQUIRE(pipe(hold) == 0);
+	snprintf(env, sizeof(env), "foldhold:%d", hold[0]);
+	setenv("DELTACAST_CONSUMER_FAULT", env, 1);
+	REQUIRE(h_model_start(b, model, 55 + damage, 1, 100, &m, &p) == 0);
+	c = open_with(b, model, 0);
+	unsetenv("DELTACAST_CONSUMER_FAULT");
+	REQUIRE(c);
+	REQUIRE(ready_within(c, 1));
+	CHECK(dcast_consumer_apply(c, 1) == 0);
+	CHECK(fold_within(c, 1, 0)); /* the applied anchor's fold began, and waits */
+	for (uint64_t v = 2; v <= 4; v++) {
+		CHECK(h_publish(p, &m, v, 100) == 0);
+		REQUIRE(ready_within(c, v));
+		CHECK(dcast_consumer_apply(c, v) == 0);
+		CHECK(h_equal(c, &m, v));
+		CHECK(fold_state(c, &n) == 1 && n == 0); /* still held: apply() did not wait for it */
+	}
+	if (damage)
+		damage_record(dir_for(model), 1);
+	REQUIRE(write(hold[1], "go", 2) == 2); /* this fold, and the next if one is due */
+	CHECK(fold_within(c, 0, 1));
+	CHECK(file_version(dir_for(model)) == (damage ? 4u : 1u));
+	close(hold[1]); /* a fold still to come reads EOF: nothing holds it */
+	dcast_consumer_close(&c);
+	c = open_with(b, model, 0);
+	REQUIRE(c);
+	CHECK(dcast_consumer_version(c) == 4 && h_equal(c, &m, 4));
+	dcast_consumer_close(&c);
+	close(hold[0]);
+	dcast_producer_close(&p);
+	h_model_free(&m);
+}
+
 /* Poll until an ERROR event with `code` (10 s at most). */
 static int error_event_within(dcast_consumer *c, int code)
 {
@@ -265,6 +376,8 @@ int main(void)
 	wait_case(&b, "m_wait", 52, 0, 4);
 	wait_case(&b, "m_auto", 53, 1, 5);
 	test_fold_off_apply(&b);
+	fold_held_case(&b, "m_hold", 0);
+	fold_held_case(&b, "m_hold_bad", 1);
 	test_misconfigured(&b);
 	test_sleeping_caller(&b);
 	test_ready_survives_rejoin(&b);

@@ -121,6 +121,9 @@ typedef struct dcast_consumer_stats {
 					  not kept); 0 unverified */
 	uint64_t rejoins;              /* HELLOs sent again since open: re-joins after a gap,
 					  a refusal or a lost session, and reconnects */
+	uint64_t folds;                /* folds of the local checkpoint since open */
+	int folding;                   /* a fold is running now, on the consumer's fold
+					  thread (apply() does not wait for it) */
 } dcast_consumer_stats;
 
 /* Connect to the broker at `endpoint` (e.g. "tcp://127.0.0.1:5556") as a

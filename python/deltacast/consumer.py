@@ -94,7 +94,8 @@ class Stats(ctypes.Structure):
                 ("spilled_chunks", ctypes.c_uint64), ("total_bytes_received", ctypes.c_uint64),
                 ("peak_pool_bytes", ctypes.c_uint64), ("pool_bytes", ctypes.c_uint64),
                 ("log_write_bytes", ctypes.c_uint64), ("log_write_ns", ctypes.c_uint64),
-                ("verify_bytes", ctypes.c_uint64), ("rejoins", ctypes.c_uint64)]
+                ("verify_bytes", ctypes.c_uint64), ("rejoins", ctypes.c_uint64),
+                ("folds", ctypes.c_uint64), ("folding", ctypes.c_int)]
 
 
 def _declare(l):

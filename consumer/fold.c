@@ -1,0 +1,428 @@
+/* Background folds: DIR/model.safetensors rebuilt from the disk alone, on
+ * the fold thread (session.c), without `lock` and without reading the live
+ * tensors, so that an apply() that comes meanwhile does not wait for it.
+ *
+ * cs_fold_plan (under `lock`) takes what the fold needs: the target (the
+ * applied version), the version in the anchor file, the record files up to
+ * the target, the tensors' geometry, the applied version's COMMIT digests
+ * (c->dcache) and the checkpoint's generation.  cs_fold_run (no lock)
+ * writes DIR/model.safetensors.fold: the old anchor file's tensors copied
+ * (copy_file_range), every record file after it up to the target replayed
+ * into the new file (an anchor's record covers every element), each chunk
+ * through a shared memory map of its range only, so that the fold adds at
+ * most one chunk's range to the process's memory; then every cached COMMIT
+ * digest checked against the file (its output is exactly the applied
+ * version, or it is not used), the header with the file digest,
+ * fdatasync.  Reads go through one bounded buffer (FOLD_PIECE).  cs_fold_finish (under
+ * `lock`) renames it over the old file unless the checkpoint changed
+ * meanwhile (a discard, a fold from the tensors: c->ck.gen moved),
+ * then drops the record files it covers.
+ *
+ * Tiled tensors are in wire order in the records and in natural order in
+ * the file: a model with any tiled tensor is folded from the live tensors
+ * under `lock` instead (cs_ckpt_fold), as before. */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include "consumer_impl.h"
+#include "dcast_common.h"
+#include "codec_impl.h" /* DCAST_DIGEST_BLOCK */
+#include "dcast_reclog.h"
+#include "deltacast/codec.h"
+#include "deltacast/safetensors.h"
+
+void cs_fold_job_free(cs_fold_job *j)
+{
+	free(j->t);
+	free(j->dig);
+	free(j->vers);
+	memset(j, 0, sizeof(*j));
+}
+
+static int any_tiled(const dcast_consumer *c)
+{
+	for (uint32_t i = 0; i < c->n_tensors; i++)
+		if (c->tensors[i].map.tiled)
+			return 1;
+	return 0;
+}
+
+/* The record files after the anchor file's version up to the target. */
+static int plan_files(dcast_consumer *c, cs_fold_job *j)
+{
+	uint32_t n = 0;
+	int err;
+
+	if (!(j->vers = malloc(CS_MAX_LOG_FILES * sizeof(*j->vers))))
+		return dcast_fail(DCAST_ENOMEM, "fold: record file list");
+	if ((err = cs_ckpt_list(c, j->vers, CS_MAX_LOG_FILES, &n)))
+		return err;
+	for (uint32_t i = 0; i < n; i++)
+		if ((j->have == DCAST_VERSION_NONE || j->vers[i] > j->have) && j->vers[i] <= j->version)
+			j->vers[j->n_vers++] = j->vers[i];
+	return 0;
+}
+
+int cs_fold_plan(dcast_consumer *c, cs_fold_job *j)
+{
+	int err;
+
+	memset(j, 0, sizeof(*j));
+	j->version = dcast_consumer_version(c);
+	j->have = c->ck.anchor_file_version;
+	j->gen = c->ck.gen;
+	j->c = c;
+	if (j->version == DCAST_VERSION_NONE || j->version == j->have)
+		return 0; /* mode NONE: nothing to fold */
+	j->mode = any_tiled(c) || !c->n_tensors ? CS_FOLD_LIVE : CS_FOLD_DISK;
+	if (j->mode == CS_FOLD_LIVE)
+		return 0;
+	j->n = c->n_tensors;
+	j->t = malloc(j->n * sizeof(*j->t));
+	j->dig = malloc((c->dcache.n ? c->dcache.n : 1) * sizeof(*j->dig));
+	if (!j->t || !j->dig)
+		return dcast_fail(DCAST_ENOMEM, "fold: %u tensors", j->n);
+	for (uint32_t i = 0; i < j->n; i++) {
+		j->t[i] = c->tensors[i]; /* geometry only: nothing here reads their memory */
+		j->t[i].ptr = NULL, j->t[i].views = NULL, j->t[i].n_views = 0;
+	}
+	for (uint32_t i = 0; i < c->dcache.n; i++)
+		j->dig[i] = c->dcache.e[i].d;
+	j->n_dig = c->dcache.n;
+	if ((err = plan_files(c, j)))
+		return err;
+	if (!j->n_vers && j->have == DCAST_VERSION_NONE)
+		return dcast_fail(DCAST_ECORRUPT, "fold: version %" PRIu64 " applied, but neither an anchor "
+				  "file nor a record file holds it", j->version);
+	return 0;
+}
+
+/* ---- the new file, built from the disk ---- */
+
+#define FOLD_PIECE (4u * DCAST_DIGEST_BLOCK) /* bytes read back at once */
+
+typedef struct fold_out {
+	cs_fold_job *j;
+	dcast_st_layout lay;
+	int fd;
+	unsigned char *buf;    /* FOLD_PIECE bytes */
+	char path[4200];
+} fold_out;
+
+/* Copy n bytes in the kernel (page cache to page cache where it can). */
+static int copy_range(int from, uint64_t from_off, int to, uint64_t to_off, uint64_t n, const char *what)
+{
+	loff_t a = (loff_t)from_off, b = (loff_t)to_off;
+
+	while (n) {
+		ssize_t got = copy_file_range(from, &a, to, &b, n, 0);
+		if (got <= 0)
+			return dcast_fail(got ? DCAST_EIO : DCAST_ETRUNCATED, "fold: copying %s: %s", what,
+					  got ? strerror(errno) : "ends early");
+		n -= (uint64_t)got;
+	}
+	return 0;
+}
+
+/* The anchor file's tensors into the new file, at the new layout's offsets. */
+static int copy_anchor(fold_out *o)
+{
+	const char *path = o->j->c->ck.anchor_path;
+	dcast_st_file *f = NULL;
+	size_t hdr = 0;
+	int fd = -1, err = dcast_st_open(path, &f);
+
+	if (!err && (fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
+		err = dcast_fail(DCAST_EIO, "fold: %s: open: %s", path, strerror(errno));
+	if (!err)
+		dcast_st_header_bytes(f, &hdr);
+	for (uint32_t i = 0; !err && i < o->j->n; i++) {
+		const cs_tensor *t = &o->j->t[i];
+		const dcast_st_tensor *s = dcast_st_find(f, t->desc.name);
+		if (!s || s->nbytes != t->bytes)
+			err = dcast_fail(DCAST_ESHAPE, "fold: %s: tensor %s missing or of another size", path,
+					 t->desc.name);
+		else
+			err = copy_range(fd, hdr + s->data_offset, o->fd, o->lay.file_offsets[i], t->bytes, path);
+	}
+	if (fd >= 0)
+		close(fd);
+	dcast_st_close(&f);
+	return err;
+}
+
+/* Replaying one record file into the map. */
+typedef struct fold_file {
+	fold_out *o;
+	uint64_t version;
+	uint32_t records;
+	int anchor;
+} fold_file;
+
+/* DCAST_ESTATE once the fold is moot: the files moved on (c->ck.gen) or
+ * the consumer is closing; checked between chunks and pieces. */
+static int abandoned(const cs_fold_job *j)
+{
+	if (atomic_load(&j->c->ck.gen) == j->gen && !atomic_load(&j->c->ss.stop))
+		return 0;
+	return dcast_fail(DCAST_ESTATE, "fold to version %" PRIu64 " abandoned: the checkpoint moved on, "
+			  "or the consumer is closing", j->version);
+}
+
+static int chunk_into_map(fold_file *f, const dcast_chunk *h, const dcast_rec *r, const uint8_t *payload)
+{
+	const cs_fold_job *j = f->o->j;
+	const cs_tensor *t = h->tensor < j->n ? &j->t[h->tensor] : NULL;
+	dcast_chunk_info info = {h->encoding, h->elem_size, h->count, h->changed, h->payload_bytes};
+	uint64_t elems = t ? dcast_tensor_elems(&t->desc) : 0, off, at, len;
+	long page = sysconf(_SC_PAGESIZE);
+	unsigned char *map;
+	int err;
+
+	if (!t || h->elem_size != t->elem_size || h->start > elems || h->count > elems - h->start)
+		return dcast_fail(DCAST_EFIELD_RANGE, "CHUNK record outside the tensors");
+	if ((err = abandoned(j)) || (err = dcast_chunk_verify_sum(h, r->payload_sum)) || !h->count)
+		return err;
+	off = f->o->lay.file_offsets[h->tensor] + h->start * h->elem_size;
+	at = off - off % (uint64_t)page;
+	len = off - at + h->count * h->elem_size;
+	map = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, f->o->fd, (off_t)at);
+	if (map == MAP_FAILED)
+		return dcast_fail(DCAST_EIO, "fold: %s: mmap: %s", f->o->path, strerror(errno));
+	err = dcast_codec_apply(&info, payload, map + (off - at), NULL);
+	munmap(map, len);
+	return err;
+}
+
+#define WHY(...) (snprintf(why, why_cap, __VA_ARGS__), -1)
+
+static int on_record(void *ctx, uint64_t off, const dcast_rec *r, const uint8_t *hdr, const uint8_t *payload,
+		     char *why, size_t why_cap)
+{
+	fold_file *f = ctx;
+	dcast_msg m;
+	int rc = 0;
+
+	if (++f->records == 1)
+		return r->kind == DCAST_REC_FILE ? 0 : WHY("no FILE record first");
+	if (r->kind == DCAST_REC_FILE || r->version != f->version)
+		return WHY("record at offset %" PRIu64 " out of place", off);
+	if (r->kind == DCAST_REC_MANIFEST) {
+		f->anchor = 1;
+		return 0;
+	}
+	if (dcast_rec_msg(r, hdr, &m))
+		return WHY("record at offset %" PRIu64 ": %s", off, dcast_last_error());
+	if (r->kind == DCAST_REC_CHUNK && (rc = chunk_into_map(f, &m.u.chunk, r, payload)))
+		rc = WHY("record at offset %" PRIu64 ": %s", off, dcast_last_error());
+	else if (r->kind == DCAST_REC_COMMIT)
+		rc = 1;
+	dcast_msg_free(&m);
+	return rc;
+}
+
+/* Replay the record file of `version`; its bytes are added to *bytes. */
+static int replay_file(fold_out *o, uint64_t version, uint64_t *bytes)
+{
+	fold_file f = {o, version, 0, 0};
+	dcast_rec_reader rd = {.max_kind = DCAST_REC_COMMIT};
+	dcast_rec_scan_out out;
+	char path[4096];
+	struct stat st;
+	int err;
+
+	cs_ckpt_version_path(o->j->c, version, path, sizeof(path));
+	if ((rd.fd = open(path, O_RDONLY | O_CLOEXEC)) < 0 || fstat(rd.fd, &st) != 0) {
+		err = dcast_fail(DCAST_EIO, "fold: %s: open: %s", path, strerror(errno));
+		goto out;
+	}
+	rd.size = (uint64_t)st.st_size;
+	*bytes += rd.size;
+	err = dcast_rec_scan(&rd, 1, on_record, &f, &out);
+	if (!err && (out.units != 1 || out.good_end != rd.size))
+		err = dcast_fail(DCAST_ECORRUPT, "fold: %s: %s", path, out.why[0] ? out.why : "not one whole version");
+	if (!err && !f.anchor && version == o->j->vers[0] && o->j->have == DCAST_VERSION_NONE)
+		err = dcast_fail(DCAST_ECORRUPT, "fold: %s: a delta with no anchor file before it", path);
+out:
+	if (rd.fd >= 0)
+		close(rd.fd);
+	dcast_rec_reader_free(&rd);
+	return err;
+}
+
+static int read_piece(const fold_out *o, uint64_t off, uint64_t len)
+{
+	ssize_t got = pread(o->fd, o->buf, len, (off_t)off);
+
+	if (got == (ssize_t)len)
+		return 0;
+	return dcast_fail(DCAST_EIO, "fold: %s: read back at %" PRIu64 ": %s", o->path, off,
+			  got < 0 ? strerror(errno) : "short read");
+}
+
+/* The COMMIT digest (dcast_ldigest) of range d, read back from the file. */
+static int range_digest(const fold_out *o, const dcast_range_digest *d, uint64_t *out)
+{
+	unsigned es = o->j->t[d->tensor].elem_size;
+	uint64_t per = FOLD_PIECE / es, sum = 0;
+	int err = 0;
+
+	for (uint64_t k = 0; !err && k < d->count; k += per) {
+		uint64_t n = d->count - k < per ? d->count - k : per, part = 0;
+		err = abandoned(o->j) ? DCAST_ESTATE : read_piece(o, o->lay.file_offsets[d->tensor] + (d->start + k) * es, n * es);
+		if (!err && !(err = dcast_ldigest(d->tensor, d->start + k, o->buf, n, es, &part)))
+			sum += part; /* additive: the range's digest is the sum of its pieces' */
+	}
+	*out = sum;
+	return err;
+}
+
+/* Every cached COMMIT digest of the target against the new file's data. */
+static int check_digests(const fold_out *o)
+{
+	const cs_fold_job *j = o->j;
+
+	for (uint32_t i = 0; i < j->n_dig; i++) {
+		const dcast_range_digest *d = &j->dig[i];
+		const cs_tensor *t = &j->t[d->tensor];
+		uint64_t got = 0;
+		int err = range_digest(o, d, &got);
+		if (err)
+			return err;
+		if (got != d->digest)
+			return dcast_fail(DCAST_EDIGEST, "fold: tensor %s elements [%" PRIu64 ", %" PRIu64
+					  ") do not match version %" PRIu64 "'s digest: the record log and the "
+					  "anchor file do not rebuild it", t->desc.name, d->start,
+					  d->start + d->count, j->version);
+	}
+	return 0;
+}
+
+/* dcast_digest of tensor i's bytes, read back from the file: XXH3 of its
+ * 1 MiB blocks' XXH3s (docs/protocol.md, "Checksum and digest"). */
+static int tensor_digest(const fold_out *o, uint32_t i, uint64_t *out)
+{
+	uint64_t bytes = o->j->t[i].bytes, nb = (bytes + DCAST_DIGEST_BLOCK - 1) / DCAST_DIGEST_BLOCK;
+	uint64_t *h = malloc((nb ? nb : 1) * sizeof(*h));
+	int err = h ? 0 : dcast_fail(DCAST_ENOMEM, "fold: %" PRIu64 " block hashes", nb);
+
+	for (uint64_t off = 0; !err && off < bytes; off += FOLD_PIECE) {
+		uint64_t n = bytes - off < FOLD_PIECE ? bytes - off : FOLD_PIECE;
+		err = abandoned(o->j) ? DCAST_ESTATE : read_piece(o, o->lay.file_offsets[i] + off, n);
+		for (uint64_t b = 0; !err && b < n; b += DCAST_DIGEST_BLOCK)
+			h[(off + b) / DCAST_DIGEST_BLOCK] =
+				dcast_checksum(o->buf + b, n - b < DCAST_DIGEST_BLOCK ? n - b : DCAST_DIGEST_BLOCK);
+	}
+	if (!err)
+		*out = dcast_checksum(h, nb * sizeof(*h));
+	free(h);
+	return err;
+}
+
+/* The file digest (anchor.c) of the new file's data, into its header. */
+static int seal(fold_out *o)
+{
+	cs_fold_job *j = o->j;
+	uint64_t *td = malloc(j->n * sizeof(*td)), digest;
+	char dbuf[32];
+	dcast_st_layout lay;
+	int err = td ? 0 : dcast_fail(DCAST_ENOMEM, "fold: %u tensors", j->n);
+
+	for (uint32_t i = 0; !err && i < j->n; i++)
+		err = tensor_digest(o, i, &td[i]);
+	if (!err) {
+		digest = cs_file_digest(j->t, j->n, j->version, td);
+		snprintf(dbuf, sizeof(dbuf), "%016" PRIx64, digest);
+		err = cs_anchor_layout(j->c->model, j->t, j->n, j->version, dbuf, &lay);
+	}
+	free(td);
+	if (err)
+		return err;
+	DCAST_ASSERT(lay.header_bytes == o->lay.header_bytes); /* fixed-width digest */
+	if (pwrite(o->fd, lay.header, lay.header_bytes, 0) != (ssize_t)lay.header_bytes)
+		err = dcast_fail(DCAST_EIO, "fold: %s: header: %s", o->path, strerror(errno));
+	dcast_st_layout_free(&lay);
+	return err;
+}
+
+static int build(fold_out *o)
+{
+	cs_fold_job *j = o->j;
+	int err = 0;
+
+	if (ftruncate(o->fd, (off_t)o->lay.file_bytes) != 0)
+		return dcast_fail(DCAST_EIO, "fold: %s: %s", o->path, strerror(errno));
+	if (j->have != DCAST_VERSION_NONE && (err = copy_anchor(o)))
+		return err;
+	for (uint32_t i = 0; !err && i < j->n_vers; i++)
+		err = replay_file(o, j->vers[i], &j->folded_bytes);
+	if (!err)
+		err = check_digests(o);
+	if (!err)
+		err = seal(o);
+	if (!err && fdatasync(o->fd) != 0)
+		err = dcast_fail(DCAST_EIO, "fold: %s: fdatasync: %s", o->path, strerror(errno));
+	return err;
+}
+
+void cs_fold_tmp_path(const dcast_consumer *c, char *out, size_t cap)
+{
+	snprintf(out, cap, "%s.fold", c->ck.anchor_path);
+}
+
+int cs_fold_run(cs_fold_job *j)
+{
+	fold_out o = {.j = j, .fd = -1};
+	char zero[32];
+	int err;
+
+	cs_fault_fold(j->c);
+	snprintf(zero, sizeof(zero), "%016" PRIx64, (uint64_t)0);
+	cs_fold_tmp_path(j->c, o.path, sizeof(o.path));
+	if ((err = cs_anchor_layout(j->c->model, j->t, j->n, j->version, zero, &o.lay)))
+		return err;
+	o.fd = open(o.path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	if (o.fd < 0)
+		err = dcast_fail(DCAST_EIO, "fold: %s: create: %s", o.path, strerror(errno));
+	else if (!(o.buf = malloc(FOLD_PIECE)))
+		err = dcast_fail(DCAST_ENOMEM, "fold: read-back buffer");
+	else
+		err = build(&o);
+	free(o.buf);
+	if (o.fd >= 0)
+		close(o.fd);
+	if (err)
+		unlink(o.path);
+	dcast_st_layout_free(&o.lay);
+	return err;
+}
+
+int cs_fold_finish(dcast_consumer *c, cs_fold_job *j)
+{
+	char tmp[4200];
+
+	cs_fold_tmp_path(c, tmp, sizeof(tmp));
+	if (j->gen != atomic_load(&c->ck.gen)) { /* the files moved on: this is not their anchor */
+		unlink(tmp);
+		return 0;
+	}
+	if (rename(tmp, c->ck.anchor_path) != 0) {
+		int err = dcast_fail(DCAST_EIO, "fold: rename %s: %s", tmp, strerror(errno));
+		unlink(tmp);
+		return err;
+	}
+	c->ck.gen++;
+	c->ck.anchor_file_version = j->version;
+	c->ck.log_since_fold -= j->folded_bytes < c->ck.log_since_fold ? j->folded_bytes : c->ck.log_since_fold;
+	c->ck.deltas_since_fold -= j->n_vers < c->ck.deltas_since_fold ? j->n_vers : c->ck.deltas_since_fold;
+	c->ck.folds++;
+	for (uint32_t i = 0; i < j->n_vers; i++)
+		cs_ckpt_remove(c, j->vers[i]);
+	return dcast_fsync_dir(c->dir);
+}

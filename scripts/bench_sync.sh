@@ -4,15 +4,16 @@
 # against the codec's compute floor, and what each consumer hashes and
 # writes per version.  One run, side by side:
 #   - gen-trace versions of a bf16 model, an anchor then deltas (cached in
-#     $BUILD/bench-sync-PARAMS-K); the first delta after the anchor is a
-#     warm-up, not counted (the consumers write the anchor meanwhile);
+#     $BUILD/bench-sync-PARAMS-K); the first two deltas after the anchor are
+#     warm-ups, not counted (the consumers fold the anchor meanwhile);
 #   - per N and consumer form, first the row's references: the compute
 #     floor (tests/tools/bench_sync_floor: encode + decode and scatter of
 #     each delta, one thread) and raw TCP loopback (tests/tools/bench_tcp)
 #     of the delta's payload bytes and of the whole model file to N
 #     receivers, median of 3; then a real broker, the paced producer
 #     tests/tools/fault_publish and N consumers, each version published
-#     once all N have applied the one before.  Forms: lib
+#     once all N have applied the one before (and, after the first
+#     warm-up delta, once each has folded the anchor).  Forms: lib
 #     (tests/tools/bench_sync_consumer, the C library, default options), py
 #     (scripts/bench_sync_consumer.py, the Python binding), sub
 #     (`deltacast subscribe`).
@@ -35,7 +36,8 @@ if [ "$QUICK" = 1 ]; then DEF_PARAMS=10M DEF_N="1 4" DEF_DOC=0; else DEF_PARAMS=
 PARAMS=${BENCH_SYNC_PARAMS:-$DEF_PARAMS}
 NS=${BENCH_SYNC_N:-$DEF_N}
 NDELTA=${BENCH_SYNC_VERSIONS:-5}
-WARM=1 # deltas sent after the anchor and not counted (the consumers fold the anchor meanwhile)
+WARM=2 # deltas sent after the anchor and not counted: the consumers fold the anchor after the first,
+       # and the second is the first whose bytes written are measured from after that fold
 STEPS=$((WARM + NDELTA))
 FORMS=${BENCH_SYNC_FORMS:-lib py sub}
 DATADIR_ROW=${BENCH_SYNC_DATADIR:-1}
@@ -161,10 +163,22 @@ start_run() {
 	for ((i = 1; i <= n; i++)); do start_consumer "$form" "$d" "$i"; done
 }
 
+# folded DIR: every consumer's checkpoint holds a model file and no fold is
+# being written (the anchor's fold, from the disk in the background, is done).
+folded() {
+	local i c
+	for ((i = 1; i <= ${#CPIDS[@]}; i++)); do
+		c=$1/c$i
+		[ -f "$c/model.safetensors" ] && [ ! -e "$c/model.safetensors.fold" ] &&
+			[ ! -e "$c/model.safetensors.tmp" ] || return 1
+	done
+}
+
 # publish_paced DIR: the paced producer publishes every file, each once all
-# consumers have applied the one before.
+# consumers have applied the one before; the counted deltas once the
+# anchor's folds are done too (their writes are the anchor's, not a delta's).
 publish_paced() {
-	local d=$1 v go pub
+	local d=$1 v go pub deadline=$((SECONDS + 600))
 	mkfifo "$d/go"
 	"$BIN/tools/fault_publish" "$PROD_EP" bench 1 -1 "${FILES[@]}" <"$d/go" >"$d/publish.log" 2>"$d/publish.err" &
 	pub=$!
@@ -173,6 +187,10 @@ publish_paced() {
 	for ((v = 1; v <= STEPS + 1; v++)); do
 		(echo go >&$go) 2>/dev/null || die "fault_publish is gone ($(cat "$d/publish.err"))"
 		wait_all "$d" "$v"
+		while [ "$v" = 2 ] && ! folded "$d"; do
+			[ $SECONDS -lt $((deadline)) ] || die "$d: the anchor's folds not done after 600 s"
+			read -r -t 0.02 -u "$NAP"
+		done
 	done
 	exec {go}>&-
 	wait $pub || die "fault_publish ($(cat "$d/publish.err"))"

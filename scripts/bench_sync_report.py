@@ -240,9 +240,11 @@ How it is measured (scripts/bench_sync.sh; every number from this one run):
   fold when one falls among the counted versions: both forms fold the record log into
   DIR/model.safetensors in the background once it exceeds a quarter of the model, which 5
   deltas of 1% do not reach; `deltacast subscribe` also when it exits).
-- **warm-up**: the first delta after the anchor is sent and applied but not counted: a consumer
-  folds an applied anchor into DIR/model.safetensors (the whole model written) on its own
-  thread while that delta arrives, so that delta carries the anchor's cost.
+- **warm-up**: the first two deltas after the anchor are sent and applied but not counted; the
+  second is published once every consumer has folded the anchor into DIR/model.safetensors (the
+  whole model written, from its record file, on the consumer's fold thread: apply() does not
+  wait for it), and the bytes written are counted from its apply on, so that no counted delta
+  carries the anchor's fold.
 - Consumers: the library with default options (digests checked from the elements each version changes,
   the default fold policy, a 64 MiB staging budget, its own host copy of the tensors);
   `deltacast subscribe` as users run it.  Every version counted here passed the consumer's own

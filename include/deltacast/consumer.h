@@ -247,10 +247,12 @@ DCAST_API uint64_t dcast_consumer_run(const dcast_consumer *c);
 DCAST_API int dcast_consumer_wait_version(dcast_consumer *c, uint64_t min_version, int timeout_ms);
 
 /* Fold now: write DIR/model.safetensors as the applied version (atomic:
- * temporary file, fsync, rename) and drop the record files it covers.  The
- * fold policy (fold_fraction, fold_every) does this on the consumer's
- * thread; call it to have the file current at once (O(model): for exit or
- * export, not for every version).  Errors: DCAST_EIO, DCAST_ENOMEM, DCAST_ENODEVICE (a CUDA
+ * temporary file, fsync, rename) and drop the record files it covers;
+ * first waits for a fold the policy started, and writes nothing when the
+ * file already holds the applied version.  The fold policy (fold_fraction,
+ * fold_every) folds in the background, from the disk, without blocking
+ * apply(); call this to have the file current at once (O(model): for exit
+ * or export, not for every version).  Errors: DCAST_EIO, DCAST_ENOMEM, DCAST_ENODEVICE (a CUDA
  * tensor without a device). */
 DCAST_API int dcast_consumer_checkpoint(dcast_consumer *c);
 

@@ -183,7 +183,7 @@ static int chunk_head(const dcast_chunk *k, uint64_t payload_sum, rec_head *h)
 typedef struct wb_slot {
 	rec_head h;         /* the record's prefix and CHUNK header */
 	zmq_msg_t msg;      /* the payload, when held (has_msg) */
-	uint64_t version, off, credit;
+	uint64_t version, off, bytes, credit; /* credit: given back when written (0: at once) */
 	int left, has_msg, err;
 } wb_slot;
 
@@ -212,7 +212,7 @@ void cs_ckpt_wb_close(dcast_consumer *c)
 
 static void wb_done(dcast_consumer *c, wb_slot *s)
 {
-	uint64_t len = s->h.len + s->credit;
+	uint64_t len = s->h.len + s->bytes;
 	cs_version *v = cs_version_find(c, s->version);
 
 	if (s->has_msg)
@@ -337,7 +337,8 @@ int cs_ckpt_chunk_submit(dcast_consumer *c, cs_version *v, const dcast_chunk *k,
 	}
 	s->version = k->version;
 	s->off = v->file_bytes;
-	s->credit = k->payload_bytes;
+	s->bytes = k->payload_bytes;
+	s->credit = v->in_place ? 0 : k->payload_bytes; /* in place: in the tensor, not the pool */
 	s->left = 2;
 	s->has_msg = s->err = 0;
 	err = dcast_io_write(c->io, v->io_file, s->h.p, s->h.len, s->off, DCAST_IO_NO_BUF, tag);

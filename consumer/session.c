@@ -212,8 +212,9 @@ static int unwanted(dcast_consumer *c, uint64_t version, uint64_t payload_bytes)
  * straight to its range of the tensor, and its record is written behind
  * from there (nothing writes that range again before a later version's
  * apply, and this version's COMMIT record waits for every chunk record);
- * its credit goes back once written.  Apply has nothing left to write,
- * only to check. */
+ * its credit goes back at once (no staging memory holds it; the record
+ * writes in flight are bounded by the write-behind queue).  Apply has
+ * nothing left to write, only to check. */
 static int stage_in_place(dcast_consumer *c, cs_version *v, const dcast_chunk *h, zmq_msg_t *payload)
 {
 	const unsigned char *src = zmq_msg_data(payload);
@@ -225,10 +226,9 @@ static int stage_in_place(dcast_consumer *c, cs_version *v, const dcast_chunk *h
 		memcpy(dst, src, h->payload_bytes);
 		err = cs_ckpt_chunk_submit(c, v, h, NULL, dst, sum, &off);
 	}
-	if (err) {
-		cs_credit_free(c, h->payload_bytes);
+	cs_credit_free(c, h->payload_bytes);
+	if (err)
 		return err == DCAST_EIO ? err : cs_refuse(c, h->version, err);
-	}
 	c->total_received += h->payload_bytes;
 	return cs_version_take(v, h, sum, CS_IN_PLACE, NULL);
 }

@@ -246,6 +246,18 @@ static int check_owner(dcast_consumer *c)
 	return err;
 }
 
+/* What a fold leaves when the process dies in it (fold.c, anchor.c): the
+ * anchor file and the record files it was made from are still whole. */
+static void drop_fold_leftovers(const dcast_consumer *c)
+{
+	char p[4200];
+
+	cs_fold_tmp_path(c, p, sizeof(p));
+	unlink(p);
+	snprintf(p, sizeof(p), "%s.tmp", c->ck.anchor_path);
+	unlink(p);
+}
+
 int cs_ckpt_load(dcast_consumer *c)
 {
 	uint64_t have = DCAST_VERSION_NONE;
@@ -255,6 +267,7 @@ int cs_ckpt_load(dcast_consumer *c)
 		return err;
 	if ((err = check_owner(c)))
 		return err;
+	drop_fold_leftovers(c);
 	c->ck.anchor_file_version = have;
 	cs_set_applied(c, have);
 	err = replay(c, have, DCAST_VERSION_NONE, 1);

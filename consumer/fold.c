@@ -419,10 +419,11 @@ int cs_fold_finish(dcast_consumer *c, cs_fold_job *j)
 	}
 	c->ck.gen++;
 	c->ck.anchor_file_version = j->version;
+	int err = dcast_fsync_dir(c->dir); /* the rename durable before the files it covers go */
 	c->ck.log_since_fold -= j->folded_bytes < c->ck.log_since_fold ? j->folded_bytes : c->ck.log_since_fold;
 	c->ck.deltas_since_fold -= j->n_vers < c->ck.deltas_since_fold ? j->n_vers : c->ck.deltas_since_fold;
 	c->ck.folds++;
-	for (uint32_t i = 0; i < j->n_vers; i++)
+	for (uint32_t i = 0; !err && i < j->n_vers; i++)
 		cs_ckpt_remove(c, j->vers[i]);
-	return dcast_fsync_dir(c->dir);
+	return err;
 }

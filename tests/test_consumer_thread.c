@@ -14,8 +14,9 @@
  *   start (test fault foldhold), deltas are applied meanwhile, bit-exact;
  *   released, it writes the anchor it was asked for (the model file at
  *   the version applied when it began, later versions still in the log),
- *   and a reopen rebuilds the newest; a fold that finds a damaged record
- *   file is done from the live tensors instead (the newest version);
+ *   and a reopen rebuilds the newest (and removes a fold's torn temporary
+ *   file); a fold that finds a damaged record file is done from the live
+ *   tensors instead (the newest version);
  * - a version announced READY stays applicable across a re-join: the
  *   broker stops (SIGSTOP), the consumer takes it for dead and joins again,
  *   and apply() of the READY version still succeeds, bit-exact. */
@@ -259,8 +260,8 @@ static void fold_held_case(const h_broker *b, const char *model, int damage)
 	h_model m;
 	dcast_producer *p = NULL;
 	dcast_consumer *c;
-	int hold[2];
-	char env[32];
+	int hold[2], fd;
+	char env[32], junk[512];
 	uint64_t n;
 
 	REQUIRE(pipe(hold) == 0);
@@ -287,9 +288,14 @@ static void fold_held_case(const h_broker *b, const char *model, int damage)
 	CHECK(file_version(dir_for(model)) == (damage ? 4u : 1u));
 	close(hold[1]); /* a fold still to come reads EOF: nothing holds it */
 	dcast_consumer_close(&c);
+	snprintf(junk, sizeof(junk), "%s/model.safetensors.fold", dir_for(model));
+	REQUIRE((fd = open(junk, O_WRONLY | O_CREAT | O_TRUNC, 0644)) >= 0); /* as a fold killed midway */
+	REQUIRE(write(fd, "torn", 4) == 4);
+	close(fd);
 	c = open_with(b, model, 0);
 	REQUIRE(c);
 	CHECK(dcast_consumer_version(c) == 4 && h_equal(c, &m, 4));
+	CHECK(access(junk, F_OK) != 0); /* the open removed it */
 	dcast_consumer_close(&c);
 	close(hold[0]);
 	dcast_producer_close(&p);

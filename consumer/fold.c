@@ -28,6 +28,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include "consumer_impl.h"
@@ -165,6 +167,19 @@ typedef struct fold_file {
 	int anchor;
 } fold_file;
 
+/* A dense chunk's payload, the range itself, written at off. */
+static int write_dense(const fold_out *o, const dcast_chunk *h, const uint8_t *payload, uint64_t off)
+{
+	uint64_t n = h->count * h->elem_size;
+
+	if (h->payload_bytes != n)
+		return dcast_fail(DCAST_EPAYLOAD_SIZE, "dense CHUNK record: %" PRIu64 " payload bytes for %"
+				  PRIu64 " elements of %u bytes", h->payload_bytes, h->count, h->elem_size);
+	if (pwrite(o->fd, payload, n, (off_t)off) != (ssize_t)n)
+		return dcast_fail(DCAST_EIO, "fold: %s: write at %" PRIu64 ": %s", o->path, off, strerror(errno));
+	return 0;
+}
+
 /* DCAST_ESTATE once the fold is moot: the files moved on (c->ck.gen) or
  * the consumer is closing; checked between chunks and pieces. */
 static int abandoned(const cs_fold_job *j)
@@ -187,9 +202,14 @@ static int chunk_into_map(fold_file *f, const dcast_chunk *h, const dcast_rec *r
 
 	if (!t || h->elem_size != t->elem_size || h->start > elems || h->count > elems - h->start)
 		return dcast_fail(DCAST_EFIELD_RANGE, "CHUNK record outside the tensors");
+	if (h->payload_bytes != r->payload_len)
+		return dcast_fail(DCAST_EPAYLOAD_SIZE, "CHUNK record: header says %" PRIu64 " payload bytes, "
+				  "the record holds %u", h->payload_bytes, r->payload_len);
 	if ((err = abandoned(j)) || (err = dcast_chunk_verify_sum(h, r->payload_sum)) || !h->count)
 		return err;
 	off = f->o->lay.file_offsets[h->tensor] + h->start * h->elem_size;
+	if (h->encoding == DCAST_ENC_DENSE) /* the payload is the range: no map, no faults */
+		return write_dense(f->o, h, payload, off);
 	at = off - off % (uint64_t)page;
 	len = off - at + h->count * h->elem_size;
 	map = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, f->o->fd, (off_t)at);
@@ -266,49 +286,30 @@ static int read_piece(const fold_out *o, uint64_t off, uint64_t len)
 			  got < 0 ? strerror(errno) : "short read");
 }
 
-/* The COMMIT digest (dcast_ldigest) of range d, read back from the file. */
-static int range_digest(const fold_out *o, const dcast_range_digest *d, uint64_t *out)
-{
-	unsigned es = o->j->t[d->tensor].elem_size;
-	uint64_t per = FOLD_PIECE / es, sum = 0;
-	int err = 0;
-
-	for (uint64_t k = 0; !err && k < d->count; k += per) {
-		uint64_t n = d->count - k < per ? d->count - k : per, part = 0;
-		err = abandoned(o->j) ? DCAST_ESTATE : read_piece(o, o->lay.file_offsets[d->tensor] + (d->start + k) * es, n * es);
-		if (!err && !(err = dcast_ldigest(d->tensor, d->start + k, o->buf, n, es, &part)))
-			sum += part; /* additive: the range's digest is the sum of its pieces' */
-	}
-	*out = sum;
-	return err;
-}
-
-/* Every cached COMMIT digest of the target against the new file's data. */
-static int check_digests(const fold_out *o)
+/* Add each cached COMMIT digest range's share of elements [e0, e0 + n) of
+ * tensor t, which o->buf holds, to range[] (the digest is additive: a
+ * range's is the sum of its pieces'). */
+static void piece_ranges(const fold_out *o, uint32_t t, uint64_t e0, uint64_t n, uint64_t *range)
 {
 	const cs_fold_job *j = o->j;
+	unsigned es = j->t[t].elem_size;
 
-	for (uint32_t i = 0; i < j->n_dig; i++) {
-		const dcast_range_digest *d = &j->dig[i];
-		const cs_tensor *t = &j->t[d->tensor];
-		uint64_t got = 0;
-		int err = range_digest(o, d, &got);
-		if (err)
-			return err;
-		if (got != d->digest)
-			return dcast_fail(DCAST_EDIGEST, "fold: tensor %s elements [%" PRIu64 ", %" PRIu64
-					  ") do not match version %" PRIu64 "'s digest: the record log and the "
-					  "anchor file do not rebuild it", t->desc.name, d->start,
-					  d->start + d->count, j->version);
+	for (uint32_t k = 0; k < j->n_dig; k++) {
+		const dcast_range_digest *d = &j->dig[k];
+		uint64_t lo = d->start > e0 ? d->start : e0, part = 0;
+		uint64_t hi = d->start + d->count < e0 + n ? d->start + d->count : e0 + n;
+		if (d->tensor == t && lo < hi && !dcast_ldigest(t, lo, o->buf + (lo - e0) * es, hi - lo, es, &part))
+			range[k] += part;
 	}
-	return 0;
 }
 
-/* dcast_digest of tensor i's bytes, read back from the file: XXH3 of its
- * 1 MiB blocks' XXH3s (docs/protocol.md, "Checksum and digest"). */
-static int tensor_digest(const fold_out *o, uint32_t i, uint64_t *out)
+/* One pass over tensor i in the new file: its dcast_digest (XXH3 of its
+ * 1 MiB blocks' XXH3s, docs/protocol.md, "Checksum and digest") into *td,
+ * and its share of every cached COMMIT digest range into range[]. */
+static int scan_tensor(const fold_out *o, uint32_t i, uint64_t *td, uint64_t *range)
 {
-	uint64_t bytes = o->j->t[i].bytes, nb = (bytes + DCAST_DIGEST_BLOCK - 1) / DCAST_DIGEST_BLOCK;
+	const cs_tensor *t = &o->j->t[i];
+	uint64_t bytes = t->bytes, nb = (bytes + DCAST_DIGEST_BLOCK - 1) / DCAST_DIGEST_BLOCK;
 	uint64_t *h = malloc((nb ? nb : 1) * sizeof(*h));
 	int err = h ? 0 : dcast_fail(DCAST_ENOMEM, "fold: %" PRIu64 " block hashes", nb);
 
@@ -318,36 +319,65 @@ static int tensor_digest(const fold_out *o, uint32_t i, uint64_t *out)
 		for (uint64_t b = 0; !err && b < n; b += DCAST_DIGEST_BLOCK)
 			h[(off + b) / DCAST_DIGEST_BLOCK] =
 				dcast_checksum(o->buf + b, n - b < DCAST_DIGEST_BLOCK ? n - b : DCAST_DIGEST_BLOCK);
+		if (!err)
+			piece_ranges(o, i, off / t->elem_size, n / t->elem_size, range);
 	}
 	if (!err)
-		*out = dcast_checksum(h, nb * sizeof(*h));
+		*td = dcast_checksum(h, nb * sizeof(*h));
 	free(h);
 	return err;
 }
 
-/* The file digest (anchor.c) of the new file's data, into its header. */
-static int seal(fold_out *o)
+/* Every cached COMMIT digest of the target against the file's (range[]). */
+static int check_ranges(const fold_out *o, const uint64_t *range)
+{
+	const cs_fold_job *j = o->j;
+
+	for (uint32_t k = 0; k < j->n_dig; k++) {
+		const dcast_range_digest *d = &j->dig[k];
+		if (range[k] != d->digest)
+			return dcast_fail(DCAST_EDIGEST, "fold: tensor %s elements [%" PRIu64 ", %" PRIu64
+					  ") do not match version %" PRIu64 "'s digest: the record log and the "
+					  "anchor file do not rebuild it", j->t[d->tensor].desc.name, d->start,
+					  d->start + d->count, j->version);
+	}
+	return 0;
+}
+
+/* The header, with the file digest (anchor.c) of the tensors' td[]. */
+static int seal(fold_out *o, const uint64_t *td)
 {
 	cs_fold_job *j = o->j;
-	uint64_t *td = malloc(j->n * sizeof(*td)), digest;
+	uint64_t digest = cs_file_digest(j->t, j->n, j->version, td);
 	char dbuf[32];
 	dcast_st_layout lay;
-	int err = td ? 0 : dcast_fail(DCAST_ENOMEM, "fold: %u tensors", j->n);
+	int err;
 
-	for (uint32_t i = 0; !err && i < j->n; i++)
-		err = tensor_digest(o, i, &td[i]);
-	if (!err) {
-		digest = cs_file_digest(j->t, j->n, j->version, td);
-		snprintf(dbuf, sizeof(dbuf), "%016" PRIx64, digest);
-		err = cs_anchor_layout(j->c->model, j->t, j->n, j->version, dbuf, &lay);
-	}
-	free(td);
-	if (err)
+	snprintf(dbuf, sizeof(dbuf), "%016" PRIx64, digest);
+	if ((err = cs_anchor_layout(j->c->model, j->t, j->n, j->version, dbuf, &lay)))
 		return err;
 	DCAST_ASSERT(lay.header_bytes == o->lay.header_bytes); /* fixed-width digest */
 	if (pwrite(o->fd, lay.header, lay.header_bytes, 0) != (ssize_t)lay.header_bytes)
 		err = dcast_fail(DCAST_EIO, "fold: %s: header: %s", o->path, strerror(errno));
 	dcast_st_layout_free(&lay);
+	return err;
+}
+
+/* Read the new file back once: checked against the target's digests, then
+ * sealed with its file digest. */
+static int check_and_seal(fold_out *o)
+{
+	cs_fold_job *j = o->j;
+	uint64_t *td = malloc(j->n * sizeof(*td)), *range = calloc(j->n_dig ? j->n_dig : 1, sizeof(*range));
+	int err = td && range ? 0 : dcast_fail(DCAST_ENOMEM, "fold: %u tensors", j->n);
+
+	for (uint32_t i = 0; !err && i < j->n; i++)
+		err = scan_tensor(o, i, &td[i], range);
+	if (!err)
+		err = check_ranges(o, range);
+	if (!err)
+		err = seal(o, td);
+	free(td), free(range);
 	return err;
 }
 
@@ -363,9 +393,7 @@ static int build(fold_out *o)
 	for (uint32_t i = 0; !err && i < j->n_vers; i++)
 		err = replay_file(o, j->vers[i], &j->folded_bytes);
 	if (!err)
-		err = check_digests(o);
-	if (!err)
-		err = seal(o);
+		err = check_and_seal(o);
 	if (!err && fdatasync(o->fd) != 0)
 		err = dcast_fail(DCAST_EIO, "fold: %s: fdatasync: %s", o->path, strerror(errno));
 	return err;
@@ -376,7 +404,7 @@ void cs_fold_tmp_path(const dcast_consumer *c, char *out, size_t cap)
 	snprintf(out, cap, "%s.fold", c->ck.anchor_path);
 }
 
-int cs_fold_run(cs_fold_job *j)
+static int fold_run(cs_fold_job *j)
 {
 	fold_out o = {.j = j, .fd = -1};
 	char zero[32];
@@ -400,6 +428,36 @@ int cs_fold_run(cs_fold_job *j)
 	if (err)
 		unlink(o.path);
 	dcast_st_layout_free(&o.lay);
+	return err;
+}
+
+/* The calling thread's CPU and I/O priority: a fold is background work,
+ * so it runs at nice 19 and the lowest best-effort I/O level, taking what
+ * the session thread and the caller's apply() leave (on a busy host it
+ * takes longer, and nobody waits for it).  Then back to what it was,
+ * where the system lets a thread raise its priority again. */
+static void thread_priority(int background, int *saved)
+{
+	pid_t tid = (pid_t)syscall(SYS_gettid);
+
+	if (background) {
+		errno = 0;
+		*saved = getpriority(PRIO_PROCESS, (id_t)tid);
+		if (errno)
+			*saved = 0;
+	}
+	(void)setpriority(PRIO_PROCESS, (id_t)tid, background ? 19 : *saved);
+	(void)syscall(SYS_ioprio_set, 1 /* IOPRIO_WHO_PROCESS */, tid,
+		      background ? (2 << 13) | 7 : 0); /* best effort, level 7; 0: from the nice value */
+}
+
+int cs_fold_run(cs_fold_job *j)
+{
+	int saved = 0, err;
+
+	thread_priority(1, &saved);
+	err = fold_run(j);
+	thread_priority(0, &saved);
 	return err;
 }
 

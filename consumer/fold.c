@@ -5,18 +5,21 @@
  * cs_fold_plan (under `lock`) takes what the fold needs: the target (the
  * applied version), the version in the anchor file, the record files up to
  * the target, the tensors' geometry, the applied version's COMMIT digests
- * (c->dcache) and the checkpoint's generation.  cs_fold_run (no lock)
- * writes DIR/model.safetensors.fold: the old anchor file's tensors copied
+ * (c->dcache) and the checkpoint's generation.  cs_fold_run (no lock, at
+ * nice 19 and the lowest best-effort I/O level) writes
+ * DIR/model.safetensors.fold: the old anchor file's tensors copied
  * (copy_file_range), every record file after it up to the target replayed
- * into the new file (an anchor's record covers every element), each chunk
- * through a shared memory map of its range only, so that the fold adds at
- * most one chunk's range to the process's memory; then every cached COMMIT
- * digest checked against the file (its output is exactly the applied
- * version, or it is not used), the header with the file digest,
- * fdatasync.  Reads go through one bounded buffer (FOLD_PIECE).  cs_fold_finish (under
- * `lock`) renames it over the old file unless the checkpoint changed
- * meanwhile (a discard, a fold from the tensors: c->ck.gen moved),
- * then drops the record files it covers.
+ * into the new file (an anchor's record covers every element): a dense
+ * chunk written as it is, a sparse one applied through a shared map of its
+ * range only, so that the fold adds at most one chunk's range to the
+ * process's memory; then the file read back once through one bounded
+ * buffer (FOLD_PIECE), every cached COMMIT digest checked against it (the
+ * output is exactly the applied version, or it is not used) and its file
+ * digest put in the header; fdatasync.  cs_fold_finish (under `lock`)
+ * renames it over the old file unless the checkpoint changed meanwhile (a
+ * discard, a fold from the tensors: c->ck.gen moved), fsyncs the folder,
+ * then drops the record files it covers.  A fold whose files moved on, or
+ * whose consumer closes, stops at its next chunk or piece.
  *
  * Tiled tensors are in wire order in the records and in natural order in
  * the file: a model with any tiled tensor is folded from the live tensors

@@ -120,13 +120,31 @@ typedef struct fold_out {
 	char path[4200];
 } fold_out;
 
-/* Copy n bytes in the kernel (page cache to page cache where it can). */
-static int copy_range(int from, uint64_t from_off, int to, uint64_t to_off, uint64_t n, const char *what)
+/* Copy n bytes through buf (FOLD_PIECE bytes), where the kernel cannot. */
+static int copy_through(int from, uint64_t a, int to, uint64_t b, uint64_t n, unsigned char *buf, const char *what)
+{
+	while (n) {
+		size_t k = n < FOLD_PIECE ? (size_t)n : FOLD_PIECE;
+		ssize_t got = pread(from, buf, k, (off_t)a);
+		if (got <= 0 || pwrite(to, buf, (size_t)got, (off_t)b) != got)
+			return dcast_fail(got ? DCAST_EIO : DCAST_ETRUNCATED, "fold: copying %s: %s", what,
+					  got ? strerror(errno) : "ends early");
+		a += (uint64_t)got, b += (uint64_t)got, n -= (uint64_t)got;
+	}
+	return 0;
+}
+
+/* Copy n bytes in the kernel (page cache to page cache, or shared extents),
+ * through buf where the file system cannot. */
+static int copy_range(int from, uint64_t from_off, int to, uint64_t to_off, uint64_t n, unsigned char *buf,
+		      const char *what)
 {
 	loff_t a = (loff_t)from_off, b = (loff_t)to_off;
 
 	while (n) {
 		ssize_t got = copy_file_range(from, &a, to, &b, n, 0);
+		if (got < 0 && (errno == EXDEV || errno == EINVAL || errno == ENOSYS || errno == EOPNOTSUPP))
+			return copy_through(from, (uint64_t)a, to, (uint64_t)b, n, buf, what);
 		if (got <= 0)
 			return dcast_fail(got ? DCAST_EIO : DCAST_ETRUNCATED, "fold: copying %s: %s", what,
 					  got ? strerror(errno) : "ends early");
@@ -154,7 +172,8 @@ static int copy_anchor(fold_out *o)
 			err = dcast_fail(DCAST_ESHAPE, "fold: %s: tensor %s missing or of another size", path,
 					 t->desc.name);
 		else
-			err = copy_range(fd, hdr + s->data_offset, o->fd, o->lay.file_offsets[i], t->bytes, path);
+			err = copy_range(fd, hdr + s->data_offset, o->fd, o->lay.file_offsets[i], t->bytes, o->buf,
+					 path);
 	}
 	if (fd >= 0)
 		close(fd);

@@ -492,6 +492,9 @@ int cs_fold_finish(dcast_consumer *c, cs_fold_job *j)
 		unlink(tmp);
 		return 0;
 	}
+	/* the files are as planned: the same anchor file, the target newer */
+	DCAST_ASSERT(c->ck.anchor_file_version == j->have &&
+		     (j->have == DCAST_VERSION_NONE || j->version > j->have));
 	if (rename(tmp, c->ck.anchor_path) != 0) {
 		int err = dcast_fail(DCAST_EIO, "fold: rename %s: %s", tmp, strerror(errno));
 		unlink(tmp);

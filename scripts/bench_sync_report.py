@@ -277,10 +277,11 @@ def section(root):
     budget = [0.1 * r["tcp_model"] for r in runs if r["n"] == tn and not r["datadir"]]
     lines = [BEGIN,
              "Command: `%s` (%d s; Linux %s, %s CPUs, load average %s at the start, %s at the end: a shared "
-             "machine, timings are noisy).  %s bf16 parameters (%d bytes), an anchor, %s warm-up delta, then %s deltas "
+             "machine, timings are noisy).  %s bf16 parameters (%d bytes), an anchor, %s warm-up delta%s, then %s deltas "
              "at ~1%% density (gen-trace); medians over those %s." % (
                  meta["command"], int(meta["seconds"]), os.uname().machine, meta["cpus"], meta["load_start"],
-                 meta["load_end"], meta["params"], model, meta["warmup"], meta["versions"], meta["versions"]),
+                 meta["load_end"], meta["params"], model, meta["warmup"], "" if meta["warmup"] == "1" else "s",
+                 meta["versions"], meta["versions"]),
              "", *table_rows(runs, model), "", floor_line(runs), "",
              "Targets (issue 17), broker without --data-dir; each ratio against its own row's references.  "
              "The budget of (1) at N = %d was %s..%s ms in these rows, against the one-thread compute floor above:" % (

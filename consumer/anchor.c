@@ -125,20 +125,20 @@ static uint64_t desc_hash(const dcast_tensor_desc *t)
  * and dcast_digest of its data (td[i]).  Kept in the file's metadata so a
  * load refuses a flipped bit on disk: in the data, a tensor's name, dtype
  * or shape, or the version. */
-uint64_t cs_file_digest(const cs_tensor *t, uint32_t n, uint64_t version, const uint64_t *td)
+int cs_file_digest(const cs_tensor *t, uint32_t n, uint64_t version, const uint64_t *td, uint64_t *out)
 {
-	uint64_t *d = malloc((2 * (size_t)n + 1) * sizeof(*d)), out;
+	uint64_t *d = malloc((2 * (size_t)n + 1) * sizeof(*d));
 
-	if (!d) /* a digest no file has: the load refuses it, the fold is done again */
-		return 0;
+	if (!d)
+		return dcast_fail(DCAST_ENOMEM, "checkpoint digest: %u tensors", n);
 	d[0] = version;
 	for (uint32_t i = 0; i < n; i++) {
 		d[1 + 2 * i] = desc_hash(&t[i].desc);
 		d[2 + 2 * i] = td[i];
 	}
-	out = dcast_checksum(d, (2 * (size_t)n + 1) * sizeof(*d));
+	*out = dcast_checksum(d, (2 * (size_t)n + 1) * sizeof(*d));
 	free(d);
-	return out;
+	return 0;
 }
 
 /* The file digest of the live tensors as version `version`. */
@@ -150,7 +150,7 @@ static int model_digest(dcast_consumer *c, uint64_t version, uint64_t *out)
 	for (uint32_t i = 0; !err && i < c->n_tensors; i++)
 		err = cs_tensor_digest(&c->tensors[i], 0, c->tensors[i].bytes, &td[i]);
 	if (!err)
-		*out = cs_file_digest(c->tensors, c->n_tensors, version, td);
+		err = cs_file_digest(c->tensors, c->n_tensors, version, td, out);
 	free(td);
 	return err;
 }

@@ -563,8 +563,8 @@ void cs_fold_tmp_path(const dcast_consumer *c, char *out, size_t cap);
 int cs_anchor_layout(const char *model, const cs_tensor *t, uint32_t n, uint64_t version, const char *digest,
 		     dcast_st_layout *lay);
 /* The file digest in model.safetensors' metadata, from each tensor's
- * dcast_digest td[i] (anchor.c). */
-uint64_t cs_file_digest(const cs_tensor *t, uint32_t n, uint64_t version, const uint64_t *td);
+ * dcast_digest td[i], into *out (anchor.c).  Errors: DCAST_ENOMEM. */
+int cs_file_digest(const cs_tensor *t, uint32_t n, uint64_t version, const uint64_t *td, uint64_t *out);
 /* anchor.c: DIR/model.safetensors through dcast_io and the pool.  Load it
  * into the tensors, its version into *version; DCAST_ESTATE before reading
  * them when it is another model's (cs_ckpt_foreign). */

@@ -370,11 +370,13 @@ static int check_ranges(const fold_out *o, const uint64_t *range)
 static int seal(fold_out *o, const uint64_t *td)
 {
 	cs_fold_job *j = o->j;
-	uint64_t digest = cs_file_digest(j->t, j->n, j->version, td);
+	uint64_t digest;
 	char dbuf[32];
 	dcast_st_layout lay;
-	int err;
+	int err = cs_file_digest(j->t, j->n, j->version, td, &digest);
 
+	if (err)
+		return err;
 	snprintf(dbuf, sizeof(dbuf), "%016" PRIx64, digest);
 	if ((err = cs_anchor_layout(j->c->model, j->t, j->n, j->version, dbuf, &lay)))
 		return err;

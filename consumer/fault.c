@@ -1,5 +1,5 @@
 /* Test fault injection, DELTACAST_CONSUMER_FAULT=KIND:V (tests only; off
- * unless the variable is set when the consumer opens).  It acts at two
+ * unless the variable is set when the consumer opens).  It acts at three
  * seams and nowhere else: where a broker message enters the version state
  * machine (cs_fault_wire, session.c), where apply starts a version
  * (cs_fault_apply, apply.c) and where a fold from the disk starts

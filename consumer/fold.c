@@ -181,7 +181,7 @@ static int copy_anchor(fold_out *o)
 	return err;
 }
 
-/* Replaying one record file into the map. */
+/* Replaying one record file into the new file. */
 typedef struct fold_file {
 	fold_out *o;
 	uint64_t version;
@@ -212,7 +212,7 @@ static int abandoned(const cs_fold_job *j)
 			  "or the consumer is closing", j->version);
 }
 
-static int chunk_into_map(fold_file *f, const dcast_chunk *h, const dcast_rec *r, const uint8_t *payload)
+static int chunk_into_file(fold_file *f, const dcast_chunk *h, const dcast_rec *r, const uint8_t *payload)
 {
 	const cs_fold_job *j = f->o->j;
 	const cs_tensor *t = h->tensor < j->n ? &j->t[h->tensor] : NULL;
@@ -261,7 +261,7 @@ static int on_record(void *ctx, uint64_t off, const dcast_rec *r, const uint8_t 
 	}
 	if (dcast_rec_msg(r, hdr, &m))
 		return WHY("record at offset %" PRIu64 ": %s", off, dcast_last_error());
-	if (r->kind == DCAST_REC_CHUNK && (rc = chunk_into_map(f, &m.u.chunk, r, payload)))
+	if (r->kind == DCAST_REC_CHUNK && (rc = chunk_into_file(f, &m.u.chunk, r, payload)))
 		rc = WHY("record at offset %" PRIu64 ": %s", off, dcast_last_error());
 	else if (r->kind == DCAST_REC_COMMIT)
 		rc = 1;

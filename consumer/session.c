@@ -569,29 +569,37 @@ static int fold_from_disk(dcast_consumer *c, cs_fold_job *j)
 	return err ? err : cs_fold_finish(c, j);
 }
 
-/* The fold thread, if the policy still wants a fold (a
+/* The fold the policy asked for, if it still wants one (a
  * dcast_consumer_checkpoint() may have folded first).  A model with tiled
  * tensors, or a fold from the disk that failed while the files stayed as
  * planned, is folded from the live tensors, which hold the applied
- * version, checked; a failure goes to the next poll(). */
+ * version, checked. */
+static int policy_fold(dcast_consumer *c, cs_fold_job *j)
+{
+	int err;
+
+	if (!cs_fold_wanted(c))
+		return 0;
+	err = fold_from_disk(c, j);
+	if (j->gen != c->ck.gen || atomic_load(&c->ss.stop))
+		return 0; /* done (its rename moved the generation), or moot: the files moved on, or closing */
+	if (!err && j->mode != CS_FOLD_LIVE)
+		return 0; /* nothing to fold */
+	if (err)
+		DCAST_LOG_W("consumer %s: fold from the disk: %s; folding from the tensors instead", c->model,
+			    dcast_last_error());
+	return cs_ckpt_fold(c);
+}
+
+/* The fold thread; a failure goes to the next poll(). */
 static void *fold_main(void *arg)
 {
 	dcast_consumer *c = arg;
 	cs_fold_job j = {0};
-	int err = 0;
+	int err;
 
 	pthread_mutex_lock(&c->lock);
-	if (cs_fold_wanted(c))
-		err = fold_from_disk(c, &j);
-	if (j.gen != c->ck.gen || atomic_load(&c->ss.stop)) {
-		err = 0; /* moot: the files moved on, or the consumer closes with its log durable */
-	} else if (err || j.mode == CS_FOLD_LIVE) {
-		if (err)
-			DCAST_LOG_W("consumer %s: fold from the disk: %s; folding from the tensors instead",
-				    c->model, dcast_last_error());
-		err = cs_ckpt_fold(c);
-	}
-	if (err)
+	if ((err = policy_fold(c, &j)))
 		thread_failed(c, err);
 	cs_fold_job_free(&j);
 	c->ss.fold_running = 0;

@@ -19,10 +19,28 @@
 #include "proc.h"
 #include "deltacast/producer.h"
 #include "deltacast/consumer.h"
+#include "deltacast/safetensors.h"
 
 #pragma GCC diagnostic ignored "-Wunused-function"
 
 typedef tp_broker h_broker;
+
+/* The version in dir/model.safetensors (its deltacast.version), or 0 when
+ * there is none. */
+static uint64_t h_file_version(const char *dir)
+{
+	char path[512];
+	dcast_st_file *f = NULL;
+	uint64_t v = 0;
+
+	snprintf(path, sizeof(path), "%s/model.safetensors", dir);
+	if (dcast_st_open(path, &f) == 0) {
+		const char *s = dcast_st_metadata_get(f, "deltacast.version");
+		v = s ? strtoull(s, NULL, 10) : 0;
+	}
+	dcast_st_close(&f);
+	return v;
+}
 
 /* Start the broker with extra flags (NULL-terminated, may be NULL); 0 once it
  * has bound its ports (tests/proc.h), -1 if it would not start.  Its log is

@@ -9,7 +9,6 @@
 #include <stdlib.h>
 #include "check.h"
 #include "consumer_harness.h"
-#include "deltacast/safetensors.h"
 #include "dcast_common.h"
 #include "dcast_reclog.h"
 
@@ -60,22 +59,6 @@ static int rec_exists(const char *name, uint64_t v)
 	return access(path, F_OK) == 0;
 }
 
-/* The version in DIR(name)/model.safetensors, or 0 when there is none. */
-static uint64_t anchor_version(const char *name)
-{
-	char path[512];
-	dcast_st_file *f = NULL;
-	uint64_t v = 0;
-
-	snprintf(path, sizeof(path), "%s/model.safetensors", dir_for(name));
-	if (dcast_st_open(path, &f) == 0) {
-		const char *s = dcast_st_metadata_get(f, "deltacast.version");
-		v = s ? strtoull(s, NULL, 10) : 0;
-	}
-	dcast_st_close(&f);
-	return v;
-}
-
 /* Anchor + deltas bit-exact, model larger than the budget, restart.  The
  * consumer holds no version and its tensors are its own, so the anchor is
  * received in place (docs/protocol.md, "Anchors received in place"). */
@@ -102,7 +85,7 @@ static void test_stream_and_restart(const h_broker *b)
 	CHECK(st.spilled_chunks == 0);           /* in place: nothing staged, nothing spilled */
 	/* its record file, written behind from the tensors, is its copy on disk
 	 * until the fold (from the disk, in the background) takes it in */
-	CHECK(rec_exists("stream", 1) || anchor_version("stream") == 1);
+	CHECK(rec_exists("stream", 1) || h_file_version(dir_for("stream")) == 1);
 	CHECK(st.pool_bytes <= BUDGET && st.peak_pool_bytes <= st.pool_bytes);
 	CHECK(s.anchors == 1);
 	CHECK(dcast_consumer_wait_version(c, 1, 0) == 0);

@@ -27,7 +27,6 @@
 #include <unistd.h>
 #include "check.h"
 #include "consumer_harness.h"
-#include "deltacast/safetensors.h"
 
 #define BUDGET (8u << 20)
 
@@ -220,21 +219,6 @@ static int fold_within(dcast_consumer *c, int running, uint64_t done)
 	return 0;
 }
 
-static uint64_t file_version(const char *dir)
-{
-	char path[512];
-	dcast_st_file *f = NULL;
-	uint64_t v = 0;
-
-	snprintf(path, sizeof(path), "%s/model.safetensors", dir);
-	if (dcast_st_open(path, &f) == 0) {
-		const char *s = dcast_st_metadata_get(f, "deltacast.version");
-		v = s ? strtoull(s, NULL, 10) : 0;
-	}
-	dcast_st_close(&f);
-	return v;
-}
-
 /* Flip one byte in the middle of the record file of version v in dir. */
 static void damage_record(const char *dir, uint64_t v)
 {
@@ -285,7 +269,7 @@ static void fold_held_case(const h_broker *b, const char *model, int damage)
 		damage_record(dir_for(model), 1);
 	REQUIRE(write(hold[1], "go", 2) == 2); /* this fold, and the next if one is due */
 	CHECK(fold_within(c, 0, 1));
-	CHECK(file_version(dir_for(model)) == (damage ? 4u : 1u));
+	CHECK(h_file_version(dir_for(model)) == (damage ? 4u : 1u));
 	close(hold[1]); /* a fold still to come reads EOF: nothing holds it */
 	dcast_consumer_close(&c);
 	snprintf(junk, sizeof(junk), "%s/model.safetensors.fold", dir_for(model));

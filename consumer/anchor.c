@@ -173,6 +173,12 @@ static int check_model_digest(dcast_consumer *c, const dcast_st_file *f, uint64_
 	return 0;
 }
 
+int cs_ckpt_foreign(const dcast_consumer *c, const char *what, const char *name)
+{
+	return dcast_fail(DCAST_ESTATE, "%s holds model %s's checkpoint (%s), not %s's: left as it is; "
+			  "give each model its own directory, or remove it", c->dir, name, what, c->model);
+}
+
 /* The file is this model's (metadata deltacast.model), before its tensors
  * are read: another model's is left as it is (cs_ckpt_foreign). */
 static int owner_check(const dcast_consumer *c, const dcast_st_file *f)
@@ -350,6 +356,8 @@ int cs_ckpt_fold(dcast_consumer *c)
 	c->ck.log_since_fold = 0;
 	c->ck.gen++; /* a fold running from the disk is not renamed over this */
 	c->ck.folds++;
+	if (c->ck.new_version != DCAST_VERSION_NONE && c->ck.new_version <= v)
+		cs_anchor_new_drop(c); /* the anchor not sealed yet: this file holds it or newer */
 	vers = malloc(CS_MAX_LOG_FILES * sizeof(*vers));
 	if (vers && cs_ckpt_list(c, vers, CS_MAX_LOG_FILES, &n) == 0)
 		for (uint32_t i = 0; i < n && vers[i] <= v; i++)

@@ -166,7 +166,8 @@ static int apply_first(dcast_consumer *c)
 	record_stats(c, v, dcast_now_ns() - t0);
 	cs_ack(c, v->version);
 	c->ob.refusals = 0;
-	c->ck.deltas_since_fold++;
+	if (!v->anchor || c->ck.anchor_file_version != v->version)
+		c->ck.deltas_since_fold++; /* not an anchor already sealed in its file (anchor_new.c) */
 	if (cs_fold_wanted(c)) {
 		c->ss.fold_due = 1; /* on the consumer's thread, after this apply */
 		cs_wake(c);
@@ -277,9 +278,7 @@ int dcast_consumer_checkpoint(dcast_consumer *c)
 	if (!c)
 		return dcast_fail(DCAST_EINVAL, "dcast_consumer_checkpoint: NULL consumer");
 	pthread_mutex_lock(&c->lock);
-	while (c->ss.fold_running) /* its file may be the one asked for */
-		pthread_cond_wait(&c->ev_cv, &c->lock);
-	if (!(err = cs_ckpt_fold(c)))
+	if (!(err = cs_fold_settle(c)) && !(err = cs_ckpt_fold(c)))
 		c->ss.fold_due = 0;
 	pthread_mutex_unlock(&c->lock);
 	return err;

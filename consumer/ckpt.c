@@ -141,6 +141,27 @@ static int write_opening(dcast_consumer *c, cs_version *v)
 	return err;
 }
 
+void cs_anchor_new_path(const dcast_consumer *c, char *out, size_t cap)
+{
+	snprintf(out, cap, "%s.new", c->ck.anchor_path);
+}
+
+void cs_anchor_new_drop(dcast_consumer *c)
+{
+	char path[4200];
+
+	if (c->ck.new_version != DCAST_VERSION_NONE)
+		c->ck.gen++; /* a seal of it running is not renamed over model.safetensors */
+	cs_anchor_new_path(c, path, sizeof(path));
+	unlink(path);
+	free(c->ck.new_offs);
+	free(c->ck.new_dig);
+	c->ck.new_offs = NULL;
+	c->ck.new_dig = NULL;
+	c->ck.n_new_dig = 0;
+	c->ck.new_version = DCAST_VERSION_NONE;
+}
+
 int cs_ckpt_version_create(dcast_consumer *c, cs_version *v)
 {
 	char path[4096];
@@ -185,6 +206,7 @@ typedef struct wb_slot {
 	zmq_msg_t msg;      /* the payload, when held (has_msg) */
 	uint64_t version, off, bytes, credit; /* credit: given back when written (0: at once) */
 	int left, has_msg, err;
+	int to_log;         /* a record of the log (not an anchor written straight to its file) */
 } wb_slot;
 
 struct cs_wb {
@@ -227,7 +249,7 @@ static void wb_done(dcast_consumer *c, wb_slot *s)
 			v->write_failed = 1;
 	} else {
 		c->ck.log_write_bytes += len;
-		c->ck.log_since_fold += len;
+		c->ck.log_since_fold += s->to_log ? len : 0;
 	}
 	c->ck.wb->busy &= ~(1u << (s - c->ck.wb->s));
 }
@@ -321,6 +343,32 @@ static wb_slot *wb_slot_get(dcast_consumer *c)
 	return NULL;
 }
 
+/* Fill slot s for chunk k and write its CHUNK header, when it has one:
+ * an anchor written straight to its file (v->direct) has none, only the
+ * payload at its place there (anchor_new.c). */
+static int slot_head(dcast_consumer *c, cs_version *v, const dcast_chunk *k, uint64_t payload_sum, wb_slot *s,
+		     uint64_t tag)
+{
+	int err;
+
+	s->version = k->version;
+	s->bytes = k->payload_bytes;
+	s->credit = v->in_place ? 0 : k->payload_bytes; /* in place: in the tensor, not the pool */
+	s->has_msg = s->err = 0;
+	s->to_log = !v->direct;
+	if (v->direct) {
+		s->h.len = 0;
+		s->off = c->ck.new_offs[k->tensor] + k->start * k->elem_size; /* k checked */
+		s->left = 1;
+		return 0;
+	}
+	if ((err = chunk_head(k, payload_sum, &s->h)))
+		return err;
+	s->off = v->file_bytes;
+	s->left = 2;
+	return dcast_io_write(c->io, v->io_file, s->h.p, s->h.len, s->off, DCAST_IO_NO_BUF, tag);
+}
+
 int cs_ckpt_chunk_submit(dcast_consumer *c, cs_version *v, const dcast_chunk *k, zmq_msg_t *held,
 			 const void *payload, uint64_t payload_sum, uint64_t *payload_off)
 {
@@ -331,20 +379,9 @@ int cs_ckpt_chunk_submit(dcast_consumer *c, cs_version *v, const dcast_chunk *k,
 	if (!s)
 		return dcast_fail(DCAST_EIO, "version %" PRIu64 ": record writes failed", k->version);
 	tag = WB_TAG | (uint64_t)(s - c->ck.wb->s);
-	if ((err = chunk_head(k, payload_sum, &s->h))) {
+	if ((err = slot_head(c, v, k, payload_sum, s, tag))) {
 		c->ck.wb->busy &= ~(1u << (s - c->ck.wb->s));
-		return err;
-	}
-	s->version = k->version;
-	s->off = v->file_bytes;
-	s->bytes = k->payload_bytes;
-	s->credit = v->in_place ? 0 : k->payload_bytes; /* in place: in the tensor, not the pool */
-	s->left = 2;
-	s->has_msg = s->err = 0;
-	err = dcast_io_write(c->io, v->io_file, s->h.p, s->h.len, s->off, DCAST_IO_NO_BUF, tag);
-	if (err) { /* nothing went: the caller still owns the payload and its credit */
-		c->ck.wb->busy &= ~(1u << (s - c->ck.wb->s));
-		return err;
+		return err; /* nothing went: the caller still owns the payload and its credit */
 	}
 	if (held) { /* a small message keeps its bytes inside zmq_msg_t: take them from ours */
 		zmq_msg_init(&s->msg);
@@ -354,6 +391,10 @@ int cs_ckpt_chunk_submit(dcast_consumer *c, cs_version *v, const dcast_chunk *k,
 	}
 	err = dcast_io_write(c->io, v->io_file, payload, k->payload_bytes, s->off + s->h.len,
 			     pool_index(c, payload, k->payload_bytes), tag);
+	if (err && !s->h.len) { /* no header (v->direct, never held): nothing went */
+		c->ck.wb->busy &= ~(1u << (s - c->ck.wb->s));
+		return err;
+	}
 	if (err) { /* the header went: its completion finds the slot failed */
 		s->err = err;
 		s->left = 1;
@@ -361,7 +402,7 @@ int cs_ckpt_chunk_submit(dcast_consumer *c, cs_version *v, const dcast_chunk *k,
 		return err;
 	}
 	*payload_off = s->off + s->h.len;
-	v->file_bytes += s->h.len + k->payload_bytes;
+	v->file_bytes += s->to_log ? s->h.len + k->payload_bytes : 0;
 	if (wb_reap(c, 0)) /* what is done already: credit back early */
 		wb_wait_all(c); /* the ring failed: every pending write fails, reported by the flush */
 	c->ck.log_write_ns += dcast_now_ns() - t0;

@@ -219,12 +219,6 @@ static void rec_file_model(const dcast_consumer *c, uint64_t version, char *name
 	dcast_rec_reader_free(&rd);
 }
 
-int cs_ckpt_foreign(const dcast_consumer *c, const char *what, const char *name)
-{
-	return dcast_fail(DCAST_ESTATE, "%s holds model %s's checkpoint (%s), not %s's: left as it is; "
-			  "give each model its own directory, or remove it", c->dir, name, what, c->model);
-}
-
 /* Every record file's FILE record names c->model (the anchor file's
  * metadata is checked by cs_anchor_load): a directory reused for another
  * model (same tensors or not) is neither served nor deleted, the open
@@ -256,6 +250,8 @@ static void drop_fold_leftovers(const dcast_consumer *c)
 	unlink(p);
 	snprintf(p, sizeof(p), "%s.tmp", c->ck.anchor_path);
 	unlink(p);
+	cs_anchor_new_path(c, p, sizeof(p)); /* an anchor not sealed: not durable, fetched again */
+	unlink(p);
 }
 
 int cs_ckpt_load(dcast_consumer *c)
@@ -284,6 +280,8 @@ int cs_ckpt_restore(dcast_consumer *c)
 
 	if (target == DCAST_VERSION_NONE)
 		return 0;
+	if ((err = cs_fold_settle(c))) /* an anchor still in model.safetensors.new: sealed first */
+		return err;
 	cs_set_applied(c, DCAST_VERSION_NONE); /* not valid while they are rebuilt */
 	if (c->ck.anchor_file_version != DCAST_VERSION_NONE && (err = cs_anchor_load(c, &have)))
 		return err;
@@ -302,6 +300,7 @@ void cs_ckpt_discard(dcast_consumer *c)
 	DCAST_LOG_W("consumer %s: local checkpoint in %s removed: it could not rebuild the tensors", c->model,
 		    c->dir);
 	unlink(c->ck.anchor_path);
+	cs_anchor_new_drop(c);
 	c->ck.anchor_file_version = DCAST_VERSION_NONE;
 	c->ck.deltas_since_fold = 0;
 	c->ck.gen++; /* a fold running from the disk is not renamed over this */

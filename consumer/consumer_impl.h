@@ -6,6 +6,8 @@
  *   apply.c (one version, transactional), anchor.c (the anchor file, the
  *   fold policy), verify.c (digests), outbox.c (what callers leave for
  *   the session thread);
+ *   fold.c (folds and seals from the disk), anchor_new.c (an anchor
+ *   received in place, written straight to its file);
  *   staged.c (the staged versions), ckpt.c (the record log, written
  *   behind), views.c (slices), version.c, syncer.c;
  *   staging.c (the pinned pool), devmem.c (host or CUDA), state.c (the
@@ -114,7 +116,9 @@ typedef struct cs_version {
 	int ahead_tried;       /* cs_verify_ahead ran (once per version) */
 	int write_failed;      /* a chunk record's write failed: never READY */
 	int in_place;          /* an anchor received straight into the library's own host
-				* tensors, which held no version: no record file (session.c) */
+				* tensors, which held no version (session.c) */
+	int direct;            /* in place, and written straight to model.safetensors.new
+				* at its final offsets instead of a record file (anchor_new.c) */
 } cs_version;
 
 /* ---- the live tensors ---- */
@@ -188,6 +192,14 @@ typedef struct cs_ckpt {
 	struct cs_wb *wb;              /* chunk records written behind (ckpt.c) */
 	cs_syncer syncer;              /* makes committed record files durable */
 	uint64_t log_write_bytes, log_write_ns;
+	/* An anchor written straight to model.safetensors.new (anchor_new.c):
+	 * each tensor's offset there while it streams in; once committed, its
+	 * version and COMMIT digests until the fold thread seals it (checks,
+	 * header, fdatasync, rename).  new_version NONE: no such file. */
+	uint64_t *new_offs;
+	uint64_t new_version;
+	dcast_range_digest *new_dig;
+	uint32_t n_new_dig;
 } cs_ckpt;
 
 /* What a caller leaves for the session thread, which alone sends
@@ -400,6 +412,8 @@ void cs_event_push(dcast_consumer *c, int type, uint64_t version, int code, cons
 /* Free the tensor table (our host copies, the views' tables). */
 void cs_tensors_free(dcast_consumer *c);
 cs_tensor *cs_tensor_find(dcast_consumer *c, const char *name);
+/* Is any tensor tiled (wire order in memory, natural order in files)? */
+int cs_tensors_tiled(const dcast_consumer *c);
 int cs_tensors_from_manifest(dcast_consumer *c, const dcast_manifest *m);
 /* A MANIFEST, from the wire or the record log: the tensor table when none
  * is held yet, else checked against it.  Errors: DCAST_ESHAPE (it differs:
@@ -504,7 +518,7 @@ void cs_ckpt_version_path(const dcast_consumer *c, uint64_t version, char *out, 
 /* Load the checkpoint in c->dir at open.  Errors: DCAST_ESTATE (another
  * model's files: cs_ckpt_foreign), the damage load_or_drop drops, I/O. */
 int cs_ckpt_load(dcast_consumer *c);
-/* DCAST_ESTATE, naming c->dir, the other model and what showed it: a
+/* anchor.c: DCAST_ESTATE, naming c->dir, the other model and what showed it: a
  * checkpoint directory of another model is neither served nor deleted. */
 int cs_ckpt_foreign(const dcast_consumer *c, const char *what, const char *name);
 /* Fold now, from the live tensors, under `lock` (O(model): at open and
@@ -532,7 +546,9 @@ int cs_io_read(dcast_consumer *c, int file, void *dst, uint64_t len, uint64_t of
  * cs_fold_finish under it).  Errors: DCAST_ENOMEM, DCAST_EIO (the log's
  * directory), DCAST_ECORRUPT (no file holds the applied version).
  * cs_fold_run: write DIR/model.safetensors.fold as version j->version,
- * checked against its digests; on error it is removed.  Errors: DCAST_EIO,
+ * checked against its digests; on error it is removed (a seal: check
+ * model.safetensors.new and write its header; kept on error, for whoever
+ * drops it).  At nice 19 unless j->held.  Errors: DCAST_EIO,
  * DCAST_ENOMEM, DCAST_ECORRUPT / DCAST_ECHECKSUM (a damaged record file),
  * DCAST_EDIGEST (the result is not the applied version), the codec's.
  * cs_fold_finish: rename it over the anchor file and drop the record files
@@ -550,12 +566,52 @@ typedef struct cs_fold_job {
 	uint64_t *vers;                /* record files to replay, in order */
 	uint32_t n_vers;
 	uint64_t folded_bytes;         /* their bytes */
+	int seal;                      /* only seal model.safetensors.new, opened as fd */
+	int fd;                        /* seal: that file, opened under `lock` at the plan */
+	int held;                      /* run with `lock` kept (or no other thread): not
+					 * abandoned for the stop */
 } cs_fold_job;
 int cs_fold_plan(dcast_consumer *c, cs_fold_job *j);
 int cs_fold_run(cs_fold_job *j);
 int cs_fold_finish(dcast_consumer *c, cs_fold_job *j);
 void cs_fold_job_free(cs_fold_job *j);
 void cs_fold_tmp_path(const dcast_consumer *c, char *out, size_t cap);
+
+/* anchor_new.c: an anchor received in place into a model with no tiled
+ * tensor is written straight to DIR/model.safetensors.new at its final
+ * offsets (no record file, no fold of it later): cs_anchor_new_create
+ * (in place of cs_ckpt_version_create) makes the file and its layout
+ * (each tensor's offset there: c->ck.new_offs, for cs_ckpt_chunk_submit);
+ * cs_anchor_new_commit (in place of cs_ckpt_commit_write) waits for the writes
+ * and keeps the version's COMMIT digests for the seal; the fold thread
+ * then seals it (cs_fold_plan_seal, cs_fold_run, cs_fold_finish): every
+ * digest checked against the file read back, the header with its file
+ * digest, fdatasync, rename over model.safetensors.  Until then the
+ * version is not durable: a restart removes the file (cs_anchor_new_drop)
+ * and fetches the anchor again.  cs_anchor_new_drop (ckpt.c) removes the
+ * file and forgets it, moving c->ck.gen when one was committed; whoever
+ * changes the files while one is pending calls it.
+ * Errors: DCAST_EIO, DCAST_ENOMEM. */
+int cs_anchor_new_create(dcast_consumer *c, cs_version *v);
+int cs_anchor_new_commit(dcast_consumer *c, cs_version *v);
+void cs_anchor_new_drop(dcast_consumer *c);
+void cs_anchor_new_path(const dcast_consumer *c, char *out, size_t cap);
+/* fold.c: plan the seal of the pending model.safetensors.new (under
+ * `lock`); mode NONE when there is none.  Errors: DCAST_EIO, DCAST_ENOMEM. */
+int cs_fold_plan_seal(dcast_consumer *c, cs_fold_job *j);
+/* fold.c: seal the pending model.safetensors.new now (plan, run, finish):
+ * with `lock` held by the caller, let go while the file is read back
+ * (the fold thread), or kept throughout when `held` (a restore, a
+ * checkpoint, close after the threads stopped: not abandoned for the
+ * stop).  On a failure while the files stayed as
+ * planned the file goes and the tensors are folded instead
+ * (cs_ckpt_fold; a no-op while the anchor is not applied: then the
+ * seal's error is returned).  0 when none is pending or the fold covered it.  Errors: DCAST_EIO, DCAST_ENOMEM, DCAST_EDIGEST. */
+int cs_fold_seal(dcast_consumer *c, int held);
+/* fold.c, `lock` held: wait for the fold thread, then seal a pending
+ * anchor file here (cs_fold_seal): before the checkpoint is read or
+ * written from the tensors.  Errors: those of cs_fold_seal. */
+int cs_fold_settle(dcast_consumer *c);
 
 /* anchor.c: the layout of model.safetensors for tensors t[0..n) as
  * version `version` with file digest `digest` (16 hex digits: the header's

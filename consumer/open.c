@@ -120,6 +120,7 @@ int dcast_consumer_open(const char *endpoint, const char *model, const char *dir
 	c->budget = staging_budget_bytes;
 	c->ss.drop_version = DCAST_VERSION_NONE;
 	c->ck.anchor_file_version = DCAST_VERSION_NONE;
+	c->ck.new_version = DCAST_VERSION_NONE;
 	atomic_init(&c->applied, DCAST_VERSION_NONE);
 	pthread_mutex_init(&c->mu, NULL);
 	pthread_cond_init(&c->cv, NULL);
@@ -161,7 +162,9 @@ void dcast_consumer_close(dcast_consumer **cp)
 		snprintf(m.u.bye.reason, sizeof(m.u.bye.reason), "consumer closing");
 		dcast_wire_send(c->ss.sock, NULL, 0, &m, NULL, ZMQ_DONTWAIT);
 	}
-	if (c->ss.fold_due && cs_ckpt_fold(c)) /* owed by the policy */
+	if (cs_fold_seal(c, 1)) /* an anchor committed: durable, as its record file would be */
+		DCAST_LOG_W("consumer %s: anchor file at close: %s", c->model, dcast_last_error());
+	if (c->ss.fold_due && cs_fold_wanted(c) && cs_ckpt_fold(c)) /* owed by the policy */
 		DCAST_LOG_W("consumer %s: fold at close: %s", c->model, dcast_last_error());
 	cs_syncer_close(&c->ck.syncer); /* what was committed is on the disk */
 	if (c->ss.sock)

@@ -182,7 +182,8 @@ static cs_version *version_begin(dcast_consumer *c, const dcast_chunk *h, int *e
 	v->state = CS_V_STAGING;
 	v->first_ns = dcast_now_ns();
 	v->in_place = v->anchor && in_place_ok(c);
-	if ((*err = cs_ckpt_version_create(c, v))) {
+	v->direct = v->in_place && c->n_tensors && !cs_tensors_tiled(c);
+	if ((*err = v->direct ? cs_anchor_new_create(c, v) : cs_ckpt_version_create(c, v))) {
 		cs_version_free(v);
 		return NULL;
 	}
@@ -316,7 +317,7 @@ static int on_commit(dcast_consumer *c, dcast_wire_in *in)
 		return dcast_fail(DCAST_EIO, "version %" PRIu64 ": a chunk record could not be written "
 				  "(reported before); it is fetched again", m->version);
 	}
-	if ((err = cs_ckpt_commit_write(c, v))) {
+	if ((err = v->direct ? cs_anchor_new_commit(c, v) : cs_ckpt_commit_write(c, v))) {
 		cs_version_drop(c, v, 1);
 		return err;
 	}
@@ -569,17 +570,18 @@ static int fold_from_disk(dcast_consumer *c, cs_fold_job *j)
 	return err ? err : cs_fold_finish(c, j);
 }
 
-/* The fold the policy asked for, if it still wants one (a
+/* The seal of an anchor written straight to its file (anchor_new.c), then
+ * the fold the policy asked for, if it still wants one (a
  * dcast_consumer_checkpoint() may have folded first).  A model with tiled
  * tensors, or a fold from the disk that failed while the files stayed as
  * planned, is folded from the live tensors, which hold the applied
  * version, checked. */
 static int policy_fold(dcast_consumer *c, cs_fold_job *j)
 {
-	int err;
+	int err = cs_fold_seal(c, 0); /* an anchor written straight to its file, first */
 
-	if (!cs_fold_wanted(c))
-		return 0;
+	if (err || !cs_fold_wanted(c))
+		return err;
 	err = fold_from_disk(c, j);
 	if (j->gen != c->ck.gen || atomic_load(&c->ss.stop))
 		return 0; /* done (its rename moved the generation), or moot: the files moved on, or closing */

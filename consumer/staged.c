@@ -28,7 +28,9 @@ void cs_version_drop(dcast_consumer *c, cs_version *v, int unlink_file)
 	DCAST_ASSERT(i < c->n_staged);
 	cs_ckpt_settle(c); /* no record write still reads its slots or file */
 	release_resident(c, v);
-	if (unlink_file) {
+	if (unlink_file && v->direct) {
+		cs_anchor_new_drop(c);
+	} else if (unlink_file) {
 		cs_ckpt_version_path(c, v->version, path, sizeof(path));
 		unlink(path);
 	}

@@ -45,6 +45,14 @@ cs_tensor *cs_tensor_find(dcast_consumer *c, const char *name)
 	return NULL;
 }
 
+int cs_tensors_tiled(const dcast_consumer *c)
+{
+	for (uint32_t i = 0; i < c->n_tensors; i++)
+		if (c->tensors[i].map.tiled)
+			return 1;
+	return 0;
+}
+
 void cs_tensors_free(dcast_consumer *c)
 {
 	for (uint32_t i = 0; i < c->n_tensors; i++) {

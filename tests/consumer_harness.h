@@ -27,6 +27,15 @@ typedef tp_broker h_broker;
 
 /* The version in dir/model.safetensors (its deltacast.version), or 0 when
  * there is none. */
+/* Does dir hold the record file of version v? */
+static int h_rec_exists(const char *dir, uint64_t v)
+{
+	char path[512];
+
+	snprintf(path, sizeof(path), "%s/model.dlog/%020" PRIu64 ".rec", dir, v);
+	return access(path, F_OK) == 0;
+}
+
 static uint64_t h_file_version(const char *dir)
 {
 	char path[512];

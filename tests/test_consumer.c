@@ -53,10 +53,7 @@ static int wait_ready(dcast_consumer *c, uint64_t v);
 /* Does DIR(name)/model.dlog hold the record file of version v? */
 static int rec_exists(const char *name, uint64_t v)
 {
-	char path[512];
-
-	snprintf(path, sizeof(path), "%s/model.dlog/%020" PRIu64 ".rec", dir_for(name), v);
-	return access(path, F_OK) == 0;
+	return h_rec_exists(dir_for(name), v);
 }
 
 /* Anchor + deltas bit-exact, model larger than the budget, restart.  The
@@ -83,9 +80,10 @@ static void test_stream_and_restart(const h_broker *b)
 	CHECK(st.anchor == 1 && st.version == 1);
 	CHECK(st.bytes == h_model_bytes(&m));
 	CHECK(st.spilled_chunks == 0);           /* in place: nothing staged, nothing spilled */
-	/* its record file, written behind from the tensors, is its copy on disk
-	 * until the fold (from the disk, in the background) takes it in */
-	CHECK(rec_exists("stream", 1) || h_file_version(dir_for("stream")) == 1);
+	/* written behind from the tensors straight to model.safetensors.new
+	 * (no record file), sealed in the background, or here */
+	CHECK(!rec_exists("stream", 1));
+	CHECK(dcast_consumer_checkpoint(c) == 0 && h_file_version(dir_for("stream")) == 1);
 	CHECK(st.pool_bytes <= BUDGET && st.peak_pool_bytes <= st.pool_bytes);
 	CHECK(s.anchors == 1);
 	CHECK(dcast_consumer_wait_version(c, 1, 0) == 0);
@@ -123,8 +121,9 @@ static void test_stream_and_restart(const h_broker *b)
 	h_model_free(&m);
 }
 
-/* With folds off the anchor is received in place all the same: its record
- * file is its copy on disk, replayed from there at a restart. */
+/* With folds off the anchor is received in place all the same, written
+ * once, straight to its file (no record file), which close seals if the
+ * consumer's thread has not yet: a restart loads it from there. */
 static void test_anchor_through_log(const h_broker *b)
 {
 	h_model m;
@@ -143,12 +142,13 @@ static void test_anchor_through_log(const h_broker *b)
 	REQUIRE(c);
 	CHECK(h_drive(c, &m, 1, &s) == 0 && h_equal(c, &m, 1));
 	dcast_consumer_stats_get(c, &st);
-	CHECK(st.anchor == 1 && st.spilled_chunks == 0); /* in place, and in the log */
-	CHECK(rec_exists("logged", 1));
+	CHECK(st.anchor == 1 && st.spilled_chunks == 0); /* in place */
+	CHECK(!rec_exists("logged", 1));
 	dcast_consumer_close(&c);
+	CHECK(h_file_version(dir_for("logged")) == 1);
 	CHECK(dcast_consumer_open(b->consumers, "m_logged", dir_for("logged"), BUDGET, &o, &c) == 0);
 	REQUIRE(c);
-	CHECK(dcast_consumer_version(c) == 1 && h_equal(c, &m, 1)); /* replayed from its record */
+	CHECK(dcast_consumer_version(c) == 1 && h_equal(c, &m, 1)); /* loaded from its file */
 	dcast_consumer_close(&c);
 	dcast_producer_close(&p);
 	h_model_free(&m);

@@ -219,15 +219,15 @@ static int fold_within(dcast_consumer *c, int running, uint64_t done)
 	return 0;
 }
 
-/* Flip one byte in the middle of the record file of version v in dir. */
-static void damage_record(const char *dir, uint64_t v)
+/* Flip one byte in the middle of dir's file `name`. */
+static void damage_file(const char *dir, const char *name)
 {
 	char path[512];
 	struct stat st;
 	unsigned char b;
 	int fd;
 
-	snprintf(path, sizeof(path), "%s/model.dlog/%020" PRIu64 ".rec", dir, v);
+	snprintf(path, sizeof(path), "%s/%s", dir, name);
 	REQUIRE((fd = open(path, O_RDWR)) >= 0 && fstat(fd, &st) == 0);
 	REQUIRE(pread(fd, &b, 1, st.st_size / 2) == 1);
 	b ^= 0x40;
@@ -235,10 +235,37 @@ static void damage_record(const char *dir, uint64_t v)
 	close(fd);
 }
 
-/* The anchor's fold, held at its start: deltas 2..4 are applied while it
- * waits (apply() does not wait for a fold); released, it writes version 1
- * (damaged: the record file of version 1 is flipped first, so it is done
- * from the live tensors at version 4).  A reopen reaches 4 either way. */
+/* A copy of dir_for(model) as a crash would leave it while the anchor's
+ * seal waits (model.safetensors.new, record files of deltas 2..4 and no
+ * model.safetensors), opened: the anchor was never durable, so the open
+ * removes its file and cuts the deltas that build on it, holds no
+ * version, and the broker's anchor and deltas bring it to 4 bit-exact. */
+static void crash_before_seal(const h_broker *b, const h_model *m, const char *model)
+{
+	char crash[256], cmd[1200], path[512];
+	dcast_consumer *c = NULL;
+	dcast_consumer_opts o;
+
+	snprintf(crash, sizeof(crash), "%s_crash", model);
+	snprintf(cmd, sizeof(cmd), "cp -a '%s' '%s'", dir_for(model), dir_for(crash));
+	REQUIRE(system(cmd) == 0);
+	dcast_consumer_opts_init(&o);
+	o.auto_apply = 1;
+	CHECK(dcast_consumer_open(b->consumers, model, dir_for(crash), BUDGET, &o, &c) == 0);
+	REQUIRE(c);
+	snprintf(path, sizeof(path), "%s/model.safetensors.new", dir_for(crash));
+	CHECK(access(path, F_OK) != 0 && !h_rec_exists(dir_for(crash), 2));
+	CHECK(dcast_consumer_wait_version(c, 4, 20000) == 0);
+	CHECK(dcast_consumer_version(c) == 4 && h_equal(c, m, 4));
+	dcast_consumer_close(&c);
+}
+
+/* The anchor's seal (it was written straight to model.safetensors.new,
+ * with no record file), held at its start: deltas 2..4 are applied while
+ * it waits (apply() does not wait for it); released, model.safetensors
+ * holds version 1 (damaged: a byte of the .new file is flipped first, so
+ * the seal's check fails and the live tensors at version 4 are folded
+ * instead).  A reopen reaches 4 either way. */
 static void fold_held_case(const h_broker *b, const char *model, int damage)
 {
 	h_model m;
@@ -265,11 +292,17 @@ static void fold_held_case(const h_broker *b, const char *model, int damage)
 		CHECK(h_equal(c, &m, v));
 		CHECK(fold_state(c, &n) == 1 && n == 0); /* still held: apply() did not wait for it */
 	}
+	snprintf(junk, sizeof(junk), "%s/model.safetensors.new", dir_for(model));
+	CHECK(access(junk, F_OK) == 0); /* the anchor, written straight there, not sealed yet */
+	CHECK(h_file_version(dir_for(model)) == 0 && !h_rec_exists(dir_for(model), 1));
 	if (damage)
-		damage_record(dir_for(model), 1);
-	REQUIRE(write(hold[1], "go", 2) == 2); /* this fold, and the next if one is due */
-	CHECK(fold_within(c, 0, 1));
+		damage_file(dir_for(model), "model.safetensors.new");
+	else
+		crash_before_seal(b, &m, model);
+	REQUIRE(write(hold[1], "g", 1) == 1); /* the seal */
+	CHECK(fold_within(c, 0, 1)); /* and no fold after it: deltas 2..4 log far less than the policy's quarter */
 	CHECK(h_file_version(dir_for(model)) == (damage ? 4u : 1u));
+	CHECK(access(junk, F_OK) != 0);
 	close(hold[1]); /* a fold still to come reads EOF: nothing holds it */
 	dcast_consumer_close(&c);
 	snprintf(junk, sizeof(junk), "%s/model.safetensors.fold", dir_for(model));

@@ -121,7 +121,8 @@ typedef struct dcast_consumer_stats {
 					  not kept); 0 unverified */
 	uint64_t rejoins;              /* HELLOs sent again since open: re-joins after a gap,
 					  a refusal or a lost session, and reconnects */
-	uint64_t folds;                /* folds of the local checkpoint since open */
+	uint64_t folds;                /* folds of the local checkpoint since open, seals
+					  of an anchor written straight to its file included */
 	int folding;                   /* a fold is running now, on the consumer's fold
 					  thread (apply() does not wait for it) */
 } dcast_consumer_stats;
@@ -248,12 +249,15 @@ DCAST_API int dcast_consumer_wait_version(dcast_consumer *c, uint64_t min_versio
 
 /* Fold now: write DIR/model.safetensors as the applied version (atomic:
  * temporary file, fsync, rename) and drop the record files it covers;
- * first waits for a fold the policy started, and writes nothing when the
- * file already holds the applied version.  The fold policy (fold_fraction,
+ * first waits for a fold the policy started, seals an anchor received in
+ * place that the consumer's thread has not sealed yet (DIR/model.safetensors.new:
+ * read back, checked, header, fsync, rename), and writes nothing when the
+ * file then holds the applied version.  The fold policy (fold_fraction,
  * fold_every) folds in the background, from the disk, without blocking
  * apply(); call this to have the file current at once (O(model): for exit
  * or export, not for every version).  Errors: DCAST_EIO, DCAST_ENOMEM, DCAST_ENODEVICE (a CUDA
- * tensor without a device). */
+ * tensor without a device), DCAST_EDIGEST (the anchor's file, not applied
+ * yet, does not hold its digests: dropped, fetched again at a restart). */
 DCAST_API int dcast_consumer_checkpoint(dcast_consumer *c);
 
 /* Numbers for the version last applied plus totals.  Never fails. */

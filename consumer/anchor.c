@@ -331,10 +331,35 @@ static int write_anchor(dcast_consumer *c, const dcast_st_layout *lay)
 	return err ? err : dcast_fsync_dir(c->dir);
 }
 
+/* The layout of model.safetensors for the live tensors as version v. */
+static int live_layout(dcast_consumer *c, uint64_t v, dcast_st_layout *lay)
+{
+	uint64_t digest = 0;
+	char dbuf[32];
+	int err = model_digest(c, v, &digest);
+
+	if (err)
+		return err;
+	snprintf(dbuf, sizeof(dbuf), "%016" PRIx64, digest);
+	return cs_anchor_layout(c->model, c->tensors, c->n_tensors, v, dbuf, lay);
+}
+
+int cs_anchor_header_write(dcast_consumer *c, int file, uint64_t version)
+{
+	dcast_st_layout lay;
+	int err = live_layout(c, version, &lay);
+
+	if (err)
+		return err;
+	err = dcast_io_write(c->io, file, lay.header, lay.header_bytes, 0, DCAST_IO_NO_BUF, 4);
+	int derr = dcast_io_drain(c->io);
+	dcast_st_layout_free(&lay);
+	return err ? err : derr;
+}
+
 int cs_ckpt_fold(dcast_consumer *c)
 {
-	uint64_t v = dcast_consumer_version(c), *vers, digest = 0;
-	char dbuf[32];
+	uint64_t v = dcast_consumer_version(c), *vers;
 	dcast_st_layout lay;
 	uint32_t n = 0;
 	int err;
@@ -342,10 +367,7 @@ int cs_ckpt_fold(dcast_consumer *c)
 	if (v == DCAST_VERSION_NONE || v == c->ck.anchor_file_version)
 		return 0; /* nothing to fold */
 	cs_ckpt_settle(c); /* chunk records written behind use the engine too */
-	if ((err = model_digest(c, v, &digest)))
-		return err;
-	snprintf(dbuf, sizeof(dbuf), "%016" PRIx64, digest);
-	if ((err = cs_anchor_layout(c->model, c->tensors, c->n_tensors, v, dbuf, &lay)))
+	if ((err = live_layout(c, v, &lay)))
 		return err;
 	err = write_anchor(c, &lay);
 	dcast_st_layout_free(&lay);

@@ -1,17 +1,20 @@
 /* An anchor received in place, written once: straight to
  * DIR/model.safetensors.new at the offsets model.safetensors will have,
- * instead of a record file that a fold later rewrites into that file
- * (the anchor's bytes written twice and read twice more).  Each chunk's
- * range of the tensor goes there behind, as its record would (ckpt.c,
- * write-behind queue).  Its COMMIT keeps the version's digests; the fold
- * thread seals the file off the stream's path and off `lock` (fold.c:
- * read back once, every COMMIT digest checked, the header with the file
- * digest written, fdatasync), then renames it over model.safetensors and
- * fsyncs the folder under `lock`, unless the checkpoint moved meanwhile
- * (c->ck.gen).  Until the rename the version is not durable: a restart
- * removes the file and fetches the anchor again.  Models with tiled
- * tensors (wire order in memory, natural order in the file) keep the
- * record file. */
+ * instead of a record file that a fold later rewrote into that file (the
+ * anchor's bytes written twice and read twice more).  Each chunk's range of
+ * the tensor goes there behind, as its record would (ckpt.c, the
+ * write-behind queue).  At its COMMIT every write is waited for and the
+ * header is written, with the file digest of the tensors (they hold the
+ * anchor whole then; O(model) hashing, as an anchor's digest check is).
+ * Once apply() has checked the anchor (every element covered, the COMMIT
+ * digests), the fold thread seals the file off the stream's path:
+ * fdatasync without `lock`, then, under it and unless the checkpoint
+ * changed meanwhile (c->ck.gen), the rename over model.safetensors and the
+ * folder's fsync.  Until the rename the version is not durable: a restart
+ * removes the file and fetches the anchor again.  The file is never read
+ * back: the load checks its file digest, as for any model.safetensors, and
+ * drops a damaged one.  Models with tiled tensors (wire order in memory,
+ * natural order in the file) keep the record file. */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -23,8 +26,8 @@
 #include "dcast_common.h"
 #include "deltacast/safetensors.h"
 
-/* The file at its full size, each tensor's offset in c->ck.new_offs;
- * the header, with its file digest, is the seal's. */
+/* The file at its full size, each tensor's offset in c->ck.new_offs; the
+ * header is written at the COMMIT. */
 int cs_anchor_new_create(dcast_consumer *c, cs_version *v)
 {
 	char path[4200], zero[32];
@@ -57,22 +60,86 @@ int cs_anchor_new_create(dcast_consumer *c, cs_version *v)
 	return 0;
 }
 
-/* Every chunk written (or the failure reported); the digests kept for the
- * seal, which the fold thread is woken for (fold_due). */
+/* Every chunk written (or the failure reported), then the header. */
 int cs_anchor_new_commit(dcast_consumer *c, cs_version *v)
 {
-	size_t n = v->commit.n_digests;
 	int err = cs_ckpt_flush(c);
 
-	if (err)
-		return err;
-	if (!(c->ck.new_dig = malloc((n ? n : 1) * sizeof(*c->ck.new_dig))))
-		return dcast_fail(DCAST_ENOMEM, "anchor %" PRIu64 ": %zu digests", v->version, n);
-	memcpy(c->ck.new_dig, v->commit.digests, n * sizeof(*c->ck.new_dig));
-	c->ck.n_new_dig = (uint32_t)n;
-	c->ck.new_version = v->version;
+	if (!err)
+		err = cs_anchor_header_write(c, v->io_file, v->version);
 	free(c->ck.new_offs);
 	c->ck.new_offs = NULL;
-	c->ss.fold_due = 1;
-	return 0;
+	return err;
+}
+
+void cs_anchor_new_applied(dcast_consumer *c, const cs_version *v)
+{
+	if (!v->direct)
+		return;
+	c->ck.new_version = v->version;
+	c->ss.fold_due = 1; /* the seal, on the fold thread */
+}
+
+/* After the seal's rename: forgotten without unlinking (nothing is there). */
+static void forget(dcast_consumer *c)
+{
+	free(c->ck.new_offs);
+	c->ck.new_offs = NULL;
+	c->ck.new_version = DCAST_VERSION_NONE;
+}
+
+/* fdatasync the file; unless held, without `lock`, in the background. */
+static int sync_file(dcast_consumer *c, const char *path, int held)
+{
+	int fd = open(path, O_RDWR | O_CLOEXEC), err = 0, saved = 0;
+
+	if (fd < 0)
+		return dcast_fail(DCAST_EIO, "%s: open: %s", path, strerror(errno));
+	if (!held) {
+		pthread_mutex_unlock(&c->lock);
+		cs_fold_priority(1, &saved);
+	}
+	cs_fault_fold(c); /* the test seam: the seal held here */
+	if (fdatasync(fd) != 0)
+		err = dcast_fail(DCAST_EIO, "%s: fdatasync: %s", path, strerror(errno));
+	if (!held) {
+		cs_fold_priority(0, &saved);
+		pthread_mutex_lock(&c->lock);
+	}
+	close(fd);
+	return err;
+}
+
+int cs_anchor_new_seal(dcast_consumer *c, int held)
+{
+	uint64_t v = c->ck.new_version, gen = atomic_load(&c->ck.gen);
+	char path[4200];
+	int err;
+
+	if (v == DCAST_VERSION_NONE)
+		return 0;
+	cs_anchor_new_path(c, path, sizeof(path));
+	err = sync_file(c, path, held);
+	if (gen != atomic_load(&c->ck.gen))
+		return 0; /* moot: whatever changed the files dropped this one */
+	DCAST_ASSERT(c->ck.new_version == v);
+	if (!err && rename(path, c->ck.anchor_path) != 0)
+		err = dcast_fail(DCAST_EIO, "%s: rename: %s", path, strerror(errno));
+	if (!err) {
+		forget(c);
+		if (dcast_consumer_version(c) == v)
+			c->ck.deltas_since_fold = 0; /* the file holds the applied version */
+		return cs_fold_renamed(c, v);
+	}
+	DCAST_LOG_W("consumer %s: sealing anchor %" PRIu64 " in %s: %s; folding from the tensors instead",
+		    c->model, v, c->dir, dcast_last_error());
+	cs_anchor_new_drop(c);
+	return cs_ckpt_fold(c); /* they hold the anchor (applied) or newer */
+}
+
+int cs_anchor_new_settle(dcast_consumer *c)
+{
+	while (c->ss.fold_running) /* its file may be the one asked for */
+		pthread_cond_wait(&c->ev_cv, &c->lock);
+	return cs_anchor_new_seal(c, 1);
 }

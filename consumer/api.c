@@ -166,9 +166,10 @@ static int apply_first(dcast_consumer *c)
 	record_stats(c, v, dcast_now_ns() - t0);
 	cs_ack(c, v->version);
 	c->ob.refusals = 0;
-	if (!v->anchor || c->ck.anchor_file_version != v->version)
-		c->ck.deltas_since_fold++; /* not an anchor already sealed in its file (anchor_new.c) */
-	if (cs_fold_wanted(c)) {
+	if (!v->direct)
+		c->ck.deltas_since_fold++; /* a record to fold (not an anchor in its own file) */
+	cs_anchor_new_applied(c, v); /* its seal due */
+	if (c->ss.fold_due || cs_fold_wanted(c)) {
 		c->ss.fold_due = 1; /* on the consumer's thread, after this apply */
 		cs_wake(c);
 	}
@@ -278,7 +279,7 @@ int dcast_consumer_checkpoint(dcast_consumer *c)
 	if (!c)
 		return dcast_fail(DCAST_EINVAL, "dcast_consumer_checkpoint: NULL consumer");
 	pthread_mutex_lock(&c->lock);
-	if (!(err = cs_fold_settle(c)) && !(err = cs_ckpt_fold(c)))
+	if (!(err = cs_anchor_new_settle(c)) && !(err = cs_ckpt_fold(c)))
 		c->ss.fold_due = 0;
 	pthread_mutex_unlock(&c->lock);
 	return err;

@@ -151,14 +151,11 @@ void cs_anchor_new_drop(dcast_consumer *c)
 	char path[4200];
 
 	if (c->ck.new_version != DCAST_VERSION_NONE)
-		c->ck.gen++; /* a seal of it running is not renamed over model.safetensors */
+		c->ck.gen++; /* armed: a seal of it running is not renamed over model.safetensors */
 	cs_anchor_new_path(c, path, sizeof(path));
 	unlink(path);
 	free(c->ck.new_offs);
-	free(c->ck.new_dig);
 	c->ck.new_offs = NULL;
-	c->ck.new_dig = NULL;
-	c->ck.n_new_dig = 0;
 	c->ck.new_version = DCAST_VERSION_NONE;
 }
 

@@ -280,7 +280,7 @@ int cs_ckpt_restore(dcast_consumer *c)
 
 	if (target == DCAST_VERSION_NONE)
 		return 0;
-	if ((err = cs_fold_settle(c))) /* an anchor still in model.safetensors.new: sealed first */
+	if ((err = cs_anchor_new_settle(c))) /* an anchor still in model.safetensors.new: sealed first */
 		return err;
 	cs_set_applied(c, DCAST_VERSION_NONE); /* not valid while they are rebuilt */
 	if (c->ck.anchor_file_version != DCAST_VERSION_NONE && (err = cs_anchor_load(c, &have)))
@@ -301,6 +301,7 @@ void cs_ckpt_discard(dcast_consumer *c)
 		    c->dir);
 	unlink(c->ck.anchor_path);
 	cs_anchor_new_drop(c);
+	drop_fold_leftovers(c);
 	c->ck.anchor_file_version = DCAST_VERSION_NONE;
 	c->ck.deltas_since_fold = 0;
 	c->ck.gen++; /* a fold running from the disk is not renamed over this */

@@ -193,13 +193,11 @@ typedef struct cs_ckpt {
 	cs_syncer syncer;              /* makes committed record files durable */
 	uint64_t log_write_bytes, log_write_ns;
 	/* An anchor written straight to model.safetensors.new (anchor_new.c):
-	 * each tensor's offset there while it streams in; once committed, its
-	 * version and COMMIT digests until the fold thread seals it (checks,
-	 * header, fdatasync, rename).  new_version NONE: no such file. */
+	 * each tensor's offset there while it streams in; once applied, its
+	 * version until the fold thread seals it (fdatasync, rename).
+	 * new_version NONE: none to seal. */
 	uint64_t *new_offs;
 	uint64_t new_version;
-	dcast_range_digest *new_dig;
-	uint32_t n_new_dig;
 } cs_ckpt;
 
 /* What a caller leaves for the session thread, which alone sends
@@ -566,10 +564,6 @@ typedef struct cs_fold_job {
 	uint64_t *vers;                /* record files to replay, in order */
 	uint32_t n_vers;
 	uint64_t folded_bytes;         /* their bytes */
-	int seal;                      /* only seal model.safetensors.new, opened as fd */
-	int fd;                        /* seal: that file, opened under `lock` at the plan */
-	int held;                      /* run with `lock` kept (or no other thread): not
-					 * abandoned for the stop */
 } cs_fold_job;
 int cs_fold_plan(dcast_consumer *c, cs_fold_job *j);
 int cs_fold_run(cs_fold_job *j);
@@ -577,41 +571,44 @@ int cs_fold_finish(dcast_consumer *c, cs_fold_job *j);
 void cs_fold_job_free(cs_fold_job *j);
 void cs_fold_tmp_path(const dcast_consumer *c, char *out, size_t cap);
 
+/* fold.c: after a rename over model.safetensors holding `version`: the
+ * checkpoint's generation moves, its version and fold count, the folder
+ * fsynced.  Errors: DCAST_EIO. */
+int cs_fold_renamed(dcast_consumer *c, uint64_t version);
+/* fold.c: the calling thread at nice 19 and best-effort I/O level 7
+ * (background 1, its priority saved), or back (0): for the fold thread's
+ * work without `lock` only, never while holding it. */
+void cs_fold_priority(int background, int *saved);
+
 /* anchor_new.c: an anchor received in place into a model with no tiled
  * tensor is written straight to DIR/model.safetensors.new at its final
- * offsets (no record file, no fold of it later): cs_anchor_new_create
- * (in place of cs_ckpt_version_create) makes the file and its layout
- * (each tensor's offset there: c->ck.new_offs, for cs_ckpt_chunk_submit);
- * cs_anchor_new_commit (in place of cs_ckpt_commit_write) waits for the writes
- * and keeps the version's COMMIT digests for the seal; the fold thread
- * then seals it (cs_fold_plan_seal, cs_fold_run, cs_fold_finish): every
- * digest checked against the file read back, the header with its file
- * digest, fdatasync, rename over model.safetensors.  Until then the
- * version is not durable: a restart removes the file (cs_anchor_new_drop)
- * and fetches the anchor again.  cs_anchor_new_drop (ckpt.c) removes the
- * file and forgets it, moving c->ck.gen when one was committed; whoever
- * changes the files while one is pending calls it.
+ * offsets (no record file, no fold of it later).  cs_anchor_new_create (in
+ * place of cs_ckpt_version_create) makes the file, each tensor's offset
+ * there in c->ck.new_offs for cs_ckpt_chunk_submit.  cs_anchor_new_commit
+ * (in place of cs_ckpt_commit_write) waits for the writes and writes the
+ * header, with the file digest of the tensors, which hold the anchor
+ * whole.  cs_anchor_new_applied, once apply() has checked it, arms the
+ * seal for the fold thread.  cs_anchor_new_seal (`lock` held, let go while
+ * the file syncs unless `held`: close, restore, checkpoint) fdatasyncs and
+ * renames it over model.safetensors, unless the files changed meanwhile;
+ * on failure the file goes and the tensors are folded instead.
+ * cs_anchor_new_settle (`lock` held) waits for the fold thread, then seals
+ * here.  Until the rename the version is not durable: a restart removes
+ * the file (ckpt_load.c) and fetches the anchor again.  cs_anchor_new_drop
+ * (ckpt.c) removes the file and forgets it, moving c->ck.gen when one was
+ * armed; whoever changes the files while one is pending calls it.
  * Errors: DCAST_EIO, DCAST_ENOMEM. */
 int cs_anchor_new_create(dcast_consumer *c, cs_version *v);
 int cs_anchor_new_commit(dcast_consumer *c, cs_version *v);
+void cs_anchor_new_applied(dcast_consumer *c, const cs_version *v);
+int cs_anchor_new_seal(dcast_consumer *c, int held);
+int cs_anchor_new_settle(dcast_consumer *c);
 void cs_anchor_new_drop(dcast_consumer *c);
 void cs_anchor_new_path(const dcast_consumer *c, char *out, size_t cap);
-/* fold.c: plan the seal of the pending model.safetensors.new (under
- * `lock`); mode NONE when there is none.  Errors: DCAST_EIO, DCAST_ENOMEM. */
-int cs_fold_plan_seal(dcast_consumer *c, cs_fold_job *j);
-/* fold.c: seal the pending model.safetensors.new now (plan, run, finish):
- * with `lock` held by the caller, let go while the file is read back
- * (the fold thread), or kept throughout when `held` (a restore, a
- * checkpoint, close after the threads stopped: not abandoned for the
- * stop).  On a failure while the files stayed as
- * planned the file goes and the tensors are folded instead
- * (cs_ckpt_fold; a no-op while the anchor is not applied: then the
- * seal's error is returned).  0 when none is pending or the fold covered it.  Errors: DCAST_EIO, DCAST_ENOMEM, DCAST_EDIGEST. */
-int cs_fold_seal(dcast_consumer *c, int held);
-/* fold.c, `lock` held: wait for the fold thread, then seal a pending
- * anchor file here (cs_fold_seal): before the checkpoint is read or
- * written from the tensors.  Errors: those of cs_fold_seal. */
-int cs_fold_settle(dcast_consumer *c);
+/* anchor.c: write at offset 0 of `file` the header of model.safetensors
+ * as `version`, its file digest computed from the live tensors.  Errors:
+ * DCAST_EIO, DCAST_ENOMEM, DCAST_ENODEVICE. */
+int cs_anchor_header_write(dcast_consumer *c, int file, uint64_t version);
 
 /* anchor.c: the layout of model.safetensors for tensors t[0..n) as
  * version `version` with file digest `digest` (16 hex digits: the header's

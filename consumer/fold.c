@@ -44,8 +44,6 @@
 
 void cs_fold_job_free(cs_fold_job *j)
 {
-	if (j->seal && j->fd >= 0)
-		close(j->fd);
 	free(j->t);
 	free(j->dig);
 	free(j->vers);
@@ -68,70 +66,37 @@ static int plan_files(dcast_consumer *c, cs_fold_job *j)
 	return 0;
 }
 
-/* The job's copy of the tensors' geometry and of n digests. */
-static int plan_geometry(const dcast_consumer *c, cs_fold_job *j, uint32_t n_dig)
+int cs_fold_plan(dcast_consumer *c, cs_fold_job *j)
 {
+	int err;
+
+	memset(j, 0, sizeof(*j));
+	j->version = dcast_consumer_version(c);
+	j->have = c->ck.anchor_file_version;
+	j->gen = c->ck.gen;
+	j->c = c;
+	if (j->version == DCAST_VERSION_NONE || j->version == j->have)
+		return 0; /* mode NONE: nothing to fold */
+	j->mode = cs_tensors_tiled(c) || !c->n_tensors ? CS_FOLD_LIVE : CS_FOLD_DISK;
+	if (j->mode == CS_FOLD_LIVE)
+		return 0;
 	j->n = c->n_tensors;
 	j->t = malloc(j->n * sizeof(*j->t));
-	j->dig = malloc((n_dig ? n_dig : 1) * sizeof(*j->dig));
+	j->dig = malloc((c->dcache.n ? c->dcache.n : 1) * sizeof(*j->dig));
 	if (!j->t || !j->dig)
 		return dcast_fail(DCAST_ENOMEM, "fold: %u tensors", j->n);
 	for (uint32_t i = 0; i < j->n; i++) {
 		j->t[i] = c->tensors[i]; /* geometry only: nothing here reads their memory */
 		j->t[i].ptr = NULL, j->t[i].views = NULL, j->t[i].n_views = 0;
 	}
-	j->n_dig = n_dig;
-	return 0;
-}
-
-static void plan_init(dcast_consumer *c, cs_fold_job *j, uint64_t version)
-{
-	memset(j, 0, sizeof(*j));
-	j->version = version;
-	j->have = c->ck.anchor_file_version;
-	j->gen = c->ck.gen;
-	j->c = c;
-	j->fd = -1;
-}
-
-int cs_fold_plan(dcast_consumer *c, cs_fold_job *j)
-{
-	int err;
-
-	plan_init(c, j, dcast_consumer_version(c));
-	if (j->version == DCAST_VERSION_NONE || j->version == j->have)
-		return 0; /* mode NONE: nothing to fold */
-	j->mode = cs_tensors_tiled(c) || !c->n_tensors ? CS_FOLD_LIVE : CS_FOLD_DISK;
-	if (j->mode == CS_FOLD_LIVE)
-		return 0;
-	if ((err = plan_geometry(c, j, c->dcache.n)))
-		return err;
 	for (uint32_t i = 0; i < c->dcache.n; i++)
 		j->dig[i] = c->dcache.e[i].d;
+	j->n_dig = c->dcache.n;
 	if ((err = plan_files(c, j)))
 		return err;
 	if (!j->n_vers && j->have == DCAST_VERSION_NONE)
 		return dcast_fail(DCAST_ECORRUPT, "fold: version %" PRIu64 " applied, but neither an anchor "
 				  "file nor a record file holds it", j->version);
-	return 0;
-}
-
-int cs_fold_plan_seal(dcast_consumer *c, cs_fold_job *j)
-{
-	char path[4200];
-	int err;
-
-	plan_init(c, j, c->ck.new_version);
-	if (j->version == DCAST_VERSION_NONE)
-		return 0; /* mode NONE: no anchor file to seal */
-	j->mode = CS_FOLD_DISK;
-	j->seal = 1;
-	if ((err = plan_geometry(c, j, c->ck.n_new_dig)))
-		return err;
-	memcpy(j->dig, c->ck.new_dig, j->n_dig * sizeof(*j->dig));
-	cs_anchor_new_path(c, path, sizeof(path));
-	if ((j->fd = open(path, O_RDWR | O_CLOEXEC)) < 0) /* under `lock`: this anchor's file */
-		return dcast_fail(DCAST_EIO, "anchor %" PRIu64 ": %s: open: %s", j->version, path, strerror(errno));
 	return 0;
 }
 
@@ -233,7 +198,7 @@ static int write_dense(const fold_out *o, const dcast_chunk *h, const uint8_t *p
  * the consumer is closing; checked between chunks and pieces. */
 static int abandoned(const cs_fold_job *j)
 {
-	if (atomic_load(&j->c->ck.gen) == j->gen && (j->held || !atomic_load(&j->c->ss.stop)))
+	if (atomic_load(&j->c->ck.gen) == j->gen && !atomic_load(&j->c->ss.stop))
 		return 0;
 	return dcast_fail(DCAST_ESTATE, "fold to version %" PRIu64 " abandoned: the checkpoint moved on, "
 			  "or the consumer is closing", j->version);
@@ -432,9 +397,7 @@ static int check_and_seal(fold_out *o)
 	return err;
 }
 
-/* The old anchor file's tensors and the record files replayed into the
- * new file. */
-static int assemble(fold_out *o)
+static int build(fold_out *o)
 {
 	cs_fold_job *j = o->j;
 	int err = 0;
@@ -445,14 +408,6 @@ static int assemble(fold_out *o)
 		return err;
 	for (uint32_t i = 0; !err && i < j->n_vers; i++)
 		err = replay_file(o, j->vers[i], &j->folded_bytes);
-	return err;
-}
-
-/* Assembled (a seal's file holds every byte already), checked, sealed, synced. */
-static int build(fold_out *o)
-{
-	int err = o->j->seal ? 0 : assemble(o);
-
 	if (!err)
 		err = check_and_seal(o);
 	if (!err && fdatasync(o->fd) != 0)
@@ -473,13 +428,10 @@ static int fold_run(cs_fold_job *j)
 
 	cs_fault_fold(j->c);
 	snprintf(zero, sizeof(zero), "%016" PRIx64, (uint64_t)0);
-	if (j->seal)
-		cs_anchor_new_path(j->c, o.path, sizeof(o.path));
-	else
-		cs_fold_tmp_path(j->c, o.path, sizeof(o.path));
+	cs_fold_tmp_path(j->c, o.path, sizeof(o.path));
 	if ((err = cs_anchor_layout(j->c->model, j->t, j->n, j->version, zero, &o.lay)))
 		return err;
-	o.fd = j->seal ? j->fd : open(o.path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	o.fd = open(o.path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
 	if (o.fd < 0)
 		err = dcast_fail(DCAST_EIO, "fold: %s: create: %s", o.path, strerror(errno));
 	else if (!(o.buf = malloc(FOLD_PIECE)))
@@ -487,11 +439,10 @@ static int fold_run(cs_fold_job *j)
 	else
 		err = build(&o);
 	free(o.buf);
-	if (o.fd >= 0 && !j->seal) { /* a seal's file is the job's, and whoever drops it unlinks it */
+	if (o.fd >= 0)
 		close(o.fd);
-		if (err)
-			unlink(o.path);
-	}
+	if (err)
+		unlink(o.path);
 	dcast_st_layout_free(&o.lay);
 	return err;
 }
@@ -501,7 +452,7 @@ static int fold_run(cs_fold_job *j)
  * the session thread and the caller's apply() leave (on a busy host it
  * takes longer, and nobody waits for it).  Then back to what it was,
  * where the system lets a thread raise its priority again. */
-static void thread_priority(int background, int *saved)
+void cs_fold_priority(int background, int *saved)
 {
 	pid_t tid = (pid_t)syscall(SYS_gettid);
 
@@ -520,89 +471,41 @@ int cs_fold_run(cs_fold_job *j)
 {
 	int saved = 0, err;
 
-	if (j->held) /* the caller's thread, which may not get its priority back */
-		return fold_run(j);
-	thread_priority(1, &saved);
+	cs_fold_priority(1, &saved);
 	err = fold_run(j);
-	thread_priority(0, &saved);
+	cs_fold_priority(0, &saved);
 	return err;
+}
+
+int cs_fold_renamed(dcast_consumer *c, uint64_t version)
+{
+	c->ck.gen++;
+	c->ck.anchor_file_version = version;
+	c->ck.folds++;
+	return dcast_fsync_dir(c->dir); /* the rename durable before the files it covers go */
 }
 
 int cs_fold_finish(dcast_consumer *c, cs_fold_job *j)
 {
 	char tmp[4200];
 
-	if (j->seal)
-		cs_anchor_new_path(c, tmp, sizeof(tmp));
-	else
-		cs_fold_tmp_path(c, tmp, sizeof(tmp));
+	cs_fold_tmp_path(c, tmp, sizeof(tmp));
 	if (j->gen != atomic_load(&c->ck.gen)) { /* the files moved on: this is not their anchor */
-		if (!j->seal) /* a seal's file went with whatever moved them (cs_anchor_new_drop) */
-			unlink(tmp);
+		unlink(tmp);
 		return 0;
 	}
-	/* the files are as planned: the same anchor file, the target newer; a seal's still pending */
+	/* the files are as planned: the same anchor file, the target newer */
 	DCAST_ASSERT(c->ck.anchor_file_version == j->have &&
-		     (j->seal || j->have == DCAST_VERSION_NONE || j->version > j->have));
-	DCAST_ASSERT(!j->seal || c->ck.new_version == j->version);
+		     (j->have == DCAST_VERSION_NONE || j->version > j->have));
 	if (rename(tmp, c->ck.anchor_path) != 0) {
 		int err = dcast_fail(DCAST_EIO, "fold: rename %s: %s", tmp, strerror(errno));
-		if (j->seal)
-			cs_anchor_new_drop(c);
-		else
-			unlink(tmp);
+		unlink(tmp);
 		return err;
 	}
-	if (j->seal)
-		cs_anchor_new_drop(c); /* renamed: nothing left to unlink */
-	c->ck.gen++;
-	c->ck.anchor_file_version = j->version;
-	int err = dcast_fsync_dir(c->dir); /* the rename durable before the files it covers go */
+	int err = cs_fold_renamed(c, j->version);
 	c->ck.log_since_fold -= j->folded_bytes < c->ck.log_since_fold ? j->folded_bytes : c->ck.log_since_fold;
 	c->ck.deltas_since_fold -= j->n_vers < c->ck.deltas_since_fold ? j->n_vers : c->ck.deltas_since_fold;
-	if (j->seal && dcast_consumer_version(c) == j->version)
-		c->ck.deltas_since_fold = 0; /* the anchor applied is the file's */
-	c->ck.folds++;
 	for (uint32_t i = 0; !err && i < j->n_vers; i++)
 		cs_ckpt_remove(c, j->vers[i]);
 	return err;
-}
-
-/* The pending anchor file sealed: plan, run (`lock` let go unless
- * held), rename.  When it
- * fails while the files stayed as planned, the file goes, and the tensors
- * are folded instead where they hold the anchor or newer. */
-int cs_fold_seal(dcast_consumer *c, int held)
-{
-	cs_fold_job j;
-	int err = cs_fold_plan_seal(c, &j);
-
-	j.held = held;
-	if (!err && j.mode == CS_FOLD_DISK) {
-		if (!held)
-			pthread_mutex_unlock(&c->lock);
-		err = cs_fold_run(&j);
-		if (!held)
-			pthread_mutex_lock(&c->lock);
-		if (!err)
-			err = cs_fold_finish(c, &j);
-	}
-	if (err && (j.gen != atomic_load(&c->ck.gen) || (!held && atomic_load(&c->ss.stop))))
-		err = 0; /* moot: the files moved on (the file went with them), or closing */
-	if (err) {
-		DCAST_LOG_W("consumer %s: sealing anchor %" PRIu64 " in %s: %s; folding from the tensors "
-			    "instead", c->model, j.version, c->dir, dcast_last_error());
-		cs_anchor_new_drop(c);
-		int ferr = cs_ckpt_fold(c); /* a no-op while the anchor is not applied: then err stays */
-		err = ferr ? ferr : dcast_consumer_version(c) == DCAST_VERSION_NONE ? err : 0;
-	}
-	cs_fold_job_free(&j);
-	return err;
-}
-
-int cs_fold_settle(dcast_consumer *c)
-{
-	while (c->ss.fold_running) /* its file may be the one asked for */
-		pthread_cond_wait(&c->ev_cv, &c->lock);
-	return cs_fold_seal(c, 1);
 }

@@ -162,7 +162,7 @@ void dcast_consumer_close(dcast_consumer **cp)
 		snprintf(m.u.bye.reason, sizeof(m.u.bye.reason), "consumer closing");
 		dcast_wire_send(c->ss.sock, NULL, 0, &m, NULL, ZMQ_DONTWAIT);
 	}
-	if (cs_fold_seal(c, 1)) /* an anchor committed: durable, as its record file would be */
+	if (cs_anchor_new_seal(c, 1)) /* an anchor applied: durable */
 		DCAST_LOG_W("consumer %s: anchor file at close: %s", c->model, dcast_last_error());
 	if (c->ss.fold_due && cs_fold_wanted(c) && cs_ckpt_fold(c)) /* owed by the policy */
 		DCAST_LOG_W("consumer %s: fold at close: %s", c->model, dcast_last_error());

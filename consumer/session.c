@@ -578,7 +578,7 @@ static int fold_from_disk(dcast_consumer *c, cs_fold_job *j)
  * version, checked. */
 static int policy_fold(dcast_consumer *c, cs_fold_job *j)
 {
-	int err = cs_fold_seal(c, 0); /* an anchor written straight to its file, first */
+	int err = cs_anchor_new_seal(c, 0); /* an anchor written straight to its file, first */
 
 	if (err || !cs_fold_wanted(c))
 		return err;

@@ -251,6 +251,36 @@ static void test_digest_ahead(const h_broker *b)
 	CHECK(s.apply_failures == 0 && s.untouched_bad == 0);
 }
 
+/* An anchor received in place whose COMMIT carries a wrong digest: refused
+ * (checked ahead or at apply), its model.safetensors.new removed with it
+ * (only an applied anchor is sealed), fetched again and applied; close
+ * seals that one, and a restart loads it. */
+static void test_in_place_refused(const h_broker *b)
+{
+	h_model m;
+	dcast_producer *p = NULL;
+	dcast_consumer *c;
+	h_seen s = {0};
+	char path[512];
+
+	REQUIRE(h_model_start(b, "m_iprefuse", 59, 1, 100, &m, &p) == 0);
+	setenv("DELTACAST_CONSUMER_FAULT", "predigest:1", 1);
+	c = open_consumer(b, "m_iprefuse", dir_for("iprefuse"));
+	unsetenv("DELTACAST_CONSUMER_FAULT");
+	REQUIRE(c);
+	CHECK(h_drive(c, &m, 1, &s) == 0 && h_equal(c, &m, 1));
+	CHECK(s.errors + s.apply_failures >= 1 && s.anchors >= 2);
+	dcast_consumer_close(&c);
+	snprintf(path, sizeof(path), "%s/model.safetensors.new", dir_for("iprefuse"));
+	CHECK(access(path, F_OK) != 0 && h_file_version(dir_for("iprefuse")) == 1);
+	c = open_consumer(b, "m_iprefuse", dir_for("iprefuse"));
+	REQUIRE(c);
+	CHECK(dcast_consumer_version(c) == 1 && h_equal(c, &m, 1));
+	dcast_consumer_close(&c);
+	dcast_producer_close(&p);
+	h_model_free(&m);
+}
+
 /* Version 3, checked ahead while version 2 is live, fails halfway through
  * its apply (the test hook refuses a chunk): the chunks already written
  * are undone from their saved old values, the tensors are exactly version
@@ -666,6 +696,7 @@ int main(void)
 	test_corrupt_chunk(&b);
 	test_digest_rollback(&b);
 	test_digest_ahead(&b);
+	test_in_place_refused(&b);
 	test_ahead_rollback(&b);
 	test_digest_restore(&b);
 	test_gap(&b);

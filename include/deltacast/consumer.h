@@ -251,13 +251,12 @@ DCAST_API int dcast_consumer_wait_version(dcast_consumer *c, uint64_t min_versio
  * temporary file, fsync, rename) and drop the record files it covers;
  * first waits for a fold the policy started, seals an anchor received in
  * place that the consumer's thread has not sealed yet (DIR/model.safetensors.new:
- * read back, checked, header, fsync, rename), and writes nothing when the
- * file then holds the applied version.  The fold policy (fold_fraction,
+ * fsync, rename), and writes nothing when the file then holds the applied
+ * version.  The fold policy (fold_fraction,
  * fold_every) folds in the background, from the disk, without blocking
  * apply(); call this to have the file current at once (O(model): for exit
  * or export, not for every version).  Errors: DCAST_EIO, DCAST_ENOMEM, DCAST_ENODEVICE (a CUDA
- * tensor without a device), DCAST_EDIGEST (the anchor's file, not applied
- * yet, does not hold its digests: dropped, fetched again at a restart). */
+ * tensor without a device). */
 DCAST_API int dcast_consumer_checkpoint(dcast_consumer *c);
 
 /* Numbers for the version last applied plus totals.  Never fails. */

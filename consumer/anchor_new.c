@@ -24,6 +24,7 @@
 #include <unistd.h>
 #include "consumer_impl.h"
 #include "dcast_common.h"
+#include "dcast_reclog.h" /* dcast_fsync_dir */
 #include "deltacast/safetensors.h"
 
 /* The file at its full size, each tensor's offset in c->ck.new_offs; the
@@ -38,7 +39,7 @@ int cs_anchor_new_create(dcast_consumer *c, cs_version *v)
 	snprintf(zero, sizeof(zero), "%016" PRIx64, (uint64_t)0);
 	if ((err = cs_anchor_layout(c->model, c->tensors, c->n_tensors, v->version, zero, &lay)))
 		return err;
-	cs_anchor_new_path(c, path, sizeof(path));
+	cs_anchor_new_path(c, 0, path, sizeof(path));
 	c->ck.new_offs = malloc(c->n_tensors * sizeof(*c->ck.new_offs));
 	if (!c->ck.new_offs)
 		err = dcast_fail(DCAST_ENOMEM, "%s: %u tensor offsets", path, c->n_tensors);
@@ -72,10 +73,21 @@ int cs_anchor_new_commit(dcast_consumer *c, cs_version *v)
 	return err;
 }
 
+/* Checked: renamed to .applied (what a restart may adopt), its seal due. */
 void cs_anchor_new_applied(dcast_consumer *c, const cs_version *v)
 {
+	char from[4200], to[4200];
+
 	if (!v->direct)
 		return;
+	cs_anchor_new_path(c, 0, from, sizeof(from));
+	cs_anchor_new_path(c, 1, to, sizeof(to));
+	if (rename(from, to) != 0) { /* not durable: the policy's next fold takes the tensors */
+		DCAST_LOG_W("consumer %s: anchor %" PRIu64 ": rename %s: %s", c->model, v->version, from,
+			    strerror(errno));
+		cs_anchor_new_drop(c);
+		return;
+	}
 	c->ck.new_version = v->version;
 	c->ss.fold_due = 1; /* the seal, on the fold thread */
 }
@@ -118,7 +130,7 @@ int cs_anchor_new_seal(dcast_consumer *c, int held)
 
 	if (v == DCAST_VERSION_NONE)
 		return 0;
-	cs_anchor_new_path(c, path, sizeof(path));
+	cs_anchor_new_path(c, 1, path, sizeof(path));
 	err = sync_file(c, path, held);
 	if (gen != atomic_load(&c->ck.gen))
 		return 0; /* moot: whatever changed the files dropped this one */
@@ -142,4 +154,39 @@ int cs_anchor_new_settle(dcast_consumer *c)
 	while (c->ss.fold_running) /* its file may be the one asked for */
 		pthread_cond_wait(&c->ev_cv, &c->lock);
 	return cs_anchor_new_seal(c, 1);
+}
+
+/* The model named in the file's metadata is ours?  (1 yes, 0 no, -1 the
+ * header does not parse.) */
+static int file_is_ours(const dcast_consumer *c, const char *path)
+{
+	dcast_st_file *f = NULL;
+	const char *m;
+	int ours;
+
+	if (dcast_st_open(path, &f) != 0)
+		return -1;
+	m = dcast_st_metadata_get(f, "deltacast.model");
+	ours = m && !strcmp(m, c->model);
+	dcast_st_close(&f);
+	return ours;
+}
+
+int cs_anchor_new_adopt(dcast_consumer *c)
+{
+	char path[4200];
+	int ours, err = 0;
+
+	cs_anchor_new_path(c, 1, path, sizeof(path));
+	if (access(path, F_OK) != 0 || (ours = file_is_ours(c, path)) == 0)
+		return 0; /* none, or another model's: the owner checks decide */
+	if (ours < 0) { /* torn before its header was whole: fetched again */
+		unlink(path);
+		return 0;
+	}
+	if ((err = sync_file(c, path, 1)) || rename(path, c->ck.anchor_path) != 0)
+		return err ? err : dcast_fail(DCAST_EIO, "%s: rename: %s", path, strerror(errno));
+	DCAST_LOG_I("consumer %s: anchor applied before the last exit, not sealed then: %s is now "
+		    "model.safetensors (its digest is checked as it loads)", c->model, path);
+	return dcast_fsync_dir(c->dir);
 }

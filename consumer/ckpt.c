@@ -141,9 +141,9 @@ static int write_opening(dcast_consumer *c, cs_version *v)
 	return err;
 }
 
-void cs_anchor_new_path(const dcast_consumer *c, char *out, size_t cap)
+void cs_anchor_new_path(const dcast_consumer *c, int applied, char *out, size_t cap)
 {
-	snprintf(out, cap, "%s.new", c->ck.anchor_path);
+	snprintf(out, cap, "%s.%s", c->ck.anchor_path, applied ? "applied" : "new");
 }
 
 void cs_anchor_new_drop(dcast_consumer *c)
@@ -152,7 +152,9 @@ void cs_anchor_new_drop(dcast_consumer *c)
 
 	if (c->ck.new_version != DCAST_VERSION_NONE)
 		c->ck.gen++; /* armed: a seal of it running is not renamed over model.safetensors */
-	cs_anchor_new_path(c, path, sizeof(path));
+	cs_anchor_new_path(c, 0, path, sizeof(path));
+	unlink(path);
+	cs_anchor_new_path(c, 1, path, sizeof(path));
 	unlink(path);
 	free(c->ck.new_offs);
 	c->ck.new_offs = NULL;

@@ -250,7 +250,7 @@ static void drop_fold_leftovers(const dcast_consumer *c)
 	unlink(p);
 	snprintf(p, sizeof(p), "%s.tmp", c->ck.anchor_path);
 	unlink(p);
-	cs_anchor_new_path(c, p, sizeof(p)); /* an anchor not sealed: not durable, fetched again */
+	cs_anchor_new_path(c, 0, p, sizeof(p)); /* an anchor not applied: fetched again */
 	unlink(p);
 }
 
@@ -259,6 +259,8 @@ int cs_ckpt_load(dcast_consumer *c)
 	uint64_t have = DCAST_VERSION_NONE;
 	int err;
 
+	if ((err = cs_anchor_new_adopt(c)))
+		return err;
 	if (access(c->ck.anchor_path, F_OK) == 0 && (err = cs_anchor_load(c, &have)))
 		return err;
 	if ((err = check_owner(c)))
@@ -280,7 +282,7 @@ int cs_ckpt_restore(dcast_consumer *c)
 
 	if (target == DCAST_VERSION_NONE)
 		return 0;
-	if ((err = cs_anchor_new_settle(c))) /* an anchor still in model.safetensors.new: sealed first */
+	if ((err = cs_anchor_new_settle(c))) /* an anchor applied and not sealed: sealed first */
 		return err;
 	cs_set_applied(c, DCAST_VERSION_NONE); /* not valid while they are rebuilt */
 	if (c->ck.anchor_file_version != DCAST_VERSION_NONE && (err = cs_anchor_load(c, &have)))

@@ -587,16 +587,19 @@ void cs_fold_priority(int background, int *saved);
  * there in c->ck.new_offs for cs_ckpt_chunk_submit.  cs_anchor_new_commit
  * (in place of cs_ckpt_commit_write) waits for the writes and writes the
  * header, with the file digest of the tensors, which hold the anchor
- * whole.  cs_anchor_new_applied, once apply() has checked it, arms the
- * seal for the fold thread.  cs_anchor_new_seal (`lock` held, let go while
- * the file syncs unless `held`: close, restore, checkpoint) fdatasyncs and
- * renames it over model.safetensors, unless the files changed meanwhile;
- * on failure the file goes and the tensors are folded instead.
- * cs_anchor_new_settle (`lock` held) waits for the fold thread, then seals
- * here.  Until the rename the version is not durable: a restart removes
- * the file (ckpt_load.c) and fetches the anchor again.  cs_anchor_new_drop
- * (ckpt.c) removes the file and forgets it, moving c->ck.gen when one was
- * armed; whoever changes the files while one is pending calls it.
+ * whole.  cs_anchor_new_applied, once apply() has checked it, renames it
+ * to DIR/model.safetensors.applied and arms the seal for the fold thread.
+ * cs_anchor_new_seal (`lock` held, let go while the file syncs unless
+ * `held`: close, restore, checkpoint) fdatasyncs and renames it over
+ * model.safetensors, unless the files changed meanwhile; on failure the
+ * file goes and the tensors are folded instead.  cs_anchor_new_settle
+ * (`lock` held) waits for the fold thread, then seals here.
+ * cs_anchor_new_adopt, at open before the anchor file loads, seals an
+ * .applied file a dead process left (its digest is checked by the load
+ * like any); a .new one (not applied, not checked) is removed and the
+ * anchor fetched again.  cs_anchor_new_drop (ckpt.c) removes both and
+ * forgets them, moving c->ck.gen when one was armed; whoever changes the
+ * files while one is pending calls it.
  * Errors: DCAST_EIO, DCAST_ENOMEM. */
 int cs_anchor_new_create(dcast_consumer *c, cs_version *v);
 int cs_anchor_new_commit(dcast_consumer *c, cs_version *v);
@@ -604,7 +607,8 @@ void cs_anchor_new_applied(dcast_consumer *c, const cs_version *v);
 int cs_anchor_new_seal(dcast_consumer *c, int held);
 int cs_anchor_new_settle(dcast_consumer *c);
 void cs_anchor_new_drop(dcast_consumer *c);
-void cs_anchor_new_path(const dcast_consumer *c, char *out, size_t cap);
+int cs_anchor_new_adopt(dcast_consumer *c);
+void cs_anchor_new_path(const dcast_consumer *c, int applied, char *out, size_t cap);
 /* anchor.c: write at offset 0 of `file` the header of model.safetensors
  * as `version`, its file digest computed from the live tensors.  Errors:
  * DCAST_EIO, DCAST_ENOMEM, DCAST_ENODEVICE. */

@@ -225,7 +225,8 @@ inject() { # inject KIND: one fault
 		sleep "$PAUSE"; kill -CONT "${CPID[i]}" ;;
 	ckpt_corrupt)
 		kill -9 "${CPID[i]}" 2>/dev/null; wait "${CPID[i]}" 2>/dev/null; say "SIGKILL c$i"
-		pick_file "$T/c$i/model.safetensors" "$T/c$i"/model.dlog/*.rec && flip_or_cut "$PICK"
+		pick_file "$T/c$i/model.safetensors" "$T/c$i"/model.safetensors.applied "$T/c$i"/model.safetensors.new \
+			"$T/c$i"/model.dlog/*.rec && flip_or_cut "$PICK"
 		consumer_start "$i" ;;
 	segment_corrupt)
 		kill -9 "$BROKER_PID"; wait "$BROKER_PID" 2>/dev/null; say "SIGKILL broker"

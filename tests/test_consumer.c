@@ -81,7 +81,7 @@ static void test_stream_and_restart(const h_broker *b)
 	CHECK(st.bytes == h_model_bytes(&m));
 	CHECK(st.spilled_chunks == 0);           /* in place: nothing staged, nothing spilled */
 	/* written behind from the tensors straight to model.safetensors.new
-	 * (no record file), sealed in the background, or here */
+	 * (no record file), sealed in the background once applied, or here */
 	CHECK(!rec_exists("stream", 1));
 	CHECK(dcast_consumer_checkpoint(c) == 0 && h_file_version(dir_for("stream")) == 1);
 	CHECK(st.pool_bytes <= BUDGET && st.peak_pool_bytes <= st.pool_bytes);
@@ -273,6 +273,8 @@ static void test_in_place_refused(const h_broker *b)
 	dcast_consumer_close(&c);
 	snprintf(path, sizeof(path), "%s/model.safetensors.new", dir_for("iprefuse"));
 	CHECK(access(path, F_OK) != 0 && h_file_version(dir_for("iprefuse")) == 1);
+	snprintf(path, sizeof(path), "%s/model.safetensors.applied", dir_for("iprefuse"));
+	CHECK(access(path, F_OK) != 0);
 	c = open_consumer(b, "m_iprefuse", dir_for("iprefuse"));
 	REQUIRE(c);
 	CHECK(dcast_consumer_version(c) == 1 && h_equal(c, &m, 1));

@@ -235,38 +235,48 @@ static void damage_file(const char *dir, const char *name)
 	close(fd);
 }
 
-/* A copy of dir_for(model) as a crash would leave it while the anchor's
- * seal waits (model.safetensors.new, record files of deltas 2..4 and no
- * model.safetensors), opened: the anchor was never durable, so the open
- * removes its file and cuts the deltas that build on it, holds no
- * version, and the broker's anchor and deltas bring it to 4 bit-exact. */
-static void crash_before_seal(const h_broker *b, const h_model *m, const char *model)
+/* A copy of dir_for(model) as a crash would leave it now, opened (it
+ * reaches `want` with the broker's help; `loads`: the version it loads
+ * from the copy itself, NONE for none).  Before the anchor's apply,
+ * model.safetensors.new was never checked: the open removes it and the
+ * broker sends the anchor again.  After it, while the seal waits,
+ * model.safetensors.applied and the record files of deltas 2..4: the open
+ * seals it (fdatasync, rename), the load checks its digest, and the
+ * deltas replay on it, with nothing fetched. */
+static void crash_copy(const h_broker *b, const h_model *m, const char *model, const char *tag, uint64_t loads,
+		       uint64_t want)
 {
 	char crash[256], cmd[1200], path[512];
 	dcast_consumer *c = NULL;
 	dcast_consumer_opts o;
+	dcast_consumer_stats st;
 
-	snprintf(crash, sizeof(crash), "%s_crash", model);
+	snprintf(crash, sizeof(crash), "%s_%s", model, tag);
 	snprintf(cmd, sizeof(cmd), "cp -a '%s' '%s'", dir_for(model), dir_for(crash));
 	REQUIRE(system(cmd) == 0);
 	dcast_consumer_opts_init(&o);
 	o.auto_apply = 1;
 	CHECK(dcast_consumer_open(b->consumers, model, dir_for(crash), BUDGET, &o, &c) == 0);
 	REQUIRE(c);
+	CHECK(dcast_consumer_version(c) == loads);
 	snprintf(path, sizeof(path), "%s/model.safetensors.new", dir_for(crash));
-	CHECK(access(path, F_OK) != 0 && !h_rec_exists(dir_for(crash), 2));
-	CHECK(dcast_consumer_wait_version(c, 4, 20000) == 0);
-	CHECK(dcast_consumer_version(c) == 4 && h_equal(c, m, 4));
+	CHECK(access(path, F_OK) != 0);
+	snprintf(path, sizeof(path), "%s/model.safetensors.applied", dir_for(crash));
+	CHECK(access(path, F_OK) != 0);
+	CHECK(dcast_consumer_wait_version(c, want, 20000) == 0 && h_equal(c, m, want));
+	dcast_consumer_stats_get(c, &st);
+	CHECK(loads == DCAST_VERSION_NONE ? st.total_bytes_received >= h_model_bytes(m) : st.total_bytes_received == 0);
 	dcast_consumer_close(&c);
 }
 
 /* The anchor's seal (it was written straight to model.safetensors.new,
- * with no record file), held at its start: deltas 2..4 are applied while
- * it waits (apply() does not wait for it); released, model.safetensors
- * holds version 1.  A reopen reaches 4 from the file and the records; or,
- * when a byte of the .new file was flipped while the seal waited (the
- * seal reads nothing back), the load refuses the file's digest and the
- * broker brings the consumer to 4. */
+ * with no record file, renamed .applied at its apply), held at its start:
+ * deltas 2..4 are applied while it waits (apply() does not wait for it);
+ * crash copies taken before the apply and while the seal waits; released,
+ * model.safetensors holds version 1.  A reopen reaches 4 from the file
+ * and the records; or, when a byte of the .applied file was flipped while
+ * the seal waited (the seal reads nothing back), the load refuses the
+ * file's digest and the broker brings the consumer to 4. */
 static void fold_held_case(const h_broker *b, const char *model, int damage)
 {
 	h_model m;
@@ -285,8 +295,10 @@ static void fold_held_case(const h_broker *b, const char *model, int damage)
 	unsetenv("DELTACAST_CONSUMER_FAULT");
 	REQUIRE(c);
 	REQUIRE(ready_within(c, 1));
+	if (!damage)
+		crash_copy(b, &m, model, "ready", DCAST_VERSION_NONE, 1);
 	CHECK(dcast_consumer_apply(c, 1) == 0);
-	CHECK(fold_within(c, 1, 0)); /* the applied anchor's fold began, and waits */
+	CHECK(fold_within(c, 1, 0)); /* the applied anchor's seal began, and waits */
 	for (uint64_t v = 2; v <= 4; v++) {
 		CHECK(h_publish(p, &m, v, 100) == 0);
 		REQUIRE(ready_within(c, v));
@@ -294,13 +306,13 @@ static void fold_held_case(const h_broker *b, const char *model, int damage)
 		CHECK(h_equal(c, &m, v));
 		CHECK(fold_state(c, &n) == 1 && n == 0); /* still held: apply() did not wait for it */
 	}
-	snprintf(junk, sizeof(junk), "%s/model.safetensors.new", dir_for(model));
+	snprintf(junk, sizeof(junk), "%s/model.safetensors.applied", dir_for(model));
 	CHECK(access(junk, F_OK) == 0); /* the anchor, written straight there, not sealed yet */
 	CHECK(h_file_version(dir_for(model)) == 0 && !h_rec_exists(dir_for(model), 1));
 	if (damage)
-		damage_file(dir_for(model), "model.safetensors.new");
+		damage_file(dir_for(model), "model.safetensors.applied");
 	else
-		crash_before_seal(b, &m, model);
+		crash_copy(b, &m, model, "applied", 4, 4);
 	REQUIRE(write(hold[1], "g", 1) == 1); /* the seal */
 	CHECK(fold_within(c, 0, 1)); /* and no fold after it: deltas 2..4 log far less than the policy's quarter */
 	CHECK(h_file_version(dir_for(model)) == 1u); /* sealed: fdatasync and rename, nothing read back */

@@ -71,6 +71,10 @@ typedef struct cs_dcache {
 	uint32_t n;
 } cs_dcache;
 
+/* verify.c: the first entry of n (sorted by tensor, then start) of tensor
+ * t that ends after element `lo`, or n->n: a binary search. */
+uint32_t cs_dcache_first(const cs_dcache *n, uint32_t t, uint64_t lo);
+
 /* Forget the cached digests (they no longer describe the tensors). */
 static inline void cs_dcache_clear(cs_dcache *d)
 {
@@ -559,8 +563,7 @@ typedef struct cs_fold_job {
 	uint64_t version, have, gen;   /* target, anchor file's version, c->ck.gen at the plan */
 	cs_tensor *t;                  /* geometry of the tensors (no memory) */
 	uint32_t n;
-	dcast_range_digest *dig;       /* the target's COMMIT digests (c->dcache) */
-	uint32_t n_dig;
+	cs_dcache dig;                 /* the target's COMMIT digests (a copy of c->dcache) */
 	uint64_t *vers;                /* record files to replay, in order */
 	uint32_t n_vers;
 	uint64_t folded_bytes;         /* their bytes */

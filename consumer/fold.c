@@ -45,7 +45,7 @@
 void cs_fold_job_free(cs_fold_job *j)
 {
 	free(j->t);
-	free(j->dig);
+	cs_dcache_clear(&j->dig);
 	free(j->vers);
 	memset(j, 0, sizeof(*j));
 }
@@ -82,16 +82,15 @@ int cs_fold_plan(dcast_consumer *c, cs_fold_job *j)
 		return 0;
 	j->n = c->n_tensors;
 	j->t = malloc(j->n * sizeof(*j->t));
-	j->dig = malloc((c->dcache.n ? c->dcache.n : 1) * sizeof(*j->dig));
-	if (!j->t || !j->dig)
+	j->dig.e = malloc((c->dcache.n ? c->dcache.n : 1) * sizeof(*j->dig.e));
+	if (!j->t || !j->dig.e)
 		return dcast_fail(DCAST_ENOMEM, "fold: %u tensors", j->n);
 	for (uint32_t i = 0; i < j->n; i++) {
 		j->t[i] = c->tensors[i]; /* geometry only: nothing here reads their memory */
 		j->t[i].ptr = NULL, j->t[i].views = NULL, j->t[i].n_views = 0;
 	}
-	for (uint32_t i = 0; i < c->dcache.n; i++)
-		j->dig[i] = c->dcache.e[i].d;
-	j->n_dig = c->dcache.n;
+	memcpy(j->dig.e, c->dcache.e, c->dcache.n * sizeof(*j->dig.e));
+	j->dig.n = c->dcache.n;
 	if ((err = plan_files(c, j)))
 		return err;
 	if (!j->n_vers && j->have == DCAST_VERSION_NONE)
@@ -302,17 +301,19 @@ static int read_piece(const fold_out *o, uint64_t off, uint64_t len)
 
 /* Add each cached COMMIT digest range's share of elements [e0, e0 + n) of
  * tensor t, which o->buf holds, to range[] (the digest is additive: a
- * range's is the sum of its pieces'). */
+ * range's is the sum of its pieces'); the ranges are sorted, so only
+ * those that meet the piece are visited. */
 static void piece_ranges(const fold_out *o, uint32_t t, uint64_t e0, uint64_t n, uint64_t *range)
 {
 	const cs_fold_job *j = o->j;
 	unsigned es = j->t[t].elem_size;
 
-	for (uint32_t k = 0; k < j->n_dig; k++) {
-		const dcast_range_digest *d = &j->dig[k];
+	for (uint32_t k = cs_dcache_first(&j->dig, t, e0); k < j->dig.n && j->dig.e[k].d.tensor == t &&
+	     j->dig.e[k].d.start < e0 + n; k++) {
+		const dcast_range_digest *d = &j->dig.e[k].d;
 		uint64_t lo = d->start > e0 ? d->start : e0, part = 0;
 		uint64_t hi = d->start + d->count < e0 + n ? d->start + d->count : e0 + n;
-		if (d->tensor == t && lo < hi && !dcast_ldigest(t, lo, o->buf + (lo - e0) * es, hi - lo, es, &part))
+		if (lo < hi && !dcast_ldigest(t, lo, o->buf + (lo - e0) * es, hi - lo, es, &part))
 			range[k] += part;
 	}
 }
@@ -347,8 +348,8 @@ static int check_ranges(const fold_out *o, const uint64_t *range)
 {
 	const cs_fold_job *j = o->j;
 
-	for (uint32_t k = 0; k < j->n_dig; k++) {
-		const dcast_range_digest *d = &j->dig[k];
+	for (uint32_t k = 0; k < j->dig.n; k++) {
+		const dcast_range_digest *d = &j->dig.e[k].d;
 		if (range[k] != d->digest)
 			return dcast_fail(DCAST_EDIGEST, "fold: tensor %s elements [%" PRIu64 ", %" PRIu64
 					  ") do not match version %" PRIu64 "'s digest: the record log and the "
@@ -384,7 +385,7 @@ static int seal(fold_out *o, const uint64_t *td)
 static int check_and_seal(fold_out *o)
 {
 	cs_fold_job *j = o->j;
-	uint64_t *td = malloc(j->n * sizeof(*td)), *range = calloc(j->n_dig ? j->n_dig : 1, sizeof(*range));
+	uint64_t *td = malloc(j->n * sizeof(*td)), *range = calloc(j->dig.n ? j->dig.n : 1, sizeof(*range));
 	int err = td && range ? 0 : dcast_fail(DCAST_ENOMEM, "fold: %u tensors", j->n);
 
 	for (uint32_t i = 0; !err && i < j->n; i++)

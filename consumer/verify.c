@@ -50,8 +50,7 @@ static const cs_dentry *cache_find(const cs_dcache *d, const dcast_range_digest 
 	return NULL;
 }
 
-/* The first entry of tensor t that ends after element `lo`, or n->n. */
-static uint32_t first_entry(const cs_dcache *n, uint32_t t, uint64_t lo)
+uint32_t cs_dcache_first(const cs_dcache *n, uint32_t t, uint64_t lo)
 {
 	uint32_t a = 0, b = n->n;
 
@@ -131,7 +130,7 @@ static void move_entries(dcast_consumer *c, cs_dcache *n, const cs_chunk *k, con
 	uint64_t end = k->start + k->info.count;
 	int moved = 0;
 
-	for (uint32_t i = first_entry(n, k->tensor, k->start); i < n->n && n->e[i].d.tensor == k->tensor &&
+	for (uint32_t i = cs_dcache_first(n, k->tensor, k->start); i < n->n && n->e[i].d.tensor == k->tensor &&
 	     n->e[i].d.start < end; i++) {
 		cs_dentry *e = &n->e[i];
 		uint64_t lo = e->d.start > k->start ? e->d.start - k->start : 0;

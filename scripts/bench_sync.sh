@@ -5,7 +5,7 @@
 # writes per version.  One run, side by side:
 #   - gen-trace versions of a bf16 model, an anchor then deltas (cached in
 #     $BUILD/bench-sync-PARAMS-K); the first two deltas after the anchor are
-#     warm-ups, not counted (the consumers fold the anchor meanwhile);
+#     warm-ups, not counted (the consumers seal the anchor's file meanwhile);
 #   - per N and consumer form, first the row's references: the compute
 #     floor (tests/tools/bench_sync_floor: encode + decode and scatter of
 #     each delta, one thread) and raw TCP loopback (tests/tools/bench_tcp)
@@ -13,7 +13,7 @@
 #     receivers, median of 3; then a real broker, the paced producer
 #     tests/tools/fault_publish and N consumers, each version published
 #     once all N have applied the one before (and, after the first
-#     warm-up delta, once each has folded the anchor).  Forms: lib
+#     warm-up delta, once each holds the anchor's file).  Forms: lib
 #     (tests/tools/bench_sync_consumer, the C library, default options), py
 #     (scripts/bench_sync_consumer.py, the Python binding), sub
 #     (`deltacast subscribe`).
@@ -36,8 +36,8 @@ if [ "$QUICK" = 1 ]; then DEF_PARAMS=10M DEF_N="1 4" DEF_DOC=0; else DEF_PARAMS=
 PARAMS=${BENCH_SYNC_PARAMS:-$DEF_PARAMS}
 NS=${BENCH_SYNC_N:-$DEF_N}
 NDELTA=${BENCH_SYNC_VERSIONS:-5}
-WARM=2 # deltas sent after the anchor and not counted: the consumers fold the anchor after the first,
-       # and the second is the first whose bytes written are measured from after that fold
+WARM=2 # deltas sent after the anchor and not counted: the consumers seal the anchor's file after the first,
+       # and the second is the first whose bytes written are measured from after that seal
 STEPS=$((WARM + NDELTA))
 FORMS=${BENCH_SYNC_FORMS:-lib py sub}
 DATADIR_ROW=${BENCH_SYNC_DATADIR:-1}
@@ -163,14 +163,14 @@ start_run() {
 	for ((i = 1; i <= n; i++)); do start_consumer "$form" "$d" "$i"; done
 }
 
-# folded DIR: every consumer's checkpoint holds a model file and no fold is
-# being written (the anchor's fold, from the disk in the background, is done).
+# folded DIR: every consumer's checkpoint holds a model file and none is
+# being written (the anchor's seal, or a fold, in the background, is done).
 folded() {
 	local i c
 	for ((i = 1; i <= ${#CPIDS[@]}; i++)); do
 		c=$1/c$i
 		[ -f "$c/model.safetensors" ] && [ ! -e "$c/model.safetensors.fold" ] &&
-			[ ! -e "$c/model.safetensors.tmp" ] || return 1
+			[ ! -e "$c/model.safetensors.tmp" ] && [ ! -e "$c/model.safetensors.applied" ] || return 1
 	done
 }
 

@@ -241,10 +241,10 @@ How it is measured (scripts/bench_sync.sh; every number from this one run):
   DIR/model.safetensors in the background once it exceeds a quarter of the model, which 5
   deltas of 1% do not reach; `deltacast subscribe` also when it exits).
 - **warm-up**: the first two deltas after the anchor are sent and applied but not counted; the
-  second is published once every consumer has folded the anchor into DIR/model.safetensors (the
-  whole model written, from its record file, on the consumer's fold thread: apply() does not
-  wait for it), and the bytes written are counted from its apply on, so that no counted delta
-  carries the anchor's fold.
+  second is published once every consumer holds the anchor as DIR/model.safetensors (written as
+  it streamed in, then synced and renamed on the consumer's fold thread once applied: apply()
+  does not wait for it), and the bytes written are counted from its apply on, so that no
+  counted delta carries the anchor's writes.
 - Consumers: the library with default options (digests checked from the elements each version changes,
   the default fold policy, a 64 MiB staging budget, its own host copy of the tensors);
   `deltacast subscribe` as users run it.  Every version counted here passed the consumer's own

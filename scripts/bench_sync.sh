@@ -176,7 +176,7 @@ folded() {
 
 # publish_paced DIR: the paced producer publishes every file, each once all
 # consumers have applied the one before; the counted deltas once the
-# anchor's folds are done too (their writes are the anchor's, not a delta's).
+# anchor's seals are done too (their writes are the anchor's, not a delta's).
 publish_paced() {
 	local d=$1 v go pub deadline=$((SECONDS + 600))
 	mkfifo "$d/go"
@@ -188,7 +188,7 @@ publish_paced() {
 		(echo go >&$go) 2>/dev/null || die "fault_publish is gone ($(cat "$d/publish.err"))"
 		wait_all "$d" "$v"
 		while [ "$v" = 2 ] && ! folded "$d"; do
-			[ $SECONDS -lt $((deadline)) ] || die "$d: the anchor's folds not done after 600 s"
+			[ $SECONDS -lt $((deadline)) ] || die "$d: the anchor's files not sealed after 600 s"
 			read -r -t 0.02 -u "$NAP"
 		done
 	done

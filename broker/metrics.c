@@ -118,6 +118,11 @@ static uint64_t model_anchor_version(const struct broker_model *m)
 	return m->n_log ? m->log[0]->version : UINT64_MAX;
 }
 
+static uint64_t model_lost_version(const struct broker_model *m)
+{
+	return m->lost_version == DCAST_VERSION_NONE ? UINT64_MAX : m->lost_version;
+}
+
 static uint64_t model_log_versions(const struct broker_model *m)
 {
 	return m->n_log;
@@ -150,6 +155,8 @@ static void render_models(struct out *o, const struct broker *b)
 	model_family(o, b, "model_version", "newest committed version", model_version);
 	model_family(o, b, "model_anchor_version", "newest anchor in the log", model_anchor_version);
 	model_family(o, b, "model_log_versions", "versions in the model's log", model_log_versions);
+	model_family(o, b, "model_lost_version", "newest version lost from a damaged segment: the next "
+		     "must be an anchor above it", model_lost_version);
 	model_family(o, b, "model_parts_committed", "producer parts that committed the open version "
 		     "(0: none open)", model_parts_committed);
 }

@@ -91,26 +91,55 @@ committed() {
 	echo "${v:-0}"
 }
 
-# broker_newest: the broker's newest committed version (its /metrics), 0 if none.
-broker_newest() {
+# broker_metric NAME: the model's sample of deltacast_NAME in the broker's
+# /metrics, 0 if none.
+broker_metric() {
 	local v
 	v=$("$PY" -c 'import sys, urllib.request as u
 try: sys.stdout.write(u.urlopen(sys.argv[1], timeout=2).read().decode())
 except Exception: pass' "http://127.0.0.1:$((BPORT + 2))/metrics" |
-		sed -n "s/^deltacast_model_version{model=\"$MODEL\"} \([0-9]*\).*/\1/p")
+		sed -n "s/^deltacast_$1{model=\"$MODEL\"} \([0-9]*\).*/\1/p")
 	echo "${v:-0}"
 }
+
+# broker_newest: the broker's newest committed version, 0 if none.
+broker_newest() { broker_metric model_version; }
 
 # publish_from V: versions V..NVER, one every INTERVAL_MS (V an anchor when
 # V > 1: a new producer has no baseline).
 publish_from() {
 	local v=$1 args=()
 	for ((k = v; k <= NVER; k++)); do args+=("${FILES[k]}"); done
-	env "${TRIAL_ENV[@]}" "$FP" "$(producer_ep)" "$MODEL" "$v" "$INTERVAL_MS" "${args[@]}" \
+	publisher "$v" "${args[@]}"
+	say "publish from $v (pid $PUB_PID)"
+}
+
+# publisher V FILE...: the producer, FILEs as versions V, V+1, ...
+publisher() {
+	local v=$1
+	shift
+	env "${TRIAL_ENV[@]}" "$FP" "$(producer_ep)" "$MODEL" "$v" "$INTERVAL_MS" "$@" \
 		>>"$T/pub.out" 2>>"$T/pub.log" &
 	PUB_PID=$!
 	e2e_track "$PUB_PID"
-	say "publish from $v (pid $PUB_PID)"
+}
+
+# publish_next: the trace from the first version the broker takes now: above
+# its newest, and above the numbers spent on versions it lost from a damaged
+# segment (deltacast_model_lost_version).  When those run past the trace's
+# end, its last file goes out as that version (an anchor), which then
+# stands for the last version (WANT) wherever it is checked.
+publish_next() {
+	local n l v
+	n=$(broker_newest); l=$(broker_metric model_lost_version)
+	v=$(((n > l ? n : l) + 1))
+	if [ "$v" -le "$NVER" ]; then
+		publish_from "$v"
+		return
+	fi
+	WANT[v]=${WANT[NVER]}
+	publisher "$v" "${FILES[NVER]}"
+	say "publish version $NVER's file as $v: numbers up to $((v - 1)) are spent (pid $PUB_PID)"
 }
 
 # Where each side connects: through the proxy when it sits on that side.
@@ -210,8 +239,7 @@ inject() { # inject KIND: one fault
 		kill -0 "$PUB_PID" 2>/dev/null || return 1
 		kill -9 "$PUB_PID"; wait "$PUB_PID" 2>/dev/null; say "SIGKILL producer"
 		rnd 10; sleep "0.$R"
-		local newest; newest=$(broker_newest)
-		[ "$newest" -lt "$NVER" ] && publish_from $((newest + 1)) ;;
+		[ "$(broker_newest)" -lt "$NVER" ] && publish_next ;;
 	producer_stop)
 		kill -0 "$PUB_PID" 2>/dev/null || return 1
 		pause_len; kill -STOP "$PUB_PID"; say "SIGSTOP producer for $PAUSE s"
@@ -245,11 +273,10 @@ recover() {
 	broker_alive || broker_start || { say "broker does not restart"; return 1; }
 	while [ $SECONDS -lt $deadline ]; do
 		if ! kill -0 "$PUB_PID" 2>/dev/null && [ $restarts -lt 8 ]; then
-			local newest; newest=$(broker_newest)
-			if [ "$newest" -lt "$NVER" ]; then
+			if [ "$(broker_newest)" -lt "$NVER" ]; then
 				wait "$PUB_PID" 2>/dev/null
 				restarts=$((restarts + 1))
-				publish_from $((newest + 1))
+				publish_next
 			fi
 		fi
 		local done_n=0

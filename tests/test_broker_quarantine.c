@@ -140,6 +140,7 @@ static void anchor_flipped(tp_broker *br, const char *seg, const uint8_t *orig, 
 
 	producer_at(&prod, br, VERSIONS);
 	CHECK(prod.welcome_version == DCAST_VERSION_NONE);
+	CHECK(tp_metric_now(br->mport, "deltacast_model_lost_version{model=\"q/model\"}") == VERSIONS);
 	CHECK(h_publish(&prod, VERSIONS, 1, 5) != 0); /* a spent number */
 	CHECK(check_file_has(br->log, "version 7 is not above 7, the newest version lost"));
 	h_client_close(&prod);
@@ -244,6 +245,7 @@ int main(void)
 	br.extra[br.n_extra++] = data;
 	br.extra[br.n_extra++] = "--anchor-fraction";
 	br.extra[br.n_extra++] = "0";
+	br.with_metrics = 1;
 	h_broker_start(&br);
 
 	h_client_open(&prod, br.pport, "q/model");

@@ -185,6 +185,7 @@ void dcast_consumer_close(dcast_consumer **cp)
 	pthread_cond_destroy(&c->ev_cv);
 	if (c->ob.wake_fd >= 0)
 		close(c->ob.wake_fd);
+	free(c->ck.new_offs); /* an anchor in place still streaming in: its .new goes at the next open */
 	free(c->dir), free(c->endpoint), free(c->ck.anchor_path), free(c->ck.log_dir);
 	free(c);
 	*cp = NULL;

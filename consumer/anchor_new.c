@@ -156,34 +156,36 @@ int cs_anchor_new_settle(dcast_consumer *c)
 	return cs_anchor_new_seal(c, 1);
 }
 
-/* The model named in the file's metadata is ours?  (1 yes, 0 no, -1 the
- * header does not parse.) */
-static int file_is_ours(const dcast_consumer *c, const char *path)
+/* The model named in the file's metadata, into name ("" when it names
+ * none); -1 when the header does not parse. */
+static int file_model(const char *path, char *name, size_t cap)
 {
 	dcast_st_file *f = NULL;
 	const char *m;
-	int ours;
 
 	if (dcast_st_open(path, &f) != 0)
 		return -1;
 	m = dcast_st_metadata_get(f, "deltacast.model");
-	ours = m && !strcmp(m, c->model);
+	snprintf(name, cap, "%s", m ? m : "");
 	dcast_st_close(&f);
-	return ours;
+	return 0;
 }
 
 int cs_anchor_new_adopt(dcast_consumer *c)
 {
-	char path[4200];
-	int ours, err = 0;
+	char path[4200], name[DCAST_MAX_NAME + 1];
+	int err;
 
 	cs_anchor_new_path(c, 1, path, sizeof(path));
-	if (access(path, F_OK) != 0 || (ours = file_is_ours(c, path)) == 0)
-		return 0; /* none, or another model's: the owner checks decide */
-	if (ours < 0) { /* torn before its header was whole: fetched again */
+	if (access(path, F_OK) != 0)
+		return 0;
+	if (file_model(path, name, sizeof(name)) < 0) { /* torn before its header was whole */
 		unlink(path);
 		return 0;
 	}
+	if (strcmp(name, c->model)) /* neither served nor deleted */
+		return cs_ckpt_foreign(c, "model.safetensors.applied, metadata deltacast.model",
+				       name[0] ? name : "(none)");
 	if ((err = sync_file(c, path, 1)) || rename(path, c->ck.anchor_path) != 0)
 		return err ? err : dcast_fail(DCAST_EIO, "%s: rename: %s", path, strerror(errno));
 	DCAST_LOG_I("consumer %s: anchor applied before the last exit, not sealed then: %s is now "

@@ -599,8 +599,9 @@ void cs_fold_priority(int background, int *saved);
  * (`lock` held) waits for the fold thread, then seals here.
  * cs_anchor_new_adopt, at open before the anchor file loads, seals an
  * .applied file a dead process left (its digest is checked by the load
- * like any); a .new one (not applied, not checked) is removed and the
- * anchor fetched again.  cs_anchor_new_drop (ckpt.c) removes both and
+ * like any; another model's refuses the open, cs_ckpt_foreign, and stays);
+ * a .new one (not applied, not checked) is removed and the anchor fetched
+ * again.  cs_anchor_new_drop (ckpt.c) removes both and
  * forgets them, moving c->ck.gen when one was armed; whoever changes the
  * files while one is pending calls it.
  * Errors: DCAST_EIO, DCAST_ENOMEM. */

@@ -638,8 +638,9 @@ static void check_refused(const h_broker *b, const char *dir, const char *what)
 
 /* A directory holding another model's checkpoint, with the same tensors
  * (so the broker's MANIFEST cannot tell): the open is refused and the
- * files are left as they were, whether the anchor file or only a record
- * file shows it; the owner opens it afterwards at its version. */
+ * files are left as they were, whether the anchor file, a record file or
+ * an anchor file not sealed (.applied) shows it; the owner opens it
+ * afterwards at its version. */
 static void test_foreign_dir(const h_broker *b)
 {
 	h_model m;
@@ -665,6 +666,11 @@ static void test_foreign_dir(const h_broker *b)
 	REQUIRE(copy_file(from, to) == 0);
 	check_refused(b, dir_for("own_log"), "record file");
 	CHECK(rec_exists("own_log", 2) && rec_exists("own", 2));
+	snprintf(from, sizeof(from), "%s/model.safetensors", dir_for("own"));
+	snprintf(to, sizeof(to), "%s/model.safetensors.applied", dir_for("own_new"));
+	REQUIRE(copy_file(from, to) == 0); /* as an anchor applied and not sealed when it died */
+	check_refused(b, dir_for("own_new"), "model.safetensors.applied");
+	CHECK(access(to, F_OK) == 0);
 	REQUIRE(dcast_consumer_open(b->consumers, "m_own_a", dir_for("own"), BUDGET, &o, &c) == 0);
 	CHECK(dcast_consumer_version(c) == 2 && h_equal(c, &m, 2));
 	dcast_consumer_close(&c);

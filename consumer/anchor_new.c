@@ -92,14 +92,6 @@ void cs_anchor_new_applied(dcast_consumer *c, const cs_version *v)
 	c->ss.fold_due = 1; /* the seal, on the fold thread */
 }
 
-/* After the seal's rename: forgotten without unlinking (nothing is there). */
-static void forget(dcast_consumer *c)
-{
-	free(c->ck.new_offs);
-	c->ck.new_offs = NULL;
-	c->ck.new_version = DCAST_VERSION_NONE;
-}
-
 /* fdatasync the file; unless held, without `lock`, in the background. */
 static int sync_file(dcast_consumer *c, const char *path, int held)
 {
@@ -138,7 +130,7 @@ int cs_anchor_new_seal(dcast_consumer *c, int held)
 	if (!err && rename(path, c->ck.anchor_path) != 0)
 		err = dcast_fail(DCAST_EIO, "%s: rename: %s", path, strerror(errno));
 	if (!err) {
-		forget(c);
+		c->ck.new_version = DCAST_VERSION_NONE; /* renamed: nothing left to drop */
 		if (dcast_consumer_version(c) == v)
 			c->ck.deltas_since_fold = 0; /* the file holds the applied version */
 		return cs_fold_renamed(c, v);

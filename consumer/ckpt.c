@@ -204,8 +204,7 @@ typedef struct wb_slot {
 	rec_head h;         /* the record's prefix and CHUNK header */
 	zmq_msg_t msg;      /* the payload, when held (has_msg) */
 	uint64_t version, off, bytes, credit; /* credit: given back when written (0: at once) */
-	int left, has_msg, err;
-	int to_log;         /* a record of the log (not an anchor written straight to its file) */
+	int left, has_msg, err; /* h.len 0: no record, an anchor's range in its own file */
 } wb_slot;
 
 struct cs_wb {
@@ -248,7 +247,7 @@ static void wb_done(dcast_consumer *c, wb_slot *s)
 			v->write_failed = 1;
 	} else {
 		c->ck.log_write_bytes += len;
-		c->ck.log_since_fold += s->to_log ? len : 0;
+		c->ck.log_since_fold += s->h.len ? len : 0; /* records only: an anchor's own file is no log */
 	}
 	c->ck.wb->busy &= ~(1u << (s - c->ck.wb->s));
 }
@@ -354,7 +353,6 @@ static int slot_head(dcast_consumer *c, cs_version *v, const dcast_chunk *k, uin
 	s->bytes = k->payload_bytes;
 	s->credit = v->in_place ? 0 : k->payload_bytes; /* in place: in the tensor, not the pool */
 	s->has_msg = s->err = 0;
-	s->to_log = !v->direct;
 	if (v->direct) {
 		s->h.len = 0;
 		s->off = c->ck.new_offs[k->tensor] + k->start * k->elem_size; /* k checked */
@@ -390,7 +388,7 @@ int cs_ckpt_chunk_submit(dcast_consumer *c, cs_version *v, const dcast_chunk *k,
 	}
 	err = dcast_io_write(c->io, v->io_file, payload, k->payload_bytes, s->off + s->h.len,
 			     pool_index(c, payload, k->payload_bytes), tag);
-	if (err && !s->h.len) { /* no header (v->direct, never held): nothing went */
+	if (err && v->direct) { /* no header, never held: nothing went */
 		c->ck.wb->busy &= ~(1u << (s - c->ck.wb->s));
 		return err;
 	}
@@ -401,7 +399,7 @@ int cs_ckpt_chunk_submit(dcast_consumer *c, cs_version *v, const dcast_chunk *k,
 		return err;
 	}
 	*payload_off = s->off + s->h.len;
-	v->file_bytes += s->to_log ? s->h.len + k->payload_bytes : 0;
+	v->file_bytes += v->direct ? 0 : s->h.len + k->payload_bytes;
 	if (wb_reap(c, 0)) /* what is done already: credit back early */
 		wb_wait_all(c); /* the ring failed: every pending write fails, reported by the flush */
 	c->ck.log_write_ns += dcast_now_ns() - t0;

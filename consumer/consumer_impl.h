@@ -321,7 +321,8 @@ static inline cs_version *cs_version_find(dcast_consumer *c, uint64_t version)
  * cs_fault_holds_ahead: v must not be checked ahead (its fault is for the
  * check at apply).  cs_fault_apply: at the start of v's apply; the chunk
  * index at which apply must refuse v, or UINT32_MAX.  cs_fault_fold: at
- * the start of a fold from the disk, on the fold thread (no lock held). */
+ * the start of a fold from the disk and before the fdatasync of an anchor
+ * file's seal (anchor_new.c). */
 enum { CS_FAULT_NONE, CS_FAULT_CORRUPT, CS_FAULT_SKIP, CS_FAULT_DIGEST, CS_FAULT_DUP, CS_FAULT_PREDIGEST,
        CS_FAULT_AHEADFAIL, CS_FAULT_FOLDHOLD, CS_FAULT_KINDS };
 void cs_fault_parse(dcast_consumer *c);
@@ -548,9 +549,8 @@ int cs_io_read(dcast_consumer *c, int file, void *dst, uint64_t len, uint64_t of
  * cs_fold_finish under it).  Errors: DCAST_ENOMEM, DCAST_EIO (the log's
  * directory), DCAST_ECORRUPT (no file holds the applied version).
  * cs_fold_run: write DIR/model.safetensors.fold as version j->version,
- * checked against its digests; on error it is removed (a seal: check
- * model.safetensors.new and write its header; kept on error, for whoever
- * drops it).  At nice 19 unless j->held.  Errors: DCAST_EIO,
+ * checked against its digests; on error it is removed.  At nice 19 and
+ * best-effort I/O level 7 (cs_fold_priority).  Errors: DCAST_EIO,
  * DCAST_ENOMEM, DCAST_ECORRUPT / DCAST_ECHECKSUM (a damaged record file),
  * DCAST_EDIGEST (the result is not the applied version), the codec's.
  * cs_fold_finish: rename it over the anchor file and drop the record files

@@ -2,8 +2,9 @@
  * unless the variable is set when the consumer opens).  It acts at three
  * seams and nowhere else: where a broker message enters the version state
  * machine (cs_fault_wire, session.c), where apply starts a version
- * (cs_fault_apply, apply.c) and where a fold from the disk starts
- * (cs_fault_fold, fold.c), plus one question the check ahead asks
+ * (cs_fault_apply, apply.c) and where a fold from the disk or an anchor
+ * file's seal starts (cs_fault_fold, fold.c and anchor_new.c), plus one
+ * question the check ahead asks
  * (cs_fault_holds_ahead, verify.c).  Each seam costs one compare when no
  * fault is armed; the handlers, the apply loop and the digest code do not
  * know faults exist.  Kinds, each for version V:
@@ -15,9 +16,10 @@
  *              not checked ahead, so the check at apply and its undo run
  *   aheadfail  V, checked ahead, has its apply refused at the first chunk
  *              in its second half that writes, so apply undoes halfway
- *   foldhold   (V is a file descriptor) each fold from the disk first
- *              reads one byte from V: the test holds the fold there, and
- *              applies or damages files meanwhile, until it writes one */
+ *   foldhold   (V is a file descriptor) each fold from the disk, and each
+ *              seal of an anchor file, first reads one byte from V: the
+ *              test holds it there, and applies or damages files
+ *              meanwhile, until it writes one */
 #include <errno.h>
 #include <string.h>
 #include <unistd.h>

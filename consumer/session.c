@@ -210,12 +210,13 @@ static int unwanted(dcast_consumer *c, uint64_t version, uint64_t payload_bytes)
  * written behind: a spilled payload is written from ZeroMQ's buffer, held
  * until the write is done, and its credit goes back then (ckpt.c). */
 /* An anchor received in place (in_place_ok): each chunk, checked, goes
- * straight to its range of the tensor, and its record is written behind
- * from there (nothing writes that range again before a later version's
- * apply, and this version's COMMIT record waits for every chunk record);
- * its credit goes back at once (no staging memory holds it; the record
- * writes in flight are bounded by the write-behind queue).  Apply has
- * nothing left to write, only to check. */
+ * straight to its range of the tensor, and is written behind from there,
+ * to model.safetensors.new at its final offset (anchor_new.c; a record
+ * file for a model with tiled tensors): nothing writes that range again
+ * before a later version's apply, and the COMMIT waits for every write.
+ * Its credit goes back at once (no staging memory holds it; the writes in
+ * flight are bounded by the write-behind queue).  Apply has nothing left
+ * to write, only to check. */
 static int stage_in_place(dcast_consumer *c, cs_version *v, const dcast_chunk *h, zmq_msg_t *payload)
 {
 	const unsigned char *src = zmq_msg_data(payload);

@@ -2,8 +2,9 @@
 # What an anchor costs a consumer's host until it is durable: one
 # `deltacast subscribe --until 1` on a fresh broker holding only the anchor
 # SAFETENSORS; prints wall and CPU seconds until it exits (model.safetensors
-# written) and the bytes it wrote (/proc/PID/io write_bytes, sampled until
-# it exits).  A probe for docs/benchmarks.md ("An anchor received in place,
+# written) and the bytes it wrote: its write_bytes (/proc/PID/io), which
+# getrusage reports at exit as ru_oublock in 512-byte units (/usr/bin/time's
+# %O).  A probe for docs/benchmarks.md ("An anchor received in place,
 # written once"); run it against two builds, alternating.
 # Usage: tests/tools/anchor_disk.sh BUILD_DIR SAFETENSORS
 set -u
@@ -17,15 +18,8 @@ P=$((40000 + RANDOM % 2000))
 BP=$!
 "$B/deltacast" publish --broker tcp://127.0.0.1:$P --model ab "$F" 2>"$T/pub.log" ||
 	{ echo "publish failed: $(tail -1 "$T/pub.log")" >&2; exit 1; }
-/usr/bin/time -f "%e %U %S" -o "$T/time" "$B/deltacast" subscribe --broker tcp://127.0.0.1:$((P + 1)) \
-	--model ab --dir "$T/c" --until 1 >"$T/sub.log" 2>&1 &
-SP=$!
-W=0
-while kill -0 $SP 2>/dev/null; do
-	CP=$(pgrep -P $SP deltacast | head -1)
-	[ -n "$CP" ] && W=$(awk '/^write_bytes/ {print $2}' "/proc/$CP/io" 2>/dev/null || echo "$W")
-	sleep 0.05
-done
-wait $SP || { echo "subscribe failed: $(tail -2 "$T/sub.log")" >&2; exit 1; }
-read -r wall user sys <"$T/time"
-echo "wall_s $wall cpu_s $(awk -v u="$user" -v s="$sys" 'BEGIN { print u + s }') written_MB $((W / 1000000))"
+/usr/bin/time -f "%e %U %S %O" -o "$T/time" "$B/deltacast" subscribe --broker tcp://127.0.0.1:$((P + 1)) \
+	--model ab --dir "$T/c" --until 1 >"$T/sub.log" 2>&1 ||
+	{ echo "subscribe failed: $(tail -2 "$T/sub.log")" >&2; exit 1; }
+read -r wall user sys blocks <"$T/time"
+echo "wall_s $wall cpu_s $(awk -v u="$user" -v s="$sys" 'BEGIN { print u + s }') written_MB $((blocks * 512 / 1000000))"

@@ -35,9 +35,11 @@ int cs_check_chunk(const dcast_consumer *c, const dcast_chunk *h)
 	return 0;
 }
 
-/* Bytes of old values k saves at apply. */
+/* Bytes of old values k saves at apply (a resolved chunk has its own). */
 static uint64_t undo_bytes(const cs_chunk *k)
 {
+	if (k->res)
+		return 0;
 	return (k->info.encoding == DCAST_ENC_DENSE ? k->info.count : k->info.changed) * k->info.elem_size;
 }
 
@@ -48,6 +50,11 @@ static int write_chunk(dcast_consumer *c, const cs_version *v, const cs_chunk *k
 	int err;
 
 	*pos = NULL;
+	if (k->res) { /* resolved ahead: no payload to read or decode */
+		*p = NULL;
+		cs_resolved_scatter(c, k, 0);
+		return 0;
+	}
 	if ((err = cs_chunk_payload(c, v, k, p)) || k->file_off == CS_IN_PLACE)
 		return err; /* in place: written as it arrived */
 	if (old && k->info.encoding == DCAST_ENC_DENSE) {
@@ -68,6 +75,10 @@ static int undo_chunks(dcast_consumer *c, const cs_version *v, uint32_t n, unsig
 		const cs_chunk *k = &v->chunks[i];
 		const unsigned char *p;
 		undo_off -= undo_bytes(k);
+		if (k->res) {
+			cs_resolved_scatter(c, k, 1);
+			continue;
+		}
 		if (k->info.encoding == DCAST_ENC_DENSE) {
 			memcpy(cs_chunk_dst(c, k), undo + undo_off, undo_bytes(k));
 			continue;
@@ -127,9 +138,9 @@ static unsigned char *undo_for(dcast_consumer *c, const cs_version *v)
 
 	for (uint32_t i = 0; i < v->n_chunks; i++)
 		need += undo_bytes(&v->chunks[i]);
-	if (v->anchor || c->device_tensors || need > c->pool.region_bytes)
+	if (v->anchor || c->device_tensors || need > c->pool.region_bytes - v->res_bytes)
 		return NULL;
-	return cs_pool_undo(&c->pool);
+	return cs_pool_undo_take(&c->pool, v->version) + v->res_bytes; /* after v's resolved arrays */
 }
 
 /* Write v's chunks in order, old values to undo unless NULL, moving the
@@ -179,6 +190,8 @@ int cs_apply_version(dcast_consumer *c, cs_version *v, int verify, int *torn)
 	uint32_t i = 0, refuse_at;
 
 	*torn = 0;
+	if (how != CHECK_AHEAD || !cs_resolved_valid(c, v))
+		cs_resolved_drop(v); /* apply decodes every chunk */
 	if ((err = cs_sort_chunks(c, v)))
 		return err;
 	refuse_at = cs_fault_apply(c, v, how == CHECK_AHEAD); /* the test seam: UINT32_MAX unless armed */

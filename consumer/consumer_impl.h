@@ -31,7 +31,9 @@
 /* ---- staging pool: pinned memory in three regions ----
  * resident: chunks kept until apply (bump-allocated, reset when empty);
  * scratch:  one chunk at a time on its way to disk, or read back for apply;
- * undo:     old values saved by apply for rollback.
+ * undo:     old values saved by apply for rollback, after the arrays of
+ *           the chunks the check ahead resolved (verify.c), which the
+ *           version named by undo_owner holds.
  * Each region is a quarter of the budget; the last quarter is the credit
  * the broker may have in flight inside ZeroMQ. */
 typedef struct cs_pool {
@@ -42,12 +44,19 @@ typedef struct cs_pool {
 	uint64_t in_use, peak;         /* bytes in use now / at most */
 	int locked;                    /* mlock succeeded */
 	int cuda_registered;           /* cudaHostRegister succeeded */
+	uint64_t undo_owner;           /* the version that last took the undo region */
 } cs_pool;
 
 int cs_pool_open(cs_pool *p, uint64_t budget_bytes);
 void cs_pool_close(cs_pool *p);
 unsigned char *cs_pool_scratch(cs_pool *p);
-unsigned char *cs_pool_undo(cs_pool *p);
+/* The undo region, now version's: what another version kept there is
+ * gone (cs_pool_undo_owner says whose it is). */
+unsigned char *cs_pool_undo_take(cs_pool *p, uint64_t version);
+static inline uint64_t cs_pool_undo_owner(const cs_pool *p)
+{
+	return p->undo_owner;
+}
 /* A resident slot of n bytes, or NULL when the resident region is full. */
 unsigned char *cs_pool_resident_get(cs_pool *p, uint64_t n);
 void cs_pool_resident_put(cs_pool *p, uint64_t n);
@@ -92,6 +101,8 @@ typedef struct cs_chunk {
 	uint64_t file_off;     /* payload offset in the version's record file, or
 				* CS_IN_PLACE: the payload is the tensor's own bytes */
 	unsigned char *resident; /* payload in the pool, or NULL: read from file */
+	unsigned char *res;    /* resolved by the check ahead (verify.c): its positions,
+				* old and new values, in v->res; NULL: decoded at apply */
 } cs_chunk;
 
 enum cs_vstate { CS_V_STAGING = 1, CS_V_READY };
@@ -118,6 +129,9 @@ typedef struct cs_version {
 	uint64_t ahead_base;   /* the applied version it was checked against */
 	uint64_t ahead_hashed; /* tensor bytes read to check it */
 	int ahead_tried;       /* cs_verify_ahead ran (once per version) */
+	unsigned char *res;    /* the resolved chunks' arrays: the undo region, while
+				* this version owns it; valid with `ahead` only */
+	uint64_t res_bytes;    /* of it, used */
 	int write_failed;      /* a chunk record's write failed: never READY */
 	int in_place;          /* an anchor received straight into the library's own host
 				* tensors, which held no version (session.c) */
@@ -649,6 +663,20 @@ int cs_verify_finish(dcast_consumer *c, const cs_version *v, cs_dcache *n);
  * refuses v.  cs_verify_ahead_done: v applied, its digests become c->dcache. */
 int cs_verify_ahead(dcast_consumer *c, cs_version *v);
 void cs_verify_ahead_done(dcast_consumer *c, cs_version *v);
+/* The check ahead also resolves v's sparse chunks of host tensors without
+ * views, as far as the pool's region_bytes holds their arrays (k->res:
+ * positions, the base's values there and the new ones), so that apply
+ * writes them without decoding again and undoes them without saving old
+ * values.  The arrays live at the start of the pool's undo region, which
+ * v takes (apply then saves old values after them).  cs_resolved_valid:
+ * v still owns that region and no slice was bound to a resolved chunk's
+ * tensor since (apply checks it, then drops the arrays unless 1).
+ * cs_resolved_scatter: write k's new values (undo 0) or its old
+ * ones (undo 1) into its tensor.  cs_resolved_drop: forget v's arrays
+ * (valid only against the base checked ahead). */
+int cs_resolved_valid(const dcast_consumer *c, const cs_version *v);
+void cs_resolved_scatter(dcast_consumer *c, const cs_chunk *k, int undo);
+void cs_resolved_drop(cs_version *v);
 
 /* The tensors hold no committed version any more: version NONE, cached
  * digests forgotten, the local checkpoint removed (ckpt_load.c). */

@@ -12,6 +12,7 @@ int cs_pool_open(cs_pool *p, uint64_t budget_bytes)
 	memset(p, 0, sizeof(*p));
 	p->region_bytes = (budget_bytes / 4) & ~(uint64_t)4095;
 	p->bytes = 3 * p->region_bytes;
+	p->undo_owner = DCAST_VERSION_NONE;
 	p->base = mmap(NULL, p->bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
 	if (p->base == MAP_FAILED) {
 		p->base = NULL;
@@ -43,8 +44,9 @@ unsigned char *cs_pool_scratch(cs_pool *p)
 	return p->base + p->region_bytes;
 }
 
-unsigned char *cs_pool_undo(cs_pool *p)
+unsigned char *cs_pool_undo_take(cs_pool *p, uint64_t version)
 {
+	p->undo_owner = version;
 	return p->base + 2 * p->region_bytes;
 }
 

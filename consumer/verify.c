@@ -119,9 +119,90 @@ static uint64_t change_bytes(const cs_chunk *k)
 	return 2 * n * k->info.elem_size;
 }
 
+/* ---- resolved chunks: positions, old and new values, decoded once ---- */
+
+static uint64_t res_size(const cs_chunk *k)
+{
+	return (k->info.changed * (4 + 2 * (uint64_t)k->info.elem_size) + 7) & ~(uint64_t)7;
+}
+
+static int resolvable(const dcast_consumer *c, const cs_chunk *k)
+{
+	const cs_tensor *t = &c->tensors[k->tensor];
+
+	return cs_chunk_writes(k) && k->info.encoding != DCAST_ENC_DENSE && t->mem == DCAST_MEM_HOST &&
+	       !t->n_views && k->file_off != CS_IN_PLACE;
+}
+
+static void res_arrays(const cs_chunk *k, const uint32_t **pos, const unsigned char **old,
+		       const unsigned char **nv)
+{
+	*pos = (const uint32_t *)k->res;
+	*old = k->res + 4 * k->info.changed;
+	*nv = *old + k->info.changed * k->info.elem_size;
+}
+
+void cs_resolved_scatter(dcast_consumer *c, const cs_chunk *k, int undo)
+{
+	const unsigned char *old, *nv;
+	const uint32_t *pos;
+
+	DCAST_ASSERT(k->res && c->tensors[k->tensor].mem == DCAST_MEM_HOST);
+	res_arrays(k, &pos, &old, &nv);
+	dcast_codec_scatter(pos, undo ? old : nv, k->info.changed, k->info.elem_size, cs_chunk_dst(c, k));
+}
+
+int cs_resolved_valid(const dcast_consumer *c, const cs_version *v)
+{
+	if (cs_pool_undo_owner(&c->pool) != v->version)
+		return 0; /* the undo region was reused since */
+	for (uint32_t i = 0; i < v->n_chunks; i++)
+		if (v->chunks[i].res && !resolvable(c, &v->chunks[i]))
+			return 0; /* a slice bound since */
+	return 1;
+}
+
+void cs_resolved_drop(cs_version *v)
+{
+	for (uint32_t i = 0; i < v->n_chunks; i++)
+		v->chunks[i].res = NULL;
+	v->res = NULL;
+	v->res_bytes = 0;
+}
+
+/* First of the n increasing positions at or above p. */
+static uint64_t pos_lower(const uint32_t *pos, uint64_t n, uint64_t p)
+{
+	uint64_t a = 0;
+
+	while (a < n) {
+		uint64_t mid = a + (n - a) / 2;
+		if (pos[mid] < p)
+			a = mid + 1;
+		else
+			n = mid;
+	}
+	return a;
+}
+
+/* Move e by k's resolved changes at positions [lo, hi); nonzero: not moved. */
+static int move_resolved(const cs_chunk *k, cs_dentry *e, uint64_t lo, uint64_t hi)
+{
+	const unsigned char *old, *nv;
+	const uint32_t *pos;
+	unsigned es = k->info.elem_size;
+	uint64_t a, b;
+
+	res_arrays(k, &pos, &old, &nv);
+	a = pos_lower(pos, k->info.changed, lo);
+	b = pos_lower(pos, k->info.changed, hi);
+	return dcast_ldigest_update(&e->have, k->tensor, k->start, pos + a, old + a * es, nv + a * es, b - a, es);
+}
+
 /* Move the entries chunk k overlaps by its changes (old: the values it
- * overwrote, or NULL when k is not applied yet); an entry that cannot be
- * moved (no old values after apply) is computed whole instead. */
+ * overwrote, or NULL when k is not applied yet; resolved: from its
+ * arrays); an entry that cannot be moved (no old values after apply) is
+ * computed whole instead. */
 static void move_entries(dcast_consumer *c, cs_dcache *n, const cs_chunk *k, const unsigned char *payload,
 			 const unsigned char *old, int applied)
 {
@@ -137,8 +218,12 @@ static void move_entries(dcast_consumer *c, cs_dcache *n, const cs_chunk *k, con
 		uint64_t hi = e->d.start + e->d.count < end ? e->d.start + e->d.count - k->start : k->info.count;
 		if (e->full)
 			continue;
-		e->full = (applied && !old) || t->mem != DCAST_MEM_HOST ||
-			  dcast_ldigest_payload(&e->have, k->tensor, k->start, &k->info, payload, range, old, lo, hi);
+		if (k->res && !applied)
+			e->full = move_resolved(k, e, lo, hi) != 0;
+		else
+			e->full = (applied && !old) || t->mem != DCAST_MEM_HOST ||
+				  dcast_ldigest_payload(&e->have, k->tensor, k->start, &k->info, payload, range, old,
+							lo, hi);
 		moved |= !e->full;
 	}
 	if (moved) /* ranges computed whole count their bytes at the end */
@@ -211,18 +296,52 @@ static int all_cached(const cs_dcache *n)
 	return 1;
 }
 
+/* The bytes of the chunks that resolve within the undo region, in order,
+ * and the region taken for them (v->res) unless none does. */
+static uint64_t res_alloc(dcast_consumer *c, cs_version *v)
+{
+	uint64_t need = 0;
+
+	for (uint32_t i = 0; i < v->n_chunks; i++)
+		if (resolvable(c, &v->chunks[i]) && need + res_size(&v->chunks[i]) <= c->pool.region_bytes)
+			need += res_size(&v->chunks[i]);
+	v->res = need ? cs_pool_undo_take(&c->pool, v->version) : NULL;
+	return need;
+}
+
+/* Resolve k into v->res at *used when it fits; a payload that fails is
+ * left to move_entries, which names nothing and apply, which does. */
+static void resolve_chunk(dcast_consumer *c, cs_version *v, cs_chunk *k, const unsigned char *p, uint64_t cap,
+			  uint64_t *used)
+{
+	unsigned char *r = v->res + *used;
+	uint64_t n = k->info.changed;
+
+	if (!resolvable(c, k) || *used + res_size(k) > cap)
+		return;
+	if (dcast_codec_resolve(&k->info, p, cs_chunk_dst(c, k), (uint32_t *)r, r + 4 * n,
+				r + (4 + k->info.elem_size) * n))
+		return;
+	k->res = r;
+	*used += res_size(k);
+}
+
 /* Move the digests by every chunk of v, old values read from the live
- * tensors, which still hold v's base. */
+ * tensors, which still hold v's base; resolve what fits on the way. */
 static int ahead_chunks(dcast_consumer *c, cs_version *v, cs_dcache *n)
 {
+	uint64_t cap = res_alloc(c, v), used = 0;
 	int err = 0;
 
 	for (uint32_t i = 0; !err && i < v->n_chunks; i++) {
-		const cs_chunk *k = &v->chunks[i];
+		cs_chunk *k = &v->chunks[i];
 		const unsigned char *p;
-		if (cs_chunk_writes(k) && !(err = cs_chunk_payload(c, v, k, &p)))
-			move_entries(c, n, k, p, NULL, 0);
+		if (!cs_chunk_writes(k) || (err = cs_chunk_payload(c, v, k, &p)))
+			continue;
+		resolve_chunk(c, v, k, p, cap, &used);
+		move_entries(c, n, k, p, NULL, 0);
 	}
+	v->res_bytes = used;
 	return err || all_cached(n) ? err : DCAST_EINVAL; /* a payload that failed: apply names it */
 }
 
@@ -238,6 +357,7 @@ int cs_verify_ahead(dcast_consumer *c, cs_version *v)
 		return err == DCAST_ENOMEM ? 0 : err;
 	if (!all_cached(&n) || (err = ahead_chunks(c, v, &n)) || (err = compare_digests(c, v, &n))) {
 		cs_dcache_clear(&n);
+		cs_resolved_drop(v);
 		return err == DCAST_EDIGEST ? err : 0; /* anything else: checked at apply */
 	}
 	v->ahead = n;

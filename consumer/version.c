@@ -125,7 +125,7 @@ int cs_version_take(cs_version *v, const dcast_chunk *h, uint64_t sum, uint64_t 
 {
 	cs_chunk k = {h->part, h->seq, h->tensor, h->start,
 		      {h->encoding, h->elem_size, h->count, h->changed, h->payload_bytes},
-		      sum, file_off, resident};
+		      sum, file_off, resident, NULL};
 
 	return cs_version_add(v, &k);
 }

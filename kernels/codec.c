@@ -403,6 +403,114 @@ static int apply_or_revert(const dcast_chunk_info *info, const uint8_t *pl, uint
 	}
 }
 
+/* ---- resolving a payload against its range, before apply ---- */
+
+static inline void resolve_one(uint64_t i, uint32_t p, uint32_t newv, const uint8_t *range, uint32_t *pos,
+			       uint8_t *old_vals, uint8_t *new_vals, unsigned es)
+{
+	pos[i] = p;
+	memcpy(old_vals + i * es, range + (uint64_t)p * es, es);
+	dcast_store_elem(new_vals + i * es, es, newv);
+}
+
+static void idx32_resolve(const dcast_chunk_info *info, const uint8_t *pl, const uint8_t *range, uint32_t *pos,
+			  uint8_t *old_vals, uint8_t *new_vals)
+{
+	unsigned es = info->elem_size;
+
+	for (uint64_t i = 0; i < info->changed; i++) {
+		const uint8_t *r = pl + i * (4 + es);
+		resolve_one(i, dcast_rd32le(r), dcast_load_elem(r + 4, es), range, pos, old_vals, new_vals, es);
+	}
+}
+
+static void bitmask_resolve(const dcast_chunk_info *info, const uint8_t *pl, const uint8_t *range,
+			    uint32_t *pos, uint8_t *old_vals, uint8_t *new_vals)
+{
+	unsigned es = info->elem_size;
+	uint64_t mb = dcast_bitmask_bytes(info->count), i = 0;
+
+	for (uint64_t byte = 0; byte < mb; byte++)
+		for (unsigned bits = pl[byte]; bits; bits &= bits - 1, i++)
+			resolve_one(i, (uint32_t)(byte * 8 + (unsigned)__builtin_ctz(bits)),
+				    dcast_load_elem(pl + mb + i * es, es), range, pos, old_vals, new_vals, es);
+}
+
+static inline __attribute__((always_inline)) void cpt_resolve_es(uint64_t changed, const dcast_cpt_decoded *dec,
+								  const uint8_t *range, uint32_t *pos,
+								  uint8_t *old_vals, uint8_t *new_vals, unsigned es)
+{
+	for (uint64_t i = 0; i < changed; i++) {
+		uint32_t p = dec->pos[i], o;
+		__builtin_prefetch(range + (uint64_t)dec->pos[i + DCAST_PREFETCH_AHEAD] * es);
+		o = dcast_load_elem(range + (uint64_t)p * es, es);
+		pos[i] = p;
+		dcast_store_elem(old_vals + i * es, es, o);
+		dcast_store_elem(new_vals + i * es, es,
+				 dec->mode == DCAST_CPT_RAW ? dec->val[i] : dcast_ulp_apply(o, dec->val[i], 8 * es));
+	}
+}
+
+static int cpt_resolve(const dcast_chunk_info *info, const uint8_t *pl, const uint8_t *range, uint32_t *pos,
+		       uint8_t *old_vals, uint8_t *new_vals)
+{
+	dcast_cpt_decoded dec;
+	int rc = dcast_cpt_load(info, pl, &dec);
+
+	if (rc)
+		return rc;
+	switch (info->elem_size) {
+	case 1: cpt_resolve_es(info->changed, &dec, range, pos, old_vals, new_vals, 1); break;
+	case 2: cpt_resolve_es(info->changed, &dec, range, pos, old_vals, new_vals, 2); break;
+	default: cpt_resolve_es(info->changed, &dec, range, pos, old_vals, new_vals, 4); break;
+	}
+	return DCAST_OK;
+}
+
+int dcast_codec_resolve(const dcast_chunk_info *info, const void *payload, const void *range, uint32_t *pos,
+			void *old_vals, void *new_vals)
+{
+	int rc = dcast_codec_check_info(info, payload, range);
+
+	if (rc)
+		return rc;
+	if (info->changed && (!pos || !old_vals || !new_vals))
+		return dcast_fail(DCAST_EINVAL, "codec resolve: NULL array for %" PRIu64 " changes", info->changed);
+	switch (info->encoding) {
+	case DCAST_ENC_DENSE:
+		return dcast_fail(DCAST_EINVAL, "codec resolve: a dense payload names no positions");
+	case DCAST_ENC_IDX32:
+		if (!(rc = dcast_idx32_check(info, payload)))
+			idx32_resolve(info, payload, range, pos, old_vals, new_vals);
+		return rc;
+	case DCAST_ENC_BITMASK:
+		if (!(rc = dcast_bitmask_check(info, payload)))
+			bitmask_resolve(info, payload, range, pos, old_vals, new_vals);
+		return rc;
+	default:
+		return cpt_resolve(info, payload, range, pos, old_vals, new_vals);
+	}
+}
+
+static inline __attribute__((always_inline)) void scatter_es(const uint32_t *pos, const uint8_t *vals, uint64_t n,
+							      uint8_t *dst, unsigned es)
+{
+	for (uint64_t i = 0; i < n; i++) {
+		if (i + DCAST_PREFETCH_AHEAD < n)
+			__builtin_prefetch(dst + (uint64_t)pos[i + DCAST_PREFETCH_AHEAD] * es, 1);
+		memcpy(dst + (uint64_t)pos[i] * es, vals + i * es, es);
+	}
+}
+
+void dcast_codec_scatter(const uint32_t *pos, const void *vals, uint64_t n, unsigned elem_size, void *dst)
+{
+	switch (elem_size) {
+	case 1: scatter_es(pos, vals, n, dst, 1); break;
+	case 2: scatter_es(pos, vals, n, dst, 2); break;
+	default: scatter_es(pos, vals, n, dst, 4); break;
+	}
+}
+
 int dcast_codec_apply(const dcast_chunk_info *info, const void *payload, void *dst, void *old_out)
 {
 	return apply_or_revert(info, payload, dst, old_out, NULL, NULL);

@@ -58,6 +58,35 @@ static void free_range(range *r)
 	free(r->cur);
 }
 
+/* dcast_codec_resolve against base: the changed positions with base's and
+ * cur's values there; scattering them turns base into cur and back, and
+ * they move base's digest to cur's. */
+static void resolved(const range *r, const dcast_chunk_info *info, const uint8_t *pl)
+{
+	uint64_t n = info->changed, bytes = r->count * r->es, d = 0, want = 0;
+	uint32_t *pos = malloc(n * 4 + 4);
+	uint8_t *old = malloc(n * r->es + 1), *nv = malloc(n * r->es + 1), *dst = malloc(bytes + 1);
+	REQUIRE(pos && old && nv && dst);
+	CHECK_ERR(dcast_codec_resolve(info, pl, r->base, pos, old, nv), DCAST_OK);
+	for (uint64_t i = 0; i < n; i++)
+		CHECK(pos[i] < r->count && (i == 0 || pos[i] > pos[i - 1]) &&
+		      !memcmp(old + i * r->es, r->base + (uint64_t)pos[i] * r->es, r->es) &&
+		      !memcmp(nv + i * r->es, r->cur + (uint64_t)pos[i] * r->es, r->es));
+	memcpy(dst, r->base, bytes);
+	dcast_codec_scatter(pos, nv, n, r->es, dst);
+	CHECK(memcmp(dst, r->cur, bytes) == 0);
+	CHECK_ERR(dcast_ldigest(3, 5, r->base, r->count, r->es, &d), DCAST_OK);
+	CHECK_ERR(dcast_ldigest_update(&d, 3, 5, pos, old, nv, n, r->es), DCAST_OK);
+	CHECK_ERR(dcast_ldigest(3, 5, r->cur, r->count, r->es, &want), DCAST_OK);
+	CHECK(d == want);
+	dcast_codec_scatter(pos, old, n, r->es, dst);
+	CHECK(memcmp(dst, r->base, bytes) == 0);
+	free(pos);
+	free(old);
+	free(nv);
+	free(dst);
+}
+
 static void roundtrip(const range *r, int enc)
 {
 	size_t cap = dcast_codec_bound(r->count, r->es), bytes = r->count * r->es;
@@ -81,6 +110,8 @@ static void roundtrip(const range *r, int enc)
 			      memcmp(r->base + (uint64_t)pa[i] * r->es, r->cur + (uint64_t)pa[i] * r->es, r->es));
 		free(pa);
 	}
+	if (info.encoding != DCAST_ENC_DENSE)
+		resolved(r, &info, out);
 	if (check_failures)
 		fprintf(stderr, "  in roundtrip count=%" PRIu64 " es=%u enc=%d changed=%" PRIu64 "\n",
 			r->count, r->es, enc, info.changed);
@@ -170,6 +201,16 @@ static int rejected(const dcast_chunk_info *info, const uint8_t *pl, const range
 	if (rc) {
 		CHECK(memcmp(dst, r->base, bytes) == 0);
 		CHECK(dcast_last_error()[0] != 0);
+	}
+	if (info->encoding != DCAST_ENC_DENSE) { /* resolving refuses what apply refuses */
+		uint64_t n = info->changed + 1;
+		uint32_t *pos = malloc(n * 4);
+		uint8_t *ov = malloc(n * 4), *nv = malloc(n * 4);
+		REQUIRE(pos && ov && nv);
+		CHECK((dcast_codec_resolve(info, pl, r->base, pos, ov, nv) != 0) == (rc != 0));
+		free(pos);
+		free(ov);
+		free(nv);
 	}
 	free(dst);
 	free(old);

@@ -296,6 +296,41 @@ static void test_ahead_rollback(const h_broker *b)
 	CHECK(s.untouched_ok >= 1 && s.untouched_bad == 0);
 }
 
+/* Version 3 is checked ahead while version 2 is live, its chunks resolved
+ * against version 2's values; then a slice of a tensor is bound before its
+ * apply.  The resolved writes would miss the slice: apply decodes again,
+ * and the slice holds version 3 as the tensor does. */
+static void test_bind_after_ahead(const h_broker *b)
+{
+	static const uint64_t off[2] = {16, 0}, ext[2] = {32, 1024};
+	uint64_t bytes = ext[0] * ext[1] * 2;
+	unsigned char *box = malloc(bytes);
+	h_model m;
+	dcast_producer *p = NULL;
+	dcast_consumer *c;
+	h_seen s = {0};
+	dcast_event ev;
+
+	REQUIRE(box && h_model_start(b, "m_bindahead", 61, 2, 100, &m, &p) == 0);
+	c = open_consumer(b, "m_bindahead", dir_for("bindahead"));
+	REQUIRE(c);
+	CHECK(h_drive(c, &m, 2, &s) == 0);
+	REQUIRE(h_publish(p, &m, 3, 100) == 0);
+	for (int i = 0; i < 200 && dcast_consumer_ready_version(c) != 3; i++)
+		CHECK(dcast_consumer_poll(c, 100, &ev) == 0);
+	REQUIRE(dcast_consumer_ready_version(c) == 3);
+	CHECK_ERR(dcast_consumer_bind_slice(c, m.name[0], box, DCAST_MEM_HOST, 2, off, ext, bytes), 0);
+	CHECK(memcmp(box, m.snap[2][0] + off[0] * ext[1] * 2, bytes) == 0);
+	CHECK_ERR(dcast_consumer_apply(c, 3), 0);
+	CHECK(h_equal(c, &m, 3));
+	CHECK(memcmp(box, m.snap[3][0] + off[0] * ext[1] * 2, bytes) == 0);
+	CHECK(memcmp(m.snap[2][0] + off[0] * ext[1] * 2, m.snap[3][0] + off[0] * ext[1] * 2, bytes) != 0);
+	dcast_consumer_close(&c);
+	dcast_producer_close(&p);
+	h_model_free(&m);
+	free(box);
+}
+
 static void test_digest_rollback(const h_broker *b)
 {
 	h_seen s = {0};
@@ -706,6 +741,7 @@ int main(void)
 	test_digest_ahead(&b);
 	test_in_place_refused(&b);
 	test_ahead_rollback(&b);
+	test_bind_after_ahead(&b);
 	test_digest_restore(&b);
 	test_gap(&b);
 	test_duplicates(&b);

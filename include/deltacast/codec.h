@@ -113,6 +113,30 @@ DCAST_API int dcast_codec_apply_positions(const dcast_chunk_info *info, const vo
 DCAST_API int dcast_codec_revert(const dcast_chunk_info *info, const void *payload, void *dst,
 		       const void *old);
 
+/* Resolve a sparse payload against `range`, the elements it applies to,
+ * before it is applied: the positions it changes (0..count, increasing:
+ * info->changed of them into pos), the values range holds there now
+ * (old_vals) and the values apply writes (new_vals), each a packed array of
+ * info->changed elem_size-byte patterns.  All arrays are the caller's;
+ * range is only read.  With them dcast_codec_scatter() applies the payload
+ * (new_vals) or undoes it (old_vals), and dcast_ldigest_update() moves a
+ * digest by it, neither decoding the payload nor reading range again.  The
+ * payload is checked as dcast_codec_apply checks it; compact payloads are
+ * decoded into the thread's scratch arrays.  Errors: those of
+ * dcast_codec_apply; DCAST_EINVAL for a dense payload (it names no
+ * positions: apply it with dcast_codec_apply) or a NULL array with changes;
+ * the arrays' contents are then undefined. */
+DCAST_API int dcast_codec_resolve(const dcast_chunk_info *info, const void *payload, const void *range,
+				  uint32_t *pos, void *old_vals, void *new_vals);
+
+/* Write vals[i] (packed elem_size-byte patterns, elem_size 1, 2 or 4) to
+ * element pos[i] of dst, for i < n: a resolved payload applied or undone.
+ * The caller guarantees every position lies inside dst (as
+ * dcast_codec_resolve's do for the range it resolved); nothing is
+ * checked, nothing fails. */
+DCAST_API void dcast_codec_scatter(const uint32_t *pos, const void *vals, uint64_t n, unsigned elem_size,
+				   void *dst);
+
 /* Checksum of a payload as carried in CHUNK.checksum: XXH3-64, seed 0. */
 DCAST_API uint64_t dcast_checksum(const void *data, size_t len);
 

@@ -309,21 +309,44 @@ static uint64_t res_alloc(dcast_consumer *c, cs_version *v)
 	return need;
 }
 
-/* Resolve k into v->res at *used when it fits; a payload that fails is
- * left to move_entries, which names nothing and apply, which does. */
-static void resolve_chunk(dcast_consumer *c, cs_version *v, cs_chunk *k, const unsigned char *p, uint64_t cap,
-			  uint64_t *used)
+/* The entry of n that alone overlaps k, covering it whole, or NULL. */
+static cs_dentry *sole_entry(cs_dcache *n, const cs_chunk *k)
+{
+	uint32_t i = cs_dcache_first(n, k->tensor, k->start);
+	uint64_t end = k->start + k->info.count;
+	cs_dentry *e = i < n->n ? &n->e[i] : NULL;
+
+	if (!e || e->full || e->d.tensor != k->tensor || e->d.start > k->start || e->d.start + e->d.count < end)
+		return NULL;
+	if (i + 1 < n->n && n->e[i + 1].d.tensor == k->tensor && n->e[i + 1].d.start < end)
+		return NULL;
+	return e;
+}
+
+/* Resolve k into v->res at *used when it fits, moving its entry on the
+ * way when one entry holds it; 1 when that entry was moved.  A payload
+ * that fails is left to move_entries (which marks its entries) and to
+ * apply (which names the problem). */
+static int resolve_chunk(dcast_consumer *c, cs_version *v, cs_chunk *k, const unsigned char *p, cs_dcache *n,
+			 uint64_t cap, uint64_t *used)
 {
 	unsigned char *r = v->res + *used;
-	uint64_t n = k->info.changed;
+	uint64_t m = k->info.changed, moved = 0;
+	cs_dentry *e;
 
 	if (!resolvable(c, k) || *used + res_size(k) > cap)
-		return;
-	if (dcast_codec_resolve(&k->info, p, cs_chunk_dst(c, k), (uint32_t *)r, r + 4 * n,
-				r + (4 + k->info.elem_size) * n))
-		return;
+		return 0;
+	e = sole_entry(n, k);
+	if (dcast_codec_resolve(&k->info, p, cs_chunk_dst(c, k), (uint32_t *)r, r + 4 * m,
+				r + (4 + k->info.elem_size) * m, k->tensor, k->start, e ? &moved : NULL))
+		return 0;
 	k->res = r;
 	*used += res_size(k);
+	if (!e)
+		return 0;
+	e->have += moved;
+	c->verify_bytes += change_bytes(k);
+	return 1;
 }
 
 /* Move the digests by every chunk of v, old values read from the live
@@ -338,8 +361,8 @@ static int ahead_chunks(dcast_consumer *c, cs_version *v, cs_dcache *n)
 		const unsigned char *p;
 		if (!cs_chunk_writes(k) || (err = cs_chunk_payload(c, v, k, &p)))
 			continue;
-		resolve_chunk(c, v, k, p, cap, &used);
-		move_entries(c, n, k, p, NULL, 0);
+		if (!resolve_chunk(c, v, k, p, n, cap, &used))
+			move_entries(c, n, k, p, NULL, 0);
 	}
 	v->res_bytes = used;
 	return err || all_cached(n) ? err : DCAST_EINVAL; /* a payload that failed: apply names it */

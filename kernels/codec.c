@@ -405,27 +405,51 @@ static int apply_or_revert(const dcast_chunk_info *info, const uint8_t *pl, uint
 
 /* ---- resolving a payload against its range, before apply ---- */
 
-static inline void resolve_one(uint64_t i, uint32_t p, uint32_t newv, const uint8_t *range, uint32_t *pos,
-			       uint8_t *old_vals, uint8_t *new_vals, unsigned es)
+/* The digest a resolve moves: the terms of the changed elements of the
+ * range that begins at element `start` of `tensor`; d NULL: none. */
+typedef struct res_dig {
+	uint32_t tensor;
+	uint64_t start, seg, seed, acc;
+} res_dig;
+
+static inline __attribute__((always_inline)) void dig_add(res_dig *d, uint32_t p, uint32_t oldv, uint32_t newv)
 {
+	uint64_t i = d->start + p;
+
+	if (i >> 32 != d->seg) { /* one seed per 2^32-element segment */
+		d->seg = i >> 32;
+		d->seed = dcast_ld_seed(d->tensor, d->seg);
+	}
+	d->acc += dcast_ld_term_seeded(d->seed, i, newv) - dcast_ld_term_seeded(d->seed, i, oldv);
+}
+
+static inline __attribute__((always_inline)) void resolve_one(uint64_t i, uint32_t p, uint32_t newv,
+							       const uint8_t *range, uint32_t *pos,
+							       uint8_t *old_vals, uint8_t *new_vals, res_dig *d,
+							       unsigned es)
+{
+	uint32_t o = dcast_load_elem(range + (uint64_t)p * es, es);
+
 	pos[i] = p;
-	memcpy(old_vals + i * es, range + (uint64_t)p * es, es);
+	dcast_store_elem(old_vals + i * es, es, o);
 	dcast_store_elem(new_vals + i * es, es, newv);
+	if (d)
+		dig_add(d, p, o, newv);
 }
 
 static void idx32_resolve(const dcast_chunk_info *info, const uint8_t *pl, const uint8_t *range, uint32_t *pos,
-			  uint8_t *old_vals, uint8_t *new_vals)
+			  uint8_t *old_vals, uint8_t *new_vals, res_dig *d)
 {
 	unsigned es = info->elem_size;
 
 	for (uint64_t i = 0; i < info->changed; i++) {
 		const uint8_t *r = pl + i * (4 + es);
-		resolve_one(i, dcast_rd32le(r), dcast_load_elem(r + 4, es), range, pos, old_vals, new_vals, es);
+		resolve_one(i, dcast_rd32le(r), dcast_load_elem(r + 4, es), range, pos, old_vals, new_vals, d, es);
 	}
 }
 
 static void bitmask_resolve(const dcast_chunk_info *info, const uint8_t *pl, const uint8_t *range,
-			    uint32_t *pos, uint8_t *old_vals, uint8_t *new_vals)
+			    uint32_t *pos, uint8_t *old_vals, uint8_t *new_vals, res_dig *d)
 {
 	unsigned es = info->elem_size;
 	uint64_t mb = dcast_bitmask_bytes(info->count), i = 0;
@@ -433,63 +457,89 @@ static void bitmask_resolve(const dcast_chunk_info *info, const uint8_t *pl, con
 	for (uint64_t byte = 0; byte < mb; byte++)
 		for (unsigned bits = pl[byte]; bits; bits &= bits - 1, i++)
 			resolve_one(i, (uint32_t)(byte * 8 + (unsigned)__builtin_ctz(bits)),
-				    dcast_load_elem(pl + mb + i * es, es), range, pos, old_vals, new_vals, es);
+				    dcast_load_elem(pl + mb + i * es, es), range, pos, old_vals, new_vals, d, es);
 }
 
+/* The compact loop, per element size, with and without a digest: the
+ * hash runs while the next old values are on their way from memory. */
 static inline __attribute__((always_inline)) void cpt_resolve_es(uint64_t changed, const dcast_cpt_decoded *dec,
 								  const uint8_t *range, uint32_t *pos,
-								  uint8_t *old_vals, uint8_t *new_vals, unsigned es)
+								  uint8_t *old_vals, uint8_t *new_vals, res_dig *d,
+								  unsigned es)
 {
 	for (uint64_t i = 0; i < changed; i++) {
-		uint32_t p = dec->pos[i], o;
+		uint32_t p = dec->pos[i];
+		uint32_t o = dcast_load_elem(range + (uint64_t)p * es, es);
 		__builtin_prefetch(range + (uint64_t)dec->pos[i + DCAST_PREFETCH_AHEAD] * es);
-		o = dcast_load_elem(range + (uint64_t)p * es, es);
-		pos[i] = p;
-		dcast_store_elem(old_vals + i * es, es, o);
-		dcast_store_elem(new_vals + i * es, es,
-				 dec->mode == DCAST_CPT_RAW ? dec->val[i] : dcast_ulp_apply(o, dec->val[i], 8 * es));
+		resolve_one(i, p, dec->mode == DCAST_CPT_RAW ? dec->val[i] : dcast_ulp_apply(o, dec->val[i], 8 * es),
+			    range, pos, old_vals, new_vals, d, es);
+	}
+}
+
+static void cpt_resolve_any(uint64_t n, const dcast_cpt_decoded *dec, const uint8_t *range, uint32_t *pos,
+			    uint8_t *old_vals, uint8_t *new_vals, res_dig *d, unsigned es)
+{
+	if (d) {
+		switch (es) {
+		case 1: cpt_resolve_es(n, dec, range, pos, old_vals, new_vals, d, 1); return;
+		case 2: cpt_resolve_es(n, dec, range, pos, old_vals, new_vals, d, 2); return;
+		default: cpt_resolve_es(n, dec, range, pos, old_vals, new_vals, d, 4); return;
+		}
+	}
+	switch (es) {
+	case 1: cpt_resolve_es(n, dec, range, pos, old_vals, new_vals, NULL, 1); return;
+	case 2: cpt_resolve_es(n, dec, range, pos, old_vals, new_vals, NULL, 2); return;
+	default: cpt_resolve_es(n, dec, range, pos, old_vals, new_vals, NULL, 4); return;
 	}
 }
 
 static int cpt_resolve(const dcast_chunk_info *info, const uint8_t *pl, const uint8_t *range, uint32_t *pos,
-		       uint8_t *old_vals, uint8_t *new_vals)
+		       uint8_t *old_vals, uint8_t *new_vals, res_dig *d)
 {
 	dcast_cpt_decoded dec;
 	int rc = dcast_cpt_load(info, pl, &dec);
 
-	if (rc)
+	if (!rc)
+		cpt_resolve_any(info->changed, &dec, range, pos, old_vals, new_vals, d, info->elem_size);
+	return rc;
+}
+
+static int resolve_any(const dcast_chunk_info *info, const uint8_t *pl, const uint8_t *range, uint32_t *pos,
+		       uint8_t *old_vals, uint8_t *new_vals, res_dig *d)
+{
+	int rc;
+
+	switch (info->encoding) {
+	case DCAST_ENC_DENSE:
+		return dcast_fail(DCAST_EINVAL, "codec resolve: a dense payload names no positions");
+	case DCAST_ENC_IDX32:
+		if (!(rc = dcast_idx32_check(info, pl)))
+			idx32_resolve(info, pl, range, pos, old_vals, new_vals, d);
 		return rc;
-	switch (info->elem_size) {
-	case 1: cpt_resolve_es(info->changed, &dec, range, pos, old_vals, new_vals, 1); break;
-	case 2: cpt_resolve_es(info->changed, &dec, range, pos, old_vals, new_vals, 2); break;
-	default: cpt_resolve_es(info->changed, &dec, range, pos, old_vals, new_vals, 4); break;
+	case DCAST_ENC_BITMASK:
+		if (!(rc = dcast_bitmask_check(info, pl)))
+			bitmask_resolve(info, pl, range, pos, old_vals, new_vals, d);
+		return rc;
+	default:
+		return cpt_resolve(info, pl, range, pos, old_vals, new_vals, d);
 	}
-	return DCAST_OK;
 }
 
 int dcast_codec_resolve(const dcast_chunk_info *info, const void *payload, const void *range, uint32_t *pos,
-			void *old_vals, void *new_vals)
+			void *old_vals, void *new_vals, uint32_t tensor, uint64_t start, uint64_t *digest)
 {
+	res_dig d = { tensor, start, UINT64_MAX, 0, 0 }; /* no segment is UINT64_MAX */
 	int rc = dcast_codec_check_info(info, payload, range);
 
 	if (rc)
 		return rc;
 	if (info->changed && (!pos || !old_vals || !new_vals))
 		return dcast_fail(DCAST_EINVAL, "codec resolve: NULL array for %" PRIu64 " changes", info->changed);
-	switch (info->encoding) {
-	case DCAST_ENC_DENSE:
-		return dcast_fail(DCAST_EINVAL, "codec resolve: a dense payload names no positions");
-	case DCAST_ENC_IDX32:
-		if (!(rc = dcast_idx32_check(info, payload)))
-			idx32_resolve(info, payload, range, pos, old_vals, new_vals);
+	if ((rc = resolve_any(info, payload, range, pos, old_vals, new_vals, digest ? &d : NULL)))
 		return rc;
-	case DCAST_ENC_BITMASK:
-		if (!(rc = dcast_bitmask_check(info, payload)))
-			bitmask_resolve(info, payload, range, pos, old_vals, new_vals);
-		return rc;
-	default:
-		return cpt_resolve(info, payload, range, pos, old_vals, new_vals);
-	}
+	if (digest)
+		*digest += d.acc;
+	return DCAST_OK;
 }
 
 static inline __attribute__((always_inline)) void scatter_es(const uint32_t *pos, const uint8_t *vals, uint64_t n,

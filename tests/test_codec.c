@@ -67,7 +67,13 @@ static void resolved(const range *r, const dcast_chunk_info *info, const uint8_t
 	uint32_t *pos = malloc(n * 4 + 4);
 	uint8_t *old = malloc(n * r->es + 1), *nv = malloc(n * r->es + 1), *dst = malloc(bytes + 1);
 	REQUIRE(pos && old && nv && dst);
-	CHECK_ERR(dcast_codec_resolve(info, pl, r->base, pos, old, nv), DCAST_OK);
+	uint64_t moved = 0, walked = 0;
+	CHECK_ERR(dcast_codec_resolve(info, pl, r->base, pos, old, nv, 3, 5, NULL), DCAST_OK);
+	CHECK_ERR(dcast_codec_resolve(info, pl, r->base, pos, old, nv, 3, (1ull << 32) - 7, &moved), DCAST_OK);
+	CHECK_ERR(dcast_ldigest_payload(&walked, 3, (1ull << 32) - 7, info, pl, r->base, NULL, 0, info->count),
+		  DCAST_OK);
+	CHECK(moved == walked); /* across a segment's seed boundary too */
+	CHECK_ERR(dcast_codec_resolve(info, pl, r->base, pos, old, nv, 3, 5, &moved), DCAST_OK);
 	for (uint64_t i = 0; i < n; i++)
 		CHECK(pos[i] < r->count && (i == 0 || pos[i] > pos[i - 1]) &&
 		      !memcmp(old + i * r->es, r->base + (uint64_t)pos[i] * r->es, r->es) &&
@@ -207,7 +213,9 @@ static int rejected(const dcast_chunk_info *info, const uint8_t *pl, const range
 		uint32_t *pos = malloc(n * 4);
 		uint8_t *ov = malloc(n * 4), *nv = malloc(n * 4);
 		REQUIRE(pos && ov && nv);
-		CHECK((dcast_codec_resolve(info, pl, r->base, pos, ov, nv) != 0) == (rc != 0));
+		uint64_t d = 7;
+		int rr = dcast_codec_resolve(info, pl, r->base, pos, ov, nv, 0, 0, &d);
+		CHECK((rr != 0) == (rc != 0) && (rr == 0 || d == 7));
 		free(pos);
 		free(ov);
 		free(nv);

@@ -122,12 +122,16 @@ DCAST_API int dcast_codec_revert(const dcast_chunk_info *info, const void *paylo
  * (new_vals) or undoes it (old_vals), and dcast_ldigest_update() moves a
  * digest by it, neither decoding the payload nor reading range again.  The
  * payload is checked as dcast_codec_apply checks it; compact payloads are
- * decoded into the thread's scratch arrays.  Errors: those of
- * dcast_codec_apply; DCAST_EINVAL for a dense payload (it names no
- * positions: apply it with dcast_codec_apply) or a NULL array with changes;
- * the arrays' contents are then undefined. */
+ * decoded into the thread's scratch arrays.  digest, unless NULL, is moved
+ * on the way by every change, range being elements start..start+count-1
+ * of tensor (as dcast_ldigest_payload with lo 0, hi count would move it,
+ * without a second pass).  Errors: those of dcast_codec_apply; DCAST_EINVAL
+ * for a dense payload (it names no positions: apply it with
+ * dcast_codec_apply) or a NULL array with changes; the arrays' contents
+ * are then undefined and *digest untouched. */
 DCAST_API int dcast_codec_resolve(const dcast_chunk_info *info, const void *payload, const void *range,
-				  uint32_t *pos, void *old_vals, void *new_vals);
+				  uint32_t *pos, void *old_vals, void *new_vals, uint32_t tensor,
+				  uint64_t start, uint64_t *digest);
 
 /* Write vals[i] (packed elem_size-byte patterns, elem_size 1, 2 or 4) to
  * element pos[i] of dst, for i < n: a resolved payload applied or undone.

@@ -10,7 +10,8 @@
  * T: CLOCK_REALTIME nanoseconds right after dcast_consumer_apply() returned;
  * S, A, B, H, L: dcast_consumer_stats (L cumulative since open); W: this
  * process's write_bytes from /proc/self/io (cumulative; every byte it sent
- * towards the disk, checkpoint folds included).
+ * towards the disk, checkpoint folds included); and cpu_ns C: this
+ * process's CPU time so far, every thread (CLOCK_PROCESS_CPUTIME_ID).
  * Staging budget 64 MiB, `deltacast subscribe`'s default.
  * usage: bench_sync_consumer ENDPOINT MODEL DIR UNTIL
  * Exit 0 once UNTIL is applied; 1 on an error (named on stderr). */
@@ -52,6 +53,14 @@ static uint64_t io_write_bytes(void)
 	return v;
 }
 
+/* CPU time of this process so far, every thread (ended ones too). */
+static uint64_t cpu_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
 static void report(const dcast_consumer *c, uint64_t t_ns)
 {
 	dcast_consumer_stats st;
@@ -59,9 +68,9 @@ static void report(const dcast_consumer *c, uint64_t t_ns)
 	dcast_consumer_stats_get(c, &st);
 	printf("applied %" PRIu64 " %s t_ns %" PRIu64 " stage_ns %" PRIu64 " apply_ns %" PRIu64
 	       " bytes %" PRIu64 " verify_bytes %" PRIu64 " log_write_bytes %" PRIu64
-	       " io_write_bytes %" PRIu64 "\n",
+	       " io_write_bytes %" PRIu64 " cpu_ns %" PRIu64 "\n",
 	       st.version, st.anchor ? "anchor" : "delta", t_ns, st.stage_ns, st.apply_ns, st.bytes,
-	       st.verify_bytes, st.log_write_bytes, io_write_bytes());
+	       st.verify_bytes, st.log_write_bytes, io_write_bytes(), cpu_ns());
 	fflush(stdout);
 }
 

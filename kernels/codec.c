@@ -105,26 +105,56 @@ static int encode_anchor(const void *cur, uint64_t count, unsigned es, int force
 	return DCAST_OK;
 }
 
+/* The digest an encode or a resolve moves: the terms of the changed
+ * elements of the range that begins at element `start` of `tensor`; d NULL:
+ * none. */
+typedef struct res_dig {
+	uint32_t tensor;
+	uint64_t start, seg, seed, acc;
+} res_dig;
+
+static inline __attribute__((always_inline)) void dig_add(res_dig *d, uint32_t p, uint32_t oldv, uint32_t newv)
+{
+	uint64_t i = d->start + p;
+
+	if (i >> 32 != d->seg) { /* one seed per 2^32-element segment */
+		d->seg = i >> 32;
+		d->seed = dcast_ld_seed(d->tensor, d->seg);
+	}
+	d->acc += dcast_ld_term_seeded(d->seed, i, newv) - dcast_ld_term_seeded(d->seed, i, oldv);
+}
+
 static inline __attribute__((always_inline)) void update_base_es(const dcast_changes *ch,
 								  const uint8_t *cur, uint8_t *base,
-								  unsigned es, uint8_t *old)
+								  unsigned es, uint8_t *old, res_dig *d)
 {
 	for (uint64_t i = 0; i < ch->n; i++) {
 		uint64_t at = (uint64_t)ch->pos[i] * es;
+		uint32_t o = dcast_load_elem(base + at, es), n = dcast_load_elem(cur + at, es);
 		if (old)
-			memcpy(old + i * es, base + at, es);
-		memcpy(base + at, cur + at, es);
+			dcast_store_elem(old + i * es, es, o);
+		dcast_store_elem(base + at, es, n);
+		if (d)
+			dig_add(d, ch->pos[i], o, n);
 	}
 }
 
-/* One loop per element size, so each memcpy is a single move, not a call. */
+/* One loop per element size and digest or none, so each element is a
+ * single move, not a call. */
 static void update_base(const dcast_changes *ch, const uint8_t *cur, uint8_t *base, unsigned es,
-			uint8_t *old)
+			uint8_t *old, res_dig *d)
 {
+	if (d) {
+		switch (es) {
+		case 1: update_base_es(ch, cur, base, 1, old, d); return;
+		case 2: update_base_es(ch, cur, base, 2, old, d); return;
+		default: update_base_es(ch, cur, base, 4, old, d); return;
+		}
+	}
 	switch (es) {
-	case 1: update_base_es(ch, cur, base, 1, old); break;
-	case 2: update_base_es(ch, cur, base, 2, old); break;
-	default: update_base_es(ch, cur, base, 4, old); break;
+	case 1: update_base_es(ch, cur, base, 1, old, NULL); return;
+	case 2: update_base_es(ch, cur, base, 2, old, NULL); return;
+	default: update_base_es(ch, cur, base, 4, old, NULL); return;
 	}
 }
 
@@ -143,15 +173,10 @@ static uint8_t *old_values_at(int enc, const dcast_changes *ch, uint64_t count, 
 	return out + at;
 }
 
-int dcast_codec_encode(const void *cur, void *base, uint64_t count, unsigned elem_size,
-		       int force_encoding, unsigned flags, void *out, size_t out_cap,
-		       dcast_chunk_info *info)
+static int encode_delta(const void *cur, void *base, uint64_t count, unsigned elem_size, int force_encoding,
+			unsigned flags, void *out, size_t out_cap, dcast_chunk_info *info, res_dig *d)
 {
-	int rc = dcast_codec_check_encode(count, elem_size, force_encoding, out_cap);
-	if (rc)
-		return rc;
-	if (!base)
-		return encode_anchor(cur, count, elem_size, force_encoding, out, info);
+	int rc;
 	dcast_changes ch;
 	dcast_cpt_plan plan;
 	uint64_t sizes[DCAST_ENC_COUNT];
@@ -167,8 +192,39 @@ int dcast_codec_encode(const void *cur, void *base, uint64_t count, unsigned ele
 	if (old && enc == DCAST_ENC_DENSE)
 		memcpy(old, base, count * elem_size); /* dense: revert wants the whole range */
 	if (flags & DCAST_ENCODE_UPDATE_BASE)
-		update_base(&ch, cur, base, elem_size, enc == DCAST_ENC_DENSE ? NULL : old);
+		update_base(&ch, cur, base, elem_size, enc == DCAST_ENC_DENSE ? NULL : old, d);
 	*info = (dcast_chunk_info){ (uint32_t)enc, elem_size, count, ch.n, bytes };
+	return DCAST_OK;
+}
+
+int dcast_codec_encode(const void *cur, void *base, uint64_t count, unsigned elem_size,
+		       int force_encoding, unsigned flags, void *out, size_t out_cap,
+		       dcast_chunk_info *info)
+{
+	int rc = dcast_codec_check_encode(count, elem_size, force_encoding, out_cap);
+	if (rc)
+		return rc;
+	if (!base)
+		return encode_anchor(cur, count, elem_size, force_encoding, out, info);
+	return encode_delta(cur, base, count, elem_size, force_encoding, flags, out, out_cap, info, NULL);
+}
+
+int dcast_codec_encode_digest(const void *cur, void *base, uint64_t count, unsigned elem_size,
+			      int force_encoding, unsigned flags, void *out, size_t out_cap,
+			      dcast_chunk_info *info, uint32_t tensor, uint64_t start, uint64_t *digest)
+{
+	res_dig d = { tensor, start, UINT64_MAX, 0, 0 }; /* no segment is UINT64_MAX */
+	int rc = dcast_codec_check_encode(count, elem_size, force_encoding, out_cap);
+
+	if (rc)
+		return rc;
+	if (!base || !digest || !(flags & DCAST_ENCODE_UPDATE_BASE))
+		return dcast_fail(DCAST_EINVAL, "codec encode_digest: %s", !base ? "base is NULL (an anchor)"
+								  : !digest ? "digest is NULL"
+									    : "flags lack DCAST_ENCODE_UPDATE_BASE");
+	if ((rc = encode_delta(cur, base, count, elem_size, force_encoding, flags, out, out_cap, info, &d)))
+		return rc;
+	*digest += d.acc;
 	return DCAST_OK;
 }
 
@@ -404,24 +460,6 @@ static int apply_or_revert(const dcast_chunk_info *info, const uint8_t *pl, uint
 }
 
 /* ---- resolving a payload against its range, before apply ---- */
-
-/* The digest a resolve moves: the terms of the changed elements of the
- * range that begins at element `start` of `tensor`; d NULL: none. */
-typedef struct res_dig {
-	uint32_t tensor;
-	uint64_t start, seg, seed, acc;
-} res_dig;
-
-static inline __attribute__((always_inline)) void dig_add(res_dig *d, uint32_t p, uint32_t oldv, uint32_t newv)
-{
-	uint64_t i = d->start + p;
-
-	if (i >> 32 != d->seg) { /* one seed per 2^32-element segment */
-		d->seg = i >> 32;
-		d->seed = dcast_ld_seed(d->tensor, d->seg);
-	}
-	d->acc += dcast_ld_term_seeded(d->seed, i, newv) - dcast_ld_term_seeded(d->seed, i, oldv);
-}
 
 static inline __attribute__((always_inline)) void resolve_one(uint64_t i, uint32_t p, uint32_t newv,
 							       const uint8_t *range, uint32_t *pos,

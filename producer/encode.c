@@ -2,8 +2,8 @@
  * it waits for the range it sends next.  Each takes a free encode slot,
  * then the next chunk range of the version, diffs it against the baseline
  * (updating the baseline in O(changed) and keeping the values it overwrote
- * after the payload), moves the range's digest by the change (a full
- * digest for anchors only), and marks the job done.  The
+ * after the payload), moving the range's digest by the change in the same
+ * pass (a full digest for anchors only), and marks the job done.  The
  * publishing thread sends the jobs in range order as they finish, so the
  * ranges after the one on the wire are being encoded meanwhile.  A slot is
  * always taken before a range, so the lowest unsent range always has one:
@@ -25,22 +25,6 @@ uint64_t prod_range_count(const dcast_producer *p, const prod_tensor *t, uint64_
 							 : p->opts.range_elems;
 }
 
-/* Range j's digest at this version from its digest at the last published
- * state (chunk_digest, written by the publishing thread only between runs
- * or after job j is done) and the change just encoded: the payload gives
- * the positions, the baseline the new values, and the old values follow
- * the payload in the slot (DCAST_ENCODE_SAVE_OLD).  O(changed). */
-static int digest_delta(const dcast_producer *p, const prod_tensor *t, uint32_t j, uint64_t off, prod_job *job)
-{
-	const unsigned char *payload = job->slot->buf, *old = payload + ((job->info.payload_bytes + 7) & ~7ull);
-	uint64_t d = p->chunk_digest[j];
-	int rc = dcast_ldigest_payload(&d, job->tensor, t->shard_off + off, &job->info, payload,
-				       t->base + off * t->elem_size, old, 0, job->info.count);
-
-	job->digest = d;
-	return rc;
-}
-
 /* Encode range j into job->slot (the worker thread's whole job). */
 static int encode_job(dcast_producer *p, int anchor, uint32_t j, prod_job *job)
 {
@@ -54,15 +38,20 @@ static int encode_job(dcast_producer *p, int anchor, uint32_t j, prod_job *job)
 
 	if (t->mem == DCAST_MEM_CUDA)
 		return prod_dev_encode(p, t, anchor, off, count, job);
-	rc = dcast_codec_encode(cur, anchor ? NULL : base, count, t->elem_size, -1, flags,
-				job->slot->buf, p->pool.slot_bytes, &job->info);
-	if (rc)
-		return rc;
 	if (anchor) {
+		if ((rc = dcast_codec_encode(cur, NULL, count, t->elem_size, -1, flags, job->slot->buf,
+					     p->pool.slot_bytes, &job->info)))
+			return rc;
 		memcpy(base, cur, bytes);
 		return dcast_ldigest(job->tensor, t->shard_off + off, base, count, t->elem_size, &job->digest);
 	}
-	return job->info.changed ? digest_delta(p, t, j, off, job) : 0;
+	/* range j's digest at the last published state (chunk_digest, written by
+	 * the publishing thread only between runs or after job j is done),
+	 * moved by the change as the encoder copies it into the baseline */
+	job->digest = p->chunk_digest[j];
+	return dcast_codec_encode_digest(cur, base, count, t->elem_size, -1, flags, job->slot->buf,
+					 p->pool.slot_bytes, &job->info, job->tensor, t->shard_off + off,
+					 &job->digest);
 }
 
 static int more(const prod_encoder *e)

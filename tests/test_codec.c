@@ -93,6 +93,35 @@ static void resolved(const range *r, const dcast_chunk_info *info, const uint8_t
 	free(dst);
 }
 
+/* dcast_codec_encode_digest: the same payload as dcast_codec_encode, and
+ * the digest of base moved to cur's in the update (across a seed segment
+ * too); refused without UPDATE_BASE, *digest and base untouched. */
+static void encoded_digest(const range *r, int enc, const dcast_chunk_info *want_info)
+{
+	size_t cap = dcast_codec_bound(r->count, r->es), bytes = r->count * r->es;
+	uint8_t *out = malloc(cap), *b = malloc(bytes + 1);
+	uint64_t starts[2] = { 11, (1ull << 32) - 3 };
+	dcast_chunk_info info;
+	REQUIRE(out && b);
+	for (int k = 0; k < 2; k++) {
+		uint64_t d = 0, want = 0, kept;
+		memcpy(b, r->base, bytes);
+		CHECK_ERR(dcast_ldigest(2, starts[k], b, r->count, r->es, &d), DCAST_OK);
+		kept = d;
+		CHECK_ERR(dcast_codec_encode_digest(r->cur, b, r->count, r->es, enc, 0, out, cap, &info, 2,
+						    starts[k], &d), DCAST_EINVAL);
+		CHECK(d == kept && memcmp(b, r->base, bytes) == 0);
+		CHECK_ERR(dcast_codec_encode_digest(r->cur, b, r->count, r->es, enc, DCAST_ENCODE_UPDATE_BASE, out,
+						    cap, &info, 2, starts[k], &d), DCAST_OK);
+		CHECK_ERR(dcast_ldigest(2, starts[k], r->cur, r->count, r->es, &want), DCAST_OK);
+		CHECK(d == want && memcmp(b, r->cur, bytes) == 0);
+		CHECK(info.encoding == want_info->encoding && info.changed == want_info->changed &&
+		      info.payload_bytes == want_info->payload_bytes);
+	}
+	free(out);
+	free(b);
+}
+
 static void roundtrip(const range *r, int enc)
 {
 	size_t cap = dcast_codec_bound(r->count, r->es), bytes = r->count * r->es;
@@ -118,6 +147,7 @@ static void roundtrip(const range *r, int enc)
 	}
 	if (info.encoding != DCAST_ENC_DENSE)
 		resolved(r, &info, out);
+	encoded_digest(r, enc, &info);
 	if (check_failures)
 		fprintf(stderr, "  in roundtrip count=%" PRIu64 " es=%u enc=%d changed=%" PRIu64 "\n",
 			r->count, r->es, enc, info.changed);

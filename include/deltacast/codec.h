@@ -76,6 +76,19 @@ DCAST_API int dcast_codec_encode(const void *cur, void *base, uint64_t count, un
 		       int force_encoding, unsigned flags, void *out, size_t out_cap,
 		       dcast_chunk_info *info);
 
+/* dcast_codec_encode() of a delta with DCAST_ENCODE_UPDATE_BASE in flags,
+ * also moving *digest, the additive digest (dcast_ldigest) of base, whose
+ * elements are start..start+count-1 of tensor, by every change it copies
+ * into base, in the same pass: *digest ends as the digest of base after the
+ * update, at O(changed).  An anchor's digest is dcast_ldigest() of the
+ * range.  Errors: those of dcast_codec_encode; DCAST_EINVAL also for base
+ * or digest NULL, or flags without DCAST_ENCODE_UPDATE_BASE; on error
+ * *digest and base are untouched. */
+DCAST_API int dcast_codec_encode_digest(const void *cur, void *base, uint64_t count, unsigned elem_size,
+					int force_encoding, unsigned flags, void *out, size_t out_cap,
+					dcast_chunk_info *info, uint32_t tensor, uint64_t start,
+					uint64_t *digest);
+
 /* Payload size of every encoding for this range, without writing payloads,
  * and the number of changed elements (for reports and the diff CLI).
  * base must not be NULL.  Errors: DCAST_EINVAL, DCAST_ENOMEM. */

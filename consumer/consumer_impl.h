@@ -186,6 +186,7 @@ typedef struct cs_syncer {
 typedef struct cs_fault {
 	int kind;                      /* CS_FAULT_*, NONE when unarmed */
 	uint64_t version;
+	uint64_t taken;                /* cut: CHUNKs of the version let through */
 } cs_fault;
 
 /* A sparse chunk's changes on their way to the views (views.c). */
@@ -338,7 +339,7 @@ static inline cs_version *cs_version_find(dcast_consumer *c, uint64_t version)
  * the start of a fold from the disk and before the fdatasync of an anchor
  * file's seal (anchor_new.c). */
 enum { CS_FAULT_NONE, CS_FAULT_CORRUPT, CS_FAULT_SKIP, CS_FAULT_DIGEST, CS_FAULT_DUP, CS_FAULT_PREDIGEST,
-       CS_FAULT_AHEADFAIL, CS_FAULT_FOLDHOLD, CS_FAULT_KINDS };
+       CS_FAULT_AHEADFAIL, CS_FAULT_FOLDHOLD, CS_FAULT_CUT, CS_FAULT_KINDS };
 void cs_fault_parse(dcast_consumer *c);
 struct dcast_wire_in;
 int cs_fault_wire(dcast_consumer *c, struct dcast_wire_in *in);

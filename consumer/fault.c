@@ -19,7 +19,9 @@
  *   foldhold   (V is a file descriptor) each fold from the disk, and each
  *              seal of an anchor file, first reads one byte from V: the
  *              test holds it there, and applies or damages files
- *              meanwhile, until it writes one */
+ *              meanwhile, until it writes one
+ *   cut        V's first CHUNK taken, its later CHUNKs and its COMMIT
+ *              dropped (credit not returned): V stays half received */
 #include <errno.h>
 #include <string.h>
 #include <unistd.h>
@@ -30,7 +32,7 @@
 void cs_fault_parse(dcast_consumer *c)
 {
 	static const char *kinds[CS_FAULT_KINDS] = {"", "corrupt:", "skip:", "digest:", "dup:",
-						    "predigest:", "aheadfail:", "foldhold:"};
+						    "predigest:", "aheadfail:", "foldhold:", "cut:"};
 	const char *f = getenv("DELTACAST_CONSUMER_FAULT");
 
 	c->fault.kind = CS_FAULT_NONE;
@@ -62,6 +64,8 @@ static int wire_chunk(dcast_consumer *c, dcast_wire_in *in)
 		disarm(c);
 		((unsigned char *)zmq_msg_data(&in->payload))[n / 2] ^= 0x10;
 	}
+	if (armed(c, CS_FAULT_CUT, v))
+		return c->fault.taken++ ? 0 : 1;
 	return armed(c, CS_FAULT_SKIP, v) ? 0 : armed(c, CS_FAULT_DUP, v) ? 2 : 1;
 }
 
@@ -71,6 +75,8 @@ static int wire_commit(dcast_consumer *c, dcast_commit *m)
 		disarm(c);
 		m->digests[0].digest ^= 1;
 	}
+	if (armed(c, CS_FAULT_CUT, m->version))
+		return 0;
 	if (!armed(c, CS_FAULT_SKIP, m->version))
 		return 1;
 	disarm(c);

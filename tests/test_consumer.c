@@ -7,6 +7,7 @@
  * tests/test_consumer_plain.sh runs it again with DELTACAST_IO_URING=0. */
 #include <pthread.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include "check.h"
 #include "consumer_harness.h"
 #include "dcast_common.h"
@@ -329,6 +330,42 @@ static void test_bind_after_ahead(const h_broker *b)
 	dcast_producer_close(&p);
 	h_model_free(&m);
 	free(box);
+}
+
+/* close() while an anchor streams in place (the test fault cut:1 keeps it
+ * half received): close returns and frees what the intake held (the
+ * sanitizer and valgrind runs check that), leaving at most the anchor's
+ * .new file; the next open removes it, fetches the anchor again and
+ * applies it, and close seals that one as model.safetensors. */
+static void test_close_mid_anchor(const h_broker *b)
+{
+	const char *dir = dir_for("midclose");
+	h_model m;
+	dcast_producer *p = NULL;
+	dcast_consumer *c;
+	h_seen s = {0};
+	struct stat st;
+	char path[512];
+
+	REQUIRE(h_model_start(b, "m_midclose", 67, 1, 100, &m, &p) == 0);
+	setenv("DELTACAST_CONSUMER_FAULT", "cut:1", 1);
+	c = open_consumer(b, "m_midclose", dir);
+	unsetenv("DELTACAST_CONSUMER_FAULT");
+	REQUIRE(c);
+	snprintf(path, sizeof(path), "%s/model.safetensors.new", dir);
+	for (int i = 0; i < 1000 && (stat(path, &st) != 0 || st.st_size == 0); i++)
+		usleep(10000); /* the first chunk's range, written behind */
+	CHECK(stat(path, &st) == 0 && st.st_size > 0);
+	CHECK(dcast_consumer_version(c) == DCAST_VERSION_NONE && dcast_consumer_ready_version(c) == DCAST_VERSION_NONE);
+	dcast_consumer_close(&c);
+	CHECK(c == NULL);
+	c = open_consumer(b, "m_midclose", dir);
+	REQUIRE(c);
+	CHECK(h_drive(c, &m, 1, &s) == 0 && h_equal(c, &m, 1));
+	dcast_consumer_close(&c);
+	CHECK(access(path, F_OK) != 0 && h_file_version(dir) == 1);
+	dcast_producer_close(&p);
+	h_model_free(&m);
 }
 
 static void test_digest_rollback(const h_broker *b)
@@ -742,6 +779,7 @@ int main(void)
 	test_in_place_refused(&b);
 	test_ahead_rollback(&b);
 	test_bind_after_ahead(&b);
+	test_close_mid_anchor(&b);
 	test_digest_restore(&b);
 	test_gap(&b);
 	test_duplicates(&b);

@@ -6,6 +6,7 @@
  * is reached. */
 #include <getopt.h>
 #include <inttypes.h>
+#include <malloc.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -192,6 +193,20 @@ static int fold_on_exit(dcast_consumer *c)
 	return err;
 }
 
+/* This process is ours, unlike a rollout worker that embeds the library:
+ * keep freed heap memory rather than hand it back to the kernel at once,
+ * and serve allocations up to 32 MiB from the heap.  ZeroMQ's I/O thread
+ * allocates every CHUNK message it receives (2 MiB for an anchor's) and
+ * the consumer's thread frees it; with glibc's defaults those buffers go
+ * back to the kernel and are faulted in again, a page fault per 4 KiB of
+ * every anchor received.  (An embedding process can ask the same of
+ * glibc with GLIBC_TUNABLES: docs/operations.md.) */
+static void keep_heap(void)
+{
+	mallopt(M_MMAP_THRESHOLD, 32 << 20);
+	mallopt(M_TRIM_THRESHOLD, 1 << 30);
+}
+
 int cmd_subscribe(int argc, char **argv)
 {
 	sub_args a;
@@ -209,6 +224,7 @@ int cmd_subscribe(int argc, char **argv)
 	o.client = "deltacast-subscribe";
 	signal(SIGINT, on_signal);
 	signal(SIGTERM, on_signal);
+	keep_heap();
 	if ((err = dcast_consumer_open(a.broker, a.model, a.dir, a.budget, &o, &c)))
 		return cli_report(CMD, err);
 	if (dcast_consumer_version(c) != DCAST_VERSION_NONE)

@@ -218,9 +218,11 @@ static void test_corrupt_chunk(const h_broker *b)
 }
 
 /* Versions 1-2 applied, then 3 and 4 published while 2 is live, so that 3
- * is checked ahead; `fault` (DELTACAST_CONSUMER_FAULT) armed for 3.  The
- * consumer must end bit-exact at 4; s says what it went through. */
-static void run_ahead_fault(const h_broker *b, const char *model, uint64_t seed, const char *fault, h_seen *s)
+ * is checked ahead; `fault` (DELTACAST_CONSUMER_FAULT) armed for 3, and
+ * with `dense` 3 also rewrites the first chunk whole.  The consumer must
+ * end bit-exact at 4; s says what it went through. */
+static void run_ahead_fault(const h_broker *b, const char *model, uint64_t seed, const char *fault, int dense,
+			    h_seen *s)
 {
 	h_model m;
 	dcast_producer *p = NULL;
@@ -232,6 +234,8 @@ static void run_ahead_fault(const h_broker *b, const char *model, uint64_t seed,
 	unsetenv("DELTACAST_CONSUMER_FAULT");
 	REQUIRE(c);
 	CHECK(h_drive(c, &m, 2, s) == 0);
+	for (uint64_t i = 0; dense && i < h_range_elems * 2; i++) /* random bit patterns: dense is smallest */
+		m.cur[0][i] = (unsigned char)h_rand(&m.rng);
 	REQUIRE(h_publish(p, &m, 3, 100) == 0 && h_publish(p, &m, 4, 100) == 0);
 	CHECK(h_drive(c, &m, 4, s) == 0);
 	CHECK(h_equal(c, &m, 4));
@@ -247,7 +251,7 @@ static void test_digest_ahead(const h_broker *b)
 {
 	h_seen s = {0};
 
-	run_ahead_fault(b, "m_ahead", 31, "predigest:3", &s);
+	run_ahead_fault(b, "m_ahead", 31, "predigest:3", 0, &s);
 	CHECK(s.errors >= 1 && s.last_error == DCAST_EDIGEST);
 	CHECK(s.apply_failures == 0 && s.untouched_bad == 0);
 }
@@ -292,7 +296,7 @@ static void test_ahead_rollback(const h_broker *b)
 {
 	h_seen s = {0};
 
-	run_ahead_fault(b, "m_aheadfail", 37, "aheadfail:3", &s);
+	run_ahead_fault(b, "m_aheadfail", 37, "aheadfail:3", 0, &s);
 	CHECK(s.apply_failures >= 1 && s.last_apply_error == DCAST_ECORRUPT);
 	CHECK(s.untouched_ok >= 1 && s.untouched_bad == 0);
 }
@@ -366,6 +370,20 @@ static void test_close_mid_anchor(const h_broker *b)
 	CHECK(access(path, F_OK) != 0 && h_file_version(dir) == 1);
 	dcast_producer_close(&p);
 	h_model_free(&m);
+}
+
+/* As test_ahead_rollback, with version 3 also rewriting the whole first
+ * chunk (sent dense: apply saves its old values in the undo region, after
+ * the arrays of the chunks the check ahead resolved) ahead of the chunk
+ * refused: every chunk comes back, the resolved ones from their arrays,
+ * the dense one from the undo region. */
+static void test_ahead_rollback_dense(const h_broker *b)
+{
+	h_seen s = {0};
+
+	run_ahead_fault(b, "m_aheaddense", 71, "aheadfail:3", 1, &s);
+	CHECK(s.apply_failures >= 1 && s.last_apply_error == DCAST_ECORRUPT);
+	CHECK(s.untouched_ok >= 1 && s.untouched_bad == 0);
 }
 
 static void test_digest_rollback(const h_broker *b)
@@ -778,6 +796,7 @@ int main(void)
 	test_digest_ahead(&b);
 	test_in_place_refused(&b);
 	test_ahead_rollback(&b);
+	test_ahead_rollback_dense(&b);
 	test_bind_after_ahead(&b);
 	test_close_mid_anchor(&b);
 	test_digest_restore(&b);

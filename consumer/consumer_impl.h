@@ -72,8 +72,11 @@ void cs_pool_cuda_unregister(cs_pool *p);
 typedef struct cs_dentry {
 	dcast_range_digest d;  /* the range and the producer's digest */
 	uint64_t have;         /* while verifying: cached value moved by the changes */
-	int full;              /* while verifying: compute `have` over the whole range */
+	int full;              /* while verifying: 0 moved, CS_FULL_TODO compute `have` over
+				* the whole range, CS_FULL_DONE computed so (verify.c) */
 } cs_dentry;
+
+enum { CS_FULL_TODO = 1, CS_FULL_DONE = 2 };
 
 typedef struct cs_dcache {
 	cs_dentry *e;

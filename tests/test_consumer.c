@@ -217,6 +217,32 @@ static void test_corrupt_chunk(const h_broker *b)
 	CHECK(exact); /* re-joined and healed */
 }
 
+/* An anchor of 10 MB, whose digests apply computes on several threads
+ * (verify.c: 8 MiB and more), with its COMMIT's first digest wrong: refused
+ * whichever thread computed that range, fetched again, applied exactly. */
+static void test_anchor_digests_threads(const h_broker *b)
+{
+	h_model m;
+	dcast_producer *p = NULL;
+	dcast_consumer *c;
+	h_seen s = {0};
+
+	h_model_init(&m, 73, 8);
+	REQUIRE(h_model_bytes(&m) > (8u << 20));
+	REQUIRE(h_producer_open(b, "m_anchorthreads", &m, &p) == 0 && h_publish(p, &m, 1, 100) == 0);
+	setenv("DELTACAST_CONSUMER_FAULT", "predigest:1", 1);
+	c = open_consumer(b, "m_anchorthreads", dir_for("anchorthreads"));
+	unsetenv("DELTACAST_CONSUMER_FAULT");
+	REQUIRE(c);
+	CHECK(h_drive(c, &m, 1, &s) == 0 && h_equal(c, &m, 1));
+	CHECK(s.apply_failures >= 1 && s.last_apply_error == DCAST_EDIGEST && s.anchors >= 2);
+	REQUIRE(h_publish(p, &m, 2, 100) == 0);
+	CHECK(h_drive(c, &m, 2, &s) == 0 && h_equal(c, &m, 2));
+	dcast_consumer_close(&c);
+	dcast_producer_close(&p);
+	h_model_free(&m);
+}
+
 /* Versions 1-2 applied, then 3 and 4 published while 2 is live, so that 3
  * is checked ahead; `fault` (DELTACAST_CONSUMER_FAULT) armed for 3, and
  * with `dense` 3 also rewrites the first chunk whole.  The consumer must
@@ -795,6 +821,7 @@ int main(void)
 	test_digest_rollback(&b);
 	test_digest_ahead(&b);
 	test_in_place_refused(&b);
+	test_anchor_digests_threads(&b);
 	test_ahead_rollback(&b);
 	test_ahead_rollback_dense(&b);
 	test_bind_after_ahead(&b);

@@ -222,7 +222,12 @@ DCAST_API int dcast_consumer_poll(dcast_consumer *c, int timeout_ms, dcast_event
 /* Apply READY version `version` to the live tensors, after the READY
  * versions staged before it (each its own transaction; an anchor makes the
  * ones before it unnecessary: they are dropped).  Every chunk is range-checked and written with its old values saved, then
- * the COMMIT digests are checked (verify_digests).  On any failure the
+ * the COMMIT digests are checked (verify_digests).  A delta checked ahead
+ * (before READY, against the live tensors) only has its new values
+ * scattered here, decoded before.  Ranges computed whole (an anchor's
+ * every range, all with verify_digests 2) are split over up to 8 threads,
+ * the calling one included, once they hold 8 MiB or more of host
+ * tensors: O(model), while the caller waits anyway.  On any failure the
  * tensors are restored exactly to the previous version and the error is
  * returned; the refused version is dropped and re-requested.  Errors:
  * DCAST_ESTATE (not ready), DCAST_EGAP (its base is not the applied

@@ -141,14 +141,42 @@ int cs_file_digest(const cs_tensor *t, uint32_t n, uint64_t version, const uint6
 	return 0;
 }
 
-/* The file digest of the live tensors as version `version`. */
+typedef struct digest_job {
+	const dcast_consumer *c;
+	uint64_t *td;
+} digest_job;
+
+static void host_digest(void *arg, unsigned i)
+{
+	digest_job *j = arg;
+	const cs_tensor *t = &j->c->tensors[i];
+
+	if (t->mem == DCAST_MEM_HOST)
+		cs_tensor_digest(t, 0, t->bytes, &j->td[i]); /* cannot fail in host memory */
+}
+
+static uint64_t host_bytes(const dcast_consumer *c)
+{
+	uint64_t n = 0;
+
+	for (uint32_t i = 0; i < c->n_tensors; i++)
+		n += c->tensors[i].mem == DCAST_MEM_HOST ? c->tensors[i].bytes : 0;
+	return n;
+}
+
+/* The file digest of the live tensors as version `version`: O(model), the
+ * host tensors' digests on several threads (cs_par_for), then the device
+ * tensors' on this one. */
 static int model_digest(dcast_consumer *c, uint64_t version, uint64_t *out)
 {
 	uint64_t *td = calloc(c->n_tensors ? c->n_tensors : 1, sizeof(*td));
 	int err = td ? 0 : dcast_fail(DCAST_ENOMEM, "checkpoint digest: %u tensors", c->n_tensors);
 
+	if (!err)
+		cs_par_for(c->n_tensors, host_bytes(c), host_digest, &(digest_job){ c, td });
 	for (uint32_t i = 0; !err && i < c->n_tensors; i++)
-		err = cs_tensor_digest(&c->tensors[i], 0, c->tensors[i].bytes, &td[i]);
+		if (c->tensors[i].mem != DCAST_MEM_HOST)
+			err = cs_tensor_digest(&c->tensors[i], 0, c->tensors[i].bytes, &td[i]);
 	if (!err)
 		err = cs_file_digest(c->tensors, c->n_tensors, version, td, out);
 	free(td);

@@ -28,6 +28,15 @@
 #include "dcast_io.h"
 #include "dcast_tiles.h"
 
+/* par.c: fn(arg, i) for every i < n, on up to CS_PAR_THREADS threads (the
+ * caller's included) when the work's size `bytes` is CS_PAR_MIN_BYTES or
+ * more and the host has more than one CPU, else on the caller's thread
+ * alone.  Items are taken in turn; fn must write only item i's output.
+ * Returns once every item is done. */
+#define CS_PAR_THREADS 8
+#define CS_PAR_MIN_BYTES (8u << 20)
+void cs_par_for(unsigned n, uint64_t bytes, void (*fn)(void *arg, unsigned i), void *arg);
+
 /* ---- staging pool: pinned memory in three regions ----
  * resident: chunks kept until apply (bump-allocated, reset when empty);
  * scratch:  one chunk at a time on its way to disk, or read back for apply;

@@ -13,11 +13,8 @@
  * verify_digests 2.  The new cache replaces the old one only when every
  * digest matched. */
 #include <inttypes.h>
-#include <pthread.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 #include "consumer_impl.h"
 #include "dcast_common.h"
 
@@ -242,29 +239,23 @@ void cs_verify_written(dcast_consumer *c, cs_dcache *n, const cs_chunk *k, const
 
 /* ---- ranges computed whole: an anchor's, on several threads ---- */
 
-#define WHOLE_THREADS 8             /* at most, this thread included */
-#define WHOLE_PAR_BYTES (8u << 20) /* fewer bytes: one thread */
-
 typedef struct whole_job {
 	const dcast_consumer *c;
 	cs_dcache *n;
-	atomic_uint next;
 } whole_job;
 
-/* Take entries in turn; compute those of host tensors whole (full 2). */
-static void *whole_worker(void *arg)
+/* Entry i computed whole when it is due and its tensor is in host memory
+ * (full CS_FULL_DONE); device tensors are left to compare_digests. */
+static void whole_one(void *arg, unsigned i)
 {
 	whole_job *j = arg;
+	cs_dentry *e = &j->n->e[i];
+	const cs_tensor *t = &j->c->tensors[e->d.tensor];
 
-	for (unsigned i; (i = atomic_fetch_add(&j->next, 1)) < j->n->n;) {
-		cs_dentry *e = &j->n->e[i];
-		const cs_tensor *t = &j->c->tensors[e->d.tensor];
-		if (e->full == CS_FULL_TODO && t->mem == DCAST_MEM_HOST &&
-		    !dcast_ldigest(e->d.tensor, e->d.start, t->ptr + e->d.start * t->elem_size, e->d.count,
-				   t->elem_size, &e->have))
-			e->full = CS_FULL_DONE;
-	}
-	return NULL;
+	if (e->full == CS_FULL_TODO && t->mem == DCAST_MEM_HOST &&
+	    !dcast_ldigest(e->d.tensor, e->d.start, t->ptr + e->d.start * t->elem_size, e->d.count, t->elem_size,
+			   &e->have))
+		e->full = CS_FULL_DONE;
 }
 
 static uint64_t whole_host_bytes(const dcast_consumer *c, const cs_dcache *n)
@@ -279,31 +270,12 @@ static uint64_t whole_host_bytes(const dcast_consumer *c, const cs_dcache *n)
 	return bytes;
 }
 
-/* The whole ranges of host tensors on up to WHOLE_THREADS threads (the
- * caller's among them) when they are many bytes (an anchor, verify 2):
- * O(model), and the caller is paused in apply() meanwhile.  The threads
- * only read the tensors and write their own entries. */
-static void whole_parallel(const dcast_consumer *c, cs_dcache *n)
-{
-	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-	unsigned k = cpus < 1 ? 1 : cpus > WHOLE_THREADS ? WHOLE_THREADS : (unsigned)cpus, started = 0;
-	whole_job j = { c, n, 0 };
-	pthread_t th[WHOLE_THREADS];
-
-	if (k < 2 || n->n < 2 || whole_host_bytes(c, n) < WHOLE_PAR_BYTES)
-		return;
-	for (unsigned i = 1; i < k && i < n->n; i++)
-		started += pthread_create(&th[started], NULL, whole_worker, &j) == 0;
-	whole_worker(&j);
-	for (unsigned i = 0; i < started; i++)
-		pthread_join(th[i], NULL);
-}
-
 static int compare_digests(dcast_consumer *c, const cs_version *v, cs_dcache *n)
 {
 	int err = 0;
 
-	whole_parallel(c, n);
+	/* O(model) for an anchor or verify 2, and the caller waits in apply() */
+	cs_par_for(n->n, whole_host_bytes(c, n), whole_one, &(whole_job){ c, n });
 	for (uint32_t i = 0; !err && i < n->n; i++) {
 		cs_dentry *e = &n->e[i];
 		const cs_tensor *t = &c->tensors[e->d.tensor];

@@ -218,14 +218,20 @@ static void test_corrupt_chunk(const h_broker *b)
 }
 
 /* An anchor of 10 MB, whose digests apply computes on several threads
- * (verify.c: 8 MiB and more), with its COMMIT's first digest wrong: refused
- * whichever thread computed that range, fetched again, applied exactly. */
+ * (cs_par_for: 8 MiB and more), with its COMMIT's first digest wrong:
+ * refused whichever thread computed that range, fetched again, applied
+ * exactly.  Then its model.safetensors (file digest computed on threads
+ * too) damaged in the middle: the reopen's load refuses it, the broker
+ * heals the consumer. */
 static void test_anchor_digests_threads(const h_broker *b)
 {
 	h_model m;
 	dcast_producer *p = NULL;
 	dcast_consumer *c;
 	h_seen s = {0};
+	char path[512];
+	FILE *f;
+	int ch;
 
 	h_model_init(&m, 73, 8);
 	REQUIRE(h_model_bytes(&m) > (8u << 20));
@@ -237,6 +243,19 @@ static void test_anchor_digests_threads(const h_broker *b)
 	CHECK(h_drive(c, &m, 1, &s) == 0 && h_equal(c, &m, 1));
 	CHECK(s.apply_failures >= 1 && s.last_apply_error == DCAST_EDIGEST && s.anchors >= 2);
 	REQUIRE(h_publish(p, &m, 2, 100) == 0);
+	CHECK(h_drive(c, &m, 2, &s) == 0 && h_equal(c, &m, 2));
+	CHECK(dcast_consumer_checkpoint(c) == 0 && h_file_version(dir_for("anchorthreads")) == 2);
+	dcast_consumer_close(&c);
+	snprintf(path, sizeof(path), "%s/model.safetensors", dir_for("anchorthreads"));
+	REQUIRE((f = fopen(path, "r+b")) != NULL);
+	fseek(f, (long)(h_model_bytes(&m) / 2), SEEK_SET);
+	ch = fgetc(f);
+	fseek(f, (long)(h_model_bytes(&m) / 2), SEEK_SET);
+	fputc(ch ^ 0x04, f);
+	fclose(f);
+	c = open_consumer(b, "m_anchorthreads", dir_for("anchorthreads"));
+	REQUIRE(c);
+	CHECK(dcast_consumer_version(c) == DCAST_VERSION_NONE); /* dropped, not served */
 	CHECK(h_drive(c, &m, 2, &s) == 0 && h_equal(c, &m, 2));
 	dcast_consumer_close(&c);
 	dcast_producer_close(&p);

@@ -227,7 +227,9 @@ DCAST_API int dcast_consumer_poll(dcast_consumer *c, int timeout_ms, dcast_event
  * scattered here, decoded before.  Ranges computed whole (an anchor's
  * every range, all with verify_digests 2) are split over up to 8 threads,
  * the calling one included, once they hold 8 MiB or more of host
- * tensors: O(model), while the caller waits anyway.  On any failure the
+ * tensors: O(model), while the caller waits anyway (the file digest of an
+ * anchor received in place, before its READY, and of model.safetensors at
+ * open and checkpoint() are split the same way).  On any failure the
  * tensors are restored exactly to the previous version and the error is
  * returned; the refused version is dropped and re-requested.  Errors:
  * DCAST_ESTATE (not ready), DCAST_EGAP (its base is not the applied

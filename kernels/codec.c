@@ -105,28 +105,9 @@ static int encode_anchor(const void *cur, uint64_t count, unsigned es, int force
 	return DCAST_OK;
 }
 
-/* The digest an encode or a resolve moves: the terms of the changed
- * elements of the range that begins at element `start` of `tensor`; d NULL:
- * none. */
-typedef struct res_dig {
-	uint32_t tensor;
-	uint64_t start, seg, seed, acc;
-} res_dig;
-
-static inline __attribute__((always_inline)) void dig_add(res_dig *d, uint32_t p, uint32_t oldv, uint32_t newv)
-{
-	uint64_t i = d->start + p;
-
-	if (i >> 32 != d->seg) { /* one seed per 2^32-element segment */
-		d->seg = i >> 32;
-		d->seed = dcast_ld_seed(d->tensor, d->seg);
-	}
-	d->acc += dcast_ld_term_seeded(d->seed, i, newv) - dcast_ld_term_seeded(d->seed, i, oldv);
-}
-
 static inline __attribute__((always_inline)) void update_base_es(const dcast_changes *ch,
 								  const uint8_t *cur, uint8_t *base,
-								  unsigned es, uint8_t *old, res_dig *d)
+								  unsigned es, uint8_t *old, dcast_ld_move *d)
 {
 	for (uint64_t i = 0; i < ch->n; i++) {
 		uint64_t at = (uint64_t)ch->pos[i] * es;
@@ -135,14 +116,14 @@ static inline __attribute__((always_inline)) void update_base_es(const dcast_cha
 			dcast_store_elem(old + i * es, es, o);
 		dcast_store_elem(base + at, es, n);
 		if (d)
-			dig_add(d, ch->pos[i], o, n);
+			dcast_ld_move_add(d, ch->pos[i], o, n);
 	}
 }
 
 /* One loop per element size and digest or none, so each element is a
  * single move, not a call. */
 static void update_base(const dcast_changes *ch, const uint8_t *cur, uint8_t *base, unsigned es,
-			uint8_t *old, res_dig *d)
+			uint8_t *old, dcast_ld_move *d)
 {
 	if (d) {
 		switch (es) {
@@ -174,7 +155,7 @@ static uint8_t *old_values_at(int enc, const dcast_changes *ch, uint64_t count, 
 }
 
 static int encode_delta(const void *cur, void *base, uint64_t count, unsigned elem_size, int force_encoding,
-			unsigned flags, void *out, size_t out_cap, dcast_chunk_info *info, res_dig *d)
+			unsigned flags, void *out, size_t out_cap, dcast_chunk_info *info, dcast_ld_move *d)
 {
 	int rc;
 	dcast_changes ch;
@@ -213,7 +194,7 @@ int dcast_codec_encode_digest(const void *cur, void *base, uint64_t count, unsig
 			      int force_encoding, unsigned flags, void *out, size_t out_cap,
 			      dcast_chunk_info *info, uint32_t tensor, uint64_t start, uint64_t *digest)
 {
-	res_dig d = { tensor, start, UINT64_MAX, 0, 0 }; /* no segment is UINT64_MAX */
+	dcast_ld_move d;
 	int rc = dcast_codec_check_encode(count, elem_size, force_encoding, out_cap);
 
 	if (rc)
@@ -222,6 +203,7 @@ int dcast_codec_encode_digest(const void *cur, void *base, uint64_t count, unsig
 		return dcast_fail(DCAST_EINVAL, "codec encode_digest: %s", !base ? "base is NULL (an anchor)"
 								  : !digest ? "digest is NULL"
 									    : "flags lack DCAST_ENCODE_UPDATE_BASE");
+	dcast_ld_move_init(&d, tensor, start);
 	if ((rc = encode_delta(cur, base, count, elem_size, force_encoding, flags, out, out_cap, info, &d)))
 		return rc;
 	*digest += d.acc;
@@ -463,7 +445,7 @@ static int apply_or_revert(const dcast_chunk_info *info, const uint8_t *pl, uint
 
 static inline __attribute__((always_inline)) void resolve_one(uint64_t i, uint32_t p, uint32_t newv,
 							       const uint8_t *range, uint32_t *pos,
-							       uint8_t *old_vals, uint8_t *new_vals, res_dig *d,
+							       uint8_t *old_vals, uint8_t *new_vals, dcast_ld_move *d,
 							       unsigned es)
 {
 	uint32_t o = dcast_load_elem(range + (uint64_t)p * es, es);
@@ -472,11 +454,11 @@ static inline __attribute__((always_inline)) void resolve_one(uint64_t i, uint32
 	dcast_store_elem(old_vals + i * es, es, o);
 	dcast_store_elem(new_vals + i * es, es, newv);
 	if (d)
-		dig_add(d, p, o, newv);
+		dcast_ld_move_add(d, p, o, newv);
 }
 
 static void idx32_resolve(const dcast_chunk_info *info, const uint8_t *pl, const uint8_t *range, uint32_t *pos,
-			  uint8_t *old_vals, uint8_t *new_vals, res_dig *d)
+			  uint8_t *old_vals, uint8_t *new_vals, dcast_ld_move *d)
 {
 	unsigned es = info->elem_size;
 
@@ -487,7 +469,7 @@ static void idx32_resolve(const dcast_chunk_info *info, const uint8_t *pl, const
 }
 
 static void bitmask_resolve(const dcast_chunk_info *info, const uint8_t *pl, const uint8_t *range,
-			    uint32_t *pos, uint8_t *old_vals, uint8_t *new_vals, res_dig *d)
+			    uint32_t *pos, uint8_t *old_vals, uint8_t *new_vals, dcast_ld_move *d)
 {
 	unsigned es = info->elem_size;
 	uint64_t mb = dcast_bitmask_bytes(info->count), i = 0;
@@ -502,7 +484,7 @@ static void bitmask_resolve(const dcast_chunk_info *info, const uint8_t *pl, con
  * hash runs while the next old values are on their way from memory. */
 static inline __attribute__((always_inline)) void cpt_resolve_es(uint64_t changed, const dcast_cpt_decoded *dec,
 								  const uint8_t *range, uint32_t *pos,
-								  uint8_t *old_vals, uint8_t *new_vals, res_dig *d,
+								  uint8_t *old_vals, uint8_t *new_vals, dcast_ld_move *d,
 								  unsigned es)
 {
 	for (uint64_t i = 0; i < changed; i++) {
@@ -515,7 +497,7 @@ static inline __attribute__((always_inline)) void cpt_resolve_es(uint64_t change
 }
 
 static void cpt_resolve_any(uint64_t n, const dcast_cpt_decoded *dec, const uint8_t *range, uint32_t *pos,
-			    uint8_t *old_vals, uint8_t *new_vals, res_dig *d, unsigned es)
+			    uint8_t *old_vals, uint8_t *new_vals, dcast_ld_move *d, unsigned es)
 {
 	if (d) {
 		switch (es) {
@@ -532,7 +514,7 @@ static void cpt_resolve_any(uint64_t n, const dcast_cpt_decoded *dec, const uint
 }
 
 static int cpt_resolve(const dcast_chunk_info *info, const uint8_t *pl, const uint8_t *range, uint32_t *pos,
-		       uint8_t *old_vals, uint8_t *new_vals, res_dig *d)
+		       uint8_t *old_vals, uint8_t *new_vals, dcast_ld_move *d)
 {
 	dcast_cpt_decoded dec;
 	int rc = dcast_cpt_load(info, pl, &dec);
@@ -543,7 +525,7 @@ static int cpt_resolve(const dcast_chunk_info *info, const uint8_t *pl, const ui
 }
 
 static int resolve_any(const dcast_chunk_info *info, const uint8_t *pl, const uint8_t *range, uint32_t *pos,
-		       uint8_t *old_vals, uint8_t *new_vals, res_dig *d)
+		       uint8_t *old_vals, uint8_t *new_vals, dcast_ld_move *d)
 {
 	int rc;
 
@@ -566,13 +548,14 @@ static int resolve_any(const dcast_chunk_info *info, const uint8_t *pl, const ui
 int dcast_codec_resolve(const dcast_chunk_info *info, const void *payload, const void *range, uint32_t *pos,
 			void *old_vals, void *new_vals, uint32_t tensor, uint64_t start, uint64_t *digest)
 {
-	res_dig d = { tensor, start, UINT64_MAX, 0, 0 }; /* no segment is UINT64_MAX */
+	dcast_ld_move d;
 	int rc = dcast_codec_check_info(info, payload, range);
 
 	if (rc)
 		return rc;
 	if (info->changed && (!pos || !old_vals || !new_vals))
 		return dcast_fail(DCAST_EINVAL, "codec resolve: NULL array for %" PRIu64 " changes", info->changed);
+	dcast_ld_move_init(&d, tensor, start);
 	if ((rc = resolve_any(info, payload, range, pos, old_vals, new_vals, digest ? &d : NULL)))
 		return rc;
 	if (digest)

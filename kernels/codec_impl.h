@@ -564,6 +564,36 @@ DCAST_HD uint64_t dcast_ld_term_seeded(uint64_t seed, uint64_t index, uint32_t b
 	return dcast_ld_mix(((index << 32) | bits) ^ seed);
 }
 
+/* A digest moved by changes of one range, whose position 0 is element
+ * `start` of `tensor`: acc sums h(new) - h(old), and the seed of the last
+ * segment is kept (changes come in position order).  Host code: the
+ * encoder, the resolve and the digest walks (codec.c, ldigest.c). */
+typedef struct dcast_ld_move {
+	uint32_t tensor;
+	uint64_t start, seg, seed, acc;
+} dcast_ld_move;
+
+static inline void dcast_ld_move_init(dcast_ld_move *m, uint32_t tensor, uint64_t start)
+{
+	m->tensor = tensor;
+	m->start = start;
+	m->seg = UINT64_MAX; /* no segment is UINT64_MAX */
+	m->seed = 0;
+	m->acc = 0;
+}
+
+static inline __attribute__((always_inline)) void dcast_ld_move_add(dcast_ld_move *m, uint64_t pos,
+								     uint32_t oldv, uint32_t newv)
+{
+	uint64_t i = m->start + pos;
+
+	if (i >> 32 != m->seg) { /* one seed per 2^32-element segment */
+		m->seg = i >> 32;
+		m->seed = dcast_ld_seed(m->tensor, m->seg);
+	}
+	m->acc += dcast_ld_term_seeded(m->seed, i, newv) - dcast_ld_term_seeded(m->seed, i, oldv);
+}
+
 /* ---- host functions of codec*.c the CUDA host code calls too ---- */
 #ifdef __cplusplus
 extern "C" {

@@ -106,29 +106,23 @@ int dcast_ldigest(uint32_t tensor, uint64_t start, const void *data, uint64_t co
 
 /* ---- updates: h(new) - h(old) per changed element ---- */
 
-/* The seed of the last segment used: changes come in position order. */
+/* The digest's move, counting positions [lo, hi) only. */
 typedef struct ld_walk {
-	uint32_t tensor;
-	uint64_t start, seg, seed, acc;
+	dcast_ld_move m;
 	uint64_t lo, hi;       /* positions counted */
 } ld_walk;
 
 static void walk_init(ld_walk *w, uint32_t tensor, uint64_t start, uint64_t lo, uint64_t hi)
 {
-	*w = (ld_walk){ tensor, start, UINT64_MAX, 0, 0, lo, hi }; /* no segment is UINT64_MAX */
+	dcast_ld_move_init(&w->m, tensor, start);
+	w->lo = lo;
+	w->hi = hi;
 }
 
 static void walk_add(ld_walk *w, uint64_t pos, uint32_t oldv, uint32_t newv)
 {
-	uint64_t i = w->start + pos;
-
-	if (pos < w->lo || pos >= w->hi || oldv == newv)
-		return;
-	if (i >> 32 != w->seg) {
-		w->seg = i >> 32;
-		w->seed = dcast_ld_seed(w->tensor, w->seg);
-	}
-	w->acc += dcast_ld_term_seeded(w->seed, i, newv) - dcast_ld_term_seeded(w->seed, i, oldv);
+	if (pos >= w->lo && pos < w->hi && oldv != newv)
+		dcast_ld_move_add(&w->m, pos, oldv, newv);
 }
 
 int dcast_ldigest_update(uint64_t *digest, uint32_t tensor, uint64_t start, const uint32_t *pos,
@@ -145,7 +139,7 @@ int dcast_ldigest_update(uint64_t *digest, uint32_t tensor, uint64_t start, cons
 	for (uint64_t i = 0; i < n; i++)
 		walk_add(&w, pos[i], dcast_load_elem((const uint8_t *)old_vals + i * elem_size, elem_size),
 			 dcast_load_elem((const uint8_t *)new_vals + i * elem_size, elem_size));
-	*digest += w.acc;
+	*digest += w.m.acc;
 	return 0;
 }
 
@@ -254,6 +248,6 @@ int dcast_ldigest_payload(uint64_t *digest, uint32_t tensor, uint64_t start, con
 	walk_init(&w, tensor, start, lo, hi);
 	if ((rc = walk_payload(&w, &s)))
 		return rc;
-	*digest += w.acc;
+	*digest += w.m.acc;
 	return 0;
 }

@@ -36,6 +36,20 @@ static int h_rec_exists(const char *dir, uint64_t v)
 	return access(path, F_OK) == 0;
 }
 
+/* XOR the byte at off (fseek's whence) of the file at path with mask;
+ * returns the byte it held. */
+static int h_flip_byte(const char *path, long off, int whence, int mask)
+{
+	FILE *f = fopen(path, "r+b");
+	int ch;
+
+	REQUIRE(f);
+	REQUIRE(fseek(f, off, whence) == 0 && (ch = fgetc(f)) != EOF);
+	REQUIRE(fseek(f, off, whence) == 0 && fputc(ch ^ mask, f) != EOF);
+	REQUIRE(fclose(f) == 0);
+	return ch;
+}
+
 static uint64_t h_file_version(const char *dir)
 {
 	char path[512];

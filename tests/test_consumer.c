@@ -49,6 +49,26 @@ static dcast_consumer *open_consumer(const h_broker *b, const char *model, const
 	return c;
 }
 
+/* open_consumer with the test fault `fault` (DELTACAST_CONSUMER_FAULT,
+ * consumer/fault.c) armed; the variable is cleared again. */
+static dcast_consumer *open_faulted(const h_broker *b, const char *model, const char *dir, const char *fault)
+{
+	dcast_consumer *c;
+
+	setenv("DELTACAST_CONSUMER_FAULT", fault, 1);
+	c = open_consumer(b, model, dir);
+	unsetenv("DELTACAST_CONSUMER_FAULT");
+	return c;
+}
+
+/* A file at path (a char *) with bytes in it: tp_wait_until's test. */
+static int file_written(void *path)
+{
+	struct stat st;
+
+	return stat(path, &st) == 0 && st.st_size > 0;
+}
+
 static int wait_ready(dcast_consumer *c, uint64_t v);
 
 /* Does DIR(name)/model.dlog hold the record file of version v? */
@@ -195,9 +215,7 @@ static void run_fault(const h_broker *b, const char *model, const char *fault, u
 	dcast_consumer *c;
 
 	REQUIRE(h_model_start(b, model, 29, versions, density_inv, &m, &p) == 0);
-	setenv("DELTACAST_CONSUMER_FAULT", fault, 1);
-	c = open_consumer(b, model, dir_for(model));
-	unsetenv("DELTACAST_CONSUMER_FAULT");
+	c = open_faulted(b, model, dir_for(model), fault);
 	REQUIRE(c);
 	CHECK(h_drive(c, &m, versions, s) == 0);
 	*exact = h_equal(c, &m, versions);
@@ -230,15 +248,11 @@ static void test_anchor_digests_threads(const h_broker *b)
 	dcast_consumer *c;
 	h_seen s = {0};
 	char path[512];
-	FILE *f;
-	int ch;
 
 	h_model_init(&m, 73, 8);
 	REQUIRE(h_model_bytes(&m) > (8u << 20));
 	REQUIRE(h_producer_open(b, "m_anchorthreads", &m, &p) == 0 && h_publish(p, &m, 1, 100) == 0);
-	setenv("DELTACAST_CONSUMER_FAULT", "predigest:1", 1);
-	c = open_consumer(b, "m_anchorthreads", dir_for("anchorthreads"));
-	unsetenv("DELTACAST_CONSUMER_FAULT");
+	c = open_faulted(b, "m_anchorthreads", dir_for("anchorthreads"), "predigest:1");
 	REQUIRE(c);
 	CHECK(h_drive(c, &m, 1, &s) == 0 && h_equal(c, &m, 1));
 	CHECK(s.apply_failures >= 1 && s.last_apply_error == DCAST_EDIGEST && s.anchors >= 2);
@@ -247,12 +261,7 @@ static void test_anchor_digests_threads(const h_broker *b)
 	CHECK(dcast_consumer_checkpoint(c) == 0 && h_file_version(dir_for("anchorthreads")) == 2);
 	dcast_consumer_close(&c);
 	snprintf(path, sizeof(path), "%s/model.safetensors", dir_for("anchorthreads"));
-	REQUIRE((f = fopen(path, "r+b")) != NULL);
-	fseek(f, (long)(h_model_bytes(&m) / 2), SEEK_SET);
-	ch = fgetc(f);
-	fseek(f, (long)(h_model_bytes(&m) / 2), SEEK_SET);
-	fputc(ch ^ 0x04, f);
-	fclose(f);
+	h_flip_byte(path, (long)(h_model_bytes(&m) / 2), SEEK_SET, 0x04);
 	c = open_consumer(b, "m_anchorthreads", dir_for("anchorthreads"));
 	REQUIRE(c);
 	CHECK(dcast_consumer_version(c) == DCAST_VERSION_NONE); /* dropped, not served */
@@ -274,9 +283,7 @@ static void run_ahead_fault(const h_broker *b, const char *model, uint64_t seed,
 	dcast_consumer *c;
 
 	REQUIRE(h_model_start(b, model, seed, 2, 100, &m, &p) == 0);
-	setenv("DELTACAST_CONSUMER_FAULT", fault, 1);
-	c = open_consumer(b, model, dir_for(model));
-	unsetenv("DELTACAST_CONSUMER_FAULT");
+	c = open_faulted(b, model, dir_for(model), fault);
 	REQUIRE(c);
 	CHECK(h_drive(c, &m, 2, s) == 0);
 	for (uint64_t i = 0; dense && i < h_range_elems * 2; i++) /* random bit patterns: dense is smallest */
@@ -314,9 +321,7 @@ static void test_in_place_refused(const h_broker *b)
 	char path[512];
 
 	REQUIRE(h_model_start(b, "m_iprefuse", 59, 1, 100, &m, &p) == 0);
-	setenv("DELTACAST_CONSUMER_FAULT", "predigest:1", 1);
-	c = open_consumer(b, "m_iprefuse", dir_for("iprefuse"));
-	unsetenv("DELTACAST_CONSUMER_FAULT");
+	c = open_faulted(b, "m_iprefuse", dir_for("iprefuse"), "predigest:1");
 	REQUIRE(c);
 	CHECK(h_drive(c, &m, 1, &s) == 0 && h_equal(c, &m, 1));
 	CHECK(s.errors + s.apply_failures >= 1 && s.anchors >= 2);
@@ -393,18 +398,13 @@ static void test_close_mid_anchor(const h_broker *b)
 	dcast_producer *p = NULL;
 	dcast_consumer *c;
 	h_seen s = {0};
-	struct stat st;
 	char path[512];
 
 	REQUIRE(h_model_start(b, "m_midclose", 67, 1, 100, &m, &p) == 0);
-	setenv("DELTACAST_CONSUMER_FAULT", "cut:1", 1);
-	c = open_consumer(b, "m_midclose", dir);
-	unsetenv("DELTACAST_CONSUMER_FAULT");
+	c = open_faulted(b, "m_midclose", dir, "cut:1");
 	REQUIRE(c);
 	snprintf(path, sizeof(path), "%s/model.safetensors.new", dir);
-	for (int i = 0; i < 1000 && (stat(path, &st) != 0 || st.st_size == 0); i++)
-		usleep(10000); /* the first chunk's range, written behind */
-	CHECK(stat(path, &st) == 0 && st.st_size > 0);
+	CHECK(tp_wait_until(10000, file_written, path)); /* the first chunk's range, written behind */
 	CHECK(dcast_consumer_version(c) == DCAST_VERSION_NONE && dcast_consumer_ready_version(c) == DCAST_VERSION_NONE);
 	dcast_consumer_close(&c);
 	CHECK(c == NULL);
@@ -499,15 +499,12 @@ static void test_corrupt_log(const h_broker *b)
 	CHECK(h_drive(c, &m, 3, &s) == 0);
 	dcast_consumer_close(&c);
 	snprintf(path, sizeof(path), "%s/model.dlog/%020d.rec", dir_for("log"), 2);
-	FILE *f = fopen(path, "r+b");
+	FILE *f = fopen(path, "rb");
 	REQUIRE(f);
 	long at = first_payload(f) + 5; /* inside the first chunk's payload */
-	REQUIRE(at > 5);
-	fseek(f, at, SEEK_SET);
-	int ch = fgetc(f);
-	fseek(f, at, SEEK_SET);
-	fputc(ch ^ 0x01, f);
 	fclose(f);
+	REQUIRE(at > 5);
+	int ch = h_flip_byte(path, at, SEEK_SET, 0x01);
 	REQUIRE(h_publish(p, &m, 4, 100) == 0);
 	c = open_consumer(b, "m_log", dir_for("log"));
 	REQUIRE(c);
@@ -547,13 +544,7 @@ static void test_corrupt_anchor_file(const h_broker *b)
 	CHECK(dcast_consumer_checkpoint(c) == 0); /* model.safetensors at version 2 */
 	dcast_consumer_close(&c);
 	snprintf(path, sizeof(path), "%s/model.safetensors", dir_for("anchor"));
-	FILE *f = fopen(path, "r+b");
-	REQUIRE(f);
-	fseek(f, -3, SEEK_END); /* tensor data, not the header */
-	int ch = fgetc(f);
-	fseek(f, -3, SEEK_END);
-	fputc(ch ^ 0x10, f);
-	fclose(f);
+	h_flip_byte(path, -3, SEEK_END, 0x10); /* tensor data, not the header */
 	c = NULL;
 	REQUIRE(dcast_consumer_open(b->consumers, "m_anchor", dir_for("anchor"), BUDGET, &o, &c) == 0);
 	CHECK(dcast_consumer_version(c) == DCAST_VERSION_NONE); /* dropped, not served */
@@ -680,13 +671,7 @@ static void test_double_fault(const h_broker *b)
 	CHECK(h_drive(c, &m, 2, &s) == 0);
 	CHECK(dcast_consumer_checkpoint(c) == 0); /* model.safetensors at version 2, no record files */
 	snprintf(path, sizeof(path), "%s/model.safetensors", dir_for("double"));
-	FILE *f = fopen(path, "r+b");
-	REQUIRE(f);
-	fseek(f, -3, SEEK_END);
-	int ch = fgetc(f);
-	fseek(f, -3, SEEK_END);
-	fputc(ch ^ 0x10, f);
-	fclose(f);
+	h_flip_byte(path, -3, SEEK_END, 0x10);
 	REQUIRE(h_publish(p, &m, 3, 3) == 0);
 	REQUIRE(wait_ready(c, 3) == 0);
 	CHECK_ERR(dcast_consumer_apply(c, 3), DCAST_EDIGEST);

@@ -134,21 +134,22 @@ static int resolvable(const dcast_consumer *c, const cs_chunk *k)
 	       !t->n_views && k->file_off != CS_IN_PLACE;
 }
 
-static void res_arrays(const cs_chunk *k, const uint32_t **pos, const unsigned char **old,
-		       const unsigned char **nv)
+/* k's arrays at r (res_size(k) bytes): positions, old values, new ones. */
+static void res_arrays(unsigned char *r, const cs_chunk *k, uint32_t **pos, unsigned char **old,
+		       unsigned char **nv)
 {
-	*pos = (const uint32_t *)k->res;
-	*old = k->res + 4 * k->info.changed;
+	*pos = (uint32_t *)r;
+	*old = r + 4 * k->info.changed;
 	*nv = *old + k->info.changed * k->info.elem_size;
 }
 
 void cs_resolved_scatter(dcast_consumer *c, const cs_chunk *k, int undo)
 {
-	const unsigned char *old, *nv;
-	const uint32_t *pos;
+	unsigned char *old, *nv;
+	uint32_t *pos;
 
 	DCAST_ASSERT(k->res && c->tensors[k->tensor].mem == DCAST_MEM_HOST);
-	res_arrays(k, &pos, &old, &nv);
+	res_arrays(k->res, k, &pos, &old, &nv);
 	dcast_codec_scatter(pos, undo ? old : nv, k->info.changed, k->info.elem_size, cs_chunk_dst(c, k));
 }
 
@@ -188,12 +189,12 @@ static uint64_t pos_lower(const uint32_t *pos, uint64_t n, uint64_t p)
 /* Move e by k's resolved changes at positions [lo, hi); nonzero: not moved. */
 static int move_resolved(const cs_chunk *k, cs_dentry *e, uint64_t lo, uint64_t hi)
 {
-	const unsigned char *old, *nv;
-	const uint32_t *pos;
+	unsigned char *old, *nv;
+	uint32_t *pos;
 	unsigned es = k->info.elem_size;
 	uint64_t a, b;
 
-	res_arrays(k, &pos, &old, &nv);
+	res_arrays(k->res, k, &pos, &old, &nv);
 	a = pos_lower(pos, k->info.changed, lo);
 	b = pos_lower(pos, k->info.changed, hi);
 	return dcast_ldigest_update(&e->have, k->tensor, k->start, pos + a, old + a * es, nv + a * es, b - a, es);
@@ -366,15 +367,17 @@ static cs_dentry *sole_entry(cs_dcache *n, const cs_chunk *k)
 static int resolve_chunk(dcast_consumer *c, cs_version *v, cs_chunk *k, const unsigned char *p, cs_dcache *n,
 			 uint64_t cap, uint64_t *used)
 {
-	unsigned char *r = v->res + *used;
-	uint64_t m = k->info.changed, moved = 0;
+	unsigned char *r = v->res + *used, *old, *nv;
+	uint64_t moved = 0;
+	uint32_t *pos;
 	cs_dentry *e;
 
 	if (!resolvable(c, k) || *used + res_size(k) > cap)
 		return 0;
 	e = sole_entry(n, k);
-	if (dcast_codec_resolve(&k->info, p, cs_chunk_dst(c, k), (uint32_t *)r, r + 4 * m,
-				r + (4 + k->info.elem_size) * m, k->tensor, k->start, e ? &moved : NULL))
+	res_arrays(r, k, &pos, &old, &nv);
+	if (dcast_codec_resolve(&k->info, p, cs_chunk_dst(c, k), pos, old, nv, k->tensor, k->start,
+				e ? &moved : NULL))
 		return 0;
 	k->res = r;
 	*used += res_size(k);

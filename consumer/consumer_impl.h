@@ -35,6 +35,9 @@
  * Returns once every item is done. */
 #define CS_PAR_THREADS 8
 #define CS_PAR_MIN_BYTES (8u << 20)
+/* The work of one sparse change in cs_par_for's bytes: the cache line it
+ * reads or writes in the live tensor, then its hashing (resolve) */
+#define CS_CHANGE_COST 64
 void cs_par_for(unsigned n, uint64_t bytes, void (*fn)(void *arg, unsigned i), void *arg);
 
 /* ---- staging pool: pinned memory in three regions ----

@@ -333,19 +333,6 @@ static int all_cached(const cs_dcache *n)
 	return 1;
 }
 
-/* The bytes of the chunks that resolve within the undo region, in order,
- * and the region taken for them (v->res) unless none does. */
-static uint64_t res_alloc(dcast_consumer *c, cs_version *v)
-{
-	uint64_t need = 0;
-
-	for (uint32_t i = 0; i < v->n_chunks; i++)
-		if (resolvable(c, &v->chunks[i]) && need + res_size(&v->chunks[i]) <= c->pool.region_bytes)
-			need += res_size(&v->chunks[i]);
-	v->res = need ? cs_pool_undo_take(&c->pool, v->version) : NULL;
-	return need;
-}
-
 /* The entry of n that alone overlaps k, covering it whole, or NULL. */
 static cs_dentry *sole_entry(cs_dcache *n, const cs_chunk *k)
 {
@@ -360,39 +347,45 @@ static cs_dentry *sole_entry(cs_dcache *n, const cs_chunk *k)
 	return e;
 }
 
-/* Resolve k into v->res at *used when it fits, moving its entry on the
- * way when one entry holds it; 1 when that entry was moved.  A payload
- * that fails is left to move_entries (which marks its entries) and to
- * apply (which names the problem). */
-static int resolve_chunk(dcast_consumer *c, cs_version *v, cs_chunk *k, const unsigned char *p, cs_dcache *n,
-			 uint64_t cap, uint64_t *used)
-{
-	unsigned char *r = v->res + *used, *old, *nv;
-	uint64_t moved = 0;
-	uint32_t *pos;
-	cs_dentry *e;
+/* One chunk's part of the check ahead: planned on the caller's thread,
+ * resolved on a cs_par_for thread, which writes only the chunk's arrays
+ * and its job. */
+typedef struct res_job {
+	const unsigned char *p; /* its payload, resident; NULL: not resolved */
+	uint64_t off;           /* its arrays at v->res + off */
+	cs_dentry *e;           /* the entry that alone holds it, or NULL */
+	uint64_t moved;         /* e's move by its changes */
+	int ok;                 /* resolved */
+} res_job;
 
-	if (!resolvable(c, k) || *used + res_size(k) > cap)
-		return 0;
-	e = sole_entry(n, k);
-	res_arrays(r, k, &pos, &old, &nv);
-	if (dcast_codec_resolve(&k->info, p, cs_chunk_dst(c, k), pos, old, nv, k->tensor, k->start,
-				e ? &moved : NULL))
-		return 0;
-	k->res = r;
-	*used += res_size(k);
-	if (!e)
-		return 0;
-	e->have += moved;
-	c->verify_bytes += change_bytes(k);
-	return 1;
+typedef struct res_run {
+	const dcast_consumer *c;
+	cs_version *v;
+	res_job *jobs;
+} res_run;
+
+static void resolve_one(void *arg, unsigned i)
+{
+	res_run *r = arg;
+	res_job *j = &r->jobs[i];
+	cs_chunk *k = &r->v->chunks[i];
+	unsigned char *old, *nv;
+	uint32_t *pos;
+
+	if (!j->p)
+		return;
+	res_arrays(r->v->res + j->off, k, &pos, &old, &nv);
+	j->ok = !dcast_codec_resolve(&k->info, j->p, cs_chunk_dst(r->c, k), pos, old, nv, k->tensor, k->start,
+				     j->e ? &j->moved : NULL);
 }
 
-/* Move the digests by every chunk of v, old values read from the live
- * tensors, which still hold v's base; resolve what fits on the way. */
-static int ahead_chunks(dcast_consumer *c, cs_version *v, cs_dcache *n)
+/* Give each resident chunk that resolves within the undo region its place
+ * there, in order (v->res taken when one does); move the entries of every
+ * other chunk now, old values read from the live tensors, which still hold
+ * v's base.  *cost: the resolves' work for cs_par_for. */
+static int ahead_plan(dcast_consumer *c, cs_version *v, cs_dcache *n, res_job *jobs, uint64_t *cost)
 {
-	uint64_t cap = res_alloc(c, v), used = 0;
+	uint64_t used = 0;
 	int err = 0;
 
 	for (uint32_t i = 0; !err && i < v->n_chunks; i++) {
@@ -400,10 +393,55 @@ static int ahead_chunks(dcast_consumer *c, cs_version *v, cs_dcache *n)
 		const unsigned char *p;
 		if (!cs_chunk_writes(k) || (err = cs_chunk_payload(c, v, k, &p)))
 			continue;
-		if (!resolve_chunk(c, v, k, p, n, cap, &used))
-			move_entries(c, n, k, p, NULL, 0);
+		if (!k->resident || !resolvable(c, k) || used + res_size(k) > c->pool.region_bytes) {
+			move_entries(c, n, k, p, NULL, 0); /* p may be the pool's scratch: now */
+			continue;
+		}
+		jobs[i] = (res_job){ .p = p, .off = used, .e = sole_entry(n, k) };
+		used += res_size(k);
+		*cost += k->info.changed * CS_CHANGE_COST;
 	}
+	v->res = used ? cs_pool_undo_take(&c->pool, v->version) : NULL;
 	v->res_bytes = used;
+	return err;
+}
+
+/* After the resolves, in chunk order: a chunk's sole entry takes its move;
+ * a chunk resolved under several entries moves them from its arrays; one
+ * that failed moves them from its payload, which marks them (apply names
+ * the problem). */
+static void ahead_settle(dcast_consumer *c, cs_version *v, cs_dcache *n, const res_job *jobs)
+{
+	for (uint32_t i = 0; i < v->n_chunks; i++) {
+		const res_job *j = &jobs[i];
+		cs_chunk *k = &v->chunks[i];
+		if (!j->p)
+			continue;
+		k->res = j->ok ? v->res + j->off : NULL;
+		if (!j->ok || !j->e) {
+			move_entries(c, n, k, j->p, NULL, 0);
+			continue;
+		}
+		j->e->have += j->moved;
+		c->verify_bytes += change_bytes(k);
+	}
+}
+
+/* Move the digests by every chunk of v before it is applied, resolving on
+ * several threads what fits in the undo region. */
+static int ahead_chunks(dcast_consumer *c, cs_version *v, cs_dcache *n)
+{
+	res_job *jobs = calloc(v->n_chunks ? v->n_chunks : 1, sizeof(*jobs));
+	uint64_t cost = 0;
+	int err;
+
+	if (!jobs)
+		return DCAST_ENOMEM; /* checked at apply */
+	if (!(err = ahead_plan(c, v, n, jobs, &cost))) {
+		cs_par_for(v->n_chunks, cost, resolve_one, &(res_run){ c, v, jobs });
+		ahead_settle(c, v, n, jobs);
+	}
+	free(jobs);
 	return err || all_cached(n) ? err : DCAST_EINVAL; /* a payload that failed: apply names it */
 }
 

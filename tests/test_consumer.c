@@ -274,26 +274,35 @@ static void test_anchor_digests_threads(const h_broker *b)
 /* Versions 1-2 applied, then 3 and 4 published while 2 is live, so that 3
  * is checked ahead; `fault` (DELTACAST_CONSUMER_FAULT) armed for 3, and
  * with `dense` 3 also rewrites the first chunk whole.  The consumer must
- * end bit-exact at 4; s says what it went through. */
-static void run_ahead_fault(const h_broker *b, const char *model, uint64_t seed, const char *fault, int dense,
-			    h_seen *s)
+ * end bit-exact at 4; s says what it went through.  The model at scale 1
+ * with 1% deltas, unless run_ahead_sized says otherwise. */
+static void run_ahead_sized(const h_broker *b, const char *model, uint64_t seed, uint64_t scale,
+			    unsigned density_inv, const char *fault, int dense, h_seen *s)
 {
 	h_model m;
 	dcast_producer *p = NULL;
 	dcast_consumer *c;
 
-	REQUIRE(h_model_start(b, model, seed, 2, 100, &m, &p) == 0);
+	h_model_init(&m, seed, scale);
+	REQUIRE(h_producer_open(b, model, &m, &p) == 0 && h_publish(p, &m, 1, density_inv) == 0 &&
+		h_publish(p, &m, 2, density_inv) == 0);
 	c = open_faulted(b, model, dir_for(model), fault);
 	REQUIRE(c);
 	CHECK(h_drive(c, &m, 2, s) == 0);
 	for (uint64_t i = 0; dense && i < h_range_elems * 2; i++) /* random bit patterns: dense is smallest */
 		m.cur[0][i] = (unsigned char)h_rand(&m.rng);
-	REQUIRE(h_publish(p, &m, 3, 100) == 0 && h_publish(p, &m, 4, 100) == 0);
+	REQUIRE(h_publish(p, &m, 3, density_inv) == 0 && h_publish(p, &m, 4, density_inv) == 0);
 	CHECK(h_drive(c, &m, 4, s) == 0);
 	CHECK(h_equal(c, &m, 4));
 	dcast_consumer_close(&c);
 	dcast_producer_close(&p);
 	h_model_free(&m);
+}
+
+static void run_ahead_fault(const h_broker *b, const char *model, uint64_t seed, const char *fault, int dense,
+			    h_seen *s)
+{
+	run_ahead_sized(b, model, seed, 1, 100, fault, dense, s);
 }
 
 /* A wrong digest found when version 3 is checked ahead of apply (it
@@ -304,6 +313,18 @@ static void test_digest_ahead(const h_broker *b)
 	h_seen s = {0};
 
 	run_ahead_fault(b, "m_ahead", 31, "predigest:3", 0, &s);
+	CHECK(s.errors >= 1 && s.last_error == DCAST_EDIGEST);
+	CHECK(s.apply_failures == 0 && s.untouched_bad == 0);
+}
+
+/* The same at a size where the check ahead resolves and apply scatters on
+ * several threads (a 10 MB model, 10% deltas: 360k changes a version):
+ * the wrong digest still refused ahead, the good versions bit-exact. */
+static void test_digest_ahead_threads(const h_broker *b)
+{
+	h_seen s = {0};
+
+	run_ahead_sized(b, "m_aheadthreads", 83, 8, 10, "predigest:3", 0, &s);
 	CHECK(s.errors >= 1 && s.last_error == DCAST_EDIGEST);
 	CHECK(s.apply_failures == 0 && s.untouched_bad == 0);
 }
@@ -826,6 +847,7 @@ int main(void)
 	test_digest_ahead(&b);
 	test_in_place_refused(&b);
 	test_anchor_digests_threads(&b);
+	test_digest_ahead_threads(&b);
 	test_ahead_rollback(&b);
 	test_ahead_rollback_dense(&b);
 	test_bind_after_ahead(&b);

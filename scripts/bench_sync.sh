@@ -140,13 +140,16 @@ applied() {
 	return 1
 }
 
-# wait_all DIR V: until every consumer has applied V (any one dying fails).
+# wait_all DIR V PUB: until every consumer has applied V (any one dying
+# fails, and so does the publisher PUB exiting before V's ACK).
 # Naps on a FIFO nobody writes (read -t), not on a sleep process.
 wait_all() {
-	local d=$1 v=$2 i deadline=$((SECONDS + 600))
+	local d=$1 v=$2 pub=$3 i deadline=$((SECONDS + 600))
 	for ((i = 1; i <= ${#CPIDS[@]}; i++)); do
 		until applied "$d/c$i.log" "$v"; do
 			kill -0 "${CPIDS[i - 1]}" 2>/dev/null || die "$d: consumer $i exited ($(tail -n 2 "$d/c$i.err"))"
+			kill -0 "$pub" 2>/dev/null || grep -q "^acked $v " "$d/publish.log" ||
+				die "$d: fault_publish exited before version $v ($(tail -n 2 "$d/publish.err"))"
 			[ $SECONDS -lt $deadline ] || die "$d: consumer $i has no version $v after 600 s"
 			read -r -t 0.02 -u "$NAP"
 		done
@@ -186,7 +189,7 @@ publish_paced() {
 	exec {go}>"$d/go"
 	for ((v = 1; v <= STEPS + 1; v++)); do
 		(echo go >&$go) 2>/dev/null || die "fault_publish is gone ($(cat "$d/publish.err"))"
-		wait_all "$d" "$v"
+		wait_all "$d" "$v" "$pub"
 		while [ "$v" = 2 ] && ! folded "$d"; do
 			[ $SECONDS -lt $((deadline)) ] || die "$d: the anchor's files not sealed after 600 s"
 			read -r -t 0.02 -u "$NAP"

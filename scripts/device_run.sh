@@ -8,15 +8,19 @@
 #   sync     `make bench-sync` (issue 17) on this host's cores: forms
 #            SYNC_FORMS ("lib sub"), N's SYNC_N ("1 4 8"), the --data-dir row
 #            (SYNC_DATADIR=1); its logs (no model files) in sync-logs.tgz
+#   sync-gpu bench-sync's library form (N's SYNC_N) with the producer's
+#            tensors and baseline in CUDA memory, as a trainer's are
+#            (fault_publish FAULT_PUBLISH_DEVICE=1); logs in sync-gpu-logs.tgz
 #   fanout   an anchor to N joining consumers (raw TCP, the broker to
 #            receive-only joiners, library joiners until READY); N's: NS
 #   sync-py  bench-sync's Python-binding form (same N's, no --data-dir row),
 #            if a python3 there imports numpy; logs in sync-py-logs.tgz
-# STEPS picks (default "gpu sync fanout sync-py"); DEADLINE (370 s): no step
+# STEPS picks (default "gpu sync sync-gpu fanout sync-py"); DEADLINE (370 s): no step
 # runs past it, and one that would get under 30 s is skipped.  Each step's
 # own limit: gpu 240 s (a failing test_consumer_gpu spends ~110 s in the
-# consumer's rejoin back-off), sync 200 s, fanout and sync-py 75 s.  On an
-# H200 host (2026-11-26) the four took 150 + 42 + 19 + 17 s.  PARAMS (100M)
+# consumer's rejoin back-off), sync 200 s, sync-gpu 120 s, fanout and
+# sync-py 75 s.  On an H200 host (2026-11-26) gpu, sync, fanout and sync-py
+# took 150 + 42 + 19 + 17 s.  PARAMS (100M)
 # sizes the model of sync and fanout; BARGS: flags for fanout's brokers.
 # Output: STEP.txt and steps.txt (each step's rc and seconds) in $OUT.
 # bench_sync_report.py needs only python3's standard library; with no
@@ -95,6 +99,11 @@ bench_sync() {
 
 sync_lib() { bench_sync sync "${SYNC_FORMS:-lib sub}" "${SYNC_DATADIR:-1}"; }
 
+sync_gpu() {
+	export FAULT_PUBLISH_DEVICE=1
+	bench_sync sync-gpu lib 0
+}
+
 sync_py() {
 	local py
 	py=$(pick_python)
@@ -147,6 +156,7 @@ if [ "${1:-}" = step ]; then
 	gpu) gpu ;;
 	sync) sync_lib ;;
 	sync-py) sync_py ;;
+	sync-gpu) sync_gpu ;;
 	fanout) fanout ;;
 	*) echo "no step $2"; exit 2 ;;
 	esac
@@ -154,12 +164,12 @@ if [ "${1:-}" = step ]; then
 fi
 
 DEADLINE=${DEADLINE:-370}
-declare -A CAP=([gpu]=240 [sync]=200 [fanout]=75 [sync-py]=75)
+declare -A CAP=([gpu]=240 [sync]=200 [sync-gpu]=120 [fanout]=75 [sync-py]=75)
 {
-	echo "start $(date -u +%FT%TZ), $(nproc) cpus, steps: ${STEPS:-gpu sync fanout sync-py}, deadline ${DEADLINE} s"
+	echo "start $(date -u +%FT%TZ), $(nproc) cpus, steps: ${STEPS:-gpu sync sync-gpu fanout sync-py}, deadline ${DEADLINE} s"
 	nvidia-smi -L 2>&1
 } | tee "$O/steps.txt"
-for s in ${STEPS:-gpu sync fanout sync-py}; do
+for s in ${STEPS:-gpu sync sync-gpu fanout sync-py}; do
 	[ "$s" = gpu ] && [ -n "${SKIP_GPU:-}" ] && continue
 	left=$((DEADLINE - SECONDS))
 	lim=${CAP[$s]:-120}

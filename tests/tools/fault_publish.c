@@ -12,22 +12,73 @@
  * usage: fault_publish ENDPOINT MODEL FIRST INTERVAL_MS FILE...
  * FAULT_PUBLISH_RANGE_ELEMS=N in the environment: chunks of N elements
  * (scripts/cluster_run.sh scales them with the model).
+ * FAULT_PUBLISH_DEVICE=1: the tensors live in CUDA memory, as a trainer's
+ * do (each file copied there before its publish, outside T_START..T_ACKED),
+ * their baseline too: the producer's device path (scripts/device_run.sh,
+ * step sync-gpu).  Without a CUDA build or device it exits 1 saying so.
  * Exit 0 when every file is acknowledged; 1 with the error on stderr. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
+#include "deltacast/codec.h"
 #include "deltacast/producer.h"
 #include "deltacast/safetensors.h"
+#ifdef DCAST_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
-static int register_file(dcast_producer *p, dcast_st_file *f)
+/* FAULT_PUBLISH_DEVICE: one buffer in CUDA memory per tensor, kept for
+ * every version (the files' tensors are the same, in the same order). */
+static void **dev_bufs;
+static size_t n_dev_bufs;
+
+/* Tensor i's data in CUDA memory (t's bytes copied there); NULL on error,
+ * printed.  Every file's tensor i must have the first one's size. */
+static void *dev_copy(size_t i, const dcast_st_tensor *t)
+{
+#ifdef DCAST_HAVE_CUDA
+	cudaError_t e = cudaSuccess;
+
+	if (i >= n_dev_bufs) {
+		void **b = realloc(dev_bufs, (i + 1) * sizeof(*b));
+		if (!b)
+			return NULL;
+		dev_bufs = b;
+		dev_bufs[n_dev_bufs++] = NULL;
+		e = cudaMalloc(&dev_bufs[i], t->nbytes ? t->nbytes : 1);
+	}
+	if (!e)
+		e = cudaMemcpy(dev_bufs[i], t->data, t->nbytes, cudaMemcpyHostToDevice);
+	if (!e)
+		return dev_bufs[i];
+	fprintf(stderr, "fault_publish: tensor %s into CUDA memory: %s\n", t->name, cudaGetErrorString(e));
+#else
+	(void)i;
+	fprintf(stderr, "fault_publish: tensor %s: FAULT_PUBLISH_DEVICE, but this build has no CUDA\n", t->name);
+#endif
+	return NULL;
+}
+
+static void dev_free(void)
+{
+#ifdef DCAST_HAVE_CUDA
+	for (size_t i = 0; i < n_dev_bufs; i++)
+		cudaFree(dev_bufs[i]);
+#endif
+	free(dev_bufs);
+}
+
+static int register_file(dcast_producer *p, dcast_st_file *f, int dev)
 {
 	for (size_t i = 0; i < dcast_st_count(f); i++) {
 		const dcast_st_tensor *t = dcast_st_tensor_at(f, i);
 		int d = dcast_dtype_from_name(dcast_st_dtype_name(t->dtype));
+		void *ptr = dev ? dev_copy(i, t) : (void *)t->data;
 		int rc = d < 0 ? DCAST_EDTYPE
-			       : dcast_producer_register(p, t->name, d, t->ndim, t->shape, t->data,
-							 DCAST_MEM_HOST, 0, t->count);
+			 : !ptr ? DCAST_ECUDA
+				: dcast_producer_register(p, t->name, d, t->ndim, t->shape, ptr,
+							  dev ? DCAST_MEM_CUDA : DCAST_MEM_HOST, 0, t->count);
 		if (rc)
 			return rc;
 	}
@@ -83,6 +134,7 @@ int main(int argc, char **argv)
 	dcast_producer *p = NULL;
 	uint64_t first;
 	long interval_ms;
+	int dev = getenv("FAULT_PUBLISH_DEVICE") && atoi(getenv("FAULT_PUBLISH_DEVICE"));
 	int rc = 0;
 
 	if (argc < 6) {
@@ -94,6 +146,11 @@ int main(int argc, char **argv)
 	dcast_producer_opts_init(&o);
 	o.client = "fault_publish";
 	o.max_reconnects = 10;
+	o.baseline_on_device = dev;
+	if (dev && !dcast_cuda_available()) {
+		fprintf(stderr, "fault_publish: FAULT_PUBLISH_DEVICE, but no usable CUDA device\n");
+		return 1;
+	}
 	if (getenv("FAULT_PUBLISH_RANGE_ELEMS"))
 		o.range_elems = strtoull(getenv("FAULT_PUBLISH_RANGE_ELEMS"), NULL, 10);
 	if ((rc = dcast_producer_open(argv[1], argv[2], 0, 1, &o, &p)))
@@ -103,7 +160,7 @@ int main(int argc, char **argv)
 		char go[64];
 		if (interval_ms < 0 && !fgets(go, sizeof(go), stdin))
 			break;
-		if ((rc = dcast_st_open(argv[i], &f)) || (rc = register_file(p, f)))
+		if ((rc = dcast_st_open(argv[i], &f)) || (rc = register_file(p, f, dev)))
 			break;
 		touch_file(f);
 		if ((rc = publish_acked(p, v)))
@@ -119,5 +176,6 @@ out:
 	dcast_st_close(&f);
 	dcast_st_close(&prev);
 	dcast_producer_close(&p);
+	dev_free();
 	return rc ? 1 : 0;
 }

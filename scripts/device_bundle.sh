@@ -9,6 +9,9 @@
 # the fan-out probe's scripts; scripts/device_run.sh as .dev/run.sh.  Then,
 # with the device tool: `bash .dev/run.sh` (see docs/benchmarks.md, "On a
 # GPU host").  No rebuild happens there, and nothing outside .dev/ is read.
+# BASE_CONSUMER=PATH: an older build of tests/tools/bench_sync_consumer,
+# carried as .dev/base/ for the run's sync-base step (an A/B of the
+# consumer on the same machine).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${DELTACAST_BUILD:-build}
@@ -32,4 +35,5 @@ ldd .dev/build/deltacast .dev/build/deltacast-broker .dev/build/libdeltacast.so 
 	grep -Ev '/(libc|libm|libpthread|libdl|librt|libresolv|libstdc\+\+|libgcc_s|ld-linux[^/]*)\.so' |
 	while read -r l; do cp -L "$l" .dev/lib/; done
 cp scripts/device_run.sh .dev/run.sh
+if [ -n "${BASE_CONSUMER:-}" ]; then mkdir -p .dev/base && cp "$BASE_CONSUMER" .dev/base/; fi
 du -sh .dev

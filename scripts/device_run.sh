@@ -11,6 +11,10 @@
 #   sync-gpu bench-sync's library form (N's SYNC_N) with the producer's
 #            tensors and baseline in CUDA memory, as a trainer's are
 #            (fault_publish FAULT_PUBLISH_DEVICE=1); logs in sync-gpu-logs.tgz
+#   sync-base the library form again with the bench_sync_consumer in
+#            base/ (scripts/device_bundle.sh's BASE_CONSUMER: an older
+#            build of it, for an A/B of the consumer in one lease); logs
+#            in sync-base-logs.tgz
 #   fanout   an anchor to N joining consumers (raw TCP, the broker to
 #            receive-only joiners, library joiners until READY); N's: NS
 #   sync-py  bench-sync's Python-binding form (same N's, no --data-dir row),
@@ -18,7 +22,7 @@
 # STEPS picks (default "gpu sync sync-gpu fanout sync-py"); DEADLINE (370 s): no step
 # runs past it, and one that would get under 30 s is skipped.  Each step's
 # own limit: gpu 240 s (a failing test_consumer_gpu spends ~110 s in the
-# consumer's rejoin back-off), sync 200 s, sync-gpu 120 s, fanout and
+# consumer's rejoin back-off), sync 200 s, sync-gpu and sync-base 120 s, fanout and
 # sync-py 75 s.  On an H200 host (2026-11-26) gpu, sync, fanout and sync-py
 # took 150 + 42 + 19 + 17 s.  PARAMS (100M)
 # sizes the model of sync and fanout; BARGS: flags for fanout's brokers.
@@ -99,6 +103,13 @@ bench_sync() {
 
 sync_lib() { bench_sync sync "${SYNC_FORMS:-lib sub}" "${SYNC_DATADIR:-1}"; }
 
+sync_base() {
+	local b=${TMPDIR:-/tmp}/dev-build-base
+	[ -x "$D/base/bench_sync_consumer" ] || { echo "== sync-base: skipped, no base/bench_sync_consumer"; return 3; }
+	rm -rf "$b" && cp -r "$B" "$b" && cp "$D/base/bench_sync_consumer" "$b/tools/" || return 1
+	DELTACAST_BUILD=$b bench_sync sync-base lib 0
+}
+
 sync_gpu() {
 	export FAULT_PUBLISH_DEVICE=1
 	bench_sync sync-gpu lib 0
@@ -157,6 +168,7 @@ if [ "${1:-}" = step ]; then
 	sync) sync_lib ;;
 	sync-py) sync_py ;;
 	sync-gpu) sync_gpu ;;
+	sync-base) sync_base ;;
 	fanout) fanout ;;
 	*) echo "no step $2"; exit 2 ;;
 	esac
@@ -164,7 +176,7 @@ if [ "${1:-}" = step ]; then
 fi
 
 DEADLINE=${DEADLINE:-370}
-declare -A CAP=([gpu]=240 [sync]=200 [sync-gpu]=120 [fanout]=75 [sync-py]=75)
+declare -A CAP=([gpu]=240 [sync]=200 [sync-gpu]=120 [sync-base]=120 [fanout]=75 [sync-py]=75)
 {
 	echo "start $(date -u +%FT%TZ), $(nproc) cpus, steps: ${STEPS:-gpu sync sync-gpu fanout sync-py}, deadline ${DEADLINE} s"
 	nvidia-smi -L 2>&1

@@ -93,6 +93,11 @@ void prod_dev_free(dcast_producer *p)
 	p->base_registered = 0;
 }
 
+/* Each encoder thread's work goes to its own default stream: on the
+ * legacy default stream (NULL) the encoders' kernels, copies and
+ * synchronizations of different ranges would run one after another. */
+#define DEV_STREAM ((void *)cudaStreamPerThread)
+
 /* The range's digest, computed whole: the CUDA encode keeps no old values
  * to update it from, so a changed range on a device costs O(range) GPU
  * reads here (the host path is O(changed), encode.c).  Acceptable for now:
@@ -103,7 +108,7 @@ static int dev_digest(const prod_tensor *t, uint32_t tensor, uint64_t off, uint6
 
 	if (!t->base_on_device)
 		return dcast_ldigest(tensor, t->shard_off + off, base, count, t->elem_size, d);
-	return dcast_cuda_ldigest(tensor, t->shard_off + off, base, count, t->elem_size, d, NULL);
+	return dcast_cuda_ldigest(tensor, t->shard_off + off, base, count, t->elem_size, d, DEV_STREAM);
 }
 
 int prod_dev_encode(dcast_producer *p, const prod_tensor *t, int anchor, uint64_t off,
@@ -119,11 +124,12 @@ int prod_dev_encode(dcast_producer *p, const prod_tensor *t, int anchor, uint64_
 		return cu_fail(e, "cudaSetDevice", t->desc.name);
 	rc = dcast_cuda_encode(cur, anchor ? NULL : base, count, t->elem_size, -1,
 			       DCAST_ENCODE_UPDATE_BASE, job->slot->buf, p->pool.slot_bytes,
-			       &job->info, NULL);
+			       &job->info, DEV_STREAM);
 	if (rc)
 		return rc;
 	job->no_old = !anchor && job->info.changed;
-	if (anchor && (e = cudaMemcpy(base, cur, bytes, cudaMemcpyDefault)))
+	if (anchor && ((e = cudaMemcpyAsync(base, cur, bytes, cudaMemcpyDefault, cudaStreamPerThread)) ||
+		       (e = cudaStreamSynchronize(cudaStreamPerThread))))
 		return cu_fail(e, "cudaMemcpy into the baseline", t->desc.name);
 	if (anchor || job->info.changed)
 		return dev_digest(t, job->tensor, off, count, &job->digest);

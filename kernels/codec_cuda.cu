@@ -8,6 +8,7 @@
  * device-computed stats with the same functions the CPU codec uses, so the
  * bytes are identical.  Apply checks everything on the device and only then
  * lets the write kernel (which reads the error word first) touch dst. */
+#include <pthread.h>
 #include <cub/cub.cuh>
 #include <cuda_runtime.h>
 #include "codec_impl.h"
@@ -43,9 +44,50 @@ struct scratch {
 	cudaStream_t s;
 };
 
+/* The codec's own memory pool per device, which keeps up to
+ * SCRATCH_KEEP_BYTES of freed scratch between calls: the default pool
+ * gives freed memory back to the driver at every synchronization (its
+ * release threshold is 0), so each call would map its scratch afresh.
+ * Our own pool leaves the application's default pool as it set it.  NULL
+ * (no pool: the default one is used) if it cannot be made. */
+#define SCRATCH_KEEP_BYTES (128ull << 20)
+#define SCRATCH_DEVICES 64
+
+static cudaMemPool_t scratch_pool(void)
+{
+	static cudaMemPool_t pools[SCRATCH_DEVICES];
+	static int tried[SCRATCH_DEVICES];
+	static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+	cudaMemPoolProps props = {};
+	uint64_t keep = SCRATCH_KEEP_BYTES;
+	cudaMemPool_t pool;
+	int dev;
+
+	if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= SCRATCH_DEVICES)
+		return NULL;
+	pthread_mutex_lock(&lock);
+	if (!tried[dev]) {
+		tried[dev] = 1;
+		props.allocType = cudaMemAllocationTypePinned;
+		props.handleTypes = cudaMemHandleTypeNone;
+		props.location.type = cudaMemLocationTypeDevice;
+		props.location.id = dev;
+		if (cudaMemPoolCreate(&pools[dev], &props) != cudaSuccess)
+			pools[dev] = NULL;
+		else
+			cudaMemPoolSetAttribute(pools[dev], cudaMemPoolAttrReleaseThreshold, &keep);
+		cudaGetLastError(); /* a refused pool is not the caller's error */
+	}
+	pool = pools[dev];
+	pthread_mutex_unlock(&lock);
+	return pool;
+}
+
 static cudaError_t scratch_get(scratch *sc, void **p, size_t bytes)
 {
-	cudaError_t e = cudaMallocAsync(p, bytes ? bytes : 8, sc->s);
+	cudaMemPool_t pool = scratch_pool();
+	cudaError_t e = pool ? cudaMallocFromPoolAsync(p, bytes ? bytes : 8, pool, sc->s)
+			     : cudaMallocAsync(p, bytes ? bytes : 8, sc->s);
 	if (e == cudaSuccess)
 		sc->p[sc->n++] = *p;
 	return e;

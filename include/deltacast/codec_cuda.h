@@ -7,8 +7,11 @@
  * Pointers: device pointers for ranges; payloads may be device memory,
  * registered (pinned) host memory, or ordinary host memory, which
  * dcast_cuda_apply first copies to the device (one cudaMemcpy of the
- * payload).  Scratch space is taken with cudaMallocAsync and
- * given back before return.  Without CUDA in the build, or without a
+ * payload).  Scratch space is taken stream-ordered from the codec's own
+ * memory pool on the current device (cudaMemPoolCreate; the default pool
+ * if that fails) and given back before return; the pool keeps up to 128
+ * MiB of it for the next call, so that a call does not map its scratch
+ * afresh.  Without CUDA in the build, or without a
  * device, every call returns DCAST_ENODEVICE; check dcast_cuda_available().
  * Errors also: DCAST_ECUDA (a CUDA call failed; detail names it). */
 #ifndef DELTACAST_CODEC_CUDA_H

@@ -12,6 +12,8 @@
  * usage: fault_publish ENDPOINT MODEL FIRST INTERVAL_MS FILE...
  * FAULT_PUBLISH_RANGE_ELEMS=N in the environment: chunks of N elements
  * (scripts/cluster_run.sh scales them with the model).
+ * FAULT_PUBLISH_ENCODE_THREADS=N: the producer's encode_threads (default:
+ * the library's).
  * FAULT_PUBLISH_DEVICE=1: the tensors live in CUDA memory, as a trainer's
  * do (each file copied there before its publish, outside T_START..T_ACKED),
  * their baseline too: the producer's device path (scripts/device_run.sh,
@@ -147,6 +149,8 @@ int main(int argc, char **argv)
 	o.client = "fault_publish";
 	o.max_reconnects = 10;
 	o.baseline_on_device = dev;
+	if (getenv("FAULT_PUBLISH_ENCODE_THREADS"))
+		o.encode_threads = (uint32_t)strtoul(getenv("FAULT_PUBLISH_ENCODE_THREADS"), NULL, 10);
 	if (dev && !dcast_cuda_available()) {
 		fprintf(stderr, "fault_publish: FAULT_PUBLISH_DEVICE, but no usable CUDA device\n");
 		return 1;

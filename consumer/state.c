@@ -4,6 +4,7 @@
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include "consumer_impl.h"
 #include "dcast_common.h"
 
@@ -53,11 +54,39 @@ int cs_tensors_tiled(const dcast_consumer *c)
 	return 0;
 }
 
+void *cs_host_alloc(uint64_t bytes)
+{
+	unsigned char *m, *a, *end;
+	size_t len = (size_t)bytes + CS_HUGE_PAGE;
+
+	if (bytes < CS_HUGE_PAGE)
+		return calloc(1, bytes ? bytes : 1);
+	m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (m == MAP_FAILED)
+		return NULL;
+	a = (unsigned char *)(((uintptr_t)m + CS_HUGE_PAGE - 1) & ~(uintptr_t)(CS_HUGE_PAGE - 1));
+	end = m + len;
+	if (a > m)
+		munmap(m, (size_t)(a - m));
+	if (a + bytes < end) /* whole pages only: bytes may end inside one */
+		munmap(a + ((bytes + 4095) & ~(uint64_t)4095), (size_t)(end - a - ((bytes + 4095) & ~(uint64_t)4095)));
+	madvise(a, bytes & ~(uint64_t)(CS_HUGE_PAGE - 1), MADV_HUGEPAGE); /* best effort */
+	return a;
+}
+
+void cs_host_free(void *p, uint64_t bytes)
+{
+	if (bytes < CS_HUGE_PAGE)
+		free(p);
+	else if (p)
+		munmap(p, (size_t)bytes);
+}
+
 void cs_tensors_free(dcast_consumer *c)
 {
 	for (uint32_t i = 0; i < c->n_tensors; i++) {
 		if (c->tensors[i].owned)
-			free(c->tensors[i].ptr);
+			cs_host_free(c->tensors[i].ptr, c->tensors[i].bytes);
 		cs_views_free(&c->tensors[i]);
 	}
 	free(c->tensors);
@@ -80,7 +109,7 @@ int cs_tensors_from_manifest(dcast_consumer *c, const dcast_manifest *m)
 		t[i].mem = DCAST_MEM_HOST;
 		t[i].owned = 1;
 		dcast_tiles_init(&t[i].map, &t[i].desc);
-		t[i].ptr = calloc(1, t[i].bytes ? t[i].bytes : 1);
+		t[i].ptr = cs_host_alloc(t[i].bytes);
 		if (!t[i].ptr) {
 			cs_tensors_free(c);
 			return dcast_fail(DCAST_ENOMEM, "host copy of tensor %s (%" PRIu64 " bytes)",

@@ -38,7 +38,7 @@ static int bind_locked(dcast_consumer *c, const char *name, void *ptr, dcast_mem
 		t->mem = DCAST_MEM_HOST;
 		return err;
 	}
-	cs_host_free(host, t->bytes);
+	cs_host_release(host, t->bytes);
 	if (mem == DCAST_MEM_CUDA)
 		cs_pool_cuda_register(&c->pool); /* DMA from the pool from now on */
 	cs_dcache_clear(&c->dcache); /* the caller's memory from now on: hash it afresh */

@@ -289,6 +289,8 @@ struct dcast_consumer {
 	cs_tensor *tensors;
 	uint32_t n_tensors;
 	uint32_t device_tensors;       /* bound in CUDA memory: undo from the checkpoint */
+	unsigned char *arena;          /* the owned tensors' host copies (state.c) */
+	uint64_t arena_bytes;
 
 	_Atomic uint64_t applied;      /* live version, NONE before the first */
 	pthread_mutex_t mu;            /* for wait_version (taken after `lock`, never before) */
@@ -444,15 +446,19 @@ void cs_syncer_close(cs_syncer *s);
 void cs_event_push(dcast_consumer *c, int type, uint64_t version, int code, const char *text);
 /* Free the tensor table (our host copies, the views' tables). */
 void cs_tensors_free(dcast_consumer *c);
-/* The library's own host copy of a tensor, zeroed; NULL when out of
- * memory.  From CS_HUGE_PAGE bytes on it is a mapping of its own, aligned
- * to and advised into transparent huge pages (where the kernel has them:
- * "madvise" or "always" in /sys/kernel/mm/transparent_hugepage/enabled),
- * so that an anchor written into it does not fault in 4 KiB at a time.
- * cs_host_free takes it back given the same size. */
+/* The library's own host copies of the tensors lie in one arena (each
+ * tensor from a page boundary), allocated zeroed by cs_host_alloc: NULL
+ * when out of memory; from CS_HUGE_PAGE bytes on a mapping of its own,
+ * aligned to and advised into transparent huge pages (where the kernel has
+ * them: "madvise" or "always" in /sys/kernel/mm/transparent_hugepage/
+ * enabled), so that an anchor written into it does not fault in 4 KiB at
+ * a time.  cs_host_free takes it back given the same size;
+ * cs_host_release gives the whole pages of [p, p + bytes) back to the
+ * kernel (a tensor bound to the caller's memory since). */
 #define CS_HUGE_PAGE (2u << 20)
 void *cs_host_alloc(uint64_t bytes);
 void cs_host_free(void *p, uint64_t bytes);
+void cs_host_release(void *p, uint64_t bytes);
 cs_tensor *cs_tensor_find(dcast_consumer *c, const char *name);
 /* Is any tensor tiled (wire order in memory, natural order in files)? */
 int cs_tensors_tiled(const dcast_consumer *c);

@@ -82,26 +82,39 @@ void cs_host_free(void *p, uint64_t bytes)
 		munmap(p, (size_t)bytes);
 }
 
+void cs_host_release(void *p, uint64_t bytes)
+{
+	uintptr_t a = ((uintptr_t)p + 4095) & ~(uintptr_t)4095, end = ((uintptr_t)p + bytes) & ~(uintptr_t)4095;
+
+	if (a < end)
+		madvise((void *)a, end - a, MADV_DONTNEED); /* best effort: the pages are ours alone */
+}
+
 void cs_tensors_free(dcast_consumer *c)
 {
-	for (uint32_t i = 0; i < c->n_tensors; i++) {
-		if (c->tensors[i].owned)
-			cs_host_free(c->tensors[i].ptr, c->tensors[i].bytes);
+	for (uint32_t i = 0; i < c->n_tensors; i++)
 		cs_views_free(&c->tensors[i]);
-	}
+	cs_host_free(c->arena, c->arena_bytes);
+	c->arena = NULL;
+	c->arena_bytes = 0;
 	free(c->tensors);
 	c->tensors = NULL;
 	c->n_tensors = 0;
 }
 
+/* Each tensor's host copy starts on a page of its own in the arena. */
+static uint64_t arena_span(uint64_t bytes)
+{
+	return ((bytes ? bytes : 1) + 4095) & ~(uint64_t)4095;
+}
+
 int cs_tensors_from_manifest(dcast_consumer *c, const dcast_manifest *m)
 {
 	cs_tensor *t = calloc(m->n_tensors ? m->n_tensors : 1, sizeof(*t));
+	uint64_t total = 0;
 
 	if (!t)
 		return dcast_fail(DCAST_ENOMEM, "tensor table of %u", m->n_tensors);
-	c->tensors = t;
-	c->n_tensors = m->n_tensors;
 	for (uint32_t i = 0; i < m->n_tensors; i++) {
 		t[i].desc = m->tensors[i];
 		t[i].elem_size = dcast_dtype_size((int)t[i].desc.dtype);
@@ -109,12 +122,19 @@ int cs_tensors_from_manifest(dcast_consumer *c, const dcast_manifest *m)
 		t[i].mem = DCAST_MEM_HOST;
 		t[i].owned = 1;
 		dcast_tiles_init(&t[i].map, &t[i].desc);
-		t[i].ptr = cs_host_alloc(t[i].bytes);
-		if (!t[i].ptr) {
-			cs_tensors_free(c);
-			return dcast_fail(DCAST_ENOMEM, "host copy of tensor %s (%" PRIu64 " bytes)",
-					  m->tensors[i].name, t[i].bytes);
-		}
+		total += arena_span(t[i].bytes);
+	}
+	c->tensors = t;
+	c->n_tensors = m->n_tensors;
+	if (!(c->arena = cs_host_alloc(total))) {
+		cs_tensors_free(c);
+		return dcast_fail(DCAST_ENOMEM, "host copies of %u tensors (%" PRIu64 " bytes)", m->n_tensors, total);
+	}
+	c->arena_bytes = total;
+	total = 0;
+	for (uint32_t i = 0; i < m->n_tensors; i++) {
+		t[i].ptr = c->arena + total;
+		total += arena_span(t[i].bytes);
 	}
 	return 0;
 }

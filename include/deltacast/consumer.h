@@ -156,7 +156,7 @@ DCAST_API void dcast_consumer_close(dcast_consumer **c);
  * `name`.  The tensor must be known (manifest received or checkpoint loaded:
  * dcast_consumer_tensor_count() > 0) and bytes must equal its size.  Its
  * current contents (if a version is applied) are copied into ptr, and the
- * consumer's own host copy is freed.  The caller keeps ownership of ptr and
+ * pages of the consumer's own host copy are given back to the kernel.  The caller keeps ownership of ptr and
  * must keep it valid until close.  A tiled tensor (desc.grid, from
  * producers that publish tensor-parallel slices) is bound as the slice
  * that covers all of it (dcast_consumer_bind_slice): ptr gets the natural

@@ -54,22 +54,29 @@ int cs_tensors_tiled(const dcast_consumer *c)
 	return 0;
 }
 
+#define CS_PAGE 4096u
+
+/* x rounded up to a multiple of `to`, a power of two. */
+static uint64_t round_up(uint64_t x, uint64_t to)
+{
+	return (x + to - 1) & ~(to - 1);
+}
+
 void *cs_host_alloc(uint64_t bytes)
 {
-	unsigned char *m, *a, *end;
-	size_t len = (size_t)bytes + CS_HUGE_PAGE;
+	size_t len = (size_t)bytes + CS_HUGE_PAGE, keep = round_up(bytes, CS_PAGE);
+	unsigned char *m, *a;
 
 	if (bytes < CS_HUGE_PAGE)
 		return calloc(1, bytes ? bytes : 1);
 	m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (m == MAP_FAILED)
 		return NULL;
-	a = (unsigned char *)(((uintptr_t)m + CS_HUGE_PAGE - 1) & ~(uintptr_t)(CS_HUGE_PAGE - 1));
-	end = m + len;
+	a = (unsigned char *)round_up((uintptr_t)m, CS_HUGE_PAGE);
 	if (a > m)
 		munmap(m, (size_t)(a - m));
-	if (a + bytes < end) /* whole pages only: bytes may end inside one */
-		munmap(a + ((bytes + 4095) & ~(uint64_t)4095), (size_t)(end - a - ((bytes + 4095) & ~(uint64_t)4095)));
+	if (a + keep < m + len)
+		munmap(a + keep, (size_t)(m + len - (a + keep)));
 	madvise(a, bytes & ~(uint64_t)(CS_HUGE_PAGE - 1), MADV_HUGEPAGE); /* best effort */
 	return a;
 }
@@ -84,7 +91,7 @@ void cs_host_free(void *p, uint64_t bytes)
 
 void cs_host_release(void *p, uint64_t bytes)
 {
-	uintptr_t a = ((uintptr_t)p + 4095) & ~(uintptr_t)4095, end = ((uintptr_t)p + bytes) & ~(uintptr_t)4095;
+	uintptr_t a = round_up((uintptr_t)p, CS_PAGE), end = ((uintptr_t)p + bytes) & ~(uintptr_t)(CS_PAGE - 1);
 
 	if (a < end)
 		madvise((void *)a, end - a, MADV_DONTNEED); /* best effort: the pages are ours alone */
@@ -105,7 +112,7 @@ void cs_tensors_free(dcast_consumer *c)
 /* Each tensor's host copy starts on a page of its own in the arena. */
 static uint64_t arena_span(uint64_t bytes)
 {
-	return ((bytes ? bytes : 1) + 4095) & ~(uint64_t)4095;
+	return round_up(bytes ? bytes : 1, CS_PAGE);
 }
 
 int cs_tensors_from_manifest(dcast_consumer *c, const dcast_manifest *m)

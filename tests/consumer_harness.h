@@ -205,19 +205,27 @@ static int h_publish(dcast_producer *p, h_model *m, uint64_t v, unsigned density
 	return dcast_producer_wait(p, v, 20000);
 }
 
-/* A model (seed), its producer on `name`, and versions 1..versions
- * published at 1/density_inv density.  0 or the first error. */
-static int h_model_start(const h_broker *b, const char *name, uint64_t seed, uint64_t versions,
-			 unsigned density_inv, h_model *m, dcast_producer **p)
+/* A model (seed, h_model_init's scale), its producer on `name`, and
+ * versions 1..versions published at 1/density_inv density.  0 or the
+ * first error. */
+static int h_model_start_sized(const h_broker *b, const char *name, uint64_t seed, uint64_t scale,
+			       uint64_t versions, unsigned density_inv, h_model *m, dcast_producer **p)
 {
 	int err;
 
-	h_model_init(m, seed, 1);
+	h_model_init(m, seed, scale);
 	if ((err = h_producer_open(b, name, m, p)))
 		return err;
 	for (uint64_t v = 1; v <= versions && !err; v++)
 		err = h_publish(*p, m, v, density_inv);
 	return err;
+}
+
+/* The same at scale 1. */
+static int h_model_start(const h_broker *b, const char *name, uint64_t seed, uint64_t versions,
+			 unsigned density_inv, h_model *m, dcast_producer **p)
+{
+	return h_model_start_sized(b, name, seed, 1, versions, density_inv, m, p);
 }
 
 /* Do the consumer's tensors equal the snapshot of version v?  (0 for

@@ -188,9 +188,8 @@ static void test_bind_during_in_place(const h_broker *b)
 	h_seen s = {0};
 	unsigned char *mine;
 
-	h_model_init(&m, 17, 8); /* 4 MB and more a tensor: the host copies bind gives back are mappings */
-	REQUIRE(h_producer_open(b, "m_bindip", &m, &p) == 0);
-	REQUIRE(h_publish(p, &m, 1, 100) == 0);
+	/* 4 MB and more a tensor: the host copies bind gives back are mappings */
+	REQUIRE(h_model_start_sized(b, "m_bindip", 17, 8, 1, 100, &m, &p) == 0);
 	c = open_consumer(b, "m_bindip", dir_for("bindip"));
 	REQUIRE(c && (mine = malloc(m.bytes[0])));
 	CHECK(wait_ready(c, 1) == 0);
@@ -249,9 +248,8 @@ static void test_anchor_digests_threads(const h_broker *b)
 	h_seen s = {0};
 	char path[512];
 
-	h_model_init(&m, 73, 8);
+	REQUIRE(h_model_start_sized(b, "m_anchorthreads", 73, 8, 1, 100, &m, &p) == 0);
 	REQUIRE(h_model_bytes(&m) > (8u << 20));
-	REQUIRE(h_producer_open(b, "m_anchorthreads", &m, &p) == 0 && h_publish(p, &m, 1, 100) == 0);
 	c = open_faulted(b, "m_anchorthreads", dir_for("anchorthreads"), "predigest:1");
 	REQUIRE(c);
 	CHECK(h_drive(c, &m, 1, &s) == 0 && h_equal(c, &m, 1));
@@ -283,9 +281,7 @@ static void run_ahead_sized(const h_broker *b, const char *model, uint64_t seed,
 	dcast_producer *p = NULL;
 	dcast_consumer *c;
 
-	h_model_init(&m, seed, scale);
-	REQUIRE(h_producer_open(b, model, &m, &p) == 0 && h_publish(p, &m, 1, density_inv) == 0 &&
-		h_publish(p, &m, 2, density_inv) == 0);
+	REQUIRE(h_model_start_sized(b, model, seed, scale, 2, density_inv, &m, &p) == 0);
 	c = open_faulted(b, model, dir_for(model), fault);
 	REQUIRE(c);
 	CHECK(h_drive(c, &m, 2, s) == 0);

@@ -8,11 +8,13 @@
  * device-computed stats with the same functions the CPU codec uses, so the
  * bytes are identical.  Apply checks everything on the device and only then
  * lets the write kernel (which reads the error word first) touch dst. */
+#include <inttypes.h>
 #include <pthread.h>
 #include <cub/cub.cuh>
 #include <cuda_runtime.h>
 #include "codec_impl.h"
 #include "deltacast/codec_cuda.h"
+#include "deltacast/schema.h"
 extern "C" {
 #include "dcast_common.h"
 }
@@ -374,38 +376,59 @@ out:
 	return rc;
 }
 
+/* Preallocated scratch for the compact emitter of many ranges in a row (on
+ * one stream): len and off hold the largest range's changes, tmp its scan. */
+struct cpt_bufs {
+	unsigned long long *len, *off;
+	void *tmp;
+	size_t tmp_bytes;
+};
+
+/* The compact bitstream and block index of ch's changes into dev_out (the
+ * stream zeroed, the header written by the caller). */
+static int emit_compact_body(const changes_dev *ch, const dcast_cpt_plan *plan, const cpt_bufs *b,
+			     cudaStream_t s, uint8_t *dev_out)
+{
+	int rc = DCAST_OK;
+	unsigned hb = dcast_cpt_hdr_bytes(plan->mode, plan->w);
+	uint64_t soff = dcast_cpt_stream_off(plan);
+	size_t tmp_bytes = b->tmp_bytes;
+	if (!ch->n)
+		return DCAST_OK;
+	k_cpt_len<<<grid_for(ch->n, 256), 256, 0, s>>>(ch->pos, ch->newv, ch->zz, ch->n, *plan, b->len);
+	CU(cudaGetLastError(), "k_cpt_len");
+	CU(cub::DeviceScan::ExclusiveSum(b->tmp, tmp_bytes, b->len, b->off, (int)ch->n, s), "cub scan");
+	k_cpt_emit<<<grid_for(ch->n, 256), 256, 0, s>>>(ch->pos, ch->newv, ch->zz, ch->n, *plan, b->off,
+							(unsigned long long *)(dev_out + soff), dev_out + hb);
+	CU(cudaGetLastError(), "k_cpt_emit");
+out:
+	return rc;
+}
+
 static int emit_compact(const changes_dev *ch, const dcast_cpt_plan *plan, scratch *sc, uint8_t *dev_out)
 {
 	int rc = DCAST_OK;
 	uint8_t hdr[32];
 	unsigned hb = dcast_cpt_hdr_bytes(plan->mode, plan->w);
 	uint64_t soff = dcast_cpt_stream_off(plan), sbytes = (plan->pos_bits + plan->val_bits + 7) / 8;
-	unsigned long long *len = NULL, *off = NULL;
-	void *tmp = NULL;
-	size_t tmp_bytes = 0;
+	cpt_bufs b = {};
 	dcast_cpt_hdr_write(plan, hdr);
 	CU(cudaMemcpyAsync(dev_out, hdr, hb, cudaMemcpyHostToDevice, sc->s), "copy header");
 	CU(cudaMemsetAsync(dev_out + soff, 0, (sbytes + 15) & ~7ull, sc->s), "cudaMemsetAsync");
 	if (!ch->n)
 		goto out;
-	CU(scratch_get(sc, (void **)&len, ch->n * 8), "cudaMallocAsync(len)");
-	CU(scratch_get(sc, (void **)&off, ch->n * 8), "cudaMallocAsync(off)");
-	k_cpt_len<<<grid_for(ch->n, 256), 256, 0, sc->s>>>(ch->pos, ch->newv, ch->zz, ch->n, *plan, len);
-	CU(cudaGetLastError(), "k_cpt_len");
-	CU(cub::DeviceScan::ExclusiveSum(NULL, tmp_bytes, len, off, (int)ch->n, sc->s), "cub scan size");
-	CU(scratch_get(sc, &tmp, tmp_bytes), "cudaMallocAsync(scan)");
-	CU(cub::DeviceScan::ExclusiveSum(tmp, tmp_bytes, len, off, (int)ch->n, sc->s), "cub scan");
-	k_cpt_emit<<<grid_for(ch->n, 256), 256, 0, sc->s>>>(ch->pos, ch->newv, ch->zz, ch->n, *plan, off,
-							     (unsigned long long *)(dev_out + soff),
-							     dev_out + hb);
-	CU(cudaGetLastError(), "k_cpt_emit");
+	CU(scratch_get(sc, (void **)&b.len, ch->n * 8), "cudaMallocAsync(len)");
+	CU(scratch_get(sc, (void **)&b.off, ch->n * 8), "cudaMallocAsync(off)");
+	CU(cub::DeviceScan::ExclusiveSum(NULL, b.tmp_bytes, b.len, b.off, (int)ch->n, sc->s), "cub scan size");
+	CU(scratch_get(sc, &b.tmp, b.tmp_bytes), "cudaMallocAsync(scan)");
+	rc = emit_compact_body(ch, plan, &b, sc->s, dev_out);
 out:
 	return rc;
 }
 
 template <unsigned ES>
 static int emit_dev(int enc, const changes_dev *ch, const dcast_cpt_plan *plan, uint64_t count,
-		    scratch *sc, uint8_t *dev_out)
+		    scratch *sc, uint8_t *dev_out, const cpt_bufs *batch)
 {
 	int rc = DCAST_OK;
 	unsigned g = grid_for(ch->n, 256);
@@ -423,7 +446,7 @@ static int emit_dev(int enc, const changes_dev *ch, const dcast_cpt_plan *plan, 
 		}
 		break;
 	default:
-		return emit_compact(ch, plan, sc, dev_out);
+		return batch ? emit_compact_body(ch, plan, batch, sc->s, dev_out) : emit_compact(ch, plan, sc, dev_out);
 	}
 	CU(cudaGetLastError(), "emit kernel");
 out:
@@ -448,7 +471,7 @@ static int encode_delta(const void *cur, void *base, uint64_t count, int force, 
 		CU(cudaMemcpyAsync(out, cur, count * ES, cudaMemcpyDefault, sc->s), "copy dense");
 	} else {
 		CU(scratch_get(sc, (void **)&dev_out, ((sizes[enc] + 64) & ~7ull)), "cudaMallocAsync(payload)");
-		if ((rc = emit_dev<ES>(enc, &ch, &plan, count, sc, dev_out)))
+		if ((rc = emit_dev<ES>(enc, &ch, &plan, count, sc, dev_out, NULL)))
 			return rc;
 		CU(cudaMemcpyAsync(out, dev_out, sizes[enc], cudaMemcpyDefault, sc->s), "copy payload");
 	}
@@ -498,6 +521,431 @@ out:
 	scratch_put(&sc);
 	cudaStreamSynchronize(sc.s);
 	return rc;
+}
+
+/* ---- encode: a whole tensor as ranges (the producer's chunks) ---- */
+
+/* Tiles never straddle a range: block b is tile b % tpr of range b / tpr,
+ * clipped to the range and to count (the last tiles of a range may be
+ * empty). */
+struct seg_geom {
+	uint64_t count, range;
+	unsigned tpr;
+};
+
+__device__ __forceinline__ void seg_tile(const seg_geom &g, uint64_t b, uint64_t *r0, uint64_t *lo,
+					 uint64_t *hi)
+{
+	uint64_t rs = b / g.tpr * g.range, re = rs + g.range < g.count ? rs + g.range : g.count;
+	uint64_t l = rs + b % g.tpr * TILE;
+	*r0 = rs;
+	*lo = l < re ? l : re;
+	*hi = l + TILE < re ? l + TILE : re;
+}
+
+struct max_op {
+	__device__ unsigned operator()(unsigned a, unsigned b) const { return a > b ? a : b; }
+};
+
+/* Per tile: its changes, and 1 + the last one's position in its range (0: none). */
+template <unsigned ES>
+__global__ void k_seg_count(const void *cur, const void *base, seg_geom g, unsigned *tile_n,
+			    unsigned *tile_last)
+{
+	typedef cub::BlockReduce<unsigned, TILE_THREADS> reduce;
+	__shared__ typename reduce::TempStorage tmp;
+	uint64_t r0, lo, hi;
+	unsigned c = 0, last = 0;
+	seg_tile(g, blockIdx.x, &r0, &lo, &hi);
+	for (uint64_t i = lo + threadIdx.x; i < hi; i += TILE_THREADS)
+		if (ld<ES>(cur, i) != ld<ES>(base, i)) {
+			c++;
+			last = (unsigned)(i - r0) + 1;
+		}
+	unsigned total = reduce(tmp).Sum(c);
+	__syncthreads();
+	unsigned mx = reduce(tmp).Reduce(last, max_op());
+	if (threadIdx.x == 0) {
+		tile_n[blockIdx.x] = total;
+		tile_last[blockIdx.x] = mx;
+	}
+}
+
+/* k_tile_write per range (positions relative to the range's start), and
+ * per tile the additive digest's change: the sum over its changes of the
+ * new element's term less the old one's (dcast_ldigest's terms; element i
+ * of the tensor is element start + i of the model's tensor). */
+template <unsigned ES>
+__global__ void k_seg_write(const void *cur, const void *base, seg_geom g, const unsigned *tile_off,
+			    uint32_t *pos, uint32_t *newv, uint32_t *zz, uint32_t tensor, uint64_t start,
+			    unsigned long long *tile_move)
+{
+	typedef cub::BlockScan<unsigned, TILE_THREADS> scan;
+	typedef cub::BlockReduce<unsigned long long, TILE_THREADS> reduce;
+	__shared__ typename scan::TempStorage stmp;
+	__shared__ typename reduce::TempStorage rtmp;
+	const unsigned per = TILE / TILE_THREADS;
+	uint64_t r0, lo, hi, move = 0, seg = ~0ull, seed = 0;
+	seg_tile(g, blockIdx.x, &r0, &lo, &hi);
+	uint64_t first = lo + (uint64_t)threadIdx.x * per;
+	unsigned mine = 0, rank;
+	for (unsigned j = 0; j < per; j++)
+		mine += first + j < hi && ld<ES>(cur, first + j) != ld<ES>(base, first + j);
+	scan(stmp).ExclusiveSum(mine, rank);
+	uint64_t out = (uint64_t)tile_off[blockIdx.x] + rank;
+	for (unsigned j = 0; j < per && mine; j++) {
+		uint64_t i = first + j, gi = start + i;
+		if (i >= hi)
+			break;
+		uint32_t nv = ld<ES>(cur, i), ov = ld<ES>(base, i);
+		if (nv == ov)
+			continue;
+		if (gi >> 32 != seg) {
+			seg = gi >> 32;
+			seed = dcast_ld_seed(tensor, seg);
+		}
+		move += dcast_ld_term_seeded(seed, gi, nv) - dcast_ld_term_seeded(seed, gi, ov);
+		pos[out] = (uint32_t)(i - r0);
+		newv[out] = nv;
+		zz[out] = dcast_ulp_zz(ov, nv, 8 * ES);
+		out++;
+	}
+	unsigned long long total = reduce(rtmp).Sum((unsigned long long)move);
+	if (threadIdx.x == 0)
+		tile_move[blockIdx.x] = total;
+}
+
+/* One range's result; its payload lies at host + off. */
+struct range_out {
+	dcast_chunk_info info;
+	uint64_t first, n, last1; /* its changes in the tensor's arrays; 1 + last position */
+	uint64_t off, move;
+	dcast_cpt_plan plan;
+};
+
+struct dcast_cuda_ranges {
+	uint64_t n;           /* ranges held by the last encode */
+	range_out *r;         /* r_cap of them */
+	uint64_t r_cap;
+	unsigned char *stats; /* pinned: tile counts and stats coming back */
+	size_t stats_cap;
+	unsigned char *host;  /* pinned: the payloads */
+	size_t host_cap;
+};
+
+/* One encode's arguments and device arrays. */
+struct seg_job {
+	const void *cur;
+	void *base;
+	unsigned es, flags;
+	int force;
+	uint32_t tensor;
+	uint64_t start, nr, ntiles, total, max_n;
+	seg_geom g;
+	dcast_cuda_ranges *o;
+	scratch sc;
+	unsigned *tile_n, *tile_off, *tile_last;
+	unsigned long long *tile_move, *hist;
+	changes_dev ch;
+};
+
+static cudaError_t pinned_grow(unsigned char **p, size_t *cap, size_t need)
+{
+	cudaError_t e;
+	if (need <= *cap)
+		return cudaSuccess;
+	need = need < 2 * *cap ? 2 * *cap : need;
+	cudaFreeHost(*p);
+	*p = NULL;
+	*cap = 0;
+	if ((e = cudaMallocHost((void **)p, need)) == cudaSuccess)
+		*cap = need;
+	return e;
+}
+
+/* Stats area: tile_off (ntiles + 1), tile_last (ntiles), then 8-aligned
+ * tile_move (ntiles) and the ranges' histograms (nr * (NSYM_MAX + 1)). */
+static size_t stats_moves_at(const seg_job *j)
+{
+	return ((j->ntiles * 8 + 4) + 7) & ~(size_t)7;
+}
+
+/* Count the changes per tile and per range (one synchronization). */
+template <unsigned ES>
+static int seg_count(seg_job *j)
+{
+	int rc = DCAST_OK;
+	size_t tmp_bytes = 0, need = stats_moves_at(j) + (j->ntiles + j->nr * (DCAST_CPT_NSYM_MAX + 1)) * 8;
+	void *tmp = NULL;
+	CU(pinned_grow(&j->o->stats, &j->o->stats_cap, need), "cudaMallocHost(stats)");
+	CU(scratch_get(&j->sc, (void **)&j->tile_n, (j->ntiles + 1) * 4), "cudaMallocAsync(tile counts)");
+	CU(scratch_get(&j->sc, (void **)&j->tile_off, (j->ntiles + 1) * 4), "cudaMallocAsync(tile offsets)");
+	CU(scratch_get(&j->sc, (void **)&j->tile_last, j->ntiles * 4), "cudaMallocAsync(tile ends)");
+	CU(cudaMemsetAsync(j->tile_n, 0, (j->ntiles + 1) * 4, j->sc.s), "cudaMemsetAsync");
+	k_seg_count<ES><<<(unsigned)j->ntiles, TILE_THREADS, 0, j->sc.s>>>(j->cur, j->base, j->g, j->tile_n,
+									    j->tile_last);
+	CU(cudaGetLastError(), "k_seg_count");
+	CU(cub::DeviceScan::ExclusiveSum(NULL, tmp_bytes, j->tile_n, j->tile_off, (int)(j->ntiles + 1), j->sc.s),
+	   "cub scan size");
+	CU(scratch_get(&j->sc, &tmp, tmp_bytes), "cudaMallocAsync(scan)");
+	CU(cub::DeviceScan::ExclusiveSum(tmp, tmp_bytes, j->tile_n, j->tile_off, (int)(j->ntiles + 1), j->sc.s),
+	   "cub scan");
+	CU(cudaMemcpyAsync(j->o->stats, j->tile_off, (j->ntiles + 1) * 4, cudaMemcpyDeviceToHost, j->sc.s),
+	   "copy tile offsets");
+	CU(cudaMemcpyAsync(j->o->stats + (j->ntiles + 1) * 4, j->tile_last, j->ntiles * 4,
+			   cudaMemcpyDeviceToHost, j->sc.s), "copy tile ends");
+	CU(cudaStreamSynchronize(j->sc.s), "sync");
+out:
+	return rc;
+}
+
+/* Each range's share of the changes, from the tile counts. */
+static void seg_ranges(seg_job *j)
+{
+	const unsigned *off = (const unsigned *)j->o->stats, *last = off + j->ntiles + 1;
+	j->max_n = 0;
+	j->total = off[j->ntiles];
+	for (uint64_t r = 0; r < j->nr; r++) {
+		range_out *x = &j->o->r[r];
+		uint64_t t0 = r * j->g.tpr, t1 = t0 + j->g.tpr;
+		x->first = off[t0];
+		x->n = off[t1] - off[t0];
+		x->last1 = 0;
+		for (uint64_t t = t0; t < t1; t++)
+			x->last1 = last[t] > x->last1 ? last[t] : x->last1;
+		j->max_n = x->n > j->max_n ? x->n : j->max_n;
+	}
+}
+
+/* The changes written out, and per range the compact stats under its k
+ * and the digest's change per tile (one synchronization). */
+template <unsigned ES>
+static int seg_write(seg_job *j)
+{
+	int rc = DCAST_OK;
+	unsigned long long *hist_host = (unsigned long long *)(j->o->stats + stats_moves_at(j)) + j->ntiles;
+	size_t hbytes = j->nr * (DCAST_CPT_NSYM_MAX + 1) * 8;
+	CU(scratch_get(&j->sc, (void **)&j->tile_move, j->ntiles * 8), "cudaMallocAsync(tile moves)");
+	CU(scratch_get(&j->sc, (void **)&j->hist, hbytes), "cudaMallocAsync(stats)");
+	CU(scratch_get(&j->sc, (void **)&j->ch.pos, j->total * 4), "cudaMallocAsync(pos)");
+	CU(scratch_get(&j->sc, (void **)&j->ch.newv, j->total * 4), "cudaMallocAsync(newv)");
+	CU(scratch_get(&j->sc, (void **)&j->ch.zz, j->total * 4), "cudaMallocAsync(zz)");
+	CU(cudaMemsetAsync(j->hist, 0, hbytes, j->sc.s), "cudaMemsetAsync");
+	k_seg_write<ES><<<(unsigned)j->ntiles, TILE_THREADS, 0, j->sc.s>>>(
+		j->cur, j->base, j->g, j->tile_off, j->ch.pos, j->ch.newv, j->ch.zz, j->tensor, j->start,
+		j->tile_move);
+	CU(cudaGetLastError(), "k_seg_write");
+	for (uint64_t r = 0; r < j->nr; r++) {
+		const range_out *x = &j->o->r[r];
+		unsigned long long *h = j->hist + r * (DCAST_CPT_NSYM_MAX + 1);
+		unsigned k = dcast_cpt_choose_k(x->n, x->last1 - x->n), g = grid_for(x->n, 256);
+		if (x->n)
+			k_stats<<<g < 1024 ? g : 1024, 256, 0, j->sc.s>>>(j->ch.pos + x->first, j->ch.zz + x->first,
+									   x->n, k, h, h + DCAST_CPT_NSYM_MAX);
+	}
+	CU(cudaGetLastError(), "k_stats");
+	CU(cudaMemcpyAsync(hist_host - j->ntiles, j->tile_move, j->ntiles * 8, cudaMemcpyDeviceToHost, j->sc.s),
+	   "copy tile moves");
+	CU(cudaMemcpyAsync(hist_host, j->hist, hbytes, cudaMemcpyDeviceToHost, j->sc.s), "copy stats");
+	CU(cudaStreamSynchronize(j->sc.s), "sync");
+out:
+	return rc;
+}
+
+/* Per range on the host: the plan, the encoding, the payload's place and
+ * the digest's change.  Returns the payload bytes in all. */
+static uint64_t seg_plan(seg_job *j)
+{
+	const unsigned long long *move = (const unsigned long long *)(j->o->stats + stats_moves_at(j));
+	const unsigned long long *hist = move + j->ntiles;
+	uint64_t at = 0;
+	for (uint64_t r = 0; r < j->nr; r++) {
+		range_out *x = &j->o->r[r];
+		const unsigned long long *h = hist + r * (DCAST_CPT_NSYM_MAX + 1);
+		uint64_t cnt = j->g.count - r * j->g.range < j->g.range ? j->g.count - r * j->g.range : j->g.range;
+		uint64_t sizes[DCAST_ENC_COUNT];
+		dcast_cpt_stats st = {};
+		st.changed = x->n;
+		st.gap_sum = x->last1 - x->n;
+		for (unsigned i = 0; i < DCAST_CPT_NSYM_MAX; i++)
+			st.hist[i] = h[i];
+		dcast_cpt_plan_make(&st, 8 * j->es, &x->plan);
+		x->plan.pos_bits = h[DCAST_CPT_NSYM_MAX];
+		dcast_simple_sizes(cnt, j->es, x->n, sizes);
+		sizes[DCAST_ENC_COMPACT] = dcast_cpt_bytes(&x->plan);
+		int enc = j->force >= 0 ? j->force : dcast_pick_smallest(sizes);
+		x->info = dcast_chunk_info{ (uint32_t)enc, j->es, cnt, x->n, sizes[enc] };
+		x->off = at;
+		at += (sizes[enc] + 64 + 255) & ~255ull;
+		x->move = 0;
+		for (uint64_t t = r * j->g.tpr; t < (r + 1) * j->g.tpr; t++)
+			x->move += move[t];
+	}
+	return at;
+}
+
+/* Every range's payload into the pinned host buffer, then the baseline
+ * moved to cur (one synchronization). */
+template <unsigned ES>
+static int seg_emit(seg_job *j, uint64_t bytes)
+{
+	int rc = DCAST_OK;
+	uint8_t *dev_out = NULL;
+	cpt_bufs b = {};
+	CU(pinned_grow(&j->o->host, &j->o->host_cap, bytes), "cudaMallocHost(payloads)");
+	CU(scratch_get(&j->sc, (void **)&dev_out, bytes), "cudaMallocAsync(payloads)");
+	CU(scratch_get(&j->sc, (void **)&b.len, j->max_n * 8), "cudaMallocAsync(len)");
+	CU(scratch_get(&j->sc, (void **)&b.off, j->max_n * 8), "cudaMallocAsync(off)");
+	CU(cub::DeviceScan::ExclusiveSum(NULL, b.tmp_bytes, b.len, b.off, (int)j->max_n, j->sc.s), "cub scan size");
+	CU(scratch_get(&j->sc, &b.tmp, b.tmp_bytes), "cudaMallocAsync(scan)");
+	CU(cudaMemsetAsync(dev_out, 0, bytes, j->sc.s), "cudaMemsetAsync");
+	for (uint64_t r = 0; r < j->nr && !rc; r++) {
+		const range_out *x = &j->o->r[r];
+		changes_dev sub = { x->n, j->ch.pos + x->first, j->ch.newv + x->first, j->ch.zz + x->first };
+		if (x->info.encoding != DCAST_ENC_DENSE)
+			rc = emit_dev<ES>((int)x->info.encoding, &sub, &x->plan, x->info.count, &j->sc,
+					  dev_out + x->off, &b);
+	}
+	if (rc)
+		goto out;
+	CU(cudaMemcpyAsync(j->o->host, dev_out, bytes, cudaMemcpyDeviceToHost, j->sc.s), "copy payloads");
+	for (uint64_t r = 0; r < j->nr; r++) {
+		const range_out *x = &j->o->r[r];
+		if (x->info.encoding == DCAST_ENC_DENSE)
+			CU(cudaMemcpyAsync(j->o->host + x->off, (const uint8_t *)j->cur + r * j->g.range * ES,
+					   x->info.payload_bytes, cudaMemcpyDeviceToHost, j->sc.s), "copy dense");
+	}
+	if ((j->flags & DCAST_ENCODE_UPDATE_BASE) && j->total)
+		CU(cudaMemcpyAsync(j->base, j->cur, j->g.count * ES, cudaMemcpyDefault, j->sc.s),
+		   "update the baseline");
+	CU(cudaStreamSynchronize(j->sc.s), "sync");
+	for (uint64_t r = 0; r < j->nr; r++) {
+		const range_out *x = &j->o->r[r];
+		if (x->info.encoding == DCAST_ENC_COMPACT)
+			dcast_cpt_hdr_write(&x->plan, j->o->host + x->off);
+	}
+out:
+	return rc;
+}
+
+/* The whole encode for one element size; *held = 0 when it gave up
+ * before the baseline moved (more than max_bytes of changes or payload). */
+template <unsigned ES>
+static int seg_encode(seg_job *j, size_t max_bytes, int *held)
+{
+	int rc;
+	uint64_t bytes;
+	if ((rc = seg_count<ES>(j)))
+		return rc;
+	seg_ranges(j);
+	if (j->total * 12 + j->max_n * 16 > max_bytes)
+		return DCAST_OK;
+	if ((rc = seg_write<ES>(j)))
+		return rc;
+	if ((bytes = seg_plan(j)) > max_bytes)
+		return DCAST_OK;
+	if ((rc = seg_emit<ES>(j, bytes)))
+		return rc;
+	j->o->n = j->nr;
+	*held = 1;
+	return DCAST_OK;
+}
+
+static int ranges_check(const dcast_cuda_ranges *o, const void *cur, const void *base, uint64_t count,
+			unsigned es, uint64_t range_elems, int force)
+{
+	int rc;
+	if (!o || !base || (!cur && count))
+		return dcast_fail(DCAST_EINVAL, "dcast_cuda_ranges_encode: %s is NULL",
+				  !o ? "the ranges" : !base ? "base" : "cur");
+	if (es != 1 && es != 2 && es != 4)
+		return dcast_fail(DCAST_EINVAL, "dcast_cuda_ranges_encode: elem_size %u (1, 2 or 4)", es);
+	if (!range_elems || range_elems > DCAST_MAX_RANGE_ELEMS)
+		return dcast_fail(DCAST_EINVAL, "dcast_cuda_ranges_encode: range_elems %" PRIu64
+				  " outside [1, %u]", range_elems, DCAST_MAX_RANGE_ELEMS);
+	if (force < -1 || force >= DCAST_ENC_COUNT)
+		return dcast_fail(DCAST_EINVAL, "dcast_cuda_ranges_encode: force_encoding %d", force);
+	if ((count + range_elems - 1) / range_elems * ((range_elems + TILE - 1) / TILE) >= (1ull << 31))
+		return dcast_fail(DCAST_ETOO_LARGE, "dcast_cuda_ranges_encode: %" PRIu64 " elements make too "
+				  "many tiles", count);
+	if ((rc = check_aligned(cur, es, "dcast_cuda_ranges_encode cur")) ||
+	    (rc = check_aligned(base, es, "dcast_cuda_ranges_encode base")))
+		return rc;
+	if (!dcast_cuda_available())
+		return dcast_fail(DCAST_ENODEVICE, "dcast_cuda_ranges_encode: no CUDA device");
+	return DCAST_OK;
+}
+
+static int ranges_room(dcast_cuda_ranges *o, uint64_t nr)
+{
+	range_out *r;
+	if (nr <= o->r_cap)
+		return DCAST_OK;
+	if (!(r = (range_out *)realloc(o->r, nr * sizeof(*r))))
+		return dcast_fail(DCAST_ENOMEM, "dcast_cuda_ranges_encode: %" PRIu64 " ranges", nr);
+	o->r = r;
+	o->r_cap = nr;
+	return DCAST_OK;
+}
+
+extern "C" dcast_cuda_ranges *dcast_cuda_ranges_new(void)
+{
+	return (dcast_cuda_ranges *)calloc(1, sizeof(dcast_cuda_ranges));
+}
+
+extern "C" void dcast_cuda_ranges_free(dcast_cuda_ranges *o)
+{
+	if (!o)
+		return;
+	cudaFreeHost(o->stats);
+	cudaFreeHost(o->host);
+	free(o->r);
+	free(o);
+}
+
+extern "C" int dcast_cuda_ranges_encode(dcast_cuda_ranges *o, const void *cur, void *base, uint64_t count,
+					unsigned elem_size, uint64_t range_elems, int force_encoding,
+					unsigned flags, uint32_t tensor, uint64_t start, size_t max_bytes,
+					int *held, void *stream)
+{
+	seg_job j = {};
+	int rc;
+	*held = 0;
+	if (o)
+		o->n = 0;
+	if ((rc = ranges_check(o, cur, base, count, elem_size, range_elems, force_encoding)))
+		return rc;
+	j.cur = cur, j.base = base, j.es = elem_size, j.flags = flags, j.force = force_encoding;
+	j.tensor = tensor, j.start = start, j.o = o, j.sc.s = (cudaStream_t)stream;
+	j.g = seg_geom{ count, range_elems, (unsigned)((range_elems + TILE - 1) / TILE) };
+	j.nr = (count + range_elems - 1) / range_elems;
+	j.ntiles = j.nr * j.g.tpr;
+	if (!j.nr) {
+		*held = 1;
+		return DCAST_OK;
+	}
+	if ((rc = ranges_room(o, j.nr)))
+		return rc;
+	switch (elem_size) {
+	case 1: rc = seg_encode<1>(&j, max_bytes, held); break;
+	case 2: rc = seg_encode<2>(&j, max_bytes, held); break;
+	default: rc = seg_encode<4>(&j, max_bytes, held); break;
+	}
+	scratch_put(&j.sc);
+	cudaStreamSynchronize(j.sc.s);
+	return rc;
+}
+
+extern "C" int dcast_cuda_ranges_get(const dcast_cuda_ranges *o, uint64_t k, dcast_chunk_info *info,
+				     const void **payload, uint64_t *digest_move)
+{
+	if (!o || k >= o->n)
+		return dcast_fail(DCAST_EINVAL, "dcast_cuda_ranges_get: range %" PRIu64 " of %" PRIu64, k,
+				  o ? o->n : 0);
+	*info = o->r[k].info;
+	*payload = o->host + o->r[k].off;
+	*digest_move = o->r[k].move;
+	return DCAST_OK;
 }
 
 /* ---- apply ---- */

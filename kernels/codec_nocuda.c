@@ -47,6 +47,32 @@ int dcast_cuda_ldigest(uint32_t tensor, uint64_t start, const void *data, uint64
 	(void)tensor, (void)start, (void)data, (void)count, (void)elem_size, (void)digest, (void)stream;
 	return no_device("dcast_cuda_ldigest");
 }
+dcast_cuda_ranges *dcast_cuda_ranges_new(void)
+{
+	return NULL;
+}
+
+void dcast_cuda_ranges_free(dcast_cuda_ranges *r)
+{
+	(void)r;
+}
+
+int dcast_cuda_ranges_encode(dcast_cuda_ranges *r, const void *cur, void *base, uint64_t count,
+			     unsigned elem_size, uint64_t range_elems, int force_encoding, unsigned flags,
+			     uint32_t tensor, uint64_t start, size_t max_bytes, int *held, void *stream)
+{
+	(void)r, (void)cur, (void)base, (void)count, (void)elem_size, (void)range_elems;
+	(void)force_encoding, (void)flags, (void)tensor, (void)start, (void)max_bytes, (void)stream;
+	*held = 0;
+	return no_device("dcast_cuda_ranges_encode");
+}
+
+int dcast_cuda_ranges_get(const dcast_cuda_ranges *r, uint64_t k, dcast_chunk_info *info,
+			  const void **payload, uint64_t *digest_move)
+{
+	(void)r, (void)k, (void)info, (void)payload, (void)digest_move;
+	return no_device("dcast_cuda_ranges_get");
+}
 #else
 typedef int dcast_codec_nocuda_unused; /* ISO C forbids an empty unit */
 #endif

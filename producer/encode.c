@@ -85,6 +85,7 @@ static int encode_next(dcast_producer *p, prod_encoder *e, prod_slot *slot)
 	j = e->next++;
 	job = &e->jobs[j];
 	job->slot = slot;
+	job->run = e->run;
 	pthread_mutex_unlock(&e->lock);
 	rc = encode_job(p, anchor, j, job);
 	if (!rc && !anchor && !job->info.changed) {
@@ -203,7 +204,7 @@ void prod_enc_start(dcast_producer *p, int anchor, uint32_t from)
 	e->anchor = anchor;
 	e->next = from;
 	e->end = p->n_chunks;
-	e->abort = e->err = 0;
+	e->abort = e->err = e->dev_moved = 0;
 	e->run++;
 	pthread_cond_broadcast(&e->work_cv);
 	pthread_mutex_unlock(&e->lock);

@@ -83,7 +83,18 @@ typedef struct prod_job {
 	uint32_t tensor;
 	int no_old;             /* changed on a device: no old values (device.c) */
 	int done, rc;           /* under the encoder's lock */
+	uint64_t run;           /* the encoder run that claimed it */
 } prod_job;
+
+/* A CUDA tensor's delta, encoded whole by the first encoder of a run that
+ * claims one of its ranges (device.c); the others wait on the lock. */
+typedef struct prod_dev_batch {
+	pthread_mutex_t lock;
+	struct dcast_cuda_ranges *ranges; /* NULL until first used */
+	uint64_t run;           /* the encoder run it was made for (0: none) */
+	int held;               /* ranges holds that run's payloads, else range by range */
+	int rc;                 /* its error in that run */
+} prod_dev_batch;
 
 typedef struct prod_encoder {
 	pthread_t *threads;
@@ -96,6 +107,7 @@ typedef struct prod_encoder {
 	uint32_t next, end;     /* next range to claim, end of this run */
 	uint32_t busy;          /* workers inside the current run */
 	int anchor, abort, stop;
+	int dev_moved;          /* a device batch moved a baseline this run (atomic) */
 	int err;                /* the first error of this run, its detail */
 	char err_text[DCAST_MAX_TEXT];
 } prod_encoder;
@@ -155,6 +167,7 @@ struct dcast_producer {
 	size_t base_region_bytes;
 	int base_registered;     /* with CUDA, for device tensors' kernels */
 	uint64_t *chunk_digest;  /* per chunk range: digest of the baseline */
+	prod_dev_batch *dev_batch; /* per tensor, with CUDA tensors (device.c) */
 	dcast_range_digest *commit_digests;
 	uint32_t n_chunks;
 	prod_pool pool;

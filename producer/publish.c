@@ -65,11 +65,15 @@ static int take_job(dcast_producer *p, prod_run *r, uint32_t j)
 }
 
 /* After a failure: every claimed range is encoded (and in the baseline);
- * record those not taken yet so a rollback or a resume covers them. */
+ * record those not taken yet so a rollback or a resume covers them.  A
+ * device batch moved whole tensors' baselines, claimed ranges or not: no
+ * undo log covers that, so the version goes again as an anchor. */
 static void settle_unsent(dcast_producer *p, const prod_run *r, uint32_t claimed)
 {
 	int hole = 0;
 
+	if (__atomic_load_n(&p->enc.dev_moved, __ATOMIC_RELAXED))
+		p->undo.lost = 1;
 	for (uint32_t j = p->resume_from; j < claimed; j++) {
 		prod_job *job = &p->enc.jobs[j];
 

@@ -11,11 +11,13 @@
 # GPU host").  No rebuild happens there, and nothing outside .dev/ is read.
 # BASE_CONSUMER=PATH: an older build of tests/tools/bench_sync_consumer,
 # carried as .dev/base/ for the run's sync-base step (an A/B of the
-# consumer on the same machine).
+# consumer on the same machine); BASE_PUBLISH=PATH likewise an older
+# tests/tools/fault_publish, for the step sync-gpu-base (an A/B of the
+# producer).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${DELTACAST_BUILD:-build}
-TOOLS=(bench_gpu_codec producer_reader bench_tcp fault_publish bench_sync_consumer wire_client bench_sync_floor)
+TOOLS=(bench_gpu_codec bench_gpu_ranges producer_reader bench_tcp fault_publish bench_sync_consumer wire_client bench_sync_floor)
 TESTS=(test_gpu_codec test_consumer_gpu test_producer_gpu)
 # `make all` does not relink tests/ and tools/: name each one.
 make -s all "${TOOLS[@]/#/$B/tools/}" "${TESTS[@]/#/$B/tests/}"
@@ -36,4 +38,5 @@ ldd .dev/build/deltacast .dev/build/deltacast-broker .dev/build/libdeltacast.so 
 	while read -r l; do cp -L "$l" .dev/lib/; done
 cp scripts/device_run.sh .dev/run.sh
 if [ -n "${BASE_CONSUMER:-}" ]; then mkdir -p .dev/base && cp "$BASE_CONSUMER" .dev/base/; fi
+if [ -n "${BASE_PUBLISH:-}" ]; then mkdir -p .dev/base && cp "$BASE_PUBLISH" .dev/base/fault_publish; fi
 du -sh .dev

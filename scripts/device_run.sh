@@ -4,7 +4,9 @@
 # tests/tools/; nothing outside .dev/ is read).  Steps, in this order, each
 # in its own process under a time limit, a failing one recorded and the next
 # run anyway:
-#   gpu      the machine, the three GPU tests, `make bench-gpu`'s program
+#   gpu      the machine, the three GPU tests, `make bench-gpu`'s program,
+#            tests/tools/bench_gpu_ranges (the producer's device encode
+#            per range against whole tensors)
 #   sync     `make bench-sync` (issue 17) on this host's cores: forms
 #            SYNC_FORMS ("lib sub"), N's SYNC_N ("1 4 8"), the --data-dir row
 #            (SYNC_DATADIR=1); its logs (no model files) in sync-logs.tgz
@@ -15,6 +17,8 @@
 #            base/ (scripts/device_bundle.sh's BASE_CONSUMER: an older
 #            build of it, for an A/B of the consumer in one lease); logs
 #            in sync-base-logs.tgz
+#   sync-gpu-base sync-gpu again with the fault_publish in base/
+#            (BASE_PUBLISH: an A/B of the producer); sync-gpu-base-logs.tgz
 #   fanout   an anchor to N joining consumers (raw TCP, the broker to
 #            receive-only joiners, library joiners until READY); N's: NS
 #   sync-py  bench-sync's Python-binding form (same N's, no --data-dir row),
@@ -75,6 +79,7 @@ gpu() {
 		echo "-- $t"; timeout 120 "$B/tests/$t"; echo "rc=$?"
 	done
 	echo "== bench_gpu_codec"; timeout 200 "$B/tools/bench_gpu_codec"; echo "rc=$?"
+	echo "== bench_gpu_ranges"; timeout 60 "$B/tools/bench_gpu_ranges"; echo "rc=$?"
 }
 
 # bench_sync NAME FORMS DATADIR: scripts/bench_sync.sh, its logs (without
@@ -103,16 +108,31 @@ bench_sync() {
 
 sync_lib() { bench_sync sync "${SYNC_FORMS:-lib sub}" "${SYNC_DATADIR:-1}"; }
 
+# base_build PROGRAM: a copy of the build with .dev/base/PROGRAM (an older
+# build of it, scripts/device_bundle.sh's BASE_CONSUMER or BASE_PUBLISH) in
+# its tools/; prints its path.
+base_build() {
+	local b=${TMPDIR:-/tmp}/dev-build-base-$1
+	[ -x "$D/base/$1" ] || { echo "== skipped, no base/$1" >&2; return 3; }
+	rm -rf "$b" && cp -r "$B" "$b" && cp "$D/base/$1" "$b/tools/" && echo "$b"
+}
+
 sync_base() {
-	local b=${TMPDIR:-/tmp}/dev-build-base
-	[ -x "$D/base/bench_sync_consumer" ] || { echo "== sync-base: skipped, no base/bench_sync_consumer"; return 3; }
-	rm -rf "$b" && cp -r "$B" "$b" && cp "$D/base/bench_sync_consumer" "$b/tools/" || return 1
+	local b
+	b=$(base_build bench_sync_consumer) || return
 	DELTACAST_BUILD=$b bench_sync sync-base lib 0
 }
 
 sync_gpu() {
 	export FAULT_PUBLISH_DEVICE=1
 	bench_sync sync-gpu lib 0
+}
+
+sync_gpu_base() {
+	local b
+	b=$(base_build fault_publish) || return
+	export FAULT_PUBLISH_DEVICE=1
+	DELTACAST_BUILD=$b bench_sync sync-gpu-base lib 0
 }
 
 sync_py() {
@@ -169,6 +189,7 @@ if [ "${1:-}" = step ]; then
 	sync-py) sync_py ;;
 	sync-gpu) sync_gpu ;;
 	sync-base) sync_base ;;
+	sync-gpu-base) sync_gpu_base ;;
 	fanout) fanout ;;
 	*) echo "no step $2"; exit 2 ;;
 	esac
@@ -176,7 +197,7 @@ if [ "${1:-}" = step ]; then
 fi
 
 DEADLINE=${DEADLINE:-370}
-declare -A CAP=([gpu]=240 [sync]=200 [sync-gpu]=120 [sync-base]=120 [fanout]=75 [sync-py]=75)
+declare -A CAP=([gpu]=240 [sync]=200 [sync-gpu]=120 [sync-base]=120 [sync-gpu-base]=120 [fanout]=75 [sync-py]=75)
 {
 	echo "start $(date -u +%FT%TZ), $(nproc) cpus, steps: ${STEPS:-gpu sync sync-gpu fanout sync-py}, deadline ${DEADLINE} s"
 	nvidia-smi -L 2>&1

@@ -2,7 +2,11 @@
  * encode gives the CPU's payload bytes and info (output poisoned first),
  * GPU apply from device and from pinned host memory gives the CPU's result
  * and saved old values, corrupted payloads get the CPU's verdict with dst
- * untouched, and the GPU digests equal dcast_digest and dcast_ldigest.
+ * untouched, and the GPU digests equal dcast_digest and dcast_ldigest.  A
+ * whole tensor encoded as ranges at once (dcast_cuda_ranges_encode) gives
+ * each range the CPU's payload and info and the change of its additive
+ * digest, moves the baseline, and gives up (baseline untouched) past its
+ * byte limit.
  * Exits 77 without a CUDA device (or in a build without CUDA). */
 #include <stdint.h>
 #include "check.h"
@@ -187,6 +191,85 @@ static void test_ldigest(void)
 	free(h);
 }
 
+/* Range k of a whole-tensor encode against the CPU encode of that range. */
+static void check_range(const gcase *c, const dcast_cuda_ranges *r, uint64_t range, uint64_t k, int enc,
+			uint64_t start)
+{
+	uint64_t off = k * range, n = c->count - off < range ? c->count - off : range, move = 0, before, after;
+	size_t cap = dcast_codec_bound(n, c->es);
+	uint8_t *cpu_out = malloc(cap);
+	dcast_chunk_info ci, gi;
+	const void *pl = NULL;
+
+	REQUIRE(dcast_codec_encode(c->cur + off * c->es, c->base + off * c->es, n, c->es, enc, 0, cpu_out, cap,
+				   &ci) == DCAST_OK);
+	CHECK_ERR(dcast_cuda_ranges_get(r, k, &gi, &pl, &move), DCAST_OK);
+	CHECK(memcmp(&ci, &gi, sizeof(ci)) == 0);
+	CHECK(pl && memcmp(cpu_out, pl, ci.payload_bytes) == 0);
+	REQUIRE(dcast_ldigest(7, start + off, c->base + off * c->es, n, c->es, &before) == DCAST_OK);
+	REQUIRE(dcast_ldigest(7, start + off, c->cur + off * c->es, n, c->es, &after) == DCAST_OK);
+	CHECK(before + move == after);
+	free(cpu_out);
+}
+
+/* One tensor of `count` elements in ranges of `range`, every range checked,
+ * the baseline moved to cur; then, changed again, refused at a byte limit
+ * of 1 with the baseline untouched. */
+static void check_ranges(dcast_cuda_ranges *r, uint64_t count, uint64_t range, unsigned es, double density,
+			 int enc)
+{
+	static const uint64_t start = (1ull << 32) - 5000; /* crosses a digest seed segment */
+	gcase c = make_case(count, es, density);
+	size_t bytes = count * es;
+	uint8_t *back = malloc(bytes + 1);
+	void *dcur = to_dev(c.cur, bytes), *dbase = to_dev(c.base, bytes);
+	int held = 0;
+
+	CHECK_ERR(dcast_cuda_ranges_encode(r, dcur, dbase, count, es, range, enc, DCAST_ENCODE_UPDATE_BASE, 7,
+					   start, (size_t)1 << 30, &held, NULL), DCAST_OK);
+	CHECK(held);
+	for (uint64_t k = 0; held && k * range < count; k++)
+		check_range(&c, r, range, k, enc, start);
+	from_dev(back, dbase, bytes);
+	CHECK(memcmp(back, c.cur, bytes) == 0);
+	if (count) {
+		REQUIRE(cudaMemcpy(dbase, c.base, bytes, cudaMemcpyHostToDevice) == cudaSuccess);
+		CHECK_ERR(dcast_cuda_ranges_encode(r, dcur, dbase, count, es, range, enc, DCAST_ENCODE_UPDATE_BASE,
+						   7, start, 1, &held, NULL), DCAST_OK);
+		CHECK(!held);
+		from_dev(back, dbase, bytes);
+		CHECK(memcmp(back, c.base, bytes) == 0);
+	}
+	if (check_failures)
+		fprintf(stderr, "  ranges count=%" PRIu64 " range=%" PRIu64 " es=%u density=%g enc=%d\n", count,
+			range, es, density, enc);
+	cudaFree(dcur), cudaFree(dbase);
+	free(back), free(c.base), free(c.cur);
+}
+
+static void test_ranges(void)
+{
+	static const uint64_t counts[] = { 0, 1, 4095, 70001, 3 * 65536 + 17 };
+	static const uint64_t ranges[] = { 1, 1000, 4096, 65536 + 3 };
+	static const double dens[] = { 0, 0.01, 0.3, 1.0 };
+	dcast_cuda_ranges *r = dcast_cuda_ranges_new();
+	int held = 1;
+
+	REQUIRE(r);
+	for (size_t i = 0; i < sizeof(counts) / sizeof(counts[0]); i++)
+		for (size_t g = 0; g < sizeof(ranges) / sizeof(ranges[0]); g++)
+			for (size_t d = 0; d < sizeof(dens) / sizeof(dens[0]); d++)
+				for (unsigned es = 1; es <= 4; es *= 2)
+					if (counts[i] / ranges[g] <= 200)
+						check_ranges(r, counts[i], ranges[g], es, dens[d], -1);
+	for (int enc = 0; enc < DCAST_ENC_COUNT; enc++)
+		check_ranges(r, 70001, 4096, 2, 0.05, enc);
+	CHECK_ERR(dcast_cuda_ranges_encode(r, NULL, NULL, 10, 2, 4, -1, 0, 0, 0, 1 << 20, &held, NULL), DCAST_EINVAL);
+	CHECK(!held);
+	CHECK_ERR(dcast_cuda_ranges_get(r, 0, NULL, NULL, NULL), DCAST_EINVAL);
+	dcast_cuda_ranges_free(r);
+}
+
 int main(void)
 {
 	if (!dcast_cuda_available())
@@ -195,6 +278,7 @@ int main(void)
 	test_digest();
 	test_ldigest();
 	test_codec();
+	test_ranges();
 	return check_done("test_gpu_codec");
 }
 #endif

@@ -6,7 +6,8 @@
  * With a device (only where one is lent: this half has NOT run on the
  * development machines) it registers cudaMalloc'd tensors beside a host
  * one, with the baseline in device memory and in pinned host memory, and
- * publishes an anchor and a delta that a reader gets bit-exact. */
+ * publishes an anchor and two deltas (the second leaving a range alone)
+ * that a reader gets bit-exact, every COMMIT digest checked. */
 #include <stdint.h>
 #include "check.h"
 #include "deltacast/codec_cuda.h"
@@ -93,6 +94,12 @@ static void test_device(const harness_broker *b, const char *model, int on_devic
 	dcast_producer_stats_get(p, &s);
 	CHECK(!s.anchor && s.payload_bytes < s.model_bytes / 4);
 	CHECK(read_back(b, model, 2));
+	harness_perturb(d_host + N_D / 2, N_D / 2, 5000, &seed); /* the first range unchanged */
+	REQUIRE(cudaMemcpy(dev, d_host, N_D * 2ull, cudaMemcpyHostToDevice) == cudaSuccess);
+	CHECK_ERR(harness_publish(p, 3), 0); /* digests moved from moved digests */
+	dcast_producer_stats_get(p, &s);
+	CHECK(!s.anchor);
+	CHECK(read_back(b, model, 3));
 	dcast_producer_close(&p);
 	cudaFree(dev);
 }

@@ -87,6 +87,8 @@ static cudaMemPool_t scratch_pool(void)
 
 static cudaError_t scratch_get(scratch *sc, void **p, size_t bytes)
 {
+	if (sc->n == sizeof(sc->p) / sizeof(sc->p[0]))
+		return cudaErrorMemoryAllocation; /* a call holds at most 16 */
 	cudaMemPool_t pool = scratch_pool();
 	cudaError_t e = pool ? cudaMallocFromPoolAsync(p, bytes ? bytes : 8, pool, sc->s)
 			     : cudaMallocAsync(p, bytes ? bytes : 8, sc->s);
@@ -152,50 +154,102 @@ __device__ __forceinline__ void st_bytes(uint8_t *p, uint32_t v, unsigned n)
 		p[i] = (uint8_t)(v >> (8 * i));
 }
 
-/* ---- encode: ordered compaction ---- */
+/* ---- encode: ordered compaction, over one range or many ---- */
 
+/* Tiles never straddle a range: block b is tile b % tpr of range b / tpr
+ * (rs[] in device memory), clipped to the range (its last tiles may be
+ * empty).  Positions are relative to the range's first element. */
+__device__ __forceinline__ const dcast_cuda_range *seg_tile(const dcast_cuda_range *rs, unsigned tpr,
+							      uint64_t b, uint64_t *lo, uint64_t *hi)
+{
+	const dcast_cuda_range *r = rs + b / tpr;
+	uint64_t l = b % tpr * TILE;
+	*lo = l < r->count ? l : r->count;
+	*hi = l + TILE < r->count ? l + TILE : r->count;
+	return r;
+}
+
+struct max_op {
+	__device__ unsigned operator()(unsigned a, unsigned b) const { return a > b ? a : b; }
+};
+
+/* Per tile: its changes, and 1 + the last one's position (0: none). */
 template <unsigned ES>
-__global__ void k_tile_count(const void *cur, const void *base, uint64_t count, unsigned *tile_n)
+__global__ void k_seg_count(const dcast_cuda_range *rs, unsigned tpr, unsigned *tile_n, unsigned *tile_last)
 {
 	typedef cub::BlockReduce<unsigned, TILE_THREADS> reduce;
 	__shared__ typename reduce::TempStorage tmp;
-	uint64_t first = (uint64_t)blockIdx.x * TILE;
-	unsigned c = 0;
-	for (unsigned j = threadIdx.x; j < TILE; j += TILE_THREADS) {
-		uint64_t i = first + j;
-		c += i < count && ld<ES>(cur, i) != ld<ES>(base, i);
-	}
+	uint64_t lo, hi;
+	const dcast_cuda_range *r = seg_tile(rs, tpr, blockIdx.x, &lo, &hi);
+	unsigned c = 0, last = 0;
+	for (uint64_t i = lo + threadIdx.x; i < hi; i += TILE_THREADS)
+		if (ld<ES>(r->cur, i) != ld<ES>(r->base, i)) {
+			c++;
+			last = (unsigned)i + 1;
+		}
 	unsigned total = reduce(tmp).Sum(c);
-	if (threadIdx.x == 0)
+	__syncthreads();
+	unsigned mx = reduce(tmp).Reduce(last, max_op());
+	if (threadIdx.x == 0) {
 		tile_n[blockIdx.x] = total;
+		tile_last[blockIdx.x] = mx;
+	}
 }
 
 /* Each thread takes 16 consecutive elements of the tile, so a block scan of
- * the per-thread counts gives every change its rank in position order. */
+ * the per-thread counts gives every change its rank in position order.
+ * Per tile also the additive digest's change: the sum over its changes of
+ * the new element's dcast_ldigest term less the old one's (element i of a
+ * range is element start + i of its tensor). */
 template <unsigned ES>
-__global__ void k_tile_write(const void *cur, const void *base, uint64_t count,
-			     const unsigned *tile_off, uint32_t *pos, uint32_t *newv, uint32_t *zz)
+__global__ void k_seg_write(const dcast_cuda_range *rs, unsigned tpr, const unsigned *tile_off, uint32_t *pos,
+			    uint32_t *newv, uint32_t *zz, unsigned long long *tile_move)
 {
 	typedef cub::BlockScan<unsigned, TILE_THREADS> scan;
-	__shared__ typename scan::TempStorage tmp;
+	typedef cub::BlockReduce<unsigned long long, TILE_THREADS> reduce;
+	__shared__ typename scan::TempStorage stmp;
+	__shared__ typename reduce::TempStorage rtmp;
 	const unsigned per = TILE / TILE_THREADS;
-	uint64_t first = (uint64_t)blockIdx.x * TILE + (uint64_t)threadIdx.x * per;
+	uint64_t lo, hi, move = 0, seg = ~0ull, seed = 0;
+	const dcast_cuda_range *r = seg_tile(rs, tpr, blockIdx.x, &lo, &hi);
+	uint64_t first = lo + (uint64_t)threadIdx.x * per;
 	unsigned mine = 0, rank;
 	for (unsigned j = 0; j < per; j++)
-		mine += first + j < count && ld<ES>(cur, first + j) != ld<ES>(base, first + j);
-	scan(tmp).ExclusiveSum(mine, rank);
+		mine += first + j < hi && ld<ES>(r->cur, first + j) != ld<ES>(r->base, first + j);
+	scan(stmp).ExclusiveSum(mine, rank);
 	uint64_t out = (uint64_t)tile_off[blockIdx.x] + rank;
 	for (unsigned j = 0; j < per && mine; j++) {
-		uint64_t i = first + j;
-		if (i >= count)
+		uint64_t i = first + j, gi = r->start + i;
+		if (i >= hi)
 			break;
-		uint32_t nv = ld<ES>(cur, i), ov = ld<ES>(base, i);
+		uint32_t nv = ld<ES>(r->cur, i), ov = ld<ES>(r->base, i);
 		if (nv == ov)
 			continue;
+		if (gi >> 32 != seg) {
+			seg = gi >> 32;
+			seed = dcast_ld_seed(r->tensor, seg);
+		}
+		move += dcast_ld_term_seeded(seed, gi, nv) - dcast_ld_term_seeded(seed, gi, ov);
 		pos[out] = (uint32_t)i;
 		newv[out] = nv;
 		zz[out] = dcast_ulp_zz(ov, nv, 8 * ES);
 		out++;
+	}
+	unsigned long long total = reduce(rtmp).Sum((unsigned long long)move);
+	if (threadIdx.x == 0 && tile_move)
+		tile_move[blockIdx.x] = total;
+}
+
+/* Every range's baseline made equal to its cur (the elements that differ). */
+template <unsigned ES>
+__global__ void k_seg_base(const dcast_cuda_range *rs, unsigned tpr)
+{
+	uint64_t lo, hi;
+	const dcast_cuda_range *r = seg_tile(rs, tpr, blockIdx.x, &lo, &hi);
+	for (uint64_t i = lo + threadIdx.x; i < hi; i += TILE_THREADS) {
+		uint32_t nv = ld<ES>(r->cur, i);
+		if (nv != ld<ES>(r->base, i))
+			st<ES>(r->base, i, nv);
 	}
 }
 
@@ -255,17 +309,22 @@ __global__ void k_emit_values(const uint32_t *newv, uint64_t n, uint8_t *out)
 		st_bytes(out + i * ES, newv[i], ES);
 }
 
-/* Code length of element i (position + value). */
+/* Code length of change i (position + value) of a range's changes. */
+__device__ __forceinline__ unsigned long long cpt_len_one(const uint32_t *pos, const uint32_t *newv,
+							  const uint32_t *zz, uint64_t i, const dcast_cpt_plan *plan)
+{
+	uint32_t prev_next = i ? pos[i - 1] + 1 : 0;
+	unsigned vl;
+	dcast_cpt_value_bits(plan, zz[i], newv[i], &vl);
+	return dcast_rice_len(pos[i] - prev_next, plan->k) + vl;
+}
+
 __global__ void k_cpt_len(const uint32_t *pos, const uint32_t *newv, const uint32_t *zz, uint64_t n,
 			  dcast_cpt_plan plan, unsigned long long *len)
 {
 	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-	     i += (uint64_t)gridDim.x * blockDim.x) {
-		uint32_t prev_next = i ? pos[i - 1] + 1 : 0;
-		unsigned vl;
-		dcast_cpt_value_bits(&plan, zz[i], newv[i], &vl);
-		len[i] = dcast_rice_len(pos[i] - prev_next, plan.k) + vl;
-	}
+	     i += (uint64_t)gridDim.x * blockDim.x)
+		len[i] = cpt_len_one(pos, newv, zz, i, &plan);
 }
 
 /* OR `len` (<= 57) bits of v into the zeroed stream at bit `at`. */
@@ -277,23 +336,31 @@ __device__ __forceinline__ void put_bits(unsigned long long *words, uint64_t at,
 		atomicOr(&words[(at >> 6) + 1], (unsigned long long)(v >> (64 - sh)));
 }
 
+/* Change i of a range's changes into its stream at bit `at`, and its block
+ * index entry where one starts (`at` relative to the stream's start). */
+__device__ __forceinline__ void cpt_emit_one(const uint32_t *pos, const uint32_t *newv, const uint32_t *zz,
+					     uint64_t i, const dcast_cpt_plan *plan, uint64_t at,
+					     unsigned long long *words, uint8_t *index)
+{
+	uint32_t gap = pos[i] - (i ? pos[i - 1] + 1 : 0);
+	unsigned rl = dcast_rice_len(gap, plan->k), vl;
+	uint64_t vb = dcast_cpt_value_bits(plan, zz[i], newv[i], &vl);
+	put_bits(words, at, dcast_rice_bits(gap, plan->k), rl);
+	put_bits(words, at + rl, vb, vl);
+	if (i && i % DCAST_CPT_BLOCK == 0) {
+		uint8_t *e = index + (i / DCAST_CPT_BLOCK - 1) * DCAST_CPT_INDEX_ENTRY;
+		st_bytes(e, (uint32_t)at, 4);
+		st_bytes(e + 4, pos[i - 1], 4);
+	}
+}
+
 __global__ void k_cpt_emit(const uint32_t *pos, const uint32_t *newv, const uint32_t *zz, uint64_t n,
 			   dcast_cpt_plan plan, const unsigned long long *off,
 			   unsigned long long *words, uint8_t *index)
 {
 	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-	     i += (uint64_t)gridDim.x * blockDim.x) {
-		uint32_t gap = pos[i] - (i ? pos[i - 1] + 1 : 0);
-		unsigned rl = dcast_rice_len(gap, plan.k), vl;
-		uint64_t vb = dcast_cpt_value_bits(&plan, zz[i], newv[i], &vl);
-		put_bits(words, off[i], dcast_rice_bits(gap, plan.k), rl);
-		put_bits(words, off[i] + rl, vb, vl);
-		if (i && i % DCAST_CPT_BLOCK == 0) {
-			uint8_t *e = index + (i / DCAST_CPT_BLOCK - 1) * DCAST_CPT_INDEX_ENTRY;
-			st_bytes(e, (uint32_t)off[i], 4);
-			st_bytes(e + 4, pos[i - 1], 4);
-		}
-	}
+	     i += (uint64_t)gridDim.x * blockDim.x)
+		cpt_emit_one(pos, newv, zz, i, &plan, off[i], words, index);
 }
 
 template <unsigned ES>
@@ -317,15 +384,20 @@ static int find_changes(const void *cur, const void *base, uint64_t count, scrat
 {
 	int rc = DCAST_OK;
 	uint64_t ntiles = (count + TILE - 1) / TILE;
-	unsigned *tile_n = NULL, *tile_off = NULL, last[2] = { 0, 0 };
+	unsigned *tile_n = NULL, *tile_off = NULL, *tile_last = NULL, last[2] = { 0, 0 };
+	dcast_cuda_range one = { cur, (void *)base, count, 0, 0 }, *dev_one = NULL;
 	void *tmp = NULL;
 	size_t tmp_bytes = 0;
+	CU(scratch_get(sc, (void **)&dev_one, sizeof(one)), "cudaMallocAsync(range)");
 	CU(scratch_get(sc, (void **)&tile_n, (ntiles + 1) * 4), "cudaMallocAsync(tile counts)");
 	CU(scratch_get(sc, (void **)&tile_off, (ntiles + 1) * 4), "cudaMallocAsync(tile offsets)");
+	CU(scratch_get(sc, (void **)&tile_last, (ntiles + 1) * 4), "cudaMallocAsync(tile ends)");
+	CU(cudaMemcpyAsync(dev_one, &one, sizeof(one), cudaMemcpyHostToDevice, sc->s), "copy range");
 	CU(cudaMemsetAsync(tile_n, 0, (ntiles + 1) * 4, sc->s), "cudaMemsetAsync");
 	if (ntiles)
-		k_tile_count<ES><<<(unsigned)ntiles, TILE_THREADS, 0, sc->s>>>(cur, base, count, tile_n);
-	CU(cudaGetLastError(), "k_tile_count");
+		k_seg_count<ES><<<(unsigned)ntiles, TILE_THREADS, 0, sc->s>>>(dev_one, (unsigned)ntiles, tile_n,
+									      tile_last);
+	CU(cudaGetLastError(), "k_seg_count");
 	CU(cub::DeviceScan::ExclusiveSum(NULL, tmp_bytes, tile_n, tile_off, (int)(ntiles + 1), sc->s),
 	   "cub scan size");
 	CU(scratch_get(sc, &tmp, tmp_bytes), "cudaMallocAsync(scan)");
@@ -338,9 +410,9 @@ static int find_changes(const void *cur, const void *base, uint64_t count, scrat
 	CU(scratch_get(sc, (void **)&ch->newv, ch->n * 4), "cudaMallocAsync(newv)");
 	CU(scratch_get(sc, (void **)&ch->zz, ch->n * 4), "cudaMallocAsync(zz)");
 	if (ntiles && ch->n)
-		k_tile_write<ES><<<(unsigned)ntiles, TILE_THREADS, 0, sc->s>>>(cur, base, count, tile_off,
-									   ch->pos, ch->newv, ch->zz);
-	CU(cudaGetLastError(), "k_tile_write");
+		k_seg_write<ES><<<(unsigned)ntiles, TILE_THREADS, 0, sc->s>>>(dev_one, (unsigned)ntiles, tile_off,
+									      ch->pos, ch->newv, ch->zz, NULL);
+	CU(cudaGetLastError(), "k_seg_write");
 out:
 	return rc;
 }
@@ -376,59 +448,38 @@ out:
 	return rc;
 }
 
-/* Preallocated scratch for the compact emitter of many ranges in a row (on
- * one stream): len and off hold the largest range's changes, tmp its scan. */
-struct cpt_bufs {
-	unsigned long long *len, *off;
-	void *tmp;
-	size_t tmp_bytes;
-};
-
-/* The compact bitstream and block index of ch's changes into dev_out (the
- * stream zeroed, the header written by the caller). */
-static int emit_compact_body(const changes_dev *ch, const dcast_cpt_plan *plan, const cpt_bufs *b,
-			     cudaStream_t s, uint8_t *dev_out)
-{
-	int rc = DCAST_OK;
-	unsigned hb = dcast_cpt_hdr_bytes(plan->mode, plan->w);
-	uint64_t soff = dcast_cpt_stream_off(plan);
-	size_t tmp_bytes = b->tmp_bytes;
-	if (!ch->n)
-		return DCAST_OK;
-	k_cpt_len<<<grid_for(ch->n, 256), 256, 0, s>>>(ch->pos, ch->newv, ch->zz, ch->n, *plan, b->len);
-	CU(cudaGetLastError(), "k_cpt_len");
-	CU(cub::DeviceScan::ExclusiveSum(b->tmp, tmp_bytes, b->len, b->off, (int)ch->n, s), "cub scan");
-	k_cpt_emit<<<grid_for(ch->n, 256), 256, 0, s>>>(ch->pos, ch->newv, ch->zz, ch->n, *plan, b->off,
-							(unsigned long long *)(dev_out + soff), dev_out + hb);
-	CU(cudaGetLastError(), "k_cpt_emit");
-out:
-	return rc;
-}
-
 static int emit_compact(const changes_dev *ch, const dcast_cpt_plan *plan, scratch *sc, uint8_t *dev_out)
 {
 	int rc = DCAST_OK;
 	uint8_t hdr[32];
 	unsigned hb = dcast_cpt_hdr_bytes(plan->mode, plan->w);
 	uint64_t soff = dcast_cpt_stream_off(plan), sbytes = (plan->pos_bits + plan->val_bits + 7) / 8;
-	cpt_bufs b = {};
+	unsigned long long *len = NULL, *off = NULL;
+	void *tmp = NULL;
+	size_t tmp_bytes = 0;
 	dcast_cpt_hdr_write(plan, hdr);
 	CU(cudaMemcpyAsync(dev_out, hdr, hb, cudaMemcpyHostToDevice, sc->s), "copy header");
 	CU(cudaMemsetAsync(dev_out + soff, 0, (sbytes + 15) & ~7ull, sc->s), "cudaMemsetAsync");
 	if (!ch->n)
 		goto out;
-	CU(scratch_get(sc, (void **)&b.len, ch->n * 8), "cudaMallocAsync(len)");
-	CU(scratch_get(sc, (void **)&b.off, ch->n * 8), "cudaMallocAsync(off)");
-	CU(cub::DeviceScan::ExclusiveSum(NULL, b.tmp_bytes, b.len, b.off, (int)ch->n, sc->s), "cub scan size");
-	CU(scratch_get(sc, &b.tmp, b.tmp_bytes), "cudaMallocAsync(scan)");
-	rc = emit_compact_body(ch, plan, &b, sc->s, dev_out);
+	CU(scratch_get(sc, (void **)&len, ch->n * 8), "cudaMallocAsync(len)");
+	CU(scratch_get(sc, (void **)&off, ch->n * 8), "cudaMallocAsync(off)");
+	k_cpt_len<<<grid_for(ch->n, 256), 256, 0, sc->s>>>(ch->pos, ch->newv, ch->zz, ch->n, *plan, len);
+	CU(cudaGetLastError(), "k_cpt_len");
+	CU(cub::DeviceScan::ExclusiveSum(NULL, tmp_bytes, len, off, (int)ch->n, sc->s), "cub scan size");
+	CU(scratch_get(sc, &tmp, tmp_bytes), "cudaMallocAsync(scan)");
+	CU(cub::DeviceScan::ExclusiveSum(tmp, tmp_bytes, len, off, (int)ch->n, sc->s), "cub scan");
+	k_cpt_emit<<<grid_for(ch->n, 256), 256, 0, sc->s>>>(ch->pos, ch->newv, ch->zz, ch->n, *plan, off,
+							     (unsigned long long *)(dev_out + soff),
+							     dev_out + hb);
+	CU(cudaGetLastError(), "k_cpt_emit");
 out:
 	return rc;
 }
 
 template <unsigned ES>
 static int emit_dev(int enc, const changes_dev *ch, const dcast_cpt_plan *plan, uint64_t count,
-		    scratch *sc, uint8_t *dev_out, const cpt_bufs *batch)
+		    scratch *sc, uint8_t *dev_out)
 {
 	int rc = DCAST_OK;
 	unsigned g = grid_for(ch->n, 256);
@@ -446,7 +497,7 @@ static int emit_dev(int enc, const changes_dev *ch, const dcast_cpt_plan *plan, 
 		}
 		break;
 	default:
-		return batch ? emit_compact_body(ch, plan, batch, sc->s, dev_out) : emit_compact(ch, plan, sc, dev_out);
+		return emit_compact(ch, plan, sc, dev_out);
 	}
 	CU(cudaGetLastError(), "emit kernel");
 out:
@@ -471,7 +522,7 @@ static int encode_delta(const void *cur, void *base, uint64_t count, int force, 
 		CU(cudaMemcpyAsync(out, cur, count * ES, cudaMemcpyDefault, sc->s), "copy dense");
 	} else {
 		CU(scratch_get(sc, (void **)&dev_out, ((sizes[enc] + 64) & ~7ull)), "cudaMallocAsync(payload)");
-		if ((rc = emit_dev<ES>(enc, &ch, &plan, count, sc, dev_out, NULL)))
+		if ((rc = emit_dev<ES>(enc, &ch, &plan, count, sc, dev_out)))
 			return rc;
 		CU(cudaMemcpyAsync(out, dev_out, sizes[enc], cudaMemcpyDefault, sc->s), "copy payload");
 	}
@@ -523,131 +574,129 @@ out:
 	return rc;
 }
 
-/* ---- encode: a whole tensor as ranges (the producer's chunks) ---- */
+/* ---- encode: many ranges at once (a producer's chunks) ---- */
 
-/* Tiles never straddle a range: block b is tile b % tpr of range b / tpr,
- * clipped to the range and to count (the last tiles of a range may be
- * empty). */
-struct seg_geom {
-	uint64_t count, range;
-	unsigned tpr;
+/* What the segmented kernels know of each range (device memory). */
+struct seg_meta {
+	uint64_t first;   /* its first change in the arrays of all changes */
+	uint64_t out_off; /* its payload's offset in the output */
+	unsigned k;       /* the compact Rice parameter */
+	unsigned enc;     /* its encoding */
+	dcast_cpt_plan plan;
 };
 
-__device__ __forceinline__ void seg_tile(const seg_geom &g, uint64_t b, uint64_t *r0, uint64_t *lo,
-					 uint64_t *hi)
+/* The range of change c: the last one whose first change is at or before c. */
+__device__ __forceinline__ const seg_meta *seg_of(const seg_meta *m, uint64_t nr, uint64_t c)
 {
-	uint64_t rs = b / g.tpr * g.range, re = rs + g.range < g.count ? rs + g.range : g.count;
-	uint64_t l = rs + b % g.tpr * TILE;
-	*r0 = rs;
-	*lo = l < re ? l : re;
-	*hi = l + TILE < re ? l + TILE : re;
+	uint64_t lo = 0, hi = nr - 1;
+	while (lo < hi) {
+		uint64_t mid = (lo + hi + 1) / 2;
+		if (m[mid].first <= c)
+			lo = mid;
+		else
+			hi = mid - 1;
+	}
+	return m + lo;
 }
 
-struct max_op {
-	__device__ unsigned operator()(unsigned a, unsigned b) const { return a > b ? a : b; }
-};
-
-/* Per tile: its changes, and 1 + the last one's position in its range (0: none). */
-template <unsigned ES>
-__global__ void k_seg_count(const void *cur, const void *base, seg_geom g, unsigned *tile_n,
-			    unsigned *tile_last)
+/* k_stats over the changes of all ranges, each under its range's k. */
+__global__ void k_seg_stats(const uint32_t *pos, const uint32_t *zz, uint64_t total, const seg_meta *m,
+			    uint64_t nr, unsigned long long *hist)
 {
-	typedef cub::BlockReduce<unsigned, TILE_THREADS> reduce;
-	__shared__ typename reduce::TempStorage tmp;
-	uint64_t r0, lo, hi;
-	unsigned c = 0, last = 0;
-	seg_tile(g, blockIdx.x, &r0, &lo, &hi);
-	for (uint64_t i = lo + threadIdx.x; i < hi; i += TILE_THREADS)
-		if (ld<ES>(cur, i) != ld<ES>(base, i)) {
-			c++;
-			last = (unsigned)(i - r0) + 1;
-		}
-	unsigned total = reduce(tmp).Sum(c);
-	__syncthreads();
-	unsigned mx = reduce(tmp).Reduce(last, max_op());
-	if (threadIdx.x == 0) {
-		tile_n[blockIdx.x] = total;
-		tile_last[blockIdx.x] = mx;
+	for (uint64_t c = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; c < total;
+	     c += (uint64_t)gridDim.x * blockDim.x) {
+		const seg_meta *r = seg_of(m, nr, c);
+		unsigned long long *h = hist + (r - m) * (DCAST_CPT_NSYM_MAX + 1);
+		uint32_t prev_next = c > r->first ? pos[c - 1] + 1 : 0;
+		atomicAdd(&h[dcast_cpt_symbol(zz[c])], 1ull);
+		atomicAdd(&h[DCAST_CPT_NSYM_MAX], (unsigned long long)dcast_rice_len(pos[c] - prev_next, r->k));
 	}
 }
 
-/* k_tile_write per range (positions relative to the range's start), and
- * per tile the additive digest's change: the sum over its changes of the
- * new element's term less the old one's (dcast_ldigest's terms; element i
- * of the tensor is element start + i of the model's tensor). */
-template <unsigned ES>
-__global__ void k_seg_write(const void *cur, const void *base, seg_geom g, const unsigned *tile_off,
-			    uint32_t *pos, uint32_t *newv, uint32_t *zz, uint32_t tensor, uint64_t start,
-			    unsigned long long *tile_move)
+/* k_cpt_len over all ranges (0 for changes of ranges not compact). */
+__global__ void k_seg_cpt_len(const uint32_t *pos, const uint32_t *newv, const uint32_t *zz, uint64_t total,
+			      const seg_meta *m, uint64_t nr, unsigned long long *len)
 {
-	typedef cub::BlockScan<unsigned, TILE_THREADS> scan;
-	typedef cub::BlockReduce<unsigned long long, TILE_THREADS> reduce;
-	__shared__ typename scan::TempStorage stmp;
-	__shared__ typename reduce::TempStorage rtmp;
-	const unsigned per = TILE / TILE_THREADS;
-	uint64_t r0, lo, hi, move = 0, seg = ~0ull, seed = 0;
-	seg_tile(g, blockIdx.x, &r0, &lo, &hi);
-	uint64_t first = lo + (uint64_t)threadIdx.x * per;
-	unsigned mine = 0, rank;
-	for (unsigned j = 0; j < per; j++)
-		mine += first + j < hi && ld<ES>(cur, first + j) != ld<ES>(base, first + j);
-	scan(stmp).ExclusiveSum(mine, rank);
-	uint64_t out = (uint64_t)tile_off[blockIdx.x] + rank;
-	for (unsigned j = 0; j < per && mine; j++) {
-		uint64_t i = first + j, gi = start + i;
-		if (i >= hi)
-			break;
-		uint32_t nv = ld<ES>(cur, i), ov = ld<ES>(base, i);
-		if (nv == ov)
+	for (uint64_t c = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; c < total;
+	     c += (uint64_t)gridDim.x * blockDim.x) {
+		const seg_meta *r = seg_of(m, nr, c);
+		len[c] = r->enc != DCAST_ENC_COMPACT ? 0
+			 : cpt_len_one(pos + r->first, newv + r->first, zz + r->first, c - r->first, &r->plan);
+	}
+}
+
+/* k_cpt_emit over all compact ranges: off is the scan of every change's
+ * length, so a range's stream starts at off[first]. */
+__global__ void k_seg_cpt_emit(const uint32_t *pos, const uint32_t *newv, const uint32_t *zz, uint64_t total,
+			       const seg_meta *m, uint64_t nr, const unsigned long long *off, uint8_t *out)
+{
+	for (uint64_t c = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; c < total;
+	     c += (uint64_t)gridDim.x * blockDim.x) {
+		const seg_meta *r = seg_of(m, nr, c);
+		uint8_t *o = out + r->out_off;
+		if (r->enc != DCAST_ENC_COMPACT)
 			continue;
-		if (gi >> 32 != seg) {
-			seg = gi >> 32;
-			seed = dcast_ld_seed(tensor, seg);
-		}
-		move += dcast_ld_term_seeded(seed, gi, nv) - dcast_ld_term_seeded(seed, gi, ov);
-		pos[out] = (uint32_t)(i - r0);
-		newv[out] = nv;
-		zz[out] = dcast_ulp_zz(ov, nv, 8 * ES);
-		out++;
+		cpt_emit_one(pos + r->first, newv + r->first, zz + r->first, c - r->first, &r->plan,
+			     off[c] - off[r->first], (unsigned long long *)(o + dcast_cpt_stream_off(&r->plan)),
+			     o + dcast_cpt_hdr_bytes(r->plan.mode, r->plan.w));
 	}
-	unsigned long long total = reduce(rtmp).Sum((unsigned long long)move);
-	if (threadIdx.x == 0)
-		tile_move[blockIdx.x] = total;
 }
 
-/* One range's result; its payload lies at host + off. */
+/* One range's result on the host; its payload lies at host + meta.out_off. */
 struct range_out {
 	dcast_chunk_info info;
-	uint64_t first, n, last1; /* its changes in the tensor's arrays; 1 + last position */
-	uint64_t off, move;
-	dcast_cpt_plan plan;
+	uint64_t n, last1, move; /* changes, 1 + the last one's position, digest move */
 };
 
 struct dcast_cuda_ranges {
 	uint64_t n;           /* ranges held by the last encode */
 	range_out *r;         /* r_cap of them */
 	uint64_t r_cap;
-	unsigned char *stats; /* pinned: tile counts and stats coming back */
+	unsigned char *stats; /* pinned: what goes to the device and comes back */
 	size_t stats_cap;
 	unsigned char *host;  /* pinned: the payloads */
 	size_t host_cap;
 };
 
+/* The pinned stats area, in this order, each 8-aligned. */
+struct seg_layout {
+	size_t desc, meta, tile_off, tile_last, moves, hist, end;
+};
+
 /* One encode's arguments and device arrays. */
 struct seg_job {
-	const void *cur;
-	void *base;
-	unsigned es, flags;
+	const dcast_cuda_range *ranges;
+	unsigned es, flags, tpr;
 	int force;
-	uint32_t tensor;
-	uint64_t start, nr, ntiles, total, max_n;
-	seg_geom g;
+	uint64_t nr, ntiles, total, max_n;
+	seg_layout at;
 	dcast_cuda_ranges *o;
 	scratch sc;
+	dcast_cuda_range *desc;
+	seg_meta *meta;
 	unsigned *tile_n, *tile_off, *tile_last;
 	unsigned long long *tile_move, *hist;
 	changes_dev ch;
 };
+
+#define AT(j, field, type) ((type *)((j)->o->stats + (j)->at.field))
+
+static size_t align8(size_t n)
+{
+	return (n + 7) & ~(size_t)7;
+}
+
+static void seg_lay_out(seg_job *j)
+{
+	seg_layout *l = &j->at;
+	l->desc = 0;
+	l->meta = align8(j->nr * sizeof(dcast_cuda_range));
+	l->tile_off = l->meta + align8(j->nr * sizeof(seg_meta));
+	l->tile_last = l->tile_off + align8((j->ntiles + 1) * 4);
+	l->moves = l->tile_last + align8(j->ntiles * 4);
+	l->hist = l->moves + j->ntiles * 8;
+	l->end = l->hist + j->nr * (DCAST_CPT_NSYM_MAX + 1) * 8;
+}
 
 static cudaError_t pinned_grow(unsigned char **p, size_t *cap, size_t need)
 {
@@ -663,173 +712,193 @@ static cudaError_t pinned_grow(unsigned char **p, size_t *cap, size_t need)
 	return e;
 }
 
-/* Stats area: tile_off (ntiles + 1), tile_last (ntiles), then 8-aligned
- * tile_move (ntiles) and the ranges' histograms (nr * (NSYM_MAX + 1)). */
-static size_t stats_moves_at(const seg_job *j)
-{
-	return ((j->ntiles * 8 + 4) + 7) & ~(size_t)7;
-}
-
-/* Count the changes per tile and per range (one synchronization). */
+/* Count the changes per tile (one synchronization). */
 template <unsigned ES>
 static int seg_count(seg_job *j)
 {
 	int rc = DCAST_OK;
-	size_t tmp_bytes = 0, need = stats_moves_at(j) + (j->ntiles + j->nr * (DCAST_CPT_NSYM_MAX + 1)) * 8;
+	size_t tmp_bytes = 0;
 	void *tmp = NULL;
-	CU(pinned_grow(&j->o->stats, &j->o->stats_cap, need), "cudaMallocHost(stats)");
+	CU(pinned_grow(&j->o->stats, &j->o->stats_cap, j->at.end), "cudaMallocHost(stats)");
+	memcpy(j->o->stats + j->at.desc, j->ranges, j->nr * sizeof(dcast_cuda_range));
+	CU(scratch_get(&j->sc, (void **)&j->desc, j->nr * sizeof(dcast_cuda_range)), "cudaMallocAsync(ranges)");
+	CU(scratch_get(&j->sc, (void **)&j->meta, j->nr * sizeof(seg_meta)), "cudaMallocAsync(range meta)");
 	CU(scratch_get(&j->sc, (void **)&j->tile_n, (j->ntiles + 1) * 4), "cudaMallocAsync(tile counts)");
 	CU(scratch_get(&j->sc, (void **)&j->tile_off, (j->ntiles + 1) * 4), "cudaMallocAsync(tile offsets)");
 	CU(scratch_get(&j->sc, (void **)&j->tile_last, j->ntiles * 4), "cudaMallocAsync(tile ends)");
+	CU(cudaMemcpyAsync(j->desc, j->o->stats + j->at.desc, j->nr * sizeof(dcast_cuda_range),
+			   cudaMemcpyHostToDevice, j->sc.s), "copy ranges");
 	CU(cudaMemsetAsync(j->tile_n, 0, (j->ntiles + 1) * 4, j->sc.s), "cudaMemsetAsync");
-	k_seg_count<ES><<<(unsigned)j->ntiles, TILE_THREADS, 0, j->sc.s>>>(j->cur, j->base, j->g, j->tile_n,
-									    j->tile_last);
+	k_seg_count<ES><<<(unsigned)j->ntiles, TILE_THREADS, 0, j->sc.s>>>(j->desc, j->tpr, j->tile_n, j->tile_last);
 	CU(cudaGetLastError(), "k_seg_count");
 	CU(cub::DeviceScan::ExclusiveSum(NULL, tmp_bytes, j->tile_n, j->tile_off, (int)(j->ntiles + 1), j->sc.s),
 	   "cub scan size");
 	CU(scratch_get(&j->sc, &tmp, tmp_bytes), "cudaMallocAsync(scan)");
 	CU(cub::DeviceScan::ExclusiveSum(tmp, tmp_bytes, j->tile_n, j->tile_off, (int)(j->ntiles + 1), j->sc.s),
 	   "cub scan");
-	CU(cudaMemcpyAsync(j->o->stats, j->tile_off, (j->ntiles + 1) * 4, cudaMemcpyDeviceToHost, j->sc.s),
-	   "copy tile offsets");
-	CU(cudaMemcpyAsync(j->o->stats + (j->ntiles + 1) * 4, j->tile_last, j->ntiles * 4,
-			   cudaMemcpyDeviceToHost, j->sc.s), "copy tile ends");
+	CU(cudaMemcpyAsync(AT(j, tile_off, unsigned), j->tile_off, (j->ntiles + 1) * 4, cudaMemcpyDeviceToHost,
+			   j->sc.s), "copy tile offsets");
+	CU(cudaMemcpyAsync(AT(j, tile_last, unsigned), j->tile_last, j->ntiles * 4, cudaMemcpyDeviceToHost,
+			   j->sc.s), "copy tile ends");
 	CU(cudaStreamSynchronize(j->sc.s), "sync");
 out:
 	return rc;
 }
 
-/* Each range's share of the changes, from the tile counts. */
+/* Each range's share of the changes and its k, from the tile counts. */
 static void seg_ranges(seg_job *j)
 {
-	const unsigned *off = (const unsigned *)j->o->stats, *last = off + j->ntiles + 1;
+	const unsigned *off = AT(j, tile_off, unsigned), *last = AT(j, tile_last, unsigned);
+	seg_meta *m = AT(j, meta, seg_meta);
 	j->max_n = 0;
 	j->total = off[j->ntiles];
 	for (uint64_t r = 0; r < j->nr; r++) {
 		range_out *x = &j->o->r[r];
-		uint64_t t0 = r * j->g.tpr, t1 = t0 + j->g.tpr;
-		x->first = off[t0];
+		uint64_t t0 = r * j->tpr, t1 = t0 + j->tpr;
+		m[r].first = off[t0];
 		x->n = off[t1] - off[t0];
 		x->last1 = 0;
 		for (uint64_t t = t0; t < t1; t++)
 			x->last1 = last[t] > x->last1 ? last[t] : x->last1;
+		m[r].k = dcast_cpt_choose_k(x->n, x->last1 - x->n);
 		j->max_n = x->n > j->max_n ? x->n : j->max_n;
 	}
 }
 
-/* The changes written out, and per range the compact stats under its k
- * and the digest's change per tile (one synchronization). */
+/* The changes written out; per range the compact stats under its k, per
+ * tile the digest's change (one synchronization). */
 template <unsigned ES>
 static int seg_write(seg_job *j)
 {
 	int rc = DCAST_OK;
-	unsigned long long *hist_host = (unsigned long long *)(j->o->stats + stats_moves_at(j)) + j->ntiles;
 	size_t hbytes = j->nr * (DCAST_CPT_NSYM_MAX + 1) * 8;
+	unsigned g = grid_for(j->total, 256);
 	CU(scratch_get(&j->sc, (void **)&j->tile_move, j->ntiles * 8), "cudaMallocAsync(tile moves)");
 	CU(scratch_get(&j->sc, (void **)&j->hist, hbytes), "cudaMallocAsync(stats)");
 	CU(scratch_get(&j->sc, (void **)&j->ch.pos, j->total * 4), "cudaMallocAsync(pos)");
 	CU(scratch_get(&j->sc, (void **)&j->ch.newv, j->total * 4), "cudaMallocAsync(newv)");
 	CU(scratch_get(&j->sc, (void **)&j->ch.zz, j->total * 4), "cudaMallocAsync(zz)");
+	CU(cudaMemcpyAsync(j->meta, AT(j, meta, seg_meta), j->nr * sizeof(seg_meta), cudaMemcpyHostToDevice,
+			   j->sc.s), "copy range meta");
 	CU(cudaMemsetAsync(j->hist, 0, hbytes, j->sc.s), "cudaMemsetAsync");
-	k_seg_write<ES><<<(unsigned)j->ntiles, TILE_THREADS, 0, j->sc.s>>>(
-		j->cur, j->base, j->g, j->tile_off, j->ch.pos, j->ch.newv, j->ch.zz, j->tensor, j->start,
-		j->tile_move);
+	k_seg_write<ES><<<(unsigned)j->ntiles, TILE_THREADS, 0, j->sc.s>>>(j->desc, j->tpr, j->tile_off, j->ch.pos,
+									    j->ch.newv, j->ch.zz, j->tile_move);
 	CU(cudaGetLastError(), "k_seg_write");
-	for (uint64_t r = 0; r < j->nr; r++) {
-		const range_out *x = &j->o->r[r];
-		unsigned long long *h = j->hist + r * (DCAST_CPT_NSYM_MAX + 1);
-		unsigned k = dcast_cpt_choose_k(x->n, x->last1 - x->n), g = grid_for(x->n, 256);
-		if (x->n)
-			k_stats<<<g < 1024 ? g : 1024, 256, 0, j->sc.s>>>(j->ch.pos + x->first, j->ch.zz + x->first,
-									   x->n, k, h, h + DCAST_CPT_NSYM_MAX);
-	}
-	CU(cudaGetLastError(), "k_stats");
-	CU(cudaMemcpyAsync(hist_host - j->ntiles, j->tile_move, j->ntiles * 8, cudaMemcpyDeviceToHost, j->sc.s),
-	   "copy tile moves");
-	CU(cudaMemcpyAsync(hist_host, j->hist, hbytes, cudaMemcpyDeviceToHost, j->sc.s), "copy stats");
+	if (j->total)
+		k_seg_stats<<<g < 4096 ? g : 4096, 256, 0, j->sc.s>>>(j->ch.pos, j->ch.zz, j->total, j->meta, j->nr,
+								     j->hist);
+	CU(cudaGetLastError(), "k_seg_stats");
+	CU(cudaMemcpyAsync(AT(j, moves, unsigned long long), j->tile_move, j->ntiles * 8, cudaMemcpyDeviceToHost,
+			   j->sc.s), "copy tile moves");
+	CU(cudaMemcpyAsync(AT(j, hist, unsigned long long), j->hist, hbytes, cudaMemcpyDeviceToHost, j->sc.s),
+	   "copy stats");
 	CU(cudaStreamSynchronize(j->sc.s), "sync");
 out:
 	return rc;
 }
 
-/* Per range on the host: the plan, the encoding, the payload's place and
- * the digest's change.  Returns the payload bytes in all. */
+/* Range r's plan, encoding and info from its stats; its payload bytes. */
+static uint64_t seg_plan_one(seg_job *j, uint64_t r)
+{
+	const unsigned long long *h = AT(j, hist, unsigned long long) + r * (DCAST_CPT_NSYM_MAX + 1);
+	seg_meta *m = AT(j, meta, seg_meta) + r;
+	range_out *x = &j->o->r[r];
+	uint64_t sizes[DCAST_ENC_COUNT], cnt = j->ranges[r].count;
+	dcast_cpt_stats st = {};
+	st.changed = x->n;
+	st.gap_sum = x->last1 - x->n;
+	for (unsigned i = 0; i < DCAST_CPT_NSYM_MAX; i++)
+		st.hist[i] = h[i];
+	dcast_cpt_plan_make(&st, 8 * j->es, &m->plan);
+	m->plan.pos_bits = h[DCAST_CPT_NSYM_MAX];
+	dcast_simple_sizes(cnt, j->es, x->n, sizes);
+	sizes[DCAST_ENC_COMPACT] = dcast_cpt_bytes(&m->plan);
+	m->enc = (unsigned)(j->force >= 0 ? j->force : dcast_pick_smallest(sizes));
+	x->info = dcast_chunk_info{ m->enc, j->es, cnt, x->n, sizes[m->enc] };
+	return sizes[m->enc];
+}
+
+/* Every range's plan, payload place and digest move; the payload bytes. */
 static uint64_t seg_plan(seg_job *j)
 {
-	const unsigned long long *move = (const unsigned long long *)(j->o->stats + stats_moves_at(j));
-	const unsigned long long *hist = move + j->ntiles;
+	const unsigned long long *move = AT(j, moves, unsigned long long);
+	seg_meta *m = AT(j, meta, seg_meta);
 	uint64_t at = 0;
 	for (uint64_t r = 0; r < j->nr; r++) {
 		range_out *x = &j->o->r[r];
-		const unsigned long long *h = hist + r * (DCAST_CPT_NSYM_MAX + 1);
-		uint64_t cnt = j->g.count - r * j->g.range < j->g.range ? j->g.count - r * j->g.range : j->g.range;
-		uint64_t sizes[DCAST_ENC_COUNT];
-		dcast_cpt_stats st = {};
-		st.changed = x->n;
-		st.gap_sum = x->last1 - x->n;
-		for (unsigned i = 0; i < DCAST_CPT_NSYM_MAX; i++)
-			st.hist[i] = h[i];
-		dcast_cpt_plan_make(&st, 8 * j->es, &x->plan);
-		x->plan.pos_bits = h[DCAST_CPT_NSYM_MAX];
-		dcast_simple_sizes(cnt, j->es, x->n, sizes);
-		sizes[DCAST_ENC_COMPACT] = dcast_cpt_bytes(&x->plan);
-		int enc = j->force >= 0 ? j->force : dcast_pick_smallest(sizes);
-		x->info = dcast_chunk_info{ (uint32_t)enc, j->es, cnt, x->n, sizes[enc] };
-		x->off = at;
-		at += (sizes[enc] + 64 + 255) & ~255ull;
+		m[r].out_off = at;
+		at += (seg_plan_one(j, r) + 64 + 255) & ~255ull;
 		x->move = 0;
-		for (uint64_t t = r * j->g.tpr; t < (r + 1) * j->g.tpr; t++)
+		for (uint64_t t = r * j->tpr; t < (r + 1) * j->tpr; t++)
 			x->move += move[t];
 	}
 	return at;
 }
 
-/* Every range's payload into the pinned host buffer, then the baseline
- * moved to cur (one synchronization). */
+/* The compact payloads of all ranges at once, the others range by range. */
 template <unsigned ES>
-static int seg_emit(seg_job *j, uint64_t bytes)
+static int seg_emit_dev(seg_job *j, uint8_t *dev_out)
 {
 	int rc = DCAST_OK;
-	uint8_t *dev_out = NULL;
-	cpt_bufs b = {};
-	CU(pinned_grow(&j->o->host, &j->o->host_cap, bytes), "cudaMallocHost(payloads)");
-	CU(scratch_get(&j->sc, (void **)&dev_out, bytes), "cudaMallocAsync(payloads)");
-	CU(scratch_get(&j->sc, (void **)&b.len, j->max_n * 8), "cudaMallocAsync(len)");
-	CU(scratch_get(&j->sc, (void **)&b.off, j->max_n * 8), "cudaMallocAsync(off)");
-	CU(cub::DeviceScan::ExclusiveSum(NULL, b.tmp_bytes, b.len, b.off, (int)j->max_n, j->sc.s), "cub scan size");
-	CU(scratch_get(&j->sc, &b.tmp, b.tmp_bytes), "cudaMallocAsync(scan)");
-	CU(cudaMemsetAsync(dev_out, 0, bytes, j->sc.s), "cudaMemsetAsync");
+	const seg_meta *m = AT(j, meta, seg_meta);
+	unsigned long long *len = NULL, *off = NULL;
+	unsigned g = grid_for(j->total, 256);
+	size_t tmp_bytes = 0;
+	void *tmp = NULL;
+	CU(scratch_get(&j->sc, (void **)&len, j->total * 8), "cudaMallocAsync(len)");
+	CU(scratch_get(&j->sc, (void **)&off, j->total * 8), "cudaMallocAsync(off)");
+	CU(cub::DeviceScan::ExclusiveSum(NULL, tmp_bytes, len, off, (int)j->total, j->sc.s), "cub scan size");
+	CU(scratch_get(&j->sc, &tmp, tmp_bytes), "cudaMallocAsync(scan)");
+	if (j->total) {
+		k_seg_cpt_len<<<g, 256, 0, j->sc.s>>>(j->ch.pos, j->ch.newv, j->ch.zz, j->total, j->meta, j->nr, len);
+		CU(cub::DeviceScan::ExclusiveSum(tmp, tmp_bytes, len, off, (int)j->total, j->sc.s), "cub scan");
+		k_seg_cpt_emit<<<g, 256, 0, j->sc.s>>>(j->ch.pos, j->ch.newv, j->ch.zz, j->total, j->meta, j->nr, off,
+						      dev_out);
+	}
+	CU(cudaGetLastError(), "k_seg_cpt");
 	for (uint64_t r = 0; r < j->nr && !rc; r++) {
-		const range_out *x = &j->o->r[r];
-		changes_dev sub = { x->n, j->ch.pos + x->first, j->ch.newv + x->first, j->ch.zz + x->first };
-		if (x->info.encoding != DCAST_ENC_DENSE)
-			rc = emit_dev<ES>((int)x->info.encoding, &sub, &x->plan, x->info.count, &j->sc,
-					  dev_out + x->off, &b);
-	}
-	if (rc)
-		goto out;
-	CU(cudaMemcpyAsync(j->o->host, dev_out, bytes, cudaMemcpyDeviceToHost, j->sc.s), "copy payloads");
-	for (uint64_t r = 0; r < j->nr; r++) {
-		const range_out *x = &j->o->r[r];
-		if (x->info.encoding == DCAST_ENC_DENSE)
-			CU(cudaMemcpyAsync(j->o->host + x->off, (const uint8_t *)j->cur + r * j->g.range * ES,
-					   x->info.payload_bytes, cudaMemcpyDeviceToHost, j->sc.s), "copy dense");
-	}
-	if ((j->flags & DCAST_ENCODE_UPDATE_BASE) && j->total)
-		CU(cudaMemcpyAsync(j->base, j->cur, j->g.count * ES, cudaMemcpyDefault, j->sc.s),
-		   "update the baseline");
-	CU(cudaStreamSynchronize(j->sc.s), "sync");
-	for (uint64_t r = 0; r < j->nr; r++) {
-		const range_out *x = &j->o->r[r];
-		if (x->info.encoding == DCAST_ENC_COMPACT)
-			dcast_cpt_hdr_write(&x->plan, j->o->host + x->off);
+		changes_dev sub = { j->o->r[r].n, j->ch.pos + m[r].first, j->ch.newv + m[r].first,
+				    j->ch.zz + m[r].first };
+		if (m[r].enc != DCAST_ENC_COMPACT && m[r].enc != DCAST_ENC_DENSE)
+			rc = emit_dev<ES>((int)m[r].enc, &sub, &m[r].plan, j->ranges[r].count, &j->sc,
+					  dev_out + m[r].out_off);
 	}
 out:
 	return rc;
 }
 
+/* Every payload into the pinned host buffer, then the baselines moved to
+ * cur (one synchronization); the compact headers written on the host. */
+template <unsigned ES>
+static int seg_emit(seg_job *j, uint64_t bytes)
+{
+	int rc = DCAST_OK;
+	const seg_meta *m = AT(j, meta, seg_meta);
+	uint8_t *dev_out = NULL;
+	CU(pinned_grow(&j->o->host, &j->o->host_cap, bytes), "cudaMallocHost(payloads)");
+	CU(scratch_get(&j->sc, (void **)&dev_out, bytes), "cudaMallocAsync(payloads)");
+	CU(cudaMemsetAsync(dev_out, 0, bytes, j->sc.s), "cudaMemsetAsync");
+	CU(cudaMemcpyAsync(j->meta, m, j->nr * sizeof(seg_meta), cudaMemcpyHostToDevice, j->sc.s), "copy plans");
+	if ((rc = seg_emit_dev<ES>(j, dev_out)))
+		goto out;
+	CU(cudaMemcpyAsync(j->o->host, dev_out, bytes, cudaMemcpyDeviceToHost, j->sc.s), "copy payloads");
+	for (uint64_t r = 0; r < j->nr; r++)
+		if (m[r].enc == DCAST_ENC_DENSE)
+			CU(cudaMemcpyAsync(j->o->host + m[r].out_off, j->ranges[r].cur, j->ranges[r].count * ES,
+					   cudaMemcpyDefault, j->sc.s), "copy dense");
+	if ((j->flags & DCAST_ENCODE_UPDATE_BASE) && j->total)
+		k_seg_base<ES><<<(unsigned)j->ntiles, TILE_THREADS, 0, j->sc.s>>>(j->desc, j->tpr);
+	CU(cudaGetLastError(), "k_seg_base");
+	CU(cudaStreamSynchronize(j->sc.s), "sync");
+	for (uint64_t r = 0; r < j->nr; r++)
+		if (m[r].enc == DCAST_ENC_COMPACT)
+			dcast_cpt_hdr_write(&m[r].plan, j->o->host + m[r].out_off);
+out:
+	return rc;
+}
+
 /* The whole encode for one element size; *held = 0 when it gave up
- * before the baseline moved (more than max_bytes of changes or payload). */
+ * before a baseline moved (more than max_bytes of changes or payload). */
 template <unsigned ES>
 static int seg_encode(seg_job *j, size_t max_bytes, int *held)
 {
@@ -838,7 +907,7 @@ static int seg_encode(seg_job *j, size_t max_bytes, int *held)
 	if ((rc = seg_count<ES>(j)))
 		return rc;
 	seg_ranges(j);
-	if (j->total * 12 + j->max_n * 16 > max_bytes)
+	if (j->total * 28 > max_bytes) /* pos, newv, zz, len, off */
 		return DCAST_OK;
 	if ((rc = seg_write<ES>(j)))
 		return rc;
@@ -851,40 +920,49 @@ static int seg_encode(seg_job *j, size_t max_bytes, int *held)
 	return DCAST_OK;
 }
 
-static int ranges_check(const dcast_cuda_ranges *o, const void *cur, const void *base, uint64_t count,
-			unsigned es, uint64_t range_elems, int force)
+static int ranges_check(const dcast_cuda_ranges *o, const dcast_cuda_range *rs, uint64_t n, unsigned es,
+			int force)
 {
 	int rc;
-	if (!o || !base || (!cur && count))
-		return dcast_fail(DCAST_EINVAL, "dcast_cuda_ranges_encode: %s is NULL",
-				  !o ? "the ranges" : !base ? "base" : "cur");
+	if (!o || (n && !rs))
+		return dcast_fail(DCAST_EINVAL, "dcast_cuda_ranges_encode: %s is NULL", o ? "ranges" : "the result");
 	if (es != 1 && es != 2 && es != 4)
 		return dcast_fail(DCAST_EINVAL, "dcast_cuda_ranges_encode: elem_size %u (1, 2 or 4)", es);
-	if (!range_elems || range_elems > DCAST_MAX_RANGE_ELEMS)
-		return dcast_fail(DCAST_EINVAL, "dcast_cuda_ranges_encode: range_elems %" PRIu64
-				  " outside [1, %u]", range_elems, DCAST_MAX_RANGE_ELEMS);
 	if (force < -1 || force >= DCAST_ENC_COUNT)
 		return dcast_fail(DCAST_EINVAL, "dcast_cuda_ranges_encode: force_encoding %d", force);
-	if ((count + range_elems - 1) / range_elems * ((range_elems + TILE - 1) / TILE) >= (1ull << 31))
-		return dcast_fail(DCAST_ETOO_LARGE, "dcast_cuda_ranges_encode: %" PRIu64 " elements make too "
-				  "many tiles", count);
-	if ((rc = check_aligned(cur, es, "dcast_cuda_ranges_encode cur")) ||
-	    (rc = check_aligned(base, es, "dcast_cuda_ranges_encode base")))
-		return rc;
+	for (uint64_t r = 0; r < n; r++) {
+		if (rs[r].count > DCAST_MAX_RANGE_ELEMS || (rs[r].count && (!rs[r].cur || !rs[r].base)))
+			return dcast_fail(DCAST_EINVAL, "dcast_cuda_ranges_encode: range %" PRIu64 ": %s", r,
+					  rs[r].count > DCAST_MAX_RANGE_ELEMS ? "count past DCAST_MAX_RANGE_ELEMS"
+									      : "NULL pointer");
+		if ((rc = check_aligned(rs[r].cur, es, "dcast_cuda_ranges_encode cur")) ||
+		    (rc = check_aligned(rs[r].base, es, "dcast_cuda_ranges_encode base")))
+			return rc;
+	}
 	if (!dcast_cuda_available())
 		return dcast_fail(DCAST_ENODEVICE, "dcast_cuda_ranges_encode: no CUDA device");
 	return DCAST_OK;
 }
 
-static int ranges_room(dcast_cuda_ranges *o, uint64_t nr)
+/* Tiles per range (the longest's) and in all; room for the results. */
+static int seg_setup(seg_job *j)
 {
+	uint64_t longest = 1;
 	range_out *r;
-	if (nr <= o->r_cap)
+	for (uint64_t k = 0; k < j->nr; k++)
+		longest = j->ranges[k].count > longest ? j->ranges[k].count : longest;
+	j->tpr = (unsigned)((longest + TILE - 1) / TILE);
+	j->ntiles = j->nr * j->tpr;
+	if (j->ntiles >= (1ull << 31))
+		return dcast_fail(DCAST_ETOO_LARGE, "dcast_cuda_ranges_encode: %" PRIu64 " ranges make too many "
+				  "tiles", j->nr);
+	seg_lay_out(j);
+	if (j->nr <= j->o->r_cap)
 		return DCAST_OK;
-	if (!(r = (range_out *)realloc(o->r, nr * sizeof(*r))))
-		return dcast_fail(DCAST_ENOMEM, "dcast_cuda_ranges_encode: %" PRIu64 " ranges", nr);
-	o->r = r;
-	o->r_cap = nr;
+	if (!(r = (range_out *)realloc(j->o->r, j->nr * sizeof(*r))))
+		return dcast_fail(DCAST_ENOMEM, "dcast_cuda_ranges_encode: %" PRIu64 " ranges", j->nr);
+	j->o->r = r;
+	j->o->r_cap = j->nr;
 	return DCAST_OK;
 }
 
@@ -903,9 +981,8 @@ extern "C" void dcast_cuda_ranges_free(dcast_cuda_ranges *o)
 	free(o);
 }
 
-extern "C" int dcast_cuda_ranges_encode(dcast_cuda_ranges *o, const void *cur, void *base, uint64_t count,
-					unsigned elem_size, uint64_t range_elems, int force_encoding,
-					unsigned flags, uint32_t tensor, uint64_t start, size_t max_bytes,
+extern "C" int dcast_cuda_ranges_encode(dcast_cuda_ranges *o, const dcast_cuda_range *ranges, uint64_t n,
+					unsigned elem_size, int force_encoding, unsigned flags, size_t max_bytes,
 					int *held, void *stream)
 {
 	seg_job j = {};
@@ -913,18 +990,15 @@ extern "C" int dcast_cuda_ranges_encode(dcast_cuda_ranges *o, const void *cur, v
 	*held = 0;
 	if (o)
 		o->n = 0;
-	if ((rc = ranges_check(o, cur, base, count, elem_size, range_elems, force_encoding)))
+	if ((rc = ranges_check(o, ranges, n, elem_size, force_encoding)))
 		return rc;
-	j.cur = cur, j.base = base, j.es = elem_size, j.flags = flags, j.force = force_encoding;
-	j.tensor = tensor, j.start = start, j.o = o, j.sc.s = (cudaStream_t)stream;
-	j.g = seg_geom{ count, range_elems, (unsigned)((range_elems + TILE - 1) / TILE) };
-	j.nr = (count + range_elems - 1) / range_elems;
-	j.ntiles = j.nr * j.g.tpr;
-	if (!j.nr) {
+	j.ranges = ranges, j.nr = n, j.es = elem_size, j.flags = flags, j.force = force_encoding;
+	j.o = o, j.sc.s = (cudaStream_t)stream;
+	if (!n) {
 		*held = 1;
 		return DCAST_OK;
 	}
-	if ((rc = ranges_room(o, j.nr)))
+	if ((rc = seg_setup(&j)))
 		return rc;
 	switch (elem_size) {
 	case 1: rc = seg_encode<1>(&j, max_bytes, held); break;
@@ -942,8 +1016,9 @@ extern "C" int dcast_cuda_ranges_get(const dcast_cuda_ranges *o, uint64_t k, dca
 	if (!o || k >= o->n)
 		return dcast_fail(DCAST_EINVAL, "dcast_cuda_ranges_get: range %" PRIu64 " of %" PRIu64, k,
 				  o ? o->n : 0);
+	const seg_meta *m = (const seg_meta *)(o->stats + align8(o->n * sizeof(dcast_cuda_range)));
 	*info = o->r[k].info;
-	*payload = o->host + o->r[k].off;
+	*payload = o->host + m[k].out_off;
 	*digest_move = o->r[k].move;
 	return DCAST_OK;
 }

@@ -57,12 +57,12 @@ void dcast_cuda_ranges_free(dcast_cuda_ranges *r)
 	(void)r;
 }
 
-int dcast_cuda_ranges_encode(dcast_cuda_ranges *r, const void *cur, void *base, uint64_t count,
-			     unsigned elem_size, uint64_t range_elems, int force_encoding, unsigned flags,
-			     uint32_t tensor, uint64_t start, size_t max_bytes, int *held, void *stream)
+int dcast_cuda_ranges_encode(dcast_cuda_ranges *r, const dcast_cuda_range *ranges, uint64_t n,
+			     unsigned elem_size, int force_encoding, unsigned flags, size_t max_bytes, int *held,
+			     void *stream)
 {
-	(void)r, (void)cur, (void)base, (void)count, (void)elem_size, (void)range_elems;
-	(void)force_encoding, (void)flags, (void)tensor, (void)start, (void)max_bytes, (void)stream;
+	(void)r, (void)ranges, (void)n, (void)elem_size, (void)force_encoding, (void)flags;
+	(void)max_bytes, (void)stream;
 	*held = 0;
 	return no_device("dcast_cuda_ranges_encode");
 }

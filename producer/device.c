@@ -2,13 +2,14 @@
  * twins (kernels/codec_cuda.cu), so only payloads cross PCIe into the
  * encode slots.  Their baseline is device memory when opts.baseline_on_device
  * asks for it and cudaMalloc finds room, else the pinned host region,
- * registered with CUDA so the kernels read it over PCIe.  A delta of a
- * tensor is diffed and encoded whole, all its chunk ranges in one call
- * (dcast_cuda_ranges_encode: three synchronizations per tensor instead of
- * about six per range), by the first encoder that claims one of its
+ * registered with CUDA so the kernels read it over PCIe.  A delta's chunk
+ * ranges of CUDA tensors are diffed and encoded in batches, consecutive
+ * ranges on one device of one element size, up to DEV_BATCH_ELEMS elements
+ * (dcast_cuda_ranges_encode: three synchronizations per batch instead of
+ * about six per range), each by the first encoder that claims one of its
  * ranges; every encoder then copies its range's payload from that batch.
- * A tensor whose changes would need over DEV_BATCH_MAX_BYTES of scratch
- * goes range by range (dcast_cuda_encode), as do anchors.  The device path
+ * A batch whose changes would need over DEV_BATCH_MAX_BYTES of scratch or
+ * payload goes range by range (dcast_cuda_encode), as do anchors.  The device path
  * keeps no old values (the CUDA encoder has no SAVE_OLD): a version with a
  * changed device range can be neither rolled back nor resumed as a delta,
  * and goes again, or is followed, as an anchor.
@@ -50,20 +51,6 @@ int prod_dev_register(prod_tensor *t, const void *ptr)
 	return 0;
 }
 
-/* A batch per tensor when any is in CUDA memory; none (every range by
- * itself) when out of memory. */
-static void dev_batches(dcast_producer *p)
-{
-	int any = 0;
-
-	for (uint32_t i = 0; i < p->n_tensors; i++)
-		any |= p->tensors[i].mem == DCAST_MEM_CUDA;
-	if (!any || !(p->dev_batch = calloc(p->n_tensors, sizeof(*p->dev_batch))))
-		return;
-	for (uint32_t i = 0; i < p->n_tensors; i++)
-		pthread_mutex_init(&p->dev_batch[i].lock, NULL);
-}
-
 /* Before the host region is laid out: device baselines where asked for and
  * cudaMalloc finds room (the rest go to the pinned host region). */
 void prod_dev_alloc(dcast_producer *p)
@@ -83,15 +70,84 @@ void prod_dev_alloc(dcast_producer *p)
 		DCAST_LOG_I("producer: baseline of %s does not fit on device %d: pinned host "
 			    "memory instead", t->desc.name, t->device);
 	}
-	dev_batches(p);
 }
 
-/* After: the kernels read host baselines of CUDA tensors over PCIe. */
+/* Ranges of a batch, at most: a batch's scratch and payloads stay under
+ * DEV_BATCH_MAX_BYTES up to a quarter of its elements changed. */
+#define DEV_BATCH_ELEMS ((uint64_t)32 << 20)
+#define DEV_BATCH_MAX_BYTES ((size_t)256 << 20)
+
+/* Does chunk j of tensor t, count elements, go on batch b? */
+static int joins(const prod_dev_batch *b, const prod_tensor *t, uint32_t j, uint64_t count)
+{
+	return b && b->first + b->n == j && b->device == t->device && b->elem_size == t->elem_size &&
+	       b->elems + count <= DEV_BATCH_ELEMS;
+}
+
+/* A new batch from chunk j of tensor t on. */
+static prod_dev_batch *batch_open(dcast_producer *p, const prod_tensor *t, uint32_t j)
+{
+	prod_dev_batch *b = &p->dev_batch[p->n_dev_batches++];
+
+	b->first = j;
+	b->device = t->device;
+	b->elem_size = t->elem_size;
+	b->desc = &p->dev_ranges[j];
+	pthread_mutex_init(&b->lock, NULL);
+	return b;
+}
+
+/* Chunk k of tensor ti as the next range of the last batch, or of a new one. */
+static void batch_add(dcast_producer *p, uint32_t ti, uint32_t k)
+{
+	const prod_tensor *t = &p->tensors[ti];
+	uint64_t off = (uint64_t)k * p->opts.range_elems, count = prod_range_count(p, t, off);
+	uint32_t j = t->first_chunk + k;
+	prod_dev_batch *b = p->n_dev_batches ? &p->dev_batch[p->n_dev_batches - 1] : NULL;
+	dcast_cuda_range *d;
+
+	if (!joins(b, t, j, count))
+		b = batch_open(p, t, j);
+	d = &b->desc[b->n];
+	d->cur = t->ptr + off * t->elem_size;
+	d->base = t->base + off * t->elem_size;
+	d->count = count;
+	d->start = t->shard_off + off;
+	d->tensor = ti;
+	p->chunk_batch[j] = (uint32_t)(b - p->dev_batch);
+	b->elems += count;
+	b->n++;
+}
+
+/* The batches of the CUDA tensors' chunks, once the chunks are laid out. */
+static int dev_batches(dcast_producer *p)
+{
+	uint32_t n = 0;
+
+	for (uint32_t i = 0; i < p->n_tensors; i++)
+		n += p->tensors[i].mem == DCAST_MEM_CUDA ? p->tensors[i].n_chunks : 0;
+	if (!n)
+		return 0;
+	p->dev_batch = calloc(n, sizeof(*p->dev_batch));
+	p->dev_ranges = calloc(p->n_chunks, sizeof(*p->dev_ranges));
+	p->chunk_batch = malloc(p->n_chunks * sizeof(*p->chunk_batch));
+	if (!p->dev_batch || !p->dev_ranges || !p->chunk_batch)
+		return dcast_fail(DCAST_ENOMEM, "producer: out of memory for %u device ranges", n);
+	memset(p->chunk_batch, 0xff, p->n_chunks * sizeof(*p->chunk_batch));
+	for (uint32_t i = 0; i < p->n_tensors; i++)
+		for (uint32_t k = 0; p->tensors[i].mem == DCAST_MEM_CUDA && k < p->tensors[i].n_chunks; k++)
+			batch_add(p, i, k);
+	return 0;
+}
+
+/* After: the batches; the kernels read host baselines of CUDA tensors over PCIe. */
 int prod_dev_map(dcast_producer *p)
 {
-	int host_base = 0;
+	int host_base = 0, rc;
 	cudaError_t e;
 
+	if ((rc = dev_batches(p)))
+		return rc;
 	for (uint32_t i = 0; i < p->n_tensors; i++)
 		host_base |= p->tensors[i].mem == DCAST_MEM_CUDA && !p->tensors[i].base_on_device;
 	if (!host_base || !p->base_region_bytes)
@@ -113,12 +169,17 @@ void prod_dev_free(dcast_producer *p)
 	if (p->base_registered)
 		cudaHostUnregister(p->base_region);
 	p->base_registered = 0;
-	for (uint32_t i = 0; p->dev_batch && i < p->n_tensors; i++) {
+	for (uint32_t i = 0; i < p->n_dev_batches; i++) {
 		dcast_cuda_ranges_free(p->dev_batch[i].ranges);
 		pthread_mutex_destroy(&p->dev_batch[i].lock);
 	}
 	free(p->dev_batch);
+	free(p->dev_ranges);
+	free(p->chunk_batch);
 	p->dev_batch = NULL;
+	p->dev_ranges = NULL;
+	p->chunk_batch = NULL;
+	p->n_dev_batches = 0;
 }
 
 /* Each encoder thread's work goes to its own default stream: on the
@@ -139,11 +200,8 @@ static int dev_digest(const prod_tensor *t, uint32_t tensor, uint64_t off, uint6
 	return dcast_cuda_ldigest(tensor, t->shard_off + off, base, count, t->elem_size, d, DEV_STREAM);
 }
 
-/* Scratch (12 bytes a change) or payloads above this: range by range. */
-#define DEV_BATCH_MAX_BYTES ((size_t)64 << 20)
-
-/* Encode tensor ti's delta whole into b (its lock held). */
-static int batch_encode(dcast_producer *p, const prod_tensor *t, uint32_t ti, prod_dev_batch *b)
+/* Encode batch b (its lock held). */
+static int batch_encode(dcast_producer *p, prod_dev_batch *b)
 {
 	dcast_chunk_info info;
 	const void *pl;
@@ -154,57 +212,53 @@ static int batch_encode(dcast_producer *p, const prod_tensor *t, uint32_t ti, pr
 	b->held = 0;
 	if (!b->ranges && !(b->ranges = dcast_cuda_ranges_new()))
 		return 0; /* out of memory: range by range */
-	if ((e = cudaSetDevice(t->device)))
-		return cu_fail(e, "cudaSetDevice", t->desc.name);
-	rc = dcast_cuda_ranges_encode(b->ranges, t->ptr, t->base, t->shard_count, t->elem_size,
-				      p->opts.range_elems, -1, DCAST_ENCODE_UPDATE_BASE, ti, t->shard_off,
+	if ((e = cudaSetDevice(b->device)))
+		return cu_fail(e, "cudaSetDevice", p->tensors[b->desc[0].tensor].desc.name);
+	rc = dcast_cuda_ranges_encode(b->ranges, b->desc, b->n, b->elem_size, -1, DCAST_ENCODE_UPDATE_BASE,
 				      DEV_BATCH_MAX_BYTES, &b->held, DEV_STREAM);
-	for (uint32_t k = 0; !rc && b->held && !moved && k < t->n_chunks; k++)
+	for (uint32_t k = 0; !rc && b->held && !moved && k < b->n; k++)
 		if (!(rc = dcast_cuda_ranges_get(b->ranges, k, &info, &pl, &move)))
 			moved = info.changed != 0;
-	if (rc || moved) /* the baseline moved (or may have) */
+	if (rc || moved) /* a baseline moved (or may have) */
 		__atomic_store_n(&p->enc.dev_moved, 1, __ATOMIC_RELAXED);
 	return rc;
 }
 
-/* Tensor ti's batch for this run, made by the first encoder to ask. */
-static int batch_for(dcast_producer *p, const prod_tensor *t, uint32_t ti, uint64_t run,
-		     prod_dev_batch **out)
+/* Batch bi for this run, made by the first encoder to ask. */
+static int batch_for(dcast_producer *p, uint32_t bi, uint64_t run, prod_dev_batch **out)
 {
-	prod_dev_batch *b = &p->dev_batch[ti];
+	prod_dev_batch *b = &p->dev_batch[bi];
 	int rc, mine = 0;
 
 	pthread_mutex_lock(&b->lock);
 	if (b->run != run) {
 		b->run = run;
-		b->rc = batch_encode(p, t, ti, b);
+		b->rc = batch_encode(p, b);
 		mine = 1;
 	}
 	rc = b->rc;
 	pthread_mutex_unlock(&b->lock);
 	*out = b;
 	if (rc && !mine)
-		return dcast_fail(rc, "producer: tensor %s: its device encode failed (the first error says "
-				  "why)", t->desc.name);
+		return dcast_fail(rc, "producer: the device encode of chunks %u..%u failed (the first error "
+				  "says why)", b->first, b->first + b->n - 1);
 	return rc;
 }
 
-/* Range `off` of tensor ti from its batch, into the job's slot. */
-static int batch_take(dcast_producer *p, const prod_tensor *t, const prod_dev_batch *b, uint64_t off,
-		      prod_job *job)
+/* Chunk j from its batch, into the job's slot. */
+static int batch_take(dcast_producer *p, const prod_dev_batch *b, uint32_t j, prod_job *job)
 {
-	uint64_t k = off / p->opts.range_elems, move;
 	const void *pl;
+	uint64_t move;
 	int rc;
 
-	if ((rc = dcast_cuda_ranges_get(b->ranges, k, &job->info, &pl, &move)))
+	if ((rc = dcast_cuda_ranges_get(b->ranges, j - b->first, &job->info, &pl, &move)))
 		return rc;
 	if (job->info.payload_bytes > p->pool.slot_bytes)
-		return dcast_fail(DCAST_ETOO_LARGE, "producer: tensor %s range %" PRIu64 ": payload of %"
-				  PRIu64 " bytes past the %zu-byte slot", t->desc.name, k,
-				  job->info.payload_bytes, p->pool.slot_bytes);
+		return dcast_fail(DCAST_ETOO_LARGE, "producer: chunk %u: payload of %" PRIu64 " bytes past "
+				  "the %zu-byte slot", j, job->info.payload_bytes, p->pool.slot_bytes);
 	memcpy(job->slot->buf, pl, job->info.payload_bytes);
-	job->digest = p->chunk_digest[t->first_chunk + k] + move;
+	job->digest = p->chunk_digest[j] + move;
 	job->no_old = job->info.changed != 0;
 	return 0;
 }
@@ -219,11 +273,13 @@ int prod_dev_encode(dcast_producer *p, const prod_tensor *t, int anchor, uint64_
 	cudaError_t e;
 	int rc;
 
-	if (!anchor && p->dev_batch) {
-		if ((rc = batch_for(p, t, job->tensor, job->run, &b)))
+	uint32_t j = t->first_chunk + (uint32_t)(off / p->opts.range_elems);
+
+	if (!anchor && p->chunk_batch && p->chunk_batch[j] != UINT32_MAX) {
+		if ((rc = batch_for(p, p->chunk_batch[j], job->run, &b)))
 			return rc;
 		if (b->held)
-			return batch_take(p, t, b, off, job);
+			return batch_take(p, b, j, job);
 	}
 	if ((e = cudaSetDevice(t->device)))
 		return cu_fail(e, "cudaSetDevice", t->desc.name);

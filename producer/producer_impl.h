@@ -86,11 +86,17 @@ typedef struct prod_job {
 	uint64_t run;           /* the encoder run that claimed it */
 } prod_job;
 
-/* A CUDA tensor's delta, encoded whole by the first encoder of a run that
- * claims one of its ranges (device.c); the others wait on the lock. */
+/* Consecutive chunk ranges of CUDA tensors on one device, of one element
+ * size, diffed and encoded at once by the first encoder of a run that
+ * claims one of them (device.c); the others wait on the lock. */
 typedef struct prod_dev_batch {
 	pthread_mutex_t lock;
 	struct dcast_cuda_ranges *ranges; /* NULL until first used */
+	struct dcast_cuda_range *desc;    /* its n ranges, for the encode */
+	uint32_t first, n;      /* chunks first .. first + n - 1 */
+	uint64_t elems;
+	int device;
+	unsigned elem_size;
 	uint64_t run;           /* the encoder run it was made for (0: none) */
 	int held;               /* ranges holds that run's payloads, else range by range */
 	int rc;                 /* its error in that run */
@@ -167,7 +173,10 @@ struct dcast_producer {
 	size_t base_region_bytes;
 	int base_registered;     /* with CUDA, for device tensors' kernels */
 	uint64_t *chunk_digest;  /* per chunk range: digest of the baseline */
-	prod_dev_batch *dev_batch; /* per tensor, with CUDA tensors (device.c) */
+	prod_dev_batch *dev_batch; /* with CUDA tensors (device.c) */
+	uint32_t n_dev_batches;
+	struct dcast_cuda_range *dev_ranges; /* per chunk: the batches' range lists */
+	uint32_t *chunk_batch;   /* per chunk: its batch, or UINT32_MAX */
 	dcast_range_digest *commit_digests;
 	uint32_t n_chunks;
 	prod_pool pool;

@@ -3,10 +3,10 @@
  * GPU apply from device and from pinned host memory gives the CPU's result
  * and saved old values, corrupted payloads get the CPU's verdict with dst
  * untouched, and the GPU digests equal dcast_digest and dcast_ldigest.  A
- * whole tensor encoded as ranges at once (dcast_cuda_ranges_encode) gives
- * each range the CPU's payload and info and the change of its additive
- * digest, moves the baseline, and gives up (baseline untouched) past its
- * byte limit.
+ * producer's ranges of two tensors encoded at once (dcast_cuda_ranges_encode)
+ * give each range the CPU's payload and info and the change of its
+ * additive digest, move the baselines, and give up (baselines untouched)
+ * past the byte limit.
  * Exits 77 without a CUDA device (or in a build without CUDA). */
 #include <stdint.h>
 #include "check.h"
@@ -191,11 +191,20 @@ static void test_ldigest(void)
 	free(h);
 }
 
-/* Range k of a whole-tensor encode against the CPU encode of that range. */
-static void check_range(const gcase *c, const dcast_cuda_ranges *r, uint64_t range, uint64_t k, int enc,
-			uint64_t start)
+/* A tensor for dcast_cuda_ranges_encode: host case and device copies. */
+typedef struct rtensor {
+	gcase c;
+	void *dcur, *dbase;
+	uint32_t id;
+	uint64_t start;
+} rtensor;
+
+/* Result k (range `at` of tensor t) against the CPU encode of that range. */
+static void check_range(const rtensor *t, const dcast_cuda_ranges *r, uint64_t range, uint64_t at, uint64_t k,
+			int enc)
 {
-	uint64_t off = k * range, n = c->count - off < range ? c->count - off : range, move = 0, before, after;
+	const gcase *c = &t->c;
+	uint64_t off = at * range, n = c->count - off < range ? c->count - off : range, move = 0, before, after;
 	size_t cap = dcast_codec_bound(n, c->es);
 	uint8_t *cpu_out = malloc(cap);
 	dcast_chunk_info ci, gi;
@@ -206,45 +215,75 @@ static void check_range(const gcase *c, const dcast_cuda_ranges *r, uint64_t ran
 	CHECK_ERR(dcast_cuda_ranges_get(r, k, &gi, &pl, &move), DCAST_OK);
 	CHECK(memcmp(&ci, &gi, sizeof(ci)) == 0);
 	CHECK(pl && memcmp(cpu_out, pl, ci.payload_bytes) == 0);
-	REQUIRE(dcast_ldigest(7, start + off, c->base + off * c->es, n, c->es, &before) == DCAST_OK);
-	REQUIRE(dcast_ldigest(7, start + off, c->cur + off * c->es, n, c->es, &after) == DCAST_OK);
+	REQUIRE(dcast_ldigest(t->id, t->start + off, c->base + off * c->es, n, c->es, &before) == DCAST_OK);
+	REQUIRE(dcast_ldigest(t->id, t->start + off, c->cur + off * c->es, n, c->es, &after) == DCAST_OK);
 	CHECK(before + move == after);
 	free(cpu_out);
 }
 
-/* One tensor of `count` elements in ranges of `range`, every range checked,
- * the baseline moved to cur; then, changed again, refused at a byte limit
- * of 1 with the baseline untouched. */
+/* Tensor t's ranges appended to d (n so far); returns the new n. */
+static uint64_t add_ranges(const rtensor *t, uint64_t range, dcast_cuda_range *d, uint64_t n)
+{
+	for (uint64_t off = 0; off < t->c.count; off += range) {
+		uint64_t cnt = t->c.count - off < range ? t->c.count - off : range;
+		d[n++] = (dcast_cuda_range){ (uint8_t *)t->dcur + off * t->c.es, (uint8_t *)t->dbase + off * t->c.es,
+					     cnt, t->start + off, t->id };
+	}
+	return n;
+}
+
+/* Every result of a two-tensor encode, then both baselines equal cur. */
+static void check_results(const rtensor *t, const dcast_cuda_ranges *r, uint64_t range, int enc)
+{
+	uint8_t *back;
+	uint64_t k = 0;
+
+	for (int i = 0; i < 2; i++) {
+		for (uint64_t at = 0; at * range < t[i].c.count; at++)
+			check_range(&t[i], r, range, at, k++, enc);
+		back = malloc(t[i].c.count * t[i].c.es + 1);
+		from_dev(back, t[i].dbase, t[i].c.count * t[i].c.es);
+		CHECK(memcmp(back, t[i].c.cur, t[i].c.count * t[i].c.es) == 0);
+		free(back);
+	}
+}
+
+/* Two tensors of `count` and count / 3 + 5 elements in ranges of `range`,
+ * encoded at once: every range checked, the baselines moved; then, changed
+ * again, refused at a byte limit of 1 with the baselines untouched. */
 static void check_ranges(dcast_cuda_ranges *r, uint64_t count, uint64_t range, unsigned es, double density,
 			 int enc)
 {
-	static const uint64_t start = (1ull << 32) - 5000; /* crosses a digest seed segment */
-	gcase c = make_case(count, es, density);
-	size_t bytes = count * es;
-	uint8_t *back = malloc(bytes + 1);
-	void *dcur = to_dev(c.cur, bytes), *dbase = to_dev(c.base, bytes);
+	rtensor t[2] = { { make_case(count, es, density), 0, 0, 7, (1ull << 32) - 5000 },
+			 { make_case(count / 3 + 5, es, density), 0, 0, 9, 123 } };
+	uint64_t nr = 2 * (count / range + 2) + 8, n = 0;
+	dcast_cuda_range *d = calloc(nr, sizeof(*d));
 	int held = 0;
 
-	CHECK_ERR(dcast_cuda_ranges_encode(r, dcur, dbase, count, es, range, enc, DCAST_ENCODE_UPDATE_BASE, 7,
-					   start, (size_t)1 << 30, &held, NULL), DCAST_OK);
-	CHECK(held);
-	for (uint64_t k = 0; held && k * range < count; k++)
-		check_range(&c, r, range, k, enc, start);
-	from_dev(back, dbase, bytes);
-	CHECK(memcmp(back, c.cur, bytes) == 0);
-	if (count) {
-		REQUIRE(cudaMemcpy(dbase, c.base, bytes, cudaMemcpyHostToDevice) == cudaSuccess);
-		CHECK_ERR(dcast_cuda_ranges_encode(r, dcur, dbase, count, es, range, enc, DCAST_ENCODE_UPDATE_BASE,
-						   7, start, 1, &held, NULL), DCAST_OK);
-		CHECK(!held);
-		from_dev(back, dbase, bytes);
-		CHECK(memcmp(back, c.base, bytes) == 0);
+	for (int i = 0; i < 2; i++) {
+		t[i].dcur = to_dev(t[i].c.cur, t[i].c.count * es);
+		t[i].dbase = to_dev(t[i].c.base, t[i].c.count * es);
+		n = add_ranges(&t[i], range, d, n);
 	}
+	CHECK_ERR(dcast_cuda_ranges_encode(r, d, n, es, enc, DCAST_ENCODE_UPDATE_BASE, (size_t)1 << 30, &held, NULL),
+		  DCAST_OK);
+	CHECK(held);
+	if (held)
+		check_results(t, r, range, enc);
+	REQUIRE(cudaMemcpy(t[0].dbase, t[0].c.base, count * es, cudaMemcpyHostToDevice) == cudaSuccess);
+	CHECK_ERR(dcast_cuda_ranges_encode(r, d, n, es, enc, DCAST_ENCODE_UPDATE_BASE, 1, &held, NULL), DCAST_OK);
+	CHECK(!held);
+	uint8_t *back = malloc(count * es + 1);
+	from_dev(back, t[0].dbase, count * es);
+	CHECK(memcmp(back, t[0].c.base, count * es) == 0);
 	if (check_failures)
 		fprintf(stderr, "  ranges count=%" PRIu64 " range=%" PRIu64 " es=%u density=%g enc=%d\n", count,
 			range, es, density, enc);
-	cudaFree(dcur), cudaFree(dbase);
-	free(back), free(c.base), free(c.cur);
+	for (int i = 0; i < 2; i++) {
+		cudaFree(t[i].dcur), cudaFree(t[i].dbase);
+		free(t[i].c.base), free(t[i].c.cur);
+	}
+	free(back), free(d);
 }
 
 static void test_ranges(void)
@@ -252,6 +291,7 @@ static void test_ranges(void)
 	static const uint64_t counts[] = { 0, 1, 4095, 70001, 3 * 65536 + 17 };
 	static const uint64_t ranges[] = { 1, 1000, 4096, 65536 + 3 };
 	static const double dens[] = { 0, 0.01, 0.3, 1.0 };
+	dcast_cuda_range bad = { NULL, NULL, 10, 0, 0 };
 	dcast_cuda_ranges *r = dcast_cuda_ranges_new();
 	int held = 1;
 
@@ -264,8 +304,8 @@ static void test_ranges(void)
 						check_ranges(r, counts[i], ranges[g], es, dens[d], -1);
 	for (int enc = 0; enc < DCAST_ENC_COUNT; enc++)
 		check_ranges(r, 70001, 4096, 2, 0.05, enc);
-	CHECK_ERR(dcast_cuda_ranges_encode(r, NULL, NULL, 10, 2, 4, -1, 0, 0, 0, 1 << 20, &held, NULL), DCAST_EINVAL);
-	CHECK(!held);
+	CHECK_ERR(dcast_cuda_ranges_encode(r, &bad, 1, 2, -1, 0, 1 << 20, &held, NULL), DCAST_EINVAL);
+	CHECK(!held && strstr(dcast_last_error(), "range 0"));
 	CHECK_ERR(dcast_cuda_ranges_get(r, 0, NULL, NULL, NULL), DCAST_EINVAL);
 	dcast_cuda_ranges_free(r);
 }

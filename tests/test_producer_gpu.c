@@ -6,8 +6,9 @@
  * With a device (only where one is lent: this half has NOT run on the
  * development machines) it registers cudaMalloc'd tensors beside a host
  * one, with the baseline in device memory and in pinned host memory, and
- * publishes an anchor and two deltas (the second leaving a range alone)
- * that a reader gets bit-exact, every COMMIT digest checked. */
+ * publishes an anchor and two deltas (the second leaving a range alone;
+ * both device tensors' ranges encoded in one batch) that a reader gets
+ * bit-exact, every COMMIT digest checked. */
 #include <stdint.h>
 #include "check.h"
 #include "deltacast/codec_cuda.h"
@@ -19,9 +20,11 @@
 
 #define N_H 4096            /* host tensor "h" */
 #define N_D ((1u << 19) + 3) /* device tensor "d": two ranges and a bit */
+#define N_E 3001             /* device tensor "e": one short range after d's */
 
 static char dir[] = "/tmp/dcast-test-producer-gpu-XXXXXX";
 static uint16_t *h, *d_host; /* d_host: what the device tensor holds */
+static uint16_t e_host[N_E];
 static uint64_t seed = 11;
 
 static int read_back(const harness_broker *b, const char *model, uint64_t v)
@@ -30,7 +33,8 @@ static int read_back(const harness_broker *b, const char *model, uint64_t v)
 
 	snprintf(out, sizeof(out), "%s/%s-v%llu.safetensors", dir, model, (unsigned long long)v);
 	return !harness_read(b, model, v, out) && harness_same_as_file(out, "h", h, N_H * 2) &&
-	       (!d_host || harness_same_as_file(out, "d", d_host, N_D * 2ull));
+	       (!d_host || (harness_same_as_file(out, "d", d_host, N_D * 2ull) &&
+			    harness_same_as_file(out, "e", e_host, N_E * 2ull)));
 }
 
 static dcast_producer *open_model(const harness_broker *b, const char *model, int on_device)
@@ -70,38 +74,52 @@ static void test_no_device(const harness_broker *b)
 }
 
 #ifdef DCAST_HAVE_CUDA
-/* Anchor and delta of a device tensor beside a host one (untested here). */
+/* Both device tensors' current values into their CUDA memory. */
+static void upload(void *dev, void *dev_e)
+{
+	REQUIRE(cudaMemcpy(dev, d_host, N_D * 2ull, cudaMemcpyHostToDevice) == cudaSuccess);
+	REQUIRE(cudaMemcpy(dev_e, e_host, N_E * 2ull, cudaMemcpyHostToDevice) == cudaSuccess);
+}
+
+/* Anchor and deltas of two device tensors (their chunk ranges encoded in
+ * one batch) beside a host one. */
 static void test_device(const harness_broker *b, const char *model, int on_device)
 {
-	uint64_t shape_h[1] = {N_H}, shape_d[1] = {N_D};
+	uint64_t shape_h[1] = {N_H}, shape_d[1] = {N_D}, shape_e[1] = {N_E};
 	dcast_producer_stats s;
 	dcast_producer *p = open_model(b, model, on_device);
-	void *dev = NULL;
+	void *dev = NULL, *dev_e = NULL;
 
-	REQUIRE(cudaMalloc(&dev, N_D * 2ull) == cudaSuccess);
+	REQUIRE(cudaMalloc(&dev, N_D * 2ull) == cudaSuccess && cudaMalloc(&dev_e, N_E * 2ull) == cudaSuccess);
 	harness_fill(d_host, N_D, &seed);
-	REQUIRE(cudaMemcpy(dev, d_host, N_D * 2ull, cudaMemcpyHostToDevice) == cudaSuccess);
+	harness_fill(e_host, N_E, &seed);
+	upload(dev, dev_e);
 	REQUIRE(dcast_producer_register(p, "h", DCAST_DTYPE_BF16, 1, shape_h, h, DCAST_MEM_HOST, 0,
 					N_H) == 0);
 	REQUIRE(dcast_producer_register(p, "d", DCAST_DTYPE_BF16, 1, shape_d, dev, DCAST_MEM_CUDA,
 					0, N_D) == 0);
+	REQUIRE(dcast_producer_register(p, "e", DCAST_DTYPE_BF16, 1, shape_e, dev_e, DCAST_MEM_CUDA,
+					0, N_E) == 0);
 	CHECK_ERR(harness_publish(p, 1), 0);
 	CHECK(read_back(b, model, 1));
 	harness_perturb(d_host, N_D, 10000, &seed);
+	harness_perturb(e_host, N_E, 20000, &seed);
 	harness_perturb(h, N_H, 10000, &seed);
-	REQUIRE(cudaMemcpy(dev, d_host, N_D * 2ull, cudaMemcpyHostToDevice) == cudaSuccess);
+	upload(dev, dev_e);
 	CHECK_ERR(harness_publish(p, 2), 0);
 	dcast_producer_stats_get(p, &s);
 	CHECK(!s.anchor && s.payload_bytes < s.model_bytes / 4);
 	CHECK(read_back(b, model, 2));
 	harness_perturb(d_host + N_D / 2, N_D / 2, 5000, &seed); /* the first range unchanged */
-	REQUIRE(cudaMemcpy(dev, d_host, N_D * 2ull, cudaMemcpyHostToDevice) == cudaSuccess);
+	harness_perturb(e_host, N_E, 20000, &seed);
+	upload(dev, dev_e);
 	CHECK_ERR(harness_publish(p, 3), 0); /* digests moved from moved digests */
 	dcast_producer_stats_get(p, &s);
 	CHECK(!s.anchor);
 	CHECK(read_back(b, model, 3));
 	dcast_producer_close(&p);
 	cudaFree(dev);
+	cudaFree(dev_e);
 }
 #endif
 

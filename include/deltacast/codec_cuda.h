@@ -48,17 +48,16 @@ DCAST_API int dcast_cuda_digest(const void *data, size_t len, uint64_t *digest, 
 DCAST_API int dcast_cuda_ldigest(uint32_t tensor, uint64_t start, const void *data, uint64_t count,
 		       unsigned elem_size, uint64_t *digest, void *stream);
 
-/* A whole device tensor diffed against its baseline at once and encoded as
- * the ranges a producer sends (range_elems elements each, the last one
- * shorter): the per-call cost of dcast_cuda_encode (launches, three
- * synchronizations) paid once per tensor instead of once per range, three
- * synchronizations in all.  Range k's payload and info equal
- * dcast_codec_encode of elements [k * range_elems, ...) against the same
+/* Many device ranges diffed against their baselines and encoded at once
+ * (a producer's chunk ranges, of any number of tensors on one device, of
+ * one element size): the per-call cost of dcast_cuda_encode (launches,
+ * three synchronizations, scratch) paid once for all of them.  Range k's
+ * payload and info equal dcast_codec_encode of ranges[k] against its
  * baseline (force_encoding as there, -1: smallest), and its digest_move is
- * what the version adds, mod 2^64, to that range's dcast_ldigest (tensor,
- * elements start + k * range_elems ...): the sum over its changed elements
- * of the new term less the old.  DCAST_ENCODE_UPDATE_BASE copies cur into
- * base once every payload is made.
+ * what the encode's version adds, mod 2^64, to that range's dcast_ldigest
+ * (tensor, start): the sum over its changed elements of the new element's
+ * term less the old one's.  DCAST_ENCODE_UPDATE_BASE makes every baseline
+ * equal its cur once every payload is made.  Ranges must not overlap.
  *
  * Ownership: a dcast_cuda_ranges holds the results of its last encode in
  * pinned host memory that it grows as needed and keeps for the next call;
@@ -66,20 +65,26 @@ DCAST_API int dcast_cuda_ldigest(uint32_t tensor, uint64_t start, const void *da
  * memory; dcast_cuda_ranges_free(NULL) does nothing.
  *
  * dcast_cuda_ranges_encode sets *held = 1 when it holds every range's
- * result, and *held = 0 (returning DCAST_OK, base untouched) when the
- * changes' device scratch or the payloads would exceed max_bytes: encode
- * such a tensor range by range with dcast_cuda_encode.  Errors:
- * DCAST_EINVAL (NULL ranges or base, elem_size not 1, 2 or 4, range_elems
- * outside [1, DCAST_MAX_RANGE_ELEMS], a bad force_encoding, a misaligned
- * pointer), DCAST_ETOO_LARGE (over 2^31 tiles of 4096 elements),
- * DCAST_ENOMEM, DCAST_ENODEVICE, DCAST_ECUDA; base is then untouched unless
- * the error is the last synchronization's. */
+ * result, and *held = 0 (returning DCAST_OK, baselines untouched) when the
+ * changes' device scratch (28 bytes a change) or the payloads would
+ * exceed max_bytes: encode such ranges one by one with dcast_cuda_encode.
+ * Errors: DCAST_EINVAL (NULL result or ranges, elem_size not 1, 2 or 4, a
+ * range past DCAST_MAX_RANGE_ELEMS or with a NULL or misaligned pointer,
+ * a bad force_encoding), DCAST_ETOO_LARGE (over 2^31 tiles of 4096
+ * elements), DCAST_ENOMEM, DCAST_ENODEVICE, DCAST_ECUDA; the baselines are
+ * then untouched unless the error is the last synchronization's. */
+typedef struct dcast_cuda_range {
+	const void *cur;   /* device: the range's first element */
+	void *base;        /* device (or mapped host): its baseline */
+	uint64_t count;    /* elements */
+	uint64_t start;    /* for the digest: its first element's index in the tensor */
+	uint32_t tensor;   /* and the tensor's */
+} dcast_cuda_range;
 typedef struct dcast_cuda_ranges dcast_cuda_ranges;
 DCAST_API dcast_cuda_ranges *dcast_cuda_ranges_new(void);
 DCAST_API void dcast_cuda_ranges_free(dcast_cuda_ranges *r);
-DCAST_API int dcast_cuda_ranges_encode(dcast_cuda_ranges *r, const void *cur, void *base, uint64_t count,
-				       unsigned elem_size, uint64_t range_elems, int force_encoding,
-				       unsigned flags, uint32_t tensor, uint64_t start, size_t max_bytes,
+DCAST_API int dcast_cuda_ranges_encode(dcast_cuda_ranges *r, const dcast_cuda_range *ranges, uint64_t n,
+				       unsigned elem_size, int force_encoding, unsigned flags, size_t max_bytes,
 				       int *held, void *stream);
 /* Range k of the last encode that held its ranges: its info, its payload
  * (r's pinned memory, valid until r's next encode or free) and its digest

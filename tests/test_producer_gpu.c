@@ -8,7 +8,11 @@
  * one, with the baseline in device memory and in pinned host memory, and
  * publishes an anchor and two deltas (the second leaving a range alone;
  * both device tensors' ranges encoded in one batch) that a reader gets
- * bit-exact, every COMMIT digest checked. */
+ * bit-exact, every COMMIT digest checked; and the broker, killed in the
+ * middle of a device delta and back with its log, gets that version again
+ * as an anchor (a device batch moved the baseline past the undo log),
+ * bit-exact, and the next one as a delta. */
+#include <pthread.h>
 #include <stdint.h>
 #include "check.h"
 #include "deltacast/codec_cuda.h"
@@ -121,6 +125,90 @@ static void test_device(const harness_broker *b, const char *model, int on_devic
 	cudaFree(dev);
 	cudaFree(dev_e);
 }
+
+#define N_K (8u << 20)        /* 16 MiB of bf16 in 512 KiB chunks, credit window 1 MiB */
+#define IN_FLIGHT (16u << 10) /* bytes waiting for the stopped broker: chunks of the version */
+
+static harness_broker kb;
+
+/* Kill the broker once its socket holds chunks of the version (*arg: 1 when
+ * seen within 10 s), and start it again on the same ports and data. */
+static void *killer(void *arg)
+{
+	*(int *)arg = tp_wait_unread(kb.pport, IN_FLIGHT, 10000);
+	tp_broker_kill(&kb, SIGKILL);
+	tp_broker_start(&kb);
+	return NULL;
+}
+
+static int kill_read_back(const char *kdir, uint64_t v, const uint16_t *w)
+{
+	char out[256];
+
+	snprintf(out, sizeof(out), "%s/v%llu.safetensors", kdir, (unsigned long long)v);
+	return !harness_read(&kb, "kill", v, out) && harness_same_as_file(out, "w", w, N_K * 2ull);
+}
+
+/* Version 2 (90% changed, more than the credit window) published with the
+ * broker stopped, then killed mid-version and restarted. */
+static void publish_through_kill(dcast_producer *p)
+{
+	dcast_producer_stats s;
+	pthread_t th;
+	int in_flight = 0;
+
+	tp_broker_kill(&kb, SIGSTOP);
+	pthread_create(&th, NULL, killer, &in_flight);
+	CHECK_ERR(harness_publish(p, 2), 0);
+	pthread_join(th, NULL);
+	CHECK(in_flight);
+	dcast_producer_stats_get(p, &s);
+	CHECK(s.anchor && s.total_reconnects >= 1 && s.acked_version == 2);
+}
+
+static void test_device_kill(void)
+{
+	static char kdir[] = "/tmp/dcast-test-producer-gpu-kill-XXXXXX";
+	char data[300];
+	uint64_t shape[1] = {N_K};
+	uint16_t *w = calloc(N_K, 2);
+	dcast_producer_opts o;
+	dcast_producer_stats s;
+	dcast_producer *p = NULL;
+	void *dev = NULL;
+
+	REQUIRE(w && mkdtemp(kdir) && cudaMalloc(&dev, N_K * 2ull) == cudaSuccess);
+	snprintf(data, sizeof(data), "%s/data", kdir);
+	kb.extra[kb.n_extra++] = "--producer-window-bytes";
+	kb.extra[kb.n_extra++] = "1048576";
+	kb.extra[kb.n_extra++] = "--data-dir";
+	kb.extra[kb.n_extra++] = data;
+	REQUIRE(harness_broker_start(&kb, kdir) == 0);
+	dcast_producer_opts_init(&o);
+	o.connect_timeout_ms = 1000;
+	o.max_reconnects = 5;
+	o.range_elems = 1u << 18;
+	o.baseline_on_device = 1;
+	REQUIRE(dcast_producer_open(kb.producers, "kill", 0, 1, &o, &p) == 0);
+	harness_fill(w, N_K, &seed);
+	REQUIRE(cudaMemcpy(dev, w, N_K * 2ull, cudaMemcpyHostToDevice) == cudaSuccess);
+	REQUIRE(dcast_producer_register(p, "w", DCAST_DTYPE_BF16, 1, shape, dev, DCAST_MEM_CUDA, 0, N_K) == 0);
+	CHECK_ERR(harness_publish(p, 1), 0);
+	harness_perturb(w, N_K, 900000, &seed);
+	REQUIRE(cudaMemcpy(dev, w, N_K * 2ull, cudaMemcpyHostToDevice) == cudaSuccess);
+	publish_through_kill(p);
+	CHECK(kill_read_back(kdir, 2, w));
+	harness_perturb(w, N_K, 10000, &seed);
+	REQUIRE(cudaMemcpy(dev, w, N_K * 2ull, cudaMemcpyHostToDevice) == cudaSuccess);
+	CHECK_ERR(harness_publish(p, 3), 0);
+	dcast_producer_stats_get(p, &s);
+	CHECK(!s.anchor);
+	CHECK(kill_read_back(kdir, 3, w));
+	dcast_producer_close(&p);
+	tp_broker_kill(&kb, SIGTERM);
+	cudaFree(dev);
+	free(w);
+}
 #endif
 
 int main(void)
@@ -141,6 +229,7 @@ int main(void)
 		test_device(&b, "dev_base", 1);
 		test_device(&b, "host_base", 0);
 		free(d_host);
+		test_device_kill();
 #endif
 	}
 	tp_broker_kill(&b, SIGTERM);

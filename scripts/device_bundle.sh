@@ -2,7 +2,8 @@
 # Put what a lent GPU machine needs into .dev/ (ignored by git; the device
 # tool carries it with `carry: [".dev"]`), laid out as a small copy of the
 # repo so that the scripts run there unchanged: .dev/build/ the programs the
-# GPU tests, the GPU bench, the fan-out probes and `make bench-sync` run,
+# GPU tests, the GPU bench, the fan-out probes, `make bench-sync` and the
+# fault suite run,
 # built here (`make` first); .dev/lib/ the shared libraries they link that
 # the device image lacks; .dev/scripts/ bench_sync.sh with e2e_lib.sh, its
 # report and its Python consumer; .dev/python/ the binding; .dev/tests/tools/
@@ -17,7 +18,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${DELTACAST_BUILD:-build}
-TOOLS=(bench_gpu_codec bench_gpu_ranges producer_reader bench_tcp fault_publish bench_sync_consumer wire_client bench_sync_floor)
+TOOLS=(bench_gpu_codec bench_gpu_ranges faultproxy fault_consumer fault_digest producer_reader bench_tcp fault_publish bench_sync_consumer wire_client bench_sync_floor)
 TESTS=(test_gpu_codec test_consumer_gpu test_producer_gpu)
 # `make all` does not relink tests/ and tools/: name each one.
 make -s all "${TOOLS[@]/#/$B/tools/}" "${TESTS[@]/#/$B/tests/}"
@@ -27,7 +28,7 @@ rm -rf .dev && mkdir -p .dev/build/tests .dev/build/tools .dev/lib .dev/scripts 
 cp "$B/deltacast" "$B/deltacast-broker" "$B/libdeltacast.so" .dev/build/
 for t in "${TESTS[@]}"; do cp "$B/tests/$t" .dev/build/tests/; done
 for t in "${TOOLS[@]}"; do cp "$B/tools/$t" .dev/build/tools/; done
-cp scripts/bench_sync.sh scripts/e2e_lib.sh scripts/bench_sync_report.py scripts/bench_sync_consumer.py .dev/scripts/
+cp scripts/bench_sync.sh scripts/e2e_lib.sh scripts/bench_sync_report.py scripts/bench_sync_consumer.py scripts/faults.sh .dev/scripts/
 cp tests/tools/broker_lib.sh tests/tools/anchor_join.sh .dev/tests/tools/
 cp -r python .dev/python
 find .dev/python -name __pycache__ -prune -exec rm -rf {} +

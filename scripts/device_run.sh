@@ -21,6 +21,9 @@
 #            (BASE_PUBLISH: an A/B of the producer); sync-gpu-base-logs.tgz
 #   fanout   an anchor to N joining consumers (raw TCP, the broker to
 #            receive-only joiners, library joiners until READY); N's: NS
+#   faults-gpu the fault suite (scripts/faults.sh) with the producer's
+#            tensors and baseline in CUDA memory (FAULT_PUBLISH_DEVICE=1):
+#            FAULT_SEEDS trials (default 20) from FAULT_SEED_BASE
 #   sync-py  bench-sync's Python-binding form (same N's, no --data-dir row),
 #            if a python3 there imports numpy; logs in sync-py-logs.tgz
 # STEPS picks (default "gpu sync sync-gpu fanout sync-py"); DEADLINE (370 s): no step
@@ -135,6 +138,12 @@ sync_gpu_base() {
 	DELTACAST_BUILD=$b bench_sync sync-gpu-base lib 0
 }
 
+faults_gpu() {
+	echo "== the fault suite, producer on the GPU, $(nproc) cores"
+	FAULT_PUBLISH_DEVICE=1 SEEDS=${FAULT_SEEDS:-20} FAULT_SEED_BASE=${FAULT_SEED_BASE:-9100} \
+		PYTHON=$(pick_python) bash scripts/faults.sh
+}
+
 sync_py() {
 	local py
 	py=$(pick_python)
@@ -190,6 +199,7 @@ if [ "${1:-}" = step ]; then
 	sync-gpu) sync_gpu ;;
 	sync-base) sync_base ;;
 	sync-gpu-base) sync_gpu_base ;;
+	faults-gpu) faults_gpu ;;
 	fanout) fanout ;;
 	*) echo "no step $2"; exit 2 ;;
 	esac
@@ -197,7 +207,7 @@ if [ "${1:-}" = step ]; then
 fi
 
 DEADLINE=${DEADLINE:-370}
-declare -A CAP=([gpu]=240 [sync]=200 [sync-gpu]=120 [sync-base]=120 [sync-gpu-base]=120 [fanout]=75 [sync-py]=75)
+declare -A CAP=([gpu]=240 [sync]=200 [sync-gpu]=120 [sync-base]=120 [sync-gpu-base]=120 [faults-gpu]=240 [fanout]=75 [sync-py]=75)
 {
 	echo "start $(date -u +%FT%TZ), $(nproc) cpus, steps: ${STEPS:-gpu sync sync-gpu fanout sync-py}, deadline ${DEADLINE} s"
 	nvidia-smi -L 2>&1

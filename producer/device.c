@@ -14,11 +14,12 @@
  * changed device range can be neither rolled back nor resumed as a delta,
  * and goes again, or is followed, as an anchor.
  *
- * UNTESTED: there is no GPU on the development machines.  There the build
- * has CUDA (nvcc is present) and dcast_cuda_available() says 0, so a CUDA
- * tensor is refused at register with DCAST_ENODEVICE (tests/test_producer_gpu.c
- * checks that); the device half of that test runs only where a GPU is lent
- * (`make test-gpu`). */
+ * There is no GPU on the development machines: there the build has CUDA
+ * (nvcc is present) and dcast_cuda_available() says 0, so a CUDA tensor is
+ * refused at register with DCAST_ENODEVICE (tests/test_producer_gpu.c
+ * checks that).  The device half of that test, and the fault suite with
+ * the producer on the GPU, run only where a GPU is lent (`make test-gpu`,
+ * scripts/device_run.sh; they passed on lent H100s, docs/benchmarks.md). */
 #include <inttypes.h>
 #include <string.h>
 #include "producer_impl.h"

@@ -73,16 +73,31 @@ void prod_dev_alloc(dcast_producer *p)
 	}
 }
 
-/* Ranges of a batch, at most: a batch's scratch and payloads stay under
- * DEV_BATCH_MAX_BYTES up to a quarter of its elements changed. */
-#define DEV_BATCH_ELEMS ((uint64_t)32 << 20)
+/* Elements of a batch, at most.  A batch costs about 1 ms besides its
+ * elements (three synchronizations, launches, scratch) and batches run one
+ * after another, so fewer is faster: on an H100, a 1% delta of 100M bf16
+ * parameters in 173 ranges went to the broker's ACK in 12.5 ms with 8M,
+ * 7.3 ms with 32M and 5.2 ms with 128M (one batch; docs/benchmarks.md).
+ * A batch's scratch and payloads stay under DEV_BATCH_MAX_BYTES up to
+ * about 7% of its elements changed; above, it goes range by range. */
+#define DEV_BATCH_ELEMS ((uint64_t)128 << 20)
 #define DEV_BATCH_MAX_BYTES ((size_t)256 << 20)
 
-/* Does chunk j of tensor t, count elements, go on batch b? */
-static int joins(const prod_dev_batch *b, const prod_tensor *t, uint32_t j, uint64_t count)
+/* Elements of a batch, at most: DEV_BATCH_ELEMS, or the environment's
+ * DELTACAST_DEVICE_BATCH_ELEMS (a tuning knob, docs/operations.md). */
+static uint64_t batch_elems(void)
+{
+	const char *e = getenv("DELTACAST_DEVICE_BATCH_ELEMS");
+	unsigned long long n = e ? strtoull(e, NULL, 10) : 0;
+
+	return n ? (uint64_t)n : DEV_BATCH_ELEMS;
+}
+
+/* Does chunk j of tensor t, count elements, go on batch b (of at most max elements)? */
+static int joins(const prod_dev_batch *b, const prod_tensor *t, uint32_t j, uint64_t count, uint64_t max)
 {
 	return b && b->first + b->n == j && b->device == t->device && b->elem_size == t->elem_size &&
-	       b->elems + count <= DEV_BATCH_ELEMS;
+	       b->elems + count <= max;
 }
 
 /* A new batch from chunk j of tensor t on. */
@@ -99,7 +114,7 @@ static prod_dev_batch *batch_open(dcast_producer *p, const prod_tensor *t, uint3
 }
 
 /* Chunk k of tensor ti as the next range of the last batch, or of a new one. */
-static void batch_add(dcast_producer *p, uint32_t ti, uint32_t k)
+static void batch_add(dcast_producer *p, uint32_t ti, uint32_t k, uint64_t max)
 {
 	const prod_tensor *t = &p->tensors[ti];
 	uint64_t off = (uint64_t)k * p->opts.range_elems, count = prod_range_count(p, t, off);
@@ -107,7 +122,7 @@ static void batch_add(dcast_producer *p, uint32_t ti, uint32_t k)
 	prod_dev_batch *b = p->n_dev_batches ? &p->dev_batch[p->n_dev_batches - 1] : NULL;
 	dcast_cuda_range *d;
 
-	if (!joins(b, t, j, count))
+	if (!joins(b, t, j, count, max))
 		b = batch_open(p, t, j);
 	d = &b->desc[b->n];
 	d->cur = t->ptr + off * t->elem_size;
@@ -123,6 +138,7 @@ static void batch_add(dcast_producer *p, uint32_t ti, uint32_t k)
 /* The batches of the CUDA tensors' chunks, once the chunks are laid out. */
 static int dev_batches(dcast_producer *p)
 {
+	uint64_t max = batch_elems();
 	uint32_t n = 0;
 
 	for (uint32_t i = 0; i < p->n_tensors; i++)
@@ -137,7 +153,7 @@ static int dev_batches(dcast_producer *p)
 	memset(p->chunk_batch, 0xff, p->n_chunks * sizeof(*p->chunk_batch));
 	for (uint32_t i = 0; i < p->n_tensors; i++)
 		for (uint32_t k = 0; p->tensors[i].mem == DCAST_MEM_CUDA && k < p->tensors[i].n_chunks; k++)
-			batch_add(p, i, k);
+			batch_add(p, i, k, max);
 	return 0;
 }
 
@@ -217,6 +233,9 @@ static int batch_encode(dcast_producer *p, prod_dev_batch *b)
 		return cu_fail(e, "cudaSetDevice", p->tensors[b->desc[0].tensor].desc.name);
 	rc = dcast_cuda_ranges_encode(b->ranges, b->desc, b->n, b->elem_size, -1, DCAST_ENCODE_UPDATE_BASE,
 				      DEV_BATCH_MAX_BYTES, &b->held, DEV_STREAM);
+	DCAST_LOG_D("producer %s: chunks %u..%u %s on device %d, %.2f ms after publish", p->model, b->first,
+		    b->first + b->n - 1, rc ? "failed" : b->held ? "encoded" : "left to range by range",
+		    b->device, prod_since_publish_ms(p));
 	for (uint32_t k = 0; !rc && b->held && !moved && k < b->n; k++)
 		if (!(rc = dcast_cuda_ranges_get(b->ranges, k, &info, &pl, &move)))
 			moved = info.changed != 0;

@@ -17,6 +17,8 @@ void prod_version_acked(dcast_producer *p, uint64_t version)
 		return;
 	if (p->pending_anchor)
 		p->conn.need_anchor = 0;
+	DCAST_LOG_D("producer %s: version %llu acknowledged %.2f ms after publish", p->model,
+		    (unsigned long long)version, prod_since_publish_ms(p));
 	p->acked_version = p->pending_version;
 	p->pending_version = DCAST_VERSION_NONE;
 	p->baseline_valid = 1;

@@ -173,6 +173,7 @@ struct dcast_producer {
 	size_t base_region_bytes;
 	int base_registered;     /* with CUDA, for device tensors' kernels */
 	uint64_t *chunk_digest;  /* per chunk range: digest of the baseline */
+	uint64_t publish_ns;     /* the pending version's publish call (debug log) */
 	prod_dev_batch *dev_batch; /* with CUDA tensors (device.c) */
 	uint32_t n_dev_batches;
 	struct dcast_cuda_range *dev_ranges; /* per chunk: the batches' range lists */
@@ -227,6 +228,9 @@ void prod_dev_free(dcast_producer *p);
 int prod_dev_encode(dcast_producer *p, const prod_tensor *t, int anchor, uint64_t off,
 		    uint64_t count, prod_job *job);
 int prod_base_read(const prod_tensor *t, uint64_t off, void *dst, size_t bytes);
+
+/* publish.c: milliseconds since the pending version's publish call */
+double prod_since_publish_ms(const dcast_producer *p);
 
 /* encode.c */
 int prod_enc_setup(dcast_producer *p);

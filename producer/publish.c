@@ -60,8 +60,11 @@ static int take_job(dcast_producer *p, prod_run *r, uint32_t j)
 		return rc;
 	}
 	t = &p->tensors[job->tensor];
-	return prod_send_slot(p, r, t, (uint64_t)(j - t->first_chunk) * p->opts.range_elems,
-			      &job->info, slot);
+	rc = prod_send_slot(p, r, t, (uint64_t)(j - t->first_chunk) * p->opts.range_elems, &job->info, slot);
+	if (!rc && r->seq == 1)
+		DCAST_LOG_D("producer %s: version %llu: first chunk sent, %.2f ms after publish", p->model,
+			    (unsigned long long)r->version, prod_since_publish_ms(p));
+	return rc;
 }
 
 /* After a failure: every claimed range is encoded (and in the baseline);
@@ -102,6 +105,12 @@ static int run_jobs(dcast_producer *p, prod_run *r)
 	return rc;
 }
 
+/* Milliseconds since the pending version's publish call (debug lines). */
+double prod_since_publish_ms(const dcast_producer *p)
+{
+	return (double)(dcast_now_ns() - p->publish_ns) / 1e6;
+}
+
 /* One attempt at the whole version on the current connection. */
 static int publish_once(dcast_producer *p, prod_run *r)
 {
@@ -113,11 +122,14 @@ static int publish_once(dcast_producer *p, prod_run *r)
 		return rc;
 	if ((rc = run_jobs(p, r)) || (rc = prod_check_broker(p, r, 0)))
 		return rc;
+	DCAST_LOG_D("producer %s: version %llu: %u chunks sent, %.2f ms after publish", p->model,
+		    (unsigned long long)r->version, r->seq, prod_since_publish_ms(p));
 	return prod_send_commit(p, r);
 }
 
 static void start_run(dcast_producer *p, uint64_t version, int anchor, prod_run *r)
 {
+	p->publish_ns = dcast_now_ns();
 	prod_init_run(p, version, anchor, r);
 	prod_undo_reset(&p->undo);
 	p->resume_from = 0;

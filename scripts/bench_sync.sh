@@ -183,7 +183,9 @@ folded() {
 publish_paced() {
 	local d=$1 v go pub deadline=$((SECONDS + 600))
 	mkfifo "$d/go"
-	"$BIN/tools/fault_publish" "$PROD_EP" bench 1 -1 "${FILES[@]}" <"$d/go" >"$d/publish.log" 2>"$d/publish.err" &
+	# shellcheck disable=SC2086 # BENCH_SYNC_PUBLISH_ENV: VAR=VALUE words for the producer alone
+	env ${BENCH_SYNC_PUBLISH_ENV:-} "$BIN/tools/fault_publish" "$PROD_EP" bench 1 -1 "${FILES[@]}" <"$d/go" \
+		>"$d/publish.log" 2>"$d/publish.err" &
 	pub=$!
 	e2e_track $pub
 	exec {go}>"$d/go"

@@ -21,6 +21,8 @@
 #            (BASE_PUBLISH: an A/B of the producer); sync-gpu-base-logs.tgz
 #   fanout   an anchor to N joining consumers (raw TCP, the broker to
 #            receive-only joiners, library joiners until READY); N's: NS
+#   sync-gpu-batch sync-gpu once per DELTACAST_DEVICE_BATCH_ELEMS in
+#            BATCH_ELEMS, the producer's debug lines in publish.err
 #   faults-gpu the fault suite (scripts/faults.sh) with the producer's
 #            tensors and baseline in CUDA memory (FAULT_PUBLISH_DEVICE=1):
 #            FAULT_SEEDS trials (default 20) from FAULT_SEED_BASE
@@ -131,6 +133,17 @@ sync_gpu() {
 	bench_sync sync-gpu lib 0
 }
 
+# sync-gpu-batch: sync-gpu once per DELTACAST_DEVICE_BATCH_ELEMS in
+# BATCH_ELEMS, the producer's debug lines (batches, first chunk, ACK) in
+# each publish.err.
+sync_gpu_batch() {
+	local e
+	export FAULT_PUBLISH_DEVICE=1 BENCH_SYNC_PUBLISH_ENV=DELTACAST_LOG=debug
+	for e in ${BATCH_ELEMS:-8388608 33554432 134217728}; do
+		DELTACAST_DEVICE_BATCH_ELEMS=$e bench_sync "sync-gpu-b$e" lib 0
+	done
+}
+
 sync_gpu_base() {
 	local b
 	b=$(base_build fault_publish) || return
@@ -200,6 +213,7 @@ if [ "${1:-}" = step ]; then
 	sync-base) sync_base ;;
 	sync-gpu-base) sync_gpu_base ;;
 	faults-gpu) faults_gpu ;;
+	sync-gpu-batch) sync_gpu_batch ;;
 	fanout) fanout ;;
 	*) echo "no step $2"; exit 2 ;;
 	esac
@@ -207,7 +221,7 @@ if [ "${1:-}" = step ]; then
 fi
 
 DEADLINE=${DEADLINE:-370}
-declare -A CAP=([gpu]=240 [sync]=200 [sync-gpu]=120 [sync-base]=120 [sync-gpu-base]=120 [faults-gpu]=240 [fanout]=75 [sync-py]=75)
+declare -A CAP=([gpu]=240 [sync]=200 [sync-gpu]=120 [sync-base]=120 [sync-gpu-base]=120 [faults-gpu]=240 [sync-gpu-batch]=150 [fanout]=75 [sync-py]=75)
 {
 	echo "start $(date -u +%FT%TZ), $(nproc) cpus, steps: ${STEPS:-gpu sync sync-gpu fanout sync-py}, deadline ${DEADLINE} s"
 	nvidia-smi -L 2>&1

@@ -125,8 +125,7 @@ static void batch_add(dcast_producer *p, uint32_t ti, uint32_t k, uint64_t max)
 	if (!joins(b, t, j, count, max))
 		b = batch_open(p, t, j);
 	d = &b->desc[b->n];
-	d->cur = t->ptr + off * t->elem_size;
-	d->base = t->base + off * t->elem_size;
+	d->base = t->base + off * t->elem_size; /* cur: at each encode (batch_refresh) */
 	d->count = count;
 	d->start = t->shard_off + off;
 	d->tensor = ti;
@@ -217,6 +216,22 @@ static int dev_digest(const prod_tensor *t, uint32_t tensor, uint64_t off, uint6
 	return dcast_cuda_ldigest(tensor, t->shard_off + off, base, count, t->elem_size, d, DEV_STREAM);
 }
 
+/* Point batch b's ranges at their tensors' memory now: a tensor registered
+ * again may have moved (on another device, when its baseline is in host
+ * memory: then 0, range by range). */
+static int batch_refresh(dcast_producer *p, prod_dev_batch *b)
+{
+	for (uint32_t k = 0; k < b->n; k++) {
+		dcast_cuda_range *d = &b->desc[k];
+		const prod_tensor *t = &p->tensors[d->tensor];
+
+		if (t->device != b->device)
+			return 0;
+		d->cur = t->ptr + (d->start - t->shard_off) * t->elem_size;
+	}
+	return 1;
+}
+
 /* Encode batch b (its lock held). */
 static int batch_encode(dcast_producer *p, prod_dev_batch *b)
 {
@@ -227,8 +242,8 @@ static int batch_encode(dcast_producer *p, prod_dev_batch *b)
 	int rc, moved = 0;
 
 	b->held = 0;
-	if (!b->ranges && !(b->ranges = dcast_cuda_ranges_new()))
-		return 0; /* out of memory: range by range */
+	if (!batch_refresh(p, b) || (!b->ranges && !(b->ranges = dcast_cuda_ranges_new())))
+		return 0; /* moved to another device, or out of memory: range by range */
 	if ((e = cudaSetDevice(b->device)))
 		return cu_fail(e, "cudaSetDevice", p->tensors[b->desc[0].tensor].desc.name);
 	rc = dcast_cuda_ranges_encode(b->ranges, b->desc, b->n, b->elem_size, -1, DCAST_ENCODE_UPDATE_BASE,

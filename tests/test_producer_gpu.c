@@ -6,8 +6,9 @@
  * With a device (only where one is lent: this half has NOT run on the
  * development machines) it registers cudaMalloc'd tensors beside a host
  * one, with the baseline in device memory and in pinned host memory, and
- * publishes an anchor and two deltas (the second leaving a range alone;
- * both device tensors' ranges encoded in one batch) that a reader gets
+ * publishes an anchor and three deltas (the second leaving a range alone;
+ * both device tensors' ranges encoded in one batch; before the third, one
+ * tensor registered again at new device memory) that a reader gets
  * bit-exact, every COMMIT digest checked; and the broker, killed in the
  * middle of a device delta and back with its log, gets that version again
  * as an anchor (a device batch moved the baseline past the undo log),
@@ -85,8 +86,30 @@ static void upload(void *dev, void *dev_e)
 	REQUIRE(cudaMemcpy(dev_e, e_host, N_E * 2ull, cudaMemcpyHostToDevice) == cudaSuccess);
 }
 
+/* Version 4: "d" registered again at new device memory holding the next
+ * values (a trainer's new weights buffer): the delta is read from there. */
+static void moved_delta(const harness_broker *b, const char *model, dcast_producer *p, void **dev)
+{
+	uint64_t shape_d[1] = {N_D};
+	dcast_producer_stats s;
+	void *moved = NULL;
+
+	REQUIRE(cudaMalloc(&moved, N_D * 2ull) == cudaSuccess);
+	harness_perturb(d_host, N_D, 10000, &seed);
+	REQUIRE(cudaMemcpy(moved, d_host, N_D * 2ull, cudaMemcpyHostToDevice) == cudaSuccess);
+	REQUIRE(cudaMemset(*dev, 0, N_D * 2ull) == cudaSuccess); /* the old buffer no longer counts */
+	REQUIRE(dcast_producer_register(p, "d", DCAST_DTYPE_BF16, 1, shape_d, moved, DCAST_MEM_CUDA, 0,
+					N_D) == 0);
+	cudaFree(*dev);
+	*dev = moved;
+	CHECK_ERR(harness_publish(p, 4), 0);
+	dcast_producer_stats_get(p, &s);
+	CHECK(!s.anchor);
+	CHECK(read_back(b, model, 4));
+}
+
 /* Anchor and deltas of two device tensors (their chunk ranges encoded in
- * one batch) beside a host one. */
+ * one batch) beside a host one; then one of them moved. */
 static void test_device(const harness_broker *b, const char *model, int on_device)
 {
 	uint64_t shape_h[1] = {N_H}, shape_d[1] = {N_D}, shape_e[1] = {N_E};
@@ -121,6 +144,7 @@ static void test_device(const harness_broker *b, const char *model, int on_devic
 	dcast_producer_stats_get(p, &s);
 	CHECK(!s.anchor);
 	CHECK(read_back(b, model, 3));
+	moved_delta(b, model, p, &dev);
 	dcast_producer_close(&p);
 	cudaFree(dev);
 	cudaFree(dev_e);

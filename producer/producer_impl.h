@@ -125,6 +125,7 @@ typedef struct prod_run {
 	uint32_t gen, seq;
 	uint64_t bytes, changed;
 	uint64_t progress_ms; /* last time credit or a slot came back */
+	uint64_t checked_ms;  /* last poll for the broker's messages between chunks */
 } prod_run;
 
 #define PROD_RESTART (-1)   /* the broker asked for an anchor mid-version */

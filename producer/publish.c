@@ -39,6 +39,20 @@ static int await_job(dcast_producer *p, prod_run *r, uint32_t j, prod_job **job)
 	return rc;
 }
 
+/* The broker's messages (an ERROR, a re-join) between two chunks: at most
+ * once a millisecond, since a poll costs as much as sending a small chunk;
+ * waits for credit or for the socket poll anyway, and the COMMIT is sent
+ * after a last check. */
+static int check_now_and_then(dcast_producer *p, prod_run *r)
+{
+	uint64_t now = dcast_now_ms();
+
+	if (now == r->checked_ms)
+		return 0;
+	r->checked_ms = now;
+	return prod_check_broker(p, r, 0);
+}
+
 /* Range j: wait for its encoding, record it, send it. */
 static int take_job(dcast_producer *p, prod_run *r, uint32_t j)
 {
@@ -55,7 +69,7 @@ static int take_job(dcast_producer *p, prod_run *r, uint32_t j)
 	if (!(slot = job->slot))
 		return 0;
 	job->slot = NULL;
-	if ((rc = prod_check_broker(p, r, 0))) {
+	if ((rc = check_now_and_then(p, r))) {
 		prod_pool_free_cb(slot->buf, slot);
 		return rc;
 	}

@@ -1,6 +1,7 @@
 /* Header encoding (dcast_msg -> msgpack, via msgpack-c's packer) and the
  * JSON rendering used by test vectors, both driven by the field tables. */
 #include <msgpack.h>
+#include <stdlib.h>
 #include <string.h>
 #include "dcast_common.h"
 #include "schema_impl.h"
@@ -73,9 +74,44 @@ static void pack_map(msgpack_packer *pk, const struct msg_table *t, const void *
 			pack_field(pk, &t->fields[i], base);
 }
 
+/* The encoder's output: a heap buffer from HDR_FIRST bytes, doubled as it
+ * fills (msgpack's sbuffer starts at 8 KiB: a malloc that size for every
+ * ~150-byte CHUNK header, held until ZeroMQ sent it). */
+#define HDR_FIRST 256u
+
+typedef struct hdr_buf {
+	char *data;
+	size_t size, cap;
+	int oom;
+} hdr_buf;
+
+static int hdr_write(void *arg, const char *p, size_t n)
+{
+	hdr_buf *b = arg;
+
+	if (b->oom)
+		return -1;
+	if (b->size + n > b->cap) {
+		size_t cap = b->cap ? b->cap : HDR_FIRST;
+		char *d;
+
+		while (cap < b->size + n)
+			cap *= 2;
+		if (!(d = realloc(b->data, cap))) {
+			b->oom = 1;
+			return -1;
+		}
+		b->data = d;
+		b->cap = cap;
+	}
+	memcpy(b->data + b->size, p, n);
+	b->size += n;
+	return 0;
+}
+
 int dcast_msg_encode(const dcast_msg *m, void **out, size_t *out_len)
 {
-	msgpack_sbuffer sb;
+	hdr_buf b = {0};
 	msgpack_packer pk;
 	int rc;
 
@@ -84,8 +120,7 @@ int dcast_msg_encode(const dcast_msg *m, void **out, size_t *out_len)
 	if ((rc = dcast_msg_validate(m)))
 		return rc;
 	const struct msg_table *t = schema_table(m->type);
-	msgpack_sbuffer_init(&sb);
-	msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+	msgpack_packer_init(&pk, &b, hdr_write);
 	msgpack_pack_map(&pk, 2 + t->n_fields);
 	pack_str(&pk, "proto");
 	msgpack_pack_uint32(&pk, DCAST_PROTO_VERSION);
@@ -93,12 +128,12 @@ int dcast_msg_encode(const dcast_msg *m, void **out, size_t *out_len)
 	pack_str(&pk, t->name);
 	for (unsigned i = 0; i < t->n_fields; i++)
 		pack_field(&pk, &t->fields[i], &m->u);
-	if (!sb.data) {
-		msgpack_sbuffer_destroy(&sb);
+	if (b.oom || !b.data) {
+		free(b.data);
 		return dcast_fail(DCAST_ENOMEM, "%s: out of memory encoding header", t->name);
 	}
-	*out_len = sb.size;
-	*out = msgpack_sbuffer_release(&sb);
+	*out_len = b.size;
+	*out = b.data;
 	return 0;
 }
 

@@ -196,10 +196,13 @@ clean:
 bench-codec: $(BUILD)/tools/bench_codec
 	$(BUILD)/tools/bench_codec --write docs/benchmarks.md
 
-# GPU encode/apply/digest throughput against a device-to-device copy; says
-# "skip: no CUDA device" (exit 77 from the tool) where there is none.
-bench-gpu: $(BUILD)/tools/bench_gpu_codec
+# GPU encode/apply/digest throughput against a device-to-device copy, then
+# the producer's device encode range by range against all ranges in one
+# call (bench_gpu_ranges); says "skip: no CUDA device" (exit 77 from the
+# tools) where there is none.
+bench-gpu: $(BUILD)/tools/bench_gpu_codec $(BUILD)/tools/bench_gpu_ranges
 	@$(BUILD)/tools/bench_gpu_codec; rc=$$?; [ $$rc = 77 ] || exit $$rc
+	@$(BUILD)/tools/bench_gpu_ranges; rc=$$?; [ $$rc = 77 ] || exit $$rc
 
 # --- producer ---
 # `make bench-slices`: a consumer's apply of a 1% delta with tensor-parallel

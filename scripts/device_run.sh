@@ -23,6 +23,8 @@
 #            receive-only joiners, library joiners until READY); N's: NS
 #   sync-gpu-batch sync-gpu once per DELTACAST_DEVICE_BATCH_ELEMS in
 #            BATCH_ELEMS, the producer's debug lines in publish.err
+#   sync-gpu-cons sync-gpu with the consumers' tensors in CUDA memory too
+#            (apply into the GPU; not yet run when written, 2026-11-27)
 #   faults-gpu the fault suite (scripts/faults.sh) with the producer's
 #            tensors and baseline in CUDA memory (FAULT_PUBLISH_DEVICE=1):
 #            FAULT_SEEDS trials (default 20) from FAULT_SEED_BASE
@@ -144,6 +146,13 @@ sync_gpu_batch() {
 	done
 }
 
+# sync-gpu-cons: sync-gpu with the consumers' tensors bound to CUDA memory
+# too (bench_sync_consumer BENCH_SYNC_CONSUMER_DEVICE=1): apply into the GPU.
+sync_gpu_cons() {
+	export FAULT_PUBLISH_DEVICE=1 BENCH_SYNC_CONSUMER_DEVICE=1
+	bench_sync sync-gpu-cons lib 0
+}
+
 sync_gpu_base() {
 	local b
 	b=$(base_build fault_publish) || return
@@ -214,6 +223,7 @@ if [ "${1:-}" = step ]; then
 	sync-gpu-base) sync_gpu_base ;;
 	faults-gpu) faults_gpu ;;
 	sync-gpu-batch) sync_gpu_batch ;;
+	sync-gpu-cons) sync_gpu_cons ;;
 	fanout) fanout ;;
 	*) echo "no step $2"; exit 2 ;;
 	esac
@@ -221,7 +231,7 @@ if [ "${1:-}" = step ]; then
 fi
 
 DEADLINE=${DEADLINE:-370}
-declare -A CAP=([gpu]=240 [sync]=200 [sync-gpu]=120 [sync-base]=120 [sync-gpu-base]=120 [faults-gpu]=240 [sync-gpu-batch]=150 [fanout]=75 [sync-py]=75)
+declare -A CAP=([gpu]=240 [sync]=200 [sync-gpu]=120 [sync-base]=120 [sync-gpu-base]=120 [faults-gpu]=240 [sync-gpu-batch]=150 [sync-gpu-cons]=120 [fanout]=75 [sync-py]=75)
 {
 	echo "start $(date -u +%FT%TZ), $(nproc) cpus, steps: ${STEPS:-gpu sync sync-gpu fanout sync-py}, deadline ${DEADLINE} s"
 	nvidia-smi -L 2>&1

@@ -16,7 +16,11 @@
  * usage: bench_sync_consumer ENDPOINT MODEL DIR UNTIL
  * Exit 0 once UNTIL is applied; 1 on an error (named on stderr), among
  * them the broker's DCAST_ETOO_LARGE (a chunk larger than this budget's
- * window can never come: the library would re-join for it forever). */
+ * window can never come: the library would re-join for it forever).
+ * BENCH_SYNC_CONSUMER_DEVICE=1: every tensor (tiled ones excepted) bound
+ * to cudaMalloc'd memory as soon as the manifest is known, as a rollout
+ * worker's weights are (scripts/device_run.sh, step sync-gpu-cons); not
+ * yet run on a device when written (2026-11-27). */
 #include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
@@ -24,6 +28,9 @@
 #include <string.h>
 #include <time.h>
 #include "deltacast/consumer.h"
+#ifdef DCAST_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 static volatile sig_atomic_t stop;
 
@@ -76,12 +83,44 @@ static void report(const dcast_consumer *c, uint64_t t_ns)
 	fflush(stdout);
 }
 
+/* BENCH_SYNC_CONSUMER_DEVICE: bind every untiled tensor to device memory
+ * once the manifest is known (*bound: done).  -1: failed, said why. */
+static int bind_device(dcast_consumer *c, int *bound)
+{
+	uint32_t n = dcast_consumer_tensor_count(c);
+	int err = 0;
+
+	if (*bound || !n || !getenv("BENCH_SYNC_CONSUMER_DEVICE") || !atoi(getenv("BENCH_SYNC_CONSUMER_DEVICE")))
+		return 0;
+	*bound = 1;
+#ifdef DCAST_HAVE_CUDA
+	for (uint32_t i = 0; i < n && !err; i++) {
+		dcast_tensor_desc d;
+		uint64_t bytes;
+		void *dev = NULL;
+
+		if ((err = dcast_consumer_tensor_at(c, i, &d)) || dcast_tensor_tiled(&d))
+			continue;
+		bytes = dcast_tensor_elems(&d) * dcast_dtype_size((int)d.dtype);
+		if (cudaMalloc(&dev, bytes ? bytes : 1) != cudaSuccess)
+			return fprintf(stderr, "bench_sync_consumer: cudaMalloc of %s failed\n", d.name), -1;
+		err = dcast_consumer_bind(c, d.name, dev, DCAST_MEM_CUDA, bytes); /* freed at exit */
+	}
+#else
+	fprintf(stderr, "bench_sync_consumer: BENCH_SYNC_CONSUMER_DEVICE, but this build has no CUDA\n");
+	err = -1;
+#endif
+	return err;
+}
+
 static int follow(dcast_consumer *c, uint64_t until)
 {
 	dcast_event ev;
-	int err = 0;
+	int err = 0, bound = 0;
 
 	while (!stop && !err) {
+		if ((err = bind_device(c, &bound)))
+			break;
 		uint64_t v = dcast_consumer_version(c);
 		if (v != DCAST_VERSION_NONE && v >= until)
 			break;
@@ -118,7 +157,7 @@ int main(int argc, char **argv)
 	signal(SIGINT, on_signal);
 	if (!(err = dcast_consumer_open(argv[1], argv[2], argv[3], 64u << 20, &o, &c)))
 		err = follow(c, strtoull(argv[4], NULL, 10));
-	if (err && err != DCAST_ETOO_LARGE) /* that one named by its event */
+	if (err > 0 && err != DCAST_ETOO_LARGE) /* that one named by its event, -1 by bind_device */
 		fprintf(stderr, "bench_sync_consumer: %s: %s\n", dcast_errname(err), dcast_last_error());
 	dcast_consumer_close(&c);
 	return err || stop ? 1 : 0;

@@ -210,32 +210,30 @@ __global__ void k_seg_write(const dcast_cuda_range *rs, unsigned tpr, const unsi
 	__shared__ typename scan::TempStorage stmp;
 	__shared__ typename reduce::TempStorage rtmp;
 	const unsigned per = TILE / TILE_THREADS;
-	uint64_t lo, hi, move = 0, seg = ~0ull, seed = 0;
+	uint64_t lo, hi;
 	const dcast_cuda_range *r = seg_tile(rs, tpr, blockIdx.x, &lo, &hi);
 	uint64_t first = lo + (uint64_t)threadIdx.x * per;
 	unsigned mine = 0, rank;
+	dcast_ld_move move;
+	dcast_ld_move_init(&move, r->tensor, r->start);
 	for (unsigned j = 0; j < per; j++)
 		mine += first + j < hi && ld<ES>(r->cur, first + j) != ld<ES>(r->base, first + j);
 	scan(stmp).ExclusiveSum(mine, rank);
 	uint64_t out = (uint64_t)tile_off[blockIdx.x] + rank;
 	for (unsigned j = 0; j < per && mine; j++) {
-		uint64_t i = first + j, gi = r->start + i;
+		uint64_t i = first + j;
 		if (i >= hi)
 			break;
 		uint32_t nv = ld<ES>(r->cur, i), ov = ld<ES>(r->base, i);
 		if (nv == ov)
 			continue;
-		if (gi >> 32 != seg) {
-			seg = gi >> 32;
-			seed = dcast_ld_seed(r->tensor, seg);
-		}
-		move += dcast_ld_term_seeded(seed, gi, nv) - dcast_ld_term_seeded(seed, gi, ov);
+		dcast_ld_move_add(&move, i, ov, nv);
 		pos[out] = (uint32_t)i;
 		newv[out] = nv;
 		zz[out] = dcast_ulp_zz(ov, nv, 8 * ES);
 		out++;
 	}
-	unsigned long long total = reduce(rtmp).Sum((unsigned long long)move);
+	unsigned long long total = reduce(rtmp).Sum((unsigned long long)move.acc);
 	if (threadIdx.x == 0 && tile_move)
 		tile_move[blockIdx.x] = total;
 }

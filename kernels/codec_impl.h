@@ -566,14 +566,15 @@ DCAST_HD uint64_t dcast_ld_term_seeded(uint64_t seed, uint64_t index, uint32_t b
 
 /* A digest moved by changes of one range, whose position 0 is element
  * `start` of `tensor`: acc sums h(new) - h(old), and the seed of the last
- * segment is kept (changes come in position order).  Host code: the
- * encoder, the resolve and the digest walks (codec.c, ldigest.c). */
+ * segment is kept (changes come in position order).  The encoder, the
+ * resolve and the digest walks (codec.c, ldigest.c), and the CUDA
+ * encoder's per-tile moves (codec_cuda.cu). */
 typedef struct dcast_ld_move {
 	uint32_t tensor;
 	uint64_t start, seg, seed, acc;
 } dcast_ld_move;
 
-static inline void dcast_ld_move_init(dcast_ld_move *m, uint32_t tensor, uint64_t start)
+DCAST_HD void dcast_ld_move_init(dcast_ld_move *m, uint32_t tensor, uint64_t start)
 {
 	m->tensor = tensor;
 	m->start = start;
@@ -582,8 +583,8 @@ static inline void dcast_ld_move_init(dcast_ld_move *m, uint32_t tensor, uint64_
 	m->acc = 0;
 }
 
-static inline __attribute__((always_inline)) void dcast_ld_move_add(dcast_ld_move *m, uint64_t pos,
-								     uint32_t oldv, uint32_t newv)
+DCAST_HD __attribute__((always_inline)) void dcast_ld_move_add(dcast_ld_move *m, uint64_t pos,
+								uint32_t oldv, uint32_t newv)
 {
 	uint64_t i = m->start + pos;
 

@@ -415,33 +415,47 @@ out:
 	return rc;
 }
 
-/* The compact plan from device stats, exactly as the CPU makes it. */
-static int plan_compact(const changes_dev *ch, unsigned w, scratch *sc, dcast_cpt_plan *plan)
+/* From stats the device made (h: k_stats' histogram, then the exact
+ * position bits) of n changes among count elements: the compact plan,
+ * exactly as the CPU makes it, every encoding's size, and the encoding
+ * to use (force_encoding, else the smallest). */
+static int plan_pick(uint64_t count, unsigned es, uint64_t n, uint64_t gap_sum, const unsigned long long *h,
+		     int force, dcast_cpt_plan *plan, uint64_t sizes[DCAST_ENC_COUNT])
+{
+	dcast_cpt_stats st = {};
+	st.changed = n;
+	st.gap_sum = gap_sum;
+	for (unsigned i = 0; i < DCAST_CPT_NSYM_MAX; i++)
+		st.hist[i] = h[i];
+	dcast_cpt_plan_make(&st, 8 * es, plan);
+	plan->pos_bits = h[DCAST_CPT_NSYM_MAX];
+	dcast_simple_sizes(count, es, n, sizes);
+	sizes[DCAST_ENC_COMPACT] = dcast_cpt_bytes(plan);
+	return force >= 0 ? force : dcast_pick_smallest(sizes);
+}
+
+/* The compact stats of one range's changes (into host, as plan_pick
+ * takes them) and their gap sum. */
+static int compact_stats(const changes_dev *ch, scratch *sc, uint64_t *gap_sum,
+			 unsigned long long host[DCAST_CPT_NSYM_MAX + 1])
 {
 	int rc = DCAST_OK;
-	dcast_cpt_stats st = {};
-	unsigned long long *dev = NULL, host[DCAST_CPT_NSYM_MAX + 1];
+	unsigned long long *dev = NULL;
 	uint32_t last = 0;
-	unsigned k;
-	st.changed = ch->n;
+	*gap_sum = 0;
 	if (ch->n) {
 		CU(cudaMemcpyAsync(&last, ch->pos + ch->n - 1, 4, cudaMemcpyDeviceToHost, sc->s), "copy pos");
 		CU(cudaStreamSynchronize(sc->s), "sync");
-		st.gap_sum = (uint64_t)last + 1 - ch->n;
+		*gap_sum = (uint64_t)last + 1 - ch->n;
 	}
-	k = dcast_cpt_choose_k(st.changed, st.gap_sum);
-	CU(scratch_get(sc, (void **)&dev, sizeof(host)), "cudaMallocAsync(stats)");
-	CU(cudaMemsetAsync(dev, 0, sizeof(host), sc->s), "cudaMemsetAsync");
+	CU(scratch_get(sc, (void **)&dev, (DCAST_CPT_NSYM_MAX + 1) * 8), "cudaMallocAsync(stats)");
+	CU(cudaMemsetAsync(dev, 0, (DCAST_CPT_NSYM_MAX + 1) * 8, sc->s), "cudaMemsetAsync");
 	if (ch->n)
 		k_stats<<<grid_for(ch->n, 256) < 1024 ? grid_for(ch->n, 256) : 1024, 256, 0, sc->s>>>(
-			ch->pos, ch->zz, ch->n, k, dev, dev + DCAST_CPT_NSYM_MAX);
+			ch->pos, ch->zz, ch->n, dcast_cpt_choose_k(ch->n, *gap_sum), dev, dev + DCAST_CPT_NSYM_MAX);
 	CU(cudaGetLastError(), "k_stats");
-	CU(cudaMemcpyAsync(host, dev, sizeof(host), cudaMemcpyDeviceToHost, sc->s), "copy stats");
+	CU(cudaMemcpyAsync(host, dev, (DCAST_CPT_NSYM_MAX + 1) * 8, cudaMemcpyDeviceToHost, sc->s), "copy stats");
 	CU(cudaStreamSynchronize(sc->s), "sync");
-	for (unsigned i = 0; i < DCAST_CPT_NSYM_MAX; i++)
-		st.hist[i] = host[i];
-	dcast_cpt_plan_make(&st, w, plan);
-	plan->pos_bits = host[DCAST_CPT_NSYM_MAX];
 out:
 	return rc;
 }
@@ -509,13 +523,12 @@ static int encode_delta(const void *cur, void *base, uint64_t count, int force, 
 	int rc;
 	changes_dev ch = {};
 	dcast_cpt_plan plan;
-	uint64_t sizes[DCAST_ENC_COUNT];
+	uint64_t sizes[DCAST_ENC_COUNT], gap_sum;
+	unsigned long long stats[DCAST_CPT_NSYM_MAX + 1];
 	uint8_t *dev_out = NULL;
-	if ((rc = find_changes<ES>(cur, base, count, sc, &ch)) || (rc = plan_compact(&ch, 8 * ES, sc, &plan)))
+	if ((rc = find_changes<ES>(cur, base, count, sc, &ch)) || (rc = compact_stats(&ch, sc, &gap_sum, stats)))
 		return rc;
-	dcast_simple_sizes(count, ES, ch.n, sizes);
-	sizes[DCAST_ENC_COMPACT] = dcast_cpt_bytes(&plan);
-	int enc = force >= 0 ? force : dcast_pick_smallest(sizes);
+	int enc = plan_pick(count, ES, ch.n, gap_sum, stats, force, &plan, sizes);
 	if (enc == DCAST_ENC_DENSE) {
 		CU(cudaMemcpyAsync(out, cur, count * ES, cudaMemcpyDefault, sc->s), "copy dense");
 	} else {
@@ -802,16 +815,7 @@ static uint64_t seg_plan_one(seg_job *j, uint64_t r)
 	seg_meta *m = AT(j, meta, seg_meta) + r;
 	range_out *x = &j->o->r[r];
 	uint64_t sizes[DCAST_ENC_COUNT], cnt = j->ranges[r].count;
-	dcast_cpt_stats st = {};
-	st.changed = x->n;
-	st.gap_sum = x->last1 - x->n;
-	for (unsigned i = 0; i < DCAST_CPT_NSYM_MAX; i++)
-		st.hist[i] = h[i];
-	dcast_cpt_plan_make(&st, 8 * j->es, &m->plan);
-	m->plan.pos_bits = h[DCAST_CPT_NSYM_MAX];
-	dcast_simple_sizes(cnt, j->es, x->n, sizes);
-	sizes[DCAST_ENC_COMPACT] = dcast_cpt_bytes(&m->plan);
-	m->enc = (unsigned)(j->force >= 0 ? j->force : dcast_pick_smallest(sizes));
+	m->enc = (unsigned)plan_pick(cnt, j->es, x->n, x->last1 - x->n, h, j->force, &m->plan, sizes);
 	x->info = dcast_chunk_info{ m->enc, j->es, cnt, x->n, sizes[m->enc] };
 	return sizes[m->enc];
 }

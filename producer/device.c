@@ -203,10 +203,10 @@ void prod_dev_free(dcast_producer *p)
  * synchronizations of different ranges would run one after another. */
 #define DEV_STREAM ((void *)cudaStreamPerThread)
 
-/* The range's digest, computed whole: the CUDA encode keeps no old values
- * to update it from, so a changed range on a device costs O(range) GPU
- * reads here (the host path is O(changed), encode.c).  Acceptable for now:
- * the GPU reads the range at memory bandwidth. */
+/* A range encoded by itself (an anchor, or a batch left range by range):
+ * its digest computed whole, since dcast_cuda_encode keeps no old values
+ * to move it from, O(range) GPU reads at memory bandwidth (a batch moves
+ * its ranges' digests by their changes, O(changed)). */
 static int dev_digest(const prod_tensor *t, uint32_t tensor, uint64_t off, uint64_t count, uint64_t *d)
 {
 	const unsigned char *base = t->base + off * t->elem_size;
@@ -304,11 +304,10 @@ int prod_dev_encode(dcast_producer *p, const prod_tensor *t, int anchor, uint64_
 	size_t bytes = count * t->elem_size;
 	const unsigned char *cur = t->ptr + off * t->elem_size;
 	unsigned char *base = t->base + off * t->elem_size;
+	uint32_t j = t->first_chunk + (uint32_t)(off / p->opts.range_elems);
 	prod_dev_batch *b;
 	cudaError_t e;
 	int rc;
-
-	uint32_t j = t->first_chunk + (uint32_t)(off / p->opts.range_elems);
 
 	if (!anchor && p->chunk_batch && p->chunk_batch[j] != UINT32_MAX) {
 		if ((rc = batch_for(p, p->chunk_batch[j], job->run, &b)))

@@ -406,6 +406,7 @@ int cs_ckpt_fold(dcast_consumer *c)
 	c->ck.log_since_fold = 0;
 	c->ck.gen++; /* a fold running from the disk is not renamed over this */
 	c->ck.folds++;
+	c->ck.folds_live++;
 	if (c->ck.new_version != DCAST_VERSION_NONE && c->ck.new_version <= v)
 		cs_anchor_new_drop(c); /* the anchor not sealed yet: this file holds it or newer */
 	vers = malloc(CS_MAX_LOG_FILES * sizeof(*vers));

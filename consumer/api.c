@@ -268,6 +268,7 @@ void dcast_consumer_stats_get(const dcast_consumer *c, dcast_consumer_stats *st)
 	st->log_write_ns = c->ck.log_write_ns;
 	st->rejoins = c->ss.hellos ? c->ss.hellos - 1 : 0;
 	st->folds = c->ck.folds;
+	st->folds_from_tensors = c->ck.folds_live;
 	st->folding = c->ss.fold_running;
 	pthread_mutex_unlock(&w->lock);
 }

@@ -223,6 +223,7 @@ typedef struct cs_ckpt {
 					* a discard): a fold from the disk planned before is
 					* abandoned, never renamed over them (fold.c) */
 	uint64_t folds;                /* folds done since open */
+	uint64_t folds_live;           /* of them, from the live tensors under `lock` (cs_ckpt_fold) */
 	struct cs_wb *wb;              /* chunk records written behind (ckpt.c) */
 	cs_syncer syncer;              /* makes committed record files durable */
 	uint64_t log_write_bytes, log_write_ns;

@@ -8,18 +8,23 @@
  * (c->dcache) and the checkpoint's generation.  cs_fold_run (no lock, at
  * nice 19 and the lowest best-effort I/O level) writes
  * DIR/model.safetensors.fold: the old anchor file's tensors copied
- * (copy_file_range), every record file after it up to the target replayed
- * into the new file (an anchor's record covers every element): a dense
- * chunk written as it is, a sparse one applied through a shared map of its
- * range only, so that the fold adds at most one chunk's range to the
- * process's memory; then the file read back once through one bounded
+ * (copy_file_range); every record file after it up to the target scanned
+ * and its CHUNK records indexed (headers only); then the indexed chunks
+ * applied group by group in file order, each group (ranges that overlap,
+ * across versions) read once, patched in memory in version order and
+ * written once, so that folding K versions reads and writes each byte of
+ * the model once, not K times (an anchor's record covers every element;
+ * a group over FOLD_WINDOW bytes goes chunk by chunk through shared maps
+ * of one range at a time); the fold adds at most FOLD_WINDOW bytes and
+ * the index (80 bytes a CHUNK record) to the process's memory; then
+ * the file read back once through one bounded
  * buffer (FOLD_PIECE), every cached COMMIT digest checked against it (the
  * output is exactly the applied version, or it is not used) and its file
  * digest put in the header; fdatasync.  cs_fold_finish (under `lock`)
  * renames it over the old file unless the checkpoint changed meanwhile (a
  * discard, a fold from the tensors: c->ck.gen moved), fsyncs the folder,
  * then drops the record files it covers.  A fold whose files moved on, or
- * whose consumer closes, stops at its next chunk or piece.
+ * whose consumer closes, stops at its next record file, group or piece.
  *
  * Tiled tensors are in wire order in the records and in natural order in
  * the file: a model with any tiled tensor is folded from the live tensors
@@ -34,6 +39,7 @@
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 #include "consumer_impl.h"
 #include "dcast_common.h"
@@ -102,6 +108,17 @@ int cs_fold_plan(dcast_consumer *c, cs_fold_job *j)
 /* ---- the new file, built from the disk ---- */
 
 #define FOLD_PIECE (4u * DCAST_DIGEST_BLOCK) /* bytes read back at once */
+#define FOLD_WINDOW (16u << 20) /* a group of chunk ranges patched in memory at most */
+
+/* A CHUNK record of the files to fold: its range in the new file, where
+ * its payload lies, and its place in the order of application. */
+typedef struct fold_chunk {
+	uint64_t off, len;     /* bytes of the new file it covers */
+	uint64_t at, sum;      /* its payload's offset in its record file, dcast_checksum */
+	uint64_t seq;          /* records in version order, then file order */
+	uint32_t file;         /* index into j->vers */
+	dcast_chunk_info info;
+} fold_chunk;
 
 typedef struct fold_out {
 	cs_fold_job *j;
@@ -109,6 +126,11 @@ typedef struct fold_out {
 	int fd;
 	unsigned char *buf;    /* FOLD_PIECE bytes */
 	char path[4200];
+	fold_chunk *ch;        /* every CHUNK record to fold (index_file) */
+	size_t n_ch, cap_ch;
+	int *fds;              /* the record files, opened as their payloads are read */
+	unsigned char *win, *pl; /* a group's bytes, one payload */
+	size_t win_cap, pl_cap;
 } fold_out;
 
 /* Copy n bytes through buf (FOLD_PIECE bytes), where the kernel cannot. */
@@ -172,29 +194,8 @@ static int copy_anchor(fold_out *o)
 	return err;
 }
 
-/* Replaying one record file into the new file. */
-typedef struct fold_file {
-	fold_out *o;
-	uint64_t version;
-	uint32_t records;
-	int anchor;
-} fold_file;
-
-/* A dense chunk's payload, the range itself, written at off. */
-static int write_dense(const fold_out *o, const dcast_chunk *h, const uint8_t *payload, uint64_t off)
-{
-	uint64_t n = h->count * h->elem_size;
-
-	if (h->payload_bytes != n)
-		return dcast_fail(DCAST_EPAYLOAD_SIZE, "dense CHUNK record: %" PRIu64 " payload bytes for %"
-				  PRIu64 " elements of %u bytes", h->payload_bytes, h->count, h->elem_size);
-	if (pwrite(o->fd, payload, n, (off_t)off) != (ssize_t)n)
-		return dcast_fail(DCAST_EIO, "fold: %s: write at %" PRIu64 ": %s", o->path, off, strerror(errno));
-	return 0;
-}
-
 /* DCAST_ESTATE once the fold is moot: the files moved on (c->ck.gen) or
- * the consumer is closing; checked between chunks and pieces. */
+ * the consumer is closing; checked between record files and groups. */
 static int abandoned(const cs_fold_job *j)
 {
 	if (atomic_load(&j->c->ck.gen) == j->gen && !atomic_load(&j->c->ss.stop))
@@ -203,14 +204,38 @@ static int abandoned(const cs_fold_job *j)
 			  "or the consumer is closing", j->version);
 }
 
-static int chunk_into_file(fold_file *f, const dcast_chunk *h, const dcast_rec *r, const uint8_t *payload)
+/* ---- first pass: every record file scanned (headers only), its CHUNK
+ * records indexed; nothing written yet ---- */
+
+typedef struct fold_file {
+	fold_out *o;
+	uint32_t file;         /* index into j->vers */
+	uint32_t records;
+	int anchor;
+} fold_file;
+
+static int grow(void *pp, size_t *cap, size_t need, size_t size)
 {
-	const cs_fold_job *j = f->o->j;
-	const cs_tensor *t = h->tensor < j->n ? &j->t[h->tensor] : NULL;
-	dcast_chunk_info info = {h->encoding, h->elem_size, h->count, h->changed, h->payload_bytes};
-	uint64_t elems = t ? dcast_tensor_elems(&t->desc) : 0, off, at, len;
-	long page = sysconf(_SC_PAGESIZE);
-	unsigned char *map;
+	void **p = pp;
+	size_t n = *cap ? *cap : 64;
+	void *q;
+
+	while (n < need)
+		n *= 2;
+	if (n == *cap)
+		return 0;
+	if (!(q = realloc(*p, n * size)))
+		return dcast_fail(DCAST_ENOMEM, "fold: %zu bytes", n * size);
+	*p = q, *cap = n;
+	return 0;
+}
+
+/* CHUNK record r (header h, at offset off of its file) into the index. */
+static int index_chunk(fold_file *f, const dcast_chunk *h, const dcast_rec *r, uint64_t off)
+{
+	fold_out *o = f->o;
+	const cs_tensor *t = h->tensor < o->j->n ? &o->j->t[h->tensor] : NULL;
+	uint64_t elems = t ? dcast_tensor_elems(&t->desc) : 0;
 	int err;
 
 	if (!t || h->elem_size != t->elem_size || h->start > elems || h->count > elems - h->start)
@@ -218,19 +243,24 @@ static int chunk_into_file(fold_file *f, const dcast_chunk *h, const dcast_rec *
 	if (h->payload_bytes != r->payload_len)
 		return dcast_fail(DCAST_EPAYLOAD_SIZE, "CHUNK record: header says %" PRIu64 " payload bytes, "
 				  "the record holds %u", h->payload_bytes, r->payload_len);
-	if ((err = abandoned(j)) || (err = dcast_chunk_verify_sum(h, r->payload_sum)) || !h->count)
+	if (h->encoding == DCAST_ENC_DENSE && h->payload_bytes != h->count * h->elem_size)
+		return dcast_fail(DCAST_EPAYLOAD_SIZE, "dense CHUNK record: %" PRIu64 " payload bytes for %"
+				  PRIu64 " elements of %u bytes", h->payload_bytes, h->count, h->elem_size);
+	if ((err = dcast_chunk_verify_sum(h, r->payload_sum)) || !h->count)
 		return err;
-	off = f->o->lay.file_offsets[h->tensor] + h->start * h->elem_size;
-	if (h->encoding == DCAST_ENC_DENSE) /* the payload is the range: no map, no faults */
-		return write_dense(f->o, h, payload, off);
-	at = off - off % (uint64_t)page;
-	len = off - at + h->count * h->elem_size;
-	map = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, f->o->fd, (off_t)at);
-	if (map == MAP_FAILED)
-		return dcast_fail(DCAST_EIO, "fold: %s: mmap: %s", f->o->path, strerror(errno));
-	err = dcast_codec_apply(&info, payload, map + (off - at), NULL);
-	munmap(map, len);
-	return err;
+	if ((err = grow(&o->ch, &o->cap_ch, o->n_ch + 1, sizeof(*o->ch))))
+		return err;
+	o->ch[o->n_ch] = (fold_chunk){
+		.off = o->lay.file_offsets[h->tensor] + h->start * h->elem_size,
+		.len = h->count * h->elem_size,
+		.at = off + DCAST_REC_PREFIX + r->hdr_len,
+		.sum = r->payload_sum,
+		.seq = o->n_ch,
+		.file = f->file,
+		.info = {h->encoding, h->elem_size, h->count, h->changed, h->payload_bytes},
+	};
+	o->n_ch++;
+	return 0;
 }
 
 #define WHY(...) (snprintf(why, why_cap, __VA_ARGS__), -1)
@@ -239,12 +269,14 @@ static int on_record(void *ctx, uint64_t off, const dcast_rec *r, const uint8_t 
 		     char *why, size_t why_cap)
 {
 	fold_file *f = ctx;
+	uint64_t version = f->o->j->vers[f->file];
 	dcast_msg m;
 	int rc = 0;
 
+	(void)payload;
 	if (++f->records == 1)
 		return r->kind == DCAST_REC_FILE ? 0 : WHY("no FILE record first");
-	if (r->kind == DCAST_REC_FILE || r->version != f->version)
+	if (r->kind == DCAST_REC_FILE || r->version != version)
 		return WHY("record at offset %" PRIu64 " out of place", off);
 	if (r->kind == DCAST_REC_MANIFEST) {
 		f->anchor = 1;
@@ -252,7 +284,7 @@ static int on_record(void *ctx, uint64_t off, const dcast_rec *r, const uint8_t 
 	}
 	if (dcast_rec_msg(r, hdr, &m))
 		return WHY("record at offset %" PRIu64 ": %s", off, dcast_last_error());
-	if (r->kind == DCAST_REC_CHUNK && (rc = chunk_into_file(f, &m.u.chunk, r, payload)))
+	if (r->kind == DCAST_REC_CHUNK && (rc = index_chunk(f, &m.u.chunk, r, off)))
 		rc = WHY("record at offset %" PRIu64 ": %s", off, dcast_last_error());
 	else if (r->kind == DCAST_REC_COMMIT)
 		rc = 1;
@@ -260,32 +292,177 @@ static int on_record(void *ctx, uint64_t off, const dcast_rec *r, const uint8_t 
 	return rc;
 }
 
-/* Replay the record file of `version`; its bytes are added to *bytes. */
-static int replay_file(fold_out *o, uint64_t version, uint64_t *bytes)
+/* Index the record file j->vers[file]; its bytes are added to *bytes. */
+static int index_file(fold_out *o, uint32_t file, uint64_t *bytes)
 {
-	fold_file f = {o, version, 0, 0};
+	fold_file f = {o, file, 0, 0};
 	dcast_rec_reader rd = {.max_kind = DCAST_REC_COMMIT};
 	dcast_rec_scan_out out;
 	char path[4096];
 	struct stat st;
 	int err;
 
-	cs_ckpt_version_path(o->j->c, version, path, sizeof(path));
+	cs_ckpt_version_path(o->j->c, o->j->vers[file], path, sizeof(path));
 	if ((rd.fd = open(path, O_RDONLY | O_CLOEXEC)) < 0 || fstat(rd.fd, &st) != 0) {
 		err = dcast_fail(DCAST_EIO, "fold: %s: open: %s", path, strerror(errno));
 		goto out;
 	}
 	rd.size = (uint64_t)st.st_size;
 	*bytes += rd.size;
-	err = dcast_rec_scan(&rd, 1, on_record, &f, &out);
+	err = dcast_rec_scan(&rd, 0, on_record, &f, &out);
 	if (!err && (out.units != 1 || out.good_end != rd.size))
 		err = dcast_fail(DCAST_ECORRUPT, "fold: %s: %s", path, out.why[0] ? out.why : "not one whole version");
-	if (!err && !f.anchor && version == o->j->vers[0] && o->j->have == DCAST_VERSION_NONE)
+	if (!err && !f.anchor && file == 0 && o->j->have == DCAST_VERSION_NONE)
 		err = dcast_fail(DCAST_ECORRUPT, "fold: %s: a delta with no anchor file before it", path);
 out:
 	if (rd.fd >= 0)
 		close(rd.fd);
 	dcast_rec_reader_free(&rd);
+	return err;
+}
+
+/* ---- second pass: the new file patched group by group, in file order.
+ * A group is a run of chunk ranges that overlap one another (across
+ * versions; within a version ranges never overlap): read once, every
+ * chunk of it applied in version order, written once.  Each byte of the
+ * model is read and written once however many versions are folded, where
+ * replaying version after version touched every page of a 1% delta's
+ * ranges once per version.  A group over FOLD_WINDOW bytes (chunk ranges
+ * that shift from version to version, all the way along a tensor) goes
+ * chunk by chunk through a shared map of its range. ---- */
+
+/* The record file of index entry k, open (reopened when the process is
+ * out of descriptors: then the others are closed first). */
+static int record_fd(fold_out *o, const fold_chunk *k, char *path, size_t cap)
+{
+	uint32_t n = o->j->n_vers;
+
+	cs_ckpt_version_path(o->j->c, o->j->vers[k->file], path, cap);
+	if (o->fds[k->file] >= 0)
+		return o->fds[k->file];
+	o->fds[k->file] = open(path, O_RDONLY | O_CLOEXEC);
+	if (o->fds[k->file] < 0 && (errno == EMFILE || errno == ENFILE)) {
+		for (uint32_t i = 0; i < n; i++)
+			if (o->fds[i] >= 0)
+				close(o->fds[i]), o->fds[i] = -1;
+		o->fds[k->file] = open(path, O_RDONLY | O_CLOEXEC);
+	}
+	if (o->fds[k->file] < 0)
+		return -dcast_fail(DCAST_EIO, "fold: %s: open: %s", path, strerror(errno));
+	return o->fds[k->file];
+}
+
+/* Chunk k's payload into o->pl, checked against the sum its scan saw. */
+static int load_payload(fold_out *o, const fold_chunk *k)
+{
+	char path[4096];
+	size_t n = (size_t)k->info.payload_bytes;
+	int fd = record_fd(o, k, path, sizeof(path)), err;
+
+	if (fd < 0)
+		return -fd;
+	if ((err = grow(&o->pl, &o->pl_cap, n ? n : 1, 1)))
+		return err;
+	if (pread(fd, o->pl, n, (off_t)k->at) != (ssize_t)n)
+		return dcast_fail(DCAST_EIO, "fold: %s: payload at %" PRIu64 ": %s", path, k->at,
+				  errno ? strerror(errno) : "short read");
+	if (dcast_checksum(o->pl, n) != k->sum)
+		return dcast_fail(DCAST_ECHECKSUM, "fold: %s: payload at %" PRIu64 " changed since the file "
+				  "was scanned", path, k->at);
+	return 0;
+}
+
+/* Chunk k applied to dst, its range's bytes (in memory or a shared map). */
+static int apply_chunk(fold_out *o, const fold_chunk *k, unsigned char *dst)
+{
+	int err = load_payload(o, k);
+
+	if (!err && (err = dcast_codec_apply(&k->info, o->pl, dst, NULL)))
+		err = dcast_fail(err, "fold: record file of version %" PRIu64 ", payload at %" PRIu64 ": %s",
+				 o->j->vers[k->file], k->at, dcast_last_error());
+	return err;
+}
+
+/* Chunk k through a shared map of its range only (a dense one written). */
+static int apply_mapped(fold_out *o, const fold_chunk *k)
+{
+	long page = sysconf(_SC_PAGESIZE);
+	uint64_t at = k->off - k->off % (uint64_t)page, len = k->off - at + k->len;
+	unsigned char *map;
+	int err;
+
+	if (k->info.encoding == DCAST_ENC_DENSE) { /* the payload is the range: no map, no faults */
+		if ((err = load_payload(o, k)))
+			return err;
+		if (pwrite(o->fd, o->pl, (size_t)k->len, (off_t)k->off) != (ssize_t)k->len)
+			return dcast_fail(DCAST_EIO, "fold: %s: write at %" PRIu64 ": %s", o->path, k->off,
+					  strerror(errno));
+		return 0;
+	}
+	map = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, o->fd, (off_t)at);
+	if (map == MAP_FAILED)
+		return dcast_fail(DCAST_EIO, "fold: %s: mmap: %s", o->path, strerror(errno));
+	err = apply_chunk(o, k, map + (k->off - at));
+	munmap(map, len);
+	return err;
+}
+
+static int by_offset(const void *a, const void *b)
+{
+	const fold_chunk *x = a, *y = b;
+
+	return x->off != y->off ? (x->off > y->off) - (x->off < y->off) : (x->seq > y->seq) - (x->seq < y->seq);
+}
+
+static int by_seq(const void *a, const void *b)
+{
+	const fold_chunk *x = a, *y = b;
+
+	return (x->seq > y->seq) - (x->seq < y->seq);
+}
+
+/* The n chunks g[] that cover [g[0].off, end): read, applied in version
+ * order, written. */
+static int fold_group(fold_out *o, fold_chunk *g, size_t n, uint64_t end)
+{
+	uint64_t from = g[0].off, len = end - from;
+	int err = 0;
+
+	qsort(g, n, sizeof(*g), by_seq);
+	if (len > FOLD_WINDOW) {
+		for (size_t i = 0; !err && i < n; i++)
+			err = apply_mapped(o, &g[i]);
+		return err;
+	}
+	if ((err = grow(&o->win, &o->win_cap, (size_t)len, 1)))
+		return err;
+	if (pread(o->fd, o->win, (size_t)len, (off_t)from) != (ssize_t)len)
+		return dcast_fail(DCAST_EIO, "fold: %s: read at %" PRIu64 ": %s", o->path, from,
+				  errno ? strerror(errno) : "short read");
+	for (size_t i = 0; !err && i < n; i++)
+		err = apply_chunk(o, &g[i], o->win + (g[i].off - from));
+	if (!err && pwrite(o->fd, o->win, (size_t)len, (off_t)from) != (ssize_t)len)
+		err = dcast_fail(DCAST_EIO, "fold: %s: write at %" PRIu64 ": %s", o->path, from, strerror(errno));
+	return err;
+}
+
+/* Every indexed chunk into the new file, group by group in file order. */
+static int fold_chunks(fold_out *o)
+{
+	int err = 0;
+
+	if (!(o->fds = malloc((o->j->n_vers ? o->j->n_vers : 1) * sizeof(*o->fds))))
+		return dcast_fail(DCAST_ENOMEM, "fold: %u record files", o->j->n_vers);
+	for (uint32_t i = 0; i < o->j->n_vers; i++)
+		o->fds[i] = -1;
+	qsort(o->ch, o->n_ch, sizeof(*o->ch), by_offset);
+	for (size_t i = 0, k; !err && i < o->n_ch; i = k) {
+		uint64_t end = o->ch[i].off + o->ch[i].len;
+		for (k = i + 1; k < o->n_ch && o->ch[k].off < end; k++)
+			end = o->ch[k].off + o->ch[k].len > end ? o->ch[k].off + o->ch[k].len : end;
+		if (!(err = abandoned(o->j)))
+			err = fold_group(o, &o->ch[i], k - i, end);
+	}
 	return err;
 }
 
@@ -408,7 +585,10 @@ static int build(fold_out *o)
 	if (j->have != DCAST_VERSION_NONE && (err = copy_anchor(o)))
 		return err;
 	for (uint32_t i = 0; !err && i < j->n_vers; i++)
-		err = replay_file(o, j->vers[i], &j->folded_bytes);
+		if (!(err = abandoned(j)))
+			err = index_file(o, i, &j->folded_bytes);
+	if (!err)
+		err = fold_chunks(o);
 	if (!err)
 		err = check_and_seal(o);
 	if (!err && fdatasync(o->fd) != 0)
@@ -439,6 +619,10 @@ static int fold_run(cs_fold_job *j)
 		err = dcast_fail(DCAST_ENOMEM, "fold: read-back buffer");
 	else
 		err = build(&o);
+	for (uint32_t i = 0; o.fds && i < j->n_vers; i++)
+		if (o.fds[i] >= 0)
+			close(o.fds[i]);
+	free(o.fds), free(o.ch), free(o.win), free(o.pl);
 	free(o.buf);
 	if (o.fd >= 0)
 		close(o.fd);
@@ -468,13 +652,26 @@ void cs_fold_priority(int background, int *saved)
 		      background ? (2 << 13) | 7 : 0); /* best effort, level 7; 0: from the nice value */
 }
 
+static uint64_t thread_cpu_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
 int cs_fold_run(cs_fold_job *j)
 {
+	uint64_t t0 = dcast_now_ns(), cpu0 = thread_cpu_ns();
 	int saved = 0, err;
 
 	cs_fold_priority(1, &saved);
 	err = fold_run(j);
 	cs_fold_priority(0, &saved);
+	DCAST_LOG_D("consumer %s: fold from the disk to version %" PRIu64 ": %u record files, %" PRIu64
+		    " bytes of them, %.1f ms, %.1f ms of CPU%s%s", j->c->model, j->version, j->n_vers,
+		    j->folded_bytes, (double)(dcast_now_ns() - t0) / 1e6, (double)(thread_cpu_ns() - cpu0) / 1e6,
+		    err ? ", failed: " : "", err ? dcast_last_error() : "");
 	return err;
 }
 

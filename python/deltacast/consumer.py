@@ -95,7 +95,8 @@ class Stats(ctypes.Structure):
                 ("peak_pool_bytes", ctypes.c_uint64), ("pool_bytes", ctypes.c_uint64),
                 ("log_write_bytes", ctypes.c_uint64), ("log_write_ns", ctypes.c_uint64),
                 ("verify_bytes", ctypes.c_uint64), ("rejoins", ctypes.c_uint64),
-                ("folds", ctypes.c_uint64), ("folding", ctypes.c_int)]
+                ("folds", ctypes.c_uint64), ("folding", ctypes.c_int),
+                ("folds_from_tensors", ctypes.c_uint64)]
 
 
 def _declare(l):

@@ -141,6 +141,30 @@ static int follow(dcast_consumer *c, uint64_t until)
 	return err;
 }
 
+/* BENCH_SYNC_CONSUMER_SETTLE=1: once UNTIL is applied, wait for the
+ * background folds (no fold running for 500 ms in a row, 120 s at most:
+ * the policy starts one a loop turn after the apply that asks for it),
+ * then print
+ *   settled folds F folds_from_tensors L cpu_ns C
+ * (tests/tools/fold_cpu.sh: a fold's cost, which a close would cut short). */
+static void settle(dcast_consumer *c)
+{
+	dcast_consumer_stats st;
+	dcast_event ev;
+	int quiet = 0;
+
+	if (!getenv("BENCH_SYNC_CONSUMER_SETTLE") || !atoi(getenv("BENCH_SYNC_CONSUMER_SETTLE")))
+		return;
+	for (int i = 0; i < 1200 && quiet < 5 && !stop; i++) {
+		(void)dcast_consumer_poll(c, 100, &ev);
+		dcast_consumer_stats_get(c, &st);
+		quiet = st.folding ? 0 : quiet + 1;
+	}
+	dcast_consumer_stats_get(c, &st);
+	printf("settled folds %" PRIu64 " folds_from_tensors %" PRIu64 " cpu_ns %" PRIu64 "\n", st.folds,
+	       st.folds_from_tensors, cpu_ns());
+}
+
 int main(int argc, char **argv)
 {
 	dcast_consumer_opts o;
@@ -157,6 +181,8 @@ int main(int argc, char **argv)
 	signal(SIGINT, on_signal);
 	if (!(err = dcast_consumer_open(argv[1], argv[2], argv[3], 64u << 20, &o, &c)))
 		err = follow(c, strtoull(argv[4], NULL, 10));
+	if (!err)
+		settle(c);
 	if (err > 0 && err != DCAST_ETOO_LARGE) /* that one named by its event, -1 by bind_device */
 		fprintf(stderr, "bench_sync_consumer: %s: %s\n", dcast_errname(err), dcast_last_error());
 	dcast_consumer_close(&c);

@@ -7,6 +7,11 @@
 # Usage: tests/tools/delta_cpu.sh [TRACE_DIR] (run from the repo root after
 # `make`; TRACE_DIR holds v0000.safetensors ... as `deltacast gen-trace`
 # writes them, at least 4 of them; default: bench-sync's 100M trace).
+# DELTA_CPU_FOLDS=1: the consumer then waits for its background folds
+# before it closes (BENCH_SYNC_CONSUMER_SETTLE), and the probe prints each
+# fold's line (records, wall and CPU time, from DELTACAST_LOG=debug) and
+# the CPU time with the folds; a trace of 40 versions of 10M parameters at
+# 1% folds once (the policy: a quarter of the model logged).
 . "$(dirname "$0")/broker_lib.sh"
 
 DIR=${1:-$(ls -d "$BUILD"/bench-sync-100M-* 2>/dev/null | head -1)}
@@ -17,7 +22,9 @@ LAST=${#FILES[@]}
 applied() { grep -q "^applied $1 " "$TMP/c.log"; }
 
 start_broker s
-"$BUILD/tools/bench_sync_consumer" "$s_CONS" bench "$TMP/c" "$LAST" >"$TMP/c.log" 2>"$TMP/c.err" &
+FOLDS=${DELTA_CPU_FOLDS:-0}
+BENCH_SYNC_CONSUMER_SETTLE=$FOLDS DELTACAST_LOG=$([ "$FOLDS" = 1 ] && echo debug || echo info) \
+	"$BUILD/tools/bench_sync_consumer" "$s_CONS" bench "$TMP/c" "$LAST" >"$TMP/c.log" 2>"$TMP/c.err" &
 CP=$!
 PIDS+=($CP)
 # fault_publish paced by lines on its stdin: one line, one version
@@ -36,5 +43,11 @@ awk -v last="$LAST" '$1 == "applied" {
 	}
 	if ($3 == "delta") printf "version %d: stage %.1f ms, apply %.1f ms\n", $2, s, a
 }
-END { printf "consumer CPU over versions 3..%d: %.1f ms (%d deltas)\n", last, (cpu[last] - cpu[2]) / 1e6, last - 2 }' "$TMP/c.log"
+$1 == "settled" { settled = $NF; folds = $3 }
+END {
+	printf "consumer CPU over versions 3..%d: %.1f ms (%d deltas)\n", last, (cpu[last] - cpu[2]) / 1e6, last - 2
+	if (settled)
+		printf "with its folds done (%d, the anchor'"'"'s seal included): %.1f ms\n", folds, (settled - cpu[2]) / 1e6
+}' "$TMP/c.log"
+[ "$FOLDS" = 1 ] && sed -n 's/.*D consumer bench: \(fold from the disk.*\)/\1/p' "$TMP/c.err"
 stop_broker s

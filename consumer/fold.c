@@ -352,7 +352,8 @@ static int record_fd(fold_out *o, const fold_chunk *k, char *path, size_t cap)
 	return o->fds[k->file];
 }
 
-/* Chunk k's payload into o->pl, checked against the sum its scan saw. */
+/* Chunk k's payload into o->pl, checked against its record's sum (the
+ * scan read headers only). */
 static int load_payload(fold_out *o, const fold_chunk *k)
 {
 	char path[4096];
@@ -367,8 +368,8 @@ static int load_payload(fold_out *o, const fold_chunk *k)
 		return dcast_fail(DCAST_EIO, "fold: %s: payload at %" PRIu64 ": %s", path, k->at,
 				  errno ? strerror(errno) : "short read");
 	if (dcast_checksum(o->pl, n) != k->sum)
-		return dcast_fail(DCAST_ECHECKSUM, "fold: %s: payload at %" PRIu64 " changed since the file "
-				  "was scanned", path, k->at);
+		return dcast_fail(DCAST_ECHECKSUM, "fold: %s: the payload at %" PRIu64 " does not match its "
+				  "record's checksum: the file is damaged", path, k->at);
 	return 0;
 }
 

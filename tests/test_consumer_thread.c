@@ -20,7 +20,8 @@
  * - a fold from the disk across versions whose chunk ranges differ (a
  *   producer restarted with another chunk size) applies them in version
  *   order, in memory and through shared maps, and writes the newest
- *   version bit-exact;
+ *   version bit-exact; one that finds a record file damaged meanwhile is
+ *   done from the live tensors instead, with the same result;
  * - a version announced READY stays applicable across a re-join: the
  *   broker stops (SIGSTOP), the consumer takes it for dead and joins again,
  *   and apply() of the READY version still succeeds, bit-exact. */
@@ -374,43 +375,58 @@ static int file_equal(const char *dir, const h_model *m, uint64_t v)
  * files: the bf16 tensor's (12.6 MB) patched in memory, the f32 one's
  * (19.7 MB, over the fold's 16 MiB window) chunk by chunk through shared
  * maps.  Both must apply the chunks in version order.  The policy's fold
- * (every 4 records) reads the disk alone (no fold from the tensors), and
- * model.safetensors holds the newest version bit-exact. */
-static void test_fold_shifted_ranges(const h_broker *b)
+ * (every 4 records; held at its start, test fault foldhold) reads the disk
+ * alone, and model.safetensors holds the newest version bit-exact.  With
+ * `damage`, a byte of version 3's record file is flipped while the fold
+ * is held: the fold refuses it and is done from the live tensors instead
+ * (counted), with the same file in the end. */
+static void fold_shifted_case(const h_broker *b, const char *model, int damage)
 {
 	dcast_consumer_opts o;
 	dcast_consumer *c = NULL;
 	dcast_consumer_stats st;
 	dcast_producer *p = NULL;
-	const char *dir = dir_for("m_shift");
+	const char *dir = dir_for(model);
+	int hold[2];
+	char env[32];
 	h_model m;
 
 	dcast_consumer_opts_init(&o);
 	o.auto_apply = 1;
 	o.fold_fraction = 0;
 	o.fold_every = 4;
-	h_model_init(&m, 61, 24);
-	REQUIRE(h_producer_open(b, "m_shift", &m, &p) == 0);
-	REQUIRE(dcast_consumer_open(b->consumers, "m_shift", dir, BUDGET, &o, &c) == 0);
+	REQUIRE(pipe(hold) == 0 && write(hold[1], "g", 1) == 1); /* the anchor's seal goes through */
+	snprintf(env, sizeof(env), "foldhold:%d", hold[0]);
+	setenv("DELTACAST_CONSUMER_FAULT", env, 1);
+	h_model_init(&m, 61 + damage, 24);
+	REQUIRE(h_producer_open(b, model, &m, &p) == 0);
+	REQUIRE(dcast_consumer_open(b->consumers, model, dir, BUDGET, &o, &c) == 0);
+	unsetenv("DELTACAST_CONSUMER_FAULT");
 	for (uint64_t v = 1; v <= 3; v++)
 		CHECK(h_publish(p, &m, v, 100) == 0);
 	CHECK(dcast_consumer_wait_version(c, 3, 20000) == 0 && h_equal(c, &m, 3));
 	dcast_producer_close(&p);
 	h_range_elems = 32767;
-	REQUIRE(h_producer_open(b, "m_shift", &m, &p) == 0);
+	REQUIRE(h_producer_open(b, model, &m, &p) == 0);
 	h_range_elems = 32768;
 	for (uint64_t v = 4; v <= 5; v++)
 		CHECK(h_publish(p, &m, v, 100) == 0);
 	CHECK(dcast_consumer_wait_version(c, 5, 20000) == 0 && h_equal(c, &m, 5));
-	CHECK(fold_within(c, 0, 2)); /* the anchor's seal, then the fold of versions 2..5 */
+	CHECK(fold_within(c, 1, 0)); /* the fold of versions 2..5, planned and held */
+	if (damage)
+		damage_file(dir, "model.dlog/00000000000000000003.rec");
+	REQUIRE(write(hold[1], "g", 1) == 1);
+	CHECK(fold_within(c, 0, 2)); /* the anchor's seal, then that fold */
 	dcast_consumer_stats_get(c, &st);
-	printf("fold over shifted ranges: file version %" PRIu64 ", %" PRIu64 " folds, %" PRIu64
-	       " from the tensors\n", h_file_version(dir), st.folds, st.folds_from_tensors);
+	printf("fold over shifted ranges%s: file version %" PRIu64 ", %" PRIu64 " folds, %" PRIu64
+	       " from the tensors\n", damage ? ", a record file damaged" : "", h_file_version(dir), st.folds,
+	       st.folds_from_tensors);
 	CHECK(h_file_version(dir) == 5 && file_equal(dir, &m, 5));
-	CHECK(st.folds_from_tensors == 0);
+	CHECK(st.folds_from_tensors == (damage ? 1u : 0u));
 	for (uint64_t v = 2; v <= 5; v++)
 		CHECK(!h_rec_exists(dir, v));
 	dcast_consumer_close(&c);
+	close(hold[0]), close(hold[1]);
 	dcast_producer_close(&p);
 	h_model_free(&m);
 }
@@ -497,7 +513,8 @@ int main(void)
 	test_fold_off_apply(&b);
 	fold_held_case(&b, "m_hold", 0);
 	fold_held_case(&b, "m_hold_bad", 1);
-	test_fold_shifted_ranges(&b);
+	fold_shifted_case(&b, "m_shift", 0);
+	fold_shifted_case(&b, "m_shift_bad", 1);
 	test_misconfigured(&b);
 	test_sleeping_caller(&b);
 	test_ready_survives_rejoin(&b);

@@ -214,20 +214,23 @@ typedef struct fold_file {
 	int anchor;
 } fold_file;
 
-static int grow(void *pp, size_t *cap, size_t need, size_t size)
+/* p with room for need items of size bytes (cap: its room, doubled as
+ * needed); NULL (p still the caller's, the error set) when it cannot. */
+static void *grown(void *p, size_t *cap, size_t need, size_t size)
 {
-	void **p = pp;
 	size_t n = *cap ? *cap : 64;
 	void *q;
 
 	while (n < need)
 		n *= 2;
 	if (n == *cap)
-		return 0;
-	if (!(q = realloc(*p, n * size)))
-		return dcast_fail(DCAST_ENOMEM, "fold: %zu bytes", n * size);
-	*p = q, *cap = n;
-	return 0;
+		return p;
+	if (!(q = realloc(p, n * size))) {
+		dcast_fail(DCAST_ENOMEM, "fold: %zu bytes", n * size);
+		return NULL;
+	}
+	*cap = n;
+	return q;
 }
 
 /* CHUNK record r (header h, at offset off of its file) into the index. */
@@ -236,6 +239,7 @@ static int index_chunk(fold_file *f, const dcast_chunk *h, const dcast_rec *r, u
 	fold_out *o = f->o;
 	const cs_tensor *t = h->tensor < o->j->n ? &o->j->t[h->tensor] : NULL;
 	uint64_t elems = t ? dcast_tensor_elems(&t->desc) : 0;
+	fold_chunk *ch;
 	int err;
 
 	if (!t || h->elem_size != t->elem_size || h->start > elems || h->count > elems - h->start)
@@ -248,8 +252,9 @@ static int index_chunk(fold_file *f, const dcast_chunk *h, const dcast_rec *r, u
 				  PRIu64 " elements of %u bytes", h->payload_bytes, h->count, h->elem_size);
 	if ((err = dcast_chunk_verify_sum(h, r->payload_sum)) || !h->count)
 		return err;
-	if ((err = grow(&o->ch, &o->cap_ch, o->n_ch + 1, sizeof(*o->ch))))
-		return err;
+	if (!(ch = grown(o->ch, &o->cap_ch, o->n_ch + 1, sizeof(*ch))))
+		return DCAST_ENOMEM;
+	o->ch = ch;
 	o->ch[o->n_ch] = (fold_chunk){
 		.off = o->lay.file_offsets[h->tensor] + h->start * h->elem_size,
 		.len = h->count * h->elem_size,
@@ -358,12 +363,15 @@ static int load_payload(fold_out *o, const fold_chunk *k)
 {
 	char path[4096];
 	size_t n = (size_t)k->info.payload_bytes;
-	int fd = record_fd(o, k, path, sizeof(path)), err;
+	int fd = record_fd(o, k, path, sizeof(path));
+	unsigned char *pl;
 
 	if (fd < 0)
 		return -fd;
-	if ((err = grow(&o->pl, &o->pl_cap, n ? n : 1, 1)))
-		return err;
+	if (!(pl = grown(o->pl, &o->pl_cap, n ? n : 1, 1)))
+		return DCAST_ENOMEM;
+	o->pl = pl;
+	errno = 0;
 	if (pread(fd, o->pl, n, (off_t)k->at) != (ssize_t)n)
 		return dcast_fail(DCAST_EIO, "fold: %s: payload at %" PRIu64 ": %s", path, k->at,
 				  errno ? strerror(errno) : "short read");
@@ -427,6 +435,7 @@ static int by_seq(const void *a, const void *b)
 static int fold_group(fold_out *o, fold_chunk *g, size_t n, uint64_t end)
 {
 	uint64_t from = g[0].off, len = end - from;
+	unsigned char *win;
 	int err = 0;
 
 	qsort(g, n, sizeof(*g), by_seq);
@@ -435,8 +444,10 @@ static int fold_group(fold_out *o, fold_chunk *g, size_t n, uint64_t end)
 			err = apply_mapped(o, &g[i]);
 		return err;
 	}
-	if ((err = grow(&o->win, &o->win_cap, (size_t)len, 1)))
-		return err;
+	if (!(win = grown(o->win, &o->win_cap, (size_t)len, 1)))
+		return DCAST_ENOMEM;
+	o->win = win;
+	errno = 0;
 	if (pread(o->fd, o->win, (size_t)len, (off_t)from) != (ssize_t)len)
 		return dcast_fail(DCAST_EIO, "fold: %s: read at %" PRIu64 ": %s", o->path, from,
 				  errno ? strerror(errno) : "short read");

@@ -16,7 +16,8 @@
  * usage: bench_sync_consumer ENDPOINT MODEL DIR UNTIL
  * Exit 0 once UNTIL is applied; 1 on an error (named on stderr), among
  * them the broker's DCAST_ETOO_LARGE (a chunk larger than this budget's
- * window can never come: the library would re-join for it forever).
+ * window can never come: the library would keep re-joining for it, backing
+ * off, with an error event each time).
  * BENCH_SYNC_CONSUMER_DEVICE=1: every tensor (tiled ones excepted) bound
  * to cudaMalloc'd memory as soon as the manifest is known, as a rollout
  * worker's weights are (scripts/device_run.sh, step sync-gpu-cons); not

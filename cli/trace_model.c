@@ -87,12 +87,17 @@ static void add_layer(trace_model *m, unsigned l)
 	}
 }
 
+/* The smallest model plan_shape lays out: below it, one layer of hidden
+ * size 64 rounds to none. */
+#define TRACE_MIN_PARAMS 116864u
+
 int trace_model_plan(uint64_t params, trace_model *m)
 {
 	memset(m, 0, sizeof(*m));
-	if (params < 100000 || !plan_shape(params, m))
-		return cli_fail(DCAST_EINVAL, "--params %llu is too small for a transformer (>= 100K)",
-				  (unsigned long long)params);
+	if (params < TRACE_MIN_PARAMS || !plan_shape(params, m))
+		return cli_fail(DCAST_EINVAL, "--params %llu is too small for a transformer (at least %u: "
+				  "one layer of hidden size 64 and its embeddings)", (unsigned long long)params,
+				  TRACE_MIN_PARAMS);
 	m->tensors = calloc(3 + 9 * (size_t)m->layers, sizeof(*m->tensors));
 	if (!m->tensors)
 		return cli_fail(DCAST_ENOMEM, "out of memory");

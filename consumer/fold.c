@@ -16,7 +16,8 @@
  * the model once, not K times (an anchor's record covers every element;
  * a group over FOLD_WINDOW bytes goes chunk by chunk through shared maps
  * of one range at a time); the fold adds at most FOLD_WINDOW bytes and
- * the index (80 bytes a CHUNK record) to the process's memory; then
+ * the index (80 bytes a CHUNK record) to the process's memory, and holds
+ * at most FOLD_FDS record files open; then
  * the file read back once through one bounded
  * buffer (FOLD_PIECE), every cached COMMIT digest checked against it (the
  * output is exactly the applied version, or it is not used) and its file
@@ -109,6 +110,7 @@ int cs_fold_plan(dcast_consumer *c, cs_fold_job *j)
 
 #define FOLD_PIECE (4u * DCAST_DIGEST_BLOCK) /* bytes read back at once */
 #define FOLD_WINDOW (16u << 20) /* a group of chunk ranges patched in memory at most */
+#define FOLD_FDS 64             /* record files open at once */
 
 /* A CHUNK record of the files to fold: its range in the new file, where
  * its payload lies, and its place in the order of application. */
@@ -128,7 +130,9 @@ typedef struct fold_out {
 	char path[4200];
 	fold_chunk *ch;        /* every CHUNK record to fold (index_file) */
 	size_t n_ch, cap_ch;
-	int *fds;              /* the record files, opened as their payloads are read */
+	int *fds;              /* per record file: open (record_fd), or -1 */
+	uint32_t open[FOLD_FDS]; /* the files open, by slot; opens so far: */
+	uint64_t next_open;
 	unsigned char *win, *pl; /* a group's bytes, one payload */
 	size_t win_cap, pl_cap;
 } fold_out;
@@ -336,25 +340,26 @@ out:
  * that shift from version to version, all the way along a tensor) goes
  * chunk by chunk through a shared map of its range. ---- */
 
-/* The record file of index entry k, open (reopened when the process is
- * out of descriptors: then the others are closed first). */
+/* The record file of index entry k, open.  At most FOLD_FDS stay open
+ * (the descriptors the process has are its ZeroMQ sockets' and its
+ * record log's too): past that, the one opened longest ago is closed. */
 static int record_fd(fold_out *o, const fold_chunk *k, char *path, size_t cap)
 {
-	uint32_t n = o->j->n_vers;
+	uint32_t *slot = &o->open[o->next_open % FOLD_FDS];
+	int fd;
 
 	cs_ckpt_version_path(o->j->c, o->j->vers[k->file], path, cap);
 	if (o->fds[k->file] >= 0)
 		return o->fds[k->file];
-	o->fds[k->file] = open(path, O_RDONLY | O_CLOEXEC);
-	if (o->fds[k->file] < 0 && (errno == EMFILE || errno == ENFILE)) {
-		for (uint32_t i = 0; i < n; i++)
-			if (o->fds[i] >= 0)
-				close(o->fds[i]), o->fds[i] = -1;
-		o->fds[k->file] = open(path, O_RDONLY | O_CLOEXEC);
-	}
-	if (o->fds[k->file] < 0)
+	if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
 		return -dcast_fail(DCAST_EIO, "fold: %s: open: %s", path, strerror(errno));
-	return o->fds[k->file];
+	if (o->next_open >= FOLD_FDS) { /* the slot's file, opened FOLD_FDS opens ago, still open */
+		DCAST_ASSERT(o->fds[*slot] >= 0);
+		close(o->fds[*slot]), o->fds[*slot] = -1;
+	}
+	*slot = k->file;
+	o->next_open++;
+	return o->fds[k->file] = fd;
 }
 
 /* Chunk k's payload into o->pl, checked against its record's sum (the

@@ -21,7 +21,8 @@
  *   producer restarted with another chunk size) applies them in version
  *   order, in memory and through shared maps, and writes the newest
  *   version bit-exact; one that finds a record file damaged meanwhile is
- *   done from the live tensors instead, with the same result;
+ *   done from the live tensors instead, with the same result; one of 70
+ *   record files, more than it keeps open, reads them all;
  * - a version announced READY stays applicable across a re-join: the
  *   broker stops (SIGSTOP), the consumer takes it for dead and joins again,
  *   and apply() of the READY version still succeeds, bit-exact. */
@@ -431,6 +432,45 @@ static void fold_shifted_case(const h_broker *b, const char *model, int damage)
 	h_model_free(&m);
 }
 
+/* A fold from the disk of 70 record files, more than it keeps open at
+ * once (64): every group of chunk ranges needs a payload from each, so
+ * files are closed and opened again along the way; the file ends as the
+ * newest version, bit-exact, from the disk alone.  (The model's snapshots
+ * hold 31 versions: the newest goes into the last one.) */
+static void test_fold_many_files(const h_broker *b)
+{
+	dcast_consumer_opts o;
+	dcast_consumer *c = NULL;
+	dcast_consumer_stats st;
+	dcast_producer *p = NULL;
+	const char *dir = dir_for("m_many");
+	h_model m;
+
+	dcast_consumer_opts_init(&o);
+	o.auto_apply = 1;
+	o.fold_fraction = 0;
+	o.fold_every = 70;
+	h_model_init(&m, 62, 1);
+	REQUIRE(h_producer_open(b, "m_many", &m, &p) == 0);
+	REQUIRE(dcast_consumer_open(b->consumers, "m_many", dir, BUDGET, &o, &c) == 0);
+	for (uint64_t v = 1; v <= 71; v++) {
+		if (v > 1)
+			h_model_step(&m, 100);
+		CHECK(dcast_producer_publish(p, v) == 0 && dcast_producer_wait(p, v, 20000) == 0);
+	}
+	h_model_snap(&m, 31);
+	CHECK(dcast_consumer_wait_version(c, 71, 20000) == 0 && h_equal(c, &m, 31));
+	CHECK(fold_within(c, 0, 2)); /* the anchor's seal, then the fold of versions 2..71 */
+	dcast_consumer_stats_get(c, &st);
+	printf("fold of 70 record files: file version %" PRIu64 ", %" PRIu64 " folds, %" PRIu64
+	       " from the tensors\n", h_file_version(dir), st.folds, st.folds_from_tensors);
+	CHECK(h_file_version(dir) == 71 && file_equal(dir, &m, 31));
+	CHECK(st.folds_from_tensors == 0 && !h_rec_exists(dir, 2) && !h_rec_exists(dir, 71));
+	dcast_consumer_close(&c);
+	dcast_producer_close(&p);
+	h_model_free(&m);
+}
+
 /* Poll until an ERROR event with `code` (10 s at most). */
 static int error_event_within(dcast_consumer *c, int code)
 {
@@ -515,6 +555,7 @@ int main(void)
 	fold_held_case(&b, "m_hold_bad", 1);
 	fold_shifted_case(&b, "m_shift", 0);
 	fold_shifted_case(&b, "m_shift_bad", 1);
+	test_fold_many_files(&b);
 	test_misconfigured(&b);
 	test_sleeping_caller(&b);
 	test_ready_survives_rejoin(&b);

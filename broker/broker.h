@@ -259,6 +259,13 @@ int broker_frame_encode(const dcast_msg *m, zmq_msg_t *out);
  * upstream DEALER before connect ("upstream"): CURVE (auth.c) among them. */
 int broker_socket_setup(struct broker *b, void *sock, const char *which);
 
+/* Bind sock (a ROUTER) to endpoint: a TCP endpoint of an IPv4 address or
+ * "*" once per ZeroMQ I/O thread, each listener's connections on its own
+ * thread (listen.c); any other endpoint as ZeroMQ binds it.  Returns 0, or
+ * DCAST_EZMQ naming the flag (which), the endpoint and the reason (the
+ * port held by anything else, a bad address). */
+int broker_bind(struct broker *b, void *sock, const char *endpoint, const char *which);
+
 /* ---- where a committed version's outcome goes ----
  * A version came from producer parts (ingest.c) or from the upstream
  * (relay.c, m->relayed); each registers at open how it is told that a

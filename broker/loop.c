@@ -43,9 +43,8 @@ static int router_open(struct broker *b, void **sock, const char *endpoint, cons
 	char bound[256];
 	size_t len = sizeof(bound);
 
-	if (zmq_bind(*sock, endpoint))
-		return dcast_fail(DCAST_EZMQ, "--%s %s: bind: %s", which, endpoint,
-				  zmq_strerror(errno));
+	if (broker_bind(b, *sock, endpoint, which))
+		return DCAST_EZMQ;
 	if (zmq_getsockopt(*sock, ZMQ_LAST_ENDPOINT, bound, &len))
 		snprintf(bound, sizeof(bound), "%s", endpoint);
 	DCAST_LOG_I("%s on %s", which, bound); /* the port bound: tcp://HOST:* picks one */

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# N receive-only consumers (wire_client receive) join one committed anchor at
+# once, as a restarted fleet does; the time until all have it, and how the
+# broker's ZeroMQ I/O threads shared the sending: each thread's CPU ticks
+# (/proc/PID/task/*/stat, utime + stime, over the joins) and the busiest
+# one's share against an even split.  The probe behind docs/benchmarks.md's
+# note on one listener per I/O thread (broker/listen.c); on 2 cores the
+# time is CPU-bound, the split is what it shows.
+# Usage: [FANOUT_THREADS_BROKER_ARGS="--io-threads 8"] tests/tools/fanout_threads.sh [N] [SAFETENSORS]
+# (run from the repo root after `make`; SAFETENSORS defaults to the 100M
+# model bench-fanout generates, build/bench-fanout-100M/v0000.safetensors).
+. "$(dirname "$0")/broker_lib.sh"
+
+N=${1:-4}
+MODEL=${2:-$BUILD/bench-fanout-100M/v0000.safetensors}
+[ -f "$MODEL" ] || fail "no model $MODEL (make bench-fanout generates it, or give one)"
+start_broker s ${FANOUT_THREADS_BROKER_ARGS:-}
+"$BUILD/tools/fault_publish" "$s_PROD" bench 1 0 "$MODEL" >"$TMP/pub.log" 2>&1 || fail "publish: $(cat "$TMP/pub.log")"
+ticks() {
+	for t in /proc/"$s_PID"/task/*; do
+		awk '{ print $14 + $15 }' "$t/stat" | paste -d' ' "$t/comm" -
+	done | sed -n 's|^ZMQbg/IO/||p' | sort -n
+}
+ticks >"$TMP/before"
+t0=$(date +%s%N)
+CONS=()
+for i in $(seq "$N"); do
+	"$WC" receive "$s_CONS" bench --until 1 --window $((16 << 20)) --timeout-ms 120000 >"$TMP/c$i.log" 2>&1 &
+	CONS+=($!)
+	PIDS+=($!)
+done
+for p in "${CONS[@]}"; do wait "$p" || fail "a consumer exited $?"; done
+t1=$(date +%s%N)
+ticks >"$TMP/after"
+join "$TMP/before" "$TMP/after" | awk -v n="$N" -v ms=$(((t1 - t0) / 1000000)) '
+	{ d[$1] = $3 - $2; sum += d[$1]; if (d[$1] > max) max = d[$1]; k++; line = line sprintf(" %d", d[$1]) }
+	END { printf "N=%d: all received in %d ms; I/O thread ticks:%s; busiest %.0f%% of them (even: %.0f%%)\n",
+		n, ms, line, sum ? 100 * max / sum : 0, 100 / k }'
+stop_broker s

@@ -14,7 +14,8 @@
 # carried as .dev/base/ for the run's sync-base step (an A/B of the
 # consumer on the same machine); BASE_PUBLISH=PATH likewise an older
 # tests/tools/fault_publish, for the step sync-gpu-base (an A/B of the
-# producer).
+# producer); BASE_BROKER=PATH an older deltacast-broker, for the step
+# fanout-threads (an A/B of the broker's listeners).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${DELTACAST_BUILD:-build}
@@ -29,7 +30,7 @@ cp "$B/deltacast" "$B/deltacast-broker" "$B/libdeltacast.so" .dev/build/
 for t in "${TESTS[@]}"; do cp "$B/tests/$t" .dev/build/tests/; done
 for t in "${TOOLS[@]}"; do cp "$B/tools/$t" .dev/build/tools/; done
 cp scripts/bench_sync.sh scripts/e2e_lib.sh scripts/bench_sync_report.py scripts/bench_sync_consumer.py scripts/faults.sh .dev/scripts/
-cp tests/tools/broker_lib.sh tests/tools/anchor_join.sh .dev/tests/tools/
+cp tests/tools/broker_lib.sh tests/tools/anchor_join.sh tests/tools/fanout_threads.sh .dev/tests/tools/
 cp -r python .dev/python
 find .dev/python -name __pycache__ -prune -exec rm -rf {} +
 # every shared library but the C runtime's (the device has its own)
@@ -40,4 +41,5 @@ ldd .dev/build/deltacast .dev/build/deltacast-broker .dev/build/libdeltacast.so 
 cp scripts/device_run.sh .dev/run.sh
 if [ -n "${BASE_CONSUMER:-}" ]; then mkdir -p .dev/base && cp "$BASE_CONSUMER" .dev/base/; fi
 if [ -n "${BASE_PUBLISH:-}" ]; then mkdir -p .dev/base && cp "$BASE_PUBLISH" .dev/base/fault_publish; fi
+if [ -n "${BASE_BROKER:-}" ]; then mkdir -p .dev/base && cp "$BASE_BROKER" .dev/base/deltacast-broker; fi
 du -sh .dev

@@ -25,6 +25,11 @@
 #            BATCH_ELEMS, the producer's debug lines in publish.err
 #   sync-gpu-cons sync-gpu with the consumers' tensors in CUDA memory too
 #            (apply into the GPU; not yet run when written, 2026-11-27)
+#   fanout-threads 16 receive-only joiners of an anchor, the broker with 8
+#            I/O threads: each thread's share of the sending and the time
+#            (tests/tools/fanout_threads.sh), 3 runs, alternating with the
+#            broker in base/ when there is one (BASE_BROKER: the listeners'
+#            A/B; not yet run on a device when written, 2026-11-27)
 #   faults-gpu the fault suite (scripts/faults.sh) with the producer's
 #            tensors and baseline in CUDA memory (FAULT_PUBLISH_DEVICE=1):
 #            FAULT_SEEDS trials (default 20) from FAULT_SEED_BASE
@@ -193,14 +198,32 @@ recv_run() {
 	stop_broker s' _ "$1" "$2"
 }
 
+# The anchor of fanout's runs: bench-sync's first version, else one made.
+anchor_model() {
+	if [ -f "$SYNC_TRACE/done" ]; then
+		echo "$SYNC_TRACE/v0000.safetensors"
+		return
+	fi
+	rm -rf "${TMPDIR:-/tmp}/dev-trace"
+	timeout 90 "$B/deltacast" gen-trace --params "$PARAMS" --steps 0 --density 0.01 -o "${TMPDIR:-/tmp}/dev-trace" >/dev/null 2>&1
+	echo "${TMPDIR:-/tmp}/dev-trace/v0000.safetensors"
+}
+
+fanout_threads() {
+	local m n=${FT_N:-16} k
+	m=$(anchor_model)
+	echo "== $n receive-only joiners, broker --io-threads 8, $(nproc) cores; model $(stat -c %s "$m") bytes"
+	for k in 1 2 3; do
+		[ -x "$D/base/deltacast-broker" ] && echo "base: $(DELTACAST_BROKER=$D/base/deltacast-broker \
+			FANOUT_THREADS_BROKER_ARGS="--io-threads 8" timeout 60 bash tests/tools/fanout_threads.sh "$n" "$m" | tail -n 1)"
+		echo "this: $(FANOUT_THREADS_BROKER_ARGS="--io-threads 8" timeout 60 bash tests/tools/fanout_threads.sh "$n" "$m" | tail -n 1)"
+	done
+}
+
 fanout() {
 	echo "== an anchor to N joining consumers, $(nproc) cores, broker flags: ${BARGS:-none}"
-	local m=$SYNC_TRACE/v0000.safetensors n
-	if [ ! -f "$SYNC_TRACE/done" ]; then # no bench-sync trace: the anchor alone
-		rm -rf "${TMPDIR:-/tmp}/dev-trace"
-		timeout 90 "$B/deltacast" gen-trace --params "$PARAMS" --steps 0 --density 0.01 -o "${TMPDIR:-/tmp}/dev-trace" >/dev/null 2>&1
-		m=${TMPDIR:-/tmp}/dev-trace/v0000.safetensors
-	fi
+	local m n
+	m=$(anchor_model)
 	echo "model $(stat -c %s "$m") bytes"
 	for n in ${NS:-1 4 16}; do
 		for _ in 1 2 3; do echo "raw_tcp n=$n: $("$B/tools/bench_tcp" "$(stat -c %s "$m")" "$n")"; done
@@ -225,13 +248,14 @@ if [ "${1:-}" = step ]; then
 	sync-gpu-batch) sync_gpu_batch ;;
 	sync-gpu-cons) sync_gpu_cons ;;
 	fanout) fanout ;;
+	fanout-threads) fanout_threads ;;
 	*) echo "no step $2"; exit 2 ;;
 	esac
 	exit
 fi
 
 DEADLINE=${DEADLINE:-370}
-declare -A CAP=([gpu]=240 [sync]=200 [sync-gpu]=120 [sync-base]=120 [sync-gpu-base]=120 [faults-gpu]=240 [sync-gpu-batch]=150 [sync-gpu-cons]=120 [fanout]=75 [sync-py]=75)
+declare -A CAP=([gpu]=240 [sync]=200 [sync-gpu]=120 [sync-base]=120 [sync-gpu-base]=120 [faults-gpu]=240 [sync-gpu-batch]=150 [sync-gpu-cons]=120 [fanout]=75 [fanout-threads]=120 [sync-py]=75)
 {
 	echo "start $(date -u +%FT%TZ), $(nproc) cpus, steps: ${STEPS:-gpu sync sync-gpu fanout sync-py}, deadline ${DEADLINE} s"
 	nvidia-smi -L 2>&1

@@ -3,7 +3,7 @@
 # wire_client producers/consumers, and kill everything on exit, pass or fail.
 set -u
 BUILD=${DELTACAST_BUILD:-$PWD/build}
-BROKER=$BUILD/deltacast-broker
+BROKER=${DELTACAST_BROKER:-$BUILD/deltacast-broker} # DELTACAST_BROKER: another build of it (an A/B)
 WC=$BUILD/tools/wire_client
 TMP=$(mktemp -d /tmp/dcast-broker-test.XXXXXX)
 PIDS=()

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # N receive-only consumers (wire_client receive) join one committed anchor at
 # once, as a restarted fleet does; the time until all have it, and how the
-# broker's ZeroMQ I/O threads shared the sending: each thread's CPU ticks
-# (/proc/PID/task/*/stat, utime + stime, over the joins) and the busiest
-# one's share against an even split.  The probe behind docs/benchmarks.md's
+# broker's ZeroMQ I/O threads shared the sending: each thread's CPU time
+# over the joins (/proc/PID/task/*/schedstat) and the busiest one's share
+# against an even split.  The probe behind docs/benchmarks.md's
 # note on one listener per I/O thread (broker/listen.c); on 2 cores the
 # time is CPU-bound, the split is what it shows.
 # Usage: [FANOUT_THREADS_BROKER_ARGS="--io-threads 8"] tests/tools/fanout_threads.sh [N] [SAFETENSORS]
@@ -16,12 +16,13 @@ MODEL=${2:-$BUILD/bench-fanout-100M/v0000.safetensors}
 [ -f "$MODEL" ] || fail "no model $MODEL (make bench-fanout generates it, or give one)"
 start_broker s ${FANOUT_THREADS_BROKER_ARGS:-}
 "$BUILD/tools/fault_publish" "$s_PROD" bench 1 0 "$MODEL" >"$TMP/pub.log" 2>&1 || fail "publish: $(cat "$TMP/pub.log")"
-ticks() {
+# Each I/O thread's CPU time so far, ms (schedstat: nanoseconds on a CPU).
+cpu_ms() {
 	for t in /proc/"$s_PID"/task/*; do
-		awk '{ print $14 + $15 }' "$t/stat" | paste -d' ' "$t/comm" -
+		awk '{ printf "%d\n", $1 / 1e6 }' "$t/schedstat" | paste -d' ' "$t/comm" -
 	done | sed -n 's|^ZMQbg/IO/||p' | sort -n
 }
-ticks >"$TMP/before"
+cpu_ms >"$TMP/before"
 t0=$(date +%s%N)
 CONS=()
 for i in $(seq "$N"); do
@@ -31,9 +32,9 @@ for i in $(seq "$N"); do
 done
 for p in "${CONS[@]}"; do wait "$p" || fail "a consumer exited $?"; done
 t1=$(date +%s%N)
-ticks >"$TMP/after"
+cpu_ms >"$TMP/after"
 join "$TMP/before" "$TMP/after" | awk -v n="$N" -v ms=$(((t1 - t0) / 1000000)) '
 	{ d[$1] = $3 - $2; sum += d[$1]; if (d[$1] > max) max = d[$1]; k++; line = line sprintf(" %d", d[$1]) }
-	END { printf "N=%d: all received in %d ms; I/O thread ticks:%s; busiest %.0f%% of them (even: %.0f%%)\n",
+	END { printf "N=%d: all received in %d ms; I/O threads, CPU ms:%s; busiest %.0f%% of it (even: %.0f%%)\n",
 		n, ms, line, sum ? 100 * max / sum : 0, 100 / k }'
 stop_broker s

@@ -291,6 +291,18 @@ fuzz-broker: all $(BUILD)/tools/fuzz_broker $(BUILD)/tools/wire_client
 	DELTACAST_BUILD=$(abspath $(BUILD)) nice -n 10 $(BUILD)/tools/fuzz_broker \
 	  --seed $(FUZZ_BROKER_SEED) --seconds $(FUZZ_BROKER_SECONDS)
 
+# `make fuzz-consumer`: tests/tools/fuzz_consumer serves a real consumer
+# from a broker that lies (damaged, dropped, repeated and reordered
+# messages, forged fields) for FUZZ_CONSUMER_SECONDS (default 600), seed
+# FUZZ_CONSUMER_SEED (default: the clock); every applied version is checked
+# bit for bit, and after each round the consumer, opened again and served
+# cleanly, must reach the newest version.
+FUZZ_CONSUMER_SECONDS ?= 600
+FUZZ_CONSUMER_SEED ?= $(shell date +%s)
+.PHONY: fuzz-consumer
+fuzz-consumer: all $(BUILD)/tools/fuzz_consumer
+	nice -n 10 $(BUILD)/tools/fuzz_consumer --seed $(FUZZ_CONSUMER_SEED) --seconds $(FUZZ_CONSUMER_SECONDS)
+
 # --- bench-sync (issue 17) ---
 # `make bench-sync`: a 1% delta of a BENCH_SYNC_PARAMS bf16 model to N = 1, 4,
 # 8 consumers (the library in C and Python, `deltacast subscribe`), against

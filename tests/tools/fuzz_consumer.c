@@ -1,0 +1,528 @@
+/* fuzz_consumer: a live, seeded fuzzer of the consumer library against a
+ * broker that lies.  A fake broker (a ROUTER socket speaking the wire
+ * format, on a thread of its own) answers each HELLO of a real consumer in
+ * this process with WELCOME, MANIFEST and the versions after the one the
+ * HELLO names (anchor 1 then deltas, or sometimes an anchor of a later
+ * version), made by the real codec with real digests, and damages them:
+ * messages dropped, repeated, held back one place; CHUNK and COMMIT fields
+ * changed (versions, bases, tensor, range, element size, encoding, counts,
+ * digests), usually sealed again so that the checksum holds and the lie
+ * goes deeper; payload bits flipped, payloads cut; header bytes flipped
+ * after encoding; HEARTBEAT, ERROR, WELCOME and other MANIFESTs dropped in.
+ * The driver (the main thread) applies every READY version and checks the
+ * tensors against that version's truth, bit for bit.
+ *
+ * Each round: a fresh directory, a damaged stream for --dirty-ms; then the
+ * consumer is closed and opened again on its directory (what it loads must
+ * be a true version) and served cleanly: it must reach the newest version
+ * within 20 s.  A crash, a sanitizer report, a tensor that is not its
+ * version's, an open that fails, or no convergence fails the run, naming
+ * the seed and round (--seed S --start-round R replays it).
+ *
+ *   fuzz_consumer [--seed S] [--seconds T] [--rounds N] [--start-round R]
+ *                 [--dirty-ms M] [--dir DIR]
+ * Exit 0 when every round passed; 1 otherwise. */
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+#include "deltacast/codec.h"
+#include "deltacast/consumer.h"
+#include "dcast_common.h"
+#include "dcast_wire.h"
+
+#define MODEL "fz"
+#define VERSIONS 6
+#define RANGE 2048
+#define N_T 2
+#define MAX_MSGS 64
+
+static const char *const t_name[N_T] = {"a", "b"};
+static const uint64_t t_elems[N_T] = {6000, 1000};
+static const unsigned t_es[N_T] = {2, 4};
+
+static struct opts {
+	uint64_t seed, seconds, rounds, start_round, dirty_ms;
+	const char *dir;
+} o = {.seed = 1, .seconds = 30, .rounds = UINT64_MAX, .dirty_ms = 1500, .dir = "/tmp"};
+
+/* ---- a seeded random stream per round ---- */
+
+typedef struct rng {
+	uint64_t s;
+} rng;
+
+static uint64_t rnd(rng *r)
+{
+	uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
+
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+static int pct(rng *r, unsigned p)
+{
+	return rnd(r) % 100 < p;
+}
+
+/* ---- the truth: every version's tensors ---- */
+
+static unsigned char *truth[VERSIONS + 1][N_T];
+static uint64_t run_id;
+
+static void truth_make(rng *r)
+{
+	for (int t = 0; t < N_T; t++) {
+		size_t bytes = t_elems[t] * t_es[t];
+		for (int v = 1; v <= VERSIONS; v++) {
+			free(truth[v][t]);
+			truth[v][t] = malloc(bytes);
+			if (v == 1)
+				for (size_t i = 0; i < bytes; i++)
+					truth[v][t][i] = (unsigned char)rnd(r);
+			else
+				memcpy(truth[v][t], truth[v - 1][t], bytes);
+			for (uint64_t k = 0; v > 1 && k < t_elems[t] / 30; k++)
+				truth[v][t][(rnd(r) % t_elems[t]) * t_es[t]] ^= (unsigned char)(1 + rnd(r) % 7);
+		}
+	}
+	run_id = rnd(r) | 1;
+}
+
+/* ---- the fake broker ---- */
+
+typedef struct outmsg {
+	dcast_msg m;
+	unsigned char *payload;
+	size_t len;
+	dcast_range_digest dig[8];
+} outmsg;
+
+static struct broker {
+	void *ctx, *router;
+	char ep[128];
+	pthread_t thread;
+	pthread_mutex_t lock; /* truth, round state */
+	atomic_int stop;
+	int clean;            /* serve without damage */
+	rng r;                /* the broker's damage, per round */
+	uint64_t sent, damaged;
+} B;
+
+static void send_frames(const void *rid, size_t rid_len, const void *hdr, size_t hdr_len, const void *pl,
+			size_t pl_len, int has_pl)
+{
+	zmq_send(B.router, rid, rid_len, ZMQ_SNDMORE);
+	zmq_send(B.router, hdr, hdr_len, has_pl ? ZMQ_SNDMORE : 0);
+	if (has_pl)
+		zmq_send(B.router, pl, pl_len, 0);
+}
+
+/* Encode and send; a header byte flipped after encoding when `flip`.  The
+ * encoder refuses what does not validate: that message is not sent. */
+static void send_out(const zmq_msg_t *rid, const outmsg *x, int flip)
+{
+	void *buf;
+	size_t len;
+
+	if (dcast_msg_encode(&x->m, &buf, &len))
+		return;
+	if (flip && len)
+		((unsigned char *)buf)[rnd(&B.r) % len] ^= (unsigned char)(1u << (rnd(&B.r) % 8));
+	send_frames(zmq_msg_data((zmq_msg_t *)rid), zmq_msg_size((zmq_msg_t *)rid), buf, len, x->payload,
+		    x->len, x->m.type == DCAST_MSG_CHUNK);
+	free(buf);
+	B.sent++;
+}
+
+static void chunk_lie(outmsg *x)
+{
+	dcast_chunk *c = &x->m.u.chunk;
+
+	switch (rnd(&B.r) % 10) {
+	case 0: c->version += rnd(&B.r) % 2 ? 1 : (uint64_t)-1; break;
+	case 1: c->base_version += rnd(&B.r) % 3 - 1; break;
+	case 2: c->tensor = (uint32_t)(rnd(&B.r) % 3); break;
+	case 3: c->start += rnd(&B.r) % 2 ? rnd(&B.r) % 64 : RANGE; break;
+	case 4: c->count = rnd(&B.r) % 2 ? c->count + 1 : c->count / 2; break;
+	case 5: c->elem_size = 1u << (rnd(&B.r) % 3); break;
+	case 6: c->encoding = (uint32_t)(rnd(&B.r) % 5); break;
+	case 7: c->changed = rnd(&B.r) % (c->count + 2); break;
+	case 8: c->anchor ^= 1; break;
+	default: c->seq += 1 + (uint32_t)(rnd(&B.r) % 3); break;
+	}
+	if (pct(&B.r, 70))
+		dcast_chunk_seal(c, x->payload);
+}
+
+static void commit_lie(outmsg *x)
+{
+	dcast_commit *c = &x->m.u.commit;
+	dcast_range_digest *d = c->n_digests ? &c->digests[rnd(&B.r) % c->n_digests] : NULL;
+
+	switch (rnd(&B.r) % 7) {
+	case 0: c->chunks += rnd(&B.r) % 2 ? 1 : (uint32_t)-1; break;
+	case 1: c->bytes += rnd(&B.r) % 3 - 1; break;
+	case 2: if (d) d->digest ^= 1ull << (rnd(&B.r) % 64); break;
+	case 3: if (d) d->start += 1 + rnd(&B.r) % 8; break;
+	case 4: c->n_digests -= c->n_digests ? 1 : 0; break;
+	case 5: c->version += rnd(&B.r) % 2 ? 1 : (uint64_t)-1; break;
+	default: c->anchor ^= 1; break;
+	}
+}
+
+/* A message that the stream never holds, dropped in. */
+static void intrude(const zmq_msg_t *rid)
+{
+	dcast_tensor_desc t = {.name = "a", .dtype = DCAST_DTYPE_BF16, .ndim = 1, .shape = {1 + rnd(&B.r) % 9000}};
+	outmsg x = {0};
+
+	switch (rnd(&B.r) % 4) {
+	case 0: dcast_msg_init(&x.m, DCAST_MSG_HEARTBEAT); break;
+	case 1:
+		dcast_msg_init(&x.m, DCAST_MSG_ERROR);
+		x.m.u.error.code = (int)(1 + rnd(&B.r) % 40);
+		snprintf(x.m.u.error.text, sizeof(x.m.u.error.text), "fuzz");
+		break;
+	case 2:
+		dcast_msg_init(&x.m, DCAST_MSG_WELCOME);
+		snprintf(x.m.u.welcome.model, sizeof(x.m.u.welcome.model), MODEL);
+		x.m.u.welcome.version = x.m.u.welcome.anchor_version = rnd(&B.r) % (VERSIONS + 2);
+		x.m.u.welcome.heartbeat_ms = 60000;
+		x.m.u.welcome.run = rnd(&B.r) % 2 ? run_id : rnd(&B.r);
+		break;
+	default:
+		dcast_msg_init(&x.m, DCAST_MSG_MANIFEST);
+		snprintf(x.m.u.manifest.model, sizeof(x.m.u.manifest.model), MODEL);
+		x.m.u.manifest.n_tensors = 1;
+		x.m.u.manifest.tensors = &t;
+		break;
+	}
+	send_out(rid, &x, 0);
+}
+
+/* Send x damaged (counted); 1 when it is to be held back one place. */
+static int send_damaged(const zmq_msg_t *rid, outmsg *x)
+{
+	unsigned what = (unsigned)(rnd(&B.r) % 8);
+
+	B.damaged++;
+	if (what == 0)
+		return 0; /* dropped */
+	if (what == 1 && x->len) {
+		x->payload[rnd(&B.r) % x->len] ^= (unsigned char)(1u << (rnd(&B.r) % 8));
+		if (x->m.type == DCAST_MSG_CHUNK && pct(&B.r, 50))
+			dcast_chunk_seal(&x->m.u.chunk, x->payload);
+	}
+	if (what == 2 && x->len)
+		x->len = rnd(&B.r) % x->len; /* cut */
+	if (what == 3)
+		x->m.type == DCAST_MSG_CHUNK ? chunk_lie(x) : commit_lie(x);
+	if (what == 4)
+		return 1;
+	send_out(rid, x, what == 5);
+	if (what == 6)
+		send_out(rid, x, 0); /* repeated */
+	if (what == 7)
+		intrude(rid);
+	return 0;
+}
+
+/* ---- building a version's messages ---- */
+
+static void chunk_msg(outmsg *x, uint64_t v, int anchor, int t, uint64_t start, uint64_t n, uint32_t seq,
+		      uint64_t *bytes)
+{
+	size_t cap = dcast_codec_bound(n, t_es[t]);
+	const unsigned char *cur = truth[v][t] + start * t_es[t];
+	dcast_chunk_info info;
+	int force = rnd(&B.r) % 2 ? -1 : (int)(1 + rnd(&B.r) % 3);
+
+	x->payload = malloc(cap);
+	if (dcast_codec_encode(cur, anchor ? NULL : truth[v - 1][t] + start * t_es[t], n, t_es[t],
+			       anchor ? -1 : force, 0, x->payload, cap, &info) &&
+	    dcast_codec_encode(cur, truth[v - 1][t] + start * t_es[t], n, t_es[t], -1, 0, x->payload, cap, &info))
+		abort();
+	x->len = info.payload_bytes;
+	dcast_msg_init(&x->m, DCAST_MSG_CHUNK);
+	dcast_chunk *c = &x->m.u.chunk;
+	snprintf(c->model, sizeof(c->model), MODEL);
+	c->version = v, c->base_version = anchor ? DCAST_VERSION_NONE : v - 1, c->anchor = (uint32_t)anchor;
+	c->seq = seq, c->tensor = (uint32_t)t, c->start = start, c->count = n, c->elem_size = t_es[t];
+	c->encoding = info.encoding, c->changed = info.changed, c->payload_bytes = info.payload_bytes;
+	dcast_chunk_seal(c, x->payload);
+	*bytes += info.payload_bytes;
+}
+
+/* Version v's CHUNKs (ranges a delta leaves unchanged skipped) and COMMIT
+ * into x[]; returns how many. */
+static unsigned version_msgs(outmsg *x, uint64_t v, int anchor)
+{
+	unsigned n = 0, k = 0;
+	uint64_t bytes = 0;
+	outmsg *commit;
+
+	for (int t = 0; t < N_T; t++)
+		for (uint64_t s = 0; s < t_elems[t]; s += RANGE) {
+			uint64_t len = t_elems[t] - s < RANGE ? t_elems[t] - s : RANGE;
+			if (anchor || memcmp(truth[v][t] + s * t_es[t], truth[v - 1][t] + s * t_es[t], len * t_es[t])) {
+				chunk_msg(&x[n], v, anchor, t, s, len, n, &bytes);
+				n++;
+			}
+		}
+	commit = &x[n];
+	memset(commit, 0, sizeof(*commit));
+	dcast_msg_init(&commit->m, DCAST_MSG_COMMIT);
+	dcast_commit *c = &commit->m.u.commit;
+	snprintf(c->model, sizeof(c->model), MODEL);
+	c->version = v, c->base_version = anchor ? DCAST_VERSION_NONE : v - 1, c->anchor = (uint32_t)anchor;
+	c->parts = 1, c->chunks = n, c->bytes = bytes, c->digests = commit->dig;
+	for (int t = 0; t < N_T; t++)
+		for (uint64_t s = 0; s < t_elems[t]; s += RANGE, k++) {
+			uint64_t len = t_elems[t] - s < RANGE ? t_elems[t] - s : RANGE;
+			commit->dig[k] = (dcast_range_digest){(uint32_t)t, s, len, 0};
+			dcast_ldigest((uint32_t)t, s, truth[v][t] + s * t_es[t], len, t_es[t], &commit->dig[k].digest);
+		}
+	c->n_digests = k;
+	return n + 1;
+}
+
+static void welcome(const zmq_msg_t *rid)
+{
+	dcast_tensor_desc t[N_T] = {0};
+	outmsg x = {0};
+
+	dcast_msg_init(&x.m, DCAST_MSG_WELCOME);
+	snprintf(x.m.u.welcome.model, sizeof(x.m.u.welcome.model), MODEL);
+	x.m.u.welcome.version = VERSIONS, x.m.u.welcome.anchor_version = 1;
+	x.m.u.welcome.heartbeat_ms = 60000, x.m.u.welcome.run = run_id;
+	send_out(rid, &x, 0);
+	for (int i = 0; i < N_T; i++) {
+		snprintf(t[i].name, sizeof(t[i].name), "%s", t_name[i]);
+		t[i].dtype = t_es[i] == 2 ? DCAST_DTYPE_BF16 : DCAST_DTYPE_F32;
+		t[i].ndim = 1, t[i].shape[0] = t_elems[i];
+	}
+	dcast_msg_init(&x.m, DCAST_MSG_MANIFEST);
+	snprintf(x.m.u.manifest.model, sizeof(x.m.u.manifest.model), MODEL);
+	x.m.u.manifest.n_tensors = N_T, x.m.u.manifest.tensors = t;
+	send_out(rid, &x, 0);
+}
+
+/* Versions after `have` (an anchor first when have is none, or now and
+ * then an anchor of a later version), damaged unless B.clean. */
+static void serve(const zmq_msg_t *rid, uint64_t have)
+{
+	outmsg x[MAX_MSGS];
+	uint64_t from = have == DCAST_VERSION_NONE || have >= VERSIONS ? 1 : have + 1;
+	int anchor_at = have == DCAST_VERSION_NONE || have >= VERSIONS ? 1 : 0;
+	unsigned p = B.clean ? 0 : (unsigned)(2 + rnd(&B.r) % 20);
+
+	if (!anchor_at && pct(&B.r, 15))
+		anchor_at = (int)(from + rnd(&B.r) % (VERSIONS - from + 1)), from = (uint64_t)anchor_at;
+	welcome(rid);
+	for (uint64_t v = from; v <= VERSIONS; v++) {
+		unsigned n = version_msgs(x, v, v == (uint64_t)anchor_at);
+		int hold = -1;
+		for (unsigned i = 0; i < n; i++) {
+			if (pct(&B.r, p) ? send_damaged(rid, &x[i]) : (send_out(rid, &x[i], 0), 0)) {
+				hold = (int)i;
+				continue;
+			}
+			if (hold >= 0)
+				send_out(rid, &x[hold], 0), hold = -1;
+		}
+		if (hold >= 0)
+			send_out(rid, &x[hold], 0);
+		for (unsigned i = 0; i < n; i++)
+			free(x[i].payload);
+	}
+}
+
+static void *broker_main(void *arg)
+{
+	(void)arg;
+	while (!atomic_load(&B.stop)) {
+		zmq_pollitem_t it = {B.router, 0, ZMQ_POLLIN, 0};
+		dcast_wire_in in;
+
+		if (zmq_poll(&it, 1, 20) <= 0)
+			continue;
+		if (dcast_wire_recv(B.router, 1, &in, ZMQ_DONTWAIT) == 0 && in.msg.type == DCAST_MSG_HELLO) {
+			pthread_mutex_lock(&B.lock);
+			serve(&in.rid, in.msg.u.hello.have_version);
+			pthread_mutex_unlock(&B.lock);
+		}
+		dcast_wire_in_close(&in);
+	}
+	return NULL;
+}
+
+/* ---- the driver ---- */
+
+static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void say(const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputc('\n', stderr);
+}
+
+static uint64_t now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* The consumer's tensors are version v's truth (v none: nothing to check). */
+static int true_to(dcast_consumer *c, uint64_t v)
+{
+	for (int t = 0; v != DCAST_VERSION_NONE && t < N_T; t++) {
+		void *p = NULL;
+		if (v > VERSIONS || dcast_consumer_tensor(c, t_name[t], &p, NULL, NULL) ||
+		    memcmp(p, truth[v][t], t_elems[t] * t_es[t]))
+			return 0;
+	}
+	return 1;
+}
+
+/* Poll and apply for ms (until `until` is held, when not none); every
+ * applied version checked.  0, or -1 when one was not its truth. */
+static int drive(dcast_consumer *c, uint64_t ms, uint64_t until)
+{
+	for (uint64_t end = now_ms() + ms; now_ms() < end;) {
+		dcast_event ev;
+		uint64_t have = dcast_consumer_version(c), r;
+		if (until != DCAST_VERSION_NONE && have == until)
+			return 0;
+		if (dcast_consumer_poll(c, 20, &ev))
+			continue;
+		r = dcast_consumer_ready_version(c);
+		if (r != DCAST_VERSION_NONE && dcast_consumer_apply(c, r) == 0 && !true_to(c, dcast_consumer_version(c))) {
+			say("version %" PRIu64 " applied, and its tensors are not that version's", dcast_consumer_version(c));
+			return -1;
+		}
+	}
+	return 0;
+}
+
+static dcast_consumer *open_at(const char *dir, int *bad)
+{
+	dcast_consumer_opts opts;
+	dcast_consumer *c = NULL;
+
+	dcast_consumer_opts_init(&opts);
+	opts.heartbeat_ms = 500;
+	if (dcast_consumer_open(B.ep, MODEL, dir, 4u << 20, &opts, &c)) {
+		say("open %s: %s", dir, dcast_last_error());
+		*bad = 1;
+		return NULL;
+	}
+	if (!true_to(c, dcast_consumer_version(c))) {
+		say("open %s: loaded version %" PRIu64 ", not that version's tensors", dir, dcast_consumer_version(c));
+		*bad = 1;
+	}
+	return c;
+}
+
+static int round_run(uint64_t round)
+{
+	char dir[512], cmd[600];
+	rng r = {o.seed * 0x100000001b3ull + round};
+	dcast_consumer *c;
+	int bad = 0;
+
+	snprintf(dir, sizeof(dir), "%s/fuzz_consumer.%d.%" PRIu64, o.dir, (int)getpid(), round);
+	pthread_mutex_lock(&B.lock);
+	truth_make(&r);
+	B.r.s = rnd(&r), B.clean = 0;
+	pthread_mutex_unlock(&B.lock);
+	if ((c = open_at(dir, &bad)) && drive(c, o.dirty_ms, DCAST_VERSION_NONE))
+		bad = 1;
+	dcast_consumer_close(&c);
+	pthread_mutex_lock(&B.lock);
+	B.clean = 1;
+	pthread_mutex_unlock(&B.lock);
+	if (!bad && (c = open_at(dir, &bad)) && !bad && (drive(c, 20000, VERSIONS) || dcast_consumer_version(c) != VERSIONS)) {
+		say("served cleanly, the consumer holds version %" PRIu64 " after 20 s, not %d", dcast_consumer_version(c),
+		    VERSIONS);
+		bad = 1;
+	}
+	dcast_consumer_close(&c);
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+	if (!bad && system(cmd) != 0)
+		say("could not remove %s", dir);
+	return bad;
+}
+
+static int arg_u64(int argc, char **argv, int *i, const char *name, uint64_t *out)
+{
+	if (strcmp(argv[*i], name) || *i + 1 >= argc)
+		return 0;
+	*out = strtoull(argv[++*i], NULL, 10);
+	return 1;
+}
+
+static int parse(int argc, char **argv)
+{
+	for (int i = 1; i < argc; i++) {
+		if (arg_u64(argc, argv, &i, "--seed", &o.seed) || arg_u64(argc, argv, &i, "--seconds", &o.seconds) ||
+		    arg_u64(argc, argv, &i, "--rounds", &o.rounds) ||
+		    arg_u64(argc, argv, &i, "--start-round", &o.start_round) ||
+		    arg_u64(argc, argv, &i, "--dirty-ms", &o.dirty_ms))
+			continue;
+		if (!strcmp(argv[i], "--dir") && i + 1 < argc) {
+			o.dir = argv[++i];
+			continue;
+		}
+		fprintf(stderr, "usage: fuzz_consumer [--seed S] [--seconds T] [--rounds N] [--start-round R] "
+				"[--dirty-ms M] [--dir DIR]\n");
+		return -1;
+	}
+	return 0;
+}
+
+static int broker_start(void)
+{
+	size_t len = sizeof(B.ep);
+
+	pthread_mutex_init(&B.lock, NULL);
+	if (!(B.ctx = zmq_ctx_new()) || !(B.router = zmq_socket(B.ctx, ZMQ_ROUTER)) ||
+	    zmq_bind(B.router, "tcp://127.0.0.1:*") || zmq_getsockopt(B.router, ZMQ_LAST_ENDPOINT, B.ep, &len))
+		return -1;
+	return pthread_create(&B.thread, NULL, broker_main, NULL);
+}
+
+int main(int argc, char **argv)
+{
+	uint64_t end, round = 0, failed = 0;
+
+	if (parse(argc, argv) || broker_start())
+		return 2;
+	setenv("DELTACAST_LOG", getenv("DELTACAST_LOG") ? getenv("DELTACAST_LOG") : "error", 0);
+	end = now_ms() + o.seconds * 1000;
+	for (round = o.start_round; round < o.start_round + o.rounds && now_ms() < end && !failed; round++)
+		if (round_run(round)) {
+			say("fuzz_consumer: FAILED in round %" PRIu64 ": replay with --seed %" PRIu64 " --start-round %"
+			    PRIu64 " --rounds 1", round, o.seed, round);
+			failed = 1;
+		}
+	atomic_store(&B.stop, 1);
+	pthread_join(B.thread, NULL);
+	zmq_close(B.router);
+	zmq_ctx_term(B.ctx);
+	printf("fuzz_consumer: seed %" PRIu64 ", %" PRIu64 " rounds, %" PRIu64 " messages sent, %" PRIu64
+	       " damaged: %s\n", o.seed, round - o.start_round, B.sent, B.damaged, failed ? "FAILED" : "ok");
+	return failed ? 1 : 0;
+}

@@ -36,13 +36,16 @@
  * 1..65535, into *sa (port 0 for "*") and host; -1 for anything else. */
 static int parse_tcp4(const char *ep, struct sockaddr_in *sa, char *host, size_t cap)
 {
-	const char *colon = strrchr(ep, ':'), *h = ep + 6;
+	const char *colon = strrchr(ep, ':'), *h;
 	char *end;
 	unsigned long port = 0;
 
 	memset(sa, 0, sizeof(*sa));
 	sa->sin_family = AF_INET;
-	if (strncmp(ep, "tcp://", 6) || !colon || colon <= h || (size_t)(colon - h) >= cap)
+	if (strncmp(ep, "tcp://", 6))
+		return -1;
+	h = ep + 6;
+	if (!colon || colon <= h || (size_t)(colon - h) >= cap)
 		return -1;
 	memcpy(host, h, (size_t)(colon - h));
 	host[colon - h] = '\0';

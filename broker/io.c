@@ -125,10 +125,10 @@ void broker_poll_dispatch(struct broker *b, const zmq_pollitem_t *it, uint32_t n
  * ~10% faster with 2 than 1 on 2 cores, and to 16 receive-only consumers
  * 256 ms with 8 against 383-394 ms with 2 on 16 cores (docs/operations.md). */
 
-/* The encoder's buffer is msgpack's (8 KiB for a header of about 100
- * bytes): the log keeps an exact copy, or each stored CHUNK header would
- * hold a page of memory (a delta of 3072 chunks, 1.5 MB of payload, took
- * 15 MB of VmRSS: issue 22 item 3). */
+/* The encoder's buffer starts at 256 bytes and doubles (schema/encode.c),
+ * so it may be up to twice the header: the log keeps an exact copy.  (When
+ * it was msgpack's 8 KiB sbuffer, a delta of 3072 chunks, 1.5 MB of
+ * payload, took 15 MB of VmRSS: issue 22 item 3.) */
 int broker_frame_encode(const dcast_msg *m, zmq_msg_t *out)
 {
 	void *buf;

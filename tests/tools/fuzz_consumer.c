@@ -1,7 +1,9 @@
 /* fuzz_consumer: a live, seeded fuzzer of the consumer library against a
  * broker that lies.  A fake broker (a ROUTER socket speaking the wire
  * format, on a thread of its own) answers each HELLO of a real consumer in
- * this process with WELCOME, MANIFEST and the versions after the one the
+ * this process with WELCOME, MANIFEST (one of its two tensors tiled in
+ * two rounds of three: held in wire order, written to the checkpoint in
+ * natural order) and the versions after the one the
  * HELLO names (anchor 1 then deltas, or sometimes an anchor of a later
  * version), made by the real codec with real digests, and damages them:
  * messages dropped, repeated, held back one place; CHUNK and COMMIT fields
@@ -44,6 +46,7 @@
 #define MAX_MSGS 64
 
 static const char *const t_name[N_T] = {"a", "b"};
+static uint32_t a_grid[2]; /* tensor a, shape [3, 2000]: tiled {1, 2} or {3, 1} in some rounds */
 static const uint64_t t_elems[N_T] = {6000, 1000};
 static const unsigned t_es[N_T] = {2, 4};
 
@@ -94,6 +97,11 @@ static void truth_make(rng *r)
 		}
 	}
 	run_id = rnd(r) | 1;
+	switch (rnd(r) % 3) {
+	case 0: a_grid[0] = a_grid[1] = 0; break;
+	case 1: a_grid[0] = 1, a_grid[1] = 2; break;
+	default: a_grid[0] = 3, a_grid[1] = 1; break;
+	}
 }
 
 /* ---- the fake broker ---- */
@@ -309,6 +317,8 @@ static void welcome(const zmq_msg_t *rid)
 		t[i].dtype = t_es[i] == 2 ? DCAST_DTYPE_BF16 : DCAST_DTYPE_F32;
 		t[i].ndim = 1, t[i].shape[0] = t_elems[i];
 	}
+	t[0].ndim = 2, t[0].shape[0] = 3, t[0].shape[1] = t_elems[0] / 3; /* its elements in wire order */
+	t[0].grid[0] = a_grid[0], t[0].grid[1] = a_grid[1];
 	dcast_msg_init(&x.m, DCAST_MSG_MANIFEST);
 	snprintf(x.m.u.manifest.model, sizeof(x.m.u.manifest.model), MODEL);
 	x.m.u.manifest.n_tensors = N_T, x.m.u.manifest.tensors = t;

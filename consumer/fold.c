@@ -14,10 +14,11 @@
  * across versions) read once, patched in memory in version order and
  * written once, so that folding K versions reads and writes each byte of
  * the model once, not K times (an anchor's record covers every element;
- * a group over FOLD_WINDOW bytes goes chunk by chunk through shared maps
- * of one range at a time); the fold adds at most FOLD_WINDOW bytes and
- * the index (80 bytes a CHUNK record) to the process's memory, and holds
- * at most FOLD_FDS record files open; then
+ * a group over FOLD_WINDOW bytes goes chunk by chunk, each one's range
+ * read, patched, written); the fold adds at most FOLD_WINDOW bytes (or
+ * one chunk's range, when a producer's are larger) and the index (80 bytes
+ * a CHUNK record) to the process's memory, and holds at most FOLD_FDS
+ * record files open; then
  * the file read back once through one bounded
  * buffer (FOLD_PIECE), every cached COMMIT digest checked against it (the
  * output is exactly the applied version, or it is not used) and its file
@@ -27,16 +28,16 @@
  * then drops the record files it covers.  A fold whose files moved on, or
  * whose consumer closes, stops at its next record file, group or piece.
  *
- * Tiled tensors are in wire order in the records and in natural order in
- * the file: a model with any tiled tensor is folded from the live tensors
- * under `lock` instead (cs_ckpt_fold), as before. */
+ * Tiled tensors are in wire order in the records, the COMMIT digests and
+ * the file digest, and in natural order in the file: every range goes
+ * between memory (wire order) and the file through tensor_io, one pread or
+ * pwrite per run (dcast_tiles), so their models fold from the disk too. */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/stat.h>
@@ -84,7 +85,7 @@ int cs_fold_plan(dcast_consumer *c, cs_fold_job *j)
 	j->c = c;
 	if (j->version == DCAST_VERSION_NONE || j->version == j->have)
 		return 0; /* mode NONE: nothing to fold */
-	j->mode = cs_tensors_tiled(c) || !c->n_tensors ? CS_FOLD_LIVE : CS_FOLD_DISK;
+	j->mode = !c->n_tensors ? CS_FOLD_LIVE : CS_FOLD_DISK;
 	if (j->mode == CS_FOLD_LIVE)
 		return 0;
 	j->n = c->n_tensors;
@@ -119,6 +120,9 @@ typedef struct fold_chunk {
 	uint64_t at, sum;      /* its payload's offset in its record file, dcast_checksum */
 	uint64_t seq;          /* records in version order, then file order */
 	uint32_t file;         /* index into j->vers */
+	uint32_t tensor;       /* off: the tensor's offset in the new file plus the
+				  range's in wire order (a tiled tensor's file
+				  bytes are in natural order: tensor_io maps) */
 	dcast_chunk_info info;
 } fold_chunk;
 
@@ -266,6 +270,7 @@ static int index_chunk(fold_file *f, const dcast_chunk *h, const dcast_rec *r, u
 		.sum = r->payload_sum,
 		.seq = o->n_ch,
 		.file = f->file,
+		.tensor = h->tensor,
 		.info = {h->encoding, h->elem_size, h->count, h->changed, h->payload_bytes},
 	};
 	o->n_ch++;
@@ -336,9 +341,8 @@ out:
  * chunk of it applied in version order, written once.  Each byte of the
  * model is read and written once however many versions are folded, where
  * replaying version after version touched every page of a 1% delta's
- * ranges once per version.  A group over FOLD_WINDOW bytes (chunk ranges
- * that shift from version to version, all the way along a tensor) goes
- * chunk by chunk through a shared map of its range. ---- */
+ * ranges once per version.  Groups are in the space of fold_chunk.off:
+ * a tensor's offset in the file plus the range's in wire order. ---- */
 
 /* The record file of index entry k, open.  At most FOLD_FDS stay open
  * (the descriptors the process has are its ZeroMQ sockets' and its
@@ -386,7 +390,7 @@ static int load_payload(fold_out *o, const fold_chunk *k)
 	return 0;
 }
 
-/* Chunk k applied to dst, its range's bytes (in memory or a shared map). */
+/* Chunk k applied to dst, its range's bytes in wire order. */
 static int apply_chunk(fold_out *o, const fold_chunk *k, unsigned char *dst)
 {
 	int err = load_payload(o, k);
@@ -397,28 +401,54 @@ static int apply_chunk(fold_out *o, const fold_chunk *k, unsigned char *dst)
 	return err;
 }
 
-/* Chunk k through a shared map of its range only (a dense one written). */
-static int apply_mapped(fold_out *o, const fold_chunk *k)
+/* Moving wire elements of one tensor between a buffer and the new file. */
+typedef struct tensor_io_ctx {
+	const fold_out *o;
+	uint64_t base, w0;     /* the tensor's offset in the file; buf's first element */
+	unsigned es;
+	unsigned char *buf;
+	int write;
+} tensor_io_ctx;
+
+static int io_run(void *ctx, uint64_t ni, uint64_t wi, uint64_t n)
 {
-	long page = sysconf(_SC_PAGESIZE);
-	uint64_t at = k->off - k->off % (uint64_t)page, len = k->off - at + k->len;
-	unsigned char *map;
+	const tensor_io_ctx *x = ctx;
+	size_t len = (size_t)(n * x->es);
+	unsigned char *p = x->buf + (wi - x->w0) * x->es;
+	uint64_t at = x->base + ni * x->es;
+
+	errno = 0;
+	if ((x->write ? pwrite(x->o->fd, p, len, (off_t)at) : pread(x->o->fd, p, len, (off_t)at)) == (ssize_t)len)
+		return 0;
+	return dcast_fail(DCAST_EIO, "fold: %s: %s at %" PRIu64 ": %s", x->o->path, x->write ? "write" : "read",
+			  at, errno ? strerror(errno) : "short");
+}
+
+/* Wire elements [w0, w0 + n) of tensor t between buf and the new file
+ * (write: to the file): one pread or pwrite for an untiled tensor, one per
+ * run for a tiled one (its file bytes are in natural order). */
+static int tensor_io(const fold_out *o, uint32_t t, uint64_t w0, uint64_t n, unsigned char *buf, int write)
+{
+	const cs_tensor *ts = &o->j->t[t];
+	tensor_io_ctx x = {o, o->lay.file_offsets[t], w0, ts->elem_size, buf, write};
+	dcast_box whole;
 	int err;
 
-	if (k->info.encoding == DCAST_ENC_DENSE) { /* the payload is the range: no map, no faults */
-		if ((err = load_payload(o, k)))
-			return err;
-		if (pwrite(o->fd, o->pl, (size_t)k->len, (off_t)k->off) != (ssize_t)k->len)
-			return dcast_fail(DCAST_EIO, "fold: %s: write at %" PRIu64 ": %s", o->path, k->off,
-					  strerror(errno));
-		return 0;
-	}
-	map = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, o->fd, (off_t)at);
-	if (map == MAP_FAILED)
-		return dcast_fail(DCAST_EIO, "fold: %s: mmap: %s", o->path, strerror(errno));
-	err = apply_chunk(o, k, map + (k->off - at));
-	munmap(map, len);
-	return err;
+	if (!dcast_tensor_tiled(&ts->desc))
+		return io_run(&x, w0, w0, n);
+	if ((err = dcast_box_init(&whole, &ts->desc, 0, NULL, NULL, "fold")))
+		return err;
+	return dcast_tiles_range_runs(&ts->map, &whole, w0, n, io_run, &x);
+}
+
+/* Bytes [from, from + len) of group g's tensor (fold_chunk.off's space)
+ * between o->win and the file. */
+static int window_io(fold_out *o, const fold_chunk *g, uint64_t from, uint64_t len, int write)
+{
+	uint32_t t = g->tensor;
+	unsigned es = o->j->t[t].elem_size;
+
+	return tensor_io(o, t, (from - o->lay.file_offsets[t]) / es, len / es, o->win, write);
 }
 
 static int by_offset(const void *a, const void *b)
@@ -435,31 +465,34 @@ static int by_seq(const void *a, const void *b)
 	return (x->seq > y->seq) - (x->seq < y->seq);
 }
 
-/* The n chunks g[] that cover [g[0].off, end): read, applied in version
- * order, written. */
+/* The n chunks g[] that cover [g[0].off, end), all of one tensor: read,
+ * applied in version order, written.  A group over FOLD_WINDOW bytes
+ * goes chunk by chunk, each one's range read (unless dense), patched and
+ * written. */
 static int fold_group(fold_out *o, fold_chunk *g, size_t n, uint64_t end)
 {
-	uint64_t from = g[0].off, len = end - from;
+	uint64_t from = g[0].off, len = end - from, most = len > FOLD_WINDOW ? 0 : len;
 	unsigned char *win;
 	int err = 0;
 
 	qsort(g, n, sizeof(*g), by_seq);
-	if (len > FOLD_WINDOW) {
-		for (size_t i = 0; !err && i < n; i++)
-			err = apply_mapped(o, &g[i]);
-		return err;
-	}
-	if (!(win = grown(o->win, &o->win_cap, (size_t)len, 1)))
+	for (size_t i = 0; !most && i < n; i++)
+		most = g[i].len > most ? g[i].len : most;
+	if (!(win = grown(o->win, &o->win_cap, (size_t)most, 1)))
 		return DCAST_ENOMEM;
 	o->win = win;
-	errno = 0;
-	if (pread(o->fd, o->win, (size_t)len, (off_t)from) != (ssize_t)len)
-		return dcast_fail(DCAST_EIO, "fold: %s: read at %" PRIu64 ": %s", o->path, from,
-				  errno ? strerror(errno) : "short read");
-	for (size_t i = 0; !err && i < n; i++)
-		err = apply_chunk(o, &g[i], o->win + (g[i].off - from));
-	if (!err && pwrite(o->fd, o->win, (size_t)len, (off_t)from) != (ssize_t)len)
-		err = dcast_fail(DCAST_EIO, "fold: %s: write at %" PRIu64 ": %s", o->path, from, strerror(errno));
+	if (len <= FOLD_WINDOW) {
+		err = window_io(o, g, from, len, 0);
+		for (size_t i = 0; !err && i < n; i++)
+			err = apply_chunk(o, &g[i], o->win + (g[i].off - from));
+		return err ? err : window_io(o, g, from, len, 1);
+	}
+	for (size_t i = 0; !err && i < n; i++) {
+		if (g[i].info.encoding != DCAST_ENC_DENSE)
+			err = window_io(o, &g[i], g[i].off, g[i].len, 0);
+		if (!err && !(err = apply_chunk(o, &g[i], o->win)))
+			err = window_io(o, &g[i], g[i].off, g[i].len, 1);
+	}
 	return err;
 }
 
@@ -481,16 +514,6 @@ static int fold_chunks(fold_out *o)
 			err = fold_group(o, &o->ch[i], k - i, end);
 	}
 	return err;
-}
-
-static int read_piece(const fold_out *o, uint64_t off, uint64_t len)
-{
-	ssize_t got = pread(o->fd, o->buf, len, (off_t)off);
-
-	if (got == (ssize_t)len)
-		return 0;
-	return dcast_fail(DCAST_EIO, "fold: %s: read back at %" PRIu64 ": %s", o->path, off,
-			  got < 0 ? strerror(errno) : "short read");
 }
 
 /* Add each cached COMMIT digest range's share of elements [e0, e0 + n) of
@@ -524,7 +547,7 @@ static int scan_tensor(const fold_out *o, uint32_t i, uint64_t *td, uint64_t *ra
 
 	for (uint64_t off = 0; !err && off < bytes; off += FOLD_PIECE) {
 		uint64_t n = bytes - off < FOLD_PIECE ? bytes - off : FOLD_PIECE;
-		err = abandoned(o->j) ? DCAST_ESTATE : read_piece(o, o->lay.file_offsets[i] + off, n);
+		err = abandoned(o->j) ? DCAST_ESTATE : tensor_io(o, i, off / t->elem_size, n / t->elem_size, o->buf, 0);
 		for (uint64_t b = 0; !err && b < n; b += DCAST_DIGEST_BLOCK)
 			h[(off + b) / DCAST_DIGEST_BLOCK] =
 				dcast_checksum(o->buf + b, n - b < DCAST_DIGEST_BLOCK ? n - b : DCAST_DIGEST_BLOCK);

@@ -573,10 +573,9 @@ static int fold_from_disk(dcast_consumer *c, cs_fold_job *j)
 
 /* The seal of an anchor written straight to its file (anchor_new.c), then
  * the fold the policy asked for, if it still wants one (a
- * dcast_consumer_checkpoint() may have folded first).  A model with tiled
- * tensors, or a fold from the disk that failed while the files stayed as
- * planned, is folded from the live tensors, which hold the applied
- * version, checked. */
+ * dcast_consumer_checkpoint() may have folded first).  A fold from the
+ * disk that failed while the files stayed as planned is done again from
+ * the live tensors, which hold the applied version, checked. */
 static int policy_fold(dcast_consumer *c, cs_fold_job *j)
 {
 	int err = cs_anchor_new_seal(c, 0); /* an anchor written straight to its file, first */

@@ -127,10 +127,9 @@ typedef struct dcast_consumer_stats {
 					  thread (apply() does not wait for it) */
 	uint64_t folds_from_tensors;   /* of folds, those written from the live tensors
 					  under the consumer's lock, where an apply() waits:
-					  dcast_consumer_checkpoint(), models with tiled
-					  tensors, and a fold from the disk that failed (a
-					  damaged record file); the policy's folds otherwise
-					  read the disk alone */
+					  dcast_consumer_checkpoint(), and a fold from the
+					  disk that failed (a damaged record file); the
+					  policy's folds otherwise read the disk alone */
 } dcast_consumer_stats;
 
 /* Connect to the broker at `endpoint` (e.g. "tcp://127.0.0.1:5556") as a

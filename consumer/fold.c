@@ -116,13 +116,14 @@ int cs_fold_plan(dcast_consumer *c, cs_fold_job *j)
 /* A CHUNK record of the files to fold: its range in the new file, where
  * its payload lies, and its place in the order of application. */
 typedef struct fold_chunk {
-	uint64_t off, len;     /* bytes of the new file it covers */
+	uint64_t off, len;     /* its range: the tensor's offset in the new file plus
+				  the range's start in wire order, in bytes (a tiled
+				  tensor's file bytes are in natural order: tensor_io
+				  maps); its bytes */
 	uint64_t at, sum;      /* its payload's offset in its record file, dcast_checksum */
 	uint64_t seq;          /* records in version order, then file order */
 	uint32_t file;         /* index into j->vers */
-	uint32_t tensor;       /* off: the tensor's offset in the new file plus the
-				  range's in wire order (a tiled tensor's file
-				  bytes are in natural order: tensor_io maps) */
+	uint32_t tensor;       /* the tensor it belongs to */
 	dcast_chunk_info info;
 } fold_chunk;
 

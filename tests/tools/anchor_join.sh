@@ -11,10 +11,7 @@
 . "$(dirname "$0")/broker_lib.sh"
 
 N=${1:-1}
-MODEL=${2:-$BUILD/bench-fanout-100M/v0000.safetensors}
-[ -f "$MODEL" ] || fail "no model $MODEL (make bench-fanout generates it, or give one)"
-start_broker s ${ANCHOR_JOIN_BROKER_ARGS:-}
-"$BUILD/tools/fault_publish" "$s_PROD" bench 1 0 "$MODEL" >"$TMP/pub.log" 2>&1 || fail "publish: $(cat "$TMP/pub.log")"
+anchor_broker s "${2:-$BUILD/bench-fanout-100M/v0000.safetensors}" ${ANCHOR_JOIN_BROKER_ARGS:-}
 sync
 t0=$(date +%s%N)
 CONS=()

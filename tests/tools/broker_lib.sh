@@ -67,6 +67,18 @@ wait_joined() {
 	wait_metric "$1" deltacast_consumer_joins_total "$2"
 }
 
+# anchor_broker NAME MODEL [FLAGS...]: MODEL (a safetensors file) must
+# exist; start broker NAME with FLAGS, and publish MODEL to it as version 1
+# of model "bench" (an anchor, acknowledged): what late joiners then join.
+anchor_broker() {
+	local name=$1 model=$2 prod
+	shift 2
+	[ -f "$model" ] || fail "no model $model (make bench-fanout generates it, or give one)"
+	start_broker "$name" "$@"
+	eval "prod=\$${name}_PROD"
+	"$BUILD/tools/fault_publish" "$prod" bench 1 0 "$model" >"$TMP/pub.log" 2>&1 || fail "publish: $(cat "$TMP/pub.log")"
+}
+
 # stop_broker NAME: SIGTERM, expect exit 0 (a clean shutdown).
 stop_broker() {
 	local pid

@@ -12,10 +12,7 @@
 . "$(dirname "$0")/broker_lib.sh"
 
 N=${1:-4}
-MODEL=${2:-$BUILD/bench-fanout-100M/v0000.safetensors}
-[ -f "$MODEL" ] || fail "no model $MODEL (make bench-fanout generates it, or give one)"
-start_broker s ${FANOUT_THREADS_BROKER_ARGS:-}
-"$BUILD/tools/fault_publish" "$s_PROD" bench 1 0 "$MODEL" >"$TMP/pub.log" 2>&1 || fail "publish: $(cat "$TMP/pub.log")"
+anchor_broker s "${2:-$BUILD/bench-fanout-100M/v0000.safetensors}" ${FANOUT_THREADS_BROKER_ARGS:-}
 # Each I/O thread's CPU time so far, ms (schedstat: nanoseconds on a CPU).
 cpu_ms() {
 	for t in /proc/"$s_PID"/task/*; do

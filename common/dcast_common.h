@@ -32,6 +32,8 @@ uint64_t dcast_now_ns(void);
 uint64_t dcast_now_ms(void);
 /* CLOCK_REALTIME in nanoseconds: times that other processes compare. */
 uint64_t dcast_wall_ns(void);
+/* The calling thread's CPU time in nanoseconds. */
+uint64_t dcast_thread_cpu_ns(void);
 
 /* Programming-error check: prints file:line and aborts. */
 #define DCAST_ASSERT(c)                                                        \

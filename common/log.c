@@ -90,6 +90,11 @@ uint64_t dcast_wall_ns(void)
 	return clock_ns(CLOCK_REALTIME);
 }
 
+uint64_t dcast_thread_cpu_ns(void)
+{
+	return clock_ns(CLOCK_THREAD_CPUTIME_ID);
+}
+
 uint64_t dcast_now_ms(void)
 {
 	return dcast_now_ns() / 1000000u;

@@ -41,7 +41,6 @@
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 #include "consumer_impl.h"
 #include "dcast_common.h"
@@ -693,17 +692,9 @@ void cs_fold_priority(int background, int *saved)
 		      background ? (2 << 13) | 7 : 0); /* best effort, level 7; 0: from the nice value */
 }
 
-static uint64_t thread_cpu_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 int cs_fold_run(cs_fold_job *j)
 {
-	uint64_t t0 = dcast_now_ns(), cpu0 = thread_cpu_ns();
+	uint64_t t0 = dcast_now_ns(), cpu0 = dcast_thread_cpu_ns();
 	int saved = 0, err;
 
 	cs_fold_priority(1, &saved);
@@ -711,7 +702,7 @@ int cs_fold_run(cs_fold_job *j)
 	cs_fold_priority(0, &saved);
 	DCAST_LOG_D("consumer %s: fold from the disk to version %" PRIu64 ": %u record files, %" PRIu64
 		    " bytes of them, %.1f ms, %.1f ms of CPU%s%s", j->c->model, j->version, j->n_vers,
-		    j->folded_bytes, (double)(dcast_now_ns() - t0) / 1e6, (double)(thread_cpu_ns() - cpu0) / 1e6,
+		    j->folded_bytes, (double)(dcast_now_ns() - t0) / 1e6, (double)(dcast_thread_cpu_ns() - cpu0) / 1e6,
 		    err ? ", failed: " : "", err ? dcast_last_error() : "");
 	return err;
 }

@@ -31,7 +31,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 #include <zmq.h>
 #include "deltacast/codec.h"
@@ -400,14 +399,6 @@ static void say(const char *fmt, ...)
 	fputc('\n', stderr);
 }
 
-static uint64_t now_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
 /* The consumer's tensors are version v's truth (v none: nothing to check). */
 static int true_to(dcast_consumer *c, uint64_t v)
 {
@@ -424,7 +415,7 @@ static int true_to(dcast_consumer *c, uint64_t v)
  * applied version checked.  0, or -1 when one was not its truth. */
 static int drive(dcast_consumer *c, uint64_t ms, uint64_t until)
 {
-	for (uint64_t end = now_ms() + ms; now_ms() < end;) {
+	for (uint64_t end = dcast_now_ms() + ms; dcast_now_ms() < end;) {
 		dcast_event ev;
 		uint64_t have = dcast_consumer_version(c), r;
 		if (until != DCAST_VERSION_NONE && have == until)
@@ -534,8 +525,8 @@ int main(int argc, char **argv)
 	if (parse(argc, argv) || broker_start())
 		return 2;
 	setenv("DELTACAST_LOG", getenv("DELTACAST_LOG") ? getenv("DELTACAST_LOG") : "error", 0);
-	end = now_ms() + o.seconds * 1000;
-	for (round = o.start_round; round < o.start_round + o.rounds && now_ms() < end && !failed; round++)
+	end = dcast_now_ms() + o.seconds * 1000;
+	for (round = o.start_round; round < o.start_round + o.rounds && dcast_now_ms() < end && !failed; round++)
 		if (round_run(round)) {
 			say("fuzz_consumer: FAILED in round %" PRIu64 ": replay with --seed %" PRIu64 " --start-round %"
 			    PRIu64 " --rounds 1", round, o.seed, round);

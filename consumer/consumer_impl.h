@@ -26,6 +26,7 @@
 #include "deltacast/safetensors.h"
 #include "deltacast/schema.h"
 #include "dcast_io.h"
+#include "dcast_names.h"
 #include "dcast_tiles.h"
 
 /* par.c: fn(arg, i) for every i < n, on up to CS_PAR_THREADS threads (the
@@ -289,6 +290,7 @@ struct dcast_consumer {
 
 	cs_tensor *tensors;
 	uint32_t n_tensors;
+	dcast_names names;             /* tensor name -> index in tensors */
 	uint32_t device_tensors;       /* bound in CUDA memory: undo from the checkpoint */
 	unsigned char *arena;          /* the owned tensors' host copies (state.c) */
 	uint64_t arena_bytes;

@@ -38,12 +38,16 @@ uint64_t dcast_consumer_version(const dcast_consumer *c)
 	return c ? atomic_load(&((dcast_consumer *)c)->applied) : DCAST_VERSION_NONE;
 }
 
+static const char *tensor_name(const void *ctx, uint32_t i)
+{
+	return ((const dcast_consumer *)ctx)->tensors[i].desc.name;
+}
+
 cs_tensor *cs_tensor_find(dcast_consumer *c, const char *name)
 {
-	for (uint32_t i = 0; i < c->n_tensors; i++)
-		if (!strcmp(c->tensors[i].desc.name, name))
-			return &c->tensors[i];
-	return NULL;
+	int64_t i = dcast_names_get(&c->names, name, tensor_name, c);
+
+	return i < 0 ? NULL : &c->tensors[i];
 }
 
 int cs_tensors_tiled(const dcast_consumer *c)
@@ -105,6 +109,7 @@ void cs_tensors_free(dcast_consumer *c)
 	c->arena = NULL;
 	c->arena_bytes = 0;
 	free(c->tensors);
+	dcast_names_free(&c->names);
 	c->tensors = NULL;
 	c->n_tensors = 0;
 }
@@ -119,6 +124,7 @@ int cs_tensors_from_manifest(dcast_consumer *c, const dcast_manifest *m)
 {
 	cs_tensor *t = calloc(m->n_tensors ? m->n_tensors : 1, sizeof(*t));
 	uint64_t total = 0;
+	int err = 0;
 
 	if (!t)
 		return dcast_fail(DCAST_ENOMEM, "tensor table of %u", m->n_tensors);
@@ -133,6 +139,12 @@ int cs_tensors_from_manifest(dcast_consumer *c, const dcast_manifest *m)
 	}
 	c->tensors = t;
 	c->n_tensors = m->n_tensors;
+	for (uint32_t i = 0; i < m->n_tensors && !err; i++)
+		err = dcast_names_put(&c->names, t[i].desc.name, i);
+	if (err) {
+		cs_tensors_free(c);
+		return err;
+	}
 	if (!(c->arena = cs_host_alloc(total))) {
 		cs_tensors_free(c);
 		return dcast_fail(DCAST_ENOMEM, "host copies of %u tensors (%" PRIu64 " bytes)", m->n_tensors, total);

@@ -128,12 +128,16 @@ fail:
 	return rc;
 }
 
+static const char *tensor_name(const void *ctx, uint32_t i)
+{
+	return ((const dcast_producer *)ctx)->tensors[i].desc.name;
+}
+
 static prod_tensor *find_tensor(dcast_producer *p, const char *name)
 {
-	for (uint32_t i = 0; i < p->n_tensors; i++)
-		if (!strcmp(p->tensors[i].desc.name, name))
-			return &p->tensors[i];
-	return NULL;
+	int64_t i = dcast_names_get(&p->names, name, tensor_name, p);
+
+	return i < 0 ? NULL : &p->tensors[i];
 }
 
 /* Fill a tensor description from the caller's arguments, checking each. */
@@ -198,6 +202,10 @@ static int add_tensor(dcast_producer *p, const prod_tensor *t)
 		p->tensors = n;
 		p->cap_tensors = cap;
 	}
+	int err = dcast_names_put(&p->names, t->desc.name, p->n_tensors);
+
+	if (err)
+		return err;
 	p->tensors[p->n_tensors++] = *t;
 	return 0;
 }
@@ -314,6 +322,7 @@ void dcast_producer_close(dcast_producer **pp)
 	prod_enc_free(p);
 	prod_mem_free(p);
 	free(p->tensors);
+	dcast_names_free(&p->names);
 	free(p);
 	*pp = NULL;
 }

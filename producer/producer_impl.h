@@ -10,6 +10,7 @@
 #include <pthread.h>
 #include <stdint.h>
 #include "dcast_common.h"
+#include "dcast_names.h"
 #include "dcast_wire.h"
 #include "deltacast/codec.h"
 #include "deltacast/producer.h"
@@ -167,6 +168,7 @@ struct dcast_producer {
 
 	prod_tensor *tensors;
 	uint32_t n_tensors, cap_tensors;
+	dcast_names names;       /* tensor name -> index in tensors */
 	int frozen;              /* manifest fixed: first publish done */
 
 	/* Allocated at the first publish. */

@@ -196,20 +196,38 @@ static int chunk_head(const dcast_chunk *k, uint64_t payload_sum, rec_head *h)
  * pending; whatever else uses the engine waits for them all first (other
  * records: cs_ckpt_flush; reads, folds, dropping a version:
  * cs_ckpt_settle).  A failed write marks its version (it can never be
- * READY) and is reported by the next cs_ckpt_flush or cs_ckpt_progress. */
+ * READY) and is reported by the next cs_ckpt_flush or cs_ckpt_progress.
+ *
+ * Small records (at most WB_SMALL bytes, header and payload: a delta's
+ * chunks, or any chunk of a model of many small tensors) are not written
+ * one by one: each is copied into the buffer of the slot that is filling,
+ * and that buffer goes as one write when the next record does not continue
+ * it (another file, a gap, no room), at the end of every turn of the
+ * session thread (cs_ckpt_progress) and before anything waits for the
+ * writes.  Their credit goes back when that write is done, as for any
+ * record.  Two io_uring writes per chunk, each a wake-up of a kernel
+ * worker, cost a model of 20,000 small tensors most of its consumer's CPU
+ * per version (docs/benchmarks.md, "Many tensors"). */
 #define WB_SLOTS 16
 #define WB_TAG 0x57420000u
+#define WB_SMALL (64u << 10)    /* records copied into a combined write */
+#define WB_COMBINE (256u << 10) /* one combined write, at most */
 
 typedef struct wb_slot {
 	rec_head h;         /* the record's prefix and CHUNK header */
 	zmq_msg_t msg;      /* the payload, when held (has_msg) */
 	uint64_t version, off, bytes, credit; /* credit: given back when written (0: at once) */
-	int left, has_msg, err; /* h.len 0: no record, an anchor's range in its own file */
+	int left, has_msg, err;
+	int is_log;         /* record file bytes (0: an anchor's range in its own file) */
+	int file;           /* combined: the engine's file of its one write */
+	uint8_t *cb;        /* combined: WB_COMBINE bytes of records, kept for reuse */
 } wb_slot;
 
 struct cs_wb {
 	wb_slot s[WB_SLOTS];
 	uint32_t busy;      /* bit i: s[i] in use */
+	int filling;        /* the slot taking small records, not written yet; -1: none */
+	rec_head head;      /* a small record's header, before it is copied */
 	int err;            /* first failure not yet reported */
 	char why[256];      /* its detail (file, offset, the system's words) */
 };
@@ -218,14 +236,19 @@ int cs_ckpt_wb_open(dcast_consumer *c)
 {
 	if (!(c->ck.wb = calloc(1, sizeof(*c->ck.wb))))
 		return dcast_fail(DCAST_ENOMEM, "consumer: record write queue");
+	c->ck.wb->filling = -1;
 	return 0;
 }
 
 void cs_ckpt_wb_close(dcast_consumer *c)
 {
 	DCAST_ASSERT(!c->ck.wb || !c->ck.wb->busy); /* flushed by the session thread */
-	for (int i = 0; c->ck.wb && i < WB_SLOTS; i++)
+	for (int i = 0; c->ck.wb && i < WB_SLOTS; i++) {
 		free(c->ck.wb->s[i].h.p);
+		free(c->ck.wb->s[i].cb);
+	}
+	if (c->ck.wb)
+		free(c->ck.wb->head.p);
 	free(c->ck.wb);
 	c->ck.wb = NULL;
 }
@@ -247,7 +270,7 @@ static void wb_done(dcast_consumer *c, wb_slot *s)
 			v->write_failed = 1;
 	} else {
 		c->ck.log_write_bytes += len;
-		c->ck.log_since_fold += s->h.len ? len : 0; /* records only: an anchor's own file is no log */
+		c->ck.log_since_fold += s->is_log ? len : 0; /* records only: an anchor's own file is no log */
 	}
 	c->ck.wb->busy &= ~(1u << (s - c->ck.wb->s));
 }
@@ -272,11 +295,14 @@ static int wb_reap(dcast_consumer *c, unsigned min_done)
 	return 0;
 }
 
+static void combine_submit(dcast_consumer *c);
+
 /* Wait for every pending write; a broken ring fails them all. */
 static void wb_wait_all(dcast_consumer *c)
 {
 	int err = 0;
 
+	combine_submit(c);
 	while (c->ck.wb->busy && !err)
 		err = wb_reap(c, 1);
 	for (int i = 0; err && i < WB_SLOTS; i++)
@@ -304,6 +330,7 @@ int cs_ckpt_progress(dcast_consumer *c)
 {
 	if (!c->ck.wb)
 		return 0;
+	combine_submit(c);
 	if (c->ck.wb->busy && wb_reap(c, 0))
 		wb_wait_all(c);
 	return wb_report(c);
@@ -353,6 +380,7 @@ static int slot_head(dcast_consumer *c, cs_version *v, const dcast_chunk *k, uin
 	s->bytes = k->payload_bytes;
 	s->credit = v->in_place ? 0 : k->payload_bytes; /* in place: in the tensor, not the pool */
 	s->has_msg = s->err = 0;
+	s->is_log = !v->direct;
 	if (v->direct) {
 		s->h.len = 0;
 		s->off = c->ck.new_offs[k->tensor] + k->start * k->elem_size; /* k checked */
@@ -366,10 +394,13 @@ static int slot_head(dcast_consumer *c, cs_version *v, const dcast_chunk *k, uin
 	return dcast_io_write(c->io, v->io_file, s->h.p, s->h.len, s->off, DCAST_IO_NO_BUF, tag);
 }
 
-int cs_ckpt_chunk_submit(dcast_consumer *c, cs_version *v, const dcast_chunk *k, zmq_msg_t *held,
-			 const void *payload, uint64_t payload_sum, uint64_t *payload_off)
+/* Chunk k's record (or, v->direct, its range of the anchor file) in a
+ * write of its own: the header, then the payload from where it lies (ZeroMQ's
+ * message, held until written, or a pool slot or the tensor). */
+static int submit_own(dcast_consumer *c, cs_version *v, const dcast_chunk *k, zmq_msg_t *held,
+		      const void *payload, uint64_t payload_sum, uint64_t *payload_off)
 {
-	uint64_t t0 = dcast_now_ns(), tag;
+	uint64_t tag;
 	wb_slot *s = wb_slot_get(c);
 	int err;
 
@@ -399,7 +430,93 @@ int cs_ckpt_chunk_submit(dcast_consumer *c, cs_version *v, const dcast_chunk *k,
 		return err;
 	}
 	*payload_off = s->off + s->h.len;
-	v->file_bytes += v->direct ? 0 : s->h.len + k->payload_bytes;
+	return 0;
+}
+
+/* Write the filling slot's records, now (a failure fails the slot). */
+static void combine_submit(dcast_consumer *c)
+{
+	struct cs_wb *wb = c->ck.wb;
+	wb_slot *s;
+	int err;
+
+	if (wb->filling < 0)
+		return;
+	s = &wb->s[wb->filling];
+	wb->filling = -1;
+	s->left = 1;
+	err = dcast_io_write(c->io, s->file, s->cb, s->bytes, s->off, DCAST_IO_NO_BUF,
+			     WB_TAG | (uint64_t)(s - wb->s));
+	if (err) {
+		s->err = err;
+		s->left = 0;
+		wb_done(c, s);
+	}
+}
+
+/* The filling slot if it continues at (file, off) with room for len more
+ * bytes of version's; else, the one filling written, a new one. */
+static int combine_slot(dcast_consumer *c, int file, uint64_t off, uint64_t version, size_t len,
+			wb_slot **out)
+{
+	struct cs_wb *wb = c->ck.wb;
+	wb_slot *s = wb->filling < 0 ? NULL : &wb->s[wb->filling];
+
+	if (s && s->file == file && s->version == version && s->off + s->bytes == off &&
+	    s->bytes + len <= WB_COMBINE) {
+		*out = s;
+		return 0;
+	}
+	combine_submit(c);
+	if (!(s = wb_slot_get(c)))
+		return dcast_fail(DCAST_EIO, "version %" PRIu64 ": record writes failed", version);
+	if (!s->cb && !(s->cb = malloc(WB_COMBINE))) {
+		wb->busy &= ~(1u << (s - wb->s));
+		return dcast_fail(DCAST_ENOMEM, "record write buffer of %u bytes", WB_COMBINE);
+	}
+	*s = (wb_slot){.h = s->h, .cb = s->cb, .version = version, .off = off, .file = file};
+	s->h.len = 0; /* its header buffer is kept for a record of its own later */
+	wb->filling = (int)(s - wb->s);
+	*out = s;
+	return 0;
+}
+
+/* Chunk k's record (or its range of the anchor file) copied into the
+ * filling slot's write. */
+static int combine_chunk(dcast_consumer *c, cs_version *v, const dcast_chunk *k, const void *payload,
+			 uint64_t payload_sum, uint64_t *payload_off)
+{
+	rec_head *h = &c->ck.wb->head;
+	uint64_t off = v->direct ? c->ck.new_offs[k->tensor] + k->start * k->elem_size : v->file_bytes;
+	wb_slot *s = NULL;
+	int err;
+
+	h->len = 0;
+	if (!v->direct && (err = chunk_head(k, payload_sum, h)))
+		return err;
+	DCAST_ASSERT(h->len <= WB_COMBINE - WB_SMALL); /* a CHUNK header: fixed fields, re-encoded */
+	if ((err = combine_slot(c, v->io_file, off, k->version, h->len + k->payload_bytes, &s)))
+		return err; /* nothing went: the caller still owns the payload and its credit */
+	memcpy(s->cb + s->bytes, h->p, h->len);
+	memcpy(s->cb + s->bytes + h->len, payload, k->payload_bytes);
+	*payload_off = s->off + s->bytes + h->len;
+	s->bytes += h->len + k->payload_bytes;
+	s->credit += v->in_place ? 0 : k->payload_bytes;
+	s->is_log = !v->direct;
+	return 0;
+}
+
+int cs_ckpt_chunk_submit(dcast_consumer *c, cs_version *v, const dcast_chunk *k, zmq_msg_t *held,
+			 const void *payload, uint64_t payload_sum, uint64_t *payload_off)
+{
+	uint64_t t0 = dcast_now_ns();
+	int err = k->payload_bytes <= WB_SMALL ? combine_chunk(c, v, k, payload, payload_sum, payload_off)
+					       : submit_own(c, v, k, held, payload, payload_sum, payload_off);
+
+	if (err)
+		return err;
+	if (!v->direct)
+		v->file_bytes = *payload_off + k->payload_bytes;
 	if (wb_reap(c, 0)) /* what is done already: credit back early */
 		wb_wait_all(c); /* the ring failed: every pending write fails, reported by the flush */
 	c->ck.log_write_ns += dcast_now_ns() - t0;

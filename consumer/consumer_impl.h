@@ -544,12 +544,16 @@ int cs_check_next(dcast_consumer *c);
 /* ckpt.c: record files "DIR/model.dlog/<version>.rec", each:
  * chunk records then one commit record; see ckpt.c for the layout. */
 int cs_ckpt_version_create(dcast_consumer *c, cs_version *v);
-/* Write chunk k's record behind (see ckpt.c): payload (in the pool) stays
- * valid until the write is done; or held, the message payload is the data
- * of, is moved into the queue and closed then; k's payload bytes go back
- * to the broker as credit then (for a version received in place, whose
- * payload is the tensor's range, the caller gives it back at once).  On an error the credit is the caller's
- * to give back.  *payload_off: where the payload lands in v's file. */
+/* Write chunk k's record behind (see ckpt.c): a small one (payload up to
+ * 64 KiB) is copied into a combined write, and the caller's payload and
+ * held message are free at return (held is left to the caller); a larger
+ * payload (in the pool) stays valid until the write is done, or held, the
+ * message payload is the data of, is moved into the queue and closed
+ * then.  k's payload bytes go back to the broker as credit once written
+ * (for a version received in place, whose payload is the tensor's range,
+ * the caller gives it back at once).  On an error nothing was taken: the
+ * payload, held and the credit are the caller's.  *payload_off: where the
+ * payload lands in v's file. */
 int cs_ckpt_chunk_submit(dcast_consumer *c, cs_version *v, const dcast_chunk *k, zmq_msg_t *held,
 			 const void *payload, uint64_t payload_sum, uint64_t *payload_off);
 /* Wait for every chunk record written behind; the first failure since the

@@ -23,11 +23,17 @@ typedef struct trace_model {
 	size_t count;
 	uint64_t total;    /* elements */
 	unsigned hidden, layers, ffn, vocab;
+	unsigned experts;  /* MLP experts per layer (0: one dense MLP) */
+	unsigned expert_ffn; /* each expert's width: ffn / experts, rounded up to 8 */
 } trace_model;
 
-/* Lay out a model of about `params` parameters (at least one layer).
- * Errors: DCAST_EINVAL (too small, < 100k), DCAST_ENOMEM. */
-int trace_model_plan(uint64_t params, trace_model *m);
+/* Lay out a model of about `params` parameters (at least one layer); with
+ * `experts` > 0 each layer's MLP is that many experts of ffn / experts
+ * width (a mixture-of-experts model of fine-grained experts: about as many
+ * parameters, three tensors per expert, and a router).  Errors:
+ * DCAST_EINVAL (too small, < 100k; experts above the MLP's width),
+ * DCAST_ENOMEM. */
+int trace_model_plan(uint64_t params, unsigned experts, trace_model *m);
 void trace_model_free(trace_model *m);
 
 typedef struct trace_state {

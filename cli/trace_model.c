@@ -1,7 +1,9 @@
 /* gen-trace model plan: a Llama-shaped decoder (embedding, per layer RMSNorm
  * + q/k/v/o attention + RMSNorm + gate/up/down MLP, final norm, lm_head)
  * whose hidden size and depth are picked so that the total is close to the
- * requested parameter count with a hidden/layers ratio near 64. */
+ * requested parameter count with a hidden/layers ratio near 64.  With
+ * experts, each MLP is a router and that many experts of gate/up/down
+ * (names as Hugging Face's Qwen-MoE checkpoints have them). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -66,6 +68,22 @@ static void add_tensor(trace_model *m, const char *name, uint64_t rows, uint64_t
 	m->total += t->count;
 }
 
+/* Layer l's router and experts, each of width m->expert_ffn. */
+static void add_experts(trace_model *m, unsigned l, float out_std)
+{
+	static const char *const mlp[] = {"gate_proj", "up_proj", "down_proj"};
+	uint64_t d = m->hidden, f = m->expert_ffn;
+	char name[TRACE_NAME_BYTES];
+
+	snprintf(name, sizeof(name), "model.layers.%u.mlp.gate.weight", l);
+	add_tensor(m, name, m->experts, d, 0.0f, INIT_STD);
+	for (unsigned e = 0; e < m->experts; e++)
+		for (int i = 0; i < 3; i++) {
+			snprintf(name, sizeof(name), "model.layers.%u.mlp.experts.%u.%s.weight", l, e, mlp[i]);
+			add_tensor(m, name, i == 2 ? d : f, i == 2 ? f : d, 0.0f, i == 2 ? out_std : INIT_STD);
+		}
+}
+
 static void add_layer(trace_model *m, unsigned l)
 {
 	static const char *const attn[] = {"q_proj", "k_proj", "v_proj", "o_proj"};
@@ -81,24 +99,33 @@ static void add_layer(trace_model *m, unsigned l)
 	}
 	snprintf(name, sizeof(name), "model.layers.%u.post_attention_layernorm.weight", l);
 	add_tensor(m, name, d, 0, 1.0f, NORM_STD);
-	for (int i = 0; i < 3; i++) {
-		snprintf(name, sizeof(name), "model.layers.%u.mlp.%s.weight", l, mlp[i]);
-		add_tensor(m, name, i == 2 ? d : f, i == 2 ? f : d, 0.0f, i == 2 ? out_std : INIT_STD);
-	}
+	if (!m->experts)
+		for (int i = 0; i < 3; i++) {
+			snprintf(name, sizeof(name), "model.layers.%u.mlp.%s.weight", l, mlp[i]);
+			add_tensor(m, name, i == 2 ? d : f, i == 2 ? f : d, 0.0f, i == 2 ? out_std : INIT_STD);
+		}
+	else
+		add_experts(m, l, out_std);
 }
 
 /* The smallest model plan_shape lays out: below it, one layer of hidden
  * size 64 rounds to none. */
 #define TRACE_MIN_PARAMS 116864u
 
-int trace_model_plan(uint64_t params, trace_model *m)
+int trace_model_plan(uint64_t params, unsigned experts, trace_model *m)
 {
 	memset(m, 0, sizeof(*m));
 	if (params < TRACE_MIN_PARAMS || !plan_shape(params, m))
 		return cli_fail(DCAST_EINVAL, "--params %llu is too small for a transformer (at least %u: "
 				  "one layer of hidden size 64 and its embeddings)", (unsigned long long)params,
 				  TRACE_MIN_PARAMS);
-	m->tensors = calloc(3 + 9 * (size_t)m->layers, sizeof(*m->tensors));
+	if (experts > m->ffn / 8)
+		return cli_fail(DCAST_EINVAL, "--experts %u: more than the MLP's width %u over 8 allows", experts,
+				m->ffn);
+	m->experts = experts;
+	m->expert_ffn = experts ? (unsigned)round_up((m->ffn + experts - 1) / experts, 8) : 0;
+	m->tensors = calloc(3 + (9 + (experts ? 3 * (size_t)experts - 2 : 0)) * (size_t)m->layers,
+			    sizeof(*m->tensors));
 	if (!m->tensors)
 		return cli_fail(DCAST_ENOMEM, "out of memory");
 	add_tensor(m, "model.embed_tokens.weight", m->vocab, m->hidden, 0.0f, INIT_STD);

@@ -124,10 +124,11 @@ int cmd_gen_trace(int argc, char **argv)
 	if (!err && !specs)
 		err = cli_fail(DCAST_ENOMEM, "out of memory");
 	if (!err) {
-		fprintf(stderr, "gen-trace: %llu parameters: hidden %u, %u layers, mlp %u (%u experts of %u), "
-				"vocab %u, %zu tensors\n",
-			(unsigned long long)m.total, m.hidden, m.layers, m.ffn, m.experts, m.expert_ffn, m.vocab,
-			m.count);
+		char moe[48] = "";
+		if (m.experts)
+			snprintf(moe, sizeof(moe), " (%u experts of %u)", m.experts, m.expert_ffn);
+		fprintf(stderr, "gen-trace: %llu parameters: hidden %u, %u layers, mlp %u%s, vocab %u, %zu tensors\n",
+			(unsigned long long)m.total, m.hidden, m.layers, m.ffn, moe, m.vocab, m.count);
 		err = run_steps(&o, &s, specs);
 	}
 	free(specs);

@@ -22,6 +22,28 @@ check "gen-trace wrote v0000..v0003" '[ -f "$T/tr/v0000.safetensors" ] && [ -f "
 check "density reported near 0.01" \
 	'"$PY" -c "import re,sys; d=[float(x) for x in re.findall(r\"density ([0-9.]+)\", open(sys.argv[1]).read())]; sys.exit(not (len(d)==3 and all(0.007<x<0.013 for x in d)))" "$T/gen.err"'
 
+# --experts: a mixture-of-experts layout, 3E + 7 tensors a layer, with
+# the same density, and a delta of it round-trips too.
+"$B" gen-trace --params 2M --experts 8 --steps 1 --density 0.01 --seed 7 -o "$T/moe" 2>"$T/moe.err"
+check "gen-trace --experts 8 exit 0" '[ $? = 0 ]'
+check "--experts: 3*8 + 7 tensors a layer, expert names" \
+	'"$PY" -c "
+import json,re,struct,sys
+err=open(sys.argv[1]).read()
+layers,n=map(int,re.search(r\"(\\d+) layers.*?(\\d+) tensors\",err).groups())
+assert n == 3 + layers * 31, (layers, n)
+f=open(sys.argv[2],\"rb\"); h=json.loads(f.read(struct.unpack(\"<Q\",f.read(8))[0]))
+assert len([k for k in h if k != \"__metadata__\"]) == n
+assert \"model.layers.0.mlp.experts.7.down_proj.weight\" in h and \"model.layers.0.mlp.gate.weight\" in h
+d=[float(x) for x in re.findall(r\"density ([0-9.]+)\", err)]
+assert len(d) == 1 and 0.007 < d[0] < 0.013, d
+" "$T/moe.err" "$T/moe/v0000.safetensors"'
+"$B" gen-trace --params 2M --experts 4000 --steps 1 --density 0.01 -o "$T/moe_bad" 2>"$T/moe_bad.err"
+check "--experts above the MLP width refused, naming it" '[ $? != 0 ] && grep -q "experts 4000" "$T/moe_bad.err"'
+"$B" delta "$T/moe/v0000.safetensors" "$T/moe/v0001.safetensors" -o "$T/pmoe" &&
+	"$B" apply "$T/moe/v0000.safetensors" "$T/pmoe" -o "$T/moe_out.safetensors"
+check "MoE delta + apply reproduces NEW" 'cmp "$T/moe_out.safetensors" "$T/moe/v0001.safetensors"'
+
 "$B" diff "$T/tr/v0001.safetensors" "$T/tr/v0002.safetensors" --json >"$T/diff.json"
 check "diff --json exit 0" '[ $? = 0 ]'
 check "diff --json: exact, 0 < density < 0.05, keys present" \

@@ -497,7 +497,8 @@ static int combine_chunk(dcast_consumer *c, cs_version *v, const dcast_chunk *k,
 	DCAST_ASSERT(h->len <= WB_COMBINE - WB_SMALL); /* a CHUNK header: fixed fields, re-encoded */
 	if ((err = combine_slot(c, v->io_file, off, k->version, h->len + k->payload_bytes, &s)))
 		return err; /* nothing went: the caller still owns the payload and its credit */
-	memcpy(s->cb + s->bytes, h->p, h->len);
+	if (h->len) /* none for an anchor's range in its own file (h->p may be NULL) */
+		memcpy(s->cb + s->bytes, h->p, h->len);
 	memcpy(s->cb + s->bytes + h->len, payload, k->payload_bytes);
 	*payload_off = s->off + s->bytes + h->len;
 	s->bytes += h->len + k->payload_bytes;

@@ -496,7 +496,6 @@ void broker_ingest_init(struct broker *b);
 /* Drop the open version: ERROR(DCAST_EABORTED, why) to the model's
  * producers; why == NULL drops it quietly (nothing was accepted into it). */
 void broker_pending_abort(struct broker *b, struct broker_model *m, const char *why);
-int broker_chunk_check(const struct broker_manifest *mf, const dcast_chunk *c);
 
 /* ---- fanout.c: consumers ---- */
 void broker_consumer_msg(struct broker *b, dcast_wire_in *in);

@@ -9,6 +9,7 @@
 #include "dcast_common.h"
 #include "deltacast/codec.h" /* dcast_checksum */
 #include "durable.h" /* --data-dir: ACK on the durable completion */
+#include "segment.h" /* broker_chunk_check */
 
 #define MAX_PART_CHUNKS (1u << 24) /* chunks of one part's version held at once */
 #define PAYLOAD_COPY_BELOW (64u << 10)
@@ -127,27 +128,6 @@ int broker_pending_open(struct broker *b, struct broker_model *m, const dcast_ch
 	return 0;
 }
 
-int broker_chunk_check(const struct broker_manifest *mf, const dcast_chunk *c)
-{
-	const dcast_tensor_desc *t;
-	uint64_t elems;
-
-	if (c->tensor >= mf->m.n_tensors)
-		return dcast_fail(DCAST_EFIELD_RANGE, "CHUNK.tensor: %u outside the manifest's %u tensors",
-				  c->tensor, mf->m.n_tensors);
-	t = &mf->m.tensors[c->tensor];
-	elems = dcast_tensor_elems(t);
-	if (c->start > elems || c->count > elems - c->start)
-		return dcast_fail(DCAST_ESHAPE, "CHUNK tensor %s: range [%llu, +%llu) outside its %llu elements",
-				  t->name, (unsigned long long)c->start,
-				  (unsigned long long)c->count, (unsigned long long)elems);
-	if (c->elem_size != dcast_dtype_size((int)t->dtype))
-		return dcast_fail(DCAST_ESHAPE, "CHUNK tensor %s: elem_size %u, dtype %s has %u",
-				  t->name, c->elem_size, dcast_dtype_name((int)t->dtype),
-				  dcast_dtype_size((int)t->dtype));
-	return 0;
-}
-
 static int pending_match(const struct broker_model *m, const struct broker_pending *pd,
 			 uint64_t version, int anchor, uint64_t base, uint32_t part)
 {
@@ -242,7 +222,7 @@ int broker_pending_chunk(struct broker *b, struct broker_model *m, uint32_t part
 	int rc;
 
 	if ((rc = pending_match(m, pd, c->version, c->anchor, c->base_version, part)) ||
-	    (rc = broker_chunk_check(pd->manifest, c)))
+	    (rc = broker_chunk_check(&pd->manifest->m, c)))
 		return rc;
 	sum = dcast_checksum(zmq_msg_data(&in->payload), c->payload_bytes);
 	if ((rc = dcast_chunk_verify_sum(c, sum))) /* header too, empty payload or not */

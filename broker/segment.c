@@ -453,7 +453,29 @@ struct seg_scan {
 	/* the version being read */
 	uint64_t version, chunks, bytes;
 	int kind_last;
+	dcast_msg manifest; /* the segment's MANIFEST, once read (type 0 before) */
 };
+
+int broker_chunk_check(const dcast_manifest *m, const dcast_chunk *c)
+{
+	const dcast_tensor_desc *t;
+	uint64_t elems;
+
+	if (c->tensor >= m->n_tensors)
+		return dcast_fail(DCAST_EFIELD_RANGE, "CHUNK.tensor: %u outside the manifest's %u tensors",
+				  c->tensor, m->n_tensors);
+	t = &m->tensors[c->tensor];
+	elems = dcast_tensor_elems(t);
+	if (c->start > elems || c->count > elems - c->start)
+		return dcast_fail(DCAST_ESHAPE, "CHUNK tensor %s: range [%llu, +%llu) outside its %llu elements",
+				  t->name, (unsigned long long)c->start,
+				  (unsigned long long)c->count, (unsigned long long)elems);
+	if (c->elem_size != dcast_dtype_size((int)t->dtype))
+		return dcast_fail(DCAST_ESHAPE, "CHUNK tensor %s: elem_size %u, dtype %s has %u",
+				  t->name, c->elem_size, dcast_dtype_name((int)t->dtype),
+				  dcast_dtype_size((int)t->dtype));
+	return 0;
+}
 
 /* The message's version is the record's (dcast_rec_msg). */
 static int chunk_fits(const dcast_rec *r, const dcast_msg *msg, const struct seg_scan *sc)
@@ -501,6 +523,17 @@ static int check_record(void *ctx, uint64_t off, const dcast_rec *r, const uint8
 		return dcast_rec_file_name(r, hdr, sc->model) ? (snprintf(why, why_cap, "bad FILE record"), -1) : 0;
 	if (dcast_rec_msg(r, hdr, &msg))
 		return snprintf(why, why_cap, "header: %s", dcast_last_error()), -1;
+	if (r->kind == BROKER_SEG_MANIFEST) {
+		dcast_msg_free(&sc->manifest);
+		sc->manifest = msg; /* the chunks after it are checked against it */
+		return 0;
+	}
+	if (r->kind == BROKER_SEG_CHUNK && broker_chunk_check(&sc->manifest.u.manifest, &msg.u.chunk)) {
+		snprintf(why, why_cap, "CHUNK record of version %llu outside the segment's MANIFEST (%s)",
+			 (unsigned long long)r->version, dcast_last_error());
+		dcast_msg_free(&msg);
+		return -1;
+	}
 	if (r->kind == BROKER_SEG_CHUNK)
 		rc = chunk_fits(r, &msg, sc) ? 0 : -1;
 	else if (r->kind == BROKER_SEG_COMMIT)
@@ -788,6 +821,7 @@ static int open_verified(broker_seg_store *s, const char *path, struct seg_file 
 	f->handle = dcast_io_file_add(s->io, f->fd, path);
 	sc->size = (uint64_t)st.st_size;
 	rc = f->handle < 0 ? -f->handle : scan_file(s, f->fd, sc);
+	dcast_msg_free(&sc->manifest);
 	if (rc == DCAST_EPROTO_VERSION)
 		dcast_fail(rc, "segment '%s': %s; left as it is (use another --data-dir, or move "
 			   "the file away to drop it)", path, sc->out.why);

@@ -4,7 +4,10 @@
  * random offsets or with a random byte flipped reloads as exactly the
  * committed prefix (file cut back, never a partial version), the bytes cut
  * off are in quarantine/ byte for byte, and takes new versions after it; a
- * whole segment of another format stops the load and is left untouched. */
+ * whole segment of another format stops the load and is left untouched; a
+ * version with a chunk record that is whole (its checksums hold) but lies
+ * outside the segment's MANIFEST (another tensor, a range past the
+ * tensor's end, another element size) is set aside like a damaged one. */
 #include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -29,6 +32,7 @@ static struct rec written[MAX_RECS], loaded[MAX_RECS];
 static unsigned n_written, n_loaded, n_lost; /* n_lost: BROKER_SEG_LOST reports */
 static uint64_t commit_end[N_VERSIONS + 4]; /* segment size after commit i */
 static uint32_t rng = 12345;
+static int bad_chunk; /* write_version: chunk 2 outside the manifest, how (1..3) */
 
 static int visit(void *ctx, const char *model, const dcast_rec *r, const void *hdr,
 		 const void *payload)
@@ -100,7 +104,13 @@ static void write_version(broker_seg_store *s, uint64_t version, int anchor, int
 		c->elem_size = 4;
 		c->changed = CHUNK_ELEMS;
 		c->payload_bytes = sizeof(payload[i]);
-		dcast_chunk_seal(c, payload[i]);
+		if (i == 2 && bad_chunk == 1)
+			c->tensor = 1; /* the manifest has one */
+		if (i == 2 && bad_chunk == 2)
+			c->start = CHUNKS_PER_VERSION * CHUNK_ELEMS - 1; /* runs past the end */
+		if (i == 2 && bad_chunk == 3)
+			c->elem_size = 2, c->count = 2 * CHUNK_ELEMS; /* f32 has 4 */
+		dcast_chunk_seal(c, payload[i]); /* sealed whole: only the manifest refuses it */
 		encode(&m, &hdrs[i], &lens[i]);
 		CHECK_ERR(broker_seg_append_chunk(s, "llama/7b", version, hdrs[i], lens[i],
 						  payload[i], sizeof(payload[i]),
@@ -412,6 +422,40 @@ static void test_other_format(const char *dir)
 	free(orig);
 }
 
+/* Versions 1..3, then 4 with a chunk outside the manifest, committed:
+ * the load replays 1..3, sets 4 aside (reported lost) and cuts the file
+ * back to the end of 3. */
+static void test_outside_manifest(const char *dir)
+{
+	char mdir[512], seg[600], cmd[300];
+	broker_seg_store *s;
+	uint64_t end3 = 0;
+
+	for (bad_chunk = 1; bad_chunk <= 3; bad_chunk++) {
+		n_written = 0;
+		REQUIRE(broker_seg_open(&s, dir) == 0);
+		for (uint64_t v = 1; v <= 4; v++) {
+			int bad = bad_chunk;
+			bad_chunk = v == 4 ? bad : 0;
+			write_version(s, v, v == 1, 1);
+			bad_chunk = bad;
+			if (v == 3)
+				end3 = broker_seg_bytes(s, "llama/7b");
+		}
+		reload(&s, dir);
+		CHECK(loaded_equals_prefix(records_through(3)));
+		CHECK(n_lost == 1);
+		broker_seg_close(&s);
+		model_dir_of(dir, mdir, sizeof(mdir));
+		snprintf(seg, sizeof(seg), "%s/seg-%020llu.log", mdir, 1ull);
+		struct stat st;
+		CHECK(stat(seg, &st) == 0 && (uint64_t)st.st_size == end3);
+		snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+		CHECK(system(cmd) == 0);
+	}
+	bad_chunk = 0;
+}
+
 static void run(const char *label)
 {
 	char dir[256], cmd[300];
@@ -424,6 +468,8 @@ static void run(const char *label)
 	test_damage(dir);
 	CHECK(system(cmd) == 0);
 	test_other_format(dir);
+	CHECK(system(cmd) == 0);
+	test_outside_manifest(dir);
 }
 
 int main(void)

@@ -15,18 +15,20 @@
 
 static const char usage_text[] =
 	"usage: deltacast gen-trace --params N --steps K --density P [--seed S]\n"
-	"                           [--threads T] [--experts E] -o DIR\n"
+	"                           [--threads T] [--experts E [--stacked]] -o DIR\n"
 	"Writes DIR/v0000.safetensors .. DIR/vK.safetensors: a Llama-shaped bf16 model of\n"
 	"about N parameters (suffixes K, M, B: 50M, 1.5B) and K AdamW-like steps on fp32\n"
 	"master weights, each rounded to bf16, with the learning rate calibrated so that\n"
 	"about a fraction P (0 < P < 1) of the bf16 elements change per step.  Reports\n"
 	"the achieved density of each step on stderr.  --threads defaults to 2.  With\n"
 	"--experts E each layer's MLP is a router and E experts of 1/E its width (a\n"
-	"mixture-of-experts model: about N parameters in 3E + 7 tensors a layer).\n";
+	"mixture-of-experts model: about N parameters in 3E + 7 tensors a layer);\n"
+	"--stacked holds them as one tensor per layer and projection (10 a layer).\n";
 
 typedef struct trace_opts {
 	uint64_t params, seed;
 	unsigned steps, threads, experts;
+	int stacked;
 	double density;
 	const char *dir;
 } trace_opts;
@@ -37,7 +39,7 @@ static int parse_opts(int argc, char **argv, trace_opts *o)
 		{"params", required_argument, 0, 'n'}, {"steps", required_argument, 0, 'k'},
 		{"density", required_argument, 0, 'p'}, {"seed", required_argument, 0, 's'},
 		{"threads", required_argument, 0, 't'}, {"experts", required_argument, 0, 'e'},
-		{"help", no_argument, 0, 'h'},
+		{"stacked", no_argument, 0, 'S'}, {"help", no_argument, 0, 'h'},
 		{0, 0, 0, 0}};
 	double steps = -1, threads = 2, seed = 1, experts = 0;
 	int c;
@@ -51,6 +53,7 @@ static int parse_opts(int argc, char **argv, trace_opts *o)
 		case 's': bad = cli_parse_double(optarg, 0, 9e15, &seed); break;
 		case 't': bad = cli_parse_double(optarg, 1, 64, &threads); break;
 		case 'e': bad = cli_parse_double(optarg, 0, 4096, &experts); break;
+		case 'S': o->stacked = 1; break;
 		case 'o': o->dir = optarg; break;
 		case 'h': fputs(usage_text, stdout); exit(CLI_OK);
 		default: return cli_usage_error(CMD, "bad option");
@@ -63,6 +66,8 @@ static int parse_opts(int argc, char **argv, trace_opts *o)
 		return cli_usage_error(CMD, "--params, --steps, --density and -o are required");
 	o->steps = (unsigned)steps, o->threads = (unsigned)threads, o->seed = (uint64_t)seed;
 	o->experts = (unsigned)experts;
+	if (o->stacked && !o->experts)
+		return cli_usage_error(CMD, "--stacked needs --experts");
 	return 0;
 }
 
@@ -117,7 +122,7 @@ int cmd_gen_trace(int argc, char **argv)
 		return cli_report(CMD, cli_fail(DCAST_EIO, "%s: mkdir: %s", o.dir, strerror(errno)));
 	trace_model m;
 	trace_state s = {0};
-	int err = trace_model_plan(o.params, o.experts, &m);
+	int err = trace_model_plan(o.params, o.experts, o.stacked, &m);
 	if (!err)
 		err = trace_state_init(&s, &m, o.seed, o.threads);
 	dcast_st_spec *specs = err ? NULL : make_specs(&m, s.bf);
@@ -126,7 +131,8 @@ int cmd_gen_trace(int argc, char **argv)
 	if (!err) {
 		char moe[48] = "";
 		if (m.experts)
-			snprintf(moe, sizeof(moe), " (%u experts of %u)", m.experts, m.expert_ffn);
+			snprintf(moe, sizeof(moe), " (%u experts of %u%s)", m.experts, m.expert_ffn,
+				 m.stacked ? ", stacked" : "");
 		fprintf(stderr, "gen-trace: %llu parameters: hidden %u, %u layers, mlp %u%s, vocab %u, %zu tensors\n",
 			(unsigned long long)m.total, m.hidden, m.layers, m.ffn, moe, m.vocab, m.count);
 		err = run_steps(&o, &s, specs);

@@ -25,15 +25,17 @@ typedef struct trace_model {
 	unsigned hidden, layers, ffn, vocab;
 	unsigned experts;  /* MLP experts per layer (0: one dense MLP) */
 	unsigned expert_ffn; /* each expert's width: ffn / experts, rounded up to 8 */
+	int stacked;       /* experts held stacked: one tensor per layer and projection */
 } trace_model;
 
 /* Lay out a model of about `params` parameters (at least one layer); with
  * `experts` > 0 each layer's MLP is that many experts of ffn / experts
  * width (a mixture-of-experts model of fine-grained experts: about as many
- * parameters, three tensors per expert, and a router).  Errors:
- * DCAST_EINVAL (too small, < 100k; experts above the MLP's width),
- * DCAST_ENOMEM. */
-int trace_model_plan(uint64_t params, unsigned experts, trace_model *m);
+ * parameters, three tensors per expert, and a router); `stacked`: the
+ * same experts in one tensor per layer and projection, the rows of expert
+ * e after those of e - 1 (a fused-MoE layout).  Errors: DCAST_EINVAL (too
+ * small, < 100k; experts above the MLP's width), DCAST_ENOMEM. */
+int trace_model_plan(uint64_t params, unsigned experts, int stacked, trace_model *m);
 void trace_model_free(trace_model *m);
 
 typedef struct trace_state {

@@ -77,7 +77,12 @@ static void add_experts(trace_model *m, unsigned l, float out_std)
 
 	snprintf(name, sizeof(name), "model.layers.%u.mlp.gate.weight", l);
 	add_tensor(m, name, m->experts, d, 0.0f, INIT_STD);
-	for (unsigned e = 0; e < m->experts; e++)
+	for (int i = 0; m->stacked && i < 3; i++) {
+		snprintf(name, sizeof(name), "model.layers.%u.mlp.experts.%s.weight", l, mlp[i]);
+		add_tensor(m, name, m->experts * (i == 2 ? d : f), i == 2 ? f : d, 0.0f,
+			   i == 2 ? out_std : INIT_STD);
+	}
+	for (unsigned e = 0; !m->stacked && e < m->experts; e++)
 		for (int i = 0; i < 3; i++) {
 			snprintf(name, sizeof(name), "model.layers.%u.mlp.experts.%u.%s.weight", l, e, mlp[i]);
 			add_tensor(m, name, i == 2 ? d : f, i == 2 ? f : d, 0.0f, i == 2 ? out_std : INIT_STD);
@@ -112,7 +117,7 @@ static void add_layer(trace_model *m, unsigned l)
  * size 64 rounds to none. */
 #define TRACE_MIN_PARAMS 116864u
 
-int trace_model_plan(uint64_t params, unsigned experts, trace_model *m)
+int trace_model_plan(uint64_t params, unsigned experts, int stacked, trace_model *m)
 {
 	memset(m, 0, sizeof(*m));
 	if (params < TRACE_MIN_PARAMS || !plan_shape(params, m))
@@ -123,8 +128,9 @@ int trace_model_plan(uint64_t params, unsigned experts, trace_model *m)
 		return cli_fail(DCAST_EINVAL, "--experts %u: more than the MLP's width %u over 8 allows", experts,
 				m->ffn);
 	m->experts = experts;
+	m->stacked = experts && stacked;
 	m->expert_ffn = experts ? (unsigned)round_up((m->ffn + experts - 1) / experts, 8) : 0;
-	m->tensors = calloc(3 + (9 + (experts ? 3 * (size_t)experts - 2 : 0)) * (size_t)m->layers,
+	m->tensors = calloc(3 + (9 + (!experts ? 0 : m->stacked ? 1 : 3 * (size_t)experts - 2)) * (size_t)m->layers,
 			    sizeof(*m->tensors));
 	if (!m->tensors)
 		return cli_fail(DCAST_ENOMEM, "out of memory");

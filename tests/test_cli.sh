@@ -38,6 +38,18 @@ assert \"model.layers.0.mlp.experts.7.down_proj.weight\" in h and \"model.layers
 d=[float(x) for x in re.findall(r\"density ([0-9.]+)\", err)]
 assert len(d) == 1 and 0.007 < d[0] < 0.013, d
 " "$T/moe.err" "$T/moe/v0000.safetensors"'
+"$B" gen-trace --params 2M --experts 8 --stacked --steps 1 --density 0.01 --seed 7 -o "$T/moes" 2>"$T/moes.err"
+check "--stacked: 10 tensors a layer, the same parameters" \
+	'"$PY" -c "
+import json,re,struct,sys
+a,b=open(sys.argv[1]).read(),open(sys.argv[2]).read()
+la,na=map(int,re.search(r\"(\\d+) layers.*?(\\d+) tensors\",a).groups())
+pa,pb=(int(re.search(r\"(\\d+) parameters\",x).group(1)) for x in (a,b))
+assert na == 3 + la * 10 and pa == pb, (la, na, pa, pb)
+f=open(sys.argv[3],\"rb\"); h=json.loads(f.read(struct.unpack(\"<Q\",f.read(8))[0]))
+assert h[\"model.layers.0.mlp.experts.down_proj.weight\"][\"shape\"][0] == 8 * 192
+" "$T/moes.err" "$T/moe.err" "$T/moes/v0000.safetensors"'
+check "--stacked without --experts refused" '! "$B" gen-trace --params 2M --stacked --steps 1 --density 0.01 -o "$T/st_bad" 2>/dev/null'
 "$B" gen-trace --params 2M --experts 4000 --steps 1 --density 0.01 -o "$T/moe_bad" 2>"$T/moe_bad.err"
 check "--experts above the MLP width refused, naming it" '[ $? != 0 ] && grep -q "experts 4000" "$T/moe_bad.err"'
 "$B" delta "$T/moe/v0000.safetensors" "$T/moe/v0001.safetensors" -o "$T/pmoe" &&

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Models of many tensors against one of few, the same parameters and
-# density: a dense Llama-shaped gen-trace and a mixture-of-experts one
-# (`gen-trace --experts E`: 3E + 7 tensors a layer).  Per trace: the
+# Models of many tensors against ones of few, the same parameters and
+# density: a dense Llama-shaped gen-trace, a mixture-of-experts one
+# (`gen-trace --experts E`: 3E + 7 tensors a layer) and the same experts
+# stacked (`--stacked`: one tensor per layer and projection).  Per trace: the
 # tensor and chunk counts, `deltacast publish` ms per 1% delta with no
 # consumer (median over the deltas: the producer's diff, the broker's ACK),
 # and one library consumer's CPU per delta (tests/tools/delta_cpu.sh: every
@@ -52,10 +53,12 @@ tensors() {
 PY=${PYTHON:-/usr/bin/python3}
 DENSE=$BUILD/many-dense-$PARAMS-$STEPS
 MOE=$BUILD/many-moe$EXPERTS-$PARAMS-$STEPS
+STACKED=$BUILD/many-stacked$EXPERTS-$PARAMS-$STEPS
 trace "$DENSE"
 trace "$MOE" --experts "$EXPERTS"
+trace "$STACKED" --experts "$EXPERTS" --stacked
 printf '%-22s %8s %8s %18s %22s\n' model tensors chunks "publish ms/delta" "consumer CPU ms/delta"
-for t in dense:"$DENSE" moe:"$MOE"; do
+for t in dense:"$DENSE" moe:"$MOE" stacked:"$STACKED"; do
 	name=${t%%:*} dir=${t#*:}
 	publish_ms "$dir"
 	read -r pub chunks <"$TMP/pub.out"
@@ -64,5 +67,10 @@ for t in dense:"$DENSE" moe:"$MOE"; do
 	printf '%-22s %8s %8s %18s %22s\n' "$name $PARAMS" "$(tensors "$dir/v0000.safetensors")" "$chunks" "$pub" "$cons"
 	eval "${name}_pub=$pub ${name}_cons=$cons"
 done
-awk -v a="$moe_pub" -v b="$dense_pub" -v c="$moe_cons" -v d="$dense_cons" -v e="$EXPERTS" \
-	'BEGIN { printf "moe%s over dense: publish %.2fx, consumer CPU %.2fx\n", e, a / b, c / d }'
+ratio() { # NAME: its publish and consumer figures over the dense ones
+	local pub=${1}_pub cons=${1}_cons
+	awk -v a="${!pub}" -v c="${!cons}" -v b="$dense_pub" -v d="$dense_cons" -v n="$1$EXPERTS" \
+		'BEGIN { printf "%s over dense: publish %.2fx, consumer CPU %.2fx\n", n, a / b, c / d }'
+}
+ratio moe
+ratio stacked

@@ -11,7 +11,7 @@
 # "Many tensors".
 # Usage: [MANY_PARAMS=100M MANY_EXPERTS=128 MANY_STEPS=9] tests/tools/many_tensors.sh
 # (run from the repo root after `make`; traces are kept under
-# build/many-*, made once).
+# build/many-*, made once: 2 GB each at the defaults).
 . "$(dirname "$0")/broker_lib.sh"
 
 PARAMS=${MANY_PARAMS:-100M}

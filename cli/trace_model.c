@@ -68,32 +68,46 @@ static void add_tensor(trace_model *m, const char *name, uint64_t rows, uint64_t
 	m->total += t->count;
 }
 
-/* Layer l's router and experts, each of width m->expert_ffn. */
-static void add_experts(trace_model *m, unsigned l, float out_std)
+/* The MLP projections PREFIX.{gate,up,down}_proj.weight of width f, each
+ * `stack` of them in one tensor (the rows of one after another's). */
+static void add_mlp(trace_model *m, const char *prefix, uint64_t stack, uint64_t f, float out_std)
 {
 	static const char *const mlp[] = {"gate_proj", "up_proj", "down_proj"};
-	uint64_t d = m->hidden, f = m->expert_ffn;
+	uint64_t d = m->hidden;
 	char name[TRACE_NAME_BYTES];
 
-	snprintf(name, sizeof(name), "model.layers.%u.mlp.gate.weight", l);
-	add_tensor(m, name, m->experts, d, 0.0f, INIT_STD);
-	for (int i = 0; m->stacked && i < 3; i++) {
-		snprintf(name, sizeof(name), "model.layers.%u.mlp.experts.%s.weight", l, mlp[i]);
-		add_tensor(m, name, m->experts * (i == 2 ? d : f), i == 2 ? f : d, 0.0f,
-			   i == 2 ? out_std : INIT_STD);
+	for (int i = 0; i < 3; i++) {
+		snprintf(name, sizeof(name), "%s.%s.weight", prefix, mlp[i]);
+		add_tensor(m, name, stack * (i == 2 ? d : f), i == 2 ? f : d, 0.0f, i == 2 ? out_std : INIT_STD);
 	}
-	for (unsigned e = 0; !m->stacked && e < m->experts; e++)
-		for (int i = 0; i < 3; i++) {
-			snprintf(name, sizeof(name), "model.layers.%u.mlp.experts.%u.%s.weight", l, e, mlp[i]);
-			add_tensor(m, name, i == 2 ? d : f, i == 2 ? f : d, 0.0f, i == 2 ? out_std : INIT_STD);
-		}
+}
+
+/* Layer l's MLP: dense, or a router and its experts of width
+ * m->expert_ffn, one tensor each or stacked. */
+static void add_layer_mlp(trace_model *m, unsigned l, float out_std)
+{
+	char prefix[TRACE_NAME_BYTES];
+
+	snprintf(prefix, sizeof(prefix), "model.layers.%u.mlp", l);
+	if (!m->experts) {
+		add_mlp(m, prefix, 1, m->ffn, out_std);
+		return;
+	}
+	snprintf(prefix, sizeof(prefix), "model.layers.%u.mlp.gate.weight", l);
+	add_tensor(m, prefix, m->experts, m->hidden, 0.0f, INIT_STD);
+	snprintf(prefix, sizeof(prefix), "model.layers.%u.mlp.experts", l);
+	if (m->stacked)
+		add_mlp(m, prefix, m->experts, m->expert_ffn, out_std);
+	for (unsigned e = 0; !m->stacked && e < m->experts; e++) {
+		snprintf(prefix, sizeof(prefix), "model.layers.%u.mlp.experts.%u", l, e);
+		add_mlp(m, prefix, 1, m->expert_ffn, out_std);
+	}
 }
 
 static void add_layer(trace_model *m, unsigned l)
 {
 	static const char *const attn[] = {"q_proj", "k_proj", "v_proj", "o_proj"};
-	static const char *const mlp[] = {"gate_proj", "up_proj", "down_proj"};
-	uint64_t d = m->hidden, f = m->ffn;
+	uint64_t d = m->hidden;
 	float out_std = INIT_STD / sqrtf(2.0f * (float)m->layers); /* residual outputs */
 	char name[TRACE_NAME_BYTES];
 	snprintf(name, sizeof(name), "model.layers.%u.input_layernorm.weight", l);
@@ -104,13 +118,15 @@ static void add_layer(trace_model *m, unsigned l)
 	}
 	snprintf(name, sizeof(name), "model.layers.%u.post_attention_layernorm.weight", l);
 	add_tensor(m, name, d, 0, 1.0f, NORM_STD);
-	if (!m->experts)
-		for (int i = 0; i < 3; i++) {
-			snprintf(name, sizeof(name), "model.layers.%u.mlp.%s.weight", l, mlp[i]);
-			add_tensor(m, name, i == 2 ? d : f, i == 2 ? f : d, 0.0f, i == 2 ? out_std : INIT_STD);
-		}
-	else
-		add_experts(m, l, out_std);
+	add_layer_mlp(m, l, out_std);
+}
+
+/* Tensors a layer has: two norms, four attention projections, then three
+ * MLP projections, or a router and three per expert (three in all when
+ * stacked). */
+static size_t layer_tensors(const trace_model *m)
+{
+	return 6 + (m->experts ? 1 + 3 * (m->stacked ? 1 : (size_t)m->experts) : 3);
 }
 
 /* The smallest model plan_shape lays out: below it, one layer of hidden
@@ -130,8 +146,7 @@ int trace_model_plan(uint64_t params, unsigned experts, int stacked, trace_model
 	m->experts = experts;
 	m->stacked = experts && stacked;
 	m->expert_ffn = experts ? (unsigned)round_up((m->ffn + experts - 1) / experts, 8) : 0;
-	m->tensors = calloc(3 + (9 + (!experts ? 0 : m->stacked ? 1 : 3 * (size_t)experts - 2)) * (size_t)m->layers,
-			    sizeof(*m->tensors));
+	m->tensors = calloc(3 + layer_tensors(m) * m->layers, sizeof(*m->tensors));
 	if (!m->tensors)
 		return cli_fail(DCAST_ENOMEM, "out of memory");
 	add_tensor(m, "model.embed_tokens.weight", m->vocab, m->hidden, 0.0f, INIT_STD);

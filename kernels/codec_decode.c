@@ -21,8 +21,9 @@
 #define OVERRUN (1u << 24) /* bits a bad code advances by: past any stream end */
 #define PAD_BYTES 32u     /* zeros after the stream copy: a step reads < 24 past its end */
 
-/* Decoding facts shared by the lanes.  A lut entry resolves the next 12
- * bits to the value's total code length (bits 0-3, 1..12) and its zig-zag
+/* Decoding facts shared by the lanes.  A lut entry resolves the next
+ * lbits bits (lut_bits: 12 at most, fewer for a small chunk) to the
+ * value's total code length (bits 0-3, 1..lbits) and its zig-zag
  * difference (bits 5-14, below 1024); where the extra bits of a long
  * symbol do not fit there, LUT_SLOW is set, bits 0-3 hold the prefix
  * length and 5-10 the symbol.  LUT_NONE where no code matches. */
@@ -31,7 +32,7 @@ typedef struct fastdec {
 	const uint8_t *stream;    /* copy of the stream, PAD_BYTES zeros after */
 	uint64_t end_bit, kmask;
 	unsigned k, w, reload_at; /* reload the window when the Rice code is longer */
-	uint32_t wmask;
+	uint32_t wmask, lmask;    /* lmask: the lut's index bits, 1 << lbits less one */
 	uint16_t lut[DCAST_CPT_LUT_SIZE];
 } fastdec;
 
@@ -41,28 +42,42 @@ typedef struct lane {
 	uint64_t bit, next, out, end;
 } lane;
 
-static uint16_t lut_entry(unsigned s, unsigned l, unsigned j)
+static uint16_t lut_entry(unsigned s, unsigned l, unsigned j, unsigned lbits)
 {
 	unsigned eb = dcast_cpt_extra_bits(s);
 	if (s < DCAST_CPT_NDIRECT)
 		return (uint16_t)((s + 1) << 5 | l);
-	if (l + eb > DCAST_CPT_LMAX || eb > 9)
+	if (l + eb > lbits || eb > 9)
 		return (uint16_t)(LUT_SLOW | s << 5 | l);
 	return (uint16_t)(((1u << eb) | ((j >> l) & ((1u << eb) - 1))) << 5 | (l + eb));
 }
 
-static void lut_make(fastdec *f, const dcast_cpt_table *t)
+/* Index bits of the lut: every code fits (the longest code's length at
+ * least), and filling it costs at most a few entries per element: a chunk
+ * of a small tensor (a mixture-of-experts expert: about a hundred changes)
+ * would otherwise spend more on the 4096 entries than on its elements.
+ * Fewer bits only send more long values through value_long. */
+static unsigned lut_bits(const dcast_cpt_table *t, unsigned nsym, uint64_t changed)
 {
-	unsigned nsym = dcast_cpt_nsym(f->w);
-	memset(f->lut, 0xff, sizeof(f->lut)); /* LUT_NONE */
+	unsigned longest = 1, want = changed >> 10 ? DCAST_CPT_LMAX : dcast_bitlen32((uint32_t)changed) + 2;
+	for (unsigned s = 0; s < nsym; s++)
+		longest = t->len[s] > longest ? t->len[s] : longest;
+	return want > longest ? want : longest;
+}
+
+static void lut_make(fastdec *f, const dcast_cpt_table *t, uint64_t changed)
+{
+	unsigned nsym = dcast_cpt_nsym(f->w), lbits = lut_bits(t, nsym, changed), size = 1u << lbits;
+	f->lmask = size - 1;
+	memset(f->lut, 0xff, size * sizeof(f->lut[0])); /* LUT_NONE */
 	for (unsigned s = 0; s < nsym; s++) {
 		unsigned l = t->len[s];
-		for (unsigned j = l ? t->code[s] : DCAST_CPT_LUT_SIZE; j < DCAST_CPT_LUT_SIZE; j += 1u << l)
-			f->lut[j] = lut_entry(s, l, j);
+		for (unsigned j = l ? t->code[s] : size; j < size; j += 1u << l)
+			f->lut[j] = lut_entry(s, l, j, lbits);
 	}
 }
 
-static int fastdec_init(fastdec *f, const dcast_cpt_dec *d, const dcast_cpt_table *t)
+static int fastdec_init(fastdec *f, const dcast_cpt_dec *d, const dcast_cpt_table *t, uint64_t changed)
 {
 	unsigned longest = d->mode == DCAST_CPT_RAW ? d->w : DCAST_CPT_LMAX + d->w - 3;
 	uint8_t *copy = dcast_scratch(DCAST_SCRATCH_DEC_STREAM, d->stream_bytes + PAD_BYTES);
@@ -70,11 +85,12 @@ static int fastdec_init(fastdec *f, const dcast_cpt_dec *d, const dcast_cpt_tabl
 		return -1;
 	memcpy(copy, d->stream, d->stream_bytes);
 	memset(copy + d->stream_bytes, 0, PAD_BYTES);
-	*f = (fastdec){ .d = d, .stream = copy, .end_bit = d->stream_bytes * 8,
-			.kmask = (1ull << d->k) - 1, .k = d->k, .w = d->w,
-			.reload_at = FAST_MAX_BITS - longest, .wmask = dcast_mask_w(d->w) };
+	/* field by field: a compound literal would also zero the lut */
+	f->d = d, f->stream = copy, f->end_bit = d->stream_bytes * 8;
+	f->kmask = (1ull << d->k) - 1, f->k = d->k, f->w = d->w;
+	f->reload_at = FAST_MAX_BITS - longest, f->wmask = dcast_mask_w(d->w), f->lmask = 0;
 	if (d->mode == DCAST_CPT_CODED)
-		lut_make(f, t);
+		lut_make(f, t, changed);
 	return 0;
 }
 
@@ -132,7 +148,7 @@ static ALWAYS_INLINE uint32_t value_decode(const fastdec *f, uint64_t v, unsigne
 		*tl = f->w;
 		return (uint32_t)v & f->wmask;
 	}
-	unsigned e = f->lut[v & (DCAST_CPT_LUT_SIZE - 1)];
+	unsigned e = f->lut[v & f->lmask];
 	if (LIKELY(!(e & LUT_SLOW))) {
 		*tl = e & 15;
 		return e >> 5;
@@ -296,7 +312,7 @@ int dcast_cpt_decode_fast(const dcast_cpt_dec *d, const dcast_cpt_table *t, cons
 	fastdec f;
 	if (!changed)
 		return dcast_cpt_check_trail(d, 0) ? -1 : 0;
-	if (fastdec_init(&f, d, t))
+	if (fastdec_init(&f, d, t, changed))
 		return -1;
 	if (dcast_simd_bmi2())
 		return blocks_run_bmi2(&f, idx, changed, pos, val);

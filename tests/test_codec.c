@@ -560,6 +560,13 @@ static void test_fast_decoder(void)
 	}
 	range r = make_range(1u << 22, 4, 0.00002, 1); /* k ~ 15: long Rice codes, long values */
 	fast_case(&r, -1);
+	/* Fewer than 1024 changes: a lut of fewer index bits (lut_bits), long
+	 * values through value_long; 2 to ~650 changes, the ends always. */
+	for (unsigned es = 1; es <= 4; es *= 2)
+		for (uint64_t n = 64; n <= 65536; n *= 4) {
+			r = make_range(n, es, 0.01, 1);
+			fast_case(&r, -1);
+		}
 }
 
 /* Payload bytes must not change (the CUDA twin writes the same ones): a

@@ -202,9 +202,13 @@ static int get_array(const msgpack_object *o, const char *path, const struct fie
 	if (!*a.entries)
 		return dcast_fail(DCAST_ENOMEM, "%s.%s: out of memory", path, f->key);
 	for (uint32_t i = 0; i < o->via.array.size && !rc; i++) {
+		void *entry = (char *)*a.entries + i * a.entry_size;
+		/* the entry's path only for its error (a COMMIT of many chunks has
+		 * as many entries): decoded again under it, nothing allocated */
+		if (!decode_map(&o->via.array.ptr[i], a.table, entry, path, 0))
+			continue;
 		snprintf(sub_path, sizeof(sub_path), "%s.%s[%u]", path, f->key, i);
-		rc = decode_map(&o->via.array.ptr[i], a.table, (char *)*a.entries + i * a.entry_size,
-				sub_path, 0);
+		rc = decode_map(&o->via.array.ptr[i], a.table, entry, sub_path, 0);
 	}
 	return rc;
 }

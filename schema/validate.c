@@ -163,9 +163,11 @@ static int check_array(const struct field *f, const void *base, const char *path
 	if (n && !*a.entries)
 		return dcast_fail(DCAST_EINVAL, "%s.%s: %u entries but no array", path, f->key, n);
 	for (uint32_t i = 0; i < n && !rc; i++) {
+		const char *entry = (const char *)*a.entries + i * a.entry_size;
+		if (!schema_validate_fields(a.table, entry, path))
+			continue; /* the entry's path only for its error, checked again */
 		snprintf(sub_path, sizeof(sub_path), "%s.%s[%u]", path, f->key, i);
-		rc = schema_validate_fields(a.table, (const char *)*a.entries + i * a.entry_size,
-					    sub_path);
+		rc = schema_validate_fields(a.table, entry, sub_path);
 	}
 	return rc;
 }

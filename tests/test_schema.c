@@ -269,6 +269,29 @@ static uint8_t *find_bytes(uint8_t *p, size_t len, const char *what, size_t n)
 	return NULL;
 }
 
+/* An entry of an array that fails is named by its index, when encoding and
+ * when decoding (its path is formatted only then). */
+static void test_entry_paths(void)
+{
+	static dcast_range_digest d[1000];
+	dcast_msg m, back;
+	void *buf;
+	size_t len;
+
+	make_commit(&m, d, 1000);
+	d[777].tensor = DCAST_MAX_TENSORS;
+	CHECK_ERR(dcast_msg_validate(&m), DCAST_EFIELD_RANGE);
+	CHECK(strstr(dcast_last_error(), "COMMIT.digests[777].tensor") != NULL);
+	d[777].tensor = 65535; /* the only one encoded as cd ff ff */
+	REQUIRE(dcast_msg_encode(&m, &buf, &len) == 0);
+	uint8_t *t = find_bytes((uint8_t *)buf, len, "\xa6tensor\xcd\xff\xff", 10);
+	REQUIRE(t);
+	memcpy(t + 7, "\xa2xy", 3); /* a str where a uint belongs */
+	CHECK_ERR(dcast_msg_decode(buf, len, &back), DCAST_EFIELD_TYPE);
+	CHECK(strstr(dcast_last_error(), "COMMIT.digests[777].tensor") != NULL);
+	free(buf);
+}
+
 /* MANIFEST.tensors[].grid: sent only when tiled, checked against the shape. */
 static void test_grid(void)
 {
@@ -313,6 +336,7 @@ int main(void)
 	test_grid();
 	test_limits();
 	test_big_manifest();
+	test_entry_paths();
 	test_truncations();
 	test_corruption();
 	test_payload_and_checksum();

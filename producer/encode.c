@@ -218,13 +218,29 @@ static void deadline_in(struct timespec *ts, int ms)
 	ts->tv_nsec %= 1000000000L;
 }
 
-/* The publishing thread encodes a range itself when a slot is free at once. */
-static int help(dcast_producer *p, prod_encoder *e)
+/* The publishing thread encodes a range itself when a slot is free at once.
+ * With no worker threads (encode_threads 1) nobody else ever will, and a
+ * slot that ZeroMQ's thread frees wakes the pool's waiters, not done_cv:
+ * then it waits for a slot itself, up to the caller's timeout (waiting on
+ * done_cv instead slept the whole timeout each time the pool ran dry: 2.7-8
+ * s per delta of a model of 4721 small chunks).  Called with e->lock held;
+ * returns with it held; 0 when it encoded nothing. */
+static int help(dcast_producer *p, prod_encoder *e, int timeout_ms)
 {
 	prod_slot *slot;
+	int rc;
 
-	if (!more(e) || prod_pool_get(&p->pool, 0, &slot))
+	if (!more(e))
 		return 0;
+	if (prod_pool_get(&p->pool, 0, &slot)) {
+		if (e->n_threads)
+			return 0;
+		pthread_mutex_unlock(&e->lock);
+		rc = prod_pool_get(&p->pool, dcast_now_ms() + (uint64_t)timeout_ms, &slot);
+		pthread_mutex_lock(&e->lock);
+		if (rc)
+			return 0;
+	}
 	return encode_next(p, e, slot);
 }
 
@@ -236,7 +252,8 @@ int prod_enc_wait(dcast_producer *p, uint32_t j, int timeout_ms, prod_job **out)
 
 	deadline_in(&ts, timeout_ms);
 	pthread_mutex_lock(&e->lock);
-	if (!e->jobs[j].done && !help(p, e)) /* one range at most: the caller polls */
+	/* one range at most: the caller polls; with no workers, nobody signals done_cv */
+	if (!e->jobs[j].done && !help(p, e, timeout_ms) && e->n_threads)
 		while (!e->jobs[j].done && pthread_cond_timedwait(&e->done_cv, &e->lock, &ts) == 0)
 			;
 	done = e->jobs[j].done;

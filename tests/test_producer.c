@@ -2,11 +2,14 @@
  * errors, a broker that is not there, then an anchor followed by deltas that
  * the test reader (tests/tools/producer_reader) receives bit-exact. */
 
+#include <pthread.h>
 #include <stdint.h>
+#include <time.h>
 #include "check.h"
 #include "deltacast/producer.h"
 #include "deltacast/safetensors.h"
 #include "producer_harness.h"
+#include "producer_impl.h" /* the encoders' slot pool: test_pool_dry */
 
 #define N_A (3u << 20) /* 3 chunks of 1M elements */
 #define N_B 1000u
@@ -119,6 +122,64 @@ static void test_versions(harness_broker *b, uint32_t encoders)
 	dcast_producer_close(&p); /* no-op */
 }
 
+/* Hands a slot back to the pool, as ZeroMQ's thread does once a payload is
+ * on the wire, once the test thread is about to wait for one.  The pause
+ * only makes it likely that the wait has begun (then the old code would
+ * wait out its timeout); a slot back sooner passes either way. */
+static volatile int waiting;
+
+static void *give_back(void *arg)
+{
+	prod_slot *s = arg;
+	struct timespec d = {0, 50 * 1000000L};
+
+	while (!waiting)
+		sched_yield();
+	nanosleep(&d, NULL);
+	prod_pool_free_cb(s->buf, s);
+	return NULL;
+}
+
+/* encode_threads 1: the publishing thread is the only encoder.  With every
+ * slot in ZeroMQ's hands it must wait for one to come back and encode the
+ * range itself; it used to wait on the encoders' condition, which nobody
+ * else signals, for its whole timeout each time the pool ran dry (2.7-8 s
+ * per delta of a model of 4721 small chunks, docs/benchmarks.md). */
+static void test_pool_dry(harness_broker *b)
+{
+	static prod_slot *held[4096];
+	dcast_producer *p = NULL;
+	uint64_t seed = 7, shape_a[1] = {N_A};
+	dcast_producer_opts o;
+	prod_job *job = NULL;
+	uint32_t n = 0;
+	pthread_t th;
+
+	dcast_producer_opts_init(&o);
+	o.encode_threads = 1;
+	REQUIRE(dcast_producer_open(b->producers, "dry", 0, 1, &o, &p) == 0);
+	harness_fill(ta, N_A, &seed);
+	REQUIRE(dcast_producer_register(p, "a", DCAST_DTYPE_BF16, 1, shape_a, ta, DCAST_MEM_HOST, 0,
+					N_A) == 0);
+	REQUIRE(dcast_producer_publish(p, 1) == 0 && dcast_producer_wait(p, 1, 30000) == 0);
+	harness_perturb(ta, N_A, 1000, &seed);
+	while (n < 4096 && prod_pool_get(&p->pool, 0, &held[n]) == 0)
+		n++;
+	REQUIRE(n >= 1 && n < 4096);
+	prod_enc_start(p, 0, 0);
+	REQUIRE(pthread_create(&th, NULL, give_back, held[--n]) == 0);
+	waiting = 1;
+	CHECK_ERR(prod_enc_wait(p, 0, 20000, &job), 0); /* not DCAST_ETIMEDOUT */
+	CHECK(job && job->done && job->rc == 0);
+	pthread_join(th, NULL);
+	prod_enc_stop(p);
+	if (job && job->slot)
+		prod_pool_free_cb(job->slot->buf, job->slot);
+	while (n--)
+		prod_pool_free_cb(held[n]->buf, held[n]);
+	dcast_producer_close(&p);
+}
+
 int main(void)
 {
 	harness_broker b = {0};
@@ -131,6 +192,7 @@ int main(void)
 	test_no_broker();
 	REQUIRE(harness_broker_start(&b, dir) == 0);
 	test_versions(&b, 0);
+	test_pool_dry(&b);
 	for (uint32_t n = 1; n <= 3; n += 2) { /* a fresh broker each time */
 		tp_broker_kill(&b, SIGTERM);
 		REQUIRE(tp_broker_start(&b) == 0);

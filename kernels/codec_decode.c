@@ -65,15 +65,36 @@ static unsigned lut_bits(const dcast_cpt_table *t, unsigned nsym, uint64_t chang
 	return want > longest ? want : longest;
 }
 
+/* The index bits that fix symbol s's entries: its code's, and its extra
+ * bits' when the entry holds them; 0 for a symbol with no code. */
+static unsigned lut_level(const dcast_cpt_table *t, unsigned s, unsigned lbits)
+{
+	unsigned l = t->len[s], eb = dcast_cpt_extra_bits(s);
+	return !l || s < DCAST_CPT_NDIRECT || l + eb > lbits || eb > 9 ? l : l + eb;
+}
+
+/* Level by level: at level L the lut has 2^L entries, copied from level
+ * L - 1 (an entry fixed by fewer low bits holds for every index that ends
+ * in them), then those fixed by exactly L bits set.  A short code costs one
+ * store and its share of the copies, where filling each index it matches
+ * cost 2^(lbits - l) stores: most of a small chunk's decode. */
 static void lut_make(fastdec *f, const dcast_cpt_table *t, uint64_t changed)
 {
-	unsigned nsym = dcast_cpt_nsym(f->w), lbits = lut_bits(t, nsym, changed), size = 1u << lbits;
-	f->lmask = size - 1;
-	memset(f->lut, 0xff, size * sizeof(f->lut[0])); /* LUT_NONE */
-	for (unsigned s = 0; s < nsym; s++) {
-		unsigned l = t->len[s];
-		for (unsigned j = l ? t->code[s] : size; j < size; j += 1u << l)
-			f->lut[j] = lut_entry(s, l, j, lbits);
+	unsigned nsym = dcast_cpt_nsym(f->w), lbits = lut_bits(t, nsym, changed);
+	unsigned char lev[DCAST_CPT_NSYM_MAX];
+
+	for (unsigned s = 0; s < nsym; s++)
+		lev[s] = (unsigned char)lut_level(t, s, lbits);
+	f->lmask = (1u << lbits) - 1;
+	f->lut[0] = LUT_NONE;
+	for (unsigned L = 1; L <= lbits; L++) {
+		memcpy(f->lut + (1u << (L - 1)), f->lut, (1u << (L - 1)) * sizeof(f->lut[0]));
+		for (unsigned s = 0; s < nsym; s++) {
+			unsigned l = t->len[s];
+			if (lev[s] == L) /* x: the extra bits, when the entry holds them */
+				for (unsigned x = 0; x < 1u << (L - l); x++)
+					f->lut[t->code[s] | x << l] = lut_entry(s, l, t->code[s] | x << l, lbits);
+		}
 	}
 }
 

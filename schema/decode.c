@@ -102,12 +102,13 @@ static int get_str(const msgpack_object *o, const char *path, const struct field
 	return 0;
 }
 
+/* The first byte first: most keys differ there, and strlen is the cost of
+ * a header's decode otherwise (each key against each field). */
 static int is_key(const msgpack_object *k, const char *s)
 {
-	size_t n = strlen(s);
-
-	return k->type == MSGPACK_OBJECT_STR && k->via.str.size == n &&
-	       memcmp(k->via.str.ptr, s, n) == 0;
+	return k->type == MSGPACK_OBJECT_STR &&
+	       (k->via.str.size ? k->via.str.ptr[0] == s[0] : !s[0]) &&
+	       k->via.str.size == strlen(s) && memcmp(k->via.str.ptr, s, k->via.str.size) == 0;
 }
 
 /* Role or dtype name -> enum value, compared in place (no copy). */
@@ -260,11 +261,13 @@ static int decode_field(const msgpack_object *o, const struct field *f, void *ba
 }
 
 
-static int find_field(const struct msg_table *t, const msgpack_object *k)
+/* From *from on, round: our encoder writes the fields in table order, so
+ * the next key is usually the field after the last one found. */
+static int find_field(const struct msg_table *t, const msgpack_object *k, unsigned *from)
 {
-	for (unsigned i = 0; i < t->n_fields; i++)
+	for (unsigned n = 0, i = *from; n < t->n_fields; n++, i = i + 1 < t->n_fields ? i + 1 : 0)
 		if (is_key(k, t->fields[i].key))
-			return (int)i;
+			return *from = i + 1 < t->n_fields ? i + 1 : 0, (int)i;
 	return -1;
 }
 
@@ -307,6 +310,8 @@ static int check_duplicates(const msgpack_object_map *m, const char *path)
 			if (m->ptr[j].key.type == MSGPACK_OBJECT_STR &&
 			    m->ptr[i].key.type == MSGPACK_OBJECT_STR &&
 			    m->ptr[i].key.via.str.size == m->ptr[j].key.via.str.size &&
+			    (!m->ptr[i].key.via.str.size ||
+			     m->ptr[i].key.via.str.ptr[0] == m->ptr[j].key.via.str.ptr[0]) &&
 			    memcmp(m->ptr[i].key.via.str.ptr, m->ptr[j].key.via.str.ptr,
 				   m->ptr[i].key.via.str.size) == 0)
 				return dcast_fail(DCAST_EMALFORMED, "%s: duplicate key \"%.*s\"",
@@ -319,6 +324,7 @@ static int decode_map(const msgpack_object *o, const struct msg_table *t, void *
 		      const char *path, int skip_header)
 {
 	uint64_t seen = 0;
+	unsigned from = 0;
 	int rc;
 
 	if (o->type != MSGPACK_OBJECT_MAP)
@@ -335,7 +341,7 @@ static int decode_map(const msgpack_object *o, const struct msg_table *t, void *
 			return rc;
 		if (skip_header && is_header_key(&kv->key))
 			continue;
-		int fi = find_field(t, &kv->key);
+		int fi = find_field(t, &kv->key, &from);
 		if (fi < 0 && (rc = unknown_key(&kv->key, path)))
 			return rc;
 		if (fi < 0)
@@ -379,12 +385,12 @@ static int decode_type(const msgpack_object *root, int *type)
 	if (t->type != MSGPACK_OBJECT_STR)
 		return dcast_fail(DCAST_EFIELD_TYPE, "header.type: expected str, got %s",
 				  kind_name(t->type));
+	for (int i = 1; i < DCAST_MSG_TYPE_COUNT; i++) /* the name formatted only for an error */
+		if (t->via.str.size == strlen(schema_table(i)->name) &&
+		    memcmp(schema_table(i)->name, t->via.str.ptr, t->via.str.size) == 0)
+			return *type = i, 0;
 	snprintf(name, sizeof(name), "%.*s", (int)(t->via.str.size < 15 ? t->via.str.size : 15),
 		 t->via.str.ptr);
-	for (int i = 1; i < DCAST_MSG_TYPE_COUNT; i++)
-		if (t->via.str.size == strlen(schema_table(i)->name) &&
-		    strcmp(schema_table(i)->name, name) == 0)
-			return *type = i, 0;
 	return dcast_fail(DCAST_EMSG_TYPE, "header.type: unknown message type \"%s\"", name);
 }
 

@@ -198,6 +198,12 @@ static void test_extension_and_errors(void)
 
 	CHECK_ERR(dcast_msg_decode(ext, sizeof(ext), &m), DCAST_OK);
 	CHECK(m.type == DCAST_MSG_BYE && m.u.bye.reason[0] == '\0');
+	uint8_t *bye = memchr(ext, 'B', sizeof(ext)), other[sizeof(ext)];
+	REQUIRE(bye && bye[1] == 'Y' && bye[2] == 'E');
+	memcpy(other, ext, sizeof(ext));
+	other[bye + 2 - ext] = 'X'; /* "BYX": no such type */
+	CHECK_ERR(dcast_msg_decode(other, sizeof(other), &m), DCAST_EMSG_TYPE);
+	CHECK(strstr(dcast_last_error(), "unknown message type \"BYX\"") != NULL);
 	CHECK_ERR(dcast_msg_decode(NULL, 0, &m), DCAST_ETRUNCATED);
 	CHECK_ERR(dcast_msg_decode(ext, DCAST_MAX_HEADER_BYTES + 1ull, &m), DCAST_ETOO_LARGE);
 	m.type = 99;

@@ -9,7 +9,8 @@
  * Encoder threads (opts.encode_threads) diff the chunk ranges in parallel;
  * the calling thread sends them in order, so ZeroMQ's I/O thread sends chunk
  * k while chunks k+1... are encoded (payloads go out zero-copy from a
- * bounded pool of encode buffers).  Sends stay within the broker's credit,
+ * bounded pool of encode buffers; one of 64 KiB or less is copied and its
+ * buffer reused at once).  Sends stay within the broker's credit,
  * and a lost connection is re-joined a bounded number of times.  Wire
  * protocol: docs/protocol.md.
  *

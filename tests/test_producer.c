@@ -3,8 +3,10 @@
  * the test reader (tests/tools/producer_reader) receives bit-exact. */
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
-#include <time.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include "check.h"
 #include "deltacast/producer.h"
 #include "deltacast/safetensors.h"
@@ -123,20 +125,36 @@ static void test_versions(harness_broker *b, uint32_t encoders)
 }
 
 /* Hands a slot back to the pool, as ZeroMQ's thread does once a payload is
- * on the wire, once the test thread is about to wait for one.  The pause
- * only makes it likely that the wait has begun (then the old code would
- * wait out its timeout); a slot back sooner passes either way. */
-static volatile int waiting;
+ * on the wire, once the test thread sleeps in its wait for one (its state
+ * in /proc is S: blocked on a futex; at most 10 s of looking). */
+typedef struct give_back_arg {
+	prod_slot *slot;
+	pid_t tid; /* the thread that waits */
+} give_back_arg;
+
+static int thread_sleeps(pid_t tid)
+{
+	char path[64], buf[256], *close_paren;
+	FILE *f;
+	size_t n;
+
+	snprintf(path, sizeof(path), "/proc/self/task/%d/stat", (int)tid);
+	if (!(f = fopen(path, "r")))
+		return 0;
+	n = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	buf[n] = 0;
+	close_paren = strrchr(buf, ')'); /* "tid (comm) S ..." */
+	return close_paren && close_paren[1] == ' ' && close_paren[2] == 'S';
+}
 
 static void *give_back(void *arg)
 {
-	prod_slot *s = arg;
-	struct timespec d = {0, 50 * 1000000L};
+	give_back_arg *a = arg;
 
-	while (!waiting)
+	for (uint64_t t0 = dcast_now_ms(); !thread_sleeps(a->tid) && dcast_now_ms() - t0 < 10000;)
 		sched_yield();
-	nanosleep(&d, NULL);
-	prod_pool_free_cb(s->buf, s);
+	prod_pool_free_cb(a->slot->buf, a->slot);
 	return NULL;
 }
 
@@ -167,8 +185,8 @@ static void test_pool_dry(harness_broker *b)
 		n++;
 	REQUIRE(n >= 1 && n < 4096);
 	prod_enc_start(p, 0, 0);
-	REQUIRE(pthread_create(&th, NULL, give_back, held[--n]) == 0);
-	waiting = 1;
+	give_back_arg a = {held[--n], (pid_t)syscall(SYS_gettid)};
+	REQUIRE(pthread_create(&th, NULL, give_back, &a) == 0);
 	CHECK_ERR(prod_enc_wait(p, 0, 20000, &job), 0); /* not DCAST_ETIMEDOUT */
 	CHECK(job && job->done && job->rc == 0);
 	pthread_join(th, NULL);

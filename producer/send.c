@@ -113,7 +113,8 @@ static int payload_msg(zmq_msg_t *zm, uint64_t bytes, prod_slot *slot)
 		if (!zmq_msg_init_data(zm, slot->buf, bytes, prod_pool_free_cb, slot))
 			return 0;
 	} else if (!zmq_msg_init_size(zm, bytes)) {
-		memcpy(zmq_msg_data(zm), slot->buf, bytes);
+		if (bytes)
+			memcpy(zmq_msg_data(zm), slot->buf, bytes);
 		prod_pool_free_cb(slot->buf, slot);
 		return 0;
 	}

@@ -1,6 +1,7 @@
 /* Wire schema v1: round trips at the limits, every truncation and random
  * corruption of a valid header rejected without a crash, payload size and
  * checksum checks, and an invalid struct never encoded. */
+#include <msgpack.h>
 #include "check.h"
 #include "deltacast/codec.h"
 #include "deltacast/schema.h"
@@ -275,6 +276,52 @@ static uint8_t *find_bytes(uint8_t *p, size_t len, const char *what, size_t n)
 	return NULL;
 }
 
+/* A BYE header whose keys after "proto" and "type" are keys[0..n), each
+ * with a str value, decoded: its result code. */
+static int decode_keys(const char *const *keys, int n)
+{
+	msgpack_sbuffer sb;
+	msgpack_packer pk;
+	dcast_msg m;
+	int rc;
+
+	msgpack_sbuffer_init(&sb);
+	msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+	msgpack_pack_map(&pk, (size_t)n + 2);
+	msgpack_pack_str_with_body(&pk, "proto", 5);
+	msgpack_pack_uint32(&pk, DCAST_PROTO_VERSION);
+	msgpack_pack_str_with_body(&pk, "type", 4);
+	msgpack_pack_str_with_body(&pk, "BYE", 3);
+	for (int i = 0; i < n; i++) {
+		msgpack_pack_str_with_body(&pk, keys[i], strlen(keys[i]));
+		msgpack_pack_str_with_body(&pk, "r", 1);
+	}
+	rc = dcast_msg_decode(sb.data, sb.size, &m);
+	if (!rc)
+		dcast_msg_free(&m);
+	msgpack_sbuffer_destroy(&sb);
+	return rc;
+}
+
+/* A key twice is refused, whatever it names: a field, "proto" or "type",
+ * an extension; distinct extensions pass. */
+static void test_duplicate_keys(void)
+{
+	static const char *const field[] = {"reason", "x-a", "reason"}, *const proto[] = {"proto"},
+				 *const type[] = {"x-a", "type"}, *const ext[] = {"x-a", "reason", "x-a"},
+				 *const fine[] = {"x-a", "x-b", "reason"};
+
+	CHECK_ERR(decode_keys(field, 3), DCAST_EMALFORMED);
+	CHECK(strstr(dcast_last_error(), "duplicate key \"reason\"") != NULL);
+	CHECK_ERR(decode_keys(proto, 1), DCAST_EMALFORMED);
+	CHECK(strstr(dcast_last_error(), "duplicate key \"proto\"") != NULL);
+	CHECK_ERR(decode_keys(type, 2), DCAST_EMALFORMED);
+	CHECK(strstr(dcast_last_error(), "duplicate key \"type\"") != NULL);
+	CHECK_ERR(decode_keys(ext, 3), DCAST_EMALFORMED);
+	CHECK(strstr(dcast_last_error(), "duplicate key \"x-a\"") != NULL);
+	CHECK_ERR(decode_keys(fine, 3), DCAST_OK);
+}
+
 /* An entry of an array that fails is named by its index, when encoding and
  * when decoding (its path is formatted only then). */
 static void test_entry_paths(void)
@@ -343,6 +390,7 @@ int main(void)
 	test_limits();
 	test_big_manifest();
 	test_entry_paths();
+	test_duplicate_keys();
 	test_truncations();
 	test_corruption();
 	test_payload_and_checksum();

@@ -42,12 +42,20 @@ typedef struct lane {
 	uint64_t bit, next, out, end;
 } lane;
 
+/* Does the entry of symbol s (code length l) hold its extra bits too?
+ * Not for a direct symbol (none), nor where they pass the index. */
+static int entry_holds_extra(unsigned s, unsigned l, unsigned lbits)
+{
+	unsigned eb = dcast_cpt_extra_bits(s);
+	return s >= DCAST_CPT_NDIRECT && l + eb <= lbits && eb <= 9;
+}
+
 static uint16_t lut_entry(unsigned s, unsigned l, unsigned j, unsigned lbits)
 {
 	unsigned eb = dcast_cpt_extra_bits(s);
 	if (s < DCAST_CPT_NDIRECT)
 		return (uint16_t)((s + 1) << 5 | l);
-	if (l + eb > lbits || eb > 9)
+	if (!entry_holds_extra(s, l, lbits))
 		return (uint16_t)(LUT_SLOW | s << 5 | l);
 	return (uint16_t)(((1u << eb) | ((j >> l) & ((1u << eb) - 1))) << 5 | (l + eb));
 }
@@ -69,8 +77,8 @@ static unsigned lut_bits(const dcast_cpt_table *t, unsigned nsym, uint64_t chang
  * bits' when the entry holds them; 0 for a symbol with no code. */
 static unsigned lut_level(const dcast_cpt_table *t, unsigned s, unsigned lbits)
 {
-	unsigned l = t->len[s], eb = dcast_cpt_extra_bits(s);
-	return !l || s < DCAST_CPT_NDIRECT || l + eb > lbits || eb > 9 ? l : l + eb;
+	unsigned l = t->len[s];
+	return l && entry_holds_extra(s, l, lbits) ? l + dcast_cpt_extra_bits(s) : l;
 }
 
 /* Level by level: at level L the lut has 2^L entries, copied from level

@@ -132,6 +132,11 @@ int dcast_msg_encode(const dcast_msg *m, void **out, size_t *out_len)
 		free(b.data);
 		return dcast_fail(DCAST_ENOMEM, "%s: out of memory encoding header", t->name);
 	}
+	if (b.size > DCAST_MAX_HEADER_BYTES) { /* every receiver would refuse it */
+		free(b.data);
+		return dcast_fail(DCAST_ETOO_LARGE, "%s: header of %zu bytes exceeds DCAST_MAX_HEADER_BYTES (%u)",
+				  t->name, b.size, DCAST_MAX_HEADER_BYTES);
+	}
 	*out_len = b.size;
 	*out = b.data;
 	return 0;

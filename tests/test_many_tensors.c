@@ -5,7 +5,10 @@
  *   its position, finds no name it was not given (names that differ in
  *   one byte, a prefix, a longer one), and keeps working after the
  *   caller's array moves;
- * - 20,000 tensors of a few hundred elements each, an anchor then deltas
+ * - 138,240 tensors of a few hundred elements each, named as Kimi K2's
+ *   fp8 expert tensors are (60 layers of 384 experts, three projections
+ *   with their block scales; more than 2^16, the MANIFEST limit until
+ *   2026-11-27), an anchor then deltas
  *   that touch a third of them, every version re-registered at new
  *   memory as `deltacast publish` does: the consumer, which runs itself,
  *   holds each version bit-exact, looked up tensor by tensor by name;
@@ -21,7 +24,7 @@
 #include "consumer_harness.h"
 #include "dcast_names.h"
 
-#define NT 20000u
+#define NT (60u * 384u * 6u) /* Kimi K2's fp8 expert tensors: over 2^16 */
 #define BUDGET (16u << 20)
 
 static char root[64] = "/tmp/dcast-many.XXXXXX";
@@ -79,7 +82,7 @@ static void test_index(void)
 /* ---- 20,000 tensors end to end ---- */
 
 typedef struct many {
-	char (*name)[48];
+	char (*name)[64];
 	uint64_t *elems;
 	uint16_t **cur;   /* bf16, the producer's memory of the version being published */
 	uint16_t **truth; /* the last published version */
@@ -88,6 +91,8 @@ typedef struct many {
 
 static void many_init(many *m)
 {
+	static const char *proj[] = { "gate", "up", "down" };
+
 	m->name = calloc(NT, sizeof(*m->name));
 	m->elems = calloc(NT, sizeof(*m->elems));
 	m->cur = calloc(NT, sizeof(*m->cur));
@@ -95,8 +100,8 @@ static void many_init(many *m)
 	REQUIRE(m->name && m->elems && m->cur && m->truth);
 	m->rng = 977;
 	for (uint32_t i = 0; i < NT; i++) {
-		snprintf(m->name[i], sizeof(m->name[i]), "model.layers.%u.mlp.experts.%u.w%u", i / 384,
-			 i / 3 % 128, i % 3);
+		snprintf(m->name[i], sizeof(m->name[i]), "model.layers.%u.mlp.experts.%u.%s_proj.weight%s",
+			 1 + i / 2304, i / 6 % 384, proj[i / 2 % 3], i % 2 ? "_scale_inv" : "");
 		m->elems[i] = 64 + h_rand(&m->rng) % 512;
 		REQUIRE((m->cur[i] = malloc(m->elems[i] * 2)) && (m->truth[i] = malloc(m->elems[i] * 2)));
 		for (uint64_t e = 0; e < m->elems[i]; e++)

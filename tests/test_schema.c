@@ -324,6 +324,62 @@ static void test_duplicate_keys(void)
 
 /* An entry of an array that fails is named by its index, when encoding and
  * when decoding (its path is formatted only then). */
+/* A frontier mixture-of-experts checkpoint: Kimi K2's fp8 expert tensors,
+ * 60 layers of 384 experts, three projections each with its block scales
+ * (138,240 tensors, the longest name 59 bytes), round-trips in one
+ * MANIFEST.  One tensor over DCAST_MAX_TENSORS is refused; so is a
+ * MANIFEST of DCAST_MAX_TENSORS 255-byte names, whose header would exceed
+ * DCAST_MAX_HEADER_BYTES: by the encoder, with the limit named, rather
+ * than by every receiver. */
+static void test_moe_manifest(void)
+{
+	static const char *proj[] = { "gate", "up", "down" };
+	uint32_t n = 60 * 384 * 6;
+	dcast_msg m;
+	void *buf;
+	size_t len;
+
+	dcast_msg_init(&m, DCAST_MSG_MANIFEST);
+	strcpy(m.u.manifest.model, "kimi-k2");
+	REQUIRE((m.u.manifest.tensors = calloc(DCAST_MAX_TENSORS + 1u, sizeof(dcast_tensor_desc))));
+	for (uint32_t i = 0; i < n; i++) {
+		dcast_tensor_desc *d = &m.u.manifest.tensors[i];
+		int scale = i % 2, down = i / 2 % 3 == 2;
+		snprintf(d->name, sizeof(d->name), "model.layers.%u.mlp.experts.%u.%s_proj.weight%s", 1 + i / 2304,
+			 i / 6 % 384, proj[i / 2 % 3], scale ? "_scale_inv" : "");
+		d->dtype = scale ? DCAST_DTYPE_F32 : DCAST_DTYPE_F8_E4M3;
+		d->ndim = 2;
+		d->shape[0] = down ? 7168 : 2048;
+		d->shape[1] = down ? 2048 : 7168;
+		if (scale)
+			d->shape[0] /= 128, d->shape[1] /= 128;
+	}
+	m.u.manifest.n_tensors = n;
+	REQUIRE(dcast_msg_encode(&m, &buf, &len) == DCAST_OK);
+	CHECK(len < DCAST_MAX_HEADER_BYTES);
+	printf("moe manifest: %u tensors, header %zu bytes (limit %u)\n", n, len, DCAST_MAX_HEADER_BYTES);
+	free(buf);
+	roundtrip(&m);
+	m.u.manifest.n_tensors = DCAST_MAX_TENSORS + 1u;
+	for (uint32_t i = n; i < m.u.manifest.n_tensors; i++) {
+		snprintf(m.u.manifest.tensors[i].name, DCAST_MAX_NAME + 1, "extra.%u", i);
+		m.u.manifest.tensors[i].ndim = 1;
+		m.u.manifest.tensors[i].shape[0] = 1;
+	}
+	CHECK_ERR(dcast_msg_encode(&m, &buf, &len), DCAST_ETOO_LARGE);
+	m.u.manifest.n_tensors = DCAST_MAX_TENSORS;
+	for (uint32_t i = 0; i < m.u.manifest.n_tensors; i++) {
+		char *name = m.u.manifest.tensors[i].name;
+		int at = snprintf(name, DCAST_MAX_NAME + 1, "%u.", i);
+		memset(name + at, 'w', DCAST_MAX_NAME - (size_t)at);
+		name[DCAST_MAX_NAME] = 0;
+	}
+	CHECK_ERR(dcast_msg_validate(&m), DCAST_OK);
+	CHECK_ERR(dcast_msg_encode(&m, &buf, &len), DCAST_ETOO_LARGE);
+	CHECK(strstr(dcast_last_error(), "MANIFEST") && strstr(dcast_last_error(), "DCAST_MAX_HEADER_BYTES"));
+	dcast_msg_free(&m);
+}
+
 static void test_entry_paths(void)
 {
 	static dcast_range_digest d[1000];
@@ -389,6 +445,7 @@ int main(void)
 	test_grid();
 	test_limits();
 	test_big_manifest();
+	test_moe_manifest();
 	test_entry_paths();
 	test_duplicate_keys();
 	test_truncations();

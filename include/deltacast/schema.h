@@ -26,7 +26,7 @@ extern "C" {
 #define DCAST_MAX_NAME 255                   /* model and tensor names, bytes */
 #define DCAST_MAX_CLIENT 64                  /* HELLO.client, bytes */
 #define DCAST_MAX_TEXT 1024                  /* ERROR.text, BYE.reason, bytes */
-#define DCAST_MAX_TENSORS 65536              /* MANIFEST.tensors */
+#define DCAST_MAX_TENSORS 262144             /* MANIFEST.tensors (= DCAST_MAX_DIGESTS) */
 #define DCAST_MAX_DIMS 8                     /* one tensor's shape */
 #define DCAST_MAX_TENSOR_ELEMS (1ull << 48)  /* elements of one tensor */
 #define DCAST_MAX_PARTS 4096                 /* producer parts of a version */
@@ -221,7 +221,10 @@ DCAST_API int dcast_msg_validate(const dcast_msg *m);
 
 /* Encode `m` as a msgpack header.  On success *out is a malloc'd buffer the
  * caller frees with free(), *out_len its length.  Validates first: an
- * invalid message is never encoded.  Errors: validation errors, DCAST_ENOMEM. */
+ * invalid message is never encoded, nor one whose header would exceed
+ * DCAST_MAX_HEADER_BYTES (a MANIFEST of many tensors with long names, a
+ * COMMIT of many digests), which every receiver refuses.  Errors:
+ * validation errors, DCAST_ETOO_LARGE (that size), DCAST_ENOMEM. */
 DCAST_API int dcast_msg_encode(const dcast_msg *m, void **out, size_t *out_len);
 
 /* Decode a header frame into `m` (which need not be initialised).  On

@@ -14,7 +14,9 @@
  *   holds each version bit-exact, looked up tensor by tensor by name;
  *   tensors bind to the caller's memory by name; an unknown name is
  *   refused with DCAST_ENOTFOUND; a second consumer opened on the first
- *   one's directory loads the newest version from its checkpoint.
+ *   one's directory loads the newest version from its checkpoint; the
+ *   broker, on a data dir, killed and restarted, serves that version to a
+ *   consumer that joins then.
  * Registering or looking up n tensors used to compare names linearly:
  * O(n^2) per version (70% of `deltacast publish`'s time at 20,000
  * tensors, docs/benchmarks.md "Many tensors"). */
@@ -169,7 +171,26 @@ static dcast_consumer *many_open(const h_broker *b, const char *dir)
 	return c;
 }
 
-static void test_many(const h_broker *b)
+/* The broker killed (SIGKILL) and restarted on its data dir: a consumer
+ * that joins then gets the newest version from what the broker logged
+ * (its MANIFEST of NT tensors among it), bit-exact. */
+static void restart_join(h_broker *b, const many *m, uint64_t v)
+{
+	dcast_consumer *c;
+	char dir[128];
+
+	tp_broker_kill(b, SIGKILL);
+	REQUIRE(tp_broker_start(b) == 0);
+	snprintf(dir, sizeof(dir), "%s/c3", root);
+	REQUIRE((c = many_open(b, dir)));
+	CHECK(dcast_consumer_wait_version(c, v, 60000) == 0);
+	CHECK(many_equal(c, m) == NT);
+	printf("many tensors: the restarted broker served version %" PRIu64 " of %u tensors bit-exact\n",
+	       dcast_consumer_version(c), NT);
+	dcast_consumer_close(&c);
+}
+
+static void test_many(h_broker *b)
 {
 	dcast_producer_opts po;
 	dcast_producer *p = NULL;
@@ -214,6 +235,7 @@ static void test_many(const h_broker *b)
 	printf("many tensors: %u tensors, 4 versions, every one bit-exact by name; reloaded at %" PRIu64 "\n",
 	       NT, dcast_consumer_version(c2));
 	dcast_consumer_close(&c2);
+	restart_join(b, &m, 4);
 	dcast_producer_close(&p);
 	for (int k = 0; k < 3; k++)
 		free(mine[k]);
@@ -223,13 +245,15 @@ static void test_many(const h_broker *b)
 int main(void)
 {
 	h_broker b;
-	char cmd[128];
+	char cmd[128], data[96];
+	char *args[] = { "--data-dir", data, NULL };
 
 	tp_install();
-	alarm(120); /* stuck: killed, never hung */
+	alarm(180); /* stuck: killed, never hung */
 	REQUIRE(mkdtemp(root));
+	snprintf(data, sizeof(data), "%s/data", root);
 	test_index();
-	REQUIRE(h_broker_start(&b) == 0);
+	REQUIRE(h_broker_start_args(&b, args) == 0);
 	test_many(&b);
 	h_broker_stop(&b);
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", root);

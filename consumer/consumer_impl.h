@@ -294,6 +294,7 @@ struct dcast_consumer {
 	uint32_t device_tensors;       /* bound in CUDA memory: undo from the checkpoint */
 	unsigned char *arena;          /* the owned tensors' host copies (state.c) */
 	uint64_t arena_bytes;
+	int arena_huge;                /* huge pages for it: 0 where DELTACAST_HUGE_PAGES=0 (open.c) */
 
 	_Atomic uint64_t applied;      /* live version, NONE before the first */
 	pthread_mutex_t mu;            /* for wait_version (taken after `lock`, never before) */
@@ -455,11 +456,12 @@ void cs_tensors_free(dcast_consumer *c);
  * aligned to and advised into transparent huge pages (where the kernel has
  * them: "madvise" or "always" in /sys/kernel/mm/transparent_hugepage/
  * enabled), so that an anchor written into it does not fault in 4 KiB at
- * a time.  cs_host_free takes it back given the same size;
+ * a time; with huge 0 (DELTACAST_HUGE_PAGES=0 in the environment when the
+ * consumer opened), advised out of them instead.  cs_host_free takes it back given the same size;
  * cs_host_release gives the whole pages of [p, p + bytes) back to the
  * kernel (a tensor bound to the caller's memory since). */
 #define CS_HUGE_PAGE (2u << 20)
-void *cs_host_alloc(uint64_t bytes);
+void *cs_host_alloc(uint64_t bytes, int huge);
 void cs_host_free(void *p, uint64_t bytes);
 void cs_host_release(void *p, uint64_t bytes);
 cs_tensor *cs_tensor_find(dcast_consumer *c, const char *name);

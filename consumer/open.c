@@ -130,6 +130,9 @@ int dcast_consumer_open(const char *endpoint, const char *model, const char *dir
 	for (int i = 0; i < CS_MAX_STAGED; i++)
 		cs_version_init(&c->staged[i], DCAST_VERSION_NONE);
 	cs_fault_parse(c);
+	/* On a VM that hands freed memory back to its host, a huge page's first
+	 * touch costs the host 512 faults (docs/operations.md, "Huge pages"). */
+	c->arena_huge = !getenv("DELTACAST_HUGE_PAGES") || strcmp(getenv("DELTACAST_HUGE_PAGES"), "0");
 	if ((err = make_paths(c, dir, endpoint)) || (err = cs_pool_open(&c->pool, staging_budget_bytes)))
 		goto fail;
 	if ((err = cs_syncer_open(&c->ck.syncer)) || (err = cs_ckpt_wb_open(c)) ||

@@ -66,7 +66,7 @@ static uint64_t round_up(uint64_t x, uint64_t to)
 	return (x + to - 1) & ~(to - 1);
 }
 
-void *cs_host_alloc(uint64_t bytes)
+void *cs_host_alloc(uint64_t bytes, int huge)
 {
 	size_t len = (size_t)bytes + CS_HUGE_PAGE, keep = round_up(bytes, CS_PAGE);
 	unsigned char *m, *a;
@@ -81,7 +81,7 @@ void *cs_host_alloc(uint64_t bytes)
 		munmap(m, (size_t)(a - m));
 	if (a + keep < m + len)
 		munmap(a + keep, (size_t)(m + len - (a + keep)));
-	madvise(a, bytes & ~(uint64_t)(CS_HUGE_PAGE - 1), MADV_HUGEPAGE); /* best effort */
+	madvise(a, bytes & ~(uint64_t)(CS_HUGE_PAGE - 1), huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE); /* best effort */
 	return a;
 }
 
@@ -145,7 +145,7 @@ int cs_tensors_from_manifest(dcast_consumer *c, const dcast_manifest *m)
 		cs_tensors_free(c);
 		return err;
 	}
-	if (!(c->arena = cs_host_alloc(total))) {
+	if (!(c->arena = cs_host_alloc(total, c->arena_huge))) {
 		cs_tensors_free(c);
 		return dcast_fail(DCAST_ENOMEM, "host copies of %u tensors (%" PRIu64 " bytes)", m->n_tensors, total);
 	}

@@ -175,6 +175,82 @@ static void test_anchor_through_log(const h_broker *b)
 	h_model_free(&m);
 }
 
+/* THPeligible of the mapping that holds addr in /proc/self/smaps: 1 or 0,
+ * -1 when no mapping holds it or the kernel does not say. */
+static int thp_eligible(const void *addr)
+{
+	FILE *f = fopen("/proc/self/smaps", "r");
+	char line[512];
+	int in = 0, v = -1;
+	uintptr_t a = (uintptr_t)addr;
+
+	while (f && v < 0 && fgets(line, sizeof(line), f)) {
+		unsigned long lo, hi;
+		if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2)
+			in = a >= lo && a < hi;
+		else if (in)
+			sscanf(line, "THPeligible: %d", &v);
+	}
+	if (f)
+		fclose(f);
+	return v;
+}
+
+/* The host copy of layers.0.w (a 5 MiB model: an arena of its own) of a
+ * consumer that took the anchor, with DELTACAST_HUGE_PAGES=`env` (NULL:
+ * unset): THP-eligible or not, and bit-exact either way. */
+static int arena_thp(const h_broker *b, const h_model *m, const char *dir, const char *env)
+{
+	dcast_consumer *c;
+	dcast_tensor_desc d;
+	void *ptr = NULL;
+	h_seen s = {0};
+	int thp = -1;
+
+	if (env)
+		setenv("DELTACAST_HUGE_PAGES", env, 1);
+	c = open_consumer(b, "m_thp", dir);
+	unsetenv("DELTACAST_HUGE_PAGES");
+	REQUIRE(c);
+	CHECK(h_drive(c, m, 1, &s) == 0 && h_equal(c, m, 1));
+	if (dcast_consumer_tensor(c, "layers.0.w", &ptr, &d, NULL) == 0)
+		thp = thp_eligible(ptr);
+	dcast_consumer_close(&c);
+	return thp;
+}
+
+/* The host copies are advised into transparent huge pages, unless
+ * DELTACAST_HUGE_PAGES=0 says not to (then out of them, whatever the
+ * system's THP mode). */
+static void test_huge_pages(const h_broker *b)
+{
+	FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+	char mode[128] = "";
+	dcast_producer *p = NULL;
+	h_model m;
+	int on, off;
+
+	if (f) {
+		if (!fgets(mode, sizeof(mode), f))
+			mode[0] = 0;
+		fclose(f);
+	}
+	h_model_init(&m, 29, 4);
+	REQUIRE(h_producer_open(b, "m_thp", &m, &p) == 0);
+	REQUIRE(h_publish(p, &m, 1, 100) == 0);
+	on = arena_thp(b, &m, dir_for("thp_on"), NULL);
+	off = arena_thp(b, &m, dir_for("thp_off"), "0");
+	CHECK(off == 0);
+	if (strstr(mode, "[never]"))
+		printf("huge pages: THP is off on this machine; the default's advice not checked\n");
+	else
+		CHECK(on == 1);
+	printf("huge pages: THPeligible %d by default, %d with DELTACAST_HUGE_PAGES=0 (THP mode: %.*s)\n", on, off,
+	       (int)strcspn(mode, "\n"), mode);
+	dcast_producer_close(&p);
+	h_model_free(&m);
+}
+
 /* A whole bind while an anchor received in place is READY and not applied:
  * the tensor's bytes move to the caller's memory, so the anchor is dropped
  * and fetched again (through the staging pool now), then applied
@@ -837,6 +913,7 @@ int main(void)
 	REQUIRE(h_broker_start(&b) == 0);
 	test_stream_and_restart(&b);
 	test_anchor_through_log(&b);
+	test_huge_pages(&b);
 	test_bind_during_in_place(&b);
 	test_corrupt_chunk(&b);
 	test_digest_rollback(&b);

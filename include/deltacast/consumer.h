@@ -148,7 +148,10 @@ typedef struct dcast_consumer_stats {
  * files are left as they are), DCAST_EZMQ.  A checkpoint that is damaged
  * (fails its checksums or digests) is not an error: it is logged and
  * dropped, and the consumer fetches an anchor (as is one that is
- * truncated, malformed or of a format this build does not read).  On error *out is NULL. */
+ * truncated, malformed or of a format this build does not read).  The
+ * consumer's own host copies of the tensors are advised into transparent
+ * huge pages, or out of them where DELTACAST_HUGE_PAGES=0 is in the
+ * environment at open (docs/operations.md, "Huge pages").  On error *out is NULL. */
 DCAST_API int dcast_consumer_open(const char *endpoint, const char *model, const char *dir,
 			uint64_t staging_budget_bytes, const dcast_consumer_opts *opts,
 			dcast_consumer **out);

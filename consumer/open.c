@@ -96,6 +96,16 @@ static int connect_broker(dcast_consumer *c)
 	return cs_session_start(c);
 }
 
+/* Huge pages for the host copies, unless DELTACAST_HUGE_PAGES=0: on a VM
+ * that hands freed memory back to its host, a huge page's first touch
+ * costs the host 512 faults (docs/operations.md, "Huge pages"). */
+static int huge_pages_wanted(void)
+{
+	const char *e = getenv("DELTACAST_HUGE_PAGES");
+
+	return !e || strcmp(e, "0") != 0;
+}
+
 int dcast_consumer_open(const char *endpoint, const char *model, const char *dir,
 			uint64_t staging_budget_bytes, const dcast_consumer_opts *opts,
 			dcast_consumer **out)
@@ -130,9 +140,7 @@ int dcast_consumer_open(const char *endpoint, const char *model, const char *dir
 	for (int i = 0; i < CS_MAX_STAGED; i++)
 		cs_version_init(&c->staged[i], DCAST_VERSION_NONE);
 	cs_fault_parse(c);
-	/* On a VM that hands freed memory back to its host, a huge page's first
-	 * touch costs the host 512 faults (docs/operations.md, "Huge pages"). */
-	c->arena_huge = !getenv("DELTACAST_HUGE_PAGES") || strcmp(getenv("DELTACAST_HUGE_PAGES"), "0");
+	c->arena_huge = huge_pages_wanted();
 	if ((err = make_paths(c, dir, endpoint)) || (err = cs_pool_open(&c->pool, staging_budget_bytes)))
 		goto fail;
 	if ((err = cs_syncer_open(&c->ck.syncer)) || (err = cs_ckpt_wb_open(c)) ||

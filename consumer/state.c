@@ -81,7 +81,8 @@ void *cs_host_alloc(uint64_t bytes, int huge)
 		munmap(m, (size_t)(a - m));
 	if (a + keep < m + len)
 		munmap(a + keep, (size_t)(m + len - (a + keep)));
-	madvise(a, bytes & ~(uint64_t)(CS_HUGE_PAGE - 1), huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE); /* best effort */
+	/* best effort */
+	madvise(a, bytes & ~(uint64_t)(CS_HUGE_PAGE - 1), huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
 	return a;
 }
 

@@ -21,6 +21,7 @@
  * O(n^2) per version (70% of `deltacast publish`'s time at 20,000
  * tensors, docs/benchmarks.md "Many tensors"). */
 #include <inttypes.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include "check.h"
 #include "consumer_harness.h"
@@ -242,6 +243,36 @@ static void test_many(h_broker *b)
 	many_free(&m);
 }
 
+/* 100,000 tensors with names of 200 bytes: a MANIFEST of about 21 MB,
+ * over DCAST_MAX_HEADER_BYTES.  publish() says so and sends nothing (the
+ * broker would refuse the header), and the broker runs on. */
+static void test_manifest_too_large(const h_broker *b)
+{
+	enum { N = 100000 };
+	dcast_producer_opts po;
+	dcast_producer *p = NULL;
+	uint16_t *one = calloc(N, sizeof(*one));
+	uint64_t shape = 1;
+	char name[256];
+	int err = 0;
+
+	REQUIRE(one);
+	dcast_producer_opts_init(&po);
+	REQUIRE(dcast_producer_open(b->producers, "toolarge", 0, 1, &po, &p) == 0);
+	memset(name, 'n', 200);
+	for (uint32_t i = 0; i < N && !err; i++) {
+		snprintf(name + 200, sizeof(name) - 200, "%u", i);
+		err = dcast_producer_register(p, name, DCAST_DTYPE_BF16, 1, &shape, &one[i], DCAST_MEM_HOST, 0, 1);
+	}
+	CHECK(err == 0);
+	CHECK_ERR(dcast_producer_publish(p, 1), DCAST_ETOO_LARGE);
+	CHECK(strstr(dcast_last_error(), "MANIFEST") && strstr(dcast_last_error(), "DCAST_MAX_HEADER_BYTES"));
+	printf("too large: %s\n", dcast_last_error());
+	dcast_producer_close(&p);
+	free(one);
+	CHECK(waitpid(b->pid, NULL, WNOHANG) == 0); /* the broker still runs */
+}
+
 int main(void)
 {
 	h_broker b;
@@ -255,6 +286,7 @@ int main(void)
 	test_index();
 	REQUIRE(h_broker_start_args(&b, args) == 0);
 	test_many(&b);
+	test_manifest_too_large(&b);
 	h_broker_stop(&b);
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", root);
 	if (system(cmd) != 0)

@@ -303,6 +303,47 @@ static int decode_keys(const char *const *keys, int n)
 	return rc;
 }
 
+/* A MANIFEST of n tensors ("t0" .. , BF16, shape [1]) as a peer's bytes,
+ * decoded: its result code. */
+static int decode_manifest(uint32_t n)
+{
+	msgpack_sbuffer sb;
+	msgpack_packer pk;
+	dcast_msg m;
+	char name[16];
+	int rc;
+
+	msgpack_sbuffer_init(&sb);
+	msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+	msgpack_pack_map(&pk, 4);
+	msgpack_pack_str_with_body(&pk, "proto", 5);
+	msgpack_pack_uint32(&pk, DCAST_PROTO_VERSION);
+	msgpack_pack_str_with_body(&pk, "type", 4);
+	msgpack_pack_str_with_body(&pk, "MANIFEST", 8);
+	msgpack_pack_str_with_body(&pk, "model", 5);
+	msgpack_pack_str_with_body(&pk, "m", 1);
+	msgpack_pack_str_with_body(&pk, "tensors", 7);
+	msgpack_pack_array(&pk, n);
+	for (uint32_t i = 0; i < n; i++) {
+		int len = snprintf(name, sizeof(name), "t%u", i);
+		msgpack_pack_map(&pk, 3);
+		msgpack_pack_str_with_body(&pk, "name", 4);
+		msgpack_pack_str_with_body(&pk, name, (size_t)len);
+		msgpack_pack_str_with_body(&pk, "dtype", 5);
+		msgpack_pack_str_with_body(&pk, "BF16", 4);
+		msgpack_pack_str_with_body(&pk, "shape", 5);
+		msgpack_pack_array(&pk, 1);
+		msgpack_pack_uint32(&pk, 1);
+	}
+	rc = dcast_msg_decode(sb.data, sb.size, &m);
+	if (!rc) {
+		CHECK(m.u.manifest.n_tensors == n && !strcmp(m.u.manifest.tensors[n - 1].name, name));
+		dcast_msg_free(&m);
+	}
+	msgpack_sbuffer_destroy(&sb);
+	return rc;
+}
+
 /* A key twice is refused, whatever it names: a field, "proto" or "type",
  * an extension; distinct extensions pass. */
 static void test_duplicate_keys(void)
@@ -322,15 +363,14 @@ static void test_duplicate_keys(void)
 	CHECK_ERR(decode_keys(fine, 3), DCAST_OK);
 }
 
-/* An entry of an array that fails is named by its index, when encoding and
- * when decoding (its path is formatted only then). */
 /* A frontier mixture-of-experts checkpoint: Kimi K2's fp8 expert tensors,
  * 60 layers of 384 experts, three projections each with its block scales
  * (138,240 tensors, the longest name 59 bytes), round-trips in one
  * MANIFEST.  One tensor over DCAST_MAX_TENSORS is refused; so is a
  * MANIFEST of DCAST_MAX_TENSORS 255-byte names, whose header would exceed
  * DCAST_MAX_HEADER_BYTES: by the encoder, with the limit named, rather
- * than by every receiver. */
+ * than by every receiver.  A receiver takes DCAST_MAX_TENSORS entries from
+ * a peer and refuses one more. */
 static void test_moe_manifest(void)
 {
 	static const char *proj[] = { "gate", "up", "down" };
@@ -378,8 +418,14 @@ static void test_moe_manifest(void)
 	CHECK_ERR(dcast_msg_encode(&m, &buf, &len), DCAST_ETOO_LARGE);
 	CHECK(strstr(dcast_last_error(), "MANIFEST") && strstr(dcast_last_error(), "DCAST_MAX_HEADER_BYTES"));
 	dcast_msg_free(&m);
+	/* a receiver: DCAST_MAX_TENSORS short entries pass, one more is refused */
+	CHECK_ERR(decode_manifest(DCAST_MAX_TENSORS), DCAST_OK);
+	CHECK_ERR(decode_manifest(DCAST_MAX_TENSORS + 1u), DCAST_ETOO_LARGE);
+	CHECK(strstr(dcast_last_error(), "tensors") != NULL);
 }
 
+/* An entry of an array that fails is named by its index, when encoding and
+ * when decoding (its path is formatted only then). */
 static void test_entry_paths(void)
 {
 	static dcast_range_digest d[1000];

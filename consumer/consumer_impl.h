@@ -458,8 +458,9 @@ void cs_tensors_free(dcast_consumer *c);
  * enabled), so that an anchor written into it does not fault in 4 KiB at
  * a time; with huge 0 (DELTACAST_HUGE_PAGES=0 in the environment when the
  * consumer opened), advised out of them instead.  cs_host_free takes it
- * back given the same size; cs_host_release gives the whole pages of [p, p + bytes) back to the
- * kernel (a tensor bound to the caller's memory since). */
+ * back given the same size; cs_host_release gives the whole pages of
+ * [p, p + bytes) back to the kernel (a tensor bound to the caller's memory
+ * since). */
 #define CS_HUGE_PAGE (2u << 20)
 void *cs_host_alloc(uint64_t bytes, int huge);
 void cs_host_free(void *p, uint64_t bytes);

@@ -7,6 +7,9 @@
 #             this script's polling included)
 #   workers   CPU seconds all `deltacast subscribe` workers spent (every
 #             thread of each, /proc/PID/stat), and that over N in ms
+#   brokers   CPU seconds the root and relay brokers spent
+#   rest      busy less workers and brokers: the kernel's threads (network,
+#             writeback), the producer, this script and its log stampers
 # then the workers' CPU over the machine's cores against the wall time:
 # near 1, the deltas are CPU-bound here, not link-bound.  The probe behind
 # docs/benchmarks.md's cluster notes; `make bench-cluster` is the benchmark.
@@ -34,12 +37,15 @@ die() { echo "cluster_cpu: $*" >&2; exit 1; }
 # busy: jiffies the machine spent busy (user, nice, system, irq, softirq).
 busy() { awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 }' /proc/stat; }
 
-# workers_cpu: jiffies every worker process has spent so far.
-workers_cpu() {
-	local w p s=0
-	for w in "${CL_WORKERS[@]}"; do
-		eval "p=\$CL_WORKER_PID_$w"
-		s=$((s + $(awk '{ print $14 + $15 }' "/proc/$p/stat")))
+# pids_cpu KIND HOST...: jiffies the processes CL_<KIND>_PID_<HOST> have
+# spent so far (utime + stime: fields 14 and 15 of /proc/PID/stat).
+pids_cpu() {
+	local kind=$1 h p s=0 f
+	shift
+	for h in "$@"; do
+		eval "p=\$CL_${kind}_PID_$h"
+		read -ra f <"/proc/$p/stat"
+		s=$((s + f[13] + f[14]))
 	done
 	echo "$s"
 }
@@ -60,14 +66,14 @@ for f in "${FILES[@]}"; do
 		perf record -a -g -F 1999 -o "$CLUSTER_CPU_PERF" >/dev/null 2>&1 &
 		PERF_PID=$!
 	fi
-	b0=$(busy) w0=$(workers_cpu)
+	b0=$(busy) w0=$(pids_cpu WORKER "${CL_WORKERS[@]}") r0=$(pids_cpu BROKER root "${CL_RELAYS[@]}")
 	cl_publish_next
 	cl_wait_for 3000 cl_have "$v" || die "version $v did not reach every worker"
-	b1=$(busy) w1=$(workers_cpu)
-	awk -v v="$v" -v t="$(cl_time_all "$v" "$CL_T0")" -v b=$((b1 - b0)) -v w=$((w1 - w0)) -v hz="$HZ" \
+	b1=$(busy) w1=$(pids_cpu WORKER "${CL_WORKERS[@]}") r1=$(pids_cpu BROKER root "${CL_RELAYS[@]}")
+	awk -v v="$v" -v t="$(cl_time_all "$v" "$CL_T0")" -v b=$((b1 - b0)) -v w=$((w1 - w0)) -v r=$((r1 - r0)) -v hz="$HZ" \
 		-v n="$N" -v cpus="$(nproc)" 'BEGIN {
-		printf "version %d%s: wall %.3f s, busy %.2f s, workers %.2f s (%.1f ms each), workers / %d cores / wall %.2f\n",
-			v, v == 1 ? " (anchor)" : "", t, b / hz, w / hz, 1000 * w / hz / n, cpus, w / hz / cpus / t }'
+		printf "version %d%s: wall %.3f s, busy %.2f s, workers %.2f s (%.1f ms each), brokers %.2f s, rest %.2f s, workers / %d cores / wall %.2f\n",
+			v, v == 1 ? " (anchor)" : "", t, b / hz, w / hz, 1000 * w / hz / n, r / hz, (b - w - r) / hz, cpus, w / hz / cpus / t }'
 done
 [ -n "$PERF_PID" ] && { kill -INT "$PERF_PID"; wait "$PERF_PID"; PERF_PID=; }
 exec {CL_GO}>&-

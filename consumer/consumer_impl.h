@@ -725,9 +725,10 @@ void cs_forget_state(dcast_consumer *c);
 
 /* run.c: the run identity of the state held (docs/protocol.md,
  * WELCOME.run).  cs_run_load: c->run from DIR/run (0 when absent).
- * cs_run_check: a WELCOME's run against it; state of another run is
- * dropped (returns 1: the caller re-joins for an anchor), an unknown run
- * is adopted and kept in DIR/run. */
+ * cs_run_check: a WELCOME's run against it; the state and the staged
+ * versions of another run are dropped (returns 1 when anything was: the
+ * caller re-joins, its HELLO naming what is left), an unknown run is
+ * adopted and kept in DIR/run. */
 void cs_run_load(dcast_consumer *c);
 int cs_run_check(dcast_consumer *c, uint64_t run);
 

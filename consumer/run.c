@@ -3,7 +3,9 @@
  * local state belongs to an earlier training run (a reused directory, a
  * broker restarted afresh, a model name used again): it is dropped, with a
  * log line saying why, and the consumer joins again for an anchor, so that
- * state from another run is never served as current. */
+ * state from another run is never served as current.  Staged, READY and
+ * half-received versions are the held run's too: they go before anything
+ * of the new run is taken, whether or not a version was applied. */
 #include <inttypes.h>
 #include <stdio.h>
 #include "consumer_impl.h"
@@ -36,29 +38,54 @@ static void run_save(dcast_consumer *c, uint64_t run)
 		DCAST_LOG_W("consumer %s: run id not kept: %s", c->model, dcast_last_error());
 }
 
+static void run_name(uint64_t run, char *out, size_t cap)
+{
+	if (run)
+		snprintf(out, cap, "run %016" PRIx64, run);
+	else
+		snprintf(out, cap, "no known run");
+}
+
+/* Staged, READY and half-received versions came from the stream of the run
+ * held; none of them may be applied as the new run's (an engine that holds
+ * a READY version for its pause point would apply the old weights). */
+static int drop_staged(dcast_consumer *c, const char *was, uint64_t run)
+{
+	if (!c->n_staged)
+		return 0;
+	DCAST_LOG_W("consumer %s: versions %" PRIu64 "-%" PRIu64 " staged from %s, the broker serves run "
+		    "%016" PRIx64 ": dropped before anything of it is taken", c->model, c->staged[0].version,
+		    c->staged[c->n_staged - 1].version, was, run);
+	cs_drop_all(c);
+	return 1;
+}
+
 int cs_run_check(dcast_consumer *c, uint64_t run)
 {
 	/* State of no known run (its run file lost) counts as another run's. */
-	int other = run && c->run != run && dcast_consumer_version(c) != DCAST_VERSION_NONE;
+	int held = dcast_consumer_version(c) != DCAST_VERSION_NONE, dropped;
+	char was[32];
 
 	if (!run)
 		return 0; /* a broker that names no run: nothing to compare */
-	if (other) {
-		char was[32] = "no known run";
-
-		if (c->run)
-			snprintf(was, sizeof(was), "run %016" PRIx64, c->run);
+	if (c->run == run) {
+		atomic_store(&c->run_confirmed, run);
+		return 0;
+	}
+	run_name(c->run, was, sizeof(was));
+	dropped = drop_staged(c, was, run);
+	if (held) {
 		DCAST_LOG_W("consumer %s: the local state (version %" PRIu64 ") belongs to %s, the broker "
 			    "serves run %016" PRIx64 ": dropped; joining again for an anchor", c->model,
 			    dcast_consumer_version(c), was, run);
 		cs_forget_state(c);
-		cs_drop_all(c);
 	}
-	if (c->run != run)
-		run_save(c, run);
-	if (!other)
-		atomic_store(&c->run_confirmed, run);
-	return other;
+	DCAST_ASSERT(c->n_staged == 0 && dcast_consumer_version(c) == DCAST_VERSION_NONE);
+	run_save(c, run);
+	if (held || dropped)
+		return 1; /* our HELLO named a version of the other run: ask again */
+	atomic_store(&c->run_confirmed, run);
+	return 0;
 }
 
 uint64_t dcast_consumer_run(const dcast_consumer *c)

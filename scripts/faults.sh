@@ -10,7 +10,12 @@
 #   - every consumer reaches the producer's newest committed version and its
 #     DIR/model.safetensors has that version's model digest;
 #   - every "applied V" / "loaded V" line any consumer printed carries the
-#     digest of the producer's file for V (a divergence otherwise).
+#     digest of the producer's file for V (a divergence otherwise);
+#   - run_change trials (the broker restarted without its data dir, so the
+#     model starts over as a new run publishing another trace, while the
+#     consumers hold READY versions FAULT_APPLY_HOLD_MS before applying
+#     them): each run a consumer reports carries one trace's weights only,
+#     never the other run's.
 # Prints per fault kind: trials, faults injected, divergences, failures.
 # SEEDS=N trials (default 5) from FAULT_SEED_BASE (default: drawn); SEED=N
 # one trial; FAULT_KINDS="k1 k2" restricts the kinds; FAULT_KEEP=1 keeps
@@ -19,7 +24,7 @@
 set -u
 . "$(dirname "$0")/e2e_lib.sh"
 
-ALL_KINDS="broker_kill broker_stop producer_kill producer_stop consumer_kill consumer_stop proxy proxy_producer ckpt_corrupt segment_corrupt"
+ALL_KINDS="broker_kill broker_stop producer_kill producer_stop consumer_kill consumer_stop proxy proxy_producer ckpt_corrupt segment_corrupt run_change"
 KINDS=(${FAULT_KINDS:-$ALL_KINDS})
 NCONS=${FAULT_CONSUMERS:-3}
 PARAMS=${FAULT_PARAMS:-4M}
@@ -44,14 +49,28 @@ for t in "$DC" "$BROKER_BIN" "$PROXY" "$FC" "$FD" "$FP"; do
 	[ -x "$t" ] || { echo "faults: missing $t (make all $BUILD/tools/...)"; exit 1; }
 done
 
-# ---- the trace and its digests, shared by every trial ----
-"$DC" gen-trace --params "$PARAMS" --steps $((NVER - 1)) --density 0.01 -o "$ROOT/trace" \
-	2>"$ROOT/gentrace.log" || { cat "$ROOT/gentrace.log"; exit 1; }
-declare -a FILES WANT
-for ((v = 1; v <= NVER; v++)); do
-	FILES[v]=$(printf '%s/v%04d.safetensors' "$ROOT/trace" $((v - 1)))
-	WANT[v]=$("$FD" "${FILES[v]}" | cut -d' ' -f1)
-done
+# ---- the traces and their digests, shared by every trial: A, and B (other
+# weights, same shapes) for the new runs of run_change trials ----
+declare -a FILES WANT FILES_A WANT_A FILES_B WANT_B
+gen_trace() { # gen_trace NAME SEED: FILES_NAME, WANT_NAME
+	local dir=$ROOT/trace$1 v f
+	"$DC" gen-trace --params "$PARAMS" --steps $((NVER - 1)) --density 0.01 --seed "$2" -o "$dir" \
+		2>"$ROOT/gentrace$1.log" || { cat "$ROOT/gentrace$1.log"; exit 1; }
+	for ((v = 1; v <= NVER; v++)); do
+		f=$(printf '%s/v%04d.safetensors' "$dir" $((v - 1)))
+		eval "FILES_$1[v]=\$f"
+		eval "WANT_$1[v]=\$(\"\$FD\" \"\$f\" | cut -d' ' -f1)"
+	done
+}
+# use_trace NAME: the trace the producer publishes from now on
+use_trace() {
+	local v
+	CUR=$1
+	for ((v = 1; v <= NVER; v++)); do eval "FILES[v]=\${FILES_$1[v]}; WANT[v]=\${WANT_$1[v]}"; done
+}
+gen_trace A 1
+[[ " ${KINDS[*]} " == *" run_change "* ]] && gen_trace B 2
+use_trace A
 
 # ---- seeded draws (no subshells: they would not advance RANDOM) ----
 rnd() { R=$((RANDOM % $1)); }
@@ -226,7 +245,7 @@ pick_file() { # pick_file DIR GLOB...: one file under DIR, drawn from the seed
 }
 
 inject() { # inject KIND: one fault
-	local kind=$1 i
+	local kind=$1 i k
 	rnd "$NCONS"; i=$R
 	case $kind in
 	broker_kill)
@@ -256,6 +275,18 @@ inject() { # inject KIND: one fault
 		pick_file "$T/c$i/model.safetensors" "$T/c$i"/model.safetensors.applied "$T/c$i"/model.safetensors.new \
 			"$T/c$i"/model.dlog/*.rec && flip_or_cut "$PICK"
 		consumer_start "$i" ;;
+	run_change)
+		kill -9 "$PUB_PID" 2>/dev/null; wait "$PUB_PID" 2>/dev/null
+		kill -9 "$BROKER_PID"; wait "$BROKER_PID" 2>/dev/null
+		rm -rf "$T/data"
+		[ "$CUR" = A ] && use_trace B || use_trace A
+		say "SIGKILL producer and broker, data dir removed: a new run publishes trace $CUR"
+		broker_start || say "broker restart failed"
+		publish_from 1
+		for ((k = 0; k < NCONS; k++)); do # those done with the old run follow the new one
+			kill -0 "${CPID[k]}" 2>/dev/null && continue
+			wait "${CPID[k]}" 2>/dev/null; say "c$k had exited; restarted"; consumer_start "$k"
+		done ;;
 	segment_corrupt)
 		kill -9 "$BROKER_PID"; wait "$BROKER_PID" 2>/dev/null; say "SIGKILL broker"
 		pick_file $(find "$T/data" -type f 2>/dev/null) && flip_or_cut "$PICK"
@@ -263,6 +294,16 @@ inject() { # inject KIND: one fault
 	proxy | proxy_producer) sleep 1 ;; # the proxy injects on its own; count its lines afterwards
 	esac
 	return 0
+}
+
+# behind_run I: in run_change trials, consumer I ended at the last version
+# of a run before the newest one (its last report is not the current
+# trace's): it is started again to follow the new run.
+behind_run() {
+	local d
+	[ "$KIND" = run_change ] || return 1
+	d=$(sed -n 's/^\(applied\|loaded\) [0-9]* \(anchor \|delta \)\?\([0-9a-f]*\) run .*/\3/p' "$T/c$1.out" | tail -n 1)
+	[ "$d" != "${WANT[NVER]}" ]
 }
 
 # recover: stop injecting, bring back whatever is down, wait for convergence.
@@ -287,7 +328,7 @@ recover() {
 				kill -9 "${CPID[i]}"
 			fi
 			wait "${CPID[i]}" 2>/dev/null; rc=$?
-			if [ $rc = 0 ]; then CDONE[i]=1; done_n=$((done_n + 1)); continue; fi
+			if [ $rc = 0 ] && ! behind_run "$i"; then CDONE[i]=1; done_n=$((done_n + 1)); continue; fi
 			CREST[i]=$((${CREST[i]:-0} + 1))
 			[ "${CREST[i]}" -le 10 ] || continue
 			if refused_ckpt "$i"; then
@@ -315,16 +356,40 @@ proxy_tally() {
 	done
 }
 
-# check: divergences (a reported version whose digest is not the producer's).
+# trace_of V DIGEST: the trace (A or B) whose file for V has DIGEST, else
+# nothing.  Past NVER (numbers spent on lost versions) the last file stands
+# for the version.
+trace_of() {
+	local v=$1 d=$2 k
+	[ "$v" -gt "$NVER" ] && v=$NVER
+	for k in A B; do
+		eval "[ \"\${WANT_$k[v]:-}\" = \"\$d\" ]" && { echo "$k"; return; }
+	done
+}
+
+# check: divergences: a reported version whose digest is no producer's for
+# V, or a run reported with both traces' weights (one run's state served as
+# another's).
 check() {
-	local i line v d bad=0
+	local i v d r tr bad=0 lines parsed
+	declare -A RUN_TRACE=()
 	for ((i = 0; i < NCONS; i++)); do
-		while read -r what v rest; do
-			d=${rest##* }
-			if [ -z "${WANT[v]:-}" ] || [ "$d" != "${WANT[v]}" ]; then
-				bad=$((bad + 1)); say "DIVERGENCE c$i: $what $v $rest (want ${WANT[v]:-none})"
+		lines=$(grep -cE '^(applied|loaded) ' "$T/c$i.out" 2>/dev/null) parsed=0
+		while read -r v d r; do
+			parsed=$((parsed + 1))
+			tr=$(trace_of "$v" "$d")
+			if [ -z "$tr" ]; then
+				bad=$((bad + 1)); say "DIVERGENCE c$i: version $v digest $d run $r (want ${WANT[v]:-none})"
+				continue
 			fi
-		done < <(grep -E '^(applied|loaded) ' "$T/c$i.out" 2>/dev/null)
+			[ "$r" = 0000000000000000 ] && continue
+			if [ -n "${RUN_TRACE[$r]:-}" ] && [ "${RUN_TRACE[$r]}" != "$tr" ]; then
+				bad=$((bad + 1)); say "DIVERGENCE c$i: version $v of trace $tr reported as run $r, which served trace ${RUN_TRACE[$r]}"
+			fi
+			RUN_TRACE[$r]=$tr
+		done < <(sed -n 's/^\(applied\|loaded\) \([0-9]*\) \(anchor \|delta \)\?\([0-9a-f]*\) run \([0-9a-f]*\)$/\2 \4 \5/p' \
+			"$T/c$i.out" 2>/dev/null)
+		[ "${lines:-0}" = "$parsed" ] || { bad=$((bad + 1)); say "DIVERGENCE c$i: $((lines - parsed)) report line(s) not understood"; }
 	done
 	DIVERGED=$bad
 }
@@ -351,6 +416,8 @@ run_trial() {
 	export DELTACAST_IO_URING=$uring
 	[ $uring = 1 ] && unset DELTACAST_IO_URING
 	KIND=$kind URING=$uring CONV=0 DIVERGED=0
+	use_trace A
+	[ "$kind" = run_change ] && { rnd 1500; TRIAL_ENV+=(FAULT_APPLY_HOLD_MS=$R); say "consumers hold READY versions $R ms"; }
 	broker_start || return
 	if [ "$kind" = proxy ] || [ "$kind" = proxy_producer ]; then
 		local try target=$((BPORT + 1))

@@ -3,10 +3,17 @@
  * so a restart resumes from DIR) and, after every apply and after loading
  * the checkpoint, prints the model digest of the LIVE tensors
  * (tests/tools/fault_digest.h):
- *   loaded V DIGEST
- *   applied V anchor|delta DIGEST
- * The suite checks each line against the producer's file for V, so a
- * version reported as applied with other weights is caught.
+ *   loaded V DIGEST run RUN
+ *   applied V anchor|delta DIGEST run RUN
+ * RUN is the run a WELCOME confirmed (dcast_consumer_run, 0 before the
+ * first).  The suite checks each line against the producer's file for V
+ * of that run, so a version reported as applied with other weights, or
+ * with another run's, is caught.
+ * With FAULT_APPLY_HOLD_MS=N in the environment, a READY version is held
+ * N ms before the apply of the newest one READY then, as an engine that
+ * waits for its pause point does (a run change or a re-join may drop it
+ * meanwhile: nothing is applied, or the apply is refused, and the consumer
+ * follows on).
  * Errors the library recovers from (a refused chunk or version, a failed
  * apply or checkpoint write: it re-joins, or the next apply writes the
  * checkpoint again) are printed and followed on; only DCAST_EZMQ from poll
@@ -18,6 +25,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 #include "deltacast/consumer.h"
 #include "fault_digest.h"
 
@@ -63,30 +71,33 @@ static int live_digest(dcast_consumer *c, uint64_t *out)
 static int report(dcast_consumer *c, const char *what)
 {
 	dcast_consumer_stats st;
-	uint64_t digest, v = dcast_consumer_version(c);
+	uint64_t digest, v = dcast_consumer_version(c), run = dcast_consumer_run(c);
 	int rc = live_digest(c, &digest);
 
 	if (rc) {
 		fprintf(stderr, "fault_consumer: digest: %s\n", dcast_last_error());
 		return rc;
 	}
-	if (v == DCAST_VERSION_NONE || dcast_consumer_version(c) != v) {
+	if (v == DCAST_VERSION_NONE || dcast_consumer_version(c) != v || dcast_consumer_run(c) != run) {
 		fprintf(stderr, "fault_consumer: the state was dropped while reporting; not reported\n");
 		return 0;
 	}
 	dcast_consumer_stats_get(c, &st);
 	if (what)
-		printf("%s %" PRIu64 " %016" PRIx64 "\n", what, v, digest);
+		printf("%s %" PRIu64 " %016" PRIx64, what, v, digest);
 	else
-		printf("applied %" PRIu64 " %s %016" PRIx64 "\n", v, st.anchor ? "anchor" : "delta", digest);
+		printf("applied %" PRIu64 " %s %016" PRIx64, v, st.anchor ? "anchor" : "delta", digest);
+	printf(" run %016" PRIx64 "\n", run);
 	fflush(stdout);
 	return 0;
 }
 
+/* UNTIL held, of the run the broker serves (a WELCOME confirmed it: a
+ * checkpoint of an earlier run loaded at open is not the end). */
 static int reached(dcast_consumer *c, uint64_t until)
 {
 	uint64_t v = dcast_consumer_version(c);
-	return v != DCAST_VERSION_NONE && v >= until;
+	return v != DCAST_VERSION_NONE && v >= until && dcast_consumer_run(c) != 0;
 }
 
 /* Print a recoverable error; 0 to go on. */
@@ -97,13 +108,32 @@ static int going_on(const char *what, int err)
 	return 0;
 }
 
-/* Apply a READY version, checkpoint and report it.  A failed checkpoint
- * is written again after the next apply, or at the end (unsaved). */
+static long hold_ms;
+
+/* The engine's wait for its pause point (FAULT_APPLY_HOLD_MS). */
+static void hold(void)
+{
+	struct timespec ts = {hold_ms / 1000, (hold_ms % 1000) * 1000000L};
+
+	if (hold_ms > 0)
+		nanosleep(&ts, NULL);
+}
+
+/* Apply the newest READY version, once the engine's hold is over, then
+ * checkpoint and report it (an event for a version applied already is
+ * passed over).  A failed checkpoint is written again after the next
+ * apply, or at the end (unsaved). */
 static int take(dcast_consumer *c, uint64_t version, int *unsaved)
 {
-	int err = dcast_consumer_apply(c, version);
+	uint64_t have = dcast_consumer_version(c), ready;
+	int err;
 
-	if (err) /* the library dropped it and re-joins */
+	if (have != DCAST_VERSION_NONE && have >= version)
+		return 0;
+	hold();
+	if ((ready = dcast_consumer_ready_version(c)) == DCAST_VERSION_NONE)
+		return 0; /* dropped while held (a re-join, a new run) */
+	if ((err = dcast_consumer_apply(c, ready))) /* the library dropped it and re-joins */
 		return going_on("apply", err);
 	if ((err = dcast_consumer_checkpoint(c)))
 		going_on("checkpoint", err);
@@ -145,6 +175,7 @@ int main(int argc, char **argv)
 	until = strtoull(argv[4], NULL, 10);
 	if (argc == 6)
 		budget = strtoull(argv[5], NULL, 10);
+	hold_ms = getenv("FAULT_APPLY_HOLD_MS") ? atol(getenv("FAULT_APPLY_HOLD_MS")) : 0;
 	dcast_consumer_opts_init(&o);
 	o.fold_every = 1;
 	o.client = "fault_consumer";

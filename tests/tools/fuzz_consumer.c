@@ -12,7 +12,11 @@
  * goes deeper; payload bits flipped, payloads cut; header bytes flipped
  * after encoding; HEARTBEAT, ERROR, WELCOME and other MANIFESTs dropped in.
  * The driver (the main thread) applies every READY version and checks the
- * tensors against that version's truth, bit for bit.
+ * tensors against that version's truth, bit for bit.  In a third of the
+ * rounds the driver applies nothing for the first half of the damaged
+ * stream, and then the fake broker serves a new run of the model (other
+ * weights, the same tensors): a version of the first run applied as the
+ * new run's fails the round.
  *
  * Each round: a fresh directory, a damaged stream for --dirty-ms; then the
  * consumer is closed and opened again on its directory (what it loads must
@@ -76,11 +80,24 @@ static int pct(rng *r, unsigned p)
 
 /* ---- the truth: every version's tensors ---- */
 
-static unsigned char *truth[VERSIONS + 1][N_T];
+/* Two runs' truths: a round serves run 0, and in some rounds run 1 (other
+ * weights, the same tensors) from half-way through its damaged stream, a
+ * model started over while the consumer holds READY versions.  truth and
+ * run_id are the run served now. */
+static unsigned char *truths[2][VERSIONS + 1][N_T];
+static uint64_t run_ids[2];
+static unsigned char *(*truth)[N_T] = truths[0];
 static uint64_t run_id;
 
-static void truth_make(rng *r)
+static void serve_run(int k)
 {
+	truth = truths[k];
+	run_id = run_ids[k];
+}
+
+static void truth_make(rng *r, int k)
+{
+	serve_run(k);
 	for (int t = 0; t < N_T; t++) {
 		size_t bytes = t_elems[t] * t_es[t];
 		for (int v = 1; v <= VERSIONS; v++) {
@@ -95,7 +112,11 @@ static void truth_make(rng *r)
 				truth[v][t][(rnd(r) % t_elems[t]) * t_es[t]] ^= (unsigned char)(1 + rnd(r) % 7);
 		}
 	}
-	run_id = rnd(r) | 1;
+	run_id = run_ids[k] = rnd(r) | 1;
+}
+
+static void grid_make(rng *r)
+{
 	switch (rnd(r) % 3) {
 	case 0: a_grid[0] = a_grid[1] = 0; break;
 	case 1: a_grid[0] = 1, a_grid[1] = 2; break;
@@ -119,6 +140,9 @@ static struct broker {
 	pthread_mutex_t lock; /* truth, round state */
 	atomic_int stop;
 	int clean;            /* serve without damage */
+	int rewelcome;        /* the run changed: WELCOME the last client again */
+	zmq_msg_t last_rid;   /* the last HELLO's routing id (has_last) */
+	int has_last;
 	rng r;                /* the broker's damage, per round */
 	uint64_t sent, damaged;
 } B;
@@ -361,10 +385,19 @@ static void *broker_main(void *arg)
 		zmq_pollitem_t it = {B.router, 0, ZMQ_POLLIN, 0};
 		dcast_wire_in in;
 
+		pthread_mutex_lock(&B.lock);
+		if (B.rewelcome && B.has_last) /* as a broker that starts the model over does */
+			welcome(&B.last_rid);
+		B.rewelcome = 0;
+		pthread_mutex_unlock(&B.lock);
 		if (zmq_poll(&it, 1, 20) <= 0)
 			continue;
 		if (dcast_wire_recv(B.router, 1, &in, ZMQ_DONTWAIT) == 0 && in.msg.type == DCAST_MSG_HELLO) {
 			pthread_mutex_lock(&B.lock);
+			if (B.has_last)
+				zmq_msg_close(&B.last_rid);
+			zmq_msg_init(&B.last_rid);
+			B.has_last = zmq_msg_copy(&B.last_rid, &in.rid) == 0;
 			serve(&in.rid, in.msg.u.hello.have_version);
 			pthread_mutex_unlock(&B.lock);
 		}
@@ -399,16 +432,40 @@ static void say(const char *fmt, ...)
 	fputc('\n', stderr);
 }
 
-/* The consumer's tensors are version v's truth (v none: nothing to check). */
-static int true_to(dcast_consumer *c, uint64_t v)
+/* The consumer's tensors are version v's truth of run k (v none: nothing
+ * to check). */
+static int true_in(dcast_consumer *c, int k, uint64_t v)
 {
 	for (int t = 0; v != DCAST_VERSION_NONE && t < N_T; t++) {
 		void *p = NULL;
-		if (v > VERSIONS || dcast_consumer_tensor(c, t_name[t], &p, NULL, NULL) ||
-		    memcmp(p, truth[v][t], t_elems[t] * t_es[t]))
+		if (v > VERSIONS || !truths[k][v][t] || dcast_consumer_tensor(c, t_name[t], &p, NULL, NULL) ||
+		    memcmp(p, truths[k][v][t], t_elems[t] * t_es[t]))
 			return 0;
 	}
 	return 1;
+}
+
+/* The tensors are version v's truth: of the run the consumer confirmed
+ * when it is one of the round's, else of either (a lie's run, or none
+ * confirmed yet).  A READY version of run 0 applied as run 1's fails. */
+static int true_to(dcast_consumer *c, uint64_t v)
+{
+	uint64_t run = dcast_consumer_run(c);
+
+	for (int k = 0; k < 2; k++)
+		if (run == run_ids[k])
+			return true_in(c, k, v);
+	return true_in(c, 0, v) || true_in(c, 1, v);
+}
+
+/* Poll for ms and apply nothing: READY versions wait for the caller, as
+ * they do for an engine between its pause points. */
+static void hold(dcast_consumer *c, uint64_t ms)
+{
+	for (uint64_t end = dcast_now_ms() + ms; dcast_now_ms() < end;) {
+		dcast_event ev;
+		dcast_consumer_poll(c, 20, &ev);
+	}
 }
 
 /* Poll and apply for ms (until `until` is held, when not none); every
@@ -458,11 +515,22 @@ static int round_run(uint64_t round)
 	int bad = 0;
 
 	snprintf(dir, sizeof(dir), "%s/fuzz_consumer.%d.%" PRIu64, o.dir, (int)getpid(), round);
+	int change = rnd(&r) % 3 == 0; /* run 1 from half-way */
+
 	pthread_mutex_lock(&B.lock);
-	truth_make(&r);
+	grid_make(&r);
+	truth_make(&r, 1);
+	truth_make(&r, 0);
 	B.r.s = rnd(&r), B.clean = 0;
 	pthread_mutex_unlock(&B.lock);
-	if ((c = open_at(dir, &bad)) && drive(c, o.dirty_ms, DCAST_VERSION_NONE))
+	if ((c = open_at(dir, &bad)) && change) {
+		hold(c, o.dirty_ms / 2);
+		pthread_mutex_lock(&B.lock);
+		serve_run(1);
+		B.rewelcome = 1;
+		pthread_mutex_unlock(&B.lock);
+	}
+	if (c && drive(c, change ? o.dirty_ms / 2 : o.dirty_ms, DCAST_VERSION_NONE))
 		bad = 1;
 	dcast_consumer_close(&c);
 	pthread_mutex_lock(&B.lock);
@@ -534,6 +602,8 @@ int main(int argc, char **argv)
 		}
 	atomic_store(&B.stop, 1);
 	pthread_join(B.thread, NULL);
+	if (B.has_last)
+		zmq_msg_close(&B.last_rid);
 	zmq_close(B.router);
 	zmq_ctx_term(B.ctx);
 	printf("fuzz_consumer: seed %" PRIu64 ", %" PRIu64 " rounds, %" PRIu64 " messages sent, %" PRIu64

@@ -19,7 +19,9 @@
  *                       COMMIT of V or later print "received V chunks C
  *                       bytes B t_ns T" (T: CLOCK_REALTIME ns) and exit
  * Common: --tensors T --elems E --chunk-elems C --density-ppm D --seed S
- *         --timeout-ms MS.  Exit 0 ok, 1 failure (a line on stderr says why). */
+ *         --timeout-ms MS; --server-key KEY --secret FILE: a CURVE client
+ *         (the broker's Z85 public key, its own `deltacast keygen` secret).
+ * Exit 0 ok, 1 failure (a line on stderr says why). */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdarg.h>
@@ -29,12 +31,14 @@
 #include <unistd.h>
 #include "deltacast/codec.h"
 #include "dcast_common.h"
+#include "dcast_curve.h"
 #include "dcast_wire.h"
 
 #define MAX_T 16
 
 static struct opts {
 	const char *mode, *endpoint, *model, *state_file, *stats_file;
+	const char *server_key, *secret_file; /* CURVE client: broker's public key, own key file */
 	uint32_t part, parts, tensors;
 	uint64_t elems, chunk_elems, density_ppm, seed, versions, pause_at, until, bad_digest_at;
 	uint64_t window, exit_after, timeout_ms;
@@ -111,6 +115,8 @@ static void *connect_dealer(void **ctx)
 
 	*ctx = zmq_ctx_new();
 	s = zmq_socket(*ctx, ZMQ_DEALER);
+	if (s && o.server_key && dcast_curve_client_setup(s, o.server_key, o.secret_file))
+		die("CURVE");
 	if (!s || dcast_wire_socket_opts(s) || zmq_connect(s, o.endpoint))
 		die("connect %s: %s", o.endpoint, zmq_strerror(errno));
 	return s;
@@ -731,8 +737,12 @@ static void parse(int argc, char **argv)
 		else if (!strcmp(k, "--timeout-ms")) o.timeout_ms = num(v);
 		else if (!strcmp(k, "--state")) o.state_file = v;
 		else if (!strcmp(k, "--stats")) o.stats_file = v;
+		else if (!strcmp(k, "--server-key")) o.server_key = v;
+		else if (!strcmp(k, "--secret")) o.secret_file = v;
 		else die("unknown option %s", k);
 	}
+	if (!o.server_key != !o.secret_file)
+		die("--server-key KEY and --secret FILE go together (CURVE)");
 }
 
 int main(int argc, char **argv)

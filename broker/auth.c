@@ -292,11 +292,36 @@ void broker_auth_close(struct broker *b)
 	b->auth = NULL;
 }
 
+/* The relay's DEALER: a CURVE client of the upstream with
+ * --upstream-server-key and --upstream-curve-secret (both or neither:
+ * broker_config_check), plain without them. */
+static int upstream_client(const struct broker *b, void *sock)
+{
+	const struct broker_config *c = &b->cfg;
+	int rc;
+
+	if (!c->upstream_server_key) {
+		if (c->curve_secret)
+			DCAST_LOG_W("auth: the --upstream connection is not CURVE-encrypted "
+				    "(no --upstream-server-key)");
+		return 0;
+	}
+	rc = dcast_curve_client_setup(sock, c->upstream_server_key, c->upstream_curve_secret);
+	if (rc == DCAST_EINVAL)
+		return dcast_fail(rc, "--upstream-server-key \"%s\": not a 40-character Z85 "
+				  "public key", c->upstream_server_key);
+	if (rc)
+		return dcast_fail(rc, "--upstream-curve-secret: %s", dcast_last_error());
+	return 0;
+}
+
 int broker_auth_socket(struct broker *b, void *sock, const char *which)
 {
 	const struct broker_config *c = &b->cfg;
 	int one = 1, rc;
 
+	if (!strcmp(which, "upstream"))
+		return upstream_client(b, sock);
 	if (!c->curve_secret)
 		return c->producer_keys || c->consumer_keys
 			       ? dcast_fail(DCAST_EINVAL, "--producer-keys/--consumer-keys need "
@@ -304,10 +329,6 @@ int broker_auth_socket(struct broker *b, void *sock, const char *which)
 			       : 0;
 	if (!b->auth && (rc = auth_start(b)))
 		return rc;
-	if (!strcmp(which, "upstream")) {
-		DCAST_LOG_W("auth: the --upstream connection is not CURVE-encrypted");
-		return 0;
-	}
 	if (zmq_setsockopt(sock, ZMQ_ZAP_DOMAIN, which, strlen(which)) ||
 	    zmq_setsockopt(sock, ZMQ_CURVE_SERVER, &one, sizeof(one)) ||
 	    zmq_setsockopt(sock, ZMQ_CURVE_SECRETKEY, b->auth->secret, DCAST_Z85_KEY_LEN))

@@ -53,6 +53,7 @@ struct broker_config {
 	uint64_t max_models;        /* --max-models */
 	/* Other broker features add their fields here (one line each). */
 	const char *curve_secret, *producer_keys, *consumer_keys, *metrics;
+	const char *upstream_curve_secret, *upstream_server_key; /* the relay's CURVE client (auth.c) */
 	const char *anchor_fraction; uint64_t anchor_every; /* broker-made anchors (fold.c) */
 	uint64_t fault_slowdisk_ms; /* DELTACAST_BROKER_FAULT=slowdisk:MS (tests; durable.c) */
 	uint64_t model_idle_s;      /* --model-idle-s: an idle model is removed (retire.c; 0 never) */
@@ -204,6 +205,11 @@ struct broker_peers {
 
 struct broker_upstream {
 	void *sock;
+	void *mon;                   /* PAIR on sock's monitor: handshake outcomes */
+	int handshaken, failed;      /* the current connection's handshake succeeded / failed */
+	uint32_t refusals;           /* connections refused since the last handshake */
+	uint64_t refused_log_ms;     /* the last E line about them, 0: none since */
+	uint32_t generation;         /* sockets made so far (monitor addresses) */
 	struct broker_model *model;
 	uint64_t last_recv_ms, last_send_ms, hello_ms;
 	uint64_t credit_owed;
@@ -511,15 +517,19 @@ void broker_model_announce(struct broker *b, struct broker_model *m);
 void broker_consumer_timers(struct broker *b, uint64_t now_ms);
 
 /* ---- relay.c ---- */
-/* With --upstream: one connected DEALER per --upstream-model, each model
- * created and marked relayed; nothing sent yet.  Returns DCAST_EZMQ or
- * DCAST_EBUSY (no model slot left), with dcast_last_error() set. */
+/* With --upstream: one connected DEALER per --upstream-model (a CURVE
+ * client with --upstream-server-key, auth.c), each with a monitor of its
+ * handshakes, each model created and marked relayed; nothing sent yet.
+ * Returns DCAST_EZMQ, DCAST_EBUSY (no model slot left) or a key file's
+ * error, with dcast_last_error() set. */
 int broker_relay_open(struct broker *b);
 /* Say HELLO upstream for every relayed model, with have_version its newest
  * version: called once the data dir is restored, so a restarted relay asks
  * only for what follows what it kept. */
 void broker_relay_start(struct broker *b);
 void broker_relay_msg(struct broker *b, struct broker_upstream *u);
+/* On the timer turn: heartbeats and silence upstream, and the handshake
+ * outcomes the monitors saw (a refused key is logged at E level). */
 void broker_relay_timers(struct broker *b, uint64_t now_ms);
 void broker_relay_flush_credit(struct broker *b);
 /* ACK `version` upstream on the DEALER of relayed model m (it is in the

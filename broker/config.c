@@ -46,6 +46,8 @@ static const struct flag flags[] = {
 	{"curve-secret", FLAG_STR, OFF(curve_secret), NULL, "FILE with the broker's Z85 CURVE secret key: CURVE on both sockets"},
 	{"producer-keys", FLAG_STR, OFF(producer_keys), NULL, "FILE of producer Z85 public keys to admit, one a line (required with --curve-secret)"},
 	{"consumer-keys", FLAG_STR, OFF(consumer_keys), NULL, "FILE of consumer Z85 public keys to admit (default: any CURVE client)"},
+	{"upstream-curve-secret", FLAG_STR, OFF(upstream_curve_secret), NULL, "FILE with the relay's own Z85 CURVE secret key: CURVE to --upstream (with --upstream-server-key)"},
+	{"upstream-server-key", FLAG_STR, OFF(upstream_server_key), NULL, "KEY: the upstream broker's Z85 public key (with --upstream-curve-secret)"},
 	{"metrics", FLAG_STR, OFF(metrics), NULL, "HOST:PORT for GET /metrics (Prometheus text), e.g. 127.0.0.1:9464"},
 	/* broker-made anchors (broker/fold.c) */
 	{"anchor-fraction", FLAG_STR, OFF(anchor_fraction), "0.5", "make an anchor once delta bytes since the last one exceed F x the model's size (0: off)"},
@@ -249,6 +251,23 @@ static int need(int cond, const char *what)
 	return cond ? 0 : dcast_fail(DCAST_EINVAL, "%s", what);
 }
 
+/* The relay's CURVE client needs both halves: its own key pair and the
+ * upstream's public key (either alone cannot make a handshake). */
+static int upstream_curve_check(const struct broker_config *c)
+{
+	int secret = c->upstream_curve_secret != NULL, server = c->upstream_server_key != NULL;
+	int rc = 0;
+
+	if (!rc) rc = need(!(secret || server) || c->upstream,
+			   secret ? "--upstream-curve-secret given without --upstream ENDPOINT"
+				  : "--upstream-server-key given without --upstream ENDPOINT");
+	if (!rc) rc = need(!server || secret, "--upstream-server-key needs --upstream-curve-secret "
+				      "FILE (the relay's own CURVE secret key)");
+	if (!rc) rc = need(!secret || server, "--upstream-curve-secret needs --upstream-server-key "
+				      "KEY (the upstream broker's Z85 public key)");
+	return rc;
+}
+
 int broker_config_check(const struct broker_config *c)
 {
 	int rc = 0;
@@ -259,6 +278,7 @@ int broker_config_check(const struct broker_config *c)
 			   "--upstream needs at least one --upstream-model NAME");
 	if (!rc) rc = need(c->upstream || !c->n_upstream_models,
 			   "--upstream-model given without --upstream ENDPOINT");
+	if (!rc) rc = upstream_curve_check(c);
 	if (!rc) rc = need(c->heartbeat_ms >= 10 && c->heartbeat_ms <= 3600000,
 			   "--heartbeat-ms must be in [10, 3600000]");
 	if (!rc) rc = need(c->io_threads <= 64, "--io-threads must be in [0, 64] (0: half the CPUs, 2 to 8)");

@@ -9,7 +9,11 @@
 #include <string.h>
 #include "broker.h"
 #include "dcast_common.h"
+#include "dcast_curve.h" /* DCAST_Z85_KEY_LEN */
 #include "dcast_wire.h"
+
+#define RELAY_HANDSHAKE_DROPS 3        /* connections closed mid-handshake before an E line */
+#define RELAY_REFUSED_LOG_MS 60000     /* the E line about refusals again at most this often */
 
 static int up_send(struct broker_upstream *u, const dcast_msg *m)
 {
@@ -53,8 +57,78 @@ static void relay_acked(struct broker *b, struct broker_model *m, uint64_t versi
 			up_send(&b->up[i], &a);
 }
 
+/* The monitor of a new upstream DEALER, set before connect: a relay whose
+ * key the upstream refuses says so (relay_watch) instead of waiting in
+ * silence for a WELCOME that never comes.  Each socket gets its own inproc
+ * address (gen): a closed monitor's may not be free again yet. */
+static int relay_monitor_open(struct broker *b, void *sock, uint32_t i, uint32_t gen, void **mon)
+{
+	int zero = 0, ev = ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH |
+			   ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+			   ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_DISCONNECTED;
+	char addr[64];
+
+	snprintf(addr, sizeof(addr), "inproc://dcast-relay-monitor-%u-%u", i, gen);
+	if (zmq_socket_monitor(sock, addr, ev) || !(*mon = zmq_socket(b->ctx, ZMQ_PAIR)) ||
+	    zmq_setsockopt(*mon, ZMQ_LINGER, &zero, sizeof(zero)) || zmq_connect(*mon, addr))
+		return dcast_fail(DCAST_EZMQ, "upstream socket monitor: %s", zmq_strerror(errno));
+	return 0;
+}
+
+static void relay_sockets_close(void *sock, void *mon)
+{
+	if (sock && mon)
+		zmq_socket_monitor(sock, NULL, 0);
+	if (sock)
+		zmq_close(sock);
+	if (mon)
+		zmq_close(mon);
+}
+
+/* A DEALER to the upstream for b->up[i] (CURVE options by auth.c) and its
+ * monitor, connected; on failure nothing is left open. */
+static int relay_connect(struct broker *b, uint32_t i, void **sock, void **mon)
+{
+	struct broker_upstream *u = &b->up[i];
+	int rc;
+
+	*mon = NULL;
+	if (!(*sock = zmq_socket(b->ctx, ZMQ_DEALER)))
+		return dcast_fail(DCAST_EZMQ, "upstream socket: %s", zmq_strerror(errno));
+	if (!(rc = broker_socket_setup(b, *sock, "upstream")) &&
+	    !(rc = relay_monitor_open(b, *sock, i, u->generation++, mon)) &&
+	    zmq_connect(*sock, b->cfg.upstream))
+		rc = dcast_fail(DCAST_EZMQ, "--upstream %s: connect: %s", b->cfg.upstream,
+				zmq_strerror(errno));
+	if (rc) {
+		relay_sockets_close(*sock, *mon);
+		*sock = *mon = NULL;
+	}
+	return rc;
+}
+
+/* A failed handshake ends the DEALER's session for good (ZeroMQ does not
+ * reconnect after it): a fresh socket tries again, at the pace of the
+ * re-HELLOs, so a relay admitted later (a new key list upstream) joins.
+ * If no fresh socket can be made, the old one stays. */
+static void relay_reconnect(struct broker *b, struct broker_upstream *u)
+{
+	void *sock, *mon;
+
+	if (relay_connect(b, (uint32_t)(u - b->up), &sock, &mon)) {
+		DCAST_LOG_E("relay %s: %s", u->model->name, dcast_last_error());
+		return;
+	}
+	relay_sockets_close(u->sock, u->mon);
+	u->sock = sock;
+	u->mon = mon;
+	u->handshaken = u->failed = 0;
+}
+
 int broker_relay_open(struct broker *b)
 {
+	int rc;
+
 	b->outcome[1] = (struct broker_outcome){relay_acked, NULL};
 	for (uint32_t i = 0; b->cfg.upstream && i < b->cfg.n_upstream_models; i++) {
 		struct broker_upstream *u = &b->up[i];
@@ -63,14 +137,9 @@ int broker_relay_open(struct broker *b)
 			return DCAST_EBUSY;
 		u->model->relayed = 1;
 		u->model->run = 0; /* none until the upstream's WELCOME names it */
-		if (!(u->sock = zmq_socket(b->ctx, ZMQ_DEALER)))
-			return dcast_fail(DCAST_EZMQ, "upstream socket: %s", zmq_strerror(errno));
+		if ((rc = relay_connect(b, i, &u->sock, &u->mon)))
+			return rc;
 		b->n_up++;
-		if (broker_socket_setup(b, u->sock, "upstream"))
-			return DCAST_EZMQ;
-		if (zmq_connect(u->sock, b->cfg.upstream))
-			return dcast_fail(DCAST_EZMQ, "--upstream %s: connect: %s", b->cfg.upstream,
-					  zmq_strerror(errno));
 	}
 	return 0;
 }
@@ -295,6 +364,124 @@ void broker_relay_msg(struct broker *b, struct broker_upstream *u)
 	}
 }
 
+/* This relay's CURVE public key as the upstream sees it (from the socket,
+ * set by auth.c), or what stands for none. */
+static const char *our_key(const struct broker *b, void *sock, char *pub, size_t cap)
+{
+	size_t len = cap;
+
+	if (!b->cfg.upstream_server_key)
+		return "(none: a plain connection)";
+	if (cap <= DCAST_Z85_KEY_LEN || zmq_getsockopt(sock, ZMQ_CURVE_PUBLICKEY, pub, &len))
+		return "?";
+	return pub;
+}
+
+/* Why the upstream's handshakes fail, with what the operator can change:
+ * a monitor event (ZMQ_EVENT_HANDSHAKE_FAILED_*) and its value (a ZAP
+ * status, a protocol error, an errno), or 0 for connections closed before
+ * any handshake ended.  A CURVE server that cannot open our HELLO (made
+ * for another server key) or speaks another mechanism only hangs up. */
+static void refusal_text(const struct broker *b, void *sock, uint16_t event, uint32_t value,
+			 char *out, size_t cap)
+{
+	char pub[DCAST_Z85_KEY_LEN + 1], what[96];
+	const char *key = our_key(b, sock, pub, sizeof(pub));
+
+	if (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) {
+		snprintf(out, cap, "upstream refused our key %s (ZAP status %u): is it listed in "
+			 "the upstream's --consumer-keys?", key, value);
+		return;
+	}
+	if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL)
+		snprintf(what, sizeof(what), "protocol error 0x%x", value);
+	else
+		snprintf(what, sizeof(what), "the upstream closed the connection: %s",
+			 event ? strerror((int)value) : "before the handshake ended");
+	if (!b->cfg.upstream_server_key)
+		snprintf(out, cap, "handshake failed (%s): does the upstream run --curve-secret? "
+			 "then give --upstream-server-key and --upstream-curve-secret", what);
+	else
+		snprintf(out, cap, "CURVE handshake failed (%s): is --upstream-server-key %s the "
+			 "upstream's public key, and does it run --curve-secret?", what,
+			 b->cfg.upstream_server_key);
+}
+
+/* One refused connection: an E line at once, then at most one a minute
+ * while the refusals go on (a fresh socket every 3 heartbeats,
+ * relay_reconnect). */
+static void relay_refused(struct broker *b, struct broker_upstream *u, uint16_t event,
+			  uint32_t value)
+{
+	uint64_t now = dcast_now_ms();
+	char why[384];
+
+	u->refusals++;
+	if (!event && u->refusals < RELAY_HANDSHAKE_DROPS)
+		return; /* one dropped connection may be a restart upstream */
+	if (u->refused_log_ms && now - u->refused_log_ms < RELAY_REFUSED_LOG_MS)
+		return;
+	u->refused_log_ms = now;
+	refusal_text(b, u->sock, event, value, why, sizeof(why));
+	DCAST_LOG_E("relay %s: upstream %s: %s (%u connection(s) refused, nothing relayed)",
+		    u->model->name, b->cfg.upstream, why, u->refusals);
+}
+
+static void relay_event(struct broker *b, struct broker_upstream *u, uint16_t event,
+			uint32_t value)
+{
+	char pub[DCAST_Z85_KEY_LEN + 1];
+
+	switch (event) {
+	case ZMQ_EVENT_HANDSHAKE_SUCCEEDED:
+		DCAST_LOG_I("relay %s: handshake with upstream %s done (%s, our key %s)",
+			    u->model->name, b->cfg.upstream,
+			    b->cfg.upstream_server_key ? "CURVE" : "plain",
+			    our_key(b, u->sock, pub, sizeof(pub)));
+		u->handshaken = 1;
+		u->refusals = 0;
+		u->refused_log_ms = 0;
+		return;
+	case ZMQ_EVENT_DISCONNECTED:
+		if (!u->handshaken && !u->failed)
+			relay_refused(b, u, 0, 0);
+		u->handshaken = u->failed = 0;
+		return;
+	default: /* ZMQ_EVENT_HANDSHAKE_FAILED_* */
+		u->failed = 1;
+		relay_refused(b, u, event, value);
+	}
+}
+
+/* Read the monitor's events: [u16 event, u32 value] then the endpoint. */
+static void relay_watch(struct broker *b, struct broker_upstream *u)
+{
+	for (int i = 0; i < BROKER_RECV_BURST; i++) {
+		zmq_msg_t ev, addr;
+		uint16_t event = 0;
+		uint32_t value = 0;
+		int ok;
+
+		zmq_msg_init(&ev);
+		if (zmq_msg_recv(&ev, u->mon, ZMQ_DONTWAIT) < 0) {
+			zmq_msg_close(&ev);
+			return;
+		}
+		ok = zmq_msg_size(&ev) == 6 && zmq_msg_more(&ev);
+		if (ok) {
+			memcpy(&event, zmq_msg_data(&ev), sizeof(event));
+			memcpy(&value, (char *)zmq_msg_data(&ev) + 2, sizeof(value));
+		}
+		zmq_msg_close(&ev);
+		zmq_msg_init(&addr);
+		if (ok)
+			zmq_msg_recv(&addr, u->mon, 0);
+		zmq_msg_close(&addr);
+		if (ok)
+			relay_event(b, u, event, value);
+	}
+}
+
 void broker_relay_timers(struct broker *b, uint64_t now_ms)
 {
 	uint64_t hb = b->cfg.heartbeat_ms;
@@ -305,7 +492,10 @@ void broker_relay_timers(struct broker *b, uint64_t now_ms)
 	for (uint32_t i = 0; i < b->n_up; i++) {
 		struct broker_upstream *u = &b->up[i];
 
+		relay_watch(b, u);
 		if (broker_silent(b, now_ms, u->last_recv_ms, 3 * hb)) {
+			if (u->refusals && !u->handshaken)
+				relay_reconnect(b, u);
 			relay_hello(b, u, "upstream silent for 3 heartbeats");
 			continue;
 		}
@@ -334,8 +524,9 @@ void broker_relay_flush_credit(struct broker *b)
 
 void broker_relay_close(struct broker *b)
 {
-	for (uint32_t i = 0; i < b->n_up; i++)
-		if (b->up[i].sock)
-			zmq_close(b->up[i].sock);
+	for (uint32_t i = 0; i < b->n_up; i++) {
+		relay_sockets_close(b->up[i].sock, b->up[i].mon);
+		b->up[i].sock = b->up[i].mon = NULL;
+	}
 	b->n_up = 0;
 }

@@ -254,12 +254,27 @@ static void drop_fold_leftovers(const dcast_consumer *c)
 	unlink(p);
 }
 
-int cs_ckpt_load(dcast_consumer *c)
+/* DIR/model.dlog that is not a directory (a plain file in its place) is
+ * damage like any: made again, empty, and the checkpoint dropped with it
+ * (the versions after the anchor file are gone). */
+static int log_dir_check(const dcast_consumer *c)
+{
+	struct stat st;
+
+	if (stat(c->ck.log_dir, &st) == 0 && S_ISDIR(st.st_mode))
+		return 0;
+	if ((unlink(c->ck.log_dir) && errno != ENOENT) || mkdir(c->ck.log_dir, 0755))
+		return dcast_fail(DCAST_EIO, "%s is not a directory and cannot be made one: %s", c->ck.log_dir,
+				  strerror(errno));
+	return dcast_fail(DCAST_ECORRUPT, "%s was not a directory (made again, empty)", c->ck.log_dir);
+}
+
+static int load(dcast_consumer *c)
 {
 	uint64_t have = DCAST_VERSION_NONE;
 	int err;
 
-	if ((err = cs_anchor_new_adopt(c)))
+	if ((err = log_dir_check(c)) || (err = cs_anchor_new_adopt(c)))
 		return err;
 	if (access(c->ck.anchor_path, F_OK) == 0 && (err = cs_anchor_load(c, &have)))
 		return err;
@@ -272,6 +287,18 @@ int cs_ckpt_load(dcast_consumer *c)
 	c->ck.log_since_fold = log_bytes(c);
 	if (!err && cs_fold_wanted(c))
 		err = cs_ckpt_fold(c);
+	return err;
+}
+
+/* A tensor table read from files that gave no version (a dropped anchor
+ * file: one renamed tensor in its header) would make every MANIFEST of the
+ * model differ from it: it goes, and the broker's MANIFEST sets it. */
+int cs_ckpt_load(dcast_consumer *c)
+{
+	int err = load(c);
+
+	if (err || dcast_consumer_version(c) == DCAST_VERSION_NONE)
+		cs_tensors_free(c);
 	return err;
 }
 

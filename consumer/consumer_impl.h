@@ -573,8 +573,11 @@ int cs_ckpt_wb_open(dcast_consumer *c);
 void cs_ckpt_wb_close(dcast_consumer *c);
 int cs_ckpt_commit_write(dcast_consumer *c, cs_version *v);
 void cs_ckpt_version_path(const dcast_consumer *c, uint64_t version, char *out, size_t cap);
-/* Load the checkpoint in c->dir at open.  Errors: DCAST_ESTATE (another
- * model's files: cs_ckpt_foreign), the damage load_or_drop drops, I/O. */
+/* Load the checkpoint in c->dir at open; when it gives no version (none
+ * there, or an error), no tensor table is left either.  Errors:
+ * DCAST_ESTATE (another model's files: cs_ckpt_foreign), the damage
+ * load_or_drop drops (DCAST_ECORRUPT also for a model.dlog that is not a
+ * directory: made again, empty), I/O. */
 int cs_ckpt_load(dcast_consumer *c);
 /* anchor.c: DCAST_ESTATE, naming c->dir, the other model and what showed it: a
  * checkpoint directory of another model is neither served nor deleted. */

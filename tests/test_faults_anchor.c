@@ -4,9 +4,13 @@
  * tensor, and the consumer reported "loaded 3" with a tensor set that was
  * not version 3's).  The anchor's model digest covers the tensor names,
  * dtypes and shapes and the version as well as the data: open drops a
- * checkpoint with a renamed tensor or a changed version (the consumer then
- * fetches from the broker by itself) instead of loading it, and the
- * undamaged file loads bit-exact. */
+ * checkpoint with a renamed tensor or a changed version instead of loading
+ * it, and fetches the model from the broker by itself: it reaches the
+ * producer's version bit-exact (a renamed tensor once left the consumer
+ * with the file's tensor table, so the broker's MANIFEST never matched).
+ * A record log (DIR/model.dlog) replaced by a plain file is damage too:
+ * dropped the same way, not a failed open.  The undamaged file loads
+ * bit-exact. */
 #include "check.h"
 #include "consumer_harness.h"
 
@@ -38,15 +42,36 @@ static void flip_after(const char *at)
 }
 
 /* The damaged checkpoint is dropped at open (logged), never loaded as a
- * version: the consumer holds none until it applies one from the broker. */
-static void expect_dropped(const h_broker *br, const char *what)
+ * version: the consumer holds none until it applies one from the broker,
+ * then reaches version 3 bit-exact. */
+static void expect_dropped(const h_broker *br, const h_model *m, const char *what)
 {
 	dcast_consumer *c = NULL;
+	h_seen seen = {0};
 
-	REQUIRE(dcast_consumer_open(br->consumers, "m", dir, 16u << 20, NULL, &c) == 0);
+	CHECK_ERR(dcast_consumer_open(br->consumers, "m", dir, 16u << 20, NULL, &c), 0);
+	if (!c)
+		return;
 	CHECK(dcast_consumer_version(c) == DCAST_VERSION_NONE);
 	fprintf(stderr, "%s: dropped, version %lld\n", what, (long long)dcast_consumer_version(c));
+	CHECK(h_drive(c, m, 3, &seen) == 0);
+	CHECK(h_equal(c, m, 3));
+	fprintf(stderr, "%s: then version %lld from the broker (%d errors)\n", what,
+		(long long)dcast_consumer_version(c), seen.errors);
 	dcast_consumer_close(&c);
+}
+
+/* DIR/model.dlog, a directory of record files, replaced by a plain file. */
+static void dlog_to_file(void)
+{
+	char cmd[600];
+	FILE *f;
+
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s/model.dlog'", dir);
+	REQUIRE(system(cmd) == 0);
+	snprintf(cmd, sizeof(cmd), "%s/model.dlog", dir);
+	REQUIRE((f = fopen(cmd, "wb")) && fputs("not a directory\n", f) >= 0);
+	fclose(f);
 }
 
 int main(void)
@@ -81,9 +106,12 @@ int main(void)
 	fclose(f);
 
 	flip_after("\"layers.0."); /* "layers.0.w" becomes "layers.0.v" */
-	expect_dropped(&br, "renamed tensor");
+	expect_dropped(&br, &m, "renamed tensor");
 	flip_after("\"deltacast.version\":\""); /* "3" becomes "2" */
-	expect_dropped(&br, "version");
+	expect_dropped(&br, &m, "version");
+	put_file(orig, orig_len);
+	dlog_to_file();
+	expect_dropped(&br, &m, "model.dlog a plain file");
 
 	put_file(orig, orig_len);
 	REQUIRE(dcast_consumer_open(br.consumers, "m", dir, 16u << 20, &o, &c) == 0);

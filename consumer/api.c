@@ -204,10 +204,9 @@ static int apply_locked(dcast_consumer *c, uint64_t version)
 		char why[512];
 		snprintf(why, sizeof(why), "%s", dcast_last_error());
 		DCAST_LOG_W("consumer %s: apply of version %" PRIu64 " refused: %s", c->model, version, why);
-		cs_note_refusal(c, version);
 		cs_drop_from(c, c->n_staged ? c->staged[0].version : version);
-		cs_rejoin(c); /* the broker sends the refused version again */
 		dcast_fail(err, "%s", why);
+		cs_rejoin_refused(c, CS_REFUSED_VERSION, version, err); /* the broker sends it again */
 	}
 	return err;
 }

@@ -180,7 +180,6 @@ typedef struct cs_tensor {
 #define CS_MAX_STAGED 16
 #define CS_IO_DEPTH 40 /* 16 chunk records written behind (2 writes each) and room */
 #define CS_EVENTS 32
-#define CS_MANIFEST_MISMATCHES 2 /* in a row, before a MANIFEST unlike our tensors is believed */
 
 /* The record log's background fdatasync (syncer.c): a queue of duplicated
  * record-file descriptors, one per committed version, synced in order. */
@@ -236,6 +235,16 @@ typedef struct cs_ckpt {
 	uint64_t new_version;
 } cs_ckpt;
 
+/* The cause of a refusal that re-joins (outbox.c, cs_rejoin_refused):
+ * what was refused, and the error. */
+enum { CS_REFUSED_VERSION, CS_REFUSED_MANIFEST, CS_REFUSED_MESSAGE };
+typedef struct cs_refusal {
+	int what;                      /* CS_REFUSED_*: a version, a MANIFEST not taken, a
+					* message that does not decode */
+	int code;                      /* dcast_err */
+	uint64_t version;              /* CS_REFUSED_VERSION's, else NONE */
+} cs_refusal;
+
 /* What a caller leaves for the session thread, which alone sends
  * (outbox.c): a HELLO (hello_due) or an ACK (ack_due), and the eventfd
  * that wakes it. */
@@ -244,8 +253,8 @@ typedef struct cs_outbox {
 	int hello_due;                 /* send HELLO on the thread's next turn */
 	uint64_t ack_due;              /* newest applied version not ACKed yet, or NONE */
 	uint64_t hello_at_ms;          /* a HELLO due goes out no earlier than this */
-	uint64_t refused_version;      /* the version refused last, and how many times in a */
-	uint32_t refusals;             /* row: the re-join backs off (cs_note_refusal) */
+	cs_refusal refused;            /* the cause refused last, and how many times in a */
+	uint32_t refusals;             /* row: the re-join backs off (cs_rejoin_refused) */
 } cs_outbox;
 
 /* The session with the broker (session.c): its thread, socket, timers,
@@ -259,8 +268,7 @@ typedef struct cs_session {
 	int err_code;                  /* the thread's last failure for poll(), 0 = none */
 	char err_text[512];
 	void *zctx, *sock;
-	int welcomed, manifest_bad, fold_due;
-	uint32_t manifest_mismatches;  /* MANIFESTs in a row unlike the tensors held */
+	int welcomed, fold_due;
 	uint64_t hellos;               /* HELLOs sent since open */
 	uint64_t hello_ms;
 	uint32_t heartbeat_ms;
@@ -507,14 +515,21 @@ int cs_request_hello(dcast_consumer *c);
  * dropped): the HELLO goes out on the session thread's next turn.  Callers
  * hold `lock`. */
 int cs_rejoin(dcast_consumer *c);
-/* `version` was refused (by a check or an apply): the re-join's HELLO
- * waits 100 ms after the second refusal of the same version in a row,
- * doubling to 30 s, so a version no consumer can take (a poisoned log)
- * costs a bounded rate of re-sends, not thousands a second.  A version
- * applied resets it. */
-void cs_note_refusal(dcast_consumer *c, uint64_t version);
+/* Join again after a refusal: of `what` (CS_REFUSED_*; a version names
+ * it) for `code`, dcast_last_error() saying why.  Every re-join that
+ * follows a refusal goes through here, so through one back-off: the first
+ * refusal of a cause re-joins at once; the same cause again in a row
+ * (what, version and code) is persistent: an ERROR event and an E line,
+ * and the HELLO waits 100 ms, doubling to 30 s (a version no consumer can
+ * take, a MANIFEST that never decodes or never fits in memory, cost a
+ * bounded rate of re-sends, not thousands a second, and are never given
+ * up).  A version applied resets it (refusals = 0), as does
+ * cs_refusal_clear.  Then as cs_rejoin.  Callers hold `lock`. */
+int cs_rejoin_refused(dcast_consumer *c, int what, uint64_t version, int code);
+/* What was refused last is taken now (a MANIFEST): its count starts over. */
+void cs_refusal_clear(dcast_consumer *c, int what);
 /* Refuse `version` for `code` (dcast_last_error() says why): an ERROR
- * event, then cs_rejoin.  Callers hold `lock`. */
+ * event, then cs_rejoin_refused.  Callers hold `lock`. */
 int cs_refuse(dcast_consumer *c, uint64_t version, int code);
 /* The same for a message that is the peer's error and names no version
  * held: the versions staged stay (READY ones across the re-join). */

@@ -1,7 +1,8 @@
 /* The outbox: what a caller's thread (apply, poll, close) leaves for the
- * session thread, which alone owns the socket: an ACK, a HELLO (a re-join,
- * backed off after repeated refusals), a refusal, and the wake-up of its
- * poll.  Below the public calls (api.c) and the session itself. */
+ * session thread, which alone owns the socket: an ACK, a HELLO (a re-join),
+ * a refusal, and the wake-up of its poll; and the one back-off of every
+ * re-join that follows a refusal (docs/protocol.md, "Consumer and
+ * broker").  Below the public calls (api.c) and the session itself. */
 #include <errno.h>
 #include <inttypes.h>
 #include <string.h>
@@ -40,30 +41,73 @@ int cs_rejoin(dcast_consumer *c)
 	return cs_request_hello(c);
 }
 
-void cs_note_refusal(dcast_consumer *c, uint64_t version)
+/* The wait before the HELLO that follows the n-th refusal of one cause
+ * in a row: none after the first, then 100 ms doubling to the cap. */
+static uint64_t backoff_ms(uint32_t n)
 {
-	uint64_t delay = 0;
+	uint64_t ms;
 
-	c->ob.refusals = c->ob.refused_version == version ? c->ob.refusals + 1 : 1;
-	c->ob.refused_version = version;
-	if (c->ob.refusals > 1)
-		delay = c->ob.refusals - 2 >= 9 ? CS_BACKOFF_MAX_MS : (uint64_t)CS_BACKOFF_FIRST_MS << (c->ob.refusals - 2);
-	if (delay > CS_BACKOFF_MAX_MS)
-		delay = CS_BACKOFF_MAX_MS;
-	c->ob.hello_at_ms = dcast_now_ms() + delay;
-	if (delay)
-		DCAST_LOG_W("consumer %s: version %" PRIu64 " refused %u times in a row; joining again "
-			    "in %" PRIu64 " ms", c->model, version, c->ob.refusals, delay);
+	if (n < 2)
+		return 0;
+	if (n - 2 >= 9)
+		return CS_BACKOFF_MAX_MS;
+	ms = (uint64_t)CS_BACKOFF_FIRST_MS << (n - 2);
+	return ms < CS_BACKOFF_MAX_MS ? ms : CS_BACKOFF_MAX_MS;
+}
+
+static void refused_what(const cs_refusal *r, char *buf, size_t cap)
+{
+	if (r->what == CS_REFUSED_VERSION)
+		snprintf(buf, cap, "version %" PRIu64, r->version);
+	else
+		snprintf(buf, cap, "%s", r->what == CS_REFUSED_MANIFEST ? "the MANIFEST"
+					 : "a message that does not decode");
+}
+
+/* The same cause again: the caller hears of it as an ERROR event, the log
+ * at E level, both saying when the next HELLO goes. */
+static void report_persistent(dcast_consumer *c, uint64_t delay_ms)
+{
+	const cs_refusal *r = &c->ob.refused;
+	char what[64], why[256], text[512];
+
+	snprintf(why, sizeof(why), "%s", dcast_last_error());
+	refused_what(r, what, sizeof(what));
+	snprintf(text, sizeof(text), "refusal of %s persists (%s, %u times in a row; joining again in %" PRIu64
+		 " ms): %s", what, dcast_errname(r->code), c->ob.refusals, delay_ms, why);
+	DCAST_LOG_E("consumer %s: %s", c->model, text);
+	cs_event_push(c, DCAST_EV_ERROR, r->what == CS_REFUSED_VERSION ? r->version : DCAST_VERSION_NONE,
+		      r->code, text);
+}
+
+int cs_rejoin_refused(dcast_consumer *c, int what, uint64_t version, int code)
+{
+	cs_refusal *last = &c->ob.refused;
+	int same = c->ob.refusals && last->what == what && last->code == code && last->version == version;
+	uint64_t delay_ms;
+
+	c->ob.refusals = same ? c->ob.refusals + 1 : 1;
+	*last = (cs_refusal){what, code, version};
+	delay_ms = backoff_ms(c->ob.refusals);
+	c->ob.hello_at_ms = dcast_now_ms() + delay_ms;
+	if (same)
+		report_persistent(c, delay_ms);
+	return cs_rejoin(c);
+}
+
+void cs_refusal_clear(dcast_consumer *c, int what)
+{
+	if (c->ob.refused.what == what)
+		c->ob.refusals = 0;
 }
 
 static int refuse(dcast_consumer *c, uint64_t version, int code, int drop)
 {
 	DCAST_LOG_W("consumer %s: version %" PRIu64 " refused: %s", c->model, version, dcast_last_error());
 	cs_event_push(c, DCAST_EV_ERROR, version, code, dcast_last_error());
-	cs_note_refusal(c, version);
 	if (drop)
 		cs_drop_from(c, version);
-	return cs_rejoin(c);
+	return cs_rejoin_refused(c, CS_REFUSED_VERSION, version, code);
 }
 
 int cs_refuse(dcast_consumer *c, uint64_t version, int code)

@@ -134,12 +134,13 @@ static int gap(dcast_consumer *c, uint64_t version, uint64_t base)
 {
 	dcast_event *e;
 
-	DCAST_LOG_W("consumer %s: gap: version %" PRIu64 " builds on %" PRIu64 ", we have %" PRIu64
-		    "; re-joining", c->model, version, base, tail_version(c));
+	dcast_fail(DCAST_EGAP, "gap: version %" PRIu64 " builds on %" PRIu64 ", we have %" PRIu64, version,
+		   base, tail_version(c));
+	DCAST_LOG_W("consumer %s: %s; re-joining", c->model, dcast_last_error());
 	cs_event_push(c, DCAST_EV_GAP, version, DCAST_EGAP, "delta on a base we do not have");
 	e = &c->events[(c->ev_head + c->ev_count - 1) % CS_EVENTS];
 	e->have_version = dcast_consumer_version(c);
-	return cs_rejoin(c);
+	return cs_rejoin_refused(c, CS_REFUSED_VERSION, version, DCAST_EGAP);
 }
 
 /* May an anchor go straight into the tensors as it arrives?  When they
@@ -332,28 +333,26 @@ static int on_commit(dcast_consumer *c, dcast_wire_in *in)
 	return 0;
 }
 
+/* A MANIFEST the consumer cannot take (unlike the tensors it holds, too
+ * large for its memory) is refused and read again: a header frame has no
+ * checksum, and one damaged on the way may still decode.  The same
+ * refusal again is persistent, and backed off (cs_rejoin_refused); tensors
+ * held are never replaced. */
 static int on_manifest(dcast_consumer *c, dcast_wire_in *in)
 {
 	int err = cs_manifest_take(c, &in->msg.u.manifest);
 
 	c->ss.progress_ms = dcast_now_ms();
-	if (err != DCAST_ESHAPE) {
-		c->ss.manifest_mismatches = err ? c->ss.manifest_mismatches : 0;
-		return err;
+	if (!err) {
+		cs_refusal_clear(c, CS_REFUSED_MANIFEST);
+		return 0;
 	}
-	if (++c->ss.manifest_mismatches < CS_MANIFEST_MISMATCHES) {
-		/* Header frames carry no checksum: one that decodes may still have
-		 * been damaged on the way.  Ask again before giving up. */
-		DCAST_LOG_W("consumer %s: MANIFEST differs from the tensors held; re-joining to "
-			    "read it again", c->model);
-		return cs_rejoin(c);
-	}
-	dcast_fail(DCAST_ESHAPE, "MANIFEST of %s differs from the tensors this consumer holds "
-		   "(%u times in a row; checkpoint in %s); start with an empty directory", c->model,
-		   c->ss.manifest_mismatches, c->dir);
-	cs_event_push(c, DCAST_EV_ERROR, DCAST_VERSION_NONE, DCAST_ESHAPE, dcast_last_error());
-	c->ss.manifest_bad = 1;
-	return 0;
+	if (err == DCAST_ESHAPE)
+		dcast_fail(err, "MANIFEST of %s differs from the tensors this consumer holds (checkpoint in %s); "
+			   "start with an empty directory", c->model, c->dir);
+	DCAST_LOG_W("consumer %s: MANIFEST refused: %s; re-joining to read it again", c->model,
+		    dcast_last_error());
+	return cs_rejoin_refused(c, CS_REFUSED_MANIFEST, DCAST_VERSION_NONE, err);
 }
 
 /* An ERROR before the WELCOME answers our HELLO (a producer endpoint, a
@@ -391,7 +390,7 @@ static int on_message(dcast_consumer *c, dcast_wire_in *in)
 	}
 	if (!c->ss.welcomed && m->type == DCAST_MSG_ERROR)
 		return hello_refused(c, &m->u.error);
-	if (!c->ss.welcomed || c->ss.manifest_bad)
+	if (!c->ss.welcomed)
 		return 0; /* the old stream, before our re-join's WELCOME */
 	switch (m->type) {
 	case DCAST_MSG_MANIFEST: return on_manifest(c, in);
@@ -420,14 +419,15 @@ static int deliver(dcast_consumer *c, dcast_wire_in *in)
 	return err;
 }
 
-/* A message from the broker that does not decode leaves a hole in the
- * stream (a lost MANIFEST would leave every later CHUNK unusable): join
- * again.  Before the WELCOME we are joining already. */
-static int bad_message(dcast_consumer *c)
+/* A message from the broker that does not decode (err) leaves a hole in
+ * the stream (a lost MANIFEST would leave every later CHUNK unusable):
+ * join again, backed off when it persists.  Before the WELCOME we are
+ * joining already. */
+static int bad_message(dcast_consumer *c, int err)
 {
 	DCAST_LOG_W("consumer %s: dropped a bad message: %s%s", c->model, dcast_last_error(),
 		    c->ss.welcomed ? "; re-joining" : "");
-	return c->ss.welcomed ? cs_rejoin(c) : 0;
+	return c->ss.welcomed ? cs_rejoin_refused(c, CS_REFUSED_MESSAGE, DCAST_VERSION_NONE, err) : 0;
 }
 
 static int receive_burst(dcast_consumer *c)
@@ -445,7 +445,7 @@ static int receive_burst(dcast_consumer *c)
 		if (rc == DCAST_EZMQ)
 			err = rc;
 		else if (rc)
-			err = bad_message(c);
+			err = bad_message(c, rc);
 		else
 			err = deliver(c, &in);
 		dcast_wire_in_close(&in);
@@ -462,7 +462,7 @@ static int stalled(const dcast_consumer *c, uint64_t now, uint64_t hb)
 {
 	uint64_t held = held_version(c);
 
-	return c->ss.welcomed && !c->ss.manifest_bad && c->ss.broker_newest != DCAST_VERSION_NONE &&
+	return c->ss.welcomed && c->ss.broker_newest != DCAST_VERSION_NONE &&
 	       (held == DCAST_VERSION_NONE || c->ss.broker_newest > held) &&
 	       ready_count(c) < c->opts.max_staged && now - c->ss.progress_ms > 3 * hb;
 }
@@ -724,9 +724,20 @@ static void lock_for_turn(dcast_consumer *c)
 		c->ss.last_recv_ms = c->ss.progress_ms = dcast_now_ms();
 }
 
+/* How long the thread waits after a turn: a quarter heartbeat (a whole
+ * one after a failure, 1 ms while records are written behind), and no
+ * longer than a backed-off HELLO is due (cs_rejoin_refused). */
+static int wait_ms(const dcast_consumer *c, int err, uint32_t hb)
+{
+	uint64_t ms = err ? hb : cs_ckpt_pending(c) ? 1 : hb / 4, now = dcast_now_ms();
+
+	if (c->ob.hello_due && c->ob.hello_at_ms > now && c->ob.hello_at_ms - now < ms)
+		ms = c->ob.hello_at_ms - now;
+	return (int)ms;
+}
+
 /* The session thread: turns, each followed by a wait (lock released) for
- * the socket, a wake-up or a quarter heartbeat, until close.  After a
- * failure it waits a whole heartbeat before the next turn. */
+ * the socket, a wake-up or wait_ms, until close. */
 static void *session_main(void *arg)
 {
 	dcast_consumer *c = arg;
@@ -735,7 +746,7 @@ static void *session_main(void *arg)
 	pthread_mutex_lock(&c->lock);
 	while (!atomic_load(&c->ss.stop)) {
 		uint32_t hb = c->ss.heartbeat_ms ? c->ss.heartbeat_ms : 1000;
-		int err = session_turn(c, readable), n;
+		int err = session_turn(c, readable), n, ms = wait_ms(c, err, hb);
 		zmq_pollitem_t it[2] = {{c->ss.sock, 0, intake_full(c) ? 0 : ZMQ_POLLIN, 0},
 					{NULL, c->ob.wake_fd, ZMQ_POLLIN, 0}};
 
@@ -746,7 +757,7 @@ static void *session_main(void *arg)
 		if (err || c->ev_count)
 			pthread_cond_broadcast(&c->ev_cv);
 		pthread_mutex_unlock(&c->lock);
-		n = zmq_poll(it, 2, err ? hb : cs_ckpt_pending(c) ? 1 : hb / 4);
+		n = zmq_poll(it, 2, ms);
 		lock_for_turn(c);
 		if (n < 0 && errno != EINTR)
 			thread_failed(c, dcast_fail(DCAST_EZMQ, "zmq_poll: %s", zmq_strerror(errno)));

@@ -2,20 +2,22 @@
  * socket in this test, speaking the wire format itself, answering every
  * HELLO with WELCOME and that MANIFEST).  Every refusal that re-joins goes
  * through one back-off: the first re-joins at once, the same cause again
- * in a row is reported as persistent (an ERROR event) and the next HELLO
- * waits 100 ms, doubling to 30 s.  Two causes:
+ * in a row is reported as persistent (an ERROR event, a log line at E
+ * level) and the next HELLO waits 100 ms, doubling to 30 s.  Two causes:
  *   grid 0     a MANIFEST that does not decode (grid[0] = 0): it once
  *              re-joined about 90 times a second, for ever;
  *   too large  a MANIFEST of a 1 PiB tensor, refused with DCAST_ENOMEM: it
  *              once never joined again.
  * The HELLOs are counted and timed by the fake broker as they arrive; the
  * test waits on the consumer's events and the HELLOs, never on a sleep. */
+#include <stdatomic.h>
 #include <stdint.h>
 #include <unistd.h>
 #include "check.h"
 #include "dcast_common.h"
 #include "dcast_wire.h"
 #include "deltacast/consumer.h"
+#include "deltacast/log.h"
 
 #define MODEL "refusals"
 #define MAX_HELLOS 64
@@ -30,6 +32,16 @@ typedef struct fake {
 } fake;
 
 static void *ctx;
+static _Atomic int e_persists; /* E lines saying a refusal persists */
+
+/* Every log line to stderr; those at E level that say "persists" counted. */
+static void log_line(int level, const char *msg, void *arg)
+{
+	(void)arg;
+	if (level == DCAST_LOG_ERROR && strstr(msg, "persists"))
+		e_persists++;
+	fprintf(stderr, "%c %s\n", "EWID"[level & 3], msg);
+}
 
 static void fake_open(fake *f)
 {
@@ -150,9 +162,11 @@ static void cause(const dcast_tensor_desc *t, int code, const char *what)
 		CHECK_ERR(dcast_msg_decode(f.manifest, f.manifest_len, &m), code);
 		fprintf(stderr, "%s: the MANIFEST decodes as: %s\n", what, dcast_last_error());
 	}
+	e_persists = 0;
 	REQUIRE(dcast_consumer_open(f.ep, MODEL, dir, 4 << 20, NULL, &c) == 0);
 	/* refusals 2..5 are persistent, backed off 100, 200, 400, 800 ms */
 	CHECK(run_until(&f, c, code, 4, 6) >= 4);
+	CHECK(e_persists >= 4); /* each also an E line */
 	fprintf(stderr, "%s: %d HELLOs in %" PRIu64 " ms\n", what, f.hellos,
 		f.hellos ? f.hello_ms[f.hellos - 1] - f.hello_ms[0] : 0);
 	CHECK(f.hellos == 6);
@@ -169,6 +183,7 @@ int main(void)
 	dcast_tensor_desc huge = {.name = "w", .dtype = DCAST_DTYPE_F32, .ndim = 1, .shape = {1ull << 48}};
 
 	alarm(90);
+	dcast_log_set_handler(log_line, NULL);
 	REQUIRE((ctx = zmq_ctx_new()));
 	cause(&grid0, DCAST_EFIELD_RANGE, "grid 0");
 	cause(&huge, DCAST_ENOMEM, "too large");

@@ -254,19 +254,32 @@ static void drop_fold_leftovers(const dcast_consumer *c)
 	unlink(p);
 }
 
-/* DIR/model.dlog that is not a directory (a plain file in its place) is
- * damage like any: made again, empty, and the checkpoint dropped with it
- * (the versions after the anchor file are gone). */
-static int log_dir_check(const dcast_consumer *c)
+static int is_dir(const char *path)
 {
 	struct stat st;
 
-	if (stat(c->ck.log_dir, &st) == 0 && S_ISDIR(st.st_mode))
-		return 0;
+	return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+/* DIR/model.dlog that is not a directory (a plain file in its place) is
+ * damage like any: the checkpoint is dropped, and the drop makes the log
+ * a directory again (cs_ckpt_discard).  Checked after the anchor files,
+ * so that another model's are refused before anything is removed. */
+static int log_dir_check(const dcast_consumer *c)
+{
+	return is_dir(c->ck.log_dir) ? 0 : dcast_fail(DCAST_ECORRUPT, "%s is not a directory", c->ck.log_dir);
+}
+
+/* The record log an empty directory again, in place of what is there. */
+static void log_dir_make(const dcast_consumer *c)
+{
+	if (is_dir(c->ck.log_dir))
+		return;
 	if ((unlink(c->ck.log_dir) && errno != ENOENT) || mkdir(c->ck.log_dir, 0755))
-		return dcast_fail(DCAST_EIO, "%s is not a directory and cannot be made one: %s", c->ck.log_dir,
-				  strerror(errno));
-	return dcast_fail(DCAST_ECORRUPT, "%s was not a directory (made again, empty)", c->ck.log_dir);
+		DCAST_LOG_E("consumer %s: %s is not a directory and cannot be made one (%s): no version "
+			    "can be written", c->model, c->ck.log_dir, strerror(errno));
+	else
+		DCAST_LOG_W("consumer %s: %s was not a directory: removed, made again", c->model, c->ck.log_dir);
 }
 
 static int load(dcast_consumer *c)
@@ -274,11 +287,11 @@ static int load(dcast_consumer *c)
 	uint64_t have = DCAST_VERSION_NONE;
 	int err;
 
-	if ((err = log_dir_check(c)) || (err = cs_anchor_new_adopt(c)))
+	if ((err = cs_anchor_new_adopt(c)))
 		return err;
 	if (access(c->ck.anchor_path, F_OK) == 0 && (err = cs_anchor_load(c, &have)))
 		return err;
-	if ((err = check_owner(c)))
+	if ((err = log_dir_check(c)) || (err = check_owner(c)))
 		return err;
 	drop_fold_leftovers(c);
 	c->ck.anchor_file_version = have;
@@ -334,6 +347,7 @@ void cs_ckpt_discard(dcast_consumer *c)
 	c->ck.anchor_file_version = DCAST_VERSION_NONE;
 	c->ck.deltas_since_fold = 0;
 	c->ck.gen++; /* a fold running from the disk is not renamed over this */
+	log_dir_make(c);
 	if (vers && cs_ckpt_list(c, vers, CS_MAX_LOG_FILES, &n) == 0)
 		for (uint32_t i = 0; i < n; i++)
 			cs_ckpt_remove(c, vers[i]);

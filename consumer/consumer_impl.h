@@ -592,7 +592,7 @@ void cs_ckpt_version_path(const dcast_consumer *c, uint64_t version, char *out, 
  * there, or an error), no tensor table is left either.  Errors:
  * DCAST_ESTATE (another model's files: cs_ckpt_foreign), the damage
  * load_or_drop drops (DCAST_ECORRUPT also for a model.dlog that is not a
- * directory: made again, empty), I/O. */
+ * directory: cs_ckpt_discard makes it one again), I/O. */
 int cs_ckpt_load(dcast_consumer *c);
 /* anchor.c: DCAST_ESTATE, naming c->dir, the other model and what showed it: a
  * checkpoint directory of another model is neither served nor deleted. */
@@ -609,7 +609,8 @@ int cs_ckpt_restore(dcast_consumer *c);
  * which. */
 int cs_ckpt_recover(dcast_consumer *c, uint64_t version, int err);
 /* Remove the anchor file and every record file (they could not rebuild the
- * applied version); the next anchor applied is folded afresh. */
+ * applied version), and make model.dlog an empty directory if it is not
+ * one; the next anchor applied is folded afresh. */
 void cs_ckpt_discard(dcast_consumer *c);
 int cs_ckpt_list(dcast_consumer *c, uint64_t *out, uint32_t cap, uint32_t *n);
 void cs_ckpt_remove(dcast_consumer *c, uint64_t version);

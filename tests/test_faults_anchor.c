@@ -61,6 +61,24 @@ static void expect_dropped(const h_broker *br, const h_model *m, const char *wha
 	dcast_consumer_close(&c);
 }
 
+/* The same directory opened for another model: refused (DCAST_ESTATE),
+ * and its anchor file left as it is, model.dlog in the way or not. */
+static void expect_foreign(const h_broker *br)
+{
+	dcast_consumer *c = NULL;
+	FILE *f;
+	long n = -1;
+
+	CHECK_ERR(dcast_consumer_open(br->consumers, "other", dir, 16u << 20, NULL, &c), DCAST_ESTATE);
+	fprintf(stderr, "another model: %s\n", dcast_last_error());
+	if ((f = fopen(path, "rb")) && !fseek(f, 0, SEEK_END))
+		n = ftell(f);
+	if (f)
+		fclose(f);
+	CHECK(n == orig_len);
+	dcast_consumer_close(&c);
+}
+
 /* DIR/model.dlog, a directory of record files, replaced by a plain file. */
 static void dlog_to_file(void)
 {
@@ -111,6 +129,7 @@ int main(void)
 	expect_dropped(&br, &m, "version");
 	put_file(orig, orig_len);
 	dlog_to_file();
+	expect_foreign(&br);
 	expect_dropped(&br, &m, "model.dlog a plain file");
 
 	put_file(orig, orig_len);

@@ -84,6 +84,12 @@ static int version_rules(const struct broker_model *m, const dcast_chunk *c)
 	if (newest != DCAST_VERSION_NONE && c->version <= newest)
 		return dcast_fail(DCAST_EVERSION, "model %s: version %llu is not above the newest committed %llu",
 				  m->name, (unsigned long long)c->version, (unsigned long long)newest);
+	/* A version near 2^64 would leave a trainer no numbers above it: only a
+	 * new run (no committed version) starts where it likes. */
+	if (newest != DCAST_VERSION_NONE && c->version - newest > DCAST_MAX_VERSION_STEP)
+		return dcast_fail(DCAST_EVERSION, "model %s: version %llu is more than 2^32 "
+				  "(DCAST_MAX_VERSION_STEP) above the newest committed %llu",
+				  m->name, (unsigned long long)c->version, (unsigned long long)newest);
 	if (m->lost_version != DCAST_VERSION_NONE && c->version <= m->lost_version)
 		return dcast_fail(DCAST_EVERSION, "model %s: version %llu is not above %llu, the newest "
 				  "version lost from a damaged segment (its number is spent)",

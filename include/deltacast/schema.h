@@ -37,6 +37,7 @@ extern "C" {
 #define DCAST_MAX_FRAME_BYTES DCAST_MAX_CHUNK_BYTES
 #define DCAST_MAX_CREDIT_BYTES (1ull << 40)  /* one CREDIT grant */
 #define DCAST_MAX_CODE 255                   /* ERROR.code */
+#define DCAST_MAX_VERSION_STEP (1ull << 32)  /* a version above the newest committed */
 
 /* "No version": have_version, base_version, ... absent or nil on the wire. */
 #define DCAST_VERSION_NONE UINT64_MAX

@@ -46,18 +46,6 @@ static void client_answer(struct broker *b, struct admin_client *c, const char *
 	client_close(b, c);
 }
 
-/* s as printable ASCII (other bytes as \xHH), for a name that matched
- * nothing: it reaches the log and the answer, never raw. */
-static void printable(const char *s, char *out, size_t cap)
-{
-	size_t n = 0;
-
-	for (const unsigned char *p = (const unsigned char *)s; *p && n + 5 < cap; p++)
-		n += (size_t)snprintf(out + n, cap - n, *p >= 0x20 && *p < 0x7f && *p != '\\' ?
-				      "%c" : "\\x%02x", *p);
-	out[n] = '\0';
-}
-
 static struct broker_model *model_named(struct broker *b, const char *name)
 {
 	for (uint32_t i = 0; i < b->n_models; i++)
@@ -74,7 +62,7 @@ static void do_delete(struct broker *b, const struct admin_client *c, const char
 	char why[96], shown[4 * DCAST_MAX_NAME + 8];
 	int rc;
 
-	printable(name, shown, sizeof(shown));
+	dcast_printable(shown, sizeof(shown), name, strlen(name));
 	if (!*name || strlen(name) > DCAST_MAX_NAME) {
 		snprintf(out, cap, "error DCAST_EINVAL: model name of %zu bytes (want 1 to %d)\n",
 			 strlen(name), DCAST_MAX_NAME);
@@ -102,7 +90,7 @@ static void request_run(struct broker *b, const struct admin_client *c, const ch
 		do_delete(b, c, req + 7, out, cap);
 		return;
 	}
-	printable(req, shown, sizeof(shown));
+	dcast_printable(shown, sizeof(shown), req, strlen(req));
 	snprintf(out, cap, "error DCAST_EINVAL: unknown request \"%s\" (want: delete MODEL)\n", shown);
 }
 

@@ -14,6 +14,16 @@
  * it, so that a failure path reads `return dcast_fail(DCAST_EX, "...", ...)`. */
 int dcast_fail(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* Bytes a peer or a file sent, for an error detail or a log line: the
+ * len bytes at s written to out (cap bytes, cap >= 1, always
+ * NUL-terminated) as printable ASCII, each byte outside 0x20..0x7e, each
+ * backslash and double quote as \xHH, so the text is well-formed UTF-8
+ * whatever came and cannot be mistaken for the text around it.  Stops at
+ * the last whole escape that fits (DCAST_PRINTABLE_CAP(len) always fits).
+ * Returns out, for a printf argument. */
+#define DCAST_PRINTABLE_CAP(len) (4 * (len) + 1)
+const char *dcast_printable(char *out, size_t cap, const void *s, size_t len);
+
 /* Clear this thread's detail message. */
 void dcast_clear_error(void);
 

@@ -42,6 +42,23 @@ static const struct {
 
 static _Thread_local char last_error[1024];
 
+/* A detail cut at its buffer's end may end inside a UTF-8 sequence (a
+ * name it quotes): drop the partial sequence, so the detail, which
+ * reaches ERROR texts and logs, stays well-formed. */
+static void utf8_trim(char *s, size_t len)
+{
+	size_t i = len;
+
+	while (i > 0 && ((unsigned char)s[i - 1] & 0xc0) == 0x80)
+		i--;
+	if (i > 0 && (unsigned char)s[i - 1] >= 0xc0) {
+		unsigned char lead = (unsigned char)s[i - 1];
+		size_t want = lead >= 0xf0 ? 4 : lead >= 0xe0 ? 3 : 2;
+		if (len - (i - 1) < want)
+			s[i - 1] = '\0';
+	}
+}
+
 const char *dcast_strerror(int err)
 {
 	if (err < 0 || err >= DCAST_ERR_COUNT)
@@ -80,8 +97,23 @@ int dcast_fail(int err, const char *fmt, ...)
 	va_list ap;
 
 	va_start(ap, fmt);
-	vsnprintf(text, sizeof(text), fmt, ap);
+	int n = vsnprintf(text, sizeof(text), fmt, ap);
 	va_end(ap);
+	if (n >= (int)sizeof(text))
+		utf8_trim(text, sizeof(text) - 1);
 	memcpy(last_error, text, sizeof(text));
 	return err;
+}
+
+const char *dcast_printable(char *out, size_t cap, const void *s, size_t len)
+{
+	const unsigned char *p = s;
+	size_t n = 0;
+
+	DCAST_ASSERT(cap > 0);
+	for (size_t i = 0; i < len && n + 5 <= cap; i++)
+		n += (size_t)snprintf(out + n, cap - n, p[i] >= 0x20 && p[i] < 0x7f && p[i] != '\\' &&
+				      p[i] != '"' ? "%c" : "\\x%02x", p[i]);
+	out[n] = '\0';
+	return out;
 }

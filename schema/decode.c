@@ -77,6 +77,23 @@ static size_t utf8_bad_at(const char *s, size_t n)
 	return i;
 }
 
+/* At most SHOWN bytes of a peer's string, escaped (dcast_printable), for an
+ * error detail: the detail goes back in an ERROR and into logs, and those
+ * stay printable whatever the peer sent. */
+#define SHOWN 64
+typedef struct shown_str {
+	char text[DCAST_PRINTABLE_CAP(SHOWN)];
+} shown_str;
+
+static shown_str shown(const msgpack_object *o)
+{
+	shown_str s;
+
+	dcast_printable(s.text, sizeof(s.text), o->via.str.ptr,
+			o->via.str.size > SHOWN ? SHOWN : o->via.str.size);
+	return s;
+}
+
 /* Copy a string into dst[max + 1]; the length limit is checked here since
  * it bounds the copy, the lower bound later by validation.  Strings are
  * UTF-8 (msgpack str): anything else is refused, so names never reach logs,
@@ -130,13 +147,12 @@ static int get_enum_str(const msgpack_object *o, const char *path, const struct 
 	if (rc)
 		return rc;
 	int v = enum_value(o, f->kind);
-	int shown = o->via.str.size > 32 ? 32 : (int)o->via.str.size;
 	if (v < 0 && f->kind == F_DTYPE)
-		return dcast_fail(DCAST_EDTYPE, "%s.%s: unknown dtype \"%.*s\"", path, f->key,
-				  shown, o->via.str.ptr);
+		return dcast_fail(DCAST_EDTYPE, "%s.%s: unknown dtype \"%s\"", path, f->key,
+				  shown(o).text);
 	if (v < 0)
-		return dcast_fail(DCAST_EFIELD_RANGE, "%s.%s: unknown value \"%.*s\"", path,
-				  f->key, shown, o->via.str.ptr);
+		return dcast_fail(DCAST_EFIELD_RANGE, "%s.%s: unknown value \"%s\"", path,
+				  f->key, shown(o).text);
 	*dst = (uint32_t)v;
 	return 0;
 }
@@ -288,8 +304,7 @@ static int unknown_key(const msgpack_object *k, const char *path)
 {
 	if (k->via.str.size >= 2 && memcmp(k->via.str.ptr, "x-", 2) == 0)
 		return 0;
-	return dcast_fail(DCAST_EFIELD_UNKNOWN, "%s: unknown field \"%.*s\"", path,
-			  (int)(k->via.str.size > 64 ? 64 : k->via.str.size), k->via.str.ptr);
+	return dcast_fail(DCAST_EFIELD_UNKNOWN, "%s: unknown field \"%s\"", path, shown(k).text);
 }
 
 static int check_missing(const struct msg_table *t, uint64_t seen, const char *path)
@@ -314,9 +329,8 @@ static int check_duplicates(const msgpack_object_map *m, const char *path)
 			     m->ptr[i].key.via.str.ptr[0] == m->ptr[j].key.via.str.ptr[0]) &&
 			    memcmp(m->ptr[i].key.via.str.ptr, m->ptr[j].key.via.str.ptr,
 				   m->ptr[i].key.via.str.size) == 0)
-				return dcast_fail(DCAST_EMALFORMED, "%s: duplicate key \"%.*s\"",
-						  path, (int)m->ptr[i].key.via.str.size,
-						  m->ptr[i].key.via.str.ptr);
+				return dcast_fail(DCAST_EMALFORMED, "%s: duplicate key \"%s\"",
+						  path, shown(&m->ptr[i].key).text);
 	return 0;
 }
 
@@ -366,7 +380,6 @@ static const msgpack_object *lookup(const msgpack_object_map *m, const char *key
 static int decode_type(const msgpack_object *root, int *type)
 {
 	const msgpack_object *proto, *t;
-	char name[16];
 
 	if (root->type != MSGPACK_OBJECT_MAP)
 		return dcast_fail(DCAST_EMALFORMED, "header: expected a map, got %s",
@@ -389,9 +402,7 @@ static int decode_type(const msgpack_object *root, int *type)
 		if (t->via.str.size == strlen(schema_table(i)->name) &&
 		    memcmp(schema_table(i)->name, t->via.str.ptr, t->via.str.size) == 0)
 			return *type = i, 0;
-	snprintf(name, sizeof(name), "%.*s", (int)(t->via.str.size < 15 ? t->via.str.size : 15),
-		 t->via.str.ptr);
-	return dcast_fail(DCAST_EMSG_TYPE, "header.type: unknown message type \"%s\"", name);
+	return dcast_fail(DCAST_EMSG_TYPE, "header.type: unknown message type \"%s\"", shown(t).text);
 }
 
 static int decode_root(const msgpack_object *root, dcast_msg *m)

@@ -13,6 +13,7 @@
 
 #include "dcast_common.h"
 #include "deltacast/safetensors.h"
+#include "deltacast/schema.h"
 
 typedef struct text_buf {
 	char *data;
@@ -106,10 +107,8 @@ static void tb_tensor(text_buf *b, const dcast_st_spec *s, uint64_t begin, uint6
 
 static int spec_bytes(const dcast_st_spec *s, uint64_t *nbytes)
 {
-	if (!s->name || !s->name[0] || strlen(s->name) > DCAST_ST_MAX_NAME_BYTES ||
-	    strcmp(s->name, "__metadata__") == 0)
-		return dcast_fail(DCAST_EINVAL, "safetensors writer: bad tensor name \"%.80s\"",
-				  s->name ? s->name : "(null)");
+	if (dcast_tensor_name_check(s->name, "safetensors writer"))
+		return dcast_fail(DCAST_EINVAL, "%s", dcast_last_error());
 	unsigned es = dcast_st_dtype_size(s->dtype);
 	if (!es)
 		return dcast_fail(DCAST_EDTYPE, "safetensors writer: tensor \"%s\": unknown dtype %d",

@@ -242,11 +242,14 @@ static int register_tensor(dcast_producer *p, prod_tensor *t, const void *ptr, i
 	return add_tensor(p, t);
 }
 
+/* A name every receiver takes (dcast_tensor_name_check), refused here as
+ * the caller's argument rather than by the broker after the publish. */
 static int check_name(const dcast_producer *p, const char *name, const char *call)
 {
-	if (!p || !name || !*name || strlen(name) > DCAST_MAX_NAME)
-		return dcast_fail(DCAST_EINVAL, "%s: NULL producer or name not 1..%d bytes", call,
-				  DCAST_MAX_NAME);
+	if (!p)
+		return dcast_fail(DCAST_EINVAL, "%s: NULL producer", call);
+	if (dcast_tensor_name_check(name, call))
+		return dcast_fail(DCAST_EINVAL, "%s", dcast_last_error());
 	return 0;
 }
 

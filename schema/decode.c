@@ -45,38 +45,6 @@ static int get_uint(const msgpack_object *o, const char *path, const char *key, 
 	return rc;
 }
 
-/* Length of the well-formed UTF-8 sequence at p (n bytes left), or 0:
- * shortest forms only, no surrogates, nothing above U+10FFFF (RFC 3629). */
-static size_t utf8_seq(const unsigned char *p, size_t n)
-{
-	unsigned c = p[0], len = c < 0x80 ? 1 : (c & 0xe0) == 0xc0 ? 2 : (c & 0xf0) == 0xe0 ? 3
-				 : (c & 0xf8) == 0xf0 ? 4 : 0;
-	uint32_t cp;
-
-	if (!len || len > n)
-		return 0;
-	cp = len == 1 ? c : c & (0x7fu >> len);
-	for (unsigned i = 1; i < len; i++) {
-		if ((p[i] & 0xc0) != 0x80)
-			return 0;
-		cp = cp << 6 | (p[i] & 0x3f);
-	}
-	if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) ||
-	    cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
-		return 0;
-	return len;
-}
-
-/* Offset of the first byte that is not well-formed UTF-8, or n. */
-static size_t utf8_bad_at(const char *s, size_t n)
-{
-	size_t i = 0, k;
-
-	while (i < n && (k = utf8_seq((const unsigned char *)s + i, n - i)))
-		i += k;
-	return i;
-}
-
 /* At most SHOWN bytes of a peer's string, escaped (dcast_printable), for an
  * error detail: the detail goes back in an ERROR and into logs, and those
  * stay printable whatever the peer sent. */
@@ -110,7 +78,7 @@ static int get_str(const msgpack_object *o, const char *path, const struct field
 				  f->key, o->via.str.size, (unsigned long long)f->max);
 	if (memchr(o->via.str.ptr, 0, o->via.str.size))
 		return dcast_fail(DCAST_EFIELD_RANGE, "%s.%s: contains a NUL byte", path, f->key);
-	size_t bad = utf8_bad_at(o->via.str.ptr, o->via.str.size);
+	size_t bad = schema_utf8_bad_at(o->via.str.ptr, o->via.str.size);
 	if (bad < o->via.str.size)
 		return dcast_fail(DCAST_EFIELD_RANGE, "%s.%s: not UTF-8 (byte 0x%02x at offset %zu)", path,
 				  f->key, (unsigned char)o->via.str.ptr[bad], bad);

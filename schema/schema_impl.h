@@ -64,6 +64,10 @@ int schema_prescan(const uint8_t *p, size_t len);
 /* Is field f of the map at base sent?  Every field but an untiled grid. */
 int schema_field_present(const struct field *f, const void *base);
 
+/* Offset of the first byte of s[0..n) that is not well-formed UTF-8
+ * (RFC 3629: shortest forms, no surrogates, at most U+10FFFF), or n. */
+size_t schema_utf8_bad_at(const char *s, size_t n);
+
 /* Range and cross-field checks of a message, shared by encode and decode. */
 int schema_validate_fields(const struct msg_table *t, const void *base, const char *path);
 

@@ -217,6 +217,70 @@ static int check_chunk(const dcast_chunk *c)
 	return 0;
 }
 
+/* Length of the well-formed UTF-8 sequence at p (n bytes left), or 0:
+ * shortest forms only, no surrogates, nothing above U+10FFFF (RFC 3629). */
+static size_t utf8_seq(const unsigned char *p, size_t n)
+{
+	unsigned c = p[0], len = c < 0x80 ? 1 : (c & 0xe0) == 0xc0 ? 2 : (c & 0xf0) == 0xe0 ? 3
+				 : (c & 0xf8) == 0xf0 ? 4 : 0;
+	uint32_t cp;
+
+	if (!len || len > n)
+		return 0;
+	cp = len == 1 ? c : c & (0x7fu >> len);
+	for (unsigned i = 1; i < len; i++) {
+		if ((p[i] & 0xc0) != 0x80)
+			return 0;
+		cp = cp << 6 | (p[i] & 0x3f);
+	}
+	if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) ||
+	    cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+		return 0;
+	return len;
+}
+
+size_t schema_utf8_bad_at(const char *s, size_t n)
+{
+	size_t i = 0, k;
+
+	while (i < n && (k = utf8_seq((const unsigned char *)s + i, n - i)))
+		i += k;
+	return i;
+}
+
+/* The key a safetensors header keeps for its metadata: a tensor of that
+ * name cannot be written to a consumer's anchor file. */
+#define RESERVED_NAME "__metadata__"
+
+/* Refuse a tensor name: its first 64 bytes escaped, and the rule. */
+static int name_fail(int err, const char *what, const char *name, size_t n, const char *rule)
+{
+	char shown[DCAST_PRINTABLE_CAP(64)];
+
+	dcast_printable(shown, sizeof(shown), name, n < 64 ? n : 64);
+	return dcast_fail(err, "%s: tensor name \"%s%s\" %s", what, shown, n > 64 ? "..." : "", rule);
+}
+
+int dcast_tensor_name_check(const char *name, const char *what)
+{
+	size_t n = name ? strnlen(name, DCAST_MAX_NAME + 1) : 0, bad;
+	char rule[64];
+
+	if (!n)
+		return dcast_fail(DCAST_EFIELD_RANGE, "%s: tensor name must not be empty", what);
+	if (n > DCAST_MAX_NAME)
+		return name_fail(DCAST_ETOO_LARGE, what, name, n, "is longer than 255 bytes");
+	if ((bad = schema_utf8_bad_at(name, n)) < n) {
+		snprintf(rule, sizeof(rule), "is not UTF-8 (byte 0x%02x at offset %zu)",
+			 (unsigned char)name[bad], bad);
+		return name_fail(DCAST_EFIELD_RANGE, what, name, n, rule);
+	}
+	if (strcmp(name, RESERVED_NAME) == 0)
+		return name_fail(DCAST_EFIELD_RANGE, what, name, n,
+				 "is reserved (safetensors keeps it for metadata)");
+	return 0;
+}
+
 static int name_cmp(const void *a, const void *b)
 {
 	const dcast_tensor_desc *const *x = a, *const *y = b;
@@ -224,13 +288,28 @@ static int name_cmp(const void *a, const void *b)
 	return strcmp((*x)->name, (*y)->name);
 }
 
+static int check_names(const dcast_manifest *m)
+{
+	char what[48];
+	int rc = 0;
+
+	for (uint32_t i = 0; i < m->n_tensors && !rc; i++) {
+		if (!dcast_tensor_name_check(m->tensors[i].name, "MANIFEST.tensors"))
+			continue; /* the entry's path only for its error */
+		snprintf(what, sizeof(what), "MANIFEST.tensors[%u].name", i);
+		rc = dcast_tensor_name_check(m->tensors[i].name, what);
+	}
+	return rc;
+}
+
 static int check_manifest(const dcast_manifest *m)
 {
 	const dcast_tensor_desc **idx;
-	int rc = 0;
+	char shown[DCAST_PRINTABLE_CAP(64)];
+	int rc = check_names(m);
 
-	if (m->n_tensors < 2)
-		return 0;
+	if (rc || m->n_tensors < 2)
+		return rc;
 	if (!(idx = malloc(m->n_tensors * sizeof(*idx))))
 		return dcast_fail(DCAST_ENOMEM, "MANIFEST.tensors: out of memory");
 	for (uint32_t i = 0; i < m->n_tensors; i++)
@@ -239,7 +318,8 @@ static int check_manifest(const dcast_manifest *m)
 	for (uint32_t i = 1; i < m->n_tensors && !rc; i++)
 		if (strcmp(idx[i - 1]->name, idx[i]->name) == 0)
 			rc = dcast_fail(DCAST_EFIELD_RANGE, "MANIFEST.tensors: duplicate name \"%s\"",
-					idx[i]->name);
+					dcast_printable(shown, sizeof(shown), idx[i]->name,
+							strnlen(idx[i]->name, 64)));
 	free(idx);
 	return rc;
 }

@@ -255,6 +255,42 @@ static void test_utf8(void)
 	CHECK(strstr(dcast_last_error(), "not UTF-8") != NULL);
 }
 
+/* The tensor name rule: 1..255 bytes of UTF-8, not "__metadata__"; the
+ * MANIFEST validation names the entry, escapes the name. */
+static void test_tensor_names(void)
+{
+	char max[DCAST_MAX_NAME + 2];
+	dcast_tensor_desc t[2] = {{.name = "a", .ndim = 1, .shape = {4}},
+				  {.name = "__metadata__", .ndim = 1, .shape = {4}}};
+	dcast_msg m;
+
+	memset(max, 'n', sizeof(max) - 1);
+	max[DCAST_MAX_NAME] = '\0';
+	CHECK_ERR(dcast_tensor_name_check(max, "t"), 0);
+	CHECK_ERR(dcast_tensor_name_check("__metadata__x", "t"), 0);
+	CHECK_ERR(dcast_tensor_name_check("h\xc3\xa9", "t"), 0);
+	max[DCAST_MAX_NAME] = 'n', max[DCAST_MAX_NAME + 1] = '\0';
+	CHECK_ERR(dcast_tensor_name_check(max, "t"), DCAST_ETOO_LARGE);
+	CHECK_ERR(dcast_tensor_name_check("", "t"), DCAST_EFIELD_RANGE);
+	CHECK_ERR(dcast_tensor_name_check(NULL, "t"), DCAST_EFIELD_RANGE);
+	CHECK_ERR(dcast_tensor_name_check("\xc0\x80", "t"), DCAST_EFIELD_RANGE);
+	CHECK(strcmp(dcast_last_error(), "t: tensor name \"\\xc0\\x80\" is not UTF-8 "
+		     "(byte 0xc0 at offset 0)") == 0);
+	CHECK_ERR(dcast_tensor_name_check("__metadata__", "t"), DCAST_EFIELD_RANGE);
+	dcast_msg_init(&m, DCAST_MSG_MANIFEST);
+	strcpy(m.u.manifest.model, "m");
+	m.u.manifest.n_tensors = 2;
+	m.u.manifest.tensors = t;
+	CHECK_ERR(dcast_msg_validate(&m), DCAST_EFIELD_RANGE);
+	CHECK(strstr(dcast_last_error(), "MANIFEST.tensors[1].name: tensor name \"__metadata__\" "
+		     "is reserved") != NULL);
+	strcpy(t[1].name, "a\n\"");
+	CHECK_ERR(dcast_msg_validate(&m), 0);
+	strcpy(t[0].name, t[1].name);
+	CHECK_ERR(dcast_msg_validate(&m), DCAST_EFIELD_RANGE);
+	CHECK(strstr(dcast_last_error(), "duplicate name \"a\\x0a\\x22\"") != NULL);
+}
+
 /* A one-tensor MANIFEST: shape 6x8, grid g0 x g1 (0 x 0: untiled). */
 static void grid_manifest(dcast_msg *m, dcast_tensor_desc *t, uint32_t g0, uint32_t g1)
 {
@@ -488,6 +524,7 @@ static void test_grid(void)
 int main(void)
 {
 	test_utf8();
+	test_tensor_names();
 	test_grid();
 	test_limits();
 	test_big_manifest();

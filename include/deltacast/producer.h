@@ -106,7 +106,8 @@ DCAST_API int dcast_producer_open(const char *endpoint, const char *model, uint3
 			const dcast_producer_opts *opts, dcast_producer **out);
 
 /* Register a tensor (or this part's shard of it) before the first publish.
- * name: unique, 1..255 bytes.  dtype: a dcast_dtype.  ndim/shape: the GLOBAL
+ * name: unique, and valid on the wire (dcast_tensor_name_check: 1..255
+ * bytes of UTF-8, not "__metadata__").  dtype: a dcast_dtype.  ndim/shape: the GLOBAL
  * shape (every part registers the same one).  ptr: shard_count_elems
  * contiguous elements holding elements [shard_offset_elems, shard_offset_elems
  * + shard_count_elems) of the flattened global tensor; for an unsharded
@@ -115,7 +116,8 @@ DCAST_API int dcast_producer_open(const char *endpoint, const char *model, uint3
  * where ptr points.  Registering a name again after a publish only replaces
  * the pointer (the tensor moved), and must keep dtype, shape, shard and
  * memory kind (host or CUDA; DCAST_EINVAL otherwise).
- * Errors: DCAST_EINVAL (NULL, empty or long name, ptr NULL with elements,
+ * Errors: DCAST_EINVAL (NULL, a name dcast_tensor_name_check refuses,
+ * naming it and the rule, ptr NULL with elements,
  * shard outside the tensor), DCAST_EDTYPE (dtype the codec cannot take),
  * DCAST_ESHAPE (ndim over 8, too many elements, or a shape, dtype or shard
  * different from the first registration), DCAST_ESTATE (a new tensor after

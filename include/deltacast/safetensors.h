@@ -155,7 +155,9 @@ typedef struct dcast_st_layout {
 } dcast_st_layout;
 
 /* Compute the layout of a file holding specs[0..n) and meta[0..n_meta).
- * Checks names (non-empty, unique, not "__metadata__"), dtypes, shapes.
+ * Checks names (unique, and each valid on the wire: dcast_tensor_name_check
+ * in deltacast/schema.h, so a file written here holds only tensors a
+ * producer can publish), dtypes, shapes.
  * On success *out owns its arrays (dcast_st_layout_free); on error *out is
  * zeroed.  Errors: DCAST_EINVAL, DCAST_EDTYPE, DCAST_ESHAPE, DCAST_ENOMEM. */
 DCAST_API int dcast_st_layout_compute(const dcast_st_spec *specs, size_t n, const dcast_st_meta *meta,

@@ -282,6 +282,19 @@ DCAST_API uint64_t dcast_tensor_elems(const dcast_tensor_desc *t);
 /* 1 when the tensor is tiled (some grid[d] above 1 for d < ndim), else 0. */
 DCAST_API int dcast_tensor_tiled(const dcast_tensor_desc *t);
 
+/* Is `name` a valid tensor name (docs/protocol.md, MANIFEST)?  1 to
+ * DCAST_MAX_NAME bytes of well-formed UTF-8, and not "__metadata__" (the
+ * key a safetensors header keeps for its metadata, so a consumer could not
+ * write the tensor to its anchor file).  One rule for every side: the
+ * producer checks it at registration, MANIFEST validation (encode and
+ * decode, so the broker and consumers) for each tensor, the safetensors
+ * writer for each tensor it writes.  Returns 0, or DCAST_EFIELD_RANGE
+ * (empty, not UTF-8, reserved) or DCAST_ETOO_LARGE (longer than
+ * DCAST_MAX_NAME) with a detail that starts with `what` (where the name
+ * is, e.g. "MANIFEST.tensors[3].name") and names the tensor (bytes outside
+ * printable ASCII as \xHH) and the rule.  NULL counts as empty. */
+DCAST_API int dcast_tensor_name_check(const char *name, const char *what);
+
 /* Write `m` as the JSON object a msgpack decoder yields for its header
  * (keys in encoding order), for test vectors and debugging.  On success
  * *out is a malloc'd NUL-terminated string the caller frees. */

@@ -11,11 +11,12 @@
  * Mutated CHUNK headers are usually sealed again (dcast_chunk_seal's
  * checksum) so that they pass the checksum and reach deeper code.
  *
- * After each batch: the broker process is alive, its VmRSS is under the
- * bound, and (every --check-every batches) a normal producer publishes the
- * next version of model "good" and a fresh normal consumer receives it
- * bit-exact (tests/tools/wire_client).  The batch's random stream depends
- * only on (seed, batch), so a failure names what replays it.
+ * After each batch: the broker process is alive, every reply it sent
+ * decodes, its VmRSS is under the bound, and (every --check-every batches)
+ * a normal producer publishes the next version of model "good" and a fresh
+ * normal consumer receives it bit-exact (tests/tools/wire_client).  The
+ * batch's random stream depends only on (seed, batch), so a failure names
+ * what replays it.
  *
  *   fuzz_broker [--seed S] [--batches N] [--seconds T] [--start-batch B]
  *               [--rss-max-mib M] [--check-every K] [--dir DIR]
@@ -58,7 +59,7 @@ static struct opts {
        .check_every = 1};
 
 static struct figures {
-	uint64_t batches, streams, inputs, mutated, send_dropped, replies;
+	uint64_t batches, streams, inputs, mutated, send_dropped, replies, undecodable;
 	uint64_t errors[DCAST_ERR_COUNT];
 	uint64_t checks, good_version, rss_max_kib, rss_start_kib;
 } fig;
@@ -435,11 +436,12 @@ static void mut_tensors(struct fmsg *m)
 	if (!m->ntd)
 		return;
 	t = &m->td[below(m->ntd)];
-	switch (below(5)) {
+	switch (below(6)) {
 	case 0: t->dtype = (uint32_t)below(DCAST_DTYPE_COUNT + 2); break;
 	case 1: t->ndim = (uint32_t)below(DCAST_MAX_DIMS + 2); break;
 	case 2: t->shape[below(DCAST_MAX_DIMS)] = interesting(t->shape[0]); break;
 	case 3: memmove(t->name, m->td[0].name, sizeof(t->name)); break; /* a duplicate name */
+	case 4: strcpy(t->name, "__metadata__"); break; /* a name no consumer can write */
 	default: t->name[0] = chance(50) ? '\0' : '\xff'; break;
 	}
 }
@@ -953,7 +955,11 @@ static void batch_plan(void)
 	}
 }
 
-/* Read what arrived: WELCOME versions, ERROR codes; readers grant credit. */
+/* The first broker reply the schema refused (its detail), "" if none. */
+static char undecodable_why[160];
+
+/* Read what arrived: WELCOME versions, ERROR codes; readers grant credit.
+ * Every reply must decode: an ERROR quoting a peer's bytes raw did not. */
 static void stream_read(struct stream *st)
 {
 	dcast_wire_in in;
@@ -966,6 +972,8 @@ static void stream_read(struct stream *st)
 			return;
 		}
 		fig.replies++;
+		if (rc && rc != DCAST_EZMQ && !fig.undecodable++)
+			snprintf(undecodable_why, sizeof(undecodable_why), "%s", dcast_last_error());
 		if (!rc && in.msg.type == DCAST_MSG_WELCOME) {
 			st->welcomed = 1;
 			st->welcome_version = in.msg.u.welcome.version;
@@ -1235,6 +1243,12 @@ static int after_batch(uint64_t batch)
 		fail_batch(batch, text);
 		return -1;
 	}
+	if (fig.undecodable) {
+		snprintf(text, sizeof(text), "%llu broker replies the schema refuses, the first: %s",
+			 (unsigned long long)fig.undecodable, undecodable_why);
+		fail_batch(batch, text);
+		return -1;
+	}
 	kib = rss_kib();
 	fig.rss_max_kib = kib > fig.rss_max_kib ? kib : fig.rss_max_kib;
 	if ((batch + 1) % 100 == 0)
@@ -1258,11 +1272,13 @@ static int after_batch(uint64_t batch)
 static void report(uint64_t secs)
 {
 	say("fuzz_broker: seed %llu, batches %llu, %llu s, connections %llu, inputs %llu "
-	    "(%llu mutated, %llu not sent: pipe full), replies %llu, good checks %llu\n",
+	    "(%llu mutated, %llu not sent: pipe full), replies %llu (%llu undecodable), "
+	    "good checks %llu\n",
 	    (unsigned long long)o.seed, (unsigned long long)fig.batches, (unsigned long long)secs,
 	    (unsigned long long)fig.streams, (unsigned long long)fig.inputs,
 	    (unsigned long long)fig.mutated, (unsigned long long)fig.send_dropped,
-	    (unsigned long long)fig.replies, (unsigned long long)fig.checks);
+	    (unsigned long long)fig.replies, (unsigned long long)fig.undecodable,
+	    (unsigned long long)fig.checks);
 	say("fuzz_broker: VmRSS %.1f MiB at start, max %.1f MiB (bound %llu MiB)\n",
 	    fig.rss_start_kib / 1024.0, fig.rss_max_kib / 1024.0, (unsigned long long)o.rss_max_mib);
 	say("fuzz_broker: ERRORs received by code:");

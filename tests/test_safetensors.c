@@ -9,6 +9,7 @@
 
 #include "check.h"
 #include "deltacast/safetensors.h"
+#include "deltacast/schema.h"
 
 static char dir[] = "/tmp/dcast_test_st_XXXXXX";
 
@@ -79,11 +80,19 @@ static void test_writer_rejects(void)
 	dcast_st_spec bad_dtype[] = {{"x", 99, 1, {2}, a}};
 	dcast_st_spec meta_name[] = {{"__metadata__", DCAST_ST_BF16, 1, {2}, a}};
 	dcast_st_spec no_data[] = {{"x", DCAST_ST_BF16, 1, {2}, NULL}};
-	char path[256];
+	dcast_st_spec not_utf8[] = {{"\xc3(", DCAST_ST_BF16, 1, {2}, a}};
+	char path[256], long_name[DCAST_MAX_NAME + 2];
+	dcast_st_spec too_long[] = {{long_name, DCAST_ST_BF16, 1, {2}, a}};
+
+	memset(long_name, 'n', sizeof(long_name) - 1);
+	long_name[sizeof(long_name) - 1] = '\0';
 	path_in_dir(path, sizeof(path), "bad.safetensors");
 	CHECK_ERR(dcast_st_write(path, dup, 2, NULL, 0), DCAST_EINVAL);
 	CHECK_ERR(dcast_st_write(path, bad_dtype, 1, NULL, 0), DCAST_EDTYPE);
 	CHECK_ERR(dcast_st_write(path, meta_name, 1, NULL, 0), DCAST_EINVAL);
+	CHECK(strstr(dcast_last_error(), "\"__metadata__\" is reserved") != NULL);
+	CHECK_ERR(dcast_st_write(path, not_utf8, 1, NULL, 0), DCAST_EINVAL);
+	CHECK_ERR(dcast_st_write(path, too_long, 1, NULL, 0), DCAST_EINVAL);
 	CHECK_ERR(dcast_st_write(path, no_data, 1, NULL, 0), DCAST_EINVAL);
 	CHECK(access(path, F_OK) != 0);
 }

@@ -303,11 +303,11 @@ FUZZ_CONSUMER_SEED ?= $(shell date +%s)
 fuzz-consumer: all $(BUILD)/tools/fuzz_consumer
 	nice -n 10 $(BUILD)/tools/fuzz_consumer --seed $(FUZZ_CONSUMER_SEED) --seconds $(FUZZ_CONSUMER_SECONDS)
 
-# --- bench-sync (issue 17) ---
+# --- bench-sync ---
 # `make bench-sync`: a 1% delta of a BENCH_SYNC_PARAMS bf16 model to N = 1, 4,
 # 8 consumers (the library in C and Python, `deltacast subscribe`), against
 # raw TCP of the delta's bytes and of the whole model, and the codec's
-# compute floor; bytes hashed and written per version; issue 17's targets
+# compute floor; bytes hashed and written per version; the sync targets
 # (scripts/bench_sync.sh).  Rewrites the bench-sync section of
 # docs/benchmarks.md.  BENCH_SYNC_QUICK=1: a 10M model, N = 1, 4, print only.
 # More knobs in the script's header (BENCH_SYNC_SUBSCRIBE_ARGS, ...).
@@ -319,7 +319,7 @@ bench-sync: all $(BUILD)/tools/bench_tcp $(BUILD)/tools/bench_sync_floor \
 	@DELTACAST_BUILD=$(abspath $(BUILD)) PYTHON=$(PYTHON) BENCH_SYNC_QUICK=$(BENCH_SYNC_QUICK) \
 	  BENCH_SYNC_PARAMS=$(BENCH_SYNC_PARAMS) scripts/bench_sync.sh
 
-# --- bench-fanout (issue 22) ---
+# --- bench-fanout ---
 # `make bench-fanout`: an anchor (the whole BENCH_FANOUT_PARAMS bf16 model) to
 # N = 1, 4, 16 receivers over loopback, side by side in one run: raw TCP,
 # nginx + curl, the broker to consumers that only receive, the broker to

@@ -401,7 +401,7 @@ void broker_peer_forget(struct broker_peers *s, struct broker_peer *p);
 
 /* ---- log.c ---- */
 /* One allocation's cost beyond its bytes: the allocator's header plus
- * ZeroMQ's content block of a kept message (issue 18 item 8: the caps count
+ * ZeroMQ's content block of a kept message (the caps count
  * what a message costs in memory, not its payload). */
 #define BROKER_ALLOC_BYTES 64
 /* What a committed version holds in memory: the struct, per chunk its

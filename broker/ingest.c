@@ -156,7 +156,7 @@ static int pending_match(const struct broker_model *m, const struct broker_pendi
 /* What one CHUNK of an open version holds beyond its payload bytes: its
  * slot in the part's array (grown by doubling: up to two slots a chunk) and
  * the payload's allocation.  Measured: 4,000,000 one-byte chunks held
- * 1.5 GiB while counted as 4 MB (issue 18 item 8). */
+ * 1.5 GiB while counted as 4 MB. */
 #define PENDING_CHUNK_BYTES (2 * sizeof(struct broker_pending_chunk) + BROKER_ALLOC_BYTES)
 
 /* Count `bytes` more memory against --max-pending-bytes (this open version)

@@ -128,7 +128,7 @@ void broker_poll_dispatch(struct broker *b, const zmq_pollitem_t *it, uint32_t n
 /* The encoder's buffer starts at 256 bytes and doubles (schema/encode.c),
  * so it may be up to twice the header: the log keeps an exact copy.  (When
  * it was msgpack's 8 KiB sbuffer, a delta of 3072 chunks, 1.5 MB of
- * payload, took 15 MB of VmRSS: issue 22 item 3.) */
+ * payload, took 15 MB of VmRSS.) */
 int broker_frame_encode(const dcast_msg *m, zmq_msg_t *out)
 {
 	void *buf;

@@ -1,5 +1,5 @@
 /* Private to consumer/: the consumer object and the pieces it is made of.
- * One way down (farm-studio look consumer: no circle), from the top:
+ * One way down (no file calls a file above it), from the top:
  *   open.c (open, close) and api.c (the calls on a live consumer);
  *   session.c (the session thread: the wire's handlers, credit, folds);
  *   run.c (run identity), ckpt_load.c (load, replay, the recovery policy);

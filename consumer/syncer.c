@@ -1,4 +1,4 @@
-/* The record log's durability, off the stream's path (issue 22 item 2).
+/* The record log's durability, off the stream's path.
  *
  * A version is READY once it is whole and checked (checksums of every
  * record, digests of the tensors): that is what correctness needs.  Making

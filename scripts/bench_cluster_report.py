@@ -90,7 +90,7 @@ def section(rows, meta):
         field = "worker_rss" if "worker" in what else "broker_rss"
         cells = ["%d / %d" % tuple(s[(key, n)][field]) if (key, n) in s else "" for n in ns]
         out.append("| %s | %s |" % (what, " | ".join(cells)))
-    out += ["", "Targets (issue 19), this run:", "", "| target | measured | goal | |", "|---|---|---|---|"]
+    out += ["", "Targets, this run:", "", "| target | measured | goal | |", "|---|---|---|---|"]
     for line in targets(s, ns):
         out.append(line)
     out += ["", "Plots: `docs/plots/bench_cluster_time.png` (seconds to every worker against N, per row), "

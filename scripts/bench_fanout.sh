@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `make bench-fanout` (issue 22 item 5): how fast an anchor, the whole
+# `make bench-fanout`: how fast an anchor, the whole
 # model, reaches N receivers over loopback: the broker against raw TCP and
 # nginx, side by side in one run.  Per N, first the row's references, then
 # the broker, RUNS times each (medians in the table):

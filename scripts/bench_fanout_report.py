@@ -21,7 +21,7 @@ COLUMNS = [("tcp", "raw TCP"), ("keep", "raw TCP, receivers keep the model"), ("
            ("recv", "broker, anchor in its log, to N joining consumers that only receive"),
            ("lib", "broker, anchor in its log, to N joining library consumers until READY"),
            ("live", "publish start to N waiting library consumers READY")]
-GOAL = 1.25  # issue 22: library consumers until READY, at most this times raw TCP
+GOAL = 1.25  # library consumers until READY, at most this times raw TCP
 TARGET_N = (4, 16)
 LAST_N = 4  # the last line's N
 
@@ -116,7 +116,7 @@ def verdict(ok):
 
 
 def targets(cells, ns):
-    lines = ["| target (issue 22) | goal | measured (medians) | |", "| --- | --- | --- | --- |"]
+    lines = ["| target | goal | measured (medians) | |", "| --- | --- | --- | --- |"]
     for n in [n for n in TARGET_N if n in ns]:
         lib, tcp, web = (median_s(cells[(c, n)]) for c in ("lib", "tcp", "nginx"))
         lines.append("| library consumers until READY / raw TCP, N = %d | at most %.2fx | %s / %s ms = %.2fx | %s |"
@@ -149,7 +149,7 @@ def section(meta, cells, ns):
     notes = NOTES.format(runs=meta["runs"], params=meta["params"], model=model, payload=meta["payload_bytes"],
                          broker_args="its defaults" if meta["broker_args"] == "none" else "flags: " + meta["broker_args"], window=int(meta["window"]) >> 20)
     lines = [BEGIN, head, "", *table(cells, ns, model), "",
-             "Targets (issue 22), never adjusted here:", "", *targets(cells, ns), "", notes, END]
+             "Targets, never adjusted here:", "", *targets(cells, ns), "", notes, END]
     return "\n".join(lines) + "\n"
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `make bench-sync` (issue 17): how long a 1% delta takes to reach N
+# `make bench-sync`: how long a 1% delta takes to reach N
 # consumers that already hold every version before it, against raw TCP and
 # against the codec's compute floor, and what each consumer hashes and
 # writes per version.  One run, side by side:

@@ -203,7 +203,7 @@ def target_rows(runs, model, n):
         rows.append(("(2) stage time / compute floor, N = %d" % k, "at most 3x",
                      lambda f, k=k: cell_ratio(at[f, k]["stage"], at[f, k]["floor"]["total"], 3)
                      if (f, k) in at else "-"))
-    out = ["| target (issue 17) | goal | " + " | ".join(FORMS[f] for f in forms) + " |",
+    out = ["| target | goal | " + " | ".join(FORMS[f] for f in forms) + " |",
            "| --- | --- |" + " --- |" * len(forms)]
     for label, goal, cell in rows:
         out.append("| %s | %s | %s |" % (label, goal, " | ".join(cell(f) for f in forms)))
@@ -283,7 +283,7 @@ def section(root):
                  meta["load_end"], meta["params"], model, meta["warmup"], "" if meta["warmup"] == "1" else "s",
                  meta["versions"], meta["versions"]),
              "", *table_rows(runs, model), "", floor_line(runs), "",
-             "Targets (issue 17), broker without --data-dir; each ratio against its own row's references.  "
+             "Targets, broker without --data-dir; each ratio against its own row's references.  "
              "The budget of (1) at N = %d was %s..%s ms in these rows, against the one-thread compute floor above:" % (
                  tn, ms(min(budget)), ms(max(budget))),
              "", *target_rows(runs, model, tn), "", NOTES.rstrip("\n"), END]

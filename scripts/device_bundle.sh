@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Put what a lent GPU machine needs into .dev/ (ignored by git; the device
-# tool carries it with `carry: [".dev"]`), laid out as a small copy of the
+# Put what a GPU host needs into .dev/ (ignored by git; it is copied to
+# the host with the working tree), laid out as a small copy of the
 # repo so that the scripts run there unchanged: .dev/build/ the programs the
 # GPU tests, the GPU bench, the fan-out probes, `make bench-sync` and the
 # fault suite run,
@@ -8,7 +8,7 @@
 # the device image lacks; .dev/scripts/ bench_sync.sh with e2e_lib.sh, its
 # report and its Python consumer; .dev/python/ the binding; .dev/tests/tools/
 # the fan-out probe's scripts; scripts/device_run.sh as .dev/run.sh.  Then,
-# with the device tool: `bash .dev/run.sh` (see docs/benchmarks.md, "On a
+# on the GPU host: `bash .dev/run.sh` (see docs/benchmarks.md, "On a
 # GPU host").  No rebuild happens there, and nothing outside .dev/ is read.
 # BASE_CONSUMER=PATH: an older build of tests/tools/bench_sync_consumer,
 # carried as .dev/base/ for the run's sync-base step (an A/B of the

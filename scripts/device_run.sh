@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs on a lent GPU machine as .dev/run.sh (scripts/device_bundle.sh makes
+# Runs on a GPU host as .dev/run.sh (scripts/device_bundle.sh makes
 # .dev/, a small copy of the repo: build/, lib/, scripts/, python/,
 # tests/tools/; nothing outside .dev/ is read).  Steps, in this order, each
 # in its own process under a time limit, a failing one recorded and the next
@@ -7,7 +7,7 @@
 #   gpu      the machine, the three GPU tests, `make bench-gpu`'s program,
 #            tests/tools/bench_gpu_ranges (the producer's device encode
 #            per range against whole tensors)
-#   sync     `make bench-sync` (issue 17) on this host's cores: forms
+#   sync     `make bench-sync` on this host's cores: forms
 #            SYNC_FORMS ("lib sub"), N's SYNC_N ("1 4 8"), the --data-dir row
 #            (SYNC_DATADIR=1); its logs (no model files) in sync-logs.tgz
 #   sync-gpu bench-sync's library form (N's SYNC_N) with the producer's
@@ -15,7 +15,7 @@
 #            (fault_publish FAULT_PUBLISH_DEVICE=1); logs in sync-gpu-logs.tgz
 #   sync-base the library form again with the bench_sync_consumer in
 #            base/ (scripts/device_bundle.sh's BASE_CONSUMER: an older
-#            build of it, for an A/B of the consumer in one lease); logs
+#            build of it, for an A/B of the consumer on one host); logs
 #            in sync-base-logs.tgz
 #   sync-gpu-base sync-gpu again with the fault_publish in base/
 #            (BASE_PUBLISH: an A/B of the producer); sync-gpu-base-logs.tgz
@@ -55,7 +55,7 @@ O=${OUT:-/tmp/devout}
 mkdir -p "$O"
 export BARGS=${BARGS:-} PARAMS=${PARAMS:-100M}
 # gen-trace's versions: outside .dev/, so that a rehearsal does not make
-# .dev/ (what the device tool carries) 1.4 GB bigger.
+# .dev/ (what is copied to the GPU host) 1.4 GB bigger.
 export SYNC_TRACE=${SYNC_TRACE:-${TMPDIR:-/tmp}/dev-bench-sync-$PARAMS-6}
 
 # A python3 for bench_sync_report.py (standard library only): PYTHON, else

@@ -1,4 +1,4 @@
-/* Test support shared by every C test that runs processes (issue 21 item 5):
+/* Test support shared by every C test that runs processes:
  * children tracked and killed at exit or on a fatal signal, one wait_until,
  * and a real broker started on ports it picks itself (tcp://127.0.0.1:*,
  * --metrics 127.0.0.1:0), ready when its log names the endpoints it bound.

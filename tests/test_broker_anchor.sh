@@ -101,8 +101,7 @@ grep -q '^deltacast_model_anchor_version{model="mg"} 1$' "$TMP/g.metrics" || fai
 "$WC" consume "$g_CONS" mg --until 5 "${COMMON[@]}" >"$TMP/lg.out" 2>"$TMP/lg.err" || fail "consumer exited $?"
 grep -q "applied=5 versions=5 anchors=1 .*bit-exact" "$TMP/lg.out" || fail "after refusal: $(cat "$TMP/lg.out")"
 stop_broker g
-# The host copy of the state exists only while an anchor is made (issue 22
-# item 3): after made anchor 6 the broker holds none (before: one model's
+# The host copy of the state exists only while an anchor is made: after made anchor 6 the broker holds none (before: one model's
 # bytes for as long as the model lived).
 start_broker_metrics h --anchor-every 5 --anchor-fraction 0
 "$WC" produce "$h_PROD" mh --versions 8 "${COMMON[@]}" 2>"$TMP/ph.err" || fail "producer exited $?"

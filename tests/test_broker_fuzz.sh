@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Broker: a short run of tests/tools/fuzz_broker (issue 18 item 19) with a
+# Broker: a short run of tests/tools/fuzz_broker with a
 # fixed seed: mutated producer and consumer conversations against a real
 # broker for 25 s; after every batch the broker is alive, its VmRSS is
 # under 512 MiB, and a normal producer's newest version reaches a fresh

@@ -1,5 +1,5 @@
 /* The broker embedded: two brokers run in one process, each broker_run on
- * a thread of its own (issue 21 item 3: all of a broker's state is in its
+ * a thread of its own (all of a broker's state is in its
  * struct broker; signals are the program's, not the broker's).  Both have
  * a data dir, broker-made anchors, --metrics and --admin-socket, so every
  * part that used to keep file-scope state runs twice at once.  A library

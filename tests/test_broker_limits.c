@@ -1,4 +1,4 @@
-/* Limits at scale over a real broker (issue 18 item 10a): started with a
+/* Limits at scale over a real broker: started with a
  * low open-file soft limit, the broker raises it to the hard limit and says
  * so, and warns, naming the numbers, when the limit is below what its
  * --max-consumers allows; with its limit then cut to 60 descriptors (prlimit

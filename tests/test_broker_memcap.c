@@ -1,5 +1,5 @@
 /* Broker: the memory caps count what a message costs in memory, not its
- * payload (issue 18 item 8).  4,000,000 one-byte chunks took a broker with
+ * payload.  4,000,000 one-byte chunks took a broker with
  * --max-pending-bytes 8M to 1.5 GiB, and versions of a few payload bytes
  * with the maximum digest count to 2.4 GiB, with no refusal.  Here, with
  * small caps: one-byte chunks are refused once the open version's real

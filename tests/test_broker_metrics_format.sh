@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# /metrics is valid Prometheus text exposition (issue 18, item 18), read by a
+# /metrics is valid Prometheus text exposition, read by a
 # real parser (python3-prometheus-client): with four models (one named with a
 # double quote and a backslash, one with a newline, one non-ASCII) and five
 # consumers connected, every sample belongs to a typed family of its own

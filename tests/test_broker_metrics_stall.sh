@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The metrics port cannot stall the broker (issue 18, item 7).  While a
+# The metrics port cannot stall the broker.  While a
 # slow-loris client trickles a request (one byte every 150 ms for 3 s) and
 # another client connects and sends nothing, a producer publishes versions
 # 2..N and the consumer applies all of them before the slow-loris is done:

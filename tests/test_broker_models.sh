@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Model names are freed (issue 18 item 4): every name used to hold one of
+# Model names are freed: every name used to hold one of
 # the --max-models slots forever, restored again from --data-dir, so new
 # trainers got DCAST_EBUSY (and, since producer keys were tied to models,
 # the broker crashed on that HELLO).  Here, with --max-models 2 and a real

@@ -1,6 +1,5 @@
 #!/usr/bin/env bash
-# A relay restarted with --data-dir after its upstream's run changed (issue
-# 18 item 13): the model was deleted and created again upstream while the
+# A relay restarted with --data-dir after its upstream's run changed: the model was deleted and created again upstream while the
 # relay was down.  The relay restores a log of the earlier run (versions
 # 1..5 of seed 1); the new run has versions 1..3 of seed 2, so the old
 # run's version 3 (or 5) fails wire_client's bit-exact check at version 3.

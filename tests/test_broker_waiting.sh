@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Only producers create models (issue 18 item 6): consumers naming models
+# Only producers create models: consumers naming models
 # that do not exist take no model slot, so they cannot lock trainers out
 # (--max-models 2 here; 8 such consumers filled the table before), and a
 # consumer that joined before its model existed streams it, bit-exact,

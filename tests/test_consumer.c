@@ -618,7 +618,7 @@ static void test_corrupt_log(const h_broker *b)
  * (which its own header cannot show) is caught by the model digest in its
  * metadata: the consumer drops the checkpoint (logged) instead of serving
  * weights that are not any committed version, and fetches the newest
- * version from the broker by itself (issue 18 item 13). */
+ * version from the broker by itself. */
 static void test_corrupt_anchor_file(const h_broker *b)
 {
 	h_model m;

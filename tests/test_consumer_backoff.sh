@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A version no consumer can take (its COMMIT carries a wrong digest: a
-# poisoned log) costs a bounded rate of refusals (issue 18 item 12): the
+# poisoned log) costs a bounded rate of refusals: the
 # consumer backs off 100 ms after the second refusal of the same version,
 # doubling to 30 s, instead of re-joining thousands of times a second.
 # The live weights stay at the version before it (digests checked).

@@ -3,7 +3,7 @@
 # one-chunk deltas (no broker-made anchors) and applies every one of them:
 # the consumer stops reading while all 16 staging slots hold READY versions
 # instead of refusing the next version and re-joining (which livelocked:
-# 0 versions applied in 60 s behind 40 queued versions, issue 18 item 11).
+# 0 versions applied in 60 s behind 40 queued versions).
 # Digests are checked on every version (the default), so reaching the last
 # version means the weights are the producer's, bit for bit.
 . "$(dirname "$0")/tools/broker_lib.sh"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 22 item 4: consumers busy with an anchor are not taken for silent.
+# Consumers busy with an anchor are not taken for silent.
 # 16 `deltacast subscribe` join one 128 MB anchor at once and each
 # applies it and writes its checkpoint: 16 processes copying and syncing
 # the model on a shared machine, so an apply or a fold holds a consumer's
@@ -8,7 +8,7 @@
 # policy's folds run on a thread of their own: no consumer may be dropped
 # as silent or re-join.  Before that fix this run logged 20 drops.  Then
 # the same at every default (the broker's 1 s heartbeat, subscribe's
-# options): issue 22's "16 consumers join one anchor with default settings,
+# options): the target "16 consumers join one anchor with default settings,
 # none dropped or refused".  (A 200 MB anchor: tests/tools/crowd_join.sh
 # alone; before the fix it logged 24-26 drops.)
 cd "$(dirname "$0")/.." || exit 1

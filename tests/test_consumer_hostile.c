@@ -1,7 +1,7 @@
 /* The consumer against a broker that breaks the protocol (a ROUTER socket
  * in this test, speaking the wire format itself): after anchor 7 is READY
  * it sends anchor 5.  Staged versions must stay in increasing order (the
- * consumer asserts it, issue 21 item 4), so anchor 5 is refused as the
+ * consumer asserts it), so anchor 5 is refused as the
  * peer's error, with an ERROR event naming both versions; version 7 stays
  * READY and applies bit-exact.  Nothing aborts. */
 #include <stdint.h>

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run identity (issue 18 item 13): a worker directory holding version 5 of
+# Run identity: a worker directory holding version 5 of
 # an earlier run, joined to a broker serving a new run of the same model
 # name (versions 1..3, other weights), drops its state with a log line and
 # ends at the new run's version 3, digests checked; it did not exit at once

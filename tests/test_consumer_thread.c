@@ -1,4 +1,4 @@
-/* The consumer lives on its own thread (issue 17): with a real broker and
+/* The consumer lives on its own thread: with a real broker and
  * producer over loopback,
  * - a caller that does not call in for 10 s (5 heartbeat timeouts at the
  *   default 1 s) stays joined (no re-join, no HELLO again) and, when it
@@ -484,7 +484,7 @@ static int error_event_within(dcast_consumer *c, int code)
 	return 0;
 }
 
-/* A misconfigured consumer says so within seconds (issue 18 item 15). */
+/* A misconfigured consumer says so within seconds. */
 static void test_misconfigured(const h_broker *b)
 {
 	dcast_consumer_opts o;
@@ -507,7 +507,7 @@ static void test_misconfigured(const h_broker *b)
 	dcast_consumer_close(&c);
 }
 
-/* Issue 22 item 4: READY is a promise.  Before, a re-join dropped every
+/* READY is a promise.  Before, a re-join dropped every
  * staged version and apply() of one announced READY gave DCAST_ESTATE. */
 static void test_ready_survives_rejoin(h_broker *b)
 {

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A consumer whose window (a quarter of its staging budget) is smaller than
-# a chunk of the stream is told so within seconds (issue 18 item 14): the
+# a chunk of the stream is told so within seconds: the
 # broker sends ERROR DCAST_ETOO_LARGE naming the chunk size and the window,
 # and `deltacast subscribe` prints it, instead of both waiting forever.  A
 # big enough budget then takes the same stream.

@@ -1,4 +1,4 @@
-"""docs/protocol.md is enough to implement a peer (issue 18 item 17): its
+"""docs/protocol.md is enough to implement a peer: its
 table of ERROR codes must match the library's codes and names exactly,
 every code the library has must be listed, and the header's `proto` and
 the limits table must name the library's DCAST_PROTO_VERSION."""

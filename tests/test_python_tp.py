@@ -1,5 +1,5 @@
 """Tensor-parallel slices through the Python package against the real
-broker (issue 20 item 3).  A small torch model (a LayerNorm, an MLP and a
+broker.  A small torch model (a LayerNorm, an MLP and a
 head; bf16 and fp32 tensors) is trained by P "ranks" in one process (P = 2,
 then 4), each a Producer part that registers only its local shards with
 Producer.register_slice: up.weight / up.bias split on dim 0 (Megatron's

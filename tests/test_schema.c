@@ -239,7 +239,7 @@ static int decode_reason(const char *bytes, size_t n)
 	return rc;
 }
 
-/* Strings must be UTF-8 (issue 18 item 3: a model named ff fe fd reached
+/* Strings must be UTF-8 (a model named ff fe fd reached
  * WELCOME and /metrics as raw bytes). */
 static void test_utf8(void)
 {

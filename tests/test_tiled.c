@@ -1,5 +1,4 @@
-/* Tensor-parallel slices end to end through the real broker (issue 20
- * item 3).  P producer parts (P = 2, then 4) each register only their tile
+/* Tensor-parallel slices end to end through the real broker.  P producer parts (P = 2, then 4) each register only their tile
  * of three tiled tensors (column-parallel, row-parallel, a 3-D grid) with
  * dcast_producer_register_slice, plus a replicated tensor that part 0
  * sends; versions go out as an anchor, then sparse and dense deltas.

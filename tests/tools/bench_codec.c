@@ -315,7 +315,7 @@ static void target_row(FILE *f, const char *what, double v, const char *unit, do
 		goal, unit, ok ? "met" : "**not met**");
 }
 
-/* Issue 3's CPU targets against this run: sizes at the density nearest 1%,
+/* The codec's CPU targets against this run: sizes at the density nearest 1%,
  * and encode over memcpy at every density up to 5% (the lowest shown). */
 static void print_targets(FILE *f, const result *r, int nr)
 {
@@ -323,7 +323,7 @@ static void print_targets(FILE *f, const result *r, int nr)
 	for (int i = 1; i < nr; i++)
 		one = fabs(r[i].density - 0.01) < fabs(r[one].density - 0.01) ? i : one;
 	double ch = r[one].changed ? (double)r[one].changed : 1;
-	fprintf(f, "\nTargets (issue 3), this run; encode rows give the lowest ratio over the densities up to 5%%:\n\n");
+	fprintf(f, "\nTargets, this run; encode rows give the lowest ratio over the densities up to 5%%:\n\n");
 	fprintf(f, "| target | measured | goal | |\n|---|---|---|---|\n");
 	target_row(f, "bits per changed element, ~1%", 8.0 * (double)r[one].chosen / ch, "", 12, 1);
 	target_row(f, "chosen / entropy bound, ~1%", 8.0 * (double)r[one].chosen / r[one].bound_bits, "", 1.15, 1);
@@ -427,7 +427,7 @@ int main(int argc, char **argv)
 	fprintf(mem, "Command: `make bench-codec` (build/tools/bench_codec --elems %" PRIu64 " --chunk %" PRIu64
 		     "); %ld CPUs, load average %.1f at the end (a shared machine: timings are noisy), best of %d runs of each, interleaved.\n\n"
 		     "Sizes are bits per changed element. *bound*: per chunk n*H(p) for the positions plus, over all "
-		     "changed elements, the empirical entropy of the sortable-integer differences (issue 3). "
+		     "changed elements, the empirical entropy of the sortable-integer differences. "
 		     "Throughputs are GB/s of the NEW bytes; memcpy is one thread copying the same bytes in the same "
 		     "run; *memcpy of input* is one thread copying what encode reads, NEW and BASE (twice the bytes); "
 		     "encode and apply are one thread; *encode N thr* encodes the chunks with N threads "

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A measurement, not a test (issue 22 item 4; its outcome depends on this
+# A measurement, not a test (its outcome depends on this
 # machine's disk): 16 `deltacast subscribe` join one anchor at once, every
 # setting at its default (1 s heartbeat).  Each stages, checks and applies
 # the anchor, folds it into its checkpoint and exits (--until 1): 16

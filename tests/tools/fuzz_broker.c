@@ -1,5 +1,5 @@
 /* fuzz_broker: a seeded, structure-aware mutation tool for a live
- * deltacast-broker (issue 18 item 19).  Each batch opens producer and
+ * deltacast-broker.  Each batch opens producer and
  * consumer connections and plays valid conversations (HELLO, MANIFEST,
  * anchor and delta CHUNKs made by the real codec, COMMIT with real digests,
  * CREDIT, ACK, HEARTBEAT, BYE) with mutations: field values at and past

@@ -161,6 +161,9 @@ struct broker_model {
 	uint64_t lost_version;            /* newest version lost from a damaged segment that was
 					     whole on disk (maybe ACKed): no version at or below
 					     it is taken again; NONE if none (durable.c) */
+	uint64_t poisoned;                /* the oldest version in the log that the fold found bad
+					     (commit.c): it and every version after it are never
+					     served nor folded; NONE if none.  An anchor clears it */
 	uint64_t active_ms;               /* last time a peer was on it (retire.c: --model-idle-s) */
 	int deleting;                     /* removed: out of the table, its files being deleted
 					     by the durable writer, which then frees it (retire.c) */
@@ -228,6 +231,7 @@ struct broker_stats {
 	uint64_t peers_timed_out;
 	uint64_t consumer_joins;         /* consumer HELLOs taken: joins and re-joins */
 	uint64_t anchors_made, anchor_digest_errors; /* broker-made anchors (fold.c) */
+	uint64_t versions_poisoned;      /* committed versions the fold found bad (commit.c) */
 	uint64_t durable_failures;       /* versions that did not become durable */
 	uint64_t loop_stall_max_ns;      /* longest loop turn spent on durable work */
 	uint64_t heap_trims, heap_trim_max_ns; /* malloc_trim on quiet turns (log.c) */
@@ -446,6 +450,9 @@ void broker_welcome_init(const struct broker *b, const struct broker_model *m, d
 /* Append a committed version to the model's log (an anchor replaces what
  * came before).  Takes the caller's reference.  Errors: DCAST_EVERSION. */
 int broker_log_append(struct broker *b, struct broker_model *m, struct broker_version *v);
+/* 1 when v may be streamed to consumers: below the model's first
+ * poisoned version (m->poisoned), if any. */
+int broker_version_servable(const struct broker_model *m, const struct broker_version *v);
 /* Index of `version` in the log, -1 if absent. */
 int broker_log_find(const struct broker_model *m, uint64_t version);
 /* Put a broker-made anchor (fold.c) at the head of the log in place of the
@@ -497,6 +504,10 @@ int broker_pending_chunk(struct broker *b, struct broker_model *m, uint32_t part
  * when the COMMIT is refused. */
 int broker_pending_commit(struct broker *b, struct broker_model *m, uint32_t part,
 			  dcast_commit *c, int *committed);
+/* A version of m (not relayed) was poisoned (commit.c): its producers
+ * get ERROR(DCAST_EPOISONED, version, text) and WELCOME need_anchor. */
+void broker_producers_poisoned(struct broker *b, struct broker_model *m, uint64_t version,
+			       const char *text);
 /* Register the producers' outcomes (b->outcome[0]); broker_open. */
 void broker_ingest_init(struct broker *b);
 /* Drop the open version: ERROR(DCAST_EABORTED, why) to the model's
@@ -511,6 +522,11 @@ void broker_fanout(struct broker *b);
  * adopted from a relay's upstream).  A WELCOME mid-stream changes nothing
  * in the consumer's stream; it confirms or refutes the run of its state. */
 void broker_rewelcome(struct broker *b, const struct broker_model *m);
+/* Version `version` of m was poisoned (commit.c): each consumer of m gets
+ * ERROR(DCAST_EPOISONED, version, text), and one streaming a version at or
+ * after it stops there (its cursor stays on the version before). */
+void broker_consumers_poisoned(struct broker *b, const struct broker_model *m, uint64_t version,
+			       const char *text);
 /* A producer created m: consumers that said HELLO for it before it existed
  * stream it from now on, and all of them learn its run (WELCOME). */
 void broker_model_announce(struct broker *b, struct broker_model *m);
@@ -565,6 +581,17 @@ static inline void broker_version_lost(struct broker *b, struct broker_model *m,
  * not be queued (the caller then reports the version lost). */
 int broker_version_committed(struct broker *b, struct broker_model *m,
 			     struct broker_version *v);
+/* The fold (fold.c) found committed `version` of m bad: a payload that does
+ * not decode, or a state whose digest differs from its COMMIT's (code and
+ * why say which).  The version is poisoned: it and every version after it
+ * are never served nor folded into an anchor (m->poisoned); consumers
+ * streaming them stop and every consumer of m gets ERROR(DCAST_EPOISONED,
+ * version); the model's producers get the same ERROR and WELCOME
+ * need_anchor; with --data-dir the mark is written to the model's segment
+ * so that a restart keeps it.  An E-level log line and
+ * stats.versions_poisoned.  No-op when an older version is poisoned. */
+void broker_version_poison(struct broker *b, struct broker_model *m, uint64_t version, int code,
+			   const char *why);
 /* Called once at start-up, before the endpoints bind: re-insert durable
  * versions with broker_log_append(), then start the anchor folder over the
  * restored logs. */

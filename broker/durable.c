@@ -50,6 +50,9 @@ struct durable_job {
 	uint64_t seq, version, queued_ns, write_ns;
 	int anchor, ack;
 	int drop;                   /* delete the model's files (then free j->m if free_model) */
+	int poison;                 /* write the poison mark in `mark` (not a version) */
+	void *mark;                 /* owned: the encoded ERROR(DCAST_EPOISONED) */
+	size_t mark_len;
 	int free_model;
 	uint64_t run;               /* j->m->run when queued: a later run skips the completion */
 	const void *manifest, *commit;
@@ -165,6 +168,20 @@ static int job_write(struct broker_durable *d, struct durable_job *j)
 	return 0;
 }
 
+/* A poison mark goes after the version it names, unless a write of the
+ * model failed since its last anchor (the version is not on disk then). */
+static void job_poison(struct broker_durable *d, struct durable_job *j)
+{
+	if (failed_find(d, j->m) >= 0) {
+		j->err = DCAST_EIO;
+		snprintf(j->why, sizeof(j->why), "not written: the model's segment has a hole "
+			 "(the poisoned version is not on disk either)");
+	} else if ((j->err = broker_seg_poison(d->store, j->model, j->version, j->mark,
+					       j->mark_len)) != 0) {
+		snprintf(j->why, sizeof(j->why), "%s", dcast_last_error());
+	}
+}
+
 /* After a failed write the model's segment has a hole: no later version
  * of it is written until an anchor starts a whole segment again. */
 static void job_run(struct broker_durable *d, struct durable_job *j)
@@ -175,6 +192,10 @@ static void job_run(struct broker_durable *d, struct durable_job *j)
 		if ((j->err = broker_seg_drop(d->store, j->model)) != 0)
 			snprintf(j->why, sizeof(j->why), "%s", dcast_last_error());
 		failed_set(d, j->m, 0); /* no hole left; a removed m is freed next */
+	} else if (j->poison) {
+		job_poison(d, j);
+		j->write_ns = dcast_now_ns() - t0;
+		return; /* a mark leaves no hole */
 	} else if (failed_find(d, j->m) >= 0 && !j->anchor) {
 		j->err = DCAST_EIO;
 		snprintf(j->why, sizeof(j->why), "not written: an earlier version of the model "
@@ -223,7 +244,17 @@ static void job_free(struct durable_job *j)
 {
 	broker_version_put(j->v);
 	free(j->rec);
+	free(j->mark);
 	free(j);
+}
+
+static void job_queue(struct broker_durable *d, struct durable_job *j)
+{
+	pthread_mutex_lock(&d->mu);
+	j->seq = ++d->seq_queued;
+	queue_push(&d->todo, j);
+	pthread_cond_signal(&d->cv);
+	pthread_mutex_unlock(&d->mu);
 }
 
 static void job_capture(struct durable_job *j, struct broker_version *v)
@@ -279,12 +310,53 @@ int broker_durable_drop(struct broker *b, struct broker_model *m, int free_model
 	j->run = m->run;
 	snprintf(j->model, sizeof(j->model), "%s", m->name);
 	j->queued_ns = dcast_now_ns();
-	pthread_mutex_lock(&d->mu);
-	j->seq = ++d->seq_queued;
-	queue_push(&d->todo, j);
-	pthread_cond_signal(&d->cv);
-	pthread_mutex_unlock(&d->mu);
+	job_queue(d, j);
 	return 0;
+}
+
+int broker_durable_poison(struct broker *b, struct broker_model *m, uint64_t version,
+			  const char *text)
+{
+	struct broker_durable *d = b->dur;
+	struct durable_job *j;
+	dcast_msg e;
+	int rc;
+
+	if (!d || !d->store)
+		return 0;
+	if (!(j = calloc(1, sizeof(*j))))
+		return dcast_fail(DCAST_ENOMEM, "durable: a job to mark version %llu poisoned",
+				  (unsigned long long)version);
+	dcast_msg_init(&e, DCAST_MSG_ERROR);
+	e.u.error.code = DCAST_EPOISONED;
+	e.u.error.version = version;
+	snprintf(e.u.error.model, sizeof(e.u.error.model), "%s", m->name);
+	snprintf(e.u.error.text, sizeof(e.u.error.text), "%s", text);
+	if ((rc = dcast_msg_encode(&e, &j->mark, &j->mark_len))) {
+		free(j);
+		return rc;
+	}
+	j->m = m;
+	j->poison = 1;
+	j->version = version;
+	j->run = m->run;
+	snprintf(j->model, sizeof(j->model), "%s", m->name);
+	j->queued_ns = dcast_now_ns();
+	job_queue(d, j);
+	return 0;
+}
+
+/* The poison mark is on disk (or not: logged, the mark holds until a
+ * restart). */
+static void job_poisoned(const struct durable_job *j)
+{
+	if (j->err)
+		DCAST_LOG_E("model %s: poison mark of version %llu not written (%s): %s; a restart "
+			    "serves that version again", j->model, (unsigned long long)j->version,
+			    dcast_errname(j->err), j->why);
+	else
+		DCAST_LOG_I("model %s: poison mark of version %llu written and fsynced", j->model,
+			    (unsigned long long)j->version);
 }
 
 /* A model's files are gone (or not: logged); the job of a removed model
@@ -318,11 +390,7 @@ int broker_durable_commit(struct broker *b, struct broker_model *m, struct broke
 		return 0;
 	if (!(j = job_new(m, v, ack)))
 		return DCAST_ENOMEM;
-	pthread_mutex_lock(&d->mu);
-	j->seq = ++d->seq_queued;
-	queue_push(&d->todo, j);
-	pthread_cond_signal(&d->cv);
-	pthread_mutex_unlock(&d->mu);
+	job_queue(d, j);
 	d->turn_ns += dcast_now_ns() - t0;
 	return 0;
 }
@@ -371,6 +439,8 @@ static void on_done(struct broker *b, int fd, void *arg)
 			job_dropped(b, j);
 		else if (j->m->deleting || j->run != j->m->run)
 			; /* removed or cleared since: nothing to ACK, its files go next */
+		else if (j->poison)
+			job_poisoned(j);
 		else if (j->err)
 			job_lost(b, j);
 		else
@@ -540,6 +610,22 @@ static int restore_lost(struct restore *r, const char *model, uint64_t whole)
 	return 0;
 }
 
+/* A poison mark after the versions it names (segment.c checked it): the
+ * version and those after it stay unserved, and the model asks for an
+ * anchor, as before the restart. */
+static int restore_poison(struct restore *r, uint64_t version)
+{
+	if (broker_log_find(r->m, version) < 0)
+		return 0; /* an anchor after it replaced it */
+	if (r->m->poisoned == DCAST_VERSION_NONE || version < r->m->poisoned)
+		r->m->poisoned = version;
+	r->m->need_anchor = 1;
+	DCAST_LOG_W("model %s: version %llu was found poisoned before the restart: it and the "
+		    "versions after it are not served; the next version must be an anchor",
+		    r->m->name, (unsigned long long)version);
+	return 0;
+}
+
 static int restore_visit(void *ctx, const char *model, const dcast_rec *rec, const void *hdr,
 			 const void *payload)
 {
@@ -553,6 +639,8 @@ static int restore_visit(void *ctx, const char *model, const dcast_rec *rec, con
 		return dcast_fail(DCAST_ECORRUPT, "restore: %s: version before its manifest", model);
 	if (rec->kind == BROKER_SEG_CHUNK)
 		return restore_chunk(r, rec, hdr, payload);
+	if (rec->kind == BROKER_SEG_POISON)
+		return restore_poison(r, rec->version);
 	return restore_commit(r, rec->version, hdr, rec->hdr_len);
 }
 

@@ -22,6 +22,15 @@ int broker_durable_on(const struct broker *b);
 int broker_durable_commit(struct broker *b, struct broker_model *m, struct broker_version *v,
 			  int ack);
 
+/* Queue a poison mark for `version` of m (broker_version_poison): a
+ * record after the version's in the model's segment, fsynced, so that a
+ * restart restores m->poisoned and need_anchor.  `text` (the ERROR's) is
+ * copied.  Written behind every version queued before; skipped when the
+ * version did not become durable.  No-op without --data-dir.  Errors:
+ * DCAST_ENOMEM (nothing queued). */
+int broker_durable_poison(struct broker *b, struct broker_model *m, uint64_t version,
+			  const char *text);
+
 /* Queue the deletion of model m's files (its segments), behind every write
  * of it queued before; completions of those writes are skipped (nothing is
  * ACKed) once m is removed (m->deleting) or its run changed.  With

@@ -84,6 +84,14 @@ static struct broker_version *next_version(const struct broker_model *m, uint64_
 	return m->log[0]->version > have ? m->log[0] : NULL;
 }
 
+/* next_version, unless it is poisoned (commit.c): nothing then. */
+static struct broker_version *next_servable(const struct broker_model *m, uint64_t have)
+{
+	struct broker_version *v = next_version(m, have);
+
+	return v && broker_version_servable(m, v) ? v : NULL;
+}
+
 static int send_manifest(struct broker *b, struct broker_peer *p, struct broker_manifest *mf)
 {
 	int rc = send_frames(b, p, NULL, NULL, mf->enc, mf->enc_len);
@@ -158,7 +166,7 @@ static int pump_one(struct broker *b, struct broker_peer *p)
 	if (p->model->held)
 		return PUMP_IDLE; /* a relay's restored log, maybe an earlier run's (relay.c) */
 	if (!v) {
-		if (!(v = next_version(p->model, p->have_version))) {
+		if (!(v = next_servable(p->model, p->have_version))) {
 			struct broker_manifest *mf = p->model->manifest;
 			return mf && mf != p->manifest_sent ? send_manifest(b, p, mf) : PUMP_IDLE;
 		}
@@ -214,6 +222,30 @@ void broker_fanout(struct broker *b)
 	for (uint64_t i = 0; i < b->cons.hi; i++)
 		if (b->cons.arr[i].used)
 			consumer_pump(b, &b->cons.arr[i]);
+}
+
+void broker_consumers_poisoned(struct broker *b, const struct broker_model *m, uint64_t version,
+			       const char *text)
+{
+	dcast_msg e;
+
+	dcast_msg_init(&e, DCAST_MSG_ERROR);
+	e.u.error.code = DCAST_EPOISONED;
+	e.u.error.version = version;
+	snprintf(e.u.error.text, sizeof(e.u.error.text), "%s", text);
+	for (uint64_t i = 0; i < b->cons.hi; i++) {
+		struct broker_peer *p = &b->cons.arr[i];
+
+		if (!p->used || p->model != m)
+			continue;
+		if (p->cur && p->cur->version >= version) { /* stops mid-version */
+			broker_version_put(p->cur);
+			p->cur = NULL;
+			p->next_chunk = 0;
+		}
+		snprintf(e.u.error.model, sizeof(e.u.error.model), "%s", p->want);
+		broker_send_msg(b, b->consumers, p, &e);
+	}
 }
 
 void broker_rewelcome(struct broker *b, const struct broker_model *m)

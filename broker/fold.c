@@ -25,6 +25,7 @@
 #include "deltacast/codec.h"
 #include "durable.h"
 #include "fold.h"
+#include "foldcheck.h"
 
 #define FOLD_QUEUE 4096              /* committed versions waiting per model */
 #define FOLD_VERSIONS_PER_TURN 16
@@ -45,6 +46,7 @@ struct broker_fold {
 	uint8_t **data;             /* [mf->m.n_tensors] host copy of the state */
 	uint64_t dense_bytes;
 	uint64_t version;           /* of the state; NONE: unusable until an anchor */
+	struct fold_digests dg;     /* the state's digests per COMMIT range of `version` */
 	uint64_t delta_bytes, deltas; /* folded since the log's anchor */
 	/* With no state (between cuts): deltas committed since the log's
 	 * anchor, counted only, and the model's dense size. */
@@ -95,6 +97,7 @@ static void state_free(struct broker_fold *f)
 		free(f->data[i]);
 	free(f->data);
 	f->data = NULL;
+	fold_digests_free(&f->dg);
 	broker_manifest_put(f->mf);
 	f->mf = NULL;
 	f->dense_bytes = 0;
@@ -129,8 +132,9 @@ static int state_alloc(struct broker_fold *f, struct broker_manifest *mf)
 }
 
 /* Apply one stored chunk to the state: its header is re-read (the log keeps
- * encoded frames) and range-checked against the state's manifest. */
-static int fold_chunk(struct broker_fold *f, const struct broker_chunk *ch)
+ * encoded frames) and range-checked against the state's manifest; the
+ * digests in `next` move by its changes first. */
+static int fold_chunk(struct broker_fold *f, struct fold_digests *next, const struct broker_chunk *ch)
 {
 	const struct broker_manifest *mf = f->mf;
 	const dcast_chunk *c;
@@ -153,14 +157,54 @@ static int fold_chunk(struct broker_fold *f, const struct broker_chunk *ch)
 		return dcast_fail(DCAST_ESHAPE, "fold: chunk of tensor %u outside the manifest",
 				  c->tensor);
 	info = (dcast_chunk_info){c->encoding, c->elem_size, c->count, c->changed, c->payload_bytes};
+	if ((rc = fold_check_chunk(next, c, zmq_msg_data((zmq_msg_t *)&ch->payload),
+				   f->data[c->tensor] + c->start * es)))
+		return rc;
 	return dcast_codec_apply(&info, zmq_msg_data((zmq_msg_t *)&ch->payload),
 				 f->data[c->tensor] + c->start * es, NULL);
 }
 
-static void fold_version(struct broker_model *m, struct broker_fold *f, struct broker_version *v)
+/* Fold v's chunks into the state, checked against v's digests. */
+static int fold_checked(struct broker_fold *f, const struct broker_version *v)
+{
+	struct fold_digests next;
+	int rc = fold_check_begin(&next, &f->dg, v, f->mf);
+
+	for (uint32_t i = 0; !rc && i < v->n_chunks; i++)
+		rc = fold_chunk(f, &next, &v->chunks[i]);
+	if (!rc)
+		rc = fold_check_end(&next, f->data, f->mf);
+	fold_digests_free(&f->dg);
+	if (rc)
+		fold_digests_free(&next);
+	f->dg = next;
+	return rc;
+}
+
+/* A fold that failed on v: a version the fold finds bad is poisoned (an
+ * allocation that failed says nothing about it). */
+static void fold_failed(struct broker *b, struct broker_model *m, const struct broker_version *v,
+			int rc)
+{
+	char why[DCAST_MAX_TEXT / 2];
+
+	snprintf(why, sizeof(why), "%s", dcast_last_error());
+	DCAST_LOG_E("model %s: fold of version %llu failed (%s): %s; no broker-made anchors "
+		    "until the next anchor", m->name, (unsigned long long)v->version,
+		    dcast_errname(rc), why);
+	if (rc != DCAST_ENOMEM)
+		broker_version_poison(b, m, v->version, rc, why);
+}
+
+static void fold_version(struct broker *b, struct broker_model *m, struct broker_fold *f,
+			 struct broker_version *v)
 {
 	int rc = 0;
 
+	if (!broker_version_servable(m, v)) { /* poisoned: never folded into an anchor */
+		f->version = DCAST_VERSION_NONE;
+		return;
+	}
 	if (!v->anchor && (f->version == DCAST_VERSION_NONE || v->base_version != f->version ||
 			   v->manifest != f->mf)) {
 		if (f->version != DCAST_VERSION_NONE)
@@ -173,12 +217,8 @@ static void fold_version(struct broker_model *m, struct broker_fold *f, struct b
 	if (v->anchor)
 		rc = state_alloc(f, v->manifest);
 	f->version = DCAST_VERSION_NONE; /* until every chunk is in */
-	for (uint32_t i = 0; !rc && i < v->n_chunks; i++)
-		rc = fold_chunk(f, &v->chunks[i]);
-	if (rc) {
-		DCAST_LOG_E("model %s: fold of version %llu failed (%s): %s; no broker-made anchors "
-			    "until the next anchor", m->name, (unsigned long long)v->version,
-			    dcast_errname(rc), dcast_last_error());
+	if (rc || (rc = fold_checked(f, v))) {
+		fold_failed(b, m, v, rc);
 		return;
 	}
 	f->version = v->version;
@@ -644,7 +684,7 @@ static int fold_turn(struct broker *b, struct broker_model *m, struct broker_fol
 		f->q_head = (f->q_head + 1) % FOLD_QUEUE;
 		f->q_n--;
 		if (at >= 0 && m->log[at] == v)
-			fold_version(m, f, v);
+			fold_version(b, m, f, v);
 		broker_version_put(v);
 		cut_maybe(b, m, f); /* at the version that passes the trigger, queued or not */
 	}

@@ -1,7 +1,9 @@
 /* Private to broker/: broker-made anchors (fold.c).  Per model the broker
  * counts committed deltas; past --anchor-fraction / --anchor-every it folds
  * the log's chain (anchor, then every delta with the CPU codec) into a host
- * copy of the state, cuts a dense anchor of the newest folded version V,
+ * copy of the state, each version checked against its own COMMIT digests
+ * (foldcheck.h: a bad one is poisoned, broker_version_poison, and nothing
+ * from it on is folded), cuts a dense anchor of the newest folded version V,
  * checks it against the producer's digests for V, puts it at the head of
  * the log in place of everything up to V, and frees the copy.  docs/operations.md, "Broker-made anchors". */
 #ifndef DCAST_BROKER_FOLD_H

@@ -503,6 +503,16 @@ static void producers_lost(struct broker *b, struct broker_model *m, uint64_t ve
 		broker_log_need_anchor(b, m);
 }
 
+/* The fold found an acknowledged version bad: say so, naming it, and take
+ * only an anchor from now on. */
+void broker_producers_poisoned(struct broker *b, struct broker_model *m, uint64_t version,
+			       const char *text)
+{
+	producers_error(b, m, DCAST_EPOISONED, version, text);
+	if (!m->need_anchor)
+		broker_log_need_anchor(b, m);
+}
+
 /* Into the log (consumers get it this turn), then the hooks; the ACK goes
  * out now without a data dir, else on the write's completion. */
 static int pending_finish(struct broker *b, struct broker_model *m)
@@ -615,6 +625,7 @@ static void producer_welcome(struct broker *b, struct broker_peer *p)
 	dcast_msg w, cr;
 
 	broker_welcome_init(b, m, &w);
+	w.u.welcome.version = broker_model_newest(m); /* poisoned ones too: numbers are spent */
 	w.u.welcome.need_anchor = m->need_anchor || !m->n_log;
 	broker_send_msg(b, b->producers, p, &w);
 	dcast_msg_init(&cr, DCAST_MSG_CREDIT);

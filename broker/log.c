@@ -66,7 +66,7 @@ struct broker_model *broker_model_get(struct broker *b, const char *name, int cr
 		return NULL;
 	}
 	snprintf(m->name, sizeof(m->name), "%s", name);
-	m->durable_version = m->lost_version = DCAST_VERSION_NONE;
+	m->durable_version = m->lost_version = m->poisoned = DCAST_VERSION_NONE;
 	m->run = broker_run_new();
 	m->active_ms = dcast_now_ms();
 	b->models[b->n_models++] = m;
@@ -145,16 +145,28 @@ uint64_t broker_model_newest(const struct broker_model *m)
 	return m && m->n_log ? m->log[m->n_log - 1]->version : DCAST_VERSION_NONE;
 }
 
-/* A held log may be an earlier run's: announcing its versions would make
- * consumers wait for (and re-join to get) what is not served. */
+int broker_version_servable(const struct broker_model *m, const struct broker_version *v)
+{
+	return m->poisoned == DCAST_VERSION_NONE || v->version < m->poisoned;
+}
+
+/* A held log may be an earlier run's, and poisoned versions are never
+ * served: announcing them would make consumers wait for (and re-join to
+ * get) what is not served. */
 uint64_t broker_model_offered(const struct broker_model *m)
 {
-	return m && m->held ? DCAST_VERSION_NONE : broker_model_newest(m);
+	uint32_t n = m ? m->n_log : 0;
+
+	if (!m || m->held)
+		return DCAST_VERSION_NONE;
+	while (n && !broker_version_servable(m, m->log[n - 1]))
+		n--;
+	return n ? m->log[n - 1]->version : DCAST_VERSION_NONE;
 }
 
 void broker_welcome_init(const struct broker *b, const struct broker_model *m, dcast_msg *w)
 {
-	int offered = m && m->n_log && !m->held;
+	int offered = m && m->n_log && !m->held && broker_version_servable(m, m->log[0]);
 
 	dcast_msg_init(w, DCAST_MSG_WELCOME);
 	snprintf(w->u.welcome.model, sizeof(w->u.welcome.model), "%s", m ? m->name : "");
@@ -254,6 +266,7 @@ int broker_log_append(struct broker *b, struct broker_model *m, struct broker_ve
 				    (unsigned long long)v->version, m->n_log);
 		log_clear(m);
 		m->need_anchor = 0;
+		m->poisoned = DCAST_VERSION_NONE; /* what it replaced goes with the log */
 	}
 	if ((rc = log_reserve(m)))
 		return rc;

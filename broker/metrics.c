@@ -237,6 +237,8 @@ size_t broker_metrics_render(const struct broker *b, char *buf, size_t cap)
 	counter(&o, "anchors_made_total", "anchors the broker made by folding deltas", st->anchors_made);
 	counter(&o, "anchor_digest_errors_total", "made anchors refused: digest differs from the producer's",
 		st->anchor_digest_errors);
+	counter(&o, "versions_poisoned_total", "committed versions the fold found bad: never served again",
+		st->versions_poisoned);
 	counter(&o, "models_expired_total", "models removed after --model-idle-s without peers",
 		st->models_expired);
 	counter(&o, "models_deleted_total", "models removed by an operator (deltacast model delete)",

@@ -333,15 +333,14 @@ static void drop_prev(broker_seg_store *s, struct seg_model *m)
 	dir_synced(m->dir);
 }
 
-int broker_seg_commit(broker_seg_store *s, const char *model, uint64_t version,
-		      const void *commit_hdr, size_t commit_len)
+/* Write the record that closes a unit (a COMMIT, a POISON mark), wait for
+ * every queued write and fsync: on 0 the unit is durable; on error what
+ * the unit wrote is cut off again. */
+static int seal(broker_seg_store *s, struct seg_model *m, int kind, uint64_t version,
+		const void *hdr, size_t hdr_len)
 {
-	struct seg_model *m = model_find(s, model);
-	int rc;
+	int rc = put_header(s, &m->cur, kind, version, hdr, hdr_len);
 
-	if (!m || m->cur.fd < 0)
-		return dcast_fail(DCAST_ESTATE, "segment: model %s has no segment", model);
-	rc = put_header(s, &m->cur, BROKER_SEG_COMMIT, version, commit_hdr, commit_len);
 	if (!rc)
 		rc = dcast_io_sync(s->io, m->cur.handle, 1);
 	s->n_prefix = 0;
@@ -353,13 +352,37 @@ int broker_seg_commit(broker_seg_store *s, const char *model, uint64_t version,
 		char why[512];
 
 		snprintf(why, sizeof(why), "%s", dcast_last_error());
-		broker_seg_abort(s, model);
-		return dcast_fail(rc, "segment: version %llu of %s not durable: %s",
-				  (unsigned long long)version, model, why);
+		broker_seg_abort(s, m->name);
+		return dcast_fail(rc, "segment: %s of version %llu of %s not durable: %s",
+				  kind == BROKER_SEG_POISON ? "poison mark" : "version",
+				  (unsigned long long)version, m->name, why);
 	}
 	m->cur.commit_end = m->cur.end;
-	drop_prev(s, m);
 	return 0;
+}
+
+int broker_seg_commit(broker_seg_store *s, const char *model, uint64_t version,
+		      const void *commit_hdr, size_t commit_len)
+{
+	struct seg_model *m = model_find(s, model);
+	int rc;
+
+	if (!m || m->cur.fd < 0)
+		return dcast_fail(DCAST_ESTATE, "segment: model %s has no segment", model);
+	if (!(rc = seal(s, m, BROKER_SEG_COMMIT, version, commit_hdr, commit_len)))
+		drop_prev(s, m);
+	return rc;
+}
+
+int broker_seg_poison(broker_seg_store *s, const char *model, uint64_t version, const void *hdr,
+		      size_t hdr_len)
+{
+	struct seg_model *m = model_find(s, model);
+
+	if (!m || m->cur.fd < 0 || m->cur.end != m->cur.commit_end)
+		return dcast_fail(DCAST_ESTATE, "segment: model %s has %s", model,
+				  m && m->cur.fd >= 0 ? "a version open" : "no segment");
+	return seal(s, m, BROKER_SEG_POISON, version, hdr, hdr_len);
 }
 
 int broker_seg_abort(broker_seg_store *s, const char *model)
@@ -501,7 +524,24 @@ static int order_ok(int kind, int kind_last)
 		return kind_last == 0;
 	if (kind == BROKER_SEG_MANIFEST)
 		return kind_last == BROKER_SEG_FILE;
+	if (kind == BROKER_SEG_POISON)
+		return kind_last == BROKER_SEG_COMMIT || kind_last == BROKER_SEG_POISON;
 	return kind_last >= BROKER_SEG_MANIFEST;
+}
+
+/* A POISON mark: the broker's ERROR(DCAST_EPOISONED) naming a version this
+ * segment committed before it.  1 (a unit of its own), or -1. */
+static int poison_fits(const dcast_rec *r, const uint8_t *hdr, const struct seg_scan *sc)
+{
+	dcast_msg msg;
+	int ok;
+
+	if (r->payload_len || dcast_msg_decode(hdr, r->hdr_len, &msg))
+		return -1;
+	ok = msg.type == DCAST_MSG_ERROR && msg.u.error.code == DCAST_EPOISONED &&
+	     msg.u.error.version == r->version && r->version <= sc->last_version;
+	dcast_msg_free(&msg);
+	return ok ? 1 : -1;
 }
 
 /* Check a record that reads back intact against its kind and its place in
@@ -521,6 +561,11 @@ static int check_record(void *ctx, uint64_t off, const dcast_rec *r, const uint8
 	sc->kind_last = r->kind;
 	if (r->kind == BROKER_SEG_FILE)
 		return dcast_rec_file_name(r, hdr, sc->model) ? (snprintf(why, why_cap, "bad FILE record"), -1) : 0;
+	if (r->kind == BROKER_SEG_POISON && poison_fits(r, hdr, sc) < 0)
+		return snprintf(why, why_cap, "POISON record of version %llu does not fit",
+				(unsigned long long)r->version), -1;
+	if (r->kind == BROKER_SEG_POISON)
+		return 1;
 	if (dcast_rec_msg(r, hdr, &msg))
 		return snprintf(why, why_cap, "header: %s", dcast_last_error()), -1;
 	if (r->kind == BROKER_SEG_MANIFEST) {
@@ -560,7 +605,7 @@ static int scan_file(broker_seg_store *s, int fd, struct seg_scan *sc)
 {
 	s->rd.fd = fd;
 	s->rd.size = sc->size;
-	s->rd.max_kind = BROKER_SEG_COMMIT;
+	s->rd.max_kind = BROKER_SEG_POISON;
 	return dcast_rec_scan(&s->rd, 1, check_record, sc, &sc->out);
 }
 

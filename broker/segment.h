@@ -7,7 +7,8 @@
  * (common/dcast_reclog.h, "DCR3").  Kinds: FILE (header = model name,
  * first record), MANIFEST (the encoded MANIFEST header), CHUNK (the CHUNK
  * header consumers get + its payload), COMMIT (the broker's COMMIT header;
- * closes a version).  Headers are the wire's msgpack bytes, checked by the
+ * closes a version), POISON (an ERROR header marking a version before it
+ * poisoned).  Headers are the wire's msgpack bytes, checked by the
  * strict schema decoder again at load.
  *
  * Writes go through dcast_io (io_uring or the plain path); a version's
@@ -39,6 +40,8 @@ enum broker_seg_kind { /* the record kinds of common/dcast_reclog.h */
 	BROKER_SEG_MANIFEST = DCAST_REC_MANIFEST,
 	BROKER_SEG_CHUNK = DCAST_REC_CHUNK,
 	BROKER_SEG_COMMIT = DCAST_REC_COMMIT,
+	BROKER_SEG_POISON,   /* the broker's ERROR(DCAST_EPOISONED) naming a version
+				committed before it in the segment (broker_seg_poison) */
 	BROKER_SEG_LOST,     /* not a record: reported by broker_seg_load, see there */
 };
 
@@ -114,6 +117,16 @@ int broker_seg_append_chunk(broker_seg_store *s, const char *model, uint64_t ver
  * (broker_seg_abort) and the error returned: DCAST_EIO naming the file. */
 int broker_seg_commit(broker_seg_store *s, const char *model, uint64_t version,
 		      const void *commit_hdr, size_t commit_len);
+
+/* Write a POISON record after the model's last committed version and
+ * fsync it: `version` (committed in this segment; the record names it)
+ * was found bad, and a load replays the mark after the versions (hdr:
+ * the encoded ERROR(DCAST_EPOISONED) header, the caller's).  A unit of its
+ * own: a torn mark is cut like a torn version.  Errors: DCAST_ESTATE (no
+ * segment, or a version's records are open), DCAST_EIO naming the file
+ * (the record is cut off again). */
+int broker_seg_poison(broker_seg_store *s, const char *model, uint64_t version, const void *hdr,
+		      size_t hdr_len);
 
 /* Forget the queued, uncommitted records of model: wait for their writes
  * and truncate the segment back to its last commit (an anchor segment with

@@ -38,6 +38,7 @@ static const struct {
 	[DCAST_ENODEVICE] = {"DCAST_ENODEVICE", "no CUDA device"},
 	[DCAST_EBUSY] = {"DCAST_EBUSY", "resource busy"},
 	[DCAST_EABORTED] = {"DCAST_EABORTED", "version aborted"},
+	[DCAST_EPOISONED] = {"DCAST_EPOISONED", "version poisoned"},
 };
 
 static _Thread_local char last_error[1024];

@@ -17,19 +17,11 @@
 #include <string.h>
 #include "consumer_impl.h"
 #include "dcast_common.h"
-
-static int key_cmp(const dcast_range_digest *a, const dcast_range_digest *b)
-{
-	if (a->tensor != b->tensor)
-		return a->tensor < b->tensor ? -1 : 1;
-	if (a->start != b->start)
-		return a->start < b->start ? -1 : 1;
-	return a->count < b->count ? -1 : a->count > b->count;
-}
+#include "dcast_ranges.h"
 
 static int entry_cmp(const void *a, const void *b)
 {
-	return key_cmp(&((const cs_dentry *)a)->d, &((const cs_dentry *)b)->d);
+	return dcast_range_key_cmp(&((const cs_dentry *)a)->d, &((const cs_dentry *)b)->d);
 }
 
 /* The cached entry of the same range, or NULL. */
@@ -39,7 +31,7 @@ static const cs_dentry *cache_find(const cs_dcache *d, const dcast_range_digest 
 
 	while (lo < hi) {
 		uint32_t mid = lo + (hi - lo) / 2;
-		int r = key_cmp(&d->e[mid].d, key);
+		int r = dcast_range_key_cmp(&d->e[mid].d, key);
 		if (!r)
 			return &d->e[mid];
 		if (r < 0)

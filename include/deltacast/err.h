@@ -46,6 +46,7 @@ typedef enum dcast_err {
 	DCAST_ENODEVICE,      /* no CUDA device where one was asked for */
 	DCAST_EBUSY,          /* resource budget exhausted (staging, credit) */
 	DCAST_EABORTED,       /* version dropped before it committed */
+	DCAST_EPOISONED,      /* committed version the broker's check refused: never served */
 	DCAST_ERR_COUNT
 } dcast_err;
 

@@ -9,6 +9,8 @@
  *   wire_client produce ENDPOINT MODEL [--part P --parts N] --versions V
  *                       [--pause-at V]      send half of V's chunks, then hang
  *                       [--bad-digest-at V] V's COMMIT carries a wrong digest
+ *                       [--wait-error 1]    after the last version, wait for an
+ *                                           ERROR (its line, exit 1) until --timeout-ms
  *   wire_client consume ENDPOINT MODEL --until V [--window BYTES]
  *                       [--state FILE]      resume from / save to FILE
  *                       [--stats FILE]      progress after every version
@@ -41,6 +43,7 @@ static struct opts {
 	const char *server_key, *secret_file; /* CURVE client: broker's public key, own key file */
 	uint32_t part, parts, tensors;
 	uint64_t elems, chunk_elems, density_ppm, seed, versions, pause_at, until, bad_digest_at;
+	int wait_error;
 	uint64_t window, exit_after, timeout_ms;
 } o = {.parts = 1, .tensors = 3, .elems = 65536, .chunk_elems = 16384,
        .density_ppm = 20000, .seed = 1, .window = 1 << 20, .timeout_ms = 50000};
@@ -244,8 +247,9 @@ static int prod_pump(struct prod *p, uint64_t want_ack)
 		p->need_anchor = (int)in.msg.u.welcome.need_anchor;
 	}
 	if (type == DCAST_MSG_ERROR) {
-		fprintf(stderr, "producer part %u: ERROR %s: %s\n", o.part,
-			dcast_errname((int)in.msg.u.error.code), in.msg.u.error.text);
+		fprintf(stderr, "producer part %u: ERROR %s version %lld: %s\n", o.part,
+			dcast_errname((int)in.msg.u.error.code), (long long)in.msg.u.error.version,
+			in.msg.u.error.text);
 		exit(in.msg.u.error.code == DCAST_EABORTED ? 3 : 1);
 	}
 	if (type == DCAST_MSG_ACK && in.msg.u.ack.version != want_ack)
@@ -370,6 +374,8 @@ static int produce(void)
 	}
 	fprintf(stderr, "producer part %u/%u: published versions %llu..%llu\n", o.part, o.parts,
 		(unsigned long long)v0, (unsigned long long)o.versions);
+	while (o.wait_error) /* the ERROR exits; the deadline dies */
+		prod_pump(&p, DCAST_VERSION_NONE);
 	send_simple(p.s, DCAST_MSG_BYE, 0);
 	zmq_close(p.s);
 	zmq_ctx_term(ctx);
@@ -731,6 +737,7 @@ static void parse(int argc, char **argv)
 		else if (!strcmp(k, "--versions")) o.versions = num(v);
 		else if (!strcmp(k, "--pause-at")) o.pause_at = num(v);
 		else if (!strcmp(k, "--bad-digest-at")) o.bad_digest_at = num(v);
+		else if (!strcmp(k, "--wait-error")) o.wait_error = num(v) != 0;
 		else if (!strcmp(k, "--until")) o.until = num(v);
 		else if (!strcmp(k, "--window")) o.window = num(v);
 		else if (!strcmp(k, "--exit-after")) o.exit_after = num(v);

@@ -1,0 +1,49 @@
+/* Private to broker/fold.c: checking what the fold folds (foldcheck.c).
+ * Each version the fold applies to its state is checked against its own
+ * COMMIT digests: the fold keeps the digest of each COMMIT range of the
+ * folded state and moves it by every change a delta makes, before the
+ * change is applied (the additive digest, docs/protocol.md "Checksum and
+ * digest"), so a delta costs O(changed) more; an anchor's ranges, and any
+ * range with no value from the version before (another range size), are
+ * computed whole.  A range that differs, or a payload the codec refuses,
+ * makes the version bad: the fold marks it poisoned (commit.c). */
+#ifndef DCAST_BROKER_FOLDCHECK_H
+#define DCAST_BROKER_FOLDCHECK_H
+
+#include "broker.h"
+
+/* Digests of the folded state, one per COMMIT range of the version folded
+ * last, sorted by (tensor, start, count). */
+struct fold_digests {
+	dcast_range_digest *want;  /* [n] the COMMIT's ranges and digests, sorted */
+	uint64_t *have;            /* [n] the state's digest of each range */
+	uint8_t *whole;            /* [n] 1: computed whole once the version is in */
+	uint32_t n;
+};
+
+/* Set up `next` for version v folded onto a state whose digests are `prev`
+ * (after the version before v; ignored for an anchor): every range of v's
+ * COMMIT checked against mf, its starting value taken from prev where prev
+ * has the same range, else computed whole at the end.  Errors:
+ * DCAST_EDIGEST (a range outside the manifest: named), DCAST_ENOMEM
+ * (nothing left allocated). */
+int fold_check_begin(struct fold_digests *next, const struct fold_digests *prev,
+		     const struct broker_version *v, const struct broker_manifest *mf);
+
+/* Before the chunk c (payload, elements [c->start, +c->count) of its
+ * tensor at `range` in the state) is applied: move every range it
+ * overlaps by its changes.  Errors: the codec's (a payload that does not
+ * decode: dcast_ldigest_payload); the digests are then unusable. */
+int fold_check_chunk(struct fold_digests *next, const dcast_chunk *c, const void *payload,
+		     const void *range);
+
+/* The version is in the state (data: its tensors under mf): compute the
+ * ranges due whole, then compare every range with the COMMIT's digest.
+ * Errors: DCAST_EDIGEST naming the first range that differs. */
+int fold_check_end(struct fold_digests *next, uint8_t *const *data,
+		   const struct broker_manifest *mf);
+
+/* Free the arrays; d is left empty.  Safe on an empty one. */
+void fold_digests_free(struct fold_digests *d);
+
+#endif

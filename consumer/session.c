@@ -365,6 +365,26 @@ static int hello_refused(dcast_consumer *c, const dcast_error_msg *e)
 	return 0;
 }
 
+/* The broker found `version` bad after it committed it (docs/protocol.md,
+ * "Poisoned versions"): neither it nor anything built on it is ever
+ * served, so what we staged of them goes, and we wait for the next anchor
+ * without re-joining for it. */
+static int on_poisoned(dcast_consumer *c, const dcast_error_msg *e)
+{
+	uint64_t version = e->version;
+	int held = version != DCAST_VERSION_NONE && c->n_staged &&
+		   c->staged[c->n_staged - 1].version >= version;
+
+	dcast_fail(DCAST_EPOISONED, "broker: %s", e->text);
+	cs_event_push(c, DCAST_EV_ERROR, version, DCAST_EPOISONED, dcast_last_error());
+	DCAST_LOG_W("consumer %s: the broker poisoned version %" PRIu64 "%s; waiting for the next "
+		    "anchor", c->model, version, held ? ": dropping what was staged of it" : "");
+	if (!held)
+		return 0;
+	cs_drop_from(c, version);
+	return cs_rejoin(c); /* the stream was inside it */
+}
+
 static int on_message(dcast_consumer *c, dcast_wire_in *in)
 {
 	dcast_msg *m = &in->msg;
@@ -388,6 +408,8 @@ static int on_message(dcast_consumer *c, dcast_wire_in *in)
 			    m->u.error.text);
 		return cs_rejoin(c);
 	}
+	if (m->type == DCAST_MSG_ERROR && m->u.error.code == DCAST_EPOISONED)
+		return on_poisoned(c, &m->u.error); /* true of any stream, the old one too */
 	if (!c->ss.welcomed && m->type == DCAST_MSG_ERROR)
 		return hello_refused(c, &m->u.error);
 	if (!c->ss.welcomed)

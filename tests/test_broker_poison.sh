@@ -6,8 +6,9 @@
 # gets ERROR DCAST_EPOISONED naming v2 and WELCOME need_anchor; the
 # consumer already there stays at v1 without re-joining, a consumer that
 # joins later is never sent v2, no made anchor holds v2, and both move
-# on, digests checked, when the next anchor v3 comes.  With --data-dir
-# the mark is on disk: a restarted broker still does not serve v2.
+# on, digests checked, when the next anchor v3 comes.  A chunk that does
+# not decode is found the same way.  With --data-dir the mark is on disk:
+# a restarted broker still does not serve v2.
 . "$(dirname "$0")/tools/broker_lib.sh"
 
 # join_late NAME CONS: a raw consumer (it dies on any digest that differs)
@@ -15,7 +16,7 @@
 join_late() {
 	bg "$1" "$WC" consume "$2" poison --until 3 --timeout-ms 20000 --stats "$TMP/$1.stats"
 	LATE=$LAST_PID
-	wait_for 10 grep -q "applied=1 " "$TMP/$1.stats" || fail "consumer $1 not at v1"
+	wait_for 10 grep -qs "applied=1 " "$TMP/$1.stats" || fail "consumer $1 not at v1"
 }
 
 # ended NAME: consumer NAME took v1 and v3, both anchors, and nothing else.
@@ -61,6 +62,16 @@ wait "$SUB" || fail "subscribe exited $?: $(tail -2 "$TMP/sub.err")"
 tail -1 "$TMP/sub.out" | grep -q "^version 3 anchor" || fail "consumer not at anchor v3"
 grep -q "made anchor 2 " "$TMP/s.log" && fail "a made anchor holds v2"
 stop_broker s
+
+# A chunk that does not decode (its checksum holds: ingest takes it) is
+# found by the fold as well.
+start_broker u --anchor-every 1
+"$WC" produce "$u_PROD" poison --versions 1 >"$TMP/prod6.log" 2>&1 || fail "anchor v1 to u: exit $?"
+"$WC" produce "$u_PROD" poison --versions 2 --bad-payload-at 2 --wait-error 1 --timeout-ms 10000 \
+	>"$TMP/prod7.log" 2>&1
+grep -q "ERROR DCAST_EPOISONED version 2: model poison version 2 poisoned (DCAST_ECORRUPT" \
+	"$TMP/prod7.log" || fail "no ERROR naming v2 from u: $(tail -2 "$TMP/prod7.log")"
+stop_broker u
 
 # With --data-dir the mark is on disk: a restart does not serve v2 again.
 start_broker t --anchor-every 1 --data-dir "$TMP/data2"

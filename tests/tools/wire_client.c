@@ -9,6 +9,8 @@
  *   wire_client produce ENDPOINT MODEL [--part P --parts N] --versions V
  *                       [--pause-at V]      send half of V's chunks, then hang
  *                       [--bad-digest-at V] V's COMMIT carries a wrong digest
+ *                       [--bad-payload-at V] V's first chunk does not decode (its
+ *                                           checksum holds)
  *                       [--wait-error 1]    after the last version, wait for an
  *                                           ERROR (its line, exit 1) until --timeout-ms
  *   wire_client consume ENDPOINT MODEL --until V [--window BYTES]
@@ -43,6 +45,7 @@ static struct opts {
 	const char *server_key, *secret_file; /* CURVE client: broker's public key, own key file */
 	uint32_t part, parts, tensors;
 	uint64_t elems, chunk_elems, density_ppm, seed, versions, pause_at, until, bad_digest_at;
+	uint64_t bad_payload_at;
 	int wait_error;
 	uint64_t window, exit_after, timeout_ms;
 } o = {.parts = 1, .tensors = 3, .elems = 65536, .chunk_elems = 16384,
@@ -293,12 +296,16 @@ static void prod_version(struct prod *p, uint64_t v, int anchor)
 		for (uint64_t st = lo; st < hi; st += o.chunk_elems) {
 			uint64_t n = hi - st < o.chunk_elems ? hi - st : o.chunk_elems;
 			dcast_chunk_info info;
+			int bad = !anchor && o.bad_payload_at == v && !seq;
 
-			if (dcast_codec_encode(work[k] + st, anchor ? NULL : state[k] + st, n, 2, -1,
-					       DCAST_ENCODE_UPDATE_BASE, out, cap, &info))
+			if (dcast_codec_encode(work[k] + st, anchor ? NULL : state[k] + st, n, 2,
+					       bad ? DCAST_ENC_IDX32 : -1, DCAST_ENCODE_UPDATE_BASE, out,
+					       cap, &info))
 				die("encode");
 			if (!anchor && !info.changed)
 				continue;
+			if (bad) /* a position past the range, under a checksum that holds */
+				memset(out, 0xff, 4);
 			if (o.pause_at == v && seq >= total / 2) {
 				fprintf(stderr, "producer part %u: pausing inside version %llu\n", o.part,
 					(unsigned long long)v);
@@ -738,6 +745,7 @@ static void parse(int argc, char **argv)
 		else if (!strcmp(k, "--pause-at")) o.pause_at = num(v);
 		else if (!strcmp(k, "--bad-digest-at")) o.bad_digest_at = num(v);
 		else if (!strcmp(k, "--wait-error")) o.wait_error = num(v) != 0;
+		else if (!strcmp(k, "--bad-payload-at")) o.bad_payload_at = num(v);
 		else if (!strcmp(k, "--until")) o.until = num(v);
 		else if (!strcmp(k, "--window")) o.window = num(v);
 		else if (!strcmp(k, "--exit-after")) o.exit_after = num(v);

@@ -164,6 +164,11 @@ struct broker_model {
 	uint64_t poisoned;                /* the oldest version in the log that the fold found bad
 					     (commit.c): it and every version after it are never
 					     served nor folded; NONE if none.  An anchor clears it */
+	struct broker_version **tail;     /* deltas restored past a damaged segment record
+					     (durable.c), each on the one before, the first
+					     on a lost version: served only to consumers that
+					     hold what they build on, until the next anchor */
+	uint32_t n_tail;
 	uint64_t active_ms;               /* last time a peer was on it (retire.c: --model-idle-s) */
 	int deleting;                     /* removed: out of the table, its files being deleted
 					     by the durable writer, which then frees it (retire.c) */
@@ -453,6 +458,16 @@ int broker_log_append(struct broker *b, struct broker_model *m, struct broker_ve
 /* 1 when v may be streamed to consumers: below the model's first
  * poisoned version (m->poisoned), if any. */
 int broker_version_servable(const struct broker_model *m, const struct broker_version *v);
+/* Keep v (the caller's reference) at the end of the model's tail: deltas
+ * past a damaged segment record, above the log's newest, each on the one
+ * before.  Errors: DCAST_EVERSION (v does not chain: nothing kept),
+ * DCAST_ENOMEM. */
+int broker_log_tail_append(struct broker_model *m, struct broker_version *v);
+/* The tail's version to stream after `have` (the version the tail's first
+ * builds on, or one of the tail's), or NULL. */
+struct broker_version *broker_log_tail_next(const struct broker_model *m, uint64_t have);
+/* Drop the tail (an anchor covers it now, or the model is emptied). */
+void broker_log_tail_clear(struct broker_model *m);
 /* Index of `version` in the log, -1 if absent. */
 int broker_log_find(const struct broker_model *m, uint64_t version);
 /* Put a broker-made anchor (fold.c) at the head of the log in place of the

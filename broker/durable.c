@@ -91,6 +91,7 @@ struct restore {
 	struct broker_version *v;
 	uint32_t cap;
 	uint64_t versions;
+	int tail;                   /* past a damaged record: versions go to m->tail */
 };
 
 /* ---- queues (callers hold d->mu) ---------------------------------- */
@@ -563,6 +564,23 @@ static int restore_chunk(struct restore *r, const dcast_rec *rec, const void *hd
 	return 0;
 }
 
+/* A whole version past the damage: kept for consumers that hold what it
+ * builds on, or (one that does not chain) dropped with the rest. */
+static int restore_tail(struct restore *r, struct broker_version *v)
+{
+	if (r->tail < 0 || broker_log_tail_append(r->m, v)) {
+		if (r->tail > 0)
+			DCAST_LOG_W("model %s: %s; not served", r->m->name, dcast_last_error());
+		r->tail = -1;
+		broker_version_put(v);
+		return 0;
+	}
+	DCAST_LOG_I("model %s: version %llu, past the damage, is served to consumers that hold "
+		    "version %llu", r->m->name, (unsigned long long)v->version,
+		    (unsigned long long)v->base_version);
+	return 0;
+}
+
 static int restore_commit(struct restore *r, uint64_t version, const void *hdr, size_t len)
 {
 	struct broker_version *v;
@@ -582,6 +600,8 @@ static int restore_commit(struct restore *r, uint64_t version, const void *hdr, 
 		dcast_msg_free(&msg);
 		rc = frame_copy(&v->commit_hdr, hdr, len);
 	}
+	if (!rc && r->tail)
+		return restore_tail(r, v);
 	if (!rc)
 		rc = broker_log_append(r->b, r->m, v);
 	if (rc) {
@@ -593,20 +613,39 @@ static int restore_commit(struct restore *r, uint64_t version, const void *hdr, 
 }
 
 /* A damaged segment lost versions (segment.c set them aside): the model
- * exists, asks for an anchor, and never takes a lost number again. */
+ * exists, asks its producers for an anchor, and never takes a lost number
+ * again.  A relay asks its upstream again from its newest intact version
+ * (its HELLO at start): the upstream's numbers name the same bytes. */
+#define NO_ANCHOR "its anchor's segment record is damaged (no intact anchor)"
 static int restore_lost(struct restore *r, const char *model, uint64_t whole)
 {
 	struct broker_model *m = broker_model_get(r->b, model, 1);
+	char kept[96] = "";
 
+	r->tail = 0; /* the tail, if any, came before */
 	if (!m)
 		return DCAST_EBUSY;
 	if (whole == DCAST_VERSION_NONE)
 		return 0;
+	if (m->n_tail)
+		snprintf(kept, sizeof(kept), "; versions %llu..%llu after the damage are served to "
+			 "consumers that hold version %llu or later",
+			 (unsigned long long)m->tail[0]->version,
+			 (unsigned long long)m->tail[m->n_tail - 1]->version,
+			 (unsigned long long)m->tail[0]->base_version);
+	if (m->relayed) {
+		DCAST_LOG_E("model %s: %s; versions up to %llu were whole on disk and are lost%s: "
+			    "asking the upstream again from version %lld", model,
+			    m->n_log ? "a segment record is damaged" : NO_ANCHOR,
+			    (unsigned long long)whole, kept, (long long)broker_model_newest(m));
+		return 0;
+	}
 	m->lost_version = whole;
 	m->need_anchor = 1;
-	DCAST_LOG_W("model %s: versions up to %llu were whole on disk and are lost: the next "
-		    "version must be an anchor above %llu", model, (unsigned long long)whole,
-		    (unsigned long long)whole);
+	DCAST_LOG_E("model %s: %s; versions up to %llu were whole on disk and are lost%s: asking "
+		    "its producers for an anchor above %llu", model,
+		    m->n_log ? "a segment record is damaged" : NO_ANCHOR,
+		    (unsigned long long)whole, kept, (unsigned long long)whole);
 	return 0;
 }
 
@@ -635,6 +674,8 @@ static int restore_visit(void *ctx, const char *model, const dcast_rec *rec, con
 		return restore_manifest(r, model, hdr, rec->hdr_len);
 	if (rec->kind == BROKER_SEG_LOST)
 		return restore_lost(r, model, rec->version);
+	if (rec->kind == BROKER_SEG_TAIL)
+		return r->tail = 1, 0;
 	if (!r->m)
 		return dcast_fail(DCAST_ECORRUPT, "restore: %s: version before its manifest", model);
 	if (rec->kind == BROKER_SEG_CHUNK)

@@ -72,6 +72,8 @@ static struct broker_version *next_version(const struct broker_model *m, uint64_
 {
 	int i;
 
+	if (have != DCAST_VERSION_NONE && broker_log_tail_next(m, have))
+		return broker_log_tail_next(m, have); /* past a damaged segment record */
 	if (!m->n_log)
 		return NULL;
 	if (have == DCAST_VERSION_NONE)

@@ -135,6 +135,7 @@ void broker_model_free(struct broker_model *m)
 	for (uint32_t i = 0; i < m->n_log; i++)
 		broker_version_put(m->log[i]);
 	free(m->log);
+	broker_log_tail_clear(m);
 	DCAST_ASSERT(!m->fold); /* its owner freed it first (broker_fold_free) */
 	broker_manifest_put(m->manifest);
 	free(m);
@@ -174,6 +175,44 @@ void broker_welcome_init(const struct broker *b, const struct broker_model *m, d
 	w->u.welcome.anchor_version = offered ? m->log[0]->version : DCAST_VERSION_NONE;
 	w->u.welcome.heartbeat_ms = (uint32_t)b->cfg.heartbeat_ms;
 	w->u.welcome.run = m ? m->run : 0;
+}
+
+int broker_log_tail_append(struct broker_model *m, struct broker_version *v)
+{
+	const struct broker_version *last = m->n_tail ? m->tail[m->n_tail - 1] : NULL;
+	uint64_t newest = broker_model_newest(m);
+	struct broker_version **t;
+
+	if (v->anchor || (last && v->base_version != last->version) ||
+	    (newest != DCAST_VERSION_NONE && v->base_version <= newest))
+		return dcast_fail(DCAST_EVERSION, "model %s: delta %llu on %llu does not follow the "
+				  "versions kept past the damage", m->name,
+				  (unsigned long long)v->version, (unsigned long long)v->base_version);
+	if (!(t = realloc(m->tail, (m->n_tail + 1) * sizeof(*t))))
+		return dcast_fail(DCAST_ENOMEM, "model %s: %u versions past the damage", m->name,
+				  m->n_tail + 1);
+	m->tail = t;
+	m->tail[m->n_tail++] = v;
+	return 0;
+}
+
+struct broker_version *broker_log_tail_next(const struct broker_model *m, uint64_t have)
+{
+	if (m->n_tail && m->tail[0]->base_version == have)
+		return m->tail[0];
+	for (uint32_t i = 0; i + 1 < m->n_tail; i++)
+		if (m->tail[i]->version == have)
+			return m->tail[i + 1];
+	return NULL;
+}
+
+void broker_log_tail_clear(struct broker_model *m)
+{
+	for (uint32_t i = 0; i < m->n_tail; i++)
+		broker_version_put(m->tail[i]);
+	free(m->tail);
+	m->tail = NULL;
+	m->n_tail = 0;
 }
 
 int broker_log_find(const struct broker_model *m, uint64_t version)
@@ -265,6 +304,7 @@ int broker_log_append(struct broker *b, struct broker_model *m, struct broker_ve
 			DCAST_LOG_I("model %s: anchor %llu replaces %u older versions", m->name,
 				    (unsigned long long)v->version, m->n_log);
 		log_clear(m);
+		broker_log_tail_clear(m);
 		m->need_anchor = 0;
 		m->poisoned = DCAST_VERSION_NONE; /* what it replaced goes with the log */
 	}

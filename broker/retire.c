@@ -52,6 +52,7 @@ static void model_empty(struct broker_model *m)
 		broker_version_put(m->log[i]);
 	m->n_log = 0;
 	m->log_bytes = 0;
+	broker_log_tail_clear(m);
 	broker_fold_free(m);
 	broker_manifest_put(m->manifest);
 	m->manifest = NULL;

@@ -477,6 +477,13 @@ struct seg_scan {
 	uint64_t version, chunks, bytes;
 	int kind_last;
 	dcast_msg manifest; /* the segment's MANIFEST, once read (type 0 before) */
+	uint64_t manifest_off, manifest_end;
+	/* past the break (survey_tail): where reading resumed after the last
+	 * record that did not verify, and [tail_off, tail_end) the whole
+	 * versions from there to the end (tail_scan; tail_end 0: none), kept in
+	 * the quarantine file q at offsets less out.good_end */
+	uint64_t resume, tail_off, tail_end;
+	char q[SEG_PATH_MAX + 64];
 };
 
 int broker_chunk_check(const dcast_manifest *m, const dcast_chunk *c)
@@ -555,7 +562,7 @@ static int check_record(void *ctx, uint64_t off, const dcast_rec *r, const uint8
 	dcast_msg msg;
 	int rc = 0;
 
-	(void)off, (void)payload; /* checked against r->payload_sum by the scan */
+	(void)payload; /* checked against r->payload_sum by the scan */
 	if (!order_ok(r->kind, sc->kind_last))
 		return snprintf(why, why_cap, "record kind %u out of order", r->kind), -1;
 	sc->kind_last = r->kind;
@@ -571,6 +578,8 @@ static int check_record(void *ctx, uint64_t off, const dcast_rec *r, const uint8
 	if (r->kind == BROKER_SEG_MANIFEST) {
 		dcast_msg_free(&sc->manifest);
 		sc->manifest = msg; /* the chunks after it are checked against it */
+		sc->manifest_off = off;
+		sc->manifest_end = off + dcast_rec_bytes(r);
 		return 0;
 	}
 	if (r->kind == BROKER_SEG_CHUNK && broker_chunk_check(&sc->manifest.u.manifest, &msg.u.chunk)) {
@@ -609,13 +618,12 @@ static int scan_file(broker_seg_store *s, int fd, struct seg_scan *sc)
 	return dcast_rec_scan(&s->rd, 1, check_record, sc, &sc->out);
 }
 
-/* Replay records [0, end) of a verified file through fn. */
-static int replay_file(broker_seg_store *s, int fd, const char *model, uint64_t end,
+/* Replay records [off, end) of a verified file through fn. */
+static int replay_file(broker_seg_store *s, int fd, const char *model, uint64_t off, uint64_t end,
 		       broker_seg_visit_fn fn, void *ctx)
 {
 	dcast_rec r;
 	char why[256];
-	uint64_t off = 0;
 	int rc;
 
 	s->rd.fd = fd;
@@ -654,7 +662,9 @@ static void note_lost(struct seg_scan *sc, const dcast_rec *r)
 }
 
 /* Read past the break to name what is lost: every record that verifies,
- * re-synchronising on the next magic after one that does not. */
+ * re-synchronising on the next magic after one that does not.  The record
+ * that stopped the scan and every one that does not read are damage:
+ * sc->resume is where reading resumed after the last of them. */
 static void survey_tail(broker_seg_store *s, int fd, struct seg_scan *sc)
 {
 	uint64_t off = sc->out.good_end;
@@ -663,6 +673,7 @@ static void survey_tail(broker_seg_store *s, int fd, struct seg_scan *sc)
 
 	s->rd.fd = fd;
 	s->rd.size = sc->size;
+	sc->resume = sc->size;
 	while (off < sc->size) {
 		int rc = dcast_rec_read(&s->rd, off, 1, &r, why, sizeof(why));
 
@@ -674,6 +685,55 @@ static void survey_tail(broker_seg_store *s, int fd, struct seg_scan *sc)
 		} else {
 			off = dcast_rec_next_magic(fd, off + 1, sc->size);
 		}
+		if (rc || off - dcast_rec_bytes(&r) == sc->out.bad_off)
+			sc->resume = off;
+	}
+}
+
+/* The whole versions past the damage: from sc->resume, records checked as
+ * the scan checks them (check_record: deltas that fit the MANIFEST and
+ * their version, above the last whole one), a partial version at the start
+ * skipped, up to the first that does not fit.  They are served to
+ * consumers that hold what they build on (durable.c) until an anchor
+ * comes; sets sc->tail_off, tail_end. */
+static int tail_record(struct seg_scan *t, uint64_t off, const dcast_rec *r, const uint8_t *buf,
+		       char *why, size_t why_cap)
+{
+	if (r->kind == BROKER_SEG_POISON)
+		return -1; /* the tail ends there */
+	return check_record(t, off, r, buf, buf + r->hdr_len, why, why_cap);
+}
+
+static void tail_scan(broker_seg_store *s, int fd, struct seg_scan *sc)
+{
+	struct seg_scan t = {.manifest = sc->manifest, .kind_last = BROKER_SEG_COMMIT,
+			     .last_version = sc->out.units ? sc->last_version : 0};
+	uint64_t off = sc->resume, start = off;
+	dcast_rec r;
+	char why[256];
+
+	t.out.units = 1; /* a delta may come first; versions above last_version */
+	s->rd.fd = fd;
+	s->rd.size = sc->size;
+	while (sc->manifest.type == DCAST_MSG_MANIFEST && off < sc->size &&
+	       dcast_rec_read(&s->rd, off, 1, &r, why, sizeof(why)) == 0) {
+		uint64_t had = t.chunks;
+		int rc = tail_record(&t, off, &r, s->rd.buf, why, sizeof(why));
+
+		if (rc < 0 && sc->tail_end)
+			return;
+		if (rc < 0 && had) { /* the rest of a damaged version: this record may
+					begin the next one */
+			t.chunks = t.bytes = 0;
+			t.kind_last = BROKER_SEG_COMMIT;
+			continue;
+		}
+		start = rc >= 0 && !had ? off : start;
+		off += dcast_rec_bytes(&r);
+		if (rc == 1 && !sc->tail_end)
+			sc->tail_off = start;
+		if (rc == 1)
+			sc->tail_end = off;
 	}
 }
 
@@ -801,7 +861,7 @@ static void log_lost(const char *path, const struct seg_scan *sc, const char *q)
  * (moved whole), 0 when it stays (maybe cut back), -1 on DCAST_EIO. */
 static int set_aside(broker_seg_store *s, const char *path, int fd, struct seg_scan *sc)
 {
-	char q[SEG_PATH_MAX + 64];
+	char q[sizeof(sc->q)];
 
 	if (sc->out.good_end == sc->size && sc->size)
 		return 0;
@@ -811,8 +871,10 @@ static int set_aside(broker_seg_store *s, const char *path, int fd, struct seg_s
 		return 1;
 	}
 	survey_tail(s, fd, sc);
+	tail_scan(s, fd, sc);
 	if (quarantine(s, path, fd, sc, q, sizeof(q)))
 		return -1;
+	snprintf(sc->q, sizeof(sc->q), "%s", q);
 	log_lost(path, sc, q);
 	return sc->out.good_end == 0;
 }
@@ -866,11 +928,11 @@ static int open_verified(broker_seg_store *s, const char *path, struct seg_file 
 	f->handle = dcast_io_file_add(s->io, f->fd, path);
 	sc->size = (uint64_t)st.st_size;
 	rc = f->handle < 0 ? -f->handle : scan_file(s, f->fd, sc);
-	dcast_msg_free(&sc->manifest);
 	if (rc == DCAST_EPROTO_VERSION)
 		dcast_fail(rc, "segment '%s': %s; left as it is (use another --data-dir, or move "
 			   "the file away to drop it)", path, sc->out.why);
 	gone = rc ? 0 : set_aside(s, path, f->fd, sc); /* 1: moved, -1: DCAST_EIO */
+	dcast_msg_free(&sc->manifest);
 	if (rc || gone) {
 		file_close(s, f);
 		return rc ? -rc : gone < 0 ? -DCAST_EIO : 0;
@@ -917,6 +979,46 @@ static int report_losses(const struct seg_losses *l, const char *dir, int found,
 	return fn(ctx, l->model, &(dcast_rec){.kind = BROKER_SEG_LOST, .version = l->whole}, NULL, NULL);
 }
 
+/* Whole versions past the damage in the newest segment, in its quarantine
+ * file q: [from, to), and the MANIFEST record when the file went there
+ * whole (no intact anchor: the model needs its manifest for them). */
+struct seg_tail {
+	char q[SEG_PATH_MAX + 64];
+	uint64_t from, to, mf_from, mf_to;
+};
+
+static void tail_keep(struct seg_tail *t, const struct seg_scan *sc)
+{
+	if (!sc->tail_end)
+		return;
+	snprintf(t->q, sizeof(t->q), "%s", sc->q);
+	t->from = sc->tail_off - sc->out.good_end;
+	t->to = sc->tail_end - sc->out.good_end;
+	if (sc->out.good_end == 0 && sc->manifest_end) {
+		t->mf_from = sc->manifest_off;
+		t->mf_to = sc->manifest_end;
+	}
+}
+
+/* Replay the tail from its quarantine file: a BROKER_SEG_TAIL marker,
+ * the MANIFEST when kept, then the versions (each record's checksums are
+ * checked again as it is read). */
+static int replay_tail(broker_seg_store *s, const struct seg_tail *t, const char *model,
+		       broker_seg_visit_fn fn, void *ctx)
+{
+	int fd = open(t->q, O_RDONLY | O_CLOEXEC), rc;
+
+	if (fd < 0)
+		return dcast_fail(DCAST_EIO, "segment: open '%s': %s", t->q, strerror(errno));
+	rc = fn(ctx, model, &(dcast_rec){.kind = BROKER_SEG_TAIL}, NULL, NULL);
+	if (!rc && t->mf_to)
+		rc = replay_file(s, fd, model, t->mf_from, t->mf_to, fn, ctx);
+	if (!rc)
+		rc = replay_file(s, fd, model, t->from, t->to, fn, ctx);
+	close(fd);
+	return rc;
+}
+
 /* Load one model folder, newest segment first: the first one with an
  * intact anchor is replayed (up to any break) and kept, every older one is
  * superseded and deleted; a newer one without an intact anchor has gone to
@@ -928,6 +1030,7 @@ static int load_model_dir(broker_seg_store *s, const char *dir, broker_seg_visit
 	unsigned n = list_segments(dir, anchors, SEG_MAX_FILES);
 	struct seg_file f = {.fd = -1, .handle = -1};
 	struct seg_losses lost = {.whole = DCAST_VERSION_NONE};
+	struct seg_tail tail = {0};
 	struct seg_scan sc;
 	struct seg_model *m = NULL;
 	char path[SEG_PATH_MAX];
@@ -945,12 +1048,16 @@ static int load_model_dir(broker_seg_store *s, const char *dir, broker_seg_visit
 		rc = open_verified(s, path, &f, &sc);
 		if (rc < 0)
 			return -rc;
+		if (i == 0)
+			tail_keep(&tail, &sc);
 		losses_add(&lost, &sc);
 		found = rc;
 		found_anchor = anchors[i];
 	}
+	if (!found && tail.to && lost.model[0])
+		rc = replay_tail(s, &tail, lost.model, fn, ctx);
 	if (!found)
-		return report_losses(&lost, dir, 0, fn, ctx);
+		return rc ? rc : report_losses(&lost, dir, 0, fn, ctx);
 	m = model_get(s, sc.model);
 	if (!m || m->cur.fd >= 0) {
 		file_close(s, &f);
@@ -962,7 +1069,9 @@ static int load_model_dir(broker_seg_store *s, const char *dir, broker_seg_visit
 	DCAST_LOG_I("segment: model %s: %llu version(s) up to %llu from '%s'", sc.model,
 		    (unsigned long long)sc.out.units, (unsigned long long)sc.last_version, f.path);
 	snprintf(lost.model, sizeof(lost.model), "%s", sc.model);
-	rc = replay_file(s, f.fd, sc.model, sc.out.good_end, fn, ctx);
+	rc = replay_file(s, f.fd, sc.model, 0, sc.out.good_end, fn, ctx);
+	if (!rc && found_anchor == anchors[0] && tail.to)
+		rc = replay_tail(s, &tail, sc.model, fn, ctx);
 	return rc ? rc : report_losses(&lost, dir, 1, fn, ctx);
 }
 

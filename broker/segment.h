@@ -43,6 +43,8 @@ enum broker_seg_kind { /* the record kinds of common/dcast_reclog.h */
 	BROKER_SEG_POISON,   /* the broker's ERROR(DCAST_EPOISONED) naming a version
 				committed before it in the segment (broker_seg_poison) */
 	BROKER_SEG_LOST,     /* not a record: reported by broker_seg_load, see there */
+	BROKER_SEG_TAIL,     /* not a record: the versions that follow were past the
+				damage (broker_seg_load) */
 };
 
 #define BROKER_SEG_QUARANTINE "quarantine" /* <data-dir>/quarantine/: bytes set aside */
@@ -83,7 +85,13 @@ typedef int (*broker_seg_visit_fn)(void *ctx, const char *model, const dcast_rec
  * there and cut off, a file with no whole version moved there; one error
  * line each), delete segments superseded by a newer intact anchor, then
  * replay the newest segment with an intact anchor through fn, and keep it
- * open for appending.  When a model's folder lost anything, fn is called
+ * open for appending.  When the newest segment has whole delta versions
+ * past its damage (a damaged delta's or anchor's record, the records after
+ * it intact), fn then gets kind BROKER_SEG_TAIL (hdr and payload NULL) and
+ * records read from the quarantine copy: the file's MANIFEST when no
+ * anchor of it survived, then those versions' CHUNKs and COMMITs; they
+ * build on a lost version and are not in the log or the segment.  The
+ * BROKER_SEG_LOST report follows them.  When a model's folder lost anything, fn is called
  * once more after its replay (or alone, when no anchor survived) with kind
  * r->kind BROKER_SEG_LOST and r->version = the newest lost version whose COMMIT record
  * still verifies (whole on disk, so maybe acknowledged), or

@@ -3,9 +3,11 @@
  * anchor's record, in a middle delta's record, in the last record, and a
  * torn last record.  Each time the restarted broker keeps what it cannot
  * read in DATA_DIR/quarantine/ (byte for byte), serves exactly the intact
- * prefix (bit-exact), names the lost versions, file and quarantine copy in
- * one log line, and refuses the numbers of versions that were whole on
- * disk; producers then recover with an anchor. */
+ * prefix (bit-exact) to new joiners and the intact deltas after the damage
+ * to consumers that hold what they build on, names the lost versions, file
+ * and quarantine copy in one log line, says at E level that it asks its
+ * producers for an anchor, and refuses the numbers of versions that were
+ * whole on disk; producers then recover with an anchor. */
 #include <dirent.h>
 #include <sys/stat.h>
 #include "broker_harness.h"
@@ -104,6 +106,22 @@ static void consume_check(tp_broker *br, uint64_t welcome, uint64_t want)
 	h_client_close(&cons);
 }
 
+/* A consumer that holds `have` (state snap[have]) receives the versions
+ * after it until `want`, bit-exact: the deltas past a damaged record. */
+static void consume_from(tp_broker *br, uint64_t have, uint64_t want)
+{
+	static struct h_client cons;
+
+	h_client_open(&cons, br->cport, "q/model");
+	memcpy(cons.state, snap[have], sizeof(cons.state));
+	cons.version = have;
+	CHECK(h_consume_until(&cons, have, want, 100) == 0);
+	CHECK(cons.version == want && cons.errors == 0 && cons.digest_mismatch == 0);
+	CHECK(cons.commits == want - have && cons.anchors == 0);
+	CHECK(memcmp(cons.state, snap[want], sizeof(cons.state)) == 0);
+	h_client_close(&cons);
+}
+
 /* A producer whose last published version is `at` (state snap[at]). */
 static void producer_at(struct h_client *prod, const tp_broker *br, uint64_t at)
 {
@@ -116,7 +134,9 @@ static void producer_at(struct h_client *prod, const tp_broker *br, uint64_t at)
 
 /* Case 1: a bit of the anchor's CHUNK payload.  Nothing is whole: the file
  * goes to quarantine whole, the model starts empty, numbers up to 7 are
- * spent, and an anchor at 8 serves again. */
+ * spent, an error line says the producers are asked for an anchor, and an
+ * anchor at 8 serves again.  Meanwhile deltas 2..7, intact, are served to
+ * consumers that hold 1 or later. */
 static void anchor_flipped(tp_broker *br, const char *seg, const uint8_t *orig, size_t n)
 {
 	static struct h_client prod;
@@ -137,6 +157,11 @@ static void anchor_flipped(tp_broker *br, const char *seg, const uint8_t *orig, 
 	REQUIRE(quarantined(img, n, q, sizeof(q)));
 	CHECK(check_file_has(br->log, q));
 	CHECK(access(seg, F_OK) != 0);
+	CHECK(check_file_has(br->log, "its anchor's segment record is damaged (no intact anchor)"));
+	CHECK(check_file_has(br->log, "versions 2..7 after the damage are served to consumers "
+			     "that hold version 1 or later: asking its producers for an anchor above 7"));
+	consume_from(br, 1, VERSIONS);
+	consume_from(br, 5, VERSIONS);
 
 	producer_at(&prod, br, VERSIONS);
 	CHECK(prod.welcome_version == DCAST_VERSION_NONE);
@@ -154,8 +179,8 @@ static void anchor_flipped(tp_broker *br, const char *seg, const uint8_t *orig, 
 }
 
 /* Case 2: a bit of delta 4's first CHUNK.  1..3 are served, 4..7 are in
- * quarantine; delta 4 on 3 is refused (4 was whole on disk), an anchor at
- * 8 is taken. */
+ * quarantine, 5..7 are served to consumers that hold 4 or later; delta 4
+ * on 3 is refused (4 was whole on disk), an anchor at 8 is taken. */
 static void delta_flipped(tp_broker *br, const char *seg, const uint8_t *orig, size_t n)
 {
 	static struct h_client prod;
@@ -175,7 +200,10 @@ static void delta_flipped(tp_broker *br, const char *seg, const uint8_t *orig, s
 	REQUIRE(quarantined(img + keep, n - keep, q, sizeof(q)));
 	CHECK(check_file_has(br->log, q));
 	CHECK(segment_is(seg, orig, keep));
+	CHECK(check_file_has(br->log, "versions 5..7 after the damage are served to consumers "
+			     "that hold version 4 or later"));
 	consume_check(br, 3, 3);
+	consume_from(br, 4, VERSIONS);
 
 	producer_at(&prod, br, 3);
 	CHECK(prod.welcome_version == 3);

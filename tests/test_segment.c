@@ -3,7 +3,9 @@
  * deletes the old; an aborted version leaves nothing; a segment truncated at
  * random offsets or with a random byte flipped reloads as exactly the
  * committed prefix (file cut back, never a partial version), the bytes cut
- * off are in quarantine/ byte for byte, and takes new versions after it; a
+ * off are in quarantine/ byte for byte, the whole versions after a flipped
+ * byte are replayed past it (BROKER_SEG_TAIL; with the MANIFEST when the
+ * anchor was hit), and takes new versions after it; a
  * whole segment of another format stops the load and is left untouched; a
  * version with a chunk record that is whole (its checksums hold) but lies
  * outside the segment's MANIFEST (another tensor, a range past the
@@ -28,8 +30,11 @@ struct rec {
 	uint64_t version, hdr_hash, payload_hash;
 };
 
-static struct rec written[MAX_RECS], loaded[MAX_RECS];
+static struct rec written[MAX_RECS], loaded[MAX_RECS], tail[MAX_RECS];
 static unsigned n_written, n_loaded, n_lost; /* n_lost: BROKER_SEG_LOST reports */
+static unsigned n_tail;  /* records replayed past the damage (BROKER_SEG_TAIL) */
+static unsigned tails;   /* damage trials that replayed records past it */
+static int in_tail;
 static uint64_t commit_end[N_VERSIONS + 4]; /* segment size after commit i */
 static uint32_t rng = 12345;
 static int bad_chunk; /* write_version: chunk 2 outside the manifest, how (1..3) */
@@ -41,9 +46,15 @@ static int visit(void *ctx, const char *model, const dcast_rec *r, const void *h
 	if (strcmp(model, "llama/7b") || n_loaded == MAX_RECS)
 		return DCAST_EINVAL;
 	if (r->kind == BROKER_SEG_LOST)
-		return n_lost++, 0;
-	loaded[n_loaded++] = (struct rec){r->kind, r->version, XXH3_64bits(hdr, r->hdr_len),
-					  XXH3_64bits(payload, r->payload_len)};
+		return in_tail = 0, n_lost++, 0;
+	if (r->kind == BROKER_SEG_TAIL)
+		return in_tail = 1, 0;
+	if (in_tail && n_tail < MAX_RECS)
+		tail[n_tail++] = (struct rec){r->kind, r->version, XXH3_64bits(hdr, r->hdr_len),
+					      XXH3_64bits(payload, r->payload_len)};
+	else if (!in_tail)
+		loaded[n_loaded++] = (struct rec){r->kind, r->version, XXH3_64bits(hdr, r->hdr_len),
+						  XXH3_64bits(payload, r->payload_len)};
 	return 0;
 }
 
@@ -143,7 +154,8 @@ static void write_version(broker_seg_store *s, uint64_t version, int anchor, int
 static void reload(broker_seg_store **s, const char *dir)
 {
 	broker_seg_close(s);
-	n_loaded = n_lost = 0;
+	n_loaded = n_lost = n_tail = 0;
+	in_tail = 0;
 	REQUIRE(broker_seg_open(s, dir) == 0);
 	CHECK_ERR(broker_seg_load(*s, visit, NULL), 0);
 }
@@ -264,6 +276,25 @@ static void check_quarantine(const char *dir, const uint8_t *img, size_t end, si
 	free(q);
 }
 
+/* Offset of the i-th record (0: FILE) of a segment image. */
+static size_t record_off(const uint8_t *p, unsigned i);
+
+/* The records replayed past a flipped byte in version k + 1 (the versions
+ * before it whole): the versions after it, whole, and the MANIFEST first
+ * when the anchor was hit; none when the FILE or MANIFEST record was, or
+ * for a cut (a torn end). */
+static int tail_is(const uint8_t *orig, long flip, unsigned k)
+{
+	unsigned from = records_through(k + 1), n = 0;
+
+	if (flip < 0 || (size_t)flip < record_off(orig, 2) || k + 1 >= N_VERSIONS)
+		return n_tail == 0;
+	if (k == 0 && n_tail && memcmp(&tail[n++], &written[0], sizeof(tail[0])))
+		return 0;
+	return n_tail - n == records_through(N_VERSIONS) - from &&
+	       memcmp(&tail[n], &written[from], (n_tail - n) * sizeof(tail[0])) == 0;
+}
+
 static void damage_trial(const char *dir, const char *seg, const uint8_t *orig, size_t n,
 			 size_t cut, long flip)
 {
@@ -284,6 +315,11 @@ static void damage_trial(const char *dir, const char *seg, const uint8_t *orig, 
 		fprintf(stderr, "damage cut=%zu flip=%ld: loaded %u records, want %u\n", cut, flip,
 			n_loaded, records_through(k));
 	CHECK(loaded_equals_prefix(records_through(k)));
+	if (!tail_is(orig, flip, k))
+		fprintf(stderr, "damage flip=%ld in version %u: %u records past it\n", flip, k + 1,
+			n_tail);
+	CHECK(tail_is(orig, flip, k));
+	tails += n_tail > 0;
 	check_quarantine(dir, copy, flip >= 0 ? n : cut, k ? commit_end[k] : 0);
 	if (k == 0)
 		CHECK(stat(seg, &st) != 0);
@@ -338,6 +374,8 @@ static void test_damage(const char *dir)
 			if (commit_end[v] + d <= n)
 				damage_trial(dir, seg, orig, n, (size_t)(commit_end[v] + d), -1);
 		}
+	fprintf(stderr, "damage trials with versions replayed past a flipped byte: %u\n", tails);
+	CHECK(tails > 0);
 	free(orig);
 }
 

@@ -690,12 +690,8 @@ static void survey_tail(broker_seg_store *s, int fd, struct seg_scan *sc)
 	}
 }
 
-/* The whole versions past the damage: from sc->resume, records checked as
- * the scan checks them (check_record: deltas that fit the MANIFEST and
- * their version, above the last whole one), a partial version at the start
- * skipped, up to the first that does not fit.  They are served to
- * consumers that hold what they build on (durable.c) until an anchor
- * comes; sets sc->tail_off, tail_end. */
+/* A record past the damage, checked as the scan checks it; a POISON mark
+ * ends the tail (the versions it names are not replayed past it). */
 static int tail_record(struct seg_scan *t, uint64_t off, const dcast_rec *r, const uint8_t *buf,
 		       char *why, size_t why_cap)
 {
@@ -704,6 +700,12 @@ static int tail_record(struct seg_scan *t, uint64_t off, const dcast_rec *r, con
 	return check_record(t, off, r, buf, buf + r->hdr_len, why, why_cap);
 }
 
+/* The whole versions past the damage: from sc->resume, records checked as
+ * the scan checks them (check_record: deltas that fit the MANIFEST and
+ * their version, above the last whole one), a partial version at the start
+ * skipped, up to the first that does not fit.  They are served to
+ * consumers that hold what they build on (durable.c) until an anchor
+ * comes; sets sc->tail_off, tail_end. */
 static void tail_scan(broker_seg_store *s, int fd, struct seg_scan *sc)
 {
 	struct seg_scan t = {.manifest = sc->manifest, .kind_last = BROKER_SEG_COMMIT,

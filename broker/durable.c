@@ -658,7 +658,7 @@ static int restore_poison(struct restore *r, uint64_t version)
 		return 0; /* an anchor after it replaced it */
 	if (r->m->poisoned == DCAST_VERSION_NONE || version < r->m->poisoned)
 		r->m->poisoned = version;
-	r->m->need_anchor = 1;
+	r->m->need_anchor = !r->m->relayed; /* a relay's upstream decides what comes */
 	DCAST_LOG_W("model %s: version %llu was found poisoned before the restart: it and the "
 		    "versions after it are not served; the next version must be an anchor",
 		    r->m->name, (unsigned long long)version);

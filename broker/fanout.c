@@ -319,6 +319,9 @@ static int consumer_dispatch(struct broker *b, struct broker_peer *p, const dcas
 
 	switch (msg->type) {
 	case DCAST_MSG_CREDIT:
+		if (msg->u.credit.model[0] && strcmp(msg->u.credit.model, p->want))
+			return dcast_fail(DCAST_EFIELD_RANGE, "CREDIT.model: \"%s\", HELLO said \"%s\"",
+					  msg->u.credit.model, p->want);
 		p->credit_bytes += msg->u.credit.bytes;
 		if (p->credit_bytes > credit_max)
 			p->credit_bytes = credit_max;

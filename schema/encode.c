@@ -62,16 +62,26 @@ static void pack_field(msgpack_packer *pk, const struct field *f, const void *ba
 	}
 }
 
-static void pack_map(msgpack_packer *pk, const struct msg_table *t, const void *base)
+static unsigned n_present(const struct msg_table *t, const void *base)
 {
 	unsigned n = 0;
 
 	for (unsigned i = 0; i < t->n_fields; i++)
 		n += (unsigned)schema_field_present(&t->fields[i], base);
-	msgpack_pack_map(pk, n);
+	return n;
+}
+
+static void pack_fields(msgpack_packer *pk, const struct msg_table *t, const void *base)
+{
 	for (unsigned i = 0; i < t->n_fields; i++)
 		if (schema_field_present(&t->fields[i], base))
 			pack_field(pk, &t->fields[i], base);
+}
+
+static void pack_map(msgpack_packer *pk, const struct msg_table *t, const void *base)
+{
+	msgpack_pack_map(pk, n_present(t, base));
+	pack_fields(pk, t, base);
 }
 
 /* The encoder's output: a heap buffer from HDR_FIRST bytes, doubled as it
@@ -121,13 +131,12 @@ int dcast_msg_encode(const dcast_msg *m, void **out, size_t *out_len)
 		return rc;
 	const struct msg_table *t = schema_table(m->type);
 	msgpack_packer_init(&pk, &b, hdr_write);
-	msgpack_pack_map(&pk, 2 + t->n_fields);
+	msgpack_pack_map(&pk, 2 + n_present(t, &m->u));
 	pack_str(&pk, "proto");
 	msgpack_pack_uint32(&pk, DCAST_PROTO_VERSION);
 	pack_str(&pk, "type");
 	pack_str(&pk, t->name);
-	for (unsigned i = 0; i < t->n_fields; i++)
-		pack_field(&pk, &t->fields[i], &m->u);
+	pack_fields(&pk, t, &m->u);
 	if (b.oom || !b.data) {
 		free(b.data);
 		return dcast_fail(DCAST_ENOMEM, "%s: out of memory encoding header", t->name);

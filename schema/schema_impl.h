@@ -61,7 +61,8 @@ extern const struct msg_table schema_digest_table;
  * plausible for the bytes left, nothing after the root object. */
 int schema_prescan(const uint8_t *p, size_t len);
 
-/* Is field f of the map at base sent?  Every field but an untiled grid. */
+/* Is field f of the map at base sent?  Every field but an untiled grid
+ * and an empty CREDIT.model. */
 int schema_field_present(const struct field *f, const void *base);
 
 /* Offset of the first byte of s[0..n) that is not well-formed UTF-8

@@ -71,6 +71,7 @@ static const struct field ack_fields[] = {
 
 static const struct field credit_fields[] = {
 	{"bytes", F_U64, 1, OFF(dcast_credit, bytes), 1, DCAST_MAX_CREDIT_BYTES},
+	{"model", F_STR, 0, OFF(dcast_credit, model), 0, DCAST_MAX_NAME},
 };
 
 static const struct field error_fields[] = {
@@ -220,5 +221,9 @@ int dcast_tensor_tiled(const dcast_tensor_desc *t)
 
 int schema_field_present(const struct field *f, const void *base)
 {
+	/* CREDIT.model is optional and was refused by older decoders: only a
+	 * caller that sets it puts it on the wire. */
+	if (f == &credit_fields[1])
+		return *((const char *)base + f->off) != '\0';
 	return f->kind != F_GRID || dcast_tensor_tiled(base);
 }

@@ -421,6 +421,47 @@ static void bad_consumer_messages(void *c)
 	CHECK_ERR(next_error(c), DCAST_EFIELD_RANGE);
 }
 
+/* {"proto": 2, "type": "CREDIT", "bytes": 10, "model": MODEL}, built by
+ * hand as a peer written from docs/protocol.md would (MODEL < 32 bytes). */
+static size_t raw_credit(uint8_t *out, const char *model)
+{
+	static const uint8_t head[] = {0x84, 0xa5, 'p', 'r', 'o', 't', 'o', 0x02, 0xa4, 't', 'y', 'p', 'e',
+		0xa6, 'C', 'R', 'E', 'D', 'I', 'T', 0xa5, 'b', 'y', 't', 'e', 's', 0x0a,
+		0xa5, 'm', 'o', 'd', 'e', 'l'};
+	size_t n = strlen(model);
+
+	memcpy(out, head, sizeof(head));
+	out[sizeof(head)] = (uint8_t)(0xa0 | n);
+	memcpy(out + sizeof(head) + 1, model, n);
+	return sizeof(head) + 1 + n;
+}
+
+/* CREDIT's optional `model` (docs/protocol.md, CREDIT) is taken when it
+ * names the HELLO's model, and refused (DCAST_EFIELD_RANGE) when it names
+ * another; it was refused as an unknown field whatever it said. */
+static void credit_with_model(void *c)
+{
+	char text[DCAST_MAX_TEXT + 1];
+	uint8_t raw[64];
+	dcast_msg m;
+
+	printf("CREDIT with its model:\n");
+	dcast_msg_init(&m, DCAST_MSG_HELLO);
+	m.u.hello.role = DCAST_ROLE_CONSUMER;
+	strcpy(m.u.hello.model, "nomodel");
+	send_msg(c, &m, NULL, 0);
+	CHECK(next_error(c) == 0); /* WELCOME: the model does not exist, nothing streams */
+	send_frames(c, raw, raw_credit(raw, "nomodel"), NULL, 0, NULL, 0);
+	dcast_msg_init(&m, DCAST_MSG_ACK);
+	strcpy(m.u.ack.model, "zz");
+	send_msg(c, &m, NULL, 0); /* refused: the first ERROR must be this one */
+	CHECK_ERR(next_error_text(c, text, sizeof(text)), DCAST_EFIELD_RANGE);
+	CHECK(strstr(text, "ACK.model") != NULL);
+	send_frames(c, raw, raw_credit(raw, "zz"), NULL, 0, NULL, 0);
+	CHECK_ERR(next_error_text(c, text, sizeof(text)), DCAST_EFIELD_RANGE);
+	CHECK(strstr(text, "CREDIT.model") != NULL);
+}
+
 /* A peer that never said HELLO sends FLOOD chunks, as a dropped producer's
  * in-flight chunks arrive: each gets its ERROR, but the broker's log keeps
  * to BROKER_REFUSE_LOG_MAX (20) refusal lines a second and then says how
@@ -494,6 +535,7 @@ int main(void)
 	empty_payload_without_frame(p);
 	incomplete_anchors(p);
 	bad_consumer_messages(c);
+	credit_with_model(c);
 	f = dealer(ctx, prod_ep);
 	refusal_flood(f, since);
 	void *o = dealer(ctx, prod_ep), *q = dealer(ctx, cons_ep);

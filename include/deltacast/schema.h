@@ -169,9 +169,11 @@ typedef struct dcast_ack {
 	uint32_t part;
 } dcast_ack;
 
-/* CREDIT: grants the peer `bytes` more payload bytes in flight. */
+/* CREDIT: grants the peer `bytes` more payload bytes in flight.  `model`
+ * is optional on the wire: "" (the default) is not encoded. */
 typedef struct dcast_credit {
 	uint64_t bytes;
+	char model[DCAST_MAX_NAME + 1]; /* may be "": the connection's model */
 } dcast_credit;
 
 /* ERROR: code is a dcast_err; text says what and why. */

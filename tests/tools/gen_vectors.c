@@ -165,6 +165,9 @@ static void write_good(void)
 	m.u.hello.role = DCAST_ROLE_CONSUMER, m.u.hello.part = 0, m.u.hello.parts = 1;
 	m.u.hello.have_version = DCAST_VERSION_NONE, m.u.hello.window_bytes = 256u << 20;
 	good("hello_consumer", &m);
+	make_good(&m, DCAST_MSG_CREDIT); /* with its optional model */
+	strcpy(m.u.credit.model, "llama-8b");
+	good("credit_model", &m);
 }
 
 /* ---- bad messages: a good header re-packed with one change ---- */

@@ -116,6 +116,39 @@ static uint32_t next_error(struct h_client *p, char *text, size_t n)
 	return 0;
 }
 
+/* The per-chunk cost docs/operations.md ("What the caps count") states:
+ * the number before "bytes (two slots"; 0 if the file or phrase is gone. */
+static unsigned long doc_chunk_bytes(void)
+{
+	static char doc[1 << 17];
+	FILE *f = fopen("docs/operations.md", "r");
+	size_t n = f ? fread(doc, 1, sizeof(doc) - 1, f) : 0;
+	char *at;
+
+	if (f)
+		fclose(f);
+	doc[n] = '\0';
+	if (!(at = strstr(doc, " bytes (two slots")))
+		return 0;
+	while (at > doc && at[-1] >= '0' && at[-1] <= '9')
+		at--;
+	return strtoul(at, NULL, 10);
+}
+
+/* The refusal names the cost of a chunk ("N bytes a chunk"), and the
+ * operator's page says the same number. */
+static void check_chunk_cost(const char *text)
+{
+	const char *at = strstr(text, " bytes a chunk");
+	unsigned long doc = doc_chunk_bytes();
+
+	REQUIRE(at);
+	while (at > text && at[-1] >= '0' && at[-1] <= '9')
+		at--;
+	printf("  a chunk costs %lu bytes; docs/operations.md says %lu\n", strtoul(at, NULL, 10), doc);
+	CHECK(doc && strtoul(at, NULL, 10) == doc);
+}
+
 /* 4000 one-byte chunks: 4000 payload bytes, far more memory. */
 static void tiny_chunks(struct h_client *p)
 {
@@ -131,6 +164,7 @@ static void tiny_chunks(struct h_client *p)
 	while (!refused && (code = next_error(p, text, sizeof(text))))
 		refused = code == DCAST_ETOO_LARGE && strstr(text, "--max-pending-bytes " PENDING_CAP);
 	CHECK(refused);
+	check_chunk_cost(text);
 }
 
 /* A COMMIT of 100000 digests (3.2 MB held) against a 2 MiB cap. */

@@ -131,14 +131,16 @@ static void print_version(dcast_consumer *c)
 	fflush(stdout);
 }
 
-/* --until is reached by a version of the broker's run, not by one loaded
- * from DIR that may be an earlier run's (dcast_consumer_run: 0 until a
- * WELCOME confirmed the state). */
-static int reached(dcast_consumer *c, uint64_t until)
+/* --until is reached by a version of the broker's stream, not by one
+ * loaded from DIR that may be an earlier run's: a version applied here
+ * came from the stream, and one loaded counts once a WELCOME confirmed its
+ * run (dcast_consumer_run: 0 until then, and for good from a broker that
+ * names no run, which WELCOME allows). */
+static int reached(dcast_consumer *c, uint64_t until, int applied_here)
 {
 	uint64_t v = dcast_consumer_version(c);
 	return until != DCAST_VERSION_NONE && v != DCAST_VERSION_NONE && v >= until &&
-	       dcast_consumer_run(c) != 0;
+	       (applied_here || dcast_consumer_run(c) != 0);
 }
 
 /* --layout hf: write the applied version's layout, unless a newer version
@@ -162,9 +164,9 @@ static int write_layout(dcast_consumer *c, sub_args *a, int at_exit)
 static int follow(dcast_consumer *c, sub_args *a)
 {
 	dcast_event ev;
-	int err = 0;
+	int err = 0, applied = 0;
 
-	while (!stop && !err && !reached(c, a->until)) {
+	while (!stop && !err && !reached(c, a->until, applied)) {
 		if ((err = dcast_consumer_poll(c, 200, &ev)))
 			break;
 		if (ev.type == DCAST_EV_ERROR || ev.type == DCAST_EV_GAP)
@@ -177,6 +179,7 @@ static int follow(dcast_consumer *c, sub_args *a)
 				dcast_last_error());
 			continue;
 		}
+		applied = 1;
 		print_version(c);
 		err = write_layout(c, a, 0);
 	}

@@ -293,6 +293,7 @@ typedef struct cs_session {
 struct dcast_consumer {
 	char model[DCAST_MAX_NAME + 1];
 	char *dir, *endpoint;
+	int lock_fd;                   /* DIR/lock, flock()ed while open (open.c) */
 	dcast_consumer_opts opts;
 	uint64_t budget;
 

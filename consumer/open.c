@@ -3,7 +3,9 @@
  * live consumer are api.c's. */
 #include <errno.h>
 #include <inttypes.h>
+#include <fcntl.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -73,6 +75,45 @@ static int make_paths(dcast_consumer *c, const char *dir, const char *endpoint)
 	return 0;
 }
 
+/* The pid DIR/lock names ("unknown" when it names none yet), into pid. */
+static void lock_holder(int fd, char *pid, size_t cap)
+{
+	ssize_t n = pread(fd, pid, cap - 1, 0);
+
+	pid[n > 0 ? n : 0] = '\0';
+	pid[strspn(pid, "0123456789")] = '\0';
+	if (!*pid)
+		snprintf(pid, cap, "unknown");
+}
+
+/* One consumer per directory: DIR/lock is flock()ed for the consumer's
+ * life (released at close, or when its process dies) and names its pid.
+ * flock, not fcntl: two consumers in one process conflict too. */
+static int dir_lock(dcast_consumer *c)
+{
+	char path[4096], pid[32];
+	int fd, n;
+
+	snprintf(path, sizeof(path), "%s/lock", c->dir);
+	if ((fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644)) < 0)
+		return dcast_fail(DCAST_EIO, "%s: open: %s", path, strerror(errno));
+	if (flock(fd, LOCK_EX | LOCK_NB)) {
+		int e = errno;
+
+		lock_holder(fd, pid, sizeof(pid));
+		close(fd);
+		if (e != EWOULDBLOCK)
+			return dcast_fail(DCAST_EIO, "%s: flock: %s", path, strerror(e));
+		return dcast_fail(DCAST_EBUSY, "dcast_consumer_open: %s is in use by another consumer "
+				  "(pid %s holds %s); one consumer per directory", c->dir, pid, path);
+	}
+	n = snprintf(pid, sizeof(pid), "%d\n", (int)getpid());
+	if (ftruncate(fd, 0) || pwrite(fd, pid, (size_t)n, 0) != n)
+		DCAST_LOG_W("consumer %s: %s: pid not written: %s", c->model, path, strerror(errno));
+	c->lock_fd = fd;
+	return 0;
+}
+
 /* A local checkpoint that does not load (damaged, another format) is
  * dropped, not a reason to refuse to start: the broker has every committed
  * version, and the consumer fetches an anchor itself. */
@@ -137,11 +178,13 @@ int dcast_consumer_open(const char *endpoint, const char *model, const char *dir
 	pthread_mutex_init(&c->lock, NULL);
 	pthread_cond_init(&c->ev_cv, NULL);
 	c->ob.wake_fd = -1;
+	c->lock_fd = -1;
 	for (int i = 0; i < CS_MAX_STAGED; i++)
 		cs_version_init(&c->staged[i], DCAST_VERSION_NONE);
 	cs_fault_parse(c);
 	c->arena_huge = huge_pages_wanted();
-	if ((err = make_paths(c, dir, endpoint)) || (err = cs_pool_open(&c->pool, staging_budget_bytes)))
+	if ((err = make_paths(c, dir, endpoint)) || (err = dir_lock(c)) ||
+	    (err = cs_pool_open(&c->pool, staging_budget_bytes)))
 		goto fail;
 	if ((err = cs_syncer_open(&c->ck.syncer)) || (err = cs_ckpt_wb_open(c)) ||
 	    (err = dcast_io_open(&c->io, CS_IO_DEPTH)) ||
@@ -197,6 +240,8 @@ void dcast_consumer_close(dcast_consumer **cp)
 	if (c->ob.wake_fd >= 0)
 		close(c->ob.wake_fd);
 	free(c->ck.new_offs); /* an anchor in place still streaming in: its .new goes at the next open */
+	if (c->lock_fd >= 0)
+		close(c->lock_fd); /* the directory is free for the next consumer */
 	free(c->dir), free(c->endpoint), free(c->ck.anchor_path), free(c->ck.log_dir);
 	free(c);
 	*cp = NULL;

@@ -145,7 +145,10 @@ typedef struct dcast_consumer_stats {
  * combination such as a CURVE server key without a key pair), DCAST_ENOMEM,
  * DCAST_EIO (dir, checkpoint), DCAST_ESTATE (dir holds another model's
  * checkpoint: model.safetensors or a record file names another model; the
- * files are left as they are), DCAST_EZMQ.  A checkpoint that is damaged
+ * files are left as they are), DCAST_EBUSY (another consumer, in this
+ * process or another, has dir open: the detail names dir and its pid;
+ * one consumer per directory, held by DIR/lock until close), DCAST_EZMQ.
+ * A checkpoint that is damaged
  * (fails its checksums or digests) is not an error: it is logged and
  * dropped, and the consumer fetches an anchor (as is one that is
  * truncated, malformed or of a format this build does not read).  The

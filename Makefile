@@ -102,6 +102,11 @@ $(LIBSO): $(LIB_OBJS) $(CU_OBJS) Makefile scripts/libdeltacast.map
 	$(CC) -shared $(SANFLAGS) -Wl,-soname,$(SONAME) -Wl,--version-script=scripts/libdeltacast.map \
 		-o $@ $(filter %.o,$^) $(LDLIBS)
 
+# `--version` of both programs prints VERSION (rebuilt when it changes).
+VERSION_MAINS := $(BUILD)/obj/cli/main.o $(BUILD)/obj/broker/main.o
+$(VERSION_MAINS): CFLAGS += -DDCAST_PACKAGE_VERSION='"$(VERSION)"'
+$(VERSION_MAINS): python/deltacast/_version.py
+
 $(BUILD)/deltacast-broker: $(BROKER_SRCS:%.c=$(BUILD)/obj/%.o) $(LIBA)
 	$(CC) $(SANFLAGS) -o $@ $^ $(LDLIBS)
 

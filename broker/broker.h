@@ -63,9 +63,11 @@ struct broker_config {
 };
 
 #define BROKER_CONFIG_HELP (-1)
+#define BROKER_CONFIG_VERSION (-2)
 /* Parse argv (and --config FILE) into cfg, after setting defaults, and
  * DELTACAST_BROKER_FAULT from the environment (read once, here).  Returns
- * 0, BROKER_CONFIG_HELP when --help was asked for, or a dcast_err with a detail
+ * 0, BROKER_CONFIG_HELP when --help was asked for, BROKER_CONFIG_VERSION
+ * for --version, or a dcast_err with a detail
  * naming the flag or config line.  Strings point into argv or into storage
  * owned by cfg until broker_config_free(cfg) (struct broker keeps a copy
  * of the pointers: free after broker_close). */

@@ -60,7 +60,8 @@ void broker_config_usage(FILE *to)
 {
 	fprintf(to, "usage: deltacast-broker --producers ENDPOINT --consumers ENDPOINT [options]\n"
 		    "  --config FILE  read `name = value` lines (names as the long flags)\n"
-		    "  --help         this text\n");
+		    "  --help         this text\n"
+		    "  --version      the program's version and wire protocol, then exit\n");
 	for (size_t i = 0; i < DCAST_ARRAY_LEN(flags); i++)
 		fprintf(to, "  --%-22s %s%s%s%s\n", flags[i].name, flags[i].help,
 			flags[i].def ? " [" : "", flags[i].def ? flags[i].def : "",
@@ -189,6 +190,8 @@ static int find_config(int argc, char **argv, const char **path)
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h"))
 			return BROKER_CONFIG_HELP;
+		if (!strcmp(argv[i], "--version"))
+			return BROKER_CONFIG_VERSION;
 		if (!strcmp(argv[i], "--config")) {
 			if (i + 1 >= argc)
 				return dcast_fail(DCAST_EINVAL, "--config: needs a FILE");

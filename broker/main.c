@@ -77,8 +77,12 @@ int main(int argc, char **argv)
 	static struct broker b;
 	int rc = broker_config_parse(&cfg, argc, argv);
 
-	if (rc == BROKER_CONFIG_HELP) {
-		broker_config_usage(stdout);
+	if (rc == BROKER_CONFIG_HELP || rc == BROKER_CONFIG_VERSION) {
+		if (rc == BROKER_CONFIG_HELP)
+			broker_config_usage(stdout);
+		else
+			printf("deltacast-broker %s (wire protocol %d)\n", DCAST_PACKAGE_VERSION,
+			       DCAST_PROTO_VERSION);
 		broker_config_free(&cfg);
 		return 0;
 	}

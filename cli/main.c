@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "deltacast/schema.h" /* DCAST_PROTO_VERSION */
 
 typedef struct cli_command {
 	const char *name;
@@ -17,7 +18,8 @@ static const cli_command commands[] = {CLI_COMMANDS(CLI_ENTRY)};
 static void usage(FILE *to)
 {
 	fprintf(to, "usage: deltacast COMMAND [ARGS...]\n"
-		    "       deltacast COMMAND --help\n\ncommands:\n");
+		    "       deltacast COMMAND --help\n"
+		    "       deltacast --version\n\ncommands:\n");
 	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
 		fprintf(to, "  %-12s %s\n", commands[i].name, commands[i].summary);
 }
@@ -30,6 +32,10 @@ int main(int argc, char **argv)
 	}
 	if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
 		usage(stdout);
+		return CLI_OK;
+	}
+	if (!strcmp(argv[1], "--version")) {
+		printf("deltacast %s (wire protocol %d)\n", DCAST_PACKAGE_VERSION, DCAST_PROTO_VERSION);
 		return CLI_OK;
 	}
 	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)

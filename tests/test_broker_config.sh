@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Broker configuration: --help lists the flags; a missing endpoint, a relay
+# Broker configuration: --help lists the flags, --version names the
+# package version; a missing endpoint, a relay
 # without a model, a bad number, an unknown config key each fail at start
 # (exit 2) with a message naming the problem; a --config file alone starts
 # the broker, which a flow then uses; SIGTERM exits 0.
@@ -9,6 +10,9 @@
 for f in producers consumers upstream upstream-model retain-versions part-timeout-ms heartbeat-ms; do
 	grep -q -- "--$f" "$TMP/help.out" || fail "--help does not list --$f"
 done
+V=$(sed -n 's/^__version__ = "\(.*\)"/\1/p' "$(dirname "$0")/../python/deltacast/_version.py")
+[ "$("$BROKER" --version)" = "deltacast-broker $V (wire protocol 2)" ] ||
+	fail "--version: $("$BROKER" --version 2>&1 | head -2)"
 expect_refusal() { # MESSAGE ARGS...
 	local msg=$1 rc
 	shift

@@ -14,6 +14,8 @@ check() { if ! eval "$2"; then echo "FAIL: $1"; fail=1; else echo "ok: $1"; fi; 
 check "--help lists commands" '"$B" --help | grep -q gen-trace'
 check "diff --help" '"$B" diff --help | grep -q json'
 check "unknown command fails" '! "$B" frobnicate 2>/dev/null'
+V=$(sed -n 's/^__version__ = "\(.*\)"/\1/p' "$(dirname "$0")/../python/deltacast/_version.py")
+check "--version names $V and the wire protocol" '[ "$("$B" --version)" = "deltacast $V (wire protocol 2)" ]'
 
 "$B" gen-trace --params 2M --steps 3 --density 0.01 --seed 7 -o "$T/tr" 2>"$T/gen.err"
 check "gen-trace exit 0" '[ $? = 0 ]'

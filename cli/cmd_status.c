@@ -41,10 +41,26 @@ struct status {
 
 /* ---- fetch ---- */
 
+/* What to say when --broker is one of the broker's ZeroMQ endpoints. */
+static int zmq_endpoint(const char *addr, const char *how)
+{
+	return cli_fail(DCAST_EINVAL, "--broker %s is a ZeroMQ endpoint (%s), not the broker's "
+			"--metrics address: give that one, HOST:PORT (the broker logs `metrics on "
+			"http://HOST:PORT/metrics`)", addr, how);
+}
+
+/* Has a ZeroMQ peer answered?  Its ZMTP greeting starts with 0xff. */
+static int zmtp(const char *b, size_t len)
+{
+	return len && (unsigned char)b[0] == 0xff;
+}
+
 static int split_addr(const char *addr, char *host, size_t cap, const char **port)
 {
 	const char *colon;
 
+	if (strstr(addr, "://") && strncmp(addr, "http://", 7))
+		return zmq_endpoint(addr, "its scheme says so");
 	if (!strncmp(addr, "http://", 7))
 		addr += 7;
 	colon = strrchr(addr, ':');
@@ -106,12 +122,16 @@ static int http_get(const char *addr, long timeout_ms, char **buf, size_t *len)
 	*len = 0;
 	if (send(fd, req, sizeof(req) - 1, MSG_NOSIGNAL) != (ssize_t)sizeof(req) - 1)
 		r = -1;
-	while (r >= 0 && *len < STATUS_MAX_BYTES &&
+	while (r >= 0 && *len < STATUS_MAX_BYTES && !zmtp(b, *len) &&
 	       (r = recv(fd, b + *len, STATUS_MAX_BYTES - *len, 0)) > 0)
 		*len += (size_t)r;
 	rc = errno;
 	close(fd);
 	b[*len] = '\0';
+	if (zmtp(b, *len)) {
+		free(b);
+		return zmq_endpoint(addr, "it answered in ZMTP");
+	}
 	if (r < 0) {
 		free(b);
 		return cli_fail(DCAST_EIO, "--broker %s: %s", addr, strerror(rc));

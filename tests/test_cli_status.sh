@@ -3,7 +3,8 @@
 # pair the broker accepts (--curve-secret / --producer-keys) and refuses to
 # overwrite it; status prints the broker's totals, each model's version and
 # anchor (a broker-made one here), and each consumer's version and lag, and
-# fails clearly when nothing listens at --broker.
+# fails clearly when nothing listens at --broker or when it is given one of
+# the broker's ZeroMQ endpoints.
 . "$(dirname "$0")/tools/broker_lib.sh"
 CLI=$BUILD/deltacast
 
@@ -48,5 +49,13 @@ grep -q "errors: none" "$TMP/st.out" || fail "errors: $(cat "$TMP/st.out")"
 "$CLI" status --broker "$MADDR" --raw >"$TMP/raw.out" || fail "status --raw exited $?"
 grep -q '^deltacast_model_anchor_version{model="stm"} 6$' "$TMP/raw.out" || fail "raw metrics lack the anchor version"
 grep -q '^deltacast_anchors_made_total 1$' "$TMP/raw.out" || fail "raw metrics lack anchors_made_total"
+# One of the broker's ZeroMQ endpoints instead of its metrics address: said
+# so, with the scheme (tcp://...) and without (HOST:PORT of the endpoint).
+for ep in "$s_CONS" "${s_PROD#tcp://}"; do
+	"$CLI" status --broker "$ep" >"$TMP/stz.out" 2>&1; rc=$?
+	[ $rc = 1 ] || fail "status --broker $ep exited $rc"
+	grep -q "is a ZeroMQ endpoint .*not the broker's --metrics address" "$TMP/stz.out" ||
+		fail "status --broker $ep does not say it is a ZeroMQ endpoint: $(cat "$TMP/stz.out")"
+done
 stop_broker s
 echo "test_cli_status: ok"

@@ -619,9 +619,12 @@ static int restore_commit(struct restore *r, uint64_t version, const void *hdr, 
 #define NO_ANCHOR "its anchor's segment record is damaged (no intact anchor)"
 static int restore_lost(struct restore *r, const char *model, uint64_t whole)
 {
-	struct broker_model *m = broker_model_get(r->b, model, 1);
+	struct broker_model *m = broker_model_get(r->b, model, 0);
 	char kept[96] = "";
 
+	if (!m && (m = broker_model_get(r->b, model, 1)))
+		DCAST_LOG_I("model %s: restored from %s with no whole version, a new run %016llx",
+			    model, r->b->cfg.data_dir, (unsigned long long)m->run);
 	r->tail = 0; /* the tail, if any, came before */
 	if (!m)
 		return DCAST_EBUSY;

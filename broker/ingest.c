@@ -673,6 +673,7 @@ static struct broker_model *producer_model(struct broker *b, const char *name)
 	struct broker_model *m = broker_model_get(b, name, 0);
 
 	if (!m && (m = broker_model_get(b, name, 1))) {
+		DCAST_LOG_I("model %s: created, run %016llx", name, (unsigned long long)m->run);
 		broker_run_save(b, m);
 		broker_model_announce(b, m);
 	}

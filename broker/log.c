@@ -70,8 +70,7 @@ struct broker_model *broker_model_get(struct broker *b, const char *name, int cr
 	m->run = broker_run_new();
 	m->active_ms = dcast_now_ms();
 	b->models[b->n_models++] = m;
-	DCAST_LOG_I("model %s: created, run %016llx", name, (unsigned long long)m->run);
-	return m;
+	return m; /* the caller logs why it exists: a producer's HELLO, a restore, a relay */
 }
 
 struct broker_manifest *broker_manifest_new(dcast_manifest *src)

@@ -70,6 +70,7 @@ void broker_run_restore(const struct broker *b, struct broker_model *m)
 
 	if (!(rc = broker_run_load(b, m, &run))) {
 		m->run = run;
+		DCAST_LOG_I("model %s: restored from %s, run %016" PRIx64, m->name, b->cfg.data_dir, run);
 		return;
 	}
 	if (rc == DCAST_ENOTFOUND)

@@ -339,7 +339,7 @@ void cs_ckpt_discard(dcast_consumer *c)
 	uint64_t *vers = malloc(CS_MAX_LOG_FILES * sizeof(*vers));
 	uint32_t n = 0;
 
-	DCAST_LOG_W("consumer %s: local checkpoint in %s removed: it could not rebuild the tensors", c->model,
+	DCAST_LOG_W("consumer %s: local checkpoint in %s removed with the state it held", c->model,
 		    c->dir);
 	unlink(c->ck.anchor_path);
 	cs_anchor_new_drop(c);

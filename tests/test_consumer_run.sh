@@ -4,7 +4,8 @@
 # name (versions 1..3, other weights), drops its state with a log line and
 # ends at the new run's version 3, digests checked; it did not exit at once
 # holding the old run's version 5.  A broker restarted on its data dir
-# keeps its run: a worker at its newest version keeps its state.  Damaged
+# keeps its run, and says so ("restored from DIR, run R", not "created"):
+# a worker at its newest version keeps its state.  Damaged
 # run files (the broker's and the worker's) are found, not misread.
 . "$(dirname "$0")/tools/broker_lib.sh"
 
@@ -22,6 +23,7 @@ start_broker s
 sub "$TMP/w" 3 "$TMP/b"
 grep -q "^loaded version 5" "$TMP/b.out" || fail "the old run's state was not there: $(cat "$TMP/b.out")"
 grep -q "belongs to run .* dropped" "$TMP/b.err" || fail "no line saying the old run's state was dropped"
+! grep -q "could not rebuild" "$TMP/b.err" || fail "a run change logged as a fault: $(grep -m1 'could not' "$TMP/b.err")"
 grep -q "^version 1 anchor" "$TMP/b.out" && grep -q "^version 3 delta" "$TMP/b.out" ||
 	fail "not the new run's anchor and version 3: $(cat "$TMP/b.out")"
 stop_broker s
@@ -30,9 +32,14 @@ start_broker d --data-dir "$TMP/data"
 s_PROD=$d_PROD s_CONS=$d_CONS
 "$WC" produce "$s_PROD" r --versions 3 --seed 3 >"$TMP/p3.log" 2>&1 || fail "third run's producer"
 sub "$TMP/w2" 3 "$TMP/c"
+run_d=$(sed -n 's/.*model r: created, run \([0-9a-f]*\)$/\1/p' "$TMP/d.log")
 kill -9 "$d_PID"; wait "$d_PID" 2>/dev/null
 start_broker d --data-dir "$TMP/data"
 s_CONS=$d_CONS
+restart_log=$(tail -n +"$START_FROM" "$TMP/d.log")
+grep -q "model r: restored from $TMP/data, run $run_d$" <<<"$restart_log" ||
+	fail "restart does not say it restored run $run_d: $(grep -m2 'model r' <<<"$restart_log")"
+! grep -q "model r: created" <<<"$restart_log" || fail "a restored model logged as created"
 sub "$TMP/w2" 3 "$TMP/d"
 ! grep -q "dropped" "$TMP/d.err" || fail "state dropped across a broker restart on its data dir"
 [ "$(grep -c '^version' "$TMP/d.out")" = 0 ] || fail "fetched again: $(cat "$TMP/d.out")"

@@ -21,5 +21,11 @@ for mode in default --verify-all --no-verify; do
 	grep -q '^{"elements":[0-9]*,"changed":0,' "$TMP/diff$mode.json" ||
 		fail "subscriber $mode differs: $(head -c 200 "$TMP/diff$mode.json")"
 done
+# log_write_bytes L is a running total (the stats' counter since open), and
+# the help says so; it said "bytes V added".
+"$BUILD/deltacast" subscribe --help | grep -q "L: bytes written to DIR's record log since start" ||
+	fail "subscribe --help does not say L counts since start"
+awk '/^version /{for(i=1;i<NF;i++) if($i=="log_write_bytes"){if($(i+1)+0<l) exit 1; l=$(i+1)+0}}' \
+	"$TMP/subdefault.out" || fail "log_write_bytes went down: $(cat "$TMP/subdefault.out")"
 stop_broker s
 echo "test_consumer_cli: ok"

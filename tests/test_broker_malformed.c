@@ -421,6 +421,87 @@ static void bad_consumer_messages(void *c)
 	CHECK_ERR(next_error(c), DCAST_EFIELD_RANGE);
 }
 
+/* The schema vector schema/vectors/NAME.msgpack, sent as a header frame. */
+static void send_vector(void *s, const char *name)
+{
+	static char buf[4096];
+	char path[256];
+	FILE *f;
+	size_t n;
+
+	snprintf(path, sizeof(path), "schema/vectors/%s.msgpack", name);
+	REQUIRE((f = fopen(path, "rb")));
+	n = fread(buf, 1, sizeof(buf), f);
+	fclose(f);
+	send_frames(s, buf, n, NULL, 0, NULL, 0);
+}
+
+/* The codes docs/protocol.md ("Error codes", "Order of checks") gives for
+ * refusals a peer written from it needs to know: all found as the header
+ * is decoded, before the connection's state is looked at (x has sent no
+ * HELLO), then one found against the open version. */
+static void documented_codes(void *ctx)
+{
+	static const char big_name[] = "\x82\xa5proto\x02\xa4type"; /* then a 16 MiB str */
+	uint8_t payload[16] = {0};
+	dcast_tensor_desc td = {.name = "w", .dtype = DCAST_DTYPE_BF16, .ndim = 1, .shape = {64}, .grid = {2}};
+	void *x = dealer(ctx, prod_ep), *q0 = dealer(ctx, prod_ep), *q1 = dealer(ctx, prod_ep);
+	char text[DCAST_MAX_TEXT + 1], *hdr, *grid;
+	size_t hl;
+	dcast_msg m;
+
+	printf("documented codes:\n");
+	send_vector(x, "bad_chunk_delta_no_base");
+	CHECK_ERR(next_error(x), DCAST_EFIELD_MISSING);
+	send_vector(x, "bad_chunk_dense_size");
+	CHECK_ERR(next_error(x), DCAST_EFIELD_RANGE);
+	dcast_msg_init(&m, DCAST_MSG_HELLO);
+	strcpy(m.u.hello.model, "two");
+	send_msg(x, &m, payload, sizeof(payload)); /* a payload frame on HELLO */
+	CHECK_ERR(next_error_text(x, text, sizeof(text)), DCAST_EPAYLOAD_SIZE);
+	CHECK(strstr(text, "HELLO: payload frame of 16 bytes") != NULL);
+	dcast_msg_init(&m, DCAST_MSG_MANIFEST);
+	strcpy(m.u.manifest.model, "two");
+	m.u.manifest.n_tensors = 1, m.u.manifest.tensors = &td;
+	REQUIRE(dcast_msg_encode(&m, (void **)&hdr, &hl) == 0);
+	REQUIRE((grid = memmem(hdr, hl, "grid\x91\x02", 6)));
+	grid[5] = 3; /* 3 tiles do not divide 64 */
+	send_frames(x, hdr, hl, NULL, 0, NULL, 0);
+	free(hdr);
+	CHECK_ERR(next_error_text(x, text, sizeof(text)), DCAST_EFIELD_RANGE);
+	CHECK(strstr(text, "grid[0]: 3 tiles do not divide") != NULL);
+	REQUIRE((hdr = malloc(DCAST_MAX_HEADER_BYTES + 64)));
+	memcpy(hdr, big_name, sizeof(big_name) - 1); /* a header over DCAST_MAX_HEADER_BYTES */
+	memset(hdr + sizeof(big_name) - 1, 'x', DCAST_MAX_HEADER_BYTES + 1);
+	send_frames(x, hdr, sizeof(big_name) - 1 + DCAST_MAX_HEADER_BYTES + 1, NULL, 0, NULL, 0);
+	free(hdr);
+	CHECK_ERR(next_error_text(x, text, sizeof(text)), DCAST_ETOO_LARGE);
+	CHECK(strstr(text, "DCAST_MAX_HEADER_BYTES") != NULL);
+	for (uint32_t part = 0; part < 2; part++) { /* parts of one version disagree on anchor */
+		void *q = part ? q1 : q0;
+		dcast_msg_init(&m, DCAST_MSG_HELLO);
+		strcpy(m.u.hello.model, "two");
+		m.u.hello.part = part, m.u.hello.parts = 2;
+		send_msg(q, &m, NULL, 0);
+		CHECK(next_error(q) == 0); /* WELCOME */
+		td.grid[0] = 0;
+		send_msg(q, &(dcast_msg){.type = DCAST_MSG_MANIFEST,
+					 .u.manifest = {.model = "two", .n_tensors = 1, .tensors = &td}}, NULL, 0);
+		chunk_msg(&m, 0, 16, payload);
+		strcpy(m.u.chunk.model, "two");
+		m.u.chunk.part = part;
+		m.u.chunk.start = part * 8;
+		if (part) /* a delta of version 1 while part 0 sends it as an anchor */
+			m.u.chunk.anchor = 0, m.u.chunk.base_version = 0, m.u.chunk.encoding = DCAST_ENC_IDX32,
+			m.u.chunk.payload_bytes = 0;
+		dcast_chunk_seal(&m.u.chunk, payload);
+		send_msg(q, &m, part ? NULL : payload, part ? 0 : 16);
+	}
+	CHECK_ERR(next_error_text(q1, text, sizeof(text)), DCAST_EVERSION);
+	CHECK(strstr(text, "parts disagree on anchor") != NULL);
+	zmq_close(x), zmq_close(q0), zmq_close(q1);
+}
+
 /* {"proto": 2, "type": "CREDIT", "bytes": 10, "model": MODEL}, built by
  * hand as a peer written from docs/protocol.md would (MODEL < 32 bytes). */
 static size_t raw_credit(uint8_t *out, const char *model)
@@ -536,6 +617,7 @@ int main(void)
 	incomplete_anchors(p);
 	bad_consumer_messages(c);
 	credit_with_model(c);
+	documented_codes(ctx);
 	f = dealer(ctx, prod_ep);
 	refusal_flood(f, since);
 	void *o = dealer(ctx, prod_ep), *q = dealer(ctx, cons_ep);

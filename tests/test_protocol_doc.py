@@ -2,7 +2,8 @@
 table of ERROR codes must match the library's codes and names exactly,
 every code the library has must be listed, the header's `proto` and
 the limits table must name the library's DCAST_PROTO_VERSION, and the
-table of which refusal gets which code must agree with the schema vectors."""
+table of which refusal gets which code must agree with the schema vectors;
+the worked example of the additive digest is what the library computes."""
 import ctypes
 import json
 import os
@@ -41,6 +42,61 @@ for phrase, vector in [("a delta without `base_version`", "bad_chunk_delta_no_ba
     got = [code for text, code in refusals if phrase in text]
     if got != [want]:
         failures.append(f"refusal table: {phrase}: doc says {got}, {vector} says {want}")
+# The worked example of the additive digest: every number in it is what
+# the library computes (dcast_ldigest_term, dcast_ldigest), and the
+# formula as written (mix, seed) gives the same terms.
+lib.dcast_ldigest_term.restype = ctypes.c_uint64
+lib.dcast_ldigest_term.argtypes = [ctypes.c_uint32, ctypes.c_uint64, ctypes.c_uint32]
+lib.dcast_ldigest.argtypes = [ctypes.c_uint32, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_uint64,
+                              ctypes.c_uint, ctypes.POINTER(ctypes.c_uint64)]
+M64 = (1 << 64) - 1
+
+
+def mix(x):
+    x ^= x >> 30
+    x = (x * 0xbf58476d1ce4e5b9) & M64
+    x ^= x >> 27
+    x = (x * 0x94d049bb133111eb) & M64
+    return x ^ (x >> 31)
+
+
+def seed(t, s):
+    return mix(((t << 32) | s) ^ 0x9e3779b97f4a7c15)
+
+
+def ldigest(t, start, values):
+    d = ctypes.c_uint64()
+    data = b"".join(v.to_bytes(2, "little") for v in values)
+    if lib.dcast_ldigest(t, start, data, len(values), 2, ctypes.byref(d)):
+        return None
+    return d.value
+
+
+def num(text):
+    return 2 ** int(text[2:]) if text.startswith("2^") else int(text, 0)
+
+
+example = doc.split("<!-- digest-example:begin -->")[1].split("<!-- digest-example:end -->")[0]
+terms = re.findall(r"h\((\d+), (2\^\d+|\d+), (0x[0-9a-f]+)\)\s+= (0x[0-9a-f]+)", example)
+seeds = re.findall(r"seed\((\d+), (\d+)\)\s+= (0x[0-9a-f]+)", example)
+digests = [int(x, 16) for x in re.findall(r"digest\s+= (0x[0-9a-f]+)", example)]
+if len(terms) < 5 or len(seeds) != 1 or len(digests) != 2:
+    failures.append(f"digest example: {len(terms)} terms, {len(seeds)} seeds, {len(digests)} digests found")
+for t, i, b, want in terms:
+    t, i, b, want = int(t), num(i), int(b, 16), int(want, 16)
+    got = lib.dcast_ldigest_term(t, i, b)
+    formula = mix((((i & 0xffffffff) << 32) | b) ^ seed(t, i >> 32))
+    if got != want or formula != want:
+        failures.append(f"digest example: h({t}, {i}, {b:#x}) doc {want:#x}, library {got:#x}, formula {formula:#x}")
+for t, sv, want in seeds:
+    if seed(int(t), int(sv)) != int(want, 16):
+        failures.append(f"digest example: seed({t}, {sv}) doc {want}, formula {seed(int(t), int(sv)):#x}")
+if digests and ldigest(1, 2, [0x3f80, 0x4000, 0xc040]) != digests[0]:
+    failures.append(f"digest example: doc {digests[0]:#x}, library {ldigest(1, 2, [0x3f80, 0x4000, 0xc040])}")
+if len(digests) > 1 and ldigest(1, 2, [0x3f80, 0x4040, 0xc040]) != digests[1]:
+    failures.append(f"digest example after the change: doc {digests[1]:#x}")
+if ldigest(1, 2, []) != 0:
+    failures.append("a digest of count 0 is not 0")
 for f in failures:
     print("FAIL:", f)
 print(f"test_protocol_doc: {code - 1} codes checked, {len(failures)} failures")

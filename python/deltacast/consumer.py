@@ -186,8 +186,9 @@ class Consumer(Closable):
     """A consumer of one model (see the module doc).
 
     broker: the broker's consumer endpoint; model: the model's name; dir:
-    the local checkpoint directory (created if missing; required).
-    budget_bytes: staging budget (None: sized from model_bytes or the
+    the local checkpoint directory (created if missing; required; one
+    consumer per directory: while one holds it, in any process, another
+    raises DeltacastError DCAST_EBUSY naming its pid).  budget_bytes: staging budget (None: sized from model_bytes or the
     checkpoint in dir, see default_budget).  verify: True checks the COMMIT
     digests from the elements each version changes (O(changed)), "all"
     computes every digest range whole after every version, False checks

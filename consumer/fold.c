@@ -44,7 +44,7 @@
 #include <unistd.h>
 #include "consumer_impl.h"
 #include "dcast_common.h"
-#include "codec_impl.h" /* DCAST_DIGEST_BLOCK */
+#include "codec_shared.h" /* DCAST_DIGEST_BLOCK */
 #include "dcast_reclog.h"
 #include "deltacast/codec.h"
 #include "deltacast/safetensors.h"

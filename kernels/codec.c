@@ -3,7 +3,7 @@
  * Apply validates the whole payload before it writes one byte of dst. */
 #include <inttypes.h>
 #include <string.h>
-#include "codec_impl.h"
+#include "codec_shared.h"
 #include "dcast_common.h"
 
 const char *dcast_encoding_name(int encoding)

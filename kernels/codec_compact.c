@@ -1,9 +1,9 @@
 /* The compact encoding on the CPU: exact position bits, the sequential bit
  * writer, and the checking decoder.  The code formats themselves live in
- * codec_impl.h (shared with the GPU); docs/protocol.md has the layout. */
+ * codec_shared.h (shared with the GPU); docs/protocol.md has the layout. */
 #include <inttypes.h>
 #include <string.h>
-#include "codec_impl.h"
+#include "codec_shared.h"
 #include "dcast_common.h"
 
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "payloads are little-endian");

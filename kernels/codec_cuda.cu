@@ -1,5 +1,5 @@
 /* The delta codec on a CUDA device: the twins of codec.c and digest.c.
- * Bit-level logic comes from codec_impl.h / xxh3_hd.h (shared with the CPU,
+ * Bit-level logic comes from codec_shared.h / xxh3_hd.h (shared with the CPU,
  * which is the oracle); this file only distributes it over threads:
  * ordered compaction of changed elements (tile counts, scan, block scan),
  * per-element code lengths + prefix sum + atomicOr scatter for the compact
@@ -12,7 +12,7 @@
 #include <pthread.h>
 #include <cub/cub.cuh>
 #include <cuda_runtime.h>
-#include "codec_impl.h"
+#include "codec_shared.h"
 #include "deltacast/codec_cuda.h"
 #include "deltacast/schema.h"
 extern "C" {

@@ -11,7 +11,7 @@
  * accepts; on any failure it stops and leaves it to that decoder to name
  * the problem.  Byte layout: docs/protocol.md, "Delta codec". */
 #include <string.h>
-#include "codec_impl.h"
+#include "codec_shared.h"
 
 #define ALWAYS_INLINE inline __attribute__((always_inline))
 #define LIKELY(x) __builtin_expect(!!(x), 1)

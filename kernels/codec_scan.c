@@ -5,7 +5,7 @@
  * compares 8 bytes at a time. */
 #include <inttypes.h>
 #include <string.h>
-#include "codec_impl.h"
+#include "codec_shared.h"
 #include "dcast_common.h"
 
 #define ALWAYS_INLINE inline __attribute__((always_inline))

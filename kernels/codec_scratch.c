@@ -4,7 +4,7 @@
  * and is freed when the thread exits. */
 #include <pthread.h>
 #include <stdlib.h>
-#include "codec_impl.h"
+#include "codec_shared.h"
 #include "dcast_common.h"
 
 typedef struct scratch_set {

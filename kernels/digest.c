@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
 #include <xxhash.h>
-#include "codec_impl.h"
+#include "codec_shared.h"
 
 static uint64_t xxh3_lib(const void *data, size_t len)
 {

@@ -6,7 +6,7 @@
  * time; the compiler vectorizes the loop and its reduction. */
 #include <inttypes.h>
 #include <string.h>
-#include "codec_impl.h"
+#include "codec_shared.h"
 #include "dcast_common.h"
 
 #define SEGMENT_ELEMS (1ull << 32) /* elements under one seed */

@@ -6,7 +6,7 @@
 #include <stdint.h>
 #include "check.h"
 #include "dcast_common.h"
-#include "codec_impl.h"
+#include "codec_shared.h"
 #include "deltacast/codec.h"
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;

@@ -8,7 +8,7 @@
  * flipped bit. */
 #include <xxhash.h>
 #include "check.h"
-#include "codec_impl.h"
+#include "codec_shared.h"
 #include "dcast_common.h"
 
 #define MIB (1u << 20)

@@ -2,7 +2,12 @@
  * as host+device inline functions so that the CPU codec (codec*.c), the CUDA
  * kernels (codec_cuda.cu) and the CPU tests run the same code.  The byte
  * layouts are specified in docs/protocol.md ("Delta codec"); this header is
- * the implementation of that text, nothing more.
+ * the implementation of that text, nothing more.  It belongs to no one
+ * codec*.c (a name like codec_impl.h would read as codec.c's, in
+ * `farm-studio look` and tests/test_no_circles.sh alike): every codec file
+ * builds on it, and codec.c, the public entry points, stands on top of
+ * codec_compact.c, codec_decode.c, codec_scan.c and codec_scratch.c in that
+ * order, with no arrow back up.
  *
  * Compact encoding in one paragraph: positions are Rice-coded gaps with
  * parameter k (from the gap mean, in the header); values are zig-zagged
@@ -12,8 +17,8 @@
  * or raw new values when that is smaller.  Every 1024 elements the header's
  * index records the bit offset and previous position, so a GPU decodes blocks
  * in parallel; the CPU decoder checks that the index agrees with the stream. */
-#ifndef DCAST_CODEC_IMPL_H
-#define DCAST_CODEC_IMPL_H
+#ifndef DCAST_CODEC_SHARED_H
+#define DCAST_CODEC_SHARED_H
 
 #include <stddef.h>
 #include <stdint.h>

@@ -19,12 +19,6 @@ static uint64_t range_off(const dcast_producer *p, const prod_tensor *t, uint32_
 	return (uint64_t)(j - t->first_chunk) * p->opts.range_elems;
 }
 
-uint64_t prod_range_count(const dcast_producer *p, const prod_tensor *t, uint64_t off)
-{
-	return t->shard_count - off < p->opts.range_elems ? t->shard_count - off
-							 : p->opts.range_elems;
-}
-
 /* Encode range j into job->slot (the worker thread's whole job). */
 static int encode_job(dcast_producer *p, int anchor, uint32_t j, prod_job *job)
 {

@@ -2,8 +2,12 @@
  * the broker (conn.c), its memory (baseline, encode slots, undo log:
  * memory.c), the encoder threads (encode.c), the publish pipeline
  * (publish.c, send.c) and the end of a version: ACK or failure
- * (outcome.c, under the connection), wait() (settle.c).  No import circle
- * (farm-studio look producer).  The public surface is deltacast/producer.h. */
+ * (outcome.c, under the connection), wait() (settle.c).  Each file
+ * calls only those after it in this list: producer.c (open, register,
+ * close), publish.c, settle.c, send.c, conn.c, outcome.c, encode.c,
+ * memory.c, device.c, shared.c (what several of them read).  No import
+ * circle (farm-studio look producer; tests/test_no_circles.sh keeps it so).
+ * The public surface is deltacast/producer.h. */
 #ifndef DCAST_PRODUCER_IMPL_H
 #define DCAST_PRODUCER_IMPL_H
 
@@ -205,6 +209,13 @@ struct dcast_producer {
 	dcast_producer_stats stats;
 };
 
+/* shared.c: below every other file here */
+/* Elements of t's chunk range that starts at element off of its shard:
+ * opts.range_elems, or what is left of the shard. */
+uint64_t prod_range_count(const dcast_producer *p, const prod_tensor *t, uint64_t off);
+/* Milliseconds since the pending version's publish call (debug lines). */
+double prod_since_publish_ms(const dcast_producer *p);
+
 /* conn.c */
 int prod_conn_join(dcast_producer *p);
 int prod_conn_rejoin(dcast_producer *p, const char *why);
@@ -232,16 +243,12 @@ int prod_dev_encode(dcast_producer *p, const prod_tensor *t, int anchor, uint64_
 		    uint64_t count, prod_job *job);
 int prod_base_read(const prod_tensor *t, uint64_t off, void *dst, size_t bytes);
 
-/* publish.c: milliseconds since the pending version's publish call */
-double prod_since_publish_ms(const dcast_producer *p);
-
 /* encode.c */
 int prod_enc_setup(dcast_producer *p);
 void prod_enc_free(dcast_producer *p);
 void prod_enc_start(dcast_producer *p, int anchor, uint32_t from);
 int prod_enc_wait(dcast_producer *p, uint32_t j, int timeout_ms, prod_job **out);
 uint32_t prod_enc_stop(dcast_producer *p);
-uint64_t prod_range_count(const dcast_producer *p, const prod_tensor *t, uint64_t off);
 
 /* send.c */
 int prod_need_anchor(const dcast_producer *p);

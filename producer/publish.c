@@ -119,12 +119,6 @@ static int run_jobs(dcast_producer *p, prod_run *r)
 	return rc;
 }
 
-/* Milliseconds since the pending version's publish call (debug lines). */
-double prod_since_publish_ms(const dcast_producer *p)
-{
-	return (double)(dcast_now_ns() - p->publish_ns) / 1e6;
-}
-
 /* One attempt at the whole version on the current connection. */
 static int publish_once(dcast_producer *p, prod_run *r)
 {

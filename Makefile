@@ -65,6 +65,8 @@ TEST_BINS := $(TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
 TOOL_SRCS := $(wildcard tests/tools/*.c)
 TOOL_BINS := $(TOOL_SRCS:tests/tools/%.c=$(BUILD)/tools/%)
 FUZZ_SRCS := $(wildcard tests/fuzz/fuzz_*.c)
+# Test support (tests/support/*.c), compiled once and linked by every test and tool.
+SUPPORT_OBJS := $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard tests/support/*.c))
 
 LIBA  := $(BUILD)/libdeltacast.a
 LIBSO := $(BUILD)/libdeltacast.so
@@ -73,7 +75,7 @@ VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' python/deltacast/_ver
 SOMAJOR := $(firstword $(subst ., ,$(VERSION)))
 SONAME  := libdeltacast.so.$(SOMAJOR)
 
-.PRECIOUS: $(BUILD)/obj/%.o $(BUILD)/obj/tests/%.o $(BUILD)/obj/tests/tools/%.o
+.PRECIOUS: $(BUILD)/obj/%.o $(BUILD)/obj/tests/%.o $(BUILD)/obj/tests/tools/%.o $(BUILD)/obj/tests/support/%.o
 .PHONY: all deps test test-gpu fuzz install uninstall clean vectors
 all: $(LIBA) $(LIBSO) $(PROGS)
 
@@ -115,15 +117,15 @@ $(BUILD)/deltacast: $(CLI_SRCS:%.c=$(BUILD)/obj/%.o) $(LIBA)
 
 # The broker embedded in a test (everything but main.o): two brokers in one process.
 BROKER_EMBED_OBJS := $(filter-out $(BUILD)/obj/broker/main.o,$(BROKER_SRCS:%.c=$(BUILD)/obj/%.o))
-$(BUILD)/tests/test_broker_inproc: $(BUILD)/obj/tests/test_broker_inproc.o $(BROKER_EMBED_OBJS) $(LIBA)
+$(BUILD)/tests/test_broker_inproc: $(BUILD)/obj/tests/test_broker_inproc.o $(BROKER_EMBED_OBJS) $(SUPPORT_OBJS) $(LIBA)
 	@mkdir -p $(@D)
 	$(CC) $(SANFLAGS) -o $@ $^ $(LDLIBS)
 
-$(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(LIBA)
+$(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(SUPPORT_OBJS) $(LIBA)
 	@mkdir -p $(@D)
 	$(CC) $(SANFLAGS) -o $@ $^ $(LDLIBS)
 
-$(BUILD)/tools/%: $(BUILD)/obj/tests/tools/%.o $(LIBA)
+$(BUILD)/tools/%: $(BUILD)/obj/tests/tools/%.o $(SUPPORT_OBJS) $(LIBA)
 	@mkdir -p $(@D)
 	$(CC) $(SANFLAGS) -o $@ $^ $(LDLIBS)
 

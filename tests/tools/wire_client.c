@@ -249,10 +249,12 @@ static int prod_pump(struct prod *p, uint64_t want_ack)
 		p->newest = in.msg.u.welcome.version;
 		p->need_anchor = (int)in.msg.u.welcome.need_anchor;
 	}
-	if (type == DCAST_MSG_ERROR) {
-		fprintf(stderr, "producer part %u: ERROR %s version %lld: %s\n", o.part,
-			dcast_errname((int)in.msg.u.error.code), (long long)in.msg.u.error.version,
-			in.msg.u.error.text);
+	if (type == DCAST_MSG_ERROR) { /* "ERROR CODE[ version V]: text", V when the ERROR names one */
+		char ver[32] = "";
+		if (in.msg.u.error.version != DCAST_VERSION_NONE)
+			snprintf(ver, sizeof(ver), " version %llu", (unsigned long long)in.msg.u.error.version);
+		fprintf(stderr, "producer part %u: ERROR %s%s: %s\n", o.part, dcast_errname((int)in.msg.u.error.code),
+			ver, in.msg.u.error.text);
 		exit(in.msg.u.error.code == DCAST_EABORTED ? 3 : 1);
 	}
 	if (type == DCAST_MSG_ACK && in.msg.u.ack.version != want_ack)

@@ -92,6 +92,15 @@ static void on_welcome(dcast_producer *p, const dcast_welcome *w)
 
 static void on_error(dcast_producer *p, const dcast_error_msg *e)
 {
+	if (e->code == DCAST_ESTATE && e->version == DCAST_VERSION_NONE && p->conn.up) {
+		/* The broker does not know this connection (it dropped us after a
+		 * silence, or restarted): the next call joins again.  Kept as a
+		 * refusal, it would fail whatever version came next. */
+		DCAST_LOG_W("producer %s part %u: broker lost our session (%s); joining again", p->model,
+			    p->part, e->text);
+		p->conn.up = 0;
+		return;
+	}
 	DCAST_LOG_W("producer %s part %u: broker ERROR %s: %s", p->model, p->part,
 		    dcast_errname((int)e->code), e->text);
 	p->conn.peer_err = (int)e->code;

@@ -65,19 +65,36 @@ def start_broker(tmp, *flags):
     return eps
 
 
-def run_with_broker(prefix, body):
+def run_with_broker(prefix, body, *flags):
     """body(tmp, producer endpoint, consumer endpoint) with a fresh broker
-    and temporary directory; kills every process in `procs` and removes
-    the directory afterwards, pass or fail."""
+    (started with `flags`) and temporary directory; kills every process in
+    `procs` and removes the directory afterwards, pass or fail."""
     tmp = tempfile.mkdtemp(prefix=prefix)
     try:
-        body(tmp, *start_broker(tmp))
+        body(tmp, *start_broker(tmp, *flags))
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
                 p.wait()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def drive(c, version, deadline_s=20):
+    """Apply READY versions until consumer c holds `version` (polls; no
+    fixed sleeps); AssertionError after deadline_s or on an error event."""
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        if c.version is not None and c.version >= version:
+            assert c.version == version, (c.version, version)
+            return
+        ready = c.ready_version
+        if ready is not None and ready <= version:
+            c.apply(ready)
+            continue
+        ev = c.poll(100)
+        assert ev is None or ev.type != "error", ev
+    raise AssertionError(f"version {version} not applied in {deadline_s} s (have {c.version})")
 
 
 def read_version(cons_ep, model, version, out):

@@ -28,7 +28,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_producer_python import run_with_broker  # noqa: E402
+from test_producer_python import drive, run_with_broker  # noqa: E402
 
 try:
     import torch
@@ -98,22 +98,6 @@ def bits(t):
 
 def same(a, b, what):
     assert np.array_equal(bits(a), bits(b)), f"{what} differs"
-
-
-def drive(c, version):
-    """Apply until c holds `version` (polls; no fixed sleeps)."""
-    end = time.monotonic() + DEADLINE_S
-    while time.monotonic() < end:
-        if c.version is not None and c.version >= version:
-            assert c.version == version, (c.version, version)
-            return
-        ready = c.ready_version
-        if ready is not None and ready <= version:
-            c.apply(ready)
-            continue
-        ev = c.poll(100)
-        assert ev is None or ev.type != "error", ev
-    raise AssertionError(f"version {version} not applied in {DEADLINE_S} s (have {c.version})")
 
 
 def wait_names(c, n):

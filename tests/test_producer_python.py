@@ -97,6 +97,19 @@ def drive(c, version, deadline_s=20):
     raise AssertionError(f"version {version} not applied in {deadline_s} s (have {c.version})")
 
 
+def raises(cls, name, fn, *words):
+    """The `cls` error that fn() raises, checked for its name ("DCAST_...")
+    and for each of `words` in its message; AssertionError when none."""
+    try:
+        fn()
+    except cls as e:
+        assert e.name == name, f"got {e.name}: {e}, want {name}"
+        for w in words:
+            assert w in str(e), f"{w!r} not in {e}"
+        return e
+    raise AssertionError(f"no {name}")
+
+
 def read_version(cons_ep, model, version, out):
     r = subprocess.run([os.path.join(BUILD, "tools", "producer_reader"), "--endpoint", cons_ep,
                         "--model", model, "--until", str(version), "--out", out,

@@ -14,7 +14,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_producer_python import procs, start_broker  # noqa: E402
+from test_producer_python import procs, raises, start_broker  # noqa: E402
 
 try:
     import torch
@@ -34,17 +34,6 @@ class Tiny(torch.nn.Module):
 
     def forward(self, x):
         return self.proj(x) * self.scale
-
-
-def raises(cls, name, fn, *words):
-    try:
-        fn()
-    except cls as e:
-        assert e.name == name, f"got {e.name}: {e}, want {name}"
-        for w in words:
-            assert w in str(e), f"{w!r} not in {e}"
-        return e
-    raise AssertionError(f"no {name}")
 
 
 def apply_until(c, version):

@@ -407,7 +407,7 @@ def _overlap(a: Box, b: Box) -> bool:
 
 
 def _describe_box(who: str, box: Box) -> str:
-    return f"{who} at offset {box[0]} extent {box[1]}"
+    return f"{who} -> offset {box[0]} extent {box[1]}"
 
 
 def _check_coverage(engine: Mapping[str, Any], covered: Mapping[str, Layout],
@@ -422,11 +422,11 @@ def _check_coverage(engine: Mapping[str, Any], covered: Mapping[str, Layout],
                                        "trainer tensor (map one to it, or ignore it)")
     boxes: Dict[str, List[Tuple[str, Box]]] = {p: [] for p in covered}
     for pc in pieces:
-        boxes[pc.param].append((f"trainer tensor {pc.trainer} (its box at offset "
-                                f"{pc.trainer_offset} extent {pc.trainer_extent})",
+        boxes[pc.param].append((f"trainer tensor {pc.trainer} box offset {pc.trainer_offset} "
+                                f"extent {pc.trainer_extent}",
                                 (pc.param_offset, pc.param_extent)))
     for p, off, ext in padding:
-        boxes[p].append(("padding", (off, ext)))
+        boxes[p].append(("padding rows", (off, ext)))
     for pname, owned in boxes.items():
         _check_exactly_once(pname, _dtypes.shape_of(engine[pname]), owned)
 
@@ -496,6 +496,15 @@ def _view(param: Any, off: Sequence[int], ext: Sequence[int]) -> Any:
     return t[tuple(slice(o, o + e) for o, e in zip(off, ext))]
 
 
+def _reshaped(view: Any, shape: Tuple[int, ...]) -> Any:
+    """`view` (contiguous) in another shape, sharing its memory."""
+    if _dtypes.is_torch(view):
+        return view.view(shape)
+    out = view.view()
+    out.shape = shape  # raises rather than copy
+    return out
+
+
 def bind(consumer: Any, p: Plan, engine: Mapping[str, Any]) -> int:
     """Bind every piece of plan `p` into views of the engine's parameters
     (consumer.bind_slice; non-contiguous boxes are cut first) and zero-fill
@@ -509,8 +518,7 @@ def bind(consumer: Any, p: Plan, engine: Mapping[str, Any]) -> int:
         pshape = _dtypes.shape_of(engine[pc.param])
         for part in contiguous_pieces(pc, pshape):
             view = _view(engine[part.param], part.param_offset, part.param_extent)
-            flat = view.view(part.trainer_extent) if _dtypes.is_torch(view) \
-                else view.reshape(part.trainer_extent)
-            consumer.bind_slice(part.trainer, flat, part.trainer_offset)
+            consumer.bind_slice(part.trainer, _reshaped(view, part.trainer_extent),
+                                part.trainer_offset)
             calls += 1
     return calls

@@ -3,7 +3,8 @@ models in their unfused HF layout (tests/engine_models.py: a Llama and a
 MoE), and engine workers hold them in vLLM's fused, sharded layout, one
 process per rank, each with its own Consumer, its mapping planned from
 vLLM's stacked_params_mapping and expert mapping and bound with
-engine.bind into poisoned (NaN) numpy parameters:
+engine.bind into poisoned (NaN) parameters (torch Parameters, bf16 ones
+included, for the Llama at TP 2 when torch imports; numpy arrays else):
   Llama at TP 1, 2 and 4 (at TP 4 the two kv heads are replicated),
   MoE at TP 1, 2 and 4 (experts split by TP) and at TP 2 with EP 2
   (each rank holds two whole experts).
@@ -33,10 +34,36 @@ CONFIGS = [("llama", 1, 1), ("llama", 2, 1), ("llama", 4, 1),
 VERSIONS = {1: None, 2: "sparse", 3: "sparse", 4: "dense", 5: "sparse"}
 
 
+def as_torch(params):
+    """The parameters as torch Parameters (bf16 as torch.bfloat16), the
+    way an engine holds them; None without torch."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    out = {}
+    for n, a in params.items():
+        t = torch.from_numpy(a.view(np.int16)).view(torch.bfloat16) if a.dtype == np.uint16 \
+            else torch.from_numpy(a)
+        out[n] = torch.nn.Parameter(t.clone(), requires_grad=False)
+    return out
+
+
+def as_numpy(params):
+    import torch
+    return {n: (t.data.view(torch.int16).numpy().view(np.uint16) if t.dtype == torch.bfloat16
+                else t.data.numpy()) for n, t in params.items()}
+
+
 def worker(cons_ep, kind, tp, ep, rank, dir):
     """One engine rank: bind, then on each version number read from stdin,
-    apply it, save the parameters to dir/vN.npz and say "applied N"."""
+    apply it, save the parameters to dir/vN.npz and say "applied N".
+    The Llama at TP 2 holds torch Parameters (when torch imports), the
+    others numpy arrays."""
     params = M.poisoned(M.engine_shapes(kind, tp, ep))
+    held = as_torch(params) if (kind, tp) == ("llama", 2) else None
+    if held is not None:
+        params = held
     with Consumer(cons_ep, kind, dir, 16 << 20) as c:
         end = time.monotonic() + DEADLINE_S
         while not c.names():
@@ -45,11 +72,11 @@ def worker(cons_ep, kind, tp, ep, rank, dir):
         p = engine.plan(engine.trainer_specs(c), params, M.LAYOUTS,
                         M.engine_ranks(tp, ep, rank), stacked=M.STACKED, experts=M.EXPERT_MAP)
         calls = engine.bind(c, p, params)
-        print(f"bound {calls}", flush=True)
+        print(f"bound {calls} {'torch' if held else 'numpy'}", flush=True)
         for line in sys.stdin:
             v = int(line)
             drive(c, v, DEADLINE_S)
-            np.savez(os.path.join(dir, f"v{v}.npz"), **params)
+            np.savez(os.path.join(dir, f"v{v}.npz"), **(as_numpy(params) if held else params))
             print(f"applied {v}", flush=True)
 
 
@@ -103,8 +130,8 @@ def body(tmp, prod_ep, cons_ep):
             p.publish(1)
         groups = {cfg: [Worker(cons_ep, *cfg, r, tmp) for r in range(cfg[1])] for cfg in CONFIGS}
         every = [w for ws in groups.values() for w in ws]
-        for w in every:
-            w.expect("bound")
+        held = {w.expect("bound").split()[2] for w in every}
+        print(f"engine parameters held as {sorted(held)}")
         for v, how in VERSIONS.items():
             if how is not None:
                 for p, model in ts.values():

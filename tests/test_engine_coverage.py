@@ -18,7 +18,7 @@ import engine_models as M  # noqa: E402
 from test_producer_python import raises  # noqa: E402
 from deltacast import DeltacastArgumentError, DeltacastError  # noqa: E402
 from deltacast.engine import (ColumnParallel, MergedColumnParallel, Piece, Ranks,  # noqa: E402
-                              contiguous_pieces, plan)
+                              contiguous_pieces, plan, stacked_from_packed)
 
 QKV = "model.layers.0.self_attn.qkv_proj.weight"
 
@@ -155,10 +155,18 @@ def check_contiguous_pieces():
     assert all(contiguous_pieces(pc, (4, 8)) == [pc] for pc in p.pieces)
 
 
+def check_packed():
+    """vLLM's packed_modules_mapping gives the stacked table."""
+    got = stacked_from_packed({"qkv_proj": ["q_proj", "k_proj", "v_proj"],
+                               "gate_up_proj": ["gate_proj", "up_proj"]})
+    assert got == M.STACKED, got
+
+
 def main():
     check_layouts()
     check_refusals()
     check_contiguous_pieces()
+    check_packed()
     print("test_engine_coverage: ok")
     return 0
 

@@ -1,7 +1,7 @@
 """deltacast.engine against a real broker: a trainer publishes two tiny
 models in their unfused HF layout (tests/engine_models.py: a Llama and a
 MoE), and engine workers hold them in vLLM's fused, sharded layout, one
-process per rank, each with its own Consumer, its mapping planned from
+process per rank, each with its own Consumer (engine.EngineWorker), its mapping planned from
 vLLM's stacked_params_mapping and expert mapping and bound with
 engine.bind into poisoned (NaN) parameters (torch Parameters, bf16 ones
 included, for the Llama at TP 2 when torch imports; numpy arrays else):
@@ -18,15 +18,14 @@ whatever its order (see engine_models.py)."""
 import os
 import subprocess
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_producer_python import drive, procs, run_with_broker  # noqa: E402
+from test_producer_python import procs, run_with_broker  # noqa: E402
 
 import numpy as np  # noqa: E402
 
 import engine_models as M  # noqa: E402
-from deltacast import Consumer, Producer, engine  # noqa: E402
+from deltacast import DeltacastArgumentError, Producer, engine  # noqa: E402
 
 DEADLINE_S = 30
 CONFIGS = [("llama", 1, 1), ("llama", 2, 1), ("llama", 4, 1),
@@ -64,20 +63,19 @@ def worker(cons_ep, kind, tp, ep, rank, dir):
     held = as_torch(params) if (kind, tp) == ("llama", 2) else None
     if held is not None:
         params = held
-    with Consumer(cons_ep, kind, dir, 16 << 20) as c:
-        end = time.monotonic() + DEADLINE_S
-        while not c.names():
-            assert time.monotonic() < end, "no manifest"
-            c.poll(50)
-        p = engine.plan(engine.trainer_specs(c), params, M.LAYOUTS,
-                        M.engine_ranks(tp, ep, rank), stacked=M.STACKED, experts=M.EXPERT_MAP)
-        calls = engine.bind(c, p, params)
-        print(f"bound {calls} {'torch' if held else 'numpy'}", flush=True)
+    w = engine.EngineWorker(cons_ep, kind, dir, params, M.LAYOUTS, M.engine_ranks(tp, ep, rank),
+                            stacked=M.STACKED, experts=M.EXPERT_MAP, timeout_ms=DEADLINE_S * 1000,
+                            budget_bytes=16 << 20)
+    try:
+        print(f"bound {w.binds} {'torch' if held else 'numpy'}", flush=True)
         for line in sys.stdin:
             v = int(line)
-            drive(c, v, DEADLINE_S)
+            w.apply(v)
+            assert w.version == v
             np.savez(os.path.join(dir, f"v{v}.npz"), **(as_numpy(params) if held else params))
             print(f"applied {v}", flush=True)
+    finally:
+        w.close()
 
 
 class Worker:
@@ -109,6 +107,19 @@ def trainers(prod_ep):
     return out
 
 
+def check_refused_worker(cons_ep, tmp):
+    """A worker whose engine holds the Llama at TP 2 while it says TP 1 is
+    refused at bind time, naming the parameter; nothing stays open."""
+    params = M.poisoned(M.engine_shapes("llama", 2, 1))
+    try:
+        engine.EngineWorker(cons_ep, "llama", os.path.join(tmp, "refused"), params, M.LAYOUTS,
+                            engine.Ranks(0, 1), stacked=M.STACKED, budget_bytes=16 << 20)
+    except DeltacastArgumentError as e:
+        assert "model.embed_tokens.weight" in str(e) and "holds 128 rows" in str(e), e
+        return
+    raise AssertionError("a worker of the wrong TP degree was bound")
+
+
 def check_version(groups, models, v):
     ids = np.arange(M.VOCAB)[::-1].copy()
     for (kind, tp, ep), ws in groups.items():
@@ -128,6 +139,7 @@ def body(tmp, prod_ep, cons_ep):
     try:
         for p, _ in ts.values():
             p.publish(1)
+        check_refused_worker(cons_ep, tmp)
         groups = {cfg: [Worker(cons_ep, *cfg, r, tmp) for r in range(cfg[1])] for cfg in CONFIGS}
         every = [w for ws in groups.values() for w in ws]
         held = {w.expect("bound").split()[2] for w in every}

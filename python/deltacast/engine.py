@@ -52,7 +52,8 @@ loader does.  docs/engines.md shows the whole flow for vLLM and SGLang."""
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, Iterable, List, Mapping, NamedTuple, Sequence, Tuple, Union
+from typing import (Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple,
+                    Union)
 
 from . import _dtypes
 from ._lib import fail
@@ -240,18 +241,32 @@ class VocabParallel(Layout):
 class FusedExperts(Layout):
     """FusedMoE's stacked experts: w13_weight takes shard ids (expert, "w1")
     (gate) and (expert, "w3") (up), w2_weight takes (expert, "w2") (down).
-    Experts split by TP rank when ep_size is 1, else each whole on the EP
-    rank that owns it ("linear" placement, vLLM's default)."""
+    By default (vLLM's rule) experts split by TP rank when ep_size is 1,
+    else each is whole on the EP rank that owns it ("linear" placement).
+    local_experts: the global expert ids this rank holds, in local order
+    (another placement, e.g. from the layer's expert_map); moe_tp: the
+    experts' own (TP rank, TP size) (SGLang's moe_tp_rank, moe_tp_size)."""
     takes_shards = True
 
-    def __init__(self, num_experts: int) -> None:
+    def __init__(self, num_experts: int, local_experts: Optional[Sequence[int]] = None,
+                 moe_tp: Optional[Tuple[int, int]] = None) -> None:
         self.num_experts = num_experts
+        self.local = list(local_experts) if local_experts is not None else None
+        self.moe_tp = moe_tp
 
-    def local_experts(self, ranks: Ranks) -> range:
-        """The global experts this EP rank holds, in local order."""
+    def local_experts(self, ranks: Ranks) -> List[int]:
+        """The global experts this rank holds, in local order."""
+        if self.local is not None:
+            return self.local
         base, rem = divmod(self.num_experts, ranks.ep_size)
         start = ranks.ep_rank * base + min(ranks.ep_rank, rem)
-        return range(start, start + base + (1 if ranks.ep_rank < rem else 0))
+        return list(range(start, start + base + (1 if ranks.ep_rank < rem else 0)))
+
+    def _tp(self, ranks: Ranks) -> Tuple[int, int]:
+        """(TP size, TP rank) the experts split by."""
+        if self.moe_tp is not None:
+            return self.moe_tp[1], self.moe_tp[0]
+        return (1, 0) if ranks.ep_size > 1 else (ranks.tp_size, ranks.tp_rank)
 
     def boxes(self, shard, tshape, pshape, ranks):
         if not (isinstance(shard, tuple) and len(shard) == 2 and shard[1] in ("w1", "w2", "w3")):
@@ -262,8 +277,8 @@ class FusedExperts(Layout):
         mine = self.local_experts(ranks)
         if expert not in mine:
             return []  # another EP rank's expert
-        tp, r = (1, 0) if ranks.ep_size > 1 else (ranks.tp_size, ranks.tp_rank)
-        local = expert - mine.start
+        tp, r = self._tp(ranks)
+        local = mine.index(expert)
         if w == "w2":  # down [H, I]: dim 1 split, into [E, H, I / tp]
             n = _split(tshape[1], tp, "dim 1 of the trainer tensor")
             return [(((0, r * n), (tshape[0], n)), ((local, 0, 0), (1, tshape[0], n)))]
@@ -522,3 +537,153 @@ def bind(consumer: Any, p: Plan, engine: Mapping[str, Any]) -> int:
                                 part.trainer_offset)
             calls += 1
     return calls
+
+
+# ---- a worker rank: consumer, plan and binding together ----
+
+class EngineWorker:
+    """One engine rank's deltacast consumer, bound into its parameters.
+
+    Opens a Consumer (broker, model, dir and `consumer` keywords as for
+    Consumer), waits up to timeout_ms for the manifest, plans the mapping
+    (params, layouts, ranks, stacked, experts, ignore as for plan()) and
+    binds it.  apply(version) then brings the parameters to `version` in
+    place.  On any error the consumer is closed and nothing stays bound.
+    Used by deltacast.vllm and deltacast.sglang."""
+
+    def __init__(self, broker: str, model: str, dir: str, params: Mapping[str, Any],
+                 layouts: LayoutRules = (), ranks: Ranks = Ranks(), *,
+                 stacked: Iterable[Sequence[Any]] = (), experts: Iterable[Sequence[Any]] = (),
+                 ignore: Sequence[str] = (), timeout_ms: int = 60000, **consumer: Any) -> None:
+        from .consumer import Consumer
+        self.timeout_ms = timeout_ms
+        self.consumer = Consumer(broker, model, dir, **consumer)
+        try:
+            self._wait_manifest()
+            self.plan = plan(trainer_specs(self.consumer), params, layouts, ranks,
+                             stacked=stacked, experts=experts, ignore=ignore)
+            self.binds = bind(self.consumer, self.plan, params)
+        except BaseException:
+            self.consumer.close()
+            raise
+
+    def _deadline(self, timeout_ms: Optional[int]) -> float:
+        import time
+        ms = self.timeout_ms if timeout_ms is None else timeout_ms
+        return time.monotonic() + ms / 1000.0
+
+    def _wait_manifest(self) -> None:
+        import time
+        end = self._deadline(None)
+        while not self.consumer.names():
+            if time.monotonic() > end:
+                raise fail("DCAST_ETIMEDOUT", f"engine worker: no manifest from the broker in "
+                                              f"{self.timeout_ms} ms")
+            self.consumer.poll(50)
+
+    @property
+    def version(self) -> Optional[int]:
+        """The version the engine's parameters hold (None before the first)."""
+        return self.consumer.version
+
+    def apply(self, version: int, timeout_ms: Optional[int] = None) -> None:
+        """Apply READY versions up to `version` (the engine's pause: no
+        forward may run), waiting up to timeout_ms (default: the worker's)
+        for it to be staged.  DeltacastTimeout when it does not come,
+        DeltacastError when the consumer refuses it or an error event
+        arrives; the parameters then hold the last version applied whole."""
+        import time
+        end = self._deadline(timeout_ms)
+        c = self.consumer
+        while c.version != version:
+            if c.version is not None and c.version > version:
+                raise fail("DCAST_ESTATE", f"engine worker: asked for version {version}, the "
+                                           f"parameters already hold {c.version}")
+            ready = c.ready_version
+            if ready is not None:
+                c.apply(ready if ready < version else version)
+                continue
+            if time.monotonic() > end:
+                raise fail("DCAST_ETIMEDOUT", f"engine worker: version {version} was not ready "
+                                              f"in time (holding {c.version})")
+            ev = c.poll(100)
+            if ev is not None and ev.type == "error":
+                raise fail("DCAST_ESTATE", f"engine worker: {ev.text} (code {ev.code}) while "
+                                           f"waiting for version {version}")
+
+    def close(self) -> None:
+        """Close the consumer; the parameters keep their values."""
+        self.consumer.close()
+
+
+# ---- layouts read off an engine's torch modules (vLLM and SGLang) ----
+
+def _class_names(m: Any) -> List[str]:
+    return [k.__name__ for k in type(m).__mro__]
+
+
+def _experts_layout(m: Any) -> Layout:
+    """FusedMoE (vLLM: global_num_experts, expert_map, tp_rank/tp_size of
+    the experts; SGLang: num_experts, moe_ep_rank, moe_tp_rank/_size)."""
+    total = getattr(m, "global_num_experts", None) or m.num_experts
+    emap = getattr(m, "expert_map", None)
+    if emap is not None:
+        local = [int(g) for g in sorted(range(total), key=lambda g: int(emap[g])) if emap[g] >= 0]
+    elif hasattr(m, "moe_ep_rank"):
+        n = m.num_local_experts
+        local = list(range(m.moe_ep_rank * n, (m.moe_ep_rank + 1) * n))
+    else:
+        local = None
+    if hasattr(m, "moe_tp_rank"):
+        tp = (int(m.moe_tp_rank), int(m.moe_tp_size))
+    else:
+        tp = (int(m.tp_rank), int(m.tp_size))
+    return FusedExperts(int(total), local, tp)
+
+
+def _module_layout(m: Any) -> Optional[Tuple[str, Layout]]:
+    """(parameter suffix regex, Layout) of a vLLM / SGLang layer, or None."""
+    names = _class_names(m)
+    if "QKVParallelLinear" in names:
+        return r"(weight|bias)", QKVParallel(m.total_num_heads, m.total_num_kv_heads, m.head_size)
+    if "MergedColumnParallelLinear" in names:
+        return r"(weight|bias)", MergedColumnParallel(m.output_sizes)
+    if "ColumnParallelLinear" in names:
+        return r"(weight|bias)", ColumnParallel()
+    if "RowParallelLinear" in names:
+        return r"(weight|bias)", RowParallel()
+    if "VocabParallelEmbedding" in names:
+        if m.num_embeddings != m.org_vocab_size:
+            raise fail("DCAST_EINVAL", "engine mapping: a vocabulary with added (LoRA) rows "
+                                       "is not supported")
+        return r"weight", VocabParallel(m.org_vocab_size, m.padding_size)
+    if "FusedMoE" in names:
+        return r"(w13|w2)_weight", _experts_layout(m)
+    return None
+
+
+def module_layouts(model: Any) -> List[Tuple[str, Layout]]:
+    """[(regex, Layout)] for every parallel layer of a vLLM or SGLang torch
+    model, by the layers' class names (QKVParallelLinear,
+    MergedColumnParallelLinear, ColumnParallelLinear, RowParallelLinear,
+    VocabParallelEmbedding and ParallelLMHead, FusedMoE) and the sizes
+    they keep; other parameters are Replicated.  Quantized layers are not
+    covered.  Written from the engines' sources (not run here)."""
+    out = []
+    for prefix, m in model.named_modules():
+        found = _module_layout(m)
+        if found is not None:
+            out.append((rf"^{re.escape(prefix)}\.{found[0]}$", found[1]))
+    return out
+
+
+def stacked_from_packed(packed_modules_mapping: Mapping[str, Sequence[str]]) -> List[Tuple[str, str, Any]]:
+    """vLLM's stacked_params_mapping from a model's packed_modules_mapping
+    ({"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj":
+    ["gate_proj", "up_proj"]}): shard ids "q", "k", "v" for a qkv
+    parameter, 0, 1, ... otherwise."""
+    out: List[Tuple[str, str, Any]] = []
+    for param, parts in packed_modules_mapping.items():
+        ids: Sequence[Any] = "qkv" if "qkv" in param and len(parts) == 3 else range(len(parts))
+        out += [(f".{param}", f".{part}", i) for part, i in zip(parts, ids)]
+    return out

@@ -687,3 +687,20 @@ def stacked_from_packed(packed_modules_mapping: Mapping[str, Sequence[str]]) -> 
         ids: Sequence[Any] = "qkv" if "qkv" in param and len(parts) == 3 else range(len(parts))
         out += [(f".{param}", f".{part}", i) for part, i in zip(parts, ids)]
     return out
+
+
+def open_module_worker(module: Any, broker: str, model: str, dir: str, ranks: Ranks, *,
+                       stacked: Optional[Iterable[Sequence[Any]]] = None,
+                       experts: Optional[Iterable[Sequence[Any]]] = None,
+                       ignore: Sequence[str] = (), **kw: Any) -> EngineWorker:
+    """An EngineWorker for a vLLM or SGLang torch model: layouts from
+    module_layouts(), parameters from named_parameters(), the stacked
+    table from the model's packed_modules_mapping and the expert table
+    from its get_expert_mapping() unless given.  kw: as EngineWorker."""
+    if stacked is None:
+        stacked = stacked_from_packed(getattr(module, "packed_modules_mapping", None) or {})
+    if experts is None:
+        experts = module.get_expert_mapping() if hasattr(module, "get_expert_mapping") else ()
+    return EngineWorker(broker, model, dir, dict(module.named_parameters()),
+                        module_layouts(module), ranks, stacked=stacked, experts=experts,
+                        ignore=ignore, **kw)

@@ -4,7 +4,12 @@ Python binding over libdeltacast (ctypes, no compile step).  Producer
 publishes versions of a model's tensors (numpy or torch); Consumer receives
 them and applies each whole, checked version to live tensors.  The C
 library's log lines go to logging.getLogger("deltacast"); failing calls
-raise DeltacastError (.name "DCAST_...", .text, .detail)."""
+raise DeltacastError (.name "DCAST_...", .text, .detail).
+
+Serving engines: deltacast.engine maps the trainer's tensors onto an
+engine's fused, sharded parameters and binds them in place;
+deltacast.vllm and deltacast.sglang plug it into vLLM and SGLang
+(docs/engines.md).  Import them explicitly."""
 from ._lib import (DeltacastArgumentError, DeltacastError, DeltacastTimeout, library_path,
                    read_curve_key, set_log_level)
 from ._version import __version__

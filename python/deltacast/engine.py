@@ -272,6 +272,8 @@ class FusedExperts(Layout):
         if not (isinstance(shard, tuple) and len(shard) == 2 and shard[1] in ("w1", "w2", "w3")):
             raise ValueError(f"shard id {shard!r} is not (expert id, 'w1' | 'w2' | 'w3')")
         expert, w = shard
+        if len(tshape) != 2:
+            raise ValueError("an expert's weight is 2-D")
         if not 0 <= expert < self.num_experts:
             raise ValueError(f"expert {expert} is not one of the layout's {self.num_experts}")
         mine = self.local_experts(ranks)

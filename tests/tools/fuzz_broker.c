@@ -436,8 +436,11 @@ static void mut_tensors(struct fmsg *m)
 	if (!m->ntd)
 		return;
 	t = &m->td[below(m->ntd)];
-	switch (below(6)) {
+	switch (below(7)) {
 	case 0: t->dtype = (uint32_t)below(DCAST_DTYPE_COUNT + 2); break;
+	case 5: /* a grid of 0 beside a tiled dimension, longer than the shape, or not dividing it */
+		t->grid[below(DCAST_MAX_DIMS)] = (uint32_t)interesting(t->grid[0]);
+		break;
 	case 1: t->ndim = (uint32_t)below(DCAST_MAX_DIMS + 2); break;
 	case 2: t->shape[below(DCAST_MAX_DIMS)] = interesting(t->shape[0]); break;
 	case 3: memmove(t->name, m->td[0].name, sizeof(t->name)); break; /* a duplicate name */

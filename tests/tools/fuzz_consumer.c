@@ -10,7 +10,8 @@
  * changed (versions, bases, tensor, range, element size, encoding, counts,
  * digests), usually sealed again so that the checksum holds and the lie
  * goes deeper; payload bits flipped, payloads cut; header bytes flipped
- * after encoding; HEARTBEAT, ERROR, WELCOME and other MANIFESTs dropped in.
+ * after encoding; HEARTBEAT, ERROR, WELCOME and other MANIFESTs (some
+ * with a grid the consumer refuses) dropped in.
  * The driver (the main thread) applies every READY version and checks the
  * tensors against that version's truth, bit for bit.  In a third of the
  * rounds the driver applies nothing for the first half of the damaged
@@ -230,6 +231,10 @@ static void intrude(const zmq_msg_t *rid)
 		x.m.u.welcome.run = rnd(&B.r) % 2 ? run_id : rnd(&B.r);
 		break;
 	default:
+		if (rnd(&B.r) % 2) { /* a grid the consumer refuses: 0, too long, or not dividing */
+			t.grid[0] = (uint32_t)(rnd(&B.r) % 4);
+			t.grid[1] = (uint32_t)(rnd(&B.r) % 3);
+		}
 		dcast_msg_init(&x.m, DCAST_MSG_MANIFEST);
 		snprintf(x.m.u.manifest.model, sizeof(x.m.u.manifest.model), MODEL);
 		x.m.u.manifest.n_tensors = 1;

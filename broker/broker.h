@@ -287,12 +287,15 @@ int broker_bind(struct broker *b, void *sock, const char *endpoint, const char *
  * A version came from producer parts (ingest.c) or from the upstream
  * (relay.c, m->relayed); each registers at open how it is told that a
  * version it committed is acknowledged (durable, or at once without a
- * data dir) or lost (its write failed).  Durability and ingest report
- * through broker_version_ack / broker_version_lost below, so neither names
- * the other. */
+ * data dir), lost (its write failed) or poisoned (the fold found it bad;
+ * text names it and why).  Durability and ingest report through
+ * broker_version_ack / broker_version_lost below, and poison.c through
+ * `poisoned`, so none names the other; a NULL hook: nobody to tell. */
 struct broker_outcome {
 	void (*acked)(struct broker *b, struct broker_model *m, uint64_t version);
 	void (*lost)(struct broker *b, struct broker_model *m, uint64_t version, const char *why);
+	void (*poisoned)(struct broker *b, struct broker_model *m, uint64_t version,
+			 const char *text);
 };
 
 /* ---- clients.c: bounded local clients of one listener ----
@@ -521,11 +524,8 @@ int broker_pending_chunk(struct broker *b, struct broker_model *m, uint32_t part
  * when the COMMIT is refused. */
 int broker_pending_commit(struct broker *b, struct broker_model *m, uint32_t part,
 			  dcast_commit *c, int *committed);
-/* A version of m (not relayed) was poisoned (commit.c): its producers
- * get ERROR(DCAST_EPOISONED, version, text) and WELCOME need_anchor. */
-void broker_producers_poisoned(struct broker *b, struct broker_model *m, uint64_t version,
-			       const char *text);
-/* Register the producers' outcomes (b->outcome[0]); broker_open. */
+/* Register the producers' outcomes (b->outcome[0]: a poisoned version
+ * gives them ERROR(DCAST_EPOISONED) and WELCOME need_anchor); broker_open. */
 void broker_ingest_init(struct broker *b);
 /* Drop the open version: ERROR(DCAST_EABORTED, why) to the model's
  * producers; why == NULL drops it quietly (nothing was accepted into it). */
@@ -539,11 +539,6 @@ void broker_fanout(struct broker *b);
  * adopted from a relay's upstream).  A WELCOME mid-stream changes nothing
  * in the consumer's stream; it confirms or refutes the run of its state. */
 void broker_rewelcome(struct broker *b, const struct broker_model *m);
-/* Version `version` of m was poisoned (commit.c): each consumer of m gets
- * ERROR(DCAST_EPOISONED, version, text), and one streaming a version at or
- * after it stops there (its cursor stays on the version before). */
-void broker_consumers_poisoned(struct broker *b, const struct broker_model *m, uint64_t version,
-			       const char *text);
 /* A producer created m: consumers that said HELLO for it before it existed
  * stream it from now on, and all of them learn its run (WELCOME). */
 void broker_model_announce(struct broker *b, struct broker_model *m);
@@ -598,6 +593,12 @@ static inline void broker_version_lost(struct broker *b, struct broker_model *m,
  * not be queued (the caller then reports the version lost). */
 int broker_version_committed(struct broker *b, struct broker_model *m,
 			     struct broker_version *v);
+/* Called once at start-up, before the endpoints bind: re-insert durable
+ * versions with broker_log_append(), then start the anchor folder over the
+ * restored logs. */
+int broker_log_restore(struct broker *b);
+
+/* ---- poison.c ---- */
 /* The fold (fold.c) found committed `version` of m bad: a payload that does
  * not decode, or a state whose digest differs from its COMMIT's (code and
  * why say which).  The version is poisoned: it and every version after it
@@ -609,9 +610,5 @@ int broker_version_committed(struct broker *b, struct broker_model *m,
  * stats.versions_poisoned.  No-op when an older version is poisoned. */
 void broker_version_poison(struct broker *b, struct broker_model *m, uint64_t version, int code,
 			   const char *why);
-/* Called once at start-up, before the endpoints bind: re-insert durable
- * versions with broker_log_append(), then start the anchor folder over the
- * restored logs. */
-int broker_log_restore(struct broker *b);
 
 #endif

@@ -23,28 +23,6 @@ int broker_version_committed(struct broker *b, struct broker_model *m,
 	return rc; /* it is in the log either way: the fold must see it */
 }
 
-void broker_version_poison(struct broker *b, struct broker_model *m, uint64_t version, int code,
-			   const char *why)
-{
-	char text[DCAST_MAX_TEXT + 1];
-
-	if (m->poisoned != DCAST_VERSION_NONE && m->poisoned <= version)
-		return;
-	m->poisoned = version;
-	b->stats.versions_poisoned++;
-	snprintf(text, sizeof(text), "model %s version %llu poisoned (%s: %s): neither it nor any "
-		 "version after it is served; consumers stay on the version before it until the "
-		 "next anchor", m->name, (unsigned long long)version, dcast_errname(code), why);
-	DCAST_LOG_E("%s%s", text, m->relayed ? "" : "; asking its producers for an anchor");
-	if (broker_durable_poison(b, m, version, text))
-		DCAST_LOG_E("model %s: the poison mark of version %llu is not kept on disk (%s): "
-			    "a restart serves the version again", m->name,
-			    (unsigned long long)version, dcast_last_error());
-	broker_consumers_poisoned(b, m, version, text);
-	if (!m->relayed) /* a relay's upstream decides what comes */
-		broker_producers_poisoned(b, m, version, text);
-}
-
 /* Hook: durability re-inserts the versions on disk here. */
 int broker_log_restore(struct broker *b)
 {

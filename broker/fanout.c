@@ -226,30 +226,6 @@ void broker_fanout(struct broker *b)
 			consumer_pump(b, &b->cons.arr[i]);
 }
 
-void broker_consumers_poisoned(struct broker *b, const struct broker_model *m, uint64_t version,
-			       const char *text)
-{
-	dcast_msg e;
-
-	dcast_msg_init(&e, DCAST_MSG_ERROR);
-	e.u.error.code = DCAST_EPOISONED;
-	e.u.error.version = version;
-	snprintf(e.u.error.text, sizeof(e.u.error.text), "%s", text);
-	for (uint64_t i = 0; i < b->cons.hi; i++) {
-		struct broker_peer *p = &b->cons.arr[i];
-
-		if (!p->used || p->model != m)
-			continue;
-		if (p->cur && p->cur->version >= version) { /* stops mid-version */
-			broker_version_put(p->cur);
-			p->cur = NULL;
-			p->next_chunk = 0;
-		}
-		snprintf(e.u.error.model, sizeof(e.u.error.model), "%s", p->want);
-		broker_send_msg(b, b->consumers, p, &e);
-	}
-}
-
 void broker_rewelcome(struct broker *b, const struct broker_model *m)
 {
 	for (uint64_t i = 0; i < b->cons.hi; i++)

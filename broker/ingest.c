@@ -505,7 +505,7 @@ static void producers_lost(struct broker *b, struct broker_model *m, uint64_t ve
 
 /* The fold found an acknowledged version bad: say so, naming it, and take
  * only an anchor from now on. */
-void broker_producers_poisoned(struct broker *b, struct broker_model *m, uint64_t version,
+static void producers_poisoned(struct broker *b, struct broker_model *m, uint64_t version,
 			       const char *text)
 {
 	producers_error(b, m, DCAST_EPOISONED, version, text);
@@ -912,5 +912,6 @@ void broker_producer_flush_credit(struct broker *b)
 
 void broker_ingest_init(struct broker *b)
 {
-	b->outcome[0] = (struct broker_outcome){producers_acked, producers_lost};
+	b->outcome[0] = (struct broker_outcome){producers_acked, producers_lost,
+						 producers_poisoned};
 }

@@ -129,7 +129,7 @@ int broker_relay_open(struct broker *b)
 {
 	int rc;
 
-	b->outcome[1] = (struct broker_outcome){relay_acked, NULL};
+	b->outcome[1] = (struct broker_outcome){relay_acked, NULL, NULL};
 	for (uint32_t i = 0; b->cfg.upstream && i < b->cfg.n_upstream_models; i++) {
 		struct broker_upstream *u = &b->up[i];
 

@@ -4,7 +4,7 @@
 #include <errno.h>
 #include <string.h>
 #include <time.h>
-#include "producer_impl.h"
+#include "producer_shared.h"
 
 #define PROD_DRAIN_BURST 1024 /* messages handled per poll */
 

@@ -22,7 +22,7 @@
  * scripts/device_run.sh; they passed on lent H100s, docs/benchmarks.md). */
 #include <inttypes.h>
 #include <string.h>
-#include "producer_impl.h"
+#include "producer_shared.h"
 #ifdef DCAST_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #include "deltacast/codec_cuda.h"

@@ -10,7 +10,7 @@
  * the pool cannot deadlock. */
 #include <string.h>
 #include <unistd.h>
-#include "producer_impl.h"
+#include "producer_shared.h"
 
 #define ENC_SLOT_WAIT_MS 50
 

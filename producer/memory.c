@@ -6,7 +6,7 @@
 #include <errno.h>
 #include <string.h>
 #include <sys/mman.h>
-#include "producer_impl.h"
+#include "producer_shared.h"
 
 #define PROD_ALIGN 64
 #define PROD_UNDO_MIN (1u << 20)

@@ -3,7 +3,7 @@
  * remembered for wait().  Below the connection (conn.c reports ACKs and
  * what a re-join found) and the waits (settle.c). */
 #include <string.h>
-#include "producer_impl.h"
+#include "producer_shared.h"
 
 static void remember(dcast_producer *p, uint64_t version, int err)
 {

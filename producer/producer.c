@@ -1,7 +1,7 @@
 /* The producer object: options, open/close, tensor registration. */
 #include <string.h>
 #include "dcast_tiles.h"
-#include "producer_impl.h"
+#include "producer_shared.h"
 
 void dcast_producer_opts_init(dcast_producer_opts *o)
 {

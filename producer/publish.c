@@ -10,7 +10,7 @@
  * undo log, then the rest, or everything as an anchor if the broker needs
  * one. */
 #include <string.h>
-#include "producer_impl.h"
+#include "producer_shared.h"
 
 #define PROD_JOB_WAIT_MS 20
 #define PROD_NO_RESUME UINT32_MAX /* a range failed to encode: start over */

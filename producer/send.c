@@ -5,7 +5,7 @@
  * went out but which a re-joined broker does not have: from the baseline
  * and the undo log, never from the caller's tensors. */
 #include <string.h>
-#include "producer_impl.h"
+#include "producer_shared.h"
 
 #define PROD_COPY_BYTES (64u << 10) /* a payload up to this is copied (payload_msg) */
 

@@ -3,7 +3,7 @@
  * broker does not have; the outcomes themselves are outcome.c's, which
  * keeps the latest for wait(). */
 #include <string.h>
-#include "producer_impl.h"
+#include "producer_shared.h"
 
 /* The outcome of a version that is not pending. */
 static int settled(const dcast_producer *p, uint64_t version)

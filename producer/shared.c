@@ -3,7 +3,7 @@
  * many elements a chunk range holds, and how long ago the pending version
  * was published.  This file stands below all of them and calls none, so no
  * file reaches up for these (tests/test_no_circles.sh). */
-#include "producer_impl.h"
+#include "producer_shared.h"
 
 uint64_t prod_range_count(const dcast_producer *p, const prod_tensor *t, uint64_t off)
 {

@@ -11,7 +11,7 @@
 #include "deltacast/producer.h"
 #include "deltacast/safetensors.h"
 #include "producer_harness.h"
-#include "producer_impl.h" /* the encoders' slot pool: test_pool_dry */
+#include "producer_shared.h" /* the encoders' slot pool: test_pool_dry */
 
 #define N_A (3u << 20) /* 3 chunks of 1M elements */
 #define N_B 1000u

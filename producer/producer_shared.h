@@ -1,4 +1,6 @@
-/* Private to producer/: the producer object (producer.c), its connection to
+/* Private to producer/, shared by all its files and named after none of
+ * them (a name like producer_impl.h would read as producer.c's in
+ * `farm-studio look`): the producer object (producer.c), its connection to
  * the broker (conn.c), its memory (baseline, encode slots, undo log:
  * memory.c), the encoder threads (encode.c), the publish pipeline
  * (publish.c, send.c) and the end of a version: ACK or failure
@@ -8,8 +10,8 @@
  * memory.c, device.c, shared.c (what several of them read).  No import
  * circle (farm-studio look producer; tests/test_no_circles.sh keeps it so).
  * The public surface is deltacast/producer.h. */
-#ifndef DCAST_PRODUCER_IMPL_H
-#define DCAST_PRODUCER_IMPL_H
+#ifndef DCAST_PRODUCER_SHARED_H
+#define DCAST_PRODUCER_SHARED_H
 
 #include <pthread.h>
 #include <stdint.h>

@@ -1,17 +1,20 @@
 /* Private to consumer/: the consumer object and the pieces it is made of.
  * One way down (no file calls a file above it), from the top:
- *   open.c (open, close) and api.c (the calls on a live consumer);
+ *   open.c (open, close);
  *   session.c (the session thread: the wire's handlers, credit, folds);
- *   run.c (run identity), ckpt_load.c (load, replay, the recovery policy);
- *   apply.c (one version, transactional), anchor.c (the anchor file, the
- *   fold policy), verify.c (digests), outbox.c (what callers leave for
- *   the session thread);
- *   fold.c (folds and seals from the disk), anchor_new.c (an anchor
- *   received in place, written straight to its file);
+ *   api.c (the calls on a live consumer), run.c (run identity);
+ *   ckpt_load.c (load, replay, the recovery policy);
+ *   anchor_new.c (an anchor received in place, written straight to its
+ *   file), fold.c (folds and seals from the disk), apply.c (one version,
+ *   transactional);
+ *   verify.c (digests), outbox.c (what callers leave for the session
+ *   thread), anchor.c (the anchor file, the fold policy);
  *   staged.c (the staged versions), ckpt.c (the record log, written
- *   behind), views.c (slices), version.c, syncer.c;
+ *   behind), views.c (slices), fault.c (test faults), version.c,
+ *   syncer.c, par.c (cs_par_for);
  *   staging.c (the pinned pool), devmem.c (host or CUDA), state.c (the
- *   tensor table, the applied version, events). */
+ *   tensor table, the applied version, events).
+ * tests/test_layers.sh checks this order and that no circle forms. */
 #ifndef DCAST_CONSUMER_IMPL_H
 #define DCAST_CONSUMER_IMPL_H
 

@@ -4,11 +4,12 @@
  * the broker (conn.c), its memory (baseline, encode slots, undo log:
  * memory.c), the encoder threads (encode.c), the publish pipeline
  * (publish.c, send.c) and the end of a version: ACK or failure
- * (outcome.c, under the connection), wait() (settle.c).  Each file
- * calls only those after it in this list: producer.c (open, register,
- * close), publish.c, settle.c, send.c, conn.c, outcome.c, encode.c,
- * memory.c, device.c, shared.c (what several of them read).  No import
- * circle (farm-studio look producer; tests/test_no_circles.sh keeps it so).
+ * (outcome.c, under the connection), wait() (settle.c).
+ * One way down (no file calls a file above it), from the top:
+ *   producer.c (open, register, close); publish.c; settle.c; send.c;
+ *   conn.c; outcome.c; encode.c; memory.c; device.c; shared.c (what
+ *   several of them read).
+ * tests/test_layers.sh checks this order and that no circle forms.
  * The public surface is deltacast/producer.h. */
 #ifndef DCAST_PRODUCER_SHARED_H
 #define DCAST_PRODUCER_SHARED_H

@@ -2,7 +2,7 @@
  * the device batches (device.c) up to the publishing thread (publish.c): how
  * many elements a chunk range holds, and how long ago the pending version
  * was published.  This file stands below all of them and calls none, so no
- * file reaches up for these (tests/test_no_circles.sh). */
+ * file reaches up for these (tests/test_layers.sh). */
 #include "producer_shared.h"
 
 uint64_t prod_range_count(const dcast_producer *p, const prod_tensor *t, uint64_t off)

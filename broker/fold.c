@@ -3,7 +3,7 @@
  * counted (O(1)), and when the counts pass a trigger the log's chain, from
  * its anchor to the newest version, is queued and folded into a fresh
  * state, the anchor is cut, and the state is freed.  So the broker holds
- * about one log, not a log and a model (issue 22 item 3); each made anchor
+ * about one log, not a log and a model; each made anchor
  * costs a replay of the chain, O(model), once per trigger.
  * The commit hook only queues a reference;
  * the work runs from an eventfd in the poll set, which stays readable while

@@ -268,7 +268,7 @@ static void retention_check(struct broker *b, struct broker_model *m)
 	broker_log_need_anchor(b, m);
 }
 
-/* The log's invariant (issue 21 item 4): an anchor first, then deltas each
+/* The log's invariant: an anchor first, then deltas each
  * on the version before it, versions increasing, log_bytes their sum.
  * O(log length), on every change of the log. */
 static void log_check(const struct broker_model *m)

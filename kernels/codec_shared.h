@@ -3,8 +3,8 @@
  * kernels (codec_cuda.cu) and the CPU tests run the same code.  The byte
  * layouts are specified in docs/protocol.md ("Delta codec"); this header is
  * the implementation of that text, nothing more.  It belongs to no one
- * codec*.c (a name like codec_impl.h would read as codec.c's, in
- * `farm-studio look` and tests/test_layers.sh alike): every codec file
+ * codec*.c (a name like codec_impl.h would count as codec.c's in
+ * tests/test_layers.sh): every codec file
  * builds on it, and codec.c, the public entry points, stands on top of
  * codec_compact.c, codec_decode.c, codec_scan.c and codec_scratch.c in that
  * order, with no arrow back up.

@@ -18,8 +18,8 @@
  * (nvcc is present) and dcast_cuda_available() says 0, so a CUDA tensor is
  * refused at register with DCAST_ENODEVICE (tests/test_producer_gpu.c
  * checks that).  The device half of that test, and the fault suite with
- * the producer on the GPU, run only where a GPU is lent (`make test-gpu`,
- * scripts/device_run.sh; they passed on lent H100s, docs/benchmarks.md). */
+ * the producer on the GPU, run only on a GPU host (`make test-gpu`,
+ * scripts/device_run.sh; they passed on H100 hosts, docs/benchmarks.md). */
 #include <inttypes.h>
 #include <string.h>
 #include "producer_shared.h"

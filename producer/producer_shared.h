@@ -1,6 +1,6 @@
 /* Private to producer/, shared by all its files and named after none of
- * them (a name like producer_impl.h would read as producer.c's in
- * `farm-studio look`): the producer object (producer.c), its connection to
+ * them (a name like producer_impl.h would count as producer.c's in
+ * tests/test_layers.sh): the producer object (producer.c), its connection to
  * the broker (conn.c), its memory (baseline, encode slots, undo log:
  * memory.c), the encoder threads (encode.c), the publish pipeline
  * (publish.c, send.c) and the end of a version: ACK or failure

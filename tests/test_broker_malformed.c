@@ -282,7 +282,7 @@ static void incomplete_anchors(void *p)
 	CHECK_ERR(next_error(p), DCAST_ECORRUPT);
 }
 
-/* Credit is enforced (issue 18 item 2): one 128 KiB chunk against the
+/* Credit is enforced: one 128 KiB chunk against the
  * 64 KiB window (--producer-window-bytes) is refused, not stored. */
 static void over_credit(void *p)
 {
@@ -314,7 +314,7 @@ static void over_credit(void *p)
 }
 
 /* A peer whose only traffic for 4 s (4 heartbeats) is refused is not
- * silent (issue 18 item 16): it keeps its session. */
+ * silent: it keeps its session. */
 static void refused_is_not_silence(void *c)
 {
 	dcast_msg m;

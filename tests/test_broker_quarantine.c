@@ -1,4 +1,4 @@
-/* Damaged segments over a real broker process (issue 18 item 9): a log of
+/* Damaged segments over a real broker process: a log of
  * an anchor and 6 deltas, all ACKed, then one bit flipped on disk in the
  * anchor's record, in a middle delta's record, in the last record, and a
  * torn last record.  Each time the restarted broker keeps what it cannot

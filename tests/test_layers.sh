@@ -6,8 +6,8 @@
 #    a program's own objects before the library's);
 #  - A includes (quoted) a header of the tree (A -> the header), and, when
 #    that header carries code (a brace at the start of a line) and is named
-#    after B: B.h, B_impl.h or B_internal.h, A -> B as well, the way
-#    `farm-studio look` reads such a header as part of its namesake .c.
+#    after B: B.h, B_impl.h or B_internal.h, A -> B as well: such a header
+#    is part of its namesake .c.
 # Public headers (include/) draw no arrow: what a file calls through them
 # shows in nm.  The rules, each failure named with its files and names:
 #  1. no circle of files;

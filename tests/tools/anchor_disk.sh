@@ -4,8 +4,8 @@
 # SAFETENSORS; prints wall and CPU seconds until it exits (model.safetensors
 # written) and the bytes it wrote: its write_bytes (/proc/PID/io), which
 # getrusage reports at exit as ru_oublock in 512-byte units (/usr/bin/time's
-# %O).  A probe for docs/benchmarks.md ("An anchor received in place,
-# written once"); run it against two builds, alternating.
+# %O).  A probe for docs/benchmarks.md ("Consumer": an anchor received in place,
+# written once); run it against two builds, alternating.
 # Usage: tests/tools/anchor_disk.sh BUILD_DIR SAFETENSORS
 set -u
 B=$1 F=$2

@@ -107,17 +107,42 @@ int dcast_consumer_tensor_at(const dcast_consumer *c, uint32_t i, dcast_tensor_d
 	return found ? 0 : dcast_fail(DCAST_ENOTFOUND, "tensor index %u out of range", i);
 }
 
-static uint64_t ready_locked(const dcast_consumer *c)
+/* Newest READY version apply() can take now (NONE when none); *n, when
+ * not NULL: how many READY versions lead up to it (the first staged[*n]). */
+static uint64_t ready_chain_locked(const dcast_consumer *c, uint64_t *n)
 {
-	uint64_t have = dcast_consumer_version(c), v = DCAST_VERSION_NONE;
+	uint64_t have = dcast_consumer_version(c), v = DCAST_VERSION_NONE, count = 0;
 
 	for (uint32_t i = 0; c && i < c->n_staged && c->staged[i].state == CS_V_READY; i++) {
 		const cs_version *s = &c->staged[i];
 		if (!s->anchor && s->base_version != have)
 			break;
 		v = have = s->version;
+		count++;
 	}
+	if (n)
+		*n = count;
 	return v;
+}
+
+uint32_t dcast_consumer_ready_versions(const dcast_consumer *c, uint64_t *out, uint32_t cap)
+{
+	dcast_consumer *w = (dcast_consumer *)c; /* the lock, not the state, changes */
+	uint64_t n;
+
+	if (!c)
+		return 0;
+	pthread_mutex_lock(&w->lock);
+	ready_chain_locked(c, &n);
+	for (uint32_t i = 0; out && i < n && i < cap; i++)
+		out[i] = c->staged[i].version;
+	pthread_mutex_unlock(&w->lock);
+	return (uint32_t)n;
+}
+
+static uint64_t ready_locked(const dcast_consumer *c)
+{
+	return ready_chain_locked(c, NULL);
 }
 
 uint64_t dcast_consumer_ready_version(const dcast_consumer *c)
@@ -231,6 +256,26 @@ int cs_auto_apply(dcast_consumer *c)
 	return v == DCAST_VERSION_NONE ? 0 : apply_locked(c, v);
 }
 
+/* The detail of a wait_version timeout: whether min_version is READY and
+ * only waits for an apply(), which no wait does on its own. */
+static int wait_timed_out(dcast_consumer *c, uint64_t min_version, int timeout_ms)
+{
+	uint64_t ready, held = dcast_consumer_version(c);
+	char have[32] = "none";
+
+	pthread_mutex_lock(&c->lock);
+	ready = ready_locked(c);
+	pthread_mutex_unlock(&c->lock);
+	if (held != DCAST_VERSION_NONE)
+		snprintf(have, sizeof(have), "%" PRIu64, held);
+	if (ready != DCAST_VERSION_NONE && ready >= min_version)
+		return dcast_fail(DCAST_ETIMEDOUT, "version %" PRIu64 " not reached in %d ms: it is READY "
+				  "(up to %" PRIu64 ") but not applied; the tensors hold %s (call apply(), "
+				  "or open with auto_apply)", min_version, timeout_ms, ready, have);
+	return dcast_fail(DCAST_ETIMEDOUT, "version %" PRIu64 " not reached in %d ms (the tensors hold %s)",
+			  min_version, timeout_ms, have);
+}
+
 int dcast_consumer_wait_version(dcast_consumer *c, uint64_t min_version, int timeout_ms)
 {
 	struct timespec ts;
@@ -250,7 +295,7 @@ int dcast_consumer_wait_version(dcast_consumer *c, uint64_t min_version, int tim
 	}
 	pthread_mutex_unlock(&c->mu);
 	if (rc == ETIMEDOUT)
-		return dcast_fail(DCAST_ETIMEDOUT, "version %" PRIu64 " not reached in %d ms", min_version, timeout_ms);
+		return wait_timed_out(c, min_version, timeout_ms);
 	return 0;
 }
 
@@ -269,6 +314,7 @@ void dcast_consumer_stats_get(const dcast_consumer *c, dcast_consumer_stats *st)
 	st->folds = c->ck.folds;
 	st->folds_from_tensors = c->ck.folds_live;
 	st->folding = c->ss.fold_running;
+	ready_chain_locked(c, &st->ready_backlog);
 	pthread_mutex_unlock(&w->lock);
 }
 

@@ -313,6 +313,11 @@ void dcast_producer_stats_get(const dcast_producer *p, dcast_producer_stats *out
 	out->acked_version = p->acked_version;
 }
 
+uint64_t dcast_producer_broker_version(const dcast_producer *p)
+{
+	return p ? p->conn.broker_version : DCAST_VERSION_NONE;
+}
+
 void dcast_producer_close(dcast_producer **pp)
 {
 	dcast_producer *p;

@@ -67,11 +67,12 @@ def start_broker(tmp, *flags):
 
 def run_with_broker(prefix, body, *flags):
     """body(tmp, producer endpoint, consumer endpoint) with a fresh broker
-    (started with `flags`) and temporary directory; kills every process in
-    `procs` and removes the directory afterwards, pass or fail."""
+    (started with `flags`, where "{tmp}" stands for the temporary
+    directory) and temporary directory; kills every process in `procs`
+    and removes the directory afterwards, pass or fail."""
     tmp = tempfile.mkdtemp(prefix=prefix)
     try:
-        body(tmp, *start_broker(tmp, *flags))
+        body(tmp, *start_broker(tmp, *(f.replace("{tmp}", tmp) for f in flags)))
     finally:
         for p in procs:
             if p.poll() is None:

@@ -54,8 +54,8 @@ def check_layout():
                          text=True, check=True).stdout
     c = json.loads(out)
     mirror = {"consumer_opts": dc_consumer._Opts, "event": dc_consumer._Event,
-              "tensor_desc": dc_consumer._Desc, "consumer_stats": dc_consumer.Stats,
-              "producer_opts": dc_producer._Opts, "producer_stats": dc_producer.Stats}
+              "tensor_desc": dc_consumer._Desc, "consumer_stats": dc_consumer._Stats,
+              "producer_opts": dc_producer._Opts, "producer_stats": dc_producer._Stats}
     for name, cls in mirror.items():
         import ctypes
         assert ctypes.sizeof(cls) == c[name]["size"], \

@@ -314,8 +314,12 @@ def run_in(stack, prod_ep, cons_ep, tmp, parts, wtp, records):
     assert any("down.weight" in m and "moved" in m for m in records.messages), records.messages
 
     # tensor() of a tiled tensor: a read-only copy that does not follow
-    # later versions; of an untiled one: a live view.
-    snap, live = tp.tensor("up.weight"), tp.tensor("norm.weight")
+    # later versions; of an untiled one: a live view.  A bf16 tensor comes
+    # as torch.bfloat16 (numpy has no type for it), as numpy bit patterns
+    # with as_numpy=True.
+    assert tp.tensor("up.weight").dtype == torch.bfloat16
+    assert tp.tensor("up.weight", as_numpy=True).dtype == np.uint16
+    snap, live = tp.tensor("up.weight", as_numpy=True), tp.tensor("norm.weight")
     assert not snap.flags.writeable
     try:
         snap[0, 0] = 1

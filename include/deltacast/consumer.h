@@ -130,6 +130,10 @@ typedef struct dcast_consumer_stats {
 					  dcast_consumer_checkpoint(), and a fold from the
 					  disk that failed (a damaged record file); the
 					  policy's folds otherwise read the disk alone */
+	uint64_t ready_backlog;        /* READY versions not yet applied that apply() can
+					  take now (the chain up to
+					  dcast_consumer_ready_version()); apply() of the
+					  newest takes them all in one call */
 } dcast_consumer_stats;
 
 /* Connect to the broker at `endpoint` (e.g. "tcp://127.0.0.1:5556") as a
@@ -251,6 +255,13 @@ DCAST_API int dcast_consumer_apply(dcast_consumer *c, uint64_t version);
 /* Newest READY version that apply() can take now, or NONE. */
 DCAST_API uint64_t dcast_consumer_ready_version(const dcast_consumer *c);
 
+/* The READY versions apply() can take now, oldest first (the chain that
+ * ends at dcast_consumer_ready_version()): the first min(count, cap) into
+ * out (may be NULL with cap 0).  Returns the count, which the staging
+ * window (max_staged) bounds; 0 for a NULL consumer.  What ranks of one
+ * engine compare to pick a version every rank can apply.  Any thread. */
+DCAST_API uint32_t dcast_consumer_ready_versions(const dcast_consumer *c, uint64_t *out, uint32_t cap);
+
 /* The version the live tensors hold (atomic; any thread); NONE before the
  * first apply. */
 DCAST_API uint64_t dcast_consumer_version(const dcast_consumer *c);
@@ -262,7 +273,9 @@ DCAST_API uint64_t dcast_consumer_version(const dcast_consumer *c);
 DCAST_API uint64_t dcast_consumer_run(const dcast_consumer *c);
 
 /* Block until the applied version is >= min_version or timeout_ms passes
- * (-1: forever).  Any thread.  Errors: DCAST_ETIMEDOUT. */
+ * (-1: forever).  Any thread.  Errors: DCAST_ETIMEDOUT; its detail says
+ * when min_version is READY but not applied (only apply(), or auto_apply,
+ * moves the live tensors) and which version the tensors hold. */
 DCAST_API int dcast_consumer_wait_version(dcast_consumer *c, uint64_t min_version, int timeout_ms);
 
 /* Fold now: write DIR/model.safetensors as the applied version (atomic:

@@ -199,6 +199,12 @@ DCAST_API int dcast_producer_wait(dcast_producer *p, uint64_t version, int timeo
 /* Copy the counters into *out.  Never fails for valid pointers. */
 DCAST_API void dcast_producer_stats_get(const dcast_producer *p, dcast_producer_stats *out);
 
+/* The newest version of the model the broker has committed, as its
+ * WELCOME (at open and at each re-join) and its ACKs since said; NONE when
+ * it has none (a new model).  What a restarted trainer publishes above.
+ * Thread safety as the other calls.  NULL-safe (NONE). */
+DCAST_API uint64_t dcast_producer_broker_version(const dcast_producer *p);
+
 /* Send BYE, close the connection and free everything, including the
  * baseline; set *p to NULL.  NULL or *p == NULL is a no-op.  A version not
  * yet acknowledged is abandoned (the broker drops it). */

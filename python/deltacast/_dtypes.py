@@ -3,7 +3,7 @@ and torch dtypes hold each: shared by register (producer) and bind
 (consumer), so both refuse the same mismatches."""
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 # dcast_dtype values, in enum order
 WIRE = ["BF16", "F16", "F32", "F8_E4M3", "F8_E5M2", "I8", "U8", "I16", "U16", "I32", "U32",
@@ -72,3 +72,33 @@ def holders(wire: str) -> str:
     """What may hold a wire dtype, for error messages."""
     torch_name = {v: k for k, v in WIRE_OF_TORCH.items()}.get(wire, "no torch dtype")
     return f"{torch_name} tensor or a numpy {'/'.join(NUMPY_OF[wire])} array"
+
+
+# Wire dtypes numpy has no type for: tensor() hands them out as torch
+# tensors of the real dtype where torch imports.
+TORCH_ONLY = {"BF16": "bfloat16", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
+_torch: List[Any] = []  # [torch module or None], filled on first use
+
+
+def torch_module() -> Any:
+    """The torch module, or None where it does not import (tried once)."""
+    if not _torch:
+        try:
+            import torch
+        except ImportError:
+            torch = None
+        _torch.append(torch)
+    return _torch[0]
+
+
+def torch_view(a: Any, wire: str) -> Any:
+    """A torch tensor of wire dtype `wire` sharing the memory of numpy
+    array `a` (its bit patterns: uint16 for BF16, uint8 for FP8), or None
+    when torch does not import, lacks the dtype, or the wire dtype has a
+    numpy type of its own."""
+    torch = torch_module() if wire in TORCH_ONLY else None
+    dtype = getattr(torch, TORCH_ONLY[wire], None) if torch is not None else None
+    if dtype is None:
+        return None
+    signed = a.view({2: "int16", 1: "int8"}[a.dtype.itemsize])  # types every torch takes
+    return torch.from_numpy(signed).view(dtype)

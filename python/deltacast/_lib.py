@@ -176,6 +176,29 @@ def set_log_level(level: Union[int, str]) -> None:
 
 # ---- shared object behaviour and argument checks ----
 
+VERSION_NONE = (1 << 64) - 1  # DCAST_VERSION_NONE: "no version" in the C API
+
+
+def version_or_none(v: int) -> Optional[int]:
+    """A C version number as Python: None for DCAST_VERSION_NONE."""
+    return None if v == VERSION_NONE else v
+
+
+class StatsView:
+    """A snapshot of a C stats structure (a ctypes mirror): every field an
+    attribute of the same name, version fields None where C says
+    DCAST_VERSION_NONE (no version yet), never 2^64-1."""
+    _versions: Tuple[str, ...] = ()
+
+    def __init__(self, raw: ctypes.Structure) -> None:
+        for name, _ in raw._fields_:
+            value = getattr(raw, name)
+            setattr(self, name, version_or_none(value) if name in self._versions else value)
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items())
+        return f"{type(self).__name__}({fields})"
+
 class Closable:
     """Context-manager and finaliser behaviour shared by Producer and
     Consumer: both call their own idempotent close()."""

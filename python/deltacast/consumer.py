@@ -44,10 +44,9 @@ import struct
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 from . import _dtypes
-from ._lib import (Closable, check, curve_keys, fail, lib, need_dims, need_endpoint, need_int,
-                   need_str)
+from ._lib import (VERSION_NONE, Closable, StatsView, check, curve_keys, fail, lib, need_dims,
+                   need_endpoint, need_int, need_str, version_or_none)
 
-VERSION_NONE = (1 << 64) - 1
 MEM_HOST, MEM_CUDA = 0, 1
 MiB = 1 << 20
 BUDGET_UNKNOWN_MODEL = 64 * MiB
@@ -86,8 +85,8 @@ class _Desc(ctypes.Structure):
                 ("grid", ctypes.c_uint32 * 8)]
 
 
-class Stats(ctypes.Structure):
-    """Numbers of the version last applied (dcast_consumer_stats)."""
+class _Stats(ctypes.Structure):
+    """The C layout of dcast_consumer_stats."""
     _fields_ = [("version", ctypes.c_uint64), ("anchor", ctypes.c_int),
                 ("chunks", ctypes.c_uint64), ("bytes", ctypes.c_uint64),
                 ("stage_ns", ctypes.c_uint64), ("apply_ns", ctypes.c_uint64),
@@ -96,7 +95,14 @@ class Stats(ctypes.Structure):
                 ("log_write_bytes", ctypes.c_uint64), ("log_write_ns", ctypes.c_uint64),
                 ("verify_bytes", ctypes.c_uint64), ("rejoins", ctypes.c_uint64),
                 ("folds", ctypes.c_uint64), ("folding", ctypes.c_int),
-                ("folds_from_tensors", ctypes.c_uint64)]
+                ("folds_from_tensors", ctypes.c_uint64), ("ready_backlog", ctypes.c_uint64)]
+
+
+class Stats(StatsView):
+    """Numbers of the version last applied (dcast_consumer_stats, field
+    for field; version None before the first apply), and ready_backlog:
+    the READY versions not yet applied that apply(ready_version) takes."""
+    _versions = ("version",)
 
 
 def _declare(l):
@@ -123,12 +129,15 @@ def _declare(l):
     l.dcast_consumer_ready_version.restype = u64
     l.dcast_consumer_wait_version.argtypes = [vp, u64, i]
     l.dcast_consumer_checkpoint.argtypes = [vp]
-    l.dcast_consumer_stats_get.argtypes = [vp, ctypes.POINTER(Stats)]
+    l.dcast_consumer_stats_get.argtypes = [vp, ctypes.POINTER(_Stats)]
+    l.dcast_consumer_run.argtypes = [vp]
+    l.dcast_consumer_ready_versions.argtypes = [vp, ctypes.POINTER(u64), u32]
+    l.dcast_consumer_ready_versions.restype = u32
+    l.dcast_consumer_run.restype = u64
     return l
 
 
-def _ver(v: int) -> Optional[int]:
-    return None if v == VERSION_NONE else v
+_ver = version_or_none
 
 
 def _checkpoint_bytes(dir: str) -> Optional[int]:
@@ -205,6 +214,7 @@ class Consumer(Closable):
                  curve_public_key: Union[str, bytes, None] = None,
                  curve_secret_key: Union[str, bytes, None] = None) -> None:
         self._c: Optional[ctypes.c_void_p] = None
+        self._confirmed = False
         self._bound: dict = {}
         self._bound_slices: List[Any] = []
         ep = need_endpoint("Consumer: broker", broker)
@@ -244,6 +254,7 @@ class Consumer(Closable):
         opts.client, opts.curve_server_key, opts.curve_public_key, opts.curve_secret_key = \
             self._strings
         self.budget_bytes = budget_bytes
+        self.broker, self.dir = broker, dir
         c = ctypes.c_void_p()
         check(self._l.dcast_consumer_open(ep, mb, dir.encode(), budget_bytes,
                                           ctypes.byref(opts), ctypes.byref(c)))
@@ -288,31 +299,40 @@ class Consumer(Closable):
         None for an untiled tensor."""
         return self._desc_grid(name)[4]
 
-    def tensor(self, name: str) -> Any:
-        """The live host tensor `name` as a numpy array (bf16/fp8 as uint bit
-        patterns), in its natural row-major layout.
+    def tensor(self, name: str, *, as_numpy: bool = False) -> Any:
+        """The live host tensor `name`, in its natural row-major layout: a
+        numpy array, or, for the dtypes numpy has no type for (BF16 and
+        FP8) where torch imports, a torch tensor of that dtype
+        (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2) on the
+        same memory.  as_numpy=True (or no torch): those as numpy uint16 /
+        uint8 bit patterns.
 
         Untiled tensors: a view of the consumer's memory, valid until close()
         or bind(); it changes only in apply().  Tiled tensors (grid() not
         None: published as tensor-parallel slices) are held in the
-        producers' tile order, so this returns a read-only COPY in natural
-        layout (read_slice(name)): it does not follow later versions; call
-        tensor() again after apply(), or bind()/bind_slice() an array to
-        have one kept up to date."""
+        producers' tile order, so this returns a COPY in natural layout
+        (read_slice(name); read-only as numpy): it does not follow later
+        versions; call tensor() again after apply(), or bind()/bind_slice()
+        an array to have one kept up to date."""
         import numpy as np
         ptr, dtype, shape, mem, grid = self._desc_grid(name)
         if grid is not None:
             out = self.read_slice(name)
-            out.flags.writeable = False
-            return out
-        if mem != MEM_HOST:
+        elif mem != MEM_HOST:
             raise fail("DCAST_EINVAL", f"tensor {name} lives on a CUDA device")
-        n = 1
-        for s in shape:
-            n *= s
-        dt = np.dtype(_dtypes.numpy_view_dtype(dtype))
-        buf = (ctypes.c_char * (n * dt.itemsize)).from_address(ptr) if n else bytearray()
-        return np.frombuffer(buf, dtype=dt, count=n).reshape(shape)
+        else:
+            n = 1
+            for s in shape:
+                n *= s
+            dt = np.dtype(_dtypes.numpy_view_dtype(dtype))
+            buf = (ctypes.c_char * (n * dt.itemsize)).from_address(ptr) if n else bytearray()
+            out = np.frombuffer(buf, dtype=dt, count=n).reshape(shape)
+        as_torch = None if as_numpy else _dtypes.torch_view(out, dtype)
+        if as_torch is not None:
+            return as_torch
+        if grid is not None:
+            out.flags.writeable = False
+        return out
 
     def bind(self, name: str, array: Any) -> None:
         """Make `array` (a C-contiguous, writeable numpy array or a contiguous
@@ -453,17 +473,79 @@ class Consumer(Closable):
 
     @property
     def version(self) -> Optional[int]:
-        """Version the live tensors hold, None before the first apply."""
-        return _ver(self._l.dcast_consumer_version(self._live()))
+        """Version the live tensors hold, None before the first apply, and
+        None for a version loaded from the checkpoint in dir until the
+        broker's WELCOME confirms its run (it may be an earlier training
+        run's: see run and wait_confirmed())."""
+        v = _ver(self._l.dcast_consumer_version(self._live()))
+        return v if v is None or self.confirmed else None
+
+    @property
+    def run(self) -> int:
+        """The run identity of the broker's stream that the state held
+        belongs to, once a WELCOME confirmed it; 0 before
+        (dcast_consumer_run)."""
+        return self._l.dcast_consumer_run(self._live())
+
+    @property
+    def confirmed(self) -> bool:
+        """Whether version is the broker's: a WELCOME confirmed the run
+        of the state held, or a version of its stream was applied here
+        (what a relay that names no run yet allows)."""
+        if not self._confirmed:
+            raw = _Stats()
+            self._l.dcast_consumer_stats_get(self._live(), ctypes.byref(raw))
+            self._confirmed = self.run != 0 or raw.version != VERSION_NONE
+        return self._confirmed
+
+    def wait_confirmed(self, timeout_ms: int = 10000) -> Optional[int]:
+        """Wait up to timeout_ms (-1: forever) until confirmed; returns
+        version.  DeltacastError DCAST_ECLOSED naming the broker when no
+        WELCOME came in time: the broker is down or unreachable, and the
+        version loaded from dir (if any) is not served as current."""
+        import time
+        need_int("wait_confirmed: timeout_ms", timeout_ms, -1)
+        end = time.monotonic() + timeout_ms / 1000.0
+        pause = 0.001
+        while not self.confirmed:
+            if timeout_ms >= 0 and time.monotonic() >= end:
+                loaded = _ver(self._l.dcast_consumer_version(self._live()))
+                held = f"version {loaded}, loaded from {self.dir}, is not" if loaded is not None \
+                    else "no version is"
+                raise fail("DCAST_ECLOSED", f"no WELCOME from the broker at {self.broker} in "
+                                            f"{timeout_ms} ms: it is down or unreachable; {held} "
+                                            "reported until it confirms the run")
+            time.sleep(pause)  # the consumer's thread sets the run: no event to wait on
+            pause = min(pause * 2, 0.05)
+        return self.version
+
+    @property
+    def backlog(self) -> int:
+        """READY versions not yet applied that apply(ready_version) takes
+        in one call (Stats.ready_backlog)."""
+        return self.stats().ready_backlog
 
     @property
     def ready_version(self) -> Optional[int]:
         """Newest version apply() can take now, or None."""
         return _ver(self._l.dcast_consumer_ready_version(self._live()))
 
+    def ready_versions(self) -> List[int]:
+        """The READY versions apply() can take now, oldest first (the
+        chain that ends at ready_version; [] when none)."""
+        cap = 64
+        while True:  # max_staged bounds the chain; a bigger one asks again
+            out = (ctypes.c_uint64 * cap)()
+            n = self._l.dcast_consumer_ready_versions(self._live(), out, cap)
+            if n <= cap:
+                return list(out[:n])
+            cap = n
+
     def wait_version(self, min_version: int, timeout_ms: int = -1) -> None:
         """Block until version >= min_version (DeltacastTimeout, a
-        TimeoutError, when timeout_ms passes first; -1 waits forever)."""
+        TimeoutError, when timeout_ms passes first; -1 waits forever; its
+        message says when min_version is READY but not applied: only
+        apply(), or auto_apply, moves the tensors)."""
         check(self._l.dcast_consumer_wait_version(
             self._live(), need_int("wait_version: min_version", min_version, 0),
             need_int("wait_version: timeout_ms", timeout_ms, -1)))
@@ -473,10 +555,11 @@ class Consumer(Closable):
         check(self._l.dcast_consumer_checkpoint(self._live()))
 
     def stats(self) -> Stats:
-        """Numbers of the version last applied (a Stats structure)."""
-        s = Stats()
+        """Numbers of the version last applied, and the READY backlog (a
+        Stats snapshot)."""
+        s = _Stats()
         self._l.dcast_consumer_stats_get(self._live(), ctypes.byref(s))
-        return s
+        return Stats(s)
 
     def close(self) -> None:
         """Disconnect and free; bound arrays keep their contents.  Idempotent."""

@@ -36,11 +36,10 @@ import logging
 from typing import Any, Callable, Dict, Iterable, Optional, Sequence, Tuple, Union
 
 from . import _dtypes
-from ._lib import (Closable, check, curve_keys, fail, lib, need_dims, need_endpoint, need_int,
-                   need_str)
+from ._lib import (Closable, StatsView, check, curve_keys, fail, lib, need_dims, need_endpoint,
+                   need_int, need_str, version_or_none)
 
 MEM_HOST, MEM_CUDA = 0, 1
-VERSION_NONE = (1 << 64) - 1
 log = logging.getLogger("deltacast")
 
 
@@ -54,14 +53,21 @@ class _Opts(ctypes.Structure):
                 ("encode_threads", ctypes.c_uint32)]
 
 
-class Stats(ctypes.Structure):
-    """Counters of the latest publish (dcast_producer_stats)."""
+class _Stats(ctypes.Structure):
+    """The C layout of dcast_producer_stats."""
     _fields_ = [("version", ctypes.c_uint64), ("anchor", ctypes.c_int),
                 ("chunks_total", ctypes.c_uint64), ("chunks_sent", ctypes.c_uint64),
                 ("changed_elems", ctypes.c_uint64), ("elems", ctypes.c_uint64),
                 ("payload_bytes", ctypes.c_uint64), ("model_bytes", ctypes.c_uint64),
                 ("acked_version", ctypes.c_uint64), ("total_reconnects", ctypes.c_uint64),
                 ("total_payload_bytes", ctypes.c_uint64), ("total_resends", ctypes.c_uint64)]
+
+
+class Stats(StatsView):
+    """Counters of the latest publish (dcast_producer_stats, field for
+    field); version and acked_version are None before the first publish
+    and the first ACK."""
+    _versions = ("version", "acked_version")
 
 
 def _declare(l: ctypes.CDLL) -> ctypes.CDLL:
@@ -76,7 +82,9 @@ def _declare(l: ctypes.CDLL) -> ctypes.CDLL:
                                                 ctypes.POINTER(u64), vp, ctypes.c_int]
     l.dcast_producer_publish.argtypes = [vp, u64]
     l.dcast_producer_wait.argtypes = [vp, u64, ctypes.c_int]
-    l.dcast_producer_stats_get.argtypes = [vp, ctypes.POINTER(Stats)]
+    l.dcast_producer_stats_get.argtypes = [vp, ctypes.POINTER(_Stats)]
+    l.dcast_producer_broker_version.argtypes = [vp]
+    l.dcast_producer_broker_version.restype = u64
     l.dcast_producer_close.argtypes = [ctypes.POINTER(vp)]
     return l
 
@@ -340,10 +348,19 @@ class Producer(Closable):
                                           need_int("wait: timeout_ms", timeout_ms, -1)))
 
     def stats(self) -> Stats:
-        """Counters of the latest publish (a Stats structure)."""
-        s = Stats()
+        """Counters of the latest publish (a Stats snapshot; version and
+        acked_version None until there is one)."""
+        s = _Stats()
         self._l.dcast_producer_stats_get(self._live("stats"), ctypes.byref(s))
-        return s
+        return Stats(s)
+
+    @property
+    def broker_version(self) -> Optional[int]:
+        """The newest version of the model the broker has committed (its
+        WELCOME at open or re-join, and its ACKs since), None for a model
+        it has none of.  A restarted trainer resumes above it:
+        p.publish((p.broker_version or 0) + 1)."""
+        return version_or_none(self._l.dcast_producer_broker_version(self._live("broker_version")))
 
     def close(self) -> None:
         """Close the connection and free the baseline; idempotent."""

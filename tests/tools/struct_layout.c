@@ -41,7 +41,7 @@ int main(void)
 	FIELD(dcast_consumer_stats, log_write_bytes); FIELD(dcast_consumer_stats, log_write_ns);
 	FIELD(dcast_consumer_stats, verify_bytes); FIELD(dcast_consumer_stats, rejoins);
 	FIELD(dcast_consumer_stats, folds); FIELD(dcast_consumer_stats, folding);
-	FIELD(dcast_consumer_stats, folds_from_tensors);
+	FIELD(dcast_consumer_stats, folds_from_tensors); FIELD(dcast_consumer_stats, ready_backlog);
 	END();
 	BEGIN(dcast_producer_opts, "producer_opts");
 	FIELD(dcast_producer_opts, range_elems); FIELD(dcast_producer_opts, max_inflight_bytes);

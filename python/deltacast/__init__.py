@@ -9,7 +9,8 @@ raise DeltacastError (.name "DCAST_...", .text, .detail).
 Serving engines: deltacast.engine maps the trainer's tensors onto an
 engine's fused, sharded parameters and binds them in place;
 deltacast.vllm and deltacast.sglang plug it into vLLM and SGLang
-(docs/engines.md).  Import them explicitly."""
+(docs/engines.md); deltacast.worker moves every rank of an engine to a
+new version together or not at all.  Import them explicitly."""
 from ._lib import (DeltacastArgumentError, DeltacastError, DeltacastTimeout, library_path,
                    read_curve_key, set_log_level)
 from ._version import __version__

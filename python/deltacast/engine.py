@@ -547,11 +547,16 @@ class EngineWorker:
     """One engine rank's deltacast consumer, bound into its parameters.
 
     Opens a Consumer (broker, model, dir and `consumer` keywords as for
-    Consumer), waits up to timeout_ms for the manifest, plans the mapping
-    (params, layouts, ranks, stacked, experts, ignore as for plan()) and
-    binds it.  apply(version) then brings the parameters to `version` in
-    place.  On any error the consumer is closed and nothing stays bound.
-    Used by deltacast.vllm and deltacast.sglang."""
+    Consumer), waits up to timeout_ms for the broker's WELCOME (a worker
+    restarted on its dir while the broker is down raises DeltacastError
+    DCAST_ECLOSED naming the broker, rather than serve the version in dir
+    unconfirmed) and for the manifest, plans the mapping (params, layouts,
+    ranks, stacked, experts, ignore as for plan()) and binds it.
+    apply(version) then brings the parameters to `version` in place;
+    apply_all_ranks(agreement) moves every rank of the engine to the
+    newest version all of them hold READY (deltacast.worker).  On any
+    error the consumer is closed and nothing stays bound.  Used by
+    deltacast.vllm and deltacast.sglang."""
 
     def __init__(self, broker: str, model: str, dir: str, params: Mapping[str, Any],
                  layouts: LayoutRules = (), ranks: Ranks = Ranks(), *,
@@ -561,6 +566,7 @@ class EngineWorker:
         self.timeout_ms = timeout_ms
         self.consumer = Consumer(broker, model, dir, **consumer)
         try:
+            self.consumer.wait_confirmed(timeout_ms)
             self._wait_manifest()
             self.plan = plan(trainer_specs(self.consumer), params, layouts, ranks,
                              stacked=stacked, experts=experts, ignore=ignore)
@@ -585,8 +591,17 @@ class EngineWorker:
 
     @property
     def version(self) -> Optional[int]:
-        """The version the engine's parameters hold (None before the first)."""
+        """The version the engine's parameters hold (None before the first,
+        and while the broker has not confirmed it)."""
         return self.consumer.version
+
+    def apply_all_ranks(self, agreement: Any) -> Any:
+        """At a pause point, on every rank of the engine (a collective):
+        apply the newest version every rank holds READY, in one apply()
+        each, or none; returns deltacast.worker.Served (the version the
+        engine serves, every rank's).  See deltacast.worker."""
+        from .worker import apply_all_ranks
+        return apply_all_ranks(self.consumer, agreement)
 
     def apply(self, version: int, timeout_ms: Optional[int] = None) -> None:
         """Apply READY versions up to `version` (the engine's pause: no

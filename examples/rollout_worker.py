@@ -6,8 +6,12 @@ weights that produced it.
 
     python3 examples/rollout_worker.py --broker tcp://127.0.0.1:5556 --dir /tmp/worker0
 
-The model's parameters are bound to the consumer (bind_module): apply()
-writes each version straight into them, nothing is copied or reloaded.
+The worker first waits for the broker's WELCOME (wait_confirmed): a
+version its directory holds from an earlier run is not served until the
+broker confirms it, and a broker that cannot be reached is named in the
+error.  The model's parameters are bound to the consumer (bind_module):
+apply() writes each version straight into them (the newest READY one,
+however many are waiting), nothing is copied or reloaded.
 Prints one line per batch:
     batch N version V: PROMPT -> GENERATED      (the first sequence of the batch)
 --out DIR also saves each batch as DIR/batch-N.pt (torch.save of a dict:
@@ -38,7 +42,7 @@ def save(out_dir, batch, record):
 
 
 def run(broker, model_name, dir, out_dir=None, until_version=None, batches=None, batch_size=4,
-        prompt_len=8, new_tokens=8, seed=0, poll_ms=50):
+        prompt_len=8, new_tokens=8, seed=0, poll_ms=50, confirm_ms=30000):
     """Generate batches until one ran on a version >= until_version, or
     `batches` batches (None: forever).  Returns the number of batches."""
     model = TinyLM().eval()
@@ -47,13 +51,14 @@ def run(broker, model_name, dir, out_dir=None, until_version=None, batches=None,
     if out_dir:
         os.makedirs(out_dir, exist_ok=True)
     with Consumer(broker, model_name, dir, model_bytes=model_bytes) as c:
+        c.wait_confirmed(confirm_ms)  # DCAST_ECLOSED naming the broker when it is unreachable
         wait_manifest(c, poll_ms)
         c.bind_module(model)  # the parameters become the live tensors
         n = 0
         while batches is None or n < batches:
             ready = c.ready_version
-            if ready is not None:
-                c.apply(ready)  # the pause point: a whole version, between batches
+            if ready is not None:  # the pause point, between batches: the newest
+                c.apply(ready)     # version, and every READY one before it, in one call
             version = c.version  # what the weights hold until the next apply
             if version is None:
                 c.poll(poll_ms)

@@ -1,7 +1,9 @@
 """A trainer that publishes its weights through deltacast: the tiny
 transformer of tiny_lm.py, trained in place (bf16 AdamW), published as
 version 1 before the first step (an anchor) and as the next version after
-every step (deltas against the last acknowledged one).
+every step (deltas against the last acknowledged one).  Restarted
+against a broker that already holds versions of the model, it numbers
+its versions on from the broker's newest (Producer.broker_version).
 
     python3 examples/trainer_torch.py --broker tcp://127.0.0.1:5555 --steps 300
 
@@ -44,7 +46,8 @@ def publish(p, model, version, save_dir, loss):
 
 
 def run(broker, model_name, steps, save_dir=None, paced=False, seed=0, lr=3e-3):
-    """Train `steps` steps, publishing versions 1 .. steps + 1."""
+    """Train `steps` steps, publishing versions first .. first + steps,
+    first being 1, or one above the broker's newest."""
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
     model = TinyLM()
@@ -53,8 +56,11 @@ def run(broker, model_name, steps, save_dir=None, paced=False, seed=0, lr=3e-3):
         os.makedirs(save_dir, exist_ok=True)
     with Producer(broker, model_name) as p:
         p.register_module(model)  # the parameters themselves: opt.step() updates them in place
-        publish(p, model, 1, save_dir, float("nan"))
-        for version in range(2, steps + 2):
+        first = (p.broker_version or 0) + 1  # a restarted trainer goes on from there
+        if first > 1:
+            print(f"the broker holds version {first - 1}: publishing from {first}", flush=True)
+        publish(p, model, first, save_dir, float("nan"))
+        for version in range(first + 1, first + steps + 1):
             if paced and not sys.stdin.readline():
                 break
             loss = train_step(model, opt, gen)

@@ -1,6 +1,7 @@
 """All ranks or none, newest first, against real brokers: an engine of two
-ranks, one process each (engine.EngineWorker bound into numpy parameters,
-deltacast.worker.FileAgreement between them).  Rank 0's consumer reads
+ranks, one process each (engine.EngineWorker bound into numpy parameters),
+agreeing through deltacast.worker.FileAgreement, then again through
+TorchAgreement (torch.distributed, gloo) where torch imports.  Rank 0's consumer reads
 broker A; rank 1's reads relay R (--upstream A), so stopping R (SIGSTOP)
 holds rank 1 back while rank 0 keeps receiving.
 
@@ -25,10 +26,9 @@ from test_producer_python import procs, run_with_broker, start_broker  # noqa: E
 import numpy as np  # noqa: E402
 
 from deltacast import Producer, engine  # noqa: E402
-from deltacast.worker import FileAgreement  # noqa: E402
+from deltacast.worker import FileAgreement, TorchAgreement  # noqa: E402
 
 DEADLINE_S = 30
-MODEL = "ranks"
 SHAPE = (256, 64)
 
 
@@ -36,13 +36,23 @@ def digest(a):
     return hashlib.sha1(a.tobytes()).hexdigest()
 
 
-def rank_main(rank, size, cons_ep, dir, agree_dir):
+def agreement(kind, rank, size, agree_dir):
+    if kind == "file":
+        return FileAgreement(agree_dir, rank, size, timeout_ms=DEADLINE_S * 1000)
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method=f"file://{agree_dir}/group", rank=rank,
+                            world_size=size)
+    return TorchAgreement()
+
+
+def rank_main(kind, model, rank, size, cons_ep, dir, agree_dir):
     """One engine rank: bind, then answer commands read from stdin:
     "ready V" (wait until V is READY here), "sync" (apply_all_ranks)."""
     params = {"w": np.full(SHAPE, np.nan, np.float32)}
-    w = engine.EngineWorker(cons_ep, MODEL, dir, params, timeout_ms=DEADLINE_S * 1000,
+    w = engine.EngineWorker(cons_ep, model, dir, params, timeout_ms=DEADLINE_S * 1000,
                             budget_bytes=16 << 20)
-    agree = FileAgreement(agree_dir, rank, size, timeout_ms=DEADLINE_S * 1000)
+    os.makedirs(agree_dir, exist_ok=True)
+    agree = agreement(kind, rank, size, agree_dir)
     c = w.consumer
     print("open", flush=True)
     try:
@@ -66,10 +76,11 @@ def rank_main(rank, size, cons_ep, dir, agree_dir):
 
 
 class Rank:
-    def __init__(self, rank, cons_ep, tmp):
+    def __init__(self, kind, model, rank, cons_ep, tmp):
         self.rank = rank
-        self.p = subprocess.Popen([sys.executable, __file__, "rank", str(rank), "2", cons_ep,
-                                   os.path.join(tmp, f"rank{rank}"), os.path.join(tmp, "agree")],
+        self.p = subprocess.Popen([sys.executable, __file__, "rank", kind, model, str(rank), "2",
+                                   cons_ep, os.path.join(tmp, f"{model}-rank{rank}"),
+                                   os.path.join(tmp, f"{model}-agree")],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         procs.append(self.p)
 
@@ -90,15 +101,16 @@ def sync(ranks):
     return [r.expect("served") for r in ranks]
 
 
-def body(tmp, prod_ep, cons_ep):
-    relay_tmp = os.path.join(tmp, "relay")
+def run(kind, tmp, prod_ep, cons_ep):
+    model = f"ranks-{kind}"
+    relay_tmp = os.path.join(tmp, f"relay-{kind}")
     os.makedirs(relay_tmp)
-    _, relay_ep = start_broker(relay_tmp, "--upstream", cons_ep, "--upstream-model", MODEL)
+    _, relay_ep = start_broker(relay_tmp, "--upstream", cons_ep, "--upstream-model", model)
     relay = procs[-1]
     rng = np.random.default_rng(3)
     w = rng.standard_normal(SHAPE).astype(np.float32)
     digests = {}
-    with Producer(prod_ep, MODEL, range_elems=4096) as p:
+    with Producer(prod_ep, model, range_elems=4096) as p:
         p.register("w", w)
 
         def publish(v):
@@ -110,7 +122,7 @@ def body(tmp, prod_ep, cons_ep):
             digests[v] = digest(w)
 
         publish(1)
-        ranks = [Rank(0, cons_ep, tmp), Rank(1, relay_ep, tmp)]
+        ranks = [Rank(kind, model, 0, cons_ep, tmp), Rank(kind, model, 1, relay_ep, tmp)]
         for r in ranks:
             r.expect("open")
         for r in ranks:
@@ -119,7 +131,7 @@ def body(tmp, prod_ep, cons_ep):
         for s in sync(ranks):
             assert s["version"] == 1 and s["ranks"] == [1, 1] and s["applied"], s
             assert s["digest"] == digests[1], s
-        print("v1 applied on both ranks")
+        print(f"{kind}: v1 applied on both ranks")
 
         relay.send_signal(signal.SIGSTOP)  # rank 1 falls behind
         try:
@@ -132,7 +144,7 @@ def body(tmp, prod_ep, cons_ep):
                 assert s["version"] == 1 and s["ranks"] == [1, 1] and not s["applied"], s
                 assert s["mine"] == 1 and s["digest"] == digests[1], s
             assert held[0]["backlog"] == [3, 3], held[0]
-            print("v2-v4 READY on rank 0 only: no rank applied, both serve v1")
+            print(f"{kind}: v2-v4 READY on rank 0 only: no rank applied, both serve v1")
         finally:
             relay.send_signal(signal.SIGCONT)
 
@@ -142,16 +154,27 @@ def body(tmp, prod_ep, cons_ep):
             assert s["version"] == 4 and s["ranks"] == [4, 4] and s["applied"], s
             assert s["digest"] == digests[4], f"rank {r.rank}: not the trainer's v4"
             assert s["backlog"][1] == 0, s
-        print("v4 on both ranks in one apply each (rank 0 backlog 3 -> 0)")
+        print(f"{kind}: v4 on both ranks in one apply each (rank 0 backlog 3 -> 0)")
         for r in ranks:
             r.p.stdin.close()
             assert r.p.wait(DEADLINE_S) == 0
 
 
+def body(tmp, prod_ep, cons_ep):
+    run("file", tmp, prod_ep, cons_ep)
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        print("no torch: TorchAgreement not run")
+        return
+    if dist.is_available() and dist.is_gloo_available():
+        run("torch", tmp, prod_ep, cons_ep)
+
+
 def main():
     if len(sys.argv) > 1 and sys.argv[1] == "rank":
-        _, _, rank, size, cons_ep, dir, agree_dir = sys.argv
-        rank_main(int(rank), int(size), cons_ep, dir, agree_dir)
+        _, _, kind, model, rank, size, cons_ep, dir, agree_dir = sys.argv
+        rank_main(kind, model, int(rank), int(size), cons_ep, dir, agree_dir)
         return 0
     run_with_broker("dcast-worker-ranks-", body)
     print("test_worker_ranks: ok")

@@ -6,7 +6,8 @@ A broker with a data dir; a trainer publishes v1, v2; a worker applies v2
 and closes.  The broker is killed.  Reopened on the same directory:
  - Consumer.version is None (the checkpoint holds v2, unconfirmed), and
    wait_confirmed() raises DCAST_ECLOSED naming the broker's endpoint and
-   the version loaded;
+   the version loaded; so does wait_version(2), which does not return on
+   the unconfirmed v2;
  - apply_all_ranks (one rank) serves no version;
  - engine.EngineWorker refuses to start, naming the broker.
 The broker restarts on the same endpoints and data dir (the same run):
@@ -73,6 +74,7 @@ def body(tmp, prod_ep, cons_ep):
         e = raises(DeltacastError, "DCAST_ECLOSED", lambda: c.wait_confirmed(300),
                    cons_ep, "down or unreachable", "version 2, loaded from", "is not reported")
         print(f"restarted, broker down: {e}")
+        raises(DeltacastError, "DCAST_ECLOSED", lambda: c.wait_version(2, 300), cons_ep)
         served = apply_all_ranks(c, FileAgreement(os.path.join(tmp, "agree"), 0, 1))
         assert served.version is None and served.ranks == [None] and not served.applied, served
     e = raises(DeltacastError, "DCAST_ECLOSED",
@@ -82,7 +84,8 @@ def body(tmp, prod_ep, cons_ep):
 
     start_at(tmp, prod_ep, cons_ep, os.path.join(tmp, "data"))
     with Consumer(cons_ep, MODEL, dir, budget_bytes=16 << 20) as c:
-        assert c.wait_confirmed(DEADLINE_S * 1000) == 2
+        c.wait_version(2, DEADLINE_S * 1000)
+        assert c.version == 2 and c.confirmed
         assert np.array_equal(c.tensor("w"), want2)
         assert c.stats().total_bytes_received == 0, "the confirmed state was fetched again"
     with Producer(prod_ep, MODEL) as p:

@@ -545,10 +545,23 @@ class Consumer(Closable):
         """Block until version >= min_version (DeltacastTimeout, a
         TimeoutError, when timeout_ms passes first; -1 waits forever; its
         message says when min_version is READY but not applied: only
-        apply(), or auto_apply, moves the tensors)."""
-        check(self._l.dcast_consumer_wait_version(
-            self._live(), need_int("wait_version: min_version", min_version, 0),
-            need_int("wait_version: timeout_ms", timeout_ms, -1)))
+        apply(), or auto_apply, moves the tensors).  A version loaded from
+        dir counts once the broker confirms its run (version): until then
+        this waits for that too, and raises DCAST_ECLOSED naming the broker
+        when it does not come in time."""
+        import time
+        need_int("wait_version: min_version", min_version, 0)
+        need_int("wait_version: timeout_ms", timeout_ms, -1)
+        end = time.monotonic() + timeout_ms / 1000.0
+
+        def left() -> int:
+            return -1 if timeout_ms < 0 else max(0, int((end - time.monotonic()) * 1000))
+        check(self._l.dcast_consumer_wait_version(self._live(), min_version, timeout_ms))
+        if self.confirmed:
+            return
+        self.wait_confirmed(left())
+        # a WELCOME naming another run drops the loaded state: wait again
+        check(self._l.dcast_consumer_wait_version(self._live(), min_version, left()))
 
     def checkpoint(self) -> None:
         """Write DIR/model.safetensors as the applied version now."""

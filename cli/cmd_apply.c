@@ -40,14 +40,6 @@ static int corrupt(const patch_view *v, const char *what)
 	return cli_fail(DCAST_ECORRUPT, "%s: %s", v->path, what);
 }
 
-static uint64_t le64(const unsigned char *p)
-{
-	uint64_t x = 0;
-	for (int i = 7; i >= 0; i--)
-		x = x << 8 | p[i];
-	return x;
-}
-
 static int map_patch(patch_view *v)
 {
 	int fd = open(v->path, O_RDONLY | O_CLOEXEC);
@@ -73,10 +65,10 @@ static int map_patch(patch_view *v)
 static int check_trailer(patch_view *v)
 {
 	const unsigned char *tr = v->data + v->size - PATCH_TRAILER_BYTES;
-	if (memcmp(tr, PATCH_TRAILER_MAGIC, 8) != 0 || le64(tr + 8) != v->size)
+	if (memcmp(tr, PATCH_TRAILER_MAGIC, 8) != 0 || patch_get_le64(tr + 8) != v->size)
 		return cli_fail(DCAST_ETRUNCATED, "%s: no valid trailer (truncated or not a patch)",
 				  v->path);
-	if (dcast_checksum(v->data, v->size - 8) != le64(tr + 16))
+	if (dcast_checksum(v->data, v->size - 8) != patch_get_le64(tr + 16))
 		return cli_fail(DCAST_ECHECKSUM, "%s: whole-file checksum mismatch (file corrupt)",
 				  v->path);
 	v->chunks_end = v->size - PATCH_TRAILER_BYTES;
@@ -87,7 +79,7 @@ static int check_trailer(patch_view *v)
 static int parse_layout(patch_view *v)
 {
 	uint64_t hb = v->h.new_header_bytes;
-	if (hb < 10 || hb > v->chunks_end - PATCH_HEADER_BYTES || le64(v->data + PATCH_HEADER_BYTES) != hb - 8)
+	if (hb < 10 || hb > v->chunks_end - PATCH_HEADER_BYTES || patch_get_le64(v->data + PATCH_HEADER_BYTES) != hb - 8)
 		return corrupt(v, "bad embedded NEW header length");
 	int err = dcast_st_parse_header(v->data + PATCH_HEADER_BYTES + 8, hb - 8, v->h.new_data_bytes,
 					v->path, &v->layout);

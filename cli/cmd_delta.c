@@ -103,8 +103,7 @@ static int write_trailer(patch_writer *w)
 	unsigned char tr[PATCH_TRAILER_BYTES];
 	uint64_t size = w->pos + PATCH_TRAILER_BYTES;
 	memcpy(tr, PATCH_TRAILER_MAGIC, 8);
-	for (int i = 0; i < 8; i++)
-		tr[8 + i] = (unsigned char)(size >> (8 * i));
+	patch_put_le64(tr + 8, size);
 	int err = cli_pwrite_all(w->out.fd, tr, 16, w->pos, w->out.tmp);
 	if (err)
 		return err;
@@ -113,8 +112,7 @@ static int write_trailer(patch_writer *w)
 		return cli_fail(DCAST_EIO, "%s: mmap: %s", w->out.tmp, strerror(errno));
 	uint64_t sum = dcast_checksum(map, (size_t)(w->pos + 16));
 	munmap(map, (size_t)(w->pos + 16));
-	for (int i = 0; i < 8; i++)
-		tr[16 + i] = (unsigned char)(sum >> (8 * i));
+	patch_put_le64(tr + 16, sum);
 	return cli_pwrite_all(w->out.fd, tr + 16, 8, w->pos + 16, w->out.tmp);
 }
 

@@ -9,7 +9,7 @@ static void put32(unsigned char *p, uint32_t v)
 		p[i] = (unsigned char)(v >> (8 * i));
 }
 
-static void put64(unsigned char *p, uint64_t v)
+void patch_put_le64(unsigned char *p, uint64_t v)
 {
 	for (int i = 0; i < 8; i++)
 		p[i] = (unsigned char)(v >> (8 * i));
@@ -20,7 +20,7 @@ static uint32_t get32(const unsigned char *p)
 	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
-static uint64_t get64(const unsigned char *p)
+uint64_t patch_get_le64(const unsigned char *p)
 {
 	return (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32;
 }
@@ -30,10 +30,10 @@ void patch_header_put(unsigned char *p, const patch_header *h)
 	memcpy(p, PATCH_MAGIC, 8);
 	put32(p + 8, h->version);
 	put32(p + 12, h->flags);
-	put64(p + 16, h->tensor_count);
-	put64(p + 24, h->chunk_count);
-	put64(p + 32, h->new_header_bytes);
-	put64(p + 40, h->new_data_bytes);
+	patch_put_le64(p + 16, h->tensor_count);
+	patch_put_le64(p + 24, h->chunk_count);
+	patch_put_le64(p + 32, h->new_header_bytes);
+	patch_put_le64(p + 40, h->new_data_bytes);
 }
 
 int patch_header_get(const unsigned char *p, patch_header *h)
@@ -42,49 +42,49 @@ int patch_header_get(const unsigned char *p, patch_header *h)
 		return -1;
 	h->version = get32(p + 8);
 	h->flags = get32(p + 12);
-	h->tensor_count = get64(p + 16);
-	h->chunk_count = get64(p + 24);
-	h->new_header_bytes = get64(p + 32);
-	h->new_data_bytes = get64(p + 40);
+	h->tensor_count = patch_get_le64(p + 16);
+	h->chunk_count = patch_get_le64(p + 24);
+	h->new_header_bytes = patch_get_le64(p + 32);
+	h->new_data_bytes = patch_get_le64(p + 40);
 	return 0;
 }
 
 void patch_tensor_put(unsigned char *p, const patch_tensor *t)
 {
-	put64(p, t->base_digest);
-	put64(p + 8, t->new_digest);
+	patch_put_le64(p, t->base_digest);
+	patch_put_le64(p + 8, t->new_digest);
 	put32(p + 16, t->has_base);
 	put32(p + 20, t->elem_size);
-	put64(p + 24, t->count);
+	patch_put_le64(p + 24, t->count);
 }
 
 void patch_tensor_get(const unsigned char *p, patch_tensor *t)
 {
-	t->base_digest = get64(p);
-	t->new_digest = get64(p + 8);
+	t->base_digest = patch_get_le64(p);
+	t->new_digest = patch_get_le64(p + 8);
 	t->has_base = get32(p + 16);
 	t->elem_size = get32(p + 20);
-	t->count = get64(p + 24);
+	t->count = patch_get_le64(p + 24);
 }
 
 void patch_chunk_put(unsigned char *p, const patch_chunk *c)
 {
 	put32(p, c->tensor_index);
 	put32(p + 4, c->encoding);
-	put64(p + 8, c->begin);
-	put64(p + 16, c->count);
-	put64(p + 24, c->changed);
-	put64(p + 32, c->payload_bytes);
-	put64(p + 40, c->checksum);
+	patch_put_le64(p + 8, c->begin);
+	patch_put_le64(p + 16, c->count);
+	patch_put_le64(p + 24, c->changed);
+	patch_put_le64(p + 32, c->payload_bytes);
+	patch_put_le64(p + 40, c->checksum);
 }
 
 void patch_chunk_get(const unsigned char *p, patch_chunk *c)
 {
 	c->tensor_index = get32(p);
 	c->encoding = get32(p + 4);
-	c->begin = get64(p + 8);
-	c->count = get64(p + 16);
-	c->changed = get64(p + 24);
-	c->payload_bytes = get64(p + 32);
-	c->checksum = get64(p + 40);
+	c->begin = patch_get_le64(p + 8);
+	c->count = patch_get_le64(p + 16);
+	c->changed = patch_get_le64(p + 24);
+	c->payload_bytes = patch_get_le64(p + 32);
+	c->checksum = patch_get_le64(p + 40);
 }

@@ -33,6 +33,11 @@ typedef struct patch_chunk {
 	uint64_t begin, count, changed, payload_bytes, checksum;
 } patch_chunk;
 
+/* The patch format's little-endian 64-bit fields (the CLI is built on the
+ * public API alone: these are its one copy). */
+void patch_put_le64(unsigned char *p, uint64_t v);
+uint64_t patch_get_le64(const unsigned char *p);
+
 void patch_header_put(unsigned char *p, const patch_header *h);
 int patch_header_get(const unsigned char *p, patch_header *h); /* -1: bad magic */
 void patch_tensor_put(unsigned char *p, const patch_tensor *t);

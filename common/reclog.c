@@ -12,32 +12,11 @@
 #include "dcast_reclog.h"
 #include "deltacast/codec.h"
 #include "deltacast/schema.h"
+#include "dcast_bytes.h"
 
 #define REC_MAGIC (0x00524344u | (uint32_t)DCAST_REC_FORMAT << 24) /* "DCR3" */
 #define REC_FAMILY(m) (((m) & 0xffffffu) == (REC_MAGIC & 0xffffffu) && \
 		       ((m) >> 24) >= '0' && ((m) >> 24) <= '9')
-
-static void put32(uint8_t *p, uint32_t v)
-{
-	for (int i = 0; i < 4; i++)
-		p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void put64(uint8_t *p, uint64_t v)
-{
-	put32(p, (uint32_t)v);
-	put32(p + 4, (uint32_t)(v >> 32));
-}
-
-static uint32_t get32(const uint8_t *p)
-{
-	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
-static uint64_t get64(const uint8_t *p)
-{
-	return (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32;
-}
 
 static uint64_t prefix_checksum(const uint8_t *p, const void *hdr, size_t hdr_len)
 {
@@ -46,15 +25,15 @@ static uint64_t prefix_checksum(const uint8_t *p, const void *hdr, size_t hdr_le
 
 void dcast_rec_encode(uint8_t *p, const dcast_rec *r, const void *hdr)
 {
-	put32(p, REC_MAGIC);
+	dcast_put_le32(p, REC_MAGIC);
 	p[4] = (uint8_t)r->kind;
 	p[5] = (uint8_t)(r->kind >> 8);
 	p[6] = p[7] = 0;
-	put32(p + 8, r->hdr_len);
-	put32(p + 12, r->payload_len);
-	put64(p + 16, r->version);
-	put64(p + 24, r->payload_sum);
-	put64(p + 32, prefix_checksum(p, hdr, r->hdr_len));
+	dcast_put_le32(p + 8, r->hdr_len);
+	dcast_put_le32(p + 12, r->payload_len);
+	dcast_put_le64(p + 16, r->version);
+	dcast_put_le64(p + 24, r->payload_sum);
+	dcast_put_le64(p + 32, prefix_checksum(p, hdr, r->hdr_len));
 }
 
 void dcast_rec_reader_free(dcast_rec_reader *rd)
@@ -101,10 +80,10 @@ static int reserve(dcast_rec_reader *rd, size_t n)
 static void decode(const uint8_t *p, dcast_rec *r)
 {
 	r->kind = (uint16_t)(p[4] | p[5] << 8);
-	r->hdr_len = get32(p + 8);
-	r->payload_len = get32(p + 12);
-	r->version = get64(p + 16);
-	r->payload_sum = get64(p + 24);
+	r->hdr_len = dcast_get_le32(p + 8);
+	r->payload_len = dcast_get_le32(p + 12);
+	r->version = dcast_get_le64(p + 16);
+	r->payload_sum = dcast_get_le64(p + 24);
 }
 
 #define WHY(rc, ...) (snprintf(why, why_cap, __VA_ARGS__), (rc))
@@ -116,7 +95,7 @@ static int prefix_check(const dcast_rec_reader *rd, const uint8_t *p, uint64_t o
 			const dcast_rec *r, char *why, size_t why_cap)
 {
 	uint64_t left = rd->size - off - DCAST_REC_PREFIX;
-	uint32_t magic = get32(p);
+	uint32_t magic = dcast_get_le32(p);
 
 	if (!REC_FAMILY(magic) || (magic == REC_MAGIC && (p[6] || p[7] || r->kind < 1 ||
 							  r->kind > rd->max_kind)))
@@ -149,10 +128,10 @@ int dcast_rec_read(dcast_rec_reader *rd, uint64_t off, int payload, dcast_rec *r
 	len = r->hdr_len + (payload ? (size_t)r->payload_len : 0);
 	if ((rc = reserve(rd, len + 1)) || (rc = pread_full(rd->fd, rd->buf, len, off + sizeof(p))))
 		return WHY(rc, "%s", dcast_last_error());
-	if (prefix_checksum(p, rd->buf, r->hdr_len) != get64(p + 32))
+	if (prefix_checksum(p, rd->buf, r->hdr_len) != dcast_get_le64(p + 32))
 		return WHY(DCAST_ECHECKSUM, "record checksum mismatch at offset %llu",
 			   (unsigned long long)off);
-	if (get32(p) != REC_MAGIC) /* whole, so written that way: not damage */
+	if (dcast_get_le32(p) != REC_MAGIC) /* whole, so written that way: not damage */
 		return WHY(DCAST_EPROTO_VERSION, "a whole record of format %c at offset %llu (this "
 			   "build reads format %c)", (char)p[3], (unsigned long long)off,
 			   DCAST_REC_FORMAT);

@@ -14,6 +14,7 @@
 #include "dcast_common.h"
 #include "deltacast/safetensors.h"
 #include "safetensors_json.h"
+#include "dcast_bytes.h"
 
 struct dcast_st_file {
 	char *label;               /* path or caller's label, for errors */
@@ -61,20 +62,6 @@ int dcast_st_dtype_from_name(const char *name, size_t len)
 		if (strlen(dtypes[i].name) == len && memcmp(dtypes[i].name, name, len) == 0)
 			return i;
 	return -1;
-}
-
-static uint64_t load_le64(const unsigned char *p)
-{
-	uint64_t v = 0;
-	for (int i = 7; i >= 0; i--)
-		v = v << 8 | p[i];
-	return v;
-}
-
-static void store_le64(unsigned char *p, uint64_t v)
-{
-	for (int i = 0; i < 8; i++)
-		p[i] = (unsigned char)(v >> (8 * i));
 }
 
 /* ---- reading ---- */
@@ -322,7 +309,7 @@ static int parse_image(dcast_st_file *f, const unsigned char *buf, size_t len)
 	if (len < 8)
 		return dcast_fail(DCAST_ETRUNCATED, "%s: file is %zu bytes, shorter than the 8-byte header length",
 				  f->label, len);
-	uint64_t hlen = load_le64(buf);
+	uint64_t hlen = dcast_get_le64(buf);
 	int err = check_header_len(f->label, hlen, len - 8);
 	if (err)
 		return err;
@@ -360,7 +347,7 @@ int dcast_st_parse_header(const void *hdr, size_t hdr_len, uint64_t data_bytes, 
 	if (!err && !(f->header_copy = malloc(hdr_len + 8)))
 		err = dcast_fail(DCAST_ENOMEM, "%s: out of memory", f->label);
 	if (!err) {
-		store_le64(f->header_copy, hdr_len);
+		dcast_put_le64(f->header_copy, hdr_len);
 		memcpy(f->header_copy + 8, hdr, hdr_len);
 		f->header = f->header_copy;
 		f->header_len = hdr_len + 8;

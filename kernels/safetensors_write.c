@@ -14,6 +14,7 @@
 #include "dcast_common.h"
 #include "deltacast/safetensors.h"
 #include "deltacast/schema.h"
+#include "dcast_bytes.h"
 
 typedef struct text_buf {
 	char *data;
@@ -185,8 +186,7 @@ static int layout_fill(const dcast_st_spec *specs, size_t n, const dcast_st_meta
 		free(b.data);
 		return err;
 	}
-	for (int i = 0; i < 8; i++)
-		b.data[i] = (char)((uint64_t)(b.len - 8) >> (8 * i));
+	dcast_put_le64(b.data, (uint64_t)(b.len - 8));
 	out->header = (unsigned char *)b.data;
 	out->header_bytes = b.len;
 	for (size_t i = 0; i < n; i++)

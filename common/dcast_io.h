@@ -116,6 +116,13 @@ int dcast_io_pwrite_all(dcast_io *io, int file, const void *buf, size_t len, uin
  * DCAST_ETRUNCATED when the file ends first (detail names file and offset). */
 int dcast_io_pread_all(dcast_io *io, int file, void *buf, size_t len, uint64_t off);
 
+/* Plain syscalls on an fd, for code outside the engine: read or write
+ * exactly len bytes at off, retrying short transfers and EINTR.  label
+ * names the file in the error.  Errors: DCAST_EIO (the errno's text, or,
+ * reading, the file ending inside the range). */
+int dcast_pread_full(int fd, void *buf, size_t len, uint64_t off, const char *label);
+int dcast_pwrite_full(int fd, const void *buf, size_t len, uint64_t off, const char *label);
+
 /* Drain every outstanding operation, then fsync (or fdatasync) the file and
  * wait: afterwards every write submitted before the call is durable. */
 int dcast_io_sync(dcast_io *io, int file, int datasync);

@@ -577,3 +577,46 @@ int dcast_io_sync(dcast_io *io, int file, int datasync)
 
 	return run_one(io, datasync ? IO_FDATASYNC : IO_FSYNC, file, NULL, 0, 0, &bytes);
 }
+
+/* At most 1 GiB a syscall, as the engine asks (Linux moves at most about
+ * 2 GiB per call anyway). */
+#define FULL_STEP (1u << 30)
+
+int dcast_pread_full(int fd, void *buf, size_t len, uint64_t off, const char *label)
+{
+	size_t got = 0;
+
+	while (got < len) {
+		size_t want = len - got < FULL_STEP ? len - got : FULL_STEP;
+		ssize_t n = pread(fd, (char *)buf + got, want, (off_t)(off + got));
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			return dcast_fail(DCAST_EIO, "%s: read %zu bytes at %llu: %s", label, len,
+					  (unsigned long long)off, strerror(errno));
+		if (n == 0)
+			return dcast_fail(DCAST_EIO, "%s: ends inside %zu bytes at %llu (changed while read)",
+					  label, len, (unsigned long long)off);
+		got += (size_t)n;
+	}
+	return 0;
+}
+
+int dcast_pwrite_full(int fd, const void *buf, size_t len, uint64_t off, const char *label)
+{
+	size_t put = 0;
+
+	while (put < len) {
+		size_t want = len - put < FULL_STEP ? len - put : FULL_STEP;
+		ssize_t n = pwrite(fd, (const char *)buf + put, want, (off_t)(off + put));
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			return dcast_fail(DCAST_EIO, "%s: write at offset %llu: %s", label,
+					  (unsigned long long)(off + put), n < 0 ? strerror(errno) : "no progress");
+		put += (size_t)n;
+	}
+	return 0;
+}

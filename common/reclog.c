@@ -13,6 +13,7 @@
 #include "deltacast/codec.h"
 #include "deltacast/schema.h"
 #include "dcast_bytes.h"
+#include "dcast_io.h"
 
 #define REC_MAGIC (0x00524344u | (uint32_t)DCAST_REC_FORMAT << 24) /* "DCR3" */
 #define REC_FAMILY(m) (((m) & 0xffffffu) == (REC_MAGIC & 0xffffffu) && \
@@ -43,25 +44,6 @@ void dcast_rec_reader_free(dcast_rec_reader *rd)
 	free(rd->buf);
 	rd->buf = NULL;
 	rd->cap = 0;
-}
-
-static int pread_full(int fd, void *buf, size_t len, uint64_t off)
-{
-	size_t got = 0;
-
-	while (got < len) {
-		ssize_t n = pread(fd, (char *)buf + got, len - got, (off_t)(off + got));
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0)
-			return dcast_fail(DCAST_EIO, "record file: read %zu bytes at %llu: %s", len,
-					  (unsigned long long)off, strerror(errno));
-		if (n == 0)
-			return dcast_fail(DCAST_EIO, "record file: ends inside %zu bytes at %llu "
-					  "(changed while read)", len, (unsigned long long)off);
-		got += (size_t)n;
-	}
-	return 0;
 }
 
 static int reserve(dcast_rec_reader *rd, size_t n)
@@ -120,13 +102,14 @@ int dcast_rec_read(dcast_rec_reader *rd, uint64_t off, int payload, dcast_rec *r
 
 	if (off > rd->size || rd->size - off < DCAST_REC_PREFIX)
 		return WHY(DCAST_ECORRUPT, "torn record prefix at offset %llu", (unsigned long long)off);
-	if ((rc = pread_full(rd->fd, p, sizeof(p), off)))
+	if ((rc = dcast_pread_full(rd->fd, p, sizeof(p), off, "record file")))
 		return WHY(rc, "%s", dcast_last_error());
 	decode(p, r);
 	if ((rc = prefix_check(rd, p, off, r, why, why_cap)))
 		return rc;
 	len = r->hdr_len + (payload ? (size_t)r->payload_len : 0);
-	if ((rc = reserve(rd, len + 1)) || (rc = pread_full(rd->fd, rd->buf, len, off + sizeof(p))))
+	if ((rc = reserve(rd, len + 1)) ||
+	    (rc = dcast_pread_full(rd->fd, rd->buf, len, off + sizeof(p), "record file")))
 		return WHY(rc, "%s", dcast_last_error());
 	if (prefix_checksum(p, rd->buf, r->hdr_len) != dcast_get_le64(p + 32))
 		return WHY(DCAST_ECHECKSUM, "record checksum mismatch at offset %llu",

@@ -15,6 +15,7 @@
 #include "deltacast/safetensors.h"
 #include "deltacast/schema.h"
 #include "dcast_bytes.h"
+#include "dcast_io.h"
 
 typedef struct text_buf {
 	char *data;
@@ -221,34 +222,15 @@ void dcast_st_layout_free(dcast_st_layout *layout)
 	memset(layout, 0, sizeof(*layout));
 }
 
-/* Write len bytes at off, retrying short writes and EINTR. */
-static int st_pwrite_all(int fd, const void *buf, size_t len, uint64_t off, const char *label)
-{
-	const char *p = buf;
-	while (len) {
-		size_t n = len < (1u << 30) ? len : (1u << 30);
-		ssize_t w = pwrite(fd, p, n, (off_t)off);
-		if (w < 0 && errno == EINTR)
-			continue;
-		if (w <= 0)
-			return dcast_fail(DCAST_EIO, "%s: write at offset %" PRIu64 ": %s", label, off,
-					  w < 0 ? strerror(errno) : "no progress");
-		p += w;
-		off += (uint64_t)w;
-		len -= (size_t)w;
-	}
-	return 0;
-}
-
 static int write_data(int fd, const char *tmp, const dcast_st_spec *specs,
 		      const dcast_st_layout *lay)
 {
-	int err = st_pwrite_all(fd, lay->header, lay->header_bytes, 0, tmp);
+	int err = dcast_pwrite_full(fd, lay->header, lay->header_bytes, 0, tmp);
 	for (size_t i = 0; i < lay->count && !err; i++) {
 		if (!specs[i].data && lay->nbytes[i])
 			return dcast_fail(DCAST_EINVAL, "safetensors writer: tensor \"%s\" has no data",
 					  specs[i].name);
-		err = st_pwrite_all(fd, specs[i].data, lay->nbytes[i], lay->file_offsets[i], tmp);
+		err = dcast_pwrite_full(fd, specs[i].data, lay->nbytes[i], lay->file_offsets[i], tmp);
 	}
 	if (!err && fsync(fd) != 0)
 		err = dcast_fail(DCAST_EIO, "%s: fsync: %s", tmp, strerror(errno));

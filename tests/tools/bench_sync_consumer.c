@@ -2,9 +2,10 @@
  * rollout worker embeds it: default options (digests checked, the library's
  * fold policy), the consumer's own host copy of the tensors, and every READY
  * version applied at once.  When a version is READY it prints
- *   ready V t_ns T
+ *   ready V t_ns T cpu_ns C
  * (T: CLOCK_REALTIME nanoseconds when poll() returned the event;
- * scripts/bench_fanout.sh times anchors to it), and after each apply:
+ * scripts/bench_fanout.sh times anchors to it; C as below), and after
+ * each apply:
  *   applied V anchor|delta t_ns T stage_ns S apply_ns A bytes B
  *     verify_bytes H log_write_bytes L io_write_bytes W
  * T: CLOCK_REALTIME nanoseconds right after dcast_consumer_apply() returned;
@@ -134,7 +135,7 @@ static int follow(dcast_consumer *c, uint64_t until)
 			err = ev.code; /* named on the line above */
 		if (ev.type != DCAST_EV_VERSION_READY)
 			continue;
-		printf("ready %" PRIu64 " t_ns %" PRIu64 "\n", ev.version, realtime_ns());
+		printf("ready %" PRIu64 " t_ns %" PRIu64 " cpu_ns %" PRIu64 "\n", ev.version, realtime_ns(), cpu_ns());
 		if ((err = dcast_consumer_apply(c, ev.version)))
 			break;
 		report(c, realtime_ns());

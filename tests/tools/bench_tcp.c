@@ -1,11 +1,14 @@
 /* bench_tcp BYTES N [keep]: the raw TCP loopback ceiling for the benches.
  * Sends BYTES to each of N receivers at once (one sender and one receiver
  * thread per connection, 1 MiB writes from one shared buffer, reads into a
- * per-receiver 1 MiB buffer) and prints "seconds S bytes B" for the time
- * until every receiver has all of its bytes.  With "keep", each receiver
- * reads into a buffer of BYTES of its own, allocated when it starts (inside
- * the time): what a receiver that keeps the model pays, first touch of
- * fresh memory included.  Exit 1 on a socket error. */
+ * per-receiver 1 MiB buffer) and prints
+ *   seconds S bytes B send_cpu_s X recv_cpu_s Y
+ * S: the time until every receiver has all of its bytes; X, Y: the CPU
+ * seconds (user + system, getrusage RUSAGE_THREAD at each thread's end) of
+ * the sender threads and of the receiver threads, summed.  With "keep",
+ * each receiver reads into a buffer of BYTES of its own, allocated when it
+ * starts (inside the time): what a receiver that keeps the model pays,
+ * first touch of fresh memory included.  Exit 1 on a socket error. */
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -13,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -27,8 +31,20 @@ static unsigned char send_buf[IO_BYTES];
 typedef struct conn {
 	int fd;
 	int failed;
+	double cpu_s; /* this thread's user + system seconds, at its end */
 	pthread_t th;
 } conn;
+
+/* The calling thread's CPU seconds so far (user + system). */
+static double thread_cpu_s(void)
+{
+	struct rusage ru;
+
+	if (getrusage(RUSAGE_THREAD, &ru))
+		return 0;
+	return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+	       (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6;
+}
 
 static void *sender(void *arg)
 {
@@ -42,6 +58,7 @@ static void *sender(void *arg)
 		else
 			left -= (uint64_t)w;
 	}
+	c->cpu_s = thread_cpu_s();
 	return NULL;
 }
 
@@ -59,6 +76,7 @@ static void *receiver(void *arg)
 			left -= (uint64_t)r;
 	}
 	c->failed |= !buf;
+	c->cpu_s = thread_cpu_s(); /* before the free: handing the memory back is no part of receiving */
 	free(buf);
 	return NULL;
 }
@@ -76,7 +94,7 @@ int main(int argc, char **argv)
 	socklen_t len = sizeof(a);
 	conn snd[MAX_CONN], rcv[MAX_CONN];
 	int lfd, n, failed = 0;
-	double t0;
+	double t0, send_cpu = 0, recv_cpu = 0;
 
 	if (argc < 3 || argc > 4 || (n = atoi(argv[2])) < 1 || n > MAX_CONN ||
 	    (argc == 4 && strcmp(argv[3], "keep"))) {
@@ -113,10 +131,13 @@ int main(int argc, char **argv)
 		pthread_join(snd[i].th, NULL);
 		pthread_join(rcv[i].th, NULL);
 		failed |= snd[i].failed | rcv[i].failed;
+		send_cpu += snd[i].cpu_s;
+		recv_cpu += rcv[i].cpu_s;
 		close(snd[i].fd);
 		close(rcv[i].fd);
 	}
-	printf("seconds %.6f bytes %llu\n", now_s() - t0, (unsigned long long)(total_bytes * (uint64_t)n));
+	printf("seconds %.6f bytes %llu send_cpu_s %.6f recv_cpu_s %.6f\n", now_s() - t0,
+	       (unsigned long long)(total_bytes * (uint64_t)n), send_cpu, recv_cpu);
 	close(lfd);
 	return failed;
 }

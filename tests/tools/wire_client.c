@@ -21,7 +21,8 @@
  *                       only receive (`make bench-fanout`): count CHUNK
  *                       payload bytes, return their credit, and at the
  *                       COMMIT of V or later print "received V chunks C
- *                       bytes B t_ns T" (T: CLOCK_REALTIME ns) and exit
+ *                       bytes B t_ns T cpu_ns U" (T: CLOCK_REALTIME ns;
+ *                       U: this process's CPU ns so far) and exit
  * Common: --tensors T --elems E --chunk-elems C --density-ppm D --seed S
  *         --timeout-ms MS; --server-key KEY --secret FILE: a CURVE client
  *         (the broker's Z85 public key, its own `deltacast keygen` secret).
@@ -32,6 +33,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 #include "deltacast/codec.h"
 #include "dcast_common.h"
@@ -660,13 +662,16 @@ static void recv_chunk(struct cons *c, const dcast_chunk *h)
 static int recv_commit(struct cons *c, const dcast_commit *m)
 {
 	uint64_t t = dcast_wall_ns(), chunks = c->open_chunks, bytes = c->open_bytes;
+	struct timespec cpu;
 
 	c->open_chunks = c->open_bytes = 0;
 	if (m->version < o.until)
 		return 0;
 	check_counts(m, chunks, bytes);
-	printf("received %llu chunks %llu bytes %llu t_ns %llu\n", (unsigned long long)m->version,
-	       (unsigned long long)chunks, (unsigned long long)bytes, (unsigned long long)t);
+	clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &cpu);
+	printf("received %llu chunks %llu bytes %llu t_ns %llu cpu_ns %llu\n", (unsigned long long)m->version,
+	       (unsigned long long)chunks, (unsigned long long)bytes, (unsigned long long)t,
+	       (unsigned long long)cpu.tv_sec * 1000000000u + (unsigned long long)cpu.tv_nsec);
 	fflush(stdout);
 	return 1;
 }

@@ -330,8 +330,9 @@ bench-sync: all $(BUILD)/tools/bench_tcp $(BUILD)/tools/bench_sync_floor \
 # `make bench-fanout`: an anchor (the whole BENCH_FANOUT_PARAMS bf16 model) to
 # N = 1, 4, 16 receivers over loopback, side by side in one run: raw TCP,
 # nginx + curl, the broker to consumers that only receive, the broker to
-# library consumers until READY, and the broker's VmRSS; medians of 3, issue
-# 22's targets, a last line `fanout_over_raw_tcp R nginx_over_raw_tcp S`
+# library consumers until READY, and the broker's VmRSS, and each cell's
+# receivers' and sender's CPU per GB; medians of 3, the targets, a last line
+# `intake_cpu_over_tcp R broker_cpu_over_nginx S fanout_over_raw_tcp_n1 T`
 # (scripts/bench_fanout.sh; installs nginx if missing).  Rewrites the
 # bench-fanout section of docs/benchmarks.md.  BENCH_FANOUT_QUICK=1: a 10M
 # model, N = 1, 4, print only.  More knobs in the script's header.

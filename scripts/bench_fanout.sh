@@ -21,9 +21,17 @@
 # anchor); the time runs from its dcast_producer_publish() call to the last
 # consumer's line (CLOCK_REALTIME in each process).  The model: gen-trace's
 # v0000 of a bf16 model (cached in $BUILD/bench-fanout-PARAMS).
-# scripts/bench_fanout_report.py turns ROOT/cells.log into the table, issue
-# 22's targets and the last line "fanout_over_raw_tcp R nginx_over_raw_tcp S",
-# and rewrites the bench-fanout section of the doc.
+# Every cell also takes the CPU seconds (user + system) of its receivers
+# and of its sender, read where the measured window adds no work: tcp,
+# keep: bench_tcp's own per-thread counts; nginx: the curls' from bash's
+# `times` in each curl's subshell, the nginx processes' from /proc (see
+# proc_cpu) before and after the fetches; recv, lib, live: each consumer's
+# own CPU time on its line, the broker's from /proc (every thread) from
+# just before the consumers start (live: before the publish) to the end.
+# scripts/bench_fanout_report.py turns ROOT/cells.log into the tables, the
+# targets and the last line "intake_cpu_over_tcp R broker_cpu_over_nginx S
+# fanout_over_raw_tcp_n1 T", and rewrites the bench-fanout section of the
+# doc.
 # Knobs (environment):
 #   BENCH_FANOUT_PARAMS (100M)  BENCH_FANOUT_N ("1 4 16")  BENCH_FANOUT_RUNS (3)
 #   BENCH_FANOUT_QUICK=1        10M and N = "1 4", print only
@@ -86,8 +94,37 @@ make_model() {
 	MODEL_BYTES=$(stat -c %s "$MODEL")
 }
 
-# cell COLUMN N RUN SECONDS [RSS_KB REJOINS ACK_SECONDS]: one measurement.
+# cell COLUMN N RUN SECONDS RECV_CPU SEND_CPU [RSS_KB REJOINS ACK_SECONDS]:
+# one measurement (the CPUs in seconds, every receiver's summed).
 cell() { echo "$*" >>"$ROOT/cells.log"; }
+
+# us_s US: microseconds as seconds ("S.UUUUUU").
+us_s() { printf '%d.%06d' $(($1 / 1000000)) $(($1 % 1000000)); }
+
+# proc_cpu PID...: the processes' CPU time so far, user + system, in
+# microseconds, in CPU_US: the first field of each live thread's
+# /proc/PID/task/TID/schedstat (nanoseconds on a CPU; /proc/PID/stat's
+# utime and stime are the same time in 10 ms ticks, too coarse for a cell
+# of tens of ms).  A thread that ended is not counted: the broker's and
+# nginx's live as long as they do.  Bash builtins only.
+proc_cpu() {
+	local p t ns
+	CPU_US=0
+	for p in "$@"; do
+		[ -d "/proc/$p/task" ] || die "process $p is gone"
+		for t in /proc/"$p"/task/*/schedstat; do
+			read -r ns _ <"$t" || continue # the thread ended just now
+			CPU_US=$((CPU_US + ns / 1000))
+		done
+	done
+}
+
+# times_us T: bash's `times` value T ("1m2.345s") in microseconds.
+times_us() {
+	local m=${1%%m*} s=${1#*m}
+	s=${s%s}
+	echo $((10#$m * 60000000 + 10#${s%.*} * 1000000 + 10#${s#*.} * 1000))
+}
 
 # seconds_since T0: seconds from EPOCHREALTIME T0 to now.
 seconds_since() {
@@ -95,24 +132,38 @@ seconds_since() {
 	printf '%d.%06d' $((us / 1000000)) $((us % 1000000))
 }
 
-# tcp_run N RUN [keep]
+# tcp_run N RUN [keep]: "seconds S bytes B send_cpu_s X recv_cpu_s Y".
 tcp_run() {
-	local s
-	s=$("$BIN/tools/bench_tcp" "$MODEL_BYTES" "$1" ${3:-} | awk '{ print $2 }') ||
-		die "bench_tcp $MODEL_BYTES $1 ${3:-}"
-	cell "${3:-tcp}" "$1" "$2" "$s"
+	local out w
+	out=$("$BIN/tools/bench_tcp" "$MODEL_BYTES" "$1" ${3:-}) || die "bench_tcp $MODEL_BYTES $1 ${3:-}"
+	read -r -a w <<<"$out"
+	[ "${w[6]:-}" = recv_cpu_s ] || die "bench_tcp printed '$out'"
+	cell "${3:-tcp}" "$1" "$2" "${w[1]}" "${w[7]}" "${w[5]}"
 }
 
-# nginx_run DIR N RUN: N curls at once; each must get the whole file.
+# nginx_run DIR N RUN: N curls at once; each must get the whole file.  Each
+# curl's subshell writes its children's `times` (the curl's user and
+# system) to DIR/timesRUN.I once the curl is done.
 nginx_run() {
-	local d=$1 n=$2 k=$3 i t0 pids=()
+	local d=$1 n=$2 k=$3 i t0 s c0 u sy recv=0 pids=()
+	proc_cpu "${NGINX_PIDS[@]}"
+	c0=$CPU_US
 	t0=$EPOCHREALTIME
 	for ((i = 0; i < n; i++)); do
-		curl -sSf -o /dev/null -w '%{size_download}\n' "$URL" >>"$d/curl$k.log" 2>>"$d/curl.err" &
+		{
+			curl -sSf -o /dev/null -w '%{size_download}\n' "$URL" >>"$d/curl$k.log" 2>>"$d/curl.err"
+			times >"$d/times$k.$i"
+		} &
 		pids+=($!)
 	done
 	for i in "${pids[@]}"; do wait "$i" || die "curl $URL ($(cat "$d/curl.err"))"; done
-	cell nginx "$n" "$k" "$(seconds_since "$t0")"
+	s=$(seconds_since "$t0")
+	proc_cpu "${NGINX_PIDS[@]}"
+	for ((i = 0; i < n; i++)); do
+		{ read -r _ && read -r u sy; } <"$d/times$k.$i" || die "no times of curl $i"
+		recv=$((recv + $(times_us "$u") + $(times_us "$sy")))
+	done
+	cell nginx "$n" "$k" "$s" "$(us_s $recv)" "$(us_s $((CPU_US - c0)))"
 	[ "$(grep -cx "$MODEL_BYTES" "$d/curl$k.log")" = "$n" ] || die "curl: short fetch (see $d/curl$k.log)"
 }
 
@@ -127,6 +178,8 @@ refs() {
 	bench_start_server "$d/server.log" nginx "curl -s -o /dev/null http://127.0.0.1:PORT/" \
 		bench_nginx_run "$d/nginx" PORT || die "nginx"
 	URL=http://127.0.0.1:$BENCH_PORT/model.safetensors
+	mapfile -t NGINX_PIDS < <(echo "${BENCH_SERVER_PIDS[0]}" && pgrep -P "${BENCH_SERVER_PIDS[0]}")
+	[ "${#NGINX_PIDS[@]}" -gt 1 ] || die "no nginx workers under ${BENCH_SERVER_PIDS[0]}"
 	for ((k = 1; k <= RUNS; k++)); do nginx_run "$d" "$n" "$k"; done
 	bench_stop_servers || true
 	e2e_cleanup || true
@@ -184,16 +237,19 @@ wait_lines() {
 	done
 }
 
-# anchor_seconds DIR WORD [START]: "S A": S from START (an $EPOCHREALTIME;
-# default the producer's publish call) to the last consumer's "WORD 1 ...
-# t_ns T" line, A from the publish call to the broker's ACK.
+# anchor_seconds DIR WORD [START]: "S A C": S from START (an
+# $EPOCHREALTIME; default the producer's publish call) to the last
+# consumer's "WORD 1 ... t_ns T ... cpu_ns U" line, A from the publish call
+# to the broker's ACK, C the consumers' U summed, in seconds.
 anchor_seconds() {
 	local start=${3:-}
 	awk -v word="$2" -v start="${start/./}000" '
 		$1 == "acked" && $2 == 1 { t0 = $3; ack = $4 }
-		$1 == word && $2 == 1 { for (i = 3; i < NF; i++) if ($i == "t_ns" && $(i + 1) > last) last = $(i + 1) }
-		END { if (!t0 || !last) exit 1; from = start > 1000 ? start : t0
-		      printf "%.6f %.6f\n", (last - from) / 1e9, (ack - t0) / 1e9 }' \
+		$1 == word && $2 == 1 { for (i = 3; i < NF; i++) {
+			if ($i == "t_ns" && $(i + 1) > last) last = $(i + 1)
+			if ($i == "cpu_ns") { cpu += $(i + 1); ncpu++ } } }
+		END { if (!t0 || !last || !ncpu) exit 1; from = start > 1000 ? start : t0
+		      printf "%.6f %.6f %.6f\n", (last - from) / 1e9, (ack - t0) / 1e9, cpu / 1e9 }' \
 		"$1/publish.log" "$1"/c*.log
 }
 
@@ -214,7 +270,7 @@ wait_acked() {
 # start to the last READY, through the broker's store-and-forward (a version
 # is served once committed).
 broker_run() {
-	local form=$1 n=$2 k=$3 d=$ROOT/$1-n$2-$3 i go pub s ack t0 rss joins word=ready
+	local form=$1 n=$2 k=$3 d=$ROOT/$1-n$2-$3 i go pub s ack rcpu c0 t0 rss joins word=ready
 	[ "$form" = recv ] && word=received
 	mkdir -p "$d"
 	e2e_start_broker "$d/broker.log" $BROKER_ARGS || die "no broker (see $d/broker.log)"
@@ -227,22 +283,26 @@ broker_run() {
 	if [ "$form" = live ]; then
 		for ((i = 1; i <= n; i++)); do start_consumer "$form" "$d" "$i"; done
 		wait_joined "$d" "$n"
+		proc_cpu "$BROKER_PID"
 		echo go >&"$go"
 	else
 		echo go >&"$go"
 		wait_acked "$d"
+		proc_cpu "$BROKER_PID"
 		t0=$EPOCHREALTIME
 		for ((i = 1; i <= n; i++)); do start_consumer "$form" "$d" "$i"; done
 	fi
+	c0=$CPU_US
 	wait_lines "$d" "$word"
 	[ "$form" = recv ] || wait_lines "$d" applied
+	proc_cpu "$BROKER_PID"
 	exec {go}>&-
 	wait "$pub" || die "fault_publish ($(cat "$d/publish.err"))"
-	read -r s ack < <(anchor_seconds "$d" "$word" "${t0:-}") && [ -n "$ack" ] || die "$d: no times in the logs"
+	read -r s ack rcpu < <(anchor_seconds "$d" "$word" "${t0:-}") && [ -n "$rcpu" ] || die "$d: no times in the logs"
 	rss=$(awk '/^VmRSS/ { print $2 }' "/proc/$BROKER_PID/status")
 	joins=$(grep -c '^.*consumer .* joined, ' "$d/broker.log")
 	[ -s "$ROOT/payload" ] || [ "$form" != recv ] || awk '$1 == "received" { print $6; exit }' "$d/c1.log" >"$ROOT/payload"
-	cell "$form" "$n" "$k" "$s" "$rss" $((joins - n)) "$ack"
+	cell "$form" "$n" "$k" "$s" "$rcpu" "$(us_s $((CPU_US - c0)))" "$rss" $((joins - n)) "$ack"
 	e2e_cleanup || true
 	[ "$KEEP" = 1 ] || rm -rf "$d"
 	sync

@@ -2,12 +2,16 @@
 """Table and targets of `make bench-fanout` (scripts/bench_fanout.sh).
 
   bench_fanout_report.py ROOT DOC   print the section, then as the last line
-                                    "fanout_over_raw_tcp R nginx_over_raw_tcp S";
+                                    "intake_cpu_over_tcp R broker_cpu_over_nginx S
+                                    fanout_over_raw_tcp_n1 T";
                                     DOC != "0": also rewrite the bench-fanout section
                                     of DOC (placed after the Sync section if absent)
 
 ROOT holds meta ("key value" lines) and cells.log, one line per measurement:
-"COLUMN N RUN SECONDS [RSS_KB REJOINS ACK_SECONDS]", COLUMN one of tcp, keep, nginx, recv, lib, live."""
+"COLUMN N RUN SECONDS RECV_CPU SEND_CPU [RSS_KB REJOINS ACK_SECONDS]", COLUMN one of
+tcp, keep, nginx, recv, lib, live; RECV_CPU: the N receivers' CPU seconds (user + system)
+summed, SEND_CPU: the sender's (bench_tcp's sender threads, nginx, the broker)."""
+import collections
 import os
 import statistics
 import sys
@@ -23,7 +27,9 @@ COLUMNS = [("tcp", "raw TCP"), ("keep", "raw TCP, receivers keep the model"), ("
            ("live", "publish start to N waiting library consumers READY")]
 GOAL = 1.25  # library consumers until READY, at most this times raw TCP
 TARGET_N = (4, 16)
-LAST_N = 4  # the last line's N
+LAST_N = 4  # the last line's N for its CPU ratios
+WALL_N = 1  # and for its wall-time ratio
+Run = collections.namedtuple("Run", "seconds recv_cpu send_cpu rss_kb rejoins ack")
 
 NOTES = """\
 How it is measured (scripts/bench_fanout.sh; every number from this one run, each cell the
@@ -63,23 +69,42 @@ median of {runs} runs, min..max in brackets, the ratio to the same row's raw TCP
   dropped, or that gave up its session, joins again).  **publish to ACK**: the producer's
   publish call to the broker's ACK of the anchor (checksums, send, commit), median of the
   late-joiner library runs.
+- **CPU per GB moved**: user + system CPU seconds over the GB (10^9 bytes) that reached the
+  receivers, the model file's size times N, median of the runs.  Receivers: bench_tcp's
+  receiver threads (getrusage at each one's end), each curl (bash's `times` of its subshell),
+  each consumer's own process CPU time printed on the line the column is timed to (so the
+  library consumers' until READY, the apply not included), summed.  Sender: bench_tcp's sender
+  threads; nginx's master and workers, before and after each run's fetches; the broker, every
+  thread, from just before the consumers start to the end of the run (live: from just before
+  the publish, so the anchor's intake from the producer counts too); both from each thread's
+  /proc/PID/task/TID/schedstat (nanoseconds on a CPU).  Over loopback the sending side's
+  system time also carries much of the receiving side's protocol work.  The last line:
+  `intake_cpu_over_tcp`, the library consumers' (until READY) receiver CPU per GB over raw TCP's
+  receivers that keep the model, and `broker_cpu_over_nginx`, the broker's CPU per GB (library
+  consumers until READY) over nginx's, both at N = {last_n}; `fanout_over_raw_tcp_n1`, the
+  library consumers' time until READY over raw TCP's at N = {wall_n}.
 - After each broker run its processes are killed, its files removed and `sync` waits for the
   writeback, so that a run does not pay for the one before.
 - Everything shares this machine's cores: producer, broker, N consumers, the references."""
 
 
 def read_cells(path):
-    """{(column, n): [(seconds, rss_kb, rejoins, ack_seconds), ...]}"""
+    """{(column, n): [Run, ...]} (rss_kb, rejoins, ack 0 where the line has none)"""
     cells = {}
     for line in open(path):
         w = line.split()
-        extra = [float(x) for x in w[4:7]] + [0, 0, 0]
-        cells.setdefault((w[0], int(w[1])), []).append((float(w[3]), *extra[:3]))
+        vals = [float(x) for x in w[3:9]] + [0, 0, 0]
+        cells.setdefault((w[0], int(w[1])), []).append(Run(*vals[:6]))
     return cells
 
 
 def median_s(runs):
-    return statistics.median(r[0] for r in runs)
+    return statistics.median(r.seconds for r in runs)
+
+
+def cpu_per_gb(runs, field, n, model):
+    """The median of the runs' CPU seconds in FIELD per GB moved to the N receivers."""
+    return statistics.median(getattr(r, field) for r in runs) / (model * n / 1e9)
 
 
 def ms(s):
@@ -88,12 +113,12 @@ def ms(s):
 
 def time_cell(runs, tcp):
     m = median_s(runs)
-    lo, hi = min(r[0] for r in runs), max(r[0] for r in runs)
+    lo, hi = min(r.seconds for r in runs), max(r.seconds for r in runs)
     return "%s (%.2fx) [%s..%s]" % (ms(m), m / tcp, ms(lo), ms(hi))
 
 
 def rss_cell(runs, model):
-    kb = statistics.median(r[1] for r in runs)
+    kb = statistics.median(r.rss_kb for r in runs)
     return "%.0f (%.2fx model)" % (kb * 1024 / 1e6, kb * 1024 / model)
 
 
@@ -105,8 +130,19 @@ def table(cells, ns, model):
         tcp = median_s(cells[("tcp", n)])
         row = [str(n), ms(tcp)] + [time_cell(cells[(c, n)], tcp) for c, _ in COLUMNS[1:]]
         lib = cells[("lib", n)]
-        rejoins = sum(r[2] for c in ("lib", "live") for r in cells[(c, n)])
-        row += [rss_cell(lib, model), "%d" % rejoins, ms(statistics.median(r[3] for r in lib))]
+        rejoins = sum(r.rejoins for c in ("lib", "live") for r in cells[(c, n)])
+        row += [rss_cell(lib, model), "%d" % rejoins, ms(statistics.median(r.ack for r in lib))]
+        lines.append("| " + " | ".join(row) + " |")
+    return lines
+
+
+def cpu_table(cells, ns, model):
+    """CPU seconds per GB moved, receivers / sender, one column per cell."""
+    head = ["N"] + [name for _, name in COLUMNS]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for n in ns:
+        row = [str(n)] + ["%.2f / %.2f" % (cpu_per_gb(cells[(c, n)], "recv_cpu", n, model),
+                                          cpu_per_gb(cells[(c, n)], "send_cpu", n, model)) for c, _ in COLUMNS]
         lines.append("| " + " | ".join(row) + " |")
     return lines
 
@@ -130,13 +166,30 @@ def targets(cells, ns):
     return lines
 
 
-def last_line(cells, ns):
-    n = LAST_N if LAST_N in ns else ns[0]
-    if n != LAST_N:
-        print("bench-fanout: no N = %d in this run; the last line is for N = %d" % (LAST_N, n), file=sys.stderr)
-    tcp = median_s(cells[("tcp", n)])
-    return "fanout_over_raw_tcp %.2f nginx_over_raw_tcp %.2f" % (
-        median_s(cells[("lib", n)]) / tcp, median_s(cells[("nginx", n)]) / tcp)
+def pick_n(want, ns):
+    """WANT if this run has it, else its first N (said on stderr)."""
+    if want in ns:
+        return want
+    print("bench-fanout: no N = %d in this run; the last line uses N = %d for it" % (want, ns[0]), file=sys.stderr)
+    return ns[0]
+
+
+def ratio(name, a, b):
+    """a / b; inf (said on stderr) where b is 0: nothing measured."""
+    if b > 0:
+        return a / b
+    print("bench-fanout: %s: the reference measured 0" % name, file=sys.stderr)
+    return float("inf")
+
+
+def last_line(cells, ns, model):
+    n, n1 = pick_n(LAST_N, ns), pick_n(WALL_N, ns)
+    intake = ratio("intake_cpu_over_tcp", cpu_per_gb(cells[("lib", n)], "recv_cpu", n, model),
+                   cpu_per_gb(cells[("keep", n)], "recv_cpu", n, model))
+    broker = ratio("broker_cpu_over_nginx", cpu_per_gb(cells[("lib", n)], "send_cpu", n, model),
+                   cpu_per_gb(cells[("nginx", n)], "send_cpu", n, model))
+    wall = ratio("fanout_over_raw_tcp_n1", median_s(cells[("lib", n1)]), median_s(cells[("tcp", n1)]))
+    return "intake_cpu_over_tcp %.2f broker_cpu_over_nginx %.2f fanout_over_raw_tcp_n1 %.2f" % (intake, broker, wall)
 
 
 def section(meta, cells, ns):
@@ -147,8 +200,11 @@ def section(meta, cells, ns):
                 meta["command"], meta["seconds"], meta["kernel"], meta["cpus"], meta["cpu"], meta["load_start"],
                 meta["load_end"], meta["params"], model))
     notes = NOTES.format(runs=meta["runs"], params=meta["params"], model=model, payload=meta["payload_bytes"],
-                         broker_args="its defaults" if meta["broker_args"] == "none" else "flags: " + meta["broker_args"], window=int(meta["window"]) >> 20)
+                         broker_args="its defaults" if meta["broker_args"] == "none" else "flags: " + meta["broker_args"], window=int(meta["window"]) >> 20,
+                         last_n=LAST_N, wall_n=WALL_N)
     lines = [BEGIN, head, "", *table(cells, ns, model), "",
+             "CPU seconds (user + system) per GB moved to the N receivers, receivers / sender:", "",
+             *cpu_table(cells, ns, model), "",
              "Targets, never adjusted here:", "", *targets(cells, ns), "", notes, END]
     return "\n".join(lines) + "\n"
 
@@ -178,7 +234,7 @@ def main(argv):
         write_doc(argv[2], body)
         print("bench-fanout: wrote %s" % argv[2], file=sys.stderr)
     sys.stdout.flush()
-    print(last_line(cells, ns))
+    print(last_line(cells, ns, int(meta["model_bytes"])))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# scripts/bench_fanout.sh at its smallest (a 1M model, N = 1 and 4, one run
+# per cell, print only): every cell carries its receivers' and its sender's
+# CPU seconds, more than 0, and the last line is
+#   intake_cpu_over_tcp R broker_cpu_over_nginx S fanout_over_raw_tcp_n1 T
+# with finite ratios.  Needs nginx and curl (`scripts/deps.sh bench`).
+set -u
+NGINX=$(command -v nginx || echo /usr/sbin/nginx)
+[ -x "$NGINX" ] && command -v curl >/dev/null ||
+	{ echo "SKIP: no nginx or curl (scripts/deps.sh bench installs them)"; exit 77; }
+out=$(mktemp /tmp/dcast-test-fanout-XXXXXX)
+root=""
+trap 'rm -f "$out"; [ -z "$root" ] || rm -rf "$root"' EXIT
+BENCH_FANOUT_PARAMS=1M BENCH_FANOUT_N="1 4" BENCH_FANOUT_RUNS=1 BENCH_FANOUT_DOC=0 BENCH_FANOUT_KEEP=1 \
+	bash "$(dirname "$0")/../scripts/bench_fanout.sh" >"$out" 2>&1
+rc=$?
+cat "$out"
+root=$(sed -n 's/^bench-fanout: keeping the logs in \(\/.*\)$/\1/p' "$out")
+[ $rc = 0 ] || { echo "FAIL: bench_fanout.sh exited $rc"; exit 1; }
+[ -f "$root/cells.log" ] || { echo "FAIL: no cells.log in '$root'"; exit 1; }
+[ "$(wc -l <"$root/cells.log")" = 12 ] || { echo "FAIL: not 12 cells (6 columns, N = 1 and 4)"; exit 1; }
+bad=$(awk '!($5 > 0 && $6 > 0)' "$root/cells.log")
+[ -z "$bad" ] || { echo "FAIL: cells without receiver or sender CPU: $bad"; exit 1; }
+last=$(tail -n 1 "$out")
+[[ "$last" =~ ^intake_cpu_over_tcp\ [0-9]+\.[0-9]+\ broker_cpu_over_nginx\ [0-9]+\.[0-9]+\ fanout_over_raw_tcp_n1\ [0-9]+\.[0-9]+$ ]] ||
+	{ echo "FAIL: last line '$last'"; exit 1; }
+grep -q '^CPU seconds (user + system) per GB moved' "$out" || { echo "FAIL: no CPU table"; exit 1; }
+echo "test_bench_fanout: ok"

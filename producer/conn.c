@@ -86,6 +86,7 @@ static void on_welcome(dcast_producer *p, const dcast_welcome *w)
 {
 	p->conn.up = 1;
 	p->conn.broker_version = w->version;
+	p->conn.run = w->run;
 	p->conn.need_anchor = (int)w->need_anchor;
 	p->conn.heartbeat_ms = w->heartbeat_ms ? w->heartbeat_ms : 1000;
 }

@@ -344,6 +344,21 @@ int prod_base_read(const prod_tensor *t, uint64_t off, void *dst, size_t bytes)
 		return cu_fail(e, "cudaMemcpy from the baseline", t->desc.name);
 	return 0;
 }
+
+/* The whole shard's baseline from host memory (a fetched baseline). */
+int prod_base_write(prod_tensor *t, const void *src, size_t bytes)
+{
+	cudaError_t e;
+
+	if (!t->base_on_device) {
+		memcpy(t->base, src, bytes);
+		return 0;
+	}
+	if ((e = cudaSetDevice(t->device)) ||
+	    (e = cudaMemcpy(t->base, src, bytes, cudaMemcpyHostToDevice)))
+		return cu_fail(e, "cudaMemcpy into the baseline", t->desc.name);
+	return 0;
+}
 #else /* no CUDA in this build */
 int prod_dev_register(prod_tensor *t, const void *ptr)
 {
@@ -379,6 +394,12 @@ int prod_dev_encode(dcast_producer *p, const prod_tensor *t, int anchor, uint64_
 int prod_base_read(const prod_tensor *t, uint64_t off, void *dst, size_t bytes)
 {
 	memcpy(dst, t->base + off * t->elem_size, bytes);
+	return 0;
+}
+
+int prod_base_write(prod_tensor *t, const void *src, size_t bytes)
+{
+	memcpy(t->base, src, bytes);
 	return 0;
 }
 #endif

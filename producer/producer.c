@@ -93,7 +93,8 @@ static int init_fields(dcast_producer *p, const char *endpoint, const char *mode
 	p->opts.client = NULL;
 	p->opts.curve_server_key = p->opts.curve_public_key = p->opts.curve_secret_key = NULL;
 	p->acked_version = p->pending_version = p->last_version = DCAST_VERSION_NONE;
-	p->stats.version = p->stats.acked_version = DCAST_VERSION_NONE;
+	p->stats.version = p->stats.acked_version = p->stats.baseline_version = DCAST_VERSION_NONE;
+	p->progress.version = DCAST_VERSION_NONE;
 	p->conn.broker_version = DCAST_VERSION_NONE;
 	return 0;
 }
@@ -317,6 +318,26 @@ uint64_t dcast_producer_broker_version(const dcast_producer *p)
 {
 	return p ? p->conn.broker_version : DCAST_VERSION_NONE;
 }
+
+#define LOAD(f) __atomic_load_n(&p->progress.f, __ATOMIC_ACQUIRE)
+
+void dcast_producer_progress_get(const dcast_producer *p, dcast_producer_progress *out)
+{
+	uint64_t start, end;
+
+	out->active = (int)LOAD(active);
+	out->version = LOAD(version);
+	out->anchor = (int)LOAD(anchor);
+	out->ranges_done = LOAD(ranges_done);
+	out->ranges_total = LOAD(ranges_total);
+	out->bytes_sent = LOAD(bytes_sent);
+	out->bytes_total = LOAD(bytes_total);
+	start = LOAD(start_ms);
+	end = out->active ? dcast_now_ms() : LOAD(end_ms);
+	out->elapsed_ms = end > start ? end - start : 0; /* a publish starting meanwhile */
+}
+
+#undef LOAD
 
 void dcast_producer_close(dcast_producer **pp)
 {

@@ -6,7 +6,8 @@
  * (publish.c, send.c) and the end of a version: ACK or failure
  * (outcome.c, under the connection), wait() (settle.c).
  * One way down (no file calls a file above it), from the top:
- *   producer.c (open, register, close); publish.c; settle.c; send.c;
+ *   baseline.c (the broker's newest version as the baseline, through the
+ *   consumer library); producer.c (open, register, close); publish.c; settle.c; send.c;
  *   conn.c; outcome.c; encode.c; memory.c; device.c; shared.c (what
  *   several of them read).
  * tests/test_layers.sh checks this order and that no circle forms.
@@ -126,6 +127,13 @@ typedef struct prod_encoder {
 	char err_text[DCAST_MAX_TEXT];
 } prod_encoder;
 
+/* The version being published, for dcast_producer_progress_get() from
+ * another thread: each field written and read with __atomic builtins. */
+typedef struct prod_progress {
+	uint64_t version, ranges_done, ranges_total, bytes_sent, bytes_total;
+	uint64_t start_ms, end_ms, active, anchor;
+} prod_progress;
+
 /* One attempt at sending a version. */
 typedef struct prod_run {
 	uint64_t version, base_version;
@@ -153,6 +161,7 @@ typedef struct prod_conn {
 	uint32_t generation;    /* bumped on every (re-)join */
 	uint64_t credit_granted, credit_used;
 	uint64_t broker_version; /* newest committed, from WELCOME / ACK */
+	uint64_t run;            /* the broker's run of the model, from WELCOME */
 	int need_anchor;
 	uint32_t heartbeat_ms;
 	uint64_t last_send_ms;
@@ -210,6 +219,7 @@ struct dcast_producer {
 	prod_outcome history[PROD_HISTORY]; /* the latest settled versions */
 	uint64_t n_history;
 	dcast_producer_stats stats;
+	prod_progress progress;
 };
 
 /* shared.c: below every other file here */
@@ -218,6 +228,9 @@ struct dcast_producer {
 uint64_t prod_range_count(const dcast_producer *p, const prod_tensor *t, uint64_t off);
 /* Milliseconds since the pending version's publish call (debug lines). */
 double prod_since_publish_ms(const dcast_producer *p);
+
+/* publish.c */
+int prod_freeze(dcast_producer *p);
 
 /* conn.c */
 int prod_conn_join(dcast_producer *p);
@@ -245,6 +258,7 @@ void prod_dev_free(dcast_producer *p);
 int prod_dev_encode(dcast_producer *p, const prod_tensor *t, int anchor, uint64_t off,
 		    uint64_t count, prod_job *job);
 int prod_base_read(const prod_tensor *t, uint64_t off, void *dst, size_t bytes);
+int prod_base_write(prod_tensor *t, const void *src, size_t bytes);
 
 /* encode.c */
 int prod_enc_setup(dcast_producer *p);

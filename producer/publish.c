@@ -13,6 +13,7 @@
 #include "producer_shared.h"
 
 #define PROD_JOB_WAIT_MS 20
+#define SET(f, v) __atomic_store_n(&p->progress.f, (v), __ATOMIC_RELEASE)
 #define PROD_NO_RESUME UINT32_MAX /* a range failed to encode: start over */
 
 /* Fold a finished job into the undo log and the digests. */
@@ -66,6 +67,7 @@ static int take_job(dcast_producer *p, prod_run *r, uint32_t j)
 	r->progress_ms = dcast_now_ms();
 	record_job(p, r, j, job);
 	p->resume_from = j + 1;
+	SET(ranges_done, j + 1);
 	if (!(slot = job->slot))
 		return 0;
 	job->slot = NULL;
@@ -75,6 +77,7 @@ static int take_job(dcast_producer *p, prod_run *r, uint32_t j)
 	}
 	t = &p->tensors[job->tensor];
 	rc = prod_send_slot(p, r, t, (uint64_t)(j - t->first_chunk) * p->opts.range_elems, &job->info, slot);
+	SET(bytes_sent, r->bytes);
 	if (!rc && r->seq == 1)
 		DCAST_LOG_D("producer %s: version %llu: first chunk sent, %.2f ms after publish", p->model,
 			    (unsigned long long)r->version, prod_since_publish_ms(p));
@@ -135,6 +138,22 @@ static int publish_once(dcast_producer *p, prod_run *r)
 	return prod_send_commit(p, r);
 }
 
+/* A new attempt at the version, from its first range. */
+static void progress_start(dcast_producer *p, const prod_run *r)
+{
+	SET(ranges_done, 0);
+	SET(bytes_sent, 0);
+	SET(ranges_total, p->n_chunks);
+	SET(bytes_total, r->anchor ? p->stats.model_bytes : 0);
+	SET(anchor, (uint64_t)r->anchor);
+}
+
+static void progress_end(dcast_producer *p)
+{
+	SET(end_ms, dcast_now_ms());
+	SET(active, 0);
+}
+
 static void start_run(dcast_producer *p, uint64_t version, int anchor, prod_run *r)
 {
 	p->publish_ns = dcast_now_ns();
@@ -146,6 +165,10 @@ static void start_run(dcast_producer *p, uint64_t version, int anchor, prod_run 
 	p->commit_sent = 0;
 	p->resend = 0;
 	p->resends = 0;
+	SET(start_ms, dcast_now_ms());
+	SET(version, version);
+	progress_start(p, r);
+	SET(active, 1);
 }
 
 /* The same version again after a failed attempt: resume a delta (the
@@ -161,6 +184,7 @@ static void restart_run(dcast_producer *p, prod_run *r)
 	}
 	prod_init_run(p, r->version, anchor, r);
 	p->pending_anchor = anchor;
+	progress_start(p, r);
 }
 
 static void finish_stats(dcast_producer *p, const prod_run *r)
@@ -195,7 +219,7 @@ static void digest_ranges(dcast_producer *p)
 	p->stats.elems = elems;
 }
 
-static int freeze(dcast_producer *p)
+int prod_freeze(dcast_producer *p)
 {
 	int rc;
 
@@ -291,16 +315,19 @@ int dcast_producer_publish(dcast_producer *p, uint64_t version)
 
 	if (!p)
 		return dcast_fail(DCAST_EINVAL, "publish: NULL producer");
-	if ((rc = freeze(p)) || (rc = settle_previous(p, version)) ||
+	if ((rc = prod_freeze(p)) || (rc = settle_previous(p, version)) ||
 	    (rc = check_version(p, version)) || (rc = ensure_joined(p)) ||
 	    (rc = check_version(p, version)))
 		return rc;
 	start_run(p, version, !p->baseline_valid || prod_need_anchor(p), &r);
 	while ((rc = publish_once(p, &r))) {
-		if ((rc = retry(p, rc, &attempts)))
+		if ((rc = retry(p, rc, &attempts))) {
+			progress_end(p);
 			return prod_fail_pending(p, rc);
+		}
 		restart_run(p, &r);
 	}
+	progress_end(p);
 	finish_stats(p, &r);
 	p->last_version = version;
 	return 0;

@@ -91,7 +91,24 @@ typedef struct dcast_producer_stats {
 	uint64_t total_payload_bytes;
 	uint64_t total_resends;    /* versions sent again after a re-join found
 				      the broker without them */
+	uint64_t baseline_version; /* the broker's version taken as the baseline by
+				      dcast_producer_fetch_baseline(), or NONE */
 } dcast_producer_stats;
+
+/* Where the version being published stands, for progress displays: read
+ * with dcast_producer_progress_get() from any thread while publish() runs
+ * on another.  Each field is read atomically, not the set as one. */
+typedef struct dcast_producer_progress {
+	uint64_t version;       /* being published (active) or the last one; NONE before */
+	int active;             /* a publish() of it is under way */
+	int anchor;             /* it goes as an anchor */
+	uint64_t ranges_done;   /* chunk ranges diffed and handed to the connection */
+	uint64_t ranges_total;  /* chunk ranges of this part */
+	uint64_t bytes_sent;    /* CHUNK payload bytes handed to the connection */
+	uint64_t bytes_total;   /* an anchor: this part's tensor bytes; a delta: 0
+				   (its size is known once every range is diffed) */
+	uint64_t elapsed_ms;    /* since that publish() began (to its end, once done) */
+} dcast_producer_progress;
 
 /* Connect to the broker at `endpoint` (a ZeroMQ endpoint such as
  * "tcp://127.0.0.1:5555") as part `part` of `parts` of model `model`: send
@@ -196,7 +213,9 @@ DCAST_API int dcast_producer_publish(dcast_producer *p, uint64_t version);
  * returns its error again. */
 DCAST_API int dcast_producer_wait(dcast_producer *p, uint64_t version, int timeout_ms);
 
-/* Copy the counters into *out.  Never fails for valid pointers. */
+/* Copy the counters into *out.  Never fails for valid pointers.  From the
+ * producer's own thread only (use dcast_producer_progress_get() from
+ * another). */
 DCAST_API void dcast_producer_stats_get(const dcast_producer *p, dcast_producer_stats *out);
 
 /* The newest version of the model the broker has committed, as its
@@ -204,6 +223,40 @@ DCAST_API void dcast_producer_stats_get(const dcast_producer *p, dcast_producer_
  * it has none (a new model).  What a restarted trainer publishes above.
  * Thread safety as the other calls.  NULL-safe (NONE). */
 DCAST_API uint64_t dcast_producer_broker_version(const dcast_producer *p);
+
+/* Copy the progress of the version being published (or the last one) into
+ * *out.  Safe from any thread, also while publish() runs: a display thread
+ * polls it to show bytes, rate and time left (ranges_done / ranges_total
+ * also holds for a delta).  Never fails for valid pointers. */
+DCAST_API void dcast_producer_progress_get(const dcast_producer *p, dcast_producer_progress *out);
+
+/* Take the broker's newest committed version of the model as the baseline,
+ * so that the first publish() sends a delta on it rather than an anchor:
+ * for a new producer process (a trainer restarted after a crash or a
+ * preemption) whose workers already hold that version.  Call it after
+ * registering every tensor and before the first publish.  The version is
+ * fetched through the consumer library from consumer_endpoint (the same
+ * broker's consumer endpoint: the producer endpoint serves no versions)
+ * into `dir` (created if missing;
+ * kept, so a later call with the same dir fetches only the deltas after
+ * what it holds; NULL: a directory of its own under $TMPDIR, removed
+ * afterwards), every chunk checked and the state checked against the
+ * broker's COMMIT digests; it must be of the run the broker named in its
+ * WELCOME, and its tensors must be exactly the registered ones (names,
+ * dtypes, shapes, grids).  This part's shards are then copied into the
+ * baseline: O(model) once, and the consumer's host copy of the model is
+ * held meanwhile.  A broker that holds no version of the model (or asks
+ * for an anchor) leaves nothing to fetch: returns 0, and stats
+ * baseline_version stays NONE.  timeout_ms: for the version to arrive (-1:
+ * no limit).  Errors: DCAST_EINVAL (NULL, no endpoint), DCAST_ESTATE (after a publish;
+ * the broker served another version than its newest, or another run's),
+ * DCAST_ESHAPE (the broker's tensors differ from the registered ones,
+ * naming the first that does: publish an anchor instead), DCAST_ETIMEDOUT,
+ * what dcast_consumer_open() fails with (a directory, the broker), and
+ * those of a publish's first steps (DCAST_ENOMEM).  On error the producer
+ * has no baseline and its first publish sends an anchor. */
+DCAST_API int dcast_producer_fetch_baseline(dcast_producer *p, const char *consumer_endpoint,
+				  const char *dir, int timeout_ms);
 
 /* Send BYE, close the connection and free everything, including the
  * baseline; set *p to NULL.  NULL or *p == NULL is a no-op.  A version not

@@ -574,6 +574,11 @@ class Consumer(Closable):
         self._l.dcast_consumer_stats_get(self._live(), ctypes.byref(s))
         return Stats(s)
 
+    def bytes_received(self) -> int:
+        """Payload bytes received since open (stats().total_bytes_received):
+        it moves while a version stages, so another thread can show progress."""
+        return int(self.stats().total_bytes_received)
+
     def close(self) -> None:
         """Disconnect and free; bound arrays keep their contents.  Idempotent."""
         if self._c is not None and self._c.value:

@@ -60,7 +60,19 @@ class _Stats(ctypes.Structure):
                 ("changed_elems", ctypes.c_uint64), ("elems", ctypes.c_uint64),
                 ("payload_bytes", ctypes.c_uint64), ("model_bytes", ctypes.c_uint64),
                 ("acked_version", ctypes.c_uint64), ("total_reconnects", ctypes.c_uint64),
-                ("total_payload_bytes", ctypes.c_uint64), ("total_resends", ctypes.c_uint64)]
+                ("total_payload_bytes", ctypes.c_uint64), ("total_resends", ctypes.c_uint64),
+                ("baseline_version", ctypes.c_uint64)]
+
+
+class Progress(ctypes.Structure):
+    """Where the version being published stands (dcast_producer_progress):
+    read from any thread while publish() runs on another.  bytes_total is
+    the part's tensor bytes for an anchor, 0 for a delta (ranges_done of
+    ranges_total then tells how far it is)."""
+    _fields_ = [("version", ctypes.c_uint64), ("active", ctypes.c_int), ("anchor", ctypes.c_int),
+                ("ranges_done", ctypes.c_uint64), ("ranges_total", ctypes.c_uint64),
+                ("bytes_sent", ctypes.c_uint64), ("bytes_total", ctypes.c_uint64),
+                ("elapsed_ms", ctypes.c_uint64)]
 
 
 class Stats(StatsView):
@@ -85,6 +97,9 @@ def _declare(l: ctypes.CDLL) -> ctypes.CDLL:
     l.dcast_producer_stats_get.argtypes = [vp, ctypes.POINTER(_Stats)]
     l.dcast_producer_broker_version.argtypes = [vp]
     l.dcast_producer_broker_version.restype = u64
+        l.dcast_producer_progress_get.argtypes = [vp, ctypes.POINTER(Progress)]
+    l.dcast_producer_fetch_baseline.argtypes = [vp, ctypes.c_char_p, ctypes.c_char_p,
+                                                ctypes.c_int]
     l.dcast_producer_close.argtypes = [ctypes.POINTER(vp)]
     return l
 
@@ -152,7 +167,15 @@ class Producer(Closable):
     broker's producer endpoint (see the module doc).  curve_*: Z85 keys (the
     broker's public key and this producer's pair) to speak CURVE.
     on_moved: "follow" or "raise" when a registered torch tensor's storage
-    was replaced (see the module doc)."""
+    was replaced (see the module doc).
+    baseline_from: the same broker's consumer endpoint: before the first
+    publish, take the broker's newest version of the model (if it holds
+    one) as the baseline, so that a restarted trainer's first version goes
+    to the workers as a delta (dcast_producer_fetch_baseline: fetched from
+    there and checked by digests, into baseline_dir, or a temporary
+    directory when None; the broker's tensors must be the registered ones,
+    else publish raises DCAST_ESHAPE).  baseline_timeout_ms bounds the fetch.
+    progress(): how far the version being published is, from any thread."""
 
     def __init__(self, broker: str, model: str, part: int = 0, parts: int = 1, *,
                  range_elems: Optional[int] = None, connect_timeout_ms: Optional[int] = None,
@@ -162,8 +185,17 @@ class Producer(Closable):
                  baseline_on_device: bool = False, on_moved: str = "follow",
                  curve_server_key: Union[str, bytes, None] = None,
                  curve_public_key: Union[str, bytes, None] = None,
-                 curve_secret_key: Union[str, bytes, None] = None) -> None:
+                 curve_secret_key: Union[str, bytes, None] = None,
+                 baseline_from: Optional[str] = None, baseline_dir: Optional[str] = None,
+                 baseline_timeout_ms: int = 600000) -> None:
         self._p: Optional[ctypes.c_void_p] = None
+        self._fetch: Optional[Tuple[bytes, Optional[bytes], int]] = None
+        if baseline_from is not None:
+            self._fetch = (need_endpoint("Producer: baseline_from", baseline_from),
+                           need_str("Producer: baseline_dir", str(baseline_dir), 4095)
+                           if baseline_dir is not None else None,
+                           need_int("Producer: baseline_timeout_ms", baseline_timeout_ms, -1,
+                                    (1 << 31) - 1))
         self._entries: Dict[str, _Entry] = {}
         ep = need_endpoint("Producer: broker", broker)
         mb = need_str("Producer: model", model, 255)
@@ -339,6 +371,9 @@ class Producer(Closable):
         p = self._live("publish")
         need_int("publish: version", version, 0, (1 << 64) - 2)
         self._follow_moves(p)
+        if self._fetch is not None:
+            fetch, self._fetch = self._fetch, None
+            check(self._l.dcast_producer_fetch_baseline(p, *fetch))
         check(self._l.dcast_producer_publish(p, version))
 
     def wait(self, version: int, timeout_ms: int = 30000) -> None:
@@ -361,6 +396,14 @@ class Producer(Closable):
         it has none of.  A restarted trainer resumes above it:
         p.publish((p.broker_version or 0) + 1)."""
         return version_or_none(self._l.dcast_producer_broker_version(self._live("broker_version")))
+
+    def progress(self) -> Progress:
+        """The version being published (or the last one): ranges and bytes
+        sent so far, elapsed_ms.  Safe from another thread while publish()
+        runs (publish releases the GIL)."""
+        s = Progress()
+        self._l.dcast_producer_progress_get(self._live("progress"), ctypes.byref(s))
+        return s
 
     def close(self) -> None:
         """Close the connection and free the baseline; idempotent."""

@@ -87,6 +87,17 @@ char *cli_concat(const char *a, const char *b, const char *c);
 /* Seconds of the monotonic clock. */
 double cli_now_s(void);
 
+/* Progress of a long transfer on stderr: "WHAT: B MiB [of T MiB (P%)]
+ * R MiB/s [ETA S s]" (of, percent and ETA only with a total; frac, in
+ * [0, 1], stands for bytes done over total when the bytes alone do not
+ * tell, as for a delta; -1 without).  On a terminal the line updates in
+ * place (a carriage return), else one line each.  Never fails. */
+void cli_progress_line(const char *what, uint64_t done, uint64_t total, double frac,
+		       double secs, int tty);
+
+/* Whether progress goes to stderr: --progress, or stderr is a terminal. */
+int cli_progress_wanted(int forced);
+
 /* Element size the codec works with for a dtype: 8-byte dtypes travel as
  * pairs of 4-byte words; 0 for unknown dtypes. */
 unsigned cli_codec_elem_size(const dcast_st_tensor *t);

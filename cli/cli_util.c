@@ -149,6 +149,30 @@ double cli_now_s(void)
 	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+void cli_progress_line(const char *what, uint64_t done, uint64_t total, double frac,
+		       double secs, int tty)
+{
+	double mib = (double)done / 1048576.0, rate = secs > 0 ? mib / secs : 0;
+	char of[64] = "", eta[32] = "";
+
+	if (total) {
+		frac = (double)done / (double)total;
+		snprintf(of, sizeof(of), " of %.1f MiB", (double)total / 1048576.0);
+	}
+	if (frac > 0 && frac <= 1 && secs > 0)
+		snprintf(eta, sizeof(eta), " ETA %.0f s", secs * (1 - frac) / frac);
+	if (frac >= 0 && frac <= 1)
+		snprintf(of + strlen(of), sizeof(of) - strlen(of), " (%.0f%%)", 100 * frac);
+	fprintf(stderr, "%s%s: %.1f MiB%s %.1f MiB/s%s%s", tty ? "\r\033[K" : "", what, mib, of,
+		rate, eta, tty ? "" : "\n");
+	fflush(stderr);
+}
+
+int cli_progress_wanted(int forced)
+{
+	return forced || isatty(2);
+}
+
 unsigned cli_codec_elem_size(const dcast_st_tensor *t)
 {
 	return t->elem_size == 8 ? 4 : t->elem_size;

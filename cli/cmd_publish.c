@@ -3,9 +3,15 @@
  * cli/hf_layout.h) as the next version (the first as an anchor, later ones
  * as deltas), waiting for each acknowledgement.  Shows
  * bytes, density and chunks per version: one updating line on a terminal,
- * one line per version otherwise. */
+ * one line per version otherwise; and, on a terminal or with --progress,
+ * the progress of the version on the wire once a second.  With the broker's
+ * consumer endpoint it takes the broker's newest version as the baseline
+ * (dcast_producer_fetch_baseline), so that a new process's first version
+ * goes out as a delta. */
 #include <getopt.h>
 #include <inttypes.h>
+#include <pthread.h>
+#include <time.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -18,9 +24,17 @@
 
 static const char usage_text[] =
 	"usage: deltacast publish --broker ENDPOINT --model NAME [--first-version V]\n"
-	"                         [--range-elems N] [--timeout-ms MS] INPUT...\n"
+	"                         [--range-elems N] [--timeout-ms MS] [--progress]\n"
+	"                         [--consumers ENDPOINT [--no-fetch-base]] INPUT...\n"
 	"Publishes each INPUT as the next version of NAME (from V, default 1): the\n"
-	"first as an anchor, the rest as deltas against the previous one.  An INPUT\n"
+	"first as an anchor, the rest as deltas against the previous one.  With\n"
+	"--consumers (the same broker's consumer endpoint) and a broker that holds\n"
+	"a version of NAME, that version is fetched (checked by the broker's\n"
+	"digests; its tensors must be INPUT's) and the first INPUT goes out as a\n"
+	"delta on it, so that workers holding it download no anchor; the broker's\n"
+	"newest version must be below V.  --no-fetch-base sends an anchor instead.\n"
+	"--progress prints bytes, rate and ETA of the version on the wire once a\n"
+	"second (on by itself when stderr is a terminal).  An INPUT\n"
 	"is a FILE.safetensors, or a sharded Hugging Face checkpoint: a directory\n"
 	"holding one *.safetensors.index.json, or that index file.  A checkpoint is\n"
 	"one version: every tensor of its shards, plus the tensor\n"
@@ -33,9 +47,9 @@ static const char usage_text[] =
 	"  version V anchor|delta bytes B of M (R%) changed C (D%) chunks S/T ms T\n";
 
 typedef struct pub_args {
-	const char *broker, *model;
+	const char *broker, *model, *consumers;
 	uint64_t first, range_elems;
-	int timeout_ms;
+	int timeout_ms, progress, fetch;
 	char **files;
 	int n_files;
 } pub_args;
@@ -56,11 +70,12 @@ static int parse(int argc, char **argv, pub_args *a)
 		{"broker", required_argument, 0, 'b'},      {"model", required_argument, 0, 'm'},
 		{"first-version", required_argument, 0, 'v'}, {"range-elems", required_argument, 0, 'r'},
 		{"timeout-ms", required_argument, 0, 't'},  {"help", no_argument, 0, 'h'},
-		{0, 0, 0, 0}};
+		{"consumers", required_argument, 0, 'c'},   {"no-fetch-base", no_argument, 0, 'n'},
+		{"progress", no_argument, 0, 'p'},          {0, 0, 0, 0}};
 	uint64_t t = 60000;
 	int o;
 
-	*a = (pub_args){.first = 1, .range_elems = 1u << 20};
+	*a = (pub_args){.first = 1, .range_elems = 1u << 20, .fetch = 1};
 	optind = 1;
 	while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
 		if (o == 'h') {
@@ -69,8 +84,14 @@ static int parse(int argc, char **argv, pub_args *a)
 		}
 		if (o == '?')
 			return cli_usage_error(CMD, "unknown option");
+		if (o == 'n' || o == 'p') {
+			*(o == 'n' ? &a->fetch : &a->progress) = o == 'p';
+			continue;
+		}
 		if (o == 'b')
 			a->broker = optarg;
+		else if (o == 'c')
+			a->consumers = optarg;
 		else if (o == 'm')
 			a->model = optarg;
 		else if (parse_u64(optarg, o == 'v' ? &a->first : o == 'r' ? &a->range_elems : &t))
@@ -79,6 +100,9 @@ static int parse(int argc, char **argv, pub_args *a)
 	}
 	if (!a->broker || !a->model)
 		return cli_usage_error(CMD, "--broker and --model are required");
+	if (!a->fetch && !a->consumers)
+		return cli_usage_error(CMD, "--no-fetch-base needs --consumers (without it nothing "
+				       "is fetched)");
 	if (optind >= argc)
 		return cli_usage_error(CMD, "no INPUT (FILE.safetensors or checkpoint directory) given");
 	if (t == 0 || t > 3600000)
@@ -191,6 +215,25 @@ static void show(const dcast_producer_stats *s, double secs, int tty, int last)
 		tty && !last ? "" : "\n");
 }
 
+/* The first version's baseline: the broker's newest version, fetched
+ * through its consumer endpoint, where one is given and wanted. */
+static int fetch_base(dcast_producer *p, const pub_args *a)
+{
+	dcast_producer_stats s;
+	int rc;
+
+	if (!a->consumers || !a->fetch)
+		return 0;
+	if ((rc = dcast_producer_fetch_baseline(p, a->consumers, NULL, a->timeout_ms)))
+		return cli_fail(rc, "--consumers %s: %s (--no-fetch-base sends an anchor instead)",
+				a->consumers, dcast_last_error());
+	dcast_producer_stats_get(p, &s);
+	if (s.baseline_version != DCAST_VERSION_NONE)
+		fprintf(stderr, "baseline version %" PRIu64 " fetched from %s, checked by its digests\n",
+			s.baseline_version, a->consumers);
+	return 0;
+}
+
 static int publish_all(dcast_producer *p, const pub_args *a)
 {
 	pub_input prev = {0}, in = {0};
@@ -202,7 +245,7 @@ static int publish_all(dcast_producer *p, const pub_args *a)
 		double t0 = cli_now_s();
 
 		if ((rc = input_open(a->files[i], &in)) ||
-		    (rc = register_input(p, &in, a->files[i])) ||
+		    (rc = register_input(p, &in, a->files[i])) || (i == 0 && (rc = fetch_base(p, a))) ||
 		    (rc = dcast_producer_publish(p, v)) ||
 		    (rc = dcast_producer_wait(p, v, a->timeout_ms)))
 			break;
@@ -217,6 +260,70 @@ static int publish_all(dcast_producer *p, const pub_args *a)
 	return rc;
 }
 
+/* Progress of the version on the wire (the bytes the broker has taken),
+ * read from a thread of its own while publish() and wait() run: a line
+ * when a version starts, then at most one a second. */
+typedef struct pub_watch {
+	dcast_producer *p;
+	pthread_t thread;
+	int running, tty, stop;
+} pub_watch;
+
+static void watch_show(const dcast_producer_progress *pr, int tty)
+{
+	char what[64];
+	uint64_t total = pr->anchor ? pr->bytes_total : 0;
+	double frac = -1;
+
+	if (!pr->anchor && pr->ranges_done == pr->ranges_total)
+		total = pr->bytes_sent; /* every range diffed: the delta's size is known */
+	else if (!pr->anchor && pr->ranges_total)
+		frac = (double)pr->ranges_done / (double)pr->ranges_total;
+	snprintf(what, sizeof(what), "publish version %" PRIu64 " %s", pr->version,
+		 pr->anchor ? "anchor" : "delta");
+	cli_progress_line(what, pr->bytes_taken, total, frac, (double)pr->elapsed_ms / 1e3, tty);
+}
+
+static void *watch_run(void *arg)
+{
+	pub_watch *w = arg;
+	uint64_t shown = DCAST_VERSION_NONE;
+	double last = 0;
+	struct timespec tick = {0, 100 * 1000000L};
+
+	while (!__atomic_load_n(&w->stop, __ATOMIC_ACQUIRE)) {
+		dcast_producer_progress pr;
+		double now = cli_now_s();
+
+		dcast_producer_progress_get(w->p, &pr);
+		if (pr.active && (pr.version != shown || now - last >= 1.0)) {
+			watch_show(&pr, w->tty);
+			shown = pr.version;
+			last = now;
+		}
+		nanosleep(&tick, NULL);
+	}
+	return NULL;
+}
+
+static void watch_start(pub_watch *w, dcast_producer *p, const pub_args *a)
+{
+	*w = (pub_watch){.p = p, .tty = isatty(2)};
+	if (!cli_progress_wanted(a->progress))
+		return;
+	fprintf(stderr, "joined %s as producer of %s\n", a->broker, a->model);
+	w->running = !pthread_create(&w->thread, NULL, watch_run, w);
+}
+
+static void watch_stop(pub_watch *w)
+{
+	if (!w->running)
+		return;
+	__atomic_store_n(&w->stop, 1, __ATOMIC_RELEASE);
+	pthread_join(w->thread, NULL);
+	w->running = 0;
+}
+
 int cmd_publish(int argc, char **argv)
 {
 	dcast_producer_opts o;
@@ -229,12 +336,14 @@ int cmd_publish(int argc, char **argv)
 	dcast_producer_opts_init(&o);
 	o.range_elems = a.range_elems;
 	o.client = "deltacast-publish";
-	if ((rc = check_inputs(&a)) || (rc = dcast_producer_open(a.broker, a.model, 0, 1, &o, &p)) ||
-	    (rc = publish_all(p, &a))) {
-		int r = cli_report(CMD, rc);
-		dcast_producer_close(&p);
-		return r;
+	pub_watch w = {0};
+
+	if (!(rc = check_inputs(&a)) && !(rc = dcast_producer_open(a.broker, a.model, 0, 1, &o, &p))) {
+		watch_start(&w, p, &a);
+		rc = publish_all(p, &a);
+		watch_stop(&w);
 	}
+	rc = rc ? cli_report(CMD, rc) : CLI_OK;
 	dcast_producer_close(&p);
-	return CLI_OK;
+	return rc;
 }

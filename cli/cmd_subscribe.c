@@ -10,6 +10,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "deltacast/consumer.h"
@@ -20,7 +21,7 @@
 static const char usage_text[] =
 	"usage: deltacast subscribe --broker ENDPOINT --model NAME --dir DIR\n"
 	"                           [--until VERSION] [--budget BYTES] [--no-verify | --verify-all]\n"
-	"                           [--fold-every N] [--layout hf [--layout-dir OUT]]\n"
+	"                           [--fold-every N] [--layout hf [--layout-dir OUT]] [--progress]\n"
 	"Receives versions of NAME from the broker's consumer endpoint and applies\n"
 	"each one.  DIR holds model.safetensors (a folded anchor) and a log of the\n"
 	"versions after it; the log is folded into model.safetensors in the\n"
@@ -44,7 +45,10 @@ static const char usage_text[] =
 	"Each is written to OUT.deltacast-tmp and swapped in whole, so OUT always\n"
 	"holds one complete version (O(model) per write: an export).  Prints\n"
 	"  layout V written to OUT\n"
-	"after each; a model published from plain files has no layout (exit 1).\n";
+	"after each; a model published from plain files has no layout (exit 1).\n"
+	"--progress prints the bytes received, rate and (for an anchor) ETA of the\n"
+	"version arriving, on stderr once a second (on by itself when stderr is a\n"
+	"terminal).\n";
 
 static volatile sig_atomic_t stop;
 
@@ -58,6 +62,7 @@ typedef struct sub_args {
 	const char *broker, *model, *dir;
 	uint64_t until, budget, fold_every;
 	int verify;
+	int progress;           /* --progress */
 	const char *layout_dir; /* --layout hf: where to write it; NULL without */
 	char layout_default[4096];
 	uint64_t layout_version; /* the version last written there */
@@ -87,7 +92,8 @@ static int parse(int argc, char **argv, sub_args *a)
 		{"budget", required_argument, 0, 'B'}, {"no-verify", no_argument, 0, 'n'},
 		{"verify-all", no_argument, 0, 'a'},   {"help", no_argument, 0, 'h'},
 		{"fold-every", required_argument, 0, 'f'}, {"layout", required_argument, 0, 'l'},
-		{"layout-dir", required_argument, 0, 'L'}, {0, 0, 0, 0}};
+		{"layout-dir", required_argument, 0, 'L'}, {"progress", no_argument, 0, 'p'},
+		{0, 0, 0, 0}};
 	const char *layout = NULL;
 	int o;
 	char *end;
@@ -101,6 +107,7 @@ static int parse(int argc, char **argv, sub_args *a)
 		case 'd': a->dir = optarg; break;
 		case 'n': a->verify = 0; break;
 		case 'a': a->verify = 2; break;
+		case 'p': a->progress = 1; break;
 		case 'l': layout = optarg; break;
 		case 'L': a->layout_dir = optarg; break;
 		case 'u':
@@ -162,14 +169,78 @@ static int write_layout(dcast_consumer *c, sub_args *a, int at_exit)
 	return 0;
 }
 
+/* The version arriving: bytes received since the last applied version,
+ * shown at most once a second; an anchor's total is the model's bytes. */
+typedef struct sub_progress {
+	int on, tty;
+	uint64_t from_bytes, total;
+	double start_s, shown_s;
+} sub_progress;
+
+static uint64_t model_bytes(const dcast_consumer *c)
+{
+	uint64_t sum = 0;
+	dcast_tensor_desc d;
+
+	for (uint32_t i = 0; i < dcast_consumer_tensor_count(c); i++) {
+		uint64_t n = 1;
+		if (dcast_consumer_tensor_at(c, i, &d))
+			continue;
+		for (uint32_t k = 0; k < d.ndim; k++)
+			n *= d.shape[k];
+		sum += n * dcast_dtype_lanes((int)d.dtype) * dcast_dtype_size((int)d.dtype);
+	}
+	return sum;
+}
+
+static void progress_event(dcast_consumer *c, sub_progress *pg, const dcast_event *ev)
+{
+	dcast_consumer_stats st;
+
+	if (ev->type == DCAST_EV_ANCHOR) {
+		pg->total = model_bytes(c);
+		return;
+	}
+	if (ev->type != DCAST_EV_VERSION_READY)
+		return;
+	dcast_consumer_stats_get(c, &st);
+	pg->from_bytes = st.total_bytes_received;
+	pg->total = 0;
+	pg->start_s = 0;
+	if (pg->on && pg->tty)
+		fputs("\r\033[K", stderr);
+}
+
+static void progress_show(dcast_consumer *c, sub_progress *pg)
+{
+	dcast_consumer_stats st;
+	double now = cli_now_s();
+
+	if (!pg->on)
+		return;
+	dcast_consumer_stats_get(c, &st);
+	if (st.total_bytes_received <= pg->from_bytes)
+		return;
+	if (!pg->start_s)
+		pg->start_s = pg->shown_s = now; /* the first line a second in: a rate */
+	if (now - pg->shown_s < 1.0)
+		return;
+	pg->shown_s = now;
+	cli_progress_line("subscribe receiving", st.total_bytes_received - pg->from_bytes, pg->total,
+			  -1, now - pg->start_s, pg->tty);
+}
+
 static int follow(dcast_consumer *c, sub_args *a)
 {
 	dcast_event ev;
 	int err = 0, applied = 0;
+	sub_progress pg = {.on = cli_progress_wanted(a->progress), .tty = isatty(2)};
 
 	while (!stop && !err && !reached(c, a->until, applied)) {
 		if ((err = dcast_consumer_poll(c, 200, &ev)))
 			break;
+		progress_event(c, &pg, &ev);
+		progress_show(c, &pg);
 		if (ev.type == DCAST_EV_ERROR || ev.type == DCAST_EV_GAP)
 			fprintf(stderr, "deltacast subscribe: %s at version %" PRIu64 ": %s\n",
 				ev.type == DCAST_EV_GAP ? "gap" : dcast_errname(ev.code), ev.version, ev.text);

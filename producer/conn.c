@@ -79,7 +79,7 @@ void prod_conn_close(dcast_producer *p, int send_bye)
 		zmq_close(c->mon);
 	c->sock = c->mon = NULL;
 	c->up = c->manifest_sent = 0;
-	c->credit_granted = c->credit_used = 0;
+	c->credit_granted = c->credit_used = c->credit_window = 0;
 }
 
 static void on_welcome(dcast_producer *p, const dcast_welcome *w)
@@ -116,7 +116,10 @@ static void handle(dcast_producer *p, const dcast_msg *m)
 		on_welcome(p, &m->u.welcome);
 		break;
 	case DCAST_MSG_CREDIT:
+		if (!p->conn.credit_granted)
+			p->conn.credit_window = m->u.credit.bytes;
 		p->conn.credit_granted += m->u.credit.bytes;
+		prod_progress_taken(p);
 		break;
 	case DCAST_MSG_ACK:
 		if (p->conn.broker_version == DCAST_VERSION_NONE ||
@@ -301,7 +304,7 @@ static int send_hello(dcast_producer *p, uint64_t deadline_ms)
 	m.u.hello.parts = p->parts;
 	m.u.hello.have_version = p->acked_version;
 	memcpy(m.u.hello.client, p->client, sizeof(p->client));
-	p->conn.credit_granted = p->conn.credit_used = 0;
+	p->conn.credit_granted = p->conn.credit_used = p->conn.credit_window = 0;
 	return prod_conn_send(p, &m, NULL, deadline_ms);
 }
 

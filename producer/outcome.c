@@ -8,6 +8,28 @@
 static void remember(dcast_producer *p, uint64_t version, int err)
 {
 	p->history[p->n_history++ % PROD_HISTORY] = (prod_outcome){version, err};
+	prod_progress_end(p);
+}
+
+/* The pending version's progress: what the broker has taken back in
+ * credit (it stored those chunks) since the attempt began. */
+void prod_progress_taken(dcast_producer *p)
+{
+	uint64_t back = prod_credit_back(p);
+
+	if (p->pending_version != DCAST_VERSION_NONE && back >= p->progress.credit_from)
+		PROD_PROGRESS_SET(p, bytes_taken, back - p->progress.credit_from);
+}
+
+uint64_t prod_credit_back(const dcast_producer *p)
+{
+	return p->conn.credit_granted - p->conn.credit_window;
+}
+
+void prod_progress_end(dcast_producer *p)
+{
+	PROD_PROGRESS_SET(p, end_ms, dcast_now_ms());
+	PROD_PROGRESS_SET(p, active, 0);
 }
 
 /* Only an ACK naming the pending version settles it. */
@@ -19,6 +41,8 @@ void prod_version_acked(dcast_producer *p, uint64_t version)
 		p->conn.need_anchor = 0;
 	DCAST_LOG_D("producer %s: version %llu acknowledged %.2f ms after publish", p->model,
 		    (unsigned long long)version, prod_since_publish_ms(p));
+	/* the broker has it all, whether or not its last credit came back yet */
+	PROD_PROGRESS_SET(p, bytes_taken, __atomic_load_n(&p->progress.bytes_sent, __ATOMIC_RELAXED));
 	p->acked_version = p->pending_version;
 	p->pending_version = DCAST_VERSION_NONE;
 	p->baseline_valid = 1;

@@ -331,6 +331,7 @@ void dcast_producer_progress_get(const dcast_producer *p, dcast_producer_progres
 	out->ranges_done = LOAD(ranges_done);
 	out->ranges_total = LOAD(ranges_total);
 	out->bytes_sent = LOAD(bytes_sent);
+	out->bytes_taken = LOAD(bytes_taken);
 	out->bytes_total = LOAD(bytes_total);
 	start = LOAD(start_ms);
 	end = out->active ? dcast_now_ms() : LOAD(end_ms);

@@ -130,9 +130,13 @@ typedef struct prod_encoder {
 /* The version being published, for dcast_producer_progress_get() from
  * another thread: each field written and read with __atomic builtins. */
 typedef struct prod_progress {
-	uint64_t version, ranges_done, ranges_total, bytes_sent, bytes_total;
+	uint64_t version, ranges_done, ranges_total, bytes_sent, bytes_taken, bytes_total;
 	uint64_t start_ms, end_ms, active, anchor;
+	uint64_t credit_from;  /* credit back (prod_credit_back) at the attempt's
+				  start (this thread's own: not atomic) */
 } prod_progress;
+
+#define PROD_PROGRESS_SET(p, f, v) __atomic_store_n(&(p)->progress.f, (v), __ATOMIC_RELEASE)
 
 /* One attempt at sending a version. */
 typedef struct prod_run {
@@ -160,6 +164,8 @@ typedef struct prod_conn {
 					  broker that wants CURVE), not a restart */
 	uint32_t generation;    /* bumped on every (re-)join */
 	uint64_t credit_granted, credit_used;
+	uint64_t credit_window;  /* the first CREDIT after HELLO: the window; what
+				    comes after it is credit back for stored chunks */
 	uint64_t broker_version; /* newest committed, from WELCOME / ACK */
 	uint64_t run;            /* the broker's run of the model, from WELCOME */
 	int need_anchor;
@@ -281,6 +287,9 @@ int prod_resend_pending(dcast_producer *p);
 /* outcome.c: the pending version's end (ACK or failure), remembered */
 void prod_version_acked(dcast_producer *p, uint64_t version);
 void prod_version_failed(dcast_producer *p, int err, const char *why);
+void prod_progress_end(dcast_producer *p);
+void prod_progress_taken(dcast_producer *p);
+uint64_t prod_credit_back(const dcast_producer *p);
 int prod_fail_pending(dcast_producer *p, int rc);
 
 #endif

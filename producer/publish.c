@@ -13,7 +13,7 @@
 #include "producer_shared.h"
 
 #define PROD_JOB_WAIT_MS 20
-#define SET(f, v) __atomic_store_n(&p->progress.f, (v), __ATOMIC_RELEASE)
+#define SET(f, v) PROD_PROGRESS_SET(p, f, v)
 #define PROD_NO_RESUME UINT32_MAX /* a range failed to encode: start over */
 
 /* Fold a finished job into the undo log and the digests. */
@@ -143,15 +143,11 @@ static void progress_start(dcast_producer *p, const prod_run *r)
 {
 	SET(ranges_done, 0);
 	SET(bytes_sent, 0);
+	SET(bytes_taken, 0);
+	p->progress.credit_from = prod_credit_back(p);
 	SET(ranges_total, p->n_chunks);
 	SET(bytes_total, r->anchor ? p->stats.model_bytes : 0);
 	SET(anchor, (uint64_t)r->anchor);
-}
-
-static void progress_end(dcast_producer *p)
-{
-	SET(end_ms, dcast_now_ms());
-	SET(active, 0);
 }
 
 static void start_run(dcast_producer *p, uint64_t version, int anchor, prod_run *r)
@@ -321,13 +317,10 @@ int dcast_producer_publish(dcast_producer *p, uint64_t version)
 		return rc;
 	start_run(p, version, !p->baseline_valid || prod_need_anchor(p), &r);
 	while ((rc = publish_once(p, &r))) {
-		if ((rc = retry(p, rc, &attempts))) {
-			progress_end(p);
+		if ((rc = retry(p, rc, &attempts)))
 			return prod_fail_pending(p, rc);
-		}
 		restart_run(p, &r);
 	}
-	progress_end(p);
 	finish_stats(p, &r);
 	p->last_version = version;
 	return 0;

@@ -21,15 +21,7 @@ grep -q '^version 1 anchor' "$tmp/pub.log" || fail "first version not an anchor"
 grep -q '^version 4 delta' "$tmp/pub.log" || fail "last version not a delta"
 "$B/tools/producer_reader" --endpoint "$b_CONS" --model cli --until 4 \
 	--out "$tmp/got.safetensors" >/dev/null || fail "reader"
-"$PY" - "$tmp/got.safetensors" "$tmp/trace/v0003.safetensors" <<'PYEOF' || fail "content differs"
-import json, struct, sys
-def load(p):
-    b = open(p, "rb").read(); n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n])
-    return {k: b[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]]
-            for k, v in h.items() if k != "__metadata__"}
-a, b = load(sys.argv[1]), load(sys.argv[2])
-assert a.keys() == b.keys() and all(a[k] == b[k] for k in a), "tensors differ"
-PYEOF
+same_tensors "$tmp/got.safetensors" "$tmp/trace/v0003.safetensors" || fail "content differs"
 
 # int64, float64 and bool tensors (8-byte values as two wire elements each)
 "$PY" - "$tmp" <<'PYEOF'

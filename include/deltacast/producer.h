@@ -100,14 +100,20 @@ typedef struct dcast_producer_stats {
  * on another.  Each field is read atomically, not the set as one. */
 typedef struct dcast_producer_progress {
 	uint64_t version;       /* being published (active) or the last one; NONE before */
-	int active;             /* a publish() of it is under way */
+	int active;             /* published and not yet settled: from publish()
+				   until the broker's ACK (or its failure) */
 	int anchor;             /* it goes as an anchor */
 	uint64_t ranges_done;   /* chunk ranges diffed and handed to the connection */
 	uint64_t ranges_total;  /* chunk ranges of this part */
 	uint64_t bytes_sent;    /* CHUNK payload bytes handed to the connection */
+	uint64_t bytes_taken;   /* of those, the bytes the broker has stored (its
+				   credit came back for them): what went over the
+				   wire; after publish() returns, this goes on
+				   moving while dcast_producer_wait() or the next
+				   publish() waits for the ACK */
 	uint64_t bytes_total;   /* an anchor: this part's tensor bytes; a delta: 0
 				   (its size is known once every range is diffed) */
-	uint64_t elapsed_ms;    /* since that publish() began (to its end, once done) */
+	uint64_t elapsed_ms;    /* since that publish() began (to its ACK, once settled) */
 } dcast_producer_progress;
 
 /* Connect to the broker at `endpoint` (a ZeroMQ endpoint such as

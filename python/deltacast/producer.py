@@ -66,12 +66,15 @@ class _Stats(ctypes.Structure):
 
 class Progress(ctypes.Structure):
     """Where the version being published stands (dcast_producer_progress):
-    read from any thread while publish() runs on another.  bytes_total is
-    the part's tensor bytes for an anchor, 0 for a delta (ranges_done of
-    ranges_total then tells how far it is)."""
+    read from any thread while publish() or wait() runs on another.  active
+    from publish() to the broker's ACK; bytes_sent: handed to the
+    connection, bytes_taken: stored by the broker; bytes_total: the part's
+    tensor bytes for an anchor, 0 for a delta (ranges_done of ranges_total
+    then tells how far the diff is)."""
     _fields_ = [("version", ctypes.c_uint64), ("active", ctypes.c_int), ("anchor", ctypes.c_int),
                 ("ranges_done", ctypes.c_uint64), ("ranges_total", ctypes.c_uint64),
-                ("bytes_sent", ctypes.c_uint64), ("bytes_total", ctypes.c_uint64),
+                ("bytes_sent", ctypes.c_uint64), ("bytes_taken", ctypes.c_uint64),
+                ("bytes_total", ctypes.c_uint64),
                 ("elapsed_ms", ctypes.c_uint64)]
 
 
@@ -399,8 +402,9 @@ class Producer(Closable):
 
     def progress(self) -> Progress:
         """The version being published (or the last one): ranges and bytes
-        sent so far, elapsed_ms.  Safe from another thread while publish()
-        runs (publish releases the GIL)."""
+        sent and taken by the broker so far, elapsed_ms (a Progress).  Safe
+        from another thread while publish() or wait() runs (they release
+        the GIL)."""
         s = Progress()
         self._l.dcast_producer_progress_get(self._live("progress"), ctypes.byref(s))
         return s

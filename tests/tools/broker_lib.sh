@@ -183,3 +183,17 @@ wait_consumer() {
 logged_since() {
 	tail -n +"$2" "$1" | grep -q "$3"
 }
+
+# same_tensors A B: the tensors of two safetensors files are equal, byte for
+# byte (metadata aside).
+same_tensors() {
+	"${PYTHON:-/usr/bin/python3}" - "$1" "$2" <<'PYEOF'
+import json, struct, sys
+def load(p):
+    b = open(p, "rb").read(); n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n])
+    return {k: b[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]]
+            for k, v in h.items() if k != "__metadata__"}
+a, b = load(sys.argv[1]), load(sys.argv[2])
+assert a.keys() == b.keys() and all(a[k] == b[k] for k in a), "tensors differ"
+PYEOF
+}

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# deltacast publish after a restart: one process publishes versions 1..3
+# and ends; a new one, given the broker's consumer endpoint (--consumers),
+# fetches version 3 as its baseline and publishes version 4 as a delta.  A
+# subscriber that held 3 receives 4 as a delta (its bytes a small share of
+# the model) and ends with the file's tensors bit for bit; a late joiner
+# still starts from the anchor; --no-fetch-base sends an anchor.
+. "$(dirname "$0")/tools/broker_lib.sh"
+B=$BUILD tmp=$TMP
+"$B/deltacast" gen-trace --params 3M --steps 4 --density 0.01 -o "$tmp/trace" 2>/dev/null ||
+	fail "gen-trace"
+f=("$tmp"/trace/v000*.safetensors)
+start_broker b
+bg sub "$B/deltacast" subscribe --broker "$b_CONS" --model m --dir "$tmp/held" --until 4
+sub=$LAST_PID
+
+"$B/deltacast" publish --broker "$b_PROD" --model m "${f[0]}" "${f[1]}" "${f[2]}" \
+	2>"$tmp/pub1.err" || fail "publish 1..3: $(cat "$tmp/pub1.err")"
+wait_for 30 grep -q '^version 3 ' "$tmp/sub.out" || fail "the subscriber did not reach version 3"
+
+"$B/deltacast" publish --broker "$b_PROD" --consumers "$b_CONS" --model m --first-version 4 \
+	"${f[3]}" 2>"$tmp/pub2.err" || fail "publish 4 after a restart: $(cat "$tmp/pub2.err")"
+cat "$tmp/pub2.err"
+grep -q '^baseline version 3 fetched' "$tmp/pub2.err" || fail "no baseline fetched"
+grep -q '^version 4 delta' "$tmp/pub2.err" || fail "version 4 was not published as a delta"
+wait "$sub" || fail "subscribe exited $?"
+line=$(grep '^version 4 ' "$tmp/sub.out") || fail "the subscriber did not apply version 4"
+echo "subscriber: $line"
+bytes=$(echo "$line" | sed -n 's/^version 4 delta bytes \([0-9]*\) .*/\1/p')
+[ -n "$bytes" ] || fail "version 4 reached the subscriber as an anchor: $line"
+model=$(stat -c %s "${f[3]}")
+[ "$bytes" -lt $((model / 10)) ] || fail "version 4 cost $bytes bytes of a $model-byte model"
+
+same_tensors "$tmp/held/model.safetensors" "${f[3]}" || fail "the subscriber's version 4 differs"
+
+"$B/deltacast" subscribe --broker "$b_CONS" --model m --dir "$tmp/late" --until 4 \
+	>"$tmp/late.out" 2>"$tmp/late.err" || fail "late joiner: $(cat "$tmp/late.err")"
+grep -q '^version [0-9]* anchor' "$tmp/late.out" || fail "the late joiner got no anchor"
+same_tensors "$tmp/late/model.safetensors" "${f[3]}" || fail "the late joiner's version 4 differs"
+
+"$B/deltacast" publish --broker "$b_PROD" --consumers "$b_CONS" --no-fetch-base --model m \
+	--first-version 5 "${f[4]}" 2>"$tmp/pub3.err" || fail "publish 5: $(cat "$tmp/pub3.err")"
+grep -q '^version 5 anchor' "$tmp/pub3.err" || fail "--no-fetch-base did not send an anchor"
+echo "test_cli_publish_restart: ok"

@@ -83,8 +83,8 @@ static int same_desc(const dcast_tensor_desc *a, const dcast_tensor_desc *b)
 	       !memcmp(a->shape, b->shape, a->ndim * sizeof(a->shape[0])) && dcast_grid_same(a, b);
 }
 
-/* Every registered tensor is the broker's, with its dtype, shape and grid,
- * and the broker's model has no other tensors. */
+/* The broker's tensors are the registered ones, in the same order (the
+ * index is part of every digest), with their dtypes, shapes and grids. */
 static int check_manifest(const dcast_producer *p, dcast_consumer *c)
 {
 	uint32_t n = dcast_consumer_tensor_count(c);
@@ -96,9 +96,11 @@ static int check_manifest(const dcast_producer *p, dcast_consumer *c)
 		const dcast_tensor_desc *want = &p->tensors[i].desc;
 		dcast_tensor_desc got;
 
-		if (dcast_consumer_tensor(c, want->name, NULL, &got, NULL))
-			return dcast_fail(DCAST_ESHAPE, "fetch_baseline: tensor %s is registered but "
-					  "not in the broker's %s", want->name, p->model);
+		memset(&got, 0, sizeof(got));
+		if (dcast_consumer_tensor_at(c, i, &got) || strcmp(got.name, want->name))
+			return dcast_fail(DCAST_ESHAPE, "fetch_baseline: tensor %u of the broker's %s is "
+					  "%s, registered is %s (names and order must match)", i,
+					  p->model, got.name, want->name);
 		if (!same_desc(want, &got))
 			return dcast_fail(DCAST_ESHAPE, "fetch_baseline: tensor %s is %s with %u dims "
 					  "at the broker, %s with %u dims (or another shape or grid) "

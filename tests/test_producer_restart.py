@@ -117,18 +117,26 @@ def restart_case(tmp, prod_ep, cons_ep):
           f"({100.0 * got / model_bytes:.2f}% of the model), bit-exact; late joiner anchored")
 
 
-def mismatch_case(tmp, prod_ep, cons_ep):
-    """A restarted producer with another shape is refused, naming the tensor."""
+def refused(prod_ep, cons_ep, tensors, words):
+    """A restarted producer with `tensors` is refused with DCAST_ESHAPE."""
     p = Producer(prod_ep, MODEL, baseline_from=cons_ep)
-    p.register("a", np.zeros(ELEMS // 2, dtype=np.float32))
-    p.register("b", np.zeros(ELEMS, dtype=np.float32))
+    for n, a in tensors:
+        p.register(n, a)
     try:
         p.publish(5)
-        raise AssertionError("a producer with another shape took the broker's baseline")
+        raise AssertionError(f"a producer with {words} took the broker's baseline")
     except DeltacastError as e:
-        assert e.name == "DCAST_ESHAPE" and "tensor a" in str(e), str(e)
+        assert e.name == "DCAST_ESHAPE" and words in str(e), str(e)
     p.close()
-    print("mismatch: refused with DCAST_ESHAPE naming the tensor")
+
+
+def mismatch_case(tmp, prod_ep, cons_ep):
+    """Another shape, or the same tensors in another order (the index is
+    part of every digest), is refused naming the tensor."""
+    small, full = np.zeros(ELEMS // 2, dtype=np.float32), np.zeros(ELEMS, dtype=np.float32)
+    refused(prod_ep, cons_ep, [("a", small), ("b", full)], "tensor a")
+    refused(prod_ep, cons_ep, [("b", full), ("a", full)], "order")
+    print("mismatch: another shape or order refused with DCAST_ESHAPE, naming the tensor")
 
 
 def main():

@@ -55,7 +55,8 @@ def check_layout():
     c = json.loads(out)
     mirror = {"consumer_opts": dc_consumer._Opts, "event": dc_consumer._Event,
               "tensor_desc": dc_consumer._Desc, "consumer_stats": dc_consumer._Stats,
-              "producer_opts": dc_producer._Opts, "producer_stats": dc_producer._Stats}
+              "producer_opts": dc_producer._Opts, "producer_stats": dc_producer._Stats,
+              "producer_progress": dc_producer.Progress}
     for name, cls in mirror.items():
         import ctypes
         assert ctypes.sizeof(cls) == c[name]["size"], \

@@ -59,6 +59,14 @@ int main(void)
 	FIELD(dcast_producer_stats, payload_bytes); FIELD(dcast_producer_stats, model_bytes);
 	FIELD(dcast_producer_stats, acked_version); FIELD(dcast_producer_stats, total_reconnects);
 	FIELD(dcast_producer_stats, total_payload_bytes); FIELD(dcast_producer_stats, total_resends);
+	FIELD(dcast_producer_stats, baseline_version);
+	END();
+	BEGIN(dcast_producer_progress, "producer_progress");
+	FIELD(dcast_producer_progress, version); FIELD(dcast_producer_progress, active);
+	FIELD(dcast_producer_progress, anchor); FIELD(dcast_producer_progress, ranges_done);
+	FIELD(dcast_producer_progress, ranges_total); FIELD(dcast_producer_progress, bytes_sent);
+	FIELD(dcast_producer_progress, bytes_taken); FIELD(dcast_producer_progress, bytes_total);
+	FIELD(dcast_producer_progress, elapsed_ms);
 	END();
 	printf("}\n");
 	return 0;

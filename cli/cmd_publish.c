@@ -25,7 +25,7 @@
 static const char usage_text[] =
 	"usage: deltacast publish --broker ENDPOINT --model NAME [--first-version V]\n"
 	"                         [--range-elems N] [--timeout-ms MS] [--progress]\n"
-	"                         [--consumers ENDPOINT [--no-fetch-base]] INPUT...\n"
+	"                         [--consumers ENDPOINT [--no-fetch-base | --base FILE]] INPUT...\n"
 	"Publishes each INPUT as the next version of NAME (from V, default 1): the\n"
 	"first as an anchor, the rest as deltas against the previous one.  With\n"
 	"--consumers (the same broker's consumer endpoint) and a broker that holds\n"
@@ -33,6 +33,9 @@ static const char usage_text[] =
 	"digests; its tensors must be INPUT's) and the first INPUT goes out as a\n"
 	"delta on it, so that workers holding it download no anchor; the broker's\n"
 	"newest version must be below V.  --no-fetch-base sends an anchor instead.\n"
+	"--base FILE (a .safetensors file holding the broker's newest version, e.g.\n"
+	"the checkpoint published last; INPUTs plain files) is taken as that\n"
+	"version instead of fetching it, once its digests equal the broker's.\n"
 	"--progress prints bytes, rate and ETA of the version on the wire once a\n"
 	"second (on by itself when stderr is a terminal).  An INPUT\n"
 	"is a FILE.safetensors, or a sharded Hugging Face checkpoint: a directory\n"
@@ -47,7 +50,7 @@ static const char usage_text[] =
 	"  version V anchor|delta bytes B of M (R%) changed C (D%) chunks S/T ms T\n";
 
 typedef struct pub_args {
-	const char *broker, *model, *consumers;
+	const char *broker, *model, *consumers, *base;
 	uint64_t first, range_elems;
 	int timeout_ms, progress, fetch;
 	char **files;
@@ -71,7 +74,8 @@ static int parse(int argc, char **argv, pub_args *a)
 		{"first-version", required_argument, 0, 'v'}, {"range-elems", required_argument, 0, 'r'},
 		{"timeout-ms", required_argument, 0, 't'},  {"help", no_argument, 0, 'h'},
 		{"consumers", required_argument, 0, 'c'},   {"no-fetch-base", no_argument, 0, 'n'},
-		{"progress", no_argument, 0, 'p'},          {0, 0, 0, 0}};
+		{"progress", no_argument, 0, 'p'},          {"base", required_argument, 0, 'B'},
+		{0, 0, 0, 0}};
 	uint64_t t = 60000;
 	int o;
 
@@ -92,6 +96,8 @@ static int parse(int argc, char **argv, pub_args *a)
 			a->broker = optarg;
 		else if (o == 'c')
 			a->consumers = optarg;
+		else if (o == 'B')
+			a->base = optarg;
 		else if (o == 'm')
 			a->model = optarg;
 		else if (parse_u64(optarg, o == 'v' ? &a->first : o == 'r' ? &a->range_elems : &t))
@@ -100,9 +106,14 @@ static int parse(int argc, char **argv, pub_args *a)
 	}
 	if (!a->broker || !a->model)
 		return cli_usage_error(CMD, "--broker and --model are required");
-	if (!a->fetch && !a->consumers)
-		return cli_usage_error(CMD, "--no-fetch-base needs --consumers (without it nothing "
-				       "is fetched)");
+	if ((!a->fetch || a->base) && !a->consumers)
+		return cli_usage_error(CMD, "--no-fetch-base and --base need --consumers (the "
+				       "broker's consumer endpoint)");
+	if (a->base && !a->fetch)
+		return cli_usage_error(CMD, "--base and --no-fetch-base exclude each other");
+	if (optind < argc && a->base && hf_layout_wanted(argv[optind]))
+		return cli_usage_error(CMD, "--base takes plain .safetensors INPUTs, not a layout "
+				       "(%s): fetch the baseline instead", argv[optind]);
 	if (optind >= argc)
 		return cli_usage_error(CMD, "no INPUT (FILE.safetensors or checkpoint directory) given");
 	if (t == 0 || t > 3600000)
@@ -215,15 +226,46 @@ static void show(const dcast_producer_stats *s, double secs, int tty, int last)
 		tty && !last ? "" : "\n");
 }
 
-/* The first version's baseline: the broker's newest version, fetched
- * through its consumer endpoint, where one is given and wanted. */
-static int fetch_base(dcast_producer *p, const pub_args *a)
+/* --base FILE: the caller's copy of the broker's newest version, checked
+ * against its digests (tensors matched to the first INPUT's by name). */
+static int adopt_base(dcast_producer *p, const pub_args *a)
+{
+	cli_pair pair;
+	const void **bases;
+	size_t n;
+	int rc;
+
+	if ((rc = cli_pair_open(a->base, a->files[0], 1, &pair)))
+		return rc;
+	n = dcast_st_count(pair.cur);
+	if (!(bases = calloc(n + 1, sizeof(*bases)))) {
+		cli_pair_close(&pair);
+		return cli_fail(DCAST_ENOMEM, "out of memory");
+	}
+	for (size_t i = 0; i < n; i++)
+		bases[i] = pair.base_of[i]->data;
+	rc = dcast_producer_adopt_baseline(p, a->consumers, bases, (uint32_t)n, a->timeout_ms);
+	free(bases);
+	cli_pair_close(&pair);
+	if (rc)
+		return cli_fail(rc, "--base %s: %s", a->base, dcast_last_error());
+	fprintf(stderr, "baseline %s taken as the broker's newest version, its digests equal\n",
+		a->base);
+	return 0;
+}
+
+/* The first version's baseline: the caller's (--base), or the broker's
+ * newest version fetched through its consumer endpoint, where one is given
+ * and wanted. */
+static int first_base(dcast_producer *p, const pub_args *a)
 {
 	dcast_producer_stats s;
 	int rc;
 
 	if (!a->consumers || !a->fetch)
 		return 0;
+	if (a->base)
+		return adopt_base(p, a);
 	if ((rc = dcast_producer_fetch_baseline(p, a->consumers, NULL, a->timeout_ms)))
 		return cli_fail(rc, "--consumers %s: %s (--no-fetch-base sends an anchor instead)",
 				a->consumers, dcast_last_error());
@@ -245,7 +287,7 @@ static int publish_all(dcast_producer *p, const pub_args *a)
 		double t0 = cli_now_s();
 
 		if ((rc = input_open(a->files[i], &in)) ||
-		    (rc = register_input(p, &in, a->files[i])) || (i == 0 && (rc = fetch_base(p, a))) ||
+		    (rc = register_input(p, &in, a->files[i])) || (i == 0 && (rc = first_base(p, a))) ||
 		    (rc = dcast_producer_publish(p, v)) ||
 		    (rc = dcast_producer_wait(p, v, a->timeout_ms)))
 			break;

@@ -11,7 +11,6 @@
 #include <string.h>
 #include <unistd.h>
 #include "deltacast/consumer.h"
-#include "dcast_tiles.h"
 #include "producer_shared.h"
 
 #define BASE_BUDGET_MIN (64ull << 20)
@@ -77,76 +76,42 @@ static int check_fetched(const dcast_producer *p, dcast_consumer *c, uint64_t wa
 	return 0;
 }
 
-static int same_desc(const dcast_tensor_desc *a, const dcast_tensor_desc *b)
-{
-	return a->dtype == b->dtype && a->ndim == b->ndim &&
-	       !memcmp(a->shape, b->shape, a->ndim * sizeof(a->shape[0])) && dcast_grid_same(a, b);
-}
-
 /* The broker's tensors are the registered ones, in the same order (the
- * index is part of every digest), with their dtypes, shapes and grids. */
+ * index is part of every digest). */
 static int check_manifest(const dcast_producer *p, dcast_consumer *c)
 {
 	uint32_t n = dcast_consumer_tensor_count(c);
+	int rc = prod_tensor_count_matches(p, n, "fetch_baseline");
 
-	if (n != p->n_tensors)
-		return dcast_fail(DCAST_ESHAPE, "fetch_baseline: the broker's %s has %u tensors, %u "
-				  "are registered: publish an anchor instead", p->model, n, p->n_tensors);
-	for (uint32_t i = 0; i < p->n_tensors; i++) {
-		const dcast_tensor_desc *want = &p->tensors[i].desc;
+	for (uint32_t i = 0; i < p->n_tensors && !rc; i++) {
 		dcast_tensor_desc got;
 
 		memset(&got, 0, sizeof(got));
-		if (dcast_consumer_tensor_at(c, i, &got) || strcmp(got.name, want->name))
-			return dcast_fail(DCAST_ESHAPE, "fetch_baseline: tensor %u of the broker's %s is "
-					  "%s, registered is %s (names and order must match)", i,
-					  p->model, got.name, want->name);
-		if (!same_desc(want, &got))
-			return dcast_fail(DCAST_ESHAPE, "fetch_baseline: tensor %s is %s with %u dims "
-					  "at the broker, %s with %u dims (or another shape or grid) "
-					  "registered", want->name, dcast_dtype_name(got.dtype), got.ndim,
-					  dcast_dtype_name(want->dtype), want->ndim);
-	}
-	return 0;
-}
-
-/* Copy tensor i's shard (wire order, as the consumer keeps it) into the
- * baseline and compute its ranges' digests. */
-static int adopt_tensor(dcast_producer *p, dcast_consumer *c, uint32_t i)
-{
-	prod_tensor *t = &p->tensors[i];
-	const unsigned char *src;
-	void *ptr;
-	dcast_mem mem;
-	int rc;
-
-	if ((rc = dcast_consumer_tensor(c, t->desc.name, &ptr, NULL, &mem)))
-		return rc;
-	DCAST_ASSERT(mem == DCAST_MEM_HOST); /* nothing is bound to the consumer */
-	src = (const unsigned char *)ptr + t->shard_off * t->elem_size;
-	if ((rc = prod_base_write(t, src, t->shard_count * t->elem_size)))
-		return rc;
-	for (uint32_t k = 0; k < t->n_chunks && !rc; k++) {
-		uint64_t off = (uint64_t)k * p->opts.range_elems;
-		rc = dcast_ldigest(i, t->shard_off + off, src + off * t->elem_size,
-				   prod_range_count(p, t, off), t->elem_size,
-				   &p->chunk_digest[t->first_chunk + k]);
+		dcast_consumer_tensor_at(c, i, &got);
+		rc = prod_tensor_matches(p, i, &got, "fetch_baseline");
 	}
 	return rc;
 }
 
+/* Copy this part's shards (wire order, as the consumer keeps them) into
+ * the baseline. */
 static int adopt(dcast_producer *p, dcast_consumer *c, uint64_t version)
 {
 	int rc = 0;
 
-	for (uint32_t i = 0; i < p->n_tensors && !rc; i++)
-		rc = adopt_tensor(p, c, i);
-	if (rc)
-		return rc;
-	p->acked_version = version;
-	p->baseline_valid = 1;
-	p->stats.baseline_version = version;
-	return 0;
+	for (uint32_t i = 0; i < p->n_tensors && !rc; i++) {
+		const prod_tensor *t = &p->tensors[i];
+		void *ptr;
+		dcast_mem mem;
+
+		if ((rc = dcast_consumer_tensor(c, t->desc.name, &ptr, NULL, &mem)))
+			return rc;
+		DCAST_ASSERT(mem == DCAST_MEM_HOST); /* nothing is bound to the consumer */
+		rc = prod_base_fill(p, i, (const unsigned char *)ptr + t->shard_off * t->elem_size);
+	}
+	if (!rc)
+		prod_baseline_adopted(p, version);
+	return rc;
 }
 
 static int fetch_into(dcast_producer *p, const char *endpoint, const char *dir,

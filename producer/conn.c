@@ -13,7 +13,7 @@ static int zfail(const char *what)
 	return dcast_fail(DCAST_EZMQ, "producer: %s: %s", what, zmq_strerror(errno));
 }
 
-static int set_curve(dcast_producer *p, void *s)
+int prod_conn_curve(const dcast_producer *p, void *s)
 {
 	if (!p->curve_server[0])
 		return 0;
@@ -53,7 +53,7 @@ static int open_socket(dcast_producer *p)
 		return rc;
 	if (zmq_setsockopt(p->conn.sock, ZMQ_IMMEDIATE, &one, sizeof(one)))
 		return zfail("ZMQ_IMMEDIATE");
-	if ((rc = set_curve(p, p->conn.sock)) || (rc = open_monitor(p)))
+	if ((rc = prod_conn_curve(p, p->conn.sock)) || (rc = open_monitor(p)))
 		return rc;
 	if (zmq_connect(p->conn.sock, p->endpoint))
 		return dcast_fail(DCAST_EINVAL, "producer: cannot connect to \"%s\": %s",
@@ -87,6 +87,7 @@ static void on_welcome(dcast_producer *p, const dcast_welcome *w)
 	p->conn.up = 1;
 	p->conn.broker_version = w->version;
 	p->conn.run = w->run;
+	p->conn.anchor_version = w->anchor_version;
 	p->conn.need_anchor = (int)w->need_anchor;
 	p->conn.heartbeat_ms = w->heartbeat_ms ? w->heartbeat_ms : 1000;
 }

@@ -256,3 +256,19 @@ void prod_undo_rollback(dcast_producer *p)
 	}
 	prod_undo_reset(u);
 }
+
+/* Tensor i's baseline from host memory (its shard, wire order), with the
+ * digests of its ranges: a baseline taken from the broker or the caller. */
+int prod_base_fill(dcast_producer *p, uint32_t i, const unsigned char *src)
+{
+	prod_tensor *t = &p->tensors[i];
+	int rc = prod_base_write(t, src, t->shard_count * t->elem_size);
+
+	for (uint32_t k = 0; k < t->n_chunks && !rc; k++) {
+		uint64_t off = (uint64_t)k * p->opts.range_elems;
+		rc = dcast_ldigest(i, t->shard_off + off, src + off * t->elem_size,
+				   prod_range_count(p, t, off), t->elem_size,
+				   &p->chunk_digest[t->first_chunk + k]);
+	}
+	return rc;
+}

@@ -79,3 +79,12 @@ int prod_fail_pending(dcast_producer *p, int rc)
 	prod_version_failed(p, rc > 0 ? rc : DCAST_EABORTED, why);
 	return dcast_fail(rc, "%s", why);
 }
+
+/* The baseline holds the broker's `version` (fetched, or the caller's copy
+ * checked against its digests): the next version is a delta on it. */
+void prod_baseline_adopted(dcast_producer *p, uint64_t version)
+{
+	p->acked_version = version;
+	p->baseline_valid = 1;
+	p->stats.baseline_version = version;
+}

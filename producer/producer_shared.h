@@ -7,7 +7,9 @@
  * (outcome.c, under the connection), wait() (settle.c).
  * One way down (no file calls a file above it), from the top:
  *   baseline.c (the broker's newest version as the baseline, through the
- *   consumer library); producer.c (open, register, close); publish.c; settle.c; send.c;
+ *   consumer library); base_check.c (the caller's copy of it, checked
+ *   against the broker's digests); producer.c (open, register, close);
+ *   publish.c; settle.c; send.c;
  *   conn.c; outcome.c; encode.c; memory.c; device.c; shared.c (what
  *   several of them read).
  * tests/test_layers.sh checks this order and that no circle forms.
@@ -168,6 +170,7 @@ typedef struct prod_conn {
 				    comes after it is credit back for stored chunks */
 	uint64_t broker_version; /* newest committed, from WELCOME / ACK */
 	uint64_t run;            /* the broker's run of the model, from WELCOME */
+	uint64_t anchor_version; /* the newest anchor in its log, from WELCOME */
 	int need_anchor;
 	uint32_t heartbeat_ms;
 	uint64_t last_send_ms;
@@ -234,11 +237,17 @@ struct dcast_producer {
 uint64_t prod_range_count(const dcast_producer *p, const prod_tensor *t, uint64_t off);
 /* Milliseconds since the pending version's publish call (debug lines). */
 double prod_since_publish_ms(const dcast_producer *p);
+/* 0 when the broker's tensor i (got) is registered tensor i: name, dtype,
+ * shape, grid; else DCAST_ESHAPE naming the difference, `call` first. */
+int prod_tensor_matches(const dcast_producer *p, uint32_t i, const dcast_tensor_desc *got,
+			const char *call);
+int prod_tensor_count_matches(const dcast_producer *p, uint32_t n, const char *call);
 
 /* publish.c */
 int prod_freeze(dcast_producer *p);
 
 /* conn.c */
+int prod_conn_curve(const dcast_producer *p, void *sock);
 int prod_conn_join(dcast_producer *p);
 int prod_conn_rejoin(dcast_producer *p, const char *why);
 void prod_conn_close(dcast_producer *p, int send_bye);
@@ -255,6 +264,7 @@ void prod_undo_reset(prod_undo *u);
 void prod_undo_record(dcast_producer *p, uint32_t chunk, const prod_job *job);
 void prod_undo_rollback(dcast_producer *p);
 const prod_undo_rec *prod_undo_next(const prod_undo *u, size_t *at);
+int prod_base_fill(dcast_producer *p, uint32_t i, const unsigned char *src);
 
 /* device.c: CUDA tensors (compiled without CUDA: refused at register) */
 int prod_dev_register(prod_tensor *t, const void *ptr);
@@ -289,6 +299,7 @@ void prod_version_acked(dcast_producer *p, uint64_t version);
 void prod_version_failed(dcast_producer *p, int err, const char *why);
 void prod_progress_end(dcast_producer *p);
 void prod_progress_taken(dcast_producer *p);
+void prod_baseline_adopted(dcast_producer *p, uint64_t version);
 uint64_t prod_credit_back(const dcast_producer *p);
 int prod_fail_pending(dcast_producer *p, int rc);
 

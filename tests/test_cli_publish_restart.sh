@@ -3,8 +3,11 @@
 # and ends; a new one, given the broker's consumer endpoint (--consumers),
 # fetches version 3 as its baseline and publishes version 4 as a delta.  A
 # subscriber that held 3 receives 4 as a delta (its bytes a small share of
-# the model) and ends with the file's tensors bit for bit; a late joiner
-# still starts from the anchor; --no-fetch-base sends an anchor.
+# the model) and ends with the file's tensors bit for bit.  Then --base
+# FILE: a copy of version 4 the caller holds is checked against the
+# broker's digests (a wrong one refused) and version 5 goes as a delta on
+# it.  A late joiner still starts from the anchor; --no-fetch-base sends an
+# anchor.
 . "$(dirname "$0")/tools/broker_lib.sh"
 B=$BUILD tmp=$TMP
 "$B/deltacast" gen-trace --params 3M --steps 4 --density 0.01 -o "$tmp/trace" 2>/dev/null ||
@@ -33,12 +36,30 @@ model=$(stat -c %s "${f[3]}")
 
 same_tensors "$tmp/held/model.safetensors" "${f[3]}" || fail "the subscriber's version 4 differs"
 
-"$B/deltacast" subscribe --broker "$b_CONS" --model m --dir "$tmp/late" --until 4 \
+# --base FILE: the checkpoint published last, checked against the broker's
+# digests before it is trusted (a wrong one is refused, naming the tensor)
+if "$B/deltacast" publish --broker "$b_PROD" --consumers "$b_CONS" --base "${f[2]}" --model m \
+	--first-version 5 "${f[4]}" 2>"$tmp/wrong.err"; then
+	fail "a base that is not the broker's newest version was taken"
+fi
+grep -q 'digest mismatch.*differ from the broker' "$tmp/wrong.err" ||
+	fail "the wrong base was not refused by its digests: $(cat "$tmp/wrong.err")"
+"$B/deltacast" publish --broker "$b_PROD" --consumers "$b_CONS" --base "${f[3]}" --model m \
+	--first-version 5 "${f[4]}" 2>"$tmp/pub3.err" || fail "publish 5 on --base: $(cat "$tmp/pub3.err")"
+grep -q '^version 5 delta' "$tmp/pub3.err" || fail "version 5 on --base was not a delta"
+"$B/deltacast" subscribe --broker "$b_CONS" --model m --dir "$tmp/held" --until 5 \
+	>"$tmp/held5.out" 2>"$tmp/held5.err" || fail "subscriber to 5: $(cat "$tmp/held5.err")"
+bytes=$(sed -n 's/^version 5 delta bytes \([0-9]*\) .*/\1/p' "$tmp/held5.out")
+[ -n "$bytes" ] && [ "$bytes" -lt $((model / 10)) ] ||
+	fail "version 5 did not reach the subscriber as a small delta: $(cat "$tmp/held5.out")"
+same_tensors "$tmp/held/model.safetensors" "${f[4]}" || fail "the subscriber's version 5 differs"
+
+"$B/deltacast" subscribe --broker "$b_CONS" --model m --dir "$tmp/late" --until 5 \
 	>"$tmp/late.out" 2>"$tmp/late.err" || fail "late joiner: $(cat "$tmp/late.err")"
 grep -q '^version [0-9]* anchor' "$tmp/late.out" || fail "the late joiner got no anchor"
-same_tensors "$tmp/late/model.safetensors" "${f[3]}" || fail "the late joiner's version 4 differs"
+same_tensors "$tmp/late/model.safetensors" "${f[4]}" || fail "the late joiner's version 5 differs"
 
 "$B/deltacast" publish --broker "$b_PROD" --consumers "$b_CONS" --no-fetch-base --model m \
-	--first-version 5 "${f[4]}" 2>"$tmp/pub3.err" || fail "publish 5: $(cat "$tmp/pub3.err")"
-grep -q '^version 5 anchor' "$tmp/pub3.err" || fail "--no-fetch-base did not send an anchor"
+	--first-version 6 "${f[4]}" 2>"$tmp/pub4.err" || fail "publish 6: $(cat "$tmp/pub4.err")"
+grep -q '^version 6 anchor' "$tmp/pub4.err" || fail "--no-fetch-base did not send an anchor"
 echo "test_cli_publish_restart: ok"

@@ -264,6 +264,33 @@ DCAST_API void dcast_producer_progress_get(const dcast_producer *p, dcast_produc
 DCAST_API int dcast_producer_fetch_baseline(dcast_producer *p, const char *consumer_endpoint,
 				  const char *dir, int timeout_ms);
 
+/* Take the caller's copy of the broker's newest committed version as the
+ * baseline, as dcast_producer_fetch_baseline() does with a fetched one, at
+ * no more than O(changed) wire bytes: for a caller that holds that version
+ * already (the checkpoint it published last).  Call it after registering
+ * every tensor and before the first publish.  bases: n pointers, n the
+ * number of registered tensors, in registration order: host memory laid
+ * out as that registration's ptr (this part's shard or tile, as many
+ * elements), holding the version; read during the call only, they stay
+ * the caller's.  Before it is trusted, the copy is checked against the
+ * digests of the broker's COMMIT of that version, read on a connection to
+ * consumer_endpoint (the same broker's consumer endpoint) that asks for
+ * the deltas after the log's anchor, dropping their payloads, or the
+ * anchor itself when the newest version is one (then O(model) bytes to
+ * this process, never to the workers).  The broker's tensors must be the
+ * registered ones, in order, and its digest ranges must cover this part's
+ * shards (a version published with the same parts).  O(model) reads of the
+ * copy.  Errors: DCAST_EINVAL (NULL, n not the tensors registered, a NULL
+ * base), DCAST_ESTATE (after a publish; the broker's newest version
+ * changed meanwhile, or its run is another; its digests do not cover the
+ * shards), DCAST_ENOTFOUND (the broker holds no version, or asks for an
+ * anchor), DCAST_ESHAPE (another model: naming the tensor), DCAST_EDIGEST
+ * (the copy is not that version: naming the tensor and elements),
+ * DCAST_ETIMEDOUT, DCAST_EZMQ, a broker ERROR code, DCAST_ENOMEM.  On error
+ * the producer has no baseline and its first publish sends an anchor. */
+DCAST_API int dcast_producer_adopt_baseline(dcast_producer *p, const char *consumer_endpoint,
+				  const void *const *bases, uint32_t n, int timeout_ms);
+
 /* Send BYE, close the connection and free everything, including the
  * baseline; set *p to NULL.  NULL or *p == NULL is a no-op.  A version not
  * yet acknowledged is abandoned (the broker drops it). */

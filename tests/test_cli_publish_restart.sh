@@ -17,8 +17,11 @@ start_broker b
 bg sub "$B/deltacast" subscribe --broker "$b_CONS" --model m --dir "$tmp/held" --until 4
 sub=$LAST_PID
 
-"$B/deltacast" publish --broker "$b_PROD" --model m "${f[0]}" "${f[1]}" "${f[2]}" \
-	2>"$tmp/pub1.err" || fail "publish 1..3: $(cat "$tmp/pub1.err")"
+# a broker that holds nothing: --consumers fetches nothing, 1 is an anchor
+"$B/deltacast" publish --broker "$b_PROD" --consumers "$b_CONS" --model m "${f[0]}" "${f[1]}" \
+	"${f[2]}" 2>"$tmp/pub1.err" || fail "publish 1..3: $(cat "$tmp/pub1.err")"
+grep -q '^version 1 anchor' "$tmp/pub1.err" || fail "version 1 was not an anchor"
+grep -q '^baseline' "$tmp/pub1.err" && fail "a baseline fetched from an empty broker"
 wait_for 30 grep -q '^version 3 ' "$tmp/sub.out" || fail "the subscriber did not reach version 3"
 
 "$B/deltacast" publish --broker "$b_PROD" --consumers "$b_CONS" --model m --first-version 4 \

@@ -262,6 +262,11 @@ static int first_base(dcast_producer *p, const pub_args *a)
 	dcast_producer_stats s;
 	int rc;
 
+	dcast_producer_stats_get(p, &s);
+	if (!a->consumers && s.broker_version != DCAST_VERSION_NONE)
+		fprintf(stderr, "the broker holds version %" PRIu64 " of %s: version %" PRIu64 " goes as "
+			"an anchor (--consumers ENDPOINT would send it as a delta on %" PRIu64 ")\n",
+			s.broker_version, a->model, a->first, s.broker_version);
 	if (!a->consumers || !a->fetch)
 		return 0;
 	if (a->base)

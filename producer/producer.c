@@ -312,6 +312,7 @@ void dcast_producer_stats_get(const dcast_producer *p, dcast_producer_stats *out
 {
 	*out = p->stats;
 	out->acked_version = p->acked_version;
+	out->broker_version = p->conn.broker_version;
 }
 
 uint64_t dcast_producer_broker_version(const dcast_producer *p)

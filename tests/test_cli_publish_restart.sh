@@ -7,7 +7,8 @@
 # FILE: a copy of version 4 the caller holds is checked against the
 # broker's digests (a wrong one refused) and version 5 goes as a delta on
 # it.  A late joiner still starts from the anchor; --no-fetch-base sends an
-# anchor.
+# anchor; without --consumers, publish names the broker's newest version
+# and the flag that would make a delta of its anchor.
 . "$(dirname "$0")/tools/broker_lib.sh"
 B=$BUILD tmp=$TMP
 "$B/deltacast" gen-trace --params 3M --steps 4 --density 0.01 -o "$tmp/trace" 2>/dev/null ||
@@ -65,4 +66,8 @@ same_tensors "$tmp/late/model.safetensors" "${f[4]}" || fail "the late joiner's 
 "$B/deltacast" publish --broker "$b_PROD" --consumers "$b_CONS" --no-fetch-base --model m \
 	--first-version 6 "${f[4]}" 2>"$tmp/pub4.err" || fail "publish 6: $(cat "$tmp/pub4.err")"
 grep -q '^version 6 anchor' "$tmp/pub4.err" || fail "--no-fetch-base did not send an anchor"
+"$B/deltacast" publish --broker "$b_PROD" --model m --first-version 7 "${f[4]}" \
+	2>"$tmp/pub5.err" || fail "publish 7: $(cat "$tmp/pub5.err")"
+grep -q '^the broker holds version 6 of m: .*--consumers' "$tmp/pub5.err" ||
+	fail "no word of --consumers where the broker holds a version: $(cat "$tmp/pub5.err")"
 echo "test_cli_publish_restart: ok"

@@ -92,7 +92,11 @@ typedef struct dcast_producer_stats {
 	uint64_t total_resends;    /* versions sent again after a re-join found
 				      the broker without them */
 	uint64_t baseline_version; /* the broker's version taken as the baseline by
-				      dcast_producer_fetch_baseline(), or NONE */
+				      dcast_producer_fetch_baseline() or
+				      dcast_producer_adopt_baseline(), or NONE */
+	uint64_t broker_version;   /* the broker's newest committed version of the
+				      model (WELCOME, ACK), or NONE: a new process
+				      that sees one may take it as its baseline */
 } dcast_producer_stats;
 
 /* Where the version being published stands, for progress displays: read

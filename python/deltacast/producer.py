@@ -61,7 +61,7 @@ class _Stats(ctypes.Structure):
                 ("payload_bytes", ctypes.c_uint64), ("model_bytes", ctypes.c_uint64),
                 ("acked_version", ctypes.c_uint64), ("total_reconnects", ctypes.c_uint64),
                 ("total_payload_bytes", ctypes.c_uint64), ("total_resends", ctypes.c_uint64),
-                ("baseline_version", ctypes.c_uint64)]
+                ("baseline_version", ctypes.c_uint64), ("broker_version", ctypes.c_uint64)]
 
 
 class Progress(ctypes.Structure):

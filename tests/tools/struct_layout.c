@@ -59,7 +59,7 @@ int main(void)
 	FIELD(dcast_producer_stats, payload_bytes); FIELD(dcast_producer_stats, model_bytes);
 	FIELD(dcast_producer_stats, acked_version); FIELD(dcast_producer_stats, total_reconnects);
 	FIELD(dcast_producer_stats, total_payload_bytes); FIELD(dcast_producer_stats, total_resends);
-	FIELD(dcast_producer_stats, baseline_version);
+	FIELD(dcast_producer_stats, baseline_version); FIELD(dcast_producer_stats, broker_version);
 	END();
 	BEGIN(dcast_producer_progress, "producer_progress");
 	FIELD(dcast_producer_progress, version); FIELD(dcast_producer_progress, active);

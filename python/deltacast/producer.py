@@ -100,7 +100,7 @@ def _declare(l: ctypes.CDLL) -> ctypes.CDLL:
     l.dcast_producer_stats_get.argtypes = [vp, ctypes.POINTER(_Stats)]
     l.dcast_producer_broker_version.argtypes = [vp]
     l.dcast_producer_broker_version.restype = u64
-        l.dcast_producer_progress_get.argtypes = [vp, ctypes.POINTER(Progress)]
+    l.dcast_producer_progress_get.argtypes = [vp, ctypes.POINTER(Progress)]
     l.dcast_producer_fetch_baseline.argtypes = [vp, ctypes.c_char_p, ctypes.c_char_p,
                                                 ctypes.c_int]
     l.dcast_producer_close.argtypes = [ctypes.POINTER(vp)]

@@ -1,6 +1,7 @@
 # deltacast build: one static and one shared library, the programs, the tests.
 # `make` builds, `make test` runs every test, `make test SAN=1` does so under
-# address and undefined-behaviour sanitizers, `make fuzz` runs the fuzz
+# address and undefined-behaviour sanitizers (and the debug tier's checks,
+# DCAST_DEBUG_ASSERT), `make fuzz` runs the fuzz
 # targets for FUZZ_SECONDS each.  Dependencies come from `make deps`.
 
 PREFIX   ?= /usr/local
@@ -12,7 +13,7 @@ PYTHON   ?= /usr/bin/python3
 ifeq ($(SAN),1)
 BUILD    ?= build-san
 SANFLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
-OPT      := -O1 -g
+OPT      := -O1 -g -DDCAST_DEBUG=1
 else
 BUILD    ?= build
 SANFLAGS :=

@@ -55,6 +55,16 @@ uint64_t dcast_thread_cpu_ns(void);
 		}                                                              \
 	} while (0)
 
+/* The debug tier (DCAST_DEBUG=1, on in `make test SAN=1`): checks too
+ * costly or too fine for every build, such as each transition of the
+ * consumer's version state machine at both its ends.  Off, the condition
+ * is not evaluated. */
+#if defined(DCAST_DEBUG) && DCAST_DEBUG
+#define DCAST_DEBUG_ASSERT(c) DCAST_ASSERT(c)
+#else
+#define DCAST_DEBUG_ASSERT(c) ((void)sizeof(!(c)))
+#endif
+
 #define DCAST_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 
 #endif

@@ -28,8 +28,7 @@ struct replay_file {
 static int begin(struct replay_file *f, uint32_t anchor, uint64_t base)
 {
 	if (!f->begun) {
-		f->v->anchor = (int)anchor;
-		f->v->base_version = base;
+		cs_intake_replay_open(f->v, anchor, base);
 		f->begun = 1;
 	}
 	return (int)anchor == f->manifest ? 0 : dcast_fail(DCAST_ECORRUPT, "%s without a MANIFEST "
@@ -40,23 +39,14 @@ static int replay_chunk(struct replay_file *f, uint64_t off, const dcast_rec *r,
 {
 	int err = begin(f, h->anchor, h->base_version);
 
-	if (err || (err = cs_check_chunk(f->c, h)))
-		return err;
-	if ((err = cs_version_fit(f->v, h)))
-		return err == 1 ? 0 : err;
-	if ((err = dcast_chunk_verify_sum(h, r->payload_sum)))
-		return err;
-	return cs_version_take(f->v, h, r->payload_sum, off + DCAST_REC_PREFIX + r->hdr_len, NULL);
+	return err ? err : cs_intake_replay_chunk(f->c, f->v, h, r->payload_sum, off + DCAST_REC_PREFIX + r->hdr_len);
 }
 
 static int replay_commit(struct replay_file *f, dcast_commit *m)
 {
 	int err = begin(f, m->anchor, m->base_version);
 
-	if (err || (err = cs_version_close(f->v, m)))
-		return err;
-	f->v->state = CS_V_READY;
-	return 0;
+	return err ? err : cs_intake_replay_commit(f->v, m);
 }
 
 /* One record's message (of the record's kind and version: dcast_rec_msg),

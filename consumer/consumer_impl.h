@@ -4,6 +4,7 @@
  *   session.c (the session thread: the wire's handlers, credit, folds);
  *   api.c (the calls on a live consumer), run.c (run identity);
  *   ckpt_load.c (load, replay, the recovery policy);
+ *   intake.c (the version state machine, for the wire and the replay);
  *   anchor_new.c (an anchor received in place, written straight to its
  *   file), fold.c (folds and seals from the disk), apply.c (one version,
  *   transactional);
@@ -153,7 +154,7 @@ typedef struct cs_version {
 	uint64_t res_bytes;    /* of it, used */
 	int write_failed;      /* a chunk record's write failed: never READY */
 	int in_place;          /* an anchor received straight into the library's own host
-				* tensors, which held no version (session.c) */
+				* tensors, which held no version (intake.c) */
 	int direct;            /* in place, and written straight to model.safetensors.new
 				* at its final offsets instead of a record file (anchor_new.c) */
 } cs_version;
@@ -387,23 +388,36 @@ int cs_version_seen(const cs_version *v, uint32_t part, uint32_t seq);
 int cs_version_add(cs_version *v, const cs_chunk *k);
 /* Does chunk k write anything (dense, or changed > 0)? */
 int cs_chunk_writes(const cs_chunk *k);
-/* The version state machine's steps, one set for both of its sources: the
- * broker's messages (session.c) and the replay of the record log
- * (ckpt_load.c), the way redis replays its log through its command path.
- * cs_version_fit: may CHUNK h (already checked against the tensors,
- * cs_check_chunk) join v?  0: yes; 1: v has it already or is READY (a
- * duplicate: harmless); DCAST_EFIELD_RANGE: its anchor or base differ.
- * cs_version_take: h joins v, its payload summing to sum (checked by the
- * caller: dcast_chunk_verify_sum) at file_off of v's record file
- * (resident: its copy in the pool, or NULL).  Errors: DCAST_ENOMEM.
- * cs_version_close: COMMIT m closes v when it announces exactly the
- * chunks, bytes, anchor and base staged; its digests then move into v (m's
- * are NULL after).  Errors: DCAST_ECORRUPT naming both counts.  The caller
- * makes v READY once its record is written. */
-int cs_version_fit(const cs_version *v, const dcast_chunk *h);
-int cs_version_take(cs_version *v, const dcast_chunk *h, uint64_t sum, uint64_t file_off,
-		    unsigned char *resident);
-int cs_version_close(cs_version *v, dcast_commit *m);
+/* intake.c: the version state machine, the only code that changes a
+ * staged version's state (STAGING -> READY), fed alike by the broker's
+ * messages (session.c) and by the replay of the record log (ckpt_load.c).
+ * cs_intake_chunk: a CHUNK from the wire, not below the applied version:
+ * checked against the tensors, its version begun when new (a gap, a
+ * version not above the newest staged or a full staging refuses it:
+ * cs_refuse, cs_refuse_message, cs_rejoin_refused), its payload staged in
+ * the pool or written straight from `payload` (held until written) to the
+ * version's record file, and taken; a duplicate gives its credit back.
+ * cs_intake_commit: a COMMIT from the wire closes its version when it
+ * announces exactly what was staged; once its record is written the
+ * version is READY (*ready = 1), checked ahead where it can be, and a
+ * VERSION_READY event pushed.  Both return 0 when the stream goes on
+ * (refusals re-join), DCAST_EIO for a record that cannot be written, or
+ * the error of a re-join.  `lock` held, session thread.
+ * cs_intake_replay_open: v (fresh from cs_version_init) begins, with the
+ * anchor flag and base of its file's first CHUNK or COMMIT.
+ * cs_intake_replay_chunk: CHUNK record h at file_off of v's file, its
+ * payload summing to sum, joins v (a duplicate is passed over).  Errors:
+ * those of cs_check_chunk, DCAST_EFIELD_RANGE (anchor or base differ from
+ * v's), DCAST_ECHECKSUM, DCAST_ENOMEM.
+ * cs_intake_replay_commit: COMMIT record m closes v, READY (its digests
+ * move into v, m's are NULL after).  Errors: DCAST_ECORRUPT naming both
+ * counts. */
+int cs_intake_chunk(dcast_consumer *c, const dcast_chunk *h, zmq_msg_t *payload);
+int cs_intake_commit(dcast_consumer *c, dcast_commit *m, int *ready);
+void cs_intake_replay_open(cs_version *v, uint32_t anchor, uint64_t base);
+int cs_intake_replay_chunk(dcast_consumer *c, cs_version *v, const dcast_chunk *h, uint64_t sum,
+			   uint64_t file_off);
+int cs_intake_replay_commit(cs_version *v, dcast_commit *m);
 
 /* devmem.c (needs cs_tensor) */
 int cs_to_tensor(cs_tensor *t, uint64_t off, const void *src, uint64_t n);

@@ -1,14 +1,14 @@
-/* The broker session and the version state machine, run by the consumer's
- * own thread (session_main), which alone touches the socket: HELLO / WELCOME,
- * MANIFEST, CHUNK staging (pool slot -> checksum -> record file), COMMIT
- * (-> READY), credit that follows freed pool bytes, heartbeats, and the
- * re-join on a gap, a refused version, a message that does not decode or a
- * stalled stream (docs/protocol.md, "Consumer and broker").  Messages that
- * arrive after a re-join's HELLO and before its WELCOME belong to the old
- * stream and are dropped.  A HELLO left without a WELCOME, or a broker gone
- * silent, gets a new socket: ZeroMQ gives up on a connection for good after
- * a protocol error (a damaged frame header, an oversized frame), and such a
- * socket would never reach the broker again. */
+/* The broker session, run by the consumer's own thread (session_main),
+ * which alone touches the socket: HELLO / WELCOME, MANIFEST, CHUNK and
+ * COMMIT handed to the version state machine (intake.c), credit that
+ * follows freed pool bytes, heartbeats, the fold thread, and the re-join
+ * on a message that does not decode or a stalled stream
+ * (docs/protocol.md, "Consumer and broker").  Messages that arrive after a
+ * re-join's HELLO and before its WELCOME belong to the old stream and are
+ * dropped.  A HELLO left without a WELCOME, or a broker gone silent, gets
+ * a new socket: ZeroMQ gives up on a connection for good after a protocol
+ * error (a damaged frame header, an oversized frame), and such a socket
+ * would never reach the broker again. */
 #include <errno.h>
 #include <inttypes.h>
 #include <string.h>
@@ -124,77 +124,6 @@ static int flush_credit(dcast_consumer *c)
 }
 
 
-/* Version that a new delta must build on: the newest staged, else applied. */
-static uint64_t tail_version(const dcast_consumer *c)
-{
-	return c->n_staged ? c->staged[c->n_staged - 1].version : dcast_consumer_version(c);
-}
-
-static int gap(dcast_consumer *c, uint64_t version, uint64_t base)
-{
-	dcast_event *e;
-
-	dcast_fail(DCAST_EGAP, "gap: version %" PRIu64 " builds on %" PRIu64 ", we have %" PRIu64, version,
-		   base, tail_version(c));
-	DCAST_LOG_W("consumer %s: %s; re-joining", c->model, dcast_last_error());
-	cs_event_push(c, DCAST_EV_GAP, version, DCAST_EGAP, "delta on a base we do not have");
-	e = &c->events[(c->ev_head + c->ev_count - 1) % CS_EVENTS];
-	e->have_version = dcast_consumer_version(c);
-	return cs_rejoin_refused(c, CS_REFUSED_VERSION, version, DCAST_EGAP);
-}
-
-/* May an anchor go straight into the tensors as it arrives?  When they
- * hold no version, nothing else is staged and every one is the library's
- * own host copy (no caller's memory to tear, no view). */
-static int in_place_ok(const dcast_consumer *c)
-{
-	if (dcast_consumer_version(c) != DCAST_VERSION_NONE || c->n_staged)
-		return 0;
-	for (uint32_t i = 0; i < c->n_tensors; i++)
-		if (!c->tensors[i].owned || c->tensors[i].mem != DCAST_MEM_HOST || c->tensors[i].n_views)
-			return 0;
-	return 1;
-}
-
-static cs_version *version_begin(dcast_consumer *c, const dcast_chunk *h, int *err)
-{
-	cs_version *v;
-
-	*err = 0;
-	if (!h->anchor && h->base_version != tail_version(c)) {
-		*err = gap(c, h->version, h->base_version);
-		return NULL;
-	}
-	if (c->n_staged && h->version <= tail_version(c)) { /* the peer's error: staged stays */
-		dcast_fail(DCAST_EVERSION, "version %" PRIu64 " is not above the newest staged, %" PRIu64,
-			   h->version, tail_version(c));
-		*err = cs_refuse_message(c, h->version, DCAST_EVERSION);
-		return NULL;
-	}
-	if (c->n_staged == CS_MAX_STAGED) {
-		*err = cs_refuse(c, h->version, dcast_fail(DCAST_EBUSY, "%u versions staged and not applied",
-							CS_MAX_STAGED));
-		return NULL;
-	}
-	v = &c->staged[c->n_staged];
-	cs_version_init(v, h->version);
-	v->base_version = h->base_version;
-	v->anchor = (int)h->anchor;
-	v->state = CS_V_STAGING;
-	v->first_ns = dcast_now_ns();
-	v->in_place = v->anchor && in_place_ok(c);
-	v->direct = v->in_place && c->n_tensors && !cs_tensors_tiled(c);
-	if ((*err = v->direct ? cs_anchor_new_create(c, v) : cs_ckpt_version_create(c, v))) {
-		cs_version_free(v);
-		return NULL;
-	}
-	c->n_staged++;
-	cs_staged_check(c);
-	if (v->anchor)
-		cs_event_push(c, DCAST_EV_ANCHOR, v->version, 0, "");
-	return v;
-}
-
 /* Is this chunk or commit for something we do not want?  Gives its credit back. */
 static int unwanted(dcast_consumer *c, uint64_t version, uint64_t payload_bytes)
 {
@@ -207,130 +136,29 @@ static int unwanted(dcast_consumer *c, uint64_t version, uint64_t payload_bytes)
 	return 0;
 }
 
-/* Payload -> pool slot (when it stays resident) -> checksum -> record file,
- * written behind: a spilled payload is written from ZeroMQ's buffer, held
- * until the write is done, and its credit goes back then (ckpt.c). */
-/* An anchor received in place (in_place_ok): each chunk, checked, goes
- * straight to its range of the tensor, and is written behind from there,
- * to model.safetensors.new at its final offset (anchor_new.c; a record
- * file for a model with tiled tensors): nothing writes that range again
- * before a later version's apply, and the COMMIT waits for every write.
- * Its credit goes back at once (no staging memory holds it; the writes in
- * flight are bounded by the write-behind queue).  Apply has nothing left
- * to write, only to check. */
-static int stage_in_place(dcast_consumer *c, cs_version *v, const dcast_chunk *h, zmq_msg_t *payload)
-{
-	const unsigned char *src = zmq_msg_data(payload);
-	unsigned char *dst = c->tensors[h->tensor].ptr + h->start * h->elem_size;
-	uint64_t sum = dcast_checksum(src, h->payload_bytes), off;
-	int err = dcast_chunk_verify_sum(h, sum);
-
-	if (!err) {
-		memcpy(dst, src, h->payload_bytes);
-		err = cs_ckpt_chunk_submit(c, v, h, NULL, dst, sum, &off);
-	}
-	cs_credit_free(c, h->payload_bytes);
-	if (err)
-		return err == DCAST_EIO ? err : cs_refuse(c, h->version, err);
-	c->total_received += h->payload_bytes;
-	return cs_version_take(v, h, sum, CS_IN_PLACE, NULL);
-}
-
-static int stage_payload(dcast_consumer *c, cs_version *v, const dcast_chunk *h, zmq_msg_t *payload)
-{
-	if (v->in_place)
-		return stage_in_place(c, v, h, payload);
-	unsigned char *slot, *resident;
-	uint64_t sum, off;
-	int err;
-
-	if (h->payload_bytes > c->pool.region_bytes)
-		return cs_refuse(c, h->version, dcast_fail(DCAST_ETOO_LARGE, "CHUNK payload of %" PRIu64
-			" bytes exceeds a quarter of the staging budget (%" PRIu64 " bytes)",
-			h->payload_bytes, c->pool.region_bytes));
-	slot = resident = cs_pool_resident_get(&c->pool, h->payload_bytes);
-	if (slot) /* kept in memory until apply */
-		memcpy(slot, zmq_msg_data(payload), h->payload_bytes);
-	else /* spilled: checked and written straight from ZeroMQ's buffer */
-		slot = zmq_msg_data(payload);
-	sum = dcast_checksum(slot, h->payload_bytes); /* kept: the record's and apply's check */
-	if ((err = dcast_chunk_verify_sum(h, sum)) ||
-	    (err = cs_ckpt_chunk_submit(c, v, h, resident ? NULL : payload, slot, sum, &off))) {
-		if (resident)
-			cs_pool_resident_put(&c->pool, h->payload_bytes);
-		cs_credit_free(c, h->payload_bytes);
-		return err == DCAST_EIO ? err : cs_refuse(c, h->version, err);
-	}
-	if (!resident)
-		v->spilled++;
-	c->total_received += h->payload_bytes;
-	if ((err = cs_version_take(v, h, sum, off, resident)) && resident) {
-		cs_ckpt_settle(c); /* its record is written from the slot */
-		cs_pool_resident_put(&c->pool, h->payload_bytes);
-	}
-	return err;
-}
-
 static int on_chunk(dcast_consumer *c, dcast_wire_in *in)
 {
 	const dcast_chunk *h = &in->msg.u.chunk;
-	cs_version *v;
-	int err;
 
 	if (unwanted(c, h->version, h->payload_bytes))
 		return 0;
-	if ((err = cs_check_chunk(c, h)))
-		return cs_refuse(c, h->version, err);
-	v = cs_version_find(c, h->version);
-	if (!v && !(v = version_begin(c, h, &err)))
-		return err;
-	if ((err = cs_version_fit(v, h)) == 1) {
-		cs_credit_free(c, h->payload_bytes); /* duplicate: harmless */
-		return 0;
-	}
-	return err ? cs_refuse(c, h->version, err) : stage_payload(c, v, h, &in->payload);
+	return cs_intake_chunk(c, h, &in->payload);
 }
 
 static int on_commit(dcast_consumer *c, dcast_wire_in *in)
 {
 	dcast_commit *m = &in->msg.u.commit;
-	cs_version *v;
-	int err;
+	int ready, err;
 
 	if (unwanted(c, m->version, 0)) {
 		if (m->version == c->ss.drop_version)
 			c->ss.drop_version = DCAST_VERSION_NONE;
 		return 0;
 	}
-	v = cs_version_find(c, m->version);
-	if (!v && m->chunks == 0) {
-		dcast_chunk h = {.version = m->version, .base_version = m->base_version, .anchor = m->anchor};
-		if (!(v = version_begin(c, &h, &err)))
-			return err;
-	}
-	if (!v)
-		return gap(c, m->version, m->base_version);
-	if (v->state == CS_V_READY)
-		return 0;
-	if ((err = cs_version_close(v, m)))
-		return cs_refuse(c, m->version, err);
-	if (v->write_failed) {
-		cs_version_drop(c, v, 1);
-		return dcast_fail(DCAST_EIO, "version %" PRIu64 ": a chunk record could not be written "
-				  "(reported before); it is fetched again", m->version);
-	}
-	if ((err = v->direct ? cs_anchor_new_commit(c, v) : cs_ckpt_commit_write(c, v))) {
-		cs_version_drop(c, v, 1);
-		return err;
-	}
-	v->state = CS_V_READY;
-	if ((err = cs_verify_ahead(c, v))) /* digests checked before apply where it can be */
-		return cs_refuse(c, m->version, err);
-	v->ready_ns = dcast_now_ns();
-	c->ss.progress_ms = dcast_now_ms();
-	cs_event_push(c, DCAST_EV_VERSION_READY, v->version, 0, "");
-	c->events[(c->ev_head + c->ev_count - 1) % CS_EVENTS].bytes = v->bytes;
-	return 0;
+	err = cs_intake_commit(c, m, &ready);
+	if (ready)
+		c->ss.progress_ms = dcast_now_ms();
+	return err;
 }
 
 /* A MANIFEST the consumer cannot take (unlike the tensors it holds, too

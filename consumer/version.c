@@ -1,7 +1,6 @@
 /* A staged version: its chunk table and duplicate set (both grow by
- * doubling, amortised, never per message, bounded by DCAST_MAX_CHUNKS),
- * and the steps that take a CHUNK into it and close it with a COMMIT,
- * whichever source they come from (the wire or the record log). */
+ * doubling, amortised, never per message, bounded by DCAST_MAX_CHUNKS).
+ * The steps that change its state are intake.c's. */
 #include <inttypes.h>
 #include <string.h>
 #include <unistd.h>
@@ -108,38 +107,4 @@ void cs_version_init(cs_version *v, uint64_t version)
 	v->base_version = DCAST_VERSION_NONE;
 	v->fd = -1;
 	v->io_file = -1;
-}
-
-int cs_version_fit(const cs_version *v, const dcast_chunk *h)
-{
-	if (v->state == CS_V_READY || cs_version_seen(v, h->part, h->seq))
-		return 1;
-	if (h->anchor != (uint32_t)v->anchor || h->base_version != v->base_version)
-		return dcast_fail(DCAST_EFIELD_RANGE, "CHUNK of version %" PRIu64 ": anchor/base_version "
-				  "differ from its other chunks", h->version);
-	return 0;
-}
-
-int cs_version_take(cs_version *v, const dcast_chunk *h, uint64_t sum, uint64_t file_off,
-		    unsigned char *resident)
-{
-	cs_chunk k = {h->part, h->seq, h->tensor, h->start,
-		      {h->encoding, h->elem_size, h->count, h->changed, h->payload_bytes},
-		      sum, file_off, resident, NULL};
-
-	return cs_version_add(v, &k);
-}
-
-int cs_version_close(cs_version *v, dcast_commit *m)
-{
-	if (m->chunks != v->n_chunks || m->bytes != v->bytes || m->anchor != (uint32_t)v->anchor ||
-	    m->base_version != v->base_version)
-		return dcast_fail(DCAST_ECORRUPT, "COMMIT of version %" PRIu64 ": %u chunks / %" PRIu64
-				  " bytes announced, %u / %" PRIu64 " staged", m->version, m->chunks,
-				  m->bytes, v->n_chunks, v->bytes);
-	free(v->commit.digests);
-	v->commit = *m;
-	m->digests = NULL;
-	m->n_digests = 0;
-	return 0;
 }

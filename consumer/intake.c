@@ -1,0 +1,334 @@
+/* The version state machine: the one place where a staged version is
+ * begun, takes a CHUNK, is closed by its COMMIT and becomes READY.  Both
+ * of its sources come through here: the broker's messages (session.c) and
+ * the replay of the record log (ckpt_load.c), the way redis replays its
+ * append-only file through its command path.
+ *
+ * A version's life: begun STAGING (cs_version_init, then open_version);
+ * each CHUNK checked against the tensors, its payload checksummed and
+ * written behind to the version's record file, then taken (take); its
+ * COMMIT closes it when it announces exactly what was taken (close_version);
+ * READY once complete and written (make_ready); then applied or dropped
+ * (staged.c).  Each step asserts the state it starts from; with
+ * DCAST_DEBUG (make test SAN=1) it also checks the state it leaves. */
+#include <inttypes.h>
+#include <string.h>
+#include <zmq.h>
+#include "consumer_impl.h"
+#include "dcast_common.h"
+
+/* ---- the steps, for both sources ---- */
+
+/* A fresh version (cs_version_init) begins STAGING, its anchor flag and
+ * base those of its first CHUNK or COMMIT. */
+static void open_version(cs_version *v, uint32_t anchor, uint64_t base)
+{
+	DCAST_ASSERT(v->state == 0 && v->n_chunks == 0);
+	v->anchor = (int)anchor;
+	v->base_version = base;
+	v->state = CS_V_STAGING;
+	DCAST_DEBUG_ASSERT(v->state == CS_V_STAGING && v->bytes == 0 && !v->commit.digests);
+}
+
+/* May CHUNK h (already checked against the tensors, cs_check_chunk) join
+ * v?  0: yes; 1: v has it already or is READY (a duplicate: harmless);
+ * DCAST_EFIELD_RANGE: its anchor or base differ. */
+static int fit(const cs_version *v, const dcast_chunk *h)
+{
+	if (v->state == CS_V_READY || cs_version_seen(v, h->part, h->seq))
+		return 1;
+	if (h->anchor != (uint32_t)v->anchor || h->base_version != v->base_version)
+		return dcast_fail(DCAST_EFIELD_RANGE, "CHUNK of version %" PRIu64 ": anchor/base_version "
+				  "differ from its other chunks", h->version);
+	return 0;
+}
+
+/* h joins v, its payload summing to sum (checked by the caller:
+ * dcast_chunk_verify_sum) at file_off of v's record file (resident: its
+ * copy in the pool, or NULL).  Errors: DCAST_ENOMEM, DCAST_ETOO_LARGE. */
+static int take(cs_version *v, const dcast_chunk *h, uint64_t sum, uint64_t file_off, unsigned char *resident)
+{
+	cs_chunk k = {h->part, h->seq, h->tensor, h->start,
+		      {h->encoding, h->elem_size, h->count, h->changed, h->payload_bytes},
+		      sum, file_off, resident, NULL};
+	uint32_t n0 = v->n_chunks;
+	uint64_t bytes0 = v->bytes;
+	int err;
+
+	DCAST_ASSERT(v->state == CS_V_STAGING);
+	DCAST_DEBUG_ASSERT(!cs_version_seen(v, h->part, h->seq));
+	err = cs_version_add(v, &k);
+	DCAST_DEBUG_ASSERT(err ? v->n_chunks == n0 && v->bytes == bytes0
+			       : v->n_chunks == n0 + 1 && v->bytes == bytes0 + h->payload_bytes &&
+				 cs_version_seen(v, h->part, h->seq));
+	return err;
+}
+
+/* COMMIT m closes v when it announces exactly the chunks, bytes, anchor
+ * and base taken; its digests then move into v (m's are NULL after).
+ * Errors: DCAST_ECORRUPT naming both counts. */
+static int close_version(cs_version *v, dcast_commit *m)
+{
+	DCAST_ASSERT(v->state == CS_V_STAGING && m->version == v->version);
+	if (m->chunks != v->n_chunks || m->bytes != v->bytes || m->anchor != (uint32_t)v->anchor ||
+	    m->base_version != v->base_version)
+		return dcast_fail(DCAST_ECORRUPT, "COMMIT of version %" PRIu64 ": %u chunks / %" PRIu64
+				  " bytes announced, %u / %" PRIu64 " staged", m->version, m->chunks,
+				  m->bytes, v->n_chunks, v->bytes);
+	free(v->commit.digests);
+	v->commit = *m;
+	m->digests = NULL;
+	m->n_digests = 0;
+	DCAST_DEBUG_ASSERT(v->commit.version == v->version && v->commit.chunks == v->n_chunks);
+	return 0;
+}
+
+/* The bytes of v's chunks, counted afresh (the debug tier's check of
+ * v->bytes). */
+static uint64_t counted_bytes(const cs_version *v)
+{
+	uint64_t n = 0;
+
+	for (uint32_t i = 0; i < v->n_chunks; i++)
+		n += v->chunks[i].info.payload_bytes;
+	return n;
+}
+
+/* STAGING -> READY: only once complete (closed by its COMMIT, every chunk
+ * it announced taken) and written (no record write failed; its commit
+ * record is in the file). */
+static void make_ready(cs_version *v)
+{
+	DCAST_ASSERT(v->state == CS_V_STAGING && !v->write_failed);
+	DCAST_ASSERT(v->commit.version == v->version && v->commit.chunks == v->n_chunks &&
+		     v->commit.bytes == v->bytes);
+	DCAST_DEBUG_ASSERT(counted_bytes(v) == v->bytes);
+	v->state = CS_V_READY;
+	DCAST_DEBUG_ASSERT(v->state == CS_V_READY && v->commit.version == v->version);
+}
+
+/* ---- the replay of a record file ---- */
+
+void cs_intake_replay_open(cs_version *v, uint32_t anchor, uint64_t base)
+{
+	open_version(v, anchor, base);
+}
+
+int cs_intake_replay_chunk(dcast_consumer *c, cs_version *v, const dcast_chunk *h, uint64_t sum,
+			   uint64_t file_off)
+{
+	int err = cs_check_chunk(c, h);
+
+	if (err || (err = fit(v, h)))
+		return err == 1 ? 0 : err;
+	if ((err = dcast_chunk_verify_sum(h, sum)))
+		return err;
+	return take(v, h, sum, file_off, NULL);
+}
+
+int cs_intake_replay_commit(cs_version *v, dcast_commit *m)
+{
+	int err = close_version(v, m);
+
+	if (!err)
+		make_ready(v); /* the COMMIT record closes a file read whole */
+	return err;
+}
+
+/* ---- the wire ---- */
+
+/* Version that a new delta must build on: the newest staged, else applied. */
+static uint64_t tail_version(const dcast_consumer *c)
+{
+	return c->n_staged ? c->staged[c->n_staged - 1].version : dcast_consumer_version(c);
+}
+
+static int gap(dcast_consumer *c, uint64_t version, uint64_t base)
+{
+	dcast_event *e;
+
+	dcast_fail(DCAST_EGAP, "gap: version %" PRIu64 " builds on %" PRIu64 ", we have %" PRIu64, version,
+		   base, tail_version(c));
+	DCAST_LOG_W("consumer %s: %s; re-joining", c->model, dcast_last_error());
+	cs_event_push(c, DCAST_EV_GAP, version, DCAST_EGAP, "delta on a base we do not have");
+	e = &c->events[(c->ev_head + c->ev_count - 1) % CS_EVENTS];
+	e->have_version = dcast_consumer_version(c);
+	return cs_rejoin_refused(c, CS_REFUSED_VERSION, version, DCAST_EGAP);
+}
+
+/* May an anchor go straight into the tensors as it arrives?  When they
+ * hold no version, nothing else is staged and every one is the library's
+ * own host copy (no caller's memory to tear, no view). */
+static int in_place_ok(const dcast_consumer *c)
+{
+	if (dcast_consumer_version(c) != DCAST_VERSION_NONE || c->n_staged)
+		return 0;
+	for (uint32_t i = 0; i < c->n_tensors; i++)
+		if (!c->tensors[i].owned || c->tensors[i].mem != DCAST_MEM_HOST || c->tensors[i].n_views)
+			return 0;
+	return 1;
+}
+
+static cs_version *version_begin(dcast_consumer *c, const dcast_chunk *h, int *err)
+{
+	cs_version *v;
+
+	*err = 0;
+	if (!h->anchor && h->base_version != tail_version(c)) {
+		*err = gap(c, h->version, h->base_version);
+		return NULL;
+	}
+	if (c->n_staged && h->version <= tail_version(c)) { /* the peer's error: staged stays */
+		dcast_fail(DCAST_EVERSION, "version %" PRIu64 " is not above the newest staged, %" PRIu64,
+			   h->version, tail_version(c));
+		*err = cs_refuse_message(c, h->version, DCAST_EVERSION);
+		return NULL;
+	}
+	if (c->n_staged == CS_MAX_STAGED) {
+		*err = cs_refuse(c, h->version, dcast_fail(DCAST_EBUSY, "%u versions staged and not applied",
+							CS_MAX_STAGED));
+		return NULL;
+	}
+	v = &c->staged[c->n_staged];
+	cs_version_init(v, h->version);
+	open_version(v, h->anchor, h->base_version);
+	v->first_ns = dcast_now_ns();
+	v->in_place = v->anchor && in_place_ok(c);
+	v->direct = v->in_place && c->n_tensors && !cs_tensors_tiled(c);
+	if ((*err = v->direct ? cs_anchor_new_create(c, v) : cs_ckpt_version_create(c, v))) {
+		cs_version_free(v);
+		return NULL;
+	}
+	c->n_staged++;
+	cs_staged_check(c);
+	if (v->anchor)
+		cs_event_push(c, DCAST_EV_ANCHOR, v->version, 0, "");
+	return v;
+}
+
+/* An anchor received in place (in_place_ok): each chunk, checked, goes
+ * straight to its range of the tensor, and is written behind from there,
+ * to model.safetensors.new at its final offset (anchor_new.c; a record
+ * file for a model with tiled tensors): nothing writes that range again
+ * before a later version's apply, and the COMMIT waits for every write.
+ * Its credit goes back at once (no staging memory holds it; the writes in
+ * flight are bounded by the write-behind queue).  Apply has nothing left
+ * to write, only to check. */
+static int stage_in_place(dcast_consumer *c, cs_version *v, const dcast_chunk *h, zmq_msg_t *payload)
+{
+	const unsigned char *src = zmq_msg_data(payload);
+	unsigned char *dst = c->tensors[h->tensor].ptr + h->start * h->elem_size;
+	uint64_t sum = dcast_checksum(src, h->payload_bytes), off;
+	int err = dcast_chunk_verify_sum(h, sum);
+
+	if (!err) {
+		memcpy(dst, src, h->payload_bytes);
+		err = cs_ckpt_chunk_submit(c, v, h, NULL, dst, sum, &off);
+	}
+	cs_credit_free(c, h->payload_bytes);
+	if (err)
+		return err == DCAST_EIO ? err : cs_refuse(c, h->version, err);
+	c->total_received += h->payload_bytes;
+	return take(v, h, sum, CS_IN_PLACE, NULL);
+}
+
+/* Payload -> pool slot (when it stays resident) -> checksum -> record file,
+ * written behind: a spilled payload is written from ZeroMQ's buffer, held
+ * until the write is done, and its credit goes back then (ckpt.c). */
+static int stage_payload(dcast_consumer *c, cs_version *v, const dcast_chunk *h, zmq_msg_t *payload)
+{
+	if (v->in_place)
+		return stage_in_place(c, v, h, payload);
+	unsigned char *slot, *resident;
+	uint64_t sum, off;
+	int err;
+
+	if (h->payload_bytes > c->pool.region_bytes)
+		return cs_refuse(c, h->version, dcast_fail(DCAST_ETOO_LARGE, "CHUNK payload of %" PRIu64
+			" bytes exceeds a quarter of the staging budget (%" PRIu64 " bytes)",
+			h->payload_bytes, c->pool.region_bytes));
+	slot = resident = cs_pool_resident_get(&c->pool, h->payload_bytes);
+	if (slot) /* kept in memory until apply */
+		memcpy(slot, zmq_msg_data(payload), h->payload_bytes);
+	else /* spilled: checked and written straight from ZeroMQ's buffer */
+		slot = zmq_msg_data(payload);
+	sum = dcast_checksum(slot, h->payload_bytes); /* kept: the record's and apply's check */
+	if ((err = dcast_chunk_verify_sum(h, sum)) ||
+	    (err = cs_ckpt_chunk_submit(c, v, h, resident ? NULL : payload, slot, sum, &off))) {
+		if (resident)
+			cs_pool_resident_put(&c->pool, h->payload_bytes);
+		cs_credit_free(c, h->payload_bytes);
+		return err == DCAST_EIO ? err : cs_refuse(c, h->version, err);
+	}
+	if (!resident)
+		v->spilled++;
+	c->total_received += h->payload_bytes;
+	if ((err = take(v, h, sum, off, resident)) && resident) {
+		cs_ckpt_settle(c); /* its record is written from the slot */
+		cs_pool_resident_put(&c->pool, h->payload_bytes);
+	}
+	return err;
+}
+
+int cs_intake_chunk(dcast_consumer *c, const dcast_chunk *h, zmq_msg_t *payload)
+{
+	cs_version *v;
+	int err;
+
+	if ((err = cs_check_chunk(c, h)))
+		return cs_refuse(c, h->version, err);
+	v = cs_version_find(c, h->version);
+	if (!v && !(v = version_begin(c, h, &err)))
+		return err;
+	if ((err = fit(v, h)) == 1) {
+		cs_credit_free(c, h->payload_bytes); /* duplicate: harmless */
+		return 0;
+	}
+	return err ? cs_refuse(c, h->version, err) : stage_payload(c, v, h, payload);
+}
+
+/* v, closed by its COMMIT, once its commit record is written: READY, then
+ * checked ahead where it can be.  A failed chunk record drops it (it is
+ * fetched again). */
+static int commit_written(dcast_consumer *c, cs_version *v, int *ready)
+{
+	int err;
+
+	if (v->write_failed) {
+		cs_version_drop(c, v, 1);
+		return dcast_fail(DCAST_EIO, "version %" PRIu64 ": a chunk record could not be written "
+				  "(reported before); it is fetched again", v->version);
+	}
+	if ((err = v->direct ? cs_anchor_new_commit(c, v) : cs_ckpt_commit_write(c, v))) {
+		cs_version_drop(c, v, 1);
+		return err;
+	}
+	make_ready(v);
+	if ((err = cs_verify_ahead(c, v))) /* digests checked before apply where it can be */
+		return cs_refuse(c, v->version, err);
+	v->ready_ns = dcast_now_ns();
+	*ready = 1;
+	cs_event_push(c, DCAST_EV_VERSION_READY, v->version, 0, "");
+	c->events[(c->ev_head + c->ev_count - 1) % CS_EVENTS].bytes = v->bytes;
+	return 0;
+}
+
+int cs_intake_commit(dcast_consumer *c, dcast_commit *m, int *ready)
+{
+	cs_version *v = cs_version_find(c, m->version);
+	int err;
+
+	*ready = 0;
+	if (!v && m->chunks == 0) {
+		dcast_chunk h = {.version = m->version, .base_version = m->base_version, .anchor = m->anchor};
+		if (!(v = version_begin(c, &h, &err)))
+			return err;
+	}
+	if (!v)
+		return gap(c, m->version, m->base_version);
+	if (v->state == CS_V_READY)
+		return 0;
+	if ((err = close_version(v, m)))
+		return cs_refuse(c, m->version, err);
+	return commit_written(c, v, ready);
+}

@@ -51,7 +51,7 @@ $(BUILD)/obj/cli/%.o: CFLAGS := $(filter-out $(PRIVATE_INCLUDES),$(CFLAGS))
 LDLIBS   = $(DEP_LIBS) $(CUDA_LIBS) -lm -lpthread
 
 # Library sources: every .c in these folders (broker/ and cli/ are programs).
-LIB_DIRS := common schema kernels producer consumer
+LIB_DIRS := common schema kernels producer consumer consumer/store
 LIB_SRCS := $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c))
 LIB_OBJS := $(LIB_SRCS:%.c=$(BUILD)/obj/%.o)
 CU_SRCS  := $(if $(NVCC),$(wildcard kernels/*.cu))

@@ -5,6 +5,7 @@
 #include <time.h>
 #include "consumer_impl.h"
 #include "dcast_common.h"
+#include "store/store.h"
 
 static int bind_locked(dcast_consumer *c, const char *name, void *ptr, dcast_mem mem, uint64_t bytes)
 {
@@ -191,9 +192,8 @@ static int apply_first(dcast_consumer *c)
 	record_stats(c, v, dcast_now_ns() - t0);
 	cs_ack(c, v->version);
 	c->ob.refusals = 0;
-	if (!v->direct)
-		c->ck.deltas_since_fold++; /* a record to fold (not an anchor in its own file) */
-	cs_anchor_new_applied(c, v); /* its seal due */
+	if (cs_store_applied(c, v)) /* a delta to fold, or an anchor's seal due */
+		c->ss.fold_due = 1;
 	if (c->ss.fold_due || cs_fold_wanted(c)) {
 		c->ss.fold_due = 1; /* on the consumer's thread, after this apply */
 		cs_wake(c);
@@ -308,11 +308,8 @@ void dcast_consumer_stats_get(const dcast_consumer *c, dcast_consumer_stats *st)
 	st->total_bytes_received = c->total_received;
 	st->peak_pool_bytes = c->pool.peak;
 	st->pool_bytes = c->pool.bytes;
-	st->log_write_bytes = c->ck.log_write_bytes;
-	st->log_write_ns = c->ck.log_write_ns;
+	cs_store_stats(c, st);
 	st->rejoins = c->ss.hellos ? c->ss.hellos - 1 : 0;
-	st->folds = c->ck.folds;
-	st->folds_from_tensors = c->ck.folds_live;
 	st->folding = c->ss.fold_running;
 	ready_chain_locked(c, &st->ready_backlog);
 	pthread_mutex_unlock(&w->lock);
@@ -325,7 +322,8 @@ int dcast_consumer_checkpoint(dcast_consumer *c)
 	if (!c)
 		return dcast_fail(DCAST_EINVAL, "dcast_consumer_checkpoint: NULL consumer");
 	pthread_mutex_lock(&c->lock);
-	if (!(err = cs_anchor_new_settle(c)) && !(err = cs_ckpt_fold(c)))
+	cs_fold_thread_wait(c); /* an anchor's seal it runs: done first */
+	if (!(err = cs_anchor_new_seal(c, 1)) && !(err = cs_ckpt_fold(c)))
 		c->ss.fold_due = 0;
 	pthread_mutex_unlock(&c->lock);
 	return err;

@@ -1,20 +1,16 @@
 /* Private to consumer/: the consumer object and the pieces it is made of.
  * One way down (no file calls a file above it), from the top:
- *   open.c (open, close);
- *   session.c (the session thread: the wire's handlers, credit, folds);
- *   api.c (the calls on a live consumer), run.c (run identity);
- *   ckpt_load.c (load, replay, the recovery policy);
+ *   open.c (open, close) and api.c (the calls on a live consumer);
+ *   session.c (the session thread: socket, HELLO, credit, heartbeats, folds);
  *   intake.c (the version state machine, for the wire and the replay);
- *   anchor_new.c (an anchor received in place, written straight to its
- *   file), fold.c (folds and seals from the disk), apply.c (one version,
- *   transactional);
+ *   apply.c (one version, transactional), run.c (run identity),
  *   verify.c (digests), outbox.c (what callers leave for the session
- *   thread), anchor.c (the anchor file, the fold policy);
- *   staged.c (the staged versions), ckpt.c (the record log, written
- *   behind), views.c (slices), fault.c (test faults), version.c,
- *   syncer.c, par.c (cs_par_for);
- *   staging.c (the pinned pool), devmem.c (host or CUDA), state.c (the
- *   tensor table, the applied version, events).
+ *   thread), recover.c (the recovery policy), staged.c (the staged
+ *   versions);
+ *   store/ (the local checkpoint, behind store/store.h);
+ *   views.c (slices), fault.c, staging.c (the pinned pool), par.c,
+ *   version.c, devmem.c (host or CUDA), state.c (the tensor table, the
+ *   applied version, events).
  * tests/test_layers.sh checks this order and that no circle forms. */
 #ifndef DCAST_CONSUMER_IMPL_H
 #define DCAST_CONSUMER_IMPL_H
@@ -156,7 +152,7 @@ typedef struct cs_version {
 	int in_place;          /* an anchor received straight into the library's own host
 				* tensors, which held no version (intake.c) */
 	int direct;            /* in place, and written straight to model.safetensors.new
-				* at its final offsets instead of a record file (anchor_new.c) */
+				* at its final offsets instead of a record file (store/anchor_new.c) */
 } cs_version;
 
 /* ---- the live tensors ---- */
@@ -185,22 +181,6 @@ typedef struct cs_tensor {
 #define CS_IO_DEPTH 40 /* 16 chunk records written behind (2 writes each) and room */
 #define CS_EVENTS 32
 
-/* The record log's background fdatasync (syncer.c): a queue of duplicated
- * record-file descriptors, one per committed version, synced in order. */
-#define CS_SYNC_QUEUE 64
-typedef struct cs_syncer {
-	pthread_mutex_t mu;
-	pthread_cond_t cv;             /* work queued, work done, or stop */
-	pthread_t th;
-	int inited, started, stop;
-	int fds[CS_SYNC_QUEUE];
-	uint64_t vers[CS_SYNC_QUEUE];
-	uint32_t head, n;
-	_Atomic uint64_t synced;       /* newest version the disk has, or NONE */
-	int err;                       /* a failed fdatasync, for the next poll() */
-	char err_text[256];
-} cs_syncer;
-
 /* Test faults armed at open (fault.c). */
 typedef struct cs_fault {
 	int kind;                      /* CS_FAULT_*, NONE when unarmed */
@@ -215,29 +195,6 @@ typedef struct cs_vscratch {
 	unsigned char *buf;
 	uint64_t pos_cap, ch_cap, buf_cap;
 } cs_vscratch;
-
-/* The local checkpoint: anchor file and record log (ckpt.c, ckpt_load.c,
- * anchor.c, syncer.c). */
-typedef struct cs_ckpt {
-	char *anchor_path, *log_dir;
-	uint64_t anchor_file_version;  /* version in model.safetensors, or NONE */
-	uint64_t log_since_fold;       /* record-log bytes written since the last fold */
-	uint32_t deltas_since_fold;
-	_Atomic uint64_t gen;          /* moves whenever the files change under `lock` (a fold,
-					* a discard): a fold from the disk planned before is
-					* abandoned, never renamed over them (fold.c) */
-	uint64_t folds;                /* folds done since open */
-	uint64_t folds_live;           /* of them, from the live tensors under `lock` (cs_ckpt_fold) */
-	struct cs_wb *wb;              /* chunk records written behind (ckpt.c) */
-	cs_syncer syncer;              /* makes committed record files durable */
-	uint64_t log_write_bytes, log_write_ns;
-	/* An anchor written straight to model.safetensors.new (anchor_new.c):
-	 * each tensor's offset there while it streams in; once applied, its
-	 * version until the fold thread seals it (fdatasync, rename).
-	 * new_version NONE: none to seal. */
-	uint64_t *new_offs;
-	uint64_t new_version;
-} cs_ckpt;
 
 /* The cause of a refusal that re-joins (outbox.c, cs_rejoin_refused):
  * what was refused, and the error. */
@@ -319,7 +276,7 @@ struct dcast_consumer {
 	pthread_cond_t ev_cv;          /* an event was pushed, or the thread stopped */
 	cs_session ss;
 	cs_outbox ob;
-	cs_ckpt ck;
+	struct cs_store *store;        /* the local checkpoint (store/store.h) */
 	cs_vscratch vs;
 	cs_fault fault;
 
@@ -342,10 +299,19 @@ struct dcast_consumer {
 };
 
 /* Freed staging bytes, granted to the broker as CREDIT on the session
- * thread's next turn (ckpt.c's write-behind calls it at completion). */
+ * thread's next turn (the store's write-behind calls it at completion). */
 static inline void cs_credit_free(dcast_consumer *c, uint64_t bytes)
 {
 	c->ss.credit_pending += bytes;
+}
+
+/* Wait (`lock` held) until the fold thread, if one runs, is done: it lets
+ * go of `lock` while it syncs or folds, and its files may be the ones a
+ * caller wants (session.c starts it). */
+static inline void cs_fold_thread_wait(dcast_consumer *c)
+{
+	while (c->ss.fold_running)
+		pthread_cond_wait(&c->ev_cv, &c->lock);
 }
 
 /* Where chunk k's range starts in its live tensor (host or device). */
@@ -371,7 +337,7 @@ static inline cs_version *cs_version_find(dcast_consumer *c, uint64_t version)
  * check at apply).  cs_fault_apply: at the start of v's apply; the chunk
  * index at which apply must refuse v, or UINT32_MAX.  cs_fault_fold: at
  * the start of a fold from the disk and before the fdatasync of an anchor
- * file's seal (anchor_new.c). */
+ * file's seal (store/anchor_new.c). */
 enum { CS_FAULT_NONE, CS_FAULT_CORRUPT, CS_FAULT_SKIP, CS_FAULT_DIGEST, CS_FAULT_DUP, CS_FAULT_PREDIGEST,
        CS_FAULT_AHEADFAIL, CS_FAULT_FOLDHOLD, CS_FAULT_CUT, CS_FAULT_KINDS };
 void cs_fault_parse(dcast_consumer *c);
@@ -390,7 +356,7 @@ int cs_version_add(cs_version *v, const cs_chunk *k);
 int cs_chunk_writes(const cs_chunk *k);
 /* intake.c: the version state machine, the only code that changes a
  * staged version's state (STAGING -> READY), fed alike by the broker's
- * messages (session.c) and by the replay of the record log (ckpt_load.c).
+ * messages (session.c) and by the replay of the record log (the store).
  * cs_intake_chunk: a CHUNK from the wire, not below the applied version:
  * checked against the tensors, its version begun when new (a gap, a
  * version not above the newest staged or a full staging refuses it:
@@ -403,21 +369,13 @@ int cs_chunk_writes(const cs_chunk *k);
  * VERSION_READY event pushed.  Both return 0 when the stream goes on
  * (refusals re-join), DCAST_EIO for a record that cannot be written, or
  * the error of a re-join.  `lock` held, session thread.
- * cs_intake_replay_open: v (fresh from cs_version_init) begins, with the
- * anchor flag and base of its file's first CHUNK or COMMIT.
- * cs_intake_replay_chunk: CHUNK record h at file_off of v's file, its
- * payload summing to sum, joins v (a duplicate is passed over).  Errors:
- * those of cs_check_chunk, DCAST_EFIELD_RANGE (anchor or base differ from
- * v's), DCAST_ECHECKSUM, DCAST_ENOMEM.
- * cs_intake_replay_commit: COMMIT record m closes v, READY (its digests
- * move into v, m's are NULL after).  Errors: DCAST_ECORRUPT naming both
- * counts. */
+ * cs_intake_sink: where the store replays its record files (store.h,
+ * cs_store_sink): the same steps, then the version applied (at load, one
+ * that tears the tensors goes to cs_ckpt_recover).  Static. */
 int cs_intake_chunk(dcast_consumer *c, const dcast_chunk *h, zmq_msg_t *payload);
 int cs_intake_commit(dcast_consumer *c, dcast_commit *m, int *ready);
-void cs_intake_replay_open(cs_version *v, uint32_t anchor, uint64_t base);
-int cs_intake_replay_chunk(dcast_consumer *c, cs_version *v, const dcast_chunk *h, uint64_t sum,
-			   uint64_t file_off);
-int cs_intake_replay_commit(cs_version *v, dcast_commit *m);
+struct cs_store_sink;
+const struct cs_store_sink *cs_intake_sink(void);
 
 /* devmem.c (needs cs_tensor) */
 int cs_to_tensor(cs_tensor *t, uint64_t off, const void *src, uint64_t n);
@@ -457,20 +415,6 @@ static inline void cs_views_free(cs_tensor *t)
 	t->views = NULL;
 	t->n_views = 0;
 }
-
-/* syncer.c */
-/* Start the sync thread.  Errors: DCAST_ENOMEM (no thread: push syncs
- * inline then). */
-int cs_syncer_open(cs_syncer *s);
-/* Queue record file `fd` (duplicated; the caller keeps its own) of
- * `version` for fdatasync; waits while CS_SYNC_QUEUE files are pending.
- * Errors: DCAST_EIO only when it had to sync inline and that failed. */
-int cs_syncer_push(cs_syncer *s, int fd, uint64_t version);
-/* A failed background fdatasync since the last call (set as the last
- * error), else 0. */
-int cs_syncer_error(cs_syncer *s);
-/* Sync everything queued, stop the thread.  Safe on a zeroed syncer. */
-void cs_syncer_close(cs_syncer *s);
 
 /* state.c */
 void cs_event_push(dcast_consumer *c, int type, uint64_t version, int code, const char *text);
@@ -565,10 +509,6 @@ void cs_deadline(struct timespec *ts, int timeout_ms);
 int cs_session_start(dcast_consumer *c);
 /* Stop the session thread and wait for it; NULL-safe, idempotent. */
 void cs_session_stop(dcast_consumer *c);
-/* The fold policy (anchor.c): the record log since the last fold is over
- * fold_fraction of the model's bytes (an applied anchor always is), or
- * fold_every deltas were applied since. */
-int cs_fold_wanted(const dcast_consumer *c);
 /* With opts.auto_apply, apply the newest READY version (session thread,
  * `lock` held); 0 when there is none.  Errors: as dcast_consumer_apply. */
 int cs_auto_apply(dcast_consumer *c);
@@ -576,154 +516,6 @@ int cs_auto_apply(dcast_consumer *c);
  * (after each apply, and on every turn of the thread), so that a bad one
  * is refused (cs_refuse) without touching the tensors.  Holds `lock`. */
 int cs_check_next(dcast_consumer *c);
-
-/* ckpt.c: record files "DIR/model.dlog/<version>.rec", each:
- * chunk records then one commit record; see ckpt.c for the layout. */
-int cs_ckpt_version_create(dcast_consumer *c, cs_version *v);
-/* Write chunk k's record behind (see ckpt.c): a small one (payload up to
- * 64 KiB) is copied into a combined write, and the caller's payload and
- * held message are free at return (held is left to the caller); a larger
- * payload (in the pool) stays valid until the write is done, or held, the
- * message payload is the data of, is moved into the queue and closed
- * then.  k's payload bytes go back to the broker as credit once written
- * (for a version received in place, whose payload is the tensor's range,
- * the caller gives it back at once).  On an error nothing was taken: the
- * payload, held and the credit are the caller's.  *payload_off: where the
- * payload lands in v's file. */
-int cs_ckpt_chunk_submit(dcast_consumer *c, cs_version *v, const dcast_chunk *k, zmq_msg_t *held,
-			 const void *payload, uint64_t payload_sum, uint64_t *payload_off);
-/* Wait for every chunk record written behind; the first failure since the
- * last call (its version is marked write_failed), else 0. */
-int cs_ckpt_flush(dcast_consumer *c);
-/* Wait for them as cs_ckpt_flush, keeping a failure for its next call. */
-void cs_ckpt_settle(dcast_consumer *c);
-/* Reap the writes already done (their credit goes back), without waiting;
- * the first failure since the last report, else 0. */
-int cs_ckpt_progress(dcast_consumer *c);
-/* Is any chunk record still being written? */
-int cs_ckpt_pending(const dcast_consumer *c);
-int cs_ckpt_wb_open(dcast_consumer *c);
-void cs_ckpt_wb_close(dcast_consumer *c);
-int cs_ckpt_commit_write(dcast_consumer *c, cs_version *v);
-void cs_ckpt_version_path(const dcast_consumer *c, uint64_t version, char *out, size_t cap);
-/* Load the checkpoint in c->dir at open; when it gives no version (none
- * there, or an error), no tensor table is left either.  Errors:
- * DCAST_ESTATE (another model's files: cs_ckpt_foreign), the damage
- * load_or_drop drops (DCAST_ECORRUPT also for a model.dlog that is not a
- * directory: cs_ckpt_discard makes it one again), I/O. */
-int cs_ckpt_load(dcast_consumer *c);
-/* anchor.c: DCAST_ESTATE, naming c->dir, the other model and what showed it: a
- * checkpoint directory of another model is neither served nor deleted. */
-int cs_ckpt_foreign(const dcast_consumer *c, const char *what, const char *name);
-/* Fold now, from the live tensors, under `lock` (O(model): at open and
- * close, on request, and for models with tiled tensors).  Errors:
- * DCAST_EIO, DCAST_ENOMEM, DCAST_ENODEVICE. */
-int cs_ckpt_fold(dcast_consumer *c);
-int cs_ckpt_restore(dcast_consumer *c);
-/* The recovery policy after an apply of `version` failed with err and left
- * the tensors torn (cs_apply_version): bring the applied version back from
- * the local checkpoint, or, when that fails too, forget the state (version
- * NONE: the re-join asks for an anchor).  Returns err, its detail saying
- * which. */
-int cs_ckpt_recover(dcast_consumer *c, uint64_t version, int err);
-/* Remove the anchor file and every record file (they could not rebuild the
- * applied version), and make model.dlog an empty directory if it is not
- * one; the next anchor applied is folded afresh. */
-void cs_ckpt_discard(dcast_consumer *c);
-int cs_ckpt_list(dcast_consumer *c, uint64_t *out, uint32_t cap, uint32_t *n);
-void cs_ckpt_remove(dcast_consumer *c, uint64_t version);
-int cs_io_read(dcast_consumer *c, int file, void *dst, uint64_t len, uint64_t off, const char *what);
-#define CS_MAX_LOG_FILES 4096
-
-/* fold.c: a fold from the disk, off `lock` (see fold.c).  cs_fold_plan,
- * under `lock`: fill *j (mode NONE: nothing to fold; LIVE: fold with
- * cs_ckpt_fold instead; DISK: cs_fold_run without `lock`, then
- * cs_fold_finish under it).  Errors: DCAST_ENOMEM, DCAST_EIO (the log's
- * directory), DCAST_ECORRUPT (no file holds the applied version).
- * cs_fold_run: write DIR/model.safetensors.fold as version j->version,
- * checked against its digests; on error it is removed.  At nice 19 and
- * best-effort I/O level 7 (cs_fold_priority).  Errors: DCAST_EIO,
- * DCAST_ENOMEM, DCAST_ECORRUPT / DCAST_ECHECKSUM (a damaged record file),
- * DCAST_EDIGEST (the result is not the applied version), the codec's.
- * cs_fold_finish: rename it over the anchor file and drop the record files
- * it covers, unless c->ck.gen moved since the plan (then it is removed and
- * 0 returned).  Errors: DCAST_EIO. */
-enum { CS_FOLD_NONE, CS_FOLD_LIVE, CS_FOLD_DISK };
-typedef struct cs_fold_job {
-	dcast_consumer *c;             /* for its paths and model name (fixed at open) */
-	int mode;
-	uint64_t version, have, gen;   /* target, anchor file's version, c->ck.gen at the plan */
-	cs_tensor *t;                  /* geometry of the tensors (no memory) */
-	uint32_t n;
-	cs_dcache dig;                 /* the target's COMMIT digests (a copy of c->dcache) */
-	uint64_t *vers;                /* record files to replay, in order */
-	uint32_t n_vers;
-	uint64_t folded_bytes;         /* their bytes */
-} cs_fold_job;
-int cs_fold_plan(dcast_consumer *c, cs_fold_job *j);
-int cs_fold_run(cs_fold_job *j);
-int cs_fold_finish(dcast_consumer *c, cs_fold_job *j);
-void cs_fold_job_free(cs_fold_job *j);
-void cs_fold_tmp_path(const dcast_consumer *c, char *out, size_t cap);
-
-/* fold.c: after a rename over model.safetensors holding `version`: the
- * checkpoint's generation moves, its version and fold count, the folder
- * fsynced.  Errors: DCAST_EIO. */
-int cs_fold_renamed(dcast_consumer *c, uint64_t version);
-/* fold.c: the calling thread at nice 19 and best-effort I/O level 7
- * (background 1, its priority saved), or back (0): for the fold thread's
- * work without `lock` only, never while holding it. */
-void cs_fold_priority(int background, int *saved);
-
-/* anchor_new.c: an anchor received in place into a model with no tiled
- * tensor is written straight to DIR/model.safetensors.new at its final
- * offsets (no record file, no fold of it later).  cs_anchor_new_create (in
- * place of cs_ckpt_version_create) makes the file, each tensor's offset
- * there in c->ck.new_offs for cs_ckpt_chunk_submit.  cs_anchor_new_commit
- * (in place of cs_ckpt_commit_write) waits for the writes and writes the
- * header, with the file digest of the tensors, which hold the anchor
- * whole.  cs_anchor_new_applied, once apply() has checked it, renames it
- * to DIR/model.safetensors.applied and arms the seal for the fold thread.
- * cs_anchor_new_seal (`lock` held, let go while the file syncs unless
- * `held`: close, restore, checkpoint) fdatasyncs and renames it over
- * model.safetensors, unless the files changed meanwhile; on failure the
- * file goes and the tensors are folded instead.  cs_anchor_new_settle
- * (`lock` held) waits for the fold thread, then seals here.
- * cs_anchor_new_adopt, at open before the anchor file loads, seals an
- * .applied file a dead process left (its digest is checked by the load
- * like any; another model's refuses the open, cs_ckpt_foreign, and stays);
- * a .new one (not applied, not checked) is removed and the anchor fetched
- * again.  cs_anchor_new_drop (ckpt.c) removes both and
- * forgets them, moving c->ck.gen when one was armed; whoever changes the
- * files while one is pending calls it.
- * Errors: DCAST_EIO, DCAST_ENOMEM. */
-int cs_anchor_new_create(dcast_consumer *c, cs_version *v);
-int cs_anchor_new_commit(dcast_consumer *c, cs_version *v);
-void cs_anchor_new_applied(dcast_consumer *c, const cs_version *v);
-int cs_anchor_new_seal(dcast_consumer *c, int held);
-int cs_anchor_new_settle(dcast_consumer *c);
-void cs_anchor_new_drop(dcast_consumer *c);
-int cs_anchor_new_adopt(dcast_consumer *c);
-void cs_anchor_new_path(const dcast_consumer *c, int applied, char *out, size_t cap);
-/* anchor.c: write at offset 0 of `file` the header of model.safetensors
- * as `version`, its file digest computed from the live tensors.  Errors:
- * DCAST_EIO, DCAST_ENOMEM, DCAST_ENODEVICE. */
-int cs_anchor_header_write(dcast_consumer *c, int file, uint64_t version);
-
-/* anchor.c: the layout of model.safetensors for tensors t[0..n) as
- * version `version` with file digest `digest` (16 hex digits: the header's
- * size does not depend on it).  Errors: those of dcast_st_layout_compute. */
-int cs_anchor_layout(const char *model, const cs_tensor *t, uint32_t n, uint64_t version, const char *digest,
-		     dcast_st_layout *lay);
-/* The file digest in model.safetensors' metadata, from each tensor's
- * dcast_digest td[i], into *out (anchor.c).  Errors: DCAST_ENOMEM. */
-int cs_file_digest(const cs_tensor *t, uint32_t n, uint64_t version, const uint64_t *td, uint64_t *out);
-/* anchor.c: DIR/model.safetensors through dcast_io and the pool.  Load it
- * into the tensors, its version into *version; DCAST_ESTATE before reading
- * them when it is another model's (cs_ckpt_foreign). */
-int cs_anchor_load(dcast_consumer *c, uint64_t *version);
-int cs_ckpt_read_payload(dcast_consumer *c, const cs_version *v, const cs_chunk *k, void *dst);
-
 
 /* verify.c: plan v's check (every range computed whole with `full` or
  * without a cached value), move the digests by each chunk as it is written
@@ -756,8 +548,14 @@ int cs_resolved_valid(const dcast_consumer *c, const cs_version *v);
 void cs_resolved_scatter(dcast_consumer *c, const cs_chunk *k, int undo);
 void cs_resolved_drop(cs_version *v);
 
-/* The tensors hold no committed version any more: version NONE, cached
- * digests forgotten, the local checkpoint removed (ckpt_load.c). */
+/* recover.c: the recovery policy after an apply of `version` failed with
+ * err and left the tensors torn (cs_apply_version): bring the applied
+ * version back from the store (cs_ckpt_restore), or, when that fails too,
+ * forget the state (version NONE: the re-join asks for an anchor).
+ * Returns err, its detail saying which.  cs_forget_state: the tensors hold
+ * no committed version any more: version NONE, cached digests forgotten,
+ * no fold owed, the local checkpoint removed. */
+int cs_ckpt_recover(dcast_consumer *c, uint64_t version, int err);
 void cs_forget_state(dcast_consumer *c);
 
 /* run.c: the run identity of the state held (docs/protocol.md,

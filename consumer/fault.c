@@ -3,7 +3,7 @@
  * seams and nowhere else: where a broker message enters the version state
  * machine (cs_fault_wire, session.c), where apply starts a version
  * (cs_fault_apply, apply.c) and where a fold from the disk or an anchor
- * file's seal starts (cs_fault_fold, fold.c and anchor_new.c), plus one
+ * file's seal starts (cs_fault_fold, store/fold.c and store/anchor_new.c), plus one
  * question the check ahead asks
  * (cs_fault_holds_ahead, verify.c).  Each seam costs one compare when no
  * fault is armed; the handlers, the apply loop and the digest code do not

@@ -1,8 +1,8 @@
 /* The version state machine: the one place where a staged version is
  * begun, takes a CHUNK, is closed by its COMMIT and becomes READY.  Both
  * of its sources come through here: the broker's messages (session.c) and
- * the replay of the record log (ckpt_load.c), the way redis replays its
- * append-only file through its command path.
+ * the replay of the record log (the store's sink: cs_intake_sink), the way
+ * redis replays its append-only file through its command path.
  *
  * A version's life: begun STAGING (cs_version_init, then open_version);
  * each CHUNK checked against the tensors, its payload checksummed and
@@ -16,6 +16,7 @@
 #include <zmq.h>
 #include "consumer_impl.h"
 #include "dcast_common.h"
+#include "store/store.h"
 
 /* ---- the steps, for both sources ---- */
 
@@ -107,18 +108,21 @@ static void make_ready(cs_version *v)
 	DCAST_DEBUG_ASSERT(v->state == CS_V_READY && v->commit.version == v->version);
 }
 
-/* ---- the replay of a record file ---- */
+/* ---- the replay of a record file (the store's sink) ---- */
 
-void cs_intake_replay_open(cs_version *v, uint32_t anchor, uint64_t base)
+/* A record file's version, fresh from cs_version_init, begins at its
+ * first CHUNK or COMMIT. */
+static void replay_begin(cs_version *v, uint32_t anchor, uint64_t base)
 {
-	open_version(v, anchor, base);
+	if (!v->state)
+		open_version(v, anchor, base);
 }
 
-int cs_intake_replay_chunk(dcast_consumer *c, cs_version *v, const dcast_chunk *h, uint64_t sum,
-			   uint64_t file_off)
+static int replay_chunk(dcast_consumer *c, cs_version *v, const dcast_chunk *h, uint64_t sum, uint64_t file_off)
 {
 	int err = cs_check_chunk(c, h);
 
+	replay_begin(v, h->anchor, h->base_version);
 	if (err || (err = fit(v, h)))
 		return err == 1 ? 0 : err;
 	if ((err = dcast_chunk_verify_sum(h, sum)))
@@ -126,13 +130,35 @@ int cs_intake_replay_chunk(dcast_consumer *c, cs_version *v, const dcast_chunk *
 	return take(v, h, sum, file_off, NULL);
 }
 
-int cs_intake_replay_commit(cs_version *v, dcast_commit *m)
+static int replay_commit(dcast_consumer *c, cs_version *v, dcast_commit *m)
 {
-	int err = close_version(v, m);
+	int err;
 
-	if (!err)
+	(void)c;
+	replay_begin(v, m->anchor, m->base_version);
+	if (!(err = close_version(v, m)))
 		make_ready(v); /* the COMMIT record closes a file read whole */
 	return err;
+}
+
+/* v, READY from its record file, applied; at load, one that tears the
+ * tensors brings them back to the version before it (cs_ckpt_recover). */
+static int replay_apply(dcast_consumer *c, cs_version *v, int at_load)
+{
+	int torn = 0, err = cs_apply_version(c, v, c->opts.verify_digests, &torn);
+
+	if (err && torn && at_load)
+		err = cs_ckpt_recover(c, v->version, err);
+	if (!err)
+		cs_set_applied(c, v->version);
+	return err;
+}
+
+static const cs_store_sink replay_sink = {cs_manifest_take, replay_chunk, replay_commit, replay_apply};
+
+const cs_store_sink *cs_intake_sink(void)
+{
+	return &replay_sink;
 }
 
 /* ---- the wire ---- */
@@ -208,7 +234,7 @@ static cs_version *version_begin(dcast_consumer *c, const dcast_chunk *h, int *e
 
 /* An anchor received in place (in_place_ok): each chunk, checked, goes
  * straight to its range of the tensor, and is written behind from there,
- * to model.safetensors.new at its final offset (anchor_new.c; a record
+ * to model.safetensors.new at its final offset (store/anchor_new.c; a record
  * file for a model with tiled tensors): nothing writes that range again
  * before a later version's apply, and the COMMIT waits for every write.
  * Its credit goes back at once (no staging memory holds it; the writes in
@@ -234,7 +260,7 @@ static int stage_in_place(dcast_consumer *c, cs_version *v, const dcast_chunk *h
 
 /* Payload -> pool slot (when it stays resident) -> checksum -> record file,
  * written behind: a spilled payload is written from ZeroMQ's buffer, held
- * until the write is done, and its credit goes back then (ckpt.c). */
+ * until the write is done, and its credit goes back then (store/ckpt.c). */
 static int stage_payload(dcast_consumer *c, cs_version *v, const dcast_chunk *h, zmq_msg_t *payload)
 {
 	if (v->in_place)

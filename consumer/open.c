@@ -12,6 +12,7 @@
 #include <zmq.h>
 #include "consumer_impl.h"
 #include "dcast_common.h"
+#include "store/store.h"
 #include "dcast_wire.h"
 
 #define MIN_BUDGET (1u << 20)
@@ -52,25 +53,13 @@ static int check_args(const char *endpoint, const char *model, const char *dir, 
 	return 0;
 }
 
-static char *join(const char *a, const char *b)
-{
-	size_t n = strlen(a) + strlen(b) + 2;
-	char *s = malloc(n);
-
-	if (s)
-		snprintf(s, n, "%s/%s", a, b);
-	return s;
-}
-
 static int make_paths(dcast_consumer *c, const char *dir, const char *endpoint)
 {
 	c->dir = strdup(dir);
 	c->endpoint = strdup(endpoint);
-	c->ck.anchor_path = join(dir, "model.safetensors");
-	c->ck.log_dir = join(dir, "model.dlog");
-	if (!c->dir || !c->endpoint || !c->ck.anchor_path || !c->ck.log_dir)
+	if (!c->dir || !c->endpoint)
 		return dcast_fail(DCAST_ENOMEM, "paths");
-	if ((mkdir(dir, 0755) && errno != EEXIST) || (mkdir(c->ck.log_dir, 0755) && errno != EEXIST))
+	if (mkdir(dir, 0755) && errno != EEXIST)
 		return dcast_fail(DCAST_EIO, "%s: mkdir: %s", dir, strerror(errno));
 	return 0;
 }
@@ -170,8 +159,6 @@ int dcast_consumer_open(const char *endpoint, const char *model, const char *dir
 	snprintf(c->model, sizeof(c->model), "%s", model);
 	c->budget = staging_budget_bytes;
 	c->ss.drop_version = DCAST_VERSION_NONE;
-	c->ck.anchor_file_version = DCAST_VERSION_NONE;
-	c->ck.new_version = DCAST_VERSION_NONE;
 	atomic_init(&c->applied, DCAST_VERSION_NONE);
 	pthread_mutex_init(&c->mu, NULL);
 	pthread_cond_init(&c->cv, NULL);
@@ -186,7 +173,7 @@ int dcast_consumer_open(const char *endpoint, const char *model, const char *dir
 	if ((err = make_paths(c, dir, endpoint)) || (err = dir_lock(c)) ||
 	    (err = cs_pool_open(&c->pool, staging_budget_bytes)))
 		goto fail;
-	if ((err = cs_syncer_open(&c->ck.syncer)) || (err = cs_ckpt_wb_open(c)) ||
+	if ((err = cs_store_open(c, cs_intake_sink())) ||
 	    (err = dcast_io_open(&c->io, CS_IO_DEPTH)) ||
 	    (err = dcast_io_register_buffers(c->io, &(struct iovec){c->pool.base, c->pool.bytes}, 1)))
 		goto fail;
@@ -209,25 +196,19 @@ void dcast_consumer_close(dcast_consumer **cp)
 	if (!c)
 		return;
 	cs_session_stop(c); /* the socket is ours again */
-	cs_ckpt_settle(c);  /* chunk records written behind */
 	if (c->ss.sock) { /* BYE first: a fold below sends no heartbeats */
 		dcast_msg m;
 		dcast_msg_init(&m, DCAST_MSG_BYE);
 		snprintf(m.u.bye.reason, sizeof(m.u.bye.reason), "consumer closing");
 		dcast_wire_send(c->ss.sock, NULL, 0, &m, NULL, ZMQ_DONTWAIT);
 	}
-	if (cs_anchor_new_seal(c, 1)) /* an anchor applied: durable */
-		DCAST_LOG_W("consumer %s: anchor file at close: %s", c->model, dcast_last_error());
-	if (c->ss.fold_due && cs_fold_wanted(c) && cs_ckpt_fold(c)) /* owed by the policy */
-		DCAST_LOG_W("consumer %s: fold at close: %s", c->model, dcast_last_error());
-	cs_syncer_close(&c->ck.syncer); /* what was committed is on the disk */
+	cs_store_close(c, c->ss.fold_due); /* durable: what was committed, an anchor applied */
 	if (c->ss.sock)
 		zmq_close(c->ss.sock);
 	if (c->ss.zctx)
 		zmq_ctx_term(c->ss.zctx);
 	for (uint32_t i = 0; i < CS_MAX_STAGED; i++)
 		cs_version_free(&c->staged[i]);
-	cs_ckpt_wb_close(c);
 	dcast_io_close(&c->io);
 	cs_dcache_clear(&c->dcache);
 	cs_pool_close(&c->pool);
@@ -239,10 +220,9 @@ void dcast_consumer_close(dcast_consumer **cp)
 	pthread_cond_destroy(&c->ev_cv);
 	if (c->ob.wake_fd >= 0)
 		close(c->ob.wake_fd);
-	free(c->ck.new_offs); /* an anchor in place still streaming in: its .new goes at the next open */
 	if (c->lock_fd >= 0)
 		close(c->lock_fd); /* the directory is free for the next consumer */
-	free(c->dir), free(c->endpoint), free(c->ck.anchor_path), free(c->ck.log_dir);
+	free(c->dir), free(c->endpoint);
 	free(c);
 	*cp = NULL;
 }

@@ -1,6 +1,6 @@
 /* A parallel loop for the consumer's O(model) passes that a caller waits
  * for anyway: an anchor's range digests at apply (verify.c) and the file
- * digest of the live tensors (anchor.c: an anchor's header at its COMMIT,
+ * digest of the live tensors (store/anchor.c: an anchor's header at its COMMIT,
  * the load's check).  Threads are started for the loop and joined before
  * it returns; items are taken in turn, so sizes may differ. */
 #include <pthread.h>

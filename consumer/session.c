@@ -18,6 +18,7 @@
 #include <zmq.h>
 #include "consumer_impl.h"
 #include "dcast_common.h"
+#include "store/store.h"
 #include "dcast_wire.h"
 
 #define RECV_BURST 64
@@ -407,7 +408,7 @@ static void thread_failed(dcast_consumer *c, int err)
 	DCAST_LOG_W("consumer %s: %s", c->model, c->ss.err_text);
 }
 
-/* A fold from the disk (fold.c): planned under `lock`, run without it (an
+/* A fold from the disk (store/fold.c): planned under `lock`, run without it (an
  * apply() meanwhile does not wait), finished under it. */
 static int fold_from_disk(dcast_consumer *c, cs_fold_job *j)
 {
@@ -416,12 +417,12 @@ static int fold_from_disk(dcast_consumer *c, cs_fold_job *j)
 	if (err || j->mode != CS_FOLD_DISK)
 		return err;
 	pthread_mutex_unlock(&c->lock);
-	err = cs_fold_run(j);
+	err = cs_fold_run(j, &c->ss.stop);
 	pthread_mutex_lock(&c->lock);
 	return err ? err : cs_fold_finish(c, j);
 }
 
-/* The seal of an anchor written straight to its file (anchor_new.c), then
+/* The seal of an anchor written straight to its file (store/anchor_new.c), then
  * the fold the policy asked for, if it still wants one (a
  * dcast_consumer_checkpoint() may have folded first).  A fold from the
  * disk that failed while the files stayed as planned is done again from
@@ -433,7 +434,7 @@ static int policy_fold(dcast_consumer *c, cs_fold_job *j)
 	if (err || !cs_fold_wanted(c))
 		return err;
 	err = fold_from_disk(c, j);
-	if (j->gen != c->ck.gen || atomic_load(&c->ss.stop))
+	if (j->gen != cs_store_gen(c) || atomic_load(&c->ss.stop))
 		return 0; /* done (its rename moved the generation), or moot: the files moved on, or closing */
 	if (!err && j->mode != CS_FOLD_LIVE)
 		return 0; /* nothing to fold */
@@ -519,7 +520,7 @@ static int session_turn(dcast_consumer *c, int readable)
 	if (!err)
 		err = flush_credit(c);
 	if (!err)
-		err = cs_syncer_error(&c->ck.syncer);
+		err = cs_store_error(c);
 	if (!err)
 		err = keepalive(c);
 	if (!err)

@@ -9,6 +9,7 @@
 #include <unistd.h>
 #include "consumer_impl.h"
 #include "dcast_common.h"
+#include "store/store.h"
 
 static void release_resident(dcast_consumer *c, cs_version *v)
 {
@@ -23,7 +24,6 @@ static void release_resident(dcast_consumer *c, cs_version *v)
 void cs_version_drop(dcast_consumer *c, cs_version *v, int unlink_file)
 {
 	uint32_t i = (uint32_t)(v - c->staged);
-	char path[4096];
 
 	DCAST_ASSERT(i < c->n_staged);
 	cs_ckpt_settle(c); /* no record write still reads its slots or file */
@@ -31,8 +31,7 @@ void cs_version_drop(dcast_consumer *c, cs_version *v, int unlink_file)
 	if (unlink_file && v->direct) {
 		cs_anchor_new_drop(c);
 	} else if (unlink_file) {
-		cs_ckpt_version_path(c, v->version, path, sizeof(path));
-		unlink(path);
+		cs_ckpt_remove(c, v->version);
 	}
 	cs_version_free(v);
 	memmove(&c->staged[i], &c->staged[i + 1], (c->n_staged - i - 1) * sizeof(*v));

@@ -1,7 +1,7 @@
 /* A record write that fails, for real: the consumer's directory is a
  * 256 KiB tmpfs (mounted here; exit 77 where mounting is not allowed), too
  * small for the anchor's record file (~1.3 MB).  Chunk records are written
- * behind the session thread (consumer/ckpt.c), so the failure comes back
+ * behind the session thread (consumer/store/ckpt.c), so the failure comes back
  * after the chunks were taken: the consumer must say so (an ERROR event
  * naming the write), never announce the anchor READY, and keep no version.
  * Then the tmpfs grows (remount, size=64m) and the same consumer heals by

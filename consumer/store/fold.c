@@ -24,7 +24,7 @@
  * output is exactly the applied version, or it is not used) and its file
  * digest put in the header; fdatasync.  cs_fold_finish (under `lock`)
  * renames it over the old file unless the checkpoint changed meanwhile (a
- * discard, a fold from the tensors: c->ck.gen moved), fsyncs the folder,
+ * discard, a fold from the tensors: c->store->gen moved), fsyncs the folder,
  * then drops the record files it covers.  A fold whose files moved on, or
  * whose consumer closes, stops at its next record file, group or piece.
  *
@@ -42,7 +42,7 @@
 #include <sys/syscall.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include "consumer_impl.h"
+#include "store_impl.h"
 #include "dcast_common.h"
 #include "codec_shared.h" /* DCAST_DIGEST_BLOCK */
 #include "dcast_reclog.h"
@@ -79,8 +79,8 @@ int cs_fold_plan(dcast_consumer *c, cs_fold_job *j)
 
 	memset(j, 0, sizeof(*j));
 	j->version = dcast_consumer_version(c);
-	j->have = c->ck.anchor_file_version;
-	j->gen = c->ck.gen;
+	j->have = c->store->anchor_file_version;
+	j->gen = c->store->gen;
 	j->c = c;
 	if (j->version == DCAST_VERSION_NONE || j->version == j->have)
 		return 0; /* mode NONE: nothing to fold */
@@ -177,7 +177,7 @@ static int copy_range(int from, uint64_t from_off, int to, uint64_t to_off, uint
 /* The anchor file's tensors into the new file, at the new layout's offsets. */
 static int copy_anchor(fold_out *o)
 {
-	const char *path = o->j->c->ck.anchor_path;
+	const char *path = o->j->c->store->anchor_path;
 	dcast_st_file *f = NULL;
 	size_t hdr = 0;
 	int fd = -1, err = dcast_st_open(path, &f);
@@ -202,11 +202,11 @@ static int copy_anchor(fold_out *o)
 	return err;
 }
 
-/* DCAST_ESTATE once the fold is moot: the files moved on (c->ck.gen) or
- * the consumer is closing; checked between record files and groups. */
+/* DCAST_ESTATE once the fold is moot: the files moved on (c->store->gen) or
+ * the consumer is closing (*j->stop); checked between record files and groups. */
 static int abandoned(const cs_fold_job *j)
 {
-	if (atomic_load(&j->c->ck.gen) == j->gen && !atomic_load(&j->c->ss.stop))
+	if (atomic_load(&j->c->store->gen) == j->gen && !(j->stop && atomic_load(j->stop)))
 		return 0;
 	return dcast_fail(DCAST_ESTATE, "fold to version %" PRIu64 " abandoned: the checkpoint moved on, "
 			  "or the consumer is closing", j->version);
@@ -638,7 +638,7 @@ static int build(fold_out *o)
 
 void cs_fold_tmp_path(const dcast_consumer *c, char *out, size_t cap)
 {
-	snprintf(out, cap, "%s.fold", c->ck.anchor_path);
+	snprintf(out, cap, "%s.fold", c->store->anchor_path);
 }
 
 static int fold_run(cs_fold_job *j)
@@ -692,11 +692,12 @@ void cs_fold_priority(int background, int *saved)
 		      background ? (2 << 13) | 7 : 0); /* best effort, level 7; 0: from the nice value */
 }
 
-int cs_fold_run(cs_fold_job *j)
+int cs_fold_run(cs_fold_job *j, const _Atomic int *stop)
 {
 	uint64_t t0 = dcast_now_ns(), cpu0 = dcast_thread_cpu_ns();
 	int saved = 0, err;
 
+	j->stop = stop;
 	cs_fold_priority(1, &saved);
 	err = fold_run(j);
 	cs_fold_priority(0, &saved);
@@ -709,9 +710,9 @@ int cs_fold_run(cs_fold_job *j)
 
 int cs_fold_renamed(dcast_consumer *c, uint64_t version)
 {
-	c->ck.gen++;
-	c->ck.anchor_file_version = version;
-	c->ck.folds++;
+	c->store->gen++;
+	c->store->anchor_file_version = version;
+	c->store->folds++;
 	return dcast_fsync_dir(c->dir); /* the rename durable before the files it covers go */
 }
 
@@ -720,21 +721,21 @@ int cs_fold_finish(dcast_consumer *c, cs_fold_job *j)
 	char tmp[4200];
 
 	cs_fold_tmp_path(c, tmp, sizeof(tmp));
-	if (j->gen != atomic_load(&c->ck.gen)) { /* the files moved on: this is not their anchor */
+	if (j->gen != atomic_load(&c->store->gen)) { /* the files moved on: this is not their anchor */
 		unlink(tmp);
 		return 0;
 	}
 	/* the files are as planned: the same anchor file, the target newer */
-	DCAST_ASSERT(c->ck.anchor_file_version == j->have &&
+	DCAST_ASSERT(c->store->anchor_file_version == j->have &&
 		     (j->have == DCAST_VERSION_NONE || j->version > j->have));
-	if (rename(tmp, c->ck.anchor_path) != 0) {
+	if (rename(tmp, c->store->anchor_path) != 0) {
 		int err = dcast_fail(DCAST_EIO, "fold: rename %s: %s", tmp, strerror(errno));
 		unlink(tmp);
 		return err;
 	}
 	int err = cs_fold_renamed(c, j->version);
-	c->ck.log_since_fold -= j->folded_bytes < c->ck.log_since_fold ? j->folded_bytes : c->ck.log_since_fold;
-	c->ck.deltas_since_fold -= j->n_vers < c->ck.deltas_since_fold ? j->n_vers : c->ck.deltas_since_fold;
+	c->store->log_since_fold -= j->folded_bytes < c->store->log_since_fold ? j->folded_bytes : c->store->log_since_fold;
+	c->store->deltas_since_fold -= j->n_vers < c->store->deltas_since_fold ? j->n_vers : c->store->deltas_since_fold;
 	for (uint32_t i = 0; !err && i < j->n_vers; i++)
 		cs_ckpt_remove(c, j->vers[i]);
 	return err;

@@ -12,7 +12,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
-#include "consumer_impl.h"
+#include "store_impl.h"
 #include "dcast_reclog.h"
 #include "dcast_common.h"
 #include "deltacast/codec.h"
@@ -50,7 +50,7 @@ static int tensors_from_file(dcast_consumer *c, const dcast_st_file *f)
 	snprintf(m.model, sizeof(m.model), "%s", c->model);
 	m.tensors = calloc(n ? n : 1, sizeof(*m.tensors));
 	if (!m.tensors)
-		return dcast_fail(DCAST_ENOMEM, "%s: %zu tensors", c->ck.anchor_path, n);
+		return dcast_fail(DCAST_ENOMEM, "%s: %zu tensors", c->store->anchor_path, n);
 	m.n_tensors = (uint32_t)n;
 	for (size_t i = 0; i < n; i++) {
 		const dcast_st_tensor *s = dcast_st_tensor_at(f, i);
@@ -59,12 +59,12 @@ static int tensors_from_file(dcast_consumer *c, const dcast_st_file *f)
 		if (dt < 0) {
 			free(m.tensors);
 			return dcast_fail(DCAST_EDTYPE, "%s: tensor %s has dtype %s, not one deltacast carries",
-					  c->ck.anchor_path, s->name, dcast_st_dtype_name(s->dtype));
+					  c->store->anchor_path, s->name, dcast_st_dtype_name(s->dtype));
 		}
 		m.tensors[i].dtype = (uint32_t)dt;
 		m.tensors[i].ndim = s->ndim;
 		memcpy(m.tensors[i].shape, s->shape, sizeof(s->shape));
-		if ((err = grid_from_file(f, &m.tensors[i], c->ck.anchor_path))) {
+		if ((err = grid_from_file(f, &m.tensors[i], c->store->anchor_path))) {
 			free(m.tensors);
 			return err;
 		}
@@ -83,7 +83,7 @@ static int read_tensor(dcast_consumer *c, int file, cs_tensor *t, uint64_t off)
 
 	for (uint64_t done = 0; !err && done < t->bytes; done += piece) {
 		uint64_t n = t->bytes - done < piece ? t->bytes - done : piece;
-		err = cs_io_read(c, file, scratch, n, off + done, c->ck.anchor_path);
+		err = cs_io_read(c, file, scratch, n, off + done, c->store->anchor_path);
 		if (!err)
 			err = cs_tensor_write_natural(t, done / t->elem_size, n / t->elem_size, scratch);
 	}
@@ -102,7 +102,7 @@ static int read_tensors(dcast_consumer *c, const dcast_st_file *f, int file)
 		if (!s || s->nbytes != t->bytes ||
 		    dcast_dtype_from_name(dcast_st_dtype_name(s->dtype)) != (int)t->desc.dtype)
 			return dcast_fail(DCAST_ESHAPE, "%s: tensor %s missing or of another dtype/size",
-					  c->ck.anchor_path, t->desc.name);
+					  c->store->anchor_path, t->desc.name);
 		err = read_tensor(c, file, t, hdr + s->data_offset);
 	}
 	return err;
@@ -191,13 +191,13 @@ static int check_model_digest(dcast_consumer *c, const dcast_st_file *f, uint64_
 
 	if (!want || !*want)
 		return dcast_fail(DCAST_ECORRUPT, "%s: no deltacast.model_digest metadata (damaged, or "
-				  "written before names and version were covered)", c->ck.anchor_path);
+				  "written before names and version were covered)", c->store->anchor_path);
 	if ((err = model_digest(c, version, &got)))
 		return err;
 	if (strtoull(want, NULL, 16) != got)
 		return dcast_fail(DCAST_ECORRUPT,
 				  "%s: model digest %016" PRIx64 " (tensor names, shapes, data, version), "
-				  "metadata says %s: the file is corrupt", c->ck.anchor_path, got, want);
+				  "metadata says %s: the file is corrupt", c->store->anchor_path, got, want);
 	return 0;
 }
 
@@ -223,20 +223,20 @@ int cs_anchor_load(dcast_consumer *c, uint64_t *version)
 	int fd = -1, file = -1, err;
 
 	cs_ckpt_settle(c); /* chunk records written behind use the engine too */
-	if ((err = dcast_st_open(c->ck.anchor_path, &f))) /* header checks */
+	if ((err = dcast_st_open(c->store->anchor_path, &f))) /* header checks */
 		return err;
 	err = owner_check(c, f);
 	vs = dcast_st_metadata_get(f, "deltacast.version");
 	if (!err && (!vs || !*vs))
-		err = dcast_fail(DCAST_ECORRUPT, "%s: no deltacast.version metadata", c->ck.anchor_path);
+		err = dcast_fail(DCAST_ECORRUPT, "%s: no deltacast.version metadata", c->store->anchor_path);
 	if (!err)
 		*version = strtoull(vs, NULL, 10);
 	if (!err && !c->n_tensors)
 		err = tensors_from_file(c, f);
-	if (!err && (fd = open(c->ck.anchor_path, O_RDONLY | O_CLOEXEC)) < 0)
-		err = dcast_fail(DCAST_EIO, "%s: open: %s", c->ck.anchor_path, strerror(errno));
-	if (!err && (file = dcast_io_file_add(c->io, fd, c->ck.anchor_path)) < 0)
-		err = dcast_fail(-file, "%s: cannot add to the I/O engine", c->ck.anchor_path);
+	if (!err && (fd = open(c->store->anchor_path, O_RDONLY | O_CLOEXEC)) < 0)
+		err = dcast_fail(DCAST_EIO, "%s: open: %s", c->store->anchor_path, strerror(errno));
+	if (!err && (file = dcast_io_file_add(c->io, fd, c->store->anchor_path)) < 0)
+		err = dcast_fail(-file, "%s: cannot add to the I/O engine", c->store->anchor_path);
 	cs_dcache_clear(&c->dcache); /* the tensors are overwritten */
 	if (!err)
 		err = read_tensors(c, f, file);
@@ -341,7 +341,7 @@ static int write_anchor(dcast_consumer *c, const dcast_st_layout *lay)
 	char tmp[4200];
 	int fd, file, err;
 
-	snprintf(tmp, sizeof(tmp), "%s.tmp", c->ck.anchor_path);
+	snprintf(tmp, sizeof(tmp), "%s.tmp", c->store->anchor_path);
 	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
 	if (fd < 0)
 		return dcast_fail(DCAST_EIO, "%s: create: %s", tmp, strerror(errno));
@@ -352,8 +352,8 @@ static int write_anchor(dcast_consumer *c, const dcast_st_layout *lay)
 		err = err ? err : rerr;
 	}
 	close(fd);
-	if (!err && rename(tmp, c->ck.anchor_path) != 0)
-		err = dcast_fail(DCAST_EIO, "%s: rename to %s: %s", tmp, c->ck.anchor_path, strerror(errno));
+	if (!err && rename(tmp, c->store->anchor_path) != 0)
+		err = dcast_fail(DCAST_EIO, "%s: rename to %s: %s", tmp, c->store->anchor_path, strerror(errno));
 	if (err)
 		unlink(tmp);
 	return err ? err : dcast_fsync_dir(c->dir);
@@ -392,7 +392,7 @@ int cs_ckpt_fold(dcast_consumer *c)
 	uint32_t n = 0;
 	int err;
 
-	if (v == DCAST_VERSION_NONE || v == c->ck.anchor_file_version)
+	if (v == DCAST_VERSION_NONE || v == c->store->anchor_file_version)
 		return 0; /* nothing to fold */
 	cs_ckpt_settle(c); /* chunk records written behind use the engine too */
 	if ((err = live_layout(c, v, &lay)))
@@ -401,13 +401,13 @@ int cs_ckpt_fold(dcast_consumer *c)
 	dcast_st_layout_free(&lay);
 	if (err)
 		return err;
-	c->ck.anchor_file_version = v;
-	c->ck.deltas_since_fold = 0;
-	c->ck.log_since_fold = 0;
-	c->ck.gen++; /* a fold running from the disk is not renamed over this */
-	c->ck.folds++;
-	c->ck.folds_live++;
-	if (c->ck.new_version != DCAST_VERSION_NONE && c->ck.new_version <= v)
+	c->store->anchor_file_version = v;
+	c->store->deltas_since_fold = 0;
+	c->store->log_since_fold = 0;
+	c->store->gen++; /* a fold running from the disk is not renamed over this */
+	c->store->folds++;
+	c->store->folds_live++;
+	if (c->store->new_version != DCAST_VERSION_NONE && c->store->new_version <= v)
 		cs_anchor_new_drop(c); /* the anchor not sealed yet: this file holds it or newer */
 	vers = malloc(CS_MAX_LOG_FILES * sizeof(*vers));
 	if (vers && cs_ckpt_list(c, vers, CS_MAX_LOG_FILES, &n) == 0)
@@ -428,8 +428,8 @@ static uint64_t model_bytes(const dcast_consumer *c)
 
 int cs_fold_wanted(const dcast_consumer *c)
 {
-	if (c->opts.fold_every && c->ck.deltas_since_fold >= c->opts.fold_every)
+	if (c->opts.fold_every && c->store->deltas_since_fold >= c->opts.fold_every)
 		return 1;
 	return c->opts.fold_fraction > 0 &&
-	       (double)c->ck.log_since_fold > c->opts.fold_fraction * (double)model_bytes(c);
+	       (double)c->store->log_since_fold > c->opts.fold_fraction * (double)model_bytes(c);
 }

@@ -24,7 +24,7 @@
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
-#include "consumer_impl.h"
+#include "store_impl.h"
 #include "dcast_common.h"
 #include "dcast_reclog.h"
 #include "deltacast/safetensors.h"
@@ -32,7 +32,7 @@
 
 void cs_ckpt_version_path(const dcast_consumer *c, uint64_t version, char *out, size_t cap)
 {
-	snprintf(out, cap, "%s/%020" PRIu64 ".rec", c->ck.log_dir, version);
+	snprintf(out, cap, "%s/%020" PRIu64 ".rec", c->store->log_dir, version);
 }
 
 static int pool_index(const dcast_consumer *c, const void *p, uint64_t len)
@@ -102,11 +102,11 @@ static int append(dcast_consumer *c, cs_version *v, const rec_head *h)
 		return err;
 	err = dcast_io_write(c->io, v->io_file, h->p, h->len, v->file_bytes, DCAST_IO_NO_BUF, 1);
 	int derr = dcast_io_drain(c->io);
-	c->ck.log_write_ns += dcast_now_ns() - t0;
+	c->store->log_write_ns += dcast_now_ns() - t0;
 	if (err || (err = derr))
 		return err;
-	c->ck.log_write_bytes += h->len;
-	c->ck.log_since_fold += h->len;
+	c->store->log_write_bytes += h->len;
+	c->store->log_since_fold += h->len;
 	v->file_bytes += h->len;
 	return 0;
 }
@@ -143,22 +143,22 @@ static int write_opening(dcast_consumer *c, cs_version *v)
 
 void cs_anchor_new_path(const dcast_consumer *c, int applied, char *out, size_t cap)
 {
-	snprintf(out, cap, "%s.%s", c->ck.anchor_path, applied ? "applied" : "new");
+	snprintf(out, cap, "%s.%s", c->store->anchor_path, applied ? "applied" : "new");
 }
 
 void cs_anchor_new_drop(dcast_consumer *c)
 {
 	char path[4200];
 
-	if (c->ck.new_version != DCAST_VERSION_NONE)
-		c->ck.gen++; /* armed: a seal of it running is not renamed over model.safetensors */
+	if (c->store->new_version != DCAST_VERSION_NONE)
+		c->store->gen++; /* armed: a seal of it running is not renamed over model.safetensors */
 	cs_anchor_new_path(c, 0, path, sizeof(path));
 	unlink(path);
 	cs_anchor_new_path(c, 1, path, sizeof(path));
 	unlink(path);
-	free(c->ck.new_offs);
-	c->ck.new_offs = NULL;
-	c->ck.new_version = DCAST_VERSION_NONE;
+	free(c->store->new_offs);
+	c->store->new_offs = NULL;
+	c->store->new_version = DCAST_VERSION_NONE;
 }
 
 int cs_ckpt_version_create(dcast_consumer *c, cs_version *v)
@@ -234,23 +234,23 @@ struct cs_wb {
 
 int cs_ckpt_wb_open(dcast_consumer *c)
 {
-	if (!(c->ck.wb = calloc(1, sizeof(*c->ck.wb))))
+	if (!(c->store->wb = calloc(1, sizeof(*c->store->wb))))
 		return dcast_fail(DCAST_ENOMEM, "consumer: record write queue");
-	c->ck.wb->filling = -1;
+	c->store->wb->filling = -1;
 	return 0;
 }
 
 void cs_ckpt_wb_close(dcast_consumer *c)
 {
-	DCAST_ASSERT(!c->ck.wb || !c->ck.wb->busy); /* flushed by the session thread */
-	for (int i = 0; c->ck.wb && i < WB_SLOTS; i++) {
-		free(c->ck.wb->s[i].h.p);
-		free(c->ck.wb->s[i].cb);
+	DCAST_ASSERT(!c->store->wb || !c->store->wb->busy); /* flushed by the session thread */
+	for (int i = 0; c->store->wb && i < WB_SLOTS; i++) {
+		free(c->store->wb->s[i].h.p);
+		free(c->store->wb->s[i].cb);
 	}
-	if (c->ck.wb)
-		free(c->ck.wb->head.p);
-	free(c->ck.wb);
-	c->ck.wb = NULL;
+	if (c->store->wb)
+		free(c->store->wb->head.p);
+	free(c->store->wb);
+	c->store->wb = NULL;
 }
 
 static void wb_done(dcast_consumer *c, wb_slot *s)
@@ -262,17 +262,17 @@ static void wb_done(dcast_consumer *c, wb_slot *s)
 		zmq_msg_close(&s->msg);
 	cs_credit_free(c, s->credit);
 	if (s->err) {
-		if (!c->ck.wb->err) {
-			c->ck.wb->err = s->err;
-			snprintf(c->ck.wb->why, sizeof(c->ck.wb->why), "%s", dcast_last_error());
+		if (!c->store->wb->err) {
+			c->store->wb->err = s->err;
+			snprintf(c->store->wb->why, sizeof(c->store->wb->why), "%s", dcast_last_error());
 		}
 		if (v)
 			v->write_failed = 1;
 	} else {
-		c->ck.log_write_bytes += len;
-		c->ck.log_since_fold += s->is_log ? len : 0; /* records only: an anchor's own file is no log */
+		c->store->log_write_bytes += len;
+		c->store->log_since_fold += s->is_log ? len : 0; /* records only: an anchor's own file is no log */
 	}
-	c->ck.wb->busy &= ~(1u << (s - c->ck.wb->s));
+	c->store->wb->busy &= ~(1u << (s - c->store->wb->s));
 }
 
 /* Reap finished writes, waiting for at least min_done of them. */
@@ -284,7 +284,7 @@ static int wb_reap(dcast_consumer *c, unsigned min_done)
 	if (n < 0)
 		return -n;
 	for (int i = 0; i < n; i++) {
-		wb_slot *s = &c->ck.wb->s[d[i].tag & 0xffff];
+		wb_slot *s = &c->store->wb->s[d[i].tag & 0xffff];
 
 		DCAST_ASSERT((d[i].tag & ~0xffffull) == WB_TAG && s->left > 0);
 		if (d[i].err && !s->err)
@@ -303,42 +303,42 @@ static void wb_wait_all(dcast_consumer *c)
 	int err = 0;
 
 	combine_submit(c);
-	while (c->ck.wb->busy && !err)
+	while (c->store->wb->busy && !err)
 		err = wb_reap(c, 1);
 	for (int i = 0; err && i < WB_SLOTS; i++)
-		if (c->ck.wb->busy & (1u << i)) {
-			c->ck.wb->s[i].err = err;
-			wb_done(c, &c->ck.wb->s[i]);
+		if (c->store->wb->busy & (1u << i)) {
+			c->store->wb->s[i].err = err;
+			wb_done(c, &c->store->wb->s[i]);
 		}
 }
 
 /* The failure not yet reported, with its detail, and forget it; or 0. */
 static int wb_report(dcast_consumer *c)
 {
-	int err = c->ck.wb->err;
+	int err = c->store->wb->err;
 
-	c->ck.wb->err = 0;
-	return err ? dcast_fail(err, "record log: %s", c->ck.wb->why) : 0;
+	c->store->wb->err = 0;
+	return err ? dcast_fail(err, "record log: %s", c->store->wb->why) : 0;
 }
 
 int cs_ckpt_pending(const dcast_consumer *c)
 {
-	return c->ck.wb && c->ck.wb->busy;
+	return c->store->wb && c->store->wb->busy;
 }
 
 int cs_ckpt_progress(dcast_consumer *c)
 {
-	if (!c->ck.wb)
+	if (!c->store->wb)
 		return 0;
 	combine_submit(c);
-	if (c->ck.wb->busy && wb_reap(c, 0))
+	if (c->store->wb->busy && wb_reap(c, 0))
 		wb_wait_all(c);
 	return wb_report(c);
 }
 
 void cs_ckpt_settle(dcast_consumer *c)
 {
-	if (c->ck.wb && c->ck.wb->busy)
+	if (c->store->wb && c->store->wb->busy)
 		wb_wait_all(c);
 }
 
@@ -346,24 +346,24 @@ int cs_ckpt_flush(dcast_consumer *c)
 {
 	uint64_t t0 = dcast_now_ns();
 
-	if (!c->ck.wb || (!c->ck.wb->busy && !c->ck.wb->err))
+	if (!c->store->wb || (!c->store->wb->busy && !c->store->wb->err))
 		return 0;
 	wb_wait_all(c);
-	c->ck.log_write_ns += dcast_now_ns() - t0;
+	c->store->log_write_ns += dcast_now_ns() - t0;
 	return wb_report(c);
 }
 
 static wb_slot *wb_slot_get(dcast_consumer *c)
 {
-	while (c->ck.wb->busy == (1u << WB_SLOTS) - 1)
+	while (c->store->wb->busy == (1u << WB_SLOTS) - 1)
 		if (wb_reap(c, 1)) {
 			wb_wait_all(c);
 			break;
 		}
 	for (int i = 0; i < WB_SLOTS; i++)
-		if (!(c->ck.wb->busy & (1u << i))) {
-			c->ck.wb->busy |= 1u << i;
-			return &c->ck.wb->s[i];
+		if (!(c->store->wb->busy & (1u << i))) {
+			c->store->wb->busy |= 1u << i;
+			return &c->store->wb->s[i];
 		}
 	return NULL;
 }
@@ -383,7 +383,7 @@ static int slot_head(dcast_consumer *c, cs_version *v, const dcast_chunk *k, uin
 	s->is_log = !v->direct;
 	if (v->direct) {
 		s->h.len = 0;
-		s->off = c->ck.new_offs[k->tensor] + k->start * k->elem_size; /* k checked */
+		s->off = c->store->new_offs[k->tensor] + k->start * k->elem_size; /* k checked */
 		s->left = 1;
 		return 0;
 	}
@@ -406,9 +406,9 @@ static int submit_own(dcast_consumer *c, cs_version *v, const dcast_chunk *k, zm
 
 	if (!s)
 		return dcast_fail(DCAST_EIO, "version %" PRIu64 ": record writes failed", k->version);
-	tag = WB_TAG | (uint64_t)(s - c->ck.wb->s);
+	tag = WB_TAG | (uint64_t)(s - c->store->wb->s);
 	if ((err = slot_head(c, v, k, payload_sum, s, tag))) {
-		c->ck.wb->busy &= ~(1u << (s - c->ck.wb->s));
+		c->store->wb->busy &= ~(1u << (s - c->store->wb->s));
 		return err; /* nothing went: the caller still owns the payload and its credit */
 	}
 	if (held) { /* a small message keeps its bytes inside zmq_msg_t: take them from ours */
@@ -420,7 +420,7 @@ static int submit_own(dcast_consumer *c, cs_version *v, const dcast_chunk *k, zm
 	err = dcast_io_write(c->io, v->io_file, payload, k->payload_bytes, s->off + s->h.len,
 			     pool_index(c, payload, k->payload_bytes), tag);
 	if (err && v->direct) { /* no header, never held: nothing went */
-		c->ck.wb->busy &= ~(1u << (s - c->ck.wb->s));
+		c->store->wb->busy &= ~(1u << (s - c->store->wb->s));
 		return err;
 	}
 	if (err) { /* the header went: its completion finds the slot failed */
@@ -436,7 +436,7 @@ static int submit_own(dcast_consumer *c, cs_version *v, const dcast_chunk *k, zm
 /* Write the filling slot's records, now (a failure fails the slot). */
 static void combine_submit(dcast_consumer *c)
 {
-	struct cs_wb *wb = c->ck.wb;
+	struct cs_wb *wb = c->store->wb;
 	wb_slot *s;
 	int err;
 
@@ -459,7 +459,7 @@ static void combine_submit(dcast_consumer *c)
 static int combine_slot(dcast_consumer *c, int file, uint64_t off, uint64_t version, size_t len,
 			wb_slot **out)
 {
-	struct cs_wb *wb = c->ck.wb;
+	struct cs_wb *wb = c->store->wb;
 	wb_slot *s = wb->filling < 0 ? NULL : &wb->s[wb->filling];
 
 	if (s && s->file == file && s->version == version && s->off + s->bytes == off &&
@@ -486,8 +486,8 @@ static int combine_slot(dcast_consumer *c, int file, uint64_t off, uint64_t vers
 static int combine_chunk(dcast_consumer *c, cs_version *v, const dcast_chunk *k, const void *payload,
 			 uint64_t payload_sum, uint64_t *payload_off)
 {
-	rec_head *h = &c->ck.wb->head;
-	uint64_t off = v->direct ? c->ck.new_offs[k->tensor] + k->start * k->elem_size : v->file_bytes;
+	rec_head *h = &c->store->wb->head;
+	uint64_t off = v->direct ? c->store->new_offs[k->tensor] + k->start * k->elem_size : v->file_bytes;
 	wb_slot *s = NULL;
 	int err;
 
@@ -520,7 +520,7 @@ int cs_ckpt_chunk_submit(dcast_consumer *c, cs_version *v, const dcast_chunk *k,
 		v->file_bytes = *payload_off + k->payload_bytes;
 	if (wb_reap(c, 0)) /* what is done already: credit back early */
 		wb_wait_all(c); /* the ring failed: every pending write fails, reported by the flush */
-	c->ck.log_write_ns += dcast_now_ns() - t0;
+	c->store->log_write_ns += dcast_now_ns() - t0;
 	return 0;
 }
 
@@ -537,7 +537,7 @@ int cs_ckpt_commit_write(dcast_consumer *c, cs_version *v)
 	if (!err)
 		err = append(c, v, &h);
 	free(h.p);
-	return err ? err : cs_syncer_push(&c->ck.syncer, v->fd, v->version); /* durable later */
+	return err ? err : cs_syncer_push(&c->store->syncer, v->fd, v->version); /* durable later */
 }
 
 int cs_io_read(dcast_consumer *c, int file, void *dst, uint64_t len, uint64_t off, const char *what)
@@ -577,12 +577,12 @@ static int cmp_u64(const void *a, const void *b)
 /* Versions of the record files present, sorted; *n at most cap. */
 int cs_ckpt_list(dcast_consumer *c, uint64_t *out, uint32_t cap, uint32_t *n)
 {
-	DIR *d = opendir(c->ck.log_dir);
+	DIR *d = opendir(c->store->log_dir);
 	struct dirent *e;
 
 	*n = 0;
 	if (!d)
-		return dcast_fail(DCAST_EIO, "%s: %s", c->ck.log_dir, strerror(errno));
+		return dcast_fail(DCAST_EIO, "%s: %s", c->store->log_dir, strerror(errno));
 	while ((e = readdir(d)) && *n < cap) {
 		char *end;
 		unsigned long long v = strtoull(e->d_name, &end, 10);

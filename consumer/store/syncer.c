@@ -15,7 +15,7 @@
 #include <inttypes.h>
 #include <string.h>
 #include <unistd.h>
-#include "consumer_impl.h"
+#include "store_impl.h"
 #include "dcast_common.h"
 
 static void *syncer_main(void *arg)

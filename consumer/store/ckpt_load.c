@@ -1,7 +1,10 @@
 /* Reading the local checkpoint back: load at open (anchor file, then every
  * whole record file in version order, cutting a torn or corrupt tail),
- * and restore after a failed apply that could not undo in memory.  Records:
- * common/dcast_reclog.h and ckpt.c; the anchor file: anchor.c. */
+ * and restore after a failed apply that could not undo in memory.  Each
+ * record file is replayed into the sink the consumer gave at open
+ * (store.h): its messages take the same steps as the wire's, and the
+ * consumer applies the version.  Records: common/dcast_reclog.h and
+ * ckpt.c; the anchor file: anchor.c. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -10,43 +13,43 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include "consumer_impl.h"
+#include "store_impl.h"
 #include "dcast_common.h"
 #include "dcast_reclog.h"
 
 /* Replaying one version's record file. */
 struct replay_file {
 	dcast_consumer *c;
+	const cs_store_sink *sink;
 	cs_version *v;
 	uint32_t records;
-	int manifest, begun;
+	int manifest;
 };
 
 #define WHY(...) (snprintf(why, why_cap, __VA_ARGS__), -1)
 
-/* The version's anchor flag and base, from its first CHUNK or COMMIT. */
-static int begin(struct replay_file *f, uint32_t anchor, uint64_t base)
+/* A CHUNK or COMMIT of an anchor's file follows its MANIFEST record; a
+ * delta's has none. */
+static int manifest_first(const struct replay_file *f, uint32_t anchor)
 {
-	if (!f->begun) {
-		cs_intake_replay_open(f->v, anchor, base);
-		f->begun = 1;
-	}
 	return (int)anchor == f->manifest ? 0 : dcast_fail(DCAST_ECORRUPT, "%s without a MANIFEST "
 		"record first", anchor ? "an anchor" : "a delta");
 }
 
 static int replay_chunk(struct replay_file *f, uint64_t off, const dcast_rec *r, const dcast_chunk *h)
 {
-	int err = begin(f, h->anchor, h->base_version);
+	int err = manifest_first(f, h->anchor);
 
-	return err ? err : cs_intake_replay_chunk(f->c, f->v, h, r->payload_sum, off + DCAST_REC_PREFIX + r->hdr_len);
+	return err ? err : f->sink->chunk(f->c, f->v, h, r->payload_sum, off + DCAST_REC_PREFIX + r->hdr_len);
 }
 
 static int replay_commit(struct replay_file *f, dcast_commit *m)
 {
-	int err = begin(f, m->anchor, m->base_version);
+	int err = manifest_first(f, m->anchor);
 
-	return err ? err : cs_intake_replay_commit(f->v, m);
+	if (!err && !(err = f->sink->commit(f->c, f->v, m)))
+		DCAST_ASSERT(f->v->state == CS_V_READY);
+	return err;
 }
 
 /* One record's message (of the record's kind and version: dcast_rec_msg),
@@ -57,7 +60,7 @@ static int replay_msg(struct replay_file *f, uint64_t off, const dcast_rec *r, d
 		if (f->records != 2)
 			return dcast_fail(DCAST_ECORRUPT, "MANIFEST record not second");
 		f->manifest = 1;
-		return cs_manifest_take(f->c, &m->u.manifest);
+		return f->sink->manifest(f->c, &m->u.manifest);
 	}
 	if (r->version != f->v->version)
 		return dcast_fail(DCAST_ECORRUPT, "a record of version %" PRIu64, r->version);
@@ -92,7 +95,7 @@ static int on_record(void *ctx, uint64_t off, const dcast_rec *r, const uint8_t 
  * the whole file must be one version, closed by its COMMIT. */
 static int parse_file(dcast_consumer *c, uint64_t version, cs_version *v)
 {
-	struct replay_file f = {c, v, 0, 0, 0};
+	struct replay_file f = {c, c->store->sink, v, 0, 0};
 	dcast_rec_reader rd = {.max_kind = DCAST_REC_COMMIT};
 	dcast_rec_scan_out out;
 	char path[4096];
@@ -148,7 +151,6 @@ static int replay(dcast_consumer *c, uint64_t have, uint64_t until, int cut)
 
 	for (uint32_t i = 0; !err && i < n; i++) {
 		cs_version v;
-		int torn = 0;
 		if (vers[i] <= have && have != DCAST_VERSION_NONE) {
 			if (cut)
 				cs_ckpt_remove(c, vers[i]);
@@ -160,13 +162,12 @@ static int replay(dcast_consumer *c, uint64_t have, uint64_t until, int cut)
 		if (!err && !v.anchor && v.base_version != have)
 			err = dcast_fail(DCAST_EGAP, "record file of version %" PRIu64 ": base %" PRIu64
 					 " but checkpoint is at %" PRIu64, vers[i], v.base_version, have);
-		if (!err && (err = cs_apply_version(c, &v, c->opts.verify_digests, &torn)) && torn && cut)
-			err = cs_ckpt_recover(c, vers[i], err); /* at load: back to `have`, then cut */
+		if (!err)
+			err = c->store->sink->apply(c, &v, cut); /* at load, torn: back to `have`, then cut */
 		if (!err) {
 			have = vers[i];
-			cs_set_applied(c, have);
 			if (cut)
-				c->ck.deltas_since_fold = v.anchor ? 1000000 : c->ck.deltas_since_fold + 1;
+				c->store->deltas_since_fold = v.anchor ? 1000000 : c->store->deltas_since_fold + 1;
 		}
 		cs_version_free(&v);
 		if (err && cut && dcast_consumer_version(c) != have) { /* recovery forgot it all */
@@ -238,7 +239,7 @@ static void drop_fold_leftovers(const dcast_consumer *c)
 
 	cs_fold_tmp_path(c, p, sizeof(p));
 	unlink(p);
-	snprintf(p, sizeof(p), "%s.tmp", c->ck.anchor_path);
+	snprintf(p, sizeof(p), "%s.tmp", c->store->anchor_path);
 	unlink(p);
 	cs_anchor_new_path(c, 0, p, sizeof(p)); /* an anchor not applied: fetched again */
 	unlink(p);
@@ -257,19 +258,19 @@ static int is_dir(const char *path)
  * so that another model's are refused before anything is removed. */
 static int log_dir_check(const dcast_consumer *c)
 {
-	return is_dir(c->ck.log_dir) ? 0 : dcast_fail(DCAST_ECORRUPT, "%s is not a directory", c->ck.log_dir);
+	return is_dir(c->store->log_dir) ? 0 : dcast_fail(DCAST_ECORRUPT, "%s is not a directory", c->store->log_dir);
 }
 
 /* The record log an empty directory again, in place of what is there. */
 static void log_dir_make(const dcast_consumer *c)
 {
-	if (is_dir(c->ck.log_dir))
+	if (is_dir(c->store->log_dir))
 		return;
-	if ((unlink(c->ck.log_dir) && errno != ENOENT) || mkdir(c->ck.log_dir, 0755))
+	if ((unlink(c->store->log_dir) && errno != ENOENT) || mkdir(c->store->log_dir, 0755))
 		DCAST_LOG_E("consumer %s: %s is not a directory and cannot be made one (%s): no version "
-			    "can be written", c->model, c->ck.log_dir, strerror(errno));
+			    "can be written", c->model, c->store->log_dir, strerror(errno));
 	else
-		DCAST_LOG_W("consumer %s: %s was not a directory: removed, made again", c->model, c->ck.log_dir);
+		DCAST_LOG_W("consumer %s: %s was not a directory: removed, made again", c->model, c->store->log_dir);
 }
 
 static int load(dcast_consumer *c)
@@ -279,15 +280,15 @@ static int load(dcast_consumer *c)
 
 	if ((err = cs_anchor_new_adopt(c)))
 		return err;
-	if (access(c->ck.anchor_path, F_OK) == 0 && (err = cs_anchor_load(c, &have)))
+	if (access(c->store->anchor_path, F_OK) == 0 && (err = cs_anchor_load(c, &have)))
 		return err;
 	if ((err = log_dir_check(c)) || (err = check_owner(c)))
 		return err;
 	drop_fold_leftovers(c);
-	c->ck.anchor_file_version = have;
+	c->store->anchor_file_version = have;
 	cs_set_applied(c, have);
 	err = replay(c, have, DCAST_VERSION_NONE, 1);
-	c->ck.log_since_fold = log_bytes(c);
+	c->store->log_since_fold = log_bytes(c);
 	if (!err && cs_fold_wanted(c))
 		err = cs_ckpt_fold(c);
 	return err;
@@ -312,10 +313,10 @@ int cs_ckpt_restore(dcast_consumer *c)
 
 	if (target == DCAST_VERSION_NONE)
 		return 0;
-	if ((err = cs_anchor_new_settle(c))) /* an anchor applied and not sealed: sealed first */
+	if ((err = cs_anchor_new_seal(c, 1))) /* an anchor applied and not sealed: sealed first */
 		return err;
 	cs_set_applied(c, DCAST_VERSION_NONE); /* not valid while they are rebuilt */
-	if (c->ck.anchor_file_version != DCAST_VERSION_NONE && (err = cs_anchor_load(c, &have)))
+	if (c->store->anchor_file_version != DCAST_VERSION_NONE && (err = cs_anchor_load(c, &have)))
 		return err;
 	err = replay(c, have, target, 0);
 	if (!err && dcast_consumer_version(c) != target)
@@ -331,43 +332,15 @@ void cs_ckpt_discard(dcast_consumer *c)
 
 	DCAST_LOG_W("consumer %s: local checkpoint in %s removed with the state it held", c->model,
 		    c->dir);
-	unlink(c->ck.anchor_path);
+	unlink(c->store->anchor_path);
 	cs_anchor_new_drop(c);
 	drop_fold_leftovers(c);
-	c->ck.anchor_file_version = DCAST_VERSION_NONE;
-	c->ck.deltas_since_fold = 0;
-	c->ck.gen++; /* a fold running from the disk is not renamed over this */
+	c->store->anchor_file_version = DCAST_VERSION_NONE;
+	c->store->deltas_since_fold = 0;
+	c->store->gen++; /* a fold running from the disk is not renamed over this */
 	log_dir_make(c);
 	if (vers && cs_ckpt_list(c, vers, CS_MAX_LOG_FILES, &n) == 0)
 		for (uint32_t i = 0; i < n; i++)
 			cs_ckpt_remove(c, vers[i]);
 	free(vers);
-}
-
-void cs_forget_state(dcast_consumer *c)
-{
-	cs_set_applied(c, DCAST_VERSION_NONE);
-	cs_dcache_clear(&c->dcache);
-	c->ss.fold_due = 0;
-	cs_ckpt_discard(c);
-}
-
-int cs_ckpt_recover(dcast_consumer *c, uint64_t version, int err)
-{
-	uint64_t prev = dcast_consumer_version(c);
-	char why[512];
-
-	snprintf(why, sizeof(why), "%s", dcast_last_error());
-	DCAST_LOG_I("consumer %s: old values of version %" PRIu64 " not kept in memory; restoring version %"
-		    PRIu64 " from the local checkpoint", c->model, version, prev);
-	if (!cs_ckpt_restore(c))
-		return dcast_fail(err, "%s (version %" PRIu64 " refused; tensors kept at the previous version)",
-				  why, version);
-	DCAST_LOG_E("consumer %s: restore from the local checkpoint failed: %s", c->model, dcast_last_error());
-	cs_forget_state(c);
-	DCAST_LOG_E("consumer %s: version %" PRIu64 " refused and version %" PRIu64 " could not be brought back; "
-		    "tensors hold no valid version until an anchor arrives", c->model, version, prev);
-	return dcast_fail(err, "%s (version %" PRIu64 " refused; version %" PRIu64 " could not be restored "
-			  "either: the tensors hold no valid version (version() is NONE) until the broker's "
-			  "anchor is applied)", why, version, prev);
 }

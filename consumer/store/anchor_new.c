@@ -9,7 +9,7 @@
  * Once apply() has checked the anchor (every element covered, the COMMIT
  * digests), the fold thread seals the file off the stream's path:
  * fdatasync without `lock`, then, under it and unless the checkpoint
- * changed meanwhile (c->ck.gen), the rename over model.safetensors and the
+ * changed meanwhile (c->store->gen), the rename over model.safetensors and the
  * folder's fsync.  Until the rename the version is not durable: a restart
  * removes the file and fetches the anchor again.  The file is never read
  * back: the load checks its file digest, as for any model.safetensors, and
@@ -22,12 +22,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include "consumer_impl.h"
+#include "store_impl.h"
 #include "dcast_common.h"
 #include "dcast_reclog.h" /* dcast_fsync_dir */
 #include "deltacast/safetensors.h"
 
-/* The file at its full size, each tensor's offset in c->ck.new_offs; the
+/* The file at its full size, each tensor's offset in c->store->new_offs; the
  * header is written at the COMMIT. */
 int cs_anchor_new_create(dcast_consumer *c, cs_version *v)
 {
@@ -40,11 +40,11 @@ int cs_anchor_new_create(dcast_consumer *c, cs_version *v)
 	if ((err = cs_anchor_layout(c->model, c->tensors, c->n_tensors, v->version, zero, &lay)))
 		return err;
 	cs_anchor_new_path(c, 0, path, sizeof(path));
-	c->ck.new_offs = malloc(c->n_tensors * sizeof(*c->ck.new_offs));
-	if (!c->ck.new_offs)
+	c->store->new_offs = malloc(c->n_tensors * sizeof(*c->store->new_offs));
+	if (!c->store->new_offs)
 		err = dcast_fail(DCAST_ENOMEM, "%s: %u tensor offsets", path, c->n_tensors);
 	else
-		memcpy(c->ck.new_offs, lay.file_offsets, c->n_tensors * sizeof(*c->ck.new_offs));
+		memcpy(c->store->new_offs, lay.file_offsets, c->n_tensors * sizeof(*c->store->new_offs));
 	v->fd = err ? -1 : open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
 	if (!err && (v->fd < 0 || ftruncate(v->fd, (off_t)lay.file_bytes) != 0))
 		err = dcast_fail(DCAST_EIO, "%s: create: %s", path, strerror(errno));
@@ -68,28 +68,28 @@ int cs_anchor_new_commit(dcast_consumer *c, cs_version *v)
 
 	if (!err)
 		err = cs_anchor_header_write(c, v->io_file, v->version);
-	free(c->ck.new_offs);
-	c->ck.new_offs = NULL;
+	free(c->store->new_offs);
+	c->store->new_offs = NULL;
 	return err;
 }
 
 /* Checked: renamed to .applied (what a restart may adopt), its seal due. */
-void cs_anchor_new_applied(dcast_consumer *c, const cs_version *v)
+int cs_anchor_new_applied(dcast_consumer *c, const cs_version *v)
 {
 	char from[4200], to[4200];
 
 	if (!v->direct)
-		return;
+		return 0;
 	cs_anchor_new_path(c, 0, from, sizeof(from));
 	cs_anchor_new_path(c, 1, to, sizeof(to));
 	if (rename(from, to) != 0) { /* not durable: the policy's next fold takes the tensors */
 		DCAST_LOG_W("consumer %s: anchor %" PRIu64 ": rename %s: %s", c->model, v->version, from,
 			    strerror(errno));
 		cs_anchor_new_drop(c);
-		return;
+		return 0;
 	}
-	c->ck.new_version = v->version;
-	c->ss.fold_due = 1; /* the seal, on the fold thread */
+	c->store->new_version = v->version;
+	return 1; /* the seal, on the fold thread */
 }
 
 /* fdatasync the file; unless held, without `lock`, in the background. */
@@ -116,7 +116,7 @@ static int sync_file(dcast_consumer *c, const char *path, int held)
 
 int cs_anchor_new_seal(dcast_consumer *c, int held)
 {
-	uint64_t v = c->ck.new_version, gen = atomic_load(&c->ck.gen);
+	uint64_t v = c->store->new_version, gen = atomic_load(&c->store->gen);
 	char path[4200];
 	int err;
 
@@ -124,28 +124,21 @@ int cs_anchor_new_seal(dcast_consumer *c, int held)
 		return 0;
 	cs_anchor_new_path(c, 1, path, sizeof(path));
 	err = sync_file(c, path, held);
-	if (gen != atomic_load(&c->ck.gen))
+	if (gen != atomic_load(&c->store->gen))
 		return 0; /* moot: whatever changed the files dropped this one */
-	DCAST_ASSERT(c->ck.new_version == v);
-	if (!err && rename(path, c->ck.anchor_path) != 0)
+	DCAST_ASSERT(c->store->new_version == v);
+	if (!err && rename(path, c->store->anchor_path) != 0)
 		err = dcast_fail(DCAST_EIO, "%s: rename: %s", path, strerror(errno));
 	if (!err) {
-		c->ck.new_version = DCAST_VERSION_NONE; /* renamed: nothing left to drop */
+		c->store->new_version = DCAST_VERSION_NONE; /* renamed: nothing left to drop */
 		if (dcast_consumer_version(c) == v)
-			c->ck.deltas_since_fold = 0; /* the file holds the applied version */
+			c->store->deltas_since_fold = 0; /* the file holds the applied version */
 		return cs_fold_renamed(c, v);
 	}
 	DCAST_LOG_W("consumer %s: sealing anchor %" PRIu64 " in %s: %s; folding from the tensors instead",
 		    c->model, v, c->dir, dcast_last_error());
 	cs_anchor_new_drop(c);
 	return cs_ckpt_fold(c); /* they hold the anchor (applied) or newer */
-}
-
-int cs_anchor_new_settle(dcast_consumer *c)
-{
-	while (c->ss.fold_running) /* its file may be the one asked for */
-		pthread_cond_wait(&c->ev_cv, &c->lock);
-	return cs_anchor_new_seal(c, 1);
 }
 
 /* The model named in the file's metadata, into name ("" when it names
@@ -178,7 +171,7 @@ int cs_anchor_new_adopt(dcast_consumer *c)
 	if (strcmp(name, c->model)) /* neither served nor deleted */
 		return cs_ckpt_foreign(c, "model.safetensors.applied, metadata deltacast.model",
 				       name[0] ? name : "(none)");
-	if ((err = sync_file(c, path, 1)) || rename(path, c->ck.anchor_path) != 0)
+	if ((err = sync_file(c, path, 1)) || rename(path, c->store->anchor_path) != 0)
 		return err ? err : dcast_fail(DCAST_EIO, "%s: rename: %s", path, strerror(errno));
 	DCAST_LOG_I("consumer %s: anchor applied before the last exit, not sealed then: %s is now "
 		    "model.safetensors (its digest is checked as it loads)", c->model, path);

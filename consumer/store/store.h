@@ -1,0 +1,168 @@
+/* The consumer's store: its local checkpoint in DIR, which it alone owns.
+ * DIR/model.safetensors (the newest folded anchor), the record log
+ * DIR/model.dlog/<version>.rec (one file per version staged after it,
+ * written behind), an anchor received in place written straight to
+ * DIR/model.safetensors.new, the sync thread that makes committed record
+ * files durable, and folds.  Its fields are its own (struct cs_store,
+ * private to consumer/store/); the consumer reaches it only through this
+ * header, and it reaches back only through the replay sink the consumer
+ * gives it at open.  Every call is made with the consumer's `lock` held
+ * unless it says otherwise. */
+#ifndef DCAST_CONSUMER_STORE_H
+#define DCAST_CONSUMER_STORE_H
+
+#include "consumer_impl.h"
+
+/* Where the store replays a record file, one message at a time, in the
+ * order written: the consumer's version state machine (intake.c).
+ * manifest: a MANIFEST record (an anchor's), as from the wire.  chunk: a
+ * CHUNK record h at file_off of v's file, its payload summing to sum
+ * (unread: checked when applied).  commit: the COMMIT record m that closes
+ * v; v must be READY after it.  apply: v, READY, applied to the tensors;
+ * at_load 1 when opening (a version that tears them is the consumer's to
+ * recover: cs_ckpt_recover), 0 for a restore.  Each returns 0 or an error,
+ * which cuts the file (at load) or fails the restore. */
+typedef struct cs_store_sink {
+	int (*manifest)(dcast_consumer *c, const dcast_manifest *m);
+	int (*chunk)(dcast_consumer *c, cs_version *v, const dcast_chunk *h, uint64_t sum, uint64_t file_off);
+	int (*commit)(dcast_consumer *c, cs_version *v, dcast_commit *m);
+	int (*apply)(dcast_consumer *c, cs_version *v, int at_load);
+} cs_store_sink;
+
+/* ---- its life ---- */
+/* Open c->store for c->dir (model.dlog made when missing), its sync
+ * thread and its write-behind queue; `sink` (kept, not copied: static)
+ * takes what it replays.  Errors: DCAST_ENOMEM, DCAST_EIO (mkdir).  On an
+ * error c->store may be left set: cs_store_close frees it. */
+int cs_store_open(dcast_consumer *c, const cs_store_sink *sink);
+/* Load the checkpoint at open; when it gives no version (none there, or
+ * an error), no tensor table is left either.  Errors: DCAST_ESTATE
+ * (another model's files), the damage the open drops (DCAST_ECORRUPT also
+ * for a model.dlog that is not a directory: cs_ckpt_discard makes it one
+ * again), I/O. */
+int cs_ckpt_load(dcast_consumer *c);
+/* At close, with no session thread left: the records written behind
+ * waited for, an anchor applied sealed, the fold the policy owes (fold
+ * owed) done, every committed record synced, and c->store freed.  Failures
+ * are logged.  NULL-safe (c->store NULL: nothing). */
+void cs_store_close(dcast_consumer *c, int fold_owed);
+
+/* ---- a version's record file, written behind ---- */
+/* Create v's record file (its FILE and, for an anchor, MANIFEST records).
+ * Errors: DCAST_EIO, DCAST_ENOMEM. */
+int cs_ckpt_version_create(dcast_consumer *c, cs_version *v);
+/* Write chunk k's record behind: a small one (payload up to 64 KiB) is
+ * copied into a combined write, and the caller's payload and held message
+ * are free at return (held is left to the caller); a larger payload (in
+ * the pool) stays valid until the write is done, or held, the message
+ * payload is the data of, is moved into the queue and closed then.  k's
+ * payload bytes go back to the broker as credit once written (for a
+ * version received in place, whose payload is the tensor's range, the
+ * caller gives it back at once).  On an error nothing was taken: the
+ * payload, held and the credit are the caller's.  *payload_off: where the
+ * payload lands in v's file. */
+int cs_ckpt_chunk_submit(dcast_consumer *c, cs_version *v, const dcast_chunk *k, zmq_msg_t *held,
+			 const void *payload, uint64_t payload_sum, uint64_t *payload_off);
+/* v's COMMIT record, after its chunk records; queued for fdatasync.
+ * Errors: DCAST_EIO (also a chunk record that failed), DCAST_ENOMEM. */
+int cs_ckpt_commit_write(dcast_consumer *c, cs_version *v);
+/* Wait for every chunk record written behind, keeping a failure for the
+ * next cs_ckpt_progress. */
+void cs_ckpt_settle(dcast_consumer *c);
+/* Reap the writes already done (their credit goes back), without waiting;
+ * the first failure since the last report, else 0. */
+int cs_ckpt_progress(dcast_consumer *c);
+/* Is any chunk record still being written? */
+int cs_ckpt_pending(const dcast_consumer *c);
+/* Chunk k's payload from v's record file into dst (pool memory).  Errors:
+ * DCAST_EIO, DCAST_ETRUNCATED. */
+int cs_ckpt_read_payload(dcast_consumer *c, const cs_version *v, const cs_chunk *k, void *dst);
+/* Remove the record file of `version` (a version dropped). */
+void cs_ckpt_remove(dcast_consumer *c, uint64_t version);
+/* A failed background fdatasync since the last call (set as the last
+ * error), else 0. */
+int cs_store_error(dcast_consumer *c);
+
+/* ---- an anchor received in place ----
+ * An anchor received in place into a model with no tiled tensor is
+ * written straight to DIR/model.safetensors.new at its final offsets (no
+ * record file, no fold of it later).  cs_anchor_new_create (in place of
+ * cs_ckpt_version_create) makes the file.  cs_anchor_new_commit (in place
+ * of cs_ckpt_commit_write) waits for the writes and writes the header,
+ * with the file digest of the tensors, which hold the anchor whole.
+ * cs_anchor_new_seal (let go of `lock` while the file syncs unless `held`:
+ * close, restore, checkpoint) fdatasyncs and renames it over
+ * model.safetensors, unless the files changed meanwhile; on failure the
+ * file goes and the tensors are folded instead.  cs_anchor_new_drop
+ * removes it and forgets it; whoever changes the files while one is
+ * pending calls it.  Errors: DCAST_EIO, DCAST_ENOMEM. */
+int cs_anchor_new_create(dcast_consumer *c, cs_version *v);
+int cs_anchor_new_commit(dcast_consumer *c, cs_version *v);
+int cs_anchor_new_seal(dcast_consumer *c, int held);
+void cs_anchor_new_drop(dcast_consumer *c);
+
+/* ---- what the consumer tells it ---- */
+/* v was applied: a delta's record is one more to fold; an anchor written
+ * in place is renamed to DIR/model.safetensors.applied (what a restart
+ * may adopt).  1 when its seal is due (on the fold thread: cs_anchor_new_seal),
+ * else 0. */
+int cs_store_applied(dcast_consumer *c, const cs_version *v);
+/* Its counters into st (log_write_bytes, log_write_ns, folds,
+ * folds_from_tensors). */
+void cs_store_stats(const dcast_consumer *c, dcast_consumer_stats *st);
+
+/* ---- folds ---- */
+/* The fold policy: the record log since the last fold is over
+ * fold_fraction of the model's bytes (an applied anchor always is), or
+ * fold_every deltas were applied since. */
+int cs_fold_wanted(const dcast_consumer *c);
+/* Fold now, from the live tensors (O(model): at open and close, on
+ * request, and for models with tiled tensors).  Errors: DCAST_EIO,
+ * DCAST_ENOMEM, DCAST_ENODEVICE. */
+int cs_ckpt_fold(dcast_consumer *c);
+/* A fold from the disk, off `lock`.  cs_fold_plan: fill *j (mode NONE:
+ * nothing to fold; LIVE: fold with cs_ckpt_fold instead; DISK: cs_fold_run
+ * without `lock`, then cs_fold_finish under it).  Errors: DCAST_ENOMEM,
+ * DCAST_EIO (the log's directory), DCAST_ECORRUPT (no file holds the
+ * applied version).  cs_fold_run: write DIR/model.safetensors.fold as
+ * version j->version, checked against its digests, abandoned (DCAST_ESTATE)
+ * once *stop is set or the files moved on; on error it is removed.  At
+ * nice 19 and best-effort I/O level 7.  Errors: DCAST_EIO, DCAST_ENOMEM,
+ * DCAST_ECORRUPT / DCAST_ECHECKSUM (a damaged record file), DCAST_EDIGEST
+ * (the result is not the applied version), the codec's.  cs_fold_finish:
+ * rename it over the anchor file and drop the record files it covers,
+ * unless the files moved since the plan (cs_store_gen; then it is removed
+ * and 0 returned).  Errors: DCAST_EIO. */
+enum { CS_FOLD_NONE, CS_FOLD_LIVE, CS_FOLD_DISK };
+typedef struct cs_fold_job {
+	dcast_consumer *c;             /* for its paths and model name (fixed at open) */
+	int mode;
+	uint64_t version, have, gen;   /* target, anchor file's version, cs_store_gen at the plan */
+	cs_tensor *t;                  /* geometry of the tensors (no memory) */
+	uint32_t n;
+	cs_dcache dig;                 /* the target's COMMIT digests (a copy of c->dcache) */
+	uint64_t *vers;                /* record files to replay, in order */
+	uint32_t n_vers;
+	uint64_t folded_bytes;         /* their bytes */
+	const _Atomic int *stop;       /* set: the consumer is closing (cs_fold_run's) */
+} cs_fold_job;
+int cs_fold_plan(dcast_consumer *c, cs_fold_job *j);
+int cs_fold_run(cs_fold_job *j, const _Atomic int *stop);
+int cs_fold_finish(dcast_consumer *c, cs_fold_job *j);
+void cs_fold_job_free(cs_fold_job *j);
+/* The generation of the files: it moves whenever they change (a fold, a
+ * discard, a seal), so that work planned before is dropped, not renamed
+ * over them.  Any thread. */
+uint64_t cs_store_gen(const dcast_consumer *c);
+
+/* ---- recovery ---- */
+/* Rebuild the applied version in the tensors from the files: the anchor
+ * file, then the record files up to it, replayed into the sink.  Errors:
+ * DCAST_ECORRUPT (it was not reached), those of the load and the sink. */
+int cs_ckpt_restore(dcast_consumer *c);
+/* Remove the anchor file and every record file (they could not rebuild
+ * the applied version), and make model.dlog an empty directory if it is
+ * not one; the next anchor applied is folded afresh. */
+void cs_ckpt_discard(dcast_consumer *c);
+
+#endif

@@ -1,0 +1,122 @@
+/* Private to consumer/store/: the store's own fields and the calls its
+ * files make on each other.  From the top: ckpt_load.c (load, replay into
+ * the sink, restore, discard); anchor_new.c (an anchor received in place);
+ * fold.c (folds from the disk); anchor.c (the anchor file, the fold
+ * policy, a fold from the tensors); ckpt.c (the record log, written
+ * behind); syncer.c (the sync thread). */
+#ifndef DCAST_CONSUMER_STORE_IMPL_H
+#define DCAST_CONSUMER_STORE_IMPL_H
+
+#include "store.h"
+
+/* The record log's background fdatasync (syncer.c): a queue of duplicated
+ * record-file descriptors, one per committed version, synced in order. */
+#define CS_SYNC_QUEUE 64
+typedef struct cs_syncer {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;             /* work queued, work done, or stop */
+	pthread_t th;
+	int inited, started, stop;
+	int fds[CS_SYNC_QUEUE];
+	uint64_t vers[CS_SYNC_QUEUE];
+	uint32_t head, n;
+	_Atomic uint64_t synced;       /* newest version the disk has, or NONE */
+	int err;                       /* a failed fdatasync, for the next poll() */
+	char err_text[256];
+} cs_syncer;
+
+/* The store (c->store): anchor file and record log. */
+struct cs_store {
+	const cs_store_sink *sink;     /* what a replay feeds (cs_store_open) */
+	char *anchor_path, *log_dir;
+	uint64_t anchor_file_version;  /* version in model.safetensors, or NONE */
+	uint64_t log_since_fold;       /* record-log bytes written since the last fold */
+	uint32_t deltas_since_fold;
+	_Atomic uint64_t gen;          /* moves whenever the files change under `lock` (a fold,
+					* a discard): a fold from the disk planned before is
+					* abandoned, never renamed over them (fold.c) */
+	uint64_t folds;                /* folds done since open */
+	uint64_t folds_live;           /* of them, from the live tensors under `lock` (cs_ckpt_fold) */
+	struct cs_wb *wb;              /* chunk records written behind (ckpt.c) */
+	cs_syncer syncer;              /* makes committed record files durable */
+	uint64_t log_write_bytes, log_write_ns;
+	/* An anchor written straight to model.safetensors.new (anchor_new.c):
+	 * each tensor's offset there while it streams in; once applied, its
+	 * version until the fold thread seals it (fdatasync, rename).
+	 * new_version NONE: none to seal. */
+	uint64_t *new_offs;
+	uint64_t new_version;
+};
+
+/* syncer.c */
+/* Start the sync thread.  Errors: DCAST_ENOMEM (no thread: push syncs
+ * inline then). */
+int cs_syncer_open(cs_syncer *s);
+/* Queue record file `fd` (duplicated; the caller keeps its own) of
+ * `version` for fdatasync; waits while CS_SYNC_QUEUE files are pending.
+ * Errors: DCAST_EIO only when it had to sync inline and that failed. */
+int cs_syncer_push(cs_syncer *s, int fd, uint64_t version);
+/* A failed background fdatasync since the last call (set as the last
+ * error), else 0. */
+int cs_syncer_error(cs_syncer *s);
+/* Sync everything queued, stop the thread.  Safe on a zeroed syncer. */
+void cs_syncer_close(cs_syncer *s);
+
+/* ckpt.c: record files "DIR/model.dlog/<version>.rec", each: chunk
+ * records then one commit record; see ckpt.c for the layout. */
+/* Wait for every chunk record written behind; the first failure since the
+ * last call (its version is marked write_failed), else 0. */
+int cs_ckpt_flush(dcast_consumer *c);
+int cs_ckpt_wb_open(dcast_consumer *c);
+void cs_ckpt_wb_close(dcast_consumer *c);
+void cs_ckpt_version_path(const dcast_consumer *c, uint64_t version, char *out, size_t cap);
+int cs_ckpt_list(dcast_consumer *c, uint64_t *out, uint32_t cap, uint32_t *n);
+int cs_io_read(dcast_consumer *c, int file, void *dst, uint64_t len, uint64_t off, const char *what);
+#define CS_MAX_LOG_FILES 4096
+
+/* anchor.c: DCAST_ESTATE, naming c->dir, the other model and what showed it: a
+ * checkpoint directory of another model is neither served nor deleted. */
+int cs_ckpt_foreign(const dcast_consumer *c, const char *what, const char *name);
+/* anchor.c: write at offset 0 of `file` the header of model.safetensors
+ * as `version`, its file digest computed from the live tensors.  Errors:
+ * DCAST_EIO, DCAST_ENOMEM, DCAST_ENODEVICE. */
+int cs_anchor_header_write(dcast_consumer *c, int file, uint64_t version);
+/* anchor.c: the layout of model.safetensors for tensors t[0..n) as
+ * version `version` with file digest `digest` (16 hex digits: the header's
+ * size does not depend on it).  Errors: those of dcast_st_layout_compute. */
+int cs_anchor_layout(const char *model, const cs_tensor *t, uint32_t n, uint64_t version, const char *digest,
+		     dcast_st_layout *lay);
+/* The file digest in model.safetensors' metadata, from each tensor's
+ * dcast_digest td[i], into *out (anchor.c).  Errors: DCAST_ENOMEM. */
+int cs_file_digest(const cs_tensor *t, uint32_t n, uint64_t version, const uint64_t *td, uint64_t *out);
+/* anchor.c: DIR/model.safetensors through dcast_io and the pool.  Load it
+ * into the tensors, its version into *version; DCAST_ESTATE before reading
+ * them when it is another model's (cs_ckpt_foreign). */
+int cs_anchor_load(dcast_consumer *c, uint64_t *version);
+
+/* fold.c: the path of a fold's file while it is written. */
+void cs_fold_tmp_path(const dcast_consumer *c, char *out, size_t cap);
+/* fold.c: after a rename over model.safetensors holding `version`: the
+ * checkpoint's generation moves, its version and fold count, the folder
+ * fsynced.  Errors: DCAST_EIO. */
+int cs_fold_renamed(dcast_consumer *c, uint64_t version);
+/* fold.c: the calling thread at nice 19 and best-effort I/O level 7
+ * (background 1, its priority saved), or back (0): for the fold thread's
+ * work without `lock` only, never while holding it. */
+void cs_fold_priority(int background, int *saved);
+
+/* anchor_new.c (see store.h): cs_anchor_new_create keeps each tensor's
+ * offset in the .new file in new_offs for cs_ckpt_chunk_submit.
+ * cs_anchor_new_applied, once apply() has checked it, renames it to
+ * DIR/model.safetensors.applied and arms the seal (1: armed).
+ * cs_anchor_new_adopt, at open before the anchor file loads, seals an
+ * .applied file a dead process left (its digest is checked by the load
+ * like any; another model's refuses the open, cs_ckpt_foreign, and stays);
+ * a .new one (not applied, not checked) is removed and the anchor fetched
+ * again.  cs_anchor_new_drop (ckpt.c) moves gen when one was armed.
+ * Errors: DCAST_EIO, DCAST_ENOMEM. */
+int cs_anchor_new_applied(dcast_consumer *c, const cs_version *v);
+int cs_anchor_new_adopt(dcast_consumer *c);
+void cs_anchor_new_path(const dcast_consumer *c, int applied, char *out, size_t cap);
+
+#endif

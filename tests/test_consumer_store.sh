@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The consumer's rooms keep their walls (docs/architecture.md, "Inside the
+# consumer"), read from the built objects (nm) and the sources:
+#   - only consumer/intake.c changes a staged version's state (CS_V_*);
+#   - the store, consumer/store/, calls nothing of the consumer above it:
+#     what it replays goes through the sink it is given, and the recovery
+#     policy, the session, the intake and apply are the consumer's;
+#   - the store writes none of the session's fields (c->ss), and no file
+#     outside it reaches the store's (c->store->..., store/store_impl.h).
+# Each breach is named with its file and the name or line that makes it.
+set -u
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build}
+command -v nm >/dev/null || { echo "skip: no nm"; exit 77; }
+[ -d consumer/store ] || { echo "test_consumer_store: FAIL: no consumer/store/"; exit 1; }
+ls "$BUILD"/obj/consumer/store/*.o >/dev/null 2>&1 || { echo "skip: no objects under $BUILD/obj/consumer/store (run make)"; exit 77; }
+fail=0
+
+bad() {
+	echo "test_consumer_store: FAIL: $*"
+	fail=1
+}
+
+# A version's state is set in intake.c alone.
+while IFS= read -r hit; do
+	bad "a version's state set outside consumer/intake.c: $hit"
+done < <(grep -rn 'state *= *CS_V_' consumer --include='*.c' | grep -v '^consumer/intake\.c:')
+
+# The store's files use no global of these consumer files (the layers above it).
+ABOVE="open api session intake apply outbox recover run staged"
+TMP=$(mktemp -d /tmp/dcast-store.XXXXXX)
+trap 'rm -rf "$TMP"' EXIT
+for f in $ABOVE; do
+	[ -f "$BUILD/obj/consumer/$f.o" ] &&
+		nm -P -g "$BUILD/obj/consumer/$f.o" | awk -v f="$f" '$2 ~ /^[TDBR]$/ { print $1, f }'
+done | sort >"$TMP/above"
+for o in "$BUILD"/obj/consumer/store/*.o; do
+	src=consumer/store/$(basename "$o" .o).c
+	[ -f "$src" ] || continue
+	nm -P -g "$o" | awk '$2 == "U" { print $1 }' | sort | join - "$TMP/above" | while read -r u f; do
+		echo "$src uses $u of consumer/$f.c, above the store"
+	done
+done >"$TMP/up"
+while IFS= read -r hit; do
+	bad "$hit"
+done <"$TMP/up"
+
+# The session's fields are the session's; the store's are the store's.
+while IFS= read -r hit; do
+	bad "the store writes or reads the session's fields: $hit"
+done < <(grep -n 'c->ss\.' consumer/store/*.c)
+while IFS= read -r hit; do
+	bad "the store's fields reached from outside it: $hit"
+done < <(grep -n -e '->store->' -e 'store_impl\.h' consumer/*.c consumer/*.h)
+
+[ $fail = 0 ] || exit 1
+echo "test_consumer_store: intake.c alone sets a version's state; the store keeps to its own room"

@@ -1,7 +1,7 @@
 /* Private to consumer/: the consumer object and the pieces it is made of.
  * One way down (no file calls a file above it), from the top:
  *   open.c (open, close) and api.c (the calls on a live consumer);
- *   session.c (the session thread: socket, HELLO, credit, heartbeats, folds);
+ *   session.c (the session thread: socket, HELLO, credit, heartbeats);
  *   intake.c (the version state machine, for the wire and the replay);
  *   apply.c (one version, transactional), run.c (run identity),
  *   verify.c (digests), outbox.c (what callers leave for the session
@@ -219,7 +219,8 @@ typedef struct cs_outbox {
 } cs_outbox;
 
 /* The session with the broker (session.c): its thread, socket, timers,
- * credit and the fold it runs.  Fields under `own` are the thread's alone,
+ * credit and the fold it asks of the store (fold_due: the policy wants
+ * one, cs_store_fold_start on its next turn).  Fields under `own` are the thread's alone,
  * so that it may use them without `lock` while a caller holds it for long
  * work (an apply). */
 typedef struct cs_session {
@@ -238,11 +239,6 @@ typedef struct cs_session {
 	uint64_t progress_ms;          /* the stream last moved (stalled() in session.c) */
 	uint64_t window_bytes;
 	uint64_t drop_version;         /* chunks of this version are refused until it ends */
-	/* A fold the policy asked for runs on a thread of its own, holding
-	 * `lock`: the session thread keeps heartbeating meanwhile
-	 * (lock_for_turn in session.c).  Joined by the next turn or at stop. */
-	pthread_t fold_thread;
-	int fold_running, fold_joinable;
 	int own_joined;                /* own: welcomed and no HELLO pending */
 	uint32_t own_hb_ms;            /* own: the heartbeat interval in force */
 	uint64_t credit_pending;       /* freed bytes not yet granted */
@@ -305,15 +301,6 @@ static inline void cs_credit_free(dcast_consumer *c, uint64_t bytes)
 	c->ss.credit_pending += bytes;
 }
 
-/* Wait (`lock` held) until the fold thread, if one runs, is done: it lets
- * go of `lock` while it syncs or folds, and its files may be the ones a
- * caller wants (session.c starts it). */
-static inline void cs_fold_thread_wait(dcast_consumer *c)
-{
-	while (c->ss.fold_running)
-		pthread_cond_wait(&c->ev_cv, &c->lock);
-}
-
 /* Where chunk k's range starts in its live tensor (host or device). */
 static inline unsigned char *cs_chunk_dst(const dcast_consumer *c, const cs_chunk *k)
 {
@@ -369,13 +356,20 @@ int cs_chunk_writes(const cs_chunk *k);
  * VERSION_READY event pushed.  Both return 0 when the stream goes on
  * (refusals re-join), DCAST_EIO for a record that cannot be written, or
  * the error of a re-join.  `lock` held, session thread.
- * cs_intake_sink: where the store replays its record files (store.h,
- * cs_store_sink): the same steps, then the version applied (at load, one
- * that tears the tensors goes to cs_ckpt_recover).  Static. */
+ * cs_intake_replay_chunk, _commit, _apply: the store's replay of its
+ * record files (store.h, cs_store_sink, as open.c gives it): the same
+ * steps for a CHUNK and a COMMIT record (a fresh version begins at the
+ * first), then the version applied (at load, one that tears the tensors
+ * goes to cs_ckpt_recover).  Errors: those of cs_check_chunk,
+ * DCAST_EFIELD_RANGE (anchor or base differ from v's), DCAST_ECHECKSUM,
+ * DCAST_ENOMEM; DCAST_ECORRUPT for a COMMIT that does not match what was
+ * taken; those of cs_apply_version. */
 int cs_intake_chunk(dcast_consumer *c, const dcast_chunk *h, zmq_msg_t *payload);
 int cs_intake_commit(dcast_consumer *c, dcast_commit *m, int *ready);
-struct cs_store_sink;
-const struct cs_store_sink *cs_intake_sink(void);
+int cs_intake_replay_chunk(dcast_consumer *c, cs_version *v, const dcast_chunk *h, uint64_t sum,
+			   uint64_t file_off);
+int cs_intake_replay_commit(dcast_consumer *c, cs_version *v, dcast_commit *m);
+int cs_intake_replay_apply(dcast_consumer *c, cs_version *v, int at_load);
 
 /* devmem.c (needs cs_tensor) */
 int cs_to_tensor(cs_tensor *t, uint64_t off, const void *src, uint64_t n);
@@ -507,8 +501,12 @@ void cs_deadline(struct timespec *ts, int timeout_ms);
 /* Open the socket (c->ss.zctx set) and start the session thread, which sends
  * HELLO.  Errors: DCAST_EZMQ, DCAST_EIO (eventfd), DCAST_ENOMEM (thread). */
 int cs_session_start(dcast_consumer *c);
-/* Stop the session thread and wait for it; NULL-safe, idempotent. */
+/* Stop the session thread and wait for it, then the store's fold thread;
+ * NULL-safe, idempotent. */
 void cs_session_stop(dcast_consumer *c);
+/* Keep a failure of a background thread (the session's, the store's fold
+ * thread) for the next poll(), and tell the log.  `lock` held. */
+void cs_session_failed(dcast_consumer *c, int err);
 /* With opts.auto_apply, apply the newest READY version (session thread,
  * `lock` held); 0 when there is none.  Errors: as dcast_consumer_apply. */
 int cs_auto_apply(dcast_consumer *c);

@@ -1,7 +1,7 @@
 /* The version state machine: the one place where a staged version is
  * begun, takes a CHUNK, is closed by its COMMIT and becomes READY.  Both
  * of its sources come through here: the broker's messages (session.c) and
- * the replay of the record log (the store's sink: cs_intake_sink), the way
+ * the replay of the record log (the store's sink, cs_store_sink), the way
  * redis replays its append-only file through its command path.
  *
  * A version's life: begun STAGING (cs_version_init, then open_version);
@@ -108,7 +108,7 @@ static void make_ready(cs_version *v)
 	DCAST_DEBUG_ASSERT(v->state == CS_V_READY && v->commit.version == v->version);
 }
 
-/* ---- the replay of a record file (the store's sink) ---- */
+/* ---- the replay of a record file (the store's sink, open.c) ---- */
 
 /* A record file's version, fresh from cs_version_init, begins at its
  * first CHUNK or COMMIT. */
@@ -118,7 +118,8 @@ static void replay_begin(cs_version *v, uint32_t anchor, uint64_t base)
 		open_version(v, anchor, base);
 }
 
-static int replay_chunk(dcast_consumer *c, cs_version *v, const dcast_chunk *h, uint64_t sum, uint64_t file_off)
+int cs_intake_replay_chunk(dcast_consumer *c, cs_version *v, const dcast_chunk *h, uint64_t sum,
+			   uint64_t file_off)
 {
 	int err = cs_check_chunk(c, h);
 
@@ -130,7 +131,7 @@ static int replay_chunk(dcast_consumer *c, cs_version *v, const dcast_chunk *h, 
 	return take(v, h, sum, file_off, NULL);
 }
 
-static int replay_commit(dcast_consumer *c, cs_version *v, dcast_commit *m)
+int cs_intake_replay_commit(dcast_consumer *c, cs_version *v, dcast_commit *m)
 {
 	int err;
 
@@ -143,7 +144,7 @@ static int replay_commit(dcast_consumer *c, cs_version *v, dcast_commit *m)
 
 /* v, READY from its record file, applied; at load, one that tears the
  * tensors brings them back to the version before it (cs_ckpt_recover). */
-static int replay_apply(dcast_consumer *c, cs_version *v, int at_load)
+int cs_intake_replay_apply(dcast_consumer *c, cs_version *v, int at_load)
 {
 	int torn = 0, err = cs_apply_version(c, v, c->opts.verify_digests, &torn);
 
@@ -152,13 +153,6 @@ static int replay_apply(dcast_consumer *c, cs_version *v, int at_load)
 	if (!err)
 		cs_set_applied(c, v->version);
 	return err;
-}
-
-static const cs_store_sink replay_sink = {cs_manifest_take, replay_chunk, replay_commit, replay_apply};
-
-const cs_store_sink *cs_intake_sink(void)
-{
-	return &replay_sink;
 }
 
 /* ---- the wire ---- */

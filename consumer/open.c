@@ -103,6 +103,12 @@ static int dir_lock(dcast_consumer *c)
 	return 0;
 }
 
+/* What the store reports: its replay, into the version state machine
+ * (intake.c), and a failure of its fold thread, kept for the next poll()
+ * as the session thread's own are. */
+static const cs_store_sink store_sink = {cs_manifest_take, cs_intake_replay_chunk, cs_intake_replay_commit,
+					 cs_intake_replay_apply, cs_session_failed};
+
 /* A local checkpoint that does not load (damaged, another format) is
  * dropped, not a reason to refuse to start: the broker has every committed
  * version, and the consumer fetches an anchor itself. */
@@ -173,7 +179,7 @@ int dcast_consumer_open(const char *endpoint, const char *model, const char *dir
 	if ((err = make_paths(c, dir, endpoint)) || (err = dir_lock(c)) ||
 	    (err = cs_pool_open(&c->pool, staging_budget_bytes)))
 		goto fail;
-	if ((err = cs_store_open(c, cs_intake_sink())) ||
+	if ((err = cs_store_open(c, &store_sink)) ||
 	    (err = dcast_io_open(&c->io, CS_IO_DEPTH)) ||
 	    (err = dcast_io_register_buffers(c->io, &(struct iovec){c->pool.base, c->pool.bytes}, 1)))
 		goto fail;

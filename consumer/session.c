@@ -1,14 +1,14 @@
 /* The broker session, run by the consumer's own thread (session_main),
  * which alone touches the socket: HELLO / WELCOME, MANIFEST, CHUNK and
  * COMMIT handed to the version state machine (intake.c), credit that
- * follows freed pool bytes, heartbeats, the fold thread, and the re-join
- * on a message that does not decode or a stalled stream
- * (docs/protocol.md, "Consumer and broker").  Messages that arrive after a
- * re-join's HELLO and before its WELCOME belong to the old stream and are
- * dropped.  A HELLO left without a WELCOME, or a broker gone silent, gets
- * a new socket: ZeroMQ gives up on a connection for good after a protocol
- * error (a damaged frame header, an oversized frame), and such a socket
- * would never reach the broker again. */
+ * follows freed pool bytes, heartbeats, the folds it asks of the store
+ * when due, and the re-join on a message that does not decode or a
+ * stalled stream (docs/protocol.md, "Consumer and broker").  Messages that
+ * arrive after a re-join's HELLO and before its WELCOME belong to the old
+ * stream and are dropped.  A HELLO left without a WELCOME, or a broker
+ * gone silent, gets a new socket: ZeroMQ gives up on a connection for
+ * good after a protocol error (a damaged frame header, an oversized
+ * frame), and such a socket would never reach the broker again. */
 #include <errno.h>
 #include <inttypes.h>
 #include <string.h>
@@ -400,94 +400,23 @@ static int flush_outbox(dcast_consumer *c)
 	return send_msg(c, &m);
 }
 
-/* Keep a failure of the thread for the next poll(), and tell the log. */
-static void thread_failed(dcast_consumer *c, int err)
+void cs_session_failed(dcast_consumer *c, int err)
 {
 	c->ss.err_code = err;
 	snprintf(c->ss.err_text, sizeof(c->ss.err_text), "%s", dcast_last_error());
 	DCAST_LOG_W("consumer %s: %s", c->model, c->ss.err_text);
 }
 
-/* A fold from the disk (store/fold.c): planned under `lock`, run without it (an
- * apply() meanwhile does not wait), finished under it. */
-static int fold_from_disk(dcast_consumer *c, cs_fold_job *j)
-{
-	int err = cs_fold_plan(c, j);
-
-	if (err || j->mode != CS_FOLD_DISK)
-		return err;
-	pthread_mutex_unlock(&c->lock);
-	err = cs_fold_run(j, &c->ss.stop);
-	pthread_mutex_lock(&c->lock);
-	return err ? err : cs_fold_finish(c, j);
-}
-
-/* The seal of an anchor written straight to its file (store/anchor_new.c), then
- * the fold the policy asked for, if it still wants one (a
- * dcast_consumer_checkpoint() may have folded first).  A fold from the
- * disk that failed while the files stayed as planned is done again from
- * the live tensors, which hold the applied version, checked. */
-static int policy_fold(dcast_consumer *c, cs_fold_job *j)
-{
-	int err = cs_anchor_new_seal(c, 0); /* an anchor written straight to its file, first */
-
-	if (err || !cs_fold_wanted(c))
-		return err;
-	err = fold_from_disk(c, j);
-	if (j->gen != cs_store_gen(c) || atomic_load(&c->ss.stop))
-		return 0; /* done (its rename moved the generation), or moot: the files moved on, or closing */
-	if (!err && j->mode != CS_FOLD_LIVE)
-		return 0; /* nothing to fold */
-	if (err)
-		DCAST_LOG_W("consumer %s: fold from the disk: %s; folding from the tensors instead", c->model,
-			    dcast_last_error());
-	return cs_ckpt_fold(c);
-}
-
-/* The fold thread; a failure goes to the next poll(). */
-static void *fold_main(void *arg)
-{
-	dcast_consumer *c = arg;
-	cs_fold_job j = {0};
-	int err;
-
-	pthread_mutex_lock(&c->lock);
-	if ((err = policy_fold(c, &j)))
-		thread_failed(c, err);
-	cs_fold_job_free(&j);
-	c->ss.fold_running = 0;
-	pthread_cond_broadcast(&c->ev_cv);
-	pthread_mutex_unlock(&c->lock);
-	return NULL;
-}
-
-/* Join the fold thread once it is done (`lock` held: it has let go). */
-static void fold_reap(dcast_consumer *c)
-{
-	if (!c->ss.fold_joinable || c->ss.fold_running)
-		return;
-	pthread_join(c->ss.fold_thread, NULL);
-	c->ss.fold_joinable = 0;
-}
-
-/* Fold when the policy asked for it (fold_due, set by an apply): on a
- * thread of its own, so that this one heartbeats while the checkpoint is
+/* Fold when the policy asked for it (fold_due, set by an apply): on the
+ * store's fold thread, so that this one heartbeats while the checkpoint is
  * written (O(model), but only every fold_every deltas or fold_fraction of
- * the model logged, not on every turn).  Where no thread can be made, fold
- * here. */
+ * the model logged, not on every turn). */
 static int fold_if_due(dcast_consumer *c)
 {
-	fold_reap(c);
-	if (!c->ss.fold_due || c->ss.fold_joinable)
+	if (cs_store_folding(c) || !c->ss.fold_due)
 		return 0;
 	c->ss.fold_due = 0;
-	c->ss.fold_running = 1;
-	if (pthread_create(&c->ss.fold_thread, NULL, fold_main, c) == 0) {
-		c->ss.fold_joinable = 1;
-		return 0;
-	}
-	c->ss.fold_running = 0;
-	return cs_ckpt_fold(c);
+	return cs_store_fold_start(c);
 }
 
 /* Run one step of a turn; a step that held the thread past a heartbeat
@@ -602,7 +531,7 @@ static void *session_main(void *arg)
 					{NULL, c->ob.wake_fd, ZMQ_POLLIN, 0}};
 
 		if (err)
-			thread_failed(c, err);
+			cs_session_failed(c, err);
 		c->ss.own_joined = c->ss.welcomed && !c->ob.hello_due;
 		c->ss.own_hb_ms = hb;
 		if (err || c->ev_count)
@@ -611,7 +540,7 @@ static void *session_main(void *arg)
 		n = zmq_poll(it, 2, ms);
 		lock_for_turn(c);
 		if (n < 0 && errno != EINTR)
-			thread_failed(c, dcast_fail(DCAST_EZMQ, "zmq_poll: %s", zmq_strerror(errno)));
+			cs_session_failed(c, dcast_fail(DCAST_EZMQ, "zmq_poll: %s", zmq_strerror(errno)));
 		readable = n > 0 && (it[0].revents & ZMQ_POLLIN);
 		if (n > 0 && (it[1].revents & ZMQ_POLLIN))
 			drain_wake(c);
@@ -648,9 +577,7 @@ void cs_session_stop(dcast_consumer *c)
 	cs_wake(c);
 	pthread_join(c->ss.thread, NULL);
 	c->ss.thread_started = 0;
-	if (c->ss.fold_joinable) /* it takes `lock`, which nobody holds now */
-		pthread_join(c->ss.fold_thread, NULL);
-	c->ss.fold_joinable = 0;
+	cs_store_fold_stop(c); /* it takes `lock`, which nobody holds now */
 }
 
 /* Wait on ev_cv (lock held) until an event, a failure of the thread, or

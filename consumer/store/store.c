@@ -1,6 +1,7 @@
-/* The store's life (open, close) and what the consumer tells it or asks
- * of it outside a load, a record write or a fold: a version applied, its
- * counters, a failed sync, the generation of its files. */
+/* The store's life (open, close), its fold thread, and what the consumer
+ * tells it or asks of it outside a load, a record write or a fold: a
+ * version applied, its counters, a failed sync, the generation of its
+ * files. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -82,4 +83,102 @@ void cs_store_stats(const dcast_consumer *c, dcast_consumer_stats *st)
 	st->log_write_ns = c->store->log_write_ns;
 	st->folds = c->store->folds;
 	st->folds_from_tensors = c->store->folds_live;
+	st->folding = c->store->fold_running;
+}
+
+/* ---- the fold thread ---- */
+
+/* A fold from the disk (fold.c): planned under `lock`, run without it (an
+ * apply() meanwhile does not wait), finished under it. */
+static int fold_from_disk(dcast_consumer *c, cs_fold_job *j)
+{
+	int err = cs_fold_plan(c, j);
+
+	if (err || j->mode != CS_FOLD_DISK)
+		return err;
+	pthread_mutex_unlock(&c->lock);
+	err = cs_fold_run(j, &c->store->stop);
+	pthread_mutex_lock(&c->lock);
+	return err ? err : cs_fold_finish(c, j);
+}
+
+/* The seal of an anchor written straight to its file (anchor_new.c), then
+ * the fold the policy asked for, if it still wants one.  A fold from the
+ * disk that failed while the files stayed as planned is done again from
+ * the live tensors, which hold the applied version, checked. */
+static int policy_fold(dcast_consumer *c, cs_fold_job *j)
+{
+	int err = cs_anchor_new_seal(c, 0); /* an anchor written straight to its file, first */
+
+	if (err || !cs_fold_wanted(c))
+		return err;
+	err = fold_from_disk(c, j);
+	if (j->gen != cs_store_gen(c) || atomic_load(&c->store->stop))
+		return 0; /* done (its rename moved the generation), or moot: the files moved on, or closing */
+	if (!err && j->mode != CS_FOLD_LIVE)
+		return 0; /* nothing to fold */
+	if (err)
+		DCAST_LOG_W("consumer %s: fold from the disk: %s; folding from the tensors instead", c->model,
+			    dcast_last_error());
+	return cs_ckpt_fold(c);
+}
+
+static void *fold_main(void *arg)
+{
+	dcast_consumer *c = arg;
+	cs_fold_job j = {0};
+	int err;
+
+	pthread_mutex_lock(&c->lock);
+	if ((err = policy_fold(c, &j)))
+		c->store->sink->failed(c, err);
+	cs_fold_job_free(&j);
+	c->store->fold_running = 0;
+	pthread_cond_broadcast(&c->ev_cv);
+	pthread_mutex_unlock(&c->lock);
+	return NULL;
+}
+
+int cs_store_folding(dcast_consumer *c)
+{
+	struct cs_store *s = c->store;
+
+	if (s->fold_joinable && !s->fold_running) { /* done: it has let go of `lock` */
+		pthread_join(s->fold_thread, NULL);
+		s->fold_joinable = 0;
+	}
+	return s->fold_joinable;
+}
+
+int cs_store_fold_start(dcast_consumer *c)
+{
+	struct cs_store *s = c->store;
+
+	if (cs_store_folding(c) || atomic_load(&s->stop))
+		return 0;
+	s->fold_running = 1;
+	if (pthread_create(&s->fold_thread, NULL, fold_main, c) == 0) {
+		s->fold_joinable = 1;
+		return 0;
+	}
+	s->fold_running = 0;
+	return cs_ckpt_fold(c);
+}
+
+void cs_store_fold_wait(dcast_consumer *c)
+{
+	while (c->store->fold_running)
+		pthread_cond_wait(&c->ev_cv, &c->lock);
+}
+
+void cs_store_fold_stop(dcast_consumer *c)
+{
+	struct cs_store *s = c->store;
+
+	if (!s)
+		return;
+	atomic_store(&s->stop, 1);
+	if (s->fold_joinable)
+		pthread_join(s->fold_thread, NULL);
+	s->fold_joinable = 0;
 }

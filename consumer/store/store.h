@@ -13,26 +13,30 @@
 
 #include "consumer_impl.h"
 
-/* Where the store replays a record file, one message at a time, in the
- * order written: the consumer's version state machine (intake.c).
+/* What the store reports to the consumer.  Where it replays a record
+ * file, one message at a time, in the order written: the consumer's
+ * version state machine (intake.c).
  * manifest: a MANIFEST record (an anchor's), as from the wire.  chunk: a
  * CHUNK record h at file_off of v's file, its payload summing to sum
  * (unread: checked when applied).  commit: the COMMIT record m that closes
  * v; v must be READY after it.  apply: v, READY, applied to the tensors;
  * at_load 1 when opening (a version that tears them is the consumer's to
  * recover: cs_ckpt_recover), 0 for a restore.  Each returns 0 or an error,
- * which cuts the file (at load) or fails the restore. */
+ * which cuts the file (at load) or fails the restore.  failed: the fold
+ * thread failed with err (dcast_last_error() says why), `lock` held: for
+ * the consumer's next poll(). */
 typedef struct cs_store_sink {
 	int (*manifest)(dcast_consumer *c, const dcast_manifest *m);
 	int (*chunk)(dcast_consumer *c, cs_version *v, const dcast_chunk *h, uint64_t sum, uint64_t file_off);
 	int (*commit)(dcast_consumer *c, cs_version *v, dcast_commit *m);
 	int (*apply)(dcast_consumer *c, cs_version *v, int at_load);
+	void (*failed)(dcast_consumer *c, int err);
 } cs_store_sink;
 
 /* ---- its life ---- */
 /* Open c->store for c->dir (model.dlog made when missing), its sync
  * thread and its write-behind queue; `sink` (kept, not copied: static)
- * takes what it replays.  Errors: DCAST_ENOMEM, DCAST_EIO (mkdir).  On an
+ * takes what it replays and reports.  Errors: DCAST_ENOMEM, DCAST_EIO (mkdir).  On an
  * error c->store may be left set: cs_store_close frees it. */
 int cs_store_open(dcast_consumer *c, const cs_store_sink *sink);
 /* Load the checkpoint at open; when it gives no version (none there, or
@@ -41,7 +45,7 @@ int cs_store_open(dcast_consumer *c, const cs_store_sink *sink);
  * for a model.dlog that is not a directory: cs_ckpt_discard makes it one
  * again), I/O. */
 int cs_ckpt_load(dcast_consumer *c);
-/* At close, with no session thread left: the records written behind
+/* At close, with no session thread and no fold thread left (cs_store_fold_stop): the records written behind
  * waited for, an anchor applied sealed, the fold the policy owes (fold
  * owed) done, every committed record synced, and c->store freed.  Failures
  * are logged.  NULL-safe (c->store NULL: nothing). */
@@ -108,7 +112,7 @@ void cs_anchor_new_drop(dcast_consumer *c);
  * else 0. */
 int cs_store_applied(dcast_consumer *c, const cs_version *v);
 /* Its counters into st (log_write_bytes, log_write_ns, folds,
- * folds_from_tensors). */
+ * folds_from_tensors, folding). */
 void cs_store_stats(const dcast_consumer *c, dcast_consumer_stats *st);
 
 /* ---- folds ---- */
@@ -150,6 +154,23 @@ int cs_fold_plan(dcast_consumer *c, cs_fold_job *j);
 int cs_fold_run(cs_fold_job *j, const _Atomic int *stop);
 int cs_fold_finish(dcast_consumer *c, cs_fold_job *j);
 void cs_fold_job_free(cs_fold_job *j);
+/* The fold thread: the seal of an anchor written in place, then the fold
+ * the policy asks for (if it still does: a checkpoint may have folded
+ * first) from the disk, or from the live tensors when that cannot be or
+ * fails while the files stayed as planned.  It holds `lock` but while it
+ * syncs and folds from the disk, so that the caller's thread (the
+ * session's) heartbeats meanwhile; a failure goes to the sink's `failed`.
+ * cs_store_fold_start: start it (0), or, where no thread can be made,
+ * fold from the tensors here (its error); nothing while one runs or the
+ * store is closing.  cs_store_folding: join one that is done; 1 while
+ * one runs.  cs_store_fold_wait: wait until none runs (`lock` let go
+ * meanwhile): a restore or a checkpoint reads the files it writes.
+ * cs_store_fold_stop: at close, without `lock`: one running is abandoned
+ * (its work from the disk) and joined, and none starts after.  NULL-safe. */
+int cs_store_fold_start(dcast_consumer *c);
+int cs_store_folding(dcast_consumer *c);
+void cs_store_fold_wait(dcast_consumer *c);
+void cs_store_fold_stop(dcast_consumer *c);
 /* The generation of the files: it moves whenever they change (a fold, a
  * discard, a seal), so that work planned before is dropped, not renamed
  * over them.  Any thread. */

@@ -25,7 +25,7 @@ typedef struct cs_syncer {
 	char err_text[256];
 } cs_syncer;
 
-/* The store (c->store): anchor file and record log. */
+/* The store (c->store): anchor file, record log, their threads. */
 struct cs_store {
 	const cs_store_sink *sink;     /* what a replay feeds (cs_store_open) */
 	char *anchor_path, *log_dir;
@@ -46,6 +46,11 @@ struct cs_store {
 	 * new_version NONE: none to seal. */
 	uint64_t *new_offs;
 	uint64_t new_version;
+	/* The fold thread (store.c): holds `lock` but while it syncs or folds
+	 * from the disk; joined by the next cs_store_folding or at close. */
+	pthread_t fold_thread;
+	int fold_running, fold_joinable;
+	_Atomic int stop;              /* closing: a fold running is abandoned, none starts */
 };
 
 /* syncer.c */

@@ -1,9 +1,10 @@
 /* Private to consumer/store/: the store's own fields and the calls its
  * files make on each other.  From the top: ckpt_load.c (load, replay into
- * the sink, restore, discard); anchor_new.c (an anchor received in place);
- * fold.c (folds from the disk); anchor.c (the anchor file, the fold
- * policy, a fold from the tensors); ckpt.c (the record log, written
- * behind); syncer.c (the sync thread). */
+ * the sink, restore, discard); store.c (open, close, the fold thread);
+ * anchor_new.c (an anchor received in place); fold.c (folds from the
+ * disk); anchor.c (the anchor file, the fold policy, a fold from the
+ * tensors); ckpt.c (the record log, written behind); syncer.c (the sync
+ * thread). */
 #ifndef DCAST_CONSUMER_STORE_IMPL_H
 #define DCAST_CONSUMER_STORE_IMPL_H
 

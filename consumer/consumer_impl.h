@@ -1,13 +1,16 @@
 /* Private to consumer/: the consumer object and the pieces it is made of.
  * One way down (no file calls a file above it), from the top:
- *   open.c (open, close) and api.c (the calls on a live consumer);
+ *   open.c (open, close);
  *   session.c (the session thread: socket, HELLO, credit, heartbeats);
+ *   api.c (the calls on a live consumer);
  *   intake.c (the version state machine, for the wire and the replay);
  *   apply.c (one version, transactional), run.c (run identity),
  *   verify.c (digests), outbox.c (what callers leave for the session
  *   thread), recover.c (the recovery policy), staged.c (the staged
  *   versions);
- *   store/ (the local checkpoint, behind store/store.h);
+ *   the local checkpoint, behind store/store.h: store/store.c,
+ *   store/ckpt_load.c, store/fold.c, store/anchor_new.c, store/anchor.c,
+ *   store/ckpt.c, store/syncer.c;
  *   views.c (slices), fault.c, staging.c (the pinned pool), par.c,
  *   version.c, devmem.c (host or CUDA), state.c (the tensor table, the
  *   applied version, events).
@@ -96,9 +99,22 @@ typedef struct cs_dcache {
 	uint32_t n;
 } cs_dcache;
 
-/* verify.c: the first entry of n (sorted by tensor, then start) of tensor
+/* The first entry of n (sorted by tensor, then start) of tensor
  * t that ends after element `lo`, or n->n: a binary search. */
-uint32_t cs_dcache_first(const cs_dcache *n, uint32_t t, uint64_t lo);
+static inline uint32_t cs_dcache_first(const cs_dcache *n, uint32_t t, uint64_t lo)
+{
+	uint32_t a = 0, b = n->n;
+
+	while (a < b) {
+		uint32_t mid = a + (b - a) / 2;
+		const dcast_range_digest *d = &n->e[mid].d;
+		if (d->tensor < t || (d->tensor == t && d->start + d->count <= lo))
+			a = mid + 1;
+		else
+			b = mid;
+	}
+	return a;
+}
 
 /* Forget the cached digests (they no longer describe the tensors). */
 static inline void cs_dcache_clear(cs_dcache *d)

@@ -42,21 +42,6 @@ static const cs_dentry *cache_find(const cs_dcache *d, const dcast_range_digest 
 	return NULL;
 }
 
-uint32_t cs_dcache_first(const cs_dcache *n, uint32_t t, uint64_t lo)
-{
-	uint32_t a = 0, b = n->n;
-
-	while (a < b) {
-		uint32_t mid = a + (b - a) / 2;
-		const dcast_range_digest *d = &n->e[mid].d;
-		if (d->tensor < t || (d->tensor == t && d->start + d->count <= lo))
-			a = mid + 1;
-		else
-			b = mid;
-	}
-	return a;
-}
-
 static int check_entry(const dcast_consumer *c, const dcast_range_digest *d, uint32_t i)
 {
 	const cs_tensor *t = d->tensor < c->n_tensors ? &c->tensors[d->tensor] : NULL;

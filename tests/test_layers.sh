@@ -25,7 +25,7 @@ shopt -s nullglob
 cd "$(dirname "$0")/.." || exit 1
 BUILD=${BUILD:-build}
 DOC=docs/architecture.md
-DIRS="common schema kernels producer consumer broker cli"
+DIRS="common schema kernels producer consumer consumer/store broker cli"
 command -v nm >/dev/null || { echo "skip: no nm"; exit 77; }
 TMP=$(mktemp -d /tmp/dcast-layers.XXXXXX)
 trap 'rm -rf "$TMP"' EXIT
@@ -90,7 +90,7 @@ for h in $(for d in $DIRS; do grep -l 'One way down' "$d"/*.h; done); do
 		awk -v d="$(dirname "$h")" '{
 			n++
 			for (i = 1; i <= NF; i++)
-				if ($i ~ /^[a-z0-9_]+\.c[,.]?$/) { sub(/[,.]$/, "", $i); print "F", n, d "/" $i }
+				if ($i ~ /^[a-z0-9_\/]+\.c[,.]?$/) { sub(/[,.]$/, "", $i); print "F", n, d "/" $i }
 		}'
 done >"$TMP/floors"
 # ... and from each table under a "## Inside the FOLDER: one way down"

@@ -4,6 +4,7 @@
 #include <inttypes.h>
 #include <string.h>
 #include "codec_shared.h"
+#include "dcast_batch.h"
 #include "dcast_common.h"
 
 const char *dcast_encoding_name(int encoding)
@@ -561,6 +562,58 @@ int dcast_codec_resolve(const dcast_chunk_info *info, const void *payload, const
 	if (digest)
 		*digest += d.acc;
 	return DCAST_OK;
+}
+
+/* idx32 and bitmask payloads carry new values: codes of mode RAW. */
+static void raw_codes(const uint8_t *vals, uint64_t stride, uint64_t n, unsigned es, uint32_t *code)
+{
+	for (uint64_t i = 0; i < n; i++)
+		code[i] = dcast_load_elem(vals + i * stride, es);
+}
+
+static int decode_sparse(const dcast_chunk_info *info, const uint8_t *pl, uint32_t *pos, uint32_t *code,
+			 unsigned *mode)
+{
+	unsigned es = info->elem_size;
+	dcast_cpt_decoded dec;
+	int rc;
+
+	*mode = DCAST_BATCH_RAW;
+	switch (info->encoding) {
+	case DCAST_ENC_DENSE:
+		return dcast_fail(DCAST_EINVAL, "codec decode: a dense payload names no positions");
+	case DCAST_ENC_IDX32:
+		if (!(rc = dcast_idx32_check(info, pl))) {
+			idx32_positions(info, pl, pos);
+			raw_codes(pl + 4, 4 + es, info->changed, es, code);
+		}
+		return rc;
+	case DCAST_ENC_BITMASK:
+		if (!(rc = dcast_bitmask_check(info, pl))) {
+			bitmask_positions(info, pl, pos);
+			raw_codes(pl + dcast_bitmask_bytes(info->count), es, info->changed, es, code);
+		}
+		return rc;
+	default:
+		if ((rc = dcast_cpt_load(info, pl, &dec)) || !info->changed)
+			return rc;
+		memcpy(pos, dec.pos, info->changed * 4);
+		memcpy(code, dec.val, info->changed * 4);
+		*mode = dec.mode == DCAST_CPT_RAW ? DCAST_BATCH_RAW : DCAST_BATCH_ULP;
+		return DCAST_OK;
+	}
+}
+
+int dcast_batch_decode(const dcast_chunk_info *info, const void *payload, uint32_t *pos, uint32_t *code,
+		       unsigned *mode)
+{
+	int rc = dcast_codec_check_info(info, payload, payload ? payload : (const void *)pos);
+
+	if (rc)
+		return rc;
+	if (info->changed && (!pos || !code))
+		return dcast_fail(DCAST_EINVAL, "codec decode: NULL array for %" PRIu64 " changes", info->changed);
+	return decode_sparse(info, payload, pos, code, mode);
 }
 
 static inline __attribute__((always_inline)) void scatter_es(const uint32_t *pos, const uint8_t *vals, uint64_t n,

@@ -4,6 +4,7 @@
 #ifndef DCAST_HAVE_CUDA
 #include <stdatomic.h>
 #include "deltacast/codec_cuda.h"
+#include "dcast_batch.h"
 #include "dcast_common.h"
 
 int dcast_cuda_available(void)
@@ -72,6 +73,43 @@ int dcast_cuda_ranges_get(const dcast_cuda_ranges *r, uint64_t k, dcast_chunk_in
 {
 	(void)r, (void)k, (void)info, (void)payload, (void)digest_move;
 	return no_device("dcast_cuda_ranges_get");
+}
+
+int dcast_cuda_batch_resolve(void *dev, const dcast_batch *host, void *stream)
+{
+	(void)dev, (void)host, (void)stream;
+	return no_device("dcast_cuda_batch_resolve");
+}
+
+int dcast_cuda_batch_scatter(void *dev, const dcast_batch *host, int undo, uint64_t seg_lo, uint64_t seg_hi,
+			     void *stream)
+{
+	(void)dev, (void)host, (void)undo, (void)seg_lo, (void)seg_hi, (void)stream;
+	return no_device("dcast_cuda_batch_scatter");
+}
+
+int dcast_cuda_batch_copy(void *dst, const void *src, uint64_t bytes, int wait, void *stream)
+{
+	(void)dst, (void)src, (void)bytes, (void)wait, (void)stream;
+	return no_device("dcast_cuda_batch_copy");
+}
+
+int dcast_cuda_batch_sync(void *stream)
+{
+	(void)stream;
+	return no_device("dcast_cuda_batch_sync");
+}
+
+int dcast_cuda_batch_reserve(void **dev, uint64_t *cap, uint64_t bytes)
+{
+	(void)bytes;
+	*dev = NULL, *cap = 0;
+	return no_device("dcast_cuda_batch_reserve");
+}
+
+void dcast_cuda_batch_free(void **dev, uint64_t *cap)
+{
+	*dev = NULL, *cap = 0;
 }
 #else
 typedef int dcast_codec_nocuda_unused; /* ISO C forbids an empty unit */

@@ -6,12 +6,16 @@
  * producer's ranges of two tensors encoded at once (dcast_cuda_ranges_encode)
  * give each range the CPU's payload and info and the change of its
  * additive digest, move the baselines, and give up (baselines untouched)
- * past the byte limit.
+ * past the byte limit.  The batch kernels (dcast_batch.h) give their CPU
+ * twin's ranges, old and new values and digest moves on random batches of
+ * 1- to 8-byte segments, applied whole or for a prefix of the segments and
+ * undone.
  * Exits 77 without a CUDA device (or in a build without CUDA). */
 #include <stdint.h>
 #include "check.h"
 #include "deltacast/codec.h"
 #include "deltacast/codec_cuda.h"
+#include "batch_cases.h"
 
 #ifndef DCAST_HAVE_CUDA
 int main(void)
@@ -310,6 +314,77 @@ static void test_ranges(void)
 	dcast_cuda_ranges_free(r);
 }
 
+/* ---- the batch kernels against their CPU twin (batch.c) ---- */
+
+/* t's batch and ranges copied to the device, segments pointing there. */
+static void *batch_to_device(const tbatch *t, unsigned char **dranges, dcast_batch *host)
+{
+	uint64_t bytes = dcast_batch_bytes(&t->b.d);
+	unsigned char *copy = malloc(bytes);
+	void *dev = NULL;
+
+	REQUIRE(cudaMalloc((void **)dranges, t->range_bytes + 1) == cudaSuccess);
+	REQUIRE(cudaMemcpy(*dranges, t->ranges, t->range_bytes, cudaMemcpyHostToDevice) == cudaSuccess);
+	memcpy(copy, t->buf, bytes);
+	dcast_batch_map(host, copy, &t->b.d);
+	for (uint64_t k = 0; k < t->b.d.n_seg; k++)
+		host->seg[k].dst = (uintptr_t)(*dranges + t->range_off[k]), host->seg[k].move = 0;
+	REQUIRE(cudaMalloc(&dev, bytes) == cudaSuccess);
+	REQUIRE(cudaMemcpy(dev, copy, bytes, cudaMemcpyHostToDevice) == cudaSuccess);
+	return dev;
+}
+
+/* The device batch's ranges, values and moves equal the twin's. */
+static void check_batch_same(const tbatch *t, void *dev, const unsigned char *dranges, const dcast_batch *host)
+{
+	uint64_t bytes = dcast_batch_bytes(&t->b.d);
+	unsigned char *got = malloc(bytes), *r = malloc(t->range_bytes + 1);
+	dcast_batch g;
+
+	REQUIRE(cudaMemcpy(got, dev, bytes, cudaMemcpyDeviceToHost) == cudaSuccess);
+	REQUIRE(cudaMemcpy(r, dranges, t->range_bytes, cudaMemcpyDeviceToHost) == cudaSuccess);
+	dcast_batch_map(&g, got, &t->b.d);
+	CHECK(!memcmp(r, t->ranges, t->range_bytes));
+	CHECK(!memcmp(g.old_vals, t->b.old_vals, t->b.d.val_bytes) && !memcmp(g.new_vals, t->b.new_vals, t->b.d.val_bytes));
+	for (uint64_t k = 0; k < t->b.d.n_seg; k++)
+		CHECK(g.seg[k].move == t->b.seg[k].move && host->seg[k].count == g.seg[k].count);
+	free(got), free(r);
+}
+
+static void test_batch(void)
+{
+	for (int round = 0; round < 30; round++) {
+		tbatch t;
+		dcast_batch host;
+		unsigned char *dr;
+		tbatch_make(&t, 1 + rnd() % 40, round % 3 ? 500 : 5000, &rng_state);
+		for (uint64_t k = 0; k < t.b.d.n_seg; k++) /* resolve: 1-4 bytes, codes as new values */
+			if (t.b.seg[k].elem_size == 8)
+				t.b.seg[k].elem_size = 4;
+			else
+				t.b.seg[k].mode = rnd() % 2 ? DCAST_BATCH_ULP : DCAST_BATCH_RAW;
+		for (uint64_t i = 0; i < t.b.d.n; i++)
+			t.b.code[i] = (uint32_t)rnd() & 0xff;
+		void *dev = batch_to_device(&t, &dr, &host);
+		uint64_t cut = rnd() % (t.b.d.n_seg + 1);
+		for (uint64_t k = 0; k < t.b.d.n_seg; k++)
+			t.b.seg[k].move = 0;
+		dcast_batch_resolve_cpu(&t.b);
+		CHECK(dcast_cuda_batch_resolve(dev, &host, NULL) == DCAST_OK);
+		dcast_batch_scatter_cpu(&t.b, 0, 0, cut);
+		CHECK(dcast_cuda_batch_scatter(dev, &host, 0, 0, cut, NULL) == DCAST_OK);
+		CHECK(dcast_cuda_batch_sync(NULL) == DCAST_OK);
+		check_batch_same(&t, dev, dr, &host);
+		dcast_batch_scatter_cpu(&t.b, 1, 0, cut);
+		CHECK(dcast_cuda_batch_scatter(dev, &host, 1, 0, cut, NULL) == DCAST_OK);
+		CHECK(dcast_cuda_batch_sync(NULL) == DCAST_OK);
+		check_batch_same(&t, dev, dr, &host);
+		free(host.base);
+		cudaFree(dev), cudaFree(dr);
+		tbatch_free(&t);
+	}
+}
+
 int main(void)
 {
 	if (!dcast_cuda_available())
@@ -319,6 +394,7 @@ int main(void)
 	test_ldigest();
 	test_codec();
 	test_ranges();
+	test_batch();
 	return check_done("test_gpu_codec");
 }
 #endif

@@ -1,0 +1,188 @@
+/* The batch kernels (dcast_batch.h): a version's resolved changes to the
+ * tensors of one device gathered (old values, new values, digest moves)
+ * and scattered, each in one launch over every segment.  A block takes a
+ * tile of up to DCAST_BATCH_TILE changes of one segment (the tile table
+ * names it, so no thread searches), its threads stride through the tile,
+ * and blocks stride over the tiles.  batch.c holds the CPU twin the tests
+ * compare them with. */
+#include <inttypes.h>
+#include <cuda_runtime.h>
+#include "codec_shared.h"
+#include "dcast_batch.h"
+extern "C" {
+#include "dcast_common.h"
+}
+
+#define BATCH_THREADS 256u
+#define BATCH_MAX_BLOCKS 65535u
+
+static int batch_fail(cudaError_t e, const char *what)
+{
+	return dcast_fail(DCAST_ECUDA, "batch %s: %s", what, cudaGetErrorString(e));
+}
+
+static unsigned blocks_for(uint64_t tiles)
+{
+	return (unsigned)(tiles < BATCH_MAX_BLOCKS ? (tiles ? tiles : 1) : BATCH_MAX_BLOCKS);
+}
+
+template <typename T>
+__device__ static void scatter_tile(const dcast_batch b, const dcast_batch_seg &s, uint32_t at, uint32_t n,
+				    const unsigned char *src_all, unsigned char *save_all)
+{
+	T *range = (T *)(uintptr_t)s.dst;
+	const T *src = (const T *)(src_all + s.val_off) + at;
+	T *save = (T *)(save_all + s.val_off) + at;
+	const uint32_t *pos = b.pos + s.first + at;
+
+	for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) {
+		T *e = range + pos[i];
+		save[i] = *e;
+		*e = src[i];
+	}
+}
+
+__global__ static void k_batch_scatter(const dcast_batch b, uint64_t t_lo, uint64_t t_hi, int undo)
+{
+	const unsigned char *src = undo ? b.old_vals : b.new_vals;
+	unsigned char *save = undo ? b.new_vals : b.old_vals;
+
+	for (uint64_t t = t_lo + blockIdx.x; t < t_hi; t += gridDim.x) {
+		const dcast_batch_tile tile = b.tile[t];
+		const dcast_batch_seg s = b.seg[tile.seg];
+		uint32_t n = min(DCAST_BATCH_TILE, s.count - tile.at);
+		switch (s.elem_size) {
+		case 1: scatter_tile<uint8_t>(b, s, tile.at, n, src, save); break;
+		case 2: scatter_tile<uint16_t>(b, s, tile.at, n, src, save); break;
+		case 4: scatter_tile<uint32_t>(b, s, tile.at, n, src, save); break;
+		default: scatter_tile<uint64_t>(b, s, tile.at, n, src, save); break;
+		}
+	}
+}
+
+template <typename T>
+__device__ static uint64_t resolve_tile(const dcast_batch b, const dcast_batch_seg &s, uint32_t at, uint32_t n)
+{
+	const T *range = (const T *)(uintptr_t)s.dst;
+	T *old = (T *)(b.old_vals + s.val_off) + at, *nv = (T *)(b.new_vals + s.val_off) + at;
+	const uint32_t *pos = b.pos + s.first + at, *code = b.code + s.first + at;
+	unsigned w = 8 * sizeof(T);
+	uint64_t acc = 0;
+
+	for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) {
+		uint32_t o = range[pos[i]], c = code[i];
+		uint32_t v = s.mode == DCAST_BATCH_ULP ? dcast_ulp_apply(o, c, w) : c;
+		uint64_t idx = s.start + pos[i], seed = dcast_ld_seed(s.tensor, idx >> 32);
+		old[i] = (T)o;
+		nv[i] = (T)v;
+		acc += dcast_ld_term_seeded(seed, idx, v) - dcast_ld_term_seeded(seed, idx, o);
+	}
+	return acc;
+}
+
+/* The block's sum of v into *out (one atomic a block: a sum mod 2^64 does
+ * not depend on order). */
+__device__ static void block_add(uint64_t v, unsigned long long *out)
+{
+	__shared__ uint64_t warp_sums[BATCH_THREADS / 32];
+
+	for (int d = 16; d; d >>= 1)
+		v += __shfl_down_sync(0xffffffffu, v, d);
+	if ((threadIdx.x & 31) == 0)
+		warp_sums[threadIdx.x >> 5] = v;
+	__syncthreads();
+	if (threadIdx.x == 0) {
+		uint64_t sum = 0;
+		for (unsigned w = 0; w < blockDim.x / 32; w++)
+			sum += warp_sums[w];
+		atomicAdd(out, (unsigned long long)sum);
+	}
+	__syncthreads();
+}
+
+__global__ static void k_batch_resolve(const dcast_batch b)
+{
+	for (uint64_t t = blockIdx.x; t < b.d.n_tile; t += gridDim.x) {
+		const dcast_batch_tile tile = b.tile[t];
+		const dcast_batch_seg s = b.seg[tile.seg];
+		uint32_t n = min(DCAST_BATCH_TILE, s.count - tile.at);
+		uint64_t acc;
+		switch (s.elem_size) {
+		case 1: acc = resolve_tile<uint8_t>(b, s, tile.at, n); break;
+		case 2: acc = resolve_tile<uint16_t>(b, s, tile.at, n); break;
+		default: acc = resolve_tile<uint32_t>(b, s, tile.at, n); break;
+		}
+		block_add(acc, (unsigned long long *)&b.seg[tile.seg].move);
+	}
+}
+
+extern "C" int dcast_cuda_batch_resolve(void *dev, const dcast_batch *host, void *stream)
+{
+	const dcast_batch_dims *d = &host->d;
+	dcast_batch b;
+	cudaError_t e;
+
+	dcast_batch_map(&b, dev, d); /* addresses only: nothing is read here */
+	if (!d->n_tile)
+		return DCAST_OK;
+	k_batch_resolve<<<blocks_for(d->n_tile), BATCH_THREADS, 0, (cudaStream_t)stream>>>(b);
+	e = cudaGetLastError();
+	return e == cudaSuccess ? DCAST_OK : batch_fail(e, "resolve launch");
+}
+
+extern "C" int dcast_cuda_batch_scatter(void *dev, const dcast_batch *host, int undo, uint64_t seg_lo,
+					uint64_t seg_hi, void *stream)
+{
+	uint64_t t_lo, t_hi;
+	dcast_batch b;
+	cudaError_t e;
+
+	dcast_batch_map(&b, dev, &host->d);
+	dcast_batch_tile_range(host, seg_lo, seg_hi, &t_lo, &t_hi);
+	if (t_lo >= t_hi)
+		return DCAST_OK;
+	k_batch_scatter<<<blocks_for(t_hi - t_lo), BATCH_THREADS, 0, (cudaStream_t)stream>>>(b, t_lo, t_hi, undo);
+	e = cudaGetLastError();
+	return e == cudaSuccess ? DCAST_OK : batch_fail(e, "scatter launch");
+}
+
+extern "C" int dcast_cuda_batch_copy(void *dst, const void *src, uint64_t bytes, int wait, void *stream)
+{
+	cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, (cudaStream_t)stream);
+
+	if (!e && wait)
+		e = cudaStreamSynchronize((cudaStream_t)stream);
+	return e == cudaSuccess ? DCAST_OK : batch_fail(e, "copy");
+}
+
+extern "C" int dcast_cuda_batch_sync(void *stream)
+{
+	cudaError_t e = cudaStreamSynchronize((cudaStream_t)stream);
+
+	return e == cudaSuccess ? DCAST_OK : batch_fail(e, "synchronize");
+}
+
+extern "C" int dcast_cuda_batch_reserve(void **dev, uint64_t *cap, uint64_t bytes)
+{
+	uint64_t want = bytes + bytes / 4;
+	cudaError_t e;
+
+	if (*dev && *cap >= bytes)
+		return DCAST_OK;
+	dcast_cuda_batch_free(dev, cap);
+	if ((e = cudaMalloc(dev, want ? want : 1)) != cudaSuccess) {
+		*dev = NULL;
+		return dcast_fail(DCAST_ENOMEM, "batch: cudaMalloc of %" PRIu64 " bytes: %s", want,
+				  cudaGetErrorString(e));
+	}
+	*cap = want;
+	return DCAST_OK;
+}
+
+extern "C" void dcast_cuda_batch_free(void **dev, uint64_t *cap)
+{
+	if (*dev)
+		cudaFree(*dev);
+	*dev = NULL;
+	*cap = 0;
+}

@@ -52,7 +52,8 @@ static int write_chunk(dcast_consumer *c, const cs_version *v, const cs_chunk *k
 	*pos = NULL;
 	if (k->res) { /* resolved ahead: no payload to read or decode */
 		*p = NULL;
-		cs_resolved_scatter(c, k, 0);
+		if (!cs_dbatch_chunk(c, k)) /* a device chunk is written with the batch */
+			cs_resolved_scatter(c, k, 0);
 		return 0;
 	}
 	if ((err = cs_chunk_payload(c, v, k, p)) || k->file_off == CS_IN_PLACE)
@@ -76,7 +77,8 @@ static int undo_chunks(dcast_consumer *c, const cs_version *v, uint32_t n, unsig
 		const unsigned char *p;
 		undo_off -= undo_bytes(k);
 		if (k->res) {
-			cs_resolved_scatter(c, k, 1);
+			if (!cs_dbatch_chunk(c, k))
+				cs_resolved_scatter(c, k, 1);
 			continue;
 		}
 		if (k->info.encoding == DCAST_ENC_DENSE) {
@@ -92,17 +94,49 @@ static int undo_chunks(dcast_consumer *c, const cs_version *v, uint32_t n, unsig
 	return failed;
 }
 
-/* Back to the version before v from the old values kept in memory.
- * Returns err, its detail saying what became of the tensors; *torn is set
- * when they hold part of v (no old values kept, or not all came back):
- * the caller's recovery policy (cs_ckpt_recover) takes over. */
+/* v's batch of device chunks resolved ahead (devbatch.c), or NULL. */
+static unsigned char *batch_of(const dcast_consumer *c, const cs_version *v)
+{
+	for (uint32_t i = 0; i < v->n_chunks; i++)
+		if (v->chunks[i].res && cs_dbatch_chunk(c, &v->chunks[i]))
+			return v->res;
+	return NULL;
+}
+
+/* The batch's segments of v's chunks before chunk `end`. */
+static uint64_t segs_before(const dcast_consumer *c, const cs_version *v, uint32_t end)
+{
+	uint64_t n = 0;
+
+	for (uint32_t i = 0; i < v->n_chunks && i < end; i++)
+		n += v->chunks[i].res && cs_dbatch_chunk(c, &v->chunks[i]);
+	return n;
+}
+
+/* The batch's first segs segments written back from its undo buffer: 0
+ * when they came back (or there is none). */
+static int undo_batch(dcast_consumer *c, const cs_version *v, unsigned char *batch, uint64_t segs)
+{
+	if (!batch || !segs || !cs_dbatch_scatter(c, batch, 1, segs))
+		return 0;
+	DCAST_LOG_E("consumer %s: undo of version %" PRIu64 "'s device changes failed: %s", c->model, v->version,
+		    dcast_last_error());
+	return 1;
+}
+
+/* The first `segs` segments of v's batch (devbatch.c) and the first n
+ * chunks were written: back to the version before v from the old values
+ * kept in memory.  Returns err, its detail saying what became of the
+ * tensors; *torn is set when they hold part of v (no old values kept, or
+ * not all came back): the caller's recovery policy (cs_ckpt_recover)
+ * takes over. */
 static int rollback(dcast_consumer *c, const cs_version *v, unsigned char *undo, uint32_t n, uint64_t off,
-		    int err, int *torn)
+		    uint64_t segs, int err, int *torn)
 {
 	char why[512];
 
 	snprintf(why, sizeof(why), "%s", dcast_last_error());
-	if (undo && !undo_chunks(c, v, n, undo, off))
+	if (undo && !undo_batch(c, v, batch_of(c, v), segs) && !undo_chunks(c, v, n, undo, off))
 		return dcast_fail(err, "%s (version %" PRIu64 " refused; tensors kept at the previous version)",
 				  why, v->version);
 	*torn = 1;
@@ -130,15 +164,30 @@ static enum check_how check_for(const dcast_consumer *c, const cs_version *v, in
 										   : CHECK_WRITING;
 }
 
-/* Old values of v fit in the undo region?  Else NULL: the checkpoint
- * restores the previous version (anchors, device tensors, large deltas). */
+/* A chunk of v writes device memory outside the batch (its old values
+ * are not kept). */
+static int device_unbatched(const dcast_consumer *c, const cs_version *v)
+{
+	if (!c->device_tensors)
+		return 0;
+	for (uint32_t i = 0; i < v->n_chunks; i++) {
+		const cs_chunk *k = &v->chunks[i];
+		if (c->tensors[k->tensor].mem == DCAST_MEM_CUDA && cs_chunk_writes(k) && !k->res)
+			return 1;
+	}
+	return 0;
+}
+
+/* Old values of v fit in the undo region (a device chunk's: in the
+ * batch's device copy)?  Else NULL: the checkpoint restores the previous
+ * version (anchors, device tensors not resolved ahead, large deltas). */
 static unsigned char *undo_for(dcast_consumer *c, const cs_version *v)
 {
 	uint64_t need = 0;
 
 	for (uint32_t i = 0; i < v->n_chunks; i++)
 		need += undo_bytes(&v->chunks[i]);
-	if (v->anchor || c->device_tensors || need > c->pool.region_bytes - v->res_bytes)
+	if (v->anchor || device_unbatched(c, v) || need > c->pool.region_bytes - v->res_bytes)
 		return NULL;
 	return cs_pool_undo_take(&c->pool, v->version) + v->res_bytes; /* after v's resolved arrays */
 }
@@ -167,7 +216,7 @@ static void scatter_one(void *arg, unsigned i)
 {
 	scatter_run *r = arg;
 
-	if (r->v->chunks[i].res)
+	if (r->v->chunks[i].res && !cs_dbatch_chunk(r->c, &r->v->chunks[i]))
 		cs_resolved_scatter(r->c, &r->v->chunks[i], 0);
 }
 
@@ -219,9 +268,9 @@ int cs_apply_version(dcast_consumer *c, cs_version *v, int verify, int *torn)
 {
 	enum check_how how = check_for(c, v, verify);
 	int checking = how == CHECK_WRITING || how == CHECK_WHOLE, err;
-	unsigned char *undo;
+	unsigned char *undo, *batch;
 	cs_dcache next = {0};
-	uint64_t off = 0;
+	uint64_t off = 0, segs;
 	uint32_t i = 0, refuse_at;
 
 	*torn = 0;
@@ -235,12 +284,15 @@ int cs_apply_version(dcast_consumer *c, cs_version *v, int verify, int *torn)
 	if (how == CHECK_NONE)
 		cs_dcache_clear(&c->dcache); /* it would no longer describe the tensors */
 	undo = undo_for(c, v);
-	err = write_chunks(c, v, undo, refuse_at, checking ? &next : NULL, &i, &off);
+	batch = batch_of(c, v); /* device chunks: one launch, before the host's */
+	segs = segs_before(c, v, refuse_at);
+	if (!(err = batch ? cs_dbatch_scatter(c, batch, 0, segs) : 0))
+		err = write_chunks(c, v, undo, refuse_at, checking ? &next : NULL, &i, &off);
 	if (!err && checking)
 		err = cs_verify_finish(c, v, &next);
 	if (err) {
 		cs_dcache_clear(&next);
-		err = rollback(c, v, undo, i, off, err, torn);
+		err = rollback(c, v, undo, i, off, segs, err, torn);
 		if (!*torn && cs_views_refresh(c)) /* they may hold some of v */
 			DCAST_LOG_E("consumer %s: bound slices not brought back after version %" PRIu64
 				    " failed: %s", c->model, v->version, dcast_last_error());

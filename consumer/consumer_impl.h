@@ -585,4 +585,31 @@ int cs_run_check(dcast_consumer *c, uint64_t run);
 int cs_apply_version(dcast_consumer *c, cs_version *v, int verify, int *torn);
 int cs_check_chunk(const dcast_consumer *c, const dcast_chunk *h);
 
+/* devbatch.c: a version's sparse chunks of device tensors resolved ahead
+ * into one batch (kernels/dcast_batch.h) at a place `at` in the pool's
+ * undo region (a header, then the batch's buffer), applied and undone in
+ * one launch each.  cs_dbatch_tensor: t's sparse chunks go through the
+ * batch (device memory, or the DELTACAST_DEVICE_TWIN test seam);
+ * cs_dbatch_chunk: k is one of them (a sparse chunk that writes).
+ * cs_dbatch_bytes: the undo-region bytes v's batch takes (0: none);
+ * cs_dbatch_layout: lay it out at `at` (8-aligned), segments in chunk
+ * order, and map b onto it; cs_dbatch_decode: check and decode chunk k's
+ * payload p into segment seg (any thread); cs_dbatch_resolve: old values,
+ * new ones and each segment's digest move, on the device or by the twin
+ * (values: the device's old and new values copied back too), returning
+ * when done; cs_dbatch_map: b onto the batch at `at`; cs_dbatch_scatter:
+ * apply (undo 0) or undo (1) segments [0, seg_hi), returning when the
+ * device is done.  Errors: DCAST_ENOMEM, DCAST_ECUDA, the decoder's.
+ * cs_dbatch_release: the device copy kept for pool p freed (at close). */
+#include "dcast_batch.h"
+int cs_dbatch_tensor(const dcast_consumer *c, const cs_tensor *t);
+int cs_dbatch_chunk(const dcast_consumer *c, const cs_chunk *k);
+uint64_t cs_dbatch_bytes(const dcast_consumer *c, const cs_version *v);
+void cs_dbatch_layout(const dcast_consumer *c, const cs_version *v, unsigned char *at, dcast_batch *b);
+int cs_dbatch_decode(dcast_batch *b, uint64_t seg, const cs_chunk *k, const unsigned char *p);
+int cs_dbatch_resolve(dcast_consumer *c, unsigned char *at, int values);
+void cs_dbatch_map(unsigned char *at, dcast_batch *b);
+int cs_dbatch_scatter(dcast_consumer *c, unsigned char *at, int undo, uint64_t seg_hi);
+void cs_dbatch_release(const cs_pool *p);
+
 #endif

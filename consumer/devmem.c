@@ -1,5 +1,6 @@
 /* Where live tensors live: host memory (memcpy, the CPU codec) or a CUDA
- * device (cudaMemcpy from the pinned pool, the codec's CUDA twins).  The
+ * device (cudaMemcpy from the pinned pool, the codec's CUDA twins; a
+ * delta's sparse chunks checked ahead go as one batch, devbatch.c).  The
  * device paths exist only in CUDA builds (nvcc found) and run only with a
  * device.  No GPU is on the development machines: there they compile, and
  * tests/test_consumer_gpu.c checks the fallback (binding CUDA memory fails
@@ -60,7 +61,7 @@ int cs_tensor_apply(cs_tensor *t, const dcast_chunk_info *info, const void *payl
 	if (t->mem == DCAST_MEM_HOST)
 		return dcast_codec_apply(info, payload, dst, old);
 #ifdef DCAST_HAVE_CUDA
-	DCAST_ASSERT(old == NULL); /* device versions undo from the checkpoint */
+	DCAST_ASSERT(old == NULL); /* undone from the batch (devbatch.c) or the checkpoint */
 	return dcast_cuda_apply(info, payload, dst, NULL, NULL);
 #else
 	return dcast_fail(DCAST_ENODEVICE, "tensor %s: CUDA memory in a build without CUDA", t->desc.name);
@@ -115,6 +116,7 @@ void cs_pool_cuda_register(cs_pool *p)
 
 void cs_pool_cuda_unregister(cs_pool *p)
 {
+	cs_dbatch_release(p); /* the device copy of its batches */
 #ifdef DCAST_HAVE_CUDA
 	if (p->cuda_registered)
 		cudaHostUnregister(p->base);

@@ -108,7 +108,7 @@ static int resolvable(const dcast_consumer *c, const cs_chunk *k)
 	const cs_tensor *t = &c->tensors[k->tensor];
 
 	return cs_chunk_writes(k) && k->info.encoding != DCAST_ENC_DENSE && t->mem == DCAST_MEM_HOST &&
-	       !t->n_views && k->file_off != CS_IN_PLACE;
+	       !t->n_views && k->file_off != CS_IN_PLACE && !cs_dbatch_tensor(c, t);
 }
 
 /* k's arrays at r (res_size(k) bytes): positions, old values, new ones. */
@@ -118,6 +118,28 @@ static void res_arrays(unsigned char *r, const cs_chunk *k, uint32_t **pos, unsi
 	*pos = (uint32_t *)r;
 	*old = r + 4 * k->info.changed;
 	*nv = *old + k->info.changed * k->info.elem_size;
+}
+
+/* A resolved chunk's changes: where its positions, old and new values are. */
+typedef struct chunk_arrays {
+	const uint32_t *pos;
+	const unsigned char *old, *nv;
+} chunk_arrays;
+
+static chunk_arrays host_arrays(const cs_chunk *k)
+{
+	unsigned char *old, *nv;
+	uint32_t *pos;
+
+	res_arrays(k->res, k, &pos, &old, &nv);
+	return (chunk_arrays){ pos, old, nv };
+}
+
+static chunk_arrays batch_arrays(const dcast_batch *b, uint64_t seg)
+{
+	const dcast_batch_seg *s = &b->seg[seg];
+
+	return (chunk_arrays){ b->pos + s->first, b->old_vals + s->val_off, b->new_vals + s->val_off };
 }
 
 void cs_resolved_scatter(dcast_consumer *c, const cs_chunk *k, int undo)
@@ -135,7 +157,7 @@ int cs_resolved_valid(const dcast_consumer *c, const cs_version *v)
 	if (cs_pool_undo_owner(&c->pool) != v->version)
 		return 0; /* the undo region was reused since */
 	for (uint32_t i = 0; i < v->n_chunks; i++)
-		if (v->chunks[i].res && !resolvable(c, &v->chunks[i]))
+		if (v->chunks[i].res && !resolvable(c, &v->chunks[i]) && !cs_dbatch_chunk(c, &v->chunks[i]))
 			return 0; /* a slice bound since */
 	return 1;
 }
@@ -164,25 +186,21 @@ static uint64_t pos_lower(const uint32_t *pos, uint64_t n, uint64_t p)
 }
 
 /* Move e by k's resolved changes at positions [lo, hi); nonzero: not moved. */
-static int move_resolved(const cs_chunk *k, cs_dentry *e, uint64_t lo, uint64_t hi)
+static int move_resolved(const cs_chunk *k, const chunk_arrays *r, cs_dentry *e, uint64_t lo, uint64_t hi)
 {
-	unsigned char *old, *nv;
-	uint32_t *pos;
 	unsigned es = k->info.elem_size;
-	uint64_t a, b;
+	uint64_t a = pos_lower(r->pos, k->info.changed, lo), b = pos_lower(r->pos, k->info.changed, hi);
 
-	res_arrays(k->res, k, &pos, &old, &nv);
-	a = pos_lower(pos, k->info.changed, lo);
-	b = pos_lower(pos, k->info.changed, hi);
-	return dcast_ldigest_update(&e->have, k->tensor, k->start, pos + a, old + a * es, nv + a * es, b - a, es);
+	return dcast_ldigest_update(&e->have, k->tensor, k->start, r->pos + a, r->old + a * es, r->nv + a * es, b - a,
+				    es);
 }
 
 /* Move the entries chunk k overlaps by its changes (old: the values it
- * overwrote, or NULL when k is not applied yet; resolved: from its
- * arrays); an entry that cannot be moved (no old values after apply) is
- * computed whole instead. */
+ * overwrote, or NULL when k is not applied yet; r: its resolved arrays
+ * before apply, or NULL); an entry that cannot be moved (no old values
+ * after apply) is computed whole instead. */
 static void move_entries(dcast_consumer *c, cs_dcache *n, const cs_chunk *k, const unsigned char *payload,
-			 const unsigned char *old, int applied)
+			 const unsigned char *old, int applied, const chunk_arrays *r)
 {
 	const cs_tensor *t = &c->tensors[k->tensor];
 	const unsigned char *range = t->ptr + k->start * t->elem_size;
@@ -196,8 +214,8 @@ static void move_entries(dcast_consumer *c, cs_dcache *n, const cs_chunk *k, con
 		uint64_t hi = e->d.start + e->d.count < end ? e->d.start + e->d.count - k->start : k->info.count;
 		if (e->full)
 			continue;
-		if (k->res && !applied)
-			e->full = move_resolved(k, e, lo, hi) != 0;
+		if (r && !applied)
+			e->full = move_resolved(k, r, e, lo, hi) != 0;
 		else
 			e->full = (applied && !old) || t->mem != DCAST_MEM_HOST ||
 				  dcast_ldigest_payload(&e->have, k->tensor, k->start, &k->info, payload, range, old,
@@ -212,7 +230,7 @@ void cs_verify_written(dcast_consumer *c, cs_dcache *n, const cs_chunk *k, const
 		       const unsigned char *old)
 {
 	if (n->e && cs_chunk_writes(k))
-		move_entries(c, n, k, payload, old, 1);
+		move_entries(c, n, k, payload, old, 1, NULL);
 }
 
 /* ---- ranges computed whole: an anchor's, on several threads ---- */
@@ -296,7 +314,7 @@ static int ahead_possible(const dcast_consumer *c, const cs_version *v)
 {
 	if (cs_fault_holds_ahead(c, v))
 		return 0; /* the test fault exercises the check at apply and its undo */
-	return c->opts.verify_digests == 1 && !v->anchor && !c->device_tensors && v->state == CS_V_READY &&
+	return c->opts.verify_digests == 1 && !v->anchor && v->state == CS_V_READY &&
 	       !v->ahead_tried && v->base_version == dcast_consumer_version(c) && v->commit.n_digests &&
 	       c->dcache.n;
 }
@@ -326,19 +344,23 @@ static cs_dentry *sole_entry(cs_dcache *n, const cs_chunk *k)
 
 /* One chunk's part of the check ahead: planned on the caller's thread,
  * resolved on a cs_par_for thread, which writes only the chunk's arrays
- * and its job. */
+ * and its job.  A chunk of a device tensor is decoded into its segment of
+ * v's batch instead; the batch then resolves on the device. */
 typedef struct res_job {
 	const unsigned char *p; /* its payload, resident; NULL: not resolved */
 	uint64_t off;           /* its arrays at v->res + off */
 	cs_dentry *e;           /* the entry that alone holds it, or NULL */
 	uint64_t moved;         /* e's move by its changes */
 	int ok;                 /* resolved */
+	int batched;            /* decoded into segment `seg` of the batch */
+	uint64_t seg;
 } res_job;
 
 typedef struct res_run {
 	const dcast_consumer *c;
 	cs_version *v;
 	res_job *jobs;
+	dcast_batch *b;
 } res_run;
 
 static void resolve_one(void *arg, unsigned i)
@@ -351,27 +373,56 @@ static void resolve_one(void *arg, unsigned i)
 
 	if (!j->p)
 		return;
+	if (j->batched) {
+		j->ok = !cs_dbatch_decode(r->b, j->seg, k, j->p);
+		return;
+	}
 	res_arrays(r->v->res + j->off, k, &pos, &old, &nv);
 	j->ok = !dcast_codec_resolve(&k->info, j->p, cs_chunk_dst(r->c, k), pos, old, nv, k->tensor, k->start,
 				     j->e ? &j->moved : NULL);
 }
 
-/* Give each resident chunk that resolves within the undo region its place
- * there, in order (v->res taken when one does); move the entries of every
- * other chunk now, old values read from the live tensors, which still hold
- * v's base.  *cost: the resolves' work for cs_par_for. */
-static int ahead_plan(dcast_consumer *c, cs_version *v, cs_dcache *n, res_job *jobs, uint64_t *cost)
+/* v's batch first in the undo region, when v has one (b mapped onto it);
+ * 0 when it does not fit. */
+static int ahead_batch(dcast_consumer *c, cs_version *v, dcast_batch *b, uint64_t *used)
 {
-	uint64_t used = 0;
+	uint64_t bytes = cs_dbatch_bytes(c, v);
+
+	if (bytes > c->pool.region_bytes)
+		return 0;
+	if (bytes)
+		cs_dbatch_layout(c, v, cs_pool_undo_take(&c->pool, v->version), b);
+	*used = bytes;
+	return 1;
+}
+
+/* Give each resident chunk that resolves within the undo region its place
+ * there, in order (v->res taken when one does), device chunks in the batch
+ * at its start; move the entries of every other chunk now, old values read
+ * from the live tensors, which still hold v's base (those of a device
+ * tensor cannot be: apply then checks v).  *cost: the resolves' work for
+ * cs_par_for. */
+static int ahead_plan(dcast_consumer *c, cs_version *v, cs_dcache *n, res_job *jobs, dcast_batch *b,
+		      uint64_t *cost)
+{
+	uint64_t used = 0, seg = 0;
 	int err = 0;
 
+	if (!ahead_batch(c, v, b, &used))
+		return dcast_fail(DCAST_ENOMEM, "version %" PRIu64 ": its device changes exceed the undo region",
+				  v->version);
 	for (uint32_t i = 0; !err && i < v->n_chunks; i++) {
 		cs_chunk *k = &v->chunks[i];
 		const unsigned char *p;
 		if (!cs_chunk_writes(k) || (err = cs_chunk_payload(c, v, k, &p)))
 			continue;
+		if (cs_dbatch_chunk(c, k)) {
+			jobs[i] = (res_job){ .p = p, .e = sole_entry(n, k), .batched = 1, .seg = seg++ };
+			*cost += k->info.changed * CS_CHANGE_COST;
+			continue;
+		}
 		if (!k->resident || !resolvable(c, k) || used + res_size(k) > c->pool.region_bytes) {
-			move_entries(c, n, k, p, NULL, 0); /* p may be the pool's scratch: now */
+			move_entries(c, n, k, p, NULL, 0, NULL); /* p may be the pool's scratch: now */
 			continue;
 		}
 		jobs[i] = (res_job){ .p = p, .off = used, .e = sole_entry(n, k) };
@@ -383,40 +434,84 @@ static int ahead_plan(dcast_consumer *c, cs_version *v, cs_dcache *n, res_job *j
 	return err;
 }
 
+/* A device chunk's move: its segment's, or (under several entries) from
+ * the batch's values copied back. */
+static void settle_batched(dcast_consumer *c, cs_dcache *n, const cs_chunk *k, const res_job *j,
+			   const dcast_batch *b)
+{
+	chunk_arrays r = batch_arrays(b, j->seg);
+
+	if (j->e)
+		j->e->have += b->seg[j->seg].move;
+	else
+		move_entries(c, n, k, j->p, NULL, 0, &r);
+	c->verify_bytes += change_bytes(k);
+}
+
+/* The device's part: old values, new ones and moves of v's batch, then
+ * each device chunk's entries moved.  The batch's chunks were decoded. */
+static int ahead_device(dcast_consumer *c, cs_version *v, cs_dcache *n, const res_job *jobs, dcast_batch *b)
+{
+	int values = 0, err;
+
+	for (uint32_t i = 0; i < v->n_chunks; i++)
+		values |= jobs[i].batched && !jobs[i].e;
+	if ((err = cs_dbatch_resolve(c, v->res, values)))
+		return err;
+	for (uint32_t i = 0; i < v->n_chunks; i++)
+		if (jobs[i].batched)
+			settle_batched(c, n, &v->chunks[i], &jobs[i], b);
+	return 0;
+}
+
 /* After the resolves, in chunk order: a chunk's sole entry takes its move;
  * a chunk resolved under several entries moves them from its arrays; one
  * that failed moves them from its payload, which marks them (apply names
- * the problem). */
-static void ahead_settle(dcast_consumer *c, cs_version *v, cs_dcache *n, const res_job *jobs)
+ * the problem).  A device chunk that failed to decode refuses v: its
+ * error (the decoder's) is returned, named on this thread. */
+static int ahead_settle(dcast_consumer *c, cs_version *v, cs_dcache *n, const res_job *jobs, dcast_batch *b)
 {
-	for (uint32_t i = 0; i < v->n_chunks; i++) {
+	int err = 0;
+
+	for (uint32_t i = 0; !err && i < v->n_chunks; i++) {
 		const res_job *j = &jobs[i];
 		cs_chunk *k = &v->chunks[i];
 		if (!j->p)
 			continue;
+		if (j->batched) {
+			k->res = j->ok ? v->res : NULL;
+			err = j->ok ? 0 : cs_dbatch_decode(b, j->seg, k, j->p);
+			continue;
+		}
 		k->res = j->ok ? v->res + j->off : NULL;
 		if (!j->ok || !j->e) {
-			move_entries(c, n, k, j->p, NULL, 0);
+			chunk_arrays r = j->ok ? host_arrays(k) : (chunk_arrays){0};
+			move_entries(c, n, k, j->p, NULL, 0, j->ok ? &r : NULL);
 			continue;
 		}
 		j->e->have += j->moved;
 		c->verify_bytes += change_bytes(k);
 	}
+	return err;
 }
 
 /* Move the digests by every chunk of v before it is applied, resolving on
- * several threads what fits in the undo region. */
-static int ahead_chunks(dcast_consumer *c, cs_version *v, cs_dcache *n)
+ * several threads what fits in the undo region.  *refuse: the error is
+ * a device chunk's payload's, which refuses v. */
+static int ahead_chunks(dcast_consumer *c, cs_version *v, cs_dcache *n, int *refuse)
 {
 	res_job *jobs = calloc(v->n_chunks ? v->n_chunks : 1, sizeof(*jobs));
 	uint64_t cost = 0;
+	dcast_batch b = {0};
 	int err;
 
 	if (!jobs)
 		return DCAST_ENOMEM; /* checked at apply */
-	if (!(err = ahead_plan(c, v, n, jobs, &cost))) {
-		cs_par_for(v->n_chunks, cost, resolve_one, &(res_run){ c, v, jobs });
-		ahead_settle(c, v, n, jobs);
+	if (!(err = ahead_plan(c, v, n, jobs, &b, &cost))) {
+		cs_par_for(v->n_chunks, cost, resolve_one, &(res_run){ c, v, jobs, &b });
+		*refuse = (err = ahead_settle(c, v, n, jobs, &b)) != 0;
+		if (!err && b.d.n_seg)
+			err = ahead_device(c, v, n, jobs, &b);
 	}
 	free(jobs);
 	return err || all_cached(n) ? err : DCAST_EINVAL; /* a payload that failed: apply names it */
@@ -425,17 +520,17 @@ static int ahead_chunks(dcast_consumer *c, cs_version *v, cs_dcache *n)
 int cs_verify_ahead(dcast_consumer *c, cs_version *v)
 {
 	cs_dcache n;
-	int err;
+	int err, refuse = 0;
 
 	if (!ahead_possible(c, v))
 		return 0;
 	v->ahead_tried = 1;
 	if ((err = cs_sort_chunks(c, v)) || (err = cs_verify_plan(c, v, 0, &n)))
 		return err == DCAST_ENOMEM ? 0 : err;
-	if (!all_cached(&n) || (err = ahead_chunks(c, v, &n)) || (err = compare_digests(c, v, &n))) {
+	if (!all_cached(&n) || (err = ahead_chunks(c, v, &n, &refuse)) || (err = compare_digests(c, v, &n))) {
 		cs_dcache_clear(&n);
 		cs_resolved_drop(v);
-		return err == DCAST_EDIGEST ? err : 0; /* anything else: checked at apply */
+		return err == DCAST_EDIGEST || refuse ? err : 0; /* anything else: checked at apply */
 	}
 	v->ahead = n;
 	v->ahead_base = dcast_consumer_version(c);

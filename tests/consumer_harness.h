@@ -188,7 +188,8 @@ static int h_producer_open(const h_broker *b, const char *model_name, h_model *m
 		return err;
 	for (int t = 0; t < H_TENSORS && !err; t++)
 		err = dcast_producer_register(*p, m->name[t], m->dtype[t], m->ndim[t], m->shape[t], m->cur[t],
-					      DCAST_MEM_HOST, 0, m->bytes[t] / (t == 1 ? 4 : 2));
+					      DCAST_MEM_HOST, 0,
+					      m->bytes[t] / (dcast_dtype_size(m->dtype[t]) * dcast_dtype_lanes(m->dtype[t])));
 	return err;
 }
 

@@ -10,7 +10,12 @@
  * then binds a box of a tensor in device memory (a slice, as a worker
  * with another TP degree binds: runs copied, sparse changes applied by
  * the CUDA codec as idx32 payloads) through the same versions and the same
- * forced failure (the host copy rolls back, the slice is copied again). */
+ * forced failure (the host copy rolls back, the slice is copied again).
+ * Deltas checked ahead go as one batch (consumer/devbatch.c): a wrong
+ * COMMIT digest is refused before READY with the device untouched, and
+ * an apply cut off halfway is undone from the device undo buffer, with
+ * 8-byte values too (tests/test_consumer_devbatch.c runs the same path
+ * with the CPU twin everywhere). */
 #include <stdlib.h>
 #include "check.h"
 #include "consumer_harness.h"
@@ -167,6 +172,55 @@ static int box_equal(const dev_binding *d, dcast_consumer *c, const h_model *m, 
 	free(host);
 	return same && h_equal(c, m, v); /* the host copy the box is fed from */
 }
+
+/* Versions 1-2 on the device, then 3 and 4 published while 2 is live, so
+ * that 3 is checked ahead as one batch (consumer/devbatch.c) with `fault`
+ * armed for it; f64: tensor 1 holds 8-byte values.  predigest: 3 is
+ * refused before READY and the device still holds 2 at the refusal;
+ * aheadfail: 3's apply is cut off halfway and undone from the device undo
+ * buffer (no checkpoint read), the device holding 2 bit for bit. */
+static void device_ahead(const h_broker *b, const char *model, uint64_t seed, int f64, const char *fault)
+{
+	dev_binding d = {.bind = bind_whole, .equal = whole_equal};
+	dcast_producer *p = NULL;
+	dcast_consumer *c;
+	h_seen s = {0};
+	dcast_event ev;
+	h_model m;
+	int refused = 0;
+
+	h_model_init(&m, seed, 1);
+	if (f64)
+		m.dtype[1] = DCAST_DTYPE_F64, m.shape[1][1] /= 2;
+	REQUIRE(h_producer_open(b, model, &m, &p) == 0);
+	REQUIRE(h_publish(p, &m, 1, 100) == 0 && h_publish(p, &m, 2, 100) == 0);
+	setenv("DELTACAST_CONSUMER_FAULT", fault, 1);
+	c = open_with_manifest(b, model);
+	unsetenv("DELTACAST_CONSUMER_FAULT");
+	REQUIRE(c);
+	d.bind(&d, c, &m);
+	CHECK(h_drive(c, &m, 2, &s) == 0 && device_equal(d.dev, &m, 2));
+	REQUIRE(h_publish(p, &m, 3, 100) == 0 && h_publish(p, &m, 4, 100) == 0);
+	for (int i = 0; i < 400 && dcast_consumer_version(c) < 4 && !dcast_consumer_poll(c, 100, &ev); i++) {
+		if (ev.type == DCAST_EV_ERROR && ev.code == DCAST_EDIGEST && dcast_consumer_version(c) == 2) {
+			refused++;
+			CHECK(device_equal(d.dev, &m, 2));
+		}
+		if (ev.type != DCAST_EV_VERSION_READY || dcast_consumer_ready_version(c) == DCAST_VERSION_NONE)
+			continue;
+		if (dcast_consumer_apply(c, dcast_consumer_ready_version(c))) {
+			s.apply_failures++;
+			CHECK(device_equal(d.dev, &m, dcast_consumer_version(c)));
+		}
+	}
+	CHECK(dcast_consumer_version(c) == 4 && device_equal(d.dev, &m, 4));
+	CHECK(strstr(fault, "predigest") ? refused >= 1 && !s.apply_failures : s.apply_failures >= 1);
+	dcast_consumer_close(&c);
+	for (int t = 0; t < H_TENSORS; t++)
+		cudaFree(d.dev[t]);
+	dcast_producer_close(&p);
+	h_model_free(&m);
+}
 #endif
 
 int main(void)
@@ -185,6 +239,8 @@ int main(void)
 		dev_binding box = {.bind = bind_box, .equal = box_equal};
 		device_versions(&b, "m_dev", 67, &whole);
 		device_versions(&b, "m_devslice", 71, &box);
+		device_ahead(&b, "m_devahead", 73, 0, "predigest:3");
+		device_ahead(&b, "m_devcut", 79, 1, "aheadfail:3");
 #endif
 	}
 	h_broker_stop(&b);

@@ -117,8 +117,8 @@ typedef struct dcast_consumer_stats {
 					  digests: old and new value of each changed element
 					  (every element of a dense chunk), plus every byte
 					  of a range computed whole (verify_digests 2, no
-					  earlier version checked, device tensors, old values
-					  not kept); 0 unverified */
+					  earlier version checked, device tensors not
+					  checked ahead, old values not kept); 0 unverified */
 	uint64_t rejoins;              /* HELLOs sent again since open: re-joins after a gap,
 					  a refusal or a lost session, and reconnects */
 	uint64_t folds;                /* folds of the local checkpoint since open, seals

@@ -2,11 +2,19 @@
  * `make bench-gpu`: encode, apply and digest, each as GB/s of the range's
  * bytes and as a ratio to a device-to-device cudaMemcpy of the same bytes
  * timed in the same run.  Also says whether the GPU payloads equal the CPU's.
- * Exits 77 ("skip: no CUDA device") without a device. */
+ * Then a consumer's device path for the same payloads
+ * (kernels/dcast_batch.h): decode-ahead (every chunk decoded on the host,
+ * the batch copied to the device once, old values gathered, new ones and
+ * digest moves made in one launch) and the pause (one scatter launch of
+ * the whole batch, old values kept), in GB/s of range bytes and against
+ * the copy.  The last line, for scripts:
+ *   gpu_pause_gbps P decode_ahead_gbps D encode_gbps E copy_gbps C
+ * at 1% density.  Exits 77 ("skip: no CUDA device") without a device. */
 #include <inttypes.h>
 #include <stdio.h>
 #include "deltacast/codec.h"
 #include "deltacast/codec_cuda.h"
+#include "dcast_batch.h"
 #include "rl_workload.h"
 
 #ifndef DCAST_HAVE_CUDA
@@ -35,6 +43,9 @@ typedef struct gpu_bufs {
 	void *cur, *base, *dst, *copy, *payloads_dev;
 	uint8_t *payloads; /* pinned */
 	dcast_chunk_info *info;
+	dcast_batch batch;   /* the consumer's batch of the payloads: host (pinned) */
+	void *batch_dev;     /* and its device copy */
+	uint64_t batch_cap;
 } gpu_bufs;
 
 static double best_of(double (*fn)(gpu_bufs *), gpu_bufs *g)
@@ -84,6 +95,83 @@ static double run_digest(gpu_bufs *g)
 	return now_s() - t;
 }
 
+/* The batch of every chunk's payload: its layout in pinned memory and on
+ * the device (grown as the density needs), segments pointing into dst. */
+static void batch_layout(gpu_bufs *g)
+{
+	static uint64_t host_cap;
+	static void *host;
+	dcast_batch_dims d = { g->nchunks, 0, 0, 0 };
+
+	for (uint64_t k = 0; k < g->nchunks; k++) {
+		d.n_tile += dcast_batch_tiles(g->info[k].changed);
+		d.n += g->info[k].changed;
+		d.val_bytes += dcast_batch_val_bytes(g->info[k].changed, 2);
+	}
+	if (dcast_batch_bytes(&d) > host_cap) {
+		cudaFreeHost(host);
+		host_cap = dcast_batch_bytes(&d);
+		need(cudaMallocHost(&host, host_cap) == cudaSuccess, "pinned batch");
+	}
+	need(dcast_cuda_batch_reserve(&g->batch_dev, &g->batch_cap, dcast_batch_bytes(&d)) == DCAST_OK, "device batch");
+	dcast_batch_map(&g->batch, host, &d);
+	for (uint64_t k = 0, first = 0, val = 0; k < g->nchunks; k++) {
+		g->batch.seg[k] = (dcast_batch_seg){ .dst = (uintptr_t)((uint16_t *)g->dst + k * CHUNK), .start = k * CHUNK,
+						     .first = first, .val_off = val, .count = (uint32_t)g->info[k].changed,
+						     .elem_size = 2 };
+		first += g->info[k].changed;
+		val += dcast_batch_val_bytes(g->info[k].changed, 2);
+	}
+	dcast_batch_tile_up(&g->batch);
+}
+
+/* Decode-ahead: every payload decoded on the host into the batch, one
+ * copy to the device, one launch (old values from dst, new ones, moves),
+ * the segment table (the moves) back. */
+static double run_ahead(gpu_bufs *g)
+{
+	dcast_batch *b = &g->batch;
+	double t = now_s();
+	for (uint64_t k = 0; k < g->nchunks; k++) {
+		unsigned mode;
+		need(dcast_batch_decode(&g->info[k], g->payloads + k * g->slot, b->pos + b->seg[k].first,
+					b->code + b->seg[k].first, &mode) == DCAST_OK, "decode");
+		b->seg[k].mode = mode, b->seg[k].move = 0;
+	}
+	need(dcast_cuda_batch_copy(g->batch_dev, b->base, dcast_batch_bytes(&b->d), 0, NULL) == DCAST_OK &&
+		     dcast_cuda_batch_resolve(g->batch_dev, b, NULL) == DCAST_OK &&
+		     dcast_cuda_batch_copy(b->seg, g->batch_dev, b->d.n_seg * sizeof(*b->seg), 1, NULL) == DCAST_OK,
+	     "resolve");
+	return now_s() - t;
+}
+
+/* The pause: the whole batch scattered into dst in one launch (timed),
+ * then undone (not timed) so that the next run starts from the base. */
+static double run_pause(gpu_bufs *g)
+{
+	double t = now_s(), dt;
+	need(dcast_cuda_batch_scatter(g->batch_dev, &g->batch, 0, 0, g->nchunks, NULL) == DCAST_OK &&
+		     dcast_cuda_batch_sync(NULL) == DCAST_OK, "scatter");
+	dt = now_s() - t;
+	need(dcast_cuda_batch_scatter(g->batch_dev, &g->batch, 1, 0, g->nchunks, NULL) == DCAST_OK &&
+		     dcast_cuda_batch_sync(NULL) == DCAST_OK, "undo");
+	return dt;
+}
+
+/* The batch applied once more: dst equals cur, bit for bit? */
+static int batch_exact(const workload *w, gpu_bufs *g)
+{
+	uint16_t *back = malloc(g->n * 2);
+	need(dcast_cuda_batch_scatter(g->batch_dev, &g->batch, 0, 0, g->nchunks, NULL) == DCAST_OK &&
+		     cudaMemcpy(back, g->dst, g->n * 2, cudaMemcpyDeviceToHost) == cudaSuccess, "batch check");
+	int same = !memcmp(back, w->cur, g->n * 2);
+	free(back);
+	return same;
+}
+
+/* This run's numbers at 1% density, for the last line. */
+static double last_pause, last_ahead, last_encode, last_copy;
+
 static int same_as_cpu(const workload *w, const gpu_bufs *g)
 {
 	uint8_t *out = malloc(g->slot);
@@ -110,9 +198,17 @@ static void bench_density(workload *w, gpu_bufs *g, double density)
 	need(cudaMemcpy(back, g->dst, g->n * 2, cudaMemcpyDeviceToHost) == cudaSuccess, "download");
 	exact = !memcmp(back, w->cur, g->n * 2);
 	free(back);
-	printf("| %.1f%% | %.1f | %.1f | %.2fx | %.1f | %.2fx | %.1f | %.2fx | %s | %s |\n", 100 * density,
-	       bytes / tc / 1e9, bytes / te / 1e9, tc / te, bytes / ta / 1e9, tc / ta, bytes / td / 1e9, tc / td,
-	       same_as_cpu(w, g) ? "yes" : "NO", exact ? "yes" : "NO");
+	need(cudaMemcpy(g->dst, g->base, g->n * 2, cudaMemcpyDeviceToDevice) == cudaSuccess, "reset");
+	batch_layout(g);
+	double tah = best_of(run_ahead, g), tp = best_of(run_pause, g);
+	int batch_ok = batch_exact(w, g);
+	printf("| %.1f%% | %.1f | %.1f | %.2fx | %.1f | %.2fx | %.1f | %.2fx | %.1f | %.3fx | %.1f | %.3fx | %s | %s |\n",
+	       100 * density, bytes / tc / 1e9, bytes / te / 1e9, tc / te, bytes / ta / 1e9, tc / ta, bytes / td / 1e9,
+	       tc / td, bytes / tah / 1e9, tc / tah, bytes / tp / 1e9, tc / tp, same_as_cpu(w, g) ? "yes" : "NO",
+	       exact && batch_ok ? "yes" : "NO");
+	if (density == 0.01)
+		last_pause = bytes / tp / 1e9, last_ahead = bytes / tah / 1e9, last_encode = bytes / te / 1e9,
+		last_copy = bytes / tc / 1e9;
 }
 
 int main(void)
@@ -135,9 +231,12 @@ int main(void)
 	printf("RL-like bf16, %" PRIu64 " elements in chunks of %u, best of %d; GB/s of the range's bytes.\n\n",
 	       g.n, CHUNK, REPS);
 	printf("| density | D2D copy | encode | encode/copy | apply | apply/copy | digest | digest/copy "
-	       "| payload = CPU | exact |\n|---|---|---|---|---|---|---|---|---|---|\n");
+	       "| decode-ahead | ahead/copy | pause (batch scatter) | pause/copy | payload = CPU | exact |\n"
+	       "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
 	for (int i = 0; i < 4; i++)
 		bench_density(&w, &g, dens[i]);
+	printf("\ngpu_pause_gbps %.1f decode_ahead_gbps %.1f encode_gbps %.1f copy_gbps %.1f\n", last_pause,
+	       last_ahead, last_encode, last_copy);
 	return 0;
 }
 #endif

@@ -593,7 +593,8 @@ int cs_check_chunk(const dcast_consumer *c, const dcast_chunk *h);
  * cs_dbatch_chunk: k is one of them (a sparse chunk that writes).
  * cs_dbatch_bytes: the undo-region bytes v's batch takes (0: none);
  * cs_dbatch_layout: lay it out at `at` (8-aligned), segments in chunk
- * order, and map b onto it; cs_dbatch_decode: check and decode chunk k's
+ * order, and map b onto it (DCAST_EINVAL: its device tensors are on
+ * several devices); cs_dbatch_decode: check and decode chunk k's
  * payload p into segment seg (any thread); cs_dbatch_resolve: old values,
  * new ones and each segment's digest move, on the device or by the twin
  * (values: the device's old and new values copied back too), returning
@@ -605,7 +606,7 @@ int cs_check_chunk(const dcast_consumer *c, const dcast_chunk *h);
 int cs_dbatch_tensor(const dcast_consumer *c, const cs_tensor *t);
 int cs_dbatch_chunk(const dcast_consumer *c, const cs_chunk *k);
 uint64_t cs_dbatch_bytes(const dcast_consumer *c, const cs_version *v);
-void cs_dbatch_layout(const dcast_consumer *c, const cs_version *v, unsigned char *at, dcast_batch *b);
+int cs_dbatch_layout(const dcast_consumer *c, const cs_version *v, unsigned char *at, dcast_batch *b);
 int cs_dbatch_decode(dcast_batch *b, uint64_t seg, const cs_chunk *k, const unsigned char *p);
 int cs_dbatch_resolve(dcast_consumer *c, unsigned char *at, int values);
 void cs_dbatch_map(unsigned char *at, dcast_batch *b);

@@ -7,8 +7,9 @@
  * digest: the COMMIT is checked before READY.  Apply (apply.c) is then one
  * scatter launch that keeps the old values in the device copy (the undo
  * buffer); a failed or interrupted apply is one more launch with the roles
- * swapped, bit-exact, with no disk read.  The device tensors are taken to
- * be on the current device.
+ * swapped, bit-exact, with no disk read.  The batch runs on its tensors'
+ * device (the calling thread's current device is set for each step and
+ * set back); tensors of one version on several devices are not batched.
  *
  * Test seam: with DELTACAST_DEVICE_TWIN=1 in the environment when the
  * process first asks, a consumer without device tensors takes this path
@@ -28,6 +29,7 @@ typedef struct dev_copy {
 	const cs_pool *pool;
 	void *dev;
 	uint64_t cap;
+	int device;             /* where dev is */
 	struct dev_copy *next;
 } dev_copy;
 
@@ -105,7 +107,8 @@ int cs_dbatch_chunk(const dcast_consumer *c, const cs_chunk *k)
 
 typedef struct cs_dbatch_hdr {
 	dcast_batch_dims d;
-	uint64_t on_device;     /* its tensors are device memory (else the twin runs) */
+	int32_t on_device;      /* its tensors are device memory (else the twin runs) */
+	int32_t device;         /* theirs */
 } cs_dbatch_hdr;
 
 static void dims_of(const dcast_consumer *c, const cs_version *v, dcast_batch_dims *d, int *on_device)
@@ -140,15 +143,41 @@ static void map_at(unsigned char *at, dcast_batch *b)
 	dcast_batch_map(b, at + sizeof(*h), &h->d);
 }
 
-void cs_dbatch_layout(const dcast_consumer *c, const cs_version *v, unsigned char *at, dcast_batch *b)
+/* The one device v's batched device tensors are on, into *device. */
+static int device_of(const dcast_consumer *c, const cs_version *v, int *device)
+{
+	uint32_t last = UINT32_MAX;
+	int err = 0, d;
+
+	*device = -1;
+	for (uint32_t i = 0; !err && i < v->n_chunks; i++) {
+		const cs_chunk *k = &v->chunks[i];
+		const cs_tensor *t = &c->tensors[k->tensor];
+		if (k->tensor == last || t->mem != DCAST_MEM_CUDA || !cs_dbatch_chunk(c, k))
+			continue;
+		last = k->tensor;
+		if ((err = dcast_cuda_batch_device_of(t->ptr, &d)))
+			break;
+		if (*device >= 0 && d != *device)
+			err = dcast_fail(DCAST_EINVAL, "version %" PRIu64 ": tensors on devices %d and %d: one "
+					 "batch each is not done", v->version, *device, d);
+		*device = d;
+	}
+	return err;
+}
+
+int cs_dbatch_layout(const dcast_consumer *c, const cs_version *v, unsigned char *at, dcast_batch *b)
 {
 	cs_dbatch_hdr *h = (cs_dbatch_hdr *)at;
 	uint64_t s = 0, first = 0, val = 0;
-	int on_device;
+	int on_device, device, err;
 
 	DCAST_ASSERT(((uintptr_t)at & 7) == 0);
+	if ((err = device_of(c, v, &device)))
+		return err;
 	dims_of(c, v, &h->d, &on_device);
-	h->on_device = (uint64_t)on_device;
+	h->on_device = on_device;
+	h->device = device;
 	map_at(at, b);
 	for (uint32_t i = 0; i < v->n_chunks; i++) {
 		const cs_chunk *k = &v->chunks[i];
@@ -161,6 +190,7 @@ void cs_dbatch_layout(const dcast_consumer *c, const cs_version *v, unsigned cha
 		val += dcast_batch_val_bytes(k->info.changed, k->info.elem_size);
 	}
 	dcast_batch_tile_up(b);
+	return 0;
 }
 
 int cs_dbatch_decode(dcast_batch *b, uint64_t seg, const cs_chunk *k, const unsigned char *p)
@@ -175,21 +205,43 @@ int cs_dbatch_decode(dcast_batch *b, uint64_t seg, const cs_chunk *k, const unsi
 
 /* ---- on the device, or by the twin ---- */
 
-/* The device copy of v's batch, big enough for it (NULL: no memory). */
-static void *device_copy(dcast_consumer *c, uint64_t bytes)
+/* The device copy of a batch, on `device` and big enough for it (NULL:
+ * no memory; the current device is `device`). */
+static void *device_copy(dcast_consumer *c, uint64_t bytes, int device)
 {
 	dev_copy *d = copy_of(&c->pool);
 
-	return d && !dcast_cuda_batch_reserve(&d->dev, &d->cap, bytes) ? d->dev : NULL;
+	if (d && d->dev && d->device != device)
+		dcast_cuda_batch_free(&d->dev, &d->cap);
+	if (!d || dcast_cuda_batch_reserve(&d->dev, &d->cap, bytes))
+		return NULL;
+	d->device = device;
+	return d->dev;
+}
+
+/* The device part of cs_dbatch_resolve, on the batch's device. */
+static int resolve_device(dcast_consumer *c, dcast_batch *b, int values, int device)
+{
+	uint64_t bytes = dcast_batch_bytes(&b->d);
+	void *dev = device_copy(c, bytes, device);
+	int err;
+
+	if (!dev)
+		return dcast_fail(DCAST_ENOMEM, "consumer %s: device memory for %" PRIu64 " bytes of changes", c->model,
+				  bytes);
+	if ((err = dcast_cuda_batch_copy(dev, b->base, bytes, 0, NULL)) || (err = dcast_cuda_batch_resolve(dev, b, NULL)))
+		return err;
+	if (values && (err = dcast_cuda_batch_copy(b->old_vals, (unsigned char *)dev + (b->old_vals - b->base),
+						   (uint64_t)(b->base + bytes - b->old_vals), 0, NULL)))
+		return err;
+	return dcast_cuda_batch_copy(b->seg, dev, b->d.n_seg * sizeof(*b->seg), 1, NULL);
 }
 
 int cs_dbatch_resolve(dcast_consumer *c, unsigned char *at, int values)
 {
 	const cs_dbatch_hdr *h = (const cs_dbatch_hdr *)at;
-	uint64_t bytes = dcast_batch_bytes(&h->d);
 	dcast_batch b;
-	void *dev;
-	int err;
+	int err, prev;
 
 	map_at(at, &b);
 	for (uint64_t s = 0; s < b.d.n_seg; s++)
@@ -198,15 +250,11 @@ int cs_dbatch_resolve(dcast_consumer *c, unsigned char *at, int values)
 		dcast_batch_resolve_cpu(&b);
 		return 0;
 	}
-	if (!(dev = device_copy(c, bytes)))
-		return dcast_fail(DCAST_ENOMEM, "consumer %s: device memory for %" PRIu64 " bytes of changes", c->model,
-				  bytes);
-	if ((err = dcast_cuda_batch_copy(dev, b.base, bytes, 0, NULL)) || (err = dcast_cuda_batch_resolve(dev, &b, NULL)))
+	if ((err = dcast_cuda_batch_enter(h->device, &prev)))
 		return err;
-	if (values && (err = dcast_cuda_batch_copy(b.old_vals, (unsigned char *)dev + (b.old_vals - b.base),
-						   (uint64_t)(b.base + bytes - b.old_vals), 0, NULL)))
-		return err;
-	return dcast_cuda_batch_copy(b.seg, dev, b.d.n_seg * sizeof(*b.seg), 1, NULL);
+	err = resolve_device(c, &b, values, h->device);
+	dcast_cuda_batch_leave(prev);
+	return err;
 }
 
 void cs_dbatch_map(unsigned char *at, dcast_batch *b)
@@ -219,7 +267,7 @@ int cs_dbatch_scatter(dcast_consumer *c, unsigned char *at, int undo, uint64_t s
 	const cs_dbatch_hdr *h = (const cs_dbatch_hdr *)at;
 	dev_copy *d;
 	dcast_batch b;
-	int err;
+	int err, prev;
 
 	map_at(at, &b);
 	if (!h->on_device) {
@@ -227,8 +275,11 @@ int cs_dbatch_scatter(dcast_consumer *c, unsigned char *at, int undo, uint64_t s
 		return 0;
 	}
 	d = copy_of(&c->pool);
-	DCAST_ASSERT(d && d->dev); /* the check ahead made it */
-	if ((err = dcast_cuda_batch_scatter(d->dev, &b, undo, 0, seg_hi, NULL)))
+	DCAST_ASSERT(d && d->dev && d->device == h->device); /* the check ahead made it */
+	if ((err = dcast_cuda_batch_enter(h->device, &prev)))
 		return err;
-	return dcast_cuda_batch_sync(NULL);
+	if (!(err = dcast_cuda_batch_scatter(d->dev, &b, undo, 0, seg_hi, NULL)))
+		err = dcast_cuda_batch_sync(NULL);
+	dcast_cuda_batch_leave(prev);
+	return err;
 }

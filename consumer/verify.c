@@ -383,17 +383,16 @@ static void resolve_one(void *arg, unsigned i)
 }
 
 /* v's batch first in the undo region, when v has one (b mapped onto it);
- * 0 when it does not fit. */
+ * an error when it cannot be made (apply then takes each chunk). */
 static int ahead_batch(dcast_consumer *c, cs_version *v, dcast_batch *b, uint64_t *used)
 {
 	uint64_t bytes = cs_dbatch_bytes(c, v);
 
-	if (bytes > c->pool.region_bytes)
-		return 0;
-	if (bytes)
-		cs_dbatch_layout(c, v, cs_pool_undo_take(&c->pool, v->version), b);
 	*used = bytes;
-	return 1;
+	if (bytes > c->pool.region_bytes)
+		return dcast_fail(DCAST_ENOMEM, "version %" PRIu64 ": its device changes exceed the undo region",
+				  v->version);
+	return bytes ? cs_dbatch_layout(c, v, cs_pool_undo_take(&c->pool, v->version), b) : 0;
 }
 
 /* Give each resident chunk that resolves within the undo region its place
@@ -408,9 +407,8 @@ static int ahead_plan(dcast_consumer *c, cs_version *v, cs_dcache *n, res_job *j
 	uint64_t used = 0, seg = 0;
 	int err = 0;
 
-	if (!ahead_batch(c, v, b, &used))
-		return dcast_fail(DCAST_ENOMEM, "version %" PRIu64 ": its device changes exceed the undo region",
-				  v->version);
+	if ((err = ahead_batch(c, v, b, &used)))
+		return err;
 	for (uint32_t i = 0; !err && i < v->n_chunks; i++) {
 		cs_chunk *k = &v->chunks[i];
 		const unsigned char *p;

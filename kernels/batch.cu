@@ -162,6 +162,33 @@ extern "C" int dcast_cuda_batch_sync(void *stream)
 	return e == cudaSuccess ? DCAST_OK : batch_fail(e, "synchronize");
 }
 
+extern "C" int dcast_cuda_batch_device_of(const void *ptr, int *device)
+{
+	cudaPointerAttributes a;
+	cudaError_t e = cudaPointerGetAttributes(&a, ptr);
+
+	if (e)
+		return batch_fail(e, "cudaPointerGetAttributes");
+	if (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged)
+		return dcast_fail(DCAST_EINVAL, "batch: a segment's range is not device memory");
+	*device = a.device;
+	return DCAST_OK;
+}
+
+extern "C" int dcast_cuda_batch_enter(int device, int *prev)
+{
+	cudaError_t e = cudaGetDevice(prev);
+
+	if (!e && *prev != device)
+		e = cudaSetDevice(device);
+	return e == cudaSuccess ? DCAST_OK : batch_fail(e, "cudaSetDevice");
+}
+
+extern "C" void dcast_cuda_batch_leave(int prev)
+{
+	cudaSetDevice(prev);
+}
+
 extern "C" int dcast_cuda_batch_reserve(void **dev, uint64_t *cap, uint64_t bytes)
 {
 	uint64_t want = bytes + bytes / 4;

@@ -100,6 +100,23 @@ int dcast_cuda_batch_sync(void *stream)
 	return no_device("dcast_cuda_batch_sync");
 }
 
+int dcast_cuda_batch_device_of(const void *ptr, int *device)
+{
+	(void)ptr, (void)device;
+	return no_device("dcast_cuda_batch_device_of");
+}
+
+int dcast_cuda_batch_enter(int device, int *prev)
+{
+	(void)device, (void)prev;
+	return no_device("dcast_cuda_batch_enter");
+}
+
+void dcast_cuda_batch_leave(int prev)
+{
+	(void)prev;
+}
+
 int dcast_cuda_batch_reserve(void **dev, uint64_t *cap, uint64_t bytes)
 {
 	(void)bytes;

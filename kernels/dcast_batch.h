@@ -137,6 +137,15 @@ int dcast_cuda_batch_copy(void *dst, const void *src, uint64_t bytes, int wait, 
 /* Wait for stream. */
 int dcast_cuda_batch_sync(void *stream);
 
+/* The device that holds ptr (device or managed memory; else DCAST_EINVAL). */
+int dcast_cuda_batch_device_of(const void *ptr, int *device);
+
+/* Make `device` the calling thread's current one, its previous one in
+ * *prev for dcast_cuda_batch_leave, which makes it current again: a
+ * library thread may run a batch for tensors on any device. */
+int dcast_cuda_batch_enter(int device, int *prev);
+void dcast_cuda_batch_leave(int prev);
+
 /* *dev, device memory of *cap bytes, grown (its contents dropped) to at
  * least `bytes` when smaller; dcast_cuda_batch_free gives it back and
  * zeroes both.  Errors: DCAST_ENOMEM (*dev and *cap then 0), DCAST_ENODEVICE. */

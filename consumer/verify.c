@@ -439,10 +439,11 @@ static void settle_batched(dcast_consumer *c, cs_dcache *n, const cs_chunk *k, c
 {
 	chunk_arrays r = batch_arrays(b, j->seg);
 
-	if (j->e)
-		j->e->have += b->seg[j->seg].move;
-	else
-		move_entries(c, n, k, j->p, NULL, 0, &r);
+	if (!j->e) {
+		move_entries(c, n, k, j->p, NULL, 0, &r); /* counts its bytes */
+		return;
+	}
+	j->e->have += b->seg[j->seg].move;
 	c->verify_bytes += change_bytes(k);
 }
 

@@ -5,11 +5,16 @@
  * applied as one scatter: versions bit-exact (bf16, f32, and an f64 tensor
  * of 8-byte values); a wrong COMMIT digest refused before READY with the
  * live weights untouched; an apply cut off halfway (fault aheadfail)
- * rolled back from the batch's undo buffer, bit-exact.
+ * rolled back from the batch's undo buffer, bit-exact; a delta whose
+ * payload is damaged under a valid checksum (sent by a fake broker)
+ * refused before READY with the CPU decoder's error code, the live
+ * tensor untouched.
  * tests/test_consumer_gpu.c runs the same on a device where one is lent. */
 #include <stdlib.h>
 #include "check.h"
 #include "consumer_harness.h"
+#include "dcast_wire.h"
+#include "deltacast/codec.h"
 
 #define BUDGET (8u << 20)
 
@@ -107,6 +112,143 @@ static void test_cut_rolled_back(const h_broker *b)
 	CHECK(s.untouched_ok >= 1 && s.untouched_bad == 0);
 }
 
+/* ---- a damaged payload under a valid checksum, from a fake broker ---- */
+
+#define FAKE_N 64
+
+typedef struct fake_broker {
+	void *ctx, *router;
+	zmq_msg_t rid;
+	char ep[128];
+} fake_broker;
+
+static void fake_send(fake_broker *f, dcast_msg *m, const void *payload, size_t len)
+{
+	zmq_msg_t p;
+
+	REQUIRE(zmq_msg_init_size(&p, len) == 0);
+	memcpy(zmq_msg_data(&p), payload, len);
+	REQUIRE(dcast_wire_send(f->router, zmq_msg_data(&f->rid), zmq_msg_size(&f->rid), m, len ? &p : NULL, 0) == 0);
+	if (!len)
+		zmq_msg_close(&p);
+}
+
+/* Take the consumer's HELLO, answer WELCOME and a one-tensor MANIFEST. */
+static void fake_join(fake_broker *f)
+{
+	dcast_tensor_desc t = {.name = "w", .dtype = DCAST_DTYPE_BF16, .ndim = 1, .shape = {FAKE_N}};
+	dcast_wire_in in;
+	dcast_msg m;
+
+	for (;;) {
+		REQUIRE(dcast_wire_recv(f->router, 1, &in, 0) == 0);
+		if (in.msg.type == DCAST_MSG_HELLO)
+			break;
+		dcast_wire_in_close(&in);
+	}
+	zmq_msg_init(&f->rid);
+	zmq_msg_copy(&f->rid, &in.rid);
+	dcast_wire_in_close(&in);
+	dcast_msg_init(&m, DCAST_MSG_WELCOME);
+	strcpy(m.u.welcome.model, "fake");
+	m.u.welcome.version = m.u.welcome.anchor_version = DCAST_VERSION_NONE;
+	m.u.welcome.heartbeat_ms = 60000;
+	m.u.welcome.run = 0x77;
+	fake_send(f, &m, NULL, 0);
+	dcast_msg_init(&m, DCAST_MSG_MANIFEST);
+	strcpy(m.u.manifest.model, "fake");
+	m.u.manifest.n_tensors = 1;
+	m.u.manifest.tensors = &t;
+	fake_send(f, &m, NULL, 0);
+}
+
+/* Version v of tensor w as one CHUNK (info, payload) and its COMMIT with
+ * `digest`. */
+static void fake_version(fake_broker *f, uint64_t v, const dcast_chunk_info *info, const void *payload,
+			 uint64_t digest)
+{
+	dcast_range_digest d = {0, 0, FAKE_N, digest};
+	uint64_t base = v > 1 ? v - 1 : DCAST_VERSION_NONE;
+	dcast_msg m;
+
+	dcast_msg_init(&m, DCAST_MSG_CHUNK);
+	strcpy(m.u.chunk.model, "fake");
+	m.u.chunk.version = v;
+	m.u.chunk.base_version = base;
+	m.u.chunk.anchor = v == 1;
+	m.u.chunk.count = info->count, m.u.chunk.elem_size = info->elem_size, m.u.chunk.changed = info->changed;
+	m.u.chunk.encoding = info->encoding, m.u.chunk.payload_bytes = info->payload_bytes;
+	dcast_chunk_seal(&m.u.chunk, payload);
+	fake_send(f, &m, payload, info->payload_bytes);
+	dcast_msg_init(&m, DCAST_MSG_COMMIT);
+	strcpy(m.u.commit.model, "fake");
+	m.u.commit.version = v;
+	m.u.commit.base_version = base;
+	m.u.commit.anchor = v == 1, m.u.commit.parts = 1, m.u.commit.chunks = 1;
+	m.u.commit.bytes = info->payload_bytes;
+	m.u.commit.n_digests = 1;
+	m.u.commit.digests = &d;
+	fake_send(f, &m, NULL, 0);
+}
+
+/* The next event of `type` within 10 s (others counted in *ready when
+ * they are READY events). */
+static int next_event(dcast_consumer *c, int type, dcast_event *ev, int *ready)
+{
+	for (int i = 0; i < 100; i++) {
+		if (dcast_consumer_poll(c, 100, ev))
+			return 0;
+		*ready += ev->type == DCAST_EV_VERSION_READY && type != DCAST_EV_VERSION_READY;
+		if (ev->type == type)
+			return 1;
+	}
+	return 0;
+}
+
+/* Anchor 1, then delta 2 as idx32 whose positions go down (3 then 2): its
+ * checksum is right, its structure is not. */
+static void test_damaged_refused(void)
+{
+	fake_broker f = {0};
+	size_t len = sizeof(f.ep);
+	uint16_t w1[FAKE_N];
+	unsigned char bad[12] = {3, 0, 0, 0, 0x11, 0x22, 2, 0, 0, 0, 0x33, 0x44}, scratch[FAKE_N * 2];
+	dcast_chunk_info dense = {DCAST_ENC_DENSE, 2, FAKE_N, FAKE_N, sizeof(w1)};
+	dcast_chunk_info delta = {DCAST_ENC_IDX32, 2, FAKE_N, 2, sizeof(bad)};
+	char dir[256];
+	dcast_consumer *c = NULL;
+	dcast_event ev;
+	uint64_t d1;
+	int ready = 0;
+	void *ptr;
+
+	for (int i = 0; i < FAKE_N; i++)
+		w1[i] = (uint16_t)(i * 7 + 1);
+	REQUIRE(dcast_ldigest(0, 0, w1, FAKE_N, 2, &d1) == 0);
+	memcpy(scratch, w1, sizeof(w1));
+	int want = dcast_codec_apply(&delta, bad, scratch, NULL); /* the CPU's verdict */
+	REQUIRE(want != 0);
+	snprintf(dir, sizeof(dir), "%s/fake", root);
+	REQUIRE((f.ctx = zmq_ctx_new()) && (f.router = zmq_socket(f.ctx, ZMQ_ROUTER)));
+	REQUIRE(zmq_bind(f.router, "tcp://127.0.0.1:*") == 0);
+	REQUIRE(zmq_getsockopt(f.router, ZMQ_LAST_ENDPOINT, f.ep, &len) == 0);
+	REQUIRE(dcast_consumer_open(f.ep, "fake", dir, BUDGET, NULL, &c) == 0);
+	fake_join(&f);
+	fake_version(&f, 1, &dense, w1, d1);
+	CHECK(next_event(c, DCAST_EV_VERSION_READY, &ev, &ready) && ev.version == 1);
+	CHECK_ERR(dcast_consumer_apply(c, 1), 0);
+	fake_version(&f, 2, &delta, bad, d1);
+	CHECK(next_event(c, DCAST_EV_ERROR, &ev, &ready) && ev.version == 2);
+	CHECK_ERR(ev.code, want);
+	fprintf(stderr, "refused as: %s\n", ev.text);
+	CHECK(ready == 0 && dcast_consumer_ready_version(c) == DCAST_VERSION_NONE); /* never READY */
+	CHECK(dcast_consumer_tensor(c, "w", &ptr, NULL, NULL) == 0 && !memcmp(ptr, w1, sizeof(w1)));
+	dcast_consumer_close(&c);
+	zmq_msg_close(&f.rid);
+	zmq_close(f.router);
+	zmq_ctx_term(f.ctx);
+}
+
 int main(void)
 {
 	h_broker b;
@@ -119,6 +261,7 @@ int main(void)
 	test_digest_refused(&b);
 	test_cut_rolled_back(&b);
 	h_broker_stop(&b);
+	test_damaged_refused();
 	check_remove_dir(root);
 	return check_done("test_consumer_devbatch");
 }

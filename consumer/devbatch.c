@@ -10,6 +10,9 @@
  * swapped, bit-exact, with no disk read.  The batch runs on its tensors'
  * device (the calling thread's current device is set for each step and
  * set back); tensors of one version on several devices are not batched.
+ * The work ahead runs on a stream of its own, beside the engine's
+ * kernels; the pause runs on the legacy default stream, so it follows
+ * the engine's work there.
  *
  * Test seam: with DELTACAST_DEVICE_TWIN=1 in the environment when the
  * process first asks, a consumer without device tensors takes this path
@@ -30,6 +33,7 @@ typedef struct dev_copy {
 	void *dev;
 	uint64_t cap;
 	int device;             /* where dev is */
+	void *stream;           /* there, for the work ahead of apply */
 	struct dev_copy *next;
 } dev_copy;
 
@@ -64,8 +68,10 @@ void cs_dbatch_release(const cs_pool *p)
 	if (d)
 		*at = d->next;
 	pthread_mutex_unlock(&copies_lock);
-	if (d)
+	if (d) {
 		dcast_cuda_batch_free(&d->dev, &d->cap);
+		dcast_cuda_batch_stream_free(d->stream);
+	}
 	free(d);
 }
 
@@ -205,36 +211,43 @@ int cs_dbatch_decode(dcast_batch *b, uint64_t seg, const cs_chunk *k, const unsi
 
 /* ---- on the device, or by the twin ---- */
 
-/* The device copy of a batch, on `device` and big enough for it (NULL:
- * no memory; the current device is `device`). */
-static void *device_copy(dcast_consumer *c, uint64_t bytes, int device)
+/* The device copy of a batch, on `device` and big enough for it, and its
+ * stream (NULL: no memory; the current device is `device`). */
+static dev_copy *device_copy(dcast_consumer *c, uint64_t bytes, int device)
 {
 	dev_copy *d = copy_of(&c->pool);
 
-	if (d && d->dev && d->device != device)
+	if (d && d->dev && d->device != device) {
 		dcast_cuda_batch_free(&d->dev, &d->cap);
-	if (!d || dcast_cuda_batch_reserve(&d->dev, &d->cap, bytes))
+		dcast_cuda_batch_stream_free(d->stream);
+		d->stream = NULL;
+	}
+	if (!d || dcast_cuda_batch_reserve(&d->dev, &d->cap, bytes) || (!d->stream && dcast_cuda_batch_stream(&d->stream)))
 		return NULL;
 	d->device = device;
-	return d->dev;
+	return d;
 }
 
-/* The device part of cs_dbatch_resolve, on the batch's device. */
+/* The device part of cs_dbatch_resolve, on the batch's device and its
+ * own stream (inference may be running). */
 static int resolve_device(dcast_consumer *c, dcast_batch *b, int values, int device)
 {
 	uint64_t bytes = dcast_batch_bytes(&b->d);
-	void *dev = device_copy(c, bytes, device);
+	dev_copy *d = device_copy(c, bytes, device);
+	unsigned char *dev;
 	int err;
 
-	if (!dev)
-		return dcast_fail(DCAST_ENOMEM, "consumer %s: device memory for %" PRIu64 " bytes of changes", c->model,
-				  bytes);
-	if ((err = dcast_cuda_batch_copy(dev, b->base, bytes, 0, NULL)) || (err = dcast_cuda_batch_resolve(dev, b, NULL)))
+	if (!d)
+		return dcast_fail(DCAST_ENOMEM, "consumer %s: device memory for %" PRIu64 " bytes of changes: %s",
+				  c->model, bytes, dcast_last_error());
+	dev = d->dev;
+	if ((err = dcast_cuda_batch_copy(dev, b->base, bytes, 0, d->stream)) ||
+	    (err = dcast_cuda_batch_resolve(dev, b, d->stream)))
 		return err;
-	if (values && (err = dcast_cuda_batch_copy(b->old_vals, (unsigned char *)dev + (b->old_vals - b->base),
-						   (uint64_t)(b->base + bytes - b->old_vals), 0, NULL)))
+	if (values && (err = dcast_cuda_batch_copy(b->old_vals, dev + (b->old_vals - b->base),
+						   (uint64_t)(b->base + bytes - b->old_vals), 0, d->stream)))
 		return err;
-	return dcast_cuda_batch_copy(b->seg, dev, b->d.n_seg * sizeof(*b->seg), 1, NULL);
+	return dcast_cuda_batch_copy(b->seg, dev, b->d.n_seg * sizeof(*b->seg), 1, d->stream);
 }
 
 int cs_dbatch_resolve(dcast_consumer *c, unsigned char *at, int values)

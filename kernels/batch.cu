@@ -189,6 +189,21 @@ extern "C" void dcast_cuda_batch_leave(int prev)
 	cudaSetDevice(prev);
 }
 
+extern "C" int dcast_cuda_batch_stream(void **stream)
+{
+	cudaError_t e = cudaStreamCreateWithFlags((cudaStream_t *)stream, cudaStreamNonBlocking);
+
+	if (e)
+		*stream = NULL;
+	return e == cudaSuccess ? DCAST_OK : batch_fail(e, "cudaStreamCreateWithFlags");
+}
+
+extern "C" void dcast_cuda_batch_stream_free(void *stream)
+{
+	if (stream)
+		cudaStreamDestroy((cudaStream_t)stream);
+}
+
 extern "C" int dcast_cuda_batch_reserve(void **dev, uint64_t *cap, uint64_t bytes)
 {
 	uint64_t want = bytes + bytes / 4;

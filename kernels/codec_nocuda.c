@@ -117,6 +117,17 @@ void dcast_cuda_batch_leave(int prev)
 	(void)prev;
 }
 
+int dcast_cuda_batch_stream(void **stream)
+{
+	*stream = NULL;
+	return no_device("dcast_cuda_batch_stream");
+}
+
+void dcast_cuda_batch_stream_free(void *stream)
+{
+	(void)stream;
+}
+
 int dcast_cuda_batch_reserve(void **dev, uint64_t *cap, uint64_t bytes)
 {
 	(void)bytes;

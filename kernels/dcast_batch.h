@@ -146,6 +146,12 @@ int dcast_cuda_batch_device_of(const void *ptr, int *device);
 int dcast_cuda_batch_enter(int device, int *prev);
 void dcast_cuda_batch_leave(int prev);
 
+/* A stream of the current device that does not wait for the legacy
+ * default stream (work ahead of apply runs beside an engine's kernels);
+ * dcast_cuda_batch_stream_free(NULL) does nothing. */
+int dcast_cuda_batch_stream(void **stream);
+void dcast_cuda_batch_stream_free(void *stream);
+
 /* *dev, device memory of *cap bytes, grown (its contents dropped) to at
  * least `bytes` when smaller; dcast_cuda_batch_free gives it back and
  * zeroes both.  Errors: DCAST_ENOMEM (*dev and *cap then 0), DCAST_ENODEVICE. */

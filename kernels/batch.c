@@ -3,6 +3,7 @@
  * the kernels to, change for change. */
 #include <string.h>
 #include "codec_shared.h"
+#include "batch_decode.h"
 #include "dcast_batch.h"
 #include "dcast_common.h"
 
@@ -11,39 +12,41 @@ static uint64_t up8(uint64_t n)
 	return (n + 7) & ~(uint64_t)7;
 }
 
-/* Offsets of the arrays after seg, in the order of dcast_batch.h. */
-static void offsets(const dcast_batch_dims *d, uint64_t off[6])
+/* Arrays of these byte sizes laid end to end, each at a multiple of 8:
+ * where each starts (at[n]: the total). */
+static void lay_out(const uint64_t *sizes, unsigned n, uint64_t *at)
 {
-	off[0] = up8(d->n_seg * sizeof(dcast_batch_seg));               /* tile */
-	off[1] = off[0] + up8(d->n_tile * sizeof(dcast_batch_tile));    /* pos */
-	off[2] = off[1] + up8(d->n * 4);                                /* code */
-	off[3] = off[2] + up8(d->n * 4);                                /* old_vals */
-	off[4] = off[3] + up8(d->val_bytes);                            /* new_vals */
-	off[5] = off[4] + up8(d->val_bytes);                            /* end */
+	at[0] = 0;
+	for (unsigned i = 0; i < n; i++)
+		at[i + 1] = at[i] + up8(sizes[i]);
+}
+
+/* The batch's arrays, in the order of dcast_batch.h. */
+static void offsets(const dcast_batch_dims *d, uint64_t at[7])
+{
+	uint64_t sizes[6] = { d->n_seg * sizeof(dcast_batch_seg), d->n_tile * sizeof(dcast_batch_tile), d->n * 4,
+			      d->n * 4, d->val_bytes, d->val_bytes };
+
+	lay_out(sizes, 6, at);
 }
 
 uint64_t dcast_batch_bytes(const dcast_batch_dims *d)
 {
-	uint64_t off[6];
+	uint64_t at[7];
 
-	offsets(d, off);
-	return off[5];
+	offsets(d, at);
+	return at[6];
 }
 
 void dcast_batch_map(dcast_batch *b, void *base, const dcast_batch_dims *d)
 {
 	unsigned char *p = base;
-	uint64_t off[6];
+	uint64_t at[7];
 
-	offsets(d, off);
-	b->d = *d;
-	b->base = p;
-	b->seg = (dcast_batch_seg *)p;
-	b->tile = (dcast_batch_tile *)(p + off[0]);
-	b->pos = (uint32_t *)(p + off[1]);
-	b->code = (uint32_t *)(p + off[2]);
-	b->old_vals = p + off[3];
-	b->new_vals = p + off[4];
+	offsets(d, at);
+	*b = (dcast_batch){ .d = *d, .base = p, .seg = (dcast_batch_seg *)p, .tile = (dcast_batch_tile *)(p + at[1]),
+			    .pos = (uint32_t *)(p + at[2]), .code = (uint32_t *)(p + at[3]), .old_vals = p + at[4],
+			    .new_vals = p + at[5] };
 }
 
 void dcast_batch_tile_up(dcast_batch *b)
@@ -119,4 +122,120 @@ void dcast_batch_scatter_cpu(const dcast_batch *b, int undo, uint64_t seg_lo, ui
 			memcpy(e, src + i * es, es);
 		}
 	}
+}
+
+/* ---- compact payloads decoded on the device (batch_decode.h) ---- */
+
+/* The decode buffer's arrays, in the order of batch_decode.h. */
+static void doffsets(const dcast_batch_ddims *d, uint64_t at[6])
+{
+	uint64_t sizes[5] = { d->n_cpt * sizeof(dcast_batch_cpt), d->n_blk * sizeof(dcast_batch_blk),
+			      d->n_blk * sizeof(dcast_batch_end), d->n_lut * 2, d->payload_bytes };
+
+	lay_out(sizes, 5, at);
+}
+
+uint64_t dcast_batch_dbytes(const dcast_batch_ddims *d)
+{
+	uint64_t at[6];
+
+	doffsets(d, at);
+	return at[5];
+}
+
+void dcast_batch_dmap(dcast_batch_dec *x, void *base, const dcast_batch_ddims *d)
+{
+	unsigned char *p = base;
+	uint64_t at[6];
+
+	doffsets(d, at);
+	*x = (dcast_batch_dec){ .d = *d, .base = p, .cpt = (dcast_batch_cpt *)p, .blk = (dcast_batch_blk *)(p + at[1]),
+				.end = (dcast_batch_end *)(p + at[2]), .lut = (uint16_t *)(p + at[3]),
+				.payload = p + at[4] };
+}
+
+void dcast_batch_ddims_for(const dcast_chunk_info *info, uint64_t n, dcast_batch_ddims *d)
+{
+	*d = (dcast_batch_ddims){ n, 0, n * DCAST_CPT_LUT_SIZE, 0 };
+	for (uint64_t c = 0; c < n; c++) {
+		d->n_blk += dcast_cpt_nblocks(info[c].changed);
+		d->payload_bytes += up8(info[c].payload_bytes);
+	}
+}
+
+/* The header of a compact payload checked, *p described (stream, index,
+ * code parameters), its lookup built into lut when coded. */
+static int cpt_open(const dcast_chunk_info *info, const void *payload, dcast_batch_cpt *p, uint16_t *lut)
+{
+	dcast_cpt_table t;
+	dcast_cpt_dec d;
+	int rc = dcast_codec_check_info(info, payload, payload ? payload : (const void *)p);
+
+	if (rc)
+		return rc;
+	if (info->encoding != DCAST_ENC_COMPACT)
+		return dcast_fail(DCAST_EINVAL, "batch decode: a %s payload is not compact",
+				  dcast_encoding_name((int)info->encoding));
+	if ((rc = dcast_cpt_check_changed(info)) || (rc = dcast_cpt_open(info, payload, &d, &t)))
+		return rc;
+	if (d.mode == DCAST_CPT_CODED)
+		dcast_cpt_lut_build(&t, dcast_cpt_nsym(d.w), lut);
+	if (!info->changed && (rc = dcast_cpt_check_trail(&d, 0)))
+		return dcast_cpt_fail(rc, 0);
+	p->stream_off = (uint64_t)(d.stream - (const uint8_t *)payload);
+	p->stream_bytes = d.stream_bytes;
+	p->index_off = dcast_cpt_hdr_bytes(d.mode, d.w);
+	p->k = d.k, p->mode = d.mode, p->w = d.w;
+	return DCAST_OK;
+}
+
+int dcast_batch_dput(dcast_batch_dec *x, uint64_t c, const dcast_chunk_info *info, const void *payload,
+		     uint64_t *at, uint64_t first)
+{
+	dcast_batch_cpt *p = &x->cpt[c];
+	int rc;
+
+	DCAST_ASSERT(c < x->d.n_cpt && *at + info->payload_bytes <= x->d.payload_bytes);
+	*p = (dcast_batch_cpt){ .payload_off = *at, .lut_off = c * DCAST_CPT_LUT_SIZE, .count = info->count,
+				.changed = info->changed, .first = first, .err = DCAST_BATCH_NO_ERR };
+	*at += up8(info->payload_bytes);
+	if ((rc = cpt_open(info, payload, p, x->lut + p->lut_off))) {
+		p->mode = DCAST_BATCH_SKIP;
+		return rc;
+	}
+	memcpy(x->payload + p->payload_off, payload, info->payload_bytes);
+	return DCAST_OK;
+}
+
+void dcast_batch_blk_up(dcast_batch_dec *x)
+{
+	uint64_t g = 0;
+
+	for (uint64_t c = 0; c < x->d.n_cpt; c++) {
+		x->cpt[c].err = DCAST_BATCH_NO_ERR;
+		for (uint64_t b = 0; b < dcast_cpt_nblocks(x->cpt[c].changed); b++, g++)
+			x->blk[g] = (dcast_batch_blk){ (uint32_t)c, (uint32_t)b };
+	}
+	DCAST_ASSERT(g == x->d.n_blk);
+}
+
+void dcast_batch_decode_cpu(dcast_batch_dec *x, uint32_t *pos, uint32_t *code)
+{
+	for (uint64_t g = 0; g < x->d.n_blk; g++)
+		dcast_batch_decode_blk(x, g, pos, code);
+	for (uint64_t g = 0; g < x->d.n_blk; g++) {
+		uint64_t key = dcast_batch_chain_blk(x, g);
+		dcast_batch_cpt *p = &x->cpt[x->blk[g].cpt];
+		p->err = key < p->err ? key : p->err;
+	}
+}
+
+int dcast_batch_cpt_report(const dcast_batch_cpt *p)
+{
+	int e;
+
+	if (p->err == DCAST_BATCH_NO_ERR)
+		return DCAST_OK;
+	e = (int)(p->err & 0xff);
+	return dcast_cpt_fail(e ? e : DCAST_CPT_EINDEX, p->err >> 8);
 }

@@ -8,6 +8,7 @@
 #include <inttypes.h>
 #include <cuda_runtime.h>
 #include "codec_shared.h"
+#include "batch_decode.h"
 #include "dcast_batch.h"
 extern "C" {
 #include "dcast_common.h"
@@ -144,6 +145,44 @@ extern "C" int dcast_cuda_batch_scatter(void *dev, const dcast_batch *host, int 
 	k_batch_scatter<<<blocks_for(t_hi - t_lo), BATCH_THREADS, 0, (cudaStream_t)stream>>>(b, t_lo, t_hi, undo);
 	e = cudaGetLastError();
 	return e == cudaSuccess ? DCAST_OK : batch_fail(e, "scatter launch");
+}
+
+/* ---- compact payloads decoded on the device (batch_decode.h) ---- */
+
+#define DECODE_THREADS 128u
+
+__global__ static void k_batch_decode(const dcast_batch_dec x, uint32_t *pos, uint32_t *code)
+{
+	for (uint64_t g = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; g < x.d.n_blk;
+	     g += (uint64_t)gridDim.x * blockDim.x)
+		dcast_batch_decode_blk(&x, g, pos, code);
+}
+
+__global__ static void k_batch_chain(const dcast_batch_dec x)
+{
+	for (uint64_t g = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; g < x.d.n_blk;
+	     g += (uint64_t)gridDim.x * blockDim.x) {
+		uint64_t key = dcast_batch_chain_blk(&x, g);
+		if (key != DCAST_BATCH_NO_ERR)
+			atomicMin((unsigned long long *)&x.cpt[x.blk[g].cpt].err, (unsigned long long)key);
+	}
+}
+
+extern "C" int dcast_cuda_batch_decode(void *dev, const dcast_batch_dec *host, uint32_t *pos, uint32_t *code,
+				       void *stream)
+{
+	uint64_t blocks = (host->d.n_blk + DECODE_THREADS - 1) / DECODE_THREADS;
+	unsigned grid = (unsigned)(blocks < BATCH_MAX_BLOCKS ? (blocks ? blocks : 1) : BATCH_MAX_BLOCKS);
+	dcast_batch_dec x;
+	cudaError_t e;
+
+	dcast_batch_dmap(&x, dev, &host->d); /* addresses only */
+	if (!host->d.n_blk)
+		return DCAST_OK;
+	k_batch_decode<<<grid, DECODE_THREADS, 0, (cudaStream_t)stream>>>(x, pos, code);
+	k_batch_chain<<<grid, DECODE_THREADS, 0, (cudaStream_t)stream>>>(x);
+	e = cudaGetLastError();
+	return e == cudaSuccess ? DCAST_OK : batch_fail(e, "decode launch");
 }
 
 extern "C" int dcast_cuda_batch_copy(void *dst, const void *src, uint64_t bytes, int wait, void *stream)

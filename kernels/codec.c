@@ -288,12 +288,21 @@ int dcast_bitmask_check(const dcast_chunk_info *info, const uint8_t *pl)
 	return DCAST_OK;
 }
 
-int dcast_cpt_load(const dcast_chunk_info *info, const uint8_t *pl, dcast_cpt_decoded *dec)
+int dcast_cpt_check_changed(const dcast_chunk_info *info)
 {
 	/* Every element costs at least 2 bits: refuse before allocating. */
 	if (info->changed > info->payload_bytes * 4)
 		return dcast_fail(DCAST_ECORRUPT, "compact payload: %" PRIu64 " bytes cannot hold %" PRIu64 " changes",
 				  info->payload_bytes, info->changed);
+	return DCAST_OK;
+}
+
+int dcast_cpt_load(const dcast_chunk_info *info, const uint8_t *pl, dcast_cpt_decoded *dec)
+{
+	int rc = dcast_cpt_check_changed(info);
+
+	if (rc)
+		return rc;
 	size_t n = info->changed ? info->changed : 1;
 	dec->pos = dcast_scratch(DCAST_SCRATCH_DEC_POS, (n + DCAST_PREFETCH_AHEAD) * 4);
 	dec->val = dcast_scratch(DCAST_SCRATCH_DEC_VAL, n * 4);

@@ -212,7 +212,7 @@ uint64_t dcast_cpt_emit(const dcast_changes *ch, const dcast_cpt_plan *p, const 
 
 /* The prefix-code lookup, filled symbol by symbol (the GPU fills it entry
  * by entry with dcast_cpt_lut_fill; both give the same table). */
-static void lut_build(const dcast_cpt_table *t, unsigned nsym, uint16_t *lut)
+void dcast_cpt_lut_build(const dcast_cpt_table *t, unsigned nsym, uint16_t *lut)
 {
 	memset(lut, 0, DCAST_CPT_LUT_SIZE * sizeof(*lut));
 	for (unsigned s = 0; s < nsym; s++) {
@@ -222,7 +222,7 @@ static void lut_build(const dcast_cpt_table *t, unsigned nsym, uint16_t *lut)
 	}
 }
 
-static int cpt_fail(int e, uint64_t elem)
+int dcast_cpt_fail(int e, uint64_t elem)
 {
 	return dcast_fail(DCAST_ECORRUPT, "compact payload, element %" PRIu64 ": %s", elem,
 			  dcast_cpt_errstr(e));
@@ -240,18 +240,18 @@ static int cpt_decode_blocks(const dcast_cpt_dec *d, const uint8_t *idx, uint64_
 		if (b) {
 			const uint8_t *e = idx + (b - 1) * DCAST_CPT_INDEX_ENTRY;
 			if (dcast_rd32le(e) != bit || (uint64_t)dcast_rd32le(e + 4) + 1 != next)
-				return cpt_fail(DCAST_CPT_EINDEX, first);
+				return dcast_cpt_fail(DCAST_CPT_EINDEX, first);
 		}
 		int e = dcast_cpt_decode_run(d, &bit, &next, n, pos + first, val ? val + first : NULL);
 		if (e)
-			return cpt_fail(e, first);
+			return dcast_cpt_fail(e, first);
 	}
 	int e = dcast_cpt_check_trail(d, bit);
-	return e ? cpt_fail(e, changed) : DCAST_OK;
+	return e ? dcast_cpt_fail(e, changed) : DCAST_OK;
 }
 
 /* Parse the header and find the stream: d (all but lut) and t filled. */
-static int cpt_open(const dcast_chunk_info *info, const uint8_t *payload, dcast_cpt_dec *d,
+int dcast_cpt_open(const dcast_chunk_info *info, const uint8_t *payload, dcast_cpt_dec *d,
 		    dcast_cpt_table *t)
 {
 	const char *bad = dcast_cpt_hdr_parse(payload, info->payload_bytes, 8 * info->elem_size, d, t);
@@ -275,12 +275,12 @@ int dcast_cpt_decode_checked(const dcast_chunk_info *info, const uint8_t *payloa
 	dcast_cpt_dec d;
 	dcast_cpt_table t;
 	uint16_t lut[DCAST_CPT_LUT_SIZE];
-	int rc = cpt_open(info, payload, &d, &t);
+	int rc = dcast_cpt_open(info, payload, &d, &t);
 	if (rc)
 		return rc;
 	d.lut = lut;
 	if (d.mode == DCAST_CPT_CODED)
-		lut_build(&t, dcast_cpt_nsym(d.w), lut);
+		dcast_cpt_lut_build(&t, dcast_cpt_nsym(d.w), lut);
 	*mode = d.mode;
 	return cpt_decode_blocks(&d, payload + dcast_cpt_hdr_bytes(d.mode, d.w), info->changed, pos, val);
 }
@@ -290,7 +290,7 @@ int dcast_cpt_decode(const dcast_chunk_info *info, const uint8_t *payload, uint3
 {
 	dcast_cpt_dec d;
 	dcast_cpt_table t;
-	int rc = cpt_open(info, payload, &d, &t);
+	int rc = dcast_cpt_open(info, payload, &d, &t);
 	if (rc)
 		return rc;
 	*mode = d.mode;

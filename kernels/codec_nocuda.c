@@ -4,6 +4,7 @@
 #ifndef DCAST_HAVE_CUDA
 #include <stdatomic.h>
 #include "deltacast/codec_cuda.h"
+#include "batch_decode.h"
 #include "dcast_batch.h"
 #include "dcast_common.h"
 
@@ -86,6 +87,12 @@ int dcast_cuda_batch_scatter(void *dev, const dcast_batch *host, int undo, uint6
 {
 	(void)dev, (void)host, (void)undo, (void)seg_lo, (void)seg_hi, (void)stream;
 	return no_device("dcast_cuda_batch_scatter");
+}
+
+int dcast_cuda_batch_decode(void *dev, const dcast_batch_dec *host, uint32_t *pos, uint32_t *code, void *stream)
+{
+	(void)dev, (void)host, (void)pos, (void)code, (void)stream;
+	return no_device("dcast_cuda_batch_decode");
 }
 
 int dcast_cuda_batch_copy(void *dst, const void *src, uint64_t bytes, int wait, void *stream)

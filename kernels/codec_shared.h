@@ -702,6 +702,17 @@ typedef struct dcast_cpt_decoded {
  * decoder's), DCAST_ENOMEM. */
 int dcast_cpt_load(const dcast_chunk_info *info, const uint8_t *pl, dcast_cpt_decoded *dec);
 
+/* Parse a compact payload's header and find its stream: d (all but lut)
+ * and t filled; errors name the problem (DCAST_ECORRUPT,
+ * DCAST_EPAYLOAD_SIZE).  dcast_cpt_lut_build: the value code's lookup
+ * (DCAST_CPT_LUT_SIZE entries) from t.  dcast_cpt_fail: the error of a
+ * decoder failure e (enum dcast_cpt_err) at element elem. */
+int dcast_cpt_open(const dcast_chunk_info *info, const uint8_t *payload, dcast_cpt_dec *d, dcast_cpt_table *t);
+void dcast_cpt_lut_build(const dcast_cpt_table *t, unsigned nsym, uint16_t *lut);
+int dcast_cpt_fail(int e, uint64_t elem);
+/* More changes than a compact payload's bytes can hold: DCAST_ECORRUPT. */
+int dcast_cpt_check_changed(const dcast_chunk_info *info);
+
 /* The same with the sequential checking decoder only (the reference that
  * names the problem; tests compare the two). */
 int dcast_cpt_decode_checked(const dcast_chunk_info *info, const uint8_t *payload, uint32_t *pos,

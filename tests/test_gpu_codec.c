@@ -9,13 +9,15 @@
  * past the byte limit.  The batch kernels (dcast_batch.h) give their CPU
  * twin's ranges, old and new values and digest moves on random batches of
  * 1- to 8-byte segments, applied whole or for a prefix of the segments and
- * undone.
+ * undone; compact payloads of several chunks (some damaged) decoded in one
+ * launch give the twin's positions, codes and first failures.
  * Exits 77 without a CUDA device (or in a build without CUDA). */
 #include <stdint.h>
 #include "check.h"
 #include "deltacast/codec.h"
 #include "deltacast/codec_cuda.h"
 #include "batch_cases.h"
+#include "batch_decode.h"
 
 #ifndef DCAST_HAVE_CUDA
 int main(void)
@@ -385,6 +387,61 @@ static void test_batch(void)
 	}
 }
 
+/* Compact payloads of n chunks, one in three damaged, decoded on the
+ * device and by the twin from the same buffer. */
+static void check_batch_decode(uint64_t n)
+{
+	dcast_chunk_info *info = calloc(n, sizeof(*info));
+	uint8_t **pl = calloc(n, sizeof(*pl));
+	uint64_t total = 0, at = 0, first = 0;
+	dcast_batch_ddims d;
+	dcast_batch_dec x, back;
+
+	for (uint64_t c = 0; c < n; c++) {
+		gcase g = make_case(1 + rnd() % 300000, 1u << (rnd() % 3), rnd() % 2 ? 0.01 : 0.1);
+		size_t cap = dcast_codec_bound(g.count, g.es);
+		pl[c] = malloc(cap);
+		REQUIRE(dcast_codec_encode(g.cur, g.base, g.count, g.es, DCAST_ENC_COMPACT, 0, pl[c], cap, &info[c]) == 0);
+		if (rnd() % 3 == 0)
+			pl[c][rnd() % info[c].payload_bytes] ^= (uint8_t)(1u << (rnd() % 8));
+		total += info[c].changed;
+		free(g.base), free(g.cur);
+	}
+	dcast_batch_ddims_for(info, n, &d);
+	uint64_t bytes = dcast_batch_dbytes(&d);
+	uint8_t *host = malloc(bytes), *got = malloc(bytes);
+	uint32_t *pos = malloc(total * 4 + 4), *code = malloc(total * 4 + 4), *gpos = malloc(total * 4 + 4),
+		 *gcode = malloc(total * 4 + 4);
+	dcast_batch_dmap(&x, host, &d);
+	for (uint64_t c = 0; c < n; first += info[c].changed, c++)
+		dcast_batch_dput(&x, c, &info[c], pl[c], &at, first);
+	dcast_batch_blk_up(&x);
+	void *dev = to_dev(host, bytes), *dpos = dev_alloc(total * 4), *dcode = dev_alloc(total * 4);
+	CHECK(dcast_cuda_batch_decode(dev, &x, dpos, dcode, NULL) == DCAST_OK);
+	from_dev(got, dev, bytes), from_dev(gpos, dpos, total * 4), from_dev(gcode, dcode, total * 4);
+	memset(pos, POISON, total * 4), memset(code, POISON, total * 4);
+	dcast_batch_decode_cpu(&x, pos, code);
+	dcast_batch_dmap(&back, got, &d);
+	first = 0;
+	for (uint64_t c = 0; c < n; first += info[c].changed, c++) {
+		CHECK(back.cpt[c].err == x.cpt[c].err);
+		if (x.cpt[c].err == DCAST_BATCH_NO_ERR && x.cpt[c].mode != DCAST_BATCH_SKIP)
+			CHECK(!memcmp(gpos + first, pos + first, info[c].changed * 4) &&
+			      !memcmp(gcode + first, code + first, info[c].changed * 4));
+	}
+	cudaFree(dev), cudaFree(dpos), cudaFree(dcode);
+	for (uint64_t c = 0; c < n; c++)
+		free(pl[c]);
+	free(info), free(pl), free(host), free(got), free(pos), free(code), free(gpos), free(gcode);
+}
+
+static void test_batch_decode(void)
+{
+	for (int round = 0; round < 20; round++)
+		check_batch_decode(1 + rnd() % 12);
+}
+
+
 int main(void)
 {
 	if (!dcast_cuda_available())
@@ -395,6 +452,7 @@ int main(void)
 	test_codec();
 	test_ranges();
 	test_batch();
+	test_batch_decode();
 	return check_done("test_gpu_codec");
 }
 #endif

@@ -8,10 +8,15 @@
  * (dcast_batch_decode) and resolved by the twin give dcast_codec_resolve's
  * positions, old and new values and digest move, and applied give
  * dcast_codec_apply's bytes; damaged payloads get dcast_codec_apply's
- * error code.  test_gpu_codec holds the kernels to this twin. */
+ * error code.  Compact payloads decoded block by block as the device
+ * decodes them (batch_decode.h: every block on its own from the index,
+ * then the chain check) give the CPU decoder's positions and codes, and a
+ * damaged one its error code and text.  test_gpu_codec holds the kernels
+ * to this twin. */
 #include <stdint.h>
 #include "check.h"
 #include "batch_cases.h"
+#include "batch_decode.h"
 #include "deltacast/codec.h"
 
 #define POISON BC_POISON
@@ -160,10 +165,102 @@ static void test_decode_ahead(void)
 	pcase_free(&p);
 }
 
+/* ---- compact payloads decoded as the device decodes them ---- */
+
+/* Damage p's payload (kept valid in length) one time in two: a flipped
+ * bit, or its last bytes cut off. */
+static void maybe_damage(pcase *p)
+{
+	uint64_t n = p->info.payload_bytes;
+
+	if (rnd() % 2 || !n)
+		return;
+	if (rnd() % 4 == 0)
+		p->info.payload_bytes -= 1 + rnd() % (n < 8 ? n : 8);
+	else
+		p->pl[rnd() % n] ^= (unsigned char)(1u << (rnd() % 8));
+}
+
+/* What the CPU says of p: its error and text, its positions and codes. */
+static int cpu_verdict(const pcase *p, char *why, size_t why_len, uint32_t *pos, uint32_t *code)
+{
+	unsigned char *dst = malloc(p->count * p->es + 1);
+	unsigned mode;
+	int rc;
+
+	memcpy(dst, p->base, p->count * p->es);
+	rc = dcast_codec_apply(&p->info, p->pl, dst, NULL);
+	snprintf(why, why_len, "%s", rc ? dcast_last_error() : "");
+	if (!rc)
+		REQUIRE(dcast_batch_decode(&p->info, p->pl, pos, code, &mode) == DCAST_OK);
+	free(dst);
+	return rc;
+}
+
+static int dec_refused, dec_decoded; /* chunks of each verdict, over the rounds */
+
+static void check_dec_round(uint64_t n)
+{
+	pcase *p = calloc(n, sizeof(*p));
+	dcast_chunk_info *info = calloc(n, sizeof(*info));
+	uint64_t total = 0, at = 0, first = 0;
+	dcast_batch_ddims d;
+	dcast_batch_dec x;
+
+	for (uint64_t c = 0; c < n; c++) {
+		pcase_make(&p[c], 1 + rnd() % 9000, 1u << (rnd() % 3), rnd() % 2 ? 0.01 : 0.2, DCAST_ENC_COMPACT);
+		maybe_damage(&p[c]);
+		info[c] = p[c].info;
+		total += info[c].changed;
+	}
+	dcast_batch_ddims_for(info, n, &d);
+	unsigned char *buf = malloc(dcast_batch_dbytes(&d));
+	uint32_t *pos = malloc(total * 4 + 4), *code = malloc(total * 4 + 4);
+	uint32_t *rpos = malloc(total * 4 + 4), *rcode = malloc(total * 4 + 4);
+	int *want = calloc(n, sizeof(int)), *put = calloc(n, sizeof(int));
+	char (*why)[512] = calloc(n, 512);
+	memset(buf, POISON, dcast_batch_dbytes(&d));
+	memset(pos, POISON, total * 4), memset(code, POISON, total * 4);
+	dcast_batch_dmap(&x, buf, &d);
+	for (uint64_t c = 0; c < n; first += info[c].changed, c++) {
+		want[c] = cpu_verdict(&p[c], why[c], sizeof(why[c]), rpos + first, rcode + first);
+		want[c] ? dec_refused++ : dec_decoded++;
+		if ((put[c] = dcast_batch_dput(&x, c, &info[c], p[c].pl, &at, first))) {
+			CHECK_ERR(put[c], want[c]);
+			CHECK(!strcmp(dcast_last_error(), why[c]));
+		}
+	}
+	dcast_batch_blk_up(&x);
+	dcast_batch_decode_cpu(&x, pos, code);
+	first = 0;
+	for (uint64_t c = 0; c < n; first += info[c].changed, c++) {
+		if (put[c])
+			continue;
+		int got = dcast_batch_cpt_report(&x.cpt[c]);
+		CHECK_ERR(got, want[c]);
+		CHECK(!got || !strcmp(dcast_last_error(), why[c]));
+		if (!want[c])
+			CHECK(!memcmp(pos + first, rpos + first, info[c].changed * 4) &&
+			      !memcmp(code + first, rcode + first, info[c].changed * 4));
+	}
+	for (uint64_t c = 0; c < n; c++)
+		pcase_free(&p[c]);
+	free(p), free(info), free(buf), free(pos), free(code), free(rpos), free(rcode), free(want), free(put), free(why);
+}
+
+static void test_device_decode_twin(void)
+{
+	for (int round = 0; round < 60; round++)
+		check_dec_round(1 + rnd() % 6);
+	printf("device decode twin: %d chunks decoded, %d refused as the CPU refuses them\n", dec_decoded, dec_refused);
+	CHECK(dec_decoded > 20 && dec_refused > 20);
+}
+
 int main(void)
 {
 	rng_state = 20261128;
 	test_scatter_twin();
 	test_decode_ahead();
+	test_device_decode_twin();
 	return check_done("test_scatter_batch");
 }

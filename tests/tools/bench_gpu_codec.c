@@ -5,7 +5,9 @@
  * Then a consumer's device path for the same payloads
  * (kernels/dcast_batch.h): decode-ahead (every chunk decoded on the host,
  * the batch copied to the device once, old values gathered, new ones and
- * digest moves made in one launch) and the pause (one scatter launch of
+ * digest moves made in one launch; and the same with the compact payloads
+ * decoded on the device, every block of every chunk in one launch) and
+ * the pause (one scatter launch of
  * the whole batch, old values kept), in GB/s of range bytes and against
  * the copy.  The last line, for scripts:
  *   gpu_pause_gbps P decode_ahead_gbps D encode_gbps E copy_gbps C
@@ -14,6 +16,7 @@
 #include <stdio.h>
 #include "deltacast/codec.h"
 #include "deltacast/codec_cuda.h"
+#include "batch_decode.h"
 #include "dcast_batch.h"
 #include "rl_workload.h"
 
@@ -46,6 +49,9 @@ typedef struct gpu_bufs {
 	dcast_batch batch;   /* the consumer's batch of the payloads: host (pinned) */
 	void *batch_dev;     /* and its device copy */
 	uint64_t batch_cap;
+	dcast_batch_dec dec; /* the payloads to decode on the device: host (pinned) */
+	void *dec_dev;       /* and its device copy */
+	uint64_t dec_cap;
 } gpu_bufs;
 
 static double best_of(double (*fn)(gpu_bufs *), gpu_bufs *g)
@@ -145,6 +151,48 @@ static double run_ahead(gpu_bufs *g)
 	return now_s() - t;
 }
 
+/* Decode-ahead with the decode on the device: headers parsed and payloads
+ * gathered on the host, the batch's tables and the payloads copied, one
+ * launch decoding every block, one chaining them, one resolving, the
+ * segment table and the chunks' verdicts back. */
+static double run_ahead_dev(gpu_bufs *g)
+{
+	static void *host;
+	static uint64_t host_cap;
+	dcast_batch *b = &g->batch;
+	dcast_batch_ddims d;
+	dcast_batch dv;
+	uint64_t at = 0;
+	double t = now_s();
+
+	dcast_batch_ddims_for(g->info, g->nchunks, &d);
+	if (dcast_batch_dbytes(&d) > host_cap) {
+		cudaFreeHost(host);
+		host_cap = dcast_batch_dbytes(&d);
+		need(cudaMallocHost(&host, host_cap) == cudaSuccess, "pinned decode buffer");
+	}
+	need(dcast_cuda_batch_reserve(&g->dec_dev, &g->dec_cap, dcast_batch_dbytes(&d)) == DCAST_OK, "device decode");
+	dcast_batch_dmap(&g->dec, host, &d);
+	for (uint64_t k = 0; k < g->nchunks; k++) {
+		need(dcast_batch_dput(&g->dec, k, &g->info[k], g->payloads + k * g->slot, &at, b->seg[k].first) == 0,
+		     "decode put");
+		b->seg[k].mode = g->dec.cpt[k].mode == DCAST_CPT_RAW ? DCAST_BATCH_RAW : DCAST_BATCH_ULP;
+		b->seg[k].move = 0;
+	}
+	dcast_batch_blk_up(&g->dec);
+	dcast_batch_map(&dv, g->batch_dev, &b->d);
+	need(dcast_cuda_batch_copy(g->batch_dev, b->base, (uint64_t)((unsigned char *)b->pos - b->base), 0, NULL) == 0 &&
+		     dcast_cuda_batch_copy(g->dec_dev, host, dcast_batch_dbytes(&d), 0, NULL) == 0 &&
+		     dcast_cuda_batch_decode(g->dec_dev, &g->dec, dv.pos, dv.code, NULL) == 0 &&
+		     dcast_cuda_batch_resolve(g->batch_dev, b, NULL) == 0 &&
+		     dcast_cuda_batch_copy(b->seg, g->batch_dev, b->d.n_seg * sizeof(*b->seg), 0, NULL) == 0 &&
+		     dcast_cuda_batch_copy(g->dec.cpt, g->dec_dev, d.n_cpt * sizeof(*g->dec.cpt), 1, NULL) == 0,
+	     "device decode-ahead");
+	for (uint64_t k = 0; k < g->nchunks; k++)
+		need(dcast_batch_cpt_report(&g->dec.cpt[k]) == 0, "device decode verdict");
+	return now_s() - t;
+}
+
 /* The pause: the whole batch scattered into dst in one launch (timed),
  * then undone (not timed) so that the next run starts from the base. */
 static double run_pause(gpu_bufs *g)
@@ -167,6 +215,43 @@ static int batch_exact(const workload *w, gpu_bufs *g)
 	int same = !memcmp(back, w->cur, g->n * 2);
 	free(back);
 	return same;
+}
+
+static void print_rate(double bytes, double t, double tc)
+{
+	if (t > 0)
+		printf("%.1f | %.3fx | ", bytes / t / 1e9, tc / t);
+	else
+		printf("n/a | n/a | ");
+}
+
+/* The consumer's device path for this density's payloads: decode-ahead
+ * with the host's decode (every chunk sparse) and with the device's
+ * (every chunk compact), and the pause; a time stays 0 where it does not
+ * apply.  Returns whether the batch wrote cur's bytes. */
+static int bench_batch(const workload *w, gpu_bufs *g, double *tah, double *tad, double *tp)
+{
+	double bytes = (double)g->n * 2, tc = best_of(run_copy, g);
+	int sparse = 1, compact = 1, ok = 1;
+
+	for (uint64_t k = 0; k < g->nchunks; k++) {
+		sparse &= g->info[k].encoding != DCAST_ENC_DENSE;
+		compact &= g->info[k].encoding == DCAST_ENC_COMPACT;
+	}
+	need(cudaMemcpy(g->dst, g->base, g->n * 2, cudaMemcpyDeviceToDevice) == cudaSuccess, "reset");
+	batch_layout(g);
+	if (sparse) {
+		*tah = best_of(run_ahead, g);
+		*tp = best_of(run_pause, g);
+		ok = batch_exact(w, g);
+		need(cudaMemcpy(g->dst, g->base, g->n * 2, cudaMemcpyDeviceToDevice) == cudaSuccess, "reset");
+	}
+	if (compact) {
+		*tad = best_of(run_ahead_dev, g);
+		ok &= batch_exact(w, g); /* the device's decode gives the same bytes */
+	}
+	print_rate(bytes, *tah, tc), print_rate(bytes, *tad, tc), print_rate(bytes, *tp, tc);
+	return ok;
 }
 
 /* This run's numbers at 1% density, for the last line. */
@@ -198,15 +283,12 @@ static void bench_density(workload *w, gpu_bufs *g, double density)
 	need(cudaMemcpy(back, g->dst, g->n * 2, cudaMemcpyDeviceToHost) == cudaSuccess, "download");
 	exact = !memcmp(back, w->cur, g->n * 2);
 	free(back);
-	need(cudaMemcpy(g->dst, g->base, g->n * 2, cudaMemcpyDeviceToDevice) == cudaSuccess, "reset");
-	batch_layout(g);
-	double tah = best_of(run_ahead, g), tp = best_of(run_pause, g);
-	int batch_ok = batch_exact(w, g);
-	printf("| %.1f%% | %.1f | %.1f | %.2fx | %.1f | %.2fx | %.1f | %.2fx | %.1f | %.3fx | %.1f | %.3fx | %s | %s |\n",
-	       100 * density, bytes / tc / 1e9, bytes / te / 1e9, tc / te, bytes / ta / 1e9, tc / ta, bytes / td / 1e9,
-	       tc / td, bytes / tah / 1e9, tc / tah, bytes / tp / 1e9, tc / tp, same_as_cpu(w, g) ? "yes" : "NO",
-	       exact && batch_ok ? "yes" : "NO");
-	if (density == 0.01)
+	printf("| %.1f%% | %.1f | %.1f | %.2fx | %.1f | %.2fx | %.1f | %.2fx | ", 100 * density, bytes / tc / 1e9,
+	       bytes / te / 1e9, tc / te, bytes / ta / 1e9, tc / ta, bytes / td / 1e9, tc / td);
+	double tah = 0, tad = 0, tp = 0;
+	int batch_ok = bench_batch(w, g, &tah, &tad, &tp);
+	printf("%s | %s |\n", same_as_cpu(w, g) ? "yes" : "NO", exact && batch_ok ? "yes" : "NO");
+	if (density == 0.01 && tah > 0 && tp > 0) /* decode-ahead as the consumer runs it: the host decodes */
 		last_pause = bytes / tp / 1e9, last_ahead = bytes / tah / 1e9, last_encode = bytes / te / 1e9,
 		last_copy = bytes / tc / 1e9;
 }
@@ -231,8 +313,9 @@ int main(void)
 	printf("RL-like bf16, %" PRIu64 " elements in chunks of %u, best of %d; GB/s of the range's bytes.\n\n",
 	       g.n, CHUNK, REPS);
 	printf("| density | D2D copy | encode | encode/copy | apply | apply/copy | digest | digest/copy "
-	       "| decode-ahead | ahead/copy | pause (batch scatter) | pause/copy | payload = CPU | exact |\n"
-	       "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+	       "| decode-ahead (host decode) | ahead/copy | decode-ahead (device decode) | ahead/copy "
+	       "| pause (batch scatter) | pause/copy | payload = CPU | exact |\n"
+	       "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
 	for (int i = 0; i < 4; i++)
 		bench_density(&w, &g, dens[i]);
 	printf("\ngpu_pause_gbps %.1f decode_ahead_gbps %.1f encode_gbps %.1f copy_gbps %.1f\n", last_pause,

@@ -594,11 +594,13 @@ int cs_check_chunk(const dcast_consumer *c, const dcast_chunk *h);
  * cs_dbatch_bytes: the undo-region bytes v's batch takes (0: none);
  * cs_dbatch_layout: lay it out at `at` (8-aligned), segments in chunk
  * order, and map b onto it (DCAST_EINVAL: its device tensors are on
- * several devices); cs_dbatch_decode: check and decode chunk k's
- * payload p into segment seg (any thread); cs_dbatch_resolve: old values,
- * new ones and each segment's digest move, on the device or by the twin
- * (values: the device's old and new values copied back too), returning
- * when done; cs_dbatch_map: b onto the batch at `at`; cs_dbatch_scatter:
+ * several devices); cs_dbatch_decode: chunk k's payload p into segment
+ * seg (any thread): a compact one's header checked and the payload put
+ * for the device's decode, another decoded; cs_dbatch_resolve: the
+ * compact payloads decoded (*refuse with the decoder's error when one is
+ * damaged), old values, new ones and each segment's digest move, on the
+ * device or by the twin (values: the device's changes copied back too),
+ * returning when done; cs_dbatch_map: b onto the batch at `at`; cs_dbatch_scatter:
  * apply (undo 0) or undo (1) segments [0, seg_hi), returning when the
  * device is done.  Errors: DCAST_ENOMEM, DCAST_ECUDA, the decoder's.
  * cs_dbatch_release: the device copy kept for pool p freed (at close). */
@@ -607,8 +609,8 @@ int cs_dbatch_tensor(const dcast_consumer *c, const cs_tensor *t);
 int cs_dbatch_chunk(const dcast_consumer *c, const cs_chunk *k);
 uint64_t cs_dbatch_bytes(const dcast_consumer *c, const cs_version *v);
 int cs_dbatch_layout(const dcast_consumer *c, const cs_version *v, unsigned char *at, dcast_batch *b);
-int cs_dbatch_decode(dcast_batch *b, uint64_t seg, const cs_chunk *k, const unsigned char *p);
-int cs_dbatch_resolve(dcast_consumer *c, unsigned char *at, int values);
+int cs_dbatch_decode(unsigned char *at, uint64_t seg, const cs_chunk *k, const unsigned char *p);
+int cs_dbatch_resolve(dcast_consumer *c, unsigned char *at, int values, int *refuse);
 void cs_dbatch_map(unsigned char *at, dcast_batch *b);
 int cs_dbatch_scatter(dcast_consumer *c, unsigned char *at, int undo, uint64_t seg_hi);
 void cs_dbatch_release(const cs_pool *p);

@@ -1,8 +1,8 @@
 /* A version's sparse chunks of device tensors, decoded and checked ahead
  * and applied in one launch (kernels/dcast_batch.h).  The check ahead
- * (verify.c) decodes each such chunk on the host (the CPU decoder,
- * O(changed)) into a batch in the pool's undo region, copies the batch to
- * the device once, and one kernel reads the old values at its positions
+ * (verify.c) lays each such chunk out in a batch in the pool's undo
+ * region, copies the batch to the device once, decodes its payloads, and
+ * one kernel reads the old values at its positions
  * from the live tensors, makes the new ones and moves each chunk's
  * digest: the COMMIT is checked before READY.  Apply (apply.c) is then one
  * scatter launch that keeps the old values in the device copy (the undo
@@ -10,6 +10,9 @@
  * swapped, bit-exact, with no disk read.  The batch runs on its tensors'
  * device (the calling thread's current device is set for each step and
  * set back); tensors of one version on several devices are not batched.
+ * Compact payloads are decoded on the device (kernels/batch_decode.h:
+ * every index block of the version in one launch); the host checks their
+ * headers and decodes the other sparse encodings.
  * The work ahead runs on a stream of its own, beside the engine's
  * kernels; the pause runs on the legacy default stream, so it follows
  * the engine's work there.
@@ -23,6 +26,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include "batch_decode.h"
 #include "consumer_impl.h"
 #include "dcast_common.h"
 
@@ -109,37 +113,39 @@ int cs_dbatch_chunk(const dcast_consumer *c, const cs_chunk *k)
 	       cs_dbatch_tensor(c, &c->tensors[k->tensor]);
 }
 
-/* ---- the batch in the undo region: a header, then the batch's buffer ---- */
+/* ---- the batch in the undo region: a header, the batch's buffer, then
+ * the buffer of its compact payloads, which the device decodes ---- */
 
 typedef struct cs_dbatch_hdr {
 	dcast_batch_dims d;
+	dcast_batch_ddims dd;   /* the compact payloads' */
 	int32_t on_device;      /* its tensors are device memory (else the twin runs) */
 	int32_t device;         /* theirs */
 } cs_dbatch_hdr;
 
-static void dims_of(const dcast_consumer *c, const cs_version *v, dcast_batch_dims *d, int *on_device)
+static void dims_of(const dcast_consumer *c, const cs_version *v, cs_dbatch_hdr *h)
 {
-	memset(d, 0, sizeof(*d));
-	*on_device = 0;
+	memset(h, 0, sizeof(*h));
 	for (uint32_t i = 0; i < v->n_chunks; i++) {
 		const cs_chunk *k = &v->chunks[i];
 		if (!cs_dbatch_chunk(c, k))
 			continue;
-		d->n_seg++;
-		d->n_tile += dcast_batch_tiles(k->info.changed);
-		d->n += k->info.changed;
-		d->val_bytes += dcast_batch_val_bytes(k->info.changed, k->info.elem_size);
-		*on_device |= c->tensors[k->tensor].mem == DCAST_MEM_CUDA;
+		h->d.n_seg++;
+		h->d.n_tile += dcast_batch_tiles(k->info.changed);
+		h->d.n += k->info.changed;
+		h->d.val_bytes += dcast_batch_val_bytes(k->info.changed, k->info.elem_size);
+		h->on_device |= c->tensors[k->tensor].mem == DCAST_MEM_CUDA;
+		if (k->info.encoding == DCAST_ENC_COMPACT)
+			dcast_batch_ddims_add(&h->dd, &k->info);
 	}
 }
 
 uint64_t cs_dbatch_bytes(const dcast_consumer *c, const cs_version *v)
 {
-	dcast_batch_dims d;
-	int on_device;
+	cs_dbatch_hdr h;
 
-	dims_of(c, v, &d, &on_device);
-	return d.n_seg ? sizeof(cs_dbatch_hdr) + dcast_batch_bytes(&d) : 0;
+	dims_of(c, v, &h);
+	return h.d.n_seg ? sizeof(h) + dcast_batch_bytes(&h.d) + dcast_batch_dbytes(&h.dd) : 0;
 }
 
 static void map_at(unsigned char *at, dcast_batch *b)
@@ -147,6 +153,13 @@ static void map_at(unsigned char *at, dcast_batch *b)
 	const cs_dbatch_hdr *h = (const cs_dbatch_hdr *)at;
 
 	dcast_batch_map(b, at + sizeof(*h), &h->d);
+}
+
+static void map_dec(unsigned char *at, dcast_batch_dec *x)
+{
+	const cs_dbatch_hdr *h = (const cs_dbatch_hdr *)at;
+
+	dcast_batch_dmap(x, at + sizeof(*h) + dcast_batch_bytes(&h->d), &h->dd);
 }
 
 /* The one device v's batched device tensors are on, into *device. */
@@ -175,16 +188,17 @@ static int device_of(const dcast_consumer *c, const cs_version *v, int *device)
 int cs_dbatch_layout(const dcast_consumer *c, const cs_version *v, unsigned char *at, dcast_batch *b)
 {
 	cs_dbatch_hdr *h = (cs_dbatch_hdr *)at;
-	uint64_t s = 0, first = 0, val = 0;
-	int on_device, device, err;
+	uint64_t s = 0, first = 0, val = 0, cpt = 0, pl = 0;
+	int device, err;
+	dcast_batch_dec x;
 
 	DCAST_ASSERT(((uintptr_t)at & 7) == 0);
 	if ((err = device_of(c, v, &device)))
 		return err;
-	dims_of(c, v, &h->d, &on_device);
-	h->on_device = on_device;
+	dims_of(c, v, h);
 	h->device = device;
 	map_at(at, b);
+	map_dec(at, &x);
 	for (uint32_t i = 0; i < v->n_chunks; i++) {
 		const cs_chunk *k = &v->chunks[i];
 		if (!cs_dbatch_chunk(c, k))
@@ -192,6 +206,10 @@ int cs_dbatch_layout(const dcast_consumer *c, const cs_version *v, unsigned char
 		b->seg[s++] = (dcast_batch_seg){ .dst = (uintptr_t)cs_chunk_dst(c, k), .start = k->start,
 						 .first = first, .val_off = val, .count = (uint32_t)k->info.changed,
 						 .tensor = k->tensor, .elem_size = k->info.elem_size };
+		if (k->info.encoding == DCAST_ENC_COMPACT) { /* its payload's place, for cs_dbatch_decode */
+			x.cpt[cpt++] = (dcast_batch_cpt){ .payload_off = pl, .first = first };
+			pl += (k->info.payload_bytes + 7) & ~(uint64_t)7;
+		}
 		first += k->info.changed;
 		val += dcast_batch_val_bytes(k->info.changed, k->info.elem_size);
 	}
@@ -199,13 +217,47 @@ int cs_dbatch_layout(const dcast_consumer *c, const cs_version *v, unsigned char
 	return 0;
 }
 
-int cs_dbatch_decode(dcast_batch *b, uint64_t seg, const cs_chunk *k, const unsigned char *p)
+/* A compact chunk's payload put for the device's decode: its header
+ * checked, its payload copied to its place. */
+static int put_compact(unsigned char *at, dcast_batch_seg *s, const cs_chunk *k, const unsigned char *p)
 {
-	dcast_batch_seg *s = &b->seg[seg];
-	unsigned mode;
-	int err = dcast_batch_decode(&k->info, p, b->pos + s->first, b->code + s->first, &mode);
+	dcast_batch_dec x;
+	uint64_t cpt, off;
+	int err;
 
+	map_dec(at, &x);
+	cpt = dcast_batch_cpt_of(&x, s->first);
+	DCAST_ASSERT(cpt < x.d.n_cpt && x.cpt[cpt].first == s->first);
+	off = x.cpt[cpt].payload_off;
+	if (!(err = dcast_batch_dput(&x, cpt, &k->info, p, &off, s->first)))
+		s->mode = x.cpt[cpt].mode == DCAST_CPT_RAW ? DCAST_BATCH_RAW : DCAST_BATCH_ULP;
+	return err;
+}
+
+int cs_dbatch_decode(unsigned char *at, uint64_t seg, const cs_chunk *k, const unsigned char *p)
+{
+	dcast_batch b;
+	dcast_batch_seg *s;
+	unsigned mode;
+	int err;
+
+	map_at(at, &b);
+	s = &b.seg[seg];
+	if (k->info.encoding == DCAST_ENC_COMPACT)
+		return put_compact(at, s, k, p);
+	err = dcast_batch_decode(&k->info, p, b.pos + s->first, b.code + s->first, &mode);
 	s->mode = mode;
+	return err;
+}
+
+/* The first compact chunk the decode refused: its error (the CPU
+ * decoder's code and text), or 0. */
+static int decode_verdict(const dcast_batch_dec *x)
+{
+	int err = 0;
+
+	for (uint64_t i = 0; !err && i < x->d.n_cpt; i++)
+		err = dcast_batch_cpt_report(&x->cpt[i]);
 	return err;
 }
 
@@ -228,12 +280,35 @@ static dev_copy *device_copy(dcast_consumer *c, uint64_t bytes, int device)
 	return d;
 }
 
+/* The device's decode of the compact payloads (their buffer after the
+ * batch's in the device copy, decoded into the device's pos and code),
+ * the chunks' verdicts brought back (*refuse: one refused). */
+static int decode_device(unsigned char *dev, const dcast_batch *b, dcast_batch_dec *x, void *stream, int *refuse)
+{
+	unsigned char *ddev = dev + dcast_batch_bytes(&b->d);
+	uint64_t bytes = dcast_batch_dbytes(&x->d);
+	int err;
+
+	if (!x->d.n_cpt)
+		return 0;
+	if ((err = dcast_cuda_batch_copy(ddev, x->base, bytes, 0, stream)) ||
+	    (err = dcast_cuda_batch_decode(ddev, x, (uint32_t *)(dev + ((unsigned char *)b->pos - b->base)),
+					   (uint32_t *)(dev + ((unsigned char *)b->code - b->base)), stream)) ||
+	    (err = dcast_cuda_batch_copy(x->cpt, ddev, x->d.n_cpt * sizeof(*x->cpt), 1, stream)))
+		return err;
+	*refuse = (err = decode_verdict(x)) != 0;
+	return err;
+}
+
 /* The device part of cs_dbatch_resolve, on the batch's device and its
- * own stream (inference may be running). */
-static int resolve_device(dcast_consumer *c, dcast_batch *b, int values, int device)
+ * own stream (inference may be running): one copy of the batch, the
+ * compact payloads decoded, the old values gathered, new ones and moves
+ * made, the segments (and with `values` the changes) brought back. */
+static int resolve_device(dcast_consumer *c, dcast_batch *b, dcast_batch_dec *x, int values, int device,
+			  int *refuse)
 {
 	uint64_t bytes = dcast_batch_bytes(&b->d);
-	dev_copy *d = device_copy(c, bytes, device);
+	dev_copy *d = device_copy(c, bytes + dcast_batch_dbytes(&x->d), device);
 	unsigned char *dev;
 	int err;
 
@@ -242,30 +317,45 @@ static int resolve_device(dcast_consumer *c, dcast_batch *b, int values, int dev
 				  c->model, bytes, dcast_last_error());
 	dev = d->dev;
 	if ((err = dcast_cuda_batch_copy(dev, b->base, bytes, 0, d->stream)) ||
-	    (err = dcast_cuda_batch_resolve(dev, b, d->stream)))
+	    (err = decode_device(dev, b, x, d->stream, refuse)) || (err = dcast_cuda_batch_resolve(dev, b, d->stream)))
 		return err;
-	if (values && (err = dcast_cuda_batch_copy(b->old_vals, dev + (b->old_vals - b->base),
-						   (uint64_t)(b->base + bytes - b->old_vals), 0, d->stream)))
+	if (values && (err = dcast_cuda_batch_copy(b->pos, dev + ((unsigned char *)b->pos - b->base),
+						   (uint64_t)(b->base + bytes - (unsigned char *)b->pos), 0, d->stream)))
 		return err;
 	return dcast_cuda_batch_copy(b->seg, dev, b->d.n_seg * sizeof(*b->seg), 1, d->stream);
 }
 
-int cs_dbatch_resolve(dcast_consumer *c, unsigned char *at, int values)
+/* The twin's: the compact payloads decoded (refused ones stop it), then
+ * the resolve, on the host copy. */
+static int resolve_twin(dcast_batch *b, dcast_batch_dec *x, int *refuse)
+{
+	int err;
+
+	dcast_batch_decode_cpu(x, b->pos, b->code);
+	if ((*refuse = (err = decode_verdict(x)) != 0))
+		return err;
+	dcast_batch_resolve_cpu(b);
+	return 0;
+}
+
+int cs_dbatch_resolve(dcast_consumer *c, unsigned char *at, int values, int *refuse)
 {
 	const cs_dbatch_hdr *h = (const cs_dbatch_hdr *)at;
+	dcast_batch_dec x;
 	dcast_batch b;
 	int err, prev;
 
+	*refuse = 0;
 	map_at(at, &b);
+	map_dec(at, &x);
+	dcast_batch_blk_up(&x);
 	for (uint64_t s = 0; s < b.d.n_seg; s++)
 		b.seg[s].move = 0;
-	if (!h->on_device) {
-		dcast_batch_resolve_cpu(&b);
-		return 0;
-	}
+	if (!h->on_device)
+		return resolve_twin(&b, &x, refuse);
 	if ((err = dcast_cuda_batch_enter(h->device, &prev)))
 		return err;
-	err = resolve_device(c, &b, values, h->device);
+	err = resolve_device(c, &b, &x, values, h->device, refuse);
 	dcast_cuda_batch_leave(prev);
 	return err;
 }

@@ -360,7 +360,6 @@ typedef struct res_run {
 	const dcast_consumer *c;
 	cs_version *v;
 	res_job *jobs;
-	dcast_batch *b;
 } res_run;
 
 static void resolve_one(void *arg, unsigned i)
@@ -374,7 +373,7 @@ static void resolve_one(void *arg, unsigned i)
 	if (!j->p)
 		return;
 	if (j->batched) {
-		j->ok = !cs_dbatch_decode(r->b, j->seg, k, j->p);
+		j->ok = !cs_dbatch_decode(r->v->res, j->seg, k, j->p);
 		return;
 	}
 	res_arrays(r->v->res + j->off, k, &pos, &old, &nv);
@@ -447,15 +446,17 @@ static void settle_batched(dcast_consumer *c, cs_dcache *n, const cs_chunk *k, c
 	c->verify_bytes += change_bytes(k);
 }
 
-/* The device's part: old values, new ones and moves of v's batch, then
- * each device chunk's entries moved.  The batch's chunks were decoded. */
-static int ahead_device(dcast_consumer *c, cs_version *v, cs_dcache *n, const res_job *jobs, dcast_batch *b)
+/* The device's part: v's compact payloads decoded, old values, new ones
+ * and moves of its batch, then each device chunk's entries moved (*refuse:
+ * a payload the decoder refused). */
+static int ahead_device(dcast_consumer *c, cs_version *v, cs_dcache *n, const res_job *jobs, dcast_batch *b,
+			int *refuse)
 {
 	int values = 0, err;
 
 	for (uint32_t i = 0; i < v->n_chunks; i++)
 		values |= jobs[i].batched && !jobs[i].e;
-	if ((err = cs_dbatch_resolve(c, v->res, values)))
+	if ((err = cs_dbatch_resolve(c, v->res, values, refuse)))
 		return err;
 	for (uint32_t i = 0; i < v->n_chunks; i++)
 		if (jobs[i].batched)
@@ -468,7 +469,7 @@ static int ahead_device(dcast_consumer *c, cs_version *v, cs_dcache *n, const re
  * that failed moves them from its payload, which marks them (apply names
  * the problem).  A device chunk that failed to decode refuses v: its
  * error (the decoder's) is returned, named on this thread. */
-static int ahead_settle(dcast_consumer *c, cs_version *v, cs_dcache *n, const res_job *jobs, dcast_batch *b)
+static int ahead_settle(dcast_consumer *c, cs_version *v, cs_dcache *n, const res_job *jobs)
 {
 	int err = 0;
 
@@ -479,7 +480,7 @@ static int ahead_settle(dcast_consumer *c, cs_version *v, cs_dcache *n, const re
 			continue;
 		if (j->batched) {
 			k->res = j->ok ? v->res : NULL;
-			err = j->ok ? 0 : cs_dbatch_decode(b, j->seg, k, j->p);
+			err = j->ok ? 0 : cs_dbatch_decode(v->res, j->seg, k, j->p);
 			continue;
 		}
 		k->res = j->ok ? v->res + j->off : NULL;
@@ -507,10 +508,10 @@ static int ahead_chunks(dcast_consumer *c, cs_version *v, cs_dcache *n, int *ref
 	if (!jobs)
 		return DCAST_ENOMEM; /* checked at apply */
 	if (!(err = ahead_plan(c, v, n, jobs, &b, &cost))) {
-		cs_par_for(v->n_chunks, cost, resolve_one, &(res_run){ c, v, jobs, &b });
-		*refuse = (err = ahead_settle(c, v, n, jobs, &b)) != 0;
+		cs_par_for(v->n_chunks, cost, resolve_one, &(res_run){ c, v, jobs });
+		*refuse = (err = ahead_settle(c, v, n, jobs)) != 0;
 		if (!err && b.d.n_seg)
-			err = ahead_device(c, v, n, jobs, &b);
+			err = ahead_device(c, v, n, jobs, &b, refuse);
 	}
 	free(jobs);
 	return err || all_cached(n) ? err : DCAST_EINVAL; /* a payload that failed: apply names it */

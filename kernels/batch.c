@@ -154,13 +154,19 @@ void dcast_batch_dmap(dcast_batch_dec *x, void *base, const dcast_batch_ddims *d
 				.payload = p + at[4] };
 }
 
+void dcast_batch_ddims_add(dcast_batch_ddims *d, const dcast_chunk_info *info)
+{
+	d->n_cpt++;
+	d->n_blk += dcast_cpt_nblocks(info->changed);
+	d->n_lut += DCAST_CPT_LUT_SIZE;
+	d->payload_bytes += up8(info->payload_bytes);
+}
+
 void dcast_batch_ddims_for(const dcast_chunk_info *info, uint64_t n, dcast_batch_ddims *d)
 {
-	*d = (dcast_batch_ddims){ n, 0, n * DCAST_CPT_LUT_SIZE, 0 };
-	for (uint64_t c = 0; c < n; c++) {
-		d->n_blk += dcast_cpt_nblocks(info[c].changed);
-		d->payload_bytes += up8(info[c].payload_bytes);
-	}
+	*d = (dcast_batch_ddims){0};
+	for (uint64_t c = 0; c < n; c++)
+		dcast_batch_ddims_add(d, &info[c]);
 }
 
 /* The header of a compact payload checked, *p described (stream, index,
@@ -228,6 +234,20 @@ void dcast_batch_decode_cpu(dcast_batch_dec *x, uint32_t *pos, uint32_t *code)
 		dcast_batch_cpt *p = &x->cpt[x->blk[g].cpt];
 		p->err = key < p->err ? key : p->err;
 	}
+}
+
+uint64_t dcast_batch_cpt_of(const dcast_batch_dec *x, uint64_t first)
+{
+	uint64_t a = 0, n = x->d.n_cpt;
+
+	while (a < n) {
+		uint64_t mid = a + (n - a) / 2;
+		if (x->cpt[mid].first < first)
+			a = mid + 1;
+		else
+			n = mid;
+	}
+	return a;
 }
 
 int dcast_batch_cpt_report(const dcast_batch_cpt *p)

@@ -132,6 +132,8 @@ void dcast_batch_dmap(dcast_batch_dec *x, void *base, const dcast_batch_ddims *d
 /* The dims of a decode buffer for the n compact chunks info[0..n) (a
  * lookup slot each). */
 void dcast_batch_ddims_for(const dcast_chunk_info *info, uint64_t n, dcast_batch_ddims *d);
+/* d grown by one compact chunk of this info. */
+void dcast_batch_ddims_add(dcast_batch_ddims *d, const dcast_chunk_info *info);
 
 /* Chunk c of x (dims from dcast_batch_ddims_for): its header checked as
  * dcast_codec_apply checks it, its payload copied to payload[*at] (*at
@@ -149,6 +151,10 @@ void dcast_batch_blk_up(dcast_batch_dec *x);
 /* The CPU twin: every block decoded into pos/code, then chained; each
  * chunk's err is its first failure's key. */
 void dcast_batch_decode_cpu(dcast_batch_dec *x, uint32_t *pos, uint32_t *code);
+
+/* The chunk whose first change is `first` (chunks in order of first, each
+ * with changes): its index in cpt[], or n_cpt when none. */
+uint64_t dcast_batch_cpt_of(const dcast_batch_dec *x, uint64_t first);
 
 /* The chunk's verdict: DCAST_OK, or the error dcast_codec_apply gives for
  * its payload (DCAST_ECORRUPT naming the element and the problem). */

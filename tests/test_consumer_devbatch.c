@@ -14,6 +14,7 @@
 #include "check.h"
 #include "consumer_harness.h"
 #include "dcast_wire.h"
+#include "batch_cases.h"
 #include "deltacast/codec.h"
 
 #define BUDGET (8u << 20)
@@ -205,16 +206,15 @@ static int next_event(dcast_consumer *c, int type, dcast_event *ev, int *ready)
 	return 0;
 }
 
-/* Anchor 1, then delta 2 as idx32 whose positions go down (3 then 2): its
- * checksum is right, its structure is not. */
-static void test_damaged_refused(void)
+/* Anchor 1, then delta 2 as `delta` and `bad`, a payload whose checksum
+ * is right and whose structure is not. */
+static void check_damaged_refused(const char *name, const dcast_chunk_info *delta, const unsigned char *bad)
 {
 	fake_broker f = {0};
 	size_t len = sizeof(f.ep);
 	uint16_t w1[FAKE_N];
-	unsigned char bad[12] = {3, 0, 0, 0, 0x11, 0x22, 2, 0, 0, 0, 0x33, 0x44}, scratch[FAKE_N * 2];
+	unsigned char scratch[FAKE_N * 2];
 	dcast_chunk_info dense = {DCAST_ENC_DENSE, 2, FAKE_N, FAKE_N, sizeof(w1)};
-	dcast_chunk_info delta = {DCAST_ENC_IDX32, 2, FAKE_N, 2, sizeof(bad)};
 	char dir[256];
 	dcast_consumer *c = NULL;
 	dcast_event ev;
@@ -226,9 +226,9 @@ static void test_damaged_refused(void)
 		w1[i] = (uint16_t)(i * 7 + 1);
 	REQUIRE(dcast_ldigest(0, 0, w1, FAKE_N, 2, &d1) == 0);
 	memcpy(scratch, w1, sizeof(w1));
-	int want = dcast_codec_apply(&delta, bad, scratch, NULL); /* the CPU's verdict */
+	int want = dcast_codec_apply(delta, bad, scratch, NULL); /* the CPU's verdict */
 	REQUIRE(want != 0);
-	snprintf(dir, sizeof(dir), "%s/fake", root);
+	snprintf(dir, sizeof(dir), "%s/%s", root, name);
 	REQUIRE((f.ctx = zmq_ctx_new()) && (f.router = zmq_socket(f.ctx, ZMQ_ROUTER)));
 	REQUIRE(zmq_bind(f.router, "tcp://127.0.0.1:*") == 0);
 	REQUIRE(zmq_getsockopt(f.router, ZMQ_LAST_ENDPOINT, f.ep, &len) == 0);
@@ -237,7 +237,7 @@ static void test_damaged_refused(void)
 	fake_version(&f, 1, &dense, w1, d1);
 	CHECK(next_event(c, DCAST_EV_VERSION_READY, &ev, &ready) && ev.version == 1);
 	CHECK_ERR(dcast_consumer_apply(c, 1), 0);
-	fake_version(&f, 2, &delta, bad, d1);
+	fake_version(&f, 2, delta, bad, d1);
 	CHECK(next_event(c, DCAST_EV_ERROR, &ev, &ready) && ev.version == 2);
 	CHECK_ERR(ev.code, want);
 	fprintf(stderr, "refused as: %s\n", ev.text);
@@ -247,6 +247,33 @@ static void test_damaged_refused(void)
 	zmq_msg_close(&f.rid);
 	zmq_close(f.router);
 	zmq_ctx_term(f.ctx);
+}
+
+/* idx32 whose positions go down (3 then 2); compact with a bit of its
+ * stream flipped (decoded on the device path, by the twin here). */
+static void test_damaged_refused(void)
+{
+	unsigned char idx[12] = {3, 0, 0, 0, 0x11, 0x22, 2, 0, 0, 0, 0x33, 0x44}, cpt[512], scratch[FAKE_N * 2];
+	dcast_chunk_info delta = {DCAST_ENC_IDX32, 2, FAKE_N, 2, sizeof(idx)};
+	uint16_t w1[FAKE_N], w2[FAKE_N];
+	uint64_t rng = 5;
+
+	check_damaged_refused("fake_idx32", &delta, idx);
+	for (int i = 0; i < FAKE_N; i++)
+		w1[i] = w2[i] = (uint16_t)(i * 7 + 1);
+	for (int i = 0; i < FAKE_N; i += 5)
+		w2[i] ^= 3;
+	REQUIRE(dcast_codec_encode(w2, w1, FAKE_N, 2, DCAST_ENC_COMPACT, 0, cpt, sizeof(cpt), &delta) == 0);
+	for (int tries = 0; tries < 1000; tries++) { /* a flip in the stream that the decoder refuses */
+		unsigned char was[512];
+		memcpy(was, cpt, delta.payload_bytes);
+		cpt[delta.payload_bytes - 1 - bc_rnd(&rng) % 4] ^= (unsigned char)(1u << (bc_rnd(&rng) % 8));
+		memcpy(scratch, w1, sizeof(w1));
+		if (dcast_codec_apply(&delta, cpt, scratch, NULL) == DCAST_ECORRUPT)
+			break;
+		memcpy(cpt, was, delta.payload_bytes);
+	}
+	check_damaged_refused("fake_compact", &delta, cpt);
 }
 
 int main(void)

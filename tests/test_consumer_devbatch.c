@@ -5,7 +5,8 @@
  * applied as one scatter: versions bit-exact (bf16, f32, and an f64 tensor
  * of 8-byte values); a wrong COMMIT digest refused before READY with the
  * live weights untouched; an apply cut off halfway (fault aheadfail)
- * rolled back from the batch's undo buffer, bit-exact; a delta whose
+ * rolled back from the batch's undo buffer, bit-exact (also beside dense
+ * chunks, undone from the host undo region); a delta whose
  * payload is damaged under a valid checksum (sent by a fake broker)
  * refused before READY with the CPU decoder's error code, the live
  * tensor untouched.
@@ -50,9 +51,11 @@ static void make_f64(h_model *m)
 }
 
 /* Versions 1-2 applied, then 3 and 4 published while 2 is live, so that 3
- * is checked ahead with `fault` armed for it; the consumer must end
- * bit-exact at 4. */
-static void run_ahead(const h_broker *b, const char *model, uint64_t seed, int f64, const char *fault, h_seen *s)
+ * is checked ahead with `fault` armed for it (with `dense`, 3 also
+ * rewrites the first two chunks whole: written outside the batch, undone
+ * from the host undo region); the consumer must end bit-exact at 4. */
+static void run_ahead_dense(const h_broker *b, const char *model, uint64_t seed, int f64, int dense,
+			    const char *fault, h_seen *s)
 {
 	h_model m;
 	dcast_producer *p = NULL;
@@ -66,12 +69,19 @@ static void run_ahead(const h_broker *b, const char *model, uint64_t seed, int f
 	c = open_faulted(b, model, fault);
 	REQUIRE(c);
 	CHECK(h_drive(c, &m, 2, s) == 0 && h_equal(c, &m, 2));
+	for (uint64_t i = 0; dense && i < h_range_elems * 2 * 2; i++) /* random bits: dense is smallest */
+		m.cur[0][i] = (unsigned char)h_rand(&m.rng);
 	REQUIRE(h_publish(p, &m, 3, 100) == 0 && h_publish(p, &m, 4, 100) == 0);
 	CHECK(h_drive(c, &m, 4, s) == 0);
 	CHECK(h_equal(c, &m, 4));
 	dcast_consumer_close(&c);
 	dcast_producer_close(&p);
 	h_model_free(&m);
+}
+
+static void run_ahead(const h_broker *b, const char *model, uint64_t seed, int f64, const char *fault, h_seen *s)
+{
+	run_ahead_dense(b, model, seed, f64, 0, fault, s);
 }
 
 static void test_versions(const h_broker *b)
@@ -109,6 +119,17 @@ static void test_cut_rolled_back(const h_broker *b)
 	h_seen s = {0};
 
 	run_ahead(b, "m_batchcut", 109, 1, "aheadfail:3", &s);
+	CHECK(s.apply_failures >= 1 && s.last_apply_error == DCAST_ECORRUPT);
+	CHECK(s.untouched_ok >= 1 && s.untouched_bad == 0);
+}
+
+/* The same with version 3's first two chunks dense: the batch's segments
+ * and the dense chunks both undone, bit-exact. */
+static void test_cut_with_dense(const h_broker *b)
+{
+	h_seen s = {0};
+
+	run_ahead_dense(b, "m_batchcutdense", 113, 0, 1, "aheadfail:3", &s);
 	CHECK(s.apply_failures >= 1 && s.last_apply_error == DCAST_ECORRUPT);
 	CHECK(s.untouched_ok >= 1 && s.untouched_bad == 0);
 }
@@ -287,6 +308,7 @@ int main(void)
 	test_f64(&b);
 	test_digest_refused(&b);
 	test_cut_rolled_back(&b);
+	test_cut_with_dense(&b);
 	h_broker_stop(&b);
 	test_damaged_refused();
 	check_remove_dir(root);

@@ -11,9 +11,10 @@
 #            (the batch kernels against their CPU twin), test_consumer_gpu
 #            (decode-ahead, a wrong digest refused before READY, an apply
 #            cut off halfway undone from the device undo buffer, 8-byte
-#            values) and bench_gpu_codec, whose last line is
+#            values), `make bench-gpu`'s two programs: bench_gpu_codec,
+#            whose last line is
 #            `gpu_pause_gbps P decode_ahead_gbps D encode_gbps E copy_gbps C`
-#            (1% density), copied to pause-line.txt
+#            (1% density), copied to pause-line.txt, and bench_gpu_ranges
 #   sync     `make bench-sync` on this host's cores: forms
 #            SYNC_FORMS ("lib sub"), N's SYNC_N ("1 4 8"), the --data-dir row
 #            (SYNC_DATADIR=1); its logs (no model files) in sync-logs.tgz
@@ -49,7 +50,7 @@
 # sync-py 75 s.  On an H200 host (2026-11-26) gpu, sync, fanout and sync-py
 # took 150 + 42 + 19 + 17 s.  PARAMS (100M)
 # sizes the model of sync and fanout; BARGS: flags for fanout's brokers.
-# The pause step's limit is 200 s; `STEPS=pause bash .dev/run.sh` runs it alone.
+# The pause step's limit is 240 s; `STEPS=pause bash .dev/run.sh` runs it alone.
 # Output: STEP.txt and steps.txt (each step's rc and seconds) in $OUT.
 # bench_sync_report.py needs only python3's standard library; with no
 # python3 there the logs still come back (the table is made from them
@@ -110,6 +111,7 @@ pause() {
 	echo "== bench_gpu_codec"
 	timeout 100 "$B/tools/bench_gpu_codec" | tee "$O/pause-bench.txt"
 	echo "rc=${PIPESTATUS[0]}"
+	echo "== bench_gpu_ranges"; timeout 60 "$B/tools/bench_gpu_ranges"; echo "rc=$?"
 	grep '^gpu_pause_gbps ' "$O/pause-bench.txt" | tail -n 1 | tee "$O/pause-line.txt"
 }
 
@@ -275,7 +277,7 @@ if [ "${1:-}" = step ]; then
 fi
 
 DEADLINE=${DEADLINE:-370}
-declare -A CAP=([gpu]=240 [pause]=200 [sync]=200 [sync-gpu]=120 [sync-base]=120 [sync-gpu-base]=120 [faults-gpu]=240 [sync-gpu-batch]=150 [sync-gpu-cons]=120 [fanout]=75 [fanout-threads]=120 [sync-py]=75)
+declare -A CAP=([gpu]=240 [pause]=240 [sync]=200 [sync-gpu]=120 [sync-base]=120 [sync-gpu-base]=120 [faults-gpu]=240 [sync-gpu-batch]=150 [sync-gpu-cons]=120 [fanout]=75 [fanout-threads]=120 [sync-py]=75)
 {
 	echo "start $(date -u +%FT%TZ), $(nproc) cpus, steps: ${STEPS:-gpu sync sync-gpu fanout sync-py}, deadline ${DEADLINE} s"
 	nvidia-smi -L 2>&1

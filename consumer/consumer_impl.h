@@ -11,7 +11,8 @@
  *   the local checkpoint, behind store/store.h: store/store.c,
  *   store/ckpt_load.c, store/fold.c, store/anchor_new.c, store/anchor.c,
  *   store/ckpt.c, store/syncer.c;
- *   views.c (slices), fault.c, staging.c (the pinned pool), par.c,
+ *   views.c (slices), devbatch.c (a device version's batch), fault.c,
+ *   staging.c (the pinned pool), par.c,
  *   version.c, devmem.c (host or CUDA), state.c (the tensor table, the
  *   applied version, events).
  * tests/test_layers.sh checks this order and that no circle forms. */

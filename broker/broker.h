@@ -87,15 +87,33 @@ struct broker_manifest {
 	size_t enc_len;
 };
 
+/* A segment file that committed payloads are read from (--data-dir,
+ * ondisk.c): a read-only handle of its own, so a segment deleted when a
+ * newer anchor superseded it stays readable to the versions that still
+ * point into it.  Refcounted on the loop's thread: every chunk served from
+ * it and every durable job copying from it holds one. */
+struct broker_segfile {
+	unsigned refs;
+	int fd;
+	uint64_t dev, ino;
+};
+
 /* One stored chunk: the header frame as consumers get it (part 0, seq = its
- * index in the version) and the payload frame as it arrived; sent with
- * zmq_msg_copy, so every consumer shares the one payload in memory.
+ * index in the version) and its payload, in one of two places.  In memory
+ * (file NULL): the payload frame as it arrived, sent with zmq_msg_copy, so
+ * every consumer shares the one payload.  On disk (file set, payload an
+ * empty message): payload_len bytes at file_off of a segment file, read
+ * when a consumer's credit lets it go (ondisk.c); with --data-dir a
+ * version's payloads move there once its records are durable.
  * payload_sum is dcast_checksum() of the payload, computed once where the
  * chunk enters (checked on ingest, made by a fold, read back from disk) and
  * handed to the durable record, which would otherwise hash it again. */
 struct broker_chunk {
 	zmq_msg_t hdr, payload;
 	uint64_t payload_sum;
+	uint64_t payload_len;          /* bytes, wherever they are */
+	struct broker_segfile *file;   /* reference; NULL: in memory */
+	uint64_t file_off;
 };
 
 /* A committed version.  Refcounted: the log holds one reference and every
@@ -172,6 +190,8 @@ struct broker_model {
 					     hold what they build on, until the next anchor */
 	uint32_t n_tail;
 	uint64_t active_ms;               /* last time a peer was on it (retire.c: --model-idle-s) */
+	struct broker_segfile *segfile;   /* read handle of the newest segment payloads moved to
+					     (--data-dir; ondisk.c), a reference; NULL if none */
 	int deleting;                     /* removed: out of the table, its files being deleted
 					     by the durable writer, which then frees it (retire.c) */
 };
@@ -243,6 +263,7 @@ struct broker_stats {
 	uint64_t loop_stall_max_ns;      /* longest loop turn spent on durable work */
 	uint64_t heap_trims, heap_trim_max_ns; /* malloc_trim on quiet turns (log.c) */
 	uint64_t models_expired, models_deleted; /* models removed (retire.c) */
+	uint64_t versions_to_disk;       /* versions whose payloads left the heap (ondisk.c) */
 };
 
 struct broker;
@@ -420,7 +441,9 @@ void broker_peer_forget(struct broker_peers *s, struct broker_peer *p);
 #define BROKER_ALLOC_BYTES 64
 /* What a committed version holds in memory: the struct, per chunk its
  * broker_chunk (two zmq_msg_t), header frame and payload with their
- * allocations, the COMMIT frame and the digests.  --retain-bytes counts it. */
+ * allocations, the COMMIT frame and the digests.  --retain-bytes counts it;
+ * a payload served from its segment (ondisk.c) counts all the same, so the
+ * cap bounds the log on disk as it does in memory. */
 uint64_t broker_version_mem(const struct broker_version *v);
 struct broker_model *broker_model_get(struct broker *b, const char *name, int create);
 
@@ -486,6 +509,39 @@ int broker_log_replace_anchor(struct broker *b, struct broker_model *m,
 /* Ask the model's producers for an anchor: need_anchor set, WELCOME with
  * need_anchor to each (log.c; retention and a lost durable write). */
 void broker_log_need_anchor(struct broker *b, struct broker_model *m);
+
+/* ---- ondisk.c: committed payloads served from the segment files ---- */
+/* At most this many payload bytes read from segment files and not yet sent
+ * (held by ZeroMQ's queues), over all consumers; a consumer waits past it
+ * (a chunk larger than it still goes alone). */
+#define BROKER_DISK_INFLIGHT_BYTES (64ull << 20)
+/* A segment file handle over fd (the caller's, taken on success and on
+ * failure): one reference.  NULL (fd closed) with DCAST_EIO (fstat) or
+ * DCAST_ENOMEM set. */
+struct broker_segfile *broker_segfile_new(int fd);
+/* *cur when it is the file fd is open on (closes fd), else a new handle
+ * over fd that replaces *cur (whose reference is put).  Returns a new
+ * reference for the caller, or NULL as broker_segfile_new. */
+struct broker_segfile *broker_segfile_share(struct broker_segfile **cur, int fd);
+/* Drop one reference; the last closes the file.  NULL-safe. */
+void broker_segfile_put(struct broker_segfile *f);
+/* Initialise *out (uninitialised) with ch's payload to send: a copy of the
+ * frame kept in memory, or the bytes read from its segment file into a
+ * buffer of their own, which ZeroMQ frees once sent.  Errors: DCAST_ENOMEM,
+ * DCAST_EIO (a failed or short read, naming the offset); *out is then
+ * untouched. */
+int broker_chunk_payload(const struct broker_chunk *ch, zmq_msg_t *out);
+/* 1 when ch's payload may be read now: in memory, or the bytes read from
+ * disk and not yet sent leave room for it under BROKER_DISK_INFLIGHT_BYTES. */
+int broker_chunk_readable(const struct broker_chunk *ch);
+/* Payload bytes read from disk and not yet sent (metrics, tests). */
+uint64_t broker_disk_inflight_bytes(void);
+/* Serve v's payloads from file from now on: chunk i at off[i] (a new
+ * reference of file each); the frames in memory are released (consumers
+ * and jobs holding copies keep theirs).  A chunk already on disk moves to
+ * the new place. */
+void broker_version_to_disk(struct broker_version *v, struct broker_segfile *file,
+			    const uint64_t *off);
 
 /* ---- retire.c: removing models (idle expiry, operator deletion) ---- */
 /* Remove model m now: its open version is dropped, its producers and

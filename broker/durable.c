@@ -20,6 +20,7 @@
  * version's immutable bytes, whose addresses the job captured at commit.
  * Rule after a failed write: docs/operations.md, "Durability". */
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <string.h>
 #include <sys/eventfd.h>
@@ -32,11 +33,17 @@
 
 #define DURABLE_TURN_WARN_NS 10000000ull /* a turn's durable work past 10 ms is logged */
 
-/* One CHUNK record to write: addresses captured on the loop's thread. */
+/* One CHUNK record to write, captured on the loop's thread: the header's
+ * address (the version's frame, which the job's reference keeps), and the
+ * payload as a copy of its frame (zmq_msg_copy: the same bytes, kept by the
+ * job even once the version's payloads move to disk) or, already on disk,
+ * a reference of its segment file. */
 struct durable_rec {
-	const void *hdr, *payload;
-	size_t hdr_len, payload_len;
-	uint64_t payload_sum;
+	const void *hdr;
+	size_t hdr_len;
+	zmq_msg_t payload;
+	struct broker_segfile *file;   /* reference, or NULL: payload */
+	uint64_t file_off, len, sum;
 };
 
 /* One version to make durable.  Set on the loop before it is queued and
@@ -59,6 +66,9 @@ struct durable_job {
 	size_t manifest_len, commit_len;
 	uint32_t n_rec;
 	struct durable_rec *rec;    /* [n_rec] */
+	uint64_t *at;               /* [n_rec]: where each payload went (the writer's) */
+	int read_fd;                /* durable: a read handle of its segment (the writer's,
+				       taken over by the loop), -1 if none */
 	int err;
 	char why[DCAST_MAX_TEXT];
 };
@@ -144,6 +154,21 @@ static void failed_set(struct broker_durable *d, const struct broker_model *m, i
 		d->failed[i] = d->failed[--d->n_failed];
 }
 
+static int rec_write(struct broker_durable *d, struct durable_job *j, uint32_t i)
+{
+	struct durable_rec *r = &j->rec[i];
+	struct broker_seg_payload p = {.len = r->len, .sum = r->sum};
+
+	if (r->file) {
+		p.fd = r->file->fd;
+		p.off = r->file_off;
+	} else {
+		p.mem = zmq_msg_data(&r->payload);
+	}
+	return broker_seg_put_chunk(d->store, j->model, j->version, r->hdr, r->hdr_len, &p,
+				    &j->at[i]);
+}
+
 /* The job's records, then the COMMIT record and the fsync.  The slowdisk
  * fault sleeps between the CHUNK records and the COMMIT, and after the
  * fsync: a SIGKILL in the first sleep leaves a torn version behind. */
@@ -155,9 +180,7 @@ static int job_write(struct broker_durable *d, struct durable_job *j)
 		rc = broker_seg_begin_anchor(d->store, j->model, j->version, j->manifest,
 					     j->manifest_len);
 	for (uint32_t i = 0; !rc && i < j->n_rec; i++)
-		rc = broker_seg_append_chunk(d->store, j->model, j->version, j->rec[i].hdr,
-					     j->rec[i].hdr_len, j->rec[i].payload,
-					     j->rec[i].payload_len, j->rec[i].payload_sum);
+		rc = rec_write(d, j, i);
 	if (rc) {
 		broker_seg_abort(d->store, j->model);
 		return rc;
@@ -165,6 +188,9 @@ static int job_write(struct broker_durable *d, struct durable_job *j)
 	fault_sleep(d);
 	if ((rc = broker_seg_commit(d->store, j->model, j->version, j->commit, j->commit_len)))
 		return rc;
+	if ((j->read_fd = broker_seg_reader(d->store, j->model)) < 0)
+		DCAST_LOG_W("model %s: version %llu is served from memory: %s", j->model,
+			    (unsigned long long)j->version, dcast_last_error());
 	fault_sleep(d);
 	return 0;
 }
@@ -243,8 +269,15 @@ static void *writer_main(void *arg)
 
 static void job_free(struct durable_job *j)
 {
+	for (uint32_t i = 0; i < j->n_rec; i++) {
+		zmq_msg_close(&j->rec[i].payload);
+		broker_segfile_put(j->rec[i].file);
+	}
+	if (j->read_fd >= 0)
+		close(j->read_fd);
 	broker_version_put(j->v);
 	free(j->rec);
+	free(j->at);
 	free(j->mark);
 	free(j);
 }
@@ -264,12 +297,21 @@ static void job_capture(struct durable_job *j, struct broker_version *v)
 		j->manifest = v->manifest->enc;
 		j->manifest_len = v->manifest->enc_len;
 	}
-	for (uint32_t i = 0; i < v->n_chunks; i++)
-		j->rec[i] = (struct durable_rec){zmq_msg_data(&v->chunks[i].hdr),
-						 zmq_msg_data(&v->chunks[i].payload),
-						 zmq_msg_size(&v->chunks[i].hdr),
-						 zmq_msg_size(&v->chunks[i].payload),
-						 v->chunks[i].payload_sum};
+	for (uint32_t i = 0; i < v->n_chunks; i++) {
+		const struct broker_chunk *ch = &v->chunks[i];
+		struct durable_rec *r = &j->rec[i];
+
+		r->hdr = zmq_msg_data((zmq_msg_t *)&ch->hdr);
+		r->hdr_len = zmq_msg_size((zmq_msg_t *)&ch->hdr);
+		r->len = ch->payload_len;
+		r->sum = ch->payload_sum;
+		r->file_off = ch->file_off;
+		zmq_msg_init(&r->payload);
+		if ((r->file = ch->file) != NULL)
+			r->file->refs++;
+		else
+			zmq_msg_copy(&r->payload, (zmq_msg_t *)&ch->payload);
+	}
 	j->n_rec = v->n_chunks;
 	j->commit = zmq_msg_data(&v->commit_hdr);
 	j->commit_len = zmq_msg_size(&v->commit_hdr);
@@ -279,13 +321,17 @@ static struct durable_job *job_new(struct broker_model *m, struct broker_version
 {
 	struct durable_job *j = calloc(1, sizeof(*j));
 
-	if (!j || (v->n_chunks && !(j->rec = calloc(v->n_chunks, sizeof(*j->rec))))) {
+	if (!j || (v->n_chunks && (!(j->rec = calloc(v->n_chunks, sizeof(*j->rec))) ||
+				   !(j->at = calloc(v->n_chunks, sizeof(*j->at)))))) {
+		if (j)
+			free(j->rec);
 		free(j);
 		dcast_fail(DCAST_ENOMEM, "durable: a write job of %u records", v->n_chunks);
 		return NULL;
 	}
 	j->m = m;
 	j->v = v;
+	j->read_fd = -1;
 	v->refs++;
 	snprintf(j->model, sizeof(j->model), "%s", m->name);
 	j->run = m->run;
@@ -306,6 +352,7 @@ int broker_durable_drop(struct broker *b, struct broker_model *m, int free_model
 	if (!j)
 		return dcast_fail(DCAST_ENOMEM, "durable: a job to delete model %s's files", m->name);
 	j->m = m;
+	j->read_fd = -1;
 	j->drop = 1;
 	j->free_model = free_model;
 	j->run = m->run;
@@ -338,6 +385,7 @@ int broker_durable_poison(struct broker *b, struct broker_model *m, uint64_t ver
 		return rc;
 	}
 	j->m = m;
+	j->read_fd = -1;
 	j->poison = 1;
 	j->version = version;
 	j->run = m->run;
@@ -396,10 +444,31 @@ int broker_durable_commit(struct broker *b, struct broker_model *m, struct broke
 	return 0;
 }
 
+/* The version's payloads are durable: from now on they are read from the
+ * segment (ondisk.c), and the heap lets them go. */
+static void job_to_disk(struct broker *b, struct broker_model *m, struct durable_job *j)
+{
+	struct broker_segfile *f;
+
+	if (j->read_fd < 0)
+		return;
+	f = broker_segfile_share(&m->segfile, j->read_fd);
+	j->read_fd = -1;
+	if (!f) {
+		DCAST_LOG_W("model %s: version %llu is served from memory: %s", m->name,
+			    (unsigned long long)j->version, dcast_last_error());
+		return;
+	}
+	broker_version_to_disk(j->v, f, j->at);
+	broker_segfile_put(f);
+	b->stats.versions_to_disk++; /* a heap trim is due (log.c) */
+}
+
 static void job_durable(struct broker *b, struct durable_job *j)
 {
 	struct broker_model *m = j->m;
 
+	job_to_disk(b, m, j);
 	DCAST_LOG_I("model %s: version %llu durable: %llu bytes written and fsynced in %.1f ms, "
 		    "%.1f ms after its commit (off the event loop)", m->name,
 		    (unsigned long long)j->version, (unsigned long long)j->v->payload_bytes,
@@ -533,7 +602,23 @@ static int restore_version_new(struct restore *r, uint64_t version)
 	return 0;
 }
 
-static int restore_chunk(struct restore *r, const dcast_rec *rec, const void *hdr, const void *payload)
+/* A restored chunk's payload stays in its file, read when it is served
+ * (ondisk.c): the heap does not grow with the restored log. */
+static int restore_payload(struct restore *r, struct broker_chunk *ch, uint64_t len)
+{
+	int fd;
+
+	broker_seg_replay_at(r->b->dur->store, &fd, &ch->file_off);
+	if ((fd = fcntl(fd, F_DUPFD_CLOEXEC, 0)) < 0)
+		return dcast_fail(DCAST_EIO, "restore: read handle: %s", strerror(errno));
+	if (!(ch->file = broker_segfile_share(&r->m->segfile, fd)))
+		return DCAST_EIO; /* or DCAST_ENOMEM: the detail names it */
+	zmq_msg_init(&ch->payload);
+	ch->payload_len = len;
+	return 0;
+}
+
+static int restore_chunk(struct restore *r, const dcast_rec *rec, const void *hdr)
 {
 	struct broker_chunk *ch;
 	struct broker_version *v;
@@ -552,10 +637,11 @@ static int restore_chunk(struct restore *r, const dcast_rec *rec, const void *hd
 		r->cap = cap;
 	}
 	ch = &v->chunks[v->n_chunks];
-	if ((rc = frame_copy(&ch->hdr, hdr, rec->hdr_len)))
+	memset(ch, 0, sizeof(*ch));
+	if ((rc = restore_payload(r, ch, rec->payload_len)))
 		return rc;
-	if ((rc = frame_copy(&ch->payload, payload, rec->payload_len))) {
-		zmq_msg_close(&ch->hdr);
+	if ((rc = frame_copy(&ch->hdr, hdr, rec->hdr_len))) {
+		broker_segfile_put(ch->file);
 		return rc;
 	}
 	ch->payload_sum = rec->payload_sum; /* checked by the load */
@@ -673,6 +759,7 @@ static int restore_visit(void *ctx, const char *model, const dcast_rec *rec, con
 {
 	struct restore *r = ctx;
 
+	(void)payload; /* checked by the load; served from the file (restore_payload) */
 	if (rec->kind == BROKER_SEG_MANIFEST)
 		return restore_manifest(r, model, hdr, rec->hdr_len);
 	if (rec->kind == BROKER_SEG_LOST)
@@ -682,7 +769,7 @@ static int restore_visit(void *ctx, const char *model, const dcast_rec *rec, con
 	if (!r->m)
 		return dcast_fail(DCAST_ECORRUPT, "restore: %s: version before its manifest", model);
 	if (rec->kind == BROKER_SEG_CHUNK)
-		return restore_chunk(r, rec, hdr, payload);
+		return restore_chunk(r, rec, hdr);
 	if (rec->kind == BROKER_SEG_POISON)
 		return restore_poison(r, rec->version);
 	return restore_commit(r, rec->version, hdr, rec->hdr_len);

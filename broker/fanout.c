@@ -3,7 +3,8 @@
  * and credit; per loop turn it gets at most BROKER_BURST_MSGS messages,
  * sent with ZMQ_DONTWAIT, so a consumer that stops (credit spent, pipe full)
  * holds only its own cursor.  Payload frames go out as zmq_msg_copy of the
- * log's messages: N consumers share one copy.  docs/protocol.md,
+ * log's messages (N consumers share one copy), or, once durable with
+ * --data-dir, read from the segment file for each consumer (ondisk.c).  docs/protocol.md,
  * "Consumer and broker". */
 #include <errno.h>
 #include <stdlib.h>
@@ -33,12 +34,13 @@ static int send_err(struct broker *b, const char *what)
 	return PUMP_GONE;
 }
 
-/* One multipart message [rid, copy of hdr, copy of payload] or a raw header. */
-static int send_frames(struct broker *b, struct broker_peer *p, zmq_msg_t *hdr,
-		       zmq_msg_t *payload, const void *raw, size_t raw_len)
+/* [rid, copy of hdr, payload] or [rid, raw header]; payload is sent as it
+ * is (ZeroMQ takes its content). */
+static int send_parts(struct broker *b, struct broker_peer *p, zmq_msg_t *hdr,
+		      zmq_msg_t *payload, const void *raw, size_t raw_len)
 {
 	void *s = b->consumers;
-	zmq_msg_t h, pl;
+	zmq_msg_t h;
 
 	if (zmq_send(s, p->rid, p->rid_len, ZMQ_DONTWAIT | ZMQ_SNDMORE) < 0)
 		return send_err(b, "routing id");
@@ -54,16 +56,22 @@ static int send_frames(struct broker *b, struct broker_peer *p, zmq_msg_t *hdr,
 		zmq_msg_close(&h);
 		return send_err(b, "header");
 	}
-	if (payload) {
-		zmq_msg_init(&pl);
-		zmq_msg_copy(&pl, payload);
-		if (zmq_msg_send(&pl, s, ZMQ_DONTWAIT) < 0) {
-			zmq_msg_close(&pl);
-			return send_err(b, "payload");
-		}
-	}
+	if (payload && zmq_msg_send(payload, s, ZMQ_DONTWAIT) < 0)
+		return send_err(b, "payload");
 	p->last_send_ms = dcast_now_ms();
 	return PUMP_MORE;
+}
+
+/* One multipart message [rid, copy of hdr, payload] or a raw header; the
+ * payload message (broker_chunk_payload's) is consumed, sent or not. */
+static int send_frames(struct broker *b, struct broker_peer *p, zmq_msg_t *hdr,
+		       zmq_msg_t *payload, const void *raw, size_t raw_len)
+{
+	int rc = send_parts(b, p, hdr, payload, raw, raw_len);
+
+	if (payload)
+		zmq_msg_close(payload); /* empty once sent */
+	return rc;
 }
 
 /* The version to stream after p->have_version: the next delta if
@@ -158,6 +166,7 @@ static int pump_one(struct broker *b, struct broker_peer *p)
 {
 	struct broker_version *v = p->cur;
 	struct broker_chunk *ch;
+	zmq_msg_t payload;
 	uint64_t len;
 	int rc;
 
@@ -188,12 +197,19 @@ static int pump_one(struct broker *b, struct broker_peer *p)
 		return PUMP_MORE;
 	}
 	ch = &v->chunks[p->next_chunk];
-	len = zmq_msg_size(&ch->payload);
+	len = ch->payload_len;
 	if (len > p->window_bytes)
 		return window_too_small(b, p, v, len);
 	if (p->sent_bytes + len > p->credit_bytes)
 		return PUMP_IDLE; /* waits for CREDIT */
-	if ((rc = send_frames(b, p, &ch->hdr, &ch->payload, NULL, 0)) != PUMP_MORE)
+	if (!broker_chunk_readable(ch))
+		return PUMP_BLOCKED; /* reads from disk in flight at the cap: retry soon */
+	if ((rc = broker_chunk_payload(ch, &payload))) {
+		DCAST_LOG_E("consumer %s of %s: version %llu chunk %u: %s", p->client, p->want,
+			    (unsigned long long)v->version, p->next_chunk, dcast_last_error());
+		return PUMP_GONE;
+	}
+	if ((rc = send_frames(b, p, &ch->hdr, &payload, NULL, 0)) != PUMP_MORE)
 		return rc;
 	p->sent_bytes += len;
 	p->next_chunk++;

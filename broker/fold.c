@@ -139,6 +139,7 @@ static int fold_chunk(struct broker_fold *f, struct fold_digests *next, const st
 	const struct broker_manifest *mf = f->mf;
 	const dcast_chunk *c;
 	dcast_chunk_info info;
+	zmq_msg_t payload;
 	dcast_msg msg;
 	unsigned es;
 	int rc, type;
@@ -157,11 +158,14 @@ static int fold_chunk(struct broker_fold *f, struct fold_digests *next, const st
 		return dcast_fail(DCAST_ESHAPE, "fold: chunk of tensor %u outside the manifest",
 				  c->tensor);
 	info = (dcast_chunk_info){c->encoding, c->elem_size, c->count, c->changed, c->payload_bytes};
-	if ((rc = fold_check_chunk(next, c, zmq_msg_data((zmq_msg_t *)&ch->payload),
-				   f->data[c->tensor] + c->start * es)))
+	if ((rc = broker_chunk_payload(ch, &payload))) /* from disk, one range at a time */
 		return rc;
-	return dcast_codec_apply(&info, zmq_msg_data((zmq_msg_t *)&ch->payload),
-				 f->data[c->tensor] + c->start * es, NULL);
+	rc = fold_check_chunk(next, c, zmq_msg_data(&payload), f->data[c->tensor] + c->start * es);
+	if (!rc)
+		rc = dcast_codec_apply(&info, zmq_msg_data(&payload),
+				       f->data[c->tensor] + c->start * es, NULL);
+	zmq_msg_close(&payload);
+	return rc;
 }
 
 /* Fold v's chunks into the state, checked against v's digests. */
@@ -405,6 +409,7 @@ static int cut_chunk(const char *model, struct broker_fold *f, uint64_t *bytes)
 	hm.u.chunk.changed = count;
 	hm.u.chunk.payload_bytes = *bytes;
 	ch->payload_sum = dcast_checksum(zmq_msg_data(&ch->payload), *bytes);
+	ch->payload_len = *bytes;
 	hm.u.chunk.checksum = dcast_chunk_checksum(&hm.u.chunk, ch->payload_sum);
 	cut->next_chunk++;
 	cut->v->payload_bytes += *bytes;

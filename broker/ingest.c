@@ -398,6 +398,7 @@ static int version_chunks(struct broker_version *v, struct broker_pending *pd)
 			zmq_msg_init(&v->chunks[k].payload);
 			zmq_msg_move(&v->chunks[k].payload, &pd->part[i].chunks[j].payload);
 			v->chunks[k].payload_sum = pd->part[i].chunks[j].payload_sum;
+			v->chunks[k].payload_len = zmq_msg_size(&v->chunks[k].payload);
 		}
 	return 0;
 }

@@ -23,7 +23,8 @@ static int quiet(const struct broker *b)
 
 static uint64_t log_changes(const struct broker *b)
 {
-	return b->stats.versions_committed + b->stats.versions_aborted + b->stats.anchors_made;
+	return b->stats.versions_committed + b->stats.versions_aborted + b->stats.anchors_made +
+	       b->stats.versions_to_disk;
 }
 
 int broker_heap_trim_due(const struct broker *b)
@@ -110,7 +111,7 @@ uint64_t broker_version_mem(const struct broker_version *v)
 	for (uint32_t i = 0; i < v->n_chunks; i++)
 		bytes += sizeof(v->chunks[i]) + 3 * BROKER_ALLOC_BYTES +
 			 zmq_msg_size((zmq_msg_t *)&v->chunks[i].hdr) +
-			 zmq_msg_size((zmq_msg_t *)&v->chunks[i].payload);
+			 v->chunks[i].payload_len;
 	return bytes;
 }
 
@@ -121,6 +122,7 @@ void broker_version_put(struct broker_version *v)
 	for (uint32_t i = 0; i < v->n_chunks; i++) {
 		zmq_msg_close(&v->chunks[i].hdr);
 		zmq_msg_close(&v->chunks[i].payload);
+		broker_segfile_put(v->chunks[i].file);
 	}
 	free(v->chunks);
 	zmq_msg_close(&v->commit_hdr);
@@ -135,6 +137,7 @@ void broker_model_free(struct broker_model *m)
 		broker_version_put(m->log[i]);
 	free(m->log);
 	broker_log_tail_clear(m);
+	broker_segfile_put(m->segfile);
 	DCAST_ASSERT(!m->fold); /* its owner freed it first (broker_fold_free) */
 	broker_manifest_put(m->manifest);
 	free(m);

@@ -56,6 +56,8 @@ static void model_empty(struct broker_model *m)
 	broker_fold_free(m);
 	broker_manifest_put(m->manifest);
 	m->manifest = NULL;
+	broker_segfile_put(m->segfile);
+	m->segfile = NULL;
 }
 
 int broker_model_remove(struct broker *b, struct broker_model *m, int expired, const char *why)

@@ -47,6 +47,9 @@ struct broker_seg_store {
 	int write_err;                /* first failed write since the last commit */
 	char write_detail[512];
 	dcast_rec_reader rd;          /* load: reads one file at a time */
+	uint64_t replay_off;          /* load: the record being visited */
+	uint8_t *copy_buf;            /* broker_seg_put_chunk from a file, when
+					 copy_file_range cannot */
 };
 
 /* ---- store and models ----------------------------------------------- */
@@ -110,6 +113,7 @@ void broker_seg_close(broker_seg_store **sp)
 	dcast_io_close(&s->io);
 	free(s->prefix);
 	dcast_rec_reader_free(&s->rd);
+	free(s->copy_buf);
 	free(s);
 	*sp = NULL;
 }
@@ -218,7 +222,8 @@ static int queue_write(broker_seg_store *s, struct seg_file *f, const void *buf,
 }
 
 /* Queue one record at the end of f; payload_sum is dcast_checksum() of its
- * payload (the caller's, computed when the chunk arrived). */
+ * payload (the caller's, computed when the chunk arrived).  A NULL payload
+ * of payload_len bytes: the caller writes them next, at f->end. */
 static int put_record(broker_seg_store *s, struct seg_file *f, int kind, uint64_t version,
 		      const void *hdr, size_t hdr_len, const void *payload, size_t payload_len,
 		      uint64_t payload_sum)
@@ -237,7 +242,7 @@ static int put_record(broker_seg_store *s, struct seg_file *f, int kind, uint64_
 	rc = queue_write(s, f, p, DCAST_REC_PREFIX);
 	if (!rc)
 		rc = queue_write(s, f, hdr, hdr_len);
-	if (!rc)
+	if (!rc && payload) /* NULL: the caller copies the bytes (copy_payload) */
 		rc = queue_write(s, f, payload, payload_len);
 	return rc;
 }
@@ -309,13 +314,94 @@ int broker_seg_append_chunk(broker_seg_store *s, const char *model, uint64_t ver
 			    const void *hdr, size_t hdr_len, const void *payload,
 			    size_t payload_len, uint64_t payload_sum)
 {
+	struct broker_seg_payload p = {.mem = payload, .len = payload_len, .sum = payload_sum};
+	uint64_t at;
+
+	return broker_seg_put_chunk(s, model, version, hdr, hdr_len, &p, &at);
+}
+
+#define SEG_COPY_BYTES (1u << 20)
+
+/* pread/pwrite through the store's buffer, where copy_file_range is
+ * refused (another file system, an old kernel). */
+static int copy_plain(broker_seg_store *s, int fd, uint64_t off, int out, uint64_t at,
+		      uint64_t len)
+{
+	if (!s->copy_buf && !(s->copy_buf = malloc(SEG_COPY_BYTES)))
+		return dcast_fail(DCAST_ENOMEM, "segment: copy buffer");
+	while (len) {
+		size_t want = len < SEG_COPY_BYTES ? (size_t)len : SEG_COPY_BYTES;
+		ssize_t n = pread(fd, s->copy_buf, want, (off_t)off);
+
+		if (n <= 0 || pwrite(out, s->copy_buf, (size_t)n, (off_t)at) != n)
+			return dcast_fail(DCAST_EIO, "segment: copy of a payload at offset %llu: %s",
+					  (unsigned long long)off, n < 0 ? strerror(errno) :
+					  n == 0 ? "end of file" : strerror(errno));
+		off += (uint64_t)n;
+		at += (uint64_t)n;
+		len -= (uint64_t)n;
+	}
+	return 0;
+}
+
+/* Copy len bytes at off of fd to the end of f (in the kernel where it
+ * can), outside dcast_io's queue: the seal's fsync covers them too. */
+static int copy_payload(broker_seg_store *s, struct seg_file *f, int fd, uint64_t off,
+			uint64_t len)
+{
+	loff_t in = (loff_t)off, out = (loff_t)f->end;
+	uint64_t left = len;
+	int rc = 0;
+
+	while (left) {
+		ssize_t n = copy_file_range(fd, &in, f->fd, &out, left, 0);
+
+		if (n <= 0) {
+			rc = copy_plain(s, fd, (uint64_t)in, f->fd, (uint64_t)out, left);
+			break;
+		}
+		left -= (uint64_t)n;
+	}
+	if (!rc)
+		f->end += len;
+	return rc;
+}
+
+int broker_seg_put_chunk(broker_seg_store *s, const char *model, uint64_t version,
+			 const void *hdr, size_t hdr_len, const struct broker_seg_payload *p,
+			 uint64_t *at)
+{
 	struct seg_model *m = model_find(s, model);
+	int rc;
 
 	if (!m || m->cur.fd < 0)
 		return dcast_fail(DCAST_ESTATE, "segment: model %s has no segment: the first "
 				  "version must be an anchor", model);
-	return put_record(s, &m->cur, BROKER_SEG_CHUNK, version, hdr, hdr_len, payload, payload_len,
-			  payload_sum);
+	*at = m->cur.end + DCAST_REC_PREFIX + hdr_len;
+	if (p->mem || !p->len)
+		return put_record(s, &m->cur, BROKER_SEG_CHUNK, version, hdr, hdr_len, p->mem,
+				  p->len, p->sum);
+	rc = put_record(s, &m->cur, BROKER_SEG_CHUNK, version, hdr, hdr_len, NULL, p->len, p->sum);
+	return rc ? rc : copy_payload(s, &m->cur, p->fd, p->off, p->len);
+}
+
+int broker_seg_reader(broker_seg_store *s, const char *model)
+{
+	struct seg_model *m = model_find(s, model);
+	int fd;
+
+	if (!m || m->cur.fd < 0)
+		return -dcast_fail(DCAST_ESTATE, "segment: model %s has no segment", model);
+	if ((fd = fcntl(m->cur.fd, F_DUPFD_CLOEXEC, 0)) < 0)
+		return -dcast_fail(DCAST_EIO, "segment: read handle of '%s': %s", m->cur.path,
+				   strerror(errno));
+	return fd;
+}
+
+void broker_seg_replay_at(const broker_seg_store *s, int *fd, uint64_t *payload_off)
+{
+	*fd = s->rd.fd;
+	*payload_off = s->replay_off;
 }
 
 /* Anchor committed: the previous segment is superseded. */
@@ -634,6 +720,7 @@ static int replay_file(broker_seg_store *s, int fd, const char *model, uint64_t 
 			return dcast_fail(rc, "segment: replay of %s at offset %llu: %s", model,
 					  (unsigned long long)off, why);
 		if (r.kind != BROKER_SEG_FILE) {
+			s->replay_off = off + DCAST_REC_PREFIX + r.hdr_len;
 			rc = fn(ctx, model, &r, s->rd.buf, s->rd.buf + r.hdr_len);
 			if (rc)
 				return rc;

@@ -118,6 +118,37 @@ int broker_seg_append_chunk(broker_seg_store *s, const char *model, uint64_t ver
 			    const void *hdr, size_t hdr_len, const void *payload,
 			    size_t payload_len, uint64_t payload_sum);
 
+/* A CHUNK record's payload for broker_seg_put_chunk: len bytes at mem, or
+ * (mem NULL) at offset off of the file fd is open on (a chunk already on
+ * disk, written again into a new segment after a made anchor). */
+struct broker_seg_payload {
+	const void *mem;
+	int fd;
+	uint64_t off;
+	size_t len;
+	uint64_t sum;   /* dcast_checksum() of the bytes */
+};
+
+/* broker_seg_append_chunk with the payload from memory or from a file, and
+ * *at set to where its bytes lie in the model's current segment (valid
+ * once the version commits).  Bytes from a file are copied before it
+ * returns; mem and hdr must stay as broker_seg_append_chunk says.  Errors:
+ * those of broker_seg_append_chunk, DCAST_EIO (the copy, naming it). */
+int broker_seg_put_chunk(broker_seg_store *s, const char *model, uint64_t version,
+			 const void *hdr, size_t hdr_len, const struct broker_seg_payload *p,
+			 uint64_t *at);
+
+/* A read-only handle of the model's current segment file (its own file
+ * descriptor, the caller's to close): committed payloads are read through
+ * it (broker/ondisk.c), also after the file is deleted.  -1 with
+ * DCAST_ESTATE (no segment) or DCAST_EIO set. */
+int broker_seg_reader(broker_seg_store *s, const char *model);
+
+/* During a broker_seg_load visit of a CHUNK record: the file it is read
+ * from (*fd, valid only during the visit: dup it to keep it) and the offset
+ * of its payload there. */
+void broker_seg_replay_at(const broker_seg_store *s, int *fd, uint64_t *payload_off);
+
 /* Write the COMMIT record of `version`, wait for every queued write and
  * fsync the segment: on 0 the version is durable.  When it was an anchor
  * (begun with broker_seg_begin_anchor), older segments of the model are

@@ -1,0 +1,157 @@
+/* Committed payloads served from the segment files (--data-dir).  Once a
+ * version's records are durable its payload frames leave the heap and each
+ * chunk keeps where its bytes lie in the segment; a consumer's chunk is
+ * then read (pread, through the page cache) into a buffer of its own that
+ * ZeroMQ frees once sent.  So the heap holds what is in flight: each
+ * consumer's credit bounds what it is sent ahead, and the bytes read and
+ * not yet sent are capped over all consumers (BROKER_DISK_INFLIGHT_BYTES).
+ * The counter of those bytes is atomic: ZeroMQ's I/O threads free the
+ * buffers.  docs/operations.md, "Memory". */
+#include <errno.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include "broker.h"
+#include "dcast_common.h"
+
+static _Atomic uint64_t disk_inflight; /* bytes read from disk, not yet sent */
+
+static int file_id(int fd, uint64_t *dev, uint64_t *ino)
+{
+	struct stat st;
+
+	if (fstat(fd, &st))
+		return dcast_fail(DCAST_EIO, "segment read handle: fstat: %s", strerror(errno));
+	*dev = (uint64_t)st.st_dev;
+	*ino = (uint64_t)st.st_ino;
+	return 0;
+}
+
+struct broker_segfile *broker_segfile_new(int fd)
+{
+	struct broker_segfile *f = calloc(1, sizeof(*f));
+
+	if (!f) {
+		close(fd);
+		dcast_fail(DCAST_ENOMEM, "segment read handle");
+		return NULL;
+	}
+	if (file_id(fd, &f->dev, &f->ino)) {
+		close(fd);
+		free(f);
+		return NULL;
+	}
+	f->refs = 1;
+	f->fd = fd;
+	return f;
+}
+
+struct broker_segfile *broker_segfile_share(struct broker_segfile **cur, int fd)
+{
+	uint64_t dev = 0, ino = 0;
+
+	if (*cur && !file_id(fd, &dev, &ino) && dev == (*cur)->dev && ino == (*cur)->ino) {
+		close(fd);
+		(*cur)->refs++;
+		return *cur;
+	}
+	broker_segfile_put(*cur);
+	if (!(*cur = broker_segfile_new(fd)))
+		return NULL;
+	(*cur)->refs++;
+	return *cur;
+}
+
+void broker_segfile_put(struct broker_segfile *f)
+{
+	if (!f || --f->refs)
+		return;
+	close(f->fd);
+	free(f);
+}
+
+uint64_t broker_disk_inflight_bytes(void)
+{
+	return atomic_load_explicit(&disk_inflight, memory_order_relaxed);
+}
+
+int broker_chunk_readable(const struct broker_chunk *ch)
+{
+	uint64_t now = broker_disk_inflight_bytes();
+
+	return !ch->file || now == 0 || now + ch->payload_len <= BROKER_DISK_INFLIGHT_BYTES;
+}
+
+/* ZeroMQ is done with a buffer read from disk (any thread). */
+static void read_free(void *data, void *hint)
+{
+	atomic_fetch_sub_explicit(&disk_inflight, (uint64_t)(uintptr_t)hint, memory_order_relaxed);
+	free(data);
+}
+
+/* The copy from the page cache into a frame of its own: the one copy a
+ * payload served from disk costs (the wire needs the bytes in memory). */
+static int read_payload(const struct broker_chunk *ch, void *buf)
+{
+	uint64_t done = 0;
+
+	while (done < ch->payload_len) {
+		ssize_t n = pread(ch->file->fd, (char *)buf + done, ch->payload_len - done,
+				  (off_t)(ch->file_off + done));
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			return dcast_fail(DCAST_EIO, "segment read of %llu bytes at offset %llu: %s",
+					  (unsigned long long)ch->payload_len,
+					  (unsigned long long)ch->file_off,
+					  n < 0 ? strerror(errno) : "end of file");
+		done += (uint64_t)n;
+	}
+	return 0;
+}
+
+int broker_chunk_payload(const struct broker_chunk *ch, zmq_msg_t *out)
+{
+	void *buf;
+	int rc;
+
+	if (!ch->file) {
+		zmq_msg_init(out);
+		zmq_msg_copy(out, (zmq_msg_t *)&ch->payload);
+		return 0;
+	}
+	if (!(buf = malloc(ch->payload_len ? ch->payload_len : 1)))
+		return dcast_fail(DCAST_ENOMEM, "a %llu-byte payload read from disk",
+				  (unsigned long long)ch->payload_len);
+	if ((rc = read_payload(ch, buf))) {
+		free(buf);
+		return rc;
+	}
+	atomic_fetch_add_explicit(&disk_inflight, ch->payload_len, memory_order_relaxed);
+	if (zmq_msg_init_data(out, buf, ch->payload_len, read_free,
+			      (void *)(uintptr_t)ch->payload_len)) {
+		read_free(buf, (void *)(uintptr_t)ch->payload_len);
+		return dcast_fail(DCAST_ENOMEM, "a frame of %llu bytes",
+				  (unsigned long long)ch->payload_len);
+	}
+	return 0;
+}
+
+void broker_version_to_disk(struct broker_version *v, struct broker_segfile *file,
+			    const uint64_t *off)
+{
+	for (uint32_t i = 0; i < v->n_chunks; i++) {
+		struct broker_chunk *ch = &v->chunks[i];
+
+		DCAST_ASSERT(ch->file || zmq_msg_size(&ch->payload) == ch->payload_len);
+		file->refs++;
+		broker_segfile_put(ch->file);
+		ch->file = file;
+		ch->file_off = off[i];
+		zmq_msg_close(&ch->payload);
+		zmq_msg_init(&ch->payload);
+	}
+}

@@ -133,11 +133,15 @@ struct broker_version {
 	uint64_t mem_bytes;             /* broker_version_mem(), set as it enters the log */
 };
 
-/* A chunk of an open version, before it is numbered for consumers. */
+/* A chunk of an open version, before it is numbered for consumers.  With
+ * --data-dir its payload is in the version's spill file (file set, payload
+ * empty) rather than in memory. */
 struct broker_pending_chunk {
 	dcast_chunk c;
 	zmq_msg_t payload;
 	uint64_t payload_sum; /* checked against c.checksum on ingest */
+	struct broker_segfile *file; /* reference, or NULL: payload */
+	uint64_t file_off;
 };
 
 struct broker_part {
@@ -159,6 +163,9 @@ struct broker_pending {
 	uint64_t created_ms;
 	struct broker_manifest *manifest; /* reference: chunks checked against it */
 	struct broker_part *part;         /* [parts] */
+	struct broker_segfile *spill;     /* --data-dir: its payloads as they arrive (ondisk.c),
+					     a reference; NULL until the first */
+	uint64_t spill_end;
 };
 
 struct broker_model {
@@ -536,6 +543,16 @@ int broker_chunk_payload(const struct broker_chunk *ch, zmq_msg_t *out);
 int broker_chunk_readable(const struct broker_chunk *ch);
 /* Payload bytes read from disk and not yet sent (metrics, tests). */
 uint64_t broker_disk_inflight_bytes(void);
+/* --data-dir: write the payload of an open version's chunk into the
+ * version's spill file (an unnamed file in dir, made at its first chunk:
+ * *spill, *end), so that an open version does not hold its payloads in
+ * memory; pc->file and file_off say where it went.  The durable write
+ * copies it from there into the segment, and the file's space is freed
+ * with the last reference (the version committed and durable, or dropped).
+ * Returns 0, or DCAST_EIO / DCAST_ENOMEM (the caller keeps the payload in
+ * memory then). */
+int broker_spill_write(const char *dir, struct broker_segfile **spill, uint64_t *end,
+		       struct broker_pending_chunk *pc, const void *data, size_t len);
 /* Serve v's payloads from file from now on: chunk i at off[i] (a new
  * reference of file each); the frames in memory are released (consumers
  * and jobs holding copies keep theirs).  A chunk already on disk moves to

@@ -26,13 +26,16 @@ static void pending_free(struct broker *b, struct broker_pending *pd)
 	for (uint32_t i = 0; i < pd->parts; i++) {
 		struct broker_part *pt = &pd->part[i];
 
-		for (uint32_t j = 0; j < pt->n; j++)
+		for (uint32_t j = 0; j < pt->n; j++) {
 			zmq_msg_close(&pt->chunks[j].payload);
+			broker_segfile_put(pt->chunks[j].file);
+		}
 		free(pt->chunks);
 		free(pt->digests);
 	}
 	free(pd->part);
 	broker_manifest_put(pd->manifest);
+	broker_segfile_put(pd->spill); /* a dropped version's spilled bytes go with it */
 	free(pd);
 }
 
@@ -217,6 +220,30 @@ static void payload_keep(zmq_msg_t *dst, dcast_wire_in *in)
 		zmq_msg_move(dst, &in->payload);
 }
 
+/* --data-dir: the payload goes to the open version's spill file, not the
+ * heap (ondisk.c).  1 when it did; 0 without a data dir, or when the write
+ * failed (logged once per version: the payload is kept in memory). */
+static int payload_spill(struct broker *b, struct broker_pending *pd,
+			 struct broker_pending_chunk *pc, dcast_wire_in *in)
+{
+	size_t len = in->has_payload ? zmq_msg_size(&in->payload) : 0;
+	int had = pd->spill != NULL;
+
+	if (!broker_durable_on(b) || pd->spill_end == UINT64_MAX)
+		return 0;
+	if (!broker_spill_write(b->cfg.data_dir, &pd->spill, &pd->spill_end, pc,
+				len ? zmq_msg_data(&in->payload) : "", len))
+		return 1;
+	DCAST_LOG_W("version %llu: %s; its payloads stay in memory",
+		    (unsigned long long)pd->version, dcast_last_error());
+	if (!had) {
+		broker_segfile_put(pd->spill);
+		pd->spill = NULL;
+	}
+	pd->spill_end = UINT64_MAX; /* no more tries for this version */
+	return 0;
+}
+
 int broker_pending_chunk(struct broker *b, struct broker_model *m, uint32_t part,
 			 dcast_wire_in *in)
 {
@@ -241,7 +268,9 @@ int broker_pending_chunk(struct broker *b, struct broker_model *m, uint32_t part
 	pc = &pt->chunks[pt->n++];
 	pc->c = *c;
 	pc->payload_sum = sum;
-	payload_keep(&pc->payload, in);
+	pc->file = NULL;
+	if (!payload_spill(b, pd, pc, in))
+		payload_keep(&pc->payload, in);
 	pt->seen = 1;
 	pt->last_ms = dcast_now_ms();
 	pt->bytes += c->payload_bytes;
@@ -270,6 +299,7 @@ static void part_dedupe(struct broker_part *pt)
 		if (w && pt->chunks[w - 1].c.seq == pt->chunks[r].c.seq) {
 			pt->bytes -= pt->chunks[r].c.payload_bytes;
 			zmq_msg_close(&pt->chunks[r].payload);
+			broker_segfile_put(pt->chunks[r].file);
 			continue;
 		}
 		pt->chunks[w++] = pt->chunks[r];
@@ -372,6 +402,18 @@ static int anchor_complete(const struct broker_pending *pd)
 	return rc;
 }
 
+/* The committed chunk takes the open one's payload, in memory or spilled. */
+static void chunk_take(struct broker_chunk *ch, struct broker_pending_chunk *pc)
+{
+	zmq_msg_init(&ch->payload);
+	zmq_msg_move(&ch->payload, &pc->payload);
+	ch->payload_sum = pc->payload_sum;
+	ch->payload_len = pc->c.payload_bytes;
+	ch->file = pc->file;
+	ch->file_off = pc->file_off;
+	pc->file = NULL;
+}
+
 static int version_chunks(struct broker_version *v, struct broker_pending *pd)
 {
 	uint32_t k = 0;
@@ -395,10 +437,7 @@ static int version_chunks(struct broker_version *v, struct broker_pending *pd)
 				v->n_chunks = k; /* what is initialised, for the put */
 				return rc;
 			}
-			zmq_msg_init(&v->chunks[k].payload);
-			zmq_msg_move(&v->chunks[k].payload, &pd->part[i].chunks[j].payload);
-			v->chunks[k].payload_sum = pd->part[i].chunks[j].payload_sum;
-			v->chunks[k].payload_len = zmq_msg_size(&v->chunks[k].payload);
+			chunk_take(&v->chunks[k], &pd->part[i].chunks[j]);
 		}
 	return 0;
 }

@@ -1,4 +1,5 @@
-/* Committed payloads served from the segment files (--data-dir).  Once a
+/* Payloads kept on disk with --data-dir.  An open version's chunks go to a
+ * spill file of its own as they arrive (broker_spill_write).  Once a
  * version's records are durable its payload frames leave the heap and each
  * chunk keeps where its bytes lie in the segment; a consumer's chunk is
  * then read (pread, through the page cache) into a buffer of its own that
@@ -8,6 +9,7 @@
  * The counter of those bytes is atomic: ZeroMQ's I/O threads free the
  * buffers.  docs/operations.md, "Memory". */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -154,4 +156,50 @@ void broker_version_to_disk(struct broker_version *v, struct broker_segfile *fil
 		zmq_msg_close(&ch->payload);
 		zmq_msg_init(&ch->payload);
 	}
+}
+
+/* An unnamed file in dir: nothing is left of it after a crash. */
+static struct broker_segfile *spill_open(const char *dir)
+{
+	int fd = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+
+	if (fd < 0) {
+		dcast_fail(DCAST_EIO, "spill file in '%s': %s", dir, strerror(errno));
+		return NULL;
+	}
+	return broker_segfile_new(fd);
+}
+
+static int write_all(int fd, const void *data, size_t len, uint64_t off)
+{
+	size_t done = 0;
+
+	while (done < len) {
+		ssize_t n = pwrite(fd, (const char *)data + done, len - done, (off_t)(off + done));
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			return dcast_fail(DCAST_EIO, "spill write of %zu bytes at offset %llu: %s", len,
+					  (unsigned long long)off, n < 0 ? strerror(errno) : "no progress");
+		done += (size_t)n;
+	}
+	return 0;
+}
+
+int broker_spill_write(const char *dir, struct broker_segfile **spill, uint64_t *end,
+		       struct broker_pending_chunk *pc, const void *data, size_t len)
+{
+	int rc;
+
+	if (!*spill && !(*spill = spill_open(dir)))
+		return DCAST_EIO;
+	if ((rc = write_all((*spill)->fd, data, len, *end)))
+		return rc;
+	pc->file = *spill;
+	pc->file->refs++;
+	pc->file_off = *end;
+	zmq_msg_init(&pc->payload);
+	*end += len;
+	return 0;
 }

@@ -13,7 +13,9 @@
 #include "dcast_common.h"
 #include "fold.h"
 
-enum pump { PUMP_IDLE, PUMP_MORE, PUMP_BLOCKED, PUMP_GONE };
+/* PUMP_DISK: the next chunk waits for room under the cap of bytes read
+ * from disk and not yet sent (ondisk.c); retried soon, as a full pipe. */
+enum pump { PUMP_IDLE, PUMP_MORE, PUMP_BLOCKED, PUMP_GONE, PUMP_DISK };
 
 static void consumer_drop(struct broker *b, struct broker_peer *p, const char *why)
 {
@@ -203,7 +205,7 @@ static int pump_one(struct broker *b, struct broker_peer *p)
 	if (p->sent_bytes + len > p->credit_bytes)
 		return PUMP_IDLE; /* waits for CREDIT */
 	if (!broker_chunk_readable(ch))
-		return PUMP_BLOCKED; /* reads from disk in flight at the cap: retry soon */
+		return PUMP_DISK;
 	if ((rc = broker_chunk_payload(ch, &payload))) {
 		DCAST_LOG_E("consumer %s of %s: version %llu chunk %u: %s", p->client, p->want,
 			    (unsigned long long)v->version, p->next_chunk, dcast_last_error());
@@ -228,7 +230,7 @@ static void consumer_pump(struct broker *b, struct broker_peer *p)
 	p->blocked = rc == PUMP_BLOCKED;
 	if (rc == PUMP_MORE)
 		b->fanout_more = 1;
-	else if (rc == PUMP_BLOCKED)
+	else if (rc == PUMP_BLOCKED || rc == PUMP_DISK)
 		b->fanout_blocked = 1;
 	else if (rc == PUMP_GONE)
 		consumer_drop(b, p, "unreachable");

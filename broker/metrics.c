@@ -249,6 +249,10 @@ size_t broker_metrics_render(const struct broker *b, char *buf, size_t cap)
 	      broker_fold_state_bytes(b));
 	gauge(&o, "durable_in_flight_versions", "versions queued for the durable writer, not yet done",
 	      broker_durable_in_flight(b));
+	gauge(&o, "disk_read_in_flight_bytes", "payload bytes read from the segments for consumers, not yet sent",
+	      broker_disk_inflight_bytes());
+	counter(&o, "versions_to_disk_total", "committed versions whose payloads left the heap for their segment",
+		st->versions_to_disk);
 	emit(&o, "# HELP deltacast_loop_stall_max_ms longest event loop turn spent on durable work\n"
 	     "# TYPE deltacast_loop_stall_max_ms gauge\ndeltacast_loop_stall_max_ms %.3f\n",
 	     (double)st->loop_stall_max_ns / 1e6);

@@ -543,16 +543,16 @@ int broker_chunk_payload(const struct broker_chunk *ch, zmq_msg_t *out);
 int broker_chunk_readable(const struct broker_chunk *ch);
 /* Payload bytes read from disk and not yet sent (metrics, tests). */
 uint64_t broker_disk_inflight_bytes(void);
-/* --data-dir: write the payload of an open version's chunk into the
- * version's spill file (an unnamed file in dir, made at its first chunk:
- * *spill, *end), so that an open version does not hold its payloads in
- * memory; pc->file and file_off say where it went.  The durable write
- * copies it from there into the segment, and the file's space is freed
- * with the last reference (the version committed and durable, or dropped).
- * Returns 0, or DCAST_EIO / DCAST_ENOMEM (the caller keeps the payload in
- * memory then). */
+/* --data-dir: append a payload still being built into a spill file (an
+ * unnamed file in dir, made at the first write: *spill, *end): an open
+ * version's chunk as it arrives, a made anchor's chunk as it is cut, so
+ * that neither is held in memory.  On 0, *file (a new reference) and *off
+ * say where it went.  The durable write copies it from there into the
+ * segment, and the file's space is freed with its last reference (the
+ * version durable, or dropped).  Errors: DCAST_EIO, DCAST_ENOMEM (the
+ * caller keeps the payload in memory then). */
 int broker_spill_write(const char *dir, struct broker_segfile **spill, uint64_t *end,
-		       struct broker_pending_chunk *pc, const void *data, size_t len);
+		       const void *data, size_t len, struct broker_segfile **file, uint64_t *off);
 /* Serve v's payloads from file from now on: chunk i at off[i] (a new
  * reference of file each); the frames in memory are released (consumers
  * and jobs holding copies keep theirs).  A chunk already on disk moves to

@@ -35,6 +35,9 @@
 struct fold_cut {
 	struct broker_version *src; /* V as committed (reference): its digests */
 	struct broker_version *v;   /* the anchor being built (reference) */
+	const char *spill_dir;      /* --data-dir: chunks go to `spill`, not the heap */
+	struct broker_segfile *spill; /* reference, NULL until the first chunk */
+	uint64_t spill_end;
 	uint32_t next_digest, next_chunk;
 	uint32_t tensor;            /* next range: tensor, first element */
 	uint64_t start;
@@ -314,6 +317,7 @@ static void cut_drop(struct broker_fold *f)
 {
 	broker_version_put(f->cut.src);
 	broker_version_put(f->cut.v);
+	broker_segfile_put(f->cut.spill); /* the anchor's chunks hold theirs */
 	memset(&f->cut, 0, sizeof(f->cut));
 }
 
@@ -376,6 +380,28 @@ static int frame_encode(const dcast_msg *msg, zmq_msg_t *out)
 	return rc;
 }
 
+/* A made anchor's chunk payload: into the cut's spill file with
+ * --data-dir (the state is the one dense copy held), else a frame of its
+ * own; a failed spill write leaves the rest of the cut in memory. */
+static int cut_payload(const char *model, struct fold_cut *cut, struct broker_chunk *ch,
+		       const uint8_t *data, uint64_t bytes)
+{
+	if (cut->spill_dir && !broker_spill_write(cut->spill_dir, &cut->spill, &cut->spill_end,
+						  data, bytes, &ch->file, &ch->file_off))
+		return 0;
+	if (cut->spill_dir)
+		DCAST_LOG_W("model %s: made anchor %llu: %s; its chunks stay in memory", model,
+			    (unsigned long long)cut->v->version, dcast_last_error());
+	cut->spill_dir = NULL;
+	zmq_msg_close(&ch->payload);
+	if (zmq_msg_init_size(&ch->payload, bytes)) {
+		zmq_msg_init(&ch->payload);
+		return dcast_fail(DCAST_ENOMEM, "anchor chunk of %llu bytes", (unsigned long long)bytes);
+	}
+	memcpy(zmq_msg_data(&ch->payload), data, bytes);
+	return 0;
+}
+
 /* One dense CHUNK of the state: tensor cut.tensor from cut.start. */
 static int cut_chunk(const char *model, struct broker_fold *f, uint64_t *bytes)
 {
@@ -385,16 +411,13 @@ static int cut_chunk(const char *model, struct broker_fold *f, uint64_t *bytes)
 	uint64_t elems = dcast_tensor_elems(td), count = elems - cut->start;
 	unsigned es = dcast_dtype_size((int)td->dtype);
 	dcast_msg hm;
+	int rc;
 
 	if (count > BROKER_FOLD_RANGE_ELEMS)
 		count = BROKER_FOLD_RANGE_ELEMS;
 	*bytes = count * es;
-	zmq_msg_close(&ch->payload);
-	if (zmq_msg_init_size(&ch->payload, *bytes)) {
-		zmq_msg_init(&ch->payload);
-		return dcast_fail(DCAST_ENOMEM, "anchor chunk of %llu bytes", (unsigned long long)*bytes);
-	}
-	memcpy(zmq_msg_data(&ch->payload), f->data[cut->tensor] + cut->start * es, *bytes);
+	if ((rc = cut_payload(model, cut, ch, f->data[cut->tensor] + cut->start * es, *bytes)))
+		return rc;
 	dcast_msg_init(&hm, DCAST_MSG_CHUNK);
 	snprintf(hm.u.chunk.model, sizeof(hm.u.chunk.model), "%s", model);
 	hm.u.chunk.version = cut->v->version;
@@ -408,7 +431,7 @@ static int cut_chunk(const char *model, struct broker_fold *f, uint64_t *bytes)
 	hm.u.chunk.encoding = DCAST_ENC_DENSE;
 	hm.u.chunk.changed = count;
 	hm.u.chunk.payload_bytes = *bytes;
-	ch->payload_sum = dcast_checksum(zmq_msg_data(&ch->payload), *bytes);
+	ch->payload_sum = dcast_checksum(f->data[cut->tensor] + cut->start * es, *bytes);
 	ch->payload_len = *bytes;
 	hm.u.chunk.checksum = dcast_chunk_checksum(&hm.u.chunk, ch->payload_sum);
 	cut->next_chunk++;
@@ -568,6 +591,8 @@ static void cut_maybe(const struct broker *b, struct broker_model *m, struct bro
 		return; /* V is the log's anchor already, or gone */
 	if (cut_start(m, f, m->log[at]))
 		DCAST_LOG_E("model %s: %s", m->name, dcast_last_error());
+	else if (broker_durable_on(b))
+		f->cut.spill_dir = b->cfg.data_dir;
 }
 
 /* ---- the queue and the turn ---- */

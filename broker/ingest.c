@@ -231,9 +231,11 @@ static int payload_spill(struct broker *b, struct broker_pending *pd,
 
 	if (!broker_durable_on(b) || pd->spill_end == UINT64_MAX)
 		return 0;
-	if (!broker_spill_write(b->cfg.data_dir, &pd->spill, &pd->spill_end, pc,
-				len ? zmq_msg_data(&in->payload) : "", len))
+	if (!broker_spill_write(b->cfg.data_dir, &pd->spill, &pd->spill_end,
+				len ? zmq_msg_data(&in->payload) : "", len, &pc->file, &pc->file_off)) {
+		zmq_msg_init(&pc->payload);
 		return 1;
+	}
 	DCAST_LOG_W("version %llu: %s; its payloads stay in memory",
 		    (unsigned long long)pd->version, dcast_last_error());
 	if (!had) {

@@ -188,7 +188,7 @@ static int write_all(int fd, const void *data, size_t len, uint64_t off)
 }
 
 int broker_spill_write(const char *dir, struct broker_segfile **spill, uint64_t *end,
-		       struct broker_pending_chunk *pc, const void *data, size_t len)
+		       const void *data, size_t len, struct broker_segfile **file, uint64_t *off)
 {
 	int rc;
 
@@ -196,10 +196,9 @@ int broker_spill_write(const char *dir, struct broker_segfile **spill, uint64_t 
 		return DCAST_EIO;
 	if ((rc = write_all((*spill)->fd, data, len, *end)))
 		return rc;
-	pc->file = *spill;
-	pc->file->refs++;
-	pc->file_off = *end;
-	zmq_msg_init(&pc->payload);
+	*file = *spill;
+	(*file)->refs++;
+	*off = *end;
 	*end += len;
 	return 0;
 }

@@ -519,9 +519,13 @@ void broker_log_need_anchor(struct broker *b, struct broker_model *m);
 
 /* ---- ondisk.c: committed payloads served from the segment files ---- */
 /* At most this many payload bytes read from segment files and not yet sent
- * (held by ZeroMQ's queues), over all consumers; a consumer waits past it
- * (a chunk larger than it still goes alone). */
+ * (held by ZeroMQ's queues), over all consumers; a consumer waits past it,
+ * unless what it has been sent and not yet credited back is under
+ * BROKER_DISK_FLOOR_BYTES: so a slow consumer's queued frames never stall
+ * the others (each keeps a floor of its own), and a chunk larger than
+ * either still goes. */
 #define BROKER_DISK_INFLIGHT_BYTES (64ull << 20)
+#define BROKER_DISK_FLOOR_BYTES (4ull << 20)
 /* A segment file handle over fd (the caller's, taken on success and on
  * failure): one reference.  NULL (fd closed) with DCAST_EIO (fstat) or
  * DCAST_ENOMEM set. */
@@ -538,9 +542,11 @@ void broker_segfile_put(struct broker_segfile *f);
  * DCAST_EIO (a failed or short read, naming the offset); *out is then
  * untouched. */
 int broker_chunk_payload(const struct broker_chunk *ch, zmq_msg_t *out);
-/* 1 when ch's payload may be read now: in memory, or the bytes read from
- * disk and not yet sent leave room for it under BROKER_DISK_INFLIGHT_BYTES. */
-int broker_chunk_readable(const struct broker_chunk *ch);
+/* 1 when ch's payload may be read now for a consumer with `unacked` bytes
+ * sent and not yet credited back: in memory, or the bytes read from disk
+ * and not yet sent leave room for it under BROKER_DISK_INFLIGHT_BYTES, or
+ * unacked is under BROKER_DISK_FLOOR_BYTES. */
+int broker_chunk_readable(const struct broker_chunk *ch, uint64_t unacked);
 /* Payload bytes read from disk and not yet sent (metrics, tests). */
 uint64_t broker_disk_inflight_bytes(void);
 /* --data-dir: append a payload still being built into a spill file (an

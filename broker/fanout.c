@@ -162,6 +162,15 @@ static int window_too_small(struct broker *b, struct broker_peer *p, const struc
 	return PUMP_IDLE;
 }
 
+/* Payload bytes sent to p and not yet credited back (its credit starts at
+ * its window and grows by what it has taken in); 0 when it granted more. */
+static uint64_t unacked_bytes(const struct broker_peer *p)
+{
+	uint64_t owed = p->sent_bytes + p->window_bytes;
+
+	return owed > p->credit_bytes ? owed - p->credit_bytes : 0;
+}
+
 /* One step of a consumer's stream: its WELCOME, a MANIFEST, a CHUNK or a
  * COMMIT. */
 static int pump_one(struct broker *b, struct broker_peer *p)
@@ -204,7 +213,7 @@ static int pump_one(struct broker *b, struct broker_peer *p)
 		return window_too_small(b, p, v, len);
 	if (p->sent_bytes + len > p->credit_bytes)
 		return PUMP_IDLE; /* waits for CREDIT */
-	if (!broker_chunk_readable(ch))
+	if (!broker_chunk_readable(ch, unacked_bytes(p)))
 		return PUMP_DISK;
 	if ((rc = broker_chunk_payload(ch, &payload))) {
 		DCAST_LOG_E("consumer %s of %s: version %llu chunk %u: %s", p->client, p->want,

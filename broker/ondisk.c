@@ -79,11 +79,12 @@ uint64_t broker_disk_inflight_bytes(void)
 	return atomic_load_explicit(&disk_inflight, memory_order_relaxed);
 }
 
-int broker_chunk_readable(const struct broker_chunk *ch)
+int broker_chunk_readable(const struct broker_chunk *ch, uint64_t unacked)
 {
 	uint64_t now = broker_disk_inflight_bytes();
 
-	return !ch->file || now == 0 || now + ch->payload_len <= BROKER_DISK_INFLIGHT_BYTES;
+	return !ch->file || unacked < BROKER_DISK_FLOOR_BYTES ||
+	       now + ch->payload_len <= BROKER_DISK_INFLIGHT_BYTES;
 }
 
 /* ZeroMQ is done with a buffer read from disk (any thread). */

@@ -17,6 +17,7 @@
 #include <unistd.h>
 #include "broker.h"
 #include "dcast_common.h"
+#include "dcast_io.h"
 
 static _Atomic uint64_t disk_inflight; /* bytes read from disk, not yet sent */
 
@@ -98,22 +99,7 @@ static void read_free(void *data, void *hint)
  * payload served from disk costs (the wire needs the bytes in memory). */
 static int read_payload(const struct broker_chunk *ch, void *buf)
 {
-	uint64_t done = 0;
-
-	while (done < ch->payload_len) {
-		ssize_t n = pread(ch->file->fd, (char *)buf + done, ch->payload_len - done,
-				  (off_t)(ch->file_off + done));
-
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0)
-			return dcast_fail(DCAST_EIO, "segment read of %llu bytes at offset %llu: %s",
-					  (unsigned long long)ch->payload_len,
-					  (unsigned long long)ch->file_off,
-					  n < 0 ? strerror(errno) : "end of file");
-		done += (uint64_t)n;
-	}
-	return 0;
+	return dcast_pread_full(ch->file->fd, buf, ch->payload_len, ch->file_off, "segment");
 }
 
 int broker_chunk_payload(const struct broker_chunk *ch, zmq_msg_t *out)
@@ -171,23 +157,6 @@ static struct broker_segfile *spill_open(const char *dir)
 	return broker_segfile_new(fd);
 }
 
-static int write_all(int fd, const void *data, size_t len, uint64_t off)
-{
-	size_t done = 0;
-
-	while (done < len) {
-		ssize_t n = pwrite(fd, (const char *)data + done, len - done, (off_t)(off + done));
-
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0)
-			return dcast_fail(DCAST_EIO, "spill write of %zu bytes at offset %llu: %s", len,
-					  (unsigned long long)off, n < 0 ? strerror(errno) : "no progress");
-		done += (size_t)n;
-	}
-	return 0;
-}
-
 int broker_spill_write(const char *dir, struct broker_segfile **spill, uint64_t *end,
 		       const void *data, size_t len, struct broker_segfile **file, uint64_t *off)
 {
@@ -195,7 +164,7 @@ int broker_spill_write(const char *dir, struct broker_segfile **spill, uint64_t 
 
 	if (!*spill && !(*spill = spill_open(dir)))
 		return DCAST_EIO;
-	if ((rc = write_all((*spill)->fd, data, len, *end)))
+	if ((rc = dcast_pwrite_full((*spill)->fd, data, len, *end, "spill file")))
 		return rc;
 	*file = *spill;
 	(*file)->refs++;

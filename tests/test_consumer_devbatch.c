@@ -149,7 +149,8 @@ static void fake_send(fake_broker *f, dcast_msg *m, const void *payload, size_t 
 	zmq_msg_t p;
 
 	REQUIRE(zmq_msg_init_size(&p, len) == 0);
-	memcpy(zmq_msg_data(&p), payload, len);
+	if (len)
+		memcpy(zmq_msg_data(&p), payload, len);
 	REQUIRE(dcast_wire_send(f->router, zmq_msg_data(&f->rid), zmq_msg_size(&f->rid), m, len ? &p : NULL, 0) == 0);
 	if (!len)
 		zmq_msg_close(&p);

@@ -428,3 +428,18 @@ int tp_tcp_server_open(int port, int client)
 		fclose(f);
 	return held;
 }
+
+/* LeakSanitizer, in SAN builds: libzmq 4.3.4 can leak one decoder buffer
+ * (18160 bytes, with the metadata of its messages) when a connection's
+ * paused input starts again (zeromq/libzmq issue 4694).  Seen in about 1 of
+ * 400 rounds of fuzz_consumer's reconnects and bursts, and in
+ * test_consumer's re-joins: allocated on a ZeroMQ I/O
+ * thread, no frame of ours, and the consumer holds no message outside its
+ * write-behind slots, which close them.  Leaks allocated through libzmq
+ * are not reported by any test or tool (all link this file); every other
+ * leak is. */
+const char *__lsan_default_suppressions(void);
+const char *__lsan_default_suppressions(void)
+{
+	return "leak:libzmq.so.5\n";
+}

@@ -411,19 +411,6 @@ static void *broker_main(void *arg)
 	return NULL;
 }
 
-/* LeakSanitizer, in SAN builds: libzmq 4.3.4 can leak one decoder buffer
- * (18160 bytes, with the metadata of its messages) when a connection's
- * paused input starts again (zeromq/libzmq issue 4694).  Seen once here in
- * about 400 rounds of reconnects and bursts: allocated on a ZeroMQ I/O
- * thread, no frame of ours, and the consumer holds no message outside its
- * write-behind slots, which close them.  Leaks allocated through libzmq
- * are not reported by this tool; every other leak is. */
-const char *__lsan_default_suppressions(void);
-const char *__lsan_default_suppressions(void)
-{
-	return "leak:libzmq.so.5\n";
-}
-
 /* ---- the driver ---- */
 
 static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

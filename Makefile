@@ -327,6 +327,19 @@ bench-sync: all $(BUILD)/tools/bench_tcp $(BUILD)/tools/bench_sync_floor \
 	@DELTACAST_BUILD=$(abspath $(BUILD)) PYTHON=$(PYTHON) BENCH_SYNC_QUICK=$(BENCH_SYNC_QUICK) \
 	  BENCH_SYNC_PARAMS=$(BENCH_SYNC_PARAMS) scripts/bench_sync.sh
 
+# --- bench-scale ---
+# `make bench-scale`: a BENCH_SCALE_PARAMS (default 1B) bf16 model through a
+# broker with --data-dir to 2 workers; a restarted producer's version;
+# each version's time to both workers, each process's peak RSS and each
+# worker directory's peak on disk over the model (scripts/bench_scale.sh).
+# Rewrites the bench-scale section of docs/benchmarks.md (BENCH_SCALE_DOC=0:
+# print only).
+BENCH_SCALE_PARAMS ?= 1B
+.PHONY: bench-scale
+bench-scale: all $(BUILD)/tools/fault_publish
+	@DELTACAST_BUILD=$(abspath $(BUILD)) PYTHON=$(PYTHON) BENCH_SCALE_PARAMS=$(BENCH_SCALE_PARAMS) \
+	  scripts/bench_scale.sh
+
 # --- bench-fanout ---
 # `make bench-fanout`: an anchor (the whole BENCH_FANOUT_PARAMS bf16 model) to
 # N = 1, 4, 16 receivers over loopback, side by side in one run: raw TCP,

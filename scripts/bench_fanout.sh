@@ -36,6 +36,8 @@
 #   BENCH_FANOUT_PARAMS (100M)  BENCH_FANOUT_N ("1 4 16")  BENCH_FANOUT_RUNS (3)
 #   BENCH_FANOUT_QUICK=1        10M and N = "1 4", print only
 #   BENCH_FANOUT_BROKER_ARGS    extra broker flags (default none: its defaults)
+#   BENCH_FANOUT_DATADIR=1      each broker with a fresh --data-dir (payloads
+#                               served from its segment files)
 #   BENCH_FANOUT_DOC            the doc to rewrite (docs/benchmarks.md; 0: print only)
 #   BENCH_FANOUT_KEEP=1         keep the logs
 # Every process started here is killed, and the temp dir removed, on any exit.
@@ -49,6 +51,7 @@ PARAMS=${BENCH_FANOUT_PARAMS:-$DEF_PARAMS}
 NS=${BENCH_FANOUT_N:-$DEF_N}
 RUNS=${BENCH_FANOUT_RUNS:-3}
 BROKER_ARGS=${BENCH_FANOUT_BROKER_ARGS:-}
+DATADIR=${BENCH_FANOUT_DATADIR:-0}
 DOC=${BENCH_FANOUT_DOC:-$DEF_DOC}
 KEEP=${BENCH_FANOUT_KEEP:-0}
 TRACE=$BUILD/bench-fanout-$PARAMS
@@ -78,6 +81,7 @@ run_cmd() {
 	[ "$NS" = "$DEF_N" ] || env+=" BENCH_FANOUT_N=\"$NS\""
 	[ "$RUNS" = 3 ] || env+=" BENCH_FANOUT_RUNS=$RUNS"
 	[ -z "$BROKER_ARGS" ] || env+=" BENCH_FANOUT_BROKER_ARGS=\"$BROKER_ARGS\""
+	[ "$DATADIR" = 0 ] || env+=" BENCH_FANOUT_DATADIR=$DATADIR"
 	echo "make bench-fanout$env"
 }
 
@@ -273,7 +277,9 @@ broker_run() {
 	local form=$1 n=$2 k=$3 d=$ROOT/$1-n$2-$3 i go pub s ack rcpu c0 t0 rss joins word=ready
 	[ "$form" = recv ] && word=received
 	mkdir -p "$d"
-	e2e_start_broker "$d/broker.log" $BROKER_ARGS || die "no broker (see $d/broker.log)"
+	local dd=()
+	[ "$DATADIR" = 0 ] || dd=(--data-dir "$d/broker-data")
+	e2e_start_broker "$d/broker.log" $BROKER_ARGS "${dd[@]}" || die "no broker (see $d/broker.log)"
 	mkfifo "$d/go"
 	"$BIN/tools/fault_publish" "$PROD_EP" bench 1 -1 "$MODEL" <"$d/go" >"$d/publish.log" 2>"$d/publish.err" &
 	pub=$!

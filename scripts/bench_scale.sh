@@ -106,7 +106,8 @@ start_workers() {
 publish_first() {
 	local v go pub
 	mkfifo "$ROOT/go"
-	/usr/bin/time -f '%M' -o "$ROOT/producer1.maxrss" "$BIN/tools/fault_publish" "$PROD_EP" scale 1 -1 \
+	FAULT_PUBLISH_ACK_WAIT_MS=1800000 /usr/bin/time -f '%M' -o "$ROOT/producer1.maxrss" \
+		"$BIN/tools/fault_publish" "$PROD_EP" scale 1 -1 \
 		"${FILES[@]:0:4}" <"$ROOT/go" >"$ROOT/publish.log" 2>"$ROOT/publish.err" &
 	pub=$!
 	e2e_track $pub

@@ -14,6 +14,9 @@
  * (scripts/cluster_run.sh scales them with the model).
  * FAULT_PUBLISH_ENCODE_THREADS=N: the producer's encode_threads (default:
  * the library's).
+ * FAULT_PUBLISH_ACK_WAIT_MS=MS: how long each version's ACK is waited for
+ * (default 20000; scripts/bench_scale.sh gives a large model's durable
+ * write on a slow disk longer).
  * FAULT_PUBLISH_DEVICE=1: the tensors live in CUDA memory, as a trainer's
  * do (each file copied there before its publish, outside T_START..T_ACKED),
  * their baseline too: the producer's device path (scripts/device_run.sh,
@@ -107,6 +110,13 @@ static uint64_t realtime_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
+static int ack_wait_ms(void)
+{
+	const char *e = getenv("FAULT_PUBLISH_ACK_WAIT_MS");
+
+	return e && atoi(e) > 0 ? atoi(e) : 20000;
+}
+
 /* Publish the registered file as version v and wait for its ACK; print
  * "acked V T_START T_ACKED". */
 static int publish_acked(dcast_producer *p, uint64_t v)
@@ -115,7 +125,7 @@ static int publish_acked(dcast_producer *p, uint64_t v)
 	int rc = dcast_producer_publish(p, v);
 
 	if (!rc)
-		rc = dcast_producer_wait(p, v, 20000);
+		rc = dcast_producer_wait(p, v, ack_wait_ms());
 	if (!rc) {
 		printf("acked %" PRIu64 " %" PRIu64 " %" PRIu64 "\n", v, t0, realtime_ns());
 		fflush(stdout);

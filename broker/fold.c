@@ -1,16 +1,21 @@
-/* Broker-made anchors (fold.h).  The host copy of the state exists only
+/* Broker-made anchors (fold.h).  The state (foldstate.h) exists only
  * while an anchor is being made: between cuts a committed version is only
  * counted (O(1)), and when the counts pass a trigger the log's chain, from
  * its anchor to the newest version, is queued and folded into a fresh
- * state, the anchor is cut, and the state is freed.  So the broker holds
- * about one log, not a log and a model; each made anchor
- * costs a replay of the chain, O(model), once per trigger.
- * The commit hook only queues a reference;
+ * state, the anchor is cut, and the state is freed.  Without --data-dir
+ * the state is a dense copy of the model in the heap for the length of
+ * the cut; with --data-dir it is an unnamed file in the data dir, and the
+ * heap holds only the range being worked on (a chunk's range, at most
+ * BROKER_FOLD_RANGE_ELEMS for a digest or a made chunk), read and written
+ * back with pread / pwrite.  So the broker holds about one log, not a log
+ * and a model; each made anchor costs a replay of the chain, O(model),
+ * once per trigger.  The commit hook only queues a reference;
  * the work runs from an eventfd in the poll set, which stays readable while
  * work remains, so each loop turn does a bounded share of it between the
  * sockets' bursts: at most FOLD_VERSIONS_PER_TURN deltas folded (each
- * O(changed): dcast_codec_apply on the state, no temporaries), or
- * FOLD_STEP_BYTES of an anchor cut (digest check, then dense chunks).
+ * O(changed) beyond copying its chunks' ranges in and out of a file state:
+ * dcast_codec_apply on the range, no temporaries), or FOLD_STEP_BYTES of
+ * an anchor cut (digest check, then dense chunks).
  * Folding pauses while a cut is under way so that the state stays at V.
  * Only publishing the made anchor (its durable write queued to the writer
  * thread when --data-dir is set, then the log swap) happens in one step,
@@ -26,6 +31,7 @@
 #include "durable.h"
 #include "fold.h"
 #include "foldcheck.h"
+#include "foldstate.h"
 
 #define FOLD_QUEUE 4096              /* committed versions waiting per model */
 #define FOLD_VERSIONS_PER_TURN 16
@@ -45,9 +51,7 @@ struct fold_cut {
 };
 
 struct broker_fold {
-	struct broker_manifest *mf; /* the state's manifest (reference) */
-	uint8_t **data;             /* [mf->m.n_tensors] host copy of the state */
-	uint64_t dense_bytes;
+	struct fold_state st;       /* st.mf set: a state is held (its manifest) */
 	uint64_t version;           /* of the state; NONE: unusable until an anchor */
 	struct fold_digests dg;     /* the state's digests per COMMIT range of `version` */
 	uint64_t delta_bytes, deltas; /* folded since the log's anchor */
@@ -96,42 +100,18 @@ static void signal_work(const struct broker *b)
 
 static void state_free(struct broker_fold *f)
 {
-	for (uint32_t i = 0; f->data && i < f->mf->m.n_tensors; i++)
-		free(f->data[i]);
-	free(f->data);
-	f->data = NULL;
+	fold_state_close(&f->st);
 	fold_digests_free(&f->dg);
-	broker_manifest_put(f->mf);
-	f->mf = NULL;
-	f->dense_bytes = 0;
 }
 
-static uint64_t tensor_bytes(const struct broker_manifest *mf, uint32_t t)
+/* A state for the tensors of mf (kept when the manifest is the same): in
+ * a file of the data dir with --data-dir, else in the heap. */
+static int state_alloc(const struct broker *b, struct broker_fold *f, struct broker_manifest *mf)
 {
-	return dcast_tensor_elems(&mf->m.tensors[t]) * dcast_dtype_size((int)mf->m.tensors[t].dtype);
-}
-
-/* Buffers for every tensor of mf (kept when the manifest is the same). */
-static int state_alloc(struct broker_fold *f, struct broker_manifest *mf)
-{
-	uint32_t n = mf->m.n_tensors;
-
-	if (f->mf == mf)
+	if (f->st.mf == mf)
 		return 0;
 	state_free(f);
-	f->mf = mf;
-	mf->refs++;
-	if (!(f->data = calloc(n ? n : 1, sizeof(*f->data))))
-		return dcast_fail(DCAST_ENOMEM, "fold: %u tensor pointers", n);
-	for (uint32_t i = 0; i < n; i++) {
-		uint64_t bytes = tensor_bytes(mf, i);
-
-		if (!bytes || !(f->data[i] = malloc(bytes)))
-			return dcast_fail(DCAST_ENOMEM, "fold: tensor %s: %llu bytes",
-					  mf->m.tensors[i].name, (unsigned long long)bytes);
-		f->dense_bytes += bytes;
-	}
-	return 0;
+	return fold_state_open(&f->st, mf, broker_durable_on(b) ? b->cfg.data_dir : NULL);
 }
 
 /* Apply one stored chunk to the state: its header is re-read (the log keeps
@@ -139,11 +119,12 @@ static int state_alloc(struct broker_fold *f, struct broker_manifest *mf)
  * digests in `next` move by its changes first. */
 static int fold_chunk(struct broker_fold *f, struct fold_digests *next, const struct broker_chunk *ch)
 {
-	const struct broker_manifest *mf = f->mf;
+	const struct broker_manifest *mf = f->st.mf;
 	const dcast_chunk *c;
 	dcast_chunk_info info;
 	zmq_msg_t payload;
 	dcast_msg msg;
+	uint8_t *range;
 	unsigned es;
 	int rc, type;
 
@@ -163,10 +144,13 @@ static int fold_chunk(struct broker_fold *f, struct fold_digests *next, const st
 	info = (dcast_chunk_info){c->encoding, c->elem_size, c->count, c->changed, c->payload_bytes};
 	if ((rc = broker_chunk_payload(ch, &payload))) /* from disk, one range at a time */
 		return rc;
-	rc = fold_check_chunk(next, c, zmq_msg_data(&payload), f->data[c->tensor] + c->start * es);
+	rc = fold_state_get(&f->st, c->tensor, c->start, c->count, &range);
 	if (!rc)
-		rc = dcast_codec_apply(&info, zmq_msg_data(&payload),
-				       f->data[c->tensor] + c->start * es, NULL);
+		rc = fold_check_chunk(next, c, zmq_msg_data(&payload), range);
+	if (!rc)
+		rc = dcast_codec_apply(&info, zmq_msg_data(&payload), range, NULL);
+	if (!rc)
+		rc = fold_state_put(&f->st);
 	zmq_msg_close(&payload);
 	return rc;
 }
@@ -175,12 +159,12 @@ static int fold_chunk(struct broker_fold *f, struct fold_digests *next, const st
 static int fold_checked(struct broker_fold *f, const struct broker_version *v)
 {
 	struct fold_digests next;
-	int rc = fold_check_begin(&next, &f->dg, v, f->mf);
+	int rc = fold_check_begin(&next, &f->dg, v, f->st.mf);
 
 	for (uint32_t i = 0; !rc && i < v->n_chunks; i++)
 		rc = fold_chunk(f, &next, &v->chunks[i]);
 	if (!rc)
-		rc = fold_check_end(&next, f->data, f->mf);
+		rc = fold_check_end(&next, &f->st);
 	fold_digests_free(&f->dg);
 	if (rc)
 		fold_digests_free(&next);
@@ -189,7 +173,8 @@ static int fold_checked(struct broker_fold *f, const struct broker_version *v)
 }
 
 /* A fold that failed on v: a version the fold finds bad is poisoned (an
- * allocation that failed says nothing about it). */
+ * allocation, or a read or write of the state file or a segment, that
+ * failed says nothing about it). */
 static void fold_failed(struct broker *b, struct broker_model *m, const struct broker_version *v,
 			int rc)
 {
@@ -199,7 +184,7 @@ static void fold_failed(struct broker *b, struct broker_model *m, const struct b
 	DCAST_LOG_E("model %s: fold of version %llu failed (%s): %s; no broker-made anchors "
 		    "until the next anchor", m->name, (unsigned long long)v->version,
 		    dcast_errname(rc), why);
-	if (rc != DCAST_ENOMEM)
+	if (rc != DCAST_ENOMEM && rc != DCAST_EIO)
 		broker_version_poison(b, m, v->version, rc, why);
 }
 
@@ -213,7 +198,7 @@ static void fold_version(struct broker *b, struct broker_model *m, struct broker
 		return;
 	}
 	if (!v->anchor && (f->version == DCAST_VERSION_NONE || v->base_version != f->version ||
-			   v->manifest != f->mf)) {
+			   v->manifest != f->st.mf)) {
 		if (f->version != DCAST_VERSION_NONE)
 			DCAST_LOG_W("model %s: fold: delta %llu is not on the folded version %llu; "
 				    "no broker-made anchors until the next anchor", m->name,
@@ -222,7 +207,7 @@ static void fold_version(struct broker *b, struct broker_model *m, struct broker
 		return;
 	}
 	if (v->anchor)
-		rc = state_alloc(f, v->manifest);
+		rc = state_alloc(b, f, v->manifest);
 	f->version = DCAST_VERSION_NONE; /* until every chunk is in */
 	if (rc || (rc = fold_checked(f, v))) {
 		fold_failed(b, m, v, rc);
@@ -336,7 +321,7 @@ static uint32_t cut_chunks(const struct broker_manifest *mf)
 static int cut_start(struct broker_model *m, struct broker_fold *f, struct broker_version *src)
 {
 	struct broker_version *v = calloc(1, sizeof(*v));
-	uint32_t n = cut_chunks(f->mf);
+	uint32_t n = cut_chunks(f->st.mf);
 
 	if (!v || !n || !src->n_digests) {
 		free(v);
@@ -348,8 +333,8 @@ static int cut_start(struct broker_model *m, struct broker_fold *f, struct broke
 	v->version = src->version;
 	v->base_version = DCAST_VERSION_NONE;
 	v->anchor = 1;
-	v->manifest = f->mf;
-	f->mf->refs++;
+	v->manifest = f->st.mf;
+	f->st.mf->refs++;
 	zmq_msg_init(&v->commit_hdr);
 	v->chunks = calloc(n, sizeof(*v->chunks));
 	v->digests = malloc(src->n_digests * sizeof(*v->digests));
@@ -381,7 +366,7 @@ static int frame_encode(const dcast_msg *msg, zmq_msg_t *out)
 }
 
 /* A made anchor's chunk payload: into the cut's spill file with
- * --data-dir (the state is the one dense copy held), else a frame of its
+ * --data-dir (the heap holds no dense copy then), else a frame of its
  * own; a failed spill write leaves the rest of the cut in memory. */
 static int cut_payload(const char *model, struct fold_cut *cut, struct broker_chunk *ch,
 		       const uint8_t *data, uint64_t bytes)
@@ -407,16 +392,18 @@ static int cut_chunk(const char *model, struct broker_fold *f, uint64_t *bytes)
 {
 	struct fold_cut *cut = &f->cut;
 	struct broker_chunk *ch = &cut->v->chunks[cut->next_chunk];
-	const dcast_tensor_desc *td = &f->mf->m.tensors[cut->tensor];
+	const dcast_tensor_desc *td = &f->st.mf->m.tensors[cut->tensor];
 	uint64_t elems = dcast_tensor_elems(td), count = elems - cut->start;
 	unsigned es = dcast_dtype_size((int)td->dtype);
+	uint8_t *range;
 	dcast_msg hm;
 	int rc;
 
 	if (count > BROKER_FOLD_RANGE_ELEMS)
 		count = BROKER_FOLD_RANGE_ELEMS;
 	*bytes = count * es;
-	if ((rc = cut_payload(model, cut, ch, f->data[cut->tensor] + cut->start * es, *bytes)))
+	if ((rc = fold_state_get(&f->st, cut->tensor, cut->start, count, &range)) ||
+	    (rc = cut_payload(model, cut, ch, range, *bytes)))
 		return rc;
 	dcast_msg_init(&hm, DCAST_MSG_CHUNK);
 	snprintf(hm.u.chunk.model, sizeof(hm.u.chunk.model), "%s", model);
@@ -431,7 +418,7 @@ static int cut_chunk(const char *model, struct broker_fold *f, uint64_t *bytes)
 	hm.u.chunk.encoding = DCAST_ENC_DENSE;
 	hm.u.chunk.changed = count;
 	hm.u.chunk.payload_bytes = *bytes;
-	ch->payload_sum = dcast_checksum(f->data[cut->tensor] + cut->start * es, *bytes);
+	ch->payload_sum = dcast_checksum(range, *bytes);
 	ch->payload_len = *bytes;
 	hm.u.chunk.checksum = dcast_chunk_checksum(&hm.u.chunk, ch->payload_sum);
 	cut->next_chunk++;
@@ -445,22 +432,21 @@ static int cut_chunk(const char *model, struct broker_fold *f, uint64_t *bytes)
 }
 
 /* Check the state against the producer's digest `i` for V. */
-static int cut_digest(const struct broker_fold *f, uint32_t i, uint64_t *bytes)
+static int cut_digest(struct broker_fold *f, uint32_t i, uint64_t *bytes)
 {
 	const dcast_range_digest *d = &f->cut.src->digests[i];
 	const dcast_tensor_desc *td;
 	uint64_t got = 0;
-	unsigned es;
+	int rc;
 
-	if (d->tensor >= f->mf->m.n_tensors)
+	if (d->tensor >= f->st.mf->m.n_tensors)
 		return dcast_fail(DCAST_EDIGEST, "digest %u: tensor %u outside the manifest", i, d->tensor);
-	td = &f->mf->m.tensors[d->tensor];
-	es = dcast_dtype_size((int)td->dtype);
+	td = &f->st.mf->m.tensors[d->tensor];
 	if (d->start > dcast_tensor_elems(td) || d->count > dcast_tensor_elems(td) - d->start)
 		return dcast_fail(DCAST_EDIGEST, "digest %u: range outside tensor %s", i, td->name);
-	*bytes = d->count * es;
-	if (dcast_ldigest(d->tensor, d->start, f->data[d->tensor] + d->start * es, d->count, es, &got))
-		return dcast_fail(DCAST_EDIGEST, "digest %u: %s", i, dcast_last_error());
+	*bytes = d->count * dcast_dtype_size((int)td->dtype);
+	if ((rc = fold_state_digest(&f->st, d->tensor, d->start, d->count, &got)))
+		return rc;
 	if (got != d->digest)
 		return dcast_fail(DCAST_EDIGEST, "tensor %s [%llu, +%llu): the folded state's digest "
 				  "differs from the producer's", td->name,
@@ -576,7 +562,8 @@ static int cut_due(const struct broker *b, const struct broker_fold *f)
 		return 0;
 	if (b->fold.every && f->deltas >= b->fold.every)
 		return 1;
-	return b->fold.fraction > 0.0 && (double)f->delta_bytes > b->fold.fraction * (double)f->dense_bytes;
+	return b->fold.fraction > 0.0 &&
+	       (double)f->delta_bytes > b->fold.fraction * (double)f->st.dense_bytes;
 }
 
 static void cut_maybe(const struct broker *b, struct broker_model *m, struct broker_fold *f)
@@ -622,21 +609,12 @@ static void queue_push(struct broker_model *m, struct broker_fold *f, struct bro
 	v->refs++;
 }
 
-static uint64_t manifest_bytes(const struct broker_manifest *mf)
-{
-	uint64_t n = 0;
-
-	for (uint32_t t = 0; mf && t < mf->m.n_tensors; t++)
-		n += tensor_bytes(mf, t);
-	return n;
-}
-
 /* Without a state: count v (an anchor starts the count again). */
 static void lazy_count(struct broker_fold *f, const struct broker_version *v)
 {
 	if (v->anchor) {
 		f->pend_bytes = f->pend_deltas = 0;
-		f->model_bytes = manifest_bytes(v->manifest);
+		f->model_bytes = fold_manifest_bytes(v->manifest);
 		f->broken = 0;
 		return;
 	}
@@ -665,12 +643,12 @@ static void rebuild(struct broker_model *m, struct broker_fold *f)
  * past its last anchor is counted for the next trigger. */
 static void state_release(struct broker_fold *f)
 {
-	if (!f->data || f->q_n || f->cut.v)
+	if (!f->st.mf || f->q_n || f->cut.v)
 		return;
 	f->broken = f->version == DCAST_VERSION_NONE; /* a fold or a cut failed (logged) */
 	f->pend_bytes = f->version == DCAST_VERSION_NONE ? 0 : f->delta_bytes;
 	f->pend_deltas = f->version == DCAST_VERSION_NONE ? 0 : f->deltas;
-	f->model_bytes = f->dense_bytes;
+	f->model_bytes = f->st.dense_bytes;
 	state_free(f);
 	f->version = DCAST_VERSION_NONE;
 	f->delta_bytes = f->deltas = 0;
@@ -686,7 +664,7 @@ void broker_fold_committed(struct broker *b, struct broker_model *m, struct brok
 		DCAST_LOG_E("model %s: fold state: out of memory; no broker-made anchors", m->name);
 		return;
 	}
-	if (f->data || f->q_n || f->cut.v) { /* a state is being made or used: fold v too */
+	if (f->st.mf || f->q_n || f->cut.v) { /* a state is being made or used: fold v too */
 		queue_push(m, f, v);
 		signal_work(b);
 		return;
@@ -773,7 +751,7 @@ uint64_t broker_fold_state_bytes(const struct broker *b)
 	uint64_t n = 0;
 
 	for (uint32_t i = 0; i < b->n_models; i++)
-		n += b->models[i]->fold ? b->models[i]->fold->dense_bytes : 0;
+		n += b->models[i]->fold ? fold_state_heap_bytes(&b->models[i]->fold->st) : 0;
 	return n;
 }
 

@@ -1,11 +1,11 @@
 /* Private to broker/: broker-made anchors (fold.c).  Per model the broker
  * counts committed deltas; past --anchor-fraction / --anchor-every it folds
- * the log's chain (anchor, then every delta with the CPU codec) into a host
- * copy of the state, each version checked against its own COMMIT digests
+ * the log's chain (anchor, then every delta with the CPU codec) into a
+ * state (foldstate.h: in the heap, or with --data-dir in a file there), each version checked against its own COMMIT digests
  * (foldcheck.h: a bad one is poisoned, broker_version_poison, and nothing
  * from it on is folded), cuts a dense anchor of the newest folded version V,
  * checks it against the producer's digests for V, puts it at the head of
- * the log in place of everything up to V, and frees the copy.  docs/operations.md, "Broker-made anchors". */
+ * the log in place of everything up to V, and frees the state.  docs/operations.md, "Broker-made anchors". */
 #ifndef DCAST_BROKER_FOLD_H
 #define DCAST_BROKER_FOLD_H
 
@@ -41,7 +41,8 @@ void broker_fold_committed(struct broker *b, struct broker_model *m, struct brok
  * that a lagging consumer goes on with deltas.  NULL when not there. */
 struct broker_version *broker_fold_next(const struct broker_model *m, uint64_t have);
 
-/* Bytes of host state copies held now, all models (0 between cuts). */
+/* Bytes of fold state held in the heap now, all models (0 between cuts;
+ * with --data-dir only the range buffers). */
 uint64_t broker_fold_state_bytes(const struct broker *b);
 
 /* Free the model's fold state (state copy, queue, cut, kept chain). */

@@ -149,22 +149,20 @@ int fold_check_chunk(struct fold_digests *next, const dcast_chunk *c, const void
 	return rc;
 }
 
-int fold_check_end(struct fold_digests *next, uint8_t *const *data,
-		   const struct broker_manifest *mf)
+int fold_check_end(struct fold_digests *next, struct fold_state *st)
 {
+	int rc;
+
 	for (uint32_t i = 0; i < next->n; i++) {
 		const dcast_range_digest *r = &next->want[i];
-		const dcast_tensor_desc *td = &mf->m.tensors[r->tensor];
-		unsigned es = dcast_dtype_size((int)td->dtype);
 
-		if (next->whole[i] && dcast_ldigest(r->tensor, r->start, data[r->tensor] + r->start * es,
-						    r->count, es, &next->have[i]))
-			return dcast_fail(DCAST_EDIGEST, "digest of tensor %s: %s", td->name,
-					  dcast_last_error());
+		if (next->whole[i] &&
+		    (rc = fold_state_digest(st, r->tensor, r->start, r->count, &next->have[i])))
+			return rc;
 		next->whole[i] = 0;
 		if (next->have[i] != r->digest)
 			return dcast_fail(DCAST_EDIGEST, "tensor %s [%llu, +%llu): the digest of the folded "
-					  "state differs from the COMMIT's", td->name,
+					  "state differs from the COMMIT's", st->mf->m.tensors[r->tensor].name,
 					  (unsigned long long)r->start, (unsigned long long)r->count);
 	}
 	return 0;

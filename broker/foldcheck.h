@@ -11,6 +11,7 @@
 #define DCAST_BROKER_FOLDCHECK_H
 
 #include "broker.h"
+#include "foldstate.h"
 
 /* Digests of the folded state, one per COMMIT range of the version folded
  * last, sorted by (tensor, start, count). */
@@ -37,11 +38,11 @@ int fold_check_begin(struct fold_digests *next, const struct fold_digests *prev,
 int fold_check_chunk(struct fold_digests *next, const dcast_chunk *c, const void *payload,
 		     const void *range);
 
-/* The version is in the state (data: its tensors under mf): compute the
- * ranges due whole, then compare every range with the COMMIT's digest.
- * Errors: DCAST_EDIGEST naming the first range that differs. */
-int fold_check_end(struct fold_digests *next, uint8_t *const *data,
-		   const struct broker_manifest *mf);
+/* The version is in the state st: compute the ranges due whole (read
+ * one bounded range at a time, fold_state_digest), then compare every
+ * range with the COMMIT's digest.  Errors: DCAST_EDIGEST naming the first
+ * range that differs; fold_state_digest's (DCAST_EIO reading a file state). */
+int fold_check_end(struct fold_digests *next, struct fold_state *st);
 
 /* Free the arrays; d is left empty.  Safe on an empty one. */
 void fold_digests_free(struct fold_digests *d);

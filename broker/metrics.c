@@ -245,7 +245,8 @@ size_t broker_metrics_render(const struct broker *b, char *buf, size_t cap)
 		st->models_deleted);
 	counter(&o, "durable_failures_total", "committed versions that did not become durable",
 		st->durable_failures);
-	gauge(&o, "fold_state_bytes", "host copies of model states held to make anchors (0 between cuts)",
+	gauge(&o, "fold_state_bytes",
+	      "model state the fold holds in memory to make anchors (0 between cuts; with --data-dir a range)",
 	      broker_fold_state_bytes(b));
 	gauge(&o, "durable_in_flight_versions", "versions queued for the durable writer, not yet done",
 	      broker_durable_in_flight(b));

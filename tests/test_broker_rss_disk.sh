@@ -10,20 +10,13 @@
 # default, 256 MiB, is itself more than this small model).
 . "$(dirname "$0")/tools/broker_lib.sh"
 
-# Under AddressSanitizer the broker's resident memory is mostly the
-# sanitizer's (shadow memory, the quarantine of freed blocks): no bound on
-# the broker's own heap can be read from it.
-if ldd "$BROKER" 2>/dev/null | grep -q libasan; then
-	echo "skip: $BROKER is a sanitizer build: its VmRSS is mostly ASan's shadow and quarantine"
-	exit 77
-fi
+skip_rss_under_asan
 
 ELEMS=${RSS_DISK_ELEMS:-16777216}      # x 3 bf16 tensors: 96 MiB
 VERSIONS=4
 MODEL_KB=$((ELEMS * 3 * 2 / 1024))
 BOUND_KB=$((MODEL_KB / 4))
 
-status_kb() { awk -v k="$2:" '$1 == k {print $2}' "/proc/$1/status"; }
 rss_below() { [ "$(status_kb "$1" VmRSS)" -lt "$2" ]; }
 
 # consumers N: N consumers of model m to version VERSIONS, each bit-exact.

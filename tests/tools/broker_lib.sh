@@ -197,3 +197,18 @@ a, b = load(sys.argv[1]), load(sys.argv[2])
 assert a.keys() == b.keys() and all(a[k] == b[k] for k in a), "tensors differ"
 PYEOF
 }
+
+# skip_rss_under_asan: exit 77 when the broker is an AddressSanitizer
+# build: its resident memory is then mostly the sanitizer's (shadow memory,
+# the quarantine of freed blocks), and no bound on the broker's own heap
+# can be read from it.
+skip_rss_under_asan() {
+	ldd "$BROKER" 2>/dev/null | grep -q libasan || return 0
+	echo "skip: $BROKER is a sanitizer build: its VmRSS is mostly ASan's shadow and quarantine"
+	exit 77
+}
+
+# status_kb PID KEY: a KiB figure of /proc/PID/status (VmRSS, VmHWM).
+status_kb() {
+	awk -v k="$2:" '$1 == k {print $2}' "/proc/$1/status"
+}

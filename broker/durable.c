@@ -87,9 +87,6 @@ struct broker_durable {
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
 	struct job_queue todo, done;       /* under mu */
-	struct job_queue reap;             /* under mu: done jobs whose frames the writer
-					      closes (the last reference of a version's
-					      payloads once on disk: their free is O(bytes)) */
 	/* writer only: models whose last write failed (a hole in the segment) */
 	const struct broker_model *failed[BROKER_MAX_MODELS];
 	unsigned n_failed;
@@ -246,44 +243,23 @@ static void efd_signal(const struct broker_durable *d)
 		DCAST_LOG_W("durable: eventfd write: %s", strerror(errno));
 }
 
-/* What the loop left of a finished job: its frames (ZeroMQ's reference
- * counts are atomic) and its memory. */
-static void job_dispose(struct durable_job *j)
-{
-	for (uint32_t i = 0; i < j->n_rec; i++)
-		zmq_msg_close(&j->rec[i].payload);
-	free(j->rec);
-	free(j->at);
-	free(j->mark);
-	free(j);
-}
-
-/* Jobs in queue order, one at a time, and the reaped ones between them;
- * leaves once stopped and drained. */
+/* Jobs in queue order, one at a time; leaves once stopped and drained. */
 static void *writer_main(void *arg)
 {
 	struct broker_durable *d = arg;
 	struct durable_job *j;
 
 	pthread_mutex_lock(&d->mu);
-	for (;;) {
-		if ((j = queue_pop(&d->reap))) {
-			pthread_mutex_unlock(&d->mu);
-			job_dispose(j);
-		} else if ((j = queue_pop(&d->todo))) {
-			pthread_mutex_unlock(&d->mu);
-			job_run(d, j);
-			pthread_mutex_lock(&d->mu);
-			queue_push(&d->done, j);
-			efd_signal(d);
-			continue;
-		} else if (d->stop) {
-			break;
-		} else {
+	while ((j = queue_pop(&d->todo)) || !d->stop) {
+		if (!j) {
 			pthread_cond_wait(&d->cv, &d->mu);
 			continue;
 		}
+		pthread_mutex_unlock(&d->mu);
+		job_run(d, j);
 		pthread_mutex_lock(&d->mu);
+		queue_push(&d->done, j);
+		efd_signal(d);
 	}
 	pthread_mutex_unlock(&d->mu);
 	return NULL;
@@ -291,38 +267,19 @@ static void *writer_main(void *arg)
 
 /* ---- the loop's side ------------------------------------------------ */
 
-/* The job's loop-side references (not atomic): its segment files, its
- * read handle, its version. */
-static void job_release(struct durable_job *j)
+static void job_free(struct durable_job *j)
 {
-	for (uint32_t i = 0; i < j->n_rec; i++)
+	for (uint32_t i = 0; i < j->n_rec; i++) {
+		zmq_msg_close(&j->rec[i].payload);
 		broker_segfile_put(j->rec[i].file);
+	}
 	if (j->read_fd >= 0)
 		close(j->read_fd);
 	broker_version_put(j->v);
-}
-
-static void job_free(struct durable_job *j)
-{
-	job_release(j);
-	job_dispose(j);
-}
-
-/* A finished job: the loop lets go of its references, and the writer
- * closes its frames.  Once its version's payloads moved to disk, the
- * job's copies are their last references, and freeing a large version's
- * frames (munmap of every page) would stall the loop. */
-static void job_reap(struct broker_durable *d, struct durable_job *j)
-{
-	job_release(j);
-	if (!d->writer_on) {
-		job_dispose(j);
-		return;
-	}
-	pthread_mutex_lock(&d->mu);
-	queue_push(&d->reap, j);
-	pthread_cond_signal(&d->cv);
-	pthread_mutex_unlock(&d->mu);
+	free(j->rec);
+	free(j->at);
+	free(j->mark);
+	free(j);
 }
 
 static void job_queue(struct broker_durable *d, struct durable_job *j)
@@ -558,7 +515,7 @@ static void on_done(struct broker *b, int fd, void *arg)
 			job_lost(b, j);
 		else
 			job_durable(b, j);
-		job_reap(d, j);
+		job_free(j);
 	}
 	d->turn_ns += dcast_now_ns() - t0;
 }

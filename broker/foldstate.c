@@ -99,7 +99,7 @@ void fold_state_close(struct fold_state *s)
 		free(s->data[i]);
 	free(s->data);
 	if (s->off)
-		close(s->fd);
+		broker_file_close(s->fd);
 	free(s->off);
 	free(s->buf);
 	broker_manifest_put(s->mf);

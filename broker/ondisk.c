@@ -10,6 +10,8 @@
  * buffers.  docs/operations.md, "Memory". */
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <stdint.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -67,11 +69,36 @@ struct broker_segfile *broker_segfile_share(struct broker_segfile **cur, int fd)
 	return *cur;
 }
 
+static void *closer_main(void *arg)
+{
+	close((int)(intptr_t)arg);
+	return NULL;
+}
+
+void broker_file_close(int fd)
+{
+	pthread_attr_t a;
+	pthread_t th;
+	struct stat st;
+	int started = 0;
+
+	if (fd < 0)
+		return;
+	if (!fstat(fd, &st) && st.st_nlink == 0 && (uint64_t)st.st_blocks * 512 >= BROKER_CLOSE_ASYNC_BYTES &&
+	    !pthread_attr_init(&a)) {
+		started = !pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED) &&
+			  !pthread_create(&th, &a, closer_main, (void *)(intptr_t)fd);
+		pthread_attr_destroy(&a);
+	}
+	if (!started)
+		close(fd);
+}
+
 void broker_segfile_put(struct broker_segfile *f)
 {
 	if (!f || --f->refs)
 		return;
-	close(f->fd);
+	broker_file_close(f->fd);
 	free(f);
 }
 

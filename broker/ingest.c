@@ -7,9 +7,9 @@
 #include "broker.h"
 #include "auth.h" /* producer keys tied to models */
 #include "dcast_common.h"
+#include "dcast_fit.h" /* CHUNK and COMMIT against the manifest */
 #include "deltacast/codec.h" /* dcast_checksum */
 #include "durable.h" /* --data-dir: ACK on the durable completion */
-#include "segment.h" /* broker_chunk_check */
 
 #define MAX_PART_CHUNKS (1u << 24) /* chunks of one part's version held at once */
 #define PAYLOAD_COPY_BELOW (64u << 10)
@@ -257,7 +257,7 @@ int broker_pending_chunk(struct broker *b, struct broker_model *m, uint32_t part
 	int rc;
 
 	if ((rc = pending_match(m, pd, c->version, c->anchor, c->base_version, part)) ||
-	    (rc = broker_chunk_check(&pd->manifest->m, c)))
+	    (rc = dcast_chunk_fits(c, dcast_manifest_descs(&pd->manifest->m))))
 		return rc;
 	sum = dcast_checksum(zmq_msg_data(&in->payload), c->payload_bytes);
 	if ((rc = dcast_chunk_verify_sum(c, sum))) /* header too, empty payload or not */
@@ -326,21 +326,11 @@ static int part_matches_commit(const struct broker_model *m, struct broker_part 
 
 static int digests_check(const struct broker_manifest *mf, const dcast_commit *c)
 {
-	for (uint32_t i = 0; i < c->n_digests; i++) {
-		const dcast_range_digest *d = &c->digests[i];
-		uint64_t elems;
+	int rc = 0;
 
-		if (d->tensor >= mf->m.n_tensors)
-			return dcast_fail(DCAST_EFIELD_RANGE, "COMMIT.digests[%u].tensor: %u outside the manifest's %u tensors",
-					  i, d->tensor, mf->m.n_tensors);
-		elems = dcast_tensor_elems(&mf->m.tensors[d->tensor]);
-		if (d->start > elems || d->count > elems - d->start)
-			return dcast_fail(DCAST_ESHAPE, "COMMIT.digests[%u]: range [%llu, +%llu) outside tensor %u's %llu elements",
-					  i, (unsigned long long)d->start,
-					  (unsigned long long)d->count, d->tensor,
-					  (unsigned long long)elems);
-	}
-	return 0;
+	for (uint32_t i = 0; !rc && i < c->n_digests; i++)
+		rc = dcast_digest_fits(&c->digests[i], i, dcast_manifest_descs(&mf->m));
+	return rc;
 }
 
 struct span {

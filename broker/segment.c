@@ -10,6 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 #include "dcast_common.h"
+#include "dcast_fit.h"
 #include "dcast_io.h"
 #include "dcast_reclog.h"
 #include "deltacast/codec.h"
@@ -572,27 +573,6 @@ struct seg_scan {
 	char q[SEG_PATH_MAX + 64];
 };
 
-int broker_chunk_check(const dcast_manifest *m, const dcast_chunk *c)
-{
-	const dcast_tensor_desc *t;
-	uint64_t elems;
-
-	if (c->tensor >= m->n_tensors)
-		return dcast_fail(DCAST_EFIELD_RANGE, "CHUNK.tensor: %u outside the manifest's %u tensors",
-				  c->tensor, m->n_tensors);
-	t = &m->tensors[c->tensor];
-	elems = dcast_tensor_elems(t);
-	if (c->start > elems || c->count > elems - c->start)
-		return dcast_fail(DCAST_ESHAPE, "CHUNK tensor %s: range [%llu, +%llu) outside its %llu elements",
-				  t->name, (unsigned long long)c->start,
-				  (unsigned long long)c->count, (unsigned long long)elems);
-	if (c->elem_size != dcast_dtype_size((int)t->dtype))
-		return dcast_fail(DCAST_ESHAPE, "CHUNK tensor %s: elem_size %u, dtype %s has %u",
-				  t->name, c->elem_size, dcast_dtype_name((int)t->dtype),
-				  dcast_dtype_size((int)t->dtype));
-	return 0;
-}
-
 /* The message's version is the record's (dcast_rec_msg). */
 static int chunk_fits(const dcast_rec *r, const dcast_msg *msg, const struct seg_scan *sc)
 {
@@ -668,7 +648,8 @@ static int check_record(void *ctx, uint64_t off, const dcast_rec *r, const uint8
 		sc->manifest_end = off + dcast_rec_bytes(r);
 		return 0;
 	}
-	if (r->kind == BROKER_SEG_CHUNK && broker_chunk_check(&sc->manifest.u.manifest, &msg.u.chunk)) {
+	if (r->kind == BROKER_SEG_CHUNK &&
+	    dcast_chunk_fits(&msg.u.chunk, dcast_manifest_descs(&sc->manifest.u.manifest))) {
 		snprintf(why, why_cap, "CHUNK record of version %llu outside the segment's MANIFEST (%s)",
 			 (unsigned long long)r->version, dcast_last_error());
 		dcast_msg_free(&msg);

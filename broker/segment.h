@@ -17,7 +17,7 @@
  * broker loads it on its loop's thread at start-up, then hands it to its
  * durable writer thread (broker/durable.c), which alone writes.  At load
  * every record is verified, each CHUNK record against the segment's
- * MANIFEST too (broker_chunk_check).  Nothing that cannot be replayed is deleted: a
+ * MANIFEST too (dcast_chunk_fits).  Nothing that cannot be replayed is deleted: a
  * torn or corrupt tail is copied to <data-dir>/quarantine/ and the file cut
  * back to the end of the last whole committed version; a file with no whole
  * version is moved there; one error line says which model, which versions,
@@ -52,14 +52,6 @@ enum broker_seg_kind { /* the record kinds of common/dcast_reclog.h */
 #define BROKER_SEG_MAX_MODELS 256
 
 typedef struct broker_seg_store broker_seg_store;
-
-/* Does CHUNK c lie inside manifest m: its tensor one of m's, its range
- * inside that tensor's elements, its element size the tensor's dtype's?
- * 0, or DCAST_EFIELD_RANGE / DCAST_ESHAPE naming what does not fit.  The
- * broker checks every chunk a producer sends (ingest.c) and every chunk
- * record a segment holds (a load sets aside a version with one that does
- * not fit its segment's MANIFEST, as it does a damaged record). */
-int broker_chunk_check(const dcast_manifest *m, const dcast_chunk *c);
 
 /* Open (creating if needed) the store in data_dir.  Nothing is read until
  * broker_seg_load().  On success *out is the caller's (broker_seg_close).

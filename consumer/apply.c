@@ -10,31 +10,6 @@
 #include "consumer_impl.h"
 #include "dcast_common.h"
 
-int cs_check_chunk(const dcast_consumer *c, const dcast_chunk *h)
-{
-	const cs_tensor *t;
-	uint64_t elems;
-
-	if (h->tensor >= c->n_tensors)
-		return dcast_fail(DCAST_EFIELD_RANGE, "CHUNK.tensor: %u, manifest has %u tensors",
-				  h->tensor, c->n_tensors);
-	t = &c->tensors[h->tensor];
-	elems = dcast_tensor_elems(&t->desc);
-	if (h->elem_size != t->elem_size)
-		return dcast_fail(DCAST_EFIELD_RANGE, "CHUNK.elem_size: %u, tensor %s has %s (%u bytes)",
-				  h->elem_size, t->desc.name, dcast_dtype_name((int)t->desc.dtype), t->elem_size);
-	if (h->count == 0 || h->start > elems || h->count > elems - h->start)
-		return dcast_fail(DCAST_EFIELD_RANGE, "CHUNK range [%" PRIu64 ", +%" PRIu64 ") outside tensor %s "
-				  "of %" PRIu64 " elements", h->start, h->count, t->desc.name, elems);
-	if (h->encoding >= DCAST_ENC_COUNT || h->changed > h->count)
-		return dcast_fail(DCAST_EFIELD_RANGE, "CHUNK.encoding %u / changed %" PRIu64 " invalid",
-				  h->encoding, h->changed);
-	if (h->anchor && (h->encoding != DCAST_ENC_DENSE || h->payload_bytes != h->count * h->elem_size))
-		return dcast_fail(DCAST_EFIELD_RANGE, "CHUNK: anchor chunk of tensor %s is not dense",
-				  t->desc.name);
-	return 0;
-}
-
 /* Bytes of old values k saves at apply (a resolved chunk has its own). */
 static uint64_t undo_bytes(const cs_chunk *k)
 {

@@ -29,6 +29,7 @@
 #include "deltacast/consumer.h"
 #include "deltacast/safetensors.h"
 #include "deltacast/schema.h"
+#include "dcast_fit.h"
 #include "dcast_io.h"
 #include "dcast_names.h"
 #include "dcast_tiles.h"
@@ -377,7 +378,7 @@ int cs_chunk_writes(const cs_chunk *k);
  * record files (store.h, cs_store_sink, as open.c gives it): the same
  * steps for a CHUNK and a COMMIT record (a fresh version begins at the
  * first), then the version applied (at load, one that tears the tensors
- * goes to cs_ckpt_recover).  Errors: those of cs_check_chunk,
+ * goes to cs_ckpt_recover).  Errors: those of dcast_chunk_fits,
  * DCAST_EFIELD_RANGE (anchor or base differ from v's), DCAST_ECHECKSUM,
  * DCAST_ENOMEM; DCAST_ECORRUPT for a COMMIT that does not match what was
  * taken; those of cs_apply_version. */
@@ -449,6 +450,9 @@ void cs_host_release(void *p, uint64_t bytes);
 cs_tensor *cs_tensor_find(dcast_consumer *c, const char *name);
 /* Is any tensor tiled (wire order in memory, natural order in files)? */
 int cs_tensors_tiled(const dcast_consumer *c);
+/* The tensors' descriptors in place, for the manifest checks of
+ * dcast_fit.h (dcast_chunk_fits, dcast_digest_fits). */
+dcast_desc_array cs_tensor_descs(const dcast_consumer *c);
 int cs_tensors_from_manifest(dcast_consumer *c, const dcast_manifest *m);
 /* A MANIFEST, from the wire or the record log: the tensor table when none
  * is held yet, else checked against it.  Errors: DCAST_ESHAPE (it differs:
@@ -584,7 +588,6 @@ int cs_run_check(dcast_consumer *c, uint64_t run);
 
 /* apply.c */
 int cs_apply_version(dcast_consumer *c, cs_version *v, int verify, int *torn);
-int cs_check_chunk(const dcast_consumer *c, const dcast_chunk *h);
 
 /* devbatch.c: a version's sparse chunks of device tensors resolved ahead
  * into one batch (kernels/dcast_batch.h) at a place `at` in the pool's

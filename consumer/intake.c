@@ -31,7 +31,7 @@ static void open_version(cs_version *v, uint32_t anchor, uint64_t base)
 	DCAST_DEBUG_ASSERT(v->state == CS_V_STAGING && v->bytes == 0 && !v->commit.digests);
 }
 
-/* May CHUNK h (already checked against the tensors, cs_check_chunk) join
+/* May CHUNK h (already checked against the tensors, dcast_chunk_fits) join
  * v?  0: yes; 1: v has it already or is READY (a duplicate: harmless);
  * DCAST_EFIELD_RANGE: its anchor or base differ. */
 static int fit(const cs_version *v, const dcast_chunk *h)
@@ -121,7 +121,7 @@ static void replay_begin(cs_version *v, uint32_t anchor, uint64_t base)
 int cs_intake_replay_chunk(dcast_consumer *c, cs_version *v, const dcast_chunk *h, uint64_t sum,
 			   uint64_t file_off)
 {
-	int err = cs_check_chunk(c, h);
+	int err = dcast_chunk_fits(h, cs_tensor_descs(c));
 
 	replay_begin(v, h->anchor, h->base_version);
 	if (err || (err = fit(v, h)))
@@ -295,7 +295,7 @@ int cs_intake_chunk(dcast_consumer *c, const dcast_chunk *h, zmq_msg_t *payload)
 	cs_version *v;
 	int err;
 
-	if ((err = cs_check_chunk(c, h)))
+	if ((err = dcast_chunk_fits(h, cs_tensor_descs(c))))
 		return cs_refuse(c, h->version, err);
 	v = cs_version_find(c, h->version);
 	if (!v && !(v = version_begin(c, h, &err)))

@@ -50,6 +50,11 @@ cs_tensor *cs_tensor_find(dcast_consumer *c, const char *name)
 	return i < 0 ? NULL : &c->tensors[i];
 }
 
+dcast_desc_array cs_tensor_descs(const dcast_consumer *c)
+{
+	return (dcast_desc_array){c->n_tensors ? &c->tensors[0].desc : NULL, sizeof(cs_tensor), c->n_tensors};
+}
+
 int cs_tensors_tiled(const dcast_consumer *c)
 {
 	for (uint32_t i = 0; i < c->n_tensors; i++)

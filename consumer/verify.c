@@ -42,16 +42,6 @@ static const cs_dentry *cache_find(const cs_dcache *d, const dcast_range_digest 
 	return NULL;
 }
 
-static int check_entry(const dcast_consumer *c, const dcast_range_digest *d, uint32_t i)
-{
-	const cs_tensor *t = d->tensor < c->n_tensors ? &c->tensors[d->tensor] : NULL;
-	uint64_t elems = t ? dcast_tensor_elems(&t->desc) : 0;
-
-	if (!t || d->start > elems || d->count > elems - d->start)
-		return dcast_fail(DCAST_EFIELD_RANGE, "COMMIT.digests[%u]: range outside the manifest", i);
-	return 0;
-}
-
 /* v's digests sorted by range, each starting from its cached value (or
  * marked to be computed whole). */
 static int plan_entries(dcast_consumer *c, const cs_version *v, int full, cs_dcache *n)
@@ -64,7 +54,7 @@ static int plan_entries(dcast_consumer *c, const cs_version *v, int full, cs_dca
 		return dcast_fail(DCAST_ENOMEM, "digest table of version %" PRIu64, v->version);
 	n->n = m->n_digests;
 	for (uint32_t i = 0; !err && i < m->n_digests; i++)
-		if (!(err = check_entry(c, &m->digests[i], i)))
+		if (!(err = dcast_digest_fits(&m->digests[i], i, cs_tensor_descs(c))))
 			n->e[i].d = m->digests[i];
 	if (err)
 		return err;

@@ -9,6 +9,7 @@
 #include <unistd.h>
 #include <fcntl.h>
 #include "check.h"
+#include "chunk_fit_cases.h"
 #include "proc.h"
 #include "deltacast/codec.h"
 #include "dcast_common.h"
@@ -130,16 +131,27 @@ static void producer_join_model(void *p, const char *model)
 	dcast_tensor_desc td;
 	dcast_msg m;
 
-	memset(&td, 0, sizeof(td));
-	strcpy(td.name, "w");
-	td.dtype = DCAST_DTYPE_BF16;
-	td.ndim = 1;
-	td.shape[0] = 64;
-	dcast_msg_init(&m, DCAST_MSG_MANIFEST);
-	snprintf(m.u.manifest.model, sizeof(m.u.manifest.model), "%s", model);
-	m.u.manifest.n_tensors = 1;
-	m.u.manifest.tensors = &td;
+	chunk_fit_manifest(&m, &td, model);
 	send_msg(p, &m, NULL, 0);
+}
+
+/* Each CHUNK that does not fit the manifest, refused with the code the
+ * consumer gives it too (tests/chunk_fit_cases.h); none opens a version. */
+static void chunk_fit_refusals(void *p)
+{
+	char text[DCAST_MAX_TEXT + 1];
+
+	for (unsigned i = 0; i < chunk_fit_n_cases; i++) {
+		const chunk_fit_case *k = &chunk_fit_cases[i];
+		const void *payload;
+		dcast_msg m;
+
+		chunk_fit_chunk(&m, k, "bad", 1, &payload);
+		send_msg(p, &m, payload, m.u.chunk.payload_bytes);
+		printf(" %s:\n", k->what);
+		CHECK_ERR(next_error_text(p, text, sizeof(text)), k->code);
+		CHECK(strstr(text, k->named) != NULL);
+	}
 }
 
 static void producer_join(void *p)
@@ -192,14 +204,7 @@ static void bad_producer_messages(void *p)
 	m.u.chunk.start = 8; /* placement changed after sealing, still inside the tensor */
 	send_msg(p, &m, payload, 16);
 	CHECK_ERR(next_error(p), DCAST_ECHECKSUM);
-	chunk_msg(&m, 7, 16, payload);
-	send_msg(p, &m, payload, 16);
-	CHECK_ERR(next_error(p), DCAST_EFIELD_RANGE);
-	chunk_msg(&m, 0, 16, payload);
-	m.u.chunk.start = 60; /* 60 + 8 > 64 elements */
-	seal(&m, payload);
-	send_msg(p, &m, payload, 16);
-	CHECK_ERR(next_error(p), DCAST_ESHAPE);
+	chunk_fit_refusals(p);
 	/* A good chunk opens version 1; a bad one then drops it for every part. */
 	chunk_msg(&m, 0, 16, payload);
 	send_msg(p, &m, payload, 16);

@@ -1,11 +1,15 @@
 /* The consumer against a broker that breaks the protocol (a ROUTER socket
- * in this test, speaking the wire format itself): after anchor 7 is READY
- * it sends anchor 5.  Staged versions must stay in increasing order (the
+ * in this test, speaking the wire format itself).  First it sends CHUNKs
+ * that do not fit the manifest: each is refused with the code the broker
+ * gives it too (tests/chunk_fit_cases.h), in an ERROR event naming the
+ * field, and the consumer re-joins.  Then, after anchor 7 is READY, it
+ * sends anchor 5.  Staged versions must stay in increasing order (the
  * consumer asserts it), so anchor 5 is refused as the
  * peer's error, with an ERROR event naming both versions; version 7 stays
  * READY and applies bit-exact.  Nothing aborts. */
 #include <stdint.h>
 #include "check.h"
+#include "chunk_fit_cases.h"
 #include "dcast_wire.h"
 #include "deltacast/codec.h"
 #include "deltacast/consumer.h"
@@ -47,11 +51,8 @@ static void welcome(void)
 	m.u.welcome.heartbeat_ms = 60000;
 	m.u.welcome.run = 0x1234;
 	send_to(&m, NULL, 0);
-	dcast_tensor_desc t = {.name = "w", .dtype = DCAST_DTYPE_BF16, .ndim = 1, .shape = {N}};
-	dcast_msg_init(&m, DCAST_MSG_MANIFEST);
-	strcpy(m.u.manifest.model, MODEL);
-	m.u.manifest.n_tensors = 1;
-	m.u.manifest.tensors = &t;
+	dcast_tensor_desc t;
+	chunk_fit_manifest(&m, &t, MODEL);
 	send_to(&m, NULL, 0);
 }
 
@@ -90,6 +91,27 @@ static int event(dcast_consumer *c, int type, dcast_event *ev)
 	return 0;
 }
 
+/* Each CHUNK that does not fit the manifest (version 1 + its index): an
+ * ERROR event with the broker's code for it, then the re-join's HELLO. */
+static void chunk_fit_refusals(dcast_consumer *c)
+{
+	for (unsigned i = 0; i < chunk_fit_n_cases; i++) {
+		const chunk_fit_case *k = &chunk_fit_cases[i];
+		const void *payload;
+		dcast_event ev;
+		dcast_msg m;
+
+		chunk_fit_chunk(&m, k, MODEL, 1 + i, &payload);
+		send_to(&m, payload, m.u.chunk.payload_bytes);
+		CHECK(event(c, DCAST_EV_ERROR, &ev) && ev.version == 1 + i);
+		fprintf(stderr, "%s: %s: %s\n", k->what, dcast_errname(ev.code), ev.text);
+		CHECK_ERR(ev.code, k->code);
+		CHECK(strstr(ev.text, k->named) != NULL);
+		zmq_msg_close(&rid);
+		welcome();
+	}
+}
+
 int main(void)
 {
 	char dir[] = "/tmp/dcast-test-hostile-XXXXXX", ep[128];
@@ -108,6 +130,7 @@ int main(void)
 	REQUIRE(zmq_getsockopt(router, ZMQ_LAST_ENDPOINT, ep, &len) == 0);
 	REQUIRE(dcast_consumer_open(ep, MODEL, dir, 4 << 20, NULL, &c) == 0);
 	welcome();
+	chunk_fit_refusals(c);
 	anchor(7, w7);
 	CHECK(event(c, DCAST_EV_VERSION_READY, &ev) && ev.version == 7);
 	anchor(5, w5); /* below the READY anchor 7: the broker's error */

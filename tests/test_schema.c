@@ -3,6 +3,8 @@
  * checksum checks, and an invalid struct never encoded. */
 #include <msgpack.h>
 #include "check.h"
+#include "chunk_fit_cases.h"
+#include "dcast_fit.h"
 #include "deltacast/codec.h"
 #include "deltacast/schema.h"
 
@@ -521,8 +523,49 @@ static void test_grid(void)
 	CHECK_ERR(dcast_msg_encode(&m, &a, &la), DCAST_EFIELD_RANGE);
 }
 
+/* The manifest check (dcast_fit.h) over descriptors inside larger
+ * records, as the consumer holds them: every case of chunk_fit_cases.h
+ * with its code, a chunk that fits, and COMMIT digest ranges alike. */
+static void test_manifest_fit(void)
+{
+	struct held { uint64_t before; dcast_tensor_desc desc; int after; } held[2];
+	dcast_desc_array d = {&held[0].desc, sizeof(held[0]), 2};
+	const chunk_fit_case *k = chunk_fit_cases;
+	const void *payload;
+	dcast_msg m;
+
+	memset(held, 0, sizeof(held));
+	chunk_fit_manifest(&m, &held[1].desc, "fit");
+	held[0].desc = held[1].desc;
+	held[0].desc.dtype = DCAST_DTYPE_F32;
+	strcpy(held[0].desc.name, "v");
+	for (unsigned i = 0; i < chunk_fit_n_cases; i++) {
+		chunk_fit_chunk(&m, &k[i], "fit", 1, &payload);
+		CHECK_ERR(dcast_chunk_fits(&m.u.chunk, dcast_manifest_descs(&(dcast_manifest){
+			.n_tensors = 1, .tensors = &held[1].desc})), k[i].code);
+		CHECK(strstr(dcast_last_error(), k[i].named) != NULL);
+		if (m.u.chunk.tensor == 0) /* tensor 1 of d is the manifest's tensor 0 */
+			m.u.chunk.tensor = 1;
+		CHECK_ERR(dcast_chunk_fits(&m.u.chunk, d), k[i].code);
+	}
+	chunk_fit_chunk(&m, &k[2], "fit", 1, &payload); /* elem_size 4: F32 "v" */
+	CHECK_ERR(dcast_chunk_fits(&m.u.chunk, d), 0);
+	m.u.chunk.tensor = 2;
+	CHECK_ERR(dcast_chunk_fits(&m.u.chunk, d), DCAST_EFIELD_RANGE);
+	CHECK(strstr(dcast_last_error(), "outside the manifest's 2 tensors") != NULL);
+	dcast_range_digest e = {.tensor = 1, .start = 0, .count = CFC_ELEMS};
+	CHECK_ERR(dcast_digest_fits(&e, 3, d), 0);
+	e.start = 1;
+	CHECK_ERR(dcast_digest_fits(&e, 3, d), DCAST_ESHAPE);
+	CHECK(strstr(dcast_last_error(), "COMMIT.digests[3]: range [1, +64) outside tensor w") != NULL);
+	e.tensor = 2;
+	CHECK_ERR(dcast_digest_fits(&e, 3, d), DCAST_EFIELD_RANGE);
+	CHECK(strstr(dcast_last_error(), "COMMIT.digests[3].tensor: 2") != NULL);
+}
+
 int main(void)
 {
+	test_manifest_fit();
 	test_utf8();
 	test_tensor_names();
 	test_grid();

@@ -1,0 +1,40 @@
+/* Private to the library and the broker: does a message's reference to a
+ * tensor fit the manifest of its model?  One check for every side that
+ * holds a manifest (the broker at ingest and at segment load, the consumer
+ * at intake, at replay and before it verifies), with one set of codes:
+ * docs/protocol.md, "Which refusal gets which code".  The header's own
+ * rules (changed <= count, an anchor is dense, a dense payload's size) are
+ * the decoder's (dcast_msg_validate), checked before any of these. */
+#ifndef DCAST_FIT_H
+#define DCAST_FIT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "deltacast/schema.h"
+
+/* A manifest's tensor descriptors where their holder keeps them: n
+ * entries, the first at `first`, each `stride` bytes after the one before
+ * (a dcast_manifest's own array, or the descriptor field of larger
+ * per-tensor records).  Borrowed: nothing is copied or owned. */
+typedef struct dcast_desc_array {
+	const dcast_tensor_desc *first; /* NULL only when n is 0 */
+	size_t stride;                  /* at least sizeof(dcast_tensor_desc) */
+	uint32_t n;
+} dcast_desc_array;
+
+/* The descriptors of manifest m, in place. */
+dcast_desc_array dcast_manifest_descs(const dcast_manifest *m);
+
+/* Does CHUNK c fit the manifest `d`: its tensor one of d's, its range
+ * [start, start + count) inside that tensor's wire elements, its elem_size
+ * the tensor's dtype's?  0, or DCAST_EFIELD_RANGE (tensor outside the
+ * manifest) or DCAST_ESHAPE (range outside its tensor, elem_size not the
+ * dtype's), with a detail naming the field, its value and the limit. */
+int dcast_chunk_fits(const dcast_chunk *c, dcast_desc_array d);
+
+/* Does COMMIT.digests[i], e, fit the manifest `d`: its tensor one of d's,
+ * its range inside that tensor's wire elements?  0, or DCAST_EFIELD_RANGE
+ * / DCAST_ESHAPE as dcast_chunk_fits. */
+int dcast_digest_fits(const dcast_range_digest *e, uint32_t i, dcast_desc_array d);
+
+#endif

@@ -1,0 +1,68 @@
+/* A message's tensor references against the manifest of its model
+ * (dcast_fit.h): the tensor index, then the element range, then for a
+ * CHUNK the element size. */
+#include <inttypes.h>
+#include "dcast_common.h"
+#include "dcast_fit.h"
+
+dcast_desc_array dcast_manifest_descs(const dcast_manifest *m)
+{
+	return (dcast_desc_array){m->tensors, sizeof(*m->tensors), m->n_tensors};
+}
+
+/* Descriptor `tensor` of d, or NULL when d has no such entry. */
+static const dcast_tensor_desc *desc_at(dcast_desc_array d, uint32_t tensor)
+{
+	DCAST_ASSERT(d.stride >= sizeof(dcast_tensor_desc) && (d.first || !d.n));
+	if (tensor >= d.n)
+		return NULL;
+	return (const dcast_tensor_desc *)((const char *)d.first + (size_t)tensor * d.stride);
+}
+
+/* The name of the message part under check: "CHUNK", "COMMIT.digests[3]"
+ * (index < 0: none).  Formatted only for an error. */
+static const char *part_name(char *buf, size_t cap, const char *what, int64_t index)
+{
+	if (index < 0)
+		return what;
+	snprintf(buf, cap, "%s[%" PRId64 "]", what, index);
+	return buf;
+}
+
+/* Is `tensor` (of the message part what[index]) one of d's, and
+ * [start, start + count) inside its elements?  *t: its descriptor. */
+static int range_fits(const char *what, int64_t index, uint32_t tensor, uint64_t start,
+		      uint64_t count, dcast_desc_array d, const dcast_tensor_desc **t)
+{
+	char buf[48];
+	uint64_t elems;
+
+	if (!(*t = desc_at(d, tensor)))
+		return dcast_fail(DCAST_EFIELD_RANGE, "%s.tensor: %u outside the manifest's %u tensors",
+				  part_name(buf, sizeof(buf), what, index), tensor, d.n);
+	elems = dcast_tensor_elems(*t);
+	if (start > elems || count > elems - start)
+		return dcast_fail(DCAST_ESHAPE, "%s: range [%" PRIu64 ", +%" PRIu64 ") outside tensor %s "
+				  "of %" PRIu64 " elements", part_name(buf, sizeof(buf), what, index),
+				  start, count, (*t)->name, elems);
+	return 0;
+}
+
+int dcast_chunk_fits(const dcast_chunk *c, dcast_desc_array d)
+{
+	const dcast_tensor_desc *t;
+	int rc = range_fits("CHUNK", -1, c->tensor, c->start, c->count, d, &t);
+
+	if (rc || c->elem_size == dcast_dtype_size((int)t->dtype))
+		return rc;
+	return dcast_fail(DCAST_ESHAPE, "CHUNK.elem_size: %u, tensor %s is %s of %u-byte elements",
+			  c->elem_size, t->name, dcast_dtype_name((int)t->dtype),
+			  dcast_dtype_size((int)t->dtype));
+}
+
+int dcast_digest_fits(const dcast_range_digest *e, uint32_t i, dcast_desc_array d)
+{
+	const dcast_tensor_desc *t;
+
+	return range_fits("COMMIT.digests", i, e->tensor, e->start, e->count, d, &t);
+}

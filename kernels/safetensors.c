@@ -32,36 +32,26 @@ struct dcast_st_file {
 	size_t map_len;
 };
 
-static const struct {
-	const char *name;
-	unsigned size;
-} dtypes[DCAST_ST_COUNT] = {
-	[DCAST_ST_BOOL] = {"BOOL", 1},       [DCAST_ST_U8] = {"U8", 1},
-	[DCAST_ST_I8] = {"I8", 1},           [DCAST_ST_F8_E4M3] = {"F8_E4M3", 1},
-	[DCAST_ST_F8_E5M2] = {"F8_E5M2", 1}, [DCAST_ST_I16] = {"I16", 2},
-	[DCAST_ST_U16] = {"U16", 2},         [DCAST_ST_F16] = {"F16", 2},
-	[DCAST_ST_BF16] = {"BF16", 2},       [DCAST_ST_I32] = {"I32", 4},
-	[DCAST_ST_U32] = {"U32", 4},         [DCAST_ST_F32] = {"F32", 4},
-	[DCAST_ST_I64] = {"I64", 8},         [DCAST_ST_U64] = {"U64", 8},
-	[DCAST_ST_F64] = {"F64", 8},
-};
-
+/* The names and sizes are the wire's dtype table (schema/tables.c). */
 const char *dcast_st_dtype_name(int dtype)
 {
-	return dtype >= 0 && dtype < DCAST_ST_COUNT ? dtypes[dtype].name : "?";
+	return dcast_dtype_name(dtype);
 }
 
 unsigned dcast_st_dtype_size(int dtype)
 {
-	return dtype >= 0 && dtype < DCAST_ST_COUNT ? dtypes[dtype].size : 0;
+	return dcast_dtype_size(dtype) * dcast_dtype_lanes(dtype);
 }
 
 int dcast_st_dtype_from_name(const char *name, size_t len)
 {
-	for (int i = 0; i < DCAST_ST_COUNT; i++)
-		if (strlen(dtypes[i].name) == len && memcmp(dtypes[i].name, name, len) == 0)
-			return i;
-	return -1;
+	char z[16]; /* longer than any dtype name */
+
+	if (len >= sizeof(z) || memchr(name, '\0', len))
+		return -1;
+	memcpy(z, name, len);
+	z[len] = '\0';
+	return dcast_dtype_from_name(z);
 }
 
 /* ---- reading ---- */
@@ -116,7 +106,7 @@ static int tensor_dtype(const char *label, const dcast_json *e, dcast_st_tensor 
 	if (t->dtype < 0)
 		return dcast_fail(DCAST_EDTYPE, "%s: tensor \"%s\": unknown dtype \"%.40s\"", label,
 				  t->name, v->str);
-	t->elem_size = dtypes[t->dtype].size;
+	t->elem_size = dcast_st_dtype_size(t->dtype);
 	return 0;
 }
 

@@ -301,9 +301,40 @@ static void cleanup(void)
 		fprintf(stderr, "cleanup of %s failed\n", dir);
 }
 
+/* A file's dtypes are the wire's: the same values, names and sizes (one
+ * table), and a file of each reads back as that dtype. */
+static void test_dtypes(void)
+{
+	char path[256];
+	uint8_t data[16] = {0};
+
+	for (int d = 0; d < DCAST_DTYPE_COUNT; d++) {
+		const char *name = dcast_dtype_name(d);
+		unsigned bytes = dcast_dtype_size(d) * dcast_dtype_lanes(d);
+		dcast_st_spec spec = {"t", d, 1, {2}, data};
+		dcast_st_file *f = NULL;
+		const dcast_st_tensor *t;
+
+		CHECK(strcmp(dcast_st_dtype_name(d), name) == 0);
+		CHECK(dcast_st_dtype_from_name(name, strlen(name)) == d);
+		CHECK(dcast_st_dtype_size(d) == bytes);
+		path_in_dir(path, sizeof(path), "dtype.safetensors");
+		REQUIRE(dcast_st_write(path, &spec, 1, NULL, 0) == 0);
+		REQUIRE(dcast_st_open(path, &f) == 0);
+		t = dcast_st_find(f, "t");
+		CHECK(t && t->dtype == d && t->elem_size == bytes && t->nbytes == 2 * bytes);
+		dcast_st_close(&f);
+	}
+	CHECK((int)DCAST_ST_BF16 == (int)DCAST_DTYPE_BF16 && (int)DCAST_ST_COUNT == (int)DCAST_DTYPE_COUNT);
+	CHECK(dcast_st_dtype_from_name("F32\0", 4) == -1 && dcast_st_dtype_from_name("F32x", 3) == DCAST_ST_F32);
+	CHECK(dcast_st_dtype_from_name("F", 1) == -1 && dcast_st_dtype_size(DCAST_ST_COUNT) == 0);
+	CHECK(strcmp(dcast_st_dtype_name(-1), "?") == 0);
+}
+
 int main(void)
 {
 	REQUIRE(mkdtemp(dir));
+	test_dtypes();
 	test_round_trip();
 	test_writer_rejects();
 	test_json_rejects();

@@ -17,6 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "deltacast/err.h"
+#include "deltacast/schema.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -27,30 +28,35 @@ extern "C" {
 #define DCAST_ST_MAX_DIMS 8                    /* dimensions of a tensor */
 #define DCAST_ST_MAX_NAME_BYTES 4096           /* tensor name or metadata key */
 
-/* Tensor dtypes, by their safetensors names. */
+/* Tensor dtypes, by their safetensors names: the wire's dcast_dtype
+ * (deltacast/schema.h), whose one table holds the names and sizes of both,
+ * so a file's dtype is a manifest's as it is. */
 enum dcast_st_dtype {
-	DCAST_ST_BOOL,
-	DCAST_ST_U8,
-	DCAST_ST_I8,
-	DCAST_ST_F8_E4M3,
-	DCAST_ST_F8_E5M2,
-	DCAST_ST_I16,
-	DCAST_ST_U16,
-	DCAST_ST_F16,
-	DCAST_ST_BF16,
-	DCAST_ST_I32,
-	DCAST_ST_U32,
-	DCAST_ST_F32,
-	DCAST_ST_I64,
-	DCAST_ST_U64,
-	DCAST_ST_F64,
-	DCAST_ST_COUNT
+	DCAST_ST_BOOL = DCAST_DTYPE_BOOL,
+	DCAST_ST_U8 = DCAST_DTYPE_U8,
+	DCAST_ST_I8 = DCAST_DTYPE_I8,
+	DCAST_ST_F8_E4M3 = DCAST_DTYPE_F8_E4M3,
+	DCAST_ST_F8_E5M2 = DCAST_DTYPE_F8_E5M2,
+	DCAST_ST_I16 = DCAST_DTYPE_I16,
+	DCAST_ST_U16 = DCAST_DTYPE_U16,
+	DCAST_ST_F16 = DCAST_DTYPE_F16,
+	DCAST_ST_BF16 = DCAST_DTYPE_BF16,
+	DCAST_ST_I32 = DCAST_DTYPE_I32,
+	DCAST_ST_U32 = DCAST_DTYPE_U32,
+	DCAST_ST_F32 = DCAST_DTYPE_F32,
+	DCAST_ST_I64 = DCAST_DTYPE_I64,
+	DCAST_ST_U64 = DCAST_DTYPE_U64,
+	DCAST_ST_F64 = DCAST_DTYPE_F64,
+	DCAST_ST_COUNT = DCAST_DTYPE_COUNT
 };
 
-/* Safetensors name of a dtype ("BF16"); "?" when unknown. Static string. */
+/* Safetensors name of a dtype ("BF16"); "?" when unknown. Static string.
+ * The same as dcast_dtype_name. */
 DCAST_API const char *dcast_st_dtype_name(int dtype);
 
-/* Element size in bytes of a dtype; 0 when unknown. */
+/* Bytes of one element of a dtype in a file (8 for I64, U64, F64: a
+ * dcast_dtype_size wire element times its dcast_dtype_lanes); 0 when
+ * unknown. */
 DCAST_API unsigned dcast_st_dtype_size(int dtype);
 
 /* Parse a dtype name of `len` bytes ("F8_E4M3"); -1 when unknown. */

@@ -49,8 +49,8 @@ struct broker_seg_store {
 	char write_detail[512];
 	dcast_rec_reader rd;          /* load: reads one file at a time */
 	uint64_t replay_off;          /* load: the record being visited */
-	uint8_t *copy_buf;            /* broker_seg_put_chunk from a file, when
-					 copy_file_range cannot */
+	uint8_t *copy_buf;            /* copy_plain: broker_seg_put_chunk from a file
+					 when copy_file_range cannot, quarantine */
 };
 
 /* ---- store and models ----------------------------------------------- */
@@ -323,26 +323,23 @@ int broker_seg_append_chunk(broker_seg_store *s, const char *model, uint64_t ver
 
 #define SEG_COPY_BYTES (1u << 20)
 
-/* pread/pwrite through the store's buffer, where copy_file_range is
- * refused (another file system, an old kernel). */
-static int copy_plain(broker_seg_store *s, int fd, uint64_t off, int out, uint64_t at,
-		      uint64_t len)
+/* Copy len bytes at off of fd (named `from` in errors) to out at `at`
+ * (named `to`) through the store's buffer: where copy_file_range is
+ * refused (another file system, an old kernel), and for quarantine. */
+static int copy_plain(broker_seg_store *s, int fd, uint64_t off, const char *from, int out,
+		      uint64_t at, const char *to, uint64_t len)
 {
+	int rc = 0;
+
 	if (!s->copy_buf && !(s->copy_buf = malloc(SEG_COPY_BYTES)))
 		return dcast_fail(DCAST_ENOMEM, "segment: copy buffer");
-	while (len) {
-		size_t want = len < SEG_COPY_BYTES ? (size_t)len : SEG_COPY_BYTES;
-		ssize_t n = pread(fd, s->copy_buf, want, (off_t)off);
-
-		if (n <= 0 || pwrite(out, s->copy_buf, (size_t)n, (off_t)at) != n)
-			return dcast_fail(DCAST_EIO, "segment: copy of a payload at offset %llu: %s",
-					  (unsigned long long)off, n < 0 ? strerror(errno) :
-					  n == 0 ? "end of file" : strerror(errno));
-		off += (uint64_t)n;
-		at += (uint64_t)n;
-		len -= (uint64_t)n;
+	for (uint64_t done = 0, n; !rc && done < len; done += n) {
+		n = len - done < SEG_COPY_BYTES ? len - done : SEG_COPY_BYTES;
+		rc = dcast_pread_full(fd, s->copy_buf, (size_t)n, off + done, from);
+		if (!rc)
+			rc = dcast_pwrite_full(out, s->copy_buf, (size_t)n, at + done, to);
 	}
-	return 0;
+	return rc;
 }
 
 /* Copy len bytes at off of fd to the end of f (in the kernel where it
@@ -358,7 +355,8 @@ static int copy_payload(broker_seg_store *s, struct seg_file *f, int fd, uint64_
 		ssize_t n = copy_file_range(fd, &in, f->fd, &out, left, 0);
 
 		if (n <= 0) {
-			rc = copy_plain(s, fd, (uint64_t)in, f->fd, (uint64_t)out, left);
+			rc = copy_plain(s, fd, (uint64_t)in, "segment: a payload's file", f->fd,
+					(uint64_t)out, f->path, left);
 			break;
 		}
 		left -= (uint64_t)n;
@@ -845,26 +843,20 @@ static void fsync_quarantine(const broker_seg_store *s)
 	dir_synced(q);
 }
 
-/* Copy bytes [from, size) of fd into the new file q, fsynced. */
-static int copy_tail(int fd, uint64_t from, uint64_t size, const char *q)
+/* Copy bytes [from, size) of fd (the segment `path`) into the new file
+ * q, fsynced. */
+static int copy_tail(broker_seg_store *s, int fd, const char *path, uint64_t from, uint64_t size,
+		     const char *q)
 {
-	static uint8_t buf[1 << 20];
 	int out = open(q, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-	int rc = out < 0 ? -1 : 0;
+	int rc;
 
-	while (!rc && from < size) {
-		size_t want = size - from < sizeof(buf) ? (size_t)(size - from) : sizeof(buf);
-		ssize_t n = pread(fd, buf, want, (off_t)from);
-
-		rc = n <= 0 || write(out, buf, (size_t)n) != n ? -1 : 0;
-		from += n > 0 ? (uint64_t)n : 0;
-	}
-	if (!rc)
-		rc = fsync(out);
-	if (rc)
-		rc = dcast_fail(DCAST_EIO, "segment: copy to '%s': %s", q, strerror(errno));
-	if (out >= 0)
-		close(out);
+	if (out < 0)
+		return dcast_fail(DCAST_EIO, "segment: create '%s': %s", q, strerror(errno));
+	rc = copy_plain(s, fd, from, path, out, 0, q, size - from);
+	if (!rc && fsync(out))
+		rc = dcast_fail(DCAST_EIO, "segment: fsync '%s': %s", q, strerror(errno));
+	close(out);
 	return rc;
 }
 
@@ -879,7 +871,7 @@ static int quarantine(broker_seg_store *s, const char *path, int fd, const struc
 	if (!rc && sc->out.good_end == 0 && rename(path, q))
 		rc = dcast_fail(DCAST_EIO, "segment: move '%s' to '%s': %s", path, q, strerror(errno));
 	if (!rc && sc->out.good_end)
-		rc = copy_tail(fd, sc->out.good_end, sc->size, q);
+		rc = copy_tail(s, fd, path, sc->out.good_end, sc->size, q);
 	if (rc)
 		return rc;
 	fsync_quarantine(s);

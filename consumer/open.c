@@ -97,8 +97,10 @@ static int dir_lock(dcast_consumer *c)
 				  "(pid %s holds %s); one consumer per directory", c->dir, pid, path);
 	}
 	n = snprintf(pid, sizeof(pid), "%d\n", (int)getpid());
-	if (ftruncate(fd, 0) || pwrite(fd, pid, (size_t)n, 0) != n)
+	if (ftruncate(fd, 0))
 		DCAST_LOG_W("consumer %s: %s: pid not written: %s", c->model, path, strerror(errno));
+	else if (dcast_pwrite_full(fd, pid, (size_t)n, 0, path))
+		DCAST_LOG_W("consumer %s: pid not written: %s", c->model, dcast_last_error());
 	c->lock_fd = fd;
 	return 0;
 }

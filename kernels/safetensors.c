@@ -421,20 +421,18 @@ const dcast_st_tensor *dcast_st_tensor_at(const dcast_st_file *f, size_t i)
 	return i < f->count ? &f->tensors[i] : NULL;
 }
 
+/* bsearch: the name `key` against a by_name entry. */
+static int name_vs_entry(const void *key, const void *entry)
+{
+	return strcmp(key, (*(const dcast_st_tensor *const *)entry)->name);
+}
+
 const dcast_st_tensor *dcast_st_find(const dcast_st_file *f, const char *name)
 {
-	size_t lo = 0, hi = f->count;
-	while (lo < hi) {
-		size_t mid = lo + (hi - lo) / 2;
-		int c = strcmp(f->by_name[mid]->name, name);
-		if (c == 0)
-			return f->by_name[mid];
-		if (c < 0)
-			lo = mid + 1;
-		else
-			hi = mid;
-	}
-	return NULL;
+	const dcast_st_tensor *const *hit =
+		f->count ? bsearch(name, f->by_name, f->count, sizeof(*f->by_name), name_vs_entry) : NULL;
+
+	return hit ? *hit : NULL;
 }
 
 size_t dcast_st_metadata_count(const dcast_st_file *f)

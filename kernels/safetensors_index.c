@@ -141,21 +141,18 @@ int dcast_st_index_at(const dcast_st_index *x, size_t i, const char **tensor, co
 	return 0;
 }
 
+/* bsearch: the tensor name `key` against a by_name entry. */
+static int name_vs_entry(const void *key, const void *entry)
+{
+	return strcmp(key, (*(const dcast_json *const *)entry)->key);
+}
+
 const char *dcast_st_index_file_of(const dcast_st_index *x, const char *tensor)
 {
-	size_t lo = 0, hi = x->map->nkids;
+	const dcast_json *const *hit =
+		bsearch(tensor, x->by_name, x->map->nkids, sizeof(*x->by_name), name_vs_entry);
 
-	while (lo < hi) {
-		size_t mid = lo + (hi - lo) / 2;
-		int c = strcmp(x->by_name[mid]->key, tensor);
-		if (c == 0)
-			return x->by_name[mid]->str;
-		if (c < 0)
-			lo = mid + 1;
-		else
-			hi = mid;
-	}
-	return NULL;
+	return hit ? (*hit)->str : NULL;
 }
 
 size_t dcast_st_index_file_count(const dcast_st_index *x)

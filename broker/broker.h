@@ -292,6 +292,9 @@ void broker_poll_dispatch(struct broker *b, const zmq_pollitem_t *it, uint32_t n
  * chunks would log one line each) and send ERROR back, every time. */
 void broker_refuse(struct broker *b, void *sock, const zmq_msg_t *rid, int code,
 		   const char *model, uint64_t version);
+/* A message other than HELLO from a peer that has not sent one on sock:
+ * refused with DCAST_ESTATE, or, a BYE, dropped without an answer. */
+void broker_refuse_unjoined(struct broker *b, void *sock, const dcast_wire_in *in);
 /* Once a second (the timer turn): close the refusal log's window, saying
  * how many refusals it left out. */
 void broker_refuse_log_roll(struct broker *b, uint64_t now);

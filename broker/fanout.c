@@ -358,10 +358,7 @@ void broker_consumer_msg(struct broker *b, dcast_wire_in *in)
 		return;
 	}
 	if (!p) {
-		if (in->msg.type != DCAST_MSG_BYE) {
-			dcast_fail(DCAST_ESTATE, "%s before HELLO", dcast_msg_type_name((int)in->msg.type));
-			broker_refuse(b, b->consumers, &in->rid, DCAST_ESTATE, "", DCAST_VERSION_NONE);
-		}
+		broker_refuse_unjoined(b, b->consumers, in);
 		return;
 	}
 	p->last_recv_ms = dcast_now_ms();

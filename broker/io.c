@@ -48,6 +48,14 @@ void broker_refuse(struct broker *b, void *sock, const zmq_msg_t *rid, int code,
 				      zmq_msg_size((zmq_msg_t *)rid), code, model, version, text);
 }
 
+void broker_refuse_unjoined(struct broker *b, void *sock, const dcast_wire_in *in)
+{
+	if (in->msg.type == DCAST_MSG_BYE)
+		return;
+	dcast_fail(DCAST_ESTATE, "%s before HELLO", dcast_msg_type_name((int)in->msg.type));
+	broker_refuse(b, sock, &in->rid, DCAST_ESTATE, "", DCAST_VERSION_NONE);
+}
+
 int broker_send_msg(struct broker *b, void *sock, struct broker_peer *p, const dcast_msg *m)
 {
 	(void)b;

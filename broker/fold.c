@@ -27,6 +27,7 @@
 #include <unistd.h>
 #include "broker.h"
 #include "dcast_common.h"
+#include "dcast_fit.h"
 #include "deltacast/codec.h"
 #include "durable.h"
 #include "fold.h"
@@ -125,7 +126,6 @@ static int fold_chunk(struct broker_fold *f, struct fold_digests *next, const st
 	zmq_msg_t payload;
 	dcast_msg msg;
 	uint8_t *range;
-	unsigned es;
 	int rc, type;
 
 	if ((rc = dcast_msg_decode(zmq_msg_data((zmq_msg_t *)&ch->hdr),
@@ -134,13 +134,10 @@ static int fold_chunk(struct broker_fold *f, struct fold_digests *next, const st
 	type = (int)msg.type;
 	dcast_msg_free(&msg); /* a CHUNK owns nothing; its fields stay readable */
 	c = &msg.u.chunk;
-	if (type != DCAST_MSG_CHUNK || c->tensor >= mf->m.n_tensors)
-		return dcast_fail(DCAST_ECORRUPT, "fold: stored chunk is not a CHUNK of the manifest");
-	es = dcast_dtype_size((int)mf->m.tensors[c->tensor].dtype);
-	if (c->elem_size != es || c->start > dcast_tensor_elems(&mf->m.tensors[c->tensor]) ||
-	    c->count > dcast_tensor_elems(&mf->m.tensors[c->tensor]) - c->start)
-		return dcast_fail(DCAST_ESHAPE, "fold: chunk of tensor %u outside the manifest",
-				  c->tensor);
+	if (type != DCAST_MSG_CHUNK)
+		return dcast_fail(DCAST_ECORRUPT, "fold: stored chunk is not a CHUNK");
+	if ((rc = dcast_chunk_fits(c, dcast_manifest_descs(&mf->m))))
+		return dcast_fail(rc, "fold: stored %s", dcast_last_error());
 	info = (dcast_chunk_info){c->encoding, c->elem_size, c->count, c->changed, c->payload_bytes};
 	if ((rc = broker_chunk_payload(ch, &payload))) /* from disk, one range at a time */
 		return rc;
@@ -439,11 +436,9 @@ static int cut_digest(struct broker_fold *f, uint32_t i, uint64_t *bytes)
 	uint64_t got = 0;
 	int rc;
 
-	if (d->tensor >= f->st.mf->m.n_tensors)
-		return dcast_fail(DCAST_EDIGEST, "digest %u: tensor %u outside the manifest", i, d->tensor);
+	if (fold_digest_fits(f->st.mf, d, i))
+		return DCAST_EDIGEST;
 	td = &f->st.mf->m.tensors[d->tensor];
-	if (d->start > dcast_tensor_elems(td) || d->count > dcast_tensor_elems(td) - d->start)
-		return dcast_fail(DCAST_EDIGEST, "digest %u: range outside tensor %s", i, td->name);
 	*bytes = d->count * dcast_dtype_size((int)td->dtype);
 	if ((rc = fold_state_digest(&f->st, d->tensor, d->start, d->count, &got)))
 		return rc;

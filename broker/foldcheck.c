@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "dcast_common.h"
+#include "dcast_fit.h"
 #include "dcast_ranges.h"
 #include "deltacast/codec.h"
 #include "foldcheck.h"
@@ -49,18 +50,10 @@ static uint32_t find_first(const struct fold_digests *d, uint32_t t, uint64_t lo
 	return a;
 }
 
-static int range_check(const struct broker_manifest *mf, const dcast_range_digest *r, uint32_t i)
+int fold_digest_fits(const struct broker_manifest *mf, const dcast_range_digest *d, uint32_t i)
 {
-	uint64_t elems;
-
-	if (r->tensor >= mf->m.n_tensors)
-		return dcast_fail(DCAST_EDIGEST, "COMMIT digest %u: tensor %u outside the manifest's %u",
-				  i, r->tensor, mf->m.n_tensors);
-	elems = dcast_tensor_elems(&mf->m.tensors[r->tensor]);
-	if (r->start > elems || r->count > elems - r->start)
-		return dcast_fail(DCAST_EDIGEST, "COMMIT digest %u: range [%llu, +%llu) outside tensor %s",
-				  i, (unsigned long long)r->start, (unsigned long long)r->count,
-				  mf->m.tensors[r->tensor].name);
+	if (dcast_digest_fits(d, i, dcast_manifest_descs(&mf->m)))
+		return dcast_fail(DCAST_EDIGEST, "%s", dcast_last_error());
 	return 0;
 }
 
@@ -103,7 +96,7 @@ int fold_check_begin(struct fold_digests *next, const struct fold_digests *prev,
 
 	memset(next, 0, sizeof(*next));
 	for (uint32_t i = 0; !rc && i < n; i++)
-		rc = range_check(mf, &v->digests[i], i);
+		rc = fold_digest_fits(mf, &v->digests[i], i);
 	if (rc)
 		return rc;
 	next->want = malloc((n ? n : 1) * sizeof(*next->want));

@@ -22,6 +22,10 @@ struct fold_digests {
 	uint32_t n;
 };
 
+/* Does COMMIT digest i, d, fit manifest mf (dcast_digest_fits)?  0, or
+ * DCAST_EDIGEST naming what does not: a version with one is bad. */
+int fold_digest_fits(const struct broker_manifest *mf, const dcast_range_digest *d, uint32_t i);
+
 /* Set up `next` for version v folded onto a state whose digests are `prev`
  * (after the version before v; ignored for an anchor): every range of v's
  * COMMIT checked against mf, its starting value taken from prev where prev

@@ -30,22 +30,95 @@ static int bind_locked(dcast_consumer *c, const char *name, void *ptr, dcast_mem
 		return dcast_fail(DCAST_ESTATE, "bind %s: already bound", name);
 	if (cs_drop_in_place(c)) /* written into the copy that moves now: fetched again */
 		cs_rejoin(c);
-	unsigned char *host = t->ptr;
 	t->ptr = ptr;
 	t->mem = mem;
-	int err = cs_to_tensor(t, 0, host, t->bytes); /* the current version moves over */
+	int err = cs_to_tensor(t, 0, t->host, t->bytes); /* the current version moves over */
 	if (err) {
-		t->ptr = host;
+		t->ptr = t->host;
 		t->mem = DCAST_MEM_HOST;
 		return err;
 	}
-	cs_host_release(host, t->bytes);
+	cs_host_release(t->host, t->bytes);
 	if (mem == DCAST_MEM_CUDA)
 		cs_pool_cuda_register(&c->pool); /* DMA from the pool from now on */
 	cs_dcache_clear(&c->dcache); /* the caller's memory from now on: hash it afresh */
+	cs_ahead_forget(c);
 	t->owned = 0;
 	c->device_tensors += mem == DCAST_MEM_CUDA;
 	return 0;
+}
+
+/* Does unbind(name) concern t (name NULL: every tensor)? */
+static int unbind_hits(const cs_tensor *t, const char *name)
+{
+	return (!t->owned || t->n_views) && (!name || !strcmp(t->desc.name, name));
+}
+
+/* Step 1: the current bytes of every tensor bound whole back in our host
+ * copy (the caller's memory holds the one copy); on failure the copies
+ * made are given back and no binding has changed. */
+static int unbind_copy(dcast_consumer *c, const char *name)
+{
+	uint32_t i;
+	int err = 0;
+
+	for (i = 0; !err && i < c->n_tensors; i++) {
+		cs_tensor *t = &c->tensors[i];
+		if (unbind_hits(t, name) && !t->owned)
+			err = cs_from_tensor(t, 0, t->host, t->bytes);
+	}
+	while (err && i--)
+		if (unbind_hits(&c->tensors[i], name) && !c->tensors[i].owned)
+			cs_host_release(c->tensors[i].host, c->tensors[i].bytes);
+	return err;
+}
+
+/* Step 2, which cannot fail: the bindings dropped. */
+static void unbind_switch(dcast_consumer *c, const char *name)
+{
+	for (uint32_t i = 0; i < c->n_tensors; i++) {
+		cs_tensor *t = &c->tensors[i];
+		if (!unbind_hits(t, name))
+			continue;
+		if (!t->owned) {
+			c->device_tensors -= t->mem == DCAST_MEM_CUDA;
+			cs_dcache_clear(&c->dcache); /* read from the caller's memory: hashed afresh */
+		}
+		t->ptr = t->host;
+		t->mem = DCAST_MEM_HOST;
+		t->owned = 1;
+		cs_views_free(t); /* a sliced tensor's host copy stays, values and all */
+	}
+	cs_ahead_forget(c); /* resolved against the memory left */
+}
+
+static int unbind_locked(dcast_consumer *c, const char *name)
+{
+	cs_tensor *t = name ? cs_tensor_find(c, name) : NULL;
+	int err;
+
+	if (name && !t)
+		return dcast_fail(DCAST_ENOTFOUND, "unbind: no tensor \"%s\" in the manifest of %s", name,
+				  c->model);
+	if (t && !unbind_hits(t, name))
+		return dcast_fail(DCAST_ESTATE, "unbind %s: not bound", name);
+	if ((err = unbind_copy(c, name)))
+		return dcast_fail(err, "unbind: the current version not copied back from the bound "
+				  "memory, nothing unbound: %s", dcast_last_error());
+	unbind_switch(c, name);
+	return 0;
+}
+
+int dcast_consumer_unbind(dcast_consumer *c, const char *name)
+{
+	int err;
+
+	if (!c)
+		return dcast_fail(DCAST_EINVAL, "dcast_consumer_unbind: NULL consumer");
+	pthread_mutex_lock(&c->lock);
+	err = unbind_locked(c, name);
+	pthread_mutex_unlock(&c->lock);
+	return err;
 }
 
 int dcast_consumer_bind(dcast_consumer *c, const char *name, void *ptr, dcast_mem mem, uint64_t bytes)

@@ -188,8 +188,9 @@ typedef struct cs_tensor {
 	unsigned elem_size;
 	uint64_t bytes;
 	unsigned char *ptr;    /* live data, in wire order */
+	unsigned char *host;   /* our host copy in the arena: ptr while owned */
 	int mem;               /* dcast_mem */
-	int owned;             /* ptr is our malloc'd host copy */
+	int owned;             /* ptr is our host copy (ptr == host) */
 	dcast_tiles map;       /* wire order against natural order */
 	cs_view *views;        /* only while owned: the host copy feeds them */
 	uint32_t n_views;
@@ -564,6 +565,11 @@ void cs_verify_ahead_done(dcast_consumer *c, cs_version *v);
  * ones (undo 1) into its tensor.  cs_resolved_drop: forget v's arrays
  * (valid only against the base checked ahead). */
 int cs_resolved_valid(const dcast_consumer *c, const cs_version *v);
+/* The tensors moved to other memory (a whole bind, an unbind): every
+ * staged version's check ahead and resolved chunks are forgotten (a device
+ * batch names the old addresses), so it is checked and resolved again
+ * against the tensors where they are now. */
+void cs_ahead_forget(dcast_consumer *c);
 void cs_resolved_scatter(dcast_consumer *c, const cs_chunk *k, int undo);
 void cs_resolved_drop(cs_version *v);
 

@@ -158,7 +158,7 @@ int cs_tensors_from_manifest(dcast_consumer *c, const dcast_manifest *m)
 	c->arena_bytes = total;
 	total = 0;
 	for (uint32_t i = 0; i < m->n_tensors; i++) {
-		t[i].ptr = c->arena + total;
+		t[i].ptr = t[i].host = c->arena + total;
 		total += arena_span(t[i].bytes);
 	}
 	return 0;

@@ -160,6 +160,16 @@ void cs_resolved_drop(cs_version *v)
 	v->res_bytes = 0;
 }
 
+void cs_ahead_forget(dcast_consumer *c)
+{
+	for (uint32_t i = 0; i < c->n_staged; i++) {
+		cs_version *v = &c->staged[i];
+		cs_resolved_drop(v);
+		cs_dcache_clear(&v->ahead);
+		v->ahead_tried = 0;
+	}
+}
+
 /* First of the n increasing positions at or above p. */
 static uint64_t pos_lower(const uint32_t *pos, uint64_t n, uint64_t p)
 {

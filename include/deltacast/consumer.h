@@ -172,7 +172,7 @@ DCAST_API void dcast_consumer_close(dcast_consumer **c);
  * dcast_consumer_tensor_count() > 0) and bytes must equal its size.  Its
  * current contents (if a version is applied) are copied into ptr, and the
  * pages of the consumer's own host copy are given back to the kernel.  The caller keeps ownership of ptr and
- * must keep it valid until close.  A tiled tensor (desc.grid, from
+ * must keep it valid until close or dcast_consumer_unbind.  A tiled tensor (desc.grid, from
  * producers that publish tensor-parallel slices) is bound as the slice
  * that covers all of it (dcast_consumer_bind_slice): ptr gets the natural
  * row-major layout and the host copy stays.  Errors: DCAST_ENOTFOUND
@@ -191,8 +191,8 @@ DCAST_API int dcast_consumer_bind(dcast_consumer *c, const char *name, void *ptr
  * not.  The consumer keeps the whole tensor in its host memory as well:
  * that copy is what it applies, verifies and checkpoints, so a slice costs
  * host memory for the whole tensor (docs/protocol.md, "Tiled tensors").
- * The caller keeps ownership of ptr and must keep it valid until close.
- * Errors: DCAST_EINVAL (NULL argument, ndim 0, unknown mem),
+ * The caller keeps ownership of ptr and must keep it valid until close
+ * or dcast_consumer_unbind.  Errors: DCAST_EINVAL (NULL argument, ndim 0, unknown mem),
  * DCAST_ENOTFOUND (name), DCAST_ESHAPE (ndim not the tensor's, a box
  * outside it, bytes not the box's size), DCAST_ENODEVICE (CUDA without a
  * device), DCAST_ESTATE (the tensor is bound whole by
@@ -200,6 +200,26 @@ DCAST_API int dcast_consumer_bind(dcast_consumer *c, const char *name, void *ptr
 DCAST_API int dcast_consumer_bind_slice(dcast_consumer *c, const char *name, void *ptr, dcast_mem mem,
 			      uint32_t ndim, const uint64_t *offset, const uint64_t *extent,
 			      uint64_t bytes);
+
+/* Drop the binding of tensor `name` (NULL: of every tensor bound), for an
+ * engine that reloads its model into new storage: bind or bind_slice the
+ * new memory afterwards, as a first bind (it is filled with the current
+ * version).  A tensor bound whole goes back into the consumer's own host
+ * copy: its current bytes are read from the bound memory, which must still
+ * hold them (unbind before freeing or reusing it), and the next apply
+ * hashes it afresh (verify_digests 1 or 2).  A tensor bound in slices
+ * keeps its host copy, values and all; its slices are dropped.  From the
+ * call on the consumer no longer touches the old memory; the caller owns
+ * it as before.  Versions staged or READY stay; what was decoded and
+ * checked ahead of apply against the old memory is forgotten and done
+ * again at the next apply (or the next check ahead) against the memory
+ * the tensors are in then.  An apply running on another thread finishes
+ * first (the consumer's lock); call it between applies.  Errors:
+ * DCAST_EINVAL (NULL consumer), DCAST_ENOTFOUND (name not in the
+ * manifest), DCAST_ESTATE (name is not bound), DCAST_ECUDA (the bytes of
+ * a tensor bound in device memory could not be copied back: nothing is
+ * unbound). */
+DCAST_API int dcast_consumer_unbind(dcast_consumer *c, const char *name);
 
 /* Copy a box of live tensor `name` (as for dcast_consumer_bind_slice; ndim
  * 0 with NULL offset and extent: the whole tensor) into the caller's host
@@ -212,7 +232,7 @@ DCAST_API int dcast_consumer_read_slice(dcast_consumer *c, const char *name, uin
 			      uint64_t bytes);
 
 /* The live tensor `name`: *ptr (host or device, see *mem) and its manifest
- * entry.  The pointer stays valid until close or a bind of that name; its
+ * entry.  The pointer stays valid until close or a bind or unbind of that name; its
  * contents change only inside dcast_consumer_apply.  Any out pointer may be
  * NULL.  For a tiled tensor (dcast_tensor_tiled(desc)) the memory is the
  * consumer's host copy in wire (tile) order, not row-major: read it with

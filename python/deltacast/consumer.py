@@ -114,6 +114,7 @@ def _declare(l):
     l.dcast_consumer_bind.argtypes = [vp, ctypes.c_char_p, vp, i, u64]
     l.dcast_consumer_bind_slice.argtypes = [vp, ctypes.c_char_p, vp, i, u32, ctypes.POINTER(u64),
                                             ctypes.POINTER(u64), u64]
+    l.dcast_consumer_unbind.argtypes = [vp, ctypes.c_char_p]
     l.dcast_consumer_read_slice.argtypes = [vp, ctypes.c_char_p, u32, ctypes.POINTER(u64),
                                             ctypes.POINTER(u64), vp, u64]
     l.dcast_consumer_tensor.argtypes = [vp, ctypes.c_char_p, ctypes.POINTER(vp),
@@ -216,7 +217,7 @@ class Consumer(Closable):
         self._c: Optional[ctypes.c_void_p] = None
         self._confirmed = False
         self._bound: dict = {}
-        self._bound_slices: List[Any] = []
+        self._bound_slices: List[Tuple[str, Any]] = []
         ep = need_endpoint("Consumer: broker", broker)
         mb = need_str("Consumer: model", model, 255)
         if not isinstance(dir, (str, os.PathLike)) or not os.fspath(dir):
@@ -342,7 +343,7 @@ class Consumer(Closable):
         naming both otherwise).  A tiled tensor (grid() not None) is bound
         as a view in natural layout that every apply() updates (the
         consumer keeps its own host copy too), like bind_slice() of the
-        whole box.  Keep it alive until close()."""
+        whole box.  Keep it alive until close() or unbind()."""
         _, dtype, shape, _, grid = self._desc_grid(name)
         if not _dtypes.holds(array, dtype):
             raise fail("DCAST_EDTYPE", f"bind {name}: the model publishes {dtype}, the array is "
@@ -353,7 +354,7 @@ class Consumer(Closable):
         ptr, nbytes, mem = _pointer(name, array)
         check(self._l.dcast_consumer_bind(self._live(), name.encode(), ptr, mem, nbytes))
         if grid is not None:  # a view: the C side takes any number of them
-            self._bound_slices.append(array)
+            self._bound_slices.append((name, array))
         else:
             self._bound[name] = array
 
@@ -372,7 +373,8 @@ class Consumer(Closable):
         the manifest's (DCAST_EDTYPE) or a box outside the tensor or of
         other dims (DCAST_ESHAPE); DeltacastError DCAST_ESTATE when the
         tensor is bound whole with bind() (an untiled one; a tiled one may
-        be bound both ways).  Keep the array alive until close()."""
+        be bound both ways).  Keep the array alive until close() or
+        unbind()."""
         _, dtype, shape, _ = self._desc(name)
         off = need_dims(f"bind_slice {name}: offset", offset)
         ptr, nbytes, mem = _pointer(name, array, "bind_slice")
@@ -390,7 +392,25 @@ class Consumer(Closable):
         arr = ctypes.c_uint64 * len(shape)
         check(self._l.dcast_consumer_bind_slice(self._live(), name.encode(), ptr, mem, len(shape),
                                                 arr(*off), arr(*extent), nbytes))
-        self._bound_slices.append(array)
+        self._bound_slices.append((name, array))
+
+    def unbind(self, name: Optional[str] = None) -> None:
+        """Drop the binding of tensor `name` (None: of every tensor bound,
+        whole or in slices), e.g. before an engine that reloaded its model
+        binds the new storage with bind()/bind_slice() (a first bind: the
+        current version is copied in).  A tensor bound whole goes back into
+        the consumer's host copy, its bytes read from the bound array,
+        which must still hold them (unbind before freeing or reusing it);
+        a sliced tensor keeps its host copy.  Versions staged or READY stay
+        and apply as usual; the consumer no longer touches the old arrays,
+        nor keeps them alive.  Errors: DeltacastError DCAST_ENOTFOUND (name
+        not in the manifest), DCAST_ESTATE (name not bound)."""
+        check(self._l.dcast_consumer_unbind(self._live(), None if name is None else name.encode()))
+        if name is None:
+            self._bound, self._bound_slices = {}, []
+            return
+        self._bound.pop(name, None)
+        self._bound_slices = [(n, a) for n, a in self._bound_slices if n != name]
 
     def read_slice(self, name: str, offset: Optional[Sequence[int]] = None,
                    shape: Optional[Sequence[int]] = None) -> Any:

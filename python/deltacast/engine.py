@@ -562,18 +562,72 @@ class EngineWorker:
                  layouts: LayoutRules = (), ranks: Ranks = Ranks(), *,
                  stacked: Iterable[Sequence[Any]] = (), experts: Iterable[Sequence[Any]] = (),
                  ignore: Sequence[str] = (), timeout_ms: int = 60000, **consumer: Any) -> None:
+        import threading
         from .consumer import Consumer
         self.timeout_ms = timeout_ms
+        self._mapping = dict(layouts=layouts, ranks=ranks, stacked=list(stacked),
+                             experts=list(experts), ignore=ignore)
+        self._state, self._applying = threading.Lock(), False
         self.consumer = Consumer(broker, model, dir, **consumer)
         try:
             self.consumer.wait_confirmed(timeout_ms)
             self._wait_manifest()
-            self.plan = plan(trainer_specs(self.consumer), params, layouts, ranks,
-                             stacked=stacked, experts=experts, ignore=ignore)
-            self.binds = bind(self.consumer, self.plan, params)
+            self._bind(params)
         except BaseException:
             self.consumer.close()
             raise
+
+    def _bind(self, params: Mapping[str, Any]) -> None:
+        self.plan = plan(trainer_specs(self.consumer), params, **self._mapping)
+        self.binds = bind(self.consumer, self.plan, params)
+
+    def _set_applying(self, on: bool, what: str) -> None:
+        with self._state:
+            if on and self._applying:
+                raise fail("DCAST_ESTATE", f"engine worker: {what} while an apply runs on another "
+                                           "thread; call it between applies")
+            self._applying = on
+
+    def unbind(self) -> None:
+        """Drop the binding into the engine's parameters (before the engine
+        reloads its model into new storage); the consumer keeps the current
+        version in its own memory and keeps staging.  Versions READY or
+        staged stay and apply as usual; rebind() binds the new storage.
+        Errors: DeltacastError DCAST_ESTATE while apply() or
+        apply_all_ranks() runs on another thread."""
+        self._set_applying(True, "unbind()")
+        try:
+            self.consumer.unbind()
+            self.binds = 0
+        finally:
+            self._set_applying(False, "")
+
+    def rebind(self, params: Any, layouts: Optional[LayoutRules] = None) -> None:
+        """After a model reload: bind the new parameters (a {name: tensor}
+        mapping, or a vLLM / SGLang torch model, whose layouts come from
+        module_layouts() unless given) as the first bind did, unbinding the
+        old ones first if still bound; the parameters then hold the version
+        the consumer holds (apply() moves them on).  Errors: those of
+        plan() and bind() (nothing stays bound then), DCAST_ESTATE as for
+        unbind()."""
+        if hasattr(params, "named_parameters"):
+            layouts = module_layouts(params) if layouts is None else layouts
+            params = dict(params.named_parameters())
+        if layouts is not None:
+            self._mapping["layouts"] = layouts
+        self._set_applying(True, "rebind()")
+        try:
+            if self.binds:
+                self.consumer.unbind()
+                self.binds = 0
+            try:
+                self._bind(params)
+            except BaseException:
+                self.consumer.unbind()
+                self.binds = 0
+                raise
+        finally:
+            self._set_applying(False, "")
 
     def _deadline(self, timeout_ms: Optional[int]) -> float:
         import time
@@ -601,7 +655,11 @@ class EngineWorker:
         each, or none; returns deltacast.worker.Served (the version the
         engine serves, every rank's).  See deltacast.worker."""
         from .worker import apply_all_ranks
-        return apply_all_ranks(self.consumer, agreement)
+        self._set_applying(True, "apply_all_ranks()")
+        try:
+            return apply_all_ranks(self.consumer, agreement)
+        finally:
+            self._set_applying(False, "")
 
     def apply(self, version: int, timeout_ms: Optional[int] = None) -> None:
         """Apply READY versions up to `version` (the engine's pause: no
@@ -609,6 +667,13 @@ class EngineWorker:
         for it to be staged.  DeltacastTimeout when it does not come,
         DeltacastError when the consumer refuses it or an error event
         arrives; the parameters then hold the last version applied whole."""
+        self._set_applying(True, "apply()")
+        try:
+            self._apply(version, timeout_ms)
+        finally:
+            self._set_applying(False, "")
+
+    def _apply(self, version: int, timeout_ms: Optional[int]) -> None:
         import time
         end = self._deadline(timeout_ms)
         c = self.consumer

@@ -41,8 +41,11 @@ static const char usage_text[] =
 	"is a FILE.safetensors, or a sharded Hugging Face checkpoint: a directory\n"
 	"holding one *.safetensors.index.json, or that index file.  A checkpoint is\n"
 	"one version: every tensor of its shards, plus the tensor\n"
-	"__deltacast_hf_layout__ that carries the index and the shard headers, so\n"
-	"that `deltacast subscribe --layout hf` writes the same files back.  The index\n"
+	"__deltacast_hf_layout__ that carries the index, the shard headers and the\n"
+	"files beside the shards (config.json, tokenizer files, ...: every regular\n"
+	"file there but hidden ones, *.index.json and weights such as *.bin, *.pt,\n"
+	"*.gguf; 64 MiB and 1024 files at most), so that `deltacast subscribe\n"
+	"--layout hf` writes the same files back.  The index\n"
 	"must name every shard in the directory, each tensor in exactly one shard.\n"
 	"Every INPUT must hold the same tensors (names, dtypes, shapes; a checkpoint\n"
 	"the same shards); all are checked before the first is published.  Waits for\n"
@@ -180,9 +183,9 @@ static int check_inputs(const pub_args *a)
 			else if (!(err = input_open(a->files[i], &next)) &&
 				 (next.hf.record_len != first.hf.record_len ||
 				  memcmp(next.hf.record, first.hf.record, first.hf.record_len) != 0))
-				err = cli_fail(DCAST_ESHAPE, "%s: its layout (index, shard names or tensor "
-					       "headers) differs from %s's; every version must keep the "
-					       "first one's", a->files[i], a->files[0]);
+				err = cli_fail(DCAST_ESHAPE, "%s: its layout (index, shard names, tensor "
+					       "headers or the files beside the shards) differs from %s's; "
+					       "every version must keep the first one's", a->files[i], a->files[0]);
 			input_close(&next);
 		}
 		input_close(&first);

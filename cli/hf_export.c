@@ -123,6 +123,8 @@ static int write_all(dcast_consumer *c, const hf_layout *l, const char *tmp, uin
 		err = write_shard(c, dirfd, tmp, &l->shards[i]);
 	if (!err)
 		err = write_small(dirfd, tmp, l->index_name, l->index_json, l->index_len);
+	for (size_t i = 0; !err && i < l->n_files; i++)
+		err = write_small(dirfd, tmp, l->files[i].name, l->files[i].data, l->files[i].len);
 	snprintf(line, sizeof(line), "%" PRIu64 "\n", version);
 	if (!err)
 		err = write_small(dirfd, tmp, HF_VERSION_FILE, line, strlen(line));

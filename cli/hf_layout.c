@@ -14,6 +14,7 @@
 
 static const char index_suffix[] = ".safetensors.index.json";
 static const char record_magic[8] = {'D', 'C', 'H', 'F', 'L', 'A', 'Y', '1'};
+static const char record_magic_files[8] = {'D', 'C', 'H', 'F', 'L', 'A', 'Y', '2'}; /* files follow */
 
 static int ends_with(const char *s, const char *suffix)
 {
@@ -104,6 +105,61 @@ static int check_layout(hf_layout *l)
 	return err ? err : check_index_entries(l);
 }
 
+/* ---- the files beside the shards ---- */
+
+/* Shards, indexes, and weights in other formats: never carried. */
+static const char *const weight_suffixes[] = {".safetensors", ".index.json", ".bin", ".pt", ".pth",
+					      ".ckpt", ".h5", ".msgpack", ".onnx", ".gguf"};
+
+/* Why the file `name` does not travel in the record (NULL: it does). */
+static const char *file_left_out(const hf_layout *l, const char *name)
+{
+	if (name[0] == '.')
+		return "a hidden file";
+	if (strchr(name, '/'))
+		return "not a plain file name";
+	if (strcmp(name, HF_VERSION_FILE) == 0)
+		return "the version file subscribe writes";
+	for (size_t i = 0; i < sizeof(weight_suffixes) / sizeof(weight_suffixes[0]); i++)
+		if (ends_with(name, weight_suffixes[i]))
+			return "a shard, an index or weights";
+	return l->index_name && strcmp(name, l->index_name) == 0 ? "the index" : NULL;
+}
+
+/* Room in l for one more file `name` of len bytes (HF_FILES_MAX,
+ * HF_FILES_MAX_BYTES). */
+static int files_room(const hf_layout *l, const char *name, uint64_t len)
+{
+	if (l->n_files >= HF_FILES_MAX)
+		return cli_fail(DCAST_ETOO_LARGE, "%s: more than %u files beside the shards (at %s); "
+				"they travel in the layout tensor: move the ones that are not part of "
+				"the model away", l->label, HF_FILES_MAX, name);
+	if (len > HF_FILES_MAX_BYTES - l->files_bytes)
+		return cli_fail(DCAST_ETOO_LARGE, "%s: the files beside the shards come to more than "
+				"%u bytes, the limit, at %s (%llu bytes); they travel in the layout "
+				"tensor: move large files that are not part of the model away",
+				l->label, HF_FILES_MAX_BYTES, name, (unsigned long long)len);
+	return 0;
+}
+
+/* Append file `name` (data: owned by l from here on, even on error). */
+static int files_add(hf_layout *l, const char *name, unsigned char *data, size_t len)
+{
+	hf_file *f = realloc(l->files, (l->n_files + 1) * sizeof(*f));
+	char *copy = strdup(name);
+
+	if (f)
+		l->files = f;
+	if (!f || !copy) {
+		free(data);
+		free(copy);
+		return cli_fail(DCAST_ENOMEM, "%s: out of memory", l->label);
+	}
+	l->files[l->n_files++] = (hf_file){copy, data, len};
+	l->files_bytes += len;
+	return 0;
+}
+
 /* ---- the record ---- */
 
 typedef struct rec_writer {
@@ -123,6 +179,17 @@ static void put_bytes(rec_writer *w, const void *b, size_t n)
 	w->len += n;
 }
 
+static void put_files(rec_writer *w, const hf_layout *l)
+{
+	put_le(w, l->n_files, 4);
+	for (size_t i = 0; i < l->n_files; i++) {
+		put_le(w, strlen(l->files[i].name), 4);
+		put_bytes(w, l->files[i].name, strlen(l->files[i].name));
+		put_le(w, l->files[i].len, 8);
+		put_bytes(w, l->files[i].data, l->files[i].len);
+	}
+}
+
 static int build_record(hf_layout *l)
 {
 	size_t need = sizeof(record_magic) + 4 + 4 + strlen(l->index_name) + 8 + l->index_len, hlen;
@@ -132,9 +199,12 @@ static int build_record(hf_layout *l)
 		dcast_st_header_bytes(l->shards[i].file, &hlen);
 		need += 4 + strlen(l->shards[i].name) + 8 + (hlen - 8) + 8;
 	}
+	need += 4;
+	for (size_t i = 0; i < l->n_files; i++)
+		need += 4 + strlen(l->files[i].name) + 8 + l->files[i].len;
 	if (!(w.p = malloc(need)))
 		return cli_fail(DCAST_ENOMEM, "%s: out of memory", l->label);
-	put_bytes(&w, record_magic, sizeof(record_magic));
+	put_bytes(&w, l->n_files ? record_magic_files : record_magic, sizeof(record_magic));
 	put_le(&w, l->n_shards, 4);
 	put_le(&w, strlen(l->index_name), 4);
 	put_bytes(&w, l->index_name, strlen(l->index_name));
@@ -148,6 +218,8 @@ static int build_record(hf_layout *l)
 		put_bytes(&w, h + 8, hlen - 8);
 		put_le(&w, dcast_st_data_bytes(l->shards[i].file), 8);
 	}
+	if (l->n_files)
+		put_files(&w, l);
 	l->record = w.p;
 	l->record_len = w.len;
 	return 0;
@@ -229,7 +301,45 @@ static int match_index_files(const hf_layout *l)
 	return 0;
 }
 
-static int decode_body(hf_layout *l, rec_reader *r)
+static int decode_file(hf_layout *l, rec_reader *r)
+{
+	char *name = get_name(r);
+	uint64_t len = get_le(r, 8);
+	const unsigned char *data = get_bytes(r, len);
+	const char *why = name ? file_left_out(l, name) : NULL;
+	unsigned char *copy;
+	int err;
+
+	if (r->bad)
+		err = cli_fail(DCAST_ECORRUPT, "layout record: file entry cut short");
+	else if (why)
+		err = cli_fail(DCAST_ECORRUPT, "layout record: file \"%s\" is %s", name, why);
+	else if (l->n_files && strcmp(l->files[l->n_files - 1].name, name) >= 0)
+		err = cli_fail(DCAST_ECORRUPT, "layout record: file \"%s\" out of order or twice", name);
+	else if ((err = files_room(l, name, len)))
+		err = cli_fail(DCAST_ECORRUPT, "%s", dcast_last_error());
+	else if (!(copy = malloc(len ? len : 1)))
+		err = cli_fail(DCAST_ENOMEM, "layout record: out of memory");
+	else
+		err = files_add(l, name, memcpy(copy, data, len), len);
+	free(name);
+	return err;
+}
+
+static int decode_files(hf_layout *l, rec_reader *r)
+{
+	uint64_t n = get_le(r, 4);
+	int err = 0;
+
+	if (r->bad || n > HF_FILES_MAX)
+		return cli_fail(DCAST_ECORRUPT, "layout record: bad file count (%llu, at most %u)",
+				(unsigned long long)n, HF_FILES_MAX);
+	for (uint64_t i = 0; i < n && !err; i++)
+		err = decode_file(l, r);
+	return err;
+}
+
+static int decode_body(hf_layout *l, rec_reader *r, int with_files)
 {
 	uint64_t n;
 	const unsigned char *json;
@@ -253,8 +363,10 @@ static int decode_body(hf_layout *l, rec_reader *r)
 		return cli_fail(DCAST_ECORRUPT, "layout record: %s", dcast_last_error());
 	for (n = 0; n < l->n_shards && !err; n++)
 		err = decode_shard(r, &l->shards[n]);
+	if (!err && with_files)
+		err = decode_files(l, r);
 	if (!err && r->left)
-		err = cli_fail(DCAST_ECORRUPT, "layout record: %zu bytes after the last shard", r->left);
+		err = cli_fail(DCAST_ECORRUPT, "layout record: %zu bytes after its end", r->left);
 	return err ? err : match_index_files(l);
 }
 
@@ -267,10 +379,13 @@ int hf_layout_decode(const void *rec, size_t len, hf_layout *l)
 	memset(l, 0, sizeof(*l));
 	if (!(l->label = strdup("layout record")))
 		return cli_fail(DCAST_ENOMEM, "layout record: out of memory");
-	if (!magic || memcmp(magic, record_magic, sizeof(record_magic)) != 0)
-		err = cli_fail(DCAST_ECORRUPT, "layout record: no %.8s magic", record_magic);
+	int files = magic && memcmp(magic, record_magic_files, sizeof(record_magic)) == 0;
+
+	if (!magic || (!files && memcmp(magic, record_magic, sizeof(record_magic)) != 0))
+		err = cli_fail(DCAST_ECORRUPT, "layout record: no %.8s or %.8s magic", record_magic,
+			       record_magic_files);
 	else
-		err = decode_body(l, &r);
+		err = decode_body(l, &r, files);
 	if (!err)
 		err = check_layout(l);
 	if (err)
@@ -294,25 +409,42 @@ static int read_all(int fd, unsigned char *buf, size_t len, const char *path)
 	return 0;
 }
 
-static int read_index(hf_layout *l, const char *path)
+/* The whole regular file at path, of at most limit bytes, into a new
+ * buffer *buf (one byte more than *len, for a terminator); *buf NULL on
+ * error. */
+static int read_whole(const char *path, uint64_t limit, unsigned char **buf, size_t *len)
 {
 	int fd = open(path, O_RDONLY | O_CLOEXEC), err = 0;
 	struct stat st;
 
+	*buf = NULL;
+	*len = 0;
 	if (fd < 0)
 		return cli_fail(errno == ENOENT ? DCAST_ENOTFOUND : DCAST_EIO, "%s: %s", path,
 				strerror(errno));
 	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
 		err = cli_fail(DCAST_EIO, "%s: not a regular file", path);
-	else if ((uint64_t)st.st_size > DCAST_ST_MAX_HEADER_BYTES)
-		err = cli_fail(DCAST_ETOO_LARGE, "%s: %lld bytes, more than the limit of %u", path,
-			       (long long)st.st_size, DCAST_ST_MAX_HEADER_BYTES);
-	else if (!(l->index_json = malloc((size_t)st.st_size + 1)))
+	else if ((uint64_t)st.st_size > limit)
+		err = cli_fail(DCAST_ETOO_LARGE, "%s: %lld bytes, more than the limit of %llu", path,
+			       (long long)st.st_size, (unsigned long long)limit);
+	else if (!(*buf = malloc((size_t)st.st_size + 1)))
 		err = cli_fail(DCAST_ENOMEM, "%s: out of memory", path);
 	else
-		err = read_all(fd, l->index_json, (size_t)st.st_size, path);
-	l->index_len = err ? 0 : (size_t)st.st_size;
+		err = read_all(fd, *buf, (size_t)st.st_size, path);
 	close(fd);
+	if (err) {
+		free(*buf);
+		*buf = NULL;
+	} else {
+		*len = (size_t)st.st_size;
+	}
+	return err;
+}
+
+static int read_index(hf_layout *l, const char *path)
+{
+	int err = read_whole(path, DCAST_ST_MAX_HEADER_BYTES, &l->index_json, &l->index_len);
+
 	if (!err && dcast_st_index_parse(l->index_json, l->index_len, path, &l->index))
 		err = cli_fail(DCAST_EMALFORMED, "%s", dcast_last_error());
 	return err;
@@ -405,6 +537,43 @@ static int found_shard(void *ctx, const char *dir, const char *name)
 			"(move it away, or list its tensors in the index)", dir, name, l->label);
 }
 
+/* A file beside the shards that travels in the record: read whole. */
+static int found_file(void *ctx, const char *dir, const char *name)
+{
+	hf_layout *l = ctx;
+	char *path;
+	struct stat st;
+	unsigned char *data;
+	size_t len;
+	int err;
+
+	if (file_left_out(l, name))
+		return 0;
+	if (!(path = cli_concat(dir, "/", name)))
+		return cli_fail(DCAST_ENOMEM, "out of memory");
+	if (stat(path, &st) != 0 || !S_ISREG(st.st_mode))
+		err = 0; /* a subdirectory, a dangling link: not the model's */
+	else if (!(err = files_room(l, name, (uint64_t)st.st_size)) &&
+		 !(err = read_whole(path, HF_FILES_MAX_BYTES - l->files_bytes, &data, &len)))
+		err = files_add(l, name, data, len);
+	free(path);
+	return err;
+}
+
+static int cmp_file(const void *a, const void *b)
+{
+	return strcmp(((const hf_file *)a)->name, ((const hf_file *)b)->name);
+}
+
+static int read_files(hf_layout *l, const char *dir)
+{
+	int err = scan_dir(dir, "", found_file, l);
+
+	if (!err && l->n_files)
+		qsort(l->files, l->n_files, sizeof(*l->files), cmp_file);
+	return err;
+}
+
 static int open_from_index(hf_layout *l, const char *index_path)
 {
 	const char *slash = strrchr(index_path, '/');
@@ -415,7 +584,8 @@ static int open_from_index(hf_layout *l, const char *index_path)
 	    !(l->index_name = strdup(slash ? slash + 1 : index_path)))
 		err = cli_fail(DCAST_ENOMEM, "out of memory");
 	else if (!(err = read_index(l, index_path)) && !(err = open_shards(l, dir)) &&
-		 !(err = scan_dir(dir, ".safetensors", found_shard, l)) && !(err = check_layout(l)))
+		 !(err = scan_dir(dir, ".safetensors", found_shard, l)) && !(err = check_layout(l)) &&
+		 !(err = read_files(l, dir)))
 		err = build_record(l);
 	free(dir);
 	return err;
@@ -466,6 +636,11 @@ void hf_layout_close(hf_layout *l)
 		dcast_st_close(&l->shards[i].file);
 	}
 	free(l->shards);
+	for (size_t i = 0; l->files && i < l->n_files; i++) {
+		free(l->files[i].name);
+		free(l->files[i].data);
+	}
+	free(l->files);
 	dcast_st_index_close(&l->index);
 	free(l->index_json);
 	free(l->index_name);

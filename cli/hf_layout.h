@@ -1,22 +1,29 @@
 /* Hugging Face sharded layouts in the CLI.  `deltacast publish DIR` (or
  * INDEX.json) sends every tensor of the layout's shards as one version plus
  * one U8 tensor, HF_LAYOUT_TENSOR, that carries the layout itself: the
- * index file's bytes and each shard's name and safetensors header.
+ * index file's bytes, each shard's name and safetensors header, and the
+ * files beside the shards that are not weights (config.json,
+ * tokenizer.json, tokenizer.model, ...: see hf_layout_open).
  * `deltacast subscribe --layout hf` reads that tensor back and writes the
  * same files (byte for byte) from the live tensors.  The tensor is an
  * ordinary one on the wire (docs/protocol.md is unchanged); as long as the
  * layout does not change its deltas are empty.
  *
  * The record, little-endian:
- *   "DCHFLAY1"                                  magic
+ *   "DCHFLAY1" or "DCHFLAY2"                    magic (2: files follow)
  *   u32 n_shards
  *   u32 name_len, name, u64 json_len, json      the index file
  *   n_shards x (u32 name_len, name, u64 header_len, header JSON,
  *               u64 data_bytes)                 each shard, in sorted name order
+ *   DCHFLAY2 only: u32 n_files,
+ *   n_files x (u32 name_len, name, u64 len, bytes)  each file, in sorted name order
+ * A layout without files is written as DCHFLAY1, which older readers read.
  * Both sides check the same things: the index parses
  * (dcast_st_index_parse), every shard header parses and tiles its data
  * area, every tensor is in exactly one shard and the index maps it there,
- * and the index names no shard or tensor that is not there. */
+ * the index names no shard or tensor that is not there, and every file
+ * passes the rule of hf_layout_open within HF_FILES_MAX and
+ * HF_FILES_MAX_BYTES. */
 #ifndef DCAST_CLI_HF_LAYOUT_H
 #define DCAST_CLI_HF_LAYOUT_H
 
@@ -32,6 +39,16 @@
  * that a directory is one subscribe may replace. */
 #define HF_VERSION_FILE "deltacast.version"
 
+/* The files beside the shards: at most this many, this many bytes in all. */
+#define HF_FILES_MAX 1024u
+#define HF_FILES_MAX_BYTES (64u << 20)
+
+typedef struct hf_file {
+	char *name;          /* plain file name */
+	unsigned char *data; /* its bytes (owned) */
+	size_t len;
+} hf_file;
+
 typedef struct hf_shard {
 	char *name;          /* file name, as in the index */
 	dcast_st_file *file; /* opened (publish) or its parsed header (subscribe) */
@@ -46,6 +63,9 @@ typedef struct hf_layout {
 	hf_shard *shards;          /* one per distinct file of the index, sorted by name */
 	size_t n_shards;
 	size_t n_tensors;          /* tensors in all shards */
+	hf_file *files;            /* the other files, sorted by name */
+	size_t n_files;
+	uint64_t files_bytes;      /* their bytes together */
 	unsigned char *record;     /* the encoded record (see above) */
 	size_t record_len;
 } hf_layout;
@@ -58,18 +78,27 @@ int hf_layout_wanted(const char *path);
  * *.safetensors.index.json, or that index file.  Reads the index, opens
  * every shard it names (mapped read-only; tensor data points into them),
  * refuses a *.safetensors file in the directory that the index does not
- * name, checks the layout (above) and builds the record.  Errors (cli_fail,
- * naming the file and the tensor): DCAST_ENOTFOUND (no index, a missing
- * shard), DCAST_EMALFORMED / DCAST_ECORRUPT / DCAST_ETRUNCATED (a bad index
- * or shard header), DCAST_ECORRUPT (a tensor in two shards, a tensor or
- * shard the index does not map, a mapping to a shard that lacks the
- * tensor), DCAST_EIO, DCAST_ENOMEM.  On error *l is left closed. */
+ * name, reads the files beside the shards, checks the layout (above) and
+ * builds the record.  The files: every regular file of the index's
+ * directory (a symbolic link to one included, as in a Hugging Face cache)
+ * except hidden ones (".name"), the shards and the index, any other
+ * *.index.json, HF_VERSION_FILE, and weights in other formats (*.bin,
+ * *.pt, *.pth, *.ckpt, *.h5, *.msgpack, *.onnx, *.gguf); subdirectories
+ * are not read.  Errors (cli_fail, naming the file and the tensor):
+ * DCAST_ENOTFOUND (no index, a missing shard), DCAST_EMALFORMED /
+ * DCAST_ECORRUPT / DCAST_ETRUNCATED (a bad index or shard header),
+ * DCAST_ECORRUPT (a tensor in two shards, a tensor or shard the index does
+ * not map, a mapping to a shard that lacks the tensor), DCAST_ETOO_LARGE
+ * (more than HF_FILES_MAX files or HF_FILES_MAX_BYTES bytes of them: the
+ * detail names the file at which it went over), DCAST_EIO, DCAST_ENOMEM.
+ * On error *l is left closed. */
 int hf_layout_open(const char *path, hf_layout *l);
 
 /* Decode and check a record (rec, len bytes: the HF_LAYOUT_TENSOR tensor);
  * shard files get parsed headers only (tensor data pointers are NULL).
  * rec need not outlive *l.  Errors as hf_layout_open, DCAST_ECORRUPT for a
- * record that does not decode.  On error *l is left closed. */
+ * record that does not decode or carries a file the rule of
+ * hf_layout_open leaves out.  On error *l is left closed. */
 int hf_layout_decode(const void *rec, size_t len, hf_layout *l);
 
 /* Tensors of all shards together (i < n_tensors, shard by shard in name

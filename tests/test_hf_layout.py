@@ -51,9 +51,31 @@ def shard_name(i, n):
     return f"model-{i + 1:05d}-of-{n:05d}.safetensors"
 
 
+# The files beside the shards that travel with them, and some that do not
+# (hidden, weights in another format, another index, a subdirectory).
+EXTRAS = {"config.json": b'{"architectures": ["LlamaForCausalLM"], "hidden_size": 48}\n',
+          "generation_config.json": b'{"do_sample": true, "temperature": 0.6}\n',
+          "tokenizer.json": json.dumps({"model": {"vocab": {f"t{i}": i for i in range(300)}}}).encode(),
+          "tokenizer_config.json": b'{"model_max_length": 4096}\n',
+          "special_tokens_map.json": b'{"bos_token": "<s>"}\n',
+          "merges.txt": b"#version: 0.2\nt 0\n",
+          "tokenizer.model": bytes(range(256)) * 3}
+LEFT_OUT = {".gitattributes": b"*.safetensors filter=lfs\n", "pytorch_model.bin": b"\0" * 64,
+            "pytorch_model.bin.index.json": b"{}\n"}
+
+
+def write_extras(d):
+    for name, data in {**EXTRAS, **LEFT_OUT}.items():
+        with open(os.path.join(d, name), "wb") as f:
+            f.write(data)
+    os.makedirs(os.path.join(d, "original"), exist_ok=True)
+
+
 def write_layout(d, shards, weight_map=None):
-    """Shards (a list of {name: array}) and their index, into directory d."""
+    """Shards (a list of {name: array}) and their index, into directory d,
+    with the files beside them (EXTRAS, LEFT_OUT)."""
     os.makedirs(d, exist_ok=True)
+    write_extras(d)
     wm, total = {}, 0
     for i, tensors in enumerate(shards):
         write_safetensors(os.path.join(d, shard_name(i, len(shards))), tensors)
@@ -120,8 +142,36 @@ class Subscriber:
         return rc, self.text(), open(self.err).read()
 
 
+def read_safetensors(path):
+    """{name: array} of a safetensors file, as an engine's loader reads it:
+    the header JSON, then each tensor at its data offsets."""
+    with open(path, "rb") as f:
+        blob = f.read()
+    n = struct.unpack("<Q", blob[:8])[0]
+    hdr, out = json.loads(blob[8:8 + n]), {}
+    types = {v: k for k, v in DTYPES.items()}
+    for name, t in hdr.items():
+        if name != "__metadata__":
+            a, b = t["data_offsets"]
+            out[name] = np.frombuffer(blob[8 + n + a:8 + n + b], types[t["dtype"]]).reshape(t["shape"])
+    return out
+
+
+def same_tensors(out, shards):
+    """The layout in out, loaded through its index, holds the tensors of shards."""
+    with open(os.path.join(out, "model.safetensors.index.json")) as f:
+        wm = json.load(f)["weight_map"]
+    loaded = {}
+    for shard in sorted(set(wm.values())):
+        loaded.update(read_safetensors(os.path.join(out, shard)))
+    want = {k: a for tensors in shards for k, a in tensors.items()}
+    assert sorted(loaded) == sorted(want), (sorted(loaded), sorted(want))
+    for k, a in want.items():
+        assert loaded[k].dtype == a.dtype and np.array_equal(loaded[k], a), f"{out}: {k} differs"
+
+
 def same_files(src, out, version):
-    want = sorted(os.listdir(src))
+    want = sorted(n for n in os.listdir(src) if n not in LEFT_OUT and n != "original")
     got = sorted(os.listdir(out))
     assert got == sorted(want + ["deltacast.version"]), f"{out} holds {got}, want {want}"
     for name in want:
@@ -133,7 +183,8 @@ def same_files(src, out, version):
 
 def files_of(d):
     with os.scandir(d) as it:
-        return {e.name: open(e.path, "rb").read() for e in it}
+        return {e.name: open(e.path, "rb").read() for e in it
+                if e.is_file() and e.name not in LEFT_OUT}
 
 
 class Reader(threading.Thread):
@@ -216,6 +267,7 @@ def round_trip(tmp, prod, cons, rng):
     assert reader.whole >= 1, "no read of the layout succeeded"
     print(f"reader: {reader.whole} whole layouts read, {reader.vanished} swapped away mid-read")
     same_files(v[-1], out, 13)
+    same_tensors(out, shards)
     sub.p.terminate()
     rc, text, err = sub.finish()
     assert rc == 0, f"subscriber exit {rc}: {err}"
@@ -306,6 +358,11 @@ def bad_inputs(tmp, prod, v1):
         json.dump(idx, f)
     refused(prod, [d], index, '"c.w"', "../v1/" + s3)
 
+    d = copy("big")
+    with open(os.path.join(d, "notes.json"), "wb") as f:
+        f.truncate((64 << 20) + 1)  # sparse: refused by its size, before it is read
+    refused(prod, [d], "notes.json", "67108864", "limit", "move large files")
+
     two = write_layout(os.path.join(tmp, "two"), [{"a.w": np.zeros((64, 48), np.uint16)},
                                                    {"a.b": np.zeros(48, np.float32)}])
     refused(prod, [v1, two], two, "differs", v1)
@@ -316,14 +373,46 @@ def bad_inputs(tmp, prod, v1):
         f"version 1 of 'bad' was published by a refused run: {r.stderr}"
 
 
-def record(index_name, index, shards):
-    """A layout record (cli/hf_layout.h) of an index and {shard: header JSON}."""
-    out = b"DCHFLAY1" + struct.pack("<I", len(shards))
+def record(index_name, index, shards, files=None):
+    """A layout record (cli/hf_layout.h) of an index, {shard: header JSON}
+    and, when files is not None, [(file name, bytes)] (DCHFLAY2)."""
+    out = (b"DCHFLAY1" if files is None else b"DCHFLAY2") + struct.pack("<I", len(shards))
     out += struct.pack("<I", len(index_name)) + index_name + struct.pack("<Q", len(index)) + index
     for name, (hdr, data_bytes) in shards.items():
         out += struct.pack("<I", len(name)) + name + struct.pack("<Q", len(hdr)) + hdr
         out += struct.pack("<Q", data_bytes)
+    if files is not None:
+        out += struct.pack("<I", len(files))
+        for name, data in files:
+            out += struct.pack("<I", len(name)) + name + struct.pack("<Q", len(data)) + data
     return np.frombuffer(out, dtype=np.uint8).copy()
+
+
+def publish_record(prod, model, x, rec):
+    with Producer(prod, model) as p:
+        p.register("x", x)
+        p.register(LAYOUT_TENSOR, rec)
+        p.publish(1)
+        p.wait(1)
+
+
+def old_record_read(tmp, prod, cons):
+    """A record without files (DCHFLAY1, as publish wrote before files
+    travelled) is still exported."""
+    x = np.arange(8, dtype=np.uint8)
+    hdr = b'{"x":{"dtype":"U8","shape":[8],"data_offsets":[0,8]}}   '
+    index = json.dumps({"weight_map": {"x": "model.safetensors"}}).encode()
+    publish_record(prod, "old", x, record(b"model.safetensors.index.json", index,
+                                          {b"model.safetensors": (hdr, 8)}))
+    out = os.path.join(tmp, "old-layout")
+    rc, _, err = Subscriber(tmp, "old", "--broker", cons, "--model", "old", "--dir",
+                            os.path.join(tmp, "old"), "--layout", "hf", "--layout-dir", out,
+                            "--until", "1").finish()
+    assert rc == 0, f"exit {rc}: {err}"
+    assert sorted(os.listdir(out)) == ["deltacast.version", "model.safetensors",
+                                       "model.safetensors.index.json"], os.listdir(out)
+    assert np.array_equal(read_safetensors(os.path.join(out, "model.safetensors"))["x"], x)
+    print("a DCHFLAY1 record (no files) is exported")
 
 
 def subscriber_refuses(tmp, prod, cons, v1):
@@ -343,19 +432,23 @@ def subscriber_refuses(tmp, prod, cons, v1):
     bad = json.dumps({"weight_map": {"x": evil.decode()}}).encode()
     cases = {"garbage": (np.frombuffer(b"not a layout record", np.uint8).copy(), "magic"),
              "evil": (record(name, bad, {evil: (hdr, 4)}), "../evil.safetensors"),
-             "short": (record(name, good, {b"model.safetensors": (hdr, 4)})[:-3], "cut short")}
+             "short": (record(name, good, {b"model.safetensors": (hdr, 4)})[:-3], "cut short"),
+             "evilfile": (record(name, good, {b"model.safetensors": (hdr, 4)},
+                                 [(b"../evil.txt", b"x")]), "../evil.txt"),
+             "twicefile": (record(name, good, {b"model.safetensors": (hdr, 4)},
+                                  [(b"a.json", b"1"), (b"a.json", b"2")]),
+                           "a.json"),
+             "shardfile": (record(name, good, {b"model.safetensors": (hdr, 4)},
+                                  [(b"model.safetensors", b"x")]), "model.safetensors")}
     for name, (rec, word) in cases.items():
-        with Producer(prod, name) as p:
-            p.register("x", x)
-            p.register(LAYOUT_TENSOR, rec)
-            p.publish(1)
-            p.wait(1)
+        publish_record(prod, name, x, rec)
         out = os.path.join(tmp, name + "-layout")
         rc, _, err = Subscriber(tmp, name, "--broker", cons, "--model", name, "--dir",
                                 os.path.join(tmp, name), "--layout-dir", out, *sub_args).finish()
         assert rc == 1 and "layout record" in err and word in err, f"{name}: exit {rc}: {err}"
         assert not os.path.exists(out), f"{name}: {out} written"
     assert not os.path.exists(os.path.join(tmp, "evil.safetensors")), "wrote outside its directory"
+    assert not os.path.exists(os.path.join(tmp, "evil.txt")), "wrote outside its directory"
 
 
 def main():
@@ -363,6 +456,7 @@ def main():
         v = round_trip(tmp, prod, cons, np.random.default_rng(1))
         bad_inputs(tmp, prod, v[0])
         subscriber_refuses(tmp, prod, cons, v[0])
+        old_record_read(tmp, prod, cons)
     run_with_broker("dcast-hf-layout-", body)
     print("test_hf_layout: ok")
 

@@ -45,6 +45,16 @@ def agreement(kind, rank, size, agree_dir):
     return TorchAgreement()
 
 
+def answer_ready(c, rank, v):
+    """The "ready V" command of a rank process: wait until V is READY in
+    consumer c, then say which versions are."""
+    end = time.monotonic() + DEADLINE_S
+    while v not in c.ready_versions():
+        assert time.monotonic() < end, f"rank {rank}: {v} not READY"
+        c.poll(100)
+    print("ready", json.dumps(c.ready_versions()), flush=True)
+
+
 def rank_main(kind, model, rank, size, cons_ep, dir, agree_dir):
     """One engine rank: bind, then answer commands read from stdin:
     "ready V" (wait until V is READY here), "sync" (apply_all_ranks)."""
@@ -59,11 +69,7 @@ def rank_main(kind, model, rank, size, cons_ep, dir, agree_dir):
         for line in sys.stdin:
             cmd = line.split()
             if cmd[0] == "ready":
-                end = time.monotonic() + DEADLINE_S
-                while int(cmd[1]) not in c.ready_versions():
-                    assert time.monotonic() < end, f"rank {rank}: {cmd[1]} not READY"
-                    c.poll(100)
-                print("ready", json.dumps(c.ready_versions()), flush=True)
+                answer_ready(c, rank, int(cmd[1]))
             elif cmd[0] == "sync":
                 before = c.backlog
                 s = w.apply_all_ranks(agree)
@@ -75,13 +81,14 @@ def rank_main(kind, model, rank, size, cons_ep, dir, agree_dir):
         w.close()
 
 
-class Rank:
-    def __init__(self, kind, model, rank, cons_ep, tmp):
+class RankProc:
+    """A rank process (python `argv`) that answers each command line on
+    its stdin with one line "WORD [json]" on its stdout."""
+
+    def __init__(self, rank, argv):
         self.rank = rank
-        self.p = subprocess.Popen([sys.executable, __file__, "rank", kind, model, str(rank), "2",
-                                   cons_ep, os.path.join(tmp, f"{model}-rank{rank}"),
-                                   os.path.join(tmp, f"{model}-agree")],
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.p = subprocess.Popen([sys.executable, *argv], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True)
         procs.append(self.p)
 
     def send(self, line):
@@ -93,6 +100,13 @@ class Rank:
         assert line.startswith(word), f"rank {self.rank}: {line!r} (want {word}; " \
                                       f"exit {self.p.poll()})"
         return json.loads(line.split(" ", 1)[1]) if " " in line.strip() else None
+
+
+class Rank(RankProc):
+    def __init__(self, kind, model, rank, cons_ep, tmp):
+        super().__init__(rank, [__file__, "rank", kind, model, str(rank), "2", cons_ep,
+                                os.path.join(tmp, f"{model}-rank{rank}"),
+                                os.path.join(tmp, f"{model}-agree")])
 
 
 def sync(ranks):

@@ -649,17 +649,47 @@ class EngineWorker:
         and while the broker has not confirmed it)."""
         return self.consumer.version
 
-    def apply_all_ranks(self, agreement: Any) -> Any:
+    def apply_all_ranks(self, agreement: Any, version: Optional[int] = None,
+                        timeout_ms: Optional[int] = None) -> Any:
         """At a pause point, on every rank of the engine (a collective):
         apply the newest version every rank holds READY, in one apply()
         each, or none; returns deltacast.worker.Served (the version the
-        engine serves, every rank's).  See deltacast.worker."""
+        engine serves, every rank's).  With `version` (the same on every
+        rank): each rank first waits up to timeout_ms (default: the
+        worker's) for it to be READY (or held) here, then every rank moves
+        to it and never past it; when some rank does not have it in time,
+        every rank raises DeltacastError DCAST_ETIMEDOUT naming the version
+        the engine serves and each rank's, and none moved to it (the ranks
+        may all move to a common version below it).  See deltacast.worker."""
         from .worker import apply_all_ranks
         self._set_applying(True, "apply_all_ranks()")
         try:
-            return apply_all_ranks(self.consumer, agreement)
+            if version is not None:
+                self._wait_reachable(version, timeout_ms)
+            served = apply_all_ranks(self.consumer, agreement, upto=version)
         finally:
             self._set_applying(False, "")
+        if version is not None and served.version is not None and served.version > version:
+            raise fail("DCAST_ESTATE", f"all ranks or none: asked for version {version}, the "
+                                       f"engine serves {served.version} already")
+        if version is not None and served.version != version:
+            raise fail("DCAST_ETIMEDOUT", f"all ranks or none: version {version} is not READY on "
+                                          f"every rank in time; the engine serves "
+                                          f"{served.version} (the ranks hold {served.ranks})")
+        return served
+
+    def _wait_reachable(self, version: int, timeout_ms: Optional[int]) -> None:
+        """Until this rank holds `version` or has it READY, or the time is
+        up (the collective then tells every rank)."""
+        import time
+        end, c = self._deadline(timeout_ms), self.consumer
+        while time.monotonic() < end:
+            held = c.version
+            if c.confirmed and (held == version or version in c.ready_versions()):
+                return
+            if held is not None and held > version:
+                return
+            c.poll(50)
 
     def apply(self, version: int, timeout_ms: Optional[int] = None) -> None:
         """Apply READY versions up to `version` (the engine's pause: no

@@ -1,7 +1,8 @@
 """deltacast as an SGLang custom weight loader: every TP rank's model
 runner calls load(model, named_tensors), which opens (once per model) an
 engine.EngineWorker bound into the model's own parameters and applies the
-version named by the update in place.
+version named by the update in place, on every TP rank or on none
+(deltacast.worker.apply_all_ranks over the TP group's gloo group).
 
     DELTACAST_BROKER=tcp://broker:5556 DELTACAST_MODEL=policy DELTACAST_DIR=/local/dc \\
         python -m sglang.launch_server --model-path ... \\
@@ -23,16 +24,17 @@ Written from SGLang's sources (python/sglang/srt/model_executor/
 model_runner.py: update_weights_from_tensor calls
 dynamic_import(load_format)(self.model, named_tensors) when load_format
 is listed in --custom-weight-loader; sglang/srt/distributed for the TP
-group), not run here: SGLang is not installed on the machines this
-package is tested on.  The engine-neutral part (deltacast.engine) is
-tested against real brokers.  docs/engines.md has the whole flow."""
+group, get_tp_group().cpu_group), not run here: SGLang is not installed
+on the machines this package is tested on.  The engine-neutral part
+(deltacast.engine) and the per-rank update (deltacast.vllm.RankUpdate,
+shared with the vLLM backend) are tested against real brokers.  docs/engines.md has the whole flow."""
 from __future__ import annotations
 
 import os
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 VERSION_TENSOR = "deltacast.version"
-_workers: Dict[int, Any] = {}  # id(model) -> EngineWorker
+_workers: Dict[int, Any] = {}  # id(model) -> deltacast.vllm.RankUpdate
 
 
 def config_from_env(env: Mapping[str, str] = os.environ) -> Dict[str, Any]:
@@ -82,15 +84,31 @@ def _open(model: Any, env: Optional[Mapping[str, str]] = None) -> Any:
                               os.path.join(cfg.pop("dir"), f"rank{r.tp_rank}"), r, **cfg)
 
 
+def _agreement() -> Any:
+    """Every TP rank of this SGLang engine, over its TP group's gloo group."""
+    from sglang.srt.distributed import get_tp_group
+    from .worker import TorchAgreement
+    return TorchAgreement(get_tp_group().cpu_group)
+
+
 def load(model: Any, named_tensors: Sequence[Tuple[str, Any]]) -> None:
     """SGLang's custom weight loader: bring `model` (this rank's) to the
-    version named in named_tensors, in place.  The first call opens and
-    binds the worker (waiting for the manifest)."""
+    version named in named_tensors, in place, on every TP rank or on none
+    (a collective: every rank's model runner calls it for the update).  The
+    first call opens and binds the worker (waiting for the manifest).
+    Errors: DeltacastError DCAST_ETIMEDOUT on every rank when some rank
+    does not have the version READY in time (no rank moves to it)."""
+    from .vllm import RankUpdate
     version = version_of(named_tensors)
-    worker = _workers.get(id(model))
-    if worker is None:
-        worker = _workers[id(model)] = _open(model)
-    worker.apply(version)
+    rank = _workers.get(id(model))
+    if rank is None:
+        worker = _open(model)
+        try:
+            rank = _workers[id(model)] = RankUpdate(worker, _agreement())
+        except BaseException:
+            worker.close()
+            raise
+    rank.receive(version)
 
 
 def close() -> None:

@@ -1,6 +1,7 @@
 """deltacast as a vLLM weight-transfer backend ("deltacast"): each vLLM
 worker (one per TP / EP rank) runs an engine.EngineWorker bound into its
-model's own parameters, and applies each version in place.
+model's own parameters, and applies each version in place, on every rank
+or on none (deltacast.worker.apply_all_ranks).
 
     # every vLLM process: the vllm.general_plugins entry point calls register()
     llm = LLM(model=..., weight_transfer_config=WeightTransferConfig(backend="deltacast"))
@@ -10,16 +11,31 @@ model's own parameters, and applies each version in place.
     llm.update_weights({"update_info": {"version": v}})
     llm.finish_weight_update(weight_version=str(v))
 
-Written from vLLM's sources (main branch, late 2026:
+receive_weights is a collective over every worker of the engine: each
+rank waits (up to timeout_ms) for version v to be READY in its own
+consumer, then the ranks agree over vLLM's world group (its gloo
+cpu_group, deltacast.worker.TorchAgreement) and all apply v, never past
+it, or none does: a rank without v in time makes every rank raise
+DCAST_ETIMEDOUT naming each rank's version, and the engine keeps serving
+the version every rank holds.  The backend's `served` (and RankUpdate's)
+is the version the whole engine serves after the call.
+
+What runs here and what does not.  RankUpdate, the per-rank part (open
+the worker on a torch model, receive a version through an Agreement,
+report the version served), imports without vLLM and is tested against
+real brokers, producers and one process per rank agreeing over
+torch.distributed gloo (tests/test_engine_vllm_ranks.py), as is
+deltacast.engine.  The rest -- register(), ranks(), the group choice
+(get_world_group().cpu_group) and the WeightTransferEngine subclass -- is
+written from vLLM's sources (main branch, late 2026:
 vllm/distributed/weight_transfer/base.py, WeightTransferEngine with
 init_info_cls / update_info_cls, init_transfer_engine, start_weight_update,
 receive_weights, finish_weight_update, shutdown, trainer_send_weights;
 factory.py, WeightTransferEngineFactory.register_engine(name, module,
-class_name)), not run here: vLLM is not installed on the machines this
-package is tested on.  What is tested is the engine-neutral part it
-calls (deltacast.engine, against real brokers).  This module imports
-without vLLM; the backend classes are built on first use.
-docs/engines.md has the whole flow."""
+class_name); vllm/distributed/parallel_state.py, GroupCoordinator.cpu_group),
+not run here: vLLM is not installed on the machines this package is
+tested on.  This module imports without vLLM; the backend classes are
+built on first use.  docs/engines.md has the whole flow."""
 from __future__ import annotations
 
 import os
@@ -62,6 +78,41 @@ def rank_dir(dir: str) -> str:
     return os.path.join(dir, f"rank{rank}")
 
 
+class RankUpdate:
+    """One engine rank's part of the backend, without vLLM: `worker` (an
+    engine.EngineWorker bound into this rank's parameters) and
+    `agreement` (a deltacast.worker.Agreement over every rank of the
+    engine).  receive(version) moves every rank to `version` or none
+    (EngineWorker.apply_all_ranks) and keeps the result in `served`."""
+
+    def __init__(self, worker: Any, agreement: Any) -> None:
+        self.worker, self.agreement, self.served = worker, agreement, None
+
+    def receive(self, version: int, timeout_ms: Optional[int] = None) -> Any:
+        """A collective: every rank calls it with the same version.
+        Returns deltacast.worker.Served; errors as
+        EngineWorker.apply_all_ranks (raised on every rank)."""
+        self.served = None  # until every rank has said what it holds
+        self.served = self.worker.apply_all_ranks(self.agreement, version, timeout_ms)
+        return self.served
+
+    @property
+    def version(self) -> Optional[int]:
+        """The version the whole engine serves after the last receive()
+        (None before, and after one that failed)."""
+        return self.served.version if self.served is not None else None
+
+    def close(self) -> None:
+        self.worker.close()
+
+
+def _agreement() -> Any:
+    """Every worker of this vLLM engine, over its world group's gloo group."""
+    from vllm.distributed.parallel_state import get_world_group
+    from .worker import TorchAgreement
+    return TorchAgreement(get_world_group().cpu_group)
+
+
 def _build() -> dict:
     """The backend's classes, defined against vLLM's base classes."""
     from dataclasses import dataclass, field
@@ -102,31 +153,41 @@ def _build() -> dict:
 
         def __init__(self, config: Any, vllm_config: Any, device: Any, model: Any) -> None:
             super().__init__(config, vllm_config, device, model)
-            self.worker = None
+            self.rank: Optional[RankUpdate] = None
+
+        @property
+        def served(self) -> Optional[int]:
+            """The version the whole engine serves (None before the first)."""
+            return self.rank.version if self.rank is not None else None
 
         def init_transfer_engine(self, init_info: DeltacastInitInfo) -> None:
             tables = [[tuple(t) for t in table] if table is not None else None
                       for table in (init_info.stacked, init_info.experts)]
-            self.worker = open_module_worker(
+            worker = open_module_worker(
                 self.model, init_info.broker, init_info.model, rank_dir(init_info.dir), ranks(),
                 stacked=tables[0], experts=tables[1], ignore=init_info.ignore,
                 timeout_ms=init_info.timeout_ms, budget_bytes=init_info.budget_bytes)
+            try:
+                self.rank = RankUpdate(worker, _agreement())
+            except BaseException:
+                worker.close()
+                raise
 
         def start_weight_update(self) -> None:
             pass  # applied in place: nothing to prepare
 
         def receive_weights(self, update_info: DeltacastUpdateInfo) -> None:
-            if self.worker is None:
+            if self.rank is None:
                 raise RuntimeError("deltacast: init_weight_transfer_engine was not called")
-            self.worker.apply(update_info.version, update_info.timeout_ms)
+            self.rank.receive(update_info.version, update_info.timeout_ms)
 
         def finish_weight_update(self) -> None:
             pass  # the weight-version label is set by the driver's call
 
         def shutdown(self) -> None:
-            if self.worker is not None:
-                self.worker.close()
-                self.worker = None
+            if self.rank is not None:
+                self.rank.close()
+                self.rank = None
 
         @staticmethod
         def trainer_send_weights(iterator: Any, trainer_args: Any) -> None:

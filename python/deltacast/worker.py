@@ -140,19 +140,21 @@ def _reachable(consumer: Any) -> List[int]:
     return ([held] if held is not None else []) + consumer.ready_versions()
 
 
-def _target(lists: List[List[int]]) -> Optional[int]:
-    common = set(lists[0]).intersection(*lists[1:])
+def _target(lists: List[List[int]], upto: Optional[int]) -> Optional[int]:
+    common = [v for v in set(lists[0]).intersection(*lists[1:]) if upto is None or v <= upto]
     return max(common) if common else None
 
 
-def apply_all_ranks(consumer: Any, agreement: Agreement) -> Served:
+def apply_all_ranks(consumer: Any, agreement: Agreement, upto: Optional[int] = None) -> Served:
     """On every rank of an engine at one pause point (a collective): apply
     the newest version that every rank holds READY (or holds already), on
     every rank, in one apply() call each; returns Served (the same on every
-    rank).  Errors: DeltacastError DCAST_ESTATE on every rank when an apply
-    failed on one (see the module doc); what agreement.all_gather raises."""
+    rank).  upto: never past this version (the one a driver asked for;
+    every rank must pass the same).  Errors: DeltacastError DCAST_ESTATE on
+    every rank when an apply failed on one (see the module doc); what
+    agreement.all_gather raises."""
     lists = [v["can"] for v in agreement.all_gather({"can": _reachable(consumer)})]
-    target, error, applied = _target(lists), None, False
+    target, error, applied = _target(lists, upto), None, False
     if target is not None and consumer.version != target:
         try:
             consumer.apply(target)

@@ -55,8 +55,9 @@ static int unbind_hits(const cs_tensor *t, const char *name)
 }
 
 /* Step 1: the current bytes of every tensor bound whole back in our host
- * copy (the caller's memory holds the one copy); on failure the copies
- * made are given back and no binding has changed. */
+ * copy (the caller's memory holds the one copy; the cached digests
+ * describe them, as they did while bound); on failure the copies made are
+ * given back and no binding has changed. */
 static int unbind_copy(dcast_consumer *c, const char *name)
 {
 	uint32_t i;
@@ -80,16 +81,14 @@ static void unbind_switch(dcast_consumer *c, const char *name)
 		cs_tensor *t = &c->tensors[i];
 		if (!unbind_hits(t, name))
 			continue;
-		if (!t->owned) {
-			c->device_tensors -= t->mem == DCAST_MEM_CUDA;
-			cs_dcache_clear(&c->dcache); /* read from the caller's memory: hashed afresh */
-		}
+		c->device_tensors -= !t->owned && t->mem == DCAST_MEM_CUDA;
 		t->ptr = t->host;
 		t->mem = DCAST_MEM_HOST;
 		t->owned = 1;
 		cs_views_free(t); /* a sliced tensor's host copy stays, values and all */
 	}
 	cs_ahead_forget(c); /* resolved against the memory left */
+	cs_check_next(c);   /* and again against the host copies, ahead of apply */
 }
 
 static int unbind_locked(dcast_consumer *c, const char *name)

@@ -7,11 +7,15 @@ reopening the consumer and without losing versions staged or READY.
    the new storage is bound (filled with version 3), 4 and 5 apply into
    it, bit-exact.  unbind() of an unknown name (DCAST_ENOTFOUND) and of
    a tensor not bound (DCAST_ESTATE).
+ - The same where DELTACAST_DEVICE_TWIN=1 sends host tensors through the
+   device batch: version 4, resolved ahead into a batch naming the old
+   memory, applies into the new storage after unbind and re-bind.
  - engine.EngineWorker: unbind() while apply() waits on another thread
    is refused (DCAST_ESTATE); rebind(new params) with a version READY at
    unbind time, bit-exact after apply; the old parameters stay as they
    were."""
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -51,17 +55,18 @@ class Trainer:
             f"{what}: b differs"
 
 
-def consumer_part(tmp, prod_ep, cons_ep):
-    t = Trainer(prod_ep, "rebind", 5)
-    with Consumer(cons_ep, "rebind", os.path.join(tmp, "c"), budget_bytes=16 << 20) as c:
+def consumer_part(tmp, prod_ep, cons_ep, model="rebind"):
+    t = Trainer(prod_ep, model, 5)
+    with Consumer(cons_ep, model, os.path.join(tmp, "c"), budget_bytes=16 << 20) as c:
         for v in (1, 2):
             t.publish(v)
-        wait_ready(c, 2)
+        wait_ready(c, 1)  # the manifest is in
         old = (np.zeros(5000, np.float32), np.zeros((64, 24), np.uint16),
                np.zeros((64, 24), np.uint16))
-        c.bind("w", old[0])
+        c.bind("w", old[0])  # may drop versions staged into the copy it moves: sent again
         c.bind_slice("b", old[1], (0, 0))
         c.bind_slice("b", old[2], (0, 24))
+        wait_ready(c, 2)
         c.apply(2)
         t.check("v2, first binding", *old)
         t.publish(3)
@@ -129,12 +134,31 @@ def engine_part(tmp, prod_ep, cons_ep):
     print("engine: unbind during apply refused; rebind, READY version applied: bit-exact")
 
 
+def twin_part(tmp, prod_ep, cons_ep):
+    """consumer_part again in a process where DELTACAST_DEVICE_TWIN=1 sends
+    the host tensors through the device batch (its CPU twin): a version
+    checked ahead has its changes resolved into a batch that names the
+    bound memory's addresses, which unbind must forget."""
+    env = dict(os.environ, DELTACAST_DEVICE_TWIN="1")
+    r = subprocess.run([sys.executable, __file__, "twin", tmp, prod_ep, cons_ep], env=env,
+                       capture_output=True, text=True, timeout=DEADLINE_S * 3)
+    assert r.returncode == 0, f"twin: exit {r.returncode}: {r.stdout} {r.stderr}"
+    assert "device path (CPU twin)" in r.stderr, r.stderr
+    print("device twin: " + r.stdout.strip())
+
+
 def body(tmp, prod_ep, cons_ep):
     consumer_part(tmp, prod_ep, cons_ep)
+    twin_part(tmp, prod_ep, cons_ep)
     engine_part(tmp, prod_ep, cons_ep)
 
 
 def main():
+    if len(sys.argv) == 5 and sys.argv[1] == "twin":
+        _, _, tmp, prod_ep, cons_ep = sys.argv
+        os.makedirs(os.path.join(tmp, "twin"))
+        consumer_part(os.path.join(tmp, "twin"), prod_ep, cons_ep, "rebind-twin")
+        return 0
     run_with_broker("dcast-consumer-rebind-", body)
     print("test_consumer_rebind: ok")
     return 0

@@ -206,14 +206,14 @@ DCAST_API int dcast_consumer_bind_slice(dcast_consumer *c, const char *name, voi
  * new memory afterwards, as a first bind (it is filled with the current
  * version).  A tensor bound whole goes back into the consumer's own host
  * copy: its current bytes are read from the bound memory, which must still
- * hold them (unbind before freeing or reusing it), and the next apply
- * hashes it afresh (verify_digests 1 or 2).  A tensor bound in slices
+ * hold them, unchanged (unbind before freeing or reusing it; verify_digests
+ * 2 notices a change at the next apply, 1 does not).  A tensor bound in slices
  * keeps its host copy, values and all; its slices are dropped.  From the
  * call on the consumer no longer touches the old memory; the caller owns
  * it as before.  Versions staged or READY stay; what was decoded and
  * checked ahead of apply against the old memory is forgotten and done
- * again at the next apply (or the next check ahead) against the memory
- * the tensors are in then.  An apply running on another thread finishes
+ * again at once against the consumer's host copies (O(changed)), and
+ * again by a bind, which forgets it too.  An apply running on another thread finishes
  * first (the consumer's lock); call it between applies.  Errors:
  * DCAST_EINVAL (NULL consumer), DCAST_ENOTFOUND (name not in the
  * manifest), DCAST_ESTATE (name is not bound), DCAST_ECUDA (the bytes of

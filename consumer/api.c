@@ -77,6 +77,8 @@ static int unbind_copy(dcast_consumer *c, const char *name)
 /* Step 2, which cannot fail: the bindings dropped. */
 static void unbind_switch(dcast_consumer *c, const char *name)
 {
+	uint32_t moved = 0;
+
 	for (uint32_t i = 0; i < c->n_tensors; i++) {
 		cs_tensor *t = &c->tensors[i];
 		if (!unbind_hits(t, name))
@@ -86,7 +88,10 @@ static void unbind_switch(dcast_consumer *c, const char *name)
 		t->mem = DCAST_MEM_HOST;
 		t->owned = 1;
 		cs_views_free(t); /* a sliced tensor's host copy stays, values and all */
+		moved++;
 	}
+	if (!moved)
+		return;
 	cs_ahead_forget(c); /* resolved against the memory left */
 	cs_check_next(c);   /* and again against the host copies, ahead of apply */
 }

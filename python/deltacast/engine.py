@@ -526,7 +526,7 @@ def bind(consumer: Any, p: Plan, engine: Mapping[str, Any]) -> int:
     """Bind every piece of plan `p` into views of the engine's parameters
     (consumer.bind_slice; non-contiguous boxes are cut first) and zero-fill
     the padding boxes.  The parameters must stay alive and keep their
-    storage until the consumer closes.  Returns the number of
+    storage until the consumer closes or unbinds.  Returns the number of
     bind_slice calls.  Errors: as Consumer.bind_slice."""
     for pname, off, ext in p.padding:
         _view(engine[pname], off, ext)[...] = 0
@@ -554,7 +554,8 @@ class EngineWorker:
     ranks, stacked, experts, ignore as for plan()) and binds it.
     apply(version) then brings the parameters to `version` in place;
     apply_all_ranks(agreement) moves every rank of the engine to the
-    newest version all of them hold READY (deltacast.worker).  On any
+    newest version all of them hold READY (deltacast.worker); unbind()
+    and rebind(params) follow the engine through a model reload.  On any
     error the consumer is closed and nothing stays bound.  Used by
     deltacast.vllm and deltacast.sglang."""
 

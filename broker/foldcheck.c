@@ -107,7 +107,8 @@ int fold_check_begin(struct fold_digests *next, const struct fold_digests *prev,
 		return dcast_fail(DCAST_ENOMEM, "fold: digests of version %llu",
 				  (unsigned long long)v->version);
 	}
-	memcpy(next->want, v->digests, n * sizeof(*next->want));
+	if (n) /* a version of no digests has none to copy (v->digests NULL) */
+		memcpy(next->want, v->digests, n * sizeof(*next->want));
 	next->n = n;
 	if (!sorted(next))
 		qsort(next->want, n, sizeof(*next->want), range_cmp);

@@ -270,7 +270,9 @@ struct dcast_consumer {
 	char model[DCAST_MAX_NAME + 1];
 	char *dir, *endpoint;
 	int lock_fd;                   /* DIR/lock, flock()ed while open (open.c) */
-	dcast_consumer_opts opts;
+	dcast_consumer_opts opts;      /* its strings point at the copies below (open.c) */
+	char opt_client[DCAST_MAX_CLIENT + 1];
+	char opt_curve[3][41];         /* server, public, secret key (Z85) */
 	uint64_t budget;
 
 	cs_tensor *tensors;

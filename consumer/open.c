@@ -144,6 +144,23 @@ static int huge_pages_wanted(void)
 	return !e || strcmp(e, "0") != 0;
 }
 
+/* The session uses the option strings long after open (HELLO.client at
+ * every join, the CURVE keys on every new socket): c keeps copies, since
+ * the caller's may be gone by then (a buffer on its stack). */
+static void opts_keep(dcast_consumer *c)
+{
+	const char **keys[3] = {&c->opts.curve_server_key, &c->opts.curve_public_key,
+				&c->opts.curve_secret_key};
+
+	snprintf(c->opt_client, sizeof(c->opt_client), "%s", c->opts.client ? c->opts.client : "");
+	c->opts.client = c->opt_client;
+	for (int i = 0; i < 3; i++)
+		if (*keys[i]) {
+			snprintf(c->opt_curve[i], sizeof(c->opt_curve[i]), "%s", *keys[i]);
+			*keys[i] = c->opt_curve[i];
+		}
+}
+
 int dcast_consumer_open(const char *endpoint, const char *model, const char *dir,
 			uint64_t staging_budget_bytes, const dcast_consumer_opts *opts,
 			dcast_consumer **out)
@@ -162,6 +179,7 @@ int dcast_consumer_open(const char *endpoint, const char *model, const char *dir
 	if (!(c = calloc(1, sizeof(*c))))
 		return dcast_fail(DCAST_ENOMEM, "consumer");
 	c->opts = *opts;
+	opts_keep(c);
 	if (!c->opts.max_staged || c->opts.max_staged > CS_MAX_STAGED - 2)
 		c->opts.max_staged = CS_MAX_STAGED - 2;
 	snprintf(c->model, sizeof(c->model), "%s", model);

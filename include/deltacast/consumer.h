@@ -45,7 +45,8 @@ typedef enum dcast_mem {
 } dcast_mem;
 #endif
 
-/* Options; dcast_consumer_opts_init() fills the defaults. */
+/* Options; dcast_consumer_opts_init() fills the defaults.  dcast_consumer_open
+ * copies what it keeps (the strings too): opts may go after it returns. */
 typedef struct dcast_consumer_opts {
 	int verify_digests;          /* check COMMIT digests: 1 (default) moves the digests
 					of the last checked version by the elements this one

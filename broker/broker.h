@@ -491,7 +491,9 @@ uint64_t broker_model_offered(const struct broker_model *m);
  * if empty) and the broker's heartbeat; need_anchor left 0. */
 void broker_welcome_init(const struct broker *b, const struct broker_model *m, dcast_msg *w);
 /* Append a committed version to the model's log (an anchor replaces what
- * came before).  Takes the caller's reference.  Errors: DCAST_EVERSION. */
+ * came before).  Takes the caller's reference on success only.  Errors:
+ * DCAST_EVERSION (not above the newest, or a delta not on it),
+ * DCAST_ENOMEM; the log is unchanged then. */
 int broker_log_append(struct broker *b, struct broker_model *m, struct broker_version *v);
 /* 1 when v may be streamed to consumers: below the model's first
  * poisoned version (m->poisoned), if any. */
@@ -506,6 +508,10 @@ int broker_log_tail_append(struct broker_model *m, struct broker_version *v);
 struct broker_version *broker_log_tail_next(const struct broker_model *m, uint64_t have);
 /* Drop the tail (an anchor covers it now, or the model is emptied). */
 void broker_log_tail_clear(struct broker_model *m);
+/* Empty the model's log and its tail (an anchor replaces them, or the
+ * model is emptied): each version's log reference put (a consumer
+ * mid-stream keeps its own), log_bytes 0.  The array stays allocated. */
+void broker_log_clear(struct broker_model *m);
 /* Index of `version` in the log, -1 if absent. */
 int broker_log_find(const struct broker_model *m, uint64_t version);
 /* Put a broker-made anchor (fold.c) at the head of the log in place of the

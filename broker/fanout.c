@@ -17,6 +17,8 @@
  * from disk and not yet sent (ondisk.c); retried soon, as a full pipe. */
 enum pump { PUMP_IDLE, PUMP_MORE, PUMP_BLOCKED, PUMP_GONE, PUMP_DISK };
 
+#define CREDIT_MAX (1ull << 62) /* a consumer's credit in total: no wrap, ever */
+
 static void consumer_drop(struct broker *b, struct broker_peer *p, const char *why)
 {
 	DCAST_LOG_I("consumer %s of %s: %s (had version %lld)", p->client, p->want, why,
@@ -171,6 +173,17 @@ static uint64_t unacked_bytes(const struct broker_peer *p)
 	return owed > p->credit_bytes ? owed - p->credit_bytes : 0;
 }
 
+/* The debug tier (DCAST_DEBUG_ASSERT), at both ends of a grant and of a
+ * send: payload sent to p never above the credit it granted (what it may
+ * still take is never negative), the credit never below its window nor
+ * above the cap on grants, what is in flight never above the window. */
+static int check_consumer_credit(const struct broker_peer *p)
+{
+	DCAST_ASSERT(p->sent_bytes <= p->credit_bytes && p->credit_bytes >= p->window_bytes);
+	DCAST_ASSERT(p->credit_bytes <= CREDIT_MAX && unacked_bytes(p) <= p->window_bytes);
+	return 1;
+}
+
 /* One step of a consumer's stream: its WELCOME, a MANIFEST, a CHUNK or a
  * COMMIT. */
 static int pump_one(struct broker *b, struct broker_peer *p)
@@ -211,6 +224,7 @@ static int pump_one(struct broker *b, struct broker_peer *p)
 	len = ch->payload_len;
 	if (len > p->window_bytes)
 		return window_too_small(b, p, v, len);
+	DCAST_DEBUG_ASSERT(check_consumer_credit(p));
 	if (p->sent_bytes + len > p->credit_bytes)
 		return PUMP_IDLE; /* waits for CREDIT */
 	if (!broker_chunk_readable(ch, unacked_bytes(p)))
@@ -225,6 +239,7 @@ static int pump_one(struct broker *b, struct broker_peer *p)
 	p->sent_bytes += len;
 	p->next_chunk++;
 	DCAST_ASSERT(p->sent_bytes <= p->credit_bytes && p->next_chunk <= v->n_chunks);
+	DCAST_DEBUG_ASSERT(check_consumer_credit(p));
 	b->stats.chunks_out++;
 	b->stats.bytes_out += len;
 	return PUMP_MORE;
@@ -307,6 +322,7 @@ static void consumer_hello(struct broker *b, struct broker_peer *p, dcast_wire_i
 	p->credit_bytes = p->window_bytes = h->window_bytes;
 	p->too_large_told = 0;
 	p->sent_bytes = 0;
+	DCAST_DEBUG_ASSERT(check_consumer_credit(p));
 	p->last_recv_ms = dcast_now_ms();
 	snprintf(p->client, sizeof(p->client), "%s", h->client);
 	DCAST_LOG_I("consumer %s of %s joined, has version %lld, window %llu%s", p->client, p->want,
@@ -316,18 +332,27 @@ static void consumer_hello(struct broker *b, struct broker_peer *p, dcast_wire_i
 	consumer_pump(b, p);
 }
 
+/* A CREDIT: p may take `bytes` more payload (its total capped). */
+static void consumer_grant(struct broker_peer *p, uint64_t bytes)
+{
+	uint64_t credit0 = p->credit_bytes;
+
+	DCAST_DEBUG_ASSERT(check_consumer_credit(p));
+	p->credit_bytes += bytes;
+	if (p->credit_bytes > CREDIT_MAX)
+		p->credit_bytes = CREDIT_MAX;
+	DCAST_DEBUG_ASSERT(check_consumer_credit(p) &&
+			   p->credit_bytes == (credit0 + bytes < CREDIT_MAX ? credit0 + bytes : CREDIT_MAX));
+}
+
 static int consumer_dispatch(struct broker *b, struct broker_peer *p, const dcast_msg *msg)
 {
-	const uint64_t credit_max = 1ull << 62;
-
 	switch (msg->type) {
 	case DCAST_MSG_CREDIT:
 		if (msg->u.credit.model[0] && strcmp(msg->u.credit.model, p->want))
 			return dcast_fail(DCAST_EFIELD_RANGE, "CREDIT.model: \"%s\", HELLO said \"%s\"",
 					  msg->u.credit.model, p->want);
-		p->credit_bytes += msg->u.credit.bytes;
-		if (p->credit_bytes > credit_max)
-			p->credit_bytes = credit_max;
+		consumer_grant(p, msg->u.credit.bytes);
 		return 0;
 	case DCAST_MSG_ACK:
 		if (strcmp(msg->u.ack.model, p->want))

@@ -39,6 +39,68 @@ static void pending_free(struct broker *b, struct broker_pending *pd)
 	free(pd);
 }
 
+/* ---- the debug tier (DCAST_DEBUG_ASSERT): each step of an open version
+ * and of a producer's credit checked at both its ends; O(parts) a step,
+ * O(chunks) once, at a part's COMMIT ---- */
+
+/* The broker's total of open versions' memory is the sum of theirs.
+ * O(models). */
+static int check_pending_total(const struct broker *b)
+{
+	uint64_t sum = 0;
+
+	for (uint32_t i = 0; i < b->n_models; i++)
+		if (b->models[i]->pending)
+			sum += b->models[i]->pending->mem_bytes;
+	DCAST_ASSERT(sum == b->pending_total_bytes);
+	return 1;
+}
+
+/* m's open version: above the newest committed (a delta on it), its parts'
+ * committed flags counted, its memory at least its parts' payloads. */
+static int check_pending(const struct broker_model *m)
+{
+	const struct broker_pending *pd = m->pending;
+	uint64_t newest = broker_model_newest(m), bytes = 0;
+	uint32_t committed = 0;
+
+	DCAST_ASSERT(pd && pd->parts >= 1 && pd->manifest);
+	DCAST_ASSERT(newest == DCAST_VERSION_NONE || pd->version > newest);
+	DCAST_ASSERT(pd->anchor ? pd->base_version == DCAST_VERSION_NONE : pd->base_version == newest);
+	for (uint32_t i = 0; i < pd->parts; i++) {
+		const struct broker_part *pt = &pd->part[i];
+		DCAST_ASSERT(pt->n <= pt->cap && (!pt->committed || pt->seen));
+		committed += (uint32_t)pt->committed;
+		bytes += pt->bytes;
+	}
+	DCAST_ASSERT(committed == pd->n_committed && committed <= pd->parts);
+	DCAST_ASSERT(bytes <= pd->mem_bytes);
+	return 1;
+}
+
+/* A committed part: its chunks numbered 0..n-1 in order, their payloads
+ * summing to its bytes.  O(chunks). */
+static int check_part(const struct broker_part *pt)
+{
+	uint64_t bytes = 0;
+
+	for (uint32_t i = 0; i < pt->n; i++) {
+		DCAST_ASSERT(pt->chunks[i].c.seq == i);
+		bytes += pt->chunks[i].c.payload_bytes;
+	}
+	DCAST_ASSERT(pt->committed && bytes == pt->bytes);
+	return 1;
+}
+
+/* A producer's credit: what it sent since its HELLO never above what was
+ * granted, and the grant never below the window it started with. */
+static int check_producer_credit(const struct broker *b, const struct broker_peer *p)
+{
+	DCAST_ASSERT(p->sent_bytes <= p->credit_bytes);
+	DCAST_ASSERT(p->credit_bytes >= b->cfg.producer_window_bytes);
+	return 1;
+}
+
 /* ERROR to every producer of m.  The caller may still report the reason
  * it holds in dcast_last_error(): a send that fails (a producer gone, not
  * yet timed out) must not replace it (found by tests/tools/fuzz_broker). */
@@ -67,6 +129,7 @@ void broker_pending_abort(struct broker *b, struct broker_model *m, const char *
 
 	if (!pd)
 		return;
+	DCAST_DEBUG_ASSERT(check_pending(m) && check_pending_total(b));
 	m->pending = NULL;
 	if (why) {
 		snprintf(text, sizeof(text), "model %s version %llu dropped: %s", m->name,
@@ -78,6 +141,7 @@ void broker_pending_abort(struct broker *b, struct broker_model *m, const char *
 		b->stats.versions_aborted++;
 	}
 	pending_free(b, pd);
+	DCAST_DEBUG_ASSERT(!m->pending && check_pending_total(b));
 }
 
 static int version_rules(const struct broker_model *m, const dcast_chunk *c)
@@ -120,6 +184,7 @@ int broker_pending_open(struct broker *b, struct broker_model *m, const dcast_ch
 		return dcast_fail(DCAST_ESTATE, "model %s: CHUNK before any MANIFEST", m->name);
 	if ((rc = version_rules(m, c)))
 		return rc;
+	DCAST_DEBUG_ASSERT(!m->pending && check_pending_total(b));
 	if (!(pd = calloc(1, sizeof(*pd))) || !(pd->part = calloc(parts, sizeof(*pd->part)))) {
 		free(pd);
 		return dcast_fail(DCAST_ENOMEM, "model %s: open version %llu", m->name,
@@ -133,7 +198,7 @@ int broker_pending_open(struct broker *b, struct broker_model *m, const dcast_ch
 	pd->manifest = m->manifest;
 	m->manifest->refs++;
 	m->pending = pd;
-	(void)b;
+	DCAST_DEBUG_ASSERT(check_pending(m) && check_pending_total(b) && !pd->mem_bytes);
 	return 0;
 }
 
@@ -246,39 +311,54 @@ static int payload_spill(struct broker *b, struct broker_pending *pd,
 	return 0;
 }
 
-int broker_pending_chunk(struct broker *b, struct broker_model *m, uint32_t part,
-			 dcast_wire_in *in)
+/* CHUNK in (checked, its payload summing to sum) joins part pt of m's open
+ * version, its memory charged; nothing changes on an error. */
+static int part_take(struct broker *b, struct broker_model *m, struct broker_part *pt,
+		     dcast_wire_in *in, uint64_t sum)
 {
-	struct broker_pending *pd = m->pending;
 	const dcast_chunk *c = &in->msg.u.chunk;
 	struct broker_pending_chunk *pc;
-	struct broker_part *pt;
-	uint64_t sum;
+	uint64_t bytes0 = pt->bytes;
+	uint32_t n0 = pt->n;
 	int rc;
 
-	if ((rc = pending_match(m, pd, c->version, c->anchor, c->base_version, part)) ||
-	    (rc = dcast_chunk_fits(c, dcast_manifest_descs(&pd->manifest->m))))
-		return rc;
-	sum = dcast_checksum(zmq_msg_data(&in->payload), c->payload_bytes);
-	if ((rc = dcast_chunk_verify_sum(c, sum))) /* header too, empty payload or not */
-		return rc;
-	if ((rc = pending_charge(b, m, PENDING_CHUNK_BYTES + c->payload_bytes, "a CHUNK")))
-		return rc;
-	pt = &pd->part[part];
-	if ((rc = part_reserve(pt)))
+	if ((rc = part_reserve(pt)) ||
+	    (rc = pending_charge(b, m, PENDING_CHUNK_BYTES + c->payload_bytes, "a CHUNK")))
 		return rc;
 	pc = &pt->chunks[pt->n++];
 	pc->c = *c;
 	pc->payload_sum = sum;
 	pc->file = NULL;
-	if (!payload_spill(b, pd, pc, in))
+	if (!payload_spill(b, m->pending, pc, in))
 		payload_keep(&pc->payload, in);
 	pt->seen = 1;
 	pt->last_ms = dcast_now_ms();
 	pt->bytes += c->payload_bytes;
 	b->stats.chunks_in++;
 	b->stats.bytes_in += c->payload_bytes;
+	DCAST_DEBUG_ASSERT(pt->n == n0 + 1 && pt->bytes == bytes0 + c->payload_bytes);
 	return 0;
+}
+
+int broker_pending_chunk(struct broker *b, struct broker_model *m, uint32_t part,
+			 dcast_wire_in *in)
+{
+	struct broker_pending *pd = m->pending;
+	const dcast_chunk *c = &in->msg.u.chunk;
+	uint64_t sum, mem0 = pd->mem_bytes;
+	int rc;
+
+	DCAST_DEBUG_ASSERT(check_pending(m) && check_pending_total(b));
+	if ((rc = pending_match(m, pd, c->version, c->anchor, c->base_version, part)) ||
+	    (rc = dcast_chunk_fits(c, dcast_manifest_descs(&pd->manifest->m))))
+		return rc;
+	sum = dcast_checksum(zmq_msg_data(&in->payload), c->payload_bytes);
+	if ((rc = dcast_chunk_verify_sum(c, sum))) /* header too, empty payload or not */
+		return rc;
+	rc = part_take(b, m, &pd->part[part], in, sum);
+	DCAST_DEBUG_ASSERT(check_pending(m) && check_pending_total(b) &&
+			   pd->mem_bytes == mem0 + (rc ? 0 : PENDING_CHUNK_BYTES + c->payload_bytes));
+	return rc;
 }
 
 static int seq_cmp(const void *a, const void *b)
@@ -553,6 +633,7 @@ static int pending_finish(struct broker *b, struct broker_model *m)
 	struct broker_version *v = NULL;
 	int rc;
 
+	DCAST_DEBUG_ASSERT(check_pending(m) && pd->n_committed == pd->parts);
 	if ((pd->anchor && (rc = anchor_complete(pd))) || (rc = version_build(m, pd, &v)))
 		return rc;
 	if ((rc = broker_log_append(b, m, v))) {
@@ -561,6 +642,7 @@ static int pending_finish(struct broker *b, struct broker_model *m)
 	}
 	m->pending = NULL;
 	pending_free(b, pd);
+	DCAST_DEBUG_ASSERT(check_pending_total(b) && broker_model_newest(m) == v->version);
 	m->versions_committed++;
 	b->stats.versions_committed++;
 	if (broker_version_committed(b, m, v))
@@ -594,6 +676,7 @@ static int pending_commit_part(struct broker *b, struct broker_model *m, uint32_
 	struct broker_part *pt;
 	int rc;
 
+	DCAST_DEBUG_ASSERT(check_pending(m) && check_pending_total(b));
 	if ((rc = pending_match(m, pd, c->version, c->anchor, c->base_version, part)))
 		return rc;
 	if (c->parts != pd->parts)
@@ -609,6 +692,7 @@ static int pending_commit_part(struct broker *b, struct broker_model *m, uint32_
 	c->n_digests = 0;
 	pt->committed = pt->seen = 1;
 	pt->last_ms = dcast_now_ms();
+	DCAST_DEBUG_ASSERT(check_part(pt) && pt->n == c->chunks && pt->bytes == c->bytes);
 	if (++pd->n_committed < pd->parts)
 		return 0;
 	if ((rc = pending_finish(b, m)))
@@ -664,6 +748,7 @@ static void producer_welcome(struct broker *b, struct broker_peer *p)
 	cr.u.credit.bytes = b->cfg.producer_window_bytes;
 	p->credit_bytes = cr.u.credit.bytes; /* granted since this HELLO */
 	p->sent_bytes = 0;                   /* CHUNK payload bytes received since */
+	DCAST_DEBUG_ASSERT(check_producer_credit(b, p));
 	broker_send_msg(b, b->producers, p, &cr);
 }
 
@@ -674,8 +759,10 @@ static int producer_credit_take(struct broker *b, struct broker_peer *p, const d
 {
 	struct broker_model *m = p->model;
 
+	DCAST_DEBUG_ASSERT(check_producer_credit(b, p));
 	if (p->sent_bytes + c->payload_bytes <= p->credit_bytes) {
 		p->sent_bytes += c->payload_bytes;
+		DCAST_DEBUG_ASSERT(check_producer_credit(b, p));
 		return 0;
 	}
 	dcast_fail(DCAST_EBUSY, "model %s part %u: CHUNK of %llu payload bytes beyond the credit "
@@ -784,6 +871,7 @@ static int producer_chunk(struct broker *b, struct broker_peer *p, dcast_wire_in
 {
 	struct broker_model *m = p->model;
 	const dcast_chunk *c = &in->msg.u.chunk;
+	uint64_t owed0 = p->credit_owed;
 	int opened, rc;
 
 	if (strcmp(c->model, m->name))
@@ -806,7 +894,8 @@ static int producer_chunk(struct broker *b, struct broker_peer *p, dcast_wire_in
 			broker_pending_abort(b, m, dcast_last_error());
 		return rc;
 	}
-	p->credit_owed += c->payload_bytes;
+	p->credit_owed += c->payload_bytes; /* stored: granted back once, at the next flush */
+	DCAST_DEBUG_ASSERT(p->credit_owed == owed0 + c->payload_bytes && check_producer_credit(b, p));
 	return 0;
 }
 
@@ -920,23 +1009,31 @@ void broker_producer_timers(struct broker *b, uint64_t now_ms)
 	}
 }
 
+/* Grant p back what it stored since the last grant (at most one CREDIT's
+ * worth a turn): each stored byte moves from owed to granted once. */
+static void producer_grant(struct broker *b, struct broker_peer *p, dcast_msg *cr)
+{
+	uint64_t total0 = p->credit_bytes + p->credit_owed;
+
+	DCAST_DEBUG_ASSERT(check_producer_credit(b, p));
+	cr->u.credit.bytes = p->credit_owed;
+	if (cr->u.credit.bytes > DCAST_MAX_CREDIT_BYTES)
+		cr->u.credit.bytes = DCAST_MAX_CREDIT_BYTES;
+	p->credit_owed -= cr->u.credit.bytes;
+	p->credit_bytes += cr->u.credit.bytes;
+	DCAST_DEBUG_ASSERT(check_producer_credit(b, p) &&
+			   p->credit_bytes + p->credit_owed == total0);
+	broker_send_msg(b, b->producers, p, cr);
+}
+
 void broker_producer_flush_credit(struct broker *b)
 {
 	dcast_msg cr;
 
 	dcast_msg_init(&cr, DCAST_MSG_CREDIT);
-	for (uint64_t i = 0; i < b->prod.hi; i++) {
-		struct broker_peer *p = &b->prod.arr[i];
-
-		if (!p->used || !p->credit_owed)
-			continue;
-		cr.u.credit.bytes = p->credit_owed;
-		if (cr.u.credit.bytes > DCAST_MAX_CREDIT_BYTES)
-			cr.u.credit.bytes = DCAST_MAX_CREDIT_BYTES;
-		p->credit_owed -= cr.u.credit.bytes;
-		p->credit_bytes += cr.u.credit.bytes;
-		broker_send_msg(b, b->producers, p, &cr);
-	}
+	for (uint64_t i = 0; i < b->prod.hi; i++)
+		if (b->prod.arr[i].used && b->prod.arr[i].credit_owed)
+			producer_grant(b, &b->prod.arr[i], &cr);
 }
 
 void broker_ingest_init(struct broker *b)

@@ -48,6 +48,54 @@ void broker_heap_trim(struct broker *b, uint64_t now_ms)
 		b->stats.heap_trim_max_ns = t0;
 }
 
+/* ---- the debug tier (DCAST_DEBUG_ASSERT): each change of the log is
+ * checked at both its ends; O(log length) per change, plus O(chunks) for
+ * the version that enters ---- */
+
+/* The log's invariant: an anchor first, then deltas each on the version
+ * before it, versions strictly increasing, log_bytes the sum of their
+ * mem_bytes; the versions kept past a damaged record each on the one
+ * before.  (The open version is ingest.c's: check_pending.) */
+static int check_log(const struct broker_model *m)
+{
+	uint64_t bytes = 0;
+
+	for (uint32_t i = 0; i < m->n_log; i++) {
+		const struct broker_version *v = m->log[i];
+		DCAST_ASSERT(v->refs >= 1 && v->version != DCAST_VERSION_NONE);
+		DCAST_ASSERT(i || v->anchor);
+		DCAST_ASSERT(!i || v->anchor || v->base_version == m->log[i - 1]->version);
+		DCAST_ASSERT(!i || v->version > m->log[i - 1]->version);
+		bytes += v->mem_bytes;
+	}
+	DCAST_ASSERT(bytes == m->log_bytes && m->n_log <= m->cap_log);
+	for (uint32_t i = 1; i < m->n_tail; i++)
+		DCAST_ASSERT(m->tail[i]->base_version == m->tail[i - 1]->version);
+	return 1;
+}
+
+/* A committed version against its COMMIT frame (what consumers are told):
+ * the same number, base, anchor flag, chunk count and bytes; its chunks'
+ * payloads sum to those bytes. */
+static int check_version(const struct broker_version *v)
+{
+	zmq_msg_t *hdr = (zmq_msg_t *)&v->commit_hdr;
+	uint64_t bytes = 0;
+	dcast_msg c;
+
+	for (uint32_t i = 0; i < v->n_chunks; i++)
+		bytes += v->chunks[i].payload_len;
+	DCAST_ASSERT(bytes == v->payload_bytes && v->manifest && v->refs >= 1);
+	DCAST_ASSERT(v->anchor ? v->base_version == DCAST_VERSION_NONE : v->base_version < v->version);
+	DCAST_ASSERT(!dcast_msg_decode(zmq_msg_data(hdr), zmq_msg_size(hdr), &c));
+	DCAST_ASSERT(c.type == DCAST_MSG_COMMIT && c.u.commit.version == v->version &&
+		     c.u.commit.base_version == v->base_version &&
+		     c.u.commit.anchor == (uint32_t)v->anchor && c.u.commit.chunks == v->n_chunks &&
+		     c.u.commit.bytes == v->payload_bytes && c.u.commit.n_digests == v->n_digests);
+	dcast_msg_free(&c);
+	return 1;
+}
+
 struct broker_model *broker_model_get(struct broker *b, const char *name, int create)
 {
 	struct broker_model *m;
@@ -190,11 +238,13 @@ int broker_log_tail_append(struct broker_model *m, struct broker_version *v)
 		return dcast_fail(DCAST_EVERSION, "model %s: delta %llu on %llu does not follow the "
 				  "versions kept past the damage", m->name,
 				  (unsigned long long)v->version, (unsigned long long)v->base_version);
+	DCAST_DEBUG_ASSERT(check_log(m) && check_version(v));
 	if (!(t = realloc(m->tail, (m->n_tail + 1) * sizeof(*t))))
 		return dcast_fail(DCAST_ENOMEM, "model %s: %u versions past the damage", m->name,
 				  m->n_tail + 1);
 	m->tail = t;
 	m->tail[m->n_tail++] = v;
+	DCAST_DEBUG_ASSERT(check_log(m) && m->tail[m->n_tail - 1] == v);
 	return 0;
 }
 
@@ -225,12 +275,15 @@ int broker_log_find(const struct broker_model *m, uint64_t version)
 	return -1;
 }
 
-static void log_clear(struct broker_model *m)
+void broker_log_clear(struct broker_model *m)
 {
+	DCAST_DEBUG_ASSERT(check_log(m));
 	for (uint32_t i = 0; i < m->n_log; i++)
 		broker_version_put(m->log[i]);
 	m->n_log = 0;
 	m->log_bytes = 0;
+	broker_log_tail_clear(m);
+	DCAST_DEBUG_ASSERT(check_log(m) && !m->n_log && !m->n_tail);
 }
 
 static int log_reserve(struct broker_model *m)
@@ -271,27 +324,10 @@ static void retention_check(struct broker *b, struct broker_model *m)
 	broker_log_need_anchor(b, m);
 }
 
-/* The log's invariant: an anchor first, then deltas each
- * on the version before it, versions increasing, log_bytes their sum.
- * O(log length), on every change of the log. */
-static void log_check(const struct broker_model *m)
-{
-	uint64_t bytes = 0;
-
-	for (uint32_t i = 0; i < m->n_log; i++) {
-		const struct broker_version *v = m->log[i];
-		DCAST_ASSERT(i || v->anchor);
-		DCAST_ASSERT(!i || v->anchor || v->base_version == m->log[i - 1]->version);
-		DCAST_ASSERT(!i || v->version > m->log[i - 1]->version);
-		bytes += v->mem_bytes;
-	}
-	DCAST_ASSERT(bytes == m->log_bytes);
-}
-
-int broker_log_append(struct broker *b, struct broker_model *m, struct broker_version *v)
+/* May v enter the log next?  0, or DCAST_EVERSION naming why not. */
+static int append_fits(const struct broker_model *m, const struct broker_version *v)
 {
 	uint64_t newest = broker_model_newest(m);
-	int rc;
 
 	if (newest != DCAST_VERSION_NONE && v->version <= newest)
 		return dcast_fail(DCAST_EVERSION, "model %s: version %llu not above newest %llu",
@@ -301,21 +337,32 @@ int broker_log_append(struct broker *b, struct broker_model *m, struct broker_ve
 		return dcast_fail(DCAST_EVERSION, "model %s: delta %llu on base %llu, newest is %llu",
 				  m->name, (unsigned long long)v->version,
 				  (unsigned long long)v->base_version, (unsigned long long)newest);
+	return 0;
+}
+
+int broker_log_append(struct broker *b, struct broker_model *m, struct broker_version *v)
+{
+	uint64_t bytes0 = m->log_bytes;
+	uint32_t n0 = m->n_log;
+	int rc;
+
+	if ((rc = append_fits(m, v)) || (rc = log_reserve(m)))
+		return rc;
+	DCAST_DEBUG_ASSERT(check_log(m) && check_version(v));
 	if (v->anchor) {
 		if (m->n_log)
 			DCAST_LOG_I("model %s: anchor %llu replaces %u older versions", m->name,
 				    (unsigned long long)v->version, m->n_log);
-		log_clear(m);
-		broker_log_tail_clear(m);
+		broker_log_clear(m);
 		m->need_anchor = 0;
 		m->poisoned = DCAST_VERSION_NONE; /* what it replaced goes with the log */
 	}
-	if ((rc = log_reserve(m)))
-		return rc;
 	m->log[m->n_log++] = v;
 	v->mem_bytes = broker_version_mem(v);
 	m->log_bytes += v->mem_bytes;
-	log_check(m);
+	DCAST_DEBUG_ASSERT(check_log(m) && broker_model_newest(m) == v->version &&
+			   m->n_log == (v->anchor ? 1 : n0 + 1) &&
+			   m->log_bytes == (v->anchor ? 0 : bytes0) + v->mem_bytes);
 	retention_check(b, m);
 	return 0;
 }
@@ -325,11 +372,14 @@ int broker_log_replace_anchor(struct broker *b, struct broker_model *m,
 			      void (*keep)(void *arg, struct broker_version *v), void *arg)
 {
 	int at = broker_log_find(m, anchor->version);
+	uint64_t newest = broker_model_newest(m);
+	uint32_t n0 = m->n_log;
 
 	(void)b;
 	if (at <= 0)
 		return dcast_fail(DCAST_EVERSION, "model %s: made anchor %llu is not a delta in the log",
 				  m->name, (unsigned long long)anchor->version);
+	DCAST_DEBUG_ASSERT(check_log(m) && anchor->anchor && check_version(anchor));
 	for (int i = 0; i <= at; i++) {
 		m->log_bytes -= m->log[i]->mem_bytes;
 		if (keep)
@@ -343,6 +393,7 @@ int broker_log_replace_anchor(struct broker *b, struct broker_model *m,
 	anchor->mem_bytes = broker_version_mem(anchor);
 	m->log_bytes += anchor->mem_bytes;
 	m->need_anchor = 0;
-	log_check(m);
+	DCAST_DEBUG_ASSERT(check_log(m) && m->log[0] == anchor && m->n_log == n0 - (uint32_t)at &&
+			   broker_model_newest(m) == newest);
 	return 0;
 }

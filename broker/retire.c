@@ -48,11 +48,7 @@ static void table_remove(struct broker *b, const struct broker_model *m)
  * for the durable writer. */
 static void model_empty(struct broker_model *m)
 {
-	for (uint32_t i = 0; i < m->n_log; i++)
-		broker_version_put(m->log[i]);
-	m->n_log = 0;
-	m->log_bytes = 0;
-	broker_log_tail_clear(m);
+	broker_log_clear(m);
 	broker_fold_free(m);
 	broker_manifest_put(m->manifest);
 	m->manifest = NULL;

@@ -5,6 +5,52 @@
 #include <string.h>
 #include "producer_shared.h"
 
+/* ---- the debug tier (DCAST_DEBUG_ASSERT): the baseline checked at both
+ * ends of each of its steps (adopted, acknowledged, failed); O(ranges) ---- */
+
+/* The baseline's range digests folded into one value, in range order. */
+static uint64_t digests_fold(const dcast_producer *p)
+{
+	uint64_t h = 0;
+
+	for (uint32_t j = 0; j < p->n_chunks; j++)
+		h = (h ^ p->chunk_digest[j]) * 0x100000001b3ull;
+	return h;
+}
+
+/* The baseline between versions: valid only at an acknowledged version,
+ * and then exactly that version (its digests those it had when it became
+ * valid); the version in flight, if any, above it; no undo log left over. */
+static int check_baseline(const dcast_producer *p)
+{
+	int settled = p->pending_version == DCAST_VERSION_NONE;
+
+	DCAST_ASSERT(!p->baseline_valid || p->acked_version != DCAST_VERSION_NONE);
+	DCAST_ASSERT(settled || p->acked_version == DCAST_VERSION_NONE ||
+		     p->pending_version > p->acked_version);
+	DCAST_ASSERT(!settled || !p->baseline_valid || digests_fold(p) == p->base_fold);
+	DCAST_ASSERT(!settled || !p->undo.n_records);
+	return 1;
+}
+
+/* What a COMMIT of the pending version told the broker is the baseline:
+ * each range's digest as it is now. */
+static int check_published(const dcast_producer *p)
+{
+	for (uint32_t j = 0; p->commit_sent && j < p->n_chunks; j++)
+		DCAST_ASSERT(p->commit_digests[j].digest == p->chunk_digest[j]);
+	return 1;
+}
+
+/* The baseline became valid at acked_version: remember its digests. */
+static void base_settled(dcast_producer *p)
+{
+	p->baseline_valid = 1;
+#if defined(DCAST_DEBUG) && DCAST_DEBUG
+	p->base_fold = digests_fold(p);
+#endif
+}
+
 static void remember(dcast_producer *p, uint64_t version, int err)
 {
 	p->history[p->n_history++ % PROD_HISTORY] = (prod_outcome){version, err};
@@ -37,6 +83,7 @@ void prod_version_acked(dcast_producer *p, uint64_t version)
 {
 	if (p->pending_version == DCAST_VERSION_NONE || version != p->pending_version)
 		return;
+	DCAST_DEBUG_ASSERT(check_baseline(p) && check_published(p));
 	if (p->pending_anchor)
 		p->conn.need_anchor = 0;
 	DCAST_LOG_D("producer %s: version %llu acknowledged %.2f ms after publish", p->model,
@@ -45,16 +92,18 @@ void prod_version_acked(dcast_producer *p, uint64_t version)
 	PROD_PROGRESS_SET(p, bytes_taken, __atomic_load_n(&p->progress.bytes_sent, __ATOMIC_RELAXED));
 	p->acked_version = p->pending_version;
 	p->pending_version = DCAST_VERSION_NONE;
-	p->baseline_valid = 1;
+	base_settled(p);
 	p->resend = 0;
 	prod_undo_reset(&p->undo);
 	remember(p, p->acked_version, 0);
+	DCAST_DEBUG_ASSERT(check_baseline(p) && p->acked_version == version);
 }
 
 void prod_version_failed(dcast_producer *p, int err, const char *why)
 {
 	if (p->pending_version == DCAST_VERSION_NONE)
 		return;
+	DCAST_DEBUG_ASSERT(check_baseline(p));
 	DCAST_LOG_W("producer %s part %u: version %llu failed (%s); baseline back at %lld%s",
 		    p->model, p->part, (unsigned long long)p->pending_version, why,
 		    (long long)p->acked_version, /* -1: none */
@@ -69,6 +118,7 @@ void prod_version_failed(dcast_producer *p, int err, const char *why)
 	remember(p, p->pending_version, err);
 	p->pending_version = DCAST_VERSION_NONE;
 	p->resend = 0;
+	DCAST_DEBUG_ASSERT(check_baseline(p)); /* rolled back to acked_version, or invalid */
 }
 
 int prod_fail_pending(dcast_producer *p, int rc)
@@ -84,7 +134,10 @@ int prod_fail_pending(dcast_producer *p, int rc)
  * checked against its digests): the next version is a delta on it. */
 void prod_baseline_adopted(dcast_producer *p, uint64_t version)
 {
+	DCAST_DEBUG_ASSERT(p->pending_version == DCAST_VERSION_NONE &&
+			   p->last_version == DCAST_VERSION_NONE && version != DCAST_VERSION_NONE);
 	p->acked_version = version;
-	p->baseline_valid = 1;
+	base_settled(p);
 	p->stats.baseline_version = version;
+	DCAST_DEBUG_ASSERT(check_baseline(p) && p->acked_version == version);
 }

@@ -214,6 +214,8 @@ struct dcast_producer {
 	uint32_t resume_from;    /* ranges below are encoded and recorded */
 
 	int baseline_valid;      /* baseline holds acked_version */
+	uint64_t base_fold;      /* debug tier (outcome.c): chunk_digest folded into one
+				    value when the baseline last became valid */
 	uint64_t acked_version;  /* newest acknowledged by the broker */
 	uint64_t pending_version; /* committed-sent, awaiting ACK, or NONE */
 	int pending_anchor;

@@ -9,7 +9,9 @@
 #include <string.h>
 #include "deltacast/err.h"
 
-static int check_failures;
+/* Failed CHECKs so far: one counter for the test and the support library
+ * (tests/support/proc.c) it links, whose helpers CHECK too. */
+extern int check_failures;
 
 #define CHECK(c)                                                                      \
 	do {                                                                          \

@@ -1,7 +1,9 @@
 /* Shared by the consumer tests and bench: the real broker binary started
  * by tests/proc.h (on ports it picks and names), a small model a producer
  * publishes, and a poll/apply driver.  Every child dies with the test
- * (PR_SET_PDEATHSIG) and is killed at exit. */
+ * (PR_SET_PDEATHSIG) and is killed at exit.  Declarations; the definitions
+ * are compiled once, in tests/support/consumer_harness.c, and linked into
+ * every test and tool. */
 #ifndef DCAST_CONSUMER_HARNESS_H
 #define DCAST_CONSUMER_HARNESS_H
 
@@ -21,83 +23,22 @@
 #include "deltacast/consumer.h"
 #include "deltacast/safetensors.h"
 
-#pragma GCC diagnostic ignored "-Wunused-function"
-
 typedef tp_broker h_broker;
 
-/* The version in dir/model.safetensors (its deltacast.version), or 0 when
- * there is none. */
 /* Does dir hold the record file of version v? */
-static int h_rec_exists(const char *dir, uint64_t v)
-{
-	char path[512];
-
-	snprintf(path, sizeof(path), "%s/model.dlog/%020" PRIu64 ".rec", dir, v);
-	return access(path, F_OK) == 0;
-}
+int h_rec_exists(const char *dir, uint64_t v);
 
 /* XOR the byte at off (fseek's whence) of the file at path with mask;
  * returns the byte it held. */
-static int h_flip_byte(const char *path, long off, int whence, int mask)
-{
-	FILE *f = fopen(path, "r+b");
-	int ch;
+int h_flip_byte(const char *path, long off, int whence, int mask);
 
-	REQUIRE(f);
-	REQUIRE(fseek(f, off, whence) == 0 && (ch = fgetc(f)) != EOF);
-	REQUIRE(fseek(f, off, whence) == 0 && fputc(ch ^ mask, f) != EOF);
-	REQUIRE(fclose(f) == 0);
-	return ch;
-}
+/* The version in dir/model.safetensors (its deltacast.version), or 0 when
+ * there is none. */
+uint64_t h_file_version(const char *dir);
 
-static uint64_t h_file_version(const char *dir)
-{
-	char path[512];
-	dcast_st_file *f = NULL;
-	uint64_t v = 0;
-
-	snprintf(path, sizeof(path), "%s/model.safetensors", dir);
-	if (dcast_st_open(path, &f) == 0) {
-		const char *s = dcast_st_metadata_get(f, "deltacast.version");
-		v = s ? strtoull(s, NULL, 10) : 0;
-	}
-	dcast_st_close(&f);
-	return v;
-}
-
-/* Start the broker with extra flags (NULL-terminated, may be NULL); 0 once it
- * has bound its ports (tests/proc.h), -1 if it would not start.  Its log is
- * a file of its own, shown by h_broker_stop when the test has failed. */
-static int h_broker_start_args(h_broker *b, char *const *extra)
-{
-	static int started;
-
-	memset(b, 0, sizeof(*b));
-	snprintf(b->log, sizeof(b->log), "%s/dcast-broker-%d-%d.log",
-		 getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", (int)getpid(), started++);
-	for (int i = 0; extra && extra[i] && b->n_extra < TP_MAX_ARGS; i++)
-		b->extra[b->n_extra++] = extra[i];
-	return tp_broker_start(b);
-}
-
-static int h_broker_start(h_broker *b)
-{
-	return h_broker_start_args(b, NULL);
-}
-
-/* SIGKILL the broker; its log goes to stderr when a CHECK has failed, then is removed. */
-static void h_broker_stop(h_broker *b)
-{
-	char cmd[600];
-
-	tp_broker_kill(b, SIGKILL);
-	if (check_failures) {
-		snprintf(cmd, sizeof(cmd), "tail -n 40 '%s' >&2", b->log);
-		if (system(cmd) != 0)
-			fprintf(stderr, "broker log %s unreadable\n", b->log);
-	}
-	unlink(b->log);
-}
+/* SIGKILL the broker; its log goes to stderr when a CHECK has failed, then
+ * is removed. */
+void h_broker_stop(h_broker *b);
 
 /* ---- a small model: bf16 and f32 tensors, ~1.3 MB ---- */
 #define H_TENSORS 3
@@ -112,136 +53,48 @@ typedef struct h_model {
 	uint64_t rng;
 } h_model;
 
-static uint64_t h_rand(uint64_t *s)
-{
-	*s ^= *s << 13;
-	*s ^= *s >> 7;
-	*s ^= *s << 17;
-	return *s;
-}
+/* xorshift64: the next value of the sequence *s. */
+uint64_t h_rand(uint64_t *s);
 
-static void h_model_init(h_model *m, uint64_t seed, uint64_t scale)
-{
-	static const char *names[H_TENSORS] = {"layers.0.w", "layers.0.f32", "head.b"};
-	memset(m, 0, sizeof(*m));
-	m->rng = seed | 1;
-	for (int t = 0; t < H_TENSORS; t++) {
-		m->name[t] = names[t];
-		m->dtype[t] = t == 1 ? DCAST_DTYPE_F32 : DCAST_DTYPE_BF16;
-		m->ndim[t] = 2;
-		m->shape[t][0] = t == 2 ? 1 : 256 * scale;
-		m->shape[t][1] = t == 0 ? 1024 : t == 1 ? 800 : 1000;
-		m->bytes[t] = m->shape[t][0] * m->shape[t][1] * (t == 1 ? 4 : 2);
-		m->cur[t] = malloc(m->bytes[t]);
-		for (uint64_t i = 0; i < m->bytes[t]; i++)
-			m->cur[t][i] = (unsigned char)h_rand(&m->rng);
-	}
-}
+/* m's tensors (scale x 256 rows, random contents from seed), allocated;
+ * h_model_free releases them. */
+void h_model_init(h_model *m, uint64_t seed, uint64_t scale);
 
-static uint64_t h_model_bytes(const h_model *m)
-{
-	uint64_t n = 0;
-	for (int t = 0; t < H_TENSORS; t++)
-		n += m->bytes[t];
-	return n;
-}
+/* The bytes of all of m's tensors. */
+uint64_t h_model_bytes(const h_model *m);
 
 /* Change about 1/density_inv of the elements (low bits: an optimizer step). */
-static void h_model_step(h_model *m, unsigned density_inv)
-{
-	for (int t = 0; t < H_TENSORS; t++) {
-		unsigned es = t == 1 ? 4 : 2;
-		uint64_t n = m->bytes[t] / es, k = n / density_inv + 1;
-		for (uint64_t j = 0; j < k; j++)
-			m->cur[t][(h_rand(&m->rng) % n) * es] ^= (unsigned char)(1 + h_rand(&m->rng) % 7);
-	}
-}
+void h_model_step(h_model *m, unsigned density_inv);
 
-static void h_model_snap(h_model *m, uint64_t v)
-{
-	for (int t = 0; t < H_TENSORS; t++) {
-		m->snap[v][t] = malloc(m->bytes[t]);
-		memcpy(m->snap[v][t], m->cur[t], m->bytes[t]);
-	}
-}
+/* Keep a copy of m's tensors as the contents of version v (1..31). */
+void h_model_snap(h_model *m, uint64_t v);
 
-static uint64_t h_range_elems = 32768; /* producer chunk size */
+/* The producer's chunk size (range_elems) of h_producer_open: 32768. */
+extern uint64_t h_range_elems;
 
-static void h_model_free(h_model *m)
-{
-	for (int t = 0; t < H_TENSORS; t++) {
-		free(m->cur[t]);
-		for (int v = 0; v < 32; v++)
-			free(m->snap[v][t]);
-	}
-	memset(m, 0, sizeof(*m));
-}
+/* Free m's tensors and snapshots; m cleared. */
+void h_model_free(h_model *m);
 
-static int h_producer_open(const h_broker *b, const char *model_name, h_model *m, dcast_producer **p)
-{
-	dcast_producer_opts o;
-	int err;
-
-	dcast_producer_opts_init(&o);
-	o.range_elems = h_range_elems;
-	if ((err = dcast_producer_open(b->producers, model_name, 0, 1, &o, p)))
-		return err;
-	for (int t = 0; t < H_TENSORS && !err; t++)
-		err = dcast_producer_register(*p, m->name[t], m->dtype[t], m->ndim[t], m->shape[t], m->cur[t],
-					      DCAST_MEM_HOST, 0,
-					      m->bytes[t] / (dcast_dtype_size(m->dtype[t]) * dcast_dtype_lanes(m->dtype[t])));
-	return err;
-}
+/* A producer of model_name (part 0 of 1) on b, m's tensors registered
+ * (host memory).  0 or the first error; *p is the caller's to close. */
+int h_producer_open(const h_broker *b, const char *model_name, h_model *m, dcast_producer **p);
 
 /* Publish version v (after a step for v > 1), wait for its ACK, snapshot. */
-static int h_publish(dcast_producer *p, h_model *m, uint64_t v, unsigned density_inv)
-{
-	int err;
-
-	if (v > 1)
-		h_model_step(m, density_inv);
-	h_model_snap(m, v);
-	if ((err = dcast_producer_publish(p, v)))
-		return err;
-	return dcast_producer_wait(p, v, 20000);
-}
+int h_publish(dcast_producer *p, h_model *m, uint64_t v, unsigned density_inv);
 
 /* A model (seed, h_model_init's scale), its producer on `name`, and
  * versions 1..versions published at 1/density_inv density.  0 or the
  * first error. */
-static int h_model_start_sized(const h_broker *b, const char *name, uint64_t seed, uint64_t scale,
-			       uint64_t versions, unsigned density_inv, h_model *m, dcast_producer **p)
-{
-	int err;
-
-	h_model_init(m, seed, scale);
-	if ((err = h_producer_open(b, name, m, p)))
-		return err;
-	for (uint64_t v = 1; v <= versions && !err; v++)
-		err = h_publish(*p, m, v, density_inv);
-	return err;
-}
+int h_model_start_sized(const h_broker *b, const char *name, uint64_t seed, uint64_t scale,
+			uint64_t versions, unsigned density_inv, h_model *m, dcast_producer **p);
 
 /* The same at scale 1. */
-static int h_model_start(const h_broker *b, const char *name, uint64_t seed, uint64_t versions,
-			 unsigned density_inv, h_model *m, dcast_producer **p)
-{
-	return h_model_start_sized(b, name, seed, 1, versions, density_inv, m, p);
-}
+int h_model_start(const h_broker *b, const char *name, uint64_t seed, uint64_t versions,
+		  unsigned density_inv, h_model *m, dcast_producer **p);
 
 /* Do the consumer's tensors equal the snapshot of version v?  (0 for
  * tensors in CUDA memory: not comparable here.) */
-static int h_equal(dcast_consumer *c, const h_model *m, uint64_t v)
-{
-	for (int t = 0; t < H_TENSORS; t++) {
-		void *ptr;
-		dcast_mem mem = DCAST_MEM_HOST;
-		if (!m->snap[v][t] || dcast_consumer_tensor(c, m->name[t], &ptr, NULL, &mem) || mem != DCAST_MEM_HOST ||
-		    memcmp(ptr, m->snap[v][t], m->bytes[t]))
-			return 0;
-	}
-	return 1;
-}
+int h_equal(dcast_consumer *c, const h_model *m, uint64_t v);
 
 /* A thread blocked in wait_version(version) (30 s at most); rc its result. */
 typedef struct h_waiter {
@@ -250,13 +103,8 @@ typedef struct h_waiter {
 	int rc;
 } h_waiter;
 
-static void *h_wait_thread(void *arg)
-{
-	h_waiter *w = arg;
-
-	w->rc = dcast_consumer_wait_version(w->c, w->version, 30000);
-	return NULL;
-}
+/* The thread's body: arg is an h_waiter. */
+void *h_wait_thread(void *arg);
 
 /* What the driver saw on the way. */
 typedef struct h_seen {
@@ -265,56 +113,16 @@ typedef struct h_seen {
 	int untouched_ok, untouched_bad; /* tensors checked at each refusal */
 } h_seen;
 
-static void h_count(h_seen *s, const dcast_event *ev)
-{
-	if (ev->type == DCAST_EV_GAP)
-		s->gaps++;
-	if (ev->type == DCAST_EV_ANCHOR)
-		s->anchors++;
-	if (ev->type == DCAST_EV_ERROR)
-		s->errors++, s->last_error = ev->code;
-}
+/* Count event ev into s. */
+void h_count(h_seen *s, const dcast_event *ev);
 
 /* The consumer's thread runs ahead of the driver: count the events it
  * queued before the target was reached. */
-static void h_drain(dcast_consumer *c, h_seen *s)
-{
-	dcast_event ev;
-
-	while (dcast_consumer_poll(c, 0, &ev) == 0 && ev.type != DCAST_EV_NONE)
-		h_count(s, &ev);
-}
+void h_drain(dcast_consumer *c, h_seen *s);
 
 /* Poll and apply every READY version until the consumer holds `target`
  * (bounded: about 40 s).  At every refusal, check that the tensors still
- * equal the applied version's snapshot. */
-static int h_drive(dcast_consumer *c, const h_model *m, uint64_t target, h_seen *s)
-{
-	dcast_event ev;
-
-	for (int i = 0; i < 400; i++) {
-		uint64_t have = dcast_consumer_version(c);
-		if (have != DCAST_VERSION_NONE && have >= target) {
-			h_drain(c, s);
-			return 0;
-		}
-		if (dcast_consumer_poll(c, 100, &ev))
-			return -1;
-		h_count(s, &ev);
-		if (ev.type == DCAST_EV_VERSION_READY && dcast_consumer_ready_version(c) != DCAST_VERSION_NONE) {
-			int err = dcast_consumer_apply(c, dcast_consumer_ready_version(c));
-			if (err)
-				s->apply_failures++, s->last_apply_error = err;
-			if (!err)
-				continue;
-		}
-		if (ev.type == DCAST_EV_ERROR || ev.type == DCAST_EV_VERSION_READY) {
-			have = dcast_consumer_version(c);
-			if (have != DCAST_VERSION_NONE)
-				h_equal(c, m, have) ? s->untouched_ok++ : s->untouched_bad++;
-		}
-	}
-	return -1;
-}
+ * equal the applied version's snapshot.  0 when it got there. */
+int h_drive(dcast_consumer *c, const h_model *m, uint64_t target, h_seen *s);
 
 #endif

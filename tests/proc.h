@@ -98,6 +98,18 @@ int tp_thread_stopped(const char *path);
  * most) until every thread has stopped.  No-op when not running. */
 void tp_broker_kill(tp_broker *b, int sig);
 
+/* ---- the harnesses' broker (broker_, consumer_harness.h) ---- */
+
+/* Start the broker as b is set (its log, extra arguments, with_metrics; a
+ * restart keeps pport and cport), naming a log file of its own under
+ * $TMPDIR (or /tmp) when b->log is empty.  0 once it has bound its ports
+ * (tp_broker_start); -1, naming its log on stderr, when it would not start. */
+int h_broker_start(tp_broker *b);
+
+/* A fresh broker: b cleared, the extra arguments (NULL-terminated, may be
+ * NULL) set, then h_broker_start. */
+int h_broker_start_args(tp_broker *b, char *const *extra);
+
 /* ---- a broker's /metrics page ---- */
 
 extern char tp_page[1 << 16]; /* the last page read */

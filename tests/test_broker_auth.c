@@ -63,7 +63,7 @@ int main(void)
 	write_file(keys, text);
 	br.pport = br.cport = 0;
 	br.with_metrics = 1;
-	h_broker_start(&br);
+	REQUIRE(h_broker_start(&br) == 0);
 	CHECK(check_file_has(br.log, srv_pub));
 
 	/* An unlisted key and a plain client: refused, logged, no WELCOME. */
@@ -80,9 +80,9 @@ int main(void)
 	h_client_open_curve(&good, br.pport, "secure/model", srv_pub, good_key);
 	REQUIRE(h_producer_join(&good) == 0);
 	h_mutate(&good, &rng, 1);
-	CHECK(h_publish(&good, 1, 1, 100) == 0);
+	CHECK(h_client_publish(&good, 1, 1, 100) == 0);
 	h_mutate(&good, &rng, 20);
-	CHECK(h_publish(&good, 2, 0, 100) == 0);
+	CHECK(h_client_publish(&good, 2, 0, 100) == 0);
 	h_client_open_curve(&cons, br.cport, "secure/model", srv_pub, cons_key);
 	CHECK(h_consume_until(&cons, DCAST_VERSION_NONE, 2, 100) == 0);
 	CHECK(cons.errors == 0 && cons.digest_mismatch == 0);

@@ -68,14 +68,14 @@ int main(void)
 	br.extra[br.n_extra++] = "--data-dir";
 	br.extra[br.n_extra++] = data;
 	br.with_metrics = 1;
-	h_broker_start(&br);
+	REQUIRE(h_broker_start(&br) == 0);
 
 	/* Publish an anchor and deltas; every one ACKed (= durable). */
 	h_client_open(&prod, br.pport, "durable/model");
 	REQUIRE(h_producer_join(&prod) == 0);
 	for (uint64_t v = 1; v <= VERSIONS; v++) {
 		h_mutate(&prod, &rng, v == 1 ? 1 : 50);
-		CHECK(h_publish(&prod, v, v == 1, 100) == 0);
+		CHECK(h_client_publish(&prod, v, v == 1, 100) == 0);
 		memcpy(snap[v], prod.state, sizeof(prod.state));
 	}
 	CHECK(prod.last_ack == VERSIONS);
@@ -83,7 +83,7 @@ int main(void)
 
 	/* SIGKILL, restart on the same ports and data dir: no producer. */
 	tp_broker_kill(&br, SIGKILL);
-	h_broker_start(&br);
+	REQUIRE(h_broker_start(&br) == 0);
 	/* the 6 committed versions restored */
 	CHECK(tp_metric_now(br.mport, "deltacast_model_log_versions{model=\"durable/model\"}") == VERSIONS);
 	CHECK(tp_metric_now(br.mport, "deltacast_model_version{model=\"durable/model\"}") == VERSIONS);
@@ -100,7 +100,7 @@ int main(void)
 	REQUIRE(find_segment(data, seg, sizeof(seg)));
 	REQUIRE(stat(seg, &st) == 0 && st.st_size > 5);
 	REQUIRE(truncate(seg, st.st_size - 5) == 0);
-	h_broker_start(&br);
+	REQUIRE(h_broker_start(&br) == 0);
 	CHECK(check_file_has(br.log, "cut back to offset"));
 	CHECK(check_file_has(br.log, "last whole version 5"));
 	CHECK(check_file_has(br.log, seg));
@@ -119,7 +119,7 @@ int main(void)
 	REQUIRE(h_producer_join(&prod) == 0);
 	CHECK(prod.welcome_version == VERSIONS - 1);
 	memcpy(prod.state, snap[VERSIONS], sizeof(prod.state));
-	CHECK(h_publish(&prod, VERSIONS, 0, 100) == 0);
+	CHECK(h_client_publish(&prod, VERSIONS, 0, 100) == 0);
 	h_client_close(&prod);
 
 	/* A segment of another format (its FILE record rewritten whole as

@@ -24,7 +24,7 @@ static int acked_or_refused(struct h_client *c)
  * heartbeats would be dropped).  Returns 0 when ACKed. */
 static int publish(struct h_client *c, uint64_t v, int anchor)
 {
-	h_publish(c, v, anchor, 0);
+	h_client_publish(c, v, anchor, 0);
 	want = v;
 	return h_pump(c, 0, acked_or_refused, 20) && !c->last_error_code ? 0 : -1;
 }
@@ -53,7 +53,7 @@ int main(void)
 	br.extra[br.n_extra++] = "--anchor-fraction";
 	br.extra[br.n_extra++] = "0";
 	br.with_metrics = 1;
-	h_broker_start(&br);
+	REQUIRE(h_broker_start(&br) == 0);
 	h_client_open(&prod, br.pport, "full/model");
 	REQUIRE(h_producer_join(&prod) == 0);
 	for (v = 1; v <= 8 && !failed; v++) {

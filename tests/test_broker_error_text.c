@@ -68,7 +68,7 @@ int main(void)
 	h_init();
 	REQUIRE(mkdtemp(dir));
 	snprintf(br.log, sizeof(br.log), "%s/broker.log", dir);
-	h_broker_start(&br);
+	REQUIRE(h_broker_start(&br) == 0);
 	h_client_open(&peer, br.pport, "x");
 	check_answer(peer.sock, bad_key, sizeof(bad_key), DCAST_EFIELD_UNKNOWN,
 		     "HELLO: unknown field \"\\xff\\xc3(\"");

@@ -24,10 +24,10 @@ static void pending_cap(tp_broker *br, int fits)
 	h_client_open(&prod, br->pport, "limits/pending");
 	REQUIRE(h_producer_join(&prod) == 0);
 	h_mutate(&prod, &rng, 1);
-	CHECK((h_publish(&prod, 1, 1, fits ? 100 : 5) == 0) == fits);
+	CHECK((h_client_publish(&prod, 1, 1, fits ? 100 : 5) == 0) == fits);
 	if (fits) {
 		h_mutate(&prod, &rng, 1);
-		CHECK(h_publish(&prod, 2, 1, 100) == 0);
+		CHECK(h_client_publish(&prod, 2, 1, 100) == 0);
 	} else {
 		CHECK(check_file_has(br->log, "past --max-pending-total-bytes 200000"));
 	}
@@ -53,7 +53,7 @@ int main(void)
 		TEST_SKIP("needs a hard open-file limit in [200, 1000000)");
 	low = (struct rlimit){100, mine.rlim_max};
 	REQUIRE(setrlimit(RLIMIT_NOFILE, &low) == 0);
-	h_broker_start(&br);
+	REQUIRE(h_broker_start(&br) == 0);
 	REQUIRE(setrlimit(RLIMIT_NOFILE, &mine) == 0);
 	snprintf(want, sizeof(want), "soft limit raised from 100 to %llu",
 		 (unsigned long long)mine.rlim_max);
@@ -84,11 +84,11 @@ int main(void)
 	br.n_extra = 0;
 	br.extra[br.n_extra++] = "--max-pending-total-bytes";
 	br.extra[br.n_extra++] = "300000";
-	h_broker_start(&br);
+	REQUIRE(h_broker_start(&br) == 0);
 	pending_cap(&br, 1);
 	tp_broker_kill(&br, SIGKILL);
 	br.extra[1] = "200000";
-	h_broker_start(&br);
+	REQUIRE(h_broker_start(&br) == 0);
 	pending_cap(&br, 0);
 	return h_finish(&br, dir, "test_broker_limits");
 }

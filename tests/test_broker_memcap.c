@@ -220,7 +220,7 @@ int main(void)
 	br.extra[br.n_extra++] = RETAIN_CAP;
 	br.extra[br.n_extra++] = "--anchor-fraction";
 	br.extra[br.n_extra++] = "0";
-	h_broker_start(&br);
+	REQUIRE(h_broker_start(&br) == 0);
 	for (int i = 0; i < 3; i++)
 		h_client_open(&p[i], br.pport, models[i]);
 	tiny_chunks(&p[0]);

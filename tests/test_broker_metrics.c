@@ -34,14 +34,14 @@ int main(void)
 	REQUIRE(mkdtemp(dir));
 	snprintf(br.log, sizeof(br.log), "%s/broker.log", dir);
 	br.with_metrics = 1;
-	h_broker_start(&br);
+	REQUIRE(h_broker_start(&br) == 0);
 	CHECK(check_file_has(br.log, "metrics on http://"));
 
 	h_client_open(&prod, br.pport, "metrics/model");
 	REQUIRE(h_producer_join(&prod) == 0);
 	for (uint64_t v = 1; v <= 3; v++) {
 		h_mutate(&prod, &rng, v == 1 ? 1 : 30);
-		CHECK(h_publish(&prod, v, v == 1, 100) == 0);
+		CHECK(h_client_publish(&prod, v, v == 1, 100) == 0);
 	}
 	h_client_open(&cons, br.cport, "metrics/model");
 	CHECK(h_consume_until(&cons, DCAST_VERSION_NONE, 3, 100) == 0);

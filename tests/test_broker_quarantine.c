@@ -149,7 +149,7 @@ static void anchor_flipped(tp_broker *br, const char *seg, const uint8_t *orig, 
 	memcpy(img, orig, n);
 	img[end - 100] ^= 0x10;
 	reset_data(seg, img, n);
-	h_broker_start(br);
+	REQUIRE(h_broker_start(br) == 0);
 	CHECK(check_file_has(br->log, "model q/model: versions 1..7 lost"));
 	CHECK(check_file_has(br->log, "whole on disk up to version 7"));
 	CHECK(check_file_has(br->log, "no intact anchor left"));
@@ -166,12 +166,12 @@ static void anchor_flipped(tp_broker *br, const char *seg, const uint8_t *orig, 
 	producer_at(&prod, br, VERSIONS);
 	CHECK(prod.welcome_version == DCAST_VERSION_NONE);
 	CHECK(tp_metric_now(br->mport, "deltacast_model_lost_version{model=\"q/model\"}") == VERSIONS);
-	CHECK(h_publish(&prod, VERSIONS, 1, 5) != 0); /* a spent number */
+	CHECK(h_client_publish(&prod, VERSIONS, 1, 5) != 0); /* a spent number */
 	CHECK(check_file_has(br->log, "version 7 is not above 7, the newest version lost"));
 	h_client_close(&prod);
 	producer_at(&prod, br, VERSIONS);
 	memcpy(snap[VERSIONS + 1], snap[VERSIONS], sizeof(snap[0]));
-	CHECK(h_publish(&prod, VERSIONS + 1, 1, 100) == 0);
+	CHECK(h_client_publish(&prod, VERSIONS + 1, 1, 100) == 0);
 	h_client_close(&prod);
 	consume_check(br, VERSIONS + 1, VERSIONS + 1);
 	tp_broker_kill(br, SIGKILL);
@@ -193,7 +193,7 @@ static void delta_flipped(tp_broker *br, const char *seg, const uint8_t *orig, s
 	memcpy(img, orig, n);
 	img[off + 40] ^= 0x01;
 	reset_data(seg, img, n);
-	h_broker_start(br);
+	REQUIRE(h_broker_start(br) == 0);
 	CHECK(check_file_has(br->log, "model q/model: versions 4..7 lost"));
 	CHECK(check_file_has(br->log, "last whole version 3"));
 	CHECK(check_file_has(br->log, "whole on disk up to version 7"));
@@ -208,12 +208,12 @@ static void delta_flipped(tp_broker *br, const char *seg, const uint8_t *orig, s
 	producer_at(&prod, br, 3);
 	CHECK(prod.welcome_version == 3);
 	memcpy(prod.state, snap[4], sizeof(prod.state));
-	CHECK(h_publish(&prod, 4, 0, 5) != 0);
+	CHECK(h_client_publish(&prod, 4, 0, 5) != 0);
 	CHECK(check_file_has(br->log, "version 4 is not above 7, the newest version lost"));
 	h_client_close(&prod);
 	producer_at(&prod, br, VERSIONS);
 	memcpy(snap[VERSIONS + 1], snap[VERSIONS], sizeof(snap[0]));
-	CHECK(h_publish(&prod, VERSIONS + 1, 1, 100) == 0);
+	CHECK(h_client_publish(&prod, VERSIONS + 1, 1, 100) == 0);
 	h_client_close(&prod);
 	consume_check(br, VERSIONS + 1, VERSIONS + 1);
 	tp_broker_kill(br, SIGKILL);
@@ -237,7 +237,7 @@ static void last_damaged(tp_broker *br, const char *seg, const uint8_t *orig, si
 	if (!torn)
 		img[off + 36] ^= 0x80;
 	reset_data(seg, img, len);
-	h_broker_start(br);
+	REQUIRE(h_broker_start(br) == 0);
 	CHECK(check_file_has(br->log, "model q/model: version 7 lost"));
 	CHECK(check_file_has(br->log, torn ? "torn record" : "record checksum mismatch"));
 	CHECK(check_file_has(br->log, "last whole version 6"));
@@ -248,7 +248,7 @@ static void last_damaged(tp_broker *br, const char *seg, const uint8_t *orig, si
 
 	producer_at(&prod, br, 6);
 	memcpy(prod.state, snap[VERSIONS], sizeof(prod.state));
-	CHECK(h_publish(&prod, VERSIONS, 0, 100) == 0);
+	CHECK(h_client_publish(&prod, VERSIONS, 0, 100) == 0);
 	h_client_close(&prod);
 	consume_check(br, VERSIONS, VERSIONS);
 	tp_broker_kill(br, SIGKILL);
@@ -274,13 +274,13 @@ int main(void)
 	br.extra[br.n_extra++] = "--anchor-fraction";
 	br.extra[br.n_extra++] = "0";
 	br.with_metrics = 1;
-	h_broker_start(&br);
+	REQUIRE(h_broker_start(&br) == 0);
 
 	h_client_open(&prod, br.pport, "q/model");
 	REQUIRE(h_producer_join(&prod) == 0);
 	for (uint64_t v = 1; v <= VERSIONS; v++) {
 		h_mutate(&prod, &rng, v == 1 ? 1 : 40);
-		CHECK(h_publish(&prod, v, v == 1, 100) == 0);
+		CHECK(h_client_publish(&prod, v, v == 1, 100) == 0);
 		memcpy(snap[v], prod.state, sizeof(prod.state));
 	}
 	CHECK(prod.last_ack == VERSIONS);

@@ -16,13 +16,13 @@ int main(void)
 	h_init();
 	REQUIRE(mkdtemp(dir));
 	snprintf(br.log, sizeof(br.log), "%s/broker.log", dir);
-	h_broker_start(&br);
+	REQUIRE(h_broker_start(&br) == 0);
 	h_client_open(&prod, br.pport, "repeat/model");
 	REQUIRE(h_producer_join(&prod) == 0);
 	for (uint64_t v = 1; v <= 3; v++) {
 		h_dup_seq = v == 1 ? 0 : (int)v; /* the anchor's first chunk, then a delta's */
 		h_mutate(&prod, &rng, v == 1 ? 1 : 50);
-		CHECK(h_publish(&prod, v, v == 1, 100) == 0);
+		CHECK(h_client_publish(&prod, v, v == 1, 100) == 0);
 	}
 	h_dup_seq = -1;
 

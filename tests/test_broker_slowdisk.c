@@ -174,16 +174,16 @@ static void slow_write_phase(tp_broker *br, uint16_t (*snap)[H_TENSORS][H_ELEMS]
 
 	h_mutate(&cl[PA], &rng, 1);
 	memcpy(snap[1], cl[PA].state, sizeof(snap[1]));
-	h_publish(&cl[PA], 1, 1, 0); /* sent; not waiting for its ACK */
+	h_client_publish(&cl[PA], 1, 1, 0); /* sent; not waiting for its ACK */
 	t0 = dcast_now_ms();
 	hb0 = heartbeats[CA];
 	CHECK(run_until(a_has_1, 1000));
 	CHECK(n_acks == 0); /* served before it is durable */
 	h_mutate(&cl[PA], &rng, 50);
 	memcpy(snap[2], cl[PA].state, sizeof(snap[2]));
-	h_publish(&cl[PA], 2, 0, 0); /* a delta on the in-flight version */
+	h_client_publish(&cl[PA], 2, 0, 0); /* a delta on the in-flight version */
 	h_mutate(&cl[PB], &rng, 1);
-	h_publish(&cl[PB], 1, 1, 0);
+	h_client_publish(&cl[PB], 1, 1, 0);
 	CHECK(run_until(b_has_1, 1000));
 	CHECK(n_acks == 0); /* the second model flowed while a's write was slow */
 	CHECK(run_until(acked_2, 20 * SLOW_MS));
@@ -211,12 +211,12 @@ static void kill_phase(tp_broker *br, uint16_t (*snap)[H_TENSORS][H_ELEMS])
 
 	h_mutate(&cl[PA], &rng, 50);
 	memcpy(snap[3], cl[PA].state, sizeof(snap[3]));
-	h_publish(&cl[PA], 3, 0, 0);
+	h_client_publish(&cl[PA], 3, 0, 0);
 	CHECK(run_until(a_has_3, 1000));
 	tp_broker_kill(br, SIGKILL); /* the writer sleeps before 3's COMMIT record */
 	CHECK(n_acks == 2);
 	unsetenv("DELTACAST_BROKER_FAULT");
-	h_broker_start(br);
+	REQUIRE(h_broker_start(br) == 0);
 	/* restored: 3 versions up to 3 (3 whole), or 2 up to 2 (3 cut off) */
 	restored = tp_metric_now(br->mport, "deltacast_model_log_versions{model=\"slow/a\"}");
 	newest = tp_metric_now(br->mport, "deltacast_model_version{model=\"slow/a\"}");
@@ -232,7 +232,7 @@ static void kill_phase(tp_broker *br, uint16_t (*snap)[H_TENSORS][H_ELEMS])
 	REQUIRE(h_producer_join(&cl[PA]) == 0);
 	CHECK(cl[PA].welcome_version == (whole ? 3u : 2u));
 	if (!whole)
-		CHECK(h_publish(&cl[PA], 3, 0, 50) == 0); /* not ACKed: sent again */
+		CHECK(h_client_publish(&cl[PA], 3, 0, 50) == 0); /* not ACKed: sent again */
 	h_client_open(&fresh, br->cport, "slow/a");
 	CHECK(h_consume_until(&fresh, DCAST_VERSION_NONE, 3, 50) == 0);
 	CHECK(fresh.version == 3 && fresh.errors == 0 && fresh.digest_mismatch == 0);
@@ -260,7 +260,7 @@ int main(void)
 	br.extra[br.n_extra++] = "--anchor-fraction";
 	br.extra[br.n_extra++] = "0";
 	br.with_metrics = 1;
-	h_broker_start(&br);
+	REQUIRE(h_broker_start(&br) == 0);
 	CHECK(check_file_has(br.log, "fault injection: slowdisk"));
 	join_all(br.pport, br.cport);
 

@@ -27,7 +27,7 @@ static int publish_answer(struct h_client *prod, uint64_t version, int anchor)
 
 	errors_want = prod->errors + MSGS;
 	prod->last_error_code = 0;
-	h_publish(prod, version, anchor, 0);
+	h_client_publish(prod, version, anchor, 0);
 	h_want = version;
 	for (int i = 0; i < 100 && !h_done_acked(prod) && !prod->last_error_code; i++)
 		h_pump(prod, 0, h_done_error, 1);
@@ -51,7 +51,7 @@ int main(void)
 	h_init();
 	REQUIRE(mkdtemp(dir));
 	snprintf(br.log, sizeof(br.log), "%s/broker.log", dir);
-	h_broker_start(&br);
+	REQUIRE(h_broker_start(&br) == 0);
 	h_client_open(&prod, br.pport, "step");
 	REQUIRE(h_producer_join(&prod) == 0);
 	h_mutate(&prod, &rng, 1);

@@ -78,7 +78,7 @@ int main(void)
 	br.extra[br.n_extra++] = "--heartbeat-ms";
 	br.extra[br.n_extra++] = "3000";
 	br.with_metrics = 1;
-	h_broker_start(&br);
+	REQUIRE(h_broker_start(&br) == 0);
 
 	/* The producer creates the model first: a consumer that waited for it
 	 * would get a second WELCOME naming its run (broker_rewelcome). */
@@ -91,7 +91,7 @@ int main(void)
 	/* The consumer reads nothing from here on until its second HELLO. */
 	for (uint64_t v = 1; v <= VERSIONS; v++) {
 		h_mutate(&prod, &rng, v == 1 ? 1 : 50);
-		CHECK(h_publish(&prod, v, v == 1, 100) == 0);
+		CHECK(h_client_publish(&prod, v, v == 1, 100) == 0);
 		if (v % 20 == 0)
 			send_heartbeat(&cons); /* not silent: the broker keeps it */
 	}

@@ -802,7 +802,7 @@ static void test_manifest_mismatch(const h_broker *b)
 	h_model_init(&m2, 43, 2);
 	REQUIRE(h_producer_open(b, "m_shape", &m1, &p1) == 0);
 	REQUIRE(h_publish(p1, &m1, 1, 100) == 0);
-	REQUIRE(h_broker_start(&b2) == 0); /* where m_shape has other tensors */
+	REQUIRE(h_broker_start_args(&b2, NULL) == 0); /* where m_shape has other tensors */
 	REQUIRE(h_producer_open(&b2, "m_shape", &m2, &p2) == 0);
 	REQUIRE(h_publish(p2, &m2, 1, 100) == 0);
 	c = open_consumer(b, "m_shape", dir_for("shape"));
@@ -910,7 +910,7 @@ int main(void)
 
 	REQUIRE(mkdtemp(root));
 	test_bad_args();
-	REQUIRE(h_broker_start(&b) == 0);
+	REQUIRE(h_broker_start_args(&b, NULL) == 0);
 	test_stream_and_restart(&b);
 	test_anchor_through_log(&b);
 	test_huge_pages(&b);

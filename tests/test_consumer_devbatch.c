@@ -304,7 +304,7 @@ int main(void)
 
 	setenv("DELTACAST_DEVICE_TWIN", "1", 1); /* before the library first asks */
 	REQUIRE(mkdtemp(root));
-	REQUIRE(h_broker_start(&b) == 0);
+	REQUIRE(h_broker_start_args(&b, NULL) == 0);
 	test_versions(&b);
 	test_f64(&b);
 	test_digest_refused(&b);

@@ -77,7 +77,7 @@ int main(void)
 				  "mount namespace rights): the failing record write did not run");
 	}
 	atexit(unmount_dir);
-	REQUIRE(h_broker_start(&b) == 0);
+	REQUIRE(h_broker_start_args(&b, NULL) == 0);
 	REQUIRE(h_model_start(&b, "m_full", 7, 1, 100, &m, &p) == 0);
 
 	dcast_consumer_opts o;

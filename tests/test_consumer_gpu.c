@@ -228,7 +228,7 @@ int main(void)
 	h_broker b;
 
 	REQUIRE(mkdtemp(root));
-	REQUIRE(h_broker_start(&b) == 0);
+	REQUIRE(h_broker_start_args(&b, NULL) == 0);
 	int device = dcast_cuda_available();
 
 	if (!device) {

@@ -127,7 +127,7 @@ int main(void)
 
 	REQUIRE(mkdtemp(root));
 	snprintf(dir, sizeof(dir), "%s/worker", root);
-	REQUIRE(h_broker_start(&b) == 0);
+	REQUIRE(h_broker_start_args(&b, NULL) == 0);
 	h_model_init(&m, 7, 32);
 	REQUIRE(h_model_bytes(&m) > 40 * (uint64_t)BUDGET);
 	REQUIRE(h_producer_open(&b, "m_kill", &m, &p) == 0);

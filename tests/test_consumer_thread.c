@@ -547,7 +547,7 @@ int main(void)
 	h_broker b;
 
 	REQUIRE(mkdtemp(root));
-	REQUIRE(h_broker_start(&b) == 0);
+	REQUIRE(h_broker_start_args(&b, NULL) == 0);
 	wait_case(&b, "m_wait", 52, 0, 4);
 	wait_case(&b, "m_auto", 53, 1, 5);
 	test_fold_off_apply(&b);

@@ -105,7 +105,7 @@ int main(void)
 	REQUIRE(mkdtemp(root));
 	snprintf(dir, sizeof(dir), "%s/c", root);
 	snprintf(path, sizeof(path), "%s/model.safetensors", dir);
-	REQUIRE(h_broker_start(&br) == 0);
+	REQUIRE(h_broker_start_args(&br, NULL) == 0);
 	h_model_init(&m, 11, 1);
 	REQUIRE(h_producer_open(&br, "m", &m, &p) == 0);
 	for (uint64_t v = 1; v <= 3; v++)

@@ -96,7 +96,7 @@ static void test_broker(const tp_broker *br)
 	CHECK_ERR(error_answer(&raw, text, sizeof(text)), DCAST_EFIELD_RANGE);
 	printf("broker: %s\n", text);
 	CHECK(strstr(text, "MANIFEST.tensors[0].name: tensor name \"" RESERVED "\" is reserved"));
-	CHECK_ERR(h_publish(&raw, 1, 1, 0), -1); /* its first CHUNK: */
+	CHECK_ERR(h_client_publish(&raw, 1, 1, 0), -1); /* its first CHUNK: */
 	CHECK_ERR(error_answer(&raw, text, sizeof(text)), DCAST_ESTATE);
 	CHECK(strstr(text, "CHUNK before MANIFEST") != NULL);
 	h_client_close(&raw);
@@ -104,7 +104,7 @@ static void test_broker(const tp_broker *br)
 	h_client_open(&good, br->pport, "names/raw");
 	REQUIRE(h_producer_join(&good) == 0);
 	h_mutate(&good, &rng, 1);
-	CHECK(h_publish(&good, 1, 1, 100) == 0);
+	CHECK(h_client_publish(&good, 1, 1, 100) == 0);
 	h_client_open(&cons, br->cport, "names/raw");
 	CHECK(h_consume_until(&cons, DCAST_VERSION_NONE, 1, 100) == 0);
 	CHECK(cons.manifest_seen && cons.errors == 0 && cons.digest_mismatch == 0);
@@ -190,7 +190,7 @@ int main(void)
 	h_init();
 	REQUIRE(mkdtemp(dir));
 	snprintf(br.log, sizeof(br.log), "%s/broker.log", dir);
-	h_broker_start(&br);
+	REQUIRE(h_broker_start(&br) == 0);
 	test_producer(&br);
 	test_broker(&br);
 	test_consumer();

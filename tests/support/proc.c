@@ -7,6 +7,8 @@
 #include <sys/socket.h>
 #include "../proc.h"
 
+int check_failures;
+
 static pid_t tp_children[TP_MAX_CHILDREN];
 
 const char *tp_build(void)
@@ -442,4 +444,26 @@ const char *__lsan_default_suppressions(void);
 const char *__lsan_default_suppressions(void)
 {
 	return "leak:libzmq.so.5\n";
+}
+
+int h_broker_start(tp_broker *b)
+{
+	static int started;
+	const char *tmp = getenv("TMPDIR");
+
+	if (!b->log[0])
+		snprintf(b->log, sizeof(b->log), "%s/dcast-broker-%d-%d.log", tmp ? tmp : "/tmp",
+			 (int)getpid(), started++);
+	if (tp_broker_start(b) == 0)
+		return 0;
+	fprintf(stderr, "broker did not start; log %s\n", b->log);
+	return -1;
+}
+
+int h_broker_start_args(tp_broker *b, char *const *extra)
+{
+	memset(b, 0, sizeof(*b));
+	for (int i = 0; extra && extra[i] && b->n_extra < TP_MAX_ARGS; i++)
+		b->extra[b->n_extra++] = extra[i];
+	return h_broker_start(b);
 }

@@ -192,7 +192,7 @@ int main(int argc, char **argv)
 	sample anchor, on[REPEATS], off[REPEATS], full[REPEATS], part[REPEATS];
 
 	snprintf(root, sizeof(root), "%s/dcast-bench-XXXXXX", argc > 2 ? argv[2] : "/tmp");
-	if (!mkdtemp(root) || h_broker_start(&b))
+	if (!mkdtemp(root) || h_broker_start_args(&b, NULL))
 		return 1;
 	h_range_elems = 1u << 20;
 	h_model_init(&m, 3, (model_mb << 20) / 1343488 + 1);

@@ -19,33 +19,51 @@ static uint64_t range_off(const dcast_producer *p, const prod_tensor *t, uint32_
 	return (uint64_t)(j - t->first_chunk) * p->opts.range_elems;
 }
 
-/* Encode range j into job->slot (the worker thread's whole job). */
-static int encode_job(dcast_producer *p, int anchor, uint32_t j, prod_job *job)
+/* Range j dense into job->slot: from the tensor (copied into the baseline
+ * on the way) or, for PROD_ENC_BASE, from the baseline itself. */
+static int encode_dense(dcast_producer *p, int mode, const prod_tensor *t, uint64_t off,
+			prod_job *job)
+{
+	uint64_t count = prod_range_count(p, t, off);
+	unsigned char *base = t->base + off * t->elem_size;
+	const unsigned char *src = mode == PROD_ENC_BASE ? base : t->ptr + off * t->elem_size;
+	int rc;
+
+	if ((rc = dcast_codec_encode(src, NULL, count, t->elem_size, -1,
+				     DCAST_ENCODE_UPDATE_BASE | DCAST_ENCODE_SAVE_OLD, job->slot->buf,
+				     p->pool.slot_bytes, &job->info)))
+		return rc;
+	if (mode == PROD_ENC_ANCHOR)
+		memcpy(base, src, count * t->elem_size);
+	return dcast_ldigest(job->tensor, t->shard_off + off, base, count, t->elem_size, &job->digest);
+}
+
+/* Encode range j into job->slot (the worker thread's whole job); a
+ * snapshot only copies the range into the baseline (host tensors). */
+static int encode_job(dcast_producer *p, int mode, uint32_t j, prod_job *job)
 {
 	const prod_tensor *t = &p->tensors[job->tensor];
 	uint64_t off = range_off(p, t, j), count = prod_range_count(p, t, off);
-	size_t bytes = count * t->elem_size;
 	const unsigned char *cur = t->ptr + off * t->elem_size;
 	unsigned char *base = t->base + off * t->elem_size;
-	unsigned flags = DCAST_ENCODE_UPDATE_BASE | DCAST_ENCODE_SAVE_OLD;
-	int rc;
 
-	if (t->mem == DCAST_MEM_CUDA)
-		return prod_dev_encode(p, t, anchor, off, count, job);
-	if (anchor) {
-		if ((rc = dcast_codec_encode(cur, NULL, count, t->elem_size, -1, flags, job->slot->buf,
-					     p->pool.slot_bytes, &job->info)))
-			return rc;
-		memcpy(base, cur, bytes);
-		return dcast_ldigest(job->tensor, t->shard_off + off, base, count, t->elem_size, &job->digest);
+	if (mode == PROD_ENC_SNAPSHOT) {
+		DCAST_ASSERT(t->mem == DCAST_MEM_HOST && !job->slot);
+		memcpy(base, cur, count * t->elem_size);
+		return 0;
 	}
+	if (t->mem == DCAST_MEM_CUDA)
+		return prod_dev_encode(p, t, mode != PROD_ENC_DELTA, off, count, job);
+	if (mode != PROD_ENC_DELTA)
+		return encode_dense(p, mode, t, off, job);
 	/* range j's digest at the last published state (chunk_digest, written by
 	 * the publishing thread only between runs or after job j is done),
 	 * moved by the change as the encoder copies it into the baseline */
 	job->digest = p->chunk_digest[j];
-	return dcast_codec_encode_digest(cur, base, count, t->elem_size, -1, flags, job->slot->buf,
-					 p->pool.slot_bytes, &job->info, job->tensor, t->shard_off + off,
-					 &job->digest);
+	return dcast_codec_encode_digest(cur, base, count, t->elem_size, -1,
+					 DCAST_ENCODE_UPDATE_BASE | DCAST_ENCODE_SAVE_OLD,
+					 job->slot->buf, p->pool.slot_bytes, &job->info, job->tensor,
+					 t->shard_off + off, &job->digest);
 }
 
 static int more(const prod_encoder *e)
@@ -68,12 +86,13 @@ static void finish_job(prod_encoder *e, prod_job *job, int rc)
  * with e->lock held; returns with it held; 0 when there was none. */
 static int encode_next(dcast_producer *p, prod_encoder *e, prod_slot *slot)
 {
-	int anchor = e->anchor, rc;
+	int mode = e->mode, rc;
 	uint32_t j;
 	prod_job *job;
 
 	if (!more(e)) {
-		prod_pool_free_cb(slot->buf, slot);
+		if (slot)
+			prod_pool_free_cb(slot->buf, slot);
 		return 0;
 	}
 	j = e->next++;
@@ -81,14 +100,24 @@ static int encode_next(dcast_producer *p, prod_encoder *e, prod_slot *slot)
 	job->slot = slot;
 	job->run = e->run;
 	pthread_mutex_unlock(&e->lock);
-	rc = encode_job(p, anchor, j, job);
-	if (!rc && !anchor && !job->info.changed) {
+	rc = encode_job(p, mode, j, job);
+	if (!rc && mode == PROD_ENC_DELTA && !job->info.changed) {
 		prod_pool_free_cb(slot->buf, slot); /* nothing to send */
 		job->slot = NULL;
 	}
 	pthread_mutex_lock(&e->lock);
 	finish_job(e, job, rc);
 	return 1;
+}
+
+/* A slot for the next range (a snapshot needs none: NULL); ETIMEDOUT when
+ * none came back by deadline_ms.  e->mode is read without the lock: it only
+ * changes between runs, and a run starts under the lock. */
+static int take_slot(dcast_producer *p, const prod_encoder *e, uint64_t deadline_ms,
+		     prod_slot **slot)
+{
+	*slot = NULL;
+	return e->mode == PROD_ENC_SNAPSHOT ? 0 : prod_pool_get(&p->pool, deadline_ms, slot);
 }
 
 /* A worker's share of a run.  Called with e->lock held; returns with it held. */
@@ -99,7 +128,7 @@ static void work_run(dcast_producer *p, prod_encoder *e)
 		int got;
 
 		pthread_mutex_unlock(&e->lock);
-		got = !prod_pool_get(&p->pool, dcast_now_ms() + ENC_SLOT_WAIT_MS, &slot);
+		got = !take_slot(p, e, dcast_now_ms() + ENC_SLOT_WAIT_MS, &slot);
 		pthread_mutex_lock(&e->lock);
 		if (got && !encode_next(p, e, slot))
 			return;
@@ -186,7 +215,7 @@ void prod_enc_free(dcast_producer *p)
 	memset(e, 0, sizeof(*e));
 }
 
-void prod_enc_start(dcast_producer *p, int anchor, uint32_t from)
+void prod_enc_start(dcast_producer *p, prod_enc_mode mode, uint32_t from)
 {
 	prod_encoder *e = &p->enc;
 
@@ -195,7 +224,7 @@ void prod_enc_start(dcast_producer *p, int anchor, uint32_t from)
 		e->jobs[j].done = e->jobs[j].rc = e->jobs[j].no_old = 0;
 		e->jobs[j].slot = NULL;
 	}
-	e->anchor = anchor;
+	e->mode = (int)mode;
 	e->next = from;
 	e->end = p->n_chunks;
 	e->abort = e->err = e->dev_moved = 0;
@@ -226,11 +255,11 @@ static int help(dcast_producer *p, prod_encoder *e, int timeout_ms)
 
 	if (!more(e))
 		return 0;
-	if (prod_pool_get(&p->pool, 0, &slot)) {
+	if (take_slot(p, e, 0, &slot)) {
 		if (e->n_threads)
 			return 0;
 		pthread_mutex_unlock(&e->lock);
-		rc = prod_pool_get(&p->pool, dcast_now_ms() + (uint64_t)timeout_ms, &slot);
+		rc = take_slot(p, e, dcast_now_ms() + (uint64_t)timeout_ms, &slot);
 		pthread_mutex_lock(&e->lock);
 		if (rc)
 			return 0;

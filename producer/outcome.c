@@ -54,6 +54,7 @@ static void base_settled(dcast_producer *p)
 static void remember(dcast_producer *p, uint64_t version, int err)
 {
 	p->history[p->n_history++ % PROD_HISTORY] = (prod_outcome){version, err};
+	PROD_PROGRESS_SET(p, err, (uint64_t)err);
 	prod_progress_end(p);
 }
 
@@ -128,6 +129,16 @@ int prod_fail_pending(dcast_producer *p, int rc)
 	snprintf(why, sizeof(why), "%s", dcast_last_error());
 	prod_version_failed(p, rc > 0 ? rc : DCAST_EABORTED, why);
 	return dcast_fail(rc, "%s", why);
+}
+
+/* The counters as the versions settled them (no sender thread running). */
+void prod_stats_now(const dcast_producer *p, dcast_producer_stats *out)
+{
+	*out = p->stats;
+	out->acked_version = p->acked_version;
+	out->broker_version = p->conn.broker_version;
+	out->failed_version = p->failed_version;
+	out->failed_err = p->failed_version == DCAST_VERSION_NONE ? 0 : p->failed_err;
 }
 
 /* The baseline holds the broker's `version` (fetched, or the caller's copy

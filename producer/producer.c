@@ -12,6 +12,7 @@ void dcast_producer_opts_init(dcast_producer_opts *o)
 	o->ack_timeout_ms = 30000;
 	o->max_reconnects = 3;
 	o->reconnect_backoff_ms = 100;
+	o->close_timeout_ms = 5000;
 }
 
 static int copy_str(char *dst, size_t cap, const char *src, const char *what)
@@ -93,6 +94,7 @@ static int init_fields(dcast_producer *p, const char *endpoint, const char *mode
 	p->opts.client = NULL;
 	p->opts.curve_server_key = p->opts.curve_public_key = p->opts.curve_secret_key = NULL;
 	p->acked_version = p->pending_version = p->last_version = DCAST_VERSION_NONE;
+	p->failed_version = DCAST_VERSION_NONE;
 	p->stats.version = p->stats.acked_version = p->stats.baseline_version = DCAST_VERSION_NONE;
 	p->progress.version = DCAST_VERSION_NONE;
 	p->conn.broker_version = DCAST_VERSION_NONE;
@@ -310,14 +312,18 @@ int dcast_producer_register_slice(dcast_producer *p, const char *name, int dtype
 
 void dcast_producer_stats_get(const dcast_producer *p, dcast_producer_stats *out)
 {
-	*out = p->stats;
-	out->acked_version = p->acked_version;
-	out->broker_version = p->conn.broker_version;
+	if (!prod_sender_shown(p, out))
+		prod_stats_now(p, out);
 }
 
 uint64_t dcast_producer_broker_version(const dcast_producer *p)
 {
-	return p ? p->conn.broker_version : DCAST_VERSION_NONE;
+	dcast_producer_stats s;
+
+	if (!p)
+		return DCAST_VERSION_NONE;
+	dcast_producer_stats_get(p, &s);
+	return s.broker_version;
 }
 
 #define LOAD(f) __atomic_load_n(&p->progress.f, __ATOMIC_ACQUIRE)
@@ -337,6 +343,7 @@ void dcast_producer_progress_get(const dcast_producer *p, dcast_producer_progres
 	start = LOAD(start_ms);
 	end = out->active ? dcast_now_ms() : LOAD(end_ms);
 	out->elapsed_ms = end > start ? end - start : 0; /* a publish starting meanwhile */
+	out->err = (int)LOAD(err);
 }
 
 #undef LOAD
@@ -347,6 +354,7 @@ void dcast_producer_close(dcast_producer **pp)
 
 	if (!pp || !(p = *pp))
 		return;
+	prod_close_flush(p);
 	prod_conn_close(p, 1);
 	if (p->zctx)
 		zmq_ctx_term(p->zctx);

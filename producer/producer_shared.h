@@ -4,12 +4,13 @@
  * the broker (conn.c), its memory (baseline, encode slots, undo log:
  * memory.c), the encoder threads (encode.c), the publish pipeline
  * (publish.c, send.c) and the end of a version: ACK or failure
- * (outcome.c, under the connection), wait() (settle.c).
+ * (outcome.c, under the connection), wait() and flush() (settle.c), and the
+ * sender thread that sends an anchor after publish() returned (sender.c).
  * One way down (no file calls a file above it), from the top:
  *   baseline.c (the broker's newest version as the baseline, through the
  *   consumer library); base_check.c (the caller's copy of it, checked
  *   against the broker's digests); producer.c (open, register, close);
- *   publish.c; settle.c; send.c;
+ *   publish.c; settle.c; sender.c; send.c;
  *   conn.c; outcome.c; encode.c; memory.c; device.c; shared.c (what
  *   several of them read).
  * tests/test_layers.sh checks this order and that no circle forms.
@@ -113,6 +114,14 @@ typedef struct prod_dev_batch {
 	int rc;                 /* its error in that run */
 } prod_dev_batch;
 
+/* What an encoder run does with each range. */
+typedef enum prod_enc_mode {
+	PROD_ENC_DELTA,    /* diff the tensor against the baseline, fold the change in */
+	PROD_ENC_ANCHOR,   /* the tensor dense: payload, baseline copy, digest */
+	PROD_ENC_SNAPSHOT, /* the tensor copied into the baseline; no payload, no digest */
+	PROD_ENC_BASE      /* the baseline dense (a snapshot taken before): payload, digest */
+} prod_enc_mode;
+
 typedef struct prod_encoder {
 	pthread_t *threads;
 	uint32_t n_threads;
@@ -123,7 +132,8 @@ typedef struct prod_encoder {
 	uint64_t run;           /* bumped by every start: the workers' signal */
 	uint32_t next, end;     /* next range to claim, end of this run */
 	uint32_t busy;          /* workers inside the current run */
-	int anchor, abort, stop;
+	int mode;               /* prod_enc_mode of this run */
+	int abort, stop;
 	int dev_moved;          /* a device batch moved a baseline this run (atomic) */
 	int err;                /* the first error of this run, its detail */
 	char err_text[DCAST_MAX_TEXT];
@@ -134,6 +144,7 @@ typedef struct prod_encoder {
 typedef struct prod_progress {
 	uint64_t version, ranges_done, ranges_total, bytes_sent, bytes_taken, bytes_total;
 	uint64_t start_ms, end_ms, active, anchor;
+	uint64_t err;          /* the version failed: its dcast_err, else 0 */
 	uint64_t credit_from;  /* credit back (prod_credit_back) at the attempt's
 				  start (this thread's own: not atomic) */
 } prod_progress;
@@ -144,6 +155,8 @@ typedef struct prod_progress {
 typedef struct prod_run {
 	uint64_t version, base_version;
 	int anchor;
+	int from_base;        /* an anchor sent from the baseline (a snapshot of the
+				 tensors taken by publish()), not from the tensors */
 	uint32_t gen, seq;
 	uint64_t bytes, changed;
 	uint64_t progress_ms; /* last time credit or a slot came back */
@@ -179,6 +192,25 @@ typedef struct prod_conn {
 	uint64_t peer_err_version;
 	char peer_err_text[DCAST_MAX_TEXT + 1];
 } prod_conn;
+
+/* The thread that sends an anchor after publish() returned (sender.c).
+ * While it runs (started and not joined) it alone uses the connection, the
+ * encoders, the pool, the undo log and the version's state; the caller's
+ * thread joins it before any of those (publish, wait, flush, close) and
+ * reads stats from `shown` meanwhile. */
+typedef int (*prod_send_fn)(dcast_producer *p, prod_run *r);
+
+typedef struct prod_sender {
+	pthread_mutex_t lock;   /* guards done and shown against the caller's reads */
+	pthread_cond_t done_cv;
+	pthread_t thread;
+	int ready;              /* lock and condition initialised */
+	int running;            /* started and not joined */
+	int done;               /* it has returned: join it */
+	prod_send_fn send;
+	prod_run run;           /* the version it sends */
+	dcast_producer_stats shown; /* dcast_producer_stats_get() while it runs */
+} prod_sender;
 
 struct dcast_producer {
 	void *zctx;
@@ -231,6 +263,7 @@ struct dcast_producer {
 	uint64_t n_history;
 	dcast_producer_stats stats;
 	prod_progress progress;
+	prod_sender sender;
 };
 
 /* shared.c: below every other file here */
@@ -281,9 +314,18 @@ int prod_base_write(prod_tensor *t, const void *src, size_t bytes);
 /* encode.c */
 int prod_enc_setup(dcast_producer *p);
 void prod_enc_free(dcast_producer *p);
-void prod_enc_start(dcast_producer *p, int anchor, uint32_t from);
+void prod_enc_start(dcast_producer *p, prod_enc_mode mode, uint32_t from);
 int prod_enc_wait(dcast_producer *p, uint32_t j, int timeout_ms, prod_job **out);
 uint32_t prod_enc_stop(dcast_producer *p);
+
+/* sender.c */
+int prod_sender_start(dcast_producer *p, const prod_run *r, prod_send_fn send);
+int prod_sender_join(dcast_producer *p, int timeout_ms);
+int prod_sender_shown(const dcast_producer *p, dcast_producer_stats *out);
+void prod_sender_free(dcast_producer *p);
+
+/* settle.c */
+void prod_close_flush(dcast_producer *p);
 
 /* send.c */
 int prod_need_anchor(const dcast_producer *p);
@@ -304,5 +346,6 @@ void prod_progress_taken(dcast_producer *p);
 void prod_baseline_adopted(dcast_producer *p, uint64_t version);
 uint64_t prod_credit_back(const dcast_producer *p);
 int prod_fail_pending(dcast_producer *p, int rc);
+void prod_stats_now(const dcast_producer *p, dcast_producer_stats *out);
 
 #endif

@@ -8,7 +8,9 @@
  * the version's undo log.  A lost connection mid-version is re-joined and
  * the version sent again from seq 0: the ranges already encoded from the
  * undo log, then the rest, or everything as an anchor if the broker needs
- * one. */
+ * one.  An anchor of host tensors is a snapshot: the encoders copy the
+ * tensors into the baseline, publish() returns, and the sender thread
+ * (sender.c) sends the version from the baseline (PROD_ENC_BASE). */
 #include <string.h>
 #include "producer_shared.h"
 
@@ -113,7 +115,7 @@ static int run_jobs(dcast_producer *p, prod_run *r)
 	uint32_t j = p->resume_from, claimed;
 	int rc = 0;
 
-	prod_enc_start(p, r->anchor, j);
+	prod_enc_start(p, r->from_base ? PROD_ENC_BASE : r->anchor ? PROD_ENC_ANCHOR : PROD_ENC_DELTA, j);
 	while (!rc && j < p->n_chunks)
 		rc = take_job(p, r, j++);
 	claimed = prod_enc_stop(p);
@@ -163,6 +165,7 @@ static void start_run(dcast_producer *p, uint64_t version, int anchor, prod_run 
 	p->resends = 0;
 	SET(start_ms, dcast_now_ms());
 	SET(version, version);
+	SET(err, 0);
 	progress_start(p, r);
 	SET(active, 1);
 }
@@ -172,13 +175,14 @@ static void start_run(dcast_producer *p, uint64_t version, int anchor, prod_run 
 static void restart_run(dcast_producer *p, prod_run *r)
 {
 	int anchor = r->anchor || p->undo.lost || p->resume_from == PROD_NO_RESUME ||
-		     prod_need_anchor(p);
+		     prod_need_anchor(p), from_base = r->from_base;
 
 	if (anchor) {
 		prod_undo_reset(&p->undo);
 		p->resume_from = 0;
 	}
 	prod_init_run(p, r->version, anchor, r);
+	r->from_base = from_base;
 	p->pending_anchor = anchor;
 	progress_start(p, r);
 }
@@ -303,25 +307,91 @@ static int retry(dcast_producer *p, int rc, uint32_t *attempts)
 	return check_version(p, p->pending_version);
 }
 
-int dcast_producer_publish(dcast_producer *p, uint64_t version)
+/* Send the version started by start_run(), re-joining and re-trying as
+ * needed: from publish() itself, or from the sender thread (an anchor
+ * snapshot).  On error the version is settled as failed. */
+static int send_version(dcast_producer *p, prod_run *r)
 {
 	uint32_t attempts = 0;
-	prod_run r;
 	int rc;
+
+	while ((rc = publish_once(p, r))) {
+		if ((rc = retry(p, rc, &attempts)))
+			return prod_fail_pending(p, rc);
+		restart_run(p, r);
+	}
+	finish_stats(p, r);
+	return 0;
+}
+
+/* An anchor whose bytes may come from a snapshot in the baseline: every
+ * tensor in host memory (a CUDA tensor's anchor is sent from the device). */
+static int snapshot_fits(const dcast_producer *p)
+{
+	for (uint32_t i = 0; i < p->n_tensors; i++)
+		if (p->tensors[i].mem != DCAST_MEM_HOST)
+			return 0;
+	return 1;
+}
+
+/* Copy every tensor into the baseline (the encoders share the ranges);
+ * one memcpy of the model in all, and nothing else. */
+static void snapshot(dcast_producer *p)
+{
+	prod_job *job;
+
+	prod_enc_start(p, PROD_ENC_SNAPSHOT, 0);
+	for (uint32_t j = 0; j < p->n_chunks; j++)
+		while (prod_enc_wait(p, j, PROD_JOB_WAIT_MS, &job) == DCAST_ETIMEDOUT)
+			;
+	prod_enc_stop(p);
+}
+
+/* What stats_get() shows while the sender thread sends r. */
+static void shown_stats(dcast_producer *p, const prod_run *r)
+{
+	dcast_producer_stats *s = &p->sender.shown;
+
+	prod_stats_now(p, s);
+	s->version = r->version;
+	s->anchor = 1;
+	s->chunks_total = p->n_chunks;
+	s->chunks_sent = s->payload_bytes = 0;
+	s->changed_elems = s->elems;
+}
+
+/* A host anchor: snapshot, then the sender thread sends it (the caller's
+ * tensors are free again at return); without a thread, sent here. */
+static int publish_snapshot(dcast_producer *p, prod_run *r)
+{
+	snapshot(p);
+	r->from_base = 1;
+	shown_stats(p, r);
+	if (!prod_sender_start(p, r, send_version))
+		return 0;
+	DCAST_LOG_W("producer %s: %s; sending version %llu before returning", p->model,
+		    dcast_last_error(), (unsigned long long)r->version);
+	return send_version(p, r);
+}
+
+int dcast_producer_publish(dcast_producer *p, uint64_t version)
+{
+	prod_run r;
+	int rc, anchor;
 
 	if (!p)
 		return dcast_fail(DCAST_EINVAL, "publish: NULL producer");
-	if ((rc = prod_freeze(p)) || (rc = settle_previous(p, version)) ||
-	    (rc = check_version(p, version)) || (rc = ensure_joined(p)) ||
-	    (rc = check_version(p, version)))
+	if ((rc = prod_sender_join(p, -1)) || (rc = prod_freeze(p)) ||
+	    (rc = settle_previous(p, version)) || (rc = check_version(p, version)) ||
+	    (rc = ensure_joined(p)) || (rc = check_version(p, version)))
 		return rc;
-	start_run(p, version, !p->baseline_valid || prod_need_anchor(p), &r);
-	while ((rc = publish_once(p, &r))) {
-		if ((rc = retry(p, rc, &attempts)))
-			return prod_fail_pending(p, rc);
-		restart_run(p, &r);
-	}
-	finish_stats(p, &r);
-	p->last_version = version;
-	return 0;
+	anchor = !p->baseline_valid || prod_need_anchor(p);
+	start_run(p, version, anchor, &r);
+	if (anchor && snapshot_fits(p))
+		rc = publish_snapshot(p, &r);
+	else
+		rc = send_version(p, &r);
+	if (!rc)
+		p->last_version = version;
+	return rc;
 }

@@ -1,5 +1,6 @@
-/* dcast_producer_wait(): how a published version ends, as the caller sees
- * it.  It re-joins a lost connection and re-sends a version the re-joined
+/* dcast_producer_wait() and dcast_producer_flush(): how a published
+ * version ends, as the caller sees it (an anchor still being sent by the
+ * sender thread first ends its sending).  It re-joins a lost connection and re-sends a version the re-joined
  * broker does not have; the outcomes themselves are outcome.c's, which
  * keeps the latest for wait(). */
 #include <string.h>
@@ -60,8 +61,36 @@ int dcast_producer_wait(dcast_producer *p, uint64_t version, int timeout_ms)
 
 	if (!p)
 		return dcast_fail(DCAST_EINVAL, "wait: NULL producer");
+	if ((rc = prod_sender_join(p, timeout_ms > 0 ? timeout_ms : 0)))
+		return rc;
 	while (version == p->pending_version)
 		if ((rc = wait_step(p, version, deadline)))
 			return rc;
 	return settled(p, version);
+}
+
+int dcast_producer_flush(dcast_producer *p, int timeout_ms)
+{
+	if (!p)
+		return dcast_fail(DCAST_EINVAL, "flush: NULL producer");
+	if (p->last_version == DCAST_VERSION_NONE)
+		return 0;
+	return dcast_producer_wait(p, p->last_version, timeout_ms);
+}
+
+/* close(): the last version's sending ended, then its ACK awaited up to
+ * opts.close_timeout_ms while the connection stays up (no re-join); what
+ * is still pending then is abandoned. */
+void prod_close_flush(dcast_producer *p)
+{
+	uint64_t v = p->last_version, deadline;
+
+	prod_sender_free(p);
+	deadline = dcast_now_ms() + p->opts.close_timeout_ms;
+	while (v != DCAST_VERSION_NONE && v == p->pending_version && p->conn.up &&
+	       !prod_conn_take_error(p, v) && dcast_now_ms() < deadline)
+		prod_conn_poll(p, PROD_POLL_MS);
+	if (v != DCAST_VERSION_NONE && v == p->pending_version)
+		DCAST_LOG_W("producer %s part %u: closing with version %llu not acknowledged",
+			    p->model, p->part, (unsigned long long)v);
 }

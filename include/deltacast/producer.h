@@ -6,6 +6,10 @@
  * version the broker acknowledged, which the producer keeps as a baseline in
  * pinned host memory and updates in O(changed) while it encodes.
  *
+ * An anchor of host tensors is a snapshot: publish() copies the tensors
+ * into the baseline and returns, and a sender thread of the producer sends
+ * the version from there (dcast_producer_flush() waits for its ACK).
+ *
  * Encoder threads (opts.encode_threads) diff the chunk ranges in parallel;
  * the calling thread sends them in order, so ZeroMQ's I/O thread sends chunk
  * k while chunks k+1... are encoded (payloads go out zero-copy from a
@@ -15,7 +19,7 @@
  * protocol: docs/protocol.md.
  *
  * Thread safety: one producer is used by one thread at a time (its encoder
- * threads are its own).  Different producers are independent. */
+ * and sender threads are its own).  Different producers are independent. */
 #ifndef DELTACAST_PRODUCER_H
 #define DELTACAST_PRODUCER_H
 
@@ -70,6 +74,9 @@ typedef struct dcast_producer_opts {
 					thread included (it encodes while the range
 					it sends next is not ready); 0 = one per CPU,
 					at most 8; 1..64 */
+	uint32_t close_timeout_ms;   /* close(): wait this long for the last
+					version's ACK while the connection is up
+					(no re-join); default 5000, 0 = abandon it */
 } dcast_producer_opts;
 
 /* Set every option to its default.  Never fails. */
@@ -97,6 +104,13 @@ typedef struct dcast_producer_stats {
 	uint64_t broker_version;   /* the broker's newest committed version of the
 				      model (WELCOME, ACK), or NONE: a new process
 				      that sees one may take it as its baseline */
+	uint64_t failed_version;   /* the latest version that failed, or NONE:
+				      publish() returned its error, or it failed
+				      after publish() returned 0 (the broker
+				      refused it, the connection was lost, no
+				      credit came back) */
+	int failed_err;            /* its dcast_err (its text: dcast_producer_wait()
+				      of it); 0 when none failed */
 } dcast_producer_stats;
 
 /* Where the version being published stands, for progress displays: read
@@ -118,6 +132,7 @@ typedef struct dcast_producer_progress {
 	uint64_t bytes_total;   /* an anchor: this part's tensor bytes; a delta: 0
 				   (its size is known once every range is diffed) */
 	uint64_t elapsed_ms;    /* since that publish() began (to its ACK, once settled) */
+	int err;                /* it failed (active 0): its dcast_err; else 0 */
 } dcast_producer_progress;
 
 /* Connect to the broker at `endpoint` (a ZeroMQ endpoint such as
@@ -193,6 +208,24 @@ DCAST_API int dcast_producer_register_slice(dcast_producer *p, const char *name,
  * Returns 0 once every chunk and the COMMIT are handed to the connection:
  * the caller may then change its tensors.  That is not yet the broker's
  * acknowledgement: dcast_producer_wait() reports it.
+ * An anchor of tensors that are all in host memory returns sooner: once
+ * the tensors are copied into the baseline (one memcpy of this part's
+ * bytes, spread over the encoder threads); the caller may change its
+ * tensors at once.  The producer's sender thread then sends the version
+ * from the baseline under the broker's credit, re-joining as above;
+ * progress_get() shows it going (active, bytes_sent, bytes_taken).  A
+ * publish(), wait(), flush() or close() called meanwhile first waits for
+ * that sending to end (publish() and close() as long as it takes, which
+ * the ack_timeout_ms and max_reconnects bounds end; wait() and flush()
+ * up to their timeout): versions go one at a time, never interleaved.
+ * An error the sender meets after publish() returned fails the version
+ * (nothing of it committed; the next version is an anchor) and is
+ * reported, with its text, by dcast_producer_wait() of that version and
+ * by dcast_producer_flush() while it is the last one published; by
+ * progress_get() (active 0, err its code); by stats_get() (failed_version,
+ * failed_err); and in the log (a warning).  The next publish() logs it
+ * too and goes on with its own version (it does not return that error).
+ * A CUDA tensor's anchor is sent before publish() returns, as a delta is.
  * Errors: DCAST_EVERSION (version not above the last published or the
  * broker's newest), DCAST_ESTATE (nothing registered), DCAST_ECLOSED (the
  * connection could not be re-joined), DCAST_ETIMEDOUT (no credit or ACK in
@@ -211,8 +244,10 @@ DCAST_API int dcast_producer_publish(dcast_producer *p, uint64_t version);
  * again from the baseline (the same delta, or an anchor if the broker lost
  * its state), not from the caller's tensors, which may have changed; a
  * re-join and re-send may outlast timeout_ms.
- * Errors: DCAST_ETIMEDOUT (not yet: the version is still pending, call
- * again), DCAST_ENOTFOUND (never published, or too old to be kept),
+ * An anchor the sender thread still sends is waited for first, within
+ * timeout_ms.
+ * Errors: DCAST_ETIMEDOUT (not yet: the version is still being sent or
+ * pending, call again), DCAST_ENOTFOUND (never published, or too old to be kept),
  * DCAST_EABORTED / another broker ERROR code (the broker refused or dropped
  * it), DCAST_ECLOSED (connection lost and not re-joined, or re-sent
  * max_reconnects times without an ACK), DCAST_EVERSION (the re-joined
@@ -223,9 +258,18 @@ DCAST_API int dcast_producer_publish(dcast_producer *p, uint64_t version);
  * returns its error again. */
 DCAST_API int dcast_producer_wait(dcast_producer *p, uint64_t version, int timeout_ms);
 
+/* Wait up to timeout_ms for the broker's ACK of the last version that
+ * publish() returned 0 for: dcast_producer_wait() of that version (its
+ * sending by the sender thread ended first).  0 at once when nothing was
+ * published.  Errors: as dcast_producer_wait(), DCAST_EINVAL for NULL;
+ * DCAST_ETIMEDOUT: still being sent, or no ACK yet (call again). */
+DCAST_API int dcast_producer_flush(dcast_producer *p, int timeout_ms);
+
 /* Copy the counters into *out.  Never fails for valid pointers.  From the
  * producer's own thread only (use dcast_producer_progress_get() from
- * another). */
+ * another).  While the sender thread still sends an anchor, version,
+ * anchor, chunks_total and elems name it, chunks_sent and payload_bytes
+ * read 0 (progress_get() has its bytes), the rest as before it. */
 DCAST_API void dcast_producer_stats_get(const dcast_producer *p, dcast_producer_stats *out);
 
 /* The newest version of the model the broker has committed, as its
@@ -295,9 +339,12 @@ DCAST_API int dcast_producer_fetch_baseline(dcast_producer *p, const char *consu
 DCAST_API int dcast_producer_adopt_baseline(dcast_producer *p, const char *consumer_endpoint,
 				  const void *const *bases, uint32_t n, int timeout_ms);
 
-/* Send BYE, close the connection and free everything, including the
- * baseline; set *p to NULL.  NULL or *p == NULL is a no-op.  A version not
- * yet acknowledged is abandoned (the broker drops it). */
+/* Flush, bounded: wait for the sender thread to end an anchor's sending,
+ * then up to opts.close_timeout_ms for the last version's ACK while the
+ * connection is up (no re-join).  Then send BYE, close the connection and
+ * free everything, including the baseline; set *p to NULL.  NULL or *p ==
+ * NULL is a no-op.  A version still not acknowledged is abandoned (the
+ * broker drops it; a warning is logged). */
 DCAST_API void dcast_producer_close(dcast_producer **p);
 
 #ifdef __cplusplus

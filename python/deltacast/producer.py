@@ -20,7 +20,9 @@ numpy arrays must be C-contiguous; float32 -> F32, float16 -> F16, and
 uint16 holding bf16 bit patterns -> BF16 when dtype="bf16" is given.  torch
 tensors (CPU or CUDA, bfloat16 included) are passed by data_ptr().  The
 library reads the memory during publish(): keep the tensors alive and
-unchanged until publish() returns.
+unchanged until publish() returns.  An anchor of host tensors returns once
+they are copied into the producer's baseline, and goes to the broker from
+there meanwhile: flush() waits for its ACK (and raises what failed).
 
 Register the torch Parameter itself (register_module does), not
 `param.data`: publish() then sees a parameter whose storage was replaced
@@ -50,7 +52,7 @@ class _Opts(ctypes.Structure):
                 ("reconnect_backoff_ms", ctypes.c_uint32), ("baseline_on_device", ctypes.c_int),
                 ("client", ctypes.c_char_p), ("curve_server_key", ctypes.c_char_p),
                 ("curve_public_key", ctypes.c_char_p), ("curve_secret_key", ctypes.c_char_p),
-                ("encode_threads", ctypes.c_uint32)]
+                ("encode_threads", ctypes.c_uint32), ("close_timeout_ms", ctypes.c_uint32)]
 
 
 class _Stats(ctypes.Structure):
@@ -61,7 +63,8 @@ class _Stats(ctypes.Structure):
                 ("payload_bytes", ctypes.c_uint64), ("model_bytes", ctypes.c_uint64),
                 ("acked_version", ctypes.c_uint64), ("total_reconnects", ctypes.c_uint64),
                 ("total_payload_bytes", ctypes.c_uint64), ("total_resends", ctypes.c_uint64),
-                ("baseline_version", ctypes.c_uint64), ("broker_version", ctypes.c_uint64)]
+                ("baseline_version", ctypes.c_uint64), ("broker_version", ctypes.c_uint64),
+                ("failed_version", ctypes.c_uint64), ("failed_err", ctypes.c_int)]
 
 
 class Progress(ctypes.Structure):
@@ -70,19 +73,21 @@ class Progress(ctypes.Structure):
     from publish() to the broker's ACK; bytes_sent: handed to the
     connection, bytes_taken: stored by the broker; bytes_total: the part's
     tensor bytes for an anchor, 0 for a delta (ranges_done of ranges_total
-    then tells how far the diff is)."""
+    then tells how far the diff is); err: the version failed (active 0),
+    its dcast_err code, else 0.  After publish() of an anchor returned,
+    active stays 1 while the producer's sender thread sends it."""
     _fields_ = [("version", ctypes.c_uint64), ("active", ctypes.c_int), ("anchor", ctypes.c_int),
                 ("ranges_done", ctypes.c_uint64), ("ranges_total", ctypes.c_uint64),
                 ("bytes_sent", ctypes.c_uint64), ("bytes_taken", ctypes.c_uint64),
                 ("bytes_total", ctypes.c_uint64),
-                ("elapsed_ms", ctypes.c_uint64)]
+                ("elapsed_ms", ctypes.c_uint64), ("err", ctypes.c_int)]
 
 
 class Stats(StatsView):
     """Counters of the latest publish (dcast_producer_stats, field for
-    field); version and acked_version are None before the first publish
-    and the first ACK."""
-    _versions = ("version", "acked_version")
+    field); version, acked_version and failed_version are None before the
+    first publish, the first ACK and the first failure."""
+    _versions = ("version", "acked_version", "failed_version")
 
 
 def _declare(l: ctypes.CDLL) -> ctypes.CDLL:
@@ -97,6 +102,7 @@ def _declare(l: ctypes.CDLL) -> ctypes.CDLL:
                                                 ctypes.POINTER(u64), vp, ctypes.c_int]
     l.dcast_producer_publish.argtypes = [vp, u64]
     l.dcast_producer_wait.argtypes = [vp, u64, ctypes.c_int]
+    l.dcast_producer_flush.argtypes = [vp, ctypes.c_int]
     l.dcast_producer_stats_get.argtypes = [vp, ctypes.POINTER(_Stats)]
     l.dcast_producer_broker_version.argtypes = [vp]
     l.dcast_producer_broker_version.restype = u64
@@ -171,6 +177,8 @@ class Producer(Closable):
     broker's public key and this producer's pair) to speak CURVE.
     on_moved: "follow" or "raise" when a registered torch tensor's storage
     was replaced (see the module doc).
+    close_timeout_ms: how long close() waits for the last version's ACK
+    (default 5000; 0 abandons it at once).
     baseline_from: the same broker's consumer endpoint: before the first
     publish, take the broker's newest version of the model (if it holds
     one) as the baseline, so that a restarted trainer's first version goes
@@ -185,6 +193,7 @@ class Producer(Closable):
                  ack_timeout_ms: Optional[int] = None, max_reconnects: Optional[int] = None,
                  max_inflight_bytes: Optional[int] = None, undo_bytes: Optional[int] = None,
                  client: str = "python", encode_threads: Optional[int] = None,
+                 close_timeout_ms: Optional[int] = None,
                  baseline_on_device: bool = False, on_moved: str = "follow",
                  curve_server_key: Union[str, bytes, None] = None,
                  curve_public_key: Union[str, bytes, None] = None,
@@ -218,7 +227,8 @@ class Producer(Closable):
                                      ("max_reconnects", max_reconnects, 0, u32),
                                      ("max_inflight_bytes", max_inflight_bytes, 1, u64),
                                      ("undo_bytes", undo_bytes, 0, u64),
-                                     ("encode_threads", encode_threads, 0, 64)):
+                                     ("encode_threads", encode_threads, 0, 64),
+                                     ("close_timeout_ms", close_timeout_ms, 0, u32)):
             if value is not None:
                 setattr(opts, field, need_int(f"Producer: {field}", value, lo, hi))
         opts.baseline_on_device = int(bool(baseline_on_device))
@@ -385,6 +395,14 @@ class Producer(Closable):
         check(self._l.dcast_producer_wait(self._live("wait"), need_int("wait: version", version, 0),
                                           need_int("wait: timeout_ms", timeout_ms, -1)))
 
+    def flush(self, timeout_ms: int = 30000) -> None:
+        """Block until the broker acknowledged the last version publish()
+        accepted (dcast_producer_flush: an anchor still being sent after
+        publish() returned is waited for first); raises its failure, or
+        DeltacastTimeout (a TimeoutError) when timeout_ms passes first."""
+        check(self._l.dcast_producer_flush(self._live("flush"),
+                                           need_int("flush: timeout_ms", timeout_ms, -1)))
+
     def stats(self) -> Stats:
         """Counters of the latest publish (a Stats snapshot; version and
         acked_version None until there is one)."""
@@ -410,7 +428,9 @@ class Producer(Closable):
         return s
 
     def close(self) -> None:
-        """Close the connection and free the baseline; idempotent."""
+        """Wait (bounded: close_timeout_ms, default 5000) for the last
+        version's ACK, then close the connection and free the baseline;
+        idempotent."""
         if self._p is not None and self._p.value:
             self._l.dcast_producer_close(ctypes.byref(self._p))
         self._entries = {}

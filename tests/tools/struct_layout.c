@@ -50,7 +50,7 @@ int main(void)
 	FIELD(dcast_producer_opts, reconnect_backoff_ms); FIELD(dcast_producer_opts, baseline_on_device);
 	FIELD(dcast_producer_opts, client); FIELD(dcast_producer_opts, curve_server_key);
 	FIELD(dcast_producer_opts, curve_public_key); FIELD(dcast_producer_opts, curve_secret_key);
-	FIELD(dcast_producer_opts, encode_threads);
+	FIELD(dcast_producer_opts, encode_threads); FIELD(dcast_producer_opts, close_timeout_ms);
 	END();
 	BEGIN(dcast_producer_stats, "producer_stats");
 	FIELD(dcast_producer_stats, version); FIELD(dcast_producer_stats, anchor);
@@ -60,13 +60,14 @@ int main(void)
 	FIELD(dcast_producer_stats, acked_version); FIELD(dcast_producer_stats, total_reconnects);
 	FIELD(dcast_producer_stats, total_payload_bytes); FIELD(dcast_producer_stats, total_resends);
 	FIELD(dcast_producer_stats, baseline_version); FIELD(dcast_producer_stats, broker_version);
+	FIELD(dcast_producer_stats, failed_version); FIELD(dcast_producer_stats, failed_err);
 	END();
 	BEGIN(dcast_producer_progress, "producer_progress");
 	FIELD(dcast_producer_progress, version); FIELD(dcast_producer_progress, active);
 	FIELD(dcast_producer_progress, anchor); FIELD(dcast_producer_progress, ranges_done);
 	FIELD(dcast_producer_progress, ranges_total); FIELD(dcast_producer_progress, bytes_sent);
 	FIELD(dcast_producer_progress, bytes_taken); FIELD(dcast_producer_progress, bytes_total);
-	FIELD(dcast_producer_progress, elapsed_ms);
+	FIELD(dcast_producer_progress, elapsed_ms); FIELD(dcast_producer_progress, err);
 	END();
 	printf("}\n");
 	return 0;

@@ -44,18 +44,21 @@ static int encode_job(dcast_producer *p, int mode, uint32_t j, prod_job *job)
 {
 	const prod_tensor *t = &p->tensors[job->tensor];
 	uint64_t off = range_off(p, t, j), count = prod_range_count(p, t, off);
-	const unsigned char *cur = t->ptr + off * t->elem_size;
 	unsigned char *base = t->base + off * t->elem_size;
+	const unsigned char *cur;
 
+	if (t->mem == DCAST_MEM_CUDA) { /* snapshots are of host tensors only */
+		DCAST_ASSERT(mode == PROD_ENC_DELTA || mode == PROD_ENC_ANCHOR);
+		return prod_dev_encode(p, t, mode == PROD_ENC_ANCHOR, off, count, job);
+	}
+	if (mode == PROD_ENC_ANCHOR || mode == PROD_ENC_BASE)
+		return encode_dense(p, mode, t, off, job);
+	cur = t->ptr + off * t->elem_size; /* the caller's tensor */
 	if (mode == PROD_ENC_SNAPSHOT) {
-		DCAST_ASSERT(t->mem == DCAST_MEM_HOST && !job->slot);
+		DCAST_ASSERT(!job->slot);
 		memcpy(base, cur, count * t->elem_size);
 		return 0;
 	}
-	if (t->mem == DCAST_MEM_CUDA)
-		return prod_dev_encode(p, t, mode != PROD_ENC_DELTA, off, count, job);
-	if (mode != PROD_ENC_DELTA)
-		return encode_dense(p, mode, t, off, job);
 	/* range j's digest at the last published state (chunk_digest, written by
 	 * the publishing thread only between runs or after job j is done),
 	 * moved by the change as the encoder copies it into the baseline */

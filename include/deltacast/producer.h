@@ -223,8 +223,8 @@ DCAST_API int dcast_producer_register_slice(dcast_producer *p, const char *name,
  * reported, with its text, by dcast_producer_wait() of that version and
  * by dcast_producer_flush() while it is the last one published; by
  * progress_get() (active 0, err its code); by stats_get() (failed_version,
- * failed_err); and in the log (a warning).  The next publish() logs it
- * too and goes on with its own version (it does not return that error).
+ * failed_err); and in the log (a warning).  The next publish() does not
+ * return it: it sends its own version, as an anchor.
  * A CUDA tensor's anchor is sent before publish() returns, as a delta is.
  * Errors: DCAST_EVERSION (version not above the last published or the
  * broker's newest), DCAST_ESTATE (nothing registered), DCAST_ECLOSED (the

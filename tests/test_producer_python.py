@@ -1,7 +1,10 @@
 """The Python binding publishes numpy tensors (bf16 bit patterns, float32,
 float16) through the real broker; the test reader (tests/tools/
 producer_reader) receives every version bit-exact.  Errors surface as
-DeltacastError with the C code and message."""
+DeltacastError with the C code and message.  An anchor's publish() returns
+before the broker took any of it (the broker stopped, its window 1 MiB of
+16 MiB): the arrays are overwritten at once, flush() waits for the ACK,
+and the reader gets the published values."""
 import json
 import os
 import re
@@ -135,6 +138,34 @@ def expect_error(name, fn):
     raise AssertionError(f"no error, want {name}")
 
 
+def anchor_returns_early(tmp):
+    """publish() of an anchor returns with nothing taken by a stopped
+    broker; the caller's array is free at once; flush() reports the ACK."""
+    os.mkdir(os.path.join(tmp, "early"))
+    prod_ep, cons_ep = start_broker(os.path.join(tmp, "early"), "--producer-window-bytes",
+                                    str(1 << 20))
+    broker = procs[-1]
+    a = np.random.default_rng(9).standard_normal(4 << 20).astype(np.float32)
+    with Producer(prod_ep, "early", range_elems=1 << 16, ack_timeout_ms=10000) as p:
+        p.flush(0)  # nothing published: at once
+        p.register("a", a)
+        want = a.tobytes()
+        broker.send_signal(signal.SIGSTOP)
+        try:
+            p.publish(1)
+            pr = p.progress()
+            assert pr.active and pr.anchor and pr.bytes_taken == 0, (pr.active, pr.bytes_taken)
+            a[:] = 0.5  # the next step's weights, at once
+        finally:
+            broker.send_signal(signal.SIGCONT)
+        p.flush(20000)
+        pr, s = p.progress(), p.stats()
+        assert not pr.active and pr.err == 0 and pr.bytes_taken == len(want)
+        assert s.acked_version == 1 and s.failed_version is None and s.failed_err == 0
+    got = read_version(cons_ep, "early", 1, os.path.join(tmp, "early", "v1.st"))
+    assert got["a"] == want, "the reader did not get the published values"
+
+
 def main():
     tmp = tempfile.mkdtemp(prefix="dcast-test-producer-py-")
     try:
@@ -174,6 +205,7 @@ def main():
             e = expect_error("DCAST_EVERSION", lambda: p.publish(3))
             assert "not above" in e.detail
             expect_error("DCAST_ESHAPE", lambda: p.register("w", w[:10], dtype="bf16"))
+        anchor_returns_early(tmp)
         print("test_producer_python: ok")
         return 0
     finally:

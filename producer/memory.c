@@ -16,10 +16,23 @@ static size_t pad8(size_t n)
 	return (n + 7) & ~(size_t)7;
 }
 
-static void *map_region(size_t bytes, const char *what)
+static void pin(void *m, size_t bytes, const char *what)
+{
+	static int warned;
+
+	if (mlock(m, bytes) && !warned) {
+		warned = 1;
+		DCAST_LOG_I("producer: %s not pinned (mlock: %s); using pageable memory", what,
+			    strerror(errno));
+	}
+}
+
+/* A mapping for the producer's memory; pinned at once when `pin_now`, else
+ * by prod_mem_pin() once written (the kernel zeroes each page as it is
+ * first touched, by whichever encoder thread touches it). */
+static void *map_region(size_t bytes, const char *what, int pin_now)
 {
 	void *m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	static int warned;
 
 	if (m == MAP_FAILED) {
 		dcast_fail(DCAST_ENOMEM, "producer: cannot map %zu bytes for the %s: %s", bytes,
@@ -27,12 +40,21 @@ static void *map_region(size_t bytes, const char *what)
 		return NULL;
 	}
 	madvise(m, bytes, MADV_HUGEPAGE); /* fewer TLB misses when diffing; a hint only */
-	if (mlock(m, bytes) && !warned) {
-		warned = 1;
-		DCAST_LOG_I("producer: %s not pinned (mlock: %s); using pageable memory", what,
-			    strerror(errno));
-	}
+	if (pin_now)
+		pin(m, bytes, what);
 	return m;
+}
+
+/* Pin the baseline once its first version is in it (best effort): mlock
+ * at setup would make the kernel zero the whole region on one thread
+ * before the first anchor's copy; written first, the encoders fault its
+ * pages in parallel. */
+void prod_mem_pin(dcast_producer *p)
+{
+	if (p->base_pinned || !p->base_region)
+		return;
+	pin(p->base_region, p->base_region_bytes, "baseline");
+	p->base_pinned = 1;
 }
 
 /* Chunk ranges per tensor, offsets of the baselines kept in host memory;
@@ -107,7 +129,7 @@ int prod_mem_setup(dcast_producer *p)
 	prod_dev_alloc(p);
 	if ((rc = layout(p, &bytes, &chunk_bytes)))
 		return rc;
-	if (bytes && !(p->base_region = map_region(bytes, "baseline")))
+	if (bytes && !(p->base_region = map_region(bytes, "baseline", 0)))
 		return DCAST_ENOMEM;
 	p->base_region_bytes = bytes;
 	for (uint32_t i = 0; i < p->n_tensors; i++)
@@ -123,7 +145,7 @@ int prod_mem_setup(dcast_producer *p)
 		return rc;
 	p->undo.cap = p->opts.undo_bytes ? p->opts.undo_bytes : p->stats.model_bytes / 8;
 	p->undo.cap = p->undo.cap < PROD_UNDO_MIN ? PROD_UNDO_MIN : p->undo.cap;
-	if (!(p->undo.buf = map_region(p->undo.cap, "undo log")))
+	if (!(p->undo.buf = map_region(p->undo.cap, "undo log", 1)))
 		return DCAST_ENOMEM;
 	return 0;
 }

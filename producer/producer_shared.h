@@ -232,6 +232,7 @@ struct dcast_producer {
 	unsigned char *base_region;
 	size_t base_region_bytes;
 	int base_registered;     /* with CUDA, for device tensors' kernels */
+	int base_pinned;         /* mlock tried on it (prod_mem_pin) */
 	uint64_t *chunk_digest;  /* per chunk range: digest of the baseline */
 	uint64_t publish_ns;     /* the pending version's publish call (debug log) */
 	prod_dev_batch *dev_batch; /* with CUDA tensors (device.c) */
@@ -293,6 +294,7 @@ int prod_conn_take_error(dcast_producer *p, uint64_t version);
 /* memory.c */
 int prod_mem_setup(dcast_producer *p);
 void prod_mem_free(dcast_producer *p);
+void prod_mem_pin(dcast_producer *p);
 int prod_pool_get(prod_pool *pool, uint64_t deadline_ms, prod_slot **out);
 void prod_pool_free_cb(void *data, void *hint);
 void prod_undo_reset(prod_undo *u);

@@ -391,6 +391,7 @@ int dcast_producer_publish(dcast_producer *p, uint64_t version)
 		rc = publish_snapshot(p, &r);
 	else
 		rc = send_version(p, &r);
+	prod_mem_pin(p);
 	if (!rc)
 		p->last_version = version;
 	return rc;

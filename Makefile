@@ -232,6 +232,14 @@ bench-producer: all $(BUILD)/tools/bench_producer
 	  --trace $(BUILD)/bench-producer-$(BENCH_PRODUCER_PARAMS) --rounds 21 --doc docs/benchmarks.md \
 	  --cmd "make bench-producer BENCH_PRODUCER_PARAMS=$(BENCH_PRODUCER_PARAMS)"
 
+# `make bench-publish`: how long publish() of a host anchor (BENCH_PUBLISH_MB
+# MiB) keeps the trainer, against one memcpy of the same bytes; prints
+# publish_over_memcpy (the table is in docs/benchmarks.md, "Producer").
+BENCH_PUBLISH_MB ?= 256
+.PHONY: bench-publish
+bench-publish: all $(BUILD)/tools/bench_publish
+	DELTACAST_BUILD=$(BUILD) $(BUILD)/tools/bench_publish --mb $(BENCH_PUBLISH_MB)
+
 # --- consumer ---
 # `make bench-consumer`: staging throughput vs memcpy into the pinned pool,
 # apply time of a 1%-density version vs its end-to-end receive time, and

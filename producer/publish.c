@@ -110,12 +110,19 @@ static void settle_unsent(dcast_producer *p, const prod_run *r, uint32_t claimed
 	p->resume_from = hole ? PROD_NO_RESUME : claimed;
 }
 
+static prod_enc_mode run_mode(const prod_run *r)
+{
+	if (r->from_base)
+		return PROD_ENC_BASE;
+	return r->anchor ? PROD_ENC_ANCHOR : PROD_ENC_DELTA;
+}
+
 static int run_jobs(dcast_producer *p, prod_run *r)
 {
 	uint32_t j = p->resume_from, claimed;
 	int rc = 0;
 
-	prod_enc_start(p, r->from_base ? PROD_ENC_BASE : r->anchor ? PROD_ENC_ANCHOR : PROD_ENC_DELTA, j);
+	prod_enc_start(p, run_mode(r), j);
 	while (!rc && j < p->n_chunks)
 		rc = take_job(p, r, j++);
 	claimed = prod_enc_stop(p);
@@ -360,10 +367,27 @@ static void shown_stats(dcast_producer *p, const prod_run *r)
 	s->changed_elems = s->elems;
 }
 
+/* The MANIFEST, when due, from publish() itself: an error in the caller's
+ * registrations (a header over DCAST_MAX_HEADER_BYTES) is publish()'s to
+ * return, as on the other paths; a lost connection is left to the sender
+ * thread's re-join. */
+static int manifest_first(dcast_producer *p)
+{
+	int rc;
+
+	if (p->conn.manifest_sent || !(rc = prod_send_manifest(p)) || rc == DCAST_ECLOSED)
+		return 0;
+	return rc;
+}
+
 /* A host anchor: snapshot, then the sender thread sends it (the caller's
  * tensors are free again at return); without a thread, sent here. */
 static int publish_snapshot(dcast_producer *p, prod_run *r)
 {
+	int rc;
+
+	if ((rc = manifest_first(p)))
+		return prod_fail_pending(p, rc);
 	snapshot(p);
 	r->from_base = 1;
 	shown_stats(p, r);

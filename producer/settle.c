@@ -1,8 +1,9 @@
 /* dcast_producer_wait() and dcast_producer_flush(): how a published
- * version ends, as the caller sees it (an anchor still being sent by the
- * sender thread first ends its sending).  It re-joins a lost connection and re-sends a version the re-joined
- * broker does not have; the outcomes themselves are outcome.c's, which
- * keeps the latest for wait(). */
+ * version ends, as the caller sees it (an anchor the sender thread still
+ * sends is waited for first).  Waiting re-joins a lost connection and
+ * re-sends a version the re-joined broker does not have; the outcomes
+ * themselves are outcome.c's, which keeps the latest for wait().  Also
+ * close()'s bounded flush. */
 #include <string.h>
 #include "producer_shared.h"
 

@@ -55,15 +55,20 @@ static int wait_step(dcast_producer *p, uint64_t version, uint64_t deadline_ms)
 	return 0;
 }
 
+/* An anchor the sender thread still sends: as long as it goes on (it
+ * gives up after ack_timeout_ms without progress), as publish() itself
+ * took before it returned; the timeout then bounds the wait for the ACK.
+ * A poll (timeout 0) is answered at once. */
 int dcast_producer_wait(dcast_producer *p, uint64_t version, int timeout_ms)
 {
-	uint64_t deadline = dcast_now_ms() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0);
+	uint64_t deadline;
 	int rc;
 
 	if (!p)
 		return dcast_fail(DCAST_EINVAL, "wait: NULL producer");
-	if ((rc = prod_sender_join(p, timeout_ms > 0 ? timeout_ms : 0)))
+	if ((rc = prod_sender_join(p, timeout_ms > 0 ? -1 : 0)))
 		return rc;
+	deadline = dcast_now_ms() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0);
 	while (version == p->pending_version)
 		if ((rc = wait_step(p, version, deadline)))
 			return rc;

@@ -215,9 +215,10 @@ DCAST_API int dcast_producer_register_slice(dcast_producer *p, const char *name,
  * from the baseline under the broker's credit, re-joining as above;
  * progress_get() shows it going (active, bytes_sent, bytes_taken).  A
  * publish(), wait(), flush() or close() called meanwhile first waits for
- * that sending to end (publish() and close() as long as it takes, which
- * the ack_timeout_ms and max_reconnects bounds end; wait() and flush()
- * up to their timeout): versions go one at a time, never interleaved.
+ * that sending to end, as long as it goes on (the ack_timeout_ms and
+ * max_reconnects bounds end it; a wait() or flush() with timeout 0
+ * returns DCAST_ETIMEDOUT instead): versions go one at a time, never
+ * interleaved.
  * An error the sender meets after publish() returned fails the version
  * (nothing of it committed; the next version is an anchor) and is
  * reported, with its text, by dcast_producer_wait() of that version and
@@ -244,10 +245,13 @@ DCAST_API int dcast_producer_publish(dcast_producer *p, uint64_t version);
  * again from the baseline (the same delta, or an anchor if the broker lost
  * its state), not from the caller's tensors, which may have changed; a
  * re-join and re-send may outlast timeout_ms.
- * An anchor the sender thread still sends is waited for first, within
- * timeout_ms.
- * Errors: DCAST_ETIMEDOUT (not yet: the version is still being sent or
- * pending, call again), DCAST_ENOTFOUND (never published, or too old to be kept),
+ * An anchor the sender thread still sends is waited for first, as long
+ * as its sending goes on (it fails after ack_timeout_ms without progress),
+ * as publish() itself took before it returned: timeout_ms then bounds the
+ * wait for the ACK; timeout_ms 0 returns DCAST_ETIMEDOUT at once while it
+ * sends.
+ * Errors: DCAST_ETIMEDOUT (not yet: the version is still pending, call
+ * again), DCAST_ENOTFOUND (never published, or too old to be kept),
  * DCAST_EABORTED / another broker ERROR code (the broker refused or dropped
  * it), DCAST_ECLOSED (connection lost and not re-joined, or re-sent
  * max_reconnects times without an ACK), DCAST_EVERSION (the re-joined
@@ -258,11 +262,12 @@ DCAST_API int dcast_producer_publish(dcast_producer *p, uint64_t version);
  * returns its error again. */
 DCAST_API int dcast_producer_wait(dcast_producer *p, uint64_t version, int timeout_ms);
 
-/* Wait up to timeout_ms for the broker's ACK of the last version that
- * publish() returned 0 for: dcast_producer_wait() of that version (its
- * sending by the sender thread ended first).  0 at once when nothing was
- * published.  Errors: as dcast_producer_wait(), DCAST_EINVAL for NULL;
- * DCAST_ETIMEDOUT: still being sent, or no ACK yet (call again). */
+/* Wait for the broker's ACK of the last version that publish() returned
+ * 0 for: dcast_producer_wait() of that version (its sending by the sender
+ * thread ended first; timeout_ms bounds the wait for the ACK).  0 at once
+ * when nothing was published.  Errors: as dcast_producer_wait(), DCAST_EINVAL for NULL;
+ * DCAST_ETIMEDOUT: no ACK yet, or still being sent with timeout_ms 0
+ * (call again). */
 DCAST_API int dcast_producer_flush(dcast_producer *p, int timeout_ms);
 
 /* Copy the counters into *out.  Never fails for valid pointers.  From the

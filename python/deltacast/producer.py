@@ -398,8 +398,9 @@ class Producer(Closable):
     def flush(self, timeout_ms: int = 30000) -> None:
         """Block until the broker acknowledged the last version publish()
         accepted (dcast_producer_flush: an anchor still being sent after
-        publish() returned is waited for first); raises its failure, or
-        DeltacastTimeout (a TimeoutError) when timeout_ms passes first."""
+        publish() returned is waited for first, as long as its sending goes
+        on); raises its failure, or DeltacastTimeout (a TimeoutError) when
+        no ACK came within timeout_ms after that (0: at once, a poll)."""
         check(self._l.dcast_producer_flush(self._live("flush"),
                                            need_int("flush: timeout_ms", timeout_ms, -1)))
 

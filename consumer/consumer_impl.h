@@ -345,15 +345,18 @@ static inline cs_version *cs_version_find(dcast_consumer *c, uint64_t version)
  * check at apply).  cs_fault_apply: at the start of v's apply; the chunk
  * index at which apply must refuse v, or UINT32_MAX.  cs_fault_fold: at
  * the start of a fold from the disk and before the fdatasync of an anchor
- * file's seal (store/anchor_new.c). */
+ * file's seal (store/anchor_new.c).  cs_fault_fold_piece: in a fold from
+ * the disk, after each piece is durable and before it is punched out of
+ * the anchor file (store/fold.c). */
 enum { CS_FAULT_NONE, CS_FAULT_CORRUPT, CS_FAULT_SKIP, CS_FAULT_DIGEST, CS_FAULT_DUP, CS_FAULT_PREDIGEST,
-       CS_FAULT_AHEADFAIL, CS_FAULT_FOLDHOLD, CS_FAULT_CUT, CS_FAULT_KINDS };
+       CS_FAULT_AHEADFAIL, CS_FAULT_FOLDHOLD, CS_FAULT_CUT, CS_FAULT_FOLDPIECE, CS_FAULT_KINDS };
 void cs_fault_parse(dcast_consumer *c);
 struct dcast_wire_in;
 int cs_fault_wire(dcast_consumer *c, struct dcast_wire_in *in);
 int cs_fault_holds_ahead(const dcast_consumer *c, const cs_version *v);
 uint32_t cs_fault_apply(dcast_consumer *c, cs_version *v, int ahead);
 void cs_fault_fold(const dcast_consumer *c);
+void cs_fault_fold_piece(const dcast_consumer *c);
 
 /* version.c */
 void cs_version_init(cs_version *v, uint64_t version);

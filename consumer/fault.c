@@ -3,7 +3,8 @@
  * seams and nowhere else: where a broker message enters the version state
  * machine (cs_fault_wire, session.c), where apply starts a version
  * (cs_fault_apply, apply.c) and where a fold from the disk or an anchor
- * file's seal starts (cs_fault_fold, store/fold.c and store/anchor_new.c), plus one
+ * file's seal starts (cs_fault_fold, store/fold.c and store/anchor_new.c) or a
+ * fold's piece is done (cs_fault_fold_piece, store/fold.c), plus one
  * question the check ahead asks
  * (cs_fault_holds_ahead, verify.c).  Each seam costs one compare when no
  * fault is armed; the handlers, the apply loop and the digest code do not
@@ -20,6 +21,11 @@
  *              seal of an anchor file, first reads one byte from V: the
  *              test holds it there, and applies or damages files
  *              meanwhile, until it writes one
+ *   foldpiece  (V is a file descriptor) each piece of a fold from the
+ *              disk, once durable in the new file and before it is
+ *              punched out of the anchor file, first reads one byte from
+ *              V (end of file: no more holds): the test measures the
+ *              directory there, or kills the process
  *   cut        V's first CHUNK taken, its later CHUNKs and its COMMIT
  *              dropped (credit not returned): V stays half received */
 #include <errno.h>
@@ -32,7 +38,7 @@
 void cs_fault_parse(dcast_consumer *c)
 {
 	static const char *kinds[CS_FAULT_KINDS] = {"", "corrupt:", "skip:", "digest:", "dup:",
-						    "predigest:", "aheadfail:", "foldhold:", "cut:"};
+						    "predigest:", "aheadfail:", "foldhold:", "cut:", "foldpiece:"};
 	const char *f = getenv("DELTACAST_CONSUMER_FAULT");
 
 	c->fault.kind = CS_FAULT_NONE;
@@ -121,4 +127,12 @@ void cs_fault_fold(const dcast_consumer *c)
 
 	if (c->fault.kind == CS_FAULT_FOLDHOLD && read((int)c->fault.version, &b, 1) != 1)
 		DCAST_LOG_W("consumer %s: test fault foldhold: read: %s", c->model, strerror(errno));
+}
+
+void cs_fault_fold_piece(const dcast_consumer *c)
+{
+	char b;
+
+	if (c->fault.kind == CS_FAULT_FOLDPIECE && read((int)c->fault.version, &b, 1) < 0)
+		DCAST_LOG_W("consumer %s: test fault foldpiece: read: %s", c->model, strerror(errno));
 }

@@ -216,23 +216,41 @@ static int owner_check(const dcast_consumer *c, const dcast_st_file *f)
 	return m && strcmp(m, c->model) ? cs_ckpt_foreign(c, "model.safetensors, metadata deltacast.model", m) : 0;
 }
 
-int cs_anchor_load(dcast_consumer *c, uint64_t *version)
+/* The open file's owner, version and (when none is known) tensor table. */
+static int header_take(dcast_consumer *c, const dcast_st_file *f, uint64_t *version)
 {
-	dcast_st_file *f = NULL;
-	const char *vs;
-	int fd = -1, file = -1, err;
+	const char *vs = dcast_st_metadata_get(f, "deltacast.version");
+	int err = owner_check(c, f);
 
-	cs_ckpt_settle(c); /* chunk records written behind use the engine too */
-	if ((err = dcast_st_open(c->store->anchor_path, &f))) /* header checks */
-		return err;
-	err = owner_check(c, f);
-	vs = dcast_st_metadata_get(f, "deltacast.version");
 	if (!err && (!vs || !*vs))
 		err = dcast_fail(DCAST_ECORRUPT, "%s: no deltacast.version metadata", c->store->anchor_path);
 	if (!err)
 		*version = strtoull(vs, NULL, 10);
 	if (!err && !c->n_tensors)
 		err = tensors_from_file(c, f);
+	return err;
+}
+
+int cs_anchor_header_read(dcast_consumer *c, uint64_t *version)
+{
+	dcast_st_file *f = NULL;
+	int err = dcast_st_open(c->store->anchor_path, &f);
+
+	if (!err)
+		err = header_take(c, f, version);
+	dcast_st_close(&f);
+	return err;
+}
+
+int cs_anchor_load(dcast_consumer *c, uint64_t *version)
+{
+	dcast_st_file *f = NULL;
+	int fd = -1, file = -1, err;
+
+	cs_ckpt_settle(c); /* chunk records written behind use the engine too */
+	if ((err = dcast_st_open(c->store->anchor_path, &f))) /* header checks */
+		return err;
+	err = header_take(c, f, version);
 	if (!err && (fd = open(c->store->anchor_path, O_RDONLY | O_CLOEXEC)) < 0)
 		err = dcast_fail(DCAST_EIO, "%s: open: %s", c->store->anchor_path, strerror(errno));
 	if (!err && (file = dcast_io_file_add(c->io, fd, c->store->anchor_path)) < 0)
@@ -401,6 +419,7 @@ int cs_ckpt_fold(dcast_consumer *c)
 	dcast_st_layout_free(&lay);
 	if (err)
 		return err;
+	cs_fold_leftovers_drop(c); /* a fold from the disk stopped halfway: this file replaces it */
 	c->store->anchor_file_version = v;
 	c->store->deltas_since_fold = 0;
 	c->store->log_since_fold = 0;

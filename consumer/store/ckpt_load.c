@@ -231,14 +231,14 @@ static int check_owner(dcast_consumer *c)
 	return err;
 }
 
-/* What a fold leaves when the process dies in it (fold.c, anchor.c): the
- * anchor file and the record files it was made from are still whole. */
+/* What a fold leaves when the process dies in it (fold.c, anchor.c), once
+ * the anchor file is whole (a fold from the disk stopped halfway was
+ * finished first: cs_fold_resume). */
 static void drop_fold_leftovers(const dcast_consumer *c)
 {
 	char p[4200];
 
-	cs_fold_tmp_path(c, p, sizeof(p));
-	unlink(p);
+	cs_fold_leftovers_drop(c);
 	snprintf(p, sizeof(p), "%s.tmp", c->store->anchor_path);
 	unlink(p);
 	cs_anchor_new_path(c, 0, p, sizeof(p)); /* an anchor not applied: fetched again */
@@ -278,7 +278,7 @@ static int load(dcast_consumer *c)
 	uint64_t have = DCAST_VERSION_NONE;
 	int err;
 
-	if ((err = cs_anchor_new_adopt(c)))
+	if ((err = cs_anchor_new_adopt(c)) || (err = cs_fold_resume(c)))
 		return err;
 	if (access(c->store->anchor_path, F_OK) == 0 && (err = cs_anchor_load(c, &have)))
 		return err;
@@ -314,6 +314,8 @@ int cs_ckpt_restore(dcast_consumer *c)
 	if (target == DCAST_VERSION_NONE)
 		return 0;
 	if ((err = cs_anchor_new_seal(c, 1))) /* an anchor applied and not sealed: sealed first */
+		return err;
+	if ((err = cs_fold_resume(c))) /* a fold stopped halfway: the anchor file whole first */
 		return err;
 	cs_set_applied(c, DCAST_VERSION_NONE); /* not valid while they are rebuilt */
 	if (c->store->anchor_file_version != DCAST_VERSION_NONE && (err = cs_anchor_load(c, &have)))

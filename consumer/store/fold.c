@@ -73,8 +73,26 @@ static int plan_files(dcast_consumer *c, cs_fold_job *j)
 	return 0;
 }
 
+/* The tensors' geometry and the applied version's digests into j. */
+static int plan_tensors(dcast_consumer *c, cs_fold_job *j)
+{
+	j->n = c->n_tensors;
+	j->t = malloc(j->n * sizeof(*j->t));
+	j->dig.e = malloc((c->dcache.n ? c->dcache.n : 1) * sizeof(*j->dig.e));
+	if (!j->t || !j->dig.e)
+		return dcast_fail(DCAST_ENOMEM, "fold: %u tensors", j->n);
+	for (uint32_t i = 0; i < j->n; i++) {
+		j->t[i] = c->tensors[i]; /* geometry only: nothing here reads their memory */
+		j->t[i].ptr = NULL, j->t[i].views = NULL, j->t[i].n_views = 0;
+	}
+	memcpy(j->dig.e, c->dcache.e, c->dcache.n * sizeof(*j->dig.e));
+	j->dig.n = c->dcache.n;
+	return 0;
+}
+
 int cs_fold_plan(dcast_consumer *c, cs_fold_job *j)
 {
+	struct stat st;
 	int err;
 
 	memset(j, 0, sizeof(*j));
@@ -87,19 +105,10 @@ int cs_fold_plan(dcast_consumer *c, cs_fold_job *j)
 	j->mode = !c->n_tensors ? CS_FOLD_LIVE : CS_FOLD_DISK;
 	if (j->mode == CS_FOLD_LIVE)
 		return 0;
-	j->n = c->n_tensors;
-	j->t = malloc(j->n * sizeof(*j->t));
-	j->dig.e = malloc((c->dcache.n ? c->dcache.n : 1) * sizeof(*j->dig.e));
-	if (!j->t || !j->dig.e)
-		return dcast_fail(DCAST_ENOMEM, "fold: %u tensors", j->n);
-	for (uint32_t i = 0; i < j->n; i++) {
-		j->t[i] = c->tensors[i]; /* geometry only: nothing here reads their memory */
-		j->t[i].ptr = NULL, j->t[i].views = NULL, j->t[i].n_views = 0;
-	}
-	memcpy(j->dig.e, c->dcache.e, c->dcache.n * sizeof(*j->dig.e));
-	j->dig.n = c->dcache.n;
-	if ((err = plan_files(c, j)))
+	if ((err = plan_tensors(c, j)) || (err = plan_files(c, j)))
 		return err;
+	if (j->have != DCAST_VERSION_NONE && stat(c->store->anchor_path, &st) == 0)
+		j->anchor_ino = (uint64_t)st.st_ino;
 	if (!j->n_vers && j->have == DCAST_VERSION_NONE)
 		return dcast_fail(DCAST_ECORRUPT, "fold: version %" PRIu64 " applied, but neither an anchor "
 				  "file nor a record file holds it", j->version);
@@ -132,6 +141,14 @@ typedef struct fold_out {
 	int fd;
 	unsigned char *buf;    /* FOLD_PIECE bytes */
 	char path[4200];
+	int old_fd;            /* the anchor file folded from, or -1 (none) */
+	uint64_t old_ino;      /* its inode */
+	uint64_t *old_offs;    /* each tensor's offset in it */
+	int punch;             /* its pieces are punched out once done (1 until that fails) */
+	uint64_t piece_bytes;  /* a piece's bytes at least (fold_piece) */
+	int state_fd;          /* the progress record (fold_state), or -1 */
+	uint64_t state_seq;
+	char state_path[4200];
 	fold_chunk *ch;        /* every CHUNK record to fold (index_file) */
 	size_t n_ch, cap_ch;
 	int *fds;              /* per record file: open (record_fd), or -1 */
@@ -144,15 +161,15 @@ typedef struct fold_out {
 /* Copy n bytes through buf (FOLD_PIECE bytes), where the kernel cannot. */
 static int copy_through(int from, uint64_t a, int to, uint64_t b, uint64_t n, unsigned char *buf, const char *what)
 {
-	while (n) {
+	int err = 0;
+
+	while (!err && n) {
 		size_t k = n < FOLD_PIECE ? (size_t)n : FOLD_PIECE;
-		ssize_t got = pread(from, buf, k, (off_t)a);
-		if (got <= 0 || pwrite(to, buf, (size_t)got, (off_t)b) != got)
-			return dcast_fail(got ? DCAST_EIO : DCAST_ETRUNCATED, "fold: copying %s: %s", what,
-					  got ? strerror(errno) : "ends early");
-		a += (uint64_t)got, b += (uint64_t)got, n -= (uint64_t)got;
+		if (!(err = dcast_pread_full(from, buf, k, a, what)))
+			err = dcast_pwrite_full(to, buf, k, b, what);
+		a += k, b += k, n -= k;
 	}
-	return 0;
+	return err;
 }
 
 /* Copy n bytes in the kernel (page cache to page cache, or shared extents),
@@ -174,16 +191,25 @@ static int copy_range(int from, uint64_t from_off, int to, uint64_t to_off, uint
 	return 0;
 }
 
-/* The anchor file's tensors into the new file, at the new layout's offsets. */
-static int copy_anchor(fold_out *o)
+/* The anchor file folded from, open, and each tensor's offset in it; it
+ * must still be the one planned (its inode), or the fold is moot. */
+static int open_old(fold_out *o)
 {
 	const char *path = o->j->c->store->anchor_path;
 	dcast_st_file *f = NULL;
+	struct stat st;
 	size_t hdr = 0;
-	int fd = -1, err = dcast_st_open(path, &f);
+	int err = dcast_st_open(path, &f);
 
-	if (!err && (fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
+	if (!err && !(o->old_offs = calloc(o->j->n ? o->j->n : 1, sizeof(*o->old_offs))))
+		err = dcast_fail(DCAST_ENOMEM, "fold: %u tensors", o->j->n);
+	if (!err && ((o->old_fd = open(path, O_RDWR | O_CLOEXEC)) < 0 || fstat(o->old_fd, &st) != 0))
 		err = dcast_fail(DCAST_EIO, "fold: %s: open: %s", path, strerror(errno));
+	if (!err)
+		o->old_ino = (uint64_t)st.st_ino;
+	if (!err && o->j->anchor_ino && (uint64_t)st.st_ino != o->j->anchor_ino)
+		err = dcast_fail(DCAST_ESTATE, "fold to version %" PRIu64 " abandoned: %s was replaced",
+				 o->j->version, path);
 	if (!err)
 		dcast_st_header_bytes(f, &hdr);
 	for (uint32_t i = 0; !err && i < o->j->n; i++) {
@@ -193,11 +219,8 @@ static int copy_anchor(fold_out *o)
 			err = dcast_fail(DCAST_ESHAPE, "fold: %s: tensor %s missing or of another size", path,
 					 t->desc.name);
 		else
-			err = copy_range(fd, hdr + s->data_offset, o->fd, o->lay.file_offsets[i], t->bytes, o->buf,
-					 path);
+			o->old_offs[i] = hdr + s->data_offset;
 	}
-	if (fd >= 0)
-		close(fd);
 	dcast_st_close(&f);
 	return err;
 }
@@ -380,10 +403,8 @@ static int load_payload(fold_out *o, const fold_chunk *k)
 	if (!(pl = grown(o->pl, &o->pl_cap, n ? n : 1, 1)))
 		return DCAST_ENOMEM;
 	o->pl = pl;
-	errno = 0;
-	if (pread(fd, o->pl, n, (off_t)k->at) != (ssize_t)n)
-		return dcast_fail(DCAST_EIO, "fold: %s: payload at %" PRIu64 ": %s", path, k->at,
-				  errno ? strerror(errno) : "short read");
+	if (dcast_pread_full(fd, o->pl, n, k->at, path))
+		return dcast_fail(DCAST_EIO, "fold: payload at %" PRIu64 ": %s", k->at, dcast_last_error());
 	if (dcast_checksum(o->pl, n) != k->sum)
 		return dcast_fail(DCAST_ECHECKSUM, "fold: %s: the payload at %" PRIu64 " does not match its "
 				  "record's checksum: the file is damaged", path, k->at);
@@ -496,23 +517,194 @@ static int fold_group(fold_out *o, fold_chunk *g, size_t n, uint64_t end)
 	return err;
 }
 
-/* Every indexed chunk into the new file, group by group in file order. */
+/* ---- pieces: the new file is written a piece at a time, in file
+ * order; once a piece is durable there (fdatasync), the progress record
+ * says so (fold_state) and its range is punched out of the anchor file, so
+ * that the two files together hold about one model, not two.  A piece is
+ * whole groups and whole tiled tensors (their chunks' ranges are in wire
+ * order), so that a fold resumed at the progress record's offset
+ * (cs_fold_resume) never applies a record to bytes it already holds: a
+ * compact payload's value differences are not idempotent. ---- */
+
+/* The progress record, DIR/model.safetensors.fold.state: two slots, the
+ * one written last (higher seq) with a good sum counts, so that a torn
+ * write leaves the one before.  done: every byte of the new file below it
+ * is durable there, and the anchor file's bytes of those ranges may be
+ * punched. */
+#define FOLD_STATE_MAGIC 0x74736c6f66646364ull /* "dcdfolst" */
+#define FOLD_STATE_SLOT 512u
+typedef struct fold_state {
+	uint64_t magic, seq, have, target, done, sum;
+} fold_state;
+
+static uint64_t state_sum(const fold_state *s)
+{
+	return dcast_checksum(s, offsetof(fold_state, sum));
+}
+
+static void state_path(const dcast_consumer *c, char *out, size_t cap)
+{
+	snprintf(out, cap, "%s.fold.state", c->store->anchor_path);
+}
+
+static int state_write(fold_out *o, uint64_t done)
+{
+	fold_state s = {FOLD_STATE_MAGIC, ++o->state_seq, o->j->have, o->j->version, done, 0};
+	int err;
+
+	s.sum = state_sum(&s);
+	if ((err = dcast_pwrite_full(o->state_fd, &s, sizeof(s), (s.seq % 2) * FOLD_STATE_SLOT, o->state_path)))
+		return err;
+	return fdatasync(o->state_fd) ? dcast_fail(DCAST_EIO, "fold: %s: fdatasync: %s", o->state_path,
+						   strerror(errno)) : 0;
+}
+
+/* The newest good slot of the progress record at path into *s; -1: none. */
+static int state_read(const char *path, fold_state *s)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC), found = -1;
+
+	for (uint64_t k = 0; fd >= 0 && k < 2; k++) {
+		fold_state x;
+		if (pread(fd, &x, sizeof(x), (off_t)(k * FOLD_STATE_SLOT)) == (ssize_t)sizeof(x) &&
+		    x.magic == FOLD_STATE_MAGIC && x.sum == state_sum(&x) && (found < 0 || x.seq > s->seq))
+			*s = x, found = 0;
+	}
+	if (fd >= 0)
+		close(fd);
+	return found;
+}
+
+/* The progress record made (or, resumed, opened), durable with the new
+ * file's name before anything is punched. */
+static int state_open(fold_out *o)
+{
+	cs_fold_job *j = o->j;
+	int err;
+
+	state_path(j->c, o->state_path, sizeof(o->state_path));
+	o->state_fd = open(o->state_path, O_RDWR | O_CREAT | (j->resume_from ? 0 : O_TRUNC) | O_CLOEXEC, 0644);
+	if (o->state_fd < 0)
+		return dcast_fail(DCAST_EIO, "fold: %s: create: %s", o->state_path, strerror(errno));
+	o->state_seq = j->resume_seq;
+	if (j->resume_from)
+		return 0;
+	if ((err = state_write(o, o->lay.header_bytes)))
+		return err;
+	return dcast_fsync_dir(j->c->dir);
+}
+
+/* The range [a, b) of the new file, tensor by tensor: each tensor's part
+ * of it, at [at, at + n) in the new file and from `old` in the anchor file. */
+typedef int (*piece_fn)(fold_out *o, uint64_t at, uint64_t old, uint64_t n);
+
+static int piece_each(fold_out *o, uint64_t a, uint64_t b, piece_fn fn)
+{
+	int err = 0;
+
+	for (uint32_t i = 0; !err && i < o->j->n; i++) {
+		uint64_t t0 = o->lay.file_offsets[i], t1 = t0 + o->j->t[i].bytes;
+		uint64_t lo = a > t0 ? a : t0, hi = b < t1 ? b : t1;
+		if (lo < hi)
+			err = fn(o, lo, o->old_offs[i] + (lo - t0), hi - lo);
+	}
+	return err;
+}
+
+static int copy_old(fold_out *o, uint64_t at, uint64_t old, uint64_t n)
+{
+	return copy_range(o->old_fd, old, o->fd, at, n, o->buf, o->j->c->store->anchor_path);
+}
+
+/* The anchor file's whole blocks in [old, old + n) punched out; where the
+ * file system cannot, it is said once and the fold goes on unpunched
+ * (the directory then peaks at two models, as before). */
+static int punch_old(fold_out *o, uint64_t at, uint64_t old, uint64_t n)
+{
+	uint64_t lo = (old + 4095) & ~4095ull, hi = (old + n) & ~4095ull;
+
+	(void)at;
+	if (!o->punch || lo >= hi ||
+	    !fallocate(o->old_fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)lo, (off_t)(hi - lo)))
+		return 0;
+	DCAST_LOG_W("consumer %s: fold: %s: punching the folded ranges out: %s; the directory holds two "
+		    "models until the fold's rename", o->j->c->model, o->j->c->store->anchor_path, strerror(errno));
+	o->punch = 0;
+	return 0;
+}
+
+/* The end of the piece that starts at a, chunk i the first at or past a:
+ * a + piece_bytes, moved on past every group and tiled tensor that would
+ * straddle it. */
+static uint64_t piece_end(const fold_out *o, size_t i, uint64_t a)
+{
+	uint64_t end = o->lay.file_bytes, b = end - a > o->piece_bytes ? a + o->piece_bytes : end, was = 0;
+
+	while (b != was) {
+		was = b;
+		for (; i < o->n_ch && o->ch[i].off < b; i++)
+			b = o->ch[i].off + o->ch[i].len > b ? o->ch[i].off + o->ch[i].len : b;
+		for (uint32_t t = 0; t < o->j->n; t++) {
+			uint64_t t0 = o->lay.file_offsets[t], t1 = t0 + o->j->t[t].bytes;
+			if (dcast_tensor_tiled(&o->j->t[t].desc) && t0 < b && b < t1)
+				b = t1;
+		}
+	}
+	return b;
+}
+
+/* The groups of chunks from *i that start before b, each folded; *i moves past them. */
+static int fold_groups(fold_out *o, size_t *i, uint64_t b)
+{
+	int err = 0;
+
+	while (!err && *i < o->n_ch && o->ch[*i].off < b) {
+		size_t k;
+		uint64_t end = o->ch[*i].off + o->ch[*i].len;
+		for (k = *i + 1; k < o->n_ch && o->ch[k].off < end; k++)
+			end = o->ch[k].off + o->ch[k].len > end ? o->ch[k].off + o->ch[k].len : end;
+		if (!(err = abandoned(o->j)))
+			err = fold_group(o, &o->ch[*i], k - *i, end);
+		*i = k;
+	}
+	return err;
+}
+
+/* Piece [a, b): the anchor file's bytes copied, its groups folded; then,
+ * folding from an anchor file, durable, recorded, and punched out of it. */
+static int fold_piece(fold_out *o, size_t *i, uint64_t a, uint64_t b)
+{
+	int err = o->old_fd >= 0 ? piece_each(o, a, b, copy_old) : 0;
+
+	if (!err)
+		err = fold_groups(o, i, b);
+	if (err || o->old_fd < 0)
+		return err;
+	if (fdatasync(o->fd) != 0)
+		return dcast_fail(DCAST_EIO, "fold: %s: fdatasync: %s", o->path, strerror(errno));
+	if ((err = state_write(o, b)))
+		return err;
+	cs_fault_fold_piece(o->j->c);
+	return piece_each(o, a, b, punch_old);
+}
+
+/* Every indexed chunk into the new file, piece by piece in file order
+ * (from the progress record's offset when resumed). */
 static int fold_chunks(fold_out *o)
 {
+	size_t i = 0;
 	int err = 0;
 
 	if (!(o->fds = malloc((o->j->n_vers ? o->j->n_vers : 1) * sizeof(*o->fds))))
 		return dcast_fail(DCAST_ENOMEM, "fold: %u record files", o->j->n_vers);
-	for (uint32_t i = 0; i < o->j->n_vers; i++)
-		o->fds[i] = -1;
+	for (uint32_t k = 0; k < o->j->n_vers; k++)
+		o->fds[k] = -1;
 	qsort(o->ch, o->n_ch, sizeof(*o->ch), by_offset);
-	for (size_t i = 0, k; !err && i < o->n_ch; i = k) {
-		uint64_t end = o->ch[i].off + o->ch[i].len;
-		for (k = i + 1; k < o->n_ch && o->ch[k].off < end; k++)
-			end = o->ch[k].off + o->ch[k].len > end ? o->ch[k].off + o->ch[k].len : end;
-		if (!(err = abandoned(o->j)))
-			err = fold_group(o, &o->ch[i], k - i, end);
-	}
+	uint64_t a = o->j->resume_from ? o->j->resume_from : o->lay.header_bytes;
+	while (i < o->n_ch && o->ch[i].off < a) /* resumed: folded before */
+		i++;
+	for (uint64_t b; !err && a < o->lay.file_bytes; a = b)
+		err = fold_piece(o, &i, a, b = piece_end(o, i, a));
 	return err;
 }
 
@@ -615,18 +807,40 @@ static int check_and_seal(fold_out *o)
 	return err;
 }
 
+/* A piece: an eighth of the model (at least FOLD_PIECE_MIN), so that
+ * the anchor file and the new one together hold at most 1.125 models
+ * (more only where one group of overlapping chunk ranges, or a tiled
+ * tensor, is larger); the whole file at once when there is no anchor file
+ * to punch. */
+#define FOLD_PIECE_MIN (1u << 20)
+
+static uint64_t piece_bytes(const cs_fold_job *j)
+{
+	uint64_t n = 0;
+
+	if (j->have == DCAST_VERSION_NONE)
+		return UINT64_MAX;
+	for (uint32_t i = 0; i < j->n; i++)
+		n += j->t[i].bytes;
+	return n / 8 > FOLD_PIECE_MIN ? n / 8 : FOLD_PIECE_MIN;
+}
+
+/* The anchor file open and the record files indexed (damage found before
+ * anything is punched), then the pieces, the check, the header. */
 static int build(fold_out *o)
 {
 	cs_fold_job *j = o->j;
 	int err = 0;
 
-	if (ftruncate(o->fd, (off_t)o->lay.file_bytes) != 0)
+	if (!j->resume_from && ftruncate(o->fd, (off_t)o->lay.file_bytes) != 0)
 		return dcast_fail(DCAST_EIO, "fold: %s: %s", o->path, strerror(errno));
-	if (j->have != DCAST_VERSION_NONE && (err = copy_anchor(o)))
+	if (j->have != DCAST_VERSION_NONE && (err = open_old(o)))
 		return err;
 	for (uint32_t i = 0; !err && i < j->n_vers; i++)
 		if (!(err = abandoned(j)))
 			err = index_file(o, i, &j->folded_bytes);
+	if (!err && o->old_fd >= 0)
+		err = state_open(o);
 	if (!err)
 		err = fold_chunks(o);
 	if (!err)
@@ -641,33 +855,79 @@ void cs_fold_tmp_path(const dcast_consumer *c, char *out, size_t cap)
 	snprintf(out, cap, "%s.fold", c->store->anchor_path);
 }
 
-static int fold_run(cs_fold_job *j)
+void cs_fold_leftovers_drop(const dcast_consumer *c)
 {
-	fold_out o = {.j = j, .fd = -1};
+	char p[4200];
+
+	state_path(c, p, sizeof(p));
+	unlink(p); /* first: a progress record without its fold's file is stale (cs_fold_resume) */
+	cs_fold_tmp_path(c, p, sizeof(p));
+	unlink(p);
+}
+
+/* Is the anchor file (still) inode ino? */
+static int anchor_is(const dcast_consumer *c, uint64_t ino)
+{
+	struct stat st;
+
+	return ino && stat(c->store->anchor_path, &st) == 0 && (uint64_t)st.st_ino == ino;
+}
+
+/* A fold that failed: its file goes, unless the anchor file, punched
+ * already (a progress record made), is still the checkpoint's: then both
+ * stay, for a fold from the tensors to replace or the next open to finish
+ * (cs_fold_resume). */
+static void fold_failed(const fold_out *o)
+{
+	const cs_fold_job *j = o->j;
+
+	if (o->state_fd < 0)
+		unlink(o->path);
+	else if (!anchor_is(j->c, o->old_ino))
+		cs_fold_leftovers_drop(j->c);
+	else
+		DCAST_LOG_W("consumer %s: fold to version %" PRIu64 " stopped halfway: %s and its progress "
+			    "record kept until the anchor file is whole again", j->c->model, j->version, o->path);
+}
+
+static int fold_open(fold_out *o)
+{
 	char zero[32];
 	int err;
 
-	cs_fault_fold(j->c);
 	snprintf(zero, sizeof(zero), "%016" PRIx64, (uint64_t)0);
-	cs_fold_tmp_path(j->c, o.path, sizeof(o.path));
-	if ((err = cs_anchor_layout(j->c->model, j->t, j->n, j->version, zero, &o.lay)))
+	cs_fold_tmp_path(o->j->c, o->path, sizeof(o->path));
+	if ((err = cs_anchor_layout(o->j->c->model, o->j->t, o->j->n, o->j->version, zero, &o->lay)))
 		return err;
-	o.fd = open(o.path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-	if (o.fd < 0)
-		err = dcast_fail(DCAST_EIO, "fold: %s: create: %s", o.path, strerror(errno));
-	else if (!(o.buf = malloc(FOLD_PIECE)))
-		err = dcast_fail(DCAST_ENOMEM, "fold: read-back buffer");
-	else
-		err = build(&o);
+	o->fd = open(o->path, O_RDWR | O_CREAT | (o->j->resume_from ? 0 : O_TRUNC) | O_CLOEXEC, 0644);
+	if (o->fd < 0)
+		return dcast_fail(DCAST_EIO, "fold: %s: %s: %s", o->path, o->j->resume_from ? "open" : "create",
+				  strerror(errno));
+	if (!(o->buf = malloc(FOLD_PIECE)))
+		return dcast_fail(DCAST_ENOMEM, "fold: read-back buffer");
+	return build(o);
+}
+
+static int fold_run(cs_fold_job *j)
+{
+	fold_out o = {.j = j, .fd = -1, .old_fd = -1, .state_fd = -1, .punch = 1, .piece_bytes = piece_bytes(j)};
+	int err;
+
+	cs_fault_fold(j->c);
+	err = fold_open(&o);
 	for (uint32_t i = 0; o.fds && i < j->n_vers; i++)
 		if (o.fds[i] >= 0)
 			close(o.fds[i]);
-	free(o.fds), free(o.ch), free(o.win), free(o.pl);
+	free(o.fds), free(o.ch), free(o.win), free(o.pl), free(o.old_offs);
 	free(o.buf);
+	if (err)
+		fold_failed(&o);
 	if (o.fd >= 0)
 		close(o.fd);
-	if (err)
-		unlink(o.path);
+	if (o.old_fd >= 0)
+		close(o.old_fd);
+	if (o.state_fd >= 0)
+		close(o.state_fd);
 	dcast_st_layout_free(&o.lay);
 	return err;
 }
@@ -710,6 +970,7 @@ int cs_fold_run(cs_fold_job *j, const _Atomic int *stop)
 
 int cs_fold_renamed(dcast_consumer *c, uint64_t version)
 {
+	cs_fold_leftovers_drop(c); /* a fold's progress record: the anchor file is whole */
 	c->store->gen++;
 	c->store->anchor_file_version = version;
 	c->store->folds++;
@@ -721,22 +982,69 @@ int cs_fold_finish(dcast_consumer *c, cs_fold_job *j)
 	char tmp[4200];
 
 	cs_fold_tmp_path(c, tmp, sizeof(tmp));
-	if (j->gen != atomic_load(&c->store->gen)) { /* the files moved on: this is not their anchor */
-		unlink(tmp);
+	if (j->gen != atomic_load(&c->store->gen) && /* the files moved on: this is not their anchor, */
+	    !(anchor_is(c, j->anchor_ino) && c->store->anchor_file_version == j->have)) { /* unless it is */
+		cs_fold_leftovers_drop(c);
 		return 0;
 	}
 	/* the files are as planned: the same anchor file, the target newer */
 	DCAST_ASSERT(c->store->anchor_file_version == j->have &&
 		     (j->have == DCAST_VERSION_NONE || j->version > j->have));
-	if (rename(tmp, c->store->anchor_path) != 0) {
-		int err = dcast_fail(DCAST_EIO, "fold: rename %s: %s", tmp, strerror(errno));
-		unlink(tmp);
-		return err;
-	}
+	if (rename(tmp, c->store->anchor_path) != 0) /* kept: the anchor file may be punched */
+		return dcast_fail(DCAST_EIO, "fold: rename %s: %s", tmp, strerror(errno));
 	int err = cs_fold_renamed(c, j->version);
 	c->store->log_since_fold -= j->folded_bytes < c->store->log_since_fold ? j->folded_bytes : c->store->log_since_fold;
 	c->store->deltas_since_fold -= j->n_vers < c->store->deltas_since_fold ? j->n_vers : c->store->deltas_since_fold;
 	for (uint32_t i = 0; !err && i < j->n_vers; i++)
 		cs_ckpt_remove(c, j->vers[i]);
 	return err;
+}
+
+/* ---- a fold from the disk that a dead process left halfway ---- */
+
+/* The job its progress record s describes: no digests to check it against
+ * (those cached are the applied version's), the record files up to its
+ * target, which must still be there. */
+static int resume_job(dcast_consumer *c, const fold_state *s, cs_fold_job *j)
+{
+	int err;
+
+	memset(j, 0, sizeof(*j));
+	j->c = c, j->mode = CS_FOLD_DISK, j->gen = cs_store_gen(c);
+	j->version = s->target, j->have = s->have;
+	j->resume_from = s->done, j->resume_seq = s->seq;
+	if ((err = plan_tensors(c, j)) || (err = plan_files(c, j)))
+		return err;
+	j->dig.n = 0;
+	if (!j->n_vers || j->vers[j->n_vers - 1] != j->version)
+		return dcast_fail(DCAST_ECORRUPT, "fold to version %" PRIu64 " stopped halfway, and its record "
+				  "file is gone: %s cannot be made whole", j->version, c->store->anchor_path);
+	return 0;
+}
+
+int cs_fold_resume(dcast_consumer *c)
+{
+	char sp[4200], fp[4200];
+	uint64_t have = DCAST_VERSION_NONE;
+	fold_state s = {0};
+	cs_fold_job j = {0};
+	int err;
+
+	state_path(c, sp, sizeof(sp));
+	cs_fold_tmp_path(c, fp, sizeof(fp));
+	if (state_read(sp, &s) || access(fp, F_OK) || access(c->store->anchor_path, F_OK))
+		return unlink(sp), 0; /* none; made, but nothing punched; or renamed */
+	if ((err = cs_anchor_header_read(c, &have)))
+		return err;
+	if (have != s.have)
+		return unlink(sp), 0; /* the anchor file replaced since */
+	DCAST_LOG_W("consumer %s: a fold to version %" PRIu64 " stopped halfway (%s punched below offset %"
+		    PRIu64 "): finishing it", c->model, s.target, c->store->anchor_path, s.done);
+	c->store->anchor_file_version = have;
+	if (!(err = resume_job(c, &s, &j)) && !(err = cs_fold_run(&j, NULL)))
+		err = cs_fold_finish(c, &j);
+	cs_fold_job_free(&j);
+	if (err && err != DCAST_ENOMEM && err != DCAST_EIO && err != DCAST_ECORRUPT)
+		err = dcast_fail(DCAST_ECORRUPT, "%s: %s", c->store->anchor_path, dcast_last_error());
+	return err; /* ECORRUPT: the checkpoint is dropped, and an anchor fetched */
 }

@@ -129,14 +129,19 @@ int cs_ckpt_fold(dcast_consumer *c);
  * without `lock`, then cs_fold_finish under it).  Errors: DCAST_ENOMEM,
  * DCAST_EIO (the log's directory), DCAST_ECORRUPT (no file holds the
  * applied version).  cs_fold_run: write DIR/model.safetensors.fold as
- * version j->version, checked against its digests, abandoned (DCAST_ESTATE)
- * once *stop is set or the files moved on; on error it is removed.  At
- * nice 19 and best-effort I/O level 7.  Errors: DCAST_EIO, DCAST_ENOMEM,
+ * version j->version piece by piece, each piece's range punched out of
+ * the anchor file once it is durable in the new one (the directory holds
+ * about the model plus one piece, not two models), checked against its
+ * digests, abandoned (DCAST_ESTATE) once *stop is set or the files moved
+ * on.  On error it is removed, unless the anchor file was punched already
+ * and is still the checkpoint's: then it stays with its progress record,
+ * for a fold from the tensors to replace both or the next open to finish
+ * it (cs_fold_resume).  At nice 19 and best-effort I/O level 7.  Errors: DCAST_EIO, DCAST_ENOMEM,
  * DCAST_ECORRUPT / DCAST_ECHECKSUM (a damaged record file), DCAST_EDIGEST
  * (the result is not the applied version), the codec's.  cs_fold_finish:
- * rename it over the anchor file and drop the record files it covers,
- * unless the files moved since the plan (cs_store_gen; then it is removed
- * and 0 returned).  Errors: DCAST_EIO. */
+ * rename it over the anchor file and drop its progress record and the
+ * record files it covers, unless the files moved since the plan
+ * (cs_store_gen; then it is removed and 0 returned).  Errors: DCAST_EIO. */
 enum { CS_FOLD_NONE, CS_FOLD_LIVE, CS_FOLD_DISK };
 typedef struct cs_fold_job {
 	dcast_consumer *c;             /* for its paths and model name (fixed at open) */
@@ -149,8 +154,19 @@ typedef struct cs_fold_job {
 	uint32_t n_vers;
 	uint64_t folded_bytes;         /* their bytes */
 	const _Atomic int *stop;       /* set: the consumer is closing (cs_fold_run's) */
+	uint64_t anchor_ino;           /* the anchor file's inode at the plan (0: not checked) */
+	uint64_t resume_from, resume_seq; /* a fold resumed at open: its progress record's */
 } cs_fold_job;
 int cs_fold_plan(dcast_consumer *c, cs_fold_job *j);
+/* At open, before the anchor file loads: a fold from the disk that a dead
+ * process left half done (DIR/model.safetensors.fold.state, its progress:
+ * the anchor file's ranges below it already punched) is finished from the
+ * record files, so that the anchor file is whole again; a progress record
+ * that no longer describes the files (the fold renamed, the anchor file
+ * replaced) is removed.  Errors: DCAST_ECORRUPT (a record file it needs is
+ * missing or damaged: the checkpoint is dropped), DCAST_ESTATE (another
+ * model's files), those of cs_fold_run. */
+int cs_fold_resume(dcast_consumer *c);
 int cs_fold_run(cs_fold_job *j, const _Atomic int *stop);
 int cs_fold_finish(dcast_consumer *c, cs_fold_job *j);
 void cs_fold_job_free(cs_fold_job *j);

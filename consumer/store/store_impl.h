@@ -99,9 +99,17 @@ int cs_file_digest(const cs_tensor *t, uint32_t n, uint64_t version, const uint6
  * into the tensors, its version into *version; DCAST_ESTATE before reading
  * them when it is another model's (cs_ckpt_foreign). */
 int cs_anchor_load(dcast_consumer *c, uint64_t *version);
+/* anchor.c: the anchor file's header only: its version into *version, and
+ * the tensor table from it when none is known yet.  Errors: DCAST_ESTATE
+ * (cs_ckpt_foreign), DCAST_ECORRUPT (no version), the header's. */
+int cs_anchor_header_read(dcast_consumer *c, uint64_t *version);
 
 /* fold.c: the path of a fold's file while it is written. */
 void cs_fold_tmp_path(const dcast_consumer *c, char *out, size_t cap);
+/* fold.c: once the anchor file is whole again (a fold from the tensors
+ * renamed over it, a discard removed it, an open found them stale): a
+ * fold's file and its progress record removed. */
+void cs_fold_leftovers_drop(const dcast_consumer *c);
 /* fold.c: after a rename over model.safetensors holding `version`: the
  * checkpoint's generation moves, its version and fold count, the folder
  * fsynced.  Errors: DCAST_EIO. */

@@ -4,10 +4,20 @@
  * torn record at the tail of its log, and keeps DIR/model.safetensors equal
  * to the newest version.  Its peak memory while receiving an anchor 40
  * times its staging budget stays near model + budget: the anchor is never
- * held whole in memory. */
+ * held whole in memory.
+ *
+ * Folds (fold_case): a 32 MB model's deltas folded from the disk keep the
+ * directory's allocated bytes (st_blocks, sampled while the fold runs and
+ * at each piece, held there by test fault foldpiece before the piece is
+ * punched out of the anchor file) at most 1.25 models plus the record
+ * log.  A subscriber killed -9 in a later fold, its anchor file punched
+ * halfway, finishes the fold at its next open: it loads the newest
+ * version without the anchor again, and its file ends bit-exact. */
+#include <dirent.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <poll.h>
+#include <sys/stat.h>
 #include "check.h"
 #include "consumer_harness.h"
 #include "deltacast/safetensors.h"
@@ -23,15 +33,18 @@ typedef struct sub_proc {
 	size_t len;
 } sub_proc;
 
-static int sub_start(sub_proc *s, const h_broker *b, const char *dir, const char *until)
+/* `deltacast subscribe` of model (to version until, folding every
+ * fold_every versions, where not NULL). */
+static int sub_start_model(sub_proc *s, const h_broker *b, const char *model, const char *dir, const char *until,
+			   const char *fold_every)
 {
 	char bin[512];
 	int fds[2];
 
 	snprintf(bin, sizeof(bin), "%s/deltacast", tp_build());
-	char *argv[] = {bin, "subscribe", "--broker", (char *)b->consumers, "--model", "m_kill",
-			"--dir", (char *)dir, "--budget", "1048576", until ? "--until" : NULL,
-			(char *)until, NULL};
+	char *argv[] = {bin, "subscribe", "--broker", (char *)b->consumers, "--model", (char *)model,
+			"--dir", (char *)dir, "--budget", "1048576", "--fold-every", (char *)(fold_every ? fold_every : "0"),
+			until ? "--until" : NULL, (char *)until, NULL};
 	if (pipe(fds))
 		return -1;
 	s->pid = tp_spawn(argv, fds[1], -1);
@@ -39,6 +52,11 @@ static int sub_start(sub_proc *s, const h_broker *b, const char *dir, const char
 	s->out = fds[0];
 	s->len = 0;
 	return s->pid > 0 ? 0 : -1;
+}
+
+static int sub_start(sub_proc *s, const h_broker *b, const char *dir, const char *until)
+{
+	return sub_start_model(s, b, "m_kill", dir, until, NULL);
 }
 
 /* Next stdout line starting with `prefix` (into line), waiting at most ~30 s. */
@@ -106,14 +124,141 @@ static void tear_tail(const char *dir, uint64_t next)
 static int file_equals(const char *path, const h_model *m, uint64_t v)
 {
 	dcast_st_file *f = NULL;
+	char vs[32];
 	int ok = dcast_st_open(path, &f) == 0;
 	for (int t = 0; ok && t < H_TENSORS; t++) {
 		const dcast_st_tensor *s = dcast_st_find(f, m->name[t]);
 		ok = s && s->nbytes == m->bytes[t] && !memcmp(s->data, m->snap[v][t], m->bytes[t]);
 	}
-	ok = ok && !strcmp(dcast_st_metadata_get(f, "deltacast.version"), "5");
+	snprintf(vs, sizeof(vs), "%" PRIu64, v);
+	ok = ok && !strcmp(dcast_st_metadata_get(f, "deltacast.version"), vs);
 	dcast_st_close(&f);
 	return ok;
+}
+
+/* Allocated bytes (st_blocks) of dir's files and of its record log's,
+ * the log's into *log. */
+static uint64_t dir_blocks(const char *dir, uint64_t *log)
+{
+	char path[600];
+	uint64_t n[2] = {0, 0};
+
+	for (int k = 0; k < 2; k++) {
+		snprintf(path, sizeof(path), k ? "%s/model.dlog" : "%s", dir);
+		DIR *d = opendir(path);
+		struct dirent *e;
+		struct stat st;
+		while (d && (e = readdir(d)))
+			if (fstatat(dirfd(d), e->d_name, &st, 0) == 0 && S_ISREG(st.st_mode))
+				n[k] += (uint64_t)st.st_blocks * 512;
+		if (d)
+			closedir(d);
+	}
+	*log = n[1];
+	return n[0] + n[1];
+}
+
+/* The sequence number of a fold's progress record in dir (its newer slot),
+ * 0 when there is none. */
+static uint64_t fold_seq(const char *dir)
+{
+	char path[600];
+	uint64_t slot[2][6] = {{0}}; /* magic, seq, have, target, done, sum */
+
+	snprintf(path, sizeof(path), "%s/model.safetensors.fold.state", dir);
+	int fd = open(path, O_RDONLY);
+	if (fd < 0)
+		return 0;
+	for (int k = 0; k < 2; k++)
+		if (pread(fd, slot[k], sizeof(slot[k]), k * 512) != (ssize_t)sizeof(slot[k]))
+			slot[k][1] = 0;
+	close(fd);
+	return slot[0][1] > slot[1][1] ? slot[0][1] : slot[1][1];
+}
+
+/* The most the directory held beyond its record log, sampled until the
+ * anchor file holds version v and no fold's file is left, releasing the
+ * fold at each piece (hold: foldpiece's pipe) after sampling it there;
+ * stop_seq > 0: return once the progress record reaches it instead.
+ * UINT64_MAX when that did not happen within ~60 s. */
+static uint64_t fold_peak(const char *dir, int hold, uint64_t v, uint64_t stop_seq, uint64_t *pieces)
+{
+	char fold[600];
+	uint64_t peak = 0, log, seen = 0;
+
+	snprintf(fold, sizeof(fold), "%s/model.safetensors.fold", dir);
+	for (int i = 0; i < 60000; i++) {
+		uint64_t all = dir_blocks(dir, &log), seq = fold_seq(dir);
+		peak = all - log > peak ? all - log : peak;
+		if (stop_seq && seq >= stop_seq)
+			return peak;
+		if (!stop_seq && h_file_version(dir) == v && access(fold, F_OK) != 0)
+			return peak;
+		if (seq > seen && seq > 1) { /* held before its punch: sampled above */
+			seen = seq, ++*pieces;
+			REQUIRE(write(hold, "g", 1) == 1);
+		}
+		poll(NULL, 0, 1);
+	}
+	return UINT64_MAX;
+}
+
+/* A 32 MB model folded from the disk by a subscriber (every 3 versions):
+ * the directory's peak, then a kill in the next fold and the restart. */
+static void fold_case(const h_broker *b, const char *dir)
+{
+	dcast_producer *p = NULL;
+	sub_proc s;
+	h_model m;
+	int hold[2];
+	char env[64], line[512], path[600];
+	uint64_t pieces = 0, peak, loaded = 0, received = UINT64_MAX, model;
+
+	h_model_init(&m, 11, 24);
+	model = h_model_bytes(&m);
+	REQUIRE(h_producer_open(b, "m_fold", &m, &p) == 0);
+	for (uint64_t v = 1; v <= 3; v++)
+		REQUIRE(h_publish(p, &m, v, 100) == 0);
+	REQUIRE(pipe(hold) == 0);
+	snprintf(env, sizeof(env), "foldpiece:%d", hold[0]);
+	setenv("DELTACAST_CONSUMER_FAULT", env, 1);
+	REQUIRE(sub_start_model(&s, b, "m_fold", dir, NULL, "3") == 0);
+	unsetenv("DELTACAST_CONSUMER_FAULT");
+	close(hold[0]);
+	CHECK(sub_line(&s, "version 3 ", line, sizeof(line)) == 0);
+
+	REQUIRE(h_publish(p, &m, 4, 100) == 0); /* deltas 2..4: the fold to version 4 */
+	peak = fold_peak(dir, hold[1], 4, 0, &pieces);
+	fprintf(stderr, "fold: directory peak %" PRIu64 " bytes beyond its record log for a %" PRIu64
+		"-byte model (%.3fx), %" PRIu64 " pieces\n", peak, model, (double)peak / (double)model, pieces);
+	CHECK(peak != UINT64_MAX && peak <= model + model / 4);
+	CHECK(pieces >= 4);
+	snprintf(path, sizeof(path), "%s/model.safetensors", dir);
+	CHECK(file_equals(path, &m, 4));
+
+	for (uint64_t v = 5; v <= 7; v++) /* the fold to version 7, killed at its second piece */
+		REQUIRE(h_publish(p, &m, v, 100) == 0);
+	CHECK(sub_line(&s, "version 7 ", line, sizeof(line)) == 0);
+	pieces = 0;
+	CHECK(fold_peak(dir, hold[1], 7, 3, &pieces) != UINT64_MAX);
+	sub_kill(&s);
+	close(hold[1]);
+	CHECK(h_file_version(dir) == 4 && !file_equals(path, &m, 4)); /* punched: torn as it is */
+
+	REQUIRE(h_publish(p, &m, 8, 100) == 0);
+	REQUIRE(sub_start_model(&s, b, "m_fold", dir, "8", "3") == 0);
+	CHECK(sub_line(&s, "loaded version ", line, sizeof(line)) == 0);
+	CHECK(sscanf(line, "loaded version %" SCNu64, &loaded) == 1 && loaded == 7);
+	CHECK(sub_line(&s, "version 8 ", line, sizeof(line)) == 0);
+	CHECK(sscanf(line, "version 8 delta bytes %*u stage_ms %*f apply_ms %*f received %" SCNu64, &received) == 1);
+	CHECK(received < model / 2); /* no anchor again */
+	int status = -1;
+	CHECK(waitpid(s.pid, &status, 0) == s.pid && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+	tp_untrack(s.pid);
+	close(s.out);
+	CHECK(file_equals(path, &m, 8));
+	dcast_producer_close(&p);
+	h_model_free(&m);
 }
 
 int main(void)
@@ -168,6 +313,8 @@ int main(void)
 
 	dcast_producer_close(&p);
 	h_model_free(&m);
+	snprintf(dir, sizeof(dir), "%s/folder", root);
+	fold_case(&b, dir);
 	h_broker_stop(&b);
 	check_remove_dir(root);
 	return check_done("test_consumer_kill");

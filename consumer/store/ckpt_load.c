@@ -290,7 +290,7 @@ static int load(dcast_consumer *c)
 	err = replay(c, have, DCAST_VERSION_NONE, 1);
 	c->store->log_since_fold = log_bytes(c);
 	if (!err && cs_fold_wanted(c))
-		err = cs_ckpt_fold(c);
+		err = cs_store_fold_now(c);
 	return err;
 }
 

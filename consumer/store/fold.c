@@ -7,10 +7,12 @@
  * the target, the tensors' geometry, the applied version's COMMIT digests
  * (c->dcache) and the checkpoint's generation.  cs_fold_run (no lock, at
  * nice 19 and the lowest best-effort I/O level) writes
- * DIR/model.safetensors.fold: the old anchor file's tensors copied
- * (copy_file_range); every record file after it up to the target scanned
- * and its CHUNK records indexed (headers only); then the indexed chunks
- * applied group by group in file order, each group (ranges that overlap,
+ * DIR/model.safetensors.fold: every record file after the anchor file up
+ * to the target scanned and its CHUNK records indexed (headers only; each
+ * delta's base the version before it); then, piece by piece in file order
+ * (an eighth of the model, see "pieces" below), the old anchor file's
+ * bytes copied (copy_file_range) and the indexed chunks applied group by
+ * group, each group (ranges that overlap,
  * across versions) read once, patched in memory in version order and
  * written once, so that folding K versions reads and writes each byte of
  * the model once, not K times (an anchor's record covers every element;
@@ -18,15 +20,18 @@
  * read, patched, written); the fold adds at most FOLD_WINDOW bytes (or
  * one chunk's range, when a producer's are larger) and the index (80 bytes
  * a CHUNK record) to the process's memory, and holds at most FOLD_FDS
- * record files open; then
- * the file read back once through one bounded
+ * record files open; each piece made durable and then punched out of the
+ * old anchor file, so that the directory holds about 1.125 models, not 2;
+ * then the file read back once through one bounded
  * buffer (FOLD_PIECE), every cached COMMIT digest checked against it (the
  * output is exactly the applied version, or it is not used) and its file
  * digest put in the header; fdatasync.  cs_fold_finish (under `lock`)
  * renames it over the old file unless the checkpoint changed meanwhile (a
  * discard, a fold from the tensors: c->store->gen moved), fsyncs the folder,
  * then drops the record files it covers.  A fold whose files moved on, or
- * whose consumer closes, stops at its next record file, group or piece.
+ * whose consumer closes, stops at its next record file, group or piece;
+ * one stopped (or killed) after its first punch is finished by
+ * cs_fold_resume at the next open, or replaced by a fold from the tensors.
  *
  * Tiled tensors are in wire order in the records, the COMMIT digests and
  * the file digest, and in natural order in the file: every range goes
@@ -90,8 +95,11 @@ static int plan_tensors(dcast_consumer *c, cs_fold_job *j)
 	return 0;
 }
 
+static void state_path(const dcast_consumer *c, char *out, size_t cap);
+
 int cs_fold_plan(dcast_consumer *c, cs_fold_job *j)
 {
+	char path[4200];
 	struct stat st;
 	int err;
 
@@ -102,7 +110,8 @@ int cs_fold_plan(dcast_consumer *c, cs_fold_job *j)
 	j->c = c;
 	if (j->version == DCAST_VERSION_NONE || j->version == j->have)
 		return 0; /* mode NONE: nothing to fold */
-	j->mode = !c->n_tensors ? CS_FOLD_LIVE : CS_FOLD_DISK;
+	state_path(c, path, sizeof(path)); /* a fold stopped halfway: the anchor file is punched */
+	j->mode = !c->n_tensors || access(path, F_OK) == 0 ? CS_FOLD_LIVE : CS_FOLD_DISK;
 	if (j->mode == CS_FOLD_LIVE)
 		return 0;
 	if ((err = plan_tensors(c, j)) || (err = plan_files(c, j)))
@@ -302,6 +311,15 @@ static int index_chunk(fold_file *f, const dcast_chunk *h, const dcast_rec *r, u
 
 #define WHY(...) (snprintf(why, why_cap, __VA_ARGS__), -1)
 
+/* A delta's record file follows the one before it (or the anchor file):
+ * a version missing from the log is never folded over. */
+static int chain_ok(const fold_file *f, const dcast_commit *m)
+{
+	const cs_fold_job *j = f->o->j;
+
+	return m->anchor || m->base_version == (f->file ? j->vers[f->file - 1] : j->have);
+}
+
 static int on_record(void *ctx, uint64_t off, const dcast_rec *r, const uint8_t *hdr, const uint8_t *payload,
 		     char *why, size_t why_cap)
 {
@@ -324,7 +342,9 @@ static int on_record(void *ctx, uint64_t off, const dcast_rec *r, const uint8_t 
 	if (r->kind == DCAST_REC_CHUNK && (rc = index_chunk(f, &m.u.chunk, r, off)))
 		rc = WHY("record at offset %" PRIu64 ": %s", off, dcast_last_error());
 	else if (r->kind == DCAST_REC_COMMIT)
-		rc = 1;
+		rc = chain_ok(f, &m.u.commit) ? 1 : WHY("a delta on version %" PRIu64 ", but the version before "
+							"it here is %" PRIu64, m.u.commit.base_version,
+							f->file ? f->o->j->vers[f->file - 1] : f->o->j->have);
 	dcast_msg_free(&m);
 	return rc;
 }
@@ -349,8 +369,9 @@ static int index_file(fold_out *o, uint32_t file, uint64_t *bytes)
 	err = dcast_rec_scan(&rd, 0, on_record, &f, &out);
 	if (!err && (out.units != 1 || out.good_end != rd.size))
 		err = dcast_fail(DCAST_ECORRUPT, "fold: %s: %s", path, out.why[0] ? out.why : "not one whole version");
-	if (!err && !f.anchor && file == 0 && o->j->have == DCAST_VERSION_NONE)
-		err = dcast_fail(DCAST_ECORRUPT, "fold: %s: a delta with no anchor file before it", path);
+	if (!err && file + 1 == o->j->n_vers && o->j->vers[file] != o->j->version)
+		err = dcast_fail(DCAST_ECORRUPT, "fold: no record file of version %" PRIu64 " (the newest is "
+				 "%s)", o->j->version, path);
 out:
 	if (rd.fd >= 0)
 		close(rd.fd);
@@ -958,9 +979,11 @@ int cs_fold_run(cs_fold_job *j, const _Atomic int *stop)
 	int saved = 0, err;
 
 	j->stop = stop;
-	cs_fold_priority(1, &saved);
+	if (!j->here)
+		cs_fold_priority(1, &saved);
 	err = fold_run(j);
-	cs_fold_priority(0, &saved);
+	if (!j->here)
+		cs_fold_priority(0, &saved);
 	DCAST_LOG_D("consumer %s: fold from the disk to version %" PRIu64 ": %u record files, %" PRIu64
 		    " bytes of them, %.1f ms, %.1f ms of CPU%s%s", j->c->model, j->version, j->n_vers,
 		    j->folded_bytes, (double)(dcast_now_ns() - t0) / 1e6, (double)(dcast_thread_cpu_ns() - cpu0) / 1e6,
@@ -1016,10 +1039,9 @@ static int resume_job(dcast_consumer *c, const fold_state *s, cs_fold_job *j)
 	if ((err = plan_tensors(c, j)) || (err = plan_files(c, j)))
 		return err;
 	j->dig.n = 0;
-	if (!j->n_vers || j->vers[j->n_vers - 1] != j->version)
-		return dcast_fail(DCAST_ECORRUPT, "fold to version %" PRIu64 " stopped halfway, and its record "
-				  "file is gone: %s cannot be made whole", j->version, c->store->anchor_path);
-	return 0;
+	j->here = 1;
+	return j->n_vers ? 0 : dcast_fail(DCAST_ECORRUPT, "fold to version %" PRIu64 " stopped halfway, and "
+					  "no record file is left to finish it", j->version);
 }
 
 int cs_fold_resume(dcast_consumer *c)

@@ -50,7 +50,7 @@ void cs_store_close(dcast_consumer *c, int fold_owed)
 	cs_ckpt_settle(c); /* chunk records written behind */
 	if (cs_anchor_new_seal(c, 1)) /* an anchor applied: durable */
 		DCAST_LOG_W("consumer %s: anchor file at close: %s", c->model, dcast_last_error());
-	if (fold_owed && cs_fold_wanted(c) && cs_ckpt_fold(c))
+	if (fold_owed && cs_fold_wanted(c) && cs_store_fold_now(c))
 		DCAST_LOG_W("consumer %s: fold at close: %s", c->model, dcast_last_error());
 	cs_syncer_close(&s->syncer); /* what was committed is on the disk */
 	cs_ckpt_wb_close(c);
@@ -100,6 +100,25 @@ static int fold_from_disk(dcast_consumer *c, cs_fold_job *j)
 	err = cs_fold_run(j, &c->store->stop);
 	pthread_mutex_lock(&c->lock);
 	return err ? err : cs_fold_finish(c, j);
+}
+
+int cs_store_fold_now(dcast_consumer *c)
+{
+	cs_fold_job j = {0};
+	int err = cs_fold_resume(c); /* a fold stopped halfway (at close: by the stop) finished first */
+
+	if (!err)
+		err = cs_fold_plan(c, &j);
+	j.here = 1;
+	if (!err && j.mode == CS_FOLD_DISK && !(err = cs_fold_run(&j, NULL)))
+		err = cs_fold_finish(c, &j);
+	if (err)
+		DCAST_LOG_W("consumer %s: fold from the disk: %s; folding from the tensors instead", c->model,
+			    dcast_last_error());
+	if (err || j.mode == CS_FOLD_LIVE)
+		err = cs_ckpt_fold(c);
+	cs_fold_job_free(&j);
+	return err;
 }
 
 /* The seal of an anchor written straight to its file (anchor_new.c), then

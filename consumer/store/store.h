@@ -125,7 +125,8 @@ int cs_fold_wanted(const dcast_consumer *c);
  * DCAST_ENOMEM, DCAST_ENODEVICE. */
 int cs_ckpt_fold(dcast_consumer *c);
 /* A fold from the disk, off `lock`.  cs_fold_plan: fill *j (mode NONE:
- * nothing to fold; LIVE: fold with cs_ckpt_fold instead; DISK: cs_fold_run
+ * nothing to fold; LIVE: fold with cs_ckpt_fold instead, as there is no
+ * tensor table or a fold stopped halfway punched the anchor file; DISK: cs_fold_run
  * without `lock`, then cs_fold_finish under it).  Errors: DCAST_ENOMEM,
  * DCAST_EIO (the log's directory), DCAST_ECORRUPT (no file holds the
  * applied version).  cs_fold_run: write DIR/model.safetensors.fold as
@@ -156,8 +157,12 @@ typedef struct cs_fold_job {
 	const _Atomic int *stop;       /* set: the consumer is closing (cs_fold_run's) */
 	uint64_t anchor_ino;           /* the anchor file's inode at the plan (0: not checked) */
 	uint64_t resume_from, resume_seq; /* a fold resumed at open: its progress record's */
+	int here;                      /* on the caller's thread, at its priority, `lock` held */
 } cs_fold_job;
 int cs_fold_plan(dcast_consumer *c, cs_fold_job *j);
+int cs_fold_run(cs_fold_job *j, const _Atomic int *stop);
+int cs_fold_finish(dcast_consumer *c, cs_fold_job *j);
+void cs_fold_job_free(cs_fold_job *j);
 /* At open, before the anchor file loads: a fold from the disk that a dead
  * process left half done (DIR/model.safetensors.fold.state, its progress:
  * the anchor file's ranges below it already punched) is finished from the
@@ -167,9 +172,11 @@ int cs_fold_plan(dcast_consumer *c, cs_fold_job *j);
  * missing or damaged: the checkpoint is dropped), DCAST_ESTATE (another
  * model's files), those of cs_fold_run. */
 int cs_fold_resume(dcast_consumer *c);
-int cs_fold_run(cs_fold_job *j, const _Atomic int *stop);
-int cs_fold_finish(dcast_consumer *c, cs_fold_job *j);
-void cs_fold_job_free(cs_fold_job *j);
+/* Fold now, on the caller's thread with `lock` held (at open and close,
+ * and a checkpoint asked for): from the disk, so that the directory stays
+ * near one model, else (it cannot be, or fails) from the tensors
+ * (cs_ckpt_fold).  Errors: cs_ckpt_fold's. */
+int cs_store_fold_now(dcast_consumer *c);
 /* The fold thread: the seal of an anchor written in place, then the fold
  * the policy asks for (if it still does: a checkpoint may have folded
  * first) from the disk, or from the live tensors when that cannot be or

@@ -320,6 +320,41 @@ static int chain_ok(const fold_file *f, const dcast_commit *m)
 	return m->anchor || m->base_version == (f->file ? j->vers[f->file - 1] : j->have);
 }
 
+static int by_range(const void *a, const void *b)
+{
+	const dcast_range_digest *x = &((const cs_dentry *)a)->d, *y = &((const cs_dentry *)b)->d;
+
+	if (x->tensor != y->tensor)
+		return (x->tensor > y->tensor) - (x->tensor < y->tensor);
+	return (x->start > y->start) - (x->start < y->start);
+}
+
+/* With no digests cached (verification off, or a fold resumed at open),
+ * the target's own COMMIT record's, from its record file (the last): they
+ * cover every element, so the result is checked all the same. */
+static int take_digests(fold_file *f, const dcast_commit *m)
+{
+	cs_fold_job *j = f->o->j;
+	cs_dentry *e;
+
+	if (j->dig.n || f->file + 1 != j->n_vers || !m->n_digests)
+		return 0;
+	for (uint32_t i = 0; i < m->n_digests; i++) {
+		const dcast_range_digest *d = &m->digests[i];
+		uint64_t elems = d->tensor < j->n ? dcast_tensor_elems(&j->t[d->tensor].desc) : 0;
+		if (d->start > elems || d->count > elems - d->start)
+			return dcast_fail(DCAST_EFIELD_RANGE, "COMMIT record: digest %u outside the tensors", i);
+	}
+	if (!(e = calloc(m->n_digests, sizeof(*e))))
+		return dcast_fail(DCAST_ENOMEM, "fold: %u digests", m->n_digests);
+	for (uint32_t i = 0; i < m->n_digests; i++)
+		e[i].d = m->digests[i];
+	qsort(e, m->n_digests, sizeof(*e), by_range);
+	free(j->dig.e);
+	j->dig.e = e, j->dig.n = m->n_digests;
+	return 0;
+}
+
 static int on_record(void *ctx, uint64_t off, const dcast_rec *r, const uint8_t *hdr, const uint8_t *payload,
 		     char *why, size_t why_cap)
 {
@@ -341,10 +376,11 @@ static int on_record(void *ctx, uint64_t off, const dcast_rec *r, const uint8_t 
 		return WHY("record at offset %" PRIu64 ": %s", off, dcast_last_error());
 	if (r->kind == DCAST_REC_CHUNK && (rc = index_chunk(f, &m.u.chunk, r, off)))
 		rc = WHY("record at offset %" PRIu64 ": %s", off, dcast_last_error());
+	else if (r->kind == DCAST_REC_COMMIT && !chain_ok(f, &m.u.commit))
+		rc = WHY("a delta on version %" PRIu64 ", but the version before it here is %" PRIu64,
+			 m.u.commit.base_version, f->file ? f->o->j->vers[f->file - 1] : f->o->j->have);
 	else if (r->kind == DCAST_REC_COMMIT)
-		rc = chain_ok(f, &m.u.commit) ? 1 : WHY("a delta on version %" PRIu64 ", but the version before "
-							"it here is %" PRIu64, m.u.commit.base_version,
-							f->file ? f->o->j->vers[f->file - 1] : f->o->j->have);
+		rc = take_digests(f, &m.u.commit) ? WHY("%s", dcast_last_error()) : 1;
 	dcast_msg_free(&m);
 	return rc;
 }
@@ -920,7 +956,7 @@ static int fold_open(fold_out *o)
 	cs_fold_tmp_path(o->j->c, o->path, sizeof(o->path));
 	if ((err = cs_anchor_layout(o->j->c->model, o->j->t, o->j->n, o->j->version, zero, &o->lay)))
 		return err;
-	o->fd = open(o->path, O_RDWR | O_CREAT | (o->j->resume_from ? 0 : O_TRUNC) | O_CLOEXEC, 0644);
+	o->fd = open(o->path, O_RDWR | (o->j->resume_from ? 0 : O_CREAT | O_TRUNC) | O_CLOEXEC, 0644);
 	if (o->fd < 0)
 		return dcast_fail(DCAST_EIO, "fold: %s: %s: %s", o->path, o->j->resume_from ? "open" : "create",
 				  strerror(errno));
@@ -1038,7 +1074,7 @@ static int resume_job(dcast_consumer *c, const fold_state *s, cs_fold_job *j)
 	j->resume_from = s->done, j->resume_seq = s->seq;
 	if ((err = plan_tensors(c, j)) || (err = plan_files(c, j)))
 		return err;
-	j->dig.n = 0;
+	j->dig.n = 0; /* those cached are the applied version's: its COMMIT record's instead */
 	j->here = 1;
 	return j->n_vers ? 0 : dcast_fail(DCAST_ECORRUPT, "fold to version %" PRIu64 " stopped halfway, and "
 					  "no record file is left to finish it", j->version);

@@ -128,9 +128,9 @@ typedef struct dcast_consumer_stats {
 					  thread (apply() does not wait for it) */
 	uint64_t folds_from_tensors;   /* of folds, those written from the live tensors
 					  under the consumer's lock, where an apply() waits:
-					  dcast_consumer_checkpoint(), and a fold from the
-					  disk that failed (a damaged record file); the
-					  policy's folds otherwise read the disk alone */
+					  where a fold from the disk could not be or failed
+					  (a damaged or missing record file); folds
+					  otherwise read the disk alone */
 	uint64_t ready_backlog;        /* READY versions not yet applied that apply() can
 					  take now (the chain up to
 					  dcast_consumer_ready_version()); apply() of the
@@ -300,7 +300,9 @@ DCAST_API uint64_t dcast_consumer_run(const dcast_consumer *c);
 DCAST_API int dcast_consumer_wait_version(dcast_consumer *c, uint64_t min_version, int timeout_ms);
 
 /* Fold now: write DIR/model.safetensors as the applied version (atomic:
- * temporary file, fsync, rename) and drop the record files it covers;
+ * written in pieces beside it from the disk, each punched out of the old
+ * file once durable, renamed over it; from the live tensors where the
+ * record files cannot make it) and drop the record files it covers;
  * first waits for a fold the policy started, seals an anchor received in
  * place that the consumer's thread has not sealed yet (DIR/model.safetensors.new:
  * fsync, rename), and writes nothing when the file then holds the applied

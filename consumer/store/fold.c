@@ -234,11 +234,24 @@ static int open_old(fold_out *o)
 	return err;
 }
 
-/* DCAST_ESTATE once the fold is moot: the files moved on (c->store->gen) or
- * the consumer is closing (*j->stop); checked between record files and groups. */
-static int abandoned(const cs_fold_job *j)
+/* Is the anchor file (still) inode ino? */
+static int anchor_is(const dcast_consumer *c, uint64_t ino)
 {
-	if (atomic_load(&j->c->store->gen) == j->gen && !(j->stop && atomic_load(j->stop)))
+	struct stat st;
+
+	return ino && stat(c->store->anchor_path, &st) == 0 && (uint64_t)st.st_ino == ino;
+}
+
+/* DCAST_ESTATE once the fold is moot: the files moved on (c->store->gen),
+ * but for an anchor file still the one it punches (an anchor received in
+ * place dropped: cs_fold_finish decides), or the consumer is closing
+ * (*j->stop); checked between record files, groups and pieces. */
+static int abandoned(const fold_out *o)
+{
+	const cs_fold_job *j = o->j;
+
+	if (!(j->stop && atomic_load(j->stop)) &&
+	    (atomic_load(&j->c->store->gen) == j->gen || anchor_is(j->c, o->old_ino)))
 		return 0;
 	return dcast_fail(DCAST_ESTATE, "fold to version %" PRIu64 " abandoned: the checkpoint moved on, "
 			  "or the consumer is closing", j->version);
@@ -720,7 +733,7 @@ static int fold_groups(fold_out *o, size_t *i, uint64_t b)
 		uint64_t end = o->ch[*i].off + o->ch[*i].len;
 		for (k = *i + 1; k < o->n_ch && o->ch[k].off < end; k++)
 			end = o->ch[k].off + o->ch[k].len > end ? o->ch[k].off + o->ch[k].len : end;
-		if (!(err = abandoned(o->j)))
+		if (!(err = abandoned(o)))
 			err = fold_group(o, &o->ch[*i], k - *i, end);
 		*i = k;
 	}
@@ -796,7 +809,7 @@ static int scan_tensor(const fold_out *o, uint32_t i, uint64_t *td, uint64_t *ra
 
 	for (uint64_t off = 0; !err && off < bytes; off += FOLD_PIECE) {
 		uint64_t n = bytes - off < FOLD_PIECE ? bytes - off : FOLD_PIECE;
-		err = abandoned(o->j) ? DCAST_ESTATE : tensor_io(o, i, off / t->elem_size, n / t->elem_size, o->buf, 0);
+		err = abandoned(o) ? DCAST_ESTATE : tensor_io(o, i, off / t->elem_size, n / t->elem_size, o->buf, 0);
 		for (uint64_t b = 0; !err && b < n; b += DCAST_DIGEST_BLOCK)
 			h[(off + b) / DCAST_DIGEST_BLOCK] =
 				dcast_checksum(o->buf + b, n - b < DCAST_DIGEST_BLOCK ? n - b : DCAST_DIGEST_BLOCK);
@@ -894,7 +907,7 @@ static int build(fold_out *o)
 	if (j->have != DCAST_VERSION_NONE && (err = open_old(o)))
 		return err;
 	for (uint32_t i = 0; !err && i < j->n_vers; i++)
-		if (!(err = abandoned(j)))
+		if (!(err = abandoned(o)))
 			err = index_file(o, i, &j->folded_bytes);
 	if (!err && o->old_fd >= 0)
 		err = state_open(o);
@@ -920,14 +933,6 @@ void cs_fold_leftovers_drop(const dcast_consumer *c)
 	unlink(p); /* first: a progress record without its fold's file is stale (cs_fold_resume) */
 	cs_fold_tmp_path(c, p, sizeof(p));
 	unlink(p);
-}
-
-/* Is the anchor file (still) inode ino? */
-static int anchor_is(const dcast_consumer *c, uint64_t ino)
-{
-	struct stat st;
-
-	return ino && stat(c->store->anchor_path, &st) == 0 && (uint64_t)st.st_ino == ino;
 }
 
 /* A fold that failed: its file goes, unless the anchor file, punched

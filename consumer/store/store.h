@@ -132,17 +132,20 @@ int cs_ckpt_fold(dcast_consumer *c);
  * applied version).  cs_fold_run: write DIR/model.safetensors.fold as
  * version j->version piece by piece, each piece's range punched out of
  * the anchor file once it is durable in the new one (the directory holds
- * about the model plus one piece, not two models), checked against its
- * digests, abandoned (DCAST_ESTATE) once *stop is set or the files moved
- * on.  On error it is removed, unless the anchor file was punched already
+ * about the model plus one piece, not two models), checked against the
+ * target's digests (j->dig, else its COMMIT record's), abandoned
+ * (DCAST_ESTATE) once *stop is set or the files moved on (cs_store_gen)
+ * and the anchor file is not the one planned any more.  On error it is removed, unless the anchor file was punched already
  * and is still the checkpoint's: then it stays with its progress record,
  * for a fold from the tensors to replace both or the next open to finish
- * it (cs_fold_resume).  At nice 19 and best-effort I/O level 7.  Errors: DCAST_EIO, DCAST_ENOMEM,
+ * it (cs_fold_resume).  At nice 19 and best-effort I/O level 7 (but j->here:
+ * at the caller's).  Errors: DCAST_EIO, DCAST_ENOMEM,
  * DCAST_ECORRUPT / DCAST_ECHECKSUM (a damaged record file), DCAST_EDIGEST
  * (the result is not the applied version), the codec's.  cs_fold_finish:
  * rename it over the anchor file and drop its progress record and the
  * record files it covers, unless the files moved since the plan
- * (cs_store_gen; then it is removed and 0 returned).  Errors: DCAST_EIO. */
+ * (cs_store_gen) and the anchor file was replaced (then it is removed and
+ * 0 returned).  Errors: DCAST_EIO. */
 enum { CS_FOLD_NONE, CS_FOLD_LIVE, CS_FOLD_DISK };
 typedef struct cs_fold_job {
 	dcast_consumer *c;             /* for its paths and model name (fixed at open) */

@@ -1066,9 +1066,9 @@ int cs_fold_finish(dcast_consumer *c, cs_fold_job *j)
 
 /* ---- a fold from the disk that a dead process left halfway ---- */
 
-/* The job its progress record s describes: no digests to check it against
- * (those cached are the applied version's), the record files up to its
- * target, which must still be there. */
+/* The job its progress record s describes: the record files up to its
+ * target, which must still be there, and the target's digests from its
+ * COMMIT record (those cached are the applied version's: take_digests). */
 static int resume_job(dcast_consumer *c, const fold_state *s, cs_fold_job *j)
 {
 	int err;
@@ -1079,7 +1079,7 @@ static int resume_job(dcast_consumer *c, const fold_state *s, cs_fold_job *j)
 	j->resume_from = s->done, j->resume_seq = s->seq;
 	if ((err = plan_tensors(c, j)) || (err = plan_files(c, j)))
 		return err;
-	j->dig.n = 0; /* those cached are the applied version's: its COMMIT record's instead */
+	j->dig.n = 0;
 	j->here = 1;
 	return j->n_vers ? 0 : dcast_fail(DCAST_ECORRUPT, "fold to version %" PRIu64 " stopped halfway, and "
 					  "no record file is left to finish it", j->version);

@@ -86,6 +86,7 @@ static void on_welcome(dcast_producer *p, const dcast_welcome *w)
 {
 	p->conn.up = 1;
 	p->conn.broker_version = w->version;
+	p->conn.hb_version = DCAST_VERSION_NONE; /* this connection's HEARTBEATs only */
 	p->conn.run = w->run;
 	p->conn.anchor_version = w->anchor_version;
 	p->conn.need_anchor = (int)w->need_anchor;
@@ -136,6 +137,8 @@ static void handle(dcast_producer *p, const dcast_msg *m)
 		p->conn.up = 0;
 		break;
 	case DCAST_MSG_HEARTBEAT:
+		p->conn.hb_version = m->u.heartbeat.version;
+		p->conn.hb_ms = dcast_now_ms();
 		break;
 	default:
 		DCAST_LOG_W("producer %s: ignoring unexpected %s from the broker", p->model,

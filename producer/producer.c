@@ -97,7 +97,7 @@ static int init_fields(dcast_producer *p, const char *endpoint, const char *mode
 	p->failed_version = DCAST_VERSION_NONE;
 	p->stats.version = p->stats.acked_version = p->stats.baseline_version = DCAST_VERSION_NONE;
 	p->progress.version = DCAST_VERSION_NONE;
-	p->conn.broker_version = DCAST_VERSION_NONE;
+	p->conn.broker_version = p->conn.hb_version = DCAST_VERSION_NONE;
 	return 0;
 }
 

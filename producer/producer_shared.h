@@ -182,6 +182,9 @@ typedef struct prod_conn {
 	uint64_t credit_window;  /* the first CREDIT after HELLO: the window; what
 				    comes after it is credit back for stored chunks */
 	uint64_t broker_version; /* newest committed, from WELCOME / ACK */
+	uint64_t hb_version;     /* newest committed a HEARTBEAT named (ACKed or
+				    still being made durable), or NONE */
+	uint64_t hb_ms;          /* when that HEARTBEAT came */
 	uint64_t run;            /* the broker's run of the model, from WELCOME */
 	uint64_t anchor_version; /* the newest anchor in its log, from WELCOME */
 	int need_anchor;

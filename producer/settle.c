@@ -32,10 +32,24 @@ static int settled(const dcast_producer *p, uint64_t version)
 			  (unsigned long long)version);
 }
 
+/* A version the broker's HEARTBEATs name as committed is being made
+ * durable (a large anchor's fsync on a slow disk takes minutes): the wait
+ * goes on until timeout_ms after the last such HEARTBEAT. */
+static uint64_t durable_deadline(const dcast_producer *p, uint64_t version, uint64_t deadline_ms,
+				 uint64_t timeout_ms)
+{
+	const prod_conn *c = &p->conn;
+
+	if (c->hb_version == DCAST_VERSION_NONE || c->hb_version < version || !timeout_ms)
+		return deadline_ms;
+	return c->hb_ms + timeout_ms > deadline_ms ? c->hb_ms + timeout_ms : deadline_ms;
+}
+
 /* One step of waiting for the pending version: errors from the broker, a
  * lost connection (re-join, and re-send if the broker lacks the version). */
-static int wait_step(dcast_producer *p, uint64_t version, uint64_t deadline_ms)
+static int wait_step(dcast_producer *p, uint64_t version, uint64_t *deadline, uint64_t timeout_ms)
 {
+	uint64_t deadline_ms = *deadline = durable_deadline(p, version, *deadline, timeout_ms);
 	int rc;
 
 	if ((rc = prod_conn_take_error(p, version)))
@@ -70,7 +84,7 @@ int dcast_producer_wait(dcast_producer *p, uint64_t version, int timeout_ms)
 		return rc;
 	deadline = dcast_now_ms() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0);
 	while (version == p->pending_version)
-		if ((rc = wait_step(p, version, deadline)))
+		if ((rc = wait_step(p, version, &deadline, (uint64_t)(timeout_ms > 0 ? timeout_ms : 0))))
 			return rc;
 	return settled(p, version);
 }

@@ -13,10 +13,15 @@
  * (2) SIGKILL while a version's write is in flight: the restarted broker
  *     has that version whole or not at all, never torn; the producer that
  *     was not ACKed publishes it again from its baseline, and a fresh
- *     consumer gets it bit-exact. */
+ *     consumer gets it bit-exact.
+ * (0) The producer library's wait for an ACK that the durable write
+ *     delays (2 x 600 ms) past its timeout (400 ms): the broker's
+ *     HEARTBEATs name the version committed meanwhile, so the wait goes on
+ *     and returns the ACK. */
 #include <dirent.h>
 #include <poll.h>
 #include "broker_harness.h"
+#include "deltacast/producer.h"
 #include "dcast_reclog.h"
 #include "dcast_common.h"
 
@@ -240,6 +245,28 @@ static void kill_phase(tp_broker *br, uint16_t (*snap)[H_TENSORS][H_ELEMS])
 	h_client_close(&fresh);
 }
 
+/* (3): a wait shorter than the durable write still gets the ACK. */
+static void durable_wait_phase(const tp_broker *br)
+{
+	static uint16_t w[4096];
+	uint64_t shape[1] = {4096}, t0;
+	dcast_producer *p = NULL;
+	char ep[64];
+
+	snprintf(ep, sizeof(ep), "tcp://127.0.0.1:%d", br->pport);
+	REQUIRE(dcast_producer_open(ep, "slow/lib", 0, 1, NULL, &p) == 0);
+	REQUIRE(dcast_producer_register(p, "w", DCAST_DTYPE_BF16, 1, shape, w, DCAST_MEM_HOST, 0, 4096) == 0);
+	for (int i = 0; i < 4096; i++)
+		w[i] = (uint16_t)(0x3f80 + i);
+	t0 = dcast_now_ms();
+	CHECK(dcast_producer_publish(p, 1) == 0);
+	CHECK(dcast_producer_wait(p, 1, 400) == 0); /* the durable write takes 1200 ms */
+	printf("library producer: ACK of 1 after %llu ms, waited with a 400 ms timeout\n",
+	       (unsigned long long)(dcast_now_ms() - t0));
+	CHECK(dcast_now_ms() - t0 >= 2 * SLOW_MS); /* it was the durable write it waited for */
+	dcast_producer_close(&p);
+}
+
 int main(void)
 {
 	static uint16_t snap[4][H_TENSORS][H_ELEMS];
@@ -262,6 +289,7 @@ int main(void)
 	br.with_metrics = 1;
 	REQUIRE(h_broker_start(&br) == 0);
 	CHECK(check_file_has(br.log, "fault injection: slowdisk"));
+	durable_wait_phase(&br); /* before the wire clients, which it would leave unanswered */
 	join_all(br.pport, br.cport);
 
 	slow_write_phase(&br, snap);

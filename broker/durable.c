@@ -565,11 +565,13 @@ static int frame_copy(zmq_msg_t *msg, const void *data, size_t len)
 	return 0;
 }
 
+/* The segment's record checksum covered hdr; a MANIFEST an older build
+ * stored has no `sum`, and broker_manifest_new() encodes it with one. */
 static int restore_manifest(struct restore *r, const char *model, const void *hdr, size_t len)
 {
 	struct broker_manifest *mf;
 	dcast_msg msg;
-	int rc = dcast_msg_decode(hdr, len, &msg);
+	int rc = dcast_msg_decode_stored(hdr, len, &msg);
 
 	if (rc)
 		return rc;

@@ -114,7 +114,8 @@ int dcast_rec_scan(dcast_rec_reader *rd, int payload, dcast_rec_fn fn, void *ctx
 
 /* The message in record r's header (hdr[0..r->hdr_len), as dcast_rec_read
  * or a scan's callback has it), decoded by the schema's strict decoder into
- * *m, checked to be what r's kind holds (MANIFEST, CHUNK, COMMIT) and, for a
+ * *m (dcast_msg_decode_stored: the record's checksum covered the header,
+ * and a MANIFEST of an older build has no `sum`), checked to be what r's kind holds (MANIFEST, CHUNK, COMMIT) and, for a
  * CHUNK or COMMIT, of r's version.  On 0 the caller frees m
  * (dcast_msg_free).  Errors: the decoder's, DCAST_ECORRUPT (a FILE record,
  * or another message or version than the record says: named). */

@@ -171,7 +171,7 @@ static int msg_fits(const dcast_rec *r, const dcast_msg *m)
 
 int dcast_rec_msg(const dcast_rec *r, const uint8_t *hdr, dcast_msg *m)
 {
-	int err = dcast_msg_decode(hdr, r->hdr_len, m);
+	int err = dcast_msg_decode_stored(hdr, r->hdr_len, m);
 
 	if (!err && (err = msg_fits(r, m)))
 		dcast_msg_free(m);

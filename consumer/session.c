@@ -163,8 +163,8 @@ static int on_commit(dcast_consumer *c, dcast_wire_in *in)
 }
 
 /* A MANIFEST the consumer cannot take (unlike the tensors it holds, too
- * large for its memory) is refused and read again: a header frame has no
- * checksum, and one damaged on the way may still decode.  The same
+ * large for its memory) is refused and read again once (one damaged on
+ * the way fails its sum as it is decoded: bad_message).  The same
  * refusal again is persistent, and backed off (cs_rejoin_refused); tensors
  * held are never replaced. */
 static int on_manifest(dcast_consumer *c, dcast_wire_in *in)

@@ -167,7 +167,7 @@ static int get_grid(const msgpack_object *o, const char *path, const struct fiel
 }
 
 static int decode_map(const msgpack_object *o, const struct msg_table *t, void *base,
-		      const char *path, int skip_header);
+		      const char *path);
 
 /* Decode an array of nested maps (tensors, digests) into a calloc'd array. */
 static int get_array(const msgpack_object *o, const char *path, const struct field *f,
@@ -190,10 +190,10 @@ static int get_array(const msgpack_object *o, const char *path, const struct fie
 		void *entry = (char *)*a.entries + i * a.entry_size;
 		/* the entry's path only for its error (a COMMIT of many chunks has
 		 * as many entries): decoded again under it, nothing allocated */
-		if (!decode_map(&o->via.array.ptr[i], a.table, entry, path, 0))
+		if (!decode_map(&o->via.array.ptr[i], a.table, entry, path))
 			continue;
 		snprintf(sub_path, sizeof(sub_path), "%s.%s[%u]", path, f->key, i);
-		rc = decode_map(&o->via.array.ptr[i], a.table, entry, sub_path, 0);
+		rc = decode_map(&o->via.array.ptr[i], a.table, entry, sub_path);
 	}
 	return rc;
 }
@@ -214,6 +214,7 @@ static int decode_field(const msgpack_object *o, const struct field *f, void *ba
 		/* fall through */
 	case F_U64:
 	case F_U32:
+	case F_SUM:
 		if ((rc = get_uint(o, path, f->key, &v)))
 			return rc;
 		if (v < f->min || v > f->max)
@@ -275,10 +276,12 @@ static int unknown_key(const msgpack_object *k, const char *path)
 	return dcast_fail(DCAST_EFIELD_UNKNOWN, "%s: unknown field \"%s\"", path, shown(k).text);
 }
 
-static int check_missing(const struct msg_table *t, uint64_t seen, const char *path)
+/* stored: a header read back from a record file, whose MANIFEST may
+ * predate its `sum` (dcast_msg_decode_stored). */
+static int check_missing(const struct msg_table *t, uint64_t seen, const char *path, int stored)
 {
 	for (unsigned i = 0; i < t->n_fields; i++)
-		if (t->fields[i].required && !(seen >> i & 1))
+		if (t->fields[i].required && !(seen >> i & 1) && !(stored && t->fields[i].kind == F_SUM))
 			return dcast_fail(DCAST_EFIELD_MISSING, "%s.%s: required field missing",
 					  path, t->fields[i].key);
 	return 0;
@@ -302,10 +305,10 @@ static int check_duplicates(const msgpack_object_map *m, const char *path)
 	return 0;
 }
 
-static int decode_map(const msgpack_object *o, const struct msg_table *t, void *base,
-		      const char *path, int skip_header)
+/* Decode the keys of map o into base; *seen gets a bit per field found. */
+static int decode_keys(const msgpack_object *o, const struct msg_table *t, void *base,
+		       const char *path, int skip_header, uint64_t *seen)
 {
-	uint64_t seen = 0;
 	unsigned from = 0;
 	int rc;
 
@@ -328,11 +331,21 @@ static int decode_map(const msgpack_object *o, const struct msg_table *t, void *
 			return rc;
 		if (fi < 0)
 			continue;
-		seen |= 1ull << fi;
+		*seen |= 1ull << fi;
 		if ((rc = decode_field(&kv->val, &t->fields[fi], base, path)))
 			return rc;
 	}
-	return check_missing(t, seen, path);
+	return 0;
+}
+
+/* A nested map (a tensor, a digest): its keys, then the required ones. */
+static int decode_map(const msgpack_object *o, const struct msg_table *t, void *base,
+		      const char *path)
+{
+	uint64_t seen = 0;
+	int rc = decode_keys(o, t, base, path, 0, &seen);
+
+	return rc ? rc : check_missing(t, seen, path, 0);
 }
 
 static const msgpack_object *lookup(const msgpack_object_map *m, const char *key)
@@ -373,20 +386,46 @@ static int decode_type(const msgpack_object *root, int *type)
 	return dcast_fail(DCAST_EMSG_TYPE, "header.type: unknown message type \"%s\"", shown(t).text);
 }
 
-static int decode_root(const msgpack_object *root, dcast_msg *m)
+/* The last check of a MANIFEST: its content against the sum it carries,
+ * which the keys' own checks leave as the only one a flipped bit of a
+ * name, dtype or shape can still break. */
+static int check_sum(const dcast_manifest *m)
 {
+	uint64_t sum = dcast_manifest_sum(m);
+
+	if (sum == m->sum)
+		return 0;
+	return dcast_fail(DCAST_ECHECKSUM,
+			  "MANIFEST of %s (%u tensors): content sums to %016llx, MANIFEST.sum says %016llx",
+			  m->model, m->n_tensors, (unsigned long long)sum, (unsigned long long)m->sum);
+}
+
+/* The field bit of MANIFEST.sum in a decode_keys() seen mask. */
+static uint64_t sum_bit(const struct msg_table *t)
+{
+	uint64_t bit = 0;
+
+	for (unsigned i = 0; i < t->n_fields; i++)
+		bit |= (uint64_t)(t->fields[i].kind == F_SUM) << i;
+	return bit;
+}
+
+static int decode_root(const msgpack_object *root, dcast_msg *m, int stored)
+{
+	uint64_t seen = 0;
 	int type = 0, rc;
 
 	if ((rc = decode_type(root, &type)))
 		return rc;
 	dcast_msg_init(m, type);
 	const struct msg_table *t = schema_table(type);
-	if ((rc = decode_map(root, t, &m->u, t->name, 1)))
+	if ((rc = decode_keys(root, t, &m->u, t->name, 1, &seen)) ||
+	    (rc = check_missing(t, seen, t->name, stored)) || (rc = dcast_msg_validate(m)))
 		return rc;
-	return dcast_msg_validate(m);
+	return seen & sum_bit(t) ? check_sum(&m->u.manifest) : 0;
 }
 
-int dcast_msg_decode(const void *data, size_t len, dcast_msg *m)
+static int decode(const void *data, size_t len, dcast_msg *m, int stored)
 {
 	msgpack_unpacked up;
 	size_t off = 0;
@@ -406,9 +445,19 @@ int dcast_msg_decode(const void *data, size_t len, dcast_msg *m)
 	if (msgpack_unpack_next(&up, data, len, &off) != MSGPACK_UNPACK_SUCCESS)
 		rc = dcast_fail(DCAST_EMALFORMED, "header: msgpack-c could not unpack it");
 	else
-		rc = decode_root(&up.data, m);
+		rc = decode_root(&up.data, m, stored);
 	msgpack_unpacked_destroy(&up);
 	if (rc)
 		dcast_msg_free(m);
 	return rc;
+}
+
+int dcast_msg_decode(const void *data, size_t len, dcast_msg *m)
+{
+	return decode(data, len, m, 0);
+}
+
+int dcast_msg_decode_stored(const void *data, size_t len, dcast_msg *m)
+{
+	return decode(data, len, m, 1);
 }

@@ -36,6 +36,7 @@ static void pack_field(msgpack_packer *pk, const struct field *f, const void *ba
 	switch (f->kind) {
 	case F_U32: msgpack_pack_uint32(pk, *(const uint32_t *)slot); break;
 	case F_U64: msgpack_pack_uint64(pk, *(const uint64_t *)slot); break;
+	case F_SUM: msgpack_pack_uint64(pk, dcast_manifest_sum(base)); break;
 	case F_BOOL:
 		(*(const uint32_t *)slot ? msgpack_pack_true : msgpack_pack_false)(pk);
 		break;
@@ -229,6 +230,7 @@ static void json_value(struct jbuf *b, const struct field *f, const void *base)
 	switch (f->kind) {
 	case F_U32: juint(b, *(const uint32_t *)slot); break;
 	case F_U64: juint(b, *(const uint64_t *)slot); break;
+	case F_SUM: juint(b, dcast_manifest_sum(base)); break;
 	case F_BOOL: jputs(b, *(const uint32_t *)slot ? "true" : "false"); break;
 	case F_VER:
 		if (*(const uint64_t *)slot == DCAST_VERSION_NONE)

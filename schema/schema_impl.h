@@ -19,6 +19,7 @@ enum field_kind {
 	F_GRID,    /* dcast_tensor_desc.grid: sent only when tiled */
 	F_TENSORS, /* dcast_manifest: n_tensors + tensors */
 	F_DIGESTS, /* dcast_commit: n_digests + digests */
+	F_SUM,     /* uint64_t dcast_manifest.sum: computed when encoded, checked when decoded */
 };
 
 struct field {

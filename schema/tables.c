@@ -32,6 +32,7 @@ static const struct field welcome_fields[] = {
 static const struct field manifest_fields[] = {
 	NAME(dcast_manifest, model, 1),
 	{"tensors", F_TENSORS, 1, OFF(dcast_manifest, n_tensors), 0, DCAST_MAX_TENSORS},
+	{"sum", F_SUM, 1, OFF(dcast_manifest, sum), 0, U64MAX},
 };
 
 static const struct field chunk_fields[] = {

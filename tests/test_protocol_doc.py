@@ -3,7 +3,8 @@ table of ERROR codes must match the library's codes and names exactly,
 every code the library has must be listed, the header's `proto` and
 the limits table must name the library's DCAST_PROTO_VERSION, and the
 table of which refusal gets which code must agree with the schema vectors;
-the worked example of the additive digest is what the library computes."""
+the worked example of the additive digest is what the library computes,
+and so is MANIFEST.sum as its canonical form is described."""
 import ctypes
 import json
 import os
@@ -37,7 +38,8 @@ if f"protocol version, `{proto}`" not in doc or f"| `DCAST_PROTO_VERSION` | {pro
 refusals = re.findall(r"^\| (.+) \| `(DCAST_E[A-Z_]+)` \|$", doc.split("Which refusal gets which code:")[1].split("## Limits")[0], re.M)
 for phrase, vector in [("a delta without `base_version`", "bad_chunk_delta_no_base"),
                        ("a dense payload whose size is not `count * elem_size`", "bad_chunk_dense_size"),
-                       ("an anchor with a `base_version`", "bad_chunk_anchor_with_base")]:
+                       ("an anchor with a `base_version`", "bad_chunk_anchor_with_base"),
+                       ("a MANIFEST whose `sum` is not that of its content", "bad_manifest_sum")]:
     want = json.load(open(os.path.join(root, "schema", "vectors", vector + ".json")))["error"]
     got = [code for text, code in refusals if phrase in text]
     if got != [want]:
@@ -97,6 +99,38 @@ if len(digests) > 1 and ldigest(1, 2, [0x3f80, 0x4040, 0xc040]) != digests[1]:
     failures.append(f"digest example after the change: doc {digests[1]:#x}")
 if ldigest(1, 2, []) != 0:
     failures.append("a digest of count 0 is not 0")
+# MANIFEST.sum: the canonical form as the MANIFEST section words it, built
+# from the good vector's JSON, hashed with XXH3-64 (dcast_checksum), is the
+# vector's sum and the doc's example.
+lib.dcast_checksum.restype = ctypes.c_uint64
+lib.dcast_checksum.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+
+
+def u32(n):
+    return n.to_bytes(4, "little")
+
+
+def lstr(text):
+    return u32(len(text.encode())) + text.encode()
+
+
+def canonical(mf):
+    form = lstr(mf["model"]) + u32(len(mf["tensors"]))
+    for t in mf["tensors"]:
+        grid = t.get("grid", [1] * len(t["shape"]))
+        form += lstr(t["name"]) + lstr(t["dtype"]) + u32(len(t["shape"]))
+        form += b"".join(d.to_bytes(8, "little") for d in t["shape"]) + b"".join(u32(g) for g in grid)
+    return form
+
+
+mf = json.load(open(os.path.join(root, "schema", "vectors", "manifest.json")))
+form = canonical(mf)
+got = lib.dcast_checksum(form, len(form))
+example = re.search(r"canonical form is (\d+) bytes and `sum` is\s+(\d+) \((0x[0-9a-f]+)\)", doc)
+if got != mf["sum"]:
+    failures.append(f"MANIFEST.sum: vector says {mf['sum']}, the canonical form as documented sums to {got}")
+if not example or (int(example.group(1)), int(example.group(2)), int(example.group(3), 16)) != (len(form), got, got):
+    failures.append(f"MANIFEST.sum example: doc {example and example.groups()}, computed {len(form)} bytes, {got}")
 for f in failures:
     print("FAIL:", f)
 print(f"test_protocol_doc: {code - 1} codes checked, {len(failures)} failures")

@@ -121,6 +121,10 @@ typedef struct dcast_manifest {
 	char model[DCAST_MAX_NAME + 1];
 	uint32_t n_tensors;
 	dcast_tensor_desc *tensors; /* owned by the message: dcast_msg_free() */
+	/* dcast_manifest_sum() of the fields above.  The encoder computes and
+	 * writes it (what is set here is not read); decoded: the header's
+	 * value, checked (0 for a stored one without it). */
+	uint64_t sum;
 } dcast_manifest;
 
 /* CHUNK: one element range of one tensor; the payload is frame 1. */
@@ -235,10 +239,19 @@ DCAST_API int dcast_msg_encode(const dcast_msg *m, void **out, size_t *out_len);
  * nothing is left allocated.  Errors: DCAST_ETOO_LARGE (frame, string,
  * array), DCAST_ETRUNCATED, DCAST_EMALFORMED (not msgpack, not a map,
  * duplicate key, trailing bytes), DCAST_EPROTO_VERSION, DCAST_EMSG_TYPE,
- * DCAST_EFIELD_MISSING, DCAST_EFIELD_TYPE, DCAST_EFIELD_RANGE,
- * DCAST_EFIELD_UNKNOWN (keys starting "x-" are extensions and ignored),
- * DCAST_EDTYPE. */
+ * DCAST_EFIELD_MISSING (a MANIFEST without `sum` included),
+ * DCAST_EFIELD_TYPE, DCAST_EFIELD_RANGE, DCAST_EFIELD_UNKNOWN (keys
+ * starting "x-" are extensions and ignored), DCAST_EDTYPE, DCAST_ECHECKSUM
+ * (a MANIFEST whose `sum` is not dcast_manifest_sum() of what it carries,
+ * naming both sums). */
 DCAST_API int dcast_msg_decode(const void *data, size_t len, dcast_msg *m);
+
+/* dcast_msg_decode for a header read back from a file whose own record
+ * checksum covered it (broker segments, a consumer's record log): the same
+ * checks, except that a MANIFEST may lack `sum` (records written before
+ * MANIFESTs carried it); one that has it is checked.  Never for bytes
+ * from a socket. */
+DCAST_API int dcast_msg_decode_stored(const void *data, size_t len, dcast_msg *m);
 
 /* Check that a payload frame of payload_len bytes (0: no frame) fits the
  * header: CHUNK needs exactly payload_bytes, every other type none.
@@ -252,6 +265,15 @@ DCAST_API int dcast_msg_check_payload(const dcast_msg *m, size_t payload_len);
  * placement changed on the way then fails the check as a damaged payload
  * does.  `part` and `seq` are left out: the broker renumbers them. */
 DCAST_API uint64_t dcast_chunk_checksum(const dcast_chunk *c, uint64_t payload_sum);
+
+/* The sum a MANIFEST carries: XXH3-64 (seed 0) of its canonical form,
+ * the model name, the tensor count, then per tensor in order its name,
+ * dtype name, dims, shape and grid (1 per dimension when untiled); each
+ * string as a little-endian u32 length and its bytes, counts and grid
+ * entries u32, shape entries u64, all little-endian (docs/protocol.md,
+ * MANIFEST).  A bit flipped anywhere in a MANIFEST then fails its check,
+ * names included.  m->sum is not read. */
+DCAST_API uint64_t dcast_manifest_sum(const dcast_manifest *m);
 
 /* Set c->checksum for its payload (payload_bytes long, every other field
  * already final): what a sender does last, the twin of dcast_chunk_verify. */

@@ -269,6 +269,7 @@ static void pack_repeat(msgpack_packer *pk, char c, size_t n)
 }
 
 static void v_long_name(msgpack_packer *pk) { pack_repeat(pk, 'm', 300); }
+static void v_model_flip(msgpack_packer *pk) { pack_s(pk, "llama-8c"); } /* one bit off "llama-8b" */
 static void v_long_text(msgpack_packer *pk) { pack_repeat(pk, 't', 2000); }
 
 static void v_deep(msgpack_packer *pk)
@@ -382,6 +383,10 @@ static void write_bad_other(void)
 	    "DCAST_ETOO_LARGE", "MANIFEST.tensors[0].shape: 9 dims");
 	bad("manifest_duplicate", DCAST_MSG_MANIFEST, MUT_SET("tensors", v_dup_tensor),
 	    "DCAST_EFIELD_RANGE", "duplicate name \\\"w\\\"");
+	bad("manifest_no_sum", DCAST_MSG_MANIFEST, MUT_DROP("sum"), "DCAST_EFIELD_MISSING",
+	    "MANIFEST.sum: required field missing");
+	bad("manifest_sum", DCAST_MSG_MANIFEST, MUT_SET("model", v_model_flip), "DCAST_ECHECKSUM",
+	    "MANIFEST of llama-8c (2 tensors): content sums to");
 	bad("credit_zero", DCAST_MSG_CREDIT, MUT_SET("bytes", v_zero), "DCAST_EFIELD_RANGE",
 	    "CREDIT.bytes: 0 outside");
 	bad("error_text_long", DCAST_MSG_ERROR, MUT_SET("text", v_long_text), "DCAST_ETOO_LARGE",

@@ -5,10 +5,14 @@
  * (tests/tools/fault_zmtp.h), each phase with its own consumer:
  *   A. the first MANIFEST arrives damaged (its type no longer decodes): the
  *      consumer joins again instead of ignoring every CHUNK after it;
- *   B. every CREDIT of the first join is damaged into a grant of 1 byte: the
+ *   B. the first MANIFEST arrives with one bit of a tensor name flipped
+ *      ("layers.0.w" -> "layers/0.w", still a valid name: seed 53165):
+ *      its sum refuses it, the consumer joins again and binds the real
+ *      names;
+ *   C. every CREDIT of the first join is damaged into a grant of 1 byte: the
  *      broker runs out of credit mid-anchor; the consumer sees the broker
  *      has a version it lacks, nothing coming, and joins again;
- *   C. a frame header ZeroMQ refuses (a size over ZMQ_MAXMSGSIZE) between
+ *   D. a frame header ZeroMQ refuses (a size over ZMQ_MAXMSGSIZE) between
  *      two messages: libzmq ends that connection for good (no reconnect
  *      after a protocol error), so the consumer must open a new socket to
  *      get version 2.
@@ -35,8 +39,8 @@ typedef struct pconn {
 static struct {
 	int lfd, target;
 	pconn c[PX_CONNS];
-	atomic_int stop, mangle_manifest, mangle_credit, poison;
-	atomic_int accepted, manifests_mangled, credits_mangled, poisoned;
+	atomic_int stop, mangle_manifest, flip_name, mangle_credit, poison;
+	atomic_int accepted, manifests_mangled, names_flipped, credits_mangled, poisoned;
 } px;
 
 static int px_socket(int port, int listening)
@@ -115,7 +119,7 @@ static void credit_to_one(unsigned char *q)
 	}
 }
 
-/* The damage of phases A and B, on a message's header frame. */
+/* The damage of phases A, B and C, on a message's header frame. */
 static void px_mangle(pconn *p, int s, fz_item *it)
 {
 	unsigned char *q;
@@ -128,6 +132,12 @@ static void px_mangle(pconn *p, int s, fz_item *it)
 		q[8] = 'X'; /* type "MANIFESX": the message does not decode */
 		px.mangle_manifest--;
 		px.manifests_mangled++;
+	}
+	if (s == 1 && px.flip_name > 0 && fz_find(it, "\xa8MANIFEST", 9) &&
+	    (q = fz_find(it, "\xaalayers.0.w", 11))) {
+		q[7] ^= 1; /* '.' -> '/' */
+		px.flip_name--;
+		px.names_flipped++;
 	}
 	if (s == 0 && px.mangle_credit && p->hellos == 1 && fz_find(it, "\xa6" "CREDIT", 7) &&
 	    (q = fz_find(it, "\xa5" "bytes", 6))) {
@@ -155,7 +165,7 @@ static int px_forward(pconn *p, int s)
 	return 0;
 }
 
-/* Phase C: a frame of 2^62 bytes, between two messages of the broker's. */
+/* Phase D: a frame of 2^62 bytes, between two messages of the broker's. */
 static void px_poison(void)
 {
 	static const unsigned char frame[9] = {FZ_LONG, 0x40, 0, 0, 0, 0, 0, 0, 0};
@@ -254,12 +264,17 @@ int main(void)
 	CHECK(px.manifests_mangled == 1);
 	dcast_consumer_close(&a);
 
-	px.mangle_credit = 1; /* B: window 512 KiB, anchor 1.3 MB */
+	px.flip_name = 1; /* B */
+	follow("b0", 16u << 20, &m, 1, &a);
+	CHECK(px.names_flipped == 1);
+	dcast_consumer_close(&a);
+
+	px.mangle_credit = 1; /* C: window 512 KiB, anchor 1.3 MB */
 	follow("b", 2u << 20, &m, 1, &b);
 	CHECK(px.credits_mangled > 0);
 	px.mangle_credit = 0;
 
-	int before = px.accepted; /* C */
+	int before = px.accepted; /* D */
 	px.poison = 1;
 	for (int i = 0; i < 100 && !px.poisoned; i++) {
 		dcast_event ev;

@@ -9,7 +9,8 @@
  * frames), orders (COMMIT first, repeats, drops, HELLO mid-stream, a
  * reconnect mid-version), parts interleaved, many connections at once.
  * Mutated CHUNK headers are usually sealed again (dcast_chunk_seal's
- * checksum) so that they pass the checksum and reach deeper code.
+ * checksum), mutated MANIFESTs given their sum again, so that they pass
+ * those checks and reach deeper code.
  *
  * After each batch: the broker process is alive, every reply it sent
  * decodes, its VmRSS is under the bound, and (every --check-every batches)
@@ -243,12 +244,26 @@ static void msg_copy(struct fmsg *dst, const struct fmsg *src)
 	}
 }
 
-/* Seal a CHUNK again from the values its fields now hold. */
+/* A MANIFEST's sum again from the model and tensors it now holds. */
+static void manifest_seal(struct fmsg *m)
+{
+	struct field *sum = ffind(m, "sum"), *model = ffind(m, "model");
+	dcast_manifest mf = {.n_tensors = m->ntd, .tensors = m->td};
+
+	if (!sum || sum->kind != K_UINT || !model || model->kind != K_STR || model->slen > DCAST_MAX_NAME)
+		return;
+	memcpy(mf.model, model->s, model->slen);
+	sum->u = dcast_manifest_sum(&mf);
+}
+
+/* Seal a CHUNK (or a MANIFEST) again from the values its fields now hold. */
 static void msg_seal(struct fmsg *m)
 {
 	struct field *cs = ffind(m, "checksum");
 	dcast_chunk c;
 
+	if (m->type == DCAST_MSG_MANIFEST)
+		manifest_seal(m);
 	if (m->type != DCAST_MSG_CHUNK || !cs || cs->kind != K_UINT)
 		return;
 	memset(&c, 0, sizeof(c));
@@ -517,7 +532,7 @@ static void mut_msg(struct fmsg *m)
 		mut_type_specific(m);
 	else
 		ffind(m, "proto") ? (void)(ffind(m, "proto")->u = below(4)) : (void)0;
-	if (m->type == DCAST_MSG_CHUNK)
+	if (m->type == DCAST_MSG_CHUNK || m->type == DCAST_MSG_MANIFEST)
 		m->seal = chance(75);
 }
 
@@ -621,8 +636,10 @@ static void build_manifest(struct fmsg *m, const struct conv *c)
 	msg_start(m, DCAST_MSG_MANIFEST);
 	fstr(m, "model", c->model);
 	fadd(m, "tensors", K_TENSORS, 0);
+	fadd(m, "sum", K_UINT, 0);
 	m->td = dup_bytes(c->td, c->ntd * sizeof(c->td[0]));
 	m->ntd = m->td ? c->ntd : 0;
+	m->seal = 1;
 }
 
 static void build_simple(struct fmsg *m, int type, const char *model, uint64_t a)

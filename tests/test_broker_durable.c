@@ -1,13 +1,17 @@
 /* Durability over real processes: a broker with --data-dir takes an anchor
  * and deltas (each ACKed after fsync), is killed with SIGKILL, restarts, and
  * serves every committed version to a fresh consumer bit-exact with no
- * producer resending; then a torn segment tail is cut back to the last whole
- * version, with a log line naming the file and offset; last, a segment of
- * another format stops the broker's start and is left as it is. */
+ * producer resending, from its own data dir and from one whose MANIFEST
+ * record an older build wrote (no "sum"); then a torn segment tail is cut
+ * back to the last whole version, with a log line naming the file and
+ * offset; last, a segment of another format stops the broker's start and
+ * is left as it is. */
 #include <dirent.h>
 #include <sys/stat.h>
 #include <xxhash.h>
 #include "broker_harness.h"
+#include "dcast_reclog.h"
+#include "old_format.h"
 
 #define VERSIONS 6
 
@@ -37,18 +41,67 @@ static int find_segment(const char *root, char *out, size_t cap)
 	return found;
 }
 
-/* Rewrite a segment's first record (FILE) as format fmt, its checksum
- * redone: XXH3-64 of the 32 bytes before it, chained over the header that
- * follows the 40-byte prefix (common/dcast_reclog.h). */
-static void as_format(uint8_t *p, char fmt)
+/* Redo the checksum of the record at p: XXH3-64 of the 32 bytes before
+ * it, chained over the header that follows the 40-byte prefix
+ * (common/dcast_reclog.h). */
+static void reseal(uint8_t *p)
 {
 	uint32_t hdr_len;
 	uint64_t h;
 
 	memcpy(&hdr_len, p + 8, 4);
-	p[3] = (uint8_t)fmt;
-	h = XXH3_64bits_withSeed(p + 40, hdr_len, XXH3_64bits(p, 32));
+	h = XXH3_64bits_withSeed(p + DCAST_REC_PREFIX, hdr_len, XXH3_64bits(p, 32));
 	memcpy(p + 32, &h, 8);
+}
+
+/* Rewrite a segment's first record (FILE) as format fmt. */
+static void as_format(uint8_t *p, char fmt)
+{
+	p[3] = (uint8_t)fmt;
+	reseal(p);
+}
+
+/* Offset of the first MANIFEST record of img[0..n). */
+static size_t manifest_record(const uint8_t *img, size_t n)
+{
+	size_t off = 0;
+	uint32_t hdr_len, payload_len;
+	uint16_t kind;
+
+	for (; off + DCAST_REC_PREFIX <= n; off += DCAST_REC_PREFIX + hdr_len + payload_len) {
+		memcpy(&kind, img + off + 4, 2);
+		memcpy(&hdr_len, img + off + 8, 4);
+		memcpy(&payload_len, img + off + 12, 4);
+		if (kind == DCAST_REC_MANIFEST)
+			return off;
+	}
+	REQUIRE(!"a MANIFEST record");
+	return 0;
+}
+
+/* Rewrite the segment at path as a build from before MANIFEST.sum wrote
+ * it: its MANIFEST record's header without "sum", the records after it
+ * moved up. */
+static void as_old_manifest(const char *path)
+{
+	size_t n, off, old_len, rest;
+	uint8_t *img = check_read_file(path, &n), *out;
+	uint32_t hdr_len;
+	void *old;
+
+	off = manifest_record(img, n) + DCAST_REC_PREFIX; /* its header */
+	memcpy(&hdr_len, img + off - DCAST_REC_PREFIX + 8, 4);
+	REQUIRE(old_without_sum(img + off, hdr_len, &old, &old_len) == 0);
+	rest = n - off - hdr_len;
+	REQUIRE((out = malloc(n)));
+	memcpy(out, img, off);
+	memcpy(out + off, old, old_len);
+	memcpy(out + off + old_len, img + off + hdr_len, rest);
+	hdr_len = (uint32_t)old_len;
+	memcpy(out + off - DCAST_REC_PREFIX + 8, &hdr_len, 4);
+	reseal(out + off - DCAST_REC_PREFIX);
+	check_write_file(path, out, off + old_len + rest);
+	free(img), free(out), free(old);
 }
 
 int main(void)
@@ -92,6 +145,20 @@ int main(void)
 	CHECK(cons.welcome_version == VERSIONS);
 	CHECK(cons.commits == VERSIONS && cons.anchors == 1);
 	CHECK(cons.errors == 0 && cons.digest_mismatch == 0);
+	CHECK(memcmp(cons.state, snap[VERSIONS], sizeof(cons.state)) == 0);
+	h_client_close(&cons);
+
+	/* The data dir of a build from before MANIFEST.sum (its MANIFEST
+	 * record without the key): it loads, and the MANIFEST is served with
+	 * its sum (the consumer's decoder requires it). */
+	tp_broker_kill(&br, SIGKILL);
+	REQUIRE(find_segment(data, seg, sizeof(seg)));
+	as_old_manifest(seg);
+	h_broker_start(&br);
+	CHECK(tp_metric_now(br.mport, "deltacast_model_log_versions{model=\"durable/model\"}") == VERSIONS);
+	h_client_open(&cons, br.cport, "durable/model");
+	CHECK(h_consume_until(&cons, DCAST_VERSION_NONE, VERSIONS, 100) == 0);
+	CHECK(cons.commits == VERSIONS && cons.errors == 0 && cons.digest_mismatch == 0);
 	CHECK(memcmp(cons.state, snap[VERSIONS], sizeof(cons.state)) == 0);
 	h_client_close(&cons);
 

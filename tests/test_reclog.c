@@ -15,12 +15,12 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <msgpack.h>
 #include <xxhash.h>
 #include "dcast_reclog.h"
 #include "deltacast/codec.h"
 #include "deltacast/schema.h"
 #include "check.h"
+#include "old_format.h"
 
 #define N_RECS 50
 #define MAX_KIND 4
@@ -637,32 +637,6 @@ static void test_msg(void)
 	CHECK(dcast_rec_msg(&r, (const uint8_t *)"\xc1\xc1\xc1", &m) != 0); /* not msgpack */
 }
 
-/* m encoded as an older build wrote a MANIFEST: every key but "sum".
- * The caller frees sb. */
-static void encode_without_sum(const dcast_msg *m, msgpack_sbuffer *sb)
-{
-	msgpack_unpacked up;
-	msgpack_packer pk;
-	size_t len, off = 0;
-	void *enc;
-
-	REQUIRE(dcast_msg_encode(m, &enc, &len) == 0);
-	msgpack_unpacked_init(&up);
-	REQUIRE(msgpack_unpack_next(&up, enc, len, &off) == MSGPACK_UNPACK_SUCCESS);
-	msgpack_sbuffer_init(sb);
-	msgpack_packer_init(&pk, sb, msgpack_sbuffer_write);
-	msgpack_pack_map(&pk, up.data.via.map.size - 1);
-	for (uint32_t i = 0; i < up.data.via.map.size; i++) {
-		const msgpack_object_kv *kv = &up.data.via.map.ptr[i];
-		if (kv->key.via.str.size == 3 && !memcmp(kv->key.via.str.ptr, "sum", 3))
-			continue;
-		msgpack_pack_object(&pk, kv->key);
-		msgpack_pack_object(&pk, kv->val);
-	}
-	msgpack_unpacked_destroy(&up);
-	free(enc);
-}
-
 /* A MANIFEST record of an older build, without "sum", still loads (the
  * record's checksum covered it); one with a sum that does not match its
  * content is refused, as on the wire. */
@@ -670,24 +644,23 @@ static void test_old_manifest(void)
 {
 	dcast_tensor_desc t = {.name = "layers.0.w", .dtype = DCAST_DTYPE_BF16, .ndim = 1, .shape = {8}};
 	dcast_rec r = {DCAST_REC_MANIFEST, 0, 0, 1, 0};
-	msgpack_sbuffer sb;
 	dcast_msg m, out;
+	void *enc, *old;
+	size_t len, old_len;
 
 	dcast_msg_init(&m, DCAST_MSG_MANIFEST);
 	strcpy(m.u.manifest.model, "m");
 	m.u.manifest.n_tensors = 1, m.u.manifest.tensors = &t;
 	CHECK_ERR(msg_as(&m, DCAST_REC_MANIFEST, 1), 0);
-	encode_without_sum(&m, &sb);
-	r.hdr_len = (uint32_t)sb.size;
-	CHECK_ERR(dcast_rec_msg(&r, (const uint8_t *)sb.data, &out), 0);
+	REQUIRE(dcast_msg_encode(&m, &enc, &len) == 0);
+	REQUIRE(old_without_sum(enc, len, &old, &old_len) == 0);
+	r.hdr_len = (uint32_t)old_len;
+	CHECK_ERR(dcast_rec_msg(&r, old, &out), 0);
 	CHECK(out.type == DCAST_MSG_MANIFEST && out.u.manifest.n_tensors == 1 &&
 	      !strcmp(out.u.manifest.tensors[0].name, "layers.0.w"));
 	dcast_msg_free(&out);
-	CHECK_ERR(dcast_msg_decode(sb.data, sb.size, &out), DCAST_EFIELD_MISSING); /* not from a peer */
-	msgpack_sbuffer_destroy(&sb);
-	void *enc;
-	size_t len;
-	REQUIRE(dcast_msg_encode(&m, &enc, &len) == 0);
+	CHECK_ERR(dcast_msg_decode(old, old_len, &out), DCAST_EFIELD_MISSING); /* not from a peer */
+	free(old);
 	uint8_t *dot = memmem(enc, len, "layers.0", 8);
 	REQUIRE(dot);
 	dot[6] ^= 1; /* "layers/0.w": the sum no longer matches */

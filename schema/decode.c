@@ -392,12 +392,14 @@ static int decode_type(const msgpack_object *root, int *type)
 static int check_sum(const dcast_manifest *m)
 {
 	uint64_t sum = dcast_manifest_sum(m);
+	char model[DCAST_PRINTABLE_CAP(SHOWN)];
 
 	if (sum == m->sum)
 		return 0;
+	dcast_printable(model, sizeof(model), m->model, strnlen(m->model, SHOWN));
 	return dcast_fail(DCAST_ECHECKSUM,
 			  "MANIFEST of %s (%u tensors): content sums to %016llx, MANIFEST.sum says %016llx",
-			  m->model, m->n_tensors, (unsigned long long)sum, (unsigned long long)m->sum);
+			  model, m->n_tensors, (unsigned long long)sum, (unsigned long long)m->sum);
 }
 
 /* The field bit of MANIFEST.sum in a decode_keys() seen mask. */
@@ -422,7 +424,9 @@ static int decode_root(const msgpack_object *root, dcast_msg *m, int stored)
 	if ((rc = decode_keys(root, t, &m->u, t->name, 1, &seen)) ||
 	    (rc = check_missing(t, seen, t->name, stored)) || (rc = dcast_msg_validate(m)))
 		return rc;
-	return seen & sum_bit(t) ? check_sum(&m->u.manifest) : 0;
+	if (type != DCAST_MSG_MANIFEST || !(seen & sum_bit(t)))
+		return 0; /* no sum: a stored MANIFEST of an older build */
+	return check_sum(&m->u.manifest);
 }
 
 static int decode(const void *data, size_t len, dcast_msg *m, int stored)

@@ -28,7 +28,7 @@ typedef enum dcast_err {
 	DCAST_EFIELD_UNKNOWN, /* a field this message type does not define */
 	DCAST_ETOO_LARGE,     /* a string, array or buffer exceeds its limit */
 	DCAST_EPAYLOAD_SIZE,  /* payload frame length differs from the header */
-	DCAST_ECHECKSUM,      /* payload checksum mismatch */
+	DCAST_ECHECKSUM,      /* payload (CHUNK) or MANIFEST sum mismatch */
 	DCAST_ECORRUPT,       /* a payload or file fails a structural check */
 	DCAST_EDIGEST,        /* tensor digest differs from the producer's */
 	DCAST_EDTYPE,         /* dtype the codec cannot take */

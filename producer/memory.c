@@ -57,6 +57,18 @@ void prod_mem_pin(dcast_producer *p)
 	p->base_pinned = 1;
 }
 
+/* Fault the baseline's pages in (the kernel zeroes each), then pin it. */
+void prod_mem_prefault(dcast_producer *p)
+{
+	if (p->base_pinned || !p->base_region)
+		return;
+#ifdef MADV_POPULATE_WRITE
+	if (madvise(p->base_region, p->base_region_bytes, MADV_POPULATE_WRITE))
+#endif
+		memset(p->base_region, 0, p->base_region_bytes); /* kernels before 5.14 */
+	prod_mem_pin(p);
+}
+
 /* Chunk ranges per tensor, offsets of the baselines kept in host memory;
  * returns the bytes of those. */
 static int layout(dcast_producer *p, size_t *base_bytes, size_t *max_chunk_bytes)

@@ -298,6 +298,8 @@ int prod_conn_take_error(dcast_producer *p, uint64_t version);
 int prod_mem_setup(dcast_producer *p);
 void prod_mem_free(dcast_producer *p);
 void prod_mem_pin(dcast_producer *p);
+/* The baseline's pages faulted in, then pinned (dcast_producer_prepare). */
+void prod_mem_prefault(dcast_producer *p);
 int prod_pool_get(prod_pool *pool, uint64_t deadline_ms, prod_slot **out);
 void prod_pool_free_cb(void *data, void *hint);
 void prod_undo_reset(prod_undo *u);

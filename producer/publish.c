@@ -244,6 +244,18 @@ int prod_freeze(dcast_producer *p)
 	return 0;
 }
 
+int dcast_producer_prepare(dcast_producer *p)
+{
+	int rc;
+
+	if (!p)
+		return dcast_fail(DCAST_EINVAL, "prepare: NULL producer");
+	if ((rc = prod_freeze(p)))
+		return rc;
+	prod_mem_prefault(p);
+	return 0;
+}
+
 static int check_version(const dcast_producer *p, uint64_t v)
 {
 	uint64_t floor = p->acked_version, b = p->conn.broker_version;

@@ -3,7 +3,9 @@
  * from there.  The broker is stopped (SIGSTOP) before each publish and
  * grants a 1 MiB window against a 32 MiB model, so the publish must return
  * while the broker has taken nothing.
- *  (1) publish returns with the version active and 0 bytes taken; the
+ *  (1) prepare() fixes the tensor table (a late register is refused) and
+ *      sets up the baseline; publish returns with the version active and
+ *      0 bytes taken; the
  *      trainer overwrites its tensor at once; the broker resumes; flush()
  *      is 0 and a consumer reads the published values, bit-exact.
  *  (2) a new producer's anchor: publish returns, then the broker dies and
@@ -96,9 +98,14 @@ int main(void)
 	harness_fill(w, N, &seed);
 	CHECK_ERR(dcast_producer_flush(NULL, 0), DCAST_EINVAL);
 
-	/* (1) */
+	/* (1), its baseline set up by prepare() first */
 	p = open_producer();
 	CHECK_ERR(dcast_producer_flush(p, 0), 0); /* nothing published yet */
+	CHECK_ERR(dcast_producer_prepare(NULL), DCAST_EINVAL);
+	CHECK_ERR(dcast_producer_prepare(p), 0);
+	CHECK_ERR(dcast_producer_prepare(p), 0); /* a second call does nothing */
+	CHECK_ERR(dcast_producer_register(p, "late", DCAST_DTYPE_BF16, 1, shape, want, DCAST_MEM_HOST, 0, N),
+		  DCAST_ESTATE); /* the table is fixed */
 	publish_stopped(p, 1, &seed);
 	CHECK_ERR(dcast_producer_flush(p, 0), DCAST_ETIMEDOUT); /* still being sent */
 	tp_broker_kill(&b, SIGCONT);

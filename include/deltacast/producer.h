@@ -266,6 +266,17 @@ DCAST_API int dcast_producer_publish(dcast_producer *p, uint64_t version);
  * returns its error again. */
 DCAST_API int dcast_producer_wait(dcast_producer *p, uint64_t version, int timeout_ms);
 
+/* Set up the producer's memory now rather than at the first publish():
+ * the tensor table is fixed (a new tensor is then refused with
+ * DCAST_ESTATE, as after a first publish), and the host baseline, one
+ * copy of this part's tensors, is mapped, its pages faulted in (zeroed by
+ * the kernel) and pinned (best effort).  A trainer calls it once after
+ * registering, at start-up, so that its first anchor's publish() is one
+ * copy into memory that is already there.  A second call does nothing.
+ * Errors: DCAST_EINVAL (NULL), DCAST_ESTATE (nothing registered),
+ * DCAST_ENOMEM, DCAST_ETOO_LARGE (more chunk ranges than digests). */
+DCAST_API int dcast_producer_prepare(dcast_producer *p);
+
 /* Wait for the broker's ACK of the last version that publish() returned
  * 0 for: dcast_producer_wait() of that version (its sending by the sender
  * thread ended first; timeout_ms bounds the wait for the ACK).  0 at once

@@ -103,6 +103,7 @@ def _declare(l: ctypes.CDLL) -> ctypes.CDLL:
     l.dcast_producer_publish.argtypes = [vp, u64]
     l.dcast_producer_wait.argtypes = [vp, u64, ctypes.c_int]
     l.dcast_producer_flush.argtypes = [vp, ctypes.c_int]
+    l.dcast_producer_prepare.argtypes = [vp]
     l.dcast_producer_stats_get.argtypes = [vp, ctypes.POINTER(_Stats)]
     l.dcast_producer_broker_version.argtypes = [vp]
     l.dcast_producer_broker_version.restype = u64
@@ -394,6 +395,13 @@ class Producer(Closable):
         (DeltacastTimeout, a TimeoutError, when timeout_ms passes first)."""
         check(self._l.dcast_producer_wait(self._live("wait"), need_int("wait: version", version, 0),
                                           need_int("wait: timeout_ms", timeout_ms, -1)))
+
+    def prepare(self) -> None:
+        """Set up the producer's memory now (dcast_producer_prepare): the
+        tensor table is fixed and the host baseline mapped, faulted in and
+        pinned, so that the first anchor's publish() is one copy into memory
+        already there.  Call once after registering, at start-up."""
+        check(self._l.dcast_producer_prepare(self._live("prepare")))
 
     def flush(self, timeout_ms: int = 30000) -> None:
         """Block until the broker acknowledged the last version publish()

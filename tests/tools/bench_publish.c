@@ -1,9 +1,11 @@
 /* bench_publish: how long publish() of a host anchor keeps the trainer,
  * against one memcpy of the same bytes in the same run, through a real
- * broker on loopback: MB MiB of bf16 in 8 tensors.  Two anchors: the
+ * broker on loopback: MB MiB of bf16 in 8 tensors.  Three anchors: a
  * producer's first publish (which maps its baseline: fresh pages the kernel
- * zeroes), and one after the broker was killed and started again empty
- * (the baseline's pages already there; the publish re-joins first).  Each
+ * zeroes), a second producer's first publish after dcast_producer_prepare()
+ * (as a trainer calls it at start-up; its time printed apart), and one
+ * after the broker was killed and started again empty (the baseline's
+ * pages already there; the publish re-joins first).  Each
  * memcpy copies the tensors into a buffer already written once, best of 3,
  * just before its publish; the first publish is also set against one
  * memcpy into a fresh mapping (its pages zeroed by the kernel as the copy
@@ -101,7 +103,32 @@ static int time_anchor(dcast_producer *p, uint16_t *const *w, uint64_t elems, ui
 	return 0;
 }
 
-static int run(dcast_producer *p, harness_broker *hb, uint16_t *const *w, uint64_t elems)
+/* A second producer of the same tensors: prepare(), then its first anchor. */
+static int prepared_anchor(const harness_broker *hb, const dcast_producer_opts *o, uint16_t *const *w,
+			   uint64_t elems, unsigned char *dst)
+{
+	dcast_producer *q = NULL;
+	uint64_t shape[1] = {elems};
+	char name[16];
+	double t0, pub;
+	int rc = dcast_producer_open(hb->producers, "bench-publish-prepared", 0, 1, o, &q);
+
+	for (int i = 0; !rc && i < N_TENSORS; i++) {
+		snprintf(name, sizeof(name), "t%d", i);
+		rc = dcast_producer_register(q, name, DCAST_DTYPE_BF16, 1, shape, w[i], DCAST_MEM_HOST, 0,
+					     elems);
+	}
+	t0 = now_ms();
+	if (!rc && !(rc = dcast_producer_prepare(q)))
+		printf("prepare_ms %.2f (at start-up, before the first publish)\n", now_ms() - t0);
+	if (!rc)
+		rc = time_anchor(q, w, elems, 1, dst, "first publish after prepare()", &pub);
+	dcast_producer_close(&q);
+	return rc;
+}
+
+static int run(dcast_producer *p, harness_broker *hb, const dcast_producer_opts *o, uint16_t *const *w,
+	       uint64_t elems)
 {
 	unsigned char *dst = malloc(elems * 2 * N_TENSORS);
 	double fresh, pub;
@@ -115,6 +142,9 @@ static int run(dcast_producer *p, harness_broker *hb, uint16_t *const *w, uint64
 	if (!rc) {
 		printf("fresh_memcpy_ms %.2f\npublish_over_fresh_memcpy %.2f (first publish)\n",
 		       fresh, pub / fresh);
+		rc = prepared_anchor(hb, o, w, elems, dst);
+	}
+	if (!rc) {
 		tp_broker_kill(hb, SIGKILL);
 		rc = tp_broker_start(hb) ||
 		     time_anchor(p, w, elems, 2, dst, "after a broker restart", &pub);
@@ -149,7 +179,7 @@ int main(int argc, char **argv)
 	atexit(tp_kill_all);
 	if (!mkdtemp(dir) || harness_broker_start(&hb, dir) ||
 	    dcast_producer_open(hb.producers, "bench-publish", 0, 1, &o, &p) ||
-	    setup(p, w, elems) || run(p, &hb, w, elems)) {
+	    setup(p, w, elems) || run(p, &hb, &o, w, elems)) {
 		fprintf(stderr, "bench_publish: %s\n", dcast_last_error());
 		return 1;
 	}

@@ -159,50 +159,6 @@ const char *dcast_msg_type_name(int type)
 	return t ? t->name : "?";
 }
 
-static const struct {
-	const char *name;
-	unsigned size;  /* of a wire element */
-	unsigned lanes; /* wire elements per value */
-} dtypes[DCAST_DTYPE_COUNT] = {
-	[DCAST_DTYPE_BF16] = {"BF16", 2, 1},   [DCAST_DTYPE_F16] = {"F16", 2, 1},
-	[DCAST_DTYPE_F32] = {"F32", 4, 1},     [DCAST_DTYPE_F8_E4M3] = {"F8_E4M3", 1, 1},
-	[DCAST_DTYPE_F8_E5M2] = {"F8_E5M2", 1, 1}, [DCAST_DTYPE_I8] = {"I8", 1, 1},
-	[DCAST_DTYPE_U8] = {"U8", 1, 1},       [DCAST_DTYPE_I16] = {"I16", 2, 1},
-	[DCAST_DTYPE_U16] = {"U16", 2, 1},     [DCAST_DTYPE_I32] = {"I32", 4, 1},
-	[DCAST_DTYPE_U32] = {"U32", 4, 1},     [DCAST_DTYPE_BOOL] = {"BOOL", 1, 1},
-	[DCAST_DTYPE_I64] = {"I64", 4, 2},     [DCAST_DTYPE_U64] = {"U64", 4, 2},
-	[DCAST_DTYPE_F64] = {"F64", 4, 2},
-};
-
-const char *dcast_dtype_name(int dtype)
-{
-	if (dtype < 0 || dtype >= DCAST_DTYPE_COUNT)
-		return "?";
-	return dtypes[dtype].name;
-}
-
-int dcast_dtype_from_name(const char *name)
-{
-	for (int i = 0; i < DCAST_DTYPE_COUNT; i++)
-		if (strcmp(dtypes[i].name, name) == 0)
-			return i;
-	return -1;
-}
-
-unsigned dcast_dtype_size(int dtype)
-{
-	if (dtype < 0 || dtype >= DCAST_DTYPE_COUNT)
-		return 0;
-	return dtypes[dtype].size;
-}
-
-unsigned dcast_dtype_lanes(int dtype)
-{
-	if (dtype < 0 || dtype >= DCAST_DTYPE_COUNT)
-		return 0;
-	return dtypes[dtype].lanes;
-}
-
 uint64_t dcast_tensor_elems(const dcast_tensor_desc *t)
 {
 	uint64_t n = dcast_dtype_lanes((int)t->dtype);

@@ -403,6 +403,26 @@ int cs_anchor_header_write(dcast_consumer *c, int file, uint64_t version)
 	return err ? err : derr;
 }
 
+void cs_fold_tmp_path(const dcast_consumer *c, char *out, size_t cap)
+{
+	snprintf(out, cap, "%s.fold", c->store->anchor_path);
+}
+
+void cs_fold_state_path(const dcast_consumer *c, char *out, size_t cap)
+{
+	snprintf(out, cap, "%s.fold.state", c->store->anchor_path);
+}
+
+void cs_fold_leftovers_drop(const dcast_consumer *c)
+{
+	char p[4200];
+
+	cs_fold_state_path(c, p, sizeof(p));
+	unlink(p); /* first: a progress record without its fold's file is stale (cs_fold_resume) */
+	cs_fold_tmp_path(c, p, sizeof(p));
+	unlink(p);
+}
+
 int cs_ckpt_fold(dcast_consumer *c)
 {
 	uint64_t v = dcast_consumer_version(c), *vers;

@@ -95,8 +95,6 @@ static int plan_tensors(dcast_consumer *c, cs_fold_job *j)
 	return 0;
 }
 
-static void state_path(const dcast_consumer *c, char *out, size_t cap);
-
 int cs_fold_plan(dcast_consumer *c, cs_fold_job *j)
 {
 	char path[4200];
@@ -110,7 +108,7 @@ int cs_fold_plan(dcast_consumer *c, cs_fold_job *j)
 	j->c = c;
 	if (j->version == DCAST_VERSION_NONE || j->version == j->have)
 		return 0; /* mode NONE: nothing to fold */
-	state_path(c, path, sizeof(path)); /* a fold stopped halfway: the anchor file is punched */
+	cs_fold_state_path(c, path, sizeof(path)); /* a fold stopped halfway: the anchor file is punched */
 	j->mode = !c->n_tensors || access(path, F_OK) == 0 ? CS_FOLD_LIVE : CS_FOLD_DISK;
 	if (j->mode == CS_FOLD_LIVE)
 		return 0;
@@ -286,23 +284,24 @@ static void *grown(void *p, size_t *cap, size_t need, size_t size)
 	return q;
 }
 
+/* The fold's tensors as a manifest (dcast_fit.h). */
+static dcast_desc_array job_descs(const cs_fold_job *j)
+{
+	return (dcast_desc_array){j->n ? &j->t[0].desc : NULL, sizeof(cs_tensor), j->n};
+}
+
 /* CHUNK record r (header h, at offset off of its file) into the index. */
 static int index_chunk(fold_file *f, const dcast_chunk *h, const dcast_rec *r, uint64_t off)
 {
 	fold_out *o = f->o;
-	const cs_tensor *t = h->tensor < o->j->n ? &o->j->t[h->tensor] : NULL;
-	uint64_t elems = t ? dcast_tensor_elems(&t->desc) : 0;
 	fold_chunk *ch;
 	int err;
 
-	if (!t || h->elem_size != t->elem_size || h->start > elems || h->count > elems - h->start)
-		return dcast_fail(DCAST_EFIELD_RANGE, "CHUNK record outside the tensors");
+	if ((err = dcast_chunk_fits(h, job_descs(o->j)))) /* the decoder checked the rest */
+		return dcast_fail(err, "CHUNK record: %s", dcast_last_error());
 	if (h->payload_bytes != r->payload_len)
 		return dcast_fail(DCAST_EPAYLOAD_SIZE, "CHUNK record: header says %" PRIu64 " payload bytes, "
 				  "the record holds %u", h->payload_bytes, r->payload_len);
-	if (h->encoding == DCAST_ENC_DENSE && h->payload_bytes != h->count * h->elem_size)
-		return dcast_fail(DCAST_EPAYLOAD_SIZE, "dense CHUNK record: %" PRIu64 " payload bytes for %"
-				  PRIu64 " elements of %u bytes", h->payload_bytes, h->count, h->elem_size);
 	if ((err = dcast_chunk_verify_sum(h, r->payload_sum)) || !h->count)
 		return err;
 	if (!(ch = grown(o->ch, &o->cap_ch, o->n_ch + 1, sizeof(*ch))))
@@ -349,15 +348,13 @@ static int take_digests(fold_file *f, const dcast_commit *m)
 {
 	cs_fold_job *j = f->o->j;
 	cs_dentry *e;
+	int err;
 
 	if (j->dig.n || f->file + 1 != j->n_vers || !m->n_digests)
 		return 0;
-	for (uint32_t i = 0; i < m->n_digests; i++) {
-		const dcast_range_digest *d = &m->digests[i];
-		uint64_t elems = d->tensor < j->n ? dcast_tensor_elems(&j->t[d->tensor].desc) : 0;
-		if (d->start > elems || d->count > elems - d->start)
-			return dcast_fail(DCAST_EFIELD_RANGE, "COMMIT record: digest %u outside the tensors", i);
-	}
+	for (uint32_t i = 0; i < m->n_digests; i++)
+		if ((err = dcast_digest_fits(&m->digests[i], i, job_descs(j))))
+			return dcast_fail(err, "COMMIT record: %s", dcast_last_error());
 	if (!(e = calloc(m->n_digests, sizeof(*e))))
 		return dcast_fail(DCAST_ENOMEM, "fold: %u digests", m->n_digests);
 	for (uint32_t i = 0; i < m->n_digests; i++)
@@ -508,11 +505,8 @@ static int io_run(void *ctx, uint64_t ni, uint64_t wi, uint64_t n)
 	unsigned char *p = x->buf + (wi - x->w0) * x->es;
 	uint64_t at = x->base + ni * x->es;
 
-	errno = 0;
-	if ((x->write ? pwrite(x->o->fd, p, len, (off_t)at) : pread(x->o->fd, p, len, (off_t)at)) == (ssize_t)len)
-		return 0;
-	return dcast_fail(DCAST_EIO, "fold: %s: %s at %" PRIu64 ": %s", x->o->path, x->write ? "write" : "read",
-			  at, errno ? strerror(errno) : "short");
+	return x->write ? dcast_pwrite_full(x->o->fd, p, len, at, x->o->path)
+			: dcast_pread_full(x->o->fd, p, len, at, x->o->path);
 }
 
 /* Wire elements [w0, w0 + n) of tensor t between buf and the new file
@@ -612,11 +606,6 @@ static uint64_t state_sum(const fold_state *s)
 	return dcast_checksum(s, offsetof(fold_state, sum));
 }
 
-static void state_path(const dcast_consumer *c, char *out, size_t cap)
-{
-	snprintf(out, cap, "%s.fold.state", c->store->anchor_path);
-}
-
 static int state_write(fold_out *o, uint64_t done)
 {
 	fold_state s = {FOLD_STATE_MAGIC, ++o->state_seq, o->j->have, o->j->version, done, 0};
@@ -652,7 +641,7 @@ static int state_open(fold_out *o)
 	cs_fold_job *j = o->j;
 	int err;
 
-	state_path(j->c, o->state_path, sizeof(o->state_path));
+	cs_fold_state_path(j->c, o->state_path, sizeof(o->state_path));
 	o->state_fd = open(o->state_path, O_RDWR | O_CREAT | (j->resume_from ? 0 : O_TRUNC) | O_CLOEXEC, 0644);
 	if (o->state_fd < 0)
 		return dcast_fail(DCAST_EIO, "fold: %s: create: %s", o->state_path, strerror(errno));
@@ -853,8 +842,7 @@ static int seal(fold_out *o, const uint64_t *td)
 	if ((err = cs_anchor_layout(j->c->model, j->t, j->n, j->version, dbuf, &lay)))
 		return err;
 	DCAST_ASSERT(lay.header_bytes == o->lay.header_bytes); /* fixed-width digest */
-	if (pwrite(o->fd, lay.header, lay.header_bytes, 0) != (ssize_t)lay.header_bytes)
-		err = dcast_fail(DCAST_EIO, "fold: %s: header: %s", o->path, strerror(errno));
+	err = dcast_pwrite_full(o->fd, lay.header, lay.header_bytes, 0, o->path);
 	dcast_st_layout_free(&lay);
 	return err;
 }
@@ -918,21 +906,6 @@ static int build(fold_out *o)
 	if (!err && fdatasync(o->fd) != 0)
 		err = dcast_fail(DCAST_EIO, "fold: %s: fdatasync: %s", o->path, strerror(errno));
 	return err;
-}
-
-void cs_fold_tmp_path(const dcast_consumer *c, char *out, size_t cap)
-{
-	snprintf(out, cap, "%s.fold", c->store->anchor_path);
-}
-
-void cs_fold_leftovers_drop(const dcast_consumer *c)
-{
-	char p[4200];
-
-	state_path(c, p, sizeof(p));
-	unlink(p); /* first: a progress record without its fold's file is stale (cs_fold_resume) */
-	cs_fold_tmp_path(c, p, sizeof(p));
-	unlink(p);
 }
 
 /* A fold that failed: its file goes, unless the anchor file, punched
@@ -1074,7 +1047,7 @@ static int resume_job(dcast_consumer *c, const fold_state *s, cs_fold_job *j)
 	int err;
 
 	memset(j, 0, sizeof(*j));
-	j->c = c, j->mode = CS_FOLD_DISK, j->gen = cs_store_gen(c);
+	j->c = c, j->mode = CS_FOLD_DISK, j->gen = atomic_load(&c->store->gen);
 	j->version = s->target, j->have = s->have;
 	j->resume_from = s->done, j->resume_seq = s->seq;
 	if ((err = plan_tensors(c, j)) || (err = plan_files(c, j)))
@@ -1093,7 +1066,7 @@ int cs_fold_resume(dcast_consumer *c)
 	cs_fold_job j = {0};
 	int err;
 
-	state_path(c, sp, sizeof(sp));
+	cs_fold_state_path(c, sp, sizeof(sp));
 	cs_fold_tmp_path(c, fp, sizeof(fp));
 	if (state_read(sp, &s) || access(fp, F_OK) || access(c->store->anchor_path, F_OK))
 		return unlink(sp), 0; /* none; made, but nothing punched; or renamed */

@@ -104,9 +104,11 @@ int cs_anchor_load(dcast_consumer *c, uint64_t *version);
  * (cs_ckpt_foreign), DCAST_ECORRUPT (no version), the header's. */
 int cs_anchor_header_read(dcast_consumer *c, uint64_t *version);
 
-/* fold.c: the path of a fold's file while it is written. */
+/* anchor.c: the paths of a fold's file while it is written and of its
+ * progress record (fold.c). */
 void cs_fold_tmp_path(const dcast_consumer *c, char *out, size_t cap);
-/* fold.c: once the anchor file is whole again (a fold from the tensors
+void cs_fold_state_path(const dcast_consumer *c, char *out, size_t cap);
+/* anchor.c: once the anchor file is whole again (a fold from the tensors
  * renamed over it, a discard removed it, an open found them stale): a
  * fold's file and its progress record removed. */
 void cs_fold_leftovers_drop(const dcast_consumer *c);

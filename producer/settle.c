@@ -32,24 +32,28 @@ static int settled(const dcast_producer *p, uint64_t version)
 			  (unsigned long long)version);
 }
 
-/* A version the broker's HEARTBEATs name as committed is being made
- * durable (a large anchor's fsync on a slow disk takes minutes): the wait
- * goes on until timeout_ms after the last such HEARTBEAT. */
-static uint64_t durable_deadline(const dcast_producer *p, uint64_t version, uint64_t deadline_ms,
-				 uint64_t timeout_ms)
+/* No ACK by the deadline, though the broker's HEARTBEATs (the last within
+ * timeout_ms) name the version committed: its durable write is still
+ * going (a large anchor's fsync on a slow disk takes minutes), or the ACK
+ * was lost on the way.  A re-join asks: a WELCOME naming the version as
+ * the broker's newest settles it as taken (prod_conn_join).  1 when
+ * settled so. */
+static int ask_committed(dcast_producer *p, uint64_t version, uint64_t timeout_ms)
 {
 	const prod_conn *c = &p->conn;
 
-	if (c->hb_version == DCAST_VERSION_NONE || c->hb_version < version || !timeout_ms)
-		return deadline_ms;
-	return c->hb_ms + timeout_ms > deadline_ms ? c->hb_ms + timeout_ms : deadline_ms;
+	if (c->hb_version == DCAST_VERSION_NONE || c->hb_version < version ||
+	    dcast_now_ms() - c->hb_ms > timeout_ms)
+		return 0;
+	DCAST_LOG_I("producer %s part %u: no ACK of version %llu yet, which the broker's heartbeats "
+		    "name committed; asking it again", p->model, p->part, (unsigned long long)version);
+	return !prod_conn_join(p) && p->pending_version != version;
 }
 
 /* One step of waiting for the pending version: errors from the broker, a
  * lost connection (re-join, and re-send if the broker lacks the version). */
-static int wait_step(dcast_producer *p, uint64_t version, uint64_t *deadline, uint64_t timeout_ms)
+static int wait_step(dcast_producer *p, uint64_t version, uint64_t deadline_ms, uint64_t timeout_ms)
 {
-	uint64_t deadline_ms = *deadline = durable_deadline(p, version, *deadline, timeout_ms);
 	int rc;
 
 	if ((rc = prod_conn_take_error(p, version)))
@@ -61,6 +65,8 @@ static int wait_step(dcast_producer *p, uint64_t version, uint64_t *deadline, ui
 	if (p->resend && (rc = prod_resend_pending(p)))
 		return p->conn.up || p->resends > p->opts.max_reconnects ? prod_fail_pending(p, rc)
 									 : 0;
+	if (dcast_now_ms() >= deadline_ms && ask_committed(p, version, timeout_ms))
+		return 0;
 	if (dcast_now_ms() >= deadline_ms)
 		return dcast_fail(DCAST_ETIMEDOUT, "wait: no ACK of version %llu from the "
 				  "broker at %s yet", (unsigned long long)version, p->endpoint);
@@ -84,7 +90,7 @@ int dcast_producer_wait(dcast_producer *p, uint64_t version, int timeout_ms)
 		return rc;
 	deadline = dcast_now_ms() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0);
 	while (version == p->pending_version)
-		if ((rc = wait_step(p, version, &deadline, (uint64_t)(timeout_ms > 0 ? timeout_ms : 0))))
+		if ((rc = wait_step(p, version, deadline, (uint64_t)(timeout_ms > 0 ? timeout_ms : 0))))
 			return rc;
 	return settled(p, version);
 }

@@ -249,11 +249,12 @@ DCAST_API int dcast_producer_publish(dcast_producer *p, uint64_t version);
  * as its sending goes on (it fails after ack_timeout_ms without progress),
  * as publish() itself took before it returned: timeout_ms then bounds the
  * wait for the ACK; timeout_ms 0 returns DCAST_ETIMEDOUT at once while it
- * sends.  A broker with --data-dir ACKs once the version is durable, and
- * its HEARTBEATs name the versions it has committed meanwhile: while they
- * name this one, the wait goes on until timeout_ms after the last of
- * them (a large anchor's fsync on a slow disk may take minutes; a broker
- * that stops answering still fails the wait in timeout_ms).
+ * sends.  A broker with --data-dir ACKs once the version is durable (a
+ * large anchor's fsync on a slow disk may take minutes); its HEARTBEATs
+ * name the versions it has committed.  When timeout_ms passes with no
+ * ACK but a HEARTBEAT within it named this version, wait re-joins and
+ * asks: a WELCOME naming it as the broker's newest counts as the ACK, as
+ * after a lost connection (so does an ACK lost on the way).
  * Errors: DCAST_ETIMEDOUT (not yet: the version is still pending, call
  * again), DCAST_ENOTFOUND (never published, or too old to be kept),
  * DCAST_EABORTED / another broker ERROR code (the broker refused or dropped

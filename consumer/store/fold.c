@@ -90,7 +90,8 @@ static int plan_tensors(dcast_consumer *c, cs_fold_job *j)
 		j->t[i] = c->tensors[i]; /* geometry only: nothing here reads their memory */
 		j->t[i].ptr = NULL, j->t[i].views = NULL, j->t[i].n_views = 0;
 	}
-	memcpy(j->dig.e, c->dcache.e, c->dcache.n * sizeof(*j->dig.e));
+	if (c->dcache.n) /* none cached: verification off, or nothing applied since open */
+		memcpy(j->dig.e, c->dcache.e, c->dcache.n * sizeof(*j->dig.e));
 	j->dig.n = c->dcache.n;
 	return 0;
 }

@@ -85,15 +85,9 @@ run_cmd() {
 	echo "make bench-fanout$env"
 }
 
-# The model: gen-trace's v0000 (written aside, then renamed: never half a file).
+# The model: gen-trace's v0000, cached.
 make_model() {
-	if [ ! -f "$TRACE/done" ]; then
-		say "gen-trace --params $PARAMS --steps 0 -> $TRACE"
-		rm -rf "$TRACE.tmp"
-		"$DC" gen-trace --params "$PARAMS" --steps 0 --density 0.01 -o "$TRACE.tmp" \
-			2>"$ROOT/gentrace.log" || die "gen-trace (see $ROOT/gentrace.log)"
-		touch "$TRACE.tmp/done" && rm -rf "$TRACE" && mv "$TRACE.tmp" "$TRACE" || die "trace dir"
-	fi
+	e2e_trace "$TRACE" "$PARAMS" 0 "$ROOT/gentrace.log" || die "gen-trace (see $ROOT/gentrace.log)"
 	MODEL=$TRACE/v0000.safetensors
 	MODEL_BYTES=$(stat -c %s "$MODEL")
 }

@@ -39,13 +39,7 @@ die() { echo "bench-scale: FAILED: $*" >&2; exit 1; }
 say() { echo "bench-scale: $*" >&2; }
 
 make_trace() {
-	if [ ! -f "$TRACE/done" ]; then
-		say "gen-trace --params $PARAMS --steps $STEPS --density 0.01 -> $TRACE"
-		rm -rf "$TRACE.tmp"
-		"$DC" gen-trace --params "$PARAMS" --steps "$STEPS" --density 0.01 --threads 2 -o "$TRACE.tmp" \
-			2>"$ROOT/gentrace.log" || die "gen-trace (see $ROOT/gentrace.log)"
-		touch "$TRACE.tmp/done" && rm -rf "$TRACE" && mv "$TRACE.tmp" "$TRACE" || die "trace dir"
-	fi
+	e2e_trace "$TRACE" "$PARAMS" "$STEPS" "$ROOT/gentrace.log" || die "gen-trace (see $ROOT/gentrace.log)"
 	FILES=()
 	for ((k = 0; k <= STEPS; k++)); do FILES+=("$(printf '%s/v%04d.safetensors' "$TRACE" "$k")"); done
 	MODEL_BYTES=$(stat -c %s "${FILES[0]}")

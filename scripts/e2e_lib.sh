@@ -87,6 +87,18 @@ e2e_start_broker() {
 	return 1
 }
 
+# e2e_trace DIR PARAMS STEPS LOG: gen-trace versions 0..STEPS of a PARAMS
+# bf16 model at 1% into DIR once, cached (written aside, then renamed:
+# never half a trace); gen-trace's stderr in LOG.  Returns 1 on a failure.
+e2e_trace() {
+	local dir=$1 params=$2 steps=$3 log=$4
+	[ -f "$dir/done" ] && return 0
+	echo "$(basename "$0" .sh): gen-trace --params $params --steps $steps --density 0.01 -> $dir" >&2
+	rm -rf "$dir.tmp"
+	"$DC" gen-trace --params "$params" --steps "$steps" --density 0.01 -o "$dir.tmp" 2>"$log" &&
+		touch "$dir.tmp/done" && rm -rf "$dir" && mv "$dir.tmp" "$dir"
+}
+
 # e2e_stamp LOG [PREFIX]: copy stdin lines to LOG as "EPOCH LINE"; with a
 # PREFIX, also echo them to stdout (live progress) through e2e_show.  It must
 # never stop reading: the writer would die of SIGPIPE.

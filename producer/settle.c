@@ -65,11 +65,11 @@ static int wait_step(dcast_producer *p, uint64_t version, uint64_t deadline_ms, 
 	if (p->resend && (rc = prod_resend_pending(p)))
 		return p->conn.up || p->resends > p->opts.max_reconnects ? prod_fail_pending(p, rc)
 									 : 0;
-	if (dcast_now_ms() >= deadline_ms && ask_committed(p, version, timeout_ms))
-		return 0;
 	if (dcast_now_ms() >= deadline_ms)
-		return dcast_fail(DCAST_ETIMEDOUT, "wait: no ACK of version %llu from the "
-				  "broker at %s yet", (unsigned long long)version, p->endpoint);
+		return ask_committed(p, version, timeout_ms)
+			       ? 0
+			       : dcast_fail(DCAST_ETIMEDOUT, "wait: no ACK of version %llu from the "
+					    "broker at %s yet", (unsigned long long)version, p->endpoint);
 	uint64_t left = deadline_ms - dcast_now_ms();
 	prod_conn_poll(p, (int)(left > PROD_POLL_MS ? PROD_POLL_MS : left));
 	return 0;
@@ -81,16 +81,16 @@ static int wait_step(dcast_producer *p, uint64_t version, uint64_t deadline_ms, 
  * A poll (timeout 0) is answered at once. */
 int dcast_producer_wait(dcast_producer *p, uint64_t version, int timeout_ms)
 {
-	uint64_t deadline;
+	uint64_t timeout = (uint64_t)(timeout_ms > 0 ? timeout_ms : 0), deadline;
 	int rc;
 
 	if (!p)
 		return dcast_fail(DCAST_EINVAL, "wait: NULL producer");
-	if ((rc = prod_sender_join(p, timeout_ms > 0 ? -1 : 0)))
+	if ((rc = prod_sender_join(p, timeout ? -1 : 0)))
 		return rc;
-	deadline = dcast_now_ms() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0);
+	deadline = dcast_now_ms() + timeout;
 	while (version == p->pending_version)
-		if ((rc = wait_step(p, version, deadline, (uint64_t)(timeout_ms > 0 ? timeout_ms : 0))))
+		if ((rc = wait_step(p, version, deadline, timeout)))
 			return rc;
 	return settled(p, version);
 }

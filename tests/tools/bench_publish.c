@@ -61,21 +61,31 @@ static double time_fresh_memcpy(uint16_t *const *w, uint64_t elems)
 	return t0;
 }
 
+/* Register tensors w[0..N_TENSORS) as "t0".. with p.  0 or the error. */
+static int register_all(dcast_producer *p, uint16_t *const *w, uint64_t elems)
+{
+	uint64_t shape[1] = {elems};
+	char name[16];
+	int rc = 0;
+
+	for (int i = 0; !rc && i < N_TENSORS; i++) {
+		snprintf(name, sizeof(name), "t%d", i);
+		rc = dcast_producer_register(p, name, DCAST_DTYPE_BF16, 1, shape, w[i], DCAST_MEM_HOST, 0,
+					     elems);
+	}
+	return rc;
+}
+
 static int setup(dcast_producer *p, uint16_t **w, uint64_t elems)
 {
-	uint64_t seed = 1, shape[1] = {elems};
-	char name[16];
+	uint64_t seed = 1;
 
 	for (int i = 0; i < N_TENSORS; i++) {
-		snprintf(name, sizeof(name), "t%d", i);
 		if (!(w[i] = malloc(elems * 2)))
 			return -1;
 		harness_fill(w[i], elems, &seed);
-		if (dcast_producer_register(p, name, DCAST_DTYPE_BF16, 1, shape, w[i],
-					    DCAST_MEM_HOST, 0, elems))
-			return -1;
 	}
-	return 0;
+	return register_all(p, w, elems) ? -1 : 0;
 }
 
 /* Time publish(v) of an anchor against a memcpy of its bytes; print. */
@@ -108,16 +118,11 @@ static int prepared_anchor(const harness_broker *hb, const dcast_producer_opts *
 			   uint64_t elems, unsigned char *dst)
 {
 	dcast_producer *q = NULL;
-	uint64_t shape[1] = {elems};
-	char name[16];
 	double t0, pub;
 	int rc = dcast_producer_open(hb->producers, "bench-publish-prepared", 0, 1, o, &q);
 
-	for (int i = 0; !rc && i < N_TENSORS; i++) {
-		snprintf(name, sizeof(name), "t%d", i);
-		rc = dcast_producer_register(q, name, DCAST_DTYPE_BF16, 1, shape, w[i], DCAST_MEM_HOST, 0,
-					     elems);
-	}
+	if (!rc)
+		rc = register_all(q, w, elems);
 	t0 = now_ms();
 	if (!rc && !(rc = dcast_producer_prepare(q)))
 		printf("prepare_ms %.2f (at start-up, before the first publish)\n", now_ms() - t0);

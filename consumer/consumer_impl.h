@@ -216,13 +216,16 @@ typedef struct cs_vscratch {
 } cs_vscratch;
 
 /* The cause of a refusal that re-joins (outbox.c, cs_rejoin_refused):
- * what was refused, and the error. */
+ * what was refused, the error, and where: how many of the version's chunks
+ * were taken before it (a version damaged on the way fails at another
+ * chunk each time; one damaged in the log fails at the same one). */
 enum { CS_REFUSED_VERSION, CS_REFUSED_MANIFEST, CS_REFUSED_MESSAGE };
 typedef struct cs_refusal {
 	int what;                      /* CS_REFUSED_*: a version, a MANIFEST not taken, a
 					* message that does not decode */
 	int code;                      /* dcast_err */
 	uint64_t version;              /* CS_REFUSED_VERSION's, else NONE */
+	uint32_t place;                /* the version's chunks taken before, else 0 */
 } cs_refusal;
 
 /* What a caller leaves for the session thread, which alone sends
@@ -502,7 +505,8 @@ int cs_rejoin(dcast_consumer *c);
  * it) for `code`, dcast_last_error() saying why.  Every re-join that
  * follows a refusal goes through here, so through one back-off: the first
  * refusal of a cause re-joins at once; the same cause again in a row
- * (what, version and code) is persistent: an ERROR event and an E line,
+ * (what, version, code, and for a version the chunks of it taken before
+ * the refusal) is persistent: an ERROR event and an E line,
  * and the HELLO waits 100 ms, doubling to 30 s (a version no consumer can
  * take, a MANIFEST that never decodes or never fits in memory, cost a
  * bounded rate of re-sends, not thousands a second, and are never given

@@ -80,19 +80,36 @@ static void report_persistent(dcast_consumer *c, uint64_t delay_ms)
 		      r->code, text);
 }
 
-int cs_rejoin_refused(dcast_consumer *c, int what, uint64_t version, int code)
+/* Where version's refusal happened: the chunks of it taken so far. */
+static uint32_t refused_place(dcast_consumer *c, int what, uint64_t version)
+{
+	cs_version *v = what == CS_REFUSED_VERSION ? cs_version_find(c, version) : NULL;
+
+	return v ? v->n_chunks : 0;
+}
+
+/* The same cause is the same thing refused with the same error at the same
+ * place: a version that fails at a different chunk each time is being
+ * damaged on the way, and is not backed off. */
+static int rejoin_refused_at(dcast_consumer *c, cs_refusal now)
 {
 	cs_refusal *last = &c->ob.refused;
-	int same = c->ob.refusals && last->what == what && last->code == code && last->version == version;
+	int same = c->ob.refusals && last->what == now.what && last->code == now.code &&
+		   last->version == now.version && last->place == now.place;
 	uint64_t delay_ms;
 
 	c->ob.refusals = same ? c->ob.refusals + 1 : 1;
-	*last = (cs_refusal){what, code, version};
+	*last = now;
 	delay_ms = backoff_ms(c->ob.refusals);
 	c->ob.hello_at_ms = dcast_now_ms() + delay_ms;
 	if (same)
 		report_persistent(c, delay_ms);
 	return cs_rejoin(c);
+}
+
+int cs_rejoin_refused(dcast_consumer *c, int what, uint64_t version, int code)
+{
+	return rejoin_refused_at(c, (cs_refusal){what, code, version, refused_place(c, what, version)});
 }
 
 void cs_refusal_clear(dcast_consumer *c, int what)
@@ -103,11 +120,13 @@ void cs_refusal_clear(dcast_consumer *c, int what)
 
 static int refuse(dcast_consumer *c, uint64_t version, int code, int drop)
 {
+	cs_refusal now = {CS_REFUSED_VERSION, code, version, refused_place(c, CS_REFUSED_VERSION, version)};
+
 	DCAST_LOG_W("consumer %s: version %" PRIu64 " refused: %s", c->model, version, dcast_last_error());
 	cs_event_push(c, DCAST_EV_ERROR, version, code, dcast_last_error());
 	if (drop)
 		cs_drop_from(c, version);
-	return cs_rejoin_refused(c, CS_REFUSED_VERSION, version, code);
+	return rejoin_refused_at(c, now);
 }
 
 int cs_refuse(dcast_consumer *c, uint64_t version, int code)

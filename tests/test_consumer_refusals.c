@@ -7,7 +7,12 @@
  *   grid 0     a MANIFEST that does not decode (grid[0] = 0): it once
  *              re-joined about 90 times a second, for ever;
  *   too large  a MANIFEST of a 1 PiB tensor, refused with DCAST_ENOMEM: it
- *              once never joined again.
+ *              once never joined again;
+ *   one chunk  an anchor in 8 chunks whose 4th always fails its checksum:
+ *              persistent, as the two above.
+ * And one that is not persistent: an anchor damaged on the way, at another
+ * chunk after each HELLO (a lossy link), is re-joined at once every time;
+ * it once backed off toward 30 s as if the log held it damaged.
  * The HELLOs are counted and timed by the fake broker as they arrive; the
  * test waits on the consumer's events and the HELLOs, never on a sleep. */
 #include <stdatomic.h>
@@ -16,17 +21,23 @@
 #include "check.h"
 #include "dcast_common.h"
 #include "dcast_wire.h"
+#include "deltacast/codec.h"
 #include "deltacast/consumer.h"
 #include "deltacast/log.h"
 
 #define MODEL "refusals"
 #define MAX_HELLOS 64
 
+#define CHUNKS 8
+#define CHUNK_ELEMS 64
+
 typedef struct fake {
 	void *router;
 	char ep[128];
 	void *manifest;           /* the header frame sent after each WELCOME */
 	size_t manifest_len;
+	int chunks;               /* anchor chunks sent after it (0: none) */
+	int moving;               /* the damaged chunk: the HELLO's number mod CHUNKS, else 3 */
 	int hellos;
 	uint64_t hello_ms[MAX_HELLOS];
 } fake;
@@ -70,10 +81,38 @@ static void manifest_of(fake *f, const dcast_tensor_desc *t)
 	REQUIRE(dcast_msg_encode(&m, &f->manifest, &f->manifest_len) == 0);
 }
 
+/* Anchor chunk i of version 1 (elements i * CHUNK_ELEMS...), its checksum
+ * spoilt when damaged. */
+static void send_chunk(fake *f, const zmq_msg_t *rid, int i, int damaged)
+{
+	uint16_t w[CHUNK_ELEMS];
+	zmq_msg_t p;
+	dcast_msg m;
+
+	for (int k = 0; k < CHUNK_ELEMS; k++)
+		w[k] = (uint16_t)(0x3c00 + i * CHUNK_ELEMS + k);
+	dcast_msg_init(&m, DCAST_MSG_CHUNK);
+	strcpy(m.u.chunk.model, MODEL);
+	m.u.chunk.version = 1, m.u.chunk.base_version = DCAST_VERSION_NONE, m.u.chunk.anchor = 1;
+	m.u.chunk.seq = (uint32_t)i, m.u.chunk.start = (uint64_t)i * CHUNK_ELEMS;
+	m.u.chunk.count = m.u.chunk.changed = CHUNK_ELEMS, m.u.chunk.elem_size = 2;
+	m.u.chunk.encoding = DCAST_ENC_DENSE;
+	m.u.chunk.payload_bytes = sizeof(w);
+	dcast_chunk_seal(&m.u.chunk, w);
+	m.u.chunk.checksum ^= (uint64_t)damaged;
+	REQUIRE(zmq_msg_init_size(&p, sizeof(w)) == 0);
+	memcpy(zmq_msg_data(&p), w, sizeof(w));
+	REQUIRE(dcast_wire_send(f->router, zmq_msg_data((zmq_msg_t *)rid), zmq_msg_size((zmq_msg_t *)rid), &m,
+				&p, 0) == 0);
+}
+
 /* WELCOME (no version: nothing for the consumer to wait for) and the
- * MANIFEST, to the consumer whose HELLO came with routing id rid. */
+ * MANIFEST, then the anchor chunks if any, to the consumer whose HELLO
+ * came with routing id rid. */
 static void answer(fake *f, const zmq_msg_t *rid)
 {
+	int bad = f->moving ? f->hellos % CHUNKS : 3;
+
 	dcast_msg m;
 
 	dcast_msg_init(&m, DCAST_MSG_WELCOME);
@@ -86,6 +125,8 @@ static void answer(fake *f, const zmq_msg_t *rid)
 	REQUIRE(zmq_send(f->router, zmq_msg_data((zmq_msg_t *)rid), zmq_msg_size((zmq_msg_t *)rid),
 			 ZMQ_SNDMORE) >= 0);
 	REQUIRE(zmq_send(f->router, f->manifest, f->manifest_len, 0) >= 0);
+	for (int i = 0; i < f->chunks; i++)
+		send_chunk(f, rid, i, i == bad);
 }
 
 /* Take what came within wait_ms; answer and time each HELLO. */
@@ -99,7 +140,7 @@ static void fake_serve(fake *f, int wait_ms)
 	while (dcast_wire_recv(f->router, 1, &in, ZMQ_DONTWAIT) != DCAST_EBUSY) {
 		if (in.msg.type == DCAST_MSG_HELLO && f->hellos < MAX_HELLOS) {
 			f->hello_ms[f->hellos++] = dcast_now_ms();
-			answer(f, &in.rid);
+			answer(f, &in.rid); /* after the count: the first HELLO's damage is at chunk 1 */
 		}
 		dcast_wire_in_close(&in);
 	}
@@ -143,17 +184,33 @@ static void check_gaps(const fake *f, const char *what)
 	}
 }
 
-/* One cause: a fresh consumer and directory against a fake broker
- * sending `t`; persistent refusals until the back-off reaches 800 ms. */
-static void cause(const dcast_tensor_desc *t, int code, const char *what)
+/* A fresh consumer and directory against a fake broker sending `t` and
+ * `chunks` anchor chunks. */
+static void start(fake *f, char *dir, const dcast_tensor_desc *t, int chunks)
+{
+	REQUIRE(mkdtemp(dir));
+	fake_open(f);
+	manifest_of(f, t);
+	f->chunks = chunks;
+	e_persists = 0;
+}
+
+static void finish(fake *f, dcast_consumer **c, const char *dir)
+{
+	CHECK(dcast_consumer_version(*c) == DCAST_VERSION_NONE);
+	dcast_consumer_close(c);
+	fake_close(f);
+	check_remove_dir(dir);
+}
+
+/* One cause: persistent refusals until the back-off reaches 800 ms. */
+static void cause(const dcast_tensor_desc *t, int code, const char *what, int chunks)
 {
 	char dir[] = "/tmp/dcast-test-refusals-XXXXXX";
 	dcast_consumer *c = NULL;
 	fake f = {0};
 
-	REQUIRE(mkdtemp(dir));
-	fake_open(&f);
-	manifest_of(&f, t);
+	start(&f, dir, t, chunks);
 	if (!strcmp(what, "grid 0")) { /* grid [2] sent as [0]: no encoder writes it */
 		unsigned char *p = memmem(f.manifest, f.manifest_len, "\xa4grid\x91\x02", 7);
 		dcast_msg m;
@@ -162,7 +219,6 @@ static void cause(const dcast_tensor_desc *t, int code, const char *what)
 		CHECK_ERR(dcast_msg_decode(f.manifest, f.manifest_len, &m), code);
 		fprintf(stderr, "%s: the MANIFEST decodes as: %s\n", what, dcast_last_error());
 	}
-	e_persists = 0;
 	REQUIRE(dcast_consumer_open(f.ep, MODEL, dir, 4 << 20, NULL, &c) == 0);
 	/* refusals 2..5 are persistent, backed off 100, 200, 400, 800 ms */
 	CHECK(run_until(&f, c, code, 4, 6) >= 4);
@@ -171,22 +227,40 @@ static void cause(const dcast_tensor_desc *t, int code, const char *what)
 		f.hellos ? f.hello_ms[f.hellos - 1] - f.hello_ms[0] : 0);
 	CHECK(f.hellos == 6);
 	check_gaps(&f, what);
-	CHECK(dcast_consumer_version(c) == DCAST_VERSION_NONE);
-	dcast_consumer_close(&c);
-	fake_close(&f);
-	check_remove_dir(dir);
+	finish(&f, &c, dir);
+}
+
+/* Damage at another chunk after each HELLO: every refusal is a first one,
+ * so 12 HELLOs come without a back-off and nothing is called persistent. */
+static void moving_damage(const dcast_tensor_desc *t)
+{
+	char dir[] = "/tmp/dcast-test-refusals-XXXXXX";
+	dcast_consumer *c = NULL;
+	fake f = {.moving = 1};
+
+	start(&f, dir, t, CHUNKS);
+	REQUIRE(dcast_consumer_open(f.ep, MODEL, dir, 4 << 20, NULL, &c) == 0);
+	CHECK(run_until(&f, c, DCAST_ECHECKSUM, 0, 12) == 0);
+	CHECK(e_persists == 0);
+	fprintf(stderr, "moving damage: %d HELLOs in %" PRIu64 " ms\n", f.hellos,
+		f.hello_ms[f.hellos - 1] - f.hello_ms[0]);
+	CHECK(f.hellos >= 12);
+	finish(&f, &c, dir);
 }
 
 int main(void)
 {
 	dcast_tensor_desc grid0 = {.name = "w", .dtype = DCAST_DTYPE_BF16, .ndim = 1, .shape = {64}, .grid = {2}};
 	dcast_tensor_desc huge = {.name = "w", .dtype = DCAST_DTYPE_F32, .ndim = 1, .shape = {1ull << 48}};
+	dcast_tensor_desc chunked = {.name = "w", .dtype = DCAST_DTYPE_BF16, .ndim = 1, .shape = {CHUNKS * CHUNK_ELEMS}};
 
 	alarm(90);
 	dcast_log_set_handler(log_line, NULL);
 	REQUIRE((ctx = zmq_ctx_new()));
-	cause(&grid0, DCAST_EFIELD_RANGE, "grid 0");
-	cause(&huge, DCAST_ENOMEM, "too large");
+	cause(&grid0, DCAST_EFIELD_RANGE, "grid 0", 0);
+	cause(&huge, DCAST_ENOMEM, "too large", 0);
+	cause(&chunked, DCAST_ECHECKSUM, "one chunk", CHUNKS);
+	moving_damage(&chunked);
 	zmq_ctx_term(ctx);
 	return check_done("test_consumer_refusals");
 }

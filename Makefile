@@ -252,7 +252,9 @@ bench-consumer: all $(BUILD)/tools/bench_consumer
 	@cat $(BUILD)/bench-consumer.md
 	@$(PYTHON) -c 'import sys; d, t = sys.argv[1], open(sys.argv[2]).read(); \
 	  b, e = "<!-- bench-consumer:begin -->", "<!-- bench-consumer:end -->"; s = open(d).read(); \
-	  body = b + "\n`make bench-consumer BENCH_CONSUMER_MB=$(BENCH_CONSUMER_MB)`:\n\n" + t + e; \
+	  import os, subprocess, time; rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip(); \
+	  host = "%d CPUs, load average %s" % (os.cpu_count(), open("/proc/loadavg").read().split()[0]); \
+	  body = b + "\n`make bench-consumer BENCH_CONSUMER_MB=$(BENCH_CONSUMER_MB)` (%s; tree at %s, %s):\n\n" % (host, rev, time.strftime("%Y-%m-%d", time.gmtime())) + t + e; \
 	  s = s[:s.index(b)] + body + s[s.index(e) + len(e):] if b in s else s + "\n## Consumer\n\n" + body + "\n"; \
 	  open(d, "w").write(s)' docs/benchmarks.md $(BUILD)/bench-consumer.md
 

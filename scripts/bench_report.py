@@ -156,41 +156,12 @@ def plot(rows, plots):
 
 
 NOTE = """
-Time: per version, from the moment the producer starts on it to the moment the last consumer
-has it; the median over versions 2..N of every round.  Every row but "pipelined" runs one
-version at a time, the next starting once every consumer has the one before (deltacast: the
-paced publisher `build/tools/fault_publish` is told to publish it, or `deltacast publish`
-starts, for anchors; HTTP and Redis: `deltacast delta` starts the patch; shared filesystem: the
-checkpoint write starts).  The pipelined row is one `deltacast publish` of every version, as a
-user runs it; its time for a version starts at the later of that version's publish start and
-each consumer's apply of the version before (no queueing counted).  Bytes: what reached the
-consumers per version, summed over them (deltacast: chunk payloads; HTTP: nginx's bytes sent,
-headers included; Redis: socket bytes, RESP framing included; shared filesystem: bytes read;
-raw TCP: bytes sent).
-
-What each consumer does: deltacast, `deltacast subscribe` with its defaults (staging, the
-digest check in O(changed), apply; the version's record written to its log and fdatasynced in
-the background, the log folded into the checkpoint file by size, in the background from the
-disk, never per version); HTTP, curl then `deltacast apply`
-(checksum and digest checks, the new checkpoint written and fsynced); Redis,
-`build/tools/bench_redis sub` (1 MiB messages, reassembled) then `deltacast apply`; shared
-filesystem, `build/tools/bench_fs load` (the whole file read into memory, hashed after the
-clock stops).  Every baseline's consumers end equal to the newest version (cmp, or XXH3 of
-every reload).  In the baselines' favour: their consumers learn of a new version the moment it
-is ready (no polling interval), and the shared filesystem is a local one whose page cache still
-holds the file just written (a real shared filesystem moves its bytes over the network: the
-bytes column is what a cluster would carry).
-
-Reading it: on one machine the bytes barely set the time (loopback carries the whole model to
-every consumer in under a second: the raw TCP rows), and every process shares the same 2
-cores.  The HTTP and Redis consumers rebuild and fsync their whole checkpoint file per version
-(`deltacast apply`); deltacast's write only the version's record; the shared filesystem reload
-writes nothing on the consumer side and reads from the page cache.  Across machines the bytes
-column is the cost: the whole-model rows carry two orders of magnitude more per consumer,
-every version.
-
-Plots: [time to all consumers](plots/bench_e2e_time.png),
-[bytes moved](plots/bench_e2e_bytes.png).
+Time: per version, from the producer's start on it to the last consumer having it, the median
+over versions 2..N of every round; one version at a time, except the pipelined row.  Bytes: what
+reached the consumers per version, summed over them.  Consumers: `deltacast subscribe`; HTTP and
+Redis, the patch fetched then `deltacast apply` (checks, the checkpoint rewritten and fsynced);
+shared filesystem, the whole file read from a local page cache.  Across machines the bytes column
+is the cost ("Cluster").
 
 ![time to all consumers](plots/bench_e2e_time.png)
 ![bytes moved](plots/bench_e2e_bytes.png)

@@ -157,13 +157,9 @@ def report(rows, base):
              "| consumer | apply of a delta, ms | over untiled, bound whole | over one memcpy of the tensor |",
              "| --- | --- | --- | --- |"]
     lines += [f"| {n} | {ms:.2f} | {ms / rows[0][1]:.2f}x | {r:.2f}x |" for n, ms, r in rows]
-    lines += ["", "A bound slice is a view of the consumer's host copy: the apply hands the "
-              "changed positions it decodes to the views, and each one inside a slice is mapped "
-              "into it and copied (O(changed), no pass over the tensor). The mapping splits "
-              "coordinates once per segment (a tile row inside the slice): with 1024-element "
-              "tile rows and 1% density that is one split per ~10 changes, the views' main cost "
-              "over the host copy alone. This machine is shared: run to run the ratios move by "
-              "about +-0.4."]
+    lines += ["", "A bound slice is a view of the host copy: apply maps each changed position "
+              "inside it and copies it (O(changed)); the mapping splits coordinates once per tile "
+              "row inside the slice, the views' main cost. Run to run the ratios move by about +-0.4."]
     text = "\n".join(lines)
     print(text)
     if QUICK:

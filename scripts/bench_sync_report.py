@@ -211,46 +211,13 @@ def target_rows(runs, model, n):
 
 
 NOTES = """\
-How it is measured (scripts/bench_sync.sh; every number from this one run):
-- **delta to all N**: per delta version, from the producer's `dcast_producer_publish()` call
-  (tests/tools/fault_publish, the version's file already in memory) to the last of the N
-  consumers having applied it (CLOCK_REALTIME in each process; `deltacast subscribe`: the moment
-  its `version V` line, printed after apply and its checkpoint write, reaches the script); the
-  median (min..max) over the delta versions.  The next version is published once all N consumers
-  have applied the one before, so every consumer holds the anchor and every earlier version.
-- **publish to ACK**: the producer's publish call to the broker's ACK (encode, send, commit).
-  **before its first chunk + after its apply**: for the consumer that was last, the time to all N
-  less its stage and apply times: the wait for the first chunk (the producer's encode and the
-  broker's commit come first) and, for `deltacast subscribe`, its checkpoint write after apply.
-  **stage**, **apply**: the consumers' stats (first chunk to READY; inside apply), the slowest
-  consumer of each version, median over versions.
-- **raw TCP** (tests/tools/bench_tcp): the delta's payload bytes (the floor's median) and the
-  whole model file, to N receivers at once over loopback, median of 3: the ceiling to beat.
-  It and the floor are measured again just before each row, so that a row and its references
-  see the same load on this shared machine.
-- **floor**: tests/tools/bench_sync_floor, one thread: encode of each delta against the version
-  before (2^20-element chunks, smallest encoding, as the producer does), then decode and scatter of
-  every payload into a copy of the version before (`dcast_codec_apply`); best of 3 per version,
-  median over versions.
-- **hashed**: `dcast_consumer_stats.verify_bytes` of each version (`deltacast subscribe` prints
-  it on its version line); **written**: growth of the consumer process's
-  `write_bytes` in /proc/PID/io from the version before (every byte it sent towards the disk:
-  record log, checkpoint folds); **record log**: growth of `log_write_bytes` in the stats.  Per
-  version the largest over the consumers, median over versions (and the mean, which shows a
-  fold when one falls among the counted versions: both forms fold the record log into
-  DIR/model.safetensors in the background once it exceeds a quarter of the model, which 5
-  deltas of 1% do not reach; `deltacast subscribe` also when it exits).
-- **warm-up**: the first two deltas after the anchor are sent and applied but not counted; the
-  second is published once every consumer holds the anchor as DIR/model.safetensors (written as
-  it streamed in, then synced and renamed on the consumer's fold thread once applied: apply()
-  does not wait for it), and the bytes written are counted from its apply on, so that no
-  counted delta carries the anchor's writes.
-- Consumers: the library with default options (digests checked from the elements each version changes,
-  the default fold policy, a 64 MiB staging budget, its own host copy of the tensors);
-  `deltacast subscribe` as users run it.  Every version counted here passed the consumer's own
-  check against the producer's digests (on by default in both forms; a refused version stops
-  the run).  The broker runs without --data-dir except in the row that says so; everything
-  shares this machine's cores.
+How it is measured (scripts/bench_sync.sh): **delta to all N** runs from the producer's
+`dcast_producer_publish()` call to the last consumer's apply, one version at a time, after two
+uncounted warm-up deltas; **stage** (first chunk to READY) and **apply** are the slowest
+consumer's stats; **raw TCP** (tests/tools/bench_tcp) and the one-thread **floor**
+(tests/tools/bench_sync_floor) are measured just before each row; **hashed** is
+`dcast_consumer_stats.verify_bytes`, **written** the growth of /proc/PID/io `write_bytes`.
+Consumers run with default options; every counted version passed their digest check.
 """
 
 

@@ -175,15 +175,10 @@ static void table(const bench *b, const dcast_producer_opts *po, FILE *o, const 
 	}
 	uname(&u);
 	getloadavg(load, 1);
-	fprintf(o, "Command: `%s` (%s %s, %ld CPUs, load average %.1f before and %.1f\n"
-		   "after: the machine is shared, timings are noisy).  Each of %d delta versions\n"
-		   "is timed against one memcpy of the model (best of 2) taken just before it, so\n"
-		   "both see the same load; the table gives medians, and the worst ratio.  Host\n"
-		   "path, encode_threads %u (0: one per CPU), %llu-element ranges, real broker on\n"
-		   "loopback.  Publish returns once every chunk and the COMMIT are handed to\n"
-		   "ZeroMQ; +ACK adds the broker's acknowledgement.  CPU: the publishing\n"
-		   "process's CPU time over the publish, all threads, against the memcpy's (the\n"
-		   "work ratio, whatever the load).\n\n",
+	fprintf(o, "Command: `%s` (%s %s, %ld CPUs, load average %.1f before and %.1f after).\n"
+		   "Each of %d delta versions is timed against one memcpy of the model (best of 2)\n"
+		   "just before it; medians, and the worst ratio.  encode_threads %u (0: one per\n"
+		   "CPU), %llu-element ranges.  CPU: the publishing process's, all threads.\n\n",
 		cmd, u.sysname, u.machine, sysconf(_SC_NPROCESSORS_ONLN), b->load_before, load[0],
 		b->rounds, po->encode_threads, (unsigned long long)po->range_elems);
 	fprintf(o, "| model bytes | density | memcpy ms | publish ms | publish / memcpy | worst | "

@@ -292,8 +292,14 @@ bench: all $(BUILD)/tools/bench_tcp $(BUILD)/tools/bench_redis $(BUILD)/tools/be
 # rewrites the bench-cluster section at the end of docs/benchmarks.md and
 # docs/plots/bench_cluster_*.png.
 .PHONY: bench-cluster
+# The peer row's tool (XOR + zstd per tensor), built only here: libzstd is a
+# bench dependency (scripts/deps.sh bench), not a build one.
+$(BUILD)/peers/xor_zstd: tests/peers/xor_zstd.c $(LIBA)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -o $@ $^ -lzstd $(LDLIBS)
 bench-cluster: all $(BUILD)/tools/fault_publish $(BUILD)/tools/fault_digest
 	@scripts/deps.sh bench
+	@$(MAKE) --no-print-directory $(BUILD)/peers/xor_zstd
 	@DELTACAST_BUILD=$(abspath $(BUILD)) PYTHON=$(PYTHON) nice -n 10 scripts/bench_cluster.sh
 
 # --- live broker fuzzing ---

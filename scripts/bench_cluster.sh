@@ -7,6 +7,11 @@
 #          ~1% deltas, one at a time
 #   tree   the same through BENCH_CLUSTER_RELAYS relay brokers
 #   http   nginx on root serving the whole model, curl on every worker
+#   xorz   the format RL frameworks ship deltas in (NeMo-RL, slime): per
+#          tensor the XOR of the bit patterns, zstd level 1
+#          (tests/peers/xor_zstd), made on root for each delta version,
+#          served by nginx, fetched with curl and applied by every worker,
+#          which holds version 1 already
 # For each: seconds from publish (or request) start to the last worker
 # having it, and bytes on every link (the switch's counters).  The root's
 # link (BENCH_CLUSTER_RATE) is the bottleneck, every other link runs at
@@ -87,6 +92,22 @@ http {
 EOF
 }
 
+# nginx_up NAME: a fresh star, nginx on root serving $RUN/nginx/www.
+nginx_up() {
+	mkdir -p "$RUN/nginx/www" "$RUN/nginx/tmp"
+	nginx_conf "$RUN/nginx"
+	cl_topology "star:$2" "$RATE" "$EDGE" 2>>"$ROOT/setup.log" || die "$1: topology"
+	cl_bg root "$RUN/nginx.out" "$NGINX" -p "$RUN/nginx" -e "$RUN/nginx/error.log" -c "$RUN/nginx/nginx.conf"
+	touch "$RUN/nginx/www/up"
+	cl_wait_for 100 cl_exec w1 curl -sf -o /dev/null "http://$CL_ROOT_ADDR:8080/up" ||
+		die "nginx did not start (see $RUN/nginx/error.log)"
+}
+
+# last_done T0: seconds from T0 to the last worker's stamp.
+last_done() {
+	cat "$RUN"/w*.done | awk -v t0="$1" '{ if ($1 > m) m = $1 } END { printf "%.3f", m - t0 }'
+}
+
 # http_take W: worker W fetches the whole model, then stamps the time.
 http_take() {
 	cl_exec "$1" curl -sSf -o "$RUN/$1.model" "http://$CL_ROOT_ADDR:8080/model.safetensors" \
@@ -97,13 +118,8 @@ http_take() {
 http_row() {
 	local n=$1 w t0 t pids=()
 	RUN=$ROOT/http-$n
-	mkdir -p "$RUN/nginx/www" "$RUN/nginx/tmp"
+	nginx_up http "$n"
 	cp "${FILES[0]}" "$RUN/nginx/www/model.safetensors"
-	nginx_conf "$RUN/nginx"
-	cl_topology "star:$n" "$RATE" "$EDGE" 2>>"$ROOT/setup.log" || die "http: topology"
-	cl_bg root "$RUN/nginx.out" "$NGINX" -p "$RUN/nginx" -e "$RUN/nginx/error.log" -c "$RUN/nginx/nginx.conf"
-	cl_wait_for 100 cl_exec w1 curl -sf -o /dev/null -r 0-0 "http://$CL_ROOT_ADDR:8080/model.safetensors" ||
-		die "nginx did not start (see $RUN/nginx/error.log)"
 	cl_counters >"$RUN/c0"
 	t0=$EPOCHREALTIME
 	for w in "${CL_WORKERS[@]}"; do http_take "$w" & pids+=($!); done
@@ -113,13 +129,56 @@ http_row() {
 		[ -s "$RUN/$w.done" ] || die "http: $w failed ($(cat "$RUN/$w.err"))"
 		cmp -s "$RUN/$w.model" "${FILES[0]}" || die "http: $w's copy differs"
 	done
-	t=$(cat "$RUN"/w*.done | awk -v t0="$t0" '{ if ($1 > m) m = $1 } END { printf "%.3f", m - t0 }')
+	t=$(last_done "$t0")
 	printf '{"row": "http", "n": %d, "versions": [{"v": 1, "t": %s, "links": %s, "rates": %s}]}\n' \
 		"$n" "$t" "$(cl_link_delta "$RUN/c0" "$RUN/c1")" "$(cl_rates_json)" >>"$ROOT/rows.jsonl"
 	cl_down
 	rm -rf "$RUN"
 }
 
+# xorz_take W PATCH: worker W fetches PATCH, XORs it into its model, stamps.
+xorz_take() {
+	cl_exec "$1" curl -sSf -o "$RUN/$1.patch" "http://$CL_ROOT_ADDR:8080/$2" 2>>"$RUN/$1.err" &&
+		"$XORZ" apply "$RUN/$1.model" "$RUN/$1.patch" 2>>"$RUN/$1.err" && echo "$EPOCHREALTIME" >"$RUN/$1.done"
+}
+
+# xorz_version K: version K+1's patch made on root (timed: the trainer's
+# encode), fetched and applied by every worker; one JSON version.
+xorz_version() {
+	local k=$1 w t0 pids=()
+	rm -f "$RUN"/w*.done
+	cl_counters >"$RUN/c0"
+	t0=$EPOCHREALTIME
+	"$XORZ" make "${FILES[k - 1]}" "${FILES[k]}" "$RUN/nginx/www/v$k.xzp" || die "xorz: patch of version $((k + 1))"
+	for w in "${CL_WORKERS[@]}"; do xorz_take "$w" "v$k.xzp" & pids+=($!); done
+	wait "${pids[@]}"
+	cl_counters >"$RUN/c1"
+	for w in "${CL_WORKERS[@]}"; do
+		[ -s "$RUN/$w.done" ] || die "xorz: $w failed ($(cat "$RUN/$w.err"))"
+	done
+	printf '{"v": %d, "t": %s, "links": %s, "rates": %s, "patch_bytes": %d}' "$((k + 1))" "$(last_done "$t0")" \
+		"$(cl_link_delta "$RUN/c0" "$RUN/c1")" "$(cl_rates_json)" "$(stat -c %s "$RUN/nginx/www/v$k.xzp")"
+}
+
+# xorz_row N: every worker holds version 1; the deltas as XOR + zstd patches.
+xorz_row() {
+	local n=$1 w k vs="" want
+	RUN=$ROOT/xorz-$n
+	nginx_up xorz "$n"
+	for w in "${CL_WORKERS[@]}"; do cp "${FILES[0]}" "$RUN/$w.model"; done
+	for ((k = 1; k < ${#FILES[@]}; k++)); do vs+="${vs:+, }$(xorz_version "$k")" || die "xorz: version $((k + 1))"; done
+	want=$("$BUILD/tools/fault_digest" "${FILES[-1]}" | cut -d' ' -f1)
+	for w in "${CL_WORKERS[@]}"; do
+		[ "$("$BUILD/tools/fault_digest" "$RUN/$w.model" | cut -d' ' -f1)" = "$want" ] ||
+			die "xorz: $w's model is not the last version"
+	done
+	printf '{"row": "xorz", "n": %d, "versions": [%s]}\n' "$n" "$vs" >>"$ROOT/rows.jsonl"
+	cl_down
+	rm -rf "$RUN"
+}
+
+XORZ=$BUILD/peers/xor_zstd
+[ -x "$XORZ" ] || die "no $XORZ (make bench-cluster builds it)"
 [ -x "$NGINX" ] || die "no nginx (scripts/deps.sh bench installs it)"
 LOAD0=$(cut -d' ' -f1-3 /proc/loadavg)
 "$BUILD/deltacast" gen-trace --params "$PARAMS" --steps "$DELTAS" --density 0.01 -o "$ROOT/trace" \
@@ -132,6 +191,8 @@ for n in $NS; do
 	deltacast_row tree "$n"
 	echo "bench-cluster: http, $n workers" >&2
 	http_row "$n"
+	echo "bench-cluster: xor + zstd, $n workers" >&2
+	xorz_row "$n"
 done
 CMD="make bench-cluster"
 [ "${BENCH_CLUSTER_QUICK:-0}" = 1 ] && CMD+=" BENCH_CLUSTER_QUICK=1"

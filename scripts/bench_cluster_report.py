@@ -2,9 +2,10 @@
 """Table, targets and plots for `make bench-cluster` (scripts/bench_cluster.sh).
 
 usage: bench_cluster_report.py ROWS.jsonl META_JSON [DOC PLOTS_DIR]
-ROWS: one JSON object per (row, N): row star|tree|http, n, versions (per
-version: v, t seconds to the last worker, links {port: [rx, tx]} as the
-switch counts them (rx: what that host sent), rates {port: bits/s}).
+ROWS: one JSON object per (row, N): row star|tree|http|xorz, n, versions
+(per version: v, t seconds to the last worker, links {port: [rx, tx]} as
+the switch counts them (rx: what that host sent), rates {port: bits/s};
+xorz: patch_bytes, the file every worker fetched).
 Prints the section; with DOC, replaces (or appends) the part between the
 bench-cluster markers at its end and writes PLOTS_DIR/bench_cluster_*.png."""
 import json
@@ -31,6 +32,12 @@ def summarize(rows):
         if r["row"] == "http":
             out[("http", n)] = {"t": vs[0]["t"], "floor": floor_s(vs[0]), "root": root_sent(vs[0])}
             continue
+        if r["row"] == "xorz":
+            out[("xorz", n)] = {"t": statistics.median(v["t"] for v in vs),
+                                "floor": statistics.median(floor_s(v) for v in vs),
+                                "root": statistics.median(root_sent(v) for v in vs),
+                                "patch": statistics.median(v["patch_bytes"] for v in vs)}
+            continue
         deltas = vs[1:]
         out[(r["row"], n)] = {
             "t": statistics.median(v["t"] for v in deltas),
@@ -49,6 +56,7 @@ ROWS = [
     ("star-anchor", "deltacast full anchor, star (version 1)"),
     ("tree-anchor", "deltacast full anchor, tree (version 1)"),
     ("http", "whole model over HTTP (nginx on root, curl on every worker)"),
+    ("xorz", "XOR + zstd -1 per tensor over HTTP (nginx on root, curl + apply on every worker; median of the deltas)"),
 ]
 
 
@@ -93,9 +101,26 @@ def section(rows, meta):
     out += ["", "Targets, this run:", "", "| target | measured | goal | |", "|---|---|---|---|"]
     for line in targets(s, ns):
         out.append(line)
+    out += peer_lines(s, ns)
     out += ["", "Plots: `docs/plots/bench_cluster_time.png` (seconds to every worker against N, per row), "
             "`docs/plots/bench_cluster_bytes.png` (bytes the root host sent per version).", "", END]
     return "\n".join(out) + "\n", s, ns
+
+
+def peer_lines(s, ns):
+    """deltacast's star deltas beside the peer delta format, per N."""
+    ns = [n for n in ns if ("star", n) in s and ("xorz", n) in s]
+    if not ns:
+        return []
+    out = ["", "Against the peer delta format (XOR + zstd -1 per tensor, fetched from nginx), per delta version:",
+           "", "| N | deltacast star, s | XOR + zstd, s | time ratio | root bytes per worker: deltacast / XOR + zstd "
+           "(patch file) | bytes ratio |", "|---|---|---|---|---|---|"]
+    for n in ns:
+        d, x = s[("star", n)], s[("xorz", n)]
+        out.append("| %d | %.3f | %.3f | %.2fx | %s / %s (%s) | %.2fx |" % (
+            n, d["t"], x["t"], x["t"] / d["t"], fmt_b(d["root"] / n), fmt_b(x["root"] / n), fmt_b(x["patch"]),
+            x["root"] / d["root"]))
+    return out
 
 
 def targets(s, ns):

@@ -30,6 +30,7 @@ if [ "${1:-}" = bench ]; then
   need_cmd redis-server redis-server
   need_cmd redis-cli redis-tools
   need_cmd curl curl
+  pkg-config --exists libzstd 2>/dev/null || missing="$missing libzstd-dev" # bench-cluster's peer row
   need_py matplotlib python3-matplotlib
 fi
 [ -z "$missing" ] && exit 0

@@ -57,6 +57,7 @@ struct broker_config {
 	const char *anchor_fraction; uint64_t anchor_every; /* broker-made anchors (fold.c) */
 	uint64_t fault_slowdisk_ms; /* DELTACAST_BROKER_FAULT=slowdisk:MS (tests; durable.c) */
 	uint64_t model_idle_s;      /* --model-idle-s: an idle model is removed (retire.c; 0 never) */
+	uint64_t read_cache_bytes;  /* --read-cache-bytes: frames read from disk shared (ondisk.c) */
 	const char *admin_socket;   /* --admin-socket PATH: operator requests (admin.c) */
 	char *owned[BROKER_CONFIG_OWNED]; /* strings read from a --config file */
 	unsigned n_owned;
@@ -114,6 +115,7 @@ struct broker_chunk {
 	uint64_t payload_len;          /* bytes, wherever they are */
 	struct broker_segfile *file;   /* reference; NULL: in memory */
 	uint64_t file_off;
+	uint32_t cache_slot;           /* its frame in the read cache (ondisk.c); 0: none */
 };
 
 /* A committed version.  Refcounted: the log holds one reference and every
@@ -555,17 +557,38 @@ void broker_segfile_put(struct broker_segfile *f);
 void broker_file_close(int fd);
 /* Initialise *out (uninitialised) with ch's payload to send: a copy of the
  * frame kept in memory, or the bytes read from its segment file into a
- * buffer of their own, which ZeroMQ frees once sent.  Errors: DCAST_ENOMEM,
- * DCAST_EIO (a failed or short read, naming the offset); *out is then
- * untouched. */
+ * buffer of their own, which ZeroMQ frees once sent (the read cache is
+ * neither asked nor filled).  Errors: DCAST_ENOMEM, DCAST_EIO (a failed or
+ * short read, naming the offset); *out is then untouched. */
 int broker_chunk_payload(const struct broker_chunk *ch, zmq_msg_t *out);
+/* broker_chunk_payload for a consumer, through the read cache: a copy of
+ * the frame kept there for ch (one take of it counted off; the last frees
+ * the entry), else a read, kept for `others` more consumers when that is
+ * not 0 and it fits under the cache's cap.  Errors: broker_chunk_payload's. */
+int broker_chunk_serve(struct broker_chunk *ch, uint32_t others, zmq_msg_t *out);
 /* 1 when ch's payload may be read now for a consumer with `unacked` bytes
- * sent and not yet credited back: in memory, or the bytes read from disk
- * and not yet sent leave room for it under BROKER_DISK_INFLIGHT_BYTES, or
+ * sent and not yet credited back: in memory or in the read cache, or the
+ * bytes read from disk and not yet sent (the cache's included: it gives
+ * them up first) leave room for it under BROKER_DISK_INFLIGHT_BYTES, or
  * unacked is under BROKER_DISK_FLOOR_BYTES. */
 int broker_chunk_readable(const struct broker_chunk *ch, uint64_t unacked);
 /* Payload bytes read from disk and not yet sent (metrics, tests). */
 uint64_t broker_disk_inflight_bytes(void);
+/* Payload bytes read from disk since start, and frames the read cache
+ * served in place of a read (metrics, tests). */
+uint64_t broker_disk_read_bytes(void);
+uint64_t broker_read_cache_hits(void);
+/* Bytes of frames the read cache holds now. */
+uint64_t broker_read_cache_bytes(void);
+/* The read cache's cap in bytes (--read-cache-bytes; 0: off); what is held
+ * past it goes, least recently used first. */
+void broker_read_cache_set(uint64_t cap_bytes);
+/* Drop every kept frame and the cache's table (broker_close). */
+void broker_read_cache_free(void);
+/* Drop what the read cache keeps for ch / for each chunk of v: the chunk
+ * is freed, or its bytes must not go out again (poisoned, model removed). */
+void broker_chunk_uncache(struct broker_chunk *ch);
+void broker_version_uncache(struct broker_version *v);
 /* --data-dir: append a payload still being built into a spill file (an
  * unnamed file in dir, made at the first write: *spill, *end): an open
  * version's chunk as it arrives, a made anchor's chunk as it is cut, so

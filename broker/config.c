@@ -40,6 +40,7 @@ static const struct flag flags[] = {
 	{"max-producers", FLAG_U64, OFF(max_producers), "4096", "producer part connections at once"},
 	{"max-models", FLAG_U64, OFF(max_models), "64", "models at once (at most 256)"},
 	{"model-idle-s", FLAG_U64, OFF(model_idle_s), "86400", "remove a model with no producer, no consumer and no open version for this long, files too (0: never)"},
+	{"read-cache-bytes", FLAG_U64, OFF(read_cache_bytes), "67108864", "--data-dir: bytes of payloads read from the segments kept for the other consumers about to take them (0: off)"},
 	{"admin-socket", FLAG_STR, OFF(admin_socket), NULL, "PATH of a UNIX socket (mode 0600) for `deltacast model delete` (off without it)"},
 	{"log-level", FLAG_STR, OFF(log_level), "info", "error, warn, info or debug"},
 	/* security and observability (broker/auth.c, broker/metrics.c) */
@@ -303,6 +304,9 @@ int broker_config_check(const struct broker_config *c)
 			   "--model-idle-s must be at most 315360000 (10 years; 0 = never)");
 	if (!rc) rc = need(!c->admin_socket || (*c->admin_socket && strlen(c->admin_socket) < 108),
 			   "--admin-socket PATH must be a path of 1 to 107 bytes (a UNIX socket address)");
+	if (!rc) rc = need(c->read_cache_bytes <= BROKER_DISK_INFLIGHT_BYTES,
+			   "--read-cache-bytes must be at most 67108864 (64 MiB: what it keeps counts "
+			   "among the bytes read from the data dir and not yet sent)");
 	if (!rc) rc = broker_fold_config_check(c);
 	return rc;
 }

@@ -4,7 +4,8 @@
  * sent with ZMQ_DONTWAIT, so a consumer that stops (credit spent, pipe full)
  * holds only its own cursor.  Payload frames go out as zmq_msg_copy of the
  * log's messages (N consumers share one copy), or, once durable with
- * --data-dir, read from the segment file for each consumer (ondisk.c).  docs/protocol.md,
+ * --data-dir, read from the segment file, one read shared by the consumers
+ * about to take the same chunk (ondisk.c's read cache).  docs/protocol.md,
  * "Consumer and broker". */
 #include <errno.h>
 #include <stdlib.h>
@@ -184,6 +185,49 @@ static int check_consumer_credit(const struct broker_peer *p)
 	return 1;
 }
 
+/* Where q's stream of v starts from now (its next chunk, 0 when v is the
+ * version it takes next), or -1 when q is not about to take v. */
+static int64_t stream_from(const struct broker_peer *q, const struct broker_version *v)
+{
+	if (q->cur == v)
+		return q->next_chunk;
+	if (!q->cur && q->model && !q->model->held && next_servable(q->model, q->have_version) == v)
+		return 0;
+	return -1;
+}
+
+/* Consumers other than p that will take chunk i of v within their window
+ * (as far ahead as their credit lets them be sent): those a chunk read
+ * from disk for p is kept for, so that the read cache holds no more than
+ * what their credit would hold in flight anyway.  O(consumers), once per
+ * read. */
+static uint32_t others_wanting(const struct broker *b, const struct broker_peer *p,
+			       const struct broker_version *v, uint32_t i)
+{
+	uint64_t len = v->chunks[i].payload_len ? v->chunks[i].payload_len : 1;
+	uint32_t n = 0;
+
+	for (uint64_t k = 0; k < b->cons.hi; k++) {
+		const struct broker_peer *q = &b->cons.arr[k];
+		int64_t from = q->used && q != p && q->model == p->model ? stream_from(q, v) : -1;
+
+		if (from >= 0 && from <= i && (i - (uint64_t)from) * len < q->window_bytes)
+			n++;
+	}
+	return n;
+}
+
+/* ch's payload for p: shared through the read cache when it is on disk. */
+static int chunk_payload(struct broker *b, struct broker_peer *p, struct broker_chunk *ch,
+			 zmq_msg_t *out)
+{
+	uint32_t others = 0;
+
+	if (ch->file && !ch->cache_slot && b->cfg.read_cache_bytes)
+		others = others_wanting(b, p, p->cur, p->next_chunk);
+	return broker_chunk_serve(ch, others, out);
+}
+
 /* One step of a consumer's stream: its WELCOME, a MANIFEST, a CHUNK or a
  * COMMIT. */
 static int pump_one(struct broker *b, struct broker_peer *p)
@@ -229,7 +273,7 @@ static int pump_one(struct broker *b, struct broker_peer *p)
 		return PUMP_IDLE; /* waits for CREDIT */
 	if (!broker_chunk_readable(ch, unacked_bytes(p)))
 		return PUMP_DISK;
-	if ((rc = broker_chunk_payload(ch, &payload))) {
+	if ((rc = chunk_payload(b, p, ch, &payload))) {
 		DCAST_LOG_E("consumer %s of %s: version %llu chunk %u: %s", p->client, p->want,
 			    (unsigned long long)v->version, p->next_chunk, dcast_last_error());
 		return PUMP_GONE;

@@ -168,6 +168,7 @@ void broker_version_put(struct broker_version *v)
 	if (!v || --v->refs)
 		return;
 	for (uint32_t i = 0; i < v->n_chunks; i++) {
+		broker_chunk_uncache(&v->chunks[i]);
 		zmq_msg_close(&v->chunks[i].hdr);
 		zmq_msg_close(&v->chunks[i].payload);
 		broker_segfile_put(v->chunks[i].file);
@@ -258,10 +259,18 @@ struct broker_version *broker_log_tail_next(const struct broker_model *m, uint64
 	return NULL;
 }
 
+/* A version leaves the log: its frames in the read cache go too (nobody
+ * starts it any more; a consumer mid-stream reads the rest). */
+static void log_drop(struct broker_version *v)
+{
+	broker_version_uncache(v);
+	broker_version_put(v);
+}
+
 void broker_log_tail_clear(struct broker_model *m)
 {
 	for (uint32_t i = 0; i < m->n_tail; i++)
-		broker_version_put(m->tail[i]);
+		log_drop(m->tail[i]);
 	free(m->tail);
 	m->tail = NULL;
 	m->n_tail = 0;
@@ -279,7 +288,7 @@ void broker_log_clear(struct broker_model *m)
 {
 	DCAST_DEBUG_ASSERT(check_log(m));
 	for (uint32_t i = 0; i < m->n_log; i++)
-		broker_version_put(m->log[i]);
+		log_drop(m->log[i]);
 	m->n_log = 0;
 	m->log_bytes = 0;
 	broker_log_tail_clear(m);
@@ -382,6 +391,7 @@ int broker_log_replace_anchor(struct broker *b, struct broker_model *m,
 	DCAST_DEBUG_ASSERT(check_log(m) && anchor->anchor && check_version(anchor));
 	for (int i = 0; i <= at; i++) {
 		m->log_bytes -= m->log[i]->mem_bytes;
+		broker_version_uncache(m->log[i]);
 		if (keep)
 			keep(arg, m->log[i]);
 		else

@@ -68,6 +68,7 @@ int broker_open(struct broker *b, const struct broker_config *cfg)
 	if ((rc = peers_alloc(b)))
 		return rc;
 	broker_ingest_init(b);
+	broker_read_cache_set(cfg->read_cache_bytes);
 	if (!(b->ctx = zmq_ctx_new()))
 		return dcast_fail(DCAST_EZMQ, "zmq_ctx_new: %s", zmq_strerror(errno));
 	if ((rc = io_threads_set(b)))
@@ -208,6 +209,7 @@ void broker_close(struct broker *b)
 		broker_fold_free(b->models[i]);
 		broker_model_free(b->models[i]);
 	}
+	broker_read_cache_free();
 	broker_fold_close(b);
 	broker_relay_close(b);
 	broker_limits_close(b);

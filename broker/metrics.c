@@ -252,6 +252,12 @@ size_t broker_metrics_render(const struct broker *b, char *buf, size_t cap)
 	      broker_durable_in_flight(b));
 	gauge(&o, "disk_read_in_flight_bytes", "payload bytes read from the segments for consumers, not yet sent",
 	      broker_disk_inflight_bytes());
+	counter(&o, "disk_read_bytes_total", "payload bytes read from the segments to serve consumers",
+		broker_disk_read_bytes());
+	counter(&o, "read_cache_hits_total", "chunks served from the read cache in place of a read",
+		broker_read_cache_hits());
+	gauge(&o, "read_cache_bytes", "payload bytes the read cache keeps for consumers about to take them",
+	      broker_read_cache_bytes());
 	counter(&o, "versions_to_disk_total", "committed versions whose payloads left the heap for their segment",
 		st->versions_to_disk);
 	emit(&o, "# HELP deltacast_loop_stall_max_ms longest event loop turn spent on durable work\n"

@@ -7,7 +7,18 @@
  * consumer's credit bounds what it is sent ahead, and the bytes read and
  * not yet sent are capped over all consumers (BROKER_DISK_INFLIGHT_BYTES).
  * The counter of those bytes is atomic: ZeroMQ's I/O threads free the
- * buffers.  docs/operations.md, "Memory". */
+ * buffers.
+ *
+ * The read cache: consumers that want the same chunk at about the same
+ * time share one read.  A frame read for one consumer is kept (a
+ * zmq_msg_copy, the buffer shared) when others are about to take it, with
+ * the count of those; each takes a copy, and the last one's take releases
+ * it.  An entry is found from its chunk (ch->cache_slot), so it can only
+ * be served as the chunk it was read for, and it goes with the chunk (a
+ * version freed, its log cleared, poisoned).  At most --read-cache-bytes
+ * are held (least recently used out first), and they count among the
+ * bytes read and not yet sent.  Loop thread only.  docs/operations.md,
+ * "Memory". */
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -22,6 +33,22 @@
 #include "dcast_io.h"
 
 static _Atomic uint64_t disk_inflight; /* bytes read from disk, not yet sent */
+static _Atomic uint64_t disk_read_bytes; /* payload bytes read from disk, ever */
+
+#define READ_CACHE_SLOTS 4096u
+
+struct read_entry {
+	struct broker_chunk *ch;      /* the chunk it was read for; NULL: free */
+	zmq_msg_t msg;                /* the cache's copy of the frame */
+	uint32_t want;                /* consumers still expected to take it */
+	uint32_t prev, next;          /* LRU list through slot 0; free list: next */
+};
+
+static struct {
+	uint64_t cap_bytes, bytes, hits;
+	struct read_entry *e;         /* [READ_CACHE_SLOTS + 1], slot 0 the list head */
+	uint32_t free_head;
+} cache;
 
 static int file_id(int fd, uint64_t *dev, uint64_t *ino)
 {
@@ -107,12 +134,153 @@ uint64_t broker_disk_inflight_bytes(void)
 	return atomic_load_explicit(&disk_inflight, memory_order_relaxed);
 }
 
+/* ---- the read cache ---- */
+
+static void lru_unlink(uint32_t i)
+{
+	cache.e[cache.e[i].prev].next = cache.e[i].next;
+	cache.e[cache.e[i].next].prev = cache.e[i].prev;
+}
+
+static void lru_push(uint32_t i)
+{
+	cache.e[i].next = cache.e[0].next;
+	cache.e[i].prev = 0;
+	cache.e[cache.e[0].next].prev = i;
+	cache.e[0].next = i;
+}
+
+static void entry_drop(uint32_t i)
+{
+	struct read_entry *e = &cache.e[i];
+
+	DCAST_ASSERT(e->ch && e->ch->cache_slot == i);
+	lru_unlink(i);
+	cache.bytes -= zmq_msg_size(&e->msg);
+	zmq_msg_close(&e->msg); /* the buffer goes once no send holds it */
+	e->ch->cache_slot = 0;
+	e->ch = NULL;
+	e->next = cache.free_head;
+	cache.free_head = i;
+}
+
+/* Drop the least recently used entry; 0 when there is none. */
+static int evict_one(void)
+{
+	if (!cache.e || !cache.e[0].prev)
+		return 0;
+	entry_drop(cache.e[0].prev);
+	return 1;
+}
+
+static int cache_alloc(void)
+{
+	if (cache.e)
+		return 0;
+	if (!(cache.e = calloc(READ_CACHE_SLOTS + 1, sizeof(*cache.e))))
+		return DCAST_ENOMEM;
+	for (uint32_t i = 1; i <= READ_CACHE_SLOTS; i++)
+		cache.e[i].next = i < READ_CACHE_SLOTS ? i + 1 : 0;
+	cache.free_head = 1;
+	return 0;
+}
+
+/* Keep a copy of frame (ch's payload just read) for `want` more takers,
+ * making room under the cap; nothing when it cannot fit. */
+static void cache_keep(struct broker_chunk *ch, zmq_msg_t *frame, uint32_t want)
+{
+	uint64_t len = zmq_msg_size(frame);
+	uint32_t i;
+
+	if (!want || len > cache.cap_bytes || cache_alloc())
+		return;
+	while (cache.bytes + len > cache.cap_bytes || !cache.free_head)
+		evict_one();
+	i = cache.free_head;
+	cache.free_head = cache.e[i].next;
+	zmq_msg_init(&cache.e[i].msg);
+	zmq_msg_copy(&cache.e[i].msg, frame);
+	cache.e[i].ch = ch;
+	cache.e[i].want = want;
+	cache.bytes += len;
+	ch->cache_slot = i;
+	lru_push(i);
+}
+
+/* A hit: a copy of the kept frame for one of its takers. */
+static void cache_take(struct broker_chunk *ch, zmq_msg_t *out)
+{
+	uint32_t i = ch->cache_slot;
+
+	zmq_msg_init(out);
+	zmq_msg_copy(out, &cache.e[i].msg);
+	cache.hits++;
+	if (--cache.e[i].want == 0) {
+		entry_drop(i);
+		return;
+	}
+	lru_unlink(i);
+	lru_push(i);
+}
+
+void broker_read_cache_set(uint64_t cap_bytes)
+{
+	cache.cap_bytes = cap_bytes;
+	while (cache.bytes > cap_bytes && evict_one())
+		;
+}
+
+void broker_read_cache_free(void)
+{
+	while (evict_one())
+		;
+	free(cache.e);
+	cache.e = NULL;
+}
+
+void broker_chunk_uncache(struct broker_chunk *ch)
+{
+	if (ch->cache_slot)
+		entry_drop(ch->cache_slot);
+}
+
+void broker_version_uncache(struct broker_version *v)
+{
+	for (uint32_t i = 0; i < v->n_chunks; i++)
+		broker_chunk_uncache(&v->chunks[i]);
+}
+
+uint64_t broker_read_cache_bytes(void)
+{
+	return cache.bytes;
+}
+
+uint64_t broker_read_cache_hits(void)
+{
+	return cache.hits;
+}
+
+uint64_t broker_disk_read_bytes(void)
+{
+	return atomic_load_explicit(&disk_read_bytes, memory_order_relaxed);
+}
+
+/* ---- reads ---- */
+
+static int disk_room(uint64_t len)
+{
+	return broker_disk_inflight_bytes() + len <= BROKER_DISK_INFLIGHT_BYTES;
+}
+
+/* Kept frames count among the bytes read and not yet sent: under
+ * pressure they go first (those no send holds are freed at once). */
 int broker_chunk_readable(const struct broker_chunk *ch, uint64_t unacked)
 {
-	uint64_t now = broker_disk_inflight_bytes();
-
-	return !ch->file || unacked < BROKER_DISK_FLOOR_BYTES ||
-	       now + ch->payload_len <= BROKER_DISK_INFLIGHT_BYTES;
+	if (!ch->file || ch->cache_slot || unacked < BROKER_DISK_FLOOR_BYTES)
+		return 1;
+	while (!disk_room(ch->payload_len) && evict_one())
+		;
+	return disk_room(ch->payload_len);
 }
 
 /* ZeroMQ is done with a buffer read from disk (any thread). */
@@ -126,7 +294,11 @@ static void read_free(void *data, void *hint)
  * payload served from disk costs (the wire needs the bytes in memory). */
 static int read_payload(const struct broker_chunk *ch, void *buf)
 {
-	return dcast_pread_full(ch->file->fd, buf, ch->payload_len, ch->file_off, "segment");
+	int rc = dcast_pread_full(ch->file->fd, buf, ch->payload_len, ch->file_off, "segment");
+
+	if (!rc)
+		atomic_fetch_add_explicit(&disk_read_bytes, ch->payload_len, memory_order_relaxed);
+	return rc;
 }
 
 int broker_chunk_payload(const struct broker_chunk *ch, zmq_msg_t *out)
@@ -154,6 +326,19 @@ int broker_chunk_payload(const struct broker_chunk *ch, zmq_msg_t *out)
 				  (unsigned long long)ch->payload_len);
 	}
 	return 0;
+}
+
+int broker_chunk_serve(struct broker_chunk *ch, uint32_t others, zmq_msg_t *out)
+{
+	int rc;
+
+	if (ch->cache_slot) {
+		cache_take(ch, out);
+		return 0;
+	}
+	if (!(rc = broker_chunk_payload(ch, out)) && ch->file)
+		cache_keep(ch, out, others);
+	return rc;
 }
 
 void broker_version_to_disk(struct broker_version *v, struct broker_segfile *file,

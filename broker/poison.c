@@ -35,6 +35,17 @@ static void consumers_poisoned(struct broker *b, const struct broker_model *m, u
 	}
 }
 
+/* The read cache keeps nothing of `version` and what follows it. */
+static void uncache_from(struct broker_model *m, uint64_t version)
+{
+	for (uint32_t i = 0; i < m->n_log; i++)
+		if (m->log[i]->version >= version)
+			broker_version_uncache(m->log[i]);
+	for (uint32_t i = 0; i < m->n_tail; i++)
+		if (m->tail[i]->version >= version)
+			broker_version_uncache(m->tail[i]);
+}
+
 void broker_version_poison(struct broker *b, struct broker_model *m, uint64_t version, int code,
 			   const char *why)
 {
@@ -52,6 +63,7 @@ void broker_version_poison(struct broker *b, struct broker_model *m, uint64_t ve
 		DCAST_LOG_E("model %s: the poison mark of version %llu is not kept on disk (%s): "
 			    "a restart serves the version again", m->name,
 			    (unsigned long long)version, dcast_last_error());
+	uncache_from(m, version);
 	consumers_poisoned(b, m, version, text);
 	if (b->outcome[m->relayed != 0].poisoned) /* a relay's upstream decides what comes */
 		b->outcome[m->relayed != 0].poisoned(b, m, version, text);

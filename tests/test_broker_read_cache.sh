@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Broker --data-dir: consumers that want the same chunk share one read of
+# the segment (the read cache, broker/ondisk.c), and a kept frame is never
+# served as anything but the chunk it was read for.
+#  - one read: 5 consumers wait, one of them stopped (SIGSTOP); a producer
+#    publishes an anchor and a delta; the 4 others end bit-exact, and the
+#    payload bytes read from the data dir are under 3/4 of what was sent
+#    (a quarter at best, more when a consumer falls a window behind the
+#    others; one pread per consumer per chunk read all of it);
+#    what the cache still holds is what it kept for the stopped consumer,
+#    within that consumer's window (what its credit would have in flight).
+#  - invalidation: `deltacast model delete` drops those frames (cache
+#    bytes 0), and the name published again with other contents and the
+#    same version numbers reaches 2 consumers bit-exact: nothing of the
+#    deleted run is served.
+. "$(dirname "$0")/tools/broker_lib.sh"
+
+ELEMS=1048576 # x 3 bf16 tensors: 6 MiB an anchor, 32 KiB chunks, 1 MiB windows
+SOCK=$TMP/admin.sock
+metric() { metric_of "$b_METRICS" "$1"; }
+
+# consumers NAME N SEED: N bit-exact consumers of m to version 2 (background, PIDS in CPIDS).
+consumers() {
+	CPIDS=()
+	for i in $(seq 1 "$2"); do
+		bg "$1$i" "$WC" consume "$b_CONS" m --until 2 --elems "$ELEMS" --seed "$3" --timeout-ms 60000
+		CPIDS+=("$LAST_PID")
+	done
+}
+consumers_ok() {
+	for i in $(seq 1 "${#CPIDS[@]}"); do
+		wait "${CPIDS[$((i - 1))]}" || fail "consumer $1$i exited $?: $(cat "$TMP/$1$i.err")"
+		grep -q "applied=2 .*bit-exact" "$TMP/$1$i.out" || fail "consumer $1$i: $(cat "$TMP/$1$i.out")"
+	done
+}
+
+start_broker_metrics b --data-dir "$TMP/data" --admin-socket "$SOCK" --anchor-fraction 0 \
+	--heartbeat-ms 5000
+bg s "$WC" consume "$b_CONS" m --until 2 --elems "$ELEMS" --seed 1 --timeout-ms 60000
+stopped=$LAST_PID
+consumers c 4 1
+wait_consumers b 5
+kill -STOP "$stopped"
+"$WC" produce "$b_PROD" m --versions 2 --elems "$ELEMS" --seed 1 >"$TMP/p1.log" 2>&1 ||
+	fail "producer exited $?: $(cat "$TMP/p1.log")"
+consumers_ok c
+read=$(metric deltacast_disk_read_bytes_total) sent=$(metric deltacast_bytes_out_total)
+hits=$(metric deltacast_read_cache_hits_total) kept=$(metric deltacast_read_cache_bytes)
+echo "one read: ${read:-absent} bytes read from the data dir, $sent sent, ${hits:-absent} cache hits," \
+	"${kept:-absent} bytes kept for the stopped consumer"
+[ -n "$read" ] && [ "$sent" -gt 0 ] || fail "no disk read counter (read ${read:-absent}, sent $sent)"
+[ $((read * 4)) -lt $((sent * 3)) ] || fail "$read bytes read from the data dir for $sent sent"
+[ "${kept:-0}" -gt 0 ] && [ "$kept" -le 1048576 ] ||
+	fail "${kept:-absent} bytes kept for the stopped consumer, want 1 to 1048576 (its window)"
+
+"$BUILD/deltacast" model delete m --admin-socket "$SOCK" >"$TMP/del.out" 2>&1 || fail "delete: $(cat "$TMP/del.out")"
+check_metric b deltacast_read_cache_bytes 0
+kill -9 "$stopped"
+
+# The name again, other contents, the same version numbers.
+consumers n 2 2
+wait_consumers b 2
+"$WC" produce "$b_PROD" m --versions 2 --elems "$ELEMS" --seed 2 >"$TMP/p2.log" 2>&1 ||
+	fail "second producer exited $?: $(cat "$TMP/p2.log")"
+consumers_ok n
+stop_broker b
+echo "test_broker_read_cache: ok"

@@ -561,10 +561,11 @@ void broker_file_close(int fd);
  * neither asked nor filled).  Errors: DCAST_ENOMEM, DCAST_EIO (a failed or
  * short read, naming the offset); *out is then untouched. */
 int broker_chunk_payload(const struct broker_chunk *ch, zmq_msg_t *out);
-/* broker_chunk_payload for a consumer, through the read cache: a copy of
- * the frame kept there for ch (one take of it counted off; the last frees
- * the entry), else a read, kept for `others` more consumers when that is
- * not 0 and it fits under the cache's cap.  Errors: broker_chunk_payload's. */
+/* broker_chunk_payload for a consumer, through the read cache: a send of
+ * the frame kept there for ch (one of its expected takes counted off),
+ * else a read, kept (when the cache is on and it fits under the cap) for
+ * `others` more consumers expected to take it, and for anyone while a
+ * send still holds it.  Errors: broker_chunk_payload's. */
 int broker_chunk_serve(struct broker_chunk *ch, uint32_t others, zmq_msg_t *out);
 /* 1 when ch's payload may be read now for a consumer with `unacked` bytes
  * sent and not yet credited back: in memory or in the read cache, or the
@@ -583,6 +584,10 @@ uint64_t broker_read_cache_bytes(void);
 /* The read cache's cap in bytes (--read-cache-bytes; 0: off); what is held
  * past it goes, least recently used first. */
 void broker_read_cache_set(uint64_t cap_bytes);
+/* Drop the kept frames that no consumer is expected to take and no send
+ * holds any more (a send's end marks a sweep due; the loop calls this each
+ * turn, broker_fanout).  Without it such frames stay until evicted. */
+void broker_read_cache_sweep(void);
 /* Drop every kept frame and the cache's table (broker_close). */
 void broker_read_cache_free(void);
 /* Drop what the read cache keeps for ch / for each chunk of v: the chunk

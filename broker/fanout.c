@@ -307,6 +307,7 @@ static void consumer_pump(struct broker *b, struct broker_peer *p)
 void broker_fanout(struct broker *b)
 {
 	b->fanout_more = b->fanout_blocked = 0;
+	broker_read_cache_sweep();
 	for (uint64_t i = 0; i < b->cons.hi; i++)
 		if (b->cons.arr[i].used)
 			consumer_pump(b, &b->cons.arr[i]);

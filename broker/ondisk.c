@@ -10,15 +10,18 @@
  * buffers.
  *
  * The read cache: consumers that want the same chunk at about the same
- * time share one read.  A frame read for one consumer is kept (a
- * zmq_msg_copy, the buffer shared) when others are about to take it, with
- * the count of those; each takes a copy, and the last one's take releases
- * it.  An entry is found from its chunk (ch->cache_slot), so it can only
- * be served as the chunk it was read for, and it goes with the chunk (a
- * version freed, its log cleared, poisoned).  At most --read-cache-bytes
- * are held (least recently used out first), and they count among the
- * bytes read and not yet sent.  Loop thread only.  docs/operations.md,
- * "Memory". */
+ * time share one read.  A frame read from disk is one buffer with a count
+ * of its holders (the cache and each send: a zmq_msg_init_data each, no
+ * copy).  The cache keeps it while a send still holds it (a consumer that
+ * comes to the chunk meanwhile costs no read and no memory), and past that
+ * for the other consumers expected to take it within their window
+ * (fanout.c counts them; each take counts one off).  An entry is found from
+ * its chunk (ch->cache_slot), so it can only be served as the chunk it was
+ * read for, and it goes with the chunk (a version freed, its log cleared,
+ * poisoned).  At most --read-cache-bytes are held (least recently used out
+ * first), and they count among the bytes read and not yet sent.  The cache
+ * is the loop thread's; only the holder counts are atomic.
+ * docs/operations.md, "Memory with --data-dir". */
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -34,13 +37,23 @@
 
 static _Atomic uint64_t disk_inflight; /* bytes read from disk, not yet sent */
 static _Atomic uint64_t disk_read_bytes; /* payload bytes read from disk, ever */
+static _Atomic int sweep_due;           /* a kept frame may be held by the cache alone */
+
+/* A payload read from disk: one buffer for the read cache and every send
+ * of it (a zmq_msg_init_data each), freed by the last (any thread). */
+struct disk_frame {
+	_Atomic uint32_t refs;
+	uint64_t len;
+	unsigned char data[];
+};
 
 #define READ_CACHE_SLOTS 4096u
 
 struct read_entry {
 	struct broker_chunk *ch;      /* the chunk it was read for; NULL: free */
-	zmq_msg_t msg;                /* the cache's copy of the frame */
-	uint32_t want;                /* consumers still expected to take it */
+	struct disk_frame *f;         /* a reference */
+	uint32_t want;                /* consumers still expected to take it; 0: kept
+					 only while a send holds it */
 	uint32_t prev, next;          /* LRU list through slot 0; free list: next */
 };
 
@@ -134,6 +147,60 @@ uint64_t broker_disk_inflight_bytes(void)
 	return atomic_load_explicit(&disk_inflight, memory_order_relaxed);
 }
 
+/* ---- frames ---- */
+
+static void frame_put(struct disk_frame *f)
+{
+	uint32_t was = atomic_fetch_sub_explicit(&f->refs, 1, memory_order_acq_rel);
+
+	if (was == 2)
+		atomic_store_explicit(&sweep_due, 1, memory_order_relaxed);
+	if (was > 1)
+		return;
+	atomic_fetch_sub_explicit(&disk_inflight, f->len, memory_order_relaxed);
+	free(f);
+}
+
+/* ZeroMQ is done with a send of a frame (any thread). */
+static void frame_sent(void *data, void *hint)
+{
+	(void)data;
+	frame_put(hint);
+}
+
+/* *out (uninitialised): a send of f, one more reference. */
+static int frame_msg(struct disk_frame *f, zmq_msg_t *out)
+{
+	atomic_fetch_add_explicit(&f->refs, 1, memory_order_relaxed);
+	if (!zmq_msg_init_data(out, f->data, f->len, frame_sent, f))
+		return 0;
+	frame_put(f);
+	return dcast_fail(DCAST_ENOMEM, "a frame of %llu bytes", (unsigned long long)f->len);
+}
+
+/* The copy from the page cache into a new frame *out (no reference yet):
+ * the one copy a payload served from disk costs (the wire needs the bytes
+ * in memory). */
+static int frame_read(const struct broker_chunk *ch, struct disk_frame **out)
+{
+	struct disk_frame *f = malloc(sizeof(*f) + ch->payload_len);
+	int rc;
+
+	if (!f)
+		return dcast_fail(DCAST_ENOMEM, "a %llu-byte payload read from disk",
+				  (unsigned long long)ch->payload_len);
+	if ((rc = dcast_pread_full(ch->file->fd, f->data, ch->payload_len, ch->file_off, "segment"))) {
+		free(f);
+		return rc;
+	}
+	atomic_init(&f->refs, 0);
+	f->len = ch->payload_len;
+	atomic_fetch_add_explicit(&disk_read_bytes, f->len, memory_order_relaxed);
+	atomic_fetch_add_explicit(&disk_inflight, f->len, memory_order_relaxed);
+	*out = f;
+	return 0;
+}
+
 /* ---- the read cache ---- */
 
 static void lru_unlink(uint32_t i)
@@ -156,8 +223,8 @@ static void entry_drop(uint32_t i)
 
 	DCAST_ASSERT(e->ch && e->ch->cache_slot == i);
 	lru_unlink(i);
-	cache.bytes -= zmq_msg_size(&e->msg);
-	zmq_msg_close(&e->msg); /* the buffer goes once no send holds it */
+	cache.bytes -= e->f->len;
+	frame_put(e->f); /* the buffer goes once no send holds it */
 	e->ch->cache_slot = 0;
 	e->ch = NULL;
 	e->next = cache.free_head;
@@ -185,42 +252,53 @@ static int cache_alloc(void)
 	return 0;
 }
 
-/* Keep a copy of frame (ch's payload just read) for `want` more takers,
- * making room under the cap; nothing when it cannot fit. */
-static void cache_keep(struct broker_chunk *ch, zmq_msg_t *frame, uint32_t want)
+/* Keep f (ch's payload just read) for `want` more takers, and while a
+ * send holds it, making room under the cap; nothing when it cannot fit. */
+static void cache_keep(struct broker_chunk *ch, struct disk_frame *f, uint32_t want)
 {
-	uint64_t len = zmq_msg_size(frame);
 	uint32_t i;
 
-	if (!want || len > cache.cap_bytes || cache_alloc())
+	if (f->len > cache.cap_bytes || cache_alloc())
 		return;
-	while (cache.bytes + len > cache.cap_bytes || !cache.free_head)
+	while (cache.bytes + f->len > cache.cap_bytes || !cache.free_head)
 		evict_one();
 	i = cache.free_head;
 	cache.free_head = cache.e[i].next;
-	zmq_msg_init(&cache.e[i].msg);
-	zmq_msg_copy(&cache.e[i].msg, frame);
-	cache.e[i].ch = ch;
-	cache.e[i].want = want;
-	cache.bytes += len;
+	atomic_fetch_add_explicit(&f->refs, 1, memory_order_relaxed);
+	cache.e[i] = (struct read_entry){.ch = ch, .f = f, .want = want};
+	cache.bytes += f->len;
 	ch->cache_slot = i;
 	lru_push(i);
 }
 
-/* A hit: a copy of the kept frame for one of its takers. */
-static void cache_take(struct broker_chunk *ch, zmq_msg_t *out)
+/* A hit: a send of the kept frame, one take counted off. */
+static int cache_take(struct broker_chunk *ch, zmq_msg_t *out)
 {
 	uint32_t i = ch->cache_slot;
+	int rc = frame_msg(cache.e[i].f, out);
 
-	zmq_msg_init(out);
-	zmq_msg_copy(out, &cache.e[i].msg);
+	if (rc)
+		return rc;
 	cache.hits++;
-	if (--cache.e[i].want == 0) {
-		entry_drop(i);
-		return;
-	}
+	if (cache.e[i].want)
+		cache.e[i].want--;
 	lru_unlink(i);
 	lru_push(i);
+	return 0;
+}
+
+void broker_read_cache_sweep(void)
+{
+	uint32_t next;
+
+	if (!cache.e || !atomic_exchange_explicit(&sweep_due, 0, memory_order_relaxed))
+		return;
+	for (uint32_t i = cache.e[0].next; i; i = next) {
+		next = cache.e[i].next;
+		if (!cache.e[i].want &&
+		    atomic_load_explicit(&cache.e[i].f->refs, memory_order_acquire) == 1)
+			entry_drop(i);
+	}
 }
 
 void broker_read_cache_set(uint64_t cap_bytes)
@@ -283,61 +361,38 @@ int broker_chunk_readable(const struct broker_chunk *ch, uint64_t unacked)
 	return disk_room(ch->payload_len);
 }
 
-/* ZeroMQ is done with a buffer read from disk (any thread). */
-static void read_free(void *data, void *hint)
+/* A send of ch's payload: the frame in memory, or f read from disk. */
+static int payload_msg(const struct broker_chunk *ch, struct disk_frame **f, zmq_msg_t *out)
 {
-	atomic_fetch_sub_explicit(&disk_inflight, (uint64_t)(uintptr_t)hint, memory_order_relaxed);
-	free(data);
-}
-
-/* The copy from the page cache into a frame of its own: the one copy a
- * payload served from disk costs (the wire needs the bytes in memory). */
-static int read_payload(const struct broker_chunk *ch, void *buf)
-{
-	int rc = dcast_pread_full(ch->file->fd, buf, ch->payload_len, ch->file_off, "segment");
-
-	if (!rc)
-		atomic_fetch_add_explicit(&disk_read_bytes, ch->payload_len, memory_order_relaxed);
-	return rc;
-}
-
-int broker_chunk_payload(const struct broker_chunk *ch, zmq_msg_t *out)
-{
-	void *buf;
 	int rc;
 
+	*f = NULL;
 	if (!ch->file) {
 		zmq_msg_init(out);
 		zmq_msg_copy(out, (zmq_msg_t *)&ch->payload);
 		return 0;
 	}
-	if (!(buf = malloc(ch->payload_len ? ch->payload_len : 1)))
-		return dcast_fail(DCAST_ENOMEM, "a %llu-byte payload read from disk",
-				  (unsigned long long)ch->payload_len);
-	if ((rc = read_payload(ch, buf))) {
-		free(buf);
-		return rc;
-	}
-	atomic_fetch_add_explicit(&disk_inflight, ch->payload_len, memory_order_relaxed);
-	if (zmq_msg_init_data(out, buf, ch->payload_len, read_free,
-			      (void *)(uintptr_t)ch->payload_len)) {
-		read_free(buf, (void *)(uintptr_t)ch->payload_len);
-		return dcast_fail(DCAST_ENOMEM, "a frame of %llu bytes",
-				  (unsigned long long)ch->payload_len);
-	}
-	return 0;
+	if ((rc = frame_read(ch, f)) || (rc = frame_msg(*f, out)))
+		*f = NULL; /* freed by frame_msg's failure */
+	return rc;
+}
+
+int broker_chunk_payload(const struct broker_chunk *ch, zmq_msg_t *out)
+{
+	struct disk_frame *f;
+
+	return payload_msg(ch, &f, out);
 }
 
 int broker_chunk_serve(struct broker_chunk *ch, uint32_t others, zmq_msg_t *out)
 {
+	struct disk_frame *f;
 	int rc;
 
-	if (ch->cache_slot) {
-		cache_take(ch, out);
-		return 0;
-	}
-	if (!(rc = broker_chunk_payload(ch, out)) && ch->file)
-		cache_keep(ch, out, others);
+	if (ch->cache_slot)
+		return cache_take(ch, out);
+	if (!(rc = payload_msg(ch, &f, out)) && f && cache.cap_bytes)
+		cache_keep(ch, f, others);
 	return rc;
 }
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Broker configuration: --help lists the flags, --version names the
 # package version; a missing endpoint, a relay
-# without a model, a bad number, an unknown config key each fail at start
+# without a model, a bad number, a read cache over its cap, an unknown
+# config key each fail at start
 # (exit 2) with a message naming the problem; a --config file alone starts
 # the broker, which a flow then uses; SIGTERM exits 0.
 . "$(dirname "$0")/tools/broker_lib.sh"
@@ -25,6 +26,7 @@ expect_refusal "--consumers ENDPOINT is required" --producers tcp://127.0.0.1:1
 expect_refusal "--upstream needs at least one --upstream-model" --producers tcp://127.0.0.1:1 --consumers tcp://127.0.0.1:2 --upstream tcp://127.0.0.1:3
 expect_refusal "--heartbeat-ms: \"abc\" is not an unsigned integer" --producers a --consumers b --heartbeat-ms abc
 expect_refusal "unknown argument \"--nope\"" --nope 1
+expect_refusal "--read-cache-bytes must be at most 67108864" --producers a --consumers b --read-cache-bytes 67108865
 printf 'producers = tcp://127.0.0.1:1\nbogus = 1\n' >"$TMP/bad.conf"
 expect_refusal "bad.conf:2: unknown setting \"bogus\"" --config "$TMP/bad.conf"
 

@@ -13,6 +13,9 @@
 #    bytes 0), and the name published again with other contents and the
 #    same version numbers reaches 2 consumers bit-exact: nothing of the
 #    deleted run is served.
+#  - poison: a consumer stopped mid-way through a dense delta v2 (a wrong
+#    digest) leaves frames of v2 kept for it; when the fold (at v3,
+#    --anchor-every 2) finds v2 bad, they are dropped (cache bytes 0).
 . "$(dirname "$0")/tools/broker_lib.sh"
 
 ELEMS=1048576 # x 3 bf16 tensors: 6 MiB an anchor, 32 KiB chunks, 1 MiB windows
@@ -67,4 +70,32 @@ wait_consumers b 2
 	fail "second producer exited $?: $(cat "$TMP/p2.log")"
 consumers_ok n
 stop_broker b
+
+# ---- poison ----
+DENSE=(--elems "$ELEMS" --density-ppm 1000000 --timeout-ms 60000)
+kept_none() { [ "$(metric_of "$p_METRICS" deltacast_read_cache_bytes)" = 0 ]; }
+start_broker_metrics p --data-dir "$TMP/data-p" --anchor-fraction 0 --anchor-every 2 \
+	--heartbeat-ms 5000
+bg ps "$WC" receive "$p_CONS" m --until 3 "${DENSE[@]}"
+stopped=$LAST_PID
+bg pc1 "$WC" receive "$p_CONS" m --until 1 "${DENSE[@]}"
+wait_consumers p 2
+"$WC" produce "$p_PROD" m --versions 1 "${DENSE[@]}" >"$TMP/pp1.log" 2>&1 || fail "v1: $(cat "$TMP/pp1.log")"
+wait_metric p deltacast_bytes_out_total $((2 * ELEMS * 3 * 2)) # v1 to both
+kill -STOP "$stopped"
+bg pc2 "$WC" receive "$p_CONS" m --until 2 "${DENSE[@]}"
+wait_consumers p 2 # the stopped one and pc2 (pc1 is done)
+"$WC" produce "$p_PROD" m --versions 2 --bad-digest-at 2 "${DENSE[@]}" >"$TMP/pp2.log" 2>&1 ||
+	fail "v2: $(cat "$TMP/pp2.log")"
+wait "$LAST_PID" || fail "pc2 exited $?: $(cat "$TMP/pc2.err")"
+kept=$(metric_of "$p_METRICS" deltacast_read_cache_bytes)
+echo "poison: ${kept:-absent} bytes of v2 kept for the stopped consumer"
+[ "${kept:-0}" -gt 0 ] || fail "nothing of v2 kept for the stopped consumer"
+# The fold at v3 finds v2 bad: the producer of v3 is told so (exit 1).
+"$WC" produce "$p_PROD" m --versions 3 "${DENSE[@]}" >"$TMP/pp3.log" 2>&1
+grep -q "ERROR DCAST_EPOISONED version 2" "$TMP/pp3.log" || fail "v3: $(cat "$TMP/pp3.log")"
+wait_metric p deltacast_versions_poisoned_total 1 20
+wait_for 10 kept_none || fail "$(metric_of "$p_METRICS" deltacast_read_cache_bytes) bytes of poisoned v2 still kept"
+kill -9 "$stopped"
+stop_broker p
 echo "test_broker_read_cache: ok"

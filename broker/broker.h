@@ -575,8 +575,9 @@ int broker_chunk_serve(struct broker_chunk *ch, uint32_t others, zmq_msg_t *out)
 int broker_chunk_readable(const struct broker_chunk *ch, uint64_t unacked);
 /* Payload bytes read from disk and not yet sent (metrics, tests). */
 uint64_t broker_disk_inflight_bytes(void);
-/* Payload bytes read from disk since start, and frames the read cache
- * served in place of a read (metrics, tests). */
+/* Payload bytes read from disk for consumers since start (the fold's
+ * reads not counted), and frames the read cache served in place of a
+ * read (metrics, tests). */
 uint64_t broker_disk_read_bytes(void);
 uint64_t broker_read_cache_hits(void);
 /* Bytes of frames the read cache holds now. */

@@ -36,7 +36,7 @@
 #include "dcast_io.h"
 
 static _Atomic uint64_t disk_inflight; /* bytes read from disk, not yet sent */
-static _Atomic uint64_t disk_read_bytes; /* payload bytes read from disk, ever */
+static _Atomic uint64_t disk_read_bytes; /* payload bytes read from disk for consumers */
 static _Atomic int sweep_due;           /* a kept frame may be held by the cache alone */
 
 /* A payload read from disk: one buffer for the read cache and every send
@@ -195,7 +195,6 @@ static int frame_read(const struct broker_chunk *ch, struct disk_frame **out)
 	}
 	atomic_init(&f->refs, 0);
 	f->len = ch->payload_len;
-	atomic_fetch_add_explicit(&disk_read_bytes, f->len, memory_order_relaxed);
 	atomic_fetch_add_explicit(&disk_inflight, f->len, memory_order_relaxed);
 	*out = f;
 	return 0;
@@ -391,9 +390,12 @@ int broker_chunk_serve(struct broker_chunk *ch, uint32_t others, zmq_msg_t *out)
 
 	if (ch->cache_slot)
 		return cache_take(ch, out);
-	if (!(rc = payload_msg(ch, &f, out)) && f && cache.cap_bytes)
+	if ((rc = payload_msg(ch, &f, out)) || !f)
+		return rc;
+	atomic_fetch_add_explicit(&disk_read_bytes, f->len, memory_order_relaxed);
+	if (cache.cap_bytes)
 		cache_keep(ch, f, others);
-	return rc;
+	return 0;
 }
 
 void broker_version_to_disk(struct broker_version *v, struct broker_segfile *file,

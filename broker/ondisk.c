@@ -2,8 +2,8 @@
  * spill file of its own as they arrive (broker_spill_write).  Once a
  * version's records are durable its payload frames leave the heap and each
  * chunk keeps where its bytes lie in the segment; a consumer's chunk is
- * then read (pread, through the page cache) into a buffer of its own that
- * ZeroMQ frees once sent.  So the heap holds what is in flight: each
+ * then read (pread, through the page cache) into a frame that is freed
+ * once its last send is done (below: the read cache).  So the heap holds what is in flight: each
  * consumer's credit bounds what it is sent ahead, and the bytes read and
  * not yet sent are capped over all consumers (BROKER_DISK_INFLIGHT_BYTES).
  * The counter of those bytes is atomic: ZeroMQ's I/O threads free the

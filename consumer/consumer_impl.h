@@ -372,7 +372,8 @@ int cs_chunk_writes(const cs_chunk *k);
  * staged version's state (STAGING -> READY), fed alike by the broker's
  * messages (session.c) and by the replay of the record log (the store).
  * cs_intake_chunk: a CHUNK from the wire, not below the applied version:
- * checked against the tensors, its version begun when new (a gap, a
+ * checked whole before anything of its version is begun (dcast_chunk_sound:
+ * its checksum, its fit to the tensors), its version begun when new (a gap, a
  * version not above the newest staged or a full staging refuses it:
  * cs_refuse, cs_refuse_message, cs_rejoin_refused), its payload staged in
  * the pool or written straight from `payload` (held until written) to the
@@ -387,7 +388,7 @@ int cs_chunk_writes(const cs_chunk *k);
  * record files (store.h, cs_store_sink, as open.c gives it): the same
  * steps for a CHUNK and a COMMIT record (a fresh version begins at the
  * first), then the version applied (at load, one that tears the tensors
- * goes to cs_ckpt_recover).  Errors: those of dcast_chunk_fits,
+ * goes to cs_ckpt_recover).  Errors: those of dcast_chunk_sound,
  * DCAST_EFIELD_RANGE (anchor or base differ from v's), DCAST_ECHECKSUM,
  * DCAST_ENOMEM; DCAST_ECORRUPT for a COMMIT that does not match what was
  * taken; those of cs_apply_version. */
@@ -460,7 +461,7 @@ cs_tensor *cs_tensor_find(dcast_consumer *c, const char *name);
 /* Is any tensor tiled (wire order in memory, natural order in files)? */
 int cs_tensors_tiled(const dcast_consumer *c);
 /* The tensors' descriptors in place, for the manifest checks of
- * dcast_fit.h (dcast_chunk_fits, dcast_digest_fits). */
+ * dcast_fit.h (dcast_chunk_sound, dcast_digest_fits). */
 dcast_desc_array cs_tensor_descs(const dcast_consumer *c);
 int cs_tensors_from_manifest(dcast_consumer *c, const dcast_manifest *m);
 /* A MANIFEST, from the wire or the record log: the tensor table when none

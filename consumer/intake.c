@@ -5,8 +5,8 @@
  * redis replays its append-only file through its command path.
  *
  * A version's life: begun STAGING (cs_version_init, then open_version);
- * each CHUNK checked against the tensors, its payload checksummed and
- * written behind to the version's record file, then taken (take); its
+ * each CHUNK checked whole (dcast_chunk_sound: its checksum, its fit to
+ * the tensors), written behind to the version's record file, then taken (take); its
  * COMMIT closes it when it announces exactly what was taken (close_version);
  * READY once complete and written (make_ready); then applied or dropped
  * (staged.c).  Each step asserts the state it starts from; with
@@ -31,7 +31,7 @@ static void open_version(cs_version *v, uint32_t anchor, uint64_t base)
 	DCAST_DEBUG_ASSERT(v->state == CS_V_STAGING && v->bytes == 0 && !v->commit.digests);
 }
 
-/* May CHUNK h (already checked against the tensors, dcast_chunk_fits) join
+/* May CHUNK h (already checked whole, dcast_chunk_sound) join
  * v?  0: yes; 1: v has it already or is READY (a duplicate: harmless);
  * DCAST_EFIELD_RANGE: its anchor or base differ. */
 static int fit(const cs_version *v, const dcast_chunk *h)
@@ -45,7 +45,7 @@ static int fit(const cs_version *v, const dcast_chunk *h)
 }
 
 /* h joins v, its payload summing to sum (checked by the caller:
- * dcast_chunk_verify_sum) at file_off of v's record file (resident: its
+ * dcast_chunk_sound) at file_off of v's record file (resident: its
  * copy in the pool, or NULL).  Errors: DCAST_ENOMEM, DCAST_ETOO_LARGE. */
 static int take(cs_version *v, const dcast_chunk *h, uint64_t sum, uint64_t file_off, unsigned char *resident)
 {
@@ -121,13 +121,11 @@ static void replay_begin(cs_version *v, uint32_t anchor, uint64_t base)
 int cs_intake_replay_chunk(dcast_consumer *c, cs_version *v, const dcast_chunk *h, uint64_t sum,
 			   uint64_t file_off)
 {
-	int err = dcast_chunk_fits(h, cs_tensor_descs(c));
+	int err = dcast_chunk_sound(h, cs_tensor_descs(c), sum);
 
 	replay_begin(v, h->anchor, h->base_version);
 	if (err || (err = fit(v, h)))
 		return err == 1 ? 0 : err;
-	if ((err = dcast_chunk_verify_sum(h, sum)))
-		return err;
 	return take(v, h, sum, file_off, NULL);
 }
 
@@ -227,24 +225,23 @@ static cs_version *version_begin(dcast_consumer *c, const dcast_chunk *h, int *e
 }
 
 /* An anchor received in place (in_place_ok): each chunk, checked, goes
- * straight to its range of the tensor, and is written behind from there,
- * to model.safetensors.new at its final offset (store/anchor_new.c; a record
- * file for a model with tiled tensors): nothing writes that range again
- * before a later version's apply, and the COMMIT waits for every write.
- * Its credit goes back at once (no staging memory holds it; the writes in
- * flight are bounded by the write-behind queue).  Apply has nothing left
- * to write, only to check. */
-static int stage_in_place(dcast_consumer *c, cs_version *v, const dcast_chunk *h, zmq_msg_t *payload)
+ * straight to its range of the tensor (the one copy out of ZeroMQ's
+ * buffer), and is written behind from there, to model.safetensors.new at
+ * its final offset (store/anchor_new.c; a record file for a model with
+ * tiled tensors): nothing writes that range again before a later
+ * version's apply, and the COMMIT waits for every write.  Its credit goes
+ * back at once (no staging memory holds it; the writes in flight are
+ * bounded by the write-behind queue).  Apply has nothing left to write,
+ * only to check. */
+static int stage_in_place(dcast_consumer *c, cs_version *v, const dcast_chunk *h, zmq_msg_t *payload,
+			  uint64_t sum)
 {
-	const unsigned char *src = zmq_msg_data(payload);
 	unsigned char *dst = c->tensors[h->tensor].ptr + h->start * h->elem_size;
-	uint64_t sum = dcast_checksum(src, h->payload_bytes), off;
-	int err = dcast_chunk_verify_sum(h, sum);
+	uint64_t off;
+	int err;
 
-	if (!err) {
-		memcpy(dst, src, h->payload_bytes);
-		err = cs_ckpt_chunk_submit(c, v, h, NULL, dst, sum, &off);
-	}
+	memcpy(dst, zmq_msg_data(payload), h->payload_bytes);
+	err = cs_ckpt_chunk_submit(c, v, h, NULL, dst, sum, &off);
 	cs_credit_free(c, h->payload_bytes);
 	if (err)
 		return err == DCAST_EIO ? err : cs_refuse(c, h->version, err);
@@ -252,15 +249,17 @@ static int stage_in_place(dcast_consumer *c, cs_version *v, const dcast_chunk *h
 	return take(v, h, sum, CS_IN_PLACE, NULL);
 }
 
-/* Payload -> pool slot (when it stays resident) -> checksum -> record file,
+/* Payload (checked, summing to sum) -> pool slot when it stays resident
+ * (the one copy out of ZeroMQ's buffer, kept until apply) -> record file,
  * written behind: a spilled payload is written from ZeroMQ's buffer, held
  * until the write is done, and its credit goes back then (store/ckpt.c). */
-static int stage_payload(dcast_consumer *c, cs_version *v, const dcast_chunk *h, zmq_msg_t *payload)
+static int stage_payload(dcast_consumer *c, cs_version *v, const dcast_chunk *h, zmq_msg_t *payload,
+			 uint64_t sum)
 {
 	if (v->in_place)
-		return stage_in_place(c, v, h, payload);
+		return stage_in_place(c, v, h, payload, sum);
 	unsigned char *slot, *resident;
-	uint64_t sum, off;
+	uint64_t off;
 	int err;
 
 	if (h->payload_bytes > c->pool.region_bytes)
@@ -268,13 +267,11 @@ static int stage_payload(dcast_consumer *c, cs_version *v, const dcast_chunk *h,
 			" bytes exceeds a quarter of the staging budget (%" PRIu64 " bytes)",
 			h->payload_bytes, c->pool.region_bytes));
 	slot = resident = cs_pool_resident_get(&c->pool, h->payload_bytes);
-	if (slot) /* kept in memory until apply */
+	if (slot)
 		memcpy(slot, zmq_msg_data(payload), h->payload_bytes);
-	else /* spilled: checked and written straight from ZeroMQ's buffer */
+	else /* spilled: written straight from ZeroMQ's buffer */
 		slot = zmq_msg_data(payload);
-	sum = dcast_checksum(slot, h->payload_bytes); /* kept: the record's and apply's check */
-	if ((err = dcast_chunk_verify_sum(h, sum)) ||
-	    (err = cs_ckpt_chunk_submit(c, v, h, resident ? NULL : payload, slot, sum, &off))) {
+	if ((err = cs_ckpt_chunk_submit(c, v, h, resident ? NULL : payload, slot, sum, &off))) {
 		if (resident)
 			cs_pool_resident_put(&c->pool, h->payload_bytes);
 		cs_credit_free(c, h->payload_bytes);
@@ -290,12 +287,16 @@ static int stage_payload(dcast_consumer *c, cs_version *v, const dcast_chunk *h,
 	return err;
 }
 
+/* A CHUNK is checked whole (sound and fitting the tensors) on ZeroMQ's
+ * buffer before anything of its version is begun; its payload's sum is
+ * kept for the record and for apply's check of a payload read back. */
 int cs_intake_chunk(dcast_consumer *c, const dcast_chunk *h, zmq_msg_t *payload)
 {
+	uint64_t sum = dcast_checksum(zmq_msg_data(payload), h->payload_bytes);
 	cs_version *v;
 	int err;
 
-	if ((err = dcast_chunk_fits(h, cs_tensor_descs(c))))
+	if ((err = dcast_chunk_sound(h, cs_tensor_descs(c), sum)))
 		return cs_refuse(c, h->version, err);
 	v = cs_version_find(c, h->version);
 	if (!v && !(v = version_begin(c, h, &err)))
@@ -304,7 +305,7 @@ int cs_intake_chunk(dcast_consumer *c, const dcast_chunk *h, zmq_msg_t *payload)
 		cs_credit_free(c, h->payload_bytes); /* duplicate: harmless */
 		return 0;
 	}
-	return err ? cs_refuse(c, h->version, err) : stage_payload(c, v, h, payload);
+	return err ? cs_refuse(c, h->version, err) : stage_payload(c, v, h, payload, sum);
 }
 
 /* v, closed by its COMMIT, once its commit record is written: READY, then

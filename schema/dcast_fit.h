@@ -32,6 +32,11 @@ dcast_desc_array dcast_manifest_descs(const dcast_manifest *m);
  * dtype's), with a detail naming the field, its value and the limit. */
 int dcast_chunk_fits(const dcast_chunk *c, dcast_desc_array d);
 
+/* Is CHUNK c sound and does it fit: dcast_chunk_fits, then its checksum
+ * against payload_sum, the dcast_checksum() of its payload
+ * (dcast_chunk_verify_sum).  0, or the codes of those two. */
+int dcast_chunk_sound(const dcast_chunk *c, dcast_desc_array d, uint64_t payload_sum);
+
 /* Does COMMIT.digests[i], e, fit the manifest `d`: its tensor one of d's,
  * its range inside that tensor's wire elements?  0, or DCAST_EFIELD_RANGE
  * / DCAST_ESHAPE as dcast_chunk_fits. */

@@ -1,7 +1,10 @@
 /* A message's tensor references against the manifest of its model
  * (dcast_fit.h): the tensor index, then the element range, then for a
- * CHUNK the element size. */
+ * CHUNK the element size; and a CHUNK's checksum (deltacast/schema.h), so
+ * that "is this chunk sound and does it fit" is one call,
+ * dcast_chunk_sound. */
 #include <inttypes.h>
+#include "deltacast/codec.h"
 #include "dcast_common.h"
 #include "dcast_fit.h"
 
@@ -65,4 +68,44 @@ int dcast_digest_fits(const dcast_range_digest *e, uint32_t i, dcast_desc_array 
 	const dcast_tensor_desc *t;
 
 	return range_fits("COMMIT.digests", i, e->tensor, e->start, e->count, d, &t);
+}
+
+_Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the checksum hashes little-endian u64s");
+
+uint64_t dcast_chunk_checksum(const dcast_chunk *c, uint64_t payload_sum)
+{
+	const uint64_t v[11] = { payload_sum, c->version, c->base_version, c->anchor, c->tensor, c->start,
+				 c->count, c->elem_size, c->encoding, c->changed, c->payload_bytes };
+
+	return dcast_checksum(v, sizeof(v));
+}
+
+void dcast_chunk_seal(dcast_chunk *c, const void *payload)
+{
+	c->checksum = dcast_chunk_checksum(c, dcast_checksum(payload, c->payload_bytes));
+}
+
+int dcast_chunk_verify(const dcast_chunk *c, const void *payload)
+{
+	return dcast_chunk_verify_sum(c, dcast_checksum(payload, c->payload_bytes));
+}
+
+int dcast_chunk_verify_sum(const dcast_chunk *c, uint64_t payload_sum)
+{
+	uint64_t sum = dcast_chunk_checksum(c, payload_sum);
+
+	if (sum == c->checksum)
+		return 0;
+	return dcast_fail(DCAST_ECHECKSUM,
+			  "CHUNK %s v%llu tensor %u start %llu: checksum %016llx, header says %016llx",
+			  c->model, (unsigned long long)c->version, c->tensor,
+			  (unsigned long long)c->start, (unsigned long long)sum,
+			  (unsigned long long)c->checksum);
+}
+
+int dcast_chunk_sound(const dcast_chunk *c, dcast_desc_array d, uint64_t payload_sum)
+{
+	int rc = dcast_chunk_fits(c, d);
+
+	return rc ? rc : dcast_chunk_verify_sum(c, payload_sum);
 }

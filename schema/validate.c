@@ -385,35 +385,3 @@ int dcast_msg_check_payload(const dcast_msg *m, size_t payload_len)
 			  dcast_msg_type_name(m->type), payload_len, (unsigned long long)want);
 }
 
-_Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the checksum hashes little-endian u64s");
-
-uint64_t dcast_chunk_checksum(const dcast_chunk *c, uint64_t payload_sum)
-{
-	const uint64_t v[11] = { payload_sum, c->version, c->base_version, c->anchor, c->tensor, c->start,
-				 c->count, c->elem_size, c->encoding, c->changed, c->payload_bytes };
-
-	return dcast_checksum(v, sizeof(v));
-}
-
-void dcast_chunk_seal(dcast_chunk *c, const void *payload)
-{
-	c->checksum = dcast_chunk_checksum(c, dcast_checksum(payload, c->payload_bytes));
-}
-
-int dcast_chunk_verify(const dcast_chunk *c, const void *payload)
-{
-	return dcast_chunk_verify_sum(c, dcast_checksum(payload, c->payload_bytes));
-}
-
-int dcast_chunk_verify_sum(const dcast_chunk *c, uint64_t payload_sum)
-{
-	uint64_t sum = dcast_chunk_checksum(c, payload_sum);
-
-	if (sum == c->checksum)
-		return 0;
-	return dcast_fail(DCAST_ECHECKSUM,
-			  "CHUNK %s v%llu tensor %u start %llu: checksum %016llx, header says %016llx",
-			  c->model, (unsigned long long)c->version, c->tensor,
-			  (unsigned long long)c->start, (unsigned long long)sum,
-			  (unsigned long long)c->checksum);
-}

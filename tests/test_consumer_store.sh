@@ -6,7 +6,9 @@
 #     what it replays goes through the sink it is given, and the recovery
 #     policy, the session, the intake and apply are the consumer's;
 #   - the store writes none of the session's fields (c->ss), and no file
-#     outside it reaches the store's (c->store->..., store/store_impl.h).
+#     outside it reaches the store's (c->store->..., store/store_impl.h);
+#   - a CHUNK, from the wire or a record, is checked whole by one call of
+#     the schema (dcast_chunk_sound), not by its two halves.
 # Each breach is named with its file and the name or line that makes it.
 set -u
 cd "$(dirname "$0")/.."
@@ -52,6 +54,17 @@ done < <(grep -n 'c->ss\.' consumer/store/*.c)
 while IFS= read -r hit; do
 	bad "the store's fields reached from outside it: $hit"
 done < <(grep -n -e '->store->' -e 'store_impl\.h' consumer/*.c consumer/*.h)
+
+# One schema call checks a chunk: sound (its checksum) and fitting.
+for o in "$BUILD"/obj/consumer/*.o "$BUILD"/obj/consumer/store/*.o; do
+	src=${o#"$BUILD/obj/"}
+	[ -f "${src%.o}.c" ] || continue # a stale object of a removed source
+	nm -P -g "$o" | awk -v o="$o" '$2 == "U" && ($1 == "dcast_chunk_fits" || $1 == "dcast_chunk_verify_sum") {
+		print o " checks a chunk by halves (" $1 "), not with dcast_chunk_sound" }'
+done >"$TMP/halves"
+while IFS= read -r hit; do
+	bad "$hit"
+done <"$TMP/halves"
 
 [ $fail = 0 ] || exit 1
 echo "test_consumer_store: intake.c alone sets a version's state; the store keeps to its own room"

@@ -298,13 +298,13 @@ static int index_chunk(fold_file *f, const dcast_chunk *h, const dcast_rec *r, u
 	fold_chunk *ch;
 	int err;
 
-	if ((err = dcast_chunk_fits(h, job_descs(o->j)))) /* the decoder checked the rest */
-		return dcast_fail(err, "CHUNK record: %s", dcast_last_error());
 	if (h->payload_bytes != r->payload_len)
 		return dcast_fail(DCAST_EPAYLOAD_SIZE, "CHUNK record: header says %" PRIu64 " payload bytes, "
 				  "the record holds %u", h->payload_bytes, r->payload_len);
-	if ((err = dcast_chunk_verify_sum(h, r->payload_sum)) || !h->count)
-		return err;
+	if ((err = dcast_chunk_sound(h, job_descs(o->j), r->payload_sum))) /* the decoder checked the rest */
+		return dcast_fail(err, "CHUNK record: %s", dcast_last_error());
+	if (!h->count)
+		return 0;
 	if (!(ch = grown(o->ch, &o->cap_ch, o->n_ch + 1, sizeof(*ch))))
 		return DCAST_ENOMEM;
 	o->ch = ch;

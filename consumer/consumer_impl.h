@@ -3,17 +3,19 @@
  *   open.c (open, close);
  *   session.c (the session thread: socket, HELLO, credit, heartbeats);
  *   api.c (the calls on a live consumer);
- *   intake.c (the version state machine, for the wire and the replay);
- *   apply.c (one version, transactional), run.c (run identity),
+ *   run.c (run identity: another run's staged versions dropped);
+ *   intake.c (the version state machine, for the wire and the replay:
+ *   the staged list, refusals);
+ *   apply.c (one version, transactional),
  *   verify.c (digests), outbox.c (what callers leave for the session
- *   thread), recover.c (the recovery policy), staged.c (the staged
- *   versions);
+ *   thread), recover.c (the recovery policy), staged.c (a staged
+ *   version's chunks read back);
  *   the local checkpoint, behind store/store.h: store/store.c,
  *   store/ckpt_load.c, store/fold.c, store/anchor_new.c, store/anchor.c,
  *   store/ckpt.c, store/syncer.c;
  *   views.c (slices), devbatch.c (a device version's batch), fault.c,
  *   staging.c (the pinned pool), par.c,
- *   version.c, devmem.c (host or CUDA), state.c (the tensor table, the
+ *   version.c (a version's memory), devmem.c (host or CUDA), state.c (the tensor table, the
  *   applied version, events).
  * tests/test_layers.sh checks this order and that no circle forms. */
 #ifndef DCAST_CONSUMER_IMPL_H
@@ -318,26 +320,10 @@ struct dcast_consumer {
 	uint64_t total_received;
 };
 
-/* Freed staging bytes, granted to the broker as CREDIT on the session
- * thread's next turn (the store's write-behind calls it at completion). */
-static inline void cs_credit_free(dcast_consumer *c, uint64_t bytes)
-{
-	c->ss.credit_pending += bytes;
-}
-
 /* Where chunk k's range starts in its live tensor (host or device). */
 static inline unsigned char *cs_chunk_dst(const dcast_consumer *c, const cs_chunk *k)
 {
 	return c->tensors[k->tensor].ptr + k->start * k->info.elem_size;
-}
-
-/* The staged version `version`, or NULL. */
-static inline cs_version *cs_version_find(dcast_consumer *c, uint64_t version)
-{
-	for (uint32_t i = 0; i < c->n_staged; i++)
-		if (c->staged[i].version == version)
-			return &c->staged[i];
-	return NULL;
 }
 
 /* fault.c: test faults (DELTACAST_CONSUMER_FAULT=KIND:V), at the seams
@@ -361,16 +347,17 @@ uint32_t cs_fault_apply(dcast_consumer *c, cs_version *v, int ahead);
 void cs_fault_fold(const dcast_consumer *c);
 void cs_fault_fold_piece(const dcast_consumer *c);
 
-/* version.c */
+/* version.c: a fresh version (every field zero, no record file) and its
+ * release (its tables and digests freed, its record file descriptor
+ * closed and taken off the I/O engine; then fresh again). */
 void cs_version_init(cs_version *v, uint64_t version);
 void cs_version_free(cs_version *v);
-int cs_version_seen(const cs_version *v, uint32_t part, uint32_t seq);
-int cs_version_add(cs_version *v, const cs_chunk *k);
 /* Does chunk k write anything (dense, or changed > 0)? */
 int cs_chunk_writes(const cs_chunk *k);
 /* intake.c: the version state machine, the only code that changes a
- * staged version's state (STAGING -> READY), fed alike by the broker's
- * messages (session.c) and by the replay of the record log (the store).
+ * staged version's state (STAGING -> READY, dropped) and the staged list,
+ * fed alike by the broker's messages (session.c) and by the replay of the
+ * record log (the store).
  * cs_intake_chunk: a CHUNK from the wire, not below the applied version:
  * checked whole before anything of its version is begun (dcast_chunk_sound:
  * its checksum, its fit to the tensors), its version begun when new (a gap, a
@@ -398,6 +385,46 @@ int cs_intake_replay_chunk(dcast_consumer *c, cs_version *v, const dcast_chunk *
 			   uint64_t file_off);
 int cs_intake_replay_commit(dcast_consumer *c, cs_version *v, dcast_commit *m);
 int cs_intake_replay_apply(dcast_consumer *c, cs_version *v, int at_load);
+/* The store's word that a chunk record of `version` was written (failed
+ * 0) or not (1): `credit` bytes of the pool are free again (granted to the
+ * broker), and a version whose record failed is never READY (its COMMIT
+ * drops it; it is fetched again).  `lock` held. */
+void cs_intake_written(dcast_consumer *c, uint64_t version, uint64_t credit, int failed);
+/* The staged list at open: every slot fresh, none staged; at close: every
+ * slot freed (record files stay, for the next open's replay). */
+void cs_staged_open(dcast_consumer *c);
+void cs_staged_close(dcast_consumer *c);
+/* The staged version `version`, or NULL. */
+cs_version *cs_version_find(dcast_consumer *c, uint64_t version);
+/* Forget v (staged[] stays in order); its record file goes when unlink_file. */
+void cs_version_drop(dcast_consumer *c, cs_version *v, int unlink_file);
+void cs_drop_all(dcast_consumer *c);
+/* Drop every staged version at or after `version` (a refused one and what
+ * builds on it). */
+void cs_drop_from(dcast_consumer *c, uint64_t version);
+/* Drop the anchor received in place and every version after it (a whole
+ * bind moves the tensors it was written into); 1 when there was one (the
+ * caller re-joins for it), else 0. */
+int cs_drop_in_place(dcast_consumer *c);
+/* The staging invariant (asserted): at most CS_MAX_STAGED versions, each
+ * staging or READY, versions increasing past the applied one. */
+void cs_staged_check(const dcast_consumer *c);
+/* The READY versions at the front of staged[] that apply in a chain from
+ * the live tensors. */
+uint32_t cs_ready_chain(const dcast_consumer *c);
+/* Join again after what we hold (READY versions in a chain stay, the rest is
+ * dropped), then cs_stream_restart.  Callers hold `lock`. */
+int cs_rejoin(dcast_consumer *c);
+/* Join again after a refusal: cs_refusal_backoff (outbox.c, the one
+ * back-off), then cs_rejoin.  Callers hold `lock`. */
+int cs_rejoin_refused(dcast_consumer *c, int what, uint64_t version, int code);
+/* Refuse `version` for `code` (dcast_last_error() says why): an ERROR
+ * event, the version dropped with every one after it (cs_drop_from), then
+ * cs_rejoin_refused.  Callers hold `lock`. */
+int cs_refuse(dcast_consumer *c, uint64_t version, int code);
+/* The same for a message that is the peer's error and names no version
+ * held: the versions staged stay (READY ones across the re-join). */
+int cs_refuse_message(dcast_consumer *c, uint64_t version, int code);
 
 /* devmem.c (needs cs_tensor) */
 int cs_to_tensor(cs_tensor *t, uint64_t off, const void *src, uint64_t n);
@@ -470,41 +497,26 @@ int cs_tensors_from_manifest(dcast_consumer *c, const dcast_manifest *m);
 int cs_manifest_take(dcast_consumer *c, const dcast_manifest *m);
 void cs_set_applied(dcast_consumer *c, uint64_t v);
 
-/* staged.c: the staged versions */
-/* Forget v (staged[] stays in order); its record file goes when unlink_file. */
-void cs_version_drop(dcast_consumer *c, cs_version *v, int unlink_file);
-void cs_drop_all(dcast_consumer *c);
-/* Drop every staged version at or after `version` (a refused one and what
- * builds on it). */
-void cs_drop_from(dcast_consumer *c, uint64_t version);
-/* Drop the anchor received in place and every version after it (a whole
- * bind moves the tensors it was written into); 1 when there was one (the
- * caller re-joins for it), else 0. */
-int cs_drop_in_place(dcast_consumer *c);
+/* staged.c: a staged version's chunks, as apply and verification read them */
 /* Sort v's chunks by (tensor, start); refuse overlaps and, for an anchor,
  * any element not covered (DCAST_ECORRUPT). */
 int cs_sort_chunks(const dcast_consumer *c, cs_version *v);
 /* k's checked payload: resident, or read back into the scratch region. */
 int cs_chunk_payload(dcast_consumer *c, const cs_version *v, const cs_chunk *k, const unsigned char **out);
 
-/* The staging invariant (asserted): at most CS_MAX_STAGED versions, each
- * staging or READY, versions increasing past the applied one. */
-void cs_staged_check(const dcast_consumer *c);
-/* The READY versions at the front of staged[] that apply in a chain from
- * the live tensors. */
-uint32_t cs_ready_chain(const dcast_consumer *c);
-
 /* outbox.c: what a caller leaves for the session thread */
 /* Ask for a HELLO on the session thread's next turn (from here on the old
  * stream is ignored); any thread, `lock` held. */
 int cs_request_hello(dcast_consumer *c);
-/* Join again after what we hold (READY versions in a chain stay, the rest is
- * dropped): the HELLO goes out on the session thread's next turn.  Callers
- * hold `lock`. */
-int cs_rejoin(dcast_consumer *c);
-/* Join again after a refusal: of `what` (CS_REFUSED_*; a version names
- * it) for `code`, dcast_last_error() saying why.  Every re-join that
- * follows a refusal goes through here, so through one back-off: the first
+/* The stream starts over: credit not granted yet is forgotten (the
+ * broker's window starts afresh), no version's chunks are dropped any
+ * more, the stall timer restarts, and the HELLO goes out on the session
+ * thread's next turn (cs_request_hello).  What is staged is the caller's
+ * (cs_rejoin, intake.c).  Callers hold `lock`. */
+int cs_stream_restart(dcast_consumer *c);
+/* A refusal `now` (what: CS_REFUSED_*, a version names it; its code),
+ * dcast_last_error() saying why, counted for the one back-off of every
+ * re-join that follows a refusal (cs_rejoin_refused, intake.c): the first
  * refusal of a cause re-joins at once; the same cause again in a row
  * (what, version, code, and for a version the chunks of it taken before
  * the refusal) is persistent: an ERROR event and an E line,
@@ -512,16 +524,14 @@ int cs_rejoin(dcast_consumer *c);
  * take, a MANIFEST that never decodes or never fits in memory, cost a
  * bounded rate of re-sends, not thousands a second, and are never given
  * up).  A version applied resets it (refusals = 0), as does
- * cs_refusal_clear.  Then as cs_rejoin.  Callers hold `lock`. */
-int cs_rejoin_refused(dcast_consumer *c, int what, uint64_t version, int code);
+ * cs_refusal_clear.  Callers hold `lock`. */
+void cs_refusal_backoff(dcast_consumer *c, cs_refusal now);
 /* What was refused last is taken now (a MANIFEST): its count starts over. */
 void cs_refusal_clear(dcast_consumer *c, int what);
-/* Refuse `version` for `code` (dcast_last_error() says why): an ERROR
- * event, then cs_rejoin_refused.  Callers hold `lock`. */
-int cs_refuse(dcast_consumer *c, uint64_t version, int code);
-/* The same for a message that is the peer's error and names no version
- * held: the versions staged stay (READY ones across the re-join). */
-int cs_refuse_message(dcast_consumer *c, uint64_t version, int code);
+/* Freed staging bytes, granted to the broker as CREDIT on the session
+ * thread's next turn (the store's write-behind reports them through its
+ * sink, cs_intake_written). */
+void cs_credit_free(dcast_consumer *c, uint64_t bytes);
 /* Wake the session thread out of its wait (work was left for it). */
 void cs_wake(dcast_consumer *c);
 /* ACK `version` as applied, from the session thread's next turn. */

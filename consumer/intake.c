@@ -1,15 +1,20 @@
 /* The version state machine: the one place where a staged version is
- * begun, takes a CHUNK, is closed by its COMMIT and becomes READY.  Both
- * of its sources come through here: the broker's messages (session.c) and
- * the replay of the record log (the store's sink, cs_store_sink), the way
- * redis replays its append-only file through its command path.
+ * begun, takes a CHUNK, is closed by its COMMIT, becomes READY, and is
+ * dropped; the staged list (c->staged, in version order) and each
+ * version's chunk table and duplicate set are its own.  Both of its
+ * sources come through here: the broker's messages (session.c) and the
+ * replay of the record log (the store's sink, cs_store_sink), the way
+ * redis replays its append-only file through its command path; so does
+ * the store's word that a chunk record was written (cs_intake_written).
  *
- * A version's life: begun STAGING (cs_version_init, then open_version);
- * each CHUNK checked whole (dcast_chunk_sound: its checksum, its fit to
- * the tensors), written behind to the version's record file, then taken (take); its
- * COMMIT closes it when it announces exactly what was taken (close_version);
- * READY once complete and written (make_ready); then applied or dropped
- * (staged.c).  Each step asserts the state it starts from; with
+ * A version's life: begun STAGING in a free slot of the staged list
+ * (open_version); each CHUNK checked whole (dcast_chunk_sound: its
+ * checksum, its fit to the tensors), written behind to the version's
+ * record file, then taken (take); its COMMIT closes it when it announces
+ * exactly what was taken (close_version); READY once complete and
+ * written (make_ready); then applied (api.c) and dropped
+ * (cs_version_drop), or refused and dropped with what builds on it
+ * (cs_refuse).  Each step asserts the state it starts from; with
  * DCAST_DEBUG (make test SAN=1) it also checks the state it leaves. */
 #include <inttypes.h>
 #include <string.h>
@@ -18,9 +23,256 @@
 #include "dcast_common.h"
 #include "store/store.h"
 
+/* ---- a version's chunk table and duplicate set ----
+ * Both grow by doubling, amortised, never per message, bounded by
+ * DCAST_MAX_CHUNKS. */
+
+static uint64_t mix(uint64_t x)
+{
+	x ^= x >> 33;
+	x *= 0xff51afd7ed558ccdull;
+	x ^= x >> 33;
+	return x;
+}
+
+static int seen_insert(uint64_t *set, uint32_t cap, uint64_t key)
+{
+	for (uint32_t i = (uint32_t)mix(key) & (cap - 1), n = 0; n < cap; i = (i + 1) & (cap - 1), n++) {
+		if (set[i] == key)
+			return 1;
+		if (set[i] == 0) {
+			set[i] = key;
+			return 0;
+		}
+	}
+	DCAST_ASSERT(0 && "duplicate set full");
+	return 0;
+}
+
+static int grow(cs_version *v)
+{
+	uint32_t cap = v->cap_chunks ? v->cap_chunks * 2 : 64;
+	cs_chunk *ch;
+	uint64_t *set;
+
+	if (cap > DCAST_MAX_CHUNKS / 2)
+		return dcast_fail(DCAST_ETOO_LARGE, "version %" PRIu64 ": more than %u chunks",
+				  v->version, DCAST_MAX_CHUNKS / 2);
+	ch = realloc(v->chunks, (size_t)cap * sizeof(*ch));
+	if (!ch)
+		return dcast_fail(DCAST_ENOMEM, "chunk table of version %" PRIu64, v->version);
+	v->chunks = ch;
+	set = calloc((size_t)cap * 2, sizeof(*set));
+	if (!set)
+		return dcast_fail(DCAST_ENOMEM, "chunk set of version %" PRIu64, v->version);
+	for (uint32_t i = 0; i < v->n_chunks; i++)
+		seen_insert(set, cap * 2, ((uint64_t)ch[i].part << 32 | ch[i].seq) + 1);
+	free(v->seen);
+	v->seen = set;
+	v->seen_cap = cap * 2;
+	v->cap_chunks = cap;
+	return 0;
+}
+
+static int seen(const cs_version *v, uint32_t part, uint32_t seq)
+{
+	uint64_t key = ((uint64_t)part << 32 | seq) + 1;
+
+	if (!v->seen_cap)
+		return 0;
+	for (uint32_t i = (uint32_t)mix(key) & (v->seen_cap - 1), n = 0; n < v->seen_cap;
+	     i = (i + 1) & (v->seen_cap - 1), n++) {
+		if (v->seen[i] == key)
+			return 1;
+		if (v->seen[i] == 0)
+			return 0;
+	}
+	return 0;
+}
+
+static int add(cs_version *v, const cs_chunk *k)
+{
+	int err;
+
+	if (v->n_chunks == v->cap_chunks && (err = grow(v)))
+		return err;
+	seen_insert(v->seen, v->seen_cap, ((uint64_t)k->part << 32 | k->seq) + 1);
+	v->chunks[v->n_chunks++] = *k;
+	v->bytes += k->info.payload_bytes;
+	return 0;
+}
+
+/* ---- the staged list ---- */
+
+cs_version *cs_version_find(dcast_consumer *c, uint64_t version)
+{
+	for (uint32_t i = 0; i < c->n_staged; i++)
+		if (c->staged[i].version == version)
+			return &c->staged[i];
+	return NULL;
+}
+
+void cs_staged_open(dcast_consumer *c)
+{
+	for (uint32_t i = 0; i < CS_MAX_STAGED; i++)
+		cs_version_init(&c->staged[i], DCAST_VERSION_NONE);
+	c->n_staged = 0;
+}
+
+void cs_staged_close(dcast_consumer *c)
+{
+	for (uint32_t i = 0; i < CS_MAX_STAGED; i++)
+		cs_version_free(&c->staged[i]);
+	c->n_staged = 0;
+}
+
+/* The free slot after the staged versions, for `version`: every slot past
+ * n_staged is fresh (open.c, cs_version_free). */
+static cs_version *slot_take(dcast_consumer *c, uint64_t version)
+{
+	cs_version *v = &c->staged[c->n_staged];
+
+	DCAST_ASSERT(c->n_staged < CS_MAX_STAGED);
+	DCAST_ASSERT(v->version == DCAST_VERSION_NONE && !v->state && !v->n_chunks && v->fd < 0);
+	v->version = version;
+	return v;
+}
+
+static void release_resident(dcast_consumer *c, cs_version *v)
+{
+	for (uint32_t i = 0; i < v->n_chunks; i++)
+		if (v->chunks[i].resident) {
+			cs_pool_resident_put(&c->pool, v->chunks[i].info.payload_bytes);
+			v->chunks[i].resident = NULL;
+		}
+}
+
+/* Forget v (staged[] stays in order); its record file goes when unlink_file. */
+void cs_version_drop(dcast_consumer *c, cs_version *v, int unlink_file)
+{
+	uint32_t i = (uint32_t)(v - c->staged);
+
+	DCAST_ASSERT(i < c->n_staged);
+	cs_ckpt_settle(c); /* no record write still reads its slots or file */
+	release_resident(c, v);
+	if (unlink_file && v->direct) {
+		cs_anchor_new_drop(c);
+	} else if (unlink_file) {
+		cs_ckpt_remove(c, v->version);
+	}
+	cs_version_free(v);
+	memmove(&c->staged[i], &c->staged[i + 1], (c->n_staged - i - 1) * sizeof(*v));
+	c->n_staged--;
+	cs_version_init(&c->staged[c->n_staged], DCAST_VERSION_NONE);
+}
+
+void cs_drop_all(dcast_consumer *c)
+{
+	while (c->n_staged)
+		cs_version_drop(c, &c->staged[c->n_staged - 1], 1);
+}
+
+void cs_drop_from(dcast_consumer *c, uint64_t version)
+{
+	while (c->n_staged && c->staged[c->n_staged - 1].version >= version)
+		cs_version_drop(c, &c->staged[c->n_staged - 1], 1);
+}
+
+int cs_drop_in_place(dcast_consumer *c)
+{
+	if (!c->n_staged || !c->staged[0].in_place)
+		return 0;
+	cs_drop_from(c, c->staged[0].version);
+	return 1;
+}
+
+/* Staged versions at the front that are READY and apply in a chain from
+ * the live tensors: complete, committed to the record log and checked as
+ * far as they can be before apply. */
+uint32_t cs_ready_chain(const dcast_consumer *c)
+{
+	uint64_t have = dcast_consumer_version(c);
+	uint32_t n = 0;
+
+	for (; n < c->n_staged && c->staged[n].state == CS_V_READY; n++) {
+		const cs_version *v = &c->staged[n];
+		if (!v->anchor && v->base_version != have)
+			break;
+		have = v->version;
+	}
+	return n;
+}
+
+void cs_staged_check(const dcast_consumer *c)
+{
+	uint64_t prev = dcast_consumer_version(c);
+
+	DCAST_ASSERT(c->n_staged <= CS_MAX_STAGED);
+	for (uint32_t i = 0; i < c->n_staged; i++) {
+		const cs_version *v = &c->staged[i];
+		DCAST_ASSERT(v->state == CS_V_STAGING || v->state == CS_V_READY);
+		DCAST_ASSERT(prev == DCAST_VERSION_NONE || v->version > prev);
+		DCAST_ASSERT(v->anchor || v->base_version < v->version);
+		prev = v->version;
+	}
+}
+
+/* ---- refusals: a version dropped with what builds on it, and the re-join ---- */
+
+/* Start over after what we hold: the broker resends what we need.  Versions
+ * announced READY stay (a re-join is about the stream, not about them: the
+ * caller may apply them at any time); what was still staging is dropped.
+ * A refused version is dropped by the caller first (cs_drop_from). */
+int cs_rejoin(dcast_consumer *c)
+{
+	uint32_t keep = cs_ready_chain(c);
+
+	while (c->n_staged > keep)
+		cs_version_drop(c, &c->staged[c->n_staged - 1], 1);
+	return cs_stream_restart(c);
+}
+
+/* A refusal of `what`, with where a version's happened: the chunks of it
+ * taken so far (cs_refusal_backoff tells damage on the way from damage
+ * that repeats). */
+static cs_refusal refusal(dcast_consumer *c, int what, uint64_t version, int code)
+{
+	cs_version *v = what == CS_REFUSED_VERSION ? cs_version_find(c, version) : NULL;
+
+	return (cs_refusal){what, code, version, v ? v->n_chunks : 0};
+}
+
+int cs_rejoin_refused(dcast_consumer *c, int what, uint64_t version, int code)
+{
+	cs_refusal_backoff(c, refusal(c, what, version, code));
+	return cs_rejoin(c);
+}
+
+static int refuse(dcast_consumer *c, uint64_t version, int code, int drop)
+{
+	cs_refusal now = refusal(c, CS_REFUSED_VERSION, version, code); /* before the drop */
+
+	DCAST_LOG_W("consumer %s: version %" PRIu64 " refused: %s", c->model, version, dcast_last_error());
+	cs_event_push(c, DCAST_EV_ERROR, version, code, dcast_last_error());
+	if (drop)
+		cs_drop_from(c, version);
+	cs_refusal_backoff(c, now);
+	return cs_rejoin(c);
+}
+
+int cs_refuse(dcast_consumer *c, uint64_t version, int code)
+{
+	return refuse(c, version, code, 1);
+}
+
+int cs_refuse_message(dcast_consumer *c, uint64_t version, int code)
+{
+	return refuse(c, version, code, 0);
+}
+
 /* ---- the steps, for both sources ---- */
 
-/* A fresh version (cs_version_init) begins STAGING, its anchor flag and
+/* A fresh version (slot_take, or a record file's) begins STAGING, its anchor flag and
  * base those of its first CHUNK or COMMIT. */
 static void open_version(cs_version *v, uint32_t anchor, uint64_t base)
 {
@@ -36,7 +288,7 @@ static void open_version(cs_version *v, uint32_t anchor, uint64_t base)
  * DCAST_EFIELD_RANGE: its anchor or base differ. */
 static int fit(const cs_version *v, const dcast_chunk *h)
 {
-	if (v->state == CS_V_READY || cs_version_seen(v, h->part, h->seq))
+	if (v->state == CS_V_READY || seen(v, h->part, h->seq))
 		return 1;
 	if (h->anchor != (uint32_t)v->anchor || h->base_version != v->base_version)
 		return dcast_fail(DCAST_EFIELD_RANGE, "CHUNK of version %" PRIu64 ": anchor/base_version "
@@ -57,11 +309,11 @@ static int take(cs_version *v, const dcast_chunk *h, uint64_t sum, uint64_t file
 	int err;
 
 	DCAST_ASSERT(v->state == CS_V_STAGING);
-	DCAST_DEBUG_ASSERT(!cs_version_seen(v, h->part, h->seq));
-	err = cs_version_add(v, &k);
+	DCAST_DEBUG_ASSERT(!seen(v, h->part, h->seq));
+	err = add(v, &k);
 	DCAST_DEBUG_ASSERT(err ? v->n_chunks == n0 && v->bytes == bytes0
 			       : v->n_chunks == n0 + 1 && v->bytes == bytes0 + h->payload_bytes &&
-				 cs_version_seen(v, h->part, h->seq));
+				 seen(v, h->part, h->seq));
 	return err;
 }
 
@@ -153,6 +405,15 @@ int cs_intake_replay_apply(dcast_consumer *c, cs_version *v, int at_load)
 	return err;
 }
 
+void cs_intake_written(dcast_consumer *c, uint64_t version, uint64_t credit, int failed)
+{
+	cs_version *v = cs_version_find(c, version);
+
+	cs_credit_free(c, credit);
+	if (failed && v)
+		v->write_failed = 1; /* never READY: its COMMIT drops it */
+}
+
 /* ---- the wire ---- */
 
 /* Version that a new delta must build on: the newest staged, else applied. */
@@ -207,8 +468,7 @@ static cs_version *version_begin(dcast_consumer *c, const dcast_chunk *h, int *e
 							CS_MAX_STAGED));
 		return NULL;
 	}
-	v = &c->staged[c->n_staged];
-	cs_version_init(v, h->version);
+	v = slot_take(c, h->version);
 	open_version(v, h->anchor, h->base_version);
 	v->first_ns = dcast_now_ns();
 	v->in_place = v->anchor && in_place_ok(c);

@@ -105,11 +105,11 @@ static int dir_lock(dcast_consumer *c)
 	return 0;
 }
 
-/* What the store reports: its replay, into the version state machine
- * (intake.c), and a failure of its fold thread, kept for the next poll()
- * as the session thread's own are. */
+/* What the store reports: its replay and its chunk records written, into
+ * the version state machine (intake.c), and a failure of its fold thread,
+ * kept for the next poll() as the session thread's own are. */
 static const cs_store_sink store_sink = {cs_manifest_take, cs_intake_replay_chunk, cs_intake_replay_commit,
-					 cs_intake_replay_apply, cs_session_failed};
+					 cs_intake_replay_apply, cs_intake_written, cs_session_failed};
 
 /* A local checkpoint that does not load (damaged, another format) is
  * dropped, not a reason to refuse to start: the broker has every committed
@@ -192,8 +192,7 @@ int dcast_consumer_open(const char *endpoint, const char *model, const char *dir
 	pthread_cond_init(&c->ev_cv, NULL);
 	c->ob.wake_fd = -1;
 	c->lock_fd = -1;
-	for (int i = 0; i < CS_MAX_STAGED; i++)
-		cs_version_init(&c->staged[i], DCAST_VERSION_NONE);
+	cs_staged_open(c);
 	cs_fault_parse(c);
 	c->arena_huge = huge_pages_wanted();
 	if ((err = make_paths(c, dir, endpoint)) || (err = dir_lock(c)) ||
@@ -233,8 +232,7 @@ void dcast_consumer_close(dcast_consumer **cp)
 		zmq_close(c->ss.sock);
 	if (c->ss.zctx)
 		zmq_ctx_term(c->ss.zctx);
-	for (uint32_t i = 0; i < CS_MAX_STAGED; i++)
-		cs_version_free(&c->staged[i]);
+	cs_staged_close(c);
 	dcast_io_close(&c->io);
 	cs_dcache_clear(&c->dcache);
 	cs_pool_close(&c->pool);

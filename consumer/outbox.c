@@ -1,8 +1,9 @@
-/* The outbox: what a caller's thread (apply, poll, close) leaves for the
- * session thread, which alone owns the socket: an ACK, a HELLO (a re-join),
- * a refusal, and the wake-up of its poll; and the one back-off of every
- * re-join that follows a refusal (docs/protocol.md, "Consumer and
- * broker").  Below the public calls (api.c) and the session itself. */
+/* The outbox: what a caller's thread (apply, poll, close) or the version
+ * state machine leaves for the session thread, which alone owns the
+ * socket: an ACK, a HELLO (the stream started over), credit freed, and
+ * the wake-up of its poll; and the one back-off of every re-join that
+ * follows a refusal (docs/protocol.md, "Consumer and broker").  Below the
+ * public calls (api.c), the state machine (intake.c) and the session. */
 #include <errno.h>
 #include <inttypes.h>
 #include <string.h>
@@ -25,20 +26,17 @@ int cs_request_hello(dcast_consumer *c)
 	return 0;
 }
 
-/* Start over after what we hold: the broker resends what we need.  Versions
- * announced READY stay (a re-join is about the stream, not about them: the
- * caller may apply them at any time); what was still staging is dropped.
- * A refused version is dropped by the caller first (cs_drop_from). */
-int cs_rejoin(dcast_consumer *c)
+int cs_stream_restart(dcast_consumer *c)
 {
-	uint32_t keep = cs_ready_chain(c);
-
 	c->ss.progress_ms = dcast_now_ms();
-	while (c->n_staged > keep)
-		cs_version_drop(c, &c->staged[c->n_staged - 1], 1);
 	c->ss.credit_pending = 0;
 	c->ss.drop_version = DCAST_VERSION_NONE;
 	return cs_request_hello(c);
+}
+
+void cs_credit_free(dcast_consumer *c, uint64_t bytes)
+{
+	c->ss.credit_pending += bytes;
 }
 
 /* The wait before the HELLO that follows the n-th refusal of one cause
@@ -80,18 +78,10 @@ static void report_persistent(dcast_consumer *c, uint64_t delay_ms)
 		      r->code, text);
 }
 
-/* Where version's refusal happened: the chunks of it taken so far. */
-static uint32_t refused_place(dcast_consumer *c, int what, uint64_t version)
-{
-	cs_version *v = what == CS_REFUSED_VERSION ? cs_version_find(c, version) : NULL;
-
-	return v ? v->n_chunks : 0;
-}
-
 /* The same cause is the same thing refused with the same error at the same
  * place: a version that fails at a different chunk each time is being
  * damaged on the way, and is not backed off. */
-static int rejoin_refused_at(dcast_consumer *c, cs_refusal now)
+void cs_refusal_backoff(dcast_consumer *c, cs_refusal now)
 {
 	cs_refusal *last = &c->ob.refused;
 	int same = c->ob.refusals && last->what == now.what && last->code == now.code &&
@@ -104,39 +94,12 @@ static int rejoin_refused_at(dcast_consumer *c, cs_refusal now)
 	c->ob.hello_at_ms = dcast_now_ms() + delay_ms;
 	if (same)
 		report_persistent(c, delay_ms);
-	return cs_rejoin(c);
-}
-
-int cs_rejoin_refused(dcast_consumer *c, int what, uint64_t version, int code)
-{
-	return rejoin_refused_at(c, (cs_refusal){what, code, version, refused_place(c, what, version)});
 }
 
 void cs_refusal_clear(dcast_consumer *c, int what)
 {
 	if (c->ob.refused.what == what)
 		c->ob.refusals = 0;
-}
-
-static int refuse(dcast_consumer *c, uint64_t version, int code, int drop)
-{
-	cs_refusal now = {CS_REFUSED_VERSION, code, version, refused_place(c, CS_REFUSED_VERSION, version)};
-
-	DCAST_LOG_W("consumer %s: version %" PRIu64 " refused: %s", c->model, version, dcast_last_error());
-	cs_event_push(c, DCAST_EV_ERROR, version, code, dcast_last_error());
-	if (drop)
-		cs_drop_from(c, version);
-	return rejoin_refused_at(c, now);
-}
-
-int cs_refuse(dcast_consumer *c, uint64_t version, int code)
-{
-	return refuse(c, version, code, 1);
-}
-
-int cs_refuse_message(dcast_consumer *c, uint64_t version, int code)
-{
-	return refuse(c, version, code, 0);
 }
 
 void cs_wake(dcast_consumer *c)

@@ -1,8 +1,7 @@
-/* The staged versions (c->staged, in version order): finding one, dropping
- * it (its resident payloads and, when asked, its record file), sorting and
- * checking its chunks, and reading a chunk's payload back (resident in
- * the pool, or from its record file).  Below apply, verification and the
- * session, which all work on staged versions. */
+/* A staged version's chunks as apply and verification read them: sorted
+ * and checked for overlap and cover, and a chunk's payload read back
+ * (resident in the pool, or from its record file).  The staged list
+ * itself (c->staged) is intake.c's. */
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,54 +9,6 @@
 #include "consumer_impl.h"
 #include "dcast_common.h"
 #include "store/store.h"
-
-static void release_resident(dcast_consumer *c, cs_version *v)
-{
-	for (uint32_t i = 0; i < v->n_chunks; i++)
-		if (v->chunks[i].resident) {
-			cs_pool_resident_put(&c->pool, v->chunks[i].info.payload_bytes);
-			v->chunks[i].resident = NULL;
-		}
-}
-
-/* Forget v (staged[] stays in order); its record file goes when unlink_file. */
-void cs_version_drop(dcast_consumer *c, cs_version *v, int unlink_file)
-{
-	uint32_t i = (uint32_t)(v - c->staged);
-
-	DCAST_ASSERT(i < c->n_staged);
-	cs_ckpt_settle(c); /* no record write still reads its slots or file */
-	release_resident(c, v);
-	if (unlink_file && v->direct) {
-		cs_anchor_new_drop(c);
-	} else if (unlink_file) {
-		cs_ckpt_remove(c, v->version);
-	}
-	cs_version_free(v);
-	memmove(&c->staged[i], &c->staged[i + 1], (c->n_staged - i - 1) * sizeof(*v));
-	c->n_staged--;
-	cs_version_init(&c->staged[c->n_staged], DCAST_VERSION_NONE);
-}
-
-void cs_drop_all(dcast_consumer *c)
-{
-	while (c->n_staged)
-		cs_version_drop(c, &c->staged[c->n_staged - 1], 1);
-}
-
-void cs_drop_from(dcast_consumer *c, uint64_t version)
-{
-	while (c->n_staged && c->staged[c->n_staged - 1].version >= version)
-		cs_version_drop(c, &c->staged[c->n_staged - 1], 1);
-}
-
-int cs_drop_in_place(dcast_consumer *c)
-{
-	if (!c->n_staged || !c->staged[0].in_place)
-		return 0;
-	cs_drop_from(c, c->staged[0].version);
-	return 1;
-}
 
 static int chunk_cmp(const void *a, const void *b)
 {
@@ -120,35 +71,4 @@ int cs_chunk_payload(dcast_consumer *c, const cs_version *v, const cs_chunk *k, 
 				  " fails its checksum on disk", v->version, c->tensors[k->tensor].desc.name, k->start);
 	*out = cs_pool_scratch(&c->pool);
 	return 0;
-}
-
-/* Staged versions at the front that are READY and apply in a chain from
- * the live tensors: complete, committed to the record log and checked as
- * far as they can be before apply. */
-uint32_t cs_ready_chain(const dcast_consumer *c)
-{
-	uint64_t have = dcast_consumer_version(c);
-	uint32_t n = 0;
-
-	for (; n < c->n_staged && c->staged[n].state == CS_V_READY; n++) {
-		const cs_version *v = &c->staged[n];
-		if (!v->anchor && v->base_version != have)
-			break;
-		have = v->version;
-	}
-	return n;
-}
-
-void cs_staged_check(const dcast_consumer *c)
-{
-	uint64_t prev = dcast_consumer_version(c);
-
-	DCAST_ASSERT(c->n_staged <= CS_MAX_STAGED);
-	for (uint32_t i = 0; i < c->n_staged; i++) {
-		const cs_version *v = &c->staged[i];
-		DCAST_ASSERT(v->state == CS_V_STAGING || v->state == CS_V_READY);
-		DCAST_ASSERT(prev == DCAST_VERSION_NONE || v->version > prev);
-		DCAST_ASSERT(v->anchor || v->base_version < v->version);
-		prev = v->version;
-	}
 }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The consumer's rooms keep their walls (docs/architecture.md, "Inside the
 # consumer"), read from the built objects (nm) and the sources:
-#   - only consumer/intake.c changes a staged version's state (CS_V_*);
+#   - only consumer/intake.c changes a staged version's state (CS_V_*,
+#     write_failed) or the staged list (n_staged, its slots made or freed);
 #   - the store, consumer/store/, calls nothing of the consumer above it:
 #     what it replays goes through the sink it is given, and the recovery
 #     policy, the session, the intake and apply are the consumer's;
@@ -27,6 +28,10 @@ bad() {
 while IFS= read -r hit; do
 	bad "a version's state set outside consumer/intake.c: $hit"
 done < <(grep -rn 'state *= *CS_V_' consumer --include='*.c' | grep -v '^consumer/intake\.c:')
+while IFS= read -r hit; do
+	bad "the staged list or a version's write_failed changed outside consumer/intake.c: $hit"
+done < <(grep -rnE 'n_staged *([-+]?=[^=]|\+\+|--)|write_failed *=[^=]|cs_version_(init|free)\(&c->staged' consumer \
+	--include='*.c' | grep -v '^consumer/intake\.c:')
 
 # The store's files use no global of these consumer files (the layers above it).
 ABOVE="open api session intake apply outbox recover run staged"

@@ -256,18 +256,15 @@ void cs_ckpt_wb_close(dcast_consumer *c)
 static void wb_done(dcast_consumer *c, wb_slot *s)
 {
 	uint64_t len = s->h.len + s->bytes;
-	cs_version *v = cs_version_find(c, s->version);
 
 	if (s->has_msg)
 		zmq_msg_close(&s->msg);
-	cs_credit_free(c, s->credit);
+	c->store->sink->written(c, s->version, s->credit, s->err != 0);
 	if (s->err) {
 		if (!c->store->wb->err) {
 			c->store->wb->err = s->err;
 			snprintf(c->store->wb->why, sizeof(c->store->wb->why), "%s", dcast_last_error());
 		}
-		if (v)
-			v->write_failed = 1;
 	} else {
 		c->store->log_write_bytes += len;
 		c->store->log_since_fold += s->is_log ? len : 0; /* records only: an anchor's own file is no log */

@@ -22,14 +22,18 @@
  * v; v must be READY after it.  apply: v, READY, applied to the tensors;
  * at_load 1 when opening (a version that tears them is the consumer's to
  * recover: cs_ckpt_recover), 0 for a restore.  Each returns 0 or an error,
- * which cuts the file (at load) or fails the restore.  failed: the fold
- * thread failed with err (dcast_last_error() says why), `lock` held: for
- * the consumer's next poll(). */
+ * which cuts the file (at load) or fails the restore.  written: a chunk
+ * record of `version` written behind is done (failed 1: it could not be
+ * written, and that version must never be READY); `credit` bytes of the
+ * staging pool are free again.  failed: the fold thread failed with err
+ * (dcast_last_error() says why), `lock` held: for the consumer's next
+ * poll(). */
 typedef struct cs_store_sink {
 	int (*manifest)(dcast_consumer *c, const dcast_manifest *m);
 	int (*chunk)(dcast_consumer *c, cs_version *v, const dcast_chunk *h, uint64_t sum, uint64_t file_off);
 	int (*commit)(dcast_consumer *c, cs_version *v, dcast_commit *m);
 	int (*apply)(dcast_consumer *c, cs_version *v, int at_load);
+	void (*written)(dcast_consumer *c, uint64_t version, uint64_t credit, int failed);
 	void (*failed)(dcast_consumer *c, int err);
 } cs_store_sink;
 

@@ -385,7 +385,7 @@ void dcast_consumer_stats_get(const dcast_consumer *c, dcast_consumer_stats *st)
 	st->total_bytes_received = c->total_received;
 	st->peak_pool_bytes = c->pool.peak;
 	st->pool_bytes = c->pool.bytes;
-	cs_store_stats(c, st);
+	cs_store_stats(c->store, st);
 	st->rejoins = c->ss.hellos ? c->ss.hellos - 1 : 0;
 	ready_chain_locked(c, &st->ready_backlog);
 	pthread_mutex_unlock(&w->lock);
@@ -398,7 +398,7 @@ int dcast_consumer_checkpoint(dcast_consumer *c)
 	if (!c)
 		return dcast_fail(DCAST_EINVAL, "dcast_consumer_checkpoint: NULL consumer");
 	pthread_mutex_lock(&c->lock);
-	cs_store_fold_wait(c); /* an anchor's seal it runs: done first */
+	cs_store_fold_wait(c->store, &c->lock); /* an anchor's seal it runs: done first */
 	if (!(err = cs_anchor_new_seal(c, 1)) && !(err = cs_store_fold_now(c)))
 		c->ss.fold_due = 0;
 	pthread_mutex_unlock(&c->lock);

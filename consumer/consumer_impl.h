@@ -547,7 +547,8 @@ int cs_session_start(dcast_consumer *c);
  * NULL-safe, idempotent. */
 void cs_session_stop(dcast_consumer *c);
 /* Keep a failure of a background thread (the session's, the store's fold
- * thread) for the next poll(), and tell the log.  `lock` held. */
+ * thread) for the next poll(), wake a poll() waiting, and tell the log.
+ * `lock` held. */
 void cs_session_failed(dcast_consumer *c, int err);
 /* With opts.auto_apply, apply the newest READY version (session thread,
  * `lock` held); 0 when there is none.  Errors: as dcast_consumer_apply. */

@@ -405,6 +405,7 @@ void cs_session_failed(dcast_consumer *c, int err)
 	c->ss.err_code = err;
 	snprintf(c->ss.err_text, sizeof(c->ss.err_text), "%s", dcast_last_error());
 	DCAST_LOG_W("consumer %s: %s", c->model, c->ss.err_text);
+	pthread_cond_broadcast(&c->ev_cv); /* a poll() waiting hears of it now */
 }
 
 /* Fold when the policy asked for it (fold_due, set by an apply): on the
@@ -413,7 +414,7 @@ void cs_session_failed(dcast_consumer *c, int err)
  * the model logged, not on every turn). */
 static int fold_if_due(dcast_consumer *c)
 {
-	if (cs_store_folding(c) || !c->ss.fold_due)
+	if (cs_store_folding(c->store) || !c->ss.fold_due)
 		return 0;
 	c->ss.fold_due = 0;
 	return cs_store_fold_start(c);
@@ -449,7 +450,7 @@ static int session_turn(dcast_consumer *c, int readable)
 	if (!err)
 		err = flush_credit(c);
 	if (!err)
-		err = cs_store_error(c);
+		err = cs_store_error(c->store);
 	if (!err)
 		err = keepalive(c);
 	if (!err)
@@ -509,7 +510,7 @@ static void lock_for_turn(dcast_consumer *c)
  * longer than a backed-off HELLO is due (cs_rejoin_refused). */
 static int wait_ms(const dcast_consumer *c, int err, uint32_t hb)
 {
-	uint64_t ms = err ? hb : cs_ckpt_pending(c) ? 1 : hb / 4, now = dcast_now_ms();
+	uint64_t ms = err ? hb : cs_ckpt_pending(c->store) ? 1 : hb / 4, now = dcast_now_ms();
 
 	if (c->ob.hello_due && c->ob.hello_at_ms > now && c->ob.hello_at_ms - now < ms)
 		ms = c->ob.hello_at_ms - now;
@@ -577,7 +578,7 @@ void cs_session_stop(dcast_consumer *c)
 	cs_wake(c);
 	pthread_join(c->ss.thread, NULL);
 	c->ss.thread_started = 0;
-	cs_store_fold_stop(c); /* it takes `lock`, which nobody holds now */
+	cs_store_fold_stop(c->store); /* it takes `lock`, which nobody holds now */
 }
 
 /* Wait on ev_cv (lock held) until an event, a failure of the thread, or

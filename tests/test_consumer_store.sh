@@ -9,7 +9,9 @@
 #   - the store writes none of the session's fields (c->ss), and no file
 #     outside it reaches the store's (c->store->..., store/store_impl.h);
 #   - a CHUNK, from the wire or a record, is checked whole by one call of
-#     the schema (dcast_chunk_sound), not by its two halves.
+#     the schema (dcast_chunk_sound), not by its two halves;
+#   - the store waits on and wakes its own conditions (its fold thread's),
+#     never the consumer's (c->ev_cv, c->cv).
 # Each breach is named with its file and the name or line that makes it.
 set -u
 cd "$(dirname "$0")/.."
@@ -59,6 +61,11 @@ done < <(grep -n 'c->ss\.' consumer/store/*.c)
 while IFS= read -r hit; do
 	bad "the store's fields reached from outside it: $hit"
 done < <(grep -n -e '->store->' -e 'store_impl\.h' consumer/*.c consumer/*.h)
+
+# The store's conditions are its own.
+while IFS= read -r hit; do
+	bad "the store waits on or wakes a condition of the consumer: $hit"
+done < <(grep -nE 'c->(ev_cv|cv)\b' consumer/store/*.c)
 
 # One schema call checks a chunk: sound (its checksum) and fitting.
 for o in "$BUILD"/obj/consumer/*.o "$BUILD"/obj/consumer/store/*.o; do

@@ -318,9 +318,9 @@ static int wb_report(dcast_consumer *c)
 	return err ? dcast_fail(err, "record log: %s", c->store->wb->why) : 0;
 }
 
-int cs_ckpt_pending(const dcast_consumer *c)
+int cs_ckpt_pending(const cs_store *s)
 {
-	return c->store->wb && c->store->wb->busy;
+	return s->wb && s->wb->busy;
 }
 
 int cs_ckpt_progress(dcast_consumer *c)

@@ -27,6 +27,7 @@ int cs_store_open(dcast_consumer *c, const cs_store_sink *sink)
 
 	if (!(c->store = s))
 		return dcast_fail(DCAST_ENOMEM, "consumer: its store");
+	pthread_cond_init(&s->fold_cv, NULL);
 	s->sink = sink;
 	s->anchor_file_version = DCAST_VERSION_NONE;
 	s->new_version = DCAST_VERSION_NONE;
@@ -56,18 +57,19 @@ void cs_store_close(dcast_consumer *c, int fold_owed)
 	cs_ckpt_wb_close(c);
 	free(s->new_offs); /* an anchor in place still streaming in: its .new goes at the next open */
 	free(s->anchor_path), free(s->log_dir);
+	pthread_cond_destroy(&s->fold_cv);
 	free(s);
 	c->store = NULL;
 }
 
-int cs_store_error(dcast_consumer *c)
+int cs_store_error(cs_store *s)
 {
-	return cs_syncer_error(&c->store->syncer);
+	return cs_syncer_error(&s->syncer);
 }
 
-uint64_t cs_store_gen(const dcast_consumer *c)
+uint64_t cs_store_gen(const cs_store *s)
 {
-	return atomic_load(&c->store->gen);
+	return atomic_load(&((cs_store *)s)->gen);
 }
 
 int cs_store_applied(dcast_consumer *c, const cs_version *v)
@@ -77,13 +79,13 @@ int cs_store_applied(dcast_consumer *c, const cs_version *v)
 	return cs_anchor_new_applied(c, v);
 }
 
-void cs_store_stats(const dcast_consumer *c, dcast_consumer_stats *st)
+void cs_store_stats(const cs_store *s, dcast_consumer_stats *st)
 {
-	st->log_write_bytes = c->store->log_write_bytes;
-	st->log_write_ns = c->store->log_write_ns;
-	st->folds = c->store->folds;
-	st->folds_from_tensors = c->store->folds_live;
-	st->folding = c->store->fold_running;
+	st->log_write_bytes = s->log_write_bytes;
+	st->log_write_ns = s->log_write_ns;
+	st->folds = s->folds;
+	st->folds_from_tensors = s->folds_live;
+	st->folding = s->fold_running;
 }
 
 /* ---- the fold thread ---- */
@@ -132,7 +134,7 @@ static int policy_fold(dcast_consumer *c, cs_fold_job *j)
 	if (err || !cs_fold_wanted(c))
 		return err;
 	err = fold_from_disk(c, j);
-	if (j->gen != cs_store_gen(c) || atomic_load(&c->store->stop))
+	if (j->gen != cs_store_gen(c->store) || atomic_load(&c->store->stop))
 		return 0; /* done (its rename moved the generation), or moot: the files moved on, or closing */
 	if (!err && j->mode != CS_FOLD_LIVE)
 		return 0; /* nothing to fold */
@@ -153,15 +155,13 @@ static void *fold_main(void *arg)
 		c->store->sink->failed(c, err);
 	cs_fold_job_free(&j);
 	c->store->fold_running = 0;
-	pthread_cond_broadcast(&c->ev_cv);
+	pthread_cond_broadcast(&c->store->fold_cv);
 	pthread_mutex_unlock(&c->lock);
 	return NULL;
 }
 
-int cs_store_folding(dcast_consumer *c)
+int cs_store_folding(cs_store *s)
 {
-	struct cs_store *s = c->store;
-
 	if (s->fold_joinable && !s->fold_running) { /* done: it has let go of `lock` */
 		pthread_join(s->fold_thread, NULL);
 		s->fold_joinable = 0;
@@ -173,7 +173,7 @@ int cs_store_fold_start(dcast_consumer *c)
 {
 	struct cs_store *s = c->store;
 
-	if (cs_store_folding(c) || atomic_load(&s->stop))
+	if (cs_store_folding(s) || atomic_load(&s->stop))
 		return 0;
 	s->fold_running = 1;
 	if (pthread_create(&s->fold_thread, NULL, fold_main, c) == 0) {
@@ -184,16 +184,14 @@ int cs_store_fold_start(dcast_consumer *c)
 	return cs_ckpt_fold(c);
 }
 
-void cs_store_fold_wait(dcast_consumer *c)
+void cs_store_fold_wait(cs_store *s, pthread_mutex_t *held)
 {
-	while (c->store->fold_running)
-		pthread_cond_wait(&c->ev_cv, &c->lock);
+	while (s->fold_running)
+		pthread_cond_wait(&s->fold_cv, held);
 }
 
-void cs_store_fold_stop(dcast_consumer *c)
+void cs_store_fold_stop(cs_store *s)
 {
-	struct cs_store *s = c->store;
-
 	if (!s)
 		return;
 	atomic_store(&s->stop, 1);

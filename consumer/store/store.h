@@ -7,11 +7,32 @@
  * private to consumer/store/); the consumer reaches it only through this
  * header, and it reaches back only through the replay sink the consumer
  * gives it at open.  Every call is made with the consumer's `lock` held
- * unless it says otherwise. */
+ * unless it says otherwise.
+ *
+ * Locks, in the one order they are taken (never the other way):
+ *   1. the consumer's `lock` (c->lock): the tensors, the staged versions,
+ *      the session's fields, and today also the store's own fields (struct
+ *      cs_store), since a fold from the live tensors and a replay read the
+ *      tensors under it.  The store lets go of it only on its fold thread,
+ *      while a fold runs from the disk (cs_fold_run: the job's copies, the
+ *      paths fixed at open, the atomic `stop` and `gen` alone) and while an anchor's seal syncs
+ *      (cs_anchor_new_seal), and takes it back before it touches anything
+ *      else; a caller waiting for the fold thread lets go of it in the
+ *      wait (cs_store_fold_wait, on the store's own condition).
+ *   2. the consumer's `mu` (wait_version), taken inside `lock`, never by
+ *      the store.
+ *   3. the sync thread's mutex (cs_syncer.mu, syncer.c): innermost; held
+ *      only around its queue, never while calling out of syncer.c.
+ * The sink's calls come back into the consumer with `lock` held as the
+ * store held it, and take no lock of their own. */
 #ifndef DCAST_CONSUMER_STORE_H
 #define DCAST_CONSUMER_STORE_H
 
 #include "consumer_impl.h"
+
+/* The store's own fields (store/store_impl.h); the calls that need nothing
+ * of the consumer take it alone. */
+typedef struct cs_store cs_store;
 
 /* What the store reports to the consumer.  Where it replays a record
  * file, one message at a time, in the order written: the consumer's
@@ -81,7 +102,7 @@ void cs_ckpt_settle(dcast_consumer *c);
  * the first failure since the last report, else 0. */
 int cs_ckpt_progress(dcast_consumer *c);
 /* Is any chunk record still being written? */
-int cs_ckpt_pending(const dcast_consumer *c);
+int cs_ckpt_pending(const cs_store *s);
 /* Chunk k's payload from v's record file into dst (pool memory).  Errors:
  * DCAST_EIO, DCAST_ETRUNCATED. */
 int cs_ckpt_read_payload(dcast_consumer *c, const cs_version *v, const cs_chunk *k, void *dst);
@@ -89,7 +110,7 @@ int cs_ckpt_read_payload(dcast_consumer *c, const cs_version *v, const cs_chunk 
 void cs_ckpt_remove(dcast_consumer *c, uint64_t version);
 /* A failed background fdatasync since the last call (set as the last
  * error), else 0. */
-int cs_store_error(dcast_consumer *c);
+int cs_store_error(cs_store *s);
 
 /* ---- an anchor received in place ----
  * An anchor received in place into a model with no tiled tensor is
@@ -117,7 +138,7 @@ void cs_anchor_new_drop(dcast_consumer *c);
 int cs_store_applied(dcast_consumer *c, const cs_version *v);
 /* Its counters into st (log_write_bytes, log_write_ns, folds,
  * folds_from_tensors, folding). */
-void cs_store_stats(const dcast_consumer *c, dcast_consumer_stats *st);
+void cs_store_stats(const cs_store *s, dcast_consumer_stats *st);
 
 /* ---- folds ---- */
 /* The fold policy: the record log since the last fold is over
@@ -193,18 +214,19 @@ int cs_store_fold_now(dcast_consumer *c);
  * cs_store_fold_start: start it (0), or, where no thread can be made,
  * fold from the tensors here (its error); nothing while one runs or the
  * store is closing.  cs_store_folding: join one that is done; 1 while
- * one runs.  cs_store_fold_wait: wait until none runs (`lock` let go
- * meanwhile): a restore or a checkpoint reads the files it writes.
- * cs_store_fold_stop: at close, without `lock`: one running is abandoned
- * (its work from the disk) and joined, and none starts after.  NULL-safe. */
+ * one runs.  cs_store_fold_wait: wait until none runs, `held` (the
+ * consumer's `lock`, which the caller holds) let go meanwhile: a restore
+ * or a checkpoint reads the files it writes.  cs_store_fold_stop: at
+ * close, without `lock`: one running is abandoned (its work from the
+ * disk) and joined, and none starts after.  NULL-safe. */
 int cs_store_fold_start(dcast_consumer *c);
-int cs_store_folding(dcast_consumer *c);
-void cs_store_fold_wait(dcast_consumer *c);
-void cs_store_fold_stop(dcast_consumer *c);
+int cs_store_folding(cs_store *s);
+void cs_store_fold_wait(cs_store *s, pthread_mutex_t *held);
+void cs_store_fold_stop(cs_store *s);
 /* The generation of the files: it moves whenever they change (a fold, a
  * discard, a seal), so that work planned before is dropped, not renamed
  * over them.  Any thread. */
-uint64_t cs_store_gen(const dcast_consumer *c);
+uint64_t cs_store_gen(const cs_store *s);
 
 /* ---- recovery ---- */
 /* Rebuild the applied version in the tensors from the files: the anchor

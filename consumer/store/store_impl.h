@@ -51,6 +51,7 @@ struct cs_store {
 	 * from the disk; joined by the next cs_store_folding or at close. */
 	pthread_t fold_thread;
 	int fold_running, fold_joinable;
+	pthread_cond_t fold_cv;        /* fold_running went to 0 (with the consumer's `lock`) */
 	_Atomic int stop;              /* closing: a fold running is abandoned, none starts */
 };
 

@@ -253,19 +253,15 @@ static int apply_first(dcast_consumer *c)
 {
 	cs_version *v = &c->staged[0];
 	uint64_t t0 = dcast_now_ns();
-	int err, torn;
+	int err;
 
 	if (v->state != CS_V_READY)
 		return dcast_fail(DCAST_ESTATE, "version %" PRIu64 " is not ready", v->version);
 	if (!v->anchor && v->base_version != dcast_consumer_version(c))
 		return dcast_fail(DCAST_EGAP, "version %" PRIu64 " builds on %" PRIu64 ", tensors hold %" PRIu64,
 				  v->version, v->base_version, dcast_consumer_version(c));
-	err = cs_apply_version(c, v, c->opts.verify_digests, &torn);
-	if (err && torn)
-		err = cs_ckpt_recover(c, v->version, err); /* the recovery policy: checkpoint, else NONE */
-	if (err)
+	if ((err = cs_intake_apply(c, v, 1)))
 		return err;
-	cs_set_applied(c, v->version);
 	record_stats(c, v, dcast_now_ns() - t0);
 	cs_ack(c, v->version);
 	c->ob.refusals = 0;

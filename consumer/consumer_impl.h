@@ -371,20 +371,28 @@ int cs_chunk_writes(const cs_chunk *k);
  * VERSION_READY event pushed.  Both return 0 when the stream goes on
  * (refusals re-join), DCAST_EIO for a record that cannot be written, or
  * the error of a re-join.  `lock` held, session thread.
- * cs_intake_replay_chunk, _commit, _apply: the store's replay of its
- * record files (store.h, cs_store_sink, as open.c gives it): the same
- * steps for a CHUNK and a COMMIT record (a fresh version begins at the
- * first), then the version applied (at load, one that tears the tensors
- * goes to cs_ckpt_recover).  Errors: those of dcast_chunk_sound,
- * DCAST_EFIELD_RANGE (anchor or base differ from v's), DCAST_ECHECKSUM,
- * DCAST_ENOMEM; DCAST_ECORRUPT for a COMMIT that does not match what was
- * taken; those of cs_apply_version. */
+ * cs_intake_replay_chunk, _commit: the store's replay of its record
+ * files (store.h, cs_store_sink, as open.c gives it): the same steps for
+ * a CHUNK and a COMMIT record (a fresh version begins at the first); the
+ * version is then applied by cs_intake_apply.  Errors: those of
+ * dcast_chunk_sound, DCAST_EFIELD_RANGE (anchor or base differ from
+ * v's), DCAST_ENOMEM; DCAST_ECORRUPT for a COMMIT that does not match
+ * what was taken. */
 int cs_intake_chunk(dcast_consumer *c, const dcast_chunk *h, zmq_msg_t *payload);
 int cs_intake_commit(dcast_consumer *c, dcast_commit *m, int *ready);
 int cs_intake_replay_chunk(dcast_consumer *c, cs_version *v, const dcast_chunk *h, uint64_t sum,
 			   uint64_t file_off);
 int cs_intake_replay_commit(dcast_consumer *c, cs_version *v, dcast_commit *m);
-int cs_intake_replay_apply(dcast_consumer *c, cs_version *v, int at_load);
+/* cs_intake_holds: the store's word that the tensors hold `version` (an
+ * anchor file loaded, a replay's end, NONE while a restore rebuilds them).
+ * cs_intake_apply: READY v applied to the tensors (cs_apply_version) and
+ * the applied version moved to it, for both sources: apply() (api.c) and
+ * the store's replay (its sink's apply: recover 1 at load, 0 for a
+ * restore); one that tears the tensors goes to the recovery policy
+ * (cs_ckpt_recover) when `recover`.  Errors: those of cs_apply_version
+ * and cs_ckpt_recover. */
+void cs_intake_holds(dcast_consumer *c, uint64_t version);
+int cs_intake_apply(dcast_consumer *c, cs_version *v, int recover);
 /* The store's word that a chunk record of `version` was written (failed
  * 0) or not (1): `credit` bytes of the pool are free again (granted to the
  * broker), and a version whose record failed is never READY (its COMMIT

@@ -392,14 +392,21 @@ int cs_intake_replay_commit(dcast_consumer *c, cs_version *v, dcast_commit *m)
 	return err;
 }
 
-/* v, READY from its record file, applied; at load, one that tears the
- * tensors brings them back to the version before it (cs_ckpt_recover). */
-int cs_intake_replay_apply(dcast_consumer *c, cs_version *v, int at_load)
+void cs_intake_holds(dcast_consumer *c, uint64_t version)
 {
-	int torn = 0, err = cs_apply_version(c, v, c->opts.verify_digests, &torn);
+	cs_set_applied(c, version);
+}
 
-	if (err && torn && at_load)
-		err = cs_ckpt_recover(c, v->version, err);
+/* ---- READY -> applied, for both sources ---- */
+
+int cs_intake_apply(dcast_consumer *c, cs_version *v, int recover)
+{
+	int torn = 0, err;
+
+	DCAST_ASSERT(v->state == CS_V_READY);
+	err = cs_apply_version(c, v, c->opts.verify_digests, &torn);
+	if (err && torn && recover)
+		err = cs_ckpt_recover(c, v->version, err); /* the recovery policy: checkpoint, else NONE */
 	if (!err)
 		cs_set_applied(c, v->version);
 	return err;

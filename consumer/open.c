@@ -105,11 +105,13 @@ static int dir_lock(dcast_consumer *c)
 	return 0;
 }
 
-/* What the store reports: its replay and its chunk records written, into
+/* What the store reports: its replay (the version the tensors hold, and
+ * each record file's version, applied) and its chunk records written, into
  * the version state machine (intake.c), and a failure of its fold thread,
  * kept for the next poll() as the session thread's own are. */
-static const cs_store_sink store_sink = {cs_manifest_take, cs_intake_replay_chunk, cs_intake_replay_commit,
-					 cs_intake_replay_apply, cs_intake_written, cs_session_failed};
+static const cs_store_sink store_sink = {cs_manifest_take, cs_intake_holds, cs_intake_replay_chunk,
+					 cs_intake_replay_commit, cs_intake_apply, cs_intake_written,
+					 cs_session_failed};
 
 /* A local checkpoint that does not load (damaged, another format) is
  * dropped, not a reason to refuse to start: the broker has every committed

@@ -2,7 +2,8 @@
 # The consumer's rooms keep their walls (docs/architecture.md, "Inside the
 # consumer"), read from the built objects (nm) and the sources:
 #   - only consumer/intake.c changes a staged version's state (CS_V_*,
-#     write_failed) or the staged list (n_staged, its slots made or freed);
+#     write_failed) or the staged list (n_staged, its slots made or freed),
+#     and the store moves the applied version only through its sink;
 #   - the store, consumer/store/, calls nothing of the consumer above it:
 #     what it replays goes through the sink it is given, and the recovery
 #     policy, the session, the intake and apply are the consumer's;
@@ -61,6 +62,16 @@ done < <(grep -n 'c->ss\.' consumer/store/*.c)
 while IFS= read -r hit; do
 	bad "the store's fields reached from outside it: $hit"
 done < <(grep -n -e '->store->' -e 'store_impl\.h' consumer/*.c consumer/*.h)
+
+# The applied version moves through the sink (intake.c), not by the store.
+for o in "$BUILD"/obj/consumer/store/*.o; do
+	[ -f "consumer/store/$(basename "$o" .o).c" ] || continue
+	nm -P -g "$o" | awk -v o="$o" '$2 == "U" && $1 == "cs_set_applied" {
+		print o " sets the applied version itself (cs_set_applied), not through its sink" }'
+done >"$TMP/applied"
+while IFS= read -r hit; do
+	bad "$hit"
+done <"$TMP/applied"
 
 # The store's conditions are its own.
 while IFS= read -r hit; do

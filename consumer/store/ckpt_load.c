@@ -186,7 +186,7 @@ static int replay(dcast_consumer *c, uint64_t have, uint64_t until, int cut)
 	}
 	free(vers);
 	if (!err)
-		cs_set_applied(c, have);
+		c->store->sink->holds(c, have);
 	return err;
 }
 
@@ -286,7 +286,7 @@ static int load(dcast_consumer *c)
 		return err;
 	drop_fold_leftovers(c);
 	c->store->anchor_file_version = have;
-	cs_set_applied(c, have);
+	c->store->sink->holds(c, have);
 	err = replay(c, have, DCAST_VERSION_NONE, 1);
 	c->store->log_since_fold = log_bytes(c);
 	if (!err && cs_fold_wanted(c))
@@ -317,7 +317,7 @@ int cs_ckpt_restore(dcast_consumer *c)
 		return err;
 	if ((err = cs_fold_resume(c))) /* a fold stopped halfway: the anchor file whole first */
 		return err;
-	cs_set_applied(c, DCAST_VERSION_NONE); /* not valid while they are rebuilt */
+	c->store->sink->holds(c, DCAST_VERSION_NONE); /* not valid while they are rebuilt */
 	if (c->store->anchor_file_version != DCAST_VERSION_NONE && (err = cs_anchor_load(c, &have)))
 		return err;
 	err = replay(c, have, target, 0);

@@ -37,7 +37,9 @@ typedef struct cs_store cs_store;
 /* What the store reports to the consumer.  Where it replays a record
  * file, one message at a time, in the order written: the consumer's
  * version state machine (intake.c).
- * manifest: a MANIFEST record (an anchor's), as from the wire.  chunk: a
+ * manifest: a MANIFEST record (an anchor's), as from the wire.  holds:
+ * the tensors hold `version` now (the anchor file's, loaded; the version
+ * a replay reached; NONE while a restore rebuilds them).  chunk: a
  * CHUNK record h at file_off of v's file, its payload summing to sum
  * (unread: checked when applied).  commit: the COMMIT record m that closes
  * v; v must be READY after it.  apply: v, READY, applied to the tensors;
@@ -51,6 +53,7 @@ typedef struct cs_store cs_store;
  * poll(). */
 typedef struct cs_store_sink {
 	int (*manifest)(dcast_consumer *c, const dcast_manifest *m);
+	void (*holds)(dcast_consumer *c, uint64_t version);
 	int (*chunk)(dcast_consumer *c, cs_version *v, const dcast_chunk *h, uint64_t sum, uint64_t file_off);
 	int (*commit)(dcast_consumer *c, cs_version *v, dcast_commit *m);
 	int (*apply)(dcast_consumer *c, cs_version *v, int at_load);

@@ -556,16 +556,21 @@ static int stage_payload(dcast_consumer *c, cs_version *v, const dcast_chunk *h,
 
 /* A CHUNK is checked whole (sound and fitting the tensors) on ZeroMQ's
  * buffer before anything of its version is begun; its payload's sum is
- * kept for the record and for apply's check of a payload read back. */
+ * kept for the record and for apply's check of a payload read back.  One
+ * that fails drops its version when staged, else nothing staged (its
+ * version field may be the damaged one). */
 int cs_intake_chunk(dcast_consumer *c, const dcast_chunk *h, zmq_msg_t *payload)
 {
 	uint64_t sum = dcast_checksum(zmq_msg_data(payload), h->payload_bytes);
 	cs_version *v;
 	int err;
 
-	if ((err = dcast_chunk_sound(h, cs_tensor_descs(c), sum)))
-		return cs_refuse(c, h->version, err);
 	v = cs_version_find(c, h->version);
+	err = dcast_chunk_sound(h, cs_tensor_descs(c), sum);
+	if (err && !v) /* its version field may be the damaged one: nothing staged goes */
+		return cs_refuse_message(c, h->version, err);
+	if (err)
+		return cs_refuse(c, h->version, err);
 	if (!v && !(v = version_begin(c, h, &err)))
 		return err;
 	if ((err = fit(v, h)) == 1) {

@@ -6,7 +6,10 @@
  * sends anchor 5.  Staged versions must stay in increasing order (the
  * consumer asserts it), so anchor 5 is refused as the
  * peer's error, with an ERROR event naming both versions; version 7 stays
- * READY and applies bit-exact.  Nothing aborts. */
+ * READY and applies bit-exact.  So is a CHUNK of version 5 that does not
+ * fit the manifest, and one whose payload is damaged: a version not staged
+ * is named by the message alone (its version field may be the damaged
+ * one), so nothing staged is dropped for it.  Nothing aborts. */
 #include <stdint.h>
 #include "check.h"
 #include "chunk_fit_cases.h"
@@ -112,6 +115,40 @@ static void chunk_fit_refusals(dcast_consumer *c)
 	}
 }
 
+/* After a refusal of version 5 (below READY 7, not staged): the re-join's
+ * WELCOME, then a CHUNK of version 5 that does not fit, then one whose
+ * payload is damaged; each is refused, naming version 5, and 7 stays READY. */
+static void damaged_below_ready(dcast_consumer *c, const uint16_t *w)
+{
+	const chunk_fit_case *k = &chunk_fit_cases[0];
+	const void *payload;
+	uint16_t bad[N];
+	dcast_event ev;
+	dcast_msg m;
+
+	zmq_msg_close(&rid);
+	welcome();
+	chunk_fit_chunk(&m, k, MODEL, 5, &payload);
+	send_to(&m, payload, m.u.chunk.payload_bytes);
+	CHECK(event(c, DCAST_EV_ERROR, &ev) && ev.version == 5);
+	CHECK_ERR(ev.code, k->code);
+	CHECK(dcast_consumer_ready_version(c) == 7);
+	zmq_msg_close(&rid);
+	welcome();
+	memcpy(bad, w, sizeof(bad));
+	dcast_msg_init(&m, DCAST_MSG_CHUNK);
+	strcpy(m.u.chunk.model, MODEL);
+	m.u.chunk.version = 5, m.u.chunk.base_version = DCAST_VERSION_NONE, m.u.chunk.anchor = 1;
+	m.u.chunk.count = N, m.u.chunk.elem_size = 2, m.u.chunk.changed = N;
+	m.u.chunk.encoding = DCAST_ENC_DENSE, m.u.chunk.payload_bytes = N * 2;
+	dcast_chunk_seal(&m.u.chunk, bad);
+	bad[3] ^= 0x100; /* damaged on the way */
+	send_to(&m, bad, N * 2);
+	CHECK(event(c, DCAST_EV_ERROR, &ev) && ev.version == 5);
+	fprintf(stderr, "damaged chunk of 5 refused as: %s\n", ev.text);
+	CHECK(dcast_consumer_ready_version(c) == 7);
+}
+
 int main(void)
 {
 	char dir[] = "/tmp/dcast-test-hostile-XXXXXX", ep[128];
@@ -138,6 +175,7 @@ int main(void)
 	CHECK(strstr(ev.text, "not above the newest staged, 7") != NULL);
 	fprintf(stderr, "refused as: %s\n", ev.text);
 	CHECK(dcast_consumer_ready_version(c) == 7);
+	damaged_below_ready(c, w5);
 	CHECK_ERR(dcast_consumer_apply(c, 7), 0);
 	CHECK(dcast_consumer_tensor(c, "w", &ptr, NULL, NULL) == 0 && !memcmp(ptr, w7, sizeof(w7)));
 	dcast_consumer_close(&c);

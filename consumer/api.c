@@ -395,7 +395,7 @@ int dcast_consumer_checkpoint(dcast_consumer *c)
 		return dcast_fail(DCAST_EINVAL, "dcast_consumer_checkpoint: NULL consumer");
 	pthread_mutex_lock(&c->lock);
 	cs_store_fold_wait(c->store, &c->lock); /* an anchor's seal it runs: done first */
-	if (!(err = cs_anchor_new_seal(c, 1)) && !(err = cs_store_fold_now(c)))
+	if (!(err = cs_anchor_new_seal(c, NULL)) && !(err = cs_store_fold_now(c)))
 		c->ss.fold_due = 0;
 	pthread_mutex_unlock(&c->lock);
 	return err;

@@ -417,7 +417,7 @@ static int fold_if_due(dcast_consumer *c)
 	if (cs_store_folding(c->store) || !c->ss.fold_due)
 		return 0;
 	c->ss.fold_due = 0;
-	return cs_store_fold_start(c);
+	return cs_store_fold_start(c, &c->lock);
 }
 
 /* Run one step of a turn; a step that held the thread past a heartbeat

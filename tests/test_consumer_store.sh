@@ -12,7 +12,8 @@
 #   - a CHUNK, from the wire or a record, is checked whole by one call of
 #     the schema (dcast_chunk_sound), not by its two halves;
 #   - the store waits on and wakes its own conditions (its fold thread's),
-#     never the consumer's (c->ev_cv, c->cv).
+#     never the consumer's (c->ev_cv, c->cv), and takes or lets go of the
+#     consumer's locks only as handed to it (it names no c->lock, c->mu).
 # Each breach is named with its file and the name or line that makes it.
 set -u
 cd "$(dirname "$0")/.."
@@ -75,8 +76,8 @@ done <"$TMP/applied"
 
 # The store's conditions are its own.
 while IFS= read -r hit; do
-	bad "the store waits on or wakes a condition of the consumer: $hit"
-done < <(grep -nE 'c->(ev_cv|cv)\b' consumer/store/*.c)
+	bad "the store names a condition or a lock of the consumer: $hit"
+done < <(grep -nE 'c->(ev_cv|cv|lock|mu)\b' consumer/store/*.c)
 
 # One schema call checks a chunk: sound (its checksum) and fitting.
 for o in "$BUILD"/obj/consumer/*.o "$BUILD"/obj/consumer/store/*.o; do

@@ -92,29 +92,29 @@ int cs_anchor_new_applied(dcast_consumer *c, const cs_version *v)
 	return 1; /* the seal, on the fold thread */
 }
 
-/* fdatasync the file; unless held, without `lock`, in the background. */
-static int sync_file(dcast_consumer *c, const char *path, int held)
+/* fdatasync the file; with `release`, without it, in the background. */
+static int sync_file(dcast_consumer *c, const char *path, pthread_mutex_t *release)
 {
 	int fd = open(path, O_RDWR | O_CLOEXEC), err = 0, saved = 0;
 
 	if (fd < 0)
 		return dcast_fail(DCAST_EIO, "%s: open: %s", path, strerror(errno));
-	if (!held) {
-		pthread_mutex_unlock(&c->lock);
+	if (release) {
+		pthread_mutex_unlock(release);
 		cs_fold_priority(1, &saved);
 	}
 	cs_fault_fold(c); /* the test seam: the seal held here */
 	if (fdatasync(fd) != 0)
 		err = dcast_fail(DCAST_EIO, "%s: fdatasync: %s", path, strerror(errno));
-	if (!held) {
+	if (release) {
 		cs_fold_priority(0, &saved);
-		pthread_mutex_lock(&c->lock);
+		pthread_mutex_lock(release);
 	}
 	close(fd);
 	return err;
 }
 
-int cs_anchor_new_seal(dcast_consumer *c, int held)
+int cs_anchor_new_seal(dcast_consumer *c, pthread_mutex_t *release)
 {
 	uint64_t v = c->store->new_version, gen = atomic_load(&c->store->gen);
 	char path[4200];
@@ -123,7 +123,7 @@ int cs_anchor_new_seal(dcast_consumer *c, int held)
 	if (v == DCAST_VERSION_NONE)
 		return 0;
 	cs_anchor_new_path(c, 1, path, sizeof(path));
-	err = sync_file(c, path, held);
+	err = sync_file(c, path, release);
 	if (gen != atomic_load(&c->store->gen))
 		return 0; /* moot: whatever changed the files dropped this one */
 	DCAST_ASSERT(c->store->new_version == v);
@@ -171,7 +171,7 @@ int cs_anchor_new_adopt(dcast_consumer *c)
 	if (strcmp(name, c->model)) /* neither served nor deleted */
 		return cs_ckpt_foreign(c, "model.safetensors.applied, metadata deltacast.model",
 				       name[0] ? name : "(none)");
-	if ((err = sync_file(c, path, 1)) || rename(path, c->store->anchor_path) != 0)
+	if ((err = sync_file(c, path, NULL)) || rename(path, c->store->anchor_path) != 0)
 		return err ? err : dcast_fail(DCAST_EIO, "%s: rename: %s", path, strerror(errno));
 	DCAST_LOG_I("consumer %s: anchor applied before the last exit, not sealed then: %s is now "
 		    "model.safetensors (its digest is checked as it loads)", c->model, path);

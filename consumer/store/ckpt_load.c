@@ -313,7 +313,7 @@ int cs_ckpt_restore(dcast_consumer *c)
 
 	if (target == DCAST_VERSION_NONE)
 		return 0;
-	if ((err = cs_anchor_new_seal(c, 1))) /* an anchor applied and not sealed: sealed first */
+	if ((err = cs_anchor_new_seal(c, NULL))) /* an anchor applied and not sealed: sealed first */
 		return err;
 	if ((err = cs_fold_resume(c))) /* a fold stopped halfway: the anchor file whole first */
 		return err;

@@ -49,7 +49,7 @@ void cs_store_close(dcast_consumer *c, int fold_owed)
 	if (!s)
 		return;
 	cs_ckpt_settle(c); /* chunk records written behind */
-	if (cs_anchor_new_seal(c, 1)) /* an anchor applied: durable */
+	if (cs_anchor_new_seal(c, NULL)) /* an anchor applied: durable */
 		DCAST_LOG_W("consumer %s: anchor file at close: %s", c->model, dcast_last_error());
 	if (fold_owed && cs_fold_wanted(c) && cs_store_fold_now(c))
 		DCAST_LOG_W("consumer %s: fold at close: %s", c->model, dcast_last_error());
@@ -98,9 +98,9 @@ static int fold_from_disk(dcast_consumer *c, cs_fold_job *j)
 
 	if (err || j->mode != CS_FOLD_DISK)
 		return err;
-	pthread_mutex_unlock(&c->lock);
+	pthread_mutex_unlock(c->store->fold_lock);
 	err = cs_fold_run(j, &c->store->stop);
-	pthread_mutex_lock(&c->lock);
+	pthread_mutex_lock(c->store->fold_lock);
 	return err ? err : cs_fold_finish(c, j);
 }
 
@@ -129,7 +129,7 @@ int cs_store_fold_now(dcast_consumer *c)
  * the live tensors, which hold the applied version, checked. */
 static int policy_fold(dcast_consumer *c, cs_fold_job *j)
 {
-	int err = cs_anchor_new_seal(c, 0); /* an anchor written straight to its file, first */
+	int err = cs_anchor_new_seal(c, c->store->fold_lock); /* an anchor written straight to its file, first */
 
 	if (err || !cs_fold_wanted(c))
 		return err;
@@ -150,13 +150,13 @@ static void *fold_main(void *arg)
 	cs_fold_job j = {0};
 	int err;
 
-	pthread_mutex_lock(&c->lock);
+	pthread_mutex_lock(c->store->fold_lock);
 	if ((err = policy_fold(c, &j)))
 		c->store->sink->failed(c, err);
 	cs_fold_job_free(&j);
 	c->store->fold_running = 0;
 	pthread_cond_broadcast(&c->store->fold_cv);
-	pthread_mutex_unlock(&c->lock);
+	pthread_mutex_unlock(c->store->fold_lock);
 	return NULL;
 }
 
@@ -169,13 +169,14 @@ int cs_store_folding(cs_store *s)
 	return s->fold_joinable;
 }
 
-int cs_store_fold_start(dcast_consumer *c)
+int cs_store_fold_start(dcast_consumer *c, pthread_mutex_t *held)
 {
 	struct cs_store *s = c->store;
 
 	if (cs_store_folding(s) || atomic_load(&s->stop))
 		return 0;
 	s->fold_running = 1;
+	s->fold_lock = held;
 	if (pthread_create(&s->fold_thread, NULL, fold_main, c) == 0) {
 		s->fold_joinable = 1;
 		return 0;

@@ -13,12 +13,14 @@
  *   1. the consumer's `lock` (c->lock): the tensors, the staged versions,
  *      the session's fields, and today also the store's own fields (struct
  *      cs_store), since a fold from the live tensors and a replay read the
- *      tensors under it.  The store lets go of it only on its fold thread,
- *      while a fold runs from the disk (cs_fold_run: the job's copies, the
- *      paths fixed at open, the atomic `stop` and `gen` alone) and while an anchor's seal syncs
- *      (cs_anchor_new_seal), and takes it back before it touches anything
- *      else; a caller waiting for the fold thread lets go of it in the
- *      wait (cs_store_fold_wait, on the store's own condition).
+ *      tensors under it.  The store names it nowhere: a caller hands it
+ *      over where the store must let go of it.  Its fold thread takes it
+ *      (handed at cs_store_fold_start) and lets go of it only while a fold
+ *      runs from the disk (cs_fold_run: the job's copies, the paths fixed
+ *      at open, the atomic `stop` and `gen` alone) and while an anchor's
+ *      seal syncs (cs_anchor_new_seal), taking it back before it touches
+ *      anything else; a caller waiting for the fold thread lets go of it
+ *      in the wait (cs_store_fold_wait, on the store's own condition).
  *   2. the consumer's `mu` (wait_version), taken inside `lock`, never by
  *      the store.
  *   3. the sync thread's mutex (cs_syncer.mu, syncer.c): innermost; held
@@ -122,15 +124,16 @@ int cs_store_error(cs_store *s);
  * cs_ckpt_version_create) makes the file.  cs_anchor_new_commit (in place
  * of cs_ckpt_commit_write) waits for the writes and writes the header,
  * with the file digest of the tensors, which hold the anchor whole.
- * cs_anchor_new_seal (let go of `lock` while the file syncs unless `held`:
- * close, restore, checkpoint) fdatasyncs and renames it over
+ * cs_anchor_new_seal (`release`: the lock the caller holds, let go while
+ * the file syncs, the fold thread's; NULL: held on, at close, restore and
+ * checkpoint) fdatasyncs and renames it over
  * model.safetensors, unless the files changed meanwhile; on failure the
  * file goes and the tensors are folded instead.  cs_anchor_new_drop
  * removes it and forgets it; whoever changes the files while one is
  * pending calls it.  Errors: DCAST_EIO, DCAST_ENOMEM. */
 int cs_anchor_new_create(dcast_consumer *c, cs_version *v);
 int cs_anchor_new_commit(dcast_consumer *c, cs_version *v);
-int cs_anchor_new_seal(dcast_consumer *c, int held);
+int cs_anchor_new_seal(dcast_consumer *c, pthread_mutex_t *release);
 void cs_anchor_new_drop(dcast_consumer *c);
 
 /* ---- what the consumer tells it ---- */
@@ -211,9 +214,11 @@ int cs_store_fold_now(dcast_consumer *c);
 /* The fold thread: the seal of an anchor written in place, then the fold
  * the policy asks for (if it still does: a checkpoint may have folded
  * first) from the disk, or from the live tensors when that cannot be or
- * fails while the files stayed as planned.  It holds `lock` but while it
- * syncs and folds from the disk, so that the caller's thread (the
- * session's) heartbeats meanwhile; a failure goes to the sink's `failed`.
+ * fails while the files stayed as planned.  It holds the lock it is
+ * handed, `held` (the consumer's `lock`, which the caller of
+ * cs_store_fold_start holds), but while it syncs and folds from the disk,
+ * so that the caller's thread (the session's) heartbeats meanwhile; a
+ * failure goes to the sink's `failed`.
  * cs_store_fold_start: start it (0), or, where no thread can be made,
  * fold from the tensors here (its error); nothing while one runs or the
  * store is closing.  cs_store_folding: join one that is done; 1 while
@@ -222,7 +227,7 @@ int cs_store_fold_now(dcast_consumer *c);
  * or a checkpoint reads the files it writes.  cs_store_fold_stop: at
  * close, without `lock`: one running is abandoned (its work from the
  * disk) and joined, and none starts after.  NULL-safe. */
-int cs_store_fold_start(dcast_consumer *c);
+int cs_store_fold_start(dcast_consumer *c, pthread_mutex_t *held);
 int cs_store_folding(cs_store *s);
 void cs_store_fold_wait(cs_store *s, pthread_mutex_t *held);
 void cs_store_fold_stop(cs_store *s);

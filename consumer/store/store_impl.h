@@ -52,6 +52,8 @@ struct cs_store {
 	pthread_t fold_thread;
 	int fold_running, fold_joinable;
 	pthread_cond_t fold_cv;        /* fold_running went to 0 (with the consumer's `lock`) */
+	pthread_mutex_t *fold_lock;    /* the consumer's `lock`, handed at cs_store_fold_start:
+					* the fold thread's but while it syncs or folds from the disk */
 	_Atomic int stop;              /* closing: a fold running is abandoned, none starts */
 };
 

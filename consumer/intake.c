@@ -272,8 +272,8 @@ int cs_refuse_message(dcast_consumer *c, uint64_t version, int code)
 
 /* ---- the steps, for both sources ---- */
 
-/* A fresh version (slot_take, or a record file's) begins STAGING, its anchor flag and
- * base those of its first CHUNK or COMMIT. */
+/* A fresh version (slot_take, or a record file's) begins STAGING, its
+ * anchor flag and base those of its first CHUNK or COMMIT. */
 static void open_version(cs_version *v, uint32_t anchor, uint64_t base)
 {
 	DCAST_ASSERT(v->state == 0 && v->n_chunks == 0);

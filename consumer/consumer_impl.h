@@ -15,8 +15,8 @@
  *   store/ckpt.c, store/syncer.c;
  *   views.c (slices), devbatch.c (a device version's batch), fault.c,
  *   staging.c (the pinned pool), par.c,
- *   version.c (a version's memory), devmem.c (host or CUDA), state.c (the tensor table, the
- *   applied version, events).
+ *   version.c (a version's memory), devmem.c (host or CUDA), state.c
+ *   (the tensor table, the applied version, events).
  * tests/test_layers.sh checks this order and that no circle forms. */
 #ifndef DCAST_CONSUMER_IMPL_H
 #define DCAST_CONSUMER_IMPL_H
@@ -217,7 +217,7 @@ typedef struct cs_vscratch {
 	uint64_t pos_cap, ch_cap, buf_cap;
 } cs_vscratch;
 
-/* The cause of a refusal that re-joins (outbox.c, cs_rejoin_refused):
+/* The cause of a refusal that re-joins (outbox.c, cs_refusal_backoff):
  * what was refused, the error, and where: how many of the version's chunks
  * were taken before it (a version damaged on the way fails at another
  * chunk each time; one damaged in the log fails at the same one). */
@@ -239,7 +239,7 @@ typedef struct cs_outbox {
 	uint64_t ack_due;              /* newest applied version not ACKed yet, or NONE */
 	uint64_t hello_at_ms;          /* a HELLO due goes out no earlier than this */
 	cs_refusal refused;            /* the cause refused last, and how many times in a */
-	uint32_t refusals;             /* row: the re-join backs off (cs_rejoin_refused) */
+	uint32_t refusals;             /* row: the re-join backs off (cs_refusal_backoff) */
 } cs_outbox;
 
 /* The session with the broker (session.c): its thread, socket, timers,

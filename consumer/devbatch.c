@@ -135,7 +135,7 @@ static void dims_of(const dcast_consumer *c, const cs_version *v, cs_dbatch_hdr 
 		h->d.n += k->info.changed;
 		h->d.val_bytes += dcast_batch_val_bytes(k->info.changed, k->info.elem_size);
 		h->on_device |= c->tensors[k->tensor].mem == DCAST_MEM_CUDA;
-		if (k->info.encoding == DCAST_ENC_COMPACT)
+		if (dcast_batch_is_cpt(k->info.encoding))
 			dcast_batch_ddims_add(&h->dd, &k->info);
 	}
 }
@@ -206,7 +206,7 @@ int cs_dbatch_layout(const dcast_consumer *c, const cs_version *v, unsigned char
 		b->seg[s++] = (dcast_batch_seg){ .dst = (uintptr_t)cs_chunk_dst(c, k), .start = k->start,
 						 .first = first, .val_off = val, .count = (uint32_t)k->info.changed,
 						 .tensor = k->tensor, .elem_size = k->info.elem_size };
-		if (k->info.encoding == DCAST_ENC_COMPACT) { /* its payload's place, for cs_dbatch_decode */
+		if (dcast_batch_is_cpt(k->info.encoding)) { /* its payload's place, for cs_dbatch_decode */
 			x.cpt[cpt++] = (dcast_batch_cpt){ .payload_off = pl, .first = first };
 			pl += (k->info.payload_bytes + 7) & ~(uint64_t)7;
 		}
@@ -243,7 +243,7 @@ int cs_dbatch_decode(unsigned char *at, uint64_t seg, const cs_chunk *k, const u
 
 	map_at(at, &b);
 	s = &b.seg[seg];
-	if (k->info.encoding == DCAST_ENC_COMPACT)
+	if (dcast_batch_is_cpt(k->info.encoding))
 		return put_compact(at, s, k, p);
 	err = dcast_batch_decode(&k->info, p, b.pos + s->first, b.code + s->first, &mode);
 	s->mode = mode;

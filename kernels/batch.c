@@ -157,7 +157,7 @@ void dcast_batch_dmap(dcast_batch_dec *x, void *base, const dcast_batch_ddims *d
 void dcast_batch_ddims_add(dcast_batch_ddims *d, const dcast_chunk_info *info)
 {
 	d->n_cpt++;
-	d->n_blk += dcast_cpt_nblocks(info->changed);
+	d->n_blk += dcast_batch_nblocks(info->encoding, info->changed);
 	d->n_lut += DCAST_CPT_LUT_SIZE;
 	d->payload_bytes += up8(info->payload_bytes);
 }
@@ -170,7 +170,8 @@ void dcast_batch_ddims_for(const dcast_chunk_info *info, uint64_t n, dcast_batch
 }
 
 /* The header of a compact payload checked, *p described (stream, index,
- * code parameters), its lookup built into lut when coded. */
+ * code parameters), its lookup built into lut when coded v1 (a v2 chunk's
+ * is built where it is decoded, dcast_batch_lut_fill). */
 static int cpt_open(const dcast_chunk_info *info, const void *payload, dcast_batch_cpt *p, uint16_t *lut)
 {
 	dcast_cpt_table t;
@@ -179,19 +180,19 @@ static int cpt_open(const dcast_chunk_info *info, const void *payload, dcast_bat
 
 	if (rc)
 		return rc;
-	if (info->encoding != DCAST_ENC_COMPACT)
+	if (!dcast_batch_is_cpt(info->encoding))
 		return dcast_fail(DCAST_EINVAL, "batch decode: a %s payload is not compact",
 				  dcast_encoding_name((int)info->encoding));
 	if ((rc = dcast_cpt_check_changed(info)) || (rc = dcast_cpt_open(info, payload, &d, &t)))
 		return rc;
-	if (d.mode == DCAST_CPT_CODED)
+	if (d.mode == DCAST_CPT_CODED && info->encoding == DCAST_ENC_COMPACT)
 		dcast_cpt_lut_build(&t, dcast_cpt_nsym(d.w), lut);
 	if (!info->changed && (rc = dcast_cpt_check_trail(&d, 0)))
-		return dcast_cpt_fail(rc, 0);
+		return dcast_cpt_fail((int)info->encoding, rc, 0);
 	p->stream_off = (uint64_t)(d.stream - (const uint8_t *)payload);
 	p->stream_bytes = d.stream_bytes;
 	p->index_off = dcast_cpt_hdr_bytes(d.mode, d.w);
-	p->k = d.k, p->mode = d.mode, p->w = d.w;
+	p->k = d.k, p->mode = d.mode, p->w = d.w, p->enc = info->encoding;
 	return DCAST_OK;
 }
 
@@ -203,7 +204,8 @@ int dcast_batch_dput(dcast_batch_dec *x, uint64_t c, const dcast_chunk_info *inf
 
 	DCAST_ASSERT(c < x->d.n_cpt && *at + info->payload_bytes <= x->d.payload_bytes);
 	*p = (dcast_batch_cpt){ .payload_off = *at, .lut_off = c * DCAST_CPT_LUT_SIZE, .count = info->count,
-				.changed = info->changed, .first = first, .err = DCAST_BATCH_NO_ERR };
+				.changed = info->changed, .first = first, .err = DCAST_BATCH_NO_ERR,
+				.enc = info->encoding };
 	*at += up8(info->payload_bytes);
 	if ((rc = cpt_open(info, payload, p, x->lut + p->lut_off))) {
 		p->mode = DCAST_BATCH_SKIP;
@@ -219,7 +221,7 @@ void dcast_batch_blk_up(dcast_batch_dec *x)
 
 	for (uint64_t c = 0; c < x->d.n_cpt; c++) {
 		x->cpt[c].err = DCAST_BATCH_NO_ERR;
-		for (uint64_t b = 0; b < dcast_cpt_nblocks(x->cpt[c].changed); b++, g++)
+		for (uint64_t b = 0; b < dcast_batch_nblocks(x->cpt[c].enc, x->cpt[c].changed); b++, g++)
 			x->blk[g] = (dcast_batch_blk){ (uint32_t)c, (uint32_t)b };
 	}
 	DCAST_ASSERT(g == x->d.n_blk);
@@ -227,8 +229,13 @@ void dcast_batch_blk_up(dcast_batch_dec *x)
 
 void dcast_batch_decode_cpu(dcast_batch_dec *x, uint32_t *pos, uint32_t *code)
 {
+	for (uint64_t c = 0; c < x->d.n_cpt; c++)
+		dcast_batch_lut_fill(x, c, 0, 1);
 	for (uint64_t g = 0; g < x->d.n_blk; g++)
-		dcast_batch_decode_blk(x, g, pos, code);
+		if (x->cpt[x->blk[g].cpt].enc == DCAST_ENC_COMPACT2)
+			dcast_batch_decode_blk2(x, g, pos, code);
+		else
+			dcast_batch_decode_blk(x, g, pos, code);
 	for (uint64_t g = 0; g < x->d.n_blk; g++) {
 		uint64_t key = dcast_batch_chain_blk(x, g);
 		dcast_batch_cpt *p = &x->cpt[x->blk[g].cpt];
@@ -257,5 +264,5 @@ int dcast_batch_cpt_report(const dcast_batch_cpt *p)
 	if (p->err == DCAST_BATCH_NO_ERR)
 		return DCAST_OK;
 	e = (int)(p->err & 0xff);
-	return dcast_cpt_fail(e ? e : DCAST_CPT_EINDEX, p->err >> 8);
+	return dcast_cpt_fail((int)p->enc, e ? e : DCAST_CPT_EINDEX, p->err >> 8);
 }

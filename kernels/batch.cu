@@ -158,6 +158,107 @@ __global__ static void k_batch_decode(const dcast_batch_dec x, uint32_t *pos, ui
 		dcast_batch_decode_blk(&x, g, pos, code);
 }
 
+/* The v2 chunks' code lookups from their headers: a block a chunk. */
+__global__ static void k_batch_lut(const dcast_batch_dec x)
+{
+	for (uint64_t c = blockIdx.x; c < x.d.n_cpt; c += gridDim.x)
+		dcast_batch_lut_fill(&x, c, threadIdx.x, blockDim.x);
+}
+
+#define FULL_MASK 0xffffffffu
+
+/* One refill point of the warp (codec_cpt2.h, dcast_cpt2_refill): in
+ * passes, the lanes still short each take a word, in lane order. */
+__device__ static int warp_refill(const dcast_cpt_dec *d, dcast_cpt2_lane *l, bool act, int val, uint64_t *at,
+				  uint64_t nwords, unsigned lane)
+{
+	for (;;) {
+		bool need = act && dcast_cpt2_needs(d, l, val);
+		unsigned m = __ballot_sync(FULL_MASK, need);
+		uint64_t mine = *at + __popc(m & ((1u << lane) - 1u));
+		if (!m)
+			return DCAST_CPT_OK;
+		*at += __popc(m);
+		if (*at > nwords)
+			return DCAST_CPT_EOVERRUN;
+		if (need)
+			dcast_cpt2_take(l, dcast_cpt2_word(d->stream, mine));
+	}
+}
+
+/* The round's positions: an inclusive scan of gap + 1 across the lanes
+ * from *next; DCAST_CPT_EPOS when one reaches count. */
+__device__ static int warp_positions(const dcast_cpt_dec *d, dcast_cpt2_lane *l, bool act, unsigned lane,
+				     uint64_t *next, uint32_t *pos)
+{
+	uint32_t s = act ? dcast_cpt2_gap(l, d->k) + 1 : 0;
+	for (unsigned o = 1; o < 32; o <<= 1) {
+		uint32_t t = __shfl_up_sync(FULL_MASK, s, o);
+		if (lane >= o)
+			s += t;
+	}
+	uint64_t mine = *next + s - 1;
+	*next += __shfl_sync(FULL_MASK, s, 31);
+	if (__any_sync(FULL_MASK, act && mine >= d->count))
+		return DCAST_CPT_EPOS;
+	if (act)
+		*pos = (uint32_t)mine;
+	return DCAST_CPT_OK;
+}
+
+/* One round of the warp; lane `lane` codes change r0 + lane when active. */
+__device__ static int warp_round(const dcast_cpt_dec *d, dcast_cpt2_lane *l, bool act, unsigned lane,
+				 uint64_t *at, uint64_t nwords, uint64_t *next, uint32_t *pos, uint32_t *code)
+{
+	uint32_t v = 0;
+	int e = warp_refill(d, l, act, 0, at, nwords, lane);
+	if (e || (e = warp_positions(d, l, act, lane, next, pos)) || (e = warp_refill(d, l, act, 1, at, nwords, lane)))
+		return e;
+	e = act ? dcast_cpt2_value(d, l, &v) : DCAST_CPT_OK;
+	if (__any_sync(FULL_MASK, e))
+		return DCAST_CPT_ECODE;
+	if (act)
+		*code = v;
+	return DCAST_CPT_OK;
+}
+
+/* v2 block g by one warp: dcast_batch_decode_blk2's result. */
+__device__ static void warp_blk(const dcast_batch_dec *x, uint64_t g, unsigned lane, uint32_t *pos, uint32_t *code)
+{
+	dcast_batch_blk k = x->blk[g];
+	const dcast_batch_cpt *p = &x->cpt[k.cpt];
+	uint64_t first = p->first + (uint64_t)k.b * DCAST_CPT2_BLOCK, at, next, nwords = p->stream_bytes / 2;
+	uint32_t n = dcast_cpt2_blk_changes(p->changed, k.b);
+	dcast_cpt2_lane l = { 0, 0, 0 };
+	dcast_cpt_dec d;
+	int e = DCAST_CPT_OK;
+
+	dcast_batch_cpt_dec(x, p, &d);
+	dcast_cpt2_blk_start(x->payload + p->payload_off + p->index_off, k.b, &at, &next);
+	for (uint32_t r0 = 0; r0 < n && !e; r0 += 32)
+		e = warp_round(&d, &l, r0 + lane < n, lane, &at, nwords, &next, pos + first + r0 + lane,
+			       code + first + r0 + lane);
+	if (!e && __any_sync(FULL_MASK, l.buf != 0))
+		e = DCAST_CPT_ETRAIL;
+	if (lane == 0) {
+		x->end[g].status = e;
+		x->end[g].bit = at;
+		x->end[g].next = next;
+	}
+}
+
+/* The v2 blocks, a warp each (the v1 ones are left to k_batch_decode). */
+__global__ static void k_batch_decode2(const dcast_batch_dec x, uint32_t *pos, uint32_t *code)
+{
+	uint64_t w = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32, nw = (uint64_t)gridDim.x * blockDim.x / 32;
+
+	for (uint64_t g = w; g < x.d.n_blk; g += nw) {
+		const dcast_batch_cpt *p = &x.cpt[x.blk[g].cpt];
+		if (p->enc == DCAST_ENC_COMPACT2 && p->mode != DCAST_BATCH_SKIP)
+			warp_blk(&x, g, threadIdx.x & 31, pos, code);
+	}
+}
+
 __global__ static void k_batch_chain(const dcast_batch_dec x)
 {
 	for (uint64_t g = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; g < x.d.n_blk;
@@ -179,7 +280,10 @@ extern "C" int dcast_cuda_batch_decode(void *dev, const dcast_batch_dec *host, u
 	dcast_batch_dmap(&x, dev, &host->d); /* addresses only */
 	if (!host->d.n_blk)
 		return DCAST_OK;
+	k_batch_lut<<<blocks_for(host->d.n_cpt), DECODE_THREADS, 0, (cudaStream_t)stream>>>(x);
 	k_batch_decode<<<grid, DECODE_THREADS, 0, (cudaStream_t)stream>>>(x, pos, code);
+	k_batch_decode2<<<blocks_for((host->d.n_blk + DECODE_THREADS / 32 - 1) / (DECODE_THREADS / 32)), DECODE_THREADS,
+			  0, (cudaStream_t)stream>>>(x, pos, code);
 	k_batch_chain<<<grid, DECODE_THREADS, 0, (cudaStream_t)stream>>>(x);
 	e = cudaGetLastError();
 	return e == cudaSuccess ? DCAST_OK : batch_fail(e, "decode launch");

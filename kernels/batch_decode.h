@@ -1,10 +1,12 @@
 /* Private to kernels/: compact payloads of a batch decoded on the device,
- * every index block of every chunk of a version in one launch (one thread
- * a block: a 59 GB shard at 1% has ~290,000 blocks), then the chain check
- * (each block ends where the next one's index entry starts, the last one
- * at the stream's end) in a second, also a thread a block.  The block
- * logic is codec_shared.h's, written once for the CPU twin (batch.c) and
- * the kernels (batch.cu).
+ * every index block of every chunk of a version in one launch per
+ * encoding (compact v1: one thread a block of 1024 changes, a 59 GB shard
+ * at 1% has ~290,000 of them; compact v2: one warp a block of 4096, after
+ * a launch that builds the v2 chunks' code lookups from their headers),
+ * then the chain check (each block ends where the next one's index entry
+ * starts, the last one at the stream's end) in a last launch, a thread a
+ * block.  The block logic is codec_shared.h's and codec_cpt2.h's, written
+ * once for the CPU twin (batch.c) and the kernels (batch.cu).
  *
  * One buffer holds, each at a multiple of 8 bytes (dcast_batch_dmap):
  *   cpt[n_cpt]   one per chunk: where its stream and block index are in
@@ -17,7 +19,7 @@
 #ifndef DCAST_BATCH_DECODE_H
 #define DCAST_BATCH_DECODE_H
 
-#include "codec_shared.h"
+#include "codec_cpt2.h"
 #include "dcast_batch.h"
 
 #define DCAST_BATCH_NO_ERR UINT64_MAX
@@ -32,7 +34,7 @@ typedef struct dcast_batch_cpt {
 	uint64_t count, changed;
 	uint64_t first;         /* its first change in the batch's pos and code */
 	uint64_t err;           /* out: its first failure's key (dcast_batch_err_key), or NO_ERR */
-	uint32_t k, mode, w, pad;
+	uint32_t k, mode, w, enc; /* enc: DCAST_ENC_COMPACT or DCAST_ENC_COMPACT2 */
 } dcast_batch_cpt;
 
 typedef struct dcast_batch_blk {
@@ -40,7 +42,7 @@ typedef struct dcast_batch_blk {
 } dcast_batch_blk;
 
 typedef struct dcast_batch_end {
-	uint64_t bit, next;
+	uint64_t bit, next; /* v2: bit is the word offset */
 	int32_t status, pad;
 } dcast_batch_end;
 
@@ -76,7 +78,56 @@ DCAST_HD void dcast_batch_cpt_dec(const dcast_batch_dec *x, const dcast_batch_cp
 	d->lut = x->lut + p->lut_off;
 }
 
-/* Decode block g into its place in pos/code; its end state into end[g]. */
+/* Is the encoding one the batch decodes on the device? */
+DCAST_HD int dcast_batch_is_cpt(uint32_t enc)
+{
+	return enc == DCAST_ENC_COMPACT || enc == DCAST_ENC_COMPACT2;
+}
+
+/* Index blocks of a compact chunk of that encoding and change count. */
+DCAST_HD uint64_t dcast_batch_nblocks(uint32_t enc, uint64_t changed)
+{
+	return enc == DCAST_ENC_COMPACT2 ? dcast_cpt2_nblocks(changed) : dcast_cpt_nblocks(changed);
+}
+
+/* Entries [first, LUT_SIZE) step `step` of v2 chunk c's lookup, built
+ * from its header's code lengths (checked when it was put). */
+DCAST_HD void dcast_batch_lut_fill(const dcast_batch_dec *x, uint64_t c, unsigned first, unsigned step)
+{
+	const dcast_batch_cpt *p = &x->cpt[c];
+	const uint8_t *pl = x->payload + p->payload_off;
+	unsigned nsym = dcast_cpt_nsym(p->w);
+	dcast_cpt_table t;
+
+	if (p->enc != DCAST_ENC_COMPACT2 || p->mode != DCAST_CPT_CODED)
+		return;
+	for (unsigned i = 0; i < DCAST_CPT_NSYM_MAX; i++)
+		t.len[i] = i < nsym ? (pl[DCAST_CPT_HDR_FIXED + i / 2] >> (4 * (i & 1))) & 15 : 0;
+	dcast_cpt_table_codes(&t, nsym);
+	dcast_cpt_lut_fill(&t, nsym, x->lut + p->lut_off, first, step);
+}
+
+/* v2 block g decoded lane by lane (the warp kernel's twin) into its place
+ * in pos/code; its end state (word offset, next position) into end[g]. */
+DCAST_HD void dcast_batch_decode_blk2(const dcast_batch_dec *x, uint64_t g, uint32_t *pos, uint32_t *code)
+{
+	dcast_batch_blk k = x->blk[g];
+	const dcast_batch_cpt *p = &x->cpt[k.cpt];
+	uint64_t first = (uint64_t)k.b * DCAST_CPT2_BLOCK;
+	dcast_cpt2_run r;
+
+	if (p->mode == DCAST_BATCH_SKIP)
+		return;
+	dcast_batch_cpt_dec(x, p, &r.d);
+	r.nwords = p->stream_bytes / 2;
+	dcast_cpt2_blk_start(x->payload + p->payload_off + p->index_off, k.b, &r.at, &r.next);
+	x->end[g].status = dcast_cpt2_blk_run(&r, dcast_cpt2_blk_changes(p->changed, k.b), pos + p->first + first,
+					      code + p->first + first);
+	x->end[g].bit = r.at;
+	x->end[g].next = r.next;
+}
+
+/* Decode v1 block g into its place in pos/code; its end state into end[g]. */
 DCAST_HD void dcast_batch_decode_blk(const dcast_batch_dec *x, uint64_t g, uint32_t *pos, uint32_t *code)
 {
 	dcast_batch_blk k = x->blk[g];
@@ -87,13 +138,29 @@ DCAST_HD void dcast_batch_decode_blk(const dcast_batch_dec *x, uint64_t g, uint3
 	uint64_t next = k.b ? (uint64_t)dcast_rd32le(idx + (k.b - 1) * 8 + 4) + 1 : 0;
 	dcast_cpt_dec d;
 
-	if (p->mode == DCAST_BATCH_SKIP)
+	if (p->mode == DCAST_BATCH_SKIP || p->enc == DCAST_ENC_COMPACT2)
 		return;
 	dcast_batch_cpt_dec(x, p, &d);
 	n = n < DCAST_CPT_BLOCK ? n : DCAST_CPT_BLOCK;
 	x->end[g].status = dcast_cpt_decode_run(&d, &bit, &next, n, pos + p->first + first, code + p->first + first);
 	x->end[g].bit = bit;
 	x->end[g].next = next;
+}
+
+/* v2 block g's chain: its end against the next block's index entry, the
+ * last block's against the stream's end. */
+DCAST_HD uint64_t dcast_batch_chain_blk2(const dcast_batch_dec *x, uint64_t g)
+{
+	dcast_batch_blk k = x->blk[g];
+	const dcast_batch_cpt *p = &x->cpt[k.cpt];
+	uint64_t end_elem = ((uint64_t)k.b + 1) * DCAST_CPT2_BLOCK, word, next;
+	dcast_batch_end e = x->end[g];
+
+	if (end_elem >= p->changed)
+		return e.bit != p->stream_bytes / 2 ? dcast_batch_err_key(p->changed, DCAST_CPT_ETRAIL)
+						    : DCAST_BATCH_NO_ERR;
+	dcast_cpt2_blk_start(x->payload + p->payload_off + p->index_off, k.b + 1, &word, &next);
+	return e.bit != word || e.next != next ? dcast_batch_err_key(end_elem, DCAST_CPT_EINDEX) : DCAST_BATCH_NO_ERR;
 }
 
 /* The key of the failure block g shows (its decode, the next block's
@@ -111,7 +178,10 @@ DCAST_HD uint64_t dcast_batch_chain_blk(const dcast_batch_dec *x, uint64_t g)
 	if (p->mode == DCAST_BATCH_SKIP)
 		return DCAST_BATCH_NO_ERR;
 	if (e.status)
-		return dcast_batch_err_key((uint64_t)k.b * DCAST_CPT_BLOCK, e.status);
+		return dcast_batch_err_key((uint64_t)k.b * (p->enc == DCAST_ENC_COMPACT2 ? DCAST_CPT2_BLOCK : DCAST_CPT_BLOCK),
+					   e.status);
+	if (p->enc == DCAST_ENC_COMPACT2)
+		return dcast_batch_chain_blk2(x, g);
 	if (end_elem < p->changed)
 		return e.bit != dcast_rd32le(idx + k.b * 8) || e.next != (uint64_t)dcast_rd32le(idx + k.b * 8 + 4) + 1
 			       ? dcast_batch_err_key(end_elem, DCAST_CPT_EINDEX)
@@ -129,8 +199,8 @@ extern "C" {
 uint64_t dcast_batch_dbytes(const dcast_batch_ddims *d);
 void dcast_batch_dmap(dcast_batch_dec *x, void *base, const dcast_batch_ddims *d);
 
-/* The dims of a decode buffer for the n compact chunks info[0..n) (a
- * lookup slot each). */
+/* The dims of a decode buffer for the n compact (v1 or v2) chunks
+ * info[0..n) (a lookup slot each). */
 void dcast_batch_ddims_for(const dcast_chunk_info *info, uint64_t n, dcast_batch_ddims *d);
 /* d grown by one compact chunk of this info. */
 void dcast_batch_ddims_add(dcast_batch_ddims *d, const dcast_chunk_info *info);
@@ -148,8 +218,8 @@ int dcast_batch_dput(dcast_batch_dec *x, uint64_t c, const dcast_chunk_info *inf
 /* blk[] from cpt[] (every chunk put); every err NO_ERR. */
 void dcast_batch_blk_up(dcast_batch_dec *x);
 
-/* The CPU twin: every block decoded into pos/code, then chained; each
- * chunk's err is its first failure's key. */
+/* The CPU twin: the v2 chunks' lookups built, every block decoded into
+ * pos/code, then chained; each chunk's err is its first failure's key. */
 void dcast_batch_decode_cpu(dcast_batch_dec *x, uint32_t *pos, uint32_t *code);
 
 /* The chunk whose first change is `first` (chunks in order of first, each
@@ -160,7 +230,7 @@ uint64_t dcast_batch_cpt_of(const dcast_batch_dec *x, uint64_t first);
  * its payload (DCAST_ECORRUPT naming the element and the problem). */
 int dcast_batch_cpt_report(const dcast_batch_cpt *p);
 
-/* dcast_batch_decode_cpu on the device (two launches on stream, no wait):
+/* dcast_batch_decode_cpu on the device (four launches on stream, no wait):
  * dev the device copy of host's buffer, pos/code device arrays (the
  * batch's on the device).  Errors: DCAST_ECUDA, DCAST_ENODEVICE. */
 int dcast_cuda_batch_decode(void *dev, const dcast_batch_dec *host, uint32_t *pos, uint32_t *code, void *stream);

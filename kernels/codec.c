@@ -3,13 +3,13 @@
  * Apply validates the whole payload before it writes one byte of dst. */
 #include <inttypes.h>
 #include <string.h>
-#include "codec_shared.h"
+#include "codec_cpt2.h"
 #include "dcast_batch.h"
 #include "dcast_common.h"
 
 const char *dcast_encoding_name(int encoding)
 {
-	static const char *names[DCAST_ENC_COUNT] = { "dense", "idx32", "bitmask", "compact" };
+	static const char *names[DCAST_ENC_COUNT] = { "dense", "idx32", "bitmask", "compact", "compact2" };
 	return encoding >= 0 && encoding < DCAST_ENC_COUNT ? names[encoding] : "?";
 }
 
@@ -30,9 +30,9 @@ static int check_range(uint64_t count, unsigned es)
 }
 
 /* Sizes of every encoding; the compact plan is completed as a side effect.
- * With `exact` 0 the compact size may be an upper bound (pos_bits = ~0):
- * enough when even the bound is the smallest, as encode then learns the
- * exact size from the emitter and skips a pass. */
+ * With `exact` 0 the compact sizes are upper bounds (v1's from the
+ * position bits' bound, v2 at most a word a lane more per block): encode
+ * learns the exact ones from the emitter (encode_auto) and skips a pass. */
 static void all_sizes(const dcast_changes *ch, uint64_t count, unsigned es, int exact,
 		      dcast_cpt_plan *plan, uint64_t sizes[DCAST_ENC_COUNT])
 {
@@ -40,11 +40,10 @@ static void all_sizes(const dcast_changes *ch, uint64_t count, unsigned es, int 
 	dcast_cpt_plan_make(&ch->stats, 8 * es, plan);
 	plan->pos_bits = dcast_cpt_pos_bits_bound(&ch->stats, plan->k);
 	sizes[DCAST_ENC_COMPACT] = dcast_cpt_bytes(plan);
-	if (!exact && dcast_pick_smallest(sizes) == DCAST_ENC_COMPACT) {
-		plan->pos_bits = UINT64_MAX;
+	sizes[DCAST_ENC_COMPACT2] = sizes[DCAST_ENC_COMPACT] + dcast_cpt2_nblocks(ch->n) * DCAST_CPT2_LANES * 2;
+	if (!exact)
 		return;
-	}
-	plan->pos_bits = dcast_cpt_pos_bits(ch, plan->k);
+	sizes[DCAST_ENC_COMPACT2] = dcast_cpt2_size(ch, plan, &plan->pos_bits);
 	sizes[DCAST_ENC_COMPACT] = dcast_cpt_bytes(plan);
 }
 
@@ -88,11 +87,28 @@ static uint64_t emit(int enc, const dcast_changes *ch, dcast_cpt_plan *plan, con
 	case DCAST_ENC_DENSE: memcpy(out, cur, count * es); break;
 	case DCAST_ENC_IDX32: emit_idx32(ch, cur, es, out); break;
 	case DCAST_ENC_BITMASK: emit_bitmask(ch, cur, count, es, out); break;
+	case DCAST_ENC_COMPACT2: return dcast_cpt2_emit(ch, plan, cur, es, out, &plan->pos_bits);
 	default:
 		plan->pos_bits = dcast_cpt_emit(ch, plan, cur, es, out);
 		return dcast_cpt_bytes(plan);
 	}
 	return sizes[enc];
+}
+
+/* The bounds chose a compact encoding: v2 is written first, which makes
+ * both compact sizes exact (same codes, same position bits), then what
+ * the exact sizes choose is written over it unless that is v2. */
+static uint64_t encode_auto(const dcast_changes *ch, dcast_cpt_plan *plan, const void *cur, uint64_t count,
+			    unsigned es, uint64_t sizes[DCAST_ENC_COUNT], uint8_t *out, int *enc)
+{
+	uint64_t bytes = emit(DCAST_ENC_COMPACT2, ch, plan, cur, count, es, sizes, out);
+	*enc = DCAST_ENC_COMPACT2;
+	if (!bytes)
+		return 0;
+	sizes[DCAST_ENC_COMPACT2] = bytes;
+	sizes[DCAST_ENC_COMPACT] = dcast_cpt_bytes(plan);
+	*enc = dcast_pick_smallest(sizes);
+	return *enc == DCAST_ENC_COMPACT2 ? bytes : emit(*enc, ch, plan, cur, count, es, sizes, out);
 }
 
 static int encode_anchor(const void *cur, uint64_t count, unsigned es, int force, void *out,
@@ -164,10 +180,14 @@ static int encode_delta(const void *cur, void *base, uint64_t count, unsigned el
 	uint64_t sizes[DCAST_ENC_COUNT];
 	if ((rc = dcast_scan(cur, base, count, elem_size, &ch)))
 		return rc;
-	all_sizes(&ch, count, elem_size, force_encoding >= 0, &plan, sizes);
+	all_sizes(&ch, count, elem_size, 0, &plan, sizes);
 	int enc = force_encoding >= 0 ? force_encoding : dcast_pick_smallest(sizes);
-	uint64_t bytes = emit(enc, &ch, &plan, cur, count, elem_size, sizes, out);
+	uint64_t bytes = force_encoding < 0 && enc >= DCAST_ENC_COMPACT
+				 ? encode_auto(&ch, &plan, cur, count, elem_size, sizes, out, &enc)
+				 : emit(enc, &ch, &plan, cur, count, elem_size, sizes, out);
 	uint8_t *old = NULL;
+	if (!bytes && enc == DCAST_ENC_COMPACT2)
+		return dcast_fail(DCAST_ENOMEM, "codec: no memory for a compact2 block's lanes");
 	if ((flags & DCAST_ENCODE_UPDATE_BASE) && (flags & DCAST_ENCODE_SAVE_OLD) &&
 	    !(old = old_values_at(enc, &ch, count, elem_size, bytes, out, out_cap)))
 		return DCAST_EINVAL;
@@ -309,6 +329,8 @@ int dcast_cpt_load(const dcast_chunk_info *info, const uint8_t *pl, dcast_cpt_de
 	if (!dec->pos || !dec->val)
 		return dcast_fail(DCAST_ENOMEM, "compact payload: no memory for %" PRIu64 " changes", info->changed);
 	memset(dec->pos + info->changed, 0, DCAST_PREFETCH_AHEAD * 4); /* prefetched, never written */
+	if (info->encoding == DCAST_ENC_COMPACT2)
+		return dcast_cpt2_decode(info, pl, dec->pos, dec->val, &dec->mode);
 	return dcast_cpt_decode(info, pl, dec->pos, dec->val, &dec->mode);
 }
 

@@ -3,7 +3,7 @@
  * codec_shared.h (shared with the GPU); docs/protocol.md has the layout. */
 #include <inttypes.h>
 #include <string.h>
-#include "codec_shared.h"
+#include "codec_cpt2.h"
 #include "dcast_common.h"
 
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "payloads are little-endian");
@@ -222,9 +222,9 @@ void dcast_cpt_lut_build(const dcast_cpt_table *t, unsigned nsym, uint16_t *lut)
 	}
 }
 
-int dcast_cpt_fail(int e, uint64_t elem)
+int dcast_cpt_fail(int enc, int e, uint64_t elem)
 {
-	return dcast_fail(DCAST_ECORRUPT, "compact payload, element %" PRIu64 ": %s", elem,
+	return dcast_fail(DCAST_ECORRUPT, "%s payload, element %" PRIu64 ": %s", dcast_encoding_name(enc), elem,
 			  dcast_cpt_errstr(e));
 }
 
@@ -240,28 +240,35 @@ static int cpt_decode_blocks(const dcast_cpt_dec *d, const uint8_t *idx, uint64_
 		if (b) {
 			const uint8_t *e = idx + (b - 1) * DCAST_CPT_INDEX_ENTRY;
 			if (dcast_rd32le(e) != bit || (uint64_t)dcast_rd32le(e + 4) + 1 != next)
-				return dcast_cpt_fail(DCAST_CPT_EINDEX, first);
+				return dcast_cpt_fail(DCAST_ENC_COMPACT, DCAST_CPT_EINDEX, first);
 		}
 		int e = dcast_cpt_decode_run(d, &bit, &next, n, pos + first, val ? val + first : NULL);
 		if (e)
-			return dcast_cpt_fail(e, first);
+			return dcast_cpt_fail(DCAST_ENC_COMPACT, e, first);
 	}
 	int e = dcast_cpt_check_trail(d, bit);
-	return e ? dcast_cpt_fail(e, changed) : DCAST_OK;
+	return e ? dcast_cpt_fail(DCAST_ENC_COMPACT, e, changed) : DCAST_OK;
 }
 
-/* Parse the header and find the stream: d (all but lut) and t filled. */
+/* Parse the header and find the stream: d (all but lut) and t filled.
+ * v2's block index has an entry per 4096 changes, its stream is 16-bit
+ * words. */
 int dcast_cpt_open(const dcast_chunk_info *info, const uint8_t *payload, dcast_cpt_dec *d,
 		    dcast_cpt_table *t)
 {
+	const char *name = dcast_encoding_name((int)info->encoding);
+	int v2 = info->encoding == DCAST_ENC_COMPACT2;
 	const char *bad = dcast_cpt_hdr_parse(payload, info->payload_bytes, 8 * info->elem_size, d, t);
 	if (bad)
-		return dcast_fail(DCAST_ECORRUPT, "compact payload: %s", bad);
-	uint64_t off = dcast_cpt_hdr_bytes(d->mode, d->w) + dcast_cpt_index_bytes(info->changed);
+		return dcast_fail(DCAST_ECORRUPT, "%s payload: %s", name, bad);
+	uint64_t off = dcast_cpt_hdr_bytes(d->mode, d->w) +
+		       (v2 ? dcast_cpt2_index_bytes(info->changed) : dcast_cpt_index_bytes(info->changed));
 	if (off > info->payload_bytes)
-		return dcast_fail(DCAST_EPAYLOAD_SIZE,
-				  "compact payload: %" PRIu64 " bytes, header and block index need %" PRIu64,
-				  info->payload_bytes, off);
+		return dcast_fail(DCAST_EPAYLOAD_SIZE, "%s payload: %" PRIu64 " bytes, header and block index need %" PRIu64,
+				  name, info->payload_bytes, off);
+	if (v2 && (info->payload_bytes - off) % 2)
+		return dcast_fail(DCAST_EPAYLOAD_SIZE, "%s payload: %" PRIu64 " bytes after the block index, "
+				  "not a whole number of 16-bit words", name, info->payload_bytes - off);
 	d->stream = payload + off;
 	d->stream_bytes = info->payload_bytes - off;
 	d->count = info->count;

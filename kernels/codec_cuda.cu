@@ -13,6 +13,7 @@
 #include <cub/cub.cuh>
 #include <cuda_runtime.h>
 #include "codec_shared.h"
+#include "batch_decode.h"
 #include "deltacast/codec_cuda.h"
 #include "deltacast/schema.h"
 extern "C" {
@@ -418,7 +419,8 @@ out:
 /* From stats the device made (h: k_stats' histogram, then the exact
  * position bits) of n changes among count elements: the compact plan,
  * exactly as the CPU makes it, every encoding's size, and the encoding
- * to use (force_encoding, else the smallest). */
+ * to use (force_encoding, else the smallest of 0..3: the device writes no
+ * compact2, whose size is left at UINT64_MAX). */
 static int plan_pick(uint64_t count, unsigned es, uint64_t n, uint64_t gap_sum, const unsigned long long *h,
 		     int force, dcast_cpt_plan *plan, uint64_t sizes[DCAST_ENC_COUNT])
 {
@@ -431,6 +433,7 @@ static int plan_pick(uint64_t count, unsigned es, uint64_t n, uint64_t gap_sum, 
 	plan->pos_bits = h[DCAST_CPT_NSYM_MAX];
 	dcast_simple_sizes(count, es, n, sizes);
 	sizes[DCAST_ENC_COMPACT] = dcast_cpt_bytes(plan);
+	sizes[DCAST_ENC_COMPACT2] = UINT64_MAX;
 	return force >= 0 ? force : dcast_pick_smallest(sizes);
 }
 
@@ -560,6 +563,8 @@ extern "C" int dcast_cuda_encode(const void *cur, void *base, uint64_t count, un
 	scratch sc = {};
 	sc.s = (cudaStream_t)stream;
 	int rc = dcast_codec_check_encode(count, elem_size, force_encoding, out_cap);
+	if (!rc && force_encoding == DCAST_ENC_COMPACT2)
+		return dcast_fail(DCAST_EINVAL, "dcast_cuda_encode: the device writes no compact2 (dcast_codec_encode does)");
 	if (rc || (rc = check_aligned(cur, elem_size, "dcast_cuda_encode cur")) ||
 	    (rc = check_aligned(base, elem_size, "dcast_cuda_encode base")))
 		return rc;
@@ -930,8 +935,9 @@ static int ranges_check(const dcast_cuda_ranges *o, const dcast_cuda_range *rs, 
 		return dcast_fail(DCAST_EINVAL, "dcast_cuda_ranges_encode: %s is NULL", o ? "ranges" : "the result");
 	if (es != 1 && es != 2 && es != 4)
 		return dcast_fail(DCAST_EINVAL, "dcast_cuda_ranges_encode: elem_size %u (1, 2 or 4)", es);
-	if (force < -1 || force >= DCAST_ENC_COUNT)
-		return dcast_fail(DCAST_EINVAL, "dcast_cuda_ranges_encode: force_encoding %d", force);
+	if (force < -1 || force >= DCAST_ENC_COMPACT2)
+		return dcast_fail(DCAST_EINVAL, "dcast_cuda_ranges_encode: force_encoding %d%s", force,
+				  force == DCAST_ENC_COMPACT2 ? " (the device writes no compact2)" : "");
 	for (uint64_t r = 0; r < n; r++) {
 		if (rs[r].count > DCAST_MAX_RANGE_ELEMS || (rs[r].count && (!rs[r].cur || !rs[r].base)))
 			return dcast_fail(DCAST_EINVAL, "dcast_cuda_ranges_encode: range %" PRIu64 ": %s", r,
@@ -1254,6 +1260,60 @@ out:
 	return rc;
 }
 
+/* A compact2 payload as a batch of one chunk (its header checked and
+ * its payload placed on the host, as the consumer's device batch does),
+ * decoded by the batch's kernels (a warp a block, batch.cu); the verdict
+ * read back, then the values applied as compact's are. */
+static int cpt2_batch(apply_ctx *a, dcast_batch_dec *x, void **dev, uint32_t **pos, uint32_t **val)
+{
+	int rc = DCAST_OK;
+	dcast_batch_ddims dd;
+	uint64_t at = 0, n = a->info->changed, bytes, err = DCAST_BATCH_NO_ERR;
+	uint8_t *pl = (uint8_t *)malloc(a->info->payload_bytes + 1), *host = NULL;
+
+	dcast_batch_ddims_for(a->info, 1, &dd);
+	bytes = dcast_batch_dbytes(&dd);
+	if (!pl || !(host = (uint8_t *)malloc(bytes))) {
+		rc = dcast_fail(DCAST_ENOMEM, "compact2 payload: no host memory for its batch");
+		goto out;
+	}
+	CU(cudaMemcpy(pl, a->pl, a->info->payload_bytes, cudaMemcpyDefault), "copy payload");
+	dcast_batch_dmap(x, host, &dd);
+	if ((rc = dcast_batch_dput(x, 0, a->info, pl, &at, 0)))
+		goto out;
+	dcast_batch_blk_up(x);
+	CU(scratch_get(a->sc, dev, bytes), "cudaMallocAsync(batch)");
+	CU(scratch_get(a->sc, (void **)pos, n * 4 + 4), "cudaMallocAsync(pos)");
+	CU(scratch_get(a->sc, (void **)val, n * 4 + 4), "cudaMallocAsync(val)");
+	CU(cudaMemcpyAsync(*dev, host, bytes, cudaMemcpyHostToDevice, a->sc->s), "copy batch");
+	if ((rc = dcast_cuda_batch_decode(*dev, x, *pos, *val, a->sc->s)))
+		goto out;
+	CU(cudaMemcpyAsync(&err, &((dcast_batch_cpt *)*dev)->err, 8, cudaMemcpyDeviceToHost, a->sc->s), "copy verdict");
+	CU(cudaStreamSynchronize(a->sc->s), "sync");
+	x->cpt[0].err = err;
+	rc = dcast_batch_cpt_report(&x->cpt[0]);
+out:
+	free(pl);
+	free(host);
+	return rc;
+}
+
+template <unsigned ES> static int apply_compact2(apply_ctx *a)
+{
+	int rc = DCAST_OK;
+	dcast_batch_dec x;
+	void *dev = NULL;
+	uint32_t *pos = NULL, *val = NULL;
+	uint64_t n = a->info->changed;
+	if ((rc = dcast_cpt_check_changed(a->info)) || (rc = cpt2_batch(a, &x, &dev, &pos, &val)) || !n)
+		return rc;
+	k_cpt_apply<ES><<<grid_for(n, 256), 256, 0, a->sc->s>>>(pos, val, n, x.cpt[0].mode, a->dst, a->old_out,
+								 a->err);
+	CU(cudaStreamSynchronize(a->sc->s), "sync");
+out:
+	return rc;
+}
+
 static int apply_dense(apply_ctx *a)
 {
 	int rc = dcast_codec_check_size(a->info, a->info->count * a->info->elem_size);
@@ -1273,6 +1333,7 @@ template <unsigned ES> static int apply_es(apply_ctx *a)
 	case DCAST_ENC_DENSE: return apply_dense(a);
 	case DCAST_ENC_IDX32: return apply_idx32<ES>(a);
 	case DCAST_ENC_BITMASK: return apply_bitmask<ES>(a);
+	case DCAST_ENC_COMPACT2: return apply_compact2<ES>(a);
 	default: return apply_compact<ES>(a);
 	}
 }

@@ -520,13 +520,17 @@ DCAST_HD const char *dcast_cpt_errstr(int e)
 	}
 }
 
-/* Pick the smallest encoding; ties go to the lower id. */
+/* Pick the smallest encoding (ties go to the lower id), then compact v2
+ * over compact v1 when v2 is at most 1/64 larger: its blocks decode a warp
+ * each (docs/protocol.md, "Delta codec"). */
 DCAST_HD int dcast_pick_smallest(const uint64_t sizes[DCAST_ENC_COUNT])
 {
 	int best = 0;
 	for (int e = 1; e < DCAST_ENC_COUNT; e++)
 		if (sizes[e] < sizes[best])
 			best = e;
+	if (best == DCAST_ENC_COMPACT && sizes[DCAST_ENC_COMPACT2] - sizes[DCAST_ENC_COMPACT] <= sizes[DCAST_ENC_COMPACT] / 64)
+		return DCAST_ENC_COMPACT2;
 	return best;
 }
 
@@ -614,6 +618,8 @@ int dcast_bitmask_check(const dcast_chunk_info *info, const uint8_t *pl);
 int dcast_codec_check_size(const dcast_chunk_info *info, uint64_t want);
 /* The argument checks of dcast_codec_encode. */
 int dcast_codec_check_encode(uint64_t count, unsigned es, int force, size_t out_cap);
+/* More changes than a compact payload's bytes can hold: DCAST_ECORRUPT. */
+int dcast_cpt_check_changed(const dcast_chunk_info *info);
 #ifdef __cplusplus
 }
 #endif
@@ -631,7 +637,7 @@ typedef struct dcast_changes {
 
 /* Scratch slots, one array each, per thread (codec_scratch.c). */
 enum { DCAST_SCRATCH_POS, DCAST_SCRATCH_ZZ, DCAST_SCRATCH_DEC_POS,
-       DCAST_SCRATCH_DEC_VAL, DCAST_SCRATCH_DEC_STREAM, DCAST_SCRATCH_SLOTS };
+       DCAST_SCRATCH_DEC_VAL, DCAST_SCRATCH_DEC_STREAM, DCAST_SCRATCH_CPT2, DCAST_SCRATCH_SLOTS };
 
 /* This thread's scratch array for `slot`, grown (contents kept) to at
  * least `bytes`; valid until the next call for the same slot.  NULL when
@@ -677,6 +683,17 @@ static inline uint64_t dcast_cpt_pos_bits_bound(const dcast_cpt_stats *st, unsig
 uint64_t dcast_cpt_emit(const dcast_changes *ch, const dcast_cpt_plan *p, const void *cur,
 			unsigned es, uint8_t *out);
 
+/* Compact v2 (codec_compact2.c): its exact payload bytes for the plan;
+ * its payload written to out (room for its bytes; cur as for
+ * dcast_cpt_emit), returning its bytes, 0 when out of memory; both put the
+ * exact position bits (the same codes as v1's) into *pos_bits.  Its
+ * decoder as dcast_cpt_decode (the v2 decoder names the problem itself). */
+uint64_t dcast_cpt2_size(const dcast_changes *ch, const dcast_cpt_plan *p, uint64_t *pos_bits);
+uint64_t dcast_cpt2_emit(const dcast_changes *ch, const dcast_cpt_plan *p, const void *cur, unsigned es,
+			 uint8_t *out, uint64_t *pos_bits);
+int dcast_cpt2_decode(const dcast_chunk_info *info, const uint8_t *payload, uint32_t *pos, uint32_t *val,
+		      unsigned *mode);
+
 /* Check a compact payload and decode it into pos/val (info->changed each):
  * the fast decoder, and the checking one when that fails (pos/val may be
  * scribbled on error). */
@@ -702,16 +719,15 @@ typedef struct dcast_cpt_decoded {
  * decoder's), DCAST_ENOMEM. */
 int dcast_cpt_load(const dcast_chunk_info *info, const uint8_t *pl, dcast_cpt_decoded *dec);
 
-/* Parse a compact payload's header and find its stream: d (all but lut)
- * and t filled; errors name the problem (DCAST_ECORRUPT,
- * DCAST_EPAYLOAD_SIZE).  dcast_cpt_lut_build: the value code's lookup
- * (DCAST_CPT_LUT_SIZE entries) from t.  dcast_cpt_fail: the error of a
- * decoder failure e (enum dcast_cpt_err) at element elem. */
+/* Parse a compact (v1 or v2, info->encoding) payload's header and find
+ * its stream: d (all but lut) and t filled; errors name the problem
+ * (DCAST_ECORRUPT, DCAST_EPAYLOAD_SIZE).  dcast_cpt_lut_build: the value
+ * code's lookup (DCAST_CPT_LUT_SIZE entries) from t.  dcast_cpt_fail: the
+ * error of a decoder failure e (enum dcast_cpt_err) at element elem of a
+ * payload of encoding enc. */
 int dcast_cpt_open(const dcast_chunk_info *info, const uint8_t *payload, dcast_cpt_dec *d, dcast_cpt_table *t);
 void dcast_cpt_lut_build(const dcast_cpt_table *t, unsigned nsym, uint16_t *lut);
-int dcast_cpt_fail(int e, uint64_t elem);
-/* More changes than a compact payload's bytes can hold: DCAST_ECORRUPT. */
-int dcast_cpt_check_changed(const dcast_chunk_info *info);
+int dcast_cpt_fail(int enc, int e, uint64_t elem);
 
 /* The same with the sequential checking decoder only (the reference that
  * names the problem; tests compare the two). */

@@ -156,7 +156,8 @@ static void roundtrip(const range *r, int enc)
 	free(old);
 }
 
-/* The automatic pick is the smallest size, UPDATE_BASE makes base cur, and
+/* The automatic pick is the smallest size (compact2 where it is at most
+ * 1/64 above compact), UPDATE_BASE makes base cur, and
  * SAVE_OLD keeps what revert needs to undo that. */
 static void auto_pick(const range *r)
 {
@@ -170,8 +171,10 @@ static void auto_pick(const range *r)
 	CHECK_ERR(dcast_codec_encode(r->cur, b2, r->count, r->es, -1, DCAST_ENCODE_UPDATE_BASE, out, cap,
 				     &info), DCAST_OK);
 	CHECK(info.changed == changed);
-	for (int e = 0; e < DCAST_ENC_COUNT; e++)
-		CHECK(info.payload_bytes <= sizes[e]);
+	for (int e = 0; e < DCAST_ENC_COUNT; e++) /* the smallest, or compact2 at most 1/64 above compact */
+		CHECK(info.payload_bytes <= sizes[e] ||
+		      (info.encoding == DCAST_ENC_COMPACT2 && sizes[e] == sizes[DCAST_ENC_COMPACT] &&
+		       info.payload_bytes - sizes[e] <= sizes[e] / 64));
 	CHECK(info.payload_bytes == sizes[info.encoding]);
 	CHECK(memcmp(b2, r->cur, bytes) == 0);
 	/* SAVE_OLD: the old values after the payload revert the update */
@@ -215,7 +218,7 @@ static void test_anchor_and_args(void)
 	CHECK(memcmp(dst, r.cur, 2000) == 0);
 	CHECK_ERR(dcast_codec_encode(r.cur, NULL, 1000, 2, DCAST_ENC_IDX32, 0, out, cap, &info), DCAST_EINVAL);
 	CHECK_ERR(dcast_codec_encode(r.cur, r.base, 1000, 3, -1, 0, out, cap, &info), DCAST_EINVAL);
-	CHECK_ERR(dcast_codec_encode(r.cur, r.base, 1000, 2, 4, 0, out, cap, &info), DCAST_EINVAL);
+	CHECK_ERR(dcast_codec_encode(r.cur, r.base, 1000, 2, DCAST_ENC_COUNT, 0, out, cap, &info), DCAST_EINVAL);
 	CHECK_ERR(dcast_codec_encode(r.cur, r.base, 1000, 2, -1, 0, out, cap - 1, &info), DCAST_EINVAL);
 	CHECK_ERR(dcast_codec_encode(r.cur, r.base, (uint64_t)DCAST_MAX_CHUNK_ELEMS + 1, 2, -1, 0, out,
 				     cap, &info), DCAST_EINVAL);
@@ -572,10 +575,12 @@ static void test_fast_decoder(void)
 /* Payload bytes must not change (the CUDA twin writes the same ones): a
  * hash over payloads of fixed inputs (every element size; sparse, RL-like,
  * long differences, random values, all changed; a clustered range whose
- * gap escapes), every encoding forced and picked, against the value the
- * encoder gave before its speed work (commit 0f43f06).  Each range
- * reseeds rnd(), so the inputs do not depend on the tests run before. */
-#define GOLDEN_HASH 0xa6539e6c53b6af5cull
+ * gap escapes), every encoding forced and picked.  The value since
+ * compact2 (id 4) joined; the encodings 0..3, forced and picked among
+ * themselves, still hash to 0xa6539e6c53b6af5c, the value the encoder gave
+ * before its speed work (commit 0f43f06).  Each range reseeds rnd(), so
+ * the inputs do not depend on the tests run before. */
+#define GOLDEN_HASH 0xcd8ac812f23878aaull
 
 static uint32_t golden_change(uint32_t x, unsigned w)
 {

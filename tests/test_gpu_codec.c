@@ -116,18 +116,41 @@ static int apply_both(const gcase *c, const dcast_chunk_info *info, const uint8_
 	return want;
 }
 
+/* The encoding the device encoders write for enc: enc itself, or for -1
+ * the smallest of 0..3 (they write no compact2). */
+static int device_enc(const uint8_t *cur, const uint8_t *base, uint64_t n, unsigned es, int enc)
+{
+	uint64_t s[DCAST_ENC_COUNT], changed;
+	int best = 0;
+	if (enc >= 0)
+		return enc;
+	REQUIRE(dcast_codec_sizes(cur, base, n, es, s, &changed) == DCAST_OK);
+	for (int e = 1; e < DCAST_ENC_COMPACT2; e++)
+		best = s[e] < s[best] ? e : best;
+	return best;
+}
+
+/* The device encode of c against the CPU's (compact2: refused); apply of
+ * the CPU's payload on both, whole and damaged. */
 static void check_case(const gcase *c, int enc)
 {
 	size_t cap = dcast_codec_bound(c->count, c->es), bytes = c->count * c->es;
 	uint8_t *cpu_out = malloc(cap), *gpu_out = malloc(cap), *b2 = malloc(bytes + 1);
 	dcast_chunk_info ci, gi;
-	REQUIRE(dcast_codec_encode(c->cur, c->base, c->count, c->es, enc, 0, cpu_out, cap, &ci) == DCAST_OK);
+	REQUIRE(dcast_codec_encode(c->cur, c->base, c->count, c->es, device_enc(c->cur, c->base, c->count, c->es, enc),
+				   0, cpu_out, cap, &ci) == DCAST_OK);
 	void *dcur = to_dev(c->cur, bytes), *dbase = to_dev(c->base, bytes);
 	memset(gpu_out, POISON, cap);
-	CHECK_ERR(dcast_cuda_encode(dcur, dbase, c->count, c->es, enc, DCAST_ENCODE_UPDATE_BASE, gpu_out, cap,
-				    &gi, NULL), DCAST_OK);
-	CHECK(memcmp(&ci, &gi, sizeof(ci)) == 0);
-	CHECK(memcmp(cpu_out, gpu_out, ci.payload_bytes) == 0);
+	if (enc == DCAST_ENC_COMPACT2) {
+		CHECK_ERR(dcast_cuda_encode(dcur, dbase, c->count, c->es, enc, DCAST_ENCODE_UPDATE_BASE, gpu_out, cap,
+					    &gi, NULL), DCAST_EINVAL);
+		REQUIRE(cudaMemcpy(dbase, c->cur, bytes, cudaMemcpyHostToDevice) == cudaSuccess);
+	} else {
+		CHECK_ERR(dcast_cuda_encode(dcur, dbase, c->count, c->es, enc, DCAST_ENCODE_UPDATE_BASE, gpu_out, cap,
+					    &gi, NULL), DCAST_OK);
+		CHECK(memcmp(&ci, &gi, sizeof(ci)) == 0);
+		CHECK(memcmp(cpu_out, gpu_out, ci.payload_bytes) == 0);
+	}
 	from_dev(b2, dbase, bytes);
 	CHECK(memcmp(b2, c->cur, bytes) == 0);
 	CHECK_ERR(apply_both(c, &ci, cpu_out), DCAST_OK);
@@ -216,8 +239,9 @@ static void check_range(const rtensor *t, const dcast_cuda_ranges *r, uint64_t r
 	dcast_chunk_info ci, gi;
 	const void *pl = NULL;
 
-	REQUIRE(dcast_codec_encode(c->cur + off * c->es, c->base + off * c->es, n, c->es, enc, 0, cpu_out, cap,
-				   &ci) == DCAST_OK);
+	REQUIRE(dcast_codec_encode(c->cur + off * c->es, c->base + off * c->es, n, c->es,
+				   device_enc(c->cur + off * c->es, c->base + off * c->es, n, c->es, enc), 0, cpu_out,
+				   cap, &ci) == DCAST_OK);
 	CHECK_ERR(dcast_cuda_ranges_get(r, k, &gi, &pl, &move), DCAST_OK);
 	CHECK(memcmp(&ci, &gi, sizeof(ci)) == 0);
 	CHECK(pl && memcmp(cpu_out, pl, ci.payload_bytes) == 0);
@@ -308,8 +332,9 @@ static void test_ranges(void)
 				for (unsigned es = 1; es <= 4; es *= 2)
 					if (counts[i] / ranges[g] <= 200)
 						check_ranges(r, counts[i], ranges[g], es, dens[d], -1);
-	for (int enc = 0; enc < DCAST_ENC_COUNT; enc++)
+	for (int enc = 0; enc < DCAST_ENC_COMPACT2; enc++)
 		check_ranges(r, 70001, 4096, 2, 0.05, enc);
+	CHECK_ERR(dcast_cuda_ranges_encode(r, &bad, 0, 2, DCAST_ENC_COMPACT2, 0, 1 << 20, &held, NULL), DCAST_EINVAL);
 	CHECK_ERR(dcast_cuda_ranges_encode(r, &bad, 1, 2, -1, 0, 1 << 20, &held, NULL), DCAST_EINVAL);
 	CHECK(!held && strstr(dcast_last_error(), "range 0"));
 	CHECK_ERR(dcast_cuda_ranges_get(r, 0, NULL, NULL, NULL), DCAST_EINVAL);
@@ -387,8 +412,9 @@ static void test_batch(void)
 	}
 }
 
-/* Compact payloads of n chunks, one in three damaged, decoded on the
- * device and by the twin from the same buffer. */
+/* Compact payloads (v1 and v2) of n chunks, one in three damaged,
+ * decoded on the device and by the twin from the same buffer: the same
+ * changes and verdicts, and the twin's verdict the CPU decoder's. */
 static void check_batch_decode(uint64_t n)
 {
 	dcast_chunk_info *info = calloc(n, sizeof(*info));
@@ -401,7 +427,8 @@ static void check_batch_decode(uint64_t n)
 		gcase g = make_case(1 + rnd() % 300000, 1u << (rnd() % 3), rnd() % 2 ? 0.01 : 0.1);
 		size_t cap = dcast_codec_bound(g.count, g.es);
 		pl[c] = malloc(cap);
-		REQUIRE(dcast_codec_encode(g.cur, g.base, g.count, g.es, DCAST_ENC_COMPACT, 0, pl[c], cap, &info[c]) == 0);
+		int enc = rnd() % 2 ? DCAST_ENC_COMPACT : DCAST_ENC_COMPACT2;
+		REQUIRE(dcast_codec_encode(g.cur, g.base, g.count, g.es, enc, 0, pl[c], cap, &info[c]) == 0);
 		if (rnd() % 3 == 0)
 			pl[c][rnd() % info[c].payload_bytes] ^= (uint8_t)(1u << (rnd() % 8));
 		total += info[c].changed;
@@ -425,6 +452,8 @@ static void check_batch_decode(uint64_t n)
 	first = 0;
 	for (uint64_t c = 0; c < n; first += info[c].changed, c++) {
 		CHECK(back.cpt[c].err == x.cpt[c].err);
+		CHECK((x.cpt[c].err != DCAST_BATCH_NO_ERR || x.cpt[c].mode == DCAST_BATCH_SKIP) ==
+		      (dcast_batch_decode(&info[c], pl[c], pos + first, code + first, &(unsigned){ 0 }) != DCAST_OK));
 		if (x.cpt[c].err == DCAST_BATCH_NO_ERR && x.cpt[c].mode != DCAST_BATCH_SKIP)
 			CHECK(!memcmp(gpos + first, pos + first, info[c].changed * 4) &&
 			      !memcmp(gcode + first, code + first, info[c].changed * 4));

@@ -208,7 +208,9 @@ static void check_dec_round(uint64_t n)
 	dcast_batch_dec x;
 
 	for (uint64_t c = 0; c < n; c++) {
-		pcase_make(&p[c], 1 + rnd() % 9000, 1u << (rnd() % 3), rnd() % 2 ? 0.01 : 0.2, DCAST_ENC_COMPACT);
+		int v2 = rnd() % 2; /* compact2's blocks are 4096 changes: longer ranges */
+		pcase_make(&p[c], 1 + rnd() % (v2 ? 50000 : 9000), 1u << (rnd() % 3), rnd() % 2 ? 0.01 : 0.2,
+			   v2 ? DCAST_ENC_COMPACT2 : DCAST_ENC_COMPACT);
 		maybe_damage(&p[c]);
 		info[c] = p[c].info;
 		total += info[c].changed;

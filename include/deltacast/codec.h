@@ -28,6 +28,7 @@ enum dcast_encoding {
 	DCAST_ENC_IDX32 = 1,   /* (u32 position, raw value) per changed element */
 	DCAST_ENC_BITMASK = 2, /* bitmask of changed positions + raw values */
 	DCAST_ENC_COMPACT = 3, /* entropy-coded positions + value differences */
+	DCAST_ENC_COMPACT2 = 4, /* compact's codes laid out for a warp per block */
 	DCAST_ENC_COUNT
 };
 
@@ -44,7 +45,8 @@ typedef struct dcast_chunk_info {
 	uint64_t payload_bytes; /* bytes of payload */
 } dcast_chunk_info;
 
-/* Name of an encoding ("dense", "idx32", "bitmask", "compact"); "?" if unknown. */
+/* Name of an encoding ("dense", "idx32", "bitmask", "compact", "compact2");
+ * "?" if unknown. */
 DCAST_API const char *dcast_encoding_name(int encoding);
 
 /* Upper bound on the payload bytes any encoding produces for `count`
@@ -64,8 +66,9 @@ DCAST_API size_t dcast_codec_bound(uint64_t count, unsigned elem_size);
 
 /* Encode cur[0..count) against base[0..count).  base == NULL means an
  * anchor: the range is sent dense (info->changed = count).  force_encoding
- * < 0 picks the smallest encoding (ties: the lower id); otherwise that one is
- * used.  The payload goes to out (out_cap bytes, at least
+ * < 0 picks the smallest encoding (ties: the lower id), then compact2 over
+ * compact when compact2 is at most 1/64 larger (docs/protocol.md, "Delta
+ * codec"); otherwise that one is used.  The payload goes to out (out_cap bytes, at least
  * dcast_codec_bound(); bytes past info->payload_bytes may be scribbled);
  * info describes it.  For a delta, info->changed counts the elements whose
  * bit pattern differs, whatever the encoding.

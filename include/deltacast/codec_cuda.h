@@ -1,7 +1,10 @@
 /* deltacast delta codec on a CUDA device: the twins of dcast_codec_encode,
  * dcast_codec_apply, dcast_digest and dcast_ldigest for ranges that live in GPU memory.
  * They give the same payload bytes and digests as the CPU functions (which
- * are the oracle).  Each call runs on `stream` (a cudaStream_t, NULL for the
+ * are the oracle), but for compact2, which the device encoders do not
+ * write: they choose the smallest of the encodings 0..3, and refuse
+ * force_encoding DCAST_ENC_COMPACT2 (DCAST_EINVAL).  dcast_cuda_apply and
+ * the consumer's device batch decode every encoding.  Each call runs on `stream` (a cudaStream_t, NULL for the
  * default stream) and returns when its work is complete.
  *
  * Pointers: device pointers for ranges; payloads may be device memory,
@@ -53,7 +56,7 @@ DCAST_API int dcast_cuda_ldigest(uint32_t tensor, uint64_t start, const void *da
  * one element size): the per-call cost of dcast_cuda_encode (launches,
  * three synchronizations, scratch) paid once for all of them.  Range k's
  * payload and info equal dcast_codec_encode of ranges[k] against its
- * baseline (force_encoding as there, -1: smallest), and its digest_move is
+ * baseline (force_encoding as there, -1: the smallest of 0..3), and its digest_move is
  * what the encode's version adds, mod 2^64, to that range's dcast_ldigest
  * (tensor, start): the sum over its changed elements of the new element's
  * term less the old one's.  DCAST_ENCODE_UPDATE_BASE makes every baseline

@@ -1,8 +1,13 @@
 /* schema/vectors/: every good vector decodes, re-encodes to the same bytes
  * and renders to the JSON beside it; every bad vector is rejected with the
- * error code and detail its JSON names. */
+ * error code and detail its JSON names.  Each compact v2 payload of codec/
+ * decodes to the positions and codes its JSON names, applies to its
+ * values after, is written again byte for byte by the encoder, and is
+ * refused once damaged. */
 #include <dirent.h>
 #include "check.h"
+#include "dcast_batch.h"
+#include "deltacast/codec.h"
 #include "deltacast/schema.h"
 
 #define VEC_DIR "schema/vectors"
@@ -40,6 +45,110 @@ static void json_field(const char *json, const char *key, char *out, size_t cap)
 		out[n++] = *p;
 	}
 	out[n] = '\0';
+}
+
+/* The numbers of "key": [a, b, ...] into a new array (*n of them). */
+static uint32_t *json_numbers(const char *json, const char *key, uint64_t *n)
+{
+	char pat[64];
+	const char *p;
+	char *end;
+	uint32_t *v = malloc(4 * strlen(json) / 2 + 4);
+
+	snprintf(pat, sizeof(pat), "\"%s\": [", key);
+	REQUIRE(v && (p = strstr(json, pat)) != NULL);
+	for (*n = 0, p += strlen(pat); *p != ']'; p = end + (end[0] == ',')) {
+		v[(*n)++] = (uint32_t)strtoul(p, &end, 10);
+		REQUIRE(end != p);
+	}
+	return v;
+}
+
+static uint64_t json_uint(const char *json, const char *key)
+{
+	char pat[64];
+	const char *p;
+
+	snprintf(pat, sizeof(pat), "\"%s\": ", key);
+	REQUIRE((p = strstr(json, pat)) != NULL);
+	return strtoull(p + strlen(pat), NULL, 10);
+}
+
+static uint8_t *packed(const uint32_t *v, uint64_t n, unsigned es)
+{
+	uint8_t *p = malloc(n * es + 1);
+	REQUIRE(p);
+	for (uint64_t i = 0; i < n; i++)
+		memcpy(p + i * es, &v[i], es);
+	return p;
+}
+
+/* Apply refuses the payload with a flipped bit of its stream's last word
+ * (a leftover bit set, or a code that no longer ends where the index
+ * says), dst untouched. */
+static void check_codec_damaged(const dcast_chunk_info *info, uint8_t *pl, const uint8_t *base)
+{
+	uint8_t *dst = malloc(info->count * info->elem_size + 1);
+	REQUIRE(dst);
+	memcpy(dst, base, info->count * info->elem_size);
+	pl[info->payload_bytes - 1] ^= 0x80;
+	CHECK_ERR(dcast_codec_apply(info, pl, dst, NULL), DCAST_ECORRUPT);
+	CHECK(!memcmp(dst, base, info->count * info->elem_size));
+	pl[info->payload_bytes - 1] ^= 0x80;
+	free(dst);
+}
+
+static void check_codec(const char *name)
+{
+	char path[512];
+	size_t jl, pl_len;
+	uint64_t nb, np, nc, na;
+	snprintf(path, sizeof(path), VEC_DIR "/codec/%s.json", name);
+	char *json = slurp(path, &jl);
+	snprintf(path, sizeof(path), VEC_DIR "/codec/%s.bin", name);
+	uint8_t *pl = (uint8_t *)slurp(path, &pl_len), *out;
+	dcast_chunk_info info = { (uint32_t)json_uint(json, "encoding"), (uint32_t)json_uint(json, "elem_size"),
+				  json_uint(json, "count"), json_uint(json, "changed"), pl_len };
+	uint32_t *base = json_numbers(json, "base", &nb), *pos = json_numbers(json, "positions", &np);
+	uint32_t *codes = json_numbers(json, "codes", &nc), *after = json_numbers(json, "after", &na);
+	uint32_t *gpos = calloc(np + 1, 4), *gcode = calloc(np + 1, 4);
+	uint8_t *b = packed(base, nb, info.elem_size), *a = packed(after, na, info.elem_size);
+	unsigned mode;
+
+	REQUIRE(gpos && gcode && info.encoding == DCAST_ENC_COMPACT2 && nb == info.count && na == info.count);
+	CHECK(json_uint(json, "payload_bytes") == pl_len && np == info.changed && nc == info.changed);
+	CHECK_ERR(dcast_batch_decode(&info, pl, gpos, gcode, &mode), DCAST_OK);
+	CHECK(!memcmp(gpos, pos, np * 4) && !memcmp(gcode, codes, nc * 4));
+	CHECK((mode == DCAST_BATCH_ULP) == (json_uint(json, "value_mode") == 1));
+	REQUIRE((out = malloc(dcast_codec_bound(info.count, info.elem_size))) != NULL);
+	dcast_chunk_info again;
+	CHECK_ERR(dcast_codec_encode(a, b, info.count, info.elem_size, DCAST_ENC_COMPACT2, 0, out,
+				     dcast_codec_bound(info.count, info.elem_size), &again), DCAST_OK);
+	CHECK(again.payload_bytes == pl_len && !memcmp(out, pl, pl_len));
+	check_codec_damaged(&info, pl, b);
+	CHECK_ERR(dcast_codec_apply(&info, pl, b, NULL), DCAST_OK);
+	CHECK(!memcmp(b, a, info.count * info.elem_size));
+	free(json), free(pl), free(out), free(base), free(pos), free(codes), free(after), free(gpos), free(gcode);
+	free(b), free(a);
+}
+
+static int check_codec_dir(void)
+{
+	DIR *d = opendir(VEC_DIR "/codec");
+	struct dirent *e;
+	char name[256];
+	int n = 0;
+
+	REQUIRE(d != NULL);
+	while ((e = readdir(d))) {
+		size_t len = strlen(e->d_name);
+		if (len < 5 || strcmp(e->d_name + len - 4, ".bin") != 0)
+			continue;
+		snprintf(name, sizeof(name), "%.*s", (int)(len - 4), e->d_name);
+		check_codec(name), n++;
+	}
+	closedir(d);
+	return n;
 }
 
 static void check_good(const char *name)
@@ -111,6 +220,8 @@ int main(void)
 	for (int t = 1; t < DCAST_MSG_TYPE_COUNT; t++)
 		CHECK(types_seen[t]); /* a good vector for every type */
 	CHECK(n_bad >= 20);
-	printf("%d good, %d bad vectors\n", n_good, n_bad);
+	int n_codec = check_codec_dir();
+	CHECK(n_codec >= 3);
+	printf("%d good, %d bad vectors, %d compact v2 payloads\n", n_good, n_bad, n_codec);
 	return check_done("test_schema_vectors");
 }

@@ -1,11 +1,15 @@
 /* Writes schema/vectors/: one good header per message type (NAME.msgpack +
  * NAME.json, the value a msgpack decoder yields) and bad headers
  * (bad_NAME.msgpack + bad_NAME.json: {"error": code name, "detail":
- * substring of the message}).  `make vectors` runs it; the committed files
+ * substring of the message}); and in codec/, compact v2 payloads
+ * (NAME.bin) with their range and decode (NAME.json: the chunk info, the
+ * base values, the positions and codes, the values after apply).  `make vectors` runs it; the committed files
  * are the contract, and tests/test_schema_vectors checks them. */
 #include <msgpack.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
+#include "dcast_batch.h"
 #include "deltacast/codec.h"
 #include "deltacast/schema.h"
 
@@ -397,6 +401,96 @@ static void write_bad_other(void)
 	    "DCAST_EFIELD_MISSING", "WELCOME.need_anchor");
 }
 
+/* ---- codec payloads ---- */
+
+static uint64_t lcg_state = 20261128;
+
+static uint32_t lcg(void)
+{
+	lcg_state = lcg_state * 6364136223846793005ull + 1442695040888963407ull;
+	return (uint32_t)(lcg_state >> 33);
+}
+
+static void json_array(FILE *f, const char *key, const uint8_t *p, uint64_t n, unsigned es, const char *sep)
+{
+	fprintf(f, "  \"%s\": [", key);
+	for (uint64_t i = 0; i < n; i++) {
+		uint32_t v = 0;
+		memcpy(&v, p + i * es, es);
+		fprintf(f, "%s%u", i ? ", " : "", v);
+	}
+	fprintf(f, "]%s\n", sep);
+}
+
+/* The decode of info/pl and the range after apply, as JSON. */
+static void codec_json(FILE *f, const dcast_chunk_info *info, const uint8_t *pl, const uint8_t *base,
+		       const uint8_t *after)
+{
+	uint32_t *pos = calloc(info->changed + 1, 4), *code = calloc(info->changed + 1, 4);
+	unsigned mode;
+
+	if (!pos || !code || dcast_batch_decode(info, pl, pos, code, &mode)) {
+		fprintf(stderr, "gen_vectors: decode: %s\n", dcast_last_error());
+		exit(1);
+	}
+	fprintf(f, "{\n  \"encoding\": %u, \"elem_size\": %u, \"count\": %llu, \"changed\": %llu, "
+		   "\"payload_bytes\": %llu, \"value_mode\": %u,\n", info->encoding, info->elem_size,
+		(unsigned long long)info->count, (unsigned long long)info->changed,
+		(unsigned long long)info->payload_bytes, mode == DCAST_BATCH_ULP ? 1u : 0u);
+	json_array(f, "base", base, info->count, info->elem_size, ",");
+	json_array(f, "positions", (const uint8_t *)pos, info->changed, 4, ",");
+	json_array(f, "codes", (const uint8_t *)code, info->changed, 4, ",");
+	json_array(f, "after", after, info->count, info->elem_size, "");
+	fprintf(f, "}\n");
+	free(pos), free(code);
+}
+
+/* A compact v2 payload of count es-byte elements, about permille in 1000
+ * changed: low bits flipped (small ulp differences), and with wild the
+ * other bytes random (raw values). */
+static void codec_vector(const char *name, uint64_t count, unsigned es, unsigned permille, int wild)
+{
+	uint8_t *base = malloc(count * es), *cur = malloc(count * es), *pl = malloc(dcast_codec_bound(count, es));
+	dcast_chunk_info info;
+	char path[512];
+	FILE *f;
+
+	for (uint64_t i = 0; i < count * es; i++)
+		base[i] = cur[i] = (uint8_t)lcg();
+	for (uint64_t i = 0; i < count; i++) {
+		if (lcg() % 1000 >= permille)
+			continue;
+		cur[i * es] ^= (uint8_t)(1 + lcg() % 3);
+		for (unsigned b = 1; wild && b < es; b++)
+			cur[i * es + b] = (uint8_t)lcg();
+	}
+	if (dcast_codec_encode(cur, base, count, es, DCAST_ENC_COMPACT2, 0, pl, dcast_codec_bound(count, es), &info)) {
+		fprintf(stderr, "gen_vectors: encode: %s\n", dcast_last_error());
+		exit(1);
+	}
+	snprintf(path, sizeof(path), "codec/%s", name);
+	write_file(path, "bin", pl, info.payload_bytes);
+	snprintf(path, sizeof(path), "%s/codec/%s.json", dir, name);
+	if (!(f = fopen(path, "w"))) {
+		perror(path);
+		exit(1);
+	}
+	codec_json(f, &info, pl, base, cur);
+	fclose(f);
+	free(base), free(cur), free(pl);
+}
+
+static void write_codec(void)
+{
+	char path[512];
+
+	snprintf(path, sizeof(path), "%s/codec", dir);
+	mkdir(path, 0777);
+	codec_vector("compact2_small", 300, 2, 200, 0);
+	codec_vector("compact2_blocks", 8600, 1, 500, 0);
+	codec_vector("compact2_raw", 600, 4, 100, 1);
+}
+
 int main(int argc, char **argv)
 {
 	if (argc != 2) {
@@ -408,5 +502,6 @@ int main(int argc, char **argv)
 	write_bad_raw();
 	write_bad_fields();
 	write_bad_other();
+	write_codec();
 	return 0;
 }

@@ -10,6 +10,7 @@
 #include "dcast_common.h"
 
 #define ALWAYS_INLINE inline __attribute__((always_inline))
+#define LIKELY(x) __builtin_expect(!!(x), 1)
 /* Words one lane's stream of a block may need: 128 codes of at most
  * 46 + 43 bits. */
 #define LANE_WORDS (DCAST_CPT2_ROUNDS * 89 / DCAST_CPT2_WORD_BITS + 1)
@@ -161,6 +162,208 @@ uint64_t dcast_cpt2_emit(const dcast_changes *ch, const dcast_cpt_plan *p, const
 
 /* ---- the decoder ---- */
 
+/* The fast path: the same refills and codes with the lanes' state in
+ * local arrays, each lane's first refill of a code and its decode in one
+ * step (a second or third refill, which only long codes need, after the
+ * others in lane order, as the passes order them), a value lookup that
+ * resolves the extra bits' place, and the checks gathered per round.  On
+ * any failure it stops, and the reference decoder (dcast_cpt2_blk_run)
+ * runs from the start to name the problem. */
+typedef struct fast2 {
+	const uint8_t *w;        /* the stream's words */
+	uint64_t nwords, count, kmask;
+	unsigned k, raw, w_bits;
+	uint16_t lut[DCAST_CPT_LUT_SIZE]; /* code length | extra bits << 4 | direct value << 9; 0: none */
+} fast2;
+
+/* A block's lanes and where the decode is. */
+typedef struct lanes2 {
+	uint64_t buf[DCAST_CPT2_LANES];
+	uint32_t n[DCAST_CPT2_LANES];
+	uint64_t at, next;
+} lanes2;
+
+static ALWAYS_INLINE uint64_t word_at(const fast2 *f, uint64_t j)
+{
+	uint16_t v = 0;
+	if (LIKELY(j < f->nwords))
+		memcpy(&v, f->w + 2 * j, 2);
+	return v;
+}
+
+static ALWAYS_INLINE unsigned pos_len(const fast2 *f, uint64_t b, unsigned *t)
+{
+	*t = (unsigned)__builtin_ctzll(~b);
+	return *t >= DCAST_CPT_QESC ? DCAST_CPT_QESC + DCAST_CPT_GAP_BITS : *t + 1 + f->k;
+}
+
+static ALWAYS_INLINE unsigned val_len(const fast2 *f, uint64_t b, unsigned *e, int raw)
+{
+	if (raw)
+		return f->w_bits;
+	*e = f->lut[b & (DCAST_CPT_LUT_SIZE - 1)];
+	return *e ? (*e & 15) + ((*e >> 4) & 31) : DCAST_CPT_LMAX + 1;
+}
+
+static ALWAYS_INLINE unsigned code_len(const fast2 *f, uint64_t b, int val, unsigned *aux, int raw)
+{
+	return val ? val_len(f, b, aux, raw) : pos_len(f, b, aux);
+}
+
+/* The code at the front of b (its length len, aux from code_len). */
+static ALWAYS_INLINE uint32_t code_of(const fast2 *f, uint64_t b, int val, unsigned aux, int raw)
+{
+	unsigned cl = aux & 15, eb = (aux >> 4) & 31;
+	if (!val)
+		return aux >= DCAST_CPT_QESC ? (uint32_t)(b >> DCAST_CPT_QESC) & ((1u << DCAST_CPT_GAP_BITS) - 1)
+					     : (uint32_t)(aux << f->k) | ((uint32_t)(b >> (aux + 1)) & (uint32_t)f->kmask);
+	if (raw)
+		return (uint32_t)b & dcast_mask_w(f->w_bits);
+	return (aux >> 9) + (eb ? 1u << eb : 0) + ((uint32_t)(b >> cl) & ((1u << eb) - 1));
+}
+
+/* Lane l's code into *out when it holds it whole, after at most one
+ * word; 0 when it needs more (its buffer kept). */
+static ALWAYS_INLINE int lane_step(const fast2 *f, lanes2 *s, unsigned l, int val, int raw, uint32_t *out)
+{
+	uint64_t b = s->buf[l];
+	unsigned n = s->n[l], aux = 0, len = code_len(f, b, val, &aux, raw);
+	if (n < len) {
+		b |= word_at(f, s->at++) << n;
+		n += DCAST_CPT2_WORD_BITS;
+		len = code_len(f, b, val, &aux, raw);
+		if (n < len) {
+			s->buf[l] = b, s->n[l] = n;
+			return 0;
+		}
+	}
+	*out = code_of(f, b, val, aux, raw);
+	s->buf[l] = b >> len, s->n[l] = n - len;
+	return 1;
+}
+
+/* The lanes of `late`: words in further passes (each still short takes
+ * one, in lane order), then their codes; -1 for a code none matches. */
+static int late_codes(const fast2 *f, lanes2 *s, uint32_t late, int val, int raw, uint32_t *out)
+{
+	uint32_t left = late, aux = 0;
+	while (left) {
+		for (uint32_t p = left; p; p &= p - 1) {
+			unsigned l = (unsigned)__builtin_ctz(p);
+			s->buf[l] |= word_at(f, s->at++) << s->n[l];
+			s->n[l] += DCAST_CPT2_WORD_BITS;
+			if (s->n[l] >= code_len(f, s->buf[l], val, &aux, raw))
+				left &= ~(1u << l);
+			else if (s->n[l] > 48)
+				return -1;
+		}
+	}
+	for (; late; late &= late - 1) {
+		unsigned l = (unsigned)__builtin_ctz(late), len = code_len(f, s->buf[l], val, &aux, raw);
+		out[l] = code_of(f, s->buf[l], val, aux, raw);
+		s->buf[l] >>= len, s->n[l] -= len;
+	}
+	return 0;
+}
+
+/* One refill point and its codes for lanes [0, nl) into out. */
+static ALWAYS_INLINE int codes_step(const fast2 *f, lanes2 *s, unsigned nl, int val, int raw, uint32_t *out)
+{
+	uint32_t late = 0;
+	for (unsigned l = 0; l < nl; l++)
+		late |= (uint32_t)!lane_step(f, s, l, val, raw, &out[l]) << l;
+	return late ? late_codes(f, s, late, val, raw, out) : 0;
+}
+
+/* One round of nl lanes; 0, or -1 on any failure (a value code no code
+ * matches shows as a length past the bits held). */
+static ALWAYS_INLINE int round_fast(const fast2 *f, lanes2 *s, unsigned nl, uint32_t *pos, uint32_t *val, int raw)
+{
+	uint32_t gap[DCAST_CPT2_LANES];
+	uint64_t next = s->next;
+	if (codes_step(f, s, nl, 0, raw, gap))
+		return -1;
+	for (unsigned l = 0; l < nl; l++) {
+		next += gap[l];
+		pos[l] = (uint32_t)next++;
+	}
+	s->next = next;
+	if (next > f->count || codes_step(f, s, nl, 1, raw, val))
+		return -1;
+	for (unsigned l = 0; !raw && l < nl; l++) /* 0: no code matched (a difference is never 0) */
+		if (!val[l])
+			return -1;
+	return s->at > f->nwords ? -1 : 0;
+}
+
+static ALWAYS_INLINE int blk_fast_mode(const fast2 *f, lanes2 *s, uint32_t n, uint32_t *pos, uint32_t *val, int raw)
+{
+	for (uint32_t at = 0; at < n; at += DCAST_CPT2_LANES) {
+		unsigned nl = n - at < DCAST_CPT2_LANES ? n - at : DCAST_CPT2_LANES;
+		if (round_fast(f, s, nl, pos + at, val + at, raw))
+			return -1;
+	}
+	for (unsigned l = 0; l < DCAST_CPT2_LANES; l++)
+		if (s->buf[l])
+			return -1;
+	return 0;
+}
+
+/* blk_fast_mode built twice, for BMI2 (shifts by a register) and for any
+ * x86-64, each for both value modes. */
+DCAST_TARGET_BMI2 static int blk_fast_bmi2(const fast2 *f, lanes2 *s, uint32_t n, uint32_t *pos, uint32_t *val)
+{
+	return f->raw ? blk_fast_mode(f, s, n, pos, val, 1) : blk_fast_mode(f, s, n, pos, val, 0);
+}
+
+static int blk_fast_plain(const fast2 *f, lanes2 *s, uint32_t n, uint32_t *pos, uint32_t *val)
+{
+	return f->raw ? blk_fast_mode(f, s, n, pos, val, 1) : blk_fast_mode(f, s, n, pos, val, 0);
+}
+
+/* One block from (at, next) to its end, which it leaves in *at, *next. */
+static int blk_fast(const fast2 *f, uint64_t *at, uint64_t *next, uint32_t n, uint32_t *pos, uint32_t *val)
+{
+	lanes2 s;
+	int rc;
+	memset(&s, 0, sizeof(s));
+	s.at = *at, s.next = *next;
+	rc = dcast_simd_bmi2() ? blk_fast_bmi2(f, &s, n, pos, val) : blk_fast_plain(f, &s, n, pos, val);
+	*at = s.at, *next = s.next;
+	return rc;
+}
+
+/* The lookup of the fast path from the reference one. */
+static void fast_lut(fast2 *f, const uint16_t *lut)
+{
+	for (unsigned i = 0; i < DCAST_CPT_LUT_SIZE; i++) {
+		unsigned sym = lut[i] >> 4, cl = lut[i] & 15, eb = dcast_cpt_extra_bits(sym);
+		f->lut[i] = !lut[i] ? 0 : (uint16_t)(cl | eb << 4 | (sym < DCAST_CPT_NDIRECT ? sym + 1 : 0) << 9);
+	}
+}
+
+/* Every block by the fast path; 0 when all decoded and chained. */
+static int blocks_fast(const dcast_cpt2_run *x, const uint16_t *lut, const uint8_t *idx, uint64_t changed,
+		       uint32_t *pos, uint32_t *val)
+{
+	fast2 *f = dcast_scratch(DCAST_SCRATCH_CPT2, sizeof(fast2));
+	uint64_t at = 0, next = 0;
+	if (!f)
+		return -1;
+	f->w = x->d.stream, f->nwords = x->nwords, f->count = x->d.count, f->k = x->d.k;
+	f->raw = x->d.mode == DCAST_CPT_RAW, f->w_bits = x->d.w, f->kmask = (1ull << x->d.k) - 1;
+	if (!f->raw)
+		fast_lut(f, lut);
+	for (uint64_t b = 0; b < dcast_cpt2_nblocks(changed); b++) {
+		uint64_t first = b * DCAST_CPT2_BLOCK, word, start;
+		dcast_cpt2_blk_start(idx, b, &word, &start);
+		if (word != at || start != next ||
+		    blk_fast(f, &at, &next, dcast_cpt2_blk_changes(changed, b), pos + first, val + first))
+			return -1;
+	}
+	return at == x->nwords ? 0 : -1;
+}
+
 /* Block by block, each index entry checked against where the previous
  * block ended. */
 static int blocks_run(dcast_cpt2_run *x, const uint8_t *idx, uint64_t changed, uint32_t *pos, uint32_t *val)
@@ -179,19 +382,47 @@ static int blocks_run(dcast_cpt2_run *x, const uint8_t *idx, uint64_t changed, u
 	return DCAST_OK;
 }
 
+/* The header opened and the lookup built; *idx the block index. */
+static int cpt2_open(const dcast_chunk_info *info, const uint8_t *payload, dcast_cpt2_run *x, uint16_t *lut,
+		     const uint8_t **idx)
+{
+	dcast_cpt_table t;
+	int rc = dcast_cpt_open(info, payload, &x->d, &t);
+	if (rc)
+		return rc;
+	x->d.lut = lut;
+	if (x->d.mode == DCAST_CPT_CODED)
+		dcast_cpt_lut_build(&t, dcast_cpt_nsym(x->d.w), lut);
+	x->nwords = x->d.stream_bytes / 2;
+	x->at = x->next = 0;
+	*idx = payload + dcast_cpt_hdr_bytes(x->d.mode, x->d.w);
+	return DCAST_OK;
+}
+
+/* The decode, by the fast path first unless `checked`. */
+static int cpt2_decode(const dcast_chunk_info *info, const uint8_t *payload, uint32_t *pos, uint32_t *val,
+		       unsigned *mode, int checked)
+{
+	uint16_t lut[DCAST_CPT_LUT_SIZE];
+	const uint8_t *idx;
+	dcast_cpt2_run x;
+	int rc = cpt2_open(info, payload, &x, lut, &idx);
+	if (rc)
+		return rc;
+	*mode = x.d.mode;
+	if (!checked && !blocks_fast(&x, lut, idx, info->changed, pos, val))
+		return DCAST_OK;
+	return blocks_run(&x, idx, info->changed, pos, val);
+}
+
+int dcast_cpt2_decode_checked(const dcast_chunk_info *info, const uint8_t *payload, uint32_t *pos, uint32_t *val,
+			      unsigned *mode)
+{
+	return cpt2_decode(info, payload, pos, val, mode, 1);
+}
+
 int dcast_cpt2_decode(const dcast_chunk_info *info, const uint8_t *payload, uint32_t *pos, uint32_t *val,
 		      unsigned *mode)
 {
-	dcast_cpt_table t;
-	uint16_t lut[DCAST_CPT_LUT_SIZE];
-	dcast_cpt2_run x = { .at = 0, .next = 0 };
-	int rc = dcast_cpt_open(info, payload, &x.d, &t);
-	if (rc)
-		return rc;
-	x.d.lut = lut;
-	if (x.d.mode == DCAST_CPT_CODED)
-		dcast_cpt_lut_build(&t, dcast_cpt_nsym(x.d.w), lut);
-	x.nwords = x.d.stream_bytes / 2;
-	*mode = x.d.mode;
-	return blocks_run(&x, payload + dcast_cpt_hdr_bytes(x.d.mode, x.d.w), info->changed, pos, val);
+	return cpt2_decode(info, payload, pos, val, mode, 0);
 }

@@ -693,6 +693,10 @@ uint64_t dcast_cpt2_emit(const dcast_changes *ch, const dcast_cpt_plan *p, const
 			 uint8_t *out, uint64_t *pos_bits);
 int dcast_cpt2_decode(const dcast_chunk_info *info, const uint8_t *payload, uint32_t *pos, uint32_t *val,
 		      unsigned *mode);
+/* The same with the lane-by-lane reference decoder alone (the fast path
+ * hands it every failure; tests compare the two). */
+int dcast_cpt2_decode_checked(const dcast_chunk_info *info, const uint8_t *payload, uint32_t *pos, uint32_t *val,
+			      unsigned *mode);
 
 /* Check a compact payload and decode it into pos/val (info->changed each):
  * the fast decoder, and the checking one when that fails (pos/val may be

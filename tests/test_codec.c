@@ -489,15 +489,18 @@ static int fast_decode(const dcast_chunk_info *info, const uint8_t *pl, uint32_t
 }
 
 /* The fast decoder accepts exactly what the checking one accepts, with the
- * same positions and values. */
+ * same positions and values (compact2: its decoder, whose fast path hands
+ * every failure to the lane-by-lane reference, against that reference). */
 static void fast_agrees(const dcast_chunk_info *info, const uint8_t *pl)
 {
 	size_t n = info->changed + 1;
 	uint32_t *p1 = malloc(n * 4), *v1 = malloc(n * 4), *p2 = malloc(n * 4), *v2 = malloc(n * 4);
 	unsigned mode;
 	REQUIRE(p1 && v1 && p2 && v2);
-	int rf = fast_decode(info, pl, p1, v1);
-	int rr = dcast_cpt_decode_checked(info, pl, p2, v2, &mode);
+	int v2enc = info->encoding == DCAST_ENC_COMPACT2;
+	int rf = v2enc ? (dcast_cpt2_decode(info, pl, p1, v1, &mode) ? -1 : 0) : fast_decode(info, pl, p1, v1);
+	int rr = v2enc ? dcast_cpt2_decode_checked(info, pl, p2, v2, &mode)
+		       : dcast_cpt_decode_checked(info, pl, p2, v2, &mode);
 	if (rf != -2) {
 		CHECK((rf == 0) == (rr == DCAST_OK));
 		CHECK(rf || (!memcmp(p1, p2, info->changed * 4) && !memcmp(v1, v2, info->changed * 4)));
@@ -514,19 +517,21 @@ static void fast_agrees(const dcast_chunk_info *info, const uint8_t *pl)
  * random bit flips and byte overwrites of each. */
 static void fast_case(range *r, int want_mode)
 {
-	uint8_t *pl;
-	dcast_chunk_info info;
-	encode_forced(r, DCAST_ENC_COMPACT, &pl, &info);
-	CHECK(want_mode < 0 || pl[1] == want_mode);
-	fast_agrees(&info, pl);
-	for (unsigned i = 0; i < 400 && info.payload_bytes; i++) {
-		uint64_t at = rnd() % info.payload_bytes;
-		uint8_t save = pl[at];
-		pl[at] = i & 1 ? (uint8_t)rnd() : (uint8_t)(save ^ (1u << (rnd() & 7)));
+	for (int enc = DCAST_ENC_COMPACT; enc <= DCAST_ENC_COMPACT2; enc++) {
+		uint8_t *pl;
+		dcast_chunk_info info;
+		encode_forced(r, enc, &pl, &info);
+		CHECK(want_mode < 0 || pl[1] == want_mode);
 		fast_agrees(&info, pl);
-		pl[at] = save;
+		for (unsigned i = 0; i < 400 && info.payload_bytes; i++) {
+			uint64_t at = rnd() % info.payload_bytes;
+			uint8_t save = pl[at];
+			pl[at] = i & 1 ? (uint8_t)rnd() : (uint8_t)(save ^ (1u << (rnd() & 7)));
+			fast_agrees(&info, pl);
+			pl[at] = save;
+		}
+		free(pl);
 	}
-	free(pl);
 	free_range(r);
 }
 
@@ -551,6 +556,17 @@ static range random_changes(uint64_t count, unsigned es, double density)
 	return r;
 }
 
+/* Every change +1 ulp: one value symbol, a code of one bit, so that a
+ * flipped bit can match no code. */
+static range one_symbol(uint64_t count, unsigned es, double density)
+{
+	range r = make_range(count, es, 0, 0);
+	for (uint64_t i = 0; i < count; i++)
+		if (rnd01() < density)
+			dcast_store_elem(r.cur + i * es, es, dcast_ulp_apply(dcast_load_elem(r.base + i * es, es), 2, 8 * es));
+	return r;
+}
+
 static void test_fast_decoder(void)
 {
 	for (unsigned es = 1; es <= 4; es *= 2) {
@@ -560,6 +576,8 @@ static void test_fast_decoder(void)
 		fast_case(&r, -1);
 		r = random_changes(120000, es, 0.1);
 		fast_case(&r, DCAST_CPT_RAW);
+		r = one_symbol(100000, es, 0.1);
+		fast_case(&r, DCAST_CPT_CODED);
 	}
 	range r = make_range(1u << 22, 4, 0.00002, 1); /* k ~ 15: long Rice codes, long values */
 	fast_case(&r, -1);

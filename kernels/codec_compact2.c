@@ -55,52 +55,98 @@ uint64_t dcast_cpt2_size(const dcast_changes *ch, const dcast_cpt_plan *p, uint6
 
 /* ---- the encoder ---- */
 
-/* One lane's stream of a block as words, and its code lengths. */
+/* Value codes of the differences below VT, prebuilt per payload. */
+#define VT 64u
+
+/* One lane's stream of a block (bytes; 8 of slack past its last), and
+ * where the layout is in it. */
 typedef struct lane_out {
-	uint64_t acc;
-	uint32_t nbits, nw, taken, held;
-	uint16_t w[LANE_WORDS];
+	uint32_t taken, held;
+	uint8_t bytes[LANE_WORDS * 2 + 8];
 } lane_out;
 
 typedef struct blk_enc {
 	lane_out lane[DCAST_CPT2_LANES];
 	uint8_t len[2][DCAST_CPT2_BLOCK]; /* position, value code lengths */
+	uint64_t vbits[VT];
+	uint8_t vlen[VT];
 } blk_enc;
 
-static ALWAYS_INLINE void lane_put(lane_out *l, uint64_t bits, unsigned len)
+/* LSB-first writer of one lane: each put stores 8 bytes (codes of at most
+ * 46 bits, 7 pending). */
+typedef struct lane_wr {
+	uint8_t *p;
+	uint64_t acc;
+	unsigned nbits;
+} lane_wr;
+
+static ALWAYS_INLINE void lane_put(lane_wr *w, uint64_t bits, unsigned len)
 {
-	l->acc |= bits << l->nbits;
-	l->nbits += len;
-	while (l->nbits >= DCAST_CPT2_WORD_BITS) {
-		l->w[l->nw++] = (uint16_t)l->acc;
-		l->acc >>= DCAST_CPT2_WORD_BITS;
-		l->nbits -= DCAST_CPT2_WORD_BITS;
+	w->acc |= bits << w->nbits;
+	w->nbits += len;
+	memcpy(w->p, &w->acc, 8);
+	w->p += w->nbits >> 3;
+	w->acc >>= w->nbits & ~7u;
+	w->nbits &= 7;
+}
+
+static void vtab_make(blk_enc *e, const dcast_cpt_plan *p)
+{
+	for (uint32_t z = 1; z < VT && p->mode == DCAST_CPT_CODED; z++) {
+		unsigned len;
+		e->vbits[z] = dcast_cpt_value_bits(p, z, 0, &len);
+		e->vlen[z] = (uint8_t)len;
 	}
 }
 
-/* Every lane's codes of the block, in its own stream. */
+/* Lane l's codes of the block (changes l, l + 32, ...) into its stream,
+ * their lengths into len[][]; returns its position bits. */
+static ALWAYS_INLINE uint64_t lane_codes(blk_enc *e, const dcast_changes *ch, const dcast_cpt_plan *p,
+					 const uint8_t *cur, unsigned es, uint64_t first, uint32_t n, unsigned l)
+{
+	const uint32_t *pos = ch->pos + first, *zz = ch->zz + first;
+	lane_wr w = { e->lane[l].bytes, 0, 0 };
+	uint64_t bits = 0;
+	for (uint32_t i = l; i < n; i += DCAST_CPT2_LANES) {
+		uint32_t gap = pos[i] - (first + i ? pos[(int64_t)i - 1] + 1 : 0), z = zz[i];
+		unsigned rlen = dcast_rice_len(gap, p->k), vlen;
+		uint64_t rbits = dcast_rice_bits(gap, p->k), vbits;
+		if (p->mode == DCAST_CPT_CODED && z < VT)
+			vbits = e->vbits[z], vlen = e->vlen[z];
+		else
+			vbits = dcast_cpt_value_bits(p, z, dcast_load_elem(cur + (uint64_t)pos[i] * es, es), &vlen);
+		if (rlen + vlen <= 56) {
+			lane_put(&w, rbits | vbits << rlen, rlen + vlen);
+		} else {
+			lane_put(&w, rbits, rlen);
+			lane_put(&w, vbits, vlen);
+		}
+		e->len[0][i] = (uint8_t)rlen, e->len[1][i] = (uint8_t)vlen;
+		bits += rlen;
+	}
+	e->lane[l].taken = e->lane[l].held = 0;
+	return bits;
+}
+
+/* Every lane's codes of the block, each in its own stream; built for
+ * BMI2 (shifts by a register) and for any x86-64. */
+DCAST_TARGET_BMI2 static void blk_codes_bmi2(blk_enc *e, const dcast_changes *ch, const dcast_cpt_plan *p,
+					     const uint8_t *cur, unsigned es, uint64_t first, uint32_t n,
+					     uint64_t *pos_bits)
+{
+	for (unsigned l = 0; l < DCAST_CPT2_LANES; l++)
+		*pos_bits += lane_codes(e, ch, p, cur, es, first, n, l);
+}
+
 static void blk_codes(blk_enc *e, const dcast_changes *ch, const dcast_cpt_plan *p, const uint8_t *cur,
 		      unsigned es, uint64_t first, uint32_t n, uint64_t *pos_bits)
 {
-	uint32_t next = first ? ch->pos[first - 1] + 1 : 0;
-	for (unsigned l = 0; l < DCAST_CPT2_LANES; l++)
-		e->lane[l].acc = e->lane[l].nbits = e->lane[l].nw = e->lane[l].taken = e->lane[l].held = 0;
-	for (uint32_t i = 0; i < n; i++) {
-		lane_out *l = &e->lane[i % DCAST_CPT2_LANES];
-		uint32_t at = ch->pos[first + i], gap = at - next;
-		uint32_t newv = p->mode == DCAST_CPT_RAW ? dcast_load_elem(cur + (uint64_t)at * es, es) : 0;
-		unsigned rlen = dcast_rice_len(gap, p->k), vlen;
-		uint64_t vbits = dcast_cpt_value_bits(p, ch->zz[first + i], newv, &vlen);
-		*pos_bits += rlen;
-		lane_put(l, dcast_rice_bits(gap, p->k), rlen);
-		lane_put(l, vbits, vlen);
-		e->len[0][i] = (uint8_t)rlen;
-		e->len[1][i] = (uint8_t)vlen;
-		next = at + 1;
+	if (dcast_simd_bmi2()) {
+		blk_codes_bmi2(e, ch, p, cur, es, first, n, pos_bits);
+		return;
 	}
 	for (unsigned l = 0; l < DCAST_CPT2_LANES; l++)
-		if (e->lane[l].nbits)
-			e->lane[l].w[e->lane[l].nw++] = (uint16_t)e->lane[l].acc;
+		*pos_bits += lane_codes(e, ch, p, cur, es, first, n, l);
 }
 
 /* One refill point: in passes, each lane short of its code's bits takes
@@ -113,7 +159,7 @@ static ALWAYS_INLINE uint8_t *refill_point(blk_enc *e, const uint8_t *len, unsig
 	while (pending) {
 		for (uint32_t p = pending; p; p &= p - 1) {
 			lane_out *lo = &e->lane[__builtin_ctz(p)];
-			memcpy(out, &lo->w[lo->taken++], 2); /* little-endian hosts only */
+			memcpy(out, lo->bytes + 2 * lo->taken++, 2);
 			out += 2;
 			lo->held += DCAST_CPT2_WORD_BITS;
 			if (lo->held >= len[__builtin_ctz(p)])
@@ -145,6 +191,7 @@ uint64_t dcast_cpt2_emit(const dcast_changes *ch, const dcast_cpt_plan *p, const
 	if (!e)
 		return 0;
 	dcast_cpt_hdr_write(p, out);
+	vtab_make(e, p);
 	*pos_bits = 0;
 	for (uint64_t b = 0; b < dcast_cpt2_nblocks(ch->n); b++) {
 		uint64_t first = b * DCAST_CPT2_BLOCK;

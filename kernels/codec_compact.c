@@ -8,25 +8,7 @@
 
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "payloads are little-endian");
 
-/* LSB-first bit writer; each flush stores 8 bytes, so the buffer needs 8
- * bytes of slack past the last byte written. */
-typedef struct bitwriter {
-	uint8_t *start, *p;
-	uint64_t acc;
-	unsigned nbits;
-} bitwriter;
-
-static inline void bw_put(bitwriter *w, uint64_t v, unsigned len)
-{
-	w->acc |= v << w->nbits;
-	w->nbits += len;
-	memcpy(w->p, &w->acc, 8);
-	w->p += w->nbits >> 3;
-	w->acc >>= w->nbits & ~7u; /* nbits <= 7 + 46 here */
-	w->nbits &= 7;
-}
-
-static inline uint64_t bw_tell(const bitwriter *w)
+static inline uint64_t dcast_bw_tell(const dcast_bitwriter *w)
 {
 	return (uint64_t)(w->p - w->start) * 8 + w->nbits;
 }
@@ -102,11 +84,11 @@ static elem_bits elem_any(const emitter *em, uint64_t i, uint32_t gap)
 	return (elem_bits){ { rbits, vbits }, { rlen, vlen } };
 }
 
-static ALWAYS_INLINE void put_any(bitwriter *w, elem_bits e)
+static ALWAYS_INLINE void put_any(dcast_bitwriter *w, elem_bits e)
 {
-	bw_put(w, e.bits[0], e.len[0]);
+	dcast_bw_put(w, e.bits[0], e.len[0]);
 	if (e.len[1])
-		bw_put(w, e.bits[1], e.len[1]);
+		dcast_bw_put(w, e.bits[1], e.len[1]);
 }
 
 /* The usual element's bits (see usual_build): the table entry plus the
@@ -127,12 +109,12 @@ static ALWAYS_INLINE int elem_usual(const emitter *em, unsigned k, uint32_t gap,
 /* Elements [first, end) of a coded stream with k <= FAST_KMAX, two at a
  * time: two usual elements usually share one flush, which halves the
  * writer's dependency chain.  The writer lives in registers here. */
-static ALWAYS_INLINE void emit_coded(const emitter *em, uint64_t first, uint64_t end, bitwriter *wp)
+static ALWAYS_INLINE void emit_coded(const emitter *em, uint64_t first, uint64_t end, dcast_bitwriter *wp)
 {
 	const uint32_t *pos = em->ch->pos, *zzv = em->ch->zz + first, *p = pos + first;
 	uint32_t next = first ? pos[first - 1] + 1 : 0;
 	const unsigned k = em->p->k; /* a local: the writer's byte stores alias everything */
-	bitwriter w = *wp;
+	dcast_bitwriter w = *wp;
 	uint64_t i = first;
 	for (; i + 2 <= end; i += 2, p += 2, zzv += 2) {
 		uint32_t g0 = p[0] - next, g1 = p[1] - p[0] - 1;
@@ -142,10 +124,10 @@ static ALWAYS_INLINE void emit_coded(const emitter *em, uint64_t first, uint64_t
 		if (LIKELY(elem_usual(em, k, g0, zzv[0], &b0, &l0) &&
 			   elem_usual(em, k, g1, zzv[1], &b1, &l1))) {
 			if (LIKELY(l0 + l1 <= 56)) {
-				bw_put(&w, b0 | b1 << l0, l0 + l1);
+				dcast_bw_put(&w, b0 | b1 << l0, l0 + l1);
 			} else {
-				bw_put(&w, b0, l0);
-				bw_put(&w, b1, l1);
+				dcast_bw_put(&w, b0, l0);
+				dcast_bw_put(&w, b1, l1);
 			}
 		} else {
 			put_any(&w, elem_any(em, i, g0));
@@ -157,7 +139,7 @@ static ALWAYS_INLINE void emit_coded(const emitter *em, uint64_t first, uint64_t
 	*wp = w;
 }
 
-static void emit_general(const emitter *em, uint64_t first, uint64_t end, bitwriter *w)
+static void emit_general(const emitter *em, uint64_t first, uint64_t end, dcast_bitwriter *w)
 {
 	const uint32_t *pos = em->ch->pos;
 	uint32_t next = first ? pos[first - 1] + 1 : 0;
@@ -169,17 +151,17 @@ static void emit_general(const emitter *em, uint64_t first, uint64_t end, bitwri
 
 /* emit_coded built twice: for BMI2 and for any x86-64. */
 DCAST_TARGET_BMI2 static void emit_coded_bmi2(const emitter *em, uint64_t first, uint64_t end,
-					      bitwriter *w)
+					      dcast_bitwriter *w)
 {
 	emit_coded(em, first, end, w);
 }
 
-static void emit_coded_plain(const emitter *em, uint64_t first, uint64_t end, bitwriter *w)
+static void emit_coded_plain(const emitter *em, uint64_t first, uint64_t end, dcast_bitwriter *w)
 {
 	emit_coded(em, first, end, w);
 }
 
-static void emit_run(const emitter *em, uint64_t first, uint64_t end, bitwriter *w)
+static void emit_run(const emitter *em, uint64_t first, uint64_t end, dcast_bitwriter *w)
 {
 	if (em->p->mode != DCAST_CPT_CODED || em->p->k > FAST_KMAX)
 		emit_general(em, first, end, w);
@@ -193,7 +175,7 @@ uint64_t dcast_cpt_emit(const dcast_changes *ch, const dcast_cpt_plan *p, const 
 			unsigned es, uint8_t *out)
 {
 	uint8_t *idx = out + dcast_cpt_hdr_bytes(p->mode, p->w);
-	bitwriter w = { out + dcast_cpt_stream_off(p), out + dcast_cpt_stream_off(p), 0, 0 };
+	dcast_bitwriter w = { out + dcast_cpt_stream_off(p), out + dcast_cpt_stream_off(p), 0, 0 };
 	emitter em = { .ch = ch, .p = p, .cur = cur, .es = es, .bmi2 = dcast_simd_bmi2() };
 	dcast_cpt_hdr_write(p, out);
 	if (p->mode == DCAST_CPT_CODED && p->k <= FAST_KMAX)
@@ -202,12 +184,12 @@ uint64_t dcast_cpt_emit(const dcast_changes *ch, const dcast_cpt_plan *p, const 
 		uint64_t end = ch->n - first < DCAST_CPT_BLOCK ? ch->n : first + DCAST_CPT_BLOCK;
 		if (first) {
 			uint8_t *e = idx + (first / DCAST_CPT_BLOCK - 1) * DCAST_CPT_INDEX_ENTRY;
-			wr32le(e, (uint32_t)bw_tell(&w));
+			wr32le(e, (uint32_t)dcast_bw_tell(&w));
 			wr32le(e + 4, ch->pos[first - 1]);
 		}
 		emit_run(&em, first, end, &w);
 	}
-	return bw_tell(&w) - p->val_bits;
+	return dcast_bw_tell(&w) - p->val_bits;
 }
 
 /* The prefix-code lookup, filled symbol by symbol (the GPU fills it entry

@@ -72,24 +72,6 @@ typedef struct blk_enc {
 	uint8_t vlen[VT];
 } blk_enc;
 
-/* LSB-first writer of one lane: each put stores 8 bytes (codes of at most
- * 46 bits, 7 pending). */
-typedef struct lane_wr {
-	uint8_t *p;
-	uint64_t acc;
-	unsigned nbits;
-} lane_wr;
-
-static ALWAYS_INLINE void lane_put(lane_wr *w, uint64_t bits, unsigned len)
-{
-	w->acc |= bits << w->nbits;
-	w->nbits += len;
-	memcpy(w->p, &w->acc, 8);
-	w->p += w->nbits >> 3;
-	w->acc >>= w->nbits & ~7u;
-	w->nbits &= 7;
-}
-
 static void vtab_make(blk_enc *e, const dcast_cpt_plan *p)
 {
 	for (uint32_t z = 1; z < VT && p->mode == DCAST_CPT_CODED; z++) {
@@ -105,7 +87,7 @@ static ALWAYS_INLINE uint64_t lane_codes(blk_enc *e, const dcast_changes *ch, co
 					 const uint8_t *cur, unsigned es, uint64_t first, uint32_t n, unsigned l)
 {
 	const uint32_t *pos = ch->pos + first, *zz = ch->zz + first;
-	lane_wr w = { e->lane[l].bytes, 0, 0 };
+	dcast_bitwriter w = { e->lane[l].bytes, e->lane[l].bytes, 0, 0 };
 	uint64_t bits = 0;
 	for (uint32_t i = l; i < n; i += DCAST_CPT2_LANES) {
 		uint32_t gap = pos[i] - (first + i ? pos[(int64_t)i - 1] + 1 : 0), z = zz[i];
@@ -116,10 +98,10 @@ static ALWAYS_INLINE uint64_t lane_codes(blk_enc *e, const dcast_changes *ch, co
 		else
 			vbits = dcast_cpt_value_bits(p, z, dcast_load_elem(cur + (uint64_t)pos[i] * es, es), &vlen);
 		if (rlen + vlen <= 56) {
-			lane_put(&w, rbits | vbits << rlen, rlen + vlen);
+			dcast_bw_put(&w, rbits | vbits << rlen, rlen + vlen);
 		} else {
-			lane_put(&w, rbits, rlen);
-			lane_put(&w, vbits, vlen);
+			dcast_bw_put(&w, rbits, rlen);
+			dcast_bw_put(&w, vbits, vlen);
 		}
 		e->len[0][i] = (uint8_t)rlen, e->len[1][i] = (uint8_t)vlen;
 		bits += rlen;

@@ -626,6 +626,7 @@ int dcast_cpt_check_changed(const dcast_chunk_info *info);
 
 /* ---- host-only helpers shared by codec*.c ---- */
 #ifndef __CUDACC__
+#include <string.h>
 
 /* Changed elements of a range, as found by the vectorized compare. */
 typedef struct dcast_changes {
@@ -667,6 +668,25 @@ int dcast_simd_bmi2(void);
 #else
 #define DCAST_TARGET_BMI2
 #endif
+
+/* LSB-first bit writer (the compact emitters'); each put stores 8 bytes,
+ * so the buffer needs 8 bytes of slack past the last byte written, and a
+ * put is at most 57 bits less the 7 pending. */
+typedef struct dcast_bitwriter {
+	uint8_t *start, *p;
+	uint64_t acc;
+	unsigned nbits;
+} dcast_bitwriter;
+
+static inline __attribute__((always_inline)) void dcast_bw_put(dcast_bitwriter *w, uint64_t v, unsigned len)
+{
+	w->acc |= v << w->nbits;
+	w->nbits += len;
+	memcpy(w->p, &w->acc, 8);
+	w->p += w->nbits >> 3;
+	w->acc >>= w->nbits & ~7u;
+	w->nbits &= 7;
+}
 
 /* Exact bits of the positions under Rice parameter k. */
 uint64_t dcast_cpt_pos_bits(const dcast_changes *ch, unsigned k);

@@ -200,9 +200,12 @@ clean:
 # --- codec benchmarks ---
 .PHONY: bench-codec bench-gpu
 # Sizes and CPU speed of the codec on RL-like bf16 updates; rewrites the
-# bench-codec section of docs/benchmarks.md.
+# bench-codec section of docs/benchmarks.md.  BENCH_CODEC_QUICK=1: 8M
+# elements (8 chunks), best of 3.
+BENCH_CODEC_QUICK ?= 0
+BENCH_CODEC_ARGS ?= $(if $(filter 1,$(BENCH_CODEC_QUICK)),--elems 8388608 --reps 3,)
 bench-codec: $(BUILD)/tools/bench_codec
-	$(BUILD)/tools/bench_codec --write docs/benchmarks.md
+	$(BUILD)/tools/bench_codec $(BENCH_CODEC_ARGS) --write docs/benchmarks.md
 
 # GPU encode/apply/digest throughput against a device-to-device copy, then
 # the producer's device encode range by range against all ranges in one

@@ -7,9 +7,9 @@
  * live weights untouched; an apply cut off halfway (fault aheadfail)
  * rolled back from the batch's undo buffer, bit-exact (also beside dense
  * chunks, undone from the host undo region); a delta whose
- * payload is damaged under a valid checksum (sent by a fake broker)
- * refused before READY with the CPU decoder's error code, the live
- * tensor untouched.
+ * payload is damaged under a valid checksum (sent by a fake broker; idx32,
+ * compact, compact2) refused before READY with the CPU decoder's error
+ * code, the live tensor untouched.
  * tests/test_consumer_gpu.c runs the same on a device where one is lent. */
 #include <stdlib.h>
 #include "check.h"
@@ -271,21 +271,21 @@ static void check_damaged_refused(const char *name, const dcast_chunk_info *delt
 	zmq_ctx_term(f.ctx);
 }
 
-/* idx32 whose positions go down (3 then 2); compact with a bit of its
- * stream flipped (decoded on the device path, by the twin here). */
-static void test_damaged_refused(void)
+/* A compact (v1 or v2, enc) payload with a bit of its stream flipped
+ * where the decoder refuses it (decoded on the device path, by the twin
+ * here). */
+static void damaged_compact(int enc, const char *name)
 {
-	unsigned char idx[12] = {3, 0, 0, 0, 0x11, 0x22, 2, 0, 0, 0, 0x33, 0x44}, cpt[512], scratch[FAKE_N * 2];
-	dcast_chunk_info delta = {DCAST_ENC_IDX32, 2, FAKE_N, 2, sizeof(idx)};
+	unsigned char cpt[512], scratch[FAKE_N * 2];
+	dcast_chunk_info delta;
 	uint16_t w1[FAKE_N], w2[FAKE_N];
 	uint64_t rng = 5;
 
-	check_damaged_refused("fake_idx32", &delta, idx);
 	for (int i = 0; i < FAKE_N; i++)
 		w1[i] = w2[i] = (uint16_t)(i * 7 + 1);
 	for (int i = 0; i < FAKE_N; i += 5)
 		w2[i] ^= 3;
-	REQUIRE(dcast_codec_encode(w2, w1, FAKE_N, 2, DCAST_ENC_COMPACT, 0, cpt, sizeof(cpt), &delta) == 0);
+	REQUIRE(dcast_codec_encode(w2, w1, FAKE_N, 2, enc, 0, cpt, sizeof(cpt), &delta) == 0);
 	for (int tries = 0; tries < 1000; tries++) { /* a flip in the stream that the decoder refuses */
 		unsigned char was[512];
 		memcpy(was, cpt, delta.payload_bytes);
@@ -295,7 +295,18 @@ static void test_damaged_refused(void)
 			break;
 		memcpy(cpt, was, delta.payload_bytes);
 	}
-	check_damaged_refused("fake_compact", &delta, cpt);
+	check_damaged_refused(name, &delta, cpt);
+}
+
+/* idx32 whose positions go down (3 then 2); compact and compact2 damaged. */
+static void test_damaged_refused(void)
+{
+	unsigned char idx[12] = {3, 0, 0, 0, 0x11, 0x22, 2, 0, 0, 0, 0x33, 0x44};
+	dcast_chunk_info delta = {DCAST_ENC_IDX32, 2, FAKE_N, 2, sizeof(idx)};
+
+	check_damaged_refused("fake_idx32", &delta, idx);
+	damaged_compact(DCAST_ENC_COMPACT, "fake_compact");
+	damaged_compact(DCAST_ENC_COMPACT2, "fake_compact2");
 }
 
 int main(void)

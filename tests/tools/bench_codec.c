@@ -6,8 +6,10 @@
  * entropy bound (per chunk n*H(p) for positions, plus the empirical entropy
  * of the sortable-integer differences of all changed elements), chosen/bound,
  * and encode/apply throughput as ratios to one-thread memcpy of the same
- * bytes timed in the same run.  --write FILE puts the table into FILE
- * between the bench-codec markers, keeping the rest of the file. */
+ * bytes timed in the same run; then compact v2 against compact, both
+ * forced: sizes, encode and apply (decode included) throughput.  --write
+ * FILE puts the tables into FILE between the bench-codec markers, keeping
+ * the rest of the file; --reps N times each thing N times (best kept). */
 #include <inttypes.h>
 #include <stddef.h>
 #include <pthread.h>
@@ -20,7 +22,7 @@
 #include "deltacast/codec.h"
 #include "rl_workload.h"
 
-#define REPS 9
+static int REPS = 9;
 
 typedef struct result {
 	double density, lr;
@@ -29,6 +31,8 @@ typedef struct result {
 	double enc_in_ratio, enc_mt_in_ratio; /* against memcpy of the encoder's input, cur and base */
 	double t_memcpy, t_enc, t_enc_hot; /* seconds, best of REPS */
 	int exact;
+	uint64_t v_bytes[2];          /* compact, compact2 forced: payload bytes */
+	double v_enc_gbps[2], v_apply_gbps[2];
 } result;
 
 static double h2(double p)
@@ -99,20 +103,35 @@ static uint64_t chunk_elems(const workload *w, const chunks *c, uint64_t k)
 	return w->n - off < c->chunk ? w->n - off : c->chunk;
 }
 
-/* Chunk k into out (c->slot bytes); exits on an error. */
-static void encode_into(const workload *w, const chunks *c, uint64_t k, uint8_t *out, dcast_chunk_info *info)
+/* Chunk k into out (c->slot bytes) as encoding enc (-1: picked); exits on
+ * an error. */
+static void encode_as(const workload *w, const chunks *c, uint64_t k, int enc, uint8_t *out, dcast_chunk_info *info)
 {
 	uint64_t off = k * c->chunk;
-	if (dcast_codec_encode(w->cur + off, w->base + off, chunk_elems(w, c, k), 2, -1, 0, out, c->slot, info)) {
+	if (dcast_codec_encode(w->cur + off, w->base + off, chunk_elems(w, c, k), 2, enc, 0, out, c->slot, info)) {
 		fprintf(stderr, "bench_codec: encode: %s\n", dcast_last_error());
 		exit(1);
 	}
+}
+
+static void encode_into(const workload *w, const chunks *c, uint64_t k, uint8_t *out, dcast_chunk_info *info)
+{
+	encode_as(w, c, k, -1, out, info);
 }
 
 /* Chunk k into its payload slot. */
 static void encode_chunk(const workload *w, chunks *c, uint64_t k)
 {
 	encode_into(w, c, k, c->payloads + k * c->slot, &c->info[k]);
+}
+
+/* Every chunk forced to enc, into the payload slots. */
+static double time_encode_forced(const workload *w, chunks *c, int enc)
+{
+	double t = now_s();
+	for (uint64_t k = 0; k < c->nchunks; k++)
+		encode_as(w, c, k, enc, c->payloads + k * c->slot, &c->info[k]);
+	return now_s() - t;
 }
 
 static double time_encode(const workload *w, chunks *c)
@@ -226,6 +245,29 @@ static void keep_min(double *best, double t)
 	*best = t < *best ? t : *best;
 }
 
+/* Compact and compact v2, each forced, interleaved: bytes, encode and
+ * apply (decode included) GB/s of the NEW bytes. */
+static void run_v1_v2(const workload *w, chunks *c, uint16_t *scratch, result *res)
+{
+	static const int enc[2] = { DCAST_ENC_COMPACT, DCAST_ENC_COMPACT2 };
+	double te[2] = { 1e30, 1e30 }, ta[2] = { 1e30, 1e30 }, bytes = (double)w->n * 2;
+	for (int r = 0; r < REPS; r++)
+		for (int v = 0; v < 2; v++) {
+			int exact;
+			keep_min(&te[v], time_encode_forced(w, c, enc[v]));
+			keep_min(&ta[v], time_apply(w, c, scratch, &exact));
+			res->exact &= exact;
+		}
+	for (int v = 0; v < 2; v++) {
+		time_encode_forced(w, c, enc[v]);
+		res->v_bytes[v] = 0;
+		for (uint64_t k = 0; k < c->nchunks; k++)
+			res->v_bytes[v] += c->info[k].payload_bytes;
+		res->v_enc_gbps[v] = bytes / te[v] / 1e9;
+		res->v_apply_gbps[v] = bytes / ta[v] / 1e9;
+	}
+}
+
 static void sizes_of(const workload *w, const chunks *c, result *res)
 {
 	memset(res->sizes, 0, sizeof(res->sizes));
@@ -260,6 +302,7 @@ static void run_density(workload *w, chunks *c, mt_pool *mt, double density, uin
 		res->exact &= exact;
 	}
 	sizes_of(w, c, res);
+	run_v1_v2(w, c, scratch, res);
 	res->bound_bits = bound_bits(w, c->chunk);
 	res->memcpy_gbps = bytes / tm / 1e9;
 	res->enc_gbps = bytes / te / 1e9;
@@ -274,14 +317,37 @@ static void run_density(workload *w, chunks *c, mt_pool *mt, double density, uin
 	res->apply_ratio = tm / ta;
 }
 
+static void print_v2_table(FILE *f, const result *r, int nr)
+{
+	fprintf(f, "\nCompact v2 (id 4: blocks of 4096 changes a warp decodes) against compact (id 3), each forced "
+		   "on every chunk, one thread, interleaved:\n\n");
+	fprintf(f, "| density | compact bits | compact v2 bits | v2/v1 size | compact encode GB/s | v2 encode GB/s "
+		   "| v2/v1 encode | compact apply GB/s | v2 apply GB/s | v2/v1 apply |\n");
+	fprintf(f, "|---|---|---|---|---|---|---|---|---|---|\n");
+	for (int i = 0; i < nr; i++) {
+		double ch = r[i].changed ? (double)r[i].changed : 1;
+		fprintf(f, "| %.1f%% | %.2f | %.2f | %.4f | %.2f | %.2f | %.2fx | %.2f | %.2f | %.2fx |\n",
+			100 * r[i].density, 8.0 * (double)r[i].v_bytes[0] / ch, 8.0 * (double)r[i].v_bytes[1] / ch,
+			(double)r[i].v_bytes[1] / (double)(r[i].v_bytes[0] ? r[i].v_bytes[0] : 1), r[i].v_enc_gbps[0],
+			r[i].v_enc_gbps[1], r[i].v_enc_gbps[1] / r[i].v_enc_gbps[0], r[i].v_apply_gbps[0],
+			r[i].v_apply_gbps[1], r[i].v_apply_gbps[1] / r[i].v_apply_gbps[0]);
+	}
+}
+
 static void print_table(FILE *f, const result *r, int nr, uint64_t n, uint64_t chunk)
 {
 	fprintf(f, "RL-like bf16, %" PRIu64 " elements in chunks of %" PRIu64 ".\n\n",
 		n, chunk);
-	fprintf(f, "| density | lr | changed | dense | idx32 | bitmask | compact | chosen | bound | chosen/bound "
+	fprintf(f, "| density | lr | changed |");
+	for (int e = 0; e < DCAST_ENC_COUNT; e++)
+		fprintf(f, " %s |", dcast_encoding_name(e));
+	fprintf(f, " chosen | bound | chosen/bound "
 		   "| encode GB/s | apply GB/s | memcpy GB/s | encode/memcpy | encode/memcpy of input | apply/memcpy | encode %u thr/memcpy | exact |\n",
 		bench_threads());
-	fprintf(f, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+	fprintf(f, "|---|---|---|");
+	for (int e = 0; e < DCAST_ENC_COUNT; e++)
+		fprintf(f, "---|");
+	fprintf(f, "---|---|---|---|---|---|---|---|---|---|---|\n");
 	for (int i = 0; i < nr; i++) {
 		double ch = r[i].changed ? (double)r[i].changed : 1;
 		fprintf(f, "| %.1f%% | %.2g | %" PRIu64 " |", 100 * r[i].density, r[i].lr, r[i].changed);
@@ -397,8 +463,10 @@ int main(int argc, char **argv)
 			out = argv[++i];
 		else if (!strcmp(argv[i], "--density") && i + 1 < argc)
 			only = strtod(argv[++i], NULL);
+		else if (!strcmp(argv[i], "--reps") && i + 1 < argc && atoi(argv[i + 1]) > 0)
+			REPS = atoi(argv[++i]);
 		else {
-			fprintf(stderr, "usage: bench_codec [--elems N] [--chunk N] [--density P] [--write FILE]\n");
+			fprintf(stderr, "usage: bench_codec [--elems N] [--chunk N] [--density P] [--reps N] [--write FILE]\n");
 			return 2;
 		}
 	}
@@ -424,18 +492,20 @@ int main(int argc, char **argv)
 	FILE *mem = open_memstream(&body, &blen);
 	double load[1] = { 0 };
 	getloadavg(load, 1);
-	fprintf(mem, "Command: `make bench-codec` (build/tools/bench_codec --elems %" PRIu64 " --chunk %" PRIu64
-		     "); %ld CPUs, load average %.1f at the end (a shared machine: timings are noisy), best of %d runs of each, interleaved.\n\n"
+	fprintf(mem, "Command: `make bench-codec%s` (build/tools/bench_codec --elems %" PRIu64 " --chunk %" PRIu64
+		     " --reps %d); %ld CPUs, load average %.1f at the end (a shared machine: timings are noisy), best of %d runs of each, interleaved.\n\n"
 		     "Sizes are bits per changed element. *bound*: per chunk n*H(p) for the positions plus, over all "
 		     "changed elements, the empirical entropy of the sortable-integer differences. "
 		     "Throughputs are GB/s of the NEW bytes; memcpy is one thread copying the same bytes in the same "
 		     "run; *memcpy of input* is one thread copying what encode reads, NEW and BASE (twice the bytes); "
 		     "encode and apply are one thread; *encode N thr* encodes the chunks with N threads "
 		     "(encoder threads that live through the bench, each claiming the next chunk, as a producer's do).\n\n",
-		n, chunk, sysconf(_SC_NPROCESSORS_ONLN), load[0], REPS);
+		n == 1u << 25 && REPS == 9 ? "" : " BENCH_CODEC_QUICK=1", n, chunk, REPS, sysconf(_SC_NPROCESSORS_ONLN),
+		load[0], REPS);
 	print_table(mem, res, nr, n, chunk);
 	print_targets(mem, res, nr);
 	print_cost_table(mem, res, nr, n);
+	print_v2_table(mem, res, nr);
 	fclose(mem);
 	fputs(body, stdout);
 	if (out && write_section(out, body)) {

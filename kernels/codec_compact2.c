@@ -214,9 +214,9 @@ typedef struct lanes2 {
 
 static ALWAYS_INLINE uint64_t word_at(const fast2 *f, uint64_t j)
 {
-	uint16_t v = 0;
-	if (LIKELY(j < f->nwords))
-		memcpy(&v, f->w + 2 * j, 2);
+	static const uint8_t zero[2];
+	uint16_t v;
+	memcpy(&v, j < f->nwords ? f->w + 2 * j : zero, 2); /* a select, not a branch */
 	return v;
 }
 
@@ -257,14 +257,14 @@ static ALWAYS_INLINE int lane_step(const fast2 *f, lanes2 *s, unsigned l, int va
 {
 	uint64_t b = s->buf[l];
 	unsigned n = s->n[l], aux = 0, len = code_len(f, b, val, &aux, raw);
-	if (n < len) {
-		b |= word_at(f, s->at++) << n;
-		n += DCAST_CPT2_WORD_BITS;
-		len = code_len(f, b, val, &aux, raw);
-		if (n < len) {
-			s->buf[l] = b, s->n[l] = n;
-			return 0;
-		}
+	uint64_t need = n < len; /* without a branch: it goes either way about as often */
+	b |= (word_at(f, s->at) << n) & (0 - need);
+	s->at += need;
+	n += DCAST_CPT2_WORD_BITS * (unsigned)need;
+	len = code_len(f, b, val, &aux, raw);
+	if (__builtin_expect(n < len, 0)) {
+		s->buf[l] = b, s->n[l] = n;
+		return 0;
 	}
 	*out = code_of(f, b, val, aux, raw);
 	s->buf[l] = b >> len, s->n[l] = n - len;

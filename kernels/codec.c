@@ -9,8 +9,10 @@
 
 const char *dcast_encoding_name(int encoding)
 {
-	static const char *names[DCAST_ENC_COUNT] = { "dense", "idx32", "bitmask", "compact", "compact2" };
-	return encoding >= 0 && encoding < DCAST_ENC_COUNT ? names[encoding] : "?";
+	static const char *names[DCAST_ENC_COMPACT] = { "dense", "idx32", "bitmask" };
+	if (encoding >= DCAST_ENC_COMPACT && encoding < DCAST_ENC_COUNT)
+		return dcast_cpt_name(encoding);
+	return encoding >= 0 && encoding < DCAST_ENC_COMPACT ? names[encoding] : "?";
 }
 
 size_t dcast_codec_bound(uint64_t count, unsigned elem_size)

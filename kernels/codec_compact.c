@@ -206,7 +206,7 @@ void dcast_cpt_lut_build(const dcast_cpt_table *t, unsigned nsym, uint16_t *lut)
 
 int dcast_cpt_fail(int enc, int e, uint64_t elem)
 {
-	return dcast_fail(DCAST_ECORRUPT, "%s payload, element %" PRIu64 ": %s", dcast_encoding_name(enc), elem,
+	return dcast_fail(DCAST_ECORRUPT, "%s payload, element %" PRIu64 ": %s", dcast_cpt_name(enc), elem,
 			  dcast_cpt_errstr(e));
 }
 
@@ -238,7 +238,7 @@ static int cpt_decode_blocks(const dcast_cpt_dec *d, const uint8_t *idx, uint64_
 int dcast_cpt_open(const dcast_chunk_info *info, const uint8_t *payload, dcast_cpt_dec *d,
 		    dcast_cpt_table *t)
 {
-	const char *name = dcast_encoding_name((int)info->encoding);
+	const char *name = dcast_cpt_name((int)info->encoding);
 	int v2 = info->encoding == DCAST_ENC_COMPACT2;
 	const char *bad = dcast_cpt_hdr_parse(payload, info->payload_bytes, 8 * info->elem_size, d, t);
 	if (bad)

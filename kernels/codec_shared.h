@@ -6,8 +6,9 @@
  * codec*.c (a name like codec_impl.h would count as codec.c's in
  * tests/test_layers.sh): every codec file
  * builds on it, and codec.c, the public entry points, stands on top of
- * codec_compact.c, codec_decode.c, codec_scan.c and codec_scratch.c in that
- * order, with no arrow back up.
+ * codec_compact2.c, codec_compact.c, codec_decode.c, codec_scan.c and
+ * codec_scratch.c in that order, with no arrow back up (compact v2's lane
+ * logic is codec_cpt2.h's, above this header).
  *
  * Compact encoding in one paragraph: positions are Rice-coded gaps with
  * parameter k (from the gap mean, in the header); values are zig-zagged
@@ -506,6 +507,13 @@ DCAST_HD int dcast_cpt_check_trail(const dcast_cpt_dec *d, uint64_t bit)
 	if ((bit & 7) && (d->stream[bit / 8] >> (bit & 7)))
 		return DCAST_CPT_ETRAIL;
 	return DCAST_CPT_OK;
+}
+
+/* The name of a compact encoding, as dcast_encoding_name gives it (the
+ * decoders below codec.c name their payloads with it). */
+DCAST_HD const char *dcast_cpt_name(int enc)
+{
+	return enc == DCAST_ENC_COMPACT2 ? "compact2" : "compact";
 }
 
 DCAST_HD const char *dcast_cpt_errstr(int e)

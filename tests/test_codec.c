@@ -223,6 +223,8 @@ static void test_anchor_and_args(void)
 	CHECK_ERR(dcast_codec_encode(r.cur, r.base, (uint64_t)DCAST_MAX_CHUNK_ELEMS + 1, 2, -1, 0, out,
 				     cap, &info), DCAST_EINVAL);
 	CHECK(strcmp(dcast_encoding_name(DCAST_ENC_COMPACT), "compact") == 0);
+	CHECK(strcmp(dcast_encoding_name(DCAST_ENC_COMPACT2), "compact2") == 0);
+	CHECK(strcmp(dcast_encoding_name(DCAST_ENC_COUNT), "?") == 0);
 	CHECK(strcmp(dcast_encoding_name(9), "?") == 0);
 	free(out);
 	free_range(&r);

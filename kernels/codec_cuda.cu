@@ -1305,7 +1305,7 @@ template <unsigned ES> static int apply_compact2(apply_ctx *a)
 	void *dev = NULL;
 	uint32_t *pos = NULL, *val = NULL;
 	uint64_t n = a->info->changed;
-	if ((rc = dcast_cpt_check_changed(a->info)) || (rc = cpt2_batch(a, &x, &dev, &pos, &val)) || !n)
+	if ((rc = cpt2_batch(a, &x, &dev, &pos, &val)) || !n)
 		return rc;
 	k_cpt_apply<ES><<<grid_for(n, 256), 256, 0, a->sc->s>>>(pos, val, n, x.cpt[0].mode, a->dst, a->old_out,
 								 a->err);

@@ -626,8 +626,6 @@ int dcast_bitmask_check(const dcast_chunk_info *info, const uint8_t *pl);
 int dcast_codec_check_size(const dcast_chunk_info *info, uint64_t want);
 /* The argument checks of dcast_codec_encode. */
 int dcast_codec_check_encode(uint64_t count, unsigned es, int force, size_t out_cap);
-/* More changes than a compact payload's bytes can hold: DCAST_ECORRUPT. */
-int dcast_cpt_check_changed(const dcast_chunk_info *info);
 #ifdef __cplusplus
 }
 #endif
@@ -725,6 +723,9 @@ int dcast_cpt2_decode(const dcast_chunk_info *info, const uint8_t *payload, uint
  * hands it every failure; tests compare the two). */
 int dcast_cpt2_decode_checked(const dcast_chunk_info *info, const uint8_t *payload, uint32_t *pos, uint32_t *val,
 			      unsigned *mode);
+
+/* More changes than a compact payload's bytes can hold: DCAST_ECORRUPT. */
+int dcast_cpt_check_changed(const dcast_chunk_info *info);
 
 /* Check a compact payload and decode it into pos/val (info->changed each):
  * the fast decoder, and the checking one when that fails (pos/val may be

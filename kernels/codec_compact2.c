@@ -200,9 +200,9 @@ uint64_t dcast_cpt2_emit(const dcast_changes *ch, const dcast_cpt_plan *p, const
  * runs from the start to name the problem. */
 typedef struct fast2 {
 	const uint8_t *w;        /* the stream's words */
+	const uint16_t *lut;     /* code length | extra bits << 4 | direct value << 9; 0: none */
 	uint64_t nwords, count, kmask;
 	unsigned k, raw, w_bits;
-	uint16_t lut[DCAST_CPT_LUT_SIZE]; /* code length | extra bits << 4 | direct value << 9; 0: none */
 } fast2;
 
 /* A block's lanes and where the decode is. */
@@ -325,8 +325,11 @@ static ALWAYS_INLINE int round_fast(const fast2 *f, lanes2 *s, unsigned nl, uint
 	return s->at > f->nwords ? -1 : 0;
 }
 
-static ALWAYS_INLINE int blk_fast_mode(const fast2 *f, lanes2 *s, uint32_t n, uint32_t *pos, uint32_t *val, int raw)
+/* The parameters copied to a local, which the output stores cannot
+ * alias (so they stay in registers). */
+static ALWAYS_INLINE int blk_fast_mode(const fast2 *fp, lanes2 *s, uint32_t n, uint32_t *pos, uint32_t *val, int raw)
 {
+	const fast2 local = *fp, *f = &local;
 	for (uint32_t at = 0; at < n; at += DCAST_CPT2_LANES) {
 		unsigned nl = n - at < DCAST_CPT2_LANES ? n - at : DCAST_CPT2_LANES;
 		if (round_fast(f, s, nl, pos + at, val + at, raw))
@@ -363,11 +366,11 @@ static int blk_fast(const fast2 *f, uint64_t *at, uint64_t *next, uint32_t n, ui
 }
 
 /* The lookup of the fast path from the reference one. */
-static void fast_lut(fast2 *f, const uint16_t *lut)
+static void fast_lut(uint16_t *fl, const uint16_t *lut)
 {
 	for (unsigned i = 0; i < DCAST_CPT_LUT_SIZE; i++) {
 		unsigned sym = lut[i] >> 4, cl = lut[i] & 15, eb = dcast_cpt_extra_bits(sym);
-		f->lut[i] = !lut[i] ? 0 : (uint16_t)(cl | eb << 4 | (sym < DCAST_CPT_NDIRECT ? sym + 1 : 0) << 9);
+		fl[i] = !lut[i] ? 0 : (uint16_t)(cl | eb << 4 | (sym < DCAST_CPT_NDIRECT ? sym + 1 : 0) << 9);
 	}
 }
 
@@ -375,14 +378,14 @@ static void fast_lut(fast2 *f, const uint16_t *lut)
 static int blocks_fast(const dcast_cpt2_run *x, const uint16_t *lut, const uint8_t *idx, uint64_t changed,
 		       uint32_t *pos, uint32_t *val)
 {
-	fast2 *f = dcast_scratch(DCAST_SCRATCH_CPT2, sizeof(fast2));
+	uint16_t *fl = dcast_scratch(DCAST_SCRATCH_CPT2, DCAST_CPT_LUT_SIZE * sizeof(*fl));
 	uint64_t at = 0, next = 0;
-	if (!f)
+	if (!fl)
 		return -1;
-	f->w = x->d.stream, f->nwords = x->nwords, f->count = x->d.count, f->k = x->d.k;
-	f->raw = x->d.mode == DCAST_CPT_RAW, f->w_bits = x->d.w, f->kmask = (1ull << x->d.k) - 1;
+	fast2 fs = { .w = x->d.stream, .lut = fl, .nwords = x->nwords, .count = x->d.count, .kmask = (1ull << x->d.k) - 1,
+		     .k = x->d.k, .raw = x->d.mode == DCAST_CPT_RAW, .w_bits = x->d.w }, *f = &fs;
 	if (!f->raw)
-		fast_lut(f, lut);
+		fast_lut(fl, lut);
 	for (uint64_t b = 0; b < dcast_cpt2_nblocks(changed); b++) {
 		uint64_t first = b * DCAST_CPT2_BLOCK, word, start;
 		dcast_cpt2_blk_start(idx, b, &word, &start);

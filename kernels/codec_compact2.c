@@ -10,7 +10,6 @@
 #include "dcast_common.h"
 
 #define ALWAYS_INLINE inline __attribute__((always_inline))
-#define LIKELY(x) __builtin_expect(!!(x), 1)
 /* Words one lane's stream of a block may need: 128 codes of at most
  * 46 + 43 bits. */
 #define LANE_WORDS (DCAST_CPT2_ROUNDS * 89 / DCAST_CPT2_WORD_BITS + 1)

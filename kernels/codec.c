@@ -173,6 +173,19 @@ static uint8_t *old_values_at(int enc, const dcast_changes *ch, uint64_t count, 
 	return out + at;
 }
 
+/* Without DCAST_ENCODE_COMPACT2, the choice among 0..3: compact when its
+ * bound is already the smallest (the emitter learns its exact size),
+ * else its exact size set against the others. */
+static int pick_v1(const dcast_changes *ch, dcast_cpt_plan *plan, uint64_t sizes[DCAST_ENC_COUNT])
+{
+	sizes[DCAST_ENC_COMPACT2] = UINT64_MAX;
+	if (dcast_pick_smallest(sizes) == DCAST_ENC_COMPACT)
+		return DCAST_ENC_COMPACT;
+	plan->pos_bits = dcast_cpt_pos_bits(ch, plan->k);
+	sizes[DCAST_ENC_COMPACT] = dcast_cpt_bytes(plan);
+	return dcast_pick_smallest(sizes);
+}
+
 static int encode_delta(const void *cur, void *base, uint64_t count, unsigned elem_size, int force_encoding,
 			unsigned flags, void *out, size_t out_cap, dcast_chunk_info *info, dcast_ld_move *d)
 {
@@ -183,8 +196,9 @@ static int encode_delta(const void *cur, void *base, uint64_t count, unsigned el
 	if ((rc = dcast_scan(cur, base, count, elem_size, &ch)))
 		return rc;
 	all_sizes(&ch, count, elem_size, 0, &plan, sizes);
-	int enc = force_encoding >= 0 ? force_encoding : dcast_pick_smallest(sizes);
-	uint64_t bytes = force_encoding < 0 && enc >= DCAST_ENC_COMPACT
+	int v2 = force_encoding < 0 && (flags & DCAST_ENCODE_COMPACT2);
+	int enc = force_encoding >= 0 ? force_encoding : v2 ? dcast_pick_smallest(sizes) : pick_v1(&ch, &plan, sizes);
+	uint64_t bytes = v2 && enc >= DCAST_ENC_COMPACT
 				 ? encode_auto(&ch, &plan, cur, count, elem_size, sizes, out, &enc)
 				 : emit(enc, &ch, &plan, cur, count, elem_size, sizes, out);
 	uint8_t *old = NULL;

@@ -530,7 +530,8 @@ DCAST_HD const char *dcast_cpt_errstr(int e)
 
 /* Pick the smallest encoding (ties go to the lower id), then compact v2
  * over compact v1 when v2 is at most 1/64 larger: its blocks decode a warp
- * each (docs/protocol.md, "Delta codec"). */
+ * each (docs/protocol.md, "Delta codec").  A caller that wants no v2 sets
+ * its size to UINT64_MAX. */
 DCAST_HD int dcast_pick_smallest(const uint64_t sizes[DCAST_ENC_COUNT])
 {
 	int best = 0;

@@ -38,6 +38,20 @@ static int encode_dense(dcast_producer *p, int mode, const prod_tensor *t, uint6
 	return dcast_ldigest(job->tensor, t->shard_off + off, base, count, t->elem_size, &job->digest);
 }
 
+/* DCAST_ENCODE_COMPACT2 when DELTACAST_COMPACT2=1 is in the environment
+ * (consumers that decode on GPUs: docs/operations.md), read once. */
+static unsigned compact2_flag(void)
+{
+	static _Atomic int on = -1;
+	int v = on;
+
+	if (v < 0) {
+		const char *e = getenv("DELTACAST_COMPACT2");
+		on = v = e && !strcmp(e, "1");
+	}
+	return v ? DCAST_ENCODE_COMPACT2 : 0;
+}
+
 /* Encode range j into job->slot (the worker thread's whole job); a
  * snapshot only copies the range into the baseline (host tensors). */
 static int encode_job(dcast_producer *p, int mode, uint32_t j, prod_job *job)
@@ -64,7 +78,7 @@ static int encode_job(dcast_producer *p, int mode, uint32_t j, prod_job *job)
 	 * moved by the change as the encoder copies it into the baseline */
 	job->digest = p->chunk_digest[j];
 	return dcast_codec_encode_digest(cur, base, count, t->elem_size, -1,
-					 DCAST_ENCODE_UPDATE_BASE | DCAST_ENCODE_SAVE_OLD,
+					 DCAST_ENCODE_UPDATE_BASE | DCAST_ENCODE_SAVE_OLD | compact2_flag(),
 					 job->slot->buf, p->pool.slot_bytes, &job->info, job->tensor,
 					 t->shard_off + off, &job->digest);
 }

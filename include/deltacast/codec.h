@@ -63,12 +63,18 @@ DCAST_API size_t dcast_codec_bound(uint64_t count, unsigned elem_size);
 				       range for dense), so dcast_codec_revert() undoes
 				       the update; dcast_codec_bound() has room for them
 				       when force_encoding < 0 */
+#define DCAST_ENCODE_COMPACT2 4u    /* may pick compact v2, the compact layout a GPU
+				       decodes a warp per block: where compact is the
+				       smallest and v2 at most 1/64 larger.  Without it
+				       v2 is written only when forced (its CPU decoder
+				       is slower than v1's). */
 
 /* Encode cur[0..count) against base[0..count).  base == NULL means an
  * anchor: the range is sent dense (info->changed = count).  force_encoding
- * < 0 picks the smallest encoding (ties: the lower id), then compact2 over
- * compact when compact2 is at most 1/64 larger (docs/protocol.md, "Delta
- * codec"); otherwise that one is used.  The payload goes to out (out_cap bytes, at least
+ * < 0 picks the smallest of encodings 0..3 (ties: the lower id); with
+ * DCAST_ENCODE_COMPACT2 in flags, compact2 over compact when compact2 is at
+ * most 1/64 larger (docs/protocol.md, "Delta codec"); otherwise
+ * force_encoding is used.  The payload goes to out (out_cap bytes, at least
  * dcast_codec_bound(); bytes past info->payload_bytes may be scribbled);
  * info describes it.  For a delta, info->changed counts the elements whose
  * bit pattern differs, whatever the encoding.

@@ -14,7 +14,9 @@
 #            values), `make bench-gpu`'s two programs: bench_gpu_codec,
 #            whose last line is
 #            `gpu_pause_gbps P decode_ahead_gbps D encode_gbps E copy_gbps C`
-#            (1% density), copied to pause-line.txt, and bench_gpu_ranges
+#            (1% density), copied to pause-line.txt, and bench_gpu_ranges;
+#            then bench_gpu_codec again with the batch's payloads in
+#            compact v2 (BENCH_GPU_COMPACT2=1), its last line appended
 #   sync     `make bench-sync` on this host's cores: forms
 #            SYNC_FORMS ("lib sub"), N's SYNC_N ("1 4 8"), the --data-dir row
 #            (SYNC_DATADIR=1); its logs (no model files) in sync-logs.tgz
@@ -113,6 +115,10 @@ pause() {
 	echo "rc=${PIPESTATUS[0]}"
 	echo "== bench_gpu_ranges"; timeout 60 "$B/tools/bench_gpu_ranges"; echo "rc=$?"
 	grep '^gpu_pause_gbps ' "$O/pause-bench.txt" | tail -n 1 | tee "$O/pause-line.txt"
+	echo "== bench_gpu_codec, the batch's payloads in compact v2"
+	BENCH_GPU_COMPACT2=1 timeout 100 "$B/tools/bench_gpu_codec" | tee "$O/pause-bench-v2.txt"
+	echo "rc=${PIPESTATUS[0]}"
+	grep '^gpu_pause_gbps ' "$O/pause-bench-v2.txt" | tail -n 1 | tee -a "$O/pause-line.txt"
 }
 
 # bench_sync NAME FORMS DATADIR: scripts/bench_sync.sh, its logs (without

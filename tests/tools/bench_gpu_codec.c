@@ -237,7 +237,7 @@ static int bench_batch(const workload *w, gpu_bufs *g, double *tah, double *tad,
 
 	for (uint64_t k = 0; k < g->nchunks; k++) {
 		sparse &= g->info[k].encoding != DCAST_ENC_DENSE;
-		compact &= g->info[k].encoding == DCAST_ENC_COMPACT;
+		compact &= g->info[k].encoding == DCAST_ENC_COMPACT || g->info[k].encoding == DCAST_ENC_COMPACT2;
 	}
 	need(cudaMemcpy(g->dst, g->base, g->n * 2, cudaMemcpyDeviceToDevice) == cudaSuccess, "reset");
 	batch_layout(g);
@@ -269,6 +269,23 @@ static int same_as_cpu(const workload *w, const gpu_bufs *g)
 	return same;
 }
 
+/* BENCH_GPU_COMPACT2=1: the batch's payloads are the CPU encoder's with
+ * DCAST_ENCODE_COMPACT2 (compact v2 wherever a producer with
+ * DELTACAST_COMPACT2=1 writes it), so that decode-ahead measures v2's
+ * warp-per-block decode. */
+static void payloads_v2(const workload *w, gpu_bufs *g)
+{
+	const char *e = getenv("BENCH_GPU_COMPACT2");
+
+	if (!e || strcmp(e, "1"))
+		return;
+	for (uint64_t k = 0; k < g->nchunks; k++) {
+		uint64_t off = k * CHUNK, n = g->n - off < CHUNK ? g->n - off : CHUNK;
+		need(dcast_codec_encode(w->cur + off, w->base + off, n, 2, -1, DCAST_ENCODE_COMPACT2,
+					g->payloads + k * g->slot, g->slot, &g->info[k]) == DCAST_OK, "v2 encode");
+	}
+}
+
 static void bench_density(workload *w, gpu_bufs *g, double density)
 {
 	double bytes = (double)g->n * 2;
@@ -287,8 +304,10 @@ static void bench_density(workload *w, gpu_bufs *g, double density)
 	printf("| %.1f%% | %.1f | %.1f | %.2fx | %.1f | %.2fx | %.1f | %.2fx | ", 100 * density, bytes / tc / 1e9,
 	       bytes / te / 1e9, tc / te, bytes / ta / 1e9, tc / ta, bytes / td / 1e9, tc / td);
 	double tah = 0, tad = 0, tp = 0;
-	int batch_ok = bench_batch(w, g, &tah, &tad, &tp);
-	printf("%s | %s |\n", same_as_cpu(w, g) ? "yes" : "NO", exact && batch_ok ? "yes" : "NO");
+	int same = same_as_cpu(w, g), batch_ok;
+	payloads_v2(w, g);
+	batch_ok = bench_batch(w, g, &tah, &tad, &tp);
+	printf("%s | %s |\n", same ? "yes" : "NO", exact && batch_ok ? "yes" : "NO");
 	if (density == 0.01 && tp > 0) /* decode-ahead as the consumer runs it: compact decoded on the device */
 		last_pause = bytes / tp / 1e9, last_ahead = bytes / (tad > 0 ? tad : tah) / 1e9,
 		last_encode = bytes / te / 1e9, last_copy = bytes / tc / 1e9;

@@ -56,6 +56,7 @@ struct broker_config {
 	const char *upstream_curve_secret, *upstream_server_key; /* the relay's CURVE client (auth.c) */
 	const char *anchor_fraction; uint64_t anchor_every; /* broker-made anchors (fold.c) */
 	uint64_t fault_slowdisk_ms; /* DELTACAST_BROKER_FAULT=slowdisk:MS (tests; durable.c) */
+	int fault_nomap;            /* DELTACAST_BROKER_FAULT=nomap (tests; ondisk.c) */
 	uint64_t model_idle_s;      /* --model-idle-s: an idle model is removed (retire.c; 0 never) */
 	uint64_t read_cache_bytes;  /* --read-cache-bytes: frames read from disk shared (ondisk.c) */
 	const char *admin_socket;   /* --admin-socket PATH: operator requests (admin.c) */
@@ -556,10 +557,12 @@ void broker_segfile_put(struct broker_segfile *f);
 #define BROKER_CLOSE_ASYNC_BYTES (64ull << 20)
 void broker_file_close(int fd);
 /* Initialise *out (uninitialised) with ch's payload to send: a copy of the
- * frame kept in memory, or the bytes read from its segment file into a
- * buffer of their own, which ZeroMQ frees once sent (the read cache is
- * neither asked nor filled).  Errors: DCAST_ENOMEM, DCAST_EIO (a failed or
- * short read, naming the offset); *out is then untouched. */
+ * frame kept in memory, or its bytes in its segment file, mapped read-only
+ * (16 KiB and more; unmapped once sent) or else read into a buffer of
+ * their own (freed once sent; a refused mmap is logged once); the read
+ * cache is neither asked nor filled.  Errors: DCAST_ENOMEM, DCAST_EIO (a
+ * failed or short read, naming the offset: a chunk past the end of its
+ * file is read, never mapped); *out is then untouched. */
 int broker_chunk_payload(const struct broker_chunk *ch, zmq_msg_t *out);
 /* broker_chunk_payload for a consumer, through the read cache: a send of
  * the frame kept there for ch (one of its expected takes counted off),
@@ -580,6 +583,12 @@ uint64_t broker_disk_inflight_bytes(void);
  * read (metrics, tests). */
 uint64_t broker_disk_read_bytes(void);
 uint64_t broker_read_cache_hits(void);
+/* Of broker_disk_read_bytes, those served from a mapping of the segment
+ * (no copy) rather than read into the heap (metrics, tests). */
+uint64_t broker_disk_mapped_bytes(void);
+/* Tests (DELTACAST_BROKER_FAULT=nomap): 1 makes every mmap of a segment
+ * fail as on a file system without mmap, so payloads are read. */
+void broker_disk_map_fault(int refuse);
 /* Bytes of frames the read cache holds now. */
 uint64_t broker_read_cache_bytes(void);
 /* The read cache's cap in bytes (--read-cache-bytes; 0: off); what is held

@@ -204,7 +204,9 @@ static int find_config(int argc, char **argv, const char **path)
 
 /* DELTACAST_BROKER_FAULT=slowdisk:MS (tests only): the durable writer
  * sleeps MS ms before each COMMIT record and after each fsync, a slow disk
- * at the writer's seam (broker/durable.c).  Read once, here. */
+ * at the writer's seam (broker/durable.c).  =nomap: every mmap of a
+ * segment fails, as on a file system without mmap (broker/ondisk.c).
+ * Read once, here. */
 static int fault_env(struct broker_config *cfg)
 {
 	const char *f = getenv("DELTACAST_BROKER_FAULT");
@@ -213,8 +215,12 @@ static int fault_env(struct broker_config *cfg)
 
 	if (!f || !*f)
 		return 0;
+	cfg->fault_nomap = !strcmp(f, "nomap");
+	if (cfg->fault_nomap)
+		return 0;
 	if (strncmp(f, "slowdisk:", 9))
-		return dcast_fail(DCAST_EINVAL, "DELTACAST_BROKER_FAULT=%s: only slowdisk:MS is known", f);
+		return dcast_fail(DCAST_EINVAL, "DELTACAST_BROKER_FAULT=%s: only slowdisk:MS and nomap "
+				  "are known", f);
 	errno = 0;
 	ms = strtoull(f + 9, &end, 10);
 	if (errno || end == f + 9 || *end || ms > 600000)

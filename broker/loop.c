@@ -69,6 +69,7 @@ int broker_open(struct broker *b, const struct broker_config *cfg)
 		return rc;
 	broker_ingest_init(b);
 	broker_read_cache_set(cfg->read_cache_bytes);
+	broker_disk_map_fault(cfg->fault_nomap);
 	if (!(b->ctx = zmq_ctx_new()))
 		return dcast_fail(DCAST_EZMQ, "zmq_ctx_new: %s", zmq_strerror(errno));
 	if ((rc = io_threads_set(b)))

@@ -254,6 +254,9 @@ size_t broker_metrics_render(const struct broker *b, char *buf, size_t cap)
 	      broker_disk_inflight_bytes());
 	counter(&o, "disk_read_bytes_total", "payload bytes read from the segments to serve consumers",
 		broker_disk_read_bytes());
+	counter(&o, "disk_mapped_bytes_total",
+		"of those, payload bytes sent from a mapping of the segments (no copy into the heap)",
+		broker_disk_mapped_bytes());
 	counter(&o, "read_cache_hits_total", "chunks served from the read cache in place of a read",
 		broker_read_cache_hits());
 	gauge(&o, "read_cache_bytes", "payload bytes the read cache keeps for consumers about to take them",

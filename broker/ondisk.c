@@ -2,26 +2,34 @@
  * spill file of its own as they arrive (broker_spill_write).  Once a
  * version's records are durable its payload frames leave the heap and each
  * chunk keeps where its bytes lie in the segment; a consumer's chunk is
- * then read (pread, through the page cache) into a frame that is freed
- * once its last send is done (below: the read cache).  So the heap holds what is in flight: each
- * consumer's credit bounds what it is sent ahead, and the bytes read and
- * not yet sent are capped over all consumers (BROKER_DISK_INFLIGHT_BYTES).
- * The counter of those bytes is atomic: ZeroMQ's I/O threads free the
- * buffers.
+ * then served from a read-only mapping of just its pages (page cache, no
+ * copy: the kernel's send is the one copy), unmapped once its last send is
+ * done (below: the read cache).  A payload under DISK_MAP_MIN_BYTES, or
+ * one the system refuses to map, is read (pread) into a heap frame
+ * instead.  So memory holds what is in flight: each consumer's credit
+ * bounds what it is sent ahead, and the bytes mapped or read and not yet
+ * sent are capped over all consumers (BROKER_DISK_INFLIGHT_BYTES).  The
+ * counter of those bytes is atomic: ZeroMQ's I/O threads free the frames.
+ *
+ * A mapping never reaches past the end of the last commit of its segment,
+ * and nothing cuts a segment below that while the broker serves it
+ * (broker_seg_abort cuts back to it; quarantine cuts at load, before any
+ * chunk points into the file), so no mapped page can lie past the end of
+ * its file (SIGBUS).  A segment unlinked meanwhile stays mapped.
  *
  * The read cache: consumers that want the same chunk at about the same
- * time share one read.  A frame read from disk is one buffer with a count
+ * time share one mapping (or read).  A frame is one buffer with a count
  * of its holders (the cache and each send: a zmq_msg_init_data each, no
  * copy).  The cache keeps it while a send still holds it (a consumer that
- * comes to the chunk meanwhile costs no read and no memory), and past that
- * for the other consumers expected to take it within their window
- * (fanout.c counts them; each take counts one off).  An entry is found from
- * its chunk (ch->cache_slot), so it can only be served as the chunk it was
- * read for, and it goes with the chunk (a version freed, its log cleared,
- * poisoned).  At most --read-cache-bytes are held (least recently used out
- * first), and they count among the bytes read and not yet sent.  The cache
- * is the loop thread's; only the holder counts are atomic.
- * docs/operations.md, "Memory with --data-dir". */
+ * comes to the chunk meanwhile costs no syscall, no fault and no memory),
+ * and past that for the other consumers expected to take it within their
+ * window (fanout.c counts them; each take counts one off).  An entry is
+ * found from its chunk (ch->cache_slot), so it can only be served as the
+ * chunk it was read for, and it goes with the chunk (a version freed, its
+ * log cleared, poisoned).  At most --read-cache-bytes are held (least
+ * recently used out first), and they count among the bytes read and not
+ * yet sent.  The cache is the loop thread's; only the holder counts are
+ * atomic.  docs/operations.md, "Memory with --data-dir". */
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -29,6 +37,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include "broker.h"
@@ -38,13 +47,23 @@
 static _Atomic uint64_t disk_inflight; /* bytes read from disk, not yet sent */
 static _Atomic uint64_t disk_read_bytes; /* payload bytes read from disk for consumers */
 static _Atomic int sweep_due;           /* a kept frame may be held by the cache alone */
+static uint64_t disk_mapped_bytes;      /* of those, served from a mapping (loop thread) */
+static int map_fault;                   /* DELTACAST_BROKER_FAULT=nomap: mmap refused */
+static int map_refusal_logged;
 
-/* A payload read from disk: one buffer for the read cache and every send
- * of it (a zmq_msg_init_data each), freed by the last (any thread). */
+/* Smaller payloads are read: a mapping costs two syscalls and a page
+ * table update, more than copying a few pages. */
+#define DISK_MAP_MIN_BYTES (16u << 10)
+
+/* A payload from disk: one buffer for the read cache and every send of it
+ * (a zmq_msg_init_data each), freed by the last (any thread). */
 struct disk_frame {
 	_Atomic uint32_t refs;
 	uint64_t len;
-	unsigned char data[];
+	unsigned char *data;          /* len bytes: in map, or buf */
+	void *map;                    /* its segment's pages, mapped; NULL: read into buf */
+	size_t map_len;
+	unsigned char buf[];
 };
 
 #define READ_CACHE_SLOTS 4096u
@@ -158,6 +177,8 @@ static void frame_put(struct disk_frame *f)
 	if (was > 1)
 		return;
 	atomic_fetch_sub_explicit(&disk_inflight, f->len, memory_order_relaxed);
+	if (f->map)
+		munmap(f->map, f->map_len);
 	free(f);
 }
 
@@ -178,25 +199,103 @@ static int frame_msg(struct disk_frame *f, zmq_msg_t *out)
 	return dcast_fail(DCAST_ENOMEM, "a frame of %llu bytes", (unsigned long long)f->len);
 }
 
-/* The copy from the page cache into a new frame *out (no reference yet):
- * the one copy a payload served from disk costs (the wire needs the bytes
- * in memory). */
-static int frame_read(const struct broker_chunk *ch, struct disk_frame **out)
+/* A frame of len bytes, buf_len of them in the frame itself (no reference
+ * yet, not yet counted in flight). */
+static struct disk_frame *frame_alloc(uint64_t len, size_t buf_len)
 {
-	struct disk_frame *f = malloc(sizeof(*f) + ch->payload_len);
+	struct disk_frame *f = malloc(sizeof(*f) + buf_len);
+
+	if (!f) {
+		dcast_fail(DCAST_ENOMEM, "a %llu-byte payload from disk", (unsigned long long)len);
+		return NULL;
+	}
+	atomic_init(&f->refs, 0);
+	f->len = len;
+	f->data = f->buf;
+	f->map = NULL;
+	f->map_len = 0;
+	return f;
+}
+
+static void map_refused(const struct broker_chunk *ch, int err)
+{
+	if (map_refusal_logged)
+		return;
+	map_refusal_logged = 1;
+	DCAST_LOG_W("segment payloads: mmap of %llu bytes at offset %llu: %s; such payloads are "
+		    "read (pread, one copy more) while it fails", (unsigned long long)ch->payload_len,
+		    (unsigned long long)ch->file_off, strerror(err));
+}
+
+/* 1 when ch's bytes lie within its file as it is now.  A file cut shorter
+ * behind the broker's back is then read, and the read names the offset
+ * (the short read of a damaged segment), where a mapping would fault. */
+static int chunk_in_file(const struct broker_chunk *ch)
+{
+	struct stat st;
+
+	return !fstat(ch->file->fd, &st) && ch->file_off + ch->payload_len <= (uint64_t)st.st_size;
+}
+
+/* ch's pages of its segment, mapped read-only and faulted in now; NULL
+ * (the caller reads) when it is too small, or cannot be mapped. */
+static struct disk_frame *frame_map(const struct broker_chunk *ch)
+{
+	uint64_t lead = ch->file_off % (uint64_t)sysconf(_SC_PAGESIZE);
+	size_t map_len = (size_t)(ch->payload_len + lead);
+	struct disk_frame *f;
+	void *p;
+
+	if (ch->payload_len < DISK_MAP_MIN_BYTES || !chunk_in_file(ch))
+		return NULL;
+	if (map_fault) { /* as a file system without mmap */
+		map_refused(ch, ENODEV);
+		return NULL;
+	}
+	/* MAP_POPULATE: the pages are faulted in here, on the loop's thread,
+	 * in one call (where pread read them), not page by page by the send. */
+	p = mmap(NULL, map_len, PROT_READ, MAP_SHARED | MAP_POPULATE, ch->file->fd,
+		 (off_t)(ch->file_off - lead));
+	if (p == MAP_FAILED) {
+		map_refused(ch, errno);
+		return NULL;
+	}
+	if (!(f = frame_alloc(ch->payload_len, 0))) {
+		munmap(p, map_len);
+		return NULL;
+	}
+	f->map = p;
+	f->map_len = map_len;
+	f->data = (unsigned char *)p + lead;
+	return f;
+}
+
+/* The copy from the page cache into a new heap frame *out: what a
+ * payload served from disk costs where it is not mapped. */
+static int frame_copy(const struct broker_chunk *ch, struct disk_frame **out)
+{
+	struct disk_frame *f = frame_alloc(ch->payload_len, ch->payload_len);
 	int rc;
 
 	if (!f)
-		return dcast_fail(DCAST_ENOMEM, "a %llu-byte payload read from disk",
-				  (unsigned long long)ch->payload_len);
+		return DCAST_ENOMEM;
 	if ((rc = dcast_pread_full(ch->file->fd, f->data, ch->payload_len, ch->file_off, "segment"))) {
 		free(f);
 		return rc;
 	}
-	atomic_init(&f->refs, 0);
-	f->len = ch->payload_len;
-	atomic_fetch_add_explicit(&disk_inflight, f->len, memory_order_relaxed);
 	*out = f;
+	return 0;
+}
+
+/* ch's payload from disk in a new frame *out (no reference yet): mapped,
+ * else read. */
+static int frame_read(const struct broker_chunk *ch, struct disk_frame **out)
+{
+	int rc;
+
+	if (!(*out = frame_map(ch)) && (rc = frame_copy(ch, out)))
+		return rc;
+	atomic_fetch_add_explicit(&disk_inflight, (*out)->len, memory_order_relaxed);
 	return 0;
 }
 
@@ -342,6 +441,16 @@ uint64_t broker_disk_read_bytes(void)
 	return atomic_load_explicit(&disk_read_bytes, memory_order_relaxed);
 }
 
+uint64_t broker_disk_mapped_bytes(void)
+{
+	return disk_mapped_bytes;
+}
+
+void broker_disk_map_fault(int refuse)
+{
+	map_fault = refuse;
+}
+
 /* ---- reads ---- */
 
 static int disk_room(uint64_t len)
@@ -393,6 +502,8 @@ int broker_chunk_serve(struct broker_chunk *ch, uint32_t others, zmq_msg_t *out)
 	if ((rc = payload_msg(ch, &f, out)) || !f)
 		return rc;
 	atomic_fetch_add_explicit(&disk_read_bytes, f->len, memory_order_relaxed);
+	if (f->map)
+		disk_mapped_bytes += f->len;
 	if (cache.cap_bytes)
 		cache_keep(ch, f, others);
 	return 0;

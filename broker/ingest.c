@@ -349,11 +349,10 @@ int broker_pending_chunk(struct broker *b, struct broker_model *m, uint32_t part
 	int rc;
 
 	DCAST_DEBUG_ASSERT(check_pending(m) && check_pending_total(b));
-	if ((rc = pending_match(m, pd, c->version, c->anchor, c->base_version, part)) ||
-	    (rc = dcast_chunk_fits(c, dcast_manifest_descs(&pd->manifest->m))))
+	if ((rc = pending_match(m, pd, c->version, c->anchor, c->base_version, part)))
 		return rc;
 	sum = dcast_checksum(zmq_msg_data(&in->payload), c->payload_bytes);
-	if ((rc = dcast_chunk_verify_sum(c, sum))) /* header too, empty payload or not */
+	if ((rc = dcast_chunk_sound(c, dcast_manifest_descs(&pd->manifest->m), sum))) /* header too */
 		return rc;
 	rc = part_take(b, m, &pd->part[part], in, sum);
 	DCAST_DEBUG_ASSERT(check_pending(m) && check_pending_total(b) &&

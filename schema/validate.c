@@ -334,6 +334,25 @@ static int check_digests(const dcast_commit *c)
 	return 0;
 }
 
+/* An endpoint is printable ASCII without spaces: it reaches logs and
+ * zmq_connect() as it is. */
+static int check_endpoint(const char *what, const char *ep)
+{
+	for (size_t i = 0; ep[i]; i++)
+		if ((unsigned char)ep[i] <= ' ' || (unsigned char)ep[i] > '~')
+			return dcast_fail(DCAST_EFIELD_RANGE, "%s: byte 0x%02x at offset %zu is not "
+					  "printable ASCII", what, (unsigned char)ep[i], i);
+	return 0;
+}
+
+static int check_welcome(const dcast_welcome *w)
+{
+	if (w->anchor_version != DCAST_VERSION_NONE &&
+	    (w->version == DCAST_VERSION_NONE || w->anchor_version > w->version))
+		return dcast_fail(DCAST_EFIELD_RANGE, "WELCOME.anchor_version: after version");
+	return check_endpoint("WELCOME.consumers", w->consumers);
+}
+
 static int check_cross(const dcast_msg *m)
 {
 	const dcast_commit *c = &m->u.commit;
@@ -352,12 +371,7 @@ static int check_cross(const dcast_msg *m)
 	case DCAST_MSG_MANIFEST:
 		return check_manifest(&m->u.manifest);
 	case DCAST_MSG_WELCOME:
-		if (m->u.welcome.anchor_version != DCAST_VERSION_NONE &&
-		    (m->u.welcome.version == DCAST_VERSION_NONE ||
-		     m->u.welcome.anchor_version > m->u.welcome.version))
-			return dcast_fail(DCAST_EFIELD_RANGE,
-					  "WELCOME.anchor_version: after version");
-		return 0;
+		return check_welcome(&m->u.welcome);
 	default:
 		return 0;
 	}

@@ -26,6 +26,7 @@ extern "C" {
 #define DCAST_MAX_NAME 255                   /* model and tensor names, bytes */
 #define DCAST_MAX_CLIENT 64                  /* HELLO.client, bytes */
 #define DCAST_MAX_TEXT 1024                  /* ERROR.text, BYE.reason, bytes */
+#define DCAST_MAX_ENDPOINT 255               /* WELCOME.consumers, bytes */
 #define DCAST_MAX_TENSORS 262144             /* MANIFEST.tensors (= DCAST_MAX_DIGESTS) */
 #define DCAST_MAX_DIMS 8                     /* one tensor's shape */
 #define DCAST_MAX_TENSOR_ELEMS (1ull << 48)  /* elements of one tensor */
@@ -100,6 +101,11 @@ typedef struct dcast_welcome {
 	uint32_t need_anchor;    /* producer: next version must be an anchor */
 	uint32_t heartbeat_ms;   /* peer silent 3x this long is considered gone */
 	uint64_t run;            /* run identity of the model's stream; 0: none */
+	/* To a producer: the broker's consumer endpoint as bound (ZeroMQ's
+	 * ZMQ_LAST_ENDPOINT, e.g. "tcp://0.0.0.0:5556"), where a new producer
+	 * process fetches its baseline.  "" (the default): none named, and
+	 * not encoded; printable ASCII, no spaces. */
+	char consumers[DCAST_MAX_ENDPOINT + 1];
 } dcast_welcome;
 
 typedef struct dcast_tensor_desc {

@@ -172,6 +172,9 @@ static void write_good(void)
 	make_good(&m, DCAST_MSG_CREDIT); /* with its optional model */
 	strcpy(m.u.credit.model, "llama-8b");
 	good("credit_model", &m);
+	make_good(&m, DCAST_MSG_WELCOME); /* to a producer: the consumer endpoint */
+	strcpy(m.u.welcome.consumers, "tcp://0.0.0.0:5556");
+	good("welcome_consumers", &m);
 }
 
 /* ---- bad messages: a good header re-packed with one change ---- */
@@ -275,6 +278,8 @@ static void pack_repeat(msgpack_packer *pk, char c, size_t n)
 static void v_long_name(msgpack_packer *pk) { pack_repeat(pk, 'm', 300); }
 static void v_model_flip(msgpack_packer *pk) { pack_s(pk, "llama-8c"); } /* one bit off "llama-8b" */
 static void v_long_text(msgpack_packer *pk) { pack_repeat(pk, 't', 2000); }
+static void v_long_endpoint(msgpack_packer *pk) { pack_repeat(pk, 'e', 300); }
+static void v_tab_endpoint(msgpack_packer *pk) { pack_s(pk, "tcp://host\t:5556"); }
 
 static void v_deep(msgpack_packer *pk)
 {
@@ -399,6 +404,10 @@ static void write_bad_other(void)
 	    "nesting deeper");
 	bad("welcome_no_need_anchor", DCAST_MSG_WELCOME, MUT_DROP("need_anchor"),
 	    "DCAST_EFIELD_MISSING", "WELCOME.need_anchor");
+	bad("welcome_consumers_long", DCAST_MSG_WELCOME, MUT_SET("consumers", v_long_endpoint),
+	    "DCAST_ETOO_LARGE", "WELCOME.consumers: 300 bytes exceeds limit 255");
+	bad("welcome_consumers_tab", DCAST_MSG_WELCOME, MUT_SET("consumers", v_tab_endpoint),
+	    "DCAST_EFIELD_RANGE", "WELCOME.consumers: byte 0x09 at offset 10 is not printable");
 }
 
 /* ---- codec payloads ---- */

@@ -360,6 +360,9 @@ struct broker_clients {
 struct broker {
 	struct broker_config cfg;
 	void *ctx, *producers, *consumers;
+	/* The consumer endpoint as bound (ZMQ_LAST_ENDPOINT), named to
+	 * producers in WELCOME.consumers; "" where it breaks that field's rule. */
+	char consumers_bound[DCAST_MAX_ENDPOINT + 1];
 	volatile int stop;             /* broker_run returns at the next turn */
 	struct broker_model *models[BROKER_MAX_MODELS];
 	uint32_t n_models;
@@ -493,6 +496,10 @@ uint64_t broker_model_offered(const struct broker_model *m);
 /* A WELCOME for model m into w: its newest version, its log's anchor (NONE
  * if empty) and the broker's heartbeat; need_anchor left 0. */
 void broker_welcome_init(const struct broker *b, const struct broker_model *m, dcast_msg *w);
+/* broker_welcome_init, for a producer: naming the consumer endpoint
+ * (WELCOME.consumers), where a new producer process fetches its baseline. */
+void broker_welcome_producer_init(const struct broker *b, const struct broker_model *m,
+				  dcast_msg *w);
 /* Append a committed version to the model's log (an anchor replaces what
  * came before).  Takes the caller's reference on success only.  Errors:
  * DCAST_EVERSION (not above the newest, or a delta not on it),

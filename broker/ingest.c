@@ -739,7 +739,7 @@ static void producer_welcome(struct broker *b, struct broker_peer *p)
 	struct broker_model *m = p->model;
 	dcast_msg w, cr;
 
-	broker_welcome_init(b, m, &w);
+	broker_welcome_producer_init(b, m, &w);
 	w.u.welcome.version = broker_model_newest(m); /* poisoned ones too: numbers are spent */
 	w.u.welcome.need_anchor = m->need_anchor || !m->n_log;
 	broker_send_msg(b, b->producers, p, &w);

@@ -228,6 +228,14 @@ void broker_welcome_init(const struct broker *b, const struct broker_model *m, d
 	w->u.welcome.run = m ? m->run : 0;
 }
 
+void broker_welcome_producer_init(const struct broker *b, const struct broker_model *m,
+				  dcast_msg *w)
+{
+	broker_welcome_init(b, m, w);
+	snprintf(w->u.welcome.consumers, sizeof(w->u.welcome.consumers), "%s",
+		 b->consumers_bound);
+}
+
 int broker_log_tail_append(struct broker_model *m, struct broker_version *v)
 {
 	const struct broker_version *last = m->n_tail ? m->tail[m->n_tail - 1] : NULL;
@@ -315,7 +323,7 @@ void broker_log_need_anchor(struct broker *b, struct broker_model *m)
 	dcast_msg w;
 
 	m->need_anchor = 1;
-	broker_welcome_init(b, m, &w);
+	broker_welcome_producer_init(b, m, &w);
 	w.u.welcome.need_anchor = 1;
 	for (uint64_t i = 0; i < b->prod.hi; i++)
 		if (b->prod.arr[i].used && b->prod.arr[i].model == m)

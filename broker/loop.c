@@ -51,6 +51,21 @@ static int router_open(struct broker *b, void **sock, const char *endpoint, cons
 	return broker_limits_watch(b, *sock, which);
 }
 
+/* The consumer endpoint as bound, for WELCOME.consumers: "" (none named)
+ * when it breaks that field's rule (an ipc:// path with a space). */
+static void consumers_name(struct broker *b)
+{
+	size_t len = sizeof(b->consumers_bound);
+
+	if (zmq_getsockopt(b->consumers, ZMQ_LAST_ENDPOINT, b->consumers_bound, &len))
+		dcast_fail(DCAST_ETOO_LARGE, "consumers: endpoint longer than %d bytes",
+			   DCAST_MAX_ENDPOINT);
+	else if (!dcast_endpoint_check(b->consumers_bound, "consumers"))
+		return;
+	DCAST_LOG_W("%s: producers are not told the consumer endpoint", dcast_last_error());
+	b->consumers_bound[0] = '\0';
+}
+
 static int peers_alloc(struct broker *b)
 {
 	int rc = broker_peers_init(&b->prod, b->cfg.max_producers);
@@ -82,6 +97,7 @@ int broker_open(struct broker *b, const struct broker_config *cfg)
 	    (rc = router_open(b, &b->consumers, cfg->consumers, "consumers")) ||
 	    (rc = broker_metrics_open(b)) || (rc = broker_admin_open(b)))
 		return rc;
+	consumers_name(b);
 	broker_relay_start(b);
 	return 0;
 }

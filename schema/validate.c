@@ -334,11 +334,16 @@ static int check_digests(const dcast_commit *c)
 	return 0;
 }
 
-/* An endpoint is printable ASCII without spaces: it reaches logs and
+/* Printable ASCII without spaces: an endpoint reaches logs and
  * zmq_connect() as it is. */
-static int check_endpoint(const char *what, const char *ep)
+int dcast_endpoint_check(const char *ep, const char *what)
 {
-	for (size_t i = 0; ep[i]; i++)
+	size_t n = ep ? strnlen(ep, DCAST_MAX_ENDPOINT + 1) : 0;
+
+	if (n > DCAST_MAX_ENDPOINT)
+		return dcast_fail(DCAST_ETOO_LARGE, "%s: longer than %d bytes", what,
+				  DCAST_MAX_ENDPOINT);
+	for (size_t i = 0; i < n; i++)
 		if ((unsigned char)ep[i] <= ' ' || (unsigned char)ep[i] > '~')
 			return dcast_fail(DCAST_EFIELD_RANGE, "%s: byte 0x%02x at offset %zu is not "
 					  "printable ASCII", what, (unsigned char)ep[i], i);
@@ -350,7 +355,7 @@ static int check_welcome(const dcast_welcome *w)
 	if (w->anchor_version != DCAST_VERSION_NONE &&
 	    (w->version == DCAST_VERSION_NONE || w->anchor_version > w->version))
 		return dcast_fail(DCAST_EFIELD_RANGE, "WELCOME.anchor_version: after version");
-	return check_endpoint("WELCOME.consumers", w->consumers);
+	return dcast_endpoint_check(w->consumers, "WELCOME.consumers");
 }
 
 static int check_cross(const dcast_msg *m)

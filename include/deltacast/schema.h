@@ -325,6 +325,14 @@ DCAST_API int dcast_tensor_tiled(const dcast_tensor_desc *t);
  * printable ASCII as \xHH) and the rule.  NULL counts as empty. */
 DCAST_API int dcast_tensor_name_check(const char *name, const char *what);
 
+/* Can `ep` go in WELCOME.consumers?  At most DCAST_MAX_ENDPOINT bytes of
+ * printable ASCII without spaces ("" is allowed: none named).  The one
+ * rule for the schema's validation and for the broker, which names its
+ * consumer endpoint only when it passes.  Returns 0, or DCAST_ETOO_LARGE
+ * or DCAST_EFIELD_RANGE with a detail that starts with `what` and names
+ * the limit or the offending byte.  NULL counts as "". */
+DCAST_API int dcast_endpoint_check(const char *ep, const char *what);
+
 /* Write `m` as the JSON object a msgpack decoder yields for its header
  * (keys in encoding order), for test vectors and debugging.  On success
  * *out is a malloc'd NUL-terminated string the caller frees. */

@@ -217,8 +217,9 @@ static int check_against(dcast_producer *p, const char *endpoint, const void *co
 static int check_args(const dcast_producer *p, const char *endpoint, const void *const *bases,
 		      uint32_t n)
 {
-	if (!p || !endpoint || !*endpoint || (n && !bases))
-		return dcast_fail(DCAST_EINVAL, "adopt_baseline: NULL producer, endpoint or bases");
+	if (!p || (endpoint && !*endpoint) || (n && !bases))
+		return dcast_fail(DCAST_EINVAL, "adopt_baseline: NULL producer or bases, or an empty "
+				  "endpoint");
 	if (p->last_version != DCAST_VERSION_NONE || p->pending_version != DCAST_VERSION_NONE)
 		return dcast_fail(DCAST_ESTATE, "adopt_baseline: only before the first publish");
 	if (n != p->n_tensors)
@@ -235,6 +236,7 @@ int dcast_producer_adopt_baseline(dcast_producer *p, const char *consumer_endpoi
 				  const void *const *bases, uint32_t n, int timeout_ms)
 {
 	uint64_t version;
+	char ep[PROD_ENDPOINT_MAX];
 	int rc;
 
 	if ((rc = check_args(p, consumer_endpoint, bases, n)) || (rc = prod_freeze(p)))
@@ -244,7 +246,8 @@ int dcast_producer_adopt_baseline(dcast_producer *p, const char *consumer_endpoi
 		return dcast_fail(DCAST_ENOTFOUND, "adopt_baseline: the broker holds no version of %s "
 				  "to check the baseline against%s", p->model,
 				  p->conn.need_anchor ? " (it asks for an anchor)" : "");
-	if ((rc = check_against(p, consumer_endpoint, bases, version, timeout_ms)))
+	if ((rc = prod_consumer_endpoint(p, consumer_endpoint, ep, sizeof(ep), "adopt_baseline")) ||
+	    (rc = check_against(p, ep, bases, version, timeout_ms)))
 		return rc;
 	for (uint32_t i = 0; i < n && !rc; i++)
 		rc = prod_base_fill(p, i, bases[i]);

@@ -132,8 +132,9 @@ static int fetch_into(dcast_producer *p, const char *endpoint, const char *dir,
 
 static int check_args(const dcast_producer *p, const char *endpoint)
 {
-	if (!p || !endpoint || !*endpoint)
-		return dcast_fail(DCAST_EINVAL, "fetch_baseline: NULL producer or no consumer endpoint");
+	if (!p || (endpoint && !*endpoint))
+		return dcast_fail(DCAST_EINVAL, "fetch_baseline: NULL producer or an empty consumer "
+				  "endpoint");
 	if (p->last_version != DCAST_VERSION_NONE || p->pending_version != DCAST_VERSION_NONE)
 		return dcast_fail(DCAST_ESTATE, "fetch_baseline: only before the first publish");
 	return 0;
@@ -143,7 +144,7 @@ int dcast_producer_fetch_baseline(dcast_producer *p, const char *consumer_endpoi
 				  const char *dir, int timeout_ms)
 {
 	uint64_t version;
-	char tmp[4096];
+	char tmp[4096], ep[PROD_ENDPOINT_MAX];
 	int rc;
 
 	if ((rc = check_args(p, consumer_endpoint)) || (rc = prod_freeze(p)))
@@ -154,13 +155,14 @@ int dcast_producer_fetch_baseline(dcast_producer *p, const char *consumer_endpoi
 			    p->model, p->part, p->conn.need_anchor ? " (it asks for an anchor)" : "");
 		return 0;
 	}
-	if (!dir && (rc = temp_dir(tmp, sizeof(tmp))))
+	if ((rc = prod_consumer_endpoint(p, consumer_endpoint, ep, sizeof(ep), "fetch_baseline")) ||
+	    (!dir && (rc = temp_dir(tmp, sizeof(tmp)))))
 		return rc;
-	rc = fetch_into(p, consumer_endpoint, dir ? dir : tmp, version, timeout_ms);
+	rc = fetch_into(p, ep, dir ? dir : tmp, version, timeout_ms);
 	if (!dir)
 		nftw(tmp, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
 	if (!rc)
-		DCAST_LOG_I("producer %s part %u: baseline is version %llu, fetched from the broker",
-			    p->model, p->part, (unsigned long long)version);
+		DCAST_LOG_I("producer %s part %u: baseline is version %llu, fetched from %s",
+			    p->model, p->part, (unsigned long long)version, ep);
 	return rc;
 }

@@ -89,6 +89,7 @@ static void on_welcome(dcast_producer *p, const dcast_welcome *w)
 	p->conn.hb_version = DCAST_VERSION_NONE; /* this connection's HEARTBEATs only */
 	p->conn.run = w->run;
 	p->conn.anchor_version = w->anchor_version;
+	memcpy(p->conn.consumers, w->consumers, sizeof(p->conn.consumers));
 	p->conn.need_anchor = (int)w->need_anchor;
 	p->conn.heartbeat_ms = w->heartbeat_ms ? w->heartbeat_ms : 1000;
 }

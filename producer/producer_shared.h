@@ -187,6 +187,8 @@ typedef struct prod_conn {
 	uint64_t hb_ms;          /* when that HEARTBEAT came */
 	uint64_t run;            /* the broker's run of the model, from WELCOME */
 	uint64_t anchor_version; /* the newest anchor in its log, from WELCOME */
+	char consumers[DCAST_MAX_ENDPOINT + 1]; /* its consumer endpoint as bound,
+						   from WELCOME; "" if not named */
 	int need_anchor;
 	uint32_t heartbeat_ms;
 	uint64_t last_send_ms;
@@ -293,6 +295,14 @@ void prod_conn_close(dcast_producer *p, int send_bye);
 int prod_conn_send(dcast_producer *p, const dcast_msg *m, zmq_msg_t *payload, uint64_t deadline_ms);
 int prod_conn_poll(dcast_producer *p, int timeout_ms);
 int prod_conn_take_error(dcast_producer *p, uint64_t version);
+
+/* consumers.c */
+/* The consumer endpoint a baseline call uses, into out[cap]: `given` when
+ * not NULL, else the one the broker named in its WELCOME with a wildcard
+ * host replaced by the producer endpoint's.  DCAST_EINVAL (given empty or
+ * too long), DCAST_ENOTFOUND (none named), DCAST_ETOO_LARGE; `what` first. */
+int prod_consumer_endpoint(const dcast_producer *p, const char *given, char *out, size_t cap,
+			   const char *what);
 
 /* memory.c */
 int prod_mem_setup(dcast_producer *p);

@@ -305,14 +305,28 @@ DCAST_API uint64_t dcast_producer_broker_version(const dcast_producer *p);
  * also holds for a delta).  Never fails for valid pointers. */
 DCAST_API void dcast_producer_progress_get(const dcast_producer *p, dcast_producer_progress *out);
 
+/* The broker's consumer endpoint as this producer reaches it, into
+ * out[cap] (NUL-terminated): the endpoint the broker named in its last
+ * WELCOME (WELCOME.consumers, the endpoint as bound), with a wildcard
+ * host (0.0.0.0, *, [::], ::) replaced by the host of the endpoint this
+ * producer connected to (tcp://10.1.2.3:5555 and tcp://0.0.0.0:5556 give
+ * tcp://10.1.2.3:5556; 127.0.0.1 when that endpoint is not TCP); any other
+ * host, and ipc:// or inproc:// endpoints, as named.  Where the
+ * baseline calls below fetch from when given NULL.  Errors: DCAST_EINVAL
+ * (NULL, cap 0), DCAST_ENOTFOUND (the broker named none: one from before
+ * WELCOME.consumers, or whose endpoint breaks its rule), DCAST_ETOO_LARGE
+ * (cap too small).  Thread safety as the other calls. */
+DCAST_API int dcast_producer_consumer_endpoint(const dcast_producer *p, char *out, size_t cap);
+
 /* Take the broker's newest committed version of the model as the baseline,
  * so that the first publish() sends a delta on it rather than an anchor:
  * for a new producer process (a trainer restarted after a crash or a
  * preemption) whose workers already hold that version.  Call it after
  * registering every tensor and before the first publish.  The version is
  * fetched through the consumer library from consumer_endpoint (the same
- * broker's consumer endpoint: the producer endpoint serves no versions)
- * into `dir` (created if missing;
+ * broker's consumer endpoint: the producer endpoint serves no versions;
+ * NULL: the one the broker named in its WELCOME, as
+ * dcast_producer_consumer_endpoint() gives it) into `dir` (created if missing;
  * kept, so a later call with the same dir fetches only the deltas after
  * what it holds; NULL: a directory of its own under $TMPDIR, removed
  * afterwards), every chunk checked and the state checked against the
@@ -323,7 +337,9 @@ DCAST_API void dcast_producer_progress_get(const dcast_producer *p, dcast_produc
  * held meanwhile.  A broker that holds no version of the model (or asks
  * for an anchor) leaves nothing to fetch: returns 0, and stats
  * baseline_version stays NONE.  timeout_ms: for the version to arrive (-1:
- * no limit).  Errors: DCAST_EINVAL (NULL, no endpoint), DCAST_ESTATE (after a publish;
+ * no limit).  Errors: DCAST_EINVAL (NULL producer, an empty endpoint),
+ * DCAST_ENOTFOUND (endpoint NULL and the broker named none: an older
+ * broker; give the endpoint), DCAST_ESTATE (after a publish;
  * the broker served another version than its newest, or another run's),
  * DCAST_ESHAPE (the broker's tensors differ from the registered ones,
  * naming the first that does: publish an anchor instead), DCAST_ETIMEDOUT,
@@ -343,17 +359,18 @@ DCAST_API int dcast_producer_fetch_baseline(dcast_producer *p, const char *consu
  * elements), holding the version; read during the call only, they stay
  * the caller's.  Before it is trusted, the copy is checked against the
  * digests of the broker's COMMIT of that version, read on a connection to
- * consumer_endpoint (the same broker's consumer endpoint) that asks for
+ * consumer_endpoint (the same broker's consumer endpoint; NULL: the one
+ * the broker named, as for dcast_producer_fetch_baseline()) that asks for
  * the deltas after the log's anchor, dropping their payloads, or the
  * anchor itself when the newest version is one (then O(model) bytes to
  * this process, never to the workers).  The broker's tensors must be the
  * registered ones, in order, and its digest ranges must cover this part's
  * shards (a version published with the same parts).  O(model) reads of the
- * copy.  Errors: DCAST_EINVAL (NULL, n not the tensors registered, a NULL
- * base), DCAST_ESTATE (after a publish; the broker's newest version
+ * copy.  Errors: DCAST_EINVAL (NULL producer, an empty endpoint, n not
+ * the tensors registered, a NULL base), DCAST_ESTATE (after a publish; the broker's newest version
  * changed meanwhile, or its run is another; its digests do not cover the
  * shards), DCAST_ENOTFOUND (the broker holds no version, or asks for an
- * anchor), DCAST_ESHAPE (another model: naming the tensor), DCAST_EDIGEST
+ * anchor; endpoint NULL and the broker named none), DCAST_ESHAPE (another model: naming the tensor), DCAST_EDIGEST
  * (the copy is not that version: naming the tensor and elements),
  * DCAST_ETIMEDOUT, DCAST_EZMQ, a broker ERROR code, DCAST_ENOMEM.  On error
  * the producer has no baseline and its first publish sends an anchor. */

@@ -4,8 +4,9 @@
  * as deltas), waiting for each acknowledgement.  Shows
  * bytes, density and chunks per version: one updating line on a terminal,
  * one line per version otherwise; and, on a terminal or with --progress,
- * the progress of the version on the wire once a second.  With the broker's
- * consumer endpoint it takes the broker's newest version as the baseline
+ * the progress of the version on the wire once a second.  Through the
+ * broker's consumer endpoint (--consumers, else the one the broker names
+ * in its WELCOME) it takes the broker's newest version as the baseline
  * (dcast_producer_fetch_baseline), so that a new process's first version
  * goes out as a delta. */
 #include <getopt.h>
@@ -25,14 +26,20 @@
 static const char usage_text[] =
 	"usage: deltacast publish --broker ENDPOINT --model NAME [--first-version V]\n"
 	"                         [--range-elems N] [--timeout-ms MS] [--progress]\n"
-	"                         [--consumers ENDPOINT [--no-fetch-base | --base FILE]] INPUT...\n"
+	"                         [--consumers ENDPOINT] [--no-fetch-base | --base FILE]\n"
+	"                         INPUT...\n"
 	"Publishes each INPUT as the next version of NAME (from V, default 1): the\n"
-	"first as an anchor, the rest as deltas against the previous one.  With\n"
-	"--consumers (the same broker's consumer endpoint) and a broker that holds\n"
-	"a version of NAME, that version is fetched (checked by the broker's\n"
-	"digests; its tensors must be INPUT's) and the first INPUT goes out as a\n"
-	"delta on it, so that workers holding it download no anchor; the broker's\n"
-	"newest version must be below V.  --no-fetch-base sends an anchor instead.\n"
+	"first as an anchor, the rest as deltas against the previous one.  When the\n"
+	"broker holds a version of NAME, that version is fetched from the broker's\n"
+	"consumer endpoint (checked by the broker's digests; its tensors must be\n"
+	"INPUT's) and the first INPUT goes out as a delta on it, so that workers\n"
+	"holding it download no anchor; the broker's newest version must be below\n"
+	"V.  The endpoint is the one the broker names when it welcomes the\n"
+	"producer (a wildcard host such as 0.0.0.0 replaced by --broker's host), or\n"
+	"--consumers ENDPOINT where given (the same broker's consumer endpoint, as\n"
+	"this host reaches it).  A fetch that fails fails the command, naming the\n"
+	"endpoint and why; --no-fetch-base sends an anchor instead.  A broker that\n"
+	"names no endpoint (an older one) gets an anchor unless --consumers is given.\n"
 	"--base FILE (a .safetensors file holding the broker's newest version, e.g.\n"
 	"the checkpoint published last; INPUTs plain files) is taken as that\n"
 	"version instead of fetching it, once its digests equal the broker's.\n"
@@ -109,9 +116,6 @@ static int parse(int argc, char **argv, pub_args *a)
 	}
 	if (!a->broker || !a->model)
 		return cli_usage_error(CMD, "--broker and --model are required");
-	if ((!a->fetch || a->base) && !a->consumers)
-		return cli_usage_error(CMD, "--no-fetch-base and --base need --consumers (the "
-				       "broker's consumer endpoint)");
 	if (a->base && !a->fetch)
 		return cli_usage_error(CMD, "--base and --no-fetch-base exclude each other");
 	if (optind < argc && a->base && hf_layout_wanted(argv[optind]))
@@ -231,7 +235,7 @@ static void show(const dcast_producer_stats *s, double secs, int tty, int last)
 
 /* --base FILE: the caller's copy of the broker's newest version, checked
  * against its digests (tensors matched to the first INPUT's by name). */
-static int adopt_base(dcast_producer *p, const pub_args *a)
+static int adopt_base(dcast_producer *p, const pub_args *a, const char *endpoint)
 {
 	cli_pair pair;
 	const void **bases;
@@ -247,7 +251,7 @@ static int adopt_base(dcast_producer *p, const pub_args *a)
 	}
 	for (size_t i = 0; i < n; i++)
 		bases[i] = pair.base_of[i]->data;
-	rc = dcast_producer_adopt_baseline(p, a->consumers, bases, (uint32_t)n, a->timeout_ms);
+	rc = dcast_producer_adopt_baseline(p, endpoint, bases, (uint32_t)n, a->timeout_ms);
 	free(bases);
 	cli_pair_close(&pair);
 	if (rc)
@@ -257,30 +261,49 @@ static int adopt_base(dcast_producer *p, const pub_args *a)
 	return 0;
 }
 
+/* The consumer endpoint the baseline comes from: --consumers, else the
+ * one the broker named (into named[cap]); NULL when neither. */
+static const char *base_endpoint(dcast_producer *p, const pub_args *a, char *named, size_t cap)
+{
+	dcast_producer_stats s;
+
+	if (a->consumers)
+		return a->consumers;
+	if (!dcast_producer_consumer_endpoint(p, named, cap))
+		return named;
+	dcast_producer_stats_get(p, &s);
+	if (s.broker_version != DCAST_VERSION_NONE)
+		fprintf(stderr, "the broker holds version %" PRIu64 " of %s but names no consumer "
+			"endpoint: version %" PRIu64 " goes as an anchor (--consumers ENDPOINT would "
+			"send it as a delta on %" PRIu64 ")\n", s.broker_version, a->model, a->first,
+			s.broker_version);
+	return NULL;
+}
+
 /* The first version's baseline: the caller's (--base), or the broker's
- * newest version fetched through its consumer endpoint, where one is given
- * and wanted. */
+ * newest version fetched through its consumer endpoint, unless
+ * --no-fetch-base. */
 static int first_base(dcast_producer *p, const pub_args *a)
 {
+	char named[512];
+	const char *ep, *via = a->consumers ? "--consumers" : "the broker's consumer endpoint";
 	dcast_producer_stats s;
 	int rc;
 
-	dcast_producer_stats_get(p, &s);
-	if (!a->consumers && s.broker_version != DCAST_VERSION_NONE)
-		fprintf(stderr, "the broker holds version %" PRIu64 " of %s: version %" PRIu64 " goes as "
-			"an anchor (--consumers ENDPOINT would send it as a delta on %" PRIu64 ")\n",
-			s.broker_version, a->model, a->first, s.broker_version);
-	if (!a->consumers || !a->fetch)
+	if (!a->fetch)
 		return 0;
+	if (!(ep = base_endpoint(p, a, named, sizeof(named))))
+		return a->base ? cli_fail(DCAST_ENOTFOUND, "--base %s: the broker names no consumer "
+					  "endpoint to check it against: give --consumers", a->base) : 0;
 	if (a->base)
-		return adopt_base(p, a);
-	if ((rc = dcast_producer_fetch_baseline(p, a->consumers, NULL, a->timeout_ms)))
-		return cli_fail(rc, "--consumers %s: %s (--no-fetch-base sends an anchor instead)",
-				a->consumers, dcast_last_error());
+		return adopt_base(p, a, ep);
+	if ((rc = dcast_producer_fetch_baseline(p, ep, NULL, a->timeout_ms)))
+		return cli_fail(rc, "%s %s: %s (--no-fetch-base sends an anchor instead)", via, ep,
+				dcast_last_error());
 	dcast_producer_stats_get(p, &s);
 	if (s.baseline_version != DCAST_VERSION_NONE)
 		fprintf(stderr, "baseline version %" PRIu64 " fetched from %s, checked by its digests\n",
-			s.baseline_version, a->consumers);
+			s.baseline_version, ep);
 	return 0;
 }
 

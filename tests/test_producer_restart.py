@@ -1,7 +1,8 @@
 """A restarted trainer costs its workers no anchor: a producer process
 publishes versions 1..3 and is killed (SIGKILL); a new process takes the
-broker's version 3 as its baseline (Producer(baseline_from=...)) and
-publishes version 4 as a delta.  A subscriber that held 3 receives 4 as a
+broker's version 3 as its baseline (Producer(baseline_from=True): from
+the consumer endpoint the broker names in its WELCOME) and publishes
+version 4 as a delta.  A subscriber that held 3 receives 4 as a
 delta (its received bytes are a small fraction of the model), bit-exact; a
 late joiner still gets the anchor.  A restarted producer whose tensors
 differ from the broker's is refused, naming the tensor.  Progress: a
@@ -42,8 +43,9 @@ def state(version):
 
 def child(prod_ep, cons_ep, first, last, mode):
     """A producer process: publish first..last; "wait" then blocks until
-    killed, "fetch" takes the broker's newest version as its baseline."""
-    kw = {"baseline_from": cons_ep} if mode == "fetch" else {}
+    killed, "fetch" takes the broker's newest version as its baseline,
+    from the consumer endpoint the broker names (cons_ep unused)."""
+    kw = {"baseline_from": True} if mode == "fetch" else {}
     p = Producer(prod_ep, MODEL, **kw)
     arrays = state(first)
     for n, a in arrays.items():

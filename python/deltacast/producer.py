@@ -180,11 +180,12 @@ class Producer(Closable):
     was replaced (see the module doc).
     close_timeout_ms: how long close() waits for the last version's ACK
     (default 5000; 0 abandons it at once).
-    baseline_from: the same broker's consumer endpoint: before the first
-    publish, take the broker's newest version of the model (if it holds
-    one) as the baseline, so that a restarted trainer's first version goes
-    to the workers as a delta (dcast_producer_fetch_baseline: fetched from
-    there and checked by digests, into baseline_dir, or a temporary
+    baseline_from: True, or the same broker's consumer endpoint: before the
+    first publish, take the broker's newest version of the model (if it
+    holds one) as the baseline, so that a restarted trainer's first version
+    goes to the workers as a delta (dcast_producer_fetch_baseline: fetched
+    from there, True: from the consumer endpoint the broker names, its
+    wildcard host replaced by `broker`'s, and checked by digests, into baseline_dir, or a temporary
     directory when None; the broker's tensors must be the registered ones,
     else publish raises DCAST_ESHAPE).  baseline_timeout_ms bounds the fetch.
     progress(): how far the version being published is, from any thread."""
@@ -199,12 +200,14 @@ class Producer(Closable):
                  curve_server_key: Union[str, bytes, None] = None,
                  curve_public_key: Union[str, bytes, None] = None,
                  curve_secret_key: Union[str, bytes, None] = None,
-                 baseline_from: Optional[str] = None, baseline_dir: Optional[str] = None,
+                 baseline_from: Union[str, bool, None] = None,
+                 baseline_dir: Optional[str] = None,
                  baseline_timeout_ms: int = 600000) -> None:
         self._p: Optional[ctypes.c_void_p] = None
-        self._fetch: Optional[Tuple[bytes, Optional[bytes], int]] = None
-        if baseline_from is not None:
-            self._fetch = (need_endpoint("Producer: baseline_from", baseline_from),
+        self._fetch: Optional[Tuple[Optional[bytes], Optional[bytes], int]] = None
+        if baseline_from is not None and baseline_from is not False:
+            self._fetch = (None if baseline_from is True else
+                           need_endpoint("Producer: baseline_from", baseline_from),
                            need_str("Producer: baseline_dir", str(baseline_dir), 4095)
                            if baseline_dir is not None else None,
                            need_int("Producer: baseline_timeout_ms", baseline_timeout_ms, -1,

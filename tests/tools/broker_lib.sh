@@ -184,6 +184,18 @@ logged_since() {
 	tail -n +"$2" "$1" | grep -q "$3"
 }
 
+# small_delta OUT V FILE: `deltacast subscribe` output OUT says it applied
+# version V as a delta of less than a tenth of FILE's size (the model).
+small_delta() {
+	local line bytes model
+	line=$(grep "^version $2 " "$1") || fail "the subscriber did not apply version $2"
+	echo "subscriber: $line"
+	bytes=$(echo "$line" | sed -n "s/^version $2 delta bytes \([0-9]*\) .*/\1/p")
+	[ -n "$bytes" ] || fail "version $2 reached the subscriber as an anchor: $line"
+	model=$(stat -c %s "$3")
+	[ "$bytes" -lt $((model / 10)) ] || fail "version $2 cost $bytes bytes of a $model-byte model"
+}
+
 # same_tensors A B: the tensors of two safetensors files are equal, byte for
 # byte (metadata aside).
 same_tensors() {

@@ -9,7 +9,8 @@
  * One way down (no file calls a file above it), from the top:
  *   baseline.c (the broker's newest version as the baseline, through the
  *   consumer library); base_check.c (the caller's copy of it, checked
- *   against the broker's digests); producer.c (open, register, close);
+ *   against the broker's digests); consumers.c (the broker's consumer
+ *   endpoint as the producer reaches it); producer.c (open, register, close);
  *   publish.c; settle.c; sender.c; send.c;
  *   conn.c; outcome.c; encode.c; memory.c; device.c; shared.c (what
  *   several of them read).

@@ -361,7 +361,7 @@ struct broker {
 	struct broker_config cfg;
 	void *ctx, *producers, *consumers;
 	/* The consumer endpoint as bound (ZMQ_LAST_ENDPOINT), named to
-	 * producers in WELCOME.consumers; "" where it breaks that field's rule. */
+	 * producers in WELCOME.x-consumers; "" where it breaks that field's rule. */
 	char consumers_bound[DCAST_MAX_ENDPOINT + 1];
 	volatile int stop;             /* broker_run returns at the next turn */
 	struct broker_model *models[BROKER_MAX_MODELS];
@@ -497,7 +497,7 @@ uint64_t broker_model_offered(const struct broker_model *m);
  * if empty) and the broker's heartbeat; need_anchor left 0. */
 void broker_welcome_init(const struct broker *b, const struct broker_model *m, dcast_msg *w);
 /* broker_welcome_init, for a producer: naming the consumer endpoint
- * (WELCOME.consumers), where a new producer process fetches its baseline. */
+ * (WELCOME.x-consumers), where a new producer process fetches its baseline. */
 void broker_welcome_producer_init(const struct broker *b, const struct broker_model *m,
 				  dcast_msg *w);
 /* Append a committed version to the model's log (an anchor replaces what

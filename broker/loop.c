@@ -51,7 +51,7 @@ static int router_open(struct broker *b, void **sock, const char *endpoint, cons
 	return broker_limits_watch(b, *sock, which);
 }
 
-/* The consumer endpoint as bound, for WELCOME.consumers: "" (none named)
+/* The consumer endpoint as bound, for WELCOME.x-consumers: "" (none named)
  * when it breaks that field's rule (an ipc:// path with a space). */
 static void consumers_name(struct broker *b)
 {

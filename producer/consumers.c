@@ -1,6 +1,6 @@
 /* The broker's consumer endpoint as a producer reaches it: where a new
  * producer process fetches or checks its baseline.  The broker names the
- * endpoint as bound (WELCOME.consumers, docs/protocol.md); a wildcard host
+ * endpoint as bound (WELCOME.x-consumers, docs/protocol.md); a wildcard host
  * there is no address to connect to, so the host of the producer's own
  * endpoint takes its place: the same broker, reached the same way. */
 #include <string.h>
@@ -65,7 +65,7 @@ int prod_consumer_endpoint(const dcast_producer *p, const char *given, char *out
 	}
 	if (!p->conn.consumers[0])
 		return dcast_fail(DCAST_ENOTFOUND, "%s: the broker at %s named no consumer "
-				  "endpoint in its WELCOME (a broker from before WELCOME.consumers, "
+				  "endpoint in its WELCOME (a broker from before WELCOME.x-consumers, "
 				  "or one whose endpoint cannot be named): give the endpoint",
 				  what, p->endpoint);
 	return resolve(p, out, cap, what);

@@ -27,7 +27,7 @@ static const struct field welcome_fields[] = {
 	{"need_anchor", F_BOOL, 1, OFF(dcast_welcome, need_anchor), 0, 1},
 	{"heartbeat_ms", F_U32, 0, OFF(dcast_welcome, heartbeat_ms), 0, 3600000},
 	{"run", F_U64, 0, OFF(dcast_welcome, run), 0, UINT64_MAX},
-	{"consumers", F_STR, 0, OFF(dcast_welcome, consumers), 0, DCAST_MAX_ENDPOINT},
+	{"x-consumers", F_STR, 0, OFF(dcast_welcome, consumers), 0, DCAST_MAX_ENDPOINT},
 };
 
 static const struct field manifest_fields[] = {
@@ -179,7 +179,7 @@ int dcast_tensor_tiled(const dcast_tensor_desc *t)
 
 int schema_field_present(const struct field *f, const void *base)
 {
-	/* CREDIT.model and WELCOME.consumers are optional and were refused by
+	/* CREDIT.model and WELCOME.x-consumers are optional; CREDIT.model was refused by
 	 * older decoders: only a caller that sets them puts them on the wire. */
 	if (f == &credit_fields[1] || f == &welcome_fields[6])
 		return *((const char *)base + f->off) != '\0';

@@ -355,7 +355,7 @@ static int check_welcome(const dcast_welcome *w)
 	if (w->anchor_version != DCAST_VERSION_NONE &&
 	    (w->version == DCAST_VERSION_NONE || w->anchor_version > w->version))
 		return dcast_fail(DCAST_EFIELD_RANGE, "WELCOME.anchor_version: after version");
-	return dcast_endpoint_check(w->consumers, "WELCOME.consumers");
+	return dcast_endpoint_check(w->consumers, "WELCOME.x-consumers");
 }
 
 static int check_cross(const dcast_msg *m)

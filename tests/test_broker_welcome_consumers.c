@@ -1,5 +1,5 @@
 /* The broker names its consumer endpoint, as bound, in every WELCOME to a
- * producer (WELCOME.consumers) and in none to a consumer.  A producer of
+ * producer (WELCOME.x-consumers) and in none to a consumer.  A producer of
  * the library reads it back (dcast_producer_consumer_endpoint): the
  * endpoint a new producer process fetches its baseline from without being
  * told where. */

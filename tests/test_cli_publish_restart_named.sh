@@ -64,7 +64,7 @@ fi
 grep -q -- '--consumers tcp://127.0.0.1:1: .*--no-fetch-base' "$tmp/pub5.err" ||
 	fail "the failed fetch does not name the endpoint: $(cat "$tmp/pub5.err")"
 # a broker that names no consumer endpoint (an ipc:// path with a space
-# breaks WELCOME.consumers' rule; an older broker names none either): the
+# breaks WELCOME.x-consumers' rule; an older broker names none either): the
 # version goes as an anchor, and publish says which flag would make it a delta
 mkdir -p "$tmp/a b"
 "$BROKER" --producers 'tcp://127.0.0.1:*' --consumers "ipc://$tmp/a b/c" 2>"$tmp/b2.log" &

@@ -26,7 +26,7 @@ extern "C" {
 #define DCAST_MAX_NAME 255                   /* model and tensor names, bytes */
 #define DCAST_MAX_CLIENT 64                  /* HELLO.client, bytes */
 #define DCAST_MAX_TEXT 1024                  /* ERROR.text, BYE.reason, bytes */
-#define DCAST_MAX_ENDPOINT 255               /* WELCOME.consumers, bytes */
+#define DCAST_MAX_ENDPOINT 255               /* WELCOME.x-consumers, bytes */
 #define DCAST_MAX_TENSORS 262144             /* MANIFEST.tensors (= DCAST_MAX_DIGESTS) */
 #define DCAST_MAX_DIMS 8                     /* one tensor's shape */
 #define DCAST_MAX_TENSOR_ELEMS (1ull << 48)  /* elements of one tensor */
@@ -325,7 +325,7 @@ DCAST_API int dcast_tensor_tiled(const dcast_tensor_desc *t);
  * printable ASCII as \xHH) and the rule.  NULL counts as empty. */
 DCAST_API int dcast_tensor_name_check(const char *name, const char *what);
 
-/* Can `ep` go in WELCOME.consumers?  At most DCAST_MAX_ENDPOINT bytes of
+/* Can `ep` go in WELCOME.x-consumers?  At most DCAST_MAX_ENDPOINT bytes of
  * printable ASCII without spaces ("" is allowed: none named).  The one
  * rule for the schema's validation and for the broker, which names its
  * consumer endpoint only when it passes.  Returns 0, or DCAST_ETOO_LARGE

@@ -404,10 +404,10 @@ static void write_bad_other(void)
 	    "nesting deeper");
 	bad("welcome_no_need_anchor", DCAST_MSG_WELCOME, MUT_DROP("need_anchor"),
 	    "DCAST_EFIELD_MISSING", "WELCOME.need_anchor");
-	bad("welcome_consumers_long", DCAST_MSG_WELCOME, MUT_SET("consumers", v_long_endpoint),
-	    "DCAST_ETOO_LARGE", "WELCOME.consumers: 300 bytes exceeds limit 255");
-	bad("welcome_consumers_tab", DCAST_MSG_WELCOME, MUT_SET("consumers", v_tab_endpoint),
-	    "DCAST_EFIELD_RANGE", "WELCOME.consumers: byte 0x09 at offset 10 is not printable");
+	bad("welcome_consumers_long", DCAST_MSG_WELCOME, MUT_SET("x-consumers", v_long_endpoint),
+	    "DCAST_ETOO_LARGE", "WELCOME.x-consumers: 300 bytes exceeds limit 255");
+	bad("welcome_consumers_tab", DCAST_MSG_WELCOME, MUT_SET("x-consumers", v_tab_endpoint),
+	    "DCAST_EFIELD_RANGE", "WELCOME.x-consumers: byte 0x09 at offset 10 is not printable");
 }
 
 /* ---- codec payloads ---- */

@@ -9,10 +9,10 @@
 #   - one producer process (tests/tools/fault_publish) publishes versions
 #     1-4 (the anchor, then deltas), each once both workers applied the one
 #     before, and ends;
-#   - a new producer process, `deltacast publish --consumers`, publishes
-#     version 5: it fetches version 4 from the broker as its baseline, so
-#     the workers receive a delta although this producer never sent one
-#     before;
+#   - a new producer process, `deltacast publish` with no other flag (as a
+#     sidecar runs it), publishes version 5: it fetches version 4 as its
+#     baseline from the consumer endpoint the broker names, so the workers
+#     receive a delta although this producer never sent one before;
 #   - meanwhile each worker directory's size is sampled (du, every 0.2 s).
 # scripts/bench_scale_report.py prints the table and rewrites the
 # bench-scale section of docs/benchmarks.md: each version's time to both
@@ -121,7 +121,7 @@ publish_first() {
 publish_restarted() {
 	say "version 5, a new producer process (baseline fetched from the broker)"
 	echo "start5 $EPOCHREALTIME" >>"$ROOT/publish.log"
-	/usr/bin/time -f '%M' -o "$ROOT/producer2.maxrss" "$DC" publish --broker "$PROD_EP" --consumers "$CONS_EP" \
+	/usr/bin/time -f '%M' -o "$ROOT/producer2.maxrss" "$DC" publish --broker "$PROD_EP" \
 		--model scale --first-version 5 "${FILES[4]}" 2> >(e2e_stamp "$ROOT/publish2.log") ||
 		die "publish of version 5 ($(tail -n 3 "$ROOT/publish2.log"))"
 	echo "hwm producer2 $(cat "$ROOT/producer2.maxrss")" >>"$ROOT/hwm.log"

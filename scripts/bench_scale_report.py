@@ -101,7 +101,7 @@ def report(root, model, params):
            f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} at the end; tree at {commit()}, "
            f"{datetime.date.today()}.  A broker with `--data-dir`, 2 `deltacast subscribe` workers "
            f"(`--fold-every 2`); versions 1-4 from one producer process, version 5 from a new one "
-           f"(`deltacast publish --consumers`, its baseline fetched from the broker).", "",
+           f"(`deltacast publish` with no other flag, its baseline fetched from the consumer endpoint the broker names).", "",
            "| version | kind | published by | to both workers, s | wire bytes, worker 1 / 2 | over the model |",
            "| --- | --- | --- | --- | --- | --- |"] + rows
     hw = {n: k.get(f"hwm {n}", 0) * 1024 for n in ("broker", "worker1", "worker2", "producer1", "producer2")}

@@ -244,8 +244,10 @@ def round_trip(tmp, prod, cons, rng):
     r = deltacast("publish", "--broker", prod, "--model", "hf", "--range-elems", "256",
                   "--first-version", "2", os.path.join(v[1], "model.safetensors.index.json"), v[2])
     assert r.returncode == 0, r.stderr
-    # a new publish process has no baseline: its first version is an anchor
-    assert "version 2 anchor" in r.stderr and "version 3 delta" in r.stderr, r.stderr
+    # a new publish process fetches version 1 as its baseline from the consumer
+    # endpoint the broker names: its first version is a delta too
+    assert "baseline version 1 fetched" in r.stderr, r.stderr
+    assert "version 2 delta" in r.stderr and "version 3 delta" in r.stderr, r.stderr
     sub.wait_line(f"layout 3 written to {out}")
     same_files(v[2], out, 3)
 

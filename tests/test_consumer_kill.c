@@ -12,7 +12,11 @@
  * punched out of the anchor file) at most 1.25 models plus the record
  * log.  A subscriber killed -9 in a later fold, its anchor file punched
  * halfway, finishes the fold at its next open: it loads the newest
- * version without the anchor again, and its file ends bit-exact. */
+ * version without the anchor again, and its file ends bit-exact.  One
+ * whose anchor file's header has a tensor's name damaged meanwhile drops
+ * the checkpoint (the fold's progress record holds the tensor table it
+ * began with) and takes the anchor again: it once finished the fold under
+ * the damaged name and reported that version as loaded. */
 #include <dirent.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -276,6 +280,26 @@ static uint64_t sub_restart(const h_broker *b, const char *dir, uint64_t until, 
 	return received;
 }
 
+/* One bit of the first tensor's name in the header of the safetensors
+ * file at path flipped: the name stays printable, the JSON well formed. */
+static void flip_first_name(const char *path)
+{
+	dcast_st_file *f = NULL;
+	const unsigned char *hdr;
+	const dcast_st_tensor *t;
+	char quoted[300];
+	size_t len;
+
+	REQUIRE(dcast_st_open(path, &f) == 0 && (t = dcast_st_tensor_at(f, 0)));
+	snprintf(quoted, sizeof(quoted), "\"%s\"", t->name);
+	hdr = dcast_st_header_bytes(f, &len);
+	const unsigned char *at = memmem(hdr, len, quoted, strlen(quoted));
+	REQUIRE(at && strlen(t->name) >= 2);
+	long off = (long)(at - hdr) + 2; /* the name's second character */
+	dcast_st_close(&f);
+	h_flip_byte(path, off, SEEK_SET, 0x01);
+}
+
 /* A 32 MB model folded from the disk by a subscriber (every 3 versions):
  * the directory's peak; a kill in the next fold and the restart, which
  * finishes it; a kill in a third, the anchor file's unpunched tail then
@@ -321,6 +345,14 @@ static void fold_case(const h_broker *b, const char *dir)
 	CHECK(sub_restart(b, dir, 12, line, sizeof(line)) > model / 2); /* the anchor again */
 	CHECK(strncmp(line, "loaded ", 7) != 0); /* nothing loaded: the versions from the broker's anchor */
 	CHECK(file_equals(path, &m, 12));
+
+	sub_held(&s, b, dir, &hold); /* a fold killed, then a tensor's name damaged in the header */
+	kill_in_fold(&s, hold, p, &m, dir, 13, 15);
+	flip_first_name(path);
+	REQUIRE(h_publish(p, &m, 16, 100) == 0);
+	CHECK(sub_restart(b, dir, 16, line, sizeof(line)) > model / 2); /* the anchor again */
+	CHECK(strncmp(line, "loaded ", 7) != 0); /* not version 15 under the damaged name */
+	CHECK(file_equals(path, &m, 16));
 	dcast_producer_close(&p);
 	h_model_free(&m);
 }

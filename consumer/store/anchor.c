@@ -120,6 +120,17 @@ static uint64_t desc_hash(const dcast_tensor_desc *t)
 	return dcast_checksum(v, n * sizeof(v[0]));
 }
 
+uint64_t cs_descs_sum(const cs_tensor *t, uint32_t n)
+{
+	uint64_t sum = dcast_checksum(&n, sizeof(n));
+
+	for (uint32_t i = 0; i < n; i++) {
+		uint64_t pair[2] = {sum, desc_hash(&t[i].desc)};
+		sum = dcast_checksum(pair, sizeof(pair));
+	}
+	return sum;
+}
+
 /* The file digest of model.safetensors: XXH3-64 (dcast_checksum) of the
  * little-endian u64s version and, per tensor in manifest order, desc_hash
  * and dcast_digest of its data (td[i]).  Kept in the file's metadata so a

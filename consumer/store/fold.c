@@ -93,6 +93,7 @@ static int plan_tensors(dcast_consumer *c, cs_fold_job *j)
 	if (c->dcache.n) /* none cached: verification off, or nothing applied since open */
 		memcpy(j->dig.e, c->dcache.e, c->dcache.n * sizeof(*j->dig.e));
 	j->dig.n = c->dcache.n;
+	j->descs = cs_descs_sum(j->t, j->n);
 	return 0;
 }
 
@@ -596,10 +597,10 @@ static int fold_group(fold_out *o, fold_chunk *g, size_t n, uint64_t end)
  * write leaves the one before.  done: every byte of the new file below it
  * is durable there, and the anchor file's bytes of those ranges may be
  * punched. */
-#define FOLD_STATE_MAGIC 0x74736c6f66646364ull /* "dcdfolst" */
+#define FOLD_STATE_MAGIC 0x32736c6f66646364ull /* "dcdfols2" */
 #define FOLD_STATE_SLOT 512u
 typedef struct fold_state {
-	uint64_t magic, seq, have, target, done, sum;
+	uint64_t magic, seq, have, target, done, descs, sum; /* descs: the job's (cs_descs_sum) */
 } fold_state;
 
 static uint64_t state_sum(const fold_state *s)
@@ -609,7 +610,7 @@ static uint64_t state_sum(const fold_state *s)
 
 static int state_write(fold_out *o, uint64_t done)
 {
-	fold_state s = {FOLD_STATE_MAGIC, ++o->state_seq, o->j->have, o->j->version, done, 0};
+	fold_state s = {FOLD_STATE_MAGIC, ++o->state_seq, o->j->have, o->j->version, done, o->j->descs, 0};
 	int err;
 
 	s.sum = state_sum(&s);
@@ -1078,7 +1079,10 @@ int cs_fold_resume(dcast_consumer *c)
 	DCAST_LOG_W("consumer %s: a fold to version %" PRIu64 " stopped halfway (%s punched below offset %"
 		    PRIu64 "): finishing it", c->model, s.target, c->store->anchor_path, s.done);
 	c->store->anchor_file_version = have;
-	if (!(err = resume_job(c, &s, &j)) && !(err = cs_fold_run(&j, NULL)))
+	if (!(err = resume_job(c, &s, &j)) && j.descs != s.descs)
+		err = dcast_fail(DCAST_ECORRUPT, "%s: the tensor table in its header is not the one the fold "
+				 "to version %" PRIu64 " began with", c->store->anchor_path, s.target);
+	if (!err && !(err = cs_fold_run(&j, NULL)))
 		err = cs_fold_finish(c, &j);
 	cs_fold_job_free(&j);
 	if (err && err != DCAST_ENOMEM && err != DCAST_EIO && err != DCAST_ECORRUPT)

@@ -191,6 +191,7 @@ typedef struct cs_fold_job {
 	const _Atomic int *stop;       /* set: the consumer is closing (cs_fold_run's) */
 	uint64_t anchor_ino;           /* the anchor file's inode at the plan (0: not checked) */
 	uint64_t resume_from, resume_seq; /* a fold resumed at open: its progress record's */
+	uint64_t descs;                /* cs_descs_sum of t: the tensor table it folds */
 	int here;                      /* on the caller's thread, at its priority, `lock` held */
 } cs_fold_job;
 int cs_fold_plan(dcast_consumer *c, cs_fold_job *j);

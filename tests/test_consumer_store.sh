@@ -45,16 +45,24 @@ for f in $ABOVE; do
 	[ -f "$BUILD/obj/consumer/$f.o" ] &&
 		nm -P -g "$BUILD/obj/consumer/$f.o" | awk -v f="$f" '$2 ~ /^[TDBR]$/ { print $1, f }'
 done | sort >"$TMP/above"
-for o in "$BUILD"/obj/consumer/store/*.o; do
-	src=consumer/store/$(basename "$o" .o).c
-	[ -f "$src" ] || continue
-	nm -P -g "$o" | awk '$2 == "U" { print $1 }' | sort | join - "$TMP/above" | while read -r u f; do
-		echo "$src uses $u of consumer/$f.c, above the store"
+# Each store object's undefined globals, "SOURCE SYMBOL" a line.
+store_uses() {
+	for o in "$BUILD"/obj/consumer/store/*.o; do
+		src=consumer/store/$(basename "$o" .o).c
+		[ -f "$src" ] || continue
+		nm -P -g "$o" | awk -v src="$src" '$2 == "U" { print src, $1 }'
 	done
+}
+# Every line of file $2 is a failure, after the words $1.
+bad_lines() {
+	while IFS= read -r hit; do
+		bad "$1$hit"
+	done <"$2"
+}
+store_uses | sort -k2 | join -1 2 -2 1 - "$TMP/above" | while read -r u src f; do
+	echo "$src uses $u of consumer/$f.c, above the store"
 done >"$TMP/up"
-while IFS= read -r hit; do
-	bad "$hit"
-done <"$TMP/up"
+bad_lines "" "$TMP/up"
 
 # The session's fields are the session's; the store's are the store's.
 while IFS= read -r hit; do
@@ -65,14 +73,8 @@ while IFS= read -r hit; do
 done < <(grep -n -e '->store->' -e 'store_impl\.h' consumer/*.c consumer/*.h)
 
 # The applied version moves through the sink (intake.c), not by the store.
-for o in "$BUILD"/obj/consumer/store/*.o; do
-	[ -f "consumer/store/$(basename "$o" .o).c" ] || continue
-	nm -P -g "$o" | awk -v o="$o" '$2 == "U" && $1 == "cs_set_applied" {
-		print o " sets the applied version itself (cs_set_applied), not through its sink" }'
-done >"$TMP/applied"
-while IFS= read -r hit; do
-	bad "$hit"
-done <"$TMP/applied"
+store_uses | awk '$2 == "cs_set_applied" { print $1 }' >"$TMP/applied"
+bad_lines "sets the applied version itself (cs_set_applied), not through its sink: " "$TMP/applied"
 
 # The store's conditions are its own.
 while IFS= read -r hit; do

@@ -51,10 +51,7 @@ grep -q '^version 5 delta' "$tmp/pub3.err" || fail "version 5 on --base was not 
 small_delta "$tmp/held5.out" 5 "${f[4]}"
 same_tensors "$tmp/held/model.safetensors" "${f[4]}" || fail "the subscriber's version 5 differs"
 
-"$B/deltacast" subscribe --broker "$b_CONS" --model m --dir "$tmp/late" --until 5 \
-	>"$tmp/late.out" 2>"$tmp/late.err" || fail "late joiner: $(cat "$tmp/late.err")"
-grep -q '^version [0-9]* anchor' "$tmp/late.out" || fail "the late joiner got no anchor"
-same_tensors "$tmp/late/model.safetensors" "${f[4]}" || fail "the late joiner's version 5 differs"
+late_joiner "$b_CONS" "$tmp/late" 5 "${f[4]}"
 
 "$B/deltacast" publish --broker "$b_PROD" --consumers "$b_CONS" --no-fetch-base --model m \
 	--first-version 6 "${f[4]}" 2>"$tmp/pub4.err" || fail "publish 6: $(cat "$tmp/pub4.err")"

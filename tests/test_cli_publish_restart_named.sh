@@ -40,10 +40,7 @@ wait "$sub" || fail "subscribe exited $?"
 small_delta "$tmp/sub.out" 4 "${f[3]}"
 same_tensors "$tmp/held/model.safetensors" "${f[3]}" || fail "the subscriber's version 4 differs"
 
-"$B/deltacast" subscribe --broker "$cons" --model m --dir "$tmp/late" --until 4 \
-	>"$tmp/late.out" 2>"$tmp/late.err" || fail "late joiner: $(cat "$tmp/late.err")"
-grep -q '^version [0-9]* anchor' "$tmp/late.out" || fail "the late joiner got no anchor"
-same_tensors "$tmp/late/model.safetensors" "${f[3]}" || fail "the late joiner's version 4 differs"
+late_joiner "$cons" "$tmp/late" 4 "${f[3]}"
 
 # --base without --consumers: checked against the named endpoint's digests
 "$B/deltacast" publish --broker "$prod" --base "${f[3]}" --model m --first-version 5 "${f[4]}" \

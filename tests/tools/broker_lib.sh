@@ -196,6 +196,16 @@ small_delta() {
 	[ "$bytes" -lt $((model / 10)) ] || fail "version $2 cost $bytes bytes of a $model-byte model"
 }
 
+# late_joiner CONS DIR V FILE: `deltacast subscribe` of model m from the
+# consumer endpoint CONS into the new directory DIR, up to version V,
+# starts from an anchor and ends with FILE's tensors.
+late_joiner() {
+	"${B:-$BUILD}/deltacast" subscribe --broker "$1" --model m --dir "$2" --until "$3" \
+		>"$2.out" 2>"$2.err" || fail "late joiner: $(cat "$2.err")"
+	grep -q '^version [0-9]* anchor' "$2.out" || fail "the late joiner got no anchor"
+	same_tensors "$2/model.safetensors" "$4" || fail "the late joiner's version $3 differs"
+}
+
 # same_tensors A B: the tensors of two safetensors files are equal, byte for
 # byte (metadata aside).
 same_tensors() {

@@ -58,6 +58,17 @@ static int put_tensor(FILE *out, uint32_t i, const dcast_st_tensor *o, const dca
 	       fwrite(z, 1, zn, out) != zn;
 }
 
+/* The bytes of f's largest tensor. */
+static size_t largest(const dcast_st_file *f)
+{
+	size_t cap = 0;
+
+	for (size_t i = 0; i < dcast_st_count(f); i++)
+		if (dcast_st_tensor_at(f, i)->nbytes > cap)
+			cap = dcast_st_tensor_at(f, i)->nbytes;
+	return cap;
+}
+
 static int same_layout(const dcast_st_tensor *o, const dcast_st_tensor *n)
 {
 	return o && o->nbytes == n->nbytes && o->dtype == n->dtype && !strcmp(o->name, n->name);
@@ -66,7 +77,7 @@ static int same_layout(const dcast_st_tensor *o, const dcast_st_tensor *n)
 static int make(const char *old_path, const char *new_path, const char *patch)
 {
 	dcast_st_file *fo = NULL, *fn = NULL;
-	size_t n, cap = 0;
+	size_t n, cap;
 	void *x = NULL, *z = NULL;
 	FILE *out = NULL;
 	int err = 1;
@@ -78,8 +89,7 @@ static int make(const char *old_path, const char *new_path, const char *patch)
 		die("OLD and NEW hold different tensors");
 		goto done;
 	}
-	for (size_t i = 0; i < n; i++)
-		cap = dcast_st_tensor_at(fn, i)->nbytes > cap ? dcast_st_tensor_at(fn, i)->nbytes : cap;
+	cap = largest(fn);
 	if (!(x = malloc(cap ? cap : 1)) || !(z = malloc(ZSTD_compressBound(cap))) || !(out = fopen(patch, "wb"))) {
 		die(strerror(errno));
 		goto done;
@@ -147,7 +157,7 @@ static int take_tensor(const uint8_t **p, const uint8_t *e, const dcast_st_file 
 /* Every entry of the patch p..e XORed into MODEL's data area (f: MODEL). */
 static int take_all(const uint8_t *p, const uint8_t *e, const dcast_st_file *f, uint8_t *data)
 {
-	size_t cap = 0;
+	size_t cap = largest(f);
 	uint32_t n;
 	uint8_t *x;
 	int err = 0;
@@ -155,8 +165,6 @@ static int take_all(const uint8_t *p, const uint8_t *e, const dcast_st_file *f, 
 	if (e - p < 8 || memcmp(p, MAGIC, 4))
 		return die("PATCH does not start with " MAGIC);
 	memcpy(&n, p + 4, 4);
-	for (size_t i = 0; i < dcast_st_count(f); i++)
-		cap = dcast_st_tensor_at(f, i)->nbytes > cap ? dcast_st_tensor_at(f, i)->nbytes : cap;
 	if (!(x = malloc(cap ? cap : 1)))
 		return die("out of memory");
 	for (p += 8; n-- && !err;)

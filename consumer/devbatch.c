@@ -205,7 +205,8 @@ int cs_dbatch_layout(const dcast_consumer *c, const cs_version *v, unsigned char
 			continue;
 		b->seg[s++] = (dcast_batch_seg){ .dst = (uintptr_t)cs_chunk_dst(c, k), .start = k->start,
 						 .first = first, .val_off = val, .count = (uint32_t)k->info.changed,
-						 .tensor = k->tensor, .elem_size = k->info.elem_size };
+						 .tensor = k->tensor, .elem_size = k->info.elem_size,
+						 .cpt = (uint32_t)cpt };
 		if (dcast_batch_is_cpt(k->info.encoding)) { /* its payload's place, for cs_dbatch_decode */
 			x.cpt[cpt++] = (dcast_batch_cpt){ .payload_off = pl, .first = first };
 			pl += (k->info.payload_bytes + 7) & ~(uint64_t)7;
@@ -226,8 +227,8 @@ static int put_compact(unsigned char *at, dcast_batch_seg *s, const cs_chunk *k,
 	int err;
 
 	map_dec(at, &x);
-	cpt = dcast_batch_cpt_of(&x, s->first);
-	DCAST_ASSERT(cpt < x.d.n_cpt && x.cpt[cpt].first == s->first);
+	cpt = s->cpt; /* set by the layout: the decode threads write x.cpt, so none searches it */
+	DCAST_ASSERT(cpt < x.d.n_cpt);
 	off = x.cpt[cpt].payload_off;
 	if (!(err = dcast_batch_dput(&x, cpt, &k->info, p, &off, s->first)))
 		s->mode = x.cpt[cpt].mode == DCAST_CPT_RAW ? DCAST_BATCH_RAW : DCAST_BATCH_ULP;

@@ -243,20 +243,6 @@ void dcast_batch_decode_cpu(dcast_batch_dec *x, uint32_t *pos, uint32_t *code)
 	}
 }
 
-uint64_t dcast_batch_cpt_of(const dcast_batch_dec *x, uint64_t first)
-{
-	uint64_t a = 0, n = x->d.n_cpt;
-
-	while (a < n) {
-		uint64_t mid = a + (n - a) / 2;
-		if (x->cpt[mid].first < first)
-			a = mid + 1;
-		else
-			n = mid;
-	}
-	return a;
-}
-
 int dcast_batch_cpt_report(const dcast_batch_cpt *p)
 {
 	int e;

@@ -222,10 +222,6 @@ void dcast_batch_blk_up(dcast_batch_dec *x);
  * pos/code, then chained; each chunk's err is its first failure's key. */
 void dcast_batch_decode_cpu(dcast_batch_dec *x, uint32_t *pos, uint32_t *code);
 
-/* The chunk whose first change is `first` (chunks in order of first, each
- * with changes): its index in cpt[], or n_cpt when none. */
-uint64_t dcast_batch_cpt_of(const dcast_batch_dec *x, uint64_t first);
-
 /* The chunk's verdict: DCAST_OK, or the error dcast_codec_apply gives for
  * its payload (DCAST_ECORRUPT naming the element and the problem). */
 int dcast_batch_cpt_report(const dcast_batch_cpt *p);

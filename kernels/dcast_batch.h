@@ -43,7 +43,7 @@ typedef struct dcast_batch_seg {
 	uint32_t elem_size; /* 1, 2, 4 or 8 (8: scatter only, no resolve) */
 	uint32_t mode;      /* enum dcast_batch_mode */
 	uint32_t tile0;     /* its first tile */
-	uint32_t pad;
+	uint32_t cpt;       /* its compact payload's entry in the decode tables (batch_decode.h), if any */
 } dcast_batch_seg;
 
 typedef struct dcast_batch_tile {

@@ -29,6 +29,8 @@ rm -rf .dev && mkdir -p .dev/build/tests .dev/build/tools .dev/lib .dev/scripts 
 cp "$B/deltacast" "$B/deltacast-broker" "$B/libdeltacast.so" .dev/build/
 for t in "${TESTS[@]}"; do cp "$B/tests/$t" .dev/build/tests/; done
 for t in "${TOOLS[@]}"; do cp "$B/tools/$t" .dev/build/tools/; done
+# no debug sections: the working tree sent to a GPU host is at most 64 MiB
+strip --strip-debug .dev/build/deltacast .dev/build/deltacast-broker .dev/build/libdeltacast.so .dev/build/tests/* .dev/build/tools/*
 cp scripts/bench_sync.sh scripts/e2e_lib.sh scripts/bench_sync_report.py scripts/bench_sync_consumer.py scripts/faults.sh .dev/scripts/
 cp tests/tools/broker_lib.sh tests/tools/anchor_join.sh tests/tools/fanout_threads.sh .dev/tests/tools/
 cp -r python .dev/python

@@ -209,11 +209,15 @@ bench-codec: $(BUILD)/tools/bench_codec
 
 # GPU encode/apply/digest throughput against a device-to-device copy, then
 # the producer's device encode range by range against all ranges in one
-# call (bench_gpu_ranges); says "skip: no CUDA device" (exit 77 from the
+# call (bench_gpu_ranges), then the device path on a 7B-shaped model
+# (bench_gpu_model: encode, decode-ahead, the pause; its last line
+# `gpu_pause_gbps P decode_ahead_gbps D encode_gbps E copy_gbps C`); says
+# "skip: no CUDA device" (exit 77 from the
 # tools) where there is none.
-bench-gpu: $(BUILD)/tools/bench_gpu_codec $(BUILD)/tools/bench_gpu_ranges
+bench-gpu: $(BUILD)/tools/bench_gpu_codec $(BUILD)/tools/bench_gpu_ranges $(BUILD)/tools/bench_gpu_model
 	@$(BUILD)/tools/bench_gpu_codec; rc=$$?; [ $$rc = 77 ] || exit $$rc
 	@$(BUILD)/tools/bench_gpu_ranges; rc=$$?; [ $$rc = 77 ] || exit $$rc
+	@$(BUILD)/tools/bench_gpu_model; rc=$$?; [ $$rc = 77 ] || exit $$rc
 
 # --- producer ---
 # `make bench-slices`: a consumer's apply of a 1% delta with tensor-parallel

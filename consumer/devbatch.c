@@ -317,7 +317,7 @@ static int resolve_device(dcast_consumer *c, dcast_batch *b, dcast_batch_dec *x,
 		return dcast_fail(DCAST_ENOMEM, "consumer %s: device memory for %" PRIu64 " bytes of changes: %s",
 				  c->model, bytes, dcast_last_error());
 	dev = d->dev;
-	if ((err = dcast_cuda_batch_copy(dev, b->base, bytes, 0, d->stream)) ||
+	if ((err = dcast_cuda_batch_copy(dev, b->base, dcast_batch_host_bytes(b, x->d.n_cpt), 0, d->stream)) ||
 	    (err = decode_device(dev, b, x, d->stream, refuse)) || (err = dcast_cuda_batch_resolve(dev, b, d->stream)))
 		return err;
 	if (values && (err = dcast_cuda_batch_copy(b->pos, dev + ((unsigned char *)b->pos - b->base),

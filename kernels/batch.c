@@ -61,6 +61,13 @@ void dcast_batch_tile_up(dcast_batch *b)
 	DCAST_ASSERT(t == b->d.n_tile);
 }
 
+uint64_t dcast_batch_host_bytes(const dcast_batch *b, uint64_t n_dec)
+{
+	const unsigned char *end = n_dec == b->d.n_seg ? (const unsigned char *)b->pos : b->old_vals;
+
+	return (uint64_t)(end - b->base);
+}
+
 void dcast_batch_tile_range(const dcast_batch *b, uint64_t seg_lo, uint64_t seg_hi, uint64_t *t_lo,
 			    uint64_t *t_hi)
 {

@@ -92,6 +92,11 @@ void dcast_batch_tile_up(dcast_batch *b);
 void dcast_batch_tile_range(const dcast_batch *b, uint64_t seg_lo, uint64_t seg_hi, uint64_t *t_lo,
 			    uint64_t *t_hi);
 
+/* Bytes from b's start that its device copy needs from the host before
+ * resolve: the tables, and the changes too unless every segment's come
+ * from the device's decode (n_dec of them); the values are made there. */
+uint64_t dcast_batch_host_bytes(const dcast_batch *b, uint64_t n_dec);
+
 /* Check a sparse payload as dcast_codec_apply checks it and decode its
  * changes without reading the range: positions (increasing) into pos,
  * codes into code (info->changed of each, the caller's arrays), *mode

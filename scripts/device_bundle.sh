@@ -19,7 +19,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${DELTACAST_BUILD:-build}
-TOOLS=(bench_gpu_codec bench_gpu_ranges faultproxy fault_consumer fault_digest producer_reader bench_tcp fault_publish bench_sync_consumer wire_client bench_sync_floor)
+TOOLS=(bench_gpu_codec bench_gpu_model bench_gpu_ranges faultproxy fault_consumer fault_digest producer_reader bench_tcp fault_publish bench_sync_consumer wire_client bench_sync_floor)
 TESTS=(test_gpu_codec test_consumer_gpu test_producer_gpu)
 # `make all` does not relink tests/ and tools/: name each one.
 make -s all "${TOOLS[@]/#/$B/tools/}" "${TESTS[@]/#/$B/tests/}"

@@ -17,6 +17,12 @@
 #            (1% density), copied to pause-line.txt, and bench_gpu_ranges;
 #            then bench_gpu_codec again with the batch's payloads in
 #            compact v2 (BENCH_GPU_COMPACT2=1), its last line appended
+#   model    bench_gpu_model, the device path on a 7B-shaped model (13.5 GB
+#            of bf16 in chunks of 1M elements): encode, decode-ahead (v1
+#            and v2) and the pause per density, first on 2 of its 32 layers
+#            (a quick check that it runs), then whole; its last line
+#            `gpu_pause_gbps P decode_ahead_gbps D encode_gbps E copy_gbps C`
+#            copied to model-line.txt
 #   sync     `make bench-sync` on this host's cores: forms
 #            SYNC_FORMS ("lib sub"), N's SYNC_N ("1 4 8"), the --data-dir row
 #            (SYNC_DATADIR=1); its logs (no model files) in sync-logs.tgz
@@ -119,6 +125,15 @@ pause() {
 	BENCH_GPU_COMPACT2=1 timeout 100 "$B/tools/bench_gpu_codec" | tee "$O/pause-bench-v2.txt"
 	echo "rc=${PIPESTATUS[0]}"
 	grep '^gpu_pause_gbps ' "$O/pause-bench-v2.txt" | tail -n 1 | tee -a "$O/pause-line.txt"
+}
+
+model() {
+	echo "== bench_gpu_model, 2 layers"
+	BENCH_GPU_MODEL_LAYERS=2 timeout 60 "$B/tools/bench_gpu_model" || { echo "rc=$?"; return 1; }
+	echo "== bench_gpu_model"
+	timeout 200 "$B/tools/bench_gpu_model" | tee "$O/model-bench.txt"
+	echo "rc=${PIPESTATUS[0]}"
+	grep '^gpu_pause_gbps ' "$O/model-bench.txt" | tail -n 1 | tee "$O/model-line.txt"
 }
 
 # bench_sync NAME FORMS DATADIR: scripts/bench_sync.sh, its logs (without
@@ -267,6 +282,7 @@ if [ "${1:-}" = step ]; then
 	case $2 in
 	gpu) gpu ;;
 	pause) pause ;;
+	model) model ;;
 	sync) sync_lib ;;
 	sync-py) sync_py ;;
 	sync-gpu) sync_gpu ;;
@@ -283,7 +299,7 @@ if [ "${1:-}" = step ]; then
 fi
 
 DEADLINE=${DEADLINE:-370}
-declare -A CAP=([gpu]=240 [pause]=240 [sync]=200 [sync-gpu]=120 [sync-base]=120 [sync-gpu-base]=120 [faults-gpu]=240 [sync-gpu-batch]=150 [sync-gpu-cons]=120 [fanout]=75 [fanout-threads]=120 [sync-py]=75)
+declare -A CAP=([gpu]=240 [pause]=240 [model]=270 [sync]=200 [sync-gpu]=120 [sync-base]=120 [sync-gpu-base]=120 [faults-gpu]=240 [sync-gpu-batch]=150 [sync-gpu-cons]=120 [fanout]=75 [fanout-threads]=120 [sync-py]=75)
 {
 	echo "start $(date -u +%FT%TZ), $(nproc) cpus, steps: ${STEPS:-gpu sync sync-gpu fanout sync-py}, deadline ${DEADLINE} s"
 	nvidia-smi -L 2>&1

@@ -371,14 +371,32 @@ static int keepalive(dcast_consumer *c)
 	return heartbeat_if_due(c, now, hb);
 }
 
+/* A READY event whose version is no longer READY: applied since (in a
+ * chain with a later one), or dropped (an anchor that superseded it, a
+ * bind that moved the host copy it was written into: fetched again, and
+ * READY again then).  apply() could only refuse it, so it is not given. */
+static int stale(dcast_consumer *c, const dcast_event *e)
+{
+	const cs_version *v;
+
+	if (e->type != DCAST_EV_VERSION_READY)
+		return 0;
+	v = cs_version_find(c, e->version);
+	return !v || v->state != CS_V_READY;
+}
+
 static int pop_event(dcast_consumer *c, dcast_event *ev)
 {
-	if (!c->ev_count)
-		return 0;
-	*ev = c->events[c->ev_head];
-	c->ev_head = (c->ev_head + 1) % CS_EVENTS;
-	c->ev_count--;
-	return 1;
+	while (c->ev_count) {
+		*ev = c->events[c->ev_head];
+		c->ev_head = (c->ev_head + 1) % CS_EVENTS;
+		c->ev_count--;
+		if (!stale(c, ev))
+			return 1;
+	}
+	memset(ev, 0, sizeof(*ev));
+	ev->version = DCAST_VERSION_NONE;
+	return 0;
 }
 
 /* What the caller left for the thread: the HELLO, then the newest ACK

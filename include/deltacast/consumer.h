@@ -249,7 +249,11 @@ DCAST_API int dcast_consumer_tensor_at(const dcast_consumer *c, uint32_t i, dcas
  * of the consumer's thread.  Optional: the thread keeps the consumer
  * joined whether or not anyone polls (the 32 newest events are kept).
  * Returns 0 with *ev set as soon as an event is due, or with ev->type
- * DCAST_EV_NONE when the time is up.  Errors (returned once, not as
+ * DCAST_EV_NONE when the time is up (or sooner, when the only events due
+ * were READY ones whose versions are no longer READY: applied since with
+ * a later one, or dropped, e.g. by a bind that moved the host copy they
+ * were written into, then fetched again; these are not given, so a READY
+ * event names a version apply() can take).  Errors (returned once, not as
  * events): what the thread last failed on, e.g. DCAST_EZMQ, DCAST_EIO (a
  * record or fold write failed; the version is dropped, or the fold is
  * tried again at the policy's next trigger). */

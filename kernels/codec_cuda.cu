@@ -22,6 +22,7 @@ extern "C" {
 
 #define TILE 4096u        /* elements per compaction tile */
 #define TILE_THREADS 256u /* 16 elements per thread */
+static_assert(TILE / TILE_THREADS == 16, "diff16 gives each thread 16 elements");
 #define NO_ERROR 0xffffffffffffffffull
 
 /* ---- error plumbing and scratch ---- */
@@ -174,7 +175,65 @@ struct max_op {
 	__device__ unsigned operator()(unsigned a, unsigned b) const { return a > b ? a : b; }
 };
 
-/* Per tile: its changes, and 1 + the last one's position (0: none). */
+/* Word q (of 4 * ES) of a thread's ES 16-byte loads. */
+__device__ __forceinline__ uint32_t word_of(const uint4 *c, unsigned q)
+{
+	const uint4 v = c[q >> 2];
+	switch (q & 3) {
+	case 0: return v.x;
+	case 1: return v.y;
+	case 2: return v.z;
+	default: return v.w;
+	}
+}
+
+/* Element j (of 16) of those loads. */
+template <unsigned ES> __device__ __forceinline__ uint32_t elem_of(const uint4 *c, unsigned j)
+{
+	uint32_t w = word_of(c, j * ES / 4);
+
+	if (ES == 4)
+		return w;
+	return (w >> (j * ES % 4 * 8)) & (ES == 1 ? 0xffu : 0xffffu);
+}
+
+/* A thread's 16 consecutive elements from `first` of range r (those at
+ * or past hi not counted): cur's into nv, base's into ov, a bit per
+ * element that differs.  16-byte loads (ES of each array) where both
+ * arrays are 16-byte aligned and all 16 lie in the range, else one by one:
+ * each element is read once either way. */
+template <unsigned ES>
+__device__ __forceinline__ unsigned diff16(const dcast_cuda_range *r, uint64_t first, uint64_t hi, uint32_t *nv,
+					   uint32_t *ov)
+{
+	unsigned m = 0;
+
+	if (!(((uintptr_t)r->cur | (uintptr_t)r->base) & 15) && first + 16 <= hi) {
+		uint4 c[ES], b[ES];
+		const uint4 *pc = (const uint4 *)((const uint8_t *)r->cur + first * ES);
+		const uint4 *pb = (const uint4 *)((const uint8_t *)r->base + first * ES);
+#pragma unroll
+		for (unsigned k = 0; k < ES; k++)
+			c[k] = pc[k], b[k] = pb[k];
+#pragma unroll
+		for (unsigned j = 0; j < 16; j++) {
+			nv[j] = elem_of<ES>(c, j), ov[j] = elem_of<ES>(b, j);
+			m |= (unsigned)(nv[j] != ov[j]) << j;
+		}
+		return m;
+	}
+#pragma unroll
+	for (unsigned j = 0; j < 16; j++) {
+		bool in = first + j < hi;
+		nv[j] = in ? ld<ES>(r->cur, first + j) : 0;
+		ov[j] = in ? ld<ES>(r->base, first + j) : 0;
+		m |= (unsigned)(nv[j] != ov[j]) << j;
+	}
+	return m;
+}
+
+/* Per tile: its changes, and 1 + the last one's position (0: none).
+ * Each thread takes 16 consecutive elements of the tile (diff16). */
 template <unsigned ES>
 __global__ void k_seg_count(const dcast_cuda_range *rs, unsigned tpr, unsigned *tile_n, unsigned *tile_last)
 {
@@ -182,12 +241,10 @@ __global__ void k_seg_count(const dcast_cuda_range *rs, unsigned tpr, unsigned *
 	__shared__ typename reduce::TempStorage tmp;
 	uint64_t lo, hi;
 	const dcast_cuda_range *r = seg_tile(rs, tpr, blockIdx.x, &lo, &hi);
-	unsigned c = 0, last = 0;
-	for (uint64_t i = lo + threadIdx.x; i < hi; i += TILE_THREADS)
-		if (ld<ES>(r->cur, i) != ld<ES>(r->base, i)) {
-			c++;
-			last = (unsigned)i + 1;
-		}
+	uint64_t first = lo + (uint64_t)threadIdx.x * (TILE / TILE_THREADS);
+	uint32_t nv[16], ov[16];
+	unsigned m = first < hi ? diff16<ES>(r, first, hi, nv, ov) : 0;
+	unsigned c = __popc(m), last = m ? (unsigned)first + 32 - __clz(m) : 0;
 	unsigned total = reduce(tmp).Sum(c);
 	__syncthreads();
 	unsigned mx = reduce(tmp).Reduce(last, max_op());
@@ -197,11 +254,11 @@ __global__ void k_seg_count(const dcast_cuda_range *rs, unsigned tpr, unsigned *
 	}
 }
 
-/* Each thread takes 16 consecutive elements of the tile, so a block scan of
- * the per-thread counts gives every change its rank in position order.
- * Per tile also the additive digest's change: the sum over its changes of
- * the new element's dcast_ldigest term less the old one's (element i of a
- * range is element start + i of its tensor). */
+/* Each thread takes 16 consecutive elements of the tile (diff16), so a
+ * block scan of the per-thread counts gives every change its rank in
+ * position order.  Per tile also the additive digest's change: the sum
+ * over its changes of the new element's dcast_ldigest term less the old
+ * one's (element i of a range is element start + i of its tensor). */
 template <unsigned ES>
 __global__ void k_seg_write(const dcast_cuda_range *rs, unsigned tpr, const unsigned *tile_off, uint32_t *pos,
 			    uint32_t *newv, uint32_t *zz, unsigned long long *tile_move)
@@ -210,28 +267,23 @@ __global__ void k_seg_write(const dcast_cuda_range *rs, unsigned tpr, const unsi
 	typedef cub::BlockReduce<unsigned long long, TILE_THREADS> reduce;
 	__shared__ typename scan::TempStorage stmp;
 	__shared__ typename reduce::TempStorage rtmp;
-	const unsigned per = TILE / TILE_THREADS;
 	uint64_t lo, hi;
 	const dcast_cuda_range *r = seg_tile(rs, tpr, blockIdx.x, &lo, &hi);
-	uint64_t first = lo + (uint64_t)threadIdx.x * per;
-	unsigned mine = 0, rank;
+	uint64_t first = lo + (uint64_t)threadIdx.x * (TILE / TILE_THREADS);
+	uint32_t nv[16], ov[16];
+	unsigned m = first < hi ? diff16<ES>(r, first, hi, nv, ov) : 0, rank;
 	dcast_ld_move move;
 	dcast_ld_move_init(&move, r->tensor, r->start);
-	for (unsigned j = 0; j < per; j++)
-		mine += first + j < hi && ld<ES>(r->cur, first + j) != ld<ES>(r->base, first + j);
-	scan(stmp).ExclusiveSum(mine, rank);
+	scan(stmp).ExclusiveSum((unsigned)__popc(m), rank);
 	uint64_t out = (uint64_t)tile_off[blockIdx.x] + rank;
-	for (unsigned j = 0; j < per && mine; j++) {
-		uint64_t i = first + j;
-		if (i >= hi)
-			break;
-		uint32_t nv = ld<ES>(r->cur, i), ov = ld<ES>(r->base, i);
-		if (nv == ov)
+#pragma unroll
+	for (unsigned j = 0; j < 16; j++) {
+		if (!(m >> j & 1))
 			continue;
-		dcast_ld_move_add(&move, i, ov, nv);
-		pos[out] = (uint32_t)i;
-		newv[out] = nv;
-		zz[out] = dcast_ulp_zz(ov, nv, 8 * ES);
+		dcast_ld_move_add(&move, first + j, ov[j], nv[j]);
+		pos[out] = (uint32_t)(first + j);
+		newv[out] = nv[j];
+		zz[out] = dcast_ulp_zz(ov[j], nv[j], 8 * ES);
 		out++;
 	}
 	unsigned long long total = reduce(rtmp).Sum((unsigned long long)move.acc);

@@ -305,6 +305,42 @@ extern "C" int dcast_cuda_batch_sync(void *stream)
 	return e == cudaSuccess ? DCAST_OK : batch_fail(e, "synchronize");
 }
 
+extern "C" int dcast_cuda_batch_event(void **event)
+{
+	cudaError_t e = cudaEventCreateWithFlags((cudaEvent_t *)event, cudaEventDisableTiming);
+
+	if (e)
+		*event = NULL;
+	return e == cudaSuccess ? DCAST_OK : batch_fail(e, "cudaEventCreateWithFlags");
+}
+
+extern "C" void dcast_cuda_batch_event_free(void *event)
+{
+	if (event)
+		cudaEventDestroy((cudaEvent_t)event);
+}
+
+extern "C" int dcast_cuda_batch_record(void *event, void *stream)
+{
+	cudaError_t e = cudaEventRecord((cudaEvent_t)event, (cudaStream_t)stream);
+
+	return e == cudaSuccess ? DCAST_OK : batch_fail(e, "cudaEventRecord");
+}
+
+extern "C" int dcast_cuda_batch_wait(void *stream, void *event)
+{
+	cudaError_t e = cudaStreamWaitEvent((cudaStream_t)stream, (cudaEvent_t)event, 0);
+
+	return e == cudaSuccess ? DCAST_OK : batch_fail(e, "cudaStreamWaitEvent");
+}
+
+extern "C" int dcast_cuda_batch_event_sync(void *event)
+{
+	cudaError_t e = cudaEventSynchronize((cudaEvent_t)event);
+
+	return e == cudaSuccess ? DCAST_OK : batch_fail(e, "cudaEventSynchronize");
+}
+
 extern "C" int dcast_cuda_batch_device_of(const void *ptr, int *device)
 {
 	cudaPointerAttributes a;

@@ -107,6 +107,35 @@ int dcast_cuda_batch_sync(void *stream)
 	return no_device("dcast_cuda_batch_sync");
 }
 
+int dcast_cuda_batch_event(void **event)
+{
+	*event = NULL;
+	return no_device("dcast_cuda_batch_event");
+}
+
+void dcast_cuda_batch_event_free(void *event)
+{
+	(void)event;
+}
+
+int dcast_cuda_batch_record(void *event, void *stream)
+{
+	(void)event, (void)stream;
+	return no_device("dcast_cuda_batch_record");
+}
+
+int dcast_cuda_batch_wait(void *stream, void *event)
+{
+	(void)stream, (void)event;
+	return no_device("dcast_cuda_batch_wait");
+}
+
+int dcast_cuda_batch_event_sync(void *event)
+{
+	(void)event;
+	return no_device("dcast_cuda_batch_event_sync");
+}
+
 int dcast_cuda_batch_device_of(const void *ptr, int *device)
 {
 	(void)ptr, (void)device;

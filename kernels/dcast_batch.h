@@ -142,6 +142,19 @@ int dcast_cuda_batch_copy(void *dst, const void *src, uint64_t bytes, int wait, 
 /* Wait for stream. */
 int dcast_cuda_batch_sync(void *stream);
 
+/* An event of the current device (no timing) into *event, for a scatter
+ * that the caller does not wait for; dcast_cuda_batch_event_free(NULL)
+ * does nothing.  dcast_cuda_batch_record: event marks the work enqueued
+ * on stream so far (both of one device).  dcast_cuda_batch_wait: work
+ * enqueued on stream later waits for event (the host does not).
+ * dcast_cuda_batch_event_sync: return when event's work is done (at once
+ * for an event never recorded).  Errors: DCAST_ECUDA, DCAST_ENODEVICE. */
+int dcast_cuda_batch_event(void **event);
+void dcast_cuda_batch_event_free(void *event);
+int dcast_cuda_batch_record(void *event, void *stream);
+int dcast_cuda_batch_wait(void *stream, void *event);
+int dcast_cuda_batch_event_sync(void *event);
+
 /* The device that holds ptr (device or managed memory; else DCAST_EINVAL). */
 int dcast_cuda_batch_device_of(const void *ptr, int *device);
 

@@ -309,17 +309,38 @@ static int apply_locked(dcast_consumer *c, uint64_t version)
 	return err;
 }
 
-int dcast_consumer_apply(dcast_consumer *c, uint64_t version)
+/* Apply `version`, a device batch's scatter launched as `pause` says,
+ * then check the next version ahead: here, or, behind a scatter not
+ * waited for, on the session thread (its check waits for the scatter, so
+ * this call does not). */
+static int apply_call(dcast_consumer *c, uint64_t version, cs_pause pause)
 {
 	int err;
 
-	if (!c)
-		return dcast_fail(DCAST_EINVAL, "dcast_consumer_apply: NULL consumer");
 	pthread_mutex_lock(&c->lock);
+	c->pause = pause;
 	err = apply_locked(c, version);
-	cs_check_next(c);
+	if (c->pause.launched)
+		cs_wake(c);
+	else
+		cs_check_next(c);
+	c->pause = (cs_pause){0};
 	pthread_mutex_unlock(&c->lock);
 	return err;
+}
+
+int dcast_consumer_apply(dcast_consumer *c, uint64_t version)
+{
+	if (!c)
+		return dcast_fail(DCAST_EINVAL, "dcast_consumer_apply: NULL consumer");
+	return apply_call(c, version, (cs_pause){0});
+}
+
+int dcast_consumer_apply_async(dcast_consumer *c, uint64_t version, void *stream, void *event)
+{
+	if (!c)
+		return dcast_fail(DCAST_EINVAL, "dcast_consumer_apply_async: NULL consumer");
+	return apply_call(c, version, (cs_pause){ .async = 1, .stream = stream, .event = event });
 }
 
 int cs_auto_apply(dcast_consumer *c)

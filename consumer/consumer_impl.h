@@ -271,6 +271,16 @@ typedef struct cs_session {
 /* One consumer.  Each module's state is a sub-struct it owns; what stays
  * here is shared: the tensors, the applied version, the staged versions,
  * the pool and I/O engine, the events, the locks. */
+/* How the apply in progress launches a device batch's scatter
+ * (dcast_consumer_apply_async; all 0 otherwise: the legacy default
+ * stream, waited for). */
+typedef struct cs_pause {
+	int async;                     /* on stream, not waited for */
+	void *stream;                  /* the caller's cudaStream_t (NULL: the legacy default) */
+	void *event;                   /* the caller's cudaEvent_t recorded after it, or NULL */
+	int launched;                  /* set by cs_dbatch_scatter: one was left pending */
+} cs_pause;
+
 struct dcast_consumer {
 	char model[DCAST_MAX_NAME + 1];
 	char *dir, *endpoint;
@@ -301,6 +311,7 @@ struct dcast_consumer {
 	struct cs_store *store;        /* the local checkpoint (store/store.h) */
 	cs_vscratch vs;
 	cs_fault fault;
+	cs_pause pause;                /* set only inside dcast_consumer_apply_async */
 
 	uint64_t run;                  /* run of the state held (DIR/run), 0 unknown */
 	_Atomic uint64_t run_confirmed; /* run a WELCOME confirmed, 0 until then */
@@ -641,8 +652,14 @@ int cs_apply_version(dcast_consumer *c, cs_version *v, int verify, int *torn);
  * device or by the twin (values: the device's changes copied back too),
  * returning when done; cs_dbatch_map: b onto the batch at `at`; cs_dbatch_scatter:
  * apply (undo 0) or undo (1) segments [0, seg_hi), returning when the
- * device is done.  Errors: DCAST_ENOMEM, DCAST_ECUDA, the decoder's.
- * cs_dbatch_release: the device copy kept for pool p freed (at close). */
+ * device is done, except for an apply under c->pause.async: enqueued on
+ * its stream, its event recorded after, not waited for (pause.launched
+ * set).  Errors:
+ * DCAST_ENOMEM, DCAST_ECUDA, the decoder's.  cs_dbatch_settle: return
+ * when every scatter not waited for (any consumer's) is done, before the
+ * library touches device tensors otherwise (DCAST_ECUDA: one failed).
+ * cs_dbatch_release: the device copy kept for pool p freed (at close),
+ * after its pending scatter. */
 #include "dcast_batch.h"
 int cs_dbatch_tensor(const dcast_consumer *c, const cs_tensor *t);
 int cs_dbatch_chunk(const dcast_consumer *c, const cs_chunk *k);
@@ -652,6 +669,7 @@ int cs_dbatch_decode(unsigned char *at, uint64_t seg, const cs_chunk *k, const u
 int cs_dbatch_resolve(dcast_consumer *c, unsigned char *at, int values, int *refuse);
 void cs_dbatch_map(unsigned char *at, dcast_batch *b);
 int cs_dbatch_scatter(dcast_consumer *c, unsigned char *at, int undo, uint64_t seg_hi);
+int cs_dbatch_settle(void);
 void cs_dbatch_release(const cs_pool *p);
 
 #endif

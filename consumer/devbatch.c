@@ -15,7 +15,12 @@
  * headers and decodes the other sparse encodings.
  * The work ahead runs on a stream of its own, beside the engine's
  * kernels; the pause runs on the legacy default stream, so it follows
- * the engine's work there.
+ * the engine's work there, and is waited for; or, for
+ * dcast_consumer_apply_async, on the caller's stream, not waited for: an
+ * event of the device copy's own marks it, the next check ahead's stream
+ * waits on it before it writes the copy, and every other step that
+ * touches the copy or the device tensors (an undo, a bind, devmem.c's
+ * copies and kernels, close) waits for it on the host first.
  *
  * Test seam: with DELTACAST_DEVICE_TWIN=1 in the environment when the
  * process first asks, a consumer without device tensors takes this path
@@ -38,11 +43,82 @@ typedef struct dev_copy {
 	uint64_t cap;
 	int device;             /* where dev is */
 	void *stream;           /* there, for the work ahead of apply */
+	void *done;             /* there, recorded after a scatter nobody waited for */
+	int pending;            /* that scatter may still run (done and pending under copies_lock) */
 	struct dev_copy *next;
 } dev_copy;
 
 static pthread_mutex_t copies_lock = PTHREAD_MUTEX_INITIALIZER;
 static dev_copy *copies;
+
+/* ---- a scatter the caller did not wait for (dcast_consumer_apply_async):
+ * until it is done, the device copy (batch and undo buffer) and the
+ * tensors it writes are waited for before anything else touches them ---- */
+
+/* Return when d's scatter is done (copies_lock held, or d unreachable). */
+static int settle_locked(dev_copy *d)
+{
+	if (!d->pending)
+		return 0;
+	DCAST_LOG_D("consumer: waiting for a pending device scatter");
+	d->pending = 0;
+	return dcast_cuda_batch_event_sync(d->done);
+}
+
+static int settle(dev_copy *d)
+{
+	int err;
+
+	pthread_mutex_lock(&copies_lock);
+	err = settle_locked(d);
+	pthread_mutex_unlock(&copies_lock);
+	return err;
+}
+
+int cs_dbatch_settle(void)
+{
+	int err = 0;
+
+	pthread_mutex_lock(&copies_lock);
+	for (dev_copy *d = copies; d; d = d->next)
+		err = settle_locked(d) ? DCAST_ECUDA : err;
+	pthread_mutex_unlock(&copies_lock);
+	return err;
+}
+
+/* Work enqueued on stream from now on starts after d's scatter. */
+static int after_pending(dev_copy *d, void *stream)
+{
+	int err;
+
+	pthread_mutex_lock(&copies_lock);
+	if (d->pending)
+		DCAST_LOG_D("consumer: device work queued behind a pending scatter");
+	err = d->pending ? dcast_cuda_batch_wait(stream, d->done) : 0;
+	pthread_mutex_unlock(&copies_lock);
+	return err;
+}
+
+/* d's event recorded after the scatter just enqueued on stream. */
+static int mark_pending(dev_copy *d, void *stream)
+{
+	int err;
+
+	pthread_mutex_lock(&copies_lock);
+	d->pending = !(err = dcast_cuda_batch_record(d->done, stream));
+	pthread_mutex_unlock(&copies_lock);
+	return err;
+}
+
+/* d's device memory, stream and event given back (nothing pending). */
+static void drop_device(dev_copy *d)
+{
+	DCAST_ASSERT(!d->pending);
+	dcast_cuda_batch_free(&d->dev, &d->cap);
+	dcast_cuda_batch_stream_free(d->stream);
+	dcast_cuda_batch_event_free(d->done);
+	d->stream = d->done = NULL;
+}
 
 /* p's device copy, made on first use (NULL: out of memory). */
 static dev_copy *copy_of(const cs_pool *p)
@@ -72,10 +148,10 @@ void cs_dbatch_release(const cs_pool *p)
 	if (d)
 		*at = d->next;
 	pthread_mutex_unlock(&copies_lock);
-	if (d) {
-		dcast_cuda_batch_free(&d->dev, &d->cap);
-		dcast_cuda_batch_stream_free(d->stream);
-	}
+	if (d && settle_locked(d)) /* off the list: no other thread reaches it */
+		DCAST_LOG_E("consumer: a pending device scatter failed at close: %s", dcast_last_error());
+	if (d)
+		drop_device(d);
 	free(d);
 }
 
@@ -265,16 +341,17 @@ static int decode_verdict(const dcast_batch_dec *x)
 /* ---- on the device, or by the twin ---- */
 
 /* The device copy of a batch, on `device` and big enough for it, and its
- * stream (NULL: no memory; the current device is `device`). */
+ * stream (NULL: no memory, or a pending scatter failed; the current
+ * device is `device`).  Memory a pending scatter may read is given back
+ * only once it is done. */
 static dev_copy *device_copy(dcast_consumer *c, uint64_t bytes, int device)
 {
 	dev_copy *d = copy_of(&c->pool);
 
-	if (d && d->dev && d->device != device) {
-		dcast_cuda_batch_free(&d->dev, &d->cap);
-		dcast_cuda_batch_stream_free(d->stream);
-		d->stream = NULL;
-	}
+	if (d && d->dev && (d->device != device || d->cap < bytes) && settle(d))
+		return NULL;
+	if (d && d->dev && d->device != device)
+		drop_device(d);
 	if (!d || dcast_cuda_batch_reserve(&d->dev, &d->cap, bytes) || (!d->stream && dcast_cuda_batch_stream(&d->stream)))
 		return NULL;
 	d->device = device;
@@ -317,7 +394,8 @@ static int resolve_device(dcast_consumer *c, dcast_batch *b, dcast_batch_dec *x,
 		return dcast_fail(DCAST_ENOMEM, "consumer %s: device memory for %" PRIu64 " bytes of changes: %s",
 				  c->model, bytes, dcast_last_error());
 	dev = d->dev;
-	if ((err = dcast_cuda_batch_copy(dev, b->base, dcast_batch_host_bytes(b, x->d.n_cpt), 0, d->stream)) ||
+	if ((err = after_pending(d, d->stream)) ||
+	    (err = dcast_cuda_batch_copy(dev, b->base, dcast_batch_host_bytes(b, x->d.n_cpt), 0, d->stream)) ||
 	    (err = decode_device(dev, b, x, d->stream, refuse)) || (err = dcast_cuda_batch_resolve(dev, b, d->stream)))
 		return err;
 	if (values && (err = dcast_cuda_batch_copy(b->pos, dev + ((unsigned char *)b->pos - b->base),
@@ -366,6 +444,35 @@ void cs_dbatch_map(unsigned char *at, dcast_batch *b)
 	map_at(at, b);
 }
 
+/* The scatter on the legacy default stream, after a pending one, waited
+ * for. */
+static int scatter_waited(dev_copy *d, const dcast_batch *b, int undo, uint64_t seg_hi)
+{
+	int err;
+
+	if ((err = settle(d)) || (err = dcast_cuda_batch_scatter(d->dev, b, undo, 0, seg_hi, NULL)))
+		return err;
+	return dcast_cuda_batch_sync(NULL);
+}
+
+/* The apply's scatter on the caller's stream, after a pending one, not
+ * waited for: d's event, then the caller's, recorded after it.  When d's
+ * cannot be, the stream is waited for (an undo may follow on another). */
+static int scatter_async(dev_copy *d, const dcast_batch *b, uint64_t seg_hi, cs_pause *pz)
+{
+	int err;
+
+	if ((!d->done && (err = dcast_cuda_batch_event(&d->done))) || (err = after_pending(d, pz->stream)) ||
+	    (err = dcast_cuda_batch_scatter(d->dev, b, 0, 0, seg_hi, pz->stream)))
+		return err;
+	if ((err = mark_pending(d, pz->stream))) {
+		dcast_cuda_batch_sync(pz->stream);
+		return err;
+	}
+	pz->launched = 1;
+	return pz->event ? dcast_cuda_batch_record(pz->event, pz->stream) : 0;
+}
+
 int cs_dbatch_scatter(dcast_consumer *c, unsigned char *at, int undo, uint64_t seg_hi)
 {
 	const cs_dbatch_hdr *h = (const cs_dbatch_hdr *)at;
@@ -382,8 +489,10 @@ int cs_dbatch_scatter(dcast_consumer *c, unsigned char *at, int undo, uint64_t s
 	DCAST_ASSERT(d && d->dev && d->device == h->device); /* the check ahead made it */
 	if ((err = dcast_cuda_batch_enter(h->device, &prev)))
 		return err;
-	if (!(err = dcast_cuda_batch_scatter(d->dev, &b, undo, 0, seg_hi, NULL)))
-		err = dcast_cuda_batch_sync(NULL);
+	if (undo || !c->pause.async)
+		err = scatter_waited(d, &b, undo, seg_hi);
+	else
+		err = scatter_async(d, &b, seg_hi, &c->pause);
 	dcast_cuda_batch_leave(prev);
 	return err;
 }

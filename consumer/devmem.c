@@ -23,6 +23,14 @@ static int cuda_fail(int rc, const char *what, const char *name)
 	return dcast_fail(DCAST_ECUDA, "%s of tensor %s: %s", what, name,
 			  cudaGetErrorString((cudaError_t)rc));
 }
+
+/* Device tensor t may be touched: a batch's scatter not waited for
+ * (dcast_consumer_apply_async) is done. */
+static int device_settled(const cs_tensor *t)
+{
+	return cs_dbatch_settle() ? dcast_fail(DCAST_ECUDA, "tensor %s: a pending apply's scatter failed: %s",
+					       t->desc.name, dcast_last_error()) : 0;
+}
 #endif
 
 int cs_to_tensor(cs_tensor *t, uint64_t off, const void *src, uint64_t n)
@@ -32,6 +40,8 @@ int cs_to_tensor(cs_tensor *t, uint64_t off, const void *src, uint64_t n)
 		return 0;
 	}
 #ifdef DCAST_HAVE_CUDA
+	if (device_settled(t))
+		return DCAST_ECUDA;
 	int rc = cudaMemcpy(t->ptr + off, src, n, cudaMemcpyDefault);
 	return rc ? cuda_fail(rc, "cudaMemcpy to device", t->desc.name) : 0;
 #else
@@ -46,6 +56,8 @@ int cs_from_tensor(const cs_tensor *t, uint64_t off, void *dst, uint64_t n)
 		return 0;
 	}
 #ifdef DCAST_HAVE_CUDA
+	if (device_settled(t))
+		return DCAST_ECUDA;
 	int rc = cudaMemcpy(dst, t->ptr + off, n, cudaMemcpyDefault);
 	return rc ? cuda_fail(rc, "cudaMemcpy from device", t->desc.name) : 0;
 #else
@@ -62,6 +74,8 @@ int cs_tensor_apply(cs_tensor *t, const dcast_chunk_info *info, const void *payl
 		return dcast_codec_apply(info, payload, dst, old);
 #ifdef DCAST_HAVE_CUDA
 	DCAST_ASSERT(old == NULL); /* undone from the batch (devbatch.c) or the checkpoint */
+	if (device_settled(t))
+		return DCAST_ECUDA;
 	return dcast_cuda_apply(info, payload, dst, NULL, NULL);
 #else
 	return dcast_fail(DCAST_ENODEVICE, "tensor %s: CUDA memory in a build without CUDA", t->desc.name);
@@ -75,6 +89,8 @@ int cs_tensor_digest(const cs_tensor *t, uint64_t off, uint64_t n, uint64_t *dig
 		return 0;
 	}
 #ifdef DCAST_HAVE_CUDA
+	if (device_settled(t))
+		return DCAST_ECUDA;
 	return dcast_cuda_digest(t->ptr + off, n, digest, NULL);
 #else
 	return dcast_fail(DCAST_ENODEVICE, "tensor %s: CUDA memory in a build without CUDA", t->desc.name);
@@ -86,6 +102,8 @@ int cs_tensor_ldigest(const cs_tensor *t, uint32_t index, uint64_t start, uint64
 	if (t->mem == DCAST_MEM_HOST)
 		return dcast_ldigest(index, start, t->ptr + start * t->elem_size, count, t->elem_size, digest);
 #ifdef DCAST_HAVE_CUDA
+	if (device_settled(t))
+		return DCAST_ECUDA;
 	return dcast_cuda_ldigest(index, start, t->ptr + start * t->elem_size, count, t->elem_size, digest, NULL);
 #else
 	return dcast_fail(DCAST_ENODEVICE, "tensor %s: CUDA memory in a build without CUDA", t->desc.name);

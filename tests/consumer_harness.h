@@ -125,4 +125,10 @@ void h_drain(dcast_consumer *c, h_seen *s);
  * equal the applied version's snapshot.  0 when it got there. */
 int h_drive(dcast_consumer *c, const h_model *m, uint64_t target, h_seen *s);
 
+/* How a driver applies a READY version: dcast_consumer_apply's result. */
+typedef int (*h_apply_fn)(dcast_consumer *c, uint64_t version, void *arg);
+
+/* h_drive, each version applied by apply(c, version, arg). */
+int h_drive_by(dcast_consumer *c, const h_model *m, uint64_t target, h_seen *s, h_apply_fn apply, void *arg);
+
 #endif

@@ -9,7 +9,9 @@
  * chunks, undone from the host undo region); a delta whose
  * payload is damaged under a valid checksum (sent by a fake broker; idx32,
  * compact, compact2) refused before READY with the CPU decoder's error
- * code, the live tensor untouched.
+ * code, the live tensor untouched.  dcast_consumer_apply_async takes the
+ * same path: through the twin it is apply exactly (same bytes, versions,
+ * rollback and errors; the event it is given never touched).
  * tests/test_consumer_gpu.c runs the same on a device where one is lent. */
 #include <stdlib.h>
 #include "check.h"
@@ -50,12 +52,37 @@ static void make_f64(h_model *m)
 	m->shape[1][1] /= 2;
 }
 
+/* What apply_async is given as its event: without a device it must stay
+ * as it is (the call is apply exactly). */
+#define EVENT_BYTE 0xA5
+static unsigned char untouched_event[64];
+
+static int event_untouched(void)
+{
+	for (size_t i = 0; i < sizeof(untouched_event); i++)
+		if (untouched_event[i] != EVENT_BYTE)
+			return 0;
+	return 1;
+}
+
+static int apply_sync(dcast_consumer *c, uint64_t version, void *arg)
+{
+	(void)arg;
+	return dcast_consumer_apply(c, version);
+}
+
+static int apply_async(dcast_consumer *c, uint64_t version, void *arg)
+{
+	return dcast_consumer_apply_async(c, version, NULL, arg);
+}
+
 /* Versions 1-2 applied, then 3 and 4 published while 2 is live, so that 3
  * is checked ahead with `fault` armed for it (with `dense`, 3 also
  * rewrites the first two chunks whole: written outside the batch, undone
- * from the host undo region); the consumer must end bit-exact at 4. */
-static void run_ahead_dense(const h_broker *b, const char *model, uint64_t seed, int f64, int dense,
-			    const char *fault, h_seen *s)
+ * from the host undo region) and applied by `apply`; the consumer must
+ * end bit-exact at 4. */
+static void run_ahead_by(const h_broker *b, const char *model, uint64_t seed, int f64, int dense,
+			 const char *fault, h_apply_fn apply, h_seen *s)
 {
 	h_model m;
 	dcast_producer *p = NULL;
@@ -72,11 +99,17 @@ static void run_ahead_dense(const h_broker *b, const char *model, uint64_t seed,
 	for (uint64_t i = 0; dense && i < h_range_elems * 2 * 2; i++) /* random bits: dense is smallest */
 		m.cur[0][i] = (unsigned char)h_rand(&m.rng);
 	REQUIRE(h_publish(p, &m, 3, 100) == 0 && h_publish(p, &m, 4, 100) == 0);
-	CHECK(h_drive(c, &m, 4, s) == 0);
-	CHECK(h_equal(c, &m, 4));
+	CHECK(h_drive_by(c, &m, 4, s, apply, untouched_event) == 0);
+	CHECK(dcast_consumer_version(c) == 4 && h_equal(c, &m, 4));
 	dcast_consumer_close(&c);
 	dcast_producer_close(&p);
 	h_model_free(&m);
+}
+
+static void run_ahead_dense(const h_broker *b, const char *model, uint64_t seed, int f64, int dense,
+			    const char *fault, h_seen *s)
+{
+	run_ahead_by(b, model, seed, f64, dense, fault, apply_sync, s);
 }
 
 static void run_ahead(const h_broker *b, const char *model, uint64_t seed, int f64, const char *fault, h_seen *s)
@@ -132,6 +165,69 @@ static void test_cut_with_dense(const h_broker *b)
 	run_ahead_dense(b, "m_batchcutdense", 113, 0, 1, "aheadfail:3", &s);
 	CHECK(s.apply_failures >= 1 && s.last_apply_error == DCAST_ECORRUPT);
 	CHECK(s.untouched_ok >= 1 && s.untouched_bad == 0);
+}
+
+/* ---- apply_async through the twin: apply exactly ---- */
+
+/* The versions of test_versions and test_f64 (same seeds, so the same
+ * producer bytes), applied by apply_async: bit-exact at 4, nothing
+ * refused, the event untouched. */
+static void test_async_versions(const h_broker *b)
+{
+	h_seen s = {0};
+
+	run_ahead_by(b, "m_async", 101, 0, 0, NULL, apply_async, &s);
+	run_ahead_by(b, "m_async64", 103, 1, 0, NULL, apply_async, &s);
+	CHECK(s.errors == 0 && s.apply_failures == 0);
+	CHECK(event_untouched());
+}
+
+/* test_cut_with_dense's cut, applied by apply_async: the same error, the
+ * batch and the dense chunks undone bit for bit. */
+static void test_async_cut(const h_broker *b)
+{
+	h_seen s = {0};
+
+	run_ahead_by(b, "m_asynccut", 113, 0, 1, "aheadfail:3", apply_async, &s);
+	CHECK(s.apply_failures >= 1 && s.last_apply_error == DCAST_ECORRUPT);
+	CHECK(s.untouched_ok >= 1 && s.untouched_bad == 0);
+	CHECK(event_untouched());
+}
+
+/* apply(version) and apply_async(version) refuse alike: same code, same
+ * text (a version not staged, one applied already); a NULL consumer. */
+static void check_same_refusal(dcast_consumer *c, uint64_t version)
+{
+	char want[512];
+	int err = dcast_consumer_apply(c, version);
+
+	snprintf(want, sizeof(want), "%s", dcast_last_error());
+	CHECK(err != 0);
+	CHECK_ERR(dcast_consumer_apply_async(c, version, NULL, untouched_event), err);
+	CHECK(!strcmp(dcast_last_error(), want));
+	fprintf(stderr, "both refused as: %s\n", want);
+}
+
+static void test_async_errors(const h_broker *b)
+{
+	h_model m;
+	dcast_producer *p = NULL;
+	dcast_consumer *c;
+	h_seen s = {0};
+
+	REQUIRE(h_model_start(b, "m_asyncerr", 127, 1, 100, &m, &p) == 0);
+	c = open_faulted(b, "m_asyncerr", NULL);
+	REQUIRE(c);
+	CHECK(h_drive(c, &m, 1, &s) == 0);
+	check_same_refusal(c, 99); /* never staged */
+	check_same_refusal(c, 1);  /* applied already */
+	CHECK_ERR(dcast_consumer_apply_async(NULL, 2, NULL, NULL), DCAST_EINVAL);
+	CHECK(strstr(dcast_last_error(), "apply_async") && strstr(dcast_last_error(), "NULL consumer"));
+	CHECK(dcast_consumer_version(c) == 1 && h_equal(c, &m, 1));
+	CHECK(event_untouched());
+	dcast_consumer_close(&c);
+	dcast_producer_close(&p);
+	h_model_free(&m);
 }
 
 /* ---- a damaged payload under a valid checksum, from a fake broker ---- */
@@ -314,6 +410,7 @@ int main(void)
 	h_broker b;
 
 	setenv("DELTACAST_DEVICE_TWIN", "1", 1); /* before the library first asks */
+	memset(untouched_event, EVENT_BYTE, sizeof(untouched_event));
 	REQUIRE(mkdtemp(root));
 	REQUIRE(h_broker_start_args(&b, NULL) == 0);
 	test_versions(&b);
@@ -321,6 +418,9 @@ int main(void)
 	test_digest_refused(&b);
 	test_cut_rolled_back(&b);
 	test_cut_with_dense(&b);
+	test_async_versions(&b);
+	test_async_cut(&b);
+	test_async_errors(&b);
 	h_broker_stop(&b);
 	test_damaged_refused();
 	check_remove_dir(root);

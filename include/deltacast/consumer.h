@@ -277,6 +277,30 @@ DCAST_API int dcast_consumer_poll(dcast_consumer *c, int timeout_ms, dcast_event
  * DCAST_EIO. */
 DCAST_API int dcast_consumer_apply(dcast_consumer *c, uint64_t version);
 
+/* dcast_consumer_apply, except that a version's device changes checked
+ * ahead (one batch: see docs/architecture.md) are scattered on the
+ * caller's CUDA stream `stream` (a cudaStream_t; NULL: the legacy default
+ * stream) and the caller's event `event` (a cudaEvent_t it created; NULL:
+ * none) is recorded on `stream` after the scatter; the call returns
+ * without waiting for the device.  Kernels the engine enqueues on
+ * `stream` afterwards, or on any stream after a cudaStreamWaitEvent on
+ * `event`, see the new version; its host tensors are written before the
+ * call returns.  stream, event and the device tensors must be on one
+ * device.  The version counts as applied on return (version(), stats,
+ * the local checkpoint), as the check ahead already proved its data.
+ * The consumer keeps the scatter's inputs (and the old values, its undo)
+ * until it is done: the next check ahead waits for it on the device, and
+ * a bind, unbind, checkpoint, a later apply's undo or close waits for it
+ * on the host.  When there is no such batch (no device, the
+ * DELTACAST_DEVICE_TWIN path, host tensors only, a version applied chunk
+ * by chunk) it is dcast_consumer_apply exactly: every write is done on
+ * return and `event` is not recorded (an event never recorded is
+ * complete for cudaEventSynchronize and cudaStreamWaitEvent).  Errors: those of
+ * dcast_consumer_apply, with the same codes for the same arguments;
+ * DCAST_ECUDA when the launch or a record failed: the version is undone
+ * then, as for a failed apply.  The caller keeps its stream and event. */
+DCAST_API int dcast_consumer_apply_async(dcast_consumer *c, uint64_t version, void *stream, void *event);
+
 /* Newest READY version that apply() can take now, or NONE. */
 DCAST_API uint64_t dcast_consumer_ready_version(const dcast_consumer *c);
 

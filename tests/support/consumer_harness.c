@@ -200,7 +200,18 @@ void h_drain(dcast_consumer *c, h_seen *s)
 		h_count(s, &ev);
 }
 
+static int apply_plain(dcast_consumer *c, uint64_t version, void *arg)
+{
+	(void)arg;
+	return dcast_consumer_apply(c, version);
+}
+
 int h_drive(dcast_consumer *c, const h_model *m, uint64_t target, h_seen *s)
+{
+	return h_drive_by(c, m, target, s, apply_plain, NULL);
+}
+
+int h_drive_by(dcast_consumer *c, const h_model *m, uint64_t target, h_seen *s, h_apply_fn apply, void *arg)
 {
 	dcast_event ev;
 
@@ -214,7 +225,7 @@ int h_drive(dcast_consumer *c, const h_model *m, uint64_t target, h_seen *s)
 			return -1;
 		h_count(s, &ev);
 		if (ev.type == DCAST_EV_VERSION_READY && dcast_consumer_ready_version(c) != DCAST_VERSION_NONE) {
-			int err = dcast_consumer_apply(c, dcast_consumer_ready_version(c));
+			int err = apply(c, dcast_consumer_ready_version(c), arg);
 			if (err)
 				s->apply_failures++, s->last_apply_error = err;
 			if (!err)

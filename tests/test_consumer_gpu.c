@@ -15,11 +15,20 @@
  * COMMIT digest is refused before READY with the device untouched, and
  * an apply cut off halfway is undone from the device undo buffer, with
  * 8-byte values too (tests/test_consumer_devbatch.c runs the same path
- * with the CPU twin everywhere). */
+ * with the CPU twin everywhere).  dcast_consumer_apply_async scatters a
+ * batch on a stream of the test's, held shut by a host function so that
+ * the scatter is still pending when the call returns: its event is not
+ * complete then, the next version's check ahead queues behind it (the
+ * library's debug line says so) and is not refused, the device bytes are
+ * the producer's after cudaEventSynchronize, and a close with a scatter
+ * pending waits for it. */
+#include <pthread.h>
 #include <stdlib.h>
+#include <time.h>
 #include "check.h"
 #include "consumer_harness.h"
 #include "deltacast/codec_cuda.h"
+#include "deltacast/log.h"
 #ifdef DCAST_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #endif
@@ -221,6 +230,196 @@ static void device_ahead(const h_broker *b, const char *model, uint64_t seed, in
 	dcast_producer_close(&p);
 	h_model_free(&m);
 }
+
+/* ---- apply_async ---- */
+
+/* Lines of the library counted as they come (its debug lines about a
+ * pending scatter), waited on by the test. */
+static struct {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	int queued, waiting; /* "queued behind a pending scatter", "waiting for a pending" */
+} lines = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
+
+static void count_line(int level, const char *msg, void *arg)
+{
+	(void)arg;
+	pthread_mutex_lock(&lines.mu);
+	lines.queued += strstr(msg, "queued behind a pending scatter") != NULL;
+	lines.waiting += strstr(msg, "waiting for a pending device scatter") != NULL;
+	pthread_cond_broadcast(&lines.cv);
+	pthread_mutex_unlock(&lines.mu);
+	if (level <= DCAST_LOG_INFO)
+		fprintf(stderr, "%s\n", msg);
+}
+
+static struct timespec in_seconds(int s)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	ts.tv_sec += s;
+	return ts;
+}
+
+/* Wait (10 s at most) until *count > above; 1 when it is. */
+static int line_seen(const int *count, int above)
+{
+	struct timespec ts = in_seconds(10);
+	int rc = 0;
+
+	pthread_mutex_lock(&lines.mu);
+	while (*count <= above && rc == 0)
+		rc = pthread_cond_timedwait(&lines.cv, &lines.mu, &ts);
+	rc = *count > above;
+	pthread_mutex_unlock(&lines.mu);
+	return rc;
+}
+
+static int line_count(const int *count)
+{
+	int n;
+
+	pthread_mutex_lock(&lines.mu);
+	n = *count;
+	pthread_mutex_unlock(&lines.mu);
+	return n;
+}
+
+/* A host function on a stream that holds it shut until the gate opens
+ * (30 s at most, so that a failed test ends). */
+typedef struct gate {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	int open;
+} gate;
+
+static void gate_hold(void *arg)
+{
+	gate *g = arg;
+	struct timespec ts = in_seconds(30);
+
+	pthread_mutex_lock(&g->mu);
+	while (!g->open && pthread_cond_timedwait(&g->cv, &g->mu, &ts) == 0)
+		;
+	pthread_mutex_unlock(&g->mu);
+}
+
+static void gate_shut(gate *g, cudaStream_t stream)
+{
+	pthread_mutex_lock(&g->mu);
+	g->open = 0;
+	pthread_mutex_unlock(&g->mu);
+	REQUIRE(cudaLaunchHostFunc(stream, gate_hold, g) == cudaSuccess);
+}
+
+static void gate_open(gate *g)
+{
+	pthread_mutex_lock(&g->mu);
+	g->open = 1;
+	pthread_cond_broadcast(&g->cv);
+	pthread_mutex_unlock(&g->mu);
+}
+
+/* Opens the gate once the library says it waits for a pending scatter. */
+typedef struct opener {
+	gate *g;
+	int waiting_before, saw;
+} opener;
+
+static void *open_on_wait(void *arg)
+{
+	opener *o = arg;
+
+	o->saw = line_seen(&lines.waiting, o->waiting_before);
+	gate_open(o->g);
+	return NULL;
+}
+
+typedef struct on_stream {
+	cudaStream_t stream;
+	cudaEvent_t event;
+} on_stream;
+
+/* Poll until the READY chain holds `n` versions (10 s at most). */
+static int ready_count(dcast_consumer *c, uint32_t n)
+{
+	dcast_event ev;
+
+	for (int i = 0; i < 100 && dcast_consumer_ready_versions(c, NULL, 0) < n; i++)
+		if (dcast_consumer_poll(c, 100, &ev))
+			return 0;
+	return dcast_consumer_ready_versions(c, NULL, 0) >= n;
+}
+
+/* Version `v` (READY, checked ahead) by apply_async behind the shut gate:
+ * it counts as applied at once while its scatter waits. */
+static void apply_pending(dcast_consumer *c, gate *g, on_stream *o, uint64_t v)
+{
+	gate_shut(g, o->stream);
+	CHECK_ERR(dcast_consumer_apply_async(c, v, o->stream, o->event), 0);
+	CHECK(dcast_consumer_version(c) == v);
+	CHECK(cudaEventQuery(o->event) == cudaErrorNotReady); /* the call did not wait */
+	(void)cudaGetLastError(); /* not an error: nothing left for the next launch to find */
+}
+
+/* Versions 1-2 applied; 3 and 4 READY, 3 checked ahead; 3 applied by
+ * apply_async with its scatter held: 4's check ahead queues behind it on
+ * the device; the gate opens, 3 then 4 are exact on the device and
+ * nothing was refused.  Then 5 applied the same way and the consumer
+ * closed while its scatter waits: the close waits for it. */
+static void device_async(const h_broker *b, const char *model, uint64_t seed)
+{
+	dev_binding d = {.bind = bind_whole, .equal = whole_equal};
+	gate g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 1};
+	dcast_producer *p = NULL;
+	dcast_consumer *c;
+	on_stream o;
+	h_seen s = {0};
+	h_model m;
+	int queued, level = dcast_log_get_level();
+
+	dcast_log_set_handler(count_line, NULL);
+	dcast_log_set_level(DCAST_LOG_DEBUG);
+	REQUIRE(cudaStreamCreateWithFlags(&o.stream, cudaStreamNonBlocking) == cudaSuccess);
+	REQUIRE(cudaEventCreateWithFlags(&o.event, cudaEventDisableTiming) == cudaSuccess);
+	REQUIRE(h_model_start(b, model, seed, 2, 100, &m, &p) == 0);
+	c = open_with_manifest(b, model);
+	REQUIRE(c);
+	d.bind(&d, c, &m);
+	CHECK(h_drive(c, &m, 2, &s) == 0 && device_equal(d.dev, &m, 2));
+	REQUIRE(h_publish(p, &m, 3, 100) == 0 && h_publish(p, &m, 4, 100) == 0);
+	REQUIRE(ready_count(c, 2));
+	queued = line_count(&lines.queued);
+	apply_pending(c, &g, &o, 3);
+	CHECK(line_seen(&lines.queued, queued)); /* 4's check ahead, behind the scatter */
+	gate_open(&g);
+	CHECK(cudaEventSynchronize(o.event) == cudaSuccess && device_equal(d.dev, &m, 3));
+	/* the check ahead holds the consumer's lock: 4 is applied once it is done */
+	CHECK_ERR(dcast_consumer_apply_async(c, 4, o.stream, o.event), 0);
+	CHECK(cudaEventSynchronize(o.event) == cudaSuccess && device_equal(d.dev, &m, 4));
+	h_drain(c, &s);
+	CHECK(s.errors == 0 && s.apply_failures == 0); /* 4 was checked against 3's values */
+
+	REQUIRE(h_publish(p, &m, 5, 100) == 0);
+	REQUIRE(ready_count(c, 1));
+	pthread_t t;
+	opener op = {&g, line_count(&lines.waiting), 0};
+	apply_pending(c, &g, &o, 5);
+	REQUIRE(pthread_create(&t, NULL, open_on_wait, &op) == 0);
+	dcast_consumer_close(&c); /* with the scatter pending */
+	pthread_join(t, NULL);
+	CHECK(op.saw);
+	CHECK(cudaEventSynchronize(o.event) == cudaSuccess && device_equal(d.dev, &m, 5));
+
+	dcast_log_set_handler(NULL, NULL);
+	dcast_log_set_level(level);
+	CHECK(cudaEventDestroy(o.event) == cudaSuccess && cudaStreamDestroy(o.stream) == cudaSuccess);
+	for (int i = 0; i < H_TENSORS; i++)
+		CHECK(cudaFree(d.dev[i]) == cudaSuccess);
+	dcast_producer_close(&p);
+	h_model_free(&m);
+}
 #endif
 
 int main(void)
@@ -241,6 +440,7 @@ int main(void)
 		device_versions(&b, "m_devslice", 71, &box);
 		device_ahead(&b, "m_devahead", 73, 0, "predigest:3");
 		device_ahead(&b, "m_devcut", 79, 1, "aheadfail:3");
+		device_async(&b, "m_devasync", 83);
 #endif
 	}
 	h_broker_stop(&b);

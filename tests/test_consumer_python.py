@@ -1,7 +1,9 @@
 """The Python Consumer against the real broker and a Python Producer:
 numpy arrays bound as live tensors receive an anchor and deltas bit-exact,
-.version tags what they hold, a reopened consumer resumes from its dir
-without the anchor, and bad input raises DeltacastError with the C code.
+.version tags what they hold (apply with stream and event, the async
+call, too: without a device it is the plain apply), a reopened consumer
+resumes from its dir without the anchor, and bad input raises
+DeltacastError with the C code.
 (The example worker has its own end-to-end test: test_torch_rollout.py.)"""
 import os
 import shutil
@@ -18,13 +20,13 @@ import numpy as np  # noqa: E402
 from deltacast import Consumer, DeltacastError, Producer  # noqa: E402
 
 
-def drive(c, target, polls=400):
+def drive(c, target, polls=400, **on_stream):
     for _ in range(polls):
         if c.version is not None and c.version >= target:
             return True
         ev = c.poll(100)
         if ev and ev.type == "ready" and c.ready_version is not None:
-            c.apply(c.ready_version)
+            c.apply(c.ready_version, **on_stream)
     return False
 
 
@@ -78,7 +80,7 @@ def main():
             p.publish(v)
             p.wait(v)
             snaps[v] = {k: a.copy() for k, a in src.items()}
-            assert drive(c, v)
+            assert drive(c, v, **({"stream": 0, "event": 0} if v == 3 else {}))
             assert c.version == v
             assert all(np.array_equal(live[k], snaps[v][k]) for k in live), f"version {v} differs"
         st = c.stats()
@@ -88,6 +90,14 @@ def main():
             raise AssertionError("apply of an unknown version accepted")
         except DeltacastError as e:
             assert e.name == "DCAST_ESTATE", e
+        for bad, name in (({"stream": 0}, "DCAST_ESTATE"), ({"stream": "s"}, "DCAST_EINVAL"),
+                          ({"event": -1}, "DCAST_EINVAL")):
+            try:
+                c.apply(99, **bad)
+                raise AssertionError(f"apply(99, {bad}) accepted")
+            except DeltacastError as e:
+                assert e.name == name, e
+                assert name == "DCAST_ESTATE" or "apply: " + next(iter(bad)) in e.detail, e
         c.close()
         c.close()
 

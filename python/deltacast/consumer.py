@@ -124,6 +124,7 @@ def _declare(l):
     l.dcast_consumer_tensor_at.argtypes = [vp, u32, ctypes.POINTER(_Desc)]
     l.dcast_consumer_poll.argtypes = [vp, i, ctypes.POINTER(_Event)]
     l.dcast_consumer_apply.argtypes = [vp, u64]
+    l.dcast_consumer_apply_async.argtypes = [vp, u64, vp, vp]
     l.dcast_consumer_version.argtypes = [vp]
     l.dcast_consumer_version.restype = u64
     l.dcast_consumer_ready_version.argtypes = [vp]
@@ -486,10 +487,21 @@ class Consumer(Closable):
         return Event(kind, _ver(ev.version), _ver(ev.have_version), ev.code,
                      ev.text.decode(errors="replace"), ev.bytes)
 
-    def apply(self, version: int) -> None:
+    def apply(self, version: int, stream: Optional[int] = None, event: Optional[int] = None) -> None:
         """Apply READY `version` (transactional: on error the tensors keep the
-        previous version and DeltacastError is raised)."""
-        check(self._l.dcast_consumer_apply(self._live(), need_int("apply: version", version, 0)))
+        previous version and DeltacastError is raised).  With stream or
+        event (raw cudaStream_t / cudaEvent_t handles as ints, e.g. torch's
+        Stream.cuda_stream and Event.cuda_event; 0 the legacy default stream,
+        no event): dcast_consumer_apply_async, the device changes scattered
+        on that stream and the event recorded after them, without waiting
+        for the device; without a device it is the plain apply."""
+        v = need_int("apply: version", version, 0)
+        if stream is None and event is None:
+            check(self._l.dcast_consumer_apply(self._live(), v))
+            return
+        s = need_int("apply: stream", 0 if stream is None else stream, 0)
+        e = need_int("apply: event", 0 if event is None else event, 0)
+        check(self._l.dcast_consumer_apply_async(self._live(), v, s or None, e or None))
 
     @property
     def version(self) -> Optional[int]:

@@ -1,6 +1,8 @@
 /* Where live tensors live: host memory (memcpy, the CPU codec) or a CUDA
  * device (cudaMemcpy from the pinned pool, the codec's CUDA twins; a
- * delta's sparse chunks checked ahead go as one batch, devbatch.c).  The
+ * delta's sparse chunks checked ahead go as one batch, devbatch.c; each
+ * device step here first waits for a batch's scatter that
+ * dcast_consumer_apply_async left pending).  The
  * device paths exist only in CUDA builds (nvcc found) and run only with a
  * device.  No GPU is on the development machines: there they compile, and
  * tests/test_consumer_gpu.c checks the fallback (binding CUDA memory fails

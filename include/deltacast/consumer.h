@@ -289,9 +289,11 @@ DCAST_API int dcast_consumer_apply(dcast_consumer *c, uint64_t version);
  * device.  The version counts as applied on return (version(), stats,
  * the local checkpoint), as the check ahead already proved its data.
  * The consumer keeps the scatter's inputs (and the old values, its undo)
- * until it is done: the next check ahead waits for it on the device, and
- * a bind, unbind, checkpoint, a later apply's undo or close waits for it
- * on the host.  When there is no such batch (no device, the
+ * until it is done: the next check ahead (on the consumer's thread, so
+ * this call does not wait for it) waits for it on the device, and every
+ * other step of the library that touches the device tensors or the batch
+ * (a bind, an unbind, an undo, a read for a checkpoint, close) waits for
+ * it on the host.  When there is no such batch (no device, the
  * DELTACAST_DEVICE_TWIN path, host tensors only, a version applied chunk
  * by chunk) it is dcast_consumer_apply exactly: every write is done on
  * return and `event` is not recorded (an event never recorded is

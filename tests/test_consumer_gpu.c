@@ -363,10 +363,11 @@ static void apply_pending(dcast_consumer *c, gate *g, on_stream *o, uint64_t v)
 	(void)cudaGetLastError(); /* not an error: nothing left for the next launch to find */
 }
 
-/* Versions 1-2 applied; 3 and 4 READY, 3 checked ahead; 3 applied by
- * apply_async with its scatter held: 4's check ahead queues behind it on
- * the device; the gate opens, 3 then 4 are exact on the device and
- * nothing was refused.  Then 5 applied the same way and the consumer
+/* Versions 1-3 applied (3 as a batch, so its kernels are loaded before
+ * any stream is held); 4 and 5 READY, 4 checked ahead; 4 applied by
+ * apply_async with its scatter held: 5's check ahead queues behind it on
+ * the device; the gate opens, 4 then 5 are exact on the device and
+ * nothing was refused.  Then 6 applied the same way and the consumer
  * closed while its scatter waits: the close waits for it. */
 static void device_async(const h_broker *b, const char *model, uint64_t seed)
 {
@@ -388,29 +389,31 @@ static void device_async(const h_broker *b, const char *model, uint64_t seed)
 	REQUIRE(c);
 	d.bind(&d, c, &m);
 	CHECK(h_drive(c, &m, 2, &s) == 0 && device_equal(d.dev, &m, 2));
-	REQUIRE(h_publish(p, &m, 3, 100) == 0 && h_publish(p, &m, 4, 100) == 0);
+	REQUIRE(h_publish(p, &m, 3, 100) == 0);
+	CHECK(h_drive(c, &m, 3, &s) == 0 && device_equal(d.dev, &m, 3));
+	REQUIRE(h_publish(p, &m, 4, 100) == 0 && h_publish(p, &m, 5, 100) == 0);
 	REQUIRE(ready_count(c, 2));
 	queued = line_count(&lines.queued);
-	apply_pending(c, &g, &o, 3);
-	CHECK(line_seen(&lines.queued, queued)); /* 4's check ahead, behind the scatter */
+	apply_pending(c, &g, &o, 4);
+	CHECK(line_seen(&lines.queued, queued)); /* 5's check ahead, behind the scatter */
 	gate_open(&g);
-	CHECK(cudaEventSynchronize(o.event) == cudaSuccess && device_equal(d.dev, &m, 3));
-	/* the check ahead holds the consumer's lock: 4 is applied once it is done */
-	CHECK_ERR(dcast_consumer_apply_async(c, 4, o.stream, o.event), 0);
 	CHECK(cudaEventSynchronize(o.event) == cudaSuccess && device_equal(d.dev, &m, 4));
+	/* the check ahead holds the consumer's lock: 5 is applied once it is done */
+	CHECK_ERR(dcast_consumer_apply_async(c, 5, o.stream, o.event), 0);
+	CHECK(cudaEventSynchronize(o.event) == cudaSuccess && device_equal(d.dev, &m, 5));
 	h_drain(c, &s);
-	CHECK(s.errors == 0 && s.apply_failures == 0); /* 4 was checked against 3's values */
+	CHECK(s.errors == 0 && s.apply_failures == 0); /* 5 was checked against 4's values */
 
-	REQUIRE(h_publish(p, &m, 5, 100) == 0);
+	REQUIRE(h_publish(p, &m, 6, 100) == 0);
 	REQUIRE(ready_count(c, 1));
 	pthread_t t;
 	opener op = {&g, line_count(&lines.waiting), 0};
-	apply_pending(c, &g, &o, 5);
+	apply_pending(c, &g, &o, 6);
 	REQUIRE(pthread_create(&t, NULL, open_on_wait, &op) == 0);
 	dcast_consumer_close(&c); /* with the scatter pending */
 	pthread_join(t, NULL);
 	CHECK(op.saw);
-	CHECK(cudaEventSynchronize(o.event) == cudaSuccess && device_equal(d.dev, &m, 5));
+	CHECK(cudaEventSynchronize(o.event) == cudaSuccess && device_equal(d.dev, &m, 6));
 
 	dcast_log_set_handler(NULL, NULL);
 	dcast_log_set_level(level);
@@ -426,6 +429,9 @@ int main(void)
 {
 	h_broker b;
 
+	/* kernels loaded at start: loading one lazily may wait for every
+	 * stream, the one device_async holds shut too */
+	setenv("CUDA_MODULE_LOADING", "EAGER", 0);
 	REQUIRE(mkdtemp(root));
 	REQUIRE(h_broker_start_args(&b, NULL) == 0);
 	int device = dcast_cuda_available();

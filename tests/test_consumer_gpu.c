@@ -21,7 +21,8 @@
  * complete then, the next version's check ahead queues behind it (the
  * library's debug line says so) and is not refused, the device bytes are
  * the producer's after cudaEventSynchronize, and a close with a scatter
- * pending waits for it. */
+ * pending waits for it; an apply_async cut off halfway (aheadfail) is
+ * undone bit for bit, the undo behind the scatter it undoes. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <time.h>
@@ -182,13 +183,33 @@ static int box_equal(const dev_binding *d, dcast_consumer *c, const h_model *m, 
 	return same && h_equal(c, m, v); /* the host copy the box is fed from */
 }
 
+/* A stream and an event of the test's, for apply_async. */
+typedef struct on_stream {
+	cudaStream_t stream;
+	cudaEvent_t event;
+} on_stream;
+
+/* apply, or with o apply_async on o's stream, its event waited for. */
+static int apply_by(dcast_consumer *c, uint64_t version, const on_stream *o)
+{
+	int err;
+
+	if (!o)
+		return dcast_consumer_apply(c, version);
+	err = dcast_consumer_apply_async(c, version, o->stream, o->event);
+	return err || cudaEventSynchronize(o->event) == cudaSuccess ? err : DCAST_ECUDA;
+}
+
 /* Versions 1-2 on the device, then 3 and 4 published while 2 is live, so
  * that 3 is checked ahead as one batch (consumer/devbatch.c) with `fault`
  * armed for it; f64: tensor 1 holds 8-byte values.  predigest: 3 is
  * refused before READY and the device still holds 2 at the refusal;
  * aheadfail: 3's apply is cut off halfway and undone from the device undo
- * buffer (no checkpoint read), the device holding 2 bit for bit. */
-static void device_ahead(const h_broker *b, const char *model, uint64_t seed, int f64, const char *fault)
+ * buffer (no checkpoint read), the device holding 2 bit for bit; with
+ * `o`, applied by apply_async on its stream: the undo waits for the
+ * scatter it undoes. */
+static void device_ahead(const h_broker *b, const char *model, uint64_t seed, int f64, const char *fault,
+			 const on_stream *o)
 {
 	dev_binding d = {.bind = bind_whole, .equal = whole_equal};
 	dcast_producer *p = NULL;
@@ -217,7 +238,7 @@ static void device_ahead(const h_broker *b, const char *model, uint64_t seed, in
 		}
 		if (ev.type != DCAST_EV_VERSION_READY || dcast_consumer_ready_version(c) == DCAST_VERSION_NONE)
 			continue;
-		if (dcast_consumer_apply(c, dcast_consumer_ready_version(c))) {
+		if (apply_by(c, dcast_consumer_ready_version(c), o)) {
 			s.apply_failures++;
 			CHECK(device_equal(d.dev, &m, dcast_consumer_version(c)));
 		}
@@ -336,10 +357,6 @@ static void *open_on_wait(void *arg)
 	return NULL;
 }
 
-typedef struct on_stream {
-	cudaStream_t stream;
-	cudaEvent_t event;
-} on_stream;
 
 /* Poll until the READY chain holds `n` versions (10 s at most). */
 static int ready_count(dcast_consumer *c, uint32_t n)
@@ -444,8 +461,13 @@ int main(void)
 		dev_binding box = {.bind = bind_box, .equal = box_equal};
 		device_versions(&b, "m_dev", 67, &whole);
 		device_versions(&b, "m_devslice", 71, &box);
-		device_ahead(&b, "m_devahead", 73, 0, "predigest:3");
-		device_ahead(&b, "m_devcut", 79, 1, "aheadfail:3");
+		on_stream o;
+		REQUIRE(cudaStreamCreateWithFlags(&o.stream, cudaStreamNonBlocking) == cudaSuccess);
+		REQUIRE(cudaEventCreateWithFlags(&o.event, cudaEventDisableTiming) == cudaSuccess);
+		device_ahead(&b, "m_devahead", 73, 0, "predigest:3", NULL);
+		device_ahead(&b, "m_devcut", 79, 1, "aheadfail:3", NULL);
+		device_ahead(&b, "m_devcutasync", 89, 1, "aheadfail:3", &o);
+		CHECK(cudaEventDestroy(o.event) == cudaSuccess && cudaStreamDestroy(o.stream) == cudaSuccess);
 		device_async(&b, "m_devasync", 83);
 #endif
 	}

@@ -175,7 +175,7 @@ struct max_op {
 	__device__ unsigned operator()(unsigned a, unsigned b) const { return a > b ? a : b; }
 };
 
-/* Word q (of 4 * ES) of a thread's ES 16-byte loads. */
+/* Word q (of 4 * ES) of a thread's ES 16-byte vectors. */
 __device__ __forceinline__ uint32_t word_of(const uint4 *c, unsigned q)
 {
 	const uint4 v = c[q >> 2];
@@ -187,7 +187,18 @@ __device__ __forceinline__ uint32_t word_of(const uint4 *c, unsigned q)
 	}
 }
 
-/* Element j (of 16) of those loads. */
+__device__ __forceinline__ void word_set(uint4 *c, unsigned q, uint32_t w)
+{
+	uint4 &v = c[q >> 2];
+	switch (q & 3) {
+	case 0: v.x = w; break;
+	case 1: v.y = w; break;
+	case 2: v.z = w; break;
+	default: v.w = w; break;
+	}
+}
+
+/* Element j (of 16) of those vectors. */
 template <unsigned ES> __device__ __forceinline__ uint32_t elem_of(const uint4 *c, unsigned j)
 {
 	uint32_t w = word_of(c, j * ES / 4);
@@ -197,38 +208,46 @@ template <unsigned ES> __device__ __forceinline__ uint32_t elem_of(const uint4 *
 	return (w >> (j * ES % 4 * 8)) & (ES == 1 ? 0xffu : 0xffffu);
 }
 
+template <unsigned ES> __device__ __forceinline__ void elem_put(uint4 *c, unsigned j, uint32_t e)
+{
+	unsigned q = j * ES / 4, sh = j * ES % 4 * 8;
+	uint32_t mask = ES == 4 ? 0xffffffffu : (ES == 1 ? 0xffu : 0xffffu) << sh;
+
+	word_set(c, q, (word_of(c, q) & ~mask) | (e << sh));
+}
+
 /* A thread's 16 consecutive elements from `first` of range r (those at
- * or past hi not counted): cur's into nv, base's into ov, a bit per
- * element that differs.  16-byte loads (ES of each array) where both
- * arrays are 16-byte aligned and all 16 lie in the range, else one by one:
- * each element is read once either way. */
+ * or past hi read as 0): cur's into c, base's into b, packed as they lie
+ * in memory (ES vectors of 16 bytes each, so a thread holds 8 * ES
+ * registers of values), and a bit per element that differs.  16-byte
+ * loads where both arrays are 16-byte aligned and all 16 lie in the
+ * range, else one by one: each element is read once either way. */
 template <unsigned ES>
-__device__ __forceinline__ unsigned diff16(const dcast_cuda_range *r, uint64_t first, uint64_t hi, uint32_t *nv,
-					   uint32_t *ov)
+__device__ __forceinline__ unsigned diff16(const dcast_cuda_range *r, uint64_t first, uint64_t hi, uint4 *c,
+					   uint4 *b)
 {
 	unsigned m = 0;
 
 	if (!(((uintptr_t)r->cur | (uintptr_t)r->base) & 15) && first + 16 <= hi) {
-		uint4 c[ES], b[ES];
 		const uint4 *pc = (const uint4 *)((const uint8_t *)r->cur + first * ES);
 		const uint4 *pb = (const uint4 *)((const uint8_t *)r->base + first * ES);
 #pragma unroll
 		for (unsigned k = 0; k < ES; k++)
 			c[k] = pc[k], b[k] = pb[k];
+	} else {
 #pragma unroll
-		for (unsigned j = 0; j < 16; j++) {
-			nv[j] = elem_of<ES>(c, j), ov[j] = elem_of<ES>(b, j);
-			m |= (unsigned)(nv[j] != ov[j]) << j;
-		}
-		return m;
+		for (unsigned k = 0; k < ES; k++)
+			c[k] = b[k] = make_uint4(0, 0, 0, 0);
+#pragma unroll
+		for (unsigned j = 0; j < 16; j++)
+			if (first + j < hi) {
+				elem_put<ES>(c, j, ld<ES>(r->cur, first + j));
+				elem_put<ES>(b, j, ld<ES>(r->base, first + j));
+			}
 	}
 #pragma unroll
-	for (unsigned j = 0; j < 16; j++) {
-		bool in = first + j < hi;
-		nv[j] = in ? ld<ES>(r->cur, first + j) : 0;
-		ov[j] = in ? ld<ES>(r->base, first + j) : 0;
-		m |= (unsigned)(nv[j] != ov[j]) << j;
-	}
+	for (unsigned j = 0; j < 16; j++)
+		m |= (unsigned)(elem_of<ES>(c, j) != elem_of<ES>(b, j)) << j;
 	return m;
 }
 
@@ -242,8 +261,8 @@ __global__ void k_seg_count(const dcast_cuda_range *rs, unsigned tpr, unsigned *
 	uint64_t lo, hi;
 	const dcast_cuda_range *r = seg_tile(rs, tpr, blockIdx.x, &lo, &hi);
 	uint64_t first = lo + (uint64_t)threadIdx.x * (TILE / TILE_THREADS);
-	uint32_t nv[16], ov[16];
-	unsigned m = first < hi ? diff16<ES>(r, first, hi, nv, ov) : 0;
+	uint4 cv[ES], bv[ES];
+	unsigned m = first < hi ? diff16<ES>(r, first, hi, cv, bv) : 0;
 	unsigned c = __popc(m), last = m ? (unsigned)first + 32 - __clz(m) : 0;
 	unsigned total = reduce(tmp).Sum(c);
 	__syncthreads();
@@ -259,8 +278,11 @@ __global__ void k_seg_count(const dcast_cuda_range *rs, unsigned tpr, unsigned *
  * position order.  Per tile also the additive digest's change: the sum
  * over its changes of the new element's dcast_ldigest term less the old
  * one's (element i of a range is element start + i of its tensor). */
+/* At most 40 registers a thread for 1- and 2-byte elements (6 blocks of a
+ * multiprocessor at once, 5 at the 47 it takes unbounded), none spilled:
+ * the kernel reads at memory speed only with that many tiles in flight. */
 template <unsigned ES>
-__global__ void k_seg_write(const dcast_cuda_range *rs, unsigned tpr, const unsigned *tile_off, uint32_t *pos,
+__global__ void __launch_bounds__(TILE_THREADS, ES == 4 ? 4 : 6) k_seg_write(const dcast_cuda_range *rs, unsigned tpr, const unsigned *tile_off, uint32_t *pos,
 			    uint32_t *newv, uint32_t *zz, unsigned long long *tile_move)
 {
 	typedef cub::BlockScan<unsigned, TILE_THREADS> scan;
@@ -270,20 +292,21 @@ __global__ void k_seg_write(const dcast_cuda_range *rs, unsigned tpr, const unsi
 	uint64_t lo, hi;
 	const dcast_cuda_range *r = seg_tile(rs, tpr, blockIdx.x, &lo, &hi);
 	uint64_t first = lo + (uint64_t)threadIdx.x * (TILE / TILE_THREADS);
-	uint32_t nv[16], ov[16];
-	unsigned m = first < hi ? diff16<ES>(r, first, hi, nv, ov) : 0, rank;
+	uint4 cv[ES], bv[ES];
+	unsigned m = first < hi ? diff16<ES>(r, first, hi, cv, bv) : 0, rank;
 	dcast_ld_move move;
 	dcast_ld_move_init(&move, r->tensor, r->start);
 	scan(stmp).ExclusiveSum((unsigned)__popc(m), rank);
 	uint64_t out = (uint64_t)tile_off[blockIdx.x] + rank;
 #pragma unroll
 	for (unsigned j = 0; j < 16; j++) {
+		uint32_t nv = elem_of<ES>(cv, j), ov = elem_of<ES>(bv, j);
 		if (!(m >> j & 1))
 			continue;
-		dcast_ld_move_add(&move, first + j, ov[j], nv[j]);
+		dcast_ld_move_add(&move, first + j, ov, nv);
 		pos[out] = (uint32_t)(first + j);
-		newv[out] = nv[j];
-		zz[out] = dcast_ulp_zz(ov[j], nv[j], 8 * ES);
+		newv[out] = nv;
+		zz[out] = dcast_ulp_zz(ov, nv, 8 * ES);
 		out++;
 	}
 	unsigned long long total = reduce(rtmp).Sum((unsigned long long)move.acc);
@@ -667,17 +690,39 @@ __device__ __forceinline__ const seg_meta *seg_of(const seg_meta *m, uint64_t nr
 	return m + lo;
 }
 
-/* k_stats over the changes of all ranges, each under its range's k. */
+/* n of a warp's lanes add v to *a: one atomic per group of lanes with the
+ * same address (mask: the lanes that call; sm_80 and later sum in the warp). */
+__device__ __forceinline__ void warp_add(unsigned mask, unsigned long long *a, unsigned v)
+{
+#if __CUDA_ARCH__ >= 800
+	unsigned same = __match_any_sync(mask, (unsigned long long)a);
+	unsigned sum = __reduce_add_sync(same, v);
+	if ((threadIdx.x & 31) == (unsigned)__ffs(same) - 1)
+		atomicAdd(a, (unsigned long long)sum);
+#else
+	(void)mask;
+	atomicAdd(a, (unsigned long long)v);
+#endif
+}
+
+/* k_stats over the changes of all ranges, each under its range's k.  A
+ * warp takes 32 consecutive changes (mostly of one range, their symbols
+ * of a few values): its lanes add into each counter at once. */
 __global__ void k_seg_stats(const uint32_t *pos, const uint32_t *zz, uint64_t total, const seg_meta *m,
 			    uint64_t nr, unsigned long long *hist)
 {
-	for (uint64_t c = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; c < total;
-	     c += (uint64_t)gridDim.x * blockDim.x) {
+	uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
+
+	for (uint64_t c0 = (uint64_t)blockIdx.x * blockDim.x + (threadIdx.x & ~31u); c0 < total; c0 += stride) {
+		uint64_t c = c0 + (threadIdx.x & 31);
+		unsigned in = __ballot_sync(0xffffffffu, c < total);
+		if (c >= total)
+			continue;
 		const seg_meta *r = seg_of(m, nr, c);
 		unsigned long long *h = hist + (r - m) * (DCAST_CPT_NSYM_MAX + 1);
 		uint32_t prev_next = c > r->first ? pos[c - 1] + 1 : 0;
-		atomicAdd(&h[dcast_cpt_symbol(zz[c])], 1ull);
-		atomicAdd(&h[DCAST_CPT_NSYM_MAX], (unsigned long long)dcast_rice_len(pos[c] - prev_next, r->k));
+		warp_add(in, &h[dcast_cpt_symbol(zz[c])], 1);
+		warp_add(in, &h[DCAST_CPT_NSYM_MAX], (unsigned)dcast_rice_len(pos[c] - prev_next, r->k));
 	}
 }
 

@@ -22,7 +22,8 @@
  * batch wrote the new model bit for bit (digest) and its undo gave the old
  * one back.  Best of 3.  The last line, for scripts (1% density):
  *   gpu_pause_gbps P decode_ahead_gbps D encode_gbps E copy_gbps C
- * BENCH_GPU_MODEL_LAYERS=L: L of the 32 layers (a quick run).  Exits 77
+ * BENCH_GPU_MODEL_LAYERS=L: L of the 32 layers (a quick run);
+ * BENCH_GPU_MODEL_DENSITIES="0.01 ...": those densities only.  Exits 77
  * ("skip: no CUDA device") without a device. */
 #include <inttypes.h>
 #include <pthread.h>
@@ -564,10 +565,28 @@ static void setup(bench *g)
 	batches(g);
 }
 
+/* BENCH_GPU_MODEL_DENSITIES="0.01 0.05": those (at most 4), else all four. */
+static int densities(double d[4])
+{
+	const char *e = getenv("BENCH_GPU_MODEL_DENSITIES");
+	char *end;
+	int n = 0;
+
+	while (e && n < 4) {
+		double v = strtod(e, &end);
+		if (end == e || v <= 0 || v >= 1)
+			break;
+		d[n++] = v;
+		e = end;
+	}
+	return n ? n : 4;
+}
+
 int main(void)
 {
-	static const double dens[] = { 0.001, 0.01, 0.05, 0.30 };
+	static double dens[] = { 0.001, 0.01, 0.05, 0.30 };
 	static bench g;
+	int n_dens = densities(dens);
 
 	if (!dcast_cuda_available()) {
 		printf("skip: no CUDA device\n");
@@ -581,7 +600,7 @@ int main(void)
 	printf("| density | copy GB/s | encode | /copy | decode-ahead | /copy | decode-ahead, v2 | /copy "
 	       "| pause | /copy | pause ms | wire bytes | wire bytes, v2 | dense chunks | payload = CPU | exact, undone |\n"
 	       "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-	for (int i = 0; i < 4; i++)
+	for (int i = 0; i < n_dens; i++)
 		density(&g, dens[i]);
 	printf("\ngpu_pause_gbps %.1f decode_ahead_gbps %.1f encode_gbps %.1f copy_gbps %.1f\n", last_pause,
 	       last_ahead, last_encode, last_copy);

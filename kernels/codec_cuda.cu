@@ -769,6 +769,8 @@ struct dcast_cuda_ranges {
 	size_t stats_cap;
 	unsigned char *host;  /* pinned: the payloads */
 	size_t host_cap;
+	uint64_t used;        /* bytes of host the last encode filled */
+	dcast_cuda_ranges *part; /* a group's results, when the ranges go in groups */
 };
 
 /* The pinned stats area, in this order, each 8-aligned. */
@@ -811,18 +813,28 @@ static void seg_lay_out(seg_job *j)
 	l->end = l->hist + j->nr * (DCAST_CPT_NSYM_MAX + 1) * 8;
 }
 
-static cudaError_t pinned_grow(unsigned char **p, size_t *cap, size_t need)
+/* *p at least need bytes, its first keep bytes kept. */
+static cudaError_t pinned_grow(unsigned char **p, size_t *cap, size_t need, size_t keep = 0)
 {
+	unsigned char *q = NULL;
 	cudaError_t e;
 	if (need <= *cap)
 		return cudaSuccess;
 	need = need < 2 * *cap ? 2 * *cap : need;
-	cudaFreeHost(*p);
-	*p = NULL;
-	*cap = 0;
-	if ((e = cudaMallocHost((void **)p, need)) == cudaSuccess)
-		*cap = need;
-	return e;
+	if (!keep) { /* freed first: the old and the new are not held at once */
+		cudaFreeHost(*p);
+		*p = NULL;
+		*cap = 0;
+	}
+	if ((e = cudaMallocHost((void **)&q, need)) != cudaSuccess)
+		return e;
+	if (keep) {
+		memcpy(q, *p, keep);
+		cudaFreeHost(*p);
+	}
+	*p = q;
+	*cap = need;
+	return cudaSuccess;
 }
 
 /* Count the changes per tile (one synchronization). */
@@ -1001,6 +1013,8 @@ out:
 	return rc;
 }
 
+template <unsigned ES> static int seg_encode_split(seg_job *j, size_t max_bytes, int *held);
+
 /* The whole encode for one element size; *held = 0 when it gave up
  * before a baseline moved (more than max_bytes of changes or payload). */
 template <unsigned ES>
@@ -1012,7 +1026,7 @@ static int seg_encode(seg_job *j, size_t max_bytes, int *held)
 		return rc;
 	seg_ranges(j);
 	if (j->total * 28 > max_bytes) /* pos, newv, zz, len, off */
-		return DCAST_OK;
+		return seg_encode_split<ES>(j, max_bytes, held);
 	if ((rc = seg_write<ES>(j)))
 		return rc;
 	if ((bytes = seg_plan(j)) > max_bytes)
@@ -1020,6 +1034,92 @@ static int seg_encode(seg_job *j, size_t max_bytes, int *held)
 	if ((rc = seg_emit<ES>(j, bytes)))
 		return rc;
 	j->o->n = j->nr;
+	j->o->used = bytes;
+	*held = 1;
+	return DCAST_OK;
+}
+
+/* The results of group p (encoded into o->part) as o's ranges r0.. and
+ * their payloads after the *at bytes o holds (*at moved past them). */
+static int seg_take(seg_job *j, uint64_t r0, uint64_t *at)
+{
+	dcast_cuda_ranges *o = j->o, *p = o->part;
+	const seg_meta *pm = (const seg_meta *)(p->stats + align8(p->n * sizeof(dcast_cuda_range)));
+	seg_meta *m = AT(j, meta, seg_meta);
+	cudaError_t e = pinned_grow(&o->host, &o->host_cap, *at + p->used, *at);
+
+	if (e != cudaSuccess)
+		return cuda_fail(e, "cudaMallocHost(payloads)");
+	memcpy(o->host + *at, p->host, p->used);
+	for (uint64_t i = 0; i < p->n; i++) {
+		o->r[r0 + i] = p->r[i];
+		m[r0 + i] = pm[i];
+		m[r0 + i].out_off += *at;
+	}
+	*at += p->used;
+	return DCAST_OK;
+}
+
+/* The ranges from r0 whose changes fit max_bytes together (seg_ranges
+ * counted each one's): one past the last; r0 when r0's alone do not. */
+static uint64_t seg_group_end(const seg_job *j, uint64_t r0, size_t max_bytes)
+{
+	uint64_t n = 0, r1 = r0;
+
+	for (; r1 < j->nr && (n + j->o->r[r1].n) * 28 <= max_bytes; r1++)
+		n += j->o->r[r1].n;
+	return r1;
+}
+
+static int seg_setup(seg_job *j);
+
+/* Group [r0, r1) encoded whole into o->part, its baselines left; *held. */
+template <unsigned ES>
+static int seg_encode_group(const seg_job *j, uint64_t r0, uint64_t r1, size_t max_bytes, int *held)
+{
+	seg_job g = {};
+	int rc;
+
+	g.ranges = j->ranges + r0, g.nr = r1 - r0, g.es = j->es, g.force = j->force;
+	g.flags = j->flags & ~DCAST_ENCODE_UPDATE_BASE;
+	g.o = j->o->part, g.sc.s = j->sc.s;
+	*held = 0;
+	if (!(rc = seg_setup(&g)))
+		rc = seg_encode<ES>(&g, max_bytes, held);
+	scratch_put(&g.sc);
+	return rc;
+}
+
+/* Ranges whose changes pass max_bytes together, in groups that fit, one
+ * after another (each group counted again), into o; then every baseline
+ * moved in one launch.  *held = 0, no baseline moved, when one range's
+ * changes alone pass max_bytes, or a group's payloads. */
+template <unsigned ES>
+static int seg_encode_split(seg_job *j, size_t max_bytes, int *held)
+{
+	uint64_t at = 0, r1;
+	int rc = DCAST_OK, gh = 1;
+
+	if (!j->o->part && !(j->o->part = dcast_cuda_ranges_new()))
+		return dcast_fail(DCAST_ENOMEM, "dcast_cuda_ranges_encode: %" PRIu64 " ranges", j->nr);
+	for (uint64_t r0 = 0; r0 < j->nr && !rc && gh; r0 = r1) {
+		if ((r1 = seg_group_end(j, r0, max_bytes)) == r0)
+			return DCAST_OK;
+		if (!(rc = seg_encode_group<ES>(j, r0, r1, max_bytes, &gh)) && gh)
+			rc = seg_take(j, r0, &at);
+	}
+	if (rc || !gh)
+		return rc;
+	if (j->flags & DCAST_ENCODE_UPDATE_BASE) {
+		k_seg_base<ES><<<(unsigned)j->ntiles, TILE_THREADS, 0, j->sc.s>>>(j->desc, j->tpr);
+		cudaError_t e = cudaGetLastError();
+		if (e == cudaSuccess)
+			e = cudaStreamSynchronize(j->sc.s);
+		if (e != cudaSuccess)
+			return cuda_fail(e, "k_seg_base");
+	}
+	j->o->n = j->nr;
+	j->o->used = at;
 	*held = 1;
 	return DCAST_OK;
 }
@@ -1080,6 +1180,7 @@ extern "C" void dcast_cuda_ranges_free(dcast_cuda_ranges *o)
 {
 	if (!o)
 		return;
+	dcast_cuda_ranges_free(o->part);
 	cudaFreeHost(o->stats);
 	cudaFreeHost(o->host);
 	free(o->r);

@@ -78,8 +78,9 @@ void prod_dev_alloc(dcast_producer *p)
  * after another, so fewer is faster: on an H100, a 1% delta of 100M bf16
  * parameters in 173 ranges went to the broker's ACK in 12.5 ms with 8M,
  * 7.3 ms with 32M and 5.2 ms with 128M (one batch; docs/benchmarks.md).
- * A batch's scratch and payloads stay under DEV_BATCH_MAX_BYTES up to
- * about 7% of its elements changed; above, it goes range by range. */
+ * A batch's scratch stays under DEV_BATCH_MAX_BYTES up to about 7% of
+ * its elements changed; above, dcast_cuda_ranges_encode takes its ranges
+ * in groups that fit. */
 #define DEV_BATCH_ELEMS ((uint64_t)128 << 20)
 #define DEV_BATCH_MAX_BYTES ((size_t)256 << 20)
 

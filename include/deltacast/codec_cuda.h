@@ -68,9 +68,13 @@ DCAST_API int dcast_cuda_ldigest(uint32_t tensor, uint64_t start, const void *da
  * memory; dcast_cuda_ranges_free(NULL) does nothing.
  *
  * dcast_cuda_ranges_encode sets *held = 1 when it holds every range's
- * result, and *held = 0 (returning DCAST_OK, baselines untouched) when the
- * changes' device scratch (28 bytes a change) or the payloads would
- * exceed max_bytes: encode such ranges one by one with dcast_cuda_encode.
+ * result.  Ranges whose changes' device scratch (28 bytes a change) would
+ * pass max_bytes together are encoded in groups of consecutive ranges that
+ * fit, one after another (each group's ranges are read once more), and
+ * their baselines moved at the end.  *held = 0 (returning DCAST_OK,
+ * baselines untouched) when one range's changes alone, or a group's
+ * payloads, would pass max_bytes: encode such ranges one by one with
+ * dcast_cuda_encode.
  * Errors: DCAST_EINVAL (NULL result or ranges, elem_size not 1, 2 or 4, a
  * range past DCAST_MAX_RANGE_ELEMS or with a NULL or misaligned pointer,
  * a bad force_encoding), DCAST_ETOO_LARGE (over 2^31 tiles of 4096

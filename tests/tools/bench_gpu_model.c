@@ -4,9 +4,11 @@
  * values an RL-like AdamW step of a 64M-element workload (rl_workload.h)
  * repeated over the model.  Per density (0.1, 1, 5, 30%):
  *   encode        the producer's device encode: the ranges in batches of
- *                 up to 128M elements, one dcast_cuda_ranges_encode each
- *                 (a batch whose scratch passes 256 MB goes range by range
- *                 with dcast_cuda_encode, as the producer does);
+ *                 up to 128M elements (DELTACAST_DEVICE_BATCH_ELEMS, as
+ *                 the producer reads it), one dcast_cuda_ranges_encode
+ *                 each with the producer's 256 MB cap (a batch it does
+ *                 not hold goes range by range with dcast_cuda_encode, as
+ *                 the producer does);
  *   decode-ahead  the consumer's check ahead of a device-bound version:
  *                 each chunk's header checked and its payload gathered on
  *                 the host (16 threads), the batch's tables and payloads
@@ -181,15 +183,26 @@ static void par_for(bench *g, uint64_t n, void (*fn)(bench *, uint64_t, void *),
 
 /* ---- encode, as the producer does ---- */
 
+/* The producer's batch size: DELTACAST_DEVICE_BATCH_ELEMS, else its default. */
+static uint64_t batch_elems(void)
+{
+	const char *e = getenv("DELTACAST_DEVICE_BATCH_ELEMS");
+	unsigned long long n = e ? strtoull(e, NULL, 10) : 0;
+
+	return n ? (uint64_t)n : BATCH_ELEMS;
+}
+
 static void batches(bench *g)
 {
+	uint64_t max = batch_elems();
+
 	g->rdesc = calloc(g->m.n_chunks, sizeof(*g->rdesc));
 	g->batch_first = calloc(g->m.n_chunks, sizeof(uint64_t));
 	g->batch_n = calloc(g->m.n_chunks, sizeof(uint64_t));
 	need(g->rdesc && g->batch_first && g->batch_n, "batch tables");
 	for (uint64_t k = 0, elems = 0; k < g->m.n_chunks; k++) {
 		const chunk *c = &g->m.chunks[k];
-		if (!g->n_batches || elems + c->count > BATCH_ELEMS) {
+		if (!g->n_batches || elems + c->count > max) {
 			g->batch_first[g->n_batches++] = k;
 			elems = 0;
 		}

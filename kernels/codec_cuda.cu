@@ -43,7 +43,7 @@ static int cuda_fail(cudaError_t e, const char *what)
 
 /* Device scratch taken on the stream and given back together. */
 struct scratch {
-	void *p[16];
+	void *p[24];
 	unsigned n;
 	cudaStream_t s;
 };
@@ -90,7 +90,7 @@ static cudaMemPool_t scratch_pool(void)
 static cudaError_t scratch_get(scratch *sc, void **p, size_t bytes)
 {
 	if (sc->n == sizeof(sc->p) / sizeof(sc->p[0]))
-		return cudaErrorMemoryAllocation; /* a call holds at most 16 */
+		return cudaErrorMemoryAllocation; /* a call holds at most 24 */
 	cudaMemPool_t pool = scratch_pool();
 	cudaError_t e = pool ? cudaMallocFromPoolAsync(p, bytes ? bytes : 8, pool, sc->s)
 			     : cudaMallocAsync(p, bytes ? bytes : 8, sc->s);
@@ -251,6 +251,28 @@ __device__ __forceinline__ unsigned diff16(const dcast_cuda_range *r, uint64_t f
 	return m;
 }
 
+/* A thread's changes (the bits of m among its 16 elements from first)
+ * added to its digest move and, with write, put at out.. of the arrays in
+ * position order. */
+template <unsigned ES>
+__device__ __forceinline__ void put16(const uint4 *cv, const uint4 *bv, unsigned m, uint64_t first, uint64_t out,
+				      bool write, dcast_ld_move *move, uint32_t *pos, uint32_t *newv, uint32_t *zz)
+{
+#pragma unroll
+	for (unsigned j = 0; j < 16; j++) {
+		uint32_t nv = elem_of<ES>(cv, j), ov = elem_of<ES>(bv, j);
+		if (!(m >> j & 1))
+			continue;
+		dcast_ld_move_add(move, first + j, ov, nv);
+		if (write) {
+			pos[out] = (uint32_t)(first + j);
+			newv[out] = nv;
+			zz[out] = dcast_ulp_zz(ov, nv, 8 * ES);
+		}
+		out++;
+	}
+}
+
 /* Per tile: its changes, and 1 + the last one's position (0: none).
  * Each thread takes 16 consecutive elements of the tile (diff16). */
 template <unsigned ES>
@@ -297,18 +319,7 @@ __global__ void __launch_bounds__(TILE_THREADS, ES == 4 ? 4 : 6) k_seg_write(con
 	dcast_ld_move move;
 	dcast_ld_move_init(&move, r->tensor, r->start);
 	scan(stmp).ExclusiveSum((unsigned)__popc(m), rank);
-	uint64_t out = (uint64_t)tile_off[blockIdx.x] + rank;
-#pragma unroll
-	for (unsigned j = 0; j < 16; j++) {
-		uint32_t nv = elem_of<ES>(cv, j), ov = elem_of<ES>(bv, j);
-		if (!(m >> j & 1))
-			continue;
-		dcast_ld_move_add(&move, first + j, ov, nv);
-		pos[out] = (uint32_t)(first + j);
-		newv[out] = nv;
-		zz[out] = dcast_ulp_zz(ov, nv, 8 * ES);
-		out++;
-	}
+	put16<ES>(cv, bv, m, first, (uint64_t)tile_off[blockIdx.x] + rank, true, &move, pos, newv, zz);
 	unsigned long long total = reduce(rtmp).Sum((unsigned long long)move.acc);
 	if (threadIdx.x == 0 && tile_move)
 		tile_move[blockIdx.x] = total;
@@ -705,13 +716,17 @@ __device__ __forceinline__ void warp_add(unsigned mask, unsigned long long *a, u
 #endif
 }
 
-/* k_stats over the changes of all ranges, each under its range's k.  A
- * warp takes 32 consecutive changes (mostly of one range, their symbols
- * of a few values): its lanes add into each counter at once. */
+/* k_stats over the changes of all ranges, each under its range's k (the
+ * first total, or *total_at when fewer).  A warp takes 32 consecutive
+ * changes (mostly of one range, their symbols of a few values): its lanes
+ * add into each counter at once. */
 __global__ void k_seg_stats(const uint32_t *pos, const uint32_t *zz, uint64_t total, const seg_meta *m,
-			    uint64_t nr, unsigned long long *hist)
+			    uint64_t nr, unsigned long long *hist, const unsigned *total_at)
 {
 	uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
+
+	if (total_at) /* written by the pass before: the changes there, total at most */
+		total = *total_at < total ? *total_at : total;
 
 	for (uint64_t c0 = (uint64_t)blockIdx.x * blockDim.x + (threadIdx.x & ~31u); c0 < total; c0 += stride) {
 		uint64_t c = c0 + (threadIdx.x & 31);
@@ -890,6 +905,20 @@ static void seg_ranges(seg_job *j)
 	}
 }
 
+/* The tiles' digest moves and the ranges' stats back to the host (one
+ * synchronization). */
+static int stats_back(seg_job *j, size_t hbytes)
+{
+	int rc = DCAST_OK;
+	CU(cudaMemcpyAsync(AT(j, moves, unsigned long long), j->tile_move, j->ntiles * 8, cudaMemcpyDeviceToHost,
+			   j->sc.s), "copy tile moves");
+	CU(cudaMemcpyAsync(AT(j, hist, unsigned long long), j->hist, hbytes, cudaMemcpyDeviceToHost, j->sc.s),
+	   "copy stats");
+	CU(cudaStreamSynchronize(j->sc.s), "sync");
+out:
+	return rc;
+}
+
 /* The changes written out; per range the compact stats under its k, per
  * tile the digest's change (one synchronization). */
 template <unsigned ES>
@@ -911,15 +940,163 @@ static int seg_write(seg_job *j)
 	CU(cudaGetLastError(), "k_seg_write");
 	if (j->total)
 		k_seg_stats<<<g < 4096 ? g : 4096, 256, 0, j->sc.s>>>(j->ch.pos, j->ch.zz, j->total, j->meta, j->nr,
-								     j->hist);
+								     j->hist, NULL);
 	CU(cudaGetLastError(), "k_seg_stats");
-	CU(cudaMemcpyAsync(AT(j, moves, unsigned long long), j->tile_move, j->ntiles * 8, cudaMemcpyDeviceToHost,
-			   j->sc.s), "copy tile moves");
-	CU(cudaMemcpyAsync(AT(j, hist, unsigned long long), j->hist, hbytes, cudaMemcpyDeviceToHost, j->sc.s),
-	   "copy stats");
-	CU(cudaStreamSynchronize(j->sc.s), "sync");
+	return stats_back(j, hbytes);
 out:
 	return rc;
+}
+
+/* ---- one pass: every change found, ranked and written at once ---- */
+
+typedef cub::ScanTileState<unsigned> tile_state;
+typedef cub::TilePrefixCallbackOp<unsigned, ::cuda::std::plus<unsigned>, tile_state> tile_prefix;
+
+__global__ void k_tile_init(tile_state ts, int n)
+{
+	ts.InitializeStatus(n);
+}
+
+/* Tile blockIdx.x's changes ranked among all tiles' at once: the block's
+ * scan takes the tiles before it from their published sums (a decoupled
+ * look-back, as cub's single-pass scan), so the changes are written where
+ * they go without a counting pass.  Per tile its first change's rank
+ * (tile_off, with the total after the last tile), 1 + its last one's
+ * position and its digest move, as k_seg_count and k_seg_write give them;
+ * the changes themselves only where all of the tile's fit in cap. */
+template <unsigned ES>
+__global__ void __launch_bounds__(TILE_THREADS, ES == 4 ? 4 : 6)
+	k_seg_scan(const dcast_cuda_range *rs, unsigned tpr, tile_state ts, unsigned *tile_off, unsigned *tile_last,
+		   unsigned long long *tile_move, uint32_t *pos, uint32_t *newv, uint32_t *zz, uint64_t cap)
+{
+	typedef cub::BlockScan<unsigned, TILE_THREADS> scan;
+	typedef cub::BlockReduce<unsigned long long, TILE_THREADS> reduce;
+	typedef cub::BlockReduce<unsigned, TILE_THREADS> reduce32;
+	__shared__ union {
+		typename scan::TempStorage s;
+		typename reduce::TempStorage r;
+		typename reduce32::TempStorage r32;
+	} tmp;
+	__shared__ typename tile_prefix::TempStorage ptmp;
+	__shared__ unsigned sh_end;
+	uint64_t lo, hi;
+	const dcast_cuda_range *r = seg_tile(rs, tpr, blockIdx.x, &lo, &hi);
+	uint64_t first = lo + (uint64_t)threadIdx.x * (TILE / TILE_THREADS);
+	uint4 cv[ES], bv[ES];
+	unsigned m = first < hi ? diff16<ES>(r, first, hi, cv, bv) : 0, rank, agg;
+	dcast_ld_move move;
+	dcast_ld_move_init(&move, r->tensor, r->start);
+	if (blockIdx.x == 0) {
+		scan(tmp.s).ExclusiveSum((unsigned)__popc(m), rank, agg);
+		if (threadIdx.x == 0) {
+			ts.SetInclusive(0, agg);
+			tile_off[0] = 0;
+			sh_end = agg;
+		}
+	} else {
+		tile_prefix op(ts, ptmp, ::cuda::std::plus<unsigned>(), (int)blockIdx.x);
+		scan(tmp.s).ExclusiveSum((unsigned)__popc(m), rank, op);
+		if (threadIdx.x == 0) {
+			tile_off[blockIdx.x] = op.GetExclusivePrefix();
+			sh_end = op.GetInclusivePrefix();
+		}
+	}
+	__syncthreads();
+	if (threadIdx.x == 0 && blockIdx.x == gridDim.x - 1)
+		tile_off[gridDim.x] = sh_end;
+	put16<ES>(cv, bv, m, first, rank, sh_end <= cap, &move, pos, newv, zz);
+	unsigned long long total = reduce(tmp.r).Sum((unsigned long long)move.acc);
+	__syncthreads();
+	unsigned last = reduce32(tmp.r32).Reduce(m ? (unsigned)first + 32 - __clz(m) : 0u, max_op());
+	if (threadIdx.x == 0) {
+		tile_move[blockIdx.x] = total;
+		tile_last[blockIdx.x] = last;
+	}
+}
+
+/* Each range's first change and k on the device (as seg_ranges makes
+ * them on the host, from the same tile sums), for k_seg_stats. */
+__global__ void k_seg_meta(const unsigned *tile_off, const unsigned *tile_last, unsigned tpr, uint64_t nr,
+			   seg_meta *m)
+{
+	uint64_t r = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x, t0 = r * tpr;
+	unsigned last1 = 0;
+
+	if (r >= nr)
+		return;
+	for (uint64_t t = t0; t < t0 + tpr; t++)
+		last1 = tile_last[t] > last1 ? tile_last[t] : last1;
+	uint64_t n = tile_off[t0 + tpr] - tile_off[t0];
+	m[r].first = tile_off[t0];
+	m[r].k = dcast_cpt_choose_k(n, last1 - n);
+}
+
+/* Changes the one pass writes at most (beyond: seg_write after it): a
+ * 32nd of the elements, within max_bytes' 28 bytes a change. */
+static uint64_t seg_cap(const seg_job *j, size_t max_bytes)
+{
+	uint64_t c = j->ntiles * TILE / 32 + TILE;
+
+	return c < max_bytes / 28 ? c : max_bytes / 28;
+}
+
+/* seg_count and seg_write in one pass (k_seg_scan), with the ranges' k
+ * and the stats made on the device: tile offsets, ends, moves and stats
+ * back (one synchronization).  The changes are written when they fit
+ * cap; j->total says how many there are. */
+template <unsigned ES>
+static int seg_scan(seg_job *j, uint64_t cap)
+{
+	int rc = DCAST_OK;
+	size_t hbytes = j->nr * (DCAST_CPT_NSYM_MAX + 1) * 8, ts_bytes = 0;
+	unsigned g = grid_for(cap, 256);
+	void *ts_mem = NULL;
+	tile_state ts;
+	CU(pinned_grow(&j->o->stats, &j->o->stats_cap, j->at.end), "cudaMallocHost(stats)");
+	memcpy(j->o->stats + j->at.desc, j->ranges, j->nr * sizeof(dcast_cuda_range));
+	CU(scratch_get(&j->sc, (void **)&j->desc, j->nr * sizeof(dcast_cuda_range)), "cudaMallocAsync(ranges)");
+	CU(scratch_get(&j->sc, (void **)&j->meta, j->nr * sizeof(seg_meta)), "cudaMallocAsync(range meta)");
+	CU(scratch_get(&j->sc, (void **)&j->tile_off, (j->ntiles + 1) * 4), "cudaMallocAsync(tile offsets)");
+	CU(scratch_get(&j->sc, (void **)&j->tile_last, j->ntiles * 4), "cudaMallocAsync(tile ends)");
+	CU(scratch_get(&j->sc, (void **)&j->tile_move, j->ntiles * 8), "cudaMallocAsync(tile moves)");
+	CU(scratch_get(&j->sc, (void **)&j->hist, hbytes), "cudaMallocAsync(stats)");
+	CU(scratch_get(&j->sc, (void **)&j->ch.pos, cap * 4 + 4), "cudaMallocAsync(pos)");
+	CU(scratch_get(&j->sc, (void **)&j->ch.newv, cap * 4 + 4), "cudaMallocAsync(newv)");
+	CU(scratch_get(&j->sc, (void **)&j->ch.zz, cap * 4 + 4), "cudaMallocAsync(zz)");
+	CU(tile_state::AllocationSize((int)j->ntiles, ts_bytes), "tile state size");
+	CU(scratch_get(&j->sc, &ts_mem, ts_bytes), "cudaMallocAsync(tile state)");
+	CU(ts.Init((int)j->ntiles, ts_mem, ts_bytes), "tile state");
+	CU(cudaMemcpyAsync(j->desc, j->o->stats + j->at.desc, j->nr * sizeof(dcast_cuda_range),
+			   cudaMemcpyHostToDevice, j->sc.s), "copy ranges");
+	CU(cudaMemsetAsync(j->hist, 0, hbytes, j->sc.s), "cudaMemsetAsync");
+	k_tile_init<<<grid_for(j->ntiles, 128), 128, 0, j->sc.s>>>(ts, (int)j->ntiles);
+	k_seg_scan<ES><<<(unsigned)j->ntiles, TILE_THREADS, 0, j->sc.s>>>(
+		j->desc, j->tpr, ts, j->tile_off, j->tile_last, j->tile_move, j->ch.pos, j->ch.newv, j->ch.zz, cap);
+	k_seg_meta<<<grid_for(j->nr, 128), 128, 0, j->sc.s>>>(j->tile_off, j->tile_last, j->tpr, j->nr, j->meta);
+	k_seg_stats<<<g < 4096 ? g : 4096, 256, 0, j->sc.s>>>(j->ch.pos, j->ch.zz, cap, j->meta, j->nr, j->hist,
+							     j->tile_off + j->ntiles);
+	CU(cudaGetLastError(), "k_seg_scan");
+	CU(cudaMemcpyAsync(AT(j, tile_off, unsigned), j->tile_off, (j->ntiles + 1) * 4, cudaMemcpyDeviceToHost,
+			   j->sc.s), "copy tile offsets");
+	CU(cudaMemcpyAsync(AT(j, tile_last, unsigned), j->tile_last, j->ntiles * 4, cudaMemcpyDeviceToHost,
+			   j->sc.s), "copy tile ends");
+	return stats_back(j, hbytes);
+out:
+	return rc;
+}
+
+/* DELTACAST_CUDA_TWO_PASS=1 in the environment: the ranges' encode counts
+ * the changes in one pass and writes them in a second (seg_count, then
+ * seg_write), as it did before the one pass; a seam for the benchmarks
+ * and for checking one against the other. */
+static int two_pass(void)
+{
+	static int v = -1;
+	if (v < 0) {
+		const char *e = getenv("DELTACAST_CUDA_TWO_PASS");
+		v = e && !strcmp(e, "1");
+	}
+	return v;
 }
 
 /* Range r's plan, encoding and info from its stats; its payload bytes. */
@@ -1021,13 +1198,13 @@ template <unsigned ES>
 static int seg_encode(seg_job *j, size_t max_bytes, int *held)
 {
 	int rc;
-	uint64_t bytes;
-	if ((rc = seg_count<ES>(j)))
+	uint64_t bytes, cap = two_pass() ? 0 : seg_cap(j, max_bytes);
+	if ((rc = cap ? seg_scan<ES>(j, cap) : seg_count<ES>(j)))
 		return rc;
 	seg_ranges(j);
 	if (j->total * 28 > max_bytes) /* pos, newv, zz, len, off */
 		return seg_encode_split<ES>(j, max_bytes, held);
-	if ((rc = seg_write<ES>(j)))
+	if ((!cap || j->total > cap) && (rc = seg_write<ES>(j)))
 		return rc;
 	if ((bytes = seg_plan(j)) > max_bytes)
 		return DCAST_OK;

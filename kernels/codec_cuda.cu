@@ -717,7 +717,8 @@ __device__ __forceinline__ void warp_add(unsigned mask, unsigned long long *a, u
 }
 
 /* k_stats over the changes of all ranges, each under its range's k (the
- * first total, or *total_at when fewer).  A warp takes 32 consecutive
+ * first total; with total_at, *total_at of them, none when those pass
+ * total: the arrays then hold only some).  A warp takes 32 consecutive
  * changes (mostly of one range, their symbols of a few values): its lanes
  * add into each counter at once. */
 __global__ void k_seg_stats(const uint32_t *pos, const uint32_t *zz, uint64_t total, const seg_meta *m,
@@ -725,8 +726,10 @@ __global__ void k_seg_stats(const uint32_t *pos, const uint32_t *zz, uint64_t to
 {
 	uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
 
-	if (total_at) /* written by the pass before: the changes there, total at most */
-		total = *total_at < total ? *total_at : total;
+	if (total_at && *total_at > total)
+		return; /* the pass before wrote only some of them: seg_write's stats count */
+	if (total_at)
+		total = *total_at;
 
 	for (uint64_t c0 = (uint64_t)blockIdx.x * blockDim.x + (threadIdx.x & ~31u); c0 < total; c0 += stride) {
 		uint64_t c = c0 + (threadIdx.x & 31);
@@ -1085,15 +1088,16 @@ out:
 	return rc;
 }
 
-/* DELTACAST_CUDA_TWO_PASS=1 in the environment: the ranges' encode counts
- * the changes in one pass and writes them in a second (seg_count, then
- * seg_write), as it did before the one pass; a seam for the benchmarks
- * and for checking one against the other. */
-static int two_pass(void)
+/* DELTACAST_CUDA_ONE_PASS=1 in the environment: the ranges' encode finds
+ * and writes the changes in one pass (seg_scan) instead of counting them
+ * first (seg_count, then seg_write).  Opt-in: measured on an H200 at 0.1
+ * and 1% density (docs/benchmarks.md), not yet over its cap since its
+ * stats were fixed there. */
+static int one_pass(void)
 {
 	static int v = -1;
 	if (v < 0) {
-		const char *e = getenv("DELTACAST_CUDA_TWO_PASS");
+		const char *e = getenv("DELTACAST_CUDA_ONE_PASS");
 		v = e && !strcmp(e, "1");
 	}
 	return v;
@@ -1198,7 +1202,7 @@ template <unsigned ES>
 static int seg_encode(seg_job *j, size_t max_bytes, int *held)
 {
 	int rc;
-	uint64_t bytes, cap = two_pass() ? 0 : seg_cap(j, max_bytes);
+	uint64_t bytes, cap = one_pass() ? seg_cap(j, max_bytes) : 0;
 	if ((rc = cap ? seg_scan<ES>(j, cap) : seg_count<ES>(j)))
 		return rc;
 	seg_ranges(j);

@@ -116,8 +116,8 @@ pause() {
 	for t in test_gpu_codec test_consumer_gpu; do
 		echo "-- $t"; timeout 60 "$B/tests/$t"; echo "rc=$?"
 	done
-	echo "-- test_gpu_codec, the encode's two passes"
-	DELTACAST_CUDA_TWO_PASS=1 timeout 60 "$B/tests/test_gpu_codec"; echo "rc=$?"
+	echo "-- test_gpu_codec, the ranges' encode in one pass"
+	DELTACAST_CUDA_ONE_PASS=1 timeout 60 "$B/tests/test_gpu_codec"; echo "rc=$?"
 	echo "== bench_gpu_codec"
 	timeout 100 "$B/tools/bench_gpu_codec" | tee "$O/pause-bench.txt"
 	echo "rc=${PIPESTATUS[0]}"

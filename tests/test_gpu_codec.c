@@ -299,29 +299,44 @@ static uint64_t range_changes(const rtensor *t, const dcast_cuda_range *d, uint6
 	return all;
 }
 
+/* The payload bytes the last encode held, each range's as it lays them
+ * out (padded to 256 with at least 64 spare). */
+static uint64_t held_payloads(const dcast_cuda_ranges *r, uint64_t n)
+{
+	uint64_t all = 0, move;
+	dcast_chunk_info ci;
+	const void *pl;
+
+	for (uint64_t k = 0; k < n; k++)
+		if (dcast_cuda_ranges_get(r, k, &ci, &pl, &move) == DCAST_OK)
+			all += (ci.payload_bytes + 64 + 255) & ~(uint64_t)255;
+	return all;
+}
+
 /* The ranges again from their old baselines, under a cap that holds half
- * of their changes (and the most of one range): in groups, the same
- * results; where held, every baseline moved. */
+ * of their changes' scratch (and one range's), and all their payloads: in
+ * groups, held, the same results. */
 static void check_split(rtensor *t, dcast_cuda_ranges *r, const dcast_cuda_range *d, uint64_t n, uint64_t range,
 			unsigned es, double density, int enc)
 {
-	uint64_t most, all;
+	uint64_t most, all, pay = held_payloads(r, n);
 	size_t cap;
 	int held = 0;
 
 	for (int i = 0; i < 2; i++)
 		REQUIRE(cudaMemcpy(t[i].dbase, t[i].c.base, t[i].c.count * es, cudaMemcpyHostToDevice) == cudaSuccess);
 	all = range_changes(t, d, n, es, &most);
-	cap = 28 * (all / 2 > most ? all / 2 : most) + 1;
-	if (!all || cap >= 28 * all)
+	cap = 28 * (all / 2 > most ? all / 2 : most);
+	cap = (cap > pay ? cap : pay) + 1;
+	if (cap >= 28 * all)
 		return; /* one group: covered above */
 	CHECK_ERR(dcast_cuda_ranges_encode(r, d, n, es, enc, DCAST_ENCODE_UPDATE_BASE, cap, &held, NULL), DCAST_OK);
-	if (range >= 4096 && density <= 0.3 && enc < 0) /* the smallest payloads fit the cap */
-		CHECK(held);
+	CHECK(held);
 	if (held)
 		check_results(t, r, range, enc);
 	if (check_failures)
-		fprintf(stderr, "  split: cap %zu for %" PRIu64 " changes, held %d\n", cap, all, held);
+		fprintf(stderr, "  split: cap %zu for %" PRIu64 " changes, %" PRIu64 " payload bytes, held %d, "
+			"range %" PRIu64 " density %g\n", cap, all, pay, held, range, density);
 }
 
 static void check_ranges(dcast_cuda_ranges *r, uint64_t count, uint64_t range, unsigned es, double density,

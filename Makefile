@@ -336,7 +336,9 @@ fuzz-consumer: all $(BUILD)/tools/fuzz_consumer
 
 # --- bench-sync ---
 # `make bench-sync`: a 1% delta of a BENCH_SYNC_PARAMS bf16 model to N = 1, 4,
-# 8 consumers (the library in C and Python, `deltacast subscribe`), against
+# 8 consumers (the library in C and Python, `deltacast subscribe`, and on a
+# host with a CUDA device the device form: the producer's and consumers'
+# tensors in CUDA memory), against
 # raw TCP of the delta's bytes and of the whole model, and the codec's
 # compute floor; bytes hashed and written per version; the sync targets
 # (scripts/bench_sync.sh).  Rewrites the bench-sync section of

@@ -16,13 +16,16 @@
 #     warm-up delta, once each holds the anchor's file).  Forms: lib
 #     (tests/tools/bench_sync_consumer, the C library, default options), py
 #     (scripts/bench_sync_consumer.py, the Python binding), sub
-#     (`deltacast subscribe`).
+#     (`deltacast subscribe`), gpu (the device form: the producer's tensors
+#     and baseline in CUDA memory, as a trainer's, and every consumer's
+#     tensors bound to CUDA memory, as a rollout worker's; lib's consumer
+#     otherwise; left out, with a line saying so, where no CUDA device is).
 # scripts/bench_sync_report.py turns the logs into the table and the
 # targets, and rewrites the bench-sync section of the doc.
 # Knobs (environment):
 #   BENCH_SYNC_PARAMS (100M)  BENCH_SYNC_N ("1 4 8")  BENCH_SYNC_VERSIONS (5 deltas)
 #   BENCH_SYNC_QUICK=1        10M and N = "1 4", print only
-#   BENCH_SYNC_FORMS ("lib py sub")  BENCH_SYNC_DATADIR (1: one more lib row,
+#   BENCH_SYNC_FORMS ("lib py sub gpu")  BENCH_SYNC_DATADIR (1: one more lib row,
 #                             N = 4, broker with --data-dir)
 #   BENCH_SYNC_SUBSCRIBE_ARGS extra `deltacast subscribe` flags (e.g. --fold-every 16)
 #   BENCH_SYNC_DOC            the doc to rewrite (docs/benchmarks.md; 0: print only)
@@ -39,7 +42,7 @@ NDELTA=${BENCH_SYNC_VERSIONS:-5}
 WARM=2 # deltas sent after the anchor and not counted: the consumers seal the anchor's file after the first,
        # and the second is the first whose bytes written are measured from after that seal
 STEPS=$((WARM + NDELTA))
-FORMS=${BENCH_SYNC_FORMS:-lib py sub}
+FORMS=${BENCH_SYNC_FORMS:-lib py sub gpu}
 DATADIR_ROW=${BENCH_SYNC_DATADIR:-1}
 SUB_ARGS=${BENCH_SYNC_SUBSCRIBE_ARGS:-}
 DOC=${BENCH_SYNC_DOC:-$DEF_DOC}
@@ -59,7 +62,7 @@ run_cmd() {
 	[ "$PARAMS" = "$DEF_PARAMS" ] || env+=" BENCH_SYNC_PARAMS=$PARAMS"
 	[ "$NS" = "$DEF_N" ] || env+=" BENCH_SYNC_N=\"$NS\""
 	[ "$NDELTA" = 5 ] || env+=" BENCH_SYNC_VERSIONS=$NDELTA"
-	[ "$FORMS" = "lib py sub" ] || env+=" BENCH_SYNC_FORMS=\"$FORMS\""
+	[ "$FORMS" = "lib py sub gpu" ] || env+=" BENCH_SYNC_FORMS=\"$FORMS\""
 	[ "$DATADIR_ROW" = 1 ] || env+=" BENCH_SYNC_DATADIR=$DATADIR_ROW"
 	[ -z "$SUB_ARGS" ] || env+=" BENCH_SYNC_SUBSCRIBE_ARGS=\"$SUB_ARGS\""
 	echo "make bench-sync$env"
@@ -107,6 +110,8 @@ start_consumer() {
 	local form=$1 d=$2 i=$3 pid
 	case $form in
 	lib) "$BIN/tools/bench_sync_consumer" "$CONS_EP" bench "$d/c$i" $NEVER >"$d/c$i.log" 2>"$d/c$i.err" & ;;
+	gpu) BENCH_SYNC_CONSUMER_DEVICE=1 "$BIN/tools/bench_sync_consumer" "$CONS_EP" bench "$d/c$i" $NEVER \
+		>"$d/c$i.log" 2>"$d/c$i.err" & ;;
 	py) DELTACAST_LIB=$BIN/libdeltacast.so "$PY" "$E2E_ROOT/scripts/bench_sync_consumer.py" \
 		"$CONS_EP" bench "$d/c$i" $NEVER >"$d/c$i.log" 2>"$d/c$i.err" & ;;
 	sub)
@@ -171,14 +176,15 @@ folded() {
 	done
 }
 
-# publish_paced DIR: the paced producer publishes every file, each once all
+# publish_paced DIR FORM: the paced producer publishes every file, each once all
 # consumers have applied the one before; the counted deltas once the
 # anchor's seals are done too (their writes are the anchor's, not a delta's).
 publish_paced() {
-	local d=$1 v go pub deadline=$((SECONDS + 600))
+	local d=$1 v go pub deadline=$((SECONDS + 600)) penv=${BENCH_SYNC_PUBLISH_ENV:-}
+	[ "$2" = gpu ] && penv+=" FAULT_PUBLISH_DEVICE=1"
 	mkfifo "$d/go"
-	# shellcheck disable=SC2086 # BENCH_SYNC_PUBLISH_ENV: VAR=VALUE words for the producer alone
-	env ${BENCH_SYNC_PUBLISH_ENV:-} "$BIN/tools/fault_publish" "$PROD_EP" bench 1 -1 "${FILES[@]}" <"$d/go" \
+	# shellcheck disable=SC2086 # penv: VAR=VALUE words for the producer alone
+	env $penv "$BIN/tools/fault_publish" "$PROD_EP" bench 1 -1 "${FILES[@]}" <"$d/go" \
 		>"$d/publish.log" 2>"$d/publish.err" &
 	pub=$!
 	e2e_track $pub
@@ -203,14 +209,23 @@ run_config() {
 	say "$form consumers, N=$n$([ "$dd" = 1 ] && echo ', broker --data-dir')"
 	refs "$d" "$n"
 	start_run "$d" "$form" "$n" "$dd"
-	publish_paced "$d"
+	publish_paced "$d" "$form"
 	e2e_cleanup
 	printf 'form %s\nn %s\ndatadir %s\n' "$form" "$n" "$dd" >"$d/config"
 	[ "${BENCH_SYNC_KEEP:-0}" = 1 ] || rm -rf "$d"/c*/ "$d/broker-data"
 }
 
+# The device form only where a CUDA device is (nvidia-smi lists one).
+device_forms() {
+	[[ " $FORMS " == *" gpu "* ]] || return 0
+	nvidia-smi -L 2>/dev/null | grep -q '^GPU' && return 0
+	say "form gpu left out: no CUDA device here"
+	FORMS=$(echo " $FORMS " | sed 's/ gpu / /; s/^ *//; s/ *$//')
+}
+
 main() {
 	local n form
+	device_forms
 	e2e_snapshot "$ROOT" bench_tcp bench_sync_floor fault_publish bench_sync_consumer ||
 		die "programs missing in $BUILD (run make)"
 	mkfifo "$ROOT/nap" && exec {NAP}<>"$ROOT/nap" || die "nap fifo"

@@ -16,8 +16,9 @@ import sys
 
 BEGIN, END = "<!-- bench-sync:begin -->", "<!-- bench-sync:end -->"
 FORMS = {"lib": "library, C (bench_sync_consumer)", "py": "library, Python binding",
-         "sub": "`deltacast subscribe`"}
-FORM_ORDER = ["lib", "py", "sub"]
+         "sub": "`deltacast subscribe`",
+         "gpu": "library, C, producer's and consumers' tensors in CUDA memory"}
+FORM_ORDER = ["lib", "py", "sub", "gpu"]
 
 
 def pairs(words):

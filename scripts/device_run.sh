@@ -39,8 +39,8 @@
 #            receive-only joiners, library joiners until READY); N's: NS
 #   sync-gpu-batch sync-gpu once per DELTACAST_DEVICE_BATCH_ELEMS in
 #            BATCH_ELEMS, the producer's debug lines in publish.err
-#   sync-gpu-cons sync-gpu with the consumers' tensors in CUDA memory too
-#            (apply into the GPU; not yet run when written, 2026-11-27)
+#   sync-gpu-cons bench-sync's device form (gpu): the producer's and the
+#            consumers' tensors in CUDA memory (apply into the GPU)
 #   fanout-threads 16 receive-only joiners of an anchor, the broker with 8
 #            I/O threads: each thread's share of the sending and the time
 #            (tests/tools/fanout_threads.sh), 3 runs, alternating with the
@@ -195,11 +195,10 @@ sync_gpu_batch() {
 	done
 }
 
-# sync-gpu-cons: sync-gpu with the consumers' tensors bound to CUDA memory
-# too (bench_sync_consumer BENCH_SYNC_CONSUMER_DEVICE=1): apply into the GPU.
+# sync-gpu-cons: bench-sync's device form (gpu): the producer's tensors and
+# every consumer's in CUDA memory: apply into the GPU.
 sync_gpu_cons() {
-	export FAULT_PUBLISH_DEVICE=1 BENCH_SYNC_CONSUMER_DEVICE=1
-	bench_sync sync-gpu-cons lib 0
+	bench_sync sync-gpu-cons gpu 0
 }
 
 sync_gpu_base() {

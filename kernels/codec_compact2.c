@@ -201,7 +201,7 @@ typedef struct fast2 {
 	const uint8_t *w;        /* the stream's words */
 	const uint16_t *lut;     /* code length | extra bits << 4 | direct value << 9; 0: none */
 	uint64_t nwords, count, kmask;
-	unsigned k, raw, w_bits;
+	unsigned k, raw, w_bits, avx512; /* avx512: w is a copy with zeros after it */
 } fast2;
 
 /* A block's lanes and where the decode is. */
@@ -352,9 +352,202 @@ static int blk_fast_plain(const fast2 *f, lanes2 *s, uint32_t n, uint32_t *pos, 
 	return f->raw ? blk_fast_mode(f, s, n, pos, val, 1) : blk_fast_mode(f, s, n, pos, val, 0);
 }
 
+
+/* ---- the fast path on AVX-512: the 32 lanes as 4 vectors of 8 ---- */
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#define AVX512 __attribute__((target("avx512f,avx512cd,bmi,bmi2,popcnt")))
+#define V2_PAD_WORDS 512u /* zeros after the stream copy: a round reads < 2 * 3 * 32 + 8 words past `at` */
+
+/* The lanes of a block: buffers and bits held, lanes 8v..8v+7 in
+ * vector v. */
+typedef struct vlanes {
+	__m512i buf[4], n[4];
+} vlanes;
+
+/* A refill point's code lengths and what code_of needs beside the
+ * buffer (position: trailing ones; value: the lookup entry). */
+typedef struct vcodes {
+	__m512i len[4], aux[4];
+} vcodes;
+
+static AVX512 ALWAYS_INLINE __m512i v_set(uint64_t x)
+{
+	return _mm512_set1_epi64((long long)x);
+}
+
+/* Trailing ones of each buffer: ~b & (b + 1) is the lowest zero bit
+ * (buffers are below 2^62). */
+static AVX512 ALWAYS_INLINE __m512i v_ones(__m512i b)
+{
+	__m512i low = _mm512_andnot_si512(b, _mm512_add_epi64(b, v_set(1)));
+	return _mm512_sub_epi64(v_set(63), _mm512_lzcnt_epi64(low));
+}
+
+static AVX512 ALWAYS_INLINE __m512i v_pos_len(const fast2 *f, __m512i b, __m512i *t)
+{
+	*t = v_ones(b);
+	__mmask8 esc = _mm512_cmpge_epu64_mask(*t, v_set(DCAST_CPT_QESC));
+	return _mm512_mask_blend_epi64(esc, _mm512_add_epi64(*t, v_set(1 + f->k)),
+				       v_set(DCAST_CPT_QESC + DCAST_CPT_GAP_BITS));
+}
+
+/* The fast lookup's entry of each buffer's low 12 bits (the table has a
+ * spare entry: a gather reads 4 bytes at each). */
+static AVX512 ALWAYS_INLINE __m512i v_val_len(const fast2 *f, __m512i b, __m512i *e, int raw)
+{
+	*e = _mm512_setzero_si512();
+	if (raw)
+		return v_set(f->w_bits);
+	__m512i i = _mm512_and_si512(b, v_set(DCAST_CPT_LUT_SIZE - 1));
+	__m256i g = _mm512_i64gather_epi32(i, (const void *)f->lut, 2);
+	*e = _mm512_and_si512(_mm512_cvtepu32_epi64(g), v_set(0xffff));
+	__m512i len = _mm512_add_epi64(_mm512_and_si512(*e, v_set(15)),
+				       _mm512_and_si512(_mm512_srli_epi64(*e, 4), v_set(31)));
+	return _mm512_mask_blend_epi64(_mm512_test_epi64_mask(*e, *e), v_set(DCAST_CPT_LMAX + 1), len);
+}
+
+static AVX512 ALWAYS_INLINE void v_lens(const fast2 *f, const vlanes *s, vcodes *c, int val, int raw)
+{
+	for (unsigned v = 0; v < 4; v++)
+		c->len[v] = val ? v_val_len(f, s->buf[v], &c->aux[v], raw) : v_pos_len(f, s->buf[v], &c->aux[v]);
+}
+
+/* One pass: each lane of need takes the next word, lanes in order. */
+static AVX512 ALWAYS_INLINE void v_take(const fast2 *f, vlanes *s, const __mmask8 *need, uint64_t *at)
+{
+	for (unsigned v = 0; v < 4; v++) {
+		__m128i w8 = _mm_loadu_si128((const __m128i *)(const void *)(f->w + 2 * *at));
+		__m512i w = _mm512_maskz_expand_epi64(need[v], _mm512_cvtepu16_epi64(w8));
+		s->buf[v] = _mm512_or_si512(s->buf[v], _mm512_sllv_epi64(w, s->n[v]));
+		s->n[v] = _mm512_mask_add_epi64(s->n[v], need[v], s->n[v], v_set(DCAST_CPT2_WORD_BITS));
+		*at += (unsigned)__builtin_popcount(need[v]);
+	}
+}
+
+/* One refill point of the lanes in act: passes until every one holds
+ * its code; c gets the codes' lengths. */
+static AVX512 ALWAYS_INLINE void v_refill(const fast2 *f, vlanes *s, const __mmask8 *act, vcodes *c, int val,
+					  int raw, uint64_t *at)
+{
+	__mmask8 need[4];
+	unsigned any = 0;
+	v_lens(f, s, c, val, raw);
+	for (unsigned v = 0; v < 4; v++)
+		any |= need[v] = act[v] & _mm512_cmplt_epu64_mask(s->n[v], c->len[v]);
+	while (any) {
+		v_take(f, s, need, at);
+		v_lens(f, s, c, val, raw);
+		any = 0;
+		for (unsigned v = 0; v < 4; v++)
+			any |= need[v] &= _mm512_cmplt_epu64_mask(s->n[v], c->len[v]);
+	}
+}
+
+/* The codes used: the lanes of act drop them from their buffers. */
+static AVX512 ALWAYS_INLINE void v_drop(vlanes *s, const __mmask8 *act, const vcodes *c)
+{
+	for (unsigned v = 0; v < 4; v++) {
+		s->buf[v] = _mm512_mask_srlv_epi64(s->buf[v], act[v], s->buf[v], c->len[v]);
+		s->n[v] = _mm512_mask_sub_epi64(s->n[v], act[v], s->n[v], c->len[v]);
+	}
+}
+
+/* Each gap plus one (t: trailing ones) into g[0..8) of the lanes of m. */
+static AVX512 ALWAYS_INLINE void v_gap_store(const fast2 *f, __m512i b, __m512i t, __mmask8 m, uint32_t *g)
+{
+	__mmask8 esc = _mm512_cmpge_epu64_mask(t, v_set(DCAST_CPT_QESC));
+	__m512i low = _mm512_and_si512(_mm512_srlv_epi64(b, _mm512_add_epi64(t, v_set(1))), v_set(f->kmask));
+	__m512i gap = _mm512_or_si512(_mm512_sllv_epi64(t, v_set(f->k)), low);
+	__m512i big = _mm512_and_si512(_mm512_srli_epi64(b, DCAST_CPT_QESC), v_set((1u << DCAST_CPT_GAP_BITS) - 1));
+	gap = _mm512_mask_blend_epi64(esc, gap, big);
+	_mm512_mask_cvtepi64_storeu_epi32(g, m, _mm512_add_epi64(gap, v_set(1)));
+}
+
+/* Each value (e: lookup entry) into o[0..8) of the lanes of m; returns
+ * the lanes of m whose bits match no code. */
+static AVX512 ALWAYS_INLINE __mmask8 v_val_store(const fast2 *f, __m512i b, __m512i e, __mmask8 m, uint32_t *o,
+						 int raw)
+{
+	if (raw) {
+		_mm512_mask_cvtepi64_storeu_epi32(o, m, _mm512_and_si512(b, v_set(dcast_mask_w(f->w_bits))));
+		return 0;
+	}
+	__m512i cl = _mm512_and_si512(e, v_set(15)), eb = _mm512_and_si512(_mm512_srli_epi64(e, 4), v_set(31));
+	__m512i top = _mm512_maskz_sllv_epi64(_mm512_test_epi64_mask(eb, eb), v_set(1), eb);
+	__m512i x = _mm512_and_si512(_mm512_srlv_epi64(b, cl), _mm512_sub_epi64(_mm512_sllv_epi64(v_set(1), eb), v_set(1)));
+	__m512i val = _mm512_add_epi64(_mm512_add_epi64(_mm512_srli_epi64(e, 9), top), x);
+	_mm512_mask_cvtepi64_storeu_epi32(o, m, val);
+	return m & ~_mm512_test_epi64_mask(e, e);
+}
+
+/* One round of the lanes in act (out: the round's changes): gaps plus
+ * one into pos, values into val; -1 when a value matches no code. */
+static AVX512 ALWAYS_INLINE int v_round(const fast2 *f, vlanes *s, const __mmask8 *act, uint64_t *at, uint32_t *pos,
+					uint32_t *val, int raw)
+{
+	vcodes c;
+	__mmask8 bad = 0;
+	v_refill(f, s, act, &c, 0, raw, at);
+	for (unsigned v = 0; v < 4; v++)
+		v_gap_store(f, s->buf[v], c.aux[v], act[v], pos + 8 * v);
+	v_drop(s, act, &c);
+	v_refill(f, s, act, &c, 1, raw, at);
+	for (unsigned v = 0; v < 4; v++)
+		bad |= v_val_store(f, s->buf[v], c.aux[v], act[v], val + 8 * v, raw);
+	v_drop(s, act, &c);
+	return bad ? -1 : 0;
+}
+
+/* The positions from the gaps plus one, from *next on; -1 when one is
+ * at or past count. */
+static ALWAYS_INLINE int v_positions(const fast2 *f, uint64_t *next, uint32_t n, uint32_t *pos)
+{
+	uint64_t at = *next;
+	for (uint32_t i = 0; i < n; i++) {
+		at += pos[i];
+		pos[i] = (uint32_t)(at - 1);
+	}
+	*next = at;
+	return at > f->count ? -1 : 0;
+}
+
+static AVX512 ALWAYS_INLINE int v_blk_mode(const fast2 *fp, uint64_t *at, uint64_t *next, uint32_t n, uint32_t *pos,
+					   uint32_t *val, int raw)
+{
+	const fast2 local = *fp, *f = &local;
+	vlanes s;
+	__m512i left = _mm512_setzero_si512();
+	for (unsigned v = 0; v < 4; v++)
+		s.buf[v] = s.n[v] = _mm512_setzero_si512();
+	for (uint32_t r = 0; r < n; r += DCAST_CPT2_LANES) {
+		uint32_t nl = n - r < DCAST_CPT2_LANES ? n - r : DCAST_CPT2_LANES;
+		uint32_t am = nl == 32 ? 0xffffffffu : (1u << nl) - 1;
+		__mmask8 act[4] = { (__mmask8)am, (__mmask8)(am >> 8), (__mmask8)(am >> 16), (__mmask8)(am >> 24) };
+		if (v_round(f, &s, act, at, pos + r, val + r, raw) || *at > f->nwords)
+			return -1;
+	}
+	for (unsigned v = 0; v < 4; v++)
+		left = _mm512_or_si512(left, s.buf[v]);
+	return _mm512_test_epi64_mask(left, left) ? -1 : v_positions(f, next, n, pos);
+}
+
+/* One block from (at, next) to its end, which it leaves in *at, *next. */
+static AVX512 int blk_fast_avx512(const fast2 *f, uint64_t *at, uint64_t *next, uint32_t n, uint32_t *pos,
+				  uint32_t *val)
+{
+	return f->raw ? v_blk_mode(f, at, next, n, pos, val, 1) : v_blk_mode(f, at, next, n, pos, val, 0);
+}
+#endif
+
 /* One block from (at, next) to its end, which it leaves in *at, *next. */
 static int blk_fast(const fast2 *f, uint64_t *at, uint64_t *next, uint32_t n, uint32_t *pos, uint32_t *val)
 {
+#if defined(__x86_64__)
+	if (f->avx512)
+		return blk_fast_avx512(f, at, next, n, pos, val);
+#endif
 	lanes2 s;
 	int rc;
 	memset(&s, 0, sizeof(s));
@@ -371,18 +564,37 @@ static void fast_lut(uint16_t *fl, const uint16_t *lut)
 		unsigned sym = lut[i] >> 4, cl = lut[i] & 15, eb = dcast_cpt_extra_bits(sym);
 		fl[i] = !lut[i] ? 0 : (uint16_t)(cl | eb << 4 | (sym < DCAST_CPT_NDIRECT ? sym + 1 : 0) << 9);
 	}
+	fl[DCAST_CPT_LUT_SIZE] = 0; /* read by the AVX-512 build's gathers, never used */
+}
+
+/* The stream the fast path reads: the AVX-512 build loads 8 words at a
+ * time, so it reads a copy with zeros after it. */
+static const uint8_t *fast_stream(const dcast_cpt2_run *x, int avx512)
+{
+	uint8_t *copy;
+	if (!avx512)
+		return x->d.stream;
+	copy = dcast_scratch(DCAST_SCRATCH_DEC_STREAM, x->d.stream_bytes + 2 * V2_PAD_WORDS);
+	if (copy) {
+		memcpy(copy, x->d.stream, x->d.stream_bytes);
+		memset(copy + x->d.stream_bytes, 0, 2 * V2_PAD_WORDS);
+	}
+	return copy;
 }
 
 /* Every block by the fast path; 0 when all decoded and chained. */
 static int blocks_fast(const dcast_cpt2_run *x, const uint16_t *lut, const uint8_t *idx, uint64_t changed,
 		       uint32_t *pos, uint32_t *val)
 {
-	uint16_t *fl = dcast_scratch(DCAST_SCRATCH_CPT2, DCAST_CPT_LUT_SIZE * sizeof(*fl));
+	uint16_t *fl = dcast_scratch(DCAST_SCRATCH_CPT2, (DCAST_CPT_LUT_SIZE + 1) * sizeof(*fl));
+	int avx512 = dcast_simd_avx512();
+	const uint8_t *w = fast_stream(x, avx512);
 	uint64_t at = 0, next = 0;
-	if (!fl)
+	if (!fl || !w)
 		return -1;
-	fast2 fs = { .w = x->d.stream, .lut = fl, .nwords = x->nwords, .count = x->d.count, .kmask = (1ull << x->d.k) - 1,
-		     .k = x->d.k, .raw = x->d.mode == DCAST_CPT_RAW, .w_bits = x->d.w }, *f = &fs;
+	fast2 fs = { .w = w, .lut = fl, .nwords = x->nwords, .count = x->d.count, .kmask = (1ull << x->d.k) - 1,
+		     .k = x->d.k, .raw = x->d.mode == DCAST_CPT_RAW, .w_bits = x->d.w, .avx512 = (unsigned)avx512 },
+	      *f = &fs;
 	if (!f->raw)
 		fast_lut(fl, lut);
 	for (uint64_t b = 0; b < dcast_cpt2_nblocks(changed); b++) {

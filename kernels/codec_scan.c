@@ -446,6 +446,15 @@ int dcast_simd_bmi2(void)
 	return simd_pick() != DCAST_SIMD_PORTABLE;
 }
 
+int dcast_simd_avx512(void)
+{
+#if defined(__x86_64__)
+	return simd_pick() == DCAST_SIMD_AVX512 && __builtin_cpu_supports("avx512cd");
+#else
+	return 0;
+#endif
+}
+
 uint64_t dcast_cpt_pos_bits(const dcast_changes *ch, unsigned k)
 {
 	uint32_t next = 0, *pos = ch->pos;

@@ -689,7 +689,7 @@ int main(void)
 	test_compact_table();
 	test_compact_size();
 	test_compact_rows();
-	test_fast_decoder();
+	each_variant("fast decoders", test_fast_decoder);
 	each_variant("golden bytes", golden_bytes);
 	return check_done("test_codec");
 }

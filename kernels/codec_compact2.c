@@ -10,6 +10,10 @@
 #include "dcast_common.h"
 
 #define ALWAYS_INLINE inline __attribute__((always_inline))
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define AVX512 __attribute__((target("avx512f,avx512cd,avx512vl,bmi,bmi2,popcnt")))
+#endif
 /* Words one lane's stream of a block may need: 128 codes of at most
  * 46 + 43 bits. */
 #define LANE_WORDS (DCAST_CPT2_ROUNDS * 89 / DCAST_CPT2_WORD_BITS + 1)
@@ -163,29 +167,228 @@ static uint8_t *blk_lay(blk_enc *e, uint32_t n, uint8_t *out)
 	return out;
 }
 
+/* Block b's index entry: its first word, the position before it. */
+static void idx_entry(uint8_t *idx, uint64_t b, uint32_t word, uint32_t prev)
+{
+	uint32_t ent[2] = { word, prev };
+	memcpy(idx + (b - 1) * DCAST_CPT_INDEX_ENTRY, ent, sizeof(ent));
+}
+
+/* ---- the encoder on AVX-512: the 32 lanes as 4 vectors of 8 ---- */
+#if defined(__x86_64__)
+#define NO_SLOT 0xffffu /* a lane that has taken no word yet */
+
+/* What each lane knows of the words it has taken, in one pass over the
+ * codes: held (0..15) as the decoder counts them, the known low bits of
+ * the last word it took (16 - held of them) and that word's slot in the
+ * block.  A word is stored when taken with the bits known then; the last
+ * word of a lane is stored again, whole, once it is complete: its slot
+ * and value go to a list of fixes applied at the block's end. */
+typedef struct venc {
+	__m512i part[4], held[4], last[4];
+} venc;
+
+/* The block's codes and words: a lane's code bits and lengths for one
+ * refill point, the words written so far, the fixes. */
+typedef struct vout {
+	uint8_t *out;
+	uint32_t cur, nfix;
+	uint32_t *fix;
+} vout;
+
+static AVX512 ALWAYS_INLINE __m512i e_set(uint64_t x)
+{
+	return _mm512_set1_epi64((long long)x);
+}
+
+/* Lanes of act whose previous last word is complete now: its slot and
+ * value to the fixes. */
+static AVX512 ALWAYS_INLINE void e_fix(vout *o, __m512i last, __m512i x, __mmask8 done)
+{
+	__mmask8 m = done & _mm512_cmpneq_epu64_mask(last, e_set(NO_SLOT));
+	__m512i e = _mm512_or_si512(last, _mm512_slli_epi64(_mm512_and_si512(x, e_set(0xffff)), 16));
+	_mm256_storeu_si256((__m256i *)(void *)(o->fix + o->nfix), _mm512_cvtepi64_epi32(_mm512_maskz_compress_epi64(m, e)));
+	o->nfix += (unsigned)__builtin_popcount(m);
+}
+
+/* Pass p of a refill point: the lanes of mk take their next word, in lane
+ * order; a lane whose last word this is (m == p) keeps its slot. */
+static AVX512 ALWAYS_INLINE void e_pass(vout *o, venc *s, unsigned v, __m512i x, __m512i m, __mmask8 mk, unsigned p)
+{
+	__m512i w = _mm512_and_si512(_mm512_srli_epi64(x, 16 * p), e_set(0xffff));
+	__m512i iota = _mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0);
+	__m512i slot = _mm512_maskz_expand_epi64(mk, _mm512_add_epi64(iota, e_set(o->cur)));
+	_mm_storeu_si128((__m128i *)(void *)(o->out + 2 * o->cur), _mm512_cvtepi64_epi16(_mm512_maskz_compress_epi64(mk, w)));
+	s->last[v] = _mm512_mask_mov_epi64(s->last[v], mk & _mm512_cmpeq_epu64_mask(m, e_set(p)), slot);
+	o->cur += (unsigned)__builtin_popcount(mk);
+}
+
+/* One refill point: lane codes c of lengths L (act: the lanes in the
+ * round).  A lane takes m = ceil((L - held) / 16) words (none when it
+ * holds L bits), in passes: first every lane's first word, then the
+ * second words, then the third. */
+static AVX512 ALWAYS_INLINE void e_point(vout *o, venc *s, const __mmask8 *act, const __m512i *c, const __m512i *L)
+{
+	__m512i m[4], x[4];
+	__mmask8 mk[3][4];
+	unsigned more = 0;
+	for (unsigned v = 0; v < 4; v++) {
+		__m512i h = s->held[v], d = _mm512_sub_epi64(_mm512_max_epu64(L[v], h), h);
+		m[v] = _mm512_srli_epi64(_mm512_add_epi64(d, e_set(15)), 4);
+		x[v] = _mm512_or_si512(s->part[v], _mm512_sllv_epi64(c[v], _mm512_sub_epi64(e_set(16), h)));
+		for (unsigned p = 0; p < 3; p++)
+			mk[p][v] = act[v] & _mm512_cmpgt_epu64_mask(m[v], e_set(p));
+		more |= mk[1][v];
+		e_fix(o, s->last[v], x[v], mk[0][v]);
+	}
+	for (unsigned p = 0; p < 3 && (p == 0 || more); p++)
+		for (unsigned v = 0; v < 4; v++)
+			e_pass(o, s, v, x[v], m[v], mk[p][v], p + 1);
+	for (unsigned v = 0; v < 4; v++) {
+		__m512i h = _mm512_sub_epi64(_mm512_add_epi64(s->held[v], _mm512_slli_epi64(m[v], 4)), L[v]);
+		s->part[v] = _mm512_mask_srlv_epi64(s->part[v], act[v], x[v], _mm512_slli_epi64(m[v], 4));
+		s->held[v] = _mm512_mask_mov_epi64(s->held[v], act[v], h);
+	}
+}
+
+/* Position codes of 8 changes from pos[i] (before: the position ahead
+ * of the first, all ones for none): bits into *c, lengths returned. */
+static AVX512 ALWAYS_INLINE __m512i e_pos(const dcast_cpt_plan *p, const uint32_t *pos, uint64_t before, __mmask8 a,
+					  __m512i *c)
+{
+	__m512i at = _mm512_cvtepu32_epi64(_mm256_maskz_loadu_epi32(a, pos));
+	__m512i prev = _mm512_alignr_epi64(at, e_set(before), 7);
+	__m512i gap = _mm512_sub_epi64(_mm512_sub_epi64(at, prev), e_set(1));
+	__m512i q = _mm512_srlv_epi64(gap, e_set(p->k));
+	__mmask8 esc = _mm512_cmpge_epu64_mask(q, e_set(DCAST_CPT_QESC));
+	__m512i ones = _mm512_sub_epi64(_mm512_sllv_epi64(e_set(1), q), e_set(1));
+	__m512i low = _mm512_sllv_epi64(_mm512_and_si512(gap, e_set((1ull << p->k) - 1)), _mm512_add_epi64(q, e_set(1)));
+	__m512i big = _mm512_or_si512(e_set((1u << DCAST_CPT_QESC) - 1), _mm512_slli_epi64(gap, DCAST_CPT_QESC));
+	*c = _mm512_mask_blend_epi64(esc, _mm512_or_si512(ones, low), big);
+	return _mm512_mask_blend_epi64(esc, _mm512_add_epi64(q, e_set(1 + p->k)),
+				       e_set(DCAST_CPT_QESC + DCAST_CPT_GAP_BITS));
+}
+
+/* Value codes of 8 changes (coded mode) from zz[i]: bits into *c,
+ * lengths returned.  sym_ent[s]: code | length << 16 | extra bits << 24. */
+static AVX512 ALWAYS_INLINE __m512i e_val(const uint32_t *sym_ent, const uint32_t *zz, __mmask8 a, __m512i *c)
+{
+	__m512i z = _mm512_cvtepu32_epi64(_mm256_maskz_loadu_epi32(a, zz));
+	__m512i big = _mm512_sub_epi64(e_set(64 + DCAST_CPT_NDIRECT - 4), _mm512_lzcnt_epi64(z));
+	__mmask8 dir = _mm512_cmple_epu64_mask(z, e_set(DCAST_CPT_NDIRECT));
+	__m512i sym = _mm512_mask_blend_epi64(dir, big, _mm512_sub_epi64(z, e_set(1)));
+	__m512i e = _mm512_cvtepu32_epi64(_mm512_mask_i64gather_epi32(_mm256_setzero_si256(), a, sym, sym_ent, 4));
+	__m512i cl = _mm512_and_si512(_mm512_srli_epi64(e, 16), e_set(0xff)), eb = _mm512_srli_epi64(e, 24);
+	__m512i x = _mm512_and_si512(z, _mm512_sub_epi64(_mm512_sllv_epi64(e_set(1), eb), e_set(1)));
+	*c = _mm512_or_si512(_mm512_and_si512(e, e_set(0xffff)), _mm512_sllv_epi64(x, cl));
+	return _mm512_add_epi64(cl, eb);
+}
+
+/* One round of changes [i, i + nl) of the range: both refill points;
+ * the position codes' lengths added to *pbits. */
+static AVX512 ALWAYS_INLINE void e_round(vout *o, venc *s, const dcast_changes *ch, const dcast_cpt_plan *p,
+					 const uint32_t *sym_ent, uint64_t i, uint32_t nl, __m512i *pbits)
+{
+	uint32_t am = nl == 32 ? 0xffffffffu : (1u << nl) - 1;
+	__mmask8 act[4] = { (__mmask8)am, (__mmask8)(am >> 8), (__mmask8)(am >> 16), (__mmask8)(am >> 24) };
+	__m512i c[4], L[4];
+	for (unsigned v = 0; v < 4; v++) {
+		uint64_t j = i + 8 * v, before = !act[v] ? 0 : j ? ch->pos[j - 1] : UINT64_MAX;
+		L[v] = e_pos(p, ch->pos + j, before, act[v], &c[v]);
+		*pbits = _mm512_mask_add_epi64(*pbits, act[v], *pbits, L[v]);
+	}
+	e_point(o, s, act, c, L);
+	for (unsigned v = 0; v < 4; v++)
+		L[v] = e_val(sym_ent, ch->zz + i + 8 * v, act[v], &c[v]);
+	e_point(o, s, act, c, L);
+}
+
+/* A block of n changes from `first` into out; returns its words. */
+static AVX512 uint32_t e_blk(const dcast_changes *ch, const dcast_cpt_plan *p, const uint32_t *sym_ent, uint64_t first,
+			     uint32_t n, uint8_t *out, uint32_t *fix, uint64_t *pos_bits)
+{
+	vout o = { out, 0, 0, fix };
+	venc s;
+	__m512i pbits = _mm512_setzero_si512();
+	for (unsigned v = 0; v < 4; v++)
+		s.part[v] = s.held[v] = _mm512_setzero_si512(), s.last[v] = e_set(NO_SLOT);
+	for (uint32_t r = 0; r < n; r += DCAST_CPT2_LANES)
+		e_round(&o, &s, ch, p, sym_ent, first + r, n - r < DCAST_CPT2_LANES ? n - r : DCAST_CPT2_LANES, &pbits);
+	for (unsigned v = 0; v < 4; v++)
+		e_fix(&o, s.last[v], s.part[v], 0xff);
+	for (uint32_t f = 0; f < o.nfix; f++) {
+		uint16_t w = (uint16_t)(fix[f] >> 16);
+		memcpy(out + 2 * (fix[f] & 0xffff), &w, 2);
+	}
+	*pos_bits += (uint64_t)_mm512_reduce_add_epi64(pbits);
+	return o.cur;
+}
+
+/* Fixes one AVX-512 block may list (one a lane and refill point that
+ * takes a word, one a lane at the end), and the 8 a store writes. */
+#define V2_FIXES (2 * DCAST_CPT2_BLOCK + 2 * DCAST_CPT2_LANES)
+
+/* The symbols' codes for e_val: code | length << 16 | extra bits << 24. */
+static void sym_ents(const dcast_cpt_plan *p, uint32_t *ent)
+{
+	for (unsigned s = 0; s < dcast_cpt_nsym(p->w); s++)
+		ent[s] = p->table.code[s] | (uint32_t)p->table.len[s] << 16 | dcast_cpt_extra_bits(s) << 24;
+}
+
+/* The blocks' words by the AVX-512 build (coded values); w: the stream. */
+static uint8_t *blocks_avx512(const dcast_changes *ch, const dcast_cpt_plan *p, uint8_t *idx, uint8_t *stream,
+			      uint64_t *pos_bits)
+{
+	uint32_t ent[DCAST_CPT_NSYM_MAX], *fix = dcast_scratch(DCAST_SCRATCH_CPT2, V2_FIXES * sizeof(*fix));
+	uint8_t *w = stream;
+	if (!fix)
+		return NULL;
+	sym_ents(p, ent);
+	for (uint64_t b = 0; b < dcast_cpt2_nblocks(ch->n); b++) {
+		uint64_t first = b * DCAST_CPT2_BLOCK;
+		if (b)
+			idx_entry(idx, b, (uint32_t)((w - stream) / 2), ch->pos[first - 1]);
+		w += 2 * e_blk(ch, p, ent, first, dcast_cpt2_blk_changes(ch->n, b), w, fix, pos_bits);
+	}
+	return w;
+}
+#endif
+
+/* The scalar build's blocks: each lane's stream, then the words laid
+ * out. */
+static uint8_t *blocks_plain(const dcast_changes *ch, const dcast_cpt_plan *p, const void *cur, unsigned es,
+			     uint8_t *idx, uint8_t *stream, uint64_t *pos_bits)
+{
+	uint8_t *w = stream;
+	blk_enc *e = dcast_scratch(DCAST_SCRATCH_CPT2, sizeof(blk_enc));
+	if (!e)
+		return NULL;
+	vtab_make(e, p);
+	for (uint64_t b = 0; b < dcast_cpt2_nblocks(ch->n); b++) {
+		uint64_t first = b * DCAST_CPT2_BLOCK;
+		uint32_t n = dcast_cpt2_blk_changes(ch->n, b);
+		if (b)
+			idx_entry(idx, b, (uint32_t)((w - stream) / 2), ch->pos[first - 1]);
+		blk_codes(e, ch, p, cur, es, first, n, pos_bits);
+		w = blk_lay(e, n, w);
+	}
+	return w;
+}
+
 uint64_t dcast_cpt2_emit(const dcast_changes *ch, const dcast_cpt_plan *p, const void *cur, unsigned es,
 			 uint8_t *out, uint64_t *pos_bits)
 {
 	uint8_t *idx = out + dcast_cpt_hdr_bytes(p->mode, p->w);
-	uint8_t *stream = idx + dcast_cpt2_index_bytes(ch->n), *w = stream;
-	blk_enc *e = dcast_scratch(DCAST_SCRATCH_CPT2, sizeof(blk_enc));
-	if (!e)
-		return 0;
+	uint8_t *stream = idx + dcast_cpt2_index_bytes(ch->n), *w;
 	dcast_cpt_hdr_write(p, out);
-	vtab_make(e, p);
 	*pos_bits = 0;
-	for (uint64_t b = 0; b < dcast_cpt2_nblocks(ch->n); b++) {
-		uint64_t first = b * DCAST_CPT2_BLOCK;
-		uint32_t n = dcast_cpt2_blk_changes(ch->n, b), ent[2];
-		if (b) {
-			ent[0] = (uint32_t)((w - stream) / 2);
-			ent[1] = ch->pos[first - 1];
-			memcpy(idx + (b - 1) * DCAST_CPT_INDEX_ENTRY, ent, sizeof(ent));
-		}
-		blk_codes(e, ch, p, cur, es, first, n, pos_bits);
-		w = blk_lay(e, n, w);
-	}
-	return (uint64_t)(w - out);
+#if defined(__x86_64__)
+	if (p->mode == DCAST_CPT_CODED && dcast_simd_avx512())
+		w = blocks_avx512(ch, p, idx, stream, pos_bits);
+	else
+#endif
+		w = blocks_plain(ch, p, cur, es, idx, stream, pos_bits);
+	return w ? (uint64_t)(w - out) : 0;
 }
 
 /* ---- the decoder ---- */
@@ -355,9 +558,6 @@ static int blk_fast_plain(const fast2 *f, lanes2 *s, uint32_t n, uint32_t *pos, 
 
 /* ---- the fast path on AVX-512: the 32 lanes as 4 vectors of 8 ---- */
 #if defined(__x86_64__)
-#include <immintrin.h>
-
-#define AVX512 __attribute__((target("avx512f,avx512cd,bmi,bmi2,popcnt")))
 #define V2_PAD_WORDS 512u /* zeros after the stream copy: a round reads < 2 * 3 * 32 + 8 words past `at` */
 
 /* The lanes of a block: buffers and bits held, lanes 8v..8v+7 in

@@ -449,7 +449,8 @@ int dcast_simd_bmi2(void)
 int dcast_simd_avx512(void)
 {
 #if defined(__x86_64__)
-	return simd_pick() == DCAST_SIMD_AVX512 && __builtin_cpu_supports("avx512cd");
+	return simd_pick() == DCAST_SIMD_AVX512 && __builtin_cpu_supports("avx512cd") &&
+	       __builtin_cpu_supports("avx512vl");
 #else
 	return 0;
 #endif

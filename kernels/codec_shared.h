@@ -670,8 +670,8 @@ int dcast_simd_force(int simd);
  * bit coders then run their BMI2 builds, which shift by a register. */
 int dcast_simd_bmi2(void);
 
-/* 1 when the variant in use is AVX-512 and the CPU has AVX512CD too: compact
- * v2's decoder then runs its 8-lanes-a-vector build. */
+/* 1 when the variant in use is AVX-512 and the CPU has AVX512CD and
+ * AVX512VL too: compact v2's coder then runs its 8-lanes-a-vector builds. */
 int dcast_simd_avx512(void);
 
 #if defined(__x86_64__)

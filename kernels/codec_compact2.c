@@ -223,6 +223,19 @@ static AVX512 ALWAYS_INLINE void e_pass(vout *o, venc *s, unsigned v, __m512i x,
 	o->cur += (unsigned)__builtin_popcount(mk);
 }
 
+/* Passes 2 and 3, for the few lanes whose code needs more than one
+ * word. */
+static AVX512 void e_more(vout *o, venc *s, const __mmask8 *act, const __m512i *x, const __m512i *m,
+			  const __mmask8 *mk2)
+{
+#pragma GCC unroll 4
+	for (unsigned v = 0; v < 4; v++)
+		e_pass(o, s, v, x[v], m[v], mk2[v], 2);
+#pragma GCC unroll 4
+	for (unsigned v = 0; v < 4; v++)
+		e_pass(o, s, v, x[v], m[v], act[v] & _mm512_cmpgt_epu64_mask(m[v], e_set(2)), 3);
+}
+
 /* One refill point: lane codes c of lengths L (act: the lanes in the
  * round).  A lane takes m = ceil((L - held) / 16) words (none when it
  * holds L bits), in passes: first every lane's first word, then the
@@ -230,20 +243,24 @@ static AVX512 ALWAYS_INLINE void e_pass(vout *o, venc *s, unsigned v, __m512i x,
 static AVX512 ALWAYS_INLINE void e_point(vout *o, venc *s, const __mmask8 *act, const __m512i *c, const __m512i *L)
 {
 	__m512i m[4], x[4];
-	__mmask8 mk[3][4];
+	__mmask8 mk[2][4];
 	unsigned more = 0;
+#pragma GCC unroll 4
 	for (unsigned v = 0; v < 4; v++) {
 		__m512i h = s->held[v], d = _mm512_sub_epi64(_mm512_max_epu64(L[v], h), h);
 		m[v] = _mm512_srli_epi64(_mm512_add_epi64(d, e_set(15)), 4);
 		x[v] = _mm512_or_si512(s->part[v], _mm512_sllv_epi64(c[v], _mm512_sub_epi64(e_set(16), h)));
-		for (unsigned p = 0; p < 3; p++)
-			mk[p][v] = act[v] & _mm512_cmpgt_epu64_mask(m[v], e_set(p));
+		mk[0][v] = act[v] & _mm512_cmpgt_epu64_mask(m[v], e_set(0));
+		mk[1][v] = act[v] & _mm512_cmpgt_epu64_mask(m[v], e_set(1));
 		more |= mk[1][v];
 		e_fix(o, s->last[v], x[v], mk[0][v]);
 	}
-	for (unsigned p = 0; p < 3 && (p == 0 || more); p++)
-		for (unsigned v = 0; v < 4; v++)
-			e_pass(o, s, v, x[v], m[v], mk[p][v], p + 1);
+#pragma GCC unroll 4
+	for (unsigned v = 0; v < 4; v++)
+		e_pass(o, s, v, x[v], m[v], mk[0][v], 1);
+	if (more)
+		e_more(o, s, act, x, m, mk[1]);
+#pragma GCC unroll 4
 	for (unsigned v = 0; v < 4; v++) {
 		__m512i h = _mm512_sub_epi64(_mm512_add_epi64(s->held[v], _mm512_slli_epi64(m[v], 4)), L[v]);
 		s->part[v] = _mm512_mask_srlv_epi64(s->part[v], act[v], x[v], _mm512_slli_epi64(m[v], 4));
@@ -287,17 +304,18 @@ static AVX512 ALWAYS_INLINE __m512i e_val(const uint32_t *sym_ent, const uint32_
 /* One round of changes [i, i + nl) of the range: both refill points;
  * the position codes' lengths added to *pbits. */
 static AVX512 ALWAYS_INLINE void e_round(vout *o, venc *s, const dcast_changes *ch, const dcast_cpt_plan *p,
-					 const uint32_t *sym_ent, uint64_t i, uint32_t nl, __m512i *pbits)
+					 const uint32_t *sym_ent, uint64_t i, uint32_t am, __m512i *pbits)
 {
-	uint32_t am = nl == 32 ? 0xffffffffu : (1u << nl) - 1;
 	__mmask8 act[4] = { (__mmask8)am, (__mmask8)(am >> 8), (__mmask8)(am >> 16), (__mmask8)(am >> 24) };
 	__m512i c[4], L[4];
+#pragma GCC unroll 4
 	for (unsigned v = 0; v < 4; v++) {
 		uint64_t j = i + 8 * v, before = !act[v] ? 0 : j ? ch->pos[j - 1] : UINT64_MAX;
 		L[v] = e_pos(p, ch->pos + j, before, act[v], &c[v]);
 		*pbits = _mm512_mask_add_epi64(*pbits, act[v], *pbits, L[v]);
 	}
 	e_point(o, s, act, c, L);
+#pragma GCC unroll 4
 	for (unsigned v = 0; v < 4; v++)
 		L[v] = e_val(sym_ent, ch->zz + i + 8 * v, act[v], &c[v]);
 	e_point(o, s, act, c, L);
@@ -310,10 +328,15 @@ static AVX512 uint32_t e_blk(const dcast_changes *ch, const dcast_cpt_plan *p, c
 	vout o = { out, 0, 0, fix };
 	venc s;
 	__m512i pbits = _mm512_setzero_si512();
+#pragma GCC unroll 4
 	for (unsigned v = 0; v < 4; v++)
 		s.part[v] = s.held[v] = _mm512_setzero_si512(), s.last[v] = e_set(NO_SLOT);
-	for (uint32_t r = 0; r < n; r += DCAST_CPT2_LANES)
-		e_round(&o, &s, ch, p, sym_ent, first + r, n - r < DCAST_CPT2_LANES ? n - r : DCAST_CPT2_LANES, &pbits);
+	uint32_t r = 0;
+	for (; r + DCAST_CPT2_LANES <= n; r += DCAST_CPT2_LANES) /* the mask a constant: no lane masked */
+		e_round(&o, &s, ch, p, sym_ent, first + r, 0xffffffffu, &pbits);
+	if (r < n)
+		e_round(&o, &s, ch, p, sym_ent, first + r, (1u << (n - r)) - 1, &pbits);
+#pragma GCC unroll 4
 	for (unsigned v = 0; v < 4; v++)
 		e_fix(&o, s.last[v], s.part[v], 0xff);
 	for (uint32_t f = 0; f < o.nfix; f++) {
@@ -610,6 +633,7 @@ static AVX512 ALWAYS_INLINE __m512i v_val_len(const fast2 *f, __m512i b, __m512i
 
 static AVX512 ALWAYS_INLINE void v_lens(const fast2 *f, const vlanes *s, vcodes *c, int val, int raw)
 {
+#pragma GCC unroll 4
 	for (unsigned v = 0; v < 4; v++)
 		c->len[v] = val ? v_val_len(f, s->buf[v], &c->aux[v], raw) : v_pos_len(f, s->buf[v], &c->aux[v]);
 }
@@ -617,6 +641,7 @@ static AVX512 ALWAYS_INLINE void v_lens(const fast2 *f, const vlanes *s, vcodes 
 /* One pass: each lane of need takes the next word, lanes in order. */
 static AVX512 ALWAYS_INLINE void v_take(const fast2 *f, vlanes *s, const __mmask8 *need, uint64_t *at)
 {
+#pragma GCC unroll 4
 	for (unsigned v = 0; v < 4; v++) {
 		__m128i w8 = _mm_loadu_si128((const __m128i *)(const void *)(f->w + 2 * *at));
 		__m512i w = _mm512_maskz_expand_epi64(need[v], _mm512_cvtepu16_epi64(w8));
@@ -634,12 +659,14 @@ static AVX512 ALWAYS_INLINE void v_refill(const fast2 *f, vlanes *s, const __mma
 	__mmask8 need[4];
 	unsigned any = 0;
 	v_lens(f, s, c, val, raw);
+#pragma GCC unroll 4
 	for (unsigned v = 0; v < 4; v++)
 		any |= need[v] = act[v] & _mm512_cmplt_epu64_mask(s->n[v], c->len[v]);
 	while (any) {
 		v_take(f, s, need, at);
 		v_lens(f, s, c, val, raw);
 		any = 0;
+#pragma GCC unroll 4
 		for (unsigned v = 0; v < 4; v++)
 			any |= need[v] &= _mm512_cmplt_epu64_mask(s->n[v], c->len[v]);
 	}
@@ -648,6 +675,7 @@ static AVX512 ALWAYS_INLINE void v_refill(const fast2 *f, vlanes *s, const __mma
 /* The codes used: the lanes of act drop them from their buffers. */
 static AVX512 ALWAYS_INLINE void v_drop(vlanes *s, const __mmask8 *act, const vcodes *c)
 {
+#pragma GCC unroll 4
 	for (unsigned v = 0; v < 4; v++) {
 		s->buf[v] = _mm512_mask_srlv_epi64(s->buf[v], act[v], s->buf[v], c->len[v]);
 		s->n[v] = _mm512_mask_sub_epi64(s->n[v], act[v], s->n[v], c->len[v]);
@@ -684,16 +712,19 @@ static AVX512 ALWAYS_INLINE __mmask8 v_val_store(const fast2 *f, __m512i b, __m5
 
 /* One round of the lanes in act (out: the round's changes): gaps plus
  * one into pos, values into val; -1 when a value matches no code. */
-static AVX512 ALWAYS_INLINE int v_round(const fast2 *f, vlanes *s, const __mmask8 *act, uint64_t *at, uint32_t *pos,
+static AVX512 ALWAYS_INLINE int v_round(const fast2 *f, vlanes *s, uint32_t am, uint64_t *at, uint32_t *pos,
 					uint32_t *val, int raw)
 {
+	__mmask8 act[4] = { (__mmask8)am, (__mmask8)(am >> 8), (__mmask8)(am >> 16), (__mmask8)(am >> 24) };
 	vcodes c;
 	__mmask8 bad = 0;
 	v_refill(f, s, act, &c, 0, raw, at);
+#pragma GCC unroll 4
 	for (unsigned v = 0; v < 4; v++)
 		v_gap_store(f, s->buf[v], c.aux[v], act[v], pos + 8 * v);
 	v_drop(s, act, &c);
 	v_refill(f, s, act, &c, 1, raw, at);
+#pragma GCC unroll 4
 	for (unsigned v = 0; v < 4; v++)
 		bad |= v_val_store(f, s->buf[v], c.aux[v], act[v], val + 8 * v, raw);
 	v_drop(s, act, &c);
@@ -702,15 +733,24 @@ static AVX512 ALWAYS_INLINE int v_round(const fast2 *f, vlanes *s, const __mmask
 
 /* The positions from the gaps plus one, from *next on; -1 when one is
  * at or past count. */
-static ALWAYS_INLINE int v_positions(const fast2 *f, uint64_t *next, uint32_t n, uint32_t *pos)
+static AVX512 ALWAYS_INLINE int v_positions(const fast2 *f, uint64_t *next, uint32_t n, uint32_t *pos)
 {
-	uint64_t at = *next;
-	for (uint32_t i = 0; i < n; i++) {
-		at += pos[i];
-		pos[i] = (uint32_t)(at - 1);
+	__m512i run = _mm512_set1_epi32((int)*next), z = _mm512_setzero_si512(), cnt = _mm512_set1_epi32((int)f->count);
+	__mmask16 bad = 0;
+	for (uint32_t i = 0; i < n; i += 16) {
+		__mmask16 m = n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
+		__m512i g = _mm512_maskz_loadu_epi32(m, pos + i);
+		bad |= _mm512_cmpgt_epu32_mask(g, cnt); /* no sum of 16 wraps, nor one past count */
+		g = _mm512_add_epi32(g, _mm512_alignr_epi32(g, z, 15));
+		g = _mm512_add_epi32(g, _mm512_alignr_epi32(g, z, 14));
+		g = _mm512_add_epi32(g, _mm512_alignr_epi32(g, z, 12));
+		g = _mm512_add_epi32(_mm512_add_epi32(g, _mm512_alignr_epi32(g, z, 8)), run);
+		_mm512_mask_storeu_epi32(pos + i, m, _mm512_sub_epi32(g, _mm512_set1_epi32(1)));
+		run = _mm512_permutexvar_epi32(_mm512_set1_epi32(15), g);
+		bad |= _mm512_cmpgt_epu32_mask(run, cnt);
 	}
-	*next = at;
-	return at > f->count ? -1 : 0;
+	*next = (uint32_t)_mm_cvtsi128_si32(_mm512_castsi512_si128(run));
+	return bad ? -1 : 0;
 }
 
 static AVX512 ALWAYS_INLINE int v_blk_mode(const fast2 *fp, uint64_t *at, uint64_t *next, uint32_t n, uint32_t *pos,
@@ -719,15 +759,16 @@ static AVX512 ALWAYS_INLINE int v_blk_mode(const fast2 *fp, uint64_t *at, uint64
 	const fast2 local = *fp, *f = &local;
 	vlanes s;
 	__m512i left = _mm512_setzero_si512();
+#pragma GCC unroll 4
 	for (unsigned v = 0; v < 4; v++)
 		s.buf[v] = s.n[v] = _mm512_setzero_si512();
-	for (uint32_t r = 0; r < n; r += DCAST_CPT2_LANES) {
-		uint32_t nl = n - r < DCAST_CPT2_LANES ? n - r : DCAST_CPT2_LANES;
-		uint32_t am = nl == 32 ? 0xffffffffu : (1u << nl) - 1;
-		__mmask8 act[4] = { (__mmask8)am, (__mmask8)(am >> 8), (__mmask8)(am >> 16), (__mmask8)(am >> 24) };
-		if (v_round(f, &s, act, at, pos + r, val + r, raw) || *at > f->nwords)
+	uint32_t r = 0;
+	for (; r + DCAST_CPT2_LANES <= n; r += DCAST_CPT2_LANES) /* the mask a constant: no lane masked */
+		if (v_round(f, &s, 0xffffffffu, at, pos + r, val + r, raw) || *at > f->nwords)
 			return -1;
-	}
+	if (r < n && (v_round(f, &s, (1u << (n - r)) - 1, at, pos + r, val + r, raw) || *at > f->nwords))
+		return -1;
+#pragma GCC unroll 4
 	for (unsigned v = 0; v < 4; v++)
 		left = _mm512_or_si512(left, s.buf[v]);
 	return _mm512_test_epi64_mask(left, left) ? -1 : v_positions(f, next, n, pos);
@@ -757,12 +798,20 @@ static int blk_fast(const fast2 *f, uint64_t *at, uint64_t *next, uint32_t n, ui
 	return rc;
 }
 
-/* The lookup of the fast path from the reference one. */
-static void fast_lut(uint16_t *fl, const uint16_t *lut)
+/* The fast path's lookup from the code table, level by level: at level
+ * L the first 2^L entries are the previous level's twice (an entry fixed
+ * by fewer low bits holds for every index ending in them), then the codes
+ * of length L set; the same entries as the reference lookup's, in 8 KiB of
+ * copies and a store a symbol, not a pass over the 4096. */
+static void fast_lut(uint16_t *fl, const dcast_cpt_table *t, unsigned nsym)
 {
-	for (unsigned i = 0; i < DCAST_CPT_LUT_SIZE; i++) {
-		unsigned sym = lut[i] >> 4, cl = lut[i] & 15, eb = dcast_cpt_extra_bits(sym);
-		fl[i] = !lut[i] ? 0 : (uint16_t)(cl | eb << 4 | (sym < DCAST_CPT_NDIRECT ? sym + 1 : 0) << 9);
+	fl[0] = 0;
+	for (unsigned L = 1; L <= DCAST_CPT_LMAX; L++) {
+		memcpy(fl + (1u << (L - 1)), fl, (1u << (L - 1)) * sizeof(*fl));
+		for (unsigned s = 0; s < nsym; s++)
+			if (t->len[s] == L)
+				fl[t->code[s]] = (uint16_t)(L | dcast_cpt_extra_bits(s) << 4 |
+							   (s < DCAST_CPT_NDIRECT ? s + 1 : 0) << 9);
 	}
 	fl[DCAST_CPT_LUT_SIZE] = 0; /* read by the AVX-512 build's gathers, never used */
 }
@@ -783,7 +832,7 @@ static const uint8_t *fast_stream(const dcast_cpt2_run *x, int avx512)
 }
 
 /* Every block by the fast path; 0 when all decoded and chained. */
-static int blocks_fast(const dcast_cpt2_run *x, const uint16_t *lut, const uint8_t *idx, uint64_t changed,
+static int blocks_fast(const dcast_cpt2_run *x, const dcast_cpt_table *t, const uint8_t *idx, uint64_t changed,
 		       uint32_t *pos, uint32_t *val)
 {
 	uint16_t *fl = dcast_scratch(DCAST_SCRATCH_CPT2, (DCAST_CPT_LUT_SIZE + 1) * sizeof(*fl));
@@ -796,7 +845,7 @@ static int blocks_fast(const dcast_cpt2_run *x, const uint16_t *lut, const uint8
 		     .k = x->d.k, .raw = x->d.mode == DCAST_CPT_RAW, .w_bits = x->d.w, .avx512 = (unsigned)avx512 },
 	      *f = &fs;
 	if (!f->raw)
-		fast_lut(fl, lut);
+		fast_lut(fl, t, dcast_cpt_nsym(x->d.w));
 	for (uint64_t b = 0; b < dcast_cpt2_nblocks(changed); b++) {
 		uint64_t first = b * DCAST_CPT2_BLOCK, word, start;
 		dcast_cpt2_blk_start(idx, b, &word, &start);
@@ -826,35 +875,36 @@ static int blocks_run(dcast_cpt2_run *x, const uint8_t *idx, uint64_t changed, u
 }
 
 /* The header opened and the lookup built; *idx the block index. */
-static int cpt2_open(const dcast_chunk_info *info, const uint8_t *payload, dcast_cpt2_run *x, uint16_t *lut,
+static int cpt2_open(const dcast_chunk_info *info, const uint8_t *payload, dcast_cpt2_run *x, dcast_cpt_table *t,
 		     const uint8_t **idx)
 {
-	dcast_cpt_table t;
-	int rc = dcast_cpt_open(info, payload, &x->d, &t);
+	int rc = dcast_cpt_open(info, payload, &x->d, t);
 	if (rc)
 		return rc;
-	x->d.lut = lut;
-	if (x->d.mode == DCAST_CPT_CODED)
-		dcast_cpt_lut_build(&t, dcast_cpt_nsym(x->d.w), lut);
 	x->nwords = x->d.stream_bytes / 2;
 	x->at = x->next = 0;
 	*idx = payload + dcast_cpt_hdr_bytes(x->d.mode, x->d.w);
 	return DCAST_OK;
 }
 
-/* The decode, by the fast path first unless `checked`. */
+/* The decode, by the fast path first unless `checked`; the reference
+ * lookup is built only for the reference decoder. */
 static int cpt2_decode(const dcast_chunk_info *info, const uint8_t *payload, uint32_t *pos, uint32_t *val,
 		       unsigned *mode, int checked)
 {
 	uint16_t lut[DCAST_CPT_LUT_SIZE];
 	const uint8_t *idx;
 	dcast_cpt2_run x;
-	int rc = cpt2_open(info, payload, &x, lut, &idx);
+	dcast_cpt_table t;
+	int rc = cpt2_open(info, payload, &x, &t, &idx);
 	if (rc)
 		return rc;
 	*mode = x.d.mode;
-	if (!checked && !blocks_fast(&x, lut, idx, info->changed, pos, val))
+	if (!checked && !blocks_fast(&x, &t, idx, info->changed, pos, val))
 		return DCAST_OK;
+	x.d.lut = lut;
+	if (x.d.mode == DCAST_CPT_CODED)
+		dcast_cpt_lut_build(&t, dcast_cpt_nsym(x.d.w), lut);
 	return blocks_run(&x, idx, info->changed, pos, val);
 }
 

@@ -181,17 +181,16 @@ static void idx_entry(uint8_t *idx, uint64_t b, uint32_t word, uint32_t prev)
 /* What each lane knows of the words it has taken, in one pass over the
  * codes: held (0..15) as the decoder counts them, the known low bits of
  * the last word it took (16 - held of them) and that word's slot in the
- * block.  A word is stored when taken with the bits known then; the last
- * word of a lane is stored again, whole, once it is complete: its slot
- * and value go to a list of fixes applied at the block's end. */
+ * block.  Taking a word only gives it its slot (the next one of the
+ * block); a word is stored once complete (when the lane takes the next,
+ * at once for all but the last of a code's words, at the block's end)
+ * through a list of slots and values applied at the block's end. */
 typedef struct venc {
 	__m512i part[4], held[4], last[4];
 } venc;
 
-/* The block's codes and words: a lane's code bits and lengths for one
- * refill point, the words written so far, the fixes. */
+/* The block's words: how many have their slot, the list of stores. */
 typedef struct vout {
-	uint8_t *out;
 	uint32_t cur, nfix;
 	uint32_t *fix;
 } vout;
@@ -201,71 +200,68 @@ static AVX512 ALWAYS_INLINE __m512i e_set(uint64_t x)
 	return _mm512_set1_epi64((long long)x);
 }
 
-/* Lanes of act whose previous last word is complete now: its slot and
- * value to the fixes. */
-static AVX512 ALWAYS_INLINE void e_fix(vout *o, __m512i last, __m512i x, __mmask8 done)
+/* The lanes of m: word x & 0xffff into slot `slot`, to the list. */
+static AVX512 ALWAYS_INLINE void e_store(vout *o, __m512i slot, __m512i x, __mmask8 m)
 {
-	__mmask8 m = done & _mm512_cmpneq_epu64_mask(last, e_set(NO_SLOT));
-	__m512i e = _mm512_or_si512(last, _mm512_slli_epi64(_mm512_and_si512(x, e_set(0xffff)), 16));
+	__m512i e = _mm512_or_si512(slot, _mm512_slli_epi64(_mm512_and_si512(x, e_set(0xffff)), 16));
 	_mm256_storeu_si256((__m256i *)(void *)(o->fix + o->nfix), _mm512_cvtepi64_epi32(_mm512_maskz_compress_epi64(m, e)));
 	o->nfix += (unsigned)__builtin_popcount(m);
 }
 
-/* Pass p of a refill point: the lanes of mk take their next word, in lane
- * order; a lane whose last word this is (m == p) keeps its slot. */
-static AVX512 ALWAYS_INLINE void e_pass(vout *o, venc *s, unsigned v, __m512i x, __m512i m, __mmask8 mk, unsigned p)
+/* A pass: the lanes of mk take the next slots, in lane order. */
+static AVX512 ALWAYS_INLINE __m512i e_take(vout *o, __mmask8 mk)
 {
-	__m512i w = _mm512_and_si512(_mm512_srli_epi64(x, 16 * p), e_set(0xffff));
-	__m512i iota = _mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0);
-	__m512i slot = _mm512_maskz_expand_epi64(mk, _mm512_add_epi64(iota, e_set(o->cur)));
-	_mm_storeu_si128((__m128i *)(void *)(o->out + 2 * o->cur), _mm512_cvtepi64_epi16(_mm512_maskz_compress_epi64(mk, w)));
-	s->last[v] = _mm512_mask_mov_epi64(s->last[v], mk & _mm512_cmpeq_epu64_mask(m, e_set(p)), slot);
+	__m512i slot = _mm512_maskz_expand_epi64(mk, _mm512_add_epi64(_mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0),
+								      e_set(o->cur)));
 	o->cur += (unsigned)__builtin_popcount(mk);
+	return slot;
 }
 
-/* Passes 2 and 3, for the few lanes whose code needs more than one
- * word. */
-static AVX512 void e_more(vout *o, venc *s, const __mmask8 *act, const __m512i *x, const __m512i *m,
-			  const __mmask8 *mk2)
+/* The lanes of a refill point whose code needs a second or third word,
+ * for the passes after every lane's first. */
+typedef struct elate {
+	__m512i x[4], m[4];
+	__mmask8 mk[4];
+	unsigned any;
+} elate;
+
+/* Passes 2 and 3: the word a lane took in the pass before is complete. */
+static AVX512 void e_more(vout *o, venc *s, const elate *late)
 {
+	__mmask8 m3[4];
 #pragma GCC unroll 4
-	for (unsigned v = 0; v < 4; v++)
-		e_pass(o, s, v, x[v], m[v], mk2[v], 2);
+	for (unsigned v = 0; v < 4; v++) {
+		e_store(o, s->last[v], _mm512_srli_epi64(late->x[v], 16), late->mk[v]);
+		s->last[v] = _mm512_mask_mov_epi64(s->last[v], late->mk[v], e_take(o, late->mk[v]));
+	}
 #pragma GCC unroll 4
-	for (unsigned v = 0; v < 4; v++)
-		e_pass(o, s, v, x[v], m[v], act[v] & _mm512_cmpgt_epu64_mask(m[v], e_set(2)), 3);
+	for (unsigned v = 0; v < 4; v++) {
+		m3[v] = late->mk[v] & _mm512_cmpgt_epu64_mask(late->m[v], e_set(2));
+		e_store(o, s->last[v], _mm512_srli_epi64(late->x[v], 32), m3[v]);
+		s->last[v] = _mm512_mask_mov_epi64(s->last[v], m3[v], e_take(o, m3[v]));
+	}
 }
 
-/* One refill point: lane codes c of lengths L (act: the lanes in the
- * round).  A lane takes m = ceil((L - held) / 16) words (none when it
- * holds L bits), in passes: first every lane's first word, then the
- * second words, then the third. */
-static AVX512 ALWAYS_INLINE void e_point(vout *o, venc *s, const __mmask8 *act, const __m512i *c, const __m512i *L)
+/* One refill point of vector v's lanes (a: those in the round), codes c
+ * of lengths L.  A lane takes m = ceil((L - held) / 16) words (none when
+ * it holds L bits), in passes: this is the first (every lane's first
+ * word, vector by vector), which completes the word it took before;
+ * lanes that need more go to late. */
+static AVX512 ALWAYS_INLINE void e_vec(vout *o, venc *s, unsigned v, __mmask8 a, __m512i c, __m512i L, elate *late)
 {
-	__m512i m[4], x[4];
-	__mmask8 mk[2][4];
-	unsigned more = 0;
-#pragma GCC unroll 4
-	for (unsigned v = 0; v < 4; v++) {
-		__m512i h = s->held[v], d = _mm512_sub_epi64(_mm512_max_epu64(L[v], h), h);
-		m[v] = _mm512_srli_epi64(_mm512_add_epi64(d, e_set(15)), 4);
-		x[v] = _mm512_or_si512(s->part[v], _mm512_sllv_epi64(c[v], _mm512_sub_epi64(e_set(16), h)));
-		mk[0][v] = act[v] & _mm512_cmpgt_epu64_mask(m[v], e_set(0));
-		mk[1][v] = act[v] & _mm512_cmpgt_epu64_mask(m[v], e_set(1));
-		more |= mk[1][v];
-		e_fix(o, s->last[v], x[v], mk[0][v]);
+	__m512i h = s->held[v], d = _mm512_sub_epi64(_mm512_max_epu64(L, h), h);
+	__m512i m = _mm512_srli_epi64(_mm512_add_epi64(d, e_set(15)), 4), m16 = _mm512_slli_epi64(m, 4);
+	__m512i x = _mm512_or_si512(s->part[v], _mm512_sllv_epi64(c, _mm512_sub_epi64(e_set(16), h)));
+	__mmask8 m1 = a & _mm512_cmpgt_epu64_mask(m, e_set(0)), m2 = a & _mm512_cmpgt_epu64_mask(m, e_set(1));
+	e_store(o, s->last[v], x, m1 & _mm512_cmpneq_epu64_mask(s->last[v], e_set(NO_SLOT)));
+	s->last[v] = _mm512_mask_mov_epi64(s->last[v], m1, e_take(o, m1));
+	late->mk[v] = m2;
+	if (m2) {
+		late->x[v] = x, late->m[v] = m;
+		late->any = 1;
 	}
-#pragma GCC unroll 4
-	for (unsigned v = 0; v < 4; v++)
-		e_pass(o, s, v, x[v], m[v], mk[0][v], 1);
-	if (more)
-		e_more(o, s, act, x, m, mk[1]);
-#pragma GCC unroll 4
-	for (unsigned v = 0; v < 4; v++) {
-		__m512i h = _mm512_sub_epi64(_mm512_add_epi64(s->held[v], _mm512_slli_epi64(m[v], 4)), L[v]);
-		s->part[v] = _mm512_mask_srlv_epi64(s->part[v], act[v], x[v], _mm512_slli_epi64(m[v], 4));
-		s->held[v] = _mm512_mask_mov_epi64(s->held[v], act[v], h);
-	}
+	s->part[v] = _mm512_mask_srlv_epi64(s->part[v], a, x, m16);
+	s->held[v] = _mm512_mask_mov_epi64(h, a, _mm512_sub_epi64(_mm512_add_epi64(h, m16), L));
 }
 
 /* Position codes of 8 changes from pos[i] (before: the position ahead
@@ -286,15 +282,23 @@ static AVX512 ALWAYS_INLINE __m512i e_pos(const dcast_cpt_plan *p, const uint32_
 				       e_set(DCAST_CPT_QESC + DCAST_CPT_GAP_BITS));
 }
 
+/* The symbols' codes, code | length << 16 | extra bits << 24, 16 to a
+ * vector (symbols past the last: 0), looked up by a permute. */
+typedef struct etab {
+	__m512i t[3];
+} etab;
+
 /* Value codes of 8 changes (coded mode) from zz[i]: bits into *c,
- * lengths returned.  sym_ent[s]: code | length << 16 | extra bits << 24. */
-static AVX512 ALWAYS_INLINE __m512i e_val(const uint32_t *sym_ent, const uint32_t *zz, __mmask8 a, __m512i *c)
+ * lengths returned. */
+static AVX512 ALWAYS_INLINE __m512i e_val(const etab *t, const uint32_t *zz, __mmask8 a, __m512i *c)
 {
 	__m512i z = _mm512_cvtepu32_epi64(_mm256_maskz_loadu_epi32(a, zz));
 	__m512i big = _mm512_sub_epi64(e_set(64 + DCAST_CPT_NDIRECT - 4), _mm512_lzcnt_epi64(z));
 	__mmask8 dir = _mm512_cmple_epu64_mask(z, e_set(DCAST_CPT_NDIRECT));
 	__m512i sym = _mm512_mask_blend_epi64(dir, big, _mm512_sub_epi64(z, e_set(1)));
-	__m512i e = _mm512_cvtepu32_epi64(_mm512_mask_i64gather_epi32(_mm256_setzero_si256(), a, sym, sym_ent, 4));
+	__m512i e = _mm512_maskz_permutex2var_epi32(0x5555, t->t[0], sym, t->t[1]); /* symbols 0..31 */
+	e = _mm512_mask_blend_epi64(_mm512_cmpge_epu64_mask(sym, e_set(32)), e,
+				    _mm512_maskz_permutexvar_epi32(0x5555, sym, t->t[2]));
 	__m512i cl = _mm512_and_si512(_mm512_srli_epi64(e, 16), e_set(0xff)), eb = _mm512_srli_epi64(e, 24);
 	__m512i x = _mm512_and_si512(z, _mm512_sub_epi64(_mm512_sllv_epi64(e_set(1), eb), e_set(1)));
 	*c = _mm512_or_si512(_mm512_and_si512(e, e_set(0xffff)), _mm512_sllv_epi64(x, cl));
@@ -304,28 +308,35 @@ static AVX512 ALWAYS_INLINE __m512i e_val(const uint32_t *sym_ent, const uint32_
 /* One round of changes [i, i + nl) of the range: both refill points;
  * the position codes' lengths added to *pbits. */
 static AVX512 ALWAYS_INLINE void e_round(vout *o, venc *s, const dcast_changes *ch, const dcast_cpt_plan *p,
-					 const uint32_t *sym_ent, uint64_t i, uint32_t am, __m512i *pbits)
+					 const etab *t, uint64_t i, uint32_t am, __m512i *pbits)
 {
 	__mmask8 act[4] = { (__mmask8)am, (__mmask8)(am >> 8), (__mmask8)(am >> 16), (__mmask8)(am >> 24) };
-	__m512i c[4], L[4];
+	elate late;
+	late.any = 0;
 #pragma GCC unroll 4
 	for (unsigned v = 0; v < 4; v++) {
 		uint64_t j = i + 8 * v, before = !act[v] ? 0 : j ? ch->pos[j - 1] : UINT64_MAX;
-		L[v] = e_pos(p, ch->pos + j, before, act[v], &c[v]);
-		*pbits = _mm512_mask_add_epi64(*pbits, act[v], *pbits, L[v]);
+		__m512i c, L = e_pos(p, ch->pos + j, before, act[v], &c);
+		*pbits = _mm512_mask_add_epi64(*pbits, act[v], *pbits, L);
+		e_vec(o, s, v, act[v], c, L, &late);
 	}
-	e_point(o, s, act, c, L);
+	if (late.any)
+		e_more(o, s, &late);
+	late.any = 0;
 #pragma GCC unroll 4
-	for (unsigned v = 0; v < 4; v++)
-		L[v] = e_val(sym_ent, ch->zz + i + 8 * v, act[v], &c[v]);
-	e_point(o, s, act, c, L);
+	for (unsigned v = 0; v < 4; v++) {
+		__m512i c, L = e_val(t, ch->zz + i + 8 * v, act[v], &c);
+		e_vec(o, s, v, act[v], c, L, &late);
+	}
+	if (late.any)
+		e_more(o, s, &late);
 }
 
 /* A block of n changes from `first` into out; returns its words. */
-static AVX512 uint32_t e_blk(const dcast_changes *ch, const dcast_cpt_plan *p, const uint32_t *sym_ent, uint64_t first,
+static AVX512 uint32_t e_blk(const dcast_changes *ch, const dcast_cpt_plan *p, const etab *t, uint64_t first,
 			     uint32_t n, uint8_t *out, uint32_t *fix, uint64_t *pos_bits)
 {
-	vout o = { out, 0, 0, fix };
+	vout o = { 0, 0, fix };
 	venc s;
 	__m512i pbits = _mm512_setzero_si512();
 #pragma GCC unroll 4
@@ -333,12 +344,12 @@ static AVX512 uint32_t e_blk(const dcast_changes *ch, const dcast_cpt_plan *p, c
 		s.part[v] = s.held[v] = _mm512_setzero_si512(), s.last[v] = e_set(NO_SLOT);
 	uint32_t r = 0;
 	for (; r + DCAST_CPT2_LANES <= n; r += DCAST_CPT2_LANES) /* the mask a constant: no lane masked */
-		e_round(&o, &s, ch, p, sym_ent, first + r, 0xffffffffu, &pbits);
+		e_round(&o, &s, ch, p, t, first + r, 0xffffffffu, &pbits);
 	if (r < n)
-		e_round(&o, &s, ch, p, sym_ent, first + r, (1u << (n - r)) - 1, &pbits);
+		e_round(&o, &s, ch, p, t, first + r, (1u << (n - r)) - 1, &pbits);
 #pragma GCC unroll 4
 	for (unsigned v = 0; v < 4; v++)
-		e_fix(&o, s.last[v], s.part[v], 0xff);
+		e_store(&o, s.last[v], s.part[v], _mm512_cmpneq_epu64_mask(s.last[v], e_set(NO_SLOT)));
 	for (uint32_t f = 0; f < o.nfix; f++) {
 		uint16_t w = (uint16_t)(fix[f] >> 16);
 		memcpy(out + 2 * (fix[f] & 0xffff), &w, 2);
@@ -347,31 +358,35 @@ static AVX512 uint32_t e_blk(const dcast_changes *ch, const dcast_cpt_plan *p, c
 	return o.cur;
 }
 
-/* Fixes one AVX-512 block may list (one a lane and refill point that
- * takes a word, one a lane at the end), and the 8 a store writes. */
-#define V2_FIXES (2 * DCAST_CPT2_BLOCK + 2 * DCAST_CPT2_LANES)
+/* Stores one AVX-512 block may list (one a word: a lane's 128 codes of
+ * at most 46 + 43 bits), and the 8 a store writes. */
+#define V2_FIXES (DCAST_CPT2_LANES * (LANE_WORDS + 1) + 8)
 
-/* The symbols' codes for e_val: code | length << 16 | extra bits << 24. */
-static void sym_ents(const dcast_cpt_plan *p, uint32_t *ent)
+/* The symbols' codes for e_val. */
+static AVX512 void etab_make(const dcast_cpt_plan *p, etab *t)
 {
+	uint32_t ent[48] = { 0 };
 	for (unsigned s = 0; s < dcast_cpt_nsym(p->w); s++)
 		ent[s] = p->table.code[s] | (uint32_t)p->table.len[s] << 16 | dcast_cpt_extra_bits(s) << 24;
+	for (unsigned i = 0; i < 3; i++)
+		t->t[i] = _mm512_loadu_si512(ent + 16 * i);
 }
 
 /* The blocks' words by the AVX-512 build (coded values); w: the stream. */
 static uint8_t *blocks_avx512(const dcast_changes *ch, const dcast_cpt_plan *p, uint8_t *idx, uint8_t *stream,
 			      uint64_t *pos_bits)
 {
-	uint32_t ent[DCAST_CPT_NSYM_MAX], *fix = dcast_scratch(DCAST_SCRATCH_CPT2, V2_FIXES * sizeof(*fix));
+	uint32_t *fix = dcast_scratch(DCAST_SCRATCH_CPT2, V2_FIXES * sizeof(*fix));
 	uint8_t *w = stream;
+	etab t;
 	if (!fix)
 		return NULL;
-	sym_ents(p, ent);
+	etab_make(p, &t);
 	for (uint64_t b = 0; b < dcast_cpt2_nblocks(ch->n); b++) {
 		uint64_t first = b * DCAST_CPT2_BLOCK;
 		if (b)
 			idx_entry(idx, b, (uint32_t)((w - stream) / 2), ch->pos[first - 1]);
-		w += 2 * e_blk(ch, p, ent, first, dcast_cpt2_blk_changes(ch->n, b), w, fix, pos_bits);
+		w += 2 * e_blk(ch, p, &t, first, dcast_cpt2_blk_changes(ch->n, b), w, fix, pos_bits);
 	}
 	return w;
 }

@@ -176,7 +176,6 @@ static void idx_entry(uint8_t *idx, uint64_t b, uint32_t word, uint32_t prev)
 
 /* ---- the encoder on AVX-512: the 32 lanes as 4 vectors of 8 ---- */
 #if defined(__x86_64__)
-#define NO_SLOT 0xffffu /* a lane that has taken no word yet */
 
 /* What each lane knows of the words it has taken, in one pass over the
  * codes: held (0..15) as the decoder counts them, the known low bits of
@@ -184,9 +183,13 @@ static void idx_entry(uint8_t *idx, uint64_t b, uint32_t word, uint32_t prev)
  * block.  Taking a word only gives it its slot (the next one of the
  * block); a word is stored once complete (when the lane takes the next,
  * at once for all but the last of a code's words, at the block's end)
- * through a list of slots and values applied at the block's end. */
+ * through a list of slots and values applied in order at the block's
+ * end.  A lane starts with slot 0 as its last word: every lane of the
+ * block takes its first word in the first refill point, storing junk
+ * there first, and the word of slot 0 is stored over it later. */
 typedef struct venc {
 	__m512i part[4], held[4], last[4];
+	__m512i before; /* lane 7: the position before the next change */
 } venc;
 
 /* The block's words: how many have their slot, the list of stores. */
@@ -253,7 +256,7 @@ static AVX512 ALWAYS_INLINE void e_vec(vout *o, venc *s, unsigned v, __mmask8 a,
 	__m512i m = _mm512_srli_epi64(_mm512_add_epi64(d, e_set(15)), 4), m16 = _mm512_slli_epi64(m, 4);
 	__m512i x = _mm512_or_si512(s->part[v], _mm512_sllv_epi64(c, _mm512_sub_epi64(e_set(16), h)));
 	__mmask8 m1 = a & _mm512_cmpgt_epu64_mask(m, e_set(0)), m2 = a & _mm512_cmpgt_epu64_mask(m, e_set(1));
-	e_store(o, s->last[v], x, m1 & _mm512_cmpneq_epu64_mask(s->last[v], e_set(NO_SLOT)));
+	e_store(o, s->last[v], x, m1);
 	s->last[v] = _mm512_mask_mov_epi64(s->last[v], m1, e_take(o, m1));
 	late->mk[v] = m2;
 	if (m2) {
@@ -264,14 +267,16 @@ static AVX512 ALWAYS_INLINE void e_vec(vout *o, venc *s, unsigned v, __mmask8 a,
 	s->held[v] = _mm512_mask_mov_epi64(h, a, _mm512_sub_epi64(_mm512_add_epi64(h, m16), L));
 }
 
-/* Position codes of 8 changes from pos[i] (before: the position ahead
- * of the first, all ones for none): bits into *c, lengths returned. */
-static AVX512 ALWAYS_INLINE __m512i e_pos(const dcast_cpt_plan *p, const uint32_t *pos, uint64_t before, __mmask8 a,
+/* Position codes of 8 changes from pos[i] (before: lane 7 the position
+ * ahead of the first, all ones for none; left holding these 8): bits
+ * into *c, lengths returned. */
+static AVX512 ALWAYS_INLINE __m512i e_pos(const dcast_cpt_plan *p, const uint32_t *pos, __m512i *before, __mmask8 a,
 					  __m512i *c)
 {
 	__m512i at = _mm512_cvtepu32_epi64(_mm256_maskz_loadu_epi32(a, pos));
-	__m512i prev = _mm512_alignr_epi64(at, e_set(before), 7);
+	__m512i prev = _mm512_alignr_epi64(at, *before, 7);
 	__m512i gap = _mm512_sub_epi64(_mm512_sub_epi64(at, prev), e_set(1));
+	*before = at;
 	__m512i q = _mm512_srlv_epi64(gap, e_set(p->k));
 	__mmask8 esc = _mm512_cmpge_epu64_mask(q, e_set(DCAST_CPT_QESC));
 	__m512i ones = _mm512_sub_epi64(_mm512_sllv_epi64(e_set(1), q), e_set(1));
@@ -282,27 +287,50 @@ static AVX512 ALWAYS_INLINE __m512i e_pos(const dcast_cpt_plan *p, const uint32_
 				       e_set(DCAST_CPT_QESC + DCAST_CPT_GAP_BITS));
 }
 
-/* The symbols' codes, code | length << 16 | extra bits << 24, 16 to a
- * vector (symbols past the last: 0), looked up by a permute. */
+/* The value codes, looked up by permutes: t[0..3] the whole code of the
+ * differences below 64, bits | length << 24 (16 to a vector); t[4..6]
+ * each symbol's, code | length << 16 | extra bits << 24. */
 typedef struct etab {
-	__m512i t[3];
+	__m512i t[7];
 } etab;
 
-/* Value codes of 8 changes (coded mode) from zz[i]: bits into *c,
- * lengths returned. */
-static AVX512 ALWAYS_INLINE __m512i e_val(const etab *t, const uint32_t *zz, __mmask8 a, __m512i *c)
+/* 32-bit entries i (the low 6 bits of each 64-bit lane) of a 64-entry
+ * table t[0..3]. */
+static AVX512 ALWAYS_INLINE __m512i e_lookup(const __m512i *t, __m512i i)
 {
-	__m512i z = _mm512_cvtepu32_epi64(_mm256_maskz_loadu_epi32(a, zz));
+	__m512i lo = _mm512_maskz_permutex2var_epi32(0x5555, t[0], i, t[1]);
+	__m512i hi = _mm512_maskz_permutex2var_epi32(0x5555, t[2], i, t[3]);
+	return _mm512_mask_blend_epi64(_mm512_test_epi64_mask(i, e_set(32)), lo, hi);
+}
+
+/* Value codes of differences z from their symbols: bits into *c, lengths
+ * returned. */
+static AVX512 __m512i e_val_sym(const etab *t, __m512i z, __m512i *c)
+{
 	__m512i big = _mm512_sub_epi64(e_set(64 + DCAST_CPT_NDIRECT - 4), _mm512_lzcnt_epi64(z));
 	__mmask8 dir = _mm512_cmple_epu64_mask(z, e_set(DCAST_CPT_NDIRECT));
 	__m512i sym = _mm512_mask_blend_epi64(dir, big, _mm512_sub_epi64(z, e_set(1)));
-	__m512i e = _mm512_maskz_permutex2var_epi32(0x5555, t->t[0], sym, t->t[1]); /* symbols 0..31 */
+	__m512i e = _mm512_maskz_permutex2var_epi32(0x5555, t->t[4], sym, t->t[5]); /* symbols 0..31 */
 	e = _mm512_mask_blend_epi64(_mm512_cmpge_epu64_mask(sym, e_set(32)), e,
-				    _mm512_maskz_permutexvar_epi32(0x5555, sym, t->t[2]));
+				    _mm512_maskz_permutexvar_epi32(0x5555, sym, t->t[6]));
 	__m512i cl = _mm512_and_si512(_mm512_srli_epi64(e, 16), e_set(0xff)), eb = _mm512_srli_epi64(e, 24);
 	__m512i x = _mm512_and_si512(z, _mm512_sub_epi64(_mm512_sllv_epi64(e_set(1), eb), e_set(1)));
 	*c = _mm512_or_si512(_mm512_and_si512(e, e_set(0xffff)), _mm512_sllv_epi64(x, cl));
 	return _mm512_add_epi64(cl, eb);
+}
+
+/* Value codes of 8 changes (coded mode) from zz[i]: bits into *c,
+ * lengths returned; the differences below 64 by one lookup. */
+static AVX512 ALWAYS_INLINE __m512i e_val(const etab *t, const uint32_t *zz, __mmask8 a, __m512i *c)
+{
+	__m512i z = _mm512_cvtepu32_epi64(_mm256_maskz_loadu_epi32(a, zz)), e = e_lookup(t->t, z);
+	__mmask8 big = _mm512_cmpge_epu64_mask(z, e_set(64));
+	*c = _mm512_and_si512(e, e_set(0xffffff));
+	if (__builtin_expect(!big, 1))
+		return _mm512_srli_epi64(e, 24);
+	__m512i cb, L = e_val_sym(t, z, &cb);
+	*c = _mm512_mask_blend_epi64(big, *c, cb);
+	return _mm512_mask_blend_epi64(big, _mm512_srli_epi64(e, 24), L);
 }
 
 /* One round of changes [i, i + nl) of the range: both refill points;
@@ -315,8 +343,7 @@ static AVX512 ALWAYS_INLINE void e_round(vout *o, venc *s, const dcast_changes *
 	late.any = 0;
 #pragma GCC unroll 4
 	for (unsigned v = 0; v < 4; v++) {
-		uint64_t j = i + 8 * v, before = !act[v] ? 0 : j ? ch->pos[j - 1] : UINT64_MAX;
-		__m512i c, L = e_pos(p, ch->pos + j, before, act[v], &c);
+		__m512i c, L = e_pos(p, ch->pos + i + 8 * v, &s->before, act[v], &c);
 		*pbits = _mm512_mask_add_epi64(*pbits, act[v], *pbits, L);
 		e_vec(o, s, v, act[v], c, L, &late);
 	}
@@ -341,7 +368,8 @@ static AVX512 uint32_t e_blk(const dcast_changes *ch, const dcast_cpt_plan *p, c
 	__m512i pbits = _mm512_setzero_si512();
 #pragma GCC unroll 4
 	for (unsigned v = 0; v < 4; v++)
-		s.part[v] = s.held[v] = _mm512_setzero_si512(), s.last[v] = e_set(NO_SLOT);
+		s.part[v] = s.held[v] = s.last[v] = _mm512_setzero_si512();
+	s.before = e_set(first ? ch->pos[first - 1] : UINT64_MAX);
 	uint32_t r = 0;
 	for (; r + DCAST_CPT2_LANES <= n; r += DCAST_CPT2_LANES) /* the mask a constant: no lane masked */
 		e_round(&o, &s, ch, p, t, first + r, 0xffffffffu, &pbits);
@@ -349,7 +377,8 @@ static AVX512 uint32_t e_blk(const dcast_changes *ch, const dcast_cpt_plan *p, c
 		e_round(&o, &s, ch, p, t, first + r, (1u << (n - r)) - 1, &pbits);
 #pragma GCC unroll 4
 	for (unsigned v = 0; v < 4; v++)
-		e_store(&o, s.last[v], s.part[v], _mm512_cmpneq_epu64_mask(s.last[v], e_set(NO_SLOT)));
+		e_store(&o, s.last[v], s.part[v], 0xff);
+#pragma GCC unroll 4
 	for (uint32_t f = 0; f < o.nfix; f++) {
 		uint16_t w = (uint16_t)(fix[f] >> 16);
 		memcpy(out + 2 * (fix[f] & 0xffff), &w, 2);
@@ -362,13 +391,17 @@ static AVX512 uint32_t e_blk(const dcast_changes *ch, const dcast_cpt_plan *p, c
  * at most 46 + 43 bits), and the 8 a store writes. */
 #define V2_FIXES (DCAST_CPT2_LANES * (LANE_WORDS + 1) + 8)
 
-/* The symbols' codes for e_val. */
+/* The value code tables of e_val. */
 static AVX512 void etab_make(const dcast_cpt_plan *p, etab *t)
 {
-	uint32_t ent[48] = { 0 };
+	uint32_t ent[112] = { 0 };
+	for (uint32_t z = 1; z < 64 && z < (1ull << p->w); z++) {
+		unsigned len;
+		ent[z] = (uint32_t)dcast_cpt_value_bits(p, z, 0, &len) | len << 24;
+	}
 	for (unsigned s = 0; s < dcast_cpt_nsym(p->w); s++)
-		ent[s] = p->table.code[s] | (uint32_t)p->table.len[s] << 16 | dcast_cpt_extra_bits(s) << 24;
-	for (unsigned i = 0; i < 3; i++)
+		ent[64 + s] = p->table.code[s] | (uint32_t)p->table.len[s] << 16 | dcast_cpt_extra_bits(s) << 24;
+	for (unsigned i = 0; i < 7; i++)
 		t->t[i] = _mm512_loadu_si512(ent + 16 * i);
 }
 

@@ -375,9 +375,10 @@ static AVX512 uint32_t e_blk(const dcast_changes *ch, const dcast_cpt_plan *p, c
 		e_round(&o, &s, ch, p, t, first + r, 0xffffffffu, &pbits);
 	if (r < n)
 		e_round(&o, &s, ch, p, t, first + r, (1u << (n - r)) - 1, &pbits);
+	uint32_t took = n < DCAST_CPT2_LANES ? (1u << n) - 1 : 0xffffffffu; /* lanes with a word */
 #pragma GCC unroll 4
 	for (unsigned v = 0; v < 4; v++)
-		e_store(&o, s.last[v], s.part[v], 0xff);
+		e_store(&o, s.last[v], s.part[v], (__mmask8)(took >> 8 * v));
 #pragma GCC unroll 4
 	for (uint32_t f = 0; f < o.nfix; f++) {
 		uint16_t w = (uint16_t)(fix[f] >> 16);

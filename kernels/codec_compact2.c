@@ -196,6 +196,7 @@ typedef struct venc {
 typedef struct vout {
 	uint32_t cur, nfix;
 	uint32_t *fix;
+	uint64_t pbits; /* position code bits of the points run 8 lanes a vector */
 } vout;
 
 static AVX512 ALWAYS_INLINE __m512i e_set(uint64_t x)
@@ -333,64 +334,174 @@ static AVX512 ALWAYS_INLINE __m512i e_val(const etab *t, const uint32_t *zz, __m
 	return _mm512_mask_blend_epi64(big, _mm512_srli_epi64(e, 24), L);
 }
 
-/* One round of changes [i, i + nl) of the range: both refill points;
- * the position codes' lengths added to *pbits. */
-static AVX512 ALWAYS_INLINE void e_round(vout *o, venc *s, const dcast_changes *ch, const dcast_cpt_plan *p,
-					 const etab *t, uint64_t i, uint32_t am, __m512i *pbits)
+/* The common refill point, 16 lanes a vector: every code at most 16 bits
+ * longer than the bits its lane holds, so a lane takes at most one word
+ * and x, the lane's last word's known bits and the code above them, fits
+ * 32 bits; the lanes' state (held, last word's bits, its slot) fits 32
+ * bits at any point.  A point with a longer code widens the state and
+ * runs 8 lanes a vector (e_vec, e_more). */
+typedef struct venc16 {
+	__m512i part[2], held[2], last[2];
+	__m512i before; /* lane 15: the position before the next change */
+	__m512i pbits;  /* position code bits, per lane */
+} venc16;
+
+/* What the rounds read: the changes, the plan, the value tables. */
+typedef struct ectx {
+	const dcast_changes *ch;
+	const dcast_cpt_plan *p;
+	const etab *t;
+} ectx;
+
+static AVX512 ALWAYS_INLINE __m512i h_set(uint32_t x)
+{
+	return _mm512_set1_epi32((int)x);
+}
+
+/* Position codes of 16 changes from pos (an escape's length 255, for
+ * the wide path). */
+static AVX512 ALWAYS_INLINE __m512i h_pos(const dcast_cpt_plan *p, const uint32_t *pos, __m512i *before, __mmask16 a,
+					  __m512i *c)
+{
+	__m512i at = _mm512_maskz_loadu_epi32(a, pos);
+	__m512i gap = _mm512_sub_epi32(_mm512_sub_epi32(at, _mm512_alignr_epi32(at, *before, 15)), h_set(1));
+	__m512i q = _mm512_srlv_epi32(gap, h_set(p->k));
+	__m512i ones = _mm512_sub_epi32(_mm512_sllv_epi32(h_set(1), q), h_set(1));
+	*before = at;
+	*c = _mm512_or_si512(ones, _mm512_sllv_epi32(_mm512_and_si512(gap, h_set((1u << p->k) - 1)),
+						      _mm512_add_epi32(q, h_set(1))));
+	return _mm512_mask_mov_epi32(_mm512_add_epi32(q, h_set(1 + p->k)), _mm512_cmpge_epu32_mask(q, h_set(DCAST_CPT_QESC)),
+				     h_set(255));
+}
+
+/* Value codes of 16 changes from zz (a difference of 64 or more: length
+ * 255, for the wide path). */
+static AVX512 ALWAYS_INLINE __m512i h_val(const etab *t, const uint32_t *zz, __mmask16 a, __m512i *c)
+{
+	__m512i z = _mm512_maskz_loadu_epi32(a, zz);
+	__m512i lo = _mm512_permutex2var_epi32(t->t[0], z, t->t[1]), hi = _mm512_permutex2var_epi32(t->t[2], z, t->t[3]);
+	__m512i e = _mm512_mask_blend_epi32(_mm512_test_epi32_mask(z, h_set(32)), lo, hi);
+	*c = _mm512_and_si512(e, h_set(0xffffff));
+	return _mm512_mask_mov_epi32(_mm512_srli_epi32(e, 24), _mm512_cmpge_epu32_mask(z, h_set(64)), h_set(255));
+}
+
+/* One refill point of half h's lanes (a: those in the round), codes c of
+ * lengths L <= held + 16: a lane takes a word when short of L bits,
+ * which completes the word it took before. */
+static AVX512 ALWAYS_INLINE void h_vec(vout *o, venc16 *s, unsigned h, __mmask16 a, __m512i c, __m512i L)
+{
+	__m512i hd = s->held[h], m16 = _mm512_maskz_mov_epi32(_mm512_cmpgt_epu32_mask(L, hd), h_set(16));
+	__m512i x = _mm512_or_si512(s->part[h], _mm512_sllv_epi32(c, _mm512_sub_epi32(h_set(16), hd)));
+	__mmask16 m1 = a & _mm512_test_epi32_mask(m16, m16);
+	__m512i e = _mm512_or_si512(s->last[h], _mm512_slli_epi32(x, 16));
+	_mm512_storeu_si512(o->fix + o->nfix, _mm512_maskz_compress_epi32(m1, e));
+	o->nfix += (unsigned)__builtin_popcount(m1);
+	__m512i iota = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+	s->last[h] = _mm512_mask_expand_epi32(s->last[h], m1, _mm512_add_epi32(iota, h_set(o->cur)));
+	o->cur += (unsigned)__builtin_popcount(m1);
+	s->part[h] = _mm512_mask_srlv_epi32(s->part[h], a, x, m16);
+	s->held[h] = _mm512_mask_mov_epi32(hd, a, _mm512_sub_epi32(_mm512_add_epi32(hd, m16), L));
+}
+
+/* Half h (0, 1) of a 32-bit state vector as 8 64-bit lanes, and back. */
+static AVX512 ALWAYS_INLINE __m512i h_wide(__m512i x, unsigned h)
+{
+	return _mm512_cvtepu32_epi64(h ? _mm512_extracti64x4_epi64(x, 1) : _mm512_castsi512_si256(x));
+}
+
+static AVX512 ALWAYS_INLINE __m512i h_narrow(__m512i lo, __m512i hi)
+{
+	return _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi64_epi32(lo)), _mm512_cvtepi64_epi32(hi), 1);
+}
+
+/* A refill point with a code longer than 16 bits, 8 lanes a vector, its
+ * codes made again (val: the value codes; before0: the positions'
+ * vector before this round's). */
+static AVX512 __attribute__((noinline)) void h_long(vout *o, venc16 *s, const ectx *x, uint64_t i, uint32_t am,
+						     __m512i before0, int val)
 {
 	__mmask8 act[4] = { (__mmask8)am, (__mmask8)(am >> 8), (__mmask8)(am >> 16), (__mmask8)(am >> 24) };
+	__m512i pbits = _mm512_setzero_si512();
 	elate late;
+	venc w;
 	late.any = 0;
-#pragma GCC unroll 4
+	w.before = _mm512_cvtepi32_epi64(_mm512_castsi512_si256(_mm512_permutexvar_epi32(h_set(15), before0)));
+	for (unsigned v = 0; v < 4; v++)
+		w.part[v] = h_wide(s->part[v / 2], v & 1), w.held[v] = h_wide(s->held[v / 2], v & 1),
+		w.last[v] = h_wide(s->last[v / 2], v & 1);
 	for (unsigned v = 0; v < 4; v++) {
-		__m512i c, L = e_pos(p, ch->pos + i + 8 * v, &s->before, act[v], &c);
-		*pbits = _mm512_mask_add_epi64(*pbits, act[v], *pbits, L);
-		e_vec(o, s, v, act[v], c, L, &late);
+		__m512i c, L = val ? e_val(x->t, x->ch->zz + i + 8 * v, act[v], &c)
+				   : e_pos(x->p, x->ch->pos + i + 8 * v, &w.before, act[v], &c);
+		pbits = _mm512_mask_add_epi64(pbits, val ? 0 : act[v], pbits, L);
+		e_vec(o, &w, v, act[v], c, L, &late);
 	}
 	if (late.any)
-		e_more(o, s, &late);
-	late.any = 0;
-#pragma GCC unroll 4
-	for (unsigned v = 0; v < 4; v++) {
-		__m512i c, L = e_val(t, ch->zz + i + 8 * v, act[v], &c);
-		e_vec(o, s, v, act[v], c, L, &late);
+		e_more(o, &w, &late);
+	for (unsigned h = 0; h < 2; h++)
+		s->part[h] = h_narrow(w.part[2 * h], w.part[2 * h + 1]), s->held[h] = h_narrow(w.held[2 * h], w.held[2 * h + 1]),
+		s->last[h] = h_narrow(w.last[2 * h], w.last[2 * h + 1]);
+	o->pbits += (uint64_t)_mm512_reduce_add_epi64(pbits);
+}
+
+/* One round of changes [i, i + 32) of the range (am: the lanes in it):
+ * its position codes' refill point, then its value codes'. */
+static AVX512 ALWAYS_INLINE void h_round(vout *o, venc16 *s, const ectx *x, uint64_t i, uint32_t am)
+{
+	__mmask16 act[2] = { (__mmask16)am, (__mmask16)(am >> 16) }, lng = 0;
+	__m512i c[2], L[2], before0 = s->before;
+	for (unsigned h = 0; h < 2; h++) {
+		L[h] = h_pos(x->p, x->ch->pos + i + 16 * h, &s->before, act[h], &c[h]);
+		lng |= act[h] & _mm512_cmpgt_epu32_mask(L[h], _mm512_add_epi32(s->held[h], h_set(16)));
 	}
-	if (late.any)
-		e_more(o, s, &late);
+	if (lng)
+		h_long(o, s, x, i, am, before0, 0);
+	for (unsigned h = 0; !lng && h < 2; h++) {
+		s->pbits = _mm512_mask_add_epi32(s->pbits, act[h], s->pbits, L[h]);
+		h_vec(o, s, h, act[h], c[h], L[h]);
+	}
+	lng = 0;
+	for (unsigned h = 0; h < 2; h++) {
+		L[h] = h_val(x->t, x->ch->zz + i + 16 * h, act[h], &c[h]);
+		lng |= act[h] & _mm512_cmpgt_epu32_mask(L[h], _mm512_add_epi32(s->held[h], h_set(16)));
+	}
+	if (lng)
+		h_long(o, s, x, i, am, before0, 1);
+	for (unsigned h = 0; !lng && h < 2; h++)
+		h_vec(o, s, h, act[h], c[h], L[h]);
 }
 
 /* A block of n changes from `first` into out; returns its words. */
-static AVX512 uint32_t e_blk(const dcast_changes *ch, const dcast_cpt_plan *p, const etab *t, uint64_t first,
-			     uint32_t n, uint8_t *out, uint32_t *fix, uint64_t *pos_bits)
+static AVX512 uint32_t e_blk(const ectx *x, uint64_t first, uint32_t n, uint8_t *out, uint32_t *fix, uint64_t *pos_bits)
 {
-	vout o = { 0, 0, fix };
-	venc s;
-	__m512i pbits = _mm512_setzero_si512();
-#pragma GCC unroll 4
-	for (unsigned v = 0; v < 4; v++)
-		s.part[v] = s.held[v] = s.last[v] = _mm512_setzero_si512();
-	s.before = e_set(first ? ch->pos[first - 1] : UINT64_MAX);
-	uint32_t r = 0;
+	vout o = { 0, 0, fix, 0 };
+	venc16 s;
+	uint32_t r = 0, took = n < DCAST_CPT2_LANES ? (1u << n) - 1 : 0xffffffffu; /* lanes with a word */
+	for (unsigned h = 0; h < 2; h++)
+		s.part[h] = s.held[h] = s.last[h] = _mm512_setzero_si512();
+	s.pbits = _mm512_setzero_si512();
+	s.before = h_set(first ? x->ch->pos[first - 1] : UINT32_MAX);
 	for (; r + DCAST_CPT2_LANES <= n; r += DCAST_CPT2_LANES) /* the mask a constant: no lane masked */
-		e_round(&o, &s, ch, p, t, first + r, 0xffffffffu, &pbits);
+		h_round(&o, &s, x, first + r, 0xffffffffu);
 	if (r < n)
-		e_round(&o, &s, ch, p, t, first + r, (1u << (n - r)) - 1, &pbits);
-	uint32_t took = n < DCAST_CPT2_LANES ? (1u << n) - 1 : 0xffffffffu; /* lanes with a word */
-#pragma GCC unroll 4
-	for (unsigned v = 0; v < 4; v++)
-		e_store(&o, s.last[v], s.part[v], (__mmask8)(took >> 8 * v));
+		h_round(&o, &s, x, first + r, (1u << (n - r)) - 1);
+	for (unsigned h = 0; h < 2; h++) {
+		__mmask16 m = (__mmask16)(took >> 16 * h);
+		__m512i e = _mm512_or_si512(s.last[h], _mm512_slli_epi32(s.part[h], 16));
+		_mm512_storeu_si512(fix + o.nfix, _mm512_maskz_compress_epi32(m, e));
+		o.nfix += (unsigned)__builtin_popcount(m);
+	}
 #pragma GCC unroll 4
 	for (uint32_t f = 0; f < o.nfix; f++) {
 		uint16_t w = (uint16_t)(fix[f] >> 16);
 		memcpy(out + 2 * (fix[f] & 0xffff), &w, 2);
 	}
-	*pos_bits += (uint64_t)_mm512_reduce_add_epi64(pbits);
+	*pos_bits += o.pbits + (uint64_t)_mm512_reduce_add_epi32(s.pbits);
 	return o.cur;
 }
 
 /* Stores one AVX-512 block may list (one a word: a lane's 128 codes of
  * at most 46 + 43 bits), and the 8 a store writes. */
-#define V2_FIXES (DCAST_CPT2_LANES * (LANE_WORDS + 1) + 8)
+#define V2_FIXES (DCAST_CPT2_LANES * (LANE_WORDS + 1) + 16)
 
 /* The value code tables of e_val. */
 static AVX512 void etab_make(const dcast_cpt_plan *p, etab *t)
@@ -413,6 +524,7 @@ static uint8_t *blocks_avx512(const dcast_changes *ch, const dcast_cpt_plan *p, 
 	uint32_t *fix = dcast_scratch(DCAST_SCRATCH_CPT2, V2_FIXES * sizeof(*fix));
 	uint8_t *w = stream;
 	etab t;
+	ectx x = { ch, p, &t };
 	if (!fix)
 		return NULL;
 	etab_make(p, &t);
@@ -420,7 +532,7 @@ static uint8_t *blocks_avx512(const dcast_changes *ch, const dcast_cpt_plan *p, 
 		uint64_t first = b * DCAST_CPT2_BLOCK;
 		if (b)
 			idx_entry(idx, b, (uint32_t)((w - stream) / 2), ch->pos[first - 1]);
-		w += 2 * e_blk(ch, p, &t, first, dcast_cpt2_blk_changes(ch->n, b), w, fix, pos_bits);
+		w += 2 * e_blk(&x, first, dcast_cpt2_blk_changes(ch->n, b), w, fix, pos_bits);
 	}
 	return w;
 }

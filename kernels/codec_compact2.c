@@ -1,9 +1,14 @@
 /* Compact v2 on the CPU (docs/protocol.md, "4: compact v2"): its exact
  * size, the encoder, which lays each block's words out by running the
  * lanes' refills as a warp takes them, and the decoder, which runs the
- * same refills lane by lane and names the first problem it meets, as the
- * v1 decoder does.  The lane logic is codec_cpt2.h's, shared with the
- * warp kernel (batch.cu). */
+ * same refills and names the first problem it meets, as the v1 decoder
+ * does.  The lane logic is codec_cpt2.h's, shared with the warp kernel
+ * (batch.cu).  Where the compare variant in use is AVX-512 (and the CPU
+ * has AVX512CD and AVX512VL: dcast_simd_avx512), the encoder (coded
+ * values) and the decoder's fast path run a block's 32 lanes in vector
+ * registers, 16 or 8 lanes to one, a refill point at a time; elsewhere
+ * they run the scalar builds, which test_codec runs too (its variants).
+ * Both builds write the same bytes and accept the same payloads. */
 #include <inttypes.h>
 #include <string.h>
 #include "codec_cpt2.h"
@@ -174,7 +179,7 @@ static void idx_entry(uint8_t *idx, uint64_t b, uint32_t word, uint32_t prev)
 	memcpy(idx + (b - 1) * DCAST_CPT_INDEX_ENTRY, ent, sizeof(ent));
 }
 
-/* ---- the encoder on AVX-512: the 32 lanes as 4 vectors of 8 ---- */
+/* ---- the encoder on AVX-512: the 32 lanes in vectors of 16 or 8 ---- */
 #if defined(__x86_64__)
 
 /* What each lane knows of the words it has taken, in one pass over the

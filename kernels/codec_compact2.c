@@ -876,24 +876,118 @@ static AVX512 ALWAYS_INLINE __mmask8 v_val_store(const fast2 *f, __m512i b, __m5
 	return m & ~_mm512_test_epi64_mask(e, e);
 }
 
-/* One round of the lanes in act (out: the round's changes): gaps plus
- * one into pos, values into val; -1 when a value matches no code. */
-static AVX512 ALWAYS_INLINE int v_round(const fast2 *f, vlanes *s, uint32_t am, uint64_t *at, uint32_t *pos,
-					uint32_t *val, int raw)
+/* The lanes 16 to a vector, 32-bit buffers: between refill points a lane
+ * holds fewer than 16 bits (it takes a word only while short of its
+ * code, then uses the code), so a point's first pass always fits 32
+ * bits; a point where a lane is still short after it (a code longer than
+ * the bits then held: an escaped gap, a long value code) goes on with
+ * the lanes 8 to a vector (v_refill), then back. */
+typedef struct dlanes {
+	__m512i buf[2], n[2];
+} dlanes;
+
+static AVX512 ALWAYS_INLINE __m512i d_set(uint32_t x)
 {
-	__mmask8 act[4] = { (__mmask8)am, (__mmask8)(am >> 8), (__mmask8)(am >> 16), (__mmask8)(am >> 24) };
+	return _mm512_set1_epi32((int)x);
+}
+
+/* Each lane's code length and aux (trailing ones; the lookup entry), as
+ * v_pos_len and v_val_len on 32-bit buffers (all ones: 32 ones). */
+static AVX512 ALWAYS_INLINE __m512i d_len(const fast2 *f, __m512i b, int val, int raw, __m512i *aux)
+{
+	if (!val) {
+		__m512i low = _mm512_andnot_si512(b, _mm512_add_epi32(b, d_set(1)));
+		*aux = _mm512_sub_epi32(d_set(31), _mm512_lzcnt_epi32(low)); /* 31 - 32 wraps: past 20 */
+		return _mm512_mask_blend_epi32(_mm512_cmpge_epu32_mask(*aux, d_set(DCAST_CPT_QESC)),
+					       _mm512_add_epi32(*aux, d_set(1 + f->k)), d_set(DCAST_CPT_QESC + DCAST_CPT_GAP_BITS));
+	}
+	*aux = _mm512_setzero_si512();
+	if (raw)
+		return d_set(f->w_bits);
+	__m512i g = _mm512_i32gather_epi32(_mm512_and_si512(b, d_set(DCAST_CPT_LUT_SIZE - 1)), (const void *)f->lut, 2);
+	*aux = _mm512_and_si512(g, d_set(0xffff));
+	__m512i len = _mm512_add_epi32(_mm512_and_si512(*aux, d_set(15)), _mm512_and_si512(_mm512_srli_epi32(*aux, 4), d_set(31)));
+	return _mm512_mask_blend_epi32(_mm512_test_epi32_mask(*aux, *aux), d_set(DCAST_CPT_LMAX + 1), len);
+}
+
+/* The rest of a point 8 lanes a vector: further passes, the codes into
+ * out, then the buffers back to 32 bits; -1 for a value with no code. */
+static AVX512 __attribute__((noinline)) int d_long(const fast2 *f, dlanes *d, uint32_t am, int val, int raw,
+						   uint64_t *at, uint32_t *out)
+{
+	__mmask8 act[4] = { (__mmask8)am, (__mmask8)(am >> 8), (__mmask8)(am >> 16), (__mmask8)(am >> 24) }, bad = 0;
+	vlanes s;
 	vcodes c;
-	__mmask8 bad = 0;
-	v_refill(f, s, act, &c, 0, raw, at);
-#pragma GCC unroll 4
-	for (unsigned v = 0; v < 4; v++)
-		v_gap_store(f, s->buf[v], c.aux[v], act[v], pos + 8 * v);
-	v_drop(s, act, &c);
-	v_refill(f, s, act, &c, 1, raw, at);
-#pragma GCC unroll 4
-	for (unsigned v = 0; v < 4; v++)
-		bad |= v_val_store(f, s->buf[v], c.aux[v], act[v], val + 8 * v, raw);
-	v_drop(s, act, &c);
+	for (unsigned v = 0; v < 4; v++) {
+		__m256i b = v & 1 ? _mm512_extracti64x4_epi64(d->buf[v / 2], 1) : _mm512_castsi512_si256(d->buf[v / 2]);
+		__m256i n = v & 1 ? _mm512_extracti64x4_epi64(d->n[v / 2], 1) : _mm512_castsi512_si256(d->n[v / 2]);
+		s.buf[v] = _mm512_cvtepu32_epi64(b), s.n[v] = _mm512_cvtepu32_epi64(n);
+	}
+	v_refill(f, &s, act, &c, val, raw, at);
+	for (unsigned v = 0; v < 4; v++) {
+		if (val)
+			bad |= v_val_store(f, s.buf[v], c.aux[v], act[v], out + 8 * v, raw);
+		else
+			v_gap_store(f, s.buf[v], c.aux[v], act[v], out + 8 * v);
+	}
+	v_drop(&s, act, &c);
+	for (unsigned h = 0; h < 2; h++) {
+		d->buf[h] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi64_epi32(s.buf[2 * h])),
+					       _mm512_cvtepi64_epi32(s.buf[2 * h + 1]), 1);
+		d->n[h] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi64_epi32(s.n[2 * h])),
+					     _mm512_cvtepi64_epi32(s.n[2 * h + 1]), 1);
+	}
+	return bad ? -1 : 0;
+}
+
+/* Half h's codes (16 lanes of act, lengths L, aux) into o: gaps plus one
+ * or values; returns the lanes whose value matches no code. */
+static AVX512 ALWAYS_INLINE __mmask16 d_store(const fast2 *f, __m512i b, __m512i aux, __mmask16 a, int val, int raw,
+					      uint32_t *o)
+{
+	if (!val) {
+		__m512i low = _mm512_and_si512(_mm512_srlv_epi32(b, _mm512_add_epi32(aux, d_set(1))), d_set((uint32_t)f->kmask));
+		__m512i gap = _mm512_or_si512(_mm512_sllv_epi32(aux, d_set(f->k)), low);
+		_mm512_mask_storeu_epi32(o, a, _mm512_add_epi32(gap, d_set(1)));
+		return 0;
+	}
+	if (raw) {
+		_mm512_mask_storeu_epi32(o, a, _mm512_and_si512(b, d_set(dcast_mask_w(f->w_bits))));
+		return 0;
+	}
+	__m512i cl = _mm512_and_si512(aux, d_set(15)), eb = _mm512_and_si512(_mm512_srli_epi32(aux, 4), d_set(31));
+	__m512i top = _mm512_maskz_sllv_epi32(_mm512_test_epi32_mask(eb, eb), d_set(1), eb);
+	__m512i x = _mm512_and_si512(_mm512_srlv_epi32(b, cl), _mm512_sub_epi32(_mm512_sllv_epi32(d_set(1), eb), d_set(1)));
+	_mm512_mask_storeu_epi32(o, a, _mm512_add_epi32(_mm512_add_epi32(_mm512_srli_epi32(aux, 9), top), x));
+	return a & ~_mm512_test_epi32_mask(aux, aux);
+}
+
+/* One refill point of the lanes of am (val: the value codes), its codes
+ * into out[0..32); -1 for a value with no code. */
+static AVX512 ALWAYS_INLINE int d_point(const fast2 *f, dlanes *d, uint32_t am, int val, int raw, uint64_t *at,
+					uint32_t *out)
+{
+	__mmask16 act[2] = { (__mmask16)am, (__mmask16)(am >> 16) }, bad = 0, late = 0;
+	__m512i L[2], aux[2];
+	for (unsigned h = 0; h < 2; h++) {
+		__mmask16 need = act[h] & _mm512_cmplt_epu32_mask(d->n[h], d_len(f, d->buf[h], val, raw, &aux[h]));
+		__m256i w16 = _mm256_loadu_si256((const __m256i *)(const void *)(f->w + 2 * *at));
+		__m512i w = _mm512_maskz_expand_epi32(need, _mm512_cvtepu16_epi32(w16));
+		d->buf[h] = _mm512_or_si512(d->buf[h], _mm512_sllv_epi32(w, d->n[h]));
+		d->n[h] = _mm512_mask_add_epi32(d->n[h], need, d->n[h], d_set(DCAST_CPT2_WORD_BITS));
+		*at += (unsigned)__builtin_popcount(need);
+	}
+	for (unsigned h = 0; h < 2; h++) {
+		L[h] = d_len(f, d->buf[h], val, raw, &aux[h]);
+		late |= act[h] & _mm512_cmplt_epu32_mask(d->n[h], L[h]);
+	}
+	if (late)
+		return d_long(f, d, am, val, raw, at, out);
+	for (unsigned h = 0; h < 2; h++) {
+		bad |= d_store(f, d->buf[h], aux[h], act[h], val, raw, out + 16 * h);
+		d->buf[h] = _mm512_mask_srlv_epi32(d->buf[h], act[h], d->buf[h], L[h]);
+		d->n[h] = _mm512_mask_sub_epi32(d->n[h], act[h], d->n[h], L[h]);
+	}
 	return bad ? -1 : 0;
 }
 
@@ -923,21 +1017,19 @@ static AVX512 ALWAYS_INLINE int v_blk_mode(const fast2 *fp, uint64_t *at, uint64
 					   uint32_t *val, int raw)
 {
 	const fast2 local = *fp, *f = &local;
-	vlanes s;
-	__m512i left = _mm512_setzero_si512();
-#pragma GCC unroll 4
-	for (unsigned v = 0; v < 4; v++)
-		s.buf[v] = s.n[v] = _mm512_setzero_si512();
+	dlanes d;
 	uint32_t r = 0;
+	for (unsigned h = 0; h < 2; h++)
+		d.buf[h] = d.n[h] = _mm512_setzero_si512();
 	for (; r + DCAST_CPT2_LANES <= n; r += DCAST_CPT2_LANES) /* the mask a constant: no lane masked */
-		if (v_round(f, &s, 0xffffffffu, at, pos + r, val + r, raw) || *at > f->nwords)
+		if (d_point(f, &d, 0xffffffffu, 0, raw, at, pos + r) || d_point(f, &d, 0xffffffffu, 1, raw, at, val + r) ||
+		    *at > f->nwords)
 			return -1;
-	if (r < n && (v_round(f, &s, (1u << (n - r)) - 1, at, pos + r, val + r, raw) || *at > f->nwords))
+	if (r < n && (d_point(f, &d, (1u << (n - r)) - 1, 0, raw, at, pos + r) ||
+		      d_point(f, &d, (1u << (n - r)) - 1, 1, raw, at, val + r) || *at > f->nwords))
 		return -1;
-#pragma GCC unroll 4
-	for (unsigned v = 0; v < 4; v++)
-		left = _mm512_or_si512(left, s.buf[v]);
-	return _mm512_test_epi64_mask(left, left) ? -1 : v_positions(f, next, n, pos);
+	__m512i left = _mm512_or_si512(d.buf[0], d.buf[1]);
+	return _mm512_test_epi32_mask(left, left) ? -1 : v_positions(f, next, n, pos);
 }
 
 /* One block from (at, next) to its end, which it leaves in *at, *next. */

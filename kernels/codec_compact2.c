@@ -19,6 +19,9 @@
 #include <immintrin.h>
 #define AVX512 __attribute__((target("avx512f,avx512cd,avx512vl,bmi,bmi2,popcnt")))
 #endif
+/* Zeros after the stream copy the AVX-512 decoder reads: a round reads
+ * fewer than 2 * 3 * 32 + 16 words past where it starts. */
+#define V2_PAD_WORDS 512u
 /* Words one lane's stream of a block may need: 128 codes of at most
  * 46 + 43 bits. */
 #define LANE_WORDS (DCAST_CPT2_ROUNDS * 89 / DCAST_CPT2_WORD_BITS + 1)
@@ -747,7 +750,6 @@ static int blk_fast_plain(const fast2 *f, lanes2 *s, uint32_t n, uint32_t *pos, 
 
 /* ---- the fast path on AVX-512: the 32 lanes as 4 vectors of 8 ---- */
 #if defined(__x86_64__)
-#define V2_PAD_WORDS 512u /* zeros after the stream copy: a round reads < 2 * 3 * 32 + 8 words past `at` */
 
 /* The lanes of a block: buffers and bits held, lanes 8v..8v+7 in
  * vector v. */

@@ -503,6 +503,8 @@ static AVX512 uint32_t e_blk(const ectx *x, uint64_t first, uint32_t n, uint8_t 
 		uint16_t w = (uint16_t)(fix[f] >> 16);
 		memcpy(out + 2 * (fix[f] & 0xffff), &w, 2);
 	}
+	/* a store a word and a junk one a lane; slots fit 16 bits */
+	DCAST_ASSERT(o.nfix == o.cur + (unsigned)__builtin_popcount(took) && o.cur <= DCAST_CPT2_LANES * LANE_WORDS);
 	*pos_bits += o.pbits + (uint64_t)_mm512_reduce_add_epi32(s.pbits);
 	return o.cur;
 }

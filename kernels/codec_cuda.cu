@@ -855,6 +855,34 @@ static cudaError_t pinned_grow(unsigned char **p, size_t *cap, size_t need, size
 	return cudaSuccess;
 }
 
+/* What both first passes (seg_count, seg_scan) start from: the pinned
+ * stats area, the ranges copied to the device, the range meta and the tile
+ * offsets and ends in device scratch. */
+static int seg_tables(seg_job *j)
+{
+	int rc = DCAST_OK;
+	CU(pinned_grow(&j->o->stats, &j->o->stats_cap, j->at.end), "cudaMallocHost(stats)");
+	memcpy(j->o->stats + j->at.desc, j->ranges, j->nr * sizeof(dcast_cuda_range));
+	CU(scratch_get(&j->sc, (void **)&j->desc, j->nr * sizeof(dcast_cuda_range)), "cudaMallocAsync(ranges)");
+	CU(scratch_get(&j->sc, (void **)&j->meta, j->nr * sizeof(seg_meta)), "cudaMallocAsync(range meta)");
+	CU(scratch_get(&j->sc, (void **)&j->tile_off, (j->ntiles + 1) * 4), "cudaMallocAsync(tile offsets)");
+	CU(scratch_get(&j->sc, (void **)&j->tile_last, j->ntiles * 4), "cudaMallocAsync(tile ends)");
+	CU(cudaMemcpyAsync(j->desc, j->o->stats + j->at.desc, j->nr * sizeof(dcast_cuda_range),
+			   cudaMemcpyHostToDevice, j->sc.s), "copy ranges");
+out:
+	return rc;
+}
+
+/* The tile offsets (with the total after them) and ends to the host, on
+ * the job's stream (not waited for). */
+static cudaError_t tiles_back(seg_job *j)
+{
+	cudaError_t e = cudaMemcpyAsync(AT(j, tile_off, unsigned), j->tile_off, (j->ntiles + 1) * 4,
+					cudaMemcpyDeviceToHost, j->sc.s);
+	return e ? e : cudaMemcpyAsync(AT(j, tile_last, unsigned), j->tile_last, j->ntiles * 4,
+				       cudaMemcpyDeviceToHost, j->sc.s);
+}
+
 /* Count the changes per tile (one synchronization). */
 template <unsigned ES>
 static int seg_count(seg_job *j)
@@ -862,15 +890,9 @@ static int seg_count(seg_job *j)
 	int rc = DCAST_OK;
 	size_t tmp_bytes = 0;
 	void *tmp = NULL;
-	CU(pinned_grow(&j->o->stats, &j->o->stats_cap, j->at.end), "cudaMallocHost(stats)");
-	memcpy(j->o->stats + j->at.desc, j->ranges, j->nr * sizeof(dcast_cuda_range));
-	CU(scratch_get(&j->sc, (void **)&j->desc, j->nr * sizeof(dcast_cuda_range)), "cudaMallocAsync(ranges)");
-	CU(scratch_get(&j->sc, (void **)&j->meta, j->nr * sizeof(seg_meta)), "cudaMallocAsync(range meta)");
+	if ((rc = seg_tables(j)))
+		return rc;
 	CU(scratch_get(&j->sc, (void **)&j->tile_n, (j->ntiles + 1) * 4), "cudaMallocAsync(tile counts)");
-	CU(scratch_get(&j->sc, (void **)&j->tile_off, (j->ntiles + 1) * 4), "cudaMallocAsync(tile offsets)");
-	CU(scratch_get(&j->sc, (void **)&j->tile_last, j->ntiles * 4), "cudaMallocAsync(tile ends)");
-	CU(cudaMemcpyAsync(j->desc, j->o->stats + j->at.desc, j->nr * sizeof(dcast_cuda_range),
-			   cudaMemcpyHostToDevice, j->sc.s), "copy ranges");
 	CU(cudaMemsetAsync(j->tile_n, 0, (j->ntiles + 1) * 4, j->sc.s), "cudaMemsetAsync");
 	k_seg_count<ES><<<(unsigned)j->ntiles, TILE_THREADS, 0, j->sc.s>>>(j->desc, j->tpr, j->tile_n, j->tile_last);
 	CU(cudaGetLastError(), "k_seg_count");
@@ -879,10 +901,7 @@ static int seg_count(seg_job *j)
 	CU(scratch_get(&j->sc, &tmp, tmp_bytes), "cudaMallocAsync(scan)");
 	CU(cub::DeviceScan::ExclusiveSum(tmp, tmp_bytes, j->tile_n, j->tile_off, (int)(j->ntiles + 1), j->sc.s),
 	   "cub scan");
-	CU(cudaMemcpyAsync(AT(j, tile_off, unsigned), j->tile_off, (j->ntiles + 1) * 4, cudaMemcpyDeviceToHost,
-			   j->sc.s), "copy tile offsets");
-	CU(cudaMemcpyAsync(AT(j, tile_last, unsigned), j->tile_last, j->ntiles * 4, cudaMemcpyDeviceToHost,
-			   j->sc.s), "copy tile ends");
+	CU(tiles_back(j), "copy tile offsets and ends");
 	CU(cudaStreamSynchronize(j->sc.s), "sync");
 out:
 	return rc;
@@ -1055,12 +1074,8 @@ static int seg_scan(seg_job *j, uint64_t cap)
 	unsigned g = grid_for(cap, 256);
 	void *ts_mem = NULL;
 	tile_state ts;
-	CU(pinned_grow(&j->o->stats, &j->o->stats_cap, j->at.end), "cudaMallocHost(stats)");
-	memcpy(j->o->stats + j->at.desc, j->ranges, j->nr * sizeof(dcast_cuda_range));
-	CU(scratch_get(&j->sc, (void **)&j->desc, j->nr * sizeof(dcast_cuda_range)), "cudaMallocAsync(ranges)");
-	CU(scratch_get(&j->sc, (void **)&j->meta, j->nr * sizeof(seg_meta)), "cudaMallocAsync(range meta)");
-	CU(scratch_get(&j->sc, (void **)&j->tile_off, (j->ntiles + 1) * 4), "cudaMallocAsync(tile offsets)");
-	CU(scratch_get(&j->sc, (void **)&j->tile_last, j->ntiles * 4), "cudaMallocAsync(tile ends)");
+	if ((rc = seg_tables(j)))
+		return rc;
 	CU(scratch_get(&j->sc, (void **)&j->tile_move, j->ntiles * 8), "cudaMallocAsync(tile moves)");
 	CU(scratch_get(&j->sc, (void **)&j->hist, hbytes), "cudaMallocAsync(stats)");
 	CU(scratch_get(&j->sc, (void **)&j->ch.pos, cap * 4 + 4), "cudaMallocAsync(pos)");
@@ -1069,8 +1084,6 @@ static int seg_scan(seg_job *j, uint64_t cap)
 	CU(tile_state::AllocationSize((int)j->ntiles, ts_bytes), "tile state size");
 	CU(scratch_get(&j->sc, &ts_mem, ts_bytes), "cudaMallocAsync(tile state)");
 	CU(ts.Init((int)j->ntiles, ts_mem, ts_bytes), "tile state");
-	CU(cudaMemcpyAsync(j->desc, j->o->stats + j->at.desc, j->nr * sizeof(dcast_cuda_range),
-			   cudaMemcpyHostToDevice, j->sc.s), "copy ranges");
 	CU(cudaMemsetAsync(j->hist, 0, hbytes, j->sc.s), "cudaMemsetAsync");
 	k_tile_init<<<grid_for(j->ntiles, 128), 128, 0, j->sc.s>>>(ts, (int)j->ntiles);
 	k_seg_scan<ES><<<(unsigned)j->ntiles, TILE_THREADS, 0, j->sc.s>>>(
@@ -1079,10 +1092,7 @@ static int seg_scan(seg_job *j, uint64_t cap)
 	k_seg_stats<<<g < 4096 ? g : 4096, 256, 0, j->sc.s>>>(j->ch.pos, j->ch.zz, cap, j->meta, j->nr, j->hist,
 							     j->tile_off + j->ntiles);
 	CU(cudaGetLastError(), "k_seg_scan");
-	CU(cudaMemcpyAsync(AT(j, tile_off, unsigned), j->tile_off, (j->ntiles + 1) * 4, cudaMemcpyDeviceToHost,
-			   j->sc.s), "copy tile offsets");
-	CU(cudaMemcpyAsync(AT(j, tile_last, unsigned), j->tile_last, j->ntiles * 4, cudaMemcpyDeviceToHost,
-			   j->sc.s), "copy tile ends");
+	CU(tiles_back(j), "copy tile offsets and ends");
 	return stats_back(j, hbytes);
 out:
 	return rc;

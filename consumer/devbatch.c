@@ -29,6 +29,7 @@
  * plumbing. */
 #include <inttypes.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include "batch_decode.h"
@@ -50,6 +51,17 @@ typedef struct dev_copy {
 
 static pthread_mutex_t copies_lock = PTHREAD_MUTEX_INITIALIZER;
 static dev_copy *copies;
+/* How many copies have `pending` set: every device tensor operation asks
+ * cs_dbatch_settle first, and with none pending (the usual case) it need
+ * not take copies_lock.  Changed only with `pending`, by set_pending. */
+static atomic_uint n_pending;
+
+static void set_pending(dev_copy *d, int on)
+{
+	if (d->pending != on)
+		on ? atomic_fetch_add(&n_pending, 1) : atomic_fetch_sub(&n_pending, 1);
+	d->pending = on;
+}
 
 /* ---- a scatter the caller did not wait for (dcast_consumer_apply_async):
  * until it is done, the device copy (batch and undo buffer) and the
@@ -61,7 +73,7 @@ static int settle_locked(dev_copy *d)
 	if (!d->pending)
 		return 0;
 	DCAST_LOG_D("consumer: waiting for a pending device scatter");
-	d->pending = 0;
+	set_pending(d, 0);
 	return dcast_cuda_batch_event_sync(d->done);
 }
 
@@ -79,6 +91,8 @@ int cs_dbatch_settle(void)
 {
 	int err = 0;
 
+	if (!atomic_load(&n_pending))
+		return 0; /* a mark this thread made is seen: the count is seq_cst */
 	pthread_mutex_lock(&copies_lock);
 	for (dev_copy *d = copies; d; d = d->next)
 		err = settle_locked(d) ? DCAST_ECUDA : err;
@@ -105,7 +119,7 @@ static int mark_pending(dev_copy *d, void *stream)
 	int err;
 
 	pthread_mutex_lock(&copies_lock);
-	d->pending = !(err = dcast_cuda_batch_record(d->done, stream));
+	set_pending(d, !(err = dcast_cuda_batch_record(d->done, stream)));
 	pthread_mutex_unlock(&copies_lock);
 	return err;
 }

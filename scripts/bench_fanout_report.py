@@ -32,60 +32,25 @@ WALL_N = 1  # and for its wall-time ratio
 Run = collections.namedtuple("Run", "seconds recv_cpu send_cpu rss_kb rejoins ack")
 
 NOTES = """\
-How it is measured (scripts/bench_fanout.sh; every number from this one run, each cell the
-median of {runs} runs, min..max in brackets, the ratio to the same row's raw TCP median):
-- The model: gen-trace's first version of a {params} bf16 model, a safetensors file of
-  {model} bytes ({payload} bytes of tensor payload on the broker's wire).
-- Per N, first the row's references, so that a row and its references see the same load on
-  this shared machine: **raw TCP** (tests/tools/bench_tcp: the file's size to N receivers at
-  once over loopback, one sender and one receiver thread per connection, 1 MiB writes, reads
-  into a 1 MiB buffer, nothing else done with the bytes); **raw TCP, receivers keep the
-  model**: the same, each receiver reading into a buffer of the file's size that it allocates
-  when it starts (`bench_tcp BYTES N keep`): the least a receiver that keeps the model pays,
-  the first touch of that memory included (a consumer must hold the model); **nginx + curl**: a private nginx
-  (its own conf and prefix in a temp dir, a free port, `sendfile on`, one worker per core)
-  started for the row, then N `curl -o /dev/null` of the file at once, from the start of the
-  first to the end of the last, each checked to have received the whole file.
-- Then the broker ({broker_args}), a fresh one for every run.  The two "anchor in its log"
-  columns are late joiners (a restarted fleet, workers added to a run): tests/tools/fault_publish
-  publishes the file as version 1, an anchor, with the producer library and the broker ACKs
-  it; then N consumers start at once, and the time runs from their start (the script's clock
-  before the first is forked) to the last consumer's line (CLOCK_REALTIME in each process):
-  **only receive**: `wire_client receive` (tests/tools/wire_client.c) sends HELLO with the
-  library's window ({window} MiB), counts each CHUNK's payload bytes and gives the credit back,
-  and prints its line at the anchor's COMMIT once the chunk and byte counts match it (no
-  checksum, no copy); **library consumers until READY**: tests/tools/bench_sync_consumer, the C
-  library with default options (64 MiB staging budget, every chunk checksummed, digests checked,
-  the record log written in DIR), prints its line when `dcast_consumer_poll()` returns the
-  anchor's VERSION_READY, then applies it.  **publish start to N waiting library consumers**
-  (a new run: the consumers are there first): the same library consumers join, and the time
-  runs from fault_publish's `dcast_producer_publish()` call to the last READY; it holds two
-  hops, trainer to broker and broker to consumers, one after the other: the broker serves a
-  version once it is committed (docs/protocol.md), so this column is about the raw TCP time
-  plus the publish to ACK time at best.
-- **broker VmRSS after the anchor**: /proc/PID/status of the broker in the library runs, once
-  every consumer has applied the anchor; against the model file's size.  **re-joins**: the
-  broker's "joined" lines beyond N, summed over the library runs (a consumer the broker
-  dropped, or that gave up its session, joins again).  **publish to ACK**: the producer's
-  publish call to the broker's ACK of the anchor (checksums, send, commit), median of the
-  late-joiner library runs.
-- **CPU per GB moved**: user + system CPU seconds over the GB (10^9 bytes) that reached the
-  receivers, the model file's size times N, median of the runs.  Receivers: bench_tcp's
-  receiver threads (getrusage at each one's end), each curl (bash's `times` of its subshell),
-  each consumer's own process CPU time printed on the line the column is timed to (so the
-  library consumers' until READY, the apply not included), summed.  Sender: bench_tcp's sender
-  threads; nginx's master and workers, before and after each run's fetches; the broker, every
-  thread, from just before the consumers start to the end of the run (live: from just before
-  the publish, so the anchor's intake from the producer counts too); both from each thread's
-  /proc/PID/task/TID/schedstat (nanoseconds on a CPU).  Over loopback the sending side's
-  system time also carries much of the receiving side's protocol work.  The last line:
-  `intake_cpu_over_tcp`, the library consumers' (until READY) receiver CPU per GB over raw TCP's
-  receivers that keep the model, and `broker_cpu_over_nginx`, the broker's CPU per GB (library
-  consumers until READY) over nginx's, both at N = {last_n}; `fanout_over_raw_tcp_n1`, the
-  library consumers' time until READY over raw TCP's at N = {wall_n}.
-- After each broker run its processes are killed, its files removed and `sync` waits for the
-  writeback, so that a run does not pay for the one before.
-- Everything shares this machine's cores: producer, broker, N consumers, the references."""
+How it is measured (scripts/bench_fanout.sh): each cell the median of {runs} runs, [min..max], (x the row's
+raw TCP); the model is gen-trace's first {params} bf16 version ({model} bytes).
+- Per N, the references first, under the same load: **raw TCP** (tests/tools/bench_tcp: N receivers at
+  once, 1 MiB reads, the bytes dropped); **receivers keep the model** (`bench_tcp BYTES N keep`: each reads
+  into a model-sized buffer, its first touch included); **nginx + curl** (a private nginx, `sendfile on`,
+  N `curl -o /dev/null` at once).
+- Then the broker ({broker_args}, a fresh one per run).  *Anchor in its log*: the anchor is ACKed first,
+  then N consumers start at once, timed to the last one's line: `wire_client receive` ({window} MiB window,
+  no checksum, no copy), or tests/tools/bench_sync_consumer (the C library, default options) at
+  VERSION_READY.  *Publish start*: the consumers wait first, timed from `dcast_producer_publish()` to the
+  last READY; two hops one after the other, so at best raw TCP plus publish to ACK.
+- **VmRSS**: the broker's once every consumer applied the anchor.  **re-joins**: "joined" lines beyond N.
+  **publish to ACK**: the producer's, median of the late-joiner library runs.
+- **CPU per GB**: user + system seconds per 10^9 bytes delivered (the model times N): receivers by
+  getrusage, `times` or the consumer's own line; senders (bench_tcp, nginx, the broker) by
+  /proc/PID/task/TID/schedstat.  Over loopback the sender's system time carries much of the receivers'
+  protocol work.  Last line: `intake_cpu_over_tcp` (library consumers' CPU over receivers that keep the
+  model) and `broker_cpu_over_nginx`, N = {last_n}; `fanout_over_raw_tcp_n1`, library over raw TCP, N = {wall_n}.
+- Between broker runs its processes are killed, its files removed, and `sync` waits for the writeback."""
 
 
 def read_cells(path):
@@ -199,9 +164,9 @@ def section(meta, cells, ns):
             "consumers over loopback." % (
                 meta["command"], meta["seconds"], meta["kernel"], meta["cpus"], meta["cpu"], meta["load_start"],
                 meta["load_end"], meta["params"], model))
-    notes = NOTES.format(runs=meta["runs"], params=meta["params"], model=model, payload=meta["payload_bytes"],
-                         broker_args="its defaults" if meta["broker_args"] == "none" else "flags: " + meta["broker_args"], window=int(meta["window"]) >> 20,
-                         last_n=LAST_N, wall_n=WALL_N)
+    broker_args = "its defaults" if meta["broker_args"] == "none" else "flags: " + meta["broker_args"]
+    notes = NOTES.format(runs=meta["runs"], params=meta["params"], model=model, broker_args=broker_args,
+                         window=int(meta["window"]) >> 20, last_n=LAST_N, wall_n=WALL_N)
     lines = [BEGIN, head, "", *table(cells, ns, model), "",
              "CPU seconds (user + system) per GB moved to the N receivers, receivers / sender:", "",
              *cpu_table(cells, ns, model), "",

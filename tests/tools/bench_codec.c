@@ -409,9 +409,8 @@ static void print_targets(FILE *f, const result *r, int nr)
  * chunk resident in L3, which leaves the compute alone. */
 static void print_cost_table(FILE *f, const result *r, int nr, uint64_t n)
 {
-	fprintf(f, "\nEncode, memory and compute (one thread, %" PRIu64 " elements; *in L3*: the middle chunk "
-		   "encoded once per chunk of the model, so the same bytes as *encode* with the loads hitting "
-		   "L3):\n\n", n);
+	fprintf(f, "\nEncode's memory and compute (one thread, %" PRIu64 " elements; *in L3*: one chunk encoded "
+		   "as often as the model has chunks):\n\n", n);
 	fprintf(f, "| density | memcpy ms | encode ms | encode ms, in L3 | in L3 ns per changed element |\n");
 	fprintf(f, "|---|---|---|---|---|\n");
 	for (int i = 0; i < nr; i++)
@@ -497,12 +496,10 @@ int main(int argc, char **argv)
 	getloadavg(load, 1);
 	fprintf(mem, "Command: `make bench-codec%s` (build/tools/bench_codec --elems %" PRIu64 " --chunk %" PRIu64
 		     " --reps %d); %ld CPUs, load average %.1f at the end (a shared machine: timings are noisy), best of %d runs of each, interleaved.\n\n"
-		     "Sizes are bits per changed element. *bound*: per chunk n*H(p) for the positions plus, over all "
-		     "changed elements, the empirical entropy of the sortable-integer differences. "
-		     "Throughputs are GB/s of the NEW bytes; memcpy is one thread copying the same bytes in the same "
-		     "run; *memcpy of input* is one thread copying what encode reads, NEW and BASE (twice the bytes); "
-		     "encode and apply are one thread; *encode N thr* encodes the chunks with N threads "
-		     "(encoder threads that live through the bench, each claiming the next chunk, as a producer's do).\n\n",
+		     "Bits per changed element; *bound*: n*H(p) per chunk for the positions plus the empirical "
+		     "entropy of the sortable-integer differences.  GB/s of the NEW bytes, one thread unless *N thr* "
+		     "(encoder threads claiming chunks, as a producer's); *memcpy*: one thread copying the NEW bytes, "
+		     "*memcpy of input*: NEW and BASE, what encode reads.\n\n",
 		n == 1u << 25 && REPS == 9 ? "" : " BENCH_CODEC_QUICK=1", n, chunk, REPS, sysconf(_SC_NPROCESSORS_ONLN),
 		load[0], REPS);
 	print_table(mem, res, nr, n, chunk);

@@ -32,25 +32,16 @@ WALL_N = 1  # and for its wall-time ratio
 Run = collections.namedtuple("Run", "seconds recv_cpu send_cpu rss_kb rejoins ack")
 
 NOTES = """\
-How it is measured (scripts/bench_fanout.sh): each cell the median of {runs} runs, [min..max], (x the row's
-raw TCP); the model is gen-trace's first {params} bf16 version ({model} bytes).
-- Per N, the references first, under the same load: **raw TCP** (tests/tools/bench_tcp: N receivers at
-  once, 1 MiB reads, the bytes dropped); **receivers keep the model** (`bench_tcp BYTES N keep`: each reads
-  into a model-sized buffer, its first touch included); **nginx + curl** (a private nginx, `sendfile on`,
-  N `curl -o /dev/null` at once).
-- Then the broker ({broker_args}, a fresh one per run).  *Anchor in its log*: the anchor is ACKed first,
-  then N consumers start at once, timed to the last one's line: `wire_client receive` ({window} MiB window,
-  no checksum, no copy), or tests/tools/bench_sync_consumer (the C library, default options) at
-  VERSION_READY.  *Publish start*: the consumers wait first, timed from `dcast_producer_publish()` to the
-  last READY; two hops one after the other, so at best raw TCP plus publish to ACK.
-- **VmRSS**: the broker's once every consumer applied the anchor.  **re-joins**: "joined" lines beyond N.
-  **publish to ACK**: the producer's, median of the late-joiner library runs.
-- **CPU per GB**: user + system seconds per 10^9 bytes delivered (the model times N): receivers by
-  getrusage, `times` or the consumer's own line; senders (bench_tcp, nginx, the broker) by
-  /proc/PID/task/TID/schedstat.  Over loopback the sender's system time carries much of the receivers'
-  protocol work.  Last line: `intake_cpu_over_tcp` (library consumers' CPU over receivers that keep the
-  model) and `broker_cpu_over_nginx`, N = {last_n}; `fanout_over_raw_tcp_n1`, library over raw TCP, N = {wall_n}.
-- Between broker runs its processes are killed, its files removed, and `sync` waits for the writeback."""
+How it is measured (scripts/bench_fanout.sh): medians of {runs} runs [min..max] (x the row's raw TCP); the model is
+gen-trace's first {params} bf16 version ({model} bytes).  References per N, just before the broker's runs: **raw TCP**
+(tests/tools/bench_tcp, bytes dropped; *keep the model*: each receiver reads into a model-sized buffer) and **nginx +
+curl** (`sendfile on`).  A fresh broker ({broker_args}) per run.  *Anchor in its log*: the anchor is ACKed, then N
+consumers start at once, timed to the last: `wire_client receive` ({window} MiB window, no checksum, no copy) or
+tests/tools/bench_sync_consumer (default options) at VERSION_READY.  *Publish start*: the consumers wait first, timed
+from `dcast_producer_publish()` (two hops in turn).  **CPU per GB**: user + system seconds per 10^9 bytes delivered;
+receivers by getrusage, `times` or their own line, senders by /proc/PID/task/TID/schedstat (over loopback the sender's
+system time carries much of the receivers' work).  Last line: `intake_cpu_over_tcp` (library consumers over receivers
+that keep the model) and `broker_cpu_over_nginx` at N = {last_n}, `fanout_over_raw_tcp_n1` at N = {wall_n}."""
 
 
 def read_cells(path):

@@ -156,12 +156,10 @@ def plot(rows, plots):
 
 
 NOTE = """
-Time: per version, from the producer's start on it to the last consumer having it, the median
-over versions 2..N of every round; one version at a time, except the pipelined row.  Bytes: what
-reached the consumers per version, summed over them.  Consumers: `deltacast subscribe`; HTTP and
-Redis, the patch fetched then `deltacast apply` (checks, the checkpoint rewritten and fsynced);
-shared filesystem, the whole file read from a local page cache.  Across machines the bytes column
-is the cost ("Cluster").
+Time: from the producer's start on a version to the last consumer having it, the median over
+versions 2..N of every round (one version at a time, but for the pipelined row).  Bytes: per version,
+summed over the consumers.  HTTP and Redis consumers fetch the patch, then `deltacast apply` (checked,
+checkpoint fsynced); the shared-filesystem consumers read the whole file from the page cache.
 
 ![time to all consumers](plots/bench_e2e_time.png)
 ![bytes moved](plots/bench_e2e_bytes.png)

@@ -212,13 +212,10 @@ def target_rows(runs, model, n):
 
 
 NOTES = """\
-How it is measured (scripts/bench_sync.sh): **delta to all N** runs from the producer's
-`dcast_producer_publish()` call to the last consumer's apply, one version at a time, after two
-uncounted warm-up deltas; **stage** (first chunk to READY) and **apply** are the slowest
-consumer's stats; **raw TCP** (tests/tools/bench_tcp) and the one-thread **floor**
-(tests/tools/bench_sync_floor) are measured just before each row; **hashed** is
-`dcast_consumer_stats.verify_bytes`, **written** the growth of /proc/PID/io `write_bytes`.
-Consumers run with default options; every counted version passed their digest check.
+How it is measured (scripts/bench_sync.sh): **delta to all N** from `dcast_producer_publish()` to the last
+consumer's apply, one version at a time; **stage** (first chunk to READY) and **apply**: the slowest consumer's;
+**raw TCP** (tests/tools/bench_tcp) and the **floor** (tests/tools/bench_sync_floor) just before each row;
+**hashed**: `verify_bytes`, **written**: /proc/PID/io `write_bytes`.  Every counted version passed its digest check.
 """
 
 

@@ -8,8 +8,8 @@
 # the device image lacks; .dev/scripts/ bench_sync.sh with e2e_lib.sh, its
 # report and its Python consumer; .dev/python/ the binding; .dev/tests/tools/
 # the fan-out probe's scripts; scripts/device_run.sh as .dev/run.sh.  Then,
-# on the GPU host: `bash .dev/run.sh` (see docs/benchmarks.md, "Running on a
-# GPU host").  No rebuild happens there, and nothing outside .dev/ is read.
+# on the GPU host: `bash .dev/run.sh` (see docs/benchmarks.md, "Hosts").
+# No rebuild happens there, and nothing outside .dev/ is read.
 # BASE_CONSUMER=PATH: an older build of tests/tools/bench_sync_consumer,
 # carried as .dev/base/ for the run's sync-base step (an A/B of the
 # consumer on the same machine); BASE_PUBLISH=PATH likewise an older

@@ -8,8 +8,8 @@
  * tests/test_consumer_gpu.c checks the fallback (binding CUDA memory fails
  * with DCAST_ENODEVICE, the consumer keeps its host tensors; the codec says
  * once "no CUDA device: using CPU codec").  Its device half (bind
- * cudaMalloc'd tensors, apply, roll back from the checkpoint) has not run
- * here; it runs where a GPU is lent (`make test-gpu`). */
+ * cudaMalloc'd tensors, apply, roll back from the checkpoint) runs on a
+ * host with a CUDA device (`make test-gpu`). */
 #include <inttypes.h>
 #include <string.h>
 #include "consumer_impl.h"

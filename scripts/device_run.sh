@@ -45,7 +45,7 @@
 #            I/O threads: each thread's share of the sending and the time
 #            (tests/tools/fanout_threads.sh), 3 runs, alternating with the
 #            broker in base/ when there is one (BASE_BROKER: the listeners'
-#            A/B; not yet run on a device when written, 2026-11-27)
+#            A/B)
 #   faults-gpu the fault suite (scripts/faults.sh) with the producer's
 #            tensors and baseline in CUDA memory (FAULT_PUBLISH_DEVICE=1):
 #            FAULT_SEEDS trials (default 20) from FAULT_SEED_BASE

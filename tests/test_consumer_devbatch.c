@@ -12,7 +12,7 @@
  * code, the live tensor untouched.  dcast_consumer_apply_async takes the
  * same path: through the twin it is apply exactly (same bytes, versions,
  * rollback and errors; the event it is given never touched).
- * tests/test_consumer_gpu.c runs the same on a device where one is lent. */
+ * tests/test_consumer_gpu.c runs the same on a CUDA device. */
 #include <stdlib.h>
 #include "check.h"
 #include "consumer_harness.h"

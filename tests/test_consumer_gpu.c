@@ -2,11 +2,11 @@
  * Without a CUDA device (the development machines) it checks the fallback:
  * binding CUDA memory is refused with DCAST_ENODEVICE and a message naming
  * the tensor, and the consumer goes on with its own host tensors, bit-exact.
- * With a device (only where one is lent: this path has not run on the
- * development machines) it binds cudaMalloc'd tensors, applies an anchor
- * and deltas on the device, forces a digest failure (the previous version
- * comes back from the local checkpoint, as device tensors keep no old
- * values in memory) and compares the device bytes with the producer's;
+ * With a device (a GPU host, `make test-gpu`; the 2-core VM has none)
+ * it binds cudaMalloc'd tensors, applies an anchor and deltas on the
+ * device, forces a digest failure (the previous version comes back from
+ * the local checkpoint, as device tensors keep no old values in memory)
+ * and compares the device bytes with the producer's;
  * then binds a box of a tensor in device memory (a slice, as a worker
  * with another TP degree binds: runs copied, sparse changes applied by
  * the CUDA codec as idx32 payloads) through the same versions and the same

@@ -3,11 +3,11 @@
  * registering a CUDA tensor is refused with DCAST_ENODEVICE and a message
  * naming the tensor, baseline_on_device is refused at open, and the same
  * producer goes on publishing its host tensors, bit-exact.
- * With a device (only where one is lent: this half has NOT run on the
- * development machines) it registers cudaMalloc'd tensors beside a host
- * one, with the baseline in device memory and in pinned host memory, and
- * publishes an anchor and three deltas (the second leaving a range alone;
- * both device tensors' ranges encoded in one batch; before the third, one
+ * With a device (a GPU host, `make test-gpu`; the 2-core VM has none)
+ * it registers cudaMalloc'd tensors beside a host one, with the
+ * baseline in device memory and in pinned host memory, and publishes an
+ * anchor and three deltas (the second leaving a range alone; both
+ * device tensors' ranges encoded in one batch; before the third, one
  * tensor registered again at new device memory) that a reader gets
  * bit-exact, every COMMIT digest checked; and the broker, killed in the
  * middle of a device delta and back with its log, gets that version again

@@ -101,7 +101,7 @@ def check_errors(tmp):
 
 def check_budget(tmp):
     assert default_budget(None) == 64 * MiB
-    assert default_budget(3_700_000) == 16 * MiB  # the 3.7 MB model: not 192 MiB
+    assert default_budget(3_700_000) == 16 * MiB  # a 3.7 MB model: 16 MiB, not 192 MiB
     assert default_budget(10 * MiB) == 40 * MiB
     assert default_budget(1 << 40) == 256 * MiB
     d = os.path.join(tmp, "ckpt")

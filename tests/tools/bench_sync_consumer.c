@@ -21,8 +21,8 @@
  * off, with an error event each time).
  * BENCH_SYNC_CONSUMER_DEVICE=1: every tensor (tiled ones excepted) bound
  * to cudaMalloc'd memory as soon as the manifest is known, as a rollout
- * worker's weights are (scripts/device_run.sh, step sync-gpu-cons); not
- * yet run on a device when written (2026-11-27). */
+ * worker's weights are (scripts/device_run.sh, step sync-gpu-cons;
+ * docs/benchmarks.md, "Sync", 16-core H200 host). */
 #include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>

@@ -6,7 +6,7 @@
 # prints per version the seconds until every worker applied it and the
 # bytes on each link, checks every worker's file equals the last version,
 # and tears everything down on any exit.
-#   SPEC     star:N | tree:R:N, optionally +lossy (scripts/cluster_run.sh)
+#   SPEC     star:N | tree:R:N | ktree:F:D, optionally +lossy (scripts/cluster_run.sh)
 #   --rate R        the root's link (default 100mbit)
 #   --edge R        every other link (default 1gbit)
 #   --params P      gen-trace model size (default 10M)
@@ -21,7 +21,7 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 . "$HERE/cluster_run.sh"
 BUILD=${DELTACAST_BUILD:-$HERE/../build}
 MODEL=m
-SPEC=${1:?usage: scripts/cluster.sh star:N|tree:R:N[+lossy] [--rate R] [--edge R] [--params P] [--versions V] [--range-elems N] [--keep]}
+SPEC=${1:?usage: scripts/cluster.sh star:N|tree:R:N|ktree:F:D[+lossy] [--rate R] [--edge R] [--params P] [--versions V] [--range-elems N] [--keep]}
 shift
 RATE=100mbit EDGE=1gbit PARAMS=10M NVER=4 KEEP=0 CL_RANGE_ELEMS=131072 BROKER_FLAGS=()
 while [ $# -gt 0 ]; do

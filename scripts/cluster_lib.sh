@@ -16,6 +16,8 @@
 #   cl_exec NAME CMD...   run CMD in host NAME
 #   cl_bg NAME OUT CMD... the same in the background (stdout to OUT), tracked
 #   cl_counters           "PORT RX TX" per switch port (RX: what the host sent)
+#   cl_cpu_machine        "BUSY TOTAL" jiffies of the machine so far
+#   cl_cpu_pids PID...    jiffies those processes have spent so far
 set -u
 CL_TAG=${CL_TAG:-dcx$$}
 CL_SW=$CL_TAG-sw
@@ -176,6 +178,24 @@ cl_counters() {
 	ip netns exec "$CL_SW" sh -c 'for d in /sys/class/net/*; do n=${d##*/};
 		case $n in lo|br0) continue;; esac;
 		echo "$n $(cat "$d/statistics/rx_bytes") $(cat "$d/statistics/tx_bytes")"; done'
+}
+
+# cl_cpu_machine: "BUSY TOTAL", the jiffies all CPUs have spent busy (user,
+# nice, system, irq, softirq) and in all (idle and iowait too), /proc/stat.
+cl_cpu_machine() {
+	awk '/^cpu / { print $2 + $3 + $4 + $7 + $8, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9 }' /proc/stat
+}
+
+# cl_cpu_pids PID...: the jiffies those processes (every thread) have spent
+# so far, utime + stime (fields 14 and 15 of /proc/PID/stat); one that has
+# exited counts 0.
+cl_cpu_pids() {
+	local p s=0 f
+	for p in "$@"; do
+		read -ra f 2>/dev/null <"/proc/$p/stat" || continue
+		s=$((s + f[13] + f[14]))
+	done
+	echo "$s"
 }
 
 # cl_wait_for TENTHS COMMAND...: poll every 0.1 s until COMMAND succeeds.

@@ -5,10 +5,16 @@
 #   star:N      host "root" (trainer + broker) and workers w1..wN on one switch
 #   tree:R:N    root, relay brokers r1..rR (--upstream root), workers w1..wN,
 #               worker i behind relay ((i-1) % R) + 1
+#   ktree:F:D   a complete tree of fan-out F, D links deep: relays r1..rR on
+#               the levels between (R = F + ... + F^(D-1)), F^D workers on
+#               the last; hosts numbered level by level, so relay or worker
+#               number K in that order (relays first) is fed by K' =
+#               (K-1)/F: root for the first F, else relay K'
 #   ...+lossy   worker w1 drops 1% of its packets each way (nftables)
 # The root's link runs at RATE (the bottleneck: the trainer node's NIC),
-# every other link at EDGE.  Addresses: root 10.77.0.1, relay K 10.77.1.K,
-# worker I 10.77.2.I (up to 250 workers).
+# every other link at EDGE (the same RATE twice: every link alike).
+# Addresses: root 10.77.0.1, relay K 10.77.1.K, worker I 10.77.2.I (up to
+# 250 of each).
 set -u
 CL_PORT_PROD=5555
 CL_PORT_CONS=5556
@@ -17,14 +23,38 @@ CL_WORKERS=()
 CL_RELAYS=()
 declare -A CL_UPSTREAM=()
 
+# cl_ktree F D: sets CL_KT_R and CL_KT_N, the relays and workers of ktree:F:D.
+cl_ktree() {
+	local f=$1 d=$2 k p=1
+	[[ $f =~ ^[0-9]+$ && $d =~ ^[0-9]+$ && $f -ge 1 && $d -ge 1 && $d -le 8 ]] || return 1
+	CL_KT_R=0
+	for ((k = 1; k < d; k++)); do
+		p=$((p * f))
+		CL_KT_R=$((CL_KT_R + p))
+	done
+	CL_KT_N=$((p * f))
+}
+
+# cl_feeder K FAN: the host that feeds host number K (relays, then workers)
+# of a ktree of fan-out FAN; FAN 0: root.
+cl_feeder() {
+	local k=0
+	[ "$2" -gt 0 ] && k=$((($1 - 1) / $2))
+	if [ "$k" = 0 ]; then echo root; else echo "r$k"; fi
+}
+
 # cl_topology SPEC RATE EDGE
 cl_topology() {
-	local spec=$1 rate=$2 edge=$3 kind n r=0 i lossy=0
+	local spec=$1 rate=$2 edge=$3 kind n r=0 i lossy=0 fan=0
 	[[ $spec == *+lossy ]] && { lossy=1; spec=${spec%+lossy}; }
 	IFS=: read -r kind r n <<<"$spec"
 	[ "$kind" = star ] && { n=$r; r=0; }
-	[[ $kind =~ ^(star|tree)$ && $n =~ ^[0-9]+$ && $r =~ ^[0-9]+$ && $n -ge 1 && $n -le 250 ]] ||
-		{ echo "cluster: bad spec '$1' (star:N or tree:R:N, N <= 250, optional +lossy)" >&2; return 1; }
+	if [ "$kind" = ktree ]; then
+		cl_ktree "$r" "$n" || { echo "cluster: bad spec '$1' (ktree:F:D, D <= 8)" >&2; return 1; }
+		fan=$r r=$CL_KT_R n=$CL_KT_N
+	fi
+	[[ $kind =~ ^(star|tree|ktree)$ && $n =~ ^[0-9]+$ && $r =~ ^[0-9]+$ && $n -ge 1 && $n -le 250 && $r -le 250 ]] ||
+		{ echo "cluster: bad spec '$1' (star:N, tree:R:N or ktree:F:D; at most 250 workers and 250 relays; optional +lossy)" >&2; return 1; }
 	[ "$kind" = tree ] && [ "$r" -lt 1 ] && { echo "cluster: a tree needs R >= 1 relays" >&2; return 1; }
 	cl_up || return 1
 	CL_WORKERS=() CL_RELAYS=() CL_UPSTREAM=()
@@ -32,12 +62,18 @@ cl_topology() {
 	for ((i = 1; i <= r; i++)); do
 		cl_host "r$i" "10.77.1.$i" "$edge" || return 1
 		CL_RELAYS+=("r$i")
-		CL_UPSTREAM[r$i]=root
+		CL_UPSTREAM[r$i]=$(cl_feeder "$i" "$fan")
 	done
 	for ((i = 1; i <= n; i++)); do
 		cl_host "w$i" "10.77.2.$i" "$edge" || return 1
 		CL_WORKERS+=("w$i")
-		if [ "$r" -gt 0 ]; then CL_UPSTREAM[w$i]=r$(((i - 1) % r + 1)); else CL_UPSTREAM[w$i]=root; fi
+		if [ "$fan" -gt 0 ]; then
+			CL_UPSTREAM[w$i]=$(cl_feeder $((r + i)) "$fan")
+		elif [ "$r" -gt 0 ]; then
+			CL_UPSTREAM[w$i]=r$(((i - 1) % r + 1))
+		else
+			CL_UPSTREAM[w$i]=root
+		fi
 	done
 	[ "$lossy" = 0 ] || cl_lossy w1 10
 }
@@ -45,24 +81,37 @@ cl_topology() {
 # cl_cons_ep HOST: the consumer endpoint of the broker on HOST.
 cl_cons_ep() { echo "tcp://${CL_ADDR[$1]}:$CL_PORT_CONS"; }
 
+# cl_listening_or_gone PID LOG: the broker PID has said it listens, or has exited.
+cl_listening_or_gone() { grep -qs "consumers on" "$2" || ! kill -0 "$1" 2>/dev/null; }
+
 # cl_start_broker HOST [FLAGS...]: deltacast-broker on HOST (producers on its
-# loopback, consumers on every address); waits until it listens.
+# loopback, consumers on every address); waits until it listens.  If it
+# exits first, CL_BROKER_EXIT is its exit status and its stderr is in
+# RUN/HOST.broker.log.
 cl_start_broker() {
-	local h=$1 log=$RUN/$1.broker.log
+	local h=$1 log=$RUN/$1.broker.log pid
 	shift
 	ip netns exec "$CL_TAG-$h" "$BUILD/deltacast-broker" --producers "tcp://127.0.0.1:$CL_PORT_PROD" \
 		--consumers "tcp://0.0.0.0:$CL_PORT_CONS" "$@" 2>>"$log" &
-	CL_PIDS+=($!)
-	eval "CL_BROKER_PID_$h=$!"
-	cl_wait_for 100 grep -qs "consumers on" "$log" || { echo "cluster: broker on $h did not start" >&2; return 1; }
+	pid=$!
+	CL_PIDS+=("$pid")
+	eval "CL_BROKER_PID_$h=$pid"
+	cl_wait_for 100 cl_listening_or_gone "$pid" "$log"
+	grep -qs "consumers on" "$log" && return 0
+	CL_BROKER_EXIT=0
+	kill -0 "$pid" 2>/dev/null || { wait "$pid"; CL_BROKER_EXIT=$?; }
+	echo "cluster: broker on $h did not start (exit $CL_BROKER_EXIT): $(tail -n 1 "$log")" >&2
+	return 1
 }
 
-# cl_start_brokers [FLAGS...]: the root broker, then every relay.
+# cl_start_brokers [FLAGS...]: the root broker, then every relay (a relay
+# after the one that feeds it).
 cl_start_brokers() {
 	local r
 	cl_start_broker root "$@" || return 1
 	for r in "${CL_RELAYS[@]}"; do
-		cl_start_broker "$r" --upstream "$(cl_cons_ep root)" --upstream-model "$MODEL" "$@" || return 1
+		cl_start_broker "$r" --upstream "$(cl_cons_ep "${CL_UPSTREAM[$r]}")" --upstream-model "$MODEL" "$@" ||
+			return 1
 	done
 }
 
@@ -160,16 +209,26 @@ cl_rates_json() {
 	printf '}'
 }
 
+# cl_cpu_json "BUSY TOTAL OWN" (before) "BUSY TOTAL OWN" (after): {"busy": F,
+# "own": F}, the busy and own jiffies over all the machine's in between.
+cl_cpu_json() {
+	echo "$1 $2" | awk '{ t = $5 - $2; if (t <= 0) t = 1
+		printf "{\"busy\": %.4f, \"own\": %.4f}", ($4 - $1) / t, ($6 - $3) / t }'
+}
+
 # cl_run_versions FILE...: publish each file as the next version, one at a
 # time (the first an anchor), each once every worker has the one before;
 # per version a JSON line on stdout: version, seconds from publish start to
-# the last worker's apply, bytes on every link (RX: sent by that host).
+# the last worker's apply, bytes on every link (RX: sent by that host), and
+# the CPU meanwhile as fractions of all the machine's cores: busy, and own
+# (what the cluster's processes, CL_PIDS, spent).
 cl_run_versions() {
-	local v=0 f t
+	local v=0 f t m0 m1 p0 p1
 	cl_start_publisher "$@"
 	for f in "$@"; do
 		((v++))
 		cl_counters >"$RUN/c0"
+		m0=$(cl_cpu_machine) p0=$(cl_cpu_pids "${CL_PIDS[@]}")
 		cl_publish_next
 		cl_wait_for "${CL_VERSION_TIMEOUT:-3000}" cl_have "$v" || {
 			echo "cluster: version $v did not reach every worker; stuck:" >&2
@@ -178,10 +237,11 @@ cl_run_versions() {
 			done
 			return 1
 		}
+		m1=$(cl_cpu_machine) p1=$(cl_cpu_pids "${CL_PIDS[@]}")
 		cl_counters >"$RUN/c1"
 		t=$(cl_time_all "$v" "$CL_T0")
-		printf '{"v": %d, "t": %s, "links": %s, "rates": %s}\n' "$v" "$t" \
-			"$(cl_link_delta "$RUN/c0" "$RUN/c1")" "$(cl_rates_json)"
+		printf '{"v": %d, "t": %s, "links": %s, "rates": %s, "cpu": %s}\n' "$v" "$t" \
+			"$(cl_link_delta "$RUN/c0" "$RUN/c1")" "$(cl_rates_json)" "$(cl_cpu_json "$m0 $p0" "$m1 $p1")"
 	done
 	exec {CL_GO}>&-
 	wait "$CL_PUB_PID" || { echo "cluster: publisher failed: $(tail -n 2 "$RUN/publisher.log")" >&2; return 1; }

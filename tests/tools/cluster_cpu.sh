@@ -34,20 +34,19 @@ trap '[ -n "$PERF_PID" ] && kill -INT "$PERF_PID" 2>/dev/null; cl_down; rm -rf "
 trap 'exit 130' INT TERM
 die() { echo "cluster_cpu: $*" >&2; exit 1; }
 
-# busy: jiffies the machine spent busy (user, nice, system, irq, softirq).
-busy() { awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 }' /proc/stat; }
+# busy: jiffies the machine spent busy (scripts/cluster_lib.sh).
+busy() { cl_cpu_machine | cut -d' ' -f1; }
 
 # pids_cpu KIND HOST...: jiffies the processes CL_<KIND>_PID_<HOST> have
-# spent so far (utime + stime: fields 14 and 15 of /proc/PID/stat).
+# spent so far.
 pids_cpu() {
-	local kind=$1 h p s=0 f
+	local kind=$1 h p pids=()
 	shift
 	for h in "$@"; do
 		eval "p=\$CL_${kind}_PID_$h"
-		read -ra f <"/proc/$p/stat"
-		s=$((s + f[13] + f[14]))
+		pids+=("$p")
 	done
-	echo "$s"
+	cl_cpu_pids "${pids[@]}"
 }
 
 "$BUILD/deltacast" gen-trace --params 10M --steps "$DELTAS" --density 0.01 -o "$ROOT/trace" \

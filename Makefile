@@ -295,9 +295,10 @@ bench: all $(BUILD)/tools/bench_tcp $(BUILD)/tools/bench_redis $(BUILD)/tools/be
 # `make bench-cluster`: deltacast deltas (star and a relay tree), full
 # anchors and whole-model HTTP (nginx + curl) to N = 8 16 32 64 workers, each
 # in its own network namespace behind tbf-shaped links (root only;
-# scripts/bench_cluster.sh; BENCH_CLUSTER_QUICK=1: N = 8 16 at a 4M model);
-# rewrites the bench-cluster section at the end of docs/benchmarks.md and
-# docs/plots/bench_cluster_*.png.
+# scripts/bench_cluster.sh), and an equal-rate 3-level tree of 64 workers,
+# store and forward against --cut-through (BENCH_CLUSTER_ROWS=tree3 alone;
+# BENCH_CLUSTER_QUICK=1: a small run, print only); rewrites the
+# bench-cluster sections of docs/benchmarks.md and docs/plots/bench_cluster_*.png.
 .PHONY: bench-cluster
 # The peer row's tool (XOR + zstd per tensor), built only here: libzstd is a
 # bench dependency (scripts/deps.sh bench), not a build one.

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `make bench-cluster`: deltacast on a cluster of network namespaces
-# (scripts/cluster_lib.sh, scripts/cluster_run.sh), for N workers in
-# BENCH_CLUSTER_NS (default 8 16 32 64):
+# (scripts/cluster_lib.sh, scripts/cluster_run.sh).  Rows, all by default,
+# or those named in BENCH_CLUSTER_ROWS; for N workers in BENCH_CLUSTER_NS
+# (default 8 16 32 64):
 #   star   root (trainer + broker) and N `deltacast subscribe` workers: the
 #          anchor (version 1, "full anchors") then BENCH_CLUSTER_DELTAS
 #          ~1% deltas, one at a time
@@ -15,9 +16,18 @@
 # For each: seconds from publish (or request) start to the last worker
 # having it, and bytes on every link (the switch's counters).  The root's
 # link (BENCH_CLUSTER_RATE) is the bottleneck, every other link runs at
-# BENCH_CLUSTER_EDGE.  Writes the table between the bench-cluster markers
-# at the end of docs/benchmarks.md and docs/plots/bench_cluster_*.png
-# (BENCH_DOC=0: print only).  BENCH_CLUSTER_QUICK=1: N = 8 16, a 4M model.
+# BENCH_CLUSTER_EDGE.  Once, not per N:
+#   tree3  an equal-rate tree 3 levels deep: root feeds F relays, each
+#          feeds F relays, each feeds F workers (F = BENCH_CLUSTER_TREE3_FAN,
+#          default 4: 20 relays, 64 workers), every link at
+#          BENCH_CLUSTER_TREE3_RATE; a BENCH_CLUSTER_TREE3_PARAMS model's
+#          anchor then one ~1% delta, with every broker store and forward,
+#          then every broker with --cut-through (a broker that refuses the
+#          flag fails that row, and the script, once the report is out)
+# Writes the tables between the bench-cluster markers (the tree3 row: its
+# own markers) in docs/benchmarks.md and docs/plots/bench_cluster_*.png
+# (BENCH_DOC=0: print only).  BENCH_CLUSTER_QUICK=1: N = 8 16, a 4M model;
+# tree3 at F = 2 (6 relays, 8 workers) and a 1M model; print only.
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
 . "$HERE/cluster_lib.sh"
@@ -25,11 +35,17 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 BUILD=${DELTACAST_BUILD:-$HERE/../build}
 PY=${PYTHON:-/usr/bin/python3}
 MODEL=m
-if [ "${BENCH_CLUSTER_QUICK:-0}" = 1 ]; then
+QUICK=${BENCH_CLUSTER_QUICK:-0}
+if [ "$QUICK" = 1 ]; then
 	NS=${BENCH_CLUSTER_NS:-8 16} PARAMS=${BENCH_CLUSTER_PARAMS:-4M}
+	T3_FAN=${BENCH_CLUSTER_TREE3_FAN:-2} T3_PARAMS=${BENCH_CLUSTER_TREE3_PARAMS:-1M}
 else
 	NS=${BENCH_CLUSTER_NS:-8 16 32 64} PARAMS=${BENCH_CLUSTER_PARAMS:-10M}
+	T3_FAN=${BENCH_CLUSTER_TREE3_FAN:-4} T3_PARAMS=${BENCH_CLUSTER_TREE3_PARAMS:-4M}
 fi
+ROWS=${BENCH_CLUSTER_ROWS:-star tree http xorz tree3}
+T3_RATE=${BENCH_CLUSTER_TREE3_RATE:-20mbit}
+T3_CUT_FLAGS=${BENCH_CLUSTER_CUT_FLAGS:---cut-through}
 RATE=${BENCH_CLUSTER_RATE:-100mbit}
 EDGE=${BENCH_CLUSTER_EDGE:-1gbit}
 RELAYS=${BENCH_CLUSTER_RELAYS:-4}
@@ -37,6 +53,12 @@ DELTAS=${BENCH_CLUSTER_DELTAS:-3}
 HB=${BENCH_CLUSTER_HEARTBEAT_MS:-10000}
 CL_RANGE_ELEMS=${BENCH_CLUSTER_RANGE_ELEMS:-131072}
 DOC=${BENCH_DOC:-$HERE/../docs/benchmarks.md}
+[ "$QUICK" = 1 ] && DOC=${BENCH_DOC:-0}
+FAILED=0
+for row in $ROWS; do
+	[[ $row =~ ^(star|tree|http|xorz|tree3)$ ]] ||
+		{ echo "bench-cluster: BENCH_CLUSTER_ROWS: unknown row '$row' (rows: star tree http xorz tree3)" >&2; exit 2; }
+done
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 why=$(cl_usable)
 [ -z "$why" ] || { echo "bench-cluster: cannot build network namespaces here: $why" >&2; exit 77; }
@@ -48,28 +70,79 @@ die() { echo "bench-cluster: FAILED: $*" >&2; exit 1; }
 # rss PID: "VmRSS VmHWM" in KiB.
 rss() { awk '/^VmRSS/ { r = $2 } /^VmHWM/ { h = $2 } END { printf "[%d, %d]", r, h }' "/proc/$1/status"; }
 
+# want ROW: ROW is one of BENCH_CLUSTER_ROWS.
+want() { [[ " $ROWS " == *" $1 "* ]]; }
+
+# cluster_versions SPEC RATE EDGE FLAGS...: SPEC's hosts, its brokers with
+# the bench's flags and FLAGS, every worker, then each of VFILES published
+# in turn (RUN/versions.jsonl); the workers keep running.  Returns 2 if a
+# broker did not start (cl_start_broker: CL_BROKER_EXIT, RUN/HOST.broker.log).
+cluster_versions() {
+	local spec=$1 rate=$2 edge=$3
+	shift 3
+	mkdir -p "$RUN"
+	cl_topology "$spec" "$rate" "$edge" 2>>"$ROOT/setup.log" || die "$spec: topology"
+	cl_start_brokers --heartbeat-ms "$HB" --anchor-fraction 0 "$@" || return 2
+	cl_start_workers $((${#VFILES[@]} + 1)) || die "$spec: workers did not join"
+	echo "bench-cluster: $spec: ${#CL_WORKERS[@]} workers joined, publishing" >&2
+	cl_run_versions "${VFILES[@]}" >"$RUN/versions.jsonl" || die "$spec: versions"
+}
+
+# cluster_done SPEC: stop the workers, check each holds the last of
+# VFILES, tear the cluster down.
+cluster_done() {
+	local w
+	for w in "${CL_WORKERS[@]}"; do eval "kill -TERM \$CL_WORKER_PID_$w"; done
+	cl_check_final "${VFILES[-1]}" || die "$1: a worker's model is not the last version"
+	cl_down
+	rm -rf "$RUN"
+}
+
 # deltacast_row KIND N: star or tree, anchor + deltas; one JSON line.
 deltacast_row() {
-	local kind=$1 n=$2 spec w pid brk
+	local kind=$1 n=$2 spec pid brk
 	RUN=$ROOT/$kind-$n
-	mkdir -p "$RUN"
+	VFILES=("${FILES[@]}")
 	spec=star:$n
 	[ "$kind" = tree ] && spec=tree:$RELAYS:$n
-	cl_topology "$spec" "$RATE" "$EDGE" 2>>"$ROOT/setup.log" || die "$spec: topology"
-	cl_start_brokers --heartbeat-ms "$HB" --anchor-fraction 0 || die "$spec: brokers"
-	cl_start_workers $((DELTAS + 2)) || die "$spec: workers did not join" # kept running
-	echo "bench-cluster: $spec: $n workers joined, publishing" >&2
-	cl_run_versions "${FILES[@]}" >"$RUN/versions.jsonl" || die "$spec: versions"
+	cluster_versions "$spec" "$RATE" "$EDGE" || die "$spec: brokers"
 	eval "pid=\$CL_WORKER_PID_w1"
 	brk=$CL_BROKER_PID_root
 	[ "$kind" = tree ] && brk=$CL_BROKER_PID_r1
 	printf '{"row": "%s", "n": %d, "relays": %d, "broker_rss_kib": %s, "worker_rss_kib": %s, "versions": [%s]}\n' \
 		"$kind" "$n" "${#CL_RELAYS[@]}" "$(rss "$brk")" "$(rss "$pid")" \
 		"$(paste -sd, "$RUN/versions.jsonl")" >>"$ROOT/rows.jsonl"
-	for w in "${CL_WORKERS[@]}"; do eval "kill -TERM \$CL_WORKER_PID_$w"; done
-	cl_check_final "${FILES[-1]}" || die "$spec: a worker's model is not the last version"
-	cl_down
-	rm -rf "$RUN"
+	cluster_done "$spec"
+}
+
+# cut_refused: the root broker exited non-zero saying a --cut-through
+# argument is unknown (a broker built without the flag).
+cut_refused() {
+	[ "${CL_BROKER_EXIT:-0}" != 0 ] && grep -qi "unknown.*cut-through" "$RUN/root.broker.log"
+}
+
+# tree3_row MODE: the equal-rate tree, every broker store and forward (sf)
+# or with T3_CUT_FLAGS (ct); one JSON line, or a failed one where the
+# broker refuses the flag.
+tree3_row() {
+	local mode=$1 spec=ktree:$T3_FAN:3 flags=() why
+	RUN=$ROOT/tree3-$mode
+	VFILES=("${T3_FILES[@]}")
+	[ "$mode" = ct ] && read -ra flags <<<"$T3_CUT_FLAGS"
+	echo "bench-cluster: tree3, every link $T3_RATE, brokers ${flags[*]:-store and forward}" >&2
+	if ! cluster_versions "$spec" "$T3_RATE" "$T3_RATE" "${flags[@]}"; then
+		cut_refused || die "$spec: brokers (${flags[*]})"
+		why="deltacast-broker refuses $T3_CUT_FLAGS (exit $CL_BROKER_EXIT: $(tail -n 1 "$RUN/root.broker.log"))"
+		echo "bench-cluster: FAILED: tree3 cut-through row: $why" >&2
+		printf '{"row": "tree3-%s", "failed": "%s"}\n' "$mode" "${why//\"/\\\"}" >>"$ROOT/rows.jsonl"
+		FAILED=1
+		cl_down
+		rm -rf "$RUN"
+		return
+	fi
+	printf '{"row": "tree3-%s", "fan": %d, "relays": %d, "n": %d, "versions": [%s]}\n' "$mode" "$T3_FAN" \
+		"${#CL_RELAYS[@]}" "${#CL_WORKERS[@]}" "$(paste -sd, "$RUN/versions.jsonl")" >>"$ROOT/rows.jsonl"
+	cluster_done "$spec"
 }
 
 # nginx_conf DIR: nginx serving DIR/www on port 8080 of every address.
@@ -178,29 +251,47 @@ xorz_row() {
 }
 
 XORZ=$BUILD/peers/xor_zstd
-[ -x "$XORZ" ] || die "no $XORZ (make bench-cluster builds it)"
-[ -x "$NGINX" ] || die "no nginx (scripts/deps.sh bench installs it)"
+want xorz && { [ -x "$XORZ" ] || die "no $XORZ (make bench-cluster builds it)"; }
+want http || want xorz && { [ -x "$NGINX" ] || die "no nginx (scripts/deps.sh bench installs it)"; }
 LOAD0=$(cut -d' ' -f1-3 /proc/loadavg)
-"$BUILD/deltacast" gen-trace --params "$PARAMS" --steps "$DELTAS" --density 0.01 -o "$ROOT/trace" \
-	2>"$ROOT/gentrace.log" || die "gen-trace"
-FILES=("$ROOT"/trace/v*.safetensors)
-MODEL_BYTES=$(stat -c %s "${FILES[0]}")
-echo "bench-cluster: N = $NS, $PARAMS params ($MODEL_BYTES bytes), root link $RATE, others $EDGE" >&2
+touch "$ROOT/rows.jsonl"
+# trace DIR PARAMS STEPS: a gen-trace model, an anchor then STEPS ~1% deltas.
+trace() {
+	"$BUILD/deltacast" gen-trace --params "$2" --steps "$3" --density 0.01 -o "$1" \
+		2>"$1.log" || die "gen-trace $2 (see $1.log)"
+}
+MODEL_BYTES=0 T3_MODEL_BYTES=0
+if [[ " $ROWS " =~ \ (star|tree|http|xorz)\  ]]; then
+	trace "$ROOT/trace" "$PARAMS" "$DELTAS"
+	FILES=("$ROOT"/trace/v*.safetensors)
+	MODEL_BYTES=$(stat -c %s "${FILES[0]}")
+	echo "bench-cluster: N = $NS, $PARAMS params ($MODEL_BYTES bytes), root link $RATE, others $EDGE" >&2
+fi
 for n in $NS; do
-	deltacast_row star "$n"
-	deltacast_row tree "$n"
-	echo "bench-cluster: http, $n workers" >&2
-	http_row "$n"
-	echo "bench-cluster: xor + zstd, $n workers" >&2
-	xorz_row "$n"
+	[ "$MODEL_BYTES" = 0 ] && break
+	want star && deltacast_row star "$n"
+	want tree && deltacast_row tree "$n"
+	want http && { echo "bench-cluster: http, $n workers" >&2; http_row "$n"; }
+	want xorz && { echo "bench-cluster: xor + zstd, $n workers" >&2; xorz_row "$n"; }
 done
+if want tree3; then
+	trace "$ROOT/trace3" "$T3_PARAMS" 1
+	T3_FILES=("$ROOT"/trace3/v*.safetensors)
+	T3_MODEL_BYTES=$(stat -c %s "${T3_FILES[0]}")
+	tree3_row sf
+	tree3_row ct
+fi
 CMD="make bench-cluster"
-[ "${BENCH_CLUSTER_QUICK:-0}" = 1 ] && CMD+=" BENCH_CLUSTER_QUICK=1"
-META=$(printf '{"cmd": "%s", "params": "%s", "model_bytes": %d, "rate": "%s", "edge": "%s", "relays": %d, "deltas": %d, "heartbeat_ms": %d, "range_elems": %d, "cpus": %d, "load0": "%s", "load1": "%s", "seconds": %d, "netem": %d}' \
+[ "$QUICK" = 1 ] && CMD+=" BENCH_CLUSTER_QUICK=1"
+[ -n "${BENCH_CLUSTER_ROWS:-}" ] && CMD+=" BENCH_CLUSTER_ROWS='$ROWS'"
+COMMIT=$(git -C "$HERE/.." rev-parse --short HEAD 2>/dev/null || echo unknown)
+META=$(printf '{"cmd": "%s", "params": "%s", "model_bytes": %d, "rate": "%s", "edge": "%s", "relays": %d, "deltas": %d, "heartbeat_ms": %d, "range_elems": %d, "cpus": %d, "load0": "%s", "load1": "%s", "seconds": %d, "netem": %d, "t3_fan": %d, "t3_params": "%s", "t3_model_bytes": %d, "t3_rate": "%s", "t3_cut_flags": "%s", "date": "%s", "commit": "%s"}' \
 	"$CMD" "$PARAMS" "$MODEL_BYTES" "$RATE" "$EDGE" "$RELAYS" "$DELTAS" "$HB" "$CL_RANGE_ELEMS" "$(nproc)" \
-	"$LOAD0" "$(cut -d' ' -f1-3 /proc/loadavg)" "$SECONDS" "$((1 - ${CL_NO_NETEM:-0}))")
+	"$LOAD0" "$(cut -d' ' -f1-3 /proc/loadavg)" "$SECONDS" "$((1 - ${CL_NO_NETEM:-0}))" \
+	"$T3_FAN" "$T3_PARAMS" "$T3_MODEL_BYTES" "$T3_RATE" "$T3_CUT_FLAGS" "$(date -u +%F)" "$COMMIT")
 if [ "$DOC" = 0 ]; then
 	"$PY" "$HERE/bench_cluster_report.py" "$ROOT/rows.jsonl" "$META"
 else
 	"$PY" "$HERE/bench_cluster_report.py" "$ROOT/rows.jsonl" "$META" "$DOC" "$(dirname "$DOC")/plots" || die "report"
 fi
+[ "$FAILED" = 0 ] || die "a row failed (see the FAILED line above)"

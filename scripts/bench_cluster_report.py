@@ -4,15 +4,20 @@
 usage: bench_cluster_report.py ROWS.jsonl META_JSON [DOC PLOTS_DIR]
 ROWS: one JSON object per (row, N): row star|tree|http|xorz, n, versions
 (per version: v, t seconds to the last worker, links {port: [rx, tx]} as
-the switch counts them (rx: what that host sent), rates {port: bits/s};
-xorz: patch_bytes, the file every worker fetched).
-Prints the section; with DOC, replaces (or appends) the part between the
-bench-cluster markers at its end and writes PLOTS_DIR/bench_cluster_*.png."""
+the switch counts them (rx: what that host sent), rates {port: bits/s},
+cpu {busy, own} as fractions of the machine; xorz: patch_bytes, the file
+every worker fetched); and tree3-sf, tree3-ct: the equal-rate tree, with
+fan, relays, n and versions, or failed (why).
+Prints the sections; with DOC, replaces (or appends) the parts between the
+bench-cluster markers and the bench-cluster-tree3 markers, and writes
+PLOTS_DIR/bench_cluster_*.png."""
 import json
 import statistics
 import sys
 
 BEGIN, END = "<!-- bench-cluster:begin -->", "<!-- bench-cluster:end -->"
+T3_BEGIN, T3_END = "<!-- bench-cluster-tree3:begin -->", "<!-- bench-cluster-tree3:end -->"
+T3_ROWS = (("tree3-sf", "store and forward"), ("tree3-ct", "cut-through"))
 
 
 def floor_s(ver):
@@ -88,10 +93,6 @@ def section(rows, meta):
     out.append("| link-rate floor of the star deltas (bytes on the root link / its rate) | %s |" % " | ".join(cells))
     cells = ["%.3f" % s[("tree", n)]["floor"] if ("tree", n) in s else "" for n in ns]
     out.append("| link-rate floor of the tree deltas (busiest link's bytes / its rate) | %s |" % " | ".join(cells))
-    out += ["", "Bytes sent by the root host per version (its link is the bottleneck):", "", head.rstrip("\n")]
-    for key, label in ROWS:
-        cells = [fmt_b(s[(key, n)]["root"]) if (key, n) in s else "" for n in ns]
-        out.append("| %s | %s |" % (label.format(relays=meta["relays"]), " | ".join(cells)))
     out += ["", "Resident memory (KiB, VmRSS / VmHWM) at the end of each deltacast run:", "", head.rstrip("\n")]
     for key, what in (("star", "root broker, star"), ("tree", "relay broker r1, tree"),
                       ("star", "one worker (w1), star")):
@@ -184,19 +185,92 @@ def plots(s, ns, meta, d):
     fig.savefig(d + "/bench_cluster_bytes.png", dpi=110)
 
 
+def tree3_cells(r):
+    """One row of the tree3 table: anchor and median delta against their floors, CPU during the anchor."""
+    if r is None:
+        return ["not run"] + [""] * 4
+    if "failed" in r:
+        return ["**failed**: " + r["failed"]] + [""] * 4
+    a, ds = r["versions"][0], r["versions"][1:]
+    d_t, d_floor = statistics.median(v["t"] for v in ds), statistics.median(floor_s(v) for v in ds)
+    return ["%.2f" % a["t"], "%.2fx (%.2f)" % (a["t"] / floor_s(a), floor_s(a)),
+            "%.3f" % d_t, "%.2fx (%.3f)" % (d_t / d_floor, d_floor),
+            "%.0f%% / %.0f%%" % (100 * a["cpu"]["busy"], 100 * a["cpu"]["own"])]
+
+
+def tree3_targets(by, n):
+    lines = ["| target | measured | goal | |", "|---|---|---|---|"]
+
+    def row(name, r, goal, lo, hi):
+        if r is None or "failed" in r:
+            measured, ok = "not run" if r is None else "failed", False
+        else:
+            x = r["versions"][0]["t"] / floor_s(r["versions"][0])
+            measured, ok = "%.2fx" % x, lo <= x <= hi
+        lines.append("| %s | %s | %s | %s |" % (name, measured, goal, "met" if ok else "**not met**"))
+        print("target: %s: %s (goal %s): %s" % (name, measured, goal, "met" if ok else "NOT MET"), file=sys.stderr)
+
+    row("anchor to all %d workers, cut-through, / floor" % n, by.get("tree3-ct"), "at most 1.30x", 0, 1.3)
+    row("anchor to all %d workers, store and forward, / floor" % n, by.get("tree3-sf"),
+        "about 3x (2.5x to 3.5x: one floor a level)", 2.5, 3.5)
+    busy = [r["versions"][0]["cpu"]["busy"] for r in by.values() if "versions" in r]
+    lines.append("| machine busy during the anchors | %s | under 50%% | %s |" % (
+        " / ".join("%.0f%%" % (100 * b) for b in busy) or "not run",
+        "met" if busy and max(busy) < 0.5 else "**not met**"))
+    return lines
+
+
+def tree3_section(rows, meta):
+    """The equal-rate 3-level tree: store and forward against cut-through."""
+    by = {r["row"]: r for r in rows}
+    f = meta["t3_fan"]
+    out = [T3_BEGIN, "",
+           "`%s`, %s, tree at %s, %d CPUs, load %s before, %s after: %s bf16 parameters (%s), the anchor then "
+           "a ~1%% delta; root (trainer + broker) to %d relays to %d relays to %d workers, every link %s (tbf "
+           "both ways); brokers with `--heartbeat-ms %d --anchor-fraction 0`, cut-through ones also `%s`." % (
+               meta["cmd"], meta["date"], meta["commit"], meta["cpus"], meta["load0"], meta["load1"],
+               meta["t3_params"], fmt_b(meta["t3_model_bytes"]), f, f * f, f ** 3, meta["t3_rate"],
+               meta["heartbeat_ms"], meta["t3_cut_flags"]),
+           "",
+           "Seconds from publish start until every worker has applied the version.  The floor (seconds, in "
+           "brackets) is the single-link time of the bytes the busiest link carried, counted at the switch: a "
+           "broker's, %d copies of the version.  CPU: the machine's busy share of its cores during the anchor "
+           "(/proc/stat), then the share of the cluster's own processes." % f,
+           "",
+           "| brokers | anchor, s | / floor | delta, s | / floor | CPU busy: machine / cluster |",
+           "|---|---|---|---|---|---|"]
+    for key, label in T3_ROWS:
+        out.append("| %s | %s |" % (label, " | ".join(tree3_cells(by.get(key)))))
+    out += [""] + tree3_targets(by, f ** 3) + ["", T3_END]
+    return "\n".join(out) + "\n"
+
+
+def splice(doc, begin, end, text, heading):
+    """doc with text between begin and end (appended under heading if absent)."""
+    if begin in doc:
+        return doc[:doc.index(begin)] + text.rstrip("\n") + doc[doc.index(end) + len(end):]
+    return doc.rstrip("\n") + "\n\n" + heading + "\n\n" + text
+
+
 def main():
     rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
     meta = json.loads(sys.argv[2])
-    text, s, ns = section(rows, meta)
-    print(text)
-    if len(sys.argv) > 3:
-        doc = open(sys.argv[3]).read()
-        if BEGIN in doc:
-            doc = doc[:doc.index(BEGIN)] + text.rstrip("\n") + doc[doc.index(END) + len(END):]
-        else:
-            doc = doc.rstrip("\n") + "\n\n## Cluster: network namespaces, link-bound (`make bench-cluster`)\n\n" + text
+    t3 = [r for r in rows if r["row"].startswith("tree3-")]
+    rows = [r for r in rows if not r["row"].startswith("tree3-")]
+    doc = open(sys.argv[3]).read() if len(sys.argv) > 3 else None
+    if rows:
+        text, s, ns = section(rows, meta)
+        print(text)
+        if doc is not None:
+            doc = splice(doc, BEGIN, END, text, "## Cluster: network namespaces, link-bound (`make bench-cluster`)")
+            plots(s, ns, meta, sys.argv[4])
+    if t3:
+        text = tree3_section(t3, meta)
+        print(text)
+        if doc is not None:
+            doc = splice(doc, T3_BEGIN, T3_END, text, "### An equal-rate tree, 3 levels (`BENCH_CLUSTER_ROWS=tree3`)")
+    if doc is not None:
         open(sys.argv[3], "w").write(doc)
-        plots(s, ns, meta, sys.argv[4])
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ usage: bench_cluster_report.py ROWS.jsonl META_JSON [DOC PLOTS_DIR]
 ROWS: one JSON object per (row, N): row star|tree|http|xorz, n, versions
 (per version: v, t seconds to the last worker, links {port: [rx, tx]} as
 the switch counts them (rx: what that host sent), rates {port: bits/s},
-cpu {busy, own} as fractions of the machine; xorz: patch_bytes, the file
+cpu {busy, softirq, own} as fractions of the machine; xorz: patch_bytes, the file
 every worker fetched); and tree3-sf, tree3-ct: the equal-rate tree, with
 fan, relays, n and versions, or failed (why).
 Prints the sections; with DOC, replaces (or appends) the parts between the
@@ -195,7 +195,7 @@ def tree3_cells(r):
     d_t, d_floor = statistics.median(v["t"] for v in ds), statistics.median(floor_s(v) for v in ds)
     return ["%.2f" % a["t"], "%.2fx (%.2f)" % (a["t"] / floor_s(a), floor_s(a)),
             "%.3f" % d_t, "%.2fx (%.3f)" % (d_t / d_floor, d_floor),
-            "%.0f%% / %.0f%%" % (100 * a["cpu"]["busy"], 100 * a["cpu"]["own"])]
+            "%.0f%% / %.0f%% / %.0f%%" % tuple(100 * a["cpu"][k] for k in ("busy", "softirq", "own"))]
 
 
 def tree3_targets(by, n):
@@ -234,10 +234,10 @@ def tree3_section(rows, meta):
            "",
            "Seconds from publish start until every worker has applied the version.  The floor (seconds, in "
            "brackets) is the single-link time of the bytes the busiest link carried, counted at the switch: a "
-           "broker's, %d copies of the version.  CPU: the machine's busy share of its cores during the anchor "
-           "(/proc/stat), then the share of the cluster's own processes." % f,
+           "broker's, %d copies of the version.  CPU during the anchor, shares of all the machine's cores "
+           "(/proc/stat): busy (other users' work too), in softirq (packets), and the cluster's own processes." % f,
            "",
-           "| brokers | anchor, s | / floor | delta, s | / floor | CPU busy: machine / cluster |",
+           "| brokers | anchor, s | / floor | delta, s | / floor | CPU: busy / softirq / cluster |",
            "|---|---|---|---|---|---|"]
     for key, label in T3_ROWS:
         out.append("| %s | %s |" % (label, " | ".join(tree3_cells(by.get(key)))))

@@ -16,7 +16,7 @@
 #   cl_exec NAME CMD...   run CMD in host NAME
 #   cl_bg NAME OUT CMD... the same in the background (stdout to OUT), tracked
 #   cl_counters           "PORT RX TX" per switch port (RX: what the host sent)
-#   cl_cpu_machine        "BUSY TOTAL" jiffies of the machine so far
+#   cl_cpu_machine        "BUSY TOTAL SOFTIRQ" jiffies of the machine so far
 #   cl_cpu_pids PID...    jiffies those processes have spent so far
 set -u
 CL_TAG=${CL_TAG:-dcx$$}
@@ -180,10 +180,11 @@ cl_counters() {
 		echo "$n $(cat "$d/statistics/rx_bytes") $(cat "$d/statistics/tx_bytes")"; done'
 }
 
-# cl_cpu_machine: "BUSY TOTAL", the jiffies all CPUs have spent busy (user,
-# nice, system, irq, softirq) and in all (idle and iowait too), /proc/stat.
+# cl_cpu_machine: "BUSY TOTAL SOFTIRQ", the jiffies all CPUs have spent busy
+# (user, nice, system, irq, softirq), in all (idle and iowait too), and in
+# softirq alone (where the kernel moves packets), /proc/stat.
 cl_cpu_machine() {
-	awk '/^cpu / { print $2 + $3 + $4 + $7 + $8, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9 }' /proc/stat
+	awk '/^cpu / { print $2 + $3 + $4 + $7 + $8, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9, $8 }' /proc/stat
 }
 
 # cl_cpu_pids PID...: the jiffies those processes (every thread) have spent

@@ -209,19 +209,20 @@ cl_rates_json() {
 	printf '}'
 }
 
-# cl_cpu_json "BUSY TOTAL OWN" (before) "BUSY TOTAL OWN" (after): {"busy": F,
-# "own": F}, the busy and own jiffies over all the machine's in between.
+# cl_cpu_json "BUSY TOTAL SOFTIRQ OWN" (before) "BUSY TOTAL SOFTIRQ OWN"
+# (after): {"busy": F, "softirq": F, "own": F}, those jiffies in between
+# over all the machine's.
 cl_cpu_json() {
-	echo "$1 $2" | awk '{ t = $5 - $2; if (t <= 0) t = 1
-		printf "{\"busy\": %.4f, \"own\": %.4f}", ($4 - $1) / t, ($6 - $3) / t }'
+	echo "$1 $2" | awk '{ t = $6 - $2; if (t <= 0) t = 1
+		printf "{\"busy\": %.4f, \"softirq\": %.4f, \"own\": %.4f}", ($5 - $1) / t, ($7 - $3) / t, ($8 - $4) / t }'
 }
 
 # cl_run_versions FILE...: publish each file as the next version, one at a
 # time (the first an anchor), each once every worker has the one before;
 # per version a JSON line on stdout: version, seconds from publish start to
 # the last worker's apply, bytes on every link (RX: sent by that host), and
-# the CPU meanwhile as fractions of all the machine's cores: busy, and own
-# (what the cluster's processes, CL_PIDS, spent).
+# the CPU meanwhile as fractions of all the machine's cores: busy, softirq,
+# and own (what the cluster's processes, CL_PIDS, spent).
 cl_run_versions() {
 	local v=0 f t m0 m1 p0 p1
 	cl_start_publisher "$@"

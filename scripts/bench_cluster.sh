@@ -132,9 +132,9 @@ tree3_row() {
 	echo "bench-cluster: tree3, every link $T3_RATE, brokers ${flags[*]:-store and forward}" >&2
 	if ! cluster_versions "$spec" "$T3_RATE" "$T3_RATE" "${flags[@]}"; then
 		cut_refused || die "$spec: brokers (${flags[*]})"
-		why="deltacast-broker refuses $T3_CUT_FLAGS (exit $CL_BROKER_EXIT: $(tail -n 1 "$RUN/root.broker.log"))"
-		echo "bench-cluster: FAILED: tree3 cut-through row: $why" >&2
-		printf '{"row": "tree3-%s", "failed": "%s"}\n' "$mode" "${why//\"/\\\"}" >>"$ROOT/rows.jsonl"
+		why="deltacast-broker refuses $T3_CUT_FLAGS (exit $CL_BROKER_EXIT)"
+		echo "bench-cluster: FAILED: tree3 cut-through row: $why: $(tail -n 1 "$RUN/root.broker.log")" >&2
+		printf '{"row": "tree3-%s", "failed": "%s"}\n' "$mode" "$why" >>"$ROOT/rows.jsonl"
 		FAILED=1
 		cl_down
 		rm -rf "$RUN"

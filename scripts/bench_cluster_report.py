@@ -212,7 +212,7 @@ def tree3_targets(by, n):
 
     row("anchor to all %d workers, cut-through, / floor" % n, by.get("tree3-ct"), "at most 1.30x", 0, 1.3)
     row("anchor to all %d workers, store and forward, / floor" % n, by.get("tree3-sf"),
-        "about 3x (2.5x to 3.5x: one floor a level)", 2.5, 3.5)
+        "2.5x to 3.5x (a floor a level)", 2.5, 3.5)
     busy = [r["versions"][0]["cpu"]["busy"] for r in by.values() if "versions" in r]
     lines.append("| machine busy during the anchors | %s | under 50%% | %s |" % (
         " / ".join("%.0f%%" % (100 * b) for b in busy) or "not run",
@@ -225,19 +225,17 @@ def tree3_section(rows, meta):
     by = {r["row"]: r for r in rows}
     f = meta["t3_fan"]
     out = [T3_BEGIN, "",
-           "`%s`, %s, tree at %s, %d CPUs, load %s before, %s after: %s bf16 parameters (%s), the anchor then "
-           "a ~1%% delta; root (trainer + broker) to %d relays to %d relays to %d workers, every link %s (tbf "
-           "both ways); brokers with `--heartbeat-ms %d --anchor-fraction 0`, cut-through ones also `%s`." % (
-               meta["cmd"], meta["date"], meta["commit"], meta["cpus"], meta["load0"], meta["load1"],
+           "`%s`, %s, tree at %s, load %s before, %s after: %s bf16 parameters (%s), the anchor then a ~1%% "
+           "delta; root (trainer + broker) to %d relays to %d relays to %d workers, every link %s (tbf); brokers "
+           "`--heartbeat-ms %d --anchor-fraction 0`, cut-through ones also `%s`.  Seconds from publish start to "
+           "the version applied on every worker; the floor (s, in brackets): the busiest link's bytes at the switch "
+           "(a broker's, %d copies) over its rate.  CPU during the anchor, shares of all %d cores (/proc/stat): busy "
+           "(other users' too) / softirq (packets) / the cluster's processes." % (
+               meta["cmd"], meta["date"], meta["commit"], meta["load0"].split()[0], meta["load1"].split()[0],
                meta["t3_params"], fmt_b(meta["t3_model_bytes"]), f, f * f, f ** 3, meta["t3_rate"],
-               meta["heartbeat_ms"], meta["t3_cut_flags"]),
+               meta["heartbeat_ms"], meta["t3_cut_flags"], f, meta["cpus"]),
            "",
-           "Seconds from publish start until every worker has applied the version.  The floor (seconds, in "
-           "brackets) is the single-link time of the bytes the busiest link carried, counted at the switch: a "
-           "broker's, %d copies of the version.  CPU during the anchor, shares of all the machine's cores "
-           "(/proc/stat): busy (other users' work too), in softirq (packets), and the cluster's own processes." % f,
-           "",
-           "| brokers | anchor, s | / floor | delta, s | / floor | CPU: busy / softirq / cluster |",
+           "| brokers | anchor, s | / floor | delta, s | / floor | CPU |",
            "|---|---|---|---|---|---|"]
     for key, label in T3_ROWS:
         out.append("| %s | %s |" % (label, " | ".join(tree3_cells(by.get(key)))))

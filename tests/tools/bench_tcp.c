@@ -1,14 +1,20 @@
-/* bench_tcp BYTES N [keep]: the raw TCP loopback ceiling for the benches.
- * Sends BYTES to each of N receivers at once (one sender and one receiver
- * thread per connection, 1 MiB writes from one shared buffer, reads into a
- * per-receiver 1 MiB buffer) and prints
+/* bench_tcp BYTES N [keep | whole | sendfile FILE]: the raw TCP loopback
+ * ceiling for the benches.  Sends BYTES to each of N receivers at once (one
+ * sender and one receiver thread per connection, 1 MiB writes from one
+ * shared 1 MiB buffer, reads into a per-receiver 1 MiB buffer) and prints
  *   seconds S bytes B send_cpu_s X recv_cpu_s Y
  * S: the time until every receiver has all of its bytes; X, Y: the CPU
  * seconds (user + system, getrusage RUSAGE_THREAD at each thread's end) of
  * the sender threads and of the receiver threads, summed.  With "keep",
  * each receiver reads into a buffer of BYTES of its own, allocated when it
  * starts (inside the time): what a receiver that keeps the model pays,
- * first touch of fresh memory included.  Exit 1 on a socket error. */
+ * first touch of fresh memory included.  The other two change the sender
+ * only, to show what bounds a server's CPU per byte sent: "whole" writes
+ * from one shared buffer of BYTES, filled before the clock starts (as the
+ * broker sends the model's bytes from its log: send() copies them from
+ * memory that is no longer in any cache), "sendfile" sends FILE's first
+ * BYTES with sendfile(2) from the page cache (as nginx does: no copy from
+ * user space).  Exit 1 on a socket error. */
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -16,7 +22,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/resource.h>
+#include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -27,6 +35,8 @@
 static uint64_t total_bytes;
 static int keep;
 static unsigned char send_buf[IO_BYTES];
+static unsigned char *whole_buf; /* "whole": BYTES, every sender's source */
+static int send_file = -1;       /* "sendfile": the file sent */
 
 typedef struct conn {
 	int fd;
@@ -46,19 +56,33 @@ static double thread_cpu_s(void)
 	       (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6;
 }
 
+/* The next write of at most IO_BYTES, `left` bytes to go: from the 1 MiB
+ * buffer, the whole buffer, or the file (sendfile at an offset of its own:
+ * the senders share the fd). */
+static ssize_t send_some(int fd, uint64_t left)
+{
+	size_t n = left < IO_BYTES ? (size_t)left : IO_BYTES;
+	off_t off = (off_t)(total_bytes - left);
+
+	if (send_file >= 0)
+		return sendfile(fd, send_file, &off, n);
+	return write(fd, whole_buf ? whole_buf + off : send_buf, n);
+}
+
 static void *sender(void *arg)
 {
 	conn *c = arg;
 	uint64_t left = total_bytes;
 
 	while (left && !c->failed) {
-		ssize_t w = write(c->fd, send_buf, left < IO_BYTES ? left : IO_BYTES);
-		if (w <= 0)
+		ssize_t w = send_some(c->fd, left);
+		if (w <= 0) /* a short file: its receiver sees the end early */
 			c->failed = 1;
 		else
 			left -= (uint64_t)w;
 	}
 	c->cpu_s = thread_cpu_s();
+	shutdown(c->fd, SHUT_WR);
 	return NULL;
 }
 
@@ -81,6 +105,23 @@ static void *receiver(void *arg)
 	return NULL;
 }
 
+/* The mode in argv[3..]: 0, or -1 when it is not one of them. */
+static int mode(int argc, char **argv)
+{
+	if (argc == 3)
+		return 0;
+	if (argc == 4 && (!strcmp(argv[3], "keep") || !strcmp(argv[3], "whole"))) {
+		keep = !strcmp(argv[3], "keep");
+		return 0;
+	}
+	if (argc == 5 && !strcmp(argv[3], "sendfile")) {
+		if ((send_file = open(argv[4], O_RDONLY | O_CLOEXEC)) < 0)
+			perror(argv[4]);
+		return send_file < 0 ? -1 : 0;
+	}
+	return -1;
+}
+
 static double now_s(void)
 {
 	struct timespec ts;
@@ -96,13 +137,18 @@ int main(int argc, char **argv)
 	int lfd, n, failed = 0;
 	double t0, send_cpu = 0, recv_cpu = 0;
 
-	if (argc < 3 || argc > 4 || (n = atoi(argv[2])) < 1 || n > MAX_CONN ||
-	    (argc == 4 && strcmp(argv[3], "keep"))) {
-		fprintf(stderr, "usage: bench_tcp BYTES N [keep] (1 <= N <= %d)\n", MAX_CONN);
+	if (argc < 3 || (n = atoi(argv[2])) < 1 || n > MAX_CONN || mode(argc, argv)) {
+		fprintf(stderr, "usage: bench_tcp BYTES N [keep | whole | sendfile FILE] (1 <= N <= %d)\n",
+			MAX_CONN);
 		return 2;
 	}
-	keep = argc == 4;
 	total_bytes = strtoull(argv[1], NULL, 10);
+	if (argc == 4 && !strcmp(argv[3], "whole") && !(whole_buf = malloc(total_bytes ? total_bytes : 1))) {
+		fprintf(stderr, "bench_tcp: no memory for %s bytes\n", argv[1]);
+		return 1;
+	}
+	if (whole_buf) /* filled: its pages exist before the clock starts */
+		memset(whole_buf, 0x5a, total_bytes);
 	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
 	lfd = socket(AF_INET, SOCK_STREAM, 0);
 	if (lfd < 0 || bind(lfd, (struct sockaddr *)&a, sizeof(a)) || listen(lfd, MAX_CONN) ||
@@ -139,5 +185,8 @@ int main(int argc, char **argv)
 	printf("seconds %.6f bytes %llu send_cpu_s %.6f recv_cpu_s %.6f\n", now_s() - t0,
 	       (unsigned long long)(total_bytes * (uint64_t)n), send_cpu, recv_cpu);
 	close(lfd);
+	free(whole_buf);
+	if (send_file >= 0)
+		close(send_file);
 	return failed;
 }

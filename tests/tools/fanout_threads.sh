@@ -3,9 +3,11 @@
 # once, as a restarted fleet does; the time until all have it, and how the
 # broker's ZeroMQ I/O threads shared the sending: each thread's CPU time
 # over the joins (/proc/PID/task/*/schedstat) and the busiest one's share
-# against an even split.  The probe behind docs/benchmarks.md's
-# note on one listener per I/O thread (broker/listen.c); on 2 cores the
-# time is CPU-bound, the split is what it shows.
+# against an even split, and the broker's CPU (every thread) per GB of
+# payload the consumers received.  The probe behind docs/benchmarks.md's
+# note on one listener per I/O thread (broker/listen.c) and its note on
+# what bounds the broker's send; on 2 cores the time is CPU-bound, the
+# split and the CPU per GB are what it shows.
 # Usage: [FANOUT_THREADS_BROKER_ARGS="--io-threads 8"] tests/tools/fanout_threads.sh [N] [SAFETENSORS]
 # (run from the repo root after `make`; SAFETENSORS defaults to the 100M
 # model bench-fanout generates, build/bench-fanout-100M/v0000.safetensors).
@@ -19,7 +21,12 @@ cpu_ms() {
 		awk '{ printf "%d\n", $1 / 1e6 }' "$t/schedstat" | paste -d' ' "$t/comm" -
 	done | sed -n 's|^ZMQbg/IO/||p' | sort -n
 }
+# The broker's CPU time so far, every thread, ns.
+cpu_ns() {
+	awk '{ s += $1 } END { printf "%d\n", s }' /proc/"$s_PID"/task/*/schedstat
+}
 cpu_ms >"$TMP/before"
+c0=$(cpu_ns)
 t0=$(date +%s%N)
 CONS=()
 for i in $(seq "$N"); do
@@ -30,8 +37,11 @@ done
 for p in "${CONS[@]}"; do wait "$p" || fail "a consumer exited $?"; done
 t1=$(date +%s%N)
 cpu_ms >"$TMP/after"
-join "$TMP/before" "$TMP/after" | awk -v n="$N" -v ms=$(((t1 - t0) / 1000000)) '
+c1=$(cpu_ns)
+sent=$(awk '$1 == "received" { s += $6 } END { printf "%d\n", s }' "$TMP"/c*.log)
+join "$TMP/before" "$TMP/after" | awk -v n="$N" -v ms=$(((t1 - t0) / 1000000)) -v cpu=$((c1 - c0)) -v sent="$sent" '
 	{ d[$1] = $3 - $2; sum += d[$1]; if (d[$1] > max) max = d[$1]; k++; line = line sprintf(" %d", d[$1]) }
-	END { printf "N=%d: all received in %d ms; I/O threads, CPU ms:%s; busiest %.0f%% of it (even: %.0f%%)\n",
-		n, ms, line, sum ? 100 * max / sum : 0, 100 / k }'
+	END { printf "N=%d: all received in %d ms; I/O threads, CPU ms:%s; busiest %.0f%% of it (even: %.0f%%); " \
+		"broker CPU %.3f s per GB sent\n", n, ms, line, sum ? 100 * max / sum : 0, 100 / k,
+		sent ? cpu / sent : 0 }'
 stop_broker s

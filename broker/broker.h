@@ -60,6 +60,8 @@ struct broker_config {
 	uint64_t model_idle_s;      /* --model-idle-s: an idle model is removed (retire.c; 0 never) */
 	uint64_t read_cache_bytes;  /* --read-cache-bytes: frames read from disk shared (ondisk.c) */
 	const char *admin_socket;   /* --admin-socket PATH: operator requests (admin.c) */
+	int cut_through;            /* --cut-through: an open version's chunks go to consumers as
+				       they are accepted (ingest.c, fanout.c) */
 	char *owned[BROKER_CONFIG_OWNED]; /* strings read from a --config file */
 	unsigned n_owned;
 };
@@ -121,12 +123,16 @@ struct broker_chunk {
 
 /* A committed version.  Refcounted: the log holds one reference and every
  * consumer streaming it one more, so dropping it from the log never pulls
- * it from under a consumer mid-stream. */
+ * it from under a consumer mid-stream.  With --cut-through the version is
+ * made when its first chunk is accepted (open set: chunks are appended as
+ * they are accepted, numbered in that order, and no COMMIT frame exists
+ * yet) and becomes the committed one, the same object, at its COMMIT. */
 struct broker_version {
 	unsigned refs;
 	uint64_t version, base_version; /* base NONE for an anchor */
 	int anchor;
-	uint32_t n_chunks;
+	int open;                       /* --cut-through: not committed yet (ingest.c) */
+	uint32_t n_chunks, cap_chunks;  /* cap_chunks: slots of chunks (an open version grows) */
 	struct broker_chunk *chunks;
 	uint64_t payload_bytes;
 	zmq_msg_t commit_hdr;           /* COMMIT(part 0 of 1) for consumers */
@@ -149,6 +155,9 @@ struct broker_pending_chunk {
 
 struct broker_part {
 	int seen, committed;
+	uint64_t *seq_seen;          /* --cut-through: bitmap of the seqs accepted (duplicates
+					are dropped as they arrive), NULL until the first */
+	uint32_t seq_bits;           /* bits of seq_seen */
 	uint64_t last_ms;            /* last progress (chunk or commit) */
 	uint32_t n, cap;
 	struct broker_pending_chunk *chunks;
@@ -169,6 +178,9 @@ struct broker_pending {
 	struct broker_segfile *spill;     /* --data-dir: its payloads as they arrive (ondisk.c),
 					     a reference; NULL until the first */
 	uint64_t spill_end;
+	struct broker_version *cut;       /* --cut-through: its chunks in acceptance order, as
+					     consumers get them (open set), a reference; it is
+					     the version that enters the log at commit */
 };
 
 struct broker_model {
@@ -232,6 +244,8 @@ struct broker_peer {
 	struct broker_manifest *manifest_sent; /* reference */
 	int blocked;                 /* pipe full on the last send */
 	int welcome_due;             /* HELLO answered by the next send */
+	int abort_due;               /* ERROR(DCAST_EABORTED, abort_version) is sent next */
+	uint64_t abort_version;      /* an open version it was sent chunks of, aborted */
 };
 
 /* A table of peers: cap slots, found by routing id through an index.
@@ -274,6 +288,8 @@ struct broker_stats {
 	uint64_t heap_trims, heap_trim_max_ns; /* malloc_trim on quiet turns (log.c) */
 	uint64_t models_expired, models_deleted; /* models removed (retire.c) */
 	uint64_t versions_to_disk;       /* versions whose payloads left the heap (ondisk.c) */
+	uint64_t cut_through_chunks;     /* chunks sent before their version's COMMIT (fanout.c) */
+	uint64_t cut_through_aborted;    /* aborted versions some of whose chunks had gone out */
 };
 
 struct broker;
@@ -669,7 +685,8 @@ int broker_pending_commit(struct broker *b, struct broker_model *m, uint32_t par
  * gives them ERROR(DCAST_EPOISONED) and WELCOME need_anchor); broker_open. */
 void broker_ingest_init(struct broker *b);
 /* Drop the open version: ERROR(DCAST_EABORTED, why) to the model's
- * producers; why == NULL drops it quietly (nothing was accepted into it). */
+ * producers; why == NULL drops it quietly (nothing was accepted into it).
+ * With --cut-through its consumers stop streaming it (broker_cut_abort). */
 void broker_pending_abort(struct broker *b, struct broker_model *m, const char *why);
 
 /* ---- fanout.c: consumers ---- */
@@ -684,6 +701,12 @@ void broker_rewelcome(struct broker *b, const struct broker_model *m);
  * stream it from now on, and all of them learn its run (WELCOME). */
 void broker_model_announce(struct broker *b, struct broker_model *m);
 void broker_consumer_timers(struct broker *b, uint64_t now_ms);
+/* --cut-through: m's open version `open` is dropped.  Every consumer
+ * streaming it goes back to the newest committed version (its cursor
+ * emptied, its reference put); those sent any chunk of it get
+ * ERROR(DCAST_EABORTED, version) before anything else, and the abort is
+ * counted once when there was any (stats.cut_through_aborted). */
+void broker_cut_abort(struct broker *b, struct broker_model *m, struct broker_version *open);
 
 /* ---- relay.c ---- */
 /* With --upstream: one connected DEALER per --upstream-model (a CURVE

@@ -10,7 +10,7 @@
 #include "dcast_common.h"
 #include "fold.h" /* --anchor-fraction (broker/fold.c) */
 
-enum flag_kind { FLAG_STR, FLAG_U64, FLAG_LIST };
+enum flag_kind { FLAG_STR, FLAG_U64, FLAG_LIST, FLAG_BOOL }; /* FLAG_BOOL: no value on the command line */
 
 struct flag {
 	const char *name;
@@ -42,6 +42,7 @@ static const struct flag flags[] = {
 	{"model-idle-s", FLAG_U64, OFF(model_idle_s), "86400", "remove a model with no producer, no consumer and no open version for this long, files too (0: never)"},
 	{"read-cache-bytes", FLAG_U64, OFF(read_cache_bytes), "67108864", "--data-dir: bytes of payloads read from the segments kept for the other consumers about to take them (0: off)"},
 	{"admin-socket", FLAG_STR, OFF(admin_socket), NULL, "PATH of a UNIX socket (mode 0600) for `deltacast model delete` (off without it)"},
+	{"cut-through", FLAG_BOOL, OFF(cut_through), NULL, "forward an open version's chunks to consumers as they arrive, before its COMMIT (relay trees)"},
 	{"log-level", FLAG_STR, OFF(log_level), "info", "error, warn, info or debug"},
 	/* security and observability (broker/auth.c, broker/metrics.c) */
 	{"curve-secret", FLAG_STR, OFF(curve_secret), NULL, "FILE with the broker's Z85 CURVE secret key: CURVE on both sockets"},
@@ -90,6 +91,21 @@ static int set_u64(uint64_t *dst, const char *name, const char *val)
 	return 0;
 }
 
+/* A switch: 1/0, true/false, yes/no, on/off (a --config line's value). */
+static int set_bool(int *dst, const char *name, const char *val)
+{
+	static const char *const on[] = {"1", "true", "yes", "on"}, *const off[] = {"0", "false", "no", "off"};
+
+	for (size_t i = 0; i < DCAST_ARRAY_LEN(on); i++) {
+		if (!strcmp(val, on[i]) || !strcmp(val, off[i])) {
+			*dst = !strcmp(val, on[i]);
+			return 0;
+		}
+	}
+	return dcast_fail(DCAST_EINVAL, "--%s: \"%s\" is not a switch (1/0, true/false, yes/no, on/off)",
+			  name, val);
+}
+
 static int flag_set(struct broker_config *cfg, const struct flag *f, const char *val)
 {
 	char *base = (char *)cfg + f->off;
@@ -100,6 +116,8 @@ static int flag_set(struct broker_config *cfg, const struct flag *f, const char 
 		return 0;
 	case FLAG_U64:
 		return set_u64((uint64_t *)base, f->name, val);
+	case FLAG_BOOL:
+		return set_bool((int *)base, f->name, val);
 	case FLAG_LIST:
 		if (cfg->n_upstream_models >= BROKER_MAX_UPSTREAM_MODELS)
 			return dcast_fail(DCAST_EINVAL, "--%s: more than %d given", f->name,
@@ -249,6 +267,10 @@ int broker_config_parse(struct broker_config *cfg, int argc, char **argv)
 		}
 		if (strncmp(argv[i], "--", 2) || !(f = flag_find(argv[i] + 2)))
 			return dcast_fail(DCAST_EINVAL, "unknown argument \"%s\" (see --help)", argv[i]);
+		if (f->kind == FLAG_BOOL) {
+			rc = flag_set(cfg, f, "1");
+			continue;
+		}
 		if (i + 1 >= argc)
 			return dcast_fail(DCAST_EINVAL, "%s: needs a value", argv[i]);
 		rc = flag_set(cfg, f, argv[++i]);

@@ -107,6 +107,25 @@ static struct broker_version *next_servable(const struct broker_model *m, uint64
 	return v && broker_version_servable(m, v) ? v : NULL;
 }
 
+/* --cut-through: the model's open version (ingest.c keeps it numbered for
+ * consumers, pd->cut), for a consumer that has the newest committed one;
+ * NULL without cut-through or without an open version. */
+static struct broker_version *next_open(const struct broker_model *m, uint64_t have)
+{
+	if (!m->pending || !m->pending->cut)
+		return NULL;
+	return have == broker_model_newest(m) ? m->pending->cut : NULL;
+}
+
+/* The version a consumer at `have` streams next: a committed one, else the
+ * open one (--cut-through), else none. */
+static struct broker_version *next_stream(const struct broker_model *m, uint64_t have)
+{
+	struct broker_version *v = next_servable(m, have);
+
+	return v ? v : next_open(m, have);
+}
+
 static int send_manifest(struct broker *b, struct broker_peer *p, struct broker_manifest *mf)
 {
 	int rc = send_frames(b, p, NULL, NULL, mf->enc, mf->enc_len);
@@ -119,27 +138,53 @@ static int send_manifest(struct broker *b, struct broker_peer *p, struct broker_
 	return rc;
 }
 
+/* A message of the pump's own (not kept in the log), encoded and sent;
+ * *due cleared once it went. */
+static int send_own(struct broker *b, struct broker_peer *p, const dcast_msg *m, int *due)
+{
+	void *enc;
+	size_t len;
+	int rc;
+
+	if (dcast_msg_encode(m, &enc, &len)) {
+		DCAST_LOG_W("consumer %s: %s: %s", p->client, dcast_msg_type_name((int)m->type),
+			    dcast_last_error());
+		return PUMP_GONE;
+	}
+	rc = send_frames(b, p, NULL, NULL, enc, len);
+	free(enc);
+	if (rc == PUMP_MORE)
+		*due = 0;
+	return rc;
+}
+
 /* The WELCOME that answers a HELLO: the first message of the stream, sent
  * by the pump so that a full pipe delays it, as any other, rather than
  * dropping it (the consumer would drop what follows, waiting for it). */
 static int send_welcome(struct broker *b, struct broker_peer *p)
 {
 	dcast_msg w;
-	void *enc;
-	size_t len;
-	int rc;
 
 	broker_welcome_init(b, p->model, &w);
 	snprintf(w.u.welcome.model, sizeof(w.u.welcome.model), "%s", p->want);
-	if (dcast_msg_encode(&w, &enc, &len)) {
-		DCAST_LOG_W("consumer %s: WELCOME: %s", p->client, dcast_last_error());
-		return PUMP_GONE;
-	}
-	rc = send_frames(b, p, NULL, NULL, enc, len);
-	free(enc);
-	if (rc == PUMP_MORE)
-		p->welcome_due = 0;
-	return rc;
+	return send_own(b, p, &w, &p->welcome_due);
+}
+
+/* ERROR(DCAST_EABORTED, version) to a consumer that was sent chunks of an
+ * open version since dropped (broker_cut_abort): sent by the pump, before
+ * anything else, so that a full pipe delays it rather than losing it. */
+static int send_aborted(struct broker *b, struct broker_peer *p)
+{
+	dcast_msg e;
+
+	dcast_msg_init(&e, DCAST_MSG_ERROR);
+	e.u.error.code = DCAST_EABORTED;
+	snprintf(e.u.error.model, sizeof(e.u.error.model), "%s", p->want);
+	e.u.error.version = p->abort_version;
+	snprintf(e.u.error.text, sizeof(e.u.error.text), "model %s version %llu was aborted before "
+		 "its COMMIT: drop what was received of it; the stream goes on after version %lld",
+		 p->want, (unsigned long long)p->abort_version, (long long)p->have_version);
+	return send_own(b, p, &e, &p->abort_due);
 }
 
 /* A chunk larger than the consumer's whole window can never be sent: say
@@ -191,7 +236,7 @@ static int64_t stream_from(const struct broker_peer *q, const struct broker_vers
 {
 	if (q->cur == v)
 		return q->next_chunk;
-	if (!q->cur && q->model && !q->model->held && next_servable(q->model, q->have_version) == v)
+	if (!q->cur && q->model && !q->model->held && next_stream(q->model, q->have_version) == v)
 		return 0;
 	return -1;
 }
@@ -217,12 +262,16 @@ static uint32_t others_wanting(const struct broker *b, const struct broker_peer 
 	return n;
 }
 
-/* ch's payload for p: shared through the read cache when it is on disk. */
+/* ch's payload for p: shared through the read cache when it is on disk.
+ * An open version's chunk (a spill file's) is read for p alone: the cache
+ * keeps chunk addresses, and an open version's chunk list still grows. */
 static int chunk_payload(struct broker *b, struct broker_peer *p, struct broker_chunk *ch,
 			 zmq_msg_t *out)
 {
 	uint32_t others = 0;
 
+	if (p->cur->open)
+		return broker_chunk_payload(ch, out);
 	if (ch->file && !ch->cache_slot && b->cfg.read_cache_bytes)
 		others = others_wanting(b, p, p->cur, p->next_chunk);
 	return broker_chunk_serve(ch, others, out);
@@ -240,12 +289,14 @@ static int pump_one(struct broker *b, struct broker_peer *p)
 
 	if (p->welcome_due)
 		return send_welcome(b, p);
+	if (p->abort_due)
+		return send_aborted(b, p);
 	if (!p->model)
 		return PUMP_IDLE; /* waits for a producer to create it */
 	if (p->model->held)
 		return PUMP_IDLE; /* a relay's restored log, maybe an earlier run's (relay.c) */
 	if (!v) {
-		if (!(v = next_servable(p->model, p->have_version))) {
+		if (!(v = next_stream(p->model, p->have_version))) {
 			struct broker_manifest *mf = p->model->manifest;
 			return mf && mf != p->manifest_sent ? send_manifest(b, p, mf) : PUMP_IDLE;
 		}
@@ -256,7 +307,10 @@ static int pump_one(struct broker *b, struct broker_peer *p)
 	}
 	if (v->manifest != p->manifest_sent)
 		return send_manifest(b, p, v->manifest);
+	if (p->next_chunk == v->n_chunks && v->open)
+		return PUMP_IDLE; /* the next chunk accepted, or the COMMIT, wakes it */
 	if (p->next_chunk == v->n_chunks) {
+		DCAST_ASSERT(!v->open); /* a COMMIT only for a committed version */
 		if ((rc = send_frames(b, p, &v->commit_hdr, NULL, NULL, 0)) != PUMP_MORE)
 			return rc;
 		p->have_version = v->version;
@@ -264,6 +318,7 @@ static int pump_one(struct broker *b, struct broker_peer *p)
 		broker_version_put(v);
 		return PUMP_MORE;
 	}
+	DCAST_ASSERT(p->next_chunk < v->n_chunks); /* never past what was accepted */
 	ch = &v->chunks[p->next_chunk];
 	len = ch->payload_len;
 	if (len > p->window_bytes)
@@ -286,6 +341,7 @@ static int pump_one(struct broker *b, struct broker_peer *p)
 	DCAST_DEBUG_ASSERT(check_consumer_credit(p));
 	b->stats.chunks_out++;
 	b->stats.bytes_out += len;
+	b->stats.cut_through_chunks += (uint64_t)v->open;
 	return PUMP_MORE;
 }
 
@@ -311,6 +367,28 @@ void broker_fanout(struct broker *b)
 	for (uint64_t i = 0; i < b->cons.hi; i++)
 		if (b->cons.arr[i].used)
 			consumer_pump(b, &b->cons.arr[i]);
+}
+
+void broker_cut_abort(struct broker *b, struct broker_model *m, struct broker_version *open)
+{
+	int sent = 0;
+
+	DCAST_ASSERT(open->open);
+	for (uint64_t i = 0; i < b->cons.hi; i++) {
+		struct broker_peer *p = &b->cons.arr[i];
+
+		if (!p->used || p->model != m || p->cur != open)
+			continue;
+		if (p->next_chunk) {
+			p->abort_due = 1;
+			p->abort_version = open->version;
+			sent = 1;
+		}
+		p->cur = NULL;
+		p->next_chunk = 0;
+		broker_version_put(open);
+	}
+	b->stats.cut_through_aborted += (uint64_t)sent;
 }
 
 void broker_rewelcome(struct broker *b, const struct broker_model *m)
@@ -374,6 +452,7 @@ static void consumer_hello(struct broker *b, struct broker_peer *p, dcast_wire_i
 		    (long long)h->have_version, (unsigned long long)h->window_bytes,
 		    m ? "" : " (no such model yet: it waits for a producer to create it)");
 	p->welcome_due = 1;
+	p->abort_due = 0; /* a HELLO starts its stream again */
 	consumer_pump(b, p);
 }
 

@@ -32,8 +32,10 @@ static void pending_free(struct broker *b, struct broker_pending *pd)
 		}
 		free(pt->chunks);
 		free(pt->digests);
+		free(pt->seq_seen);
 	}
 	free(pd->part);
+	broker_version_put(pd->cut); /* consumers streaming it keep theirs */
 	broker_manifest_put(pd->manifest);
 	broker_segfile_put(pd->spill); /* a dropped version's spilled bytes go with it */
 	free(pd);
@@ -131,6 +133,8 @@ void broker_pending_abort(struct broker *b, struct broker_model *m, const char *
 		return;
 	DCAST_DEBUG_ASSERT(check_pending(m) && check_pending_total(b));
 	m->pending = NULL;
+	if (pd->cut)
+		broker_cut_abort(b, m, pd->cut);
 	if (why) {
 		snprintf(text, sizeof(text), "model %s version %llu dropped: %s", m->name,
 			 (unsigned long long)pd->version, why);
@@ -174,6 +178,37 @@ static int version_rules(const struct broker_model *m, const dcast_chunk *c)
 	return 0;
 }
 
+/* An empty version for consumers, of pd's number, kind and manifest (one
+ * reference), or NULL (DCAST_ENOMEM set). */
+static struct broker_version *version_new(const struct broker_model *m,
+					  const struct broker_pending *pd)
+{
+	struct broker_version *v = calloc(1, sizeof(*v));
+
+	if (!v) {
+		dcast_fail(DCAST_ENOMEM, "model %s: version %llu", m->name,
+			   (unsigned long long)pd->version);
+		return NULL;
+	}
+	v->refs = 1;
+	v->version = pd->version;
+	v->base_version = pd->base_version;
+	v->anchor = pd->anchor;
+	v->manifest = pd->manifest;
+	pd->manifest->refs++;
+	zmq_msg_init(&v->commit_hdr);
+	return v;
+}
+
+/* --cut-through: the version consumers stream while pd is open, empty. */
+static int cut_open(struct broker_model *m, struct broker_pending *pd)
+{
+	if (!(pd->cut = version_new(m, pd)))
+		return DCAST_ENOMEM;
+	pd->cut->open = 1;
+	return 0;
+}
+
 int broker_pending_open(struct broker *b, struct broker_model *m, const dcast_chunk *c,
 			uint32_t parts)
 {
@@ -197,6 +232,10 @@ int broker_pending_open(struct broker *b, struct broker_model *m, const dcast_ch
 	pd->created_ms = dcast_now_ms();
 	pd->manifest = m->manifest;
 	m->manifest->refs++;
+	if (b->cfg.cut_through && (rc = cut_open(m, pd))) {
+		pending_free(b, pd);
+		return rc;
+	}
 	m->pending = pd;
 	DCAST_DEBUG_ASSERT(check_pending(m) && check_pending_total(b) && !pd->mem_bytes);
 	return 0;
@@ -252,21 +291,31 @@ static int pending_charge(struct broker *b, struct broker_model *m, uint64_t byt
 	return 0;
 }
 
+/* Room for one more of n elements of `size` bytes in *arr (cap slots,
+ * doubled from 64, at most max).  Errors: DCAST_ETOO_LARGE naming what
+ * (`what`) and the limit, DCAST_ENOMEM. */
+static int array_reserve(void **arr, uint32_t n, uint32_t *cap, size_t size, uint32_t max,
+			 const char *what)
+{
+	uint32_t c;
+	void *a;
+
+	if (n < *cap)
+		return 0;
+	if (*cap >= max)
+		return dcast_fail(DCAST_ETOO_LARGE, "more than %u chunks in one %s", max, what);
+	c = *cap ? *cap * 2 : 64;
+	if (!(a = realloc(*arr, (size_t)c * size)))
+		return dcast_fail(DCAST_ENOMEM, "%s's chunk list of %u", what, c);
+	*arr = a;
+	*cap = c;
+	return 0;
+}
+
 static int part_reserve(struct broker_part *pt)
 {
-	struct broker_pending_chunk *n;
-	uint32_t cap;
-
-	if (pt->n < pt->cap)
-		return 0;
-	if (pt->cap >= MAX_PART_CHUNKS)
-		return dcast_fail(DCAST_ETOO_LARGE, "more than %u chunks in one part", MAX_PART_CHUNKS);
-	cap = pt->cap ? pt->cap * 2 : 64;
-	if (!(n = realloc(pt->chunks, cap * sizeof(*n))))
-		return dcast_fail(DCAST_ENOMEM, "chunk list of %u", cap);
-	pt->chunks = n;
-	pt->cap = cap;
-	return 0;
+	return array_reserve((void **)&pt->chunks, pt->n, &pt->cap, sizeof(*pt->chunks),
+			     MAX_PART_CHUNKS, "part");
 }
 
 /* Keep a payload for the log.  ZeroMQ receives small messages into a shared
@@ -312,9 +361,10 @@ static int payload_spill(struct broker *b, struct broker_pending *pd,
 }
 
 /* CHUNK in (checked, its payload summing to sum) joins part pt of m's open
- * version, its memory charged; nothing changes on an error. */
+ * version, its memory charged (with `extra` bytes held beside it);
+ * nothing changes on an error. */
 static int part_take(struct broker *b, struct broker_model *m, struct broker_part *pt,
-		     dcast_wire_in *in, uint64_t sum)
+		     dcast_wire_in *in, uint64_t sum, uint64_t extra)
 {
 	const dcast_chunk *c = &in->msg.u.chunk;
 	struct broker_pending_chunk *pc;
@@ -323,7 +373,7 @@ static int part_take(struct broker *b, struct broker_model *m, struct broker_par
 	int rc;
 
 	if ((rc = part_reserve(pt)) ||
-	    (rc = pending_charge(b, m, PENDING_CHUNK_BYTES + c->payload_bytes, "a CHUNK")))
+	    (rc = pending_charge(b, m, PENDING_CHUNK_BYTES + extra + c->payload_bytes, "a CHUNK")))
 		return rc;
 	pc = &pt->chunks[pt->n++];
 	pc->c = *c;
@@ -337,6 +387,109 @@ static int part_take(struct broker *b, struct broker_model *m, struct broker_par
 	b->stats.chunks_in++;
 	b->stats.bytes_in += c->payload_bytes;
 	DCAST_DEBUG_ASSERT(pt->n == n0 + 1 && pt->bytes == bytes0 + c->payload_bytes);
+	return 0;
+}
+
+/* ---- --cut-through: the open version numbered for consumers as it is
+ * accepted (pd->cut) ---- */
+
+/* What a chunk of an open version holds with --cut-through beyond
+ * PENDING_CHUNK_BYTES and its header frame: its slot in the cut version
+ * (grown by doubling) and the frame's allocation.  Its payload is shared
+ * with the part's chunk (a copy of the message, or the same spill file). */
+#define CUT_CHUNK_BYTES (2 * sizeof(struct broker_chunk) + BROKER_ALLOC_BYTES)
+
+/* The header frame of a chunk as consumers get it: part 0, seq its index
+ * in the version. */
+static int chunk_header(const dcast_chunk *c, uint32_t seq, zmq_msg_t *out)
+{
+	dcast_msg hm;
+
+	dcast_msg_init(&hm, DCAST_MSG_CHUNK);
+	hm.u.chunk = *c;
+	hm.u.chunk.part = 0;
+	hm.u.chunk.seq = seq;
+	return broker_frame_encode(&hm, out);
+}
+
+static int seq_repeat(const struct broker_part *pt, uint32_t seq)
+{
+	return seq < pt->seq_bits && (pt->seq_seen[seq / 64] >> (seq % 64) & 1);
+}
+
+/* Room in pt's bitmap of accepted seqs for seq (at most MAX_PART_CHUNKS
+ * bits, 2 MiB).  Errors: DCAST_ETOO_LARGE naming the limit, DCAST_ENOMEM. */
+static int seq_reserve(struct broker_part *pt, uint32_t seq)
+{
+	uint32_t bits = pt->seq_bits ? pt->seq_bits : 4096;
+	uint64_t *n;
+
+	if (seq >= MAX_PART_CHUNKS)
+		return dcast_fail(DCAST_ETOO_LARGE, "CHUNK.seq %u: a part has at most %u chunks",
+				  seq, MAX_PART_CHUNKS);
+	while (bits <= seq)
+		bits *= 2;
+	if (bits == pt->seq_bits)
+		return 0;
+	if (!(n = realloc(pt->seq_seen, bits / 8)))
+		return dcast_fail(DCAST_ENOMEM, "seq bitmap of %u bits", bits);
+	memset((char *)n + pt->seq_bits / 8, 0, (bits - pt->seq_bits) / 8);
+	pt->seq_seen = n;
+	pt->seq_bits = bits;
+	return 0;
+}
+
+static int cut_reserve(struct broker_version *v)
+{
+	return array_reserve((void **)&v->chunks, v->n_chunks, &v->cap_chunks, sizeof(*v->chunks),
+			     UINT32_MAX / 2, "version");
+}
+
+/* pc, just accepted, is numbered next in v: its header frame hdr (taken),
+ * its payload shared. */
+static void cut_append(struct broker_version *v, struct broker_pending_chunk *pc, zmq_msg_t *hdr)
+{
+	struct broker_chunk *ch = &v->chunks[v->n_chunks];
+
+	memset(ch, 0, sizeof(*ch));
+	zmq_msg_init(&ch->hdr);
+	zmq_msg_move(&ch->hdr, hdr);
+	zmq_msg_init(&ch->payload);
+	if (!pc->file)
+		zmq_msg_copy(&ch->payload, &pc->payload);
+	else
+		pc->file->refs++;
+	ch->file = pc->file;
+	ch->file_off = pc->file_off;
+	ch->payload_sum = pc->payload_sum;
+	ch->payload_len = pc->c.payload_bytes;
+	v->payload_bytes += ch->payload_len;
+	v->n_chunks++;
+	DCAST_ASSERT(v->open && v->n_chunks <= v->cap_chunks);
+}
+
+/* --cut-through: CHUNK in joins part pt as part_take does and, numbered
+ * next, the cut version that consumers stream.  A repeat of a seq the part
+ * has is dropped (0: nothing changes).  Nothing changes on an error. */
+static int cut_take(struct broker *b, struct broker_model *m, struct broker_part *pt,
+		    dcast_wire_in *in, uint64_t sum)
+{
+	struct broker_version *v = m->pending->cut;
+	const dcast_chunk *c = &in->msg.u.chunk;
+	zmq_msg_t hdr;
+	int rc;
+
+	if (seq_repeat(pt, c->seq))
+		return 0;
+	if ((rc = seq_reserve(pt, c->seq)) || (rc = cut_reserve(v)) ||
+	    (rc = chunk_header(c, v->n_chunks, &hdr)))
+		return rc;
+	if ((rc = part_take(b, m, pt, in, sum, CUT_CHUNK_BYTES + zmq_msg_size(&hdr)))) {
+		zmq_msg_close(&hdr);
+		return rc;
+	}
+	cut_append(v, &pt->chunks[pt->n - 1], &hdr);
+	pt->seq_seen[c->seq / 64] |= 1ull << (c->seq % 64);
 	return 0;
 }
 
@@ -354,9 +507,13 @@ int broker_pending_chunk(struct broker *b, struct broker_model *m, uint32_t part
 	sum = dcast_checksum(zmq_msg_data(&in->payload), c->payload_bytes);
 	if ((rc = dcast_chunk_sound(c, dcast_manifest_descs(&pd->manifest->m), sum))) /* header too */
 		return rc;
-	rc = part_take(b, m, &pd->part[part], in, sum);
+	if (pd->cut)
+		rc = cut_take(b, m, &pd->part[part], in, sum);
+	else
+		rc = part_take(b, m, &pd->part[part], in, sum, 0);
 	DCAST_DEBUG_ASSERT(check_pending(m) && check_pending_total(b) &&
-			   pd->mem_bytes == mem0 + (rc ? 0 : PENDING_CHUNK_BYTES + c->payload_bytes));
+			   (pd->cut || pd->mem_bytes == mem0 + (rc ? 0 : PENDING_CHUNK_BYTES +
+								  c->payload_bytes)));
 	return rc;
 }
 
@@ -449,17 +606,25 @@ static int spans_cover(const struct broker_manifest *mf, const struct span *s, u
 	return 0;
 }
 
+/* Chunks over all parts (repeats dropped). */
+static uint64_t pending_chunks(const struct broker_pending *pd)
+{
+	uint64_t n = 0;
+
+	for (uint32_t i = 0; i < pd->parts; i++)
+		n += pd->part[i].n;
+	return n;
+}
+
 /* An anchor carries every element of every tensor of its manifest, once;
  * anything less would replace the log with a version no consumer can take
  * (an empty anchor poisoned a model for good). */
 static int anchor_complete(const struct broker_pending *pd)
 {
-	uint64_t n = 0, k = 0;
+	uint64_t n = pending_chunks(pd), k = 0;
 	struct span *s;
 	int rc;
 
-	for (uint32_t i = 0; i < pd->parts; i++)
-		n += pd->part[i].n;
 	if (!(s = malloc((n ? n : 1) * sizeof(*s))))
 		return dcast_fail(DCAST_ENOMEM, "anchor of %llu chunks", (unsigned long long)n);
 	for (uint32_t i = 0; i < pd->parts; i++)
@@ -498,13 +663,7 @@ static int version_chunks(struct broker_version *v, struct broker_pending *pd)
 		return dcast_fail(DCAST_ENOMEM, "version of %u chunks", v->n_chunks);
 	for (uint32_t i = 0; i < pd->parts; i++)
 		for (uint32_t j = 0; j < pd->part[i].n; j++, k++) {
-			dcast_msg hm;
-
-			dcast_msg_init(&hm, DCAST_MSG_CHUNK);
-			hm.u.chunk = pd->part[i].chunks[j].c;
-			hm.u.chunk.part = 0;
-			hm.u.chunk.seq = k;
-			if ((rc = broker_frame_encode(&hm, &v->chunks[k].hdr))) {
+			if ((rc = chunk_header(&pd->part[i].chunks[j].c, k, &v->chunks[k].hdr))) {
 				v->n_chunks = k; /* what is initialised, for the put */
 				return rc;
 			}
@@ -552,22 +711,40 @@ static int version_commit_frame(struct broker_version *v, const char *model)
 	return broker_frame_encode(&cm, &v->commit_hdr);
 }
 
+/* --cut-through: the cut version, which consumers may be streaming already,
+ * closed with the parts' digests and its COMMIT frame: a new reference in
+ * *out (its open flag is cleared once it is in the log).  Its chunks are
+ * the parts' in acceptance order, so a consumer that took a prefix goes
+ * on at the same index.  On an error it stays as it was. */
+static int cut_close(struct broker_model *m, struct broker_pending *pd,
+		     struct broker_version **out)
+{
+	struct broker_version *v = pd->cut;
+	int rc;
+
+	DCAST_ASSERT(v->open && !v->n_digests && v->n_chunks == pending_chunks(pd));
+	if ((rc = version_digests(v, pd)) || (rc = version_commit_frame(v, m->name))) {
+		free(v->digests);
+		v->digests = NULL;
+		v->n_digests = 0;
+		return rc;
+	}
+	v->refs++;
+	*out = v;
+	return 0;
+}
+
 /* Build the version consumers will see from a fully committed pending one. */
 static int version_build(struct broker_model *m, struct broker_pending *pd,
 			 struct broker_version **out)
 {
-	struct broker_version *v = calloc(1, sizeof(*v));
+	struct broker_version *v;
 	int rc;
 
-	if (!v)
-		return dcast_fail(DCAST_ENOMEM, "model %s: version", m->name);
-	v->refs = 1;
-	v->version = pd->version;
-	v->base_version = pd->base_version;
-	v->anchor = pd->anchor;
-	v->manifest = pd->manifest;
-	pd->manifest->refs++;
-	zmq_msg_init(&v->commit_hdr);
+	if (pd->cut)
+		return cut_close(m, pd, out);
+	if (!(v = version_new(m, pd)))
+		return DCAST_ENOMEM;
 	if ((rc = version_chunks(v, pd)) || (rc = version_digests(v, pd)) ||
 	    (rc = version_commit_frame(v, m->name))) {
 		broker_version_put(v);
@@ -639,6 +816,7 @@ static int pending_finish(struct broker *b, struct broker_model *m)
 		broker_version_put(v);
 		return rc;
 	}
+	v->open = 0; /* committed: its COMMIT may go out */
 	m->pending = NULL;
 	pending_free(b, pd);
 	DCAST_DEBUG_ASSERT(check_pending_total(b) && broker_model_newest(m) == v->version);

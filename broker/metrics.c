@@ -227,6 +227,10 @@ size_t broker_metrics_render(const struct broker *b, char *buf, size_t cap)
 	counter(&o, "chunks_in_total", "chunks stored from producers", st->chunks_in);
 	counter(&o, "bytes_in_total", "payload bytes stored from producers", st->bytes_in);
 	counter(&o, "chunks_out_total", "chunks sent to consumers", st->chunks_out);
+	counter(&o, "cut_through_chunks_total", "chunks sent before their version's COMMIT (--cut-through)",
+		st->cut_through_chunks);
+	counter(&o, "cut_through_aborted_total", "aborted versions some of whose chunks had gone to consumers",
+		st->cut_through_aborted);
 	counter(&o, "bytes_out_total", "payload bytes sent to consumers", st->bytes_out);
 	gauge(&o, "producers_connected", "producer parts connected", st->producers_connected);
 	gauge(&o, "consumers_connected", "consumers connected", st->consumers_connected);

@@ -208,6 +208,23 @@ static int relay_chunk(struct broker *b, struct broker_upstream *u, dcast_wire_i
 	return 0;
 }
 
+/* The upstream dropped a version it had sent chunks of before its COMMIT
+ * (its --cut-through): the open version here goes with it, and so, one
+ * level down, at this relay's consumers.  The upstream's cursor is back
+ * at its newest committed version, the stream goes on: no re-join.  An
+ * abort of a version not open here (dropped already) is passed over. */
+static int relay_aborted(struct broker *b, struct broker_upstream *u, const dcast_error_msg *e)
+{
+	struct broker_model *m = u->model;
+	char why[DCAST_MAX_TEXT + 32];
+
+	if (!m->pending || m->pending->version != e->version)
+		return 0;
+	snprintf(why, sizeof(why), "upstream aborted it: %s", e->text);
+	broker_pending_abort(b, m, why);
+	return 0;
+}
+
 /* The ACK upstream goes out from broker_version_ack (relay_acked). */
 static int relay_commit(struct broker *b, struct broker_upstream *u, dcast_commit *c)
 {
@@ -314,6 +331,8 @@ static int relay_dispatch(struct broker *b, struct broker_upstream *u, dcast_wir
 	case DCAST_MSG_HEARTBEAT:
 		return 0;
 	case DCAST_MSG_ERROR:
+		if (msg->u.error.code == DCAST_EABORTED)
+			return relay_aborted(b, u, &msg->u.error);
 		return dcast_fail(DCAST_ECLOSED, "upstream ERROR %s: %s",
 				  dcast_errname((int)msg->u.error.code), msg->u.error.text);
 	case DCAST_MSG_BYE:

@@ -8,6 +8,9 @@
  *
  *   wire_client produce ENDPOINT MODEL [--part P --parts N] --versions V
  *                       [--pause-at V]      send half of V's chunks, then hang
+ *                       [--hold-at V --hold-file F] send half of V's chunks,
+ *                                           then wait (heartbeats going on)
+ *                                           until file F exists, and go on
  *                       [--bad-digest-at V] V's COMMIT carries a wrong digest
  *                       [--bad-payload-at V] V's first chunk does not decode (its
  *                                           checksum holds)
@@ -15,7 +18,10 @@
  *                                           ERROR (its line, exit 1) until --timeout-ms
  *   wire_client consume ENDPOINT MODEL --until V [--window BYTES]
  *                       [--state FILE]      resume from / save to FILE
- *                       [--stats FILE]      progress after every version
+ *                       [--stats FILE]      progress after every version and
+ *                                           chunk: applied=V ... open=W
+ *                                           open_chunks=N (W: the version being
+ *                                           staged, -1 none; N its chunks so far)
  *                       [--exit-after K]    _exit after K versions (a crash)
  *   wire_client receive ENDPOINT MODEL --until V [--window BYTES]
  *                       only receive (`make bench-fanout`): count CHUNK
@@ -45,9 +51,10 @@
 static struct opts {
 	const char *mode, *endpoint, *model, *state_file, *stats_file;
 	const char *server_key, *secret_file; /* CURVE client: broker's public key, own key file */
+	const char *hold_file;
 	uint32_t part, parts, tensors;
 	uint64_t elems, chunk_elems, density_ppm, seed, versions, pause_at, until, bad_digest_at;
-	uint64_t bad_payload_at;
+	uint64_t bad_payload_at, hold_at;
 	int wait_error;
 	uint64_t window, exit_after, timeout_ms;
 } o = {.parts = 1, .tensors = 3, .elems = 65536, .chunk_elems = 16384,
@@ -283,6 +290,17 @@ static void slice(uint64_t *lo, uint64_t *hi)
 	*hi = o.elems * (o.part + 1) / o.parts;
 }
 
+/* --hold-at: half of `v` is sent; heartbeats go on until --hold-file exists. */
+static void hold(uint64_t v)
+{
+	fprintf(stderr, "producer part %u: holding inside version %llu\n", o.part, (unsigned long long)v);
+	while (access(o.hold_file, F_OK)) {
+		hb_due();
+		usleep(20000);
+	}
+	fprintf(stderr, "producer part %u: going on with version %llu\n", o.part, (unsigned long long)v);
+}
+
 static void prod_version(struct prod *p, uint64_t v, int anchor)
 {
 	size_t cap = dcast_codec_bound(o.chunk_elems, 2);
@@ -316,6 +334,8 @@ static void prod_version(struct prod *p, uint64_t v, int anchor)
 				for (;;)
 					pause();
 			}
+			if (o.hold_at == v && seq == total / 2)
+				hold(v);
 			dcast_msg_init(&hm, DCAST_MSG_CHUNK);
 			snprintf(hm.u.chunk.model, sizeof(hm.u.chunk.model), "%s", o.model);
 			hm.u.chunk.version = v;
@@ -448,10 +468,11 @@ static void stats_write(const struct cons *c)
 	snprintf(tmp, sizeof(tmp), "%s.tmp", o.stats_file);
 	if (!(f = fopen(tmp, "w")))
 		die("open %s", tmp);
-	fprintf(f, "applied=%lld versions=%llu anchors=%llu chunks=%llu bytes=%llu\n",
-		(long long)c->applied, (unsigned long long)c->versions,
+	fprintf(f, "applied=%lld versions=%llu anchors=%llu chunks=%llu bytes=%llu open=%lld "
+		"open_chunks=%llu\n", (long long)c->applied, (unsigned long long)c->versions,
 		(unsigned long long)c->anchors, (unsigned long long)c->chunks,
-		(unsigned long long)c->bytes);
+		(unsigned long long)c->bytes, (long long)c->open,
+		(unsigned long long)(c->open == DCAST_VERSION_NONE ? 0 : c->open_chunks));
 	fclose(f);
 	rename(tmp, o.stats_file);
 }
@@ -466,6 +487,7 @@ static void cons_hello(struct cons *c)
 	c->welcomed = 0;
 	c->hello_ms = dcast_now_ms();
 	send_hello(c->s, DCAST_ROLE_CONSUMER, c->applied);
+	stats_write(c);
 }
 
 /* One HELLO at a time: while one is out, what arrives is the old stream's
@@ -530,6 +552,7 @@ static void cons_chunk(struct cons *c, dcast_wire_in *in)
 	c->bytes += h->payload_bytes;
 	if (h->payload_bytes)
 		send_simple(c->s, DCAST_MSG_CREDIT, h->payload_bytes);
+	stats_write(c);
 }
 
 /* Dies unless COMMIT m counts the chunks and bytes that arrived. */
@@ -750,6 +773,8 @@ static void parse(int argc, char **argv)
 		else if (!strcmp(k, "--seed")) o.seed = num(v);
 		else if (!strcmp(k, "--versions")) o.versions = num(v);
 		else if (!strcmp(k, "--pause-at")) o.pause_at = num(v);
+		else if (!strcmp(k, "--hold-at")) o.hold_at = num(v);
+		else if (!strcmp(k, "--hold-file")) o.hold_file = v;
 		else if (!strcmp(k, "--bad-digest-at")) o.bad_digest_at = num(v);
 		else if (!strcmp(k, "--wait-error")) o.wait_error = num(v) != 0;
 		else if (!strcmp(k, "--bad-payload-at")) o.bad_payload_at = num(v);
@@ -763,6 +788,8 @@ static void parse(int argc, char **argv)
 		else if (!strcmp(k, "--secret")) o.secret_file = v;
 		else die("unknown option %s", k);
 	}
+	if (o.hold_at && !o.hold_file)
+		die("--hold-at needs --hold-file FILE");
 	if (!o.server_key != !o.secret_file)
 		die("--server-key KEY and --secret FILE go together (CURVE)");
 }

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Cut-through: producer -> broker a (--cut-through) -> relay r
+# (--cut-through) -> consumer.  With the producer holding inside version 3
+# (half of its chunks sent, no COMMIT), the relay's consumer has received
+# chunks of 3 and applied only 2; after the COMMIT it applies 3 bit-exact,
+# continuing the stream at the chunk it had reached.  The same chain
+# without --cut-through sends no chunk of 3 before the COMMIT.
+. "$(dirname "$0")/tools/broker_lib.sh"
+
+# chain NAME FLAGS...: broker NAMEa and its relay NAMEr, both with FLAGS.
+chain() {
+	local n=$1
+	shift
+	start_broker_metrics "${n}a" --heartbeat-ms 200 "$@"
+	eval "UP=\$${n}a_CONS"
+	start_broker_metrics "${n}r" --heartbeat-ms 200 --upstream "$UP" --upstream-model ct "$@"
+}
+
+# held NAME CONS: consumer NAME of CONS up to version 4, and a producer to
+# broker PROD holding inside version 3 (sets CONS_PID, HOLD).
+held() {
+	bg "$1" "$WC" consume "$2" ct --until 4 --stats "$TMP/$1.stats"
+	CONS_PID=$LAST_PID
+	HOLD=$TMP/$1.go
+	bg "$1p" "$WC" produce "$PROD" ct --versions 4 --hold-at 3 --hold-file "$HOLD"
+	wait_for 20 grep -qs "holding inside version 3" "$TMP/$1p.err" || fail "producer never held in v3"
+}
+
+# go_on NAME: the producer finishes; consumer NAME applies 4, bit-exact.
+go_on() {
+	touch "$HOLD"
+	wait "$CONS_PID" || fail "consumer $1 exited $?: $(tail -2 "$TMP/$1.err")"
+	grep -q "applied=4 versions=4 anchors=1 .*bit-exact" "$TMP/$1.out" || fail "$1: $(cat "$TMP/$1.out")"
+}
+
+chain on --cut-through
+PROD=$ona_PROD
+held c1 "$onr_CONS"
+wait_for 10 grep -qs "open=3 open_chunks=[1-9]" "$TMP/c1.stats" ||
+	fail "no chunk of the open version 3 reached the relay's consumer: $(cat "$TMP/c1.stats")"
+[ "$(stat_of "$TMP/c1.stats" applied)" = 2 ] || fail "consumer applied past 2: $(cat "$TMP/c1.stats")"
+wait_metric ona deltacast_cut_through_chunks_total 1
+wait_metric onr deltacast_cut_through_chunks_total 1
+check_metric ona 'deltacast_model_version{model="ct"}' 2
+go_on c1
+check_metric onr deltacast_cut_through_aborted_total 0
+grep -q "re-join" "$TMP/c1.err" && fail "consumer re-joined: $(grep re-join "$TMP/c1.err")"
+stop_broker onr
+stop_broker ona
+
+# Without --cut-through nothing of 3 goes before its COMMIT: the relay's
+# consumer takes 1 and 2 whole, and the held version stays with broker a.
+chain off
+PROD=$offa_PROD
+held c2 "$offr_CONS"
+wait_for 10 grep -qs "applied=2 " "$TMP/c2.stats" || fail "consumer c2 not at v2"
+wait_metric offa deltacast_chunks_in_total "$(($(stat_of "$TMP/c2.stats" chunks) + 1))"
+grep -q "open=3" "$TMP/c2.stats" && fail "a chunk of open version 3 went out: $(cat "$TMP/c2.stats")"
+check_metric offa deltacast_cut_through_chunks_total 0
+check_metric offr deltacast_chunks_in_total "$(stat_of "$TMP/c2.stats" chunks)"
+go_on c2
+stop_broker offr
+stop_broker offa
+echo "test_broker_cut_through: ok"

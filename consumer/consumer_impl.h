@@ -266,6 +266,7 @@ typedef struct cs_session {
 	int own_joined;                /* own: welcomed and no HELLO pending */
 	uint32_t own_hb_ms;            /* own: the heartbeat interval in force */
 	uint64_t credit_pending;       /* freed bytes not yet granted */
+	uint64_t chunk_ms;             /* a CHUNK was last taken (commit_overdue in session.c) */
 } cs_session;
 
 /* One consumer.  Each module's state is a sub-struct it owns; what stays
@@ -437,6 +438,12 @@ int cs_rejoin(dcast_consumer *c);
 /* Join again after a refusal: cs_refusal_backoff (outbox.c, the one
  * back-off), then cs_rejoin.  Callers hold `lock`. */
 int cs_rejoin_refused(dcast_consumer *c, int what, uint64_t version, int code);
+/* The broker aborted `version` before its COMMIT (ERROR DCAST_EABORTED,
+ * `why` its text): staged and not READY, it is dropped with what builds on
+ * it (an ERROR event, a log line, stats.versions_aborted), then cs_rejoin
+ * (READY versions stay).  A version not held, or READY, is passed over
+ * (0).  Callers hold `lock`. */
+int cs_intake_abort(dcast_consumer *c, uint64_t version, const char *why);
 /* Refuse `version` for `code` (dcast_last_error() says why): an ERROR
  * event, the version dropped with every one after it (cs_drop_from), then
  * cs_rejoin_refused.  Callers hold `lock`. */

@@ -270,6 +270,21 @@ int cs_refuse_message(dcast_consumer *c, uint64_t version, int code)
 	return refuse(c, version, code, 0);
 }
 
+int cs_intake_abort(dcast_consumer *c, uint64_t version, const char *why)
+{
+	cs_version *v = cs_version_find(c, version);
+
+	if (!v || v->state == CS_V_READY)
+		return 0;
+	dcast_fail(DCAST_EABORTED, "version %" PRIu64 " aborted before its COMMIT (broker: %s)",
+		   version, why);
+	DCAST_LOG_W("consumer %s: %s; dropping what was staged of it", c->model, dcast_last_error());
+	cs_event_push(c, DCAST_EV_ERROR, version, DCAST_EABORTED, dcast_last_error());
+	c->stats.versions_aborted++;
+	cs_drop_from(c, version);
+	return cs_rejoin(c);
+}
+
 /* ---- the steps, for both sources ---- */
 
 /* A fresh version (slot_take, or a record file's) begins STAGING, its

@@ -146,6 +146,30 @@ static int huge_pages_wanted(void)
 	return !e || strcmp(e, "0") != 0;
 }
 
+#define COMMIT_TIMEOUT_DEFAULT_MS 60000
+
+/* opts.commit_timeout_ms 0: DELTACAST_COMMIT_TIMEOUT_MS, else the default.
+ * Errors: DCAST_EINVAL naming the variable (not 1..2^32-1 ms). */
+static int commit_timeout(dcast_consumer *c)
+{
+	const char *e = getenv("DELTACAST_COMMIT_TIMEOUT_MS");
+	unsigned long long ms;
+	char *end;
+
+	if (c->opts.commit_timeout_ms)
+		return 0;
+	c->opts.commit_timeout_ms = COMMIT_TIMEOUT_DEFAULT_MS;
+	if (!e || !*e)
+		return 0;
+	errno = 0;
+	ms = strtoull(e, &end, 10);
+	if (errno || *end || e[0] == '-' || !ms || ms > UINT32_MAX)
+		return dcast_fail(DCAST_EINVAL, "DELTACAST_COMMIT_TIMEOUT_MS=%s: not a number of "
+				  "milliseconds in [1, 4294967295]", e);
+	c->opts.commit_timeout_ms = (uint32_t)ms;
+	return 0;
+}
+
 /* The session uses the option strings long after open (HELLO.client at
  * every join, the CURVE keys on every new socket): c keeps copies, since
  * the caller's may be gone by then (a buffer on its stack). */
@@ -197,7 +221,7 @@ int dcast_consumer_open(const char *endpoint, const char *model, const char *dir
 	cs_staged_open(c);
 	cs_fault_parse(c);
 	c->arena_huge = huge_pages_wanted();
-	if ((err = make_paths(c, dir, endpoint)) || (err = dir_lock(c)) ||
+	if ((err = commit_timeout(c)) || (err = make_paths(c, dir, endpoint)) || (err = dir_lock(c)) ||
 	    (err = cs_pool_open(&c->pool, staging_budget_bytes)))
 		goto fail;
 	if ((err = cs_store_open(c, &store_sink)) ||

@@ -143,6 +143,7 @@ static int on_chunk(dcast_consumer *c, dcast_wire_in *in)
 
 	if (unwanted(c, h->version, h->payload_bytes))
 		return 0;
+	c->ss.chunk_ms = dcast_now_ms();
 	return cs_intake_chunk(c, h, &in->payload);
 }
 
@@ -239,6 +240,8 @@ static int on_message(dcast_consumer *c, dcast_wire_in *in)
 	}
 	if (m->type == DCAST_MSG_ERROR && m->u.error.code == DCAST_EPOISONED)
 		return on_poisoned(c, &m->u.error); /* true of any stream, the old one too */
+	if (m->type == DCAST_MSG_ERROR && m->u.error.code == DCAST_EABORTED)
+		return cs_intake_abort(c, m->u.error.version, m->u.error.text); /* any stream's */
 	if (!c->ss.welcomed && m->type == DCAST_MSG_ERROR)
 		return hello_refused(c, &m->u.error);
 	if (!c->ss.welcomed)
@@ -318,6 +321,30 @@ static int stalled(const dcast_consumer *c, uint64_t now, uint64_t hb)
 	       ready_count(c) < c->opts.max_staged && now - c->ss.progress_ms > 3 * hb;
 }
 
+/* 1 when a staged version's COMMIT has not come commit_timeout_ms after
+ * the last chunk taken (an open version a --cut-through broker sent ahead,
+ * its producer stopped): said (log line, ERROR event, stats), and the
+ * caller re-joins, which drops it and fetches it again if it committed
+ * meanwhile.  Never while credit is held back for READY versions (nothing
+ * can come then). */
+static int commit_overdue(dcast_consumer *c, uint64_t now)
+{
+	const cs_version *v = c->n_staged ? &c->staged[c->n_staged - 1] : NULL;
+	uint64_t last = c->ss.chunk_ms > c->ss.hello_ms ? c->ss.chunk_ms : c->ss.hello_ms;
+
+	if (!c->ss.welcomed || !v || v->state == CS_V_READY ||
+	    ready_count(c) >= c->opts.max_staged || now - last <= c->opts.commit_timeout_ms)
+		return 0;
+	dcast_fail(DCAST_ETIMEDOUT, "version %" PRIu64 ": no COMMIT %" PRIu64 " ms after its last "
+		   "chunk (commit_timeout_ms %u); dropped, re-joining", v->version, now - last,
+		   c->opts.commit_timeout_ms);
+	DCAST_LOG_W("consumer %s: %s", c->model, dcast_last_error());
+	cs_event_push(c, DCAST_EV_ERROR, v->version, DCAST_ETIMEDOUT, dcast_last_error());
+	c->stats.commit_timeouts++;
+	c->ss.chunk_ms = now;
+	return 1;
+}
+
 /* A new socket, then HELLO (a re-join when welcomed: the broker has lost
  * us or we it); the old connection may be dead for good. */
 static int reconnect(dcast_consumer *c)
@@ -362,6 +389,8 @@ static int keepalive(dcast_consumer *c)
 		c->ss.last_recv_ms = now;
 		return reconnect(c);
 	}
+	if (commit_overdue(c, now))
+		return cs_rejoin(c);
 	if (stalled(c, now, hb)) {
 		DCAST_LOG_W("consumer %s: broker has version %" PRIu64 ", we have %lld and got "
 			    "nothing for %" PRIu64 " ms; re-joining", c->model, c->ss.broker_newest,

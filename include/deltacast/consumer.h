@@ -75,6 +75,12 @@ typedef struct dcast_consumer_opts {
 					as it is READY (for callers that let weights change at
 					any moment, e.g. deltacast subscribe); 0 (default):
 					only dcast_consumer_apply() changes the live tensors */
+	uint32_t commit_timeout_ms;  /* a staged version whose COMMIT has not come this long
+					after its last chunk (a broker with --cut-through
+					sends an open version's chunks ahead) is dropped, and
+					the consumer joins again, fetching it anew if it
+					committed meanwhile; 0: DELTACAST_COMMIT_TIMEOUT_MS
+					from the environment, else 60000 */
 } dcast_consumer_opts;
 
 /* Fill *o with the defaults above.  Never fails. */
@@ -135,6 +141,11 @@ typedef struct dcast_consumer_stats {
 					  take now (the chain up to
 					  dcast_consumer_ready_version()); apply() of the
 					  newest takes them all in one call */
+	uint64_t versions_aborted;     /* staged versions dropped on the broker's ERROR
+					  DCAST_EABORTED (an open version it sent ahead and
+					  then dropped, --cut-through) */
+	uint64_t commit_timeouts;      /* staged versions dropped because their COMMIT did
+					  not come within commit_timeout_ms */
 } dcast_consumer_stats;
 
 /* Connect to the broker at `endpoint` (e.g. "tcp://127.0.0.1:5556") as a

@@ -70,7 +70,8 @@ class _Opts(ctypes.Structure):
                 ("fold_every", ctypes.c_uint32), ("max_staged", ctypes.c_uint32),
                 ("client", ctypes.c_char_p), ("curve_server_key", ctypes.c_char_p),
                 ("curve_public_key", ctypes.c_char_p), ("curve_secret_key", ctypes.c_char_p),
-                ("fold_fraction", ctypes.c_double), ("auto_apply", ctypes.c_int)]
+                ("fold_fraction", ctypes.c_double), ("auto_apply", ctypes.c_int),
+                ("commit_timeout_ms", ctypes.c_uint32)]
 
 
 class _Event(ctypes.Structure):
@@ -95,7 +96,8 @@ class _Stats(ctypes.Structure):
                 ("log_write_bytes", ctypes.c_uint64), ("log_write_ns", ctypes.c_uint64),
                 ("verify_bytes", ctypes.c_uint64), ("rejoins", ctypes.c_uint64),
                 ("folds", ctypes.c_uint64), ("folding", ctypes.c_int),
-                ("folds_from_tensors", ctypes.c_uint64), ("ready_backlog", ctypes.c_uint64)]
+                ("folds_from_tensors", ctypes.c_uint64), ("ready_backlog", ctypes.c_uint64),
+                ("versions_aborted", ctypes.c_uint64), ("commit_timeouts", ctypes.c_uint64)]
 
 
 class Stats(StatsView):

@@ -109,12 +109,15 @@ static struct broker_version *next_servable(const struct broker_model *m, uint64
 
 /* --cut-through: the model's open version (ingest.c keeps it numbered for
  * consumers, pd->cut), for a consumer that has the newest committed one;
- * NULL without cut-through or without an open version. */
+ * NULL without cut-through, without an open version, or past a poisoned
+ * version (an anchor then waits for its COMMIT, which clears the mark). */
 static struct broker_version *next_open(const struct broker_model *m, uint64_t have)
 {
-	if (!m->pending || !m->pending->cut)
+	struct broker_version *v = m->pending ? m->pending->cut : NULL;
+
+	if (!v || have != broker_model_newest(m))
 		return NULL;
-	return have == broker_model_newest(m) ? m->pending->cut : NULL;
+	return broker_version_servable(m, v) ? v : NULL;
 }
 
 /* The version a consumer at `have` streams next: a committed one, else the

@@ -3,7 +3,8 @@
 # (--cut-through) -> consumer.  With the producer holding inside version 3
 # (half of its chunks sent, no COMMIT), the relay's consumer has received
 # chunks of 3 and applied only 2; after the COMMIT it applies 3 bit-exact,
-# continuing the stream at the chunk it had reached.  The same chain
+# continuing the stream at the chunk it had reached; with --data-dir the
+# chunks sent ahead are read from the spill file.  The same chain
 # without --cut-through sends no chunk of 3 before the COMMIT.
 . "$(dirname "$0")/tools/broker_lib.sh"
 
@@ -47,6 +48,17 @@ check_metric onr deltacast_cut_through_aborted_total 0
 grep -q "re-join" "$TMP/c1.err" && fail "consumer re-joined: $(grep re-join "$TMP/c1.err")"
 stop_broker onr
 stop_broker ona
+
+# With --data-dir an open version's payloads go to a spill file as they
+# arrive, and the chunks sent ahead are read from there.
+start_broker_metrics disk --heartbeat-ms 200 --cut-through --data-dir "$TMP/disk"
+PROD=$disk_PROD
+held c3 "$disk_CONS"
+wait_for 10 grep -qs "open=3 open_chunks=[1-9]" "$TMP/c3.stats" ||
+	fail "no chunk of the open version 3 came from the spill file: $(cat "$TMP/c3.stats")"
+go_on c3
+grep -q "payloads stay in memory" "$TMP/disk.log" && fail "the open version was not spilled"
+stop_broker disk
 
 # Without --cut-through nothing of 3 goes before its COMMIT: the relay's
 # consumer takes 1 and 2 whole, and the held version stays with broker a.

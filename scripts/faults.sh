@@ -19,7 +19,10 @@
 # Prints per fault kind: trials, faults injected, divergences, failures.
 # SEEDS=N trials (default 5) from FAULT_SEED_BASE (default: drawn); SEED=N
 # one trial; FAULT_KINDS="k1 k2" restricts the kinds; FAULT_KEEP=1 keeps
-# every trial's files, FAULT_KEEP=failed those of failed trials.  Exit 0
+# every trial's files, FAULT_KEEP=failed those of failed trials.
+# FAULT_CUT_THROUGH=1 starts every trial's broker with --cut-through (open
+# versions stream ahead of their COMMIT, and faults strike inside them),
+# FAULT_CUT_THROUGH=alt those of odd seeds; default 0, none.  Exit 0
 # only when no trial diverged or failed to converge.
 set -u
 . "$(dirname "$0")/e2e_lib.sh"
@@ -76,7 +79,7 @@ use_trace A
 rnd() { R=$((RANDOM % $1)); }
 
 # ---- per-trial state ----
-T= BPORT= PPORT= PROXY_PID= PROXY_SIDE= PUB_PID= TRIAL_ENV=()
+T= BPORT= PPORT= PROXY_PID= PROXY_SIDE= PUB_PID= TRIAL_ENV=() CUT=()
 declare -a CPID CDONE CREST CERRPOS
 FAULTS=0
 
@@ -88,14 +91,14 @@ broker_start() {
 		for try in $(seq 0 29); do
 			port=$(e2e_pick_port "$try")
 			e2e_start_broker_at "$T/broker.log" "$port" --data-dir "$T/data" --heartbeat-ms 500 \
-				--metrics "127.0.0.1:$((port + 2))" && { BPORT=$port; return 0; }
+				--metrics "127.0.0.1:$((port + 2))" "${CUT[@]}" && { BPORT=$port; return 0; }
 		done
 		return 1
 	else
 		local i
 		for i in $(seq 20); do
 			e2e_start_broker_at "$T/broker.log" "$BPORT" --data-dir "$T/data" --heartbeat-ms 500 \
-				--metrics "127.0.0.1:$((BPORT + 2))" && return 0
+				--metrics "127.0.0.1:$((BPORT + 2))" "${CUT[@]}" && return 0
 			sleep 0.2
 		done
 		return 1
@@ -403,6 +406,15 @@ final_equal() {
 	return $ok
 }
 
+# cut_through SEED: CUT, the broker's --cut-through for this trial (FAULT_CUT_THROUGH).
+cut_through() {
+	CUT=()
+	case "${FAULT_CUT_THROUGH:-0}" in
+	1) CUT=(--cut-through) ;;
+	alt) [ $(($1 % 2)) = 1 ] && CUT=(--cut-through) ;;
+	esac
+}
+
 # run_trial SEED: sets KIND FAULTS DIVERGED CONV URING
 run_trial() {
 	local seed=$1 kind nfaults j
@@ -412,7 +424,8 @@ run_trial() {
 	rnd ${#KINDS[@]}; kind=${KINDS[R]}
 	rnd 3; local uring=1; [ $R = 0 ] && { uring=0; TRIAL_ENV+=(DELTACAST_IO_URING=0); }
 	rnd 3; nfaults=$((R + 1))
-	say "seed $seed kind $kind faults $nfaults io_uring $uring"
+	cut_through "$seed"
+	say "seed $seed kind $kind faults $nfaults io_uring $uring${CUT:+ cut-through}"
 	export DELTACAST_IO_URING=$uring
 	[ $uring = 1 ] && unset DELTACAST_IO_URING
 	KIND=$kind URING=$uring CONV=0 DIVERGED=0
@@ -464,7 +477,7 @@ declare -A N_TRIALS N_FAULTS N_DIV N_FAIL
 failed_seeds=""
 for seed in "${SEEDLIST[@]}"; do
 	run_trial "$seed"
-	kind=$KIND nf=$FAULTS dv=$DIVERGED conv=$CONV uring=$URING
+	kind=$KIND nf=$FAULTS dv=$DIVERGED conv=$CONV uring=$URING ct=$([ ${#CUT[@]} = 0 ] && echo off || echo on)
 	for k in "$kind" $([ "$uring" = 0 ] && echo io_uring_refused); do
 		N_TRIALS[$k]=$((${N_TRIALS[$k]:-0} + 1))
 		N_FAULTS[$k]=$((${N_FAULTS[$k]:-0} + nf))
@@ -477,8 +490,8 @@ for seed in "${SEEDLIST[@]}"; do
 		sed 's/^/    | /' "$ROOT/t$seed/trial.log"
 		for f in "$ROOT/t$seed"/*.err; do tail -n 3 "$f" | sed "s#^#    | $(basename "$f"): #"; done
 	fi
-	printf 'trial SEED=%-8s %-16s faults %3s  io_uring %s  divergences %s  converged %s  %s\n' \
-		"$seed" "$kind" "$nf" "$([ "$uring" = 1 ] && echo on || echo off)" "$dv" "$conv" "$status"
+	printf 'trial SEED=%-8s %-16s faults %3s  io_uring %s  cut-through %-3s  divergences %s  converged %s  %s\n' \
+		"$seed" "$kind" "$nf" "$([ "$uring" = 1 ] && echo on || echo off)" "$ct" "$dv" "$conv" "$status"
 	[ "$status" = ok ] && [ "${FAULT_KEEP:-}" != 1 ] && rm -rf "$ROOT/t$seed"
 done
 

@@ -4,7 +4,8 @@
 # (half of its chunks sent, no COMMIT), the relay's consumer has received
 # chunks of 3 and applied only 2; after the COMMIT it applies 3 bit-exact,
 # continuing the stream at the chunk it had reached; with --data-dir the
-# chunks sent ahead are read from the spill file.  The same chain
+# chunks sent ahead are read from the spill file; a relay without the flag
+# takes the chunks ahead from its upstream and holds them.  The same chain
 # without --cut-through sends no chunk of 3 before the COMMIT.
 . "$(dirname "$0")/tools/broker_lib.sh"
 
@@ -48,6 +49,21 @@ check_metric onr deltacast_cut_through_aborted_total 0
 grep -q "re-join" "$TMP/c1.err" && fail "consumer re-joined: $(grep re-join "$TMP/c1.err")"
 stop_broker onr
 stop_broker ona
+
+# The upstream decides: a relay without the flag behind one with it gets
+# the open version's chunks (its HELLO is the same) and keeps them until
+# the COMMIT, as it would anything open.
+start_broker_metrics mixa --heartbeat-ms 200 --cut-through
+start_broker_metrics mixr --heartbeat-ms 200 --upstream "$mixa_CONS" --upstream-model ct
+PROD=$mixa_PROD
+held c4 "$mixr_CONS"
+wait_for 10 grep -qs "applied=2 " "$TMP/c4.stats" || fail "consumer c4 not at v2"
+wait_metric mixr deltacast_chunks_in_total "$(($(stat_of "$TMP/c4.stats" chunks) + 1))"
+check_metric mixr deltacast_cut_through_chunks_total 0
+grep -q "open=3" "$TMP/c4.stats" && fail "relay without --cut-through sent 3 early: $(cat "$TMP/c4.stats")"
+go_on c4
+stop_broker mixr
+stop_broker mixa
 
 # With --data-dir an open version's payloads go to a spill file as they
 # arrive, and the chunks sent ahead are read from there.

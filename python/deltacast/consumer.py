@@ -207,7 +207,10 @@ class Consumer(Closable):
     computes every digest range whole after every version, False checks
     none.  auto_apply: the consumer's
     thread applies each READY version at once.  curve_*: Z85 keys (the
-    broker's public key and this consumer's pair) to speak CURVE."""
+    broker's public key and this consumer's pair) to speak CURVE.
+    commit_timeout_ms: a staged version whose COMMIT has not come this long
+    after its last chunk is dropped and fetched again (None:
+    DELTACAST_COMMIT_TIMEOUT_MS, else 60000)."""
 
     def __init__(self, broker: str, model: str, dir: Union[str, "os.PathLike[str]"],
                  budget_bytes: Optional[int] = None, *, verify: Union[bool, str] = True,
@@ -216,7 +219,8 @@ class Consumer(Closable):
                  max_staged: Optional[int] = None, heartbeat_ms: Optional[int] = None,
                  model_bytes: Optional[int] = None, curve_server_key: Union[str, bytes, None] = None,
                  curve_public_key: Union[str, bytes, None] = None,
-                 curve_secret_key: Union[str, bytes, None] = None) -> None:
+                 curve_secret_key: Union[str, bytes, None] = None,
+                 commit_timeout_ms: Optional[int] = None) -> None:
         self._c: Optional[ctypes.c_void_p] = None
         self._confirmed = False
         self._bound: dict = {}
@@ -252,6 +256,9 @@ class Consumer(Closable):
         if heartbeat_ms is not None:
             opts.heartbeat_ms = need_int("Consumer: heartbeat_ms", heartbeat_ms, 0, (1 << 32) - 1)
         opts.auto_apply = 1 if auto_apply else 0
+        if commit_timeout_ms is not None:
+            opts.commit_timeout_ms = need_int("Consumer: commit_timeout_ms", commit_timeout_ms, 1,
+                                              (1 << 32) - 1)
         # the C side keeps these pointers (re-joins): they live as long as self
         self._strings = [need_str("Consumer: client", client, 64)] + \
             curve_keys(curve_server_key, curve_public_key, curve_secret_key)

@@ -9,8 +9,8 @@
 # reaches all of them.
 . "$(dirname "$0")/tools/broker_lib.sh"
 
-start_broker_metrics a --heartbeat-ms 200 --cut-through
-start_broker_metrics r --heartbeat-ms 200 --cut-through --upstream "$a_CONS" --upstream-model ab
+start_broker_metrics a --heartbeat-ms 500 --cut-through
+start_broker_metrics r --heartbeat-ms 500 --cut-through --upstream "$a_CONS" --upstream-model ab
 bg c1 "$WC" consume "$r_CONS" ab --until 5 --stats "$TMP/c1.stats"
 C1=$LAST_PID
 bg c2 "$WC" consume "$a_CONS" ab --until 5 --stats "$TMP/c2.stats"

@@ -98,7 +98,10 @@ def abort(tmp, prod_ep, c):
 def main():
     tmp = tempfile.mkdtemp(prefix="dcast-cut-py-")
     try:
-        prod_ep, cons_ep = start_broker(tmp, "--cut-through", "--heartbeat-ms", "200",
+        # 1 s heartbeats: on a loaded machine a consumer that took a late
+        # heartbeat for the broker's silence would reconnect, dropping 5
+        # itself before the broker's abort reaches it
+        prod_ep, cons_ep = start_broker(tmp, "--cut-through", "--heartbeat-ms", "1000",
                                         "--part-timeout-ms", "600000")
         d = os.path.join(tmp, "worker")
         c = Consumer(cons_ep, "ct", d, budget_bytes=8 << 20, commit_timeout_ms=300)

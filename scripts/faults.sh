@@ -21,7 +21,8 @@
 # one trial; FAULT_KINDS="k1 k2" restricts the kinds; FAULT_KEEP=1 keeps
 # every trial's files, FAULT_KEEP=failed those of failed trials.
 # FAULT_CUT_THROUGH=1 starts every trial's broker with --cut-through (open
-# versions stream ahead of their COMMIT, and faults strike inside them),
+# versions stream ahead of their COMMIT, and faults strike inside them;
+# each trial line says how many chunks went ahead, "-" without the flag),
 # FAULT_CUT_THROUGH=alt those of odd seeds; default 0, none.  Exit 0
 # only when no trial diverged or failed to converge.
 set -u
@@ -79,7 +80,7 @@ use_trace A
 rnd() { R=$((RANDOM % $1)); }
 
 # ---- per-trial state ----
-T= BPORT= PPORT= PROXY_PID= PROXY_SIDE= PUB_PID= TRIAL_ENV=() CUT=()
+T= BPORT= PPORT= PROXY_PID= PROXY_SIDE= PUB_PID= TRIAL_ENV=() CUT=() AHEAD=
 declare -a CPID CDONE CREST CERRPOS
 FAULTS=0
 
@@ -415,7 +416,17 @@ cut_through() {
 	esac
 }
 
-# run_trial SEED: sets KIND FAULTS DIVERGED CONV URING
+# ahead_count: AHEAD, the chunks the broker (its last start) sent before
+# their version's COMMIT (--cut-through), from its metrics; "-" without.
+ahead_count() {
+	AHEAD=-
+	[ ${#CUT[@]} = 0 ] && return
+	AHEAD=$("$DC" status --broker "127.0.0.1:$((BPORT + 2))" --raw 2>/dev/null |
+		awk '$1 == "deltacast_cut_through_chunks_total" {print $2}')
+	say "chunks sent ahead of their COMMIT: ${AHEAD:=?}"
+}
+
+# run_trial SEED: sets KIND FAULTS DIVERGED CONV URING AHEAD
 run_trial() {
 	local seed=$1 kind nfaults j
 	RANDOM=$seed
@@ -458,6 +469,7 @@ run_trial() {
 	local conv=1
 	recover || conv=0
 	[ $conv = 1 ] && { final_equal || conv=0; }
+	ahead_count
 	[ -n "$PROXY_SIDE" ] && proxy_tally
 	check
 	e2e_cleanup
@@ -477,7 +489,7 @@ declare -A N_TRIALS N_FAULTS N_DIV N_FAIL
 failed_seeds=""
 for seed in "${SEEDLIST[@]}"; do
 	run_trial "$seed"
-	kind=$KIND nf=$FAULTS dv=$DIVERGED conv=$CONV uring=$URING ct=$([ ${#CUT[@]} = 0 ] && echo off || echo on)
+	kind=$KIND nf=$FAULTS dv=$DIVERGED conv=$CONV uring=$URING ct=$AHEAD
 	for k in "$kind" $([ "$uring" = 0 ] && echo io_uring_refused); do
 		N_TRIALS[$k]=$((${N_TRIALS[$k]:-0} + 1))
 		N_FAULTS[$k]=$((${N_FAULTS[$k]:-0} + nf))
@@ -490,7 +502,7 @@ for seed in "${SEEDLIST[@]}"; do
 		sed 's/^/    | /' "$ROOT/t$seed/trial.log"
 		for f in "$ROOT/t$seed"/*.err; do tail -n 3 "$f" | sed "s#^#    | $(basename "$f"): #"; done
 	fi
-	printf 'trial SEED=%-8s %-16s faults %3s  io_uring %s  cut-through %-3s  divergences %s  converged %s  %s\n' \
+	printf 'trial SEED=%-8s %-16s faults %3s  io_uring %s  sent ahead %-5s  divergences %s  converged %s  %s\n' \
 		"$seed" "$kind" "$nf" "$([ "$uring" = 1 ] && echo on || echo off)" "$ct" "$dv" "$conv" "$status"
 	[ "$status" = ok ] && [ "${FAULT_KEEP:-}" != 1 ] && rm -rf "$ROOT/t$seed"
 done

@@ -15,8 +15,8 @@
  *   store/ckpt.c, store/syncer.c;
  *   views.c (slices), devbatch.c (a device version's batch), fault.c,
  *   staging.c (the pinned pool), par.c,
- *   version.c (a version's memory), devmem.c (host or CUDA), state.c
- *   (the tensor table, the applied version, events).
+ *   devmem.c (host or CUDA), state.c (the tensor table, the applied
+ *   version, events, a version's memory).
  * tests/test_layers.sh checks this order and that no circle forms. */
 #ifndef DCAST_CONSUMER_IMPL_H
 #define DCAST_CONSUMER_IMPL_H
@@ -120,13 +120,9 @@ static inline uint32_t cs_dcache_first(const cs_dcache *n, uint32_t t, uint64_t 
 	return a;
 }
 
-/* Forget the cached digests (they no longer describe the tensors). */
-static inline void cs_dcache_clear(cs_dcache *d)
-{
-	free(d->e);
-	d->e = NULL;
-	d->n = 0;
-}
+/* state.c: forget the cached digests (they no longer describe the
+ * tensors); d's memory is freed, d left empty. */
+void cs_dcache_clear(cs_dcache *d);
 
 /* ---- one staged chunk ---- */
 typedef struct cs_chunk {
@@ -359,7 +355,7 @@ uint32_t cs_fault_apply(dcast_consumer *c, cs_version *v, int ahead);
 void cs_fault_fold(const dcast_consumer *c);
 void cs_fault_fold_piece(const dcast_consumer *c);
 
-/* version.c: a fresh version (every field zero, no record file) and its
+/* state.c: a fresh version (every field zero, no record file) and its
  * release (its tables and digests freed, its record file descriptor
  * closed and taken off the I/O engine; then fresh again). */
 void cs_version_init(cs_version *v, uint64_t version);

@@ -1,10 +1,13 @@
 /* The consumer's state that every part reads: the live tensors' table,
- * the applied version (published for wait_version), the event queue.  At
+ * the applied version (published for wait_version), the event queue, and
+ * a staged version's memory (made fresh, freed; its chunk table, its
+ * duplicate set and the steps that change its state are intake.c's).  At
  * the bottom of consumer/: it calls nothing of it but the views' free. */
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 #include "consumer_impl.h"
 #include "dcast_common.h"
 
@@ -183,4 +186,40 @@ int cs_manifest_take(dcast_consumer *c, const dcast_manifest *m)
 		return cs_tensors_from_manifest(c, m);
 	return manifest_matches(c, m) ? 0 : dcast_fail(DCAST_ESHAPE, "MANIFEST of %s differs from "
 						       "the tensors held", c->model);
+}
+
+/* ---- a version's memory, and the digests it or the tensors keep ---- */
+
+void cs_dcache_clear(cs_dcache *d)
+{
+	free(d->e);
+	d->e = NULL;
+	d->n = 0;
+}
+
+int cs_chunk_writes(const cs_chunk *k)
+{
+	return k->info.encoding == DCAST_ENC_DENSE || k->info.changed;
+}
+
+void cs_version_init(cs_version *v, uint64_t version)
+{
+	memset(v, 0, sizeof(*v));
+	v->version = version;
+	v->base_version = DCAST_VERSION_NONE;
+	v->fd = -1;
+	v->io_file = -1;
+}
+
+void cs_version_free(cs_version *v)
+{
+	free(v->chunks);
+	free(v->seen);
+	free(v->commit.digests);
+	cs_dcache_clear(&v->ahead);
+	if (v->io && v->io_file >= 0)
+		dcast_io_file_remove(v->io, v->io_file);
+	if (v->fd >= 0)
+		close(v->fd);
+	cs_version_init(v, DCAST_VERSION_NONE);
 }

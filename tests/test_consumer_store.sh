@@ -13,7 +13,9 @@
 #     the schema (dcast_chunk_sound), not by its two halves;
 #   - the store waits on and wakes its own conditions (its fold thread's),
 #     never the consumer's (c->ev_cv, c->cv), and takes or lets go of the
-#     consumer's locks only as handed to it (it names no c->lock, c->mu).
+#     consumer's locks only as handed to it (it names no c->lock, c->mu);
+#   - the store's fields are touched only under its own mutex: a function
+#     of consumer/store/ that reaches one takes it or asserts it is held.
 # Each breach is named with its file and the name or line that makes it.
 set -u
 cd "$(dirname "$0")/.."
@@ -80,6 +82,23 @@ bad_lines "sets the applied version itself (cs_set_applied), not through its sin
 while IFS= read -r hit; do
 	bad "the store names a condition or a lock of the consumer: $hit"
 done < <(grep -nE 'c->(ev_cv|cv|lock|mu)\b' consumer/store/*.c)
+
+# The store's fields are guarded by its own mutex (store/store_impl.h): a
+# function that reads or writes one (all but the paths, the sink and the
+# atomics' reads) takes the mutex (cs_store_lock) or asserts that its
+# caller holds it (cs_store_held).
+GUARDED='anchor_file_version|log_since_fold|deltas_since_fold|folds|folds_live|wb|log_write_bytes|log_write_ns|new_offs|new_version|fold_thread|fold_running|fold_joinable|fold_lock|gen\+\+'
+for f in consumer/store/*.c; do
+	awk -v f="$f" -v re="(store|[^a-z_]s)->($GUARDED)([^a-z_]|$)" '
+		/^[a-z].*\(/ && !/;$/ { name = $0; sub(/\(.*/, "", name); sub(/.*[ *]/, "", name); body = ""; infn = 1 }
+		infn { body = body "\n" $0 }
+		infn && /^}/ {
+			infn = 0
+			if (body ~ re && body !~ /cs_store_(lock|held)\(/)
+				print f ": " name " touches the store'"'"'s fields without its mutex"
+		}' "$f"
+done >"$TMP/unguarded"
+bad_lines "" "$TMP/unguarded"
 
 # One schema call checks a chunk: sound (its checksum) and fitting.
 for o in "$BUILD"/obj/consumer/*.o "$BUILD"/obj/consumer/store/*.o; do

@@ -434,6 +434,36 @@ void cs_fold_leftovers_drop(const dcast_consumer *c)
 	unlink(p);
 }
 
+/* The anchor file's version. */
+static uint64_t file_version(cs_store *s)
+{
+	uint64_t v;
+
+	cs_store_lock(s);
+	v = s->anchor_file_version;
+	cs_store_unlock(s);
+	return v;
+}
+
+/* model.safetensors renamed as version v, written from the tensors: the
+ * counts since the last fold start again.  1 when the anchor received in
+ * place not sealed yet is moot (this file holds it or newer). */
+static int folded_live(cs_store *s, uint64_t v)
+{
+	int moot;
+
+	cs_store_lock(s);
+	s->anchor_file_version = v;
+	s->deltas_since_fold = 0;
+	s->log_since_fold = 0;
+	s->gen++; /* a fold running from the disk is not renamed over this */
+	s->folds++;
+	s->folds_live++;
+	moot = s->new_version != DCAST_VERSION_NONE && s->new_version <= v;
+	cs_store_unlock(s);
+	return moot;
+}
+
 int cs_ckpt_fold(dcast_consumer *c)
 {
 	uint64_t v = dcast_consumer_version(c), *vers;
@@ -441,7 +471,7 @@ int cs_ckpt_fold(dcast_consumer *c)
 	uint32_t n = 0;
 	int err;
 
-	if (v == DCAST_VERSION_NONE || v == c->store->anchor_file_version)
+	if (v == DCAST_VERSION_NONE || v == file_version(c->store))
 		return 0; /* nothing to fold */
 	cs_ckpt_settle(c); /* chunk records written behind use the engine too */
 	if ((err = live_layout(c, v, &lay)))
@@ -451,13 +481,7 @@ int cs_ckpt_fold(dcast_consumer *c)
 	if (err)
 		return err;
 	cs_fold_leftovers_drop(c); /* a fold from the disk stopped halfway: this file replaces it */
-	c->store->anchor_file_version = v;
-	c->store->deltas_since_fold = 0;
-	c->store->log_since_fold = 0;
-	c->store->gen++; /* a fold running from the disk is not renamed over this */
-	c->store->folds++;
-	c->store->folds_live++;
-	if (c->store->new_version != DCAST_VERSION_NONE && c->store->new_version <= v)
+	if (folded_live(c->store, v))
 		cs_anchor_new_drop(c); /* the anchor not sealed yet: this file holds it or newer */
 	vers = malloc(CS_MAX_LOG_FILES * sizeof(*vers));
 	if (vers && cs_ckpt_list(c, vers, CS_MAX_LOG_FILES, &n) == 0)
@@ -478,8 +502,13 @@ static uint64_t model_bytes(const dcast_consumer *c)
 
 int cs_fold_wanted(const dcast_consumer *c)
 {
-	if (c->opts.fold_every && c->store->deltas_since_fold >= c->opts.fold_every)
+	uint64_t deltas, logged;
+
+	cs_store_lock(c->store);
+	deltas = c->store->deltas_since_fold;
+	logged = c->store->log_since_fold;
+	cs_store_unlock(c->store);
+	if (c->opts.fold_every && deltas >= c->opts.fold_every)
 		return 1;
-	return c->opts.fold_fraction > 0 &&
-	       (double)c->store->log_since_fold > c->opts.fold_fraction * (double)model_bytes(c);
+	return c->opts.fold_fraction > 0 && (double)logged > c->opts.fold_fraction * (double)model_bytes(c);
 }

@@ -33,6 +33,7 @@ int cs_anchor_new_create(dcast_consumer *c, cs_version *v)
 {
 	char path[4200], zero[32];
 	dcast_st_layout lay;
+	uint64_t *offs;
 	int err, h;
 
 	cs_anchor_new_drop(c); /* one anchor in place at a time: any other is moot */
@@ -40,11 +41,14 @@ int cs_anchor_new_create(dcast_consumer *c, cs_version *v)
 	if ((err = cs_anchor_layout(c->model, c->tensors, c->n_tensors, v->version, zero, &lay)))
 		return err;
 	cs_anchor_new_path(c, 0, path, sizeof(path));
-	c->store->new_offs = malloc(c->n_tensors * sizeof(*c->store->new_offs));
-	if (!c->store->new_offs)
+	offs = malloc(c->n_tensors * sizeof(*offs));
+	if (!offs)
 		err = dcast_fail(DCAST_ENOMEM, "%s: %u tensor offsets", path, c->n_tensors);
 	else
-		memcpy(c->store->new_offs, lay.file_offsets, c->n_tensors * sizeof(*c->store->new_offs));
+		memcpy(offs, lay.file_offsets, c->n_tensors * sizeof(*offs));
+	cs_store_lock(c->store);
+	c->store->new_offs = offs; /* freed by the drop below on a failure */
+	cs_store_unlock(c->store);
 	v->fd = err ? -1 : open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
 	if (!err && (v->fd < 0 || ftruncate(v->fd, (off_t)lay.file_bytes) != 0))
 		err = dcast_fail(DCAST_EIO, "%s: create: %s", path, strerror(errno));
@@ -68,8 +72,10 @@ int cs_anchor_new_commit(dcast_consumer *c, cs_version *v)
 
 	if (!err)
 		err = cs_anchor_header_write(c, v->io_file, v->version);
+	cs_store_lock(c->store);
 	free(c->store->new_offs);
 	c->store->new_offs = NULL;
+	cs_store_unlock(c->store);
 	return err;
 }
 
@@ -88,7 +94,9 @@ int cs_anchor_new_applied(dcast_consumer *c, const cs_version *v)
 		cs_anchor_new_drop(c);
 		return 0;
 	}
+	cs_store_lock(c->store);
 	c->store->new_version = v->version;
+	cs_store_unlock(c->store);
 	return 1; /* the seal, on the fold thread */
 }
 
@@ -108,33 +116,54 @@ static int sync_file(dcast_consumer *c, const char *path, pthread_mutex_t *relea
 		err = dcast_fail(DCAST_EIO, "%s: fdatasync: %s", path, strerror(errno));
 	if (release) {
 		cs_fold_priority(0, &saved);
-		pthread_mutex_lock(release);
+		cs_store_handed_lock(release);
 	}
 	close(fd);
 	return err;
 }
 
+/* The synced file at `path`, of version v, renamed over model.safetensors
+ * unless the files moved on since gen (then -1: moot).  Errors: DCAST_EIO. */
+static int seal_rename(dcast_consumer *c, const char *path, uint64_t v, uint64_t gen)
+{
+	int err = 0;
+
+	cs_store_lock(c->store);
+	if (gen != atomic_load(&c->store->gen)) {
+		cs_store_unlock(c->store);
+		return -1; /* whatever changed the files dropped this one */
+	}
+	DCAST_ASSERT(c->store->new_version == v);
+	if (rename(path, c->store->anchor_path) != 0)
+		err = dcast_fail(DCAST_EIO, "%s: rename: %s", path, strerror(errno));
+	if (!err)
+		c->store->new_version = DCAST_VERSION_NONE; /* renamed: nothing left to drop */
+	if (!err && dcast_consumer_version(c) == v)
+		c->store->deltas_since_fold = 0; /* the file holds the applied version */
+	cs_store_unlock(c->store);
+	return err;
+}
+
 int cs_anchor_new_seal(dcast_consumer *c, pthread_mutex_t *release)
 {
-	uint64_t v = c->store->new_version, gen = atomic_load(&c->store->gen);
+	uint64_t v, gen;
 	char path[4200];
 	int err;
 
+	cs_store_lock(c->store);
+	v = c->store->new_version;
+	gen = atomic_load(&c->store->gen);
+	cs_store_unlock(c->store);
 	if (v == DCAST_VERSION_NONE)
 		return 0;
 	cs_anchor_new_path(c, 1, path, sizeof(path));
 	err = sync_file(c, path, release);
+	if (!err && (err = seal_rename(c, path, v, gen)) < 0)
+		return 0; /* moot */
+	if (!err)
+		return cs_fold_renamed(c, v);
 	if (gen != atomic_load(&c->store->gen))
 		return 0; /* moot: whatever changed the files dropped this one */
-	DCAST_ASSERT(c->store->new_version == v);
-	if (!err && rename(path, c->store->anchor_path) != 0)
-		err = dcast_fail(DCAST_EIO, "%s: rename: %s", path, strerror(errno));
-	if (!err) {
-		c->store->new_version = DCAST_VERSION_NONE; /* renamed: nothing left to drop */
-		if (dcast_consumer_version(c) == v)
-			c->store->deltas_since_fold = 0; /* the file holds the applied version */
-		return cs_fold_renamed(c, v);
-	}
 	DCAST_LOG_W("consumer %s: sealing anchor %" PRIu64 " in %s: %s; folding from the tensors instead",
 		    c->model, v, c->dir, dcast_last_error());
 	cs_anchor_new_drop(c);

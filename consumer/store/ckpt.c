@@ -30,6 +30,42 @@
 #include "deltacast/safetensors.h"
 #include <zmq.h>
 
+/* ---- the store's mutex ----
+ * Which store's mutex this thread holds is kept thread-local, so that each
+ * call can assert what it needs without reading another thread's state. */
+static _Thread_local const cs_store *held_here;
+
+void cs_store_lock(cs_store *s)
+{
+	DCAST_ASSERT(held_here != s && "the store's mutex taken twice");
+	pthread_mutex_lock(&s->mu);
+	held_here = s;
+}
+
+void cs_store_unlock(cs_store *s)
+{
+	DCAST_ASSERT(held_here == s);
+	held_here = NULL;
+	pthread_mutex_unlock(&s->mu);
+}
+
+void cs_store_wait(cs_store *s, pthread_cond_t *cv)
+{
+	DCAST_ASSERT(held_here == s);
+	pthread_cond_wait(cv, &s->mu);
+}
+
+int cs_store_held(const cs_store *s)
+{
+	return held_here == s;
+}
+
+void cs_store_handed_lock(pthread_mutex_t *lock)
+{
+	DCAST_ASSERT(!held_here && "the consumer's lock taken inside the store's mutex");
+	pthread_mutex_lock(lock);
+}
+
 void cs_ckpt_version_path(const dcast_consumer *c, uint64_t version, char *out, size_t cap)
 {
 	snprintf(out, cap, "%s/%020" PRIu64 ".rec", c->store->log_dir, version);
@@ -102,13 +138,14 @@ static int append(dcast_consumer *c, cs_version *v, const rec_head *h)
 		return err;
 	err = dcast_io_write(c->io, v->io_file, h->p, h->len, v->file_bytes, DCAST_IO_NO_BUF, 1);
 	int derr = dcast_io_drain(c->io);
+	err = err ? err : derr;
+	cs_store_lock(c->store);
 	c->store->log_write_ns += dcast_now_ns() - t0;
-	if (err || (err = derr))
-		return err;
-	c->store->log_write_bytes += h->len;
-	c->store->log_since_fold += h->len;
-	v->file_bytes += h->len;
-	return 0;
+	c->store->log_write_bytes += err ? 0 : h->len;
+	c->store->log_since_fold += err ? 0 : h->len;
+	cs_store_unlock(c->store);
+	v->file_bytes += err ? 0 : h->len;
+	return err;
 }
 
 /* The first records of a version's file: FILE (the model's name), and for
@@ -150,6 +187,7 @@ void cs_anchor_new_drop(dcast_consumer *c)
 {
 	char path[4200];
 
+	cs_store_lock(c->store);
 	if (c->store->new_version != DCAST_VERSION_NONE)
 		c->store->gen++; /* armed: a seal of it running is not renamed over model.safetensors */
 	cs_anchor_new_path(c, 0, path, sizeof(path));
@@ -159,6 +197,7 @@ void cs_anchor_new_drop(dcast_consumer *c)
 	free(c->store->new_offs);
 	c->store->new_offs = NULL;
 	c->store->new_version = DCAST_VERSION_NONE;
+	cs_store_unlock(c->store);
 }
 
 int cs_ckpt_version_create(dcast_consumer *c, cs_version *v)
@@ -234,14 +273,20 @@ struct cs_wb {
 
 int cs_ckpt_wb_open(dcast_consumer *c)
 {
-	if (!(c->store->wb = calloc(1, sizeof(*c->store->wb))))
+	struct cs_wb *wb = calloc(1, sizeof(*wb));
+
+	if (!wb)
 		return dcast_fail(DCAST_ENOMEM, "consumer: record write queue");
-	c->store->wb->filling = -1;
+	wb->filling = -1;
+	cs_store_lock(c->store);
+	c->store->wb = wb;
+	cs_store_unlock(c->store);
 	return 0;
 }
 
 void cs_ckpt_wb_close(dcast_consumer *c)
 {
+	cs_store_lock(c->store);
 	DCAST_ASSERT(!c->store->wb || !c->store->wb->busy); /* flushed by the session thread */
 	for (int i = 0; c->store->wb && i < WB_SLOTS; i++) {
 		free(c->store->wb->s[i].h.p);
@@ -251,12 +296,14 @@ void cs_ckpt_wb_close(dcast_consumer *c)
 		free(c->store->wb->head.p);
 	free(c->store->wb);
 	c->store->wb = NULL;
+	cs_store_unlock(c->store);
 }
 
 static void wb_done(dcast_consumer *c, wb_slot *s)
 {
 	uint64_t len = s->h.len + s->bytes;
 
+	DCAST_DEBUG_ASSERT(cs_store_held(c->store));
 	if (s->has_msg)
 		zmq_msg_close(&s->msg);
 	c->store->sink->written(c, s->version, s->credit, s->err != 0);
@@ -278,6 +325,7 @@ static int wb_reap(dcast_consumer *c, unsigned min_done)
 	dcast_io_done d[8];
 	int n = dcast_io_wait(c->io, min_done, d, 8);
 
+	DCAST_DEBUG_ASSERT(cs_store_held(c->store));
 	if (n < 0)
 		return -n;
 	for (int i = 0; i < n; i++) {
@@ -299,6 +347,7 @@ static void wb_wait_all(dcast_consumer *c)
 {
 	int err = 0;
 
+	DCAST_DEBUG_ASSERT(cs_store_held(c->store));
 	combine_submit(c);
 	while (c->store->wb->busy && !err)
 		err = wb_reap(c, 1);
@@ -314,44 +363,62 @@ static int wb_report(dcast_consumer *c)
 {
 	int err = c->store->wb->err;
 
+	DCAST_DEBUG_ASSERT(cs_store_held(c->store));
 	c->store->wb->err = 0;
 	return err ? dcast_fail(err, "record log: %s", c->store->wb->why) : 0;
 }
 
-int cs_ckpt_pending(const cs_store *s)
+int cs_ckpt_pending(cs_store *s)
 {
-	return s->wb && s->wb->busy;
+	int busy;
+
+	cs_store_lock(s);
+	busy = s->wb && s->wb->busy;
+	cs_store_unlock(s);
+	return busy;
 }
 
 int cs_ckpt_progress(dcast_consumer *c)
 {
-	if (!c->store->wb)
-		return 0;
-	combine_submit(c);
-	if (c->store->wb->busy && wb_reap(c, 0))
-		wb_wait_all(c);
-	return wb_report(c);
+	int err = 0;
+
+	cs_store_lock(c->store);
+	if (c->store->wb) {
+		combine_submit(c);
+		if (c->store->wb->busy && wb_reap(c, 0))
+			wb_wait_all(c);
+		err = wb_report(c);
+	}
+	cs_store_unlock(c->store);
+	return err;
 }
 
 void cs_ckpt_settle(dcast_consumer *c)
 {
+	cs_store_lock(c->store);
 	if (c->store->wb && c->store->wb->busy)
 		wb_wait_all(c);
+	cs_store_unlock(c->store);
 }
 
 int cs_ckpt_flush(dcast_consumer *c)
 {
 	uint64_t t0 = dcast_now_ns();
+	int err = 0;
 
-	if (!c->store->wb || (!c->store->wb->busy && !c->store->wb->err))
-		return 0;
-	wb_wait_all(c);
-	c->store->log_write_ns += dcast_now_ns() - t0;
-	return wb_report(c);
+	cs_store_lock(c->store);
+	if (c->store->wb && (c->store->wb->busy || c->store->wb->err)) {
+		wb_wait_all(c);
+		c->store->log_write_ns += dcast_now_ns() - t0;
+		err = wb_report(c);
+	}
+	cs_store_unlock(c->store);
+	return err;
 }
 
 static wb_slot *wb_slot_get(dcast_consumer *c)
 {
+	DCAST_DEBUG_ASSERT(cs_store_held(c->store));
 	while (c->store->wb->busy == (1u << WB_SLOTS) - 1)
 		if (wb_reap(c, 1)) {
 			wb_wait_all(c);
@@ -373,6 +440,7 @@ static int slot_head(dcast_consumer *c, cs_version *v, const dcast_chunk *k, uin
 {
 	int err;
 
+	DCAST_DEBUG_ASSERT(cs_store_held(c->store));
 	s->version = k->version;
 	s->bytes = k->payload_bytes;
 	s->credit = v->in_place ? 0 : k->payload_bytes; /* in place: in the tensor, not the pool */
@@ -401,6 +469,7 @@ static int submit_own(dcast_consumer *c, cs_version *v, const dcast_chunk *k, zm
 	wb_slot *s = wb_slot_get(c);
 	int err;
 
+	DCAST_DEBUG_ASSERT(cs_store_held(c->store));
 	if (!s)
 		return dcast_fail(DCAST_EIO, "version %" PRIu64 ": record writes failed", k->version);
 	tag = WB_TAG | (uint64_t)(s - c->store->wb->s);
@@ -437,6 +506,7 @@ static void combine_submit(dcast_consumer *c)
 	wb_slot *s;
 	int err;
 
+	DCAST_DEBUG_ASSERT(cs_store_held(c->store));
 	if (wb->filling < 0)
 		return;
 	s = &wb->s[wb->filling];
@@ -459,6 +529,7 @@ static int combine_slot(dcast_consumer *c, int file, uint64_t off, uint64_t vers
 	struct cs_wb *wb = c->store->wb;
 	wb_slot *s = wb->filling < 0 ? NULL : &wb->s[wb->filling];
 
+	DCAST_DEBUG_ASSERT(cs_store_held(c->store));
 	if (s && s->file == file && s->version == version && s->off + s->bytes == off &&
 	    s->bytes + len <= WB_COMBINE) {
 		*out = s;
@@ -488,6 +559,7 @@ static int combine_chunk(dcast_consumer *c, cs_version *v, const dcast_chunk *k,
 	wb_slot *s = NULL;
 	int err;
 
+	DCAST_DEBUG_ASSERT(cs_store_held(c->store));
 	h->len = 0;
 	if (!v->direct && (err = chunk_head(k, payload_sum, h)))
 		return err;
@@ -504,13 +576,15 @@ static int combine_chunk(dcast_consumer *c, cs_version *v, const dcast_chunk *k,
 	return 0;
 }
 
-int cs_ckpt_chunk_submit(dcast_consumer *c, cs_version *v, const dcast_chunk *k, zmq_msg_t *held,
-			 const void *payload, uint64_t payload_sum, uint64_t *payload_off)
+/* Chunk k's record written behind, with the store's mutex held. */
+static int chunk_submit(dcast_consumer *c, cs_version *v, const dcast_chunk *k, zmq_msg_t *held,
+			const void *payload, uint64_t payload_sum, uint64_t *payload_off)
 {
 	uint64_t t0 = dcast_now_ns();
 	int err = k->payload_bytes <= WB_SMALL ? combine_chunk(c, v, k, payload, payload_sum, payload_off)
 					       : submit_own(c, v, k, held, payload, payload_sum, payload_off);
 
+	DCAST_DEBUG_ASSERT(cs_store_held(c->store));
 	if (err)
 		return err;
 	if (!v->direct)
@@ -519,6 +593,17 @@ int cs_ckpt_chunk_submit(dcast_consumer *c, cs_version *v, const dcast_chunk *k,
 		wb_wait_all(c); /* the ring failed: every pending write fails, reported by the flush */
 	c->store->log_write_ns += dcast_now_ns() - t0;
 	return 0;
+}
+
+int cs_ckpt_chunk_submit(dcast_consumer *c, cs_version *v, const dcast_chunk *k, zmq_msg_t *held,
+			 const void *payload, uint64_t payload_sum, uint64_t *payload_off)
+{
+	int err;
+
+	cs_store_lock(c->store);
+	err = chunk_submit(c, v, k, held, payload, payload_sum, payload_off);
+	cs_store_unlock(c->store);
+	return err;
 }
 
 int cs_ckpt_commit_write(dcast_consumer *c, cs_version *v)

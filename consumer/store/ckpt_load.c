@@ -137,8 +137,15 @@ static uint64_t log_bytes(dcast_consumer *c)
 	return total;
 }
 
-/* Replay whole record files after `have` up to `until`; cut from the first
- * one that is not whole or does not follow. */
+/* A record file replayed at load: one more to fold (an anchor's: a fold
+ * due at once). */
+static void replayed(cs_store *s, int anchor)
+{
+	cs_store_lock(s);
+	s->deltas_since_fold = anchor ? 1000000 : s->deltas_since_fold + 1;
+	cs_store_unlock(s);
+}
+
 /* Apply the record files after `have` up to `until` (NONE: all).  With
  * cut (at load), a version that fails is cut off with all after it, the
  * tensors first brought back to `have` if it tore them; without (a
@@ -167,7 +174,7 @@ static int replay(dcast_consumer *c, uint64_t have, uint64_t until, int cut)
 		if (!err) {
 			have = vers[i];
 			if (cut)
-				c->store->deltas_since_fold = v.anchor ? 1000000 : c->store->deltas_since_fold + 1;
+				replayed(c->store, v.anchor);
 		}
 		cs_version_free(&v);
 		if (err && cut && dcast_consumer_version(c) != have) { /* recovery forgot it all */
@@ -275,7 +282,7 @@ static void log_dir_make(const dcast_consumer *c)
 
 static int load(dcast_consumer *c)
 {
-	uint64_t have = DCAST_VERSION_NONE;
+	uint64_t have = DCAST_VERSION_NONE, logged;
 	int err;
 
 	if ((err = cs_anchor_new_adopt(c)) || (err = cs_fold_resume(c)))
@@ -285,10 +292,15 @@ static int load(dcast_consumer *c)
 	if ((err = log_dir_check(c)) || (err = check_owner(c)))
 		return err;
 	drop_fold_leftovers(c);
+	cs_store_lock(c->store);
 	c->store->anchor_file_version = have;
+	cs_store_unlock(c->store);
 	c->store->sink->holds(c, have);
 	err = replay(c, have, DCAST_VERSION_NONE, 1);
-	c->store->log_since_fold = log_bytes(c);
+	logged = log_bytes(c);
+	cs_store_lock(c->store);
+	c->store->log_since_fold = logged;
+	cs_store_unlock(c->store);
 	if (!err && cs_fold_wanted(c))
 		err = cs_store_fold_now(c);
 	return err;
@@ -318,7 +330,10 @@ int cs_ckpt_restore(dcast_consumer *c)
 	if ((err = cs_fold_resume(c))) /* a fold stopped halfway: the anchor file whole first */
 		return err;
 	c->store->sink->holds(c, DCAST_VERSION_NONE); /* not valid while they are rebuilt */
-	if (c->store->anchor_file_version != DCAST_VERSION_NONE && (err = cs_anchor_load(c, &have)))
+	cs_store_lock(c->store);
+	have = c->store->anchor_file_version;
+	cs_store_unlock(c->store);
+	if (have != DCAST_VERSION_NONE && (err = cs_anchor_load(c, &have)))
 		return err;
 	err = replay(c, have, target, 0);
 	if (!err && dcast_consumer_version(c) != target)
@@ -337,9 +352,11 @@ void cs_ckpt_discard(dcast_consumer *c)
 	unlink(c->store->anchor_path);
 	cs_anchor_new_drop(c);
 	drop_fold_leftovers(c);
+	cs_store_lock(c->store);
 	c->store->anchor_file_version = DCAST_VERSION_NONE;
 	c->store->deltas_since_fold = 0;
 	c->store->gen++; /* a fold running from the disk is not renamed over this */
+	cs_store_unlock(c->store);
 	log_dir_make(c);
 	if (vers && cs_ckpt_list(c, vers, CS_MAX_LOG_FILES, &n) == 0)
 		for (uint32_t i = 0; i < n; i++)

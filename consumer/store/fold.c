@@ -105,8 +105,10 @@ int cs_fold_plan(dcast_consumer *c, cs_fold_job *j)
 
 	memset(j, 0, sizeof(*j));
 	j->version = dcast_consumer_version(c);
+	cs_store_lock(c->store);
 	j->have = c->store->anchor_file_version;
-	j->gen = c->store->gen;
+	j->gen = atomic_load(&c->store->gen);
+	cs_store_unlock(c->store);
 	j->c = c;
 	if (j->version == DCAST_VERSION_NONE || j->version == j->have)
 		return 0; /* mode NONE: nothing to fold */
@@ -1007,33 +1009,69 @@ int cs_fold_run(cs_fold_job *j, const _Atomic int *stop)
 	return err;
 }
 
+/* The store's fields after a rename over model.safetensors holding
+ * `version`, of which j (NULL: none) folded the records.  `mu` held. */
+static void renamed(cs_store *s, uint64_t version, const cs_fold_job *j)
+{
+	DCAST_DEBUG_ASSERT(cs_store_held(s));
+	s->gen++;
+	s->anchor_file_version = version;
+	s->folds++;
+	if (!j)
+		return;
+	s->log_since_fold -= j->folded_bytes < s->log_since_fold ? j->folded_bytes : s->log_since_fold;
+	s->deltas_since_fold -= j->n_vers < s->deltas_since_fold ? j->n_vers : s->deltas_since_fold;
+}
+
+/* After a rename over model.safetensors: a fold's progress record goes
+ * (the anchor file is whole), the folder is fsynced. */
+static int rename_durable(dcast_consumer *c)
+{
+	cs_fold_leftovers_drop(c);
+	return dcast_fsync_dir(c->dir); /* the rename durable before the files it covers go */
+}
+
 int cs_fold_renamed(dcast_consumer *c, uint64_t version)
 {
-	cs_fold_leftovers_drop(c); /* a fold's progress record: the anchor file is whole */
-	c->store->gen++;
-	c->store->anchor_file_version = version;
-	c->store->folds++;
-	return dcast_fsync_dir(c->dir); /* the rename durable before the files it covers go */
+	cs_store_lock(c->store);
+	renamed(c->store, version, NULL);
+	cs_store_unlock(c->store);
+	return rename_durable(c);
+}
+
+/* Are the files as j planned them (1), or is its file moot (0)?  `mu`
+ * held. */
+static int as_planned(dcast_consumer *c, const cs_fold_job *j)
+{
+	DCAST_DEBUG_ASSERT(cs_store_held(c->store));
+	if (j->gen != atomic_load(&c->store->gen) && /* the files moved on: this is not their anchor, */
+	    !(anchor_is(c, j->anchor_ino) && c->store->anchor_file_version == j->have)) /* unless it is */
+		return 0;
+	/* the files are as planned: the same anchor file, the target newer */
+	DCAST_ASSERT(c->store->anchor_file_version == j->have &&
+		     (j->have == DCAST_VERSION_NONE || j->version > j->have));
+	return 1;
 }
 
 int cs_fold_finish(dcast_consumer *c, cs_fold_job *j)
 {
 	char tmp[4200];
+	int err = 0;
 
 	cs_fold_tmp_path(c, tmp, sizeof(tmp));
-	if (j->gen != atomic_load(&c->store->gen) && /* the files moved on: this is not their anchor, */
-	    !(anchor_is(c, j->anchor_ino) && c->store->anchor_file_version == j->have)) { /* unless it is */
+	cs_store_lock(c->store);
+	if (!as_planned(c, j)) {
+		cs_store_unlock(c->store);
 		cs_fold_leftovers_drop(c);
 		return 0;
 	}
-	/* the files are as planned: the same anchor file, the target newer */
-	DCAST_ASSERT(c->store->anchor_file_version == j->have &&
-		     (j->have == DCAST_VERSION_NONE || j->version > j->have));
 	if (rename(tmp, c->store->anchor_path) != 0) /* kept: the anchor file may be punched */
-		return dcast_fail(DCAST_EIO, "fold: rename %s: %s", tmp, strerror(errno));
-	int err = cs_fold_renamed(c, j->version);
-	c->store->log_since_fold -= j->folded_bytes < c->store->log_since_fold ? j->folded_bytes : c->store->log_since_fold;
-	c->store->deltas_since_fold -= j->n_vers < c->store->deltas_since_fold ? j->n_vers : c->store->deltas_since_fold;
+		err = dcast_fail(DCAST_EIO, "fold: rename %s: %s", tmp, strerror(errno));
+	else
+		renamed(c->store, j->version, j);
+	cs_store_unlock(c->store);
+	if (!err)
+		err = rename_durable(c);
 	for (uint32_t i = 0; !err && i < j->n_vers; i++)
 		cs_ckpt_remove(c, j->vers[i]);
 	return err;
@@ -1078,7 +1116,9 @@ int cs_fold_resume(dcast_consumer *c)
 		return unlink(sp), 0; /* the anchor file replaced since */
 	DCAST_LOG_W("consumer %s: a fold to version %" PRIu64 " stopped halfway (%s punched below offset %"
 		    PRIu64 "): finishing it", c->model, s.target, c->store->anchor_path, s.done);
+	cs_store_lock(c->store);
 	c->store->anchor_file_version = have;
+	cs_store_unlock(c->store);
 	if (!(err = resume_job(c, &s, &j)) && j.descs != s.descs)
 		err = dcast_fail(DCAST_ECORRUPT, "%s: the tensor table in its header is not the one the fold "
 				 "to version %" PRIu64 " began with", c->store->anchor_path, s.target);

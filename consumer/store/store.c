@@ -27,10 +27,13 @@ int cs_store_open(dcast_consumer *c, const cs_store_sink *sink)
 
 	if (!(c->store = s))
 		return dcast_fail(DCAST_ENOMEM, "consumer: its store");
+	pthread_mutex_init(&s->mu, NULL);
 	pthread_cond_init(&s->fold_cv, NULL);
 	s->sink = sink;
+	cs_store_lock(s);
 	s->anchor_file_version = DCAST_VERSION_NONE;
 	s->new_version = DCAST_VERSION_NONE;
+	cs_store_unlock(s);
 	s->anchor_path = join(c->dir, "model.safetensors");
 	s->log_dir = join(c->dir, "model.dlog");
 	if (!s->anchor_path || !s->log_dir)
@@ -55,9 +58,13 @@ void cs_store_close(dcast_consumer *c, int fold_owed)
 		DCAST_LOG_W("consumer %s: fold at close: %s", c->model, dcast_last_error());
 	cs_syncer_close(&s->syncer); /* what was committed is on the disk */
 	cs_ckpt_wb_close(c);
+	cs_store_lock(s);
 	free(s->new_offs); /* an anchor in place still streaming in: its .new goes at the next open */
+	s->new_offs = NULL;
+	cs_store_unlock(s);
 	free(s->anchor_path), free(s->log_dir);
 	pthread_cond_destroy(&s->fold_cv);
+	pthread_mutex_destroy(&s->mu);
 	free(s);
 	c->store = NULL;
 }
@@ -74,33 +81,37 @@ uint64_t cs_store_gen(const cs_store *s)
 
 int cs_store_applied(dcast_consumer *c, const cs_version *v)
 {
-	if (!v->direct)
-		c->store->deltas_since_fold++; /* a record to fold (not an anchor in its own file) */
+	cs_store_lock(c->store);
+	c->store->deltas_since_fold += !v->direct; /* a record to fold (not an anchor in its own file) */
+	cs_store_unlock(c->store);
 	return cs_anchor_new_applied(c, v);
 }
 
-void cs_store_stats(const cs_store *s, dcast_consumer_stats *st)
+void cs_store_stats(cs_store *s, dcast_consumer_stats *st)
 {
+	cs_store_lock(s);
 	st->log_write_bytes = s->log_write_bytes;
 	st->log_write_ns = s->log_write_ns;
 	st->folds = s->folds;
 	st->folds_from_tensors = s->folds_live;
 	st->folding = s->fold_running;
+	cs_store_unlock(s);
 }
 
 /* ---- the fold thread ---- */
 
-/* A fold from the disk (fold.c): planned under `lock`, run without it (an
- * apply() meanwhile does not wait), finished under it. */
-static int fold_from_disk(dcast_consumer *c, cs_fold_job *j)
+/* A fold from the disk (fold.c): planned under `held` (the consumer's
+ * `lock`), run without it (an apply() meanwhile does not wait), finished
+ * under it. */
+static int fold_from_disk(dcast_consumer *c, cs_fold_job *j, pthread_mutex_t *held)
 {
 	int err = cs_fold_plan(c, j);
 
 	if (err || j->mode != CS_FOLD_DISK)
 		return err;
-	pthread_mutex_unlock(c->store->fold_lock);
+	pthread_mutex_unlock(held);
 	err = cs_fold_run(j, &c->store->stop);
-	pthread_mutex_lock(c->store->fold_lock);
+	cs_store_handed_lock(held);
 	return err ? err : cs_fold_finish(c, j);
 }
 
@@ -127,13 +138,13 @@ int cs_store_fold_now(dcast_consumer *c)
  * the fold the policy asked for, if it still wants one.  A fold from the
  * disk that failed while the files stayed as planned is done again from
  * the live tensors, which hold the applied version, checked. */
-static int policy_fold(dcast_consumer *c, cs_fold_job *j)
+static int policy_fold(dcast_consumer *c, cs_fold_job *j, pthread_mutex_t *held)
 {
-	int err = cs_anchor_new_seal(c, c->store->fold_lock); /* an anchor written straight to its file, first */
+	int err = cs_anchor_new_seal(c, held); /* an anchor written straight to its file, first */
 
 	if (err || !cs_fold_wanted(c))
 		return err;
-	err = fold_from_disk(c, j);
+	err = fold_from_disk(c, j, held);
 	if (j->gen != cs_store_gen(c->store) || atomic_load(&c->store->stop))
 		return 0; /* done (its rename moved the generation), or moot: the files moved on, or closing */
 	if (!err && j->mode != CS_FOLD_LIVE)
@@ -148,55 +159,85 @@ static void *fold_main(void *arg)
 {
 	dcast_consumer *c = arg;
 	cs_fold_job j = {0};
+	pthread_mutex_t *held;
 	int err;
 
-	pthread_mutex_lock(c->store->fold_lock);
-	if ((err = policy_fold(c, &j)))
+	cs_store_lock(c->store);
+	held = c->store->fold_lock;
+	cs_store_unlock(c->store);
+	cs_store_handed_lock(held);
+	if ((err = policy_fold(c, &j, held)))
 		c->store->sink->failed(c, err);
 	cs_fold_job_free(&j);
+	cs_store_lock(c->store);
 	c->store->fold_running = 0;
 	pthread_cond_broadcast(&c->store->fold_cv);
-	pthread_mutex_unlock(c->store->fold_lock);
+	cs_store_unlock(c->store);
+	pthread_mutex_unlock(held);
 	return NULL;
 }
 
-int cs_store_folding(cs_store *s)
+/* Join the fold thread once it is done; 1 while it runs.  `mu` held. */
+static int folding(cs_store *s)
 {
-	if (s->fold_joinable && !s->fold_running) { /* done: it has let go of `lock` */
+	DCAST_DEBUG_ASSERT(cs_store_held(s));
+	if (s->fold_joinable && !s->fold_running) { /* done: it needs no lock to end */
 		pthread_join(s->fold_thread, NULL);
 		s->fold_joinable = 0;
 	}
 	return s->fold_joinable;
 }
 
+int cs_store_folding(cs_store *s)
+{
+	int running;
+
+	cs_store_lock(s);
+	running = folding(s);
+	cs_store_unlock(s);
+	return running;
+}
+
 int cs_store_fold_start(dcast_consumer *c, pthread_mutex_t *held)
 {
 	struct cs_store *s = c->store;
+	int started = 0;
 
-	if (cs_store_folding(s) || atomic_load(&s->stop))
-		return 0;
-	s->fold_running = 1;
-	s->fold_lock = held;
-	if (pthread_create(&s->fold_thread, NULL, fold_main, c) == 0) {
-		s->fold_joinable = 1;
+	cs_store_lock(s);
+	if (folding(s) || atomic_load(&s->stop)) {
+		cs_store_unlock(s);
 		return 0;
 	}
-	s->fold_running = 0;
-	return cs_ckpt_fold(c);
+	s->fold_lock = held;
+	started = pthread_create(&s->fold_thread, NULL, fold_main, c) == 0;
+	s->fold_running = s->fold_joinable = started;
+	cs_store_unlock(s);
+	return started ? 0 : cs_ckpt_fold(c);
 }
 
 void cs_store_fold_wait(cs_store *s, pthread_mutex_t *held)
 {
-	while (s->fold_running)
-		pthread_cond_wait(&s->fold_cv, held);
+	while (cs_store_folding(s)) { /* one done is joined: it has let go of `held` */
+		pthread_mutex_unlock(held); /* the fold thread's until it ends */
+		cs_store_lock(s);
+		while (s->fold_running)
+			cs_store_wait(s, &s->fold_cv);
+		cs_store_unlock(s);
+		cs_store_handed_lock(held);
+	}
 }
 
 void cs_store_fold_stop(cs_store *s)
 {
+	int joinable;
+
 	if (!s)
 		return;
 	atomic_store(&s->stop, 1);
-	if (s->fold_joinable)
-		pthread_join(s->fold_thread, NULL);
+	cs_store_lock(s);
+	joinable = s->fold_joinable;
 	s->fold_joinable = 0;
+	cs_store_unlock(s);
+	if (joinable) /* it takes `mu` to end: joined without it */
+		pthread_join(s->fold_thread, NULL);
 }

@@ -7,33 +7,44 @@
  * private to consumer/store/); the consumer reaches it only through this
  * header, and it reaches back only through the replay sink the consumer
  * gives it at open.  Every call is made with the consumer's `lock` held
- * unless it says otherwise.
+ * unless it says otherwise: the calls on a `cs_store *` alone need nothing
+ * of the consumer and take no lock of it.
  *
  * Locks, in the one order they are taken (never the other way):
  *   1. the consumer's `lock` (c->lock): the tensors, the staged versions,
- *      the session's fields, and today also the store's own fields (struct
- *      cs_store), since a fold from the live tensors and a replay read the
- *      tensors under it.  The store names it nowhere: a caller hands it
- *      over where the store must let go of it.  Its fold thread takes it
- *      (handed at cs_store_fold_start) and lets go of it only while a fold
- *      runs from the disk (cs_fold_run: the job's copies, the paths fixed
- *      at open, the atomic `stop` and `gen` alone) and while an anchor's
- *      seal syncs (cs_anchor_new_seal), taking it back before it touches
- *      anything else; a caller waiting for the fold thread lets go of it
- *      in the wait (cs_store_fold_wait, on the store's own condition).
- *   2. the consumer's `mu` (wait_version), taken inside `lock`, never by
- *      the store.
+ *      the session's fields.  The store takes it only as a caller hands it
+ *      over, where it reads the live tensors or calls the sink, and names
+ *      it nowhere.  Its fold thread takes it (handed at
+ *      cs_store_fold_start) and lets go of it only while a fold runs from
+ *      the disk (cs_fold_run: the job's copies, the paths fixed at open,
+ *      the atomic `stop` and `gen` alone) and while an anchor's seal syncs
+ *      (cs_anchor_new_seal), taking it back before it touches the tensors;
+ *      a caller waiting for the fold thread lets go of it in the wait
+ *      (cs_store_fold_wait).
+ *   2. the store's own mutex (struct cs_store's `mu`, store_impl.h): every
+ *      field of struct cs_store but the paths and the sink (fixed at open)
+ *      and the atomics; taken inside the store's calls, held only around
+ *      its fields, its write-behind queue and that queue's I/O, never
+ *      while calling the sink (but `written`, which takes no lock) or
+ *      another store call that takes it.  Asserted: it is never taken
+ *      twice, and the consumer's `lock` is never taken by the store while
+ *      its thread holds it (cs_store_handed_lock); the calls that need it
+ *      held check it in the debug tier (DCAST_DEBUG_ASSERT, make test
+ *      SAN=1).
  *   3. the sync thread's mutex (cs_syncer.mu, syncer.c): innermost; held
  *      only around its queue, never while calling out of syncer.c.
- * The sink's calls come back into the consumer with `lock` held as the
- * store held it, and take no lock of their own. */
+ * The consumer's `mu` (wait_version) is taken inside `lock` and never with
+ * the store's mutex held (the sink's `holds` takes it; the store calls it
+ * without its mutex).  The sink's calls come back into the consumer with
+ * `lock` held as the store held it; only `holds` takes a lock of its own. */
 #ifndef DCAST_CONSUMER_STORE_H
 #define DCAST_CONSUMER_STORE_H
 
 #include "consumer_impl.h"
 
-/* The store's own fields (store/store_impl.h); the calls that need nothing
- * of the consumer take it alone. */
+/* The store's own fields (store/store_impl.h), guarded by its own mutex;
+ * the calls that need nothing of the consumer take it alone, and need no
+ * lock of the consumer's. */
 typedef struct cs_store cs_store;
 
 /* What the store reports to the consumer.  Where it replays a record
@@ -50,7 +61,8 @@ typedef struct cs_store cs_store;
  * which cuts the file (at load) or fails the restore.  written: a chunk
  * record of `version` written behind is done (failed 1: it could not be
  * written, and that version must never be READY); `credit` bytes of the
- * staging pool are free again.  failed: the fold thread failed with err
+ * staging pool are free again (called with the store's mutex held: it
+ * takes no lock).  failed: the fold thread failed with err
  * (dcast_last_error() says why), `lock` held: for the consumer's next
  * poll(). */
 typedef struct cs_store_sink {
@@ -106,15 +118,16 @@ void cs_ckpt_settle(dcast_consumer *c);
 /* Reap the writes already done (their credit goes back), without waiting;
  * the first failure since the last report, else 0. */
 int cs_ckpt_progress(dcast_consumer *c);
-/* Is any chunk record still being written? */
-int cs_ckpt_pending(const cs_store *s);
+/* Is any chunk record still being written?  Needs no lock of the
+ * consumer's. */
+int cs_ckpt_pending(cs_store *s);
 /* Chunk k's payload from v's record file into dst (pool memory).  Errors:
  * DCAST_EIO, DCAST_ETRUNCATED. */
 int cs_ckpt_read_payload(dcast_consumer *c, const cs_version *v, const cs_chunk *k, void *dst);
 /* Remove the record file of `version` (a version dropped). */
 void cs_ckpt_remove(dcast_consumer *c, uint64_t version);
 /* A failed background fdatasync since the last call (set as the last
- * error), else 0. */
+ * error), else 0.  Needs no lock of the consumer's. */
 int cs_store_error(cs_store *s);
 
 /* ---- an anchor received in place ----
@@ -143,8 +156,8 @@ void cs_anchor_new_drop(dcast_consumer *c);
  * else 0. */
 int cs_store_applied(dcast_consumer *c, const cs_version *v);
 /* Its counters into st (log_write_bytes, log_write_ns, folds,
- * folds_from_tensors, folding). */
-void cs_store_stats(const cs_store *s, dcast_consumer_stats *st);
+ * folds_from_tensors, folding).  Needs no lock of the consumer's. */
+void cs_store_stats(cs_store *s, dcast_consumer_stats *st);
 
 /* ---- folds ---- */
 /* The fold policy: the record log since the last fold is over
@@ -222,12 +235,13 @@ int cs_store_fold_now(dcast_consumer *c);
  * failure goes to the sink's `failed`.
  * cs_store_fold_start: start it (0), or, where no thread can be made,
  * fold from the tensors here (its error); nothing while one runs or the
- * store is closing.  cs_store_folding: join one that is done; 1 while
- * one runs.  cs_store_fold_wait: wait until none runs, `held` (the
+ * store is closing.  cs_store_folding (no lock of the consumer's needed):
+ * join one that is done; 1 while one runs.  cs_store_fold_wait: wait until none runs, `held` (the
  * consumer's `lock`, which the caller holds) let go meanwhile: a restore
  * or a checkpoint reads the files it writes.  cs_store_fold_stop: at
- * close, without `lock`: one running is abandoned (its work from the
- * disk) and joined, and none starts after.  NULL-safe. */
+ * close, without `lock` (which it may need to end): one running is
+ * abandoned (its work from the disk) and joined, and none starts after.
+ * NULL-safe. */
 int cs_store_fold_start(dcast_consumer *c, pthread_mutex_t *held);
 int cs_store_folding(cs_store *s);
 void cs_store_fold_wait(cs_store *s, pthread_mutex_t *held);

@@ -26,15 +26,19 @@ typedef struct cs_syncer {
 	char err_text[256];
 } cs_syncer;
 
-/* The store (c->store): anchor file, record log, their threads. */
+/* The store (c->store): anchor file, record log, their threads.  `mu`
+ * guards every field below it but the atomics (`gen`, `stop`: read
+ * anywhere, `gen` moved under `mu`); `sink` and the paths are fixed at
+ * open.  The order of the locks is in store.h. */
 struct cs_store {
 	const cs_store_sink *sink;     /* what a replay feeds (cs_store_open) */
 	char *anchor_path, *log_dir;
+	pthread_mutex_t mu;            /* the store's own lock: cs_store_lock */
 	uint64_t anchor_file_version;  /* version in model.safetensors, or NONE */
 	uint64_t log_since_fold;       /* record-log bytes written since the last fold */
 	uint32_t deltas_since_fold;
-	_Atomic uint64_t gen;          /* moves whenever the files change under `lock` (a fold,
-					* a discard): a fold from the disk planned before is
+	_Atomic uint64_t gen;          /* moves whenever the files change (a fold, a discard,
+					* a seal): a fold from the disk planned before is
 					* abandoned, never renamed over them (fold.c) */
 	uint64_t folds;                /* folds done since open */
 	uint64_t folds_live;           /* of them, from the live tensors under `lock` (cs_ckpt_fold) */
@@ -51,11 +55,26 @@ struct cs_store {
 	 * from the disk; joined by the next cs_store_folding or at close. */
 	pthread_t fold_thread;
 	int fold_running, fold_joinable;
-	pthread_cond_t fold_cv;        /* fold_running went to 0 (with the consumer's `lock`) */
+	pthread_cond_t fold_cv;        /* fold_running went to 0 (waited on with `mu`) */
 	pthread_mutex_t *fold_lock;    /* the consumer's `lock`, handed at cs_store_fold_start:
 					* the fold thread's but while it syncs or folds from the disk */
 	_Atomic int stop;              /* closing: a fold running is abandoned, none starts */
 };
+
+/* ckpt.c: the store's mutex, s->mu.  cs_store_lock takes it (asserted:
+ * never while this thread holds it already), cs_store_unlock lets go of
+ * it, cs_store_wait waits on cv with it, cs_store_held: does this thread
+ * hold it (what DCAST_DEBUG_ASSERT checks in the calls that need it)?
+ * What the store calls with it held takes no lock (the sink's `written`,
+ * the I/O engine) but the sync thread's. */
+void cs_store_lock(cs_store *s);
+void cs_store_unlock(cs_store *s);
+void cs_store_wait(cs_store *s, pthread_cond_t *cv);
+int cs_store_held(const cs_store *s);
+/* ckpt.c: take the consumer's `lock`, handed over to the store (its fold
+ * thread, a wait for it, a seal), asserting that this thread holds no
+ * store's mutex: the order of store.h, never the other way. */
+void cs_store_handed_lock(pthread_mutex_t *lock);
 
 /* syncer.c */
 /* Start the sync thread.  Errors: DCAST_ENOMEM (no thread: push syncs

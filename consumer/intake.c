@@ -153,13 +153,8 @@ void cs_version_drop(dcast_consumer *c, cs_version *v, int unlink_file)
 	uint32_t i = (uint32_t)(v - c->staged);
 
 	DCAST_ASSERT(i < c->n_staged);
-	cs_ckpt_settle(c); /* no record write still reads its slots or file */
+	cs_store_version_drop(c, v, unlink_file); /* no write still reads its slots or file */
 	release_resident(c, v);
-	if (unlink_file && v->direct) {
-		cs_anchor_new_drop(c);
-	} else if (unlink_file) {
-		cs_ckpt_remove(c, v->version);
-	}
 	cs_version_free(v);
 	memmove(&c->staged[i], &c->staged[i + 1], (c->n_staged - i - 1) * sizeof(*v));
 	c->n_staged--;
@@ -495,7 +490,7 @@ static cs_version *version_begin(dcast_consumer *c, const dcast_chunk *h, int *e
 	v->first_ns = dcast_now_ns();
 	v->in_place = v->anchor && in_place_ok(c);
 	v->direct = v->in_place && c->n_tensors && !cs_tensors_tiled(c);
-	if ((*err = v->direct ? cs_anchor_new_create(c, v) : cs_ckpt_version_create(c, v))) {
+	if ((*err = cs_store_version_create(c, v))) {
 		cs_version_free(v);
 		return NULL;
 	}
@@ -607,7 +602,7 @@ static int commit_written(dcast_consumer *c, cs_version *v, int *ready)
 		return dcast_fail(DCAST_EIO, "version %" PRIu64 ": a chunk record could not be written "
 				  "(reported before); it is fetched again", v->version);
 	}
-	if ((err = v->direct ? cs_anchor_new_commit(c, v) : cs_ckpt_commit_write(c, v))) {
+	if ((err = cs_store_version_commit(c, v))) {
 		cs_version_drop(c, v, 1);
 		return err;
 	}

@@ -15,7 +15,8 @@
 #     never the consumer's (c->ev_cv, c->cv), and takes or lets go of the
 #     consumer's locks only as handed to it (it names no c->lock, c->mu);
 #   - the store's fields are touched only under its own mutex: a function
-#     of consumer/store/ that reaches one takes it or asserts it is held.
+#     of consumer/store/ that reaches one takes it, asserts it is held, or
+#     is static and called only by functions that do.
 # Each breach is named with its file and the name or line that makes it.
 set -u
 cd "$(dirname "$0")/.."
@@ -85,19 +86,38 @@ done < <(grep -nE 'c->(ev_cv|cv|lock|mu)\b' consumer/store/*.c)
 
 # The store's fields are guarded by its own mutex (store/store_impl.h): a
 # function that reads or writes one (all but the paths, the sink and the
-# atomics' reads) takes the mutex (cs_store_lock) or asserts that its
-# caller holds it (cs_store_held).
-GUARDED='anchor_file_version|log_since_fold|deltas_since_fold|folds|folds_live|wb|log_write_bytes|log_write_ns|new_offs|new_version|fold_thread|fold_running|fold_joinable|fold_lock|gen\+\+'
-for f in consumer/store/*.c; do
-	awk -v f="$f" -v re="(store|[^a-z_]s)->($GUARDED)([^a-z_]|$)" '
-		/^[a-z].*\(/ && !/;$/ { name = $0; sub(/\(.*/, "", name); sub(/.*[ *]/, "", name); body = ""; infn = 1 }
-		infn { body = body "\n" $0 }
-		infn && /^}/ {
-			infn = 0
-			if (body ~ re && body !~ /cs_store_(lock|held)\(/)
-				print f ": " name " touches the store'"'"'s fields without its mutex"
-		}' "$f"
-done >"$TMP/unguarded"
+# atomics' reads) takes the mutex (cs_store_lock), asserts that its caller
+# holds it (cs_store_held), or is static and called in its file only by
+# functions that do either (followed to a fixed point).
+python3 - consumer/store/*.c >"$TMP/unguarded" <<'PY'
+import re, sys
+fields = ("anchor_file_version|log_since_fold|deltas_since_fold|folds|folds_live|wb|log_write_bytes|"
+          "log_write_ns|new_offs|new_version|fold_thread|fold_running|fold_joinable|fold_lock")
+touch = re.compile(r"(store|[^a-z_]s)->((%s)([^a-z_]|$)|gen\+\+)" % fields)
+for path in sys.argv[1:]:
+    funcs, cur = {}, None
+    for line in open(path):
+        if cur is None and re.match(r"[a-z].*\(", line) and not line.rstrip().endswith(";"):
+            name = re.search(r"([A-Za-z_]\w*)\(", line).group(1)
+            cur = funcs[name] = {"static": line.startswith("static"), "body": ""}
+        if cur is not None:
+            cur["body"] += line
+            if line.startswith("}"):
+                cur = None
+    ok = {n for n, f in funcs.items() if re.search(r"cs_store_(lock|held)\(", f["body"])}
+    while True:
+        more = set()
+        for n, f in funcs.items():
+            callers = [m for m, g in funcs.items() if m != n and re.search(r"\b%s\(" % n, g["body"])]
+            if n not in ok and f["static"] and callers and all(m in ok for m in callers):
+                more.add(n)
+        if not more:
+            break
+        ok |= more
+    for n, f in funcs.items():
+        if n not in ok and touch.search(f["body"]):
+            print("%s: %s touches the store's fields without its mutex" % (path, n))
+PY
 bad_lines "" "$TMP/unguarded"
 
 # One schema call checks a chunk: sound (its checksum) and fitting.

@@ -5,11 +5,15 @@
  * fsynced and renamed over the old one (then the directory is fsynced).
  * Tiled tensors are kept in wire order in memory and in natural order in
  * the file (an ordinary safetensors file), with their grid in metadata
- * "deltacast.grid.NAME" ("2x4"); pieces are reordered through scratch. */
+ * "deltacast.grid.NAME" ("2x4"); pieces are reordered through scratch.
+ * An anchor received in place is written straight to its own file,
+ * model.safetensors.new, made here with the layout of model.safetensors
+ * and given its header here at the COMMIT (its seal: anchor_new.c). */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 #include "store_impl.h"
@@ -332,10 +336,13 @@ int cs_anchor_layout(const char *model, const cs_tensor *t, uint32_t nt, uint64_
 	dcast_st_meta *meta = calloc(n + 3, sizeof(*meta));
 	dcast_st_spec *specs = calloc(n, sizeof(*specs));
 	char *store = calloc(n, GRID_ENTRY), vbuf[32];
+	size_t n_grid = 0;
 	int err = 0;
 
 	if (!specs || !meta || !store)
 		err = dcast_fail(DCAST_ENOMEM, "fold: %u tensors", nt);
+	else
+		n_grid = grid_meta(t, nt, meta + 3, store); /* the tiled tensors' grids, after 3 entries */
 	for (uint32_t i = 0; !err && i < nt; i++) {
 		const char *dn = dcast_dtype_name((int)t[i].desc.dtype);
 		specs[i].name = t[i].desc.name;
@@ -348,7 +355,7 @@ int cs_anchor_layout(const char *model, const cs_tensor *t, uint32_t nt, uint64_
 		meta[0] = (dcast_st_meta){"deltacast.model", model};
 		meta[1] = (dcast_st_meta){"deltacast.version", vbuf};
 		meta[2] = (dcast_st_meta){"deltacast.model_digest", digest};
-		err = dcast_st_layout_compute(specs, nt, meta, 3 + grid_meta(t, nt, meta + 3, store), lay);
+		err = dcast_st_layout_compute(specs, nt, meta, 3 + n_grid, lay);
 	}
 	free(specs), free(meta), free(store);
 	return err;
@@ -412,6 +419,102 @@ int cs_anchor_header_write(dcast_consumer *c, int file, uint64_t version)
 	int derr = dcast_io_drain(c->io);
 	dcast_st_layout_free(&lay);
 	return err ? err : derr;
+}
+
+/* ---- an anchor received in place: its file ----
+ * model.safetensors.new, made at the anchor's first chunk at the offsets
+ * of its layout, each chunk's range written there behind (ckpt.c), its
+ * header written at the COMMIT; what follows its apply (the rename to
+ * .applied, the seal, the adoption at open) is anchor_new.c's. */
+
+void cs_anchor_new_path(const dcast_consumer *c, int applied, char *out, size_t cap)
+{
+	snprintf(out, cap, "%s.%s", c->store->anchor_path, applied ? "applied" : "new");
+}
+
+void cs_anchor_new_drop(dcast_consumer *c)
+{
+	char path[4200];
+
+	cs_store_lock(c->store);
+	if (c->store->new_version != DCAST_VERSION_NONE)
+		c->store->gen++; /* armed: a seal of it running is not renamed over model.safetensors */
+	cs_anchor_new_path(c, 0, path, sizeof(path));
+	unlink(path);
+	cs_anchor_new_path(c, 1, path, sizeof(path));
+	unlink(path);
+	free(c->store->new_offs);
+	c->store->new_offs = NULL;
+	c->store->new_version = DCAST_VERSION_NONE;
+	cs_store_unlock(c->store);
+}
+
+/* The file at its full size, each tensor's offset in c->store->new_offs; the
+ * header is written at the COMMIT. */
+static int new_create(dcast_consumer *c, cs_version *v)
+{
+	char path[4200], zero[32];
+	dcast_st_layout lay;
+	uint64_t *offs;
+	int err;
+
+	cs_anchor_new_drop(c); /* one anchor in place at a time: any other is moot */
+	snprintf(zero, sizeof(zero), "%016" PRIx64, (uint64_t)0);
+	if ((err = cs_anchor_layout(c->model, c->tensors, c->n_tensors, v->version, zero, &lay)))
+		return err;
+	cs_anchor_new_path(c, 0, path, sizeof(path));
+	offs = malloc(c->n_tensors * sizeof(*offs));
+	if (!offs)
+		err = dcast_fail(DCAST_ENOMEM, "%s: %u tensor offsets", path, c->n_tensors);
+	else
+		memcpy(offs, lay.file_offsets, c->n_tensors * sizeof(*offs));
+	cs_store_lock(c->store);
+	c->store->new_offs = offs; /* freed by the drop below on a failure */
+	cs_store_unlock(c->store);
+	v->fd = err ? -1 : open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	if (!err && (v->fd < 0 || ftruncate(v->fd, (off_t)lay.file_bytes) != 0))
+		err = dcast_fail(DCAST_EIO, "%s: create: %s", path, strerror(errno));
+	dcast_st_layout_free(&lay);
+	v->file_bytes = 0;
+	if (!err && !(err = cs_ckpt_io_attach(c, v, path)))
+		return 0;
+	cs_anchor_new_drop(c);
+	return err;
+}
+
+/* Every chunk written (or the failure reported), then the header. */
+static int new_commit(dcast_consumer *c, cs_version *v)
+{
+	int err = cs_ckpt_flush(c);
+
+	if (!err)
+		err = cs_anchor_header_write(c, v->io_file, v->version);
+	cs_store_lock(c->store);
+	free(c->store->new_offs);
+	c->store->new_offs = NULL;
+	cs_store_unlock(c->store);
+	return err;
+}
+
+/* ---- a staged version's file: the anchor file in place, or a record file ---- */
+
+int cs_store_version_create(dcast_consumer *c, cs_version *v)
+{
+	return v->direct ? new_create(c, v) : cs_ckpt_version_create(c, v);
+}
+
+int cs_store_version_commit(dcast_consumer *c, cs_version *v)
+{
+	return v->direct ? new_commit(c, v) : cs_ckpt_commit_write(c, v);
+}
+
+void cs_store_version_drop(dcast_consumer *c, const cs_version *v, int unlink_file)
+{
+	cs_ckpt_settle(c);
+	if (unlink_file && v->direct)
+		cs_anchor_new_drop(c);
+	else if (unlink_file)
+		cs_ckpt_remove(c, v->version);
 }
 
 void cs_fold_tmp_path(const dcast_consumer *c, char *out, size_t cap)

@@ -1,20 +1,22 @@
 /* An anchor received in place, written once: straight to
  * DIR/model.safetensors.new at the offsets model.safetensors will have,
  * instead of a record file that a fold later rewrote into that file (the
- * anchor's bytes written twice and read twice more).  Each chunk's range of
- * the tensor goes there behind, as its record would (ckpt.c, the
- * write-behind queue).  At its COMMIT every write is waited for and the
- * header is written, with the file digest of the tensors (they hold the
- * anchor whole then; O(model) hashing, as an anchor's digest check is).
- * Once apply() has checked the anchor (every element covered, the COMMIT
- * digests), the fold thread seals the file off the stream's path:
- * fdatasync without `lock`, then, under it and unless the checkpoint
- * changed meanwhile (c->store->gen), the rename over model.safetensors and the
- * folder's fsync.  Until the rename the version is not durable: a restart
- * removes the file and fetches the anchor again.  The file is never read
- * back: the load checks its file digest, as for any model.safetensors, and
- * drops a damaged one.  Models with tiled tensors (wire order in memory,
- * natural order in the file) keep the record file. */
+ * anchor's bytes written twice and read twice more).  The file is made,
+ * each chunk's range of the tensor written there behind (as its record
+ * would be: ckpt.c, the write-behind queue) and its header written at the
+ * COMMIT, with the file digest of the tensors (they hold the anchor whole
+ * then; O(model) hashing, as an anchor's digest check is), beside the
+ * anchor file's other writers (anchor.c).  Here, what follows: once
+ * apply() has checked the anchor (every element covered, the COMMIT
+ * digests), it is renamed to .applied and the fold thread seals it off
+ * the stream's path: fdatasync without `lock`, then, unless the
+ * checkpoint changed meanwhile (c->store->gen), the rename over
+ * model.safetensors and the folder's fsync.  Until the rename the version
+ * is not durable: a restart removes the file and fetches the anchor
+ * again.  The file is never read back: the load checks its file digest,
+ * as for any model.safetensors, and drops a damaged one.  Models with
+ * tiled tensors (wire order in memory, natural order in the file) keep
+ * the record file. */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -26,58 +28,6 @@
 #include "dcast_common.h"
 #include "dcast_reclog.h" /* dcast_fsync_dir */
 #include "deltacast/safetensors.h"
-
-/* The file at its full size, each tensor's offset in c->store->new_offs; the
- * header is written at the COMMIT. */
-int cs_anchor_new_create(dcast_consumer *c, cs_version *v)
-{
-	char path[4200], zero[32];
-	dcast_st_layout lay;
-	uint64_t *offs;
-	int err, h;
-
-	cs_anchor_new_drop(c); /* one anchor in place at a time: any other is moot */
-	snprintf(zero, sizeof(zero), "%016" PRIx64, (uint64_t)0);
-	if ((err = cs_anchor_layout(c->model, c->tensors, c->n_tensors, v->version, zero, &lay)))
-		return err;
-	cs_anchor_new_path(c, 0, path, sizeof(path));
-	offs = malloc(c->n_tensors * sizeof(*offs));
-	if (!offs)
-		err = dcast_fail(DCAST_ENOMEM, "%s: %u tensor offsets", path, c->n_tensors);
-	else
-		memcpy(offs, lay.file_offsets, c->n_tensors * sizeof(*offs));
-	cs_store_lock(c->store);
-	c->store->new_offs = offs; /* freed by the drop below on a failure */
-	cs_store_unlock(c->store);
-	v->fd = err ? -1 : open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-	if (!err && (v->fd < 0 || ftruncate(v->fd, (off_t)lay.file_bytes) != 0))
-		err = dcast_fail(DCAST_EIO, "%s: create: %s", path, strerror(errno));
-	dcast_st_layout_free(&lay);
-	if (!err && (h = dcast_io_file_add(c->io, v->fd, path)) < 0)
-		err = dcast_fail(-h, "%s: cannot add to the I/O engine", path);
-	if (err) {
-		cs_anchor_new_drop(c);
-		return err;
-	}
-	v->io = c->io;
-	v->io_file = h;
-	v->file_bytes = 0;
-	return 0;
-}
-
-/* Every chunk written (or the failure reported), then the header. */
-int cs_anchor_new_commit(dcast_consumer *c, cs_version *v)
-{
-	int err = cs_ckpt_flush(c);
-
-	if (!err)
-		err = cs_anchor_header_write(c, v->io_file, v->version);
-	cs_store_lock(c->store);
-	free(c->store->new_offs);
-	c->store->new_offs = NULL;
-	cs_store_unlock(c->store);
-	return err;
-}
 
 /* Checked: renamed to .applied (what a restart may adopt), its seal due. */
 int cs_anchor_new_applied(dcast_consumer *c, const cs_version *v)

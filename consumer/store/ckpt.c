@@ -44,7 +44,6 @@ void cs_store_lock(cs_store *s)
 
 void cs_store_unlock(cs_store *s)
 {
-	DCAST_ASSERT(held_here == s);
 	held_here = NULL;
 	pthread_mutex_unlock(&s->mu);
 }
@@ -79,8 +78,7 @@ static int pool_index(const dcast_consumer *c, const void *p, uint64_t len)
 	       dcast_io_buffers_fixed(c->io) ? 0 : DCAST_IO_NO_BUF;
 }
 
-/* Bind a version's record file to the I/O engine. */
-static int io_attach(dcast_consumer *c, cs_version *v, const char *path)
+int cs_ckpt_io_attach(dcast_consumer *c, cs_version *v, const char *path)
 {
 	int h = dcast_io_file_add(c->io, v->fd, path);
 
@@ -178,28 +176,6 @@ static int write_opening(dcast_consumer *c, cs_version *v)
 	return err;
 }
 
-void cs_anchor_new_path(const dcast_consumer *c, int applied, char *out, size_t cap)
-{
-	snprintf(out, cap, "%s.%s", c->store->anchor_path, applied ? "applied" : "new");
-}
-
-void cs_anchor_new_drop(dcast_consumer *c)
-{
-	char path[4200];
-
-	cs_store_lock(c->store);
-	if (c->store->new_version != DCAST_VERSION_NONE)
-		c->store->gen++; /* armed: a seal of it running is not renamed over model.safetensors */
-	cs_anchor_new_path(c, 0, path, sizeof(path));
-	unlink(path);
-	cs_anchor_new_path(c, 1, path, sizeof(path));
-	unlink(path);
-	free(c->store->new_offs);
-	c->store->new_offs = NULL;
-	c->store->new_version = DCAST_VERSION_NONE;
-	cs_store_unlock(c->store);
-}
-
 int cs_ckpt_version_create(dcast_consumer *c, cs_version *v)
 {
 	char path[4096];
@@ -209,7 +185,7 @@ int cs_ckpt_version_create(dcast_consumer *c, cs_version *v)
 	if (v->fd < 0)
 		return dcast_fail(DCAST_EIO, "%s: create: %s", path, strerror(errno));
 	v->file_bytes = 0;
-	int err = io_attach(c, v, path);
+	int err = cs_ckpt_io_attach(c, v, path);
 	return err ? err : write_opening(c, v);
 }
 
@@ -303,7 +279,6 @@ static void wb_done(dcast_consumer *c, wb_slot *s)
 {
 	uint64_t len = s->h.len + s->bytes;
 
-	DCAST_DEBUG_ASSERT(cs_store_held(c->store));
 	if (s->has_msg)
 		zmq_msg_close(&s->msg);
 	c->store->sink->written(c, s->version, s->credit, s->err != 0);
@@ -325,7 +300,6 @@ static int wb_reap(dcast_consumer *c, unsigned min_done)
 	dcast_io_done d[8];
 	int n = dcast_io_wait(c->io, min_done, d, 8);
 
-	DCAST_DEBUG_ASSERT(cs_store_held(c->store));
 	if (n < 0)
 		return -n;
 	for (int i = 0; i < n; i++) {
@@ -347,7 +321,6 @@ static void wb_wait_all(dcast_consumer *c)
 {
 	int err = 0;
 
-	DCAST_DEBUG_ASSERT(cs_store_held(c->store));
 	combine_submit(c);
 	while (c->store->wb->busy && !err)
 		err = wb_reap(c, 1);
@@ -363,7 +336,6 @@ static int wb_report(dcast_consumer *c)
 {
 	int err = c->store->wb->err;
 
-	DCAST_DEBUG_ASSERT(cs_store_held(c->store));
 	c->store->wb->err = 0;
 	return err ? dcast_fail(err, "record log: %s", c->store->wb->why) : 0;
 }
@@ -418,7 +390,6 @@ int cs_ckpt_flush(dcast_consumer *c)
 
 static wb_slot *wb_slot_get(dcast_consumer *c)
 {
-	DCAST_DEBUG_ASSERT(cs_store_held(c->store));
 	while (c->store->wb->busy == (1u << WB_SLOTS) - 1)
 		if (wb_reap(c, 1)) {
 			wb_wait_all(c);
@@ -440,7 +411,6 @@ static int slot_head(dcast_consumer *c, cs_version *v, const dcast_chunk *k, uin
 {
 	int err;
 
-	DCAST_DEBUG_ASSERT(cs_store_held(c->store));
 	s->version = k->version;
 	s->bytes = k->payload_bytes;
 	s->credit = v->in_place ? 0 : k->payload_bytes; /* in place: in the tensor, not the pool */
@@ -469,7 +439,6 @@ static int submit_own(dcast_consumer *c, cs_version *v, const dcast_chunk *k, zm
 	wb_slot *s = wb_slot_get(c);
 	int err;
 
-	DCAST_DEBUG_ASSERT(cs_store_held(c->store));
 	if (!s)
 		return dcast_fail(DCAST_EIO, "version %" PRIu64 ": record writes failed", k->version);
 	tag = WB_TAG | (uint64_t)(s - c->store->wb->s);
@@ -506,7 +475,6 @@ static void combine_submit(dcast_consumer *c)
 	wb_slot *s;
 	int err;
 
-	DCAST_DEBUG_ASSERT(cs_store_held(c->store));
 	if (wb->filling < 0)
 		return;
 	s = &wb->s[wb->filling];
@@ -529,7 +497,6 @@ static int combine_slot(dcast_consumer *c, int file, uint64_t off, uint64_t vers
 	struct cs_wb *wb = c->store->wb;
 	wb_slot *s = wb->filling < 0 ? NULL : &wb->s[wb->filling];
 
-	DCAST_DEBUG_ASSERT(cs_store_held(c->store));
 	if (s && s->file == file && s->version == version && s->off + s->bytes == off &&
 	    s->bytes + len <= WB_COMBINE) {
 		*out = s;
@@ -559,7 +526,6 @@ static int combine_chunk(dcast_consumer *c, cs_version *v, const dcast_chunk *k,
 	wb_slot *s = NULL;
 	int err;
 
-	DCAST_DEBUG_ASSERT(cs_store_held(c->store));
 	h->len = 0;
 	if (!v->direct && (err = chunk_head(k, payload_sum, h)))
 		return err;
@@ -584,7 +550,6 @@ static int chunk_submit(dcast_consumer *c, cs_version *v, const dcast_chunk *k, 
 	int err = k->payload_bytes <= WB_SMALL ? combine_chunk(c, v, k, payload, payload_sum, payload_off)
 					       : submit_own(c, v, k, held, payload, payload_sum, payload_off);
 
-	DCAST_DEBUG_ASSERT(cs_store_held(c->store));
 	if (err)
 		return err;
 	if (!v->direct)
@@ -645,7 +610,7 @@ int cs_ckpt_read_payload(dcast_consumer *c, const cs_version *v, const cs_chunk 
 	int err;
 
 	cs_ckpt_version_path(c, v->version, path, sizeof(path));
-	if (v->io_file < 0 && (err = io_attach(c, (cs_version *)v, path)))
+	if (v->io_file < 0 && (err = cs_ckpt_io_attach(c, (cs_version *)v, path)))
 		return err;
 	return cs_io_read(c, v->io_file, dst, k->info.payload_bytes, k->file_off, path);
 }

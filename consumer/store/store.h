@@ -28,9 +28,11 @@
  *      while calling the sink (but `written`, which takes no lock) or
  *      another store call that takes it.  Asserted: it is never taken
  *      twice, and the consumer's `lock` is never taken by the store while
- *      its thread holds it (cs_store_handed_lock); the calls that need it
- *      held check it in the debug tier (DCAST_DEBUG_ASSERT, make test
- *      SAN=1).
+ *      its thread holds it (cs_store_handed_lock); the fold's helpers that
+ *      need it held check it in the debug tier (DCAST_DEBUG_ASSERT, make
+ *      test SAN=1), and tests/test_consumer_store.sh fails on a function
+ *      that reaches its fields without taking it, asserting it, or being
+ *      called only by functions that do.
  *   3. the sync thread's mutex (cs_syncer.mu, syncer.c): innermost; held
  *      only around its queue, never while calling out of syncer.c.
  * The consumer's `mu` (wait_version) is taken inside `lock` and never with
@@ -93,10 +95,23 @@ int cs_ckpt_load(dcast_consumer *c);
  * are logged.  NULL-safe (c->store NULL: nothing). */
 void cs_store_close(dcast_consumer *c, int fold_owed);
 
-/* ---- a version's record file, written behind ---- */
-/* Create v's record file (its FILE and, for an anchor, MANIFEST records).
- * Errors: DCAST_EIO, DCAST_ENOMEM. */
-int cs_ckpt_version_create(dcast_consumer *c, cs_version *v);
+/* ---- a version's file, written behind ----
+ * A staged version's file is its record file (DIR/model.dlog/<version>.rec),
+ * or, for an anchor received in place into a model with no tiled tensor
+ * (v->direct), DIR/model.safetensors.new at its final offsets (no record
+ * file, no fold of it later).  cs_store_version_create: make it (a record
+ * file with its FILE and, for an anchor, MANIFEST records; the .new file
+ * at its full size, any other anchor in place dropped).
+ * cs_store_version_commit, after its chunks: a record file's COMMIT
+ * record, queued for fdatasync; the .new file's header, with the file
+ * digest of the tensors, which hold the anchor whole, once every write is
+ * done.  cs_store_version_drop (v dropped): every write of a chunk waited
+ * for, so that none still reads its slots or file, and with unlink_file
+ * its file removed (the .new one forgotten).  Errors: DCAST_EIO (also a
+ * chunk record that failed), DCAST_ENOMEM. */
+int cs_store_version_create(dcast_consumer *c, cs_version *v);
+int cs_store_version_commit(dcast_consumer *c, cs_version *v);
+void cs_store_version_drop(dcast_consumer *c, const cs_version *v, int unlink_file);
 /* Write chunk k's record behind: a small one (payload up to 64 KiB) is
  * copied into a combined write, and the caller's payload and held message
  * are free at return (held is left to the caller); a larger payload (in
@@ -109,9 +124,6 @@ int cs_ckpt_version_create(dcast_consumer *c, cs_version *v);
  * payload lands in v's file. */
 int cs_ckpt_chunk_submit(dcast_consumer *c, cs_version *v, const dcast_chunk *k, zmq_msg_t *held,
 			 const void *payload, uint64_t payload_sum, uint64_t *payload_off);
-/* v's COMMIT record, after its chunk records; queued for fdatasync.
- * Errors: DCAST_EIO (also a chunk record that failed), DCAST_ENOMEM. */
-int cs_ckpt_commit_write(dcast_consumer *c, cs_version *v);
 /* Wait for every chunk record written behind, keeping a failure for the
  * next cs_ckpt_progress. */
 void cs_ckpt_settle(dcast_consumer *c);
@@ -124,30 +136,18 @@ int cs_ckpt_pending(cs_store *s);
 /* Chunk k's payload from v's record file into dst (pool memory).  Errors:
  * DCAST_EIO, DCAST_ETRUNCATED. */
 int cs_ckpt_read_payload(dcast_consumer *c, const cs_version *v, const cs_chunk *k, void *dst);
-/* Remove the record file of `version` (a version dropped). */
-void cs_ckpt_remove(dcast_consumer *c, uint64_t version);
 /* A failed background fdatasync since the last call (set as the last
  * error), else 0.  Needs no lock of the consumer's. */
 int cs_store_error(cs_store *s);
 
-/* ---- an anchor received in place ----
- * An anchor received in place into a model with no tiled tensor is
- * written straight to DIR/model.safetensors.new at its final offsets (no
- * record file, no fold of it later).  cs_anchor_new_create (in place of
- * cs_ckpt_version_create) makes the file.  cs_anchor_new_commit (in place
- * of cs_ckpt_commit_write) waits for the writes and writes the header,
- * with the file digest of the tensors, which hold the anchor whole.
+/* ---- an anchor received in place, applied: its seal ----
  * cs_anchor_new_seal (`release`: the lock the caller holds, let go while
  * the file syncs, the fold thread's; NULL: held on, at close, restore and
- * checkpoint) fdatasyncs and renames it over
+ * checkpoint) fdatasyncs DIR/model.safetensors.applied and renames it over
  * model.safetensors, unless the files changed meanwhile; on failure the
- * file goes and the tensors are folded instead.  cs_anchor_new_drop
- * removes it and forgets it; whoever changes the files while one is
- * pending calls it.  Errors: DCAST_EIO, DCAST_ENOMEM. */
-int cs_anchor_new_create(dcast_consumer *c, cs_version *v);
-int cs_anchor_new_commit(dcast_consumer *c, cs_version *v);
+ * file goes and the tensors are folded instead.  Errors: DCAST_EIO,
+ * DCAST_ENOMEM. */
 int cs_anchor_new_seal(dcast_consumer *c, pthread_mutex_t *release);
-void cs_anchor_new_drop(dcast_consumer *c);
 
 /* ---- what the consumer tells it ---- */
 /* v was applied: a delta's record is one more to fold; an anchor written

@@ -1,10 +1,11 @@
 /* Private to consumer/store/: the store's own fields and the calls its
  * files make on each other.  From the top: ckpt_load.c (load, replay into
  * the sink, restore, discard); store.c (open, close, the fold thread);
- * anchor_new.c (an anchor received in place); fold.c (folds from the
- * disk); anchor.c (the anchor file, the fold policy, a fold from the
- * tensors); ckpt.c (the record log, written behind); syncer.c (the sync
- * thread). */
+ * anchor_new.c (an anchor received in place, once applied: its seal);
+ * fold.c (folds from the disk); anchor.c (the anchor file, one received
+ * in place made and given its header, the fold policy, a fold from the
+ * tensors); ckpt.c (the record log, written behind; the store's mutex);
+ * syncer.c (the sync thread). */
 #ifndef DCAST_CONSUMER_STORE_IMPL_H
 #define DCAST_CONSUMER_STORE_IMPL_H
 
@@ -64,7 +65,7 @@ struct cs_store {
 /* ckpt.c: the store's mutex, s->mu.  cs_store_lock takes it (asserted:
  * never while this thread holds it already), cs_store_unlock lets go of
  * it, cs_store_wait waits on cv with it, cs_store_held: does this thread
- * hold it (what DCAST_DEBUG_ASSERT checks in the calls that need it)?
+ * hold it (what DCAST_DEBUG_ASSERT checks in the helpers that need it)?
  * What the store calls with it held takes no lock (the sink's `written`,
  * the I/O engine) but the sync thread's. */
 void cs_store_lock(cs_store *s);
@@ -91,7 +92,18 @@ int cs_syncer_error(cs_syncer *s);
 void cs_syncer_close(cs_syncer *s);
 
 /* ckpt.c: record files "DIR/model.dlog/<version>.rec", each: chunk
- * records then one commit record; see ckpt.c for the layout. */
+ * records then one commit record; see ckpt.c for the layout.
+ * cs_ckpt_version_create: v's record file with its FILE and, for an
+ * anchor, MANIFEST records.  cs_ckpt_commit_write: v's COMMIT record,
+ * after its chunk records; queued for fdatasync.  cs_ckpt_remove: the
+ * record file of `version` removed.  Errors: DCAST_EIO (also a chunk
+ * record that failed), DCAST_ENOMEM. */
+int cs_ckpt_version_create(dcast_consumer *c, cs_version *v);
+int cs_ckpt_commit_write(dcast_consumer *c, cs_version *v);
+void cs_ckpt_remove(dcast_consumer *c, uint64_t version);
+/* v's file, open as v->fd at `path`, bound to the I/O engine (v->io,
+ * v->io_file).  Errors: those of dcast_io_file_add, naming path. */
+int cs_ckpt_io_attach(dcast_consumer *c, cs_version *v, const char *path);
 /* Wait for every chunk record written behind; the first failure since the
  * last call (its version is marked write_failed), else 0. */
 int cs_ckpt_flush(dcast_consumer *c);
@@ -147,18 +159,24 @@ int cs_fold_renamed(dcast_consumer *c, uint64_t version);
  * work without `lock` only, never while holding it. */
 void cs_fold_priority(int background, int *saved);
 
-/* anchor_new.c (see store.h): cs_anchor_new_create keeps each tensor's
- * offset in the .new file in new_offs for cs_ckpt_chunk_submit.
+/* anchor.c: an anchor received in place (see store.h,
+ * cs_store_version_create) keeps each tensor's offset in the .new file in
+ * new_offs for cs_ckpt_chunk_submit.  cs_anchor_new_path names the .new
+ * file (applied 0) or the .applied one.  cs_anchor_new_drop removes both
+ * and forgets the anchor; whoever changes the files while one is pending
+ * calls it.
+ * anchor_new.c:
  * cs_anchor_new_applied, once apply() has checked it, renames it to
  * DIR/model.safetensors.applied and arms the seal (1: armed).
  * cs_anchor_new_adopt, at open before the anchor file loads, seals an
  * .applied file a dead process left (its digest is checked by the load
  * like any; another model's refuses the open, cs_ckpt_foreign, and stays);
  * a .new one (not applied, not checked) is removed and the anchor fetched
- * again.  cs_anchor_new_drop (ckpt.c) moves gen when one was armed.
- * Errors: DCAST_EIO, DCAST_ENOMEM. */
+ * again.  cs_anchor_new_drop moves gen when one was armed.  Errors:
+ * DCAST_EIO, DCAST_ENOMEM. */
+void cs_anchor_new_path(const dcast_consumer *c, int applied, char *out, size_t cap);
+void cs_anchor_new_drop(dcast_consumer *c);
 int cs_anchor_new_applied(dcast_consumer *c, const cs_version *v);
 int cs_anchor_new_adopt(dcast_consumer *c);
-void cs_anchor_new_path(const dcast_consumer *c, int applied, char *out, size_t cap);
 
 #endif

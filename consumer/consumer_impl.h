@@ -305,7 +305,8 @@ struct dcast_consumer {
 	pthread_cond_t ev_cv;          /* an event was pushed, or the thread stopped */
 	cs_session ss;
 	cs_outbox ob;
-	struct cs_store *store;        /* the local checkpoint (store/store.h) */
+	struct cs_store *store;        /* the local checkpoint (store/store.h): the pointer
+					* fixed from open to close, its fields under its own mutex */
 	cs_vscratch vs;
 	cs_fault fault;
 	cs_pause pause;                /* set only inside dcast_consumer_apply_async */

@@ -9,7 +9,9 @@
  * bytes timed in the same run; then compact v2 against compact, both
  * forced: sizes, encode and apply (decode included) throughput.  --write
  * FILE puts the tables into FILE between the bench-codec markers, keeping
- * the rest of the file; --reps N times each thing N times (best kept). */
+ * the rest of the file; --reps N times each thing N times (best kept);
+ * --simd portable|avx2|avx512 forces that compare variant and the compact
+ * v2 builds that go with it (the best the CPU has by default). */
 #include <inttypes.h>
 #include <stddef.h>
 #include <pthread.h>
@@ -19,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include "codec_shared.h"
 #include "deltacast/codec.h"
 #include "rl_workload.h"
 
@@ -450,6 +453,25 @@ static int write_section(const char *path, const char *body)
 	return fclose(f);
 }
 
+/* The compare variant named s (DCAST_SIMD_*), 0 for none. */
+static int simd_of(const char *s)
+{
+	static const char *names[] = { "portable", "avx2", "avx512" };
+	for (int i = 0; i < 3; i++)
+		if (!strcmp(s, names[i]))
+			return DCAST_SIMD_PORTABLE + i;
+	return 0;
+}
+
+/* Forces the variant, or exits when this CPU lacks it. */
+static void force_simd(int simd)
+{
+	if (dcast_simd_force(simd) != simd) {
+		fprintf(stderr, "bench_codec: --simd: this CPU lacks that variant\n");
+		exit(2);
+	}
+}
+
 int main(int argc, char **argv)
 {
 	static const double dens[] = { 0.001, 0.01, 0.05, 0.30 };
@@ -467,8 +489,11 @@ int main(int argc, char **argv)
 			only = strtod(argv[++i], NULL);
 		else if (!strcmp(argv[i], "--reps") && i + 1 < argc && atoi(argv[i + 1]) > 0)
 			REPS = atoi(argv[++i]);
+		else if (!strcmp(argv[i], "--simd") && i + 1 < argc && simd_of(argv[i + 1]))
+			force_simd(simd_of(argv[++i]));
 		else {
-			fprintf(stderr, "usage: bench_codec [--elems N] [--chunk N] [--density P] [--reps N] [--write FILE]\n");
+			fprintf(stderr, "usage: bench_codec [--elems N] [--chunk N] [--density P] [--reps N] "
+					"[--simd portable|avx2|avx512] [--write FILE]\n");
 			return 2;
 		}
 	}

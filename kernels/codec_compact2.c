@@ -18,6 +18,7 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 #define AVX512 __attribute__((target("avx512f,avx512cd,avx512vl,bmi,bmi2,popcnt")))
+#define AVX2 __attribute__((target("avx2,bmi,bmi2,popcnt")))
 #endif
 /* Zeros after the stream copy the AVX-512 decoder reads: a round reads
  * fewer than 2 * 3 * 32 + 16 words past where it starts. */
@@ -25,6 +26,17 @@
 /* Words one lane's stream of a block may need: 128 codes of at most
  * 46 + 43 bits. */
 #define LANE_WORDS (DCAST_CPT2_ROUNDS * 89 / DCAST_CPT2_WORD_BITS + 1)
+
+int dcast_cpt2_build(void)
+{
+	if (dcast_simd_avx512())
+		return DCAST_CPT2_AVX512;
+#if defined(__x86_64__)
+	if (dcast_simd_bmi2()) /* the AVX2 or AVX-512 variant: the CPU has AVX2 */
+		return DCAST_CPT2_AVX2;
+#endif
+	return DCAST_CPT2_PLAIN;
+}
 
 /* Bits of one change: position code, then value code. */
 static ALWAYS_INLINE unsigned cpt2_val_len(const dcast_cpt_plan *p, uint32_t zz)
@@ -598,7 +610,7 @@ typedef struct fast2 {
 	const uint8_t *w;        /* the stream's words */
 	const uint16_t *lut;     /* code length | extra bits << 4 | direct value << 9; 0: none */
 	uint64_t nwords, count, kmask;
-	unsigned k, raw, w_bits, avx512; /* avx512: w is a copy with zeros after it */
+	unsigned k, raw, w_bits, build; /* a vector build: w is a copy with zeros after it */
 } fast2;
 
 /* A block's lanes and where the decode is. */
@@ -737,13 +749,7 @@ static ALWAYS_INLINE int blk_fast_mode(const fast2 *fp, lanes2 *s, uint32_t n, u
 	return 0;
 }
 
-/* blk_fast_mode built twice, for BMI2 (shifts by a register) and for any
- * x86-64, each for both value modes. */
-DCAST_TARGET_BMI2 static int blk_fast_bmi2(const fast2 *f, lanes2 *s, uint32_t n, uint32_t *pos, uint32_t *val)
-{
-	return f->raw ? blk_fast_mode(f, s, n, pos, val, 1) : blk_fast_mode(f, s, n, pos, val, 0);
-}
-
+/* blk_fast_mode for both value modes, for any target. */
 static int blk_fast_plain(const fast2 *f, lanes2 *s, uint32_t n, uint32_t *pos, uint32_t *val)
 {
 	return f->raw ? blk_fast_mode(f, s, n, pos, val, 1) : blk_fast_mode(f, s, n, pos, val, 0);
@@ -1044,18 +1050,230 @@ static AVX512 int blk_fast_avx512(const fast2 *f, uint64_t *at, uint64_t *next, 
 }
 #endif
 
+/* ---- the fast path on AVX2: the 32 lanes as 4 vectors of 8 ---- */
+#if defined(__x86_64__)
+
+/* 32-bit buffers, as the AVX-512 build's 16-lane vectors: between refill
+ * points a lane holds fewer than 16 bits, so its first pass fits.  A point
+ * where a lane is still short after it (an escaped gap, a long value code)
+ * goes on in the scalar build's late_codes. */
+typedef struct alanes {
+	__m256i buf[4], n[4];
+} alanes;
+
+static AVX2 ALWAYS_INLINE __m256i a_set(uint32_t x)
+{
+	return _mm256_set1_epi32((int)x);
+}
+
+static AVX2 ALWAYS_INLINE unsigned a_mask(__m256i m)
+{
+	return (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(m));
+}
+
+/* Lanes j < cnt of a vector (all ones, or all zeros at cnt <= 0). */
+static AVX2 ALWAYS_INLINE __m256i a_first(int cnt)
+{
+	return _mm256_cmpgt_epi32(_mm256_set1_epi32(cnt), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+/* Where lane j of a vector of mask m takes from among the lanes that take
+ * (its rank in m), one byte a lane: the index of an expand, and the
+ * slot past the first of a pass. */
+#define RK(m, j) ((uint64_t)__builtin_popcount((m) & ((1u << (j)) - 1)) << (8 * (j)))
+#define RANK(m) (RK(m, 1) | RK(m, 2) | RK(m, 3) | RK(m, 4) | RK(m, 5) | RK(m, 6) | RK(m, 7))
+#define RANK4(m) RANK(m), RANK(m + 1), RANK(m + 2), RANK(m + 3)
+#define RANK16(m) RANK4(m), RANK4(m + 4), RANK4(m + 8), RANK4(m + 12)
+#define RANK64(m) RANK16(m), RANK16(m + 16), RANK16(m + 32), RANK16(m + 48)
+static const uint64_t a_rank[256] = { RANK64(0), RANK64(64), RANK64(128), RANK64(192) };
+
+static AVX2 ALWAYS_INLINE __m256i a_ranks(unsigned m)
+{
+	return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)&a_rank[m]));
+}
+
+/* Trailing ones of each buffer (below 2^31): the exponent of its lowest
+ * zero bit as a float. */
+static AVX2 ALWAYS_INLINE __m256i a_ones(__m256i b)
+{
+	__m256i low = _mm256_andnot_si256(b, _mm256_add_epi32(b, a_set(1)));
+	__m256i e = _mm256_srli_epi32(_mm256_castps_si256(_mm256_cvtepi32_ps(low)), 23);
+	return _mm256_sub_epi32(_mm256_and_si256(e, a_set(0xff)), a_set(127));
+}
+
+/* Each lane's code length and aux (trailing ones; the lookup entry), as
+ * code_len. */
+static AVX2 ALWAYS_INLINE __m256i a_len(const fast2 *f, __m256i b, int val, int raw, __m256i *aux)
+{
+	if (!val) {
+		*aux = a_ones(b);
+		__m256i esc = _mm256_cmpgt_epi32(*aux, a_set(DCAST_CPT_QESC - 1));
+		return _mm256_blendv_epi8(_mm256_add_epi32(*aux, a_set(1 + f->k)),
+					  a_set(DCAST_CPT_QESC + DCAST_CPT_GAP_BITS), esc);
+	}
+	*aux = _mm256_setzero_si256();
+	if (raw)
+		return a_set(f->w_bits);
+	__m256i i = _mm256_and_si256(b, a_set(DCAST_CPT_LUT_SIZE - 1));
+	*aux = _mm256_and_si256(_mm256_i32gather_epi32((const int *)(const void *)f->lut, i, 2), a_set(0xffff));
+	__m256i len = _mm256_add_epi32(_mm256_and_si256(*aux, a_set(15)),
+				       _mm256_and_si256(_mm256_srli_epi32(*aux, 4), a_set(31)));
+	return _mm256_blendv_epi8(a_set(DCAST_CPT_LMAX + 1), len,
+				  _mm256_xor_si256(_mm256_cmpeq_epi32(*aux, _mm256_setzero_si256()), a_set(~0u)));
+}
+
+/* Vector v's codes (act: its lanes in the round, aux from a_len) into
+ * o[0..8): gaps plus one or values; returns the lanes whose value matches
+ * no code. */
+static AVX2 ALWAYS_INLINE unsigned a_store(const fast2 *f, __m256i b, __m256i aux, __m256i act, int val, int raw,
+					   int full, uint32_t *o)
+{
+	__m256i out, one = a_set(1);
+	if (!val) {
+		__m256i low = _mm256_and_si256(_mm256_srlv_epi32(b, _mm256_add_epi32(aux, one)), a_set((uint32_t)f->kmask));
+		out = _mm256_add_epi32(_mm256_or_si256(_mm256_sll_epi32(aux, _mm_cvtsi32_si128((int)f->k)), low), one);
+	} else if (raw) {
+		out = _mm256_and_si256(b, a_set(dcast_mask_w(f->w_bits)));
+	} else {
+		__m256i cl = _mm256_and_si256(aux, a_set(15)), eb = _mm256_and_si256(_mm256_srli_epi32(aux, 4), a_set(31));
+		__m256i bit = _mm256_sllv_epi32(one, eb);
+		__m256i top = _mm256_and_si256(bit, _mm256_cmpgt_epi32(eb, _mm256_setzero_si256()));
+		__m256i x = _mm256_and_si256(_mm256_srlv_epi32(b, cl), _mm256_sub_epi32(bit, one));
+		out = _mm256_add_epi32(_mm256_add_epi32(_mm256_srli_epi32(aux, 9), top), x);
+	}
+	if (full)
+		_mm256_storeu_si256((__m256i *)(void *)o, out);
+	else
+		_mm256_maskstore_epi32((int *)(void *)o, act, out);
+	return val && !raw ? a_mask(_mm256_and_si256(act, _mm256_cmpeq_epi32(aux, _mm256_setzero_si256()))) : 0;
+}
+
+/* The rest of a point whose lanes of `late` are still short after the
+ * first pass, lane by lane in the scalar build's order: the others'
+ * codes, then late_codes; -1 for a code none matches. */
+static AVX2 __attribute__((noinline)) int a_late(const fast2 *f, alanes *d, unsigned nl, uint32_t late, int val,
+						 int raw, uint64_t *at, uint32_t *out)
+{
+	uint32_t b32[DCAST_CPT2_LANES], n32[DCAST_CPT2_LANES], aux = 0;
+	lanes2 s;
+	for (unsigned v = 0; v < 4; v++) {
+		_mm256_storeu_si256((__m256i *)(void *)(b32 + 8 * v), d->buf[v]);
+		_mm256_storeu_si256((__m256i *)(void *)(n32 + 8 * v), d->n[v]);
+	}
+	for (unsigned l = 0; l < DCAST_CPT2_LANES; l++)
+		s.buf[l] = b32[l], s.n[l] = n32[l];
+	s.at = *at;
+	for (unsigned l = 0; l < nl; l++) {
+		if (late >> l & 1)
+			continue;
+		unsigned len = code_len(f, s.buf[l], val, &aux, raw);
+		out[l] = code_of(f, s.buf[l], val, aux, raw);
+		s.buf[l] >>= len, s.n[l] -= len;
+	}
+	if (late_codes(f, &s, late, val, raw, out))
+		return -1;
+	for (unsigned l = 0; !val && l < nl; l++) /* gaps plus one, as a_store's */
+		out[l]++;
+	for (unsigned l = 0; val && !raw && l < nl; l++)
+		if (!out[l])
+			return -1;
+	for (unsigned l = 0; l < DCAST_CPT2_LANES; l++)
+		b32[l] = (uint32_t)s.buf[l], n32[l] = s.n[l];
+	for (unsigned v = 0; v < 4; v++) {
+		d->buf[v] = _mm256_loadu_si256((const __m256i *)(const void *)(b32 + 8 * v));
+		d->n[v] = _mm256_loadu_si256((const __m256i *)(const void *)(n32 + 8 * v));
+	}
+	*at = s.at;
+	return 0;
+}
+
+/* One refill point of lanes [0, nl) (val: the value codes), its codes into
+ * out[0..nl); -1 for a value with no code. */
+static AVX2 ALWAYS_INLINE int a_point(const fast2 *f, alanes *d, unsigned nl, int val, int raw, uint64_t *at,
+				      uint32_t *out)
+{
+	__m256i act[4], L[4], aux[4];
+	unsigned late = 0, bad = 0;
+	for (unsigned v = 0; v < 4; v++) {
+		act[v] = a_first((int)nl - 8 * (int)v);
+		__m256i need = _mm256_and_si256(act[v], _mm256_cmpgt_epi32(a_len(f, d->buf[v], val, raw, &aux[v]), d->n[v]));
+		unsigned m = a_mask(need);
+		__m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)(f->w + 2 * *at)));
+		w = _mm256_and_si256(_mm256_permutevar8x32_epi32(w, a_ranks(m)), need);
+		d->buf[v] = _mm256_or_si256(d->buf[v], _mm256_sllv_epi32(w, d->n[v]));
+		d->n[v] = _mm256_add_epi32(d->n[v], _mm256_and_si256(need, a_set(DCAST_CPT2_WORD_BITS)));
+		*at += (unsigned)__builtin_popcount(m);
+	}
+	for (unsigned v = 0; v < 4; v++) {
+		L[v] = a_len(f, d->buf[v], val, raw, &aux[v]);
+		late |= a_mask(_mm256_and_si256(act[v], _mm256_cmpgt_epi32(L[v], d->n[v]))) << 8 * v;
+	}
+	if (late)
+		return a_late(f, d, nl, late, val, raw, at, out);
+	for (unsigned v = 0; v < 4; v++) {
+		bad |= a_store(f, d->buf[v], aux[v], act[v], val, raw, nl == DCAST_CPT2_LANES, out + 8 * v);
+		d->buf[v] = _mm256_srlv_epi32(d->buf[v], _mm256_and_si256(L[v], act[v]));
+		d->n[v] = _mm256_sub_epi32(d->n[v], _mm256_and_si256(L[v], act[v]));
+	}
+	return bad ? -1 : 0;
+}
+
+/* The positions from the gaps plus one, from *next on; -1 when one is at
+ * or past count. */
+static int a_positions(const fast2 *f, uint64_t *next, uint32_t n, uint32_t *pos)
+{
+	uint64_t at = *next;
+	for (uint32_t i = 0; i < n; i++) {
+		at += pos[i];
+		pos[i] = (uint32_t)(at - 1);
+	}
+	*next = at;
+	return at > f->count ? -1 : 0;
+}
+
+static AVX2 ALWAYS_INLINE int a_blk_mode(const fast2 *fp, uint64_t *at, uint64_t *next, uint32_t n, uint32_t *pos,
+					 uint32_t *val, int raw)
+{
+	const fast2 local = *fp, *f = &local;
+	alanes d;
+	uint32_t r = 0;
+	__m256i left = _mm256_setzero_si256();
+	for (unsigned v = 0; v < 4; v++)
+		d.buf[v] = d.n[v] = _mm256_setzero_si256();
+	for (; r + DCAST_CPT2_LANES <= n; r += DCAST_CPT2_LANES) /* nl a constant: no lane masked */
+		if (a_point(f, &d, DCAST_CPT2_LANES, 0, raw, at, pos + r) ||
+		    a_point(f, &d, DCAST_CPT2_LANES, 1, raw, at, val + r) || *at > f->nwords)
+			return -1;
+	if (r < n && (a_point(f, &d, n - r, 0, raw, at, pos + r) || a_point(f, &d, n - r, 1, raw, at, val + r) ||
+		      *at > f->nwords))
+		return -1;
+	for (unsigned v = 0; v < 4; v++)
+		left = _mm256_or_si256(left, d.buf[v]);
+	return !_mm256_testz_si256(left, left) ? -1 : a_positions(f, next, n, pos);
+}
+
+/* One block from (at, next) to its end, which it leaves in *at, *next. */
+static AVX2 int blk_fast_avx2(const fast2 *f, uint64_t *at, uint64_t *next, uint32_t n, uint32_t *pos,
+			      uint32_t *val)
+{
+	return f->raw ? a_blk_mode(f, at, next, n, pos, val, 1) : a_blk_mode(f, at, next, n, pos, val, 0);
+}
+#endif
+
 /* One block from (at, next) to its end, which it leaves in *at, *next. */
 static int blk_fast(const fast2 *f, uint64_t *at, uint64_t *next, uint32_t n, uint32_t *pos, uint32_t *val)
 {
 #if defined(__x86_64__)
-	if (f->avx512)
+	if (f->build == DCAST_CPT2_AVX512)
 		return blk_fast_avx512(f, at, next, n, pos, val);
+	if (f->build == DCAST_CPT2_AVX2)
+		return blk_fast_avx2(f, at, next, n, pos, val);
 #endif
 	lanes2 s;
 	int rc;
 	memset(&s, 0, sizeof(s));
 	s.at = *at, s.next = *next;
-	rc = dcast_simd_bmi2() ? blk_fast_bmi2(f, &s, n, pos, val) : blk_fast_plain(f, &s, n, pos, val);
+	rc = blk_fast_plain(f, &s, n, pos, val);
 	*at = s.at, *next = s.next;
 	return rc;
 }
@@ -1075,15 +1293,15 @@ static void fast_lut(uint16_t *fl, const dcast_cpt_table *t, unsigned nsym)
 				fl[t->code[s]] = (uint16_t)(L | dcast_cpt_extra_bits(s) << 4 |
 							   (s < DCAST_CPT_NDIRECT ? s + 1 : 0) << 9);
 	}
-	fl[DCAST_CPT_LUT_SIZE] = 0; /* read by the AVX-512 build's gathers, never used */
+	fl[DCAST_CPT_LUT_SIZE] = 0; /* read by the vector builds' gathers, never used */
 }
 
-/* The stream the fast path reads: the AVX-512 build loads 8 words at a
- * time, so it reads a copy with zeros after it. */
-static const uint8_t *fast_stream(const dcast_cpt2_run *x, int avx512)
+/* The stream the fast path reads: the vector builds load 8 words at a
+ * time, so they read a copy with zeros after it. */
+static const uint8_t *fast_stream(const dcast_cpt2_run *x, int build)
 {
 	uint8_t *copy;
-	if (!avx512)
+	if (build == DCAST_CPT2_PLAIN)
 		return x->d.stream;
 	copy = dcast_scratch(DCAST_SCRATCH_DEC_STREAM, x->d.stream_bytes + 2 * V2_PAD_WORDS);
 	if (copy) {
@@ -1098,13 +1316,13 @@ static int blocks_fast(const dcast_cpt2_run *x, const dcast_cpt_table *t, const 
 		       uint32_t *pos, uint32_t *val)
 {
 	uint16_t *fl = dcast_scratch(DCAST_SCRATCH_CPT2, (DCAST_CPT_LUT_SIZE + 1) * sizeof(*fl));
-	int avx512 = dcast_simd_avx512();
-	const uint8_t *w = fast_stream(x, avx512);
+	int build = dcast_cpt2_build();
+	const uint8_t *w = fast_stream(x, build);
 	uint64_t at = 0, next = 0;
 	if (!fl || !w)
 		return -1;
 	fast2 fs = { .w = w, .lut = fl, .nwords = x->nwords, .count = x->d.count, .kmask = (1ull << x->d.k) - 1,
-		     .k = x->d.k, .raw = x->d.mode == DCAST_CPT_RAW, .w_bits = x->d.w, .avx512 = (unsigned)avx512 },
+		     .k = x->d.k, .raw = x->d.mode == DCAST_CPT_RAW, .w_bits = x->d.w, .build = (unsigned)build },
 	      *f = &fs;
 	if (!f->raw)
 		fast_lut(fl, t, dcast_cpt_nsym(x->d.w));

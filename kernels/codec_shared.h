@@ -674,6 +674,14 @@ int dcast_simd_bmi2(void);
  * AVX512VL too: compact v2's coder then runs its 8-lanes-a-vector builds. */
 int dcast_simd_avx512(void);
 
+/* Compact v2's CPU builds (kernels/codec_compact2.c): all write the same
+ * bytes and accept the same payloads. */
+enum dcast_cpt2_build { DCAST_CPT2_PLAIN, DCAST_CPT2_AVX2, DCAST_CPT2_AVX512 };
+/* The build the compare variant in use runs (dcast_simd_force picks it):
+ * AVX512 where dcast_simd_avx512, else AVX2 under the AVX2 or AVX-512
+ * variant, else PLAIN. */
+int dcast_cpt2_build(void);
+
 #if defined(__x86_64__)
 #define DCAST_TARGET_BMI2 __attribute__((target("bmi,bmi2")))
 #else

@@ -560,6 +560,295 @@ static uint8_t *blocks_avx512(const dcast_changes *ch, const dcast_cpt_plan *p, 
 }
 #endif
 
+/* ---- AVX2: the 32 lanes as 4 vectors of 8 ---- */
+#if defined(__x86_64__)
+
+static AVX2 ALWAYS_INLINE __m256i a_set(uint32_t x)
+{
+	return _mm256_set1_epi32((int)x);
+}
+
+static AVX2 ALWAYS_INLINE unsigned a_mask(__m256i m)
+{
+	return (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(m));
+}
+
+/* Lanes j < cnt of a vector (all ones, or all zeros at cnt <= 0). */
+static AVX2 ALWAYS_INLINE __m256i a_first(int cnt)
+{
+	return _mm256_cmpgt_epi32(_mm256_set1_epi32(cnt), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+/* 8 words from p, the lanes of act (all: a plain load). */
+static AVX2 ALWAYS_INLINE __m256i a_load(const uint32_t *p, __m256i act, int all)
+{
+	if (all)
+		return _mm256_loadu_si256((const __m256i *)(const void *)p);
+	return _mm256_maskload_epi32((const int *)(const void *)p, act);
+}
+
+/* Where lane j of a vector of mask m takes from among the lanes that take
+ * (its rank in m), one byte a lane: the index of an expand, and the
+ * slot past the first of a pass. */
+#define RK(m, j) ((uint64_t)__builtin_popcount((m) & ((1u << (j)) - 1)) << (8 * (j)))
+#define RANK(m) (RK(m, 1) | RK(m, 2) | RK(m, 3) | RK(m, 4) | RK(m, 5) | RK(m, 6) | RK(m, 7))
+#define RANK4(m) RANK(m), RANK(m + 1), RANK(m + 2), RANK(m + 3)
+#define RANK16(m) RANK4(m), RANK4(m + 4), RANK4(m + 8), RANK4(m + 12)
+#define RANK64(m) RANK16(m), RANK16(m + 16), RANK16(m + 32), RANK16(m + 48)
+static const uint64_t a_rank[256] = { RANK64(0), RANK64(64), RANK64(128), RANK64(192) };
+
+static AVX2 ALWAYS_INLINE __m256i a_ranks(unsigned m)
+{
+	return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)&a_rank[m]));
+}
+
+
+/* ---- the encoder on AVX2 ---- */
+
+/* Each lane's state as the AVX-512 build's 16 to a vector (venc16): held
+ * (0..15) as the decoder counts them, the known low bits of the last
+ * word it took (16 - held of them), that word's slot; a word is stored
+ * straight into the block once complete (a lane's first word: junk into
+ * slot 0 first, stored over later).  A point with a code more than 16
+ * bits longer than its lane holds runs lane by lane (a_enc_long). */
+typedef struct aenc {
+	__m256i part[4], held[4], last[4];
+	__m256i pbits; /* position code bits, per lane */
+	uint8_t *out;  /* the block's first word */
+	uint32_t cur;  /* slots given */
+} aenc;
+
+/* What the rounds read: the changes, the plan, the value codes of the
+ * differences below 64 (bits | length << 24) and each symbol's code
+ * (code | length << 16 | extra bits << 24). */
+typedef struct actx {
+	const dcast_changes *ch;
+	const dcast_cpt_plan *p;
+	uint32_t vtab[64], stab[DCAST_CPT_NSYM_MAX];
+	__m256i v16[2]; /* vtab[0..16) */
+} actx;
+
+/* The lanes of m: the word x >> 16 of each into slot x & 0xffff. */
+static AVX2 ALWAYS_INLINE void a_put(uint8_t *out, __m256i x, unsigned m)
+{
+	uint32_t e[8];
+	_mm256_storeu_si256((__m256i *)(void *)e, x);
+	for (; m; m &= m - 1) {
+		uint32_t s = e[__builtin_ctz(m)];
+		uint16_t w = (uint16_t)(s >> 16);
+		memcpy(out + 2 * (s & 0xffff), &w, 2);
+	}
+}
+
+/* Position codes of vector v's lanes (act) of the round from change i:
+ * bits into *c, lengths returned (an escape's 255, for the long path). */
+static AVX2 ALWAYS_INLINE __m256i a_epos(const actx *x, uint64_t i, __m256i act, int all, __m256i *c)
+{
+	const uint32_t *pos = x->ch->pos + i;
+	unsigned k = x->p->k;
+	__m256i at = a_load(pos, act, all), prev, one = a_set(1);
+	if (i)
+		prev = a_load(pos - 1, act, all);
+	else /* the range's first change: as after position -1 */
+		prev = _mm256_blend_epi32(_mm256_permutevar8x32_epi32(at, _mm256_setr_epi32(0, 0, 1, 2, 3, 4, 5, 6)),
+					  a_set(UINT32_MAX), 1);
+	__m256i gap = _mm256_sub_epi32(_mm256_sub_epi32(at, prev), one);
+	__m256i q = _mm256_srl_epi32(gap, _mm_cvtsi32_si128((int)k));
+	__m256i ones = _mm256_sub_epi32(_mm256_sllv_epi32(one, q), one);
+	__m256i low = _mm256_and_si256(gap, a_set((1u << k) - 1));
+	*c = _mm256_or_si256(ones, _mm256_sllv_epi32(low, _mm256_add_epi32(q, one)));
+	__m256i esc = _mm256_cmpeq_epi32(_mm256_max_epu32(q, a_set(DCAST_CPT_QESC)), q);
+	return _mm256_blendv_epi8(_mm256_add_epi32(q, a_set(1 + k)), a_set(255), esc);
+}
+
+/* Floor of log2 of each lane (above 0; exact as a float below 2^24). */
+static AVX2 ALWAYS_INLINE __m256i a_log2(__m256i z)
+{
+	__m256i e = _mm256_srli_epi32(_mm256_castps_si256(_mm256_cvtepi32_ps(z)), 23);
+	return _mm256_sub_epi32(_mm256_and_si256(e, a_set(0xff)), a_set(127));
+}
+
+/* Value codes of differences z of 64 or more, from their symbols (bit
+ * length + 4): bits into *c (their low 32), lengths returned. */
+static AVX2 __m256i a_eval_sym(const actx *x, __m256i z, __m256i *c)
+{
+	__m256i one = a_set(1), hi;
+	z = _mm256_max_epu32(z, a_set(64)); /* the other lanes: a symbol in the table */
+	hi = _mm256_srli_epi32(z, 8);
+	__m256i is_hi = _mm256_xor_si256(_mm256_cmpeq_epi32(hi, _mm256_setzero_si256()), a_set(~0u));
+	__m256i lg = _mm256_blendv_epi8(a_log2(z), _mm256_add_epi32(a_log2(hi), a_set(8)), is_hi);
+	__m256i e = _mm256_i32gather_epi32((const int *)(const void *)x->stab, _mm256_add_epi32(lg, a_set(5)), 4);
+	__m256i cl = _mm256_and_si256(_mm256_srli_epi32(e, 16), a_set(0xff)), eb = _mm256_srli_epi32(e, 24);
+	__m256i low = _mm256_and_si256(z, _mm256_sub_epi32(_mm256_sllv_epi32(one, eb), one));
+	*c = _mm256_or_si256(_mm256_and_si256(e, a_set(0xffff)), _mm256_sllv_epi32(low, cl));
+	return _mm256_add_epi32(cl, eb);
+}
+
+/* Value codes of vector v's lanes (act) of the round from change i: bits
+ * into *c, lengths returned; the differences below 64 by one lookup. */
+static AVX2 ALWAYS_INLINE __m256i a_eval(const actx *x, uint64_t i, __m256i act, int all, __m256i *c)
+{
+	__m256i z = a_load(x->ch->zz + i, act, all), e;
+	if (__builtin_expect(!a_mask(_mm256_cmpgt_epi32(z, a_set(15))), 1)) /* two permutes for the commonest */
+		e = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(_mm256_permutevar8x32_epi32(x->v16[0], z)),
+							 _mm256_castsi256_ps(_mm256_permutevar8x32_epi32(x->v16[1], z)),
+							 _mm256_castsi256_ps(_mm256_slli_epi32(z, 28)))); /* by bit 3 */
+	else
+		e = _mm256_i32gather_epi32((const int *)(const void *)x->vtab, _mm256_and_si256(z, a_set(63)), 4);
+	__m256i big = _mm256_xor_si256(_mm256_cmpeq_epi32(_mm256_and_si256(z, a_set(~63u)), _mm256_setzero_si256()),
+				       a_set(~0u));
+	*c = _mm256_and_si256(e, a_set(0xffffff));
+	if (__builtin_expect(!a_mask(big), 1))
+		return _mm256_srli_epi32(e, 24);
+	__m256i cb, L = a_eval_sym(x, z, &cb);
+	*c = _mm256_blendv_epi8(*c, cb, big);
+	return _mm256_blendv_epi8(_mm256_srli_epi32(e, 24), L, big);
+}
+
+/* One refill point of vector v's lanes (act), codes c of lengths L at
+ * most held + 16: a lane short of L bits takes a word, which completes
+ * the word it took before. */
+static AVX2 ALWAYS_INLINE void a_evec(aenc *s, unsigned v, __m256i act, __m256i c, __m256i L)
+{
+	__m256i hd = s->held[v], take = _mm256_and_si256(act, _mm256_cmpgt_epi32(L, hd));
+	__m256i m16 = _mm256_and_si256(take, a_set(16));
+	__m256i x = _mm256_or_si256(s->part[v], _mm256_sllv_epi32(c, _mm256_sub_epi32(a_set(16), hd)));
+	unsigned m = a_mask(take);
+	a_put(s->out, _mm256_or_si256(s->last[v], _mm256_slli_epi32(x, 16)), m);
+	s->last[v] = _mm256_blendv_epi8(s->last[v], _mm256_add_epi32(a_ranks(m), a_set(s->cur)), take);
+	s->cur += (unsigned)__builtin_popcount(m);
+	s->part[v] = _mm256_blendv_epi8(s->part[v], _mm256_srlv_epi32(x, m16), act);
+	s->held[v] = _mm256_blendv_epi8(hd, _mm256_sub_epi32(_mm256_add_epi32(hd, m16), L), act);
+}
+
+/* Lane l's code at a point (val: its value code) of the round from
+ * change i; its length into *len. */
+static uint64_t a_code(const actx *x, uint64_t i, unsigned l, int val, unsigned *len)
+{
+	const uint32_t *pos = x->ch->pos;
+	if (val)
+		return dcast_cpt_value_bits(x->p, x->ch->zz[i + l], 0, len);
+	uint32_t gap = pos[i + l] - (i + l ? pos[i + l - 1] + 1 : 0);
+	*len = dcast_rice_len(gap, x->p->k);
+	return dcast_rice_bits(gap, x->p->k);
+}
+
+/* A refill point with a code more than 16 bits longer than its lane
+ * holds, lane by lane: each lane takes m = ceil((L - held) / 16) words
+ * in passes (every lane's first, then the second, the third), a word
+ * stored as the next one completes it. */
+static AVX2 __attribute__((noinline)) void a_enc_long(aenc *s, const actx *x, uint64_t i, unsigned nl, int val)
+{
+	uint32_t part[DCAST_CPT2_LANES], held[DCAST_CPT2_LANES], last[DCAST_CPT2_LANES], m[DCAST_CPT2_LANES] = { 0 };
+	uint64_t code[DCAST_CPT2_LANES], pbits = 0;
+	unsigned len[DCAST_CPT2_LANES];
+#pragma GCC unroll 4
+	for (unsigned v = 0; v < 4; v++) {
+		_mm256_storeu_si256((__m256i *)(void *)(part + 8 * v), s->part[v]);
+		_mm256_storeu_si256((__m256i *)(void *)(held + 8 * v), s->held[v]);
+		_mm256_storeu_si256((__m256i *)(void *)(last + 8 * v), s->last[v]);
+	}
+	for (unsigned l = 0; l < nl; l++) {
+		code[l] = part[l] | a_code(x, i, l, val, &len[l]) << (16 - held[l]);
+		m[l] = len[l] > held[l] ? (len[l] - held[l] + 15) / 16 : 0;
+		pbits += val ? 0 : len[l];
+	}
+	for (unsigned pass = 0; pass < 3; pass++)
+		for (unsigned l = 0; l < nl; l++) {
+			if (m[l] <= pass)
+				continue;
+			uint16_t w = (uint16_t)(code[l] >> 16 * pass);
+			memcpy(s->out + 2 * last[l], &w, 2);
+			last[l] = s->cur++;
+		}
+	for (unsigned l = 0; l < nl; l++)
+		part[l] = (uint32_t)(code[l] >> 16 * m[l]), held[l] = held[l] + 16 * m[l] - len[l];
+#pragma GCC unroll 4
+	for (unsigned v = 0; v < 4; v++) {
+		s->part[v] = _mm256_loadu_si256((const __m256i *)(const void *)(part + 8 * v));
+		s->held[v] = _mm256_loadu_si256((const __m256i *)(const void *)(held + 8 * v));
+		s->last[v] = _mm256_loadu_si256((const __m256i *)(const void *)(last + 8 * v));
+	}
+	s->pbits = _mm256_add_epi32(s->pbits, _mm256_setr_epi32((int)pbits, 0, 0, 0, 0, 0, 0, 0));
+}
+
+/* One refill point of the round from change i, lanes [0, nl) (val: the
+ * value codes). */
+static AVX2 ALWAYS_INLINE void a_epoint(aenc *s, const actx *x, uint64_t i, unsigned nl, int val)
+{
+	__m256i act[4], c[4], L[4];
+	unsigned lng = 0;
+#pragma GCC unroll 4
+	for (unsigned v = 0; v < 4; v++) {
+		act[v] = a_first((int)nl - 8 * (int)v);
+		L[v] = val ? a_eval(x, i + 8 * v, act[v], nl == DCAST_CPT2_LANES, &c[v])
+			   : a_epos(x, i + 8 * v, act[v], nl == DCAST_CPT2_LANES, &c[v]);
+		lng |= a_mask(_mm256_and_si256(act[v], _mm256_cmpgt_epi32(L[v], _mm256_add_epi32(s->held[v], a_set(16)))));
+	}
+	if (lng) {
+		a_enc_long(s, x, i, nl, val);
+		return;
+	}
+#pragma GCC unroll 4
+	for (unsigned v = 0; v < 4; v++) {
+		if (!val)
+			s->pbits = _mm256_add_epi32(s->pbits, _mm256_and_si256(L[v], act[v]));
+		a_evec(s, v, act[v], c[v], L[v]);
+	}
+}
+
+/* A block of n changes from `first` into out; returns its words. */
+static AVX2 uint32_t a_eblk(const actx *x, uint64_t first, uint32_t n, uint8_t *out, uint64_t *pos_bits)
+{
+	aenc s;
+	uint32_t r = 0, pb[8];
+#pragma GCC unroll 4
+	for (unsigned v = 0; v < 4; v++)
+		s.part[v] = s.held[v] = s.last[v] = _mm256_setzero_si256();
+	s.pbits = _mm256_setzero_si256();
+	s.out = out, s.cur = 0;
+	for (; r + DCAST_CPT2_LANES <= n; r += DCAST_CPT2_LANES) { /* nl a constant: no lane masked */
+		a_epoint(&s, x, first + r, DCAST_CPT2_LANES, 0);
+		a_epoint(&s, x, first + r, DCAST_CPT2_LANES, 1);
+	}
+	if (r < n) {
+		a_epoint(&s, x, first + r, n - r, 0);
+		a_epoint(&s, x, first + r, n - r, 1);
+	}
+#pragma GCC unroll 4
+	for (unsigned v = 0; v < 4; v++) /* the last words of the lanes that took any */
+		a_put(out, _mm256_or_si256(s.last[v], _mm256_slli_epi32(s.part[v], 16)),
+		      a_mask(a_first((int)n - 8 * (int)v)));
+	_mm256_storeu_si256((__m256i *)(void *)pb, s.pbits);
+	for (unsigned v = 0; v < 8; v++)
+		*pos_bits += pb[v];
+	DCAST_ASSERT(s.cur <= DCAST_CPT2_LANES * LANE_WORDS); /* slots fit 16 bits */
+	return s.cur;
+}
+
+/* The blocks' words by the AVX2 build (coded values). */
+static uint8_t *blocks_avx2(const dcast_changes *ch, const dcast_cpt_plan *p, uint8_t *idx, uint8_t *stream,
+			    uint64_t *pos_bits)
+{
+	actx x = { .ch = ch, .p = p };
+	uint8_t *w = stream;
+	for (uint32_t z = 1; z < 64 && z < (1ull << p->w); z++) {
+		unsigned len;
+		x.vtab[z] = (uint32_t)dcast_cpt_value_bits(p, z, 0, &len) | len << 24;
+	}
+	for (unsigned sym = 0; sym < dcast_cpt_nsym(p->w); sym++)
+		x.stab[sym] = p->table.code[sym] | (uint32_t)p->table.len[sym] << 16 | dcast_cpt_extra_bits(sym) << 24;
+	memcpy(x.v16, x.vtab, sizeof(x.v16));
+	for (uint64_t b = 0; b < dcast_cpt2_nblocks(ch->n); b++) {
+		uint64_t first = b * DCAST_CPT2_BLOCK;
+		if (b)
+			idx_entry(idx, b, (uint32_t)((w - stream) / 2), ch->pos[first - 1]);
+		w += 2 * a_eblk(&x, first, dcast_cpt2_blk_changes(ch->n, b), w, pos_bits);
+	}
+	return w;
+}
+#endif
+
 /* The scalar build's blocks: each lane's stream, then the words laid
  * out. */
 static uint8_t *blocks_plain(const dcast_changes *ch, const dcast_cpt_plan *p, const void *cur, unsigned es,
@@ -589,8 +878,10 @@ uint64_t dcast_cpt2_emit(const dcast_changes *ch, const dcast_cpt_plan *p, const
 	dcast_cpt_hdr_write(p, out);
 	*pos_bits = 0;
 #if defined(__x86_64__)
-	if (p->mode == DCAST_CPT_CODED && dcast_simd_avx512())
+	if (p->mode == DCAST_CPT_CODED && dcast_cpt2_build() == DCAST_CPT2_AVX512)
 		w = blocks_avx512(ch, p, idx, stream, pos_bits);
+	else if (p->mode == DCAST_CPT_CODED && dcast_cpt2_build() == DCAST_CPT2_AVX2)
+		w = blocks_avx2(ch, p, idx, stream, pos_bits);
 	else
 #endif
 		w = blocks_plain(ch, p, cur, es, idx, stream, pos_bits);
@@ -1061,37 +1352,6 @@ typedef struct alanes {
 	__m256i buf[4], n[4];
 } alanes;
 
-static AVX2 ALWAYS_INLINE __m256i a_set(uint32_t x)
-{
-	return _mm256_set1_epi32((int)x);
-}
-
-static AVX2 ALWAYS_INLINE unsigned a_mask(__m256i m)
-{
-	return (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(m));
-}
-
-/* Lanes j < cnt of a vector (all ones, or all zeros at cnt <= 0). */
-static AVX2 ALWAYS_INLINE __m256i a_first(int cnt)
-{
-	return _mm256_cmpgt_epi32(_mm256_set1_epi32(cnt), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
-
-/* Where lane j of a vector of mask m takes from among the lanes that take
- * (its rank in m), one byte a lane: the index of an expand, and the
- * slot past the first of a pass. */
-#define RK(m, j) ((uint64_t)__builtin_popcount((m) & ((1u << (j)) - 1)) << (8 * (j)))
-#define RANK(m) (RK(m, 1) | RK(m, 2) | RK(m, 3) | RK(m, 4) | RK(m, 5) | RK(m, 6) | RK(m, 7))
-#define RANK4(m) RANK(m), RANK(m + 1), RANK(m + 2), RANK(m + 3)
-#define RANK16(m) RANK4(m), RANK4(m + 4), RANK4(m + 8), RANK4(m + 12)
-#define RANK64(m) RANK16(m), RANK16(m + 16), RANK16(m + 32), RANK16(m + 48)
-static const uint64_t a_rank[256] = { RANK64(0), RANK64(64), RANK64(128), RANK64(192) };
-
-static AVX2 ALWAYS_INLINE __m256i a_ranks(unsigned m)
-{
-	return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)&a_rank[m]));
-}
-
 /* Trailing ones of each buffer (below 2^31): the exponent of its lowest
  * zero bit as a float. */
 static AVX2 ALWAYS_INLINE __m256i a_ones(__m256i b)
@@ -1156,6 +1416,7 @@ static AVX2 __attribute__((noinline)) int a_late(const fast2 *f, alanes *d, unsi
 {
 	uint32_t b32[DCAST_CPT2_LANES], n32[DCAST_CPT2_LANES], aux = 0;
 	lanes2 s;
+#pragma GCC unroll 4
 	for (unsigned v = 0; v < 4; v++) {
 		_mm256_storeu_si256((__m256i *)(void *)(b32 + 8 * v), d->buf[v]);
 		_mm256_storeu_si256((__m256i *)(void *)(n32 + 8 * v), d->n[v]);
@@ -1179,6 +1440,7 @@ static AVX2 __attribute__((noinline)) int a_late(const fast2 *f, alanes *d, unsi
 			return -1;
 	for (unsigned l = 0; l < DCAST_CPT2_LANES; l++)
 		b32[l] = (uint32_t)s.buf[l], n32[l] = s.n[l];
+#pragma GCC unroll 4
 	for (unsigned v = 0; v < 4; v++) {
 		d->buf[v] = _mm256_loadu_si256((const __m256i *)(const void *)(b32 + 8 * v));
 		d->n[v] = _mm256_loadu_si256((const __m256i *)(const void *)(n32 + 8 * v));
@@ -1194,6 +1456,7 @@ static AVX2 ALWAYS_INLINE int a_point(const fast2 *f, alanes *d, unsigned nl, in
 {
 	__m256i act[4], L[4], aux[4];
 	unsigned late = 0, bad = 0;
+#pragma GCC unroll 4
 	for (unsigned v = 0; v < 4; v++) {
 		act[v] = a_first((int)nl - 8 * (int)v);
 		__m256i need = _mm256_and_si256(act[v], _mm256_cmpgt_epi32(a_len(f, d->buf[v], val, raw, &aux[v]), d->n[v]));
@@ -1204,12 +1467,14 @@ static AVX2 ALWAYS_INLINE int a_point(const fast2 *f, alanes *d, unsigned nl, in
 		d->n[v] = _mm256_add_epi32(d->n[v], _mm256_and_si256(need, a_set(DCAST_CPT2_WORD_BITS)));
 		*at += (unsigned)__builtin_popcount(m);
 	}
+#pragma GCC unroll 4
 	for (unsigned v = 0; v < 4; v++) {
 		L[v] = a_len(f, d->buf[v], val, raw, &aux[v]);
 		late |= a_mask(_mm256_and_si256(act[v], _mm256_cmpgt_epi32(L[v], d->n[v]))) << 8 * v;
 	}
 	if (late)
 		return a_late(f, d, nl, late, val, raw, at, out);
+#pragma GCC unroll 4
 	for (unsigned v = 0; v < 4; v++) {
 		bad |= a_store(f, d->buf[v], aux[v], act[v], val, raw, nl == DCAST_CPT2_LANES, out + 8 * v);
 		d->buf[v] = _mm256_srlv_epi32(d->buf[v], _mm256_and_si256(L[v], act[v]));
@@ -1238,6 +1503,7 @@ static AVX2 ALWAYS_INLINE int a_blk_mode(const fast2 *fp, uint64_t *at, uint64_t
 	alanes d;
 	uint32_t r = 0;
 	__m256i left = _mm256_setzero_si256();
+#pragma GCC unroll 4
 	for (unsigned v = 0; v < 4; v++)
 		d.buf[v] = d.n[v] = _mm256_setzero_si256();
 	for (; r + DCAST_CPT2_LANES <= n; r += DCAST_CPT2_LANES) /* nl a constant: no lane masked */
@@ -1247,6 +1513,7 @@ static AVX2 ALWAYS_INLINE int a_blk_mode(const fast2 *fp, uint64_t *at, uint64_t
 	if (r < n && (a_point(f, &d, n - r, 0, raw, at, pos + r) || a_point(f, &d, n - r, 1, raw, at, val + r) ||
 		      *at > f->nwords))
 		return -1;
+#pragma GCC unroll 4
 	for (unsigned v = 0; v < 4; v++)
 		left = _mm256_or_si256(left, d.buf[v]);
 	return !_mm256_testz_si256(left, left) ? -1 : a_positions(f, next, n, pos);

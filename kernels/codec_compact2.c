@@ -10,6 +10,7 @@
  * they run the scalar builds, which test_codec runs too (its variants).
  * Both builds write the same bytes and accept the same payloads. */
 #include <inttypes.h>
+#include <pthread.h>
 #include <string.h>
 #include "codec_cpt2.h"
 #include "dcast_common.h"
@@ -613,9 +614,9 @@ static AVX2 ALWAYS_INLINE __m256i a_ranks(unsigned m)
  * bits longer than its lane holds runs lane by lane (a_enc_long). */
 typedef struct aenc {
 	__m256i part[4], held[4], last[4];
-	__m256i pbits; /* position code bits, per lane */
-	uint8_t *out;  /* the block's first word */
-	uint32_t cur;  /* slots given */
+	__m256i pbits;       /* position code bits, per lane */
+	uint32_t cur, nfix;  /* slots given, stores listed */
+	uint32_t *fix;       /* the stores, slot | word << 16, in order */
 } aenc;
 
 /* What the rounds read: the changes, the plan, the value codes of the
@@ -628,16 +629,25 @@ typedef struct actx {
 	__m256i v16[2]; /* vtab[0..16) */
 } actx;
 
-/* The lanes of m: the word x >> 16 of each into slot x & 0xffff. */
-static AVX2 ALWAYS_INLINE void a_put(uint8_t *out, __m256i x, unsigned m)
+/* Where the j-th lane of mask m is (a compress's index), one byte each. */
+static uint64_t a_sel[256];
+static pthread_once_t a_sel_once = PTHREAD_ONCE_INIT;
+
+static void a_sel_make(void)
 {
-	uint32_t e[8];
-	_mm256_storeu_si256((__m256i *)(void *)e, x);
-	for (; m; m &= m - 1) {
-		uint32_t s = e[__builtin_ctz(m)];
-		uint16_t w = (uint16_t)(s >> 16);
-		memcpy(out + 2 * (s & 0xffff), &w, 2);
-	}
+	for (unsigned m = 0; m < 256; m++)
+		for (unsigned l = 0, j = 0; l < 8; l++)
+			if (m >> l & 1)
+				a_sel[m] |= (uint64_t)l << 8 * j++;
+}
+
+/* The lanes of m to the list of stores: the word x >> 16 of each into
+ * slot x & 0xffff (8 entries written, those of m kept). */
+static AVX2 ALWAYS_INLINE void a_put(aenc *s, __m256i x, unsigned m)
+{
+	__m256i sel = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)&a_sel[m]));
+	_mm256_storeu_si256((__m256i *)(void *)(s->fix + s->nfix), _mm256_permutevar8x32_epi32(x, sel));
+	s->nfix += (unsigned)__builtin_popcount(m);
 }
 
 /* Position codes of vector v's lanes (act) of the round from change i:
@@ -714,7 +724,7 @@ static AVX2 ALWAYS_INLINE void a_evec(aenc *s, unsigned v, __m256i act, __m256i 
 	__m256i m16 = _mm256_and_si256(take, a_set(16));
 	__m256i x = _mm256_or_si256(s->part[v], _mm256_sllv_epi32(c, _mm256_sub_epi32(a_set(16), hd)));
 	unsigned m = a_mask(take);
-	a_put(s->out, _mm256_or_si256(s->last[v], _mm256_slli_epi32(x, 16)), m);
+	a_put(s, _mm256_or_si256(s->last[v], _mm256_slli_epi32(x, 16)), m);
 	s->last[v] = _mm256_blendv_epi8(s->last[v], _mm256_add_epi32(a_ranks(m), a_set(s->cur)), take);
 	s->cur += (unsigned)__builtin_popcount(m);
 	s->part[v] = _mm256_blendv_epi8(s->part[v], _mm256_srlv_epi32(x, m16), act);
@@ -757,8 +767,7 @@ static AVX2 __attribute__((noinline)) void a_enc_long(aenc *s, const actx *x, ui
 		for (unsigned l = 0; l < nl; l++) {
 			if (m[l] <= pass)
 				continue;
-			uint16_t w = (uint16_t)(code[l] >> 16 * pass);
-			memcpy(s->out + 2 * last[l], &w, 2);
+			s->fix[s->nfix++] = last[l] | (uint32_t)(code[l] >> 16 * pass) << 16;
 			last[l] = s->cur++;
 		}
 	for (unsigned l = 0; l < nl; l++)
@@ -798,7 +807,7 @@ static AVX2 ALWAYS_INLINE void a_epoint(aenc *s, const actx *x, uint64_t i, unsi
 }
 
 /* A block of n changes from `first` into out; returns its words. */
-static AVX2 uint32_t a_eblk(const actx *x, uint64_t first, uint32_t n, uint8_t *out, uint64_t *pos_bits)
+static AVX2 uint32_t a_eblk(const actx *x, uint64_t first, uint32_t n, uint8_t *out, uint32_t *fix, uint64_t *pos_bits)
 {
 	aenc s;
 	uint32_t r = 0, pb[8];
@@ -806,7 +815,7 @@ static AVX2 uint32_t a_eblk(const actx *x, uint64_t first, uint32_t n, uint8_t *
 	for (unsigned v = 0; v < 4; v++)
 		s.part[v] = s.held[v] = s.last[v] = _mm256_setzero_si256();
 	s.pbits = _mm256_setzero_si256();
-	s.out = out, s.cur = 0;
+	s.cur = s.nfix = 0, s.fix = fix;
 	for (; r + DCAST_CPT2_LANES <= n; r += DCAST_CPT2_LANES) { /* nl a constant: no lane masked */
 		a_epoint(&s, x, first + r, DCAST_CPT2_LANES, 0);
 		a_epoint(&s, x, first + r, DCAST_CPT2_LANES, 1);
@@ -817,12 +826,17 @@ static AVX2 uint32_t a_eblk(const actx *x, uint64_t first, uint32_t n, uint8_t *
 	}
 #pragma GCC unroll 4
 	for (unsigned v = 0; v < 4; v++) /* the last words of the lanes that took any */
-		a_put(out, _mm256_or_si256(s.last[v], _mm256_slli_epi32(s.part[v], 16)),
-		      a_mask(a_first((int)n - 8 * (int)v)));
+		a_put(&s, _mm256_or_si256(s.last[v], _mm256_slli_epi32(s.part[v], 16)), a_mask(a_first((int)n - 8 * (int)v)));
+	for (uint32_t f = 0; f < s.nfix; f++) {
+		uint16_t w = (uint16_t)(fix[f] >> 16);
+		memcpy(out + 2 * (fix[f] & 0xffff), &w, 2);
+	}
 	_mm256_storeu_si256((__m256i *)(void *)pb, s.pbits);
 	for (unsigned v = 0; v < 8; v++)
 		*pos_bits += pb[v];
-	DCAST_ASSERT(s.cur <= DCAST_CPT2_LANES * LANE_WORDS); /* slots fit 16 bits */
+	/* a store a word and a junk one a lane; slots fit 16 bits */
+	DCAST_ASSERT(s.nfix == s.cur + (n < DCAST_CPT2_LANES ? n : DCAST_CPT2_LANES) &&
+		     s.cur <= DCAST_CPT2_LANES * LANE_WORDS);
 	return s.cur;
 }
 
@@ -831,7 +845,11 @@ static uint8_t *blocks_avx2(const dcast_changes *ch, const dcast_cpt_plan *p, ui
 			    uint64_t *pos_bits)
 {
 	actx x = { .ch = ch, .p = p };
+	uint32_t *fix = dcast_scratch(DCAST_SCRATCH_CPT2, V2_FIXES * sizeof(*fix));
 	uint8_t *w = stream;
+	if (!fix)
+		return NULL;
+	pthread_once(&a_sel_once, a_sel_make);
 	for (uint32_t z = 1; z < 64 && z < (1ull << p->w); z++) {
 		unsigned len;
 		x.vtab[z] = (uint32_t)dcast_cpt_value_bits(p, z, 0, &len) | len << 24;
@@ -843,7 +861,7 @@ static uint8_t *blocks_avx2(const dcast_changes *ch, const dcast_cpt_plan *p, ui
 		uint64_t first = b * DCAST_CPT2_BLOCK;
 		if (b)
 			idx_entry(idx, b, (uint32_t)((w - stream) / 2), ch->pos[first - 1]);
-		w += 2 * a_eblk(&x, first, dcast_cpt2_blk_changes(ch->n, b), w, pos_bits);
+		w += 2 * a_eblk(&x, first, dcast_cpt2_blk_changes(ch->n, b), w, fix, pos_bits);
 	}
 	return w;
 }

@@ -608,10 +608,11 @@ static AVX2 ALWAYS_INLINE __m256i a_ranks(unsigned m)
 
 /* Each lane's state as the AVX-512 build's 16 to a vector (venc16): held
  * (0..15) as the decoder counts them, the known low bits of the last
- * word it took (16 - held of them), that word's slot; a word is stored
- * straight into the block once complete (a lane's first word: junk into
- * slot 0 first, stored over later).  A point with a code more than 16
- * bits longer than its lane holds runs lane by lane (a_enc_long). */
+ * word it took (16 - held of them), that word's slot; a word is listed
+ * for its slot once complete (a lane's first word: junk into slot 0
+ * first, stored over later), the list applied at the block's end.  The
+ * lanes of a point with a code more than 16 bits longer than they hold
+ * take their second and third words lane by lane (a_long). */
 typedef struct aenc {
 	__m256i part[4], held[4], last[4];
 	__m256i pbits;       /* position code bits, per lane */
@@ -651,7 +652,7 @@ static AVX2 ALWAYS_INLINE void a_put(aenc *s, __m256i x, unsigned m)
 }
 
 /* Position codes of vector v's lanes (act) of the round from change i:
- * bits into *c, lengths returned (an escape's 255, for the long path). */
+ * bits into *c (their low 32), lengths returned. */
 static AVX2 ALWAYS_INLINE __m256i a_epos(const actx *x, uint64_t i, __m256i act, int all, __m256i *c)
 {
 	const uint32_t *pos = x->ch->pos + i;
@@ -668,7 +669,9 @@ static AVX2 ALWAYS_INLINE __m256i a_epos(const actx *x, uint64_t i, __m256i act,
 	__m256i low = _mm256_and_si256(gap, a_set((1u << k) - 1));
 	*c = _mm256_or_si256(ones, _mm256_sllv_epi32(low, _mm256_add_epi32(q, one)));
 	__m256i esc = _mm256_cmpeq_epi32(_mm256_max_epu32(q, a_set(DCAST_CPT_QESC)), q);
-	return _mm256_blendv_epi8(_mm256_add_epi32(q, a_set(1 + k)), a_set(255), esc);
+	*c = _mm256_or_si256(_mm256_blendv_epi8(*c, a_set((1u << DCAST_CPT_QESC) - 1), esc),
+			     _mm256_and_si256(esc, _mm256_slli_epi32(gap, DCAST_CPT_QESC)));
+	return _mm256_blendv_epi8(_mm256_add_epi32(q, a_set(1 + k)), a_set(DCAST_CPT_QESC + DCAST_CPT_GAP_BITS), esc);
 }
 
 /* Floor of log2 of each lane (above 0; exact as a float below 2^24). */
@@ -715,9 +718,10 @@ static AVX2 ALWAYS_INLINE __m256i a_eval(const actx *x, uint64_t i, __m256i act,
 	return _mm256_blendv_epi8(_mm256_srli_epi32(e, 24), L, big);
 }
 
-/* One refill point of vector v's lanes (act), codes c of lengths L at
- * most held + 16: a lane short of L bits takes a word, which completes
- * the word it took before. */
+/* The first pass of a refill point of vector v's lanes (act), codes c
+ * (their low 32 bits) of lengths L: a lane short of L bits takes a word,
+ * which completes the word it took before (the state right for a code at
+ * most held + 16 bits long; a_long does the others). */
 static AVX2 ALWAYS_INLINE void a_evec(aenc *s, unsigned v, __m256i act, __m256i c, __m256i L)
 {
 	__m256i hd = s->held[v], take = _mm256_and_si256(act, _mm256_cmpgt_epi32(L, hd));
@@ -732,7 +736,7 @@ static AVX2 ALWAYS_INLINE void a_evec(aenc *s, unsigned v, __m256i act, __m256i 
 }
 
 /* Lane l's code at a point (val: its value code) of the round from
- * change i; its length into *len. */
+ * change i, lane by lane; its length into *len. */
 static uint64_t a_code(const actx *x, uint64_t i, unsigned l, int val, unsigned *len)
 {
 	const uint32_t *pos = x->ch->pos;
@@ -743,42 +747,51 @@ static uint64_t a_code(const actx *x, uint64_t i, unsigned l, int val, unsigned 
 	return dcast_rice_bits(gap, x->p->k);
 }
 
-/* A refill point with a code more than 16 bits longer than its lane
- * holds, lane by lane: each lane takes m = ceil((L - held) / 16) words
- * in passes (every lane's first, then the second, the third), a word
- * stored as the next one completes it. */
-static AVX2 __attribute__((noinline)) void a_enc_long(aenc *s, const actx *x, uint64_t i, unsigned nl, int val)
+/* The lanes' held bits and known bits before a refill point. */
+typedef struct abefore {
+	uint32_t part[DCAST_CPT2_LANES], held[DCAST_CPT2_LANES];
+} abefore;
+
+/* The passes after the first of a point's lanes of `lng`, whose codes
+ * are more than 16 bits longer than they held (b): in lane order, each
+ * lane's second word, then the third of those that need it, each word
+ * stored as the next one completes it; then their state. */
+static AVX2 __attribute__((noinline)) void a_long(aenc *s, const actx *x, uint64_t i, int val, uint32_t lng,
+						   const abefore *b)
 {
-	uint32_t part[DCAST_CPT2_LANES], held[DCAST_CPT2_LANES], last[DCAST_CPT2_LANES], m[DCAST_CPT2_LANES] = { 0 };
-	uint64_t code[DCAST_CPT2_LANES], pbits = 0;
+	uint32_t part[DCAST_CPT2_LANES], held[DCAST_CPT2_LANES], last[DCAST_CPT2_LANES];
+	uint64_t code[DCAST_CPT2_LANES];
 	unsigned len[DCAST_CPT2_LANES];
 #pragma GCC unroll 4
-	for (unsigned v = 0; v < 4; v++) {
-		_mm256_storeu_si256((__m256i *)(void *)(part + 8 * v), s->part[v]);
-		_mm256_storeu_si256((__m256i *)(void *)(held + 8 * v), s->held[v]);
+	for (unsigned v = 0; v < 4; v++)
 		_mm256_storeu_si256((__m256i *)(void *)(last + 8 * v), s->last[v]);
+	for (uint32_t m = lng; m; m &= m - 1) {
+		unsigned l = (unsigned)__builtin_ctz(m);
+		code[l] = b->part[l] | a_code(x, i, l, val, &len[l]) << (16 - b->held[l]);
 	}
-	for (unsigned l = 0; l < nl; l++) {
-		code[l] = part[l] | a_code(x, i, l, val, &len[l]) << (16 - held[l]);
-		m[l] = len[l] > held[l] ? (len[l] - held[l] + 15) / 16 : 0;
-		pbits += val ? 0 : len[l];
-	}
-	for (unsigned pass = 0; pass < 3; pass++)
-		for (unsigned l = 0; l < nl; l++) {
-			if (m[l] <= pass)
+	for (unsigned pass = 1; pass < 3; pass++)
+		for (uint32_t m = lng; m; m &= m - 1) {
+			unsigned l = (unsigned)__builtin_ctz(m);
+			if (len[l] <= b->held[l] + 16 * pass)
 				continue;
 			s->fix[s->nfix++] = last[l] | (uint32_t)(code[l] >> 16 * pass) << 16;
 			last[l] = s->cur++;
 		}
-	for (unsigned l = 0; l < nl; l++)
-		part[l] = (uint32_t)(code[l] >> 16 * m[l]), held[l] = held[l] + 16 * m[l] - len[l];
+#pragma GCC unroll 4
+	for (unsigned v = 0; v < 4; v++) {
+		_mm256_storeu_si256((__m256i *)(void *)(part + 8 * v), s->part[v]);
+		_mm256_storeu_si256((__m256i *)(void *)(held + 8 * v), s->held[v]);
+	}
+	for (uint32_t m = lng; m; m &= m - 1) {
+		unsigned l = (unsigned)__builtin_ctz(m), words = (len[l] - b->held[l] + 15) / 16;
+		part[l] = (uint32_t)(code[l] >> 16 * words), held[l] = b->held[l] + 16 * words - len[l];
+	}
 #pragma GCC unroll 4
 	for (unsigned v = 0; v < 4; v++) {
 		s->part[v] = _mm256_loadu_si256((const __m256i *)(const void *)(part + 8 * v));
 		s->held[v] = _mm256_loadu_si256((const __m256i *)(const void *)(held + 8 * v));
 		s->last[v] = _mm256_loadu_si256((const __m256i *)(const void *)(last + 8 * v));
 	}
-	s->pbits = _mm256_add_epi32(s->pbits, _mm256_setr_epi32((int)pbits, 0, 0, 0, 0, 0, 0, 0));
 }
 
 /* One refill point of the round from change i, lanes [0, nl) (val: the
@@ -786,24 +799,29 @@ static AVX2 __attribute__((noinline)) void a_enc_long(aenc *s, const actx *x, ui
 static AVX2 ALWAYS_INLINE void a_epoint(aenc *s, const actx *x, uint64_t i, unsigned nl, int val)
 {
 	__m256i act[4], c[4], L[4];
-	unsigned lng = 0;
+	uint32_t lng = 0;
+	abefore b;
 #pragma GCC unroll 4
 	for (unsigned v = 0; v < 4; v++) {
 		act[v] = a_first((int)nl - 8 * (int)v);
 		L[v] = val ? a_eval(x, i + 8 * v, act[v], nl == DCAST_CPT2_LANES, &c[v])
 			   : a_epos(x, i + 8 * v, act[v], nl == DCAST_CPT2_LANES, &c[v]);
-		lng |= a_mask(_mm256_and_si256(act[v], _mm256_cmpgt_epi32(L[v], _mm256_add_epi32(s->held[v], a_set(16)))));
-	}
-	if (lng) {
-		a_enc_long(s, x, i, nl, val);
-		return;
+		lng |= a_mask(_mm256_and_si256(act[v], _mm256_cmpgt_epi32(L[v], _mm256_add_epi32(s->held[v], a_set(16)))))
+		       << 8 * v;
 	}
 #pragma GCC unroll 4
-	for (unsigned v = 0; v < 4; v++) {
+	for (unsigned v = 0; lng && v < 4; v++) {
+		_mm256_storeu_si256((__m256i *)(void *)(b.part + 8 * v), s->part[v]);
+		_mm256_storeu_si256((__m256i *)(void *)(b.held + 8 * v), s->held[v]);
+	}
+#pragma GCC unroll 4
+	for (unsigned v = 0; v < 4; v++) { /* every lane's first pass */
 		if (!val)
 			s->pbits = _mm256_add_epi32(s->pbits, _mm256_and_si256(L[v], act[v]));
 		a_evec(s, v, act[v], c[v], L[v]);
 	}
+	if (lng)
+		a_long(s, x, i, val, lng, &b);
 }
 
 /* A block of n changes from `first` into out; returns its words. */

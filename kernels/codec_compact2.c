@@ -1519,12 +1519,29 @@ static AVX2 ALWAYS_INLINE int a_point(const fast2 *f, alanes *d, unsigned nl, in
 	return bad ? -1 : 0;
 }
 
-/* The positions from the gaps plus one, from *next on; -1 when one is at
- * or past count. */
-static int a_positions(const fast2 *f, uint64_t *next, uint32_t n, uint32_t *pos)
+/* The positions from the gaps plus one, from *next on, 8 at a time (no
+ * sum of 8 wraps when each and the position before are at most count,
+ * which is below 2^26); -1 when one is at or past count. */
+static AVX2 ALWAYS_INLINE int a_positions(const fast2 *f, uint64_t *next, uint32_t n, uint32_t *pos)
 {
-	uint64_t at = *next;
-	for (uint32_t i = 0; i < n; i++) {
+	__m256i run = a_set((uint32_t)*next), cnt = a_set((uint32_t)f->count), top = run;
+	__m256i hi = _mm256_setr_epi32(0, 0, 0, 0, -1, -1, -1, -1);
+	uint32_t i = 0;
+	uint64_t at;
+	for (; i + 8 <= n; i += 8) {
+		__m256i g = _mm256_loadu_si256((const __m256i *)(const void *)(pos + i));
+		top = _mm256_max_epu32(top, g);
+		g = _mm256_add_epi32(g, _mm256_slli_si256(g, 4));
+		g = _mm256_add_epi32(g, _mm256_slli_si256(g, 8));
+		g = _mm256_add_epi32(g, _mm256_and_si256(_mm256_permutevar8x32_epi32(g, a_set(3)), hi));
+		g = _mm256_add_epi32(g, run);
+		_mm256_storeu_si256((__m256i *)(void *)(pos + i), _mm256_sub_epi32(g, a_set(1)));
+		run = _mm256_permutevar8x32_epi32(g, a_set(7));
+		top = _mm256_max_epu32(top, run);
+	}
+	if (a_mask(_mm256_cmpeq_epi32(_mm256_max_epu32(top, cnt), cnt)) != 0xff)
+		return -1;
+	for (at = (uint32_t)_mm256_cvtsi256_si32(run); i < n; i++) {
 		at += pos[i];
 		pos[i] = (uint32_t)(at - 1);
 	}

@@ -1,7 +1,9 @@
 /* Delta codec on the CPU: exact round trips and reverts for every encoding,
  * element size and density (including empty and all-changed ranges and the
- * range ends), for every compare variant the CPU has; and corrupted payloads
- * of every encoding rejected with the destination untouched. */
+ * range ends), for every compare variant the CPU has (each with its compact
+ * v2 build: scalar, AVX2, AVX-512; the variants it lacks are named); and
+ * corrupted payloads of every encoding rejected with the destination
+ * untouched, compact v2's with the same error by every build. */
 #include <math.h>
 #include <stdint.h>
 #include "check.h"
@@ -663,18 +665,97 @@ static void golden_bytes(void)
 	CHECK(h == GOLDEN_HASH);
 }
 
+static const int simd_all[] = { DCAST_SIMD_PORTABLE, DCAST_SIMD_AVX2, DCAST_SIMD_AVX512 };
+static const char *simd_name[] = { "auto", "portable", "AVX2", "AVX-512" };
+static const char *build_name[] = { "plain", "AVX2", "AVX-512" };
+
+/* Forces variant simd; 0 when this CPU lacks it.  Each variant runs its
+ * own compact v2 build: the scalar one, AVX2, AVX-512 (AVX2 where the CPU
+ * lacks AVX512CD or AVX512VL). */
+static int force_variant(int simd)
+{
+	if (dcast_simd_force(simd) != simd)
+		return 0;
+	int want = simd == DCAST_SIMD_PORTABLE ? DCAST_CPT2_PLAIN
+		   : simd == DCAST_SIMD_AVX2 || !dcast_simd_avx512() ? DCAST_CPT2_AVX2 : DCAST_CPT2_AVX512;
+	CHECK(dcast_cpt2_build() == want);
+	return 1;
+}
+
 /* fn under every compare variant this CPU has (each has its own scan and
- * gather), then back to the automatic choice. */
+ * gather, and its compact v2 build), then back to the automatic choice;
+ * says which it could not run. */
 static void each_variant(const char *what, void (*fn)(void))
 {
-	static const int simd[] = { DCAST_SIMD_PORTABLE, DCAST_SIMD_AVX2, DCAST_SIMD_AVX512 };
-	for (size_t i = 0; i < DCAST_ARRAY_LEN(simd); i++) {
-		if (dcast_simd_force(simd[i]) != simd[i])
+	for (size_t i = 0; i < DCAST_ARRAY_LEN(simd_all); i++) {
+		if (!force_variant(simd_all[i])) {
+			printf("%s, compare variant %s: not run, this CPU lacks it\n", what, simd_name[simd_all[i]]);
 			continue;
-		printf("%s, compare variant %d\n", what, simd[i]);
+		}
+		printf("%s, compare variant %s, compact v2 build %s\n", what, simd_name[simd_all[i]],
+		       build_name[dcast_cpt2_build()]);
 		fn();
 	}
 	dcast_simd_force(DCAST_SIMD_AUTO);
+}
+
+/* Apply under variant simd, of payload pl onto dst, a copy of base made
+ * here: its return, and the error it names into err. */
+static int apply_under(int simd, const dcast_chunk_info *info, const uint8_t *pl, const range *r, uint8_t *dst,
+		       char err[256])
+{
+	memcpy(dst, r->base, r->count * r->es);
+	force_variant(simd);
+	int rc = dcast_codec_apply(info, pl, dst, NULL);
+	snprintf(err, 256, "%s", rc ? dcast_last_error() : "");
+	return rc;
+}
+
+/* Every single-bit flip of a compact v2 payload (coded and raw values,
+ * escaped gaps, a partial round) gets the same answer from every compact
+ * v2 build this CPU has: the same elements written, or refused with the
+ * same error. */
+static void v2_flips_agree(range *r)
+{
+	uint64_t bytes = r->count * r->es;
+	uint8_t *pl, *want = malloc(bytes + 1), *got = malloc(bytes + 1);
+	dcast_chunk_info info;
+	char want_err[256], got_err[256];
+	REQUIRE(want && got);
+	encode_forced(r, DCAST_ENC_COMPACT2, &pl, &info);
+	for (uint64_t i = 0; i < info.payload_bytes; i++)
+		for (unsigned b = 0; b < 8; b++) {
+			pl[i] ^= (uint8_t)(1u << b);
+			int rc = apply_under(DCAST_SIMD_PORTABLE, &info, pl, r, want, want_err);
+			for (size_t v = 1; v < DCAST_ARRAY_LEN(simd_all); v++)
+				if (dcast_simd_force(simd_all[v]) == simd_all[v])
+					CHECK(apply_under(simd_all[v], &info, pl, r, got, got_err) == rc &&
+					      !strcmp(got_err, want_err) && !memcmp(got, want, bytes));
+			pl[i] ^= (uint8_t)(1u << b);
+		}
+	dcast_simd_force(DCAST_SIMD_AUTO);
+	free(pl);
+	free(want);
+	free(got);
+	free_range(r);
+}
+
+static void test_v2_builds_agree(void)
+{
+	for (unsigned es = 1; es <= 4; es *= 2) {
+		range r = make_range(600, es, 0.1, 1);
+		v2_flips_agree(&r);
+		r = clustered(3000, es);
+		v2_flips_agree(&r);
+		r = random_changes(400, es, 0.1);
+		v2_flips_agree(&r);
+	}
+}
+
+static void v2_corrupt(void)
+{
+	for (unsigned es = 1; es <= 4; es *= 2)
+		corrupt_all_bits(DCAST_ENC_COMPACT2, es);
 }
 
 int main(void)
@@ -690,6 +771,8 @@ int main(void)
 	test_compact_size();
 	test_compact_rows();
 	each_variant("fast decoders", test_fast_decoder);
+	each_variant("compact v2 corrupted", v2_corrupt);
+	test_v2_builds_agree();
 	each_variant("golden bytes", golden_bytes);
 	return check_done("test_codec");
 }

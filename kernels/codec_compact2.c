@@ -627,7 +627,7 @@ typedef struct actx {
 	const dcast_changes *ch;
 	const dcast_cpt_plan *p;
 	uint32_t vtab[64], stab[DCAST_CPT_NSYM_MAX];
-	__m256i v16[2]; /* vtab[0..16) */
+	__m256i v32[4]; /* vtab[0..32) */
 } actx;
 
 /* Where the j-th lane of mask m is (a compress's index), one byte each. */
@@ -697,17 +697,32 @@ static AVX2 __m256i a_eval_sym(const actx *x, __m256i z, __m256i *c)
 	return _mm256_add_epi32(cl, eb);
 }
 
+/* Lanes of a or b by bit `bit` of z. */
+static AVX2 ALWAYS_INLINE __m256i a_vblend(__m256i a, __m256i b, __m256i z, int bit)
+{
+	return _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(a), _mm256_castsi256_ps(b),
+						    _mm256_castsi256_ps(_mm256_slli_epi32(z, 31 - bit))));
+}
+
+/* vtab[16h/2 + (z & 15)] of each lane: two permutes. */
+static AVX2 ALWAYS_INLINE __m256i a_vlook(const actx *x, __m256i z, unsigned h)
+{
+	return a_vblend(_mm256_permutevar8x32_epi32(x->v32[h], z), _mm256_permutevar8x32_epi32(x->v32[h + 1], z), z, 3);
+}
+
+static AVX2 __m256i a_vlook64(const actx *x, __m256i z)
+{
+	return _mm256_i32gather_epi32((const int *)(const void *)x->vtab, _mm256_and_si256(z, a_set(63)), 4);
+}
+
 /* Value codes of vector v's lanes (act) of the round from change i: bits
  * into *c, lengths returned; the differences below 64 by one lookup. */
 static AVX2 ALWAYS_INLINE __m256i a_eval(const actx *x, uint64_t i, __m256i act, int all, __m256i *c)
 {
-	__m256i z = a_load(x->ch->zz + i, act, all), e;
-	if (__builtin_expect(!a_mask(_mm256_cmpgt_epi32(z, a_set(15))), 1)) /* two permutes for the commonest */
-		e = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(_mm256_permutevar8x32_epi32(x->v16[0], z)),
-							 _mm256_castsi256_ps(_mm256_permutevar8x32_epi32(x->v16[1], z)),
-							 _mm256_castsi256_ps(_mm256_slli_epi32(z, 28)))); /* by bit 3 */
-	else
-		e = _mm256_i32gather_epi32((const int *)(const void *)x->vtab, _mm256_and_si256(z, a_set(63)), 4);
+	__m256i z = a_load(x->ch->zz + i, act, all), e = a_vlook(x, z, 0);
+	unsigned more = a_mask(_mm256_cmpgt_epi32(z, a_set(15)));
+	if (__builtin_expect(more != 0, 0)) /* permutes for the commonest */
+		e = a_mask(_mm256_cmpgt_epi32(z, a_set(31))) ? a_vlook64(x, z) : a_vblend(e, a_vlook(x, z, 2), z, 4);
 	__m256i big = _mm256_xor_si256(_mm256_cmpeq_epi32(_mm256_and_si256(z, a_set(~63u)), _mm256_setzero_si256()),
 				       a_set(~0u));
 	*c = _mm256_and_si256(e, a_set(0xffffff));
@@ -718,21 +733,22 @@ static AVX2 ALWAYS_INLINE __m256i a_eval(const actx *x, uint64_t i, __m256i act,
 	return _mm256_blendv_epi8(_mm256_srli_epi32(e, 24), L, big);
 }
 
-/* The first pass of a refill point of vector v's lanes (act), codes c
- * (their low 32 bits) of lengths L: a lane short of L bits takes a word,
+/* The first pass of a refill point of vector v's lanes, codes c (their
+ * low 32 bits) of lengths L (0 for a lane not in the round, which keeps
+ * its state): a lane short of L bits takes a word,
  * which completes the word it took before (the state right for a code at
  * most held + 16 bits long; a_long does the others). */
-static AVX2 ALWAYS_INLINE void a_evec(aenc *s, unsigned v, __m256i act, __m256i c, __m256i L)
+static AVX2 ALWAYS_INLINE void a_evec(aenc *s, unsigned v, __m256i c, __m256i L)
 {
-	__m256i hd = s->held[v], take = _mm256_and_si256(act, _mm256_cmpgt_epi32(L, hd));
+	__m256i hd = s->held[v], take = _mm256_cmpgt_epi32(L, hd);
 	__m256i m16 = _mm256_and_si256(take, a_set(16));
 	__m256i x = _mm256_or_si256(s->part[v], _mm256_sllv_epi32(c, _mm256_sub_epi32(a_set(16), hd)));
 	unsigned m = a_mask(take);
 	a_put(s, _mm256_or_si256(s->last[v], _mm256_slli_epi32(x, 16)), m);
 	s->last[v] = _mm256_blendv_epi8(s->last[v], _mm256_add_epi32(a_ranks(m), a_set(s->cur)), take);
 	s->cur += (unsigned)__builtin_popcount(m);
-	s->part[v] = _mm256_blendv_epi8(s->part[v], _mm256_srlv_epi32(x, m16), act);
-	s->held[v] = _mm256_blendv_epi8(hd, _mm256_sub_epi32(_mm256_add_epi32(hd, m16), L), act);
+	s->part[v] = _mm256_srlv_epi32(x, m16);
+	s->held[v] = _mm256_sub_epi32(_mm256_add_epi32(hd, m16), L);
 }
 
 /* Lane l's code at a point (val: its value code) of the round from
@@ -806,8 +822,9 @@ static AVX2 ALWAYS_INLINE void a_epoint(aenc *s, const actx *x, uint64_t i, unsi
 		act[v] = a_first((int)nl - 8 * (int)v);
 		L[v] = val ? a_eval(x, i + 8 * v, act[v], nl == DCAST_CPT2_LANES, &c[v])
 			   : a_epos(x, i + 8 * v, act[v], nl == DCAST_CPT2_LANES, &c[v]);
-		lng |= a_mask(_mm256_and_si256(act[v], _mm256_cmpgt_epi32(L[v], _mm256_add_epi32(s->held[v], a_set(16)))))
-		       << 8 * v;
+		if (nl != DCAST_CPT2_LANES)
+			L[v] = _mm256_and_si256(L[v], act[v]), c[v] = _mm256_and_si256(c[v], act[v]);
+		lng |= a_mask(_mm256_cmpgt_epi32(L[v], _mm256_add_epi32(s->held[v], a_set(16)))) << 8 * v;
 	}
 #pragma GCC unroll 4
 	for (unsigned v = 0; lng && v < 4; v++) {
@@ -817,8 +834,8 @@ static AVX2 ALWAYS_INLINE void a_epoint(aenc *s, const actx *x, uint64_t i, unsi
 #pragma GCC unroll 4
 	for (unsigned v = 0; v < 4; v++) { /* every lane's first pass */
 		if (!val)
-			s->pbits = _mm256_add_epi32(s->pbits, _mm256_and_si256(L[v], act[v]));
-		a_evec(s, v, act[v], c[v], L[v]);
+			s->pbits = _mm256_add_epi32(s->pbits, L[v]);
+		a_evec(s, v, c[v], L[v]);
 	}
 	if (lng)
 		a_long(s, x, i, val, lng, &b);
@@ -874,7 +891,7 @@ static uint8_t *blocks_avx2(const dcast_changes *ch, const dcast_cpt_plan *p, ui
 	}
 	for (unsigned sym = 0; sym < dcast_cpt_nsym(p->w); sym++)
 		x.stab[sym] = p->table.code[sym] | (uint32_t)p->table.len[sym] << 16 | dcast_cpt_extra_bits(sym) << 24;
-	memcpy(x.v16, x.vtab, sizeof(x.v16));
+	memcpy(x.v32, x.vtab, sizeof(x.v32));
 	for (uint64_t b = 0; b < dcast_cpt2_nblocks(ch->n); b++) {
 		uint64_t first = b * DCAST_CPT2_BLOCK;
 		if (b)

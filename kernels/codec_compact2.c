@@ -617,6 +617,7 @@ typedef struct aenc {
 	__m256i part[4], held[4], last[4];
 	__m256i pbits;       /* position code bits, per lane */
 	uint32_t cur, nfix;  /* slots given, stores listed */
+	uint32_t again;      /* of those, words listed again (a_long) */
 	uint32_t *fix;       /* the stores, slot | word << 16, in order */
 } aenc;
 
@@ -652,7 +653,8 @@ static AVX2 ALWAYS_INLINE void a_put(aenc *s, __m256i x, unsigned m)
 }
 
 /* Position codes of vector v's lanes (act) of the round from change i:
- * bits into *c (their low 32), lengths returned. */
+ * bits into *c (their low 32; an escape's code only by a_long), lengths
+ * returned. */
 static AVX2 ALWAYS_INLINE __m256i a_epos(const actx *x, uint64_t i, __m256i act, int all, __m256i *c)
 {
 	const uint32_t *pos = x->ch->pos + i;
@@ -668,9 +670,7 @@ static AVX2 ALWAYS_INLINE __m256i a_epos(const actx *x, uint64_t i, __m256i act,
 	__m256i ones = _mm256_sub_epi32(_mm256_sllv_epi32(one, q), one);
 	__m256i low = _mm256_and_si256(gap, a_set((1u << k) - 1));
 	*c = _mm256_or_si256(ones, _mm256_sllv_epi32(low, _mm256_add_epi32(q, one)));
-	__m256i esc = _mm256_cmpeq_epi32(_mm256_max_epu32(q, a_set(DCAST_CPT_QESC)), q);
-	*c = _mm256_or_si256(_mm256_blendv_epi8(*c, a_set((1u << DCAST_CPT_QESC) - 1), esc),
-			     _mm256_and_si256(esc, _mm256_slli_epi32(gap, DCAST_CPT_QESC)));
+	__m256i esc = _mm256_cmpgt_epi32(q, a_set(DCAST_CPT_QESC - 1)); /* gaps are below 2^26 */
 	return _mm256_blendv_epi8(_mm256_add_epi32(q, a_set(1 + k)), a_set(DCAST_CPT_QESC + DCAST_CPT_GAP_BITS), esc);
 }
 
@@ -715,22 +715,30 @@ static AVX2 __m256i a_vlook64(const actx *x, __m256i z)
 	return _mm256_i32gather_epi32((const int *)(const void *)x->vtab, _mm256_and_si256(z, a_set(63)), 4);
 }
 
-/* Value codes of vector v's lanes (act) of the round from change i: bits
- * into *c, lengths returned; the differences below 64 by one lookup. */
-static AVX2 ALWAYS_INLINE __m256i a_eval(const actx *x, uint64_t i, __m256i act, int all, __m256i *c)
+/* a_eval where a difference is 16 or more (e: the lookup of the low 4
+ * bits): by permutes below 32, a gather below 64, symbols above. */
+static AVX2 __m256i a_eval_more(const actx *x, __m256i z, __m256i e, __m256i *c)
 {
-	__m256i z = a_load(x->ch->zz + i, act, all), e = a_vlook(x, z, 0);
-	unsigned more = a_mask(_mm256_cmpgt_epi32(z, a_set(15)));
-	if (__builtin_expect(more != 0, 0)) /* permutes for the commonest */
-		e = a_mask(_mm256_cmpgt_epi32(z, a_set(31))) ? a_vlook64(x, z) : a_vblend(e, a_vlook(x, z, 2), z, 4);
+	e = _mm256_testz_si256(z, a_set(~31u)) ? a_vblend(e, a_vlook(x, z, 2), z, 4) : a_vlook64(x, z);
 	__m256i big = _mm256_xor_si256(_mm256_cmpeq_epi32(_mm256_and_si256(z, a_set(~63u)), _mm256_setzero_si256()),
 				       a_set(~0u));
 	*c = _mm256_and_si256(e, a_set(0xffffff));
-	if (__builtin_expect(!a_mask(big), 1))
+	if (!a_mask(big))
 		return _mm256_srli_epi32(e, 24);
 	__m256i cb, L = a_eval_sym(x, z, &cb);
 	*c = _mm256_blendv_epi8(*c, cb, big);
 	return _mm256_blendv_epi8(_mm256_srli_epi32(e, 24), L, big);
+}
+
+/* Value codes of vector v's lanes (act) of the round from change i: bits
+ * into *c, lengths returned; the differences below 64 by one lookup. */
+static AVX2 ALWAYS_INLINE __m256i a_eval(const actx *x, uint64_t i, __m256i act, int all, __m256i *c)
+{
+	__m256i z = a_load(x->ch->zz + i, act, all), e = a_vlook(x, z, 0); /* permutes for the commonest */
+	if (__builtin_expect(!_mm256_testz_si256(z, a_set(~15u)), 0))
+		return a_eval_more(x, z, e, c);
+	*c = _mm256_and_si256(e, a_set(0xffffff));
+	return _mm256_srli_epi32(e, 24);
 }
 
 /* The first pass of a refill point of vector v's lanes, codes c (their
@@ -765,13 +773,15 @@ static uint64_t a_code(const actx *x, uint64_t i, unsigned l, int val, unsigned 
 
 /* The lanes' held bits and known bits before a refill point. */
 typedef struct abefore {
-	uint32_t part[DCAST_CPT2_LANES], held[DCAST_CPT2_LANES];
+	uint32_t part[DCAST_CPT2_LANES], held[DCAST_CPT2_LANES], last[DCAST_CPT2_LANES];
 } abefore;
 
 /* The passes after the first of a point's lanes of `lng`, whose codes
- * are more than 16 bits longer than they held (b): in lane order, each
- * lane's second word, then the third of those that need it, each word
- * stored as the next one completes it; then their state. */
+ * are more than 16 bits longer than they held (b): the word the first
+ * pass completed listed again from the whole code (the vectors have its
+ * low 32 bits, an escape's not even those); in lane order, each lane's
+ * second word, then the third of those that need it, each word listed
+ * as the next one completes it; then their state. */
 static AVX2 __attribute__((noinline)) void a_long(aenc *s, const actx *x, uint64_t i, int val, uint32_t lng,
 						   const abefore *b)
 {
@@ -784,6 +794,8 @@ static AVX2 __attribute__((noinline)) void a_long(aenc *s, const actx *x, uint64
 	for (uint32_t m = lng; m; m &= m - 1) {
 		unsigned l = (unsigned)__builtin_ctz(m);
 		code[l] = b->part[l] | a_code(x, i, l, val, &len[l]) << (16 - b->held[l]);
+		s->fix[s->nfix++] = b->last[l] | (uint32_t)code[l] << 16;
+		s->again++;
 	}
 	for (unsigned pass = 1; pass < 3; pass++)
 		for (uint32_t m = lng; m; m &= m - 1) {
@@ -814,7 +826,7 @@ static AVX2 __attribute__((noinline)) void a_long(aenc *s, const actx *x, uint64
  * value codes). */
 static AVX2 ALWAYS_INLINE void a_epoint(aenc *s, const actx *x, uint64_t i, unsigned nl, int val)
 {
-	__m256i act[4], c[4], L[4];
+	__m256i act[4], c[4], L[4], over[4], any = _mm256_setzero_si256();
 	uint32_t lng = 0;
 	abefore b;
 #pragma GCC unroll 4
@@ -824,12 +836,17 @@ static AVX2 ALWAYS_INLINE void a_epoint(aenc *s, const actx *x, uint64_t i, unsi
 			   : a_epos(x, i + 8 * v, act[v], nl == DCAST_CPT2_LANES, &c[v]);
 		if (nl != DCAST_CPT2_LANES)
 			L[v] = _mm256_and_si256(L[v], act[v]), c[v] = _mm256_and_si256(c[v], act[v]);
-		lng |= a_mask(_mm256_cmpgt_epi32(L[v], _mm256_add_epi32(s->held[v], a_set(16)))) << 8 * v;
+		over[v] = _mm256_cmpgt_epi32(_mm256_sub_epi32(L[v], s->held[v]), a_set(16));
+		any = _mm256_or_si256(any, over[v]);
 	}
+	if (!_mm256_testz_si256(any, any))
+		for (unsigned v = 0; v < 4; v++)
+			lng |= a_mask(over[v]) << 8 * v;
 #pragma GCC unroll 4
 	for (unsigned v = 0; lng && v < 4; v++) {
 		_mm256_storeu_si256((__m256i *)(void *)(b.part + 8 * v), s->part[v]);
 		_mm256_storeu_si256((__m256i *)(void *)(b.held + 8 * v), s->held[v]);
+		_mm256_storeu_si256((__m256i *)(void *)(b.last + 8 * v), s->last[v]);
 	}
 #pragma GCC unroll 4
 	for (unsigned v = 0; v < 4; v++) { /* every lane's first pass */
@@ -837,8 +854,11 @@ static AVX2 ALWAYS_INLINE void a_epoint(aenc *s, const actx *x, uint64_t i, unsi
 			s->pbits = _mm256_add_epi32(s->pbits, L[v]);
 		a_evec(s, v, c[v], L[v]);
 	}
-	if (lng)
-		a_long(s, x, i, val, lng, &b);
+	if (lng) { /* on a copy: the state's address stays here, in registers */
+		aenc t = *s;
+		a_long(&t, x, i, val, lng, &b);
+		*s = t;
+	}
 }
 
 /* A block of n changes from `first` into out; returns its words. */
@@ -850,7 +870,7 @@ static AVX2 uint32_t a_eblk(const actx *x, uint64_t first, uint32_t n, uint8_t *
 	for (unsigned v = 0; v < 4; v++)
 		s.part[v] = s.held[v] = s.last[v] = _mm256_setzero_si256();
 	s.pbits = _mm256_setzero_si256();
-	s.cur = s.nfix = 0, s.fix = fix;
+	s.cur = s.nfix = s.again = 0, s.fix = fix;
 	for (; r + DCAST_CPT2_LANES <= n; r += DCAST_CPT2_LANES) { /* nl a constant: no lane masked */
 		a_epoint(&s, x, first + r, DCAST_CPT2_LANES, 0);
 		a_epoint(&s, x, first + r, DCAST_CPT2_LANES, 1);
@@ -870,17 +890,21 @@ static AVX2 uint32_t a_eblk(const actx *x, uint64_t first, uint32_t n, uint8_t *
 	for (unsigned v = 0; v < 8; v++)
 		*pos_bits += pb[v];
 	/* a store a word and a junk one a lane; slots fit 16 bits */
-	DCAST_ASSERT(s.nfix == s.cur + (n < DCAST_CPT2_LANES ? n : DCAST_CPT2_LANES) &&
+	DCAST_ASSERT(s.nfix == s.cur + (n < DCAST_CPT2_LANES ? n : DCAST_CPT2_LANES) + s.again &&
 		     s.cur <= DCAST_CPT2_LANES * LANE_WORDS);
 	return s.cur;
 }
+
+/* Stores one AVX2 block may list: V2_FIXES and a word listed again for
+ * each long code (which takes two words or three). */
+#define A2_FIXES (V2_FIXES + DCAST_CPT2_LANES * LANE_WORDS / 2)
 
 /* The blocks' words by the AVX2 build (coded values). */
 static uint8_t *blocks_avx2(const dcast_changes *ch, const dcast_cpt_plan *p, uint8_t *idx, uint8_t *stream,
 			    uint64_t *pos_bits)
 {
 	actx x = { .ch = ch, .p = p };
-	uint32_t *fix = dcast_scratch(DCAST_SCRATCH_CPT2, V2_FIXES * sizeof(*fix));
+	uint32_t *fix = dcast_scratch(DCAST_SCRATCH_CPT2, A2_FIXES * sizeof(*fix));
 	uint8_t *w = stream;
 	if (!fix)
 		return NULL;
@@ -1525,8 +1549,13 @@ static AVX2 ALWAYS_INLINE int a_point(const fast2 *f, alanes *d, unsigned nl, in
 		L[v] = a_len(f, d->buf[v], val, raw, &aux[v]);
 		late |= a_mask(_mm256_and_si256(act[v], _mm256_cmpgt_epi32(L[v], d->n[v]))) << 8 * v;
 	}
-	if (late)
-		return a_late(f, d, nl, late, val, raw, at, out);
+	if (late) { /* on a copy: the state's address stays here, in registers */
+		alanes t = *d;
+		uint64_t t_at = *at;
+		int rc = a_late(f, &t, nl, late, val, raw, &t_at, out);
+		*d = t, *at = t_at;
+		return rc;
+	}
 #pragma GCC unroll 4
 	for (unsigned v = 0; v < 4; v++) {
 		bad |= a_store(f, d->buf[v], aux[v], act[v], val, raw, nl == DCAST_CPT2_LANES, out + 8 * v);

@@ -1461,8 +1461,8 @@ static AVX2 ALWAYS_INLINE __m256i a_len(const fast2 *f, __m256i b, int val, int 
 
 /* Vector v's codes (act: its lanes in the round, aux from a_len) into
  * o[0..8): gaps plus one or values; returns the lanes whose value matches
- * no code. */
-static AVX2 ALWAYS_INLINE unsigned a_store(const fast2 *f, __m256i b, __m256i aux, __m256i act, int val, int raw,
+ * no code (all ones). */
+static AVX2 ALWAYS_INLINE __m256i a_store(const fast2 *f, __m256i b, __m256i aux, __m256i act, int val, int raw,
 					   int full, uint32_t *o)
 {
 	__m256i out, one = a_set(1);
@@ -1482,7 +1482,9 @@ static AVX2 ALWAYS_INLINE unsigned a_store(const fast2 *f, __m256i b, __m256i au
 		_mm256_storeu_si256((__m256i *)(void *)o, out);
 	else
 		_mm256_maskstore_epi32((int *)(void *)o, act, out);
-	return val && !raw ? a_mask(_mm256_and_si256(act, _mm256_cmpeq_epi32(aux, _mm256_setzero_si256()))) : 0;
+	if (!val || raw)
+		return _mm256_setzero_si256();
+	return _mm256_and_si256(act, _mm256_cmpeq_epi32(aux, _mm256_setzero_si256()));
 }
 
 /* The rest of a point whose lanes of `late` are still short after the
@@ -1531,8 +1533,8 @@ static AVX2 __attribute__((noinline)) int a_late(const fast2 *f, alanes *d, unsi
 static AVX2 ALWAYS_INLINE int a_point(const fast2 *f, alanes *d, unsigned nl, int val, int raw, uint64_t *at,
 				      uint32_t *out)
 {
-	__m256i act[4], L[4], aux[4];
-	unsigned late = 0, bad = 0;
+	__m256i act[4], L[4], aux[4], lack[4], any = _mm256_setzero_si256(), bad = any;
+	unsigned late = 0;
 #pragma GCC unroll 4
 	for (unsigned v = 0; v < 4; v++) {
 		act[v] = a_first((int)nl - 8 * (int)v);
@@ -1547,9 +1549,12 @@ static AVX2 ALWAYS_INLINE int a_point(const fast2 *f, alanes *d, unsigned nl, in
 #pragma GCC unroll 4
 	for (unsigned v = 0; v < 4; v++) {
 		L[v] = a_len(f, d->buf[v], val, raw, &aux[v]);
-		late |= a_mask(_mm256_and_si256(act[v], _mm256_cmpgt_epi32(L[v], d->n[v]))) << 8 * v;
+		lack[v] = _mm256_and_si256(act[v], _mm256_cmpgt_epi32(L[v], d->n[v]));
+		any = _mm256_or_si256(any, lack[v]);
 	}
-	if (late) { /* on a copy: the state's address stays here, in registers */
+	if (!_mm256_testz_si256(any, any)) {
+		for (unsigned v = 0; v < 4; v++)
+			late |= a_mask(lack[v]) << 8 * v; /* on a copy: the state's address stays here, in registers */
 		alanes t = *d;
 		uint64_t t_at = *at;
 		int rc = a_late(f, &t, nl, late, val, raw, &t_at, out);
@@ -1558,11 +1563,11 @@ static AVX2 ALWAYS_INLINE int a_point(const fast2 *f, alanes *d, unsigned nl, in
 	}
 #pragma GCC unroll 4
 	for (unsigned v = 0; v < 4; v++) {
-		bad |= a_store(f, d->buf[v], aux[v], act[v], val, raw, nl == DCAST_CPT2_LANES, out + 8 * v);
+		bad = _mm256_or_si256(bad, a_store(f, d->buf[v], aux[v], act[v], val, raw, nl == DCAST_CPT2_LANES, out + 8 * v));
 		d->buf[v] = _mm256_srlv_epi32(d->buf[v], _mm256_and_si256(L[v], act[v]));
 		d->n[v] = _mm256_sub_epi32(d->n[v], _mm256_and_si256(L[v], act[v]));
 	}
-	return bad ? -1 : 0;
+	return _mm256_testz_si256(bad, bad) ? 0 : -1;
 }
 
 /* The positions from the gaps plus one, from *next on, 8 at a time (no

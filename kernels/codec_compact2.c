@@ -628,7 +628,7 @@ typedef struct actx {
 	const dcast_changes *ch;
 	const dcast_cpt_plan *p;
 	uint32_t vtab[64], stab[DCAST_CPT_NSYM_MAX];
-	__m256i v32[4]; /* vtab[0..32) */
+	__m256i v64[8]; /* vtab in registers */
 } actx;
 
 /* Where the j-th lane of mask m is (a compress's index), one byte each. */
@@ -704,41 +704,45 @@ static AVX2 ALWAYS_INLINE __m256i a_vblend(__m256i a, __m256i b, __m256i z, int 
 						    _mm256_castsi256_ps(_mm256_slli_epi32(z, 31 - bit))));
 }
 
-/* vtab[16h/2 + (z & 15)] of each lane: two permutes. */
-static AVX2 ALWAYS_INLINE __m256i a_vlook(const actx *x, __m256i z, unsigned h)
+/* vtab[z & 15] of each lane: two permutes. */
+static AVX2 ALWAYS_INLINE __m256i a_vlook16(const actx *x, __m256i z)
 {
-	return a_vblend(_mm256_permutevar8x32_epi32(x->v32[h], z), _mm256_permutevar8x32_epi32(x->v32[h + 1], z), z, 3);
+	return a_vblend(_mm256_permutevar8x32_epi32(x->v64[0], z), _mm256_permutevar8x32_epi32(x->v64[1], z), z, 3);
 }
 
-static AVX2 __m256i a_vlook64(const actx *x, __m256i z)
+/* vtab[z & 63] of each lane: eight permutes, no branch. */
+static AVX2 ALWAYS_INLINE __m256i a_vlook64(const actx *x, __m256i z)
 {
-	return _mm256_i32gather_epi32((const int *)(const void *)x->vtab, _mm256_and_si256(z, a_set(63)), 4);
+	__m256i q[4];
+#pragma GCC unroll 4
+	for (unsigned j = 0; j < 4; j++)
+		q[j] = a_vblend(_mm256_permutevar8x32_epi32(x->v64[2 * j], z),
+				_mm256_permutevar8x32_epi32(x->v64[2 * j + 1], z), z, 3);
+	return a_vblend(a_vblend(q[0], q[1], z, 4), a_vblend(q[2], q[3], z, 4), z, 5);
 }
 
-/* a_eval where a difference is 16 or more (e: the lookup of the low 4
- * bits): by permutes below 32, a gather below 64, symbols above. */
-static AVX2 __m256i a_eval_more(const actx *x, __m256i z, __m256i e, __m256i *c)
+/* How a point's differences are looked up, from all of them or'ed: the
+ * table's first 16, all 64, those and the symbols of 64 or more. */
+enum { A_V16, A_V64, A_VSYM };
+
+static AVX2 ALWAYS_INLINE int a_vtier(__m256i zor)
 {
-	e = _mm256_testz_si256(z, a_set(~31u)) ? a_vblend(e, a_vlook(x, z, 2), z, 4) : a_vlook64(x, z);
+	return _mm256_testz_si256(zor, a_set(~15u)) ? A_V16 : _mm256_testz_si256(zor, a_set(~63u)) ? A_V64 : A_VSYM;
+}
+
+/* Value codes of differences z (tier: a_vtier's for the point): bits
+ * into *c, lengths returned. */
+static AVX2 ALWAYS_INLINE __m256i a_eval(const actx *x, __m256i z, int tier, __m256i *c)
+{
+	__m256i e = tier == A_V16 ? a_vlook16(x, z) : a_vlook64(x, z);
+	*c = _mm256_and_si256(e, a_set(0xffffff));
+	if (tier != A_VSYM)
+		return _mm256_srli_epi32(e, 24);
 	__m256i big = _mm256_xor_si256(_mm256_cmpeq_epi32(_mm256_and_si256(z, a_set(~63u)), _mm256_setzero_si256()),
 				       a_set(~0u));
-	*c = _mm256_and_si256(e, a_set(0xffffff));
-	if (!a_mask(big))
-		return _mm256_srli_epi32(e, 24);
 	__m256i cb, L = a_eval_sym(x, z, &cb);
 	*c = _mm256_blendv_epi8(*c, cb, big);
 	return _mm256_blendv_epi8(_mm256_srli_epi32(e, 24), L, big);
-}
-
-/* Value codes of vector v's lanes (act) of the round from change i: bits
- * into *c, lengths returned; the differences below 64 by one lookup. */
-static AVX2 ALWAYS_INLINE __m256i a_eval(const actx *x, uint64_t i, __m256i act, int all, __m256i *c)
-{
-	__m256i z = a_load(x->ch->zz + i, act, all), e = a_vlook(x, z, 0); /* permutes for the commonest */
-	if (__builtin_expect(!_mm256_testz_si256(z, a_set(~15u)), 0))
-		return a_eval_more(x, z, e, c);
-	*c = _mm256_and_si256(e, a_set(0xffffff));
-	return _mm256_srli_epi32(e, 24);
 }
 
 /* The first pass of a refill point of vector v's lanes, codes c (their
@@ -826,14 +830,22 @@ static AVX2 __attribute__((noinline)) void a_long(aenc *s, const actx *x, uint64
  * value codes). */
 static AVX2 ALWAYS_INLINE void a_epoint(aenc *s, const actx *x, uint64_t i, unsigned nl, int val)
 {
-	__m256i act[4], c[4], L[4], over[4], any = _mm256_setzero_si256();
+	__m256i act[4], c[4], L[4], z[4], over[4], any = _mm256_setzero_si256(), zor = any;
 	uint32_t lng = 0;
 	abefore b;
+	int tier = A_V16;
+#pragma GCC unroll 4
+	for (unsigned v = 0; val && v < 4; v++) {
+		act[v] = a_first((int)nl - 8 * (int)v);
+		z[v] = a_load(x->ch->zz + i + 8 * v, act[v], nl == DCAST_CPT2_LANES);
+		zor = _mm256_or_si256(zor, z[v]);
+	}
+	if (val)
+		tier = a_vtier(zor);
 #pragma GCC unroll 4
 	for (unsigned v = 0; v < 4; v++) {
 		act[v] = a_first((int)nl - 8 * (int)v);
-		L[v] = val ? a_eval(x, i + 8 * v, act[v], nl == DCAST_CPT2_LANES, &c[v])
-			   : a_epos(x, i + 8 * v, act[v], nl == DCAST_CPT2_LANES, &c[v]);
+		L[v] = val ? a_eval(x, z[v], tier, &c[v]) : a_epos(x, i + 8 * v, act[v], nl == DCAST_CPT2_LANES, &c[v]);
 		if (nl != DCAST_CPT2_LANES)
 			L[v] = _mm256_and_si256(L[v], act[v]), c[v] = _mm256_and_si256(c[v], act[v]);
 		over[v] = _mm256_cmpgt_epi32(_mm256_sub_epi32(L[v], s->held[v]), a_set(16));
@@ -915,7 +927,7 @@ static uint8_t *blocks_avx2(const dcast_changes *ch, const dcast_cpt_plan *p, ui
 	}
 	for (unsigned sym = 0; sym < dcast_cpt_nsym(p->w); sym++)
 		x.stab[sym] = p->table.code[sym] | (uint32_t)p->table.len[sym] << 16 | dcast_cpt_extra_bits(sym) << 24;
-	memcpy(x.v32, x.vtab, sizeof(x.v32));
+	memcpy(x.v64, x.vtab, sizeof(x.v64));
 	for (uint64_t b = 0; b < dcast_cpt2_nblocks(ch->n); b++) {
 		uint64_t first = b * DCAST_CPT2_BLOCK;
 		if (b)

@@ -629,6 +629,7 @@ typedef struct actx {
 	const dcast_cpt_plan *p;
 	uint32_t vtab[64], stab[DCAST_CPT_NSYM_MAX];
 	__m256i v64[8]; /* vtab in registers */
+	__m256i s32[4]; /* stab[11..43) in registers: the symbols of 64 and more */
 } actx;
 
 /* Where the j-th lane of mask m is (a compress's index), one byte each. */
@@ -681,27 +682,35 @@ static AVX2 ALWAYS_INLINE __m256i a_log2(__m256i z)
 	return _mm256_sub_epi32(_mm256_and_si256(e, a_set(0xff)), a_set(127));
 }
 
-/* Value codes of differences z of 64 or more, from their symbols (bit
- * length + 4): bits into *c (their low 32), lengths returned. */
-static AVX2 __m256i a_eval_sym(const actx *x, __m256i z, __m256i *c)
-{
-	__m256i one = a_set(1), hi;
-	z = _mm256_max_epu32(z, a_set(64)); /* the other lanes: a symbol in the table */
-	hi = _mm256_srli_epi32(z, 8);
-	__m256i is_hi = _mm256_xor_si256(_mm256_cmpeq_epi32(hi, _mm256_setzero_si256()), a_set(~0u));
-	__m256i lg = _mm256_blendv_epi8(a_log2(z), _mm256_add_epi32(a_log2(hi), a_set(8)), is_hi);
-	__m256i e = _mm256_i32gather_epi32((const int *)(const void *)x->stab, _mm256_add_epi32(lg, a_set(5)), 4);
-	__m256i cl = _mm256_and_si256(_mm256_srli_epi32(e, 16), a_set(0xff)), eb = _mm256_srli_epi32(e, 24);
-	__m256i low = _mm256_and_si256(z, _mm256_sub_epi32(_mm256_sllv_epi32(one, eb), one));
-	*c = _mm256_or_si256(_mm256_and_si256(e, a_set(0xffff)), _mm256_sllv_epi32(low, cl));
-	return _mm256_add_epi32(cl, eb);
-}
-
 /* Lanes of a or b by bit `bit` of z. */
 static AVX2 ALWAYS_INLINE __m256i a_vblend(__m256i a, __m256i b, __m256i z, int bit)
 {
 	return _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(a), _mm256_castsi256_ps(b),
 						    _mm256_castsi256_ps(_mm256_slli_epi32(z, 31 - bit))));
+}
+
+/* Value codes of differences z of 64 or more, from their symbols (bit
+ * length + 4, 11 to 36, looked up by permutes): bits into *c (their low
+ * 32), lengths returned. */
+static AVX2 ALWAYS_INLINE __m256i a_eval_sym(const actx *x, __m256i z, __m256i *c)
+{
+	__m256i one = a_set(1), lg, j, q[4];
+	z = _mm256_max_epu32(z, a_set(64)); /* the other lanes: a symbol in the table */
+	lg = a_log2(z);
+	if (x->p->w > 24) { /* above 2^24 a float rounds: the log of z >> 8 */
+		__m256i hi = _mm256_srli_epi32(z, 8);
+		__m256i is_hi = _mm256_xor_si256(_mm256_cmpeq_epi32(hi, _mm256_setzero_si256()), a_set(~0u));
+		lg = _mm256_blendv_epi8(lg, _mm256_add_epi32(a_log2(hi), a_set(8)), is_hi);
+	}
+	j = _mm256_sub_epi32(lg, a_set(6));
+#pragma GCC unroll 4
+	for (unsigned t = 0; t < 4; t++)
+		q[t] = _mm256_permutevar8x32_epi32(x->s32[t], j);
+	__m256i e = a_vblend(a_vblend(q[0], q[1], j, 3), a_vblend(q[2], q[3], j, 3), j, 4);
+	__m256i cl = _mm256_and_si256(_mm256_srli_epi32(e, 16), a_set(0xff)), eb = _mm256_srli_epi32(e, 24);
+	__m256i low = _mm256_and_si256(z, _mm256_sub_epi32(_mm256_sllv_epi32(one, eb), one));
+	*c = _mm256_or_si256(_mm256_and_si256(e, a_set(0xffff)), _mm256_sllv_epi32(low, cl));
+	return _mm256_add_epi32(cl, eb);
 }
 
 /* vtab[z & 15] of each lane: two permutes. */
@@ -928,6 +937,7 @@ static uint8_t *blocks_avx2(const dcast_changes *ch, const dcast_cpt_plan *p, ui
 	for (unsigned sym = 0; sym < dcast_cpt_nsym(p->w); sym++)
 		x.stab[sym] = p->table.code[sym] | (uint32_t)p->table.len[sym] << 16 | dcast_cpt_extra_bits(sym) << 24;
 	memcpy(x.v64, x.vtab, sizeof(x.v64));
+	memcpy(x.s32, x.stab + 11, sizeof(x.stab) - 11 * sizeof(*x.stab));
 	for (uint64_t b = 0; b < dcast_cpt2_nblocks(ch->n); b++) {
 		uint64_t first = b * DCAST_CPT2_BLOCK;
 		if (b)

@@ -903,6 +903,7 @@ static AVX2 uint32_t a_eblk(const actx *x, uint64_t first, uint32_t n, uint8_t *
 #pragma GCC unroll 4
 	for (unsigned v = 0; v < 4; v++) /* the last words of the lanes that took any */
 		a_put(&s, _mm256_or_si256(s.last[v], _mm256_slli_epi32(s.part[v], 16)), a_mask(a_first((int)n - 8 * (int)v)));
+#pragma GCC unroll 4
 	for (uint32_t f = 0; f < s.nfix; f++) {
 		uint16_t w = (uint16_t)(fix[f] >> 16);
 		memcpy(out + 2 * (fix[f] & 0xffff), &w, 2);

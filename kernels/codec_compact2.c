@@ -3,12 +3,13 @@
  * lanes' refills as a warp takes them, and the decoder, which runs the
  * same refills and names the first problem it meets, as the v1 decoder
  * does.  The lane logic is codec_cpt2.h's, shared with the warp kernel
- * (batch.cu).  Where the compare variant in use is AVX-512 (and the CPU
- * has AVX512CD and AVX512VL: dcast_simd_avx512), the encoder (coded
- * values) and the decoder's fast path run a block's 32 lanes in vector
- * registers, 16 or 8 lanes to one, a refill point at a time; elsewhere
- * they run the scalar builds, which test_codec runs too (its variants).
- * Both builds write the same bytes and accept the same payloads. */
+ * (batch.cu).  The encoder (coded values) and the decoder's fast path
+ * run a block's 32 lanes in vector registers, a refill point at a time:
+ * 16 or 8 lanes to one where the compare variant in use is AVX-512 (and
+ * the CPU has AVX512CD and AVX512VL), 8 where it is AVX2 (or AVX-512
+ * without those); elsewhere the scalar builds run (dcast_cpt2_build picks,
+ * test_codec runs each).  All write the same bytes and accept the same
+ * payloads. */
 #include <inttypes.h>
 #include <pthread.h>
 #include <string.h>

@@ -476,7 +476,7 @@ int main(int argc, char **argv)
 {
 	static const double dens[] = { 0.001, 0.01, 0.05, 0.30 };
 	uint64_t n = 1u << 25, chunk = 1u << 20;
-	const char *out = NULL;
+	const char *out = NULL, *simd = NULL;
 	double only = 0;
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--elems") && i + 1 < argc)
@@ -490,7 +490,7 @@ int main(int argc, char **argv)
 		else if (!strcmp(argv[i], "--reps") && i + 1 < argc && atoi(argv[i + 1]) > 0)
 			REPS = atoi(argv[++i]);
 		else if (!strcmp(argv[i], "--simd") && i + 1 < argc && simd_of(argv[i + 1]))
-			force_simd(simd_of(argv[++i]));
+			force_simd(simd_of(simd = argv[++i]));
 		else {
 			fprintf(stderr, "usage: bench_codec [--elems N] [--chunk N] [--density P] [--reps N] "
 					"[--simd portable|avx2|avx512] [--write FILE]\n");
@@ -520,12 +520,13 @@ int main(int argc, char **argv)
 	double load[1] = { 0 };
 	getloadavg(load, 1);
 	fprintf(mem, "Command: `make bench-codec%s` (build/tools/bench_codec --elems %" PRIu64 " --chunk %" PRIu64
-		     " --reps %d); %ld CPUs, load average %.1f at the end (a shared machine: timings are noisy), best of %d runs of each, interleaved.\n\n"
+		     " --reps %d%s%s); %ld CPUs, load average %.1f at the end (a shared machine: timings are noisy), best of %d runs of each, interleaved.\n\n"
 		     "Bits per changed element; *bound*: n*H(p) per chunk for the positions plus the empirical "
 		     "entropy of the sortable-integer differences.  GB/s of the NEW bytes, one thread unless *N thr* "
 		     "(encoder threads claiming chunks, as a producer's); *memcpy*: one thread copying the NEW bytes, "
 		     "*memcpy of input*: NEW and BASE, what encode reads.\n\n",
-		n == 1u << 25 && REPS == 9 ? "" : " BENCH_CODEC_QUICK=1", n, chunk, REPS, sysconf(_SC_NPROCESSORS_ONLN),
+		n == 1u << 25 && REPS == 9 ? "" : " BENCH_CODEC_QUICK=1", n, chunk, REPS, simd ? " --simd " : "",
+		simd ? simd : "", sysconf(_SC_NPROCESSORS_ONLN),
 		load[0], REPS);
 	print_table(mem, res, nr, n, chunk);
 	print_targets(mem, res, nr);

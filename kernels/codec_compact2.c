@@ -604,7 +604,6 @@ static AVX2 ALWAYS_INLINE __m256i a_ranks(unsigned m)
 	return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)&a_rank[m]));
 }
 
-
 /* ---- the encoder on AVX2 ---- */
 
 /* Each lane's state as the AVX-512 build's 16 to a vector (venc16): held

@@ -93,12 +93,14 @@ def section(rows, meta):
     out.append("| link-rate floor of the star deltas (bytes on the root link / its rate) | %s |" % " | ".join(cells))
     cells = ["%.3f" % s[("tree", n)]["floor"] if ("tree", n) in s else "" for n in ns]
     out.append("| link-rate floor of the tree deltas (busiest link's bytes / its rate) | %s |" % " | ".join(cells))
-    out += ["", "Resident memory (KiB, VmRSS / VmHWM) at the end of each deltacast run:", "", head.rstrip("\n")]
+    rss = []
     for key, what in (("star", "root broker, star"), ("tree", "relay broker r1, tree"),
                       ("star", "one worker (w1), star")):
         field = "worker_rss" if "worker" in what else "broker_rss"
-        cells = ["%d / %d" % tuple(s[(key, n)][field]) if (key, n) in s else "" for n in ns]
-        out.append("| %s | %s |" % (what, " | ".join(cells)))
+        if (key, ns[-1]) in s:
+            rss.append("%s %d / %d" % ((what,) + tuple(s[(key, ns[-1])][field])))
+    if rss:
+        out += ["", "Resident memory at the end, N=%d (KiB, VmRSS / VmHWM): %s." % (ns[-1], "; ".join(rss))]
     out += ["", "Targets, this run:", "", "| target | measured | goal | |", "|---|---|---|---|"]
     for line in targets(s, ns):
         out.append(line)

@@ -1059,6 +1059,11 @@ static int producer_chunk(struct broker *b, struct broker_peer *p, dcast_wire_in
 		return dcast_fail(DCAST_ESTATE, "model %s: CHUNK before MANIFEST on this connection", m->name);
 	if ((rc = producer_credit_take(b, p, c)))
 		return rc;
+	/* Stored or refused, its bytes take no room here any more: granted
+	 * back once, at the next flush (a refused one's too, or each refusal
+	 * would shrink the producer's window for good). */
+	p->credit_owed += c->payload_bytes;
+	DCAST_DEBUG_ASSERT(p->credit_owed == owed0 + c->payload_bytes && check_producer_credit(b, p));
 	opened = !m->pending;
 	if (opened && (rc = broker_pending_open(b, m, c, p->parts)))
 		return rc;
@@ -1071,8 +1076,6 @@ static int producer_chunk(struct broker *b, struct broker_peer *p, dcast_wire_in
 			broker_pending_abort(b, m, dcast_last_error());
 		return rc;
 	}
-	p->credit_owed += c->payload_bytes; /* stored: granted back once, at the next flush */
-	DCAST_DEBUG_ASSERT(p->credit_owed == owed0 + c->payload_bytes && check_producer_credit(b, p));
 	return 0;
 }
 

@@ -318,6 +318,49 @@ static void over_credit(void *p)
 	CHECK_ERR(next_error(p), DCAST_EBUSY);
 }
 
+/* The CREDIT bytes that come within 2 s, ERRORs and HEARTBEATs passed
+ * over; stops at the first CREDIT after `skip` of them. */
+static uint64_t next_credit(void *s, int skip)
+{
+	for (int i = 0; i < 20; i++) {
+		zmq_pollitem_t it = {s, 0, ZMQ_POLLIN, 0};
+		dcast_wire_in in;
+		uint64_t bytes = 0;
+
+		if (zmq_poll(&it, 1, 100) <= 0)
+			continue;
+		if (dcast_wire_recv(s, 0, &in, 0) == 0 && in.msg.type == DCAST_MSG_CREDIT)
+			bytes = in.msg.u.credit.bytes;
+		dcast_wire_in_close(&in);
+		if (bytes && skip-- == 0)
+			return bytes;
+	}
+	return 0;
+}
+
+/* A refused CHUNK's bytes are granted back, as a stored one's are: else
+ * each refusal shrinks the producer's window for good. */
+static void refused_credit_back(void *p)
+{
+	uint8_t payload[16] = {4, 5, 6};
+	dcast_msg m;
+
+	printf("a refused chunk's credit comes back:\n");
+	dcast_msg_init(&m, DCAST_MSG_HELLO);
+	strcpy(m.u.hello.model, "crd");
+	send_msg(p, &m, NULL, 0);
+	CHECK(next_credit(p, 0) > 16); /* the window, after the WELCOME */
+	producer_join_model(p, "crd");
+	for (int i = 0; i < 2; i++) {
+		chunk_msg(&m, 0, 16, payload);
+		strcpy(m.u.chunk.model, "crd");
+		seal(&m, payload);
+		m.u.chunk.checksum ^= 1;
+		send_msg(p, &m, payload, 16);
+		CHECK(next_credit(p, 0) == 16);
+	}
+}
+
 /* A peer whose only traffic for 4 s (4 heartbeats) is refused is not
  * silent: it keeps its session. */
 static void refused_is_not_silence(void *c)
@@ -627,6 +670,9 @@ int main(void)
 	refusal_flood(f, since);
 	void *o = dealer(ctx, prod_ep), *q = dealer(ctx, cons_ep);
 	over_credit(o);
+	void *r = dealer(ctx, prod_ep);
+	refused_credit_back(r);
+	zmq_close(r);
 	refused_is_not_silence(q);
 	reason_survives_failed_send(ctx);
 	zmq_close(o);

@@ -196,6 +196,26 @@ static void idx_entry(uint8_t *idx, uint64_t b, uint32_t word, uint32_t prev)
 	memcpy(idx + (b - 1) * DCAST_CPT_INDEX_ENTRY, ent, sizeof(ent));
 }
 
+/* A block's words by one build: its 16-bit word count; x its context. */
+typedef uint32_t (*blk_fn)(const void *x, uint64_t first, uint32_t n, uint8_t *out, uint32_t *fix,
+			   uint64_t *pos_bits);
+
+/* Every block of ch through blk, each after its index entry; returns the
+ * stream's end. */
+static uint8_t *blocks_each(const dcast_changes *ch, uint8_t *idx, uint8_t *stream, blk_fn blk,
+			    const void *x, uint32_t *fix, uint64_t *pos_bits)
+{
+	uint8_t *w = stream;
+
+	for (uint64_t b = 0; b < dcast_cpt2_nblocks(ch->n); b++) {
+		uint64_t first = b * DCAST_CPT2_BLOCK;
+		if (b)
+			idx_entry(idx, b, (uint32_t)((w - stream) / 2), ch->pos[first - 1]);
+		w += 2 * blk(x, first, dcast_cpt2_blk_changes(ch->n, b), w, fix, pos_bits);
+	}
+	return w;
+}
+
 /* ---- the encoder on AVX-512: the 32 lanes in vectors of 16 or 8 ---- */
 #if defined(__x86_64__)
 
@@ -541,24 +561,23 @@ static AVX512 void etab_make(const dcast_cpt_plan *p, etab *t)
 		t->t[i] = _mm512_loadu_si512(ent + 16 * i);
 }
 
+static uint32_t e_blk_any(const void *x, uint64_t first, uint32_t n, uint8_t *out, uint32_t *fix,
+			  uint64_t *pos_bits)
+{
+	return e_blk(x, first, n, out, fix, pos_bits);
+}
+
 /* The blocks' words by the AVX-512 build (coded values); w: the stream. */
 static uint8_t *blocks_avx512(const dcast_changes *ch, const dcast_cpt_plan *p, uint8_t *idx, uint8_t *stream,
 			      uint64_t *pos_bits)
 {
 	uint32_t *fix = dcast_scratch(DCAST_SCRATCH_CPT2, V2_FIXES * sizeof(*fix));
-	uint8_t *w = stream;
 	etab t;
 	ectx x = { ch, p, &t };
 	if (!fix)
 		return NULL;
 	etab_make(p, &t);
-	for (uint64_t b = 0; b < dcast_cpt2_nblocks(ch->n); b++) {
-		uint64_t first = b * DCAST_CPT2_BLOCK;
-		if (b)
-			idx_entry(idx, b, (uint32_t)((w - stream) / 2), ch->pos[first - 1]);
-		w += 2 * e_blk(&x, first, dcast_cpt2_blk_changes(ch->n, b), w, fix, pos_bits);
-	}
-	return w;
+	return blocks_each(ch, idx, stream, e_blk_any, &x, fix, pos_bits);
 }
 #endif
 
@@ -921,13 +940,18 @@ static AVX2 uint32_t a_eblk(const actx *x, uint64_t first, uint32_t n, uint8_t *
  * each long code (which takes two words or three). */
 #define A2_FIXES (V2_FIXES + DCAST_CPT2_LANES * LANE_WORDS / 2)
 
+static uint32_t a_eblk_any(const void *x, uint64_t first, uint32_t n, uint8_t *out, uint32_t *fix,
+			   uint64_t *pos_bits)
+{
+	return a_eblk(x, first, n, out, fix, pos_bits);
+}
+
 /* The blocks' words by the AVX2 build (coded values). */
 static uint8_t *blocks_avx2(const dcast_changes *ch, const dcast_cpt_plan *p, uint8_t *idx, uint8_t *stream,
 			    uint64_t *pos_bits)
 {
 	actx x = { .ch = ch, .p = p };
 	uint32_t *fix = dcast_scratch(DCAST_SCRATCH_CPT2, A2_FIXES * sizeof(*fix));
-	uint8_t *w = stream;
 	if (!fix)
 		return NULL;
 	pthread_once(&a_sel_once, a_sel_make);
@@ -939,35 +963,39 @@ static uint8_t *blocks_avx2(const dcast_changes *ch, const dcast_cpt_plan *p, ui
 		x.stab[sym] = p->table.code[sym] | (uint32_t)p->table.len[sym] << 16 | dcast_cpt_extra_bits(sym) << 24;
 	memcpy(x.v64, x.vtab, sizeof(x.v64));
 	memcpy(x.s32, x.stab + 11, sizeof(x.stab) - 11 * sizeof(*x.stab));
-	for (uint64_t b = 0; b < dcast_cpt2_nblocks(ch->n); b++) {
-		uint64_t first = b * DCAST_CPT2_BLOCK;
-		if (b)
-			idx_entry(idx, b, (uint32_t)((w - stream) / 2), ch->pos[first - 1]);
-		w += 2 * a_eblk(&x, first, dcast_cpt2_blk_changes(ch->n, b), w, fix, pos_bits);
-	}
-	return w;
+	return blocks_each(ch, idx, stream, a_eblk_any, &x, fix, pos_bits);
 }
 #endif
 
 /* The scalar build's blocks: each lane's stream, then the words laid
  * out. */
+typedef struct {
+	blk_enc *e;
+	const dcast_changes *ch;
+	const dcast_cpt_plan *p;
+	const void *cur;
+	unsigned es;
+} plain_ctx;
+
+static uint32_t plain_blk(const void *x, uint64_t first, uint32_t n, uint8_t *out, uint32_t *fix,
+			  uint64_t *pos_bits)
+{
+	const plain_ctx *c = x;
+
+	(void)fix;
+	blk_codes(c->e, c->ch, c->p, c->cur, c->es, first, n, pos_bits);
+	return (uint32_t)((blk_lay(c->e, n, out) - out) / 2);
+}
+
 static uint8_t *blocks_plain(const dcast_changes *ch, const dcast_cpt_plan *p, const void *cur, unsigned es,
 			     uint8_t *idx, uint8_t *stream, uint64_t *pos_bits)
 {
-	uint8_t *w = stream;
-	blk_enc *e = dcast_scratch(DCAST_SCRATCH_CPT2, sizeof(blk_enc));
-	if (!e)
+	plain_ctx x = { dcast_scratch(DCAST_SCRATCH_CPT2, sizeof(blk_enc)), ch, p, cur, es };
+
+	if (!x.e)
 		return NULL;
-	vtab_make(e, p);
-	for (uint64_t b = 0; b < dcast_cpt2_nblocks(ch->n); b++) {
-		uint64_t first = b * DCAST_CPT2_BLOCK;
-		uint32_t n = dcast_cpt2_blk_changes(ch->n, b);
-		if (b)
-			idx_entry(idx, b, (uint32_t)((w - stream) / 2), ch->pos[first - 1]);
-		blk_codes(e, ch, p, cur, es, first, n, pos_bits);
-		w = blk_lay(e, n, w);
-	}
-	return w;
+	vtab_make(x.e, p);
+	return blocks_each(ch, idx, stream, plain_blk, &x, NULL, pos_bits);
 }
 
 uint64_t dcast_cpt2_emit(const dcast_changes *ch, const dcast_cpt_plan *p, const void *cur, unsigned es,

@@ -83,14 +83,19 @@ static uint64_t mix(uint64_t x)
 	return x ^ (x >> 31);
 }
 
+static void hb_due(void);
+
+/* state(0); heartbeats go on while it is made (a large model under the
+ * sanitizers takes longer than a short --heartbeat-ms allows). */
 static void state_init(uint16_t **t)
 {
 	for (uint32_t k = 0; k < o.tensors; k++)
-		for (uint64_t i = 0; i < o.elems; i++)
+		for (uint64_t i = 0; i < o.elems; i++) {
+			if (!(i & 0xfffff))
+				hb_due();
 			t[k][i] = (uint16_t)mix(o.seed ^ ((uint64_t)k << 40) ^ i);
+		}
 }
-
-static void hb_due(void);
 
 static void state_step(uint16_t **t, uint64_t v)
 {

@@ -28,6 +28,7 @@
 #   BENCH_SYNC_FORMS ("lib py sub gpu")  BENCH_SYNC_DATADIR (1: one more lib row,
 #                             N = 4, broker with --data-dir)
 #   BENCH_SYNC_SUBSCRIBE_ARGS extra `deltacast subscribe` flags (e.g. --fold-every 16)
+#   BENCH_SYNC_BROKER_ARGS    extra broker flags (e.g. --cut-through)
 #   BENCH_SYNC_DOC            the doc to rewrite (docs/benchmarks.md; 0: print only)
 #   BENCH_SYNC_TRACE          the trace folder;  BENCH_SYNC_KEEP=1 keeps the logs
 # Every process started here is killed on any exit.
@@ -45,6 +46,7 @@ STEPS=$((WARM + NDELTA))
 FORMS=${BENCH_SYNC_FORMS:-lib py sub gpu}
 DATADIR_ROW=${BENCH_SYNC_DATADIR:-1}
 SUB_ARGS=${BENCH_SYNC_SUBSCRIBE_ARGS:-}
+BROKER_ARGS=${BENCH_SYNC_BROKER_ARGS:-}
 DOC=${BENCH_SYNC_DOC:-$DEF_DOC}
 TRACE=${BENCH_SYNC_TRACE:-$BUILD/bench-sync-$PARAMS-$STEPS}
 ROOT=$(mktemp -d "${TMPDIR:-/tmp}/deltacast-bench-sync.XXXXXX")
@@ -65,6 +67,7 @@ run_cmd() {
 	[ "$FORMS" = "lib py sub gpu" ] || env+=" BENCH_SYNC_FORMS=\"$FORMS\""
 	[ "$DATADIR_ROW" = 1 ] || env+=" BENCH_SYNC_DATADIR=$DATADIR_ROW"
 	[ -z "$SUB_ARGS" ] || env+=" BENCH_SYNC_SUBSCRIBE_ARGS=\"$SUB_ARGS\""
+	[ -z "$BROKER_ARGS" ] || env+=" BENCH_SYNC_BROKER_ARGS=\"$BROKER_ARGS\""
 	echo "make bench-sync$env"
 }
 
@@ -160,6 +163,8 @@ wait_all() {
 start_run() {
 	local d=$1 form=$2 n=$3 dd=$4 i flags=(--heartbeat-ms 5000)
 	[ "$dd" = 1 ] && flags+=(--data-dir "$d/broker-data")
+	# shellcheck disable=SC2206 # flags split on blanks, as on a command line
+	flags+=($BROKER_ARGS)
 	e2e_start_broker "$d/broker.log" "${flags[@]}" || die "no broker (see $d/broker.log)"
 	CPIDS=()
 	for ((i = 1; i <= n; i++)); do start_consumer "$form" "$d" "$i"; done

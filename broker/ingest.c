@@ -915,12 +915,21 @@ static void producer_drop(struct broker *b, struct broker_peer *p, const char *w
 static void producer_welcome(struct broker *b, struct broker_peer *p)
 {
 	struct broker_model *m = p->model;
-	dcast_msg w, cr;
+	dcast_msg w;
 
 	broker_welcome_producer_init(b, m, &w);
 	w.u.welcome.version = broker_model_newest(m); /* poisoned ones too: numbers are spent */
 	w.u.welcome.need_anchor = m->need_anchor || !m->n_log;
 	broker_send_msg(b, b->producers, p, &w);
+}
+
+/* The window, granted afresh: only after a HELLO.  (A WELCOME again after
+ * a manifest change leaves the credit as it was: the producer's count of
+ * it runs on, and chunks still on their way count against it.) */
+static void producer_window(struct broker *b, struct broker_peer *p)
+{
+	dcast_msg cr;
+
 	dcast_msg_init(&cr, DCAST_MSG_CREDIT);
 	cr.u.credit.bytes = b->cfg.producer_window_bytes;
 	p->credit_bytes = cr.u.credit.bytes; /* granted since this HELLO */
@@ -1011,6 +1020,7 @@ static void producer_hello(struct broker *b, struct broker_peer *p, dcast_wire_i
 	producer_replace_part(b, p);
 	DCAST_LOG_I("producer %s part %u/%u of %s joined", p->client, p->part, p->parts, m->name);
 	producer_welcome(b, p);
+	producer_window(b, p);
 }
 
 static int producer_manifest(struct broker *b, struct broker_peer *p, dcast_msg *msg)

@@ -318,9 +318,9 @@ static void over_credit(void *p)
 	CHECK_ERR(next_error(p), DCAST_EBUSY);
 }
 
-/* The CREDIT bytes that come within 2 s, ERRORs and HEARTBEATs passed
- * over; stops at the first CREDIT after `skip` of them. */
-static uint64_t next_credit(void *s, int skip)
+/* The bytes of the next CREDIT within 2 s (0: none came), other messages
+ * passed over. */
+static uint64_t next_credit(void *s)
 {
 	for (int i = 0; i < 20; i++) {
 		zmq_pollitem_t it = {s, 0, ZMQ_POLLIN, 0};
@@ -332,10 +332,25 @@ static uint64_t next_credit(void *s, int skip)
 		if (dcast_wire_recv(s, 0, &in, 0) == 0 && in.msg.type == DCAST_MSG_CREDIT)
 			bytes = in.msg.u.credit.bytes;
 		dcast_wire_in_close(&in);
-		if (bytes && skip-- == 0)
+		if (bytes)
 			return bytes;
 	}
 	return 0;
+}
+
+/* HELLO and MANIFEST for model as part 0 of 1; returns the window (the
+ * CREDIT after the WELCOME). */
+static uint64_t producer_join_window(void *p, const char *model)
+{
+	uint64_t window;
+	dcast_msg m;
+
+	dcast_msg_init(&m, DCAST_MSG_HELLO);
+	snprintf(m.u.hello.model, sizeof(m.u.hello.model), "%s", model);
+	send_msg(p, &m, NULL, 0);
+	window = next_credit(p);
+	producer_join_model(p, model);
+	return window;
 }
 
 /* A refused CHUNK's bytes are granted back, as a stored one's are: else
@@ -346,19 +361,50 @@ static void refused_credit_back(void *p)
 	dcast_msg m;
 
 	printf("a refused chunk's credit comes back:\n");
-	dcast_msg_init(&m, DCAST_MSG_HELLO);
-	strcpy(m.u.hello.model, "crd");
-	send_msg(p, &m, NULL, 0);
-	CHECK(next_credit(p, 0) > 16); /* the window, after the WELCOME */
-	producer_join_model(p, "crd");
+	CHECK(producer_join_window(p, "crd") > 16);
 	for (int i = 0; i < 2; i++) {
 		chunk_msg(&m, 0, 16, payload);
 		strcpy(m.u.chunk.model, "crd");
 		seal(&m, payload);
 		m.u.chunk.checksum ^= 1;
 		send_msg(p, &m, payload, 16);
-		CHECK(next_credit(p, 0) == 16);
+		CHECK(next_credit(p) == 16);
 	}
+}
+
+/* A manifest change sends every producer of the model a WELCOME again,
+ * but no CREDIT: the window is granted once, after HELLO, and the
+ * producer's count of its credit runs on.  (A second window here let a
+ * producer count more credit than the broker had granted.)  An ACK from
+ * the producer, refused, marks the end of the broker's answers. */
+static void manifest_change_keeps_credit(void *p)
+{
+	dcast_tensor_desc td;
+	dcast_msg m;
+	int welcomes = 0, credits = 0, code = 0;
+
+	printf("a manifest change grants no second window:\n");
+	CHECK(producer_join_window(p, "mfc") > 0);
+	chunk_fit_manifest(&m, &td, "mfc");
+	td.shape[0] *= 2;
+	send_msg(p, &m, NULL, 0);
+	dcast_msg_init(&m, DCAST_MSG_ACK);
+	strcpy(m.u.ack.model, "mfc");
+	send_msg(p, &m, NULL, 0);
+	for (int i = 0; i < 50 && !code; i++) {
+		zmq_pollitem_t it = {p, 0, ZMQ_POLLIN, 0};
+		dcast_wire_in in;
+
+		if (zmq_poll(&it, 1, 100) <= 0 || dcast_wire_recv(p, 0, &in, 0))
+			continue;
+		welcomes += in.msg.type == DCAST_MSG_WELCOME;
+		credits += in.msg.type == DCAST_MSG_CREDIT;
+		code = in.msg.type == DCAST_MSG_ERROR ? (int)in.msg.u.error.code : 0;
+		dcast_wire_in_close(&in);
+	}
+	CHECK_ERR(code, DCAST_EMSG_TYPE);
+	CHECK(welcomes == 1);
+	CHECK(credits == 0);
 }
 
 /* A peer whose only traffic for 4 s (4 heartbeats) is refused is not
@@ -673,6 +719,9 @@ int main(void)
 	void *r = dealer(ctx, prod_ep);
 	refused_credit_back(r);
 	zmq_close(r);
+	void *mc = dealer(ctx, prod_ep);
+	manifest_change_keeps_credit(mc);
+	zmq_close(mc);
 	refused_is_not_silence(q);
 	reason_survives_failed_send(ctx);
 	zmq_close(o);

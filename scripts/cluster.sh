@@ -13,6 +13,7 @@
 #   --versions V    versions published, the first an anchor (default 4)
 #   --range-elems N elements per chunk (default 131072)
 #   --heartbeat-ms MS  the brokers' heartbeat (default: the broker's, 1000)
+#   --cut-through   every broker and relay forwards open versions' chunks
 #   --keep          keep the run's folder
 # Example: scripts/cluster.sh tree:2:6 --params 1M --versions 5
 set -u
@@ -32,6 +33,7 @@ while [ $# -gt 0 ]; do
 	--versions) NVER=$2; shift ;;
 	--range-elems) CL_RANGE_ELEMS=$2; shift ;;
 	--heartbeat-ms) BROKER_FLAGS+=(--heartbeat-ms "$2"); shift ;;
+	--cut-through) BROKER_FLAGS+=(--cut-through) ;;
 	--keep) KEEP=1 ;;
 	*) echo "cluster: unknown option $1" >&2; exit 2 ;;
 	esac

@@ -390,6 +390,17 @@ static int part_take(struct broker *b, struct broker_model *m, struct broker_par
 	return 0;
 }
 
+/* ch's payload fields from pc's (where it lies, its length and sum), its
+ * payload message empty: the caller moves or shares pc's. */
+static void chunk_payload_from(struct broker_chunk *ch, const struct broker_pending_chunk *pc)
+{
+	zmq_msg_init(&ch->payload);
+	ch->payload_sum = pc->payload_sum;
+	ch->payload_len = pc->c.payload_bytes;
+	ch->file = pc->file;
+	ch->file_off = pc->file_off;
+}
+
 /* ---- --cut-through: the open version numbered for consumers as it is
  * accepted (pd->cut) ---- */
 
@@ -454,15 +465,11 @@ static void cut_append(struct broker_version *v, struct broker_pending_chunk *pc
 	memset(ch, 0, sizeof(*ch));
 	zmq_msg_init(&ch->hdr);
 	zmq_msg_move(&ch->hdr, hdr);
-	zmq_msg_init(&ch->payload);
+	chunk_payload_from(ch, pc);
 	if (!pc->file)
 		zmq_msg_copy(&ch->payload, &pc->payload);
 	else
 		pc->file->refs++;
-	ch->file = pc->file;
-	ch->file_off = pc->file_off;
-	ch->payload_sum = pc->payload_sum;
-	ch->payload_len = pc->c.payload_bytes;
 	v->payload_bytes += ch->payload_len;
 	v->n_chunks++;
 	DCAST_ASSERT(v->open && v->n_chunks <= v->cap_chunks);
@@ -641,12 +648,8 @@ static int anchor_complete(const struct broker_pending *pd)
 /* The committed chunk takes the open one's payload, in memory or spilled. */
 static void chunk_take(struct broker_chunk *ch, struct broker_pending_chunk *pc)
 {
-	zmq_msg_init(&ch->payload);
+	chunk_payload_from(ch, pc);
 	zmq_msg_move(&ch->payload, &pc->payload);
-	ch->payload_sum = pc->payload_sum;
-	ch->payload_len = pc->c.payload_bytes;
-	ch->file = pc->file;
-	ch->file_off = pc->file_off;
 	pc->file = NULL;
 }
 

@@ -52,31 +52,40 @@ static void *dealer(void *ctx, const char *ep)
 	return s;
 }
 
+/* The next message, polling 100 ms at a time from the caller's budget of
+ * *rounds: 0 with *in (the caller closes it), -1 when the budget ran out. */
+static int next_msg(void *s, dcast_wire_in *in, int *rounds)
+{
+	while ((*rounds)-- > 0) {
+		zmq_pollitem_t it = {s, 0, ZMQ_POLLIN, 0};
+
+		if (zmq_poll(&it, 1, 100) <= 0)
+			continue;
+		if (dcast_wire_recv(s, 0, in, 0) == 0)
+			return 0;
+		dcast_wire_in_close(in);
+	}
+	return -1;
+}
+
 /* Wait for the next message other than HEARTBEAT and CREDIT; return its
  * ERROR code (0 if not an ERROR, -1 if none came) and its text. */
 static int next_error_text(void *s, char *text, size_t n)
 {
-	for (int i = 0; i < 50; i++) {
-		zmq_pollitem_t it = {s, 0, ZMQ_POLLIN, 0};
-		dcast_wire_in in;
-		int code = -1;
+	dcast_wire_in in;
+	int rounds = 50, code = -1;
 
-		if (zmq_poll(&it, 1, 100) <= 0)
-			continue;
-		if (dcast_wire_recv(s, 0, &in, 0) == 0) {
-			if (in.msg.type == DCAST_MSG_ERROR) {
-				code = (int)in.msg.u.error.code;
-				snprintf(text, n, "%s", in.msg.u.error.text);
-				printf("  ERROR %s: %s\n", dcast_errname(code), in.msg.u.error.text);
-			} else if (in.msg.type != DCAST_MSG_HEARTBEAT && in.msg.type != DCAST_MSG_CREDIT) {
-				code = 0;
-			}
+	while (code < 0 && next_msg(s, &in, &rounds) == 0) {
+		if (in.msg.type == DCAST_MSG_ERROR) {
+			code = (int)in.msg.u.error.code;
+			snprintf(text, n, "%s", in.msg.u.error.text);
+			printf("  ERROR %s: %s\n", dcast_errname(code), in.msg.u.error.text);
+		} else if (in.msg.type != DCAST_MSG_HEARTBEAT && in.msg.type != DCAST_MSG_CREDIT) {
+			code = 0;
 		}
 		dcast_wire_in_close(&in);
-		if (code >= 0)
-			return code;
 	}
-	return -1;
+	return code;
 }
 
 static int next_error(void *s)
@@ -322,20 +331,16 @@ static void over_credit(void *p)
  * passed over. */
 static uint64_t next_credit(void *s)
 {
-	for (int i = 0; i < 20; i++) {
-		zmq_pollitem_t it = {s, 0, ZMQ_POLLIN, 0};
-		dcast_wire_in in;
-		uint64_t bytes = 0;
+	dcast_wire_in in;
+	int rounds = 20;
+	uint64_t bytes = 0;
 
-		if (zmq_poll(&it, 1, 100) <= 0)
-			continue;
-		if (dcast_wire_recv(s, 0, &in, 0) == 0 && in.msg.type == DCAST_MSG_CREDIT)
+	while (!bytes && next_msg(s, &in, &rounds) == 0) {
+		if (in.msg.type == DCAST_MSG_CREDIT)
 			bytes = in.msg.u.credit.bytes;
 		dcast_wire_in_close(&in);
-		if (bytes)
-			return bytes;
 	}
-	return 0;
+	return bytes;
 }
 
 /* HELLO and MANIFEST for model as part 0 of 1; returns the window (the
@@ -381,7 +386,8 @@ static void manifest_change_keeps_credit(void *p)
 {
 	dcast_tensor_desc td;
 	dcast_msg m;
-	int welcomes = 0, credits = 0, code = 0;
+	int welcomes = 0, credits = 0, code = 0, rounds = 50;
+	dcast_wire_in in;
 
 	printf("a manifest change grants no second window:\n");
 	CHECK(producer_join_window(p, "mfc") > 0);
@@ -391,12 +397,7 @@ static void manifest_change_keeps_credit(void *p)
 	dcast_msg_init(&m, DCAST_MSG_ACK);
 	strcpy(m.u.ack.model, "mfc");
 	send_msg(p, &m, NULL, 0);
-	for (int i = 0; i < 50 && !code; i++) {
-		zmq_pollitem_t it = {p, 0, ZMQ_POLLIN, 0};
-		dcast_wire_in in;
-
-		if (zmq_poll(&it, 1, 100) <= 0 || dcast_wire_recv(p, 0, &in, 0))
-			continue;
+	while (!code && next_msg(p, &in, &rounds) == 0) {
 		welcomes += in.msg.type == DCAST_MSG_WELCOME;
 		credits += in.msg.type == DCAST_MSG_CREDIT;
 		code = in.msg.type == DCAST_MSG_ERROR ? (int)in.msg.u.error.code : 0;

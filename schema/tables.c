@@ -18,6 +18,7 @@ static const struct field hello_fields[] = {
 	{"have_version", F_VER, 0, OFF(dcast_hello, have_version), 0, VERMAX},
 	{"window_bytes", F_U64, 0, OFF(dcast_hello, window_bytes), 0, DCAST_MAX_CREDIT_BYTES},
 	{"client", F_STR, 0, OFF(dcast_hello, client), 0, DCAST_MAX_CLIENT},
+	{"x-bulk", F_BOOL, 0, OFF(dcast_hello, bulk), 0, 1},
 };
 
 static const struct field welcome_fields[] = {
@@ -92,6 +93,15 @@ static const struct field bye_fields[] = {
 	{"reason", F_STR, 0, OFF(dcast_bye, reason), 0, DCAST_MAX_TEXT},
 };
 
+static const struct field bulk_fields[] = {
+	NAME(dcast_bulk, model, 1),
+	{"version", F_U64, 1, OFF(dcast_bulk, version), 0, VERMAX},
+	{"port", F_U32, 1, OFF(dcast_bulk, port), 1, 65535},
+	{"token", F_U64, 1, OFF(dcast_bulk, token), 0, U64MAX},
+	{"chunks", F_U32, 1, OFF(dcast_bulk, chunks), 0, DCAST_MAX_CHUNKS},
+	{"bytes", F_U64, 1, OFF(dcast_bulk, bytes), 0, 1ull << 62},
+};
+
 static const struct field tensor_fields[] = {
 	NAME(dcast_tensor_desc, name, 1),
 	{"dtype", F_DTYPE, 1, OFF(dcast_tensor_desc, dtype), 0, DCAST_DTYPE_COUNT - 1},
@@ -119,6 +129,7 @@ static const struct msg_table tables[DCAST_MSG_TYPE_COUNT] = {
 	[DCAST_MSG_ERROR] = TABLE("ERROR", error_fields),
 	[DCAST_MSG_HEARTBEAT] = TABLE("HEARTBEAT", heartbeat_fields),
 	[DCAST_MSG_BYE] = TABLE("BYE", bye_fields),
+	[DCAST_MSG_BULK] = TABLE("BULK", bulk_fields),
 };
 
 const struct msg_table schema_tensor_table = TABLE("tensor", tensor_fields);
@@ -179,9 +190,12 @@ int dcast_tensor_tiled(const dcast_tensor_desc *t)
 
 int schema_field_present(const struct field *f, const void *base)
 {
-	/* CREDIT.model and WELCOME.x-consumers are optional; CREDIT.model was refused by
-	 * older decoders: only a caller that sets them puts them on the wire. */
+	/* CREDIT.model, WELCOME.x-consumers and HELLO.x-bulk are optional;
+	 * CREDIT.model was refused by older decoders: only a caller that sets
+	 * them puts them on the wire. */
 	if (f == &credit_fields[1] || f == &welcome_fields[6])
 		return *((const char *)base + f->off) != '\0';
+	if (f == &hello_fields[7])
+		return *(const uint32_t *)((const char *)base + f->off) != 0;
 	return f->kind != F_GRID || dcast_tensor_tiled(base);
 }

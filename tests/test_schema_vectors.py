@@ -14,7 +14,7 @@ import msgpack
 HERE = os.path.dirname(os.path.abspath(__file__))
 VEC = os.path.join(HERE, "..", "schema", "vectors")
 TYPES = {"HELLO", "WELCOME", "MANIFEST", "CHUNK", "COMMIT", "ACK", "CREDIT",
-         "ERROR", "HEARTBEAT", "BYE"}
+         "ERROR", "HEARTBEAT", "BYE", "BULK"}
 
 
 BLOCK, LANES, QESC, GAP_BITS, LMAX = 4096, 32, 20, 26, 12

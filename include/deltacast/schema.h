@@ -54,6 +54,7 @@ typedef enum dcast_msg_type {
 	DCAST_MSG_ERROR,
 	DCAST_MSG_HEARTBEAT,
 	DCAST_MSG_BYE,
+	DCAST_MSG_BULK,
 	DCAST_MSG_TYPE_COUNT
 } dcast_msg_type;
 
@@ -91,6 +92,10 @@ typedef struct dcast_hello {
 	uint64_t have_version;  /* or DCAST_VERSION_NONE */
 	uint64_t window_bytes;  /* consumer's initial credit, 0 = none yet */
 	char client[DCAST_MAX_CLIENT + 1]; /* free-form name for logs, may be "" */
+	/* Consumer: 1 when it takes an anchor over a bulk TCP connection
+	 * (BULK); 0 (the default, not encoded): ZeroMQ only.  "x-bulk" on the
+	 * wire, so brokers that predate it ignore it. */
+	uint32_t bulk;
 } dcast_hello;
 
 /* WELCOME: the broker's answer to HELLO. */
@@ -203,6 +208,21 @@ typedef struct dcast_bye {
 	char reason[DCAST_MAX_TEXT + 1];
 } dcast_bye;
 
+/* BULK: broker -> a consumer whose HELLO said bulk: the committed anchor
+ * `version` (chunks CHUNK messages, bytes payload bytes, then its COMMIT)
+ * comes over a TCP connection the consumer opens to the broker's host at
+ * `port` and starts with `token` (docs/protocol.md, "Bulk anchors").
+ * Nothing else of the stream is sent on ZeroMQ until that COMMIT is
+ * through. */
+typedef struct dcast_bulk {
+	char model[DCAST_MAX_NAME + 1];
+	uint64_t version;
+	uint32_t port;   /* 1..65535 */
+	uint64_t token;  /* the connection's first 16 bytes carry it */
+	uint32_t chunks; /* CHUNK frames before the COMMIT */
+	uint64_t bytes;  /* their payload bytes in total */
+} dcast_bulk;
+
 /* One decoded or to-be-encoded header. */
 typedef struct dcast_msg {
 	uint32_t type; /* dcast_msg_type */
@@ -217,6 +237,7 @@ typedef struct dcast_msg {
 		dcast_error_msg error;
 		dcast_heartbeat heartbeat;
 		dcast_bye bye;
+		dcast_bulk bulk;
 	} u;
 } dcast_msg;
 

@@ -126,6 +126,11 @@ static void make_small(dcast_msg *m)
 	case DCAST_MSG_BYE:
 		strcpy(m->u.bye.reason, "shutting down");
 		break;
+	case DCAST_MSG_BULK:
+		strcpy(m->u.bulk.model, "llama-8b");
+		m->u.bulk.version = 42, m->u.bulk.port = 5570, m->u.bulk.token = 0x5eed5eed5eedull;
+		m->u.bulk.chunks = 30, m->u.bulk.bytes = 16060104;
+		break;
 	}
 }
 

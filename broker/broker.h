@@ -21,7 +21,9 @@
 
 #define BROKER_MAX_MODELS 256
 #define BROKER_MAX_UPSTREAM_MODELS 16
-#define BROKER_MAX_EXTRA_FDS 32 /* eventfds, local listeners and clients (17 + 5), a signalfd */
+#define BROKER_BULK_CLIENTS 64  /* bulk connections at once (bulk.c) */
+#define BROKER_MAX_EXTRA_FDS (33 + BROKER_BULK_CLIENTS) /* eventfds, local listeners and
+							   clients (17 + 5), a signalfd, bulk */
 #define BROKER_REFUSE_LOG_MAX 20 /* refusal log lines a second */
 #define BROKER_MAX_RID 255
 #define BROKER_BURST_MSGS 64   /* messages sent to one consumer per loop turn */
@@ -62,6 +64,7 @@ struct broker_config {
 	const char *admin_socket;   /* --admin-socket PATH: operator requests (admin.c) */
 	int cut_through;            /* --cut-through: an open version's chunks go to consumers as
 				       they are accepted (ingest.c, fanout.c) */
+	const char *bulk;           /* --bulk HOST:PORT: anchors over TCP with sendfile (bulk.c) */
 	char *owned[BROKER_CONFIG_OWNED]; /* strings read from a --config file */
 	unsigned n_owned;
 };
@@ -246,6 +249,10 @@ struct broker_peer {
 	int welcome_due;             /* HELLO answered by the next send */
 	int abort_due;               /* ERROR(DCAST_EABORTED, abort_version) is sent next */
 	uint64_t abort_version;      /* an open version it was sent chunks of, aborted */
+	int bulk_ok;                 /* HELLO x-bulk: it takes anchors over --bulk */
+	uint64_t bulk_token;         /* cur offered over --bulk (BULK sent): its stream waits
+					for the transfer (bulk.c); 0: none */
+	int bulk_taken;              /* a connection named bulk_token */
 };
 
 /* A table of peers: cap slots, found by routing id through an index.
@@ -290,6 +297,7 @@ struct broker_stats {
 	uint64_t versions_to_disk;       /* versions whose payloads left the heap (ondisk.c) */
 	uint64_t cut_through_chunks;     /* chunks sent before their version's COMMIT (fanout.c) */
 	uint64_t cut_through_aborted;    /* aborted versions some of whose chunks had gone out */
+	uint64_t bulk_versions, bulk_bytes; /* anchors sent over bulk connections, their bytes */
 };
 
 struct broker;
@@ -408,7 +416,8 @@ struct broker {
 	struct broker_outcome outcome[2]; /* [m->relayed]: ingest.c, relay.c */
 	struct broker_auth *auth;     /* CURVE and the ZAP handler (auth.c); NULL: off */
 	struct broker_durable *dur;   /* --data-dir: the writer thread (durable.c); NULL: off */
-	struct broker_clients metrics_clients, admin_clients;
+	struct broker_clients metrics_clients, admin_clients, bulk_clients;
+	uint16_t bulk_port;           /* --bulk: the port bound; 0: off */
 	struct broker_watch {         /* accept failures of a listener (limits.c) */
 		void *mon;            /* its socket monitor */
 		const char *which;
@@ -428,6 +437,17 @@ struct broker {
  * add the listener to the poll set.  On error listen_fd is closed.
  * Errors: DCAST_ENOMEM, those of broker_poll_add. */
 int broker_clients_start(struct broker *b, struct broker_clients *t, int listen_fd);
+/* A non-blocking TCP listener on addr ("IPv4:PORT"; port 0 picks a free
+ * one, then in *port if port is not NULL), SO_REUSEADDR, backlog 64.
+ * Returns its fd, or a negative dcast_err: DCAST_EINVAL (addr, naming
+ * flag), DCAST_EIO (socket, bind or listen refused, with the reason). */
+int broker_tcp_listen(const char *flag, const char *addr, uint16_t *port);
+/* The address a socket is bound to, "IPv4:PORT", and its port. */
+struct broker_addr {
+	char text[32];
+	uint16_t port;
+};
+struct broker_addr broker_tcp_bound(int fd);
 /* Close client c of t and clear its slot. */
 void broker_clients_close(struct broker *b, struct broker_clients *t, struct broker_client *c);
 /* Close t's clients past their deadline. */

@@ -4,7 +4,10 @@
  * its slot, and its own readiness callback; this file takes connections
  * into free slots, closes them at their deadline or on request, and owns
  * the listener. */
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -97,4 +100,60 @@ void broker_clients_stop(struct broker *b, struct broker_clients *t)
 	broker_poll_del(b, t->listen_fd);
 	close(t->listen_fd);
 	t->listen_fd = -1;
+}
+
+static int parse_addr(const char *flag, const char *s, struct sockaddr_in *sa)
+{
+	char host[64];
+	const char *colon = strrchr(s, ':');
+	char *end;
+	unsigned long port;
+
+	if (!colon || (size_t)(colon - s) >= sizeof(host))
+		return dcast_fail(DCAST_EINVAL, "%s \"%s\": want HOST:PORT", flag, s);
+	memcpy(host, s, (size_t)(colon - s));
+	host[colon - s] = '\0';
+	port = strtoul(colon + 1, &end, 10);
+	memset(sa, 0, sizeof(*sa));
+	sa->sin_family = AF_INET;
+	sa->sin_port = htons((uint16_t)port);
+	if (*end || end == colon + 1 || port > 65535 || inet_pton(AF_INET, host, &sa->sin_addr) != 1)
+		return dcast_fail(DCAST_EINVAL, "%s \"%s\": want IPv4-HOST:PORT (0..65535; 0: "
+				  "any free port, named in the log)", flag, s);
+	return 0;
+}
+
+int broker_tcp_listen(const char *flag, const char *addr, uint16_t *port)
+{
+	struct sockaddr_in sa;
+	int fd, one = 1, rc;
+
+	if ((rc = parse_addr(flag, addr, &sa)))
+		return -rc;
+	fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) ||
+	    bind(fd, (const struct sockaddr *)&sa, sizeof(sa)) || listen(fd, 64)) {
+		rc = dcast_fail(DCAST_EIO, "%s %s: %s", flag, addr, strerror(errno));
+		if (fd >= 0)
+			close(fd);
+		return -rc;
+	}
+	if (port)
+		*port = broker_tcp_bound(fd).port;
+	return fd;
+}
+
+struct broker_addr broker_tcp_bound(int fd)
+{
+	struct broker_addr a = {"?", 0};
+	struct sockaddr_in sa;
+	socklen_t len = sizeof(sa);
+	char host[INET_ADDRSTRLEN] = "?";
+
+	if (getsockname(fd, (struct sockaddr *)&sa, &len) == 0) {
+		inet_ntop(AF_INET, &sa.sin_addr, host, sizeof(host));
+		a.port = ntohs(sa.sin_port);
+	}
+	snprintf(a.text, sizeof(a.text), "%s:%u", host, (unsigned)a.port);
+	return a;
 }

@@ -42,6 +42,7 @@ static const struct flag flags[] = {
 	{"model-idle-s", FLAG_U64, OFF(model_idle_s), "86400", "remove a model with no producer, no consumer and no open version for this long, files too (0: never)"},
 	{"read-cache-bytes", FLAG_U64, OFF(read_cache_bytes), "67108864", "--data-dir: bytes of payloads read from the segments kept for the other consumers about to take them (0: off)"},
 	{"admin-socket", FLAG_STR, OFF(admin_socket), NULL, "PATH of a UNIX socket (mode 0600) for `deltacast model delete` (off without it)"},
+	{"bulk", FLAG_STR, OFF(bulk), NULL, "IPv4:PORT for anchors sent to consumers over plain TCP with sendfile(2), outside ZeroMQ (port 0: any free one; not with --curve-secret)"},
 	{"cut-through", FLAG_BOOL, OFF(cut_through), NULL, "forward an open version's chunks to consumers as they arrive, before its COMMIT (relay trees)"},
 	{"log-level", FLAG_STR, OFF(log_level), "info", "error, warn, info or debug"},
 	/* security and observability (broker/auth.c, broker/metrics.c) */

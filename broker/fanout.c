@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "broker.h"
+#include "bulk.h"
 #include "dcast_common.h"
 #include "fold.h"
 
@@ -298,6 +299,8 @@ static int pump_one(struct broker *b, struct broker_peer *p)
 		return PUMP_IDLE; /* waits for a producer to create it */
 	if (p->model->held)
 		return PUMP_IDLE; /* a relay's restored log, maybe an earlier run's (relay.c) */
+	if (p->bulk_token)
+		return PUMP_IDLE; /* cur goes over --bulk (bulk.c), which hands the stream back */
 	if (!v) {
 		if (!(v = next_stream(p->model, p->have_version))) {
 			struct broker_manifest *mf = p->model->manifest;
@@ -310,6 +313,8 @@ static int pump_one(struct broker *b, struct broker_peer *p)
 	}
 	if (v->manifest != p->manifest_sent)
 		return send_manifest(b, p, v->manifest);
+	if (broker_bulk_wanted(b, p, v))
+		return broker_bulk_offer(b, p) ? PUMP_BLOCKED : PUMP_IDLE;
 	if (p->next_chunk == v->n_chunks && v->open)
 		return PUMP_IDLE; /* the next chunk accepted, or the COMMIT, wakes it */
 	if (p->next_chunk == v->n_chunks) {
@@ -448,6 +453,7 @@ static void consumer_hello(struct broker *b, struct broker_peer *p, dcast_wire_i
 	p->credit_bytes = p->window_bytes = h->window_bytes;
 	p->too_large_told = 0;
 	p->sent_bytes = 0;
+	p->bulk_ok = (int)h->bulk;
 	DCAST_DEBUG_ASSERT(check_consumer_credit(p));
 	p->last_recv_ms = dcast_now_ms();
 	snprintf(p->client, sizeof(p->client), "%s", h->client);

@@ -16,6 +16,7 @@
 #include "limits.h" /* accept failures watched (broker/limits.c) */
 #include "admin.h" /* --admin-socket: the listener, opened and closed here */
 #include "fold.h"  /* broker-made anchors: the work eventfd, closed here */
+#include "bulk.h"  /* --bulk: the listener, opened and closed here */
 
 #define MAX_POLL (2 + BROKER_MAX_UPSTREAM_MODELS + BROKER_MAX_EXTRA_FDS)
 
@@ -80,6 +81,7 @@ int broker_open(struct broker *b, const struct broker_config *cfg)
 	memset(b, 0, sizeof(*b));
 	b->cfg = *cfg;
 	b->metrics_clients.listen_fd = b->admin_clients.listen_fd = b->fold.efd = -1;
+	b->bulk_clients.listen_fd = -1;
 	if ((rc = peers_alloc(b)))
 		return rc;
 	broker_ingest_init(b);
@@ -95,7 +97,8 @@ int broker_open(struct broker *b, const struct broker_config *cfg)
 	if ((rc = broker_relay_open(b)) || (rc = broker_log_restore(b)) ||
 	    (rc = router_open(b, &b->producers, cfg->producers, "producers")) ||
 	    (rc = router_open(b, &b->consumers, cfg->consumers, "consumers")) ||
-	    (rc = broker_metrics_open(b)) || (rc = broker_admin_open(b)))
+	    (rc = broker_metrics_open(b)) || (rc = broker_admin_open(b)) ||
+	    (rc = broker_bulk_open(b)))
 		return rc;
 	consumers_name(b);
 	broker_relay_start(b);
@@ -156,6 +159,7 @@ static void timers(struct broker *b)
 	broker_relay_timers(b, now);
 	broker_clients_timers(b, &b->metrics_clients, now);
 	broker_clients_timers(b, &b->admin_clients, now);
+	broker_clients_timers(b, &b->bulk_clients, now);
 	broker_models_idle(b, now); /* --model-idle-s (broker/retire.c) */
 	broker_heap_trim(b, now);
 }
@@ -217,6 +221,7 @@ void broker_close(struct broker *b)
 	for (uint32_t i = 0; i < b->n_models; i++)
 		if (b->prod.arr && b->models[i]->pending)
 			broker_pending_abort(b, b->models[i], "broker shutting down");
+	broker_bulk_close(b);
 	broker_admin_close(b);
 	broker_metrics_close(b);
 	broker_durable_close(b); /* the writer finishes what is queued */

@@ -231,6 +231,10 @@ size_t broker_metrics_render(const struct broker *b, char *buf, size_t cap)
 		st->cut_through_chunks);
 	counter(&o, "cut_through_aborted_total", "aborted versions some of whose chunks had gone to consumers",
 		st->cut_through_aborted);
+	counter(&o, "bulk_versions_total", "anchors sent to consumers over --bulk connections",
+		st->bulk_versions);
+	counter(&o, "bulk_bytes_total", "bytes written to --bulk connections (frames and payloads)",
+		st->bulk_bytes);
 	counter(&o, "bytes_out_total", "payload bytes sent to consumers", st->bytes_out);
 	gauge(&o, "producers_connected", "producer parts connected", st->producers_connected);
 	gauge(&o, "consumers_connected", "consumers connected", st->consumers_connected);
@@ -397,57 +401,8 @@ static void on_client(struct broker *b, int fd, void *arg)
 		client_recv(b, c);
 }
 
-static int parse_addr(const char *s, struct sockaddr_in *sa)
-{
-	char host[64];
-	const char *colon = strrchr(s, ':');
-	char *end;
-	unsigned long port;
-
-	if (!colon || (size_t)(colon - s) >= sizeof(host))
-		return dcast_fail(DCAST_EINVAL, "--metrics \"%s\": want HOST:PORT", s);
-	memcpy(host, s, (size_t)(colon - s));
-	host[colon - s] = '\0';
-	port = strtoul(colon + 1, &end, 10);
-	memset(sa, 0, sizeof(*sa));
-	sa->sin_family = AF_INET;
-	sa->sin_port = htons((uint16_t)port);
-	if (*end || end == colon + 1 || port > 65535 || inet_pton(AF_INET, host, &sa->sin_addr) != 1)
-		return dcast_fail(DCAST_EINVAL, "--metrics \"%s\": want IPv4-HOST:PORT (0..65535; 0: "
-				  "any free port, named in the log)", s);
-	return 0;
-}
-
-/* Name the address bound: port 0 in --metrics picks a free one. */
-static void metrics_log_bound(int fd)
-{
-	struct sockaddr_in sa;
-	socklen_t len = sizeof(sa);
-	char host[INET_ADDRSTRLEN] = "?";
-
-	if (getsockname(fd, (struct sockaddr *)&sa, &len) == 0)
-		inet_ntop(AF_INET, &sa.sin_addr, host, sizeof(host));
-	DCAST_LOG_I("metrics on http://%s:%u/metrics", host, (unsigned)ntohs(sa.sin_port));
-}
-
-/* The listening socket's fd for sa, or a negative error. */
-static int listen_at(const struct broker *b, const struct sockaddr_in *sa)
-{
-	int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0), one = 1, rc;
-
-	if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) ||
-	    bind(fd, (const struct sockaddr *)sa, sizeof(*sa)) || listen(fd, 16)) {
-		rc = dcast_fail(DCAST_EIO, "--metrics %s: %s", b->cfg.metrics, strerror(errno));
-		if (fd >= 0)
-			close(fd);
-		return -rc;
-	}
-	return fd;
-}
-
 int broker_metrics_open(struct broker *b)
 {
-	struct sockaddr_in sa;
 	int fd, rc;
 
 	b->metrics_clients = (struct broker_clients){
@@ -456,15 +411,13 @@ int broker_metrics_open(struct broker *b)
 		.client_ms = METRICS_CLIENT_MS, .on_client = on_client, .on_free = client_free};
 	if (!b->cfg.metrics)
 		return 0;
-	if ((rc = parse_addr(b->cfg.metrics, &sa)))
-		return rc;
 	if (!(b->metrics_page = malloc(METRICS_HEAD_BYTES + METRICS_BODY_BYTES)))
 		return dcast_fail(DCAST_ENOMEM, "metrics buffer");
-	if ((fd = listen_at(b, &sa)) < 0)
+	if ((fd = broker_tcp_listen("--metrics", b->cfg.metrics, NULL)) < 0)
 		return -fd;
 	if ((rc = broker_clients_start(b, &b->metrics_clients, fd)))
 		return rc;
-	metrics_log_bound(fd);
+	DCAST_LOG_I("metrics on http://%s/metrics", broker_tcp_bound(fd).text);
 	return 0;
 }
 

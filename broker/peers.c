@@ -20,6 +20,8 @@ void broker_peer_reset(struct broker_peer *p)
 	p->cur = NULL;
 	p->manifest_sent = NULL;
 	p->next_chunk = 0;
+	p->bulk_token = 0; /* its bulk connection, if any, sees it and closes (bulk.c) */
+	p->bulk_taken = 0;
 }
 
 int broker_peers_init(struct broker_peers *s, uint64_t cap)

@@ -29,12 +29,25 @@
  *                       COMMIT of V or later print "received V chunks C
  *                       bytes B t_ns T cpu_ns U" (T: CLOCK_REALTIME ns;
  *                       U: this process's CPU ns so far) and exit
+ *                       [--bulk 1]          HELLO x-bulk: take an anchor
+ *                                           over the broker's --bulk port
+ *                                           (BULK), each chunk's checksum
+ *                                           checked; on a failed transfer
+ *                                           print "bulk failed: WHY" and
+ *                                           re-join without x-bulk
+ *                       [--bulk-stop-after K] close the bulk connection
+ *                                           after K frames
+ *                       [--bulk-bad-token 1] send a token never offered
  * Common: --tensors T --elems E --chunk-elems C --density-ppm D --seed S
  *         --timeout-ms MS; --server-key KEY --secret FILE: a CURVE client
  *         (the broker's Z85 public key, its own `deltacast keygen` secret).
  * Exit 0 ok, 1 failure (a line on stderr says why). */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,6 +55,7 @@
 #include <time.h>
 #include <unistd.h>
 #include "deltacast/codec.h"
+#include "dcast_bytes.h"
 #include "dcast_common.h"
 #include "dcast_curve.h"
 #include "dcast_wire.h"
@@ -55,7 +69,8 @@ static struct opts {
 	uint32_t part, parts, tensors;
 	uint64_t elems, chunk_elems, density_ppm, seed, versions, pause_at, until, bad_digest_at;
 	uint64_t bad_payload_at, hold_at;
-	int wait_error;
+	int wait_error, bulk, bulk_bad_token;
+	uint64_t bulk_stop_after;
 	uint64_t window, exit_after, timeout_ms;
 } o = {.parts = 1, .tensors = 3, .elems = 65536, .chunk_elems = 16384,
        .density_ppm = 20000, .seed = 1, .window = 1 << 20, .timeout_ms = 50000};
@@ -171,6 +186,7 @@ static void send_hello(void *s, int role, uint64_t have)
 	m.u.hello.parts = o.parts;
 	m.u.hello.have_version = have;
 	m.u.hello.window_bytes = role == DCAST_ROLE_CONSUMER ? o.window : 0;
+	m.u.hello.bulk = role == DCAST_ROLE_CONSUMER && o.bulk;
 	snprintf(m.u.hello.client, sizeof(m.u.hello.client), "wire_client-%d", (int)getpid());
 	send_msg(s, &m, NULL);
 }
@@ -704,6 +720,120 @@ static int recv_commit(struct cons *c, const dcast_commit *m)
 	return 1;
 }
 
+/* ---- the receiver's bulk transfer (docs/protocol.md, "Bulk anchors") ---- */
+
+struct bulk {
+	int fd;
+	void *s;           /* the ZeroMQ socket, heartbeated while reading */
+	uint8_t *buf;      /* a frame's header, then its payload */
+	size_t cap;
+};
+
+/* Read exactly n bytes into dst: 0, or -1 at EOF or an error (errno, or
+ * 0 for EOF).  Heartbeats on ZeroMQ every 300 ms meanwhile. */
+static int bulk_read(struct bulk *k, void *dst, size_t n)
+{
+	for (size_t got = 0; got < n;) {
+		struct pollfd pfd = {k->fd, POLLIN, 0};
+		ssize_t r;
+
+		if (dcast_now_ms() > deadline_ms)
+			die("timed out after %llu ms (bulk)", (unsigned long long)o.timeout_ms);
+		if (dcast_now_ms() - last_hb_ms >= 300) {
+			send_simple(k->s, DCAST_MSG_HEARTBEAT, 0);
+			last_hb_ms = dcast_now_ms();
+		}
+		if (poll(&pfd, 1, 100) <= 0)
+			continue;
+		if ((r = recv(k->fd, (uint8_t *)dst + got, n - got, 0)) <= 0) {
+			errno = r ? errno : 0;
+			return -1;
+		}
+		got += (size_t)r;
+	}
+	return 0;
+}
+
+static int bulk_connect(const dcast_bulk *b, uint64_t token)
+{
+	char host[256];
+	const char *h = strstr(o.endpoint, "://"), *colon = strrchr(o.endpoint, ':');
+	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)b->port)};
+	uint8_t hello[16] = {'D', 'C', 'B', '1'};
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	h = h ? h + 3 : o.endpoint;
+	snprintf(host, sizeof(host), "%.*s", colon > h ? (int)(colon - h) : 0, h);
+	if (fd < 0 || inet_pton(AF_INET, host, &sa.sin_addr) != 1)
+		die("bulk: endpoint host \"%s\" is not an IPv4 address", host);
+	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)))
+		die("bulk: connect %s:%u: %s", host, b->port, strerror(errno));
+	dcast_put_le64(hello + 8, token);
+	if (send(fd, hello, sizeof(hello), MSG_NOSIGNAL) != (ssize_t)sizeof(hello))
+		die("bulk: send: %s", strerror(errno));
+	return fd;
+}
+
+/* One frame into m (its payload in k->buf): 0, or -1 with *why set. */
+static int bulk_frame(struct bulk *k, const dcast_bulk *b, dcast_msg *m, const char **why)
+{
+	uint8_t pre[12];
+	uint32_t hl;
+	uint64_t pl;
+
+	if (bulk_read(k, pre, sizeof(pre)))
+		return *why = errno ? strerror(errno) : "the connection ended before the COMMIT", -1;
+	hl = dcast_get_le32(pre), pl = dcast_get_le64(pre + 4);
+	if (!hl || hl > DCAST_MAX_HEADER_BYTES || pl > DCAST_MAX_CHUNK_BYTES)
+		return *why = "a frame prefix out of range", -1;
+	if (hl + pl > k->cap && !(k->buf = realloc(k->buf, k->cap = hl + pl)))
+		die("out of memory");
+	if (bulk_read(k, k->buf, hl + pl))
+		return *why = "the connection ended inside a frame", -1;
+	if (dcast_msg_decode(k->buf, hl, m) || dcast_msg_check_payload(m, pl))
+		return *why = dcast_last_error(), -1;
+	if ((m->type != DCAST_MSG_CHUNK && m->type != DCAST_MSG_COMMIT) ||
+	    (m->type == DCAST_MSG_CHUNK ? m->u.chunk.version : m->u.commit.version) != b->version)
+		return dcast_msg_free(m), *why = "a frame other than the version's CHUNK or COMMIT", -1;
+	if (m->type == DCAST_MSG_CHUNK && dcast_chunk_verify(&m->u.chunk, k->buf + hl))
+		return *why = dcast_last_error(), -1;
+	return 0;
+}
+
+/* Take version b over the bulk port: 1 when it is --until's (done), 0 to
+ * go on; a failed transfer re-joins without x-bulk. */
+static int recv_bulk(struct cons *c, const dcast_bulk *b)
+{
+	struct bulk k = {.fd = bulk_connect(b, o.bulk_bad_token ? ~b->token : b->token), .s = c->s};
+	const char *why = NULL;
+	int done = -1;
+
+	c->open_chunks = c->open_bytes = 0;
+	for (uint64_t n = 0; done < 0; n++) {
+		dcast_msg m;
+
+		if (o.bulk_stop_after && n == o.bulk_stop_after) {
+			why = "--bulk-stop-after";
+			break;
+		}
+		if (bulk_frame(&k, b, &m, &why))
+			break;
+		if (m.type == DCAST_MSG_COMMIT)
+			done = recv_commit(c, &m.u.commit);
+		else
+			c->open_chunks++, c->open_bytes += m.u.chunk.payload_bytes;
+		dcast_msg_free(&m);
+	}
+	close(k.fd);
+	free(k.buf);
+	if (done >= 0)
+		return done;
+	fprintf(stderr, "bulk failed: %s\n", why);
+	o.bulk = 0;
+	cons_hello(c);
+	return 0;
+}
+
 /* One message to the receiver: 1 once it is done. */
 static int recv_one(struct cons *c, dcast_wire_in *in)
 {
@@ -718,6 +848,8 @@ static int recv_one(struct cons *c, dcast_wire_in *in)
 		return 0;
 	case DCAST_MSG_COMMIT:
 		return c->welcomed && recv_commit(c, &in->msg.u.commit);
+	case DCAST_MSG_BULK:
+		return c->welcomed && recv_bulk(c, &in->msg.u.bulk);
 	case DCAST_MSG_ERROR:
 		die("ERROR from the broker: %s", in->msg.u.error.text);
 	default:
@@ -791,6 +923,9 @@ static void parse(int argc, char **argv)
 		else if (!strcmp(k, "--stats")) o.stats_file = v;
 		else if (!strcmp(k, "--server-key")) o.server_key = v;
 		else if (!strcmp(k, "--secret")) o.secret_file = v;
+		else if (!strcmp(k, "--bulk")) o.bulk = num(v) != 0;
+		else if (!strcmp(k, "--bulk-stop-after")) o.bulk_stop_after = num(v);
+		else if (!strcmp(k, "--bulk-bad-token")) o.bulk_bad_token = num(v) != 0;
 		else die("unknown option %s", k);
 	}
 	if (o.hold_at && !o.hold_file)

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Bulk anchors (--bulk): a consumer that says x-bulk takes the anchor over
+# a TCP connection with every chunk's checksum good and the COMMIT's
+# counts met, then the deltas over ZeroMQ; from the segment files
+# (--data-dir) and from memory.  A connection closed mid-way, or one that
+# names a token never offered, is closed by the broker, which goes on: the
+# consumer re-joins without x-bulk and takes the anchor over ZeroMQ.  A
+# consumer without x-bulk, or a broker without --bulk, uses ZeroMQ only;
+# --bulk with CURVE and a bad address are refused at start.
+. "$(dirname "$0")/tools/broker_lib.sh"
+
+# receive NAME BROKER [ARGS...]: a receiver of "bk" to version 3; waits.
+receive() {
+	local name=$1 b=$2 cons
+	shift 2
+	eval "cons=\$${b}_CONS"
+	"$WC" receive "$cons" bk --until 3 --window 4194304 --timeout-ms 20000 "$@" \
+		>"$TMP/$name.out" 2>"$TMP/$name.err" || fail "$name exited $?: $(tail -2 "$TMP/$name.err")"
+	grep -q "^received 3 chunks" "$TMP/$name.out" || fail "$name: $(cat "$TMP/$name.out")"
+}
+
+# publish BROKER [ELEMS]: versions 1 (the anchor) to 3 of "bk", 3
+# tensors of ELEMS (262144) elements, acknowledged.
+publish() {
+	local prod
+	eval "prod=\$${1}_PROD"
+	"$WC" produce "$prod" bk --versions 3 --elems "${2:-262144}" >"$TMP/$1.prod.out" 2>&1 ||
+		fail "producer to $1: $(tail -2 "$TMP/$1.prod.out")"
+}
+
+# An anchor of 48 MiB: more than loopback's socket buffers hold, so a
+# transfer abandoned after 2 frames is still under way at the broker.
+start_broker_metrics disk --heartbeat-ms 200 --bulk 127.0.0.1:0 --data-dir "$TMP/disk"
+grep -q "bulk anchors on 127.0.0.1:[1-9]" "$TMP/disk.log" || fail "no bulk listener logged"
+publish disk 8388608
+receive r1 disk --bulk 1
+wait_metric disk deltacast_bulk_versions_total 1
+grep -q "bulk: consumer wire_client-[0-9]* of bk has version 1" "$TMP/disk.log" ||
+	fail "the anchor did not go over bulk"
+grep -q "bulk failed" "$TMP/r1.err" && fail "r1: $(cat "$TMP/r1.err")"
+bytes=$(metric_of "$disk_METRICS" deltacast_bulk_bytes_total)
+[ "$bytes" -gt 50331648 ] || fail "bulk bytes $bytes: less than the anchor's 48 MiB"
+
+# Closed after 2 frames by the consumer: the broker closes its end and
+# goes on; the re-join takes the anchor over ZeroMQ.
+receive r2 disk --bulk 1 --bulk-stop-after 2
+grep -q "bulk failed: --bulk-stop-after" "$TMP/r2.err" || fail "r2: $(cat "$TMP/r2.err")"
+wait_for 10 grep -qs "its consumer re-joined or left: connection closed\|frame [0-9]*: .*connection closed" \
+	"$TMP/disk.log" || fail "the broker did not close the abandoned transfer"
+
+# A token never offered: closed at once, and the same fallback.
+receive r3 disk --bulk 1 --bulk-bad-token 1
+grep -q "was never offered or is withdrawn: connection closed" "$TMP/disk.log" ||
+	fail "a bad token was not refused"
+grep -q "bulk failed" "$TMP/r3.err" || fail "r3 did not see its transfer fail"
+
+# Without x-bulk: ZeroMQ only.
+receive r4 disk
+check_metric disk deltacast_bulk_versions_total 1
+stop_broker disk
+
+# From memory (no --data-dir).
+start_broker_metrics mem --heartbeat-ms 200 --bulk 127.0.0.1:0
+publish mem
+receive r5 mem --bulk 1
+wait_metric mem deltacast_bulk_versions_total 1
+stop_broker mem
+
+# A broker without --bulk ignores x-bulk.
+start_broker_metrics off --heartbeat-ms 200
+publish off
+receive r6 off --bulk 1
+check_metric off deltacast_bulk_versions_total 0
+stop_broker off
+
+# Refused at start, naming the problem.
+"$BUILD/deltacast" keygen -o "$TMP/key" >/dev/null 2>&1 || fail "keygen"
+"$BROKER" --producers 'tcp://127.0.0.1:*' --consumers 'tcp://127.0.0.1:*' --bulk 127.0.0.1:0 \
+	--curve-secret "$TMP/key.secret" --producer-keys /dev/null 2>"$TMP/curve.err" &&
+	fail "--bulk with --curve-secret started"
+grep -q -- "--bulk with --curve-secret" "$TMP/curve.err" || fail "curve: $(cat "$TMP/curve.err")"
+"$BROKER" --producers 'tcp://127.0.0.1:*' --consumers 'tcp://127.0.0.1:*' --bulk nowhere 2>"$TMP/addr.err" &&
+	fail "--bulk nowhere started"
+grep -q -- '--bulk "nowhere": want HOST:PORT' "$TMP/addr.err" || fail "addr: $(cat "$TMP/addr.err")"
+echo "PASS"

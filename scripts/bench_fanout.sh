@@ -38,6 +38,11 @@
 #   BENCH_FANOUT_BROKER_ARGS    extra broker flags (default none: its defaults)
 #   BENCH_FANOUT_DATADIR=1      each broker with a fresh --data-dir (payloads
 #                               served from its segment files)
+#   BENCH_FANOUT_BULK (1)       1: each broker with --bulk and a fresh
+#                               --data-dir, recv consumers with --bulk 1 and
+#                               library ones as they are (they ask): anchors
+#                               over TCP with sendfile; 0: ZeroMQ only
+#                               (DELTACAST_BULK=0 for the library)
 #   BENCH_FANOUT_DOC            the doc to rewrite (docs/benchmarks.md; 0: print only)
 #   BENCH_FANOUT_KEEP=1         keep the logs
 # Every process started here is killed, and the temp dir removed, on any exit.
@@ -52,6 +57,8 @@ NS=${BENCH_FANOUT_N:-$DEF_N}
 RUNS=${BENCH_FANOUT_RUNS:-3}
 BROKER_ARGS=${BENCH_FANOUT_BROKER_ARGS:-}
 DATADIR=${BENCH_FANOUT_DATADIR:-0}
+BULK=${BENCH_FANOUT_BULK:-1}
+[ "$BULK" = 0 ] && export DELTACAST_BULK=0
 DOC=${BENCH_FANOUT_DOC:-$DEF_DOC}
 KEEP=${BENCH_FANOUT_KEEP:-0}
 TRACE=$BUILD/bench-fanout-$PARAMS
@@ -82,6 +89,7 @@ run_cmd() {
 	[ "$RUNS" = 3 ] || env+=" BENCH_FANOUT_RUNS=$RUNS"
 	[ -z "$BROKER_ARGS" ] || env+=" BENCH_FANOUT_BROKER_ARGS=\"$BROKER_ARGS\""
 	[ "$DATADIR" = 0 ] || env+=" BENCH_FANOUT_DATADIR=$DATADIR"
+	[ "$BULK" = 1 ] || env+=" BENCH_FANOUT_BULK=$BULK"
 	echo "make bench-fanout$env"
 }
 
@@ -188,7 +196,7 @@ start_consumer() {
 	local form=$1 d=$2 i=$3
 	if [ "$form" = recv ]; then
 		"$BIN/tools/wire_client" receive "$CONS_EP" bench --until 1 --window "$WINDOW" \
-			--timeout-ms 600000 >"$d/c$i.log" 2>"$d/c$i.err" &
+			--timeout-ms 600000 --bulk "$BULK" >"$d/c$i.log" 2>"$d/c$i.err" &
 	else
 		"$BIN/tools/bench_sync_consumer" "$CONS_EP" bench "$d/c$i" $NEVER >"$d/c$i.log" 2>"$d/c$i.err" &
 	fi
@@ -272,7 +280,8 @@ broker_run() {
 	[ "$form" = recv ] && word=received
 	mkdir -p "$d"
 	local dd=()
-	[ "$DATADIR" = 0 ] || dd=(--data-dir "$d/broker-data")
+	[ "$DATADIR" = 0 ] && [ "$BULK" = 0 ] || dd=(--data-dir "$d/broker-data")
+	[ "$BULK" = 0 ] || dd+=(--bulk 127.0.0.1:0)
 	e2e_start_broker "$d/broker.log" $BROKER_ARGS "${dd[@]}" || die "no broker (see $d/broker.log)"
 	mkfifo "$d/go"
 	"$BIN/tools/fault_publish" "$PROD_EP" bench 1 -1 "$MODEL" <"$d/go" >"$d/publish.log" 2>"$d/publish.err" &
@@ -330,8 +339,12 @@ main() {
 	make_model
 	say "model: $PARAMS bf16 parameters, $MODEL_BYTES bytes; N = $NS; $RUNS runs per cell"
 	for n in $NS; do row "$n"; done
+	local shown=$BROKER_ARGS
+	[ "$DATADIR" = 0 ] && [ "$BULK" = 0 ] || shown+=" --data-dir (fresh)"
+	[ "$BULK" = 0 ] || shown+=" --bulk 127.0.0.1:0"
+	shown=${shown# }
 	printf 'params %s\nmodel_bytes %s\npayload_bytes %s\nruns %s\nwindow %s\nbroker_args %s\ncpus %s\ncpu %s\nkernel %s\nload_start %s\nload_end %s\nseconds %s\ncommand %s\n' \
-		"$PARAMS" "$MODEL_BYTES" "$(cat "$ROOT/payload")" "$RUNS" "$WINDOW" "${BROKER_ARGS:-none}" \
+		"$PARAMS" "$MODEL_BYTES" "$(cat "$ROOT/payload")" "$RUNS" "$WINDOW" "${shown:-none}" \
 		"$(nproc)" "$(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -n 1)" "$(uname -sm)" \
 		"$LOAD0" "$(cut -d' ' -f1-3 /proc/loadavg)" "$SECONDS" "$(run_cmd)" >"$ROOT/meta"
 	"$PY" "$REPORT" "$ROOT" "$DOC" || die "report"

@@ -36,8 +36,9 @@ How it is measured (scripts/bench_fanout.sh): medians of {runs} runs [min..max] 
 gen-trace's first {params} bf16 version ({model} bytes).  References per N, just before the broker's runs: **raw TCP**
 (tests/tools/bench_tcp, bytes dropped; *keep the model*: each receiver reads into a model-sized buffer) and **nginx +
 curl** (`sendfile on`).  A fresh broker ({broker_args}) per run.  *Anchor in its log*: the anchor is ACKed, then N
-consumers start at once, timed to the last: `wire_client receive` ({window} MiB window, no checksum, no copy) or
-tests/tools/bench_sync_consumer (default options) at VERSION_READY.  *Publish start*: the consumers wait first, timed
+consumers start at once, timed to the last: `wire_client receive` ({window} MiB window, no checksum, no copy; with
+`--bulk 1` when the broker has `--bulk`) or tests/tools/bench_sync_consumer (default options: they ask for bulk
+anchors) at VERSION_READY.  *Publish start*: the consumers wait first, timed
 from `dcast_producer_publish()` (two hops in turn).  **CPU per GB**: user + system seconds per 10^9 bytes delivered;
 receivers by getrusage, `times` or their own line, senders by /proc/PID/task/TID/schedstat (over loopback the sender's
 system time carries much of the receivers' work).  Last line: `intake_cpu_over_tcp` (library consumers over receivers

@@ -14,7 +14,7 @@ receive() {
 	local name=$1 b=$2 cons
 	shift 2
 	eval "cons=\$${b}_CONS"
-	"$WC" receive "$cons" bk --until 3 --window 4194304 --timeout-ms 20000 "$@" \
+	"$WC" receive "$cons" bk --until 3 --window 4194304 --timeout-ms 20000 --verify 1 "$@" \
 		>"$TMP/$name.out" 2>"$TMP/$name.err" || fail "$name exited $?: $(tail -2 "$TMP/$name.err")"
 	grep -q "^received 3 chunks" "$TMP/$name.out" || fail "$name: $(cat "$TMP/$name.out")"
 }

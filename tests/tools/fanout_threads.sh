@@ -8,7 +8,11 @@
 # note on one listener per I/O thread (broker/listen.c) and its note on
 # what bounds the broker's send; on 2 cores the time is CPU-bound, the
 # split and the CPU per GB are what it shows.
-# Usage: [FANOUT_THREADS_BROKER_ARGS="--io-threads 8"] tests/tools/fanout_threads.sh [N] [SAFETENSORS]
+# Usage: [FANOUT_THREADS_BROKER_ARGS="--io-threads 8"] [FANOUT_THREADS_RECV_ARGS="--bulk 1"]
+#        tests/tools/fanout_threads.sh [N] [SAFETENSORS]
+# (bulk anchors: FANOUT_THREADS_BROKER_ARGS="--bulk 127.0.0.1:0 --data-dir DIR"
+# and FANOUT_THREADS_RECV_ARGS="--bulk 1"; the receivers then check every
+# chunk's checksum, which costs them, not the broker)
 # (run from the repo root after `make`; SAFETENSORS defaults to the 100M
 # model bench-fanout generates, build/bench-fanout-100M/v0000.safetensors).
 . "$(dirname "$0")/broker_lib.sh"
@@ -30,7 +34,8 @@ c0=$(cpu_ns)
 t0=$(date +%s%N)
 CONS=()
 for i in $(seq "$N"); do
-	"$WC" receive "$s_CONS" bench --until 1 --window $((16 << 20)) --timeout-ms 120000 >"$TMP/c$i.log" 2>&1 &
+	"$WC" receive "$s_CONS" bench --until 1 --window $((16 << 20)) --timeout-ms 120000 \
+		${FANOUT_THREADS_RECV_ARGS:-} >"$TMP/c$i.log" 2>&1 &
 	CONS+=($!)
 	PIDS+=($!)
 done

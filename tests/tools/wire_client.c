@@ -31,13 +31,13 @@
  *                       U: this process's CPU ns so far) and exit
  *                       [--bulk 1]          HELLO x-bulk: take an anchor
  *                                           over the broker's --bulk port
- *                                           (BULK), each chunk's checksum
- *                                           checked; on a failed transfer
+ *                                           (BULK); on a failed transfer
  *                                           print "bulk failed: WHY" and
  *                                           re-join without x-bulk
  *                       [--bulk-stop-after K] close the bulk connection
  *                                           after K frames
  *                       [--bulk-bad-token 1] send a token never offered
+ *                       [--verify 1]        check each bulk CHUNK's checksum
  * Common: --tensors T --elems E --chunk-elems C --density-ppm D --seed S
  *         --timeout-ms MS; --server-key KEY --secret FILE: a CURVE client
  *         (the broker's Z85 public key, its own `deltacast keygen` secret).
@@ -69,7 +69,7 @@ static struct opts {
 	uint32_t part, parts, tensors;
 	uint64_t elems, chunk_elems, density_ppm, seed, versions, pause_at, until, bad_digest_at;
 	uint64_t bad_payload_at, hold_at;
-	int wait_error, bulk, bulk_bad_token;
+	int wait_error, bulk, bulk_bad_token, verify;
 	uint64_t bulk_stop_after;
 	uint64_t window, exit_after, timeout_ms;
 } o = {.parts = 1, .tensors = 3, .elems = 65536, .chunk_elems = 16384,
@@ -795,8 +795,8 @@ static int bulk_frame(struct bulk *k, const dcast_bulk *b, dcast_msg *m, const c
 	if ((m->type != DCAST_MSG_CHUNK && m->type != DCAST_MSG_COMMIT) ||
 	    (m->type == DCAST_MSG_CHUNK ? m->u.chunk.version : m->u.commit.version) != b->version)
 		return dcast_msg_free(m), *why = "a frame other than the version's CHUNK or COMMIT", -1;
-	if (m->type == DCAST_MSG_CHUNK && dcast_chunk_verify(&m->u.chunk, k->buf + hl))
-		return *why = dcast_last_error(), -1;
+	if (o.verify && m->type == DCAST_MSG_CHUNK && dcast_chunk_verify(&m->u.chunk, k->buf + hl))
+		return dcast_msg_free(m), *why = dcast_last_error(), -1;
 	return 0;
 }
 
@@ -926,6 +926,7 @@ static void parse(int argc, char **argv)
 		else if (!strcmp(k, "--bulk")) o.bulk = num(v) != 0;
 		else if (!strcmp(k, "--bulk-stop-after")) o.bulk_stop_after = num(v);
 		else if (!strcmp(k, "--bulk-bad-token")) o.bulk_bad_token = num(v) != 0;
+		else if (!strcmp(k, "--verify")) o.verify = num(v) != 0;
 		else die("unknown option %s", k);
 	}
 	if (o.hold_at && !o.hold_file)

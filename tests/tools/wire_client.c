@@ -743,9 +743,12 @@ static int bulk_read(struct bulk *k, void *dst, size_t n)
 			send_simple(k->s, DCAST_MSG_HEARTBEAT, 0);
 			last_hb_ms = dcast_now_ms();
 		}
-		if (poll(&pfd, 1, 100) <= 0)
+		r = recv(k->fd, (uint8_t *)dst + got, n - got, MSG_DONTWAIT);
+		if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+			poll(&pfd, 1, 100);
 			continue;
-		if ((r = recv(k->fd, (uint8_t *)dst + got, n - got, 0)) <= 0) {
+		}
+		if (r <= 0) {
 			errno = r ? errno : 0;
 			return -1;
 		}

@@ -23,7 +23,11 @@
 # FAULT_CUT_THROUGH=1 starts every trial's broker with --cut-through (open
 # versions stream ahead of their COMMIT, and faults strike inside them;
 # each trial line says how many chunks went ahead, "-" without the flag),
-# FAULT_CUT_THROUGH=alt those of odd seeds; default 0, none.  Exit 0
+# FAULT_CUT_THROUGH=alt those of odd seeds; default 0, none.
+# FAULT_BULK=1 (or alt: even seeds) starts every trial's broker with --bulk
+# (anchors go to the consumers over TCP with sendfile, and faults strike
+# inside those transfers; each trial line says how many went so, "-"
+# without the flag); default 0, none.  Exit 0
 # only when no trial diverged or failed to converge.
 set -u
 . "$(dirname "$0")/e2e_lib.sh"
@@ -80,7 +84,7 @@ use_trace A
 rnd() { R=$((RANDOM % $1)); }
 
 # ---- per-trial state ----
-T= BPORT= PPORT= PROXY_PID= PROXY_SIDE= PUB_PID= TRIAL_ENV=() CUT=() AHEAD=
+T= BPORT= PPORT= PROXY_PID= PROXY_SIDE= PUB_PID= TRIAL_ENV=() CUT=() AHEAD= BULK=() BULKN=
 declare -a CPID CDONE CREST CERRPOS
 FAULTS=0
 
@@ -92,14 +96,14 @@ broker_start() {
 		for try in $(seq 0 29); do
 			port=$(e2e_pick_port "$try")
 			e2e_start_broker_at "$T/broker.log" "$port" --data-dir "$T/data" --heartbeat-ms 500 \
-				--metrics "127.0.0.1:$((port + 2))" "${CUT[@]}" && { BPORT=$port; return 0; }
+				--metrics "127.0.0.1:$((port + 2))" "${CUT[@]}" "${BULK[@]}" && { BPORT=$port; return 0; }
 		done
 		return 1
 	else
 		local i
 		for i in $(seq 20); do
 			e2e_start_broker_at "$T/broker.log" "$BPORT" --data-dir "$T/data" --heartbeat-ms 500 \
-				--metrics "127.0.0.1:$((BPORT + 2))" "${CUT[@]}" && return 0
+				--metrics "127.0.0.1:$((BPORT + 2))" "${CUT[@]}" "${BULK[@]}" && return 0
 			sleep 0.2
 		done
 		return 1
@@ -416,6 +420,25 @@ cut_through() {
 	esac
 }
 
+# bulk_flags SEED: BULK, the broker's --bulk for this trial (FAULT_BULK).
+bulk_flags() {
+	BULK=()
+	case "${FAULT_BULK:-0}" in
+	1) BULK=(--bulk 127.0.0.1:0) ;;
+	alt) [ $(($1 % 2)) = 0 ] && BULK=(--bulk 127.0.0.1:0) ;;
+	esac
+}
+
+# bulk_count: BULKN, the anchors the broker (its last start) sent over
+# --bulk, from its metrics; "-" without.
+bulk_count() {
+	BULKN=-
+	[ ${#BULK[@]} = 0 ] && return
+	BULKN=$("$DC" status --broker "127.0.0.1:$((BPORT + 2))" --raw 2>/dev/null |
+		awk '$1 == "deltacast_bulk_versions_total" {print $2}')
+	say "anchors sent over bulk: ${BULKN:=?}"
+}
+
 # ahead_count: AHEAD, the chunks the broker (its last start) sent before
 # their version's COMMIT (--cut-through), from its metrics; "-" without.
 ahead_count() {
@@ -436,7 +459,8 @@ run_trial() {
 	rnd 3; local uring=1; [ $R = 0 ] && { uring=0; TRIAL_ENV+=(DELTACAST_IO_URING=0); }
 	rnd 3; nfaults=$((R + 1))
 	cut_through "$seed"
-	say "seed $seed kind $kind faults $nfaults io_uring $uring${CUT:+ cut-through}"
+	bulk_flags "$seed"
+	say "seed $seed kind $kind faults $nfaults io_uring $uring${CUT:+ cut-through}${BULK:+ bulk}"
 	export DELTACAST_IO_URING=$uring
 	[ $uring = 1 ] && unset DELTACAST_IO_URING
 	KIND=$kind URING=$uring CONV=0 DIVERGED=0
@@ -470,6 +494,7 @@ run_trial() {
 	recover || conv=0
 	[ $conv = 1 ] && { final_equal || conv=0; }
 	ahead_count
+	bulk_count
 	[ -n "$PROXY_SIDE" ] && proxy_tally
 	check
 	e2e_cleanup
@@ -489,7 +514,7 @@ declare -A N_TRIALS N_FAULTS N_DIV N_FAIL
 failed_seeds=""
 for seed in "${SEEDLIST[@]}"; do
 	run_trial "$seed"
-	kind=$KIND nf=$FAULTS dv=$DIVERGED conv=$CONV uring=$URING ct=$AHEAD
+	kind=$KIND nf=$FAULTS dv=$DIVERGED conv=$CONV uring=$URING ct=$AHEAD bk=$BULKN
 	for k in "$kind" $([ "$uring" = 0 ] && echo io_uring_refused); do
 		N_TRIALS[$k]=$((${N_TRIALS[$k]:-0} + 1))
 		N_FAULTS[$k]=$((${N_FAULTS[$k]:-0} + nf))
@@ -502,8 +527,8 @@ for seed in "${SEEDLIST[@]}"; do
 		sed 's/^/    | /' "$ROOT/t$seed/trial.log"
 		for f in "$ROOT/t$seed"/*.err; do tail -n 3 "$f" | sed "s#^#    | $(basename "$f"): #"; done
 	fi
-	printf 'trial SEED=%-8s %-16s faults %3s  io_uring %s  sent ahead %-5s  divergences %s  converged %s  %s\n' \
-		"$seed" "$kind" "$nf" "$([ "$uring" = 1 ] && echo on || echo off)" "$ct" "$dv" "$conv" "$status"
+	printf 'trial SEED=%-8s %-16s faults %3s  io_uring %s  sent ahead %-5s  bulk %-3s  divergences %s  converged %s  %s\n' \
+		"$seed" "$kind" "$nf" "$([ "$uring" = 1 ] && echo on || echo off)" "$ct" "$bk" "$dv" "$conv" "$status"
 	[ "$status" = ok ] && [ "${FAULT_KEEP:-}" != 1 ] && rm -rf "$ROOT/t$seed"
 done
 

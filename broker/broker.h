@@ -47,6 +47,7 @@ struct broker_config {
 					     (0 in the flags: a quarter of physical memory) */
 	uint64_t producer_window_bytes; /* --producer-window-bytes */
 	uint64_t upstream_window_bytes; /* --upstream-window-bytes */
+	uint64_t consumer_sndbuf_bytes; /* --consumer-sndbuf-bytes: SO_SNDBUF per consumer (io.c) */
 	uint64_t part_timeout_ms;   /* --part-timeout-ms */
 	uint64_t heartbeat_ms;      /* --heartbeat-ms */
 	uint64_t io_threads;        /* --io-threads: ZeroMQ I/O threads */
@@ -331,12 +332,15 @@ int broker_send_msg(struct broker *b, void *sock, struct broker_peer *p, const d
  * the bytes).  Errors: the encoder's, DCAST_EZMQ; *out is then untouched. */
 int broker_frame_encode(const dcast_msg *m, zmq_msg_t *out);
 /* Options of every ROUTER before bind (which: "producers"/"consumers") and
- * upstream DEALER before connect ("upstream"): CURVE (auth.c) among them. */
+ * upstream DEALER before connect ("upstream"): CURVE (auth.c) among them,
+ * and on "consumers" --consumer-sndbuf-bytes (ZMQ_SNDBUF, which
+ * broker_bind's own listeners copy).  Errors: DCAST_EZMQ, named. */
 int broker_socket_setup(struct broker *b, void *sock, const char *which);
 
 /* Bind sock (a ROUTER) to endpoint: a TCP endpoint of an IPv4 address or
  * "*" once per ZeroMQ I/O thread, each listener's connections on its own
- * thread (listen.c); any other endpoint as ZeroMQ binds it.  Returns 0, or
+ * thread (listen.c), with sock's ZMQ_SNDBUF as ZeroMQ's own listeners get
+ * it; any other endpoint as ZeroMQ binds it.  Returns 0, or
  * DCAST_EZMQ naming the flag (which), the endpoint and the reason (the
  * port held by anything else, a bad address). */
 int broker_bind(struct broker *b, void *sock, const char *endpoint, const char *which);

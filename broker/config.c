@@ -33,6 +33,7 @@ static const struct flag flags[] = {
 	{"max-pending-total-bytes", FLAG_U64, OFF(max_pending_total_bytes), "0", "memory held by the uncommitted versions of all models (0: a quarter of physical memory)"},
 	{"producer-window-bytes", FLAG_U64, OFF(producer_window_bytes), "268435456", "credit granted to each producer part"},
 	{"upstream-window-bytes", FLAG_U64, OFF(upstream_window_bytes), "1073741824", "credit granted to the upstream broker (relay)"},
+	{"consumer-sndbuf-bytes", FLAG_U64, OFF(consumer_sndbuf_bytes), "0", "kernel send buffer (SO_SNDBUF) of each consumer connection, so the round-robin pump shares a slow uplink fairly (0: the kernel's autotuning)"},
 	{"part-timeout-ms", FLAG_U64, OFF(part_timeout_ms), "30000", "a part silent this long mid-version aborts the version"},
 	{"heartbeat-ms", FLAG_U64, OFF(heartbeat_ms), "1000", "heartbeat interval; peers silent 3x this are dropped"},
 	{"io-threads", FLAG_U64, OFF(io_threads), "0", "ZeroMQ I/O threads (they do the sockets' TCP reads and writes); 0: half the CPUs, 2 to 8"},
@@ -329,6 +330,9 @@ int broker_config_check(const struct broker_config *c)
 	if (!rc) rc = need(c->upstream_window_bytes >= 1 &&
 			   c->upstream_window_bytes <= DCAST_MAX_CREDIT_BYTES,
 			   "--upstream-window-bytes must be in [1, 2^40]");
+	if (!rc) rc = need(!c->consumer_sndbuf_bytes ||
+			   (c->consumer_sndbuf_bytes >= 4096 && c->consumer_sndbuf_bytes <= INT32_MAX),
+			   "--consumer-sndbuf-bytes must be 0 or in [4096, 2147483647]");
 	if (!rc) rc = need(c->model_idle_s <= 10ull * 365 * 86400,
 			   "--model-idle-s must be at most 315360000 (10 years; 0 = never)");
 	if (!rc) rc = need(!c->admin_socket || (*c->admin_socket && strlen(c->admin_socket) < 108),

@@ -63,12 +63,32 @@ int broker_send_msg(struct broker *b, void *sock, struct broker_peer *p, const d
 	return dcast_wire_send(sock, p->rid, p->rid_len, m, NULL, ZMQ_DONTWAIT);
 }
 
+/* --consumer-sndbuf-bytes on the consumer socket: ZMQ_SNDBUF, the
+ * SO_SNDBUF of its listeners (listen.c's too), which the connections they
+ * accept inherit.  The kernel autotunes a TCP send buffer
+ * up to megabytes (net.ipv4.tcp_wmem), so on a slow uplink one consumer's
+ * connection can hold half a model in flight while a sibling's starves,
+ * whatever the pump's round robin; a fixed small buffer keeps each
+ * connection's share of the link near its share of the pump's turns. */
+static int consumer_sndbuf(struct broker *b, void *sock)
+{
+	int bytes = (int)b->cfg.consumer_sndbuf_bytes;
+
+	if (!bytes)
+		return 0;
+	if (zmq_setsockopt(sock, ZMQ_SNDBUF, &bytes, sizeof(bytes)))
+		return dcast_fail(DCAST_EZMQ, "--consumer-sndbuf-bytes %d: ZMQ_SNDBUF: %s", bytes,
+				  zmq_strerror(errno));
+	return 0;
+}
+
 /* Hook: CURVE and other socket options go here, before bind/connect. */
 int broker_socket_setup(struct broker *b, void *sock, const char *which)
 {
 	int one = 1;
 
-	(void)b;
+	if (!strcmp(which, "consumers") && consumer_sndbuf(b, sock))
+		return DCAST_EZMQ;
 	if (dcast_wire_socket_opts(sock))
 		return dcast_fail(DCAST_EZMQ, "%s socket: %s", which, dcast_last_error());
 	if (strcmp(which, "upstream") &&

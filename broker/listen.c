@@ -99,6 +99,19 @@ static int probe_port(struct sockaddr_in *sa, const char *endpoint, const char *
 	return 0;
 }
 
+/* ZeroMQ sets ZMQ_SNDBUF on the listeners it makes, and the connections
+ * they accept inherit it; on a listener of ours (ZMQ_USE_FD) it sets
+ * nothing, so the socket's ZMQ_SNDBUF (-1: the kernel's) is set here. */
+static int listener_sndbuf(void *sock, int fd)
+{
+	int bytes = -1;
+	size_t len = sizeof(bytes);
+
+	if (zmq_getsockopt(sock, ZMQ_SNDBUF, &bytes, &len) || bytes < 0)
+		return 0;
+	return setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof(bytes));
+}
+
 /* Listener i of the group: its socket, handed to ZeroMQ for thread i. */
 static int bind_one(void *sock, const struct sockaddr_in *sa, const char *host, unsigned i, const char *which)
 {
@@ -109,6 +122,11 @@ static int bind_one(void *sock, const struct sockaddr_in *sa, const char *host, 
 	snprintf(ep, sizeof(ep), "tcp://%s:%u", host, (unsigned)ntohs(sa->sin_port));
 	if (fd < 0)
 		return dcast_fail(DCAST_EZMQ, "--%s %s: listener %u: %s", which, ep, i, strerror(errno));
+	if (listener_sndbuf(sock, fd)) {
+		int e = errno;
+		close(fd);
+		return dcast_fail(DCAST_EZMQ, "--%s %s: listener %u: SO_SNDBUF: %s", which, ep, i, strerror(e));
+	}
 	if (zmq_setsockopt(sock, ZMQ_USE_FD, &fd, sizeof(fd)) ||
 	    zmq_setsockopt(sock, ZMQ_AFFINITY, &affinity, sizeof(affinity)) || zmq_bind(sock, ep)) {
 		int e = errno;

@@ -23,7 +23,14 @@
 #          BENCH_CLUSTER_TREE3_RATE; a BENCH_CLUSTER_TREE3_PARAMS model's
 #          anchor then one ~1% delta, with every broker store and forward,
 #          then every broker with --cut-through (a broker that refuses the
-#          flag fails that row, and the script, once the report is out)
+#          flag fails that row, and the script, once the report is out);
+#          every tree3 broker also gets BENCH_CLUSTER_TREE3_FLAGS (default
+#          --consumer-sndbuf-bytes 32768, set and empty: none; four
+#          consumers' connections, twice that each in the kernel, about
+#          fill a link's 100 ms tbf queue, so none starves a sibling:
+#          docs/operations.md);
+#          BENCH_CLUSTER_TREE3 names the modes run (default "sf ct"; "ct":
+#          the cut-through row alone, print only)
 # Writes the tables between the bench-cluster markers (the tree3 row: its
 # own markers) in docs/benchmarks.md and docs/plots/bench_cluster_*.png
 # (BENCH_DOC=0: print only).  BENCH_CLUSTER_QUICK=1: N = 8 16, a 4M model;
@@ -46,6 +53,8 @@ fi
 ROWS=${BENCH_CLUSTER_ROWS:-star tree http xorz tree3}
 T3_RATE=${BENCH_CLUSTER_TREE3_RATE:-20mbit}
 T3_CUT_FLAGS=${BENCH_CLUSTER_CUT_FLAGS:---cut-through}
+T3_MODES=${BENCH_CLUSTER_TREE3:-sf ct}
+T3_FLAGS=${BENCH_CLUSTER_TREE3_FLAGS---consumer-sndbuf-bytes 32768}
 RATE=${BENCH_CLUSTER_RATE:-100mbit}
 EDGE=${BENCH_CLUSTER_EDGE:-1gbit}
 RELAYS=${BENCH_CLUSTER_RELAYS:-4}
@@ -59,6 +68,11 @@ for row in $ROWS; do
 	[[ $row =~ ^(star|tree|http|xorz|tree3)$ ]] ||
 		{ echo "bench-cluster: BENCH_CLUSTER_ROWS: unknown row '$row' (rows: star tree http xorz tree3)" >&2; exit 2; }
 done
+for mode in $T3_MODES; do
+	[[ $mode =~ ^(sf|ct)$ ]] ||
+		{ echo "bench-cluster: BENCH_CLUSTER_TREE3: unknown mode '$mode' (modes: sf ct)" >&2; exit 2; }
+done
+[ "$T3_MODES" = "sf ct" ] || DOC=0
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 why=$(cl_usable)
 [ -z "$why" ] || { echo "bench-cluster: cannot build network namespaces here: $why" >&2; exit 77; }
@@ -122,14 +136,16 @@ cut_refused() {
 }
 
 # tree3_row MODE: the equal-rate tree, every broker store and forward (sf)
-# or with T3_CUT_FLAGS (ct); one JSON line, or a failed one where the
+# or with T3_CUT_FLAGS (ct), and T3_FLAGS either way; one JSON line, or a failed one where the
 # broker refuses the flag.
 tree3_row() {
-	local mode=$1 spec=ktree:$T3_FAN:3 flags=() why
+	local mode=$1 spec=ktree:$T3_FAN:3 flags=() cut=() why
 	RUN=$ROOT/tree3-$mode
 	VFILES=("${T3_FILES[@]}")
-	[ "$mode" = ct ] && read -ra flags <<<"$T3_CUT_FLAGS"
-	echo "bench-cluster: tree3, every link $T3_RATE, brokers ${flags[*]:-store and forward}" >&2
+	[ "$mode" = ct ] && read -ra cut <<<"$T3_CUT_FLAGS"
+	read -ra flags <<<"$T3_FLAGS"
+	flags+=("${cut[@]}")
+	echo "bench-cluster: tree3, every link $T3_RATE, brokers ${cut[*]:-store and forward} $T3_FLAGS" >&2
 	if ! cluster_versions "$spec" "$T3_RATE" "$T3_RATE" "${flags[@]}"; then
 		cut_refused || die "$spec: brokers (${flags[*]})"
 		why="deltacast-broker refuses $T3_CUT_FLAGS (exit $CL_BROKER_EXIT)"
@@ -278,17 +294,16 @@ if want tree3; then
 	trace "$ROOT/trace3" "$T3_PARAMS" 1
 	T3_FILES=("$ROOT"/trace3/v*.safetensors)
 	T3_MODEL_BYTES=$(stat -c %s "${T3_FILES[0]}")
-	tree3_row sf
-	tree3_row ct
+	for mode in $T3_MODES; do tree3_row "$mode"; done
 fi
 CMD="make bench-cluster"
 [ "$QUICK" = 1 ] && CMD+=" BENCH_CLUSTER_QUICK=1"
 [ -n "${BENCH_CLUSTER_ROWS:-}" ] && CMD+=" BENCH_CLUSTER_ROWS='$ROWS'"
 COMMIT=$(git -C "$HERE/.." rev-parse --short HEAD 2>/dev/null || echo unknown)
-META=$(printf '{"cmd": "%s", "params": "%s", "model_bytes": %d, "rate": "%s", "edge": "%s", "relays": %d, "deltas": %d, "heartbeat_ms": %d, "range_elems": %d, "cpus": %d, "load0": "%s", "load1": "%s", "seconds": %d, "netem": %d, "t3_fan": %d, "t3_params": "%s", "t3_model_bytes": %d, "t3_rate": "%s", "t3_cut_flags": "%s", "date": "%s", "commit": "%s"}' \
+META=$(printf '{"cmd": "%s", "params": "%s", "model_bytes": %d, "rate": "%s", "edge": "%s", "relays": %d, "deltas": %d, "heartbeat_ms": %d, "range_elems": %d, "cpus": %d, "load0": "%s", "load1": "%s", "seconds": %d, "netem": %d, "t3_fan": %d, "t3_params": "%s", "t3_model_bytes": %d, "t3_rate": "%s", "t3_cut_flags": "%s", "t3_flags": "%s", "date": "%s", "commit": "%s"}' \
 	"$CMD" "$PARAMS" "$MODEL_BYTES" "$RATE" "$EDGE" "$RELAYS" "$DELTAS" "$HB" "$CL_RANGE_ELEMS" "$(nproc)" \
 	"$LOAD0" "$(cut -d' ' -f1-3 /proc/loadavg)" "$SECONDS" "$((1 - ${CL_NO_NETEM:-0}))" \
-	"$T3_FAN" "$T3_PARAMS" "$T3_MODEL_BYTES" "$T3_RATE" "$T3_CUT_FLAGS" "$(date -u +%F)" "$COMMIT")
+	"$T3_FAN" "$T3_PARAMS" "$T3_MODEL_BYTES" "$T3_RATE" "$T3_CUT_FLAGS" "$T3_FLAGS" "$(date -u +%F)" "$COMMIT")
 if [ "$DOC" = 0 ]; then
 	"$PY" "$HERE/bench_cluster_report.py" "$ROOT/rows.jsonl" "$META"
 else

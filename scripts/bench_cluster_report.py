@@ -230,13 +230,15 @@ def tree3_section(rows, meta):
     out = [T3_BEGIN, "",
            "`%s`, %s, tree at %s, load %s before, %s after: %s bf16 parameters (%s), the anchor then a ~1%% "
            "delta; root (trainer + broker) to %d relays to %d relays to %d workers, every link %s (tbf); brokers "
-           "`--heartbeat-ms %d --anchor-fraction 0`, cut-through ones also `%s`.  Seconds from publish start to "
+           "`%s`, cut-through ones also `%s`.  Seconds from publish start to "
            "the version applied on every worker; the floor (s, in brackets): the busiest link's bytes at the switch "
            "(a broker's, %d copies) over its rate.  CPU during the anchor, shares of all %d cores (/proc/stat): busy "
            "(other users' too) / softirq (packets) / the cluster's processes." % (
                meta["cmd"], meta["date"], meta["commit"], meta["load0"].split()[0], meta["load1"].split()[0],
                meta["t3_params"], fmt_b(meta["t3_model_bytes"]), f, f * f, f ** 3, meta["t3_rate"],
-               meta["heartbeat_ms"], meta["t3_cut_flags"], f, meta["cpus"]),
+               " ".join(["--heartbeat-ms %d --anchor-fraction 0" % meta["heartbeat_ms"]] +
+                        ([meta["t3_flags"]] if meta.get("t3_flags") else [])),
+               meta["t3_cut_flags"], f, meta["cpus"]),
            "",
            "| brokers | anchor, s | / floor | delta, s | / floor | CPU |",
            "|---|---|---|---|---|---|"]

@@ -14,6 +14,7 @@
 #   --range-elems N elements per chunk (default 131072)
 #   --heartbeat-ms MS  the brokers' heartbeat (default: the broker's, 1000)
 #   --cut-through   every broker and relay forwards open versions' chunks
+#   --consumer-sndbuf-bytes N  every broker's consumer connections' SO_SNDBUF
 #   --keep          keep the run's folder
 # Example: scripts/cluster.sh tree:2:6 --params 1M --versions 5
 set -u
@@ -34,6 +35,7 @@ while [ $# -gt 0 ]; do
 	--range-elems) CL_RANGE_ELEMS=$2; shift ;;
 	--heartbeat-ms) BROKER_FLAGS+=(--heartbeat-ms "$2"); shift ;;
 	--cut-through) BROKER_FLAGS+=(--cut-through) ;;
+	--consumer-sndbuf-bytes) BROKER_FLAGS+=(--consumer-sndbuf-bytes "$2"); shift ;;
 	--keep) KEEP=1 ;;
 	*) echo "cluster: unknown option $1" >&2; exit 2 ;;
 	esac

@@ -4,6 +4,7 @@
  * there is no address to connect to, so the host of the producer's own
  * endpoint takes its place: the same broker, reached the same way. */
 #include <string.h>
+#include "dcast_endpoint.h"
 #include "producer_shared.h"
 
 #define TCP "tcp://"
@@ -19,27 +20,10 @@ static int is_wildcard(const char *host, size_t n)
 	return 0;
 }
 
-/* The host of a tcp:// endpoint ("tcp://[SRC;]HOST:PORT") at *host, its
- * length returned; 0 for any other transport or no port. */
-static size_t tcp_host(const char *ep, const char **host)
-{
-	const char *a, *semi, *colon;
-
-	if (strncmp(ep, TCP, strlen(TCP)) != 0)
-		return 0;
-	a = ep + strlen(TCP);
-	if ((semi = strchr(a, ';')))
-		a = semi + 1;
-	if (!(colon = strrchr(a, ':')))
-		return 0;
-	*host = a;
-	return (size_t)(colon - a);
-}
-
 static int resolve(const dcast_producer *p, char *out, size_t cap, const char *what)
 {
 	const char *named = p->conn.consumers, *host = NULL, *ours = LOOPBACK;
-	size_t n = tcp_host(named, &host), n_ours = tcp_host(p->endpoint, &ours);
+	size_t n = dcast_tcp_host(named, &host), n_ours = dcast_tcp_host(p->endpoint, &ours);
 	int len;
 
 	if (!n || !is_wildcard(host, n))

@@ -17,6 +17,7 @@
 #include "deltacast/codec.h"
 #include "deltacast/consumer.h"
 #include "proc.h"
+#include "router_peer.h"
 
 #define N 64
 #define MODEL "hostile"
@@ -26,21 +27,13 @@ static zmq_msg_t rid;
 
 static void send_to(dcast_msg *m, const void *payload, size_t len)
 {
-	zmq_msg_t p;
-
-	REQUIRE(zmq_msg_init_size(&p, len) == 0);
-	if (len)
-		memcpy(zmq_msg_data(&p), payload, len);
-	REQUIRE(dcast_wire_send(router, zmq_msg_data(&rid), zmq_msg_size(&rid), m, len ? &p : NULL, 0) == 0);
-	if (!len)
-		zmq_msg_close(&p);
+	rp_send(router, &rid, m, payload, len);
 }
 
 /* The consumer's HELLO: keep its routing id, answer WELCOME and MANIFEST. */
 static void welcome(void)
 {
 	dcast_wire_in in;
-	dcast_msg m;
 
 	do
 		REQUIRE(dcast_wire_recv(router, 1, &in, 0) == 0);
@@ -48,41 +41,18 @@ static void welcome(void)
 	zmq_msg_init(&rid);
 	zmq_msg_copy(&rid, &in.rid);
 	dcast_wire_in_close(&in);
-	dcast_msg_init(&m, DCAST_MSG_WELCOME);
-	strcpy(m.u.welcome.model, MODEL);
-	m.u.welcome.version = m.u.welcome.anchor_version = DCAST_VERSION_NONE;
-	m.u.welcome.heartbeat_ms = 60000;
-	m.u.welcome.run = 0x1234;
-	send_to(&m, NULL, 0);
-	dcast_tensor_desc t;
-	chunk_fit_manifest(&m, &t, MODEL);
-	send_to(&m, NULL, 0);
+	rp_welcome(router, &rid, MODEL);
 }
 
 /* An anchor of `version` holding w, as one CHUNK and its COMMIT. */
 static void anchor(uint64_t version, const uint16_t *w)
 {
-	dcast_range_digest d = {0, 0, N, 0};
-	dcast_msg m;
+	dcast_range_digest d;
+	dcast_msg chunk, commit;
 
-	dcast_msg_init(&m, DCAST_MSG_CHUNK);
-	strcpy(m.u.chunk.model, MODEL);
-	m.u.chunk.version = version;
-	m.u.chunk.base_version = DCAST_VERSION_NONE;
-	m.u.chunk.anchor = 1;
-	m.u.chunk.count = N, m.u.chunk.elem_size = 2, m.u.chunk.changed = N;
-	m.u.chunk.encoding = DCAST_ENC_DENSE, m.u.chunk.payload_bytes = N * 2;
-	dcast_chunk_seal(&m.u.chunk, w);
-	send_to(&m, w, N * 2);
-	REQUIRE(dcast_ldigest(0, 0, w, N, 2, &d.digest) == 0);
-	dcast_msg_init(&m, DCAST_MSG_COMMIT);
-	strcpy(m.u.commit.model, MODEL);
-	m.u.commit.version = version;
-	m.u.commit.base_version = DCAST_VERSION_NONE;
-	m.u.commit.anchor = 1, m.u.commit.parts = 1, m.u.commit.chunks = 1, m.u.commit.bytes = N * 2;
-	m.u.commit.n_digests = 1;
-	m.u.commit.digests = &d;
-	send_to(&m, NULL, 0);
+	rp_anchor(&chunk, &commit, &d, MODEL, version, w);
+	send_to(&chunk, w, N * 2);
+	send_to(&commit, NULL, 0);
 }
 
 /* The next event of type `type` within 10 s, into *ev. */

@@ -9,7 +9,8 @@
  *   apply.c (one version, transactional),
  *   verify.c (digests), outbox.c (what callers leave for the session
  *   thread), recover.c (the recovery policy), staged.c (a staged
- *   version's chunks read back);
+ *   version's chunks read back), bulk.c (an anchor's bulk TCP
+ *   connection);
  *   the local checkpoint, behind store/store.h: store/store.c,
  *   store/ckpt_load.c, store/fold.c, store/anchor_new.c, store/anchor.c,
  *   store/ckpt.c, store/syncer.c;
@@ -238,6 +239,30 @@ typedef struct cs_outbox {
 	uint32_t refusals;             /* row: the re-join backs off (cs_refusal_backoff) */
 } cs_outbox;
 
+/* An anchor coming over a bulk TCP connection (bulk.c; docs/protocol.md,
+ * "Bulk anchors"): the connection, the frame being read, and its payload
+ * bytes received and freed since it began (cs_credit_free counts the
+ * freed bytes of `version` here, not as CREDIT: they are outside the
+ * ZeroMQ window).  The session thread's alone. */
+typedef struct cs_bulk {
+	int fd;                        /* the connection, -1 when none */
+	int connected;                 /* connect done, the opening being sent or sent */
+	int off;                       /* never asked for again (a transfer failed) */
+	uint64_t version;              /* the anchor coming, NONE when no connection */
+	uint64_t received, freed;      /* its payload bytes */
+	uint64_t last_ms;              /* bytes last moved (or the window held them back) */
+	uint64_t frames;               /* frames read */
+	unsigned char opening[16];     /* "DCB1", 4 zero bytes, the token (u64 LE) */
+	uint32_t opening_sent;
+	unsigned char prefix[12];      /* the frame being read: its prefix, */
+	uint32_t prefix_got;
+	unsigned char *head;           /* its header (head_cap bytes allocated), */
+	uint32_t head_cap, head_len, head_got;
+	zmq_msg_t payload;             /* its payload, read straight in */
+	uint64_t payload_len, payload_got;
+	int has_payload;               /* payload initialised (after the prefix) */
+} cs_bulk;
+
 /* The session with the broker (session.c): its thread, socket, timers,
  * credit and the fold it asks of the store (fold_due: the policy wants
  * one, cs_store_fold_start on its next turn).  Fields under `own` are the thread's alone,
@@ -305,6 +330,7 @@ struct dcast_consumer {
 	pthread_cond_t ev_cv;          /* an event was pushed, or the thread stopped */
 	cs_session ss;
 	cs_outbox ob;
+	cs_bulk bulk;
 	struct cs_store *store;        /* the local checkpoint (store/store.h): the pointer
 					* fixed from open to close, its fields under its own mutex */
 	cs_vscratch vs;
@@ -345,15 +371,19 @@ static inline unsigned char *cs_chunk_dst(const dcast_consumer *c, const cs_chun
  * the start of a fold from the disk and before the fdatasync of an anchor
  * file's seal (store/anchor_new.c).  cs_fault_fold_piece: in a fold from
  * the disk, after each piece is durable and before it is punched out of
- * the anchor file (store/fold.c). */
+ * the anchor file (store/fold.c).  cs_fault_bulk_cut: after a frame of
+ * a bulk connection was delivered, 1 when the connection is to be cut
+ * there (once). */
 enum { CS_FAULT_NONE, CS_FAULT_CORRUPT, CS_FAULT_SKIP, CS_FAULT_DIGEST, CS_FAULT_DUP, CS_FAULT_PREDIGEST,
-       CS_FAULT_AHEADFAIL, CS_FAULT_FOLDHOLD, CS_FAULT_CUT, CS_FAULT_FOLDPIECE, CS_FAULT_KINDS };
+       CS_FAULT_AHEADFAIL, CS_FAULT_FOLDHOLD, CS_FAULT_CUT, CS_FAULT_FOLDPIECE, CS_FAULT_BULK_CUT,
+       CS_FAULT_KINDS };
 void cs_fault_parse(dcast_consumer *c);
 struct dcast_wire_in;
 int cs_fault_wire(dcast_consumer *c, struct dcast_wire_in *in);
 int cs_fault_holds_ahead(const dcast_consumer *c, const cs_version *v);
 uint32_t cs_fault_apply(dcast_consumer *c, cs_version *v, int ahead);
 void cs_fault_fold(const dcast_consumer *c);
+int cs_fault_bulk_cut(dcast_consumer *c, const struct dcast_wire_in *in);
 void cs_fault_fold_piece(const dcast_consumer *c);
 
 /* state.c: a fresh version (every field zero, no record file) and its
@@ -551,16 +581,51 @@ int cs_stream_restart(dcast_consumer *c);
 void cs_refusal_backoff(dcast_consumer *c, cs_refusal now);
 /* What was refused last is taken now (a MANIFEST): its count starts over. */
 void cs_refusal_clear(dcast_consumer *c, int what);
-/* Freed staging bytes, granted to the broker as CREDIT on the session
- * thread's next turn (the store's write-behind reports them through its
- * sink, cs_intake_written). */
-void cs_credit_free(dcast_consumer *c, uint64_t bytes);
+/* Freed staging bytes of `version`, granted to the broker as CREDIT on
+ * the session thread's next turn (the store's write-behind reports them
+ * through its sink, cs_intake_written); those of the version coming over
+ * a bulk connection are counted there instead (c->bulk.freed), never
+ * granted: they were never in the ZeroMQ window. */
+void cs_credit_free(dcast_consumer *c, uint64_t version, uint64_t bytes);
 /* Wake the session thread out of its wait (work was left for it). */
 void cs_wake(dcast_consumer *c);
 /* ACK `version` as applied, from the session thread's next turn. */
 void cs_ack(dcast_consumer *c, uint64_t version);
 /* *ts = now (CLOCK_REALTIME) + timeout_ms, for pthread_cond_timedwait. */
 void cs_deadline(struct timespec *ts, int timeout_ms);
+
+/* bulk.c: the connection that brings an anchor (BULK) outside ZeroMQ,
+ * read by the session thread beside its socket.
+ * cs_bulk_init: no connection (at open, before anything can fail).
+ * cs_bulk_wanted: HELLO may say x-bulk (the option on, a tcp:// endpoint,
+ * no CURVE, no transfer failed).  cs_bulk_start: connect (non-blocking) to
+ * the endpoint's host at b->port for version b->version, the opening
+ * queued; errors: DCAST_EINVAL (no tcp:// host), DCAST_ENOTFOUND (the host
+ * does not resolve), DCAST_EIO (socket, connect refused at once), each
+ * naming the address; nothing is left open then.  cs_bulk_events: the
+ * poll events its fd waits for (0: none; the window is full).
+ * cs_bulk_read: move what the connection has; *got 1 when `in` holds a
+ * whole frame (header decoded and checked as a ZeroMQ message would be, a
+ * CHUNK or the COMMIT of the version; the caller owns it, as from
+ * dcast_wire_recv), 0 when nothing more is there now; payload bytes are
+ * read only while those received and not freed stay within the window
+ * (c->ss.window_bytes).  Errors (the transfer failed; the detail says
+ * why): DCAST_EIO (connect failed, the connection ended or broke before
+ * the COMMIT), DCAST_EMALFORMED (a prefix out of its limits, a message
+ * other than CHUNK or COMMIT, or of another version), the decode errors,
+ * DCAST_EPAYLOAD_SIZE, DCAST_ENOMEM.  cs_bulk_close: close the
+ * connection, forget the frame; NULL-safe, idempotent. */
+void cs_bulk_init(dcast_consumer *c);
+int cs_bulk_wanted(const dcast_consumer *c);
+int cs_bulk_start(dcast_consumer *c, const dcast_bulk *b);
+static inline int cs_bulk_active(const dcast_consumer *c)
+{
+	return c->bulk.fd >= 0;
+}
+short cs_bulk_events(const dcast_consumer *c);
+struct dcast_wire_in;
+int cs_bulk_read(dcast_consumer *c, struct dcast_wire_in *in, int *got);
+void cs_bulk_close(dcast_consumer *c);
 
 /* session.c: the session thread */
 /* Open the socket (c->ss.zctx set) and start the session thread, which sends

@@ -1,7 +1,8 @@
 /* Test fault injection, DELTACAST_CONSUMER_FAULT=KIND:V (tests only; off
- * unless the variable is set when the consumer opens).  It acts at three
+ * unless the variable is set when the consumer opens).  It acts at these
  * seams and nowhere else: where a broker message enters the version state
- * machine (cs_fault_wire, session.c), where apply starts a version
+ * machine (cs_fault_wire, session.c) and, for a bulk connection's frame,
+ * just after (cs_fault_bulk_cut, session.c), where apply starts a version
  * (cs_fault_apply, apply.c) and where a fold from the disk or an anchor
  * file's seal starts (cs_fault_fold, store/fold.c and store/anchor_new.c) or a
  * fold's piece is done (cs_fault_fold_piece, store/fold.c), plus one
@@ -27,7 +28,10 @@
  *              V (end of file: no more holds): the test measures the
  *              directory there, or kills the process
  *   cut        V's first CHUNK taken, its later CHUNKs and its COMMIT
- *              dropped (credit not returned): V stays half received */
+ *              dropped (credit not returned): V stays half received
+ *   bulk_cut   the bulk connection bringing V cut after its first CHUNK
+ *              frame was delivered, as if the broker's side had closed
+ *              it: the transfer fails, and V comes over ZeroMQ */
 #include <errno.h>
 #include <string.h>
 #include <unistd.h>
@@ -38,7 +42,8 @@
 void cs_fault_parse(dcast_consumer *c)
 {
 	static const char *kinds[CS_FAULT_KINDS] = {"", "corrupt:", "skip:", "digest:", "dup:",
-						    "predigest:", "aheadfail:", "foldhold:", "cut:", "foldpiece:"};
+						    "predigest:", "aheadfail:", "foldhold:", "cut:", "foldpiece:",
+						    "bulk_cut:"};
 	const char *f = getenv("DELTACAST_CONSUMER_FAULT");
 
 	c->fault.kind = CS_FAULT_NONE;
@@ -96,6 +101,14 @@ int cs_fault_wire(dcast_consumer *c, dcast_wire_in *in)
 	if (in->msg.type == DCAST_MSG_CHUNK)
 		return wire_chunk(c, in);
 	return in->msg.type == DCAST_MSG_COMMIT ? wire_commit(c, &in->msg.u.commit) : 1;
+}
+
+int cs_fault_bulk_cut(dcast_consumer *c, const dcast_wire_in *in)
+{
+	if (in->msg.type != DCAST_MSG_CHUNK || !armed(c, CS_FAULT_BULK_CUT, in->msg.u.chunk.version))
+		return 0;
+	disarm(c);
+	return 1;
 }
 
 int cs_fault_holds_ahead(const dcast_consumer *c, const cs_version *v)

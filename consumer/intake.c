@@ -426,7 +426,7 @@ void cs_intake_written(dcast_consumer *c, uint64_t version, uint64_t credit, int
 {
 	cs_version *v = cs_version_find(c, version);
 
-	cs_credit_free(c, credit);
+	cs_credit_free(c, version, credit);
 	if (failed && v)
 		v->write_failed = 1; /* never READY: its COMMIT drops it */
 }
@@ -519,7 +519,7 @@ static int stage_in_place(dcast_consumer *c, cs_version *v, const dcast_chunk *h
 
 	memcpy(dst, zmq_msg_data(payload), h->payload_bytes);
 	err = cs_ckpt_chunk_submit(c, v, h, NULL, dst, sum, &off);
-	cs_credit_free(c, h->payload_bytes);
+	cs_credit_free(c, h->version, h->payload_bytes);
 	if (err)
 		return err == DCAST_EIO ? err : cs_refuse(c, h->version, err);
 	c->total_received += h->payload_bytes;
@@ -551,7 +551,7 @@ static int stage_payload(dcast_consumer *c, cs_version *v, const dcast_chunk *h,
 	if ((err = cs_ckpt_chunk_submit(c, v, h, resident ? NULL : payload, slot, sum, &off))) {
 		if (resident)
 			cs_pool_resident_put(&c->pool, h->payload_bytes);
-		cs_credit_free(c, h->payload_bytes);
+		cs_credit_free(c, h->version, h->payload_bytes);
 		return err == DCAST_EIO ? err : cs_refuse(c, h->version, err);
 	}
 	if (!resident)
@@ -584,7 +584,7 @@ int cs_intake_chunk(dcast_consumer *c, const dcast_chunk *h, zmq_msg_t *payload)
 	if (!v && !(v = version_begin(c, h, &err)))
 		return err;
 	if ((err = fit(v, h)) == 1) {
-		cs_credit_free(c, h->payload_bytes); /* duplicate: harmless */
+		cs_credit_free(c, h->version, h->payload_bytes); /* duplicate: harmless */
 		return 0;
 	}
 	return err ? cs_refuse(c, h->version, err) : stage_payload(c, v, h, payload, sum);

@@ -24,6 +24,7 @@ void dcast_consumer_opts_init(dcast_consumer_opts *o)
 	o->fold_every = 0;
 	o->fold_fraction = 0.25;
 	o->max_staged = 4;
+	o->bulk = 1;
 }
 
 static int check_args(const char *endpoint, const char *model, const char *dir, uint64_t budget,
@@ -170,6 +171,21 @@ static int commit_timeout(dcast_consumer *c)
 	return 0;
 }
 
+/* DELTACAST_BULK=0 turns opts.bulk off (1 leaves it as given).  Errors:
+ * DCAST_EINVAL naming the variable (neither 0 nor 1). */
+static int bulk_option(dcast_consumer *c)
+{
+	const char *e = getenv("DELTACAST_BULK");
+
+	if (!e || !*e || !strcmp(e, "1"))
+		return 0;
+	if (strcmp(e, "0"))
+		return dcast_fail(DCAST_EINVAL, "DELTACAST_BULK=%s: neither 0 (anchors over ZeroMQ only) "
+				  "nor 1", e);
+	c->opts.bulk = 0;
+	return 0;
+}
+
 /* The session uses the option strings long after open (HELLO.client at
  * every join, the CURVE keys on every new socket): c keeps copies, since
  * the caller's may be gone by then (a buffer on its stack). */
@@ -218,10 +234,11 @@ int dcast_consumer_open(const char *endpoint, const char *model, const char *dir
 	pthread_cond_init(&c->ev_cv, NULL);
 	c->ob.wake_fd = -1;
 	c->lock_fd = -1;
+	cs_bulk_init(c);
 	cs_staged_open(c);
 	cs_fault_parse(c);
 	c->arena_huge = huge_pages_wanted();
-	if ((err = commit_timeout(c)) || (err = make_paths(c, dir, endpoint)) || (err = dir_lock(c)) ||
+	if ((err = commit_timeout(c)) || (err = bulk_option(c)) || (err = make_paths(c, dir, endpoint)) || (err = dir_lock(c)) ||
 	    (err = cs_pool_open(&c->pool, staging_budget_bytes)))
 		goto fail;
 	if ((err = cs_store_open(c, &store_sink)) ||
@@ -247,6 +264,7 @@ void dcast_consumer_close(dcast_consumer **cp)
 	if (!c)
 		return;
 	cs_session_stop(c); /* the socket is ours again */
+	cs_bulk_close(c);
 	if (c->ss.sock) { /* BYE first: a fold below sends no heartbeats */
 		dcast_msg m;
 		dcast_msg_init(&m, DCAST_MSG_BYE);

@@ -1,6 +1,7 @@
 /* The outbox: what a caller's thread (apply, poll, close) or the version
  * state machine leaves for the session thread, which alone owns the
- * socket: an ACK, a HELLO (the stream started over), credit freed, and
+ * socket: an ACK, a HELLO (the stream started over), credit freed (not
+ * for the bytes of an anchor a bulk connection brings), and
  * the wake-up of its poll; and the one back-off of every re-join that
  * follows a refusal (docs/protocol.md, "Consumer and broker").  Below the
  * public calls (api.c), the state machine (intake.c) and the session. */
@@ -34,9 +35,12 @@ int cs_stream_restart(dcast_consumer *c)
 	return cs_request_hello(c);
 }
 
-void cs_credit_free(dcast_consumer *c, uint64_t bytes)
+void cs_credit_free(dcast_consumer *c, uint64_t version, uint64_t bytes)
 {
-	c->ss.credit_pending += bytes;
+	if (version == c->bulk.version)
+		c->bulk.freed += bytes; /* came over the bulk connection, outside the window */
+	else
+		c->ss.credit_pending += bytes;
 }
 
 /* The wait before the HELLO that follows the n-th refusal of one cause

@@ -1,6 +1,7 @@
 /* The broker session, run by the consumer's own thread (session_main),
  * which alone touches the socket: HELLO / WELCOME, MANIFEST, CHUNK and
- * COMMIT handed to the version state machine (intake.c), credit that
+ * COMMIT handed to the version state machine (intake.c), an anchor's
+ * frames read from a bulk connection instead (BULK, bulk.c), credit that
  * follows freed pool bytes, heartbeats, the folds it asks of the store
  * when due, and the re-join on a message that does not decode or a
  * stalled stream (docs/protocol.md, "Consumer and broker").  Messages that
@@ -85,6 +86,7 @@ static int send_hello(dcast_consumer *c)
 	m.u.hello.have_version = held_version(c); /* applied, or READY after it */
 	m.u.hello.window_bytes = c->ss.window_bytes;
 	snprintf(m.u.hello.client, sizeof(m.u.hello.client), "%s", c->opts.client ? c->opts.client : "");
+	m.u.hello.bulk = (uint32_t)cs_bulk_wanted(c);
 	c->ss.welcomed = 0;
 	c->ss.hello_ms = dcast_now_ms();
 	c->ob.hello_due = 0;
@@ -131,7 +133,7 @@ static int unwanted(dcast_consumer *c, uint64_t version, uint64_t payload_bytes)
 	uint64_t have = dcast_consumer_version(c);
 
 	if ((have != DCAST_VERSION_NONE && version <= have) || version == c->ss.drop_version) {
-		cs_credit_free(c, payload_bytes);
+		cs_credit_free(c, version, payload_bytes);
 		return 1;
 	}
 	return 0;
@@ -215,6 +217,44 @@ static int on_poisoned(dcast_consumer *c, const dcast_error_msg *e)
 	return cs_rejoin(c); /* the stream was inside it */
 }
 
+static int bad_message(dcast_consumer *c, int err);
+
+/* A bulk transfer of `version` failed (dcast_last_error() says why): what
+ * was staged of it goes, bulk is off for this consumer, and it joins
+ * again without x-bulk, so the version comes over ZeroMQ. */
+static int bulk_failed(dcast_consumer *c, uint64_t version)
+{
+	const cs_version *v = cs_version_find(c, version);
+
+	DCAST_LOG_W("consumer %s: bulk transfer of version %" PRIu64 " failed: %s; bulk off for this "
+		    "consumer, re-joining to take it over ZeroMQ", c->model, version, dcast_last_error());
+	c->stats.bulk_failures++;
+	c->bulk.off = 1;
+	if (v && v->state != CS_V_READY)
+		cs_drop_from(c, version); /* before the close: its bytes freed are the bulk's */
+	cs_bulk_close(c);
+	return cs_rejoin(c);
+}
+
+/* BULK: the anchor comes over a TCP connection to the broker's host
+ * (bulk_receive reads it); the socket is not read until its COMMIT frame
+ * is through.  One not asked for is the peer's error. */
+static int on_bulk(dcast_consumer *c, const dcast_bulk *b)
+{
+	if (!cs_bulk_wanted(c) || cs_bulk_active(c) || strcmp(b->model, c->model)) {
+		dcast_fail(DCAST_ESTATE, "BULK of %s version %" PRIu64 " not asked for (%s)", b->model,
+			   b->version, cs_bulk_active(c) ? "a bulk transfer is under way"
+				       : strcmp(b->model, c->model) ? "another model" : "HELLO without x-bulk");
+		return bad_message(c, DCAST_ESTATE);
+	}
+	c->ss.progress_ms = dcast_now_ms();
+	if (cs_bulk_start(c, b))
+		return bulk_failed(c, b->version);
+	DCAST_LOG_I("consumer %s: version %" PRIu64 " over a bulk connection to port %u (%u chunks, %"
+		    PRIu64 " bytes)", c->model, b->version, b->port, b->chunks, b->bytes);
+	return 0;
+}
+
 static int on_message(dcast_consumer *c, dcast_wire_in *in)
 {
 	dcast_msg *m = &in->msg;
@@ -255,6 +295,7 @@ static int on_message(dcast_consumer *c, dcast_wire_in *in)
 		cs_event_push(c, DCAST_EV_ERROR, m->u.error.version, (int)m->u.error.code, dcast_last_error());
 		return 0;
 	case DCAST_MSG_BYE: return cs_request_hello(c);
+	case DCAST_MSG_BULK: return on_bulk(c, &m->u.bulk);
 	case DCAST_MSG_HEARTBEAT:
 		c->ss.broker_newest = m->u.heartbeat.version;
 		return 0;
@@ -288,7 +329,7 @@ static int receive_burst(dcast_consumer *c)
 {
 	int err = 0;
 
-	for (int i = 0; i < RECV_BURST && !err && !intake_full(c); i++) {
+	for (int i = 0; i < RECV_BURST && !err && !intake_full(c) && !cs_bulk_active(c); i++) {
 		dcast_wire_in in;
 		int rc = dcast_wire_recv(c->ss.sock, 0, &in, ZMQ_DONTWAIT);
 		if (rc == DCAST_EBUSY) {
@@ -307,7 +348,52 @@ static int receive_burst(dcast_consumer *c)
 	return err;
 }
 
-/* Newest version READY or applied. */
+/* A frame of the bulk connection, delivered as the socket's messages are
+ * (a test fault may cut the connection after it); after the COMMIT's the
+ * transfer is over: the connection closes, the socket is read again. */
+static int bulk_deliver(dcast_consumer *c, dcast_wire_in *in)
+{
+	uint64_t version = c->bulk.version;
+	const cs_version *v;
+	int err = deliver(c, in);
+
+	if (err || !c->ss.welcomed)
+		return err; /* re-joined: bulk_receive closes it */
+	if (cs_fault_bulk_cut(c, in)) {
+		dcast_fail(DCAST_EIO, "bulk: the connection was cut after a CHUNK of version %" PRIu64
+			   " (test fault bulk_cut)", version);
+		return bulk_failed(c, version);
+	}
+	if (in->msg.type != DCAST_MSG_COMMIT)
+		return 0;
+	v = cs_version_find(c, version);
+	if (v && v->state == CS_V_READY)
+		c->stats.bulk_versions++;
+	cs_bulk_close(c);
+	return 0;
+}
+
+/* Read the bulk connection while a transfer is under way; a re-join
+ * meanwhile (any HELLO: the broker closes its side then) ends it. */
+static int bulk_receive(dcast_consumer *c)
+{
+	int err = 0, got = 1;
+
+	for (int i = 0; i < RECV_BURST && !err && got && cs_bulk_active(c); i++) {
+		dcast_wire_in in;
+		if (!c->ss.welcomed) {
+			cs_bulk_close(c);
+			break;
+		}
+		if ((err = cs_bulk_read(c, &in, &got)))
+			err = bulk_failed(c, c->bulk.version);
+		else if (got)
+			err = bulk_deliver(c, &in);
+		dcast_wire_in_close(&in);
+	}
+	return err;
+}
+
 
 /* The broker has a version newer than any we hold, we are not holding its
  * credit back, and nothing of the stream came for 3 heartbeats (a CREDIT or
@@ -381,8 +467,13 @@ static int keepalive(dcast_consumer *c)
 		cs_event_push(c, DCAST_EV_ERROR, DCAST_VERSION_NONE, DCAST_ETIMEDOUT, dcast_last_error());
 		return reconnect(c);
 	}
-	if (intake_full(c))
+	if (intake_full(c) || cs_bulk_active(c))
 		c->ss.last_recv_ms = now; /* unread by choice, not silent */
+	if (cs_bulk_active(c) && now - c->bulk.last_ms > 3 * hb) {
+		dcast_fail(DCAST_ETIMEDOUT, "bulk: nothing came over the connection for %" PRIu64 " ms",
+			   now - c->bulk.last_ms);
+		return bulk_failed(c, c->bulk.version);
+	}
 	if (c->ss.welcomed && now - c->ss.last_recv_ms > 3 * hb) {
 		DCAST_LOG_W("consumer %s: broker silent for %" PRIu64 " ms; reconnecting", c->model,
 			    now - c->ss.last_recv_ms);
@@ -490,7 +581,9 @@ static int session_turn(dcast_consumer *c, int readable)
 	int err = 0;
 
 	err = timed_step(c, "checking a staged version", cs_check_next);
-	if (!err && readable)
+	if (!err && cs_bulk_active(c))
+		err = timed_step(c, "receiving over the bulk connection", bulk_receive);
+	else if (!err && readable)
 		err = timed_step(c, "receiving", receive_burst);
 	if (!err)
 		err = cs_ckpt_progress(c); /* records written behind: their credit */
@@ -575,8 +668,9 @@ static void *session_main(void *arg)
 	while (!atomic_load(&c->ss.stop)) {
 		uint32_t hb = c->ss.heartbeat_ms ? c->ss.heartbeat_ms : 1000;
 		int err = session_turn(c, readable), n, ms = wait_ms(c, err, hb);
-		zmq_pollitem_t it[2] = {{c->ss.sock, 0, intake_full(c) ? 0 : ZMQ_POLLIN, 0},
-					{NULL, c->ob.wake_fd, ZMQ_POLLIN, 0}};
+		short bulk_ev = cs_bulk_events(c);
+		zmq_pollitem_t it[3] = {{c->ss.sock, 0, intake_full(c) || cs_bulk_active(c) ? 0 : ZMQ_POLLIN, 0},
+					{NULL, c->ob.wake_fd, ZMQ_POLLIN, 0}, {NULL, c->bulk.fd, bulk_ev, 0}};
 
 		if (err)
 			cs_session_failed(c, err);
@@ -585,7 +679,7 @@ static void *session_main(void *arg)
 		if (err || c->ev_count)
 			pthread_cond_broadcast(&c->ev_cv);
 		pthread_mutex_unlock(&c->lock);
-		n = zmq_poll(it, 2, ms);
+		n = zmq_poll(it, bulk_ev ? 3 : 2, ms);
 		lock_for_turn(c);
 		if (n < 0 && errno != EINTR)
 			cs_session_failed(c, dcast_fail(DCAST_EZMQ, "zmq_poll: %s", zmq_strerror(errno)));

@@ -81,6 +81,13 @@ typedef struct dcast_consumer_opts {
 					the consumer joins again, fetching it anew if it
 					committed meanwhile; 0: DELTACAST_COMMIT_TIMEOUT_MS
 					from the environment, else 60000 */
+	int bulk;                    /* 1 (default): an anchor may come over a bulk TCP
+					connection to the broker's host (HELLO x-bulk;
+					docs/protocol.md, "Bulk anchors"), asked only over
+					tcp:// without CURVE, and no more once a bulk
+					transfer failed (the anchor then comes over
+					ZeroMQ); DELTACAST_BULK=0 in the environment at
+					open turns it off; 0: ZeroMQ only */
 } dcast_consumer_opts;
 
 /* Fill *o with the defaults above.  Never fails. */
@@ -146,6 +153,10 @@ typedef struct dcast_consumer_stats {
 					  then dropped, --cut-through) */
 	uint64_t commit_timeouts;      /* staged versions dropped because their COMMIT did
 					  not come within commit_timeout_ms */
+	uint64_t bulk_versions;        /* anchors taken over a bulk TCP connection */
+	uint64_t bulk_failures;        /* bulk transfers that failed (connect refused, cut
+					  short, a bad frame): bulk is off after the first,
+					  and the anchor came over ZeroMQ */
 } dcast_consumer_stats;
 
 /* Connect to the broker at `endpoint` (e.g. "tcp://127.0.0.1:5556") as a

@@ -71,7 +71,7 @@ class _Opts(ctypes.Structure):
                 ("client", ctypes.c_char_p), ("curve_server_key", ctypes.c_char_p),
                 ("curve_public_key", ctypes.c_char_p), ("curve_secret_key", ctypes.c_char_p),
                 ("fold_fraction", ctypes.c_double), ("auto_apply", ctypes.c_int),
-                ("commit_timeout_ms", ctypes.c_uint32)]
+                ("commit_timeout_ms", ctypes.c_uint32), ("bulk", ctypes.c_int)]
 
 
 class _Event(ctypes.Structure):
@@ -97,7 +97,8 @@ class _Stats(ctypes.Structure):
                 ("verify_bytes", ctypes.c_uint64), ("rejoins", ctypes.c_uint64),
                 ("folds", ctypes.c_uint64), ("folding", ctypes.c_int),
                 ("folds_from_tensors", ctypes.c_uint64), ("ready_backlog", ctypes.c_uint64),
-                ("versions_aborted", ctypes.c_uint64), ("commit_timeouts", ctypes.c_uint64)]
+                ("versions_aborted", ctypes.c_uint64), ("commit_timeouts", ctypes.c_uint64),
+                ("bulk_versions", ctypes.c_uint64), ("bulk_failures", ctypes.c_uint64)]
 
 
 class Stats(StatsView):
@@ -210,7 +211,10 @@ class Consumer(Closable):
     broker's public key and this consumer's pair) to speak CURVE.
     commit_timeout_ms: a staged version whose COMMIT has not come this long
     after its last chunk is dropped and fetched again (None:
-    DELTACAST_COMMIT_TIMEOUT_MS, else 60000)."""
+    DELTACAST_COMMIT_TIMEOUT_MS, else 60000).  bulk: an anchor may come
+    over a bulk TCP connection to the broker's host (tcp:// without CURVE;
+    off for good once a bulk transfer failed; DELTACAST_BULK=0 in the
+    environment turns it off); False: ZeroMQ only."""
 
     def __init__(self, broker: str, model: str, dir: Union[str, "os.PathLike[str]"],
                  budget_bytes: Optional[int] = None, *, verify: Union[bool, str] = True,
@@ -220,7 +224,7 @@ class Consumer(Closable):
                  model_bytes: Optional[int] = None, curve_server_key: Union[str, bytes, None] = None,
                  curve_public_key: Union[str, bytes, None] = None,
                  curve_secret_key: Union[str, bytes, None] = None,
-                 commit_timeout_ms: Optional[int] = None) -> None:
+                 commit_timeout_ms: Optional[int] = None, bulk: bool = True) -> None:
         self._c: Optional[ctypes.c_void_p] = None
         self._confirmed = False
         self._bound: dict = {}
@@ -259,6 +263,9 @@ class Consumer(Closable):
         if commit_timeout_ms is not None:
             opts.commit_timeout_ms = need_int("Consumer: commit_timeout_ms", commit_timeout_ms, 1,
                                               (1 << 32) - 1)
+        if not isinstance(bulk, bool):
+            raise fail("DCAST_EINVAL", f"Consumer: bulk must be True or False, got {bulk!r}")
+        opts.bulk = 1 if bulk else 0
         # the C side keeps these pointers (re-joins): they live as long as self
         self._strings = [need_str("Consumer: client", client, 64)] + \
             curve_keys(curve_server_key, curve_public_key, curve_secret_key)

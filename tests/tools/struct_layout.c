@@ -23,7 +23,7 @@ int main(void)
 	FIELD(dcast_consumer_opts, client); FIELD(dcast_consumer_opts, curve_server_key);
 	FIELD(dcast_consumer_opts, curve_public_key); FIELD(dcast_consumer_opts, curve_secret_key);
 	FIELD(dcast_consumer_opts, fold_fraction); FIELD(dcast_consumer_opts, auto_apply);
-	FIELD(dcast_consumer_opts, commit_timeout_ms);
+	FIELD(dcast_consumer_opts, commit_timeout_ms); FIELD(dcast_consumer_opts, bulk);
 	END();
 	BEGIN(dcast_event, "event");
 	FIELD(dcast_event, type); FIELD(dcast_event, version); FIELD(dcast_event, have_version);
@@ -44,6 +44,7 @@ int main(void)
 	FIELD(dcast_consumer_stats, folds); FIELD(dcast_consumer_stats, folding);
 	FIELD(dcast_consumer_stats, folds_from_tensors); FIELD(dcast_consumer_stats, ready_backlog);
 	FIELD(dcast_consumer_stats, versions_aborted); FIELD(dcast_consumer_stats, commit_timeouts);
+	FIELD(dcast_consumer_stats, bulk_versions); FIELD(dcast_consumer_stats, bulk_failures);
 	END();
 	BEGIN(dcast_producer_opts, "producer_opts");
 	FIELD(dcast_producer_opts, range_elems); FIELD(dcast_producer_opts, max_inflight_bytes);

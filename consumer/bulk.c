@@ -1,0 +1,322 @@
+/* An anchor over a bulk TCP connection (docs/protocol.md, "Bulk
+ * anchors"): after a BULK, the session thread connects to the broker's
+ * host at the port it names, sends the opening ("DCB1", 4 zero bytes, the
+ * token) and reads frames (a 12-byte prefix, the header as ZeroMQ carries
+ * it, the payload) beside its socket, each frame's payload straight into
+ * a zmq_msg_t, so that the frame is handed to the version state machine
+ * as a ZeroMQ message would be.  The socket is non-blocking: a turn reads
+ * what is there and returns.  Payload bytes are read only while those
+ * received and not yet freed (cs_credit_free) stay within the consumer's
+ * window; TCP's flow control holds the broker back meanwhile. */
+#include <errno.h>
+#include <inttypes.h>
+#include <netdb.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <poll.h>
+#include <unistd.h>
+#include <zmq.h>
+#include "consumer_impl.h"
+#include "dcast_bytes.h"
+#include "dcast_common.h"
+#include "dcast_endpoint.h"
+#include "dcast_wire.h"
+
+#define BULK_PREFIX 12
+#define BULK_OPENING 16
+
+void cs_bulk_init(dcast_consumer *c)
+{
+	memset(&c->bulk, 0, sizeof(c->bulk));
+	c->bulk.fd = -1;
+	c->bulk.version = DCAST_VERSION_NONE;
+}
+
+int cs_bulk_wanted(const dcast_consumer *c)
+{
+	const char *host;
+
+	return c->opts.bulk && !c->opts.curve_server_key && !c->bulk.off &&
+	       dcast_tcp_host(c->endpoint, &host) > 0;
+}
+
+/* The endpoint's host (brackets of an IPv6 address taken off) at `port`,
+ * resolved.  Errors: DCAST_EINVAL, DCAST_ENOTFOUND. */
+static int resolve(const dcast_consumer *c, uint32_t port, struct addrinfo **ai)
+{
+	struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV};
+	const char *h = NULL;
+	size_t n = dcast_tcp_host(c->endpoint, &h);
+	char host[256], serv[8];
+	int rc;
+
+	if (n >= 2 && h[0] == '[' && h[n - 1] == ']')
+		h++, n -= 2;
+	if (!n || n >= sizeof(host))
+		return dcast_fail(DCAST_EINVAL, "bulk: no host of at most %zu bytes in the endpoint %s",
+				  sizeof(host) - 1, c->endpoint);
+	memcpy(host, h, n);
+	host[n] = '\0';
+	snprintf(serv, sizeof(serv), "%u", port);
+	if ((rc = getaddrinfo(host, serv, &hints, ai)))
+		return dcast_fail(DCAST_ENOTFOUND, "bulk: host %s (endpoint %s): %s", host, c->endpoint,
+				  gai_strerror(rc));
+	return 0;
+}
+
+static int connect_to(dcast_consumer *c, const struct addrinfo *ai, uint32_t port)
+{
+	int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+
+	if (fd < 0)
+		return dcast_fail(DCAST_EIO, "bulk: socket: %s", strerror(errno));
+	if (connect(fd, ai->ai_addr, ai->ai_addrlen) && errno != EINPROGRESS) {
+		int e = errno;
+		close(fd);
+		return dcast_fail(DCAST_EIO, "bulk: connect to port %u of the host of %s: %s", port,
+				  c->endpoint, strerror(e));
+	}
+	c->bulk.fd = fd;
+	return 0;
+}
+
+int cs_bulk_start(dcast_consumer *c, const dcast_bulk *b)
+{
+	struct addrinfo *ai = NULL;
+	int err;
+
+	DCAST_ASSERT(!cs_bulk_active(c));
+	if ((err = resolve(c, b->port, &ai)))
+		return err;
+	err = connect_to(c, ai, b->port);
+	freeaddrinfo(ai);
+	if (err)
+		return err;
+	c->bulk.version = b->version;
+	c->bulk.connected = 0;
+	c->bulk.received = c->bulk.freed = c->bulk.frames = 0;
+	c->bulk.last_ms = dcast_now_ms();
+	memcpy(c->bulk.opening, "DCB1\0\0\0\0", 8);
+	dcast_put_le64(c->bulk.opening + 8, b->token);
+	c->bulk.opening_sent = 0;
+	return 0;
+}
+
+static void frame_reset(cs_bulk *b)
+{
+	if (b->has_payload)
+		zmq_msg_close(&b->payload);
+	b->has_payload = 0;
+	b->prefix_got = b->head_len = b->head_got = 0;
+	b->payload_len = b->payload_got = 0;
+}
+
+void cs_bulk_close(dcast_consumer *c)
+{
+	if (!c || !cs_bulk_active(c))
+		return;
+	close(c->bulk.fd);
+	c->bulk.fd = -1;
+	c->bulk.version = DCAST_VERSION_NONE;
+	frame_reset(&c->bulk);
+	free(c->bulk.head);
+	c->bulk.head = NULL;
+	c->bulk.head_cap = 0;
+}
+
+/* Payload bytes that may be read now: the window less what was received
+ * and not freed (a duplicate's credit, freed twice by a test fault, counts
+ * nothing).  A frame larger than the window is read whole once nothing
+ * else is held, for the intake to refuse it as it would on ZeroMQ. */
+static uint64_t window_room(const dcast_consumer *c)
+{
+	const cs_bulk *b = &c->bulk;
+	uint64_t held = b->received > b->freed ? b->received - b->freed : 0;
+
+	if (held < c->ss.window_bytes)
+		return c->ss.window_bytes - held;
+	return held == b->payload_got ? b->payload_len - b->payload_got : 0;
+}
+
+static int reading_payload(const cs_bulk *b)
+{
+	return b->prefix_got == BULK_PREFIX && b->head_got == b->head_len && b->payload_got < b->payload_len;
+}
+
+short cs_bulk_events(const dcast_consumer *c)
+{
+	if (!cs_bulk_active(c))
+		return 0;
+	if (!c->bulk.connected || c->bulk.opening_sent < BULK_OPENING)
+		return ZMQ_POLLOUT;
+	return reading_payload(&c->bulk) && !window_room(c) ? 0 : ZMQ_POLLIN;
+}
+
+/* The connect done (1 in *done), still under way (0), or failed. */
+static int finish_connect(dcast_consumer *c, int *done)
+{
+	struct pollfd p = {c->bulk.fd, POLLOUT, 0};
+	int e = 0;
+	socklen_t len = sizeof(e);
+
+	*done = 0;
+	if (poll(&p, 1, 0) <= 0)
+		return 0;
+	if (getsockopt(c->bulk.fd, SOL_SOCKET, SO_ERROR, &e, &len) || e)
+		return dcast_fail(DCAST_EIO, "bulk: connect to the broker's bulk port (endpoint %s): %s",
+				  c->endpoint, strerror(e ? e : errno));
+	c->bulk.connected = *done = 1;
+	return 0;
+}
+
+static int send_opening(dcast_consumer *c)
+{
+	cs_bulk *b = &c->bulk;
+	ssize_t n = send(b->fd, b->opening + b->opening_sent, BULK_OPENING - b->opening_sent, MSG_NOSIGNAL);
+
+	if (n < 0 && errno != EAGAIN && errno != EINTR)
+		return dcast_fail(DCAST_EIO, "bulk: sending the opening: %s", strerror(errno));
+	b->opening_sent += n > 0 ? (uint32_t)n : 0;
+	return 0;
+}
+
+/* Up to n (> 0) bytes into p: *got of them, 0 when none is there now.
+ * The stream moved: the session's stall and silence timers hear of it. */
+static int take(dcast_consumer *c, void *p, uint64_t n, uint64_t *got)
+{
+	ssize_t r = recv(c->bulk.fd, p, n, 0);
+
+	*got = 0;
+	if (r == 0)
+		return dcast_fail(DCAST_EIO, "bulk: the broker closed the connection before the COMMIT "
+				  "of version %" PRIu64 " (after %" PRIu64 " frames)", c->bulk.version,
+				  c->bulk.frames);
+	if (r < 0)
+		return errno == EAGAIN || errno == EINTR ? 0
+		       : dcast_fail(DCAST_EIO, "bulk: recv: %s", strerror(errno));
+	*got = (uint64_t)r;
+	c->bulk.last_ms = c->ss.progress_ms = c->ss.chunk_ms = c->ss.last_recv_ms = dcast_now_ms();
+	return 0;
+}
+
+/* The prefix read: its header length and payload length checked against
+ * the schema's limits, room made for both. */
+static int prefix_parse(dcast_consumer *c)
+{
+	cs_bulk *b = &c->bulk;
+	uint32_t h = dcast_get_le32(b->prefix);
+	uint64_t p = dcast_get_le64(b->prefix + 4);
+
+	if (h < 1 || h > DCAST_MAX_HEADER_BYTES)
+		return dcast_fail(DCAST_EMALFORMED, "bulk frame %" PRIu64 ": header length %u outside "
+				  "1..%u", b->frames, h, DCAST_MAX_HEADER_BYTES);
+	if (p > DCAST_MAX_CHUNK_BYTES)
+		return dcast_fail(DCAST_EMALFORMED, "bulk frame %" PRIu64 ": payload length %" PRIu64
+				  " over the CHUNK limit of %u bytes", b->frames, p, DCAST_MAX_CHUNK_BYTES);
+	if (h > b->head_cap) {
+		unsigned char *n = realloc(b->head, h);
+		if (!n)
+			return dcast_fail(DCAST_ENOMEM, "bulk frame header of %u bytes", h);
+		b->head = n;
+		b->head_cap = h;
+	}
+	if (zmq_msg_init_size(&b->payload, p))
+		return dcast_fail(DCAST_ENOMEM, "bulk frame payload of %" PRIu64 " bytes", p);
+	b->has_payload = 1;
+	b->head_len = h;
+	b->payload_len = p;
+	return 0;
+}
+
+/* One recv into the part of the frame being read (none while the window
+ * is full); *moved: bytes came. */
+static int read_step(dcast_consumer *c, int *moved)
+{
+	cs_bulk *b = &c->bulk;
+	uint64_t n = 0, room;
+	int err = 0;
+
+	if (b->prefix_got < BULK_PREFIX) {
+		err = take(c, b->prefix + b->prefix_got, BULK_PREFIX - b->prefix_got, &n);
+		b->prefix_got += (uint32_t)n;
+		if (!err && b->prefix_got == BULK_PREFIX)
+			err = prefix_parse(c);
+	} else if (b->head_got < b->head_len) {
+		err = take(c, b->head + b->head_got, b->head_len - b->head_got, &n);
+		b->head_got += (uint32_t)n;
+	} else if ((room = window_room(c))) {
+		uint64_t left = b->payload_len - b->payload_got;
+		err = take(c, (unsigned char *)zmq_msg_data(&b->payload) + b->payload_got,
+			   left < room ? left : room, &n);
+		b->payload_got += n;
+		b->received += n;
+	} else {
+		b->last_ms = dcast_now_ms(); /* held back by our own window, not silent */
+	}
+	*moved = n > 0;
+	return err;
+}
+
+static int frame_whole(const cs_bulk *b)
+{
+	return b->prefix_got == BULK_PREFIX && b->head_got == b->head_len && b->payload_got == b->payload_len;
+}
+
+/* What a bulk connection may carry: the version's CHUNKs, then its COMMIT. */
+static int frame_fits(const cs_bulk *b, const dcast_msg *m)
+{
+	uint64_t v = m->type == DCAST_MSG_CHUNK ? m->u.chunk.version
+		     : m->type == DCAST_MSG_COMMIT ? m->u.commit.version : DCAST_VERSION_NONE;
+
+	if (m->type != DCAST_MSG_CHUNK && m->type != DCAST_MSG_COMMIT)
+		return dcast_fail(DCAST_EMALFORMED, "bulk frame %" PRIu64 ": a %s, not a CHUNK or COMMIT",
+				  b->frames, dcast_msg_type_name((int)m->type));
+	if (v != b->version)
+		return dcast_fail(DCAST_EMALFORMED, "bulk frame %" PRIu64 ": a %s of version %" PRIu64
+				  ", not of version %" PRIu64, b->frames, dcast_msg_type_name((int)m->type),
+				  v, b->version);
+	return 0;
+}
+
+/* The frame read whole, decoded and checked into in (its payload moved
+ * there); the next frame starts afresh. */
+static int frame_finish(dcast_consumer *c, dcast_wire_in *in)
+{
+	cs_bulk *b = &c->bulk;
+	int err = dcast_msg_decode(b->head, b->head_len, &in->msg);
+	char why[512];
+
+	if (!err)
+		err = dcast_msg_check_payload(&in->msg, b->payload_len);
+	if (err) {
+		snprintf(why, sizeof(why), "%s", dcast_last_error());
+		dcast_fail(err, "bulk frame %" PRIu64 ": %s", b->frames, why);
+	} else {
+		err = frame_fits(b, &in->msg);
+	}
+	zmq_msg_move(&in->payload, &b->payload);
+	in->has_payload = b->payload_len > 0;
+	frame_reset(b);
+	b->frames++;
+	return err;
+}
+
+int cs_bulk_read(dcast_consumer *c, dcast_wire_in *in, int *got)
+{
+	int err = 0, moved = 1;
+
+	memset(in, 0, sizeof(*in));
+	zmq_msg_init(&in->payload);
+	*got = 0;
+	if (!c->bulk.connected && ((err = finish_connect(c, &moved)) || !moved))
+		return err;
+	if (c->bulk.opening_sent < BULK_OPENING && ((err = send_opening(c)) || c->bulk.opening_sent < BULK_OPENING))
+		return err;
+	while (!err && moved && !frame_whole(&c->bulk))
+		err = read_step(c, &moved);
+	if (err || !frame_whole(&c->bulk))
+		return err;
+	*got = 1;
+	return frame_finish(c, in);
+}

@@ -1,0 +1,245 @@
+/* The consumer's side of an anchor over a bulk connection (docs/protocol.md,
+ * "Bulk anchors") against a broker played by this test: a ROUTER socket
+ * speaking the wire format, and a TCP listener speaking the bulk framing.
+ * - With the default options on a tcp:// endpoint the consumer's HELLO
+ *   says x-bulk.  On BULK(7) it connects to the listener, opens with
+ *   "DCB1", 4 zero bytes and the token (u64 LE), takes anchor 7's CHUNK
+ *   and COMMIT frames: READY, applied bit-exact, stats.bulk_versions 1.
+ *   It grants no CREDIT for those bytes (they were never in the ZeroMQ
+ *   window), and exactly anchor 8's bytes when 8 comes over ZeroMQ after.
+ * - On BULK(9), a frame of version 10 fails the transfer:
+ *   stats.bulk_failures 1, and the re-join's HELLO has no x-bulk.
+ * - DELTACAST_BULK=0 at open: no x-bulk; DELTACAST_BULK=2: open refused,
+ *   naming the variable. */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdint.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include "check.h"
+#include "chunk_fit_cases.h"
+#include "dcast_bytes.h"
+#include "dcast_wire.h"
+#include "deltacast/consumer.h"
+#include "router_peer.h"
+
+#define N CFC_ELEMS
+#define MODEL "bulkf"
+#define TOKEN 0x0123456789abcdefull
+
+static void *router, *ctx;
+static zmq_msg_t rid;
+
+static void send_to(dcast_msg *m, const void *payload, size_t len)
+{
+	rp_send(router, &rid, m, payload, len);
+}
+
+/* The next message from the consumer of `type` (others passed over, each
+ * CREDIT's bytes added to *credit when not NULL), its routing id kept; 0
+ * when none came within the router's receive timeout. */
+static int recv_type(uint32_t type, dcast_msg *out, uint64_t *credit)
+{
+	dcast_wire_in in;
+
+	for (;;) {
+		if (dcast_wire_recv(router, 1, &in, 0)) {
+			dcast_wire_in_close(&in);
+			return 0;
+		}
+		if (in.msg.type == DCAST_MSG_CREDIT && credit)
+			*credit += in.msg.u.credit.bytes;
+		if (in.msg.type == type)
+			break;
+		dcast_wire_in_close(&in);
+	}
+	zmq_msg_close(&rid);
+	zmq_msg_init(&rid);
+	zmq_msg_copy(&rid, &in.rid);
+	*out = in.msg;
+	memset(&in.msg, 0, sizeof(in.msg));
+	dcast_wire_in_close(&in);
+	return 1;
+}
+
+/* The consumer's HELLO (returned): answered with WELCOME and MANIFEST. */
+static dcast_hello welcome(void)
+{
+	dcast_msg h;
+
+	REQUIRE(recv_type(DCAST_MSG_HELLO, &h, NULL));
+	rp_welcome(router, &rid, MODEL);
+	return h.u.hello;
+}
+
+static void write_all(int fd, const void *p, size_t n)
+{
+	REQUIRE(write(fd, p, n) == (ssize_t)n);
+}
+
+/* One bulk frame: the prefix, m's header, the payload. */
+static void frame(int fd, const dcast_msg *m, const void *payload, uint64_t len)
+{
+	unsigned char prefix[12];
+	void *hdr;
+	size_t hlen;
+
+	REQUIRE(dcast_msg_encode(m, &hdr, &hlen) == 0);
+	dcast_put_le32(prefix, (uint32_t)hlen);
+	dcast_put_le64(prefix + 4, len);
+	write_all(fd, prefix, sizeof(prefix));
+	write_all(fd, hdr, hlen);
+	if (len)
+		write_all(fd, payload, len);
+	free(hdr);
+}
+
+static int listener(uint32_t *port)
+{
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	socklen_t len = sizeof(a);
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+
+	REQUIRE(fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0 && listen(fd, 4) == 0);
+	REQUIRE(getsockname(fd, (struct sockaddr *)&a, &len) == 0);
+	*port = ntohs(a.sin_port);
+	return fd;
+}
+
+/* BULK(version) to the consumer; its connection to the listener accepted
+ * and its opening checked.  -1 when it never connected. */
+static int bulk_offer(int lfd, uint32_t port, uint64_t version)
+{
+	struct pollfd p = {lfd, POLLIN, 0};
+	unsigned char opening[16], want[16] = "DCB1";
+	dcast_msg m;
+	int fd;
+
+	dcast_msg_init(&m, DCAST_MSG_BULK);
+	strcpy(m.u.bulk.model, MODEL);
+	m.u.bulk.version = version, m.u.bulk.port = port, m.u.bulk.token = TOKEN;
+	m.u.bulk.chunks = 1, m.u.bulk.bytes = N * 2;
+	send_to(&m, NULL, 0);
+	if (poll(&p, 1, 10000) != 1)
+		return -1;
+	REQUIRE((fd = accept(lfd, NULL, NULL)) >= 0);
+	REQUIRE(recv(fd, opening, sizeof(opening), MSG_WAITALL) == sizeof(opening));
+	dcast_put_le64(want + 8, TOKEN);
+	CHECK(!memcmp(opening, want, sizeof(want)));
+	return fd;
+}
+
+/* The next event of type `type` within 10 s, into *ev. */
+static int event(dcast_consumer *c, int type, dcast_event *ev)
+{
+	for (int i = 0; i < 100; i++)
+		if (dcast_consumer_poll(c, 100, ev) == 0 && ev->type == type)
+			return 1;
+	return 0;
+}
+
+/* Anchor 7 over the bulk connection, then anchor 8 over ZeroMQ: only
+ * 8's bytes come back as CREDIT. */
+static void bulk_anchor(dcast_consumer *c, int lfd, uint32_t port)
+{
+	uint16_t w7[N], w8[N];
+	dcast_msg chunk, commit, m;
+	dcast_range_digest d;
+	dcast_consumer_stats st;
+	uint64_t credit = 0;
+	dcast_event ev;
+	void *ptr;
+	int fd;
+
+	for (int i = 0; i < N; i++)
+		w7[i] = (uint16_t)(i * 7 + 1), w8[i] = (uint16_t)(i * 3 + 2);
+	REQUIRE((fd = bulk_offer(lfd, port, 7)) >= 0);
+	rp_anchor(&chunk, &commit, &d, MODEL, 7, w7);
+	frame(fd, &chunk, w7, N * 2);
+	frame(fd, &commit, NULL, 0);
+	CHECK(event(c, DCAST_EV_VERSION_READY, &ev) && ev.version == 7);
+	CHECK_ERR(dcast_consumer_apply(c, 7), 0);
+	CHECK(dcast_consumer_tensor(c, "w", &ptr, NULL, NULL) == 0 && !memcmp(ptr, w7, sizeof(w7)));
+	CHECK(recv_type(DCAST_MSG_ACK, &m, &credit) && m.u.ack.version == 7);
+	CHECK(credit == 0);
+	close(fd);
+	rp_anchor(&chunk, &commit, &d, MODEL, 8, w8);
+	send_to(&chunk, w8, N * 2);
+	send_to(&commit, NULL, 0);
+	CHECK(event(c, DCAST_EV_VERSION_READY, &ev) && ev.version == 8);
+	CHECK_ERR(dcast_consumer_apply(c, 8), 0);
+	CHECK(recv_type(DCAST_MSG_ACK, &m, &credit) && m.u.ack.version == 8);
+	CHECK(credit == N * 2);
+	fprintf(stderr, "CREDIT after the bulk anchor and a ZeroMQ one: %" PRIu64 " bytes\n", credit);
+	dcast_consumer_stats_get(c, &st);
+	CHECK(st.bulk_versions == 1 && st.bulk_failures == 0);
+}
+
+/* BULK(9), whose connection brings a frame of version 10: the transfer
+ * fails, and the re-join asks for no bulk. */
+static void bulk_wrong_version(dcast_consumer *c, int lfd, uint32_t port)
+{
+	uint16_t w[N] = {0};
+	dcast_msg chunk, commit;
+	dcast_range_digest d;
+	dcast_consumer_stats st;
+	int fd;
+
+	REQUIRE((fd = bulk_offer(lfd, port, 9)) >= 0);
+	rp_anchor(&chunk, &commit, &d, MODEL, 10, w);
+	frame(fd, &chunk, w, N * 2);
+	CHECK(welcome().bulk == 0);
+	dcast_consumer_stats_get(c, &st);
+	CHECK(st.bulk_versions == 1 && st.bulk_failures == 1);
+	CHECK(dcast_consumer_version(c) == 8);
+	close(fd);
+}
+
+/* DELTACAST_BULK at open: 0 asks for no bulk; anything but 0 or 1 is
+ * refused, naming the variable. */
+static void bulk_env(const char *ep, const char *dir)
+{
+	dcast_consumer *c = NULL;
+
+	setenv("DELTACAST_BULK", "2", 1);
+	CHECK_ERR(dcast_consumer_open(ep, MODEL, dir, 4 << 20, NULL, &c), DCAST_EINVAL);
+	CHECK(strstr(dcast_last_error(), "DELTACAST_BULK=2") != NULL);
+	setenv("DELTACAST_BULK", "0", 1);
+	REQUIRE(dcast_consumer_open(ep, MODEL, dir, 4 << 20, NULL, &c) == 0);
+	CHECK(welcome().bulk == 0);
+	dcast_consumer_close(&c);
+	unsetenv("DELTACAST_BULK");
+}
+
+int main(void)
+{
+	char dir[] = "/tmp/dcast-test-bulkf-XXXXXX", dir2[] = "/tmp/dcast-test-bulkf2-XXXXXX", ep[128];
+	size_t len = sizeof(ep);
+	int timeout_ms = 10000, lfd;
+	dcast_consumer *c = NULL;
+	uint32_t port;
+
+	alarm(60);
+	REQUIRE(mkdtemp(dir) && mkdtemp(dir2));
+	unsetenv("DELTACAST_BULK");
+	REQUIRE((ctx = zmq_ctx_new()) && (router = zmq_socket(ctx, ZMQ_ROUTER)));
+	REQUIRE(zmq_setsockopt(router, ZMQ_RCVTIMEO, &timeout_ms, sizeof(timeout_ms)) == 0);
+	REQUIRE(zmq_bind(router, "tcp://127.0.0.1:*") == 0);
+	REQUIRE(zmq_getsockopt(router, ZMQ_LAST_ENDPOINT, ep, &len) == 0);
+	lfd = listener(&port);
+	zmq_msg_init(&rid);
+	REQUIRE(dcast_consumer_open(ep, MODEL, dir, 4 << 20, NULL, &c) == 0);
+	CHECK(welcome().bulk == 1);
+	bulk_anchor(c, lfd, port);
+	bulk_wrong_version(c, lfd, port);
+	dcast_consumer_close(&c);
+	bulk_env(ep, dir2);
+	close(lfd);
+	zmq_msg_close(&rid);
+	zmq_close(router);
+	zmq_ctx_term(ctx);
+	check_remove_dir(dir);
+	check_remove_dir(dir2);
+	return check_done("test_consumer_bulk_frames");
+}

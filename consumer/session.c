@@ -394,7 +394,6 @@ static int bulk_receive(dcast_consumer *c)
 	return err;
 }
 
-
 /* The broker has a version newer than any we hold, we are not holding its
  * credit back, and nothing of the stream came for 3 heartbeats (a CREDIT or
  * MANIFEST lost on the way, a refused last version). */
@@ -456,6 +455,19 @@ static int heartbeat_if_due(dcast_consumer *c, uint64_t now, uint64_t every)
 	return send_msg(c, &m);
 }
 
+/* 1 when the bulk connection brought nothing for 3 heartbeats, and at
+ * least CS_BULK_QUIET_MS (said: dcast_last_error()). */
+static int bulk_quiet(dcast_consumer *c, uint64_t now, uint64_t hb)
+{
+	uint64_t limit = 3 * hb > CS_BULK_QUIET_MS ? 3 * hb : CS_BULK_QUIET_MS;
+
+	if (!cs_bulk_active(c) || now - c->bulk.last_ms <= limit)
+		return 0;
+	dcast_fail(DCAST_ETIMEDOUT, "bulk: nothing came over the connection for %" PRIu64 " ms",
+		   now - c->bulk.last_ms);
+	return 1;
+}
+
 static int keepalive(dcast_consumer *c)
 {
 	uint64_t now = dcast_now_ms(), hb = c->ss.heartbeat_ms ? c->ss.heartbeat_ms : 1000;
@@ -469,11 +481,8 @@ static int keepalive(dcast_consumer *c)
 	}
 	if (intake_full(c) || cs_bulk_active(c))
 		c->ss.last_recv_ms = now; /* unread by choice, not silent */
-	if (cs_bulk_active(c) && now - c->bulk.last_ms > 3 * hb) {
-		dcast_fail(DCAST_ETIMEDOUT, "bulk: nothing came over the connection for %" PRIu64 " ms",
-			   now - c->bulk.last_ms);
+	if (bulk_quiet(c, now, hb))
 		return bulk_failed(c, c->bulk.version);
-	}
 	if (c->ss.welcomed && now - c->ss.last_recv_ms > 3 * hb) {
 		DCAST_LOG_W("consumer %s: broker silent for %" PRIu64 " ms; reconnecting", c->model,
 			    now - c->ss.last_recv_ms);
@@ -628,8 +637,8 @@ static void stalled_heartbeat(dcast_consumer *c)
 /* Take `lock` for the next turn.  While a caller holds it for long work
  * (an anchor's apply, a restore), heartbeat every half interval so the
  * broker does not drop us as silent; and since we were not reading
- * meanwhile, the broker's silence is counted again from the moment we
- * listen (keepalive() would otherwise blame it for our own stall). */
+ * meanwhile, the broker's silence (and a bulk connection's) is counted
+ * again from the moment we listen (keepalive() would otherwise blame it for our own stall). */
 static void lock_for_turn(dcast_consumer *c)
 {
 	uint64_t t0 = dcast_now_ms(), hb = c->ss.own_hb_ms ? c->ss.own_hb_ms : 1000;
@@ -642,7 +651,7 @@ static void lock_for_turn(dcast_consumer *c)
 		stalled_heartbeat(c);
 	}
 	if (dcast_now_ms() - t0 > hb)
-		c->ss.last_recv_ms = c->ss.progress_ms = dcast_now_ms();
+		c->ss.last_recv_ms = c->ss.progress_ms = c->bulk.last_ms = dcast_now_ms();
 }
 
 /* How long the thread waits after a turn: a quarter heartbeat (a whole

@@ -101,12 +101,13 @@ def main():
         c.close()
         c.close()
 
-        # Reopen: version 3 from the dir at once, only the delta of 4 on the wire.
+        # Reopen: version 3 from the dir at once, only the delta of 4 on the
+        # wire (ZeroMQ only: bulk=False).
         step(rng, src)
         p.publish(4)
         p.wait(4)
         snaps[4] = {k: a.copy() for k, a in src.items()}
-        with Consumer(cons_ep, "pym", d, budget_bytes=1 << 20, verify="all") as c2:
+        with Consumer(cons_ep, "pym", d, budget_bytes=1 << 20, verify="all", bulk=False) as c2:
             assert c2.wait_confirmed(20000) == 3, c2.version  # the broker's run confirmed
             assert drive(c2, 4)
             assert all(np.array_equal(c2.tensor(k, as_numpy=True), snaps[4][k]) for k in src)
@@ -121,6 +122,11 @@ def main():
             raise AssertionError("tiny budget accepted")
         except DeltacastError as e:
             assert e.name == "DCAST_EINVAL" and "budget" in e.detail, e
+        try:
+            Consumer(cons_ep, "pym", os.path.join(tmp, "x"), bulk="no")
+            raise AssertionError("bulk=\"no\" accepted")
+        except DeltacastError as e:
+            assert e.name == "DCAST_EINVAL" and "bulk" in e.detail, e
         print("test_consumer_python: ok")
     finally:
         for pr in procs:

@@ -94,6 +94,7 @@ int cs_bulk_start(dcast_consumer *c, const dcast_bulk *b)
 	if (err)
 		return err;
 	c->bulk.version = b->version;
+	c->bulk.port = b->port;
 	c->bulk.connected = 0;
 	c->bulk.received = c->bulk.freed = c->bulk.frames = 0;
 	c->bulk.last_ms = dcast_now_ms();
@@ -164,8 +165,8 @@ static int finish_connect(dcast_consumer *c, int *done)
 	if (poll(&p, 1, 0) <= 0)
 		return 0;
 	if (getsockopt(c->bulk.fd, SOL_SOCKET, SO_ERROR, &e, &len) || e)
-		return dcast_fail(DCAST_EIO, "bulk: connect to the broker's bulk port (endpoint %s): %s",
-				  c->endpoint, strerror(e ? e : errno));
+		return dcast_fail(DCAST_EIO, "bulk: connect to port %u of the host of %s: %s",
+				  c->bulk.port, c->endpoint, strerror(e ? e : errno));
 	c->bulk.connected = *done = 1;
 	return 0;
 }

@@ -249,6 +249,7 @@ typedef struct cs_bulk {
 	int connected;                 /* connect done, the opening being sent or sent */
 	int off;                       /* never asked for again (a transfer failed) */
 	uint64_t version;              /* the anchor coming, NONE when no connection */
+	uint32_t port;                 /* the broker's bulk port it was sent to */
 	uint64_t received, freed;      /* its payload bytes */
 	uint64_t last_ms;              /* bytes last moved (or the window held them back) */
 	uint64_t frames;               /* frames read */

@@ -8,7 +8,8 @@
  *   It grants no CREDIT for those bytes (they were never in the ZeroMQ
  *   window), and exactly anchor 8's bytes when 8 comes over ZeroMQ after.
  * - On BULK(9), a frame of version 10 fails the transfer:
- *   stats.bulk_failures 1, and the re-join's HELLO has no x-bulk.
+ *   stats.bulk_failures 1, and the re-join's HELLO has no x-bulk; as does
+ *   a BULK naming a port where nothing listens (connect refused).
  * - DELTACAST_BULK=0 at open: no x-bulk; DELTACAST_BULK=2: open refused,
  *   naming the variable. */
 #include <arpa/inet.h>
@@ -107,20 +108,27 @@ static int listener(uint32_t *port)
 	return fd;
 }
 
-/* BULK(version) to the consumer; its connection to the listener accepted
- * and its opening checked.  -1 when it never connected. */
-static int bulk_offer(int lfd, uint32_t port, uint64_t version)
+/* BULK(version) naming `port` to the consumer. */
+static void bulk_send(uint32_t port, uint64_t version)
 {
-	struct pollfd p = {lfd, POLLIN, 0};
-	unsigned char opening[16], want[16] = "DCB1";
 	dcast_msg m;
-	int fd;
 
 	dcast_msg_init(&m, DCAST_MSG_BULK);
 	strcpy(m.u.bulk.model, MODEL);
 	m.u.bulk.version = version, m.u.bulk.port = port, m.u.bulk.token = TOKEN;
 	m.u.bulk.chunks = 1, m.u.bulk.bytes = N * 2;
 	send_to(&m, NULL, 0);
+}
+
+/* BULK(version) to the consumer; its connection to the listener accepted
+ * and its opening checked.  -1 when it never connected. */
+static int bulk_offer(int lfd, uint32_t port, uint64_t version)
+{
+	struct pollfd p = {lfd, POLLIN, 0};
+	unsigned char opening[16], want[16] = "DCB1";
+	int fd;
+
+	bulk_send(port, version);
 	if (poll(&p, 1, 10000) != 1)
 		return -1;
 	REQUIRE((fd = accept(lfd, NULL, NULL)) >= 0);
@@ -196,6 +204,25 @@ static void bulk_wrong_version(dcast_consumer *c, int lfd, uint32_t port)
 	close(fd);
 }
 
+/* BULK naming a port where nothing listens: the connect is refused, the
+ * transfer fails, and the re-join asks for no bulk. */
+static void bulk_refused(const char *ep, const char *dir)
+{
+	dcast_consumer *c = NULL;
+	dcast_consumer_stats st;
+	uint32_t port;
+	int fd = listener(&port);
+
+	close(fd); /* nothing listens there now */
+	REQUIRE(dcast_consumer_open(ep, MODEL, dir, 4 << 20, NULL, &c) == 0);
+	CHECK(welcome().bulk == 1);
+	bulk_send(port, 7);
+	CHECK(welcome().bulk == 0);
+	dcast_consumer_stats_get(c, &st);
+	CHECK(st.bulk_versions == 0 && st.bulk_failures == 1);
+	dcast_consumer_close(&c);
+}
+
 /* DELTACAST_BULK at open: 0 asks for no bulk; anything but 0 or 1 is
  * refused, naming the variable. */
 static void bulk_env(const char *ep, const char *dir)
@@ -214,14 +241,15 @@ static void bulk_env(const char *ep, const char *dir)
 
 int main(void)
 {
-	char dir[] = "/tmp/dcast-test-bulkf-XXXXXX", dir2[] = "/tmp/dcast-test-bulkf2-XXXXXX", ep[128];
+	char dir[] = "/tmp/dcast-test-bulkf-XXXXXX", dir2[] = "/tmp/dcast-test-bulkf2-XXXXXX",
+	     dir3[] = "/tmp/dcast-test-bulkf3-XXXXXX", ep[128];
 	size_t len = sizeof(ep);
 	int timeout_ms = 10000, lfd;
 	dcast_consumer *c = NULL;
 	uint32_t port;
 
 	alarm(60);
-	REQUIRE(mkdtemp(dir) && mkdtemp(dir2));
+	REQUIRE(mkdtemp(dir) && mkdtemp(dir2) && mkdtemp(dir3));
 	unsetenv("DELTACAST_BULK");
 	REQUIRE((ctx = zmq_ctx_new()) && (router = zmq_socket(ctx, ZMQ_ROUTER)));
 	REQUIRE(zmq_setsockopt(router, ZMQ_RCVTIMEO, &timeout_ms, sizeof(timeout_ms)) == 0);
@@ -234,6 +262,7 @@ int main(void)
 	bulk_anchor(c, lfd, port);
 	bulk_wrong_version(c, lfd, port);
 	dcast_consumer_close(&c);
+	bulk_refused(ep, dir3);
 	bulk_env(ep, dir2);
 	close(lfd);
 	zmq_msg_close(&rid);
@@ -241,5 +270,6 @@ int main(void)
 	zmq_ctx_term(ctx);
 	check_remove_dir(dir);
 	check_remove_dir(dir2);
+	check_remove_dir(dir3);
 	return check_done("test_consumer_bulk_frames");
 }

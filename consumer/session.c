@@ -162,6 +162,11 @@ static int on_commit(dcast_consumer *c, dcast_wire_in *in)
 	err = cs_intake_commit(c, m, &ready);
 	if (ready)
 		c->ss.progress_ms = dcast_now_ms();
+	if (ready && m->anchor && c->bulk.off && !cs_bulk_active(c)) {
+		c->bulk.off = 0; /* the next HELLO asks again */
+		DCAST_LOG_I("consumer %s: anchor %" PRIu64 " taken over ZeroMQ; bulk on again",
+			    c->model, m->version);
+	}
 	return err;
 }
 
@@ -220,14 +225,15 @@ static int on_poisoned(dcast_consumer *c, const dcast_error_msg *e)
 static int bad_message(dcast_consumer *c, int err);
 
 /* A bulk transfer of `version` failed (dcast_last_error() says why): what
- * was staged of it goes, bulk is off for this consumer, and it joins
- * again without x-bulk, so the version comes over ZeroMQ. */
+ * was staged of it goes, bulk is off for this consumer until an anchor has
+ * come over ZeroMQ (on_commit), and it joins again without x-bulk, so the
+ * version comes over ZeroMQ. */
 static int bulk_failed(dcast_consumer *c, uint64_t version)
 {
 	const cs_version *v = cs_version_find(c, version);
 
-	DCAST_LOG_W("consumer %s: bulk transfer of version %" PRIu64 " failed: %s; bulk off for this "
-		    "consumer, re-joining to take it over ZeroMQ", c->model, version, dcast_last_error());
+	DCAST_LOG_W("consumer %s: bulk transfer of version %" PRIu64 " failed: %s; bulk off until "
+		    "an anchor comes over ZeroMQ, re-joining to take it so", c->model, version, dcast_last_error());
 	c->stats.bulk_failures++;
 	c->bulk.off = 1;
 	if (v && v->state != CS_V_READY)

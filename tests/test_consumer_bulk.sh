@@ -47,8 +47,10 @@ grep -q "over a bulk connection" "$TMP/bulk.err" || fail "bulk: $(tail -3 "$TMP/
 
 subscribe cut DELTACAST_CONSUMER_FAULT=bulk_cut:1
 lines cut 0 1
-grep -q "bulk transfer of version 1 failed: .*(test fault bulk_cut); bulk off for this consumer" "$TMP/cut.err" ||
+grep -q "bulk transfer of version 1 failed: .*(test fault bulk_cut); bulk off until an anchor" "$TMP/cut.err" ||
 	fail "cut: no warning naming the cause: $(tail -3 "$TMP/cut.err")"
+grep -q "anchor 1 taken over ZeroMQ; bulk on again" "$TMP/cut.err" ||
+	fail "cut: bulk not on again after the anchor came over ZeroMQ: $(tail -3 "$TMP/cut.err")"
 sent=$(metric_of "$b_METRICS" deltacast_bulk_versions_total)
 
 subscribe off DELTACAST_BULK=0

@@ -15,6 +15,8 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <poll.h>
+#include <pthread.h>
+#include <stdlib.h>
 #include <unistd.h>
 #include <zmq.h>
 #include "consumer_impl.h"
@@ -25,6 +27,73 @@
 
 #define BULK_PREFIX 12
 #define BULK_OPENING 16
+#define POOL_KEEP 8                 /* payload buffers kept for the next frames */
+#define POOL_MAX_BYTES (4u << 20)   /* larger payloads get a buffer of their own */
+#define POOL_HEAD 64                /* the buffer's capacity, before its bytes */
+
+/* Payload buffers, recycled process-wide.  A frame's payload is handed on
+ * as a zmq_msg_t the intake may keep (a record written from it), and the
+ * message's last close, on whichever thread, gives the buffer back here.
+ * Buffers from malloc would be returned to the kernel and faulted in
+ * afresh, 4 KiB at a time, for every chunk (docs/architecture.md, "An
+ * anchor's bytes"); kept, they stay warm.  At most POOL_KEEP of at most
+ * POOL_MAX_BYTES each (32 MiB) stay allocated once an anchor came this
+ * way; the buffers are never freed back (the process's exit frees them). */
+static pthread_mutex_t pool_mu = PTHREAD_MUTEX_INITIALIZER;
+static unsigned char *pool[POOL_KEEP];
+static unsigned pool_n;
+
+static size_t buf_cap(const unsigned char *base)
+{
+	size_t cap;
+
+	memcpy(&cap, base, sizeof(cap));
+	return cap;
+}
+
+static void buf_put(void *data, void *base)
+{
+	(void)data;
+	pthread_mutex_lock(&pool_mu);
+	if (base && pool_n < POOL_KEEP && buf_cap(base) <= POOL_MAX_BYTES) {
+		pool[pool_n++] = base;
+		base = NULL;
+	}
+	pthread_mutex_unlock(&pool_mu);
+	free(base);
+}
+
+/* A buffer of at least n bytes: a kept one, else a new one. */
+static unsigned char *buf_get(size_t n)
+{
+	unsigned char *base = NULL;
+	size_t cap = n < POOL_MAX_BYTES ? POOL_MAX_BYTES : n;
+
+	pthread_mutex_lock(&pool_mu);
+	for (unsigned i = 0; i < pool_n && !base; i++)
+		if (buf_cap(pool[i]) >= n) {
+			base = pool[i];
+			pool[i] = pool[--pool_n];
+		}
+	pthread_mutex_unlock(&pool_mu);
+	if (!base && (base = malloc(POOL_HEAD + cap)))
+		memcpy(base, &cap, sizeof(cap));
+	return base;
+}
+
+/* msg of n payload bytes in a recycled buffer.  Errors: DCAST_ENOMEM. */
+static int payload_init(zmq_msg_t *msg, size_t n)
+{
+	unsigned char *base = n ? buf_get(n) : NULL;
+
+	if (!n)
+		return zmq_msg_init(msg) ? dcast_fail(DCAST_ENOMEM, "bulk frame: zmq_msg_init") : 0;
+	if (!base || zmq_msg_init_data(msg, base + POOL_HEAD, n, buf_put, base)) {
+		free(base);
+		return dcast_fail(DCAST_ENOMEM, "bulk frame payload of %zu bytes", n);
+	}
+	return 0;
+}
 
 void cs_bulk_init(dcast_consumer *c)
 {
@@ -222,8 +291,8 @@ static int prefix_parse(dcast_consumer *c)
 		b->head = n;
 		b->head_cap = h;
 	}
-	if (zmq_msg_init_size(&b->payload, p))
-		return dcast_fail(DCAST_ENOMEM, "bulk frame payload of %" PRIu64 " bytes", p);
+	if (payload_init(&b->payload, (size_t)p))
+		return DCAST_ENOMEM;
 	b->has_payload = 1;
 	b->head_len = h;
 	b->payload_len = p;

@@ -429,24 +429,29 @@ bulk_flags() {
 	esac
 }
 
-# bulk_count: BULKN, the anchors the broker (its last start) sent over
-# --bulk, from its metrics; "-" without.
+# broker_metric SAMPLE: SAMPLE's value on the broker's (its last start)
+# metrics page, "?" when absent.
+broker_metric() {
+	local v
+	v=$("$DC" status --broker "127.0.0.1:$((BPORT + 2))" --raw 2>/dev/null | awk -v s="$1" '$1 == s {print $2}')
+	echo "${v:-?}"
+}
+
+# bulk_count: BULKN, the anchors the broker sent over --bulk; "-" without.
 bulk_count() {
 	BULKN=-
 	[ ${#BULK[@]} = 0 ] && return
-	BULKN=$("$DC" status --broker "127.0.0.1:$((BPORT + 2))" --raw 2>/dev/null |
-		awk '$1 == "deltacast_bulk_versions_total" {print $2}')
-	say "anchors sent over bulk: ${BULKN:=?}"
+	BULKN=$(broker_metric deltacast_bulk_versions_total)
+	say "anchors sent over bulk: $BULKN"
 }
 
-# ahead_count: AHEAD, the chunks the broker (its last start) sent before
-# their version's COMMIT (--cut-through), from its metrics; "-" without.
+# ahead_count: AHEAD, the chunks the broker sent before their version's
+# COMMIT (--cut-through); "-" without.
 ahead_count() {
 	AHEAD=-
 	[ ${#CUT[@]} = 0 ] && return
-	AHEAD=$("$DC" status --broker "127.0.0.1:$((BPORT + 2))" --raw 2>/dev/null |
-		awk '$1 == "deltacast_cut_through_chunks_total" {print $2}')
-	say "chunks sent ahead of their COMMIT: ${AHEAD:=?}"
+	AHEAD=$(broker_metric deltacast_cut_through_chunks_total)
+	say "chunks sent ahead of their COMMIT: $AHEAD"
 }
 
 # run_trial SEED: sets KIND FAULTS DIVERGED CONV URING AHEAD

@@ -6,7 +6,9 @@
 # names a token never offered, is closed by the broker, which goes on: the
 # consumer re-joins without x-bulk and takes the anchor over ZeroMQ.  A
 # consumer without x-bulk, or a broker without --bulk, uses ZeroMQ only;
-# --bulk with CURVE and a bad address are refused at start.
+# --bulk with CURVE and a bad address are refused at start.  Connections
+# that are not a transfer (an HTTP request, silence, more than the slots)
+# are closed and leave the broker serving.
 . "$(dirname "$0")/tools/broker_lib.sh"
 
 # receive NAME BROKER [ARGS...]: a receiver of "bk" to version 3; waits.
@@ -54,9 +56,31 @@ grep -q "was never offered or is withdrawn: connection closed" "$TMP/disk.log" |
 	fail "a bad token was not refused"
 grep -q "bulk failed" "$TMP/r3.err" || fail "r3 did not see its transfer fail"
 
+# Not the bulk opening (an HTTP request): logged and closed at once.  A
+# connection that says nothing, and 70 of them at once (more than the 64
+# slots): each closed by its deadline (3 heartbeats) or at once, and the
+# broker goes on serving.
+# closed FD: the broker closed FD's connection (EOF or reset) within 5 s.
+closed() {
+	timeout 5 cat <&"$1" >/dev/null 2>&1
+	[ $? != 124 ]
+}
+port=$(sed -n 's/.*bulk anchors on 127.0.0.1:\([0-9]*\).*/\1/p' "$TMP/disk.log" | tail -n 1)
+exec 3<>"/dev/tcp/127.0.0.1/$port" || fail "no bulk port $port"
+printf 'GET / HTTP/1.0\r\n\r\n' >&3
+closed 3 || fail "the broker kept an HTTP request's connection open"
+exec 3<&-
+grep -q 'a connection that does not start with "DCB1": closed' "$TMP/disk.log" || fail "HTTP not logged"
+fds=()
+for i in $(seq 70); do exec {fd}<>"/dev/tcp/127.0.0.1/$port" || fail "connection $i"; fds+=("$fd"); done
+for fd in "${fds[@]}"; do closed "$fd" || fail "a silent connection stayed open"; exec {fd}<&-; done
+receive r3b disk --bulk 1
+grep -q "bulk failed" "$TMP/r3b.err" && fail "r3b: $(cat "$TMP/r3b.err")"
+
 # Without x-bulk: ZeroMQ only.
+n=$(metric_of "$disk_METRICS" deltacast_bulk_versions_total)
 receive r4 disk
-check_metric disk deltacast_bulk_versions_total 1
+check_metric disk deltacast_bulk_versions_total "$n"
 stop_broker disk
 
 # From memory (no --data-dir).

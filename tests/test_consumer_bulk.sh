@@ -9,7 +9,14 @@
 # - with the test fault bulk_cut:1 the connection is cut after the first
 #   CHUNK frame: bulk_failures 1, a warning naming the cause, and the
 #   anchor comes over ZeroMQ;
-# - with DELTACAST_BULK=0 no BULK is offered (the broker's counter stays).
+# - with DELTACAST_BULK=0 no BULK is offered (the broker's counter stays);
+# - a consumer that holds a version takes a newer anchor over bulk through
+#   its staging, not in place: a 4M model (8.4 MB) against a 4 MiB window
+#   (--budget 16 MiB), so the bulk reader holds back whenever a window's
+#   bytes are not yet freed.  The consumer holds version 1; the broker
+#   folds anchor 3 (--anchor-every 2), dropping 1 from its log; the
+#   consumer re-started at 1 takes anchor 3 over bulk, then delta 4,
+#   bit-exact.
 . "$(dirname "$0")/tools/broker_lib.sh"
 
 "$BUILD/deltacast" gen-trace --params 1M --steps 3 --density 0.01 -o "$TMP/trace" 2>/dev/null || fail "gen-trace"
@@ -58,4 +65,31 @@ lines off 0 0
 grep -q "over a bulk connection" "$TMP/off.err" && fail "off: took a bulk connection"
 check_metric b deltacast_bulk_versions_total "$sent"
 stop_broker b
+
+"$BUILD/deltacast" gen-trace --params 4M --steps 3 --density 0.01 -o "$TMP/big" 2>/dev/null || fail "gen-trace 4M"
+start_broker_metrics f --heartbeat-ms 200 --bulk 127.0.0.1:0 --data-dir "$TMP/fdata" --anchor-every 2
+publish_f() { # FIRST FILES...: publish FILES of the 4M trace from version FIRST
+	local first=$1
+	shift
+	"$BUILD/deltacast" publish --broker "$f_PROD" --model big --first-version "$first" "$@" \
+		2>"$TMP/pubf.err" || fail "publish from $first: $(tail -2 "$TMP/pubf.err")"
+}
+held() { # UNTIL: `deltacast subscribe` of "big" in DIR held, 16 MiB staging, to UNTIL
+	"$BUILD/deltacast" subscribe --broker "$f_CONS" --model big --dir "$TMP/held" --until "$1" \
+		--budget 16777216 >"$TMP/held$1.out" 2>"$TMP/held$1.err" ||
+		fail "subscribe to $1 exited $?: $(tail -3 "$TMP/held$1.err")"
+}
+publish_f 1 "$TMP/big/v0000.safetensors"
+held 1
+publish_f 2 "$TMP"/big/v000[123].safetensors
+wait_for 10 grep -qs "made anchor 3 " "$TMP/f.log" || fail "the broker made no anchor 3"
+held 4
+grep -q "^loaded version 1 " "$TMP/held4.out" || fail "held: did not start from version 1: $(cat "$TMP/held4.out")"
+grep -q "^version 3 anchor .* bulk_versions 1 bulk_failures 0$" "$TMP/held4.out" ||
+	fail "held: anchor 3 not over bulk: $(cat "$TMP/held4.out")"
+grep -q "^version 4 delta " "$TMP/held4.out" || fail "held: no delta 4: $(cat "$TMP/held4.out")"
+"$BUILD/deltacast" diff "$TMP/big/v0003.safetensors" "$TMP/held/model.safetensors" --json >"$TMP/held.diff" ||
+	fail "diff held exited $?"
+grep -q '^{"elements":[0-9]*,"changed":0,' "$TMP/held.diff" || fail "held differs: $(head -c 200 "$TMP/held.diff")"
+stop_broker f
 echo "test_consumer_bulk: ok"

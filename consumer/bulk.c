@@ -29,6 +29,7 @@
 #define BULK_OPENING 16
 #define POOL_KEEP 8                 /* payload buffers kept for the next frames */
 #define POOL_MAX_BYTES (4u << 20)   /* larger payloads get a buffer of their own */
+#define POOL_MIN_BYTES (64u << 10)  /* smaller ones a plain message: the heap keeps those */
 #define POOL_HEAD 64                /* the buffer's capacity, before its bytes */
 
 /* Payload buffers, recycled process-wide.  A frame's payload is handed on
@@ -36,9 +37,12 @@
  * message's last close, on whichever thread, gives the buffer back here.
  * Buffers from malloc would be returned to the kernel and faulted in
  * afresh, 4 KiB at a time, for every chunk (docs/architecture.md, "An
- * anchor's bytes"); kept, they stay warm.  At most POOL_KEEP of at most
- * POOL_MAX_BYTES each (32 MiB) stay allocated once an anchor came this
- * way; the buffers are never freed back (the process's exit frees them). */
+ * anchor's bytes"); kept, they stay warm.  Each buffer is its first
+ * payload's size (an equal-sized chunk reuses it, a tensor's tail too);
+ * payloads under POOL_MIN_BYTES are plain messages.  At most POOL_KEEP
+ * of at most POOL_MAX_BYTES each (32 MiB) stay allocated once an anchor
+ * came this way; the buffers are never freed back (the process's exit
+ * frees them). */
 static pthread_mutex_t pool_mu = PTHREAD_MUTEX_INITIALIZER;
 static unsigned char *pool[POOL_KEEP];
 static unsigned pool_n;
@@ -67,7 +71,7 @@ static void buf_put(void *data, void *base)
 static unsigned char *buf_get(size_t n)
 {
 	unsigned char *base = NULL;
-	size_t cap = n < POOL_MAX_BYTES ? POOL_MAX_BYTES : n;
+	size_t cap = n;
 
 	pthread_mutex_lock(&pool_mu);
 	for (unsigned i = 0; i < pool_n && !base; i++)
@@ -84,10 +88,11 @@ static unsigned char *buf_get(size_t n)
 /* msg of n payload bytes in a recycled buffer.  Errors: DCAST_ENOMEM. */
 static int payload_init(zmq_msg_t *msg, size_t n)
 {
-	unsigned char *base = n ? buf_get(n) : NULL;
+	unsigned char *base;
 
-	if (!n)
-		return zmq_msg_init(msg) ? dcast_fail(DCAST_ENOMEM, "bulk frame: zmq_msg_init") : 0;
+	if (n < POOL_MIN_BYTES)
+		return zmq_msg_init_size(msg, n) ? dcast_fail(DCAST_ENOMEM, "bulk frame payload of %zu bytes", n) : 0;
+	base = buf_get(n);
 	if (!base || zmq_msg_init_data(msg, base + POOL_HEAD, n, buf_put, base)) {
 		free(base);
 		return dcast_fail(DCAST_ENOMEM, "bulk frame payload of %zu bytes", n);

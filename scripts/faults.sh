@@ -429,9 +429,9 @@ bulk_flags() {
 	esac
 }
 
-# broker_metric SAMPLE: SAMPLE's value on the broker's (its last start)
-# metrics page, "?" when absent.
-broker_metric() {
+# broker_counter SAMPLE: SAMPLE's value on the broker's (its last start)
+# metrics page, "?" when absent (broker_metric reads one model's sample).
+broker_counter() {
 	local v
 	v=$("$DC" status --broker "127.0.0.1:$((BPORT + 2))" --raw 2>/dev/null | awk -v s="$1" '$1 == s {print $2}')
 	echo "${v:-?}"
@@ -441,7 +441,7 @@ broker_metric() {
 bulk_count() {
 	BULKN=-
 	[ ${#BULK[@]} = 0 ] && return
-	BULKN=$(broker_metric deltacast_bulk_versions_total)
+	BULKN=$(broker_counter deltacast_bulk_versions_total)
 	say "anchors sent over bulk: $BULKN"
 }
 
@@ -450,7 +450,7 @@ bulk_count() {
 ahead_count() {
 	AHEAD=-
 	[ ${#CUT[@]} = 0 ] && return
-	AHEAD=$(broker_metric deltacast_cut_through_chunks_total)
+	AHEAD=$(broker_counter deltacast_cut_through_chunks_total)
 	say "chunks sent ahead of their COMMIT: $AHEAD"
 }
 

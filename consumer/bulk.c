@@ -4,7 +4,9 @@
  * token) and reads frames (a 12-byte prefix, the header as ZeroMQ carries
  * it, the payload) beside its socket, each frame's payload straight into
  * a zmq_msg_t, so that the frame is handed to the version state machine
- * as a ZeroMQ message would be.  The socket is non-blocking: a turn reads
+ * as a ZeroMQ message would be.  The message's bytes are a buffer of its
+ * own, or, for a CHUNK of an anchor taken in place, its range of the
+ * tensor: the header, read first, says where.  The socket is non-blocking: a turn reads
  * what is there and returns.  Payload bytes are read only while those
  * received and not yet freed (cs_credit_free) stay within the consumer's
  * window; TCP's flow control holds the broker back meanwhile. */
@@ -183,6 +185,7 @@ static void frame_reset(cs_bulk *b)
 	if (b->has_payload)
 		zmq_msg_close(&b->payload);
 	b->has_payload = 0;
+	b->into = NULL;
 	b->prefix_got = b->head_len = b->head_got = 0;
 	b->payload_len = b->payload_got = 0;
 }
@@ -276,7 +279,7 @@ static int take(dcast_consumer *c, void *p, uint64_t n, uint64_t *got)
 }
 
 /* The prefix read: its header length and payload length checked against
- * the schema's limits, room made for both. */
+ * the schema's limits, room made for the header. */
 static int prefix_parse(dcast_consumer *c)
 {
 	cs_bulk *b = &c->bulk;
@@ -296,12 +299,59 @@ static int prefix_parse(dcast_consumer *c)
 		b->head = n;
 		b->head_cap = h;
 	}
-	if (payload_init(&b->payload, (size_t)p))
-		return DCAST_ENOMEM;
-	b->has_payload = 1;
 	b->head_len = h;
 	b->payload_len = p;
 	return 0;
+}
+
+/* The frame's CHUNK, decoded from its header, when it is one of the
+ * version's with the frame's payload length; 0 when not (frame_finish
+ * says what is wrong with it). */
+static int head_chunk(const cs_bulk *b, dcast_chunk *h)
+{
+	dcast_msg m;
+	int ok;
+
+	if (dcast_msg_decode(b->head, b->head_len, &m))
+		return 0;
+	ok = m.type == DCAST_MSG_CHUNK && m.u.chunk.version == b->version &&
+	     m.u.chunk.payload_bytes == b->payload_len;
+	if (ok)
+		*h = m.u.chunk;
+	dcast_msg_free(&m);
+	return ok;
+}
+
+/* The header read: the payload goes straight into its tensor's range when
+ * the anchor is taken in place (no copy out of a buffer after), else into
+ * a buffer of its own. */
+static int payload_place(dcast_consumer *c)
+{
+	cs_bulk *b = &c->bulk;
+	dcast_chunk h;
+
+	b->into = b->payload_len && head_chunk(b, &h) ? cs_intake_in_place_dest(c, &h) : NULL;
+	if (b->into) {
+		b->into_chunk = h;
+		zmq_msg_init_data(&b->payload, b->into, b->payload_len, NULL, NULL); /* never fails */
+	} else if (payload_init(&b->payload, (size_t)b->payload_len)) {
+		return DCAST_ENOMEM;
+	}
+	b->has_payload = 1;
+	return 0;
+}
+
+/* A payload read into a tensor: its range is still the one to read into
+ * (nothing bound or staged since; cs_drop_in_place ends the frame on a
+ * bind, this is the check that it did). */
+static int into_still(dcast_consumer *c)
+{
+	cs_bulk *b = &c->bulk;
+
+	if (!b->into || cs_intake_in_place_dest(c, &b->into_chunk) == b->into)
+		return 0;
+	return dcast_fail(DCAST_ESTATE, "bulk frame %" PRIu64 ": the tensors changed while its payload "
+			  "was read into them", b->frames);
 }
 
 /* One recv into the part of the frame being read (none while the window
@@ -320,13 +370,15 @@ static int read_step(dcast_consumer *c, int *moved)
 	} else if (b->head_got < b->head_len) {
 		err = take(c, b->head + b->head_got, b->head_len - b->head_got, &n);
 		b->head_got += (uint32_t)n;
-	} else if ((room = window_room(c))) {
+		if (!err && b->head_got == b->head_len)
+			err = payload_place(c);
+	} else if ((room = window_room(c)) && !(err = into_still(c))) {
 		uint64_t left = b->payload_len - b->payload_got;
 		err = take(c, (unsigned char *)zmq_msg_data(&b->payload) + b->payload_got,
 			   left < room ? left : room, &n);
 		b->payload_got += n;
 		b->received += n;
-	} else {
+	} else if (!err) {
 		b->last_ms = dcast_now_ms(); /* held back by our own window, not silent */
 	}
 	*moved = n > 0;

@@ -261,7 +261,10 @@ typedef struct cs_bulk {
 	uint32_t head_cap, head_len, head_got;
 	zmq_msg_t payload;             /* its payload, read straight in */
 	uint64_t payload_len, payload_got;
-	int has_payload;               /* payload initialised (after the prefix) */
+	int has_payload;               /* payload initialised (after the header) */
+	unsigned char *into;           /* payload read straight into a tensor here
+					  (cs_intake_in_place_dest), else NULL, */
+	dcast_chunk into_chunk;        /* for this CHUNK */
 } cs_bulk;
 
 /* A bulk connection that brings no byte for this long, or 3 heartbeats
@@ -459,6 +462,14 @@ void cs_drop_from(dcast_consumer *c, uint64_t version);
  * bind moves the tensors it was written into); 1 when there was one (the
  * caller re-joins for it), else 0. */
 int cs_drop_in_place(dcast_consumer *c);
+/* Where the payload of CHUNK h, not yet received, may be read straight
+ * into: its range of the tensor when h is a dense anchor chunk that fits
+ * the tensors (dcast_chunk_dense_at) and its version is, or would be, taken in
+ * place (in_place_ok) and has not taken h yet; else NULL.  The pointer
+ * stays good while the session holds the lock and nothing binds or
+ * stages; a caller reading across turns asks again before each read.
+ * The checksum is still the intake's (cs_intake_chunk). */
+unsigned char *cs_intake_in_place_dest(dcast_consumer *c, const dcast_chunk *h);
 /* The staging invariant (asserted): at most CS_MAX_STAGED versions, each
  * staging or READY, versions increasing past the applied one. */
 void cs_staged_check(const dcast_consumer *c);
@@ -632,6 +643,11 @@ short cs_bulk_events(const dcast_consumer *c);
 struct dcast_wire_in;
 int cs_bulk_read(dcast_consumer *c, struct dcast_wire_in *in, int *got);
 void cs_bulk_close(dcast_consumer *c);
+/* Is a frame's payload being read straight into a tensor? */
+static inline int cs_bulk_into_tensor(const dcast_consumer *c)
+{
+	return cs_bulk_active(c) && c->bulk.into != NULL;
+}
 
 /* session.c: the session thread */
 /* Open the socket (c->ss.zctx set) and start the session thread, which sends

@@ -175,6 +175,11 @@ void cs_drop_from(dcast_consumer *c, uint64_t version)
 
 int cs_drop_in_place(dcast_consumer *c)
 {
+	if (cs_bulk_into_tensor(c)) { /* a frame read into the copy that moves now */
+		cs_drop_from(c, 0); /* before the close: its bytes freed are the bulk's */
+		cs_bulk_close(c);
+		return 1;
+	}
 	if (!c->n_staged || !c->staged[0].in_place)
 		return 0;
 	cs_drop_from(c, c->staged[0].version);
@@ -501,9 +506,23 @@ static cs_version *version_begin(dcast_consumer *c, const dcast_chunk *h, int *e
 	return v;
 }
 
+unsigned char *cs_intake_in_place_dest(dcast_consumer *c, const dcast_chunk *h)
+{
+	const cs_version *v = cs_version_find(c, h->version);
+	uint64_t off;
+
+	if (!h->anchor || !dcast_chunk_dense_at(h, cs_tensor_descs(c), &off))
+		return NULL;
+	if (v ? !v->in_place || v->state != CS_V_STAGING || seen(v, h->part, h->seq) : !in_place_ok(c))
+		return NULL;
+	return c->tensors[h->tensor].ptr + off;
+}
+
 /* An anchor received in place (in_place_ok): each chunk, checked, goes
  * straight to its range of the tensor (the one copy out of ZeroMQ's
- * buffer), and is written behind from there, to model.safetensors.new at
+ * buffer; none when a bulk connection read it there: its checksum is
+ * taken there and a chunk that fails drops the version, which nothing
+ * reads before its apply), and is written behind from there, to model.safetensors.new at
  * its final offset (store/anchor_new.c; a record file for a model with
  * tiled tensors): nothing writes that range again before a later
  * version's apply, and the COMMIT waits for every write.  Its credit goes
@@ -517,7 +536,10 @@ static int stage_in_place(dcast_consumer *c, cs_version *v, const dcast_chunk *h
 	uint64_t off;
 	int err;
 
-	memcpy(dst, zmq_msg_data(payload), h->payload_bytes);
+	if (zmq_msg_data(payload) != dst)
+		memcpy(dst, zmq_msg_data(payload), h->payload_bytes);
+	else /* read there (cs_intake_in_place_dest) */
+		c->stats.bulk_in_place_bytes += h->payload_bytes;
 	err = cs_ckpt_chunk_submit(c, v, h, NULL, dst, sum, &off);
 	cs_credit_free(c, h->version, h->payload_bytes);
 	if (err)

@@ -32,6 +32,13 @@ dcast_desc_array dcast_manifest_descs(const dcast_manifest *m);
  * dtype's), with a detail naming the field, its value and the limit. */
 int dcast_chunk_fits(const dcast_chunk *c, dcast_desc_array d);
 
+/* Where a dense CHUNK's payload, not yet received or checked, lies: 1 and
+ * *byte_off (its offset in its tensor's wire bytes) when c is dense, fits
+ * `d` (dcast_chunk_fits) and its payload_bytes are exactly its range's;
+ * else 0 (the last error may say why).  Only where to read it: the chunk
+ * is taken after dcast_chunk_sound, once it has come. */
+int dcast_chunk_dense_at(const dcast_chunk *c, dcast_desc_array d, uint64_t *byte_off);
+
 /* Is CHUNK c sound and does it fit: dcast_chunk_fits, then its checksum
  * against payload_sum, the dcast_checksum() of its payload
  * (dcast_chunk_verify_sum).  0, or the codes of those two. */

@@ -63,6 +63,14 @@ int dcast_chunk_fits(const dcast_chunk *c, dcast_desc_array d)
 			  dcast_dtype_size((int)t->dtype));
 }
 
+int dcast_chunk_dense_at(const dcast_chunk *c, dcast_desc_array d, uint64_t *byte_off)
+{
+	if (c->encoding != DCAST_ENC_DENSE || dcast_chunk_fits(c, d) || c->payload_bytes != c->count * c->elem_size)
+		return 0;
+	*byte_off = c->start * c->elem_size;
+	return 1;
+}
+
 int dcast_digest_fits(const dcast_range_digest *e, uint32_t i, dcast_desc_array d)
 {
 	const dcast_tensor_desc *t;

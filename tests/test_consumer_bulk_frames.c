@@ -7,12 +7,20 @@
  *   and COMMIT frames: READY, applied bit-exact, stats.bulk_versions 1.
  *   It grants no CREDIT for those bytes (they were never in the ZeroMQ
  *   window), and exactly anchor 8's bytes when 8 comes over ZeroMQ after.
+ *   A fresh consumer reads the anchor's payload straight into the tensor
+ *   (stats.bulk_in_place_bytes).
+ * - A whole bind while a frame's payload is half read into the tensor:
+ *   the transfer ends (the connection closed, no failure counted), the
+ *   consumer re-joins asking for bulk again, and the anchor offered anew
+ *   comes through a buffer into the caller's memory, bit-exact.
  * - On BULK(9), a frame of version 10 fails the transfer:
  *   stats.bulk_failures 1, and the re-join's HELLO has no x-bulk; as does
  *   a BULK naming a port where nothing listens (connect refused).
  * - DELTACAST_BULK=0 at open: no x-bulk; DELTACAST_BULK=2: open refused,
  *   naming the variable. */
 #include <arpa/inet.h>
+#include <linux/sockios.h>
+#include <sys/ioctl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <stdint.h>
@@ -182,6 +190,87 @@ static void bulk_anchor(dcast_consumer *c, int lfd, uint32_t port)
 	fprintf(stderr, "CREDIT after the bulk anchor and a ZeroMQ one: %" PRIu64 " bytes\n", credit);
 	dcast_consumer_stats_get(c, &st);
 	CHECK(st.bulk_versions == 1 && st.bulk_failures == 0);
+	CHECK(st.bulk_in_place_bytes == N * 2);
+}
+
+/* The receive queue of the consumer's end of fd (the row of
+ * /proc/net/tcp whose local port is fd's peer's), -1 when not found. */
+static long peer_rx_queue(int fd)
+{
+	struct sockaddr_in a;
+	socklen_t len = sizeof(a);
+	char line[512];
+	unsigned lport, tx, rx;
+	long q = -1;
+	FILE *f;
+
+	REQUIRE(getpeername(fd, (struct sockaddr *)&a, &len) == 0);
+	REQUIRE((f = fopen("/proc/net/tcp", "r")));
+	while (q < 0 && fgets(line, sizeof(line), f))
+		if (sscanf(line, " %*u: %*x:%x %*x:%*x %*x %x:%x", &lport, &tx, &rx) == 3 &&
+		    lport == ntohs(a.sin_port))
+			q = rx;
+	fclose(f);
+	return q;
+}
+
+/* Every byte written to fd read by the consumer (the kernel's queues on
+ * both ends empty), within 10 s. */
+static int consumer_read_all(int fd)
+{
+	for (int i = 0; i < 1000; i++) {
+		int out = -1;
+		if (ioctl(fd, SIOCOUTQ, &out) == 0 && out == 0 && peer_rx_queue(fd) == 0)
+			return 1;
+		usleep(10000);
+	}
+	return 0;
+}
+
+/* A fresh consumer, BULK(7): the frame's header and half its payload
+ * read (into the tensor), then "w" bound to our memory.  The transfer
+ * ends without a failure, the re-join asks for bulk, and anchor 7
+ * offered again lands in our memory through a buffer. */
+static void bulk_bind_midframe(const char *ep, const char *dir, int lfd, uint32_t port)
+{
+	static uint16_t w7[N], mine[N];
+	unsigned char prefix[12];
+	dcast_msg chunk, commit;
+	dcast_range_digest d;
+	dcast_consumer_stats st;
+	dcast_consumer *c = NULL;
+	dcast_event ev;
+	size_t hlen;
+	void *hdr;
+	int fd;
+
+	for (int i = 0; i < N; i++)
+		w7[i] = (uint16_t)(i * 5 + 3);
+	REQUIRE(dcast_consumer_open(ep, MODEL, dir, 4 << 20, NULL, &c) == 0);
+	CHECK(welcome().bulk == 1);
+	REQUIRE((fd = bulk_offer(lfd, port, 7)) >= 0);
+	rp_anchor(&chunk, &commit, &d, MODEL, 7, w7);
+	REQUIRE(dcast_msg_encode(&chunk, &hdr, &hlen) == 0);
+	dcast_put_le32(prefix, (uint32_t)hlen);
+	dcast_put_le64(prefix + 4, N * 2);
+	write_all(fd, prefix, sizeof(prefix));
+	write_all(fd, hdr, hlen);
+	write_all(fd, w7, N);
+	free(hdr);
+	CHECK(consumer_read_all(fd));
+	CHECK_ERR(dcast_consumer_bind(c, "w", mine, DCAST_MEM_HOST, sizeof(mine)), 0);
+	CHECK(welcome().bulk == 1);
+	close(fd);
+	REQUIRE((fd = bulk_offer(lfd, port, 7)) >= 0);
+	frame(fd, &chunk, w7, N * 2);
+	frame(fd, &commit, NULL, 0);
+	CHECK(event(c, DCAST_EV_VERSION_READY, &ev) && ev.version == 7);
+	CHECK_ERR(dcast_consumer_apply(c, 7), 0);
+	CHECK(!memcmp(mine, w7, sizeof(w7)));
+	dcast_consumer_stats_get(c, &st);
+	CHECK(st.bulk_versions == 1 && st.bulk_failures == 0 && st.bulk_in_place_bytes == 0);
+	close(fd);
+	dcast_consumer_close(&c);
 }
 
 /* BULK(9), whose connection brings a frame of version 10: the transfer
@@ -242,14 +331,14 @@ static void bulk_env(const char *ep, const char *dir)
 int main(void)
 {
 	char dir[] = "/tmp/dcast-test-bulkf-XXXXXX", dir2[] = "/tmp/dcast-test-bulkf2-XXXXXX",
-	     dir3[] = "/tmp/dcast-test-bulkf3-XXXXXX", ep[128];
+	     dir3[] = "/tmp/dcast-test-bulkf3-XXXXXX", dir4[] = "/tmp/dcast-test-bulkf4-XXXXXX", ep[128];
 	size_t len = sizeof(ep);
 	int timeout_ms = 10000, lfd;
 	dcast_consumer *c = NULL;
 	uint32_t port;
 
 	alarm(60);
-	REQUIRE(mkdtemp(dir) && mkdtemp(dir2) && mkdtemp(dir3));
+	REQUIRE(mkdtemp(dir) && mkdtemp(dir2) && mkdtemp(dir3) && mkdtemp(dir4));
 	unsetenv("DELTACAST_BULK");
 	REQUIRE((ctx = zmq_ctx_new()) && (router = zmq_socket(ctx, ZMQ_ROUTER)));
 	REQUIRE(zmq_setsockopt(router, ZMQ_RCVTIMEO, &timeout_ms, sizeof(timeout_ms)) == 0);
@@ -263,6 +352,7 @@ int main(void)
 	bulk_wrong_version(c, lfd, port);
 	dcast_consumer_close(&c);
 	bulk_refused(ep, dir3);
+	bulk_bind_midframe(ep, dir4, lfd, port);
 	bulk_env(ep, dir2);
 	close(lfd);
 	zmq_msg_close(&rid);
@@ -271,5 +361,6 @@ int main(void)
 	check_remove_dir(dir);
 	check_remove_dir(dir2);
 	check_remove_dir(dir3);
+	check_remove_dir(dir4);
 	return check_done("test_consumer_bulk_frames");
 }

@@ -544,6 +544,24 @@ static void test_grid(void)
 /* The manifest check (dcast_fit.h) over descriptors inside larger
  * records, as the consumer holds them: every case of chunk_fit_cases.h
  * with its code, a chunk that fits, and COMMIT digest ranges alike. */
+
+/* dcast_chunk_dense_at on k, a chunk fitting d: the byte offset of a
+ * dense one; none for another encoding, a payload not its range's size,
+ * or a range outside its tensor. */
+static void dense_at(const dcast_chunk *k, dcast_desc_array d)
+{
+	dcast_chunk x = *k;
+	uint64_t off = 0;
+
+	x.encoding = DCAST_ENC_DENSE, x.start = 2, x.count = 3, x.payload_bytes = 3 * x.elem_size;
+	CHECK(dcast_chunk_dense_at(&x, d, &off) == 1 && off == 2 * x.elem_size);
+	x.payload_bytes++;
+	CHECK(dcast_chunk_dense_at(&x, d, &off) == 0);
+	x.payload_bytes--, x.count = CFC_ELEMS;
+	CHECK(dcast_chunk_dense_at(&x, d, &off) == 0);
+	x.count = 3, x.encoding = DCAST_ENC_DENSE + 1;
+	CHECK(dcast_chunk_dense_at(&x, d, &off) == 0);
+}
 static void test_manifest_fit(void)
 {
 	struct held { uint64_t before; dcast_tensor_desc desc; int after; } held[2];
@@ -568,6 +586,7 @@ static void test_manifest_fit(void)
 	}
 	chunk_fit_chunk(&m, &k[2], "fit", 1, &payload); /* elem_size 4: F32 "v" */
 	CHECK_ERR(dcast_chunk_fits(&m.u.chunk, d), 0);
+	dense_at(&m.u.chunk, d);
 	m.u.chunk.tensor = 2;
 	CHECK_ERR(dcast_chunk_fits(&m.u.chunk, d), DCAST_EFIELD_RANGE);
 	CHECK(strstr(dcast_last_error(), "outside the manifest's 2 tensors") != NULL);

@@ -157,6 +157,9 @@ typedef struct dcast_consumer_stats {
 	uint64_t bulk_failures;        /* bulk transfers that failed (connect refused, cut
 					  short, a bad frame): bulk is off after the first,
 					  and the anchor came over ZeroMQ */
+	uint64_t bulk_in_place_bytes;  /* anchor payload bytes a bulk connection read
+					  straight into the tensors (an anchor taken in
+					  place: no copy after the socket's) */
 } dcast_consumer_stats;
 
 /* Connect to the broker at `endpoint` (e.g. "tcp://127.0.0.1:5556") as a

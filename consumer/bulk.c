@@ -13,6 +13,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <netdb.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -111,20 +112,17 @@ void cs_bulk_init(dcast_consumer *c)
 
 int cs_bulk_wanted(const dcast_consumer *c)
 {
-	const char *host;
-
-	return c->opts.bulk && !c->opts.curve_server_key && !c->bulk.off &&
-	       dcast_tcp_host(c->endpoint, &host) > 0;
+	return c->opts.bulk && !c->opts.curve_server_key && !c->bulk.off && c->bulk.addr_len;
 }
 
-/* The endpoint's host (brackets of an IPv6 address taken off) at `port`,
- * resolved.  Errors: DCAST_EINVAL, DCAST_ENOTFOUND. */
-static int resolve(const dcast_consumer *c, uint32_t port, struct addrinfo **ai)
+/* The endpoint's host (brackets of an IPv6 address taken off), resolved.
+ * Errors: DCAST_EINVAL, DCAST_ENOTFOUND. */
+static int resolve(const dcast_consumer *c, struct addrinfo **ai)
 {
 	struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV};
 	const char *h = NULL;
 	size_t n = dcast_tcp_host(c->endpoint, &h);
-	char host[256], serv[8];
+	char host[256];
 	int rc;
 
 	if (n >= 2 && h[0] == '[' && h[n - 1] == ']')
@@ -134,20 +132,46 @@ static int resolve(const dcast_consumer *c, uint32_t port, struct addrinfo **ai)
 				  sizeof(host) - 1, c->endpoint);
 	memcpy(host, h, n);
 	host[n] = '\0';
-	snprintf(serv, sizeof(serv), "%u", port);
-	if ((rc = getaddrinfo(host, serv, &hints, ai)))
+	if ((rc = getaddrinfo(host, "0", &hints, ai)))
 		return dcast_fail(DCAST_ENOTFOUND, "bulk: host %s (endpoint %s): %s", host, c->endpoint,
 				  gai_strerror(rc));
 	return 0;
 }
 
-static int connect_to(dcast_consumer *c, const struct addrinfo *ai, uint32_t port)
+void cs_bulk_resolve(dcast_consumer *c)
 {
-	int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	const struct addrinfo *a;
+	struct addrinfo *ai = NULL;
+	const char *h;
 
+	c->bulk.addr_len = 0;
+	if (!c->opts.bulk || c->opts.curve_server_key || !dcast_tcp_host(c->endpoint, &h))
+		return;
+	if (resolve(c, &ai)) {
+		DCAST_LOG_W("consumer %s: %s; anchors come over ZeroMQ", c->model, dcast_last_error());
+		return;
+	}
+	for (a = ai; a->ai_next && a->ai_family != AF_INET; a = a->ai_next)
+		; /* the broker's --bulk listens on IPv4: its address first */
+	if (a->ai_addrlen <= sizeof(c->bulk.addr)) {
+		memcpy(&c->bulk.addr, a->ai_addr, a->ai_addrlen);
+		c->bulk.addr_len = a->ai_addrlen;
+	}
+	freeaddrinfo(ai);
+}
+
+static int connect_to(dcast_consumer *c, uint32_t port)
+{
+	struct sockaddr_storage a = c->bulk.addr;
+	int fd = socket(a.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+
+	if (a.ss_family == AF_INET6)
+		((struct sockaddr_in6 *)&a)->sin6_port = htons((uint16_t)port);
+	else
+		((struct sockaddr_in *)&a)->sin_port = htons((uint16_t)port);
 	if (fd < 0)
 		return dcast_fail(DCAST_EIO, "bulk: socket: %s", strerror(errno));
-	if (connect(fd, ai->ai_addr, ai->ai_addrlen) && errno != EINPROGRESS) {
+	if (connect(fd, (const struct sockaddr *)&a, c->bulk.addr_len) && errno != EINPROGRESS) {
 		int e = errno;
 		close(fd);
 		return dcast_fail(DCAST_EIO, "bulk: connect to port %u of the host of %s: %s", port,
@@ -159,15 +183,10 @@ static int connect_to(dcast_consumer *c, const struct addrinfo *ai, uint32_t por
 
 int cs_bulk_start(dcast_consumer *c, const dcast_bulk *b)
 {
-	struct addrinfo *ai = NULL;
 	int err;
 
-	DCAST_ASSERT(!cs_bulk_active(c));
-	if ((err = resolve(c, b->port, &ai)))
-		return err;
-	err = connect_to(c, ai, b->port);
-	freeaddrinfo(ai);
-	if (err)
+	DCAST_ASSERT(!cs_bulk_active(c) && c->bulk.addr_len && b->port <= 65535); /* schema: 1..65535 */
+	if ((err = connect_to(c, b->port)))
 		return err;
 	c->bulk.version = b->version;
 	c->bulk.port = b->port;

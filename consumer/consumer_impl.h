@@ -26,6 +26,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <zmq.h>
 #include "deltacast/codec.h"
@@ -248,6 +249,8 @@ typedef struct cs_bulk {
 	int fd;                        /* the connection, -1 when none */
 	int connected;                 /* connect done, the opening being sent or sent */
 	int off;                       /* never asked for again (a transfer failed) */
+	struct sockaddr_storage addr;  /* the endpoint's host, resolved at open */
+	socklen_t addr_len;            /* 0: none (not tcp://, or it did not resolve) */
 	uint64_t version;              /* the anchor coming, NONE when no connection */
 	uint32_t port;                 /* the broker's bulk port it was sent to */
 	uint64_t received, freed;      /* its payload bytes */
@@ -614,12 +617,15 @@ void cs_deadline(struct timespec *ts, int timeout_ms);
 /* bulk.c: the connection that brings an anchor (BULK) outside ZeroMQ,
  * read by the session thread beside its socket.
  * cs_bulk_init: no connection (at open, before anything can fail).
- * cs_bulk_wanted: HELLO may say x-bulk (the option on, a tcp:// endpoint,
- * no CURVE, no transfer failed).  cs_bulk_start: connect (non-blocking) to
- * the endpoint's host at b->port for version b->version, the opening
- * queued; errors: DCAST_EINVAL (no tcp:// host), DCAST_ENOTFOUND (the host
- * does not resolve), DCAST_EIO (socket, connect refused at once), each
- * naming the address; nothing is left open then.  cs_bulk_events: the
+ * cs_bulk_resolve: at open, before the session starts, the endpoint's
+ * host resolved once (an IPv4 address first), so that no name lookup
+ * runs under the consumer's lock; one that fails is logged, and anchors
+ * come over ZeroMQ.  cs_bulk_wanted: HELLO may say x-bulk (the option
+ * on, a tcp:// endpoint whose host resolved, no CURVE, no transfer
+ * failed).  cs_bulk_start: connect (non-blocking) to that address at
+ * b->port for version b->version, the opening queued; errors: DCAST_EIO
+ * (socket, connect refused at once), naming the port; nothing is left
+ * open then.  cs_bulk_events: the
  * poll events its fd waits for (0: none; the window is full).
  * cs_bulk_read: move what the connection has; *got 1 when `in` holds a
  * whole frame (header decoded and checked as a ZeroMQ message would be, a
@@ -633,6 +639,7 @@ void cs_deadline(struct timespec *ts, int timeout_ms);
  * DCAST_EPAYLOAD_SIZE, DCAST_ENOMEM.  cs_bulk_close: close the
  * connection, forget the frame; NULL-safe, idempotent. */
 void cs_bulk_init(dcast_consumer *c);
+void cs_bulk_resolve(dcast_consumer *c);
 int cs_bulk_wanted(const dcast_consumer *c);
 int cs_bulk_start(dcast_consumer *c, const dcast_bulk *b);
 static inline int cs_bulk_active(const dcast_consumer *c)

@@ -248,6 +248,7 @@ int dcast_consumer_open(const char *endpoint, const char *model, const char *dir
 	c->ss.window_bytes = c->pool.region_bytes;
 	c->stats.version = DCAST_VERSION_NONE;
 	cs_run_load(c);
+	cs_bulk_resolve(c);
 	if ((err = load_or_drop(c)) || (err = connect_broker(c)))
 		goto fail;
 	*out = c;

@@ -13,6 +13,8 @@
  *   the transfer ends (the connection closed, no failure counted), the
  *   consumer re-joins asking for bulk again, and the anchor offered anew
  *   comes through a buffer into the caller's memory, bit-exact.
+ * - An endpoint naming its host (tcp://localhost:PORT): the name is
+ *   resolved at open, and the anchor comes over bulk all the same.
  * - On BULK(9), a frame of version 10 fails the transfer:
  *   stats.bulk_failures 1, and the re-join's HELLO has no x-bulk; as does
  *   a BULK naming a port where nothing listens (connect refused).
@@ -312,6 +314,31 @@ static void bulk_refused(const char *ep, const char *dir)
 	dcast_consumer_close(&c);
 }
 
+/* The endpoint ep with its host written as "localhost": BULK(7) over
+ * bulk, READY. */
+static void bulk_by_name(const char *ep, const char *dir, int lfd, uint32_t port)
+{
+	static uint16_t w[N];
+	char named[160];
+	dcast_msg chunk, commit;
+	dcast_range_digest d;
+	dcast_consumer *c = NULL;
+	dcast_event ev;
+	int fd;
+
+	REQUIRE(!strncmp(ep, "tcp://127.0.0.1:", 16));
+	snprintf(named, sizeof(named), "tcp://localhost:%s", ep + 16);
+	REQUIRE(dcast_consumer_open(named, MODEL, dir, 4 << 20, NULL, &c) == 0);
+	CHECK(welcome().bulk == 1);
+	REQUIRE((fd = bulk_offer(lfd, port, 7)) >= 0);
+	rp_anchor(&chunk, &commit, &d, MODEL, 7, w);
+	frame(fd, &chunk, w, N * 2);
+	frame(fd, &commit, NULL, 0);
+	CHECK(event(c, DCAST_EV_VERSION_READY, &ev) && ev.version == 7);
+	close(fd);
+	dcast_consumer_close(&c);
+}
+
 /* DELTACAST_BULK at open: 0 asks for no bulk; anything but 0 or 1 is
  * refused, naming the variable. */
 static void bulk_env(const char *ep, const char *dir)
@@ -331,14 +358,15 @@ static void bulk_env(const char *ep, const char *dir)
 int main(void)
 {
 	char dir[] = "/tmp/dcast-test-bulkf-XXXXXX", dir2[] = "/tmp/dcast-test-bulkf2-XXXXXX",
-	     dir3[] = "/tmp/dcast-test-bulkf3-XXXXXX", dir4[] = "/tmp/dcast-test-bulkf4-XXXXXX", ep[128];
+	     dir3[] = "/tmp/dcast-test-bulkf3-XXXXXX", dir4[] = "/tmp/dcast-test-bulkf4-XXXXXX",
+	     dir5[] = "/tmp/dcast-test-bulkf5-XXXXXX", ep[128];
 	size_t len = sizeof(ep);
 	int timeout_ms = 10000, lfd;
 	dcast_consumer *c = NULL;
 	uint32_t port;
 
 	alarm(60);
-	REQUIRE(mkdtemp(dir) && mkdtemp(dir2) && mkdtemp(dir3) && mkdtemp(dir4));
+	REQUIRE(mkdtemp(dir) && mkdtemp(dir2) && mkdtemp(dir3) && mkdtemp(dir4) && mkdtemp(dir5));
 	unsetenv("DELTACAST_BULK");
 	REQUIRE((ctx = zmq_ctx_new()) && (router = zmq_socket(ctx, ZMQ_ROUTER)));
 	REQUIRE(zmq_setsockopt(router, ZMQ_RCVTIMEO, &timeout_ms, sizeof(timeout_ms)) == 0);
@@ -353,6 +381,7 @@ int main(void)
 	dcast_consumer_close(&c);
 	bulk_refused(ep, dir3);
 	bulk_bind_midframe(ep, dir4, lfd, port);
+	bulk_by_name(ep, dir5, lfd, port);
 	bulk_env(ep, dir2);
 	close(lfd);
 	zmq_msg_close(&rid);
@@ -362,5 +391,6 @@ int main(void)
 	check_remove_dir(dir2);
 	check_remove_dir(dir3);
 	check_remove_dir(dir4);
+	check_remove_dir(dir5);
 	return check_done("test_consumer_bulk_frames");
 }

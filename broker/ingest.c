@@ -849,6 +849,19 @@ static int pending_open_by_commit(struct broker *b, struct broker_model *m,
 	return broker_pending_open(b, m, &first, c->parts);
 }
 
+/* Every part committed, but the version cannot be (pending_finish failed
+ * with rc): no COMMIT is left to come for it, so it is dropped at once,
+ * whatever rc is (the producers hear why), and rc is returned. */
+static int pending_unfinished(struct broker *b, struct broker_model *m, int rc)
+{
+	char why[DCAST_MAX_TEXT + 1];
+
+	snprintf(why, sizeof(why), "%s", dcast_last_error());
+	broker_pending_abort(b, m, why);
+	DCAST_ASSERT(!m->pending);
+	return dcast_fail(rc, "%s", why);
+}
+
 static int pending_commit_part(struct broker *b, struct broker_model *m, uint32_t part,
 			       dcast_commit *c, int *committed)
 {
@@ -876,7 +889,7 @@ static int pending_commit_part(struct broker *b, struct broker_model *m, uint32_
 	if (++pd->n_committed < pd->parts)
 		return 0;
 	if ((rc = pending_finish(b, m)))
-		return rc;
+		return pending_unfinished(b, m, rc);
 	*committed = 1;
 	return 0;
 }

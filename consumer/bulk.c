@@ -6,7 +6,7 @@
  * a zmq_msg_t, so that the frame is handed to the version state machine
  * as a ZeroMQ message would be.  The message's bytes are a buffer of its
  * own, or, for a CHUNK of an anchor taken in place, its range of the
- * tensor: the header, read first, says where.  The socket is non-blocking: a turn reads
+ * tensor: the header is read first, and the caller's `dest` says where.  The socket is non-blocking: a turn reads
  * what is there and returns.  Payload bytes are read only while those
  * received and not yet freed (cs_credit_free) stay within the consumer's
  * window; TCP's flow control holds the broker back meanwhile. */
@@ -344,12 +344,12 @@ static int head_chunk(const cs_bulk *b, dcast_chunk *h)
 /* The header read: the payload goes straight into its tensor's range when
  * the anchor is taken in place (no copy out of a buffer after), else into
  * a buffer of its own. */
-static int payload_place(dcast_consumer *c)
+static int payload_place(dcast_consumer *c, cs_bulk_dest_fn dest)
 {
 	cs_bulk *b = &c->bulk;
 	dcast_chunk h;
 
-	b->into = b->payload_len && head_chunk(b, &h) ? cs_intake_in_place_dest(c, &h) : NULL;
+	b->into = b->payload_len && head_chunk(b, &h) ? dest(c, &h) : NULL;
 	if (b->into) {
 		b->into_chunk = h;
 		zmq_msg_init_data(&b->payload, b->into, b->payload_len, NULL, NULL); /* never fails */
@@ -363,11 +363,11 @@ static int payload_place(dcast_consumer *c)
 /* A payload read into a tensor: its range is still the one to read into
  * (nothing bound or staged since; cs_drop_in_place ends the frame on a
  * bind, this is the check that it did). */
-static int into_still(dcast_consumer *c)
+static int into_still(dcast_consumer *c, cs_bulk_dest_fn dest)
 {
 	cs_bulk *b = &c->bulk;
 
-	if (!b->into || cs_intake_in_place_dest(c, &b->into_chunk) == b->into)
+	if (!b->into || dest(c, &b->into_chunk) == b->into)
 		return 0;
 	return dcast_fail(DCAST_ESTATE, "bulk frame %" PRIu64 ": the tensors changed while its payload "
 			  "was read into them", b->frames);
@@ -375,7 +375,7 @@ static int into_still(dcast_consumer *c)
 
 /* One recv into the part of the frame being read (none while the window
  * is full); *moved: bytes came. */
-static int read_step(dcast_consumer *c, int *moved)
+static int read_step(dcast_consumer *c, cs_bulk_dest_fn dest, int *moved)
 {
 	cs_bulk *b = &c->bulk;
 	uint64_t n = 0, room;
@@ -390,8 +390,8 @@ static int read_step(dcast_consumer *c, int *moved)
 		err = take(c, b->head + b->head_got, b->head_len - b->head_got, &n);
 		b->head_got += (uint32_t)n;
 		if (!err && b->head_got == b->head_len)
-			err = payload_place(c);
-	} else if ((room = window_room(c)) && !(err = into_still(c))) {
+			err = payload_place(c, dest);
+	} else if ((room = window_room(c)) && !(err = into_still(c, dest))) {
 		uint64_t left = b->payload_len - b->payload_got;
 		err = take(c, (unsigned char *)zmq_msg_data(&b->payload) + b->payload_got,
 			   left < room ? left : room, &n);
@@ -448,7 +448,7 @@ static int frame_finish(dcast_consumer *c, dcast_wire_in *in)
 	return err;
 }
 
-int cs_bulk_read(dcast_consumer *c, dcast_wire_in *in, int *got)
+int cs_bulk_read(dcast_consumer *c, dcast_wire_in *in, int *got, cs_bulk_dest_fn dest)
 {
 	int err = 0, moved = 1;
 
@@ -460,7 +460,7 @@ int cs_bulk_read(dcast_consumer *c, dcast_wire_in *in, int *got)
 	if (c->bulk.opening_sent < BULK_OPENING && ((err = send_opening(c)) || c->bulk.opening_sent < BULK_OPENING))
 		return err;
 	while (!err && moved && !frame_whole(&c->bulk))
-		err = read_step(c, &moved);
+		err = read_step(c, dest, &moved);
 	if (err || !frame_whole(&c->bulk))
 		return err;
 	*got = 1;

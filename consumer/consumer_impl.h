@@ -632,7 +632,10 @@ void cs_deadline(struct timespec *ts, int timeout_ms);
  * CHUNK or the COMMIT of the version; the caller owns it, as from
  * dcast_wire_recv), 0 when nothing more is there now; payload bytes are
  * read only while those received and not freed stay within the window
- * (c->ss.window_bytes).  Errors (the transfer failed; the detail says
+ * (c->ss.window_bytes); a CHUNK's payload goes where dest(c, chunk)
+ * says (asked again before each read of it: the same pointer, or the
+ * transfer fails with DCAST_ESTATE), or into a buffer of its own when it
+ * says NULL (session.c passes cs_intake_in_place_dest).  Errors (the transfer failed; the detail says
  * why): DCAST_EIO (connect failed, the connection ended or broke before
  * the COMMIT), DCAST_EMALFORMED (a prefix out of its limits, a message
  * other than CHUNK or COMMIT, or of another version), the decode errors,
@@ -648,7 +651,8 @@ static inline int cs_bulk_active(const dcast_consumer *c)
 }
 short cs_bulk_events(const dcast_consumer *c);
 struct dcast_wire_in;
-int cs_bulk_read(dcast_consumer *c, struct dcast_wire_in *in, int *got);
+typedef unsigned char *(*cs_bulk_dest_fn)(dcast_consumer *c, const dcast_chunk *h);
+int cs_bulk_read(dcast_consumer *c, struct dcast_wire_in *in, int *got, cs_bulk_dest_fn dest);
 void cs_bulk_close(dcast_consumer *c);
 /* Is a frame's payload being read straight into a tensor? */
 static inline int cs_bulk_into_tensor(const dcast_consumer *c)

@@ -391,7 +391,7 @@ static int bulk_receive(dcast_consumer *c)
 			cs_bulk_close(c);
 			break;
 		}
-		if ((err = cs_bulk_read(c, &in, &got)))
+		if ((err = cs_bulk_read(c, &in, &got, cs_intake_in_place_dest)))
 			err = bulk_failed(c, c->bulk.version);
 		else if (got)
 			err = bulk_deliver(c, &in);

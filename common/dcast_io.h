@@ -29,6 +29,8 @@ typedef struct dcast_io dcast_io;
 #define DCAST_IO_MAX_DEPTH 1024u /* largest queue depth dcast_io_open takes */
 #define DCAST_IO_MAX_FILES 256u  /* files one engine holds at once */
 #define DCAST_IO_NO_BUF (-1)     /* buf_index for a buffer that is not registered */
+#define DCAST_IO_DIRECT_ALIGN 4096u /* O_DIRECT: memory, offset and length a multiple of it
+				      * (covers logical blocks up to 4 KiB) */
 
 /* One finished operation, as dcast_io_wait() reports it. */
 typedef struct dcast_io_done {
@@ -36,6 +38,7 @@ typedef struct dcast_io_done {
 	int buf_index;  /* the registered buffer it used, or DCAST_IO_NO_BUF */
 	int err;        /* 0 or a dcast_err (DCAST_EIO) */
 	uint64_t bytes; /* bytes transferred (read: fewer only at end of file) */
+	int direct;     /* 1: a write that went through the file's O_DIRECT fd */
 } dcast_io_done;
 
 /* Open an engine with room for queue_depth outstanding operations (1 ..
@@ -65,8 +68,25 @@ void dcast_io_set_max_xfer(dcast_io *io, size_t bytes);
 int dcast_io_file_add(dcast_io *io, int fd, const char *name);
 
 /* Forget a file handle: waits for outstanding operations first (so none is
- * left using it).  Returns the first error of those operations, else 0. */
+ * left using it), closes its O_DIRECT fd (dcast_io_file_direct) if any.
+ * Returns the first error of those operations, else 0. */
 int dcast_io_file_remove(dcast_io *io, int file);
+
+/* 0 when DELTACAST_DIRECT_IO=0 is in the environment, else 1. */
+int dcast_io_direct_wanted(void);
+
+/* Open `path` (the file `file` holds, buffered) a second time with
+ * O_DIRECT, beside it, for dcast_io_write_direct; the engine owns that fd
+ * (closed by dcast_io_file_remove).  Returns 1 when attached; 0 when
+ * DELTACAST_DIRECT_IO=0 or the open is refused (EINVAL: tmpfs on older
+ * kernels, some FUSE and network filesystems), which logs one info line
+ * naming the folder: the file's writes then all go through the page cache.
+ * A file handle not held, or one with an O_DIRECT fd already, is a
+ * programming error (asserted). */
+int dcast_io_file_direct(dcast_io *io, int file, const char *path);
+
+/* 1 while `file` has its O_DIRECT fd (attached and not refused since). */
+int dcast_io_file_has_direct(const dcast_io *io, int file);
 
 /* Register n buffers (at most 64) as io_uring fixed buffers; buffer i is
  * iov[i].  The memory stays owned by the caller and must outlive the
@@ -87,6 +107,18 @@ int dcast_io_buffers_fixed(const dcast_io *io);
  * (bad file handle, buffer outside its registered range, len > 2^31). */
 int dcast_io_write(dcast_io *io, int file, const void *buf, size_t len, uint64_t off,
 		   int buf_index, uint64_t tag);
+
+/* dcast_io_write through the file's O_DIRECT fd: the kernel moves the
+ * bytes from buf without a copy into the page cache.  buf, len and off are
+ * multiples of DCAST_IO_DIRECT_ALIGN (asserted).  Without an O_DIRECT fd
+ * the write goes through the page cache; one refused with EINVAL is done
+ * again there and the fd dropped (logged once, as dcast_io_file_direct),
+ * so a completion always reports the whole range.  The completion's
+ * `direct` says which way it went.  The caller never writes a page of the
+ * file both ways: the page cache would hold a stale copy of a page written
+ * direct.  Errors as dcast_io_write. */
+int dcast_io_write_direct(dcast_io *io, int file, const void *buf, size_t len, uint64_t off,
+			  uint64_t tag);
 
 /* Submit a read of len bytes at off into buf.  As dcast_io_write. */
 int dcast_io_read(dcast_io *io, int file, void *buf, size_t len, uint64_t off, int buf_index,

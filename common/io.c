@@ -26,10 +26,12 @@ struct io_slot {
 	uint64_t off, tag;
 	int sys_err;      /* positive errno of a failure, 0 if none */
 	unsigned retries;
+	uint8_t direct;   /* a write through the file's O_DIRECT fd */
 };
 
 struct io_file {
 	int fd, fixed, used;
+	int dfd;          /* the same file opened O_DIRECT (ours), or -1 */
 	char name[IO_NAME_MAX];
 };
 
@@ -202,6 +204,7 @@ int dcast_io_file_add(dcast_io *io, int fd, const char *name)
 	memset(f, 0, sizeof(*f));
 	f->used = 1;
 	f->fd = fd;
+	f->dfd = -1;
 	snprintf(f->name, sizeof(f->name), "%s", name ? name : "?");
 	if (io->uring && io->files_table)
 		f->fixed = io_uring_register_files_update(&io->ring, i, &fd, 1) == 1;
@@ -222,8 +225,66 @@ int dcast_io_file_remove(dcast_io *io, int file)
 	rc = dcast_io_drain(io);
 	if (io->files[file].fixed)
 		io_uring_register_files_update(&io->ring, (unsigned)file, &none, 1);
+	if (io->files[file].dfd >= 0)
+		close(io->files[file].dfd);
 	io->files[file].used = 0;
 	return rc;
+}
+
+/* ---- O_DIRECT beside a file ------------------------------------------ */
+
+/* The folder of path, for the refusal's line. */
+static void dir_of(const char *path, char *out, size_t cap)
+{
+	const char *slash = strrchr(path, '/');
+
+	if (!slash)
+		snprintf(out, cap, ".");
+	else
+		snprintf(out, cap, "%.*s", (int)(slash == path ? 1 : slash - path), path);
+}
+
+/* O_DIRECT refused for f (open or a write: EINVAL): said once, and its
+ * writes go through the page cache from now on, nothing lost. */
+static void direct_refused(struct io_file *f, const char *why)
+{
+	char dir[IO_NAME_MAX];
+
+	dir_of(f->name, dir, sizeof(dir));
+	DCAST_LOG_I("io: O_DIRECT refused in %s (%s): %s written through the page cache", dir, why,
+		    f->name);
+	if (f->dfd >= 0)
+		close(f->dfd);
+	f->dfd = -1;
+}
+
+int dcast_io_direct_wanted(void)
+{
+	const char *env = getenv("DELTACAST_DIRECT_IO");
+
+	return !(env && strcmp(env, "0") == 0);
+}
+
+int dcast_io_file_direct(dcast_io *io, int file, const char *path)
+{
+	struct io_file *f;
+	char why[96];
+
+	DCAST_ASSERT(file_ok(io, file) && io->files[file].dfd < 0);
+	f = &io->files[file];
+	if (!dcast_io_direct_wanted())
+		return 0;
+	f->dfd = open(path, O_WRONLY | O_DIRECT | O_CLOEXEC);
+	if (f->dfd >= 0)
+		return 1;
+	snprintf(why, sizeof(why), "open: %s", strerror(errno));
+	direct_refused(f, why);
+	return 0;
+}
+
+int dcast_io_file_has_direct(const dcast_io *io, int file)
+{
+	return file_ok(io, file) && io->files[file].dfd >= 0;
 }
 
 int dcast_io_register_buffers(dcast_io *io, const struct iovec *iov, unsigned n)
@@ -281,6 +342,12 @@ static int slot_progress(dcast_io *io, unsigned s, long res)
 	int xfer = sl->op == IO_READ || sl->op == IO_WRITE;
 	int stalled = res == 0 && sl->op == IO_WRITE && sl->done < sl->len;
 
+	if (res == -EINVAL && sl->direct) { /* refused: the same write through the page cache */
+		if (io->files[sl->file].dfd >= 0)
+			direct_refused(&io->files[sl->file], "write: Invalid argument");
+		sl->direct = 0;
+		return 1;
+	}
 	if (res == -EAGAIN || res == -EINTR || stalled) {
 		if (++sl->retries <= IO_MAX_RETRIES)
 			return 1;
@@ -300,9 +367,19 @@ static int slot_progress(dcast_io *io, unsigned s, long res)
 
 /* ---- plain-syscall path --------------------------------------------- */
 
+/* The fd slot sl goes through: the O_DIRECT one while it is held. */
+static int slot_fd(dcast_io *io, struct io_slot *sl)
+{
+	struct io_file *f = &io->files[sl->file];
+
+	if (sl->direct && f->dfd < 0)
+		sl->direct = 0; /* refused meanwhile, by another write */
+	return sl->direct ? f->dfd : f->fd;
+}
+
 static long plain_once(dcast_io *io, struct io_slot *sl)
 {
-	int fd = io->files[sl->file].fd;
+	int fd = slot_fd(io, sl);
 	size_t n = sl->len - sl->done;
 	long r;
 
@@ -350,7 +427,8 @@ static void uring_prep(dcast_io *io, unsigned s)
 	struct io_slot *sl = &io->slots[s];
 	struct io_file *f = &io->files[sl->file];
 	struct io_uring_sqe *sqe = get_sqe(io);
-	int fd = f->fixed ? sl->file : f->fd;
+	int raw = slot_fd(io, sl), fixed = f->fixed && !sl->direct;
+	int fd = fixed ? sl->file : raw;
 	size_t n = sl->len - sl->done;
 	int fixed_buf = sl->buf_index >= 0 && io->bufs_fixed;
 
@@ -368,7 +446,7 @@ static void uring_prep(dcast_io *io, unsigned s)
 		io_uring_prep_write(sqe, fd, sl->buf + sl->done, (unsigned)n, sl->off + sl->done);
 	else
 		io_uring_prep_fsync(sqe, fd, sl->op == IO_FDATASYNC ? IORING_FSYNC_DATASYNC : 0);
-	if (f->fixed)
+	if (fixed)
 		sqe->flags |= IOSQE_FIXED_FILE;
 	io_uring_sqe_set_data64(sqe, s | ((uint64_t)(uint32_t)(sl->buf_index + 1) << 32));
 }
@@ -410,7 +488,7 @@ static int uring_wait_for(dcast_io *io, unsigned want)
 /* ---- submission ----------------------------------------------------- */
 
 static int submit(dcast_io *io, int op, int file, void *buf, size_t len, uint64_t off,
-		  int buf_index, uint64_t tag)
+		  int buf_index, uint64_t tag, int direct)
 {
 	struct io_slot *sl;
 	unsigned s;
@@ -428,7 +506,8 @@ static int submit(dcast_io *io, int op, int file, void *buf, size_t len, uint64_
 	s = io->free_stack[--io->n_free];
 	sl = &io->slots[s];
 	*sl = (struct io_slot){.op = (uint8_t)op, .file = file, .buf_index = buf_index,
-			       .buf = buf, .len = len, .off = off, .tag = tag};
+			       .buf = buf, .len = len, .off = off, .tag = tag,
+			       .direct = (uint8_t)(direct && io->files[file].dfd >= 0)};
 	if (!io->uring) {
 		plain_run(io, s);
 		return 0;
@@ -441,19 +520,27 @@ static int submit(dcast_io *io, int op, int file, void *buf, size_t len, uint64_
 int dcast_io_write(dcast_io *io, int file, const void *buf, size_t len, uint64_t off,
 		   int buf_index, uint64_t tag)
 {
-	return submit(io, IO_WRITE, file, (void *)buf, len, off, buf_index, tag);
+	return submit(io, IO_WRITE, file, (void *)buf, len, off, buf_index, tag, 0);
+}
+
+int dcast_io_write_direct(dcast_io *io, int file, const void *buf, size_t len, uint64_t off,
+			  uint64_t tag)
+{
+	DCAST_ASSERT((uintptr_t)buf % DCAST_IO_DIRECT_ALIGN == 0 && len % DCAST_IO_DIRECT_ALIGN == 0 &&
+		     off % DCAST_IO_DIRECT_ALIGN == 0);
+	return submit(io, IO_WRITE, file, (void *)buf, len, off, DCAST_IO_NO_BUF, tag, 1);
 }
 
 int dcast_io_read(dcast_io *io, int file, void *buf, size_t len, uint64_t off, int buf_index,
 		  uint64_t tag)
 {
-	return submit(io, IO_READ, file, buf, len, off, buf_index, tag);
+	return submit(io, IO_READ, file, buf, len, off, buf_index, tag, 0);
 }
 
 int dcast_io_fsync(dcast_io *io, int file, int datasync, uint64_t tag)
 {
 	return submit(io, datasync ? IO_FDATASYNC : IO_FSYNC, file, NULL, 0, 0, DCAST_IO_NO_BUF,
-		      tag);
+		      tag, 0);
 }
 
 /* ---- reaping -------------------------------------------------------- */
@@ -476,6 +563,7 @@ static int pop_done(dcast_io *io, dcast_io_done *d)
 	d->buf_index = sl->buf_index;
 	d->bytes = sl->done;
 	d->err = sl->sys_err ? DCAST_EIO : 0;
+	d->direct = sl->direct;
 	return d->err;
 }
 
@@ -541,7 +629,7 @@ static int run_one(dcast_io *io, int op, int file, void *buf, size_t len, uint64
 
 	if (rc)
 		return rc;
-	rc = submit(io, op, file, buf, len, off, DCAST_IO_NO_BUF, 0);
+	rc = submit(io, op, file, buf, len, off, DCAST_IO_NO_BUF, 0, 0);
 	if (rc)
 		return rc;
 	rc = dcast_io_wait(io, 1, &d, 1);

@@ -197,7 +197,7 @@ typedef struct cs_tensor {
 } cs_tensor;
 
 #define CS_MAX_STAGED 16
-#define CS_IO_DEPTH 40 /* 16 chunk records written behind (2 writes each) and room */
+#define CS_IO_DEPTH 56 /* 16 chunk records written behind (up to 3 writes each) and room */
 #define CS_EVENTS 32
 
 /* Test faults armed at open (fault.c). */
@@ -542,8 +542,15 @@ static inline void cs_views_free(cs_tensor *t)
 void cs_event_push(dcast_consumer *c, int type, uint64_t version, int code, const char *text);
 /* Free the tensor table (our host copies, the views' tables). */
 void cs_tensors_free(dcast_consumer *c);
-/* The library's own host copies of the tensors lie in one arena (each
- * tensor from a page boundary), allocated zeroed by cs_host_alloc: NULL
+/* The library's own host copies of the tensors lie in one arena, each
+ * tensor at an address congruent modulo CS_FILE_ALIGN to its offset in
+ * model.safetensors (whose data section starts at a multiple of it,
+ * cs_anchor_layout; tensors packed in order), so that an anchor received
+ * in place goes from the tensors to that file with O_DIRECT (ckpt.c);
+ * a tensor whose offset there does not suit its element size starts on a
+ * page of its own instead (and is written buffered).  Tensors' bytes are
+ * disjoint; neighbours may share a page.  The arena is allocated zeroed,
+ * CS_FILE_ALIGN-aligned, by cs_host_alloc: NULL
  * when out of memory; from CS_HUGE_PAGE bytes on a mapping of its own,
  * aligned to and advised into transparent huge pages (where the kernel has
  * them: "madvise" or "always" in /sys/kernel/mm/transparent_hugepage/
@@ -554,6 +561,7 @@ void cs_tensors_free(dcast_consumer *c);
  * [p, p + bytes) back to the kernel (a tensor bound to the caller's memory
  * since). */
 #define CS_HUGE_PAGE (2u << 20)
+#define CS_FILE_ALIGN DCAST_IO_DIRECT_ALIGN
 void *cs_host_alloc(uint64_t bytes, int huge);
 void cs_host_free(void *p, uint64_t bytes);
 void cs_host_release(void *p, uint64_t bytes);

@@ -74,13 +74,24 @@ static uint64_t round_up(uint64_t x, uint64_t to)
 	return (x + to - 1) & ~(to - 1);
 }
 
+/* Zeroed, CS_FILE_ALIGN-aligned (O_DIRECT reads the memory too). */
+static void *small_alloc(uint64_t bytes)
+{
+	void *p = NULL;
+
+	if (posix_memalign(&p, CS_FILE_ALIGN, bytes ? (size_t)bytes : 1) != 0)
+		return NULL;
+	memset(p, 0, bytes ? (size_t)bytes : 1);
+	return p;
+}
+
 void *cs_host_alloc(uint64_t bytes, int huge)
 {
 	size_t len = (size_t)bytes + CS_HUGE_PAGE, keep = round_up(bytes, CS_PAGE);
 	unsigned char *m, *a;
 
 	if (bytes < CS_HUGE_PAGE)
-		return calloc(1, bytes ? bytes : 1);
+		return small_alloc(bytes);
 	m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (m == MAP_FAILED)
 		return NULL;
@@ -123,10 +134,33 @@ void cs_tensors_free(dcast_consumer *c)
 	c->n_tensors = 0;
 }
 
-/* Each tensor's host copy starts on a page of its own in the arena. */
-static uint64_t arena_span(uint64_t bytes)
+/* Where tensor t goes in the arena, its bytes starting at `data_off` of
+ * model.safetensors' data section, the arena's bytes used so far being
+ * `end`: the first place from end congruent to data_off modulo
+ * CS_FILE_ALIGN, unless data_off does not suit its elements (the file's
+ * tensors are packed: a 2-byte tensor of odd length before a 4-byte one),
+ * then the next page, which keeps every element aligned. */
+static uint64_t arena_place(const cs_tensor *t, uint64_t data_off, uint64_t end)
 {
-	return round_up(bytes ? bytes : 1, CS_PAGE);
+	if (!t->elem_size || data_off % t->elem_size)
+		return round_up(end, CS_PAGE);
+	return end + ((data_off - end) & (CS_FILE_ALIGN - 1));
+}
+
+/* Each tensor's place in the arena into t[i].ptr (an offset until the
+ * arena exists); returns the arena's size. */
+static uint64_t arena_offsets(cs_tensor *t, uint32_t n)
+{
+	uint64_t end = 0, data_off = 0;
+
+	for (uint32_t i = 0; i < n; i++) {
+		uint64_t at = arena_place(&t[i], data_off, end);
+
+		t[i].ptr = (unsigned char *)(uintptr_t)at;
+		end = at + t[i].bytes;
+		data_off += t[i].bytes;
+	}
+	return end;
 }
 
 int cs_tensors_from_manifest(dcast_consumer *c, const dcast_manifest *m)
@@ -144,26 +178,21 @@ int cs_tensors_from_manifest(dcast_consumer *c, const dcast_manifest *m)
 		t[i].mem = DCAST_MEM_HOST;
 		t[i].owned = 1;
 		dcast_tiles_init(&t[i].map, &t[i].desc);
-		total += arena_span(t[i].bytes);
 	}
 	c->tensors = t;
 	c->n_tensors = m->n_tensors;
 	for (uint32_t i = 0; i < m->n_tensors && !err; i++)
 		err = dcast_names_put(&c->names, t[i].desc.name, i);
+	total = arena_offsets(t, m->n_tensors);
+	if (!err && !(c->arena = cs_host_alloc(total, c->arena_huge)))
+		err = dcast_fail(DCAST_ENOMEM, "host copies of %u tensors (%" PRIu64 " bytes)", m->n_tensors, total);
 	if (err) {
 		cs_tensors_free(c);
 		return err;
 	}
-	if (!(c->arena = cs_host_alloc(total, c->arena_huge))) {
-		cs_tensors_free(c);
-		return dcast_fail(DCAST_ENOMEM, "host copies of %u tensors (%" PRIu64 " bytes)", m->n_tensors, total);
-	}
 	c->arena_bytes = total;
-	total = 0;
-	for (uint32_t i = 0; i < m->n_tensors; i++) {
-		t[i].ptr = t[i].host = c->arena + total;
-		total += arena_span(t[i].bytes);
-	}
+	for (uint32_t i = 0; i < m->n_tensors; i++)
+		t[i].ptr = t[i].host = c->arena + (uintptr_t)t[i].ptr;
 	return 0;
 }
 

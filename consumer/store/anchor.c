@@ -18,6 +18,7 @@
 #include <unistd.h>
 #include "store_impl.h"
 #include "dcast_reclog.h"
+#include "dcast_bytes.h"
 #include "dcast_common.h"
 #include "deltacast/codec.h"
 #include "deltacast/safetensors.h"
@@ -329,6 +330,28 @@ static size_t grid_meta(const cs_tensor *t, uint32_t nt, dcast_st_meta *meta, ch
 	return n;
 }
 
+/* The header padded with spaces (JSON allows them after the object; the
+ * 8-byte length counts them) so that the data section starts at a
+ * multiple of CS_FILE_ALIGN: an anchor received in place writes its
+ * tensors' whole pages there with O_DIRECT (ckpt.c). */
+static int pad_header(dcast_st_layout *lay)
+{
+	size_t to = (lay->header_bytes + CS_FILE_ALIGN - 1) / CS_FILE_ALIGN * CS_FILE_ALIGN;
+	size_t more = to - lay->header_bytes;
+	unsigned char *h = realloc(lay->header, to);
+
+	if (!h)
+		return dcast_fail(DCAST_ENOMEM, "safetensors header of %zu bytes", to);
+	memset(h + lay->header_bytes, ' ', more);
+	dcast_put_le64(h, (uint64_t)(to - 8));
+	lay->header = h;
+	lay->header_bytes = to;
+	for (size_t i = 0; i < lay->count; i++)
+		lay->file_offsets[i] += more;
+	lay->file_bytes += more;
+	return 0;
+}
+
 int cs_anchor_layout(const char *model, const cs_tensor *t, uint32_t nt, uint64_t version, const char *digest,
 		     dcast_st_layout *lay)
 {
@@ -357,6 +380,8 @@ int cs_anchor_layout(const char *model, const cs_tensor *t, uint32_t nt, uint64_
 		meta[2] = (dcast_st_meta){"deltacast.model_digest", digest};
 		err = dcast_st_layout_compute(specs, nt, meta, 3 + n_grid, lay);
 	}
+	if (!err && (err = pad_header(lay)))
+		dcast_st_layout_free(lay);
 	free(specs), free(meta), free(store);
 	return err;
 }
@@ -449,7 +474,21 @@ void cs_anchor_new_drop(dcast_consumer *c)
 	cs_store_unlock(c->store);
 }
 
-/* The file at its full size, each tensor's offset in c->store->new_offs; the
+/* Each tensor whose offset in the file suits its elements lies in the
+ * arena at an address congruent to it (state.c): its whole pages go from
+ * there with O_DIRECT (ckpt.c).  Tensors received in place are the
+ * arena's (intake.c, in_place_ok). */
+static void arena_congruent(const dcast_consumer *c, const uint64_t *offs)
+{
+	for (uint32_t i = 0; i < c->n_tensors; i++) {
+		const cs_tensor *t = &c->tensors[i];
+		DCAST_ASSERT(t->ptr == t->host);
+		DCAST_ASSERT(offs[i] % t->elem_size || ((uintptr_t)t->ptr - offs[i]) % CS_FILE_ALIGN == 0);
+	}
+}
+
+/* The file at its full size, each tensor's offset in c->store->new_offs
+ * (and the file opened a second time with O_DIRECT, where it may be); the
  * header is written at the COMMIT. */
 static int new_create(dcast_consumer *c, cs_version *v)
 {
@@ -476,8 +515,11 @@ static int new_create(dcast_consumer *c, cs_version *v)
 		err = dcast_fail(DCAST_EIO, "%s: create: %s", path, strerror(errno));
 	dcast_st_layout_free(&lay);
 	v->file_bytes = 0;
-	if (!err && !(err = cs_ckpt_io_attach(c, v, path)))
+	if (!err && !(err = cs_ckpt_io_attach(c, v, path))) {
+		if (dcast_io_file_direct(c->io, v->io_file, path))
+			arena_congruent(c, offs);
 		return 0;
+	}
 	cs_anchor_new_drop(c);
 	return err;
 }

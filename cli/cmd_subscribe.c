@@ -31,10 +31,10 @@ static const char usage_text[] =
 	"a current file after each version, at the cost of writing the whole\n"
 	"model each time).  Prints, per version:\n"
 	"  version V anchor|delta bytes B stage_ms S apply_ms A received R verify_bytes H log_write_bytes L\n"
-	"  bulk_versions K bulk_failures F\n"
+	"  direct_write_bytes D bulk_versions K bulk_failures F\n"
 	"(R: payload bytes received since start; H: bytes hashed to check V's\n"
 	"digests; L: bytes written to DIR's record log since start, a running\n"
-	"total like R; K, F: anchors taken over a bulk TCP connection to a broker\n"
+	"total like R; D: of L, bytes an anchor wrote to DIR with O_DIRECT; K, F: anchors taken over a bulk TCP connection to a broker\n"
 	"with --bulk, and bulk transfers that failed (the anchor then came over\n"
 	"ZeroMQ), since start; DELTACAST_BULK=0 asks for none).  Restarted with the same DIR it\n"
 	"resumes from the last whole version there.  Exits 0 when VERSION is applied\n"
@@ -137,11 +137,11 @@ static void print_version(dcast_consumer *c)
 
 	dcast_consumer_stats_get(c, &st);
 	printf("version %" PRIu64 " %s bytes %" PRIu64 " stage_ms %.3f apply_ms %.3f received %" PRIu64
-	       " verify_bytes %" PRIu64 " log_write_bytes %" PRIu64 " bulk_versions %" PRIu64
-	       " bulk_failures %" PRIu64 "\n",
+	       " verify_bytes %" PRIu64 " log_write_bytes %" PRIu64 " direct_write_bytes %" PRIu64
+	       " bulk_versions %" PRIu64 " bulk_failures %" PRIu64 "\n",
 	       st.version, st.anchor ? "anchor" : "delta", st.bytes, st.stage_ns / 1e6, st.apply_ns / 1e6,
-	       st.total_bytes_received, st.verify_bytes, st.log_write_bytes, st.bulk_versions,
-	       st.bulk_failures);
+	       st.total_bytes_received, st.verify_bytes, st.log_write_bytes, st.direct_write_bytes,
+	       st.bulk_versions, st.bulk_failures);
 	fflush(stdout);
 }
 

@@ -308,6 +308,7 @@ static int wb_reap(dcast_consumer *c, unsigned min_done)
 		DCAST_ASSERT((d[i].tag & ~0xffffull) == WB_TAG && s->left > 0);
 		if (d[i].err && !s->err)
 			s->err = d[i].err;
+		c->store->direct_write_bytes += d[i].direct && !d[i].err ? d[i].bytes : 0;
 		if (--s->left == 0)
 			wb_done(c, s);
 	}
@@ -419,14 +420,71 @@ static int slot_head(dcast_consumer *c, cs_version *v, const dcast_chunk *k, uin
 	if (v->direct) {
 		s->h.len = 0;
 		s->off = c->store->new_offs[k->tensor] + k->start * k->elem_size; /* k checked */
-		s->left = 1;
-		return 0;
+		return 0; /* its writes: own_range */
 	}
 	if ((err = chunk_head(k, payload_sum, &s->h)))
 		return err;
 	s->off = v->file_bytes;
 	s->left = 2;
 	return dcast_io_write(c->io, v->io_file, s->h.p, s->h.len, s->off, DCAST_IO_NO_BUF, tag);
+}
+
+/* One write of a chunk's range of an anchor's own file. */
+typedef struct wb_part {
+	const unsigned char *src;
+	uint64_t off, len;
+	int direct;
+} wb_part;
+
+/* The range [off, off + len) of the anchor file, from src, cut into at
+ * most 3 writes: the whole pages of the file inside it go with O_DIRECT
+ * (the kernel reads the tensor's memory, nothing is copied into the page
+ * cache), the head and tail before and after them through the page cache.
+ * A page is written one way only: one this range shares with a
+ * neighbouring range (or the header) is whole inside neither, so neither
+ * writes it direct, and a page written direct lies inside this range
+ * alone.  src must be congruent to off modulo CS_FILE_ALIGN for that (the
+ * arena places tensors so: state.c); where it is not, or the file has no
+ * O_DIRECT fd, the range goes buffered in one write.  Returns how many. */
+static int range_parts(const unsigned char *src, uint64_t off, uint64_t len, int direct_ok, wb_part p[3])
+{
+	uint64_t a = (off + CS_FILE_ALIGN - 1) / CS_FILE_ALIGN * CS_FILE_ALIGN;
+	uint64_t b = (off + len) / CS_FILE_ALIGN * CS_FILE_ALIGN;
+	int n = 0;
+
+	if (!direct_ok || ((uintptr_t)src - off) % CS_FILE_ALIGN || a >= b) {
+		p[0] = (wb_part){src, off, len, 0};
+		return 1;
+	}
+	if (a > off)
+		p[n++] = (wb_part){src, off, a - off, 0};
+	p[n++] = (wb_part){src + (a - off), a, b - a, 1};
+	if (off + len > b)
+		p[n++] = (wb_part){src + (b - off), b, off + len - b, 0};
+	DCAST_ASSERT(p[n - 1].off + p[n - 1].len == off + len); /* the parts tile the range */
+	return n;
+}
+
+/* Chunk k's range of the anchor file (v->direct), from the tensor, in the
+ * writes of range_parts behind slot s: it is done when all of them are. */
+static int own_range(dcast_consumer *c, cs_version *v, const dcast_chunk *k, wb_slot *s, const void *payload,
+		     uint64_t tag, uint64_t *payload_off)
+{
+	wb_part p[3];
+	int n = range_parts(payload, s->off, k->payload_bytes, dcast_io_file_has_direct(c->io, v->io_file), p);
+	int went = 0, err = 0;
+
+	for (; went < n && !err; went += !err)
+		err = p[went].direct ? dcast_io_write_direct(c->io, v->io_file, p[went].src, p[went].len, p[went].off, tag)
+				     : dcast_io_write(c->io, v->io_file, p[went].src, p[went].len, p[went].off,
+						      DCAST_IO_NO_BUF, tag);
+	s->left = went;
+	if (err && !went) /* nothing went: the caller still owns the payload */
+		c->store->wb->busy &= ~(1u << (s - c->store->wb->s));
+	else if (err) /* what went finds the slot failed */
+		s->err = err;
+	*payload_off = s->off;
+	return err;
 }
 
 /* Chunk k's record (or, v->direct, its range of the anchor file) in a
@@ -446,6 +504,10 @@ static int submit_own(dcast_consumer *c, cs_version *v, const dcast_chunk *k, zm
 		c->store->wb->busy &= ~(1u << (s - c->store->wb->s));
 		return err; /* nothing went: the caller still owns the payload and its credit */
 	}
+	if (v->direct) {
+		DCAST_ASSERT(!held); /* in place: the payload is the tensor's range */
+		return own_range(c, v, k, s, payload, tag, payload_off);
+	}
 	if (held) { /* a small message keeps its bytes inside zmq_msg_t: take them from ours */
 		zmq_msg_init(&s->msg);
 		zmq_msg_move(&s->msg, held);
@@ -454,10 +516,6 @@ static int submit_own(dcast_consumer *c, cs_version *v, const dcast_chunk *k, zm
 	}
 	err = dcast_io_write(c->io, v->io_file, payload, k->payload_bytes, s->off + s->h.len,
 			     pool_index(c, payload, k->payload_bytes), tag);
-	if (err && v->direct) { /* no header, never held: nothing went */
-		c->store->wb->busy &= ~(1u << (s - c->store->wb->s));
-		return err;
-	}
 	if (err) { /* the header went: its completion finds the slot failed */
 		s->err = err;
 		s->left = 1;

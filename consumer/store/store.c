@@ -92,6 +92,7 @@ void cs_store_stats(cs_store *s, dcast_consumer_stats *st)
 	cs_store_lock(s);
 	st->log_write_bytes = s->log_write_bytes;
 	st->log_write_ns = s->log_write_ns;
+	st->direct_write_bytes = s->direct_write_bytes;
 	st->folds = s->folds;
 	st->folds_from_tensors = s->folds_live;
 	st->folding = s->fold_running;

@@ -46,6 +46,7 @@ struct cs_store {
 	struct cs_wb *wb;              /* chunk records written behind (ckpt.c) */
 	cs_syncer syncer;              /* makes committed record files durable */
 	uint64_t log_write_bytes, log_write_ns;
+	uint64_t direct_write_bytes;   /* of them, written with O_DIRECT (an anchor in place) */
 	/* An anchor written straight to model.safetensors.new (anchor_new.c):
 	 * each tensor's offset there while it streams in; once applied, its
 	 * version until the fold thread seals it (fdatasync, rename).

@@ -160,6 +160,10 @@ typedef struct dcast_consumer_stats {
 	uint64_t bulk_in_place_bytes;  /* anchor payload bytes a bulk connection read
 					  straight into the tensors (an anchor taken in
 					  place: no copy after the socket's) */
+	uint64_t direct_write_bytes;   /* of log_write_bytes, those an anchor received in
+					  place wrote to model.safetensors.new with O_DIRECT
+					  (its whole pages; 0 where O_DIRECT is off or
+					  refused: DELTACAST_DIRECT_IO=0, docs/operations.md) */
 } dcast_consumer_stats;
 
 /* Connect to the broker at `endpoint` (e.g. "tcp://127.0.0.1:5556") as a

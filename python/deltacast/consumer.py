@@ -99,7 +99,8 @@ class _Stats(ctypes.Structure):
                 ("folds_from_tensors", ctypes.c_uint64), ("ready_backlog", ctypes.c_uint64),
                 ("versions_aborted", ctypes.c_uint64), ("commit_timeouts", ctypes.c_uint64),
                 ("bulk_versions", ctypes.c_uint64), ("bulk_failures", ctypes.c_uint64),
-                ("bulk_in_place_bytes", ctypes.c_uint64)]
+                ("bulk_in_place_bytes", ctypes.c_uint64),
+                ("direct_write_bytes", ctypes.c_uint64)]
 
 
 class Stats(StatsView):

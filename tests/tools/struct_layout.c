@@ -46,6 +46,7 @@ int main(void)
 	FIELD(dcast_consumer_stats, versions_aborted); FIELD(dcast_consumer_stats, commit_timeouts);
 	FIELD(dcast_consumer_stats, bulk_versions); FIELD(dcast_consumer_stats, bulk_failures);
 	FIELD(dcast_consumer_stats, bulk_in_place_bytes);
+	FIELD(dcast_consumer_stats, direct_write_bytes);
 	END();
 	BEGIN(dcast_producer_opts, "producer_opts");
 	FIELD(dcast_producer_opts, range_elems); FIELD(dcast_producer_opts, max_inflight_bytes);

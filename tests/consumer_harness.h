@@ -60,6 +60,12 @@ uint64_t h_rand(uint64_t *s);
  * h_model_free releases them. */
 void h_model_init(h_model *m, uint64_t seed, uint64_t scale);
 
+/* m's tensors named names[], bf16 rows[0] x cols[0], f32 rows[1] x
+ * cols[1], bf16 rows[2] x cols[2], random contents from seed, allocated
+ * (h_model_free releases them). */
+void h_model_shaped(h_model *m, uint64_t seed, const char *const names[H_TENSORS],
+		    const uint64_t rows[H_TENSORS], const uint64_t cols[H_TENSORS]);
+
 /* The bytes of all of m's tensors. */
 uint64_t h_model_bytes(const h_model *m);
 

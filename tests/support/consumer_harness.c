@@ -59,22 +59,30 @@ uint64_t h_rand(uint64_t *s)
 	return *s;
 }
 
-void h_model_init(h_model *m, uint64_t seed, uint64_t scale)
+void h_model_shaped(h_model *m, uint64_t seed, const char *const names[H_TENSORS],
+		    const uint64_t rows[H_TENSORS], const uint64_t cols[H_TENSORS])
 {
-	static const char *names[H_TENSORS] = {"layers.0.w", "layers.0.f32", "head.b"};
 	memset(m, 0, sizeof(*m));
 	m->rng = seed | 1;
 	for (int t = 0; t < H_TENSORS; t++) {
 		m->name[t] = names[t];
 		m->dtype[t] = t == 1 ? DCAST_DTYPE_F32 : DCAST_DTYPE_BF16;
 		m->ndim[t] = 2;
-		m->shape[t][0] = t == 2 ? 1 : 256 * scale;
-		m->shape[t][1] = t == 0 ? 1024 : t == 1 ? 800 : 1000;
+		m->shape[t][0] = rows[t];
+		m->shape[t][1] = cols[t];
 		m->bytes[t] = m->shape[t][0] * m->shape[t][1] * (t == 1 ? 4 : 2);
 		m->cur[t] = malloc(m->bytes[t]);
 		for (uint64_t i = 0; i < m->bytes[t]; i++)
 			m->cur[t][i] = (unsigned char)h_rand(&m->rng);
 	}
+}
+
+void h_model_init(h_model *m, uint64_t seed, uint64_t scale)
+{
+	static const char *const names[H_TENSORS] = {"layers.0.w", "layers.0.f32", "head.b"};
+	const uint64_t rows[H_TENSORS] = {256 * scale, 256 * scale, 1}, cols[H_TENSORS] = {1024, 800, 1000};
+
+	h_model_shaped(m, seed, names, rows, cols);
 }
 
 uint64_t h_model_bytes(const h_model *m)

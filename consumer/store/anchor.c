@@ -127,7 +127,8 @@ static uint64_t desc_hash(const dcast_tensor_desc *t)
 
 uint64_t cs_descs_sum(const cs_tensor *t, uint32_t n)
 {
-	uint64_t sum = dcast_checksum(&n, sizeof(n));
+	uint64_t seed[2] = {n, CS_FILE_ALIGN}; /* the layout's too: a fold begun with another is not resumed */
+	uint64_t sum = dcast_checksum(seed, sizeof(seed));
 
 	for (uint32_t i = 0; i < n; i++) {
 		uint64_t pair[2] = {sum, desc_hash(&t[i].desc)};

@@ -130,9 +130,10 @@ int cs_anchor_layout(const char *model, const cs_tensor *t, uint32_t n, uint64_t
 /* The file digest in model.safetensors' metadata, from each tensor's
  * dcast_digest td[i], into *out (anchor.c).  Errors: DCAST_ENOMEM. */
 int cs_file_digest(const cs_tensor *t, uint32_t n, uint64_t version, const uint64_t *td, uint64_t *out);
-/* XXH3-64 of n tensors' names, dtypes, shapes and grids, in order: what a
- * fold's progress record holds of the tensor table it began with, so that
- * a resumed fold refuses an anchor file whose header changed since. */
+/* XXH3-64 of n tensors' names, dtypes, shapes and grids, in order, and
+ * of the data section's alignment (cs_anchor_layout): what a fold's
+ * progress record holds of the layout it began with, so that a resumed
+ * fold refuses an anchor file whose header changed since. */
 uint64_t cs_descs_sum(const cs_tensor *t, uint32_t n);
 /* anchor.c: DIR/model.safetensors through dcast_io and the pool.  Load it
  * into the tensors, its version into *version; DCAST_ESTATE before reading

@@ -2,7 +2,7 @@
 # N library consumers join one committed anchor at once (a restarted fleet):
 # each one's time from the script's start of the consumers to READY, its
 # stage time (first chunk to READY), apply time and CPU time (every
-# thread of its process, until it exits).  The consumer-side
+# thread of its process, until it exits, and until READY).  The consumer-side
 # numbers behind docs/benchmarks.md's bench-fanout notes; `make
 # bench-fanout` is the benchmark, this is the quick probe.
 # Usage: [ANCHOR_JOIN_BROKER_ARGS="--io-threads 8"] tests/tools/anchor_join.sh [N] [SAFETENSORS]
@@ -23,11 +23,12 @@ done
 for p in "${CONS[@]}"; do wait "$p" || fail "a consumer exited $?"; done
 for i in $(seq "$N"); do
 	awk -v t0="$t0" -v i="$i" '
-		$1 == "ready" { ready = ($4 - t0) / 1e6 }
+		$1 == "ready" { ready = ($4 - t0) / 1e6; rcpu = $6 / 1e6 }
 		$1 == "applied" { for (k = 1; k < NF; k++) {
 			if ($k == "stage_ns") s = $(k + 1) / 1e6
 			if ($k == "apply_ns") a = $(k + 1) / 1e6
 			if ($k == "cpu_ns") cpu = $(k + 1) / 1e6 } }
-		END { printf "consumer %d: READY at %.0f ms, stage %.0f ms, apply %.0f ms, cpu %.0f ms\n", i, ready, s, a, cpu }' "$TMP/c$i.log"
+		END { printf "consumer %d: READY at %.0f ms, stage %.0f ms, apply %.0f ms, cpu %.0f ms (%.0f ms at READY)\n",
+			i, ready, s, a, cpu, rcpu }' "$TMP/c$i.log"
 done
 stop_broker s

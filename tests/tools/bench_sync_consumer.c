@@ -7,9 +7,9 @@
  * scripts/bench_fanout.sh times anchors to it; C as below), and after
  * each apply:
  *   applied V anchor|delta t_ns T stage_ns S apply_ns A bytes B
- *     verify_bytes H log_write_bytes L io_write_bytes W
+ *     verify_bytes H log_write_bytes L direct_write_bytes D io_write_bytes W
  * T: CLOCK_REALTIME nanoseconds right after dcast_consumer_apply() returned;
- * S, A, B, H, L: dcast_consumer_stats (L cumulative since open); W: this
+ * S, A, B, H, L, D: dcast_consumer_stats (L, D cumulative since open); W: this
  * process's write_bytes from /proc/self/io (cumulative; every byte it sent
  * towards the disk, checkpoint folds included); and cpu_ns C: this
  * process's CPU time so far, every thread (CLOCK_PROCESS_CPUTIME_ID).
@@ -79,9 +79,9 @@ static void report(const dcast_consumer *c, uint64_t t_ns)
 	dcast_consumer_stats_get(c, &st);
 	printf("applied %" PRIu64 " %s t_ns %" PRIu64 " stage_ns %" PRIu64 " apply_ns %" PRIu64
 	       " bytes %" PRIu64 " verify_bytes %" PRIu64 " log_write_bytes %" PRIu64
-	       " io_write_bytes %" PRIu64 " cpu_ns %" PRIu64 "\n",
+	       " direct_write_bytes %" PRIu64 " io_write_bytes %" PRIu64 " cpu_ns %" PRIu64 "\n",
 	       st.version, st.anchor ? "anchor" : "delta", t_ns, st.stage_ns, st.apply_ns, st.bytes,
-	       st.verify_bytes, st.log_write_bytes, io_write_bytes(), cpu_ns());
+	       st.verify_bytes, st.log_write_bytes, st.direct_write_bytes, io_write_bytes(), cpu_ns());
 	fflush(stdout);
 }
 

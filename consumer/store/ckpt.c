@@ -462,6 +462,7 @@ static int range_parts(const unsigned char *src, uint64_t off, uint64_t len, int
 	if (off + len > b)
 		p[n++] = (wb_part){src + (b - off), b, off + len - b, 0};
 	DCAST_ASSERT(p[n - 1].off + p[n - 1].len == off + len); /* the parts tile the range */
+	DCAST_ASSERT(a - off < CS_FILE_ALIGN && off + len - b < CS_FILE_ALIGN); /* head, tail: part of a page */
 	return n;
 }
 
@@ -472,13 +473,16 @@ static int own_range(dcast_consumer *c, cs_version *v, const dcast_chunk *k, wb_
 {
 	wb_part p[3];
 	int n = range_parts(payload, s->off, k->payload_bytes, dcast_io_file_has_direct(c->io, v->io_file), p);
-	int went = 0, err = 0;
+	int went, err = 0;
 
-	for (; went < n && !err; went += !err)
-		err = p[went].direct ? dcast_io_write_direct(c->io, v->io_file, p[went].src, p[went].len, p[went].off, tag)
-				     : dcast_io_write(c->io, v->io_file, p[went].src, p[went].len, p[went].off,
-						      DCAST_IO_NO_BUF, tag);
-	s->left = went;
+	for (went = 0; went < n; went++) {
+		const wb_part *w = &p[went];
+		err = w->direct ? dcast_io_write_direct(c->io, v->io_file, w->src, w->len, w->off, tag)
+				: dcast_io_write(c->io, v->io_file, w->src, w->len, w->off, DCAST_IO_NO_BUF, tag);
+		if (err)
+			break;
+	}
+	s->left = went; /* each completion takes one off: the slot is done with the last */
 	if (err && !went) /* nothing went: the caller still owns the payload */
 		c->store->wb->busy &= ~(1u << (s - c->store->wb->s));
 	else if (err) /* what went finds the slot failed */

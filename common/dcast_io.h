@@ -49,7 +49,8 @@ typedef struct dcast_io_done {
 int dcast_io_open(dcast_io **out, unsigned queue_depth);
 
 /* Wait for every outstanding operation, release the ring and everything
- * registered, set *io to NULL.  Does not close the caller's fds.  NULL-safe. */
+ * registered (O_DIRECT fds included), set *io to NULL.  Does not close the
+ * caller's fds.  NULL-safe. */
 void dcast_io_close(dcast_io **io);
 
 /* 1 when operations go through io_uring, 0 on the plain-syscall path. */

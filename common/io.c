@@ -168,6 +168,9 @@ void dcast_io_close(dcast_io **iop)
 	if (!io)
 		return;
 	dcast_io_drain(io);
+	for (unsigned i = 0; i < DCAST_IO_MAX_FILES; i++)
+		if (io->files[i].used && io->files[i].dfd >= 0)
+			close(io->files[i].dfd); /* ours; the buffered fds are the callers' */
 	if (io->uring)
 		io_uring_queue_exit(&io->ring);
 	free(io->slots);

@@ -9,15 +9,44 @@ DC=$BUILD/deltacast
 BROKER_BIN=$BUILD/deltacast-broker
 PY=${PYTHON:-/usr/bin/python3}
 E2E_PIDS=()
+declare -A E2E_START
+
+# e2e_started PID: PID's start time (field 22 of /proc/PID/stat, clock
+# ticks after boot); nothing when no process has that number.
+e2e_started() {
+	local s
+	read -r s 2>/dev/null <"/proc/$1/stat" || return 1
+	s=${s##*) }
+	set -- $s
+	echo "${20}"
+}
+
+# e2e_alive PID: PID, tracked by e2e_track, is still the process it was
+# then (a zombie not reaped yet counts), not another that took its number
+# after it exited (pid_max can be 32768, and the machine is shared).
+e2e_alive() {
+	[ -n "${1:-}" ] && [ -n "${E2E_START[$1]:-}" ] && [ "$(e2e_started "$1")" = "${E2E_START[$1]}" ]
+}
+
+# e2e_signal SIG PID...: send SIG to each PID that is e2e_alive.
+e2e_signal() {
+	local sig=$1 p
+	shift
+	for p in "$@"; do
+		e2e_alive "$p" && kill "-$sig" "$p" 2>/dev/null
+	done
+	return 0
+}
 
 e2e_cleanup() {
 	local p
 	for p in "${E2E_PIDS[@]}"; do
-		kill -CONT "$p" 2>/dev/null
-		kill -9 "$p" 2>/dev/null
+		e2e_signal CONT "$p"
+		e2e_signal 9 "$p"
 	done
 	for p in "${E2E_PIDS[@]}"; do wait "$p" 2>/dev/null; done
 	E2E_PIDS=()
+	E2E_START=()
 }
 
 # e2e_snapshot DIR TOOL...: copy the programs, libdeltacast.so and the named
@@ -31,8 +60,12 @@ e2e_snapshot() {
 	BIN=$bin DC=$bin/deltacast BROKER_BIN=$bin/deltacast-broker
 }
 
-# e2e_track PID: kill PID on exit.
-e2e_track() { E2E_PIDS+=("$1"); }
+# e2e_track PID: kill PID at e2e_cleanup; its start time is kept for
+# e2e_alive.
+e2e_track() {
+	E2E_PIDS+=("$1")
+	E2E_START[$1]=$(e2e_started "$1")
+}
 
 # e2e_wait_for TENTHS COMMAND...: poll every 0.1 s until COMMAND succeeds.
 e2e_wait_for() {
@@ -58,14 +91,14 @@ e2e_start_broker_at() {
 	BROKER_PID=$!
 	e2e_track "$BROKER_PID"
 	if e2e_wait_for 100 e2e_broker_up "$log" "$port"; then return 0; fi
-	kill -9 "$BROKER_PID" 2>/dev/null
+	e2e_signal 9 "$BROKER_PID"
 	wait "$BROKER_PID" 2>/dev/null
 	return 1
 }
 
 # The broker logs "consumers on ENDPOINT" once both sockets are bound.
 e2e_broker_up() {
-	kill -0 "$BROKER_PID" 2>/dev/null || return 1
+	e2e_alive "$BROKER_PID" || return 1
 	grep -qs "consumers on tcp://127.0.0.1:$(($2 + 1))" "$1"
 }
 

@@ -110,7 +110,7 @@ broker_start() {
 	fi
 }
 
-broker_alive() { kill -0 "$BROKER_PID" 2>/dev/null; }
+broker_alive() { e2e_alive "$BROKER_PID"; }
 
 committed() {
 	local v
@@ -257,46 +257,46 @@ inject() { # inject KIND: one fault
 	rnd "$NCONS"; i=$R
 	case $kind in
 	broker_kill)
-		kill -9 "$BROKER_PID"; wait "$BROKER_PID" 2>/dev/null
+		e2e_signal 9 "$BROKER_PID"; wait "$BROKER_PID" 2>/dev/null
 		say "SIGKILL broker"; rnd 10; sleep "0.$R"; broker_start || say "broker restart failed" ;;
 	broker_stop)
-		pause_len; kill -STOP "$BROKER_PID"; say "SIGSTOP broker for $PAUSE s"
-		sleep "$PAUSE"; kill -CONT "$BROKER_PID" ;;
+		pause_len; e2e_signal STOP "$BROKER_PID"; say "SIGSTOP broker for $PAUSE s"
+		sleep "$PAUSE"; e2e_signal CONT "$BROKER_PID" ;;
 	producer_kill)
-		kill -0 "$PUB_PID" 2>/dev/null || return 1
-		kill -9 "$PUB_PID"; wait "$PUB_PID" 2>/dev/null; say "SIGKILL producer"
+		e2e_alive "$PUB_PID" || return 1
+		e2e_signal 9 "$PUB_PID"; wait "$PUB_PID" 2>/dev/null; say "SIGKILL producer"
 		rnd 10; sleep "0.$R"
 		[ "$(broker_newest)" -lt "$NVER" ] && publish_next ;;
 	producer_stop)
-		kill -0 "$PUB_PID" 2>/dev/null || return 1
-		pause_len; kill -STOP "$PUB_PID"; say "SIGSTOP producer for $PAUSE s"
-		sleep "$PAUSE"; kill -CONT "$PUB_PID" ;;
+		e2e_alive "$PUB_PID" || return 1
+		pause_len; e2e_signal STOP "$PUB_PID"; say "SIGSTOP producer for $PAUSE s"
+		sleep "$PAUSE"; e2e_signal CONT "$PUB_PID" ;;
 	consumer_kill)
-		kill -9 "${CPID[i]}" 2>/dev/null; wait "${CPID[i]}" 2>/dev/null; say "SIGKILL c$i"
+		e2e_signal 9 "${CPID[i]}"; wait "${CPID[i]}" 2>/dev/null; say "SIGKILL c$i"
 		rnd 10; sleep "0.$R"; consumer_start "$i" ;;
 	consumer_stop)
-		kill -0 "${CPID[i]}" 2>/dev/null || return 1
-		pause_len; kill -STOP "${CPID[i]}"; say "SIGSTOP c$i for $PAUSE s"
-		sleep "$PAUSE"; kill -CONT "${CPID[i]}" ;;
+		e2e_alive "${CPID[i]}" || return 1
+		pause_len; e2e_signal STOP "${CPID[i]}"; say "SIGSTOP c$i for $PAUSE s"
+		sleep "$PAUSE"; e2e_signal CONT "${CPID[i]}" ;;
 	ckpt_corrupt)
-		kill -9 "${CPID[i]}" 2>/dev/null; wait "${CPID[i]}" 2>/dev/null; say "SIGKILL c$i"
+		e2e_signal 9 "${CPID[i]}"; wait "${CPID[i]}" 2>/dev/null; say "SIGKILL c$i"
 		pick_file "$T/c$i/model.safetensors" "$T/c$i"/model.safetensors.applied "$T/c$i"/model.safetensors.new \
 			"$T/c$i"/model.dlog/*.rec && flip_or_cut "$PICK"
 		consumer_start "$i" ;;
 	run_change)
-		kill -9 "$PUB_PID" 2>/dev/null; wait "$PUB_PID" 2>/dev/null
-		kill -9 "$BROKER_PID"; wait "$BROKER_PID" 2>/dev/null
+		e2e_signal 9 "$PUB_PID"; wait "$PUB_PID" 2>/dev/null
+		e2e_signal 9 "$BROKER_PID"; wait "$BROKER_PID" 2>/dev/null
 		rm -rf "$T/data"
 		[ "$CUR" = A ] && use_trace B || use_trace A
 		say "SIGKILL producer and broker, data dir removed: a new run publishes trace $CUR"
 		broker_start || say "broker restart failed"
 		publish_from 1
 		for ((k = 0; k < NCONS; k++)); do # those done with the old run follow the new one
-			kill -0 "${CPID[k]}" 2>/dev/null && continue
+			e2e_alive "${CPID[k]}" && continue
 			wait "${CPID[k]}" 2>/dev/null; say "c$k had exited; restarted"; consumer_start "$k"
 		done ;;
 	segment_corrupt)
-		kill -9 "$BROKER_PID"; wait "$BROKER_PID" 2>/dev/null; say "SIGKILL broker"
+		e2e_signal 9 "$BROKER_PID"; wait "$BROKER_PID" 2>/dev/null; say "SIGKILL broker"
 		pick_file $(find "$T/data" -type f 2>/dev/null) && flip_or_cut "$PICK"
 		broker_start || say "broker restart failed" ;;
 	proxy | proxy_producer) sleep 1 ;; # the proxy injects on its own; count its lines afterwards
@@ -317,11 +317,11 @@ behind_run() {
 # recover: stop injecting, bring back whatever is down, wait for convergence.
 recover() {
 	local deadline=$((SECONDS + CONVERGE_S)) i rc restarts=0
-	[ -n "$PROXY_PID" ] && kill -USR1 "$PROXY_PID" 2>/dev/null
-	kill -CONT "$BROKER_PID" "$PUB_PID" "${CPID[@]}" 2>/dev/null
+	[ -n "$PROXY_PID" ] && e2e_signal USR1 "$PROXY_PID"
+	e2e_signal CONT "$BROKER_PID" "$PUB_PID" "${CPID[@]}"
 	broker_alive || broker_start || { say "broker does not restart"; return 1; }
 	while [ $SECONDS -lt $deadline ]; do
-		if ! kill -0 "$PUB_PID" 2>/dev/null && [ $restarts -lt 8 ]; then
+		if ! e2e_alive "$PUB_PID" && [ $restarts -lt 8 ]; then
 			if [ "$(broker_newest)" -lt "$NVER" ]; then
 				wait "$PUB_PID" 2>/dev/null
 				restarts=$((restarts + 1))
@@ -331,9 +331,9 @@ recover() {
 		local done_n=0
 		for ((i = 0; i < NCONS; i++)); do
 			if [ "${CDONE[i]}" = 1 ]; then done_n=$((done_n + 1)); continue; fi
-			if kill -0 "${CPID[i]}" 2>/dev/null; then
+			if e2e_alive "${CPID[i]}"; then
 				refused_ckpt "$i" || continue
-				kill -9 "${CPID[i]}"
+				e2e_signal 9 "${CPID[i]}"
 			fi
 			wait "${CPID[i]}" 2>/dev/null; rc=$?
 			if [ $rc = 0 ] && ! behind_run "$i"; then CDONE[i]=1; done_n=$((done_n + 1)); continue; fi
@@ -484,7 +484,7 @@ run_trial() {
 			"$PROXY" "$PPORT" "$target" "$seed" $drop $delay $trunc $corrupt $dup 2>>"$T/proxy.log" &
 			PROXY_PID=$!; e2e_track "$PROXY_PID"
 			e2e_wait_for 20 grep -qs "listening on $PPORT" "$T/proxy.log" && break
-			kill -9 "$PROXY_PID" 2>/dev/null; wait "$PROXY_PID" 2>/dev/null; PROXY_PID= PPORT=
+			e2e_signal 9 "$PROXY_PID"; wait "$PROXY_PID" 2>/dev/null; PROXY_PID= PPORT=
 		done
 		say "proxy on $PPORT in front of the $PROXY_SIDE port: drop $drop delay $delay truncate $trunc corrupt $corrupt duplicate $dup per mille"
 	fi

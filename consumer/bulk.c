@@ -6,8 +6,8 @@
  * a zmq_msg_t, so that the frame is handed to the version state machine
  * as a ZeroMQ message would be.  The message's bytes are a buffer of its
  * own, or, for a CHUNK of an anchor taken in place, its range of the
- * tensor: the header is read first, and the caller's `dest` says where.  The socket is non-blocking: a turn reads
- * what is there and returns.  Payload bytes are read only while those
+ * tensor: the header is read first, and the caller's `dest` says where.
+ * The socket is non-blocking: a turn reads what is there and returns.  Payload bytes are read only while those
  * received and not yet freed (cs_credit_free) stay within the consumer's
  * window; TCP's flow control holds the broker back meanwhile. */
 #include <errno.h>
@@ -112,7 +112,7 @@ void cs_bulk_init(dcast_consumer *c)
 
 int cs_bulk_wanted(const dcast_consumer *c)
 {
-	return c->opts.bulk && !c->opts.curve_server_key && !c->bulk.off && c->bulk.addr_len;
+	return c->bulk.addr_len && !c->bulk.off; /* an address: cs_bulk_resolve's conditions held */
 }
 
 /* The endpoint's host (brackets of an IPv6 address taken off), resolved.

@@ -467,8 +467,8 @@ void cs_drop_from(dcast_consumer *c, uint64_t version);
 int cs_drop_in_place(dcast_consumer *c);
 /* Where the payload of CHUNK h, not yet received, may be read straight
  * into: its range of the tensor when h is a dense anchor chunk that fits
- * the tensors (dcast_chunk_dense_at) and its version is, or would be, taken in
- * place (in_place_ok) and has not taken h yet; else NULL.  The pointer
+ * the tensors (dcast_chunk_dense_at) and its version is, or would be,
+ * taken in place (in_place_ok) and has not taken h yet; else NULL.  The pointer
  * stays good while the session holds the lock and nothing binds or
  * stages; a caller reading across turns asks again before each read.
  * The checksum is still the intake's (cs_intake_chunk). */
@@ -628,13 +628,13 @@ void cs_deadline(struct timespec *ts, int timeout_ms);
  * cs_bulk_resolve: at open, before the session starts, the endpoint's
  * host resolved once (an IPv4 address first), so that no name lookup
  * runs under the consumer's lock; one that fails is logged, and anchors
- * come over ZeroMQ.  cs_bulk_wanted: HELLO may say x-bulk (the option
- * on, a tcp:// endpoint whose host resolved, no CURVE, no transfer
- * failed).  cs_bulk_start: connect (non-blocking) to that address at
+ * come over ZeroMQ; it resolves nothing with the option off, CURVE on or
+ * an endpoint that is not tcp://.  cs_bulk_wanted: HELLO may say x-bulk
+ * (an address resolved at open, no transfer failed since).  cs_bulk_start: connect (non-blocking) to that address at
  * b->port for version b->version, the opening queued; errors: DCAST_EIO
  * (socket, connect refused at once), naming the port; nothing is left
- * open then.  cs_bulk_events: the
- * poll events its fd waits for (0: none; the window is full).
+ * open then.  cs_bulk_events: the poll events its fd waits for (0: none;
+ * the window is full).
  * cs_bulk_read: move what the connection has; *got 1 when `in` holds a
  * whole frame (header decoded and checked as a ZeroMQ message would be, a
  * CHUNK or the COMMIT of the version; the caller owns it, as from
@@ -643,8 +643,8 @@ void cs_deadline(struct timespec *ts, int timeout_ms);
  * (c->ss.window_bytes); a CHUNK's payload goes where dest(c, chunk)
  * says (asked again before each read of it: the same pointer, or the
  * transfer fails with DCAST_ESTATE), or into a buffer of its own when it
- * says NULL (session.c passes cs_intake_in_place_dest).  Errors (the transfer failed; the detail says
- * why): DCAST_EIO (connect failed, the connection ended or broke before
+ * says NULL (session.c passes cs_intake_in_place_dest).  Errors (the
+ * transfer failed; the detail says why): DCAST_EIO (connect failed, the connection ended or broke before
  * the COMMIT), DCAST_EMALFORMED (a prefix out of its limits, a message
  * other than CHUNK or COMMIT, or of another version), the decode errors,
  * DCAST_EPAYLOAD_SIZE, DCAST_ENOMEM.  cs_bulk_close: close the

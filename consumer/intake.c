@@ -522,8 +522,8 @@ unsigned char *cs_intake_in_place_dest(dcast_consumer *c, const dcast_chunk *h)
  * straight to its range of the tensor (the one copy out of ZeroMQ's
  * buffer; none when a bulk connection read it there: its checksum is
  * taken there and a chunk that fails drops the version, which nothing
- * reads before its apply), and is written behind from there, to model.safetensors.new at
- * its final offset (store/anchor_new.c; a record file for a model with
+ * reads before its apply), and is written behind from there, to
+ * model.safetensors.new at its final offset (store/anchor_new.c; a record file for a model with
  * tiled tensors): nothing writes that range again before a later
  * version's apply, and the COMMIT waits for every write.  Its credit goes
  * back at once (no staging memory holds it; the writes in flight are

@@ -41,8 +41,9 @@ e2e_signal() {
 e2e_cleanup() {
 	local p
 	for p in "${E2E_PIDS[@]}"; do
-		e2e_signal CONT "$p"
-		e2e_signal 9 "$p"
+		e2e_alive "$p" || continue
+		kill -CONT "$p" 2>/dev/null
+		kill -9 "$p" 2>/dev/null
 	done
 	for p in "${E2E_PIDS[@]}"; do wait "$p" 2>/dev/null; done
 	E2E_PIDS=()

@@ -64,12 +64,22 @@ typedef struct cs_pool {
 	uint64_t region_bytes;         /* each of the three regions */
 	uint64_t resident_used, resident_live; /* bump offset, live chunks */
 	uint64_t in_use, peak;         /* bytes in use now / at most */
+	dcast_io *io;                  /* registers the pool at its first use (cs_pool_attach) */
+	int pinned;                    /* first used: faulted in, mlock tried, registered */
 	int locked;                    /* mlock succeeded */
 	int cuda_registered;           /* cudaHostRegister succeeded */
 	uint64_t undo_owner;           /* the version that last took the undo region */
 } cs_pool;
 
+/* Map the pool for budget_bytes (three regions of a quarter each),
+ * untouched: its pages are faulted in, locked (mlock, best effort: a
+ * warning once when refused) and registered with the engine given to
+ * cs_pool_attach at its first use, by the getters below.  Errors:
+ * DCAST_ENOMEM (mmap). */
 int cs_pool_open(cs_pool *p, uint64_t budget_bytes);
+/* The I/O engine the pool registers its memory with at first use (the
+ * consumer's; once, before any use). */
+void cs_pool_attach(cs_pool *p, dcast_io *io);
 void cs_pool_close(cs_pool *p);
 unsigned char *cs_pool_scratch(cs_pool *p);
 /* The undo region, now version's: what another version kept there is

@@ -241,10 +241,9 @@ int dcast_consumer_open(const char *endpoint, const char *model, const char *dir
 	if ((err = commit_timeout(c)) || (err = bulk_option(c)) || (err = make_paths(c, dir, endpoint)) || (err = dir_lock(c)) ||
 	    (err = cs_pool_open(&c->pool, staging_budget_bytes)))
 		goto fail;
-	if ((err = cs_store_open(c, &store_sink)) ||
-	    (err = dcast_io_open(&c->io, CS_IO_DEPTH)) ||
-	    (err = dcast_io_register_buffers(c->io, &(struct iovec){c->pool.base, c->pool.bytes}, 1)))
+	if ((err = cs_store_open(c, &store_sink)) || (err = dcast_io_open(&c->io, CS_IO_DEPTH)))
 		goto fail;
+	cs_pool_attach(&c->pool, c->io);
 	c->ss.window_bytes = c->pool.region_bytes;
 	c->stats.version = DCAST_VERSION_NONE;
 	cs_run_load(c);

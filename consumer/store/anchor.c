@@ -291,13 +291,14 @@ int cs_anchor_load(dcast_consumer *c, uint64_t *version)
  * and tiled tensors through the scratch region (fixed-buffer writes). */
 static int write_tensor(dcast_consumer *c, int file, const cs_tensor *t, uint64_t off)
 {
-	unsigned char *scratch = cs_pool_scratch(&c->pool);
+	int direct = t->mem == DCAST_MEM_HOST && !t->map.tiled;
+	unsigned char *scratch = direct ? NULL : cs_pool_scratch(&c->pool); /* pins the pool */
 	uint64_t piece = c->pool.region_bytes;
 	int err = 0;
 
 	for (uint64_t done = 0; !err && done < t->bytes; done += piece) {
 		uint64_t n = t->bytes - done < piece ? t->bytes - done : piece;
-		if (t->mem == DCAST_MEM_HOST && !t->map.tiled) {
+		if (direct) {
 			err = dcast_io_write(c->io, file, t->ptr + done, n, off + done, DCAST_IO_NO_BUF, 4);
 		} else if (!(err = dcast_io_drain(c->io)) &&
 			   !(err = cs_tensor_read_natural(t, done / t->elem_size, n / t->elem_size, scratch))) {

@@ -170,7 +170,9 @@ typedef struct dcast_consumer_stats {
  * consumer of `model`, with local checkpoint directory `dir` (created if
  * missing) and a staging budget: the pinned pool plus the credit the broker
  * may have in flight stay within staging_budget_bytes (at least 1 MiB; one
- * chunk payload must fit in a quarter of it).  Checking digests keeps 48
+ * chunk payload must fit in a quarter of it).  The pool is mapped here and
+ * faulted in, pinned (mlock) and registered with io_uring at its first
+ * use: never, while the consumer only takes anchors in place.  Checking digests keeps 48
  * bytes per COMMIT digest range (the producer's range_elems, 2^20
  * elements by default) for the live version and for each version checked
  * ahead of apply.  Loads the checkpoint in dir

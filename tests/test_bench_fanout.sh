@@ -3,7 +3,9 @@
 # per cell, print only): every cell carries its receivers' and its sender's
 # CPU seconds, more than 0, and the last line is
 #   intake_cpu_over_tcp R broker_cpu_over_nginx S fanout_over_raw_tcp_n1 T
-# with finite ratios.  Needs nginx and curl (`scripts/deps.sh bench`).
+# with finite ratios, and the targets table has a row for each of the
+# targets in CPU per byte and for N = 1 against raw TCP.  Needs nginx and
+# curl (`scripts/deps.sh bench`).
 set -u
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 [ -x "$NGINX" ] && command -v curl >/dev/null ||
@@ -29,4 +31,9 @@ last=$(tail -n 1 "$out")
 [[ "$last" =~ ^intake_cpu_over_tcp\ [0-9]+\.[0-9]+\ broker_cpu_over_nginx\ [0-9]+\.[0-9]+\ fanout_over_raw_tcp_n1\ [0-9]+\.[0-9]+$ ]] ||
 	{ echo "FAIL: last line '$last'"; exit 1; }
 grep -q '^CPU seconds (user + system) per GB moved' "$out" || { echo "FAIL: no CPU table"; exit 1; }
+for row in "library consumers' CPU per GB until READY / raw TCP receivers' that keep the model, N = 4" \
+	"the broker's CPU per GB sent to library consumers / nginx's to curl, N = 4" \
+	"library consumers until READY / raw TCP, N = 1"; do
+	grep -qF "| $row | at most " "$out" || { echo "FAIL: no target row '$row'"; exit 1; }
+done
 echo "test_bench_fanout: ok"

@@ -4,7 +4,15 @@ of their own), and a Consumer's bytes_received() while an anchor stages.
 The broker is stopped (SIGSTOP) as soon as a transfer is seen moving, so
 each reading is taken mid-transfer whatever the machine's speed: the broker
 grants a 1 MiB window to the producer, and the consumer's budget is 2 MiB,
-so neither side can run ahead of it."""
+so neither side can run ahead of it.  The reading is taken twice once every
+thread of the broker is stopped, and must not move.
+
+On a loaded machine this thread can be descheduled between seeing the
+transfer move and stopping the broker for long enough that the whole
+anchor went through; that attempt proves nothing, so it is printed and
+the case runs again on a fresh transfer (the producer under a new model
+name, the consumer a new one in a new directory), up to ATTEMPTS times.
+Any other wrong reading fails at once."""
 import os
 import signal
 import sys
@@ -19,7 +27,9 @@ import numpy as np  # noqa: E402
 from deltacast import Consumer, Producer  # noqa: E402
 
 ELEMS = 1 << 20
+TENSORS = ("a", "b", "c", "d")  # 16 MiB of float32: a wider window to stop in
 RANGE = 1 << 16  # 256 KiB chunks of float32
+ATTEMPTS = 5
 
 
 def until(what, cond, deadline_s=30):
@@ -30,21 +40,52 @@ def until(what, cond, deadline_s=30):
             raise AssertionError(f"{what}: not within {deadline_s} s")
 
 
+def all_stopped(pid):
+    """Every thread of process pid is stopped by a signal (state T)."""
+    states = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                states.append(f.read().rsplit(")", 1)[1].split()[0])
+        except FileNotFoundError:  # a thread that ended meanwhile
+            continue
+    return bool(states) and all(s in ("T", "t") for s in states)
+
+
 def held(broker, read, total):
-    """Stop the broker at the first reading above 0; the reading must stay
-    below total and unchanged while it is stopped.  Returns it."""
+    """Stop the broker at the first reading above 0 and read twice once all
+    its threads are stopped: both readings must be equal and below total.
+    Returns the reading, or None when the transfer raced past its end
+    before the broker stopped."""
     until("a transfer moving", lambda: read() > 0)
     broker.send_signal(signal.SIGSTOP)
     try:
+        until("the broker stopped", lambda: all_stopped(broker.pid))
         first = read()
+        second = read()
+        if first == total:
+            return None
         assert 0 < first < total, f"reading {first} of {total} is not mid-transfer"
+        assert second == first, f"reading moved from {first} to {second} with the broker stopped"
         return first
     finally:
         broker.send_signal(signal.SIGCONT)
 
 
-def producer_case(broker, prod_ep, arrays, total):
-    p = Producer(prod_ep, "progress", range_elems=RANGE)
+def retried(case, what):
+    """case(attempt) until it returns a mid-transfer reading, ATTEMPTS at
+    most; each attempt that raced past the end is printed."""
+    for attempt in range(ATTEMPTS):
+        seen = case(attempt)
+        if seen is not None:
+            return seen
+        print(f"{what}: attempt {attempt + 1} read the whole anchor before the broker "
+              f"stopped; again on a fresh transfer", flush=True)
+    raise AssertionError(f"{what}: every one of {ATTEMPTS} attempts raced past the end")
+
+
+def producer_once(broker, prod_ep, model, arrays, total):
+    p = Producer(prod_ep, model, range_elems=RANGE)
     for n, a in arrays.items():
         p.register(n, a)
     errors = []
@@ -57,37 +98,55 @@ def producer_case(broker, prod_ep, arrays, total):
             errors.append(e)
     t = threading.Thread(target=publish)
     t.start()
-    until("publish started", lambda: p.progress().active)
-    seen = held(broker, lambda: p.progress().bytes_taken, total)
-    t.join(60)
+    try:
+        until("publish started", lambda: p.progress().active)
+        seen = held(broker, lambda: p.progress().bytes_taken, total)
+    finally:
+        t.join(60)
     assert not t.is_alive() and not errors, errors
     pr = p.progress()
     assert not pr.active and pr.anchor and pr.bytes_total == total, (pr.active, pr.bytes_total)
     assert pr.bytes_taken == total and pr.bytes_sent == total, (pr.bytes_taken, pr.bytes_sent)
     p.close()
-    print(f"producer: progress() read {seen} of {total} bytes mid-anchor, then {pr.bytes_taken}")
+    if seen is not None:
+        print(f"producer: progress() read {seen} of {total} bytes mid-anchor, then {pr.bytes_taken}")
+    return seen
 
 
-def consumer_case(broker, cons_ep, tmp, total):
-    c = Consumer(cons_ep, "progress", os.path.join(tmp, "c"), budget_bytes=2 << 20)
-    seen = held(broker, c.bytes_received, total)
-    assert c.version is None, "applied before the anchor arrived whole"
-    until("version 1 ready", lambda: c.ready_version == 1)
-    c.apply(1)
-    assert c.bytes_received() >= total
-    c.close()
-    print(f"consumer: bytes_received() read {seen} of {total} bytes while the anchor staged")
+def consumer_once(broker, cons_ep, model, directory, total):
+    c = Consumer(cons_ep, model, directory, budget_bytes=2 << 20)
+    try:
+        seen = held(broker, c.bytes_received, total)
+        if seen is not None:
+            assert c.version is None, "applied before the anchor arrived whole"
+        until("version 1 ready", lambda: c.ready_version == 1)
+        c.apply(1)
+        assert c.bytes_received() >= total
+    finally:
+        c.close()
+    if seen is not None:
+        print(f"consumer: bytes_received() read {seen} of {total} bytes while the anchor staged")
+    return seen
 
 
 def main():
     arrays = {n: np.random.default_rng(i).standard_normal(ELEMS).astype(np.float32)
-              for i, n in enumerate(("a", "b"))}
+              for i, n in enumerate(TENSORS)}
     total = sum(a.nbytes for a in arrays.values())
 
     def body(tmp, prod_ep, cons_ep):
         broker = procs[0]
-        producer_case(broker, prod_ep, arrays, total)
-        consumer_case(broker, cons_ep, tmp, total)
+        models = []
+
+        def producer_case(attempt):
+            models.append(f"progress{attempt}")
+            return producer_once(broker, prod_ep, models[-1], arrays, total)
+
+        def consumer_case(attempt):
+            return consumer_once(broker, cons_ep, models[-1], os.path.join(tmp, f"c{attempt}"),
+                                 total)
+        retried(producer_case, "producer")
+        retried(consumer_case, "consumer")
     run_with_broker("dcast-progress-", body, "--producer-window-bytes", str(1 << 20))
     print("test_python_progress: ok")
 

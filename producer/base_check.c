@@ -249,6 +249,7 @@ int dcast_producer_adopt_baseline(dcast_producer *p, const char *consumer_endpoi
 	if ((rc = prod_consumer_endpoint(p, consumer_endpoint, ep, sizeof(ep), "adopt_baseline")) ||
 	    (rc = check_against(p, ep, bases, version, timeout_ms)))
 		return rc;
+	prod_baseline_dropped(p);
 	for (uint32_t i = 0; i < n && !rc; i++)
 		rc = prod_base_fill(p, i, bases[i]);
 	if (rc)

@@ -99,6 +99,7 @@ static int adopt(dcast_producer *p, dcast_consumer *c, uint64_t version)
 {
 	int rc = 0;
 
+	prod_baseline_dropped(p);
 	for (uint32_t i = 0; i < p->n_tensors && !rc; i++) {
 		const prod_tensor *t = &p->tensors[i];
 		void *ptr;

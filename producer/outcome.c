@@ -141,12 +141,27 @@ void prod_stats_now(const dcast_producer *p, dcast_producer_stats *out)
 	out->failed_err = p->failed_version == DCAST_VERSION_NONE ? 0 : p->failed_err;
 }
 
+/* The baseline is about to be overwritten by an adopt's copies: it holds
+ * no version until prod_baseline_adopted(), as before any adopt, so a copy
+ * that fails half-way leaves the next version an anchor. */
+void prod_baseline_dropped(dcast_producer *p)
+{
+	DCAST_DEBUG_ASSERT(p->pending_version == DCAST_VERSION_NONE &&
+			   p->last_version == DCAST_VERSION_NONE && check_baseline(p));
+	p->baseline_valid = 0;
+	p->acked_version = DCAST_VERSION_NONE; /* only an adopt set it, before any publish */
+	p->stats.baseline_version = DCAST_VERSION_NONE;
+	DCAST_DEBUG_ASSERT(check_baseline(p));
+}
+
 /* The baseline holds the broker's `version` (fetched, or the caller's copy
- * checked against its digests): the next version is a delta on it. */
+ * checked against its digests): the next version is a delta on it.  The
+ * copies went into a dropped baseline (prod_baseline_dropped). */
 void prod_baseline_adopted(dcast_producer *p, uint64_t version)
 {
 	DCAST_DEBUG_ASSERT(p->pending_version == DCAST_VERSION_NONE &&
 			   p->last_version == DCAST_VERSION_NONE && version != DCAST_VERSION_NONE);
+	DCAST_DEBUG_ASSERT(!p->baseline_valid && p->acked_version == DCAST_VERSION_NONE);
 	p->acked_version = version;
 	base_settled(p);
 	p->stats.baseline_version = version;

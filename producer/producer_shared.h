@@ -361,6 +361,10 @@ void prod_version_acked(dcast_producer *p, uint64_t version);
 void prod_version_failed(dcast_producer *p, int err, const char *why);
 void prod_progress_end(dcast_producer *p);
 void prod_progress_taken(dcast_producer *p);
+/* An adopt (base_check.c, baseline.c) calls prod_baseline_dropped() before
+ * its first prod_base_fill() and prod_baseline_adopted() after its last:
+ * a baseline copied in part is never taken for a version. */
+void prod_baseline_dropped(dcast_producer *p);
 void prod_baseline_adopted(dcast_producer *p, uint64_t version);
 uint64_t prod_credit_back(const dcast_producer *p);
 int prod_fail_pending(dcast_producer *p, int rc);

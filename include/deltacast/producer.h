@@ -344,8 +344,9 @@ DCAST_API int dcast_producer_consumer_endpoint(const dcast_producer *p, char *ou
  * DCAST_ESHAPE (the broker's tensors differ from the registered ones,
  * naming the first that does: publish an anchor instead), DCAST_ETIMEDOUT,
  * what dcast_consumer_open() fails with (a directory, the broker), and
- * those of a publish's first steps (DCAST_ENOMEM).  On error the producer
- * has no baseline and its first publish sends an anchor. */
+ * those of a publish's first steps (DCAST_ENOMEM).  An error before the
+ * copy leaves the baseline as it was (none, or an earlier call's); one
+ * during it leaves none, and the first publish sends an anchor. */
 DCAST_API int dcast_producer_fetch_baseline(dcast_producer *p, const char *consumer_endpoint,
 				  const char *dir, int timeout_ms);
 
@@ -372,8 +373,10 @@ DCAST_API int dcast_producer_fetch_baseline(dcast_producer *p, const char *consu
  * shards), DCAST_ENOTFOUND (the broker holds no version, or asks for an
  * anchor; endpoint NULL and the broker named none), DCAST_ESHAPE (another model: naming the tensor), DCAST_EDIGEST
  * (the copy is not that version: naming the tensor and elements),
- * DCAST_ETIMEDOUT, DCAST_EZMQ, a broker ERROR code, DCAST_ENOMEM.  On error
- * the producer has no baseline and its first publish sends an anchor. */
+ * DCAST_ETIMEDOUT, DCAST_EZMQ, a broker ERROR code, DCAST_ENOMEM.  An
+ * error before the copy (every check above) leaves the baseline as it was
+ * (none, or an earlier call's); one during it leaves none, and the first
+ * publish sends an anchor. */
 DCAST_API int dcast_producer_adopt_baseline(dcast_producer *p, const char *consumer_endpoint,
 				  const void *const *bases, uint32_t n, int timeout_ms);
 

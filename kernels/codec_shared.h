@@ -43,7 +43,7 @@
 #define DCAST_CPT_NSYM_MAX 37u   /* 8 + (32 - 3) for 4-byte elements */
 #define DCAST_CPT_HDR_FIXED 2u   /* k, value mode */
 #define DCAST_CPT_INDEX_ENTRY 8u /* u32 bit offset, u32 previous position */
-#define DCAST_DIGEST_BLOCK (1u << 20)
+#define DCAST_DIGEST_BLOCK DCAST_DIGEST_BLOCK_BYTES
 
 enum dcast_cpt_mode { DCAST_CPT_RAW = 0, DCAST_CPT_CODED = 1 };
 

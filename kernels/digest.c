@@ -29,6 +29,17 @@ static uint64_t digest_blocks(const void *data, size_t len,
 	return XXH3_64bits_digest(&st);
 }
 
+/* The same stream from hashes taken before (libxxhash's, as above). */
+uint64_t dcast_digest_join(const uint64_t *block_hashes, size_t n)
+{
+	XXH3_state_t st;
+
+	XXH3_64bits_reset(&st);
+	for (size_t i = 0; i < n; i++)
+		XXH3_64bits_update(&st, &block_hashes[i], 8);
+	return XXH3_64bits_digest(&st);
+}
+
 /* The same XXH3-64 inlined with AVX2 where the CPU has it: Debian's
  * libxxhash is built for SSE2 (about 15 GB/s here, 38 with AVX2), and the
  * producer digests every range of every version. */

@@ -8,12 +8,16 @@
  * inside one (odd sizes), and one whose f32 tensor follows an odd-length
  * bf16 one (its file offset does not suit its elements: its host copy is
  * on a page of its own and it goes through the page cache).  Chunks of
- * 50001 elements start inside pages too.  For each: the anchor applies
+ * 50001 elements start inside pages too; a fourth model has tensors of
+ * megabytes in chunks of 786432 elements (1.5 MiB of bf16, 3 MiB of f32),
+ * so that some of the file digest's 1 MiB blocks lie whole in one chunk
+ * and are hashed as it lands, others span two and are hashed at the
+ * COMMIT (store/anchor.c).  For each: the anchor applies
  * bit-exact, the direct byte counter (dcast_consumer_stats) is above 0
  * where the folder takes O_DIRECT writes (probed here) and 0 where it
  * does not or DELTACAST_DIRECT_IO=0, model.safetensors' data section
  * starts at a multiple of 4096 and holds the anchor bit-exact, and a
- * restart loads it and applies the next delta.
+ * restart loads it (its file digest checked) and applies the next delta.
  * tests/test_consumer_direct_plain.sh runs it on the pread/pwrite path,
  * _off.sh with DELTACAST_DIRECT_IO=0, _tmpfs.sh on a tmpfs mount;
  * DCAST_TEST_ROOT names the folder to work under (default /tmp). */
@@ -26,7 +30,7 @@
 #include "dcast_common.h"
 #include "deltacast/safetensors.h"
 
-#define BUDGET (4u << 20)
+#define BUDGET (16u << 20) /* a quarter holds the 3 MiB chunks of m_blocks */
 #define ALIGN 4096u
 
 static char root[4096];
@@ -117,6 +121,7 @@ int main(void)
 {
 	static const uint64_t odd_rows[3] = {2, 61, 67}, odd_cols[3] = {1001, 2999, 3001};
 	static const uint64_t mis_rows[3] = {1, 64, 33}, mis_cols[3] = {1001, 1024, 3001};
+	static const uint64_t big_rows[3] = {1100, 700, 3}, big_cols[3] = {1024, 1024, 1001};
 	static const char *const names[H_TENSORS] = {"a.w", "b.f32", "c.b"};
 	const char *base = getenv("DCAST_TEST_ROOT");
 	h_broker b;
@@ -135,6 +140,9 @@ int main(void)
 	run_model(&b, "m_odd", &m, direct);
 	h_model_shaped(&m, 23, names, mis_rows, mis_cols); /* the f32 tensor at 2002 */
 	run_model(&b, "m_misaligned", &m, direct);
+	h_range_elems = 786432; /* 1.5 MiB of bf16: blocks whole in a chunk, and across two */
+	h_model_shaped(&m, 24, names, big_rows, big_cols);
+	run_model(&b, "m_blocks", &m, direct);
 	h_broker_stop(&b);
 	check_remove_dir(root);
 	return check_done("test_consumer_direct");

@@ -18,5 +18,5 @@ cat "$LOG" >&2
 [ $rc = 0 ] || exit $rc
 grep -q "O_DIRECT not expected" "$LOG" || { echo "test_consumer_direct_ramfs: FAIL: ramfs took O_DIRECT"; exit 1; }
 n=$(grep -c "O_DIRECT refused in $MNT/dcast-direct-[A-Za-z0-9]*/m_[a-z]* (open: Invalid argument)" "$LOG")
-[ "$n" = 3 ] || { echo "test_consumer_direct_ramfs: FAIL: $n refusal lines, not one per anchor (3)"; exit 1; }
+[ "$n" = 4 ] || { echo "test_consumer_direct_ramfs: FAIL: $n refusal lines, not one per anchor (4)"; exit 1; }
 echo "test_consumer_direct_ramfs: O_DIRECT refused at the open, said once per anchor, written buffered"

@@ -92,7 +92,7 @@ done < <(grep -nE 'c->(ev_cv|cv|lock|mu)\b' consumer/store/*.c)
 python3 - consumer/store/*.c >"$TMP/unguarded" <<'PY'
 import re, sys
 fields = ("anchor_file_version|log_since_fold|deltas_since_fold|folds|folds_live|wb|log_write_bytes|"
-          "log_write_ns|direct_write_bytes|new_offs|new_version|fold_thread|fold_running|fold_joinable|fold_lock")
+          "log_write_ns|direct_write_bytes|new_offs|new_version|new_landed|fold_thread|fold_running|fold_joinable|fold_lock")
 touch = re.compile(r"(store|[^a-z_]s)->((%s)([^a-z_]|$)|gen\+\+)" % fields)
 for path in sys.argv[1:]:
     funcs, cur = {}, None

@@ -161,14 +161,33 @@ int cs_file_digest(const cs_tensor *t, uint32_t n, uint64_t version, const uint6
 typedef struct digest_job {
 	const dcast_consumer *c;
 	uint64_t *td;
+	cs_landed *landed; /* the anchor in place's COMMIT: its blocks hashed as they landed */
 } digest_job;
+
+/* Host tensor i's digest from the block hashes taken as its chunks landed
+ * (ckpt.c), hashing the blocks no chunk held whole. */
+static uint64_t landed_digest(const cs_tensor *t, cs_landed *l, uint32_t i)
+{
+	uint64_t first = l->block[i], n = l->block[i + 1] - first;
+	const uint64_t B = DCAST_DIGEST_BLOCK_BYTES;
+
+	for (uint64_t k = 0; k < n; k++)
+		if (!l->have[first + k])
+			l->hash[first + k] = dcast_checksum(t->ptr + k * B, t->bytes - k * B < B ? t->bytes - k * B : B);
+	uint64_t d = dcast_digest_join(l->hash + first, n);
+
+	DCAST_DEBUG_ASSERT(d == dcast_digest(t->ptr, t->bytes));
+	return d;
+}
 
 static void host_digest(void *arg, unsigned i)
 {
 	digest_job *j = arg;
 	const cs_tensor *t = &j->c->tensors[i];
 
-	if (t->mem == DCAST_MEM_HOST)
+	if (t->mem == DCAST_MEM_HOST && j->landed)
+		j->td[i] = landed_digest(t, j->landed, i);
+	else if (t->mem == DCAST_MEM_HOST)
 		cs_tensor_digest(t, 0, t->bytes, &j->td[i]); /* cannot fail in host memory */
 }
 
@@ -183,14 +202,16 @@ static uint64_t host_bytes(const dcast_consumer *c)
 
 /* The file digest of the live tensors as version `version`: O(model), the
  * host tensors' digests on several threads (cs_par_for), then the device
- * tensors' on this one. */
-static int model_digest(dcast_consumer *c, uint64_t version, uint64_t *out)
+ * tensors' on this one.  landed (NULL: none): the anchor in place's
+ * COMMIT, whose chunks hashed the blocks they held whole as they landed. */
+static int model_digest(dcast_consumer *c, uint64_t version, cs_landed *landed, uint64_t *out)
 {
 	uint64_t *td = calloc(c->n_tensors ? c->n_tensors : 1, sizeof(*td));
 	int err = td ? 0 : dcast_fail(DCAST_ENOMEM, "checkpoint digest: %u tensors", c->n_tensors);
 
 	if (!err)
-		cs_par_for(c->n_tensors, host_bytes(c), host_digest, &(digest_job){ c, td });
+		cs_par_for(c->n_tensors, host_bytes(c), host_digest,
+			   &(digest_job){c, td, landed && landed->hash ? landed : NULL});
 	for (uint32_t i = 0; !err && i < c->n_tensors; i++)
 		if (c->tensors[i].mem != DCAST_MEM_HOST)
 			err = cs_tensor_digest(&c->tensors[i], 0, c->tensors[i].bytes, &td[i]);
@@ -209,7 +230,7 @@ static int check_model_digest(dcast_consumer *c, const dcast_st_file *f, uint64_
 	if (!want || !*want)
 		return dcast_fail(DCAST_ECORRUPT, "%s: no deltacast.model_digest metadata (damaged, or "
 				  "written before names and version were covered)", c->store->anchor_path);
-	if ((err = model_digest(c, version, &got)))
+	if ((err = model_digest(c, version, NULL, &got)))
 		return err;
 	if (strtoull(want, NULL, 16) != got)
 		return dcast_fail(DCAST_ECORRUPT,
@@ -422,12 +443,13 @@ static int write_anchor(dcast_consumer *c, const dcast_st_layout *lay)
 	return err ? err : dcast_fsync_dir(c->dir);
 }
 
-/* The layout of model.safetensors for the live tensors as version v. */
-static int live_layout(dcast_consumer *c, uint64_t v, dcast_st_layout *lay)
+/* The layout of model.safetensors for the live tensors as version v
+ * (landed: as model_digest). */
+static int live_layout(dcast_consumer *c, uint64_t v, cs_landed *landed, dcast_st_layout *lay)
 {
 	uint64_t digest = 0;
 	char dbuf[32];
-	int err = model_digest(c, v, &digest);
+	int err = model_digest(c, v, landed, &digest);
 
 	if (err)
 		return err;
@@ -435,10 +457,15 @@ static int live_layout(dcast_consumer *c, uint64_t v, dcast_st_layout *lay)
 	return cs_anchor_layout(c->model, c->tensors, c->n_tensors, v, dbuf, lay);
 }
 
-int cs_anchor_header_write(dcast_consumer *c, int file, uint64_t version)
+/* Write at offset 0 of `file` the header of model.safetensors as the
+ * anchor in place `version`, at its COMMIT: its file digest from the live
+ * tensors and the blocks hashed as they landed (`landed`, taken from the
+ * store).  Errors: DCAST_EIO,
+ * DCAST_ENOMEM, DCAST_ENODEVICE. */
+static int new_header_write(dcast_consumer *c, int file, uint64_t version, cs_landed *landed)
 {
 	dcast_st_layout lay;
-	int err = live_layout(c, version, &lay);
+	int err = live_layout(c, version, landed, &lay);
 
 	if (err)
 		return err;
@@ -459,6 +486,12 @@ void cs_anchor_new_path(const dcast_consumer *c, int applied, char *out, size_t 
 	snprintf(out, cap, "%s.%s", c->store->anchor_path, applied ? "applied" : "new");
 }
 
+static void landed_free(cs_landed *l)
+{
+	free(l->hash), free(l->block), free(l->have);
+	*l = (cs_landed){0};
+}
+
 void cs_anchor_new_drop(dcast_consumer *c)
 {
 	char path[4200];
@@ -470,10 +503,38 @@ void cs_anchor_new_drop(dcast_consumer *c)
 	unlink(path);
 	cs_anchor_new_path(c, 1, path, sizeof(path));
 	unlink(path);
-	free(c->store->new_offs);
-	c->store->new_offs = NULL;
+	cs_anchor_new_forget(c->store);
 	c->store->new_version = DCAST_VERSION_NONE;
 	cs_store_unlock(c->store);
+}
+
+void cs_anchor_new_forget(struct cs_store *s)
+{
+	DCAST_DEBUG_ASSERT(cs_store_held(s));
+	free(s->new_offs);
+	s->new_offs = NULL;
+	landed_free(&s->new_landed);
+}
+
+/* The block hashes' tables for the tensors, or none (hash NULL): they
+ * only spare the COMMIT a pass. */
+static cs_landed landed_alloc(const dcast_consumer *c)
+{
+	cs_landed l = {0};
+	uint64_t n = 0;
+
+	if (!(l.block = malloc((c->n_tensors + 1) * sizeof(*l.block))))
+		return l;
+	for (uint32_t i = 0; i < c->n_tensors; i++) {
+		l.block[i] = n;
+		n += (c->tensors[i].bytes + DCAST_DIGEST_BLOCK_BYTES - 1) / DCAST_DIGEST_BLOCK_BYTES;
+	}
+	l.block[c->n_tensors] = n;
+	l.hash = malloc((n ? n : 1) * sizeof(*l.hash));
+	l.have = calloc(n ? n : 1, 1);
+	if (!l.hash || !l.have)
+		landed_free(&l);
+	return l;
 }
 
 /* Each tensor whose offset in the file suits its elements lies in the
@@ -511,6 +572,8 @@ static int new_create(dcast_consumer *c, cs_version *v)
 		memcpy(offs, lay.file_offsets, c->n_tensors * sizeof(*offs));
 	cs_store_lock(c->store);
 	c->store->new_offs = offs; /* freed by the drop below on a failure */
+	if (offs)
+		c->store->new_landed = landed_alloc(c);
 	cs_store_unlock(c->store);
 	v->fd = err ? -1 : open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
 	if (!err && (v->fd < 0 || ftruncate(v->fd, (off_t)lay.file_bytes) != 0))
@@ -530,13 +593,16 @@ static int new_create(dcast_consumer *c, cs_version *v)
 static int new_commit(dcast_consumer *c, cs_version *v)
 {
 	int err = cs_ckpt_flush(c);
+	cs_landed landed;
 
-	if (!err)
-		err = cs_anchor_header_write(c, v->io_file, v->version);
 	cs_store_lock(c->store);
-	free(c->store->new_offs);
-	c->store->new_offs = NULL;
+	landed = c->store->new_landed; /* the COMMIT's: no chunk lands after it */
+	c->store->new_landed = (cs_landed){0};
+	cs_anchor_new_forget(c->store);
 	cs_store_unlock(c->store);
+	if (!err)
+		err = new_header_write(c, v->io_file, v->version, &landed);
+	landed_free(&landed);
 	return err;
 }
 
@@ -621,7 +687,7 @@ int cs_ckpt_fold(dcast_consumer *c)
 	if (v == DCAST_VERSION_NONE || v == file_version(c->store))
 		return 0; /* nothing to fold */
 	cs_ckpt_settle(c); /* chunk records written behind use the engine too */
-	if ((err = live_layout(c, v, &lay)))
+	if ((err = live_layout(c, v, NULL, &lay)))
 		return err;
 	err = write_anchor(c, &lay);
 	dcast_st_layout_free(&lay);

@@ -604,6 +604,27 @@ static int combine_chunk(dcast_consumer *c, cs_version *v, const dcast_chunk *k,
 	return 0;
 }
 
+/* The digest blocks that chunk k of the anchor in place holds whole,
+ * hashed from its range of the tensor (payload) while its bytes are in
+ * cache, for the file digest at its COMMIT (anchor.c, landed_digest).
+ * With the store's mutex held: a drop frees the tables under it. */
+static void blocks_land(struct cs_store *s, const dcast_consumer *c, const dcast_chunk *k,
+			const unsigned char *payload)
+{
+	const uint64_t B = DCAST_DIGEST_BLOCK_BYTES, bytes = c->tensors[k->tensor].bytes;
+	uint64_t b0 = k->start * k->elem_size, b1 = b0 + k->payload_bytes;
+
+	cs_landed *l = &s->new_landed;
+
+	if (!l->hash)
+		return;
+	for (uint64_t i = (b0 + B - 1) / B; i * B < b1 && (i * B + B <= b1 || b1 == bytes); i++) {
+		uint64_t at = l->block[k->tensor] + i, n = bytes - i * B < B ? bytes - i * B : B;
+		l->hash[at] = dcast_checksum(payload + (i * B - b0), n);
+		l->have[at] = 1;
+	}
+}
+
 /* Chunk k's record written behind, with the store's mutex held. */
 static int chunk_submit(dcast_consumer *c, cs_version *v, const dcast_chunk *k, zmq_msg_t *held,
 			const void *payload, uint64_t payload_sum, uint64_t *payload_off)
@@ -614,7 +635,9 @@ static int chunk_submit(dcast_consumer *c, cs_version *v, const dcast_chunk *k, 
 
 	if (err)
 		return err;
-	if (!v->direct)
+	if (v->direct)
+		blocks_land(c->store, c, k, payload);
+	else
 		v->file_bytes = *payload_off + k->payload_bytes;
 	if (wb_reap(c, 0)) /* what is done already: credit back early */
 		wb_wait_all(c); /* the ring failed: every pending write fails, reported by the flush */

@@ -59,8 +59,7 @@ void cs_store_close(dcast_consumer *c, int fold_owed)
 	cs_syncer_close(&s->syncer); /* what was committed is on the disk */
 	cs_ckpt_wb_close(c);
 	cs_store_lock(s);
-	free(s->new_offs); /* an anchor in place still streaming in: its .new goes at the next open */
-	s->new_offs = NULL;
+	cs_anchor_new_forget(s); /* an anchor in place still streaming in: its .new goes at the next open */
 	cs_store_unlock(s);
 	free(s->anchor_path), free(s->log_dir);
 	pthread_cond_destroy(&s->fold_cv);

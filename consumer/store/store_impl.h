@@ -31,6 +31,17 @@ typedef struct cs_syncer {
  * guards every field below it but the atomics (`gen`, `stop`: read
  * anywhere, `gen` moved under `mu`); `sink` and the paths are fixed at
  * open.  The order of the locks is in store.h. */
+/* An anchor in place's 1 MiB digest blocks (DCAST_DIGEST_BLOCK_BYTES)
+ * that a chunk holds whole, hashed as the chunk lands, while its bytes are
+ * in cache (ckpt.c): the file digest at its COMMIT hashes only the others
+ * (anchor.c).  Tensor t's blocks are hash[block[t] .. block[t + 1]),
+ * have[] says which are hashed.  hash NULL: none kept (they could not be
+ * allocated), the COMMIT hashes every block. */
+typedef struct cs_landed {
+	uint64_t *hash, *block;
+	uint8_t *have;
+} cs_landed;
+
 struct cs_store {
 	const cs_store_sink *sink;     /* what a replay feeds (cs_store_open) */
 	char *anchor_path, *log_dir;
@@ -53,6 +64,7 @@ struct cs_store {
 	 * new_version NONE: none to seal. */
 	uint64_t *new_offs;
 	uint64_t new_version;
+	cs_landed new_landed;          /* its digest blocks hashed as they landed */
 	/* The fold thread (store.c): holds `lock` but while it syncs or folds
 	 * from the disk; joined by the next cs_store_folding or at close. */
 	pthread_t fold_thread;
@@ -118,10 +130,6 @@ int cs_io_read(dcast_consumer *c, int file, void *dst, uint64_t len, uint64_t of
 /* anchor.c: DCAST_ESTATE, naming c->dir, the other model and what showed it: a
  * checkpoint directory of another model is neither served nor deleted. */
 int cs_ckpt_foreign(const dcast_consumer *c, const char *what, const char *name);
-/* anchor.c: write at offset 0 of `file` the header of model.safetensors
- * as `version`, its file digest computed from the live tensors.  Errors:
- * DCAST_EIO, DCAST_ENOMEM, DCAST_ENODEVICE. */
-int cs_anchor_header_write(dcast_consumer *c, int file, uint64_t version);
 /* anchor.c: the layout of model.safetensors for tensors t[0..n) as
  * version `version` with file digest `digest` (16 hex digits: the header's
  * size does not depend on it).  Errors: those of dcast_st_layout_compute. */
@@ -166,7 +174,8 @@ void cs_fold_priority(int background, int *saved);
  * new_offs for cs_ckpt_chunk_submit.  cs_anchor_new_path names the .new
  * file (applied 0) or the .applied one.  cs_anchor_new_drop removes both
  * and forgets the anchor; whoever changes the files while one is pending
- * calls it.
+ * calls it.  cs_anchor_new_forget frees what anchor.c keeps of it (its
+ * offsets, its block hashes), with the store's mutex held or at close.
  * anchor_new.c:
  * cs_anchor_new_applied, once apply() has checked it, renames it to
  * DIR/model.safetensors.applied and arms the seal (1: armed).
@@ -178,6 +187,7 @@ void cs_fold_priority(int background, int *saved);
  * DCAST_EIO, DCAST_ENOMEM. */
 void cs_anchor_new_path(const dcast_consumer *c, int applied, char *out, size_t cap);
 void cs_anchor_new_drop(dcast_consumer *c);
+void cs_anchor_new_forget(struct cs_store *s);
 int cs_anchor_new_applied(dcast_consumer *c, const cs_version *v);
 int cs_anchor_new_adopt(dcast_consumer *c);
 

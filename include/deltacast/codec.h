@@ -172,6 +172,16 @@ DCAST_API uint64_t dcast_checksum(const void *data, size_t len);
  * digests use dcast_ldigest instead. */
 DCAST_API uint64_t dcast_digest(const void *data, size_t len);
 
+/* dcast_digest's block: 1 MiB. */
+#define DCAST_DIGEST_BLOCK_BYTES (1u << 20)
+
+/* dcast_digest of a byte string from the hashes of its blocks, for a
+ * caller that hashed each block as it arrived: block_hashes[i] is
+ * dcast_checksum of bytes [i, i + 1) * DCAST_DIGEST_BLOCK_BYTES (the last
+ * block shorter), n their count (0 for the empty string).  Reads only the
+ * hashes; nothing fails. */
+DCAST_API uint64_t dcast_digest_join(const uint64_t *block_hashes, size_t n);
+
 /* ---- the additive digest carried in COMMIT.digests ----
  * The digest of elements [start, start+count) of tensor `tensor` is the sum
  * mod 2^64 of one term per element, h(tensor, index, bits), where bits is

@@ -11,21 +11,21 @@ PY=${PYTHON:-/usr/bin/python3}
 E2E_PIDS=()
 declare -A E2E_START
 
-# e2e_started PID: PID's start time (field 22 of /proc/PID/stat, clock
-# ticks after boot); nothing when no process has that number.
-e2e_started() {
+# e2e_stat PID: E2E_STAT, the fields of /proc/PID/stat after the command
+# name: [0] the state, [1] the parent's PID, [19] the start time (clock
+# ticks after boot).  Returns 1 when no process has that number.
+e2e_stat() {
 	local s
+	E2E_STAT=()
 	read -r s 2>/dev/null <"/proc/$1/stat" || return 1
-	s=${s##*) }
-	set -- $s
-	echo "${20}"
+	read -ra E2E_STAT <<<"${s##*) }"
 }
 
 # e2e_alive PID: PID, tracked by e2e_track, is still the process it was
 # then (a zombie not reaped yet counts), not another that took its number
 # after it exited (pid_max can be 32768, and the machine is shared).
 e2e_alive() {
-	[ -n "${1:-}" ] && [ -n "${E2E_START[$1]:-}" ] && [ "$(e2e_started "$1")" = "${E2E_START[$1]}" ]
+	[ -n "${1:-}" ] && [ -n "${E2E_START[$1]:-}" ] && e2e_stat "$1" && [ "${E2E_STAT[19]}" = "${E2E_START[$1]}" ]
 }
 
 # e2e_signal SIG PID...: send SIG to each PID that is e2e_alive.
@@ -38,16 +38,62 @@ e2e_signal() {
 	return 0
 }
 
+# e2e_ended PID: the tracked PID has exited: it is a zombie (Z, or X
+# while it is reaped), or no longer e2e_alive.
+e2e_ended() {
+	! e2e_alive "$1" || [[ ${E2E_STAT[0]} == [ZX] ]]
+}
+
+# e2e_waitable PID: bash's `wait PID` returns at once, as PID is no child
+# of this shell that has yet to exit.  Without job control bash waits in
+# wait4(-1) until some child exits, and a stop is no exit: a wait on a
+# stopped child, or on a reaped process's number that a stopped child has
+# taken since, never returns.
+e2e_waitable() {
+	e2e_stat "$1" || return 0
+	[[ ${E2E_STAT[0]} == [ZX] ]] || [ "${E2E_STAT[1]}" != "$BASHPID" ]
+}
+
+# e2e_reap STEP PID [TENTHS]: collect the tracked PID once it has exited;
+# its exit status in E2E_RC (127 when bash no longer has it: its number
+# went to another child).  A stopped PID is sent SIGCONT first, or it
+# could never exit.  `wait` runs only when e2e_waitable, so it cannot
+# block.  When PID has not exited after TENTHS tenths of a second (default
+# 100), prints "e2e: STEP: pid PID (COMMAND) did not end within S s" on
+# stderr and returns 1.
+e2e_reap() {
+	local step=$1 pid=$2 n=${3:-100} comm
+	E2E_RC=127
+	e2e_signal CONT "$pid"
+	# (bash reports the other killed jobs while it polls: they are expected)
+	if ! e2e_wait_for "$n" e2e_ended "$pid" 2>/dev/null; then
+		read -r comm 2>/dev/null <"/proc/$pid/comm" || comm=?
+		echo "e2e: $step: pid $pid ($comm) did not end within $((n / 10)).$((n % 10)) s" >&2
+		return 1
+	fi
+	e2e_waitable "$pid" || return 0
+	E2E_RC=0
+	wait "$pid" 2>/dev/null || E2E_RC=$?
+}
+
+# e2e_kill STEP PID...: SIGKILL each PID that is e2e_alive, then e2e_reap
+# each (E2E_RC: the last one's status).  Returns 1 when one did not end.
+e2e_kill() {
+	local step=$1 p rc=0
+	shift
+	e2e_signal 9 "$@"
+	for p in "$@"; do e2e_reap "$step" "$p" || rc=1; done
+	return $rc
+}
+
+# e2e_cleanup: e2e_kill every tracked PID, and forget them.  Returns 1
+# when one did not end (its line on stderr).
 e2e_cleanup() {
-	local p
-	for p in "${E2E_PIDS[@]}"; do
-		e2e_alive "$p" || continue
-		kill -CONT "$p" 2>/dev/null
-		kill -9 "$p" 2>/dev/null
-	done
-	for p in "${E2E_PIDS[@]}"; do wait "$p" 2>/dev/null; done
+	local rc=0
+	e2e_kill cleanup "${E2E_PIDS[@]}" || rc=1
 	E2E_PIDS=()
 	E2E_START=()
+	return $rc
 }
 
 # e2e_snapshot DIR TOOL...: copy the programs, libdeltacast.so and the named
@@ -65,7 +111,9 @@ e2e_snapshot() {
 # e2e_alive.
 e2e_track() {
 	E2E_PIDS+=("$1")
-	E2E_START[$1]=$(e2e_started "$1")
+	E2E_START[$1]=
+	e2e_stat "$1" && E2E_START[$1]=${E2E_STAT[19]}
+	return 0
 }
 
 # e2e_wait_for TENTHS COMMAND...: poll every 0.1 s until COMMAND succeeds.
@@ -92,8 +140,7 @@ e2e_start_broker_at() {
 	BROKER_PID=$!
 	e2e_track "$BROKER_PID"
 	if e2e_wait_for 100 e2e_broker_up "$log" "$port"; then return 0; fi
-	e2e_signal 9 "$BROKER_PID"
-	wait "$BROKER_PID" 2>/dev/null
+	e2e_kill "broker on port $port did not come up" "$BROKER_PID"
 	return 1
 }
 

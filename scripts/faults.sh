@@ -84,11 +84,20 @@ use_trace A
 rnd() { R=$((RANDOM % $1)); }
 
 # ---- per-trial state ----
-T= BPORT= PPORT= PROXY_PID= PROXY_SIDE= PUB_PID= TRIAL_ENV=() CUT=() AHEAD= BULK=() BULKN=
+T= BPORT= PPORT= PROXY_PID= PROXY_SIDE= PUB_PID= TRIAL_ENV=() CUT=() AHEAD= BULK=() BULKN= STUCK=
 declare -a CPID CDONE CREST CERRPOS
 FAULTS=0
 
 say() { echo "$*" >>"$T/trial.log"; }
+
+# must_end COMMAND...: COMMAND (e2e_kill, e2e_reap, e2e_cleanup), its line
+# about a process that did not end going to the trial log: such a process
+# fails the trial (STUCK) instead of hanging it.
+must_end() {
+	"$@" 2>>"$T/trial.log" && return 0
+	STUCK=1
+	return 1
+}
 
 broker_start() {
 	if [ -z "$BPORT" ]; then
@@ -257,14 +266,14 @@ inject() { # inject KIND: one fault
 	rnd "$NCONS"; i=$R
 	case $kind in
 	broker_kill)
-		e2e_signal 9 "$BROKER_PID"; wait "$BROKER_PID" 2>/dev/null
+		must_end e2e_kill "SIGKILL broker" "$BROKER_PID"
 		say "SIGKILL broker"; rnd 10; sleep "0.$R"; broker_start || say "broker restart failed" ;;
 	broker_stop)
 		pause_len; e2e_signal STOP "$BROKER_PID"; say "SIGSTOP broker for $PAUSE s"
 		sleep "$PAUSE"; e2e_signal CONT "$BROKER_PID" ;;
 	producer_kill)
 		e2e_alive "$PUB_PID" || return 1
-		e2e_signal 9 "$PUB_PID"; wait "$PUB_PID" 2>/dev/null; say "SIGKILL producer"
+		must_end e2e_kill "SIGKILL producer" "$PUB_PID"; say "SIGKILL producer"
 		rnd 10; sleep "0.$R"
 		[ "$(broker_newest)" -lt "$NVER" ] && publish_next ;;
 	producer_stop)
@@ -272,20 +281,19 @@ inject() { # inject KIND: one fault
 		pause_len; e2e_signal STOP "$PUB_PID"; say "SIGSTOP producer for $PAUSE s"
 		sleep "$PAUSE"; e2e_signal CONT "$PUB_PID" ;;
 	consumer_kill)
-		e2e_signal 9 "${CPID[i]}"; wait "${CPID[i]}" 2>/dev/null; say "SIGKILL c$i"
+		must_end e2e_kill "SIGKILL c$i" "${CPID[i]}"; say "SIGKILL c$i"
 		rnd 10; sleep "0.$R"; consumer_start "$i" ;;
 	consumer_stop)
 		e2e_alive "${CPID[i]}" || return 1
 		pause_len; e2e_signal STOP "${CPID[i]}"; say "SIGSTOP c$i for $PAUSE s"
 		sleep "$PAUSE"; e2e_signal CONT "${CPID[i]}" ;;
 	ckpt_corrupt)
-		e2e_signal 9 "${CPID[i]}"; wait "${CPID[i]}" 2>/dev/null; say "SIGKILL c$i"
+		must_end e2e_kill "SIGKILL c$i" "${CPID[i]}"; say "SIGKILL c$i"
 		pick_file "$T/c$i/model.safetensors" "$T/c$i"/model.safetensors.applied "$T/c$i"/model.safetensors.new \
 			"$T/c$i"/model.dlog/*.rec && flip_or_cut "$PICK"
 		consumer_start "$i" ;;
 	run_change)
-		e2e_signal 9 "$PUB_PID"; wait "$PUB_PID" 2>/dev/null
-		e2e_signal 9 "$BROKER_PID"; wait "$BROKER_PID" 2>/dev/null
+		must_end e2e_kill "run_change: SIGKILL producer and broker" "$PUB_PID" "$BROKER_PID"
 		rm -rf "$T/data"
 		[ "$CUR" = A ] && use_trace B || use_trace A
 		say "SIGKILL producer and broker, data dir removed: a new run publishes trace $CUR"
@@ -293,10 +301,10 @@ inject() { # inject KIND: one fault
 		publish_from 1
 		for ((k = 0; k < NCONS; k++)); do # those done with the old run follow the new one
 			e2e_alive "${CPID[k]}" && continue
-			wait "${CPID[k]}" 2>/dev/null; say "c$k had exited; restarted"; consumer_start "$k"
+			must_end e2e_reap "run_change: c$k" "${CPID[k]}"; say "c$k had exited; restarted"; consumer_start "$k"
 		done ;;
 	segment_corrupt)
-		e2e_signal 9 "$BROKER_PID"; wait "$BROKER_PID" 2>/dev/null; say "SIGKILL broker"
+		must_end e2e_kill "SIGKILL broker" "$BROKER_PID"; say "SIGKILL broker"
 		pick_file $(find "$T/data" -type f 2>/dev/null) && flip_or_cut "$PICK"
 		broker_start || say "broker restart failed" ;;
 	proxy | proxy_producer) sleep 1 ;; # the proxy injects on its own; count its lines afterwards
@@ -323,7 +331,7 @@ recover() {
 	while [ $SECONDS -lt $deadline ]; do
 		if ! e2e_alive "$PUB_PID" && [ $restarts -lt 8 ]; then
 			if [ "$(broker_newest)" -lt "$NVER" ]; then
-				wait "$PUB_PID" 2>/dev/null
+				must_end e2e_reap "recover: producer" "$PUB_PID" || return 1
 				restarts=$((restarts + 1))
 				publish_next
 			fi
@@ -331,11 +339,9 @@ recover() {
 		local done_n=0
 		for ((i = 0; i < NCONS; i++)); do
 			if [ "${CDONE[i]}" = 1 ]; then done_n=$((done_n + 1)); continue; fi
-			if e2e_alive "${CPID[i]}"; then
-				refused_ckpt "$i" || continue
-				e2e_signal 9 "${CPID[i]}"
-			fi
-			wait "${CPID[i]}" 2>/dev/null; rc=$?
+			if e2e_alive "${CPID[i]}"; then refused_ckpt "$i" || continue; fi
+			must_end e2e_kill "recover: c$i" "${CPID[i]}" || return 1
+			rc=$E2E_RC
 			if [ $rc = 0 ] && ! behind_run "$i"; then CDONE[i]=1; done_n=$((done_n + 1)); continue; fi
 			CREST[i]=$((${CREST[i]:-0} + 1))
 			[ "${CREST[i]}" -le 10 ] || continue
@@ -459,7 +465,7 @@ run_trial() {
 	local seed=$1 kind nfaults j
 	RANDOM=$seed
 	T=$ROOT/t$seed; rm -rf "$T"; mkdir -p "$T"
-	BPORT= PPORT= PROXY_PID= PROXY_SIDE= FAULTS=0 TRIAL_ENV=(DELTACAST_LOG=info) CREST=()
+	BPORT= PPORT= PROXY_PID= PROXY_SIDE= FAULTS=0 TRIAL_ENV=(DELTACAST_LOG=info) CREST=() STUCK=
 	rnd ${#KINDS[@]}; kind=${KINDS[R]}
 	rnd 3; local uring=1; [ $R = 0 ] && { uring=0; TRIAL_ENV+=(DELTACAST_IO_URING=0); }
 	rnd 3; nfaults=$((R + 1))
@@ -484,7 +490,7 @@ run_trial() {
 			"$PROXY" "$PPORT" "$target" "$seed" $drop $delay $trunc $corrupt $dup 2>>"$T/proxy.log" &
 			PROXY_PID=$!; e2e_track "$PROXY_PID"
 			e2e_wait_for 20 grep -qs "listening on $PPORT" "$T/proxy.log" && break
-			e2e_signal 9 "$PROXY_PID"; wait "$PROXY_PID" 2>/dev/null; PROXY_PID= PPORT=
+			must_end e2e_kill "proxy on $PPORT did not come up" "$PROXY_PID"; PROXY_PID= PPORT=
 		done
 		say "proxy on $PPORT in front of the $PROXY_SIDE port: drop $drop delay $delay truncate $trunc corrupt $corrupt duplicate $dup per mille"
 	fi
@@ -502,7 +508,8 @@ run_trial() {
 	bulk_count
 	[ -n "$PROXY_SIDE" ] && proxy_tally
 	check
-	e2e_cleanup
+	must_end e2e_cleanup
+	[ -z "$STUCK" ] || conv=0
 	unset DELTACAST_IO_URING
 	CONV=$conv
 }

@@ -460,8 +460,7 @@ static int live_layout(dcast_consumer *c, uint64_t v, cs_landed *landed, dcast_s
 /* Write at offset 0 of `file` the header of model.safetensors as the
  * anchor in place `version`, at its COMMIT: its file digest from the live
  * tensors and the blocks hashed as they landed (`landed`, taken from the
- * store).  Errors: DCAST_EIO,
- * DCAST_ENOMEM, DCAST_ENODEVICE. */
+ * store).  Errors: DCAST_EIO, DCAST_ENOMEM, DCAST_ENODEVICE. */
 static int new_header_write(dcast_consumer *c, int file, uint64_t version, cs_landed *landed)
 {
 	dcast_st_layout lay;

@@ -613,7 +613,6 @@ static void blocks_land(struct cs_store *s, const dcast_consumer *c, const dcast
 {
 	const uint64_t B = DCAST_DIGEST_BLOCK_BYTES, bytes = c->tensors[k->tensor].bytes;
 	uint64_t b0 = k->start * k->elem_size, b1 = b0 + k->payload_bytes;
-
 	cs_landed *l = &s->new_landed;
 
 	if (!l->hash)

@@ -64,6 +64,7 @@ e2e_waitable() {
 e2e_reap() {
 	local step=$1 pid=$2 n=${3:-100} comm
 	E2E_RC=127
+	[ -n "$pid" ] || return 0 # a role whose process was forgotten (e2e_reused)
 	e2e_signal CONT "$pid"
 	# (bash reports the other killed jobs while it polls: they are expected)
 	if ! e2e_wait_for "$n" e2e_ended "$pid" 2>/dev/null; then
@@ -108,13 +109,22 @@ e2e_snapshot() {
 }
 
 # e2e_track PID: kill PID at e2e_cleanup; its start time is kept for
-# e2e_alive.
+# e2e_alive.  When PID's number was tracked before for another process
+# (which has exited since), calls e2e_reused PID first.
 e2e_track() {
+	local old=${E2E_START[$1]:-}
 	E2E_PIDS+=("$1")
 	E2E_START[$1]=
 	e2e_stat "$1" && E2E_START[$1]=${E2E_STAT[19]}
+	[ -z "$old" ] || [ "$old" = "${E2E_START[$1]}" ] || e2e_reused "$1"
 	return 0
 }
+
+# e2e_reused PID: a new process has the number of a tracked one that has
+# exited; whatever still names that number as the old process names a
+# stranger now (call e2e_track before naming the new process).
+# Default: nothing; override in the sourcing script.
+e2e_reused() { :; }
 
 # e2e_wait_for TENTHS COMMAND...: poll every 0.1 s until COMMAND succeeds.
 e2e_wait_for() {
@@ -137,8 +147,8 @@ e2e_start_broker_at() {
 	shift 2
 	"$BROKER_BIN" --producers "tcp://127.0.0.1:$port" --consumers "tcp://127.0.0.1:$((port + 1))" \
 		"$@" 2>>"$log" &
+	e2e_track "$!"
 	BROKER_PID=$!
-	e2e_track "$BROKER_PID"
 	if e2e_wait_for 100 e2e_broker_up "$log" "$port"; then return 0; fi
 	e2e_kill "broker on port $port did not come up" "$BROKER_PID"
 	return 1

@@ -121,6 +121,19 @@ broker_start() {
 
 broker_alive() { e2e_alive "$BROKER_PID"; }
 
+# e2e_reused PID (e2e_lib.sh's hook): a new process has the number of one
+# that exited; a role still naming it would signal, wait on or count alive
+# the newcomer (pid_max can be 32768): that role's process is gone, so it
+# is forgotten (empty), as if reaped with its status lost.
+e2e_reused() {
+	local i
+	[ "$BROKER_PID" != "$1" ] || BROKER_PID=
+	[ "$PUB_PID" != "$1" ] || PUB_PID=
+	[ "$PROXY_PID" != "$1" ] || PROXY_PID=
+	for i in "${!CPID[@]}"; do [ "${CPID[i]}" != "$1" ] || CPID[i]=; done
+	say "pid $1 reused: the role that held it had ended"
+}
+
 committed() {
 	local v
 	v=$(sed -n "s/.*model $MODEL: version \([0-9]*\) committed.*/\1/p" "$T/broker.log" | sort -n | tail -n 1)
@@ -156,8 +169,8 @@ publisher() {
 	shift
 	env "${TRIAL_ENV[@]}" "$FP" "$(producer_ep)" "$MODEL" "$v" "$INTERVAL_MS" "$@" \
 		>>"$T/pub.out" 2>>"$T/pub.log" &
+	e2e_track "$!"
 	PUB_PID=$!
-	e2e_track "$PUB_PID"
 }
 
 # publish_next: the trace from the first version the broker takes now: above
@@ -203,8 +216,8 @@ consumer_start() {
 	CERRPOS[i]=$(stat -c %s "$T/c$i.err" 2>/dev/null || echo 0)
 	env "${TRIAL_ENV[@]}" "$FC" "$(consumer_ep)" "$MODEL" "$T/c$i" "$NVER" \
 		>>"$T/c$i.out" 2>>"$T/c$i.err" &
+	e2e_track "$!"
 	CPID[i]=$!
-	e2e_track "${CPID[i]}"
 }
 
 cons_version() { e2e_last_version_fc "$T/c$1.out"; }
@@ -488,7 +501,7 @@ run_trial() {
 			rnd 4; local trunc=$((R + 1)); rnd 8; local corrupt=$((R + 2))
 			rnd 16; local dup=$((R + 5))
 			"$PROXY" "$PPORT" "$target" "$seed" $drop $delay $trunc $corrupt $dup 2>>"$T/proxy.log" &
-			PROXY_PID=$!; e2e_track "$PROXY_PID"
+			e2e_track "$!"; PROXY_PID=$!
 			e2e_wait_for 20 grep -qs "listening on $PPORT" "$T/proxy.log" && break
 			must_end e2e_kill "proxy on $PPORT did not come up" "$PROXY_PID"; PROXY_PID= PPORT=
 		done

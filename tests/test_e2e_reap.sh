@@ -51,6 +51,33 @@ case_reused() {
 	echo "ok: e2e_cleanup returned with a stopped stranger on a tracked process's number"
 }
 
+# retracked: a tracked process exits and is reaped; its number goes to a
+# new process that is tracked too.  e2e_track must call the e2e_reused hook
+# with that number (faults.sh forgets the role that held it there), and
+# the newcomer is e2e_alive.
+case_retracked() {
+	local a s
+	REUSED=
+	e2e_reused() { REUSED=$1; }
+	sleep 300 &
+	a=$!
+	KIDS+=("$a")
+	e2e_track "$a"
+	kill -9 "$a"
+	e2e_wait_for 50 eval '[ ! -e /proc/$a ]' || { echo "FAIL: pid $a never reaped"; return 1; }
+	e2e_wait_for 50 ticked_past "$a" || { echo "FAIL: the clock did not move"; return 1; }
+	echo $((a - 1)) >/proc/sys/kernel/ns_last_pid || { echo "skip: ns_last_pid not writable"; return 77; }
+	sleep 300 &
+	s=$!
+	KIDS+=("$s")
+	[ "$s" = "$a" ] || { echo "skip: pid $a not reused (got $s)"; return 77; }
+	[ -z "$REUSED" ] || { echo "FAIL: e2e_reused called before the new track"; return 1; }
+	e2e_track "$s"
+	[ "$REUSED" = "$s" ] || { echo "FAIL: e2e_track of pid $s did not call e2e_reused (got '$REUSED')"; return 1; }
+	e2e_alive "$s" || { echo "FAIL: the newcomer on pid $s is not e2e_alive"; return 1; }
+	echo "ok: e2e_track says when it tracks a new process on an exited one's number"
+}
+
 # stopped: a tracked child stopped and left running after SIGCONT: e2e_reap
 # gives up at its deadline with a line naming the step and the process;
 # e2e_kill ends it (status 137).  A reaped one's status comes back.
@@ -98,9 +125,10 @@ run_case() { # run_case NAME [PREFIX...]: case NAME in a bash of its own
 run_case stopped
 if unshare -Urpf --mount-proc true 2>/dev/null; then
 	run_case reused unshare -Urpf --mount-proc --kill-child
+	run_case retracked unshare -Urpf --mount-proc --kill-child
 else
-	echo "skip: case reused: no user and PID namespace (unshare -Urpf)"
-	skipped="$skipped reused"
+	echo "skip: cases reused, retracked: no user and PID namespace (unshare -Urpf)"
+	skipped="$skipped reused retracked"
 fi
 [ $fail = 0 ] && [ -n "$skipped" ] && { echo "SKIP: case(s)$skipped could not run"; exit 77; }
 exit $fail

@@ -26,11 +26,11 @@ stopped() {
 	[ "$st" = T ]
 }
 
-# reused: a tracked process exits and is reaped; its number goes to a
-# stopped child that nobody tracked.  e2e_cleanup must return (it must not
-# wait on that number), and must not signal the stranger either.
-case_reused() {
-	local a s
+# reuse_number: a tracked child exits and is reaped, and a new child (not
+# tracked) takes its number: NEW.  Returns 77 (said) where the number
+# cannot be steered (ns_last_pid), 1 on a failure (said).
+reuse_number() {
+	local a
 	sleep 300 &
 	a=$!
 	KIDS+=("$a")
@@ -40,9 +40,18 @@ case_reused() {
 	e2e_wait_for 50 ticked_past "$a" || { echo "FAIL: the clock did not move"; return 1; }
 	echo $((a - 1)) >/proc/sys/kernel/ns_last_pid || { echo "skip: ns_last_pid not writable"; return 77; }
 	sleep 300 &
-	s=$!
-	KIDS+=("$s")
-	[ "$s" = "$a" ] || { echo "skip: pid $a not reused (got $s)"; return 77; }
+	NEW=$!
+	KIDS+=("$NEW")
+	[ "$NEW" = "$a" ] || { echo "skip: pid $a not reused (got $NEW)"; return 77; }
+}
+
+# reused: a tracked process exits and is reaped; its number goes to a
+# stopped child that nobody tracked.  e2e_cleanup must return (it must not
+# wait on that number), and must not signal the stranger either.
+case_reused() {
+	local s
+	reuse_number || return
+	s=$NEW
 	kill -STOP "$s"
 	e2e_wait_for 50 stopped "$s" || { echo "FAIL: pid $s did not stop"; return 1; }
 	e2e_cleanup 2>&1
@@ -56,21 +65,11 @@ case_reused() {
 # with that number (faults.sh forgets the role that held it there), and
 # the newcomer is e2e_alive.
 case_retracked() {
-	local a s
+	local s
 	REUSED=
 	e2e_reused() { REUSED=$1; }
-	sleep 300 &
-	a=$!
-	KIDS+=("$a")
-	e2e_track "$a"
-	kill -9 "$a"
-	e2e_wait_for 50 eval '[ ! -e /proc/$a ]' || { echo "FAIL: pid $a never reaped"; return 1; }
-	e2e_wait_for 50 ticked_past "$a" || { echo "FAIL: the clock did not move"; return 1; }
-	echo $((a - 1)) >/proc/sys/kernel/ns_last_pid || { echo "skip: ns_last_pid not writable"; return 77; }
-	sleep 300 &
-	s=$!
-	KIDS+=("$s")
-	[ "$s" = "$a" ] || { echo "skip: pid $a not reused (got $s)"; return 77; }
+	reuse_number || return
+	s=$NEW
 	[ -z "$REUSED" ] || { echo "FAIL: e2e_reused called before the new track"; return 1; }
 	e2e_track "$s"
 	[ "$REUSED" = "$s" ] || { echo "FAIL: e2e_track of pid $s did not call e2e_reused (got '$REUSED')"; return 1; }

@@ -7,9 +7,10 @@
  * as a ZeroMQ message would be.  The message's bytes are a buffer of its
  * own, or, for a CHUNK of an anchor taken in place, its range of the
  * tensor: the header is read first, and the caller's `dest` says where.
- * The socket is non-blocking: a turn reads what is there and returns.  Payload bytes are read only while those
- * received and not yet freed (cs_credit_free) stay within the consumer's
- * window; TCP's flow control holds the broker back meanwhile. */
+ * The socket is non-blocking: a turn reads what is there and returns.
+ * Payload bytes are read only while those received and not yet freed
+ * (cs_credit_free) stay within the consumer's window; TCP's flow control
+ * holds the broker back meanwhile. */
 #include <errno.h>
 #include <inttypes.h>
 #include <netdb.h>

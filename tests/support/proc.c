@@ -353,6 +353,23 @@ int tp_wait_metric(int port, const char *name, uint64_t at_least, int timeout_ms
 	return tp_wait_until(timeout_ms, tp_metric_reached, &w);
 }
 
+unsigned long long tp_proc_value(const char *path, const char *key)
+{
+	FILE *f = fopen(path, "r");
+	size_t n = strlen(key);
+	unsigned long long v = 0;
+	char line[256];
+
+	while (f && fgets(line, sizeof(line), f))
+		if (!strncmp(line, key, n) && line[n] == ':') {
+			v = strtoull(line + n + 1, NULL, 10);
+			break;
+		}
+	if (f)
+		fclose(f);
+	return v;
+}
+
 struct tp_tcp {
 	unsigned local, remote, state; /* ports; state as the kernel numbers it */
 	unsigned long tx, rx;          /* bytes in the send queue, received unread */

@@ -30,6 +30,7 @@
 #include <string.h>
 #include <time.h>
 #include "deltacast/consumer.h"
+#include "../proc.h" /* tp_proc_value: the tools link tests/support */
 #ifdef DCAST_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #endif
@@ -49,21 +50,6 @@ static uint64_t realtime_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-/* write_bytes of /proc/self/io, or 0 where the kernel does not say. */
-static uint64_t io_write_bytes(void)
-{
-	FILE *f = fopen("/proc/self/io", "r");
-	char line[128];
-	unsigned long long v = 0;
-
-	while (f && fgets(line, sizeof(line), f))
-		if (sscanf(line, "write_bytes: %llu", &v) == 1)
-			break;
-	if (f)
-		fclose(f);
-	return v;
-}
-
 /* CPU time of this process so far, every thread (ended ones too). */
 static uint64_t cpu_ns(void)
 {
@@ -81,7 +67,8 @@ static void report(const dcast_consumer *c, uint64_t t_ns)
 	       " bytes %" PRIu64 " verify_bytes %" PRIu64 " log_write_bytes %" PRIu64
 	       " direct_write_bytes %" PRIu64 " io_write_bytes %" PRIu64 " cpu_ns %" PRIu64 "\n",
 	       st.version, st.anchor ? "anchor" : "delta", t_ns, st.stage_ns, st.apply_ns, st.bytes,
-	       st.verify_bytes, st.log_write_bytes, st.direct_write_bytes, io_write_bytes(), cpu_ns());
+	       st.verify_bytes, st.log_write_bytes, st.direct_write_bytes,
+	       (uint64_t)tp_proc_value("/proc/self/io", "write_bytes"), cpu_ns());
 	fflush(stdout);
 }
 

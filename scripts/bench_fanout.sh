@@ -5,8 +5,8 @@
 # the broker, RUNS times each (medians in the table):
 #   tcp    tests/tools/bench_tcp: the model file's bytes to N receivers;
 #   keep   the same, each receiver reading into a fresh buffer of the
-#          model's size (bench_tcp ... keep): raw TCP to receivers that keep
-#          the model, first touch of its memory included;
+#          model's size on huge pages (bench_tcp ... keep): raw TCP to
+#          receivers that keep the model, first touch of its memory included;
 #   nginx  N curl fetches at once of the model file (into /dev/null) from a
 #          private nginx (its own conf and prefix in the temp dir, a free
 #          port; started for the row, stopped after it);

@@ -35,8 +35,8 @@ Run = collections.namedtuple("Run", "seconds recv_cpu send_cpu rss_kb rejoins ac
 NOTES = """\
 How it is measured (scripts/bench_fanout.sh): medians of {runs} runs [min..max] (x the row's raw TCP); the model is
 gen-trace's first {params} bf16 version ({model} bytes).  References per N, just before the broker's runs: **raw TCP**
-(tests/tools/bench_tcp, bytes dropped; *keep the model*: each receiver reads into a model-sized buffer) and **nginx +
-curl** (`sendfile on`).  A fresh broker ({broker_args}) per run.  *Anchor in its log*: the anchor is ACKed, then N
+(tests/tools/bench_tcp, bytes dropped; *keep the model*: each receiver reads into a model-sized buffer on huge
+pages, as the consumer's tensors) and **nginx + curl** (`sendfile on`).  A fresh broker ({broker_args}) per run.  *Anchor in its log*: the anchor is ACKed, then N
 consumers start at once, timed to the last: `wire_client receive` ({window} MiB window, no checksum, no copy; with
 `--bulk 1` when the broker has `--bulk`) or tests/tools/bench_sync_consumer (default options: they ask for bulk
 anchors) at VERSION_READY.  *Publish start*: the consumers wait first, timed

@@ -7,6 +7,9 @@
  * as a ZeroMQ message would be.  The message's bytes are a buffer of its
  * own, or, for a CHUNK of an anchor taken in place, its range of the
  * tensor: the header is read first, and the caller's `dest` says where.
+ * Such a payload is hashed as it lands, a piece per recv() (its checksum
+ * and the file digest's blocks, kernels/dcast_landing.h), while the
+ * piece is in cache, so that no later pass reads it back for them.
  * The socket is non-blocking: a turn reads what is there and returns.
  * Payload bytes are read only while those received and not yet freed
  * (cs_credit_free) stay within the consumer's window; TCP's flow control
@@ -27,6 +30,7 @@
 #include "dcast_bytes.h"
 #include "dcast_common.h"
 #include "dcast_endpoint.h"
+#include "dcast_landing.h"
 #include "dcast_wire.h"
 
 #define BULK_PREFIX 12
@@ -35,6 +39,7 @@
 #define POOL_MAX_BYTES (4u << 20)   /* larger payloads get a buffer of their own */
 #define POOL_MIN_BYTES (64u << 10)  /* smaller ones a plain message: the heap keeps those */
 #define POOL_HEAD 64                /* the buffer's capacity, before its bytes */
+#define LAND_PIECE_BYTES (512u << 10) /* a recv() into a tensor: hashed while in L2 */
 
 /* Payload buffers, recycled process-wide.  A frame's payload is handed on
  * as a zmq_msg_t the intake may keep (a record written from it), and the
@@ -212,7 +217,12 @@ static void frame_reset(cs_bulk *b)
 
 void cs_bulk_close(dcast_consumer *c)
 {
-	if (!c || !cs_bulk_active(c))
+	if (!c)
+		return;
+	dcast_landing_free(c->bulk.land);
+	c->bulk.land = NULL;
+	c->bulk.land_into = NULL;
+	if (!cs_bulk_active(c))
 		return;
 	close(c->bulk.fd);
 	c->bulk.fd = -1;
@@ -342,6 +352,16 @@ static int head_chunk(const cs_bulk *b, dcast_chunk *h)
 	return ok;
 }
 
+/* A payload read into its tensor is hashed as it lands, when the hasher
+ * can be had (else the intake hashes it after). */
+static void land_start(cs_bulk *b, const dcast_chunk *h, uint64_t tensor_bytes)
+{
+	if (!b->land && !(b->land = dcast_landing_new()))
+		return;
+	if (!dcast_landing_start(b->land, h->start * h->elem_size, b->payload_len, tensor_bytes))
+		b->land_into = b->into;
+}
+
 /* The header read: the payload goes straight into its tensor's range when
  * the anchor is taken in place (no copy out of a buffer after), else into
  * a buffer of its own. */
@@ -350,10 +370,12 @@ static int payload_place(dcast_consumer *c, cs_bulk_dest_fn dest)
 	cs_bulk *b = &c->bulk;
 	dcast_chunk h;
 
+	b->land_into = NULL;
 	b->into = b->payload_len && head_chunk(b, &h) ? dest(c, &h) : NULL;
 	if (b->into) {
 		b->into_chunk = h;
 		zmq_msg_init_data(&b->payload, b->into, b->payload_len, NULL, NULL); /* never fails */
+		land_start(b, &h, c->tensors[h.tensor].bytes);
 	} else if (payload_init(&b->payload, (size_t)b->payload_len)) {
 		return DCAST_ENOMEM;
 	}
@@ -372,6 +394,25 @@ static int into_still(dcast_consumer *c, cs_bulk_dest_fn dest)
 		return 0;
 	return dcast_fail(DCAST_ESTATE, "bulk frame %" PRIu64 ": the tensors changed while its payload "
 			  "was read into them", b->frames);
+}
+
+/* One recv of the payload, at most room bytes (a piece at a time into a
+ * tensor, each hashed as it lands); *n: bytes came. */
+static int payload_take(dcast_consumer *c, uint64_t room, uint64_t *n)
+{
+	cs_bulk *b = &c->bulk;
+	unsigned char *at = (unsigned char *)zmq_msg_data(&b->payload) + b->payload_got;
+	uint64_t left = b->payload_len - b->payload_got, want = left < room ? left : room;
+	int err;
+
+	if (b->land_into && want > LAND_PIECE_BYTES)
+		want = LAND_PIECE_BYTES;
+	err = take(c, at, want, n);
+	if (b->land_into && *n)
+		dcast_landing_add(b->land, at, (size_t)*n);
+	b->payload_got += *n;
+	b->received += *n;
+	return err;
 }
 
 /* One recv into the part of the frame being read (none while the window
@@ -393,11 +434,7 @@ static int read_step(dcast_consumer *c, cs_bulk_dest_fn dest, int *moved)
 		if (!err && b->head_got == b->head_len)
 			err = payload_place(c, dest);
 	} else if ((room = window_room(c)) && !(err = into_still(c, dest))) {
-		uint64_t left = b->payload_len - b->payload_got;
-		err = take(c, (unsigned char *)zmq_msg_data(&b->payload) + b->payload_got,
-			   left < room ? left : room, &n);
-		b->payload_got += n;
-		b->received += n;
+		err = payload_take(c, room, &n);
 	} else if (!err) {
 		b->last_ms = dcast_now_ms(); /* held back by our own window, not silent */
 	}
@@ -466,4 +503,13 @@ int cs_bulk_read(dcast_consumer *c, dcast_wire_in *in, int *got, cs_bulk_dest_fn
 		return err;
 	*got = 1;
 	return frame_finish(c, in);
+}
+
+const struct dcast_landing *cs_bulk_landed(const dcast_consumer *c, zmq_msg_t *payload)
+{
+	const cs_bulk *b = &c->bulk;
+
+	if (!b->land_into || b->land_into != zmq_msg_data(payload) || !dcast_landing_done(b->land))
+		return NULL;
+	return b->land;
 }

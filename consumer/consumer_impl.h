@@ -278,6 +278,9 @@ typedef struct cs_bulk {
 	unsigned char *into;           /* payload read straight into a tensor here
 					  (cs_intake_in_place_dest), else NULL, */
 	dcast_chunk into_chunk;        /* for this CHUNK */
+	struct dcast_landing *land;    /* such a payload hashed as it lands
+					  (allocated at the first), */
+	const unsigned char *land_into; /* the payload it hashes, NULL: none */
 } cs_bulk;
 
 /* A bulk connection that brings no byte for this long, or 3 heartbeats
@@ -426,6 +429,9 @@ int cs_chunk_writes(const cs_chunk *k);
  * cs_refuse, cs_refuse_message, cs_rejoin_refused), its payload staged in
  * the pool or written straight from `payload` (held until written) to the
  * version's record file, and taken; a duplicate gives its credit back.
+ * `landed`: the payload's hashes taken as a bulk connection read it into
+ * its tensor (cs_bulk_landed), used for its checksum and the file
+ * digest's blocks instead of a pass of their own; NULL: none.
  * cs_intake_commit: a COMMIT from the wire closes its version when it
  * announces exactly what was staged; once its record is written the
  * version is READY (*ready = 1), checked ahead where it can be, and a
@@ -439,7 +445,8 @@ int cs_chunk_writes(const cs_chunk *k);
  * dcast_chunk_sound, DCAST_EFIELD_RANGE (anchor or base differ from
  * v's), DCAST_ENOMEM; DCAST_ECORRUPT for a COMMIT that does not match
  * what was taken. */
-int cs_intake_chunk(dcast_consumer *c, const dcast_chunk *h, zmq_msg_t *payload);
+int cs_intake_chunk(dcast_consumer *c, const dcast_chunk *h, zmq_msg_t *payload,
+		    const struct dcast_landing *landed);
 int cs_intake_commit(dcast_consumer *c, dcast_commit *m, int *ready);
 int cs_intake_replay_chunk(dcast_consumer *c, cs_version *v, const dcast_chunk *h, uint64_t sum,
 			   uint64_t file_off);
@@ -672,6 +679,10 @@ struct dcast_wire_in;
 typedef unsigned char *(*cs_bulk_dest_fn)(dcast_consumer *c, const dcast_chunk *h);
 int cs_bulk_read(dcast_consumer *c, struct dcast_wire_in *in, int *got, cs_bulk_dest_fn dest);
 void cs_bulk_close(dcast_consumer *c);
+/* The hashes of `payload`, the last frame's, taken as it was read into its
+ * tensor (its checksum and the file digest's blocks it holds whole), or
+ * NULL when it was not read so; valid until the next cs_bulk_read. */
+const struct dcast_landing *cs_bulk_landed(const dcast_consumer *c, zmq_msg_t *payload);
 /* Is a frame's payload being read straight into a tensor? */
 static inline int cs_bulk_into_tensor(const dcast_consumer *c)
 {

@@ -21,6 +21,7 @@
 #include <zmq.h>
 #include "consumer_impl.h"
 #include "dcast_common.h"
+#include "dcast_landing.h"
 #include "store/store.h"
 
 /* ---- a version's chunk table and duplicate set ----
@@ -530,7 +531,7 @@ unsigned char *cs_intake_in_place_dest(dcast_consumer *c, const dcast_chunk *h)
  * bounded by the write-behind queue).  Apply has nothing left to write,
  * only to check. */
 static int stage_in_place(dcast_consumer *c, cs_version *v, const dcast_chunk *h, zmq_msg_t *payload,
-			  uint64_t sum)
+			  uint64_t sum, const struct dcast_landing *landed)
 {
 	unsigned char *dst = c->tensors[h->tensor].ptr + h->start * h->elem_size;
 	uint64_t off;
@@ -541,6 +542,8 @@ static int stage_in_place(dcast_consumer *c, cs_version *v, const dcast_chunk *h
 	else /* read there (cs_intake_in_place_dest) */
 		c->stats.bulk_in_place_bytes += h->payload_bytes;
 	err = cs_ckpt_chunk_submit(c, v, h, NULL, dst, sum, &off);
+	if (!err)
+		cs_ckpt_chunk_landed(c, v, h, dst, landed);
 	cs_credit_free(c, h->version, h->payload_bytes);
 	if (err)
 		return err == DCAST_EIO ? err : cs_refuse(c, h->version, err);
@@ -553,10 +556,10 @@ static int stage_in_place(dcast_consumer *c, cs_version *v, const dcast_chunk *h
  * written behind: a spilled payload is written from ZeroMQ's buffer, held
  * until the write is done, and its credit goes back then (store/ckpt.c). */
 static int stage_payload(dcast_consumer *c, cs_version *v, const dcast_chunk *h, zmq_msg_t *payload,
-			 uint64_t sum)
+			 uint64_t sum, const struct dcast_landing *landed)
 {
 	if (v->in_place)
-		return stage_in_place(c, v, h, payload, sum);
+		return stage_in_place(c, v, h, payload, sum, landed);
 	unsigned char *slot, *resident;
 	uint64_t off;
 	int err;
@@ -591,9 +594,10 @@ static int stage_payload(dcast_consumer *c, cs_version *v, const dcast_chunk *h,
  * kept for the record and for apply's check of a payload read back.  One
  * that fails drops its version when staged, else nothing staged (its
  * version field may be the damaged one). */
-int cs_intake_chunk(dcast_consumer *c, const dcast_chunk *h, zmq_msg_t *payload)
+int cs_intake_chunk(dcast_consumer *c, const dcast_chunk *h, zmq_msg_t *payload,
+		    const struct dcast_landing *landed)
 {
-	uint64_t sum = dcast_checksum(zmq_msg_data(payload), h->payload_bytes);
+	uint64_t sum = landed ? dcast_landing_sum(landed) : dcast_checksum(zmq_msg_data(payload), h->payload_bytes);
 	cs_version *v;
 	int err;
 
@@ -609,7 +613,7 @@ int cs_intake_chunk(dcast_consumer *c, const dcast_chunk *h, zmq_msg_t *payload)
 		cs_credit_free(c, h->version, h->payload_bytes); /* duplicate: harmless */
 		return 0;
 	}
-	return err ? cs_refuse(c, h->version, err) : stage_payload(c, v, h, payload, sum);
+	return err ? cs_refuse(c, h->version, err) : stage_payload(c, v, h, payload, sum, landed);
 }
 
 /* v, closed by its COMMIT, once its commit record is written: READY, then

@@ -146,7 +146,7 @@ static int on_chunk(dcast_consumer *c, dcast_wire_in *in)
 	if (unwanted(c, h->version, h->payload_bytes))
 		return 0;
 	c->ss.chunk_ms = dcast_now_ms();
-	return cs_intake_chunk(c, h, &in->payload);
+	return cs_intake_chunk(c, h, &in->payload, cs_bulk_landed(c, &in->payload));
 }
 
 static int on_commit(dcast_consumer *c, dcast_wire_in *in)

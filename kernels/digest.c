@@ -1,11 +1,42 @@
 /* Payload checksums and range digests on the CPU (XXH3: libxxhash, or
  * inlined with AVX2 when the CPU has it).  The digest is defined over fixed
  * 1 MiB blocks so that the GPU, which hashes blocks in parallel, gives the
- * same value: see docs/protocol.md, "Digest". */
+ * same value: see docs/protocol.md, "Digest".  A payload may also be hashed
+ * piece by piece as it lands (dcast_landing.h). */
 #include <stdlib.h>
 #define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
 #include <xxhash.h>
 #include "codec_shared.h"
+#include "dcast_common.h"
+#include "dcast_landing.h"
+
+/* XXH3's streaming state, as libxxhash or the inlined copy below use it. */
+typedef struct stream_ops {
+	void (*reset)(void *st); /* neither fails on a state that is there */
+	void (*update)(void *st, const void *data, size_t len);
+	uint64_t (*digest)(const void *st);
+} stream_ops;
+
+enum { STATE_BYTES = sizeof(XXH3_state_t) };
+
+/* The streaming calls as the XXH3 names in scope at the expansion mean
+ * them: libxxhash's here, the inlined copy's below. */
+#define STREAM_OPS(sfx)                                                      \
+	static void reset_##sfx(void *st)                                    \
+	{                                                                    \
+		(void)XXH3_64bits_reset(st);                                 \
+	}                                                                    \
+	static void update_##sfx(void *st, const void *data, size_t len)     \
+	{                                                                    \
+		(void)XXH3_64bits_update(st, data, len);                     \
+	}                                                                    \
+	static uint64_t digest_##sfx(const void *st)                         \
+	{                                                                    \
+		return XXH3_64bits_digest(st);                               \
+	}                                                                    \
+	static const stream_ops ops_##sfx = {reset_##sfx, update_##sfx, digest_##sfx};
+
+STREAM_OPS(lib)
 
 static uint64_t xxh3_lib(const void *data, size_t len)
 {
@@ -58,6 +89,10 @@ static uint64_t xxh3_avx2(const void *data, size_t len)
 {
 	return XXH3_64bits(data, len);
 }
+
+_Static_assert(sizeof(XXH3_state_t) == STATE_BYTES, "one XXH3 state for both copies");
+
+STREAM_OPS(avx2)
 #if defined(__clang__)
 #pragma clang attribute pop
 #else
@@ -68,8 +103,17 @@ static uint64_t xxh3(const void *data, size_t len)
 {
 	return __builtin_cpu_supports("avx2") ? xxh3_avx2(data, len) : xxh3_lib(data, len);
 }
+
+static const stream_ops *stream(void)
+{
+	return __builtin_cpu_supports("avx2") ? &ops_avx2 : &ops_lib;
+}
 #else
 #define xxh3 xxh3_lib
+static const stream_ops *stream(void)
+{
+	return &ops_lib;
+}
 #endif
 
 uint64_t dcast_checksum(const void *data, size_t len)
@@ -80,4 +124,123 @@ uint64_t dcast_checksum(const void *data, size_t len)
 uint64_t dcast_digest(const void *data, size_t len)
 {
 	return digest_blocks(data, len, xxh3);
+}
+
+/* ---- a payload hashed as it lands (dcast_landing.h) ---- */
+
+struct dcast_landing {
+	void *sum_st, *block_st;  /* XXH3 states: the payload's, the block's */
+	const stream_ops *ops;
+	uint64_t at, len, total;  /* the payload's place in its string */
+	uint64_t got;             /* its bytes hashed so far */
+	uint64_t first;           /* the first block it holds whole */
+	uint64_t *hash;           /* those blocks' hashes, n of cap */
+	uint32_t n, cap;
+};
+
+dcast_landing *dcast_landing_new(void)
+{
+	dcast_landing *l = calloc(1, sizeof(*l));
+
+	if (!l)
+		return NULL;
+	l->sum_st = aligned_alloc(64, STATE_BYTES);
+	l->block_st = aligned_alloc(64, STATE_BYTES);
+	l->ops = stream();
+	if (l->sum_st && l->block_st)
+		return l;
+	dcast_landing_free(l);
+	return NULL;
+}
+
+void dcast_landing_free(dcast_landing *l)
+{
+	if (!l)
+		return;
+	free(l->sum_st);
+	free(l->block_st);
+	free(l->hash);
+	free(l);
+}
+
+/* Blocks of a payload of len bytes at `at`: at most one per block it meets. */
+static uint64_t blocks_met(uint64_t at, uint64_t len)
+{
+	return len ? (at + len - 1) / DCAST_DIGEST_BLOCK - at / DCAST_DIGEST_BLOCK + 1 : 0;
+}
+
+int dcast_landing_start(dcast_landing *l, uint64_t at, uint64_t len, uint64_t total)
+{
+	uint64_t need = blocks_met(at, len);
+
+	l->len = l->got = l->first = 0; /* an empty payload until this one has room */
+	l->n = 0;
+	l->ops->reset(l->sum_st);
+	if (need > UINT32_MAX || at > total || len > total - at)
+		return DCAST_EINVAL;
+	if (need > l->cap) {
+		uint64_t *h = realloc(l->hash, (size_t)need * sizeof(*h));
+		if (!h)
+			return DCAST_ENOMEM;
+		l->hash = h;
+		l->cap = (uint32_t)need;
+	}
+	l->at = at;
+	l->len = len;
+	l->total = total;
+	l->first = (at + DCAST_DIGEST_BLOCK - 1) / DCAST_DIGEST_BLOCK;
+	return 0;
+}
+
+/* n bytes of one block, from string byte pos: hashed when the block lies
+ * whole in the payload, its hash kept at its end. */
+static void block_add(dcast_landing *l, const uint8_t *p, uint64_t pos, uint64_t n)
+{
+	uint64_t b = pos / DCAST_DIGEST_BLOCK, start = b * DCAST_DIGEST_BLOCK;
+	uint64_t end = start + DCAST_DIGEST_BLOCK < l->total ? start + DCAST_DIGEST_BLOCK : l->total;
+
+	if (start < l->at || end > l->at + l->len)
+		return; /* begun before the payload, or ends after it */
+	if (pos == start)
+		l->ops->reset(l->block_st);
+	l->ops->update(l->block_st, p, (size_t)n);
+	if (pos + n == end) {
+		DCAST_ASSERT(l->n < l->cap && b == l->first + l->n);
+		l->hash[l->n++] = l->ops->digest(l->block_st);
+	}
+}
+
+void dcast_landing_add(dcast_landing *l, const void *piece, size_t n)
+{
+	const uint8_t *p = piece;
+
+	DCAST_ASSERT(n <= l->len - l->got);
+	l->ops->update(l->sum_st, p, n);
+	while (n) {
+		uint64_t pos = l->at + l->got, room = DCAST_DIGEST_BLOCK - pos % DCAST_DIGEST_BLOCK;
+		uint64_t k = n < room ? n : room;
+		block_add(l, p, pos, k);
+		p += k;
+		n -= (size_t)k;
+		l->got += k;
+	}
+}
+
+int dcast_landing_done(const dcast_landing *l)
+{
+	return l->got == l->len;
+}
+
+uint64_t dcast_landing_sum(const dcast_landing *l)
+{
+	DCAST_ASSERT(dcast_landing_done(l));
+	return l->ops->digest(l->sum_st);
+}
+
+uint32_t dcast_landing_blocks(const dcast_landing *l, uint64_t *first, const uint64_t **hashes)
+{
+	DCAST_ASSERT(dcast_landing_done(l));
+	*first = l->first;
+	*hashes = l->hash;
+	return l->n;
 }

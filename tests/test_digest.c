@@ -5,11 +5,14 @@
  * The additive digest (dcast_ldigest) equals its definition written out
  * here and fixed golden values, follows random sequences of deltas of
  * every encoding exactly when updated incrementally, and changes with any
- * flipped bit. */
+ * flipped bit.  A payload hashed as it lands (kernels/dcast_landing.h), fed
+ * in pieces of any size, gives its checksum and exactly the hashes of the
+ * digest blocks it holds whole. */
 #include <xxhash.h>
 #include "check.h"
 #include "codec_shared.h"
 #include "dcast_common.h"
+#include "dcast_landing.h"
 
 #define MIB (1u << 20)
 
@@ -247,6 +250,57 @@ static void test_ldigest_payload_errors(const uint8_t *p)
 	CHECK(d == 5);
 }
 
+/* Payload [at, at + len) of string s (total bytes), fed in pieces of
+ * `piece` bytes: its sum, and each block it holds whole by definition. */
+static void landing_case(dcast_landing *l, const uint8_t *s, uint64_t total, uint64_t at, uint64_t len,
+			 uint64_t piece)
+{
+	uint64_t first, want_first = (at + MIB - 1) / MIB, n = 0;
+	const uint64_t *h;
+
+	REQUIRE(dcast_landing_start(l, at, len, total) == 0);
+	for (uint64_t off = 0; off < len; off += piece) {
+		CHECK(!dcast_landing_done(l));
+		dcast_landing_add(l, s + at + off, (size_t)(len - off < piece ? len - off : piece));
+	}
+	REQUIRE(dcast_landing_done(l));
+	CHECK(dcast_landing_sum(l) == XXH3_64bits(s + at, (size_t)len));
+	uint32_t got = dcast_landing_blocks(l, &first, &h);
+	CHECK(first == want_first);
+	for (uint64_t b = want_first; b * MIB < total && (b * MIB + MIB <= at + len || at + len == total); b++, n++) {
+		uint64_t bytes = total - b * MIB < MIB ? total - b * MIB : MIB;
+		CHECK(n < got && h[n] == XXH3_64bits(s + b * MIB, (size_t)bytes));
+	}
+	CHECK(got == n);
+}
+
+static void test_landing(const uint8_t *p)
+{
+	const uint64_t total = 3 * MIB + MIB / 2;
+	static const uint64_t places[][2] = {
+		{0, 3 * MIB + MIB / 2}, /* the whole string: its blocks join to dcast_digest */
+		{MIB / 2, 2 * MIB},     /* one block whole, two cut */
+		{MIB, 2 * MIB + MIB / 2}, /* to the end: the short last block is whole */
+		{3 * MIB + 5, MIB / 2 - 5}, {MIB, MIB}, {MIB, MIB - 1}, {17, 0}};
+	static const uint64_t pieces[] = {4093, 256 * 1024, MIB, 4 * MIB};
+	dcast_landing *l = dcast_landing_new();
+	uint64_t first;
+	const uint64_t *h;
+
+	REQUIRE(l);
+	for (size_t i = 0; i < DCAST_ARRAY_LEN(places); i++)
+		for (size_t k = 0; k < DCAST_ARRAY_LEN(pieces); k++)
+			landing_case(l, p, total, places[i][0], places[i][1], pieces[k]);
+	landing_case(l, p, 5000, 1000, 3000, 1); /* byte by byte */
+	landing_case(l, p, total, 0, total, 65536);
+	CHECK(dcast_digest_join(h = NULL, 0) == dcast_digest(p, 0));
+	CHECK(dcast_landing_blocks(l, &first, &h) == 4 && first == 0);
+	CHECK(dcast_digest_join(h, 4) == dcast_digest(p, total));
+	CHECK(dcast_landing_start(l, MIB, 2, MIB + 1) == DCAST_EINVAL); /* past the string */
+	CHECK(dcast_landing_done(l) && !dcast_landing_blocks(l, &first, &h));
+	dcast_landing_free(l);
+}
+
 int main(void)
 {
 	uint8_t *p = random_bytes(4 * MIB + 4096);
@@ -267,6 +321,7 @@ int main(void)
 	for (size_t n = 0; n <= 3000; n += 7) /* short, mid and long (AVX2) paths */
 		CHECK(dcast_checksum(p + 5, n) == XXH3_64bits(p + 5, n));
 	CHECK(dcast_checksum(p, 2 * MIB + 3) == XXH3_64bits(p, 2 * MIB + 3));
+	test_landing(p);
 	test_ldigest_definition(p);
 	test_ldigest_golden(p);
 	test_ldigest_flips(p);

@@ -26,6 +26,7 @@
 #include <unistd.h>
 #include "store_impl.h"
 #include "dcast_common.h"
+#include "dcast_landing.h"
 #include "dcast_reclog.h"
 #include "deltacast/safetensors.h"
 #include <zmq.h>
@@ -604,24 +605,39 @@ static int combine_chunk(dcast_consumer *c, cs_version *v, const dcast_chunk *k,
 	return 0;
 }
 
-/* The digest blocks that chunk k of the anchor in place holds whole,
- * hashed from its range of the tensor (payload) while its bytes are in
- * cache, for the file digest at its COMMIT (anchor.c, landed_digest).
- * With the store's mutex held: a drop frees the tables under it. */
+/* The digest blocks that chunk k of the anchor in place holds whole, for
+ * the file digest at its COMMIT (anchor.c, landed_digest): the hashes
+ * taken as it landed, else hashed from its range of the tensor (payload)
+ * while its bytes may still be in cache.  With the store's mutex held: a
+ * drop frees the tables under it. */
 static void blocks_land(struct cs_store *s, const dcast_consumer *c, const dcast_chunk *k,
-			const unsigned char *payload)
+			const unsigned char *payload, const dcast_landing *landed)
 {
 	const uint64_t B = DCAST_DIGEST_BLOCK_BYTES, bytes = c->tensors[k->tensor].bytes;
-	uint64_t b0 = k->start * k->elem_size, b1 = b0 + k->payload_bytes;
+	uint64_t b0 = k->start * k->elem_size, b1 = b0 + k->payload_bytes, first = 0;
+	const uint64_t *pre = NULL;
+	uint32_t n_pre = landed ? dcast_landing_blocks(landed, &first, &pre) : 0;
 	cs_landed *l = &s->new_landed;
 
 	if (!l->hash)
 		return;
 	for (uint64_t i = (b0 + B - 1) / B; i * B < b1 && (i * B + B <= b1 || b1 == bytes); i++) {
 		uint64_t at = l->block[k->tensor] + i, n = bytes - i * B < B ? bytes - i * B : B;
-		l->hash[at] = dcast_checksum(payload + (i * B - b0), n);
+		DCAST_ASSERT(!landed || (i >= first && i - first < n_pre));
+		l->hash[at] = landed ? pre[i - first] : dcast_checksum(payload + (i * B - b0), n);
+		DCAST_DEBUG_ASSERT(!landed || l->hash[at] == dcast_checksum(payload + (i * B - b0), n));
 		l->have[at] = 1;
 	}
+}
+
+void cs_ckpt_chunk_landed(dcast_consumer *c, const cs_version *v, const dcast_chunk *k, const void *payload,
+			  const dcast_landing *landed)
+{
+	if (!v->direct)
+		return;
+	cs_store_lock(c->store);
+	blocks_land(c->store, c, k, payload, landed);
+	cs_store_unlock(c->store);
 }
 
 /* Chunk k's record written behind, with the store's mutex held. */
@@ -634,9 +650,7 @@ static int chunk_submit(dcast_consumer *c, cs_version *v, const dcast_chunk *k, 
 
 	if (err)
 		return err;
-	if (v->direct)
-		blocks_land(c->store, c, k, payload);
-	else
+	if (!v->direct)
 		v->file_bytes = *payload_off + k->payload_bytes;
 	if (wb_reap(c, 0)) /* what is done already: credit back early */
 		wb_wait_all(c); /* the ring failed: every pending write fails, reported by the flush */

@@ -124,6 +124,15 @@ void cs_store_version_drop(dcast_consumer *c, const cs_version *v, int unlink_fi
  * payload lands in v's file. */
 int cs_ckpt_chunk_submit(dcast_consumer *c, cs_version *v, const dcast_chunk *k, zmq_msg_t *held,
 			 const void *payload, uint64_t payload_sum, uint64_t *payload_off);
+/* Chunk k of v, an anchor written straight to its file (v->direct; for
+ * any other version nothing), landed in its tensor at payload: the file
+ * digest's blocks it holds whole are hashed for the COMMIT's header, from
+ * `landed` (the hashes taken as it was read there, kernels/dcast_landing.h)
+ * or, NULL, from payload now, while its bytes may still be in cache.
+ * Nothing fails. */
+struct dcast_landing;
+void cs_ckpt_chunk_landed(dcast_consumer *c, const cs_version *v, const dcast_chunk *k, const void *payload,
+			  const struct dcast_landing *landed);
 /* Wait for every chunk record written behind, keeping a failure for the
  * next cs_ckpt_progress. */
 void cs_ckpt_settle(dcast_consumer *c);

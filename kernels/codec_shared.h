@@ -45,6 +45,24 @@
 #define DCAST_CPT_INDEX_ENTRY 8u /* u32 bit offset, u32 previous position */
 #define DCAST_DIGEST_BLOCK DCAST_DIGEST_BLOCK_BYTES
 
+/* The XXH3 code that dcast_checksum, dcast_digest and dcast_landing_new
+ * use from now on: 0 libxxhash's, 1 inlined for AVX2, 2 for AVX-512, at
+ * most what the CPU runs (a level above it, or below 0, means the CPU's
+ * widest, the default).  For tests that check each; returns the level
+ * before. */
+int dcast_xxh3_level_set(int level);
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__CUDACC__)
+/* XXH3-64 and its streaming calls inlined for AVX-512 (xxh3_avx512.c);
+ * only for a CPU with AVX-512F.  The state: an XXH3_state_t, 64-byte
+ * aligned, of dcast_xxh3_avx512_state_bytes(). */
+size_t dcast_xxh3_avx512_state_bytes(void);
+uint64_t dcast_xxh3_avx512(const void *data, size_t len);
+void dcast_xxh3_avx512_reset(void *st);
+void dcast_xxh3_avx512_update(void *st, const void *data, size_t len);
+uint64_t dcast_xxh3_avx512_digest(const void *st);
+#endif
+
 enum dcast_cpt_mode { DCAST_CPT_RAW = 0, DCAST_CPT_CODED = 1 };
 
 /* Decoder failures, turned into messages by the caller (GPU and CPU alike). */

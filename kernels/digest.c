@@ -1,8 +1,9 @@
 /* Payload checksums and range digests on the CPU (XXH3: libxxhash, or
- * inlined with AVX2 when the CPU has it).  The digest is defined over fixed
+ * inlined with AVX2 or AVX-512 when the CPU has it).  The digest is defined over fixed
  * 1 MiB blocks so that the GPU, which hashes blocks in parallel, gives the
  * same value: see docs/protocol.md, "Digest".  A payload may also be hashed
  * piece by piece as it lands (dcast_landing.h). */
+#include <stdatomic.h>
 #include <stdlib.h>
 #define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
 #include <xxhash.h>
@@ -99,20 +100,61 @@ STREAM_OPS(avx2)
 #pragma GCC pop_options
 #endif
 
+static const stream_ops ops_avx512 = {dcast_xxh3_avx512_reset, dcast_xxh3_avx512_update,
+				      dcast_xxh3_avx512_digest};
+
+/* The widest XXH3 the CPU runs: 2 AVX-512, 1 AVX2, 0 libxxhash's. */
+static int cpu_level(void)
+{
+	return __builtin_cpu_supports("avx512f") ? 2 : __builtin_cpu_supports("avx2") ? 1 : 0;
+}
+
+static _Atomic int level_now = -1; /* -1: the CPU's, read at the first use */
+
+static int level(void)
+{
+	int l = atomic_load_explicit(&level_now, memory_order_relaxed);
+
+	if (l < 0)
+		atomic_store_explicit(&level_now, l = cpu_level(), memory_order_relaxed);
+	return l;
+}
+
+int dcast_xxh3_level_set(int l)
+{
+	int was = level();
+
+	atomic_store_explicit(&level_now, l < 0 || l > cpu_level() ? cpu_level() : l, memory_order_relaxed);
+	return was;
+}
+
 static uint64_t xxh3(const void *data, size_t len)
 {
-	return __builtin_cpu_supports("avx2") ? xxh3_avx2(data, len) : xxh3_lib(data, len);
+	switch (level()) {
+	case 2: return dcast_xxh3_avx512(data, len);
+	case 1: return xxh3_avx2(data, len);
+	default: return xxh3_lib(data, len);
+	}
 }
 
 static const stream_ops *stream(void)
 {
-	return __builtin_cpu_supports("avx2") ? &ops_avx2 : &ops_lib;
+	static const stream_ops *const by_level[] = {&ops_lib, &ops_avx2, &ops_avx512};
+
+	DCAST_ASSERT(dcast_xxh3_avx512_state_bytes() == STATE_BYTES);
+	return by_level[level()];
 }
 #else
 #define xxh3 xxh3_lib
 static const stream_ops *stream(void)
 {
 	return &ops_lib;
+}
+
+int dcast_xxh3_level_set(int l)
+{
+	(void)l;
+	return 0;
 }
 #endif
 
@@ -144,8 +186,8 @@ dcast_landing *dcast_landing_new(void)
 
 	if (!l)
 		return NULL;
-	l->sum_st = aligned_alloc(64, STATE_BYTES);
-	l->block_st = aligned_alloc(64, STATE_BYTES);
+	l->sum_st = aligned_alloc(64, (STATE_BYTES + 63) & ~(size_t)63);
+	l->block_st = aligned_alloc(64, (STATE_BYTES + 63) & ~(size_t)63);
 	l->ops = stream();
 	if (l->sum_st && l->block_st)
 		return l;

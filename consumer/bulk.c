@@ -209,7 +209,9 @@ static void frame_reset(cs_bulk *b)
 {
 	if (b->has_payload)
 		zmq_msg_close(&b->payload);
-	b->has_payload = 0;
+	if (b->has_msg)
+		dcast_msg_free(&b->msg);
+	b->has_payload = b->has_msg = 0;
 	b->into = NULL;
 	b->prefix_got = b->head_len = b->head_got = 0;
 	b->payload_len = b->payload_got = 0;
@@ -334,22 +336,38 @@ static int prefix_parse(dcast_consumer *c)
 	return 0;
 }
 
-/* The frame's CHUNK, decoded from its header, when it is one of the
- * version's with the frame's payload length; 0 when not (frame_finish
- * says what is wrong with it). */
-static int head_chunk(const cs_bulk *b, dcast_chunk *h)
+/* What a bulk connection may carry: the version's CHUNKs, then its COMMIT. */
+static int frame_fits(const cs_bulk *b, const dcast_msg *m)
 {
-	dcast_msg m;
-	int ok;
+	uint64_t v = m->type == DCAST_MSG_CHUNK ? m->u.chunk.version
+		     : m->type == DCAST_MSG_COMMIT ? m->u.commit.version : DCAST_VERSION_NONE;
 
-	if (dcast_msg_decode(b->head, b->head_len, &m))
-		return 0;
-	ok = m.type == DCAST_MSG_CHUNK && m.u.chunk.version == b->version &&
-	     m.u.chunk.payload_bytes == b->payload_len;
-	if (ok)
-		*h = m.u.chunk;
-	dcast_msg_free(&m);
-	return ok;
+	if (m->type != DCAST_MSG_CHUNK && m->type != DCAST_MSG_COMMIT)
+		return dcast_fail(DCAST_EMALFORMED, "bulk frame %" PRIu64 ": a %s, not a CHUNK or COMMIT",
+				  b->frames, dcast_msg_type_name((int)m->type));
+	if (v != b->version)
+		return dcast_fail(DCAST_EMALFORMED, "bulk frame %" PRIu64 ": a %s of version %" PRIu64
+				  ", not of version %" PRIu64, b->frames, dcast_msg_type_name((int)m->type),
+				  v, b->version);
+	return 0;
+}
+
+/* The header read whole: decoded once, checked against the frame's
+ * payload length and the version, so that a frame that cannot be taken
+ * fails before its payload is read. */
+static int head_decode(cs_bulk *b)
+{
+	char why[512];
+	int err = dcast_msg_decode(b->head, b->head_len, &b->msg);
+
+	b->has_msg = !err;
+	if (!err)
+		err = dcast_msg_check_payload(&b->msg, b->payload_len);
+	if (err) {
+		snprintf(why, sizeof(why), "%s", dcast_last_error());
+		return dcast_fail(err, "bulk frame %" PRIu64 ": %s", b->frames, why);
+	}
+	return frame_fits(b, &b->msg);
 }
 
 /* A payload read into its tensor is hashed as it lands, when the hasher
@@ -368,14 +386,13 @@ static void land_start(cs_bulk *b, const dcast_chunk *h, uint64_t tensor_bytes)
 static int payload_place(dcast_consumer *c, cs_bulk_dest_fn dest)
 {
 	cs_bulk *b = &c->bulk;
-	dcast_chunk h;
 
 	b->land_into = NULL;
-	b->into = b->payload_len && head_chunk(b, &h) ? dest(c, &h) : NULL;
+	b->into = b->payload_len && b->msg.type == DCAST_MSG_CHUNK ? dest(c, &b->msg.u.chunk) : NULL;
 	if (b->into) {
-		b->into_chunk = h;
+		b->into_chunk = b->msg.u.chunk;
 		zmq_msg_init_data(&b->payload, b->into, b->payload_len, NULL, NULL); /* never fails */
-		land_start(b, &h, c->tensors[h.tensor].bytes);
+		land_start(b, &b->into_chunk, c->tensors[b->into_chunk.tensor].bytes);
 	} else if (payload_init(&b->payload, (size_t)b->payload_len)) {
 		return DCAST_ENOMEM;
 	}
@@ -431,7 +448,7 @@ static int read_step(dcast_consumer *c, cs_bulk_dest_fn dest, int *moved)
 	} else if (b->head_got < b->head_len) {
 		err = take(c, b->head + b->head_got, b->head_len - b->head_got, &n);
 		b->head_got += (uint32_t)n;
-		if (!err && b->head_got == b->head_len)
+		if (!err && b->head_got == b->head_len && !(err = head_decode(b)))
 			err = payload_place(c, dest);
 	} else if ((room = window_room(c)) && !(err = into_still(c, dest))) {
 		err = payload_take(c, room, &n);
@@ -447,43 +464,20 @@ static int frame_whole(const cs_bulk *b)
 	return b->prefix_got == BULK_PREFIX && b->head_got == b->head_len && b->payload_got == b->payload_len;
 }
 
-/* What a bulk connection may carry: the version's CHUNKs, then its COMMIT. */
-static int frame_fits(const cs_bulk *b, const dcast_msg *m)
-{
-	uint64_t v = m->type == DCAST_MSG_CHUNK ? m->u.chunk.version
-		     : m->type == DCAST_MSG_COMMIT ? m->u.commit.version : DCAST_VERSION_NONE;
-
-	if (m->type != DCAST_MSG_CHUNK && m->type != DCAST_MSG_COMMIT)
-		return dcast_fail(DCAST_EMALFORMED, "bulk frame %" PRIu64 ": a %s, not a CHUNK or COMMIT",
-				  b->frames, dcast_msg_type_name((int)m->type));
-	if (v != b->version)
-		return dcast_fail(DCAST_EMALFORMED, "bulk frame %" PRIu64 ": a %s of version %" PRIu64
-				  ", not of version %" PRIu64, b->frames, dcast_msg_type_name((int)m->type),
-				  v, b->version);
-	return 0;
-}
-
-/* The frame read whole, decoded and checked into in (its payload moved
- * there); the next frame starts afresh. */
-static int frame_finish(dcast_consumer *c, dcast_wire_in *in)
+/* The frame read whole (its header decoded and checked, head_decode)
+ * into in: its message and payload move there; the next frame starts
+ * afresh. */
+static void frame_finish(dcast_consumer *c, dcast_wire_in *in)
 {
 	cs_bulk *b = &c->bulk;
-	int err = dcast_msg_decode(b->head, b->head_len, &in->msg);
-	char why[512];
 
-	if (!err)
-		err = dcast_msg_check_payload(&in->msg, b->payload_len);
-	if (err) {
-		snprintf(why, sizeof(why), "%s", dcast_last_error());
-		dcast_fail(err, "bulk frame %" PRIu64 ": %s", b->frames, why);
-	} else {
-		err = frame_fits(b, &in->msg);
-	}
+	DCAST_ASSERT(b->has_msg);
+	in->msg = b->msg;
+	b->has_msg = 0;
 	zmq_msg_move(&in->payload, &b->payload);
 	in->has_payload = b->payload_len > 0;
 	frame_reset(b);
 	b->frames++;
-	return err;
 }
 
 int cs_bulk_read(dcast_consumer *c, dcast_wire_in *in, int *got, cs_bulk_dest_fn dest)
@@ -502,7 +496,8 @@ int cs_bulk_read(dcast_consumer *c, dcast_wire_in *in, int *got, cs_bulk_dest_fn
 	if (err || !frame_whole(&c->bulk))
 		return err;
 	*got = 1;
-	return frame_finish(c, in);
+	frame_finish(c, in);
+	return 0;
 }
 
 const struct dcast_landing *cs_bulk_landed(const dcast_consumer *c, zmq_msg_t *payload)

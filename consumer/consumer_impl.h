@@ -272,6 +272,8 @@ typedef struct cs_bulk {
 	uint32_t prefix_got;
 	unsigned char *head;           /* its header (head_cap bytes allocated), */
 	uint32_t head_cap, head_len, head_got;
+	dcast_msg msg;                 /* the header decoded, once read whole */
+	int has_msg;
 	zmq_msg_t payload;             /* its payload, read straight in */
 	uint64_t payload_len, payload_got;
 	int has_payload;               /* payload initialised (after the header) */

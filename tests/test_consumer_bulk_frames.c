@@ -17,7 +17,8 @@
  *   resolved at open, and the anchor comes over bulk all the same.
  * - On BULK(9), a frame of version 10 fails the transfer:
  *   stats.bulk_failures 1, and the re-join's HELLO has no x-bulk; as does
- *   a BULK naming a port where nothing listens (connect refused).
+ *   a BULK naming a port where nothing listens (connect refused), and a
+ *   frame whose header does not decode, at once, before its payload.
  * - DELTACAST_BULK=0 at open: no x-bulk; DELTACAST_BULK=2: open refused,
  *   naming the variable. */
 #include <arpa/inet.h>
@@ -314,6 +315,31 @@ static void bulk_refused(const char *ep, const char *dir)
 	dcast_consumer_close(&c);
 }
 
+/* BULK(7), whose connection brings a frame header that is no message
+ * and none of the payload its prefix announces: the transfer fails at the
+ * header, without waiting for the payload, and the re-join asks for no
+ * bulk. */
+static void bulk_bad_header(const char *ep, const char *dir, int lfd, uint32_t port)
+{
+	unsigned char prefix[12], junk[3] = {0xc1, 0xc1, 0xc1};
+	dcast_consumer *c = NULL;
+	dcast_consumer_stats st;
+	int fd;
+
+	REQUIRE(dcast_consumer_open(ep, MODEL, dir, 4 << 20, NULL, &c) == 0);
+	CHECK(welcome().bulk == 1);
+	REQUIRE((fd = bulk_offer(lfd, port, 7)) >= 0);
+	dcast_put_le32(prefix, sizeof(junk));
+	dcast_put_le64(prefix + 4, N * 2);
+	write_all(fd, prefix, sizeof(prefix));
+	write_all(fd, junk, sizeof(junk));
+	CHECK(welcome().bulk == 0); /* within the router's 10 s: no wait for the payload */
+	dcast_consumer_stats_get(c, &st);
+	CHECK(st.bulk_versions == 0 && st.bulk_failures == 1);
+	close(fd);
+	dcast_consumer_close(&c);
+}
+
 /* The endpoint ep with its host written as "localhost": BULK(7) over
  * bulk, READY. */
 static void bulk_by_name(const char *ep, const char *dir, int lfd, uint32_t port)
@@ -359,14 +385,14 @@ int main(void)
 {
 	char dir[] = "/tmp/dcast-test-bulkf-XXXXXX", dir2[] = "/tmp/dcast-test-bulkf2-XXXXXX",
 	     dir3[] = "/tmp/dcast-test-bulkf3-XXXXXX", dir4[] = "/tmp/dcast-test-bulkf4-XXXXXX",
-	     dir5[] = "/tmp/dcast-test-bulkf5-XXXXXX", ep[128];
+	     dir5[] = "/tmp/dcast-test-bulkf5-XXXXXX", dir6[] = "/tmp/dcast-test-bulkf6-XXXXXX", ep[128];
 	size_t len = sizeof(ep);
 	int timeout_ms = 10000, lfd;
 	dcast_consumer *c = NULL;
 	uint32_t port;
 
 	alarm(60);
-	REQUIRE(mkdtemp(dir) && mkdtemp(dir2) && mkdtemp(dir3) && mkdtemp(dir4) && mkdtemp(dir5));
+	REQUIRE(mkdtemp(dir) && mkdtemp(dir2) && mkdtemp(dir3) && mkdtemp(dir4) && mkdtemp(dir5) && mkdtemp(dir6));
 	unsetenv("DELTACAST_BULK");
 	REQUIRE((ctx = zmq_ctx_new()) && (router = zmq_socket(ctx, ZMQ_ROUTER)));
 	REQUIRE(zmq_setsockopt(router, ZMQ_RCVTIMEO, &timeout_ms, sizeof(timeout_ms)) == 0);
@@ -382,6 +408,7 @@ int main(void)
 	bulk_refused(ep, dir3);
 	bulk_bind_midframe(ep, dir4, lfd, port);
 	bulk_by_name(ep, dir5, lfd, port);
+	bulk_bad_header(ep, dir6, lfd, port);
 	bulk_env(ep, dir2);
 	close(lfd);
 	zmq_msg_close(&rid);
@@ -392,5 +419,6 @@ int main(void)
 	check_remove_dir(dir3);
 	check_remove_dir(dir4);
 	check_remove_dir(dir5);
+	check_remove_dir(dir6);
 	return check_done("test_consumer_bulk_frames");
 }

@@ -19,6 +19,9 @@
  *   stats.bulk_failures 1, and the re-join's HELLO has no x-bulk; as does
  *   a BULK naming a port where nothing listens (connect refused), and a
  *   frame whose header does not decode, at once, before its payload.
+ * - A fresh consumer that reads a CHUNK with one payload bit flipped into
+ *   its tensor (hashed as it lands) refuses it: no READY, a re-join; the
+ *   anchor sent again over ZeroMQ is applied bit-exact.
  * - DELTACAST_BULK=0 at open: no x-bulk; DELTACAST_BULK=2: open refused,
  *   naming the variable. */
 #include <arpa/inet.h>
@@ -340,6 +343,43 @@ static void bulk_bad_header(const char *ep, const char *dir, int lfd, uint32_t p
 	dcast_consumer_close(&c);
 }
 
+/* BULK(7) to a fresh consumer, whose one CHUNK comes with a bit of its
+ * payload flipped after its checksum was taken: the payload is read into
+ * the tensor and hashed there, the chunk refused, anchor 7 dropped, and the
+ * consumer re-joins; 7 sent again over ZeroMQ is READY and bit-exact. */
+static void bulk_damaged(const char *ep, const char *dir, int lfd, uint32_t port)
+{
+	static uint16_t w[N], bad[N];
+	dcast_msg chunk, commit;
+	dcast_range_digest d;
+	dcast_consumer_stats st;
+	dcast_consumer *c = NULL;
+	dcast_event ev;
+	void *ptr;
+	int fd;
+
+	for (int i = 0; i < N; i++)
+		w[i] = bad[i] = (uint16_t)(i * 5 + 3);
+	bad[N / 2] ^= 0x10;
+	REQUIRE(dcast_consumer_open(ep, MODEL, dir, 4 << 20, NULL, &c) == 0);
+	CHECK(welcome().bulk == 1);
+	REQUIRE((fd = bulk_offer(lfd, port, 7)) >= 0);
+	rp_anchor(&chunk, &commit, &d, MODEL, 7, w);
+	frame(fd, &chunk, bad, N * 2);
+	frame(fd, &commit, NULL, 0);
+	welcome(); /* the re-join after the refusal */
+	dcast_consumer_stats_get(c, &st);
+	CHECK(st.bulk_in_place_bytes == 0); /* counted once a chunk is taken */
+	CHECK(dcast_consumer_version(c) == DCAST_VERSION_NONE);
+	send_to(&chunk, w, N * 2);
+	send_to(&commit, NULL, 0);
+	CHECK(event(c, DCAST_EV_VERSION_READY, &ev) && ev.version == 7);
+	CHECK_ERR(dcast_consumer_apply(c, 7), 0);
+	CHECK(dcast_consumer_tensor(c, "w", &ptr, NULL, NULL) == 0 && !memcmp(ptr, w, sizeof(w)));
+	close(fd);
+	dcast_consumer_close(&c);
+}
+
 /* The endpoint ep with its host written as "localhost": BULK(7) over
  * bulk, READY. */
 static void bulk_by_name(const char *ep, const char *dir, int lfd, uint32_t port)
@@ -385,14 +425,16 @@ int main(void)
 {
 	char dir[] = "/tmp/dcast-test-bulkf-XXXXXX", dir2[] = "/tmp/dcast-test-bulkf2-XXXXXX",
 	     dir3[] = "/tmp/dcast-test-bulkf3-XXXXXX", dir4[] = "/tmp/dcast-test-bulkf4-XXXXXX",
-	     dir5[] = "/tmp/dcast-test-bulkf5-XXXXXX", dir6[] = "/tmp/dcast-test-bulkf6-XXXXXX", ep[128];
+	     dir5[] = "/tmp/dcast-test-bulkf5-XXXXXX", dir6[] = "/tmp/dcast-test-bulkf6-XXXXXX",
+	     dir7[] = "/tmp/dcast-test-bulkf7-XXXXXX", ep[128];
 	size_t len = sizeof(ep);
 	int timeout_ms = 10000, lfd;
 	dcast_consumer *c = NULL;
 	uint32_t port;
 
 	alarm(60);
-	REQUIRE(mkdtemp(dir) && mkdtemp(dir2) && mkdtemp(dir3) && mkdtemp(dir4) && mkdtemp(dir5) && mkdtemp(dir6));
+	REQUIRE(mkdtemp(dir) && mkdtemp(dir2) && mkdtemp(dir3) && mkdtemp(dir4) && mkdtemp(dir5) && mkdtemp(dir6) &&
+		mkdtemp(dir7));
 	unsetenv("DELTACAST_BULK");
 	REQUIRE((ctx = zmq_ctx_new()) && (router = zmq_socket(ctx, ZMQ_ROUTER)));
 	REQUIRE(zmq_setsockopt(router, ZMQ_RCVTIMEO, &timeout_ms, sizeof(timeout_ms)) == 0);
@@ -409,6 +451,7 @@ int main(void)
 	bulk_bind_midframe(ep, dir4, lfd, port);
 	bulk_by_name(ep, dir5, lfd, port);
 	bulk_bad_header(ep, dir6, lfd, port);
+	bulk_damaged(ep, dir7, lfd, port);
 	bulk_env(ep, dir2);
 	close(lfd);
 	zmq_msg_close(&rid);
@@ -420,5 +463,6 @@ int main(void)
 	check_remove_dir(dir4);
 	check_remove_dir(dir5);
 	check_remove_dir(dir6);
+	check_remove_dir(dir7);
 	return check_done("test_consumer_bulk_frames");
 }

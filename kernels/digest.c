@@ -234,21 +234,26 @@ int dcast_landing_start(dcast_landing *l, uint64_t at, uint64_t len, uint64_t to
 	return 0;
 }
 
-/* n bytes of one block, from string byte pos: hashed when the block lies
- * whole in the payload, its hash kept at its end. */
+/* n bytes of one block, from string byte pos, after the payload's stream
+ * took them: hashed when the block lies whole in the payload, its hash
+ * kept at its end.  A block that starts the payload needs no stream of its
+ * own: at its end the payload's stream has taken exactly its bytes, and
+ * XXH3's digest of a stream is that of the bytes so far (it goes on). */
 static void block_add(dcast_landing *l, const uint8_t *p, uint64_t pos, uint64_t n)
 {
 	uint64_t b = pos / DCAST_DIGEST_BLOCK, start = b * DCAST_DIGEST_BLOCK;
 	uint64_t end = start + DCAST_DIGEST_BLOCK < l->total ? start + DCAST_DIGEST_BLOCK : l->total;
+	int first = start == l->at;
 
 	if (start < l->at || end > l->at + l->len)
 		return; /* begun before the payload, or ends after it */
-	if (pos == start)
+	if (pos == start && !first)
 		l->ops->reset(l->block_st);
-	l->ops->update(l->block_st, p, (size_t)n);
+	if (!first)
+		l->ops->update(l->block_st, p, (size_t)n);
 	if (pos + n == end) {
 		DCAST_ASSERT(l->n < l->cap && b == l->first + l->n);
-		l->hash[l->n++] = l->ops->digest(l->block_st);
+		l->hash[l->n++] = l->ops->digest(first ? l->sum_st : l->block_st);
 	}
 }
 
@@ -257,10 +262,10 @@ void dcast_landing_add(dcast_landing *l, const void *piece, size_t n)
 	const uint8_t *p = piece;
 
 	DCAST_ASSERT(n <= l->len - l->got);
-	l->ops->update(l->sum_st, p, n);
-	while (n) {
+	while (n) { /* a block at a time: the payload's stream, then the block's */
 		uint64_t pos = l->at + l->got, room = DCAST_DIGEST_BLOCK - pos % DCAST_DIGEST_BLOCK;
 		uint64_t k = n < room ? n : room;
+		l->ops->update(l->sum_st, p, (size_t)k);
 		block_add(l, p, pos, k);
 		p += k;
 		n -= (size_t)k;

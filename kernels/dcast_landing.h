@@ -17,16 +17,17 @@ extern "C" {
 
 typedef struct dcast_landing dcast_landing;
 
-/* A new hasher, NULL when out of memory.  Owned by the caller:
- * dcast_landing_free. */
+/* A new hasher, with the widest XXH3 code the CPU runs; NULL when out of
+ * memory.  Owned by the caller: dcast_landing_free (NULL-safe). */
 dcast_landing *dcast_landing_new(void);
 void dcast_landing_free(dcast_landing *l);
 
 /* Starts a payload of len bytes that lands at byte `at` of a string of
  * total bytes (a tensor's) cut into DCAST_DIGEST_BLOCK_BYTES blocks.  The
  * blocks it holds whole (its last block is whole at the string's end) are
- * hashed.  0; DCAST_EINVAL when the payload runs past the string,
- * DCAST_ENOMEM: the hasher then holds an empty payload. */
+ * hashed.  0; or DCAST_EINVAL (the payload runs past the string),
+ * DCAST_ENOMEM (no room for its blocks' hashes), and the hasher then
+ * holds an empty payload, done at once. */
 int dcast_landing_start(dcast_landing *l, uint64_t at, uint64_t len, uint64_t total);
 
 /* The payload's next n bytes, in order; at most what is left of len. */

@@ -318,6 +318,19 @@ static void bulk_refused(const char *ep, const char *dir)
 	dcast_consumer_close(&c);
 }
 
+/* A fresh consumer at ep keeping its files in dir (*c), welcomed as it
+ * asks for bulk, then offered BULK(7): its connection to the listener,
+ * accepted and its opening checked. */
+static int fresh_offer(const char *ep, const char *dir, int lfd, uint32_t port, dcast_consumer **c)
+{
+	int fd;
+
+	REQUIRE(dcast_consumer_open(ep, MODEL, dir, 4 << 20, NULL, c) == 0);
+	CHECK(welcome().bulk == 1);
+	REQUIRE((fd = bulk_offer(lfd, port, 7)) >= 0);
+	return fd;
+}
+
 /* BULK(7), whose connection brings a frame header that is no message
  * and none of the payload its prefix announces: the transfer fails at the
  * header, without waiting for the payload, and the re-join asks for no
@@ -329,9 +342,7 @@ static void bulk_bad_header(const char *ep, const char *dir, int lfd, uint32_t p
 	dcast_consumer_stats st;
 	int fd;
 
-	REQUIRE(dcast_consumer_open(ep, MODEL, dir, 4 << 20, NULL, &c) == 0);
-	CHECK(welcome().bulk == 1);
-	REQUIRE((fd = bulk_offer(lfd, port, 7)) >= 0);
+	fd = fresh_offer(ep, dir, lfd, port, &c);
 	dcast_put_le32(prefix, sizeof(junk));
 	dcast_put_le64(prefix + 4, N * 2);
 	write_all(fd, prefix, sizeof(prefix));
@@ -361,9 +372,7 @@ static void bulk_damaged(const char *ep, const char *dir, int lfd, uint32_t port
 	for (int i = 0; i < N; i++)
 		w[i] = bad[i] = (uint16_t)(i * 5 + 3);
 	bad[N / 2] ^= 0x10;
-	REQUIRE(dcast_consumer_open(ep, MODEL, dir, 4 << 20, NULL, &c) == 0);
-	CHECK(welcome().bulk == 1);
-	REQUIRE((fd = bulk_offer(lfd, port, 7)) >= 0);
+	fd = fresh_offer(ep, dir, lfd, port, &c);
 	rp_anchor(&chunk, &commit, &d, MODEL, 7, w);
 	frame(fd, &chunk, bad, N * 2);
 	frame(fd, &commit, NULL, 0);
@@ -394,9 +403,7 @@ static void bulk_by_name(const char *ep, const char *dir, int lfd, uint32_t port
 
 	REQUIRE(!strncmp(ep, "tcp://127.0.0.1:", 16));
 	snprintf(named, sizeof(named), "tcp://localhost:%s", ep + 16);
-	REQUIRE(dcast_consumer_open(named, MODEL, dir, 4 << 20, NULL, &c) == 0);
-	CHECK(welcome().bulk == 1);
-	REQUIRE((fd = bulk_offer(lfd, port, 7)) >= 0);
+	fd = fresh_offer(named, dir, lfd, port, &c);
 	rp_anchor(&chunk, &commit, &d, MODEL, 7, w);
 	frame(fd, &chunk, w, N * 2);
 	frame(fd, &commit, NULL, 0);

@@ -11,18 +11,24 @@
 #include "dcast_common.h"
 #include "dcast_landing.h"
 
-/* XXH3's streaming state, as libxxhash or the inlined copy below use it. */
-typedef struct stream_ops {
+/* One build of XXH3-64: its one-shot hash and its streaming calls, on a
+ * state laid out as libxxhash's (libxxhash's, or an inlined copy below). */
+typedef struct xxh3_code {
+	uint64_t (*hash)(const void *data, size_t len);
 	void (*reset)(void *st); /* neither fails on a state that is there */
 	void (*update)(void *st, const void *data, size_t len);
 	uint64_t (*digest)(const void *st);
-} stream_ops;
+} xxh3_code;
 
 enum { STATE_BYTES = sizeof(XXH3_state_t) };
 
-/* The streaming calls as the XXH3 names in scope at the expansion mean
- * them: libxxhash's here, the inlined copy's below. */
-#define STREAM_OPS(sfx)                                                      \
+/* The calls as the XXH3 names in scope at the expansion mean them:
+ * libxxhash's here, the inlined copy's below. */
+#define XXH3_CODE(sfx)                                                       \
+	static uint64_t hash_##sfx(const void *data, size_t len)             \
+	{                                                                    \
+		return XXH3_64bits(data, len);                               \
+	}                                                                    \
 	static void reset_##sfx(void *st)                                    \
 	{                                                                    \
 		(void)XXH3_64bits_reset(st);                                 \
@@ -35,14 +41,9 @@ enum { STATE_BYTES = sizeof(XXH3_state_t) };
 	{                                                                    \
 		return XXH3_64bits_digest(st);                               \
 	}                                                                    \
-	static const stream_ops ops_##sfx = {reset_##sfx, update_##sfx, digest_##sfx};
+	static const xxh3_code code_##sfx = {hash_##sfx, reset_##sfx, update_##sfx, digest_##sfx};
 
-STREAM_OPS(lib)
-
-static uint64_t xxh3_lib(const void *data, size_t len)
-{
-	return XXH3_64bits(data, len);
-}
+XXH3_CODE(lib)
 
 /* XXH3-64 over the little-endian array of per-block hashes, streamed so
  * that no array of block hashes is allocated (libxxhash's streaming API:
@@ -86,21 +87,16 @@ uint64_t dcast_digest_join(const uint64_t *block_hashes, size_t n)
 #define XXH_INLINE_ALL
 #define XXH_VECTOR XXH_AVX2
 #include <xxhash.h>
-static uint64_t xxh3_avx2(const void *data, size_t len)
-{
-	return XXH3_64bits(data, len);
-}
-
 _Static_assert(sizeof(XXH3_state_t) == STATE_BYTES, "one XXH3 state for both copies");
 
-STREAM_OPS(avx2)
+XXH3_CODE(avx2)
 #if defined(__clang__)
 #pragma clang attribute pop
 #else
 #pragma GCC pop_options
 #endif
 
-static const stream_ops ops_avx512 = {dcast_xxh3_avx512_reset, dcast_xxh3_avx512_update,
+static const xxh3_code code_avx512 = {dcast_xxh3_avx512, dcast_xxh3_avx512_reset, dcast_xxh3_avx512_update,
 				      dcast_xxh3_avx512_digest};
 
 /* The widest XXH3 the CPU runs: 2 AVX-512, 1 AVX2, 0 libxxhash's. */
@@ -128,27 +124,28 @@ int dcast_xxh3_level_set(int l)
 	return was;
 }
 
-static uint64_t xxh3(const void *data, size_t len)
+/* The XXH3 code of the level in force. */
+static const xxh3_code *code(void)
 {
-	switch (level()) {
-	case 2: return dcast_xxh3_avx512(data, len);
-	case 1: return xxh3_avx2(data, len);
-	default: return xxh3_lib(data, len);
-	}
-}
+	static const xxh3_code *const by_level[] = {&code_lib, &code_avx2, &code_avx512};
 
-static const stream_ops *stream(void)
-{
-	static const stream_ops *const by_level[] = {&ops_lib, &ops_avx2, &ops_avx512};
-
-	DCAST_ASSERT(dcast_xxh3_avx512_state_bytes() == STATE_BYTES);
 	return by_level[level()];
 }
-#else
-#define xxh3 xxh3_lib
-static const stream_ops *stream(void)
+
+/* Do the three codes' states have one size (xxh3_avx512.c is a unit apart)? */
+static int states_agree(void)
 {
-	return &ops_lib;
+	return dcast_xxh3_avx512_state_bytes() == STATE_BYTES;
+}
+#else
+static const xxh3_code *code(void)
+{
+	return &code_lib;
+}
+
+static int states_agree(void)
+{
+	return 1;
 }
 
 int dcast_xxh3_level_set(int l)
@@ -157,6 +154,11 @@ int dcast_xxh3_level_set(int l)
 	return 0;
 }
 #endif
+
+static uint64_t xxh3(const void *data, size_t len)
+{
+	return code()->hash(data, len);
+}
 
 uint64_t dcast_checksum(const void *data, size_t len)
 {
@@ -172,7 +174,7 @@ uint64_t dcast_digest(const void *data, size_t len)
 
 struct dcast_landing {
 	void *sum_st, *block_st;  /* XXH3 states: the payload's, the block's */
-	const stream_ops *ops;
+	const xxh3_code *ops;
 	uint64_t at, len, total;  /* the payload's place in its string */
 	uint64_t got;             /* its bytes hashed so far */
 	uint64_t first;           /* the first block it holds whole */
@@ -188,7 +190,8 @@ dcast_landing *dcast_landing_new(void)
 		return NULL;
 	l->sum_st = aligned_alloc(64, (STATE_BYTES + 63) & ~(size_t)63);
 	l->block_st = aligned_alloc(64, (STATE_BYTES + 63) & ~(size_t)63);
-	l->ops = stream();
+	DCAST_ASSERT(states_agree());
+	l->ops = code();
 	if (l->sum_st && l->block_st)
 		return l;
 	dcast_landing_free(l);

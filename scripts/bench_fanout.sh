@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # `make bench-fanout`: how fast an anchor, the whole
 # model, reaches N receivers over loopback: the broker against raw TCP and
-# nginx, side by side in one run.  Per N, first the row's references, then
-# the broker, RUNS times each (medians in the table):
+# nginx, side by side in one run.  Per N, RUNS rounds, each one run of
+# every column in turn: the references, then the broker (medians in the
+# table):
 #   tcp    tests/tools/bench_tcp: the model file's bytes to N receivers;
 #   keep   the same, each receiver reading into a fresh buffer of the
 #          model's size on huge pages (bench_tcp ... keep): raw TCP to
@@ -173,20 +174,18 @@ nginx_run() {
 	[ "$(grep -cx "$MODEL_BYTES" "$d/curl$k.log")" = "$n" ] || die "curl: short fetch (see $d/curl$k.log)"
 }
 
-# refs DIR N: the row's references, measured just before it so that both
-# see the same load on this shared machine.
-refs() {
-	local d=$1 n=$2 k
-	for ((k = 1; k <= RUNS; k++)); do tcp_run "$n" "$k"; done
-	for ((k = 1; k <= RUNS; k++)); do tcp_run "$n" "$k" keep; done
+# nginx_round DIR N RUN: a private nginx for one run of the N curls.
+nginx_round() {
+	local d=$1 n=$2 k=$3
 	mkdir -p "$d/nginx/www" "$d/nginx/tmp"
-	ln "$MODEL" "$d/nginx/www/model.safetensors" 2>/dev/null || cp "$MODEL" "$d/nginx/www/model.safetensors"
+	[ -e "$d/nginx/www/model.safetensors" ] || ln "$MODEL" "$d/nginx/www/model.safetensors" 2>/dev/null ||
+		cp "$MODEL" "$d/nginx/www/model.safetensors"
 	bench_start_server "$d/server.log" nginx "curl -s -o /dev/null http://127.0.0.1:PORT/" \
 		bench_nginx_run "$d/nginx" PORT || die "nginx"
 	URL=http://127.0.0.1:$BENCH_PORT/model.safetensors
 	mapfile -t NGINX_PIDS < <(echo "${BENCH_SERVER_PIDS[0]}" && pgrep -P "${BENCH_SERVER_PIDS[0]}")
 	[ "${#NGINX_PIDS[@]}" -gt 1 ] || die "no nginx workers under ${BENCH_SERVER_PIDS[0]}"
-	for ((k = 1; k <= RUNS; k++)); do nginx_run "$d" "$n" "$k"; done
+	nginx_run "$d" "$n" "$k"
 	bench_stop_servers || true
 	e2e_cleanup || true
 }
@@ -317,14 +316,19 @@ broker_run() {
 	sync
 }
 
-# row N: the references, then the broker runs.
+# row N: RUNS rounds, each one run of every column in turn (the
+# references, then the broker's), so that a ratio of two columns compares
+# runs made minutes apart at most, under the same load of this shared
+# machine.
 row() {
 	local n=$1 k form
 	say "N=$n: raw TCP, nginx, broker (late joiners: receive only, library until READY), broker (live publish)"
 	mkdir -p "$ROOT/refs-n$n"
-	refs "$ROOT/refs-n$n" "$n"
-	for form in recv lib live; do
-		for ((k = 1; k <= RUNS; k++)); do broker_run "$form" "$n" "$k"; done
+	for ((k = 1; k <= RUNS; k++)); do
+		tcp_run "$n" "$k"
+		tcp_run "$n" "$k" keep
+		nginx_round "$ROOT/refs-n$n" "$n" "$k"
+		for form in recv lib live; do broker_run "$form" "$n" "$k"; done
 	done
 }
 

@@ -34,7 +34,7 @@ Run = collections.namedtuple("Run", "seconds recv_cpu send_cpu rss_kb rejoins ac
 
 NOTES = """\
 How it is measured (scripts/bench_fanout.sh): medians of {runs} runs [min..max] (x the row's raw TCP); the model is
-gen-trace's first {params} bf16 version ({model} bytes).  References per N, just before the broker's runs: **raw TCP**
+gen-trace's first {params} bf16 version ({model} bytes).  References per N, in rounds with the broker's runs (one run of every column per round): **raw TCP**
 (tests/tools/bench_tcp, bytes dropped; *keep the model*: each receiver reads into a model-sized buffer on huge
 pages, as the consumer's tensors) and **nginx + curl** (`sendfile on`).  A fresh broker ({broker_args}) per run.  *Anchor in its log*: the anchor is ACKed, then N
 consumers start at once, timed to the last: `wire_client receive` ({window} MiB window, no checksum, no copy; with

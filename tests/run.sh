@@ -3,6 +3,9 @@
 # and .py scripts), each under a timeout, one result line each, then the
 # closing line "N passed, N failed, N skipped".  Exit 0 pass / 77 skip / other
 # fail, as in liburing.  An optional argument keeps only names containing it.
+# The C tests make their directories under /tmp (dcast-*, dcast_*): those a
+# test made are removed once it passed or skipped, and kept when it failed
+# (named under its result line).
 set -u
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
@@ -19,6 +22,20 @@ for f in "$BUILD"/tests/test_*; do [ -x "$f" ] && tests+=("$f"); done
 for f in tests/test_*.sh tests/test_*.py; do [ -f "$f" ] && tests+=("$f"); done
 
 pass=0 fail=0 skip=0 failed_names=""
+declare -A had
+
+# tmp_mark: the test directories /tmp holds now, in `had`.
+tmp_mark() {
+	local d
+	had=()
+	for d in /tmp/dcast[-_]*; do [ -e "$d" ] && had[$d]=1; done
+}
+
+# tmp_made: those made since tmp_mark.
+tmp_made() {
+	local d
+	for d in /tmp/dcast[-_]*; do [ -e "$d" ] && [ -z "${had[$d]:-}" ] && echo "$d"; done
+}
 for t in "${tests[@]}"; do
 	name=$(basename "$t")
 	[ -n "$filter" ] && [[ "$name" != *"$filter"* ]] && continue
@@ -27,6 +44,7 @@ for t in "${tests[@]}"; do
 	*.sh) cmd=(bash "$t") ;;
 	*) cmd=("$t") ;;
 	esac
+	tmp_mark
 	start=$(date +%s%N)
 	timeout -k 5 "$TEST_TIMEOUT" "${cmd[@]}" >"$logdir/$name.log" 2>&1
 	rc=$?
@@ -38,8 +56,10 @@ for t in "${tests[@]}"; do
 		fail=$((fail + 1)); failed_names="$failed_names $name"
 		[ $rc = 124 ] && why="timeout after ${TEST_TIMEOUT}s" || why="exit $rc"
 		printf 'FAIL  %-40s %6ss  (%s)\n' "$name" "$secs" "$why"
-		sed 's/^/      | /' "$logdir/$name.log" | tail -n 30 ;;
+		sed 's/^/      | /' "$logdir/$name.log" | tail -n 30
+		tmp_made | sed 's/^/      kept: /' ;;
 	esac
+	[ $rc = 0 ] || [ $rc = 77 ] && tmp_made | xargs -r rm -rf
 done
 [ -n "$failed_names" ] && echo "failed:$failed_names"
 echo "$pass passed, $fail failed, $skip skipped"

@@ -46,6 +46,9 @@
 #                               (DELTACAST_BULK=0 for the library)
 #   BENCH_FANOUT_DOC            the doc to rewrite (docs/benchmarks.md; 0: print only)
 #   BENCH_FANOUT_KEEP=1         keep the logs
+#   BENCH_FANOUT_WARM (1)       memory touched and freed just before
+#                               receivers that keep the model start (see
+#                               warm; 0: not)
 # Every process started here is killed, and the temp dir removed, on any exit.
 set -euo pipefail
 . "$(dirname "$0")/e2e_lib.sh"
@@ -62,6 +65,7 @@ BULK=${BENCH_FANOUT_BULK:-1}
 [ "$BULK" = 0 ] && export DELTACAST_BULK=0
 DOC=${BENCH_FANOUT_DOC:-$DEF_DOC}
 KEEP=${BENCH_FANOUT_KEEP:-0}
+WARM=${BENCH_FANOUT_WARM:-1}
 TRACE=$BUILD/bench-fanout-$PARAMS
 WINDOW=$((16 << 20)) # the library's window with a 64 MiB staging budget (a quarter)
 NEVER=1000000        # bench_sync_consumer's UNTIL: it runs until killed
@@ -91,6 +95,7 @@ run_cmd() {
 	[ -z "$BROKER_ARGS" ] || env+=" BENCH_FANOUT_BROKER_ARGS=\"$BROKER_ARGS\""
 	[ "$DATADIR" = 0 ] || env+=" BENCH_FANOUT_DATADIR=$DATADIR"
 	[ "$BULK" = 1 ] || env+=" BENCH_FANOUT_BULK=$BULK"
+	[ "$WARM" = 1 ] || env+=" BENCH_FANOUT_WARM=$WARM"
 	echo "make bench-fanout$env"
 }
 
@@ -217,6 +222,22 @@ has_line() {
 # nap: 20 ms on a FIFO nobody writes (read -t), not a sleep process.
 nap() { read -r -t 0.02 -u "$NAP" || true; }
 
+# warm N: just before receivers that keep the model start (keep, lib),
+# N + 1 model-sized buffers touched and freed (bench_tcp ... warm), so
+# that all of them find memory in the same state.  On a VM whose balloon
+# reports free memory to the host (virtio_balloon free page reporting, 2
+# MiB blocks, about 2 s after they are freed), memory freed seconds
+# before is faulted in again by the host on first touch, and costs the
+# receiver that touches it 1.5-3x the CPU (measured: a keeping receiver of
+# the 100M model, 60-75 ms of CPU right after another run, 105-221 ms 5 s
+# later); which receiver found which memory depended on the order of the
+# runs.  Memory used just before is what a host without a balloon hands
+# out anyway.
+warm() {
+	[ "$WARM" = 0 ] || "$BIN/tools/bench_tcp" "$MODEL_BYTES" $(($1 + 1)) warm >/dev/null ||
+		die "bench_tcp $MODEL_BYTES $(($1 + 1)) warm"
+}
+
 # wait_joined DIR N: until the broker has logged N consumers joined.
 wait_joined() {
 	local d=$1 n=$2 deadline=$((SECONDS + 120))
@@ -296,6 +317,7 @@ broker_run() {
 	else
 		echo go >&"$go"
 		wait_acked "$d"
+		[ "$form" = recv ] || warm "$n"
 		proc_cpu "$BROKER_PID"
 		t0=$EPOCHREALTIME
 		for ((i = 1; i <= n; i++)); do start_consumer "$form" "$d" "$i"; done
@@ -326,6 +348,7 @@ row() {
 	mkdir -p "$ROOT/refs-n$n"
 	for ((k = 1; k <= RUNS; k++)); do
 		tcp_run "$n" "$k"
+		warm "$n"
 		tcp_run "$n" "$k" keep
 		nginx_round "$ROOT/refs-n$n" "$n" "$k"
 		for form in recv lib live; do broker_run "$form" "$n" "$k"; done

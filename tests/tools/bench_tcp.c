@@ -1,4 +1,4 @@
-/* bench_tcp BYTES N [keep | whole | sendfile FILE]: the raw TCP loopback
+/* bench_tcp BYTES N [keep | whole | sendfile FILE | warm]: the raw TCP loopback
  * ceiling for the benches.  Sends BYTES to each of N receivers at once (one
  * sender and one receiver thread per connection, 1 MiB writes from one
  * shared 1 MiB buffer, reads into a per-receiver 1 MiB buffer) and prints
@@ -18,8 +18,14 @@
  * model's bytes from its log: send() copies them from memory that is no
  * longer in any cache), "sendfile" sends FILE's first BYTES with
  * sendfile(2) from the page cache (as nginx does: no copy from user
- * space).  Exit 1 on a socket error. */
+ * space).  "warm" sends nothing: it touches N buffers laid out as
+ * "keep"'s, frees them and prints "warmed N x BYTES", so that receivers
+ * started next find memory the machine has just used (on a VM whose
+ * balloon hands free memory back to the host, memory freed seconds ago
+ * costs the host's faults on its next touch; scripts/bench_fanout.sh).
+ * Exit 1 on a socket error. */
 #include <arpa/inet.h>
+#include <inttypes.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -39,6 +45,7 @@
 
 static uint64_t total_bytes;
 static int keep;
+static int warm_only; /* "warm" */
 static unsigned char send_buf[IO_BYTES];
 static unsigned char *whole_buf; /* "whole": BYTES, every sender's source */
 static int send_file = -1;       /* "sendfile": the file sent */
@@ -132,8 +139,9 @@ static int mode(int argc, char **argv)
 {
 	if (argc == 3)
 		return 0;
-	if (argc == 4 && (!strcmp(argv[3], "keep") || !strcmp(argv[3], "whole"))) {
-		keep = !strcmp(argv[3], "keep");
+	if (argc == 4 && (!strcmp(argv[3], "keep") || !strcmp(argv[3], "whole") || !strcmp(argv[3], "warm"))) {
+		keep = strcmp(argv[3], "whole") != 0;
+		warm_only = !strcmp(argv[3], "warm");
 		return 0;
 	}
 	if (argc == 5 && !strcmp(argv[3], "sendfile")) {
@@ -142,6 +150,27 @@ static int mode(int argc, char **argv)
 		return send_file < 0 ? -1 : 0;
 	}
 	return -1;
+}
+
+/* "warm": n of the keeping receivers' buffers touched, then freed. */
+static int warm(int n)
+{
+	unsigned char *b[MAX_CONN];
+	int ok = 1;
+
+	for (int i = 0; i < n; i++)
+		if ((b[i] = recv_buf()))
+			memset(b[i], 0, (size_t)total_bytes);
+		else
+			ok = 0;
+	for (int i = 0; i < n; i++)
+		free(b[i]);
+	if (!ok) {
+		fprintf(stderr, "bench_tcp: no memory for %d buffers of %" PRIu64 " bytes\n", n, total_bytes);
+		return 1;
+	}
+	printf("warmed %d x %" PRIu64 " bytes\n", n, total_bytes);
+	return 0;
 }
 
 static double now_s(void)
@@ -160,11 +189,13 @@ int main(int argc, char **argv)
 	double t0, send_cpu = 0, recv_cpu = 0;
 
 	if (argc < 3 || (n = atoi(argv[2])) < 1 || n > MAX_CONN || mode(argc, argv)) {
-		fprintf(stderr, "usage: bench_tcp BYTES N [keep | whole | sendfile FILE] (1 <= N <= %d)\n",
+		fprintf(stderr, "usage: bench_tcp BYTES N [keep | whole | sendfile FILE | warm] (1 <= N <= %d)\n",
 			MAX_CONN);
 		return 2;
 	}
 	total_bytes = strtoull(argv[1], NULL, 10);
+	if (warm_only)
+		return warm(n);
 	if (argc == 4 && !strcmp(argv[3], "whole") && !(whole_buf = malloc(total_bytes ? total_bytes : 1))) {
 		fprintf(stderr, "bench_tcp: no memory for %s bytes\n", argv[1]);
 		return 1;

@@ -34,6 +34,12 @@ int harness_broker_start(harness_broker *b, const char *dir);
  * `out`; 0 when it exits 0, else its exit status (-1: killed). */
 int harness_read(const harness_broker *b, const char *model, uint64_t until, const char *out);
 
+/* A producer of `model` on endpoint ep with options o (NULL: defaults),
+ * one bf16 tensor "w" of n elements registered over w (host memory, the
+ * caller's); the test fails when either step does. */
+dcast_producer *harness_open_w(const char *ep, const char *model, const dcast_producer_opts *o, uint16_t *w,
+			       uint64_t n);
+
 /* publish(v), then wait up to 20 s for its ACK: 0 or the first error. */
 int harness_publish(dcast_producer *p, uint64_t v);
 

@@ -23,21 +23,16 @@
 static harness_broker b;
 static uint16_t *w, *want, *wrong;
 static char dir[] = "/tmp/dcast-test-producer-adopt-XXXXXX";
-static const uint64_t shape[1] = {N};
 
 static dcast_producer *open_producer(void)
 {
 	dcast_producer_opts o;
-	dcast_producer *p = NULL;
 
 	dcast_producer_opts_init(&o);
 	o.connect_timeout_ms = 2000;
 	o.ack_timeout_ms = 10000;
 	o.range_elems = RANGE;
-	REQUIRE(dcast_producer_open(b.producers, "adopt", 0, 1, &o, &p) == 0);
-	REQUIRE(dcast_producer_register(p, "w", DCAST_DTYPE_BF16, 1, shape, w, DCAST_MEM_HOST, 0,
-					N) == 0);
-	return p;
+	return harness_open_w(b.producers, "adopt", &o, w, N);
 }
 
 static int adopt(dcast_producer *p, const uint16_t *copy)

@@ -62,7 +62,7 @@ int main(void)
 	dcast_producer_opts o;
 	dcast_producer *p = NULL;
 	dcast_producer_stats s;
-	uint64_t seed = 99, shape[1] = {N};
+	uint64_t seed = 99;
 	int rc;
 
 	harness_init();
@@ -74,10 +74,8 @@ int main(void)
 	o.connect_timeout_ms = 1000;
 	o.max_reconnects = 3;
 	o.range_elems = 1u << 18;
-	REQUIRE(dcast_producer_open(b.producers, "kill", 0, 1, &o, &p) == 0);
 	harness_fill(w, N, &seed);
-	REQUIRE(dcast_producer_register(p, "w", DCAST_DTYPE_BF16, 1, shape, w, DCAST_MEM_HOST, 0,
-					N) == 0);
+	p = harness_open_w(b.producers, "kill", &o, w, N);
 
 	/* (1) killed and not back */
 	rc = publish_with_kill(p, 1, 0);

@@ -194,7 +194,6 @@ int main(void)
 	dcast_producer_opts o;
 	dcast_producer *p = NULL, *q = NULL;
 	dcast_producer_stats s;
-	uint64_t shape[1] = {N};
 	static char data[64];
 	char ep[64];
 
@@ -212,11 +211,9 @@ int main(void)
 	o.max_reconnects = 5;
 	o.range_elems = 1u << 18;
 	o.undo_bytes = 32u << 20; /* holds (0)'s dense delta: it can resume */
-	REQUIRE(dcast_producer_open(b.producers, "resend", 0, 1, &o, &p) == 0);
 	harness_fill(w, N, &seed);
 	memcpy(want, w, N * 2ull);
-	REQUIRE(dcast_producer_register(p, "w", DCAST_DTYPE_BF16, 1, shape, w, DCAST_MEM_HOST, 0,
-					N) == 0);
+	p = harness_open_w(b.producers, "resend", &o, w, N);
 	CHECK_ERR(harness_publish(p, 1), 0);
 
 	/* (0) killed mid-version, back with its data: the delta resumes */
@@ -243,9 +240,7 @@ int main(void)
 	start_proxy(0); /* the next free port from there */
 	snprintf(ep, sizeof(ep), "tcp://127.0.0.1:%d", proxy_port);
 	dcast_producer_close(&p);
-	REQUIRE(dcast_producer_open(ep, "resend", 0, 1, &o, &q) == 0);
-	REQUIRE(dcast_producer_register(q, "w", DCAST_DTYPE_BF16, 1, shape, w, DCAST_MEM_HOST, 0,
-					N) == 0);
+	q = harness_open_w(ep, "resend", &o, w, N);
 	memcpy(want, w, N * 2ull);
 	CHECK_ERR(harness_publish(q, 6), 0); /* a new producer: an anchor */
 	ack_lost(q, 7);

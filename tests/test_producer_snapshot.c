@@ -36,17 +36,13 @@ static int read_back(uint64_t v)
 static dcast_producer *open_producer(void)
 {
 	dcast_producer_opts o;
-	dcast_producer *p = NULL;
 
 	dcast_producer_opts_init(&o);
 	o.connect_timeout_ms = 1000;
 	o.ack_timeout_ms = 10000;
 	o.max_reconnects = 1;
 	o.range_elems = 1u << 18;
-	REQUIRE(dcast_producer_open(b.producers, "snap", 0, 1, &o, &p) == 0);
-	REQUIRE(dcast_producer_register(p, "w", DCAST_DTYPE_BF16, 1, shape, w, DCAST_MEM_HOST, 0,
-					N) == 0);
-	return p;
+	return harness_open_w(b.producers, "snap", &o, w, N);
 }
 
 /* publish(v) of an anchor into a stopped broker: it returns 0 with the

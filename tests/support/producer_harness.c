@@ -35,6 +35,17 @@ int harness_read(const harness_broker *b, const char *model, uint64_t until, con
 	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
+dcast_producer *harness_open_w(const char *ep, const char *model, const dcast_producer_opts *o, uint16_t *w,
+			       uint64_t n)
+{
+	uint64_t shape[1] = {n};
+	dcast_producer *p = NULL;
+
+	REQUIRE(dcast_producer_open(ep, model, 0, 1, o, &p) == 0);
+	REQUIRE(dcast_producer_register(p, "w", DCAST_DTYPE_BF16, 1, shape, w, DCAST_MEM_HOST, 0, n) == 0);
+	return p;
+}
+
 int harness_publish(dcast_producer *p, uint64_t v)
 {
 	int rc = dcast_producer_publish(p, v);

@@ -3,9 +3,10 @@
 # and .py scripts), each under a timeout, one result line each, then the
 # closing line "N passed, N failed, N skipped".  Exit 0 pass / 77 skip / other
 # fail, as in liburing.  An optional argument keeps only names containing it.
-# The C tests make their directories under /tmp (dcast-*, dcast_*): those a
-# test made are removed once it passed or skipped, and kept when it failed
-# (named under its result line).
+# The tests make their directories under /tmp (dcast-*, dcast_*): those
+# that appeared while a test ran are removed once it passed or skipped, and
+# kept when it failed (named under its result line).  So run nothing else
+# that makes such directories beside `make test`.
 set -u
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}

@@ -32,7 +32,7 @@ tmp_mark() {
 	for d in /tmp/dcast[-_]*; do [ -e "$d" ] && had[$d]=1; done
 }
 
-# tmp_made: those made since tmp_mark.
+# tmp_made: those that appeared since tmp_mark.
 tmp_made() {
 	local d
 	for d in /tmp/dcast[-_]*; do [ -e "$d" ] && [ -z "${had[$d]:-}" ] && echo "$d"; done

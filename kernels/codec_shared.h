@@ -52,17 +52,6 @@
  * before. */
 int dcast_xxh3_level_set(int level);
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__CUDACC__)
-/* XXH3-64 and its streaming calls inlined for AVX-512 (xxh3_avx512.c);
- * only for a CPU with AVX-512F.  The state: an XXH3_state_t, 64-byte
- * aligned, of dcast_xxh3_avx512_state_bytes(). */
-size_t dcast_xxh3_avx512_state_bytes(void);
-uint64_t dcast_xxh3_avx512(const void *data, size_t len);
-void dcast_xxh3_avx512_reset(void *st);
-void dcast_xxh3_avx512_update(void *st, const void *data, size_t len);
-uint64_t dcast_xxh3_avx512_digest(const void *st);
-#endif
-
 enum dcast_cpt_mode { DCAST_CPT_RAW = 0, DCAST_CPT_CODED = 1 };
 
 /* Decoder failures, turned into messages by the caller (GPU and CPU alike). */

@@ -10,38 +10,9 @@
 #include "codec_shared.h"
 #include "dcast_common.h"
 #include "dcast_landing.h"
-
-/* One build of XXH3-64: its one-shot hash and its streaming calls, on a
- * state laid out as libxxhash's (libxxhash's, or an inlined copy below). */
-typedef struct xxh3_code {
-	uint64_t (*hash)(const void *data, size_t len);
-	void (*reset)(void *st); /* neither fails on a state that is there */
-	void (*update)(void *st, const void *data, size_t len);
-	uint64_t (*digest)(const void *st);
-} xxh3_code;
+#include "xxh3_code.h"
 
 enum { STATE_BYTES = sizeof(XXH3_state_t) };
-
-/* The calls as the XXH3 names in scope at the expansion mean them:
- * libxxhash's here, the inlined copy's below. */
-#define XXH3_CODE(sfx)                                                       \
-	static uint64_t hash_##sfx(const void *data, size_t len)             \
-	{                                                                    \
-		return XXH3_64bits(data, len);                               \
-	}                                                                    \
-	static void reset_##sfx(void *st)                                    \
-	{                                                                    \
-		(void)XXH3_64bits_reset(st);                                 \
-	}                                                                    \
-	static void update_##sfx(void *st, const void *data, size_t len)     \
-	{                                                                    \
-		(void)XXH3_64bits_update(st, data, len);                     \
-	}                                                                    \
-	static uint64_t digest_##sfx(const void *st)                         \
-	{                                                                    \
-		return XXH3_64bits_digest(st);                               \
-	}                                                                    \
-	static const xxh3_code code_##sfx = {hash_##sfx, reset_##sfx, update_##sfx, digest_##sfx};
 
 XXH3_CODE(lib)
 
@@ -96,9 +67,6 @@ XXH3_CODE(avx2)
 #pragma GCC pop_options
 #endif
 
-static const xxh3_code code_avx512 = {dcast_xxh3_avx512, dcast_xxh3_avx512_reset, dcast_xxh3_avx512_update,
-				      dcast_xxh3_avx512_digest};
-
 /* The widest XXH3 the CPU runs: 2 AVX-512, 1 AVX2, 0 libxxhash's. */
 static int cpu_level(void)
 {
@@ -127,25 +95,14 @@ int dcast_xxh3_level_set(int l)
 /* The XXH3 code of the level in force. */
 static const xxh3_code *code(void)
 {
-	static const xxh3_code *const by_level[] = {&code_lib, &code_avx2, &code_avx512};
+	int l = level();
 
-	return by_level[level()];
-}
-
-/* Do the three codes' states have one size (xxh3_avx512.c is a unit apart)? */
-static int states_agree(void)
-{
-	return dcast_xxh3_avx512_state_bytes() == STATE_BYTES;
+	return l == 2 ? dcast_xxh3_avx512_code() : l == 1 ? &code_avx2 : &code_lib;
 }
 #else
 static const xxh3_code *code(void)
 {
 	return &code_lib;
-}
-
-static int states_agree(void)
-{
-	return 1;
 }
 
 int dcast_xxh3_level_set(int l)
@@ -190,8 +147,8 @@ dcast_landing *dcast_landing_new(void)
 		return NULL;
 	l->sum_st = aligned_alloc(64, (STATE_BYTES + 63) & ~(size_t)63);
 	l->block_st = aligned_alloc(64, (STATE_BYTES + 63) & ~(size_t)63);
-	DCAST_ASSERT(states_agree());
 	l->ops = code();
+	DCAST_ASSERT(l->ops->state_bytes == STATE_BYTES); /* xxh3_avx512.c is a unit apart */
 	if (l->sum_st && l->block_st)
 		return l;
 	dcast_landing_free(l);

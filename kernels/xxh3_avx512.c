@@ -2,11 +2,10 @@
  * AVX-512F): about a quarter faster than AVX2 on bytes in cache, which is
  * where a bulk anchor's pieces are hashed (dcast_landing.h).  A file of its
  * own because a translation unit can inline xxhash.h only once, and
- * digest.c inlines it for AVX2.  The state is XXH3_state_t, as
- * libxxhash's; the caller allocates it 64-byte aligned. */
+ * digest.c inlines it for AVX2 (xxh3_code.h). */
 #include <stddef.h>
 #include <stdint.h>
-#include "codec_shared.h"
+#include "xxh3_code.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h> /* xxhash.h includes it only when built with -mavx512f */
@@ -21,29 +20,11 @@
 #define XXH_VECTOR XXH_AVX512
 #include <xxhash.h>
 
-size_t dcast_xxh3_avx512_state_bytes(void)
-{
-	return sizeof(XXH3_state_t);
-}
+XXH3_CODE(avx512)
 
-uint64_t dcast_xxh3_avx512(const void *data, size_t len)
+const xxh3_code *dcast_xxh3_avx512_code(void)
 {
-	return XXH3_64bits(data, len);
-}
-
-void dcast_xxh3_avx512_reset(void *st)
-{
-	(void)XXH3_64bits_reset(st);
-}
-
-void dcast_xxh3_avx512_update(void *st, const void *data, size_t len)
-{
-	(void)XXH3_64bits_update(st, data, len);
-}
-
-uint64_t dcast_xxh3_avx512_digest(const void *st)
-{
-	return XXH3_64bits_digest(st);
+	return &code_avx512;
 }
 #if defined(__clang__)
 #pragma clang attribute pop

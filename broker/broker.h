@@ -66,6 +66,7 @@ struct broker_config {
 	int cut_through;            /* --cut-through: an open version's chunks go to consumers as
 				       they are accepted (ingest.c, fanout.c) */
 	const char *bulk;           /* --bulk HOST:PORT: anchors over TCP with sendfile (bulk.c) */
+	const char *bulk_send;      /* --bulk-send auto | sendfile | copy (bulk.c) */
 	char *owned[BROKER_CONFIG_OWNED]; /* strings read from a --config file */
 	unsigned n_owned;
 };
@@ -299,6 +300,7 @@ struct broker_stats {
 	uint64_t cut_through_chunks;     /* chunks sent before their version's COMMIT (fanout.c) */
 	uint64_t cut_through_aborted;    /* aborted versions some of whose chunks had gone out */
 	uint64_t bulk_versions, bulk_bytes; /* anchors sent over bulk connections, their bytes */
+	uint64_t bulk_sendfile_bytes;       /* of bulk_bytes, payload bytes sent with sendfile(2) */
 };
 
 struct broker;

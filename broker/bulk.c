@@ -1,14 +1,16 @@
 /* Bulk anchors (--bulk HOST:PORT; docs/protocol.md, "Bulk anchors"): a
  * committed anchor goes to a consumer that asked (HELLO x-bulk) over a
  * plain TCP connection instead of ZeroMQ, its payloads with sendfile(2)
- * from the segment and spill files that hold them (written from memory
- * when the log keeps them there).  The fan-out (fanout.c) offers it with
+ * from the segment and spill files that hold them, or with send() from
+ * those files' pages mapped (--bulk-send; written from memory when the log
+ * keeps them there).  The fan-out (fanout.c) offers it with
  * a BULK message and a token and holds that consumer's ZeroMQ stream;
  * the consumer connects and sends the token; this file writes every
  * chunk's frame, then the COMMIT's, and hands the stream back.  The
  * connections are clients of the listener (clients.c), each with a
  * deadline that every write that makes progress moves on. */
 #include <errno.h>
+#include <netinet/in.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
@@ -33,6 +35,9 @@ struct bulk_client {
 	uint64_t peer;              /* the consumer's slot in b->cons */
 	uint32_t next;              /* chunk whose frame goes next; n_chunks: the COMMIT's */
 	uint64_t off;               /* bytes of that frame already sent */
+	int copy;                   /* payloads in files: send() from their mapping, not sendfile */
+	int have_payload;           /* copy: payload holds frame next's bytes */
+	zmq_msg_t payload;          /* from broker_chunk_serve: mapped, or read when not mappable */
 };
 
 /* The time a connection may go without progress: 3 heartbeats, at least
@@ -57,10 +62,19 @@ static void client_close(struct broker *b, struct bulk_client *c)
 	broker_clients_close(b, &b->bulk_clients, &c->base);
 }
 
+/* Frame c->next's payload, if one is held, is let go. */
+static void payload_drop(struct bulk_client *c)
+{
+	if (c->have_payload)
+		zmq_msg_close(&c->payload);
+	c->have_payload = 0;
+}
+
 static void client_free(struct broker_client *base)
 {
 	struct bulk_client *c = (struct bulk_client *)base;
 
+	payload_drop(c);
 	broker_version_put(c->v);
 	c->v = NULL;
 }
@@ -74,6 +88,31 @@ static struct broker_peer *offered(struct broker *b, uint64_t token, uint64_t *s
 			return &b->cons.arr[i];
 		}
 	return NULL;
+}
+
+/* 1 when the connection's peer is on this host: a loopback address, or
+ * the address it reached the broker at (the kernel loops it back too). */
+static int peer_on_host(int fd)
+{
+	struct sockaddr_in me, peer;
+	socklen_t ml = sizeof(me), pl = sizeof(peer);
+
+	if (getsockname(fd, (struct sockaddr *)&me, &ml) || getpeername(fd, (struct sockaddr *)&peer, &pl) ||
+	    peer.sin_family != AF_INET)
+		return 0;
+	return (ntohl(peer.sin_addr.s_addr) >> 24) == 127 || peer.sin_addr.s_addr == me.sin_addr.s_addr;
+}
+
+/* --bulk-send for this connection: copy (send() from the mapped pages)
+ * or sendfile.  Over loopback sendfile hands the receiver the page
+ * cache's 4 KiB pages, which it copies out of memory no cache holds and
+ * releases one by one: a receiver on this host pays more than the copy
+ * saves the broker (docs/architecture.md, "The broker's side"). */
+static int copy_wanted(const struct broker *b, int fd)
+{
+	if (!strcmp(b->cfg.bulk_send, "auto"))
+		return peer_on_host(fd);
+	return !strcmp(b->cfg.bulk_send, "copy");
 }
 
 /* The 16 bytes "DCB1", 0 0 0 0, token: the transfer they name starts, or
@@ -96,10 +135,11 @@ static int client_hello(struct broker *b, struct bulk_client *c)
 	p->bulk_taken = 1;
 	c->v = p->cur;
 	c->v->refs++;
+	c->copy = copy_wanted(b, c->base.fd);
 	broker_poll_events(b, c->base.fd, ZMQ_POLLOUT);
-	DCAST_LOG_I("bulk: consumer %s of %s takes version %llu (%u chunks, %llu bytes)", p->client,
+	DCAST_LOG_I("bulk: consumer %s of %s takes version %llu (%u chunks, %llu bytes, %s)", p->client,
 		    p->want, (unsigned long long)c->v->version, c->v->n_chunks,
-		    (unsigned long long)c->v->payload_bytes);
+		    (unsigned long long)c->v->payload_bytes, c->copy ? "copy" : "sendfile");
 	return 0;
 }
 
@@ -151,20 +191,49 @@ static ssize_t send_head(struct bulk_client *c, size_t head)
 	return r;
 }
 
-/* Send what is left of frame c->next's payload: sendfile from its file,
- * else from the frame in memory.  As send_head. */
-static ssize_t send_payload(struct bulk_client *c, uint64_t done)
+/* Frame c->next's payload in memory: the log's frame, or with copy on
+ * the first write of a payload in a file, the served frame (its pages
+ * mapped, shared through the read cache with the other transfers at the
+ * same chunk).  NULL: sendfile it, or with *err set, it cannot be served
+ * (no memory, a failed read: logged here). */
+static const char *payload_mem(struct bulk_client *c, struct broker_chunk *ch, int *err)
+{
+	*err = 0;
+	if (!ch->file)
+		return zmq_msg_data(&ch->payload);
+	if (!c->copy)
+		return NULL;
+	if (!c->have_payload && (*err = broker_chunk_serve(ch, 0, &c->payload))) {
+		DCAST_LOG_W("bulk: version %llu, chunk %u: %s", (unsigned long long)c->v->version,
+			    c->next, dcast_last_error());
+		return NULL;
+	}
+	c->have_payload = 1;
+	return zmq_msg_data(&c->payload);
+}
+
+/* Send what is left of frame c->next's payload: from memory (payload_mem),
+ * else sendfile from its file.  The bytes sent, 0 when the socket is
+ * full, -1 on an error. */
+static ssize_t send_payload(struct broker *b, struct bulk_client *c, uint64_t done)
 {
 	struct broker_chunk *ch = &c->v->chunks[c->next];
 	size_t left = (size_t)(ch->payload_len - done);
+	int err;
+	const char *mem = payload_mem(c, ch, &err);
 	ssize_t r;
 
-	if (ch->file) {
+	if (err) {
+		errno = EIO;
+		return -1;
+	}
+	if (mem)
+		r = send(c->base.fd, mem + done, left, MSG_DONTWAIT | MSG_NOSIGNAL);
+	else {
 		off_t at = (off_t)(ch->file_off + done);
-		r = sendfile(c->base.fd, ch->file->fd, &at, left);
-	} else
-		r = send(c->base.fd, (const char *)zmq_msg_data(&ch->payload) + done, left,
-			 MSG_DONTWAIT | MSG_NOSIGNAL);
+		if ((r = sendfile(c->base.fd, ch->file->fd, &at, left)) > 0)
+			b->stats.bulk_sendfile_bytes += (uint64_t)r;
+	}
 	if (r < 0)
 		return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? 0 : -1;
 	return r == 0 ? -1 : r; /* 0: the file is shorter than its chunk says */
@@ -176,13 +245,14 @@ static int send_step(struct broker *b, struct bulk_client *c)
 {
 	size_t head = BULK_PREFIX_BYTES + zmq_msg_size(frame_hdr(c->v, c->next));
 	uint64_t len = head + frame_payload(c->v, c->next);
-	ssize_t r = c->off < head ? send_head(c, head) : send_payload(c, c->off - head);
+	ssize_t r = c->off < head ? send_head(c, head) : send_payload(b, c, c->off - head);
 
 	if (r <= 0)
 		return (int)r;
 	c->off += (uint64_t)r;
 	DCAST_ASSERT(c->off <= len);
 	if (c->off == len) {
+		payload_drop(c);
 		c->next++;
 		c->off = 0;
 	}

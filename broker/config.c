@@ -44,6 +44,7 @@ static const struct flag flags[] = {
 	{"read-cache-bytes", FLAG_U64, OFF(read_cache_bytes), "67108864", "--data-dir: bytes of payloads read from the segments kept for the other consumers about to take them (0: off)"},
 	{"admin-socket", FLAG_STR, OFF(admin_socket), NULL, "PATH of a UNIX socket (mode 0600) for `deltacast model delete` (off without it)"},
 	{"bulk", FLAG_STR, OFF(bulk), NULL, "IPv4:PORT for anchors sent to consumers over plain TCP with sendfile(2), outside ZeroMQ (port 0: any free one; not with --curve-secret)"},
+	{"bulk-send", FLAG_STR, OFF(bulk_send), "auto", "how --bulk sends a payload kept in a file: sendfile (the page cache's pages handed to the kernel), copy (send() from the mapped file: one copy in the broker, less for a receiver on this host) or auto (copy to a peer on this host, sendfile to others)"},
 	{"cut-through", FLAG_BOOL, OFF(cut_through), NULL, "forward an open version's chunks to consumers as they arrive, before its COMMIT (relay trees)"},
 	{"log-level", FLAG_STR, OFF(log_level), "info", "error, warn, info or debug"},
 	/* security and observability (broker/auth.c, broker/metrics.c) */
@@ -340,6 +341,8 @@ int broker_config_check(const struct broker_config *c)
 	if (!rc) rc = need(c->read_cache_bytes <= BROKER_DISK_INFLIGHT_BYTES,
 			   "--read-cache-bytes must be at most 67108864 (64 MiB: what it keeps counts "
 			   "among the bytes read from the data dir and not yet sent)");
+	if (!rc) rc = need(!strcmp(c->bulk_send, "auto") || !strcmp(c->bulk_send, "sendfile") ||
+			   !strcmp(c->bulk_send, "copy"), "--bulk-send must be auto, sendfile or copy");
 	if (!rc) rc = broker_fold_config_check(c);
 	return rc;
 }

@@ -235,6 +235,9 @@ size_t broker_metrics_render(const struct broker *b, char *buf, size_t cap)
 		st->bulk_versions);
 	counter(&o, "bulk_bytes_total", "bytes written to --bulk connections (frames and payloads)",
 		st->bulk_bytes);
+	counter(&o, "bulk_sendfile_bytes_total", "of the bytes written to --bulk connections, payload "
+		"bytes sent with sendfile(2) from the page cache (the rest with send())",
+		st->bulk_sendfile_bytes);
 	counter(&o, "bytes_out_total", "payload bytes sent to consumers", st->bytes_out);
 	gauge(&o, "producers_connected", "producer parts connected", st->producers_connected);
 	gauge(&o, "consumers_connected", "consumers connected", st->consumers_connected);

@@ -2,7 +2,10 @@
 # Bulk anchors (--bulk): a consumer that says x-bulk takes the anchor over
 # a TCP connection with every chunk's checksum good and the COMMIT's
 # counts met, then the deltas over ZeroMQ; from the segment files
-# (--data-dir) and from memory.  A connection closed mid-way, or one that
+# (--data-dir) and from memory.  --bulk-send: to this host (auto) and with
+# copy, payloads in files go with send() from their mapping (or a read,
+# where mmap is refused); with sendfile, with sendfile(2); any other
+# value is refused at start.  A connection closed mid-way, or one that
 # names a token never offered, is closed by the broker, which goes on: the
 # consumer re-joins without x-bulk and takes the anchor over ZeroMQ.  A
 # consumer without x-bulk, or a broker without --bulk, uses ZeroMQ only;
@@ -42,6 +45,9 @@ grep -q "bulk: consumer wire_client-[0-9]* of bk has version 1" "$TMP/disk.log" 
 grep -q "bulk failed" "$TMP/r1.err" && fail "r1: $(cat "$TMP/r1.err")"
 bytes=$(metric_of "$disk_METRICS" deltacast_bulk_bytes_total)
 [ "$bytes" -gt 50331648 ] || fail "bulk bytes $bytes: less than the anchor's 48 MiB"
+grep -q "bulk: consumer wire_client-[0-9]* of bk takes version 1 (.*, copy)" "$TMP/disk.log" ||
+	fail "auto did not copy to a consumer on this host"
+check_metric disk deltacast_bulk_sendfile_bytes_total 0
 
 # Closed after 2 frames by the consumer: the broker closes its end and
 # goes on; the re-join takes the anchor over ZeroMQ.
@@ -90,6 +96,27 @@ receive r5 mem --bulk 1
 wait_metric mem deltacast_bulk_versions_total 1
 stop_broker mem
 
+# --bulk-send sendfile: the payloads from the page cache with sendfile(2).
+start_broker_metrics sf --heartbeat-ms 200 --bulk 127.0.0.1:0 --bulk-send sendfile --data-dir "$TMP/sf"
+publish sf 8388608
+receive r7 sf --bulk 1
+wait_metric sf deltacast_bulk_versions_total 1
+grep -q "takes version 1 (.*, sendfile)" "$TMP/sf.log" || fail "sf: no sendfile transfer logged"
+bytes=$(metric_of "$sf_METRICS" deltacast_bulk_sendfile_bytes_total)
+[ "$bytes" -ge 50331648 ] || fail "sendfile bytes $bytes: less than the anchor's 48 MiB"
+stop_broker sf
+
+# --bulk-send copy where mmap is refused: each payload read, then sent.
+DELTACAST_BROKER_FAULT=nomap start_broker_metrics cp --heartbeat-ms 200 --bulk 127.0.0.1:0 \
+	--bulk-send copy --data-dir "$TMP/cp"
+publish cp 8388608
+receive r8 cp --bulk 1
+wait_metric cp deltacast_bulk_versions_total 1
+grep -q "takes version 1 (.*, copy)" "$TMP/cp.log" || fail "cp: no copy transfer logged"
+grep -q "segment payloads: mmap .*such payloads are read" "$TMP/cp.log" || fail "cp: mmap was not refused"
+check_metric cp deltacast_bulk_sendfile_bytes_total 0
+stop_broker cp
+
 # A broker without --bulk ignores x-bulk.
 start_broker_metrics off --heartbeat-ms 200
 publish off
@@ -106,4 +133,7 @@ grep -q -- "--bulk with --curve-secret" "$TMP/curve.err" || fail "curve: $(cat "
 "$BROKER" --producers 'tcp://127.0.0.1:*' --consumers 'tcp://127.0.0.1:*' --bulk nowhere 2>"$TMP/addr.err" &&
 	fail "--bulk nowhere started"
 grep -q -- '--bulk "nowhere": want HOST:PORT' "$TMP/addr.err" || fail "addr: $(cat "$TMP/addr.err")"
+"$BROKER" --producers 'tcp://127.0.0.1:*' --consumers 'tcp://127.0.0.1:*' --bulk 127.0.0.1:0 \
+	--bulk-send splice 2>"$TMP/send.err" && fail "--bulk-send splice started"
+grep -q -- "--bulk-send must be auto, sendfile or copy" "$TMP/send.err" || fail "send: $(cat "$TMP/send.err")"
 echo "PASS"

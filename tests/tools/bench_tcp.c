@@ -1,7 +1,8 @@
-/* bench_tcp BYTES N [keep | whole | sendfile FILE | warm]: the raw TCP loopback
- * ceiling for the benches.  Sends BYTES to each of N receivers at once (one
- * sender and one receiver thread per connection, 1 MiB writes from one
- * shared 1 MiB buffer, reads into a per-receiver 1 MiB buffer) and prints
+/* bench_tcp BYTES N [keep] [whole | sendfile FILE | map FILE] | warm: the raw
+ * TCP loopback ceiling for the benches.  Sends BYTES to each of N receivers
+ * at once (one sender and one receiver thread per connection, 1 MiB writes
+ * from one shared 1 MiB buffer, reads into a per-receiver 1 MiB buffer) and
+ * prints
  *   seconds S bytes B send_cpu_s X recv_cpu_s Y
  * S: the time until every receiver has all of its bytes; X, Y: the CPU
  * seconds (user + system, getrusage RUSAGE_THREAD at each thread's end) of
@@ -12,17 +13,20 @@
  * consumer's tensor arena is (consumer/state.c, cs_host_alloc): 2 MiB
  * aligned, on transparent huge pages where the kernel grants them, so
  * the receiver pays what the best of keepers does, not the faults of
- * 4 KiB pages.  The other two change the sender only, to show what
- * bounds a server's CPU per byte sent: "whole" writes from one shared
- * buffer of BYTES, filled before the clock starts (as the broker sends the
- * model's bytes from its log: send() copies them from memory that is no
- * longer in any cache), "sendfile" sends FILE's first BYTES with
- * sendfile(2) from the page cache (as nginx does: no copy from user
- * space).  "warm" sends nothing: it touches N buffers laid out as
- * "keep"'s, frees them and prints "warmed N x BYTES", so that receivers
- * started next find memory the machine has just used (on a VM whose
- * balloon hands free memory back to the host, memory freed seconds ago
- * costs the host's faults on its next touch; scripts/bench_fanout.sh).
+ * 4 KiB pages.  The next three change the sender only (with or without
+ * "keep"), to show what bounds a server's CPU per byte sent: "whole"
+ * writes from one shared buffer of BYTES, filled before the clock starts
+ * (as the broker sends the model's bytes from its log: send() copies them
+ * from memory that is no longer in any cache), "sendfile" sends FILE's
+ * first BYTES with sendfile(2) from the page cache (as nginx does, and
+ * the broker's --bulk-send sendfile: no copy from user space), "map"
+ * writes them from FILE mapped read-only (--bulk-send copy: the page
+ * cache's bytes copied into the socket).  "warm" sends nothing: it
+ * touches N buffers laid out as "keep"'s, frees them and prints "warmed N
+ * x BYTES", so that receivers started next find memory the machine has
+ * just used (on a VM whose balloon hands free memory back to the host,
+ * memory freed seconds ago costs the host's faults on its next touch;
+ * scripts/bench_fanout.sh).
  * Exit 1 on a socket error. */
 #include <arpa/inet.h>
 #include <inttypes.h>
@@ -46,6 +50,8 @@
 static uint64_t total_bytes;
 static int keep;
 static int warm_only; /* "warm" */
+static int whole_mode; /* "whole" */
+static const char *map_file; /* "map": the file sent with write() from its mapping */
 static unsigned char send_buf[IO_BYTES];
 static unsigned char *whole_buf; /* "whole": BYTES, every sender's source */
 static int send_file = -1;       /* "sendfile": the file sent */
@@ -134,22 +140,37 @@ static void *receiver(void *arg)
 	return NULL;
 }
 
-/* The mode in argv[3..]: 0, or -1 when it is not one of them. */
+/* One word of the mode at argv[i] (and its FILE): 1 or 2 words taken,
+ * -1 when it is none of them. */
+static int mode_word(int argc, char **argv, int i)
+{
+	if (!strcmp(argv[i], "keep") || !strcmp(argv[i], "warm")) {
+		keep = 1;
+		warm_only = !strcmp(argv[i], "warm");
+		return 1;
+	}
+	if (!strcmp(argv[i], "whole")) {
+		whole_mode = 1;
+		return 1;
+	}
+	if (!strcmp(argv[i], "map") && i + 1 < argc) {
+		map_file = argv[i + 1];
+		return 2;
+	}
+	if (strcmp(argv[i], "sendfile") || i + 1 >= argc || send_file >= 0)
+		return -1;
+	if ((send_file = open(argv[i + 1], O_RDONLY | O_CLOEXEC)) < 0)
+		perror(argv[i + 1]);
+	return send_file < 0 ? -1 : 2;
+}
+
+/* The mode in argv[3..]: 0, or -1 when it is not one of the usage's. */
 static int mode(int argc, char **argv)
 {
-	if (argc == 3)
-		return 0;
-	if (argc == 4 && (!strcmp(argv[3], "keep") || !strcmp(argv[3], "whole") || !strcmp(argv[3], "warm"))) {
-		keep = strcmp(argv[3], "whole") != 0;
-		warm_only = !strcmp(argv[3], "warm");
-		return 0;
-	}
-	if (argc == 5 && !strcmp(argv[3], "sendfile")) {
-		if ((send_file = open(argv[4], O_RDONLY | O_CLOEXEC)) < 0)
-			perror(argv[4]);
-		return send_file < 0 ? -1 : 0;
-	}
-	return -1;
+	for (int i = 3, w; i < argc; i += w)
+		if ((w = mode_word(argc, argv, i)) < 0)
+			return -1;
+	return (warm_only && argc != 4) || whole_mode + (send_file >= 0) + (map_file != NULL) > 1 ? -1 : 0;
 }
 
 /* "warm": n of the keeping receivers' buffers touched, then freed. */
@@ -173,6 +194,26 @@ static int warm(int n)
 	return 0;
 }
 
+/* "whole": BYTES filled (its pages exist before the clock starts);
+ * "map": FILE's first BYTES mapped and faulted in (as the broker's read
+ * cache maps a chunk).  NULL on a failure, errno set. */
+static unsigned char *source_buf(void)
+{
+	unsigned char *b;
+	int fd;
+
+	if (!map_file) {
+		if ((b = malloc(total_bytes ? total_bytes : 1)))
+			memset(b, 0x5a, total_bytes);
+		return b;
+	}
+	if ((fd = open(map_file, O_RDONLY | O_CLOEXEC)) < 0)
+		return NULL;
+	b = mmap(NULL, total_bytes, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);
+	close(fd);
+	return b == MAP_FAILED ? NULL : b;
+}
+
 static double now_s(void)
 {
 	struct timespec ts;
@@ -189,19 +230,17 @@ int main(int argc, char **argv)
 	double t0, send_cpu = 0, recv_cpu = 0;
 
 	if (argc < 3 || (n = atoi(argv[2])) < 1 || n > MAX_CONN || mode(argc, argv)) {
-		fprintf(stderr, "usage: bench_tcp BYTES N [keep | whole | sendfile FILE | warm] (1 <= N <= %d)\n",
+		fprintf(stderr, "usage: bench_tcp BYTES N [keep] [whole | sendfile FILE | map FILE] | warm (1 <= N <= %d)\n",
 			MAX_CONN);
 		return 2;
 	}
 	total_bytes = strtoull(argv[1], NULL, 10);
 	if (warm_only)
 		return warm(n);
-	if (argc == 4 && !strcmp(argv[3], "whole") && !(whole_buf = malloc(total_bytes ? total_bytes : 1))) {
-		fprintf(stderr, "bench_tcp: no memory for %s bytes\n", argv[1]);
+	if ((whole_mode || map_file) && !(whole_buf = source_buf())) {
+		perror(map_file ? map_file : "bench_tcp: whole");
 		return 1;
 	}
-	if (whole_buf) /* filled: its pages exist before the clock starts */
-		memset(whole_buf, 0x5a, total_bytes);
 	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
 	lfd = socket(AF_INET, SOCK_STREAM, 0);
 	if (lfd < 0 || bind(lfd, (struct sockaddr *)&a, sizeof(a)) || listen(lfd, MAX_CONN) ||
@@ -238,7 +277,8 @@ int main(int argc, char **argv)
 	printf("seconds %.6f bytes %llu send_cpu_s %.6f recv_cpu_s %.6f\n", now_s() - t0,
 	       (unsigned long long)(total_bytes * (uint64_t)n), send_cpu, recv_cpu);
 	close(lfd);
-	free(whole_buf);
+	if (!map_file)
+		free(whole_buf);
 	if (send_file >= 0)
 		close(send_file);
 	return failed;

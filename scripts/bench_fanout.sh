@@ -16,7 +16,10 @@
 #          give the credit back, stop at its COMMIT;
 #   lib    a fresh broker and N tests/tools/bench_sync_consumer (the C
 #          library, default options, 64 MiB staging) until each reports the
-#          anchor READY; the broker's VmRSS once all have applied it.
+#          anchor READY; the broker's VmRSS once all have applied it;
+#   libsf  (with bulk) the same, the broker with --bulk-send sendfile: its
+#          default copies to consumers on its own host (docs/operations.md,
+#          "Bulk anchors"), and this column shows what sendfile costs.
 # A broker run waits until the broker has logged N consumers joined, then
 # tests/tools/fault_publish publishes the model file as version 1 (an
 # anchor); the time runs from its dcast_producer_publish() call to the last
@@ -302,6 +305,7 @@ broker_run() {
 	local dd=()
 	[ "$DATADIR" = 0 ] && [ "$BULK" = 0 ] || dd=(--data-dir "$d/broker-data")
 	[ "$BULK" = 0 ] || dd+=(--bulk 127.0.0.1:0)
+	[ "$form" != libsf ] || dd+=(--bulk-send sendfile)
 	e2e_start_broker "$d/broker.log" $BROKER_ARGS "${dd[@]}" || die "no broker (see $d/broker.log)"
 	mkfifo "$d/go"
 	"$BIN/tools/fault_publish" "$PROD_EP" bench 1 -1 "$MODEL" <"$d/go" >"$d/publish.log" 2>"$d/publish.err" &
@@ -351,7 +355,7 @@ row() {
 		warm "$n"
 		tcp_run "$n" "$k" keep
 		nginx_round "$ROOT/refs-n$n" "$n" "$k"
-		for form in recv lib live; do broker_run "$form" "$n" "$k"; done
+		for form in recv lib $([ "$BULK" = 0 ] || echo libsf) live; do broker_run "$form" "$n" "$k"; done
 	done
 }
 

@@ -9,7 +9,7 @@
 
 ROOT holds meta ("key value" lines) and cells.log, one line per measurement:
 "COLUMN N RUN SECONDS RECV_CPU SEND_CPU [RSS_KB REJOINS ACK_SECONDS]", COLUMN one of
-tcp, keep, nginx, recv, lib, live; RECV_CPU: the N receivers' CPU seconds (user + system)
+tcp, keep, nginx, recv, lib, libsf (only with bulk), live; RECV_CPU: the N receivers' CPU seconds (user + system)
 summed, SEND_CPU: the sender's (bench_tcp's sender threads, nginx, the broker)."""
 import collections
 import os
@@ -24,6 +24,7 @@ AFTER = "<!-- bench-sync:end -->"
 COLUMNS = [("tcp", "raw TCP"), ("keep", "raw TCP, receivers keep the model"), ("nginx", "nginx + curl"),
            ("recv", "broker, anchor in its log, to N joining consumers that only receive"),
            ("lib", "broker, anchor in its log, to N joining library consumers until READY"),
+           ("libsf", "the same, the broker with `--bulk-send sendfile`"),
            ("live", "publish start to N waiting library consumers READY")]
 GOAL = 1.25  # library consumers until READY, at most this times raw TCP
 INTAKE_GOAL = 2.0  # their CPU per GB until READY, at most this times a keeping receiver's
@@ -39,11 +40,17 @@ gen-trace's first {params} bf16 version ({model} bytes).  References per N, in r
 pages, as the consumer's tensors) and **nginx + curl** (`sendfile on`).  A fresh broker ({broker_args}) per run.  *Anchor in its log*: the anchor is ACKed, then N
 consumers start at once, timed to the last: `wire_client receive` ({window} MiB window, no checksum, no copy; with
 `--bulk 1` when the broker has `--bulk`) or tests/tools/bench_sync_consumer (default options: they ask for bulk
-anchors) at VERSION_READY.  *Publish start*: the consumers wait first, timed
+anchors) at VERSION_READY; *with `--bulk-send sendfile`*: the same, the payloads sent with sendfile(2), where the
+broker's default (`auto`) copies them to a consumer on its own host.  *Publish start*: the consumers wait first, timed
 from `dcast_producer_publish()` (two hops in turn).  **CPU per GB**: user + system seconds per 10^9 bytes delivered;
 receivers by getrusage, `times` or their own line, senders by /proc/PID/task/TID/schedstat (over loopback the sender's
 system time carries much of the receivers' work).  Last line: `intake_cpu_over_tcp` (library consumers over receivers
 that keep the model) and `broker_cpu_over_nginx` at N = {last_n}, `fanout_over_raw_tcp_n1` at N = {wall_n}."""
+
+
+def columns(cells):
+    """COLUMNS that this run measured (libsf only with bulk)."""
+    return [(c, name) for c, name in COLUMNS if any(k == c for k, _ in cells)]
 
 
 def read_cells(path):
@@ -81,12 +88,13 @@ def rss_cell(runs, model):
 
 
 def table(cells, ns, model):
-    head = ["N"] + ["%s, ms" % name for _, name in COLUMNS] + \
+    cols = columns(cells)
+    head = ["N"] + ["%s, ms" % name for _, name in cols] + \
         ["broker VmRSS after the anchor, MB", "re-joins", "publish to ACK, ms"]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for n in ns:
         tcp = median_s(cells[("tcp", n)])
-        row = [str(n), ms(tcp)] + [time_cell(cells[(c, n)], tcp) for c, _ in COLUMNS[1:]]
+        row = [str(n), ms(tcp)] + [time_cell(cells[(c, n)], tcp) for c, _ in cols[1:]]
         lib = cells[("lib", n)]
         rejoins = sum(r.rejoins for c in ("lib", "live") for r in cells[(c, n)])
         row += [rss_cell(lib, model), "%d" % rejoins, ms(statistics.median(r.ack for r in lib))]
@@ -96,11 +104,12 @@ def table(cells, ns, model):
 
 def cpu_table(cells, ns, model):
     """CPU seconds per GB moved, receivers / sender, one column per cell."""
-    head = ["N"] + [name for _, name in COLUMNS]
+    cols = columns(cells)
+    head = ["N"] + [name for _, name in cols]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for n in ns:
         row = [str(n)] + ["%.2f / %.2f" % (cpu_per_gb(cells[(c, n)], "recv_cpu", n, model),
-                                          cpu_per_gb(cells[(c, n)], "send_cpu", n, model)) for c, _ in COLUMNS]
+                                          cpu_per_gb(cells[(c, n)], "send_cpu", n, model)) for c, _ in cols]
         lines.append("| " + " | ".join(row) + " |")
     return lines
 
@@ -132,6 +141,19 @@ def targets(cells, ns, model):
         lines.append("| (a reference, not a target) sender + receivers, CPU per GB: the broker and joiners that "
                      "only receive / nginx and curl, N = %d | | %.2f / %.2f = %.2fx | |"
                      % (n, broker, web, ratio("sender + receivers", broker, web)))
+    return lines + sendfile_refs(cells, ns, model)
+
+
+def sendfile_refs(cells, ns, model):
+    """The CPU targets' ratios again for the broker with --bulk-send sendfile."""
+    lines = []
+    for n in [n for n in ns if ("libsf", n) in cells]:
+        lib, keep = (cpu_per_gb(cells[(c, n)], "recv_cpu", n, model) for c in ("libsf", "keep"))
+        broker, web = (cpu_per_gb(cells[(c, n)], "send_cpu", n, model) for c in ("libsf", "nginx"))
+        lines.append("| (a reference, not a target) with `--bulk-send sendfile`, N = %d: library consumers' CPU "
+                     "per GB / keeping receivers'; the broker's / nginx's | | %.2f / %.2f = %.2fx; %.2f / %.2f = "
+                     "%.2fx | |" % (n, lib, keep, ratio("sendfile intake", lib, keep), broker, web,
+                                    ratio("sendfile broker", broker, web)))
     return lines
 
 

@@ -25,7 +25,7 @@
 # each trial line says how many chunks went ahead, "-" without the flag),
 # FAULT_CUT_THROUGH=alt those of odd seeds; default 0, none.
 # FAULT_BULK=1 (or alt: even seeds) starts every trial's broker with --bulk
-# (anchors go to the consumers over TCP with sendfile, and faults strike
+# (anchors go to the consumers over TCP, and faults strike
 # inside those transfers; each trial line says how many went so, "-"
 # without the flag); default 0, none.  Exit 0
 # only when no trial diverged or failed to converge.

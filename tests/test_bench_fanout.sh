@@ -4,7 +4,8 @@
 # CPU seconds, more than 0, and the last line is
 #   intake_cpu_over_tcp R broker_cpu_over_nginx S fanout_over_raw_tcp_n1 T
 # with finite ratios, and the targets table has a row for each of the
-# targets in CPU per byte and for N = 1 against raw TCP.  Needs nginx and
+# targets in CPU per byte and for N = 1 against raw TCP, and the
+# references with the broker at --bulk-send sendfile (the libsf column).  Needs nginx and
 # curl (`scripts/deps.sh bench`).
 set -u
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
@@ -20,12 +21,12 @@ cat "$out"
 root=$(sed -n 's/^bench-fanout: keeping the logs in \(\/.*\)$/\1/p' "$out")
 [ $rc = 0 ] || { echo "FAIL: bench_fanout.sh exited $rc"; exit 1; }
 [ -f "$root/cells.log" ] || { echo "FAIL: no cells.log in '$root'"; exit 1; }
-[ "$(wc -l <"$root/cells.log")" = 12 ] || { echo "FAIL: not 12 cells (6 columns, N = 1 and 4)"; exit 1; }
+[ "$(wc -l <"$root/cells.log")" = 14 ] || { echo "FAIL: not 14 cells (7 columns, N = 1 and 4)"; exit 1; }
 # Every cell has its two CPU figures; the broker's cells a nonzero pair
 # (raw TCP at 1M moves 2 MB in a few ms, under the kernel's accounting
 # tick: its threads may read 0).
 bad=$(awk '$5 !~ /^[0-9]+\.[0-9]+$/ || $6 !~ /^[0-9]+\.[0-9]+$/ ||
-	(($1 == "recv" || $1 == "lib" || $1 == "live") && !($5 > 0 && $6 > 0))' "$root/cells.log")
+	(($1 == "recv" || $1 == "lib" || $1 == "libsf" || $1 == "live") && !($5 > 0 && $6 > 0))' "$root/cells.log")
 [ -z "$bad" ] || { echo "FAIL: cells without receiver or sender CPU: $bad"; exit 1; }
 last=$(tail -n 1 "$out")
 [[ "$last" =~ ^intake_cpu_over_tcp\ [0-9]+\.[0-9]+\ broker_cpu_over_nginx\ [0-9]+\.[0-9]+\ fanout_over_raw_tcp_n1\ [0-9]+\.[0-9]+$ ]] ||
@@ -36,4 +37,6 @@ for row in "library consumers' CPU per GB until READY / raw TCP receivers' that 
 	"library consumers until READY / raw TCP, N = 1"; do
 	grep -qF "| $row | at most " "$out" || { echo "FAIL: no target row '$row'"; exit 1; }
 done
+grep -qF "| (a reference, not a target) with \`--bulk-send sendfile\`, N = 4: " "$out" ||
+	{ echo "FAIL: no reference row for --bulk-send sendfile"; exit 1; }
 echo "test_bench_fanout: ok"

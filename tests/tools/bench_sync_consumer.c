@@ -8,8 +8,10 @@
  * each apply:
  *   applied V anchor|delta t_ns T stage_ns S apply_ns A bytes B
  *     verify_bytes H log_write_bytes L direct_write_bytes D io_write_bytes W
+ *     cpu_ns C log_write_ns N
  * T: CLOCK_REALTIME nanoseconds right after dcast_consumer_apply() returned;
- * S, A, B, H, L, D: dcast_consumer_stats (L, D cumulative since open); W: this
+ * S, A, B, H, L, D, N: dcast_consumer_stats (L, D, N cumulative since open;
+ * N: the time its threads waited on checkpoint writes); W: this
  * process's write_bytes from /proc/self/io (cumulative; every byte it sent
  * towards the disk, checkpoint folds included); and cpu_ns C: this
  * process's CPU time so far, every thread (CLOCK_PROCESS_CPUTIME_ID).
@@ -65,10 +67,11 @@ static void report(const dcast_consumer *c, uint64_t t_ns)
 	dcast_consumer_stats_get(c, &st);
 	printf("applied %" PRIu64 " %s t_ns %" PRIu64 " stage_ns %" PRIu64 " apply_ns %" PRIu64
 	       " bytes %" PRIu64 " verify_bytes %" PRIu64 " log_write_bytes %" PRIu64
-	       " direct_write_bytes %" PRIu64 " io_write_bytes %" PRIu64 " cpu_ns %" PRIu64 "\n",
+	       " direct_write_bytes %" PRIu64 " io_write_bytes %" PRIu64 " cpu_ns %" PRIu64
+	       " log_write_ns %" PRIu64 "\n",
 	       st.version, st.anchor ? "anchor" : "delta", t_ns, st.stage_ns, st.apply_ns, st.bytes,
 	       st.verify_bytes, st.log_write_bytes, st.direct_write_bytes,
-	       (uint64_t)tp_proc_value("/proc/self/io", "write_bytes"), cpu_ns());
+	       (uint64_t)tp_proc_value("/proc/self/io", "write_bytes"), cpu_ns(), st.log_write_ns);
 	fflush(stdout);
 }
 

@@ -105,9 +105,9 @@ static int peer_on_host(int fd)
 
 /* --bulk-send for this connection: copy (send() from the mapped pages)
  * or sendfile.  Over loopback sendfile hands the receiver the page
- * cache's 4 KiB pages, which it copies out of memory no cache holds and
- * releases one by one: a receiver on this host pays more than the copy
- * saves the broker (docs/architecture.md, "The broker's side"). */
+ * cache's pages themselves, which it copies out of memory no cache holds:
+ * a receiver on this host pays more than the copy saves the broker
+ * (docs/architecture.md, "The broker's side"). */
 static int copy_wanted(const struct broker *b, int fd)
 {
 	if (!strcmp(b->cfg.bulk_send, "auto"))

@@ -19,7 +19,11 @@
 #          anchor READY; the broker's VmRSS once all have applied it;
 #   libsf  (with bulk) the same, the broker with --bulk-send sendfile: its
 #          default copies to consumers on its own host (docs/operations.md,
-#          "Bulk anchors"), and this column shows what sendfile costs.
+#          "Bulk anchors"), and this column shows what sendfile costs;
+#   disk   N dd writers at once, each the model's bytes into a file of its
+#          own in the temp dir with O_DIRECT 2 MiB writes: what the library
+#          consumers' checkpoints cost the one disk they share (each is
+#          READY once its record is written; time only, no CPU).
 # A broker run waits until the broker has logged N consumers joined, then
 # tests/tools/fault_publish publishes the model file as version 1 (an
 # anchor); the time runs from its dcast_producer_publish() call to the last
@@ -154,6 +158,19 @@ tcp_run() {
 	read -r -a w <<<"$out"
 	[ "${w[6]:-}" = recv_cpu_s ] || die "bench_tcp printed '$out'"
 	cell "${3:-tcp}" "$1" "$2" "${w[1]}" "${w[7]}" "${w[5]}"
+}
+
+# disk_run N RUN: N dd writers of the model's size at once, O_DIRECT.
+disk_run() {
+	local n=$1 k=$2 i t0 pids=() count=$(((MODEL_BYTES + (2 << 20) - 1) / (2 << 20)))
+	t0=$EPOCHREALTIME
+	for ((i = 0; i < n; i++)); do
+		dd if=/dev/zero of="$ROOT/disk.$i" bs=2M count="$count" oflag=direct 2>"$ROOT/disk.err.$i" &
+		pids+=($!)
+	done
+	for i in "${pids[@]}"; do wait "$i" || die "dd oflag=direct into $ROOT ($(cat "$ROOT"/disk.err.*))"; done
+	cell disk "$n" "$k" "$(seconds_since "$t0")" 0.000000 0.000000 # time only
+	rm -f "$ROOT"/disk.*
 }
 
 # nginx_run DIR N RUN: N curls at once; each must get the whole file.  Each
@@ -355,6 +372,7 @@ row() {
 		warm "$n"
 		tcp_run "$n" "$k" keep
 		nginx_round "$ROOT/refs-n$n" "$n" "$k"
+		disk_run "$n" "$k"
 		for form in recv lib $([ "$BULK" = 0 ] || echo libsf) live; do broker_run "$form" "$n" "$k"; done
 	done
 }

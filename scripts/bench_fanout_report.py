@@ -9,7 +9,7 @@
 
 ROOT holds meta ("key value" lines) and cells.log, one line per measurement:
 "COLUMN N RUN SECONDS RECV_CPU SEND_CPU [RSS_KB REJOINS ACK_SECONDS]", COLUMN one of
-tcp, keep, nginx, recv, lib, libsf (only with bulk), live; RECV_CPU: the N receivers' CPU seconds (user + system)
+tcp, keep, nginx, disk (time only), recv, lib, libsf (only with bulk), live; RECV_CPU: the N receivers' CPU seconds (user + system)
 summed, SEND_CPU: the sender's (bench_tcp's sender threads, nginx, the broker)."""
 import collections
 import os
@@ -22,6 +22,7 @@ BEGIN, END = "<!-- bench-fanout:begin -->", "<!-- bench-fanout:end -->"
 HEADING = "## Fan-out: an anchor to N consumers (`make bench-fanout`)"
 AFTER = "<!-- bench-sync:end -->"
 COLUMNS = [("tcp", "raw TCP"), ("keep", "raw TCP, receivers keep the model"), ("nginx", "nginx + curl"),
+           ("disk", "N writers of the model's bytes at once, O_DIRECT (the consumers' checkpoints alone)"),
            ("recv", "broker, anchor in its log, to N joining consumers that only receive"),
            ("lib", "broker, anchor in its log, to N joining library consumers until READY"),
            ("libsf", "the same, the broker with `--bulk-send sendfile`"),
@@ -37,7 +38,8 @@ NOTES = """\
 How it is measured (scripts/bench_fanout.sh): medians of {runs} runs [min..max] (x the row's raw TCP); the model is
 gen-trace's first {params} bf16 version ({model} bytes).  References per N, in rounds with the broker's runs (one run of every column per round): **raw TCP**
 (tests/tools/bench_tcp, bytes dropped; *keep the model*: each receiver reads into a model-sized buffer on huge
-pages, as the consumer's tensors) and **nginx + curl** (`sendfile on`).  A fresh broker ({broker_args}) per run.  *Anchor in its log*: the anchor is ACKed, then N
+pages, as the consumer's tensors), **nginx + curl** (`sendfile on`) and the **disk** (N `dd bs=2M oflag=direct`
+writers of the model's size at once in the temp dir: each library consumer is READY once its checkpoint is written).  A fresh broker ({broker_args}) per run.  *Anchor in its log*: the anchor is ACKed, then N
 consumers start at once, timed to the last: `wire_client receive` ({window} MiB window, no checksum, no copy; with
 `--bulk 1` when the broker has `--bulk`) or tests/tools/bench_sync_consumer (default options: they ask for bulk
 anchors) at VERSION_READY; *with `--bulk-send sendfile`*: the same, the payloads sent with sendfile(2), where the
@@ -48,9 +50,9 @@ system time carries much of the receivers' work).  Last line: `intake_cpu_over_t
 that keep the model) and `broker_cpu_over_nginx` at N = {last_n}, `fanout_over_raw_tcp_n1` at N = {wall_n}."""
 
 
-def columns(cells):
-    """COLUMNS that this run measured (libsf only with bulk)."""
-    return [(c, name) for c, name in COLUMNS if any(k == c for k, _ in cells)]
+def columns(cells, cpu=False):
+    """COLUMNS that this run measured (libsf only with bulk); with cpu, those that count CPU (not disk)."""
+    return [(c, name) for c, name in COLUMNS if any(k == c for k, _ in cells) and not (cpu and c == "disk")]
 
 
 def read_cells(path):
@@ -104,7 +106,7 @@ def table(cells, ns, model):
 
 def cpu_table(cells, ns, model):
     """CPU seconds per GB moved, receivers / sender, one column per cell."""
-    cols = columns(cells)
+    cols = columns(cells, cpu=True)
     head = ["N"] + [name for _, name in cols]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for n in ns:
@@ -135,6 +137,10 @@ def targets(cells, ns, model):
         lib, keep = (median_s(cells[(c, n)]) for c in ("lib", "keep"))
         lines.append("| (a reference, not a target) library consumers until READY / raw TCP to receivers "
                      "that keep the model, N = %d | | %s / %s ms = %.2fx | |" % (n, ms(lib), ms(keep), lib / keep))
+    for n in [n for n in ns if ("disk", n) in cells]:
+        lib, disk = (median_s(cells[(c, n)]) for c in ("lib", "disk"))
+        lines.append("| (a reference, not a target) library consumers until READY / their checkpoints' bytes "
+                     "written alone, N = %d | | %s / %s ms = %.2fx | |" % (n, ms(lib), ms(disk), lib / disk))
     for n in ns:
         broker, web = (sum(cpu_per_gb(cells[(c, n)], f, n, model) for f in ("recv_cpu", "send_cpu"))
                        for c in ("recv", "nginx"))

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# --bulk-send auto chooses per peer: a consumer in a network namespace of
+# its own (behind a veth pair: another address) takes its anchor with
+# sendfile(2); one on the broker's host that reached it at the same address
+# (the host's side of the pair) takes it copied.  Both check every chunk.
+# The namespace and the pair are this test's own, removed on exit; exit 77
+# where they cannot be made (not root, no ip).
+. "$(dirname "$0")/tools/broker_lib.sh"
+
+NS=dcast-bp-$$
+HOST_IF=dcb$$a
+PEER_IF=dcb$$b
+NET=10.232.$(($$ % 200))
+net_down() {
+	ip netns del "$NS" 2>/dev/null
+	ip link del "$HOST_IF" 2>/dev/null
+	cleanup
+}
+trap net_down EXIT
+if ! ip netns add "$NS" 2>/dev/null || ! ip link add "$HOST_IF" type veth peer name "$PEER_IF" 2>/dev/null; then
+	echo "SKIP: cannot make a network namespace and a veth pair (root only)"
+	exit 77
+fi
+ip link set "$PEER_IF" netns "$NS" && ip addr add "$NET.1/24" dev "$HOST_IF" && ip link set "$HOST_IF" up &&
+	ip netns exec "$NS" ip addr add "$NET.2/24" dev "$PEER_IF" &&
+	ip netns exec "$NS" ip link set "$PEER_IF" up || fail "veth setup"
+
+start_broker_metrics b --heartbeat-ms 200 --consumers "tcp://$NET.1:*" --bulk "$NET.1:0" --data-dir "$TMP/data"
+"$WC" produce "$b_PROD" bk --versions 3 --elems 262144 >"$TMP/prod.out" 2>&1 || fail "producer: $(tail -2 "$TMP/prod.out")"
+
+# receive NAME [ip netns exec NS]: a bulk receiver of "bk" to version 3.
+receive() {
+	local name=$1
+	shift
+	"$@" "$WC" receive "$b_CONS" bk --until 3 --window 4194304 --timeout-ms 20000 --verify 1 --bulk 1 \
+		>"$TMP/$name.out" 2>"$TMP/$name.err" || fail "$name exited $?: $(tail -2 "$TMP/$name.err")"
+	grep -q "^received 3 chunks" "$TMP/$name.out" || fail "$name: $(cat "$TMP/$name.out")"
+	grep -q "bulk failed" "$TMP/$name.err" && fail "$name: $(cat "$TMP/$name.err")"
+}
+
+receive far ip netns exec "$NS"
+wait_metric b deltacast_bulk_versions_total 1
+grep -q "takes version 1 (.*, sendfile)" "$TMP/b.log" || fail "the peer behind veth was not sent sendfile's way"
+sent=$(metric_of "$b_METRICS" deltacast_bulk_sendfile_bytes_total)
+[ "$sent" -ge 1572864 ] || fail "sendfile bytes $sent: less than the anchor's 1.5 MiB (3 x 262144 bf16)"
+
+receive near
+wait_metric b deltacast_bulk_versions_total 2
+[ "$(grep -c "takes version 1 (.*, copy)" "$TMP/b.log")" = 1 ] || fail "the peer on this host was not copied to"
+check_metric b deltacast_bulk_sendfile_bytes_total "$sent"
+stop_broker b
+echo "PASS"

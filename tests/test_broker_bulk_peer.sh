@@ -9,21 +9,9 @@
 
 NS=dcast-bp-$$
 HOST_IF=dcb$$a
-PEER_IF=dcb$$b
 NET=10.232.$(($$ % 200))
-net_down() {
-	ip netns del "$NS" 2>/dev/null
-	ip link del "$HOST_IF" 2>/dev/null
-	cleanup
-}
-trap net_down EXIT
-if ! ip netns add "$NS" 2>/dev/null || ! ip link add "$HOST_IF" type veth peer name "$PEER_IF" 2>/dev/null; then
-	echo "SKIP: cannot make a network namespace and a veth pair (root only)"
-	exit 77
-fi
-ip link set "$PEER_IF" netns "$NS" && ip addr add "$NET.1/24" dev "$HOST_IF" && ip link set "$HOST_IF" up &&
-	ip netns exec "$NS" ip addr add "$NET.2/24" dev "$PEER_IF" &&
-	ip netns exec "$NS" ip link set "$PEER_IF" up || fail "veth setup"
+trap 'veth_down "$NS" "$HOST_IF"; cleanup' EXIT
+veth_up "$NS" "$HOST_IF" "dcb$$b" "$NET"
 
 start_broker_metrics b --heartbeat-ms 200 --consumers "tcp://$NET.1:*" --bulk "$NET.1:0" --data-dir "$TMP/data"
 "$WC" produce "$b_PROD" bk --versions 3 --elems 262144 >"$TMP/prod.out" 2>&1 || fail "producer: $(tail -2 "$TMP/prod.out")"

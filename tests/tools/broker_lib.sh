@@ -234,3 +234,24 @@ skip_rss_under_asan() {
 status_kb() {
 	awk -v k="$2:" '$1 == k {print $2}' "/proc/$1/status"
 }
+
+# veth_up NS HOST_IF PEER_IF NET: a network namespace NS behind a veth pair,
+# HOST_IF with NET.1/24 here and PEER_IF with NET.2/24 in NS (a container
+# on this host).  Where they cannot be made (not root, no ip) the caller
+# exits 77 with the reason; a later failure fails it.  veth_down NS
+# HOST_IF removes them (the caller's EXIT trap).
+veth_up() {
+	local ns=$1 hif=$2 pif=$3 net=$4
+	if ! ip netns add "$ns" 2>/dev/null || ! ip link add "$hif" type veth peer name "$pif" 2>/dev/null; then
+		echo "SKIP: cannot make a network namespace and a veth pair (root only)"
+		exit 77
+	fi
+	ip link set "$pif" netns "$ns" && ip addr add "$net.1/24" dev "$hif" && ip link set "$hif" up &&
+		ip netns exec "$ns" ip addr add "$net.2/24" dev "$pif" &&
+		ip netns exec "$ns" ip link set "$pif" up || fail "veth setup of $ns"
+}
+
+veth_down() {
+	ip netns del "$1" 2>/dev/null
+	ip link del "$2" 2>/dev/null
+}

@@ -15,26 +15,12 @@ MODE=${1:?usage: bulk_veth_join.sh MODE [SAFETENSORS]}
 MODEL=${2:-$BUILD/bench-fanout-100M/v0000.safetensors}
 NS=dcast-veth-$$
 HOST_IF=dcv$$a
-HOST_IP=10.231.$(($$ % 200)).1
-PEER_IP=10.231.$(($$ % 200)).2
-
-net_down() {
-	ip netns del "$NS" 2>/dev/null
-	ip link del "$HOST_IF" 2>/dev/null
-	cleanup
-}
-trap net_down EXIT
+NET=10.231.$(($$ % 200))
+trap 'veth_down "$NS" "$HOST_IF"; cleanup' EXIT
 
 [ -f "$MODEL" ] || fail "no model $MODEL (make bench-fanout generates it, or give one)"
-if ! ip netns add "$NS" 2>/dev/null || ! ip link add "$HOST_IF" type veth peer name dcv$$b 2>/dev/null; then
-	echo "SKIP: cannot make a network namespace and a veth pair (root only)"
-	exit 77
-fi
-ip link set "dcv$$b" netns "$NS" &&
-	ip addr add "$HOST_IP/24" dev "$HOST_IF" && ip link set "$HOST_IF" up &&
-	ip netns exec "$NS" ip addr add "$PEER_IP/24" dev "dcv$$b" &&
-	ip netns exec "$NS" ip link set "dcv$$b" up || fail "veth setup"
-anchor_broker s "$MODEL" --consumers "tcp://$HOST_IP:*" --bulk "$HOST_IP:0" --bulk-send "$MODE" \
+veth_up "$NS" "$HOST_IF" "dcv$$b" "$NET"
+anchor_broker s "$MODEL" --consumers "tcp://$NET.1:*" --bulk "$NET.1:0" --bulk-send "$MODE" \
 	--data-dir "$TMP/data"
 "$BUILD/tools/bench_tcp" "$(stat -c %s "$MODEL")" 2 warm >/dev/null || fail "warm"
 t0=$(date +%s%N)

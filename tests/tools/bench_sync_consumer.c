@@ -11,7 +11,8 @@
  *     cpu_ns C log_write_ns N
  * T: CLOCK_REALTIME nanoseconds right after dcast_consumer_apply() returned;
  * S, A, B, H, L, D, N: dcast_consumer_stats (L, D, N cumulative since open;
- * N: the time its threads waited on checkpoint writes); W: this
+ * N: the time its threads spent in checkpoint writes, submitting them
+ * and waiting for them); W: this
  * process's write_bytes from /proc/self/io (cumulative; every byte it sent
  * towards the disk, checkpoint folds included); and cpu_ns C: this
  * process's CPU time so far, every thread (CLOCK_PROCESS_CPUTIME_ID).

@@ -65,7 +65,7 @@ struct broker_config {
 	const char *admin_socket;   /* --admin-socket PATH: operator requests (admin.c) */
 	int cut_through;            /* --cut-through: an open version's chunks go to consumers as
 				       they are accepted (ingest.c, fanout.c) */
-	const char *bulk;           /* --bulk HOST:PORT: anchors over TCP with sendfile (bulk.c) */
+	const char *bulk;           /* --bulk HOST:PORT: anchors over plain TCP (bulk.c) */
 	const char *bulk_send;      /* --bulk-send auto | sendfile | copy (bulk.c) */
 	char *owned[BROKER_CONFIG_OWNED]; /* strings read from a --config file */
 	unsigned n_owned;

@@ -43,7 +43,7 @@ static const struct flag flags[] = {
 	{"model-idle-s", FLAG_U64, OFF(model_idle_s), "86400", "remove a model with no producer, no consumer and no open version for this long, files too (0: never)"},
 	{"read-cache-bytes", FLAG_U64, OFF(read_cache_bytes), "67108864", "--data-dir: bytes of payloads read from the segments kept for the other consumers about to take them (0: off)"},
 	{"admin-socket", FLAG_STR, OFF(admin_socket), NULL, "PATH of a UNIX socket (mode 0600) for `deltacast model delete` (off without it)"},
-	{"bulk", FLAG_STR, OFF(bulk), NULL, "IPv4:PORT for anchors sent to consumers over plain TCP with sendfile(2), outside ZeroMQ (port 0: any free one; not with --curve-secret)"},
+	{"bulk", FLAG_STR, OFF(bulk), NULL, "IPv4:PORT for anchors sent to consumers over plain TCP, outside ZeroMQ, with sendfile(2) or a copy (--bulk-send; port 0: any free one; not with --curve-secret)"},
 	{"bulk-send", FLAG_STR, OFF(bulk_send), "auto", "how --bulk sends a payload kept in a file: sendfile (the page cache's pages handed to the kernel), copy (send() from the mapped file: one copy in the broker, less for a receiver on this host) or auto (copy to a peer on this host, sendfile to others)"},
 	{"cut-through", FLAG_BOOL, OFF(cut_through), NULL, "forward an open version's chunks to consumers as they arrive, before its COMMIT (relay trees)"},
 	{"log-level", FLAG_STR, OFF(log_level), "info", "error, warn, info or debug"},

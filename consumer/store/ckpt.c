@@ -374,12 +374,18 @@ static int wb_report(dcast_consumer *c)
 	return err ? dcast_fail(err, "record log: %s", c->store->wb->why) : 0;
 }
 
+/* A write under way, or a range waiting for a slot. */
+static int wb_pending(const struct cs_wb *wb)
+{
+	return wb->busy || wb->at < wb->n;
+}
+
 int cs_ckpt_pending(cs_store *s)
 {
 	int busy;
 
 	cs_store_lock(s);
-	busy = s->wb && (s->wb->busy || s->wb->at < s->wb->n);
+	busy = s->wb && wb_pending(s->wb);
 	cs_store_unlock(s);
 	return busy;
 }
@@ -403,7 +409,7 @@ int cs_ckpt_progress(dcast_consumer *c)
 void cs_ckpt_settle(dcast_consumer *c)
 {
 	cs_store_lock(c->store);
-	if (c->store->wb && (c->store->wb->busy || c->store->wb->at < c->store->wb->n))
+	if (c->store->wb && wb_pending(c->store->wb))
 		wb_wait_all(c);
 	cs_store_unlock(c->store);
 }
@@ -438,7 +444,7 @@ int cs_ckpt_flush(dcast_consumer *c)
 	int err = 0;
 
 	cs_store_lock(c->store);
-	if (c->store->wb && (c->store->wb->busy || c->store->wb->at < c->store->wb->n || c->store->wb->err)) {
+	if (c->store->wb && (wb_pending(c->store->wb) || c->store->wb->err)) {
 		wb_wait_all(c);
 		c->store->log_write_ns += dcast_now_ns() - t0;
 		err = wb_report(c);
@@ -468,9 +474,8 @@ static wb_slot *wb_slot_get(dcast_consumer *c)
 	return wb_slot_try(c);
 }
 
-/* Fill slot s for chunk k and write its CHUNK header, when it has one:
- * an anchor written straight to its file (v->direct) has none, only the
- * payload at its place there (anchor_new.c). */
+/* Fill slot s for chunk k's record and write its CHUNK header (an anchor
+ * written straight to its file goes by direct_submit). */
 static int slot_head(dcast_consumer *c, cs_version *v, const dcast_chunk *k, uint64_t payload_sum, wb_slot *s,
 		     uint64_t tag)
 {

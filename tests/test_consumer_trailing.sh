@@ -16,7 +16,7 @@
 
 CG=/sys/fs/cgroup/blkio/dcast-trailing-$$
 BPS=33554432
-trap 'rmdir "$CG" 2>/dev/null; cleanup' EXIT
+trap 'cleanup; rmdir "$CG" 2>/dev/null' EXIT # its processes gone first
 
 # The block device (MAJ:MIN) under $TMP: the disk, not a partition of it.
 disk_of() {

@@ -420,8 +420,6 @@ int cs_intake_apply(dcast_consumer *c, cs_version *v, int recover)
 	int torn = 0, err;
 
 	DCAST_ASSERT(v->state == CS_V_READY);
-	if (!v->in_place)
-		cs_ckpt_settle_direct(c); /* an anchor's file is still written from the tensors */
 	err = cs_apply_version(c, v, c->opts.verify_digests, &torn);
 	if (err && torn && recover)
 		err = cs_ckpt_recover(c, v->version, err); /* the recovery policy: checkpoint, else NONE */

@@ -461,16 +461,17 @@ static int live_layout(dcast_consumer *c, uint64_t v, cs_landed *landed, dcast_s
  * anchor in place `version`, at its COMMIT: its file digest from the live
  * tensors and the blocks hashed as they landed (`landed`, taken from the
  * store).  Errors: DCAST_EIO, DCAST_ENOMEM, DCAST_ENODEVICE. */
-static int new_header_write(dcast_consumer *c, int fd, uint64_t version, cs_landed *landed)
+static int new_header_write(dcast_consumer *c, int file, uint64_t version, cs_landed *landed)
 {
 	dcast_st_layout lay;
 	int err = live_layout(c, version, landed, &lay);
 
 	if (err)
 		return err;
-	err = dcast_pwrite_full(fd, lay.header, lay.header_bytes, 0, "model.safetensors.new");
+	err = dcast_io_write(c->io, file, lay.header, lay.header_bytes, 0, DCAST_IO_NO_BUF, 4);
+	int derr = dcast_io_drain(c->io);
 	dcast_st_layout_free(&lay);
-	return err;
+	return err ? err : derr;
 }
 
 /* ---- an anchor received in place: its file ----
@@ -490,27 +491,10 @@ static void landed_free(cs_landed *l)
 	*l = (cs_landed){0};
 }
 
-void cs_anchor_new_release(dcast_consumer *c)
-{
-	int fd, file;
-
-	cs_ckpt_settle(c); /* every write: removing a file from the engine drains it */
-	cs_store_lock(c->store);
-	fd = c->store->new_fd;
-	file = c->store->new_file;
-	c->store->new_fd = c->store->new_file = -1;
-	if (file >= 0)
-		dcast_io_file_remove(c->io, file);
-	cs_store_unlock(c->store);
-	if (fd >= 0)
-		close(fd);
-}
-
 void cs_anchor_new_drop(dcast_consumer *c)
 {
 	char path[4200];
 
-	cs_anchor_new_release(c); /* its writes done: none reads the tensors or writes the file */
 	cs_store_lock(c->store);
 	if (c->store->new_version != DCAST_VERSION_NONE)
 		c->store->gen++; /* armed: a seal of it running is not renamed over model.safetensors */
@@ -576,9 +560,6 @@ static int new_create(dcast_consumer *c, cs_version *v)
 	int err;
 
 	cs_anchor_new_drop(c); /* one anchor in place at a time: any other is moot */
-	cs_store_lock(c->store);
-	c->store->new_write_lost = 0;
-	cs_store_unlock(c->store);
 	snprintf(zero, sizeof(zero), "%016" PRIx64, (uint64_t)0);
 	if ((err = cs_anchor_layout(c->model, c->tensors, c->n_tensors, v->version, zero, &lay)))
 		return err;
@@ -607,32 +588,21 @@ static int new_create(dcast_consumer *c, cs_version *v)
 	return err;
 }
 
-/* The header, now: its file digest comes from the blocks' hashes, not
- * from the file.  The chunks' writes go on behind (ckpt.c): the version is
- * READY once received and checked, not once the disk has it; the file's
- * descriptor and handle become the store's, as the version goes at its
- * apply; its seal waits for those writes (anchor_new.c). */
+/* Every chunk written (or the failure reported), then the header. */
 static int new_commit(dcast_consumer *c, cs_version *v)
 {
+	int err = cs_ckpt_flush(c);
 	cs_landed landed;
-	int err;
 
 	cs_store_lock(c->store);
 	landed = c->store->new_landed; /* the COMMIT's: no chunk lands after it */
 	c->store->new_landed = (cs_landed){0};
 	cs_anchor_new_forget(c->store);
 	cs_store_unlock(c->store);
-	err = new_header_write(c, v->fd, v->version, &landed);
+	if (!err)
+		err = new_header_write(c, v->io_file, v->version, &landed);
 	landed_free(&landed);
-	if (err)
-		return err;
-	cs_store_lock(c->store);
-	DCAST_ASSERT(c->store->new_fd < 0 && c->store->new_file < 0); /* one anchor in place at a time */
-	c->store->new_fd = v->fd;
-	c->store->new_file = v->io_file;
-	v->fd = v->io_file = -1;
-	cs_store_unlock(c->store);
-	return 0;
+	return err;
 }
 
 /* ---- a staged version's file: the anchor file in place, or a record file ---- */
@@ -649,9 +619,8 @@ int cs_store_version_commit(dcast_consumer *c, cs_version *v)
 
 void cs_store_version_drop(dcast_consumer *c, const cs_version *v, int unlink_file)
 {
-	if (!v->direct || v->io_file >= 0) /* an anchor's own file is the store's from its COMMIT on */
-		cs_ckpt_settle(c);
-	if (unlink_file && v->direct) /* its writes waited for first (cs_anchor_new_release) */
+	cs_ckpt_settle(c);
+	if (unlink_file && v->direct)
 		cs_anchor_new_drop(c);
 	else if (unlink_file)
 		cs_ckpt_remove(c, v->version);

@@ -106,6 +106,7 @@ static int unbind_locked(dcast_consumer *c, const char *name)
 				  c->model);
 	if (t && !unbind_hits(t, name))
 		return dcast_fail(DCAST_ESTATE, "unbind %s: not bound", name);
+	cs_ckpt_settle_direct(c); /* the host copies change: an anchor's file is written from them */
 	if ((err = unbind_copy(c, name)))
 		return dcast_fail(err, "unbind: the current version not copied back from the bound "
 				  "memory, nothing unbound: %s", dcast_last_error());

@@ -400,10 +400,11 @@ static inline unsigned char *cs_chunk_dst(const dcast_consumer *c, const cs_chun
  * the disk, after each piece is durable and before it is punched out of
  * the anchor file (store/fold.c).  cs_fault_bulk_cut: after a frame of
  * a bulk connection was delivered, 1 when the connection is to be cut
- * there (once). */
+ * there (once).  cs_fault_file_write: as a write of an anchor's own file
+ * that completes after its COMMIT is reaped, 1 when it is to fail (once). */
 enum { CS_FAULT_NONE, CS_FAULT_CORRUPT, CS_FAULT_SKIP, CS_FAULT_DIGEST, CS_FAULT_DUP, CS_FAULT_PREDIGEST,
        CS_FAULT_AHEADFAIL, CS_FAULT_FOLDHOLD, CS_FAULT_CUT, CS_FAULT_FOLDPIECE, CS_FAULT_BULK_CUT,
-       CS_FAULT_KINDS };
+       CS_FAULT_FILE_WRITE, CS_FAULT_KINDS };
 void cs_fault_parse(dcast_consumer *c);
 struct dcast_wire_in;
 int cs_fault_wire(dcast_consumer *c, struct dcast_wire_in *in);
@@ -412,6 +413,7 @@ uint32_t cs_fault_apply(dcast_consumer *c, cs_version *v, int ahead);
 void cs_fault_fold(const dcast_consumer *c);
 int cs_fault_bulk_cut(dcast_consumer *c, const struct dcast_wire_in *in);
 void cs_fault_fold_piece(const dcast_consumer *c);
+int cs_fault_file_write(dcast_consumer *c, uint64_t version);
 
 /* state.c: a fresh version (every field zero, no record file) and its
  * release (its tables and digests freed, its record file descriptor

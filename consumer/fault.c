@@ -31,7 +31,11 @@
  *              dropped (credit not returned): V stays half received
  *   bulk_cut   the bulk connection bringing V cut after its first CHUNK
  *              frame was delivered, as if the broker's side had closed
- *              it: the transfer fails, and V comes over ZeroMQ */
+ *              it: the transfer fails, and V comes over ZeroMQ
+ *   filewrite  V, an anchor taken in place, has the first write of its
+ *              file that completes after its COMMIT fail (an I/O error
+ *              in place of the kernel's result): its checkpoint is lost,
+ *              the version is not (cs_fault_file_write, store/ckpt.c) */
 #include <errno.h>
 #include <string.h>
 #include <unistd.h>
@@ -43,7 +47,7 @@ void cs_fault_parse(dcast_consumer *c)
 {
 	static const char *kinds[CS_FAULT_KINDS] = {"", "corrupt:", "skip:", "digest:", "dup:",
 						    "predigest:", "aheadfail:", "foldhold:", "cut:", "foldpiece:",
-						    "bulk_cut:"};
+						    "bulk_cut:", "filewrite:"};
 	const char *f = getenv("DELTACAST_CONSUMER_FAULT");
 
 	c->fault.kind = CS_FAULT_NONE;
@@ -106,6 +110,14 @@ int cs_fault_wire(dcast_consumer *c, dcast_wire_in *in)
 int cs_fault_bulk_cut(dcast_consumer *c, const dcast_wire_in *in)
 {
 	if (in->msg.type != DCAST_MSG_CHUNK || !armed(c, CS_FAULT_BULK_CUT, in->msg.u.chunk.version))
+		return 0;
+	disarm(c);
+	return 1;
+}
+
+int cs_fault_file_write(dcast_consumer *c, uint64_t version)
+{
+	if (!armed(c, CS_FAULT_FILE_WRITE, version))
 		return 0;
 	disarm(c);
 	return 1;

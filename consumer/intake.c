@@ -420,6 +420,8 @@ int cs_intake_apply(dcast_consumer *c, cs_version *v, int recover)
 	int torn = 0, err;
 
 	DCAST_ASSERT(v->state == CS_V_READY);
+	if (!v->in_place)
+		cs_ckpt_settle_direct(c); /* an anchor's file is still written from the tensors */
 	err = cs_apply_version(c, v, c->opts.verify_digests, &torn);
 	if (err && torn && recover)
 		err = cs_ckpt_recover(c, v->version, err); /* the recovery policy: checkpoint, else NONE */
@@ -496,8 +498,9 @@ static cs_version *version_begin(dcast_consumer *c, const dcast_chunk *h, int *e
 	v->first_ns = dcast_now_ns();
 	v->in_place = v->anchor && in_place_ok(c);
 	v->direct = v->in_place && c->n_tensors && !cs_tensors_tiled(c);
-	if ((*err = cs_store_version_create(c, v))) {
+	if ((*err = cs_store_version_create(c, v))) { /* its file (a full disk): joined again, backed off */
 		cs_version_free(v);
+		*err = cs_refuse_message(c, h->version, *err);
 		return NULL;
 	}
 	c->n_staged++;

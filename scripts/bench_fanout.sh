@@ -22,8 +22,8 @@
 #          "Bulk anchors"), and this column shows what sendfile costs;
 #   disk   N dd writers at once, each the model's bytes into a file of its
 #          own in the temp dir with O_DIRECT 2 MiB writes: what the library
-#          consumers' checkpoints cost the one disk they share (each is
-#          READY once its record is written; time only, no CPU).
+#          consumers' checkpoints cost the one disk they share (written
+#          behind their READY; time only, no CPU).
 # A broker run waits until the broker has logged N consumers joined, then
 # tests/tools/fault_publish publishes the model file as version 1 (an
 # anchor); the time runs from its dcast_producer_publish() call to the last

@@ -39,7 +39,7 @@ How it is measured (scripts/bench_fanout.sh): medians of {runs} runs [min..max] 
 gen-trace's first {params} bf16 version ({model} bytes).  References per N, in rounds with the broker's runs (one run of every column per round): **raw TCP**
 (tests/tools/bench_tcp, bytes dropped; *keep the model*: each receiver reads into a model-sized buffer on huge
 pages, as the consumer's tensors), **nginx + curl** (`sendfile on`) and the **disk** (N `dd bs=2M oflag=direct`
-writers of the model's size at once in the temp dir: each library consumer is READY once its checkpoint is written).  A fresh broker ({broker_args}) per run.  *Anchor in its log*: the anchor is ACKed, then N
+writers of the model's size at once in the temp dir: the library consumers' checkpoints, written behind their READY).  A fresh broker ({broker_args}) per run.  *Anchor in its log*: the anchor is ACKed, then N
 consumers start at once, timed to the last: `wire_client receive` ({window} MiB window, no checksum, no copy; with
 `--bulk 1` when the broker has `--bulk`) or tests/tools/bench_sync_consumer (default options: they ask for bulk
 anchors) at VERSION_READY; *with `--bulk-send sendfile`*: the same, the payloads sent with sendfile(2), where the

@@ -85,6 +85,23 @@ static void check_file(const char *dir, const h_model *m, uint64_t v)
 	dcast_st_close(&f);
 }
 
+/* Until dir's model.safetensors exists, at most 10 s: the anchor's seal,
+ * on the fold thread after its apply, once every write of its file is
+ * done (they run behind its COMMIT). */
+static int sealed(const char *dir)
+{
+	char p[4300];
+
+	if (snprintf(p, sizeof(p), "%.4096s/model.safetensors", dir) >= (int)sizeof(p))
+		return 0;
+	for (int i = 0; i < 10000; i++) {
+		if (access(p, F_OK) == 0)
+			return 1;
+		usleep(1000);
+	}
+	return 0;
+}
+
 /* Publish m as anchor 1, take it in place, restart, take delta 2. */
 static void run_model(const h_broker *b, const char *name, h_model *m, int direct)
 {
@@ -97,6 +114,7 @@ static void run_model(const h_broker *b, const char *name, h_model *m, int direc
 	REQUIRE(h_publish(p, m, 1, 100) == 0);
 	REQUIRE(dcast_consumer_open(b->consumers, name, dir_for(name), BUDGET, NULL, &c) == 0);
 	CHECK(h_drive(c, m, 1, &s) == 0 && h_equal(c, m, 1));
+	CHECK(sealed(dir_for(name)));
 	dcast_consumer_stats_get(c, &st);
 	CHECK(st.anchor == 1 && st.spilled_chunks == 0); /* in place */
 	CHECK(direct ? st.direct_write_bytes > 0 : st.direct_write_bytes == 0);

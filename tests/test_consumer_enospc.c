@@ -1,14 +1,13 @@
-/* A record write that fails, for real: the consumer's directory is a
- * 256 KiB tmpfs (mounted here; exit 77 where mounting is not allowed), too
- * small for the anchor's record file (~1.3 MB).  Chunk records are written
- * behind the session thread (consumer/store/ckpt.c), so the failure comes back
- * after the chunks were taken: the consumer must say so (an ERROR event
- * naming the write), never announce the anchor READY, and keep no version.
+/* A disk too full for the checkpoint, for real: the consumer's directory
+ * is a 256 KiB tmpfs (mounted here; exit 77 where mounting is not
+ * allowed), too small for the anchor's file (~1.3 MB).  A consumer holding
+ * no version takes the anchor in place, into model.safetensors.new, whose
+ * writes run behind its COMMIT (READY does not wait for them): the file's
+ * blocks are reserved when it is made (consumer/store/anchor.c), so the
+ * full disk refuses the anchor there.  The consumer must say so (an error
+ * naming the cause), never announce the anchor READY, and keep no version.
  * Then the tmpfs grows (remount, size=64m) and the same consumer heals by
- * itself: anchor and delta applied bit-exact; closed cleanly.  Folds are off
- * so that the anchor goes through the record log (with folds on, a consumer
- * holding no version receives it in place and writes no record: the fold
- * after its apply is then the write that meets the full disk). */
+ * itself: anchor and delta applied bit-exact; closed cleanly. */
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include "check.h"
@@ -82,7 +81,7 @@ int main(void)
 
 	dcast_consumer_opts o;
 	dcast_consumer_opts_init(&o);
-	o.fold_fraction = 0;
+	o.fold_fraction = 0; /* the delta's record stays in the log: no fold writes the disk */
 	CHECK(dcast_consumer_open(b.consumers, "m_full", dir, BUDGET, &o, &c) == 0);
 	REQUIRE(c);
 	CHECK(wait_write_error(c, &ready_seen));

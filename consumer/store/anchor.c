@@ -461,17 +461,16 @@ static int live_layout(dcast_consumer *c, uint64_t v, cs_landed *landed, dcast_s
  * anchor in place `version`, at its COMMIT: its file digest from the live
  * tensors and the blocks hashed as they landed (`landed`, taken from the
  * store).  Errors: DCAST_EIO, DCAST_ENOMEM, DCAST_ENODEVICE. */
-static int new_header_write(dcast_consumer *c, int file, uint64_t version, cs_landed *landed)
+static int new_header_write(dcast_consumer *c, int fd, uint64_t version, cs_landed *landed)
 {
 	dcast_st_layout lay;
 	int err = live_layout(c, version, landed, &lay);
 
 	if (err)
 		return err;
-	err = dcast_io_write(c->io, file, lay.header, lay.header_bytes, 0, DCAST_IO_NO_BUF, 4);
-	int derr = dcast_io_drain(c->io);
+	err = dcast_pwrite_full(fd, lay.header, lay.header_bytes, 0, "model.safetensors.new");
 	dcast_st_layout_free(&lay);
-	return err ? err : derr;
+	return err;
 }
 
 /* ---- an anchor received in place: its file ----
@@ -491,10 +490,27 @@ static void landed_free(cs_landed *l)
 	*l = (cs_landed){0};
 }
 
+void cs_anchor_new_release(dcast_consumer *c)
+{
+	int fd, file;
+
+	cs_ckpt_settle(c); /* every write: removing a file from the engine drains it */
+	cs_store_lock(c->store);
+	fd = c->store->new_fd;
+	file = c->store->new_file;
+	c->store->new_fd = c->store->new_file = -1;
+	if (file >= 0)
+		dcast_io_file_remove(c->io, file);
+	cs_store_unlock(c->store);
+	if (fd >= 0)
+		close(fd);
+}
+
 void cs_anchor_new_drop(dcast_consumer *c)
 {
 	char path[4200];
 
+	cs_anchor_new_release(c); /* its writes done: none reads the tensors or writes the file */
 	cs_store_lock(c->store);
 	if (c->store->new_version != DCAST_VERSION_NONE)
 		c->store->gen++; /* armed: a seal of it running is not renamed over model.safetensors */
@@ -549,6 +565,24 @@ static void arena_congruent(const dcast_consumer *c, const uint64_t *offs)
 	}
 }
 
+/* The file's blocks, all of them, now: its writes run behind the COMMIT
+ * (READY does not wait for them), so a disk too full to hold the anchor
+ * must refuse it here, before anything is READY, not in a write after.
+ * A file system without fallocate gets the size alone (a full disk then
+ * fails a write: before the COMMIT the version goes, after it the seal
+ * does).  Errors: DCAST_EIO (ENOSPC included). */
+static int new_reserve(int fd, uint64_t bytes, const char *path)
+{
+	if (fallocate(fd, 0, 0, (off_t)bytes) == 0)
+		return 0;
+	if (errno != EOPNOTSUPP && errno != ENOSYS)
+		return dcast_fail(DCAST_EIO, "%s: reserving the anchor's %" PRIu64 " bytes: %s", path, bytes,
+				  strerror(errno));
+	if (ftruncate(fd, (off_t)bytes) != 0)
+		return dcast_fail(DCAST_EIO, "%s: truncate to %" PRIu64 " bytes: %s", path, bytes, strerror(errno));
+	return 0;
+}
+
 /* The file at its full size, each tensor's offset in c->store->new_offs
  * (and the file opened a second time with O_DIRECT, where it may be); the
  * header is written at the COMMIT. */
@@ -560,6 +594,10 @@ static int new_create(dcast_consumer *c, cs_version *v)
 	int err;
 
 	cs_anchor_new_drop(c); /* one anchor in place at a time: any other is moot */
+	cs_store_lock(c->store);
+	c->store->new_write_lost = 0;
+	c->store->new_write_why[0] = '\0';
+	cs_store_unlock(c->store);
 	snprintf(zero, sizeof(zero), "%016" PRIx64, (uint64_t)0);
 	if ((err = cs_anchor_layout(c->model, c->tensors, c->n_tensors, v->version, zero, &lay)))
 		return err;
@@ -575,8 +613,10 @@ static int new_create(dcast_consumer *c, cs_version *v)
 		c->store->new_landed = landed_alloc(c);
 	cs_store_unlock(c->store);
 	v->fd = err ? -1 : open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-	if (!err && (v->fd < 0 || ftruncate(v->fd, (off_t)lay.file_bytes) != 0))
+	if (!err && v->fd < 0)
 		err = dcast_fail(DCAST_EIO, "%s: create: %s", path, strerror(errno));
+	if (!err)
+		err = new_reserve(v->fd, lay.file_bytes, path);
 	dcast_st_layout_free(&lay);
 	v->file_bytes = 0;
 	if (!err && !(err = cs_ckpt_io_attach(c, v, path))) {
@@ -588,21 +628,32 @@ static int new_create(dcast_consumer *c, cs_version *v)
 	return err;
 }
 
-/* Every chunk written (or the failure reported), then the header. */
+/* The header, now: its file digest comes from the blocks' hashes, not
+ * from the file.  The chunks' writes go on behind (ckpt.c): the version is
+ * READY once received and checked, not once the disk has it; the file's
+ * descriptor and handle become the store's, as the version goes at its
+ * apply; its seal waits for those writes (anchor_new.c). */
 static int new_commit(dcast_consumer *c, cs_version *v)
 {
-	int err = cs_ckpt_flush(c);
 	cs_landed landed;
+	int err;
 
 	cs_store_lock(c->store);
 	landed = c->store->new_landed; /* the COMMIT's: no chunk lands after it */
 	c->store->new_landed = (cs_landed){0};
 	cs_anchor_new_forget(c->store);
 	cs_store_unlock(c->store);
-	if (!err)
-		err = new_header_write(c, v->io_file, v->version, &landed);
+	err = new_header_write(c, v->fd, v->version, &landed);
 	landed_free(&landed);
-	return err;
+	if (err)
+		return err;
+	cs_store_lock(c->store);
+	DCAST_ASSERT(c->store->new_fd < 0 && c->store->new_file < 0); /* one anchor in place at a time */
+	c->store->new_fd = v->fd;
+	c->store->new_file = v->io_file;
+	v->fd = v->io_file = -1;
+	cs_store_unlock(c->store);
+	return 0;
 }
 
 /* ---- a staged version's file: the anchor file in place, or a record file ---- */
@@ -619,8 +670,9 @@ int cs_store_version_commit(dcast_consumer *c, cs_version *v)
 
 void cs_store_version_drop(dcast_consumer *c, const cs_version *v, int unlink_file)
 {
-	cs_ckpt_settle(c);
-	if (unlink_file && v->direct)
+	if (!v->direct || v->io_file >= 0) /* an anchor's own file is the store's from its COMMIT on */
+		cs_ckpt_settle(c);
+	if (unlink_file && v->direct) /* its writes waited for first (cs_anchor_new_release) */
 		cs_anchor_new_drop(c);
 	else if (unlink_file)
 		cs_ckpt_remove(c, v->version);

@@ -11,7 +11,8 @@
  * digests), it is renamed to .applied and the fold thread seals it off
  * the stream's path: fdatasync without `lock`, then, unless the
  * checkpoint changed meanwhile (c->store->gen), the rename over
- * model.safetensors and the folder's fsync.  Until the rename the version
+ * model.safetensors and the folder's fsync; the chunks' writes, which run
+ * behind the COMMIT, are waited for first.  Until the rename the version
  * is not durable: a restart removes the file and fetches the anchor
  * again.  The file is never read back: the load checks its file digest,
  * as for any model.safetensors, and drops a damaged one.  Models with
@@ -72,6 +73,22 @@ static int sync_file(dcast_consumer *c, const char *path, pthread_mutex_t *relea
 	return err;
 }
 
+/* Every write of anchor v's file done (they run behind its COMMIT:
+ * ckpt.c), and none failed.  Errors: DCAST_EIO. */
+static int written(dcast_consumer *c, uint64_t v)
+{
+	char why[sizeof(c->store->new_write_why)];
+	int failed;
+
+	cs_anchor_new_release(c);
+	cs_store_lock(c->store);
+	failed = c->store->new_write_lost;
+	memcpy(why, c->store->new_write_why, sizeof(why));
+	cs_store_unlock(c->store);
+	return failed ? dcast_fail(DCAST_EIO, "anchor %" PRIu64 ": a write of its file failed: %s", v,
+				   why[0] ? why : "(before its COMMIT)") : 0;
+}
+
 /* The synced file at `path`, of version v, renamed over model.safetensors
  * unless the files moved on since gen (then -1: moot).  Errors: DCAST_EIO. */
 static int seal_rename(dcast_consumer *c, const char *path, uint64_t v, uint64_t gen)
@@ -107,7 +124,9 @@ int cs_anchor_new_seal(dcast_consumer *c, pthread_mutex_t *release)
 	if (v == DCAST_VERSION_NONE)
 		return 0;
 	cs_anchor_new_path(c, 1, path, sizeof(path));
-	err = sync_file(c, path, release);
+	err = written(c, v);
+	if (!err)
+		err = sync_file(c, path, release);
 	if (!err && (err = seal_rename(c, path, v, gen)) < 0)
 		return 0; /* moot */
 	if (!err)

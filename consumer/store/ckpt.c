@@ -223,7 +223,16 @@ static int chunk_head(const dcast_chunk *k, uint64_t payload_sum, rec_head *h)
  * writes.  Their credit goes back when that write is done, as for any
  * record.  Two io_uring writes per chunk, each a wake-up of a kernel
  * worker, cost a model of 20,000 small tensors most of its consumer's CPU
- * per version (docs/benchmarks.md, "Many tensors"). */
+ * per version (docs/benchmarks.md, "Many tensors").
+ *
+ * An anchor's range of its own file (v->direct) holds nothing of the
+ * pool's and no credit: when every slot is busy it waits in a queue
+ * instead of the receive, and each reap hands the freed slots to it, so
+ * that the anchor is READY once received and checked, not once the disk
+ * has it (anchor.c, new_commit).  Its writes read the tensors: whatever
+ * changes them first waits for them (cs_ckpt_settle_direct), and the seal
+ * of its file waits for them all (anchor_new.c).  A failed one marks the
+ * file (new_write_lost), which is then never sealed (direct_lost). */
 #define WB_SLOTS 16
 #define WB_TAG 0x57420000u
 #define WB_SMALL (64u << 10)    /* records copied into a combined write */
@@ -239,9 +248,19 @@ typedef struct wb_slot {
 	uint8_t *cb;        /* combined: WB_COMBINE bytes of records, kept for reuse */
 } wb_slot;
 
+/* A range of an anchor's own file waiting for a slot (below: its writes
+ * never hold up the receive). */
+typedef struct wb_later {
+	const unsigned char *src; /* in the tensor */
+	uint64_t off, len, version;
+	int file;
+} wb_later;
+
 struct cs_wb {
 	wb_slot s[WB_SLOTS];
 	uint32_t busy;      /* bit i: s[i] in use */
+	wb_later *later;    /* FIFO: later[at .. n) wait, in the order they came */
+	uint32_t at, n, cap;
 	int filling;        /* the slot taking small records, not written yet; -1: none */
 	rec_head head;      /* a small record's header, before it is copied */
 	int err;            /* first failure not yet reported */
@@ -269,11 +288,46 @@ void cs_ckpt_wb_close(dcast_consumer *c)
 		free(c->store->wb->s[i].h.p);
 		free(c->store->wb->s[i].cb);
 	}
-	if (c->store->wb)
+	if (c->store->wb) {
+		DCAST_ASSERT(c->store->wb->at == c->store->wb->n); /* no range still waits */
 		free(c->store->wb->head.p);
+		free(c->store->wb->later);
+	}
 	free(c->store->wb);
 	c->store->wb = NULL;
 	cs_store_unlock(c->store);
+}
+
+/* The first failure of a write behind, kept for the next report. */
+static void wb_fail(struct cs_wb *wb, int err, const char *why)
+{
+	if (!wb->err) {
+		wb->err = err;
+		snprintf(wb->why, sizeof(wb->why), "%s", why);
+	}
+}
+
+/* An anchor's own file is the store's from its COMMIT on (new_file): a
+ * write of it that fails after that loses the checkpoint, not the version,
+ * which the tensors hold, received and checked. */
+static int trailing(const dcast_consumer *c, const wb_slot *s)
+{
+	return !s->is_log && c->store->new_file >= 0; /* one anchor in place at a time */
+}
+
+/* A write of version's anchor file failed (why): the file is never sealed.
+ * Before its COMMIT the version goes with it, as for any record that fails
+ * (reported by the session); after, the seal says why and folds from the
+ * tensors instead (anchor_new.c). */
+static void direct_lost(dcast_consumer *c, uint64_t version, int err, const char *why)
+{
+	c->store->new_write_lost = 1;
+	if (c->store->new_file < 0) {
+		c->store->sink->written(c, version, 0, 1);
+		wb_fail(c->store->wb, err, why);
+	} else if (!c->store->new_write_why[0]) {
+		snprintf(c->store->new_write_why, sizeof(c->store->new_write_why), "%s", why);
+	}
 }
 
 static void wb_done(dcast_consumer *c, wb_slot *s)
@@ -282,12 +336,11 @@ static void wb_done(dcast_consumer *c, wb_slot *s)
 
 	if (s->has_msg)
 		zmq_msg_close(&s->msg);
-	c->store->sink->written(c, s->version, s->credit, s->err != 0);
-	if (s->err) {
-		if (!c->store->wb->err) {
-			c->store->wb->err = s->err;
-			snprintf(c->store->wb->why, sizeof(c->store->wb->why), "%s", dcast_last_error());
-		}
+	c->store->sink->written(c, s->version, s->credit, s->err && s->is_log);
+	if (s->err && !s->is_log)
+		direct_lost(c, s->version, s->err, dcast_last_error());
+	else if (s->err) {
+		wb_fail(c->store->wb, s->err, dcast_last_error());
 	} else {
 		c->store->log_write_bytes += len;
 		c->store->log_since_fold += s->is_log ? len : 0; /* records only: an anchor's own file is no log */
@@ -295,7 +348,10 @@ static void wb_done(dcast_consumer *c, wb_slot *s)
 	c->store->wb->busy &= ~(1u << (s - c->store->wb->s));
 }
 
-/* Reap finished writes, waiting for at least min_done of them. */
+static void wb_pump(dcast_consumer *c);
+
+/* Reap finished writes, waiting for at least min_done of them (and hand
+ * the slots freed to the ranges waiting). */
 static int wb_reap(dcast_consumer *c, unsigned min_done)
 {
 	dcast_io_done d[8];
@@ -307,12 +363,16 @@ static int wb_reap(dcast_consumer *c, unsigned min_done)
 		wb_slot *s = &c->store->wb->s[d[i].tag & 0xffff];
 
 		DCAST_ASSERT((d[i].tag & ~0xffffull) == WB_TAG && s->left > 0);
+		if (trailing(c, s) && !d[i].err && cs_fault_file_write(c, s->version))
+			d[i].err = dcast_fail(DCAST_EIO, "model.safetensors.new: write at %" PRIu64
+					      ": Input/output error (test fault)", s->off);
 		if (d[i].err && !s->err)
 			s->err = d[i].err;
 		c->store->direct_write_bytes += d[i].direct && !d[i].err ? d[i].bytes : 0;
 		if (--s->left == 0)
 			wb_done(c, s);
 	}
+	wb_pump(c);
 	return 0;
 }
 
@@ -324,6 +384,7 @@ static void wb_wait_all(dcast_consumer *c)
 	int err = 0;
 
 	combine_submit(c);
+	wb_pump(c);
 	while (c->store->wb->busy && !err)
 		err = wb_reap(c, 1);
 	for (int i = 0; err && i < WB_SLOTS; i++)
@@ -331,6 +392,9 @@ static void wb_wait_all(dcast_consumer *c)
 			c->store->wb->s[i].err = err;
 			wb_done(c, &c->store->wb->s[i]);
 		}
+	if (err && c->store->wb->at < c->store->wb->n) /* ranges that will never be written */
+		direct_lost(c, c->store->wb->later[c->store->wb->at].version, err, dcast_last_error());
+	c->store->wb->at = c->store->wb->n = 0;
 }
 
 /* The failure not yet reported, with its detail, and forget it; or 0. */
@@ -342,12 +406,18 @@ static int wb_report(dcast_consumer *c)
 	return err ? dcast_fail(err, "record log: %s", c->store->wb->why) : 0;
 }
 
+/* A write under way, or a range waiting for a slot. */
+static int wb_pending(const struct cs_wb *wb)
+{
+	return wb->busy || wb->at < wb->n;
+}
+
 int cs_ckpt_pending(cs_store *s)
 {
 	int busy;
 
 	cs_store_lock(s);
-	busy = s->wb && s->wb->busy;
+	busy = s->wb && wb_pending(s->wb);
 	cs_store_unlock(s);
 	return busy;
 }
@@ -359,6 +429,7 @@ int cs_ckpt_progress(dcast_consumer *c)
 	cs_store_lock(c->store);
 	if (c->store->wb) {
 		combine_submit(c);
+		wb_pump(c);
 		if (c->store->wb->busy && wb_reap(c, 0))
 			wb_wait_all(c);
 		err = wb_report(c);
@@ -370,8 +441,32 @@ int cs_ckpt_progress(dcast_consumer *c)
 void cs_ckpt_settle(dcast_consumer *c)
 {
 	cs_store_lock(c->store);
-	if (c->store->wb && c->store->wb->busy)
+	if (c->store->wb && wb_pending(c->store->wb))
 		wb_wait_all(c);
+	cs_store_unlock(c->store);
+}
+
+/* Some write of an anchor's own file is queued or under way. */
+static int direct_pending(const struct cs_wb *wb)
+{
+	for (int i = 0; i < WB_SLOTS; i++)
+		if ((wb->busy & (1u << i)) && !wb->s[i].is_log)
+			return 1;
+	return wb->at < wb->n;
+}
+
+void cs_ckpt_settle_direct(dcast_consumer *c)
+{
+	cs_store_lock(c->store);
+	if (c->store->wb) {
+		combine_submit(c); /* a filling slot of small ranges goes now */
+		wb_pump(c);
+		while (direct_pending(c->store->wb)) /* a range waits only while every slot is busy */
+			if (wb_reap(c, 1)) {
+				wb_wait_all(c);
+				break;
+			}
+	}
 	cs_store_unlock(c->store);
 }
 
@@ -381,13 +476,24 @@ int cs_ckpt_flush(dcast_consumer *c)
 	int err = 0;
 
 	cs_store_lock(c->store);
-	if (c->store->wb && (c->store->wb->busy || c->store->wb->err)) {
+	if (c->store->wb && (wb_pending(c->store->wb) || c->store->wb->err)) {
 		wb_wait_all(c);
 		c->store->log_write_ns += dcast_now_ns() - t0;
 		err = wb_report(c);
 	}
 	cs_store_unlock(c->store);
 	return err;
+}
+
+/* A free slot, taken; NULL when every one is busy. */
+static wb_slot *wb_slot_try(dcast_consumer *c)
+{
+	for (int i = 0; i < WB_SLOTS; i++)
+		if (!(c->store->wb->busy & (1u << i))) {
+			c->store->wb->busy |= 1u << i;
+			return &c->store->wb->s[i];
+		}
+	return NULL;
 }
 
 static wb_slot *wb_slot_get(dcast_consumer *c)
@@ -397,32 +503,22 @@ static wb_slot *wb_slot_get(dcast_consumer *c)
 			wb_wait_all(c);
 			break;
 		}
-	for (int i = 0; i < WB_SLOTS; i++)
-		if (!(c->store->wb->busy & (1u << i))) {
-			c->store->wb->busy |= 1u << i;
-			return &c->store->wb->s[i];
-		}
-	return NULL;
+	return wb_slot_try(c);
 }
 
-/* Fill slot s for chunk k and write its CHUNK header, when it has one:
- * an anchor written straight to its file (v->direct) has none, only the
- * payload at its place there (anchor_new.c). */
+/* Fill slot s for chunk k's record and write its CHUNK header (an anchor
+ * written straight to its file goes by direct_submit). */
 static int slot_head(dcast_consumer *c, cs_version *v, const dcast_chunk *k, uint64_t payload_sum, wb_slot *s,
 		     uint64_t tag)
 {
 	int err;
 
+	DCAST_ASSERT(!v->direct); /* its writes: direct_submit */
 	s->version = k->version;
 	s->bytes = k->payload_bytes;
 	s->credit = v->in_place ? 0 : k->payload_bytes; /* in place: in the tensor, not the pool */
 	s->has_msg = s->err = 0;
-	s->is_log = !v->direct;
-	if (v->direct) {
-		s->h.len = 0;
-		s->off = c->store->new_offs[k->tensor] + k->start * k->elem_size; /* k checked */
-		return 0; /* its writes: own_range */
-	}
+	s->is_log = 1;
 	if ((err = chunk_head(k, payload_sum, &s->h)))
 		return err;
 	s->off = v->file_bytes;
@@ -467,29 +563,98 @@ static int range_parts(const unsigned char *src, uint64_t off, uint64_t len, int
 	return n;
 }
 
-/* Chunk k's range of the anchor file (v->direct), from the tensor, in the
- * writes of range_parts behind slot s: it is done when all of them are. */
-static int own_range(dcast_consumer *c, cs_version *v, const dcast_chunk *k, wb_slot *s, const void *payload,
-		     uint64_t tag, uint64_t *payload_off)
+/* Slot s for len bytes of version's at off of an anchor's own file. */
+static void direct_slot(wb_slot *s, uint64_t version, uint64_t off, uint64_t len)
 {
+	s->version = version;
+	s->off = off;
+	s->bytes = len;
+	s->credit = 0; /* in place: in the tensor, not the pool */
+	s->has_msg = s->err = 0;
+	s->is_log = 0;
+	s->h.len = 0;
+}
+
+/* The range of slot s of an anchor's own file (engine file `file`), from
+ * src in the tensor, in the writes of range_parts: it is done when all of
+ * them are.  On an error that sent nothing the slot is free again. */
+static int range_submit(dcast_consumer *c, int file, const unsigned char *src, wb_slot *s)
+{
+	uint64_t tag = WB_TAG | (uint64_t)(s - c->store->wb->s);
 	wb_part p[3];
-	int n = range_parts(payload, s->off, k->payload_bytes, dcast_io_file_has_direct(c->io, v->io_file), p);
+	int n = range_parts(src, s->off, s->bytes, dcast_io_file_has_direct(c->io, file), p);
 	int went, err = 0;
 
 	for (went = 0; went < n; went++) {
 		const wb_part *w = &p[went];
-		err = w->direct ? dcast_io_write_direct(c->io, v->io_file, w->src, w->len, w->off, tag)
-				: dcast_io_write(c->io, v->io_file, w->src, w->len, w->off, DCAST_IO_NO_BUF, tag);
+		err = w->direct ? dcast_io_write_direct(c->io, file, w->src, w->len, w->off, tag)
+				: dcast_io_write(c->io, file, w->src, w->len, w->off, DCAST_IO_NO_BUF, tag);
 		if (err)
 			break;
 	}
 	s->left = went; /* each completion takes one off: the slot is done with the last */
-	if (err && !went) /* nothing went: the caller still owns the payload */
+	if (err && !went) /* nothing went */
 		c->store->wb->busy &= ~(1u << (s - c->store->wb->s));
 	else if (err) /* what went finds the slot failed */
 		s->err = err;
-	*payload_off = s->off;
 	return err;
+}
+
+/* A range waits for a slot; -1 when the queue cannot grow. */
+static int later_push(struct cs_wb *wb, const wb_later *l)
+{
+	if (wb->n == wb->cap && wb->at) { /* the front went: move the rest down */
+		memmove(wb->later, wb->later + wb->at, (wb->n - wb->at) * sizeof(*wb->later));
+		wb->n -= wb->at;
+		wb->at = 0;
+	}
+	if (wb->n == wb->cap) {
+		uint32_t cap = wb->cap ? 2 * wb->cap : 64;
+		wb_later *grown = realloc(wb->later, cap * sizeof(*grown));
+		if (!grown)
+			return -1;
+		wb->later = grown;
+		wb->cap = cap;
+	}
+	wb->later[wb->n++] = *l;
+	return 0;
+}
+
+/* The ranges waiting, into the free slots, in the order they came.  One
+ * that cannot be sent is lost: its file is marked failed. */
+static void wb_pump(dcast_consumer *c)
+{
+	struct cs_wb *wb = c->store->wb;
+	wb_slot *s;
+
+	while (wb->at < wb->n && (s = wb_slot_try(c))) {
+		const wb_later *l = &wb->later[wb->at++];
+		direct_slot(s, l->version, l->off, l->len);
+		if (range_submit(c, l->file, l->src, s) && !(wb->busy & (1u << (s - wb->s))))
+			direct_lost(c, l->version, DCAST_EIO, dcast_last_error());
+	}
+	if (wb->at == wb->n)
+		wb->at = wb->n = 0;
+}
+
+/* Chunk k's range of the anchor file (v->direct), from the tensor: into a
+ * free slot, else to wait for one (the receive goes on), else, when the
+ * queue cannot grow, into the next slot freed. */
+static int direct_submit(dcast_consumer *c, cs_version *v, const dcast_chunk *k, const void *payload,
+			 uint64_t *payload_off)
+{
+	wb_later l = {payload, c->store->new_offs[k->tensor] + k->start * k->elem_size, /* k checked */
+		      k->payload_bytes, k->version, v->io_file};
+	wb_slot *s;
+
+	DCAST_ASSERT(v->in_place);
+	*payload_off = l.off;
+	if (!(s = wb_slot_try(c)) && later_push(c->store->wb, &l) == 0)
+		return 0;
+	if (!s && !(s = wb_slot_get(c)))
+		return dcast_fail(DCAST_EIO, "version %" PRIu64 ": record writes failed", k->version);
+	direct_slot(s, l.version, l.off, l.len);
+	return range_submit(c, l.file, l.src, s);
 }
 
 /* Chunk k's record (or, v->direct, its range of the anchor file) in a
@@ -499,19 +664,19 @@ static int submit_own(dcast_consumer *c, cs_version *v, const dcast_chunk *k, zm
 		      const void *payload, uint64_t payload_sum, uint64_t *payload_off)
 {
 	uint64_t tag;
-	wb_slot *s = wb_slot_get(c);
+	wb_slot *s;
 	int err;
 
-	if (!s)
+	if (v->direct) {
+		DCAST_ASSERT(!held); /* in place: the payload is the tensor's range */
+		return direct_submit(c, v, k, payload, payload_off);
+	}
+	if (!(s = wb_slot_get(c)))
 		return dcast_fail(DCAST_EIO, "version %" PRIu64 ": record writes failed", k->version);
 	tag = WB_TAG | (uint64_t)(s - c->store->wb->s);
 	if ((err = slot_head(c, v, k, payload_sum, s, tag))) {
 		c->store->wb->busy &= ~(1u << (s - c->store->wb->s));
 		return err; /* nothing went: the caller still owns the payload and its credit */
-	}
-	if (v->direct) {
-		DCAST_ASSERT(!held); /* in place: the payload is the tensor's range */
-		return own_range(c, v, k, s, payload, tag, payload_off);
 	}
 	if (held) { /* a small message keeps its bytes inside zmq_msg_t: take them from ours */
 		zmq_msg_init(&s->msg);
@@ -552,21 +717,33 @@ static void combine_submit(dcast_consumer *c)
 	}
 }
 
+/* The filling slot, if it continues at (file, off) with room for len more
+ * bytes of version's; else NULL. */
+static wb_slot *combine_continues(struct cs_wb *wb, int file, uint64_t off, uint64_t version, size_t len)
+{
+	wb_slot *s = wb->filling < 0 ? NULL : &wb->s[wb->filling];
+
+	return s && s->file == file && s->version == version && s->off + s->bytes == off &&
+			       s->bytes + len <= WB_COMBINE ? s : NULL;
+}
+
 /* The filling slot if it continues at (file, off) with room for len more
- * bytes of version's; else, the one filling written, a new one. */
-static int combine_slot(dcast_consumer *c, int file, uint64_t off, uint64_t version, size_t len,
+ * bytes of version's; else, the one filling written, a new one (nowait:
+ * 1 when none is free, rather than waiting for one). */
+static int combine_slot(dcast_consumer *c, int file, uint64_t off, uint64_t version, size_t len, int nowait,
 			wb_slot **out)
 {
 	struct cs_wb *wb = c->store->wb;
-	wb_slot *s = wb->filling < 0 ? NULL : &wb->s[wb->filling];
+	wb_slot *s = combine_continues(wb, file, off, version, len);
 
-	if (s && s->file == file && s->version == version && s->off + s->bytes == off &&
-	    s->bytes + len <= WB_COMBINE) {
+	if (s) {
 		*out = s;
 		return 0;
 	}
 	combine_submit(c);
-	if (!(s = wb_slot_get(c)))
+	if (nowait && !(s = wb_slot_try(c)))
+		return 1;
+	if (!nowait && !(s = wb_slot_get(c)))
 		return dcast_fail(DCAST_EIO, "version %" PRIu64 ": record writes failed", version);
 	if (!s->cb && !(s->cb = malloc(WB_COMBINE))) {
 		wb->busy &= ~(1u << (s - wb->s));
@@ -593,7 +770,10 @@ static int combine_chunk(dcast_consumer *c, cs_version *v, const dcast_chunk *k,
 	if (!v->direct && (err = chunk_head(k, payload_sum, h)))
 		return err;
 	DCAST_ASSERT(h->len <= WB_COMBINE - WB_SMALL); /* a CHUNK header: fixed fields, re-encoded */
-	if ((err = combine_slot(c, v->io_file, off, k->version, h->len + k->payload_bytes, &s)))
+	err = combine_slot(c, v->io_file, off, k->version, h->len + k->payload_bytes, v->direct, &s);
+	if (err == 1) /* an anchor's range, no slot free: it waits alone, the receive goes on */
+		return direct_submit(c, v, k, payload, payload_off);
+	if (err)
 		return err; /* nothing went: the caller still owns the payload and its credit */
 	if (h->len) /* none for an anchor's range in its own file (h->p may be NULL) */
 		memcpy(s->cb + s->bytes, h->p, h->len);

@@ -33,6 +33,7 @@ int cs_store_open(dcast_consumer *c, const cs_store_sink *sink)
 	cs_store_lock(s);
 	s->anchor_file_version = DCAST_VERSION_NONE;
 	s->new_version = DCAST_VERSION_NONE;
+	s->new_fd = s->new_file = -1;
 	cs_store_unlock(s);
 	s->anchor_path = join(c->dir, "model.safetensors");
 	s->log_dir = join(c->dir, "model.dlog");
@@ -54,6 +55,7 @@ void cs_store_close(dcast_consumer *c, int fold_owed)
 	cs_ckpt_settle(c); /* chunk records written behind */
 	if (cs_anchor_new_seal(c, NULL)) /* an anchor applied: durable */
 		DCAST_LOG_W("consumer %s: anchor file at close: %s", c->model, dcast_last_error());
+	cs_anchor_new_release(c); /* one READY and not applied keeps its .new file (a restart drops it) */
 	if (fold_owed && cs_fold_wanted(c) && cs_store_fold_now(c))
 		DCAST_LOG_W("consumer %s: fold at close: %s", c->model, dcast_last_error());
 	cs_syncer_close(&s->syncer); /* what was committed is on the disk */

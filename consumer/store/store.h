@@ -104,11 +104,14 @@ void cs_store_close(dcast_consumer *c, int fold_owed);
  * at its full size, any other anchor in place dropped).
  * cs_store_version_commit, after its chunks: a record file's COMMIT
  * record, queued for fdatasync; the .new file's header, with the file
- * digest of the tensors, which hold the anchor whole, once every write is
- * done.  cs_store_version_drop (v dropped): every write of a chunk waited
- * for, so that none still reads its slots or file, and with unlink_file
- * its file removed (the .new one forgotten).  Errors: DCAST_EIO (also a
- * chunk record that failed), DCAST_ENOMEM. */
+ * digest of the tensors, which hold the anchor whole, while its chunks'
+ * writes still run (the file is the store's from then on; its seal waits
+ * for them).  cs_store_version_drop (v dropped): every write of a chunk
+ * waited for, so that none still reads its slots or file (but those of an
+ * anchor's own file past its COMMIT, which read neither), and with
+ * unlink_file its file removed (the .new one forgotten, once its writes
+ * are done).  Errors: DCAST_EIO (also a chunk record that failed),
+ * DCAST_ENOMEM. */
 int cs_store_version_create(dcast_consumer *c, cs_version *v);
 int cs_store_version_commit(dcast_consumer *c, cs_version *v);
 void cs_store_version_drop(dcast_consumer *c, const cs_version *v, int unlink_file);
@@ -136,6 +139,11 @@ void cs_ckpt_chunk_landed(dcast_consumer *c, const cs_version *v, const dcast_ch
 /* Wait for every chunk record written behind, keeping a failure for the
  * next cs_ckpt_progress. */
 void cs_ckpt_settle(dcast_consumer *c);
+/* Wait until no write of an anchor's own file (received in place, written
+ * behind from the tensors) is queued or under way, leaving the record
+ * writes of other versions running: whatever changes or frees the
+ * tensors calls it first. */
+void cs_ckpt_settle_direct(dcast_consumer *c);
 /* Reap the writes already done (their credit goes back), without waiting;
  * the first failure since the last report, else 0. */
 int cs_ckpt_progress(dcast_consumer *c);

@@ -65,6 +65,15 @@ struct cs_store {
 	uint64_t *new_offs;
 	uint64_t new_version;
 	cs_landed new_landed;          /* its digest blocks hashed as they landed */
+	/* From its COMMIT on, the file's descriptor and the I/O engine's handle
+	 * are the store's (the version goes at its apply, its writes may still
+	 * run: ckpt.c writes behind); released once every write to it is done
+	 * (cs_anchor_new_release).  new_write_lost: one of them failed, so
+	 * the file is never sealed; new_write_why: the first such failure
+	 * after its COMMIT ("" before), which the seal reports (ckpt.c,
+	 * direct_lost). */
+	int new_fd, new_file, new_write_lost;
+	char new_write_why[256];
 	/* The fold thread (store.c): holds `lock` but while it syncs or folds
 	 * from the disk; joined by the next cs_store_folding or at close. */
 	pthread_t fold_thread;
@@ -176,6 +185,10 @@ void cs_fold_priority(int background, int *saved);
  * and forgets the anchor; whoever changes the files while one is pending
  * calls it.  cs_anchor_new_forget frees what anchor.c keeps of it (its
  * offsets, its block hashes), with the store's mutex held or at close.
+ * cs_anchor_new_release waits for the writes (cs_ckpt_settle: all of them,
+ * as removing a file from the I/O engine drains it) and closes the descriptor and the engine's handle the store took at the
+ * COMMIT (new_fd, new_file); the seal and cs_anchor_new_drop call it,
+ * without the store's mutex.
  * anchor_new.c:
  * cs_anchor_new_applied, once apply() has checked it, renames it to
  * DIR/model.safetensors.applied and arms the seal (1: armed).
@@ -187,6 +200,7 @@ void cs_fold_priority(int background, int *saved);
  * DCAST_EIO, DCAST_ENOMEM. */
 void cs_anchor_new_path(const dcast_consumer *c, int applied, char *out, size_t cap);
 void cs_anchor_new_drop(dcast_consumer *c);
+void cs_anchor_new_release(dcast_consumer *c);
 void cs_anchor_new_forget(struct cs_store *s);
 int cs_anchor_new_applied(dcast_consumer *c, const cs_version *v);
 int cs_anchor_new_adopt(dcast_consumer *c);

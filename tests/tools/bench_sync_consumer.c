@@ -2,9 +2,11 @@
  * rollout worker embeds it: default options (digests checked, the library's
  * fold policy), the consumer's own host copy of the tensors, and every READY
  * version applied at once.  When a version is READY it prints
- *   ready V t_ns T cpu_ns C
+ *   ready V t_ns T cpu_ns C direct_write_bytes D
  * (T: CLOCK_REALTIME nanoseconds when poll() returned the event;
- * scripts/bench_fanout.sh times anchors to it; C as below), and after
+ * scripts/bench_fanout.sh times anchors to it; C, D as below: D then says
+ * how much of an anchor taken in place its file had, whose writes run
+ * behind its COMMIT), and after
  * each apply:
  *   applied V anchor|delta t_ns T stage_ns S apply_ns A bytes B
  *     verify_bytes H log_write_bytes L direct_write_bytes D io_write_bytes W
@@ -106,6 +108,15 @@ static int bind_device(dcast_consumer *c, int *bound)
 	return err;
 }
 
+/* Bytes of an anchor's own file written with O_DIRECT so far (stats). */
+static uint64_t direct_written(const dcast_consumer *c)
+{
+	dcast_consumer_stats st;
+
+	dcast_consumer_stats_get(c, &st);
+	return st.direct_write_bytes;
+}
+
 static int follow(dcast_consumer *c, uint64_t until)
 {
 	dcast_event ev;
@@ -126,7 +137,9 @@ static int follow(dcast_consumer *c, uint64_t until)
 			err = ev.code; /* named on the line above */
 		if (ev.type != DCAST_EV_VERSION_READY)
 			continue;
-		printf("ready %" PRIu64 " t_ns %" PRIu64 " cpu_ns %" PRIu64 "\n", ev.version, realtime_ns(), cpu_ns());
+		printf("ready %" PRIu64 " t_ns %" PRIu64 " cpu_ns %" PRIu64 " direct_write_bytes %" PRIu64 "\n",
+		       ev.version, realtime_ns(), cpu_ns(), direct_written(c));
+		fflush(stdout);
 		if ((err = dcast_consumer_apply(c, ev.version)))
 			break;
 		report(c, realtime_ns());

@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# An anchor taken in place is READY once received and checked, its file's
+# writes running behind: on a disk slower than the network (the consumer
+# in a blkio cgroup that throttles its writes to 32 MB/s), a library
+# consumer joining a 40M gen-trace anchor (77 MB) over bulk is READY with
+# less than half of its file written (direct_write_bytes on its ready
+# line; the writes take 2.4 s at that rate), applies it, and at close
+# waits for them and seals model.safetensors, bit-exact to the anchor.
+# One killed (SIGKILL) right at READY, more of its file's writes waiting
+# than the 16 under way (32 MiB), leaves no checkpoint the next open
+# takes: restarted without the throttle it fetches the anchor again and
+# ends at version 1, bit-exact.  One whose file loses a write after READY
+# (DELTACAST_CONSUMER_FAULT=filewrite:1: the kernel's result of the first
+# write reaped after the COMMIT becomes an I/O error) keeps the version
+# (applied), says that the write failed, never seals the file with the
+# hole, and at close folds model.safetensors from the tensors instead,
+# bit-exact.  Exit 77 where the blkio throttle cannot
+# be had (not root, no cgroup v1 blkio, no block device under the
+# directory).
+. "$(dirname "$0")/tools/broker_lib.sh"
+
+CG=/sys/fs/cgroup/blkio/dcast-trailing-$$
+BPS=33554432
+trap 'cleanup; rmdir "$CG" 2>/dev/null' EXIT # its processes gone first
+
+# The block device (MAJ:MIN) under $TMP: the disk, not a partition of it.
+disk_of() {
+	local src name
+	src=$(df --output=source "$TMP" | tail -n 1)
+	name=$(basename "$(readlink -f "$src")")
+	[ -e "/sys/class/block/$name/partition" ] && name=$(basename "$(readlink -f "/sys/class/block/$name/..")")
+	cat "/sys/class/block/$name/dev" 2>/dev/null
+}
+dev=$(disk_of)
+if [ -z "$dev" ] || ! mkdir "$CG" 2>/dev/null || ! echo "$dev $BPS" >"$CG/blkio.throttle.write_bps_device" 2>/dev/null; then
+	echo "SKIP: no blkio write throttle here (cgroup v1 blkio, a block device under $TMP, root)"
+	exit 77
+fi
+
+"$BUILD/deltacast" gen-trace --params 40M --steps 0 --density 0.01 -o "$TMP/trace" 2>/dev/null || fail "gen-trace"
+model=$TMP/trace/v0000.safetensors
+bytes=$(($(stat -c %s "$model") - 4096))
+start_broker b --heartbeat-ms 200 --bulk 127.0.0.1:0 --data-dir "$TMP/data"
+"$BUILD/tools/fault_publish" "$b_PROD" bench 1 0 "$model" >"$TMP/pub.log" 2>&1 || fail "publish: $(cat "$TMP/pub.log")"
+
+# throttled CMD...: CMD in the throttled cgroup, as this process (exec).
+throttled() {
+	exec sh -c 'echo $$ >"$0/cgroup.procs" && exec "$@"' "$CG" "$@"
+}
+
+# same DIR: DIR/model.safetensors holds the anchor's tensors bit for bit.
+same() {
+	"$BUILD/deltacast" diff "$model" "$1/model.safetensors" --json >"$1.diff" || fail "diff $1 exited $?"
+	grep -q '^{"elements":[0-9]*,"changed":0,' "$1.diff" || fail "$1 differs: $(head -c 200 "$1.diff")"
+}
+
+(throttled "$BUILD/tools/bench_sync_consumer" "$b_CONS" bench "$TMP/c1" 1) >"$TMP/c1.log" 2>"$TMP/c1.err" ||
+	fail "consumer 1 exited $?: $(tail -3 "$TMP/c1.err")"
+written=$(awk '$1 == "ready" && $2 == 1 { for (i = 3; i < NF; i++) if ($i == "direct_write_bytes") print $(i + 1) }' "$TMP/c1.log")
+[ -n "$written" ] || fail "consumer 1: no ready line: $(cat "$TMP/c1.log")"
+[ $((2 * written)) -lt "$bytes" ] ||
+	fail "consumer 1 was READY with $written of its file's $bytes bytes written: it waited for the disk"
+grep -q "^applied 1 anchor " "$TMP/c1.log" || fail "consumer 1 did not apply the anchor: $(cat "$TMP/c1.log")"
+same "$TMP/c1"
+
+# Killed at READY, its writes still running: the next open fetches again.
+(throttled "$BUILD/tools/bench_sync_consumer" "$b_CONS" bench "$TMP/c2" 1) >"$TMP/c2.log" 2>"$TMP/c2.err" &
+pid=$! # the subshell's, which becomes the consumer
+PIDS+=("$pid")
+wait_for 60 grep -q "^ready 1 " "$TMP/c2.log" || fail "consumer 2: no READY: $(tail -3 "$TMP/c2.err")"
+kill -9 "$pid"
+wait "$pid" 2>/dev/null
+# The kernel finishes the dead process's writes under way before its files
+# close: the directory's lock goes with the last of them.
+wait_for 60 flock -n "$TMP/c2/lock" true || fail "consumer 2's directory still locked 60 s after its death"
+"$BUILD/tools/bench_sync_consumer" "$b_CONS" bench "$TMP/c2" 1 >"$TMP/c2b.log" 2>"$TMP/c2b.err" ||
+	fail "consumer 2 restarted exited $?: $(tail -3 "$TMP/c2b.err")"
+[ "$(grep -c "^applied 1 anchor " "$TMP/c2b.log")" = 1 ] || fail "consumer 2 restarted: $(cat "$TMP/c2b.log")"
+same "$TMP/c2"
+# A write lost after READY: the checkpoint comes from the tensors instead.
+(DELTACAST_CONSUMER_FAULT=filewrite:1 throttled "$BUILD/tools/bench_sync_consumer" "$b_CONS" bench "$TMP/c3" 1) \
+	>"$TMP/c3.log" 2>"$TMP/c3.err" || fail "consumer 3 exited $?: $(tail -3 "$TMP/c3.err")"
+grep -q "^applied 1 anchor " "$TMP/c3.log" || fail "consumer 3 did not apply the anchor: $(cat "$TMP/c3.log")"
+grep -q "anchor 1: a write of its file failed: .*Input/output error (test fault); folding from the tensors" \
+	"$TMP/c3.err" || fail "consumer 3 did not report the lost write: $(grep -v ' I ' "$TMP/c3.err" | tail -5)"
+same "$TMP/c3"
+stop_broker b
+echo "PASS"

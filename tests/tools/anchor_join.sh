@@ -30,5 +30,6 @@ for i in $(seq "$N"); do
 			if ($k == "cpu_ns") cpu = $(k + 1) / 1e6 } }
 		END { printf "consumer %d: READY at %.0f ms, stage %.0f ms, apply %.0f ms, cpu %.0f ms (%.0f ms at READY)\n",
 			i, ready, s, a, cpu, rcpu }' "$TMP/c$i.log"
+	grep "^threads:" "$TMP/c$i.err" || true # BENCH_SYNC_CONSUMER_THREADS=1: each thread's CPU at READY
 done
 stop_broker s

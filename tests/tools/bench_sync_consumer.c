@@ -24,10 +24,13 @@
  * them the broker's DCAST_ETOO_LARGE (a chunk larger than this budget's
  * window can never come: the library would keep re-joining for it, backing
  * off, with an error event each time).
+ * BENCH_SYNC_CONSUMER_THREADS=1: each thread's CPU at READY, on stderr
+ * (thread_times).
  * BENCH_SYNC_CONSUMER_DEVICE=1: every tensor (tiled ones excepted) bound
  * to cudaMalloc'd memory as soon as the manifest is known, as a rollout
  * worker's weights are (scripts/device_run.sh, step sync-gpu-cons;
  * docs/benchmarks.md, "Sync", 16-core H200 host). */
+#include <dirent.h>
 #include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
@@ -117,6 +120,42 @@ static uint64_t direct_written(const dcast_consumer *c)
 	return st.direct_write_bytes;
 }
 
+/* BENCH_SYNC_CONSUMER_THREADS=1: at each READY, every thread's CPU time
+ * so far on stderr, "threads: NAME TID MS ...", from its schedstat (ns
+ * on a CPU): which thread a slow join's time went to. */
+static void thread_times(void)
+{
+	DIR *d = getenv("BENCH_SYNC_CONSUMER_THREADS") ? opendir("/proc/self/task") : NULL;
+	struct dirent *e;
+
+	if (!d)
+		return;
+	fprintf(stderr, "threads:");
+	while ((e = readdir(d))) {
+		char path[300], name[64] = "?";
+		unsigned long long ns = 0;
+		FILE *f;
+
+		if (e->d_name[0] == '.')
+			continue;
+		snprintf(path, sizeof(path), "/proc/self/task/%s/comm", e->d_name);
+		if ((f = fopen(path, "r"))) {
+			if (fscanf(f, "%63s", name) != 1)
+				name[0] = '\0';
+			fclose(f);
+		}
+		snprintf(path, sizeof(path), "/proc/self/task/%s/schedstat", e->d_name);
+		if ((f = fopen(path, "r"))) {
+			if (fscanf(f, "%llu", &ns) != 1)
+				ns = 0;
+			fclose(f);
+		}
+		fprintf(stderr, " %s %s %.1f", name, e->d_name, ns / 1e6);
+	}
+	fprintf(stderr, "\n");
+	closedir(d);
+}
+
 static int follow(dcast_consumer *c, uint64_t until)
 {
 	dcast_event ev;
@@ -140,6 +179,7 @@ static int follow(dcast_consumer *c, uint64_t until)
 		printf("ready %" PRIu64 " t_ns %" PRIu64 " cpu_ns %" PRIu64 " direct_write_bytes %" PRIu64 "\n",
 		       ev.version, realtime_ns(), cpu_ns(), direct_written(c));
 		fflush(stdout);
+		thread_times();
 		if ((err = dcast_consumer_apply(c, ev.version)))
 			break;
 		report(c, realtime_ns());

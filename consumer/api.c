@@ -38,6 +38,7 @@ static int bind_locked(dcast_consumer *c, const char *name, void *ptr, dcast_mem
 		t->mem = DCAST_MEM_HOST;
 		return err;
 	}
+	cs_ckpt_settle_direct(c); /* an anchor's file may still be written from the host copy */
 	cs_host_release(t->host, t->bytes);
 	if (mem == DCAST_MEM_CUDA)
 		cs_pool_cuda_register(&c->pool); /* DMA from the pool from now on */

@@ -14,7 +14,10 @@
 # write reaped after the COMMIT becomes an I/O error) keeps the version
 # (applied), says that the write failed, never seals the file with the
 # hole, and at close folds model.safetensors from the tensors instead,
-# bit-exact.  Exit 77 where the blkio throttle cannot
+# bit-exact.  One that binds every tensor to memory of its own right after
+# the apply (the library's host copy, which the file's writes still read,
+# is given back then: BENCH_SYNC_CONSUMER_BIND_HOST=1) seals the file
+# bit-exact too.  Exit 77 where the blkio throttle cannot
 # be had (not root, no cgroup v1 blkio, no block device under the
 # directory).
 . "$(dirname "$0")/tools/broker_lib.sh"
@@ -84,5 +87,13 @@ grep -q "^applied 1 anchor " "$TMP/c3.log" || fail "consumer 3 did not apply the
 grep -q "anchor 1: a write of its file failed: .*Input/output error (test fault); folding from the tensors" \
 	"$TMP/c3.err" || fail "consumer 3 did not report the lost write: $(grep -v ' I ' "$TMP/c3.err" | tail -5)"
 same "$TMP/c3"
+
+# Bound elsewhere at once: the writes read the host copy before it goes.
+(BENCH_SYNC_CONSUMER_BIND_HOST=1 throttled "$BUILD/tools/bench_sync_consumer" "$b_CONS" bench "$TMP/c4" 1) \
+	>"$TMP/c4.log" 2>"$TMP/c4.err" || fail "consumer 4 exited $?: $(tail -3 "$TMP/c4.err")"
+grep -q "tensors bound to host memory" "$TMP/c4.err" || fail "consumer 4 did not bind: $(tail -3 "$TMP/c4.err")"
+written=$(awk '$1 == "ready" && $2 == 1 { for (i = 3; i < NF; i++) if ($i == "direct_write_bytes") print $(i + 1) }' "$TMP/c4.log")
+[ $((2 * written)) -lt "$bytes" ] || fail "consumer 4 was READY with $written of $bytes bytes written: no write trailed"
+same "$TMP/c4"
 stop_broker b
 echo "PASS"

@@ -74,12 +74,23 @@ static int sync_file(dcast_consumer *c, const char *path, pthread_mutex_t *relea
 }
 
 /* Every write of anchor v's file done (they run behind its COMMIT:
- * ckpt.c), and none failed.  Errors: DCAST_EIO. */
-static int written(dcast_consumer *c, uint64_t v)
+ * ckpt.c), and none failed; with `release` (the fold thread), waited for
+ * without it, so that the session and apply() go on meanwhile (those
+ * writes take as long as the disk does).  -1: moot, as the files moved
+ * on since gen meanwhile, or closing first (the seal at close waits
+ * itself).  Errors: DCAST_EIO. */
+static int written(dcast_consumer *c, uint64_t v, uint64_t gen, pthread_mutex_t *release)
 {
 	char why[sizeof(c->store->new_write_why)];
-	int failed;
+	int failed, stop = 0;
 
+	if (release) {
+		pthread_mutex_unlock(release);
+		stop = cs_ckpt_await_direct(c);
+		cs_store_handed_lock(release);
+	}
+	if (stop || gen != atomic_load(&c->store->gen))
+		return -1; /* another anchor's file may be the store's by now */
 	cs_anchor_new_release(c);
 	cs_store_lock(c->store);
 	failed = c->store->new_write_lost;
@@ -124,7 +135,8 @@ int cs_anchor_new_seal(dcast_consumer *c, pthread_mutex_t *release)
 	if (v == DCAST_VERSION_NONE)
 		return 0;
 	cs_anchor_new_path(c, 1, path, sizeof(path));
-	err = written(c, v);
+	if ((err = written(c, v, gen, release)) < 0)
+		return 0; /* moot, or closing: the seal at close does it */
 	if (!err)
 		err = sync_file(c, path, release);
 	if (!err && (err = seal_rename(c, path, v, gen)) < 0)

@@ -23,6 +23,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
 #include "store_impl.h"
 #include "dcast_common.h"
@@ -53,6 +54,21 @@ void cs_store_wait(cs_store *s, pthread_cond_t *cv)
 {
 	DCAST_ASSERT(held_here == s);
 	pthread_cond_wait(cv, &s->mu);
+}
+
+/* cs_store_wait for at most ms milliseconds. */
+static void store_wait_ms(cs_store *s, pthread_cond_t *cv, int ms)
+{
+	struct timespec ts;
+
+	DCAST_ASSERT(held_here == s);
+	clock_gettime(CLOCK_REALTIME, &ts);
+	ts.tv_nsec += (long)ms * 1000000;
+	ts.tv_sec += ts.tv_nsec / 1000000000;
+	ts.tv_nsec %= 1000000000;
+	held_here = NULL;
+	pthread_cond_timedwait(cv, &s->mu, &ts);
+	held_here = s;
 }
 
 int cs_store_held(const cs_store *s)
@@ -337,6 +353,8 @@ static void wb_done(dcast_consumer *c, wb_slot *s)
 	if (s->has_msg)
 		zmq_msg_close(&s->msg);
 	c->store->sink->written(c, s->version, s->credit, s->err && s->is_log);
+	if (!s->is_log)
+		pthread_cond_broadcast(&c->store->direct_cv); /* cs_ckpt_await_direct */
 	if (s->err && !s->is_log)
 		direct_lost(c, s->version, s->err, dcast_last_error());
 	else if (s->err) {
@@ -468,6 +486,17 @@ void cs_ckpt_settle_direct(dcast_consumer *c)
 			}
 	}
 	cs_store_unlock(c->store);
+}
+
+int cs_ckpt_await_direct(dcast_consumer *c)
+{
+	int stop = 0;
+
+	cs_store_lock(c->store);
+	while (c->store->wb && direct_pending(c->store->wb) && !(stop = atomic_load(&c->store->stop)))
+		store_wait_ms(c->store, &c->store->direct_cv, 10); /* stop is not signalled: looked at */
+	cs_store_unlock(c->store);
+	return stop;
 }
 
 int cs_ckpt_flush(dcast_consumer *c)

@@ -29,6 +29,7 @@ int cs_store_open(dcast_consumer *c, const cs_store_sink *sink)
 		return dcast_fail(DCAST_ENOMEM, "consumer: its store");
 	pthread_mutex_init(&s->mu, NULL);
 	pthread_cond_init(&s->fold_cv, NULL);
+	pthread_cond_init(&s->direct_cv, NULL);
 	s->sink = sink;
 	cs_store_lock(s);
 	s->anchor_file_version = DCAST_VERSION_NONE;
@@ -65,6 +66,7 @@ void cs_store_close(dcast_consumer *c, int fold_owed)
 	cs_store_unlock(s);
 	free(s->anchor_path), free(s->log_dir);
 	pthread_cond_destroy(&s->fold_cv);
+	pthread_cond_destroy(&s->direct_cv);
 	pthread_mutex_destroy(&s->mu);
 	free(s);
 	c->store = NULL;

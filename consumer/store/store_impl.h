@@ -74,6 +74,7 @@ struct cs_store {
 	 * direct_lost). */
 	int new_fd, new_file, new_write_lost;
 	char new_write_why[256];
+	pthread_cond_t direct_cv;      /* a write of it done (waited on with `mu`) */
 	/* The fold thread (store.c): holds `lock` but while it syncs or folds
 	 * from the disk; joined by the next cs_store_folding or at close. */
 	pthread_t fold_thread;
@@ -98,6 +99,13 @@ int cs_store_held(const cs_store *s);
  * thread, a wait for it, a seal), asserting that this thread holds no
  * store's mutex: the order of store.h, never the other way. */
 void cs_store_handed_lock(pthread_mutex_t *lock);
+/* ckpt.c: wait, holding neither the consumer's `lock` nor the store's
+ * mutex, until no write of an anchor's own file is queued or under way.
+ * It reaps nothing: whoever holds `lock` does (the session thread's
+ * turns come every millisecond while writes run, and they call into the
+ * consumer's state); so it returns 1, early, once the store stops
+ * (closing: no session thread; cs_store_close's seal waits itself). */
+int cs_ckpt_await_direct(dcast_consumer *c);
 
 /* syncer.c */
 /* Start the sync thread.  Errors: DCAST_ENOMEM (no thread: push syncs

@@ -111,6 +111,36 @@ static int bind_device(dcast_consumer *c, int *bound)
 	return err;
 }
 
+/* BENCH_SYNC_CONSUMER_BIND_HOST=1: once the first version is applied,
+ * every tensor (tiled ones excepted) bound whole to host memory of this
+ * process's (malloc, freed at exit), as a worker that moves its weights
+ * after the first load: the library's own copy is given back then, while
+ * an anchor's file may still be written from it. */
+static int bind_host(dcast_consumer *c, int *bound)
+{
+	uint32_t n = dcast_consumer_tensor_count(c);
+	int err = 0;
+
+	if (*bound || !getenv("BENCH_SYNC_CONSUMER_BIND_HOST"))
+		return 0;
+	*bound = 1;
+	for (uint32_t i = 0; i < n && !err; i++) {
+		dcast_tensor_desc d;
+		uint64_t bytes;
+		void *mem;
+
+		if ((err = dcast_consumer_tensor_at(c, i, &d)) || dcast_tensor_tiled(&d))
+			continue;
+		bytes = dcast_tensor_elems(&d) * dcast_dtype_size((int)d.dtype);
+		if (!(mem = malloc(bytes ? bytes : 1)))
+			return fprintf(stderr, "bench_sync_consumer: malloc for %s failed\n", d.name), -1;
+		err = dcast_consumer_bind(c, d.name, mem, DCAST_MEM_HOST, bytes);
+	}
+	if (!err)
+		fprintf(stderr, "bench_sync_consumer: %u tensors bound to host memory\n", n);
+	return err;
+}
+
 /* Bytes of an anchor's own file written with O_DIRECT so far (stats). */
 static uint64_t direct_written(const dcast_consumer *c)
 {
@@ -159,7 +189,7 @@ static void thread_times(void)
 static int follow(dcast_consumer *c, uint64_t until)
 {
 	dcast_event ev;
-	int err = 0, bound = 0;
+	int err = 0, bound = 0, host_bound = 0;
 
 	while (!stop && !err) {
 		if ((err = bind_device(c, &bound)))
@@ -183,6 +213,7 @@ static int follow(dcast_consumer *c, uint64_t until)
 		if ((err = dcast_consumer_apply(c, ev.version)))
 			break;
 		report(c, realtime_ns());
+		err = bind_host(c, &host_bound);
 	}
 	return err;
 }

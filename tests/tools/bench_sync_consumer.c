@@ -113,9 +113,12 @@ static int bind_device(dcast_consumer *c, int *bound)
 
 /* BENCH_SYNC_CONSUMER_BIND_HOST=1: once the first version is applied,
  * every tensor (tiled ones excepted) bound whole to host memory of this
- * process's (malloc, freed at exit), as a worker that moves its weights
- * after the first load: the library's own copy is given back then, while
- * an anchor's file may still be written from it. */
+ * process's (host_mem, freed after the close), as a worker that moves
+ * its weights after the first load: the library's own copy is given back
+ * then, while an anchor's file may still be written from it. */
+static void *host_mem[4096];
+static uint32_t host_n;
+
 static int bind_host(dcast_consumer *c, int *bound)
 {
 	uint32_t n = dcast_consumer_tensor_count(c);
@@ -127,14 +130,13 @@ static int bind_host(dcast_consumer *c, int *bound)
 	for (uint32_t i = 0; i < n && !err; i++) {
 		dcast_tensor_desc d;
 		uint64_t bytes;
-		void *mem;
 
 		if ((err = dcast_consumer_tensor_at(c, i, &d)) || dcast_tensor_tiled(&d))
 			continue;
 		bytes = dcast_tensor_elems(&d) * dcast_dtype_size((int)d.dtype);
-		if (!(mem = malloc(bytes ? bytes : 1)))
-			return fprintf(stderr, "bench_sync_consumer: malloc for %s failed\n", d.name), -1;
-		err = dcast_consumer_bind(c, d.name, mem, DCAST_MEM_HOST, bytes);
+		if (host_n == sizeof(host_mem) / sizeof(host_mem[0]) || !(host_mem[host_n] = malloc(bytes ? bytes : 1)))
+			return fprintf(stderr, "bench_sync_consumer: no host memory for %s\n", d.name), -1;
+		err = dcast_consumer_bind(c, d.name, host_mem[host_n++], DCAST_MEM_HOST, bytes);
 	}
 	if (!err)
 		fprintf(stderr, "bench_sync_consumer: %u tensors bound to host memory\n", n);
@@ -263,5 +265,7 @@ int main(int argc, char **argv)
 	if (err > 0 && err != DCAST_ETOO_LARGE) /* that one named by its event, -1 by bind_device */
 		fprintf(stderr, "bench_sync_consumer: %s: %s\n", dcast_errname(err), dcast_last_error());
 	dcast_consumer_close(&c);
+	while (host_n)
+		free(host_mem[--host_n]);
 	return err || stop ? 1 : 0;
 }

@@ -6,7 +6,7 @@
  * (T: CLOCK_REALTIME nanoseconds when poll() returned the event;
  * scripts/bench_fanout.sh times anchors to it; C, D as below: D then says
  * how much of an anchor taken in place its file had, whose writes run
- * behind its COMMIT), and after
+ * behind its COMMIT; 0 on a delta's line, which reads no stats), and after
  * each apply:
  *   applied V anchor|delta t_ns T stage_ns S apply_ns A bytes B
  *     verify_bytes H log_write_bytes L direct_write_bytes D io_write_bytes W
@@ -192,6 +192,7 @@ static int follow(dcast_consumer *c, uint64_t until)
 {
 	dcast_event ev;
 	int err = 0, bound = 0, host_bound = 0;
+	uint64_t anchor = DCAST_VERSION_NONE; /* the last anchor begun (its READY line gives D) */
 
 	while (!stop && !err) {
 		if ((err = bind_device(c, &bound)))
@@ -206,10 +207,14 @@ static int follow(dcast_consumer *c, uint64_t until)
 				ev.type == DCAST_EV_GAP ? "gap" : dcast_errname(ev.code), ev.version, ev.text);
 		if (ev.type == DCAST_EV_ERROR && ev.code == DCAST_ETOO_LARGE)
 			err = ev.code; /* named on the line above */
+		if (ev.type == DCAST_EV_ANCHOR)
+			anchor = ev.version;
 		if (ev.type != DCAST_EV_VERSION_READY)
 			continue;
+		/* the stats take the consumer's lock: a delta's READY line does
+		 * without them, so that its apply starts as soon */
 		printf("ready %" PRIu64 " t_ns %" PRIu64 " cpu_ns %" PRIu64 " direct_write_bytes %" PRIu64 "\n",
-		       ev.version, realtime_ns(), cpu_ns(), direct_written(c));
+		       ev.version, realtime_ns(), cpu_ns(), ev.version == anchor ? direct_written(c) : 0);
 		fflush(stdout);
 		thread_times();
 		if ((err = dcast_consumer_apply(c, ev.version)))

@@ -211,10 +211,12 @@ static int follow(dcast_consumer *c, uint64_t until)
 			anchor = ev.version;
 		if (ev.type != DCAST_EV_VERSION_READY)
 			continue;
-		/* the stats take the consumer's lock: a delta's READY line does
-		 * without them, so that its apply starts as soon */
+		/* the time first: the stats take the consumer's lock, and a
+		 * delta's READY line does without them, so that its apply starts
+		 * as soon */
+		uint64_t t_ns = realtime_ns(), c_ns = cpu_ns();
 		printf("ready %" PRIu64 " t_ns %" PRIu64 " cpu_ns %" PRIu64 " direct_write_bytes %" PRIu64 "\n",
-		       ev.version, realtime_ns(), cpu_ns(), ev.version == anchor ? direct_written(c) : 0);
+		       ev.version, t_ns, c_ns, ev.version == anchor ? direct_written(c) : 0);
 		fflush(stdout);
 		thread_times();
 		if ((err = dcast_consumer_apply(c, ev.version)))

@@ -2,8 +2,10 @@
  * WELCOME.run) on disk, for the broker (DATA_DIR/runs/<model>) and the
  * consumer (DIR/run).  One line, "deltacast-run <16 hex> <8 hex>\n", the
  * second field the XXH32 of the first: a flipped bit or a torn write is
- * found instead of read as another run.  Written to PATH.tmp, fsynced and
- * renamed over PATH, so a reader sees the old file or the new one. */
+ * found instead of read as another run.  Written to PATH.tmp and renamed
+ * over PATH, so a reader sees the old file or the new one; durable at
+ * once (dcast_runfile_save), or later, when the caller says
+ * (dcast_runfile_write, then dcast_runfile_sync). */
 #ifndef DCAST_RUNFILE_H
 #define DCAST_RUNFILE_H
 
@@ -13,6 +15,17 @@
  * DCAST_EIO (create, write, fsync or rename failed; detail names the file
  * and strerror).  On an error `path` still holds what it held. */
 int dcast_runfile_save(const char *path, uint64_t run);
+
+/* As dcast_runfile_save, without the fsync: the file is there for every
+ * reader at once, on the disk once dcast_runfile_sync(path) returns 0 (or
+ * the system gets to it).  After a power failure in between, `path` may
+ * hold the old file, or a torn one (dcast_runfile_load: DCAST_ECORRUPT).
+ * Errors: as dcast_runfile_save's. */
+int dcast_runfile_write(const char *path, uint64_t run);
+
+/* Make `path` and its name durable: fsync the file, then its folder.
+ * Errors: DCAST_EIO (open or either fsync failed; detail names which). */
+int dcast_runfile_sync(const char *path);
 
 /* Read the run kept in `path` into *run (0 on any error).  Errors:
  * DCAST_ENOTFOUND (no such file), DCAST_EIO (unreadable), DCAST_ECORRUPT

@@ -1,12 +1,14 @@
 /* The run identity file (dcast_runfile.h): one checked line, replaced
  * atomically. */
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 #include <xxhash.h>
 #include "dcast_common.h"
+#include "dcast_reclog.h" /* dcast_fsync_parent */
 #include "dcast_runfile.h"
 
 #define RUNFILE_TAG "deltacast-run"
@@ -25,7 +27,8 @@ static int format_run(uint64_t run, char *out, size_t cap)
 	return snprintf(out, cap, RUNFILE_TAG " %s %08" PRIx32 "\n", hex, run_check(hex));
 }
 
-int dcast_runfile_save(const char *path, uint64_t run)
+/* `run` into path.tmp, fsynced when `durable`, renamed over `path`. */
+static int runfile_put(const char *path, uint64_t run, int durable)
 {
 	char tmp[4200], line[64];
 	int n = format_run(run, line, sizeof(line));
@@ -36,7 +39,7 @@ int dcast_runfile_save(const char *path, uint64_t run)
 	snprintf(tmp, sizeof(tmp), "%s.tmp", path);
 	if (!(f = fopen(tmp, "w")))
 		return dcast_fail(DCAST_EIO, "%s: create: %s", tmp, strerror(errno));
-	if (fwrite(line, 1, (size_t)n, f) != (size_t)n || fflush(f) || fsync(fileno(f))) {
+	if (fwrite(line, 1, (size_t)n, f) != (size_t)n || fflush(f) || (durable && fsync(fileno(f)))) {
 		int e = errno;
 
 		fclose(f);
@@ -50,6 +53,29 @@ int dcast_runfile_save(const char *path, uint64_t run)
 		return dcast_fail(DCAST_EIO, "%s: rename over %s: %s", tmp, path, strerror(e));
 	}
 	return 0;
+}
+
+int dcast_runfile_save(const char *path, uint64_t run)
+{
+	return runfile_put(path, run, 1);
+}
+
+int dcast_runfile_write(const char *path, uint64_t run)
+{
+	return runfile_put(path, run, 0);
+}
+
+int dcast_runfile_sync(const char *path)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC), e;
+
+	if (fd < 0)
+		return dcast_fail(DCAST_EIO, "%s: open: %s", path, strerror(errno));
+	e = fsync(fd) ? errno : 0;
+	close(fd);
+	if (e)
+		return dcast_fail(DCAST_EIO, "%s: fsync: %s", path, strerror(e));
+	return dcast_fsync_parent(path);
 }
 
 /* Parse one line read from `path`: the tag, 16 hex digits, their check. */

@@ -365,6 +365,8 @@ struct dcast_consumer {
 	cs_pause pause;                /* set only inside dcast_consumer_apply_async */
 
 	uint64_t run;                  /* run of the state held (DIR/run), 0 unknown */
+	pthread_mutex_t run_mu;        /* DIR/run's writes and syncs (run.c) */
+	_Atomic int run_unsynced;      /* DIR/run may not be on the disk yet */
 	_Atomic uint64_t run_confirmed; /* run a WELCOME confirmed, 0 until then */
 
 	cs_dcache dcache;              /* digests at the applied version; n 0 = none */
@@ -763,9 +765,17 @@ void cs_forget_state(dcast_consumer *c);
  * cs_run_check: a WELCOME's run against it; the state and the staged
  * versions of another run are dropped (returns 1 when anything was: the
  * caller re-joins, its HELLO naming what is left), an unknown run is
- * adopted and kept in DIR/run. */
+ * adopted and kept in DIR/run, written there but not synced: no fsync
+ * holds up the join.  cs_run_durable: DIR/run and its name made durable
+ * if they may not be yet; every path that makes state in DIR durable
+ * (record syncs, an anchor file's seal, folds) calls it first, so that
+ * after a power failure no durable state lies beside the run file of
+ * another run (any thread; a no-op once synced).  Errors: DCAST_EIO,
+ * the detail naming the file; the caller's state is then not made
+ * durable either. */
 void cs_run_load(dcast_consumer *c);
 int cs_run_check(dcast_consumer *c, uint64_t run);
+int cs_run_durable(dcast_consumer *c);
 
 /* apply.c */
 int cs_apply_version(dcast_consumer *c, cs_version *v, int verify, int *torn);

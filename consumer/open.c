@@ -109,10 +109,11 @@ static int dir_lock(dcast_consumer *c)
 /* What the store reports: its replay (the version the tensors hold, and
  * each record file's version, applied) and its chunk records written, into
  * the version state machine (intake.c), and a failure of its fold thread,
- * kept for the next poll() as the session thread's own are. */
+ * kept for the next poll() as the session thread's own are; the run file
+ * made durable before any state beside it (run.c). */
 static const cs_store_sink store_sink = {cs_manifest_take, cs_intake_holds, cs_intake_replay_chunk,
 					 cs_intake_replay_commit, cs_intake_apply, cs_intake_written,
-					 cs_session_failed};
+					 cs_session_failed, cs_run_durable};
 
 /* A local checkpoint that does not load (damaged, another format) is
  * dropped, not a reason to refuse to start: the broker has every committed
@@ -232,6 +233,7 @@ int dcast_consumer_open(const char *endpoint, const char *model, const char *dir
 	pthread_cond_init(&c->cv, NULL);
 	pthread_mutex_init(&c->lock, NULL);
 	pthread_cond_init(&c->ev_cv, NULL);
+	pthread_mutex_init(&c->run_mu, NULL);
 	c->ob.wake_fd = -1;
 	c->lock_fd = -1;
 	cs_bulk_init(c);
@@ -286,6 +288,7 @@ void dcast_consumer_close(dcast_consumer **cp)
 	pthread_cond_destroy(&c->cv);
 	pthread_mutex_destroy(&c->lock);
 	pthread_cond_destroy(&c->ev_cv);
+	pthread_mutex_destroy(&c->run_mu);
 	if (c->ob.wake_fd >= 0)
 		close(c->ob.wake_fd);
 	if (c->lock_fd >= 0)

@@ -23,7 +23,9 @@ void cs_run_load(dcast_consumer *c)
 	int rc;
 
 	run_path(c, path, sizeof(path));
-	if ((rc = dcast_runfile_load(path, &c->run)) && rc != DCAST_ENOTFOUND)
+	rc = dcast_runfile_load(path, &c->run);
+	atomic_store(&c->run_unsynced, !rc); /* a crash may have come before its sync */
+	if (rc && rc != DCAST_ENOTFOUND)
 		DCAST_LOG_W("consumer %s: run id lost (%s): local state of an unknown run, dropped at the "
 			    "broker's WELCOME", c->model, dcast_last_error());
 }
@@ -34,8 +36,27 @@ static void run_save(dcast_consumer *c, uint64_t run)
 
 	run_path(c, path, sizeof(path));
 	c->run = run;
-	if (dcast_runfile_save(path, run))
+	pthread_mutex_lock(&c->run_mu);
+	if (dcast_runfile_write(path, run))
 		DCAST_LOG_W("consumer %s: run id not kept: %s", c->model, dcast_last_error());
+	else
+		atomic_store(&c->run_unsynced, 1);
+	pthread_mutex_unlock(&c->run_mu);
+}
+
+int cs_run_durable(dcast_consumer *c)
+{
+	char path[4096];
+	int err = 0;
+
+	if (!atomic_load(&c->run_unsynced))
+		return 0;
+	run_path(c, path, sizeof(path));
+	pthread_mutex_lock(&c->run_mu);
+	if (atomic_load(&c->run_unsynced) && !(err = dcast_runfile_sync(path)))
+		atomic_store(&c->run_unsynced, 0);
+	pthread_mutex_unlock(&c->run_mu);
+	return err;
 }
 
 static void run_name(uint64_t run, char *out, size_t cap)

@@ -25,7 +25,9 @@
  *   record files, more than it keeps open, reads them all;
  * - a version announced READY stays applicable across a re-join: the
  *   broker stops (SIGSTOP), the consumer takes it for dead and joins again,
- *   and apply() of the READY version still succeeds, bit-exact. */
+ *   and apply() of the READY version still succeeds, bit-exact;
+ * - the run file is made durable before the anchor's seal: with it gone,
+ *   nothing is sealed or folded. */
 #include <fcntl.h>
 #include <inttypes.h>
 #include <pthread.h>
@@ -554,6 +556,46 @@ static void test_ready_survives_rejoin(h_broker *b)
 	h_model_free(&m);
 }
 
+/* The run file (DIR/run) is on the disk before any state beside it: the
+ * WELCOME writes it without an fsync (none holds up the join), and the
+ * anchor's seal syncs it first.  Held at its start (foldhold), the seal
+ * finds the run file gone: it seals nothing, nor does the fold from the
+ * tensors it falls back to, so no model.safetensors of an unnamed run is
+ * made durable. */
+static void run_file_case(const h_broker *b, const char *model)
+{
+	char env[32], run[512], saved[520];
+	dcast_producer *p = NULL;
+	dcast_consumer *c;
+	uint64_t folds = 0;
+	int hold[2];
+	h_model m;
+
+	REQUIRE(pipe(hold) == 0);
+	snprintf(env, sizeof(env), "foldhold:%d", hold[0]);
+	setenv("DELTACAST_CONSUMER_FAULT", env, 1);
+	REQUIRE(h_model_start(b, model, 57, 1, 100, &m, &p) == 0);
+	c = open_with(b, model, 0);
+	unsetenv("DELTACAST_CONSUMER_FAULT");
+	REQUIRE(c);
+	REQUIRE(ready_within(c, 1));
+	CHECK(dcast_consumer_apply(c, 1) == 0);
+	CHECK(fold_within(c, 1, 0)); /* the seal began, and waits */
+	snprintf(run, sizeof(run), "%s/run", dir_for(model));
+	snprintf(saved, sizeof(saved), "%s.saved", run);
+	REQUIRE(rename(run, saved) == 0);
+	REQUIRE(write(hold[1], "g", 1) == 1);
+	CHECK(fold_within(c, 0, 0));
+	CHECK(fold_state(c, &folds) == 0 && folds == 0); /* neither the seal nor the fold from the tensors */
+	CHECK(h_file_version(dir_for(model)) == 0);
+	REQUIRE(rename(saved, run) == 0);
+	close(hold[1]); /* nothing holds a fold at close */
+	dcast_consumer_close(&c);
+	close(hold[0]);
+	dcast_producer_close(&p);
+	h_model_free(&m);
+}
+
 int main(void)
 {
 	h_broker b;
@@ -571,6 +613,7 @@ int main(void)
 	test_misconfigured(&b);
 	test_sleeping_caller(&b);
 	test_ready_survives_rejoin(&b);
+	run_file_case(&b, "m_runfile");
 	h_broker_stop(&b);
 	return check_done("test_consumer_thread");
 }

@@ -425,6 +425,8 @@ static int write_anchor(dcast_consumer *c, const dcast_st_layout *lay)
 	char tmp[4200];
 	int fd, file, err;
 
+	if ((err = c->store->sink->durable(c)))
+		return err;
 	snprintf(tmp, sizeof(tmp), "%s.tmp", c->store->anchor_path);
 	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
 	if (fd < 0)

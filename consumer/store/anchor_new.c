@@ -51,7 +51,8 @@ int cs_anchor_new_applied(dcast_consumer *c, const cs_version *v)
 	return 1; /* the seal, on the fold thread */
 }
 
-/* fdatasync the file; with `release`, without it, in the background. */
+/* fdatasync the file, the run file first; with `release`, without it,
+ * in the background. */
 static int sync_file(dcast_consumer *c, const char *path, pthread_mutex_t *release)
 {
 	int fd = open(path, O_RDWR | O_CLOEXEC), err = 0, saved = 0;
@@ -63,7 +64,8 @@ static int sync_file(dcast_consumer *c, const char *path, pthread_mutex_t *relea
 		cs_fold_priority(1, &saved);
 	}
 	cs_fault_fold(c); /* the test seam: the seal held here */
-	if (fdatasync(fd) != 0)
+	err = c->store->sink->durable(c);
+	if (!err && fdatasync(fd) != 0)
 		err = dcast_fail(DCAST_EIO, "%s: fdatasync: %s", path, strerror(errno));
 	if (release) {
 		cs_fold_priority(0, &saved);

@@ -999,7 +999,8 @@ int cs_fold_run(cs_fold_job *j, const _Atomic int *stop)
 	j->stop = stop;
 	if (!j->here)
 		cs_fold_priority(1, &saved);
-	err = fold_run(j);
+	if (!(err = j->c->store->sink->durable(j->c))) /* its pieces and progress record are durable state */
+		err = fold_run(j);
 	if (!j->here)
 		cs_fold_priority(0, &saved);
 	DCAST_LOG_D("consumer %s: fold from the disk to version %" PRIu64 ": %u record files, %" PRIu64

@@ -42,7 +42,7 @@ int cs_store_open(dcast_consumer *c, const cs_store_sink *sink)
 		return dcast_fail(DCAST_ENOMEM, "paths");
 	if (mkdir(s->log_dir, 0755) && errno != EEXIST)
 		return dcast_fail(DCAST_EIO, "%s: mkdir: %s", s->log_dir, strerror(errno));
-	if ((err = cs_syncer_open(&s->syncer)))
+	if ((err = cs_syncer_open(&s->syncer, c)))
 		return err;
 	return cs_ckpt_wb_open(c);
 }

@@ -66,7 +66,12 @@ typedef struct cs_store cs_store;
  * staging pool are free again (called with the store's mutex held: it
  * takes no lock).  failed: the fold thread failed with err
  * (dcast_last_error() says why), `lock` held: for the consumer's next
- * poll(). */
+ * poll().  durable: called before the store makes state of its own
+ * durable (a record file's sync, an anchor file's seal, a fold), from any
+ * of its threads, with or without `lock`, never with the store's mutex:
+ * what must be on the disk before that state (the run file: cs_run_durable),
+ * synced; an error (its detail set) keeps that state from being made
+ * durable; it takes no lock but its own, innermost. */
 typedef struct cs_store_sink {
 	int (*manifest)(dcast_consumer *c, const dcast_manifest *m);
 	void (*holds)(dcast_consumer *c, uint64_t version);
@@ -75,6 +80,7 @@ typedef struct cs_store_sink {
 	int (*apply)(dcast_consumer *c, cs_version *v, int at_load);
 	void (*written)(dcast_consumer *c, uint64_t version, uint64_t credit, int failed);
 	void (*failed)(dcast_consumer *c, int err);
+	int (*durable)(dcast_consumer *c);
 } cs_store_sink;
 
 /* ---- its life ---- */

@@ -15,6 +15,7 @@
  * record-file descriptors, one per committed version, synced in order. */
 #define CS_SYNC_QUEUE 64
 typedef struct cs_syncer {
+	dcast_consumer *c;             /* whose sink's `durable` goes first */
 	pthread_mutex_t mu;
 	pthread_cond_t cv;             /* work queued, work done, or stop */
 	pthread_t th;
@@ -108,11 +109,11 @@ void cs_store_handed_lock(pthread_mutex_t *lock);
 int cs_ckpt_await_direct(dcast_consumer *c);
 
 /* syncer.c */
-/* Start the sync thread.  Errors: DCAST_ENOMEM (no thread: push syncs
+/* Start c's sync thread.  Errors: DCAST_ENOMEM (no thread: push syncs
  * inline then). */
-int cs_syncer_open(cs_syncer *s);
+int cs_syncer_open(cs_syncer *s, dcast_consumer *c);
 /* Queue record file `fd` (duplicated; the caller keeps its own) of
- * `version` for fdatasync; waits while CS_SYNC_QUEUE files are pending.
+ * `version` for fdatasync, the sink's `durable` called first; waits while CS_SYNC_QUEUE files are pending.
  * Errors: DCAST_EIO only when it had to sync inline and that failed. */
 int cs_syncer_push(cs_syncer *s, int fd, uint64_t version);
 /* A failed background fdatasync since the last call (set as the last

@@ -18,6 +18,24 @@
 #include "store_impl.h"
 #include "dcast_common.h"
 
+/* fd (record file of version v) durable, what the consumer needs there
+ * first (the sink's `durable`): 0, or errno
+ * with the failure's words in why. */
+static int sync_record(cs_syncer *s, int fd, uint64_t v, char *why, size_t cap)
+{
+	int e;
+
+	if (s->c->store->sink->durable(s->c)) {
+		snprintf(why, cap, "record file of version %" PRIu64 ": %s", v, dcast_last_error());
+		return EIO;
+	}
+	if (fdatasync(fd) == 0)
+		return 0;
+	e = errno;
+	snprintf(why, cap, "record file of version %" PRIu64 ": fdatasync: %s", v, strerror(e));
+	return e;
+}
+
 static void *syncer_main(void *arg)
 {
 	cs_syncer *s = arg;
@@ -31,15 +49,15 @@ static void *syncer_main(void *arg)
 		int fd = s->fds[s->head];
 		uint64_t v = s->vers[s->head];
 		pthread_mutex_unlock(&s->mu);
-		int rc = fdatasync(fd), e = errno;
+		char why[sizeof(s->err_text)];
+		int rc = sync_record(s, fd, v, why, sizeof(why));
 		close(fd);
 		pthread_mutex_lock(&s->mu);
 		s->head = (s->head + 1) % CS_SYNC_QUEUE;
 		s->n--;
 		if (rc && !s->err) {
 			s->err = DCAST_EIO;
-			snprintf(s->err_text, sizeof(s->err_text), "record file of version %" PRIu64
-				 ": fdatasync: %s (not durable)", v, strerror(e));
+			snprintf(s->err_text, sizeof(s->err_text), "%.200s (not durable)", why);
 		}
 		if (!rc)
 			atomic_store(&s->synced, v);
@@ -49,9 +67,10 @@ static void *syncer_main(void *arg)
 	return NULL;
 }
 
-int cs_syncer_open(cs_syncer *s)
+int cs_syncer_open(cs_syncer *s, dcast_consumer *c)
 {
 	memset(s, 0, sizeof(*s));
+	s->c = c;
 	atomic_init(&s->synced, DCAST_VERSION_NONE);
 	pthread_mutex_init(&s->mu, NULL);
 	pthread_cond_init(&s->cv, NULL);
@@ -65,10 +84,10 @@ int cs_syncer_open(cs_syncer *s)
 int cs_syncer_push(cs_syncer *s, int fd, uint64_t version)
 {
 	int d = s->started ? dup(fd) : -1;
+	char why[sizeof(s->err_text)];
 
 	if (d < 0) /* no thread, or no descriptor to spare: sync here */
-		return fdatasync(fd) ? dcast_fail(DCAST_EIO, "record file of version %" PRIu64
-						  ": fdatasync: %s", version, strerror(errno)) : 0;
+		return sync_record(s, fd, version, why, sizeof(why)) ? dcast_fail(DCAST_EIO, "%s", why) : 0;
 	pthread_mutex_lock(&s->mu);
 	while (s->n == CS_SYNC_QUEUE) /* the disk is this far behind: wait for it */
 		pthread_cond_wait(&s->cv, &s->mu);

@@ -283,19 +283,24 @@ wait_lines() {
 	done
 }
 
-# anchor_seconds DIR WORD [START]: "S A C": S from START (an
+# anchor_seconds DIR WORD [START]: "S A C O": S from START (an
 # $EPOCHREALTIME; default the producer's publish call) to the last
 # consumer's "WORD 1 ... t_ns T ... cpu_ns U" line, A from the publish call
-# to the broker's ACK, C the consumers' U summed, in seconds.
+# to the broker's ACK, C the consumers' U summed, O from the first
+# consumer's dcast_consumer_open() call (its line's open_ns; bench_tcp's
+# clock too starts after its exec) to that last line, 0 where the lines
+# have none, in seconds.
 anchor_seconds() {
 	local start=${3:-}
 	awk -v word="$2" -v start="${start/./}000" '
 		$1 == "acked" && $2 == 1 { t0 = $3; ack = $4 }
 		$1 == word && $2 == 1 { for (i = 3; i < NF; i++) {
 			if ($i == "t_ns" && $(i + 1) > last) last = $(i + 1)
+			if ($i == "open_ns" && (!open || $(i + 1) < open)) open = $(i + 1)
 			if ($i == "cpu_ns") { cpu += $(i + 1); ncpu++ } } }
 		END { if (!t0 || !last || !ncpu) exit 1; from = start > 1000 ? start : t0
-		      printf "%.6f %.6f %.6f\n", (last - from) / 1e9, (ack - t0) / 1e9, cpu / 1e9 }' \
+		      printf "%.6f %.6f %.6f %.6f\n", (last - from) / 1e9, (ack - t0) / 1e9, cpu / 1e9,
+			     open ? (last - open) / 1e9 : 0 }' \
 		"$1/publish.log" "$1"/c*.log
 }
 
@@ -316,7 +321,7 @@ wait_acked() {
 # start to the last READY, through the broker's store-and-forward (a version
 # is served once committed).
 broker_run() {
-	local form=$1 n=$2 k=$3 d=$ROOT/$1-n$2-$3 i go pub s ack rcpu c0 t0 rss joins word=ready
+	local form=$1 n=$2 k=$3 d=$ROOT/$1-n$2-$3 i go pub s ack rcpu opened c0 t0 rss joins word=ready
 	[ "$form" = recv ] && word=received
 	mkdir -p "$d"
 	local dd=()
@@ -349,11 +354,12 @@ broker_run() {
 	proc_cpu "$BROKER_PID"
 	exec {go}>&-
 	wait "$pub" || die "fault_publish ($(cat "$d/publish.err"))"
-	read -r s ack rcpu < <(anchor_seconds "$d" "$word" "${t0:-}") && [ -n "$rcpu" ] || die "$d: no times in the logs"
+	read -r s ack rcpu opened < <(anchor_seconds "$d" "$word" "${t0:-}") && [ -n "$opened" ] ||
+		die "$d: no times in the logs"
 	rss=$(awk '/^VmRSS/ { print $2 }' "/proc/$BROKER_PID/status")
 	joins=$(grep -c '^.*consumer .* joined, ' "$d/broker.log")
 	[ -s "$ROOT/payload" ] || [ "$form" != recv ] || awk '$1 == "received" { print $6; exit }' "$d/c1.log" >"$ROOT/payload"
-	cell "$form" "$n" "$k" "$s" "$rcpu" "$(us_s $((CPU_US - c0)))" "$rss" $((joins - n)) "$ack"
+	cell "$form" "$n" "$k" "$s" "$rcpu" "$(us_s $((CPU_US - c0)))" "$rss" $((joins - n)) "$ack" "$opened"
 	e2e_cleanup || true
 	[ "$KEEP" = 1 ] || rm -rf "$d"
 	sync

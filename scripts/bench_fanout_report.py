@@ -32,7 +32,7 @@ INTAKE_GOAL = 2.0  # their CPU per GB until READY, at most this times a keeping 
 TARGET_N = (4, 16)
 LAST_N = 4  # the last line's N for its CPU ratios
 WALL_N = 1  # and for its wall-time ratio
-Run = collections.namedtuple("Run", "seconds recv_cpu send_cpu rss_kb rejoins ack")
+Run = collections.namedtuple("Run", "seconds recv_cpu send_cpu rss_kb rejoins ack from_open")
 
 NOTES = """\
 How it is measured (scripts/bench_fanout.sh): medians of {runs} runs [min..max] (x the row's raw TCP); the model is
@@ -40,9 +40,10 @@ gen-trace's first {params} bf16 version ({model} bytes).  References per N, in r
 (tests/tools/bench_tcp, bytes dropped; *keep the model*: each receiver reads into a model-sized buffer on huge
 pages, as the consumer's tensors), **nginx + curl** (`sendfile on`) and the **disk** (N `dd bs=2M oflag=direct`
 writers of the model's size at once in the temp dir: the library consumers' checkpoints, written behind their READY).  A fresh broker ({broker_args}) per run.  *Anchor in its log*: the anchor is ACKed, then N
-consumers start at once, timed to the last: `wire_client receive` ({window} MiB window, no checksum, no copy; with
+consumers start at once, timed from just before their exec to the last: `wire_client receive` ({window} MiB window, no checksum, no copy; with
 `--bulk 1` when the broker has `--bulk`) or tests/tools/bench_sync_consumer (default options: they ask for bulk
-anchors) at VERSION_READY; *with `--bulk-send sendfile`*: the same, the payloads sent with sendfile(2), where the
+anchors) at VERSION_READY (also timed from the first one's `dcast_consumer_open()` call, a reference row: raw TCP's
+clock starts after its exec and connects); *with `--bulk-send sendfile`*: the same, the payloads sent with sendfile(2), where the
 broker's default (`auto`) copies them to a consumer on its own host.  *Publish start*: the consumers wait first, timed
 from `dcast_producer_publish()` (two hops in turn).  **CPU per GB**: user + system seconds per 10^9 bytes delivered;
 receivers by getrusage, `times` or their own line, senders by /proc/PID/task/TID/schedstat (over loopback the sender's
@@ -60,8 +61,8 @@ def read_cells(path):
     cells = {}
     for line in open(path):
         w = line.split()
-        vals = [float(x) for x in w[3:9]] + [0, 0, 0]
-        cells.setdefault((w[0], int(w[1])), []).append(Run(*vals[:6]))
+        vals = [float(x) for x in w[3:10]] + [0, 0, 0, 0]
+        cells.setdefault((w[0], int(w[1])), []).append(Run(*vals[:7]))
     return cells
 
 
@@ -175,13 +176,25 @@ def cpu_targets(cells, ns, model):
         broker, web = (cpu_per_gb(cells[(c, n)], "send_cpu", n, model) for c in ("lib", "nginx"))
         lines.append("| the broker's CPU per GB sent to library consumers / nginx's to curl, N = %d | at most 1x "
                      "| %.2f / %.2f = %.2fx | %s |" % (n, broker, web, *judged(ratio("broker CPU", broker, web), 1.0)))
-    return lines + [wall_row(cells, WALL_N)] if WALL_N in ns else lines
+    return lines + [wall_row(cells, WALL_N), *from_open_row(cells, WALL_N)] if WALL_N in ns else lines
 
 
 def wall_row(cells, n):
     lib, tcp = (median_s(cells[(c, n)]) for c in ("lib", "tcp"))
     return ("| library consumers until READY / raw TCP, N = %d | at most %.2fx | %s / %s ms = %.2fx | %s |"
             % (n, GOAL, ms(lib), ms(tcp), lib / tcp, verdict(lib / tcp <= GOAL)))
+
+
+def from_open_row(cells, n):
+    """The wall row again, the library's time counted from its dcast_consumer_open() call, as bench_tcp's
+    starts after its own exec; none where the consumers' lines carry no open time."""
+    runs = cells[("lib", n)]
+    if not all(r.from_open > 0 for r in runs):
+        return []
+    lib, tcp = statistics.median(r.from_open for r in runs), median_s(cells[("tcp", n)])
+    return ["| (a reference, not a target) the same, the library's time from its `dcast_consumer_open()` call "
+            "(the process's exec and library loading left out, as raw TCP's clock leaves out its own), N = %d "
+            "| | %s / %s ms = %.2fx | |" % (n, ms(lib), ms(tcp), lib / tcp)]
 
 
 def pick_n(want, ns):

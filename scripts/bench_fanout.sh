@@ -8,6 +8,11 @@
 #   keep   the same, each receiver reading into a fresh buffer of the
 #          model's size on huge pages (bench_tcp ... keep): raw TCP to
 #          receivers that keep the model, first touch of its memory included;
+#   keepmap the same, the sender writing the model file's bytes from its
+#          pages mapped and faulted in before the clock starts (bench_tcp
+#          ... keep map FILE): a server that copies from its page cache,
+#          as the broker does to a consumer on its host, with no mapping
+#          of its own to make;
 #   nginx  N curl fetches at once of the model file (into /dev/null) from a
 #          private nginx (its own conf and prefix in the temp dir, a free
 #          port; started for the row, stopped after it);
@@ -151,13 +156,15 @@ seconds_since() {
 	printf '%d.%06d' $((us / 1000000)) $((us % 1000000))
 }
 
-# tcp_run N RUN [keep]: "seconds S bytes B send_cpu_s X recv_cpu_s Y".
+# tcp_run N RUN [CELL ARGS...]: bench_tcp BYTES N ARGS ("seconds S bytes B
+# send_cpu_s X recv_cpu_s Y") as cell CELL (default tcp, no ARGS).
 tcp_run() {
-	local out w
-	out=$("$BIN/tools/bench_tcp" "$MODEL_BYTES" "$1" ${3:-}) || die "bench_tcp $MODEL_BYTES $1 ${3:-}"
+	local n=$1 k=$2 name=${3:-tcp} out w
+	shift $(($# < 3 ? $# : 3))
+	out=$("$BIN/tools/bench_tcp" "$MODEL_BYTES" "$n" "$@") || die "bench_tcp $MODEL_BYTES $n $*"
 	read -r -a w <<<"$out"
 	[ "${w[6]:-}" = recv_cpu_s ] || die "bench_tcp printed '$out'"
-	cell "${3:-tcp}" "$1" "$2" "${w[1]}" "${w[7]}" "${w[5]}"
+	cell "$name" "$n" "$k" "${w[1]}" "${w[7]}" "${w[5]}"
 }
 
 # disk_run N RUN: N dd writers of the model's size at once, O_DIRECT.
@@ -376,7 +383,9 @@ row() {
 	for ((k = 1; k <= RUNS; k++)); do
 		tcp_run "$n" "$k"
 		warm "$n"
-		tcp_run "$n" "$k" keep
+		tcp_run "$n" "$k" keep keep
+		warm "$n"
+		tcp_run "$n" "$k" keepmap keep map "$MODEL"
 		nginx_round "$ROOT/refs-n$n" "$n" "$k"
 		disk_run "$n" "$k"
 		for form in recv lib $([ "$BULK" = 0 ] || echo libsf) live; do broker_run "$form" "$n" "$k"; done

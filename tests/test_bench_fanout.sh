@@ -5,8 +5,10 @@
 #   intake_cpu_over_tcp R broker_cpu_over_nginx S fanout_over_raw_tcp_n1 T
 # with finite ratios, and the targets table has a row for each of the
 # targets in CPU per byte and for N = 1 against raw TCP, and the
-# references with the broker at --bulk-send sendfile (the libsf column)
-# and against the disk column (its cells: a time, no CPU).  Needs nginx and
+# references with the broker at --bulk-send sendfile (the libsf column),
+# against the disk column (its cells: a time, no CPU), against raw TCP
+# from the file's mapped pages to keeping receivers (keepmap), and the
+# library's time counted from its open() (every lib cell has one).  Needs nginx and
 # curl (`scripts/deps.sh bench`).
 set -u
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
@@ -22,7 +24,7 @@ cat "$out"
 root=$(sed -n 's/^bench-fanout: keeping the logs in \(\/.*\)$/\1/p' "$out")
 [ $rc = 0 ] || { echo "FAIL: bench_fanout.sh exited $rc"; exit 1; }
 [ -f "$root/cells.log" ] || { echo "FAIL: no cells.log in '$root'"; exit 1; }
-[ "$(wc -l <"$root/cells.log")" = 16 ] || { echo "FAIL: not 16 cells (8 columns, N = 1 and 4)"; exit 1; }
+[ "$(wc -l <"$root/cells.log")" = 18 ] || { echo "FAIL: not 18 cells (9 columns, N = 1 and 4)"; exit 1; }
 # Every cell has its two CPU figures; the broker's cells a nonzero pair
 # (raw TCP at 1M moves 2 MB in a few ms, under the kernel's accounting
 # tick: its threads may read 0).
@@ -43,4 +45,9 @@ grep -qF "| (a reference, not a target) with \`--bulk-send sendfile\`, N = 4: " 
 grep -qF "| (a reference, not a target) library consumers until READY / their checkpoints' bytes written alone, N = 4 |" \
 	"$out" || { echo "FAIL: no reference row against the disk"; exit 1; }
 awk '$1 == "disk" && !($4 > 0)' "$root/cells.log" | grep -q . && { echo "FAIL: a disk cell without a time"; exit 1; }
+for ref in "the same, the library's time from its \`dcast_consumer_open()\` call" \
+	"library consumers until READY / raw TCP from the model file's pages, mapped, to receivers that keep the model, N = 1"; do
+	grep -qF "| (a reference, not a target) $ref" "$out" || { echo "FAIL: no reference row '$ref'"; exit 1; }
+done
+awk '$1 == "lib" && !($10 > 0)' "$root/cells.log" | grep -q . && { echo "FAIL: a lib cell without its time from open()"; exit 1; }
 echo "test_bench_fanout: ok"

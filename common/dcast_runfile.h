@@ -18,13 +18,15 @@ int dcast_runfile_save(const char *path, uint64_t run);
 
 /* As dcast_runfile_save, without the fsync: the file is there for every
  * reader at once, on the disk once dcast_runfile_sync(path) returns 0 (or
- * the system gets to it).  After a power failure in between, `path` may
+ * the system gets to it; its name once its folder is fsynced).  After a
+ * power failure in between, `path` may
  * hold the old file, or a torn one (dcast_runfile_load: DCAST_ECORRUPT).
  * Errors: as dcast_runfile_save's. */
 int dcast_runfile_write(const char *path, uint64_t run);
 
-/* Make `path` and its name durable: fsync the file, then its folder.
- * Errors: DCAST_EIO (open or either fsync failed; detail names which). */
+/* Make `path`'s bytes durable (fsync); its name is durable once its
+ * folder is fsynced too, which the caller does (dcast_fsync_dir).
+ * Errors: DCAST_EIO (open or fsync failed; the detail says which). */
 int dcast_runfile_sync(const char *path);
 
 /* Read the run kept in `path` into *run (0 on any error).  Errors:

@@ -8,7 +8,6 @@
 #include <unistd.h>
 #include <xxhash.h>
 #include "dcast_common.h"
-#include "dcast_reclog.h" /* dcast_fsync_parent */
 #include "dcast_runfile.h"
 
 #define RUNFILE_TAG "deltacast-run"
@@ -73,9 +72,7 @@ int dcast_runfile_sync(const char *path)
 		return dcast_fail(DCAST_EIO, "%s: open: %s", path, strerror(errno));
 	e = fsync(fd) ? errno : 0;
 	close(fd);
-	if (e)
-		return dcast_fail(DCAST_EIO, "%s: fsync: %s", path, strerror(e));
-	return dcast_fsync_parent(path);
+	return e ? dcast_fail(DCAST_EIO, "%s: fsync: %s", path, strerror(e)) : 0;
 }
 
 /* Parse one line read from `path`: the tag, 16 hex digits, their check. */

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include "consumer_impl.h"
 #include "dcast_common.h"
+#include "dcast_reclog.h" /* dcast_fsync_dir */
 #include "dcast_runfile.h"
 
 static void run_path(const dcast_consumer *c, char *out, size_t cap)
@@ -53,7 +54,7 @@ int cs_run_durable(dcast_consumer *c)
 		return 0;
 	run_path(c, path, sizeof(path));
 	pthread_mutex_lock(&c->run_mu);
-	if (atomic_load(&c->run_unsynced) && !(err = dcast_runfile_sync(path)))
+	if (atomic_load(&c->run_unsynced) && !(err = dcast_runfile_sync(path)) && !(err = dcast_fsync_dir(c->dir)))
 		atomic_store(&c->run_unsynced, 0);
 	pthread_mutex_unlock(&c->run_mu);
 	return err;

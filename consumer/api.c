@@ -193,7 +193,7 @@ static uint64_t ready_chain_locked(const dcast_consumer *c, uint64_t *n)
 {
 	uint64_t have = dcast_consumer_version(c), v = DCAST_VERSION_NONE, count = 0;
 
-	for (uint32_t i = 0; c && i < c->n_staged && c->staged[i].state == CS_V_READY; i++) {
+	for (uint32_t i = 0; c && i < c->n_staged && c->staged[i].state == CS_V_READY && !c->staged[i].held; i++) {
 		const cs_version *s = &c->staged[i];
 		if (!s->anchor && s->base_version != have)
 			break;

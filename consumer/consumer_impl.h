@@ -181,6 +181,9 @@ typedef struct cs_version {
 				* tensors, which held no version (intake.c) */
 	int direct;            /* in place, and written straight to model.safetensors.new
 				* at its final offsets instead of a record file (store/anchor_new.c) */
+	int held;              /* READY, not announced yet: an anchor's file is still
+				* written from the tensors its apply changes (intake.c,
+				* cs_intake_release) */
 } cs_version;
 
 /* ---- the live tensors ---- */
@@ -441,7 +444,12 @@ int cs_chunk_writes(const cs_chunk *k);
  * cs_intake_commit: a COMMIT from the wire closes its version when it
  * announces exactly what was staged; once its record is written the
  * version is READY (*ready = 1), checked ahead where it can be, and a
- * VERSION_READY event pushed.  Both return 0 when the stream goes on
+ * VERSION_READY event pushed; but while an anchor taken in place still
+ * has its file written from the tensors (an apply would wait for the
+ * disk, in the caller's pause), a version that is not that anchor is
+ * held: READY, neither announced nor in the chain apply() and
+ * auto_apply take (dcast_consumer_ready_version), until
+ * cs_intake_release.  Both return 0 when the stream goes on
  * (refusals re-join), DCAST_EIO for a record that cannot be written, or
  * the error of a re-join.  `lock` held, session thread.
  * cs_intake_replay_chunk, _commit: the store's replay of its record
@@ -454,6 +462,10 @@ int cs_chunk_writes(const cs_chunk *k);
 int cs_intake_chunk(dcast_consumer *c, const dcast_chunk *h, zmq_msg_t *payload,
 		    const struct dcast_landing *landed);
 int cs_intake_commit(dcast_consumer *c, dcast_commit *m, int *ready);
+/* Once no write of an anchor's own file is left, the held versions are
+ * announced, in order (their VERSION_READY events; their READY time is
+ * now).  Every turn of the session thread; `lock` held. */
+void cs_intake_release(dcast_consumer *c);
 int cs_intake_replay_chunk(dcast_consumer *c, cs_version *v, const dcast_chunk *h, uint64_t sum,
 			   uint64_t file_off);
 int cs_intake_replay_commit(dcast_consumer *c, cs_version *v, dcast_commit *m);

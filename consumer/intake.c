@@ -619,6 +619,15 @@ int cs_intake_chunk(dcast_consumer *c, const dcast_chunk *h, zmq_msg_t *payload,
 	return err ? cs_refuse(c, h->version, err) : stage_payload(c, v, h, payload, sum, landed);
 }
 
+/* READY v made known: its time, its event. */
+static void announce(dcast_consumer *c, cs_version *v)
+{
+	DCAST_ASSERT(v->state == CS_V_READY && !v->held);
+	v->ready_ns = dcast_now_ns();
+	cs_event_push(c, DCAST_EV_VERSION_READY, v->version, 0, "");
+	c->events[(c->ev_head + c->ev_count - 1) % CS_EVENTS].bytes = v->bytes;
+}
+
 /* v, closed by its COMMIT, once its commit record is written: READY, then
  * checked ahead where it can be.  A failed chunk record drops it (it is
  * fetched again). */
@@ -638,11 +647,26 @@ static int commit_written(dcast_consumer *c, cs_version *v, int *ready)
 	make_ready(v);
 	if ((err = cs_verify_ahead(c, v))) /* digests checked before apply where it can be */
 		return cs_refuse(c, v->version, err);
-	v->ready_ns = dcast_now_ns();
 	*ready = 1;
-	cs_event_push(c, DCAST_EV_VERSION_READY, v->version, 0, "");
-	c->events[(c->ev_head + c->ev_count - 1) % CS_EVENTS].bytes = v->bytes;
+	v->held = !v->in_place && cs_ckpt_direct_pending(c->store); /* cs_intake_release */
+	if (!v->held)
+		announce(c, v);
 	return 0;
+}
+
+void cs_intake_release(dcast_consumer *c)
+{
+	uint32_t i = 0;
+
+	while (i < c->n_staged && !c->staged[i].held)
+		i++;
+	if (i == c->n_staged || cs_ckpt_direct_pending(c->store))
+		return;
+	for (; i < c->n_staged; i++)
+		if (c->staged[i].held) {
+			c->staged[i].held = 0;
+			announce(c, &c->staged[i]);
+		}
 }
 
 int cs_intake_commit(dcast_consumer *c, dcast_commit *m, int *ready)

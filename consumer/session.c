@@ -603,6 +603,8 @@ static int session_turn(dcast_consumer *c, int readable)
 	if (!err)
 		err = cs_ckpt_progress(c); /* records written behind: their credit */
 	if (!err)
+		cs_intake_release(c); /* versions held while an anchor's file was written */
+	if (!err)
 		err = flush_credit(c);
 	if (!err)
 		err = cs_store_error(c->store);

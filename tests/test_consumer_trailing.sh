@@ -17,7 +17,11 @@
 # bit-exact.  One that binds every tensor to memory of its own right after
 # the apply (the library's host copy, which the file's writes still read,
 # is given back then: BENCH_SYNC_CONSUMER_BIND_HOST=1) seals the file
-# bit-exact too.  Exit 77 where the blkio throttle cannot
+# bit-exact too.  A delta right behind the anchor is READY only once the
+# anchor's file is written, so that its apply does not wait for the disk,
+# and its records do not wait for those writes either (the session
+# thread held for seconds, no heartbeat, the broker dropping the session).
+# Exit 77 where the blkio throttle cannot
 # be had (not root, no cgroup v1 blkio, no block device under the
 # directory).
 . "$(dirname "$0")/tools/broker_lib.sh"
@@ -40,7 +44,7 @@ if [ -z "$dev" ] || ! mkdir "$CG" 2>/dev/null || ! echo "$dev $BPS" >"$CG/blkio.
 	exit 77
 fi
 
-"$BUILD/deltacast" gen-trace --params 40M --steps 0 --density 0.01 -o "$TMP/trace" 2>/dev/null || fail "gen-trace"
+"$BUILD/deltacast" gen-trace --params 40M --steps 1 --density 0.01 -o "$TMP/trace" 2>/dev/null || fail "gen-trace"
 model=$TMP/trace/v0000.safetensors
 bytes=$(($(stat -c %s "$model") - 4096))
 start_broker b --heartbeat-ms 200 --bulk 127.0.0.1:0 --data-dir "$TMP/data"
@@ -95,5 +99,25 @@ grep -q "tensors bound to host memory" "$TMP/c4.err" || fail "consumer 4 did not
 written=$(awk '$1 == "ready" && $2 == 1 { for (i = 3; i < NF; i++) if ($i == "direct_write_bytes") print $(i + 1) }' "$TMP/c4.log")
 [ $((2 * written)) -lt "$bytes" ] || fail "consumer 4 was READY with $written of $bytes bytes written: no write trailed"
 same "$TMP/c4"
+
+# A delta right behind the anchor (model bench2: anchor 1, delta 2) is
+# READY only once the anchor's file is written: its apply would wait for
+# those writes, in the caller's pause.  So READY 2 comes seconds after
+# READY 1, and apply 2 takes a fraction of that (announced at once, as
+# before, READY 2 came right after the anchor's apply and apply 2 waited
+# the seconds out).
+"$BUILD/tools/fault_publish" "$b_PROD" bench2 1 0 "$model" "$TMP/trace/v0001.safetensors" >"$TMP/pub2.log" 2>&1 ||
+	fail "publish bench2: $(cat "$TMP/pub2.log")"
+(throttled "$BUILD/tools/bench_sync_consumer" "$b_CONS" bench2 "$TMP/c5" 2) >"$TMP/c5.log" 2>"$TMP/c5.err" ||
+	fail "consumer 5 exited $?: $(tail -3 "$TMP/c5.err")"
+read -r gap apply2 < <(awk '$1 == "ready" { t[$2] = $4 }
+	$1 == "applied" && $2 == 2 { for (i = 3; i < NF; i++) if ($i == "apply_ns") a = $(i + 1) }
+	END { if (t[1] && t[2] && a) printf "%.0f %.0f\n", t[2] - t[1], a }' "$TMP/c5.log")
+[ -n "${apply2:-}" ] || fail "consumer 5: no READY 1, READY 2 and apply 2: $(cat "$TMP/c5.log")"
+! grep -E "session thread busy|re-joining" "$TMP/c5.err" ||
+	fail "consumer 5's session thread waited for the anchor's file (its records behind those writes)"
+[ $((4 * apply2)) -lt "$gap" ] ||
+	fail "consumer 5: READY 2 $((gap / 1000000)) ms after READY 1, its apply $((apply2 / 1000000)) ms: the apply waited for the anchor's file"
+echo "delta behind the anchor: READY $((gap / 1000000)) ms after it, applied in $((apply2 / 1000000)) ms"
 stop_broker b
 echo "PASS"

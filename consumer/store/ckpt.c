@@ -142,26 +142,7 @@ static int head_msg(rec_head *h, dcast_rec *r, const dcast_msg *m)
 	return err;
 }
 
-/* Write a record without payload (FILE, MANIFEST, COMMIT) at the end of
- * v's file and wait for it, after the chunk records written behind. */
-static int append(dcast_consumer *c, cs_version *v, const rec_head *h)
-{
-	uint64_t t0 = dcast_now_ns();
-	int err = cs_ckpt_flush(c); /* chunk records first, and the engine to ourselves */
-
-	if (err)
-		return err;
-	err = dcast_io_write(c->io, v->io_file, h->p, h->len, v->file_bytes, DCAST_IO_NO_BUF, 1);
-	int derr = dcast_io_drain(c->io);
-	err = err ? err : derr;
-	cs_store_lock(c->store);
-	c->store->log_write_ns += dcast_now_ns() - t0;
-	c->store->log_write_bytes += err ? 0 : h->len;
-	c->store->log_since_fold += err ? 0 : h->len;
-	cs_store_unlock(c->store);
-	v->file_bytes += err ? 0 : h->len;
-	return err;
-}
+static int append(dcast_consumer *c, cs_version *v, const rec_head *h);
 
 /* The first records of a version's file: FILE (the model's name), and for
  * an anchor the MANIFEST of the tensors it fills. */
@@ -242,14 +223,17 @@ static int chunk_head(const dcast_chunk *k, uint64_t payload_sum, rec_head *h)
  * per version (docs/benchmarks.md, "Many tensors").
  *
  * An anchor's range of its own file (v->direct) holds nothing of the
- * pool's and no credit: when every slot is busy it waits in a queue
- * instead of the receive, and each reap hands the freed slots to it, so
- * that the anchor is READY once received and checked, not once the disk
- * has it (anchor.c, new_commit).  Its writes read the tensors: whatever
+ * pool's and no credit: when every slot is busy, or WB_DIRECT_SLOTS hold
+ * such ranges (the others stay for the records of the versions behind
+ * it, and a record without payload waits for records alone: append), it
+ * waits in a queue instead of the receive, and each reap hands the freed
+ * slots to it, so that the anchor is READY once received and checked, not
+ * once the disk has it (anchor.c, new_commit).  Its writes read the tensors: whatever
  * changes them first waits for them (cs_ckpt_settle_direct), and the seal
  * of its file waits for them all (anchor_new.c).  A failed one marks the
  * file (new_write_lost), which is then never sealed (direct_lost). */
 #define WB_SLOTS 16
+#define WB_DIRECT_SLOTS 12 /* an anchor's own file takes at most these: the rest stay for records */
 #define WB_TAG 0x57420000u
 #define WB_SMALL (64u << 10)    /* records copied into a combined write */
 #define WB_COMBINE (256u << 10) /* one combined write, at most */
@@ -430,14 +414,27 @@ static int wb_pending(const struct cs_wb *wb)
 	return wb->busy || wb->at < wb->n;
 }
 
-int cs_ckpt_pending(cs_store *s)
+static int direct_pending(const struct cs_wb *wb);
+
+/* test(s->wb), under the store's mutex; 0 without a queue. */
+static int wb_ask(cs_store *s, int (*test)(const struct cs_wb *))
 {
-	int busy;
+	int yes;
 
 	cs_store_lock(s);
-	busy = s->wb && wb_pending(s->wb);
+	yes = s->wb && test(s->wb);
 	cs_store_unlock(s);
-	return busy;
+	return yes;
+}
+
+int cs_ckpt_pending(cs_store *s)
+{
+	return wb_ask(s, wb_pending);
+}
+
+int cs_ckpt_direct_pending(cs_store *s)
+{
+	return wb_ask(s, direct_pending);
 }
 
 int cs_ckpt_progress(dcast_consumer *c)
@@ -523,6 +520,21 @@ static wb_slot *wb_slot_try(dcast_consumer *c)
 			return &c->store->wb->s[i];
 		}
 	return NULL;
+}
+
+/* A free slot for a range of an anchor's own file, taken; NULL when every
+ * slot is busy, or WB_DIRECT_SLOTS of them with such ranges.  The rest
+ * stay for records: a delta right behind the anchor writes its records
+ * at once, where it would wait for the anchor's file (at the disk's pace,
+ * the session thread held and no heartbeat sent). */
+static wb_slot *direct_slot_try(dcast_consumer *c)
+{
+	const struct cs_wb *wb = c->store->wb;
+	int n = 0;
+
+	for (int i = 0; i < WB_SLOTS; i++)
+		n += (wb->busy & (1u << i)) && !wb->s[i].is_log;
+	return n < WB_DIRECT_SLOTS ? wb_slot_try(c) : NULL;
 }
 
 static wb_slot *wb_slot_get(dcast_consumer *c)
@@ -656,7 +668,7 @@ static void wb_pump(dcast_consumer *c)
 	struct cs_wb *wb = c->store->wb;
 	wb_slot *s;
 
-	while (wb->at < wb->n && (s = wb_slot_try(c))) {
+	while (wb->at < wb->n && (s = direct_slot_try(c))) {
 		const wb_later *l = &wb->later[wb->at++];
 		direct_slot(s, l->version, l->off, l->len);
 		if (range_submit(c, l->file, l->src, s) && !(wb->busy & (1u << (s - wb->s))))
@@ -678,7 +690,7 @@ static int direct_submit(dcast_consumer *c, cs_version *v, const dcast_chunk *k,
 
 	DCAST_ASSERT(v->in_place);
 	*payload_off = l.off;
-	if (!(s = wb_slot_try(c)) && later_push(c->store->wb, &l) == 0)
+	if (!(s = direct_slot_try(c)) && later_push(c->store->wb, &l) == 0)
 		return 0;
 	if (!s && !(s = wb_slot_get(c)))
 		return dcast_fail(DCAST_EIO, "version %" PRIu64 ": record writes failed", k->version);
@@ -770,7 +782,7 @@ static int combine_slot(dcast_consumer *c, int file, uint64_t off, uint64_t vers
 		return 0;
 	}
 	combine_submit(c);
-	if (nowait && !(s = wb_slot_try(c)))
+	if (nowait && !(s = direct_slot_try(c)))
 		return 1;
 	if (!nowait && !(s = wb_slot_get(c)))
 		return dcast_fail(DCAST_EIO, "version %" PRIu64 ": record writes failed", version);
@@ -783,6 +795,80 @@ static int combine_slot(dcast_consumer *c, int file, uint64_t off, uint64_t vers
 	wb->filling = (int)(s - wb->s);
 	*out = s;
 	return 0;
+}
+
+/* A write of the record log (not of an anchor's own file) under way. */
+static int records_busy(const struct cs_wb *wb)
+{
+	for (int i = 0; i < WB_SLOTS; i++)
+		if ((wb->busy & (1u << i)) && wb->s[i].is_log)
+			return 1;
+	return 0;
+}
+
+/* Wait until slot s, or (s NULL) every write of the record log, is done;
+ * an anchor's own file's writes, at the disk's pace behind its COMMIT,
+ * go on.  A broken ring fails them all. */
+static void wb_wait_log(dcast_consumer *c, const wb_slot *s)
+{
+	const struct cs_wb *wb = c->store->wb;
+	uint32_t bit = s ? 1u << (s - wb->s) : 0;
+
+	if (!s)
+		combine_submit(c); /* a filling slot of small records goes now */
+	while (s ? (wb->busy & bit) != 0 : records_busy(wb))
+		if (wb_reap(c, 1)) {
+			wb_wait_all(c);
+			return;
+		}
+}
+
+/* Slot s writes record h at the end of v's file. */
+static int slot_record(dcast_consumer *c, const cs_version *v, const rec_head *h, wb_slot *s)
+{
+	uint64_t tag = WB_TAG | (uint64_t)(s - c->store->wb->s);
+	int err = 0;
+
+	if (h->len > s->h.cap) {
+		uint8_t *p = realloc(s->h.p, h->len);
+		if (!p)
+			err = dcast_fail(DCAST_ENOMEM, "record header of %zu bytes", h->len);
+		else
+			s->h.p = p, s->h.cap = h->len;
+	}
+	if (!err) {
+		memcpy(s->h.p, h->p, h->len);
+		s->h.len = h->len;
+		*s = (wb_slot){.h = s->h, .cb = s->cb, .version = v->version, .off = v->file_bytes, .is_log = 1, .left = 1};
+		err = dcast_io_write(c->io, v->io_file, s->h.p, h->len, s->off, DCAST_IO_NO_BUF, tag);
+	}
+	if (err)
+		c->store->wb->busy &= ~(1u << (s - c->store->wb->s));
+	return err;
+}
+
+/* Write a record without payload (FILE, MANIFEST, COMMIT) at the end of
+ * v's file and wait for it, after the chunk records written behind (not
+ * after an anchor's own file's writes: a delta right behind an anchor
+ * taken in place would wait for the disk, its session thread held). */
+static int append(dcast_consumer *c, cs_version *v, const rec_head *h)
+{
+	uint64_t t0 = dcast_now_ns();
+	wb_slot *s = NULL;
+	int err;
+
+	cs_store_lock(c->store);
+	wb_wait_log(c, NULL); /* chunk records first */
+	if (!(err = wb_report(c)) && !(s = wb_slot_get(c)))
+		err = dcast_fail(DCAST_EIO, "version %" PRIu64 ": record writes failed", v->version);
+	if (!err && !(err = slot_record(c, v, h, s))) {
+		wb_wait_log(c, s);
+		err = wb_report(c);
+	}
+	c->store->log_write_ns += dcast_now_ns() - t0;
+	cs_store_unlock(c->store);
+	v->file_bytes += err ? 0 : h->len;
+	return err;
 }
 
 /* Chunk k's record (or its range of the anchor file) copied into the

@@ -156,6 +156,9 @@ int cs_ckpt_progress(dcast_consumer *c);
 /* Is any chunk record still being written?  Needs no lock of the
  * consumer's. */
 int cs_ckpt_pending(cs_store *s);
+/* Is a write of an anchor's own file (model.safetensors.new, read from
+ * the tensors) queued or under way?  Needs no lock of the consumer's. */
+int cs_ckpt_direct_pending(cs_store *s);
 /* Chunk k's payload from v's record file into dst (pool memory).  Errors:
  * DCAST_EIO, DCAST_ETRUNCATED. */
 int cs_ckpt_read_payload(dcast_consumer *c, const cs_version *v, const cs_chunk *k, void *dst);

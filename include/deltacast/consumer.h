@@ -300,7 +300,11 @@ DCAST_API int dcast_consumer_poll(dcast_consumer *c, int timeout_ms, dcast_event
  * the calling one included, once they hold 8 MiB or more of host
  * tensors: O(model), while the caller waits anyway (the file digest of an
  * anchor received in place, before its READY, and of model.safetensors at
- * open and checkpoint() are split the same way).  On any failure the
+ * open and checkpoint() are split the same way).  While an anchor taken
+ * in place still has its checkpoint file written from the tensors (after
+ * its READY), a later version is announced READY only once those writes
+ * are done, so that its apply never waits for the disk; named by number
+ * before that, it is applied after waiting for them.  On any failure the
  * tensors are restored exactly to the previous version and the error is
  * returned; the refused version is dropped and re-requested.  Errors:
  * DCAST_ESTATE (not ready), DCAST_EGAP (its base is not the applied

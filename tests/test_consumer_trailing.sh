@@ -20,7 +20,8 @@
 # bit-exact too.  A delta right behind the anchor is READY only once the
 # anchor's file is written, so that its apply does not wait for the disk,
 # and its records do not wait for those writes either (the session
-# thread held for seconds, no heartbeat, the broker dropping the session).
+# thread held for seconds, no heartbeat, the broker dropping the session),
+# nor, spilled to its record file, its read back to be checked ahead.
 # Exit 77 where the blkio throttle cannot
 # be had (not root, no cgroup v1 blkio, no block device under the
 # directory).
@@ -44,7 +45,7 @@ if [ -z "$dev" ] || ! mkdir "$CG" 2>/dev/null || ! echo "$dev $BPS" >"$CG/blkio.
 	exit 77
 fi
 
-"$BUILD/deltacast" gen-trace --params 40M --steps 1 --density 0.01 -o "$TMP/trace" 2>/dev/null || fail "gen-trace"
+"$BUILD/deltacast" gen-trace --params 40M --steps 1 --density 0.3 -o "$TMP/trace" 2>/dev/null || fail "gen-trace"
 model=$TMP/trace/v0000.safetensors
 bytes=$(($(stat -c %s "$model") - 4096))
 start_broker b --heartbeat-ms 200 --bulk 127.0.0.1:0 --data-dir "$TMP/data"
@@ -100,7 +101,8 @@ written=$(awk '$1 == "ready" && $2 == 1 { for (i = 3; i < NF; i++) if ($i == "di
 [ $((2 * written)) -lt "$bytes" ] || fail "consumer 4 was READY with $written of $bytes bytes written: no write trailed"
 same "$TMP/c4"
 
-# A delta right behind the anchor (model bench2: anchor 1, delta 2) is
+# A delta right behind the anchor (model bench2: anchor 1, delta 2, of
+# 30% density) is
 # READY only once the anchor's file is written: its apply would wait for
 # those writes, in the caller's pause.  So READY 2 comes seconds after
 # READY 1, and apply 2 takes a fraction of that (announced at once, as
@@ -119,5 +121,15 @@ read -r gap apply2 < <(awk '$1 == "ready" { t[$2] = $4 }
 [ $((4 * apply2)) -lt "$gap" ] ||
 	fail "consumer 5: READY 2 $((gap / 1000000)) ms after READY 1, its apply $((apply2 / 1000000)) ms: the apply waited for the anchor's file"
 echo "delta behind the anchor: READY $((gap / 1000000)) ms after it, applied in $((apply2 / 1000000)) ms"
+
+# The same delta (8 MB) through an 8 MiB staging budget (2 MiB of it for
+# payloads in memory) spills to its record file, and is read back from
+# there to be checked ahead while the anchor's file is still written:
+# beside those writes, not after them.
+(throttled "$BUILD/deltacast" subscribe --broker "$b_CONS" --model bench2 --dir "$TMP/c6" --until 2 \
+	--budget 8388608) >"$TMP/c6.log" 2>"$TMP/c6.err" || fail "consumer 6 exited $?: $(tail -3 "$TMP/c6.err")"
+grep -q "^version 2 delta " "$TMP/c6.log" || fail "consumer 6 did not apply the delta: $(cat "$TMP/c6.log")"
+! grep -E "session thread busy|re-joining" "$TMP/c6.err" ||
+	fail "consumer 6's session thread waited for the anchor's file (its spilled delta read back)"
 stop_broker b
 echo "PASS"

@@ -997,12 +997,27 @@ int cs_io_read(dcast_consumer *c, int file, void *dst, uint64_t len, uint64_t of
 						      PRIu64 " run past its end", what, len, off);
 }
 
+/* k's payload read with pread on v's own descriptor once the record
+ * writes are done, beside an anchor's file's writes on the engine, for
+ * which the engine's read would wait first (cs_io_read: the session
+ * thread held at the disk's pace; a delta that spilled, right behind the
+ * anchor, is read back to be checked ahead). */
+static int read_beside(dcast_consumer *c, const cs_version *v, const cs_chunk *k, void *dst, const char *path)
+{
+	cs_store_lock(c->store);
+	wb_wait_log(c, NULL);
+	cs_store_unlock(c->store);
+	return dcast_pread_full(v->fd, dst, k->info.payload_bytes, k->file_off, path);
+}
+
 int cs_ckpt_read_payload(dcast_consumer *c, const cs_version *v, const cs_chunk *k, void *dst)
 {
 	char path[4096];
 	int err;
 
 	cs_ckpt_version_path(c, v->version, path, sizeof(path));
+	if (v->fd >= 0 && cs_ckpt_direct_pending(c->store))
+		return read_beside(c, v, k, dst, path);
 	if (v->io_file < 0 && (err = cs_ckpt_io_attach(c, (cs_version *)v, path)))
 		return err;
 	return cs_io_read(c, v->io_file, dst, k->info.payload_bytes, k->file_off, path);

@@ -18,9 +18,9 @@
 #include "store_impl.h"
 #include "dcast_common.h"
 
-/* fd (record file of version v) durable, what the consumer needs there
- * first (the sink's `durable`): 0, or errno
- * with the failure's words in why. */
+/* fd (record file of version v) durable, what the consumer needs on the
+ * disk before it first (the sink's `durable`): 0, or errno with the
+ * failure's words in why. */
 static int sync_record(cs_syncer *s, int fd, uint64_t v, char *why, size_t cap)
 {
 	int e;

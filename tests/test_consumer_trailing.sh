@@ -56,6 +56,15 @@ throttled() {
 	exec sh -c 'echo $$ >"$0/cgroup.procs" && exec "$@"' "$CG" "$@"
 }
 
+# stalled ERR: the consumer's log says its session thread was held for a
+# second or more in one turn (the disk's pace: the anchor's 77 MB take
+# 2.4 s at this rate; a loaded machine's turn takes a few hundred ms at
+# most), or that it re-joined (the broker dropped its silent session).
+stalled() {
+	grep -q "re-joining" "$1" && return 0
+	grep -oE "session thread busy [0-9]+ ms" "$1" | awk '$4 >= 1000 { found = 1 } END { exit !found }'
+}
+
 # same DIR: DIR/model.safetensors holds the anchor's tensors bit for bit.
 same() {
 	"$BUILD/deltacast" diff "$model" "$1/model.safetensors" --json >"$1.diff" || fail "diff $1 exited $?"
@@ -116,8 +125,7 @@ read -r gap apply2 < <(awk '$1 == "ready" { t[$2] = $4 }
 	$1 == "applied" && $2 == 2 { for (i = 3; i < NF; i++) if ($i == "apply_ns") a = $(i + 1) }
 	END { if (t[1] && t[2] && a) printf "%.0f %.0f\n", t[2] - t[1], a }' "$TMP/c5.log")
 [ -n "${apply2:-}" ] || fail "consumer 5: no READY 1, READY 2 and apply 2: $(cat "$TMP/c5.log")"
-! grep -E "session thread busy|re-joining" "$TMP/c5.err" ||
-	fail "consumer 5's session thread waited for the anchor's file (its records behind those writes)"
+stalled "$TMP/c5.err" && fail "consumer 5's session thread waited for the anchor's file (its records behind those writes)"
 [ $((4 * apply2)) -lt "$gap" ] ||
 	fail "consumer 5: READY 2 $((gap / 1000000)) ms after READY 1, its apply $((apply2 / 1000000)) ms: the apply waited for the anchor's file"
 echo "delta behind the anchor: READY $((gap / 1000000)) ms after it, applied in $((apply2 / 1000000)) ms"
@@ -129,7 +137,6 @@ echo "delta behind the anchor: READY $((gap / 1000000)) ms after it, applied in 
 (throttled "$BUILD/deltacast" subscribe --broker "$b_CONS" --model bench2 --dir "$TMP/c6" --until 2 \
 	--budget 8388608) >"$TMP/c6.log" 2>"$TMP/c6.err" || fail "consumer 6 exited $?: $(tail -3 "$TMP/c6.err")"
 grep -q "^version 2 delta " "$TMP/c6.log" || fail "consumer 6 did not apply the delta: $(cat "$TMP/c6.log")"
-! grep -E "session thread busy|re-joining" "$TMP/c6.err" ||
-	fail "consumer 6's session thread waited for the anchor's file (its spilled delta read back)"
+stalled "$TMP/c6.err" && fail "consumer 6's session thread waited for the anchor's file (its spilled delta read back)"
 stop_broker b
 echo "PASS"

@@ -246,7 +246,18 @@ typedef struct wb_slot {
 	int is_log;         /* record file bytes (0: an anchor's range in its own file) */
 	int file;           /* combined: the engine's file of its one write */
 	uint8_t *cb;        /* combined: WB_COMBINE bytes of records, kept for reuse */
+	char why[200];      /* err's detail, taken when err was (slot_fail) */
 } wb_slot;
+
+/* The slot's first failure, with its detail as the thread that met it has
+ * it now: the slot may be done later, on another thread. */
+static void slot_fail(wb_slot *s, int err)
+{
+	if (s->err)
+		return;
+	s->err = err;
+	snprintf(s->why, sizeof(s->why), "%s", dcast_last_error());
+}
 
 /* A range of an anchor's own file waiting for a slot (below: its writes
  * never hold up the receive). */
@@ -340,9 +351,9 @@ static void wb_done(dcast_consumer *c, wb_slot *s)
 	if (!s->is_log)
 		pthread_cond_broadcast(&c->store->direct_cv); /* cs_ckpt_await_direct */
 	if (s->err && !s->is_log)
-		direct_lost(c, s->version, s->err, dcast_last_error());
+		direct_lost(c, s->version, s->err, s->why);
 	else if (s->err) {
-		wb_fail(c->store->wb, s->err, dcast_last_error());
+		wb_fail(c->store->wb, s->err, s->why);
 	} else {
 		c->store->log_write_bytes += len;
 		c->store->log_since_fold += s->is_log ? len : 0; /* records only: an anchor's own file is no log */
@@ -368,8 +379,8 @@ static int wb_reap(dcast_consumer *c, unsigned min_done)
 		if (trailing(c, s) && !d[i].err && cs_fault_file_write(c, s->version))
 			d[i].err = dcast_fail(DCAST_EIO, "model.safetensors.new: write at %" PRIu64
 					      ": Input/output error (test fault)", s->off);
-		if (d[i].err && !s->err)
-			s->err = d[i].err;
+		if (d[i].err)
+			slot_fail(s, d[i].err);
 		c->store->direct_write_bytes += d[i].direct && !d[i].err ? d[i].bytes : 0;
 		if (--s->left == 0)
 			wb_done(c, s);
@@ -391,7 +402,7 @@ static void wb_wait_all(dcast_consumer *c)
 		err = wb_reap(c, 1);
 	for (int i = 0; err && i < WB_SLOTS; i++)
 		if (c->store->wb->busy & (1u << i)) {
-			c->store->wb->s[i].err = err;
+			slot_fail(&c->store->wb->s[i], err);
 			wb_done(c, &c->store->wb->s[i]);
 		}
 	if (err && c->store->wb->at < c->store->wb->n) /* ranges that will never be written */
@@ -637,7 +648,7 @@ static int range_submit(dcast_consumer *c, int file, const unsigned char *src, w
 	if (err && !went) /* nothing went */
 		c->store->wb->busy &= ~(1u << (s - c->store->wb->s));
 	else if (err) /* what went finds the slot failed */
-		s->err = err;
+		slot_fail(s, err);
 	return err;
 }
 
@@ -728,7 +739,7 @@ static int submit_own(dcast_consumer *c, cs_version *v, const dcast_chunk *k, zm
 	err = dcast_io_write(c->io, v->io_file, payload, k->payload_bytes, s->off + s->h.len,
 			     pool_index(c, payload, k->payload_bytes), tag);
 	if (err) { /* the header went: its completion finds the slot failed */
-		s->err = err;
+		slot_fail(s, err);
 		s->left = 1;
 		s->credit = 0; /* the caller gives it back */
 		return err;
@@ -752,7 +763,7 @@ static void combine_submit(dcast_consumer *c)
 	err = dcast_io_write(c->io, s->file, s->cb, s->bytes, s->off, DCAST_IO_NO_BUF,
 			     WB_TAG | (uint64_t)(s - wb->s));
 	if (err) {
-		s->err = err;
+		slot_fail(s, err);
 		s->left = 0;
 		wb_done(c, s);
 	}

@@ -425,7 +425,22 @@ static int wb_pending(const struct cs_wb *wb)
 	return wb->busy || wb->at < wb->n;
 }
 
-static int direct_pending(const struct cs_wb *wb);
+/* Slots under way with records (is_log 1), or with ranges of an anchor's
+ * own file (0). */
+static int busy_slots(const struct cs_wb *wb, int is_log)
+{
+	int n = 0;
+
+	for (int i = 0; i < WB_SLOTS; i++)
+		n += (wb->busy & (1u << i)) && wb->s[i].is_log == is_log;
+	return n;
+}
+
+/* Some write of an anchor's own file is queued or under way. */
+static int direct_pending(const struct cs_wb *wb)
+{
+	return busy_slots(wb, 0) || wb->at < wb->n;
+}
 
 /* test(s->wb), under the store's mutex; 0 without a queue. */
 static int wb_ask(cs_store *s, int (*test)(const struct cs_wb *))
@@ -472,22 +487,13 @@ void cs_ckpt_settle(dcast_consumer *c)
 	cs_store_unlock(c->store);
 }
 
-/* Some write of an anchor's own file is queued or under way. */
-static int direct_pending(const struct cs_wb *wb)
-{
-	for (int i = 0; i < WB_SLOTS; i++)
-		if ((wb->busy & (1u << i)) && !wb->s[i].is_log)
-			return 1;
-	return wb->at < wb->n;
-}
-
 void cs_ckpt_settle_direct(dcast_consumer *c)
 {
 	cs_store_lock(c->store);
 	if (c->store->wb) {
 		combine_submit(c); /* a filling slot of small ranges goes now */
 		wb_pump(c);
-		while (direct_pending(c->store->wb)) /* a range waits only while every slot is busy */
+		while (direct_pending(c->store->wb)) /* a range waits only while the slots it may take are busy */
 			if (wb_reap(c, 1)) {
 				wb_wait_all(c);
 				break;
@@ -540,12 +546,7 @@ static wb_slot *wb_slot_try(dcast_consumer *c)
  * the session thread held and no heartbeat sent). */
 static wb_slot *direct_slot_try(dcast_consumer *c)
 {
-	const struct cs_wb *wb = c->store->wb;
-	int n = 0;
-
-	for (int i = 0; i < WB_SLOTS; i++)
-		n += (wb->busy & (1u << i)) && !wb->s[i].is_log;
-	return n < WB_DIRECT_SLOTS ? wb_slot_try(c) : NULL;
+	return busy_slots(c->store->wb, 0) < WB_DIRECT_SLOTS ? wb_slot_try(c) : NULL;
 }
 
 static wb_slot *wb_slot_get(dcast_consumer *c)
@@ -808,15 +809,6 @@ static int combine_slot(dcast_consumer *c, int file, uint64_t off, uint64_t vers
 	return 0;
 }
 
-/* A write of the record log (not of an anchor's own file) under way. */
-static int records_busy(const struct cs_wb *wb)
-{
-	for (int i = 0; i < WB_SLOTS; i++)
-		if ((wb->busy & (1u << i)) && wb->s[i].is_log)
-			return 1;
-	return 0;
-}
-
 /* Wait until slot s, or (s NULL) every write of the record log, is done;
  * an anchor's own file's writes, at the disk's pace behind its COMMIT,
  * go on.  A broken ring fails them all. */
@@ -827,7 +819,7 @@ static void wb_wait_log(dcast_consumer *c, const wb_slot *s)
 
 	if (!s)
 		combine_submit(c); /* a filling slot of small records goes now */
-	while (s ? (wb->busy & bit) != 0 : records_busy(wb))
+	while (s ? (wb->busy & bit) != 0 : busy_slots(wb, 1) > 0)
 		if (wb_reap(c, 1)) {
 			wb_wait_all(c);
 			return;

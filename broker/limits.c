@@ -12,6 +12,8 @@
  * numbers that explain it. */
 #include <dirent.h>
 #include <errno.h>
+#include <malloc.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -88,11 +90,29 @@ void broker_limits_nofile(const struct broker_config *c)
 					 : 0));
 }
 
+/* One malloc arena for the broker's threads, unless the operator chose
+ * (MALLOC_ARENA_MAX, GLIBC_TUNABLES).  ZeroMQ's I/O threads allocate each
+ * message they receive in an arena of their own, and the loop frees it
+ * once the payload is spilled or committed: with glibc's default, what a
+ * producer's window held stays in that arena, where the loop's own
+ * allocations (the log's headers, frames read from disk) cannot reuse it,
+ * until a quiet turn trims it.  A peak of twice the window, not once. */
+static void one_arena(void)
+{
+	const char *t = getenv("GLIBC_TUNABLES");
+
+	if (getenv("MALLOC_ARENA_MAX") || (t && strstr(t, "glibc.malloc.arena_max")))
+		return;
+	if (!mallopt(M_ARENA_MAX, 1))
+		DCAST_LOG_W("memory: mallopt(M_ARENA_MAX, 1) refused; each thread keeps an arena");
+}
+
 void broker_limits_memory(struct broker_config *c)
 {
 	long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
 	uint64_t phys = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0;
 
+	one_arena();
 	if (!c->max_pending_total_bytes)
 		c->max_pending_total_bytes = phys ? phys / 4 : 4ull << 30;
 	DCAST_LOG_I("memory: open versions hold at most %llu bytes of memory in all "

@@ -68,9 +68,12 @@ void dcast_io_set_max_xfer(dcast_io *io, size_t bytes);
  * files held), -DCAST_EINVAL (fd < 0). */
 int dcast_io_file_add(dcast_io *io, int fd, const char *name);
 
-/* Forget a file handle: waits for outstanding operations first (so none is
- * left using it), closes its O_DIRECT fd (dcast_io_file_direct) if any.
- * Returns the first error of those operations, else 0. */
+/* Forget a file handle, closing its O_DIRECT fd (dcast_io_file_direct) if
+ * any.  An operation on it whose completion was not yet handed back
+ * (dcast_io_wait) drains the engine first, every file's operations, their
+ * completions consumed: so callers reap their own first.  With none, the
+ * other files' operations go on untouched.  Returns the first error of a
+ * drain, else 0. */
 int dcast_io_file_remove(dcast_io *io, int file);
 
 /* 0 when DELTACAST_DIRECT_IO=0 is in the environment, else 1. */

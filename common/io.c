@@ -31,6 +31,7 @@ struct io_slot {
 
 struct io_file {
 	int fd, fixed, used;
+	unsigned ops;     /* submitted, their completions not yet handed back */
 	int dfd;          /* the same file opened O_DIRECT (ours), or -1 */
 	char name[IO_NAME_MAX];
 };
@@ -225,7 +226,7 @@ int dcast_io_file_remove(dcast_io *io, int file)
 
 	if (!file_ok(io, file))
 		return dcast_fail(DCAST_EINVAL, "io: file handle %d not held", file);
-	rc = dcast_io_drain(io);
+	rc = io->files[file].ops ? dcast_io_drain(io) : 0; /* others' writes go on */
 	if (io->files[file].fixed)
 		io_uring_register_files_update(&io->ring, (unsigned)file, &none, 1);
 	if (io->files[file].dfd >= 0)
@@ -508,6 +509,7 @@ static int submit(dcast_io *io, int op, int file, void *buf, size_t len, uint64_
 		return dcast_fail(DCAST_EBUSY, "io: %u operations outstanding: reap first", io->depth);
 	s = io->free_stack[--io->n_free];
 	sl = &io->slots[s];
+	io->files[file].ops++;
 	*sl = (struct io_slot){.op = (uint8_t)op, .file = file, .buf_index = buf_index,
 			       .buf = buf, .len = len, .off = off, .tag = tag,
 			       .direct = (uint8_t)(direct && io->files[file].dfd >= 0)};
@@ -562,6 +564,8 @@ static int pop_done(dcast_io *io, dcast_io_done *d)
 	io->done_head = (io->done_head + 1) % io->depth;
 	io->done_n--;
 	io->free_stack[io->n_free++] = s;
+	DCAST_ASSERT(io->files[sl->file].ops > 0);
+	io->files[sl->file].ops--;
 	d->tag = sl->tag;
 	d->buf_index = sl->buf_index;
 	d->bytes = sl->done;

@@ -586,7 +586,7 @@ static int stage_payload(dcast_consumer *c, cs_version *v, const dcast_chunk *h,
 		v->spilled++;
 	c->total_received += h->payload_bytes;
 	if ((err = take(v, h, sum, off, resident)) && resident) {
-		cs_ckpt_settle(c); /* its record is written from the slot */
+		cs_ckpt_settle_log(c); /* its record is written from the slot */
 		cs_pool_resident_put(&c->pool, h->payload_bytes);
 	}
 	return err;

@@ -608,8 +608,8 @@ static int session_turn(dcast_consumer *c, int readable)
 		err = flush_credit(c);
 	if (!err)
 		err = cs_store_error(c->store);
-	if (!err)
-		err = keepalive(c);
+	if (!err) /* a re-join drops what is staging */
+		err = timed_step(c, "keeping the session alive", keepalive);
 	if (!err)
 		err = timed_step(c, "applying", cs_auto_apply);
 	if (!err)

@@ -21,7 +21,8 @@
 # anchor's file is written, so that its apply does not wait for the disk,
 # and its records do not wait for those writes either (the session
 # thread held for seconds, no heartbeat, the broker dropping the session),
-# nor, spilled to its record file, its read back to be checked ahead.
+# nor, spilled to its record file, its read back to be checked ahead, nor,
+# dropped (its COMMIT timed out), the drop of what it staged.
 # Exit 77 where the blkio throttle cannot
 # be had (not root, no cgroup v1 blkio, no block device under the
 # directory).
@@ -61,7 +62,13 @@ throttled() {
 # 2.4 s at this rate; a loaded machine's turn takes a few hundred ms at
 # most), or that it re-joined (the broker dropped its silent session).
 stalled() {
-	grep -q "re-joining" "$1" && return 0
+	grep -q "re-joining" "$1" || busy_long "$1"
+}
+
+# busy_long ERR: the consumer's log says its session thread was held for a
+# second or more in one turn, or that the broker dropped its session.
+busy_long() {
+	grep -q "broker lost our session" "$1" && return 0
 	grep -oE "session thread busy [0-9]+ ms" "$1" | awk '$4 >= 1000 { found = 1 } END { exit !found }'
 }
 
@@ -139,4 +146,25 @@ echo "delta behind the anchor: READY $((gap / 1000000)) ms after it, applied in 
 grep -q "^version 2 delta " "$TMP/c6.log" || fail "consumer 6 did not apply the delta: $(cat "$TMP/c6.log")"
 stalled "$TMP/c6.err" && fail "consumer 6's session thread waited for the anchor's file (its spilled delta read back)"
 stop_broker b
+
+# A delta dropped behind the anchor (its COMMIT never comes: a broker
+# with --cut-through streams half of it, its producer holding inside)
+# drops what it staged once its record writes are done, not after the
+# anchor's file too: the drop is on the session thread.  A 96 MiB anchor
+# (3 x 16M BF16) takes 3 s at the throttle's rate, the drop comes 500 ms
+# after the delta's last chunk.
+start_broker_metrics ct --heartbeat-ms 200 --cut-through --part-timeout-ms 600000
+(DELTACAST_COMMIT_TIMEOUT_MS=500 throttled "$BUILD/deltacast" subscribe --broker "$ct_CONS" --model ct \
+	--dir "$TMP/c7" --until 3) >"$TMP/c7.log" 2>"$TMP/c7.err" &
+c7=$!
+PIDS+=("$c7")
+wait_consumers ct 1
+bg p7 "$WC" produce "$ct_PROD" ct --versions 3 --elems 16777216 --hold-at 2 --hold-file "$TMP/go7" --timeout-ms 120000
+wait_for 60 grep -q "version 2: no COMMIT [0-9]* ms after its last chunk" "$TMP/c7.err" ||
+	fail "consumer 7 did not time out version 2: $(tail -3 "$TMP/c7.err")"
+touch "$TMP/go7"
+wait "$c7" || fail "consumer 7 exited $?: $(tail -3 "$TMP/c7.err")"
+grep -q "^version 3 " "$TMP/c7.log" || fail "consumer 7 did not reach version 3: $(cat "$TMP/c7.log")"
+busy_long "$TMP/c7.err" && fail "consumer 7's session thread waited for the anchor's file (a delta dropped behind it)"
+stop_broker ct
 echo "PASS"

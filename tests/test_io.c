@@ -1,7 +1,8 @@
 /* dcast_io on real files, through io_uring and through the plain path
  * (DELTACAST_IO_URING=0): writes read back equal, short transfers are
  * requeued, a write cut short by RLIMIT_FSIZE reports the file, fixed
- * buffers, the in-flight bound, errors naming file and operation. */
+ * buffers, the in-flight bound, errors naming file and operation, a
+ * file removed beside another's writes. */
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/resource.h>
@@ -114,6 +115,39 @@ static void test_fixed_buffers(void)
 	close(fd);
 }
 
+/* Removing a file with nothing of its own outstanding leaves the other
+ * files' operations to their owner: a write on A still comes back from
+ * dcast_io_wait, with its tag, after B is removed; A's removal with its
+ * write not reaped drains it (the write done, its completion consumed). */
+static void test_remove_beside(void)
+{
+	static unsigned char a[8192];
+	char pa[256], pb[256];
+	dcast_io_done d;
+	dcast_io *io;
+	int fa = open_file("beside-a", O_RDWR | O_TRUNC, pa, sizeof(pa));
+	int fb = open_file("beside-b", O_RDWR | O_TRUNC, pb, sizeof(pb)), a_h, b_h;
+	struct stat st;
+
+	REQUIRE(fa >= 0 && fb >= 0);
+	REQUIRE(dcast_io_open(&io, 4) == 0);
+	a_h = dcast_io_file_add(io, fa, pa);
+	b_h = dcast_io_file_add(io, fb, pb);
+	REQUIRE(a_h >= 0 && b_h >= 0);
+	fill(a, sizeof(a), 11);
+	CHECK_ERR(dcast_io_write(io, a_h, a, sizeof(a), 0, DCAST_IO_NO_BUF, 7), 0);
+	CHECK_ERR(dcast_io_file_remove(io, b_h), 0);
+	REQUIRE(dcast_io_wait(io, 1, &d, 1) == 1);
+	CHECK(d.tag == 7 && d.err == 0 && d.bytes == sizeof(a));
+	CHECK_ERR(dcast_io_write(io, a_h, a, sizeof(a), sizeof(a), DCAST_IO_NO_BUF, 8), 0);
+	CHECK_ERR(dcast_io_file_remove(io, a_h), 0);
+	CHECK(dcast_io_wait(io, 1, &d, 1) == 0);
+	CHECK(fstat(fa, &st) == 0 && st.st_size == 2 * (off_t)sizeof(a));
+	dcast_io_close(&io);
+	close(fa);
+	close(fb);
+}
+
 /* The in-flight bound, bad handles, reads past the end, failing fds. */
 static void test_errors(void)
 {
@@ -196,6 +230,7 @@ static void run_all(const char *label)
 	test_async_roundtrip(8, 1ul << 30);
 	test_async_roundtrip(3, 1000); /* every transfer comes back short */
 	test_fixed_buffers();
+	test_remove_beside();
 	test_errors();
 	test_short_write();
 }

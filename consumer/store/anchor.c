@@ -672,8 +672,10 @@ int cs_store_version_commit(dcast_consumer *c, cs_version *v)
 
 void cs_store_version_drop(dcast_consumer *c, const cs_version *v, int unlink_file)
 {
-	if (!v->direct || v->io_file >= 0) /* an anchor's own file is the store's from its COMMIT on */
+	if (v->direct && v->io_file >= 0) /* its own file's writes (the store's from its COMMIT on) */
 		cs_ckpt_settle(c);
+	else if (!v->direct) /* not an anchor's file's writes behind: the disk's time at real sizes */
+		cs_ckpt_settle_log(c);
 	if (unlink_file && v->direct) /* its writes waited for first (cs_anchor_new_release) */
 		cs_anchor_new_drop(c);
 	else if (unlink_file)

@@ -826,6 +826,14 @@ static void wb_wait_log(dcast_consumer *c, const wb_slot *s)
 		}
 }
 
+void cs_ckpt_settle_log(dcast_consumer *c)
+{
+	cs_store_lock(c->store);
+	if (c->store->wb)
+		wb_wait_log(c, NULL);
+	cs_store_unlock(c->store);
+}
+
 /* Slot s writes record h at the end of v's file. */
 static int slot_record(dcast_consumer *c, const cs_version *v, const rec_head *h, wb_slot *s)
 {

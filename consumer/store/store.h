@@ -112,9 +112,9 @@ void cs_store_close(dcast_consumer *c, int fold_owed);
  * record, queued for fdatasync; the .new file's header, with the file
  * digest of the tensors, which hold the anchor whole, while its chunks'
  * writes still run (the file is the store's from then on; its seal waits
- * for them).  cs_store_version_drop (v dropped): every write of a chunk
- * waited for, so that none still reads its slots or file (but those of an
- * anchor's own file past its COMMIT, which read neither), and with
+ * for them).  cs_store_version_drop (v dropped): every record write
+ * waited for, so that none still reads its slots or file (an anchor's own
+ * file's writes before its COMMIT too; past it they read neither), and with
  * unlink_file its file removed (the .new one forgotten, once its writes
  * are done).  Errors: DCAST_EIO (also a chunk record that failed),
  * DCAST_ENOMEM. */
@@ -145,6 +145,11 @@ void cs_ckpt_chunk_landed(dcast_consumer *c, const cs_version *v, const dcast_ch
 /* Wait for every chunk record written behind, keeping a failure for the
  * next cs_ckpt_progress. */
 void cs_ckpt_settle(dcast_consumer *c);
+/* Wait for the record writes alone (each reads a version's slot or held
+ * message, and writes its record file), leaving an anchor's own file's
+ * writes from the tensors running: what drops a version's slots or file
+ * calls it first.  A failure is kept as cs_ckpt_settle's. */
+void cs_ckpt_settle_log(dcast_consumer *c);
 /* Wait until no write of an anchor's own file (received in place, written
  * behind from the tensors) is queued or under way, leaving the record
  * writes of other versions running: whatever changes or frees the

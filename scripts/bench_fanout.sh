@@ -47,6 +47,9 @@
 # doc.
 # Knobs (environment):
 #   BENCH_FANOUT_PARAMS (100M)  BENCH_FANOUT_N ("1 4 16")  BENCH_FANOUT_RUNS (3)
+#   BENCH_FANOUT_RUNS_N1 (7)    rounds at N = 1: a few seconds each, and its
+#                               target a wall-time ratio that one slow round
+#                               of three decides
 #   BENCH_FANOUT_QUICK=1        10M and N = "1 4", print only
 #   BENCH_FANOUT_BROKER_ARGS    extra broker flags (default none: its defaults)
 #   BENCH_FANOUT_DATADIR=1      each broker with a fresh --data-dir (payloads
@@ -71,6 +74,7 @@ if [ "$QUICK" = 1 ]; then DEF_PARAMS=10M DEF_N="1 4" DEF_DOC=0; else DEF_PARAMS=
 PARAMS=${BENCH_FANOUT_PARAMS:-$DEF_PARAMS}
 NS=${BENCH_FANOUT_N:-$DEF_N}
 RUNS=${BENCH_FANOUT_RUNS:-3}
+RUNS_N1=${BENCH_FANOUT_RUNS_N1:-7}
 BROKER_ARGS=${BENCH_FANOUT_BROKER_ARGS:-}
 DATADIR=${BENCH_FANOUT_DATADIR:-0}
 BULK=${BENCH_FANOUT_BULK:-1}
@@ -104,6 +108,7 @@ run_cmd() {
 	[ "$PARAMS" = "$DEF_PARAMS" ] || env+=" BENCH_FANOUT_PARAMS=$PARAMS"
 	[ "$NS" = "$DEF_N" ] || env+=" BENCH_FANOUT_N=\"$NS\""
 	[ "$RUNS" = 3 ] || env+=" BENCH_FANOUT_RUNS=$RUNS"
+	[ "$RUNS_N1" = 7 ] || env+=" BENCH_FANOUT_RUNS_N1=$RUNS_N1"
 	[ -z "$BROKER_ARGS" ] || env+=" BENCH_FANOUT_BROKER_ARGS=\"$BROKER_ARGS\""
 	[ "$DATADIR" = 0 ] || env+=" BENCH_FANOUT_DATADIR=$DATADIR"
 	[ "$BULK" = 1 ] || env+=" BENCH_FANOUT_BULK=$BULK"
@@ -372,15 +377,16 @@ broker_run() {
 	sync
 }
 
-# row N: RUNS rounds, each one run of every column in turn (the
+# row N: RUNS rounds (RUNS_N1 at N = 1), each one run of every column in turn (the
 # references, then the broker's), so that a ratio of two columns compares
 # runs made minutes apart at most, under the same load of this shared
 # machine.
 row() {
-	local n=$1 k form
+	local n=$1 k form runs=$RUNS
+	[ "$n" = 1 ] && runs=$RUNS_N1
 	say "N=$n: raw TCP, nginx, broker (late joiners: receive only, library until READY), broker (live publish)"
 	mkdir -p "$ROOT/refs-n$n"
-	for ((k = 1; k <= RUNS; k++)); do
+	for ((k = 1; k <= runs; k++)); do
 		tcp_run "$n" "$k"
 		warm "$n"
 		tcp_run "$n" "$k" keep keep
@@ -401,14 +407,14 @@ main() {
 	mkfifo "$ROOT/nap" && exec {NAP}<>"$ROOT/nap" || die "nap fifo"
 	LOAD0=$(cut -d' ' -f1-3 /proc/loadavg)
 	make_model
-	say "model: $PARAMS bf16 parameters, $MODEL_BYTES bytes; N = $NS; $RUNS runs per cell"
+	say "model: $PARAMS bf16 parameters, $MODEL_BYTES bytes; N = $NS; $RUNS runs per cell ($RUNS_N1 at N = 1)"
 	for n in $NS; do row "$n"; done
 	local shown=$BROKER_ARGS
 	[ "$DATADIR" = 0 ] && [ "$BULK" = 0 ] || shown+=" --data-dir (fresh)"
 	[ "$BULK" = 0 ] || shown+=" --bulk 127.0.0.1:0"
 	shown=${shown# }
 	printf 'params %s\nmodel_bytes %s\npayload_bytes %s\nruns %s\nwindow %s\nbroker_args %s\ncpus %s\ncpu %s\nkernel %s\nload_start %s\nload_end %s\nseconds %s\ncommand %s\n' \
-		"$PARAMS" "$MODEL_BYTES" "$(cat "$ROOT/payload")" "$RUNS" "$WINDOW" "${shown:-none}" \
+		"$PARAMS" "$MODEL_BYTES" "$(cat "$ROOT/payload")" "$RUNS ($RUNS_N1 at N = 1)" "$WINDOW" "${shown:-none}" \
 		"$(nproc)" "$(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -n 1)" "$(uname -sm)" \
 		"$LOAD0" "$(cut -d' ' -f1-3 /proc/loadavg)" "$SECONDS" "$(run_cmd)" >"$ROOT/meta"
 	"$PY" "$REPORT" "$ROOT" "$DOC" || die "report"

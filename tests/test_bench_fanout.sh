@@ -17,7 +17,7 @@ NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 out=$(mktemp /tmp/dcast-test-fanout-XXXXXX)
 root=""
 trap 'rm -f "$out"; [ -z "$root" ] || rm -rf "$root"' EXIT
-BENCH_FANOUT_PARAMS=1M BENCH_FANOUT_N="1 4" BENCH_FANOUT_RUNS=1 BENCH_FANOUT_DOC=0 BENCH_FANOUT_KEEP=1 \
+BENCH_FANOUT_PARAMS=1M BENCH_FANOUT_N="1 4" BENCH_FANOUT_RUNS=1 BENCH_FANOUT_RUNS_N1=1 BENCH_FANOUT_DOC=0 BENCH_FANOUT_KEEP=1 \
 	bash "$(dirname "$0")/../scripts/bench_fanout.sh" >"$out" 2>&1
 rc=$?
 cat "$out"

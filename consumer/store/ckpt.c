@@ -1015,9 +1015,7 @@ int cs_io_read(dcast_consumer *c, int file, void *dst, uint64_t len, uint64_t of
  * anchor, is read back to be checked ahead). */
 static int read_beside(dcast_consumer *c, const cs_version *v, const cs_chunk *k, void *dst, const char *path)
 {
-	cs_store_lock(c->store);
-	wb_wait_log(c, NULL);
-	cs_store_unlock(c->store);
+	cs_ckpt_settle_log(c);
 	return dcast_pread_full(v->fd, dst, k->info.payload_bytes, k->file_off, path);
 }
 

@@ -61,6 +61,14 @@
 #                               (DELTACAST_BULK=0 for the library)
 #   BENCH_FANOUT_DOC            the doc to rewrite (docs/benchmarks.md; 0: print only)
 #   BENCH_FANOUT_KEEP=1         keep the logs
+#   BENCH_FANOUT_PIN=1          nginx and the brokers on CPU 0 (every thread),
+#                               curl and the consumers on CPU 1, and the
+#                               sender's CPU counts CPU 0's softirq thread
+#                               (ksoftirqd/0) over the cell: over loopback
+#                               the receivers' TCP input then runs on the
+#                               sender's CPU every time, where unpinned it
+#                               runs in whichever context the softirq finds
+#                               (raw TCP's cells, one process, stay unpinned)
 #   BENCH_FANOUT_WARM (1)       memory touched and freed just before
 #                               receivers that keep the model start (see
 #                               warm; 0: not)
@@ -82,6 +90,9 @@ BULK=${BENCH_FANOUT_BULK:-1}
 DOC=${BENCH_FANOUT_DOC:-$DEF_DOC}
 KEEP=${BENCH_FANOUT_KEEP:-0}
 WARM=${BENCH_FANOUT_WARM:-1}
+PIN=${BENCH_FANOUT_PIN:-0}
+RECV_PIN=()
+[ "$PIN" = 0 ] || RECV_PIN=(taskset -c 1)
 TRACE=$BUILD/bench-fanout-$PARAMS
 WINDOW=$((16 << 20)) # the library's window with a 64 MiB staging budget (a quarter)
 NEVER=1000000        # bench_sync_consumer's UNTIL: it runs until killed
@@ -113,6 +124,7 @@ run_cmd() {
 	[ "$DATADIR" = 0 ] || env+=" BENCH_FANOUT_DATADIR=$DATADIR"
 	[ "$BULK" = 1 ] || env+=" BENCH_FANOUT_BULK=$BULK"
 	[ "$WARM" = 1 ] || env+=" BENCH_FANOUT_WARM=$WARM"
+	[ "$PIN" = 0 ] || env+=" BENCH_FANOUT_PIN=$PIN"
 	echo "make bench-fanout$env"
 }
 
@@ -146,6 +158,21 @@ proc_cpu() {
 			CPU_US=$((CPU_US + ns / 1000))
 		done
 	done
+}
+
+# pin_sender PID: with PIN, every thread of PID on CPU 0.
+pin_sender() {
+	[ "$PIN" = 0 ] || taskset -a -p -c 0 "$1" >/dev/null || die "taskset $1"
+}
+
+# sender_cpu PID...: proc_cpu, and with PIN CPU 0's softirq thread's CPU
+# time too (the sender's loopback input, deferred).
+sender_cpu() {
+	local ns
+	proc_cpu "$@"
+	[ "$PIN" = 0 ] && return
+	read -r ns _ <"/proc/$(pgrep -x ksoftirqd/0)/schedstat"
+	CPU_US=$((CPU_US + ns / 1000))
 }
 
 # times_us T: bash's `times` value T ("1m2.345s") in microseconds.
@@ -190,19 +217,19 @@ disk_run() {
 # system) to DIR/timesRUN.I once the curl is done.
 nginx_run() {
 	local d=$1 n=$2 k=$3 i t0 s c0 u sy recv=0 pids=()
-	proc_cpu "${NGINX_PIDS[@]}"
+	sender_cpu "${NGINX_PIDS[@]}"
 	c0=$CPU_US
 	t0=$EPOCHREALTIME
 	for ((i = 0; i < n; i++)); do
 		{
-			curl -sSf -o /dev/null -w '%{size_download}\n' "$URL" >>"$d/curl$k.log" 2>>"$d/curl.err"
+			"${RECV_PIN[@]}" curl -sSf -o /dev/null -w '%{size_download}\n' "$URL" >>"$d/curl$k.log" 2>>"$d/curl.err"
 			times >"$d/times$k.$i"
 		} &
 		pids+=($!)
 	done
 	for i in "${pids[@]}"; do wait "$i" || die "curl $URL ($(cat "$d/curl.err"))"; done
 	s=$(seconds_since "$t0")
-	proc_cpu "${NGINX_PIDS[@]}"
+	sender_cpu "${NGINX_PIDS[@]}"
 	for ((i = 0; i < n; i++)); do
 		{ read -r _ && read -r u sy; } <"$d/times$k.$i" || die "no times of curl $i"
 		recv=$((recv + $(times_us "$u") + $(times_us "$sy")))
@@ -222,6 +249,7 @@ nginx_round() {
 	URL=http://127.0.0.1:$BENCH_PORT/model.safetensors
 	mapfile -t NGINX_PIDS < <(echo "${BENCH_SERVER_PIDS[0]}" && pgrep -P "${BENCH_SERVER_PIDS[0]}")
 	[ "${#NGINX_PIDS[@]}" -gt 1 ] || die "no nginx workers under ${BENCH_SERVER_PIDS[0]}"
+	for p in "${NGINX_PIDS[@]}"; do pin_sender "$p"; done
 	nginx_run "$d" "$n" "$k"
 	bench_stop_servers || true
 	e2e_cleanup || true
@@ -231,10 +259,10 @@ nginx_round() {
 start_consumer() {
 	local form=$1 d=$2 i=$3
 	if [ "$form" = recv ]; then
-		"$BIN/tools/wire_client" receive "$CONS_EP" bench --until 1 --window "$WINDOW" \
+		"${RECV_PIN[@]}" "$BIN/tools/wire_client" receive "$CONS_EP" bench --until 1 --window "$WINDOW" \
 			--timeout-ms 600000 --bulk "$BULK" >"$d/c$i.log" 2>"$d/c$i.err" &
 	else
-		"$BIN/tools/bench_sync_consumer" "$CONS_EP" bench "$d/c$i" $NEVER >"$d/c$i.log" 2>"$d/c$i.err" &
+		"${RECV_PIN[@]}" "$BIN/tools/bench_sync_consumer" "$CONS_EP" bench "$d/c$i" $NEVER >"$d/c$i.log" 2>"$d/c$i.err" &
 	fi
 	CPIDS+=($!)
 	e2e_track $!
@@ -341,6 +369,7 @@ broker_run() {
 	[ "$BULK" = 0 ] || dd+=(--bulk 127.0.0.1:0)
 	[ "$form" != libsf ] || dd+=(--bulk-send sendfile)
 	e2e_start_broker "$d/broker.log" $BROKER_ARGS "${dd[@]}" || die "no broker (see $d/broker.log)"
+	pin_sender "$BROKER_PID"
 	mkfifo "$d/go"
 	"$BIN/tools/fault_publish" "$PROD_EP" bench 1 -1 "$MODEL" <"$d/go" >"$d/publish.log" 2>"$d/publish.err" &
 	pub=$!
@@ -350,20 +379,20 @@ broker_run() {
 	if [ "$form" = live ]; then
 		for ((i = 1; i <= n; i++)); do start_consumer "$form" "$d" "$i"; done
 		wait_joined "$d" "$n"
-		proc_cpu "$BROKER_PID"
+		sender_cpu "$BROKER_PID"
 		echo go >&"$go"
 	else
 		echo go >&"$go"
 		wait_acked "$d"
 		[ "$form" = recv ] || warm "$n"
-		proc_cpu "$BROKER_PID"
+		sender_cpu "$BROKER_PID"
 		t0=$EPOCHREALTIME
 		for ((i = 1; i <= n; i++)); do start_consumer "$form" "$d" "$i"; done
 	fi
 	c0=$CPU_US
 	wait_lines "$d" "$word"
 	[ "$form" = recv ] || wait_lines "$d" applied
-	proc_cpu "$BROKER_PID"
+	sender_cpu "$BROKER_PID"
 	exec {go}>&-
 	wait "$pub" || die "fault_publish ($(cat "$d/publish.err"))"
 	read -r s ack rcpu opened < <(anchor_seconds "$d" "$word" "${t0:-}") && [ -n "$opened" ] ||

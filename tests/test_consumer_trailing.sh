@@ -22,7 +22,8 @@
 # and its records do not wait for those writes either (the session
 # thread held for seconds, no heartbeat, the broker dropping the session),
 # nor, spilled to its record file, its read back to be checked ahead, nor,
-# dropped (its COMMIT timed out), the drop of what it staged.
+# dropped (its COMMIT timed out), the drop of what it staged.  A run change
+# behind the anchor drops its file without writing the rest of it.
 # Exit 77 where the blkio throttle cannot
 # be had (not root, no cgroup v1 blkio, no block device under the
 # directory).
@@ -68,7 +69,12 @@ stalled() {
 # busy_long ERR: the consumer's log says its session thread was held for a
 # second or more in one turn, or that the broker dropped its session.
 busy_long() {
-	grep -q "broker lost our session" "$1" && return 0
+	grep -q "broker lost our session" "$1" || busy_turn "$1"
+}
+
+# busy_turn ERR: the consumer's log says its session thread was held for a
+# second or more in one turn.
+busy_turn() {
 	grep -oE "session thread busy [0-9]+ ms" "$1" | awk '$4 >= 1000 { found = 1 } END { exit !found }'
 }
 
@@ -165,6 +171,30 @@ wait_for 60 grep -q "version 2: no COMMIT [0-9]* ms after its last chunk" "$TMP/
 touch "$TMP/go7"
 wait "$c7" || fail "consumer 7 exited $?: $(tail -3 "$TMP/c7.err")"
 grep -q "^version 3 " "$TMP/c7.log" || fail "consumer 7 did not reach version 3: $(cat "$TMP/c7.log")"
-busy_long "$TMP/c7.err" && fail "consumer 7's session thread waited for the anchor's file (a delta dropped behind it)"
+busy_long "$TMP/c7.err" &&
+	fail "consumer 7's session thread waited for the anchor's file (a delta dropped behind it): $(grep -m2 'busy\|lost our' "$TMP/c7.err")"
 stop_broker ct
+
+# A run change right behind the anchor (its model deleted and published
+# again: a new run) drops the local state, the anchor's file with it: the
+# writes of that file still waiting are moot, and the drop waits for those
+# under way only, not for the rest of the file at the disk's pace, on the
+# session thread.  The new run's anchor and delta then come, bit-exact.
+start_broker rc --heartbeat-ms 200 --bulk 127.0.0.1:0 --data-dir "$TMP/rcdata" --admin-socket "$TMP/rc.sock"
+"$BUILD/tools/fault_publish" "$rc_PROD" rcm 1 0 "$model" >"$TMP/pub8.log" 2>&1 || fail "publish rcm: $(cat "$TMP/pub8.log")"
+(throttled "$BUILD/deltacast" subscribe --broker "$rc_CONS" --model rcm --dir "$TMP/c8" --until 2) \
+	>"$TMP/c8.log" 2>"$TMP/c8.err" &
+c8=$!
+PIDS+=("$c8")
+wait_for 60 grep -q "^version 1 anchor " "$TMP/c8.log" || fail "consumer 8: no anchor: $(tail -3 "$TMP/c8.err")"
+"$BUILD/deltacast" model delete rcm --admin-socket "$TMP/rc.sock" >"$TMP/del8.log" 2>&1 ||
+	fail "delete rcm: $(cat "$TMP/del8.log")"
+"$BUILD/tools/fault_publish" "$rc_PROD" rcm 1 0 "$model" "$TMP/trace/v0001.safetensors" >"$TMP/pub8b.log" 2>&1 ||
+	fail "publish rcm again: $(cat "$TMP/pub8b.log")"
+wait "$c8" || fail "consumer 8 exited $?: $(tail -3 "$TMP/c8.err")"
+grep -q "belongs to run .* dropped" "$TMP/c8.err" || fail "consumer 8 saw no run change: $(tail -5 "$TMP/c8.err")"
+grep -q "^version 2 delta " "$TMP/c8.log" || fail "consumer 8 did not apply the new run's delta: $(cat "$TMP/c8.log")"
+busy_turn "$TMP/c8.err" &&
+	fail "consumer 8's session thread waited for the dropped anchor's file: $(grep -m1 'busy' "$TMP/c8.err")"
+stop_broker rc
 echo "PASS"

@@ -512,6 +512,7 @@ void cs_anchor_new_drop(dcast_consumer *c)
 {
 	char path[4200];
 
+	cs_ckpt_forget_direct(c); /* its writes still waiting are moot */
 	cs_anchor_new_release(c); /* its writes done: none reads the tensors or writes the file */
 	cs_store_lock(c->store);
 	if (c->store->new_version != DCAST_VERSION_NONE)

@@ -487,10 +487,17 @@ void cs_ckpt_settle(dcast_consumer *c)
 	cs_store_unlock(c->store);
 }
 
-void cs_ckpt_settle_direct(dcast_consumer *c)
+/* cs_ckpt_settle_direct; with forget, the ranges still waiting for a slot
+ * dropped first, the file marked as lost (never sealed with the holes). */
+static void direct_settle(dcast_consumer *c, int forget)
 {
 	cs_store_lock(c->store);
 	if (c->store->wb) {
+		struct cs_wb *wb = c->store->wb;
+		if (forget && wb->at < wb->n) { /* the version goes too: nothing to fail */
+			wb->at = wb->n = 0;
+			c->store->new_write_lost = 1;
+		}
 		combine_submit(c); /* a filling slot of small ranges goes now */
 		wb_pump(c);
 		while (direct_pending(c->store->wb)) /* a range waits only while the slots it may take are busy */
@@ -500,6 +507,16 @@ void cs_ckpt_settle_direct(dcast_consumer *c)
 			}
 	}
 	cs_store_unlock(c->store);
+}
+
+void cs_ckpt_settle_direct(dcast_consumer *c)
+{
+	direct_settle(c, 0);
+}
+
+void cs_ckpt_forget_direct(dcast_consumer *c)
+{
+	direct_settle(c, 1);
 }
 
 int cs_ckpt_await_direct(dcast_consumer *c)

@@ -155,6 +155,11 @@ void cs_ckpt_settle_log(dcast_consumer *c);
  * writes of other versions running: whatever changes or frees the
  * tensors calls it first. */
 void cs_ckpt_settle_direct(dcast_consumer *c);
+/* The same for an anchor's own file being dropped: its ranges still
+ * waiting for a slot are never written (they would read the tensors at
+ * the disk's pace, for a file that goes), those under way are waited
+ * for, and the file is marked as lost, so that nothing seals it. */
+void cs_ckpt_forget_direct(dcast_consumer *c);
 /* Reap the writes already done (their credit goes back), without waiting;
  * the first failure since the last report, else 0. */
 int cs_ckpt_progress(dcast_consumer *c);

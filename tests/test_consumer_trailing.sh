@@ -22,8 +22,9 @@
 # and its records do not wait for those writes either (the session
 # thread held for seconds, no heartbeat, the broker dropping the session),
 # nor, spilled to its record file, its read back to be checked ahead, nor,
-# dropped (its COMMIT timed out), the drop of what it staged.  A run change
-# behind the anchor drops its file without writing the rest of it.
+# dropped (its COMMIT timed out), the drop of what it staged.  An anchor
+# dropped before its COMMIT, or by a run change behind it, drops its file
+# without writing the rest of it.
 # Exit 77 where the blkio throttle cannot
 # be had (not root, no cgroup v1 blkio, no block device under the
 # directory).
@@ -159,20 +160,39 @@ stop_broker b
 # anchor's file too: the drop is on the session thread.  A 96 MiB anchor
 # (3 x 16M BF16) takes 3 s at the throttle's rate, the drop comes 500 ms
 # after the delta's last chunk.
+# held_drop I MODEL UNTIL ELEMS AT WANT WHY: consumer I of broker ct
+# (`deltacast subscribe --until UNTIL`, COMMIT timeout 500 ms, writes
+# throttled) while a producer of UNTIL versions of 3 x ELEMS BF16 holds
+# inside version AT until the consumer dropped it, then goes on; the
+# consumer ends with a line matching WANT, its session thread never held
+# (else the failure says it WHY).
+held_drop() {
+	local i=$1 m=$2 until=$3 elems=$4 at=$5 want=$6 why=$7 pid
+	(DELTACAST_COMMIT_TIMEOUT_MS=500 throttled "$BUILD/deltacast" subscribe --broker "$ct_CONS" --model "$m" \
+		--dir "$TMP/c$i" --until "$until") >"$TMP/c$i.log" 2>"$TMP/c$i.err" &
+	pid=$!
+	PIDS+=("$pid")
+	wait_consumers ct 1
+	bg "p$i" "$WC" produce "$ct_PROD" "$m" --versions "$until" --elems "$elems" --hold-at "$at" \
+		--hold-file "$TMP/go$i" --timeout-ms 120000
+	wait_for 60 grep -q "version $at: no COMMIT [0-9]* ms after its last chunk" "$TMP/c$i.err" ||
+		fail "consumer $i did not time out version $at: $(tail -3 "$TMP/c$i.err")"
+	touch "$TMP/go$i"
+	wait "$pid" || fail "consumer $i exited $?: $(tail -3 "$TMP/c$i.err")"
+	grep -q "$want" "$TMP/c$i.log" || fail "consumer $i did not end with '$want': $(cat "$TMP/c$i.log")"
+	if busy_long "$TMP/c$i.err"; then
+		fail "consumer $i's session thread $why: $(grep -m2 'busy\|lost our' "$TMP/c$i.err")"
+	fi
+}
+
 start_broker_metrics ct --heartbeat-ms 200 --cut-through --part-timeout-ms 600000
-(DELTACAST_COMMIT_TIMEOUT_MS=500 throttled "$BUILD/deltacast" subscribe --broker "$ct_CONS" --model ct \
-	--dir "$TMP/c7" --until 3) >"$TMP/c7.log" 2>"$TMP/c7.err" &
-c7=$!
-PIDS+=("$c7")
-wait_consumers ct 1
-bg p7 "$WC" produce "$ct_PROD" ct --versions 3 --elems 16777216 --hold-at 2 --hold-file "$TMP/go7" --timeout-ms 120000
-wait_for 60 grep -q "version 2: no COMMIT [0-9]* ms after its last chunk" "$TMP/c7.err" ||
-	fail "consumer 7 did not time out version 2: $(tail -3 "$TMP/c7.err")"
-touch "$TMP/go7"
-wait "$c7" || fail "consumer 7 exited $?: $(tail -3 "$TMP/c7.err")"
-grep -q "^version 3 " "$TMP/c7.log" || fail "consumer 7 did not reach version 3: $(cat "$TMP/c7.log")"
-busy_long "$TMP/c7.err" &&
-	fail "consumer 7's session thread waited for the anchor's file (a delta dropped behind it): $(grep -m2 'busy\|lost our' "$TMP/c7.err")"
+held_drop 7 ct 3 16777216 2 "^version 3 " "waited for the anchor's file (a delta dropped behind it)"
+
+# The anchor itself dropped before its COMMIT, half of it taken in place
+# (its producer holding inside it, a 192 MiB model: 3 x 32M BF16): the
+# writes of its file still waiting for a slot are moot, and the drop does
+# not wait for them.  It is taken whole once it commits.
+held_drop 9 ct9 1 33554432 1 "^version 1 anchor " "waited for its dropped anchor's file"
 stop_broker ct
 
 # A run change right behind the anchor (its model deleted and published

@@ -673,10 +673,13 @@ int cs_store_version_commit(dcast_consumer *c, cs_version *v)
 
 void cs_store_version_drop(dcast_consumer *c, const cs_version *v, int unlink_file)
 {
-	if (v->direct && v->io_file >= 0) /* its own file's writes (the store's from its COMMIT on) */
-		cs_ckpt_settle(c);
-	else if (!v->direct) /* not an anchor's file's writes behind: the disk's time at real sizes */
+	if (!v->direct) { /* records: an anchor's file's writes behind go on (the disk's time) */
 		cs_ckpt_settle_log(c);
+	} else if (v->io_file >= 0) { /* its own file, before its COMMIT (the store's from then on) */
+		if (unlink_file)
+			cs_ckpt_forget_direct(c); /* its ranges still waiting are moot */
+		cs_ckpt_settle(c);
+	}
 	if (unlink_file && v->direct) /* its writes waited for first (cs_anchor_new_release) */
 		cs_anchor_new_drop(c);
 	else if (unlink_file)

@@ -114,7 +114,8 @@ void cs_store_close(dcast_consumer *c, int fold_owed);
  * writes still run (the file is the store's from then on; its seal waits
  * for them).  cs_store_version_drop (v dropped): every record write
  * waited for, so that none still reads its slots or file (an anchor's own
- * file's writes before its COMMIT too; past it they read neither), and with
+ * file's writes before its COMMIT too, those still waiting for a slot
+ * dropped when the file goes; past it they read neither), and with
  * unlink_file its file removed (the .new one forgotten, once its writes
  * are done).  Errors: DCAST_EIO (also a chunk record that failed),
  * DCAST_ENOMEM. */

@@ -191,11 +191,13 @@ void cs_fold_priority(int background, int *saved);
  * cs_store_version_create) keeps each tensor's offset in the .new file in
  * new_offs for cs_ckpt_chunk_submit.  cs_anchor_new_path names the .new
  * file (applied 0) or the .applied one.  cs_anchor_new_drop removes both
- * and forgets the anchor; whoever changes the files while one is pending
- * calls it.  cs_anchor_new_forget frees what anchor.c keeps of it (its
- * offsets, its block hashes), with the store's mutex held or at close.
- * cs_anchor_new_release waits for the writes (cs_ckpt_settle: all of them,
- * as removing a file from the I/O engine drains it) and closes the descriptor and the engine's handle the store took at the
+ * and forgets the anchor, its file's writes still waiting for a slot
+ * never written (cs_ckpt_forget_direct: the file is moot); whoever changes
+ * the files while one is pending calls it.  cs_anchor_new_forget frees
+ * what anchor.c keeps of it (its offsets, its block hashes), with the
+ * store's mutex held or at close.  cs_anchor_new_release waits for the
+ * writes (cs_ckpt_settle: all of them, so that none is left on the file
+ * it takes from the I/O engine) and closes the descriptor and the engine's handle the store took at the
  * COMMIT (new_fd, new_file); the seal and cs_anchor_new_drop call it,
  * without the store's mutex.
  * anchor_new.c:

@@ -23,8 +23,8 @@
 # thread held for seconds, no heartbeat, the broker dropping the session),
 # nor, spilled to its record file, its read back to be checked ahead, nor,
 # dropped (its COMMIT timed out), the drop of what it staged.  An anchor
-# dropped before its COMMIT, or by a run change behind it, drops its file
-# without writing the rest of it.
+# dropped before its COMMIT, or by a run change behind it, or READY and
+# not applied at close, drops its file without writing the rest of it.
 # Exit 77 where the blkio throttle cannot
 # be had (not root, no cgroup v1 blkio, no block device under the
 # directory).
@@ -123,6 +123,22 @@ grep -q "tensors bound to host memory" "$TMP/c4.err" || fail "consumer 4 did not
 written=$(awk '$1 == "ready" && $2 == 1 { for (i = 3; i < NF; i++) if ($i == "direct_write_bytes") print $(i + 1) }' "$TMP/c4.log")
 [ $((2 * written)) -lt "$bytes" ] || fail "consumer 4 was READY with $written of $bytes bytes written: no write trailed"
 same "$TMP/c4"
+
+# Closed at READY, the anchor not applied: the next open drops its .new
+# file, so the writes of it still waiting are moot and the close does not
+# make them (it had written less than half at READY, and waits only for
+# those under way).  Opened again, it fetches the anchor, bit-exact.
+(BENCH_SYNC_CONSUMER_CLOSE_AT_READY=1 throttled "$BUILD/tools/bench_sync_consumer" "$b_CONS" bench "$TMP/c10" 1) \
+	>"$TMP/c10.log" 2>"$TMP/c10.err" || fail "consumer 10 exited $?: $(tail -3 "$TMP/c10.err")"
+wrote=$(awk '$1 == "closed" && $2 == 1 { print $4 }' "$TMP/c10.log")
+[ -n "$wrote" ] || fail "consumer 10: no closed line: $(cat "$TMP/c10.log")"
+[ "$wrote" -lt "$bytes" ] ||
+	fail "consumer 10 had written $wrote bytes when closed, the anchor's file is $bytes: its close wrote what was moot"
+echo "closed at READY: $wrote bytes written of the anchor file's $bytes"
+"$BUILD/tools/bench_sync_consumer" "$b_CONS" bench "$TMP/c10" 1 >"$TMP/c10b.log" 2>"$TMP/c10b.err" ||
+	fail "consumer 10 reopened exited $?: $(tail -3 "$TMP/c10b.err")"
+grep -q "^applied 1 anchor " "$TMP/c10b.log" || fail "consumer 10 reopened: $(cat "$TMP/c10b.log")"
+same "$TMP/c10"
 
 # A delta right behind the anchor (model bench2: anchor 1, delta 2, of
 # 30% density) is

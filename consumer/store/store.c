@@ -50,9 +50,15 @@ int cs_store_open(dcast_consumer *c, const cs_store_sink *sink)
 void cs_store_close(dcast_consumer *c, int fold_owed)
 {
 	struct cs_store *s = c->store;
+	int armed;
 
 	if (!s)
 		return;
+	cs_store_lock(s);
+	armed = s->new_version != DCAST_VERSION_NONE;
+	cs_store_unlock(s);
+	if (!armed) /* an anchor in place READY and not applied: the next open drops its .new file */
+		cs_ckpt_forget_direct(c);
 	cs_ckpt_settle(c); /* chunk records written behind */
 	if (cs_anchor_new_seal(c, NULL)) /* an anchor applied: durable */
 		DCAST_LOG_W("consumer %s: anchor file at close: %s", c->model, dcast_last_error());

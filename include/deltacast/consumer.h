@@ -196,7 +196,10 @@ DCAST_API int dcast_consumer_open(const char *endpoint, const char *model, const
 			dcast_consumer **out);
 
 /* Say BYE, release everything, set *c to NULL.  NULL-safe.  Bound tensors
- * stay with the caller, unchanged. */
+ * stay with the caller, unchanged.  An anchor taken in place and applied
+ * whose file is still being written is waited for and sealed first (the
+ * disk's time for what is left of it); one READY and not applied is not
+ * written further (the next open fetches it again). */
 DCAST_API void dcast_consumer_close(dcast_consumer **c);
 
 /* Make the caller's buffer `ptr` (bytes long, in `mem`) the live tensor

@@ -28,6 +28,11 @@
  * off, with an error event each time).
  * BENCH_SYNC_CONSUMER_THREADS=1: each thread's CPU at READY, on stderr
  * (thread_times).
+ * BENCH_SYNC_CONSUMER_CLOSE_AT_READY=1: the first version READY is not
+ * applied: the consumer closes at once, then prints
+ *   closed V io_write_bytes W
+ * (W as above, after the close: what an anchor taken in place had written
+ * of its file by then; tests/test_consumer_trailing.sh), and exits 0.
  * BENCH_SYNC_CONSUMER_DEVICE=1: every tensor (tiled ones excepted) bound
  * to cudaMalloc'd memory as soon as the manifest is known, as a rollout
  * worker's weights are (scripts/device_run.sh, step sync-gpu-cons;
@@ -191,6 +196,8 @@ static void thread_times(void)
 	closedir(d);
 }
 
+static uint64_t closed_at = DCAST_VERSION_NONE; /* BENCH_SYNC_CONSUMER_CLOSE_AT_READY: its READY */
+
 static int follow(dcast_consumer *c, uint64_t until)
 {
 	dcast_event ev;
@@ -223,6 +230,10 @@ static int follow(dcast_consumer *c, uint64_t until)
 		       open_ns);
 		fflush(stdout);
 		thread_times();
+		if (getenv("BENCH_SYNC_CONSUMER_CLOSE_AT_READY")) {
+			closed_at = ev.version;
+			break;
+		}
 		if ((err = dcast_consumer_apply(c, ev.version)))
 			break;
 		report(c, realtime_ns());
@@ -277,6 +288,9 @@ int main(int argc, char **argv)
 	if (err > 0 && err != DCAST_ETOO_LARGE) /* that one named by its event, -1 by bind_device */
 		fprintf(stderr, "bench_sync_consumer: %s: %s\n", dcast_errname(err), dcast_last_error());
 	dcast_consumer_close(&c);
+	if (closed_at != DCAST_VERSION_NONE)
+		printf("closed %" PRIu64 " io_write_bytes %" PRIu64 "\n", closed_at,
+		       (uint64_t)tp_proc_value("/proc/self/io", "write_bytes"));
 	while (host_n)
 		free(host_mem[--host_n]);
 	return err || stop ? 1 : 0;

@@ -270,6 +270,7 @@ int main(int argc, char **argv)
 	fputs(body, stdout);
 	dcast_producer_close(&p);
 	tp_broker_kill(&hb, SIGTERM);
+	check_remove_dir(dir); /* its broker's log: kept only on a failure, above */
 	if (doc && write_doc(doc, body))
 		return 1;
 	return 0;

@@ -190,6 +190,7 @@ int main(int argc, char **argv)
 	}
 	dcast_producer_close(&p);
 	tp_broker_kill(&hb, SIGTERM);
+	check_remove_dir(dir); /* its broker's log: kept only on a failure, above */
 	for (int i = 0; i < N_TENSORS; i++)
 		free(w[i]);
 	return 0;

@@ -673,14 +673,11 @@ int cs_store_version_commit(dcast_consumer *c, cs_version *v)
 
 void cs_store_version_drop(dcast_consumer *c, const cs_version *v, int unlink_file)
 {
-	if (!v->direct) { /* records: an anchor's file's writes behind go on (the disk's time) */
+	if (!v->direct) /* records: an anchor's file's writes behind go on (the disk's time) */
 		cs_ckpt_settle_log(c);
-	} else if (v->io_file >= 0) { /* its own file, before its COMMIT (the store's from then on) */
-		if (unlink_file)
-			cs_ckpt_forget_direct(c); /* its ranges still waiting are moot */
+	else if (v->io_file >= 0 && !unlink_file) /* its own file, before its COMMIT (the store's after) */
 		cs_ckpt_settle(c);
-	}
-	if (unlink_file && v->direct) /* its writes waited for first (cs_anchor_new_release) */
+	if (unlink_file && v->direct) /* its waiting writes forgotten, the rest waited for */
 		cs_anchor_new_drop(c);
 	else if (unlink_file)
 		cs_ckpt_remove(c, v->version);

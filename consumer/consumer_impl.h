@@ -33,6 +33,7 @@
 #include "deltacast/consumer.h"
 #include "deltacast/safetensors.h"
 #include "deltacast/schema.h"
+#include "dcast_bulkrx.h"
 #include "dcast_fit.h"
 #include "dcast_io.h"
 #include "dcast_names.h"
@@ -259,27 +260,12 @@ typedef struct cs_outbox {
  * freed bytes of `version` here, not as CREDIT: they are outside the
  * ZeroMQ window).  The session thread's alone. */
 typedef struct cs_bulk {
-	int fd;                        /* the connection, -1 when none */
-	int connected;                 /* connect done, the opening being sent or sent */
+	dcast_bulkrx rx;               /* the connection and the frame being read */
 	int off;                       /* never asked for again (a transfer failed) */
 	struct sockaddr_storage addr;  /* the endpoint's host, resolved at open */
 	socklen_t addr_len;            /* 0: none (not tcp://, or it did not resolve) */
-	uint64_t version;              /* the anchor coming, NONE when no connection */
-	uint32_t port;                 /* the broker's bulk port it was sent to */
 	uint64_t received, freed;      /* its payload bytes */
 	uint64_t last_ms;              /* bytes last moved (or the window held them back) */
-	uint64_t frames;               /* frames read */
-	unsigned char opening[16];     /* "DCB1", 4 zero bytes, the token (u64 LE) */
-	uint32_t opening_sent;
-	unsigned char prefix[12];      /* the frame being read: its prefix, */
-	uint32_t prefix_got;
-	unsigned char *head;           /* its header (head_cap bytes allocated), */
-	uint32_t head_cap, head_len, head_got;
-	dcast_msg msg;                 /* the header decoded, once read whole */
-	int has_msg;
-	zmq_msg_t payload;             /* its payload, read straight in */
-	uint64_t payload_len, payload_got;
-	int has_payload;               /* payload initialised (after the header) */
 	unsigned char *into;           /* payload read straight into a tensor here
 					  (cs_intake_in_place_dest), else NULL, */
 	dcast_chunk into_chunk;        /* for this CHUNK */
@@ -690,7 +676,7 @@ int cs_bulk_wanted(const dcast_consumer *c);
 int cs_bulk_start(dcast_consumer *c, const dcast_bulk *b);
 static inline int cs_bulk_active(const dcast_consumer *c)
 {
-	return c->bulk.fd >= 0;
+	return dcast_bulkrx_active(&c->bulk.rx);
 }
 short cs_bulk_events(const dcast_consumer *c);
 struct dcast_wire_in;

@@ -37,7 +37,7 @@ int cs_stream_restart(dcast_consumer *c)
 
 void cs_credit_free(dcast_consumer *c, uint64_t version, uint64_t bytes)
 {
-	if (version == c->bulk.version)
+	if (version == c->bulk.rx.version)
 		c->bulk.freed += bytes; /* came over the bulk connection, outside the window */
 	else
 		c->ss.credit_pending += bytes;

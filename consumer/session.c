@@ -359,7 +359,7 @@ static int receive_burst(dcast_consumer *c)
  * transfer is over: the connection closes, the socket is read again. */
 static int bulk_deliver(dcast_consumer *c, dcast_wire_in *in)
 {
-	uint64_t version = c->bulk.version;
+	uint64_t version = c->bulk.rx.version;
 	const cs_version *v;
 	int err = deliver(c, in);
 
@@ -392,7 +392,7 @@ static int bulk_receive(dcast_consumer *c)
 			break;
 		}
 		if ((err = cs_bulk_read(c, &in, &got, cs_intake_in_place_dest)))
-			err = bulk_failed(c, c->bulk.version);
+			err = bulk_failed(c, c->bulk.rx.version);
 		else if (got)
 			err = bulk_deliver(c, &in);
 		dcast_wire_in_close(&in);
@@ -488,7 +488,7 @@ static int keepalive(dcast_consumer *c)
 	if (intake_full(c) || cs_bulk_active(c))
 		c->ss.last_recv_ms = now; /* unread by choice, not silent */
 	if (bulk_quiet(c, now, hb))
-		return bulk_failed(c, c->bulk.version);
+		return bulk_failed(c, c->bulk.rx.version);
 	if (c->ss.welcomed && now - c->ss.last_recv_ms > 3 * hb) {
 		DCAST_LOG_W("consumer %s: broker silent for %" PRIu64 " ms; reconnecting", c->model,
 			    now - c->ss.last_recv_ms);
@@ -687,7 +687,7 @@ static void *session_main(void *arg)
 		int err = session_turn(c, readable), n, ms = wait_ms(c, err, hb);
 		short bulk_ev = cs_bulk_events(c);
 		zmq_pollitem_t it[3] = {{c->ss.sock, 0, intake_full(c) || cs_bulk_active(c) ? 0 : ZMQ_POLLIN, 0},
-					{NULL, c->ob.wake_fd, ZMQ_POLLIN, 0}, {NULL, c->bulk.fd, bulk_ev, 0}};
+					{NULL, c->ob.wake_fd, ZMQ_POLLIN, 0}, {NULL, c->bulk.rx.fd, bulk_ev, 0}};
 
 		if (err)
 			cs_session_failed(c, err);

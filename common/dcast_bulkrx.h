@@ -1,0 +1,117 @@
+/* Private: the receiving side of a bulk connection (docs/protocol.md,
+ * "Bulk anchors"), shared by the consumer (consumer/bulk.c) and the
+ * relay (broker/relaybulk.c).  After a BULK the receiver connects to the
+ * broker's host at the port it names, sends the opening ("DCB1", 4 zero
+ * bytes, the token) and reads frames: a 12-byte prefix (header length u32
+ * LE, payload length u64 LE), the header as ZeroMQ carries it, the
+ * payload.  Each header is decoded and checked as dcast_wire_recv checks
+ * a message (and against the frame's payload length and the version the
+ * BULK named) before its payload is read, so that a frame that cannot be
+ * taken fails at once.  Where a payload lands is the caller's choice
+ * (dcast_bulkrx_payload_buffer, dcast_bulkrx_payload_at), and so is how
+ * much of it to read per turn.  The socket is non-blocking: every call
+ * moves what is there and returns.  Not thread-safe: one owner. */
+#ifndef DCAST_BULKRX_H
+#define DCAST_BULKRX_H
+
+#include <stdint.h>
+#include <sys/socket.h>
+#include <zmq.h>
+#include "deltacast/schema.h"
+
+#define DCAST_BULK_PREFIX 12
+#define DCAST_BULK_OPENING 16
+
+struct dcast_wire_in;
+
+typedef struct dcast_bulkrx {
+	int fd;                        /* the connection, -1 when none */
+	int connected;                 /* connect done, the opening being sent or sent */
+	const char *endpoint;          /* whose host it reached (error texts; the caller's) */
+	uint64_t version;              /* the version coming, NONE when no connection */
+	uint32_t port;                 /* the broker's bulk port */
+	uint64_t frames;               /* frames read whole */
+	unsigned char opening[DCAST_BULK_OPENING];
+	uint32_t opening_sent;
+	unsigned char prefix[DCAST_BULK_PREFIX]; /* the frame being read: its prefix, */
+	uint32_t prefix_got;
+	unsigned char *head;           /* its header (head_cap bytes allocated), */
+	uint32_t head_cap, head_len, head_got;
+	dcast_msg msg;                 /* the header decoded, once read whole */
+	int has_msg;
+	zmq_msg_t payload;             /* its payload, once placed */
+	uint64_t payload_len, payload_got;
+	int has_payload;
+} dcast_bulkrx;
+
+/* No connection (before anything can fail; dcast_bulkrx_close is then
+ * safe). */
+void dcast_bulkrx_init(dcast_bulkrx *r);
+
+/* The host of tcp:// endpoint `ep` (brackets of an IPv6 address taken
+ * off) resolved, an IPv4 address first (the broker's --bulk listens on
+ * IPv4), into *a and *len; *len 0 for an endpoint that is not tcp://.
+ * May block on a name lookup: call it where that is fine.  Errors:
+ * DCAST_EINVAL (a host of over 255 bytes), DCAST_ENOTFOUND. */
+int dcast_bulkrx_resolve(const char *ep, struct sockaddr_storage *a, socklen_t *len);
+
+/* Connect (non-blocking) to address a at b->port for version b->version,
+ * the opening queued; `ep` (kept, not copied) names the host in error
+ * texts.  Errors: DCAST_EIO (socket, a connect refused at once), naming
+ * the port; nothing is left open then. */
+int dcast_bulkrx_start(dcast_bulkrx *r, const struct sockaddr_storage *a, socklen_t len,
+		       const dcast_bulk *b, const char *ep);
+
+static inline int dcast_bulkrx_active(const dcast_bulkrx *r)
+{
+	return r->fd >= 0;
+}
+
+/* The connect finished and the opening sent: *open 1 then, 0 while
+ * either is under way (poll for ZMQ_POLLOUT).  Errors: DCAST_EIO. */
+int dcast_bulkrx_open_step(dcast_bulkrx *r, int *open);
+
+/* Up to n (> 0) bytes into p: *got of them, 0 when none is there now.
+ * Errors: DCAST_EIO (the peer closed before the COMMIT, a recv error). */
+int dcast_bulkrx_take(dcast_bulkrx *r, void *p, uint64_t n, uint64_t *got);
+
+/* The frame's prefix and header are read, decoded and checked (the
+ * payload is next). */
+static inline int dcast_bulkrx_head_done(const dcast_bulkrx *r)
+{
+	return r->prefix_got == DCAST_BULK_PREFIX && r->head_got == r->head_len && r->has_msg;
+}
+
+/* One recv into the prefix or the header, whichever is being read (not
+ * after dcast_bulkrx_head_done); *got bytes came.  A prefix read whole is
+ * checked against the schema's limits; a header read whole is decoded and
+ * checked: a CHUNK or the COMMIT of r->version, its payload length the
+ * frame's.  Errors: those of dcast_bulkrx_take, DCAST_EMALFORMED, every
+ * dcast_msg_decode error, DCAST_EPAYLOAD_SIZE, DCAST_ENOMEM. */
+int dcast_bulkrx_head_step(dcast_bulkrx *r, uint64_t *got);
+
+/* After the header: the payload is read into a buffer of its own
+ * (recycled process-wide, so that an anchor's chunks reuse warm memory;
+ * the message's last close gives it back, on any thread).  Errors:
+ * DCAST_ENOMEM. */
+int dcast_bulkrx_payload_buffer(dcast_bulkrx *r);
+
+/* After the header: the payload is read into `into` (payload_len bytes,
+ * the caller's and kept valid until the frame is finished or closed). */
+void dcast_bulkrx_payload_at(dcast_bulkrx *r, void *into);
+
+/* Every byte of the frame is read (its payload placed and filled). */
+static inline int dcast_bulkrx_whole(const dcast_bulkrx *r)
+{
+	return dcast_bulkrx_head_done(r) && r->has_payload && r->payload_got == r->payload_len;
+}
+
+/* The whole frame's message and payload move into `in` (initialised
+ * here; the caller owns it as from dcast_wire_recv, no routing id); the
+ * next frame starts afresh. */
+void dcast_bulkrx_finish(dcast_bulkrx *r, struct dcast_wire_in *in);
+
+/* Close the connection and forget the frame being read; idempotent. */
+void dcast_bulkrx_close(dcast_bulkrx *r);
+
+#endif

@@ -16,13 +16,14 @@
 #include <zmq.h>
 #include "deltacast/err.h"
 #include "deltacast/schema.h"
+#include "dcast_bulkrx.h"
 #include "dcast_common.h"
 #include "dcast_wire.h"
 
 #define BROKER_MAX_MODELS 256
 #define BROKER_MAX_UPSTREAM_MODELS 16
 #define BROKER_BULK_CLIENTS 64  /* bulk connections at once (bulk.c) */
-#define BROKER_MAX_EXTRA_FDS (33 + BROKER_BULK_CLIENTS) /* eventfds, local listeners and
+#define BROKER_MAX_EXTRA_FDS (33 + BROKER_BULK_CLIENTS + BROKER_MAX_UPSTREAM_MODELS) /* eventfds, local listeners and
 							   clients (17 + 5), a signalfd, bulk */
 #define BROKER_REFUSE_LOG_MAX 20 /* refusal log lines a second */
 #define BROKER_MAX_RID 255
@@ -60,9 +61,11 @@ struct broker_config {
 	const char *anchor_fraction; uint64_t anchor_every; /* broker-made anchors (fold.c) */
 	uint64_t fault_slowdisk_ms; /* DELTACAST_BROKER_FAULT=slowdisk:MS (tests; durable.c) */
 	int fault_nomap;            /* DELTACAST_BROKER_FAULT=nomap (tests; ondisk.c) */
+	uint64_t fault_relay_bulk_cut; /* DELTACAST_BROKER_FAULT=relay_bulk_cut:K (tests; relaybulk.c) */
 	uint64_t model_idle_s;      /* --model-idle-s: an idle model is removed (retire.c; 0 never) */
 	uint64_t read_cache_bytes;  /* --read-cache-bytes: frames read from disk shared (ondisk.c) */
 	const char *admin_socket;   /* --admin-socket PATH: operator requests (admin.c) */
+	int upstream_no_bulk;       /* --upstream-no-bulk: anchors from --upstream over ZeroMQ only */
 	int cut_through;            /* --cut-through: an open version's chunks go to consumers as
 				       they are accepted (ingest.c, fanout.c) */
 	const char *bulk;           /* --bulk HOST:PORT: anchors over plain TCP (bulk.c) */
@@ -279,6 +282,11 @@ struct broker_upstream {
 	int joined;
 	uint64_t kept_run;           /* the upstream run its restored log was relayed from
 					(the data dir's run file), 0 if none was kept */
+	dcast_bulkrx bulk;           /* an anchor coming over the upstream's --bulk (relaybulk.c) */
+	struct sockaddr_storage bulk_addr; /* the upstream's host, resolved at open */
+	socklen_t bulk_addr_len;     /* 0: no bulk (--upstream-no-bulk, CURVE, not tcp://) */
+	int bulk_off;                /* a transfer failed: none asked for until a COMMIT over ZeroMQ */
+	uint64_t bulk_last_ms;       /* bytes last moved on the connection */
 };
 
 /* Kept up to date by the core; read by metrics and status. */
@@ -301,6 +309,9 @@ struct broker_stats {
 	uint64_t cut_through_aborted;    /* aborted versions some of whose chunks had gone out */
 	uint64_t bulk_versions, bulk_bytes; /* anchors sent over bulk connections, their bytes */
 	uint64_t bulk_sendfile_bytes;       /* of bulk_bytes, payload bytes sent with sendfile(2) */
+	uint64_t relay_bulk_versions, relay_bulk_bytes; /* anchors the relay took over its
+						  upstream's --bulk, their payload bytes */
+	uint64_t relay_bulk_failures;       /* such transfers that failed (re-joined over ZeroMQ) */
 };
 
 struct broker;
@@ -753,6 +764,39 @@ void broker_relay_flush_credit(struct broker *b);
 /* ACK `version` upstream on the DEALER of relayed model m (it is in the
  * relay's log, durable with --data-dir); no-op when m is not relayed. */
 void broker_relay_close(struct broker *b);
+/* Say HELLO upstream for u's model, with have_version its newest version
+ * (`why` is logged): what was open of the stream is dropped, a bulk
+ * transfer under way among it. */
+void broker_relay_hello(struct broker *b, struct broker_upstream *u, const char *why);
+/* A CHUNK or the COMMIT of the stream from u, taken as from the upstream's
+ * DEALER but granting no credit (it came over a bulk connection, outside
+ * the window).  Errors: those of broker_pending_*, DCAST_EFIELD_RANGE
+ * (another model). */
+int broker_relay_frame(struct broker *b, struct broker_upstream *u, dcast_wire_in *in);
+
+/* ---- relaybulk.c: a relay's anchor over its upstream's --bulk ---- */
+/* No connection, the upstream's host resolved (at open: a name lookup
+ * may block) unless --upstream-no-bulk, CURVE to the upstream (bulk
+ * travels in the clear) or an upstream that is not tcp://.  One that does
+ * not resolve is logged, and anchors come over ZeroMQ. */
+void broker_relay_bulk_init(struct broker *b, struct broker_upstream *u);
+/* The HELLO upstream may say x-bulk (an address, no failed transfer since
+ * the last COMMIT over ZeroMQ). */
+int broker_relay_bulk_wanted(const struct broker_upstream *u);
+/* BULK from the upstream: connect to its host at the port it names and
+ * read the version's frames as the loop polls them, each taken by
+ * broker_relay_frame; after the COMMIT's the connection closes.  A failed
+ * transfer is logged, counted (stats.relay_bulk_failures), turns bulk off
+ * (bulk_off) and re-joins over ZeroMQ (broker_relay_hello).  Errors
+ * (nothing left open; the caller re-joins): DCAST_ESTATE (not asked for,
+ * or one under way), DCAST_EIO (the connect refused at once),
+ * DCAST_EBUSY (the poll set is full). */
+int broker_relay_bulk_start(struct broker *b, struct broker_upstream *u, const dcast_bulk *m);
+/* A connection that moved no byte for 3 heartbeats, at least 30 s, has
+ * failed (as the upstream's side gives up). */
+void broker_relay_bulk_timers(struct broker *b, struct broker_upstream *u, uint64_t now_ms);
+/* Close the connection, if any; idempotent. */
+void broker_relay_bulk_close(struct broker *b, struct broker_upstream *u);
 
 /* ---- commit.c: the commit pipeline ---- */
 

@@ -45,6 +45,7 @@ static const struct flag flags[] = {
 	{"admin-socket", FLAG_STR, OFF(admin_socket), NULL, "PATH of a UNIX socket (mode 0600) for `deltacast model delete` (off without it)"},
 	{"bulk", FLAG_STR, OFF(bulk), NULL, "IPv4:PORT for anchors sent to consumers over plain TCP, outside ZeroMQ, with sendfile(2) or a copy (--bulk-send; port 0: any free one; not with --curve-secret)"},
 	{"bulk-send", FLAG_STR, OFF(bulk_send), "auto", "how --bulk sends a payload kept in a file: sendfile (the page cache's pages handed to the kernel), copy (send() from the mapped file: one copy in the broker, less for a receiver on this host) or auto (copy to a peer on this host, sendfile to others)"},
+	{"upstream-no-bulk", FLAG_BOOL, OFF(upstream_no_bulk), NULL, "take anchors from --upstream over ZeroMQ only (by default over its --bulk connection when it offers one; never with CURVE)"},
 	{"cut-through", FLAG_BOOL, OFF(cut_through), NULL, "forward an open version's chunks to consumers as they arrive, before its COMMIT (relay trees)"},
 	{"log-level", FLAG_STR, OFF(log_level), "info", "error, warn, info or debug"},
 	/* security and observability (broker/auth.c, broker/metrics.c) */
@@ -223,31 +224,44 @@ static int find_config(int argc, char **argv, const char **path)
 	return 0;
 }
 
-/* DELTACAST_BROKER_FAULT=slowdisk:MS (tests only): the durable writer
- * sleeps MS ms before each COMMIT record and after each fsync, a slow disk
- * at the writer's seam (broker/durable.c).  =nomap: every mmap of a
- * segment fails, as on a file system without mmap (broker/ondisk.c).
- * Read once, here. */
+/* A fault's number after its "NAME:", at most max, into *v. */
+static int fault_num(const char *f, size_t skip, unsigned long long max, uint64_t *v)
+{
+	unsigned long long n;
+	char *end;
+
+	errno = 0;
+	n = strtoull(f + skip, &end, 10);
+	if (errno || end == f + skip || *end || n > max)
+		return dcast_fail(DCAST_EINVAL, "DELTACAST_BROKER_FAULT=%s: the number must be 0..%llu", f,
+				  max);
+	*v = n;
+	return 0;
+}
+
+/* DELTACAST_BROKER_FAULT (tests only), read once, here:
+ * - slowdisk:MS: the durable writer sleeps MS ms before each COMMIT
+ *   record and after each fsync, a slow disk at the writer's seam
+ *   (broker/durable.c);
+ * - nomap: every mmap of a segment fails, as on a file system without
+ *   mmap (broker/ondisk.c);
+ * - relay_bulk_cut:K: a relay's bulk connection from its upstream is cut
+ *   after K CHUNK frames, as a network that drops it (broker/relaybulk.c). */
 static int fault_env(struct broker_config *cfg)
 {
 	const char *f = getenv("DELTACAST_BROKER_FAULT");
-	unsigned long long ms;
-	char *end;
 
 	if (!f || !*f)
 		return 0;
 	cfg->fault_nomap = !strcmp(f, "nomap");
 	if (cfg->fault_nomap)
 		return 0;
-	if (strncmp(f, "slowdisk:", 9))
-		return dcast_fail(DCAST_EINVAL, "DELTACAST_BROKER_FAULT=%s: only slowdisk:MS and nomap "
-				  "are known", f);
-	errno = 0;
-	ms = strtoull(f + 9, &end, 10);
-	if (errno || end == f + 9 || *end || ms > 600000)
-		return dcast_fail(DCAST_EINVAL, "DELTACAST_BROKER_FAULT=%s: MS must be 0..600000", f);
-	cfg->fault_slowdisk_ms = ms;
-	return 0;
+	if (!strncmp(f, "slowdisk:", 9))
+		return fault_num(f, 9, 600000, &cfg->fault_slowdisk_ms);
+	if (!strncmp(f, "relay_bulk_cut:", 15))
+		return fault_num(f, 15, UINT32_MAX, &cfg->fault_relay_bulk_cut);
+	return dcast_fail(DCAST_EINVAL, "DELTACAST_BROKER_FAULT=%s: only slowdisk:MS, nomap and "
+			  "relay_bulk_cut:K are known", f);
 }
 
 int broker_config_parse(struct broker_config *cfg, int argc, char **argv)

@@ -238,6 +238,12 @@ size_t broker_metrics_render(const struct broker *b, char *buf, size_t cap)
 	counter(&o, "bulk_sendfile_bytes_total", "of the bytes written to --bulk connections, payload "
 		"bytes sent with sendfile(2) from the page cache (the rest with send())",
 		st->bulk_sendfile_bytes);
+	counter(&o, "relay_bulk_versions_total", "anchors this relay took over its upstream's --bulk connection",
+		st->relay_bulk_versions);
+	counter(&o, "relay_bulk_bytes_total", "payload bytes this relay took over its upstream's --bulk connection",
+		st->relay_bulk_bytes);
+	counter(&o, "relay_bulk_failures_total", "bulk transfers from the upstream that failed (re-joined over ZeroMQ)",
+		st->relay_bulk_failures);
 	counter(&o, "bytes_out_total", "payload bytes sent to consumers", st->bytes_out);
 	gauge(&o, "producers_connected", "producer parts connected", st->producers_connected);
 	gauge(&o, "consumers_connected", "consumers connected", st->consumers_connected);

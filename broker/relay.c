@@ -21,11 +21,12 @@ static int up_send(struct broker_upstream *u, const dcast_msg *m)
 	return dcast_wire_send(u->sock, NULL, 0, m, NULL, ZMQ_DONTWAIT);
 }
 
-static void relay_hello(struct broker *b, struct broker_upstream *u, const char *why)
+void broker_relay_hello(struct broker *b, struct broker_upstream *u, const char *why)
 {
 	struct broker_model *m = u->model;
 	dcast_msg h;
 
+	broker_relay_bulk_close(b, u); /* the upstream drops its side at this HELLO */
 	if (m->pending)
 		broker_pending_abort(b, m, why);
 	dcast_msg_init(&h, DCAST_MSG_HELLO);
@@ -33,6 +34,7 @@ static void relay_hello(struct broker *b, struct broker_upstream *u, const char 
 	snprintf(h.u.hello.model, sizeof(h.u.hello.model), "%s", m->name);
 	h.u.hello.have_version = broker_model_newest(m);
 	h.u.hello.window_bytes = b->cfg.upstream_window_bytes;
+	h.u.hello.bulk = (uint32_t)broker_relay_bulk_wanted(u);
 	snprintf(h.u.hello.client, sizeof(h.u.hello.client), "relay");
 	u->credit_owed = 0;
 	u->joined = 0;
@@ -135,6 +137,7 @@ int broker_relay_open(struct broker *b)
 
 		if (!(u->model = broker_model_get(b, b->cfg.upstream_models[i], 1)))
 			return DCAST_EBUSY;
+		broker_relay_bulk_init(b, u);
 		u->model->relayed = 1;
 		u->model->run = 0; /* none until the upstream's WELCOME names it */
 		if ((rc = relay_connect(b, i, &u->sock, &u->mon)))
@@ -172,7 +175,7 @@ void broker_relay_start(struct broker *b)
 {
 	for (uint32_t i = 0; i < b->n_up; i++) {
 		relay_restored(b, &b->up[i]);
-		relay_hello(b, &b->up[i], "start");
+		broker_relay_hello(b, &b->up[i], "start");
 	}
 }
 
@@ -194,7 +197,9 @@ static int relay_manifest(struct broker *b, struct broker_model *m, dcast_msg *m
 	return 0;
 }
 
-static int relay_chunk(struct broker *b, struct broker_upstream *u, dcast_wire_in *in)
+/* A CHUNK from upstream; credit: it came through the window (not over
+ * bulk), and is granted back. */
+static int relay_chunk(struct broker *b, struct broker_upstream *u, dcast_wire_in *in, int credit)
 {
 	struct broker_model *m = u->model;
 	const dcast_chunk *c = &in->msg.u.chunk;
@@ -204,7 +209,8 @@ static int relay_chunk(struct broker *b, struct broker_upstream *u, dcast_wire_i
 		return rc;
 	if ((rc = broker_pending_chunk(b, m, 0, in)))
 		return rc;
-	u->credit_owed += c->payload_bytes;
+	if (credit)
+		u->credit_owed += c->payload_bytes;
 	return 0;
 }
 
@@ -233,6 +239,20 @@ static int relay_commit(struct broker *b, struct broker_upstream *u, dcast_commi
 	return broker_pending_commit(b, u->model, 0, c, &committed);
 }
 
+/* A COMMIT over ZeroMQ: after a failed bulk transfer, the version it
+ * brought came this way; the next HELLO asks for bulk again. */
+static int relay_commit_zmq(struct broker *b, struct broker_upstream *u, dcast_commit *c)
+{
+	int rc = relay_commit(b, u, c);
+
+	if (!rc && u->bulk_off && u->bulk_addr_len) {
+		u->bulk_off = 0;
+		DCAST_LOG_I("relay %s: version %llu came over ZeroMQ; bulk on again", u->model->name,
+			    (unsigned long long)c->version);
+	}
+	return rc;
+}
+
 
 /* The relay serves `run` from now on: its consumers learn it (those
  * welcomed with run 0 confirm it, those holding another run's state drop
@@ -249,7 +269,7 @@ static void relay_switch_run(struct broker *b, struct broker_upstream *u, uint64
 	broker_run_save(b, m);
 	broker_rewelcome(b, m);
 	if (drop)
-		relay_hello(b, u, "the upstream's run changed");
+		broker_relay_hello(b, u, "the upstream's run changed");
 }
 
 /* A held log (relay_restored) is served only if the upstream still serves
@@ -308,7 +328,7 @@ static void relay_adopt_run(struct broker *b, struct broker_upstream *u, uint64_
 static int stale(const struct broker_upstream *u, const dcast_msg *msg)
 {
 	return !u->joined && (msg->type == DCAST_MSG_MANIFEST || msg->type == DCAST_MSG_CHUNK ||
-			      msg->type == DCAST_MSG_COMMIT);
+			      msg->type == DCAST_MSG_COMMIT || msg->type == DCAST_MSG_BULK);
 }
 
 static int relay_dispatch(struct broker *b, struct broker_upstream *u, dcast_wire_in *in)
@@ -325,9 +345,11 @@ static int relay_dispatch(struct broker *b, struct broker_upstream *u, dcast_wir
 	case DCAST_MSG_MANIFEST:
 		return relay_manifest(b, u->model, msg);
 	case DCAST_MSG_CHUNK:
-		return relay_chunk(b, u, in);
+		return relay_chunk(b, u, in, 1);
 	case DCAST_MSG_COMMIT:
-		return relay_commit(b, u, &msg->u.commit);
+		return relay_commit_zmq(b, u, &msg->u.commit);
+	case DCAST_MSG_BULK:
+		return broker_relay_bulk_start(b, u, &msg->u.bulk);
 	case DCAST_MSG_HEARTBEAT:
 		return 0;
 	case DCAST_MSG_ERROR:
@@ -346,6 +368,7 @@ static int relay_dispatch(struct broker *b, struct broker_upstream *u, dcast_wir
 static int model_matches(const struct broker_model *m, const dcast_msg *msg)
 {
 	const char *name = msg->type == DCAST_MSG_WELCOME ? msg->u.welcome.model :
+			   msg->type == DCAST_MSG_BULK ? msg->u.bulk.model :
 			   msg->type == DCAST_MSG_MANIFEST ? msg->u.manifest.model :
 			   msg->type == DCAST_MSG_CHUNK ? msg->u.chunk.model :
 			   msg->type == DCAST_MSG_COMMIT ? msg->u.commit.model : m->name;
@@ -354,6 +377,18 @@ static int model_matches(const struct broker_model *m, const dcast_msg *msg)
 		return dcast_fail(DCAST_EFIELD_RANGE, "%s.model: \"%s\", relaying \"%s\"",
 				  dcast_msg_type_name((int)msg->type), name, m->name);
 	return 0;
+}
+
+int broker_relay_frame(struct broker *b, struct broker_upstream *u, dcast_wire_in *in)
+{
+	int rc = model_matches(u->model, &in->msg);
+
+	if (rc)
+		return rc;
+	if (in->msg.type == DCAST_MSG_CHUNK)
+		return relay_chunk(b, u, in, 0);
+	DCAST_ASSERT(in->msg.type == DCAST_MSG_COMMIT); /* dcast_bulkrx lets no other through */
+	return relay_commit(b, u, &in->msg.u.commit);
 }
 
 void broker_relay_msg(struct broker *b, struct broker_upstream *u)
@@ -377,7 +412,7 @@ void broker_relay_msg(struct broker *b, struct broker_upstream *u)
 				b->stats.errors[rc]++;
 			snprintf(why, sizeof(why), "%s: %s", dcast_errname(rc), dcast_last_error());
 			DCAST_LOG_W("relay %s: %s", u->model->name, why);
-			relay_hello(b, u, why);
+			broker_relay_hello(b, u, why);
 			return;
 		}
 	}
@@ -512,10 +547,11 @@ void broker_relay_timers(struct broker *b, uint64_t now_ms)
 		struct broker_upstream *u = &b->up[i];
 
 		relay_watch(b, u);
+		broker_relay_bulk_timers(b, u, now_ms);
 		if (broker_silent(b, now_ms, u->last_recv_ms, 3 * hb)) {
 			if (u->refusals && !u->handshaken)
 				relay_reconnect(b, u);
-			relay_hello(b, u, "upstream silent for 3 heartbeats");
+			broker_relay_hello(b, u, "upstream silent for 3 heartbeats");
 			continue;
 		}
 		if (now_ms - u->last_send_ms >= hb) {
@@ -544,6 +580,7 @@ void broker_relay_flush_credit(struct broker *b)
 void broker_relay_close(struct broker *b)
 {
 	for (uint32_t i = 0; i < b->n_up; i++) {
+		broker_relay_bulk_close(b, &b->up[i]);
 		relay_sockets_close(b->up[i].sock, b->up[i].mon);
 		b->up[i].sock = b->up[i].mon = NULL;
 	}

@@ -62,6 +62,7 @@ struct broker_config {
 	uint64_t fault_slowdisk_ms; /* DELTACAST_BROKER_FAULT=slowdisk:MS (tests; durable.c) */
 	int fault_nomap;            /* DELTACAST_BROKER_FAULT=nomap (tests; ondisk.c) */
 	uint64_t fault_relay_bulk_cut; /* DELTACAST_BROKER_FAULT=relay_bulk_cut:K (tests; relaybulk.c) */
+	uint64_t fault_relay_bulk_hold_ms; /* DELTACAST_BROKER_FAULT=relay_bulk_hold:MS (tests) */
 	uint64_t model_idle_s;      /* --model-idle-s: an idle model is removed (retire.c; 0 never) */
 	uint64_t read_cache_bytes;  /* --read-cache-bytes: frames read from disk shared (ondisk.c) */
 	const char *admin_socket;   /* --admin-socket PATH: operator requests (admin.c) */
@@ -287,6 +288,7 @@ struct broker_upstream {
 	socklen_t bulk_addr_len;     /* 0: no bulk (--upstream-no-bulk, CURVE, not tcp://) */
 	int bulk_off;                /* a transfer failed: none asked for until a COMMIT over ZeroMQ */
 	uint64_t bulk_last_ms;       /* bytes last moved on the connection */
+	uint64_t bulk_held_until;    /* test fault relay_bulk_hold: no frame read before, 0: none */
 };
 
 /* Kept up to date by the core; read by metrics and status. */
@@ -797,6 +799,14 @@ int broker_relay_bulk_start(struct broker *b, struct broker_upstream *u, const d
 void broker_relay_bulk_timers(struct broker *b, struct broker_upstream *u, uint64_t now_ms);
 /* Close the connection, if any; idempotent. */
 void broker_relay_bulk_close(struct broker *b, struct broker_upstream *u);
+/* What the loop polls u's DEALER for: nothing while a bulk transfer is
+ * under way.  The upstream's stream goes on over ZeroMQ right after the
+ * transfer's COMMIT frame, and a delta read before that frame would find
+ * the anchor still open; the DEALER is read again once the frames are in. */
+static inline short broker_relay_events(const struct broker_upstream *u)
+{
+	return dcast_bulkrx_active(&u->bulk) ? 0 : ZMQ_POLLIN;
+}
 
 /* ---- commit.c: the commit pipeline ---- */
 

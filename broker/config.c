@@ -246,7 +246,9 @@ static int fault_num(const char *f, size_t skip, unsigned long long max, uint64_
  * - nomap: every mmap of a segment fails, as on a file system without
  *   mmap (broker/ondisk.c);
  * - relay_bulk_cut:K: a relay's bulk connection from its upstream is cut
- *   after K CHUNK frames, as a network that drops it (broker/relaybulk.c). */
+ *   after K CHUNK frames, as a network that drops it (broker/relaybulk.c);
+ * - relay_bulk_hold:MS: a relay reads no frame of a bulk connection for
+ *   MS ms after it opened, as a relay busy elsewhere (broker/relaybulk.c). */
 static int fault_env(struct broker_config *cfg)
 {
 	const char *f = getenv("DELTACAST_BROKER_FAULT");
@@ -260,8 +262,10 @@ static int fault_env(struct broker_config *cfg)
 		return fault_num(f, 9, 600000, &cfg->fault_slowdisk_ms);
 	if (!strncmp(f, "relay_bulk_cut:", 15))
 		return fault_num(f, 15, UINT32_MAX, &cfg->fault_relay_bulk_cut);
-	return dcast_fail(DCAST_EINVAL, "DELTACAST_BROKER_FAULT=%s: only slowdisk:MS, nomap and "
-			  "relay_bulk_cut:K are known", f);
+	if (!strncmp(f, "relay_bulk_hold:", 16))
+		return fault_num(f, 16, 600000, &cfg->fault_relay_bulk_hold_ms);
+	return dcast_fail(DCAST_EINVAL, "DELTACAST_BROKER_FAULT=%s: only slowdisk:MS, nomap, "
+			  "relay_bulk_cut:K and relay_bulk_hold:MS are known", f);
 }
 
 int broker_config_parse(struct broker_config *cfg, int argc, char **argv)

@@ -182,7 +182,7 @@ static int poll_once(struct broker *b)
 	it[n++] = (zmq_pollitem_t){b->producers, 0, ZMQ_POLLIN, 0};
 	it[n++] = (zmq_pollitem_t){b->consumers, 0, ZMQ_POLLIN, 0};
 	for (uint32_t i = 0; i < b->n_up; i++)
-		it[n++] = (zmq_pollitem_t){b->up[i].sock, 0, ZMQ_POLLIN, 0};
+		it[n++] = (zmq_pollitem_t){b->up[i].sock, 0, broker_relay_events(&b->up[i]), 0};
 	for (uint32_t i = 0; i < n_extra; i++)
 		it[n++] = (zmq_pollitem_t){NULL, b->extra[i].fd, b->extra[i].events, 0};
 	rc = zmq_poll(it, n, poll_timeout(b));

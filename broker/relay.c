@@ -393,7 +393,7 @@ int broker_relay_frame(struct broker *b, struct broker_upstream *u, dcast_wire_i
 
 void broker_relay_msg(struct broker *b, struct broker_upstream *u)
 {
-	for (int i = 0; i < BROKER_RECV_BURST; i++) {
+	for (int i = 0; i < BROKER_RECV_BURST && broker_relay_events(u); i++) {
 		dcast_wire_in in;
 		int rc = dcast_wire_recv(u->sock, 0, &in, ZMQ_DONTWAIT);
 
@@ -548,7 +548,9 @@ void broker_relay_timers(struct broker *b, uint64_t now_ms)
 
 		relay_watch(b, u);
 		broker_relay_bulk_timers(b, u, now_ms);
-		if (broker_silent(b, now_ms, u->last_recv_ms, 3 * hb)) {
+		/* During a bulk transfer the DEALER is not read (broker_relay_events):
+		 * the connection's own quiet limit stands for the upstream's silence. */
+		if (!dcast_bulkrx_active(&u->bulk) && broker_silent(b, now_ms, u->last_recv_ms, 3 * hb)) {
 			if (u->refusals && !u->handshaken)
 				relay_reconnect(b, u);
 			broker_relay_hello(b, u, "upstream silent for 3 heartbeats");

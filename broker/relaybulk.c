@@ -121,13 +121,27 @@ static int bulk_read(struct broker *b, struct broker_upstream *u)
 	return rc;
 }
 
+/* The test fault relay_bulk_hold: once open, the connection is not read
+ * until the hold is over (broker_relay_bulk_timers polls it again). */
+static int held(struct broker *b, struct broker_upstream *u)
+{
+	if (!u->bulk_held_until)
+		return 0;
+	if (dcast_now_ms() < u->bulk_held_until) {
+		broker_poll_events(b, u->bulk.fd, 0);
+		return 1;
+	}
+	u->bulk_held_until = 0;
+	return 0;
+}
+
 static void on_bulk(struct broker *b, int fd, void *arg)
 {
 	struct broker_upstream *u = arg;
 	int open, rc = dcast_bulkrx_open_step(&u->bulk, &open);
 
 	(void)fd;
-	if (!rc && open) {
+	if (!rc && open && !held(b, u)) {
 		broker_poll_events(b, u->bulk.fd, ZMQ_POLLIN);
 		rc = bulk_read(b, u);
 	}
@@ -152,6 +166,7 @@ int broker_relay_bulk_start(struct broker *b, struct broker_upstream *u, const d
 	}
 	broker_poll_events(b, u->bulk.fd, ZMQ_POLLOUT);
 	u->bulk_last_ms = dcast_now_ms();
+	u->bulk_held_until = b->cfg.fault_relay_bulk_hold_ms ? u->bulk_last_ms + b->cfg.fault_relay_bulk_hold_ms : 0;
 	DCAST_LOG_I("relay %s: version %" PRIu64 " over a bulk connection to port %u (%u chunks, %"
 		    PRIu64 " bytes)", u->model->name, m->version, m->port, m->chunks, m->bytes);
 	return 0;
@@ -163,6 +178,8 @@ void broker_relay_bulk_timers(struct broker *b, struct broker_upstream *u, uint6
 
 	if (limit < RELAY_BULK_QUIET_MIN_MS)
 		limit = RELAY_BULK_QUIET_MIN_MS;
+	if (dcast_bulkrx_active(&u->bulk) && u->bulk_held_until && now_ms >= u->bulk_held_until)
+		broker_poll_events(b, u->bulk.fd, ZMQ_POLLIN); /* the hold is over: on_bulk reads */
 	if (!dcast_bulkrx_active(&u->bulk) || now_ms - u->bulk_last_ms <= limit)
 		return;
 	dcast_fail(DCAST_ETIMEDOUT, "no byte for %" PRIu64 " ms", now_ms - u->bulk_last_ms);

@@ -13,6 +13,10 @@
 # Checks: every worker ends at version 12 with the producer's tensors bit
 # for bit; the moved workers were behind (below 12) when r1 died and
 # resumed with deltas only (no anchor again); nothing is left behind.
+# Every broker has --bulk: the relays take the anchor from the root over a
+# bulk connection, sent with sendfile (another host to the root), the
+# workers from their relays; r1, started again from nothing once the
+# stream is over, takes the anchor so too, then the deltas, to version 12.
 # Exit 77 where network namespaces cannot be made (not root, no ip, ...).
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -45,7 +49,7 @@ at_least() { # V HOST...: each HOST has applied V
 	2>"$RUN/gentrace.err" || fail "gen-trace"
 FILES=("$RUN"/trace/v*.safetensors)
 cl_topology tree:2:6 100mbit 1gbit 2>"$RUN/topology.err" || fail "topology: $(cat "$RUN/topology.err")"
-cl_start_brokers --anchor-fraction 0 || fail "brokers"
+cl_start_brokers --anchor-fraction 0 --bulk 0.0.0.0:0 || fail "brokers"
 cl_start_workers "$NVER" || fail "workers did not join"
 
 # The publisher runs on its own clock (fault_publish, 150 ms between versions).
@@ -80,6 +84,16 @@ for w in "${BEHIND_R1[@]}"; do
 	[ "$first" = delta ] || fail "$w resumed through r2 with '$first', expected deltas after its checkpoint"
 done
 grep -q "consumer .* joined" "$RUN/r2.broker.log" || fail "r2 saw no consumers"
+# r1 again, from nothing: the anchor over bulk from the root, across its link.
+echo "--- started again" >>"$RUN/r1.broker.log"
+cl_start_broker r1 --upstream "$(cl_cons_ep root)" --upstream-model "$MODEL" --anchor-fraction 0 ||
+	fail "r1 did not start again"
+r1_at() { sed -n '/--- started again/,$p' "$RUN/r1.broker.log" | grep -q "$1"; }
+cl_wait_for 300 r1_at "model $MODEL: version $NVER committed" || fail "r1 started again never reached $NVER"
+r1_at "relay $MODEL: version 1 came over the bulk connection" ||
+	fail "r1 started again took the anchor over ZeroMQ: $(grep "relay $MODEL" "$RUN/r1.broker.log" | tail -n 4)"
+n=$(grep -c "bulk: consumer relay of $MODEL takes version 1 (.*, sendfile)" "$RUN/root.broker.log")
+[ "$n" = 3 ] || fail "root sent $n anchors to relays over bulk with sendfile, expected 3 (r1, r2, r1 again)"
 cl_down
 ! ip netns list | grep -q "^$CL_TAG-" || fail "namespaces left behind: $(ip netns list | grep "^$CL_TAG-")"
 echo "test_cluster_relay: ok (6 workers bit-exact at version $NVER; r1's 3 moved to r2 mid-stream)"

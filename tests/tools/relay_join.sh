@@ -8,9 +8,12 @@
 # it is (the anchor over the upstream's --bulk connection) and with
 # --upstream-no-bulk (over ZeroMQ).  Medians and ranges over the rounds;
 # the numbers behind docs/benchmarks.md's note on relays joining.
-# Usage: [RELAY_JOIN_BULK_SEND=sendfile] tests/tools/relay_join.sh [ROUNDS] [SAFETENSORS]
+# Usage: [RELAY_JOIN_BULK_SEND=sendfile] [RELAY_JOIN_ARGS="--data-dir"]
+#        tests/tools/relay_join.sh [ROUNDS] [SAFETENSORS]
 # (RELAY_JOIN_BULK_SEND: the upstream's --bulk-send, default auto, which
-# copies to a relay on its host; sendfile sends as to one on another host)
+# copies to a relay on its host; sendfile sends as to one on another host;
+# RELAY_JOIN_ARGS: the relay's flags, "--data-dir" alone a fresh data dir
+# of its own each time)
 # (run from the repo root after `make`; SAFETENSORS defaults to the 100M
 # model bench-fanout generates, build/bench-fanout-100M/v0000.safetensors).
 . "$(dirname "$0")/broker_lib.sh"
@@ -33,8 +36,10 @@ join() {
 	local mode=$1 round=$2 log up0 up1 rc bytes pid
 	shift 2
 	log=$TMP/$mode$round.log
+	RELAY_ARGS=${RELAY_JOIN_ARGS:-}
+	[ "$RELAY_ARGS" = --data-dir ] && RELAY_ARGS="--data-dir $TMP/data-$mode$round"
 	up0=$(cpu_ns "$u_PID")
-	start_broker "$mode$round" --upstream "$u_CONS" --upstream-model bench "$@"
+	start_broker "$mode$round" --upstream "$u_CONS" --upstream-model bench "$@" $RELAY_ARGS
 	eval "pid=\$${mode}${round}_PID"
 	wait_for 60 grep -q "model bench: version 1 committed" "$log" || fail "$mode: no anchor in 60 s"
 	up1=$(cpu_ns "$u_PID")

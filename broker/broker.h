@@ -766,17 +766,8 @@ void broker_relay_flush_credit(struct broker *b);
 /* ACK `version` upstream on the DEALER of relayed model m (it is in the
  * relay's log, durable with --data-dir); no-op when m is not relayed. */
 void broker_relay_close(struct broker *b);
-/* Say HELLO upstream for u's model, with have_version its newest version
- * (`why` is logged): what was open of the stream is dropped, a bulk
- * transfer under way among it. */
-void broker_relay_hello(struct broker *b, struct broker_upstream *u, const char *why);
-/* A CHUNK or the COMMIT of the stream from u, taken as from the upstream's
- * DEALER but granting no credit (it came over a bulk connection, outside
- * the window).  Errors: those of broker_pending_*, DCAST_EFIELD_RANGE
- * (another model). */
-int broker_relay_frame(struct broker *b, struct broker_upstream *u, dcast_wire_in *in);
-
-/* ---- relaybulk.c: a relay's anchor over its upstream's --bulk ---- */
+/* ---- relaybulk.c: a relay's anchor over its upstream's --bulk, the
+ * connection's side (relay.c takes the frames) ---- */
 /* No connection, the upstream's host resolved (at open: a name lookup
  * may block) unless --upstream-no-bulk, CURVE to the upstream (bulk
  * travels in the clear) or an upstream that is not tcp://.  One that does
@@ -785,18 +776,24 @@ void broker_relay_bulk_init(struct broker *b, struct broker_upstream *u);
 /* The HELLO upstream may say x-bulk (an address, no failed transfer since
  * the last COMMIT over ZeroMQ). */
 int broker_relay_bulk_wanted(const struct broker_upstream *u);
-/* BULK from the upstream: connect to its host at the port it names and
- * read the version's frames as the loop polls them, each taken by
- * broker_relay_frame; after the COMMIT's the connection closes.  A failed
- * transfer is logged, counted (stats.relay_bulk_failures), turns bulk off
- * (bulk_off) and re-joins over ZeroMQ (broker_relay_hello).  Errors
- * (nothing left open; the caller re-joins): DCAST_ESTATE (not asked for,
- * or one under way), DCAST_EIO (the connect refused at once),
+/* BULK from the upstream: connect to its host at the port it names, the
+ * connection in the poll set with fn (arg u), which reads it with
+ * broker_relay_bulk_read.  Errors (nothing left open): DCAST_ESTATE (not
+ * asked for, or one under way), DCAST_EIO (the connect refused at once),
  * DCAST_EBUSY (the poll set is full). */
-int broker_relay_bulk_start(struct broker *b, struct broker_upstream *u, const dcast_bulk *m);
-/* A connection that moved no byte for 3 heartbeats, at least 30 s, has
- * failed (as the upstream's side gives up). */
-void broker_relay_bulk_timers(struct broker *b, struct broker_upstream *u, uint64_t now_ms);
+int broker_relay_bulk_start(struct broker *b, struct broker_upstream *u, const dcast_bulk *m,
+			    broker_fd_fn fn);
+/* Move what the connection has: *got 1 when `in` (the caller's, zeroed
+ * with an empty payload) holds a whole frame (a CHUNK or the COMMIT of the
+ * version, checked as a ZeroMQ message is; the caller closes it as one
+ * from dcast_wire_recv, also on an error), 0 when no more is there now.
+ * Errors: those of dcast_bulkrx_*, DCAST_EIO (the test fault
+ * relay_bulk_cut). */
+int broker_relay_bulk_read(struct broker *b, struct broker_upstream *u, dcast_wire_in *in, int *got);
+/* On the timer turn: 1 (dcast_last_error() says why) when the connection
+ * moved no byte for 3 heartbeats, at least 30 s, as the upstream's side
+ * gives up on it; 0 otherwise. */
+int broker_relay_bulk_quiet(struct broker *b, struct broker_upstream *u, uint64_t now_ms);
 /* Close the connection, if any; idempotent. */
 void broker_relay_bulk_close(struct broker *b, struct broker_upstream *u);
 /* What the loop polls u's DEALER for: nothing while a bulk transfer is

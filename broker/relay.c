@@ -21,7 +21,7 @@ static int up_send(struct broker_upstream *u, const dcast_msg *m)
 	return dcast_wire_send(u->sock, NULL, 0, m, NULL, ZMQ_DONTWAIT);
 }
 
-void broker_relay_hello(struct broker *b, struct broker_upstream *u, const char *why)
+static void relay_hello(struct broker *b, struct broker_upstream *u, const char *why)
 {
 	struct broker_model *m = u->model;
 	dcast_msg h;
@@ -175,7 +175,7 @@ void broker_relay_start(struct broker *b)
 {
 	for (uint32_t i = 0; i < b->n_up; i++) {
 		relay_restored(b, &b->up[i]);
-		broker_relay_hello(b, &b->up[i], "start");
+		relay_hello(b, &b->up[i], "start");
 	}
 }
 
@@ -269,7 +269,7 @@ static void relay_switch_run(struct broker *b, struct broker_upstream *u, uint64
 	broker_run_save(b, m);
 	broker_rewelcome(b, m);
 	if (drop)
-		broker_relay_hello(b, u, "the upstream's run changed");
+		relay_hello(b, u, "the upstream's run changed");
 }
 
 /* A held log (relay_restored) is served only if the upstream still serves
@@ -331,6 +331,8 @@ static int stale(const struct broker_upstream *u, const dcast_msg *msg)
 			      msg->type == DCAST_MSG_COMMIT || msg->type == DCAST_MSG_BULK);
 }
 
+static int relay_bulk(struct broker *b, struct broker_upstream *u, const dcast_bulk *m);
+
 static int relay_dispatch(struct broker *b, struct broker_upstream *u, dcast_wire_in *in)
 {
 	dcast_msg *msg = &in->msg;
@@ -349,7 +351,7 @@ static int relay_dispatch(struct broker *b, struct broker_upstream *u, dcast_wir
 	case DCAST_MSG_COMMIT:
 		return relay_commit_zmq(b, u, &msg->u.commit);
 	case DCAST_MSG_BULK:
-		return broker_relay_bulk_start(b, u, &msg->u.bulk);
+		return relay_bulk(b, u, &msg->u.bulk);
 	case DCAST_MSG_HEARTBEAT:
 		return 0;
 	case DCAST_MSG_ERROR:
@@ -379,7 +381,11 @@ static int model_matches(const struct broker_model *m, const dcast_msg *msg)
 	return 0;
 }
 
-int broker_relay_frame(struct broker *b, struct broker_upstream *u, dcast_wire_in *in)
+/* ---- the anchor over the upstream's --bulk (relaybulk.c reads it) ---- */
+
+/* A CHUNK or the COMMIT of a bulk connection, taken as from the DEALER
+ * but granting no credit (it came outside the window). */
+static int relay_frame(struct broker *b, struct broker_upstream *u, dcast_wire_in *in)
 {
 	int rc = model_matches(u->model, &in->msg);
 
@@ -389,6 +395,71 @@ int broker_relay_frame(struct broker *b, struct broker_upstream *u, dcast_wire_i
 		return relay_chunk(b, u, in, 0);
 	DCAST_ASSERT(in->msg.type == DCAST_MSG_COMMIT); /* dcast_bulkrx lets no other through */
 	return relay_commit(b, u, &in->msg.u.commit);
+}
+
+/* The transfer failed (dcast_last_error() says why): counted, bulk off
+ * until a COMMIT comes over ZeroMQ, and the relay joins again so. */
+static void relay_bulk_failed(struct broker *b, struct broker_upstream *u)
+{
+	char why[DCAST_MAX_TEXT + 96];
+
+	snprintf(why, sizeof(why), "bulk transfer of version %llu failed: %s",
+		 (unsigned long long)u->bulk.version, dcast_last_error());
+	DCAST_LOG_W("relay %s: %s; bulk off until a version comes over ZeroMQ", u->model->name, why);
+	b->stats.relay_bulk_failures++;
+	u->bulk_off = 1;
+	relay_hello(b, u, why); /* closes the connection, drops what was open */
+}
+
+/* A whole frame from the connection taken; after the COMMIT's the
+ * transfer is over, and the DEALER is read again (broker_relay_events). */
+static int relay_bulk_take(struct broker *b, struct broker_upstream *u, dcast_wire_in *in)
+{
+	uint64_t version = u->bulk.version, bytes = zmq_msg_size(&in->payload);
+	int rc = relay_frame(b, u, in);
+
+	if (rc)
+		return rc;
+	b->stats.relay_bulk_bytes += bytes;
+	if (in->msg.type != DCAST_MSG_COMMIT)
+		return 0;
+	b->stats.relay_bulk_versions++;
+	broker_relay_bulk_close(b, u);
+	DCAST_LOG_I("relay %s: version %llu came over the bulk connection", u->model->name,
+		    (unsigned long long)version);
+	return 0;
+}
+
+/* The connection is ready: at most a burst of frames taken. */
+static void relay_on_bulk(struct broker *b, int fd, void *arg)
+{
+	struct broker_upstream *u = arg;
+	int rc = 0, got = 1;
+
+	(void)fd;
+	for (int i = 0; i < BROKER_RECV_BURST && !rc && got && dcast_bulkrx_active(&u->bulk); i++) {
+		dcast_wire_in in;
+		memset(&in, 0, sizeof(in));
+		zmq_msg_init(&in.payload);
+		if (!(rc = broker_relay_bulk_read(b, u, &in, &got)) && got)
+			rc = relay_bulk_take(b, u, &in);
+		dcast_wire_in_close(&in);
+	}
+	if (rc)
+		relay_bulk_failed(b, u);
+}
+
+/* BULK: the anchor comes over a connection to the upstream's host; one
+ * that cannot start fails the transfer at once. */
+static int relay_bulk(struct broker *b, struct broker_upstream *u, const dcast_bulk *m)
+{
+	int rc = broker_relay_bulk_start(b, u, m, relay_on_bulk);
+
+	if (rc && rc != DCAST_ESTATE) {
+		b->stats.relay_bulk_failures++;
+		u->bulk_off = 1;
+	}
+	return rc;
 }
 
 void broker_relay_msg(struct broker *b, struct broker_upstream *u)
@@ -412,7 +483,7 @@ void broker_relay_msg(struct broker *b, struct broker_upstream *u)
 				b->stats.errors[rc]++;
 			snprintf(why, sizeof(why), "%s: %s", dcast_errname(rc), dcast_last_error());
 			DCAST_LOG_W("relay %s: %s", u->model->name, why);
-			broker_relay_hello(b, u, why);
+			relay_hello(b, u, why);
 			return;
 		}
 	}
@@ -547,13 +618,14 @@ void broker_relay_timers(struct broker *b, uint64_t now_ms)
 		struct broker_upstream *u = &b->up[i];
 
 		relay_watch(b, u);
-		broker_relay_bulk_timers(b, u, now_ms);
+		if (broker_relay_bulk_quiet(b, u, now_ms))
+			relay_bulk_failed(b, u);
 		/* During a bulk transfer the DEALER is not read (broker_relay_events):
 		 * the connection's own quiet limit stands for the upstream's silence. */
 		if (!dcast_bulkrx_active(&u->bulk) && broker_silent(b, now_ms, u->last_recv_ms, 3 * hb)) {
 			if (u->refusals && !u->handshaken)
 				relay_reconnect(b, u);
-			broker_relay_hello(b, u, "upstream silent for 3 heartbeats");
+			relay_hello(b, u, "upstream silent for 3 heartbeats");
 			continue;
 		}
 		if (now_ms - u->last_send_ms >= hb) {

@@ -68,15 +68,17 @@ static void moved(struct broker_upstream *u, uint64_t n)
 }
 
 /* One recv into the frame being read: its prefix, header, or payload
- * (into a buffer of its own once the header is checked); *n bytes came. */
-static int read_step(struct broker_upstream *u, uint64_t *n)
+ * (into a buffer of its own once the header is checked: a recycled one
+ * with a data dir, where the payload goes to the version's spill file and
+ * its buffer is freed, else one the log keeps); *n bytes came. */
+static int read_step(const struct broker *b, struct broker_upstream *u, uint64_t *n)
 {
 	dcast_bulkrx *r = &u->bulk;
 	int err;
 
 	if (!dcast_bulkrx_head_done(r)) {
 		if (!(err = dcast_bulkrx_head_step(r, n)) && dcast_bulkrx_head_done(r))
-			err = dcast_bulkrx_payload_buffer(r);
+			err = b->cfg.data_dir ? dcast_bulkrx_payload_buffer(r) : dcast_bulkrx_payload_kept(r);
 	} else {
 		err = dcast_bulkrx_take(r, (char *)zmq_msg_data(&r->payload) + r->payload_got,
 					r->payload_len - r->payload_got, n);
@@ -111,7 +113,7 @@ int broker_relay_bulk_read(struct broker *b, struct broker_upstream *u, dcast_wi
 		return err;
 	broker_poll_events(b, r->fd, ZMQ_POLLIN);
 	while (!err && n && !dcast_bulkrx_whole(r))
-		err = read_step(u, &n);
+		err = read_step(b, u, &n);
 	if (err || !dcast_bulkrx_whole(r))
 		return err;
 	zmq_msg_close(&in->payload);

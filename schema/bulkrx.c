@@ -14,6 +14,7 @@
 #include "dcast_bytes.h"
 #include "dcast_common.h"
 #include "dcast_endpoint.h"
+#include "dcast_slab.h"
 #include "dcast_wire.h"
 
 #define POOL_KEEP 8                 /* payload buffers kept for the next frames */
@@ -85,6 +86,24 @@ int dcast_bulkrx_payload_buffer(dcast_bulkrx *r)
 			return dcast_fail(DCAST_ENOMEM, "bulk frame payload of %zu bytes", n);
 	} else if (!(base = buf_get(n)) || zmq_msg_init_data(&r->payload, base + POOL_HEAD, n, buf_put, base)) {
 		free(base);
+		return dcast_fail(DCAST_ENOMEM, "bulk frame payload of %zu bytes", n);
+	}
+	r->has_payload = 1;
+	return 0;
+}
+
+int dcast_bulkrx_payload_kept(dcast_bulkrx *r)
+{
+	size_t n = (size_t)r->payload_len;
+	void *p, *region;
+
+	if (n < POOL_MIN_BYTES)
+		return dcast_bulkrx_payload_buffer(r);
+	DCAST_ASSERT(dcast_bulkrx_head_done(r) && !r->has_payload);
+	if (!(p = dcast_slab_get(n, &region)))
+		return dcast_fail(DCAST_ENOMEM, "bulk frame payload of %zu bytes", n);
+	if (zmq_msg_init_data(&r->payload, p, n, dcast_slab_free, region)) {
+		dcast_slab_free(p, region);
 		return dcast_fail(DCAST_ENOMEM, "bulk frame payload of %zu bytes", n);
 	}
 	r->has_payload = 1;

@@ -1,0 +1,130 @@
+/* Buffers carved from huge-page regions (common/slab.c, dcast_slab.h):
+ * - buffers of an anchor's chunk size are 64-byte aligned, disjoint and
+ *   writable, carved one after another until a region is full, then from
+ *   a new one;
+ * - a region is unmapped once a newer one is current and every buffer of
+ *   it was freed (mincore on its address then fails with ENOMEM), and not
+ *   before: one buffer still held keeps it mapped;
+ * - a buffer larger than a region gets one of its own;
+ * - buffers freed from two threads at once (the way ZeroMQ messages are
+ *   closed) are all given back: every full region is unmapped. */
+#include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <sys/mman.h>
+#include <unistd.h>
+#include "check.h"
+#include "dcast_slab.h"
+
+#define CHUNK ((size_t)1216 * 1024) /* 1.19 MiB: 26 to a region */
+#define MANY 256
+
+struct held {
+	unsigned char *p;
+	void *region;
+};
+
+static int mapped(const void *p)
+{
+	unsigned char vec;
+	void *page = (void *)((uintptr_t)p & ~(uintptr_t)(sysconf(_SC_PAGESIZE) - 1));
+
+	if (!mincore(page, 1, &vec))
+		return 1;
+	return errno == ENOMEM ? 0 : -1;
+}
+
+static void take(struct held *h, size_t n, size_t size)
+{
+	for (size_t i = 0; i < n; i++) {
+		h[i].p = dcast_slab_get(size, &h[i].region);
+		REQUIRE(h[i].p != NULL);
+		CHECK(((uintptr_t)h[i].p & 63) == 0);
+		memset(h[i].p, (int)(i & 0xff), size);
+	}
+}
+
+static void give(struct held *h, size_t from, size_t to)
+{
+	for (size_t i = from; i < to; i++)
+		dcast_slab_free(h[i].p, h[i].region);
+}
+
+/* Carved in order, disjoint, regions of DCAST_SLAB_BYTES. */
+static void test_carve(void)
+{
+	static struct held h[MANY];
+	size_t regions = 1;
+
+	take(h, 64, CHUNK);
+	for (size_t i = 1; i < 64; i++) {
+		if (h[i].region != h[i - 1].region) {
+			regions++;
+			continue;
+		}
+		CHECK(h[i].p >= h[i - 1].p + CHUNK); /* disjoint, in order */
+		CHECK(h[i].p + CHUNK <= (unsigned char *)h[i].region + DCAST_SLAB_BYTES);
+	}
+	CHECK(regions >= 64 * CHUNK / DCAST_SLAB_BYTES && regions <= 64 * CHUNK / DCAST_SLAB_BYTES + 2);
+	for (size_t i = 0; i < 64; i++)
+		CHECK(h[i].p[0] == (unsigned char)(i & 0xff) && h[i].p[CHUNK - 1] == (unsigned char)(i & 0xff));
+	/* The first region, one buffer of it held: mapped; freed: gone. */
+	size_t last_of_first = 0;
+	while (h[last_of_first + 1].region == h[0].region)
+		last_of_first++;
+	give(h, 1, last_of_first + 1);
+	CHECK(mapped(h[0].region) == 1);
+	give(h, 0, 1);
+	CHECK(mapped(h[0].region) == 0);
+	give(h, last_of_first + 1, 64);
+}
+
+/* A buffer larger than a region: a region of its own, gone once freed and
+ * replaced as the current one. */
+static void test_large(void)
+{
+	struct held big, small[30];
+
+	big.p = dcast_slab_get((size_t)DCAST_SLAB_BYTES * 2, &big.region);
+	REQUIRE(big.p != NULL);
+	memset(big.p, 7, (size_t)DCAST_SLAB_BYTES * 2);
+	dcast_slab_free(big.p, big.region);
+	CHECK(mapped(big.region) == 1); /* still the current region */
+	take(small, 30, CHUNK);         /* more than what is left of it */
+	give(small, 0, 30);
+	CHECK(mapped(big.region) == 0);
+}
+
+static void *free_half(void *arg)
+{
+	struct held *h = arg;
+
+	give(h, 0, MANY / 2);
+	return NULL;
+}
+
+/* Freed from two threads at once: every full region unmapped. */
+static void test_threads(void)
+{
+	static struct held h[MANY];
+	pthread_t t;
+
+	take(h, MANY, CHUNK);
+	REQUIRE(!pthread_create(&t, NULL, free_half, h));
+	give(h, MANY / 2, MANY);
+	REQUIRE(!pthread_join(t, NULL));
+	for (size_t i = 0; i < MANY; i++)
+		if (h[i].region != h[MANY - 1].region && (!i || h[i].region != h[i - 1].region))
+			CHECK(mapped(h[i].region) == 0); /* each full region once */
+}
+
+int main(void)
+{
+	test_carve();
+	test_large();
+	test_threads();
+	if (check_failures)
+		return 1;
+	printf("test_slab: ok\n");
+	return 0;
+}

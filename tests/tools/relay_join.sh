@@ -38,6 +38,10 @@ join() {
 	log=$TMP/$mode$round.log
 	RELAY_ARGS=${RELAY_JOIN_ARGS:-}
 	[ "$RELAY_ARGS" = --data-dir ] && RELAY_ARGS="--data-dir $TMP/data-$mode$round"
+	# Memory touched and freed first, as anchor_join.sh does: this VM's
+	# balloon hands freed blocks back to the host, which then faults them
+	# in anew at the relay's first touch.
+	"$BUILD/tools/bench_tcp" "$(stat -c %s "$MODEL")" 2 warm >/dev/null || fail "bench_tcp warm"
 	up0=$(cpu_ns "$u_PID")
 	start_broker "$mode$round" --upstream "$u_CONS" --upstream-model bench "$@" $RELAY_ARGS
 	eval "pid=\$${mode}${round}_PID"

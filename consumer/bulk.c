@@ -64,6 +64,7 @@ void cs_bulk_close(dcast_consumer *c)
 	c->bulk.into = NULL;
 	dcast_bulkrx_close(&c->bulk.rx);
 }
+
 /* Payload bytes that may be read now: the window less what was received
  * and not freed (a duplicate's credit, freed twice by a test fault, counts
  * nothing).  A frame larger than the window is read whole once nothing

@@ -128,13 +128,13 @@ int broker_relay_bulk_read(struct broker *b, struct broker_upstream *u, dcast_wi
 
 int broker_relay_bulk_quiet(struct broker *b, struct broker_upstream *u, uint64_t now_ms)
 {
-	uint64_t limit = 3 * b->cfg.heartbeat_ms;
+	uint64_t quiet = 3 * b->cfg.heartbeat_ms;
+	uint64_t limit = dcast_bulkrx_quiet_limit(&u->bulk, quiet > RELAY_BULK_QUIET_MIN_MS ? quiet
+								      : RELAY_BULK_QUIET_MIN_MS);
 
-	if (limit < RELAY_BULK_QUIET_MIN_MS)
-		limit = RELAY_BULK_QUIET_MIN_MS;
 	if (dcast_bulkrx_active(&u->bulk) && u->bulk_held_until && now_ms >= u->bulk_held_until)
 		broker_poll_events(b, u->bulk.fd, ZMQ_POLLIN); /* the hold is over: the loop reads */
 	if (!dcast_bulkrx_active(&u->bulk) || now_ms - u->bulk_last_ms <= limit)
 		return 0;
-	return dcast_fail(DCAST_ETIMEDOUT, "no byte for %" PRIu64 " ms", now_ms - u->bulk_last_ms);
+	return dcast_bulkrx_quiet_fail(&u->bulk, now_ms - u->bulk_last_ms) ? 1 : 0;
 }

@@ -462,15 +462,15 @@ static int heartbeat_if_due(dcast_consumer *c, uint64_t now, uint64_t every)
 }
 
 /* 1 when the bulk connection brought nothing for 3 heartbeats, and at
- * least CS_BULK_QUIET_MS (said: dcast_last_error()). */
+ * least CS_BULK_QUIET_MS, or its connect is unanswered after
+ * DCAST_BULK_CONNECT_MS (said: dcast_last_error()). */
 static int bulk_quiet(dcast_consumer *c, uint64_t now, uint64_t hb)
 {
-	uint64_t limit = 3 * hb > CS_BULK_QUIET_MS ? 3 * hb : CS_BULK_QUIET_MS;
+	uint64_t limit = dcast_bulkrx_quiet_limit(&c->bulk.rx, 3 * hb > CS_BULK_QUIET_MS ? 3 * hb : CS_BULK_QUIET_MS);
 
 	if (!cs_bulk_active(c) || now - c->bulk.last_ms <= limit)
 		return 0;
-	dcast_fail(DCAST_ETIMEDOUT, "bulk: nothing came over the connection for %" PRIu64 " ms",
-		   now - c->bulk.last_ms);
+	dcast_bulkrx_quiet_fail(&c->bulk.rx, now - c->bulk.last_ms);
 	return 1;
 }
 
@@ -665,12 +665,25 @@ static void lock_for_turn(dcast_consumer *c)
 /* How long the thread waits after a turn: a quarter heartbeat (a whole
  * one after a failure, 1 ms while records are written behind), and no
  * longer than a backed-off HELLO is due (cs_rejoin_refused). */
+/* Until a bulk connect under way is due to be given up
+ * (DCAST_BULK_CONNECT_MS after it began), else UINT64_MAX. */
+static uint64_t bulk_connect_left(const dcast_consumer *c, uint64_t now)
+{
+	uint64_t end = c->bulk.last_ms + DCAST_BULK_CONNECT_MS + 1;
+
+	if (!cs_bulk_active(c) || c->bulk.rx.connected)
+		return UINT64_MAX;
+	return end > now ? end - now : 1;
+}
+
 static int wait_ms(const dcast_consumer *c, int err, uint32_t hb)
 {
 	uint64_t ms = err ? hb : cs_ckpt_pending(c->store) ? 1 : hb / 4, now = dcast_now_ms();
 
 	if (c->ob.hello_due && c->ob.hello_at_ms > now && c->ob.hello_at_ms - now < ms)
 		ms = c->ob.hello_at_ms - now;
+	if (bulk_connect_left(c, now) < ms)
+		ms = bulk_connect_left(c, now);
 	return (int)ms;
 }
 

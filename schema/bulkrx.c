@@ -240,6 +240,16 @@ int dcast_bulkrx_open_step(dcast_bulkrx *r, int *open)
 	return 0;
 }
 
+int dcast_bulkrx_quiet_fail(const dcast_bulkrx *r, uint64_t ms)
+{
+	if (!r->connected)
+		return dcast_fail(DCAST_ETIMEDOUT, "bulk: the connect to port %u of the host of %s is "
+				  "unanswered after %" PRIu64 " ms: is that port open to this host?", r->port,
+				  r->endpoint, ms);
+	return dcast_fail(DCAST_ETIMEDOUT, "bulk: nothing came over the connection for %" PRIu64 " ms",
+			  ms);
+}
+
 int dcast_bulkrx_take(dcast_bulkrx *r, void *p, uint64_t n, uint64_t *got)
 {
 	ssize_t k = recv(r->fd, p, n, 0);

@@ -21,6 +21,12 @@
 
 #define DCAST_BULK_PREFIX 12
 #define DCAST_BULK_OPENING 16
+/* A connect still under way this long has failed: a reachable port
+ * answers in a round trip, and this leaves two SYN retransmissions.  One
+ * that never answers is a port closed to this host by a firewall (the
+ * broker's --bulk not opened), which should cost a joiner seconds before
+ * it takes the anchor over ZeroMQ, not the transfer's quiet limit. */
+#define DCAST_BULK_CONNECT_MS 5000
 
 struct dcast_wire_in;
 
@@ -70,6 +76,18 @@ static inline int dcast_bulkrx_active(const dcast_bulkrx *r)
 /* The connect finished and the opening sent: *open 1 then, 0 while
  * either is under way (poll for ZMQ_POLLOUT).  Errors: DCAST_EIO. */
 int dcast_bulkrx_open_step(dcast_bulkrx *r, int *open);
+
+/* The connection's quiet limit, ms: DCAST_BULK_CONNECT_MS while the
+ * connect is under way, else `quiet_ms` (the taker's, for a transfer). */
+static inline uint64_t dcast_bulkrx_quiet_limit(const dcast_bulkrx *r, uint64_t quiet_ms)
+{
+	return r->connected ? quiet_ms : DCAST_BULK_CONNECT_MS;
+}
+
+/* Why a connection hit its quiet limit after `ms`, set as the last error
+ * (dcast_fail): a connect that never finished names the port and asks
+ * whether it is open to this host.  Returns DCAST_ETIMEDOUT. */
+int dcast_bulkrx_quiet_fail(const dcast_bulkrx *r, uint64_t ms);
 
 /* Up to n (> 0) bytes into p: *got of them, 0 when none is there now.
  * Errors: DCAST_EIO (the peer closed before the COMMIT, a recv error). */

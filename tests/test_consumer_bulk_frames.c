@@ -17,7 +17,9 @@
  *   resolved at open, and the anchor comes over bulk all the same.
  * - On BULK(9), a frame of version 10 fails the transfer:
  *   stats.bulk_failures 1, and the re-join's HELLO has no x-bulk; as does
- *   a BULK naming a port where nothing listens (connect refused), and a
+ *   a BULK naming a port where nothing listens (connect refused), one
+ *   naming a port that never answers (given up after
+ *   DCAST_BULK_CONNECT_MS, not the transfer's 30 s), and a
  *   frame whose header does not decode, at once, before its payload.
  * - A fresh consumer that reads a CHUNK with one payload bit flipped into
  *   its tensor (hashed as it lands) refuses it: no READY, a re-join; the
@@ -110,16 +112,22 @@ static void frame(int fd, const dcast_msg *m, const void *payload, uint64_t len)
 	free(hdr);
 }
 
-static int listener(uint32_t *port)
+/* A loopback listener on a port it picks, with this accept backlog. */
+static int listener_of(uint32_t *port, int backlog)
 {
 	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
 	socklen_t len = sizeof(a);
 	int fd = socket(AF_INET, SOCK_STREAM, 0);
 
-	REQUIRE(fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0 && listen(fd, 4) == 0);
+	REQUIRE(fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0 && listen(fd, backlog) == 0);
 	REQUIRE(getsockname(fd, (struct sockaddr *)&a, &len) == 0);
 	*port = ntohs(a.sin_port);
 	return fd;
+}
+
+static int listener(uint32_t *port)
+{
+	return listener_of(port, 4);
 }
 
 /* BULK(version) naming `port` to the consumer. */
@@ -301,14 +309,13 @@ static void bulk_wrong_version(dcast_consumer *c, int lfd, uint32_t port)
 
 /* BULK naming a port where nothing listens: the connect is refused, the
  * transfer fails, and the re-join asks for no bulk. */
-static void bulk_refused(const char *ep, const char *dir)
+/* A fresh consumer offered BULK(7) at `port`, which it cannot reach: the
+ * transfer fails, and the re-join asks for no bulk. */
+static void bulk_unreachable(const char *ep, const char *dir, uint32_t port)
 {
 	dcast_consumer *c = NULL;
 	dcast_consumer_stats st;
-	uint32_t port;
-	int fd = listener(&port);
 
-	close(fd); /* nothing listens there now */
 	REQUIRE(dcast_consumer_open(ep, MODEL, dir, 4 << 20, NULL, &c) == 0);
 	CHECK(welcome().bulk == 1);
 	bulk_send(port, 7);
@@ -316,6 +323,33 @@ static void bulk_refused(const char *ep, const char *dir)
 	dcast_consumer_stats_get(c, &st);
 	CHECK(st.bulk_versions == 0 && st.bulk_failures == 1);
 	dcast_consumer_close(&c);
+}
+
+static void bulk_refused(const char *ep, const char *dir)
+{
+	uint32_t port;
+	int fd = listener(&port);
+
+	close(fd); /* nothing listens there now */
+	bulk_unreachable(ep, dir, port);
+}
+
+/* BULK naming a port that never answers: its listener's accept queue is
+ * full (backlog 0 and one connection never accepted), so the kernel drops
+ * the consumer's SYNs, as a firewall does.  The connect is given up after
+ * DCAST_BULK_CONNECT_MS, well before the transfer's quiet limit (30 s, past
+ * this test's 10 s wait for the HELLO), and the re-join asks for no bulk. */
+static void bulk_unanswered(const char *ep, const char *dir)
+{
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	uint32_t port;
+	int lfd = listener_of(&port, 0), filler = socket(AF_INET, SOCK_STREAM, 0);
+
+	a.sin_port = htons((uint16_t)port);
+	REQUIRE(filler >= 0 && connect(filler, (struct sockaddr *)&a, sizeof(a)) == 0);
+	bulk_unreachable(ep, dir, port);
+	close(filler);
+	close(lfd);
 }
 
 /* A fresh consumer at ep keeping its files in dir (*c), welcomed as it
@@ -433,7 +467,7 @@ int main(void)
 	char dir[] = "/tmp/dcast-test-bulkf-XXXXXX", dir2[] = "/tmp/dcast-test-bulkf2-XXXXXX",
 	     dir3[] = "/tmp/dcast-test-bulkf3-XXXXXX", dir4[] = "/tmp/dcast-test-bulkf4-XXXXXX",
 	     dir5[] = "/tmp/dcast-test-bulkf5-XXXXXX", dir6[] = "/tmp/dcast-test-bulkf6-XXXXXX",
-	     dir7[] = "/tmp/dcast-test-bulkf7-XXXXXX", ep[128];
+	     dir7[] = "/tmp/dcast-test-bulkf7-XXXXXX", dir8[] = "/tmp/dcast-test-bulkf8-XXXXXX", ep[128];
 	size_t len = sizeof(ep);
 	int timeout_ms = 10000, lfd;
 	dcast_consumer *c = NULL;
@@ -441,7 +475,7 @@ int main(void)
 
 	alarm(60);
 	REQUIRE(mkdtemp(dir) && mkdtemp(dir2) && mkdtemp(dir3) && mkdtemp(dir4) && mkdtemp(dir5) && mkdtemp(dir6) &&
-		mkdtemp(dir7));
+		mkdtemp(dir7) && mkdtemp(dir8));
 	unsetenv("DELTACAST_BULK");
 	REQUIRE((ctx = zmq_ctx_new()) && (router = zmq_socket(ctx, ZMQ_ROUTER)));
 	REQUIRE(zmq_setsockopt(router, ZMQ_RCVTIMEO, &timeout_ms, sizeof(timeout_ms)) == 0);
@@ -455,6 +489,7 @@ int main(void)
 	bulk_wrong_version(c, lfd, port);
 	dcast_consumer_close(&c);
 	bulk_refused(ep, dir3);
+	bulk_unanswered(ep, dir8);
 	bulk_bind_midframe(ep, dir4, lfd, port);
 	bulk_by_name(ep, dir5, lfd, port);
 	bulk_bad_header(ep, dir6, lfd, port);
@@ -471,5 +506,6 @@ int main(void)
 	check_remove_dir(dir5);
 	check_remove_dir(dir6);
 	check_remove_dir(dir7);
+	check_remove_dir(dir8);
 	return check_done("test_consumer_bulk_frames");
 }

@@ -24,7 +24,6 @@
 
 #define BULK_HELLO_BYTES 16
 #define BULK_PREFIX_BYTES 12
-#define BULK_STALL_MIN_MS 30000 /* a connection that takes nothing this long is closed */
 
 struct bulk_client {
 	struct broker_client base;  /* first: the slot of b->bulk_clients */
@@ -39,15 +38,6 @@ struct bulk_client {
 	int have_payload;           /* copy: payload holds frame next's bytes */
 	zmq_msg_t payload;          /* from broker_chunk_serve: mapped, or read when not mappable */
 };
-
-/* The time a connection may go without progress: 3 heartbeats, at least
- * BULK_STALL_MIN_MS. */
-static uint64_t stall_ms(const struct broker *b)
-{
-	uint64_t ms = 3 * b->cfg.heartbeat_ms;
-
-	return ms > BULK_STALL_MIN_MS ? ms : BULK_STALL_MIN_MS;
-}
 
 /* The consumer c serves, if it still waits for this transfer. */
 static struct broker_peer *client_peer(struct broker *b, const struct bulk_client *c)
@@ -257,7 +247,7 @@ static int send_step(struct broker *b, struct bulk_client *c)
 		c->off = 0;
 	}
 	b->stats.bulk_bytes += (uint64_t)r;
-	c->base.deadline_ms = dcast_now_ms() + stall_ms(b);
+	c->base.deadline_ms = dcast_now_ms() + dcast_bulk_quiet_ms(b->cfg.heartbeat_ms);
 	return 1;
 }
 

@@ -11,8 +11,6 @@
 #include "broker.h"
 #include "dcast_common.h"
 
-#define RELAY_BULK_QUIET_MIN_MS 30000 /* as the upstream's side (bulk.c, BULK_STALL_MIN_MS) */
-
 void broker_relay_bulk_init(struct broker *b, struct broker_upstream *u)
 {
 	dcast_bulkrx_init(&u->bulk);
@@ -128,13 +126,12 @@ int broker_relay_bulk_read(struct broker *b, struct broker_upstream *u, dcast_wi
 
 int broker_relay_bulk_quiet(struct broker *b, struct broker_upstream *u, uint64_t now_ms)
 {
-	uint64_t quiet = 3 * b->cfg.heartbeat_ms;
-	uint64_t limit = dcast_bulkrx_quiet_limit(&u->bulk, quiet > RELAY_BULK_QUIET_MIN_MS ? quiet
-								      : RELAY_BULK_QUIET_MIN_MS);
+	uint64_t limit = dcast_bulkrx_quiet_limit(&u->bulk, b->cfg.heartbeat_ms);
 
 	if (dcast_bulkrx_active(&u->bulk) && u->bulk_held_until && now_ms >= u->bulk_held_until)
 		broker_poll_events(b, u->bulk.fd, ZMQ_POLLIN); /* the hold is over: the loop reads */
 	if (!dcast_bulkrx_active(&u->bulk) || now_ms - u->bulk_last_ms <= limit)
 		return 0;
-	return dcast_bulkrx_quiet_fail(&u->bulk, now_ms - u->bulk_last_ms) ? 1 : 0;
+	dcast_bulkrx_quiet_fail(&u->bulk, now_ms - u->bulk_last_ms);
+	return 1;
 }

@@ -274,11 +274,6 @@ typedef struct cs_bulk {
 	const unsigned char *land_into; /* the payload it hashes, NULL: none */
 } cs_bulk;
 
-/* A bulk connection that brings no byte for this long, or 3 heartbeats
- * if longer, has failed (the broker's side gives up on a transfer as
- * late). */
-#define CS_BULK_QUIET_MS 30000
-
 /* The session with the broker (session.c): its thread, socket, timers,
  * credit and the fold it asks of the store (fold_due: the policy wants
  * one, cs_store_fold_start on its next turn).  Fields under `own` are the thread's alone,

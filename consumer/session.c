@@ -462,11 +462,11 @@ static int heartbeat_if_due(dcast_consumer *c, uint64_t now, uint64_t every)
 }
 
 /* 1 when the bulk connection brought nothing for 3 heartbeats, and at
- * least CS_BULK_QUIET_MS, or its connect is unanswered after
+ * least DCAST_BULK_QUIET_MIN_MS, or its connect is unanswered after
  * DCAST_BULK_CONNECT_MS (said: dcast_last_error()). */
 static int bulk_quiet(dcast_consumer *c, uint64_t now, uint64_t hb)
 {
-	uint64_t limit = dcast_bulkrx_quiet_limit(&c->bulk.rx, 3 * hb > CS_BULK_QUIET_MS ? 3 * hb : CS_BULK_QUIET_MS);
+	uint64_t limit = dcast_bulkrx_quiet_limit(&c->bulk.rx, hb);
 
 	if (!cs_bulk_active(c) || now - c->bulk.last_ms <= limit)
 		return 0;
@@ -679,12 +679,11 @@ static uint64_t bulk_connect_left(const dcast_consumer *c, uint64_t now)
 static int wait_ms(const dcast_consumer *c, int err, uint32_t hb)
 {
 	uint64_t ms = err ? hb : cs_ckpt_pending(c->store) ? 1 : hb / 4, now = dcast_now_ms();
+	uint64_t bulk = bulk_connect_left(c, now);
 
 	if (c->ob.hello_due && c->ob.hello_at_ms > now && c->ob.hello_at_ms - now < ms)
 		ms = c->ob.hello_at_ms - now;
-	if (bulk_connect_left(c, now) < ms)
-		ms = bulk_connect_left(c, now);
-	return (int)ms;
+	return (int)(bulk < ms ? bulk : ms);
 }
 
 /* The session thread: turns, each followed by a wait (lock released) for

@@ -27,6 +27,16 @@
  * broker's --bulk not opened), which should cost a joiner seconds before
  * it takes the anchor over ZeroMQ, not the transfer's quiet limit. */
 #define DCAST_BULK_CONNECT_MS 5000
+/* A transfer that moves no byte for 3 heartbeats, and at least this long,
+ * has failed: the rule both sides keep (the broker closes such a
+ * connection, the consumer or relay gives it up). */
+#define DCAST_BULK_QUIET_MIN_MS 30000
+
+/* A transfer's quiet limit, ms, under heartbeats of heartbeat_ms. */
+static inline uint64_t dcast_bulk_quiet_ms(uint64_t heartbeat_ms)
+{
+	return 3 * heartbeat_ms > DCAST_BULK_QUIET_MIN_MS ? 3 * heartbeat_ms : DCAST_BULK_QUIET_MIN_MS;
+}
 
 struct dcast_wire_in;
 
@@ -78,10 +88,10 @@ static inline int dcast_bulkrx_active(const dcast_bulkrx *r)
 int dcast_bulkrx_open_step(dcast_bulkrx *r, int *open);
 
 /* The connection's quiet limit, ms: DCAST_BULK_CONNECT_MS while the
- * connect is under way, else `quiet_ms` (the taker's, for a transfer). */
-static inline uint64_t dcast_bulkrx_quiet_limit(const dcast_bulkrx *r, uint64_t quiet_ms)
+ * connect is under way, else a transfer's (dcast_bulk_quiet_ms). */
+static inline uint64_t dcast_bulkrx_quiet_limit(const dcast_bulkrx *r, uint64_t heartbeat_ms)
 {
-	return r->connected ? quiet_ms : DCAST_BULK_CONNECT_MS;
+	return r->connected ? dcast_bulk_quiet_ms(heartbeat_ms) : DCAST_BULK_CONNECT_MS;
 }
 
 /* Why a connection hit its quiet limit after `ms`, set as the last error

@@ -62,6 +62,7 @@ struct broker_config {
 	uint64_t fault_slowdisk_ms; /* DELTACAST_BROKER_FAULT=slowdisk:MS (tests; durable.c) */
 	int fault_nomap;            /* DELTACAST_BROKER_FAULT=nomap (tests; ondisk.c) */
 	uint64_t fault_relay_bulk_cut; /* DELTACAST_BROKER_FAULT=relay_bulk_cut:K (tests; relaybulk.c) */
+	uint64_t fault_bulk_ref_off;   /* DELTACAST_BROKER_FAULT=bulk_ref_off:BYTES (tests; bulk.c) */
 	uint64_t fault_relay_bulk_hold_ms; /* DELTACAST_BROKER_FAULT=relay_bulk_hold:MS (tests) */
 	uint64_t model_idle_s;      /* --model-idle-s: an idle model is removed (retire.c; 0 never) */
 	uint64_t read_cache_bytes;  /* --read-cache-bytes: frames read from disk shared (ondisk.c) */
@@ -71,6 +72,7 @@ struct broker_config {
 				       they are accepted (ingest.c, fanout.c) */
 	const char *bulk;           /* --bulk HOST:PORT: anchors over plain TCP (bulk.c) */
 	const char *bulk_send;      /* --bulk-send auto | sendfile | copy (bulk.c) */
+	int bulk_local;             /* --bulk-local: a unix listener for consumers on this host (bulk.c) */
 	char *owned[BROKER_CONFIG_OWNED]; /* strings read from a --config file */
 	unsigned n_owned;
 };
@@ -311,6 +313,7 @@ struct broker_stats {
 	uint64_t cut_through_aborted;    /* aborted versions some of whose chunks had gone out */
 	uint64_t bulk_versions, bulk_bytes; /* anchors sent over bulk connections, their bytes */
 	uint64_t bulk_sendfile_bytes;       /* of bulk_bytes, payload bytes sent with sendfile(2) */
+	uint64_t bulk_local_bytes;          /* payload bytes passed by reference to a file (local) */
 	uint64_t relay_bulk_versions, relay_bulk_bytes; /* anchors the relay took over its
 						  upstream's --bulk, their payload bytes */
 	uint64_t relay_bulk_failures;       /* such transfers that failed (re-joined over ZeroMQ) */
@@ -435,7 +438,7 @@ struct broker {
 	struct broker_outcome outcome[2]; /* [m->relayed]: ingest.c, relay.c */
 	struct broker_auth *auth;     /* CURVE and the ZAP handler (auth.c); NULL: off */
 	struct broker_durable *dur;   /* --data-dir: the writer thread (durable.c); NULL: off */
-	struct broker_clients metrics_clients, admin_clients, bulk_clients;
+	struct broker_clients metrics_clients, admin_clients, bulk_clients, bulk_local_clients;
 	uint16_t bulk_port;           /* --bulk: the port bound; 0: off */
 	struct broker_watch {         /* accept failures of a listener (limits.c) */
 		void *mon;            /* its socket monitor */

@@ -10,6 +10,7 @@
  * connections are clients of the listener (clients.c), each with a
  * deadline that every write that makes progress moves on. */
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +20,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 #include "bulk.h"
+#include "dcast_bulkrx.h"
 #include "dcast_bytes.h"
 #include "dcast_common.h"
 
@@ -37,6 +39,11 @@ struct bulk_client {
 	int copy;                   /* payloads in files: send() from their mapping, not sendfile */
 	int have_payload;           /* copy: payload holds frame next's bytes */
 	zmq_msg_t payload;          /* from broker_chunk_serve: mapped, or read when not mappable */
+	int local;                  /* on the unix socket: payloads in files go as references */
+	const struct broker_segfile *ro_of; /* local: the file ro_fd reads (the version holds it) */
+	int ro_fd;                  /* local: a read-only descriptor of ro_of, -1: none */
+	int ro_sent;                /* local: ro_fd passed to the consumer */
+	uint64_t ref_skew;          /* local: added to each offset (test fault bulk_ref_off) */
 };
 
 /* The consumer c serves, if it still waits for this transfer. */
@@ -49,7 +56,7 @@ static struct broker_peer *client_peer(struct broker *b, const struct bulk_clien
 
 static void client_close(struct broker *b, struct bulk_client *c)
 {
-	broker_clients_close(b, &b->bulk_clients, &c->base);
+	broker_clients_close(b, c->local ? &b->bulk_local_clients : &b->bulk_clients, &c->base);
 }
 
 /* Frame c->next's payload, if one is held, is let go. */
@@ -65,8 +72,23 @@ static void client_free(struct broker_client *base)
 	struct bulk_client *c = (struct bulk_client *)base;
 
 	payload_drop(c);
+	if (c->ro_fd >= 0)
+		close(c->ro_fd);
+	c->ro_fd = -1;
 	broker_version_put(c->v);
 	c->v = NULL;
+}
+
+static void on_accept(struct broker *b, struct broker_client *base)
+{
+	(void)b;
+	((struct bulk_client *)base)->ro_fd = -1;
+}
+
+static void on_accept_local(struct broker *b, struct broker_client *base)
+{
+	on_accept(b, base);
+	((struct bulk_client *)base)->local = 1;
 }
 
 /* The consumer that was offered this token, or NULL. */
@@ -125,11 +147,16 @@ static int client_hello(struct broker *b, struct bulk_client *c)
 	p->bulk_taken = 1;
 	c->v = p->cur;
 	c->v->refs++;
-	c->copy = copy_wanted(b, c->base.fd);
+	c->copy = c->local || copy_wanted(b, c->base.fd);
+	if (c->local && b->cfg.fault_bulk_ref_off) { /* the first local transfer only */
+		c->ref_skew = b->cfg.fault_bulk_ref_off;
+		b->cfg.fault_bulk_ref_off = 0;
+	}
 	broker_poll_events(b, c->base.fd, ZMQ_POLLOUT);
 	DCAST_LOG_I("bulk: consumer %s of %s takes version %llu (%u chunks, %llu bytes, %s)", p->client,
 		    p->want, (unsigned long long)c->v->version, c->v->n_chunks,
-		    (unsigned long long)c->v->payload_bytes, c->copy ? "copy" : "sendfile");
+		    (unsigned long long)c->v->payload_bytes,
+		    c->local ? "local: references to files" : c->copy ? "copy" : "sendfile");
 	return 0;
 }
 
@@ -157,27 +184,93 @@ static uint64_t frame_payload(const struct broker_version *v, uint32_t i)
 	return i < v->n_chunks ? v->chunks[i].payload_len : 0;
 }
 
-/* Send what is left of the prefix and header of frame c->next; the bytes
- * sent, 0 when the socket is full, -1 on an error. */
-static ssize_t send_head(struct bulk_client *c, size_t head)
+/* Local: frame i's payload goes as a reference, 8 bytes after its
+ * header: the offset in a file, or DCAST_BULK_REF_INLINE. */
+static int frame_has_ref(const struct bulk_client *c, uint32_t i)
+{
+	return c->local && frame_payload(c->v, i);
+}
+
+/* Local: frame i's payload lies in a file and goes by reference only. */
+static int frame_by_ref(const struct bulk_client *c, uint32_t i)
+{
+	return frame_has_ref(c, i) && c->v->chunks[i].file;
+}
+
+/* Local: ro_fd reads f, a descriptor opened read-only through /proc
+ * (the segment's own is read-write), to be passed with the next frame
+ * that names it.  -1 when it cannot be opened (logged). */
+static int ref_open(struct bulk_client *c, const struct broker_segfile *f)
+{
+	char path[64];
+	int fd;
+
+	if (c->ro_of == f)
+		return 0;
+	snprintf(path, sizeof(path), "/proc/self/fd/%d", f->fd);
+	if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0) {
+		DCAST_LOG_W("bulk: version %llu: %s, read-only: %s", (unsigned long long)c->v->version,
+			    path, strerror(errno));
+		return -1;
+	}
+	if (c->ro_fd >= 0)
+		close(c->ro_fd);
+	c->ro_fd = fd;
+	c->ro_of = f;
+	c->ro_sent = 0;
+	return 0;
+}
+
+/* iov: what is left of the n parts of `all` after `skip` bytes; the
+ * parts left. */
+static int iov_after(const struct iovec *all, int n, size_t skip, struct iovec *iov)
+{
+	int k = 0;
+
+	for (int i = 0; i < n; i++) {
+		size_t cut = skip < all[i].iov_len ? skip : all[i].iov_len;
+		skip -= cut;
+		if (cut < all[i].iov_len)
+			iov[k++] = (struct iovec){(char *)all[i].iov_base + cut, all[i].iov_len - cut};
+	}
+	return k;
+}
+
+/* Send what is left of the prefix and header of frame c->next (and on a
+ * local connection its reference, the file's descriptor passed with it
+ * when new to the consumer); the bytes sent, 0 when the socket is full,
+ * -1 on an error. */
+static ssize_t send_head(struct bulk_client *c)
 {
 	zmq_msg_t *h = frame_hdr(c->v, c->next);
-	uint8_t prefix[BULK_PREFIX_BYTES];
-	struct iovec iov[2];
-	size_t skip = (size_t)c->off;
-	int n = 0;
+	const struct broker_chunk *ch = c->next < c->v->n_chunks ? &c->v->chunks[c->next] : NULL;
+	uint8_t prefix[BULK_PREFIX_BYTES], ref[DCAST_BULK_REF];
+	struct iovec all[3] = {{prefix, sizeof(prefix)}, {zmq_msg_data(h), zmq_msg_size(h)}, {ref, sizeof(ref)}};
+	struct iovec iov[3];
+	union { char buf[CMSG_SPACE(sizeof(int))]; struct cmsghdr align; } u;
+	int by_ref = frame_by_ref(c, c->next);
+	struct msghdr mh = {.msg_iov = iov};
 
+	if (by_ref && ref_open(c, ch->file))
+		return -1;
 	dcast_put_le32(prefix, (uint32_t)zmq_msg_size(h));
 	dcast_put_le64(prefix + 4, frame_payload(c->v, c->next));
-	if (skip < BULK_PREFIX_BYTES)
-		iov[n++] = (struct iovec){prefix + skip, BULK_PREFIX_BYTES - skip};
-	skip = skip > BULK_PREFIX_BYTES ? skip - BULK_PREFIX_BYTES : 0;
-	iov[n++] = (struct iovec){(char *)zmq_msg_data(h) + skip, head - BULK_PREFIX_BYTES - skip};
-	struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n};
+	dcast_put_le64(ref, by_ref ? ch->file_off + c->ref_skew : DCAST_BULK_REF_INLINE);
+	mh.msg_iovlen = (size_t)iov_after(all, frame_has_ref(c, c->next) ? 3 : 2, (size_t)c->off, iov);
+	if (by_ref && !c->ro_sent) {
+		struct cmsghdr *cm;
+		mh.msg_control = u.buf;
+		mh.msg_controllen = sizeof(u.buf);
+		cm = CMSG_FIRSTHDR(&mh);
+		*cm = (struct cmsghdr){.cmsg_len = CMSG_LEN(sizeof(int)), .cmsg_level = SOL_SOCKET,
+				       .cmsg_type = SCM_RIGHTS};
+		memcpy(CMSG_DATA(cm), &c->ro_fd, sizeof(int));
+	}
 	ssize_t r = sendmsg(c->base.fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL | MSG_MORE);
 
 	if (r < 0)
 		return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? 0 : -1;
+	c->ro_sent |= by_ref;
 	return r;
 }
 
@@ -233,9 +326,12 @@ static ssize_t send_payload(struct broker *b, struct bulk_client *c, uint64_t do
  * 0 when the socket is full, -1 on an error. */
 static int send_step(struct broker *b, struct bulk_client *c)
 {
-	size_t head = BULK_PREFIX_BYTES + zmq_msg_size(frame_hdr(c->v, c->next));
-	uint64_t len = head + frame_payload(c->v, c->next);
-	ssize_t r = c->off < head ? send_head(c, head) : send_payload(b, c, c->off - head);
+	uint64_t payload = frame_payload(c->v, c->next);
+	size_t head = BULK_PREFIX_BYTES + zmq_msg_size(frame_hdr(c->v, c->next)) +
+		      (frame_has_ref(c, c->next) ? DCAST_BULK_REF : 0);
+	int by_ref = frame_by_ref(c, c->next);
+	uint64_t len = head + (by_ref ? 0 : payload);
+	ssize_t r = c->off < head ? send_head(c) : send_payload(b, c, c->off - head);
 
 	if (r <= 0)
 		return (int)r;
@@ -243,6 +339,7 @@ static int send_step(struct broker *b, struct bulk_client *c)
 	DCAST_ASSERT(c->off <= len);
 	if (c->off == len) {
 		payload_drop(c);
+		b->stats.bulk_local_bytes += by_ref ? payload : 0;
 		c->next++;
 		c->off = 0;
 	}
@@ -355,6 +452,27 @@ int broker_bulk_offer(struct broker *b, struct broker_peer *p)
 	return 0;
 }
 
+/* The local listener, "@deltacast-bulk-PORT" (dcast_bulk_local_addr):
+ * consumers on this host take payloads in files as references there.
+ * One that cannot bind is logged and left out: consumers then connect
+ * over TCP, as to another host. */
+static int local_open(struct broker *b)
+{
+	struct sockaddr_un a;
+	socklen_t len = dcast_bulk_local_addr(&a, b->bulk_port);
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+
+	if (fd < 0 || bind(fd, (const struct sockaddr *)&a, len) || listen(fd, 64)) {
+		DCAST_LOG_W("bulk: local listener @%s: %s; consumers on this host connect over TCP",
+			    a.sun_path + 1, strerror(errno));
+		if (fd >= 0)
+			close(fd);
+		return 0;
+	}
+	DCAST_LOG_I("bulk anchors to consumers on this host on @%s", a.sun_path + 1);
+	return broker_clients_start(b, &b->bulk_local_clients, fd);
+}
+
 int broker_bulk_open(struct broker *b)
 {
 	int fd, rc;
@@ -362,7 +480,10 @@ int broker_bulk_open(struct broker *b)
 	b->bulk_clients = (struct broker_clients){
 		.what = "bulk", .listen_fd = -1, .cap = BROKER_BULK_CLIENTS, .burst = 16,
 		.slot_bytes = sizeof(struct bulk_client), .client_ms = 3 * b->cfg.heartbeat_ms,
-		.on_client = on_client, .on_free = client_free};
+		.on_client = on_client, .on_accept = on_accept, .on_free = client_free};
+	b->bulk_local_clients = b->bulk_clients; /* not started: no slots, no listener */
+	b->bulk_local_clients.what = "bulk-local";
+	b->bulk_local_clients.on_accept = on_accept_local;
 	if (!b->cfg.bulk)
 		return 0;
 	if (b->cfg.curve_secret)
@@ -373,11 +494,12 @@ int broker_bulk_open(struct broker *b)
 	if ((rc = broker_clients_start(b, &b->bulk_clients, fd)))
 		return rc;
 	DCAST_LOG_I("bulk anchors on %s", broker_tcp_bound(fd).text);
-	return 0;
+	return b->cfg.bulk_local ? local_open(b) : 0;
 }
 
 void broker_bulk_close(struct broker *b)
 {
 	broker_clients_stop(b, &b->bulk_clients);
+	broker_clients_stop(b, &b->bulk_local_clients);
 	b->bulk_port = 0;
 }

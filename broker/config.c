@@ -45,6 +45,7 @@ static const struct flag flags[] = {
 	{"admin-socket", FLAG_STR, OFF(admin_socket), NULL, "PATH of a UNIX socket (mode 0600) for `deltacast model delete` (off without it)"},
 	{"bulk", FLAG_STR, OFF(bulk), NULL, "IPv4:PORT for anchors sent to consumers over plain TCP, outside ZeroMQ, with sendfile(2) or a copy (--bulk-send; port 0: any free one; not with --curve-secret)"},
 	{"bulk-send", FLAG_STR, OFF(bulk_send), "auto", "how --bulk sends a payload kept in a file: sendfile (the page cache's pages handed to the kernel), copy (send() from the mapped file: one copy in the broker, less for a receiver on this host) or auto (copy to a peer on this host, sendfile to others)"},
+	{"bulk-local", FLAG_BOOL, OFF(bulk_local), NULL, "with --bulk, also listen on a unix socket (@deltacast-bulk-PORT) where consumers on this host take the payloads in the data dir's files by reference and read them themselves: no copy in the broker, one from the page cache in each consumer"},
 	{"upstream-no-bulk", FLAG_BOOL, OFF(upstream_no_bulk), NULL, "take anchors from --upstream over ZeroMQ only (by default over its --bulk connection when it offers one; never with CURVE)"},
 	{"cut-through", FLAG_BOOL, OFF(cut_through), NULL, "forward an open version's chunks to consumers as they arrive, before its COMMIT (relay trees)"},
 	{"log-level", FLAG_STR, OFF(log_level), "info", "error, warn, info or debug"},
@@ -248,7 +249,10 @@ static int fault_num(const char *f, size_t skip, unsigned long long max, uint64_
  * - relay_bulk_cut:K: a relay's bulk connection from its upstream is cut
  *   after K CHUNK frames, as a network that drops it (broker/relaybulk.c);
  * - relay_bulk_hold:MS: a relay reads no frame of a bulk connection for
- *   MS ms after it opened, as a relay busy elsewhere (broker/relaybulk.c). */
+ *   MS ms after it opened, as a relay busy elsewhere (broker/relaybulk.c);
+ * - bulk_ref_off:BYTES: the first transfer over --bulk-local names every
+ *   file offset BYTES too far, as a file changed under its reader
+ *   (broker/bulk.c). */
 static int fault_env(struct broker_config *cfg)
 {
 	const char *f = getenv("DELTACAST_BROKER_FAULT");
@@ -264,8 +268,10 @@ static int fault_env(struct broker_config *cfg)
 		return fault_num(f, 15, UINT32_MAX, &cfg->fault_relay_bulk_cut);
 	if (!strncmp(f, "relay_bulk_hold:", 16))
 		return fault_num(f, 16, 600000, &cfg->fault_relay_bulk_hold_ms);
+	if (!strncmp(f, "bulk_ref_off:", 13))
+		return fault_num(f, 13, (uint64_t)1 << 50, &cfg->fault_bulk_ref_off);
 	return dcast_fail(DCAST_EINVAL, "DELTACAST_BROKER_FAULT=%s: only slowdisk:MS, nomap, "
-			  "relay_bulk_cut:K and relay_bulk_hold:MS are known", f);
+			  "relay_bulk_cut:K, relay_bulk_hold:MS and bulk_ref_off:BYTES are known", f);
 }
 
 int broker_config_parse(struct broker_config *cfg, int argc, char **argv)

@@ -82,6 +82,7 @@ int broker_open(struct broker *b, const struct broker_config *cfg)
 	b->cfg = *cfg;
 	b->metrics_clients.listen_fd = b->admin_clients.listen_fd = b->fold.efd = -1;
 	b->bulk_clients.listen_fd = -1;
+	b->bulk_local_clients.listen_fd = -1;
 	if ((rc = peers_alloc(b)))
 		return rc;
 	broker_ingest_init(b);
@@ -160,6 +161,7 @@ static void timers(struct broker *b)
 	broker_clients_timers(b, &b->metrics_clients, now);
 	broker_clients_timers(b, &b->admin_clients, now);
 	broker_clients_timers(b, &b->bulk_clients, now);
+	broker_clients_timers(b, &b->bulk_local_clients, now);
 	broker_models_idle(b, now); /* --model-idle-s (broker/retire.c) */
 	broker_heap_trim(b, now);
 }

@@ -238,6 +238,8 @@ size_t broker_metrics_render(const struct broker *b, char *buf, size_t cap)
 	counter(&o, "bulk_sendfile_bytes_total", "of the bytes written to --bulk connections, payload "
 		"bytes sent with sendfile(2) from the page cache (the rest with send())",
 		st->bulk_sendfile_bytes);
+	counter(&o, "bulk_local_bytes_total", "payload bytes passed to consumers on this host as references "
+		"to the files that hold them, not written (--bulk's local listener)", st->bulk_local_bytes);
 	counter(&o, "relay_bulk_versions_total", "anchors this relay took over its upstream's --bulk connection",
 		st->relay_bulk_versions);
 	counter(&o, "relay_bulk_bytes_total", "payload bytes this relay took over its upstream's --bulk connection",

@@ -79,6 +79,11 @@ static uint64_t window_room(const dcast_consumer *c)
 	return held == b->rx.payload_got ? b->rx.payload_len - b->rx.payload_got : 0;
 }
 
+int cs_bulk_file_ready(const dcast_consumer *c)
+{
+	return dcast_bulkrx_file_ready(&c->bulk.rx) && window_room(c);
+}
+
 short cs_bulk_events(const dcast_consumer *c)
 {
 	const dcast_bulkrx *r = &c->bulk.rx;
@@ -147,7 +152,7 @@ static int payload_take(dcast_consumer *c, uint64_t room, uint64_t *n)
 
 	if (b->land_into && want > LAND_PIECE_BYTES)
 		want = LAND_PIECE_BYTES;
-	err = dcast_bulkrx_take(&b->rx, at, want, n);
+	err = dcast_bulkrx_take_payload(&b->rx, at, want, n);
 	if (b->land_into && *n)
 		dcast_landing_add(b->land, at, (size_t)*n);
 	b->rx.payload_got += *n;

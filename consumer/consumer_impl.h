@@ -649,8 +649,11 @@ void cs_deadline(struct timespec *ts, int timeout_ms);
  * (an address resolved at open, no transfer failed since).  cs_bulk_start: connect (non-blocking) to that address at
  * b->port for version b->version, the opening queued; errors: DCAST_EIO
  * (socket, connect refused at once), naming the port; nothing is left
- * open then.  cs_bulk_events: the poll events its fd waits for (0: none;
- * the window is full).
+ * open then (on this host, the broker's local listener is tried first:
+ * dcast_bulkrx_start).  cs_bulk_events: the poll events its fd waits for
+ * (0: none; the window is full).  cs_bulk_file_ready: a payload the broker
+ * passed by reference is being read and the window has room: the next
+ * turn reads it without waiting on the socket.
  * cs_bulk_read: move what the connection has; *got 1 when `in` holds a
  * whole frame (header decoded and checked as a ZeroMQ message would be, a
  * CHUNK or the COMMIT of the version; the caller owns it, as from
@@ -674,6 +677,7 @@ static inline int cs_bulk_active(const dcast_consumer *c)
 	return dcast_bulkrx_active(&c->bulk.rx);
 }
 short cs_bulk_events(const dcast_consumer *c);
+int cs_bulk_file_ready(const dcast_consumer *c);
 struct dcast_wire_in;
 typedef unsigned char *(*cs_bulk_dest_fn)(dcast_consumer *c, const dcast_chunk *h);
 int cs_bulk_read(dcast_consumer *c, struct dcast_wire_in *in, int *got, cs_bulk_dest_fn dest);

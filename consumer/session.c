@@ -666,11 +666,14 @@ static void lock_for_turn(dcast_consumer *c)
  * one after a failure, 1 ms while records are written behind), and no
  * longer than a backed-off HELLO is due (cs_rejoin_refused). */
 /* Until a bulk connect under way is due to be given up
- * (DCAST_BULK_CONNECT_MS after it began), else UINT64_MAX. */
-static uint64_t bulk_connect_left(const dcast_consumer *c, uint64_t now)
+ * (DCAST_BULK_CONNECT_MS after it began); 0 when a payload is to be read
+ * from the broker's file (nothing to wait for); else UINT64_MAX. */
+static uint64_t bulk_wait_left(const dcast_consumer *c, uint64_t now)
 {
 	uint64_t end = c->bulk.last_ms + DCAST_BULK_CONNECT_MS + 1;
 
+	if (cs_bulk_active(c) && cs_bulk_file_ready(c))
+		return 0;
 	if (!cs_bulk_active(c) || c->bulk.rx.connected)
 		return UINT64_MAX;
 	return end > now ? end - now : 1;
@@ -679,7 +682,7 @@ static uint64_t bulk_connect_left(const dcast_consumer *c, uint64_t now)
 static int wait_ms(const dcast_consumer *c, int err, uint32_t hb)
 {
 	uint64_t ms = err ? hb : cs_ckpt_pending(c->store) ? 1 : hb / 4, now = dcast_now_ms();
-	uint64_t bulk = bulk_connect_left(c, now);
+	uint64_t bulk = bulk_wait_left(c, now);
 
 	if (c->ob.hello_due && c->ob.hello_at_ms > now && c->ob.hello_at_ms - now < ms)
 		ms = c->ob.hello_at_ms - now;

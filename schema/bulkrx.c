@@ -120,7 +120,7 @@ void dcast_bulkrx_payload_at(dcast_bulkrx *r, void *into)
 void dcast_bulkrx_init(dcast_bulkrx *r)
 {
 	memset(r, 0, sizeof(*r));
-	r->fd = -1;
+	r->fd = r->file_fd = -1;
 	r->version = DCAST_VERSION_NONE;
 }
 
@@ -168,25 +168,78 @@ int dcast_bulkrx_resolve(const char *ep, struct sockaddr_storage *a, socklen_t *
 	return 0;
 }
 
-int dcast_bulkrx_start(dcast_bulkrx *r, const struct sockaddr_storage *addr, socklen_t len,
-		       const dcast_bulk *b, const char *ep)
+/* 1 when a (with its port) is an address of this host: a loopback one,
+ * or one a socket can bind. */
+static int addr_here(const struct sockaddr_storage *a, socklen_t len)
+{
+	struct sockaddr_storage b = *a;
+	int fd, ok;
+
+	if (a->ss_family == AF_INET) {
+		((struct sockaddr_in *)&b)->sin_port = 0;
+		if ((ntohl(((struct sockaddr_in *)&b)->sin_addr.s_addr) >> 24) == 127)
+			return 1;
+	} else if (a->ss_family == AF_INET6) {
+		((struct sockaddr_in6 *)&b)->sin6_port = 0;
+	} else {
+		return 0;
+	}
+	if ((fd = socket(a->ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0)) < 0)
+		return 0;
+	ok = !bind(fd, (const struct sockaddr *)&b, len);
+	close(fd);
+	return ok;
+}
+
+/* The broker's local listener at `port`, when it is on this host and
+ * takes the connection at once: its fd, else -1 (TCP then). */
+static int local_connect(const struct sockaddr_storage *a, socklen_t len, unsigned port)
+{
+	struct sockaddr_un u;
+	socklen_t ul = dcast_bulk_local_addr(&u, port);
+	int fd;
+
+	if (!addr_here(a, len) || (fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0)) < 0)
+		return -1;
+	if (!connect(fd, (const struct sockaddr *)&u, ul))
+		return fd;
+	close(fd);
+	return -1;
+}
+
+/* A TCP connect (non-blocking) to a at port: its fd, or -1 (logged as
+ * the last error, naming the port). */
+static int tcp_connect(const struct sockaddr_storage *addr, socklen_t len, unsigned port, const char *ep)
 {
 	struct sockaddr_storage a = *addr;
 	int fd = socket(a.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
 
-	DCAST_ASSERT(!dcast_bulkrx_active(r) && len && b->port <= 65535); /* schema: 1..65535 */
 	if (a.ss_family == AF_INET6)
-		((struct sockaddr_in6 *)&a)->sin6_port = htons((uint16_t)b->port);
+		((struct sockaddr_in6 *)&a)->sin6_port = htons((uint16_t)port);
 	else
-		((struct sockaddr_in *)&a)->sin_port = htons((uint16_t)b->port);
-	if (fd < 0)
-		return dcast_fail(DCAST_EIO, "bulk: socket: %s", strerror(errno));
+		((struct sockaddr_in *)&a)->sin_port = htons((uint16_t)port);
+	if (fd < 0) {
+		dcast_fail(DCAST_EIO, "bulk: socket: %s", strerror(errno));
+		return -1;
+	}
 	if (connect(fd, (const struct sockaddr *)&a, len) && errno != EINPROGRESS) {
 		int e = errno;
 		close(fd);
-		return dcast_fail(DCAST_EIO, "bulk: connect to port %u of the host of %s: %s", b->port,
-				  ep, strerror(e));
+		dcast_fail(DCAST_EIO, "bulk: connect to port %u of the host of %s: %s", port, ep, strerror(e));
+		return -1;
 	}
+	return fd;
+}
+
+int dcast_bulkrx_start(dcast_bulkrx *r, const struct sockaddr_storage *addr, socklen_t len,
+		       const dcast_bulk *b, const char *ep)
+{
+	int fd;
+
+	DCAST_ASSERT(!dcast_bulkrx_active(r) && len && b->port <= 65535); /* schema: 1..65535 */
+	r->local = (fd = local_connect(addr, len, b->port)) >= 0;
+	if (fd < 0 && (fd = tcp_connect(addr, len, b->port, ep)) < 0)
+		return DCAST_EIO;
 	r->fd = fd;
 	r->endpoint = ep;
 	r->version = b->version;
@@ -250,9 +303,42 @@ int dcast_bulkrx_quiet_fail(const dcast_bulkrx *r, uint64_t ms)
 			  ms);
 }
 
+/* Local: a file the broker passed with these bytes becomes the one its
+ * references read (the one before closed); any more are closed. */
+static void files_taken(dcast_bulkrx *r, struct msghdr *mh)
+{
+	for (struct cmsghdr *cm = CMSG_FIRSTHDR(mh); cm; cm = CMSG_NXTHDR(mh, cm)) {
+		size_t n = cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS
+			   ? (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int) : 0;
+		for (size_t i = 0; i < n; i++) {
+			int fd;
+			memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
+			if (r->file_fd >= 0)
+				close(r->file_fd);
+			r->file_fd = fd;
+		}
+	}
+}
+
+/* recv, or on a local connection recvmsg taking the files passed. */
+static ssize_t take_some(dcast_bulkrx *r, void *p, uint64_t n)
+{
+	union { char buf[CMSG_SPACE(4 * sizeof(int))]; struct cmsghdr align; } u;
+	struct iovec iov = {p, (size_t)n};
+	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
+			    .msg_controllen = sizeof(u.buf)};
+	ssize_t k;
+
+	if (!r->local)
+		return recv(r->fd, p, n, 0);
+	if ((k = recvmsg(r->fd, &mh, MSG_CMSG_CLOEXEC)) >= 0)
+		files_taken(r, &mh);
+	return k;
+}
+
 int dcast_bulkrx_take(dcast_bulkrx *r, void *p, uint64_t n, uint64_t *got)
 {
-	ssize_t k = recv(r->fd, p, n, 0);
+	ssize_t k = take_some(r, p, n);
 
 	*got = 0;
 	if (k == 0)
@@ -262,6 +348,25 @@ int dcast_bulkrx_take(dcast_bulkrx *r, void *p, uint64_t n, uint64_t *got)
 		return errno == EAGAIN || errno == EINTR ? 0
 		       : dcast_fail(DCAST_EIO, "bulk: recv: %s", strerror(errno));
 	*got = (uint64_t)k;
+	return 0;
+}
+
+int dcast_bulkrx_take_payload(dcast_bulkrx *r, void *p, uint64_t n, uint64_t *got)
+{
+	ssize_t k;
+
+	if (!r->by_ref)
+		return dcast_bulkrx_take(r, p, n, got);
+	*got = 0;
+	if ((k = pread(r->file_fd, p, (size_t)n, (off_t)(r->ref_off + r->payload_got))) > 0)
+		*got = (uint64_t)k;
+	else if (k == 0)
+		return dcast_fail(DCAST_EIO, "bulk frame %" PRIu64 ": the broker's file ends at %" PRIu64
+				  " bytes, inside the payload its reference names (%" PRIu64 " bytes at %"
+				  PRIu64 ")", r->frames, r->ref_off + r->payload_got, r->payload_len, r->ref_off);
+	else if (errno != EINTR)
+		return dcast_fail(DCAST_EIO, "bulk frame %" PRIu64 ": reading the broker's file: %s",
+				  r->frames, strerror(errno));
 	return 0;
 }
 
@@ -326,6 +431,25 @@ static int head_decode(dcast_bulkrx *r)
 	return err;
 }
 
+/* Local: the reference read whole: inline bytes follow, or the payload
+ * is read from the file passed last. */
+static int ref_parse(dcast_bulkrx *r)
+{
+	uint64_t off = dcast_get_le64(r->ref);
+
+	if (off == DCAST_BULK_REF_INLINE)
+		return 0;
+	if (r->file_fd < 0)
+		return dcast_fail(DCAST_EMALFORMED, "bulk frame %" PRIu64 ": a payload by reference, "
+				  "and no file passed", r->frames);
+	if (off > INT64_MAX - r->payload_len)
+		return dcast_fail(DCAST_EMALFORMED, "bulk frame %" PRIu64 ": a reference at offset %"
+				  PRIu64 ", past any file", r->frames, off);
+	r->by_ref = 1;
+	r->ref_off = off;
+	return 0;
+}
+
 int dcast_bulkrx_head_step(dcast_bulkrx *r, uint64_t *got)
 {
 	int err;
@@ -336,9 +460,14 @@ int dcast_bulkrx_head_step(dcast_bulkrx *r, uint64_t *got)
 		r->prefix_got += (uint32_t)*got;
 		return !err && r->prefix_got == DCAST_BULK_PREFIX ? prefix_parse(r) : err;
 	}
-	err = dcast_bulkrx_take(r, r->head + r->head_got, r->head_len - r->head_got, got);
-	r->head_got += (uint32_t)*got;
-	return !err && r->head_got == r->head_len ? head_decode(r) : err;
+	if (r->head_got < r->head_len) {
+		err = dcast_bulkrx_take(r, r->head + r->head_got, r->head_len - r->head_got, got);
+		r->head_got += (uint32_t)*got;
+		return !err && r->head_got == r->head_len ? head_decode(r) : err;
+	}
+	err = dcast_bulkrx_take(r, r->ref + r->ref_got, DCAST_BULK_REF - r->ref_got, got);
+	r->ref_got += (uint32_t)*got;
+	return !err && r->ref_got == DCAST_BULK_REF ? ref_parse(r) : err;
 }
 
 static void frame_reset(dcast_bulkrx *r)
@@ -348,8 +477,9 @@ static void frame_reset(dcast_bulkrx *r)
 	if (r->has_msg)
 		dcast_msg_free(&r->msg);
 	r->has_payload = r->has_msg = 0;
-	r->prefix_got = r->head_len = r->head_got = 0;
+	r->prefix_got = r->head_len = r->head_got = r->ref_got = 0;
 	r->payload_len = r->payload_got = 0;
+	r->by_ref = 0;
 }
 
 void dcast_bulkrx_finish(dcast_bulkrx *r, dcast_wire_in *in)
@@ -370,7 +500,10 @@ void dcast_bulkrx_close(dcast_bulkrx *r)
 	if (!dcast_bulkrx_active(r))
 		return;
 	close(r->fd);
-	r->fd = -1;
+	if (r->file_fd >= 0)
+		close(r->file_fd);
+	r->fd = r->file_fd = -1;
+	r->local = 0;
 	r->version = DCAST_VERSION_NONE;
 	frame_reset(r);
 	free(r->head);

@@ -14,8 +14,12 @@
 #ifndef DCAST_BULKRX_H
 #define DCAST_BULKRX_H
 
+#include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <string.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <zmq.h>
 #include "deltacast/schema.h"
 
@@ -38,6 +42,26 @@ static inline uint64_t dcast_bulk_quiet_ms(uint64_t heartbeat_ms)
 	return 3 * heartbeat_ms > DCAST_BULK_QUIET_MIN_MS ? 3 * heartbeat_ms : DCAST_BULK_QUIET_MIN_MS;
 }
 
+/* A reference frame's offset for a payload that follows inline (on a
+ * local connection, a payload the broker keeps in memory). */
+#define DCAST_BULK_REF_INLINE UINT64_MAX
+#define DCAST_BULK_REF 8
+
+/* Where a broker whose --bulk listens on `port` takes local connections:
+ * the abstract unix socket "@deltacast-bulk-PORT" of its network
+ * namespace.  There, a payload that lies in one of its files goes as a
+ * reference to it (docs/protocol.md, "Bulk anchors on the broker's
+ * host").  The address's length. */
+static inline socklen_t dcast_bulk_local_addr(struct sockaddr_un *a, unsigned port)
+{
+	int n;
+
+	memset(a, 0, sizeof(*a));
+	a->sun_family = AF_UNIX;
+	n = snprintf(a->sun_path + 1, sizeof(a->sun_path) - 1, "deltacast-bulk-%u", port);
+	return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
+}
+
 struct dcast_wire_in;
 
 typedef struct dcast_bulkrx {
@@ -58,6 +82,12 @@ typedef struct dcast_bulkrx {
 	zmq_msg_t payload;             /* its payload, once placed */
 	uint64_t payload_len, payload_got;
 	int has_payload;
+	int local;                     /* the broker's local listener (a unix socket) */
+	int file_fd;                   /* local: the last file passed, -1 before one */
+	unsigned char ref[DCAST_BULK_REF]; /* local: the frame's reference, */
+	uint32_t ref_got;
+	int by_ref;                    /* its payload read from file_fd at ref_off */
+	uint64_t ref_off;
 } dcast_bulkrx;
 
 /* No connection (before anything can fail; dcast_bulkrx_close is then
@@ -73,8 +103,11 @@ int dcast_bulkrx_resolve(const char *ep, struct sockaddr_storage *a, socklen_t *
 
 /* Connect (non-blocking) to address a at b->port for version b->version,
  * the opening queued; `ep` (kept, not copied) names the host in error
- * texts.  Errors: DCAST_EIO (socket, a connect refused at once), naming
- * the port; nothing is left open then. */
+ * texts.  Where a is an address of this host, the broker's local listener
+ * (dcast_bulk_local_addr) is tried first, and taken when it accepts: its
+ * payloads in files then come as references, read from the file it
+ * passes (r->local).  Errors: DCAST_EIO (socket, a connect refused at
+ * once), naming the port; nothing is left open then. */
 int dcast_bulkrx_start(dcast_bulkrx *r, const struct sockaddr_storage *a, socklen_t len,
 		       const dcast_bulk *b, const char *ep);
 
@@ -107,16 +140,32 @@ int dcast_bulkrx_take(dcast_bulkrx *r, void *p, uint64_t n, uint64_t *got);
  * payload is next). */
 static inline int dcast_bulkrx_head_done(const dcast_bulkrx *r)
 {
-	return r->prefix_got == DCAST_BULK_PREFIX && r->head_got == r->head_len && r->has_msg;
+	return r->prefix_got == DCAST_BULK_PREFIX && r->head_got == r->head_len && r->has_msg &&
+	       (!r->local || !r->payload_len || r->ref_got == DCAST_BULK_REF);
 }
 
-/* One recv into the prefix or the header, whichever is being read (not
- * after dcast_bulkrx_head_done); *got bytes came.  A prefix read whole is
- * checked against the schema's limits; a header read whole is decoded and
- * checked: a CHUNK or the COMMIT of r->version, its payload length the
- * frame's.  Errors: those of dcast_bulkrx_take, DCAST_EMALFORMED, every
- * dcast_msg_decode error, DCAST_EPAYLOAD_SIZE, DCAST_ENOMEM. */
+/* One recv into the prefix, the header or (local) the reference,
+ * whichever is being read (not after dcast_bulkrx_head_done); *got bytes
+ * came.  A prefix read whole is checked against the schema's limits; a
+ * header read whole is decoded and checked: a CHUNK or the COMMIT of
+ * r->version, its payload length the frame's; a reference to a file needs
+ * a file passed.  Errors: those of dcast_bulkrx_take, DCAST_EMALFORMED,
+ * every dcast_msg_decode error, DCAST_EPAYLOAD_SIZE, DCAST_ENOMEM. */
 int dcast_bulkrx_head_step(dcast_bulkrx *r, uint64_t *got);
+
+/* Up to n (> 0) bytes of the payload into p, from payload_got on: *got of
+ * them, 0 when none is there now.  From the socket, or for a payload by
+ * reference from the broker's file.  The caller adds *got to payload_got.
+ * Errors: those of dcast_bulkrx_take; DCAST_EIO (the file unreadable or
+ * shorter than the reference says). */
+int dcast_bulkrx_take_payload(dcast_bulkrx *r, void *p, uint64_t n, uint64_t *got);
+
+/* A payload by reference is being read: the next read needs no wait on
+ * the socket. */
+static inline int dcast_bulkrx_file_ready(const dcast_bulkrx *r)
+{
+	return r->by_ref && r->has_payload && r->payload_got < r->payload_len;
+}
 
 /* After the header: the payload is read into a buffer of its own
  * (recycled process-wide, so that an anchor's chunks reuse warm memory;

@@ -16,7 +16,8 @@
 #   bytes are not yet freed.  The consumer holds version 1; the broker
 #   folds anchor 3 (--anchor-every 2), dropping 1 from its log; the
 #   consumer re-started at 1 takes anchor 3 over bulk, then delta 4,
-#   bit-exact.
+#   bit-exact; and again with --bulk-local, the anchor's payloads read by
+#   reference from the broker's files (test_bulk_local.sh).
 . "$(dirname "$0")/tools/broker_lib.sh"
 
 "$BUILD/deltacast" gen-trace --params 1M --steps 3 --density 0.01 -o "$TMP/trace" 2>/dev/null || fail "gen-trace"
@@ -67,29 +68,42 @@ check_metric b deltacast_bulk_versions_total "$sent"
 stop_broker b
 
 "$BUILD/deltacast" gen-trace --params 4M --steps 3 --density 0.01 -o "$TMP/big" 2>/dev/null || fail "gen-trace 4M"
-start_broker_metrics f --heartbeat-ms 200 --bulk 127.0.0.1:0 --data-dir "$TMP/fdata" --anchor-every 2
-publish_f() { # FIRST FILES...: publish FILES of the 4M trace from version FIRST
-	local first=$1
+# held_run NAME [BROKER ARGS...]: the held consumer's case against a broker
+# with those flags too.
+held_run() {
+	local f=$1
 	shift
-	"$BUILD/deltacast" publish --broker "$f_PROD" --model big --first-version "$first" "$@" \
-		2>"$TMP/pubf.err" || fail "publish from $first: $(tail -2 "$TMP/pubf.err")"
+	start_broker_metrics "$f" --heartbeat-ms 200 --bulk 127.0.0.1:0 --data-dir "$TMP/$f.data" \
+		--anchor-every 2 "$@"
+	publish_f() { # FIRST FILES...: publish FILES of the 4M trace from version FIRST
+		local first=$1 prod
+		shift
+		eval "prod=\$${f}_PROD"
+		"$BUILD/deltacast" publish --broker "$prod" --model big --first-version "$first" "$@" \
+			2>"$TMP/pubf.err" || fail "publish from $first: $(tail -2 "$TMP/pubf.err")"
+	}
+	held() { # UNTIL: `deltacast subscribe` of "big" in DIR held, 16 MiB staging, to UNTIL
+		local cons
+		eval "cons=\$${f}_CONS"
+		"$BUILD/deltacast" subscribe --broker "$cons" --model big --dir "$TMP/$f.held" --until "$1" \
+			--budget 16777216 >"$TMP/held$1.out" 2>"$TMP/held$1.err" ||
+			fail "subscribe to $1 exited $?: $(tail -3 "$TMP/held$1.err")"
+	}
+	publish_f 1 "$TMP/big/v0000.safetensors"
+	held 1
+	publish_f 2 "$TMP"/big/v000[123].safetensors
+	wait_for 10 grep -qs "made anchor 3 " "$TMP/$f.log" || fail "the broker made no anchor 3"
+	held 4
+	grep -q "^loaded version 1 " "$TMP/held4.out" || fail "held: did not start from version 1: $(cat "$TMP/held4.out")"
+	grep -q "^version 3 anchor .* bulk_versions 1 bulk_failures 0$" "$TMP/held4.out" ||
+		fail "held: anchor 3 not over bulk: $(cat "$TMP/held4.out")"
+	grep -q "^version 4 delta " "$TMP/held4.out" || fail "held: no delta 4: $(cat "$TMP/held4.out")"
+	"$BUILD/deltacast" diff "$TMP/big/v0003.safetensors" "$TMP/$f.held/model.safetensors" --json \
+		>"$TMP/held.diff" || fail "diff held exited $?"
+	grep -q '^{"elements":[0-9]*,"changed":0,' "$TMP/held.diff" || fail "held differs: $(head -c 200 "$TMP/held.diff")"
+	stop_broker "$f"
 }
-held() { # UNTIL: `deltacast subscribe` of "big" in DIR held, 16 MiB staging, to UNTIL
-	"$BUILD/deltacast" subscribe --broker "$f_CONS" --model big --dir "$TMP/held" --until "$1" \
-		--budget 16777216 >"$TMP/held$1.out" 2>"$TMP/held$1.err" ||
-		fail "subscribe to $1 exited $?: $(tail -3 "$TMP/held$1.err")"
-}
-publish_f 1 "$TMP/big/v0000.safetensors"
-held 1
-publish_f 2 "$TMP"/big/v000[123].safetensors
-wait_for 10 grep -qs "made anchor 3 " "$TMP/f.log" || fail "the broker made no anchor 3"
-held 4
-grep -q "^loaded version 1 " "$TMP/held4.out" || fail "held: did not start from version 1: $(cat "$TMP/held4.out")"
-grep -q "^version 3 anchor .* bulk_versions 1 bulk_failures 0$" "$TMP/held4.out" ||
-	fail "held: anchor 3 not over bulk: $(cat "$TMP/held4.out")"
-grep -q "^version 4 delta " "$TMP/held4.out" || fail "held: no delta 4: $(cat "$TMP/held4.out")"
-"$BUILD/deltacast" diff "$TMP/big/v0003.safetensors" "$TMP/held/model.safetensors" --json >"$TMP/held.diff" ||
-	fail "diff held exited $?"
-grep -q '^{"elements":[0-9]*,"changed":0,' "$TMP/held.diff" || fail "held differs: $(head -c 200 "$TMP/held.diff")"
-stop_broker f
+held_run f
+held_run fl --bulk-local
+grep -q "takes version 3 (.*, local: references to files)" "$TMP/fl.log" || fail "fl: anchor 3 not by reference"
 echo "test_consumer_bulk: ok"

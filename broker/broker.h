@@ -63,6 +63,7 @@ struct broker_config {
 	int fault_nomap;            /* DELTACAST_BROKER_FAULT=nomap (tests; ondisk.c) */
 	uint64_t fault_relay_bulk_cut; /* DELTACAST_BROKER_FAULT=relay_bulk_cut:K (tests; relaybulk.c) */
 	uint64_t fault_bulk_ref_off;   /* DELTACAST_BROKER_FAULT=bulk_ref_off:BYTES (tests; bulk.c) */
+	int fault_bulk_noproc;         /* DELTACAST_BROKER_FAULT=bulk_noproc (tests; bulk.c) */
 	uint64_t fault_relay_bulk_hold_ms; /* DELTACAST_BROKER_FAULT=relay_bulk_hold:MS (tests) */
 	uint64_t model_idle_s;      /* --model-idle-s: an idle model is removed (retire.c; 0 never) */
 	uint64_t read_cache_bytes;  /* --read-cache-bytes: frames read from disk shared (ondisk.c) */
@@ -72,7 +73,7 @@ struct broker_config {
 				       they are accepted (ingest.c, fanout.c) */
 	const char *bulk;           /* --bulk HOST:PORT: anchors over plain TCP (bulk.c) */
 	const char *bulk_send;      /* --bulk-send auto | sendfile | copy (bulk.c) */
-	int bulk_local;             /* --bulk-local: a unix listener for consumers on this host (bulk.c) */
+	int bulk_no_local;          /* --bulk-no-local: no unix listener for consumers on this host (bulk.c) */
 	char *owned[BROKER_CONFIG_OWNED]; /* strings read from a --config file */
 	unsigned n_owned;
 };

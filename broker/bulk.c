@@ -44,6 +44,7 @@ struct bulk_client {
 	int ro_fd;                  /* local: a read-only descriptor of ro_of, -1: none */
 	int ro_sent;                /* local: ro_fd passed to the consumer */
 	uint64_t ref_skew;          /* local: added to each offset (test fault bulk_ref_off) */
+	int no_refs;                /* local: a file could not be reopened: payloads inline */
 };
 
 /* The consumer c serves, if it still waits for this transfer. */
@@ -156,7 +157,7 @@ static int client_hello(struct broker *b, struct bulk_client *c)
 	DCAST_LOG_I("bulk: consumer %s of %s takes version %llu (%u chunks, %llu bytes, %s)", p->client,
 		    p->want, (unsigned long long)c->v->version, c->v->n_chunks,
 		    (unsigned long long)c->v->payload_bytes,
-		    c->local ? "local: references to files" : c->copy ? "copy" : "sendfile");
+		    c->local ? "local" : c->copy ? "copy" : "sendfile");
 	return 0;
 }
 
@@ -194,13 +195,14 @@ static int frame_has_ref(const struct bulk_client *c, uint32_t i)
 /* Local: frame i's payload lies in a file and goes by reference only. */
 static int frame_by_ref(const struct bulk_client *c, uint32_t i)
 {
-	return frame_has_ref(c, i) && c->v->chunks[i].file;
+	return frame_has_ref(c, i) && c->v->chunks[i].file && !c->no_refs;
 }
 
 /* Local: ro_fd reads f, a descriptor opened read-only through /proc
  * (the segment's own is read-write), to be passed with the next frame
- * that names it.  -1 when it cannot be opened (logged). */
-static int ref_open(struct bulk_client *c, const struct broker_segfile *f)
+ * that names it.  -1 when it cannot be opened (logged): the payloads
+ * then go inline. */
+static int ref_open(const struct broker *b, struct bulk_client *c, const struct broker_segfile *f)
 {
 	char path[64];
 	int fd;
@@ -208,9 +210,12 @@ static int ref_open(struct bulk_client *c, const struct broker_segfile *f)
 	if (c->ro_of == f)
 		return 0;
 	snprintf(path, sizeof(path), "/proc/self/fd/%d", f->fd);
-	if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0) {
-		DCAST_LOG_W("bulk: version %llu: %s, read-only: %s", (unsigned long long)c->v->version,
-			    path, strerror(errno));
+	fd = b->cfg.fault_bulk_noproc ? -1 : open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0) {
+		if (b->cfg.fault_bulk_noproc) /* the test fault: as without /proc */
+			errno = ENOENT;
+		DCAST_LOG_W("bulk: version %llu: %s, read-only: %s; its payloads go inline",
+			    (unsigned long long)c->v->version, path, strerror(errno));
 		return -1;
 	}
 	if (c->ro_fd >= 0)
@@ -219,6 +224,16 @@ static int ref_open(struct bulk_client *c, const struct broker_segfile *f)
 	c->ro_of = f;
 	c->ro_sent = 0;
 	return 0;
+}
+
+/* Local: 1 when frame c->next goes by reference, its file's read-only
+ * descriptor opened as the frame starts (where that fails, every payload
+ * goes inline from then on). */
+static int frame_ref_ready(const struct broker *b, struct bulk_client *c)
+{
+	if (!c->off && frame_by_ref(c, c->next) && ref_open(b, c, c->v->chunks[c->next].file))
+		c->no_refs = 1;
+	return frame_by_ref(c, c->next);
 }
 
 /* iov: what is left of the n parts of `all` after `skip` bytes; the
@@ -251,8 +266,6 @@ static ssize_t send_head(struct bulk_client *c)
 	int by_ref = frame_by_ref(c, c->next);
 	struct msghdr mh = {.msg_iov = iov};
 
-	if (by_ref && ref_open(c, ch->file))
-		return -1;
 	dcast_put_le32(prefix, (uint32_t)zmq_msg_size(h));
 	dcast_put_le64(prefix + 4, frame_payload(c->v, c->next));
 	dcast_put_le64(ref, by_ref ? ch->file_off + c->ref_skew : DCAST_BULK_REF_INLINE);
@@ -326,10 +339,10 @@ static ssize_t send_payload(struct broker *b, struct bulk_client *c, uint64_t do
  * 0 when the socket is full, -1 on an error. */
 static int send_step(struct broker *b, struct bulk_client *c)
 {
+	int by_ref = frame_ref_ready(b, c);
 	uint64_t payload = frame_payload(c->v, c->next);
 	size_t head = BULK_PREFIX_BYTES + zmq_msg_size(frame_hdr(c->v, c->next)) +
 		      (frame_has_ref(c, c->next) ? DCAST_BULK_REF : 0);
-	int by_ref = frame_by_ref(c, c->next);
 	uint64_t len = head + (by_ref ? 0 : payload);
 	ssize_t r = c->off < head ? send_head(c) : send_payload(b, c, c->off - head);
 
@@ -494,7 +507,7 @@ int broker_bulk_open(struct broker *b)
 	if ((rc = broker_clients_start(b, &b->bulk_clients, fd)))
 		return rc;
 	DCAST_LOG_I("bulk anchors on %s", broker_tcp_bound(fd).text);
-	return b->cfg.bulk_local ? local_open(b) : 0;
+	return b->cfg.bulk_no_local ? 0 : local_open(b);
 }
 
 void broker_bulk_close(struct broker *b)

@@ -45,7 +45,7 @@ static const struct flag flags[] = {
 	{"admin-socket", FLAG_STR, OFF(admin_socket), NULL, "PATH of a UNIX socket (mode 0600) for `deltacast model delete` (off without it)"},
 	{"bulk", FLAG_STR, OFF(bulk), NULL, "IPv4:PORT for anchors sent to consumers over plain TCP, outside ZeroMQ, with sendfile(2) or a copy (--bulk-send; port 0: any free one; not with --curve-secret)"},
 	{"bulk-send", FLAG_STR, OFF(bulk_send), "auto", "how --bulk sends a payload kept in a file: sendfile (the page cache's pages handed to the kernel), copy (send() from the mapped file: one copy in the broker, less for a receiver on this host) or auto (copy to a peer on this host, sendfile to others)"},
-	{"bulk-local", FLAG_BOOL, OFF(bulk_local), NULL, "with --bulk, also listen on a unix socket (@deltacast-bulk-PORT) where consumers on this host take the payloads in the data dir's files by reference and read them themselves: no copy in the broker, one from the page cache in each consumer"},
+	{"bulk-no-local", FLAG_BOOL, OFF(bulk_no_local), NULL, "no unix socket for --bulk: consumers and relays on this host connect over TCP too (by default they connect to @deltacast-bulk-PORT, take the payloads in the data dir's files by reference and read them themselves: no copy in the broker)"},
 	{"upstream-no-bulk", FLAG_BOOL, OFF(upstream_no_bulk), NULL, "take anchors from --upstream over ZeroMQ only (by default over its --bulk connection when it offers one; never with CURVE)"},
 	{"cut-through", FLAG_BOOL, OFF(cut_through), NULL, "forward an open version's chunks to consumers as they arrive, before its COMMIT (relay trees)"},
 	{"log-level", FLAG_STR, OFF(log_level), "info", "error, warn, info or debug"},
@@ -250,9 +250,11 @@ static int fault_num(const char *f, size_t skip, unsigned long long max, uint64_
  *   after K CHUNK frames, as a network that drops it (broker/relaybulk.c);
  * - relay_bulk_hold:MS: a relay reads no frame of a bulk connection for
  *   MS ms after it opened, as a relay busy elsewhere (broker/relaybulk.c);
- * - bulk_ref_off:BYTES: the first transfer over --bulk-local names every
+ * - bulk_ref_off:BYTES: the first local transfer (the unix socket) names every
  *   file offset BYTES too far, as a file changed under its reader
- *   (broker/bulk.c). */
+ *   (broker/bulk.c);
+ * - bulk_noproc: a local transfer cannot reopen its files read-only, as
+ *   without /proc, and sends their payloads inline (broker/bulk.c). */
 static int fault_env(struct broker_config *cfg)
 {
 	const char *f = getenv("DELTACAST_BROKER_FAULT");
@@ -260,7 +262,8 @@ static int fault_env(struct broker_config *cfg)
 	if (!f || !*f)
 		return 0;
 	cfg->fault_nomap = !strcmp(f, "nomap");
-	if (cfg->fault_nomap)
+	cfg->fault_bulk_noproc = !strcmp(f, "bulk_noproc");
+	if (cfg->fault_nomap || cfg->fault_bulk_noproc)
 		return 0;
 	if (!strncmp(f, "slowdisk:", 9))
 		return fault_num(f, 9, 600000, &cfg->fault_slowdisk_ms);
@@ -271,7 +274,8 @@ static int fault_env(struct broker_config *cfg)
 	if (!strncmp(f, "bulk_ref_off:", 13))
 		return fault_num(f, 13, (uint64_t)1 << 50, &cfg->fault_bulk_ref_off);
 	return dcast_fail(DCAST_EINVAL, "DELTACAST_BROKER_FAULT=%s: only slowdisk:MS, nomap, "
-			  "relay_bulk_cut:K, relay_bulk_hold:MS and bulk_ref_off:BYTES are known", f);
+			  "relay_bulk_cut:K, relay_bulk_hold:MS, bulk_ref_off:BYTES and bulk_noproc are "
+			  "known", f);
 }
 
 int broker_config_parse(struct broker_config *cfg, int argc, char **argv)

@@ -21,10 +21,16 @@
 #          give the credit back, stop at its COMMIT;
 #   lib    a fresh broker and N tests/tools/bench_sync_consumer (the C
 #          library, default options, 64 MiB staging) until each reports the
-#          anchor READY; the broker's VmRSS once all have applied it;
-#   libsf  (with bulk) the same, the broker with --bulk-send sendfile: its
-#          default copies to consumers on its own host (docs/operations.md,
-#          "Bulk anchors"), and this column shows what sendfile costs;
+#          anchor READY; the broker's VmRSS once all have applied it; with
+#          bulk, the broker with --bulk-no-local: the anchor over TCP, as
+#          to consumers on other hosts (the targets' column);
+#   libsf  (with bulk) the same, the broker with --bulk-send sendfile too:
+#          over TCP it copies to consumers on its own host by default
+#          (docs/operations.md, "Bulk anchors"), and this column shows what
+#          sendfile costs;
+#   liblocal (with bulk) the broker's default for consumers on its host:
+#          they connect to its unix socket and read the payloads from its
+#          segment files themselves;
 #   disk   N dd writers at once, each the model's bytes into a file of its
 #          own in the temp dir with O_DIRECT 2 MiB writes: what the library
 #          consumers' checkpoints cost the one disk they share (written
@@ -367,6 +373,7 @@ broker_run() {
 	local dd=()
 	[ "$DATADIR" = 0 ] && [ "$BULK" = 0 ] || dd=(--data-dir "$d/broker-data")
 	[ "$BULK" = 0 ] || dd+=(--bulk 127.0.0.1:0)
+	[ "$BULK" = 0 ] || [ "$form" = liblocal ] || dd+=(--bulk-no-local)
 	[ "$form" != libsf ] || dd+=(--bulk-send sendfile)
 	e2e_start_broker "$d/broker.log" $BROKER_ARGS "${dd[@]}" || die "no broker (see $d/broker.log)"
 	pin_sender "$BROKER_PID"
@@ -423,7 +430,7 @@ row() {
 		tcp_run "$n" "$k" keepmap keep map "$MODEL"
 		nginx_round "$ROOT/refs-n$n" "$n" "$k"
 		disk_run "$n" "$k"
-		for form in recv lib $([ "$BULK" = 0 ] || echo libsf) live; do broker_run "$form" "$n" "$k"; done
+		for form in recv lib $([ "$BULK" = 0 ] || echo libsf liblocal) live; do broker_run "$form" "$n" "$k"; done
 	done
 }
 
@@ -440,7 +447,7 @@ main() {
 	for n in $NS; do row "$n"; done
 	local shown=$BROKER_ARGS
 	[ "$DATADIR" = 0 ] && [ "$BULK" = 0 ] || shown+=" --data-dir (fresh)"
-	[ "$BULK" = 0 ] || shown+=" --bulk 127.0.0.1:0"
+	[ "$BULK" = 0 ] || shown+=" --bulk 127.0.0.1:0 (--bulk-no-local but in the local column)"
 	shown=${shown# }
 	printf 'params %s\nmodel_bytes %s\npayload_bytes %s\nruns %s\nwindow %s\nbroker_args %s\ncpus %s\ncpu %s\nkernel %s\nload_start %s\nload_end %s\nseconds %s\ncommand %s\n' \
 		"$PARAMS" "$MODEL_BYTES" "$(cat "$ROOT/payload")" "$RUNS ($RUNS_N1 at N = 1)" "$WINDOW" "${shown:-none}" \

@@ -9,7 +9,7 @@
 
 ROOT holds meta ("key value" lines) and cells.log, one line per measurement:
 "COLUMN N RUN SECONDS RECV_CPU SEND_CPU [RSS_KB REJOINS ACK_SECONDS]", COLUMN one of
-tcp, keep, nginx, disk (time only), recv, lib, libsf (only with bulk), live; RECV_CPU: the N receivers' CPU seconds (user + system)
+tcp, keep, nginx, disk (time only), recv, lib, libsf and liblocal (only with bulk), live; RECV_CPU: the N receivers' CPU seconds (user + system)
 summed, SEND_CPU: the sender's (bench_tcp's sender threads, nginx, the broker)."""
 import collections
 import os
@@ -27,6 +27,7 @@ COLUMNS = [("tcp", "raw TCP"), ("keep", "raw TCP, receivers keep the model"),
            ("recv", "broker, anchor in its log, to N joining consumers that only receive"),
            ("lib", "broker, anchor in its log, to N joining library consumers until READY"),
            ("libsf", "the same, the broker with `--bulk-send sendfile`"),
+           ("liblocal", "the same over the broker's unix socket (local: files by reference)"),
            ("live", "publish start to N waiting library consumers READY")]
 GOAL = 1.25  # library consumers until READY, at most this times raw TCP
 INTAKE_GOAL = 2.0  # their CPU per GB until READY, at most this times a keeping receiver's
@@ -45,8 +46,11 @@ writers of the model's size at once in the temp dir: the library consumers' chec
 consumers start at once, timed from just before their exec to the last: `wire_client receive` ({window} MiB window, no checksum, no copy; with
 `--bulk 1` when the broker has `--bulk`) or tests/tools/bench_sync_consumer (default options: they ask for bulk
 anchors) at VERSION_READY (also timed from the first one's `dcast_consumer_open()` call, a reference row: raw TCP's
-clock starts after its exec and connects); *with `--bulk-send sendfile`*: the same, the payloads sent with sendfile(2), where the
-broker's default (`auto`) copies them to a consumer on its own host.  *Publish start*: the consumers wait first, timed
+clock starts after its exec and connects).  With `--bulk` those consumers take the anchor over TCP (the broker with
+`--bulk-no-local`), as from another host; *with `--bulk-send sendfile`*: the same, the payloads sent with sendfile(2), where the
+broker's default (`auto`) copies them to a consumer on its own host; *over the broker's unix socket*: the broker's default for a
+consumer on its host, which reads each payload from the broker's segment file (a reference, the file passed with SCM_RIGHTS): no
+copy in the broker.  The targets take the TCP column.  *Publish start*: the consumers wait first, timed
 from `dcast_producer_publish()` (two hops in turn).  **CPU per GB**: user + system seconds per 10^9 bytes delivered;
 receivers by getrusage, `times` or their own line, senders by /proc/PID/task/TID/schedstat (over loopback the sender's
 system time carries much of the receivers' work).  Last line: `intake_cpu_over_tcp` (library consumers over receivers
@@ -54,7 +58,7 @@ that keep the model) and `broker_cpu_over_nginx` at N = {last_n}, `fanout_over_r
 
 
 def columns(cells, cpu=False):
-    """COLUMNS that this run measured (libsf only with bulk); with cpu, those that count CPU (not disk)."""
+    """COLUMNS that this run measured (libsf, liblocal only with bulk); with cpu, those that count CPU (not disk)."""
     return [(c, name) for c, name in COLUMNS if any(k == c for k, _ in cells) and not (cpu and c == "disk")]
 
 
@@ -158,16 +162,23 @@ def targets(cells, ns, model):
     return lines + sendfile_refs(cells, ns, model)
 
 
+VARIANTS = [("libsf", "`--bulk-send sendfile`"), ("liblocal", "the broker's unix socket (local)")]
+
+
 def sendfile_refs(cells, ns, model):
-    """The CPU targets' ratios again for the broker with --bulk-send sendfile."""
+    """The CPU targets' ratios again for the broker with --bulk-send sendfile, and over its unix socket
+    (with its time until READY against the default's)."""
     lines = []
-    for n in [n for n in ns if ("libsf", n) in cells]:
-        lib, keep = (cpu_per_gb(cells[(c, n)], "recv_cpu", n, model) for c in ("libsf", "keep"))
-        broker, web = (cpu_per_gb(cells[(c, n)], "send_cpu", n, model) for c in ("libsf", "nginx"))
-        lines.append("| (a reference, not a target) with `--bulk-send sendfile`, N = %d: library consumers' CPU "
-                     "per GB / keeping receivers'; the broker's / nginx's | | %.2f / %.2f = %.2fx; %.2f / %.2f = "
-                     "%.2fx | |" % (n, lib, keep, ratio("sendfile intake", lib, keep), broker, web,
-                                    ratio("sendfile broker", broker, web)))
+    for col, flag in VARIANTS:
+        for n in [n for n in ns if (col, n) in cells]:
+            lib, keep = (cpu_per_gb(cells[(c, n)], "recv_cpu", n, model) for c in (col, "keep"))
+            broker, web = (cpu_per_gb(cells[(c, n)], "send_cpu", n, model) for c in (col, "nginx"))
+            t, t0 = (median_s(cells[(c, n)]) for c in (col, "lib"))
+            lines.append("| (a reference, not a target) with %s, N = %d: library consumers' CPU per GB / keeping "
+                         "receivers'; the broker's / nginx's; until READY / the default's | | %.2f / %.2f = %.2fx; "
+                         "%.2f / %.2f = %.2fx; %s / %s ms = %.2fx | |"
+                         % (flag, n, lib, keep, ratio(col + " intake", lib, keep), broker, web,
+                            ratio(col + " broker", broker, web), ms(t), ms(t0), t / t0))
     return lines
 
 

@@ -5,7 +5,8 @@
 #   intake_cpu_over_tcp R broker_cpu_over_nginx S fanout_over_raw_tcp_n1 T
 # with finite ratios, and the targets table has a row for each of the
 # targets in CPU per byte and for N = 1 against raw TCP, and the
-# references with the broker at --bulk-send sendfile (the libsf column),
+# references with the broker at --bulk-send sendfile (the libsf column)
+# and over its unix socket (liblocal),
 # against the disk column (its cells: a time, no CPU), against raw TCP
 # from the file's mapped pages to keeping receivers (keepmap), and the
 # library's time counted from its open() (every lib cell has one).  Needs nginx and
@@ -24,12 +25,13 @@ cat "$out"
 root=$(sed -n 's/^bench-fanout: keeping the logs in \(\/.*\)$/\1/p' "$out")
 [ $rc = 0 ] || { echo "FAIL: bench_fanout.sh exited $rc"; exit 1; }
 [ -f "$root/cells.log" ] || { echo "FAIL: no cells.log in '$root'"; exit 1; }
-[ "$(wc -l <"$root/cells.log")" = 18 ] || { echo "FAIL: not 18 cells (9 columns, N = 1 and 4)"; exit 1; }
+[ "$(wc -l <"$root/cells.log")" = 20 ] || { echo "FAIL: not 20 cells (10 columns, N = 1 and 4)"; exit 1; }
 # Every cell has its two CPU figures; the broker's cells a nonzero pair
 # (raw TCP at 1M moves 2 MB in a few ms, under the kernel's accounting
 # tick: its threads may read 0).
 bad=$(awk '$5 !~ /^[0-9]+\.[0-9]+$/ || $6 !~ /^[0-9]+\.[0-9]+$/ ||
-	(($1 == "recv" || $1 == "lib" || $1 == "libsf" || $1 == "live") && !($5 > 0 && $6 > 0))' "$root/cells.log")
+	(($1 == "recv" || $1 == "lib" || $1 == "libsf" || $1 == "live") && !($5 > 0 && $6 > 0)) ||
+	($1 == "liblocal" && !($5 > 0))' "$root/cells.log")
 [ -z "$bad" ] || { echo "FAIL: cells without receiver or sender CPU: $bad"; exit 1; }
 last=$(tail -n 1 "$out")
 [[ "$last" =~ ^intake_cpu_over_tcp\ [0-9]+\.[0-9]+\ broker_cpu_over_nginx\ [0-9]+\.[0-9]+\ fanout_over_raw_tcp_n1\ [0-9]+\.[0-9]+$ ]] ||
@@ -42,6 +44,8 @@ for row in "library consumers' CPU per GB until READY / raw TCP receivers' that 
 done
 grep -qF "| (a reference, not a target) with \`--bulk-send sendfile\`, N = 4: " "$out" ||
 	{ echo "FAIL: no reference row for --bulk-send sendfile"; exit 1; }
+grep -qF "| (a reference, not a target) with the broker's unix socket (local), N = 4: " "$out" ||
+	{ echo "FAIL: no reference row for the local column"; exit 1; }
 grep -qF "| (a reference, not a target) library consumers until READY / their checkpoints' bytes written alone, N = 4 |" \
 	"$out" || { echo "FAIL: no reference row against the disk"; exit 1; }
 awk '$1 == "disk" && !($4 > 0)' "$root/cells.log" | grep -q . && { echo "FAIL: a disk cell without a time"; exit 1; }

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# --bulk-local: a consumer or relay on the broker's host takes an anchor
-# over the broker's unix socket (@deltacast-bulk-PORT), its payloads in
-# the data dir's files as references to them, read by the receiver itself
-# (schema/bulkrx.c; broker/bulk.c):
+# Local bulk transfers: a consumer or relay on the broker's host takes an
+# anchor over the broker's unix socket (@deltacast-bulk-PORT), its payloads
+# in the data dir's files as references to them, read by the receiver
+# itself (schema/bulkrx.c; broker/bulk.c):
 # - `deltacast subscribe` (the consumer library) to version 4 of a
 #   gen-trace model, bit-exact; the broker logs the transfer as local and
 #   counts every payload byte of the anchor as passed by reference, none
@@ -13,10 +13,12 @@
 #   payload's bytes fails its checksum, one past the end of the file is
 #   named as such; either way nothing of that anchor is applied and the
 #   consumer ends bit-exact;
-# - without --data-dir the payloads come inline over the same socket;
-# - a relay takes its anchor from an upstream with --bulk-local so, and
-#   serves it bit-exact;
-# - without --bulk-local the same consumer connects over TCP.
+# - without --data-dir the payloads come inline over the same socket, and
+#   so do they where the broker cannot reopen its files read-only (the
+#   test fault bulk_noproc: as without /proc);
+# - a relay takes its anchor from its upstream so, and serves it
+#   bit-exact;
+# - with --bulk-no-local the same consumer connects over TCP.
 . "$(dirname "$0")/tools/broker_lib.sh"
 
 "$BUILD/deltacast" gen-trace --params 1M --steps 3 --density 0.01 -o "$TMP/trace" 2>/dev/null || fail "gen-trace"
@@ -47,13 +49,13 @@ subscribe() {
 		fail "subscriber $name differs: $(head -c 200 "$TMP/$name.diff")"
 }
 
-broker d --bulk-local --data-dir "$TMP/d"
+broker d --data-dir "$TMP/d"
 grep -q "bulk anchors to consumers on this host on @deltacast-bulk-[1-9]" "$TMP/d.log" ||
 	fail "no local listener logged"
 subscribe s1 d
 grep -q "^version 1 anchor .* bulk_versions 1 bulk_failures 0$" "$TMP/s1.out" ||
 	fail "s1: anchor 1 not over bulk: $(cat "$TMP/s1.out")"
-grep -q "bulk: consumer .* of sm takes version 1 (.*, local: references to files)" "$TMP/d.log" ||
+grep -q "bulk: consumer .* of sm takes version 1 (.*, local)" "$TMP/d.log" ||
 	fail "the transfer was not local: $(grep 'bulk:' "$TMP/d.log")"
 local_bytes=$(metric_of "$d_METRICS" deltacast_bulk_local_bytes_total)
 anchor=$(sed -n 's/.*takes version 1 ([0-9]* chunks, \([0-9]*\) bytes.*/\1/p' "$TMP/d.log")
@@ -63,26 +65,34 @@ written=$(metric_of "$d_METRICS" deltacast_bulk_bytes_total)
 [ "$written" -lt 100000 ] || fail "the broker wrote $written bytes to a local connection: payloads, not references"
 
 # Wrong references, one transfer each (the fault spoils the first only).
-DELTACAST_BROKER_FAULT=bulk_ref_off:1 broker f1 --bulk-local --data-dir "$TMP/f1"
+DELTACAST_BROKER_FAULT=bulk_ref_off:1 broker f1 --data-dir "$TMP/f1"
 subscribe s2 f1
 grep -q "checksum" "$TMP/s2.err" || fail "s2: an offset 1 byte off was not caught: $(tail -5 "$TMP/s2.err")"
 grep -q "^version 4 " "$TMP/s2.out" || fail "s2: $(cat "$TMP/s2.out")"
 stop_broker f1
-DELTACAST_BROKER_FAULT=bulk_ref_off:1099511627776 broker f2 --bulk-local --data-dir "$TMP/f2"
+DELTACAST_BROKER_FAULT=bulk_ref_off:1099511627776 broker f2 --data-dir "$TMP/f2"
 subscribe s3 f2
 grep -q "bulk frame [0-9]*: the broker's file ends at [0-9]* bytes, inside the payload its reference names" \
 	"$TMP/s3.err" || fail "s3: a reference past the file's end was not named: $(tail -5 "$TMP/s3.err")"
 grep -q "anchor 1 taken over ZeroMQ; bulk on again" "$TMP/s3.err" || fail "s3: no fallback to ZeroMQ"
 stop_broker f2
 
-# Inline, from memory.
-broker m --bulk-local
+# Inline: from memory, and from files the broker cannot reopen.
+broker m
 subscribe s4 m
 grep -q "^version 1 anchor .* bulk_versions 1 bulk_failures 0$" "$TMP/s4.out" ||
 	fail "s4: anchor 1 not over bulk: $(cat "$TMP/s4.out")"
-grep -q "takes version 1 (.*, local: references to files)" "$TMP/m.log" || fail "m: not local"
+grep -q "takes version 1 (.*, local)" "$TMP/m.log" || fail "m: not local"
 check_metric m deltacast_bulk_local_bytes_total 0
 stop_broker m
+DELTACAST_BROKER_FAULT=bulk_noproc broker np --data-dir "$TMP/np"
+subscribe s7 np
+grep -q "^version 1 anchor .* bulk_versions 1 bulk_failures 0$" "$TMP/s7.out" ||
+	fail "s7: anchor 1 not over bulk: $(cat "$TMP/s7.out")"
+grep -q "bulk: version 1: /proc/self/fd/[0-9]*, read-only: No such file or directory; its payloads go inline" \
+	"$TMP/np.log" || fail "np: the failed reopen was not logged: $(grep 'bulk:' "$TMP/np.log")"
+check_metric np deltacast_bulk_local_bytes_total 0
+stop_broker np
 
 # A relay on the upstream's host, and its own consumer over TCP.
 start_broker_metrics r --heartbeat-ms 200 --upstream "$d_CONS" --upstream-model sm --bulk 127.0.0.1:0
@@ -90,13 +100,13 @@ subscribe s5 r
 grep -q "relay sm: version 1 came over the bulk connection" "$TMP/r.log" || fail "relay r: not over bulk"
 [ "$(metric_of "$d_METRICS" deltacast_bulk_local_bytes_total)" -ge $((2 * local_bytes)) ] ||
 	fail "the relay's anchor did not go by reference"
-grep -q "takes version 1 (.*, copy)" "$TMP/r.log" || fail "r: its consumer did not come over TCP"
+grep -q "takes version 1 (.*, local)" "$TMP/r.log" || fail "r: its consumer did not come over its unix socket"
 stop_broker r
 stop_broker d
 
-# Without --bulk-local: TCP.
-broker t --data-dir "$TMP/t"
-grep -q "@deltacast-bulk" "$TMP/t.log" && fail "a local listener without --bulk-local"
+# --bulk-no-local: TCP.
+broker t --data-dir "$TMP/t" --bulk-no-local
+grep -q "@deltacast-bulk" "$TMP/t.log" && fail "a local listener with --bulk-no-local"
 subscribe s6 t
 grep -q "takes version 1 (.*, copy)" "$TMP/t.log" || fail "t: not over TCP"
 check_metric t deltacast_bulk_local_bytes_total 0

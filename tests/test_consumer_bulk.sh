@@ -16,8 +16,9 @@
 #   bytes are not yet freed.  The consumer holds version 1; the broker
 #   folds anchor 3 (--anchor-every 2), dropping 1 from its log; the
 #   consumer re-started at 1 takes anchor 3 over bulk, then delta 4,
-#   bit-exact; and again with --bulk-local, the anchor's payloads read by
-#   reference from the broker's files (test_bulk_local.sh).
+#   bit-exact; over TCP (--bulk-no-local), and again over the broker's
+#   unix socket, the anchor's payloads read by reference from its files
+#   (test_bulk_local.sh).
 . "$(dirname "$0")/tools/broker_lib.sh"
 
 "$BUILD/deltacast" gen-trace --params 1M --steps 3 --density 0.01 -o "$TMP/trace" 2>/dev/null || fail "gen-trace"
@@ -103,7 +104,8 @@ held_run() {
 	grep -q '^{"elements":[0-9]*,"changed":0,' "$TMP/held.diff" || fail "held differs: $(head -c 200 "$TMP/held.diff")"
 	stop_broker "$f"
 }
-held_run f
-held_run fl --bulk-local
-grep -q "takes version 3 (.*, local: references to files)" "$TMP/fl.log" || fail "fl: anchor 3 not by reference"
+held_run f --bulk-no-local
+grep -q "takes version 3 (.*, copy)" "$TMP/f.log" || fail "f: anchor 3 not over TCP"
+held_run fl
+grep -q "takes version 3 (.*, local)" "$TMP/fl.log" || fail "fl: anchor 3 not local"
 echo "test_consumer_bulk: ok"

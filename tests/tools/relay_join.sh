@@ -5,13 +5,17 @@
 # and the CPU time of the upstream (every thread, from just before the
 # relay starts to that commit) and of the relay (from its start), per GB
 # of the anchor's payload.  Each round runs the relay twice, in turn: as
-# it is (the anchor over the upstream's --bulk connection) and with
+# it is (the anchor over the upstream's --bulk connection: on this host its
+# unix socket, the payloads read from its files) and with
 # --upstream-no-bulk (over ZeroMQ).  Medians and ranges over the rounds;
 # the numbers behind docs/benchmarks.md's note on relays joining.
 # Usage: [RELAY_JOIN_BULK_SEND=sendfile] [RELAY_JOIN_ARGS="--data-dir"]
+#        [RELAY_JOIN_UPSTREAM_ARGS=--bulk-no-local]
 #        tests/tools/relay_join.sh [ROUNDS] [SAFETENSORS]
-# (RELAY_JOIN_BULK_SEND: the upstream's --bulk-send, default auto, which
-# copies to a relay on its host; sendfile sends as to one on another host;
+# (RELAY_JOIN_UPSTREAM_ARGS: more upstream flags; with --bulk-no-local the
+# relay connects over TCP, where RELAY_JOIN_BULK_SEND is the upstream's
+# --bulk-send, default auto, which copies to a relay on its host, and
+# sendfile sends as to one on another host;
 # RELAY_JOIN_ARGS: the relay's flags, "--data-dir" alone a fresh data dir
 # of its own each time)
 # (run from the repo root after `make`; SAFETENSORS defaults to the 100M
@@ -57,7 +61,8 @@ $(((up1 - up0) / 1000)) $((rc / 1000)) $bytes" >>"$TMP/rows"
 	stop_broker "$mode$round"
 }
 
-anchor_broker u "$MODEL" --bulk 127.0.0.1:0 --bulk-send "${RELAY_JOIN_BULK_SEND:-auto}" --data-dir "$TMP/u"
+anchor_broker u "$MODEL" --bulk 127.0.0.1:0 --bulk-send "${RELAY_JOIN_BULK_SEND:-auto}" --data-dir "$TMP/u" \
+	${RELAY_JOIN_UPSTREAM_ARGS:-}
 sync
 for r in $(seq "$ROUNDS"); do
 	join bulk "$r"

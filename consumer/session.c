@@ -23,6 +23,10 @@
 #include "dcast_wire.h"
 
 #define RECV_BURST 64
+/* Payload bytes a turn reads from a bulk connection, about (a frame is
+ * read whole): a local one's preads never wait, and the turn holds the
+ * consumer's lock. */
+#define BULK_TURN_BYTES (32u << 20)
 
 static int send_msg(dcast_consumer *c, const dcast_msg *m)
 {
@@ -383,9 +387,11 @@ static int bulk_deliver(dcast_consumer *c, dcast_wire_in *in)
  * meanwhile (any HELLO: the broker closes its side then) ends it. */
 static int bulk_receive(dcast_consumer *c)
 {
+	uint64_t from = c->bulk.received;
 	int err = 0, got = 1;
 
-	for (int i = 0; i < RECV_BURST && !err && got && cs_bulk_active(c); i++) {
+	for (int i = 0; i < RECV_BURST && !err && got && cs_bulk_active(c) &&
+			c->bulk.received - from < BULK_TURN_BYTES; i++) {
 		dcast_wire_in in;
 		if (!c->ss.welcomed) {
 			cs_bulk_close(c);

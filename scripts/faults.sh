@@ -25,14 +25,21 @@
 # each trial line says how many chunks went ahead, "-" without the flag),
 # FAULT_CUT_THROUGH=alt those of odd seeds; default 0, none.
 # FAULT_BULK=1 (or alt: even seeds) starts every trial's broker with --bulk
-# (anchors go to the consumers over TCP, and faults strike
-# inside those transfers; each trial line says how many went so, "-"
-# without the flag); default 0, none.  Exit 0
+# (anchors go to the consumers over its unix socket, read from its files,
+# or with --bulk-no-local on odd seeds over TCP, and faults strike inside
+# those transfers; each trial line says how many went so, "-" without the
+# flag); default 0, none.
+# FAULT_RELAY=1 puts a relay (no data dir, the trial's --cut-through and
+# --bulk flags too) between the broker and the consumers, and adds the
+# fault kinds relay_kill and relay_stop (a consumers' proxy then sits in
+# front of the relay); each trial line says "relay".  Exit 0
 # only when no trial diverged or failed to converge.
 set -u
 . "$(dirname "$0")/e2e_lib.sh"
 
+RELAY=${FAULT_RELAY:-0}
 ALL_KINDS="broker_kill broker_stop producer_kill producer_stop consumer_kill consumer_stop proxy proxy_producer ckpt_corrupt segment_corrupt run_change"
+[ "$RELAY" = 0 ] || ALL_KINDS+=" relay_kill relay_stop"
 KINDS=(${FAULT_KINDS:-$ALL_KINDS})
 NCONS=${FAULT_CONSUMERS:-3}
 PARAMS=${FAULT_PARAMS:-4M}
@@ -84,7 +91,7 @@ use_trace A
 rnd() { R=$((RANDOM % $1)); }
 
 # ---- per-trial state ----
-T= BPORT= PPORT= PROXY_PID= PROXY_SIDE= PUB_PID= TRIAL_ENV=() CUT=() AHEAD= BULK=() BULKN= STUCK=
+T= BPORT= PPORT= RPORT= RELAY_PID= PROXY_PID= PROXY_SIDE= PUB_PID= TRIAL_ENV=() CUT=() AHEAD= BULK=() BULKN= STUCK=
 declare -a CPID CDONE CREST CERRPOS
 FAULTS=0
 
@@ -121,6 +128,37 @@ broker_start() {
 
 broker_alive() { e2e_alive "$BROKER_PID"; }
 
+# relay_at PORT: one start of the relay on PORT (FAULT_RELAY), RELAY_PID
+# its process; BROKER_PID stays the broker's.
+relay_at() {
+	local b=$BROKER_PID rc=0
+	e2e_start_broker_at "$T/relay.log" "$1" --upstream "tcp://127.0.0.1:$((BPORT + 1))" \
+		--upstream-model "$MODEL" --heartbeat-ms 500 --metrics "127.0.0.1:$(($1 + 2))" \
+		"${CUT[@]}" "${BULK[@]}" || rc=1
+	RELAY_PID=$BROKER_PID BROKER_PID=$b
+	return $rc
+}
+
+# relay_start: the relay, on ports of its own picked at its first start,
+# the same ones after.
+relay_start() {
+	local try port
+	if [ -z "$RPORT" ]; then
+		for try in $(seq 0 29); do
+			port=$(e2e_pick_port $((try + 80)))
+			relay_at "$port" && { RPORT=$port; return 0; }
+		done
+		return 1
+	fi
+	for try in $(seq 20); do
+		relay_at "$RPORT" && return 0
+		sleep 0.2
+	done
+	return 1
+}
+
+relay_alive() { [ "$RELAY" = 0 ] || e2e_alive "$RELAY_PID"; }
+
 # e2e_reused PID (e2e_lib.sh's hook): a new process has the number of one
 # that exited; a role still naming it would signal, wait on or count alive
 # the newcomer (pid_max can be 32768): that role's process is gone, so it
@@ -130,6 +168,7 @@ e2e_reused() {
 	[ "$BROKER_PID" != "$1" ] || BROKER_PID=
 	[ "$PUB_PID" != "$1" ] || PUB_PID=
 	[ "$PROXY_PID" != "$1" ] || PROXY_PID=
+	[ "$RELAY_PID" != "$1" ] || RELAY_PID=
 	for i in "${!CPID[@]}"; do [ "${CPID[i]}" != "$1" ] || CPID[i]=; done
 	say "pid $1 reused: the role that held it had ended"
 }
@@ -196,8 +235,12 @@ producer_ep() {
 	if [ -n "$PPORT" ] && [ "$PROXY_SIDE" = producers ]; then echo "tcp://127.0.0.1:$PPORT"; else echo "tcp://127.0.0.1:$BPORT"; fi
 }
 
+# consumer_ep: where consumers connect: the proxy in front of the
+# consumers' port, else the relay's (FAULT_RELAY) or the broker's.
 consumer_ep() {
-	if [ -n "$PPORT" ] && [ "$PROXY_SIDE" = consumers ]; then echo "tcp://127.0.0.1:$PPORT"; else echo "tcp://127.0.0.1:$((BPORT + 1))"; fi
+	if [ -n "$PPORT" ] && [ "$PROXY_SIDE" = consumers ]; then echo "tcp://127.0.0.1:$PPORT"
+	elif [ "$RELAY" != 0 ]; then echo "tcp://127.0.0.1:$((RPORT + 1))"
+	else echo "tcp://127.0.0.1:$((BPORT + 1))"; fi
 }
 
 # last_words I: the last line consumer I's current process wrote to stderr.
@@ -321,6 +364,13 @@ inject() { # inject KIND: one fault
 		pick_file $(find "$T/data" -type f 2>/dev/null) && flip_or_cut "$PICK"
 		broker_start || say "broker restart failed" ;;
 	proxy | proxy_producer) sleep 1 ;; # the proxy injects on its own; count its lines afterwards
+	relay_kill)
+		must_end e2e_kill "SIGKILL relay" "$RELAY_PID"
+		say "SIGKILL relay"; rnd 10; sleep "0.$R"; relay_start || say "relay restart failed" ;;
+	relay_stop)
+		e2e_alive "$RELAY_PID" || return 1
+		pause_len; e2e_signal STOP "$RELAY_PID"; say "SIGSTOP relay for $PAUSE s"
+		sleep "$PAUSE"; e2e_signal CONT "$RELAY_PID" ;;
 	esac
 	return 0
 }
@@ -339,8 +389,9 @@ behind_run() {
 recover() {
 	local deadline=$((SECONDS + CONVERGE_S)) i rc restarts=0
 	[ -n "$PROXY_PID" ] && e2e_signal USR1 "$PROXY_PID"
-	e2e_signal CONT "$BROKER_PID" "$PUB_PID" "${CPID[@]}"
+	e2e_signal CONT "$BROKER_PID" "$PUB_PID" "$RELAY_PID" "${CPID[@]}"
 	broker_alive || broker_start || { say "broker does not restart"; return 1; }
+	relay_alive || relay_start || { say "relay does not restart"; return 1; }
 	while [ $SECONDS -lt $deadline ]; do
 		if ! e2e_alive "$PUB_PID" && [ $restarts -lt 8 ]; then
 			if [ "$(broker_newest)" -lt "$NVER" ]; then
@@ -443,9 +494,15 @@ cut_through() {
 bulk_flags() {
 	BULK=()
 	case "${FAULT_BULK:-0}" in
-	1) BULK=(--bulk 127.0.0.1:0) ;;
+	1) BULK=(--bulk 127.0.0.1:0)
+	   [ $(($1 % 2)) = 0 ] || BULK+=(--bulk-no-local) ;;
 	alt) [ $(($1 % 2)) = 0 ] && BULK=(--bulk 127.0.0.1:0) ;;
 	esac
+}
+
+# bulk_how: " (tcp)" where this trial's --bulk is TCP only, else "".
+bulk_how() {
+	case " ${BULK[*]:-} " in *" --bulk-no-local "*) echo " (tcp)" ;; esac
 }
 
 # broker_counter SAMPLE: SAMPLE's value on the broker's (its last start)
@@ -478,21 +535,23 @@ run_trial() {
 	local seed=$1 kind nfaults j
 	RANDOM=$seed
 	T=$ROOT/t$seed; rm -rf "$T"; mkdir -p "$T"
-	BPORT= PPORT= PROXY_PID= PROXY_SIDE= FAULTS=0 TRIAL_ENV=(DELTACAST_LOG=info) CREST=() STUCK=
+	BPORT= PPORT= RPORT= RELAY_PID= PROXY_PID= PROXY_SIDE= FAULTS=0 TRIAL_ENV=(DELTACAST_LOG=info) CREST=() STUCK=
 	rnd ${#KINDS[@]}; kind=${KINDS[R]}
 	rnd 3; local uring=1; [ $R = 0 ] && { uring=0; TRIAL_ENV+=(DELTACAST_IO_URING=0); }
 	rnd 3; nfaults=$((R + 1))
 	cut_through "$seed"
 	bulk_flags "$seed"
-	say "seed $seed kind $kind faults $nfaults io_uring $uring${CUT:+ cut-through}${BULK:+ bulk}"
+	say "seed $seed kind $kind faults $nfaults io_uring $uring${CUT:+ cut-through}${BULK:+ bulk}$(bulk_how)$([ "$RELAY" = 0 ] || echo ' relay')"
 	export DELTACAST_IO_URING=$uring
 	[ $uring = 1 ] && unset DELTACAST_IO_URING
 	KIND=$kind URING=$uring CONV=0 DIVERGED=0
 	use_trace A
 	[ "$kind" = run_change ] && { rnd 1500; TRIAL_ENV+=(FAULT_APPLY_HOLD_MS=$R); say "consumers hold READY versions $R ms"; }
 	broker_start || return
+	[ "$RELAY" = 0 ] || relay_start || { say "relay does not start"; return; }
 	if [ "$kind" = proxy ] || [ "$kind" = proxy_producer ]; then
 		local try target=$((BPORT + 1))
+		[ "$RELAY" = 0 ] || target=$((RPORT + 1))
 		PROXY_SIDE=consumers
 		[ "$kind" = proxy_producer ] && { PROXY_SIDE=producers; target=$BPORT; }
 		for try in $(seq 0 9); do
@@ -552,8 +611,9 @@ for seed in "${SEEDLIST[@]}"; do
 		sed 's/^/    | /' "$ROOT/t$seed/trial.log"
 		for f in "$ROOT/t$seed"/*.err; do tail -n 3 "$f" | sed "s#^#    | $(basename "$f"): #"; done
 	fi
-	printf 'trial SEED=%-8s %-16s faults %3s  io_uring %s  sent ahead %-5s  bulk %-3s  divergences %s  converged %s  %s\n' \
-		"$seed" "$kind" "$nf" "$([ "$uring" = 1 ] && echo on || echo off)" "$ct" "$bk" "$dv" "$conv" "$status"
+	printf 'trial SEED=%-8s %-16s faults %3s  io_uring %s  sent ahead %-5s  bulk %-3s  divergences %s  converged %s  %s%s\n' \
+		"$seed" "$kind" "$nf" "$([ "$uring" = 1 ] && echo on || echo off)" "$ct" "$bk" "$dv" "$conv" "$status" \
+		"$([ "$RELAY" = 0 ] || echo '  relay')"
 	[ "$status" = ok ] && [ "${FAULT_KEEP:-}" != 1 ] && rm -rf "$ROOT/t$seed"
 done
 

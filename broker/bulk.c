@@ -3,11 +3,14 @@
  * plain TCP connection instead of ZeroMQ, its payloads with sendfile(2)
  * from the segment and spill files that hold them, or with send() from
  * those files' pages mapped (--bulk-send; written from memory when the log
- * keeps them there).  The fan-out (fanout.c) offers it with
+ * keeps them there).  A consumer on this host connects to the unix socket
+ * @deltacast-bulk-PORT instead (unless --bulk-no-local), where a payload
+ * in a file goes as a reference to it, the file passed read-only, and the
+ * consumer reads it itself.  The fan-out (fanout.c) offers it with
  * a BULK message and a token and holds that consumer's ZeroMQ stream;
  * the consumer connects and sends the token; this file writes every
  * chunk's frame, then the COMMIT's, and hands the stream back.  The
- * connections are clients of the listener (clients.c), each with a
+ * connections are clients of the listeners (clients.c), each with a
  * deadline that every write that makes progress moves on. */
 #include <errno.h>
 #include <fcntl.h>

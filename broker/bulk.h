@@ -1,13 +1,16 @@
 /* Bulk anchors, --bulk HOST:PORT (bulk.c; docs/protocol.md, "Bulk
  * anchors"): a committed anchor to a consumer that asked, over a plain TCP
- * connection with sendfile(2), outside ZeroMQ. */
+ * connection with sendfile(2), outside ZeroMQ, or to one on this host over
+ * a unix socket, its payloads as references to the files that hold them. */
 #ifndef BROKER_BULK_H
 #define BROKER_BULK_H
 
 #include "broker.h"
 
-/* Listen on --bulk (nothing without it): the listener and its connections
- * join the loop's poll set.  Errors: DCAST_EINVAL (a bad address, or
+/* Listen on --bulk (nothing without it), and unless --bulk-no-local on the
+ * unix socket @deltacast-bulk-PORT (one that cannot be bound is logged and
+ * left out): the listeners and their connections join the loop's poll
+ * set.  Errors: DCAST_EINVAL (a bad address, or
  * --curve-secret too: bulk bytes would travel in the clear), DCAST_EIO
  * (bind or listen refused), DCAST_ENOMEM, DCAST_EBUSY (poll set full). */
 int broker_bulk_open(struct broker *b);

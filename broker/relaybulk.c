@@ -53,8 +53,9 @@ int broker_relay_bulk_start(struct broker *b, struct broker_upstream *u, const d
 	broker_poll_events(b, u->bulk.fd, ZMQ_POLLOUT);
 	u->bulk_last_ms = dcast_now_ms();
 	u->bulk_held_until = b->cfg.fault_relay_bulk_hold_ms ? u->bulk_last_ms + b->cfg.fault_relay_bulk_hold_ms : 0;
-	DCAST_LOG_I("relay %s: version %" PRIu64 " over a bulk connection to port %u (%u chunks, %"
-		    PRIu64 " bytes)", u->model->name, m->version, m->port, m->chunks, m->bytes);
+	DCAST_LOG_I("relay %s: version %" PRIu64 " over a bulk connection to port %u%s (%u chunks, %"
+		    PRIu64 " bytes)", u->model->name, m->version, m->port,
+		    u->bulk.local ? ", by its unix socket" : "", m->chunks, m->bytes);
 	return 0;
 }
 

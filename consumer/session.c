@@ -260,8 +260,9 @@ static int on_bulk(dcast_consumer *c, const dcast_bulk *b)
 	c->ss.progress_ms = dcast_now_ms();
 	if (cs_bulk_start(c, b))
 		return bulk_failed(c, b->version);
-	DCAST_LOG_I("consumer %s: version %" PRIu64 " over a bulk connection to port %u (%u chunks, %"
-		    PRIu64 " bytes)", c->model, b->version, b->port, b->chunks, b->bytes);
+	DCAST_LOG_I("consumer %s: version %" PRIu64 " over a bulk connection to port %u%s (%u chunks, %"
+		    PRIu64 " bytes)", c->model, b->version, b->port,
+		    c->bulk.rx.local ? ", by its unix socket" : "", b->chunks, b->bytes);
 	return 0;
 }
 

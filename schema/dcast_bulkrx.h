@@ -1,8 +1,9 @@
 /* Private: the receiving side of a bulk connection (docs/protocol.md,
  * "Bulk anchors"), shared by the consumer (consumer/bulk.c) and the
  * relay (broker/relaybulk.c).  After a BULK the receiver connects to the
- * broker's host at the port it names, sends the opening ("DCB1", 4 zero
- * bytes, the token) and reads frames: a 12-byte prefix (header length u32
+ * broker's host at the port it names (on that host, to the broker's unix
+ * socket first: payloads in its files then come as references), sends the
+ * opening ("DCB1", 4 zero bytes, the token) and reads frames: a 12-byte prefix (header length u32
  * LE, payload length u64 LE), the header as ZeroMQ carries it, the
  * payload.  Each header is decoded and checked as dcast_wire_recv checks
  * a message (and against the frame's payload length and the version the

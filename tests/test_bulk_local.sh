@@ -55,6 +55,8 @@ grep -q "bulk anchors to consumers on this host on @deltacast-bulk-[1-9]" "$TMP/
 subscribe s1 d
 grep -q "^version 1 anchor .* bulk_versions 1 bulk_failures 0$" "$TMP/s1.out" ||
 	fail "s1: anchor 1 not over bulk: $(cat "$TMP/s1.out")"
+grep -q "version 1 over a bulk connection to port [1-9][0-9]*, by its unix socket" "$TMP/s1.err" ||
+	fail "s1: not by the unix socket: $(grep 'bulk' "$TMP/s1.err")"
 grep -q "bulk: consumer .* of sm takes version 1 (.*, local)" "$TMP/d.log" ||
 	fail "the transfer was not local: $(grep 'bulk:' "$TMP/d.log")"
 local_bytes=$(metric_of "$d_METRICS" deltacast_bulk_local_bytes_total)
@@ -98,6 +100,8 @@ stop_broker np
 start_broker_metrics r --heartbeat-ms 200 --upstream "$d_CONS" --upstream-model sm --bulk 127.0.0.1:0
 subscribe s5 r
 grep -q "relay sm: version 1 came over the bulk connection" "$TMP/r.log" || fail "relay r: not over bulk"
+grep -q "relay sm: version 1 over a bulk connection to port [1-9][0-9]*, by its unix socket" "$TMP/r.log" ||
+	fail "relay r: not by the unix socket: $(grep 'relay sm' "$TMP/r.log")"
 [ "$(metric_of "$d_METRICS" deltacast_bulk_local_bytes_total)" -ge $((2 * local_bytes)) ] ||
 	fail "the relay's anchor did not go by reference"
 grep -q "takes version 1 (.*, local)" "$TMP/r.log" || fail "r: its consumer did not come over its unix socket"

@@ -25,16 +25,25 @@
  *   its tensor (hashed as it lands) refuses it: no READY, a re-join; the
  *   anchor sent again over ZeroMQ is applied bit-exact.
  * - DELTACAST_BULK=0 at open: no x-bulk; DELTACAST_BULK=2: open refused,
- *   naming the variable. */
+ *   naming the variable.
+ * - The broker's unix socket (@deltacast-bulk-PORT, played here beside the
+ *   TCP listener): a fresh consumer on a loopback endpoint connects there,
+ *   not to the TCP port, and takes a CHUNK whose payload is a reference to
+ *   a file passed with it (SCM_RIGHTS) at an offset: READY, bit-exact, read
+ *   into the tensor; and one whose payload follows its reference inline.
+ *   A reference with no file passed, or one past the file's end, fails the
+ *   transfer: nothing READY, and the re-join asks for no bulk. */
 #include <arpa/inet.h>
 #include <linux/sockios.h>
 #include <sys/ioctl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <stdint.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 #include "check.h"
+#include "dcast_bulkrx.h"
 #include "chunk_fit_cases.h"
 #include "dcast_bytes.h"
 #include "dcast_wire.h"
@@ -446,6 +455,103 @@ static void bulk_by_name(const char *ep, const char *dir, int lfd, uint32_t port
 	dcast_consumer_close(&c);
 }
 
+/* The broker's unix socket for the bulk port `port`. */
+static int local_listener(uint32_t port)
+{
+	struct sockaddr_un a;
+	socklen_t len = dcast_bulk_local_addr(&a, port);
+	int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+
+	REQUIRE(fd >= 0 && bind(fd, (struct sockaddr *)&a, len) == 0 && listen(fd, 4) == 0);
+	return fd;
+}
+
+/* One frame of a local connection: the prefix, m's header, the reference
+ * `ref` (the file `file` passed with it when >= 0), then the payload
+ * inline when ref is DCAST_BULK_REF_INLINE. */
+static void frame_ref(int fd, const dcast_msg *m, uint64_t ref, int file, const void *payload, uint64_t len)
+{
+	unsigned char prefix[12], r[DCAST_BULK_REF];
+	union { char buf[CMSG_SPACE(sizeof(int))]; struct cmsghdr align; } u;
+	struct iovec iov[3];
+	struct msghdr mh = {.msg_iov = iov, .msg_iovlen = 3};
+	struct cmsghdr *cm;
+	void *hdr;
+	size_t hlen;
+
+	REQUIRE(dcast_msg_encode(m, &hdr, &hlen) == 0);
+	dcast_put_le32(prefix, (uint32_t)hlen);
+	dcast_put_le64(prefix + 4, len);
+	dcast_put_le64(r, ref);
+	iov[0] = (struct iovec){prefix, sizeof(prefix)};
+	iov[1] = (struct iovec){hdr, hlen};
+	iov[2] = (struct iovec){r, sizeof(r)};
+	if (file >= 0) {
+		mh.msg_control = u.buf;
+		mh.msg_controllen = sizeof(u.buf);
+		cm = CMSG_FIRSTHDR(&mh);
+		*cm = (struct cmsghdr){.cmsg_len = CMSG_LEN(sizeof(int)), .cmsg_level = SOL_SOCKET,
+				       .cmsg_type = SCM_RIGHTS};
+		memcpy(CMSG_DATA(cm), &file, sizeof(int));
+	}
+	REQUIRE(sendmsg(fd, &mh, 0) == (ssize_t)(sizeof(prefix) + hlen + sizeof(r)));
+	if (ref == DCAST_BULK_REF_INLINE)
+		write_all(fd, payload, len);
+	free(hdr);
+}
+
+/* A file holding w's bytes at offset 4096. */
+static int payload_file(const uint16_t *w)
+{
+	static const unsigned char zero[4096];
+	int fd = memfd_create("bulk-local", MFD_CLOEXEC);
+
+	REQUIRE(fd >= 0);
+	write_all(fd, zero, sizeof(zero));
+	write_all(fd, w, N * 2);
+	return fd;
+}
+
+/* A fresh consumer offered BULK(7) over the unix socket, its one CHUNK's
+ * payload by reference `ref` to a file holding it at 4096 (passed when
+ * `pass`), or inline: READY and bit-exact when `good`, else a failed
+ * transfer and a re-join without bulk.  The TCP listener gets nothing. */
+static void bulk_local(const char *ep, const char *dir, int lfd, uint32_t port, uint64_t ref, int pass, int good)
+{
+	static uint16_t w[N];
+	struct pollfd tcp = {lfd, POLLIN, 0};
+	dcast_msg chunk, commit;
+	dcast_range_digest d;
+	dcast_consumer_stats st;
+	dcast_consumer *c = NULL;
+	dcast_event ev;
+	int ulfd = local_listener(port), file, fd;
+	void *ptr;
+
+	for (int i = 0; i < N; i++)
+		w[i] = (uint16_t)(i * 11 + 5);
+	file = payload_file(w);
+	fd = fresh_offer(ep, dir, ulfd, port, &c);
+	CHECK(poll(&tcp, 1, 0) == 0);
+	rp_anchor(&chunk, &commit, &d, MODEL, 7, w);
+	frame_ref(fd, &chunk, ref, pass ? file : -1, w, N * 2);
+	frame(fd, &commit, NULL, 0); /* no payload: no reference */
+	if (good) {
+		CHECK(event(c, DCAST_EV_VERSION_READY, &ev) && ev.version == 7);
+		CHECK(dcast_consumer_tensor(c, "w", &ptr, NULL, NULL) == 0 && !memcmp(ptr, w, sizeof(w)));
+	} else {
+		CHECK(welcome().bulk == 0);
+		CHECK(dcast_consumer_version(c) == DCAST_VERSION_NONE);
+	}
+	dcast_consumer_stats_get(c, &st);
+	CHECK(st.bulk_versions == (uint64_t)good && st.bulk_failures == (uint64_t)!good);
+	CHECK(st.bulk_in_place_bytes == (good ? N * 2 : 0));
+	close(fd);
+	close(file);
+	close(ulfd);
+	dcast_consumer_close(&c);
+}
+
 /* DELTACAST_BULK at open: 0 asks for no bulk; anything but 0 or 1 is
  * refused, naming the variable. */
 static void bulk_env(const char *ep, const char *dir)
@@ -467,7 +573,9 @@ int main(void)
 	char dir[] = "/tmp/dcast-test-bulkf-XXXXXX", dir2[] = "/tmp/dcast-test-bulkf2-XXXXXX",
 	     dir3[] = "/tmp/dcast-test-bulkf3-XXXXXX", dir4[] = "/tmp/dcast-test-bulkf4-XXXXXX",
 	     dir5[] = "/tmp/dcast-test-bulkf5-XXXXXX", dir6[] = "/tmp/dcast-test-bulkf6-XXXXXX",
-	     dir7[] = "/tmp/dcast-test-bulkf7-XXXXXX", dir8[] = "/tmp/dcast-test-bulkf8-XXXXXX", ep[128];
+	     dir7[] = "/tmp/dcast-test-bulkf7-XXXXXX", dir8[] = "/tmp/dcast-test-bulkf8-XXXXXX",
+	     dir9[] = "/tmp/dcast-test-bulkf9-XXXXXX", dir10[] = "/tmp/dcast-test-bulkf10-XXXXXX",
+	     dir11[] = "/tmp/dcast-test-bulkf11-XXXXXX", dir12[] = "/tmp/dcast-test-bulkf12-XXXXXX", ep[128];
 	size_t len = sizeof(ep);
 	int timeout_ms = 10000, lfd;
 	dcast_consumer *c = NULL;
@@ -475,7 +583,7 @@ int main(void)
 
 	alarm(60);
 	REQUIRE(mkdtemp(dir) && mkdtemp(dir2) && mkdtemp(dir3) && mkdtemp(dir4) && mkdtemp(dir5) && mkdtemp(dir6) &&
-		mkdtemp(dir7) && mkdtemp(dir8));
+		mkdtemp(dir7) && mkdtemp(dir8) && mkdtemp(dir9) && mkdtemp(dir10) && mkdtemp(dir11) && mkdtemp(dir12));
 	unsetenv("DELTACAST_BULK");
 	REQUIRE((ctx = zmq_ctx_new()) && (router = zmq_socket(ctx, ZMQ_ROUTER)));
 	REQUIRE(zmq_setsockopt(router, ZMQ_RCVTIMEO, &timeout_ms, sizeof(timeout_ms)) == 0);
@@ -495,6 +603,10 @@ int main(void)
 	bulk_bad_header(ep, dir6, lfd, port);
 	bulk_damaged(ep, dir7, lfd, port);
 	bulk_env(ep, dir2);
+	bulk_local(ep, dir9, lfd, port, 4096, 1, 1);
+	bulk_local(ep, dir10, lfd, port, DCAST_BULK_REF_INLINE, 0, 1);
+	bulk_local(ep, dir11, lfd, port, 4096, 0, 0);    /* no file passed */
+	bulk_local(ep, dir12, lfd, port, 1 << 20, 1, 0); /* past the file's end */
 	close(lfd);
 	zmq_msg_close(&rid);
 	zmq_close(router);
@@ -507,5 +619,9 @@ int main(void)
 	check_remove_dir(dir6);
 	check_remove_dir(dir7);
 	check_remove_dir(dir8);
+	check_remove_dir(dir9);
+	check_remove_dir(dir10);
+	check_remove_dir(dir11);
+	check_remove_dir(dir12);
 	return check_done("test_consumer_bulk_frames");
 }

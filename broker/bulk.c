@@ -275,6 +275,7 @@ static ssize_t send_head(struct bulk_client *c)
 	mh.msg_iovlen = (size_t)iov_after(all, frame_has_ref(c, c->next) ? 3 : 2, (size_t)c->off, iov);
 	if (by_ref && !c->ro_sent) {
 		struct cmsghdr *cm;
+		memset(&u, 0, sizeof(u)); /* CMSG_SPACE's padding too */
 		mh.msg_control = u.buf;
 		mh.msg_controllen = sizeof(u.buf);
 		cm = CMSG_FIRSTHDR(&mh);

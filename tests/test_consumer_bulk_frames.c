@@ -38,6 +38,7 @@
 #include <sys/ioctl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdint.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -417,8 +418,7 @@ static void bulk_damaged(const char *ep, const char *dir, int lfd, uint32_t port
 	bad[N / 2] ^= 0x10;
 	fd = fresh_offer(ep, dir, lfd, port, &c);
 	rp_anchor(&chunk, &commit, &d, MODEL, 7, w);
-	frame(fd, &chunk, bad, N * 2);
-	frame(fd, &commit, NULL, 0);
+	frame(fd, &chunk, bad, N * 2); /* no COMMIT: the refusal may close the connection first */
 	welcome(); /* the re-join after the refusal */
 	dcast_consumer_stats_get(c, &st);
 	CHECK(st.bulk_in_place_bytes == 0); /* counted once a chunk is taken */
@@ -487,6 +487,7 @@ static void frame_ref(int fd, const dcast_msg *m, uint64_t ref, int file, const 
 	iov[1] = (struct iovec){hdr, hlen};
 	iov[2] = (struct iovec){r, sizeof(r)};
 	if (file >= 0) {
+		memset(&u, 0, sizeof(u));
 		mh.msg_control = u.buf;
 		mh.msg_controllen = sizeof(u.buf);
 		cm = CMSG_FIRSTHDR(&mh);
@@ -582,6 +583,7 @@ int main(void)
 	uint32_t port;
 
 	alarm(60);
+	signal(SIGPIPE, SIG_IGN); /* a write to a connection the consumer closed fails its REQUIRE */
 	REQUIRE(mkdtemp(dir) && mkdtemp(dir2) && mkdtemp(dir3) && mkdtemp(dir4) && mkdtemp(dir5) && mkdtemp(dir6) &&
 		mkdtemp(dir7) && mkdtemp(dir8) && mkdtemp(dir9) && mkdtemp(dir10) && mkdtemp(dir11) && mkdtemp(dir12));
 	unsetenv("DELTACAST_BULK");

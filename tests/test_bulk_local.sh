@@ -17,7 +17,7 @@
 #   so do they where the broker cannot reopen its files read-only (the
 #   test fault bulk_noproc: as without /proc);
 # - a relay takes its anchor from its upstream so, and serves it
-#   bit-exact;
+#   bit-exact, its own consumer by reference to the relay's files;
 # - with --bulk-no-local the same consumer connects over TCP.
 . "$(dirname "$0")/tools/broker_lib.sh"
 
@@ -96,8 +96,10 @@ grep -q "bulk: version 1: /proc/self/fd/[0-9]*, read-only: No such file or direc
 check_metric np deltacast_bulk_local_bytes_total 0
 stop_broker np
 
-# A relay on the upstream's host, and its own consumer over TCP.
-start_broker_metrics r --heartbeat-ms 200 --upstream "$d_CONS" --upstream-model sm --bulk 127.0.0.1:0
+# A relay on the upstream's host (a data dir of its own), and its own
+# consumer over the relay's unix socket, by reference to the relay's files.
+start_broker_metrics r --heartbeat-ms 200 --upstream "$d_CONS" --upstream-model sm --bulk 127.0.0.1:0 \
+	--data-dir "$TMP/r"
 subscribe s5 r
 grep -q "relay sm: version 1 came over the bulk connection" "$TMP/r.log" || fail "relay r: not over bulk"
 grep -q "relay sm: version 1 over a bulk connection to port [1-9][0-9]*, by its unix socket" "$TMP/r.log" ||
@@ -105,6 +107,7 @@ grep -q "relay sm: version 1 over a bulk connection to port [1-9][0-9]*, by its 
 [ "$(metric_of "$d_METRICS" deltacast_bulk_local_bytes_total)" -ge $((2 * local_bytes)) ] ||
 	fail "the relay's anchor did not go by reference"
 grep -q "takes version 1 (.*, local)" "$TMP/r.log" || fail "r: its consumer did not come over its unix socket"
+check_metric r deltacast_bulk_local_bytes_total "$anchor"
 stop_broker r
 stop_broker d
 

@@ -256,9 +256,9 @@ static int iov_after(const struct iovec *all, int n, size_t skip, struct iovec *
 
 /* Send what is left of the prefix and header of frame c->next (and on a
  * local connection its reference, the file's descriptor passed with it
- * when new to the consumer); the bytes sent, 0 when the socket is full,
- * -1 on an error. */
-static ssize_t send_head(struct bulk_client *c)
+ * when new to the consumer; by_ref: frame_ref_ready's answer); the bytes
+ * sent, 0 when the socket is full, -1 on an error. */
+static ssize_t send_head(struct bulk_client *c, int by_ref)
 {
 	zmq_msg_t *h = frame_hdr(c->v, c->next);
 	const struct broker_chunk *ch = c->next < c->v->n_chunks ? &c->v->chunks[c->next] : NULL;
@@ -266,7 +266,6 @@ static ssize_t send_head(struct bulk_client *c)
 	struct iovec all[3] = {{prefix, sizeof(prefix)}, {zmq_msg_data(h), zmq_msg_size(h)}, {ref, sizeof(ref)}};
 	struct iovec iov[3];
 	union { char buf[CMSG_SPACE(sizeof(int))]; struct cmsghdr align; } u;
-	int by_ref = frame_by_ref(c, c->next);
 	struct msghdr mh = {.msg_iov = iov};
 
 	dcast_put_le32(prefix, (uint32_t)zmq_msg_size(h));
@@ -348,7 +347,7 @@ static int send_step(struct broker *b, struct bulk_client *c)
 	size_t head = BULK_PREFIX_BYTES + zmq_msg_size(frame_hdr(c->v, c->next)) +
 		      (frame_has_ref(c, c->next) ? DCAST_BULK_REF : 0);
 	uint64_t len = head + (by_ref ? 0 : payload);
-	ssize_t r = c->off < head ? send_head(c) : send_payload(b, c, c->off - head);
+	ssize_t r = c->off < head ? send_head(c, by_ref) : send_payload(b, c, c->off - head);
 
 	if (r <= 0)
 		return (int)r;

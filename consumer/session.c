@@ -679,7 +679,7 @@ static uint64_t bulk_wait_left(const dcast_consumer *c, uint64_t now)
 {
 	uint64_t end = c->bulk.last_ms + DCAST_BULK_CONNECT_MS + 1;
 
-	if (cs_bulk_active(c) && cs_bulk_file_ready(c))
+	if (cs_bulk_file_ready(c)) /* implies an active connection */
 		return 0;
 	if (!cs_bulk_active(c) || c->bulk.rx.connected)
 		return UINT64_MAX;

@@ -113,6 +113,8 @@ int broker_relay_bulk_read(struct broker *b, struct broker_upstream *u, dcast_wi
 	broker_poll_events(b, r->fd, ZMQ_POLLIN);
 	while (!err && n && !dcast_bulkrx_whole(r))
 		err = read_step(b, u, &n);
+	if (!r->connected) /* the unix socket refused it: TCP's connect first */
+		broker_poll_events(b, r->fd, ZMQ_POLLOUT);
 	if (err || !dcast_bulkrx_whole(r))
 		return err;
 	zmq_msg_close(&in->payload);

@@ -1,6 +1,7 @@
 /* The receiving side of a bulk connection (dcast_bulkrx.h): connect,
  * opening, frame prefix and header, payload buffers. */
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -237,6 +238,8 @@ int dcast_bulkrx_start(dcast_bulkrx *r, const struct sockaddr_storage *addr, soc
 	int fd;
 
 	DCAST_ASSERT(!dcast_bulkrx_active(r) && len && b->port <= 65535); /* schema: 1..65535 */
+	r->addr = *addr;
+	r->addr_len = len;
 	r->local = (fd = local_connect(addr, len, b->port)) >= 0;
 	if (fd < 0 && (fd = tcp_connect(addr, len, b->port, ep)) < 0)
 		return DCAST_EIO;
@@ -336,11 +339,44 @@ static ssize_t take_some(dcast_bulkrx *r, void *p, uint64_t n)
 	return k;
 }
 
+/* A local connection closed before a byte of its first frame: the
+ * socket of that name is another broker's (two brokers in one network
+ * namespace on the same --bulk port), which refused the token.  The
+ * same opening goes to the broker's TCP port instead, once, on the same
+ * descriptor number (dup3), so that a poll set holding it stays right:
+ * the caller polls for ZMQ_POLLOUT again while !r->connected. */
+static int local_refused(const dcast_bulkrx *r)
+{
+	return r->local && !r->frames && !r->prefix_got;
+}
+
+static int tcp_instead(dcast_bulkrx *r)
+{
+	int fd = tcp_connect(&r->addr, r->addr_len, r->port, r->endpoint);
+
+	DCAST_LOG_W("bulk: the unix socket of port %u closed before the first frame of version %" PRIu64
+		    " (another broker's socket of that name?): over TCP instead", r->port, r->version);
+	if (fd < 0)
+		return DCAST_EIO;
+	if (dup3(fd, r->fd, O_CLOEXEC) < 0) {
+		int e = errno;
+		close(fd);
+		return dcast_fail(DCAST_EIO, "bulk: dup3: %s", strerror(e));
+	}
+	close(fd);
+	r->local = 0;
+	r->connected = 0;
+	r->opening_sent = 0;
+	return 0;
+}
+
 int dcast_bulkrx_take(dcast_bulkrx *r, void *p, uint64_t n, uint64_t *got)
 {
 	ssize_t k = take_some(r, p, n);
 
 	*got = 0;
+	if (k == 0 && local_refused(r))
+		return tcp_instead(r);
 	if (k == 0)
 		return dcast_fail(DCAST_EIO, "bulk: the broker closed the connection before the COMMIT "
 				  "of version %" PRIu64 " (after %" PRIu64 " frames)", r->version, r->frames);

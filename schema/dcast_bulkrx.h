@@ -84,6 +84,8 @@ typedef struct dcast_bulkrx {
 	uint64_t payload_len, payload_got;
 	int has_payload;
 	int local;                     /* the broker's local listener (a unix socket) */
+	struct sockaddr_storage addr;  /* the broker's host (TCP, and the fallback from local) */
+	socklen_t addr_len;
 	int file_fd;                   /* local: the last file passed, -1 before one */
 	unsigned char ref[DCAST_BULK_REF]; /* local: the frame's reference, */
 	uint32_t ref_got;
@@ -134,7 +136,12 @@ static inline uint64_t dcast_bulkrx_quiet_limit(const dcast_bulkrx *r, uint64_t 
 int dcast_bulkrx_quiet_fail(const dcast_bulkrx *r, uint64_t ms);
 
 /* Up to n (> 0) bytes into p: *got of them, 0 when none is there now.
- * Errors: DCAST_EIO (the peer closed before the COMMIT, a recv error). */
+ * A local connection closed before any byte of the first frame (another
+ * broker's unix socket of that name refused the token) goes over to the
+ * broker's TCP port, with *got 0 and r->connected 0 (poll for
+ * ZMQ_POLLOUT; the descriptor number stays), once.  Errors: DCAST_EIO
+ * (the peer closed before the COMMIT, a recv error, that TCP socket or
+ * connect refused). */
 int dcast_bulkrx_take(dcast_bulkrx *r, void *p, uint64_t n, uint64_t *got);
 
 /* The frame's prefix and header are read, decoded and checked (the

@@ -18,6 +18,9 @@
 #   test fault bulk_noproc: as without /proc);
 # - a relay takes its anchor from its upstream so, and serves it
 #   bit-exact, its own consumer by reference to the relay's files;
+# - a second broker on the same --bulk port (another address): its
+#   consumer and relay, refused at the first one's socket of that name,
+#   take the same transfer over TCP, not the anchor over ZeroMQ;
 # - with --bulk-no-local the same consumer connects over TCP.
 . "$(dirname "$0")/tools/broker_lib.sh"
 
@@ -109,6 +112,32 @@ grep -q "relay sm: version 1 over a bulk connection to port [1-9][0-9]*, by its 
 grep -q "takes version 1 (.*, local)" "$TMP/r.log" || fail "r: its consumer did not come over its unix socket"
 check_metric r deltacast_bulk_local_bytes_total "$anchor"
 stop_broker r
+
+# A second broker in this network namespace on the same --bulk port (on
+# another address) cannot have the unix socket of that name, and its
+# consumer, whose token the first broker refuses there, goes over to the
+# second's TCP port for the same transfer.
+port=$(sed -n 's/.*bulk anchors on 127.0.0.1:\([0-9]*\)$/\1/p' "$TMP/d.log" | head -1)
+start_broker_metrics e --heartbeat-ms 200 --producers 'tcp://127.0.0.2:*' --consumers 'tcp://127.0.0.2:*' \
+	--bulk "127.0.0.2:$port" --data-dir "$TMP/e"
+grep -q "bulk: local listener @deltacast-bulk-$port: Address already in use; consumers on this host connect over TCP" \
+	"$TMP/e.log" || fail "e: the taken socket name was not logged: $(grep 'bulk' "$TMP/e.log")"
+"$BUILD/deltacast" publish --broker "$e_PROD" --model sm "$TMP"/trace/v000*.safetensors \
+	2>"$TMP/e.pub.err" || fail "publish to e: $(cat "$TMP/e.pub.err")"
+subscribe s8 e
+grep -q "bulk: the unix socket of port $port closed before the first frame of version 1 (another broker's socket of that name?): over TCP instead" \
+	"$TMP/s8.err" || fail "s8: no fallback to TCP logged: $(grep 'bulk' "$TMP/s8.err")"
+grep -q "^version 1 anchor .* bulk_versions 1 bulk_failures 0$" "$TMP/s8.out" ||
+	fail "s8: anchor 1 not over bulk: $(cat "$TMP/s8.out")"
+grep -q "takes version 1 (.*, copy)" "$TMP/e.log" || fail "e: its consumer did not come over TCP"
+grep -q "bulk: token [0-9a-f]* .*: connection closed" "$TMP/d.log" || fail "d: the stranger's token was not refused"
+start_broker_metrics r2 --heartbeat-ms 200 --upstream "$e_CONS" --upstream-model sm
+subscribe s9 r2
+grep -q "bulk: the unix socket of port $port closed before the first frame of version 1 .*: over TCP instead" \
+	"$TMP/r2.log" || fail "relay r2: no fallback to TCP logged: $(grep 'bulk' "$TMP/r2.log")"
+grep -q "relay sm: version 1 came over the bulk connection" "$TMP/r2.log" || fail "relay r2: not over bulk"
+stop_broker r2
+stop_broker e
 stop_broker d
 
 # --bulk-no-local: TCP.

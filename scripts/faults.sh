@@ -32,12 +32,17 @@
 # FAULT_RELAY=1 puts a relay (no data dir, the trial's --cut-through and
 # --bulk flags too) between the broker and the consumers, and adds the
 # fault kinds relay_kill and relay_stop (a consumers' proxy then sits in
-# front of the relay); each trial line says "relay".  Exit 0
+# front of the relay); each trial line says "relay".  FAULT_RELAY_DATA=1
+# gives that relay a data dir of its own, kept across its restarts (its
+# consumers on this host then read its files by reference over its unix
+# socket with FAULT_BULK); the trial line says "relay data".  Exit 0
 # only when no trial diverged or failed to converge.
 set -u
 . "$(dirname "$0")/e2e_lib.sh"
 
 RELAY=${FAULT_RELAY:-0}
+RELAY_DATA=()
+[ "${FAULT_RELAY_DATA:-0}" = 0 ] || RELAY_DATA=(--data-dir)
 ALL_KINDS="broker_kill broker_stop producer_kill producer_stop consumer_kill consumer_stop proxy proxy_producer ckpt_corrupt segment_corrupt run_change"
 [ "$RELAY" = 0 ] || ALL_KINDS+=" relay_kill relay_stop"
 KINDS=(${FAULT_KINDS:-$ALL_KINDS})
@@ -134,7 +139,7 @@ relay_at() {
 	local b=$BROKER_PID rc=0
 	e2e_start_broker_at "$T/relay.log" "$1" --upstream "tcp://127.0.0.1:$((BPORT + 1))" \
 		--upstream-model "$MODEL" --heartbeat-ms 500 --metrics "127.0.0.1:$(($1 + 2))" \
-		"${CUT[@]}" "${BULK[@]}" || rc=1
+		"${CUT[@]}" "${BULK[@]}" ${RELAY_DATA[@]:+"${RELAY_DATA[@]}" "$T/relaydata"} || rc=1
 	RELAY_PID=$BROKER_PID BROKER_PID=$b
 	return $rc
 }
@@ -505,11 +510,12 @@ bulk_how() {
 	case " ${BULK[*]:-} " in *" --bulk-no-local "*) echo " (tcp)" ;; esac
 }
 
-# broker_counter SAMPLE: SAMPLE's value on the broker's (its last start)
-# metrics page, "?" when absent (broker_metric reads one model's sample).
+# broker_counter SAMPLE [PORT]: SAMPLE's value on the broker's (its last
+# start) metrics page, or on the one on PORT, "?" when absent
+# (broker_metric reads one model's sample).
 broker_counter() {
 	local v
-	v=$("$DC" status --broker "127.0.0.1:$((BPORT + 2))" --raw 2>/dev/null | awk -v s="$1" '$1 == s {print $2}')
+	v=$("$DC" status --broker "127.0.0.1:${2:-$((BPORT + 2))}" --raw 2>/dev/null | awk -v s="$1" '$1 == s {print $2}')
 	echo "${v:-?}"
 }
 
@@ -519,6 +525,9 @@ bulk_count() {
 	[ ${#BULK[@]} = 0 ] && return
 	BULKN=$(broker_counter deltacast_bulk_versions_total)
 	say "anchors sent over bulk: $BULKN"
+	[ ${#RELAY_DATA[@]} = 0 ] || [ "$RELAY" = 0 ] ||
+		say "relay (its last start): anchor bytes its consumers read from its files:" \
+			"$(broker_counter deltacast_bulk_local_bytes_total $((RPORT + 2)))"
 }
 
 # ahead_count: AHEAD, the chunks the broker sent before their version's
@@ -541,7 +550,7 @@ run_trial() {
 	rnd 3; nfaults=$((R + 1))
 	cut_through "$seed"
 	bulk_flags "$seed"
-	say "seed $seed kind $kind faults $nfaults io_uring $uring${CUT:+ cut-through}${BULK:+ bulk}$(bulk_how)$([ "$RELAY" = 0 ] || echo ' relay')"
+	say "seed $seed kind $kind faults $nfaults io_uring $uring${CUT:+ cut-through}${BULK:+ bulk}$(bulk_how)$([ "$RELAY" = 0 ] || echo ' relay')${RELAY_DATA[@]:+ data}"
 	export DELTACAST_IO_URING=$uring
 	[ $uring = 1 ] && unset DELTACAST_IO_URING
 	KIND=$kind URING=$uring CONV=0 DIVERGED=0
@@ -613,7 +622,7 @@ for seed in "${SEEDLIST[@]}"; do
 	fi
 	printf 'trial SEED=%-8s %-16s faults %3s  io_uring %s  sent ahead %-5s  bulk %-3s  divergences %s  converged %s  %s%s\n' \
 		"$seed" "$kind" "$nf" "$([ "$uring" = 1 ] && echo on || echo off)" "$ct" "$bk" "$dv" "$conv" "$status" \
-		"$([ "$RELAY" = 0 ] || echo '  relay')"
+		"$([ "$RELAY" = 0 ] || echo '  relay')${RELAY_DATA[@]:+ data}"
 	[ "$status" = ok ] && [ "${FAULT_KEEP:-}" != 1 ] && rm -rf "$ROOT/t$seed"
 done
 

@@ -32,15 +32,20 @@
 # FAULT_RELAY=1 puts a relay (no data dir, the trial's --cut-through and
 # --bulk flags too) between the broker and the consumers, and adds the
 # fault kinds relay_kill and relay_stop (a consumers' proxy then sits in
-# front of the relay); each trial line says "relay".  FAULT_RELAY_DATA=1
-# gives that relay a data dir of its own, kept across its restarts (its
-# consumers on this host then read its files by reference over its unix
-# socket with FAULT_BULK); the trial line says "relay data".  Exit 0
+# front of the relay); each trial line says "relay".  FAULT_RELAY=N puts
+# a chain of N relays there (a tree's path: the first joins the broker,
+# each next one the one before, the consumers the last), and each relay
+# fault strikes one of them, drawn; the trial line says "relays N".
+# FAULT_RELAY_DATA=1 gives each relay a data dir of its own, kept across
+# its restarts (its consumers on this host then read its files by
+# reference over its unix socket with FAULT_BULK); the trial line adds
+# "data".  Exit 0
 # only when no trial diverged or failed to converge.
 set -u
 . "$(dirname "$0")/e2e_lib.sh"
 
 RELAY=${FAULT_RELAY:-0}
+case $RELAY in '' | *[!0-9]*) echo "faults: FAULT_RELAY=$RELAY: a number of relays" >&2; exit 2 ;; esac
 RELAY_DATA=()
 [ "${FAULT_RELAY_DATA:-0}" = 0 ] || RELAY_DATA=(--data-dir)
 ALL_KINDS="broker_kill broker_stop producer_kill producer_stop consumer_kill consumer_stop proxy proxy_producer ckpt_corrupt segment_corrupt run_change"
@@ -96,7 +101,7 @@ use_trace A
 rnd() { R=$((RANDOM % $1)); }
 
 # ---- per-trial state ----
-T= BPORT= PPORT= RPORT= RELAY_PID= PROXY_PID= PROXY_SIDE= PUB_PID= TRIAL_ENV=() CUT=() AHEAD= BULK=() BULKN= STUCK=
+T= BPORT= PPORT= RPORTS=() RPIDS=() PROXY_PID= PROXY_SIDE= PUB_PID= TRIAL_ENV=() CUT=() AHEAD= BULK=() BULKN= STUCK=
 declare -a CPID CDONE CREST CERRPOS
 FAULTS=0
 
@@ -133,36 +138,68 @@ broker_start() {
 
 broker_alive() { e2e_alive "$BROKER_PID"; }
 
-# relay_at PORT: one start of the relay on PORT (FAULT_RELAY), RELAY_PID
-# its process; BROKER_PID stays the broker's.
+# relay_name I: relay I's name in logs and files ("relay" when there is
+# one, as before chains).
+relay_name() { if [ "$RELAY" = 1 ]; then echo relay; else echo "relay$1"; fi; }
+
+# relay_at I PORT: one start of relay I (FAULT_RELAY) on PORT, joining the
+# broker (I = 0) or relay I-1; RPIDS[I] its process, BROKER_PID stays the
+# broker's.
 relay_at() {
-	local b=$BROKER_PID rc=0
-	e2e_start_broker_at "$T/relay.log" "$1" --upstream "tcp://127.0.0.1:$((BPORT + 1))" \
-		--upstream-model "$MODEL" --heartbeat-ms 500 --metrics "127.0.0.1:$(($1 + 2))" \
-		"${CUT[@]}" "${BULK[@]}" ${RELAY_DATA[@]:+"${RELAY_DATA[@]}" "$T/relaydata"} || rc=1
-	RELAY_PID=$BROKER_PID BROKER_PID=$b
+	local b=$BROKER_PID rc=0 up=$BPORT name
+	name=$(relay_name "$1")
+	[ "$1" = 0 ] || up=${RPORTS[$1 - 1]}
+	e2e_start_broker_at "$T/$name.log" "$2" --upstream "tcp://127.0.0.1:$((up + 1))" \
+		--upstream-model "$MODEL" --heartbeat-ms 500 --metrics "127.0.0.1:$(($2 + 2))" \
+		"${CUT[@]}" "${BULK[@]}" ${RELAY_DATA[@]:+"${RELAY_DATA[@]}" "$T/${name}data"} || rc=1
+	RPIDS[$1]=$BROKER_PID BROKER_PID=$b
 	return $rc
 }
 
-# relay_start: the relay, on ports of its own picked at its first start,
+# relay_start I: relay I, on ports of its own picked at its first start,
 # the same ones after.
 relay_start() {
 	local try port
-	if [ -z "$RPORT" ]; then
+	if [ -z "${RPORTS[$1]:-}" ]; then
 		for try in $(seq 0 29); do
-			port=$(e2e_pick_port $((try + 80)))
-			relay_at "$port" && { RPORT=$port; return 0; }
+			port=$(e2e_pick_port $((try + 80 + 30 * $1)))
+			relay_at "$1" "$port" && { RPORTS[$1]=$port; return 0; }
 		done
 		return 1
 	fi
 	for try in $(seq 20); do
-		relay_at "$RPORT" && return 0
+		relay_at "$1" "${RPORTS[$1]}" && return 0
 		sleep 0.2
 	done
 	return 1
 }
 
-relay_alive() { [ "$RELAY" = 0 ] || e2e_alive "$RELAY_PID"; }
+# relays_up: every relay that is not alive started, upstream first.
+relays_up() {
+	local i
+	for ((i = 0; i < RELAY; i++)); do
+		e2e_alive "${RPIDS[i]:-}" || relay_start "$i" || return 1
+	done
+}
+
+# relay_pick: RI, the relay a relay fault strikes (drawn when there are
+# more than one, so that one relay's seeds replay as before).
+relay_pick() {
+	RI=0
+	[ "$RELAY" -gt 1 ] && { rnd "$RELAY"; RI=$R; }
+	return 0
+}
+
+# relays_said: " relay", " relays N" or nothing, and " data" (FAULT_RELAY_DATA).
+relays_said() {
+	[ "$RELAY" = 0 ] && return
+	if [ "$RELAY" = 1 ]; then printf ' relay'; else printf ' relays %s' "$RELAY"; fi
+	[ ${#RELAY_DATA[@]} = 0 ] || printf ' data'
+	echo
+}
+
+# relay_last_port: the consumers' relay's producers port.
+relay_last_port() { echo "${RPORTS[RELAY - 1]}"; }
 
 # e2e_reused PID (e2e_lib.sh's hook): a new process has the number of one
 # that exited; a role still naming it would signal, wait on or count alive
@@ -173,7 +210,7 @@ e2e_reused() {
 	[ "$BROKER_PID" != "$1" ] || BROKER_PID=
 	[ "$PUB_PID" != "$1" ] || PUB_PID=
 	[ "$PROXY_PID" != "$1" ] || PROXY_PID=
-	[ "$RELAY_PID" != "$1" ] || RELAY_PID=
+	for i in "${!RPIDS[@]}"; do [ "${RPIDS[i]}" != "$1" ] || RPIDS[i]=; done
 	for i in "${!CPID[@]}"; do [ "${CPID[i]}" != "$1" ] || CPID[i]=; done
 	say "pid $1 reused: the role that held it had ended"
 }
@@ -244,7 +281,7 @@ producer_ep() {
 # consumers' port, else the relay's (FAULT_RELAY) or the broker's.
 consumer_ep() {
 	if [ -n "$PPORT" ] && [ "$PROXY_SIDE" = consumers ]; then echo "tcp://127.0.0.1:$PPORT"
-	elif [ "$RELAY" != 0 ]; then echo "tcp://127.0.0.1:$((RPORT + 1))"
+	elif [ "$RELAY" != 0 ]; then echo "tcp://127.0.0.1:$(($(relay_last_port) + 1))"
 	else echo "tcp://127.0.0.1:$((BPORT + 1))"; fi
 }
 
@@ -370,12 +407,14 @@ inject() { # inject KIND: one fault
 		broker_start || say "broker restart failed" ;;
 	proxy | proxy_producer) sleep 1 ;; # the proxy injects on its own; count its lines afterwards
 	relay_kill)
-		must_end e2e_kill "SIGKILL relay" "$RELAY_PID"
-		say "SIGKILL relay"; rnd 10; sleep "0.$R"; relay_start || say "relay restart failed" ;;
+		relay_pick
+		must_end e2e_kill "SIGKILL $(relay_name $RI)" "${RPIDS[RI]}"
+		say "SIGKILL $(relay_name $RI)"; rnd 10; sleep "0.$R"; relay_start $RI || say "$(relay_name $RI) restart failed" ;;
 	relay_stop)
-		e2e_alive "$RELAY_PID" || return 1
-		pause_len; e2e_signal STOP "$RELAY_PID"; say "SIGSTOP relay for $PAUSE s"
-		sleep "$PAUSE"; e2e_signal CONT "$RELAY_PID" ;;
+		relay_pick
+		e2e_alive "${RPIDS[RI]}" || return 1
+		pause_len; e2e_signal STOP "${RPIDS[RI]}"; say "SIGSTOP $(relay_name $RI) for $PAUSE s"
+		sleep "$PAUSE"; e2e_signal CONT "${RPIDS[RI]}" ;;
 	esac
 	return 0
 }
@@ -394,9 +433,9 @@ behind_run() {
 recover() {
 	local deadline=$((SECONDS + CONVERGE_S)) i rc restarts=0
 	[ -n "$PROXY_PID" ] && e2e_signal USR1 "$PROXY_PID"
-	e2e_signal CONT "$BROKER_PID" "$PUB_PID" "$RELAY_PID" "${CPID[@]}"
+	e2e_signal CONT "$BROKER_PID" "$PUB_PID" "${RPIDS[@]}" "${CPID[@]}"
 	broker_alive || broker_start || { say "broker does not restart"; return 1; }
-	relay_alive || relay_start || { say "relay does not restart"; return 1; }
+	relays_up || { say "a relay does not restart"; return 1; }
 	while [ $SECONDS -lt $deadline ]; do
 		if ! e2e_alive "$PUB_PID" && [ $restarts -lt 8 ]; then
 			if [ "$(broker_newest)" -lt "$NVER" ]; then
@@ -526,8 +565,8 @@ bulk_count() {
 	BULKN=$(broker_counter deltacast_bulk_versions_total)
 	say "anchors sent over bulk: $BULKN"
 	[ ${#RELAY_DATA[@]} = 0 ] || [ "$RELAY" = 0 ] ||
-		say "relay (its last start): anchor bytes its consumers read from its files:" \
-			"$(broker_counter deltacast_bulk_local_bytes_total $((RPORT + 2)))"
+		say "$(relay_name $((RELAY - 1))) (its last start): anchor bytes its consumers read from its files:" \
+			"$(broker_counter deltacast_bulk_local_bytes_total $(($(relay_last_port) + 2)))"
 }
 
 # ahead_count: AHEAD, the chunks the broker sent before their version's
@@ -544,23 +583,23 @@ run_trial() {
 	local seed=$1 kind nfaults j
 	RANDOM=$seed
 	T=$ROOT/t$seed; rm -rf "$T"; mkdir -p "$T"
-	BPORT= PPORT= RPORT= RELAY_PID= PROXY_PID= PROXY_SIDE= FAULTS=0 TRIAL_ENV=(DELTACAST_LOG=info) CREST=() STUCK=
+	BPORT= PPORT= RPORTS=() RPIDS=() PROXY_PID= PROXY_SIDE= FAULTS=0 TRIAL_ENV=(DELTACAST_LOG=info) CREST=() STUCK=
 	rnd ${#KINDS[@]}; kind=${KINDS[R]}
 	rnd 3; local uring=1; [ $R = 0 ] && { uring=0; TRIAL_ENV+=(DELTACAST_IO_URING=0); }
 	rnd 3; nfaults=$((R + 1))
 	cut_through "$seed"
 	bulk_flags "$seed"
-	say "seed $seed kind $kind faults $nfaults io_uring $uring${CUT:+ cut-through}${BULK:+ bulk}$(bulk_how)$([ "$RELAY" = 0 ] || echo ' relay')${RELAY_DATA[@]:+ data}"
+	say "seed $seed kind $kind faults $nfaults io_uring $uring${CUT:+ cut-through}${BULK:+ bulk}$(bulk_how)$(relays_said)"
 	export DELTACAST_IO_URING=$uring
 	[ $uring = 1 ] && unset DELTACAST_IO_URING
 	KIND=$kind URING=$uring CONV=0 DIVERGED=0
 	use_trace A
 	[ "$kind" = run_change ] && { rnd 1500; TRIAL_ENV+=(FAULT_APPLY_HOLD_MS=$R); say "consumers hold READY versions $R ms"; }
 	broker_start || return
-	[ "$RELAY" = 0 ] || relay_start || { say "relay does not start"; return; }
+	relays_up || { say "a relay does not start"; return; }
 	if [ "$kind" = proxy ] || [ "$kind" = proxy_producer ]; then
 		local try target=$((BPORT + 1))
-		[ "$RELAY" = 0 ] || target=$((RPORT + 1))
+		[ "$RELAY" = 0 ] || target=$(($(relay_last_port) + 1))
 		PROXY_SIDE=consumers
 		[ "$kind" = proxy_producer ] && { PROXY_SIDE=producers; target=$BPORT; }
 		for try in $(seq 0 9); do
@@ -622,7 +661,7 @@ for seed in "${SEEDLIST[@]}"; do
 	fi
 	printf 'trial SEED=%-8s %-16s faults %3s  io_uring %s  sent ahead %-5s  bulk %-3s  divergences %s  converged %s  %s%s\n' \
 		"$seed" "$kind" "$nf" "$([ "$uring" = 1 ] && echo on || echo off)" "$ct" "$bk" "$dv" "$conv" "$status" \
-		"$([ "$RELAY" = 0 ] || echo '  relay')${RELAY_DATA[@]:+ data}"
+		"$(relays_said | sed 's/^ /  /')"
 	[ "$status" = ok ] && [ "${FAULT_KEEP:-}" != 1 ] && rm -rf "$ROOT/t$seed"
 done
 

@@ -36,6 +36,10 @@
 # a chain of N relays there (a tree's path: the first joins the broker,
 # each next one the one before, the consumers the last), and each relay
 # fault strikes one of them, drawn; the trial line says "relays N".
+# FAULT_RELAY_FANOUT=F (with FAULT_RELAY) makes the chain's last level F
+# sibling relays under the same upstream, the consumers spread over them
+# (consumer i joins leaf i mod F; a consumers' proxy stands in front of
+# the first leaf only): a tree; the trial line adds "fanout F".
 # FAULT_RELAY_DATA=1 gives each relay a data dir of its own, kept across
 # its restarts (its consumers on this host then read its files by
 # reference over its unix socket with FAULT_BULK); the trial line adds
@@ -45,7 +49,11 @@ set -u
 . "$(dirname "$0")/e2e_lib.sh"
 
 RELAY=${FAULT_RELAY:-0}
-case $RELAY in '' | *[!0-9]*) echo "faults: FAULT_RELAY=$RELAY: a number of relays" >&2; exit 2 ;; esac
+FANOUT=${FAULT_RELAY_FANOUT:-1}
+case $RELAY$FANOUT in *[!0-9]*) echo "faults: FAULT_RELAY=$RELAY FAULT_RELAY_FANOUT=$FANOUT: numbers" >&2; exit 2 ;; esac
+[ "$FANOUT" -ge 1 ] || { echo "faults: FAULT_RELAY_FANOUT=$FANOUT: at least 1" >&2; exit 2; }
+NREL=0 # relays in all: the chain's RELAY - 1 inner ones and FANOUT leaves
+[ "$RELAY" = 0 ] || NREL=$((RELAY - 1 + FANOUT))
 RELAY_DATA=()
 [ "${FAULT_RELAY_DATA:-0}" = 0 ] || RELAY_DATA=(--data-dir)
 ALL_KINDS="broker_kill broker_stop producer_kill producer_stop consumer_kill consumer_stop proxy proxy_producer ckpt_corrupt segment_corrupt run_change"
@@ -140,15 +148,28 @@ broker_alive() { e2e_alive "$BROKER_PID"; }
 
 # relay_name I: relay I's name in logs and files ("relay" when there is
 # one, as before chains).
-relay_name() { if [ "$RELAY" = 1 ]; then echo relay; else echo "relay$1"; fi; }
+relay_name() { if [ "$NREL" = 1 ]; then echo relay; else echo "relay$1"; fi; }
+
+# relay_parent I: the relay relay I joins (-1: the broker).  The chain's
+# relays join the one before; the leaves (from RELAY - 1 on) the last
+# inner one.
+relay_parent() {
+	local i=$1
+	[ "$i" -ge "$RELAY" ] && i=$((RELAY - 1))
+	echo $((i - 1))
+}
+
+# relay_leaf K: the relay consumer K joins.
+relay_leaf() { echo $((RELAY - 1 + $1 % FANOUT)); }
 
 # relay_at I PORT: one start of relay I (FAULT_RELAY) on PORT, joining the
-# broker (I = 0) or relay I-1; RPIDS[I] its process, BROKER_PID stays the
+# broker or its parent relay; RPIDS[I] its process, BROKER_PID stays the
 # broker's.
 relay_at() {
-	local b=$BROKER_PID rc=0 up=$BPORT name
+	local b=$BROKER_PID rc=0 up=$BPORT name parent
 	name=$(relay_name "$1")
-	[ "$1" = 0 ] || up=${RPORTS[$1 - 1]}
+	parent=$(relay_parent "$1")
+	[ "$parent" -lt 0 ] || up=${RPORTS[parent]}
 	e2e_start_broker_at "$T/$name.log" "$2" --upstream "tcp://127.0.0.1:$((up + 1))" \
 		--upstream-model "$MODEL" --heartbeat-ms 500 --metrics "127.0.0.1:$(($2 + 2))" \
 		"${CUT[@]}" "${BULK[@]}" ${RELAY_DATA[@]:+"${RELAY_DATA[@]}" "$T/${name}data"} || rc=1
@@ -177,7 +198,7 @@ relay_start() {
 # relays_up: every relay that is not alive started, upstream first.
 relays_up() {
 	local i
-	for ((i = 0; i < RELAY; i++)); do
+	for ((i = 0; i < NREL; i++)); do
 		e2e_alive "${RPIDS[i]:-}" || relay_start "$i" || return 1
 	done
 }
@@ -186,7 +207,7 @@ relays_up() {
 # more than one, so that one relay's seeds replay as before).
 relay_pick() {
 	RI=0
-	[ "$RELAY" -gt 1 ] && { rnd "$RELAY"; RI=$R; }
+	[ "$NREL" -gt 1 ] && { rnd "$NREL"; RI=$R; }
 	return 0
 }
 
@@ -194,11 +215,12 @@ relay_pick() {
 relays_said() {
 	[ "$RELAY" = 0 ] && return
 	if [ "$RELAY" = 1 ]; then printf ' relay'; else printf ' relays %s' "$RELAY"; fi
+	[ "$FANOUT" = 1 ] || printf ' fanout %s' "$FANOUT"
 	[ ${#RELAY_DATA[@]} = 0 ] || printf ' data'
 	echo
 }
 
-# relay_last_port: the consumers' relay's producers port.
+# relay_last_port: the first leaf's producers port (its consumers' relay).
 relay_last_port() { echo "${RPORTS[RELAY - 1]}"; }
 
 # e2e_reused PID (e2e_lib.sh's hook): a new process has the number of one
@@ -277,11 +299,15 @@ producer_ep() {
 	if [ -n "$PPORT" ] && [ "$PROXY_SIDE" = producers ]; then echo "tcp://127.0.0.1:$PPORT"; else echo "tcp://127.0.0.1:$BPORT"; fi
 }
 
-# consumer_ep: where consumers connect: the proxy in front of the
-# consumers' port, else the relay's (FAULT_RELAY) or the broker's.
+# consumer_ep K: where consumer K connects: the proxy in front of the
+# consumers' port (of the first leaf relay, with relays), else its leaf
+# relay's (FAULT_RELAY) or the broker's.
 consumer_ep() {
-	if [ -n "$PPORT" ] && [ "$PROXY_SIDE" = consumers ]; then echo "tcp://127.0.0.1:$PPORT"
-	elif [ "$RELAY" != 0 ]; then echo "tcp://127.0.0.1:$(($(relay_last_port) + 1))"
+	local leaf=
+	[ "$RELAY" = 0 ] || leaf=$(relay_leaf "$1")
+	if [ -n "$PPORT" ] && [ "$PROXY_SIDE" = consumers ] && { [ -z "$leaf" ] || [ "$leaf" = $((RELAY - 1)) ]; }; then
+		echo "tcp://127.0.0.1:$PPORT"
+	elif [ -n "$leaf" ]; then echo "tcp://127.0.0.1:$((RPORTS[leaf] + 1))"
 	else echo "tcp://127.0.0.1:$((BPORT + 1))"; fi
 }
 
@@ -299,7 +325,7 @@ consumer_start() {
 	local i=$1
 	CDONE[i]=0
 	CERRPOS[i]=$(stat -c %s "$T/c$i.err" 2>/dev/null || echo 0)
-	env "${TRIAL_ENV[@]}" "$FC" "$(consumer_ep)" "$MODEL" "$T/c$i" "$NVER" \
+	env "${TRIAL_ENV[@]}" "$FC" "$(consumer_ep "$i")" "$MODEL" "$T/c$i" "$NVER" \
 		>>"$T/c$i.out" 2>>"$T/c$i.err" &
 	e2e_track "$!"
 	CPID[i]=$!

@@ -52,12 +52,17 @@ subscribe() {
 		fail "subscriber $name differs: $(head -c 200 "$TMP/$name.diff")"
 }
 
+# over_bulk NAME: subscriber NAME took anchor 1 over bulk, with no failure.
+over_bulk() {
+	grep -q "^version 1 anchor .* bulk_versions 1 bulk_failures 0$" "$TMP/$1.out" ||
+		fail "$1: anchor 1 not over bulk: $(cat "$TMP/$1.out")"
+}
+
 broker d --data-dir "$TMP/d"
 grep -q "bulk anchors to consumers on this host on @deltacast-bulk-[1-9]" "$TMP/d.log" ||
 	fail "no local listener logged"
 subscribe s1 d
-grep -q "^version 1 anchor .* bulk_versions 1 bulk_failures 0$" "$TMP/s1.out" ||
-	fail "s1: anchor 1 not over bulk: $(cat "$TMP/s1.out")"
+over_bulk s1
 grep -q "version 1 over a bulk connection to port [1-9][0-9]*, by its unix socket" "$TMP/s1.err" ||
 	fail "s1: not by the unix socket: $(grep 'bulk' "$TMP/s1.err")"
 grep -q "bulk: consumer .* of sm takes version 1 (.*, local)" "$TMP/d.log" ||
@@ -85,15 +90,13 @@ stop_broker f2
 # Inline: from memory, and from files the broker cannot reopen.
 broker m
 subscribe s4 m
-grep -q "^version 1 anchor .* bulk_versions 1 bulk_failures 0$" "$TMP/s4.out" ||
-	fail "s4: anchor 1 not over bulk: $(cat "$TMP/s4.out")"
+over_bulk s4
 grep -q "takes version 1 (.*, local)" "$TMP/m.log" || fail "m: not local"
 check_metric m deltacast_bulk_local_bytes_total 0
 stop_broker m
 DELTACAST_BROKER_FAULT=bulk_noproc broker np --data-dir "$TMP/np"
 subscribe s7 np
-grep -q "^version 1 anchor .* bulk_versions 1 bulk_failures 0$" "$TMP/s7.out" ||
-	fail "s7: anchor 1 not over bulk: $(cat "$TMP/s7.out")"
+over_bulk s7
 grep -q "bulk: version 1: /proc/self/fd/[0-9]*, read-only: No such file or directory; its payloads go inline" \
 	"$TMP/np.log" || fail "np: the failed reopen was not logged: $(grep 'bulk:' "$TMP/np.log")"
 check_metric np deltacast_bulk_local_bytes_total 0
@@ -127,8 +130,7 @@ grep -q "bulk: local listener @deltacast-bulk-$port: Address already in use; con
 subscribe s8 e
 grep -q "bulk: the unix socket of port $port closed before the first frame of version 1 (another broker's socket of that name?): over TCP instead" \
 	"$TMP/s8.err" || fail "s8: no fallback to TCP logged: $(grep 'bulk' "$TMP/s8.err")"
-grep -q "^version 1 anchor .* bulk_versions 1 bulk_failures 0$" "$TMP/s8.out" ||
-	fail "s8: anchor 1 not over bulk: $(cat "$TMP/s8.out")"
+over_bulk s8
 grep -q "takes version 1 (.*, copy)" "$TMP/e.log" || fail "e: its consumer did not come over TCP"
 grep -q "bulk: token [0-9a-f]* .*: connection closed" "$TMP/d.log" || fail "d: the stranger's token was not refused"
 start_broker_metrics r2 --heartbeat-ms 200 --upstream "$e_CONS" --upstream-model sm

@@ -23,8 +23,16 @@
  *               [--rss-max-mib M] [--check-every K] [--dir DIR]
  *               [--durable 1] [--attach PID PRODUCERS CONSUMERS]
  * Without --attach it starts $DELTACAST_BUILD/deltacast-broker (default
- * build/) with small caps (and --data-dir DIR/data with --durable 1).  Exit 0: no crash, RSS in bound, every check
- * passed; 1 otherwise (the line says which batch and how to replay). */
+ * build/) with small caps (and --data-dir DIR/data with --durable 1).
+ * --bulk 1 gives that broker --bulk 127.0.0.1:0 (and its unix socket):
+ * half the fuzzed consumers then say x-bulk, and each batch adds raw
+ * connections to the bulk port and the unix socket that say nothing,
+ * send junk, cut the opening short, or open a transfer with a token never
+ * offered or one a fuzzed consumer was offered and then read part of it,
+ * all of it or none, closing at once or at the batch's end; the good
+ * check adds a consumer that takes the anchor over bulk.  Exit 0: no
+ * crash, RSS in bound, every check passed; 1 otherwise (the line says
+ * which batch and how to replay). */
 #include <errno.h>
 #include <msgpack.h>
 #include <signal.h>
@@ -32,12 +40,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <zmq.h>
 #include "deltacast/codec.h"
+#include "dcast_bulkrx.h"
+#include "dcast_bytes.h"
 #include "dcast_common.h"
 #include "dcast_wire.h"
 
@@ -51,7 +64,8 @@
 /* ---- options, figures ---- */
 
 static struct opts {
-	uint64_t seed, batches, seconds, start_batch, rss_max_mib, check_every, durable;
+	uint64_t seed, batches, seconds, start_batch, rss_max_mib, check_every, durable, bulk;
+	unsigned bulk_port;
 	const char *dir, *build;
 	pid_t pid;
 	int attached;
@@ -63,6 +77,7 @@ static struct figures {
 	uint64_t batches, streams, inputs, mutated, send_dropped, replies, undecodable;
 	uint64_t errors[DCAST_ERR_COUNT];
 	uint64_t checks, good_version, rss_max_kib, rss_start_kib;
+	uint64_t offers, bulk_conns, bulk_bytes;
 } fig;
 
 static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -944,6 +959,8 @@ static void consumer_open(void)
 
 	st->reader = chance(70);
 	build_hello(script_add(st), DCAST_ROLE_CONSUMER, model, 0, 1, have, windows[below(6)]);
+	if (o.bulk && chance(50))
+		fadd(&st->msg[0], "x-bulk", K_BOOL, 1);
 	for (uint32_t i = 0; i < extra; i++) {
 		static const int types[] = {DCAST_MSG_CREDIT, DCAST_MSG_ACK, DCAST_MSG_HEARTBEAT,
 					    DCAST_MSG_CREDIT, DCAST_MSG_HELLO, DCAST_MSG_COMMIT};
@@ -975,6 +992,119 @@ static void batch_plan(void)
 	}
 }
 
+/* ---- hostile bulk connections (--bulk 1) ---- */
+
+#define MAX_OFFERS 32
+#define MAX_RAW 160
+
+static uint64_t offers[MAX_OFFERS]; /* tokens the broker offered this batch's consumers */
+static uint32_t n_offers;
+static int raw_fds[MAX_RAW];        /* connections left open until the batch ends */
+static uint32_t n_raw;
+
+static void offer_keep(uint64_t token)
+{
+	fig.offers++;
+	if (n_offers < MAX_OFFERS)
+		offers[n_offers++] = token;
+}
+
+/* A connection to the bulk port, or to the broker's unix socket
+ * (non-blocking either way); -1 when refused. */
+static int raw_connect(int local)
+{
+	struct sockaddr_in in = {.sin_family = AF_INET, .sin_port = htons((uint16_t)o.bulk_port),
+				 .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	struct sockaddr_un un;
+	socklen_t len = local ? dcast_bulk_local_addr(&un, o.bulk_port) : sizeof(in);
+	int fd = socket(local ? AF_UNIX : AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	if (fd >= 0 && connect(fd, local ? (struct sockaddr *)&un : (struct sockaddr *)&in, len)) {
+		close(fd);
+		return -1;
+	}
+	if (fd >= 0)
+		fcntl(fd, F_SETFL, O_NONBLOCK);
+	return fd;
+}
+
+/* The first n bytes of an opening for `token` ("DCB1", 4 zero bytes, the
+ * token), now and then with a bit of its first 8 flipped. */
+static void raw_opening(int fd, uint64_t token, size_t n)
+{
+	unsigned char b[DCAST_BULK_OPENING] = {'D', 'C', 'B', '1'};
+
+	dcast_put_le64(b + 8, token);
+	if (chance(10))
+		b[below(8)] ^= (unsigned char)(1u << below(8));
+	if (send(fd, b, n, MSG_NOSIGNAL | MSG_DONTWAIT) > 0)
+		fig.inputs++;
+}
+
+/* Read up to `most` bytes of what the broker sends, for at most ms. */
+static void raw_read(int fd, uint64_t most, uint64_t ms)
+{
+	static char buf[1 << 16];
+	uint64_t end = dcast_now_ms() + ms, got = 0;
+
+	while (got < most && dcast_now_ms() < end) {
+		ssize_t k = recv(fd, buf, most - got < sizeof(buf) ? most - got : sizeof(buf), 0);
+
+		if (k == 0 || (k < 0 && errno != EAGAIN && errno != EINTR))
+			break;
+		if (k < 0)
+			usleep(500);
+		got += k > 0 ? (uint64_t)k : 0;
+	}
+	fig.bulk_bytes += got;
+}
+
+/* One hostile connection: silent, junk, an opening cut short, or an
+ * opening (a token offered, or any) then part of the transfer read, all
+ * of it, or none; closed now or kept to the batch's end. */
+static void raw_one(void)
+{
+	unsigned char junk[64];
+	uint64_t token = n_offers && chance(60) ? offers[below(n_offers)] : rnd();
+	unsigned kind = (unsigned)below(6);
+	int fd = raw_connect(chance(50));
+
+	if (fd < 0)
+		return;
+	fig.bulk_conns++;
+	if (kind == 1) {
+		for (size_t j = 0; j < sizeof(junk); j++)
+			junk[j] = (unsigned char)rnd();
+		if (send(fd, junk, 1 + below(sizeof(junk)), MSG_NOSIGNAL | MSG_DONTWAIT) > 0)
+			fig.inputs++;
+	} else if (kind == 2) {
+		raw_opening(fd, token, 1 + below(DCAST_BULK_OPENING - 1));
+	} else if (kind >= 3) {
+		raw_opening(fd, token, DCAST_BULK_OPENING);
+		if (kind < 5) /* 5: never read, a stalled transfer */
+			raw_read(fd, kind == 3 ? below(4 << 20) : UINT64_MAX, kind == 3 ? 20 : 200);
+	}
+	if (chance(50) || n_raw == MAX_RAW)
+		close(fd);
+	else
+		raw_fds[n_raw++] = fd;
+}
+
+static void bulk_hostile(void)
+{
+	uint32_t n = 1 + (uint32_t)below(6) + (chance(3) ? 100 : 0); /* now and then many at once */
+
+	for (uint32_t i = 0; i < n; i++)
+		raw_one();
+}
+
+static void raw_close_all(void)
+{
+	while (n_raw)
+		close(raw_fds[--n_raw]);
+	n_offers = 0;
+}
+
 /* The first broker reply the schema refused (its detail), "" if none. */
 static char undecodable_why[160];
 
@@ -998,6 +1128,8 @@ static void stream_read(struct stream *st)
 			st->welcomed = 1;
 			st->welcome_version = in.msg.u.welcome.version;
 		}
+		if (!rc && in.msg.type == DCAST_MSG_BULK)
+			offer_keep(in.msg.u.bulk.token);
 		if (!rc && in.msg.type == DCAST_MSG_ERROR && in.msg.u.error.code < DCAST_ERR_COUNT)
 			fig.errors[in.msg.u.error.code]++;
 		if (!rc && in.msg.type == DCAST_MSG_CHUNK && st->reader) {
@@ -1103,6 +1235,11 @@ static void batch_run(uint64_t batch)
 			conv_script(&convs[i]);
 	play();
 	read_all(50 + below(100));
+	if (o.bulk) {
+		bulk_hostile();
+		read_all(20);
+		raw_close_all();
+	}
 	for (uint32_t i = 0; i < n_streams; i++)
 		stream_free(&streams[i]);
 	for (uint32_t i = 0; i < n_convs; i++)
@@ -1142,15 +1279,54 @@ static int file_has(const char *path, const char *s)
 	return found;
 }
 
+/* The port of the last "bulk anchors on 127.0.0.1:PORT" line; 0 if none. */
+static unsigned bulk_port_of(const char *path)
+{
+	char line[4096];
+	const char *at;
+	unsigned port = 0;
+	FILE *f = fopen(path, "r");
+
+	while (f && fgets(line, sizeof(line), f))
+		if ((at = strstr(line, "bulk anchors on 127.0.0.1:")))
+			port = (unsigned)strtoul(at + strlen("bulk anchors on 127.0.0.1:"), NULL, 10);
+	if (f)
+		fclose(f);
+	return port;
+}
+
+/* How many lines of path hold s. */
+static uint64_t lines_with(const char *path, const char *s)
+{
+	char line[4096];
+	uint64_t n = 0;
+	FILE *f = fopen(path, "r");
+
+	while (f && fgets(line, sizeof(line), f))
+		n += strstr(line, s) != NULL;
+	if (f)
+		fclose(f);
+	return n;
+}
+
 static int broker_try(const char *bin, int port, const char *log_path)
 {
 	char data_dir[600];
-	char *argv[] = {(char *)bin, "--producers", o.prod_ep, "--consumers", o.cons_ep,
-			"--heartbeat-ms", "300", "--part-timeout-ms", "1500",
-			"--max-pending-bytes", "16777216", "--retain-bytes", "33554432",
-			"--retain-versions", "64", "--producer-window-bytes", "4194304",
-			"--max-producers", "1024", "--max-consumers", "1024",
-			o.durable ? "--data-dir" : NULL, data_dir, NULL};
+	char *argv[24] = {(char *)bin, "--producers", o.prod_ep, "--consumers", o.cons_ep,
+			  "--heartbeat-ms", "300", "--part-timeout-ms", "1500",
+			  "--max-pending-bytes", "16777216", "--retain-bytes", "33554432",
+			  "--retain-versions", "64", "--producer-window-bytes", "4194304",
+			  "--max-producers", "1024", "--max-consumers", "1024"};
+	int n = 19;
+
+	if (o.durable) {
+		argv[n++] = "--data-dir";
+		argv[n++] = data_dir;
+	}
+	if (o.bulk) {
+		argv[n++] = "--bulk";
+		argv[n++] = "127.0.0.1:0";
+	}
 
 	snprintf(data_dir, sizeof(data_dir), "%s/data", o.dir);
 	snprintf(o.prod_ep, sizeof(o.prod_ep), "tcp://127.0.0.1:%d", port);
@@ -1158,7 +1334,8 @@ static int broker_try(const char *bin, int port, const char *log_path)
 	o.pid = spawn(argv, log_path);
 	for (int i = 0; i < 100 && !file_has(log_path, "consumers on"); i++)
 		usleep(50000);
-	if (file_has(log_path, "consumers on") && waitpid(o.pid, NULL, WNOHANG) == 0)
+	if (file_has(log_path, "consumers on") && waitpid(o.pid, NULL, WNOHANG) == 0 &&
+	    (!o.bulk || (o.bulk_port = bulk_port_of(log_path))))
 		return 0;
 	kill(o.pid, SIGKILL);
 	waitpid(o.pid, NULL, 0);
@@ -1223,8 +1400,28 @@ static int run_wait(char *const argv[], const char *log_path)
 	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
+/* --bulk 1: a fresh receiver takes "good" up to `ver` with x-bulk; its
+ * anchor must come over the bulk port, whole (no "bulk failed", one more
+ * transfer the broker logs as done).  0 when it did. */
+static int good_bulk_check(const char *bin, const char *ver)
+{
+	char log_path[600], broker_log[600];
+	char *recv_argv[] = {(char *)bin, "receive", o.cons_ep, "good", "--until", (char *)ver, "--bulk", "1",
+			     "--timeout-ms", "30000", NULL};
+	uint64_t before;
+
+	snprintf(log_path, sizeof(log_path), "%s/good_bulk.log", o.dir);
+	snprintf(broker_log, sizeof(broker_log), "%s/broker.log", o.dir);
+	unlink(log_path);
+	before = lines_with(broker_log, "of good has version");
+	if (run_wait(recv_argv, log_path) || file_has(log_path, "bulk failed"))
+		return -1;
+	return lines_with(broker_log, "of good has version") > before ? 0 : -1;
+}
+
 /* A normal producer publishes the next version of "good"; a fresh normal
- * consumer must then receive it bit-exact.  0 when both succeed. */
+ * consumer must then receive it bit-exact (and with --bulk 1 a receiver
+ * take it over bulk).  0 when all succeed. */
 static int good_check(void)
 {
 	char bin[512], ver[32], log_path[600];
@@ -1237,9 +1434,9 @@ static int good_check(void)
 	snprintf(ver, sizeof(ver), "%llu", (unsigned long long)++fig.good_version);
 	snprintf(log_path, sizeof(log_path), "%s/good.log", o.dir);
 	fig.checks++;
-	if (run_wait(prod, log_path))
+	if (run_wait(prod, log_path) || run_wait(cons, log_path))
 		return -1;
-	return run_wait(cons, log_path);
+	return o.bulk ? good_bulk_check(bin, ver) : 0;
 }
 
 /* ---- main ---- */
@@ -1299,6 +1496,10 @@ static void report(uint64_t secs)
 	    (unsigned long long)fig.mutated, (unsigned long long)fig.send_dropped,
 	    (unsigned long long)fig.replies, (unsigned long long)fig.undecodable,
 	    (unsigned long long)fig.checks);
+	if (o.bulk)
+		say("fuzz_broker: bulk: %llu offers to fuzzed consumers, %llu raw connections, %llu bytes "
+		    "read on them\n", (unsigned long long)fig.offers, (unsigned long long)fig.bulk_conns,
+		    (unsigned long long)fig.bulk_bytes);
 	say("fuzz_broker: VmRSS %.1f MiB at start, max %.1f MiB (bound %llu MiB)\n",
 	    fig.rss_start_kib / 1024.0, fig.rss_max_kib / 1024.0, (unsigned long long)o.rss_max_mib);
 	say("fuzz_broker: ERRORs received by code:");
@@ -1337,6 +1538,7 @@ static void parse(int argc, char **argv)
 		else if (!strcmp(k, "--check-every")) o.check_every = num(argv[++i]) ? num(argv[i]) : 1;
 		else if (!strcmp(k, "--dir")) o.dir = argv[++i];
 		else if (!strcmp(k, "--durable")) o.durable = num(argv[++i]);
+		else if (!strcmp(k, "--bulk")) o.bulk = num(argv[++i]);
 		else if (!strcmp(k, "--attach") && i + 3 < argc) {
 			o.attached = 1;
 			o.pid = (pid_t)num(argv[++i]);
@@ -1359,6 +1561,8 @@ static void dir_remove(void)
 	snprintf(path, sizeof(path), "%s/broker.log", o.dir);
 	unlink(path);
 	snprintf(path, sizeof(path), "%s/good.log", o.dir);
+	unlink(path);
+	snprintf(path, sizeof(path), "%s/good_bulk.log", o.dir);
 	unlink(path);
 	rmdir(o.dir);
 }

@@ -30,7 +30,13 @@
  * send junk, cut the opening short, or open a transfer with a token never
  * offered or one a fuzzed consumer was offered and then read part of it,
  * all of it or none, closing at once or at the batch's end; the good
- * check adds a consumer that takes the anchor over bulk.  Exit 0: no
+ * check adds a consumer that takes the anchor over bulk.  --metrics 1
+ * gives it --metrics 127.0.0.1:0, and each batch adds connections to that
+ * port that stay silent, send junk, a request never finished, one over
+ * the size limit, other methods and paths, or a whole GET read in part or
+ * not at all; after each batch a GET /metrics must be answered with the
+ * page (retried for 3 s: the port serves 16 clients at once, and those
+ * the batch closed go on the broker's next turns).  Exit 0: no
  * crash, RSS in bound, every check passed; 1 otherwise (the line says
  * which batch and how to replay). */
 #include <errno.h>
@@ -64,8 +70,8 @@
 /* ---- options, figures ---- */
 
 static struct opts {
-	uint64_t seed, batches, seconds, start_batch, rss_max_mib, check_every, durable, bulk;
-	unsigned bulk_port;
+	uint64_t seed, batches, seconds, start_batch, rss_max_mib, check_every, durable, bulk, metrics;
+	unsigned bulk_port, metrics_port;
 	const char *dir, *build;
 	pid_t pid;
 	int attached;
@@ -77,7 +83,7 @@ static struct figures {
 	uint64_t batches, streams, inputs, mutated, send_dropped, replies, undecodable;
 	uint64_t errors[DCAST_ERR_COUNT];
 	uint64_t checks, good_version, rss_max_kib, rss_start_kib;
-	uint64_t offers, bulk_conns, bulk_bytes;
+	uint64_t offers, bulk_conns, bulk_bytes, metrics_conns, metrics_gets;
 } fig;
 
 static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -1009,14 +1015,14 @@ static void offer_keep(uint64_t token)
 		offers[n_offers++] = token;
 }
 
-/* A connection to the bulk port, or to the broker's unix socket
- * (non-blocking either way); -1 when refused. */
-static int raw_connect(int local)
+/* A connection to `port` on loopback, or to the broker's unix socket of
+ * that bulk port (non-blocking either way); -1 when refused. */
+static int raw_connect(unsigned port, int local)
 {
-	struct sockaddr_in in = {.sin_family = AF_INET, .sin_port = htons((uint16_t)o.bulk_port),
+	struct sockaddr_in in = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
 				 .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
 	struct sockaddr_un un;
-	socklen_t len = local ? dcast_bulk_local_addr(&un, o.bulk_port) : sizeof(in);
+	socklen_t len = local ? dcast_bulk_local_addr(&un, port) : sizeof(in);
 	int fd = socket(local ? AF_UNIX : AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
 
 	if (fd >= 0 && connect(fd, local ? (struct sockaddr *)&un : (struct sockaddr *)&in, len)) {
@@ -1026,6 +1032,16 @@ static int raw_connect(int local)
 	if (fd >= 0)
 		fcntl(fd, F_SETFL, O_NONBLOCK);
 	return fd;
+}
+
+/* Closed now, or (half the time, while there is room) kept open until
+ * the batch's end. */
+static void raw_keep_or_close(int fd)
+{
+	if (chance(50) || n_raw == MAX_RAW)
+		close(fd);
+	else
+		raw_fds[n_raw++] = fd;
 }
 
 /* The first n bytes of an opening for `token` ("DCB1", 4 zero bytes, the
@@ -1067,7 +1083,7 @@ static void raw_one(void)
 	unsigned char junk[64];
 	uint64_t token = n_offers && chance(60) ? offers[below(n_offers)] : rnd();
 	unsigned kind = (unsigned)below(6);
-	int fd = raw_connect(chance(50));
+	int fd = raw_connect(o.bulk_port, chance(50));
 
 	if (fd < 0)
 		return;
@@ -1084,10 +1100,7 @@ static void raw_one(void)
 		if (kind < 5) /* 5: never read, a stalled transfer */
 			raw_read(fd, kind == 3 ? below(4 << 20) : UINT64_MAX, kind == 3 ? 20 : 200);
 	}
-	if (chance(50) || n_raw == MAX_RAW)
-		close(fd);
-	else
-		raw_fds[n_raw++] = fd;
+	raw_keep_or_close(fd);
 }
 
 static void bulk_hostile(void)
@@ -1096,6 +1109,80 @@ static void bulk_hostile(void)
 
 	for (uint32_t i = 0; i < n; i++)
 		raw_one();
+}
+
+/* One hostile client of the metrics port: silent, junk, a request never
+ * finished, one past the 8 KiB limit, another method or path, or a GET
+ * whose answer is read in part or not at all. */
+static void metrics_one(void)
+{
+	static const char *reqs[] = {"GET /metrics HTTP/1.0\r\n", "POST /metrics HTTP/1.0\r\n\r\n",
+				     "GET / HTTP/1.0\r\n\r\n", "GET /metrics/../x HTTP/1.1\r\nHost: x\r\n\r\n",
+				     "GET /metrics HTTP/1.0\r\n\r\n", "\r\n\r\n", "GET\n\n"};
+	static char big[9000];
+	unsigned kind = (unsigned)below(5);
+	int fd = raw_connect(o.metrics_port, 0);
+
+	if (fd < 0)
+		return;
+	fig.metrics_conns++;
+	if (kind == 1) {
+		for (size_t j = 0; j < 64; j++)
+			big[j] = (char)rnd();
+		send(fd, big, 1 + below(64), MSG_NOSIGNAL | MSG_DONTWAIT);
+	} else if (kind == 2) {
+		memset(big, 'A', sizeof(big));
+		send(fd, big, sizeof(big), MSG_NOSIGNAL | MSG_DONTWAIT);
+	} else if (kind >= 3) {
+		const char *r = reqs[below(7)];
+		send(fd, r, strlen(r), MSG_NOSIGNAL | MSG_DONTWAIT);
+		if (kind == 4)
+			raw_read(fd, below(4096), 10);
+	}
+	fig.inputs++;
+	raw_keep_or_close(fd);
+}
+
+static void metrics_hostile(void)
+{
+	uint32_t n = 1 + (uint32_t)below(4) + (chance(3) ? 40 : 0); /* more than its 16 slots */
+
+	for (uint32_t i = 0; i < n; i++)
+		metrics_one();
+}
+
+/* GET /metrics answered with the page: 0, within 3 s of tries. */
+static int metrics_get(void)
+{
+	static const char req[] = "GET /metrics HTTP/1.0\r\n\r\n";
+	static char buf[1 << 16];
+
+	fig.metrics_gets++;
+	for (int t = 0; t < 30; t++, usleep(100000)) {
+		int fd = raw_connect(o.metrics_port, 0);
+		size_t got = 0;
+		uint64_t end = dcast_now_ms() + 2000;
+
+		if (fd < 0 || send(fd, req, sizeof(req) - 1, MSG_NOSIGNAL) != (ssize_t)sizeof(req) - 1) {
+			if (fd >= 0)
+				close(fd);
+			continue;
+		}
+		while (got + 1 < sizeof(buf) && dcast_now_ms() < end) {
+			ssize_t k = recv(fd, buf + got, sizeof(buf) - 1 - got, 0);
+
+			if (k == 0 || (k < 0 && errno != EAGAIN && errno != EINTR))
+				break;
+			if (k < 0)
+				usleep(1000);
+			got += k > 0 ? (size_t)k : 0;
+		}
+		close(fd);
+		buf[got] = 0;
+		if (!strncmp(buf, "HTTP/1.0 200", 12) && strstr(buf, "deltacast_"))
+			return 0;
+	}
+	return -1;
 }
 
 static void raw_close_all(void)
@@ -1235,8 +1322,11 @@ static void batch_run(uint64_t batch)
 			conv_script(&convs[i]);
 	play();
 	read_all(50 + below(100));
-	if (o.bulk) {
+	if (o.bulk)
 		bulk_hostile();
+	if (o.metrics)
+		metrics_hostile();
+	if (o.bulk || o.metrics) {
 		read_all(20);
 		raw_close_all();
 	}
@@ -1279,8 +1369,9 @@ static int file_has(const char *path, const char *s)
 	return found;
 }
 
-/* The port of the last "bulk anchors on 127.0.0.1:PORT" line; 0 if none. */
-static unsigned bulk_port_of(const char *path)
+/* The port after `what` (a log line's text up to it) in its last line; 0
+ * if none. */
+static unsigned port_of(const char *path, const char *what)
 {
 	char line[4096];
 	const char *at;
@@ -1288,8 +1379,8 @@ static unsigned bulk_port_of(const char *path)
 	FILE *f = fopen(path, "r");
 
 	while (f && fgets(line, sizeof(line), f))
-		if ((at = strstr(line, "bulk anchors on 127.0.0.1:")))
-			port = (unsigned)strtoul(at + strlen("bulk anchors on 127.0.0.1:"), NULL, 10);
+		if ((at = strstr(line, what)))
+			port = (unsigned)strtoul(at + strlen(what), NULL, 10);
 	if (f)
 		fclose(f);
 	return port;
@@ -1327,6 +1418,10 @@ static int broker_try(const char *bin, int port, const char *log_path)
 		argv[n++] = "--bulk";
 		argv[n++] = "127.0.0.1:0";
 	}
+	if (o.metrics) {
+		argv[n++] = "--metrics";
+		argv[n++] = "127.0.0.1:0";
+	}
 
 	snprintf(data_dir, sizeof(data_dir), "%s/data", o.dir);
 	snprintf(o.prod_ep, sizeof(o.prod_ep), "tcp://127.0.0.1:%d", port);
@@ -1335,7 +1430,8 @@ static int broker_try(const char *bin, int port, const char *log_path)
 	for (int i = 0; i < 100 && !file_has(log_path, "consumers on"); i++)
 		usleep(50000);
 	if (file_has(log_path, "consumers on") && waitpid(o.pid, NULL, WNOHANG) == 0 &&
-	    (!o.bulk || (o.bulk_port = bulk_port_of(log_path))))
+	    (!o.bulk || (o.bulk_port = port_of(log_path, "bulk anchors on 127.0.0.1:"))) &&
+	    (!o.metrics || (o.metrics_port = port_of(log_path, "metrics on http://127.0.0.1:"))))
 		return 0;
 	kill(o.pid, SIGKILL);
 	waitpid(o.pid, NULL, 0);
@@ -1477,6 +1573,10 @@ static int after_batch(uint64_t batch)
 		fail_batch(batch, text);
 		return -1;
 	}
+	if (o.metrics && metrics_get()) {
+		fail_batch(batch, "GET /metrics was not answered with the page within 3 s");
+		return -1;
+	}
 	if ((batch + 1) % o.check_every == 0 && good_check()) {
 		snprintf(text, sizeof(text), "the good producer/consumer pair failed at version %llu",
 			 (unsigned long long)fig.good_version);
@@ -1500,6 +1600,9 @@ static void report(uint64_t secs)
 		say("fuzz_broker: bulk: %llu offers to fuzzed consumers, %llu raw connections, %llu bytes "
 		    "read on them\n", (unsigned long long)fig.offers, (unsigned long long)fig.bulk_conns,
 		    (unsigned long long)fig.bulk_bytes);
+	if (o.metrics)
+		say("fuzz_broker: metrics: %llu raw connections, %llu GETs answered\n",
+		    (unsigned long long)fig.metrics_conns, (unsigned long long)fig.metrics_gets);
 	say("fuzz_broker: VmRSS %.1f MiB at start, max %.1f MiB (bound %llu MiB)\n",
 	    fig.rss_start_kib / 1024.0, fig.rss_max_kib / 1024.0, (unsigned long long)o.rss_max_mib);
 	say("fuzz_broker: ERRORs received by code:");
@@ -1539,6 +1642,7 @@ static void parse(int argc, char **argv)
 		else if (!strcmp(k, "--dir")) o.dir = argv[++i];
 		else if (!strcmp(k, "--durable")) o.durable = num(argv[++i]);
 		else if (!strcmp(k, "--bulk")) o.bulk = num(argv[++i]);
+		else if (!strcmp(k, "--metrics")) o.metrics = num(argv[++i]);
 		else if (!strcmp(k, "--attach") && i + 3 < argc) {
 			o.attached = 1;
 			o.pid = (pid_t)num(argv[++i]);

@@ -26,20 +26,34 @@
  * version's, an open that fails, or no convergence fails the run, naming
  * the seed and round (--seed S --start-round R replays it).
  *
+ * --bulk 1: the fake broker also listens for bulk connections, and an
+ * anchor served first to a HELLO that says x-bulk goes as BULK (its
+ * counts now and then wrong) and then over the consumer's TCP connection,
+ * frame by frame (docs/protocol.md, "Bulk anchors"), damaged as the
+ * ZeroMQ stream is: frames dropped, repeated, lied in and sealed again,
+ * a byte flipped anywhere in a frame, a HEARTBEAT frame dropped in, or
+ * the connection cut inside a frame.  The consumer's later versions come
+ * over ZeroMQ as before.
+ *
  *   fuzz_consumer [--seed S] [--seconds T] [--rounds N] [--start-round R]
- *                 [--dirty-ms M] [--dir DIR]
+ *                 [--dirty-ms M] [--dir DIR] [--bulk 1]
  * Exit 0 when every round passed; 1 otherwise. */
+#include <arpa/inet.h>
 #include <inttypes.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 #include <zmq.h>
 #include "deltacast/codec.h"
 #include "deltacast/consumer.h"
+#include "dcast_bytes.h"
 #include "dcast_common.h"
 #include "dcast_wire.h"
 
@@ -55,7 +69,7 @@ static const uint64_t t_elems[N_T] = {6000, 1000};
 static const unsigned t_es[N_T] = {2, 4};
 
 static struct opts {
-	uint64_t seed, seconds, rounds, start_round, dirty_ms;
+	uint64_t seed, seconds, rounds, start_round, dirty_ms, bulk;
 	const char *dir;
 } o = {.seed = 1, .seconds = 30, .rounds = UINT64_MAX, .dirty_ms = 1500, .dir = "/tmp"};
 
@@ -146,6 +160,9 @@ static struct broker {
 	int has_last;
 	rng r;                /* the broker's damage, per round */
 	uint64_t sent, damaged;
+	int bulk_fd;          /* --bulk 1: the bulk listener */
+	unsigned bulk_port;
+	uint64_t bulk_served, bulk_frames;
 } B;
 
 static void send_frames(const void *rid, size_t rid_len, const void *hdr, size_t hdr_len, const void *pl,
@@ -353,9 +370,113 @@ static void welcome(const zmq_msg_t *rid)
 	send_out(rid, &x, 0);
 }
 
+/* ---- the bulk side (--bulk 1) ---- */
+
+/* The connection that opens with `token`, accepted within 3 s; -1 when
+ * none came.  Others (a consumer of an earlier offer) are closed. */
+static int bulk_accept(uint64_t token)
+{
+	uint64_t end = dcast_now_ms() + 3000;
+	struct timeval tv = {.tv_sec = 1};
+
+	while (dcast_now_ms() < end) {
+		struct pollfd p = {B.bulk_fd, POLLIN, 0};
+		unsigned char open[16]; /* "DCB1", 4 zero bytes, the token */
+		int fd;
+
+		if (poll(&p, 1, 100) <= 0 || (fd = accept(B.bulk_fd, NULL, NULL)) < 0)
+			continue;
+		setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+		if (recv(fd, open, sizeof(open), MSG_WAITALL) == (ssize_t)sizeof(open) &&
+		    dcast_get_le64(open + 8) == token)
+			return fd;
+		close(fd);
+	}
+	return -1;
+}
+
+/* x as a bulk frame (prefix, header, payload), a byte of it flipped when
+ * `flip`, only its first `cut` bytes when cut is below its length. */
+static void frame_write(int fd, const outmsg *x, int flip, size_t cut)
+{
+	size_t pl = x->m.type == DCAST_MSG_CHUNK ? x->len : 0, len, n;
+	unsigned char *f;
+	void *hdr;
+
+	if (dcast_msg_encode(&x->m, &hdr, &len))
+		return;
+	n = 12 + len + pl;
+	f = malloc(n);
+	dcast_put_le32(f, (uint32_t)len);
+	dcast_put_le64(f + 4, pl);
+	memcpy(f + 12, hdr, len);
+	if (pl)
+		memcpy(f + 12 + len, x->payload, pl);
+	if (flip)
+		f[rnd(&B.r) % n] ^= (unsigned char)(1u << (rnd(&B.r) % 8));
+	send(fd, f, cut < n ? cut : n, MSG_NOSIGNAL);
+	free(f);
+	free(hdr);
+	B.bulk_frames++;
+}
+
+/* One frame of a version sent over bulk, damaged now and then (pct p);
+ * 0 when the connection is cut. */
+static int bulk_frame(int fd, outmsg *x, unsigned p)
+{
+	outmsg beat = {0};
+
+	if (!pct(&B.r, p)) {
+		frame_write(fd, x, 0, SIZE_MAX);
+		return 1;
+	}
+	B.damaged++;
+	switch (rnd(&B.r) % 6) {
+	case 0: return 1; /* dropped */
+	case 1: frame_write(fd, x, 1, SIZE_MAX); return 1;
+	case 2: frame_write(fd, x, 0, rnd(&B.r) % (12 + 64 + x->len)); return 0;
+	case 3:
+		x->m.type == DCAST_MSG_CHUNK ? chunk_lie(x) : commit_lie(x);
+		frame_write(fd, x, 0, SIZE_MAX);
+		return 1;
+	case 4: frame_write(fd, x, 0, SIZE_MAX); frame_write(fd, x, 0, SIZE_MAX); return 1;
+	default:
+		dcast_msg_init(&beat.m, DCAST_MSG_HEARTBEAT);
+		frame_write(fd, &beat, 0, SIZE_MAX);
+		frame_write(fd, x, 0, SIZE_MAX);
+		return 1;
+	}
+}
+
+/* Version v's n messages (its CHUNKs, then its COMMIT) as BULK and then
+ * over the consumer's bulk connection. */
+static void bulk_serve(const zmq_msg_t *rid, outmsg *x, unsigned n, uint64_t v, unsigned p)
+{
+	outmsg b = {0};
+	dcast_bulk *m = &b.m.u.bulk;
+	int fd;
+
+	dcast_msg_init(&b.m, DCAST_MSG_BULK);
+	snprintf(m->model, sizeof(m->model), MODEL);
+	m->version = v, m->port = B.bulk_port, m->token = rnd(&B.r) | 1, m->chunks = n - 1;
+	for (unsigned i = 0; i + 1 < n; i++)
+		m->bytes += x[i].len;
+	if (pct(&B.r, p / 2))
+		rnd(&B.r) % 2 ? (m->chunks += 1) : (m->bytes -= 1);
+	send_out(rid, &b, 0);
+	if ((fd = bulk_accept(m->token)) < 0)
+		return;
+	B.bulk_served++;
+	for (unsigned i = 0; i < n && bulk_frame(fd, &x[i], p); i++)
+		;
+	shutdown(fd, SHUT_WR);
+	close(fd);
+}
+
 /* Versions after `have` (an anchor first when have is none, or now and
- * then an anchor of a later version), damaged unless B.clean. */
-static void serve(const zmq_msg_t *rid, uint64_t have)
+ * then an anchor of a later version), damaged unless B.clean; with --bulk
+ * 1 an anchor served first to a HELLO that asks for bulk goes over bulk. */
+static void serve(const zmq_msg_t *rid, uint64_t have, int bulk)
 {
 	outmsg x[MAX_MSGS];
 	uint64_t from = have == DCAST_VERSION_NONE || have >= VERSIONS ? 1 : have + 1;
@@ -367,8 +488,11 @@ static void serve(const zmq_msg_t *rid, uint64_t have)
 	welcome(rid);
 	for (uint64_t v = from; v <= VERSIONS; v++) {
 		unsigned n = version_msgs(x, v, v == (uint64_t)anchor_at);
-		int hold = -1;
-		for (unsigned i = 0; i < n; i++) {
+		int hold = -1, over_bulk = o.bulk && bulk && v == from && v == (uint64_t)anchor_at;
+
+		if (over_bulk)
+			bulk_serve(rid, x, n, v, p);
+		for (unsigned i = 0; i < n && !over_bulk; i++) {
 			if (pct(&B.r, p) ? send_damaged(rid, &x[i]) : (send_out(rid, &x[i], 0), 0)) {
 				hold = (int)i;
 				continue;
@@ -403,7 +527,7 @@ static void *broker_main(void *arg)
 				zmq_msg_close(&B.last_rid);
 			zmq_msg_init(&B.last_rid);
 			B.has_last = zmq_msg_copy(&B.last_rid, &in.rid) == 0;
-			serve(&in.rid, in.msg.u.hello.have_version);
+			serve(&in.rid, in.msg.u.hello.have_version, in.msg.u.hello.bulk);
 			pthread_mutex_unlock(&B.lock);
 		}
 		dcast_wire_in_close(&in);
@@ -554,16 +678,33 @@ static int parse(int argc, char **argv)
 		if (arg_u64(argc, argv, &i, "--seed", &o.seed) || arg_u64(argc, argv, &i, "--seconds", &o.seconds) ||
 		    arg_u64(argc, argv, &i, "--rounds", &o.rounds) ||
 		    arg_u64(argc, argv, &i, "--start-round", &o.start_round) ||
-		    arg_u64(argc, argv, &i, "--dirty-ms", &o.dirty_ms))
+		    arg_u64(argc, argv, &i, "--dirty-ms", &o.dirty_ms) || arg_u64(argc, argv, &i, "--bulk", &o.bulk))
 			continue;
 		if (!strcmp(argv[i], "--dir") && i + 1 < argc) {
 			o.dir = argv[++i];
 			continue;
 		}
 		fprintf(stderr, "usage: fuzz_consumer [--seed S] [--seconds T] [--rounds N] [--start-round R] "
-				"[--dirty-ms M] [--dir DIR]\n");
+				"[--dirty-ms M] [--dir DIR] [--bulk 1]\n");
 		return -1;
 	}
+	return 0;
+}
+
+/* --bulk 1: the bulk listener, on a loopback port of its own. */
+static int bulk_listen(void)
+{
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	socklen_t len = sizeof(a);
+
+	B.bulk_fd = -1;
+	if (!o.bulk)
+		return 0;
+	if ((B.bulk_fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)) < 0 ||
+	    bind(B.bulk_fd, (struct sockaddr *)&a, sizeof(a)) || listen(B.bulk_fd, 16) ||
+	    getsockname(B.bulk_fd, (struct sockaddr *)&a, &len))
+		return -1;
+	B.bulk_port = ntohs(a.sin_port);
 	return 0;
 }
 
@@ -572,6 +713,8 @@ static int broker_start(void)
 	size_t len = sizeof(B.ep);
 
 	pthread_mutex_init(&B.lock, NULL);
+	if (bulk_listen())
+		return -1;
 	if (!(B.ctx = zmq_ctx_new()) || !(B.router = zmq_socket(B.ctx, ZMQ_ROUTER)) ||
 	    zmq_bind(B.router, "tcp://127.0.0.1:*") || zmq_getsockopt(B.router, ZMQ_LAST_ENDPOINT, B.ep, &len))
 		return -1;
@@ -598,6 +741,9 @@ int main(int argc, char **argv)
 		zmq_msg_close(&B.last_rid);
 	zmq_close(B.router);
 	zmq_ctx_term(B.ctx);
+	if (o.bulk)
+		printf("fuzz_consumer: bulk: %" PRIu64 " transfers served, %" PRIu64 " frames\n", B.bulk_served,
+		       B.bulk_frames);
 	printf("fuzz_consumer: seed %" PRIu64 ", %" PRIu64 " rounds, %" PRIu64 " messages sent, %" PRIu64
 	       " damaged: %s\n", o.seed, round - o.start_round, B.sent, B.damaged, failed ? "FAILED" : "ok");
 	return failed ? 1 : 0;

@@ -49,6 +49,7 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -1057,22 +1058,34 @@ static void raw_opening(int fd, uint64_t token, size_t n)
 		fig.inputs++;
 }
 
+/* Up to `most` bytes from fd into buf (cap bytes; each read kept after
+ * the last when `keep`, else over it), each wait on fd bounded by `end`
+ * (dcast_now_ms); how many came before the end, EOF or an error. */
+static uint64_t read_until(int fd, char *buf, size_t cap, int keep, uint64_t most, uint64_t end)
+{
+	uint64_t got = 0;
+
+	while (got < most) {
+		uint64_t now = dcast_now_ms(), want = most - got;
+		struct pollfd p = {fd, POLLIN, 0};
+		ssize_t k;
+
+		if (now >= end || poll(&p, 1, (int)(end - now)) <= 0)
+			break;
+		k = recv(fd, keep ? buf + got : buf, want < cap ? want : cap, MSG_DONTWAIT);
+		if (k == 0 || (k < 0 && errno != EAGAIN && errno != EINTR))
+			break;
+		got += k > 0 ? (uint64_t)k : 0;
+	}
+	return got;
+}
+
 /* Read up to `most` bytes of what the broker sends, for at most ms. */
 static void raw_read(int fd, uint64_t most, uint64_t ms)
 {
 	static char buf[1 << 16];
-	uint64_t end = dcast_now_ms() + ms, got = 0;
 
-	while (got < most && dcast_now_ms() < end) {
-		ssize_t k = recv(fd, buf, most - got < sizeof(buf) ? most - got : sizeof(buf), 0);
-
-		if (k == 0 || (k < 0 && errno != EAGAIN && errno != EINTR))
-			break;
-		if (k < 0)
-			usleep(500);
-		got += k > 0 ? (uint64_t)k : 0;
-	}
-	fig.bulk_bytes += got;
+	fig.bulk_bytes += read_until(fd, buf, sizeof(buf), 0, most, dcast_now_ms() + ms);
 }
 
 /* One hostile connection: silent, junk, an opening cut short, or an
@@ -1168,15 +1181,7 @@ static int metrics_get(void)
 				close(fd);
 			continue;
 		}
-		while (got + 1 < sizeof(buf) && dcast_now_ms() < end) {
-			ssize_t k = recv(fd, buf + got, sizeof(buf) - 1 - got, 0);
-
-			if (k == 0 || (k < 0 && errno != EAGAIN && errno != EINTR))
-				break;
-			if (k < 0)
-				usleep(1000);
-			got += k > 0 ? (size_t)k : 0;
-		}
+		got = read_until(fd, buf, sizeof(buf) - 1, 1, sizeof(buf) - 1, end);
 		close(fd);
 		buf[got] = 0;
 		if (!strncmp(buf, "HTTP/1.0 200", 12) && strstr(buf, "deltacast_"))

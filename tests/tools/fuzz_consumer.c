@@ -53,6 +53,7 @@
 #include <zmq.h>
 #include "deltacast/codec.h"
 #include "deltacast/consumer.h"
+#include "dcast_bulkrx.h"
 #include "dcast_bytes.h"
 #include "dcast_common.h"
 #include "dcast_wire.h"
@@ -381,7 +382,7 @@ static int bulk_accept(uint64_t token)
 
 	while (dcast_now_ms() < end) {
 		struct pollfd p = {B.bulk_fd, POLLIN, 0};
-		unsigned char open[16]; /* "DCB1", 4 zero bytes, the token */
+		unsigned char open[DCAST_BULK_OPENING]; /* "DCB1", 4 zero bytes, the token */
 		int fd;
 
 		if (poll(&p, 1, 100) <= 0 || (fd = accept(B.bulk_fd, NULL, NULL)) < 0)
@@ -405,13 +406,13 @@ static void frame_write(int fd, const outmsg *x, int flip, size_t cut)
 
 	if (dcast_msg_encode(&x->m, &hdr, &len))
 		return;
-	n = 12 + len + pl;
+	n = DCAST_BULK_PREFIX + len + pl;
 	f = malloc(n);
 	dcast_put_le32(f, (uint32_t)len);
 	dcast_put_le64(f + 4, pl);
-	memcpy(f + 12, hdr, len);
+	memcpy(f + DCAST_BULK_PREFIX, hdr, len);
 	if (pl)
-		memcpy(f + 12 + len, x->payload, pl);
+		memcpy(f + DCAST_BULK_PREFIX + len, x->payload, pl);
 	if (flip)
 		f[rnd(&B.r) % n] ^= (unsigned char)(1u << (rnd(&B.r) % 8));
 	send(fd, f, cut < n ? cut : n, MSG_NOSIGNAL);
@@ -434,7 +435,7 @@ static int bulk_frame(int fd, outmsg *x, unsigned p)
 	switch (rnd(&B.r) % 6) {
 	case 0: return 1; /* dropped */
 	case 1: frame_write(fd, x, 1, SIZE_MAX); return 1;
-	case 2: frame_write(fd, x, 0, rnd(&B.r) % (12 + 64 + x->len)); return 0;
+	case 2: frame_write(fd, x, 0, rnd(&B.r) % (DCAST_BULK_PREFIX + 64 + x->len)); return 0;
 	case 3:
 		x->m.type == DCAST_MSG_CHUNK ? chunk_lie(x) : commit_lie(x);
 		frame_write(fd, x, 0, SIZE_MAX);

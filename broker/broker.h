@@ -204,6 +204,8 @@ struct broker_model {
 	int need_anchor;                  /* next version must be an anchor */
 	uint64_t run;                     /* run identity (broker/run.c); 0 only for a relayed
 					     model before its upstream's WELCOME */
+	uint64_t clears;                  /* broker_model_clear calls: a durable job queued
+					     before the last one skips its completion */
 	int relayed;                      /* filled from --upstream, not producers */
 	int held;                         /* relayed, its log restored from --data-dir and not yet
 					     matched against its upstream's run: none of it is

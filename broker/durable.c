@@ -62,6 +62,8 @@ struct durable_job {
 	size_t mark_len;
 	int free_model;
 	uint64_t run;               /* j->m->run when queued: a later run skips the completion */
+	uint64_t clears;            /* j->m->clears when queued: so does a log cleared since
+				       (a run A, then B, then A again) */
 	const void *manifest, *commit;
 	size_t manifest_len, commit_len;
 	uint32_t n_rec;
@@ -335,6 +337,7 @@ static struct durable_job *job_new(struct broker_model *m, struct broker_version
 	v->refs++;
 	snprintf(j->model, sizeof(j->model), "%s", m->name);
 	j->run = m->run;
+	j->clears = m->clears;
 	j->version = v->version;
 	j->anchor = v->anchor;
 	j->ack = ack;
@@ -356,6 +359,7 @@ int broker_durable_drop(struct broker *b, struct broker_model *m, int free_model
 	j->drop = 1;
 	j->free_model = free_model;
 	j->run = m->run;
+	j->clears = m->clears;
 	snprintf(j->model, sizeof(j->model), "%s", m->name);
 	j->queued_ns = dcast_now_ns();
 	job_queue(d, j);
@@ -389,6 +393,7 @@ int broker_durable_poison(struct broker *b, struct broker_model *m, uint64_t ver
 	j->poison = 1;
 	j->version = version;
 	j->run = m->run;
+	j->clears = m->clears;
 	snprintf(j->model, sizeof(j->model), "%s", m->name);
 	j->queued_ns = dcast_now_ns();
 	job_queue(d, j);
@@ -507,7 +512,7 @@ static void on_done(struct broker *b, int fd, void *arg)
 		DCAST_ASSERT(j->seq == ++d->seq_done); /* completions in commit order */
 		if (j->drop)
 			job_dropped(b, j);
-		else if (j->m->deleting || j->run != j->m->run)
+		else if (j->m->deleting || j->run != j->m->run || j->clears != j->m->clears)
 			; /* removed or cleared since: nothing to ACK, its files go next */
 		else if (j->poison)
 			job_poisoned(j);

@@ -101,6 +101,7 @@ void broker_model_clear(struct broker *b, struct broker_model *m)
 	model_empty(m);
 	m->need_anchor = 0;
 	m->durable_version = m->lost_version = m->poisoned = DCAST_VERSION_NONE;
+	m->clears++;
 }
 
 /* Every model with a peer on it is active now. */

@@ -336,13 +336,16 @@ fuzz-broker: all $(BUILD)/tools/fuzz_broker $(BUILD)/tools/wire_client
 # bit for bit, and after each round the consumer, opened again and served
 # cleanly, must reach the newest version.
 # FUZZ_CONSUMER_BULK=1: anchors over a bulk connection too, damaged as well.
+# FUZZ_CONSUMER_RELAY=1: the lying broker is a real relay's upstream, and
+# the consumer joins the relay (each relay must stay up and exit 0).
 FUZZ_CONSUMER_SECONDS ?= 600
 FUZZ_CONSUMER_SEED ?= $(shell date +%s)
 FUZZ_CONSUMER_BULK ?= 0
+FUZZ_CONSUMER_RELAY ?= 0
 .PHONY: fuzz-consumer
 fuzz-consumer: all $(BUILD)/tools/fuzz_consumer
-	nice -n 10 $(BUILD)/tools/fuzz_consumer --seed $(FUZZ_CONSUMER_SEED) --seconds $(FUZZ_CONSUMER_SECONDS) \
-	  --bulk $(FUZZ_CONSUMER_BULK)
+	DELTACAST_BUILD=$(abspath $(BUILD)) nice -n 10 $(BUILD)/tools/fuzz_consumer --seed $(FUZZ_CONSUMER_SEED) \
+	  --seconds $(FUZZ_CONSUMER_SECONDS) --bulk $(FUZZ_CONSUMER_BULK) --relay $(FUZZ_CONSUMER_RELAY)
 
 # --- bench-sync ---
 # `make bench-sync`: a 1% delta of a BENCH_SYNC_PARAMS bf16 model to N = 1, 4,

@@ -35,8 +35,20 @@
  * the connection cut inside a frame.  The consumer's later versions come
  * over ZeroMQ as before.
  *
+ * --relay 1: the lying broker is a relay's upstream.  Each round starts a
+ * real relay (deltacast-broker --upstream, from $DELTACAST_BUILD, with
+ * --bulk when --bulk 1 is given) that joins the fake broker, and the
+ * consumer joins the relay: the relay takes the damage (its intake checks,
+ * its bulk reader, its fold and poison, its run switch) and the consumer
+ * what the relay passes on.  In half the rounds the relay keeps a data dir
+ * and is stopped and started again on it half-way through the damaged
+ * stream (the consumer closed and opened again), so that it restores what
+ * it logged of the lies.  Each relay must stay up, exit 0 on SIGTERM and
+ * log no sanitizer report; the clean phase serves the consumer through a
+ * fresh relay.
+ *
  *   fuzz_consumer [--seed S] [--seconds T] [--rounds N] [--start-round R]
- *                 [--dirty-ms M] [--dir DIR] [--bulk 1]
+ *                 [--dirty-ms M] [--dir DIR] [--bulk 1] [--relay 1]
  * Exit 0 when every round passed; 1 otherwise. */
 #include <arpa/inet.h>
 #include <inttypes.h>
@@ -48,7 +60,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <zmq.h>
 #include "deltacast/codec.h"
@@ -70,7 +86,7 @@ static const uint64_t t_elems[N_T] = {6000, 1000};
 static const unsigned t_es[N_T] = {2, 4};
 
 static struct opts {
-	uint64_t seed, seconds, rounds, start_round, dirty_ms, bulk;
+	uint64_t seed, seconds, rounds, start_round, dirty_ms, bulk, relay;
 	const char *dir;
 } o = {.seed = 1, .seconds = 30, .rounds = UINT64_MAX, .dirty_ms = 1500, .dir = "/tmp"};
 
@@ -508,6 +524,25 @@ static void serve(const zmq_msg_t *rid, uint64_t have, int bulk)
 	}
 }
 
+/* in, a HELLO, takes the routing id and fields of the last of the HELLOs
+ * already waiting (other messages are read and dropped), as a broker's
+ * session ends at its client's next HELLO: a relay that says HELLO again
+ * at each bad message would otherwise be served every stream it left, and
+ * with --bulk 1 each BULK would wait for a connection that never comes. */
+static void newest_hello(dcast_wire_in *in)
+{
+	for (;;) {
+		dcast_wire_in next;
+		int rc = dcast_wire_recv(B.router, 1, &next, ZMQ_DONTWAIT);
+
+		if (rc == 0 && next.msg.type == DCAST_MSG_HELLO && !zmq_msg_move(&in->rid, &next.rid))
+			in->msg.u.hello = next.msg.u.hello;
+		dcast_wire_in_close(&next);
+		if (rc == DCAST_EBUSY || rc == DCAST_EZMQ)
+			return;
+	}
+}
+
 static void *broker_main(void *arg)
 {
 	(void)arg;
@@ -523,6 +558,7 @@ static void *broker_main(void *arg)
 		if (zmq_poll(&it, 1, 20) <= 0)
 			continue;
 		if (dcast_wire_recv(B.router, 1, &in, ZMQ_DONTWAIT) == 0 && in.msg.type == DCAST_MSG_HELLO) {
+			newest_hello(&in);
 			pthread_mutex_lock(&B.lock);
 			if (B.has_last)
 				zmq_msg_close(&B.last_rid);
@@ -547,6 +583,141 @@ static void say(const char *fmt, ...)
 	vfprintf(stderr, fmt, ap);
 	va_end(ap);
 	fputc('\n', stderr);
+}
+
+/* ---- the relay (--relay 1) ---- */
+
+static struct relay {
+	pid_t pid;            /* 0: none running */
+	char ep[128];         /* its consumers' endpoint, from its log */
+	char log[600], data[600];
+	uint64_t starts;
+} R;
+
+/* The endpoint a consumer joins: the relay's, or the fake broker's. */
+static const char *endpoint(void)
+{
+	return o.relay ? R.ep : B.ep;
+}
+
+/* How many lines of path hold s. */
+static int log_has(const char *path, const char *s)
+{
+	char line[4096];
+	FILE *f = fopen(path, "r");
+	int n = 0;
+
+	while (f && fgets(line, sizeof(line), f))
+		n += strstr(line, s) != NULL;
+	if (f)
+		fclose(f);
+	return n;
+}
+
+/* R.ep from the relay's line "consumers on tcp://HOST:PORT"; 0 when it
+ * is there. */
+static int relay_endpoint(void)
+{
+	static const char key[] = "consumers on ";
+	char line[4096];
+	const char *at;
+	FILE *f = fopen(R.log, "r");
+
+	R.ep[0] = 0;
+	while (f && fgets(line, sizeof(line), f))
+		if ((at = strstr(line, key)) && !strncmp(at + sizeof(key) - 1, "tcp://", 6))
+			snprintf(R.ep, sizeof(R.ep), "%.*s", (int)strcspn(at + sizeof(key) - 1, " \n"),
+				 at + sizeof(key) - 1);
+	if (f)
+		fclose(f);
+	return R.ep[0] ? 0 : -1;
+}
+
+static void relay_exec(char *const argv[])
+{
+	prctl(PR_SET_PDEATHSIG, SIGKILL); /* a fuzzer that dies leaves no relay behind */
+	if (!freopen(R.log, "w", stderr) || !freopen("/dev/null", "w", stdout))
+		_exit(127);
+	execv(argv[0], argv);
+	_exit(127);
+}
+
+/* A relay of the fake broker, its files under rdir (with `data`, its log
+ * of versions in rdir/relay-data), its stderr in rdir/relay.N.log; 0 once
+ * it logged its consumers' endpoint, -1 (said) when it did not within
+ * 10 s. */
+static int relay_start(const char *rdir, int data)
+{
+	const char *build = getenv("DELTACAST_BUILD");
+	char bin[512];
+	char *argv[20] = {bin, "--producers", "tcp://127.0.0.1:*", "--consumers", "tcp://127.0.0.1:*",
+			  "--upstream", B.ep, "--upstream-model", MODEL, "--heartbeat-ms", "500",
+			  "--log-level", "info"};
+	int n = 13;
+
+	snprintf(bin, sizeof(bin), "%s/deltacast-broker", build && *build ? build : "build");
+	snprintf(R.data, sizeof(R.data), "%s/relay-data", rdir);
+	snprintf(R.log, sizeof(R.log), "%s/relay.%" PRIu64 ".log", rdir, ++R.starts);
+	if (o.bulk)
+		argv[n++] = "--bulk", argv[n++] = "127.0.0.1:0";
+	if (data)
+		argv[n++] = "--data-dir", argv[n++] = R.data;
+	if ((R.pid = fork()) == 0)
+		relay_exec(argv);
+	for (uint64_t end = dcast_now_ms() + 10000; R.pid > 0 && dcast_now_ms() < end; poll(NULL, 0, 10)) {
+		if (!relay_endpoint())
+			return 0;
+		if (waitpid(R.pid, NULL, WNOHANG) == R.pid)
+			break;
+	}
+	say("the relay did not start (log %s)", R.log);
+	if (R.pid > 0 && !kill(R.pid, SIGKILL))
+		waitpid(R.pid, NULL, 0);
+	R.pid = 0;
+	return -1;
+}
+
+/* The relay's end, as a wait status says it. */
+static void relay_ended(int st, const char *how)
+{
+	if (WIFSIGNALED(st))
+		say("the relay %s: killed by signal %d (%s; log %s)", how, WTERMSIG(st), strsignal(WTERMSIG(st)), R.log);
+	else
+		say("the relay %s: exit status %d (log %s)", how, WEXITSTATUS(st), R.log);
+}
+
+/* The relay stopped with SIGTERM; 0 when it was still running, exited 0
+ * within 10 s and logged no sanitizer report, else -1 (said). */
+static int relay_stop(void)
+{
+	pid_t got = 0;
+	int st = 0, bad = 0;
+
+	if (!R.pid)
+		return 0;
+	if (waitpid(R.pid, &st, WNOHANG) == R.pid) {
+		relay_ended(st, "ended before its SIGTERM");
+		R.pid = 0;
+		return -1;
+	}
+	kill(R.pid, SIGTERM);
+	for (uint64_t end = dcast_now_ms() + 10000; !(got = waitpid(R.pid, &st, WNOHANG)) && dcast_now_ms() < end;)
+		poll(NULL, 0, 10);
+	if (!got) {
+		say("the relay did not exit within 10 s of its SIGTERM (log %s)", R.log);
+		kill(R.pid, SIGKILL);
+		waitpid(R.pid, &st, 0);
+		bad = 1;
+	} else if (!WIFEXITED(st) || WEXITSTATUS(st)) {
+		relay_ended(st, "on SIGTERM");
+		bad = 1;
+	}
+	R.pid = 0;
+	if (log_has(R.log, "Sanitizer") || log_has(R.log, "runtime error:")) {
+		say("the relay logged a sanitizer report (log %s)", R.log);
+		bad = 1;
+	}
+	return bad ? -1 : 0;
 }
 
 /* The consumer's tensors are version v's truth of run k (v none: nothing
@@ -612,7 +783,7 @@ static dcast_consumer *open_at(const char *dir, int *bad)
 
 	dcast_consumer_opts_init(&opts);
 	opts.heartbeat_ms = 500;
-	if (dcast_consumer_open(B.ep, MODEL, dir, 4u << 20, &opts, &c)) {
+	if (dcast_consumer_open(endpoint(), MODEL, dir, 4u << 20, &opts, &c)) {
 		say("open %s: %s", dir, dcast_last_error());
 		*bad = 1;
 		return NULL;
@@ -624,42 +795,80 @@ static dcast_consumer *open_at(const char *dir, int *bad)
 	return c;
 }
 
-static int round_run(uint64_t round)
+/* The first half of the damaged stream, where a round splits it: held
+ * (the run changes after it), or applied and then, with `restart`, the
+ * consumer closed and the relay stopped and started on its data dir, and
+ * the consumer opened again.  0, or -1 (said). */
+static int first_half(dcast_consumer **c, const char *dir, const char *rdir, int change, int restart)
 {
-	char dir[512], cmd[600];
-	rng r = {o.seed * 0x100000001b3ull + round};
-	dcast_consumer *c;
 	int bad = 0;
 
-	snprintf(dir, sizeof(dir), "%s/fuzz_consumer.%d.%" PRIu64, o.dir, (int)getpid(), round);
-	int change = rnd(&r) % 3 == 0; /* run 1 from half-way */
+	if (change)
+		hold(*c, o.dirty_ms / 2);
+	else if (drive(*c, o.dirty_ms / 2, DCAST_VERSION_NONE))
+		return -1;
+	if (!restart)
+		return 0;
+	dcast_consumer_close(c);
+	if (relay_stop() || relay_start(rdir, 1) || !(*c = open_at(dir, &bad)))
+		return -1;
+	return bad ? -1 : 0;
+}
+
+/* The damaged stream, from a fresh directory.  0, or -1 (said). */
+static int dirty(rng *r, const char *dir, const char *rdir)
+{
+	int change = rnd(r) % 3 == 0; /* run 1 from half-way */
+	int restart = o.relay && rnd(r) % 2; /* the relay on a data dir, started again half-way */
+	dcast_consumer *c = NULL;
+	int bad = 0;
 
 	pthread_mutex_lock(&B.lock);
-	grid_make(&r);
-	truth_make(&r, 1);
-	truth_make(&r, 0);
-	B.r.s = rnd(&r), B.clean = 0;
+	grid_make(r);
+	truth_make(r, 1);
+	truth_make(r, 0);
+	B.r.s = rnd(r), B.clean = 0;
 	pthread_mutex_unlock(&B.lock);
-	if ((c = open_at(dir, &bad)) && change) {
-		hold(c, o.dirty_ms / 2);
+	if (o.relay && (mkdir(rdir, 0700) || relay_start(rdir, restart)))
+		return -1;
+	if (!(c = open_at(dir, &bad)) || bad || ((change || restart) && first_half(&c, dir, rdir, change, restart)))
+		bad = 1;
+	if (!bad && change) {
 		pthread_mutex_lock(&B.lock);
 		serve_run(1);
 		B.rewelcome = 1;
 		pthread_mutex_unlock(&B.lock);
 	}
-	if (c && drive(c, change ? o.dirty_ms / 2 : o.dirty_ms, DCAST_VERSION_NONE))
+	if (!bad && drive(c, change || restart ? o.dirty_ms / 2 : o.dirty_ms, DCAST_VERSION_NONE))
 		bad = 1;
 	dcast_consumer_close(&c);
+	return relay_stop() || bad ? -1 : 0;
+}
+
+static int round_run(uint64_t round)
+{
+	char dir[512], rdir[520], cmd[1100];
+	rng r = {o.seed * 0x100000001b3ull + round};
+	dcast_consumer *c = NULL;
+	int bad;
+
+	snprintf(dir, sizeof(dir), "%s/fuzz_consumer.%d.%" PRIu64, o.dir, (int)getpid(), round);
+	snprintf(rdir, sizeof(rdir), "%s.relay", dir);
+	bad = dirty(&r, dir, rdir);
 	pthread_mutex_lock(&B.lock);
 	B.clean = 1;
 	pthread_mutex_unlock(&B.lock);
+	if (!bad && o.relay && relay_start(rdir, 0))
+		bad = 1;
 	if (!bad && (c = open_at(dir, &bad)) && !bad && (drive(c, 20000, VERSIONS) || dcast_consumer_version(c) != VERSIONS)) {
 		say("served cleanly, the consumer holds version %" PRIu64 " after 20 s, not %d", dcast_consumer_version(c),
 		    VERSIONS);
 		bad = 1;
 	}
 	dcast_consumer_close(&c);
-	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+	if (relay_stop())
+		bad = 1;
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s' '%s'", dir, rdir);
 	if (!bad && system(cmd) != 0)
 		say("could not remove %s", dir);
 	return bad;
@@ -679,14 +888,15 @@ static int parse(int argc, char **argv)
 		if (arg_u64(argc, argv, &i, "--seed", &o.seed) || arg_u64(argc, argv, &i, "--seconds", &o.seconds) ||
 		    arg_u64(argc, argv, &i, "--rounds", &o.rounds) ||
 		    arg_u64(argc, argv, &i, "--start-round", &o.start_round) ||
-		    arg_u64(argc, argv, &i, "--dirty-ms", &o.dirty_ms) || arg_u64(argc, argv, &i, "--bulk", &o.bulk))
+		    arg_u64(argc, argv, &i, "--dirty-ms", &o.dirty_ms) || arg_u64(argc, argv, &i, "--bulk", &o.bulk) ||
+		    arg_u64(argc, argv, &i, "--relay", &o.relay))
 			continue;
 		if (!strcmp(argv[i], "--dir") && i + 1 < argc) {
 			o.dir = argv[++i];
 			continue;
 		}
 		fprintf(stderr, "usage: fuzz_consumer [--seed S] [--seconds T] [--rounds N] [--start-round R] "
-				"[--dirty-ms M] [--dir DIR] [--bulk 1]\n");
+				"[--dirty-ms M] [--dir DIR] [--bulk 1] [--relay 1]\n");
 		return -1;
 	}
 	return 0;
@@ -745,6 +955,8 @@ int main(int argc, char **argv)
 	if (o.bulk)
 		printf("fuzz_consumer: bulk: %" PRIu64 " transfers served, %" PRIu64 " frames\n", B.bulk_served,
 		       B.bulk_frames);
+	if (o.relay)
+		printf("fuzz_consumer: relay: %" PRIu64 " relays started\n", R.starts);
 	printf("fuzz_consumer: seed %" PRIu64 ", %" PRIu64 " rounds, %" PRIu64 " messages sent, %" PRIu64
 	       " damaged: %s\n", o.seed, round - o.start_round, B.sent, B.damaged, failed ? "FAILED" : "ok");
 	return failed ? 1 : 0;

@@ -22,8 +22,12 @@ int cs_ckpt_recover(dcast_consumer *c, uint64_t version, int err)
 	char why[512];
 
 	snprintf(why, sizeof(why), "%s", dcast_last_error());
-	DCAST_LOG_I("consumer %s: old values of version %" PRIu64 " not kept in memory; restoring version %"
-		    PRIu64 " from the local checkpoint", c->model, version, prev);
+	if (prev == DCAST_VERSION_NONE)
+		DCAST_LOG_I("consumer %s: version %" PRIu64 " refused while the tensors held no version: "
+			    "nothing to restore", c->model, version);
+	else
+		DCAST_LOG_I("consumer %s: old values of version %" PRIu64 " not kept in memory; restoring "
+			    "version %" PRIu64 " from the local checkpoint", c->model, version, prev);
 	cs_store_fold_wait(c->store, &c->lock); /* its files may be the ones the restore reads */
 	if (!cs_ckpt_restore(c))
 		return dcast_fail(err, "%s (version %" PRIu64 " refused; tensors kept at the previous version)",

@@ -317,17 +317,21 @@ bench-cluster: all $(BUILD)/tools/fault_publish $(BUILD)/tools/fault_digest
 # prints inputs tried, crashes and max VmRSS, and on a failure the seed and
 # batch that replay it.  FUZZ_BROKER_BULK=1: the broker with --bulk, and
 # hostile connections to its bulk port and unix socket too;
-# FUZZ_BROKER_METRICS=1: with --metrics, and hostile clients of that port.
+# FUZZ_BROKER_METRICS=1: with --metrics, and hostile clients of that port;
+# FUZZ_BROKER_CURVE=1 (not with FUZZ_BROKER_BULK=1): with CURVE and key
+# lists, each fuzzed connection drawing a key, listed or not, and hostile
+# ZMTP greetings and CURVE handshakes on both ZeroMQ ports.
 # docs/reliability.md has the figures of past runs.
 FUZZ_BROKER_SECONDS ?= 600
 FUZZ_BROKER_SEED ?= $(shell date +%s)
 FUZZ_BROKER_BULK ?= 0
 FUZZ_BROKER_METRICS ?= 0
+FUZZ_BROKER_CURVE ?= 0
 .PHONY: fuzz-broker
 fuzz-broker: all $(BUILD)/tools/fuzz_broker $(BUILD)/tools/wire_client
 	DELTACAST_BUILD=$(abspath $(BUILD)) nice -n 10 $(BUILD)/tools/fuzz_broker \
 	  --seed $(FUZZ_BROKER_SEED) --seconds $(FUZZ_BROKER_SECONDS) --bulk $(FUZZ_BROKER_BULK) \
-	  --metrics $(FUZZ_BROKER_METRICS)
+	  --metrics $(FUZZ_BROKER_METRICS) --curve $(FUZZ_BROKER_CURVE)
 
 # `make fuzz-consumer`: tests/tools/fuzz_consumer serves a real consumer
 # from a broker that lies (damaged, dropped, repeated and reordered

@@ -21,7 +21,8 @@
  *
  *   fuzz_broker [--seed S] [--batches N] [--seconds T] [--start-batch B]
  *               [--rss-max-mib M] [--check-every K] [--dir DIR]
- *               [--durable 1] [--attach PID PRODUCERS CONSUMERS]
+ *               [--durable 1] [--bulk 1] [--metrics 1] [--curve 1]
+ *               [--attach PID PRODUCERS CONSUMERS]
  * Without --attach it starts $DELTACAST_BUILD/deltacast-broker (default
  * build/) with small caps (and --data-dir DIR/data with --durable 1).
  * --bulk 1 gives that broker --bulk 127.0.0.1:0 (and its unix socket):
@@ -36,9 +37,16 @@
  * the size limit, other methods and paths, or a whole GET read in part or
  * not at all; after each batch a GET /metrics must be answered with the
  * page (retried for 3 s: the port serves 16 clients at once, and those
- * the batch closed go on the broker's next turns).  Exit 0: no
- * crash, RSS in bound, every check passed; 1 otherwise (the line says
- * which batch and how to replay). */
+ * the batch closed go on the broker's next turns).  --curve 1 (not with
+ * --bulk 1) gives it --curve-secret and key lists (a producer key for any
+ * model, one for fz0 only, a consumer key): each fuzzed connection then
+ * draws its key (mostly a listed one; a producer key for fz0 alone, the
+ * other role's key, an unlisted key, or the wrong server key), and each
+ * batch adds raw connections to both ZeroMQ ports that stay silent, send
+ * junk, a ZMTP greeting cut short, one with another mechanism, or a CURVE
+ * greeting and a HELLO command of any size and bytes; the good pair uses
+ * the listed keys.  Exit 0: no crash, RSS in bound, every check passed; 1
+ * otherwise (the line says which batch and how to replay). */
 #include <errno.h>
 #include <msgpack.h>
 #include <signal.h>
@@ -59,6 +67,7 @@
 #include "dcast_bulkrx.h"
 #include "dcast_bytes.h"
 #include "dcast_common.h"
+#include "dcast_curve.h"
 #include "dcast_wire.h"
 
 #define MAX_FIELDS 32
@@ -71,7 +80,7 @@
 /* ---- options, figures ---- */
 
 static struct opts {
-	uint64_t seed, batches, seconds, start_batch, rss_max_mib, check_every, durable, bulk, metrics;
+	uint64_t seed, batches, seconds, start_batch, rss_max_mib, check_every, durable, bulk, metrics, curve;
 	unsigned bulk_port, metrics_port;
 	const char *dir, *build;
 	pid_t pid;
@@ -84,7 +93,8 @@ static struct figures {
 	uint64_t batches, streams, inputs, mutated, send_dropped, replies, undecodable;
 	uint64_t errors[DCAST_ERR_COUNT];
 	uint64_t checks, good_version, rss_max_kib, rss_start_kib;
-	uint64_t offers, bulk_conns, bulk_bytes, metrics_conns, metrics_gets;
+	uint64_t offers, bulk_conns, bulk_bytes, metrics_conns, metrics_gets, zmtp_conns, keys_drawn[5];
+	uint64_t key_leaks; /* --curve 1: messages to a key the broker must refuse */
 } fig;
 
 static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -569,6 +579,7 @@ struct stream {
 	uint32_t n, cap, next, reconnect_at;
 	uint64_t welcome_version;
 	int welcomed, hello_acked;
+	int key;                  /* --curve 1: its key (KEY_SERVER: its role's, to the wrong server key) */
 	struct conv *conv;
 };
 
@@ -602,13 +613,89 @@ static struct fmsg *script_add(struct stream *st)
 	return &st->msg[st->n++];
 }
 
-static void *open_dealer(const char *ep)
+/* ---- CURVE keys (--curve 1) ---- */
+
+enum { KEY_PROD, KEY_FZ0, KEY_CONS, KEY_UNLISTED, KEY_SERVER, N_KEYS };
+
+static const char *const key_names[N_KEYS] = {"prod", "prod-fz0", "cons", "unlisted", "server"};
+static char key_pub[N_KEYS][DCAST_Z85_KEY_LEN + 1], key_file[N_KEYS][600];
+static char wrong_server[DCAST_Z85_KEY_LEN + 1]; /* a key no broker holds */
+
+static void write_file(const char *path, const char *text)
 {
+	FILE *f = fopen(path, "w");
+
+	if (!f || fputs(text, f) < 0 || fclose(f)) {
+		fprintf(stderr, "fuzz_broker: %s: %s\n", path, strerror(errno));
+		exit(1);
+	}
+}
+
+/* Every key pair in DIR/KEY.secret, the broker's key lists in
+ * DIR/producer-keys (prod: any model; prod-fz0: fz0 only) and
+ * DIR/consumer-keys (cons). */
+static void keys_make(void)
+{
+	char secret[DCAST_Z85_KEY_LEN + 1], text[256], path[600];
+
+	for (int k = 0; k < N_KEYS; k++) {
+		if (zmq_curve_keypair(key_pub[k], secret)) {
+			fprintf(stderr, "fuzz_broker: no CURVE in this libzmq\n");
+			exit(1);
+		}
+		snprintf(key_file[k], sizeof(key_file[k]), "%s/%s.secret", o.dir, key_names[k]);
+		snprintf(text, sizeof(text), "%s\n", secret);
+		write_file(key_file[k], text);
+	}
+	zmq_curve_keypair(wrong_server, secret);
+	snprintf(path, sizeof(path), "%s/producer-keys", o.dir);
+	snprintf(text, sizeof(text), "%s *\n%s fz0\n", key_pub[KEY_PROD], key_pub[KEY_FZ0]);
+	write_file(path, text);
+	snprintf(path, sizeof(path), "%s/consumer-keys", o.dir);
+	snprintf(text, sizeof(text), "%s\n", key_pub[KEY_CONS]);
+	write_file(path, text);
+}
+
+/* The key a fuzzed connection uses: mostly its role's listed key, else
+ * the fz0-only producer key, the other role's, an unlisted one, or
+ * KEY_SERVER: its role's key to the wrong server key. */
+static int key_draw(int consumer)
+{
+	uint64_t r = below(100);
+	int k = consumer ? KEY_CONS : KEY_PROD;
+
+	if (r >= 70 && r < 80)
+		k = consumer ? KEY_PROD : KEY_FZ0;
+	else if (r >= 80 && r < 88)
+		k = consumer ? KEY_FZ0 : KEY_CONS;
+	else if (r >= 88 && r < 95)
+		k = KEY_UNLISTED;
+	else if (r >= 95)
+		k = KEY_SERVER;
+	fig.keys_drawn[k]++;
+	return k;
+}
+
+/* 1 when the broker must refuse the handshake of st's key. */
+static int key_refused(const struct stream *st)
+{
+	if (!o.curve)
+		return 0;
+	return st->consumer ? st->key != KEY_CONS : st->key != KEY_PROD && st->key != KEY_FZ0;
+}
+
+/* A DEALER connected to the consumers' or producers' port; with --curve 1
+ * a CURVE client with key k. */
+static void *open_dealer(int consumer, int k)
+{
+	const char *ep = consumer ? o.cons_ep : o.prod_ep;
+	const char *server = k == KEY_SERVER ? wrong_server : key_pub[KEY_SERVER];
+	int own = k == KEY_SERVER ? (consumer ? KEY_CONS : KEY_PROD) : k;
 	void *s = zmq_socket(g_ctx, ZMQ_DEALER);
 	int hwm = 100000;
 
 	if (!s || dcast_wire_socket_opts(s) || zmq_setsockopt(s, ZMQ_SNDHWM, &hwm, sizeof(hwm)) ||
-	    zmq_connect(s, ep)) {
+	    (o.curve && dcast_curve_client_setup(s, server, key_file[own])) || zmq_connect(s, ep)) {
 		fprintf(stderr, "fuzz_broker: connect %s: %s\n", ep, zmq_strerror(errno));
 		exit(1);
 	}
@@ -621,7 +708,8 @@ static struct stream *stream_new(int consumer)
 
 	memset(st, 0, sizeof(*st));
 	st->consumer = consumer;
-	st->sock = open_dealer(consumer ? o.cons_ep : o.prod_ep);
+	st->key = o.curve ? key_draw(consumer) : 0;
+	st->sock = open_dealer(consumer, st->key);
 	st->welcome_version = DCAST_VERSION_NONE;
 	st->reconnect_at = UINT32_MAX;
 	fig.streams++;
@@ -1197,8 +1285,107 @@ static void raw_close_all(void)
 	n_offers = 0;
 }
 
+/* ---- hostile ZMTP connections (--curve 1) ---- */
+
+/* The port of a "tcp://HOST:PORT" endpoint. */
+static unsigned ep_port(const char *ep)
+{
+	const char *c = strrchr(ep, ':');
+
+	return c ? (unsigned)strtoul(c + 1, NULL, 10) : 0;
+}
+
+/* A ZMTP 3.0 greeting (64 bytes) naming `mech`, as a client. */
+static void zmtp_greeting(unsigned char g[64], const char *mech)
+{
+	memset(g, 0, 64);
+	g[0] = 0xff;
+	g[9] = 0x7f;
+	g[10] = 3;
+	memcpy(g + 12, mech, strlen(mech) < 20 ? strlen(mech) : 20);
+}
+
+/* After a CURVE greeting, a command: a HELLO of CURVE's size (200 bytes:
+ * name, version, padding, a transient key, a nonce and a box, all of them
+ * random past the name), or one of any size, now and then in the long
+ * form, its size (big-endian) now and then larger than what follows. */
+static size_t zmtp_command(unsigned char *b, size_t cap)
+{
+	size_t body = chance(50) ? 200 : 6 + below(cap - 16);
+	uint64_t declared = chance(10) ? rnd() : body;
+
+	for (size_t j = 0; j < cap; j++)
+		b[j] = (unsigned char)rnd();
+	if (chance(20)) {
+		b[0] = 0x06;
+		for (int j = 0; j < 8; j++)
+			b[1 + j] = (unsigned char)(declared >> (8 * (7 - j)));
+		memcpy(b + 9, "\x05HELLO", 6);
+		return 9 + body;
+	}
+	body = body > 255 ? 255 : body;
+	b[0] = 0x04;
+	b[1] = (unsigned char)body;
+	memcpy(b + 2, "\x05HELLO", 6);
+	return 2 + body;
+}
+
+/* One hostile connection to a ZeroMQ port: silent, junk, a greeting cut
+ * short, one with another mechanism, or a CURVE greeting and a command
+ * (the ZMTP version now and then another); what the broker answers is
+ * read for a moment; closed now or kept to the batch's end. */
+static void zmtp_one(void)
+{
+	static const char *mechs[] = {"NULL", "PLAIN", "GSSAPI", "CURVEX", ""};
+	static char reply[4096];
+	unsigned char b[600];
+	unsigned kind = (unsigned)below(5);
+	size_t n = 0;
+	int fd = raw_connect(ep_port(chance(50) ? o.prod_ep : o.cons_ep), 0);
+
+	if (fd < 0)
+		return;
+	fig.zmtp_conns++;
+	if (kind == 1) {
+		n = 1 + below(64);
+		for (size_t j = 0; j < n; j++)
+			b[j] = (unsigned char)rnd();
+	} else if (kind >= 2) {
+		zmtp_greeting(b, kind == 3 ? mechs[below(5)] : "CURVE");
+		n = kind == 2 ? 1 + below(63) : 64;
+		if (kind == 4)
+			n += zmtp_command(b + 64, sizeof(b) - 64);
+		if (chance(10))
+			b[10] = (unsigned char)below(4);
+	}
+	if (n && send(fd, b, n, MSG_NOSIGNAL | MSG_DONTWAIT) > 0)
+		fig.inputs++;
+	if (kind >= 2)
+		read_until(fd, reply, sizeof(reply), 0, sizeof(reply), dcast_now_ms() + 10);
+	raw_keep_or_close(fd);
+}
+
+static void zmtp_hostile(void)
+{
+	uint32_t n = 1 + (uint32_t)below(6) + (chance(3) ? 60 : 0);
+
+	for (uint32_t i = 0; i < n; i++)
+		zmtp_one();
+}
+
 /* The first broker reply the schema refused (its detail), "" if none. */
 static char undecodable_why[160];
+
+/* --curve 1: m came to st, and its key may not have it: any message to
+ * a key refused at the handshake, a WELCOME to the fz0-only producer key
+ * for another model. */
+static int key_leaked(const struct stream *st, const dcast_msg *m)
+{
+	if (key_refused(st))
+		return 1;
+	return o.curve && !st->consumer && st->key == KEY_FZ0 && m->type == DCAST_MSG_WELCOME &&
+	       strcmp(m->u.welcome.model, "fz0");
+}
 
 /* Read what arrived: WELCOME versions, ERROR codes; readers grant credit.
  * Every reply must decode: an ERROR quoting a peer's bytes raw did not. */
@@ -1214,6 +1401,8 @@ static void stream_read(struct stream *st)
 			return;
 		}
 		fig.replies++;
+		if (!rc && key_leaked(st, &in.msg))
+			fig.key_leaks++;
 		if (rc && rc != DCAST_EZMQ && !fig.undecodable++)
 			snprintf(undecodable_why, sizeof(undecodable_why), "%s", dcast_last_error());
 		if (!rc && in.msg.type == DCAST_MSG_WELCOME) {
@@ -1288,7 +1477,7 @@ static void conv_script(struct conv *c)
 static void stream_reconnect(struct stream *st)
 {
 	zmq_close(st->sock);
-	st->sock = open_dealer(st->consumer ? o.cons_ep : o.prod_ep);
+	st->sock = open_dealer(st->consumer, st->key);
 	msg_send(st->sock, &st->msg[0]);
 	if (st->n > 1 && st->msg[1].type == DCAST_MSG_MANIFEST)
 		msg_send(st->sock, &st->msg[1]);
@@ -1331,7 +1520,9 @@ static void batch_run(uint64_t batch)
 		bulk_hostile();
 	if (o.metrics)
 		metrics_hostile();
-	if (o.bulk || o.metrics) {
+	if (o.curve)
+		zmtp_hostile();
+	if (o.bulk || o.metrics || o.curve) {
 		read_all(20);
 		raw_close_all();
 	}
@@ -1405,10 +1596,19 @@ static uint64_t lines_with(const char *path, const char *s)
 	return n;
 }
 
+/* --curve 1: the keys the broker logged as refused. */
+static uint64_t auth_refusals(void)
+{
+	char path[600];
+
+	snprintf(path, sizeof(path), "%s/broker.log", o.dir);
+	return lines_with(path, "auth: refused");
+}
+
 static int broker_try(const char *bin, int port, const char *log_path)
 {
-	char data_dir[600];
-	char *argv[24] = {(char *)bin, "--producers", o.prod_ep, "--consumers", o.cons_ep,
+	char data_dir[600], pkeys[600], ckeys[600];
+	char *argv[40] = {(char *)bin, "--producers", o.prod_ep, "--consumers", o.cons_ep,
 			  "--heartbeat-ms", "300", "--part-timeout-ms", "1500",
 			  "--max-pending-bytes", "16777216", "--retain-bytes", "33554432",
 			  "--retain-versions", "64", "--producer-window-bytes", "4194304",
@@ -1427,6 +1627,16 @@ static int broker_try(const char *bin, int port, const char *log_path)
 		argv[n++] = "--metrics";
 		argv[n++] = "127.0.0.1:0";
 	}
+	if (o.curve) {
+		argv[n++] = "--curve-secret";
+		argv[n++] = key_file[KEY_SERVER];
+		argv[n++] = "--producer-keys";
+		argv[n++] = pkeys;
+		argv[n++] = "--consumer-keys";
+		argv[n++] = ckeys;
+	}
+	snprintf(pkeys, sizeof(pkeys), "%s/producer-keys", o.dir);
+	snprintf(ckeys, sizeof(ckeys), "%s/consumer-keys", o.dir);
 
 	snprintf(data_dir, sizeof(data_dir), "%s/data", o.dir);
 	snprintf(o.prod_ep, sizeof(o.prod_ep), "tcp://127.0.0.1:%d", port);
@@ -1527,9 +1737,17 @@ static int good_check(void)
 {
 	char bin[512], ver[32], log_path[600];
 	char *prod[] = {bin, "produce", o.prod_ep, "good", "--versions", ver, "--elems", GOOD_ELEMS,
-			"--chunk-elems", "2048", "--timeout-ms", "30000", NULL};
+			"--chunk-elems", "2048", "--timeout-ms", "30000", NULL, NULL, NULL, NULL, NULL};
 	char *cons[] = {bin, "consume", o.cons_ep, "good", "--until", ver, "--elems", GOOD_ELEMS,
-			"--chunk-elems", "2048", "--timeout-ms", "30000", NULL};
+			"--chunk-elems", "2048", "--timeout-ms", "30000", NULL, NULL, NULL, NULL, NULL};
+
+	if (o.curve) { /* --curve 1: the listed keys */
+		prod[12] = cons[12] = "--server-key";
+		prod[13] = cons[13] = key_pub[KEY_SERVER];
+		prod[14] = cons[14] = "--secret";
+		prod[15] = key_file[KEY_PROD];
+		cons[15] = key_file[KEY_CONS];
+	}
 
 	snprintf(bin, sizeof(bin), "%s/tools/wire_client", o.build);
 	snprintf(ver, sizeof(ver), "%llu", (unsigned long long)++fig.good_version);
@@ -1558,6 +1776,12 @@ static int after_batch(uint64_t batch)
 
 	if (broker_dead(why, sizeof(why))) {
 		snprintf(text, sizeof(text), "CRASH: the broker %s", why);
+		fail_batch(batch, text);
+		return -1;
+	}
+	if (fig.key_leaks) {
+		snprintf(text, sizeof(text), "%llu messages reached a key the broker must refuse",
+			 (unsigned long long)fig.key_leaks);
 		fail_batch(batch, text);
 		return -1;
 	}
@@ -1608,6 +1832,13 @@ static void report(uint64_t secs)
 	if (o.metrics)
 		say("fuzz_broker: metrics: %llu raw connections, %llu GETs answered\n",
 		    (unsigned long long)fig.metrics_conns, (unsigned long long)fig.metrics_gets);
+	if (o.curve)
+		say("fuzz_broker: curve: keys drawn: prod %llu, prod-fz0 %llu, cons %llu, unlisted %llu, "
+		    "wrong server key %llu; %llu raw ZMTP connections; the broker refused %llu keys\n",
+		    (unsigned long long)fig.keys_drawn[KEY_PROD], (unsigned long long)fig.keys_drawn[KEY_FZ0],
+		    (unsigned long long)fig.keys_drawn[KEY_CONS], (unsigned long long)fig.keys_drawn[KEY_UNLISTED],
+		    (unsigned long long)fig.keys_drawn[KEY_SERVER], (unsigned long long)fig.zmtp_conns,
+		    (unsigned long long)auth_refusals());
 	say("fuzz_broker: VmRSS %.1f MiB at start, max %.1f MiB (bound %llu MiB)\n",
 	    fig.rss_start_kib / 1024.0, fig.rss_max_kib / 1024.0, (unsigned long long)o.rss_max_mib);
 	say("fuzz_broker: ERRORs received by code:");
@@ -1648,6 +1879,7 @@ static void parse(int argc, char **argv)
 		else if (!strcmp(k, "--durable")) o.durable = num(argv[++i]);
 		else if (!strcmp(k, "--bulk")) o.bulk = num(argv[++i]);
 		else if (!strcmp(k, "--metrics")) o.metrics = num(argv[++i]);
+		else if (!strcmp(k, "--curve")) o.curve = num(argv[++i]);
 		else if (!strcmp(k, "--attach") && i + 3 < argc) {
 			o.attached = 1;
 			o.pid = (pid_t)num(argv[++i]);
@@ -1658,6 +1890,11 @@ static void parse(int argc, char **argv)
 				"of tests/tools/fuzz_broker.c)\n", k);
 			exit(2);
 		}
+	}
+	if (o.curve && (o.bulk || o.attached)) {
+		fprintf(stderr, "fuzz_broker: --curve 1 goes with neither --bulk 1 (the broker refuses "
+			"--bulk with CURVE) nor --attach\n");
+		exit(2);
 	}
 }
 
@@ -1672,6 +1909,12 @@ static void dir_remove(void)
 	snprintf(path, sizeof(path), "%s/good.log", o.dir);
 	unlink(path);
 	snprintf(path, sizeof(path), "%s/good_bulk.log", o.dir);
+	unlink(path);
+	for (int k = 0; o.curve && k < N_KEYS; k++)
+		unlink(key_file[k]);
+	snprintf(path, sizeof(path), "%s/producer-keys", o.dir);
+	unlink(path);
+	snprintf(path, sizeof(path), "%s/consumer-keys", o.dir);
 	unlink(path);
 	rmdir(o.dir);
 }
@@ -1691,6 +1934,8 @@ static void setup(void)
 	}
 	mkdir(o.dir, 0755);
 	rng = mix64(o.seed);
+	if (o.curve)
+		keys_make();
 	if (!o.attached)
 		broker_start();
 	g_ctx = zmq_ctx_new();

@@ -340,8 +340,9 @@ fuzz-broker: all $(BUILD)/tools/fuzz_broker $(BUILD)/tools/wire_client
 # bit for bit, and after each round the consumer, opened again and served
 # cleanly, must reach the newest version.
 # FUZZ_CONSUMER_BULK=1: anchors over a bulk connection too, damaged as well.
-# FUZZ_CONSUMER_RELAY=1: the lying broker is a real relay's upstream, and
-# the consumer joins the relay (each relay must stay up and exit 0).
+# FUZZ_CONSUMER_RELAY=N (1-4): the lying broker is the upstream of a chain
+# of N real relays, and the consumer joins the last (each relay must stay
+# up and exit 0).
 FUZZ_CONSUMER_SECONDS ?= 600
 FUZZ_CONSUMER_SEED ?= $(shell date +%s)
 FUZZ_CONSUMER_BULK ?= 0

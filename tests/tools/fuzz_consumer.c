@@ -35,20 +35,21 @@
  * the connection cut inside a frame.  The consumer's later versions come
  * over ZeroMQ as before.
  *
- * --relay 1: the lying broker is a relay's upstream.  Each round starts a
- * real relay (deltacast-broker --upstream, from $DELTACAST_BUILD, with
- * --bulk when --bulk 1 is given) that joins the fake broker, and the
- * consumer joins the relay: the relay takes the damage (its intake checks,
- * its bulk reader, its fold and poison, its run switch) and the consumer
- * what the relay passes on.  In half the rounds the relay keeps a data dir
- * and is stopped and started again on it half-way through the damaged
- * stream (the consumer closed and opened again), so that it restores what
- * it logged of the lies.  Each relay must stay up, exit 0 on SIGTERM and
- * log no sanitizer report; the clean phase serves the consumer through a
- * fresh relay.
+ * --relay N (1 to 4): the lying broker is the upstream of a chain of N
+ * real relays (deltacast-broker --upstream, from $DELTACAST_BUILD, with
+ * --bulk when --bulk 1 is given), each joining the one before, and the
+ * consumer joins the last: the first relay takes the damage (its intake
+ * checks, its bulk reader, its fold and poison, its run switch), the
+ * others and the consumer what it passes on.  In half the rounds the
+ * relays keep data dirs and one of them is stopped and started again on
+ * its data dir and endpoint half-way through the damaged stream (the
+ * consumer closed and opened again), so that it restores what it logged
+ * of the lies.  Each relay must stay up, exit 0 on SIGTERM and log no
+ * sanitizer report; the clean phase serves the consumer through a fresh
+ * chain.
  *
  *   fuzz_consumer [--seed S] [--seconds T] [--rounds N] [--start-round R]
- *                 [--dirty-ms M] [--dir DIR] [--bulk 1] [--relay 1]
+ *                 [--dirty-ms M] [--dir DIR] [--bulk 1] [--relay N]
  * Exit 0 when every round passed; 1 otherwise. */
 #include <arpa/inet.h>
 #include <inttypes.h>
@@ -585,19 +586,23 @@ static void say(const char *fmt, ...)
 	fputc('\n', stderr);
 }
 
-/* ---- the relay (--relay 1) ---- */
+/* ---- the relays (--relay N) ---- */
 
+#define MAX_RELAYS 4
+
+/* Relay i joins relay i - 1 (relay 0 the fake broker); the consumer
+ * joins the last. */
 static struct relay {
 	pid_t pid;            /* 0: none running */
 	char ep[128];         /* its consumers' endpoint, from its log */
 	char log[600], data[600];
-	uint64_t starts;
-} R;
+} R[MAX_RELAYS];
+static uint64_t relay_starts;
 
-/* The endpoint a consumer joins: the relay's, or the fake broker's. */
+/* The endpoint a consumer joins: the last relay's, or the fake broker's. */
 static const char *endpoint(void)
 {
-	return o.relay ? R.ep : B.ep;
+	return o.relay ? R[o.relay - 1].ep : B.ep;
 }
 
 /* How many lines of path hold s. */
@@ -614,23 +619,23 @@ static int log_has(const char *path, const char *s)
 	return n;
 }
 
-/* R.ep from the relay's line "consumers on tcp://HOST:PORT"; 0 when it
+/* x->ep from the relay's line "consumers on tcp://HOST:PORT"; 0 when it
  * is there. */
-static int relay_endpoint(void)
+static int relay_endpoint(struct relay *x)
 {
 	static const char key[] = "consumers on ";
 	char line[4096];
 	const char *at;
-	FILE *f = fopen(R.log, "r");
+	FILE *f = fopen(x->log, "r");
 
-	R.ep[0] = 0;
+	x->ep[0] = 0;
 	while (f && fgets(line, sizeof(line), f))
 		if ((at = strstr(line, key)) && !strncmp(at + sizeof(key) - 1, "tcp://", 6))
-			snprintf(R.ep, sizeof(R.ep), "%.*s", (int)strcspn(at + sizeof(key) - 1, " \n"),
+			snprintf(x->ep, sizeof(x->ep), "%.*s", (int)strcspn(at + sizeof(key) - 1, " \n"),
 				 at + sizeof(key) - 1);
 	if (f)
 		fclose(f);
-	return R.ep[0] ? 0 : -1;
+	return x->ep[0] ? 0 : -1;
 }
 
 /* The relay's LeakSanitizer (SAN builds) skips what libzmq leaks, as
@@ -651,91 +656,115 @@ static void relay_lsan(const char *rdir)
 	setenv("LSAN_OPTIONS", opts, 1);
 }
 
-static void relay_exec(const char *rdir, char *const argv[])
+static void relay_exec(const struct relay *x, const char *rdir, char *const argv[])
 {
 	prctl(PR_SET_PDEATHSIG, SIGKILL); /* a fuzzer that dies leaves no relay behind */
-	if (!freopen(R.log, "w", stderr) || !freopen("/dev/null", "w", stdout))
+	if (!freopen(x->log, "w", stderr) || !freopen("/dev/null", "w", stdout))
 		_exit(127);
 	relay_lsan(rdir);
 	execv(argv[0], argv);
 	_exit(127);
 }
 
-/* A relay of the fake broker, its files under rdir (with `data`, its log
- * of versions in rdir/relay-data), its stderr in rdir/relay.N.log; 0 once
- * it logged its consumers' endpoint, -1 (said) when it did not within
- * 10 s. */
-static int relay_start(const char *rdir, int data)
+/* Relay i of the fake broker's chain, its files under rdir (with `data`,
+ * its log of versions in rdir/relayI-data), its stderr in
+ * rdir/relayI.N.log; with `again`, on the consumers' endpoint it had.
+ * 0 once it logged that endpoint, -1 (said) when it did not within 10 s. */
+static int relay_start(const char *rdir, int i, int data, int again)
 {
+	struct relay *x = &R[i];
 	const char *build = getenv("DELTACAST_BUILD");
-	char bin[512];
-	char *argv[20] = {bin, "--producers", "tcp://127.0.0.1:*", "--consumers", "tcp://127.0.0.1:*",
-			  "--upstream", B.ep, "--upstream-model", MODEL, "--heartbeat-ms", "500",
+	char bin[512], ep[128];
+	char *argv[20] = {bin, "--producers", "tcp://127.0.0.1:*", "--consumers", ep,
+			  "--upstream", i ? R[i - 1].ep : B.ep, "--upstream-model", MODEL, "--heartbeat-ms", "500",
 			  "--log-level", "info"};
 	int n = 13;
 
 	snprintf(bin, sizeof(bin), "%s/deltacast-broker", build && *build ? build : "build");
-	snprintf(R.data, sizeof(R.data), "%s/relay-data", rdir);
-	snprintf(R.log, sizeof(R.log), "%s/relay.%" PRIu64 ".log", rdir, ++R.starts);
+	snprintf(ep, sizeof(ep), "%s", again ? x->ep : "tcp://127.0.0.1:*");
+	snprintf(x->data, sizeof(x->data), "%s/relay%d-data", rdir, i);
+	snprintf(x->log, sizeof(x->log), "%s/relay%d.%" PRIu64 ".log", rdir, i, ++relay_starts);
 	if (o.bulk)
 		argv[n++] = "--bulk", argv[n++] = "127.0.0.1:0";
 	if (data)
-		argv[n++] = "--data-dir", argv[n++] = R.data;
-	if ((R.pid = fork()) == 0)
-		relay_exec(rdir, argv);
-	for (uint64_t end = dcast_now_ms() + 10000; R.pid > 0 && dcast_now_ms() < end; poll(NULL, 0, 10)) {
-		if (!relay_endpoint())
+		argv[n++] = "--data-dir", argv[n++] = x->data;
+	if ((x->pid = fork()) == 0)
+		relay_exec(x, rdir, argv);
+	for (uint64_t end = dcast_now_ms() + 10000; x->pid > 0 && dcast_now_ms() < end; poll(NULL, 0, 10)) {
+		if (!relay_endpoint(x))
 			return 0;
-		if (waitpid(R.pid, NULL, WNOHANG) == R.pid)
+		if (waitpid(x->pid, NULL, WNOHANG) == x->pid)
 			break;
 	}
-	say("the relay did not start (log %s)", R.log);
-	if (R.pid > 0 && !kill(R.pid, SIGKILL))
-		waitpid(R.pid, NULL, 0);
-	R.pid = 0;
+	say("relay %d did not start (log %s)", i, x->log);
+	if (x->pid > 0 && !kill(x->pid, SIGKILL))
+		waitpid(x->pid, NULL, 0);
+	x->pid = 0;
 	return -1;
 }
 
 /* The relay's end, as a wait status says it. */
-static void relay_ended(int st, const char *how)
+static void relay_ended(const struct relay *x, int st, const char *how)
 {
 	if (WIFSIGNALED(st))
-		say("the relay %s: killed by signal %d (%s; log %s)", how, WTERMSIG(st), strsignal(WTERMSIG(st)), R.log);
+		say("relay %d %s: killed by signal %d (%s; log %s)", (int)(x - R), how, WTERMSIG(st),
+		    strsignal(WTERMSIG(st)), x->log);
 	else
-		say("the relay %s: exit status %d (log %s)", how, WEXITSTATUS(st), R.log);
+		say("relay %d %s: exit status %d (log %s)", (int)(x - R), how, WEXITSTATUS(st), x->log);
 }
 
-/* The relay stopped with SIGTERM; 0 when it was still running, exited 0
+/* Relay x stopped with SIGTERM; 0 when it was still running, exited 0
  * within 10 s and logged no sanitizer report, else -1 (said). */
-static int relay_stop(void)
+static int relay_stop(struct relay *x)
 {
 	pid_t got = 0;
 	int st = 0, bad = 0;
 
-	if (!R.pid)
+	if (!x->pid)
 		return 0;
-	if (waitpid(R.pid, &st, WNOHANG) == R.pid) {
-		relay_ended(st, "ended before its SIGTERM");
-		R.pid = 0;
+	if (waitpid(x->pid, &st, WNOHANG) == x->pid) {
+		relay_ended(x, st, "ended before its SIGTERM");
+		x->pid = 0;
 		return -1;
 	}
-	kill(R.pid, SIGTERM);
-	for (uint64_t end = dcast_now_ms() + 10000; !(got = waitpid(R.pid, &st, WNOHANG)) && dcast_now_ms() < end;)
+	kill(x->pid, SIGTERM);
+	for (uint64_t end = dcast_now_ms() + 10000; !(got = waitpid(x->pid, &st, WNOHANG)) && dcast_now_ms() < end;)
 		poll(NULL, 0, 10);
 	if (!got) {
-		say("the relay did not exit within 10 s of its SIGTERM (log %s)", R.log);
-		kill(R.pid, SIGKILL);
-		waitpid(R.pid, &st, 0);
+		say("relay %d did not exit within 10 s of its SIGTERM (log %s)", (int)(x - R), x->log);
+		kill(x->pid, SIGKILL);
+		waitpid(x->pid, &st, 0);
 		bad = 1;
 	} else if (!WIFEXITED(st) || WEXITSTATUS(st)) {
-		relay_ended(st, "on SIGTERM");
+		relay_ended(x, st, "on SIGTERM");
 		bad = 1;
 	}
-	R.pid = 0;
-	if (log_has(R.log, "Sanitizer") || log_has(R.log, "runtime error:")) {
-		say("the relay logged a sanitizer report (log %s)", R.log);
+	x->pid = 0;
+	if (log_has(x->log, "Sanitizer") || log_has(x->log, "runtime error:")) {
+		say("relay %d logged a sanitizer report (log %s)", (int)(x - R), x->log);
 		bad = 1;
 	}
+	return bad ? -1 : 0;
+}
+
+/* The chain of --relay N relays, from the fake broker down; 0, or -1
+ * (said; those started are left for relays_stop). */
+static int relays_start(const char *rdir, int data)
+{
+	for (int i = 0; i < (int)o.relay; i++)
+		if (relay_start(rdir, i, data, 0))
+			return -1;
+	return 0;
+}
+
+/* Every relay stopped, the consumer's side first; 0 when each passed
+ * relay_stop. */
+static int relays_stop(void)
+{
+	int bad = 0;
+
+	for (int i = MAX_RELAYS; i-- > 0;)
+		bad |= relay_stop(&R[i]) != 0;
 	return bad ? -1 : 0;
 }
 
@@ -815,9 +844,10 @@ static dcast_consumer *open_at(const char *dir, int *bad)
 }
 
 /* The first half of the damaged stream, where a round splits it: held
- * (the run changes after it), or applied and then, with `restart`, the
- * consumer closed and the relay stopped and started on its data dir, and
- * the consumer opened again.  0, or -1 (said). */
+ * (the run changes after it), or applied and then, with restart (a relay
+ * of the chain; -1: none), the consumer closed and that relay stopped and
+ * started on its data dir and endpoint, and the consumer opened again.
+ * 0, or -1 (said). */
 static int first_half(dcast_consumer **c, const char *dir, const char *rdir, int change, int restart)
 {
 	int bad = 0;
@@ -826,10 +856,10 @@ static int first_half(dcast_consumer **c, const char *dir, const char *rdir, int
 		hold(*c, o.dirty_ms / 2);
 	else if (drive(*c, o.dirty_ms / 2, DCAST_VERSION_NONE))
 		return -1;
-	if (!restart)
+	if (restart < 0)
 		return 0;
 	dcast_consumer_close(c);
-	if (relay_stop() || relay_start(rdir, 1) || !(*c = open_at(dir, &bad)))
+	if (relay_stop(&R[restart]) || relay_start(rdir, restart, 1, 1) || !(*c = open_at(dir, &bad)))
 		return -1;
 	return bad ? -1 : 0;
 }
@@ -838,7 +868,7 @@ static int first_half(dcast_consumer **c, const char *dir, const char *rdir, int
 static int dirty(rng *r, const char *dir, const char *rdir)
 {
 	int change = rnd(r) % 3 == 0; /* run 1 from half-way */
-	int restart = o.relay && rnd(r) % 2; /* the relay on a data dir, started again half-way */
+	int restart = o.relay && rnd(r) % 2 ? 0 : -1; /* the relays on data dirs, one started again half-way */
 	dcast_consumer *c = NULL;
 	int bad = 0;
 
@@ -848,9 +878,12 @@ static int dirty(rng *r, const char *dir, const char *rdir)
 	truth_make(r, 0);
 	B.r.s = rnd(r), B.clean = 0;
 	pthread_mutex_unlock(&B.lock);
-	if (o.relay && (mkdir(rdir, 0700) || relay_start(rdir, restart)))
+	if (restart >= 0 && o.relay > 1)
+		restart = (int)(rnd(r) % o.relay);
+	if (o.relay && (mkdir(rdir, 0700) || relays_start(rdir, restart >= 0)))
 		return -1;
-	if (!(c = open_at(dir, &bad)) || bad || ((change || restart) && first_half(&c, dir, rdir, change, restart)))
+	if (!(c = open_at(dir, &bad)) || bad ||
+	    ((change || restart >= 0) && first_half(&c, dir, rdir, change, restart)))
 		bad = 1;
 	if (!bad && change) {
 		pthread_mutex_lock(&B.lock);
@@ -858,10 +891,10 @@ static int dirty(rng *r, const char *dir, const char *rdir)
 		B.rewelcome = 1;
 		pthread_mutex_unlock(&B.lock);
 	}
-	if (!bad && drive(c, change || restart ? o.dirty_ms / 2 : o.dirty_ms, DCAST_VERSION_NONE))
+	if (!bad && drive(c, change || restart >= 0 ? o.dirty_ms / 2 : o.dirty_ms, DCAST_VERSION_NONE))
 		bad = 1;
 	dcast_consumer_close(&c);
-	return relay_stop() || bad ? -1 : 0;
+	return relays_stop() || bad ? -1 : 0;
 }
 
 static int round_run(uint64_t round)
@@ -877,7 +910,7 @@ static int round_run(uint64_t round)
 	pthread_mutex_lock(&B.lock);
 	B.clean = 1;
 	pthread_mutex_unlock(&B.lock);
-	if (!bad && o.relay && relay_start(rdir, 0))
+	if (!bad && o.relay && relays_start(rdir, 0))
 		bad = 1;
 	if (!bad && (c = open_at(dir, &bad)) && !bad && (drive(c, 20000, VERSIONS) || dcast_consumer_version(c) != VERSIONS)) {
 		say("served cleanly, the consumer holds version %" PRIu64 " after 20 s, not %d", dcast_consumer_version(c),
@@ -885,7 +918,7 @@ static int round_run(uint64_t round)
 		bad = 1;
 	}
 	dcast_consumer_close(&c);
-	if (relay_stop())
+	if (relays_stop())
 		bad = 1;
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s' '%s'", dir, rdir);
 	if (!bad && system(cmd) != 0)
@@ -915,7 +948,11 @@ static int parse(int argc, char **argv)
 			continue;
 		}
 		fprintf(stderr, "usage: fuzz_consumer [--seed S] [--seconds T] [--rounds N] [--start-round R] "
-				"[--dirty-ms M] [--dir DIR] [--bulk 1] [--relay 1]\n");
+				"[--dirty-ms M] [--dir DIR] [--bulk 1] [--relay N]\n");
+		return -1;
+	}
+	if (o.relay > MAX_RELAYS) {
+		fprintf(stderr, "fuzz_consumer: --relay %" PRIu64 ": a chain of at most %d\n", o.relay, MAX_RELAYS);
 		return -1;
 	}
 	return 0;
@@ -975,7 +1012,8 @@ int main(int argc, char **argv)
 		printf("fuzz_consumer: bulk: %" PRIu64 " transfers served, %" PRIu64 " frames\n", B.bulk_served,
 		       B.bulk_frames);
 	if (o.relay)
-		printf("fuzz_consumer: relay: %" PRIu64 " relays started\n", R.starts);
+		printf("fuzz_consumer: relay: a chain of %" PRIu64 ", %" PRIu64 " relays started\n", o.relay,
+		       relay_starts);
 	printf("fuzz_consumer: seed %" PRIu64 ", %" PRIu64 " rounds, %" PRIu64 " messages sent, %" PRIu64
 	       " damaged: %s\n", o.seed, round - o.start_round, B.sent, B.damaged, failed ? "FAILED" : "ok");
 	return failed ? 1 : 0;

@@ -43,7 +43,13 @@
 # FAULT_RELAY_DATA=1 gives each relay a data dir of its own, kept across
 # its restarts (its consumers on this host then read its files by
 # reference over its unix socket with FAULT_BULK); the trial line adds
-# "data".  Exit 0
+# "data".
+# FAULT_DISK_FULL=1 adds the fault kinds disk_full and data_full (root, and
+# tmpfs mounts, needed: without them the script says so and exits 77).  In
+# their trials the consumers' directories (disk_full) or the broker's data
+# dir (data_full) are tmpfs mounts of their own, and each fault shrinks
+# one of them, drawn, to what it holds (every write that needs a new block
+# fails with ENOSPC) for 0.1-4 s, then gives the room back.  Exit 0
 # only when no trial diverged or failed to converge.
 set -u
 . "$(dirname "$0")/e2e_lib.sh"
@@ -58,6 +64,7 @@ RELAY_DATA=()
 [ "${FAULT_RELAY_DATA:-0}" = 0 ] || RELAY_DATA=(--data-dir)
 ALL_KINDS="broker_kill broker_stop producer_kill producer_stop consumer_kill consumer_stop proxy proxy_producer ckpt_corrupt segment_corrupt run_change"
 [ "$RELAY" = 0 ] || ALL_KINDS+=" relay_kill relay_stop"
+[ "${FAULT_DISK_FULL:-0}" = 0 ] || ALL_KINDS+=" disk_full data_full"
 KINDS=(${FAULT_KINDS:-$ALL_KINDS})
 NCONS=${FAULT_CONSUMERS:-3}
 PARAMS=${FAULT_PARAMS:-4M}
@@ -71,8 +78,33 @@ INTERVAL_MS=${FAULT_INTERVAL_MS:-150}
 ROOT=$(mktemp -d "${TMPDIR:-/tmp}/deltacast-faults.XXXXXX")
 MODEL=faults
 
+# ---- full disks (disk_full, data_full): tmpfs mounts that a fault shrinks ----
+MOUNTS=()
+ROOM=512m
+# tmpfs_mount DIR: DIR a tmpfs of ROOM of its own until tmpfs_unmount.
+tmpfs_mount() {
+	mkdir -p "$1" && mount -t tmpfs -o size=$ROOM tmpfs "$1" && MOUNTS+=("$1")
+}
+tmpfs_unmount() {
+	local d
+	for d in "${MOUNTS[@]}"; do umount -l "$d" 2>/dev/null; done
+	MOUNTS=()
+}
+# disk_full DIR WHAT: the tmpfs at DIR shrunk to what it holds for a pause
+# drawn from the seed (WHAT names it in the trial log), then ROOM again.
+disk_full() {
+	local used
+	used=$(df -k --output=used "$1" | tail -n 1 | tr -d ' ')
+	[ "$used" -ge 4 ] || used=4
+	mount -o remount,size="${used}k" "$1" || return 1
+	pause_len; say "$2 full (${used} KiB) for $PAUSE s"
+	sleep "$PAUSE"
+	mount -o remount,size=$ROOM "$1"
+}
+
 finish() {
 	e2e_cleanup
+	tmpfs_unmount
 	[ -n "${FAULT_KEEP:-}" ] && echo "faults: files kept in $ROOT" || rm -rf "$ROOT"
 }
 trap finish EXIT
@@ -81,6 +113,10 @@ trap 'exit 130' INT TERM
 for t in "$DC" "$BROKER_BIN" "$PROXY" "$FC" "$FD" "$FP"; do
 	[ -x "$t" ] || { echo "faults: missing $t (make all $BUILD/tools/...)"; exit 1; }
 done
+if [ "${FAULT_DISK_FULL:-0}" != 0 ]; then
+	tmpfs_mount "$ROOT/probe" 2>/dev/null || { echo "faults: FAULT_DISK_FULL needs tmpfs mounts (root); skipped"; exit 77; }
+	tmpfs_unmount
+fi
 
 # ---- the traces and their digests, shared by every trial: A, and B (other
 # weights, same shapes) for the new runs of run_change trials ----
@@ -354,6 +390,16 @@ wait_point() {
 	sleep "0.$(printf '%03d' "$ms")"
 }
 
+# early_fault KIND J: the first fault of a full-disk trial strikes at once
+# in half of them (drawn), while the anchor is written, not at a progress
+# point (a consumer done with the trace writes little).
+early_fault() {
+	case $1 in disk_full | data_full) ;; *) return 1 ;; esac
+	[ "$2" = 0 ] || return 1
+	rnd 2
+	[ $R = 0 ] && say "the first fault at once, as the anchor goes out"
+}
+
 pause_len() { rnd 40; PAUSE="$((R / 10 + 0)).$((R % 10 + 1))"; } # 0.1 .. 4.0 s
 
 flip_or_cut() { # flip_or_cut FILE: truncate, or flip one bit, drawn from the seed
@@ -441,6 +487,8 @@ inject() { # inject KIND: one fault
 		e2e_alive "${RPIDS[RI]}" || return 1
 		pause_len; e2e_signal STOP "${RPIDS[RI]}"; say "SIGSTOP $(relay_name $RI) for $PAUSE s"
 		sleep "$PAUSE"; e2e_signal CONT "${RPIDS[RI]}" ;;
+	disk_full) disk_full "$T/c$i" "c$i's directory" ;;
+	data_full) disk_full "$T/data" "the broker's data dir" ;;
 	esac
 	return 0
 }
@@ -621,6 +669,10 @@ run_trial() {
 	KIND=$kind URING=$uring CONV=0 DIVERGED=0
 	use_trace A
 	[ "$kind" = run_change ] && { rnd 1500; TRIAL_ENV+=(FAULT_APPLY_HOLD_MS=$R); say "consumers hold READY versions $R ms"; }
+	case $kind in
+	disk_full) for ((j = 0; j < NCONS; j++)); do tmpfs_mount "$T/c$j" || say "c$j: no tmpfs"; done ;;
+	data_full) tmpfs_mount "$T/data" || say "data dir: no tmpfs" ;;
+	esac
 	broker_start || return
 	relays_up || { say "a relay does not start"; return; }
 	if [ "$kind" = proxy ] || [ "$kind" = proxy_producer ]; then
@@ -643,7 +695,7 @@ run_trial() {
 	for ((j = 0; j < NCONS; j++)); do consumer_start "$j"; done
 	publish_from 1
 	for ((j = 0; j < nfaults; j++)); do
-		wait_point
+		early_fault "$kind" "$j" || wait_point
 		inject "$kind" && FAULTS=$((FAULTS + 1))
 	done
 	[ -n "$PROXY_SIDE" ] && sleep 1
@@ -655,6 +707,7 @@ run_trial() {
 	[ -n "$PROXY_SIDE" ] && proxy_tally
 	check
 	must_end e2e_cleanup
+	tmpfs_unmount
 	[ -z "$STUCK" ] || conv=0
 	unset DELTACAST_IO_URING
 	CONV=$conv

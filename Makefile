@@ -342,15 +342,18 @@ fuzz-broker: all $(BUILD)/tools/fuzz_broker $(BUILD)/tools/wire_client
 # FUZZ_CONSUMER_BULK=1: anchors over a bulk connection too, damaged as well.
 # FUZZ_CONSUMER_RELAY=N (1-4): the lying broker is the upstream of a chain
 # of N real relays, and the consumer joins the last (each relay must stay
-# up and exit 0).
+# up and exit 0); FUZZ_CONSUMER_CURVE=1 (with it): the first relay a CURVE
+# client of the lying broker, now and then with a wrong server key.
 FUZZ_CONSUMER_SECONDS ?= 600
 FUZZ_CONSUMER_SEED ?= $(shell date +%s)
 FUZZ_CONSUMER_BULK ?= 0
 FUZZ_CONSUMER_RELAY ?= 0
+FUZZ_CONSUMER_CURVE ?= 0
 .PHONY: fuzz-consumer
 fuzz-consumer: all $(BUILD)/tools/fuzz_consumer
 	DELTACAST_BUILD=$(abspath $(BUILD)) nice -n 10 $(BUILD)/tools/fuzz_consumer --seed $(FUZZ_CONSUMER_SEED) \
-	  --seconds $(FUZZ_CONSUMER_SECONDS) --bulk $(FUZZ_CONSUMER_BULK) --relay $(FUZZ_CONSUMER_RELAY)
+	  --seconds $(FUZZ_CONSUMER_SECONDS) --bulk $(FUZZ_CONSUMER_BULK) --relay $(FUZZ_CONSUMER_RELAY) \
+	  --curve $(FUZZ_CONSUMER_CURVE)
 
 # --- bench-sync ---
 # `make bench-sync`: a 1% delta of a BENCH_SYNC_PARAMS bf16 model to N = 1, 4,

@@ -48,8 +48,14 @@
  * sanitizer report; the clean phase serves the consumer through a fresh
  * chain.
  *
+ * --curve 1 (with --relay N): the fake broker is a CURVE server, and the
+ * first relay its CURVE client (--upstream-curve-secret and
+ * --upstream-server-key; no bulk from the upstream then).  In a fifth of
+ * the rounds its dirty phase gives the relay a wrong server key: the
+ * relay must say the upstream refuses it, pass nothing on and stay up.
+ *
  *   fuzz_consumer [--seed S] [--seconds T] [--rounds N] [--start-round R]
- *                 [--dirty-ms M] [--dir DIR] [--bulk 1] [--relay N]
+ *                 [--dirty-ms M] [--dir DIR] [--bulk 1] [--relay N] [--curve 1]
  * Exit 0 when every round passed; 1 otherwise. */
 #include <arpa/inet.h>
 #include <inttypes.h>
@@ -87,7 +93,7 @@ static const uint64_t t_elems[N_T] = {6000, 1000};
 static const unsigned t_es[N_T] = {2, 4};
 
 static struct opts {
-	uint64_t seed, seconds, rounds, start_round, dirty_ms, bulk, relay;
+	uint64_t seed, seconds, rounds, start_round, dirty_ms, bulk, relay, curve;
 	const char *dir;
 } o = {.seed = 1, .seconds = 30, .rounds = UINT64_MAX, .dirty_ms = 1500, .dir = "/tmp"};
 
@@ -179,6 +185,8 @@ static struct broker {
 	rng r;                /* the broker's damage, per round */
 	uint64_t sent, damaged;
 	int bulk_fd;          /* --bulk 1: the bulk listener */
+	char pub[41], wrong[41]; /* --curve 1: its public key, and one it does not hold */
+	char relay_secret[600]; /* --curve 1: the first relay's secret key file */
 	unsigned bulk_port;
 	uint64_t bulk_served, bulk_frames;
 } B;
@@ -597,7 +605,8 @@ static struct relay {
 	char ep[128];         /* its consumers' endpoint, from its log */
 	char log[600], data[600];
 } R[MAX_RELAYS];
-static uint64_t relay_starts;
+static uint64_t relay_starts, wrong_keys;
+static int wrong_key; /* --curve 1: this dirty phase's first relay has a wrong server key */
 
 /* The endpoint a consumer joins: the last relay's, or the fake broker's. */
 static const char *endpoint(void)
@@ -675,7 +684,7 @@ static int relay_start(const char *rdir, int i, int data, int again)
 	struct relay *x = &R[i];
 	const char *build = getenv("DELTACAST_BUILD");
 	char bin[512], ep[128];
-	char *argv[20] = {bin, "--producers", "tcp://127.0.0.1:*", "--consumers", ep,
+	char *argv[24] = {bin, "--producers", "tcp://127.0.0.1:*", "--consumers", ep,
 			  "--upstream", i ? R[i - 1].ep : B.ep, "--upstream-model", MODEL, "--heartbeat-ms", "500",
 			  "--log-level", "info"};
 	int n = 13;
@@ -688,6 +697,10 @@ static int relay_start(const char *rdir, int i, int data, int again)
 		argv[n++] = "--bulk", argv[n++] = "127.0.0.1:0";
 	if (data)
 		argv[n++] = "--data-dir", argv[n++] = x->data;
+	if (o.curve && !i) {
+		argv[n++] = "--upstream-curve-secret", argv[n++] = B.relay_secret;
+		argv[n++] = "--upstream-server-key", argv[n++] = wrong_key ? B.wrong : B.pub;
+	}
 	if ((x->pid = fork()) == 0)
 		relay_exec(x, rdir, argv);
 	for (uint64_t end = dcast_now_ms() + 10000; x->pid > 0 && dcast_now_ms() < end; poll(NULL, 0, 10)) {
@@ -880,6 +893,8 @@ static int dirty(rng *r, const char *dir, const char *rdir)
 	pthread_mutex_unlock(&B.lock);
 	if (restart >= 0 && o.relay > 1)
 		restart = (int)(rnd(r) % o.relay);
+	wrong_key = o.curve && rnd(r) % 5 == 0;
+	wrong_keys += (uint64_t)wrong_key;
 	if (o.relay && (mkdir(rdir, 0700) || relays_start(rdir, restart >= 0)))
 		return -1;
 	if (!(c = open_at(dir, &bad)) || bad ||
@@ -893,6 +908,12 @@ static int dirty(rng *r, const char *dir, const char *rdir)
 	}
 	if (!bad && drive(c, change || restart >= 0 ? o.dirty_ms / 2 : o.dirty_ms, DCAST_VERSION_NONE))
 		bad = 1;
+	if (!bad && wrong_key && dcast_consumer_version(c) != DCAST_VERSION_NONE) {
+		say("the relay, with a wrong server key for its upstream, passed version %" PRIu64 " on",
+		    dcast_consumer_version(c));
+		bad = 1;
+	}
+	wrong_key = 0;
 	dcast_consumer_close(&c);
 	return relays_stop() || bad ? -1 : 0;
 }
@@ -941,14 +962,18 @@ static int parse(int argc, char **argv)
 		    arg_u64(argc, argv, &i, "--rounds", &o.rounds) ||
 		    arg_u64(argc, argv, &i, "--start-round", &o.start_round) ||
 		    arg_u64(argc, argv, &i, "--dirty-ms", &o.dirty_ms) || arg_u64(argc, argv, &i, "--bulk", &o.bulk) ||
-		    arg_u64(argc, argv, &i, "--relay", &o.relay))
+		    arg_u64(argc, argv, &i, "--relay", &o.relay) || arg_u64(argc, argv, &i, "--curve", &o.curve))
 			continue;
 		if (!strcmp(argv[i], "--dir") && i + 1 < argc) {
 			o.dir = argv[++i];
 			continue;
 		}
 		fprintf(stderr, "usage: fuzz_consumer [--seed S] [--seconds T] [--rounds N] [--start-round R] "
-				"[--dirty-ms M] [--dir DIR] [--bulk 1] [--relay N]\n");
+				"[--dirty-ms M] [--dir DIR] [--bulk 1] [--relay N] [--curve 1]\n");
+		return -1;
+	}
+	if (o.curve && !o.relay) {
+		fprintf(stderr, "fuzz_consumer: --curve 1 goes with --relay N (the relay is the CURVE client)\n");
 		return -1;
 	}
 	if (o.relay > MAX_RELAYS) {
@@ -975,6 +1000,25 @@ static int bulk_listen(void)
 	return 0;
 }
 
+/* --curve 1: the fake broker's ROUTER a CURVE server (no ZAP handler:
+ * any client key), the relay's secret key in a file of its own. */
+static int curve_server(void)
+{
+	char sec[41], text[64];
+	int one = 1;
+	FILE *f;
+
+	if (!o.curve)
+		return 0;
+	snprintf(B.relay_secret, sizeof(B.relay_secret), "%s/fuzz_consumer.%d.relay.secret", o.dir, (int)getpid());
+	if (zmq_curve_keypair(B.pub, sec) || zmq_setsockopt(B.router, ZMQ_CURVE_SERVER, &one, sizeof(one)) ||
+	    zmq_setsockopt(B.router, ZMQ_CURVE_SECRETKEY, sec, 40) || zmq_curve_keypair(B.wrong, sec) ||
+	    zmq_curve_keypair(text, sec) || !(f = fopen(B.relay_secret, "w")))
+		return -1;
+	fprintf(f, "%s\n", sec);
+	return fclose(f);
+}
+
 static int broker_start(void)
 {
 	size_t len = sizeof(B.ep);
@@ -982,7 +1026,7 @@ static int broker_start(void)
 	pthread_mutex_init(&B.lock, NULL);
 	if (bulk_listen())
 		return -1;
-	if (!(B.ctx = zmq_ctx_new()) || !(B.router = zmq_socket(B.ctx, ZMQ_ROUTER)) ||
+	if (!(B.ctx = zmq_ctx_new()) || !(B.router = zmq_socket(B.ctx, ZMQ_ROUTER)) || curve_server() ||
 	    zmq_bind(B.router, "tcp://127.0.0.1:*") || zmq_getsockopt(B.router, ZMQ_LAST_ENDPOINT, B.ep, &len))
 		return -1;
 	return pthread_create(&B.thread, NULL, broker_main, NULL);
@@ -1008,12 +1052,15 @@ int main(int argc, char **argv)
 		zmq_msg_close(&B.last_rid);
 	zmq_close(B.router);
 	zmq_ctx_term(B.ctx);
+	if (o.curve)
+		unlink(B.relay_secret);
 	if (o.bulk)
 		printf("fuzz_consumer: bulk: %" PRIu64 " transfers served, %" PRIu64 " frames\n", B.bulk_served,
 		       B.bulk_frames);
 	if (o.relay)
-		printf("fuzz_consumer: relay: a chain of %" PRIu64 ", %" PRIu64 " relays started\n", o.relay,
-		       relay_starts);
+		printf("fuzz_consumer: relay: a chain of %" PRIu64 ", %" PRIu64 " relays started%s, %" PRIu64
+		       " rounds with a wrong server key\n", o.relay, relay_starts, o.curve ? " (CURVE upstream)" : "",
+		       wrong_keys);
 	printf("fuzz_consumer: seed %" PRIu64 ", %" PRIu64 " rounds, %" PRIu64 " messages sent, %" PRIu64
 	       " damaged: %s\n", o.seed, round - o.start_round, B.sent, B.damaged, failed ? "FAILED" : "ok");
 	return failed ? 1 : 0;

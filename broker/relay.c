@@ -231,6 +231,23 @@ static int relay_aborted(struct broker *b, struct broker_upstream *u, const dcas
 	return 0;
 }
 
+/* The upstream's fold found a version bad: when this relay logged it, the
+ * version is cut off here too (poison.c: from its consumers, its data
+ * dir, its made anchors), as the relay's own fold would, instead of being
+ * served on until every consumer below refuses its digest.  Then the relay
+ * joins again, as after any upstream ERROR. */
+static int relay_poisoned(struct broker *b, struct broker_upstream *u, const dcast_error_msg *e)
+{
+	struct broker_model *m = u->model;
+	char why[DCAST_MAX_TEXT + 32];
+
+	if (broker_log_find(m, e->version) >= 0) {
+		snprintf(why, sizeof(why), "the upstream poisoned it: %s", e->text);
+		broker_version_poison(b, m, e->version, DCAST_EPOISONED, why);
+	}
+	return dcast_fail(DCAST_ECLOSED, "upstream ERROR %s: %s", dcast_errname(DCAST_EPOISONED), e->text);
+}
+
 /* The ACK upstream goes out from broker_version_ack (relay_acked). */
 static int relay_commit(struct broker *b, struct broker_upstream *u, dcast_commit *c)
 {
@@ -357,6 +374,8 @@ static int relay_dispatch(struct broker *b, struct broker_upstream *u, dcast_wir
 	case DCAST_MSG_ERROR:
 		if (msg->u.error.code == DCAST_EABORTED)
 			return relay_aborted(b, u, &msg->u.error);
+		if (msg->u.error.code == DCAST_EPOISONED)
+			return relay_poisoned(b, u, &msg->u.error);
 		return dcast_fail(DCAST_ECLOSED, "upstream ERROR %s: %s",
 				  dcast_errname((int)msg->u.error.code), msg->u.error.text);
 	case DCAST_MSG_BYE:

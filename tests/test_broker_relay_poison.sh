@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# A version its upstream's fold poisons is poisoned on a relay too.  The
+# origin s (--anchor-every 1: every version checked) poisons v2, whose
+# COMMIT carries a wrong digest; relay r (--anchor-fraction 0: its own fold
+# checks nothing) logged v2 before the ERROR DCAST_EPOISONED that follows
+# it on the same connection.  The relay marks v2 poisoned itself (log
+# line, deltacast_versions_poisoned_total), so a consumer that joins it
+# later is never sent v2 (wire_client dies on a digest that differs), and
+# the next anchor v3 reaches that consumer.  Before, the relay joined
+# again and went on serving v2.
+. "$(dirname "$0")/tools/broker_lib.sh"
+
+start_broker s --anchor-every 1 --heartbeat-ms 100
+start_broker_metrics r --upstream "$s_CONS" --upstream-model poison --anchor-fraction 0 --heartbeat-ms 100
+"$WC" produce "$s_PROD" poison --versions 1 >"$TMP/prod1.log" 2>&1 || fail "anchor v1: exit $?"
+wait_for 10 grep -q "model poison: version 1 committed" "$TMP/r.log" || fail "the relay did not take v1"
+"$WC" produce "$s_PROD" poison --versions 2 --bad-digest-at 2 --wait-error 1 --timeout-ms 10000 \
+	>"$TMP/prod2.log" 2>&1
+grep -q "ERROR DCAST_EPOISONED version 2:" "$TMP/prod2.log" ||
+	fail "the origin did not poison v2: $(tail -2 "$TMP/prod2.log")"
+wait_for 10 grep -q "model poison version 2 poisoned (DCAST_EPOISONED: the upstream poisoned it" "$TMP/r.log" ||
+	fail "the relay did not poison v2: $(grep -m3 'version 2\|poison' "$TMP/r.log")"
+check_metric r deltacast_versions_poisoned_total 1
+bg late "$WC" consume "$r_CONS" poison --until 3 --timeout-ms 20000 --stats "$TMP/late.stats"
+LATE=$LAST_PID
+wait_for 10 grep -qs "applied=1 " "$TMP/late.stats" || fail "the late consumer of the relay is not at v1"
+"$WC" produce "$s_PROD" poison --versions 3 >"$TMP/prod3.log" 2>&1 || fail "anchor v3: exit $?"
+wait "$LATE" || fail "the late consumer of the relay exited $?: $(tail -2 "$TMP/late.err")"
+grep -q "applied=3 versions=2 anchors=2 " "$TMP/late.stats" || fail "late: $(cat "$TMP/late.stats")"
+stop_broker r
+stop_broker s
+echo "test_broker_relay_poison: ok"

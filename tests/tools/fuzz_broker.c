@@ -69,6 +69,7 @@
 #include "dcast_common.h"
 #include "dcast_curve.h"
 #include "dcast_wire.h"
+#include "../proc.h" /* tp_log_port: the tools link tests/support */
 
 #define MAX_FIELDS 32
 #define MAX_STREAMS 96
@@ -1565,23 +1566,6 @@ static int file_has(const char *path, const char *s)
 	return found;
 }
 
-/* The port after `what` (a log line's text up to it) in its last line; 0
- * if none. */
-static unsigned port_of(const char *path, const char *what)
-{
-	char line[4096];
-	const char *at;
-	unsigned port = 0;
-	FILE *f = fopen(path, "r");
-
-	while (f && fgets(line, sizeof(line), f))
-		if ((at = strstr(line, what)))
-			port = (unsigned)strtoul(at + strlen(what), NULL, 10);
-	if (f)
-		fclose(f);
-	return port;
-}
-
 /* How many lines of path hold s. */
 static uint64_t lines_with(const char *path, const char *s)
 {
@@ -1647,8 +1631,8 @@ static int broker_try(const char *bin, int port, const char *log_path)
 	for (int i = 0; i < 100 && !file_has(log_path, "consumers on"); i++)
 		usleep(50000);
 	if (file_has(log_path, "consumers on") && waitpid(o.pid, NULL, WNOHANG) == 0 &&
-	    (!o.bulk || (o.bulk_port = port_of(log_path, "bulk anchors on 127.0.0.1:"))) &&
-	    (!o.metrics || (o.metrics_port = port_of(log_path, "metrics on http://127.0.0.1:"))))
+	    (!o.bulk || (o.bulk_port = (unsigned)tp_log_port(log_path, "bulk anchors on 127.0.0.1:"))) &&
+	    (!o.metrics || (o.metrics_port = (unsigned)tp_log_port(log_path, "metrics on http://127.0.0.1:"))))
 		return 0;
 	kill(o.pid, SIGKILL);
 	waitpid(o.pid, NULL, 0);

@@ -68,7 +68,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -80,6 +79,7 @@
 #include "dcast_bytes.h"
 #include "dcast_common.h"
 #include "dcast_wire.h"
+#include "../proc.h" /* tp_broker_try, tp_wait_log: the tools link tests/support */
 
 #define MODEL "fz"
 #define VERSIONS 6
@@ -599,11 +599,10 @@ static void say(const char *fmt, ...)
 #define MAX_RELAYS 4
 
 /* Relay i joins relay i - 1 (relay 0 the fake broker); the consumer
- * joins the last. */
+ * joins the last.  Started and watched as tests/proc.h starts brokers. */
 static struct relay {
-	pid_t pid;            /* 0: none running */
-	char ep[128];         /* its consumers' endpoint, from its log */
-	char log[600], data[600];
+	tp_broker b;          /* b.pid 0: none running; b.consumers its endpoint */
+	char data[600];
 } R[MAX_RELAYS];
 static uint64_t relay_starts, wrong_keys;
 static int wrong_key; /* --curve 1: this dirty phase's first relay has a wrong server key */
@@ -611,53 +610,20 @@ static int wrong_key; /* --curve 1: this dirty phase's first relay has a wrong s
 /* The endpoint a consumer joins: the last relay's, or the fake broker's. */
 static const char *endpoint(void)
 {
-	return o.relay ? R[o.relay - 1].ep : B.ep;
+	return o.relay ? R[o.relay - 1].b.consumers : B.ep;
 }
 
-/* How many lines of path hold s. */
-static int log_has(const char *path, const char *s)
-{
-	char line[4096];
-	FILE *f = fopen(path, "r");
-	int n = 0;
-
-	while (f && fgets(line, sizeof(line), f))
-		n += strstr(line, s) != NULL;
-	if (f)
-		fclose(f);
-	return n;
-}
-
-/* x->ep from the relay's line "consumers on tcp://HOST:PORT"; 0 when it
- * is there. */
-static int relay_endpoint(struct relay *x)
-{
-	static const char key[] = "consumers on ";
-	char line[4096];
-	const char *at;
-	FILE *f = fopen(x->log, "r");
-
-	x->ep[0] = 0;
-	while (f && fgets(line, sizeof(line), f))
-		if ((at = strstr(line, key)) && !strncmp(at + sizeof(key) - 1, "tcp://", 6))
-			snprintf(x->ep, sizeof(x->ep), "%.*s", (int)strcspn(at + sizeof(key) - 1, " \n"),
-				 at + sizeof(key) - 1);
-	if (f)
-		fclose(f);
-	return x->ep[0] ? 0 : -1;
-}
-
-/* The relay's LeakSanitizer (SAN builds) skips what libzmq leaks, as
- * tests/support/proc.c says for the tools: a file of suppressions in
- * rdir, named in LSAN_OPTIONS after what the caller gave. */
-static void relay_lsan(const char *rdir)
+/* The relays' LeakSanitizer (SAN builds) skips what libzmq leaks, as
+ * tests/support/proc.c says for the tools: a file of suppressions at path,
+ * named in the LSAN_OPTIONS every relay inherits, after what the caller
+ * gave. */
+static void relays_lsan(const char *path)
 {
 	const char *was = getenv("LSAN_OPTIONS");
-	char path[600], opts[1400];
-	FILE *f;
+	char opts[1400];
+	FILE *f = fopen(path, "w");
 
-	snprintf(path, sizeof(path), "%s/lsan.supp", rdir);
-	if (!(f = fopen(path, "w")))
+	if (!f)
 		return;
 	fputs("leak:libzmq.so.5\n", f);
 	fclose(f);
@@ -665,54 +631,34 @@ static void relay_lsan(const char *rdir)
 	setenv("LSAN_OPTIONS", opts, 1);
 }
 
-static void relay_exec(const struct relay *x, const char *rdir, char *const argv[])
-{
-	prctl(PR_SET_PDEATHSIG, SIGKILL); /* a fuzzer that dies leaves no relay behind */
-	if (!freopen(x->log, "w", stderr) || !freopen("/dev/null", "w", stdout))
-		_exit(127);
-	relay_lsan(rdir);
-	execv(argv[0], argv);
-	_exit(127);
-}
-
 /* Relay i of the fake broker's chain, its files under rdir (with `data`,
  * its log of versions in rdir/relayI-data), its stderr in
- * rdir/relayI.N.log; with `again`, on the consumers' endpoint it had.
- * 0 once it logged that endpoint, -1 (said) when it did not within 10 s. */
+ * rdir/relayI.N.log; with `again`, on the ports it had.  0 once it
+ * logged its endpoints (tp_broker_try), -1 (said) when it did not. */
 static int relay_start(const char *rdir, int i, int data, int again)
 {
 	struct relay *x = &R[i];
-	const char *build = getenv("DELTACAST_BUILD");
-	char bin[512], ep[128];
-	char *argv[24] = {bin, "--producers", "tcp://127.0.0.1:*", "--consumers", ep,
-			  "--upstream", i ? R[i - 1].ep : B.ep, "--upstream-model", MODEL, "--heartbeat-ms", "500",
-			  "--log-level", "info"};
-	int n = 13;
+	const char **a = x->b.extra;
+	int n = 0;
 
-	snprintf(bin, sizeof(bin), "%s/deltacast-broker", build && *build ? build : "build");
-	snprintf(ep, sizeof(ep), "%s", again ? x->ep : "tcp://127.0.0.1:*");
+	if (!again)
+		x->b.pport = x->b.cport = 0;
 	snprintf(x->data, sizeof(x->data), "%s/relay%d-data", rdir, i);
-	snprintf(x->log, sizeof(x->log), "%s/relay%d.%" PRIu64 ".log", rdir, i, ++relay_starts);
+	snprintf(x->b.log, sizeof(x->b.log), "%s/relay%d.%" PRIu64 ".log", rdir, i, ++relay_starts);
+	a[n++] = "--upstream", a[n++] = i ? R[i - 1].b.consumers : B.ep, a[n++] = "--upstream-model";
+	a[n++] = MODEL, a[n++] = "--heartbeat-ms", a[n++] = "500", a[n++] = "--log-level", a[n++] = "info";
 	if (o.bulk)
-		argv[n++] = "--bulk", argv[n++] = "127.0.0.1:0";
+		a[n++] = "--bulk", a[n++] = "127.0.0.1:0";
 	if (data)
-		argv[n++] = "--data-dir", argv[n++] = x->data;
+		a[n++] = "--data-dir", a[n++] = x->data;
 	if (o.curve && !i) {
-		argv[n++] = "--upstream-curve-secret", argv[n++] = B.relay_secret;
-		argv[n++] = "--upstream-server-key", argv[n++] = wrong_key ? B.wrong : B.pub;
+		a[n++] = "--upstream-curve-secret", a[n++] = B.relay_secret;
+		a[n++] = "--upstream-server-key", a[n++] = wrong_key ? B.wrong : B.pub;
 	}
-	if ((x->pid = fork()) == 0)
-		relay_exec(x, rdir, argv);
-	for (uint64_t end = dcast_now_ms() + 10000; x->pid > 0 && dcast_now_ms() < end; poll(NULL, 0, 10)) {
-		if (!relay_endpoint(x))
-			return 0;
-		if (waitpid(x->pid, NULL, WNOHANG) == x->pid)
-			break;
-	}
-	say("relay %d did not start (log %s)", i, x->log);
-	if (x->pid > 0 && !kill(x->pid, SIGKILL))
-		waitpid(x->pid, NULL, 0);
-	x->pid = 0;
+	x->b.n_extra = n;
+	if (!tp_broker_try(&x->b))
+		return 0;
+	say("relay %d did not start (log %s)", i, x->b.log);
 	return -1;
 }
 
@@ -721,40 +667,41 @@ static void relay_ended(const struct relay *x, int st, const char *how)
 {
 	if (WIFSIGNALED(st))
 		say("relay %d %s: killed by signal %d (%s; log %s)", (int)(x - R), how, WTERMSIG(st),
-		    strsignal(WTERMSIG(st)), x->log);
+		    strsignal(WTERMSIG(st)), x->b.log);
 	else
-		say("relay %d %s: exit status %d (log %s)", (int)(x - R), how, WEXITSTATUS(st), x->log);
+		say("relay %d %s: exit status %d (log %s)", (int)(x - R), how, WEXITSTATUS(st), x->b.log);
 }
 
 /* Relay x stopped with SIGTERM; 0 when it was still running, exited 0
  * within 10 s and logged no sanitizer report, else -1 (said). */
 static int relay_stop(struct relay *x)
 {
-	pid_t got = 0;
+	pid_t pid = x->b.pid, got = 0;
 	int st = 0, bad = 0;
 
-	if (!x->pid)
+	if (!pid)
 		return 0;
-	if (waitpid(x->pid, &st, WNOHANG) == x->pid) {
+	x->b.pid = 0;
+	if (waitpid(pid, &st, WNOHANG) == pid) {
+		tp_untrack(pid);
 		relay_ended(x, st, "ended before its SIGTERM");
-		x->pid = 0;
 		return -1;
 	}
-	kill(x->pid, SIGTERM);
-	for (uint64_t end = dcast_now_ms() + 10000; !(got = waitpid(x->pid, &st, WNOHANG)) && dcast_now_ms() < end;)
+	kill(pid, SIGTERM);
+	for (uint64_t end = dcast_now_ms() + 10000; !(got = waitpid(pid, &st, WNOHANG)) && dcast_now_ms() < end;)
 		poll(NULL, 0, 10);
 	if (!got) {
-		say("relay %d did not exit within 10 s of its SIGTERM (log %s)", (int)(x - R), x->log);
-		kill(x->pid, SIGKILL);
-		waitpid(x->pid, &st, 0);
+		say("relay %d did not exit within 10 s of its SIGTERM (log %s)", (int)(x - R), x->b.log);
+		kill(pid, SIGKILL);
+		waitpid(pid, &st, 0);
 		bad = 1;
 	} else if (!WIFEXITED(st) || WEXITSTATUS(st)) {
 		relay_ended(x, st, "on SIGTERM");
 		bad = 1;
 	}
-	x->pid = 0;
-	if (log_has(x->log, "Sanitizer") || log_has(x->log, "runtime error:")) {
-		say("relay %d logged a sanitizer report (log %s)", (int)(x - R), x->log);
+	tp_untrack(pid);
+	if (tp_wait_log(x->b.log, "Sanitizer", 1, 0) || tp_wait_log(x->b.log, "runtime error:", 1, 0)) {
+		say("relay %d logged a sanitizer report (log %s)", (int)(x - R), x->b.log);
 		bad = 1;
 	}
 	return bad ? -1 : 0;
@@ -1035,9 +982,13 @@ static int broker_start(void)
 int main(int argc, char **argv)
 {
 	uint64_t end, round = 0, failed = 0;
+	char lsan[600];
 
 	if (parse(argc, argv) || broker_start())
 		return 2;
+	snprintf(lsan, sizeof(lsan), "%s/fuzz_consumer.%d.lsan", o.dir, (int)getpid());
+	if (o.relay)
+		relays_lsan(lsan);
 	setenv("DELTACAST_LOG", getenv("DELTACAST_LOG") ? getenv("DELTACAST_LOG") : "error", 0);
 	end = dcast_now_ms() + o.seconds * 1000;
 	for (round = o.start_round; round < o.start_round + o.rounds && dcast_now_ms() < end && !failed; round++)
@@ -1054,6 +1005,8 @@ int main(int argc, char **argv)
 	zmq_ctx_term(B.ctx);
 	if (o.curve)
 		unlink(B.relay_secret);
+	if (o.relay)
+		unlink(lsan);
 	if (o.bulk)
 		printf("fuzz_consumer: bulk: %" PRIu64 " transfers served, %" PRIu64 " frames\n", B.bulk_served,
 		       B.bulk_frames);

@@ -319,6 +319,18 @@ static void job_capture(struct durable_job *j, struct broker_version *v)
 	j->commit_len = zmq_msg_size(&v->commit_hdr);
 }
 
+/* j is model m's as it is now: its run and log clears (a completion after
+ * either moved counts for nothing), its name, its queue time. */
+static void job_of(struct durable_job *j, struct broker_model *m)
+{
+	j->m = m;
+	j->read_fd = -1;
+	j->run = m->run;
+	j->clears = m->clears;
+	snprintf(j->model, sizeof(j->model), "%s", m->name);
+	j->queued_ns = dcast_now_ns();
+}
+
 static struct durable_job *job_new(struct broker_model *m, struct broker_version *v, int ack)
 {
 	struct durable_job *j = calloc(1, sizeof(*j));
@@ -331,18 +343,13 @@ static struct durable_job *job_new(struct broker_model *m, struct broker_version
 		dcast_fail(DCAST_ENOMEM, "durable: a write job of %u records", v->n_chunks);
 		return NULL;
 	}
-	j->m = m;
+	job_of(j, m);
 	j->v = v;
-	j->read_fd = -1;
 	v->refs++;
-	snprintf(j->model, sizeof(j->model), "%s", m->name);
-	j->run = m->run;
-	j->clears = m->clears;
 	j->version = v->version;
 	j->anchor = v->anchor;
 	j->ack = ack;
 	job_capture(j, v);
-	j->queued_ns = dcast_now_ns();
 	return j;
 }
 
@@ -354,14 +361,9 @@ int broker_durable_drop(struct broker *b, struct broker_model *m, int free_model
 	DCAST_ASSERT(d && d->store && (m->deleting || !free_model));
 	if (!j)
 		return dcast_fail(DCAST_ENOMEM, "durable: a job to delete model %s's files", m->name);
-	j->m = m;
-	j->read_fd = -1;
+	job_of(j, m);
 	j->drop = 1;
 	j->free_model = free_model;
-	j->run = m->run;
-	j->clears = m->clears;
-	snprintf(j->model, sizeof(j->model), "%s", m->name);
-	j->queued_ns = dcast_now_ns();
 	job_queue(d, j);
 	return 0;
 }
@@ -388,14 +390,9 @@ int broker_durable_poison(struct broker *b, struct broker_model *m, uint64_t ver
 		free(j);
 		return rc;
 	}
-	j->m = m;
-	j->read_fd = -1;
+	job_of(j, m);
 	j->poison = 1;
 	j->version = version;
-	j->run = m->run;
-	j->clears = m->clears;
-	snprintf(j->model, sizeof(j->model), "%s", m->name);
-	j->queued_ns = dcast_now_ns();
 	job_queue(d, j);
 	return 0;
 }

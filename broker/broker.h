@@ -259,6 +259,8 @@ struct broker_peer {
 	int blocked;                 /* pipe full on the last send */
 	int welcome_due;             /* HELLO answered by the next send */
 	int abort_due;               /* ERROR(DCAST_EABORTED, abort_version) is sent next */
+	int poison_due;              /* HELLO named a version: ERROR(DCAST_EPOISONED) after the
+					WELCOME if the model poisoned it or one before it */
 	uint64_t abort_version;      /* an open version it was sent chunks of, aborted */
 	int bulk_ok;                 /* HELLO x-bulk: it takes anchors over --bulk */
 	uint64_t bulk_token;         /* cur offered over --bulk (BULK sent): its stream waits

@@ -191,6 +191,33 @@ static int send_aborted(struct broker *b, struct broker_peer *p)
 	return send_own(b, p, &e, &p->abort_due);
 }
 
+/* ERROR(DCAST_EPOISONED) to a consumer whose HELLO said it holds a
+ * version the model has poisoned (that version or one before it): it was
+ * away when the others were told (poison.c), as a relay restarted on its
+ * data dir, or a consumer that re-joins.  A relay cuts the version off in
+ * its own log; a library consumer learns that its weights are one.  Sent
+ * once, after the WELCOME and before any version. */
+static int send_poisoned(struct broker *b, struct broker_peer *p)
+{
+	const struct broker_model *m = p->model;
+	dcast_msg e;
+
+	if (m->poisoned == DCAST_VERSION_NONE || p->have_version == DCAST_VERSION_NONE ||
+	    p->have_version < m->poisoned) {
+		p->poison_due = 0;
+		return PUMP_MORE;
+	}
+	dcast_msg_init(&e, DCAST_MSG_ERROR);
+	e.u.error.code = DCAST_EPOISONED;
+	snprintf(e.u.error.model, sizeof(e.u.error.model), "%s", p->want);
+	e.u.error.version = m->poisoned;
+	snprintf(e.u.error.text, sizeof(e.u.error.text), "model %s version %llu was poisoned before "
+		 "this join, which holds version %llu: neither it nor any version after it is "
+		 "served; the next anchor replaces them", p->want, (unsigned long long)m->poisoned,
+		 (unsigned long long)p->have_version);
+	return send_own(b, p, &e, &p->poison_due);
+}
+
 /* A chunk larger than the consumer's whole window can never be sent: say
  * so (once per version and HELLO) instead of waiting for credit forever. */
 static int window_too_small(struct broker *b, struct broker_peer *p, const struct broker_version *v,
@@ -299,6 +326,8 @@ static int pump_one(struct broker *b, struct broker_peer *p)
 		return PUMP_IDLE; /* waits for a producer to create it */
 	if (p->model->held)
 		return PUMP_IDLE; /* a relay's restored log, maybe an earlier run's (relay.c) */
+	if (p->poison_due)
+		return send_poisoned(b, p);
 	if (p->bulk_token)
 		return PUMP_IDLE; /* cur goes over --bulk (bulk.c), which hands the stream back */
 	if (!v) {
@@ -462,6 +491,7 @@ static void consumer_hello(struct broker *b, struct broker_peer *p, dcast_wire_i
 		    m ? "" : " (no such model yet: it waits for a producer to create it)");
 	p->welcome_due = 1;
 	p->abort_due = 0; /* a HELLO starts its stream again */
+	p->poison_due = h->have_version != DCAST_VERSION_NONE;
 	consumer_pump(b, p);
 }
 

@@ -234,16 +234,27 @@ static int relay_aborted(struct broker *b, struct broker_upstream *u, const dcas
 /* The upstream's fold found a version bad: when this relay logged it, the
  * version is cut off here too (poison.c: from its consumers, its data
  * dir, its made anchors), as the relay's own fold would, instead of being
- * served on until every consumer below refuses its digest.  Then the relay
- * joins again, as after any upstream ERROR. */
+ * served on until every consumer below refuses its digest.  The relay
+ * joins again only when its stream was inside that version or after it
+ * (open here, or coming over bulk): the upstream stopped it there.  Else
+ * it stays joined and waits for the next anchor; an upstream tells a
+ * joiner that holds a poisoned version so after its WELCOME (fanout.c),
+ * and a re-join would hear it again. */
 static int relay_poisoned(struct broker *b, struct broker_upstream *u, const dcast_error_msg *e)
 {
 	struct broker_model *m = u->model;
 	char why[DCAST_MAX_TEXT + 32];
+	int inside = (m->pending && m->pending->version >= e->version) ||
+		     (dcast_bulkrx_active(&u->bulk) && u->bulk.version >= e->version);
 
 	if (broker_log_find(m, e->version) >= 0) {
 		snprintf(why, sizeof(why), "the upstream poisoned it: %s", e->text);
 		broker_version_poison(b, m, e->version, DCAST_EPOISONED, why);
+	}
+	if (!inside) {
+		DCAST_LOG_W("relay %s: the upstream poisoned version %llu: %s", m->name,
+			    (unsigned long long)e->version, e->text);
+		return 0;
 	}
 	return dcast_fail(DCAST_ECLOSED, "upstream ERROR %s: %s", dcast_errname(DCAST_EPOISONED), e->text);
 }

@@ -8,6 +8,8 @@
  * about to take the same chunk (ondisk.c's read cache).  docs/protocol.md,
  * "Consumer and broker". */
 #include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "broker.h"
@@ -174,6 +176,25 @@ static int send_welcome(struct broker *b, struct broker_peer *p)
 	return send_own(b, p, &w, &p->welcome_due);
 }
 
+/* An ERROR to p, model named as p asked: code, version, the text after
+ * fmt. */
+static void error_init(dcast_msg *e, const struct broker_peer *p, int code, uint64_t version,
+		       const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
+static void error_init(dcast_msg *e, const struct broker_peer *p, int code, uint64_t version,
+		       const char *fmt, ...)
+{
+	va_list ap;
+
+	dcast_msg_init(e, DCAST_MSG_ERROR);
+	e->u.error.code = (uint32_t)code;
+	snprintf(e->u.error.model, sizeof(e->u.error.model), "%s", p->want);
+	e->u.error.version = version;
+	va_start(ap, fmt);
+	vsnprintf(e->u.error.text, sizeof(e->u.error.text), fmt, ap);
+	va_end(ap);
+}
+
 /* ERROR(DCAST_EABORTED, version) to a consumer that was sent chunks of an
  * open version since dropped (broker_cut_abort): sent by the pump, before
  * anything else, so that a full pipe delays it rather than losing it. */
@@ -181,13 +202,10 @@ static int send_aborted(struct broker *b, struct broker_peer *p)
 {
 	dcast_msg e;
 
-	dcast_msg_init(&e, DCAST_MSG_ERROR);
-	e.u.error.code = DCAST_EABORTED;
-	snprintf(e.u.error.model, sizeof(e.u.error.model), "%s", p->want);
-	e.u.error.version = p->abort_version;
-	snprintf(e.u.error.text, sizeof(e.u.error.text), "model %s version %llu was aborted before "
-		 "its COMMIT: drop what was received of it; the stream goes on after version %lld",
-		 p->want, (unsigned long long)p->abort_version, (long long)p->have_version);
+	error_init(&e, p, DCAST_EABORTED, p->abort_version, "model %s version %llu was aborted "
+		   "before its COMMIT: drop what was received of it; the stream goes on after "
+		   "version %lld", p->want, (unsigned long long)p->abort_version,
+		   (long long)p->have_version);
 	return send_own(b, p, &e, &p->abort_due);
 }
 
@@ -207,14 +225,10 @@ static int send_poisoned(struct broker *b, struct broker_peer *p)
 		p->poison_due = 0;
 		return PUMP_MORE;
 	}
-	dcast_msg_init(&e, DCAST_MSG_ERROR);
-	e.u.error.code = DCAST_EPOISONED;
-	snprintf(e.u.error.model, sizeof(e.u.error.model), "%s", p->want);
-	e.u.error.version = m->poisoned;
-	snprintf(e.u.error.text, sizeof(e.u.error.text), "model %s version %llu was poisoned before "
-		 "this join, which holds version %llu: neither it nor any version after it is "
-		 "served; the next anchor replaces them", p->want, (unsigned long long)m->poisoned,
-		 (unsigned long long)p->have_version);
+	error_init(&e, p, DCAST_EPOISONED, m->poisoned, "model %s version %llu was poisoned before "
+		   "this join, which holds version %llu: neither it nor any version after it is "
+		   "served; the next anchor replaces them", p->want, (unsigned long long)m->poisoned,
+		   (unsigned long long)p->have_version);
 	return send_own(b, p, &e, &p->poison_due);
 }
 
@@ -228,14 +242,10 @@ static int window_too_small(struct broker *b, struct broker_peer *p, const struc
 	if (p->too_large_told == v->version + 1)
 		return PUMP_IDLE;
 	p->too_large_told = v->version + 1;
-	dcast_msg_init(&e, DCAST_MSG_ERROR);
-	e.u.error.code = DCAST_ETOO_LARGE;
-	snprintf(e.u.error.model, sizeof(e.u.error.model), "%s", p->want);
-	e.u.error.version = v->version;
-	snprintf(e.u.error.text, sizeof(e.u.error.text), "version %llu has a chunk of %llu payload bytes, "
-		 "more than this consumer's whole window (HELLO.window_bytes %llu): it can never be "
-		 "sent; raise the staging budget", (unsigned long long)v->version,
-		 (unsigned long long)len, (unsigned long long)p->window_bytes);
+	error_init(&e, p, DCAST_ETOO_LARGE, v->version, "version %llu has a chunk of %llu payload "
+		   "bytes, more than this consumer's whole window (HELLO.window_bytes %llu): it can "
+		   "never be sent; raise the staging budget", (unsigned long long)v->version,
+		   (unsigned long long)len, (unsigned long long)p->window_bytes);
 	DCAST_LOG_W("consumer %s of %s: %s", p->client, p->want, e.u.error.text);
 	broker_send_msg(b, b->consumers, p, &e);
 	return PUMP_IDLE;

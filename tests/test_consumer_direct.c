@@ -85,6 +85,11 @@ static void check_file(const char *dir, const h_model *m, uint64_t v)
 	dcast_st_close(&f);
 }
 
+static int exists(void *path)
+{
+	return access(path, F_OK) == 0;
+}
+
 /* Until dir's model.safetensors exists, at most 10 s: the anchor's seal,
  * on the fold thread after its apply, once every write of its file is
  * done (they run behind its COMMIT). */
@@ -94,12 +99,7 @@ static int sealed(const char *dir)
 
 	if (snprintf(p, sizeof(p), "%.4096s/model.safetensors", dir) >= (int)sizeof(p))
 		return 0;
-	for (int i = 0; i < 10000; i++) {
-		if (access(p, F_OK) == 0)
-			return 1;
-		usleep(1000);
-	}
-	return 0;
+	return tp_wait_until(10000, exists, p);
 }
 
 /* Publish m as anchor 1, take it in place, restart, take delta 2. */

@@ -1628,9 +1628,7 @@ static int broker_try(const char *bin, int port, const char *log_path)
 	snprintf(o.prod_ep, sizeof(o.prod_ep), "tcp://127.0.0.1:%d", port);
 	snprintf(o.cons_ep, sizeof(o.cons_ep), "tcp://127.0.0.1:%d", port + 1);
 	o.pid = spawn(argv, log_path);
-	for (int i = 0; i < 100 && !file_has(log_path, "consumers on"); i++)
-		usleep(50000);
-	if (file_has(log_path, "consumers on") && waitpid(o.pid, NULL, WNOHANG) == 0 &&
+	if (tp_wait_log(log_path, "consumers on", 1, 5000) && waitpid(o.pid, NULL, WNOHANG) == 0 &&
 	    (!o.bulk || (o.bulk_port = (unsigned)tp_log_port(log_path, "bulk anchors on 127.0.0.1:"))) &&
 	    (!o.metrics || (o.metrics_port = (unsigned)tp_log_port(log_path, "metrics on http://127.0.0.1:"))))
 		return 0;

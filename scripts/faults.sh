@@ -50,7 +50,9 @@
 # dir (data_full) are tmpfs mounts of their own, and each fault shrinks
 # one of them, drawn, to what it holds (every write that needs a new block
 # fails with ENOSPC) for 0.1-4 s, then gives the room back.  Exit 0
-# only when no trial diverged or failed to converge.
+# only when no trial diverged or failed to converge.  With relays that
+# keep data dirs (FAULT_RELAY, FAULT_RELAY_DATA) it adds relay_full too:
+# every relay's data dir a tmpfs of its own, a drawn one shrunk so.
 set -u
 . "$(dirname "$0")/e2e_lib.sh"
 
@@ -65,6 +67,7 @@ RELAY_DATA=()
 ALL_KINDS="broker_kill broker_stop producer_kill producer_stop consumer_kill consumer_stop proxy proxy_producer ckpt_corrupt segment_corrupt run_change"
 [ "$RELAY" = 0 ] || ALL_KINDS+=" relay_kill relay_stop"
 [ "${FAULT_DISK_FULL:-0}" = 0 ] || ALL_KINDS+=" disk_full data_full"
+[ "${FAULT_DISK_FULL:-0}" = 0 ] || [ "$RELAY" = 0 ] || [ ${#RELAY_DATA[@]} = 0 ] || ALL_KINDS+=" relay_full"
 KINDS=(${FAULT_KINDS:-$ALL_KINDS})
 NCONS=${FAULT_CONSUMERS:-3}
 PARAMS=${FAULT_PARAMS:-4M}
@@ -394,7 +397,7 @@ wait_point() {
 # in half of them (drawn), while the anchor is written, not at a progress
 # point (a consumer done with the trace writes little).
 early_fault() {
-	case $1 in disk_full | data_full) ;; *) return 1 ;; esac
+	case $1 in disk_full | data_full | relay_full) ;; *) return 1 ;; esac
 	[ "$2" = 0 ] || return 1
 	rnd 2
 	[ $R = 0 ] && say "the first fault at once, as the anchor goes out"
@@ -489,6 +492,7 @@ inject() { # inject KIND: one fault
 		sleep "$PAUSE"; e2e_signal CONT "${RPIDS[RI]}" ;;
 	disk_full) disk_full "$T/c$i" "c$i's directory" ;;
 	data_full) disk_full "$T/data" "the broker's data dir" ;;
+	relay_full) relay_pick; disk_full "$T/$(relay_name $RI)data" "$(relay_name $RI)'s data dir" ;;
 	esac
 	return 0
 }
@@ -672,6 +676,9 @@ run_trial() {
 	case $kind in
 	disk_full) for ((j = 0; j < NCONS; j++)); do tmpfs_mount "$T/c$j" || say "c$j: no tmpfs"; done ;;
 	data_full) tmpfs_mount "$T/data" || say "data dir: no tmpfs" ;;
+	relay_full) for ((j = 0; j < NREL; j++)); do
+			tmpfs_mount "$T/$(relay_name $j)data" || say "$(relay_name $j)'s data dir: no tmpfs"
+		done ;;
 	esac
 	broker_start || return
 	relays_up || { say "a relay does not start"; return; }

@@ -44,6 +44,10 @@
 # its restarts (its consumers on this host then read its files by
 # reference over its unix socket with FAULT_BULK); the trial line adds
 # "data".
+# FAULT_REORDER=1 makes the proxy kinds' proxy also swap two whole messages
+# that follow each other (5-20 per mille of reads, drawn), as no TCP
+# connection does: a broker or relay that sent them out of order.  Off by
+# default, so that earlier seeds replay as they did.
 # FAULT_DISK_FULL=1 adds the fault kinds disk_full and data_full (root, and
 # tmpfs mounts, needed: without them the script says so and exits 77).  In
 # their trials the consumers' directories (disk_full) or the broker's data
@@ -551,7 +555,7 @@ declare -A PX
 proxy_tally() {
 	local k
 	FAULTS=$(grep -c '^fault ' "$T/proxy.log")
-	for k in drop delay corrupt truncate duplicate; do
+	for k in drop delay corrupt truncate duplicate swap; do
 		PX[$k]=$((${PX[$k]:-0} + $(grep -c "^fault $k " "$T/proxy.log")))
 	done
 }
@@ -691,13 +695,14 @@ run_trial() {
 			PPORT=$(e2e_pick_port $((try + 50)))
 			rnd 4; local drop=$((R + 1)); rnd 20; local delay=$((R + 5))
 			rnd 4; local trunc=$((R + 1)); rnd 8; local corrupt=$((R + 2))
-			rnd 16; local dup=$((R + 5))
-			"$PROXY" "$PPORT" "$target" "$seed" $drop $delay $trunc $corrupt $dup 2>>"$T/proxy.log" &
+			rnd 16; local dup=$((R + 5)) swp=0
+			[ "${FAULT_REORDER:-0}" = 0 ] || { rnd 16; swp=$((R + 5)); }
+			"$PROXY" "$PPORT" "$target" "$seed" $drop $delay $trunc $corrupt $dup $swp 2>>"$T/proxy.log" &
 			e2e_track "$!"; PROXY_PID=$!
 			e2e_wait_for 20 grep -qs "listening on $PPORT" "$T/proxy.log" && break
 			must_end e2e_kill "proxy on $PPORT did not come up" "$PROXY_PID"; PROXY_PID= PPORT=
 		done
-		say "proxy on $PPORT in front of the $PROXY_SIDE port: drop $drop delay $delay truncate $trunc corrupt $corrupt duplicate $dup per mille"
+		say "proxy on $PPORT in front of the $PROXY_SIDE port: drop $drop delay $delay truncate $trunc corrupt $corrupt duplicate $dup swap $swp per mille"
 	fi
 	for ((j = 0; j < NCONS; j++)); do consumer_start "$j"; done
 	publish_from 1
@@ -762,7 +767,7 @@ for k in $ALL_KINDS io_uring_refused; do
 done
 printf '%-18s %7s %7s %12s %9s\n' total "$tt" "$tf" "$td" "$tx"
 [ -n "${N_TRIALS[proxy]:-}${N_TRIALS[proxy_producer]:-}" ] && echo "proxy faults by kind: drop ${PX[drop]} delay ${PX[delay]}" \
-	"corrupt ${PX[corrupt]} truncate ${PX[truncate]} duplicate ${PX[duplicate]}"
+	"corrupt ${PX[corrupt]} truncate ${PX[truncate]} duplicate ${PX[duplicate]} swap ${PX[swap]}"
 if [ -n "$failed_seeds" ]; then
 	echo "faults: FAILED seeds:$failed_seeds (replay one with: SEED=N FAULT_KINDS=\"${KINDS[*]}\" make test-faults)"
 	exit 1

@@ -121,11 +121,11 @@ static inline void fz_take(fz_dir *d, const fz_item *it)
 	memmove(d->buf, d->buf + it->n, d->len);
 }
 
-/* Bytes of the whole message at the start of the buffer (every frame of it
- * there, none too big for the buffer), or 0. */
-static inline size_t fz_message_len(const fz_dir *d)
+/* Bytes of the whole message at offset `at` of the buffer, a message
+ * boundary (every frame of it there, none too big for the buffer), or 0. */
+static inline size_t fz_message_len_at(const fz_dir *d, size_t at)
 {
-	size_t o = 0;
+	size_t o = at;
 
 	if (d->greet || d->pass || d->in_msg)
 		return 0;
@@ -142,9 +142,15 @@ static inline size_t fz_message_len(const fz_dir *d)
 			return 0;
 		o += hl + (size_t)size;
 		if (!(b[0] & FZ_MORE))
-			return o;
+			return o - at;
 	}
 	return 0;
+}
+
+/* Bytes of the whole message at the start of the buffer, or 0. */
+static inline size_t fz_message_len(const fz_dir *d)
+{
+	return fz_message_len_at(d, 0);
 }
 
 /* Does the body hold the bytes s (a msgpack string, say)? */

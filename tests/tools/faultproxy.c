@@ -10,11 +10,15 @@
  *              ZMTP greeting; the frame parser sees the damage too)
  *   truncate   forwards a random prefix of the next frame, then closes both sides
  *   duplicate  sends the next whole message (all its frames) twice
+ *   swap       sends the next two whole messages in the other order: the
+ *              first is held while the rest of the second is on its way
+ *              (some of it read, both fit the buffer); else a later pair
  * Each fault is one stderr line "fault KIND conn N at byte B".  SIGUSR1 stops
  * injecting (clean forwarding from then on); SIGUSR2 holds what the broker
  * side sends (left unread in the sockets from then on, the line "holding
  * what the broker sends" once it is so); SIGTERM exits 0.
- * usage: faultproxy LISTEN TARGET SEED DROP DELAY TRUNCATE CORRUPT [DUPLICATE] */
+ * usage: faultproxy LISTEN TARGET SEED DROP DELAY TRUNCATE CORRUPT [DUPLICATE [SWAP]]
+ * (a rate of 0 draws nothing: a seed replays as it did before that fault). */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
@@ -38,12 +42,13 @@ typedef struct pair {
 	uint64_t moved[2];  /* bytes read from each side */
 	unsigned id;
 	fz_dir d[2];        /* frames read from each side */
+	int swap_due[2];    /* a swap drawn, not done yet */
 } pair;
 
 static pair pairs[MAX_PAIRS];
 static volatile sig_atomic_t quiet, stop, hold;
 static uint64_t rng;
-static unsigned rate_drop, rate_delay, rate_trunc, rate_corrupt, rate_dup;
+static unsigned rate_drop, rate_delay, rate_trunc, rate_corrupt, rate_dup, rate_swap;
 
 static void on_usr1(int s) { (void)s; quiet = 1; }
 static void on_term(int s) { (void)s; stop = 1; }
@@ -86,6 +91,7 @@ static void pair_close(pair *p)
 		if (p->fd[s] >= 0)
 			close(p->fd[s]);
 	p->fd[0] = p->fd[1] = -1;
+	p->swap_due[0] = p->swap_due[1] = 0;
 }
 
 /* Writes block the single-threaded proxy: a peer that stops reading for
@@ -146,30 +152,75 @@ static int stalled(const pair *p)
 	return -1;
 }
 
+/* The items that make up the first len bytes of d's buffer, passed. */
+static void skip(fz_dir *d, size_t len)
+{
+	fz_item it;
+
+	for (size_t done = 0; done < len && fz_next(d, &it); done += it.n)
+		fz_take(d, &it);
+}
+
 /* Send the whole message at the buffer's start twice and pass it. */
 static int duplicate(pair *p, int s, size_t len)
 {
 	fz_dir *d = &p->d[s];
-	fz_item it;
 
 	fault("duplicate", p, s);
 	if (write_all(p->fd[!s], d->buf, len) || write_all(p->fd[!s], d->buf, len))
 		return stalled(p);
-	for (size_t done = 0; done < len && fz_next(d, &it); done += it.n)
-		fz_take(d, &it);
+	skip(d, len);
 	return 0;
 }
 
-/* Forward every whole item read from side s, with the truncation or
- * duplication drawn for this read; 0, or -1 to close the pair. */
+/* Send the two whole messages at the buffer's start, of first and second
+ * bytes, in the other order, and pass them. */
+static int swap(pair *p, int s, size_t first, size_t second)
+{
+	fz_dir *d = &p->d[s];
+
+	fault("swap", p, s);
+	if (write_all(p->fd[!s], d->buf + first, second) || write_all(p->fd[!s], d->buf, first))
+		return stalled(p);
+	skip(d, first + second);
+	return 0;
+}
+
+/* A swap drawn for side s, whose whole message at the buffer's start is
+ * `whole` bytes: done (1), the first held for the rest of the second (-1:
+ * emit stops, the next read brings it), or not now (0: forward as usual,
+ * the swap waits for a later pair). */
+static int swap_step(pair *p, int s, size_t whole, int *err)
+{
+	fz_dir *d = &p->d[s];
+	size_t next = fz_message_len_at(d, whole);
+
+	if (next) {
+		p->swap_due[s] = 0;
+		*err = swap(p, s, whole, next);
+		return 1;
+	}
+	return d->len > whole && d->len < FZ_BUF ? -1 : 0;
+}
+
+/* Forward every whole item read from side s, with the truncation,
+ * duplication or swap drawn for this read; 0, or -1 to close the pair. */
 static int emit(pair *p, int s, int trunc, int dup)
 {
 	fz_dir *d = &p->d[s];
 	fz_item it;
+	int err = 0, st;
 
 	while (fz_next(d, &it)) {
-		size_t whole = dup && it.first ? fz_message_len(d) : 0;
-		if (whole) {
+		int swp = p->swap_due[s] && !quiet;
+		size_t whole = (dup || swp) && it.first ? fz_message_len(d) : 0;
+
+		if (whole && swp && (st = swap_step(p, s, whole, &err))) {
+			if (st < 0 || err)
+				return err ? -1 : 0;
+			continue;
+		}
+		if (whole && dup) {
 			if (duplicate(p, s, whole))
 				return -1;
 			dup = 0;
@@ -221,6 +272,8 @@ static int forward(pair *p, int s)
 	d->len += (size_t)n;
 	trunc = chance(rate_trunc); /* drawn in this order: replays stay the same */
 	dup = chance(rate_dup);
+	if (rate_swap && chance(rate_swap))
+		p->swap_due[s] = 1;
 	return emit(p, s, trunc, dup);
 }
 
@@ -255,9 +308,9 @@ int main(int argc, char **argv)
 {
 	int lfd;
 
-	if (argc != 8 && argc != 9) {
+	if (argc < 8 || argc > 10) {
 		fprintf(stderr, "usage: faultproxy LISTEN TARGET SEED DROP DELAY TRUNCATE CORRUPT"
-				" [DUPLICATE] (rates per mille of reads)\n");
+				" [DUPLICATE [SWAP]] (rates per mille of reads)\n");
 		return 2;
 	}
 	rng = strtoull(argv[3], NULL, 10) * 0x9E3779B97F4A7C15ull + 1;
@@ -265,7 +318,8 @@ int main(int argc, char **argv)
 	rate_delay = (unsigned)atoi(argv[5]);
 	rate_trunc = (unsigned)atoi(argv[6]);
 	rate_corrupt = (unsigned)atoi(argv[7]);
-	rate_dup = argc == 9 ? (unsigned)atoi(argv[8]) : 0;
+	rate_dup = argc >= 9 ? (unsigned)atoi(argv[8]) : 0;
+	rate_swap = argc == 10 ? (unsigned)atoi(argv[9]) : 0;
 	for (int i = 0; i < MAX_PAIRS; i++)
 		pairs[i].fd[0] = pairs[i].fd[1] = -1;
 	signal(SIGPIPE, SIG_IGN);

@@ -21,12 +21,7 @@ grep -q "ERROR DCAST_EPOISONED version 2:" "$TMP/prod2.log" ||
 wait_for 10 grep -q "model poison version 2 poisoned (DCAST_EPOISONED: the upstream poisoned it" "$TMP/r.log" ||
 	fail "the relay did not poison v2: $(grep -m3 'version 2\|poison' "$TMP/r.log")"
 check_metric r deltacast_versions_poisoned_total 1
-bg late "$WC" consume "$r_CONS" poison --until 3 --timeout-ms 20000 --stats "$TMP/late.stats"
-LATE=$LAST_PID
-wait_for 10 grep -qs "applied=1 " "$TMP/late.stats" || fail "the late consumer of the relay is not at v1"
-"$WC" produce "$s_PROD" poison --versions 3 >"$TMP/prod3.log" 2>&1 || fail "anchor v3: exit $?"
-wait "$LATE" || fail "the late consumer of the relay exited $?: $(tail -2 "$TMP/late.err")"
-grep -q "applied=3 versions=2 anchors=2 " "$TMP/late.stats" || fail "late: $(cat "$TMP/late.stats")"
+late_takes_anchor "$r_CONS" "$s_PROD" poison 3
 stop_broker r
 stop_broker s
 echo "test_broker_relay_poison: ok"

@@ -30,12 +30,7 @@ wait_for 10 logged_since "$TMP/r.log" "$START_FROM" \
 	"model poison version 2 poisoned (DCAST_EPOISONED: the upstream poisoned it" ||
 	fail "the restarted relay did not poison v2: $(tail -n +"$START_FROM" "$TMP/r.log" | grep -m3 'version 2\|poison')"
 check_metric r deltacast_versions_poisoned_total 1
-bg late "$WC" consume "$r_CONS" poison --until 4 --timeout-ms 20000 --stats "$TMP/late.stats"
-LATE=$LAST_PID
-wait_for 10 grep -qs "applied=1 " "$TMP/late.stats" || fail "the late consumer of the relay is not at v1"
-"$WC" produce "$s_PROD" poison --versions 4 >"$TMP/prod4.log" 2>&1 || fail "anchor v4: exit $?"
-wait "$LATE" || fail "the late consumer of the relay exited $?: $(tail -2 "$TMP/late.err")"
-grep -q "applied=4 versions=2 anchors=2 " "$TMP/late.stats" || fail "late: $(cat "$TMP/late.stats")"
+late_takes_anchor "$r_CONS" "$s_PROD" poison 4
 joins=$(tail -n +"$START_FROM" "$TMP/r.log" | grep -c "relay poison: HELLO to")
 [ "$joins" -le 2 ] || fail "the restarted relay joined $joins times: $(tail -n +"$START_FROM" "$TMP/r.log" | grep -m5 'HELLO to')"
 stop_broker r

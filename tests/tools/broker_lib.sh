@@ -96,6 +96,20 @@ bg() {
 	PIDS+=("$LAST_PID")
 }
 
+# late_takes_anchor CONS PROD MODEL V: a consumer that joins CONS (a poisoned
+# model's broker or relay) now must apply v1 and nothing else (wire_client
+# dies on a COMMIT whose digest differs: a poisoned version served), then,
+# once PROD has published V as an anchor (need_anchor), end at V, having
+# applied those two anchors only.
+late_takes_anchor() {
+	bg late "$WC" consume "$1" "$3" --until "$4" --timeout-ms 20000 --stats "$TMP/late.stats"
+	local late=$LAST_PID
+	wait_for 10 grep -qs "applied=1 " "$TMP/late.stats" || fail "the late consumer of $1 is not at v1"
+	"$WC" produce "$2" "$3" --versions "$4" >"$TMP/prod$4.log" 2>&1 || fail "anchor v$4: exit $?"
+	wait "$late" || fail "the late consumer of $1 exited $?: $(tail -2 "$TMP/late.err")"
+	grep -q "applied=$4 versions=2 anchors=2 " "$TMP/late.stats" || fail "late: $(cat "$TMP/late.stats")"
+}
+
 # stat_of FILE KEY: a value from a wire_client --stats file.
 stat_of() {
 	sed -n "s/.*\b$2=\([-0-9]*\).*/\1/p" "$1" 2>/dev/null

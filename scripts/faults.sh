@@ -53,10 +53,10 @@
 # their trials the consumers' directories (disk_full) or the broker's data
 # dir (data_full) are tmpfs mounts of their own, and each fault shrinks
 # one of them, drawn, to what it holds (every write that needs a new block
-# fails with ENOSPC) for 0.1-4 s, then gives the room back.  Exit 0
-# only when no trial diverged or failed to converge.  With relays that
-# keep data dirs (FAULT_RELAY, FAULT_RELAY_DATA) it adds relay_full too:
-# every relay's data dir a tmpfs of its own, a drawn one shrunk so.
+# fails with ENOSPC) for 0.1-4 s, then gives the room back.  With relays
+# that keep data dirs (FAULT_RELAY, FAULT_RELAY_DATA) it adds relay_full
+# too: every relay's data dir a tmpfs of its own, a drawn one shrunk so.
+# Exit 0 only when no trial diverged or failed to converge.
 set -u
 . "$(dirname "$0")/e2e_lib.sh"
 

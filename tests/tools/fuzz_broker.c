@@ -1553,19 +1553,6 @@ static pid_t spawn(char *const argv[], const char *log_path)
 	return pid;
 }
 
-static int file_has(const char *path, const char *s)
-{
-	char line[4096];
-	FILE *f = fopen(path, "r");
-	int found = 0;
-
-	while (f && !found && fgets(line, sizeof(line), f))
-		found = strstr(line, s) != NULL;
-	if (f)
-		fclose(f);
-	return found;
-}
-
 /* How many lines of path hold s. */
 static uint64_t lines_with(const char *path, const char *s)
 {
@@ -1709,7 +1696,7 @@ static int good_bulk_check(const char *bin, const char *ver)
 	snprintf(broker_log, sizeof(broker_log), "%s/broker.log", o.dir);
 	unlink(log_path);
 	before = lines_with(broker_log, "of good has version");
-	if (run_wait(recv_argv, log_path) || file_has(log_path, "bulk failed"))
+	if (run_wait(recv_argv, log_path) || tp_wait_log(log_path, "bulk failed", 1, 0))
 		return -1;
 	return lines_with(broker_log, "of good has version") > before ? 0 : -1;
 }

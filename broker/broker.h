@@ -59,6 +59,7 @@ struct broker_config {
 	const char *curve_secret, *producer_keys, *consumer_keys, *metrics;
 	const char *upstream_curve_secret, *upstream_server_key; /* the relay's CURVE client (auth.c) */
 	const char *anchor_fraction; uint64_t anchor_every; /* broker-made anchors (fold.c) */
+	int no_anchor_deltas;       /* --no-anchor-deltas: producer anchors go whole */
 	uint64_t fault_slowdisk_ms; /* DELTACAST_BROKER_FAULT=slowdisk:MS (tests; durable.c) */
 	int fault_nomap;            /* DELTACAST_BROKER_FAULT=nomap (tests; ondisk.c) */
 	uint64_t fault_relay_bulk_cut; /* DELTACAST_BROKER_FAULT=relay_bulk_cut:K (tests; relaybulk.c) */
@@ -308,6 +309,8 @@ struct broker_stats {
 	uint64_t peers_timed_out;
 	uint64_t consumer_joins;         /* consumer HELLOs taken: joins and re-joins */
 	uint64_t anchors_made, anchor_digest_errors; /* broker-made anchors (fold.c) */
+	uint64_t anchor_deltas, anchor_deltas_failed; /* producer anchors made into deltas (fold.c) */
+	uint64_t anchor_delta_bytes_saved;  /* the anchors' bytes less their deltas' */
 	uint64_t versions_poisoned;      /* committed versions the fold found bad (commit.c) */
 	uint64_t durable_failures;       /* versions that did not become durable */
 	uint64_t loop_stall_max_ns;      /* longest loop turn spent on durable work */
@@ -455,6 +458,7 @@ struct broker {
 		int efd;              /* work queued; -1: folding off */
 		double fraction;      /* --anchor-fraction */
 		uint64_t every;       /* --anchor-every */
+		int deltas;           /* producer anchors made into deltas (no --no-anchor-deltas) */
 	} fold;
 	char *metrics_page;           /* the response buffer (metrics.c) */
 	char admin_path[108];         /* the socket file to unlink at close (admin.c) */
@@ -834,6 +838,12 @@ static inline void broker_version_lost(struct broker *b, struct broker_model *m,
 	if (b->outcome[m->relayed != 0].lost)
 		b->outcome[m->relayed != 0].lost(b, m, version, why);
 }
+
+/* Called once a version has all its parts, just before it enters the log
+ * (the same loop turn): an anchor, which replaces the log, lets the anchor
+ * folder keep the log aside to make consumers on it a delta of the
+ * anchor (fold.h, broker_fold_anchor_coming). */
+void broker_version_entering(struct broker *b, struct broker_model *m, struct broker_version *v);
 
 /* Called once a version has all its parts and is in the log, before any
  * ACK goes out or any consumer sees it (the same loop turn).  Durability

@@ -8,6 +8,13 @@
 #include "durable.h" /* --data-dir (broker/durable.c) */
 #include "fold.h"    /* broker-made anchors (broker/fold.c) */
 
+/* Hook: the anchor folder keeps the log an anchor replaces. */
+void broker_version_entering(struct broker *b, struct broker_model *m, struct broker_version *v)
+{
+	if (v->anchor)
+		broker_fold_anchor_coming(b, m, v);
+}
+
 /* Hook: durability (queued; ACK on completion) and the anchor folder add
  * their calls here. */
 int broker_version_committed(struct broker *b, struct broker_model *m,

@@ -59,6 +59,7 @@ static const struct flag flags[] = {
 	/* broker-made anchors (broker/fold.c) */
 	{"anchor-fraction", FLAG_STR, OFF(anchor_fraction), "0.5", "make an anchor once delta bytes since the last one exceed F x the model's size (0: off)"},
 	{"anchor-every", FLAG_U64, OFF(anchor_every), "0", "make an anchor every K versions (0: off)"},
+	{"no-anchor-deltas", FLAG_BOOL, OFF(no_anchor_deltas), NULL, "send a producer's anchor whole to consumers that hold the version before it (by default, with broker-made anchors on, the broker makes them a delta from it)"},
 };
 #undef OFF
 

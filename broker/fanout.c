@@ -99,6 +99,8 @@ static struct broker_version *next_version(const struct broker_model *m, uint64_
 		return (uint32_t)i + 1 < m->n_log ? m->log[i + 1] : NULL;
 	if (broker_fold_next(m, have)) /* superseded by a broker-made anchor (fold.c) */
 		return broker_fold_next(m, have);
+	if (broker_fold_holds(m, have))
+		return NULL; /* the producer's anchor is being made a delta for it (fold.c) */
 	return m->log[0]->version > have ? m->log[0] : NULL;
 }
 
@@ -118,8 +120,8 @@ static struct broker_version *next_open(const struct broker_model *m, uint64_t h
 {
 	struct broker_version *v = m->pending ? m->pending->cut : NULL;
 
-	if (!v || have != broker_model_newest(m))
-		return NULL;
+	if (!v || have != broker_model_newest(m) || (v->anchor && broker_fold_makes_deltas(m)))
+		return NULL; /* an anchor: a delta is made from it at its COMMIT (fold.c) */
 	return broker_version_servable(m, v) ? v : NULL;
 }
 

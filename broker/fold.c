@@ -39,19 +39,50 @@
 #define FOLD_STEP_BYTES (16u << 20)  /* anchor-cut work per loop turn: ~10 ms */
 #define FOLD_FRACTION_MAX 1000.0
 
+/* Where made chunks' payloads go: with --data-dir a spill file there,
+ * else (dir NULL, or after a failed write) the heap. */
+struct fold_spill {
+	const char *dir;
+	struct broker_segfile *file; /* reference, NULL until the first chunk */
+	uint64_t end;
+};
+
 struct fold_cut {
 	struct broker_version *src; /* V as committed (reference): its digests */
 	struct broker_version *v;   /* the anchor being built (reference) */
-	const char *spill_dir;      /* --data-dir: chunks go to `spill`, not the heap */
-	struct broker_segfile *spill; /* reference, NULL until the first chunk */
-	uint64_t spill_end;
+	struct fold_spill sp;
 	uint32_t next_digest, next_chunk;
 	uint32_t tensor;            /* next range: tensor, first element */
 	uint64_t start;
 	uint64_t t0_ns;
 };
 
+/* A producer's anchor W made into a delta for the consumers that hold V,
+ * the log's newest version when W came: the log as it was (its anchor,
+ * then deltas up to V) folded into a state of its own, then each of W's
+ * dense chunks encoded against it, checked and applied as a consumer
+ * would, and W's digests compared; the delta joins the kept chain after
+ * V (broker_fold_next).  Consumers at V wait for it (broker_fold_holds). */
+struct fold_diff {
+	struct broker_version *w;   /* the producer's anchor (reference); NULL: none */
+	int started;                /* w is committed: the work runs, V is held */
+	uint64_t base;              /* V */
+	struct broker_version **src; /* the log when w came (references) */
+	uint32_t n_src, folded;
+	struct broker_version *v;   /* the delta being made (reference) */
+	struct fold_state st;
+	struct fold_digests dg, next; /* the state's; W's, moved by each made chunk */
+	struct fold_spill sp;
+	uint32_t next_chunk;        /* of w */
+	int checking;               /* the log is folded: W's chunks go in, checked */
+	uint8_t *buf;               /* a chunk's payload, encoded */
+	size_t buf_cap;
+	uint64_t t0_ns;
+};
+
 struct broker_fold {
+	int make_deltas;            /* producer anchors become deltas (no --no-anchor-deltas) */
+	struct fold_diff diff;
 	struct fold_state st;       /* st.mf set: a state is held (its manifest) */
 	uint64_t version;           /* of the state; NONE: unusable until an anchor */
 	struct fold_digests dg;     /* the state's digests per COMMIT range of `version` */
@@ -118,9 +149,9 @@ static int state_alloc(const struct broker *b, struct broker_fold *f, struct bro
 /* Apply one stored chunk to the state: its header is re-read (the log keeps
  * encoded frames) and range-checked against the state's manifest; the
  * digests in `next` move by its changes first. */
-static int fold_chunk(struct broker_fold *f, struct fold_digests *next, const struct broker_chunk *ch)
+static int fold_chunk(struct fold_state *st, struct fold_digests *next, const struct broker_chunk *ch)
 {
-	const struct broker_manifest *mf = f->st.mf;
+	const struct broker_manifest *mf = st->mf;
 	const dcast_chunk *c;
 	dcast_chunk_info info;
 	zmq_msg_t payload;
@@ -141,31 +172,32 @@ static int fold_chunk(struct broker_fold *f, struct fold_digests *next, const st
 	info = (dcast_chunk_info){c->encoding, c->elem_size, c->count, c->changed, c->payload_bytes};
 	if ((rc = broker_chunk_payload(ch, &payload))) /* from disk, one range at a time */
 		return rc;
-	rc = fold_state_get(&f->st, c->tensor, c->start, c->count, &range);
+	rc = fold_state_get(st, c->tensor, c->start, c->count, &range);
 	if (!rc)
 		rc = fold_check_chunk(next, c, zmq_msg_data(&payload), range);
 	if (!rc)
 		rc = dcast_codec_apply(&info, zmq_msg_data(&payload), range, NULL);
 	if (!rc)
-		rc = fold_state_put(&f->st);
+		rc = fold_state_put(st);
 	zmq_msg_close(&payload);
 	return rc;
 }
 
-/* Fold v's chunks into the state, checked against v's digests. */
-static int fold_checked(struct broker_fold *f, const struct broker_version *v)
+/* Fold v's chunks into the state st, checked against v's digests; *dg,
+ * the digests of st before, become v's. */
+static int fold_checked(struct fold_state *st, struct fold_digests *dg, const struct broker_version *v)
 {
 	struct fold_digests next;
-	int rc = fold_check_begin(&next, &f->dg, v, f->st.mf);
+	int rc = fold_check_begin(&next, dg, v, st->mf);
 
 	for (uint32_t i = 0; !rc && i < v->n_chunks; i++)
-		rc = fold_chunk(f, &next, &v->chunks[i]);
+		rc = fold_chunk(st, &next, &v->chunks[i]);
 	if (!rc)
-		rc = fold_check_end(&next, &f->st);
-	fold_digests_free(&f->dg);
+		rc = fold_check_end(&next, st);
+	fold_digests_free(dg);
 	if (rc)
 		fold_digests_free(&next);
-	f->dg = next;
+	*dg = next;
 	return rc;
 }
 
@@ -206,7 +238,7 @@ static void fold_version(struct broker *b, struct broker_model *m, struct broker
 	if (v->anchor)
 		rc = state_alloc(b, f, v->manifest);
 	f->version = DCAST_VERSION_NONE; /* until every chunk is in */
-	if (rc || (rc = fold_checked(f, v))) {
+	if (rc || (rc = fold_checked(&f->st, &f->dg, v))) {
 		fold_failed(b, m, v, rc);
 		return;
 	}
@@ -261,7 +293,7 @@ static void old_prune(struct broker *b, struct broker_model *m, struct broker_fo
 {
 	uint64_t lo, hi;
 
-	if (!f->n_old)
+	if (!f->n_old || f->diff.w) /* a made delta will join it */
 		return;
 	if (f->n_old > b->cfg.retain_versions || f->old_bytes > b->cfg.retain_bytes) {
 		DCAST_LOG_I("model %s: versions superseded by made anchors pass retention: "
@@ -299,7 +331,7 @@ static void cut_drop(struct broker_fold *f)
 {
 	broker_version_put(f->cut.src);
 	broker_version_put(f->cut.v);
-	broker_segfile_put(f->cut.spill); /* the anchor's chunks hold theirs */
+	broker_segfile_put(f->cut.sp.file); /* the anchor's chunks hold theirs */
 	memset(&f->cut, 0, sizeof(f->cut));
 }
 
@@ -313,39 +345,55 @@ static uint32_t cut_chunks(const struct broker_manifest *mf)
 	return n > UINT32_MAX / 2 ? 0 : (uint32_t)n;
 }
 
-/* Set up the anchor of the state's version (src, in the log): every
- * allocation of the cut but the chunk frames happens here. */
-static int cut_start(struct broker_model *m, struct broker_fold *f, struct broker_version *src)
+/* A made version (one reference) of `version` on `base` (NONE: an
+ * anchor) with mf's tensors: room for n chunks, each set empty (none
+ * counted yet), and a copy of src's digests.  NULL on no memory. */
+static struct broker_version *made_version(uint64_t version, uint64_t base,
+					   struct broker_manifest *mf, uint32_t n,
+					   const struct broker_version *src)
 {
 	struct broker_version *v = calloc(1, sizeof(*v));
-	uint32_t n = cut_chunks(f->st.mf);
 
-	if (!v || !n || !src->n_digests) {
-		free(v);
-		return dcast_fail(v ? DCAST_EDIGEST : DCAST_ENOMEM, "model %s: cannot cut version %llu: %s",
-				  m->name, (unsigned long long)src->version,
-				  v ? "no digests (or no chunks) to check it against" : "out of memory");
-	}
+	if (!v)
+		return NULL;
 	v->refs = 1;
-	v->version = src->version;
-	v->base_version = DCAST_VERSION_NONE;
-	v->anchor = 1;
-	v->manifest = f->st.mf;
-	f->st.mf->refs++;
+	v->version = version;
+	v->base_version = base;
+	v->anchor = base == DCAST_VERSION_NONE;
+	v->manifest = mf;
+	mf->refs++;
 	zmq_msg_init(&v->commit_hdr);
-	v->chunks = calloc(n, sizeof(*v->chunks));
-	v->digests = malloc(src->n_digests * sizeof(*v->digests));
+	v->chunks = calloc(n ? n : 1, sizeof(*v->chunks));
+	v->digests = malloc((src->n_digests ? src->n_digests : 1) * sizeof(*v->digests));
 	if (!v->chunks || !v->digests) {
 		broker_version_put(v);
-		return dcast_fail(DCAST_ENOMEM, "model %s: anchor of %u chunks", m->name, n);
+		return NULL;
 	}
-	v->n_chunks = n;
+	v->cap_chunks = n;
 	for (uint32_t i = 0; i < n; i++) {
 		zmq_msg_init(&v->chunks[i].hdr);
 		zmq_msg_init(&v->chunks[i].payload);
 	}
-	memcpy(v->digests, src->digests, src->n_digests * sizeof(*v->digests));
+	if (src->n_digests)
+		memcpy(v->digests, src->digests, src->n_digests * sizeof(*v->digests));
 	v->n_digests = src->n_digests;
+	return v;
+}
+
+/* Set up the anchor of the state's version (src, in the log): every
+ * allocation of the cut but the chunk frames happens here. */
+static int cut_start(struct broker_model *m, struct broker_fold *f, struct broker_version *src)
+{
+	uint32_t n = cut_chunks(f->st.mf);
+	struct broker_version *v;
+
+	if (!n || !src->n_digests)
+		return dcast_fail(DCAST_EDIGEST, "model %s: cannot cut version %llu: no digests (or "
+				  "no chunks) to check it against", m->name,
+				  (unsigned long long)src->version);
+	if (!(v = made_version(src->version, DCAST_VERSION_NONE, f->st.mf, n, src)))
+		return dcast_fail(DCAST_ENOMEM, "model %s: anchor of %u chunks", m->name, n);
+	v->n_chunks = n;
 	f->cut = (struct fold_cut){.src = src, .v = v, .t0_ns = dcast_now_ns()};
 	src->refs++;
 	return 0;
@@ -362,23 +410,23 @@ static int frame_encode(const dcast_msg *msg, zmq_msg_t *out)
 	return rc;
 }
 
-/* A made anchor's chunk payload: into the cut's spill file with
+/* A made chunk's payload (of `what` version): into the spill file with
  * --data-dir (the heap holds no dense copy then), else a frame of its
- * own; a failed spill write leaves the rest of the cut in memory. */
-static int cut_payload(const char *model, struct fold_cut *cut, struct broker_chunk *ch,
-		       const uint8_t *data, uint64_t bytes)
+ * own; a failed spill write leaves the rest of the version in memory. */
+static int made_payload(const char *model, const char *what, uint64_t version, struct fold_spill *sp,
+			struct broker_chunk *ch, const uint8_t *data, uint64_t bytes)
 {
-	if (cut->spill_dir && !broker_spill_write(cut->spill_dir, &cut->spill, &cut->spill_end,
-						  data, bytes, &ch->file, &ch->file_off))
+	if (sp->dir && !broker_spill_write(sp->dir, &sp->file, &sp->end, data, bytes, &ch->file,
+					   &ch->file_off))
 		return 0;
-	if (cut->spill_dir)
-		DCAST_LOG_W("model %s: made anchor %llu: %s; its chunks stay in memory", model,
-			    (unsigned long long)cut->v->version, dcast_last_error());
-	cut->spill_dir = NULL;
+	if (sp->dir)
+		DCAST_LOG_W("model %s: made %s %llu: %s; its chunks stay in memory", model, what,
+			    (unsigned long long)version, dcast_last_error());
+	sp->dir = NULL;
 	zmq_msg_close(&ch->payload);
 	if (zmq_msg_init_size(&ch->payload, bytes)) {
 		zmq_msg_init(&ch->payload);
-		return dcast_fail(DCAST_ENOMEM, "anchor chunk of %llu bytes", (unsigned long long)bytes);
+		return dcast_fail(DCAST_ENOMEM, "made chunk of %llu bytes", (unsigned long long)bytes);
 	}
 	memcpy(zmq_msg_data(&ch->payload), data, bytes);
 	return 0;
@@ -400,7 +448,7 @@ static int cut_chunk(const char *model, struct broker_fold *f, uint64_t *bytes)
 		count = BROKER_FOLD_RANGE_ELEMS;
 	*bytes = count * es;
 	if ((rc = fold_state_get(&f->st, cut->tensor, cut->start, count, &range)) ||
-	    (rc = cut_payload(model, cut, ch, range, *bytes)))
+	    (rc = made_payload(model, "anchor", cut->v->version, &cut->sp, ch, range, *bytes)))
 		return rc;
 	dcast_msg_init(&hm, DCAST_MSG_CHUNK);
 	snprintf(hm.u.chunk.model, sizeof(hm.u.chunk.model), "%s", model);
@@ -469,15 +517,15 @@ static int cut_step(const char *model, struct broker_fold *f, int *done)
 	return rc;
 }
 
-static int cut_commit_frame(const char *model, struct broker_version *v)
+static int commit_frame(const char *model, struct broker_version *v)
 {
 	dcast_msg cm;
 
 	dcast_msg_init(&cm, DCAST_MSG_COMMIT);
 	snprintf(cm.u.commit.model, sizeof(cm.u.commit.model), "%s", model);
 	cm.u.commit.version = v->version;
-	cm.u.commit.base_version = DCAST_VERSION_NONE;
-	cm.u.commit.anchor = 1;
+	cm.u.commit.base_version = v->base_version;
+	cm.u.commit.anchor = (uint32_t)v->anchor;
 	cm.u.commit.chunks = v->n_chunks;
 	cm.u.commit.bytes = v->payload_bytes;
 	cm.u.commit.n_digests = v->n_digests;
@@ -507,7 +555,7 @@ static int cut_publish(struct broker *b, struct broker_model *m, struct broker_f
 	if (at <= 0 || m->log[at] != f->cut.src)
 		return dcast_fail(DCAST_EVERSION, "version %llu is no longer a delta in the log",
 				  (unsigned long long)v->version);
-	if ((rc = cut_commit_frame(m->name, v)) || (rc = cut_durable(b, m, v, at)))
+	if ((rc = commit_frame(m->name, v)) || (rc = cut_durable(b, m, v, at)))
 		return rc;
 	if (f->n_old && f->old[f->n_old - 1]->version != m->log[0]->version)
 		old_free(f); /* a producer anchor came between: start a new chain */
@@ -574,7 +622,285 @@ static void cut_maybe(const struct broker *b, struct broker_model *m, struct bro
 	if (cut_start(m, f, m->log[at]))
 		DCAST_LOG_E("model %s: %s", m->name, dcast_last_error());
 	else if (broker_durable_on(b))
-		f->cut.spill_dir = b->cfg.data_dir;
+		f->cut.sp.dir = b->cfg.data_dir;
+}
+
+/* ---- made deltas: a producer's anchor for consumers at the version before ---- */
+
+static void diff_drop(struct broker_fold *f)
+{
+	struct fold_diff *d = &f->diff;
+
+	for (uint32_t i = 0; i < d->n_src; i++)
+		broker_version_put(d->src[i]);
+	free(d->src);
+	broker_version_put(d->w);
+	broker_version_put(d->v);
+	fold_state_close(&d->st);
+	fold_digests_free(&d->dg);
+	fold_digests_free(&d->next);
+	broker_segfile_put(d->sp.file); /* the delta's chunks hold theirs */
+	free(d->buf);
+	memset(d, 0, sizeof(*d));
+}
+
+/* The made delta is not made: consumers at V take W whole.  A W whose
+ * bytes differ from its own digests is poisoned (as the fold would find
+ * it); a failed allocation, read or write says nothing about it. */
+static void diff_failed(struct broker *b, struct broker_model *m, struct broker_fold *f, int rc,
+			int checking_w)
+{
+	char why[DCAST_MAX_TEXT / 2];
+	uint64_t w = f->diff.w->version;
+
+	snprintf(why, sizeof(why), "%s", dcast_last_error());
+	DCAST_LOG_W("model %s: anchor %llu goes whole to consumers at %llu: no delta made (%s): %s",
+		    m->name, (unsigned long long)w, (unsigned long long)f->diff.base,
+		    dcast_errname(rc), why);
+	diff_drop(f);
+	b->stats.anchor_deltas_failed++;
+	if (checking_w && rc == DCAST_EDIGEST)
+		broker_version_poison(b, m, w, rc, why);
+}
+
+/* Is any consumer of m at a version in [lo, hi]? */
+static int consumers_inside(const struct broker *b, const struct broker_model *m, uint64_t lo,
+			    uint64_t hi)
+{
+	for (uint64_t i = 0; i < b->cons.hi; i++) {
+		const struct broker_peer *p = &b->cons.arr[i];
+
+		if (p->used && p->model == m && p->have_version != DCAST_VERSION_NONE &&
+		    p->have_version >= lo && p->have_version <= hi)
+			return 1;
+	}
+	return 0;
+}
+
+static int manifest_same(const struct broker_manifest *a, const struct broker_manifest *b)
+{
+	return a == b || (a->enc_len == b->enc_len && !memcmp(a->enc, b->enc, a->enc_len));
+}
+
+/* The log's versions join the kept chain (as a made anchor's do), so that
+ * consumers behind V go on with deltas to V, then to the made delta. */
+static void chain_keep(struct broker_fold *f, const struct broker_model *m)
+{
+	if (f->n_old && f->old[f->n_old - 1]->version != m->log[0]->version)
+		old_free(f);
+	old_reserve(f, m->n_log);
+	for (uint32_t i = 0; i < m->n_log; i++) {
+		m->log[i]->refs++;
+		old_keep(f, m->log[i]);
+	}
+}
+
+/* Take the log as it is, before the anchor w replaces it.  0, or
+ * DCAST_ENOMEM. */
+static int diff_arm(const struct broker *b, struct broker_model *m, struct broker_fold *f,
+		    struct broker_version *w)
+{
+	struct fold_diff *d = &f->diff;
+
+	if (!(d->src = malloc(m->n_log * sizeof(*d->src))))
+		return DCAST_ENOMEM;
+	for (uint32_t i = 0; i < m->n_log; i++) {
+		d->src[i] = m->log[i];
+		d->src[i]->refs++;
+	}
+	d->n_src = m->n_log;
+	d->w = w;
+	w->refs++;
+	d->base = broker_model_newest(m);
+	d->sp.dir = broker_durable_on(b) ? b->cfg.data_dir : NULL;
+	return 0;
+}
+
+/* w is committed: the delta's version, the state, and the work queued. */
+static int diff_start(struct broker *b, struct broker_model *m, struct broker_fold *f)
+{
+	struct fold_diff *d = &f->diff;
+	struct broker_manifest *mf = d->src[d->n_src - 1]->manifest;
+	int rc;
+
+	d->started = 1;
+	d->t0_ns = dcast_now_ns();
+	if (!(d->v = made_version(d->w->version, d->base, mf, d->w->n_chunks, d->w)))
+		return dcast_fail(DCAST_ENOMEM, "a delta of up to %u chunks", d->w->n_chunks);
+	if ((rc = fold_state_open(&d->st, mf, d->sp.dir)))
+		return rc;
+	DCAST_LOG_I("model %s: anchor %llu: making a delta from %llu for the consumers there",
+		    m->name, (unsigned long long)d->w->version, (unsigned long long)d->base);
+	signal_work(b);
+	return 0;
+}
+
+/* Room for a payload of one of w's chunks, encoded. */
+static int diff_buf(struct fold_diff *d, const dcast_chunk *c)
+{
+	size_t need = dcast_codec_bound(c->count, c->elem_size);
+	uint8_t *p;
+
+	if (need <= d->buf_cap)
+		return 0;
+	if (!(p = realloc(d->buf, need)))
+		return dcast_fail(DCAST_ENOMEM, "a delta chunk of %zu bytes", need);
+	d->buf = p;
+	d->buf_cap = need;
+	return 0;
+}
+
+/* The CHUNK header of made chunk `seq`, encoded into ch->hdr. */
+static int diff_header(const char *model, const struct fold_diff *d, const dcast_chunk *c,
+		       const dcast_chunk_info *info, struct broker_chunk *ch)
+{
+	dcast_msg hm;
+
+	dcast_msg_init(&hm, DCAST_MSG_CHUNK);
+	snprintf(hm.u.chunk.model, sizeof(hm.u.chunk.model), "%s", model);
+	hm.u.chunk.version = d->v->version;
+	hm.u.chunk.base_version = d->base;
+	hm.u.chunk.anchor = 0;
+	hm.u.chunk.seq = d->v->n_chunks;
+	hm.u.chunk.tensor = c->tensor;
+	hm.u.chunk.start = c->start;
+	hm.u.chunk.count = c->count;
+	hm.u.chunk.elem_size = c->elem_size;
+	hm.u.chunk.encoding = info->encoding;
+	hm.u.chunk.changed = info->changed;
+	hm.u.chunk.payload_bytes = info->payload_bytes;
+	hm.u.chunk.checksum = dcast_chunk_checksum(&hm.u.chunk, ch->payload_sum);
+	return frame_encode(&hm, &ch->hdr);
+}
+
+/* W's chunk header, checked: a dense range of the state's tensors. */
+static int diff_source(const struct fold_diff *d, const struct broker_chunk *ch, dcast_chunk *c)
+{
+	dcast_msg msg;
+	int rc;
+
+	if ((rc = dcast_msg_decode(zmq_msg_data((zmq_msg_t *)&ch->hdr),
+				   zmq_msg_size((zmq_msg_t *)&ch->hdr), &msg)))
+		return rc;
+	dcast_msg_free(&msg); /* a CHUNK owns nothing */
+	if (msg.type != DCAST_MSG_CHUNK || !msg.u.chunk.anchor ||
+	    msg.u.chunk.encoding != DCAST_ENC_DENSE)
+		return dcast_fail(DCAST_ECORRUPT, "anchor %llu: a stored chunk is not a dense CHUNK",
+				  (unsigned long long)d->w->version);
+	*c = msg.u.chunk;
+	return dcast_chunk_fits(c, dcast_manifest_descs(&d->st.mf->m));
+}
+
+/* One made chunk: `cur`, W's range, encoded against the state's V, then
+ * checked, applied and kept as a consumer would take it (none when
+ * nothing in the range changed). */
+static int diff_encode(const char *model, struct fold_diff *d, const dcast_chunk *c,
+		       const uint8_t *cur)
+{
+	struct broker_chunk *ch = &d->v->chunks[d->v->n_chunks];
+	dcast_chunk_info info;
+	uint8_t *range;
+	int rc;
+
+	if ((rc = diff_buf(d, c)) ||
+	    (rc = fold_state_get(&d->st, c->tensor, c->start, c->count, &range)) ||
+	    (rc = dcast_codec_encode(cur, range, c->count, c->elem_size, -1, 0, d->buf, d->buf_cap,
+				     &info)))
+		return rc;
+	if (!info.changed)
+		return 0;
+	ch->payload_sum = dcast_checksum(d->buf, info.payload_bytes);
+	ch->payload_len = info.payload_bytes;
+	if ((rc = diff_header(model, d, c, &info, ch)))
+		return rc;
+	d->v->n_chunks++; /* its frames are the version's to free from here */
+	if ((rc = fold_check_chunk(&d->next, &(dcast_chunk){.tensor = c->tensor, .start = c->start,
+			.count = c->count, .elem_size = c->elem_size, .encoding = info.encoding,
+			.changed = info.changed, .payload_bytes = info.payload_bytes}, d->buf, range)) ||
+	    (rc = dcast_codec_apply(&info, d->buf, range, NULL)) || (rc = fold_state_put(&d->st)))
+		return rc;
+	d->v->payload_bytes += info.payload_bytes;
+	return made_payload(model, "delta", d->v->version, &d->sp, ch, d->buf, info.payload_bytes);
+}
+
+/* W's next chunk into the delta; *bytes: its dense size. */
+static int diff_chunk(const char *model, struct fold_diff *d, uint64_t *bytes)
+{
+	const struct broker_chunk *src = &d->w->chunks[d->next_chunk++];
+	zmq_msg_t payload;
+	dcast_chunk c;
+	int rc;
+
+	*bytes = src->payload_len;
+	if ((rc = diff_source(d, src, &c)) || (rc = broker_chunk_payload(src, &payload)))
+		return rc;
+	if (zmq_msg_size(&payload) != (size_t)c.count * c.elem_size)
+		rc = dcast_fail(DCAST_EPAYLOAD_SIZE, "anchor %llu chunk %u: %zu payload bytes",
+				(unsigned long long)d->w->version, d->next_chunk - 1,
+				zmq_msg_size(&payload));
+	else
+		rc = diff_encode(model, d, &c, zmq_msg_data(&payload));
+	zmq_msg_close(&payload);
+	return rc;
+}
+
+/* The delta is whole and checked: after V in the kept chain. */
+static int diff_publish(struct broker *b, struct broker_model *m, struct broker_fold *f)
+{
+	struct fold_diff *d = &f->diff;
+	struct broker_version *v = d->v;
+	int rc;
+
+	if ((rc = commit_frame(m->name, v)))
+		return rc;
+	if (!f->n_old || f->old[f->n_old - 1]->version != d->base)
+		return dcast_fail(DCAST_EVERSION, "the versions before it are no longer kept");
+	old_reserve(f, 1);
+	if (f->n_old == f->cap_old)
+		return dcast_fail(DCAST_ENOMEM, "the kept chain");
+	v->mem_bytes = broker_version_mem(v);
+	f->old[f->n_old++] = v;
+	f->old_bytes += v->mem_bytes;
+	d->v = NULL; /* the chain's reference now */
+	b->stats.anchor_deltas++;
+	b->stats.anchor_delta_bytes_saved += d->w->payload_bytes > v->payload_bytes ?
+					     d->w->payload_bytes - v->payload_bytes : 0;
+	DCAST_LOG_I("model %s: anchor %llu goes to consumers at %llu as a delta of %u chunks, "
+		    "%llu bytes (the anchor's %llu), digests equal, made in %.1f ms", m->name,
+		    (unsigned long long)v->version, (unsigned long long)d->base, v->n_chunks,
+		    (unsigned long long)v->payload_bytes, (unsigned long long)d->w->payload_bytes,
+		    (double)(dcast_now_ns() - d->t0_ns) / 1e6);
+	diff_drop(f);
+	return 0;
+}
+
+/* A bounded share of the delta's work: fold the log as it was, then
+ * encode W's chunks, then check W's digests and publish.  Returns 1 while
+ * work remains. */
+static int diff_turn(struct broker *b, struct broker_model *m, struct broker_fold *f)
+{
+	struct fold_diff *d = &f->diff;
+	uint64_t spent = 0, bytes;
+	int rc = 0;
+
+	if (!d->started)
+		return 0;
+	for (int i = 0; !rc && i < FOLD_VERSIONS_PER_TURN && d->folded < d->n_src; i++)
+		rc = fold_checked(&d->st, &d->dg, d->src[d->folded++]);
+	if (!rc && d->folded == d->n_src && !d->checking) {
+		d->checking = 1;
+		rc = fold_check_begin(&d->next, &d->dg, d->v, d->st.mf);
+	}
+	while (!rc && d->checking && spent < FOLD_STEP_BYTES && d->next_chunk < d->w->n_chunks) {
+		rc = diff_chunk(m->name, d, &bytes);
+		spent += bytes;
+	}
+	if (!rc && (!d->checking || d->next_chunk < d->w->n_chunks))
+		return 1;
+	if (!rc && !(rc = fold_check_end(&d->next, &d->st)) && !(rc = diff_publish(b, m, f)))
+		return 0;
+	diff_failed(b, m, f, rc, d->checking);
+	return 0;
 }
 
 /* ---- the queue and the turn ---- */
@@ -649,6 +975,60 @@ static void state_release(struct broker_fold *f)
 	f->delta_bytes = f->deltas = 0;
 }
 
+/* v is committed: the made delta armed for it starts; one armed for an
+ * anchor that never made it into the log goes. */
+static void diff_committed(struct broker *b, struct broker_model *m, struct broker_fold *f,
+			   struct broker_version *v)
+{
+	int rc;
+
+	if (!f->diff.w || f->diff.started)
+		return;
+	if (f->diff.w != v) {
+		diff_drop(f);
+		return;
+	}
+	if ((rc = diff_start(b, m, f)))
+		diff_failed(b, m, f, rc, 0);
+}
+
+void broker_fold_anchor_coming(struct broker *b, struct broker_model *m, struct broker_version *w)
+{
+	struct broker_fold *f = m->fold;
+	uint64_t lo;
+
+	if (!f || !f->make_deltas || !w->anchor || !m->n_log || !m->log[0]->anchor ||
+	    m->poisoned != DCAST_VERSION_NONE)
+		return;
+	if (f->diff.w) {
+		DCAST_LOG_I("model %s: anchor %llu overtakes the delta being made for %llu", m->name,
+			    (unsigned long long)w->version, (unsigned long long)f->diff.w->version);
+		diff_drop(f);
+	}
+	lo = f->n_old && f->old[f->n_old - 1]->version == m->log[0]->version ? f->old[0]->version :
+									     m->log[0]->version;
+	if (!manifest_same(m->log[m->n_log - 1]->manifest, w->manifest) ||
+	    !consumers_inside(b, m, lo, broker_model_newest(m)))
+		return;
+	if (diff_arm(b, m, f, w)) {
+		DCAST_LOG_W("model %s: anchor %llu goes whole: out of memory", m->name,
+			    (unsigned long long)w->version);
+		diff_drop(f);
+		return;
+	}
+	chain_keep(f, m);
+}
+
+int broker_fold_holds(const struct broker_model *m, uint64_t have)
+{
+	return m->fold && m->fold->diff.started && have == m->fold->diff.base;
+}
+
+int broker_fold_makes_deltas(const struct broker_model *m)
+{
+	return m->fold && m->fold->make_deltas;
+}
+
 void broker_fold_committed(struct broker *b, struct broker_model *m, struct broker_version *v)
 {
 	struct broker_fold *f;
@@ -659,6 +1039,8 @@ void broker_fold_committed(struct broker *b, struct broker_model *m, struct brok
 		DCAST_LOG_E("model %s: fold state: out of memory; no broker-made anchors", m->name);
 		return;
 	}
+	f->make_deltas = b->fold.deltas;
+	diff_committed(b, m, f, v);
 	if (f->st.mf || f->q_n || f->cut.v) { /* a state is being made or used: fold v too */
 		queue_push(m, f, v);
 		signal_work(b);
@@ -673,7 +1055,7 @@ void broker_fold_committed(struct broker *b, struct broker_model *m, struct brok
 
 /* Fold what is queued (versions that did not make it into the log are
  * skipped), then maybe start a cut.  Returns 1 while work remains. */
-static int fold_turn(struct broker *b, struct broker_model *m, struct broker_fold *f)
+static int anchor_turn(struct broker *b, struct broker_model *m, struct broker_fold *f)
 {
 	if (f->cut.v) {
 		int more = cut_turn(b, m, f);
@@ -696,6 +1078,13 @@ static int fold_turn(struct broker *b, struct broker_model *m, struct broker_fol
 	return f->q_n || f->cut.v;
 }
 
+static int fold_turn(struct broker *b, struct broker_model *m, struct broker_fold *f)
+{
+	int more = diff_turn(b, m, f);
+
+	return anchor_turn(b, m, f) | more;
+}
+
 static void fold_ready(struct broker *b, int fd, void *arg)
 {
 	int more = 0;
@@ -714,6 +1103,7 @@ int broker_fold_open(struct broker *b)
 	int fd, rc = fraction_parse(b->cfg.anchor_fraction, &b->fold.fraction);
 
 	b->fold.efd = -1;
+	b->fold.deltas = 0;
 	b->fold.every = b->cfg.anchor_every;
 	if (rc || (b->fold.fraction <= 0.0 && !b->fold.every))
 		return rc;
@@ -724,6 +1114,7 @@ int broker_fold_open(struct broker *b)
 		return rc;
 	}
 	b->fold.efd = fd;
+	b->fold.deltas = !b->cfg.no_anchor_deltas;
 	for (uint32_t i = 0; i < b->n_models; i++) /* restored from --data-dir */
 		for (uint32_t j = 0; j < b->models[i]->n_log; j++)
 			broker_fold_committed(b, b->models[i], b->models[i]->log[j]);
@@ -758,6 +1149,7 @@ void broker_fold_free(struct broker_model *m)
 		return;
 	queue_clear(f);
 	cut_drop(f);
+	diff_drop(f);
 	old_free(f);
 	free(f->old);
 	state_free(f);

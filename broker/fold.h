@@ -35,6 +35,23 @@ void broker_fold_close(struct broker *b);
  * folding for the model until its next producer anchor (logged). */
 void broker_fold_committed(struct broker *b, struct broker_model *m, struct broker_version *v);
 
+/* Before the producer's anchor w enters the log in place of it: when
+ * consumers hold a version of the log and w has the same tensors, keep
+ * the log aside, so that once w is committed the broker makes from it a
+ * delta on the log's newest version V (a state folded from the log, each
+ * range of w encoded against it, checked against w's digests) for the
+ * consumers at V (broker_fold_next).  Needs folding on and no
+ * --no-anchor-deltas; a failure only sends w whole (logged). */
+void broker_fold_anchor_coming(struct broker *b, struct broker_model *m, struct broker_version *w);
+
+/* For the fan-out: 1 while a delta is being made for consumers at `have`
+ * (they wait for it rather than take the anchor). */
+int broker_fold_holds(const struct broker_model *m, uint64_t have);
+
+/* 1 when the model's producer anchors are made into deltas: an open
+ * anchor is then not cut through to consumers at the newest version. */
+int broker_fold_makes_deltas(const struct broker_model *m);
+
 /* For the fan-out: the version to stream after `have` when `have` is no
  * longer in the log because a made anchor superseded it, from the chain
  * the made anchor replaced (kept while a connected consumer is on it), so

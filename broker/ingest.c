@@ -815,6 +815,7 @@ static int pending_finish(struct broker *b, struct broker_model *m)
 	DCAST_DEBUG_ASSERT(check_pending(m) && pd->n_committed == pd->parts);
 	if ((pd->anchor && (rc = anchor_complete(pd))) || (rc = version_build(m, pd, &v)))
 		return rc;
+	broker_version_entering(b, m, v); /* consumers on the log may get a delta of an anchor */
 	if ((rc = broker_log_append(b, m, v))) {
 		broker_version_put(v);
 		return rc;

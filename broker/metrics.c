@@ -256,6 +256,12 @@ size_t broker_metrics_render(const struct broker *b, char *buf, size_t cap)
 	counter(&o, "anchors_made_total", "anchors the broker made by folding deltas", st->anchors_made);
 	counter(&o, "anchor_digest_errors_total", "made anchors refused: digest differs from the producer's",
 		st->anchor_digest_errors);
+	counter(&o, "anchor_deltas_total", "producer anchors made into deltas for consumers at the version before",
+		st->anchor_deltas);
+	counter(&o, "anchor_deltas_failed_total", "producer anchors that went whole: their delta could not be made",
+		st->anchor_deltas_failed);
+	counter(&o, "anchor_delta_bytes_saved_total", "producer anchors' payload bytes less their made deltas'",
+		st->anchor_delta_bytes_saved);
 	counter(&o, "versions_poisoned_total", "committed versions the fold found bad: never served again",
 		st->versions_poisoned);
 	counter(&o, "models_expired_total", "models removed after --model-idle-s without peers",

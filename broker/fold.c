@@ -19,7 +19,9 @@
  * Folding pauses while a cut is under way so that the state stays at V.
  * Only publishing the made anchor (its durable write queued to the writer
  * thread when --data-dir is set, then the log swap) happens in one step,
- * with a log line of its duration. */
+ * with a log line of its duration.  A producer's anchor made into a delta
+ * for the consumers on the log it replaces runs from the same turn, with
+ * a state of its own (folddelta.c). */
 #include <errno.h>
 #include <math.h>
 #include <string.h>
@@ -31,74 +33,7 @@
 #include "deltacast/codec.h"
 #include "durable.h"
 #include "fold.h"
-#include "foldcheck.h"
-#include "foldstate.h"
-
-#define FOLD_QUEUE 4096              /* committed versions waiting per model */
-#define FOLD_VERSIONS_PER_TURN 16
-#define FOLD_STEP_BYTES (16u << 20)  /* anchor-cut work per loop turn: ~10 ms */
-#define FOLD_FRACTION_MAX 1000.0
-
-/* Where made chunks' payloads go: with --data-dir a spill file there,
- * else (dir NULL, or after a failed write) the heap. */
-struct fold_spill {
-	const char *dir;
-	struct broker_segfile *file; /* reference, NULL until the first chunk */
-	uint64_t end;
-};
-
-struct fold_cut {
-	struct broker_version *src; /* V as committed (reference): its digests */
-	struct broker_version *v;   /* the anchor being built (reference) */
-	struct fold_spill sp;
-	uint32_t next_digest, next_chunk;
-	uint32_t tensor;            /* next range: tensor, first element */
-	uint64_t start;
-	uint64_t t0_ns;
-};
-
-/* A producer's anchor W made into a delta for the consumers that hold V,
- * the log's newest version when W came: the log as it was (its anchor,
- * then deltas up to V) folded into a state of its own, then each of W's
- * dense chunks encoded against it, checked and applied as a consumer
- * would, and W's digests compared; the delta joins the kept chain after
- * V (broker_fold_next).  Consumers at V wait for it (broker_fold_holds). */
-struct fold_diff {
-	struct broker_version *w;   /* the producer's anchor (reference); NULL: none */
-	int started;                /* w is committed: the work runs, V is held */
-	uint64_t base;              /* V */
-	struct broker_version **src; /* the log when w came (references) */
-	uint32_t n_src, folded;
-	struct broker_version *v;   /* the delta being made (reference) */
-	struct fold_state st;
-	struct fold_digests dg, next; /* the state's; W's, moved by each made chunk */
-	struct fold_spill sp;
-	uint32_t next_chunk;        /* of w */
-	int checking;               /* the log is folded: W's chunks go in, checked */
-	uint8_t *buf;               /* a chunk's payload, encoded */
-	size_t buf_cap;
-	uint64_t t0_ns;
-};
-
-struct broker_fold {
-	int make_deltas;            /* producer anchors become deltas (no --no-anchor-deltas) */
-	struct fold_diff diff;
-	struct fold_state st;       /* st.mf set: a state is held (its manifest) */
-	uint64_t version;           /* of the state; NONE: unusable until an anchor */
-	struct fold_digests dg;     /* the state's digests per COMMIT range of `version` */
-	uint64_t delta_bytes, deltas; /* folded since the log's anchor */
-	/* With no state (between cuts): deltas committed since the log's
-	 * anchor, counted only, and the model's dense size. */
-	uint64_t pend_bytes, pend_deltas, model_bytes;
-	int broken;                 /* the last state failed: none until an anchor */
-	struct broker_version *queue[FOLD_QUEUE];
-	uint32_t q_head, q_n;
-	struct fold_cut cut;        /* cut.v set: a cut is under way */
-	struct broker_version **old; /* the chains made anchors replaced, joined */
-	uint32_t n_old, cap_old;
-	uint64_t old_bytes;
-};
-
+#include "foldint.h"
 
 static int fraction_parse(const char *s, double *out)
 {
@@ -120,7 +55,7 @@ int broker_fold_config_check(const struct broker_config *cfg)
 	return fraction_parse(cfg->anchor_fraction, &f);
 }
 
-static void signal_work(const struct broker *b)
+void fold_signal(const struct broker *b)
 {
 	uint64_t one = 1;
 
@@ -185,7 +120,7 @@ static int fold_chunk(struct fold_state *st, struct fold_digests *next, const st
 
 /* Fold v's chunks into the state st, checked against v's digests; *dg,
  * the digests of st before, become v's. */
-static int fold_checked(struct fold_state *st, struct fold_digests *dg, const struct broker_version *v)
+int fold_checked(struct fold_state *st, struct fold_digests *dg, const struct broker_version *v)
 {
 	struct fold_digests next;
 	int rc = fold_check_begin(&next, dg, v, st->mf);
@@ -249,7 +184,7 @@ static void fold_version(struct broker *b, struct broker_model *m, struct broker
 
 /* ---- the superseded chain ---- */
 
-static void old_free(struct broker_fold *f)
+void fold_old_free(struct broker_fold *f)
 {
 	for (uint32_t i = 0; i < f->n_old; i++)
 		broker_version_put(f->old[i]);
@@ -258,14 +193,14 @@ static void old_free(struct broker_fold *f)
 }
 
 /* Room for n more versions in the chain (allocated when an anchor is made). */
-static void old_reserve(struct broker_fold *f, uint32_t n)
+void fold_old_reserve(struct broker_fold *f, uint32_t n)
 {
 	struct broker_version **o;
 
 	if (f->n_old + n <= f->cap_old)
 		return;
 	if (!(o = realloc(f->old, (f->n_old + n) * sizeof(*o)))) {
-		old_free(f); /* lagging consumers take the anchor path instead */
+		fold_old_free(f); /* lagging consumers take the anchor path instead */
 		return;
 	}
 	f->old = o;
@@ -274,7 +209,7 @@ static void old_reserve(struct broker_fold *f, uint32_t n)
 
 /* keep() for broker_log_replace_anchor: the chain stays one run of deltas
  * from its first anchor on, so a later batch's (made) anchor is not kept. */
-static void old_keep(void *arg, struct broker_version *v)
+void fold_old_keep(void *arg, struct broker_version *v)
 {
 	struct broker_fold *f = arg;
 
@@ -298,7 +233,7 @@ static void old_prune(struct broker *b, struct broker_model *m, struct broker_fo
 	if (f->n_old > b->cfg.retain_versions || f->old_bytes > b->cfg.retain_bytes) {
 		DCAST_LOG_I("model %s: versions superseded by made anchors pass retention: "
 			    "consumers behind them take the anchor path", m->name);
-		old_free(f);
+		fold_old_free(f);
 		return;
 	}
 	lo = f->old[0]->version;
@@ -312,7 +247,7 @@ static void old_prune(struct broker *b, struct broker_model *m, struct broker_fo
 	}
 	DCAST_LOG_D("model %s: no consumer behind made anchor %llu: dropping %u superseded versions",
 		    m->name, (unsigned long long)hi, f->n_old);
-	old_free(f);
+	fold_old_free(f);
 }
 
 struct broker_version *broker_fold_next(const struct broker_model *m, uint64_t have)
@@ -348,7 +283,7 @@ static uint32_t cut_chunks(const struct broker_manifest *mf)
 /* A made version (one reference) of `version` on `base` (NONE: an
  * anchor) with mf's tensors: room for n chunks, each set empty (none
  * counted yet), and a copy of src's digests.  NULL on no memory. */
-static struct broker_version *made_version(uint64_t version, uint64_t base,
+struct broker_version *fold_made_version(uint64_t version, uint64_t base,
 					   struct broker_manifest *mf, uint32_t n,
 					   const struct broker_version *src)
 {
@@ -391,7 +326,7 @@ static int cut_start(struct broker_model *m, struct broker_fold *f, struct broke
 		return dcast_fail(DCAST_EDIGEST, "model %s: cannot cut version %llu: no digests (or "
 				  "no chunks) to check it against", m->name,
 				  (unsigned long long)src->version);
-	if (!(v = made_version(src->version, DCAST_VERSION_NONE, f->st.mf, n, src)))
+	if (!(v = fold_made_version(src->version, DCAST_VERSION_NONE, f->st.mf, n, src)))
 		return dcast_fail(DCAST_ENOMEM, "model %s: anchor of %u chunks", m->name, n);
 	v->n_chunks = n;
 	f->cut = (struct fold_cut){.src = src, .v = v, .t0_ns = dcast_now_ns()};
@@ -400,7 +335,7 @@ static int cut_start(struct broker_model *m, struct broker_fold *f, struct broke
 }
 
 /* Re-encode a frame initialised empty (so that a put always finds it set). */
-static int frame_encode(const dcast_msg *msg, zmq_msg_t *out)
+int fold_frame_encode(const dcast_msg *msg, zmq_msg_t *out)
 {
 	int rc;
 
@@ -413,7 +348,7 @@ static int frame_encode(const dcast_msg *msg, zmq_msg_t *out)
 /* A made chunk's payload (of `what` version): into the spill file with
  * --data-dir (the heap holds no dense copy then), else a frame of its
  * own; a failed spill write leaves the rest of the version in memory. */
-static int made_payload(const char *model, const char *what, uint64_t version, struct fold_spill *sp,
+int fold_made_payload(const char *model, const char *what, uint64_t version, struct fold_spill *sp,
 			struct broker_chunk *ch, const uint8_t *data, uint64_t bytes)
 {
 	if (sp->dir && !broker_spill_write(sp->dir, &sp->file, &sp->end, data, bytes, &ch->file,
@@ -448,7 +383,7 @@ static int cut_chunk(const char *model, struct broker_fold *f, uint64_t *bytes)
 		count = BROKER_FOLD_RANGE_ELEMS;
 	*bytes = count * es;
 	if ((rc = fold_state_get(&f->st, cut->tensor, cut->start, count, &range)) ||
-	    (rc = made_payload(model, "anchor", cut->v->version, &cut->sp, ch, range, *bytes)))
+	    (rc = fold_made_payload(model, "anchor", cut->v->version, &cut->sp, ch, range, *bytes)))
 		return rc;
 	dcast_msg_init(&hm, DCAST_MSG_CHUNK);
 	snprintf(hm.u.chunk.model, sizeof(hm.u.chunk.model), "%s", model);
@@ -473,7 +408,7 @@ static int cut_chunk(const char *model, struct broker_fold *f, uint64_t *bytes)
 		cut->tensor++;
 		cut->start = 0;
 	}
-	return frame_encode(&hm, &ch->hdr);
+	return fold_frame_encode(&hm, &ch->hdr);
 }
 
 /* Check the state against the producer's digest `i` for V. */
@@ -517,7 +452,7 @@ static int cut_step(const char *model, struct broker_fold *f, int *done)
 	return rc;
 }
 
-static int commit_frame(const char *model, struct broker_version *v)
+int fold_commit_frame(const char *model, struct broker_version *v)
 {
 	dcast_msg cm;
 
@@ -530,7 +465,7 @@ static int commit_frame(const char *model, struct broker_version *v)
 	cm.u.commit.bytes = v->payload_bytes;
 	cm.u.commit.n_digests = v->n_digests;
 	cm.u.commit.digests = v->digests;
-	return frame_encode(&cm, &v->commit_hdr);
+	return fold_frame_encode(&cm, &v->commit_hdr);
 }
 
 /* --data-dir: the anchor begins a new segment; the deltas after V, already
@@ -555,13 +490,13 @@ static int cut_publish(struct broker *b, struct broker_model *m, struct broker_f
 	if (at <= 0 || m->log[at] != f->cut.src)
 		return dcast_fail(DCAST_EVERSION, "version %llu is no longer a delta in the log",
 				  (unsigned long long)v->version);
-	if ((rc = commit_frame(m->name, v)) || (rc = cut_durable(b, m, v, at)))
+	if ((rc = fold_commit_frame(m->name, v)) || (rc = cut_durable(b, m, v, at)))
 		return rc;
 	if (f->n_old && f->old[f->n_old - 1]->version != m->log[0]->version)
-		old_free(f); /* a producer anchor came between: start a new chain */
-	old_reserve(f, (uint32_t)at + 1);
+		fold_old_free(f); /* a producer anchor came between: start a new chain */
+	fold_old_reserve(f, (uint32_t)at + 1);
 	f->cut.v = NULL; /* the log takes this reference */
-	if ((rc = broker_log_replace_anchor(b, m, v, old_keep, f))) {
+	if ((rc = broker_log_replace_anchor(b, m, v, fold_old_keep, f))) {
 		f->cut.v = v;
 		return rc;
 	}
@@ -623,284 +558,6 @@ static void cut_maybe(const struct broker *b, struct broker_model *m, struct bro
 		DCAST_LOG_E("model %s: %s", m->name, dcast_last_error());
 	else if (broker_durable_on(b))
 		f->cut.sp.dir = b->cfg.data_dir;
-}
-
-/* ---- made deltas: a producer's anchor for consumers at the version before ---- */
-
-static void diff_drop(struct broker_fold *f)
-{
-	struct fold_diff *d = &f->diff;
-
-	for (uint32_t i = 0; i < d->n_src; i++)
-		broker_version_put(d->src[i]);
-	free(d->src);
-	broker_version_put(d->w);
-	broker_version_put(d->v);
-	fold_state_close(&d->st);
-	fold_digests_free(&d->dg);
-	fold_digests_free(&d->next);
-	broker_segfile_put(d->sp.file); /* the delta's chunks hold theirs */
-	free(d->buf);
-	memset(d, 0, sizeof(*d));
-}
-
-/* The made delta is not made: consumers at V take W whole.  A W whose
- * bytes differ from its own digests is poisoned (as the fold would find
- * it); a failed allocation, read or write says nothing about it. */
-static void diff_failed(struct broker *b, struct broker_model *m, struct broker_fold *f, int rc,
-			int checking_w)
-{
-	char why[DCAST_MAX_TEXT / 2];
-	uint64_t w = f->diff.w->version;
-
-	snprintf(why, sizeof(why), "%s", dcast_last_error());
-	DCAST_LOG_W("model %s: anchor %llu goes whole to consumers at %llu: no delta made (%s): %s",
-		    m->name, (unsigned long long)w, (unsigned long long)f->diff.base,
-		    dcast_errname(rc), why);
-	diff_drop(f);
-	b->stats.anchor_deltas_failed++;
-	if (checking_w && rc == DCAST_EDIGEST)
-		broker_version_poison(b, m, w, rc, why);
-}
-
-/* Is any consumer of m at a version in [lo, hi]? */
-static int consumers_inside(const struct broker *b, const struct broker_model *m, uint64_t lo,
-			    uint64_t hi)
-{
-	for (uint64_t i = 0; i < b->cons.hi; i++) {
-		const struct broker_peer *p = &b->cons.arr[i];
-
-		if (p->used && p->model == m && p->have_version != DCAST_VERSION_NONE &&
-		    p->have_version >= lo && p->have_version <= hi)
-			return 1;
-	}
-	return 0;
-}
-
-static int manifest_same(const struct broker_manifest *a, const struct broker_manifest *b)
-{
-	return a == b || (a->enc_len == b->enc_len && !memcmp(a->enc, b->enc, a->enc_len));
-}
-
-/* The log's versions join the kept chain (as a made anchor's do), so that
- * consumers behind V go on with deltas to V, then to the made delta. */
-static void chain_keep(struct broker_fold *f, const struct broker_model *m)
-{
-	if (f->n_old && f->old[f->n_old - 1]->version != m->log[0]->version)
-		old_free(f);
-	old_reserve(f, m->n_log);
-	for (uint32_t i = 0; i < m->n_log; i++) {
-		m->log[i]->refs++;
-		old_keep(f, m->log[i]);
-	}
-}
-
-/* Take the log as it is, before the anchor w replaces it.  0, or
- * DCAST_ENOMEM. */
-static int diff_arm(const struct broker *b, struct broker_model *m, struct broker_fold *f,
-		    struct broker_version *w)
-{
-	struct fold_diff *d = &f->diff;
-
-	if (!(d->src = malloc(m->n_log * sizeof(*d->src))))
-		return DCAST_ENOMEM;
-	for (uint32_t i = 0; i < m->n_log; i++) {
-		d->src[i] = m->log[i];
-		d->src[i]->refs++;
-	}
-	d->n_src = m->n_log;
-	d->w = w;
-	w->refs++;
-	d->base = broker_model_newest(m);
-	d->sp.dir = broker_durable_on(b) ? b->cfg.data_dir : NULL;
-	return 0;
-}
-
-/* w is committed: the delta's version, the state, and the work queued. */
-static int diff_start(struct broker *b, struct broker_model *m, struct broker_fold *f)
-{
-	struct fold_diff *d = &f->diff;
-	struct broker_manifest *mf = d->src[d->n_src - 1]->manifest;
-	int rc;
-
-	d->started = 1;
-	d->t0_ns = dcast_now_ns();
-	if (!(d->v = made_version(d->w->version, d->base, mf, d->w->n_chunks, d->w)))
-		return dcast_fail(DCAST_ENOMEM, "a delta of up to %u chunks", d->w->n_chunks);
-	if ((rc = fold_state_open(&d->st, mf, d->sp.dir)))
-		return rc;
-	DCAST_LOG_I("model %s: anchor %llu: making a delta from %llu for the consumers there",
-		    m->name, (unsigned long long)d->w->version, (unsigned long long)d->base);
-	signal_work(b);
-	return 0;
-}
-
-/* Room for a payload of one of w's chunks, encoded. */
-static int diff_buf(struct fold_diff *d, const dcast_chunk *c)
-{
-	size_t need = dcast_codec_bound(c->count, c->elem_size);
-	uint8_t *p;
-
-	if (need <= d->buf_cap)
-		return 0;
-	if (!(p = realloc(d->buf, need)))
-		return dcast_fail(DCAST_ENOMEM, "a delta chunk of %zu bytes", need);
-	d->buf = p;
-	d->buf_cap = need;
-	return 0;
-}
-
-/* The CHUNK header of made chunk `seq`, encoded into ch->hdr. */
-static int diff_header(const char *model, const struct fold_diff *d, const dcast_chunk *c,
-		       const dcast_chunk_info *info, struct broker_chunk *ch)
-{
-	dcast_msg hm;
-
-	dcast_msg_init(&hm, DCAST_MSG_CHUNK);
-	snprintf(hm.u.chunk.model, sizeof(hm.u.chunk.model), "%s", model);
-	hm.u.chunk.version = d->v->version;
-	hm.u.chunk.base_version = d->base;
-	hm.u.chunk.anchor = 0;
-	hm.u.chunk.seq = d->v->n_chunks;
-	hm.u.chunk.tensor = c->tensor;
-	hm.u.chunk.start = c->start;
-	hm.u.chunk.count = c->count;
-	hm.u.chunk.elem_size = c->elem_size;
-	hm.u.chunk.encoding = info->encoding;
-	hm.u.chunk.changed = info->changed;
-	hm.u.chunk.payload_bytes = info->payload_bytes;
-	hm.u.chunk.checksum = dcast_chunk_checksum(&hm.u.chunk, ch->payload_sum);
-	return frame_encode(&hm, &ch->hdr);
-}
-
-/* W's chunk header, checked: a dense range of the state's tensors. */
-static int diff_source(const struct fold_diff *d, const struct broker_chunk *ch, dcast_chunk *c)
-{
-	dcast_msg msg;
-	int rc;
-
-	if ((rc = dcast_msg_decode(zmq_msg_data((zmq_msg_t *)&ch->hdr),
-				   zmq_msg_size((zmq_msg_t *)&ch->hdr), &msg)))
-		return rc;
-	dcast_msg_free(&msg); /* a CHUNK owns nothing */
-	if (msg.type != DCAST_MSG_CHUNK || !msg.u.chunk.anchor ||
-	    msg.u.chunk.encoding != DCAST_ENC_DENSE)
-		return dcast_fail(DCAST_ECORRUPT, "anchor %llu: a stored chunk is not a dense CHUNK",
-				  (unsigned long long)d->w->version);
-	*c = msg.u.chunk;
-	return dcast_chunk_fits(c, dcast_manifest_descs(&d->st.mf->m));
-}
-
-/* One made chunk: `cur`, W's range, encoded against the state's V, then
- * checked, applied and kept as a consumer would take it (none when
- * nothing in the range changed). */
-static int diff_encode(const char *model, struct fold_diff *d, const dcast_chunk *c,
-		       const uint8_t *cur)
-{
-	struct broker_chunk *ch = &d->v->chunks[d->v->n_chunks];
-	dcast_chunk_info info;
-	uint8_t *range;
-	int rc;
-
-	if ((rc = diff_buf(d, c)) ||
-	    (rc = fold_state_get(&d->st, c->tensor, c->start, c->count, &range)) ||
-	    (rc = dcast_codec_encode(cur, range, c->count, c->elem_size, -1, 0, d->buf, d->buf_cap,
-				     &info)))
-		return rc;
-	if (!info.changed)
-		return 0;
-	ch->payload_sum = dcast_checksum(d->buf, info.payload_bytes);
-	ch->payload_len = info.payload_bytes;
-	if ((rc = diff_header(model, d, c, &info, ch)))
-		return rc;
-	d->v->n_chunks++; /* its frames are the version's to free from here */
-	if ((rc = fold_check_chunk(&d->next, &(dcast_chunk){.tensor = c->tensor, .start = c->start,
-			.count = c->count, .elem_size = c->elem_size, .encoding = info.encoding,
-			.changed = info.changed, .payload_bytes = info.payload_bytes}, d->buf, range)) ||
-	    (rc = dcast_codec_apply(&info, d->buf, range, NULL)) || (rc = fold_state_put(&d->st)))
-		return rc;
-	d->v->payload_bytes += info.payload_bytes;
-	return made_payload(model, "delta", d->v->version, &d->sp, ch, d->buf, info.payload_bytes);
-}
-
-/* W's next chunk into the delta; *bytes: its dense size. */
-static int diff_chunk(const char *model, struct fold_diff *d, uint64_t *bytes)
-{
-	const struct broker_chunk *src = &d->w->chunks[d->next_chunk++];
-	zmq_msg_t payload;
-	dcast_chunk c;
-	int rc;
-
-	*bytes = src->payload_len;
-	if ((rc = diff_source(d, src, &c)) || (rc = broker_chunk_payload(src, &payload)))
-		return rc;
-	if (zmq_msg_size(&payload) != (size_t)c.count * c.elem_size)
-		rc = dcast_fail(DCAST_EPAYLOAD_SIZE, "anchor %llu chunk %u: %zu payload bytes",
-				(unsigned long long)d->w->version, d->next_chunk - 1,
-				zmq_msg_size(&payload));
-	else
-		rc = diff_encode(model, d, &c, zmq_msg_data(&payload));
-	zmq_msg_close(&payload);
-	return rc;
-}
-
-/* The delta is whole and checked: after V in the kept chain. */
-static int diff_publish(struct broker *b, struct broker_model *m, struct broker_fold *f)
-{
-	struct fold_diff *d = &f->diff;
-	struct broker_version *v = d->v;
-	int rc;
-
-	if ((rc = commit_frame(m->name, v)))
-		return rc;
-	if (!f->n_old || f->old[f->n_old - 1]->version != d->base)
-		return dcast_fail(DCAST_EVERSION, "the versions before it are no longer kept");
-	old_reserve(f, 1);
-	if (f->n_old == f->cap_old)
-		return dcast_fail(DCAST_ENOMEM, "the kept chain");
-	v->mem_bytes = broker_version_mem(v);
-	f->old[f->n_old++] = v;
-	f->old_bytes += v->mem_bytes;
-	d->v = NULL; /* the chain's reference now */
-	b->stats.anchor_deltas++;
-	b->stats.anchor_delta_bytes_saved += d->w->payload_bytes > v->payload_bytes ?
-					     d->w->payload_bytes - v->payload_bytes : 0;
-	DCAST_LOG_I("model %s: anchor %llu goes to consumers at %llu as a delta of %u chunks, "
-		    "%llu bytes (the anchor's %llu), digests equal, made in %.1f ms", m->name,
-		    (unsigned long long)v->version, (unsigned long long)d->base, v->n_chunks,
-		    (unsigned long long)v->payload_bytes, (unsigned long long)d->w->payload_bytes,
-		    (double)(dcast_now_ns() - d->t0_ns) / 1e6);
-	diff_drop(f);
-	return 0;
-}
-
-/* A bounded share of the delta's work: fold the log as it was, then
- * encode W's chunks, then check W's digests and publish.  Returns 1 while
- * work remains. */
-static int diff_turn(struct broker *b, struct broker_model *m, struct broker_fold *f)
-{
-	struct fold_diff *d = &f->diff;
-	uint64_t spent = 0, bytes;
-	int rc = 0;
-
-	if (!d->started)
-		return 0;
-	for (int i = 0; !rc && i < FOLD_VERSIONS_PER_TURN && d->folded < d->n_src; i++)
-		rc = fold_checked(&d->st, &d->dg, d->src[d->folded++]);
-	if (!rc && d->folded == d->n_src && !d->checking) {
-		d->checking = 1;
-		rc = fold_check_begin(&d->next, &d->dg, d->v, d->st.mf);
-	}
-	while (!rc && d->checking && spent < FOLD_STEP_BYTES && d->next_chunk < d->w->n_chunks) {
-		rc = diff_chunk(m->name, d, &bytes);
-		spent += bytes;
-	}
-	if (!rc && (!d->checking || d->next_chunk < d->w->n_chunks))
-		return 1;
-	if (!rc && !(rc = fold_check_end(&d->next, &d->st)) && !(rc = diff_publish(b, m, f)))
-		return 0;
-	diff_failed(b, m, f, rc, d->checking);
-	return 0;
 }
 
 /* ---- the queue and the turn ---- */
@@ -975,60 +632,6 @@ static void state_release(struct broker_fold *f)
 	f->delta_bytes = f->deltas = 0;
 }
 
-/* v is committed: the made delta armed for it starts; one armed for an
- * anchor that never made it into the log goes. */
-static void diff_committed(struct broker *b, struct broker_model *m, struct broker_fold *f,
-			   struct broker_version *v)
-{
-	int rc;
-
-	if (!f->diff.w || f->diff.started)
-		return;
-	if (f->diff.w != v) {
-		diff_drop(f);
-		return;
-	}
-	if ((rc = diff_start(b, m, f)))
-		diff_failed(b, m, f, rc, 0);
-}
-
-void broker_fold_anchor_coming(struct broker *b, struct broker_model *m, struct broker_version *w)
-{
-	struct broker_fold *f = m->fold;
-	uint64_t lo;
-
-	if (!f || !f->make_deltas || !w->anchor || !m->n_log || !m->log[0]->anchor ||
-	    m->poisoned != DCAST_VERSION_NONE)
-		return;
-	if (f->diff.w) {
-		DCAST_LOG_I("model %s: anchor %llu overtakes the delta being made for %llu", m->name,
-			    (unsigned long long)w->version, (unsigned long long)f->diff.w->version);
-		diff_drop(f);
-	}
-	lo = f->n_old && f->old[f->n_old - 1]->version == m->log[0]->version ? f->old[0]->version :
-									     m->log[0]->version;
-	if (!manifest_same(m->log[m->n_log - 1]->manifest, w->manifest) ||
-	    !consumers_inside(b, m, lo, broker_model_newest(m)))
-		return;
-	if (diff_arm(b, m, f, w)) {
-		DCAST_LOG_W("model %s: anchor %llu goes whole: out of memory", m->name,
-			    (unsigned long long)w->version);
-		diff_drop(f);
-		return;
-	}
-	chain_keep(f, m);
-}
-
-int broker_fold_holds(const struct broker_model *m, uint64_t have)
-{
-	return m->fold && m->fold->diff.started && have == m->fold->diff.base;
-}
-
-int broker_fold_makes_deltas(const struct broker_model *m)
-{
-	return m->fold && m->fold->make_deltas;
-}
-
 void broker_fold_committed(struct broker *b, struct broker_model *m, struct broker_version *v)
 {
 	struct broker_fold *f;
@@ -1040,17 +643,17 @@ void broker_fold_committed(struct broker *b, struct broker_model *m, struct brok
 		return;
 	}
 	f->make_deltas = b->fold.deltas;
-	diff_committed(b, m, f, v);
+	fold_diff_committed(b, m, f, v);
 	if (f->st.mf || f->q_n || f->cut.v) { /* a state is being made or used: fold v too */
 		queue_push(m, f, v);
-		signal_work(b);
+		fold_signal(b);
 		return;
 	}
 	lazy_count(f, v);
 	if (!lazy_due(b, f) || !m->n_log || !m->log[0]->anchor)
 		return;
 	rebuild(m, f);
-	signal_work(b);
+	fold_signal(b);
 }
 
 /* Fold what is queued (versions that did not make it into the log are
@@ -1080,7 +683,7 @@ static int anchor_turn(struct broker *b, struct broker_model *m, struct broker_f
 
 static int fold_turn(struct broker *b, struct broker_model *m, struct broker_fold *f)
 {
-	int more = diff_turn(b, m, f);
+	int more = fold_diff_turn(b, m, f);
 
 	return anchor_turn(b, m, f) | more;
 }
@@ -1137,7 +740,8 @@ uint64_t broker_fold_state_bytes(const struct broker *b)
 	uint64_t n = 0;
 
 	for (uint32_t i = 0; i < b->n_models; i++)
-		n += b->models[i]->fold ? fold_state_heap_bytes(&b->models[i]->fold->st) : 0;
+		n += b->models[i]->fold ? fold_state_heap_bytes(&b->models[i]->fold->st) +
+					  fold_state_heap_bytes(&b->models[i]->fold->diff.st) : 0;
 	return n;
 }
 
@@ -1149,8 +753,8 @@ void broker_fold_free(struct broker_model *m)
 		return;
 	queue_clear(f);
 	cut_drop(f);
-	diff_drop(f);
-	old_free(f);
+	fold_diff_drop(f);
+	fold_old_free(f);
 	free(f->old);
 	state_free(f);
 	free(f);

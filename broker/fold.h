@@ -58,8 +58,9 @@ int broker_fold_makes_deltas(const struct broker_model *m);
  * that a lagging consumer goes on with deltas.  NULL when not there. */
 struct broker_version *broker_fold_next(const struct broker_model *m, uint64_t have);
 
-/* Bytes of fold state held in the heap now, all models (0 between cuts;
- * with --data-dir only the range buffers). */
+/* Bytes of fold state held in the heap now, all models, made deltas'
+ * states included (0 between cuts; with --data-dir only the range
+ * buffers). */
 uint64_t broker_fold_state_bytes(const struct broker *b);
 
 /* Free the model's fold state (state copy, queue, cut, kept chain). */

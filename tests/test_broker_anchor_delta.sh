@@ -6,8 +6,10 @@
 # Both subscribers must take 4 as a delta (a small share of the model's
 # bytes) and end with its tensors bit for bit; o must log the delta it
 # made and count it, and r, which takes o's delta as any delta, makes none;
-# a late joiner still gets the anchor.  With --no-anchor-deltas the
-# subscriber at 3 takes anchor 4 whole.
+# a late joiner still gets the anchor.  The same with --data-dir and with
+# --cut-through; with --no-anchor-deltas, or folding off, the subscriber
+# at 3 takes anchor 4 whole.  An anchor whose digests differ from its bytes
+# is poisoned while its delta is made.
 . "$(dirname "$0")/tools/broker_lib.sh"
 B=$BUILD tmp=$TMP
 "$B/deltacast" gen-trace --params 3M --steps 4 --density 0.01 -o "$tmp/trace" 2>/dev/null ||
@@ -53,13 +55,55 @@ late_joiner "$r_CONS" "$tmp/rlate" 4 "${f[3]}"
 stop_broker r
 stop_broker o
 
-# --no-anchor-deltas: the anchor goes whole
-start_broker n --no-anchor-deltas
-bg nsub "$B/deltacast" subscribe --broker "$n_CONS" --model m --dir "$tmp/nheld" --until 4
-nsub=$LAST_PID
-versions "$n_PROD" "$tmp/nsub.out"
-wait "$nsub" || fail "subscribe to n exited $?"
-grep -q '^version 4 anchor' "$tmp/nsub.out" ||
-	fail "with --no-anchor-deltas version 4 was not an anchor: $(grep '^version 4' "$tmp/nsub.out")"
-same_tensors "$tmp/nheld/model.safetensors" "${f[3]}" || fail "n: the subscriber's version 4 differs"
+# single NAME WANT [BROKER FLAGS...]: one subscriber of a broker with
+# FLAGS takes version 4 as WANT (delta or anchor), bit for bit.
+single() {
+	local name=$1 want=$2 sub
+	shift 2
+	start_broker "$name" "$@"
+	bg "$name-sub" "$B/deltacast" subscribe --broker "$(eval echo "\$${name}_CONS")" --model m \
+		--dir "$tmp/$name-held" --until 4
+	sub=$LAST_PID
+	versions "$(eval echo "\$${name}_PROD")" "$tmp/$name-sub.out"
+	wait "$sub" || fail "$name: subscribe exited $?"
+	if [ "$want" = delta ]; then
+		small_delta "$tmp/$name-sub.out" 4 "${f[3]}"
+	else
+		grep -q '^version 4 anchor' "$tmp/$name-sub.out" ||
+			fail "$name: version 4 was not an anchor: $(grep '^version 4' "$tmp/$name-sub.out")"
+	fi
+	same_tensors "$tmp/$name-held/model.safetensors" "${f[3]}" ||
+		fail "$name: the subscriber's version 4 differs"
+	stop_broker "$name"
+}
+
+# --data-dir: the state and the delta's payloads in files there
+single d delta --data-dir "$tmp/data"
+# --cut-through: the open anchor is not forwarded to the subscriber at 3
+single c delta --cut-through
+grep -q 'anchor 4 goes to consumers at 3 as a delta' "$TMP/c.log" || fail "c: no delta made"
+# --no-anchor-deltas, or folding off: the anchor goes whole
+single n anchor --no-anchor-deltas
+single z anchor --anchor-fraction 0
+
+# An anchor whose COMMIT digest differs from its bytes: found while its
+# delta is made, poisoned, never served; the consumer at 3 stays there and
+# moves on, digests checked, to the next anchor.
+start_broker_metrics p
+"$WC" produce "$p_PROD" bad --versions 3 >"$TMP/bad1.log" 2>&1 || fail "versions 1..3: exit $?"
+bg bc "$WC" consume "$p_CONS" bad --until 5 --timeout-ms 20000 --stats "$TMP/bc.stats"
+BC=$LAST_PID
+wait_for 10 grep -qs "applied=3 " "$TMP/bc.stats" || fail "consumer not at 3"
+"$WC" produce "$p_PROD" bad --versions 4 --anchor-at 4 --bad-digest-at 4 --wait-error 1 \
+	--timeout-ms 10000 >"$TMP/bad2.log" 2>&1
+grep -q "ERROR DCAST_EPOISONED version 4:" "$TMP/bad2.log" ||
+	fail "the producer got no ERROR naming 4: $(tail -2 "$TMP/bad2.log")"
+grep -q "anchor 4 goes whole to consumers at 3: no delta made (DCAST_EDIGEST)" "$TMP/p.log" ||
+	fail "no failed delta logged"
+grep -q "model bad version 4 poisoned (DCAST_EDIGEST" "$TMP/p.log" || fail "4 not poisoned"
+check_metric p deltacast_anchor_deltas_failed_total 1
+grep -q "applied=3 " "$TMP/bc.stats" || fail "the consumer moved past 3: $(cat "$TMP/bc.stats")"
+"$WC" produce "$p_PROD" bad --versions 5 >"$TMP/bad3.log" 2>&1 || fail "anchor 5: exit $?"
+wait "$BC" || fail "consumer exited $?: $(tail -2 "$TMP/bc.err")"
+grep -q "applied=5 versions=4 anchors=2 " "$TMP/bc.stats" || fail "consumer: $(cat "$TMP/bc.stats")"
 echo "test_broker_anchor_delta: ok"

@@ -12,6 +12,8 @@
  *                                           then wait (heartbeats going on)
  *                                           until file F exists, and go on
  *                       [--bad-digest-at V] V's COMMIT carries a wrong digest
+ *                       [--anchor-at V]     V goes as an anchor (a producer
+ *                                           that lost its baseline)
  *                       [--bad-payload-at V] V's first chunk does not decode (its
  *                                           checksum holds)
  *                       [--wait-error 1]    after the last version, wait for an
@@ -68,6 +70,7 @@ static struct opts {
 	const char *hold_file;
 	uint32_t part, parts, tensors;
 	uint64_t elems, chunk_elems, density_ppm, seed, versions, pause_at, until, bad_digest_at;
+	uint64_t anchor_at;
 	uint64_t bad_payload_at, hold_at;
 	int wait_error, bulk, bulk_bad_token, verify;
 	uint64_t bulk_stop_after;
@@ -420,7 +423,7 @@ static int produce(void)
 	state_at(state, v0 - 1);
 	state_at(work, v0 - 1);
 	for (uint64_t v = v0; v <= o.versions; v++) {
-		prod_version(&p, v, anchor);
+		prod_version(&p, v, anchor || o.anchor_at == v);
 		anchor = p.need_anchor; /* a WELCOME during v may ask for one */
 		p.need_anchor = 0;
 	}
@@ -916,6 +919,7 @@ static void parse(int argc, char **argv)
 		else if (!strcmp(k, "--hold-at")) o.hold_at = num(v);
 		else if (!strcmp(k, "--hold-file")) o.hold_file = v;
 		else if (!strcmp(k, "--bad-digest-at")) o.bad_digest_at = num(v);
+		else if (!strcmp(k, "--anchor-at")) o.anchor_at = num(v);
 		else if (!strcmp(k, "--wait-error")) o.wait_error = num(v) != 0;
 		else if (!strcmp(k, "--bad-payload-at")) o.bad_payload_at = num(v);
 		else if (!strcmp(k, "--until")) o.until = num(v);

@@ -357,6 +357,11 @@ int broker_send_msg(struct broker *b, void *sock, struct broker_peer *p, const d
 /* Encode m into *out (uninitialised; a header frame kept in the log, owning
  * the bytes).  Errors: the encoder's, DCAST_EZMQ; *out is then untouched. */
 int broker_frame_encode(const dcast_msg *m, zmq_msg_t *out);
+/* v's COMMIT for consumers (part 0 of 1: its version, base, chunks,
+ * bytes and digests, model named) into v->commit_hdr (initialised; what
+ * it held is closed).  Errors: broker_frame_encode's; the frame is then
+ * empty. */
+int broker_commit_frame(struct broker_version *v, const char *model);
 /* Options of every ROUTER before bind (which: "producers"/"consumers") and
  * upstream DEALER before connect ("upstream"): CURVE (auth.c) among them,
  * and on "consumers" --consumer-sndbuf-bytes (ZMQ_SNDBUF, which

@@ -239,7 +239,7 @@ static int diff_publish(struct broker *b, struct broker_model *m, struct broker_
 	struct broker_version *v = d->v;
 	int rc;
 
-	if ((rc = fold_commit_frame(m->name, v)))
+	if ((rc = broker_commit_frame(v, m->name)))
 		return rc;
 	if (!f->n_old || f->old[f->n_old - 1]->version != d->base)
 		return dcast_fail(DCAST_EVERSION, "the versions before it are no longer kept");

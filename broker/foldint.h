@@ -1,4 +1,4 @@
-/* Private to broker/fold.c and broker/folddelta.c: the per-model fold
+/* Private to broker/fold.c, folddelta.c and foldmade.c: the per-model fold
  * (made anchors, the kept chain, made deltas) and the helpers both use. */
 #ifndef DCAST_BROKER_FOLDINT_H
 #define DCAST_BROKER_FOLDINT_H
@@ -95,9 +95,6 @@ int fold_made_payload(const char *model, const char *what, uint64_t version, str
 
 /* Encode msg into out (initialised, empty or not); out is empty on error. */
 int fold_frame_encode(const dcast_msg *msg, zmq_msg_t *out);
-
-/* v's COMMIT frame (part 0 of 1) from its fields and digests. */
-int fold_commit_frame(const char *model, struct broker_version *v);
 
 /* The kept chain (broker_fold_next): drop it; room for n more; keep v
  * (a reference handed over), or drop it when it does not continue the

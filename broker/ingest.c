@@ -698,22 +698,6 @@ static int version_digests(struct broker_version *v, const struct broker_pending
 	return 0;
 }
 
-static int version_commit_frame(struct broker_version *v, const char *model)
-{
-	dcast_msg cm;
-
-	dcast_msg_init(&cm, DCAST_MSG_COMMIT);
-	snprintf(cm.u.commit.model, sizeof(cm.u.commit.model), "%s", model);
-	cm.u.commit.version = v->version;
-	cm.u.commit.base_version = v->base_version;
-	cm.u.commit.anchor = (uint32_t)v->anchor;
-	cm.u.commit.chunks = v->n_chunks;
-	cm.u.commit.bytes = v->payload_bytes;
-	cm.u.commit.n_digests = v->n_digests;
-	cm.u.commit.digests = v->digests;
-	return broker_frame_encode(&cm, &v->commit_hdr);
-}
-
 /* --cut-through: the cut version, which consumers may be streaming already,
  * closed with the parts' digests and its COMMIT frame: a new reference in
  * *out (its open flag is cleared once it is in the log).  Its chunks are
@@ -726,7 +710,7 @@ static int cut_close(struct broker_model *m, struct broker_pending *pd,
 	int rc;
 
 	DCAST_ASSERT(v->open && !v->n_digests && v->n_chunks == pending_chunks(pd));
-	if ((rc = version_digests(v, pd)) || (rc = version_commit_frame(v, m->name))) {
+	if ((rc = version_digests(v, pd)) || (rc = broker_commit_frame(v, m->name))) {
 		free(v->digests);
 		v->digests = NULL;
 		v->n_digests = 0;
@@ -749,7 +733,7 @@ static int version_build(struct broker_model *m, struct broker_pending *pd,
 	if (!(v = version_new(m, pd)))
 		return DCAST_ENOMEM;
 	if ((rc = version_chunks(v, pd)) || (rc = version_digests(v, pd)) ||
-	    (rc = version_commit_frame(v, m->name))) {
+	    (rc = broker_commit_frame(v, m->name))) {
 		broker_version_put(v);
 		return rc;
 	}

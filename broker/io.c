@@ -173,3 +173,23 @@ int broker_frame_encode(const dcast_msg *m, zmq_msg_t *out)
 	free(buf);
 	return 0;
 }
+
+int broker_commit_frame(struct broker_version *v, const char *model)
+{
+	dcast_msg cm;
+	int rc;
+
+	dcast_msg_init(&cm, DCAST_MSG_COMMIT);
+	snprintf(cm.u.commit.model, sizeof(cm.u.commit.model), "%s", model);
+	cm.u.commit.version = v->version;
+	cm.u.commit.base_version = v->base_version;
+	cm.u.commit.anchor = (uint32_t)v->anchor;
+	cm.u.commit.chunks = v->n_chunks;
+	cm.u.commit.bytes = v->payload_bytes;
+	cm.u.commit.n_digests = v->n_digests;
+	cm.u.commit.digests = v->digests;
+	zmq_msg_close(&v->commit_hdr);
+	if ((rc = broker_frame_encode(&cm, &v->commit_hdr)))
+		zmq_msg_init(&v->commit_hdr);
+	return rc;
+}

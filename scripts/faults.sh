@@ -152,7 +152,7 @@ use_trace A
 rnd() { R=$((RANDOM % $1)); }
 
 # ---- per-trial state ----
-T= BPORT= PPORT= RPORTS=() RPIDS=() PROXY_PID= PROXY_SIDE= PUB_PID= TRIAL_ENV=() CUT=() AHEAD= BULK=() BULKN= STUCK=
+T= BPORT= PPORT= RPORTS=() RPIDS=() PROXY_PID= PROXY_SIDE= PUB_PID= TRIAL_ENV=() CUT=() AHEAD= BULK=() BULKN= DELTAS= STUCK=
 declare -a CPID CDONE CREST CERRPOS
 FAULTS=0
 
@@ -660,7 +660,14 @@ ahead_count() {
 	say "chunks sent ahead of their COMMIT: $AHEAD"
 }
 
-# run_trial SEED: sets KIND FAULTS DIVERGED CONV URING AHEAD
+# delta_count: DELTAS, the producer anchors the broker (its last start)
+# made into deltas for the consumers at the version before.
+delta_count() {
+	DELTAS=$(broker_counter deltacast_anchor_deltas_total)
+	say "producer anchors made into deltas: $DELTAS"
+}
+
+# run_trial SEED: sets KIND FAULTS DIVERGED CONV URING AHEAD DELTAS
 run_trial() {
 	local seed=$1 kind nfaults j
 	RANDOM=$seed
@@ -716,6 +723,7 @@ run_trial() {
 	[ $conv = 1 ] && { final_equal || conv=0; }
 	ahead_count
 	bulk_count
+	delta_count
 	[ -n "$PROXY_SIDE" ] && proxy_tally
 	check
 	must_end e2e_cleanup
@@ -737,7 +745,7 @@ declare -A N_TRIALS N_FAULTS N_DIV N_FAIL
 failed_seeds=""
 for seed in "${SEEDLIST[@]}"; do
 	run_trial "$seed"
-	kind=$KIND nf=$FAULTS dv=$DIVERGED conv=$CONV uring=$URING ct=$AHEAD bk=$BULKN
+	kind=$KIND nf=$FAULTS dv=$DIVERGED conv=$CONV uring=$URING ct=$AHEAD bk=$BULKN ad=$DELTAS
 	for k in "$kind" $([ "$uring" = 0 ] && echo io_uring_refused); do
 		N_TRIALS[$k]=$((${N_TRIALS[$k]:-0} + 1))
 		N_FAULTS[$k]=$((${N_FAULTS[$k]:-0} + nf))
@@ -750,8 +758,8 @@ for seed in "${SEEDLIST[@]}"; do
 		sed 's/^/    | /' "$ROOT/t$seed/trial.log"
 		for f in "$ROOT/t$seed"/*.err; do tail -n 3 "$f" | sed "s#^#    | $(basename "$f"): #"; done
 	fi
-	printf 'trial SEED=%-8s %-16s faults %3s  io_uring %s  sent ahead %-5s  bulk %-3s  divergences %s  converged %s  %s%s\n' \
-		"$seed" "$kind" "$nf" "$([ "$uring" = 1 ] && echo on || echo off)" "$ct" "$bk" "$dv" "$conv" "$status" \
+	printf 'trial SEED=%-8s %-16s faults %3s  io_uring %s  sent ahead %-5s  bulk %-3s  anchor deltas %-2s  divergences %s  converged %s  %s%s\n' \
+		"$seed" "$kind" "$nf" "$([ "$uring" = 1 ] && echo on || echo off)" "$ct" "$bk" "$ad" "$dv" "$conv" "$status" \
 		"$(relays_said | sed 's/^ /  /')"
 	[ "$status" = ok ] && [ "${FAULT_KEEP:-}" != 1 ] && rm -rf "$ROOT/t$seed"
 done

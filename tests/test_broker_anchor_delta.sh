@@ -9,7 +9,8 @@
 # a late joiner still gets the anchor.  The same with --data-dir and with
 # --cut-through; with --no-anchor-deltas, or folding off, the subscriber
 # at 3 takes anchor 4 whole.  An anchor whose digests differ from its bytes
-# is poisoned while its delta is made.
+# is poisoned while its delta is made.  A consumer stopped part-way
+# through version 3 goes on with 3, then 4 as the delta.
 . "$(dirname "$0")/tools/broker_lib.sh"
 B=$BUILD tmp=$TMP
 "$B/deltacast" gen-trace --params 3M --steps 4 --density 0.01 -o "$tmp/trace" 2>/dev/null ||
@@ -106,4 +107,24 @@ grep -q "applied=3 " "$TMP/bc.stats" || fail "the consumer moved past 3: $(cat "
 "$WC" produce "$p_PROD" bad --versions 5 >"$TMP/bad3.log" 2>&1 || fail "anchor 5: exit $?"
 wait "$BC" || fail "consumer exited $?: $(tail -2 "$TMP/bc.err")"
 grep -q "applied=5 versions=4 anchors=2 " "$TMP/bc.stats" || fail "consumer: $(cat "$TMP/bc.stats")"
+
+# A consumer behind V: stopped part-way through version 3 (deltas of 20%
+# outgrow its 32 KiB window), it goes on with the rest of 3, then takes 4
+# as the broker's delta, bit for bit (wire_client checks every version).
+start_broker q --heartbeat-ms 5000 # it stays joined while stopped
+SLOW=(--density-ppm 200000)
+"$WC" produce "$q_PROD" slow --versions 2 "${SLOW[@]}" >"$TMP/slow1.log" 2>&1 || fail "slow 1..2"
+bg qc "$WC" consume "$q_CONS" slow --until 4 --window 32768 --timeout-ms 30000 \
+	--stats "$TMP/qc.stats" "${SLOW[@]}"
+QC=$LAST_PID
+wait_for 10 grep -qs "applied=2 " "$TMP/qc.stats" || fail "slow consumer not at 2"
+kill -STOP "$QC"
+"$WC" produce "$q_PROD" slow --versions 3 "${SLOW[@]}" >"$TMP/slow2.log" 2>&1 || fail "slow 3"
+"$WC" produce "$q_PROD" slow --versions 4 --anchor-at 4 "${SLOW[@]}" >"$TMP/slow3.log" 2>&1 ||
+	fail "slow anchor 4"
+wait_for 10 grep -q "anchor 4 goes to consumers at 3 as a delta" "$TMP/q.log" ||
+	fail "no delta made for the consumer behind 3"
+kill -CONT "$QC"
+wait "$QC" || fail "slow consumer exited $?: $(tail -2 "$TMP/qc.err")"
+grep -q "applied=4 versions=4 anchors=1 " "$TMP/qc.stats" || fail "slow consumer: $(cat "$TMP/qc.stats")"
 echo "test_broker_anchor_delta: ok"

@@ -123,6 +123,19 @@ int fold_check_begin(struct fold_digests *next, const struct fold_digests *prev,
 	return 0;
 }
 
+int fold_digests_claimed(struct fold_digests *d, const struct broker_version *v,
+			 const struct broker_manifest *mf)
+{
+	static const struct fold_digests none;
+	int rc = fold_check_begin(d, &none, v, mf);
+
+	for (uint32_t i = 0; !rc && i < d->n; i++) {
+		d->have[i] = d->want[i].digest;
+		d->whole[i] = 0;
+	}
+	return rc;
+}
+
 int fold_check_chunk(struct fold_digests *next, const dcast_chunk *c, const void *payload,
 		     const void *range)
 {

@@ -35,6 +35,14 @@ int fold_digest_fits(const struct broker_manifest *mf, const dcast_range_digest 
 int fold_check_begin(struct fold_digests *next, const struct fold_digests *prev,
 		     const struct broker_version *v, const struct broker_manifest *mf);
 
+/* d (empty) as the digests v's COMMIT claims for each of its ranges,
+ * taken as the state's: a fold that applied v unchecked starts a check
+ * of the next version from them (folddelta.c), and that check fails
+ * unless the state's digests are the claimed ones.  Errors: those of
+ * fold_check_begin. */
+int fold_digests_claimed(struct fold_digests *d, const struct broker_version *v,
+			 const struct broker_manifest *mf);
+
 /* Before the chunk c (payload, elements [c->start, +c->count) of its
  * tensor at `range` in the state) is applied: move every range it
  * overlaps by its changes.  Errors: the codec's (a payload that does not

@@ -3,9 +3,10 @@
  * producer sends after the first costs every worker the whole model,
  * where those holding the version before it need only what changed.  The
  * log the anchor replaces is kept aside and folded into a state of its
- * own, each of the anchor's dense ranges is encoded against it, checked
- * and applied as a consumer would take it, and the anchor's digests are
- * compared at the end; the delta joins the kept chain after V.  The work
+ * own (unchecked: one copy per byte), each of the anchor's dense ranges
+ * is encoded against it, checked and applied as a consumer would take
+ * it, and the anchor's digests are reached from those V's COMMIT claims
+ * (diff_check_begin); the delta joins the kept chain after V.  The work
  * runs in the fold's bounded shares per loop turn (fold.c's eventfd). */
 #include <string.h>
 #include "dcast_common.h"
@@ -32,11 +33,12 @@ void fold_diff_drop(struct broker_fold *f)
 	memset(d, 0, sizeof(*d));
 }
 
-/* The made delta is not made: consumers at V take W whole.  A W whose
- * bytes differ from its own digests is poisoned (as the fold would find
- * it); a failed allocation, read or write says nothing about it. */
+/* The made delta is not made: consumers at V take W whole.  With
+ * poison (W's bytes differ from its own digests: diff_w_bad) W is
+ * poisoned, as the fold would find it at its next cut; a failed
+ * allocation, read or write says nothing about W. */
 static void diff_failed(struct broker *b, struct broker_model *m, struct broker_fold *f, int rc,
-			int checking_w)
+			int poison)
 {
 	char why[DCAST_MAX_TEXT / 2];
 	uint64_t w = f->diff.w->version;
@@ -47,7 +49,7 @@ static void diff_failed(struct broker *b, struct broker_model *m, struct broker_
 		    dcast_errname(rc), why);
 	fold_diff_drop(f);
 	b->stats.anchor_deltas_failed++;
-	if (checking_w && rc == DCAST_EDIGEST)
+	if (poison)
 		broker_version_poison(b, m, w, rc, why);
 }
 
@@ -262,6 +264,45 @@ static int diff_publish(struct broker *b, struct broker_model *m, struct broker_
 	return 0;
 }
 
+/* The log is folded (unchecked: O(memcpy) per byte, no digest computed
+ * whole): W's check starts from the digests V's COMMIT claims and moves
+ * by each made chunk's changes, O(changed), as a consumer at V checks
+ * it.  It ends equal to W's digests only if the state's digests were V's
+ * (a fold gone wrong fails it) and the delta takes V to W. */
+static int diff_check_begin(struct fold_diff *d)
+{
+	int rc = fold_digests_claimed(&d->dg, d->src[d->n_src - 1], d->st.mf);
+
+	if (rc)
+		return rc; /* V's claim, not W's: nothing poisoned */
+	d->checking = 1;
+	return fold_check_begin(&d->next, &d->dg, d->v, d->st.mf);
+}
+
+/* W's check failed (DCAST_EDIGEST): is W at fault?  Its digests do not
+ * fit its tensors (the check never began), or, every made chunk applied
+ * so that the state holds W's bytes, a range's digest computed whole
+ * differs from W's own.  Otherwise the state was not V (a version of the
+ * kept log is not what its COMMIT claims) and W is not poisoned.  O(model),
+ * on this path only; a failed read says nothing (0). */
+static int diff_w_bad(struct fold_diff *d)
+{
+	if (!d->next.want)
+		return 1;
+	if (d->next_chunk < d->w->n_chunks)
+		return 0;
+	for (uint32_t i = 0; i < d->w->n_digests; i++) {
+		const dcast_range_digest *r = &d->w->digests[i];
+		uint64_t got = 0;
+
+		if (fold_state_digest(&d->st, r->tensor, r->start, r->count, &got))
+			return 0;
+		if (got != r->digest)
+			return 1;
+	}
+	return 0;
+}
+
 /* A bounded share of the delta's work: fold the log as it was, then
  * encode W's chunks, then check W's digests and publish.  Returns 1 while
  * work remains. */
@@ -274,11 +315,9 @@ int fold_diff_turn(struct broker *b, struct broker_model *m, struct broker_fold 
 	if (!d->started)
 		return 0;
 	for (int i = 0; !rc && i < FOLD_VERSIONS_PER_TURN && d->folded < d->n_src; i++)
-		rc = fold_checked(&d->st, &d->dg, d->src[d->folded++]);
-	if (!rc && d->folded == d->n_src && !d->checking) {
-		d->checking = 1;
-		rc = fold_check_begin(&d->next, &d->dg, d->v, d->st.mf);
-	}
+		rc = fold_applied(&d->st, d->src[d->folded++]);
+	if (!rc && d->folded == d->n_src && !d->checking)
+		rc = diff_check_begin(d);
 	while (!rc && d->checking && spent < FOLD_STEP_BYTES && d->next_chunk < d->w->n_chunks) {
 		rc = diff_chunk(m->name, d, &bytes);
 		spent += bytes;
@@ -287,7 +326,7 @@ int fold_diff_turn(struct broker *b, struct broker_model *m, struct broker_fold 
 		return 1;
 	if (!rc && !(rc = fold_check_end(&d->next, &d->st)) && !(rc = diff_publish(b, m, f)))
 		return 0;
-	diff_failed(b, m, f, rc, d->checking);
+	diff_failed(b, m, f, rc, rc == DCAST_EDIGEST && d->checking && diff_w_bad(d));
 	return 0;
 }
 

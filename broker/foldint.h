@@ -32,10 +32,11 @@ struct fold_cut {
 
 /* A producer's anchor W made into a delta for the consumers that hold V,
  * the log's newest version when W came: the log as it was (its anchor,
- * then deltas up to V) folded into a state of its own, then each of W's
- * dense chunks encoded against it, checked and applied as a consumer
- * would, and W's digests compared; the delta joins the kept chain after
- * V (broker_fold_next).  Consumers at V wait for it (broker_fold_holds). */
+ * then deltas up to V) folded into a state of its own (unchecked), then
+ * each of W's dense chunks encoded against it, checked and applied as a
+ * consumer would, W's digests reached from V's claimed ones; the delta
+ * joins the kept chain after V (broker_fold_next).  Consumers at V wait
+ * for it (broker_fold_holds). */
 struct fold_diff {
 	struct broker_version *w;   /* the producer's anchor (reference); NULL: none */
 	int started;                /* w is committed: the work runs, V is held */
@@ -44,7 +45,7 @@ struct fold_diff {
 	uint32_t n_src, folded;
 	struct broker_version *v;   /* the delta being made (reference) */
 	struct fold_state st;
-	struct fold_digests dg, next; /* the state's; W's, moved by each made chunk */
+	struct fold_digests dg, next; /* V's as its COMMIT claims; W's, moved by each made chunk */
 	struct fold_spill sp;
 	uint32_t next_chunk;        /* of w */
 	int checking;               /* the log is folded: W's chunks go in, checked */
@@ -79,6 +80,11 @@ void fold_signal(const struct broker *b);
  * the digests of st before, become v's.  Errors: the chunks' decode and
  * range checks, the state's reads and writes, DCAST_EDIGEST. */
 int fold_checked(struct fold_state *st, struct fold_digests *dg, const struct broker_version *v);
+
+/* Fold v's chunks into the state st unchecked (each chunk's decode and
+ * range still are): a made delta checks the result once, at the end.
+ * Errors: as fold_checked's but DCAST_EDIGEST. */
+int fold_applied(struct fold_state *st, const struct broker_version *v);
 
 /* A made version (one reference) of `version` on `base` (NONE: an
  * anchor) with mf's tensors: room for n chunks, each set empty (none

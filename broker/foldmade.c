@@ -46,7 +46,7 @@ static int fold_chunk(struct fold_state *st, struct fold_digests *next, const st
 	if ((rc = broker_chunk_payload(ch, &payload))) /* from disk, one range at a time */
 		return rc;
 	rc = fold_state_get(st, c->tensor, c->start, c->count, &range);
-	if (!rc)
+	if (!rc && next)
 		rc = fold_check_chunk(next, c, zmq_msg_data(&payload), range);
 	if (!rc)
 		rc = dcast_codec_apply(&info, zmq_msg_data(&payload), range, NULL);
@@ -71,6 +71,15 @@ int fold_checked(struct fold_state *st, struct fold_digests *dg, const struct br
 	if (rc)
 		fold_digests_free(&next);
 	*dg = next;
+	return rc;
+}
+
+int fold_applied(struct fold_state *st, const struct broker_version *v)
+{
+	int rc = 0;
+
+	for (uint32_t i = 0; !rc && i < v->n_chunks; i++)
+		rc = fold_chunk(st, NULL, &v->chunks[i]);
 	return rc;
 }
 

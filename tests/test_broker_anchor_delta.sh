@@ -9,12 +9,13 @@
 # a late joiner still gets the anchor.  The same with --data-dir and with
 # --cut-through; with --no-anchor-deltas, or folding off, the subscriber
 # at 3 takes anchor 4 whole.  An anchor whose digests differ from its bytes
-# is poisoned while its delta is made.  A consumer stopped part-way
+# is poisoned while its delta is made; one on a version whose COMMIT
+# claimed a wrong digest goes whole, not poisoned.  A consumer stopped part-way
 # through version 3 goes on with 3, then 4 as the delta.
 . "$(dirname "$0")/tools/broker_lib.sh"
 B=$BUILD tmp=$TMP
-"$B/deltacast" gen-trace --params 3M --steps 4 --density 0.01 -o "$tmp/trace" 2>/dev/null ||
-	fail "gen-trace"
+"$B/deltacast" gen-trace --params 3M --steps 4 --density 0.01 -o "$tmp/trace" 2>"$tmp/gentrace.err" ||
+	fail "gen-trace: $(tail -2 "$tmp/gentrace.err")"
 f=("$tmp"/trace/v000*.safetensors)
 
 # versions PROD SUBSCRIBER-LOG...: 1..3 published to PROD, each subscriber
@@ -107,6 +108,22 @@ grep -q "applied=3 " "$TMP/bc.stats" || fail "the consumer moved past 3: $(cat "
 "$WC" produce "$p_PROD" bad --versions 5 >"$TMP/bad3.log" 2>&1 || fail "anchor 5: exit $?"
 wait "$BC" || fail "consumer exited $?: $(tail -2 "$TMP/bc.err")"
 grep -q "applied=5 versions=4 anchors=2 " "$TMP/bc.stats" || fail "consumer: $(cat "$TMP/bc.stats")"
+
+# V's COMMIT claims a wrong digest (a consumer that only receives took it):
+# W's check fails, but W's bytes match its own digests, so W goes whole,
+# not poisoned.
+start_broker v
+"$WC" produce "$v_PROD" claim --versions 3 --bad-digest-at 3 >"$TMP/claim1.log" 2>&1 ||
+	fail "claim 1..3"
+bg vr "$WC" receive "$v_CONS" claim --until 4 --timeout-ms 20000
+VR=$LAST_PID
+wait_for 10 grep -q "consumer .* of claim joined" "$TMP/v.log" || fail "receiver not joined"
+"$WC" produce "$v_PROD" claim --versions 4 --anchor-at 4 >"$TMP/claim2.log" 2>&1 || fail "claim 4"
+wait "$VR" || fail "receiver exited $?: $(tail -2 "$TMP/vr.err")"
+grep -q "anchor 4 goes whole to consumers at 3: no delta made (DCAST_EDIGEST)" "$TMP/v.log" ||
+	fail "no failed delta logged: $(grep 'anchor 4' "$TMP/v.log")"
+grep -q "version 4 poisoned" "$TMP/v.log" && fail "anchor 4 poisoned for version 3's claim"
+grep -q "^received 4 chunks 12 bytes 393216 " "$TMP/vr.out" || fail "receiver (anchor 4 whole): $(cat "$TMP/vr.out")"
 
 # A consumer behind V: stopped part-way through version 3 (deltas of 20%
 # outgrow its 32 KiB window), it goes on with the rest of 3, then takes 4

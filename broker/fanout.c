@@ -114,14 +114,18 @@ static struct broker_version *next_servable(const struct broker_model *m, uint64
 
 /* --cut-through: the model's open version (ingest.c keeps it numbered for
  * consumers, pd->cut), for a consumer that has the newest committed one;
- * NULL without cut-through, without an open version, or past a poisoned
- * version (an anchor then waits for its COMMIT, which clears the mark). */
+ * NULL without cut-through, without an open version, past a poisoned
+ * version (an anchor then waits for its COMMIT, which clears the mark),
+ * or for an anchor to a consumer that holds a version when producer
+ * anchors are made into deltas (it waits for the delta). */
 static struct broker_version *next_open(const struct broker_model *m, uint64_t have)
 {
 	struct broker_version *v = m->pending ? m->pending->cut : NULL;
 
-	if (!v || have != broker_model_newest(m) || (v->anchor && broker_fold_makes_deltas(m)))
-		return NULL; /* an anchor: a delta is made from it at its COMMIT (fold.c) */
+	if (!v || have != broker_model_newest(m))
+		return NULL;
+	if (v->anchor && have != DCAST_VERSION_NONE && broker_fold_makes_deltas(m))
+		return NULL; /* a delta may be made of it at its COMMIT for `have` (fold.h) */
 	return broker_version_servable(m, v) ? v : NULL;
 }
 

@@ -14,8 +14,10 @@
  *
  * After each batch: the broker process is alive, every reply it sent
  * decodes, its VmRSS is under the bound, and (every --check-every batches)
- * a normal producer publishes the next version of model "good" and a fresh
- * normal consumer receives it bit-exact (tests/tools/wire_client).  The
+ * a normal producer publishes the next version of model "good" (every
+ * fourth as an anchor, which the broker makes a delta for the consumer
+ * kept at the version before), and that consumer and a fresh one receive
+ * it bit-exact (tests/tools/wire_client).  The
  * batch's random stream depends only on (seed, batch), so a failure names
  * what replays it.
  *
@@ -1701,16 +1703,50 @@ static int good_bulk_check(const char *bin, const char *ver)
 	return lines_with(broker_log, "of good has version") > before ? 0 : -1;
 }
 
-/* A normal producer publishes the next version of "good"; a fresh normal
- * consumer must then receive it bit-exact (and with --bulk 1 a receiver
- * take it over bulk).  0 when all succeed. */
+/* Every GOOD_ANCHOR_EVERY-th version of "good" goes as an anchor. */
+#define GOOD_ANCHOR_EVERY 4
+
+/* A consumer that kept "good" in a state file since the last check,
+ * joined before the next version is published: at an anchor the broker
+ * makes it a delta (docs/operations.md, "Producer anchors as deltas"),
+ * under the fuzzed traffic.  Its pid, or -1. */
+static pid_t good_held_start(char *const argv[], const char *log_path)
+{
+	char broker_log[600];
+	int before;
+	pid_t pid;
+
+	snprintf(broker_log, sizeof(broker_log), "%s/broker.log", o.dir);
+	before = (int)lines_with(broker_log, " of good joined");
+	if ((pid = spawn(argv, log_path)) > 0)
+		tp_wait_log(broker_log, " of good joined", before + 1, 5000); /* else it joins late */
+	return pid;
+}
+
+static int good_wait(pid_t pid)
+{
+	int st = 0;
+
+	if (pid < 0 || waitpid(pid, &st, 0) < 0)
+		return -1;
+	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/* A normal producer publishes the next version of "good" (every
+ * GOOD_ANCHOR_EVERY-th as an anchor); the consumer that held the one
+ * before, and then a fresh normal consumer, must receive it bit-exact
+ * (and with --bulk 1 a receiver take it over bulk).  0 when all succeed. */
 static int good_check(void)
 {
-	char bin[512], ver[32], log_path[600];
+	char bin[512], ver[32], log_path[600], state[600];
 	char *prod[] = {bin, "produce", o.prod_ep, "good", "--versions", ver, "--elems", GOOD_ELEMS,
-			"--chunk-elems", "2048", "--timeout-ms", "30000", NULL, NULL, NULL, NULL, NULL};
+			"--chunk-elems", "2048", "--timeout-ms", "30000", NULL, NULL, NULL, NULL, NULL,
+			NULL, NULL};
 	char *cons[] = {bin, "consume", o.cons_ep, "good", "--until", ver, "--elems", GOOD_ELEMS,
-			"--chunk-elems", "2048", "--timeout-ms", "30000", NULL, NULL, NULL, NULL, NULL};
+			"--chunk-elems", "2048", "--timeout-ms", "30000", NULL, NULL, NULL, NULL, NULL,
+			NULL, NULL};
+	int n = 12, rc;
+	pid_t held;
 
 	if (o.curve) { /* --curve 1: the listed keys */
 		prod[12] = cons[12] = "--server-key";
@@ -1718,13 +1754,25 @@ static int good_check(void)
 		prod[14] = cons[14] = "--secret";
 		prod[15] = key_file[KEY_PROD];
 		cons[15] = key_file[KEY_CONS];
+		n = 16;
 	}
 
 	snprintf(bin, sizeof(bin), "%s/tools/wire_client", o.build);
 	snprintf(ver, sizeof(ver), "%llu", (unsigned long long)++fig.good_version);
 	snprintf(log_path, sizeof(log_path), "%s/good.log", o.dir);
+	snprintf(state, sizeof(state), "%s/good.state", o.dir);
 	fig.checks++;
-	if (run_wait(prod, log_path) || run_wait(cons, log_path))
+	if (fig.good_version % GOOD_ANCHOR_EVERY == 0) {
+		prod[n] = "--anchor-at";
+		prod[n + 1] = ver;
+	}
+	cons[n] = "--state";
+	cons[n + 1] = state;
+	held = good_held_start(cons, log_path);
+	cons[n] = NULL; /* the fresh one */
+	rc = run_wait(prod, log_path);
+	rc |= good_wait(held); /* waited for whatever the producer did */
+	if (rc || run_wait(cons, log_path))
 		return -1;
 	return o.bulk ? good_bulk_check(bin, ver) : 0;
 }
@@ -1786,6 +1834,15 @@ static int after_batch(uint64_t batch)
 	return 0;
 }
 
+/* The broker's made deltas (its log lines): the good pair's anchors. */
+static uint64_t anchor_deltas(void)
+{
+	char path[600];
+
+	snprintf(path, sizeof(path), "%s/broker.log", o.dir);
+	return lines_with(path, " as a delta of ");
+}
+
 static void report(uint64_t secs)
 {
 	say("fuzz_broker: seed %llu, batches %llu, %llu s, connections %llu, inputs %llu "
@@ -1796,6 +1853,7 @@ static void report(uint64_t secs)
 	    (unsigned long long)fig.mutated, (unsigned long long)fig.send_dropped,
 	    (unsigned long long)fig.replies, (unsigned long long)fig.undecodable,
 	    (unsigned long long)fig.checks);
+	say("fuzz_broker: anchors of \"good\" made into deltas: %llu\n", (unsigned long long)anchor_deltas());
 	if (o.bulk)
 		say("fuzz_broker: bulk: %llu offers to fuzzed consumers, %llu raw connections, %llu bytes "
 		    "read on them\n", (unsigned long long)fig.offers, (unsigned long long)fig.bulk_conns,

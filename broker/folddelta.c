@@ -187,11 +187,14 @@ static int diff_source(const struct fold_diff *d, const struct broker_chunk *ch,
 static int diff_encode(const char *model, struct fold_diff *d, const dcast_chunk *c,
 		       const uint8_t *cur)
 {
-	struct broker_chunk *ch = &d->v->chunks[d->v->n_chunks];
+	struct broker_chunk *ch;
 	dcast_chunk_info info;
 	uint8_t *range;
 	int rc;
 
+	/* one made chunk at most per chunk of W: the room made_version gave */
+	DCAST_ASSERT(d->v->n_chunks < d->next_chunk && d->next_chunk <= d->v->cap_chunks);
+	ch = &d->v->chunks[d->v->n_chunks];
 	if ((rc = diff_buf(d, c)) ||
 	    (rc = fold_state_get(&d->st, c->tensor, c->start, c->count, &range)) ||
 	    (rc = dcast_codec_encode(cur, range, c->count, c->elem_size, -1, 0, d->buf, d->buf_cap,
@@ -314,6 +317,8 @@ int fold_diff_turn(struct broker *b, struct broker_model *m, struct broker_fold 
 
 	if (!d->started)
 		return 0;
+	DCAST_ASSERT(d->w && d->v && d->v->base_version == d->base && !d->v->anchor &&
+		     d->folded <= d->n_src && d->next_chunk <= d->w->n_chunks);
 	for (int i = 0; !rc && i < FOLD_VERSIONS_PER_TURN && d->folded < d->n_src; i++)
 		rc = fold_applied(&d->st, d->src[d->folded++]);
 	if (!rc && d->folded == d->n_src && !d->checking)

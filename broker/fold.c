@@ -307,7 +307,7 @@ static int cut_publish(struct broker *b, struct broker_model *m, struct broker_f
 				  (unsigned long long)v->version);
 	if ((rc = broker_commit_frame(v, m->name)) || (rc = cut_durable(b, m, v, at)))
 		return rc;
-	if (f->n_old && f->old[f->n_old - 1]->version != m->log[0]->version)
+	if (!fold_old_continues(f, m))
 		fold_old_free(f); /* a producer anchor came between: start a new chain */
 	fold_old_reserve(f, (uint32_t)at + 1);
 	f->cut.v = NULL; /* the log takes this reference */

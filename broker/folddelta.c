@@ -76,7 +76,7 @@ static int manifest_same(const struct broker_manifest *a, const struct broker_ma
  * consumers behind V go on with deltas to V, then to the made delta. */
 static void chain_keep(struct broker_fold *f, const struct broker_model *m)
 {
-	if (f->n_old && f->old[f->n_old - 1]->version != m->log[0]->version)
+	if (!fold_old_continues(f, m))
 		fold_old_free(f);
 	fold_old_reserve(f, m->n_log);
 	for (uint32_t i = 0; i < m->n_log; i++) {
@@ -166,19 +166,12 @@ static int diff_header(const char *model, const struct fold_diff *d, const dcast
 /* W's chunk header, checked: a dense range of the state's tensors. */
 static int diff_source(const struct fold_diff *d, const struct broker_chunk *ch, dcast_chunk *c)
 {
-	dcast_msg msg;
-	int rc;
+	int rc = fold_stored_chunk(ch, d->st.mf, c);
 
-	if ((rc = dcast_msg_decode(zmq_msg_data((zmq_msg_t *)&ch->hdr),
-				   zmq_msg_size((zmq_msg_t *)&ch->hdr), &msg)))
-		return rc;
-	dcast_msg_free(&msg); /* a CHUNK owns nothing */
-	if (msg.type != DCAST_MSG_CHUNK || !msg.u.chunk.anchor ||
-	    msg.u.chunk.encoding != DCAST_ENC_DENSE)
-		return dcast_fail(DCAST_ECORRUPT, "anchor %llu: a stored chunk is not a dense CHUNK",
-				  (unsigned long long)d->w->version);
-	*c = msg.u.chunk;
-	return dcast_chunk_fits(c, dcast_manifest_descs(&d->st.mf->m));
+	if (!rc && (!c->anchor || c->encoding != DCAST_ENC_DENSE))
+		rc = dcast_fail(DCAST_ECORRUPT, "anchor %llu: a stored chunk is not dense",
+				(unsigned long long)d->w->version);
+	return rc;
 }
 
 /* One made chunk: `cur`, W's range, encoded against the state's V, then
@@ -365,8 +358,7 @@ void broker_fold_anchor_coming(struct broker *b, struct broker_model *m, struct 
 			    (unsigned long long)w->version, (unsigned long long)f->diff.w->version);
 		fold_diff_drop(f);
 	}
-	lo = f->n_old && f->old[f->n_old - 1]->version == m->log[0]->version ? f->old[0]->version :
-									     m->log[0]->version;
+	lo = fold_old_continues(f, m) ? f->old[0]->version : m->log[0]->version;
 	if (!manifest_same(m->log[m->n_log - 1]->manifest, w->manifest) ||
 	    !consumers_inside(b, m, lo, broker_model_newest(m)))
 		return;

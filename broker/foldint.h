@@ -102,6 +102,17 @@ int fold_made_payload(const char *model, const char *what, uint64_t version, str
 /* Encode msg into out (initialised, empty or not); out is empty on error. */
 int fold_frame_encode(const dcast_msg *msg, zmq_msg_t *out);
 
+/* The header of a stored chunk (the log keeps encoded frames) into *c,
+ * checked: a CHUNK whose range fits mf.  Errors: the decoder's,
+ * DCAST_ECORRUPT (another message), dcast_chunk_fits' (named "fold:
+ * stored ..."). */
+int fold_stored_chunk(const struct broker_chunk *ch, const struct broker_manifest *mf, dcast_chunk *c);
+
+/* Does the kept chain end at the log's anchor, so that the log's versions
+ * continue it (as after a made anchor)?  Else a producer anchor came
+ * between, and a chain kept from now starts afresh. */
+int fold_old_continues(const struct broker_fold *f, const struct broker_model *m);
+
 /* The kept chain (broker_fold_next): drop it; room for n more; keep v
  * (a reference handed over), or drop it when it does not continue the
  * chain's one run of deltas. */

@@ -19,17 +19,9 @@ void fold_signal(const struct broker *b)
 		DCAST_LOG_W("fold: eventfd write: %s", strerror(errno));
 }
 
-/* Apply one stored chunk to the state: its header is re-read (the log keeps
- * encoded frames) and range-checked against the state's manifest; the
- * digests in `next` move by its changes first. */
-static int fold_chunk(struct fold_state *st, struct fold_digests *next, const struct broker_chunk *ch)
+int fold_stored_chunk(const struct broker_chunk *ch, const struct broker_manifest *mf, dcast_chunk *c)
 {
-	const struct broker_manifest *mf = st->mf;
-	const dcast_chunk *c;
-	dcast_chunk_info info;
-	zmq_msg_t payload;
 	dcast_msg msg;
-	uint8_t *range;
 	int rc, type;
 
 	if ((rc = dcast_msg_decode(zmq_msg_data((zmq_msg_t *)&ch->hdr),
@@ -37,17 +29,33 @@ static int fold_chunk(struct fold_state *st, struct fold_digests *next, const st
 		return rc;
 	type = (int)msg.type;
 	dcast_msg_free(&msg); /* a CHUNK owns nothing; its fields stay readable */
-	c = &msg.u.chunk;
 	if (type != DCAST_MSG_CHUNK)
 		return dcast_fail(DCAST_ECORRUPT, "fold: stored chunk is not a CHUNK");
+	*c = msg.u.chunk;
 	if ((rc = dcast_chunk_fits(c, dcast_manifest_descs(&mf->m))))
 		return dcast_fail(rc, "fold: stored %s", dcast_last_error());
-	info = (dcast_chunk_info){c->encoding, c->elem_size, c->count, c->changed, c->payload_bytes};
+	return 0;
+}
+
+/* Apply one stored chunk to the state (fold_stored_chunk: the log keeps
+ * encoded frames); the digests in `next`, when given, move by its changes
+ * first. */
+static int fold_chunk(struct fold_state *st, struct fold_digests *next, const struct broker_chunk *ch)
+{
+	dcast_chunk c;
+	dcast_chunk_info info;
+	zmq_msg_t payload;
+	uint8_t *range;
+	int rc;
+
+	if ((rc = fold_stored_chunk(ch, st->mf, &c)))
+		return rc;
+	info = (dcast_chunk_info){c.encoding, c.elem_size, c.count, c.changed, c.payload_bytes};
 	if ((rc = broker_chunk_payload(ch, &payload))) /* from disk, one range at a time */
 		return rc;
-	rc = fold_state_get(st, c->tensor, c->start, c->count, &range);
+	rc = fold_state_get(st, c.tensor, c.start, c.count, &range);
 	if (!rc && next)
-		rc = fold_check_chunk(next, c, zmq_msg_data(&payload), range);
+		rc = fold_check_chunk(next, &c, zmq_msg_data(&payload), range);
 	if (!rc)
 		rc = dcast_codec_apply(&info, zmq_msg_data(&payload), range, NULL);
 	if (!rc)
@@ -81,6 +89,11 @@ int fold_applied(struct fold_state *st, const struct broker_version *v)
 	for (uint32_t i = 0; !rc && i < v->n_chunks; i++)
 		rc = fold_chunk(st, NULL, &v->chunks[i]);
 	return rc;
+}
+
+int fold_old_continues(const struct broker_fold *f, const struct broker_model *m)
+{
+	return f->n_old && m->n_log && f->old[f->n_old - 1]->version == m->log[0]->version;
 }
 
 void fold_old_free(struct broker_fold *f)

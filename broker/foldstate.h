@@ -14,7 +14,9 @@
 
 struct fold_state {
 	struct broker_manifest *mf; /* reference; NULL: no state */
-	uint8_t **data;             /* heap: [mf->m.n_tensors] */
+	uint8_t **data;             /* heap: [mf->m.n_tensors], into region */
+	uint8_t *region;            /* heap: one mapping for every tensor */
+	uint64_t region_bytes;
 	uint64_t *off;              /* file (NULL in the heap): each tensor's offset */
 	int fd;                     /* file */
 	uint8_t *buf;               /* file: the range got last */

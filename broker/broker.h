@@ -18,6 +18,7 @@
 #include "deltacast/schema.h"
 #include "dcast_bulkrx.h"
 #include "dcast_common.h"
+#include "dcast_slab.h"
 #include "dcast_wire.h"
 
 #define BROKER_MAX_MODELS 256
@@ -231,6 +232,7 @@ struct broker_model {
 					     (--data-dir; ondisk.c), a reference; NULL if none */
 	int deleting;                     /* removed: out of the table, its files being deleted
 					     by the durable writer, which then frees it (retire.c) */
+	struct dcast_slab_pool slab;      /* the log's payloads kept in memory (ingest.c) */
 };
 
 /* ---- peers ---- */

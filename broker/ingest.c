@@ -7,6 +7,7 @@
 #include "broker.h"
 #include "auth.h" /* producer keys tied to models */
 #include "dcast_common.h"
+#include "dcast_slab.h"
 #include "dcast_fit.h" /* CHUNK and COMMIT against the manifest */
 #include "deltacast/codec.h" /* dcast_checksum */
 #include "durable.h" /* --data-dir: ACK on the durable completion */
@@ -318,14 +319,33 @@ static int part_reserve(struct broker_part *pt)
 			     MAX_PART_CHUNKS, "part");
 }
 
-/* Keep a payload for the log.  ZeroMQ receives small messages into a shared
- * decoder buffer (ZMQ_ZERO_COPY_RECV), which one kept message can pin whole; copying small
- * payloads to their own exact allocation keeps the log at its real size. */
-static void payload_keep(zmq_msg_t *dst, dcast_wire_in *in)
+/* A message of len bytes in a huge-page slab of the model's own pool
+ * (dcast_slab.h), or 0. */
+static int slab_msg(struct dcast_slab_pool *pool, zmq_msg_t *dst, size_t len)
+{
+	void *region, *p = dcast_slab_get(pool, len, &region);
+
+	if (!p)
+		return 0;
+	if (!zmq_msg_init_data(dst, p, len, dcast_slab_free, region))
+		return 1;
+	dcast_slab_free(p, region);
+	return 0;
+}
+
+/* Keep a payload for the log: a copy, and ZeroMQ's message goes back to
+ * the heap for the next.  ZeroMQ receives small messages into a shared
+ * decoder buffer (ZMQ_ZERO_COPY_RECV), which one kept message can pin
+ * whole: those get their own exact allocation.  Larger ones (an anchor's
+ * 2 MiB) go to huge-page slabs: kept as received, each was fresh heap
+ * faulted in 4 KiB at a time, most of the broker's CPU to take
+ * an anchor (docs/operations.md, "The broker's heap").  Where no
+ * memory is had for the copy the message itself is kept. */
+static void payload_keep(struct dcast_slab_pool *pool, zmq_msg_t *dst, dcast_wire_in *in)
 {
 	size_t len = in->has_payload ? zmq_msg_size(&in->payload) : 0;
 
-	if (len && len < PAYLOAD_COPY_BELOW && !zmq_msg_init_size(dst, len)) {
+	if (len && (len < PAYLOAD_COPY_BELOW ? !zmq_msg_init_size(dst, len) : slab_msg(pool, dst, len))) {
 		memcpy(zmq_msg_data(dst), zmq_msg_data(&in->payload), len);
 		return;
 	}
@@ -380,7 +400,7 @@ static int part_take(struct broker *b, struct broker_model *m, struct broker_par
 	pc->payload_sum = sum;
 	pc->file = NULL;
 	if (!payload_spill(b, m->pending, pc, in))
-		payload_keep(&pc->payload, in);
+		payload_keep(&m->slab, &pc->payload, in);
 	pt->seen = 1;
 	pt->last_ms = dcast_now_ms();
 	pt->bytes += c->payload_bytes;

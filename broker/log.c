@@ -115,6 +115,7 @@ struct broker_model *broker_model_get(struct broker *b, const char *name, int cr
 		return NULL;
 	}
 	snprintf(m->name, sizeof(m->name), "%s", name);
+	pthread_mutex_init(&m->slab.mu, NULL);
 	m->durable_version = m->lost_version = m->poisoned = DCAST_VERSION_NONE;
 	m->run = broker_run_new();
 	m->active_ms = dcast_now_ms();
@@ -189,6 +190,8 @@ void broker_model_free(struct broker_model *m)
 	broker_segfile_put(m->segfile);
 	DCAST_ASSERT(!m->fold); /* its owner freed it first (broker_fold_free) */
 	broker_manifest_put(m->manifest);
+	dcast_slab_pool_close(&m->slab);
+	pthread_mutex_destroy(&m->slab.mu);
 	free(m);
 }
 

@@ -77,7 +77,7 @@ static int read_step(const struct broker *b, struct broker_upstream *u, uint64_t
 
 	if (!dcast_bulkrx_head_done(r)) {
 		if (!(err = dcast_bulkrx_head_step(r, n)) && dcast_bulkrx_head_done(r))
-			err = b->cfg.data_dir ? dcast_bulkrx_payload_buffer(r) : dcast_bulkrx_payload_kept(r);
+			err = b->cfg.data_dir ? dcast_bulkrx_payload_buffer(r) : dcast_bulkrx_payload_kept(r, &u->model->slab);
 	} else {
 		err = dcast_bulkrx_take_payload(r, (char *)zmq_msg_data(&r->payload) + r->payload_got,
 					r->payload_len - r->payload_got, n);

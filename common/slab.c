@@ -15,9 +15,7 @@ struct slab {
 	size_t bytes;        /* the mapping's size */
 };
 
-static pthread_mutex_t slab_mu = PTHREAD_MUTEX_INITIALIZER;
-static struct slab *slab_cur; /* buffers are carved from here, under slab_mu */
-static size_t slab_used;      /* its bytes handed out, its head included */
+static struct dcast_slab_pool shared = DCAST_SLAB_POOL_INIT; /* pool NULL */
 
 static void slab_put(struct slab *s)
 {
@@ -46,25 +44,39 @@ static struct slab *slab_new(size_t need)
 	return s;
 }
 
-void *dcast_slab_get(size_t n, void **region)
+void *dcast_slab_get(struct dcast_slab_pool *pool, size_t n, void **region)
 {
 	size_t need = (n + SLAB_ALIGN - 1) / SLAB_ALIGN * SLAB_ALIGN;
+	struct dcast_slab_pool *q = pool ? pool : &shared;
+	struct slab *cur;
 	unsigned char *p = NULL;
 
-	pthread_mutex_lock(&slab_mu);
-	if (slab_cur && slab_used + need > slab_cur->bytes) {
-		slab_put(slab_cur); /* no longer current: gone with its last buffer */
-		slab_cur = NULL;
+	pthread_mutex_lock(&q->mu);
+	cur = q->cur; /* buffers are carved from here; q->used of it handed out, its head included */
+	if (cur && q->used + need > cur->bytes) {
+		slab_put(cur); /* no longer current: gone with its last buffer */
+		cur = NULL;
 	}
-	if (!slab_cur && (slab_cur = slab_new(need)))
-		slab_used = SLAB_ALIGN; /* the head */
-	if (slab_cur) {
-		p = (unsigned char *)slab_cur + slab_used;
-		slab_used += need;
-		atomic_fetch_add(&slab_cur->refs, 1);
-		*region = slab_cur;
-		DCAST_ASSERT(slab_used <= slab_cur->bytes);
+	if (!cur && (cur = slab_new(need)))
+		q->used = SLAB_ALIGN; /* the head */
+	if (cur) {
+		p = (unsigned char *)cur + q->used;
+		q->used += need;
+		atomic_fetch_add(&cur->refs, 1);
+		*region = cur;
+		DCAST_ASSERT(q->used <= cur->bytes);
 	}
-	pthread_mutex_unlock(&slab_mu);
+	q->cur = cur;
+	pthread_mutex_unlock(&q->mu);
 	return p;
+}
+
+void dcast_slab_pool_close(struct dcast_slab_pool *pool)
+{
+	pthread_mutex_lock(&pool->mu);
+	if (pool->cur)
+		slab_put(pool->cur);
+	pool->cur = NULL;
+	pool->used = 0;
+	pthread_mutex_unlock(&pool->mu);
 }

@@ -183,9 +183,10 @@ int dcast_bulkrx_payload_buffer(dcast_bulkrx *r);
 
 /* After the header: the payload is read into a buffer meant to be kept
  * for long, carved from huge-page regions (common/dcast_slab.h) when it
- * is 64 KiB or more: what a relay's log in memory holds.  Errors:
- * DCAST_ENOMEM. */
-int dcast_bulkrx_payload_kept(dcast_bulkrx *r);
+ * is 64 KiB or more, from `pool` (the log's own; NULL: the process's):
+ * what a relay's log in memory holds.  Errors: DCAST_ENOMEM. */
+struct dcast_slab_pool;
+int dcast_bulkrx_payload_kept(dcast_bulkrx *r, struct dcast_slab_pool *pool);
 
 /* After the header: the payload is read into `into` (payload_len bytes,
  * the caller's and kept valid until the frame is finished or closed). */

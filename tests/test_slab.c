@@ -7,7 +7,10 @@
  *   before: one buffer still held keeps it mapped;
  * - a buffer larger than a region gets one of its own;
  * - buffers freed from two threads at once (the way ZeroMQ messages are
- *   closed) are all given back: every full region is unmapped. */
+ *   closed) are all given back: every full region is unmapped;
+ * - two pools carve from regions of their own, taken in turns: a buffer
+ *   one pool's log keeps holds none of the other's regions; a closed pool's
+ *   last region goes with its last buffer, and the pool carves again. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -37,7 +40,7 @@ static int mapped(const void *p)
 static void take(struct held *h, size_t n, size_t size)
 {
 	for (size_t i = 0; i < n; i++) {
-		h[i].p = dcast_slab_get(size, &h[i].region);
+		h[i].p = dcast_slab_get(NULL, size, &h[i].region);
 		REQUIRE(h[i].p != NULL);
 		CHECK(((uintptr_t)h[i].p & 63) == 0);
 		memset(h[i].p, (int)(i & 0xff), size);
@@ -85,7 +88,7 @@ static void test_large(void)
 {
 	struct held big, small[30];
 
-	big.p = dcast_slab_get((size_t)DCAST_SLAB_BYTES * 2, &big.region);
+	big.p = dcast_slab_get(NULL, (size_t)DCAST_SLAB_BYTES * 2, &big.region);
 	REQUIRE(big.p != NULL);
 	memset(big.p, 7, (size_t)DCAST_SLAB_BYTES * 2);
 	dcast_slab_free(big.p, big.region);
@@ -118,11 +121,44 @@ static void test_threads(void)
 			CHECK(mapped(h[i].region) == 0); /* each full region once */
 }
 
+/* Pools a and b take buffers in turns (two models' versions arriving
+ * interleaved); a keeps its last one, b frees all: b's regions are gone,
+ * and so is a's full region once its buffers but the last went. */
+static void test_pools(void)
+{
+	struct dcast_slab_pool a = DCAST_SLAB_POOL_INIT, b = DCAST_SLAB_POOL_INIT;
+	struct held ha[30], hb[30];
+
+	for (size_t i = 0; i < 30; i++) {
+		ha[i].p = dcast_slab_get(&a, CHUNK, &ha[i].region);
+		hb[i].p = dcast_slab_get(&b, CHUNK, &hb[i].region);
+		REQUIRE(ha[i].p && hb[i].p);
+		CHECK(ha[i].region != hb[i].region);
+	}
+	CHECK(ha[0].region != ha[29].region); /* 30 buffers fill more than one */
+	give(hb, 0, 30);
+	dcast_slab_pool_close(&b);
+	CHECK(mapped(hb[0].region) == 0 && mapped(hb[29].region) == 0);
+	give(ha, 0, 29);
+	CHECK(mapped(ha[0].region) == 0);  /* full, every buffer of it freed */
+	CHECK(mapped(ha[29].region) == 1); /* current, its buffer held */
+	dcast_slab_pool_close(&a);
+	CHECK(mapped(ha[29].region) == 1); /* closed, the buffer still held */
+	give(ha, 29, 30);
+	CHECK(mapped(ha[29].region) == 0);
+	ha[0].p = dcast_slab_get(&a, CHUNK, &ha[0].region); /* a closed pool carves again */
+	REQUIRE(ha[0].p != NULL);
+	give(ha, 0, 1);
+	dcast_slab_pool_close(&a);
+	CHECK(mapped(ha[0].region) == 0);
+}
+
 int main(void)
 {
 	test_carve();
 	test_large();
 	test_threads();
+	test_pools();
 	if (check_failures)
 		return 1;
 	printf("test_slab: ok\n");

@@ -90,21 +90,39 @@ void broker_limits_nofile(const struct broker_config *c)
 					 : 0));
 }
 
-/* One malloc arena for the broker's threads, unless the operator chose
- * (MALLOC_ARENA_MAX, GLIBC_TUNABLES).  ZeroMQ's I/O threads allocate each
- * message they receive in an arena of their own, and the loop frees it
- * once the payload is spilled or committed: with glibc's default, what a
- * producer's window held stays in that arena, where the loop's own
- * allocations (the log's headers, frames read from disk) cannot reuse it,
- * until a quiet turn trims it.  A peak of twice the window, not once. */
-static void one_arena(void)
+/* Did the operator set this malloc parameter (the MALLOC_* variable or
+ * the glibc.malloc tunable)?  Then the broker leaves it alone. */
+static int malloc_chosen(const char *var, const char *tunable)
 {
 	const char *t = getenv("GLIBC_TUNABLES");
 
-	if (getenv("MALLOC_ARENA_MAX") || (t && strstr(t, "glibc.malloc.arena_max")))
-		return;
-	if (!mallopt(M_ARENA_MAX, 1))
-		DCAST_LOG_W("memory: mallopt(M_ARENA_MAX, 1) refused; each thread keeps an arena");
+	return getenv(var) || (t && strstr(t, tunable));
+}
+
+static void malloc_set(int param, int value, const char *var, const char *tunable)
+{
+	if (!malloc_chosen(var, tunable) && !mallopt(param, value))
+		DCAST_LOG_W("memory: mallopt(%s, %d) refused", tunable, value);
+}
+
+/* The broker's heap (docs/operations.md, "The broker's heap").  One
+ * arena for its threads: ZeroMQ's I/O threads allocate each message they
+ * receive in an arena of their own, and the loop frees it once the
+ * payload is spilled or committed: with glibc's default, what a
+ * producer's window held stays in that arena, where the loop's own
+ * allocations (the log's headers, frames read from disk) cannot reuse it,
+ * until a quiet turn trims it.  A peak of twice the window, not once.
+ * And that heap kept for the next message: a CHUNK message (2 MiB of an
+ * anchor) is freed once its payload is spilled or copied into the log's
+ * huge pages (ingest.c), and with glibc's defaults each went back to the
+ * kernel and the next was faulted in afresh, a fault per 4 KiB: messages
+ * up to 32 MiB come from the heap, whose top is given back past 64 MiB
+ * free. */
+static void heap_setup(void)
+{
+	malloc_set(M_ARENA_MAX, 1, "MALLOC_ARENA_MAX", "glibc.malloc.arena_max");
+	malloc_set(M_MMAP_THRESHOLD, 32 << 20, "MALLOC_MMAP_THRESHOLD_", "glibc.malloc.mmap_threshold");
+	malloc_set(M_TRIM_THRESHOLD, 64 << 20, "MALLOC_TRIM_THRESHOLD_", "glibc.malloc.trim_threshold");
 }
 
 void broker_limits_memory(struct broker_config *c)
@@ -112,7 +130,7 @@ void broker_limits_memory(struct broker_config *c)
 	long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
 	uint64_t phys = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0;
 
-	one_arena();
+	heap_setup();
 	if (!c->max_pending_total_bytes)
 		c->max_pending_total_bytes = phys ? phys / 4 : 4ull << 30;
 	DCAST_LOG_I("memory: open versions hold at most %llu bytes of memory in all "

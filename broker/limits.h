@@ -15,8 +15,9 @@ void broker_limits_nofile(const struct broker_config *c);
 
 /* Resolve --max-pending-total-bytes 0 to a quarter of physical memory and
  * log the bound on open versions; make the heap one arena for all threads
- * (mallopt M_ARENA_MAX 1) unless the environment sets it.  Call before any
- * thread starts (broker_open makes ZeroMQ's). */
+ * (mallopt M_ARENA_MAX 1), allocations up to 32 MiB from it and its top
+ * given back past 64 MiB free, each unless the environment sets it.  Call
+ * before any thread starts (broker_open makes ZeroMQ's). */
 void broker_limits_memory(struct broker_config *c);
 
 /* Watch a bound ROUTER for accept failures (a socket monitor in the poll

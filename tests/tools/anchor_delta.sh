@@ -13,14 +13,7 @@
 . "$(dirname "$0")/broker_lib.sh"
 N=${1:-4}
 PARAMS=${2:-100M}
-TRACE=$BUILD/anchor-delta-$PARAMS
-if [ ! -f "$TRACE/done" ]; then
-	rm -rf "$TRACE.tmp"
-	"$BUILD/deltacast" gen-trace --params "$PARAMS" --steps 3 --density 0.01 -o "$TRACE.tmp" \
-		2>/dev/null || fail "gen-trace"
-	touch "$TRACE.tmp/done" && rm -rf "$TRACE" && mv "$TRACE.tmp" "$TRACE"
-fi
-f=("$TRACE"/v000*.safetensors)
+f=($(trace_versions "$PARAMS"))
 
 cpu_ns() { awk '{ s += $1 } END { printf "%d\n", s }' /proc/"$1"/task/*/schedstat; }
 

@@ -269,3 +269,17 @@ veth_down() {
 	ip netns del "$1" 2>/dev/null
 	ip link del "$2" 2>/dev/null
 }
+
+# trace_versions PARAMS: the three versions (safetensors files, one per
+# line) of a gen-trace model of PARAMS at 1% density, made once into
+# $BUILD/anchor-delta-PARAMS and kept there.
+trace_versions() {
+	local trace=$BUILD/anchor-delta-$1
+	if [ ! -f "$trace/done" ]; then
+		rm -rf "$trace.tmp"
+		"$BUILD/deltacast" gen-trace --params "$1" --steps 3 --density 0.01 -o "$trace.tmp" \
+			2>/dev/null || fail "gen-trace"
+		touch "$trace.tmp/done" && rm -rf "$trace" && mv "$trace.tmp" "$trace"
+	fi
+	ls "$trace"/v000*.safetensors
+}

@@ -319,20 +319,6 @@ static int part_reserve(struct broker_part *pt)
 			     MAX_PART_CHUNKS, "part");
 }
 
-/* A message of len bytes in a huge-page slab of the model's own pool
- * (dcast_slab.h), or 0. */
-static int slab_msg(struct dcast_slab_pool *pool, zmq_msg_t *dst, size_t len)
-{
-	void *region, *p = dcast_slab_get(pool, len, &region);
-
-	if (!p)
-		return 0;
-	if (!zmq_msg_init_data(dst, p, len, dcast_slab_free, region))
-		return 1;
-	dcast_slab_free(p, region);
-	return 0;
-}
-
 /* Keep a payload for the log: a copy, and ZeroMQ's message goes back to
  * the heap for the next.  ZeroMQ receives small messages into a shared
  * decoder buffer (ZMQ_ZERO_COPY_RECV), which one kept message can pin
@@ -345,7 +331,7 @@ static void payload_keep(struct dcast_slab_pool *pool, zmq_msg_t *dst, dcast_wir
 {
 	size_t len = in->has_payload ? zmq_msg_size(&in->payload) : 0;
 
-	if (len && (len < PAYLOAD_COPY_BELOW ? !zmq_msg_init_size(dst, len) : slab_msg(pool, dst, len))) {
+	if (len && (len < PAYLOAD_COPY_BELOW ? !zmq_msg_init_size(dst, len) : !dcast_slab_msg(pool, dst, len))) {
 		memcpy(zmq_msg_data(dst), zmq_msg_data(&in->payload), len);
 		return;
 	}

@@ -15,6 +15,7 @@
 
 #include <pthread.h>
 #include <stddef.h>
+#include <zmq.h>
 
 #define DCAST_SLAB_BYTES (32u << 20)
 
@@ -28,8 +29,7 @@ struct dcast_slab_pool {
 };
 #define DCAST_SLAB_POOL_INIT {PTHREAD_MUTEX_INITIALIZER, NULL, 0}
 
-/* A buffer of n bytes from `pool` (NULL: the process's shared one), 64-byte
- * aligned, and in *region what dcast_slab_free needs; n over
+/* A buffer of n bytes from `pool`, 64-byte aligned, and in *region what dcast_slab_free needs; n over
  * DCAST_SLAB_BYTES less 64 gets a region of its own.  NULL when no memory
  * could be mapped (errno from mmap). */
 void *dcast_slab_get(struct dcast_slab_pool *pool, size_t n, void **region);
@@ -42,5 +42,10 @@ void dcast_slab_pool_close(struct dcast_slab_pool *pool);
 /* The buffer `data` from dcast_slab_get goes back (the signature of a
  * zmq_msg_init_data free function: data unused, region as hint). */
 void dcast_slab_free(void *data, void *region);
+
+/* msg (uninitialised) becomes a message of n bytes, their contents
+ * undefined, carved from `pool` and given back to it when the message is
+ * closed.  0, or -1 when no memory was had (msg then left uninitialised). */
+int dcast_slab_msg(struct dcast_slab_pool *pool, zmq_msg_t *msg, size_t n);
 
 #endif

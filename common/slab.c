@@ -15,8 +15,6 @@ struct slab {
 	size_t bytes;        /* the mapping's size */
 };
 
-static struct dcast_slab_pool shared = DCAST_SLAB_POOL_INIT; /* pool NULL */
-
 static void slab_put(struct slab *s)
 {
 	if (atomic_fetch_sub(&s->refs, 1) == 1)
@@ -47,7 +45,7 @@ static struct slab *slab_new(size_t need)
 void *dcast_slab_get(struct dcast_slab_pool *pool, size_t n, void **region)
 {
 	size_t need = (n + SLAB_ALIGN - 1) / SLAB_ALIGN * SLAB_ALIGN;
-	struct dcast_slab_pool *q = pool ? pool : &shared;
+	struct dcast_slab_pool *q = pool;
 	struct slab *cur;
 	unsigned char *p = NULL;
 
@@ -79,4 +77,16 @@ void dcast_slab_pool_close(struct dcast_slab_pool *pool)
 	pool->cur = NULL;
 	pool->used = 0;
 	pthread_mutex_unlock(&pool->mu);
+}
+
+int dcast_slab_msg(struct dcast_slab_pool *pool, zmq_msg_t *msg, size_t n)
+{
+	void *region, *p = dcast_slab_get(pool, n, &region);
+
+	if (!p)
+		return -1;
+	if (!zmq_msg_init_data(msg, p, n, dcast_slab_free, region))
+		return 0;
+	dcast_slab_free(p, region);
+	return -1;
 }

@@ -96,17 +96,12 @@ int dcast_bulkrx_payload_buffer(dcast_bulkrx *r)
 int dcast_bulkrx_payload_kept(dcast_bulkrx *r, struct dcast_slab_pool *pool)
 {
 	size_t n = (size_t)r->payload_len;
-	void *p, *region;
 
 	if (n < POOL_MIN_BYTES)
 		return dcast_bulkrx_payload_buffer(r);
 	DCAST_ASSERT(dcast_bulkrx_head_done(r) && !r->has_payload);
-	if (!(p = dcast_slab_get(pool, n, &region)))
+	if (dcast_slab_msg(pool, &r->payload, n))
 		return dcast_fail(DCAST_ENOMEM, "bulk frame payload of %zu bytes", n);
-	if (zmq_msg_init_data(&r->payload, p, n, dcast_slab_free, region)) {
-		dcast_slab_free(p, region);
-		return dcast_fail(DCAST_ENOMEM, "bulk frame payload of %zu bytes", n);
-	}
 	r->has_payload = 1;
 	return 0;
 }

@@ -183,7 +183,7 @@ int dcast_bulkrx_payload_buffer(dcast_bulkrx *r);
 
 /* After the header: the payload is read into a buffer meant to be kept
  * for long, carved from huge-page regions (common/dcast_slab.h) when it
- * is 64 KiB or more, from `pool` (the log's own; NULL: the process's):
+ * is 64 KiB or more, from `pool` (the log's own):
  * what a relay's log in memory holds.  Errors: DCAST_ENOMEM. */
 struct dcast_slab_pool;
 int dcast_bulkrx_payload_kept(dcast_bulkrx *r, struct dcast_slab_pool *pool);

@@ -22,6 +22,8 @@
 #define CHUNK ((size_t)1216 * 1024) /* 1.19 MiB: 26 to a region */
 #define MANY 256
 
+static struct dcast_slab_pool pool = DCAST_SLAB_POOL_INIT; /* test_carve's, test_large's, test_threads' */
+
 struct held {
 	unsigned char *p;
 	void *region;
@@ -40,7 +42,7 @@ static int mapped(const void *p)
 static void take(struct held *h, size_t n, size_t size)
 {
 	for (size_t i = 0; i < n; i++) {
-		h[i].p = dcast_slab_get(NULL, size, &h[i].region);
+		h[i].p = dcast_slab_get(&pool, size, &h[i].region);
 		REQUIRE(h[i].p != NULL);
 		CHECK(((uintptr_t)h[i].p & 63) == 0);
 		memset(h[i].p, (int)(i & 0xff), size);
@@ -88,7 +90,7 @@ static void test_large(void)
 {
 	struct held big, small[30];
 
-	big.p = dcast_slab_get(NULL, (size_t)DCAST_SLAB_BYTES * 2, &big.region);
+	big.p = dcast_slab_get(&pool, (size_t)DCAST_SLAB_BYTES * 2, &big.region);
 	REQUIRE(big.p != NULL);
 	memset(big.p, 7, (size_t)DCAST_SLAB_BYTES * 2);
 	dcast_slab_free(big.p, big.region);

@@ -15,8 +15,6 @@ N=${1:-4}
 PARAMS=${2:-100M}
 f=($(trace_versions "$PARAMS"))
 
-cpu_ns() { awk '{ s += $1 } END { printf "%d\n", s }' /proc/"$1"/task/*/schedstat; }
-
 # one MODE [BROKER FLAGS...]
 one() {
 	local mode=$1 pid c0 c1 t0 last=0 t bytes

@@ -283,3 +283,9 @@ trace_versions() {
 	fi
 	ls "$trace"/v000*.safetensors
 }
+
+# cpu_ns PID: CPU time of every thread of PID, ns (schedstat; a thread
+# that exits while it is read is left out).
+cpu_ns() {
+	cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{ s += $1 } END { printf "%.0f\n", s }'
+}

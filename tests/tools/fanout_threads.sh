@@ -25,12 +25,8 @@ cpu_ms() {
 		awk '{ printf "%d\n", $1 / 1e6 }' "$t/schedstat" | paste -d' ' "$t/comm" -
 	done | sed -n 's|^ZMQbg/IO/||p' | sort -n
 }
-# The broker's CPU time so far, every thread, ns.
-cpu_ns() {
-	awk '{ s += $1 } END { printf "%d\n", s }' /proc/"$s_PID"/task/*/schedstat
-}
 cpu_ms >"$TMP/before"
-c0=$(cpu_ns)
+c0=$(cpu_ns "$s_PID")
 t0=$(date +%s%N)
 CONS=()
 for i in $(seq "$N"); do
@@ -42,7 +38,7 @@ done
 for p in "${CONS[@]}"; do wait "$p" || fail "a consumer exited $?"; done
 t1=$(date +%s%N)
 cpu_ms >"$TMP/after"
-c1=$(cpu_ns)
+c1=$(cpu_ns "$s_PID")
 sent=$(awk '$1 == "received" { s += $6 } END { printf "%d\n", s }' "$TMP"/c*.log)
 join "$TMP/before" "$TMP/after" | awk -v n="$N" -v ms=$(((t1 - t0) / 1000000)) -v cpu=$((c1 - c0)) -v sent="$sent" '
 	{ d[$1] = $3 - $2; sum += d[$1]; if (d[$1] > max) max = d[$1]; k++; line = line sprintf(" %d", d[$1]) }

@@ -25,11 +25,6 @@
 ROUNDS=${1:-5}
 MODEL=${2:-$BUILD/bench-fanout-100M/v0000.safetensors}
 
-# cpu_ns PID: CPU time of every thread of PID, ns (schedstat).
-cpu_ns() {
-	cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{ s += $1 } END { printf "%.0f\n", s }'
-}
-
 # log_ms LOG PATTERN: the time (ms) of LOG's first line with PATTERN.
 log_ms() {
 	grep -m1 "$2" "$1" | awk '{ printf "%.0f\n", $1 * 1000 }'

@@ -651,6 +651,13 @@ int broker_chunk_payload(const struct broker_chunk *ch, zmq_msg_t *out);
  * `others` more consumers expected to take it, and for anyone while a
  * send still holds it.  Errors: broker_chunk_payload's. */
 int broker_chunk_serve(struct broker_chunk *ch, uint32_t others, zmq_msg_t *out);
+/* n bytes of ch's payload (in its segment file: ch->file set), from
+ * payload offset off on, read into buf (the caller's; off + n within the
+ * payload), counted in broker_disk_read_bytes.  A read goes through the
+ * kernel's own mapping of the page cache, where a mapping of ours would
+ * be faulted in page by page (a cost that some VMs make high).  Errors:
+ * dcast_pread_full's (DCAST_EIO naming the offset; a file cut short). */
+int broker_chunk_pread(const struct broker_chunk *ch, uint64_t off, void *buf, size_t n);
 /* 1 when ch's payload may be read now for a consumer with `unacked` bytes
  * sent and not yet credited back: in memory or in the read cache, or the
  * bytes read from disk and not yet sent (the cache's included: it gives

@@ -1,9 +1,9 @@
 /* Bulk anchors (--bulk HOST:PORT; docs/protocol.md, "Bulk anchors"): a
  * committed anchor goes to a consumer that asked (HELLO x-bulk) over a
  * plain TCP connection instead of ZeroMQ, its payloads with sendfile(2)
- * from the segment and spill files that hold them, or with send() from
- * those files' pages mapped (--bulk-send; written from memory when the log
- * keeps them there).  A consumer on this host connects to the unix socket
+ * from the segment and spill files that hold them, or read from those
+ * files a MiB at a time and written with send() (--bulk-send; written
+ * from memory when the log keeps them there).  A consumer on this host connects to the unix socket
  * @deltacast-bulk-PORT instead (unless --bulk-no-local), where a payload
  * in a file goes as a reference to it, the file passed read-only, and the
  * consumer reads it itself.  The fan-out (fanout.c) offers it with
@@ -29,6 +29,9 @@
 
 #define BULK_HELLO_BYTES 16
 #define BULK_PREFIX_BYTES 12
+/* copy: a payload in a file goes out through a buffer of this size,
+ * read with pread (which stays in cache between the read and the send) */
+#define BULK_PIECE_BYTES (1u << 20)
 
 struct bulk_client {
 	struct broker_client base;  /* first: the slot of b->bulk_clients */
@@ -39,9 +42,10 @@ struct bulk_client {
 	uint64_t peer;              /* the consumer's slot in b->cons */
 	uint32_t next;              /* chunk whose frame goes next; n_chunks: the COMMIT's */
 	uint64_t off;               /* bytes of that frame already sent */
-	int copy;                   /* payloads in files: send() from their mapping, not sendfile */
-	int have_payload;           /* copy: payload holds frame next's bytes */
-	zmq_msg_t payload;          /* from broker_chunk_serve: mapped, or read when not mappable */
+	int copy;                   /* payloads in files: read, then send(), not sendfile */
+	unsigned char *piece;       /* copy: BULK_PIECE_BYTES of frame next's payload, read */
+	uint64_t piece_at;          /* the payload offset of piece[0] */
+	uint64_t piece_len;         /* bytes of piece read; 0: none */
 	int local;                  /* on the unix socket: payloads in files go as references */
 	const struct broker_segfile *ro_of; /* local: the file ro_fd reads (the version holds it) */
 	int ro_fd;                  /* local: a read-only descriptor of ro_of, -1: none */
@@ -63,19 +67,13 @@ static void client_close(struct broker *b, struct bulk_client *c)
 	broker_clients_close(b, c->local ? &b->bulk_local_clients : &b->bulk_clients, &c->base);
 }
 
-/* Frame c->next's payload, if one is held, is let go. */
-static void payload_drop(struct bulk_client *c)
-{
-	if (c->have_payload)
-		zmq_msg_close(&c->payload);
-	c->have_payload = 0;
-}
-
 static void client_free(struct broker_client *base)
 {
 	struct bulk_client *c = (struct bulk_client *)base;
 
-	payload_drop(c);
+	free(c->piece);
+	c->piece = NULL;
+	c->piece_len = 0;
 	if (c->ro_fd >= 0)
 		close(c->ro_fd);
 	c->ro_fd = -1;
@@ -119,9 +117,9 @@ static int peer_on_host(int fd)
 	return (ntohl(peer.sin_addr.s_addr) >> 24) == 127 || peer.sin_addr.s_addr == me.sin_addr.s_addr;
 }
 
-/* --bulk-send for this connection: copy (send() from the mapped pages)
- * or sendfile.  Over loopback sendfile hands the receiver the page
- * cache's pages themselves, which it copies out of memory no cache holds:
+/* --bulk-send for this connection: copy (read, then send()) or
+ * sendfile.  Over loopback sendfile hands the receiver the page cache's
+ * pages themselves, which it copies out of memory no cache holds:
  * a receiver on this host pays more than the copy saves the broker
  * (docs/architecture.md, "The broker's side"). */
 static int copy_wanted(const struct broker *b, int fd)
@@ -290,25 +288,45 @@ static ssize_t send_head(struct bulk_client *c, int by_ref)
 	return r;
 }
 
-/* Frame c->next's payload in memory: the log's frame, or with copy on
- * the first write of a payload in a file, the served frame (its pages
- * mapped, shared through the read cache with the other transfers at the
- * same chunk).  NULL: sendfile it, or with *err set, it cannot be served
- * (no memory, a failed read: logged here). */
-static const char *payload_mem(struct bulk_client *c, struct broker_chunk *ch, int *err)
+/* copy: the piece of frame c->next's payload that holds offset `done`,
+ * read into c->piece unless it is there.  Errors: no memory, a failed or
+ * short read (logged here). */
+static int piece_read(struct bulk_client *c, const struct broker_chunk *ch, uint64_t done)
 {
-	*err = 0;
-	if (!ch->file)
-		return zmq_msg_data(&ch->payload);
-	if (!c->copy)
-		return NULL;
-	if (!c->have_payload && (*err = broker_chunk_serve(ch, 0, &c->payload))) {
+	uint64_t n = ch->payload_len - done;
+	int err;
+
+	if (c->piece_len && done >= c->piece_at && done < c->piece_at + c->piece_len)
+		return 0;
+	c->piece_len = 0;
+	if (!c->piece && !(c->piece = malloc(BULK_PIECE_BYTES)))
+		err = dcast_fail(DCAST_ENOMEM, "a read buffer of %u bytes", BULK_PIECE_BYTES);
+	else
+		err = broker_chunk_pread(ch, done, c->piece, n < BULK_PIECE_BYTES ? n : BULK_PIECE_BYTES);
+	if (err) {
 		DCAST_LOG_W("bulk: version %llu, chunk %u: %s", (unsigned long long)c->v->version,
 			    c->next, dcast_last_error());
-		return NULL;
+		return err;
 	}
-	c->have_payload = 1;
-	return zmq_msg_data(&c->payload);
+	c->piece_at = done;
+	c->piece_len = n < BULK_PIECE_BYTES ? n : BULK_PIECE_BYTES;
+	return 0;
+}
+
+/* Frame c->next's payload from offset `done` on, in memory: the log's
+ * frame, or with copy a piece of its file read (*n: the bytes there).
+ * NULL: sendfile it, or with *err set, it cannot be served. */
+static const char *payload_mem(struct bulk_client *c, const struct broker_chunk *ch, uint64_t done,
+			       size_t *n, int *err)
+{
+	*err = 0;
+	*n = (size_t)(ch->payload_len - done);
+	if (!ch->file)
+		return (const char *)zmq_msg_data((zmq_msg_t *)&ch->payload) + done;
+	if (!c->copy || (*err = piece_read(c, ch, done)))
+		return NULL;
+	*n = (size_t)(c->piece_at + c->piece_len - done);
+	return (const char *)c->piece + (done - c->piece_at);
 }
 
 /* Send what is left of frame c->next's payload: from memory (payload_mem),
@@ -317,9 +335,9 @@ static const char *payload_mem(struct bulk_client *c, struct broker_chunk *ch, i
 static ssize_t send_payload(struct broker *b, struct bulk_client *c, uint64_t done)
 {
 	struct broker_chunk *ch = &c->v->chunks[c->next];
-	size_t left = (size_t)(ch->payload_len - done);
+	size_t left;
 	int err;
-	const char *mem = payload_mem(c, ch, &err);
+	const char *mem = payload_mem(c, ch, done, &left, &err);
 	ssize_t r;
 
 	if (err) {
@@ -327,7 +345,7 @@ static ssize_t send_payload(struct broker *b, struct bulk_client *c, uint64_t do
 		return -1;
 	}
 	if (mem)
-		r = send(c->base.fd, mem + done, left, MSG_DONTWAIT | MSG_NOSIGNAL);
+		r = send(c->base.fd, mem, left, MSG_DONTWAIT | MSG_NOSIGNAL);
 	else {
 		off_t at = (off_t)(ch->file_off + done);
 		if ((r = sendfile(c->base.fd, ch->file->fd, &at, left)) > 0)
@@ -354,7 +372,7 @@ static int send_step(struct broker *b, struct bulk_client *c)
 	c->off += (uint64_t)r;
 	DCAST_ASSERT(c->off <= len);
 	if (c->off == len) {
-		payload_drop(c);
+		c->piece_len = 0;
 		b->stats.bulk_local_bytes += by_ref ? payload : 0;
 		c->next++;
 		c->off = 0;

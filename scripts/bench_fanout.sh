@@ -8,11 +8,10 @@
 #   keep   the same, each receiver reading into a fresh buffer of the
 #          model's size on huge pages (bench_tcp ... keep): raw TCP to
 #          receivers that keep the model, first touch of its memory included;
-#   keepmap the same, the sender writing the model file's bytes from its
-#          pages mapped and faulted in before the clock starts (bench_tcp
-#          ... keep map FILE): a server that copies from its page cache,
-#          as the broker does to a consumer on its host, with no mapping
-#          of its own to make;
+#   keepread the same, the sender reading the model file through a 1 MiB
+#          buffer and writing that (bench_tcp ... keep pread FILE): a
+#          server that copies from its page cache, as the broker does to
+#          a consumer on its host;
 #   nginx  N curl fetches at once of the model file (into /dev/null) from a
 #          private nginx (its own conf and prefix in the temp dir, a free
 #          port; started for the row, stopped after it);
@@ -427,7 +426,7 @@ row() {
 		warm "$n"
 		tcp_run "$n" "$k" keep keep
 		warm "$n"
-		tcp_run "$n" "$k" keepmap keep map "$MODEL"
+		tcp_run "$n" "$k" keepread keep pread "$MODEL"
 		nginx_round "$ROOT/refs-n$n" "$n" "$k"
 		disk_run "$n" "$k"
 		for form in recv lib $([ "$BULK" = 0 ] || echo libsf liblocal) live; do broker_run "$form" "$n" "$k"; done

@@ -8,7 +8,7 @@
 # references with the broker at --bulk-send sendfile (the libsf column)
 # and over its unix socket (liblocal),
 # against the disk column (its cells: a time, no CPU), against raw TCP
-# from the file's mapped pages to keeping receivers (keepmap), and the
+# from the file through a 1 MiB buffer to keeping receivers (keepread), and the
 # library's time counted from its open() (every lib cell has one).  Needs nginx and
 # curl (`scripts/deps.sh bench`).
 set -u
@@ -50,7 +50,7 @@ grep -qF "| (a reference, not a target) library consumers until READY / their ch
 	"$out" || { echo "FAIL: no reference row against the disk"; exit 1; }
 awk '$1 == "disk" && !($4 > 0)' "$root/cells.log" | grep -q . && { echo "FAIL: a disk cell without a time"; exit 1; }
 for ref in "the same, the library's time from its \`dcast_consumer_open()\` call" \
-	"library consumers until READY / raw TCP from the model file's pages, mapped, to receivers that keep the model, N = 1"; do
+	"library consumers until READY / raw TCP from the model file through a 1 MiB buffer to receivers that keep the model, N = 1"; do
 	grep -qF "| (a reference, not a target) $ref" "$out" || { echo "FAIL: no reference row '$ref'"; exit 1; }
 done
 awk '$1 == "lib" && !($10 > 0)' "$root/cells.log" | grep -q . && { echo "FAIL: a lib cell without its time from open()"; exit 1; }

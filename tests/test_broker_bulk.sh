@@ -3,8 +3,9 @@
 # a TCP connection with every chunk's checksum good and the COMMIT's
 # counts met, then the deltas over ZeroMQ; from the segment files
 # (--data-dir) and from memory.  --bulk-send: to this host (auto) and with
-# copy, payloads in files go with send() from their mapping (or a read,
-# where mmap is refused); with sendfile, with sendfile(2); any other
+# copy, payloads in files are read (never mapped), then sent with send(),
+# and a segment cut short fails the transfer naming where the file ends;
+# with sendfile, with sendfile(2); any other
 # value is refused at start.  A connection closed mid-way, or one that
 # names a token never offered, is closed by the broker, which goes on: the
 # consumer re-joins without x-bulk and takes the anchor over ZeroMQ.  A
@@ -106,15 +107,27 @@ bytes=$(metric_of "$sf_METRICS" deltacast_bulk_sendfile_bytes_total)
 [ "$bytes" -ge 50331648 ] || fail "sendfile bytes $bytes: less than the anchor's 48 MiB"
 stop_broker sf
 
-# --bulk-send copy where mmap is refused: each payload read, then sent.
-DELTACAST_BROKER_FAULT=nomap start_broker_metrics cp --heartbeat-ms 200 --bulk 127.0.0.1:0 \
-	--bulk-send copy --data-dir "$TMP/cp"
+# --bulk-send copy: each payload read from its file (pread into the
+# transfer's buffer), never mapped, then sent.  A segment cut short behind
+# the broker's back: the read names the offset where the file ends, the
+# transfer is closed, and the broker goes on serving.
+start_broker_metrics cp --heartbeat-ms 200 --bulk 127.0.0.1:0 --bulk-send copy --data-dir "$TMP/cp"
 publish cp 8388608
 receive r8 cp --bulk 1
 wait_metric cp deltacast_bulk_versions_total 1
 grep -q "takes version 1 (.*, copy)" "$TMP/cp.log" || fail "cp: no copy transfer logged"
-grep -q "segment payloads: mmap .*such payloads are read" "$TMP/cp.log" || fail "cp: mmap was not refused"
 check_metric cp deltacast_bulk_sendfile_bytes_total 0
+check_metric cp deltacast_disk_mapped_bytes_total 0
+read=$(metric_of "$cp_METRICS" deltacast_disk_read_bytes_total)
+[ "$read" -ge 50331648 ] || fail "cp: $read payload bytes read, less than the anchor's 48 MiB"
+seg=$(ls -S "$TMP"/cp/bk-*/seg-*.log 2>/dev/null | head -n 1)
+[ -n "$seg" ] || fail "cp: no segment file in $(ls -R "$TMP/cp")"
+truncate -s 4194304 "$seg"
+"$WC" receive "$cp_CONS" bk --until 1 --timeout-ms 1500 --bulk 1 >"$TMP/r9.out" 2>"$TMP/r9.err" &&
+	fail "r9 took version 1 from a segment cut short: $(cat "$TMP/r9.out")"
+grep -q "bulk: version 1, chunk [0-9]*: .*segment.*ends\|bulk: version 1, chunk [0-9]*: .*segment.*short" "$TMP/cp.log" ||
+	fail "cp: the short read was not logged"
+check_metric cp deltacast_bulk_versions_total 1
 stop_broker cp
 
 # A broker without --bulk ignores x-bulk.

@@ -2,7 +2,9 @@
 # N library consumers join one committed anchor at once (a restarted fleet):
 # each one's time from the script's start of the consumers to READY, its
 # stage time (first chunk to READY), apply time and CPU time (every
-# thread of its process, until it exits, and until READY).  The consumer-side
+# thread of its process, until it exits, and until READY), and the broker's
+# CPU over the join (every thread, from the consumers' start until they
+# exit; DELTACAST_BROKER=... names another build for an A/B).  The consumer-side
 # numbers behind docs/benchmarks.md's bench-fanout notes; `make
 # bench-fanout` is the benchmark, this is the quick probe.
 # Usage: [ANCHOR_JOIN_BROKER_ARGS="--io-threads 8"] tests/tools/anchor_join.sh [N] [SAFETENSORS]
@@ -19,6 +21,7 @@ sync
 # touch of them would be the host's faults (clear_page at a tenth of its
 # speed), not the library's work.
 "$BUILD/tools/bench_tcp" "$(stat -c %s "$MODEL")" $((N + 1)) warm >/dev/null || fail "bench_tcp warm"
+b0=$(cpu_ns "$s_PID")
 t0=$(date +%s%N)
 CONS=()
 for i in $(seq "$N"); do
@@ -27,6 +30,7 @@ for i in $(seq "$N"); do
 	PIDS+=($!)
 done
 for p in "${CONS[@]}"; do wait "$p" || fail "a consumer exited $?"; done
+echo "broker: cpu $((($(cpu_ns "$s_PID") - b0) / 1000000)) ms over the join"
 for i in $(seq "$N"); do
 	awk -v t0="$t0" -v i="$i" '
 		$1 == "ready" { ready = ($4 - t0) / 1e6; rcpu = $6 / 1e6 }

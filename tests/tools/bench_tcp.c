@@ -1,4 +1,4 @@
-/* bench_tcp BYTES N [keep] [whole | sendfile FILE | map FILE] | warm: the raw
+/* bench_tcp BYTES N [keep] [whole | sendfile FILE | map FILE | pread FILE] | warm: the raw
  * TCP loopback ceiling for the benches.  Sends BYTES to each of N receivers
  * at once (one sender and one receiver thread per connection, 1 MiB writes
  * from one shared 1 MiB buffer, reads into a per-receiver 1 MiB buffer) and
@@ -20,8 +20,11 @@
  * from memory that is no longer in any cache), "sendfile" sends FILE's
  * first BYTES with sendfile(2) from the page cache (as nginx does, and
  * the broker's --bulk-send sendfile: no copy from user space), "map"
- * writes them from FILE mapped read-only (--bulk-send copy: the page
- * cache's bytes copied into the socket).  "warm" sends nothing: it
+ * writes them from FILE mapped read-only (the page cache's bytes copied
+ * into the socket), "pread" reads FILE a MiB at a time into a buffer of
+ * each sender's own and writes that (--bulk-send copy: two copies, the
+ * second from a buffer in cache, and no user mapping of the page cache,
+ * whose first touch of each page some VMs make dear).  "warm" sends nothing: it
  * touches N buffers laid out as "keep"'s, frees them and prints "warmed N
  * x BYTES", so that receivers started next find memory the machine has
  * just used (on a VM whose balloon hands free memory back to the host,
@@ -54,7 +57,8 @@ static int whole_mode; /* "whole" */
 static const char *map_file; /* "map": the file sent with write() from its mapping */
 static unsigned char send_buf[IO_BYTES];
 static unsigned char *whole_buf; /* "whole": BYTES, every sender's source */
-static int send_file = -1;       /* "sendfile": the file sent */
+static int send_file = -1;       /* "sendfile" or "pread": the file sent */
+static int pread_mode;           /* "pread": read into the sender's buffer, then written */
 
 typedef struct conn {
 	int fd;
@@ -82,24 +86,46 @@ static ssize_t send_some(int fd, uint64_t left)
 	size_t n = left < IO_BYTES ? (size_t)left : IO_BYTES;
 	off_t off = (off_t)(total_bytes - left);
 
-	if (send_file >= 0)
+	if (send_file >= 0 && !pread_mode)
 		return sendfile(fd, send_file, &off, n);
 	return write(fd, whole_buf ? whole_buf + off : send_buf, n);
+}
+
+/* "pread": the next IO_BYTES of the file read into buf, then written
+ * whole (the page cache's bytes copied twice, through a buffer that
+ * stays in cache). */
+static ssize_t send_pread(int fd, unsigned char *buf, uint64_t left)
+{
+	size_t n = left < IO_BYTES ? (size_t)left : IO_BYTES, done = 0;
+	ssize_t r = pread(send_file, buf, n, (off_t)(total_bytes - left));
+
+	if (r <= 0)
+		return -1;
+	while (done < (size_t)r) {
+		ssize_t w = write(fd, buf + done, (size_t)r - done);
+		if (w <= 0)
+			return -1;
+		done += (size_t)w;
+	}
+	return r;
 }
 
 static void *sender(void *arg)
 {
 	conn *c = arg;
 	uint64_t left = total_bytes;
+	unsigned char *buf = pread_mode ? malloc(IO_BYTES) : NULL;
 
+	c->failed = pread_mode && !buf;
 	while (left && !c->failed) {
-		ssize_t w = send_some(c->fd, left);
+		ssize_t w = buf ? send_pread(c->fd, buf, left) : send_some(c->fd, left);
 		if (w <= 0) /* a short file: its receiver sees the end early */
 			c->failed = 1;
 		else
 			left -= (uint64_t)w;
 	}
 	c->cpu_s = thread_cpu_s();
+	free(buf);
 	shutdown(c->fd, SHUT_WR);
 	return NULL;
 }
@@ -157,8 +183,9 @@ static int mode_word(int argc, char **argv, int i)
 		map_file = argv[i + 1];
 		return 2;
 	}
-	if (strcmp(argv[i], "sendfile") || i + 1 >= argc || send_file >= 0)
+	if ((strcmp(argv[i], "sendfile") && strcmp(argv[i], "pread")) || i + 1 >= argc || send_file >= 0)
 		return -1;
+	pread_mode = !strcmp(argv[i], "pread");
 	if ((send_file = open(argv[i + 1], O_RDONLY | O_CLOEXEC)) < 0)
 		perror(argv[i + 1]);
 	return send_file < 0 ? -1 : 2;
@@ -230,7 +257,7 @@ int main(int argc, char **argv)
 	double t0, send_cpu = 0, recv_cpu = 0;
 
 	if (argc < 3 || (n = atoi(argv[2])) < 1 || n > MAX_CONN || mode(argc, argv)) {
-		fprintf(stderr, "usage: bench_tcp BYTES N [keep] [whole | sendfile FILE | map FILE] | warm (1 <= N <= %d)\n",
+		fprintf(stderr, "usage: bench_tcp BYTES N [keep] [whole | sendfile FILE | map FILE | pread FILE] | warm (1 <= N <= %d)\n",
 			MAX_CONN);
 		return 2;
 	}

@@ -61,12 +61,14 @@ struct broker_config {
 	const char *upstream_curve_secret, *upstream_server_key; /* the relay's CURVE client (auth.c) */
 	const char *anchor_fraction; uint64_t anchor_every; /* broker-made anchors (fold.c) */
 	int no_anchor_deltas;       /* --no-anchor-deltas: producer anchors go whole */
+	uint64_t anchor_delta_max_ms; /* --anchor-delta-max-ms: a made delta's deadline (folddelta.c; 0 none) */
 	uint64_t fault_slowdisk_ms; /* DELTACAST_BROKER_FAULT=slowdisk:MS (tests; durable.c) */
 	int fault_nomap;            /* DELTACAST_BROKER_FAULT=nomap (tests; ondisk.c) */
 	uint64_t fault_relay_bulk_cut; /* DELTACAST_BROKER_FAULT=relay_bulk_cut:K (tests; relaybulk.c) */
 	uint64_t fault_bulk_ref_off;   /* DELTACAST_BROKER_FAULT=bulk_ref_off:BYTES (tests; bulk.c) */
 	int fault_bulk_noproc;         /* DELTACAST_BROKER_FAULT=bulk_noproc (tests; bulk.c) */
 	uint64_t fault_relay_bulk_hold_ms; /* DELTACAST_BROKER_FAULT=relay_bulk_hold:MS (tests) */
+	uint64_t fault_slowfold_ms;    /* DELTACAST_BROKER_FAULT=slowfold:MS (tests; folddelta.c) */
 	uint64_t model_idle_s;      /* --model-idle-s: an idle model is removed (retire.c; 0 never) */
 	uint64_t read_cache_bytes;  /* --read-cache-bytes: frames read from disk shared (ondisk.c) */
 	const char *admin_socket;   /* --admin-socket PATH: operator requests (admin.c) */

@@ -60,6 +60,7 @@ static const struct flag flags[] = {
 	{"anchor-fraction", FLAG_STR, OFF(anchor_fraction), "0.5", "make an anchor once delta bytes since the last one exceed F x the model's size (0: off)"},
 	{"anchor-every", FLAG_U64, OFF(anchor_every), "0", "make an anchor every K versions (0: off)"},
 	{"no-anchor-deltas", FLAG_BOOL, OFF(no_anchor_deltas), NULL, "send a producer's anchor whole to consumers that hold the version before it (by default, with broker-made anchors on, the broker makes them a delta from it)"},
+	{"anchor-delta-max-ms", FLAG_U64, OFF(anchor_delta_max_ms), "0", "give up a producer anchor's delta not made within MS ms of the anchor's commit: the consumers waiting for it take the anchor whole (0: no limit)"},
 };
 #undef OFF
 
@@ -255,7 +256,9 @@ static int fault_num(const char *f, size_t skip, unsigned long long max, uint64_
  *   file offset BYTES too far, as a file changed under its reader
  *   (broker/bulk.c);
  * - bulk_noproc: a local transfer cannot reopen its files read-only, as
- *   without /proc, and sends their payloads inline (broker/bulk.c). */
+ *   without /proc, and sends their payloads inline (broker/bulk.c);
+ * - slowfold:MS: each share of a producer anchor's delta starts MS ms
+ *   late, as a fold of a model far larger (broker/folddelta.c). */
 static int fault_env(struct broker_config *cfg)
 {
 	const char *f = getenv("DELTACAST_BROKER_FAULT");
@@ -274,9 +277,11 @@ static int fault_env(struct broker_config *cfg)
 		return fault_num(f, 16, 600000, &cfg->fault_relay_bulk_hold_ms);
 	if (!strncmp(f, "bulk_ref_off:", 13))
 		return fault_num(f, 13, (uint64_t)1 << 50, &cfg->fault_bulk_ref_off);
+	if (!strncmp(f, "slowfold:", 9))
+		return fault_num(f, 9, 600000, &cfg->fault_slowfold_ms);
 	return dcast_fail(DCAST_EINVAL, "DELTACAST_BROKER_FAULT=%s: only slowdisk:MS, nomap, "
-			  "relay_bulk_cut:K, relay_bulk_hold:MS, bulk_ref_off:BYTES and bulk_noproc are "
-			  "known", f);
+			  "relay_bulk_cut:K, relay_bulk_hold:MS, bulk_ref_off:BYTES, bulk_noproc and "
+			  "slowfold:MS are known", f);
 }
 
 int broker_config_parse(struct broker_config *cfg, int argc, char **argv)

@@ -131,11 +131,8 @@ static struct durable_job *queue_pop(struct job_queue *q)
 
 static void fault_sleep(const struct broker_durable *d)
 {
-	struct timespec ts = {(time_t)(d->slowdisk_ms / 1000),
-			      (long)(d->slowdisk_ms % 1000) * 1000000L};
-
-	while (d->slowdisk_ms && nanosleep(&ts, &ts) && errno == EINTR)
-		;
+	if (d->slowdisk_ms)
+		dcast_sleep_ms(d->slowdisk_ms);
 }
 
 static int failed_find(const struct broker_durable *d, const struct broker_model *m)

@@ -299,6 +299,23 @@ static int diff_w_bad(struct fold_diff *d)
 	return 0;
 }
 
+/* --anchor-delta-max-ms: DCAST_ETIMEDOUT once more time than that has
+ * passed since W's commit (the consumers at V have waited for the delta
+ * that long), else 0.  The test fault slowfold delays each share first. */
+static int diff_late(const struct broker *b, const struct fold_diff *d)
+{
+	uint64_t max = b->cfg.anchor_delta_max_ms, ms;
+
+	if (b->cfg.fault_slowfold_ms)
+		dcast_sleep_ms(b->cfg.fault_slowfold_ms);
+	ms = (dcast_now_ns() - d->t0_ns) / 1000000;
+	if (!max || ms <= max)
+		return 0;
+	return dcast_fail(DCAST_ETIMEDOUT, "not made within --anchor-delta-max-ms %llu (%llu ms since "
+			  "its commit, %u of its %u chunks encoded)", (unsigned long long)max,
+			  (unsigned long long)ms, d->next_chunk, d->w->n_chunks);
+}
+
 /* A bounded share of the delta's work: fold the log as it was, then
  * encode W's chunks, then check W's digests and publish.  Returns 1 while
  * work remains. */
@@ -306,12 +323,13 @@ int fold_diff_turn(struct broker *b, struct broker_model *m, struct broker_fold 
 {
 	struct fold_diff *d = &f->diff;
 	uint64_t spent = 0, bytes;
-	int rc = 0;
+	int rc;
 
 	if (!d->started)
 		return 0;
 	DCAST_ASSERT(d->w && d->v && d->v->base_version == d->base && !d->v->anchor &&
 		     d->folded <= d->n_src && d->next_chunk <= d->w->n_chunks);
+	rc = diff_late(b, d);
 	for (int i = 0; !rc && i < FOLD_VERSIONS_PER_TURN && d->folded < d->n_src; i++)
 		rc = fold_applied(&d->st, d->src[d->folded++]);
 	if (!rc && d->folded == d->n_src && !d->checking)

@@ -40,6 +40,9 @@ void dcast_log(int level, const char *fmt, ...) __attribute__((format(printf, 2,
 /* Monotonic clock in nanoseconds / milliseconds. */
 uint64_t dcast_now_ns(void);
 uint64_t dcast_now_ms(void);
+/* Sleep ms milliseconds, the whole of them: a signal's interruption
+ * sleeps the rest.  No errors. */
+void dcast_sleep_ms(uint64_t ms);
 /* CLOCK_REALTIME in nanoseconds: times that other processes compare. */
 uint64_t dcast_wall_ns(void);
 /* The calling thread's CPU time in nanoseconds. */

@@ -2,6 +2,7 @@
  * monotonic clock.  The handler sits behind a read-write lock: log lines
  * take it shared, so they run concurrently, and dcast_log_set_handler takes
  * it exclusively, so that once it returns nobody runs the old handler. */
+#include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <string.h>
@@ -98,4 +99,12 @@ uint64_t dcast_thread_cpu_ns(void)
 uint64_t dcast_now_ms(void)
 {
 	return dcast_now_ns() / 1000000u;
+}
+
+void dcast_sleep_ms(uint64_t ms)
+{
+	struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
+
+	while (nanosleep(&ts, &ts) && errno == EINTR)
+		;
 }

@@ -382,13 +382,6 @@ int prod_conn_join(dcast_producer *p)
 	return 0;
 }
 
-static void sleep_ms(uint32_t ms)
-{
-	struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-
-	nanosleep(&ts, NULL);
-}
-
 int prod_conn_rejoin(dcast_producer *p, const char *why)
 {
 	uint32_t backoff = p->opts.reconnect_backoff_ms;
@@ -400,7 +393,7 @@ int prod_conn_rejoin(dcast_producer *p, const char *why)
 		    first, p->opts.max_reconnects);
 	prod_conn_close(p, 0);
 	for (uint32_t i = 0; i < p->opts.max_reconnects; i++) {
-		sleep_ms(backoff);
+		dcast_sleep_ms(backoff);
 		backoff = backoff * 2 > PROD_BACKOFF_MAX_MS ? PROD_BACKOFF_MAX_MS : backoff * 2;
 		if (!(rc = prod_conn_join(p))) {
 			p->stats.total_reconnects++;

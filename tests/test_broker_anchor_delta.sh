@@ -8,7 +8,8 @@
 # made and count it, and r, which takes o's delta as any delta, makes none;
 # a late joiner still gets the anchor.  The same with --data-dir and with
 # --cut-through; with --no-anchor-deltas, or folding off, the subscriber
-# at 3 takes anchor 4 whole.  An anchor whose digests differ from its bytes
+# at 3 takes anchor 4 whole, and so it does when the delta is not made
+# within --anchor-delta-max-ms.  An anchor whose digests differ from its bytes
 # is poisoned while its delta is made; one on a version whose COMMIT
 # claimed a wrong digest goes whole, not poisoned.  A consumer stopped part-way
 # through version 3 goes on with 3, then 4 as the delta.
@@ -87,6 +88,14 @@ grep -q 'anchor 4 goes to consumers at 3 as a delta' "$TMP/c.log" || fail "c: no
 # --no-anchor-deltas, or folding off: the anchor goes whole
 single n anchor --no-anchor-deltas
 single z anchor --anchor-fraction 0
+# --anchor-delta-max-ms: a delta not made in time (the test fault
+# slowfold: each share of the work starts 400 ms late) is given up and
+# logged, and the subscriber at 3 takes anchor 4 whole; one made
+# within its limit still goes as the delta.
+DELTACAST_BROKER_FAULT=slowfold:400 single t anchor --anchor-delta-max-ms 200
+grep -q 'anchor 4 goes whole to consumers at 3: no delta made (DCAST_ETIMEDOUT): not made within --anchor-delta-max-ms 200' \
+	"$TMP/t.log" || fail "t: the late delta was not given up: $(grep 'anchor 4' "$TMP/t.log")"
+DELTACAST_BROKER_FAULT=slowfold:100 single u delta --anchor-delta-max-ms 60000
 
 # An anchor whose COMMIT digest differs from its bytes: found while its
 # delta is made, poisoned, never served; the consumer at 3 stays there and

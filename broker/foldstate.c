@@ -10,6 +10,7 @@
 #include "broker.h"
 #include "dcast_common.h"
 #include "dcast_io.h"
+#include "dcast_slab.h" /* dcast_huge_pages */
 #include "deltacast/codec.h"
 #include "fold.h"
 #include "foldstate.h"
@@ -42,7 +43,8 @@ static uint64_t slot_bytes(const struct broker_manifest *mf, uint32_t t)
 }
 
 /* One mapping for every tensor, each at a 64-byte boundary, that the
- * kernel may back with huge pages (MADV_HUGEPAGE, a hint): the state is
+ * kernel may back with huge pages (MADV_HUGEPAGE, a hint, unless
+ * DELTACAST_HUGE_PAGES=0): the state is
  * written whole at its first fold, and 4 KiB faults were most of that
  * (docs/operations.md, "Producer anchors as deltas").  An empty tensor
  * is refused, as a dense range of none is never asked for. */
@@ -64,7 +66,8 @@ static int heap_open(struct fold_state *s)
 	if (m == MAP_FAILED)
 		return dcast_fail(DCAST_ENOMEM, "fold: a state of %llu bytes: %s",
 				  (unsigned long long)at, strerror(errno));
-	madvise(m, at, MADV_HUGEPAGE);
+	if (dcast_huge_pages())
+		madvise(m, at, MADV_HUGEPAGE);
 	s->region = m;
 	s->region_bytes = at ? at : 1;
 	for (uint32_t i = 0; i < n; i++) {

@@ -326,12 +326,15 @@ static int part_reserve(struct broker_part *pt)
  * 2 MiB) go to huge-page slabs: kept as received, each was fresh heap
  * faulted in 4 KiB at a time, most of the broker's CPU to take
  * an anchor (docs/operations.md, "The broker's heap").  Where no
- * memory is had for the copy the message itself is kept. */
+ * memory is had for the copy, or huge pages are off
+ * (DELTACAST_HUGE_PAGES=0: a copy onto 4 KiB pages saves no fault), the
+ * message itself is kept. */
 static void payload_keep(struct dcast_slab_pool *pool, zmq_msg_t *dst, dcast_wire_in *in)
 {
 	size_t len = in->has_payload ? zmq_msg_size(&in->payload) : 0;
 
-	if (len && (len < PAYLOAD_COPY_BELOW ? !zmq_msg_init_size(dst, len) : !dcast_slab_msg(pool, dst, len))) {
+	if (len && (len < PAYLOAD_COPY_BELOW ? !zmq_msg_init_size(dst, len)
+					     : dcast_huge_pages() && !dcast_slab_msg(pool, dst, len))) {
 		memcpy(zmq_msg_data(dst), zmq_msg_data(&in->payload), len);
 		return;
 	}

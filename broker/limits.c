@@ -18,6 +18,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 #include "dcast_common.h"
+#include "dcast_slab.h" /* dcast_huge_pages */
 #include "limits.h"
 
 #define NOFILE_MARGIN 64         /* ZeroMQ's own, io_uring, eventfds, signalfd, metrics */
@@ -131,6 +132,9 @@ void broker_limits_memory(struct broker_config *c)
 	uint64_t phys = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0;
 
 	heap_setup();
+	if (!dcast_huge_pages())
+		DCAST_LOG_I("memory: huge pages off (DELTACAST_HUGE_PAGES=0): payloads kept as "
+			    "received, the fold's state on 4 KiB pages");
 	if (!c->max_pending_total_bytes)
 		c->max_pending_total_bytes = phys ? phys / 4 : 4ull << 30;
 	DCAST_LOG_I("memory: open versions hold at most %llu bytes of memory in all "

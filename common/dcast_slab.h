@@ -1,7 +1,7 @@
 /* Private: buffers for payloads a process keeps for long (a broker's or
  * a relay's log held in memory), carved one after another out of regions of
  * DCAST_SLAB_BYTES that the kernel may back with transparent huge pages
- * (MADV_HUGEPAGE).  Memory malloc hands out for such payloads is faulted
+ * (MADV_HUGEPAGE, unless dcast_huge_pages() says not).  Memory malloc hands out for such payloads is faulted
  * in 4 KiB at a time on first touch, and for an anchor kept in memory the
  * faults were about a third of the time to take it.  A region is
  * unmapped once a newer one is in use and every buffer carved from it was
@@ -28,6 +28,13 @@ struct dcast_slab_pool {
 	size_t used; /* its bytes handed out, its head included */
 };
 #define DCAST_SLAB_POOL_INIT {PTHREAD_MUTEX_INITIALIZER, NULL, 0}
+
+/* 1 unless DELTACAST_HUGE_PAGES=0 is in the environment (read at each
+ * call): whether memory laid out for transparent huge pages asks the
+ * kernel for them (MADV_HUGEPAGE).  On a VM that hands freed memory back
+ * to its host, a huge page's first touch costs the host 512 faults
+ * (docs/operations.md, "Huge pages" and "The broker's heap"). */
+int dcast_huge_pages(void);
 
 /* A buffer of n bytes from `pool`, 64-byte aligned, and in *region what dcast_slab_free needs; n over
  * DCAST_SLAB_BYTES less 64 gets a region of its own.  NULL when no memory

@@ -2,6 +2,8 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
 #include "dcast_common.h"
 #include "dcast_slab.h"
@@ -27,6 +29,13 @@ void dcast_slab_free(void *data, void *region)
 	slab_put(region);
 }
 
+int dcast_huge_pages(void)
+{
+	const char *e = getenv("DELTACAST_HUGE_PAGES");
+
+	return !e || strcmp(e, "0") != 0;
+}
+
 /* A fresh region that holds at least `need` bytes after its head. */
 static struct slab *slab_new(size_t need)
 {
@@ -36,7 +45,8 @@ static struct slab *slab_new(size_t need)
 
 	if (s == MAP_FAILED)
 		return NULL;
-	madvise(s, bytes, MADV_HUGEPAGE); /* a hint: 4 KiB pages where refused */
+	if (dcast_huge_pages())
+		madvise(s, bytes, MADV_HUGEPAGE); /* a hint: 4 KiB pages where refused */
 	atomic_init(&s->refs, 1);
 	s->bytes = bytes;
 	return s;

@@ -11,6 +11,7 @@
 #include <unistd.h>
 #include <zmq.h>
 #include "consumer_impl.h"
+#include "dcast_slab.h" /* dcast_huge_pages */
 #include "dcast_common.h"
 #include "store/store.h"
 #include "dcast_wire.h"
@@ -138,16 +139,6 @@ static int connect_broker(dcast_consumer *c)
 	return cs_session_start(c);
 }
 
-/* Huge pages for the host copies, unless DELTACAST_HUGE_PAGES=0: on a VM
- * that hands freed memory back to its host, a huge page's first touch
- * costs the host 512 faults (docs/operations.md, "Huge pages"). */
-static int huge_pages_wanted(void)
-{
-	const char *e = getenv("DELTACAST_HUGE_PAGES");
-
-	return !e || strcmp(e, "0") != 0;
-}
-
 #define COMMIT_TIMEOUT_DEFAULT_MS 60000
 
 /* opts.commit_timeout_ms 0: DELTACAST_COMMIT_TIMEOUT_MS, else the default.
@@ -239,7 +230,7 @@ int dcast_consumer_open(const char *endpoint, const char *model, const char *dir
 	cs_bulk_init(c);
 	cs_staged_open(c);
 	cs_fault_parse(c);
-	c->arena_huge = huge_pages_wanted();
+	c->arena_huge = dcast_huge_pages(); /* the host copies (docs/operations.md, "Huge pages") */
 	if ((err = commit_timeout(c)) || (err = bulk_option(c)) || (err = make_paths(c, dir, endpoint)) || (err = dir_lock(c)) ||
 	    (err = cs_pool_open(&c->pool, staging_budget_bytes)))
 		goto fail;

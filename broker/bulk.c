@@ -3,8 +3,8 @@
  * plain TCP connection instead of ZeroMQ, its payloads with sendfile(2)
  * from the segment and spill files that hold them, or read from those
  * files a MiB at a time and written with send() (--bulk-send; written
- * from memory when the log keeps them there).  A consumer on this host connects to the unix socket
- * @deltacast-bulk-PORT instead (unless --bulk-no-local), where a payload
+ * from memory when the log keeps them there).  A consumer on this host
+ * connects to the unix socket @deltacast-bulk-PORT instead (unless --bulk-no-local), where a payload
  * in a file goes as a reference to it, the file passed read-only, and the
  * consumer reads it itself.  The fan-out (fanout.c) offers it with
  * a BULK message and a token and holds that consumer's ZeroMQ stream;
@@ -293,7 +293,7 @@ static ssize_t send_head(struct bulk_client *c, int by_ref)
  * short read (logged here). */
 static int piece_read(struct bulk_client *c, const struct broker_chunk *ch, uint64_t done)
 {
-	uint64_t n = ch->payload_len - done;
+	uint64_t left = ch->payload_len - done, n = left < BULK_PIECE_BYTES ? left : BULK_PIECE_BYTES;
 	int err;
 
 	if (c->piece_len && done >= c->piece_at && done < c->piece_at + c->piece_len)
@@ -302,27 +302,27 @@ static int piece_read(struct bulk_client *c, const struct broker_chunk *ch, uint
 	if (!c->piece && !(c->piece = malloc(BULK_PIECE_BYTES)))
 		err = dcast_fail(DCAST_ENOMEM, "a read buffer of %u bytes", BULK_PIECE_BYTES);
 	else
-		err = broker_chunk_pread(ch, done, c->piece, n < BULK_PIECE_BYTES ? n : BULK_PIECE_BYTES);
+		err = broker_chunk_pread(ch, done, c->piece, (size_t)n);
 	if (err) {
 		DCAST_LOG_W("bulk: version %llu, chunk %u: %s", (unsigned long long)c->v->version,
 			    c->next, dcast_last_error());
 		return err;
 	}
 	c->piece_at = done;
-	c->piece_len = n < BULK_PIECE_BYTES ? n : BULK_PIECE_BYTES;
+	c->piece_len = n;
 	return 0;
 }
 
 /* Frame c->next's payload from offset `done` on, in memory: the log's
  * frame, or with copy a piece of its file read (*n: the bytes there).
  * NULL: sendfile it, or with *err set, it cannot be served. */
-static const char *payload_mem(struct bulk_client *c, const struct broker_chunk *ch, uint64_t done,
+static const char *payload_mem(struct bulk_client *c, struct broker_chunk *ch, uint64_t done,
 			       size_t *n, int *err)
 {
 	*err = 0;
 	*n = (size_t)(ch->payload_len - done);
 	if (!ch->file)
-		return (const char *)zmq_msg_data((zmq_msg_t *)&ch->payload) + done;
+		return (const char *)zmq_msg_data(&ch->payload) + done;
 	if (!c->copy || (*err = piece_read(c, ch, done)))
 		return NULL;
 	*n = (size_t)(c->piece_at + c->piece_len - done);

@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
 # Runs on a GPU host as .dev/run.sh (scripts/device_bundle.sh makes
 # .dev/, a small copy of the repo: build/, lib/, scripts/, python/,
-# tests/tools/; nothing outside .dev/ is read).  Steps, in this order, each
+# tests/tools/, bin/ and http/; nothing outside .dev/ is read).  Steps, in this order, each
 # in its own process under a time limit, a failing one recorded and the next
 # run anyway:
 #   gpu      the machine, the three GPU tests, `make bench-gpu`'s program,
 #            tests/tools/bench_gpu_ranges (the producer's device encode
 #            per range against whole tensors)
+#   gpu-tests the three GPU tests alone
+#   bench-fanout `make bench-fanout` on this host's cores, print only, with
+#            the nginx and curl that scripts/device_bundle.sh carries in
+#            .dev/bin (N's FANOUT_N, default "1 4 16"; FANOUT_RUNS_N1
+#            rounds at N = 1, default 7; FANOUT_LIMIT s, default 270); its
+#            cells and meta in fanout-cells.tgz
 #   pause    the device pause alone, a few minutes at most: test_gpu_codec
 #            (the batch kernels against their CPU twin), test_consumer_gpu
 #            (decode-ahead, a wrong digest refused before READY, an apply
@@ -66,6 +72,12 @@
 set -u
 cd "$(dirname "$0")" || exit 1
 D=$PWD
+# scripts/device_bundle.sh packs the programs: unpacked once, here.
+if [ ! -d build ] && [ -f payload.tar.xz ]; then
+	tar -xJf payload.tar.xz 2>/dev/null ||
+		python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(".")' payload.tar.xz ||
+		{ echo "run.sh: cannot unpack payload.tar.xz" >&2; exit 1; }
+fi
 export LD_LIBRARY_PATH=$D/lib DELTACAST_BUILD=$D/build PYTHONDONTWRITEBYTECODE=1
 B=$DELTACAST_BUILD
 O=${OUT:-/tmp/devout}
@@ -96,6 +108,13 @@ EOF
 	echo "${TMPDIR:-/tmp}/dev-nopy"
 }
 
+gpu_tests() {
+	echo "== GPU tests"
+	for t in test_gpu_codec test_consumer_gpu test_producer_gpu; do
+		echo "-- $t"; timeout 120 "$B/tests/$t"; echo "rc=$?"
+	done
+}
+
 gpu() {
 	echo "== machine"
 	nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1
@@ -103,10 +122,7 @@ gpu() {
 	nvidia-smi 2>&1 | head -20
 	echo "== libraries not found"
 	ldd "$B/deltacast" "$B/deltacast-broker" "$B/libdeltacast.so" "$B"/tests/* "$B"/tools/* | grep "not found"
-	echo "== GPU tests"
-	for t in test_gpu_codec test_consumer_gpu test_producer_gpu; do
-		echo "-- $t"; timeout 120 "$B/tests/$t"; echo "rc=$?"
-	done
+	gpu_tests
 	echo "== bench_gpu_codec"; timeout 200 "$B/tools/bench_gpu_codec"; echo "rc=$?"
 	echo "== bench_gpu_ranges"; timeout 60 "$B/tools/bench_gpu_ranges"; echo "rc=$?"
 }
@@ -278,10 +294,33 @@ fanout() {
 	done
 }
 
+# bench-fanout: `make bench-fanout` on this host's cores (print only), with
+# the nginx and curl of .dev/bin (scripts/device_bundle.sh); N's FANOUT_N,
+# FANOUT_RUNS_N1 rounds at N = 1, under FANOUT_LIMIT seconds; its cells and
+# meta (the report's input: scripts/bench_fanout_report.py DIR 0) in
+# fanout-cells.tgz, whatever it got to.
+bench_fanout() {
+	local tmp=${TMPDIR:-/tmp}/dev-fanout root rc
+	rm -rf "$tmp" && mkdir -p "$tmp"
+	echo "== make bench-fanout: $(nproc) cores, N ${FANOUT_N:-1 4 16}"
+	PATH=$D/bin:$PATH TMPDIR=$tmp PYTHON=$(pick_python) BENCH_FANOUT_DOC=0 BENCH_FANOUT_KEEP=1 \
+		BENCH_FANOUT_N="${FANOUT_N:-1 4 16}" BENCH_FANOUT_RUNS_N1=${FANOUT_RUNS_N1:-7} \
+		timeout -k 5 "${FANOUT_LIMIT:-270}" bash scripts/bench_fanout.sh
+	rc=$?
+	echo "bench_fanout.sh rc=$rc"
+	for root in "$tmp"/deltacast-bench-fanout.*; do
+		[ -f "$root/cells.log" ] && tar -czf "$O/fanout-cells.tgz" -C "$root" cells.log $(cd "$root" && ls meta 2>/dev/null)
+	done
+	rm -rf "$tmp"
+	return $rc
+}
+
 # `run.sh step NAME`: one step (the process the time limit ends).
 if [ "${1:-}" = step ]; then
 	case $2 in
 	gpu) gpu ;;
+	gpu-tests) gpu_tests ;;
+	bench-fanout) bench_fanout ;;
 	pause) pause ;;
 	model) model ;;
 	sync) sync_lib ;;
@@ -300,7 +339,7 @@ if [ "${1:-}" = step ]; then
 fi
 
 DEADLINE=${DEADLINE:-370}
-declare -A CAP=([gpu]=240 [pause]=240 [model]=270 [sync]=200 [sync-gpu]=120 [sync-base]=120 [sync-gpu-base]=120 [faults-gpu]=240 [sync-gpu-batch]=150 [sync-gpu-cons]=120 [fanout]=75 [fanout-threads]=120 [sync-py]=75)
+declare -A CAP=([gpu]=240 [gpu-tests]=200 [bench-fanout]=285 [pause]=240 [model]=270 [sync]=200 [sync-gpu]=120 [sync-base]=120 [sync-gpu-base]=120 [faults-gpu]=240 [sync-gpu-batch]=150 [sync-gpu-cons]=120 [fanout]=75 [fanout-threads]=120 [sync-py]=75)
 {
 	echo "start $(date -u +%FT%TZ), $(nproc) cpus, steps: ${STEPS:-gpu sync sync-gpu fanout sync-py}, deadline ${DEADLINE} s"
 	nvidia-smi -L 2>&1

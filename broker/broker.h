@@ -24,7 +24,8 @@
 #define BROKER_MAX_MODELS 256
 #define BROKER_MAX_UPSTREAM_MODELS 16
 #define BROKER_BULK_CLIENTS 64  /* bulk connections at once (bulk.c) */
-#define BROKER_MAX_EXTRA_FDS (33 + BROKER_BULK_CLIENTS + BROKER_MAX_UPSTREAM_MODELS) /* eventfds, local listeners and
+#define BROKER_BULK_THREADS_MAX 16 /* --bulk-threads (bulkpump.c) */
+#define BROKER_MAX_EXTRA_FDS (34 + BROKER_BULK_CLIENTS + BROKER_MAX_UPSTREAM_MODELS) /* eventfds, local listeners and
 							   clients (17 + 5), a signalfd, bulk */
 #define BROKER_REFUSE_LOG_MAX 20 /* refusal log lines a second */
 #define BROKER_MAX_RID 255
@@ -78,6 +79,7 @@ struct broker_config {
 	const char *bulk;           /* --bulk HOST:PORT: anchors over plain TCP (bulk.c) */
 	const char *bulk_send;      /* --bulk-send auto | sendfile | copy (bulk.c) */
 	int bulk_no_local;          /* --bulk-no-local: no unix listener for consumers on this host (bulk.c) */
+	uint64_t bulk_threads;      /* --bulk-threads: threads that write bulk transfers (bulkpump.c) */
 	char *owned[BROKER_CONFIG_OWNED]; /* strings read from a --config file */
 	unsigned n_owned;
 };
@@ -326,6 +328,7 @@ struct broker_stats {
 	uint64_t bulk_versions, bulk_bytes; /* anchors sent over bulk connections, their bytes */
 	uint64_t bulk_sendfile_bytes;       /* of bulk_bytes, payload bytes sent with sendfile(2) */
 	uint64_t bulk_local_bytes;          /* payload bytes passed by reference to a file (local) */
+	uint64_t bulk_thread_bytes[BROKER_BULK_THREADS_MAX]; /* of bulk_bytes, each thread's */
 	uint64_t relay_bulk_versions, relay_bulk_bytes; /* anchors the relay took over its
 						  upstream's --bulk, their payload bytes */
 	uint64_t relay_bulk_failures;       /* such transfers that failed (re-joined over ZeroMQ) */
@@ -403,6 +406,8 @@ struct broker_outcome {
  * turn.  A client beyond the slots is closed as soon as accepted. */
 struct broker_client {
 	int used, fd;
+	int busy;                     /* another thread writes fd: out of the poll set, no
+					 deadline here, never closed (bulk.c) */
 	uint64_t deadline_ms;
 };
 
@@ -457,6 +462,8 @@ struct broker {
 	struct broker_durable *dur;   /* --data-dir: the writer thread (durable.c); NULL: off */
 	struct broker_clients metrics_clients, admin_clients, bulk_clients, bulk_local_clients;
 	uint16_t bulk_port;           /* --bulk: the port bound; 0: off */
+	struct bulk_pumps *bulk_pumps; /* --bulk: the threads that write transfers (bulkpump.c) */
+	uint32_t bulk_threads;        /* how many */
 	struct broker_watch {         /* accept failures of a listener (limits.c) */
 		void *mon;            /* its socket monitor */
 		const char *which;
@@ -488,9 +495,14 @@ struct broker_addr {
 	uint16_t port;
 };
 struct broker_addr broker_tcp_bound(int fd);
-/* Close client c of t and clear its slot. */
+/* A thread count flag's value: n, or for 0 half the CPUs, at least 2 and
+ * at most 8 (--io-threads, --bulk-threads). */
+uint64_t broker_threads_auto(uint64_t n);
+/* Close client c of t (not busy) and clear its slot. */
 void broker_clients_close(struct broker *b, struct broker_clients *t, struct broker_client *c);
-/* Close t's clients past their deadline. */
+/* Slot i (< t->cap) of a started t, used or not. */
+struct broker_client *broker_clients_slot(const struct broker_clients *t, uint32_t i);
+/* Close t's clients past their deadline (busy ones keep theirs elsewhere). */
 void broker_clients_timers(struct broker *b, struct broker_clients *t, uint64_t now_ms);
 /* Close every client and the listener, free the slots.  Safe when t never
  * started. */
@@ -653,13 +665,13 @@ int broker_chunk_payload(const struct broker_chunk *ch, zmq_msg_t *out);
  * `others` more consumers expected to take it, and for anyone while a
  * send still holds it.  Errors: broker_chunk_payload's. */
 int broker_chunk_serve(struct broker_chunk *ch, uint32_t others, zmq_msg_t *out);
-/* n bytes of ch's payload (in its segment file: ch->file set), from
- * payload offset off on, read into buf (the caller's; off + n within the
- * payload), counted in broker_disk_read_bytes.  A read goes through the
+/* n bytes of segment or spill file f from offset off on, read into buf
+ * (the caller's), counted in broker_disk_read_bytes; safe on any thread
+ * while the caller holds a reference of f.  A read goes through the
  * kernel's own mapping of the page cache, where a mapping of ours would
  * be faulted in page by page (a cost that some VMs make high).  Errors:
  * dcast_pread_full's (DCAST_EIO naming the offset; a file cut short). */
-int broker_chunk_pread(const struct broker_chunk *ch, uint64_t off, void *buf, size_t n);
+int broker_file_pread(const struct broker_segfile *f, uint64_t off, void *buf, size_t n);
 /* 1 when ch's payload may be read now for a consumer with `unacked` bytes
  * sent and not yet credited back: in memory or in the read cache, or the
  * bytes read from disk and not yet sent (the cache's included: it gives

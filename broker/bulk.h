@@ -16,8 +16,12 @@
 int broker_bulk_open(struct broker *b);
 
 /* Close the listener and every connection (each drops its version
- * reference).  Idempotent. */
+ * reference), the bulk threads stopped first.  Idempotent. */
 void broker_bulk_close(struct broker *b);
+
+/* The loop's timer turn: the bytes of transfers under way counted into
+ * b->stats, and those whose consumer re-joined or left cancelled. */
+void broker_bulk_timers(struct broker *b);
 
 /* 1 when p's next version, v (p->cur, not started), should go over bulk:
  * --bulk is on, p asked (HELLO x-bulk), v is a committed anchor whose every

@@ -15,14 +15,14 @@
 #include "broker.h"
 #include "dcast_common.h"
 
-static struct broker_client *slot_at(const struct broker_clients *t, uint32_t i)
+struct broker_client *broker_clients_slot(const struct broker_clients *t, uint32_t i)
 {
 	return (struct broker_client *)(t->slots + (size_t)i * t->slot_bytes);
 }
 
 void broker_clients_close(struct broker *b, struct broker_clients *t, struct broker_client *c)
 {
-	DCAST_ASSERT(c->used);
+	DCAST_ASSERT(c->used && !c->busy);
 	if (t->on_free)
 		t->on_free(c);
 	broker_poll_del(b, c->fd);
@@ -33,8 +33,8 @@ void broker_clients_close(struct broker *b, struct broker_clients *t, struct bro
 void broker_clients_timers(struct broker *b, struct broker_clients *t, uint64_t now_ms)
 {
 	for (uint32_t i = 0; t->slots && i < t->cap; i++) {
-		struct broker_client *c = slot_at(t, i);
-		if (c->used && now_ms >= c->deadline_ms)
+		struct broker_client *c = broker_clients_slot(t, i);
+		if (c->used && !c->busy && now_ms >= c->deadline_ms)
 			broker_clients_close(b, t, c);
 	}
 }
@@ -46,7 +46,7 @@ static void client_take(struct broker *b, struct broker_clients *t, int fd)
 	struct broker_client *c = NULL;
 
 	for (uint32_t i = 0; !c && i < t->cap; i++)
-		c = slot_at(t, i)->used ? NULL : slot_at(t, i);
+		c = broker_clients_slot(t, i)->used ? NULL : broker_clients_slot(t, i);
 	if (!c || broker_poll_add(b, fd, t->on_client, c)) {
 		close(fd);
 		return;
@@ -91,8 +91,8 @@ int broker_clients_start(struct broker *b, struct broker_clients *t, int listen_
 void broker_clients_stop(struct broker *b, struct broker_clients *t)
 {
 	for (uint32_t i = 0; t->slots && i < t->cap; i++)
-		if (slot_at(t, i)->used)
-			broker_clients_close(b, t, slot_at(t, i));
+		if (broker_clients_slot(t, i)->used)
+			broker_clients_close(b, t, broker_clients_slot(t, i));
 	free(t->slots);
 	t->slots = NULL;
 	if (t->listen_fd < 0)

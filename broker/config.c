@@ -46,6 +46,7 @@ static const struct flag flags[] = {
 	{"bulk", FLAG_STR, OFF(bulk), NULL, "IPv4:PORT for anchors sent to consumers over plain TCP, outside ZeroMQ, with sendfile(2) or a copy (--bulk-send; port 0: any free one; not with --curve-secret)"},
 	{"bulk-send", FLAG_STR, OFF(bulk_send), "auto", "how --bulk sends a payload kept in a file: sendfile (the page cache's pages handed to the kernel), copy (read into a buffer, then send(): the broker copies, a receiver on this host pays less) or auto (copy to a peer on this host, sendfile to others)"},
 	{"bulk-no-local", FLAG_BOOL, OFF(bulk_no_local), NULL, "no unix socket for --bulk: consumers and relays on this host connect over TCP too (by default they connect to @deltacast-bulk-PORT, take the payloads in the data dir's files by reference and read them themselves: no copy in the broker)"},
+	{"bulk-threads", FLAG_U64, OFF(bulk_threads), "0", "threads that write --bulk transfers, each connection on one (its sending off the event loop); 0: half the CPUs, 2 to 8"},
 	{"upstream-no-bulk", FLAG_BOOL, OFF(upstream_no_bulk), NULL, "take anchors from --upstream over ZeroMQ only (by default over its --bulk connection when it offers one; never with CURVE)"},
 	{"cut-through", FLAG_BOOL, OFF(cut_through), NULL, "forward an open version's chunks to consumers as they arrive, before its COMMIT (relay trees)"},
 	{"log-level", FLAG_STR, OFF(log_level), "info", "error, warn, info or debug"},
@@ -351,6 +352,7 @@ int broker_config_check(const struct broker_config *c)
 	if (!rc) rc = need(c->heartbeat_ms >= 10 && c->heartbeat_ms <= 3600000,
 			   "--heartbeat-ms must be in [10, 3600000]");
 	if (!rc) rc = need(c->io_threads <= 64, "--io-threads must be in [0, 64] (0: half the CPUs, 2 to 8)");
+	if (!rc) rc = need(c->bulk_threads <= BROKER_BULK_THREADS_MAX, "--bulk-threads must be in [0, 16] (0: half the CPUs, 2 to 8)");
 	if (!rc) rc = need(c->part_timeout_ms >= 1, "--part-timeout-ms must be at least 1");
 	if (!rc) rc = need(c->retain_versions >= 1, "--retain-versions must be at least 1");
 	if (!rc) rc = need(c->max_models >= 1 && c->max_models <= BROKER_MAX_MODELS,

@@ -5,6 +5,7 @@
  * broker socket gets before bind or connect.  loop.c runs the poll set. */
 #include <errno.h>
 #include <string.h>
+#include <unistd.h>
 #include "auth.h"
 #include "broker.h"
 #include "dcast_common.h"
@@ -151,7 +152,16 @@ void broker_poll_dispatch(struct broker *b, const zmq_pollitem_t *it, uint32_t n
  * every consumer's bytes alone.  --io-threads 0 (the default) takes half
  * the CPUs, at least 2 and at most 8: a 201 MB anchor to 4 consumers was
  * ~10% faster with 2 than 1 on 2 cores, and to 16 receive-only consumers
- * 256 ms with 8 against 383-394 ms with 2 on 16 cores (docs/operations.md). */
+ * 256 ms with 8 against 383-394 ms with 2 on 16 cores (docs/operations.md).
+ * The bulk threads (--bulk-threads) take the same number. */
+uint64_t broker_threads_auto(uint64_t n)
+{
+	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+
+	if (n)
+		return n;
+	return cpus / 2 < 2 ? 2 : cpus / 2 > 8 ? 8 : (uint64_t)(cpus / 2);
+}
 
 /* The encoder's buffer starts at 256 bytes and doubles (schema/encode.c),
  * so it may be up to twice the header: the log keeps an exact copy.  (When

@@ -22,11 +22,8 @@
 
 static int io_threads_set(struct broker *b)
 {
-	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-	uint64_t n = b->cfg.io_threads;
+	uint64_t n = broker_threads_auto(b->cfg.io_threads);
 
-	if (!n)
-		n = cpus / 2 < 2 ? 2 : cpus / 2 > 8 ? 8 : (uint64_t)(cpus / 2);
 	if (zmq_ctx_set(b->ctx, ZMQ_IO_THREADS, (int)n))
 		return dcast_fail(DCAST_EZMQ, "--io-threads %llu: %s", (unsigned long long)n,
 				  zmq_strerror(errno));
@@ -162,6 +159,7 @@ static void timers(struct broker *b)
 	broker_clients_timers(b, &b->admin_clients, now);
 	broker_clients_timers(b, &b->bulk_clients, now);
 	broker_clients_timers(b, &b->bulk_local_clients, now);
+	broker_bulk_timers(b);
 	broker_models_idle(b, now); /* --model-idle-s (broker/retire.c) */
 	broker_heap_trim(b, now);
 }

@@ -150,6 +150,16 @@ static void model_family(struct out *o, const struct broker *b, const char *name
 	}
 }
 
+/* Each bulk thread's bytes (--bulk-threads): how the transfers spread. */
+static void bulk_threads(struct out *o, const struct broker *b)
+{
+	emit(o, "# HELP deltacast_bulk_thread_bytes_total bytes written to --bulk connections by each of "
+	     "the threads that write them\n# TYPE deltacast_bulk_thread_bytes_total counter\n");
+	for (uint32_t i = 0; i < b->bulk_threads; i++)
+		emit(o, "deltacast_bulk_thread_bytes_total{thread=\"%u\"} %llu\n", i,
+		     (unsigned long long)b->stats.bulk_thread_bytes[i]);
+}
+
 static void render_models(struct out *o, const struct broker *b)
 {
 	model_family(o, b, "model_version", "newest committed version", model_version);
@@ -240,6 +250,7 @@ size_t broker_metrics_render(const struct broker *b, char *buf, size_t cap)
 		st->bulk_sendfile_bytes);
 	counter(&o, "bulk_local_bytes_total", "payload bytes passed to consumers on this host as references "
 		"to the files that hold them, not written (--bulk's local listener)", st->bulk_local_bytes);
+	bulk_threads(&o, b);
 	counter(&o, "relay_bulk_versions_total", "anchors this relay took over its upstream's --bulk connection",
 		st->relay_bulk_versions);
 	counter(&o, "relay_bulk_bytes_total", "payload bytes this relay took over its upstream's --bulk connection",

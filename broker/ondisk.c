@@ -492,12 +492,11 @@ int broker_chunk_payload(const struct broker_chunk *ch, zmq_msg_t *out)
 	return payload_msg(ch, &f, out);
 }
 
-int broker_chunk_pread(const struct broker_chunk *ch, uint64_t off, void *buf, size_t n)
+int broker_file_pread(const struct broker_segfile *f, uint64_t off, void *buf, size_t n)
 {
 	int rc;
 
-	DCAST_ASSERT(ch->file && off + n <= ch->payload_len);
-	if ((rc = dcast_pread_full(ch->file->fd, buf, n, ch->file_off + off, "segment")))
+	if ((rc = dcast_pread_full(f->fd, buf, n, off, "segment")))
 		return rc;
 	atomic_fetch_add_explicit(&disk_read_bytes, n, memory_order_relaxed);
 	return 0;

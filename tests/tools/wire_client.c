@@ -39,6 +39,10 @@
  *                       [--bulk-stop-after K] close the bulk connection
  *                                           after K frames
  *                       [--bulk-bad-token 1] send a token never offered
+ *                       [--bulk-hold-file F] after the first frame print
+ *                                           "bulk holding" and read
+ *                                           nothing more (no heartbeat
+ *                                           either) until F exists
  *                       [--verify 1]        check each bulk CHUNK's checksum
  * Common: --tensors T --elems E --chunk-elems C --density-ppm D --seed S
  *         --timeout-ms MS; --server-key KEY --secret FILE: a CURVE client
@@ -74,6 +78,7 @@ static struct opts {
 	uint64_t bad_payload_at, hold_at;
 	int wait_error, bulk, bulk_bad_token, verify;
 	uint64_t bulk_stop_after;
+	const char *bulk_hold_file;
 	uint64_t window, exit_after, timeout_ms;
 } o = {.parts = 1, .tensors = 3, .elems = 65536, .chunk_elems = 16384,
        .density_ppm = 20000, .seed = 1, .window = 1 << 20, .timeout_ms = 50000};
@@ -806,6 +811,15 @@ static int bulk_frame(struct bulk *k, const dcast_bulk *b, dcast_msg *m, const c
 	return 0;
 }
 
+/* --bulk-hold-file: nothing read until the file exists (a receiver
+ * that stops taking bytes mid-transfer, as a stalled or stopped one). */
+static void bulk_hold(const char *file)
+{
+	fprintf(stderr, "bulk holding\n");
+	while (access(file, F_OK))
+		poll(NULL, 0, 10);
+}
+
 /* Take version b over the bulk port: 1 when it is --until's (done), 0 to
  * go on; a failed transfer re-joins without x-bulk. */
 static int recv_bulk(struct cons *c, const dcast_bulk *b)
@@ -818,6 +832,8 @@ static int recv_bulk(struct cons *c, const dcast_bulk *b)
 	for (uint64_t n = 0; done < 0; n++) {
 		dcast_msg m;
 
+		if (o.bulk_hold_file && n == 1)
+			bulk_hold(o.bulk_hold_file);
 		if (o.bulk_stop_after && n == o.bulk_stop_after) {
 			why = "--bulk-stop-after";
 			break;
@@ -932,6 +948,7 @@ static void parse(int argc, char **argv)
 		else if (!strcmp(k, "--secret")) o.secret_file = v;
 		else if (!strcmp(k, "--bulk")) o.bulk = num(v) != 0;
 		else if (!strcmp(k, "--bulk-stop-after")) o.bulk_stop_after = num(v);
+		else if (!strcmp(k, "--bulk-hold-file")) o.bulk_hold_file = v;
 		else if (!strcmp(k, "--bulk-bad-token")) o.bulk_bad_token = num(v) != 0;
 		else if (!strcmp(k, "--verify")) o.verify = num(v) != 0;
 		else die("unknown option %s", k);

@@ -9,6 +9,7 @@
  * eventfd to wake it. */
 #include <errno.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -185,10 +186,17 @@ static int batch(struct pump *q)
 	return stop;
 }
 
+/* SIGPIPE blocked on this thread: sendfile(2) has no MSG_NOSIGNAL, and a
+ * peer gone between two writes would otherwise end the process; the
+ * write fails with EPIPE instead, and the transfer with it. */
 static void *pump_main(void *arg)
 {
 	struct pump *q = arg;
+	sigset_t mask;
 
+	sigemptyset(&mask);
+	sigaddset(&mask, SIGPIPE);
+	pthread_sigmask(SIG_BLOCK, &mask, NULL);
 	while (!batch(q))
 		;
 	return NULL;

@@ -52,6 +52,12 @@
 #            (tests/tools/fanout_threads.sh), 3 runs, alternating with the
 #            broker in base/ when there is one (BASE_BROKER: the listeners'
 #            A/B)
+#   bulk-ab  the 100M anchor over --bulk (TCP, --bulk-no-local, a data dir)
+#            to N's BULK_N (default "4 16") library joiners until READY
+#            (tests/tools/anchor_join.sh) and to as many receive-only ones
+#            (tests/tools/fanout_threads.sh), 3 rounds, alternating with
+#            the broker in base/ (BASE_BROKER): an A/B of the broker's bulk
+#            sending on this host's cores
 #   faults-gpu the fault suite (scripts/faults.sh) with the producer's
 #            tensors and baseline in CUDA memory (FAULT_PUBLISH_DEVICE=1):
 #            FAULT_SEEDS trials (default 20) from FAULT_SEED_BASE
@@ -279,6 +285,32 @@ fanout_threads() {
 	done
 }
 
+# bulk_ab_one NAME N MODEL [BROKER]: one library join and one receive-only
+# join over --bulk, with BROKER (DELTACAST_BROKER) when given.
+bulk_ab_one() {
+	local a="--bulk 127.0.0.1:0 --bulk-no-local --data-dir ${TMPDIR:-/tmp}/dev-bulk-ab" lib recv
+	rm -rf "${TMPDIR:-/tmp}/dev-bulk-ab"
+	lib=$(DELTACAST_BROKER=${4:-} ANCHOR_JOIN_BROKER_ARGS="$a" timeout 60 bash tests/tools/anchor_join.sh "$2" "$3" 2>&1 |
+		awk '/^broker: cpu/ { c = $3 } /READY at/ { v = $5 + 0; if (v > m) m = v } END { printf "last READY %d ms, broker cpu %s ms", m, c }')
+	rm -rf "${TMPDIR:-/tmp}/dev-bulk-ab"
+	recv=$(DELTACAST_BROKER=${4:-} FANOUT_THREADS_BROKER_ARGS="$a" FANOUT_THREADS_RECV_ARGS="--bulk 1" \
+		timeout 60 bash tests/tools/fanout_threads.sh "$2" "$3" | tail -n 1)
+	rm -rf "${TMPDIR:-/tmp}/dev-bulk-ab"
+	echo "$1 n=$2 lib: $lib; recv: $recv"
+}
+
+bulk_ab() {
+	local m n k
+	m=$(anchor_model)
+	echo "== the anchor over --bulk to N joiners, $(nproc) cores; model $(stat -c %s "$m") bytes"
+	for n in ${BULK_N:-4 16}; do
+		for k in 1 2 3; do
+			[ -x "$D/base/deltacast-broker" ] && bulk_ab_one base "$n" "$m" "$D/base/deltacast-broker"
+			bulk_ab_one this "$n" "$m"
+		done
+	done
+}
+
 fanout() {
 	echo "== an anchor to N joining consumers, $(nproc) cores, broker flags: ${BARGS:-none}"
 	local m n
@@ -333,13 +365,14 @@ if [ "${1:-}" = step ]; then
 	sync-gpu-cons) sync_gpu_cons ;;
 	fanout) fanout ;;
 	fanout-threads) fanout_threads ;;
+	bulk-ab) bulk_ab ;;
 	*) echo "no step $2"; exit 2 ;;
 	esac
 	exit
 fi
 
 DEADLINE=${DEADLINE:-370}
-declare -A CAP=([gpu]=240 [gpu-tests]=200 [bench-fanout]=285 [pause]=240 [model]=270 [sync]=200 [sync-gpu]=120 [sync-base]=120 [sync-gpu-base]=120 [faults-gpu]=240 [sync-gpu-batch]=150 [sync-gpu-cons]=120 [fanout]=75 [fanout-threads]=120 [sync-py]=75)
+declare -A CAP=([gpu]=240 [gpu-tests]=200 [bench-fanout]=285 [pause]=240 [model]=270 [sync]=200 [sync-gpu]=120 [sync-base]=120 [sync-gpu-base]=120 [faults-gpu]=240 [sync-gpu-batch]=150 [sync-gpu-cons]=120 [fanout]=75 [fanout-threads]=120 [bulk-ab]=240 [sync-py]=75)
 {
 	echo "start $(date -u +%FT%TZ), $(nproc) cpus, steps: ${STEPS:-gpu sync sync-gpu fanout sync-py}, deadline ${DEADLINE} s"
 	nvidia-smi -L 2>&1

@@ -464,10 +464,16 @@ static int send_step(struct bulk_client *c)
 	return 1;
 }
 
-/* bulkpump.h's step: the job is a bulk_client's. */
+/* The transfer whose job this is. */
+static struct bulk_client *job_client(struct bulk_pump_job *job)
+{
+	return (struct bulk_client *)((char *)job - offsetof(struct bulk_client, job));
+}
+
+/* bulkpump.h's step. */
 static int pump_step(struct bulk_pump_job *job)
 {
-	struct bulk_client *c = (struct bulk_client *)((char *)job - offsetof(struct bulk_client, job));
+	struct bulk_client *c = job_client(job);
 	int r;
 
 	if (c->next >= c->n_fr)
@@ -545,7 +551,7 @@ static void on_pumped(struct broker *b, int fd, void *arg)
 	(void)fd;
 	(void)arg;
 	while ((job = bulk_pumps_take(b->bulk_pumps)))
-		client_back(b, (struct bulk_client *)((char *)job - offsetof(struct bulk_client, job)));
+		client_back(b, job_client(job));
 }
 
 static void on_client(struct broker *b, int fd, void *arg)
@@ -696,7 +702,7 @@ void broker_bulk_close(struct broker *b)
 
 	bulk_pumps_stop(b->bulk_pumps); /* every transfer back, cancelled */
 	while (b->bulk_pumps && (job = bulk_pumps_take(b->bulk_pumps)))
-		((struct bulk_client *)((char *)job - offsetof(struct bulk_client, job)))->base.busy = 0;
+		job_client(job)->base.busy = 0;
 	if (b->bulk_pumps)
 		broker_poll_del(b, bulk_pumps_fd(b->bulk_pumps));
 	bulk_pumps_free(&b->bulk_pumps);

@@ -63,8 +63,9 @@ static void drain(int fd)
 		DCAST_LOG_W("bulk: eventfd read: %s", strerror(errno));
 }
 
-/* j leaves q: its events later in this batch are dropped (the loop may
- * reuse its memory as soon as it is on the done list). */
+/* j leaves q (held, or not yet: a failed hold): its events later in this
+ * batch are dropped (the loop may reuse its memory as soon as it is on the
+ * done list). */
 static void finish(struct pump *q, struct bulk_pump_job *j, int rc, int watched)
 {
 	uint32_t i = 0;
@@ -96,7 +97,6 @@ static void hold(struct pump *q, struct bulk_pump_job *j)
 	if (epoll_ctl(q->epfd, EPOLL_CTL_ADD, j->fd, &e)) {
 		int err = errno;
 		DCAST_LOG_W("bulk: thread %u cannot watch a connection: %s", q->id, strerror(err));
-		q->held[q->n_held++] = j; /* finish takes it out again */
 		finish(q, j, err, 0);
 		return;
 	}
@@ -257,11 +257,6 @@ int bulk_pumps_start(struct bulk_pumps **out, uint32_t n, bulk_pump_step_fn step
 int bulk_pumps_fd(const struct bulk_pumps *p)
 {
 	return p->done_fd;
-}
-
-uint32_t bulk_pumps_count(const struct bulk_pumps *p)
-{
-	return p->n;
 }
 
 void bulk_pumps_give(struct bulk_pumps *p, struct bulk_pump_job *job)

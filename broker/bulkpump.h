@@ -42,9 +42,6 @@ int bulk_pumps_start(struct bulk_pumps **out, uint32_t n, bulk_pump_step_fn step
 /* Readable when a job came back: poll it for input, then bulk_pumps_take. */
 int bulk_pumps_fd(const struct bulk_pumps *p);
 
-/* The threads started. */
-uint32_t bulk_pumps_count(const struct bulk_pumps *p);
-
 /* Hand job (fd and quiet_ms set, cancel 0) to the thread holding the
  * fewest; it belongs to that thread (job->pump) until bulk_pumps_take
  * returns it.  job->fd must be in no other poll set.  A thread that

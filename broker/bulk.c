@@ -511,7 +511,6 @@ static void client_done(struct broker *b, struct bulk_client *c, struct broker_p
 	p->bulk_token = 0;
 	p->bulk_taken = 0;
 	broker_version_put(c->v);
-	b->stats.bulk_versions++;
 	b->fanout_more = 1;
 	DCAST_LOG_I("bulk: consumer %s of %s has version %llu", p->client, p->want,
 		    (unsigned long long)p->have_version);
@@ -519,7 +518,9 @@ static void client_done(struct broker *b, struct bulk_client *c, struct broker_p
 	client_close(b, c);
 }
 
-/* A transfer back from its bulk thread (job.rc: how it ended). */
+/* A transfer back from its bulk thread (job.rc: how it ended).  A
+ * consumer that took every frame may have said BYE (or re-joined) before
+ * the loop takes the transfer back: the version counts as sent. */
 static void client_back(struct broker *b, struct bulk_client *c)
 {
 	struct broker_peer *p = client_peer(b, c);
@@ -527,11 +528,15 @@ static void client_back(struct broker *b, struct bulk_client *c)
 
 	c->base.busy = 0;
 	client_tell(b, c);
+	b->stats.bulk_versions += !rc;
 	if (p && !rc) {
 		client_done(b, c, p);
 		return;
 	}
-	if (!p)
+	if (!rc) /* it took every frame, and said BYE before the thread handed it back */
+		DCAST_LOG_I("bulk: version %llu: sent whole; its consumer re-joined or left since",
+			    (unsigned long long)c->v->version);
+	else if (!p)
 		DCAST_LOG_I("bulk: version %llu: its consumer re-joined or left: connection closed",
 			    (unsigned long long)c->v->version);
 	else if (rc == ETIMEDOUT)

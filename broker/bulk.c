@@ -62,6 +62,7 @@ struct bulk_client {
 	struct bulk_frame *fr;      /* v's chunks' frames, then the COMMIT's: n_fr */
 	uint32_t n_fr;
 	int noproc;                 /* the test fault bulk_noproc */
+	char who[DCAST_MAX_CLIENT + DCAST_MAX_NAME + 16]; /* "consumer C of M", for the log */
 	_Atomic uint64_t sent, sent_sendfile, sent_local; /* bytes, counted by the bulk thread */
 	uint64_t told, told_sendfile, told_local;         /* of those, in b->stats */
 	uint64_t token;
@@ -239,14 +240,15 @@ static int client_hello(struct broker *b, struct bulk_client *c)
 		return -1;
 	}
 	p->bulk_taken = 1;
+	snprintf(c->who, sizeof(c->who), "consumer %s of %s", p->client, p->want);
 	c->copy = c->local || copy_wanted(b, c->base.fd);
 	c->noproc = b->cfg.fault_bulk_noproc;
 	if (c->local && b->cfg.fault_bulk_ref_off) { /* the first local transfer only */
 		c->ref_skew = b->cfg.fault_bulk_ref_off;
 		b->cfg.fault_bulk_ref_off = 0;
 	}
-	DCAST_LOG_I("bulk: consumer %s of %s takes version %llu (%u chunks, %llu bytes, %s)", p->client,
-		    p->want, (unsigned long long)c->v->version, c->v->n_chunks,
+	DCAST_LOG_I("bulk: %s takes version %llu (%u chunks, %llu bytes, %s)", c->who,
+		    (unsigned long long)c->v->version, c->v->n_chunks,
 		    (unsigned long long)c->v->payload_bytes,
 		    c->local ? "local" : c->copy ? "copy" : "sendfile");
 	client_pump(b, c);
@@ -512,8 +514,7 @@ static void client_done(struct broker *b, struct bulk_client *c, struct broker_p
 	p->bulk_taken = 0;
 	broker_version_put(c->v);
 	b->fanout_more = 1;
-	DCAST_LOG_I("bulk: consumer %s of %s has version %llu", p->client, p->want,
-		    (unsigned long long)p->have_version);
+	DCAST_LOG_I("bulk: %s has version %llu", c->who, (unsigned long long)p->have_version);
 	shutdown(c->base.fd, SHUT_WR);
 	client_close(b, c);
 }
@@ -534,7 +535,7 @@ static void client_back(struct broker *b, struct bulk_client *c)
 		return;
 	}
 	if (!rc) /* it took every frame, and said BYE before the thread handed it back */
-		DCAST_LOG_I("bulk: version %llu: sent whole; its consumer re-joined or left since",
+		DCAST_LOG_I("bulk: %s has version %llu (it re-joined or left since)", c->who,
 			    (unsigned long long)c->v->version);
 	else if (!p)
 		DCAST_LOG_I("bulk: version %llu: its consumer re-joined or left: connection closed",

@@ -1686,7 +1686,9 @@ static int run_wait(char *const argv[], const char *log_path)
 
 /* --bulk 1: a fresh receiver takes "good" up to `ver` with x-bulk; its
  * anchor must come over the bulk port, whole (no "bulk failed", one more
- * transfer the broker logs as done).  0 when it did. */
+ * transfer the broker logs as done: its bulk thread hands the transfer
+ * back to the event loop, which logs it, maybe after the receiver
+ * exited).  0 when it did. */
 static int good_bulk_check(const char *bin, const char *ver)
 {
 	char log_path[600], broker_log[600];
@@ -1700,7 +1702,7 @@ static int good_bulk_check(const char *bin, const char *ver)
 	before = lines_with(broker_log, "of good has version");
 	if (run_wait(recv_argv, log_path) || tp_wait_log(log_path, "bulk failed", 1, 0))
 		return -1;
-	return lines_with(broker_log, "of good has version") > before ? 0 : -1;
+	return tp_wait_log(broker_log, "of good has version", (int)before + 1, 5000) ? 0 : -1;
 }
 
 /* Every GOOD_ANCHOR_EVERY-th version of "good" goes as an anchor. */

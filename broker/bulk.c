@@ -541,12 +541,12 @@ static void client_back(struct broker *b, struct bulk_client *c)
 		DCAST_LOG_I("bulk: version %llu: its consumer re-joined or left: connection closed",
 			    (unsigned long long)c->v->version);
 	else if (rc == ETIMEDOUT)
-		DCAST_LOG_W("bulk: consumer %s of %s, version %llu, frame %u: nothing taken for %llu ms: "
-			    "connection closed", p->client, p->want, (unsigned long long)c->v->version,
-			    c->next, (unsigned long long)c->job.quiet_ms);
+		DCAST_LOG_W("bulk: %s, version %llu, frame %u: nothing taken for %llu ms: connection "
+			    "closed", c->who, (unsigned long long)c->v->version, c->next,
+			    (unsigned long long)c->job.quiet_ms);
 	else
-		DCAST_LOG_W("bulk: consumer %s of %s, version %llu, frame %u: %s: connection closed",
-			    p->client, p->want, (unsigned long long)c->v->version, c->next, strerror(rc));
+		DCAST_LOG_W("bulk: %s, version %llu, frame %u: %s: connection closed", c->who,
+			    (unsigned long long)c->v->version, c->next, strerror(rc));
 	client_close(b, c);
 }
 

@@ -40,6 +40,8 @@
 #define BULK_PIECE_BYTES (1u << 20)
 
 _Static_assert(BULK_PUMPS_MAX == BROKER_BULK_THREADS_MAX, "one limit for --bulk-threads");
+_Static_assert(2 * BROKER_BULK_CLIENTS <= BULK_PUMP_JOBS_MAX,
+	       "every transfer of both listeners fits on one bulk thread");
 
 /* One frame of the transfer as planned when it starts: what the bulk
  * thread reads, none of it the log's to change meanwhile. */

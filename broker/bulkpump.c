@@ -21,7 +21,6 @@
 
 #define PUMP_BURST 16  /* steps per connection per wake-up: the others' turn */
 #define PUMP_EVENTS 32
-#define PUMP_HELD 128  /* connections one thread holds: both listeners' slots */
 
 struct pump {
 	struct bulk_pumps *all;
@@ -31,7 +30,7 @@ struct pump {
 	struct bulk_pump_job *inbox;   /* under all->mu */
 	uint32_t given;                /* under all->mu: held or in the inbox */
 	/* the thread's own */
-	struct bulk_pump_job *held[PUMP_HELD];
+	struct bulk_pump_job *held[BULK_PUMP_JOBS_MAX];
 	uint32_t n_held;
 	struct epoll_event ev[PUMP_EVENTS];
 	int n_ev;
@@ -93,7 +92,7 @@ static void hold(struct pump *q, struct bulk_pump_job *j)
 {
 	struct epoll_event e = {.events = EPOLLOUT, .data.ptr = j};
 
-	DCAST_ASSERT(q->n_held < PUMP_HELD);
+	DCAST_ASSERT(q->n_held < BULK_PUMP_JOBS_MAX);
 	if (epoll_ctl(q->epfd, EPOLL_CTL_ADD, j->fd, &e)) {
 		int err = errno;
 		DCAST_LOG_W("bulk: thread %u cannot watch a connection: %s", q->id, strerror(err));

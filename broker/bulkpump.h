@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #define BULK_PUMPS_MAX 16
+#define BULK_PUMP_JOBS_MAX 128 /* jobs one thread holds at once (its caller keeps to it) */
 
 /* One write of a job: BULK_STEP_MORE when bytes went out, BULK_STEP_FULL
  * when the socket takes no more now, BULK_STEP_DONE when nothing is left,

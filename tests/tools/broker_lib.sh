@@ -49,6 +49,7 @@ start_broker() {
 	pid=$!
 	PIDS+=("$pid")
 	wait_for 10 bound_in "$log" "$from" "$pid" || fail "broker $name did not start"
+	wait_for 5 bulk_bound "$log" "$from" "$@" || fail "broker $name: no bulk listener logged"
 	prod=$(tail -n +"$from" "$log" | sed -n 's/.*producers on \(tcp:[^ ]*\)$/\1/p' | tail -n 1)
 	cons=$(tail -n +"$from" "$log" | sed -n 's/.*consumers on \(tcp:[^ ]*\)$/\1/p' | tail -n 1)
 	eval "${name}_PROD=$prod ${name}_CONS=$cons ${name}_PID=$pid"
@@ -58,6 +59,19 @@ start_broker() {
 # endpoint at or after line FROM.
 bound_in() {
 	kill -0 "$3" 2>/dev/null && logged_since "$1" "$2" "consumers on tcp://"
+}
+
+# bulk_bound LOG FROM FLAGS...: with --bulk among FLAGS, the broker logged
+# its bulk listener at or after line FROM, and (without --bulk-no-local)
+# its unix socket or why it has none: broker_open logs these after the
+# consumers endpoint.
+bulk_bound() {
+	local log=$1 from=$2
+	shift 2
+	case " $* " in *" --bulk "*) ;; *) return 0 ;; esac
+	logged_since "$log" "$from" "bulk anchors on " || return 1
+	case " $* " in *" --bulk-no-local "*) return 0 ;; esac
+	logged_since "$log" "$from" "bulk anchors to consumers on this host\|bulk: local listener"
 }
 
 # wait_joined NAME N: broker NAME (start_broker_metrics) took N consumer

@@ -1578,9 +1578,25 @@ static uint64_t auth_refusals(void)
 	return lines_with(path, "auth: refused");
 }
 
+/* The last of the lines naming the endpoints asked for that the broker
+ * logs as it starts (consumers, metrics, bulk: broker_open's order). */
+static const char *start_line(void)
+{
+	return o.bulk ? "bulk anchors on" : o.metrics ? "metrics on http://" : "consumers on";
+}
+
+/* Started: this try's broker logged its last endpoint and still runs.  The
+ * log gathers every try, so the line is counted past the ones before. */
+static int broker_started(const char *log_path, uint64_t seen)
+{
+	return tp_wait_log(log_path, start_line(), (int)seen + 1, 5000) &&
+	       waitpid(o.pid, NULL, WNOHANG) == 0;
+}
+
 static int broker_try(const char *bin, int port, const char *log_path)
 {
 	char data_dir[600], pkeys[600], ckeys[600];
+	uint64_t seen;
 	char *argv[40] = {(char *)bin, "--producers", o.prod_ep, "--consumers", o.cons_ep,
 			  "--heartbeat-ms", "300", "--part-timeout-ms", "1500",
 			  "--max-pending-bytes", "16777216", "--retain-bytes", "33554432",
@@ -1616,8 +1632,9 @@ static int broker_try(const char *bin, int port, const char *log_path)
 	snprintf(data_dir, sizeof(data_dir), "%s/data", o.dir);
 	snprintf(o.prod_ep, sizeof(o.prod_ep), "tcp://127.0.0.1:%d", port);
 	snprintf(o.cons_ep, sizeof(o.cons_ep), "tcp://127.0.0.1:%d", port + 1);
+	seen = lines_with(log_path, start_line());
 	o.pid = spawn(argv, log_path);
-	if (tp_wait_log(log_path, "consumers on", 1, 5000) && waitpid(o.pid, NULL, WNOHANG) == 0 &&
+	if (broker_started(log_path, seen) &&
 	    (!o.bulk || (o.bulk_port = (unsigned)tp_log_port(log_path, "bulk anchors on 127.0.0.1:"))) &&
 	    (!o.metrics || (o.metrics_port = (unsigned)tp_log_port(log_path, "metrics on http://127.0.0.1:"))))
 		return 0;

@@ -328,12 +328,14 @@ wait_lines() {
 	done
 }
 
-# anchor_seconds DIR WORD [START]: "S A C O": S from START (an
+# anchor_seconds DIR WORD [START]: "S A C O E": S from START (an
 # $EPOCHREALTIME; default the producer's publish call) to the last
 # consumer's "WORD 1 ... t_ns T ... cpu_ns U" line, A from the publish call
 # to the broker's ACK, C the consumers' U summed, O from the first
 # consumer's dcast_consumer_open() call (its line's open_ns; bench_tcp's
-# clock too starts after its exec) to that last line, 0 where the lines
+# clock too starts after its exec) to that last line, E the consumers'
+# CPU before that call (open_cpu_ns: their exec and library loading,
+# which C includes and bench_tcp's counts leave out), 0 where the lines
 # have none, in seconds.
 anchor_seconds() {
 	local start=${3:-}
@@ -342,10 +344,11 @@ anchor_seconds() {
 		$1 == word && $2 == 1 { for (i = 3; i < NF; i++) {
 			if ($i == "t_ns" && $(i + 1) > last) last = $(i + 1)
 			if ($i == "open_ns" && (!open || $(i + 1) < open)) open = $(i + 1)
+			if ($i == "open_cpu_ns") ecpu += $(i + 1)
 			if ($i == "cpu_ns") { cpu += $(i + 1); ncpu++ } } }
 		END { if (!t0 || !last || !ncpu) exit 1; from = start > 1000 ? start : t0
-		      printf "%.6f %.6f %.6f %.6f\n", (last - from) / 1e9, (ack - t0) / 1e9, cpu / 1e9,
-			     open ? (last - open) / 1e9 : 0 }' \
+		      printf "%.6f %.6f %.6f %.6f %.6f\n", (last - from) / 1e9, (ack - t0) / 1e9, cpu / 1e9,
+			     open ? (last - open) / 1e9 : 0, ecpu / 1e9 }' \
 		"$1/publish.log" "$1"/c*.log
 }
 
@@ -366,7 +369,7 @@ wait_acked() {
 # start to the last READY, through the broker's store-and-forward (a version
 # is served once committed).
 broker_run() {
-	local form=$1 n=$2 k=$3 d=$ROOT/$1-n$2-$3 i go pub s ack rcpu opened c0 t0 rss joins word=ready
+	local form=$1 n=$2 k=$3 d=$ROOT/$1-n$2-$3 i go pub s ack rcpu opened ecpu c0 t0 rss joins word=ready
 	[ "$form" = recv ] && word=received
 	mkdir -p "$d"
 	local dd=()
@@ -401,12 +404,12 @@ broker_run() {
 	sender_cpu "$BROKER_PID"
 	exec {go}>&-
 	wait "$pub" || die "fault_publish ($(cat "$d/publish.err"))"
-	read -r s ack rcpu opened < <(anchor_seconds "$d" "$word" "${t0:-}") && [ -n "$opened" ] ||
+	read -r s ack rcpu opened ecpu < <(anchor_seconds "$d" "$word" "${t0:-}") && [ -n "$ecpu" ] ||
 		die "$d: no times in the logs"
 	rss=$(awk '/^VmRSS/ { print $2 }' "/proc/$BROKER_PID/status")
 	joins=$(grep -c '^.*consumer .* joined, ' "$d/broker.log")
 	[ -s "$ROOT/payload" ] || [ "$form" != recv ] || awk '$1 == "received" { print $6; exit }' "$d/c1.log" >"$ROOT/payload"
-	cell "$form" "$n" "$k" "$s" "$rcpu" "$(us_s $((CPU_US - c0)))" "$rss" $((joins - n)) "$ack" "$opened"
+	cell "$form" "$n" "$k" "$s" "$rcpu" "$(us_s $((CPU_US - c0)))" "$rss" $((joins - n)) "$ack" "$opened" "$ecpu"
 	e2e_cleanup || true
 	[ "$KEEP" = 1 ] || rm -rf "$d"
 	sync

@@ -34,7 +34,7 @@ INTAKE_GOAL = 2.0  # their CPU per GB until READY, at most this times a keeping 
 TARGET_N = (4, 16)
 LAST_N = 4  # the last line's N for its CPU ratios
 WALL_N = 1  # and for its wall-time ratio
-Run = collections.namedtuple("Run", "seconds recv_cpu send_cpu rss_kb rejoins ack from_open")
+Run = collections.namedtuple("Run", "seconds recv_cpu send_cpu rss_kb rejoins ack from_open exec_cpu")
 
 NOTES = """\
 How it is measured (scripts/bench_fanout.sh): medians of {runs} runs [min..max] (x the row's raw TCP); the model is
@@ -45,8 +45,8 @@ time with pread and writes that, as a server copying from its page cache, the br
 writers of the model's size at once in the temp dir: the library consumers' checkpoints, written behind their READY).  A fresh broker ({broker_args}) per run.  *Anchor in its log*: the anchor is ACKed, then N
 consumers start at once, timed from just before their exec to the last: `wire_client receive` ({window} MiB window, no checksum, no copy; with
 `--bulk 1` when the broker has `--bulk`) or tests/tools/bench_sync_consumer (default options: they ask for bulk
-anchors) at VERSION_READY (also timed from the first one's `dcast_consumer_open()` call, a reference row: raw TCP's
-clock starts after its exec and connects).  With `--bulk` those consumers take the anchor over TCP (the broker with
+anchors) at VERSION_READY (also timed from the first one's `dcast_consumer_open()` call, and their CPU counted from
+theirs, reference rows: raw TCP's clock and counts start after its exec, the library's exec loads libzmq's tree).  With `--bulk` those consumers take the anchor over TCP (the broker with
 `--bulk-no-local`), as from another host; *with `--bulk-send sendfile`*: the same, the payloads sent with sendfile(2), where the
 broker's default (`auto`) copies them to a consumer on its own host; *over the broker's unix socket*: the broker's default for a
 consumer on its host, which reads each payload from the broker's segment file (a reference, the file passed with SCM_RIGHTS): no
@@ -67,8 +67,8 @@ def read_cells(path):
     cells = {}
     for line in open(path):
         w = line.split()
-        vals = [float(x) for x in w[3:10]] + [0, 0, 0, 0]
-        cells.setdefault((w[0], int(w[1])), []).append(Run(*vals[:7]))
+        vals = [float(x) for x in w[3:11]] + [0] * 5
+        cells.setdefault((w[0], int(w[1])), []).append(Run(*vals[:8]))
     return cells
 
 
@@ -190,11 +190,24 @@ def cpu_targets(cells, ns, model):
         lines.append("| library consumers' CPU per GB until READY / raw TCP receivers' that keep the model, "
                      "N = %d | at most %.0fx | %.2f / %.2f = %.2fx | %s |"
                      % (n, INTAKE_GOAL, lib, keep, *judged(ratio("intake CPU", lib, keep), INTAKE_GOAL)))
+        lines += from_open_cpu_row(cells, n, model, keep)
     for n in ns:
         broker, web = (cpu_per_gb(cells[(c, n)], "send_cpu", n, model) for c in ("lib", "nginx"))
         lines.append("| the broker's CPU per GB sent to library consumers / nginx's to curl, N = %d | at most 1x "
                      "| %.2f / %.2f = %.2fx | %s |" % (n, broker, web, *judged(ratio("broker CPU", broker, web), 1.0)))
     return lines + [wall_row(cells, WALL_N), *from_open_row(cells, WALL_N)] if WALL_N in ns else lines
+
+
+def from_open_cpu_row(cells, n, model, keep):
+    """The intake CPU row again, less the consumers' CPU before their dcast_consumer_open() call (their exec and
+    library loading, which bench_tcp's per-thread counts leave out); none where their lines carry none."""
+    runs = cells[("lib", n)]
+    if not all(r.exec_cpu > 0 for r in runs):
+        return []
+    lib = statistics.median(r.recv_cpu - r.exec_cpu for r in runs) / (model * n / 1e9)
+    return ["| (a reference, not a target) the same from their `dcast_consumer_open()` calls (their exec and "
+            "library loading left out, as the receivers' counts leave out theirs), N = %d | | %.2f / %.2f = %.2fx | |"
+            % (n, lib, keep, ratio("intake CPU from open", lib, keep))]
 
 
 def wall_row(cells, n):

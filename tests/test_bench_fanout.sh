@@ -9,7 +9,8 @@
 # and over its unix socket (liblocal),
 # against the disk column (its cells: a time, no CPU), against raw TCP
 # from the file through a 1 MiB buffer to keeping receivers (keepread), and the
-# library's time counted from its open() (every lib cell has one).  Needs nginx and
+# library's time and CPU counted from its open() (every lib cell has both:
+# its exec's CPU, more than 0 and less than the whole).  Needs nginx and
 # curl (`scripts/deps.sh bench`).
 set -u
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
@@ -50,8 +51,11 @@ grep -qF "| (a reference, not a target) library consumers until READY / their ch
 	"$out" || { echo "FAIL: no reference row against the disk"; exit 1; }
 awk '$1 == "disk" && !($4 > 0)' "$root/cells.log" | grep -q . && { echo "FAIL: a disk cell without a time"; exit 1; }
 for ref in "the same, the library's time from its \`dcast_consumer_open()\` call" \
+	"the same from their \`dcast_consumer_open()\` calls (their exec and library loading left out, as the receivers' counts leave out theirs), N = 4" \
 	"library consumers until READY / raw TCP from the model file through a 1 MiB buffer to receivers that keep the model, N = 1"; do
 	grep -qF "| (a reference, not a target) $ref" "$out" || { echo "FAIL: no reference row '$ref'"; exit 1; }
 done
 awk '$1 == "lib" && !($10 > 0)' "$root/cells.log" | grep -q . && { echo "FAIL: a lib cell without its time from open()"; exit 1; }
+awk '$1 == "lib" && !($11 > 0 && $11 < $5)' "$root/cells.log" | grep -q . &&
+	{ echo "FAIL: a lib cell without its exec's CPU under its whole"; exit 1; }
 echo "test_bench_fanout: ok"

@@ -2,10 +2,11 @@
  * rollout worker embeds it: default options (digests checked, the library's
  * fold policy), the consumer's own host copy of the tensors, and every READY
  * version applied at once.  When a version is READY it prints
- *   ready V t_ns T cpu_ns C direct_write_bytes D open_ns O
+ *   ready V t_ns T cpu_ns C direct_write_bytes D open_ns O open_cpu_ns P
  * (T: CLOCK_REALTIME nanoseconds when poll() returned the event; O: the
  * same clock just before dcast_consumer_open() was called, after this
- * process's exec and its libraries' loading;
+ * process's exec and its libraries' loading; P: the process's CPU time
+ * then, what its exec and loading cost, which C includes;
  * scripts/bench_fanout.sh times anchors to it; C, D as below: D then says
  * how much of an anchor taken in place its file had, whose writes run
  * behind its COMMIT; 0 on a delta's line, which reads no stats), and after
@@ -52,6 +53,7 @@
 
 static volatile sig_atomic_t stop;
 static uint64_t open_ns; /* CLOCK_REALTIME just before dcast_consumer_open() */
+static uint64_t open_cpu_ns; /* cpu_ns() then */
 
 static void on_signal(int sig)
 {
@@ -226,8 +228,8 @@ static int follow(dcast_consumer *c, uint64_t until)
 		 * as soon */
 		uint64_t t_ns = realtime_ns(), c_ns = cpu_ns();
 		printf("ready %" PRIu64 " t_ns %" PRIu64 " cpu_ns %" PRIu64 " direct_write_bytes %" PRIu64
-		       " open_ns %" PRIu64 "\n", ev.version, t_ns, c_ns, ev.version == anchor ? direct_written(c) : 0,
-		       open_ns);
+		       " open_ns %" PRIu64 " open_cpu_ns %" PRIu64 "\n", ev.version, t_ns, c_ns,
+		       ev.version == anchor ? direct_written(c) : 0, open_ns, open_cpu_ns);
 		fflush(stdout);
 		thread_times();
 		if (getenv("BENCH_SYNC_CONSUMER_CLOSE_AT_READY")) {
@@ -281,6 +283,7 @@ int main(int argc, char **argv)
 	signal(SIGTERM, on_signal);
 	signal(SIGINT, on_signal);
 	open_ns = realtime_ns();
+	open_cpu_ns = cpu_ns();
 	if (!(err = dcast_consumer_open(argv[1], argv[2], argv[3], 64u << 20, &o, &c)))
 		err = follow(c, strtoull(argv[4], NULL, 10));
 	if (!err)

@@ -709,8 +709,10 @@ void broker_bulk_close(struct broker *b)
 	struct bulk_pump_job *job;
 
 	bulk_pumps_stop(b->bulk_pumps); /* every transfer back, cancelled */
-	while (b->bulk_pumps && (job = bulk_pumps_take(b->bulk_pumps)))
+	while (b->bulk_pumps && (job = bulk_pumps_take(b->bulk_pumps))) {
 		job_client(job)->base.busy = 0;
+		client_tell(b, job_client(job)); /* its last bytes in the stats too */
+	}
 	if (b->bulk_pumps)
 		broker_poll_del(b, bulk_pumps_fd(b->bulk_pumps));
 	bulk_pumps_free(&b->bulk_pumps);

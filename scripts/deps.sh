@@ -4,6 +4,7 @@
 # once, before the first install, since a fresh machine's lists may be empty.
 # `deps.sh bench` also installs what `make bench` compares against (nginx,
 # redis-server, curl, matplotlib); `make test` never needs them.
+# `deps.sh valgrind` adds valgrind, for `make test-valgrind`.
 set -eu
 missing=""
 need_pc() { pkg-config --exists "$1" 2>/dev/null || missing="$missing $2"; }
@@ -24,6 +25,7 @@ need_py msgpack python3-msgpack
 need_py numpy python3-numpy
 need_py torch python3-torch   # the torch tests (they skip without it)
 need_py prometheus_client python3-prometheus-client # tests: /metrics parsed for real
+[ "${1:-}" != valgrind ] || need_cmd valgrind valgrind # make test-valgrind
 if [ "${1:-}" = bench ]; then
   # nginx and redis-server live in /usr/sbin and /usr/bin; probe both.
   [ -x /usr/sbin/nginx ] || need_cmd nginx nginx

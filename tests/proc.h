@@ -78,6 +78,12 @@ typedef struct tp_broker {
 	int exit_status;          /* waitpid status when it exited while starting */
 } tp_broker;
 
+/* 1 when this process runs under valgrind (`make test-valgrind`): its
+ * LD_PRELOAD names valgrind's preloads.  For the tests whose real path
+ * needs the speed valgrind takes away (a broker's heartbeats kept by a
+ * client 20-50x slower), which then skip, saying so. */
+int tp_under_valgrind(void);
+
 /* The port after the last `needle` in the file at path, 0 if none. */
 int tp_log_port(const char *path, const char *needle);
 

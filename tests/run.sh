@@ -7,12 +7,15 @@
 # that appeared while a test ran are removed once it passed or skipped, and
 # kept when it failed (named under its result line).  So run nothing else
 # that makes such directories beside `make test`.
+# TEST_WRAP="PROGRAM ARGS...": the C executables alone, each run under it
+# (`make test-valgrind`); the scripts are left out, and not counted.
 set -u
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
 PYTHON=${PYTHON:-/usr/bin/python3}
 TEST_TIMEOUT=${TEST_TIMEOUT:-180}
 filter=${1:-}
+read -r -a wrap <<<"${TEST_WRAP:-}"
 export DELTACAST_BUILD="$PWD/$BUILD" DELTACAST_LIB="$PWD/$BUILD/libdeltacast.so"
 export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
 logdir="$BUILD/test-logs"
@@ -41,9 +44,10 @@ for t in "${tests[@]}"; do
 	name=$(basename "$t")
 	[ -n "$filter" ] && [[ "$name" != *"$filter"* ]] && continue
 	case "$t" in
+	*.py | *.sh) [ ${#wrap[@]} = 0 ] || continue ;;&
 	*.py) cmd=("$PYTHON" "$t") ;;
 	*.sh) cmd=(bash "$t") ;;
-	*) cmd=("$t") ;;
+	*) cmd=(${wrap[@]+"${wrap[@]}"} "$t") ;;
 	esac
 	tmp_mark
 	start=$(date +%s%N)

@@ -284,6 +284,9 @@ int main(void)
 	REQUIRE(mkdtemp(root));
 	snprintf(data, sizeof(data), "%s/data", root);
 	test_index();
+	if (tp_under_valgrind())
+		TEST_SKIP("the name index checked; under valgrind the producer of 138,240 tensors misses "
+			  "the broker's heartbeats, and the rest cannot run");
 	REQUIRE(h_broker_start_args(&b, args) == 0);
 	test_many(&b);
 	test_manifest_too_large(&b);

@@ -142,6 +142,13 @@ pid_t tp_spawn(char *const argv[], int out_fd, int err_fd)
 	return pid;
 }
 
+int tp_under_valgrind(void)
+{
+	const char *pre = getenv("LD_PRELOAD");
+
+	return pre && strstr(pre, "vgpreload") != NULL;
+}
+
 int tp_log_port(const char *path, const char *needle)
 {
 	FILE *f = fopen(path, "r");

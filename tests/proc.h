@@ -154,8 +154,9 @@ unsigned long tp_tcp_unread(int port);
 int tp_wait_unread(int port, unsigned long at_least, int timeout_ms);
 
 /* The number after "key:" in a /proc file of "Key: value" lines
- * (/proc/self/status's VmLck, in kB; /proc/self/io's write_bytes), or 0
- * where the file or the key is missing. */
+ * (/proc/self/status's VmLck, in kB; /proc/self/io's write_bytes), or
+ * after "key " in one of columns (/proc/self/limits's "Max open files":
+ * the soft limit), or 0 where the file or the key is missing. */
 unsigned long long tp_proc_value(const char *path, const char *key);
 
 /* The local ports of the established client connections to `port`, up to

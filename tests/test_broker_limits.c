@@ -14,23 +14,6 @@
 
 static char dir[] = "/tmp/dcast_test_limits_XXXXXX";
 
-/* The open-file soft limit the kernel holds for this process (under
- * valgrind, getrlimit answers what setrlimit asked for, and the kernel's,
- * which a child inherits, stays as it was); 0 when unread. */
-static unsigned long long kernel_nofile(void)
-{
-	char line[256];
-	unsigned long long soft = 0;
-	FILE *f = fopen("/proc/self/limits", "r");
-
-	while (f && fgets(line, sizeof(line), f))
-		if (!strncmp(line, "Max open files", 14))
-			soft = strtoull(line + 14, NULL, 10);
-	if (f)
-		fclose(f);
-	return soft;
-}
-
 /* Two anchors of 256 KiB payload each, in turn: both ACKed when `fits`,
  * else the first is refused naming the cap. */
 static void pending_cap(tp_broker *br, int fits)
@@ -70,7 +53,9 @@ int main(void)
 		TEST_SKIP("needs a hard open-file limit in [200, 1000000)");
 	low = (struct rlimit){100, mine.rlim_max};
 	REQUIRE(setrlimit(RLIMIT_NOFILE, &low) == 0);
-	if (kernel_nofile() != 100)
+	/* under valgrind, getrlimit answers what setrlimit asked for, and the
+	 * kernel's limit, which the broker inherits, stays as it was */
+	if (tp_proc_value("/proc/self/limits", "Max open files") != 100)
 		TEST_SKIP("setrlimit does not reach the kernel here (valgrind keeps the limit to itself)");
 	REQUIRE(h_broker_start(&br) == 0);
 	REQUIRE(setrlimit(RLIMIT_NOFILE, &mine) == 0);

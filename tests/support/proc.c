@@ -368,7 +368,7 @@ unsigned long long tp_proc_value(const char *path, const char *key)
 	char line[256];
 
 	while (f && fgets(line, sizeof(line), f))
-		if (!strncmp(line, key, n) && line[n] == ':') {
+		if (!strncmp(line, key, n) && (line[n] == ':' || line[n] == ' ')) {
 			v = strtoull(line + n + 1, NULL, 10);
 			break;
 		}

@@ -710,8 +710,10 @@ void broker_bulk_close(struct broker *b)
 
 	bulk_pumps_stop(b->bulk_pumps); /* every transfer back, cancelled */
 	while (b->bulk_pumps && (job = bulk_pumps_take(b->bulk_pumps))) {
-		job_client(job)->base.busy = 0;
-		client_tell(b, job_client(job)); /* its last bytes in the stats too */
+		struct bulk_client *c = job_client(job);
+
+		c->base.busy = 0;
+		client_tell(b, c); /* its last bytes in the stats too */
 	}
 	if (b->bulk_pumps)
 		broker_poll_del(b, bulk_pumps_fd(b->bulk_pumps));

@@ -12,6 +12,14 @@
 #          buffer and writing that (bench_tcp ... keep pread FILE): a
 #          server that copies from its page cache, as the broker does to
 #          a consumer on its host;
+#   check  the same, each receiver also doing what the library must with an
+#          anchor it takes in place, and nothing else (bench_tcp ... check
+#          DIR pread FILE): each 512 KiB piece hashed as it lands (the
+#          chunk's XXH3 and its 1 MiB blocks', as the library does), each
+#          2 MiB chunk written once whole into a file of its own with
+#          O_DIRECT through io_uring; its time and CPU end once the last
+#          write is submitted, as the library's READY does not wait for
+#          its checkpoint: the floor of the library's own column;
 #   nginx  N curl fetches at once of the model file (into /dev/null) from a
 #          private nginx (its own conf and prefix in the temp dir, a free
 #          port; started for the row, stopped after it);
@@ -41,7 +49,7 @@
 # v0000 of a bf16 model (cached in $BUILD/bench-fanout-PARAMS).
 # Every cell also takes the CPU seconds (user + system) of its receivers
 # and of its sender, read where the measured window adds no work: tcp,
-# keep: bench_tcp's own per-thread counts; nginx: the curls' from bash's
+# keep, check: bench_tcp's own per-thread counts; nginx: the curls' from bash's
 # `times` in each curl's subshell, the nginx processes' from /proc (see
 # proc_cpu) before and after the fetches; recv, lib, live: each consumer's
 # own CPU time on its line, the broker's from /proc (every thread) from
@@ -430,6 +438,8 @@ row() {
 		tcp_run "$n" "$k" keep keep
 		warm "$n"
 		tcp_run "$n" "$k" keepread keep pread "$MODEL"
+		warm "$n"
+		tcp_run "$n" "$k" check check "$ROOT" pread "$MODEL"
 		nginx_round "$ROOT/refs-n$n" "$n" "$k"
 		disk_run "$n" "$k"
 		for form in recv lib $([ "$BULK" = 0 ] || echo libsf liblocal) live; do broker_run "$form" "$n" "$k"; done

@@ -9,7 +9,7 @@
 
 ROOT holds meta ("key value" lines) and cells.log, one line per measurement:
 "COLUMN N RUN SECONDS RECV_CPU SEND_CPU [RSS_KB REJOINS ACK_SECONDS]", COLUMN one of
-tcp, keep, nginx, disk (time only), recv, lib, libsf and liblocal (only with bulk), live; RECV_CPU: the N receivers' CPU seconds (user + system)
+tcp, keep, keepread, check, nginx, disk (time only), recv, lib, libsf and liblocal (only with bulk), live; RECV_CPU: the N receivers' CPU seconds (user + system)
 summed, SEND_CPU: the sender's (bench_tcp's sender threads, nginx, the broker)."""
 import collections
 import os
@@ -22,7 +22,9 @@ BEGIN, END = "<!-- bench-fanout:begin -->", "<!-- bench-fanout:end -->"
 HEADING = "## Fan-out: an anchor to N consumers (`make bench-fanout`)"
 AFTER = "<!-- bench-sync:end -->"
 COLUMNS = [("tcp", "raw TCP"), ("keep", "raw TCP, receivers keep the model"),
-           ("keepread", "the same, sent from the file through a 1 MiB buffer"), ("nginx", "nginx + curl"),
+           ("keepread", "the same, sent from the file through a 1 MiB buffer"),
+           ("check", "the same, receivers that also hash it as the library does and write it with O_DIRECT"),
+           ("nginx", "nginx + curl"),
            ("disk", "N writers of the model's bytes at once, O_DIRECT (the consumers' checkpoints alone)"),
            ("recv", "broker, anchor in its log, to N joining consumers that only receive"),
            ("lib", "broker, anchor in its log, to N joining library consumers until READY"),
@@ -41,7 +43,11 @@ How it is measured (scripts/bench_fanout.sh): medians of {runs} runs [min..max] 
 gen-trace's first {params} bf16 version ({model} bytes).  References per N, in rounds with the broker's runs (one run of every column per round): **raw TCP**
 (tests/tools/bench_tcp, bytes dropped; *keep the model*: each receiver reads into a model-sized buffer on huge
 pages, as the consumer's tensors; *sent from the file through a 1 MiB buffer*: the sender reads the model file a MiB at a
-time with pread and writes that, as a server copying from its page cache, the broker to a consumer on its host), **nginx + curl** (`sendfile on`) and the **disk** (N `dd bs=2M oflag=direct`
+time with pread and writes that, as a server copying from its page cache, the broker to a consumer on its host; *hash it as
+the library does and write it with O_DIRECT*: the same, each receiver also hashing each 512 KiB piece as it lands, XXH3 of
+each 2 MiB chunk and of its 1 MiB blocks, as the library's intake in place, and writing each chunk once whole into a file of
+its own with O_DIRECT through io_uring, its time and CPU read once its last write is submitted, as the library's READY
+does not wait for its checkpoint: the work the library must do, and nothing else), **nginx + curl** (`sendfile on`) and the **disk** (N `dd bs=2M oflag=direct`
 writers of the model's size at once in the temp dir: the library consumers' checkpoints, written behind their READY).  A fresh broker ({broker_args}) per run.  *Anchor in its log*: the anchor is ACKed, then N
 consumers start at once, timed from just before their exec to the last: `wire_client receive` ({window} MiB window, no checksum, no copy; with
 `--bulk 1` when the broker has `--bulk`) or tests/tools/bench_sync_consumer (default options: they ask for bulk
@@ -149,6 +155,7 @@ def targets(cells, ns, model):
         lines.append("| (a reference, not a target) library consumers until READY / raw TCP from the model file "
                      "through a 1 MiB buffer to receivers that keep the model, N = %d | | %s / %s ms = %.2fx | |"
                      % (n, ms(lib), ms(keep), lib / keep))
+    lines += check_refs(cells, ns, model)
     for n in [n for n in ns if ("disk", n) in cells]:
         lib, disk = (median_s(cells[(c, n)]) for c in ("lib", "disk"))
         lines.append("| (a reference, not a target) library consumers until READY / their checkpoints' bytes "
@@ -160,6 +167,25 @@ def targets(cells, ns, model):
                      "only receive / nginx and curl, N = %d | | %.2f / %.2f = %.2fx | |"
                      % (n, broker, web, ratio("sender + receivers", broker, web)))
     return lines + sendfile_refs(cells, ns, model)
+
+
+def check_refs(cells, ns, model):
+    """Against the receivers that do the library's work and nothing else (check): what that work costs over
+    keeping alone, the library's CPU (from its open, where its lines say) and its time over theirs."""
+    lines = []
+    for n in [n for n in ns if ("check", n) in cells]:
+        work, keep, lib = (cpu_per_gb(cells[(c, n)], "recv_cpu", n, model) for c in ("check", "keep", "lib"))
+        runs = cells[("lib", n)]
+        opened = statistics.median(r.recv_cpu - r.exec_cpu for r in runs) / (model * n / 1e9) \
+            if all(r.exec_cpu > 0 for r in runs) else lib
+        t, t0 = (median_s(cells[(c, n)]) for c in ("lib", "check"))
+        lines.append("| (a reference, not a target) the library's work alone (receivers that keep the model, hash it "
+                     "as the library does and write it with O_DIRECT), N = %d: their CPU per GB / keeping receivers'; "
+                     "library consumers' (from their open) / theirs; until READY / their time | | %.2f / %.2f = %.2fx; "
+                     "%.2f / %.2f = %.2fx; %s / %s ms = %.2fx | |"
+                     % (n, work, keep, ratio("check over keep", work, keep), opened, work,
+                        ratio("intake over check", opened, work), ms(t), ms(t0), t / t0))
+    return lines
 
 
 VARIANTS = [("libsf", "`--bulk-send sendfile`"), ("liblocal", "the broker's unix socket (local)")]

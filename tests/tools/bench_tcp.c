@@ -1,10 +1,11 @@
-/* bench_tcp BYTES N [keep] [whole | sendfile FILE | map FILE | pread FILE] | warm: the raw
+/* bench_tcp BYTES N [keep | check DIR] [whole | sendfile FILE | map FILE | pread FILE] | warm: the raw
  * TCP loopback ceiling for the benches.  Sends BYTES to each of N receivers
  * at once (one sender and one receiver thread per connection, 1 MiB writes
  * from one shared 1 MiB buffer, reads into a per-receiver 1 MiB buffer) and
  * prints
  *   seconds S bytes B send_cpu_s X recv_cpu_s Y
- * S: the time until every receiver has all of its bytes; X, Y: the CPU
+ * S: the time until every receiver has all of its bytes (with "check",
+ * and its last write submitted); X, Y: the CPU
  * seconds (user + system, getrusage RUSAGE_THREAD at each thread's end) of
  * the sender threads and of the receiver threads, summed.  With "keep",
  * each receiver reads into a buffer of BYTES of its own, allocated when it
@@ -24,7 +25,17 @@
  * into the socket), "pread" reads FILE a MiB at a time into a buffer of
  * each sender's own and writes that (--bulk-send copy: two copies, the
  * second from a buffer in cache, and no user mapping of the page cache,
- * whose first touch of each page some VMs make dear).  "warm" sends nothing: it
+ * whose first touch of each page some VMs make dear).  "check DIR" is
+ * "keep" plus the work the library consumer must do with an anchor it
+ * takes in place, and nothing else: each receiver reads at most 512 KiB
+ * at a time (consumer/bulk.c's pieces), hashes each piece as it lands as
+ * the library does (dcast_landing: per 2 MiB chunk its XXH3 checksum and
+ * the XXH3 of each whole 1 MiB block), and writes each 2 MiB chunk, once
+ * whole, into a file of its own in DIR (fallocated, unlinked at once)
+ * with O_DIRECT through io_uring, 16 writes in flight at most (the
+ * checkpoint's write slots); its time and CPU are read when its last
+ * write is submitted, as the library is READY before its writes are
+ * done, which are then waited for outside the count.  "warm" sends nothing: it
  * touches N buffers laid out as "keep"'s, frees them and prints "warmed N
  * x BYTES", so that receivers started next find memory the machine has
  * just used (on a VM whose balloon hands free memory back to the host,
@@ -46,6 +57,9 @@
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
+#include <liburing.h>
+#include "dcast_landing.h"
+#include "deltacast/codec.h"
 
 #define MAX_CONN 64
 #define IO_BYTES (1u << 20)
@@ -59,13 +73,26 @@ static unsigned char send_buf[IO_BYTES];
 static unsigned char *whole_buf; /* "whole": BYTES, every sender's source */
 static int send_file = -1;       /* "sendfile" or "pread": the file sent */
 static int pread_mode;           /* "pread": read into the sender's buffer, then written */
+static const char *check_dir;    /* "check": where the receivers' files go */
+
+#define CHECK_PIECE_BYTES (512u << 10) /* consumer/bulk.c's LAND_PIECE_BYTES */
+#define CHECK_CHUNK_BYTES (2u << 20)   /* a producer's chunk of 2^20 bf16 elements */
+#define CHECK_WRITES 16                /* consumer/store/ckpt.c's WB_SLOTS */
 
 typedef struct conn {
 	int fd;
 	int failed;
 	double cpu_s; /* this thread's user + system seconds, at its end */
+	double done_s; /* a receiver's: when its last byte was in (check: its last write submitted) */
 	pthread_t th;
 } conn;
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
 
 /* The calling thread's CPU seconds so far (user + system). */
 static double thread_cpu_s(void)
@@ -147,12 +174,143 @@ static unsigned char *recv_buf(void)
 	return b;
 }
 
+/* "check": one receiver's hasher, its file and the ring that writes it. */
+typedef struct checker {
+	dcast_landing *land;
+	struct io_uring ring;
+	int fd, ring_up;
+	unsigned inflight;
+} checker;
+
+static int check_fail(const char *what, int err)
+{
+	fprintf(stderr, "bench_tcp: check: %s: %s\n", what, strerror(err));
+	return -1;
+}
+
+/* A fresh file in check_dir for BYTES (rounded up to 2 MiB), open with
+ * O_DIRECT and already unlinked, a ring, a hasher.  -1 (said) on a failure. */
+static int check_open(checker *k)
+{
+	char path[4096];
+	int tmp, err;
+	uint64_t len = (total_bytes + CHECK_CHUNK_BYTES - 1) & ~(uint64_t)(CHECK_CHUNK_BYTES - 1);
+
+	*k = (checker){.fd = -1};
+	snprintf(path, sizeof(path), "%s/bench_tcp.check.XXXXXX", check_dir);
+	if ((tmp = mkstemp(path)) < 0)
+		return check_fail(check_dir, errno);
+	k->fd = open(path, O_WRONLY | O_DIRECT | O_CLOEXEC);
+	err = errno;
+	unlink(path);
+	close(tmp);
+	if (k->fd < 0)
+		return check_fail("O_DIRECT", err);
+	if (fallocate(k->fd, 0, 0, (off_t)len))
+		return check_fail("fallocate", errno);
+	if ((err = io_uring_queue_init(CHECK_WRITES, &k->ring, 0)))
+		return check_fail("io_uring_queue_init", -err);
+	k->ring_up = 1;
+	return (k->land = dcast_landing_new()) ? 0 : check_fail("dcast_landing_new", ENOMEM);
+}
+
+/* Reap the writes done, waiting for at least `min`.  -1 (said) when one
+ * failed or wrote short. */
+static int check_reap(checker *k, unsigned min)
+{
+	struct io_uring_cqe *cqe;
+
+	while (k->inflight && (min || !io_uring_peek_cqe(&k->ring, &cqe))) {
+		int err = min ? io_uring_wait_cqe(&k->ring, &cqe) : 0;
+		int res = err ? err : cqe->res;
+		unsigned want = err ? 0 : (unsigned)(uintptr_t)io_uring_cqe_get_data(cqe);
+
+		if (!err)
+			io_uring_cqe_seen(&k->ring, cqe);
+		k->inflight--;
+		min -= min > 0;
+		if (res < 0 || (unsigned)res != want)
+			return check_fail("write", res < 0 ? -res : EIO);
+	}
+	return 0;
+}
+
+/* One whole chunk's bytes written at its offset, submitted at once (as the
+ * library's checkpoint submits each chunk's range), a slot freed first. */
+static int check_write(checker *k, const unsigned char *src, uint64_t off, uint64_t len)
+{
+	struct io_uring_sqe *sqe;
+
+	if (k->inflight == CHECK_WRITES && check_reap(k, 1))
+		return -1;
+	len = (len + 4095) & ~(uint64_t)4095; /* the buffer is whole 2 MiB: in bounds */
+	sqe = io_uring_get_sqe(&k->ring);
+	io_uring_prep_write(sqe, k->fd, src, (unsigned)len, off);
+	io_uring_sqe_set_data(sqe, (void *)(uintptr_t)len);
+	k->inflight++;
+	if (io_uring_submit(&k->ring) < 1)
+		return check_fail("io_uring_submit", EIO);
+	return check_reap(k, 0);
+}
+
+static void check_close(checker *k)
+{
+	if (k->ring_up)
+		io_uring_queue_exit(&k->ring);
+	if (k->fd >= 0)
+		close(k->fd);
+	dcast_landing_free(k->land);
+}
+
+/* "check": BYTES read into buf a piece at a time, each piece hashed as it
+ * lands, each chunk written once whole.  -1 on a failure. */
+static int receive_checked(conn *c, unsigned char *buf, checker *k)
+{
+	uint64_t got = 0;
+
+	while (got < total_bytes) {
+		uint64_t at = got - got % CHECK_CHUNK_BYTES, end = at + CHECK_CHUNK_BYTES;
+		size_t want;
+		ssize_t r;
+
+		end = end < total_bytes ? end : total_bytes;
+		if (got == at && dcast_landing_start(k->land, at, end - at, total_bytes))
+			return check_fail("dcast_landing_start", EINVAL);
+		want = end - got < CHECK_PIECE_BYTES ? (size_t)(end - got) : CHECK_PIECE_BYTES;
+		if ((r = read(c->fd, buf + got, want)) <= 0)
+			return -1;
+		dcast_landing_add(k->land, buf + got, (size_t)r);
+		got += (uint64_t)r;
+		if (got == end && (!dcast_landing_done(k->land) || check_write(k, buf + at, at, end - at)))
+			return -1;
+	}
+	return 0;
+}
+
+/* A receiver with "check": its CPU read once every write is submitted, the
+ * writes then waited for outside the count. */
+static void receive_check(conn *c, unsigned char *buf)
+{
+	checker k;
+
+	c->failed = check_open(&k) || receive_checked(c, buf, &k);
+	c->cpu_s = thread_cpu_s();
+	c->done_s = now_s();
+	c->failed |= check_reap(&k, k.inflight);
+	check_close(&k);
+}
+
 static void *receiver(void *arg)
 {
 	conn *c = arg;
 	unsigned char *buf = recv_buf();
 	uint64_t left = total_bytes;
 
+	if (buf && check_dir) {
+		receive_check(c, buf);
+		free(buf);
+		return NULL;
+	}
 	while (buf && left && !c->failed) {
 		ssize_t r = read(c->fd, buf + (keep ? total_bytes - left : 0), left < IO_BYTES ? left : IO_BYTES);
 		if (r <= 0)
@@ -162,6 +320,7 @@ static void *receiver(void *arg)
 	}
 	c->failed |= !buf;
 	c->cpu_s = thread_cpu_s(); /* before the free: handing the memory back is no part of receiving */
+	c->done_s = now_s();
 	free(buf);
 	return NULL;
 }
@@ -174,6 +333,11 @@ static int mode_word(int argc, char **argv, int i)
 		keep = 1;
 		warm_only = !strcmp(argv[i], "warm");
 		return 1;
+	}
+	if (!strcmp(argv[i], "check") && i + 1 < argc && !check_dir) {
+		keep = 1;
+		check_dir = argv[i + 1];
+		return 2;
 	}
 	if (!strcmp(argv[i], "whole")) {
 		whole_mode = 1;
@@ -241,12 +405,6 @@ static unsigned char *source_buf(void)
 	return b == MAP_FAILED ? NULL : b;
 }
 
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 int main(int argc, char **argv)
 {
@@ -254,10 +412,10 @@ int main(int argc, char **argv)
 	socklen_t len = sizeof(a);
 	conn snd[MAX_CONN], rcv[MAX_CONN];
 	int lfd, n, failed = 0;
-	double t0, send_cpu = 0, recv_cpu = 0;
+	double t0, send_cpu = 0, recv_cpu = 0, last = 0;
 
 	if (argc < 3 || (n = atoi(argv[2])) < 1 || n > MAX_CONN || mode(argc, argv)) {
-		fprintf(stderr, "usage: bench_tcp BYTES N [keep] [whole | sendfile FILE | map FILE | pread FILE] | warm (1 <= N <= %d)\n",
+		fprintf(stderr, "usage: bench_tcp BYTES N [keep | check DIR] [whole | sendfile FILE | map FILE | pread FILE] | warm (1 <= N <= %d)\n",
 			MAX_CONN);
 		return 2;
 	}
@@ -298,10 +456,11 @@ int main(int argc, char **argv)
 		failed |= snd[i].failed | rcv[i].failed;
 		send_cpu += snd[i].cpu_s;
 		recv_cpu += rcv[i].cpu_s;
+		last = rcv[i].done_s > last ? rcv[i].done_s : last;
 		close(snd[i].fd);
 		close(rcv[i].fd);
 	}
-	printf("seconds %.6f bytes %llu send_cpu_s %.6f recv_cpu_s %.6f\n", now_s() - t0,
+	printf("seconds %.6f bytes %llu send_cpu_s %.6f recv_cpu_s %.6f\n", last - t0,
 	       (unsigned long long)(total_bytes * (uint64_t)n), send_cpu, recv_cpu);
 	close(lfd);
 	if (!map_file)

@@ -133,6 +133,21 @@ int dcast_io_read(dcast_io *io, int file, void *buf, size_t len, uint64_t off, i
  * submitted so far, use dcast_io_sync().  Errors as dcast_io_write. */
 int dcast_io_fsync(dcast_io *io, int file, int datasync, uint64_t tag);
 
+/* A descriptor that polls readable (POLLIN) once an operation pushed to
+ * the kernel has finished and waits to be reaped by dcast_io_wait: the
+ * ring's own (owned by io: not to be closed or read), so that a thread
+ * that sleeps in poll() wakes for its completions instead of polling on
+ * a timer.  -1 without io_uring, where an operation finishes as it is
+ * submitted. */
+int dcast_io_event_fd(const dcast_io *io);
+
+/* 1 when dcast_io_wait(io, 0, ...) has something to do without a wait:
+ * completions reaped and not yet handed back (it hands back at most max
+ * at a time), or operations prepared and not yet pushed to the kernel (a
+ * short transfer done again).  The event fd says nothing of these: poll
+ * it only while this is 0. */
+int dcast_io_has_work(const dcast_io *io);
+
 /* Push submitted operations to the kernel and reap at least min_done
  * (clamped to what is outstanding) finished ones, at most max into done[].
  * Returns how many were written to done[] (>= 0), or a negative dcast_err

@@ -186,6 +186,16 @@ int dcast_io_uses_uring(const dcast_io *io)
 	return io->uring;
 }
 
+int dcast_io_event_fd(const dcast_io *io)
+{
+	return io->uring ? io->ring.ring_fd : -1;
+}
+
+int dcast_io_has_work(const dcast_io *io)
+{
+	return io->done_n > 0 || (io->uring && io_uring_sq_ready(&io->ring) > 0);
+}
+
 void dcast_io_set_max_xfer(dcast_io *io, size_t bytes)
 {
 	io->max_xfer = bytes ? bytes : 1;

@@ -669,9 +669,6 @@ static void lock_for_turn(dcast_consumer *c)
 		c->ss.last_recv_ms = c->ss.progress_ms = c->bulk.last_ms = dcast_now_ms();
 }
 
-/* How long the thread waits after a turn: a quarter heartbeat (a whole
- * one after a failure, 1 ms while records are written behind), and no
- * longer than a backed-off HELLO is due (cs_rejoin_refused). */
 /* Until a bulk connect under way is due to be given up
  * (DCAST_BULK_CONNECT_MS after it began); 0 when a payload is to be read
  * from the broker's file (nothing to wait for); else UINT64_MAX. */
@@ -686,14 +683,36 @@ static uint64_t bulk_wait_left(const dcast_consumer *c, uint64_t now)
 	return end > now ? end - now : 1;
 }
 
-static int wait_ms(const dcast_consumer *c, int err, uint32_t hb)
+/* How long the thread waits after a turn: a quarter heartbeat (a whole
+ * one after a failure), no longer than the writes behind allow (wb_ms,
+ * cs_ckpt_wait_hint: their ring's fd is polled too), than a backed-off
+ * HELLO is due (cs_rejoin_refused) or a bulk connect is to be given up. */
+static int wait_ms(const dcast_consumer *c, int err, uint32_t hb, int wb_ms)
 {
-	uint64_t ms = err ? hb : cs_ckpt_pending(c->store) ? 1 : hb / 4, now = dcast_now_ms();
-	uint64_t bulk = bulk_wait_left(c, now);
+	uint64_t ms = err ? hb : wb_ms >= 0 && (uint64_t)wb_ms < hb / 4 ? (uint64_t)wb_ms : hb / 4;
+	uint64_t now = dcast_now_ms(), bulk = bulk_wait_left(c, now);
 
 	if (c->ob.hello_due && c->ob.hello_at_ms > now && c->ob.hello_at_ms - now < ms)
 		ms = c->ob.hello_at_ms - now;
 	return (int)(bulk < ms ? bulk : ms);
+}
+
+/* The wait's poll set in it[] (room for 4): the broker's socket (unless
+ * the intake is full or a bulk transfer is under way), the wake-up fd, the
+ * bulk connection when it has events to wait for, and the I/O ring's fd
+ * (wfd, cs_ckpt_wait_hint) while writes run behind.  Returns how many. */
+static int poll_set(const dcast_consumer *c, zmq_pollitem_t *it, int wfd)
+{
+	short bulk_ev = cs_bulk_events(c);
+	int n = 0;
+
+	it[n++] = (zmq_pollitem_t){c->ss.sock, 0, intake_full(c) || cs_bulk_active(c) ? 0 : ZMQ_POLLIN, 0};
+	it[n++] = (zmq_pollitem_t){NULL, c->ob.wake_fd, ZMQ_POLLIN, 0};
+	if (bulk_ev)
+		it[n++] = (zmq_pollitem_t){NULL, c->bulk.rx.fd, bulk_ev, 0};
+	if (wfd >= 0) /* a write's completion wakes the thread to reap it */
+		it[n++] = (zmq_pollitem_t){NULL, wfd, ZMQ_POLLIN, 0};
+	return n;
 }
 
 /* The session thread: turns, each followed by a wait (lock released) for
@@ -706,10 +725,9 @@ static void *session_main(void *arg)
 	pthread_mutex_lock(&c->lock);
 	while (!atomic_load(&c->ss.stop)) {
 		uint32_t hb = c->ss.heartbeat_ms ? c->ss.heartbeat_ms : 1000;
-		int err = session_turn(c, readable), n, ms = wait_ms(c, err, hb);
-		short bulk_ev = cs_bulk_events(c);
-		zmq_pollitem_t it[3] = {{c->ss.sock, 0, intake_full(c) || cs_bulk_active(c) ? 0 : ZMQ_POLLIN, 0},
-					{NULL, c->ob.wake_fd, ZMQ_POLLIN, 0}, {NULL, c->bulk.rx.fd, bulk_ev, 0}};
+		int err = session_turn(c, readable), n, wfd, ms = wait_ms(c, err, hb, cs_ckpt_wait_hint(c, &wfd));
+		zmq_pollitem_t it[4];
+		int n_it = poll_set(c, it, wfd);
 
 		if (err)
 			cs_session_failed(c, err);
@@ -718,7 +736,7 @@ static void *session_main(void *arg)
 		if (err || c->ev_count)
 			pthread_cond_broadcast(&c->ev_cv);
 		pthread_mutex_unlock(&c->lock);
-		n = zmq_poll(it, bulk_ev ? 3 : 2, ms);
+		n = zmq_poll(it, n_it, ms);
 		lock_for_turn(c);
 		if (n < 0 && errno != EINTR)
 			cs_session_failed(c, dcast_fail(DCAST_EZMQ, "zmq_poll: %s", zmq_strerror(errno)));
@@ -746,6 +764,7 @@ int cs_session_start(dcast_consumer *c)
 	cs_request_hello(c);
 	if ((err = pthread_create(&c->ss.thread, NULL, session_main, c)))
 		return dcast_fail(DCAST_ENOMEM, "consumer session thread: %s", strerror(err));
+	pthread_setname_np(c->ss.thread, "dcast-session"); /* top -H, /proc: best effort */
 	c->ss.thread_started = 1;
 	return 0;
 }

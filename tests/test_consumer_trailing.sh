@@ -17,7 +17,9 @@
 # bit-exact.  One that binds every tensor to memory of its own right after
 # the apply (the library's host copy, which the file's writes still read,
 # is given back then: BENCH_SYNC_CONSUMER_BIND_HOST=1) seals the file
-# bit-exact too.  A delta right behind the anchor is READY only once the
+# bit-exact too.  While the file's writes run behind, the session thread
+# sleeps until one finishes, not on a 1 ms tick.  A delta right behind
+# the anchor is READY only once the
 # anchor's file is written, so that its apply does not wait for the disk,
 # and its records do not wait for those writes either (the session
 # thread held for seconds, no heartbeat, the broker dropping the session),
@@ -93,6 +95,40 @@ written=$(awk '$1 == "ready" && $2 == 1 { for (i = 3; i < NF; i++) if ($i == "di
 	fail "consumer 1 was READY with $written of its file's $bytes bytes written: it waited for the disk"
 grep -q "^applied 1 anchor " "$TMP/c1.log" || fail "consumer 1 did not apply the anchor: $(cat "$TMP/c1.log")"
 same "$TMP/c1"
+
+# session_switches PID: the wake-ups so far (voluntary and involuntary
+# context switches) of PID's session thread, the one named dcast-session.
+session_switches() {
+	local t
+	for t in /proc/"$1"/task/*; do
+		[ "$(cat "$t/comm" 2>/dev/null)" = dcast-session ] || continue
+		awk '/^(non)?voluntary_ctxt_switches/ { n += $2 } END { print n }' "$t/status"
+		return 0
+	done
+	return 1
+}
+
+# While the anchor's file is written behind, the session thread sleeps
+# until a write finishes (the I/O ring's fd is in its poll set) or a
+# quarter heartbeat passes (50 ms here): from the apply to the seal (the
+# file's last writes, a second or more at this rate), it wakes less than
+# 250 times a second, where a 1 ms tick would wake it some 1000 times.
+(BENCH_SYNC_CONSUMER_SETTLE=1 throttled "$BUILD/tools/bench_sync_consumer" "$b_CONS" bench "$TMP/c11" 1) \
+	>"$TMP/c11.log" 2>"$TMP/c11.err" &
+pid=$! # the subshell's, which becomes the consumer
+PIDS+=("$pid")
+wait_for 60 grep -q "^applied 1 anchor " "$TMP/c11.log" || fail "consumer 11: no apply: $(tail -3 "$TMP/c11.err")"
+sw0=$(session_switches "$pid") || fail "consumer 11: no thread named dcast-session"
+t0=$(date +%s%N)
+[ ! -e "$TMP/c11/model.safetensors" ] || fail "consumer 11: its file was sealed before the apply was seen"
+wait_for 60 test -e "$TMP/c11/model.safetensors" || fail "consumer 11: the anchor's file never sealed"
+sw1=$(session_switches "$pid") || fail "consumer 11: its session thread is gone before it settled"
+t1=$(date +%s%N)
+wait "$pid" || fail "consumer 11 exited $?: $(tail -3 "$TMP/c11.err")"
+same "$TMP/c11"
+rate=$(((sw1 - sw0) * 1000000000 / (t1 - t0)))
+echo "session thread while its anchor's file was written behind: $((sw1 - sw0)) wake-ups in $(((t1 - t0) / 1000000)) ms"
+[ "$rate" -lt 250 ] || fail "consumer 11's session thread woke $rate times a second while writes ran behind"
 
 # Killed at READY, its writes still running: the next open fetches again.
 (throttled "$BUILD/tools/bench_sync_consumer" "$b_CONS" bench "$TMP/c2" 1) >"$TMP/c2.log" 2>"$TMP/c2.err" &

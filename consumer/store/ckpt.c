@@ -453,9 +453,18 @@ static int wb_ask(cs_store *s, int (*test)(const struct cs_wb *))
 	return yes;
 }
 
-int cs_ckpt_pending(cs_store *s)
+int cs_ckpt_wait_hint(dcast_consumer *c, int *fd)
 {
-	return wb_ask(s, wb_pending);
+	int ms = -1;
+
+	*fd = -1;
+	cs_store_lock(c->store);
+	if (c->store->wb && wb_pending(c->store->wb)) {
+		*fd = dcast_io_event_fd(c->io);
+		ms = *fd < 0 ? 1 : dcast_io_has_work(c->io) ? 0 : -1;
+	}
+	cs_store_unlock(c->store);
+	return ms;
 }
 
 int cs_ckpt_direct_pending(cs_store *s)

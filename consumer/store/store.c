@@ -220,6 +220,8 @@ int cs_store_fold_start(dcast_consumer *c, pthread_mutex_t *held)
 	}
 	s->fold_lock = held;
 	started = pthread_create(&s->fold_thread, NULL, fold_main, c) == 0;
+	if (started)
+		pthread_setname_np(s->fold_thread, "dcast-fold");
 	s->fold_running = s->fold_joinable = started;
 	cs_store_unlock(s);
 	return started ? 0 : cs_ckpt_fold(c);

@@ -164,9 +164,15 @@ void cs_ckpt_forget_direct(dcast_consumer *c);
 /* Reap the writes already done (their credit goes back), without waiting;
  * the first failure since the last report, else 0. */
 int cs_ckpt_progress(dcast_consumer *c);
-/* Is any chunk record still being written?  Needs no lock of the
- * consumer's. */
-int cs_ckpt_pending(cs_store *s);
+/* How soon the session thread's next turn must come for the writes
+ * behind (records and anchor ranges queued or under way), so that their
+ * completions are reaped as they come: -1, no bound (none under way; or
+ * *fd, the I/O ring's, polls readable when one finishes); 0, at once (the
+ * engine has completions to hand back or a write to push,
+ * dcast_io_has_work); 1 ms (writes under way and no fd to wake on: the
+ * engine without io_uring).  *fd: the ring's fd while writes are under
+ * way, else -1; owned by the engine.  Needs no lock of the consumer's. */
+int cs_ckpt_wait_hint(dcast_consumer *c, int *fd);
 /* Is a write of an anchor's own file (model.safetensors.new, read from
  * the tensors) queued or under way?  Needs no lock of the consumer's. */
 int cs_ckpt_direct_pending(cs_store *s);

@@ -103,8 +103,9 @@ void cs_store_handed_lock(pthread_mutex_t *lock);
 /* ckpt.c: wait, holding neither the consumer's `lock` nor the store's
  * mutex, until no write of an anchor's own file is queued or under way.
  * It reaps nothing: whoever holds `lock` does (the session thread's
- * turns come every millisecond while writes run, and they call into the
- * consumer's state); so it returns 1, early, once the store stops
+ * turns come as each write finishes, the I/O ring's fd in its poll set,
+ * cs_ckpt_wait_hint; and they call into the consumer's state); so it
+ * returns 1, early, once the store stops
  * (closing: no session thread; cs_store_close's seal waits itself). */
 int cs_ckpt_await_direct(dcast_consumer *c);
 

@@ -77,6 +77,7 @@ int cs_syncer_open(cs_syncer *s, dcast_consumer *c)
 	s->inited = 1;
 	if (pthread_create(&s->th, NULL, syncer_main, s))
 		return dcast_fail(DCAST_ENOMEM, "record log sync thread: %s", strerror(errno));
+	pthread_setname_np(s->th, "dcast-sync");
 	s->started = 1;
 	return 0;
 }

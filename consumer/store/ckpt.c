@@ -461,7 +461,9 @@ int cs_ckpt_wait_hint(dcast_consumer *c, int *fd)
 	cs_store_lock(c->store);
 	if (c->store->wb && wb_pending(c->store->wb)) {
 		*fd = dcast_io_event_fd(c->io);
-		ms = *fd < 0 ? 1 : dcast_io_has_work(c->io) ? 0 : -1;
+		/* ranges queued with no slot busy: no completion will come to
+		 * wake the thread, and the next turn's pump has room for them */
+		ms = *fd < 0 ? 1 : dcast_io_has_work(c->io) || !c->store->wb->busy ? 0 : -1;
 	}
 	cs_store_unlock(c->store);
 	return ms;

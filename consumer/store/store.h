@@ -169,8 +169,9 @@ int cs_ckpt_progress(dcast_consumer *c);
  * completions are reaped as they come: -1, no bound (none under way; or
  * *fd, the I/O ring's, polls readable when one finishes); 0, at once (the
  * engine has completions to hand back or a write to push,
- * dcast_io_has_work); 1 ms (writes under way and no fd to wake on: the
- * engine without io_uring).  *fd: the ring's fd while writes are under
+ * dcast_io_has_work, or ranges wait for slots none of which is busy);
+ * 1 ms (writes under way and no fd to wake on: the engine without
+ * io_uring).  *fd: the ring's fd while writes are under
  * way, else -1; owned by the engine.  Needs no lock of the consumer's. */
 int cs_ckpt_wait_hint(dcast_consumer *c, int *fd);
 /* Is a write of an anchor's own file (model.safetensors.new, read from

@@ -159,6 +159,12 @@ int tp_wait_unread(int port, unsigned long at_least, int timeout_ms);
  * the soft limit), or 0 where the file or the key is missing. */
 unsigned long long tp_proc_value(const char *path, const char *key);
 
+/* Each thread of this process in turn: fn(name, tid, ns, arg) with its
+ * name (/proc/self/task/TID/comm, "?" when unreadable), its id and its
+ * nanoseconds on a CPU so far (schedstat, 0 when unreadable).  Returns
+ * how many threads were seen (0 when /proc cannot be read). */
+int tp_threads(void (*fn)(const char *name, const char *tid, unsigned long long ns, void *arg), void *arg);
+
 /* The local ports of the established client connections to `port`, up to
  * max of them in ports[]; how many. */
 int tp_tcp_clients(int port, int *ports, int max);

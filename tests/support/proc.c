@@ -491,3 +491,42 @@ int h_broker_start_args(tp_broker *b, char *const *extra)
 		b->extra[b->n_extra++] = extra[i];
 	return h_broker_start(b);
 }
+
+/* The first word of /proc/self/task/TID/FILE scanned with fmt into out. */
+static int task_scan(const char *tid, const char *file, const char *fmt, void *out)
+{
+	char path[300];
+	FILE *f;
+	int ok;
+
+	snprintf(path, sizeof(path), "/proc/self/task/%s/%s", tid, file);
+	if (!(f = fopen(path, "r")))
+		return 0;
+	ok = fscanf(f, fmt, out) == 1;
+	fclose(f);
+	return ok;
+}
+
+int tp_threads(void (*fn)(const char *name, const char *tid, unsigned long long ns, void *arg), void *arg)
+{
+	DIR *d = opendir("/proc/self/task");
+	struct dirent *e;
+	int n = 0;
+
+	while (d && (e = readdir(d))) {
+		char name[64] = "?";
+		unsigned long long ns = 0;
+
+		if (e->d_name[0] == '.')
+			continue;
+		if (!task_scan(e->d_name, "comm", "%63s", name))
+			snprintf(name, sizeof(name), "?");
+		if (!task_scan(e->d_name, "schedstat", "%llu", &ns))
+			ns = 0;
+		fn(name, e->d_name, ns, arg);
+		n++;
+	}
+	if (d)
+		closedir(d);
+	return n;
+}

@@ -38,7 +38,6 @@
  * to cudaMalloc'd memory as soon as the manifest is known, as a rollout
  * worker's weights are (scripts/device_run.sh, step sync-gpu-cons;
  * docs/benchmarks.md, "Sync", 16-core H200 host). */
-#include <dirent.h>
 #include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
@@ -162,40 +161,22 @@ static uint64_t direct_written(const dcast_consumer *c)
 	return st.direct_write_bytes;
 }
 
+static void thread_print(const char *name, const char *tid, unsigned long long ns, void *arg)
+{
+	(void)arg;
+	fprintf(stderr, " %s %s %.1f", name, tid, ns / 1e6);
+}
+
 /* BENCH_SYNC_CONSUMER_THREADS=1: at each READY, every thread's CPU time
  * so far on stderr, "threads: NAME TID MS ...", from its schedstat (ns
  * on a CPU): which thread a slow join's time went to. */
 static void thread_times(void)
 {
-	DIR *d = getenv("BENCH_SYNC_CONSUMER_THREADS") ? opendir("/proc/self/task") : NULL;
-	struct dirent *e;
-
-	if (!d)
+	if (!getenv("BENCH_SYNC_CONSUMER_THREADS"))
 		return;
 	fprintf(stderr, "threads:");
-	while ((e = readdir(d))) {
-		char path[300], name[64] = "?";
-		unsigned long long ns = 0;
-		FILE *f;
-
-		if (e->d_name[0] == '.')
-			continue;
-		snprintf(path, sizeof(path), "/proc/self/task/%s/comm", e->d_name);
-		if ((f = fopen(path, "r"))) {
-			if (fscanf(f, "%63s", name) != 1)
-				name[0] = '\0';
-			fclose(f);
-		}
-		snprintf(path, sizeof(path), "/proc/self/task/%s/schedstat", e->d_name);
-		if ((f = fopen(path, "r"))) {
-			if (fscanf(f, "%llu", &ns) != 1)
-				ns = 0;
-			fclose(f);
-		}
-		fprintf(stderr, " %s %s %.1f", name, e->d_name, ns / 1e6);
-	}
+	tp_threads(thread_print, NULL);
 	fprintf(stderr, "\n");
-	closedir(d);
 }
 
 static uint64_t closed_at = DCAST_VERSION_NONE; /* BENCH_SYNC_CONSUMER_CLOSE_AT_READY: its READY */

@@ -51,7 +51,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <dirent.h>
 #include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/sendfile.h>
@@ -63,6 +62,7 @@
 #include <liburing.h>
 #include "dcast_landing.h"
 #include "deltacast/codec.h"
+#include "../proc.h" /* tp_threads: the tools link tests/support */
 
 #define MAX_CONN 64
 #define IO_BYTES (1u << 20)
@@ -269,34 +269,27 @@ static void check_close(checker *k)
  * kernel names them "iou-wrk-TID" after the thread that submits): writes
  * the ring hands off run there, and the library's count (its whole
  * process) has its own. */
+struct ring_workers {
+	char name[32]; /* "iou-wrk-TID" */
+	double s;
+};
+
+static void ring_worker_add(const char *name, const char *tid, unsigned long long ns, void *arg)
+{
+	struct ring_workers *w = arg;
+
+	(void)tid;
+	if (!strcmp(name, w->name))
+		w->s += (double)ns * 1e-9;
+}
+
 static double ring_workers_cpu_s(void)
 {
-	char want[32], path[300], name[32];
-	DIR *d = opendir("/proc/self/task");
-	struct dirent *e;
-	double s = 0;
+	struct ring_workers w = {.s = 0};
 
-	snprintf(want, sizeof(want), "iou-wrk-%ld", (long)syscall(SYS_gettid));
-	while (d && (e = readdir(d))) {
-		unsigned long long ns = 0;
-		FILE *f;
-
-		snprintf(path, sizeof(path), "/proc/self/task/%s/comm", e->d_name);
-		if (e->d_name[0] == '.' || !(f = fopen(path, "r")))
-			continue;
-		if (fscanf(f, "%31s", name) != 1 || strcmp(name, want))
-			name[0] = '\0';
-		fclose(f);
-		snprintf(path, sizeof(path), "/proc/self/task/%s/schedstat", e->d_name);
-		if (name[0] && (f = fopen(path, "r"))) {
-			if (fscanf(f, "%llu", &ns) == 1)
-				s += (double)ns * 1e-9;
-			fclose(f);
-		}
-	}
-	if (d)
-		closedir(d);
-	return s;
+	snprintf(w.name, sizeof(w.name), "iou-wrk-%ld", (long)syscall(SYS_gettid));
+	tp_threads(ring_worker_add, &w);
+	return w.s;
 }
 
 /* "check": BYTES read into buf a piece at a time, each piece hashed as it

@@ -96,16 +96,29 @@ written=$(awk '$1 == "ready" && $2 == 1 { for (i = 3; i < NF; i++) if ($i == "di
 grep -q "^applied 1 anchor " "$TMP/c1.log" || fail "consumer 1 did not apply the anchor: $(cat "$TMP/c1.log")"
 same "$TMP/c1"
 
-# session_switches PID: the wake-ups so far (voluntary and involuntary
-# context switches) of PID's session thread, the one named dcast-session.
-session_switches() {
+# switches PID NAME: "TID N", N the wake-ups so far (voluntary and
+# involuntary context switches) of PID's thread named NAME (dcast-session,
+# dcast-fold).
+switches() {
 	local t
 	for t in /proc/"$1"/task/*; do
-		[ "$(cat "$t/comm" 2>/dev/null)" = dcast-session ] || continue
-		awk '/^(non)?voluntary_ctxt_switches/ { n += $2 } END { print n }' "$t/status"
+		[ "$(cat "$t/comm" 2>/dev/null)" = "$2" ] || continue
+		awk -v tid="${t##*/}" '/^(non)?voluntary_ctxt_switches/ { n += $2 } END { print tid, n }' "$t/status"
 		return 0
 	done
 	return 1
+}
+
+# sealed_watch PID FILE: true once FILE is there.  Meanwhile FOLD_WAKES
+# adds up the wake-ups of PID's fold threads (one runs per job: a new one
+# is counted from its start) and FOLD_SEEN is when they were last seen.
+sealed_watch() {
+	local tid n
+	if read -r tid n < <(switches "$1" dcast-fold); then
+		[ "$tid" = "$FOLD_TID" ] || { FOLD_TID=$tid FOLD_AT=0; }
+		FOLD_WAKES=$((FOLD_WAKES + n - FOLD_AT)) FOLD_AT=$n FOLD_SEEN=$(date +%s%N)
+	fi
+	test -e "$2"
 }
 
 # While the anchor's file is written behind, the session thread sleeps
@@ -113,22 +126,32 @@ session_switches() {
 # quarter heartbeat passes (50 ms here): from the apply to the seal (the
 # file's last writes, a second or more at this rate), it wakes less than
 # 250 times a second, where a 1 ms tick would wake it some 1000 times.
+# The fold thread, waiting for those writes before its seal, wakes as
+# each 2 MiB write ends (16 a second at 32 MB/s): less than 60 a second,
+# where a 10 ms tick would wake it over 100 times.
 (BENCH_SYNC_CONSUMER_SETTLE=1 throttled "$BUILD/tools/bench_sync_consumer" "$b_CONS" bench "$TMP/c11" 1) \
 	>"$TMP/c11.log" 2>"$TMP/c11.err" &
 pid=$! # the subshell's, which becomes the consumer
 PIDS+=("$pid")
 wait_for 60 grep -q "^applied 1 anchor " "$TMP/c11.log" || fail "consumer 11: no apply: $(tail -3 "$TMP/c11.err")"
-sw0=$(session_switches "$pid") || fail "consumer 11: no thread named dcast-session"
+read -r _ sw0 < <(switches "$pid" dcast-session) || fail "consumer 11: no thread named dcast-session"
+read -r FOLD_TID FOLD_AT < <(switches "$pid" dcast-fold) || fail "consumer 11: no thread named dcast-fold"
+FOLD_WAKES=0
 t0=$(date +%s%N)
+FOLD_SEEN=$t0
 [ ! -e "$TMP/c11/model.safetensors" ] || fail "consumer 11: its file was sealed before the apply was seen"
-wait_for 60 test -e "$TMP/c11/model.safetensors" || fail "consumer 11: the anchor's file never sealed"
-sw1=$(session_switches "$pid") || fail "consumer 11: its session thread is gone before it settled"
+wait_for 60 sealed_watch "$pid" "$TMP/c11/model.safetensors" || fail "consumer 11: the anchor's file never sealed"
+read -r _ sw1 < <(switches "$pid" dcast-session) || fail "consumer 11: its session thread is gone before it settled"
 t1=$(date +%s%N)
 wait "$pid" || fail "consumer 11 exited $?: $(tail -3 "$TMP/c11.err")"
 same "$TMP/c11"
 rate=$(((sw1 - sw0) * 1000000000 / (t1 - t0)))
 echo "session thread while its anchor's file was written behind: $((sw1 - sw0)) wake-ups in $(((t1 - t0) / 1000000)) ms"
 [ "$rate" -lt 250 ] || fail "consumer 11's session thread woke $rate times a second while writes ran behind"
+[ $((FOLD_SEEN - t0)) -gt 500000000 ] || fail "consumer 11's fold thread was seen for less than 0.5 s of the writes"
+rate=$((FOLD_WAKES * 1000000000 / (FOLD_SEEN - t0)))
+echo "fold thread waiting for those writes: $FOLD_WAKES wake-ups in $(((FOLD_SEEN - t0) / 1000000)) ms"
+[ "$rate" -lt 60 ] || fail "consumer 11's fold thread woke $rate times a second while it waited for the writes"
 
 # Killed at READY, its writes still running: the next open fetches again.
 (throttled "$BUILD/tools/bench_sync_consumer" "$b_CONS" bench "$TMP/c2" 1) >"$TMP/c2.log" 2>"$TMP/c2.err" &

@@ -57,20 +57,6 @@ void cs_store_wait(cs_store *s, pthread_cond_t *cv)
 }
 
 /* cs_store_wait for at most ms milliseconds. */
-static void store_wait_ms(cs_store *s, pthread_cond_t *cv, int ms)
-{
-	struct timespec ts;
-
-	DCAST_ASSERT(held_here == s);
-	clock_gettime(CLOCK_REALTIME, &ts);
-	ts.tv_nsec += (long)ms * 1000000;
-	ts.tv_sec += ts.tv_nsec / 1000000000;
-	ts.tv_nsec %= 1000000000;
-	held_here = NULL;
-	pthread_cond_timedwait(cv, &s->mu, &ts);
-	held_here = s;
-}
-
 int cs_store_held(const cs_store *s)
 {
 	return held_here == s;
@@ -306,6 +292,7 @@ void cs_ckpt_wb_close(dcast_consumer *c)
 	}
 	free(c->store->wb);
 	c->store->wb = NULL;
+	cs_ckpt_direct_wake(c->store);
 	cs_store_unlock(c->store);
 }
 
@@ -349,7 +336,7 @@ static void wb_done(dcast_consumer *c, wb_slot *s)
 		zmq_msg_close(&s->msg);
 	c->store->sink->written(c, s->version, s->credit, s->err && s->is_log);
 	if (!s->is_log)
-		pthread_cond_broadcast(&c->store->direct_cv); /* cs_ckpt_await_direct */
+		cs_ckpt_direct_wake(c->store);
 	if (s->err && !s->is_log)
 		direct_lost(c, s->version, s->err, s->why);
 	else if (s->err) {
@@ -408,6 +395,7 @@ static void wb_wait_all(dcast_consumer *c)
 	if (err && c->store->wb->at < c->store->wb->n) /* ranges that will never be written */
 		direct_lost(c, c->store->wb->later[c->store->wb->at].version, err, dcast_last_error());
 	c->store->wb->at = c->store->wb->n = 0;
+	cs_ckpt_direct_wake(c->store);
 }
 
 /* The failure not yet reported, with its detail, and forget it; or 0. */
@@ -516,6 +504,7 @@ static void direct_settle(dcast_consumer *c, int forget)
 				wb_wait_all(c);
 				break;
 			}
+		cs_ckpt_direct_wake(c->store); /* forget may have dropped the last of them */
 	}
 	cs_store_unlock(c->store);
 }
@@ -530,13 +519,19 @@ void cs_ckpt_forget_direct(dcast_consumer *c)
 	direct_settle(c, 1);
 }
 
+void cs_ckpt_direct_wake(cs_store *s)
+{
+	DCAST_ASSERT(held_here == s);
+	pthread_cond_broadcast(&s->direct_cv);
+}
+
 int cs_ckpt_await_direct(dcast_consumer *c)
 {
 	int stop = 0;
 
 	cs_store_lock(c->store);
 	while (c->store->wb && direct_pending(c->store->wb) && !(stop = atomic_load(&c->store->stop)))
-		store_wait_ms(c->store, &c->store->direct_cv, 10); /* stop is not signalled: looked at */
+		cs_store_wait(c->store, &c->store->direct_cv); /* woken by cs_ckpt_direct_wake */
 	cs_store_unlock(c->store);
 	return stop;
 }

@@ -247,6 +247,7 @@ void cs_store_fold_stop(cs_store *s)
 		return;
 	atomic_store(&s->stop, 1);
 	cs_store_lock(s);
+	cs_ckpt_direct_wake(s); /* a fold thread in cs_ckpt_await_direct sees the stop */
 	joinable = s->fold_joinable;
 	s->fold_joinable = 0;
 	cs_store_unlock(s);

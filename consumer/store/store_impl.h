@@ -106,8 +106,13 @@ void cs_store_handed_lock(pthread_mutex_t *lock);
  * turns come as each write finishes, the I/O ring's fd in its poll set,
  * cs_ckpt_wait_hint; and they call into the consumer's state); so it
  * returns 1, early, once the store stops
- * (closing: no session thread; cs_store_close's seal waits itself). */
+ * (closing: no session thread; cs_store_close's seal waits itself).
+ * It sleeps until cs_ckpt_direct_wake, with no timeout. */
 int cs_ckpt_await_direct(dcast_consumer *c);
+/* ckpt.c: wake cs_ckpt_await_direct's waiters to look again, the store's
+ * mutex held: whoever ends a write of an anchor's own file, drops the
+ * ranges still waiting, closes the write queue, or sets `stop` calls it. */
+void cs_ckpt_direct_wake(cs_store *s);
 
 /* syncer.c */
 /* Start c's sync thread.  Errors: DCAST_ENOMEM (no thread: push syncs

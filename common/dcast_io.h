@@ -10,9 +10,14 @@
  * and not yet reaped); a submit beyond that returns DCAST_EBUSY.
  *
  * The plain path (io_uring_queue_init fails with EPERM / ENOSYS / EACCES,
- * /proc/sys/kernel/io_uring_disabled is 2, or DELTACAST_IO_URING=0) runs each
- * operation to completion inside the submit call and queues its completion,
- * so callers see the same behaviour.  It logs once per process:
+ * /proc/sys/kernel/io_uring_disabled is 2, or DELTACAST_IO_URING=0, as in
+ * containers whose seccomp profile forbids io_uring) runs the operations
+ * on up to 4 threads of the engine's own (named dcast-io, started at its
+ * first submit, joined by dcast_io_close), one pread/pwrite/fsync at a
+ * time each, so a submit returns at once and callers see the same
+ * behaviour as with the ring, completions and the event fd included.
+ * Where no thread can start, each operation runs to completion inside its
+ * submit instead (logged).  It logs once per process:
  * "io_uring unavailable (<reason>): using pread/pwrite".
  *
  * Errors: a failed syscall or CQE (-errno) becomes DCAST_EIO with a detail
@@ -135,10 +140,12 @@ int dcast_io_fsync(dcast_io *io, int file, int datasync, uint64_t tag);
 
 /* A descriptor that polls readable (POLLIN) once an operation pushed to
  * the kernel has finished and waits to be reaped by dcast_io_wait: the
- * ring's own (owned by io: not to be closed or read), so that a thread
- * that sleeps in poll() wakes for its completions instead of polling on
- * a timer.  -1 without io_uring, where an operation finishes as it is
- * submitted. */
+ * ring's own, or on the plain path its threads' eventfd (owned by io: not
+ * to be closed or read), so that a thread that sleeps in poll() wakes for
+ * its completions instead of polling on a timer.  It may poll readable
+ * once more with nothing left to reap.  -1 on the plain path before its
+ * first submit, or where its threads could not start (an operation then
+ * finishes as it is submitted). */
 int dcast_io_event_fd(const dcast_io *io);
 
 /* 1 when dcast_io_wait(io, 0, ...) has something to do without a wait:

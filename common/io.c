@@ -1,12 +1,21 @@
 /* File I/O engine: io_uring with a plain pread/pwrite/fsync twin (dcast_io.h).
  * Each operation takes one slot of a fixed table (allocated at open); the
  * slot index and buffer index ride in the SQE's user_data, as in liburing's
- * io_uring-cp example.  Finished slots wait in a FIFO until reaped. */
+ * io_uring-cp example.  Finished slots wait in a FIFO until reaped.
+ *
+ * The plain twin hands each slot to threads of its own (started at the
+ * first submit), which do one syscall of it, as the kernel does one CQE's
+ * worth, and give it back with its result; the owner's thread accounts it
+ * (slot_progress) and requeues a short transfer, as for a CQE.  Only the
+ * queues `todo` and `fin` are shared, under `mu`; an eventfd says that
+ * `fin` has something. */
 #include <errno.h>
 #include <fcntl.h>
 #include <liburing.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <unistd.h>
 #include "dcast_common.h"
 #include "dcast_io.h"
@@ -15,6 +24,7 @@
 #define IO_MAX_RETRIES 1000u          /* -EAGAIN / -EINTR / no-progress requeues */
 #define IO_DEFAULT_XFER (1ul << 30)   /* bytes one SQE or syscall is given */
 #define IO_NAME_MAX 96
+#define IO_PLAIN_THREADS 4u           /* the plain twin's threads, at most */
 
 enum io_op { IO_READ = 1, IO_WRITE, IO_FSYNC, IO_FDATASYNC };
 
@@ -27,13 +37,32 @@ struct io_slot {
 	int sys_err;      /* positive errno of a failure, 0 if none */
 	unsigned retries;
 	uint8_t direct;   /* a write through the file's O_DIRECT fd */
+	int fd;           /* plain twin: the fd of its next syscall, and its */
+	size_t want;      /* bytes (both set by the owner when it queues it) */
+	long res;         /* and the result: bytes or -errno (set by the thread) */
 };
 
 struct io_file {
 	int fd, fixed, used;
 	unsigned ops;     /* submitted, their completions not yet handed back */
 	int dfd;          /* the same file opened O_DIRECT (ours), or -1 */
+	int dfd_gone;     /* one refused since: closed once no operation of the file is out */
 	char name[IO_NAME_MAX];
+};
+
+/* The plain twin's threads and the two queues they share with the owner. */
+struct io_plain {
+	pthread_t threads[IO_PLAIN_THREADS];
+	unsigned n_threads;
+	pthread_mutex_t mu;
+	pthread_cond_t todo_cv;      /* a slot to run, or stopping */
+	pthread_cond_t fin_cv;       /* a slot run */
+	unsigned *todo, todo_head, todo_n; /* FIFO of slots to run */
+	unsigned *fin, fin_n;        /* slots run, their `res` set */
+	unsigned *taken;             /* the owner's copy of fin, to account without `mu` */
+	int efd;                     /* eventfd: written after each slot put in fin */
+	int stopping;
+	int tried;                   /* plain_start ran (once per engine) */
 };
 
 struct dcast_io {
@@ -46,7 +75,11 @@ struct dcast_io {
 	unsigned *done_fifo, done_head, done_n;
 	struct iovec bufs[IO_MAX_BUFS];
 	struct io_file files[DCAST_IO_MAX_FILES];
+	struct io_plain plain;       /* no io_uring: threads once one started (n_threads) */
 };
+
+static void plain_stop(dcast_io *io);
+static void direct_close(struct io_file *f);
 
 static const char *op_name(int op)
 {
@@ -149,12 +182,17 @@ int dcast_io_open(dcast_io **out, unsigned queue_depth)
 	for (unsigned i = 0; i < queue_depth; i++)
 		io->free_stack[i] = queue_depth - 1 - i;
 	io->n_free = queue_depth;
+	io->plain.efd = -1;
+	pthread_mutex_init(&io->plain.mu, NULL);
+	pthread_cond_init(&io->plain.todo_cv, NULL);
+	pthread_cond_init(&io->plain.fin_cv, NULL);
 	rc = setup_ring(io);
 	if (rc)
 		goto fail;
 	*out = io;
 	return 0;
 fail:
+	plain_stop(io); /* no thread yet: its locks go */
 	free(io->slots);
 	free(io->free_stack);
 	free(io->done_fifo);
@@ -169,9 +207,10 @@ void dcast_io_close(dcast_io **iop)
 	if (!io)
 		return;
 	dcast_io_drain(io);
+	plain_stop(io);
 	for (unsigned i = 0; i < DCAST_IO_MAX_FILES; i++)
-		if (io->files[i].used && io->files[i].dfd >= 0)
-			close(io->files[i].dfd); /* ours; the buffered fds are the callers' */
+		if (io->files[i].used)
+			direct_close(&io->files[i]); /* ours; the buffered fds are the callers' */
 	if (io->uring)
 		io_uring_queue_exit(&io->ring);
 	free(io->slots);
@@ -188,7 +227,7 @@ int dcast_io_uses_uring(const dcast_io *io)
 
 int dcast_io_event_fd(const dcast_io *io)
 {
-	return io->uring ? io->ring.ring_fd : -1;
+	return io->uring ? io->ring.ring_fd : io->plain.efd;
 }
 
 int dcast_io_has_work(const dcast_io *io)
@@ -218,7 +257,7 @@ int dcast_io_file_add(dcast_io *io, int fd, const char *name)
 	memset(f, 0, sizeof(*f));
 	f->used = 1;
 	f->fd = fd;
-	f->dfd = -1;
+	f->dfd = f->dfd_gone = -1;
 	snprintf(f->name, sizeof(f->name), "%s", name ? name : "?");
 	if (io->uring && io->files_table)
 		f->fixed = io_uring_register_files_update(&io->ring, i, &fd, 1) == 1;
@@ -239,8 +278,7 @@ int dcast_io_file_remove(dcast_io *io, int file)
 	rc = io->files[file].ops ? dcast_io_drain(io) : 0; /* others' writes go on */
 	if (io->files[file].fixed)
 		io_uring_register_files_update(&io->ring, (unsigned)file, &none, 1);
-	if (io->files[file].dfd >= 0)
-		close(io->files[file].dfd);
+	direct_close(&io->files[file]);
 	io->files[file].used = 0;
 	return rc;
 }
@@ -267,9 +305,21 @@ static void direct_refused(struct io_file *f, const char *why)
 	dir_of(f->name, dir, sizeof(dir));
 	DCAST_LOG_I("io: O_DIRECT refused in %s (%s): %s written through the page cache", dir, why,
 		    f->name);
+	DCAST_ASSERT(f->dfd_gone < 0); /* refused once: no O_DIRECT fd opened since */
+	f->dfd_gone = f->dfd; /* an operation out may still name it: closed when none is */
+	f->dfd = -1;
+	if (!f->ops)
+		direct_close(f);
+}
+
+/* Close f's O_DIRECT fds, the one in use and one refused. */
+static void direct_close(struct io_file *f)
+{
 	if (f->dfd >= 0)
 		close(f->dfd);
-	f->dfd = -1;
+	if (f->dfd_gone >= 0)
+		close(f->dfd_gone);
+	f->dfd = f->dfd_gone = -1;
 }
 
 int dcast_io_direct_wanted(void)
@@ -391,35 +441,180 @@ static int slot_fd(dcast_io *io, struct io_slot *sl)
 	return sl->direct ? f->dfd : f->fd;
 }
 
-static long plain_once(dcast_io *io, struct io_slot *sl)
+/* One syscall of slot sl, as plain_prep set it: bytes, or -errno.  Runs
+ * on a thread of the twin's (it reads nothing of the engine's). */
+static long plain_once(const struct io_slot *sl)
 {
-	int fd = slot_fd(io, sl);
-	size_t n = sl->len - sl->done;
 	long r;
 
-	if (n > io->max_xfer)
-		n = io->max_xfer;
 	switch (sl->op) {
 	case IO_READ:
-		r = pread(fd, sl->buf + sl->done, n, (off_t)(sl->off + sl->done));
+		r = pread(sl->fd, sl->buf + sl->done, sl->want, (off_t)(sl->off + sl->done));
 		break;
 	case IO_WRITE:
-		r = pwrite(fd, sl->buf + sl->done, n, (off_t)(sl->off + sl->done));
+		r = pwrite(sl->fd, sl->buf + sl->done, sl->want, (off_t)(sl->off + sl->done));
 		break;
 	case IO_FSYNC:
-		r = fsync(fd);
+		r = fsync(sl->fd);
 		break;
 	default:
-		r = fdatasync(fd);
+		r = fdatasync(sl->fd);
 		break;
 	}
 	return r < 0 ? -errno : r;
 }
 
+/* sl's next syscall: its fd and length, picked as uring_prep picks them. */
+static void plain_prep(dcast_io *io, struct io_slot *sl)
+{
+	size_t n = sl->len - sl->done;
+
+	sl->fd = slot_fd(io, sl);
+	sl->want = n > io->max_xfer ? io->max_xfer : n;
+}
+
+/* Slot s run to its end inside the submit: where no thread could start. */
 static void plain_run(dcast_io *io, unsigned s)
 {
-	while (slot_progress(io, s, plain_once(io, &io->slots[s])))
-		;
+	do
+		plain_prep(io, &io->slots[s]);
+	while (slot_progress(io, s, plain_once(&io->slots[s])));
+}
+
+static void *plain_thread(void *arg)
+{
+	dcast_io *io = arg;
+	struct io_plain *p = &io->plain;
+	const uint64_t one = 1;
+
+	pthread_mutex_lock(&p->mu);
+	for (;;) {
+		unsigned s;
+
+		while (!p->todo_n && !p->stopping)
+			pthread_cond_wait(&p->todo_cv, &p->mu);
+		if (!p->todo_n)
+			break; /* stopping, nothing left */
+		s = p->todo[p->todo_head];
+		p->todo_head = (p->todo_head + 1) % io->depth;
+		p->todo_n--;
+		pthread_mutex_unlock(&p->mu);
+		io->slots[s].res = plain_once(&io->slots[s]);
+		pthread_mutex_lock(&p->mu);
+		DCAST_ASSERT(p->fin_n < io->depth); /* each slot is in one queue at most */
+		p->fin[p->fin_n++] = s;
+		pthread_cond_signal(&p->fin_cv);
+		if (write(p->efd, &one, sizeof(one)) < 0) /* only at 2^64 - 1 unread */
+			DCAST_ASSERT(errno == EAGAIN);
+	}
+	pthread_mutex_unlock(&p->mu);
+	return NULL;
+}
+
+static void plain_free(struct io_plain *p)
+{
+	free(p->todo);
+	free(p->fin);
+	free(p->taken);
+	if (p->efd >= 0)
+		close(p->efd);
+	p->todo = p->fin = p->taken = NULL;
+	p->efd = -1;
+}
+
+/* The twin's threads, at the first submit.  Where none starts (no memory,
+ * no eventfd, no thread) each operation runs inside its submit, said once
+ * per engine. */
+static void plain_start(dcast_io *io)
+{
+	struct io_plain *p = &io->plain;
+	unsigned want = io->depth < IO_PLAIN_THREADS ? io->depth : IO_PLAIN_THREADS;
+
+	p->tried = 1;
+	p->todo = calloc(io->depth, sizeof(*p->todo));
+	p->fin = calloc(io->depth, sizeof(*p->fin));
+	p->taken = calloc(io->depth, sizeof(*p->taken));
+	p->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	while (p->todo && p->fin && p->taken && p->efd >= 0 && p->n_threads < want &&
+	       pthread_create(&p->threads[p->n_threads], NULL, plain_thread, io) == 0)
+		pthread_setname_np(p->threads[p->n_threads++], "dcast-io");
+	if (p->n_threads)
+		return;
+	DCAST_LOG_W("io: no thread for the pread/pwrite path (%s): each operation runs inside its submit",
+		    p->efd < 0 ? strerror(errno) : "no memory or no thread");
+	plain_free(p);
+}
+
+/* Slot s to the twin's threads, its next syscall picked here. */
+static void plain_push(dcast_io *io, unsigned s)
+{
+	struct io_plain *p = &io->plain;
+
+	plain_prep(io, &io->slots[s]);
+	pthread_mutex_lock(&p->mu);
+	DCAST_ASSERT(p->todo_n < io->depth);
+	p->todo[(p->todo_head + p->todo_n++) % io->depth] = s;
+	pthread_cond_signal(&p->todo_cv);
+	pthread_mutex_unlock(&p->mu);
+	io->n_inflight++;
+}
+
+/* Account the slots the threads ran, as uring_reap_ready accounts CQEs: a
+ * short transfer or a retry goes back to them. */
+static void plain_reap_ready(dcast_io *io)
+{
+	struct io_plain *p = &io->plain;
+	uint64_t count;
+	unsigned n;
+
+	if (read(p->efd, &count, sizeof(count)) < 0) /* nothing written since: fine */
+		DCAST_ASSERT(errno == EAGAIN);
+	pthread_mutex_lock(&p->mu);
+	n = p->fin_n;
+	memcpy(p->taken, p->fin, n * sizeof(*p->fin));
+	p->fin_n = 0;
+	pthread_mutex_unlock(&p->mu);
+	for (unsigned i = 0; i < n; i++) {
+		unsigned s = p->taken[i];
+
+		io->n_inflight--;
+		if (slot_progress(io, s, io->slots[s].res))
+			plain_push(io, s);
+	}
+}
+
+/* Wait until at least want slots are in the done FIFO or nothing is out. */
+static void plain_wait_for(dcast_io *io, unsigned want)
+{
+	struct io_plain *p = &io->plain;
+
+	plain_reap_ready(io);
+	while (io->done_n < want && io->n_inflight > 0) {
+		pthread_mutex_lock(&p->mu);
+		while (!p->fin_n)
+			pthread_cond_wait(&p->fin_cv, &p->mu);
+		pthread_mutex_unlock(&p->mu);
+		plain_reap_ready(io);
+	}
+}
+
+/* Stop and join the threads (nothing is out: drained first); their locks
+ * and queues go. */
+static void plain_stop(dcast_io *io)
+{
+	struct io_plain *p = &io->plain;
+
+	pthread_mutex_lock(&p->mu);
+	p->stopping = 1;
+	pthread_cond_broadcast(&p->todo_cv);
+	pthread_mutex_unlock(&p->mu);
+	for (unsigned i = 0; i < p->n_threads; i++)
+		pthread_join(p->threads[i], NULL);
+	p->n_threads = 0;
+	plain_free(p);
+	pthread_cond_destroy(&p->fin_cv);
+	pthread_cond_destroy(&p->todo_cv);
+	pthread_mutex_destroy(&p->mu);
 }
 
 /* ---- io_uring path -------------------------------------------------- */
@@ -501,6 +696,22 @@ static int uring_wait_for(dcast_io *io, unsigned want)
 
 /* ---- submission ----------------------------------------------------- */
 
+/* Slot s under way: to the ring, to the twin's threads, or run here. */
+static void slot_start(dcast_io *io, unsigned s)
+{
+	if (io->uring) {
+		uring_prep(io, s);
+		io->n_inflight++;
+		return;
+	}
+	if (!io->plain.tried)
+		plain_start(io);
+	if (io->plain.n_threads)
+		plain_push(io, s);
+	else
+		plain_run(io, s);
+}
+
 static int submit(dcast_io *io, int op, int file, void *buf, size_t len, uint64_t off,
 		  int buf_index, uint64_t tag, int direct)
 {
@@ -523,12 +734,7 @@ static int submit(dcast_io *io, int op, int file, void *buf, size_t len, uint64_
 	*sl = (struct io_slot){.op = (uint8_t)op, .file = file, .buf_index = buf_index,
 			       .buf = buf, .len = len, .off = off, .tag = tag,
 			       .direct = (uint8_t)(direct && io->files[file].dfd >= 0)};
-	if (!io->uring) {
-		plain_run(io, s);
-		return 0;
-	}
-	uring_prep(io, s);
-	io->n_inflight++;
+	slot_start(io, s);
 	return 0;
 }
 
@@ -575,7 +781,8 @@ static int pop_done(dcast_io *io, dcast_io_done *d)
 	io->done_n--;
 	io->free_stack[io->n_free++] = s;
 	DCAST_ASSERT(io->files[sl->file].ops > 0);
-	io->files[sl->file].ops--;
+	if (!--io->files[sl->file].ops && io->files[sl->file].dfd_gone >= 0)
+		direct_close(&io->files[sl->file]); /* only the refused one: none is opened again */
 	d->tag = sl->tag;
 	d->buf_index = sl->buf_index;
 	d->bytes = sl->done;
@@ -600,6 +807,8 @@ int dcast_io_wait(dcast_io *io, unsigned min_done, dcast_io_done *done, unsigned
 		rc = uring_wait_for(io, min_done);
 		if (rc)
 			return -rc;
+	} else if (io->plain.n_threads) {
+		plain_wait_for(io, min_done);
 	}
 	while (io->done_n && n < max) {
 		unsigned s = io->done_fifo[io->done_head];
@@ -619,6 +828,8 @@ int dcast_io_drain(dcast_io *io)
 	while (outstanding(io)) {
 		if (io->uring && (rc = uring_wait_for(io, 1)) != 0)
 			return rc;
+		if (io->plain.n_threads)
+			plain_wait_for(io, 1);
 		while (io->done_n) {
 			unsigned s = io->done_fifo[io->done_head];
 

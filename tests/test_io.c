@@ -2,8 +2,12 @@
  * (DELTACAST_IO_URING=0): writes read back equal, short transfers are
  * requeued, a write cut short by RLIMIT_FSIZE reports the file, fixed
  * buffers, the in-flight bound, errors naming file and operation, a
- * file removed beside another's writes. */
+ * file removed beside another's writes, the event fd that says a
+ * completion waits; the plain path's threads (dcast-io), there while an
+ * engine is, joined by its close. */
+#include <dirent.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -224,6 +228,60 @@ static void test_short_write(void)
 	CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
 
+/* Threads of this process named dcast-io. */
+static int io_threads(void)
+{
+	char path[300], comm[32];
+	DIR *d = opendir("/proc/self/task");
+	struct dirent *e;
+	int n = 0;
+
+	REQUIRE(d);
+	while ((e = readdir(d))) {
+		FILE *f;
+
+		snprintf(path, sizeof(path), "/proc/self/task/%s/comm", e->d_name);
+		if (e->d_name[0] == '.' || !(f = fopen(path, "r")))
+			continue;
+		n += fgets(comm, sizeof(comm), f) && !strcmp(comm, "dcast-io\n");
+		fclose(f);
+	}
+	closedir(d);
+	return n;
+}
+
+/* A write pushed and not reaped: the event fd polls readable, and the
+ * next wait hands back its completion without blocking.  On the plain
+ * path, `threads` threads run the operations, and none is left after the
+ * close. */
+static void test_event_fd(int threads)
+{
+	static unsigned char src[1 << 20];
+	char path[256];
+	dcast_io_done d;
+	dcast_io *io;
+	int fd = open_file("ev", O_RDWR | O_TRUNC, path, sizeof(path)), f, got;
+	struct pollfd pfd = {.events = POLLIN};
+
+	REQUIRE(fd >= 0);
+	REQUIRE(dcast_io_open(&io, 8) == 0);
+	f = dcast_io_file_add(io, fd, path);
+	fill(src, sizeof(src), 7);
+	CHECK_ERR(dcast_io_write(io, f, src, sizeof(src), 0, DCAST_IO_NO_BUF, 42), 0);
+	pfd.fd = dcast_io_event_fd(io);
+	CHECK(pfd.fd >= 0);
+	CHECK(io_threads() == threads);
+	got = dcast_io_wait(io, 0, &d, 1); /* pushes it to the kernel */
+	if (got == 0) {
+		CHECK(poll(&pfd, 1, 30000) == 1 && (pfd.revents & POLLIN));
+		got = dcast_io_wait(io, 0, &d, 1);
+	}
+	CHECK(got == 1 && d.tag == 42 && d.err == 0 && d.bytes == sizeof(src));
+	dcast_io_close(&io);
+	CHECK(io_threads() == 0);
+	close(fd);
+}
+
 static void run_all(const char *label)
 {
 	fprintf(stderr, "-- %s\n", label);
@@ -243,12 +301,15 @@ int main(void)
 	unsetenv("DELTACAST_IO_URING");
 	REQUIRE(dcast_io_open(&io, 4) == 0);
 	fprintf(stderr, "io_uring path available: %d\n", dcast_io_uses_uring(io));
+	test_event_fd(dcast_io_uses_uring(io) ? 0 : 4);
 	dcast_io_close(&io);
 	run_all("default path");
 	setenv("DELTACAST_IO_URING", "0", 1);
 	REQUIRE(dcast_io_open(&io, 4) == 0);
 	CHECK(dcast_io_uses_uring(io) == 0);
+	CHECK(dcast_io_event_fd(io) == -1 && io_threads() == 0); /* no thread before the first submit */
 	dcast_io_close(&io);
+	test_event_fd(4);
 	run_all("plain path");
 	check_remove_dir(dir);
 	return check_done("test_io");

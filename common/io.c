@@ -13,6 +13,7 @@
 #include <fcntl.h>
 #include <liburing.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <string.h>
 #include <sys/eventfd.h>
@@ -529,15 +530,19 @@ static void plain_start(dcast_io *io)
 {
 	struct io_plain *p = &io->plain;
 	unsigned want = io->depth < IO_PLAIN_THREADS ? io->depth : IO_PLAIN_THREADS;
+	sigset_t all, was;
 
 	p->tried = 1;
 	p->todo = calloc(io->depth, sizeof(*p->todo));
 	p->fin = calloc(io->depth, sizeof(*p->fin));
 	p->taken = calloc(io->depth, sizeof(*p->taken));
 	p->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &was); /* the host's signals are not theirs to take */
 	while (p->todo && p->fin && p->taken && p->efd >= 0 && p->n_threads < want &&
 	       pthread_create(&p->threads[p->n_threads], NULL, plain_thread, io) == 0)
 		pthread_setname_np(p->threads[p->n_threads++], "dcast-io");
+	pthread_sigmask(SIG_SETMASK, &was, NULL);
 	if (p->n_threads)
 		return;
 	DCAST_LOG_W("io: no thread for the pread/pwrite path (%s): each operation runs inside its submit",

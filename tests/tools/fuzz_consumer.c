@@ -754,6 +754,24 @@ static int true_to(dcast_consumer *c, uint64_t v)
 	return true_in(c, 0, v) || true_in(c, 1, v);
 }
 
+/* What c's tensors are, for a failure's line: "run K's version V" for
+ * each truth they equal, with the run c confirmed. */
+static void truth_name(dcast_consumer *c, char *out, size_t cap)
+{
+	size_t at = (size_t)snprintf(out, cap, "run %016" PRIx64 " confirmed (the round's: %016" PRIx64
+				     " and %016" PRIx64 "); the tensors are", dcast_consumer_run(c), run_ids[0],
+				     run_ids[1]);
+	int found = 0;
+
+	for (int k = 0; k < 2; k++)
+		for (uint64_t v = 1; v <= VERSIONS && at < cap; v++)
+			if (true_in(c, k, v) && ++found)
+				at += (size_t)snprintf(out + at, cap - at, " run %016" PRIx64 "'s version %" PRIu64,
+						       run_ids[k], v);
+	if (!found && at < cap)
+		snprintf(out + at, cap - at, " no version's of either run");
+}
+
 /* Poll for ms and apply nothing: READY versions wait for the caller, as
  * they do for an engine between its pause points. */
 static void hold(dcast_consumer *c, uint64_t ms)
@@ -797,7 +815,10 @@ static dcast_consumer *open_at(const char *dir, int *bad)
 		return NULL;
 	}
 	if (!true_to(c, dcast_consumer_version(c))) {
-		say("open %s: loaded version %" PRIu64 ", not that version's tensors", dir, dcast_consumer_version(c));
+		char what[512];
+		truth_name(c, what, sizeof(what));
+		say("open %s: loaded version %" PRIu64 ", not that version's tensors: %s", dir,
+		    dcast_consumer_version(c), what);
 		*bad = 1;
 	}
 	return c;

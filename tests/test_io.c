@@ -5,7 +5,6 @@
  * file removed beside another's writes, the event fd that says a
  * completion waits; the plain path's threads (dcast-io), there while an
  * engine is, joined by its close. */
-#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -15,6 +14,7 @@
 #include <unistd.h>
 #include "check.h"
 #include "dcast_io.h"
+#include "proc.h"
 
 static char dir[] = "/tmp/dcast_test_io_XXXXXX";
 
@@ -228,25 +228,18 @@ static void test_short_write(void)
 	CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
 
+static void count_io(const char *name, const char *tid, unsigned long long ns, void *arg)
+{
+	(void)tid, (void)ns;
+	*(int *)arg += !strcmp(name, "dcast-io");
+}
+
 /* Threads of this process named dcast-io. */
 static int io_threads(void)
 {
-	char path[300], comm[32];
-	DIR *d = opendir("/proc/self/task");
-	struct dirent *e;
 	int n = 0;
 
-	REQUIRE(d);
-	while ((e = readdir(d))) {
-		FILE *f;
-
-		snprintf(path, sizeof(path), "/proc/self/task/%s/comm", e->d_name);
-		if (e->d_name[0] == '.' || !(f = fopen(path, "r")))
-			continue;
-		n += fgets(comm, sizeof(comm), f) && !strcmp(comm, "dcast-io\n");
-		fclose(f);
-	}
-	closedir(d);
+	tp_threads(count_io, &n);
 	return n;
 }
 

@@ -56,7 +56,6 @@ void cs_store_wait(cs_store *s, pthread_cond_t *cv)
 	pthread_cond_wait(cv, &s->mu);
 }
 
-/* cs_store_wait for at most ms milliseconds. */
 int cs_store_held(const cs_store *s)
 {
 	return held_here == s;

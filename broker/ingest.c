@@ -9,6 +9,7 @@
 #include "dcast_common.h"
 #include "dcast_slab.h"
 #include "dcast_fit.h" /* CHUNK and COMMIT against the manifest */
+#include "dcast_ranges.h" /* COMMIT digests in range order */
 #include "deltacast/codec.h" /* dcast_checksum */
 #include "durable.h" /* --data-dir: ACK on the durable completion */
 
@@ -654,6 +655,43 @@ static int anchor_complete(const struct broker_pending *pd)
 	return rc;
 }
 
+static int range_cmp(const void *a, const void *b)
+{
+	return dcast_range_key_cmp(a, b);
+}
+
+/* Every element part pt's chunks write lies in a range of its COMMIT c's
+ * digests: a range left out would be checked by no consumer, and each
+ * that verifies would refuse the version for it. */
+static int part_digests_hold(const struct broker_manifest *mf, const struct broker_part *pt,
+			     const dcast_commit *c)
+{
+	struct span *s = malloc((pt->n ? pt->n : 1) * sizeof(*s));
+	dcast_range_digest *d = malloc((c->n_digests ? c->n_digests : 1) * sizeof(*d));
+	dcast_digest_cover cv = {d, sizeof(*d), c->n_digests, 0};
+	uint32_t n = 0;
+	int rc = 0;
+
+	if (!s || !d) {
+		free(s), free(d);
+		return dcast_fail(DCAST_ENOMEM, "COMMIT of %u chunks, %u digests", pt->n, c->n_digests);
+	}
+	memcpy(d, c->digests, c->n_digests * sizeof(*d));
+	qsort(d, c->n_digests, sizeof(*d), range_cmp);
+	for (uint32_t j = 0; j < pt->n; j++) {
+		const dcast_chunk *k = &pt->chunks[j].c;
+		if (k->encoding == DCAST_ENC_DENSE || k->changed)
+			s[n++] = (struct span){k->tensor, k->start, k->count};
+	}
+	qsort(s, n, sizeof(*s), span_cmp);
+	for (uint32_t j = 0; !rc && j < n; j++)
+		rc = dcast_digests_hold(&cv, dcast_manifest_descs(&mf->m), (uint32_t)s[j].tensor, s[j].start,
+					s[j].count);
+	free(s);
+	free(d);
+	return rc;
+}
+
 /* The committed chunk takes the open one's payload, in memory or spilled. */
 static void chunk_take(struct broker_chunk *ch, struct broker_pending_chunk *pc)
 {
@@ -871,6 +909,7 @@ static int pending_commit_part(struct broker *b, struct broker_model *m, uint32_
 				  c->parts, (unsigned long long)c->version, pd->parts);
 	pt = &pd->part[part];
 	if ((rc = part_matches_commit(m, pt, c)) || (rc = digests_check(pd->manifest, c)) ||
+	    (rc = part_digests_hold(pd->manifest, pt, c)) ||
 	    (rc = pending_charge(b, m, (uint64_t)c->n_digests * sizeof(*c->digests), "COMMIT's digests")))
 		return rc;
 	pt->digests = c->digests; /* taken from the message */

@@ -712,7 +712,8 @@ int cs_auto_apply(dcast_consumer *c);
 int cs_check_next(dcast_consumer *c);
 
 /* verify.c: plan v's check (every range computed whole with `full` or
- * without a cached value), move the digests by each chunk as it is written
+ * without a cached value; v's chunks sorted, each that writes held whole
+ * by the COMMIT's ranges, else DCAST_ECORRUPT), move the digests by each chunk as it is written
  * (cs_verify_written after chunk k of v, with the payload it wrote and the
  * old values it saved, NULL when none were kept), then finish: check every
  * digest; on success *n becomes c->dcache. */

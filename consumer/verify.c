@@ -67,13 +67,31 @@ static int plan_entries(dcast_consumer *c, const cs_version *v, int full, cs_dca
 	return 0;
 }
 
+/* Every element v's chunks (sorted: cs_sort_chunks) write lies in one of
+ * n's ranges, else none of it could be checked: a COMMIT that left a
+ * range out would pass any damage there. */
+static int chunks_held(const dcast_consumer *c, const cs_version *v, const cs_dcache *n)
+{
+	dcast_digest_cover cv = {n->n ? &n->e[0].d : NULL, sizeof(*n->e), n->n, 0};
+	char why[512];
+
+	for (uint32_t i = 0; i < v->n_chunks; i++) {
+		const cs_chunk *k = &v->chunks[i];
+		if (cs_chunk_writes(k) && dcast_digests_hold(&cv, cs_tensor_descs(c), k->tensor, k->start, k->info.count)) {
+			snprintf(why, sizeof(why), "%s", dcast_last_error());
+			return dcast_fail(DCAST_ECORRUPT, "version %" PRIu64 ": %s", v->version, why);
+		}
+	}
+	return 0;
+}
+
 int cs_verify_plan(dcast_consumer *c, const cs_version *v, int full, cs_dcache *n)
 {
 	int err;
 
 	memset(n, 0, sizeof(*n));
 	c->verify_bytes = 0;
-	if ((err = plan_entries(c, v, full, n)))
+	if ((err = plan_entries(c, v, full, n)) || (err = chunks_held(c, v, n)))
 		cs_dcache_clear(n);
 	return err;
 }

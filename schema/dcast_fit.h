@@ -49,4 +49,25 @@ int dcast_chunk_sound(const dcast_chunk *c, dcast_desc_array d, uint64_t payload
  * / DCAST_ESHAPE as dcast_chunk_fits. */
 int dcast_digest_fits(const dcast_range_digest *e, uint32_t i, dcast_desc_array d);
 
+/* A version's COMMIT digest ranges, sorted by (tensor, start)
+ * (dcast_range_key_cmp), asked in turn whether they hold each range its
+ * chunks write: n ranges, the first at `first`, each `stride` bytes after
+ * the one before (a COMMIT's own array, or the range field of larger
+ * records).  Borrowed: nothing is copied or owned.  `at` is a cursor, 0
+ * before the first ask. */
+typedef struct dcast_digest_cover {
+	const dcast_range_digest *first; /* NULL only when n is 0 */
+	size_t stride;                   /* at least sizeof(dcast_range_digest) */
+	uint64_t n, at;
+} dcast_digest_cover;
+
+/* Do cv's ranges hold every element of [start, start + count) of
+ * `tensor` (of manifest d, named in the error)?  Asked for a version's
+ * chunks in (tensor, start) order, so that the cursor only moves on.  A
+ * chunk that writes elements no digest holds would go unchecked by every
+ * consumer that verifies: 0, or DCAST_ECORRUPT naming the first such
+ * element (docs/protocol.md, "COMMIT"). */
+int dcast_digests_hold(dcast_digest_cover *cv, dcast_desc_array d, uint32_t tensor, uint64_t start,
+		       uint64_t count);
+
 #endif

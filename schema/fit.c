@@ -78,6 +78,40 @@ int dcast_digest_fits(const dcast_range_digest *e, uint32_t i, dcast_desc_array 
 	return range_fits("COMMIT.digests", i, e->tensor, e->start, e->count, d, &t);
 }
 
+static const dcast_range_digest *cover_at(const dcast_digest_cover *cv, uint64_t i)
+{
+	return (const dcast_range_digest *)((const char *)cv->first + (size_t)i * cv->stride);
+}
+
+/* e ends before element `start` of `tensor`, or is another tensor's before it. */
+static int range_before(const dcast_range_digest *e, uint32_t tensor, uint64_t start)
+{
+	return e->tensor < tensor || (e->tensor == tensor && e->start + e->count <= start);
+}
+
+int dcast_digests_hold(dcast_digest_cover *cv, dcast_desc_array d, uint32_t tensor, uint64_t start,
+		       uint64_t count)
+{
+	const dcast_tensor_desc *t = desc_at(d, tensor);
+	uint64_t pos = start, end = start + count;
+
+	DCAST_ASSERT(cv->stride >= sizeof(dcast_range_digest) && (cv->first || !cv->n));
+	while (cv->at < cv->n && range_before(cover_at(cv, cv->at), tensor, start))
+		cv->at++;
+	for (uint64_t i = cv->at; pos < end && i < cv->n; i++) {
+		const dcast_range_digest *e = cover_at(cv, i);
+		if (e->tensor != tensor || e->start > pos)
+			break; /* sorted by start: none after it holds pos */
+		if (e->start + e->count > pos)
+			pos = e->start + e->count;
+	}
+	if (pos >= end)
+		return 0;
+	return dcast_fail(DCAST_ECORRUPT, "COMMIT.digests: no range holds element %" PRIu64 " of tensor %s, "
+			  "which a chunk writes ([%" PRIu64 ", +%" PRIu64 ")): it could not be checked",
+			  pos, t ? t->name : "?", start, count);
+}
+
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the checksum hashes little-endian u64s");
 
 uint64_t dcast_chunk_checksum(const dcast_chunk *c, uint64_t payload_sum)

@@ -228,9 +228,14 @@ static void bad_producer_messages(void *p)
 	CHECK_ERR(next_error(p), DCAST_EMSG_TYPE);
 }
 
+/* A COMMIT whose digests hold the tensor whole (their values are not
+ * checked: this broker does not fold). */
 static void commit_msg(dcast_msg *m, uint64_t version, int anchor, uint32_t chunks, uint64_t bytes)
 {
+	static dcast_range_digest whole = {0, 0, CFC_ELEMS, 0};
+
 	dcast_msg_init(m, DCAST_MSG_COMMIT);
+	m->u.commit.n_digests = 1, m->u.commit.digests = &whole;
 	strcpy(m->u.commit.model, "bad");
 	m->u.commit.version = version;
 	m->u.commit.anchor = (uint32_t)anchor;
@@ -269,6 +274,31 @@ static void empty_payload_without_frame(void *p)
 	commit_msg(&m, 2, 0, 1, 0);
 	send_msg(p, &m, NULL, 0);
 	CHECK(next_error(p) == 0); /* the broker is alive and ACKs version 2 */
+}
+
+/* A delta whose COMMIT holds a digest of only half of what its chunk
+ * writes: no consumer could check the rest, and each that verifies would
+ * refuse the version.  Refused at its COMMIT (DCAST_ECORRUPT, naming the
+ * first element left out), not ACKed. */
+static void unheld_chunk(void *p)
+{
+	dcast_range_digest half = {0, 0, CFC_ELEMS / 2, 0};
+	char text[DCAST_MAX_TEXT + 1] = "";
+	uint8_t dense[CFC_ELEMS * 2] = {9};
+	dcast_msg m;
+
+	printf("a delta whose COMMIT holds no digest for half of its chunk:\n");
+	chunk_msg(&m, 0, sizeof(dense), dense);
+	m.u.chunk.version = 3, m.u.chunk.base_version = 2, m.u.chunk.anchor = 0;
+	m.u.chunk.count = m.u.chunk.changed = CFC_ELEMS;
+	dcast_chunk_seal(&m.u.chunk, dense);
+	send_msg(p, &m, dense, sizeof(dense));
+	commit_msg(&m, 3, 0, 1, sizeof(dense));
+	m.u.commit.digests = &half;
+	send_msg(p, &m, NULL, 0);
+	CHECK_ERR(next_error(p), DCAST_EABORTED);
+	CHECK_ERR(next_error_text(p, text, sizeof(text)), DCAST_ECORRUPT);
+	CHECK(strstr(text, "no range holds element 32 of tensor") != NULL);
 }
 
 /* An anchor must carry every element of its manifest: an empty one (a
@@ -709,6 +739,7 @@ int main(void)
 	since = dcast_now_ms();
 	bad_producer_messages(p);
 	empty_payload_without_frame(p);
+	unheld_chunk(p);
 	incomplete_anchors(p);
 	bad_consumer_messages(c);
 	credit_with_model(c);

@@ -69,8 +69,9 @@ static void chunk(struct h_client *p, uint64_t version, int anchor, uint32_t seq
 	REQUIRE(send_msg(p, &m, anchor ? data : NULL, c->payload_bytes) == 0);
 }
 
-/* COMMIT of one chunk with n_digests entries (empty ranges: digest 0 is
- * right for them, so only their number matters). */
+/* COMMIT of one chunk with n_digests entries: the first holds the tensor
+ * (its value is not checked: this broker does not fold), the others are
+ * empty ranges (digest 0 is right for them), so only their number matters. */
 static void commit(struct h_client *p, uint64_t version, int anchor, uint64_t bytes,
 		   uint32_t n_digests)
 {
@@ -78,6 +79,7 @@ static void commit(struct h_client *p, uint64_t version, int anchor, uint64_t by
 	dcast_msg m;
 
 	REQUIRE(dg);
+	dg[0].count = ELEMS;
 	dcast_msg_init(&m, DCAST_MSG_COMMIT);
 	snprintf(m.u.commit.model, sizeof(m.u.commit.model), "%s", p->model);
 	m.u.commit.version = version;

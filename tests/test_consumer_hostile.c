@@ -9,7 +9,11 @@
  * READY and applies bit-exact.  So is a CHUNK of version 5 that does not
  * fit the manifest, and one whose payload is damaged: a version not staged
  * is named by the message alone (its version field may be the damaged
- * one), so nothing staged is dropped for it.  Nothing aborts. */
+ * one), so nothing staged is dropped for it.  Then delta 8, whose COMMIT
+ * holds a digest for elements [0, 10) alone while its chunk writes
+ * [10, 20): refused (DCAST_ECORRUPT, naming element 10), since nothing
+ * could check what it writes, with the tensors left at 7; sent again
+ * with the digests split there, it applies.  Nothing aborts. */
 #include <stdint.h>
 #include "check.h"
 #include "chunk_fit_cases.h"
@@ -119,6 +123,58 @@ static void damaged_below_ready(dcast_consumer *c, const uint16_t *w)
 	CHECK(dcast_consumer_ready_version(c) == 7);
 }
 
+/* Delta 8 on 7: elements [10, 20) of w7 set to w8's, dense; its COMMIT's
+ * digests [0, 10) and, unless `cut`, [10, N), of w8. */
+static void delta(const uint16_t *w8, int cut)
+{
+	dcast_range_digest d[2] = {{0, 0, 10, 0}, {0, 10, N - 10, 0}};
+	dcast_msg chunk, commit;
+
+	dcast_msg_init(&chunk, DCAST_MSG_CHUNK);
+	strcpy(chunk.u.chunk.model, MODEL);
+	chunk.u.chunk.version = 8, chunk.u.chunk.base_version = 7;
+	chunk.u.chunk.start = 10, chunk.u.chunk.count = chunk.u.chunk.changed = 10, chunk.u.chunk.elem_size = 2;
+	chunk.u.chunk.encoding = DCAST_ENC_DENSE, chunk.u.chunk.payload_bytes = 20;
+	dcast_chunk_seal(&chunk.u.chunk, w8 + 10);
+	send_to(&chunk, w8 + 10, 20);
+	for (int i = 0; i < 2; i++)
+		REQUIRE(dcast_ldigest(0, d[i].start, w8 + d[i].start, d[i].count, 2, &d[i].digest) == 0);
+	dcast_msg_init(&commit, DCAST_MSG_COMMIT);
+	strcpy(commit.u.commit.model, MODEL);
+	commit.u.commit.version = 8, commit.u.commit.base_version = 7;
+	commit.u.commit.parts = 1, commit.u.commit.chunks = 1, commit.u.commit.bytes = 20;
+	commit.u.commit.n_digests = cut ? 1 : 2, commit.u.commit.digests = d;
+	send_to(&commit, NULL, 0);
+}
+
+/* Delta 8 with no digest for what it writes: refused, the tensors kept
+ * at 7; then whole, applied. */
+static void delta_unchecked(dcast_consumer *c, const uint16_t *w7)
+{
+	uint16_t w8[N];
+	dcast_event ev;
+	void *ptr;
+
+	memcpy(w8, w7, sizeof(w8));
+	for (int i = 10; i < 20; i++)
+		w8[i] ^= 0x40;
+	zmq_msg_close(&rid);
+	welcome();
+	delta(w8, 1);
+	CHECK(event(c, DCAST_EV_ERROR, &ev) && ev.version == 8);
+	fprintf(stderr, "delta 8 without its digest refused as: %s\n", ev.text);
+	CHECK_ERR(ev.code, DCAST_ECORRUPT);
+	CHECK(strstr(ev.text, "no range holds element 10 of tensor w") != NULL);
+	CHECK(dcast_consumer_version(c) == 7 && dcast_consumer_ready_version(c) == DCAST_VERSION_NONE);
+	CHECK(dcast_consumer_tensor(c, "w", &ptr, NULL, NULL) == 0 && !memcmp(ptr, w7, N * 2));
+	zmq_msg_close(&rid);
+	welcome();
+	delta(w8, 0);
+	CHECK(event(c, DCAST_EV_VERSION_READY, &ev) && ev.version == 8);
+	CHECK_ERR(dcast_consumer_apply(c, 8), 0);
+	CHECK(dcast_consumer_tensor(c, "w", &ptr, NULL, NULL) == 0 && !memcmp(ptr, w8, sizeof(w8)));
+}
+
 int main(void)
 {
 	char dir[] = "/tmp/dcast-test-hostile-XXXXXX", ep[128];
@@ -148,6 +204,7 @@ int main(void)
 	damaged_below_ready(c, w5);
 	CHECK_ERR(dcast_consumer_apply(c, 7), 0);
 	CHECK(dcast_consumer_tensor(c, "w", &ptr, NULL, NULL) == 0 && !memcmp(ptr, w7, sizeof(w7)));
+	delta_unchecked(c, w7);
 	dcast_consumer_close(&c);
 	zmq_msg_close(&rid);
 	zmq_close(router);

@@ -782,20 +782,24 @@ static void hold(dcast_consumer *c, uint64_t ms)
 	}
 }
 
-/* Poll and apply for ms (until `until` is held, when not none); every
- * applied version checked.  0, or -1 when one was not its truth. */
+/* Poll and apply for ms (until `until` is held, when not none); the
+ * tensors checked after every apply, refused ones too (those keep the
+ * version before, or the last one they applied on the way).  0, or -1
+ * when they were not the truth of the version the consumer holds. */
 static int drive(dcast_consumer *c, uint64_t ms, uint64_t until)
 {
 	for (uint64_t end = dcast_now_ms() + ms; dcast_now_ms() < end;) {
 		dcast_event ev;
 		uint64_t have = dcast_consumer_version(c), r;
+		int rc;
 		if (until != DCAST_VERSION_NONE && have == until)
 			return 0;
-		if (dcast_consumer_poll(c, 20, &ev))
+		if (dcast_consumer_poll(c, 20, &ev) || (r = dcast_consumer_ready_version(c)) == DCAST_VERSION_NONE)
 			continue;
-		r = dcast_consumer_ready_version(c);
-		if (r != DCAST_VERSION_NONE && dcast_consumer_apply(c, r) == 0 && !true_to(c, dcast_consumer_version(c))) {
-			say("version %" PRIu64 " applied, and its tensors are not that version's", dcast_consumer_version(c));
+		rc = dcast_consumer_apply(c, r);
+		if (!true_to(c, dcast_consumer_version(c))) {
+			say("apply of version %" PRIu64 " %s, and the tensors are not version %" PRIu64 "'s", r,
+			    rc ? "refused" : "done", dcast_consumer_version(c));
 			return -1;
 		}
 	}

@@ -459,20 +459,38 @@ static int live_layout(dcast_consumer *c, uint64_t v, cs_landed *landed, dcast_s
 	return cs_anchor_layout(c->model, c->tensors, c->n_tensors, v, dbuf, lay);
 }
 
-/* Write at offset 0 of `file` the header of model.safetensors as the
- * anchor in place `version`, at its COMMIT: its file digest from the live
- * tensors and the blocks hashed as they landed (`landed`, taken from the
- * store).  Errors: DCAST_EIO, DCAST_ENOMEM, DCAST_ENODEVICE. */
-static int new_header_write(dcast_consumer *c, int fd, uint64_t version, cs_landed *landed)
+/* The header of model.safetensors as v, the anchor in place, at its
+ * COMMIT (its file digest from the live tensors and the blocks hashed as
+ * they landed: `landed`, taken from the store), written behind at offset
+ * 0 of its file, as its chunks' ranges are: the session thread does not
+ * wait for the disk, nor, where the I/O engine runs syscalls on threads,
+ * behind their writes for the file's lock.  The store keeps the header
+ * until the file's writes are done (new_header).  Errors: DCAST_EIO,
+ * DCAST_ENOMEM, DCAST_ENODEVICE. */
+static int new_header_submit(dcast_consumer *c, const cs_version *v, cs_landed *landed)
 {
 	dcast_st_layout lay;
-	int err = live_layout(c, version, landed, &lay);
+	int err = live_layout(c, v->version, landed, &lay);
 
 	if (err)
 		return err;
-	err = dcast_pwrite_full(fd, lay.header, lay.header_bytes, 0, "model.safetensors.new");
+	cs_store_lock(c->store);
+	DCAST_ASSERT(!c->store->new_header); /* one anchor in place at a time */
+	c->store->new_header = lay.header;
+	lay.header = NULL;
+	cs_store_unlock(c->store);
+	err = cs_ckpt_direct_bytes(c, v, c->store->new_header, 0, lay.header_bytes);
 	dcast_st_layout_free(&lay);
 	return err;
+}
+
+static void new_header_free(dcast_consumer *c)
+{
+	cs_ckpt_settle(c); /* none of its writes reads it now */
+	cs_store_lock(c->store);
+	free(c->store->new_header);
+	c->store->new_header = NULL;
+	cs_store_unlock(c->store);
 }
 
 /* ---- an anchor received in place: its file ----
@@ -503,6 +521,8 @@ void cs_anchor_new_release(dcast_consumer *c)
 	c->store->new_fd = c->store->new_file = -1;
 	if (file >= 0)
 		dcast_io_file_remove(c->io, file);
+	free(c->store->new_header); /* its write was one of them */
+	c->store->new_header = NULL;
 	cs_store_unlock(c->store);
 	if (fd >= 0)
 		close(fd);
@@ -646,10 +666,12 @@ static int new_commit(dcast_consumer *c, cs_version *v)
 	c->store->new_landed = (cs_landed){0};
 	cs_anchor_new_forget(c->store);
 	cs_store_unlock(c->store);
-	err = new_header_write(c, v->fd, v->version, &landed);
+	err = new_header_submit(c, v, &landed);
 	landed_free(&landed);
-	if (err)
+	if (err) {
+		new_header_free(c);
 		return err;
+	}
 	cs_store_lock(c->store);
 	DCAST_ASSERT(c->store->new_fd < 0 && c->store->new_file < 0); /* one anchor in place at a time */
 	c->store->new_fd = v->fd;

@@ -247,7 +247,7 @@ static void slot_fail(wb_slot *s, int err)
 /* A range of an anchor's own file waiting for a slot (below: its writes
  * never hold up the receive). */
 typedef struct wb_later {
-	const unsigned char *src; /* in the tensor */
+	const unsigned char *src; /* in the tensor, or the file's header (new_header) */
 	uint64_t off, len, version;
 	int file;
 } wb_later;
@@ -712,24 +712,44 @@ static void wb_pump(dcast_consumer *c)
 		wb->at = wb->n = 0;
 }
 
-/* Chunk k's range of the anchor file (v->direct), from the tensor: into a
- * free slot, else to wait for one (the receive goes on), else, when the
- * queue cannot grow, into the next slot freed. */
+/* Range l of an anchor's own file: into a free slot, else to wait for one
+ * (the receive goes on), else, when the queue cannot grow, into the next
+ * slot freed. */
+static int direct_write(dcast_consumer *c, const wb_later *l)
+{
+	wb_slot *s;
+
+	if (!(s = direct_slot_try(c)) && later_push(c->store->wb, l) == 0)
+		return 0;
+	if (!s && !(s = wb_slot_get(c)))
+		return dcast_fail(DCAST_EIO, "version %" PRIu64 ": record writes failed", l->version);
+	direct_slot(s, l->version, l->off, l->len);
+	return range_submit(c, l->file, l->src, s);
+}
+
+/* Chunk k's range of the anchor file (v->direct), from the tensor. */
 static int direct_submit(dcast_consumer *c, cs_version *v, const dcast_chunk *k, const void *payload,
 			 uint64_t *payload_off)
 {
 	wb_later l = {payload, c->store->new_offs[k->tensor] + k->start * k->elem_size, /* k checked */
 		      k->payload_bytes, k->version, v->io_file};
-	wb_slot *s;
 
 	DCAST_ASSERT(v->in_place);
 	*payload_off = l.off;
-	if (!(s = direct_slot_try(c)) && later_push(c->store->wb, &l) == 0)
-		return 0;
-	if (!s && !(s = wb_slot_get(c)))
-		return dcast_fail(DCAST_EIO, "version %" PRIu64 ": record writes failed", k->version);
-	direct_slot(s, l.version, l.off, l.len);
-	return range_submit(c, l.file, l.src, s);
+	return direct_write(c, &l);
+}
+
+int cs_ckpt_direct_bytes(dcast_consumer *c, const cs_version *v, const void *src, uint64_t off, uint64_t len)
+{
+	wb_later l = {src, off, len, v->version, v->io_file};
+	int err;
+
+	DCAST_ASSERT(v->direct);
+	cs_store_lock(c->store);
+	if (!(err = direct_write(c, &l)) && wb_reap(c, 0))
+		wb_wait_all(c); /* the ring failed: every pending write fails, reported by the flush */
+	cs_store_unlock(c->store);
+	return err;
 }
 
 /* Chunk k's record (or, v->direct, its range of the anchor file) in a

@@ -74,6 +74,8 @@ struct cs_store {
 	 * after its COMMIT ("" before), which the seal reports (ckpt.c,
 	 * direct_lost). */
 	int new_fd, new_file, new_write_lost;
+	unsigned char *new_header;     /* its header, written behind from here (anchor.c, new_commit);
+					* freed with the descriptor (cs_anchor_new_release) */
 	char new_write_why[256];
 	pthread_cond_t direct_cv;      /* a write of it done (waited on with `mu`) */
 	/* The fold thread (store.c): holds `lock` but while it syncs or folds
@@ -144,6 +146,12 @@ int cs_ckpt_io_attach(dcast_consumer *c, cs_version *v, const char *path);
 /* Wait for every chunk record written behind; the first failure since the
  * last call (its version is marked write_failed), else 0. */
 int cs_ckpt_flush(dcast_consumer *c);
+/* Bytes [off, off + len) of v's own file (an anchor in place, v->direct)
+ * written behind from src, as its chunks' ranges are: src stays valid
+ * until every write of the file is done (cs_anchor_new_release); a
+ * failure marks the file, which is then never sealed (direct_lost).
+ * Takes the store's mutex.  Errors: DCAST_EIO (nothing went). */
+int cs_ckpt_direct_bytes(dcast_consumer *c, const cs_version *v, const void *src, uint64_t off, uint64_t len);
 int cs_ckpt_wb_open(dcast_consumer *c);
 void cs_ckpt_wb_close(dcast_consumer *c);
 void cs_ckpt_version_path(const dcast_consumer *c, uint64_t version, char *out, size_t cap);
@@ -204,7 +212,8 @@ void cs_fold_priority(int background, int *saved);
  * store's mutex held or at close.  cs_anchor_new_release waits for the
  * writes (cs_ckpt_settle: all of them, so that none is left on the file
  * it takes from the I/O engine) and closes the descriptor and the engine's handle the store took at the
- * COMMIT (new_fd, new_file); the seal and cs_anchor_new_drop call it,
+ * COMMIT (new_fd, new_file), and frees the header written behind from
+ * new_header; the seal and cs_anchor_new_drop call it,
  * without the store's mutex.
  * anchor_new.c:
  * cs_anchor_new_applied, once apply() has checked it, renames it to

@@ -8,7 +8,12 @@
  * worth, and give it back with its result; the owner's thread accounts it
  * (slot_progress) and requeues a short transfer, as for a CQE.  Only the
  * queues `todo` and `fin` are shared, under `mu`; an eventfd says that
- * `fin` has something. */
+ * `fin` has something.  A write through O_DIRECT waits for the disk inside
+ * its syscall, and on ext4 holds the file's lock meanwhile, so that the
+ * file's other writes wait for it too: the operations on a file with an
+ * O_DIRECT fd (an anchor's own file) queue apart and take all threads but
+ * one, and those on the others (the records of a version behind that
+ * anchor) never wait behind them for a thread. */
 #include <errno.h>
 #include <fcntl.h>
 #include <liburing.h>
@@ -51,14 +56,21 @@ struct io_file {
 	char name[IO_NAME_MAX];
 };
 
-/* The plain twin's threads and the two queues they share with the owner. */
+/* A FIFO of slots to run, of the engine's depth. */
+struct plain_fifo {
+	unsigned *s, head, n;
+};
+
+/* The plain twin's threads and the queues they share with the owner. */
 struct io_plain {
 	pthread_t threads[IO_PLAIN_THREADS];
 	unsigned n_threads;
 	pthread_mutex_t mu;
 	pthread_cond_t todo_cv;      /* a slot to run, or stopping */
 	pthread_cond_t fin_cv;       /* a slot run */
-	unsigned *todo, todo_head, todo_n; /* FIFO of slots to run */
+	struct plain_fifo todo[2];   /* to run: [1] on files with an O_DIRECT fd, [0] the others */
+	unsigned direct_running;     /* [1]'s inside their syscall, at most direct_max */
+	unsigned direct_max;         /* the threads but one (one, when there is one) */
 	unsigned *fin, fin_n;        /* slots run, their `res` set */
 	unsigned *taken;             /* the owner's copy of fin, to account without `mu` */
 	int efd;                     /* eventfd: written after each slot put in fin */
@@ -482,6 +494,16 @@ static void plain_run(dcast_io *io, unsigned s)
 	while (slot_progress(io, s, plain_once(&io->slots[s])));
 }
 
+/* The queue a thread takes its next slot from, or NULL: the quick ones
+ * first, one on a file with an O_DIRECT fd while fewer than direct_max
+ * run. */
+static struct plain_fifo *plain_next(struct io_plain *p)
+{
+	if (p->todo[0].n)
+		return &p->todo[0];
+	return p->todo[1].n && p->direct_running < p->direct_max ? &p->todo[1] : NULL;
+}
+
 static void *plain_thread(void *arg)
 {
 	dcast_io *io = arg;
@@ -492,16 +514,24 @@ static void *plain_thread(void *arg)
 	for (;;) {
 		unsigned s;
 
-		while (!p->todo_n && !p->stopping)
+		struct plain_fifo *f;
+		int direct;
+
+		while (!(f = plain_next(p)) && !(p->stopping && !p->todo[0].n && !p->todo[1].n))
 			pthread_cond_wait(&p->todo_cv, &p->mu);
-		if (!p->todo_n)
+		if (!f)
 			break; /* stopping, nothing left */
-		s = p->todo[p->todo_head];
-		p->todo_head = (p->todo_head + 1) % io->depth;
-		p->todo_n--;
+		s = f->s[f->head];
+		f->head = (f->head + 1) % io->depth;
+		f->n--;
+		direct = f == &p->todo[1];
+		p->direct_running += (unsigned)direct;
 		pthread_mutex_unlock(&p->mu);
 		io->slots[s].res = plain_once(&io->slots[s]);
 		pthread_mutex_lock(&p->mu);
+		p->direct_running -= (unsigned)direct;
+		if (direct && p->todo[1].n) /* one waiting may take it now */
+			pthread_cond_signal(&p->todo_cv);
 		DCAST_ASSERT(p->fin_n < io->depth); /* each slot is in one queue at most */
 		p->fin[p->fin_n++] = s;
 		pthread_cond_signal(&p->fin_cv);
@@ -514,12 +544,13 @@ static void *plain_thread(void *arg)
 
 static void plain_free(struct io_plain *p)
 {
-	free(p->todo);
+	free(p->todo[0].s);
+	free(p->todo[1].s);
 	free(p->fin);
 	free(p->taken);
 	if (p->efd >= 0)
 		close(p->efd);
-	p->todo = p->fin = p->taken = NULL;
+	p->todo[0].s = p->todo[1].s = p->fin = p->taken = NULL;
 	p->efd = -1;
 }
 
@@ -533,16 +564,21 @@ static void plain_start(dcast_io *io)
 	sigset_t all, was;
 
 	p->tried = 1;
-	p->todo = calloc(io->depth, sizeof(*p->todo));
+	p->todo[0].s = calloc(io->depth, sizeof(*p->todo[0].s));
+	p->todo[1].s = calloc(io->depth, sizeof(*p->todo[1].s));
+	p->direct_max = want > 1 ? want - 1 : 1;
 	p->fin = calloc(io->depth, sizeof(*p->fin));
 	p->taken = calloc(io->depth, sizeof(*p->taken));
 	p->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 	sigfillset(&all);
 	pthread_sigmask(SIG_SETMASK, &all, &was); /* the host's signals are not theirs to take */
-	while (p->todo && p->fin && p->taken && p->efd >= 0 && p->n_threads < want &&
+	while (p->todo[0].s && p->todo[1].s && p->fin && p->taken && p->efd >= 0 && p->n_threads < want &&
 	       pthread_create(&p->threads[p->n_threads], NULL, plain_thread, io) == 0)
 		pthread_setname_np(p->threads[p->n_threads++], "dcast-io");
 	pthread_sigmask(SIG_SETMASK, &was, NULL);
+	pthread_mutex_lock(&p->mu);
+	p->direct_max = p->n_threads > 1 ? p->n_threads - 1 : 1; /* those that started */
+	pthread_mutex_unlock(&p->mu);
 	if (p->n_threads)
 		return;
 	DCAST_LOG_W("io: no thread for the pread/pwrite path (%s): each operation runs inside its submit",
@@ -554,11 +590,13 @@ static void plain_start(dcast_io *io)
 static void plain_push(dcast_io *io, unsigned s)
 {
 	struct io_plain *p = &io->plain;
+	struct plain_fifo *f;
 
 	plain_prep(io, &io->slots[s]);
 	pthread_mutex_lock(&p->mu);
-	DCAST_ASSERT(p->todo_n < io->depth);
-	p->todo[(p->todo_head + p->todo_n++) % io->depth] = s;
+	f = &p->todo[io->files[io->slots[s].file].dfd >= 0];
+	DCAST_ASSERT(p->todo[0].n + p->todo[1].n < io->depth);
+	f->s[(f->head + f->n++) % io->depth] = s;
 	pthread_cond_signal(&p->todo_cv);
 	pthread_mutex_unlock(&p->mu);
 	io->n_inflight++;

@@ -512,9 +512,8 @@ static void *plain_thread(void *arg)
 
 	pthread_mutex_lock(&p->mu);
 	for (;;) {
-		unsigned s;
-
 		struct plain_fifo *f;
+		unsigned s;
 		int direct;
 
 		while (!(f = plain_next(p)) && !(p->stopping && !p->todo[0].n && !p->todo[1].n))

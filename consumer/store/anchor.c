@@ -470,16 +470,18 @@ static int live_layout(dcast_consumer *c, uint64_t v, cs_landed *landed, dcast_s
 static int new_header_submit(dcast_consumer *c, const cs_version *v, cs_landed *landed)
 {
 	dcast_st_layout lay;
+	unsigned char *header;
 	int err = live_layout(c, v->version, landed, &lay);
 
 	if (err)
 		return err;
+	header = lay.header;
+	lay.header = NULL; /* the store's from here */
 	cs_store_lock(c->store);
 	DCAST_ASSERT(!c->store->new_header); /* one anchor in place at a time */
-	c->store->new_header = lay.header;
-	lay.header = NULL;
+	c->store->new_header = header;
 	cs_store_unlock(c->store);
-	err = cs_ckpt_direct_bytes(c, v, c->store->new_header, 0, lay.header_bytes);
+	err = cs_ckpt_direct_bytes(c, v, header, 0, lay.header_bytes);
 	dcast_st_layout_free(&lay);
 	return err;
 }

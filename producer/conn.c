@@ -84,7 +84,7 @@ void prod_conn_close(dcast_producer *p, int send_bye)
 
 static void on_welcome(dcast_producer *p, const dcast_welcome *w)
 {
-	p->conn.up = 1;
+	p->conn.up = !p->conn.drop_why; /* a stray one does not undo a drop */
 	p->conn.broker_version = w->version;
 	p->conn.hb_version = DCAST_VERSION_NONE; /* this connection's HEARTBEATs only */
 	p->conn.run = w->run;
@@ -92,6 +92,36 @@ static void on_welcome(dcast_producer *p, const dcast_welcome *w)
 	memcpy(p->conn.consumers, w->consumers, sizeof(p->conn.consumers));
 	p->conn.need_anchor = (int)w->need_anchor;
 	p->conn.heartbeat_ms = w->heartbeat_ms ? w->heartbeat_ms : 1000;
+}
+
+/* A version this producer has passed to publish() (pending or done). */
+static int published(const dcast_producer *p, uint64_t version)
+{
+	uint64_t last = p->last_version, pending = p->pending_version;
+
+	return version != DCAST_VERSION_NONE &&
+	       ((last != DCAST_VERSION_NONE && version <= last) ||
+		(pending != DCAST_VERSION_NONE && version <= pending));
+}
+
+/* The broker ACKs only a version whose COMMIT it took: an ACK of a
+ * version never published, or of the pending one before its COMMIT went
+ * out, is logged and dropped, so that it moves neither the broker's
+ * newest version (which publish() must stay above) nor the baseline. */
+static void on_ack(dcast_producer *p, uint64_t version)
+{
+	const char *why = !published(p, version) ? "which this producer never published"
+			  : version == p->pending_version && !p->commit_sent ? "before its COMMIT went out"
+			  : NULL;
+
+	if (why) {
+		DCAST_LOG_W("producer %s part %u: ignoring an ACK of version %lld, %s", p->model,
+			    p->part, (long long)version, why);
+		return;
+	}
+	if (p->conn.broker_version == DCAST_VERSION_NONE || version > p->conn.broker_version)
+		p->conn.broker_version = version;
+	prod_version_acked(p, version);
 }
 
 static void on_error(dcast_producer *p, const dcast_error_msg *e)
@@ -125,10 +155,7 @@ static void handle(dcast_producer *p, const dcast_msg *m)
 		prod_progress_taken(p);
 		break;
 	case DCAST_MSG_ACK:
-		if (p->conn.broker_version == DCAST_VERSION_NONE ||
-		    m->u.ack.version > p->conn.broker_version)
-			p->conn.broker_version = m->u.ack.version;
-		prod_version_acked(p, m->u.ack.version);
+		on_ack(p, m->u.ack.version);
 		break;
 	case DCAST_MSG_ERROR:
 		on_error(p, &m->u.error);
@@ -367,6 +394,7 @@ int prod_conn_join(dcast_producer *p)
 
 	prod_conn_close(p, 0);
 	p->conn.generation++;
+	p->conn.drop_why = NULL;
 	p->conn.auth_failed = p->conn.peer_err = 0;
 	p->conn.handshaken = p->conn.dropped_in_handshake = 0;
 	if ((rc = open_socket(p)) || (rc = send_hello(p, deadline)) ||

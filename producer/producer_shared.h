@@ -179,6 +179,8 @@ typedef struct prod_conn {
 					  join mean a refusal (wrong server key, or a
 					  broker that wants CURVE), not a restart */
 	uint32_t generation;    /* bumped on every (re-)join */
+	const char *drop_why;   /* up cleared by a call, not the socket: why (a
+				   string literal, for the re-join's log); NULL: lost */
 	uint64_t credit_granted, credit_used;
 	uint64_t credit_window;  /* the first CREDIT after HELLO: the window; what
 				    comes after it is credit back for stored chunks */

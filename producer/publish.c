@@ -304,7 +304,8 @@ static int ensure_joined(dcast_producer *p)
 	if (p->conn.sock)
 		prod_conn_poll(p, 0);
 	if (!p->conn.up)
-		return prod_conn_rejoin(p, "connection to the broker lost");
+		return prod_conn_rejoin(p, p->conn.drop_why ? p->conn.drop_why
+							 : "connection to the broker lost");
 	if (silent > 2ull * p->conn.heartbeat_ms)
 		return prod_conn_join(p);
 	return 0;

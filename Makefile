@@ -368,6 +368,19 @@ fuzz-consumer: all $(BUILD)/tools/fuzz_consumer
 	  --seconds $(FUZZ_CONSUMER_SECONDS) --bulk $(FUZZ_CONSUMER_BULK) --relay $(FUZZ_CONSUMER_RELAY) \
 	  --curve $(FUZZ_CONSUMER_CURVE)
 
+# `make fuzz-producer`: tests/tools/fuzz_producer publishes from a real
+# producer through a proxy that lies to it about what a real broker says
+# (ACKs, CREDIT, WELCOMEs, ERRORs, HEARTBEATs dropped, repeated, changed or
+# made up) for FUZZ_PRODUCER_SECONDS (default 600), seed FUZZ_PRODUCER_SEED
+# (default: the clock); each round the producer, once the proxy is honest,
+# must have a version taken, and a fresh consumer must reach it bit-exact.
+FUZZ_PRODUCER_SECONDS ?= 600
+FUZZ_PRODUCER_SEED ?= $(shell date +%s)
+.PHONY: fuzz-producer
+fuzz-producer: all $(BUILD)/tools/fuzz_producer
+	DELTACAST_BUILD=$(abspath $(BUILD)) nice -n 10 $(BUILD)/tools/fuzz_producer \
+	  --seed $(FUZZ_PRODUCER_SEED) --seconds $(FUZZ_PRODUCER_SECONDS)
+
 # --- bench-sync ---
 # `make bench-sync`: a 1% delta of a BENCH_SYNC_PARAMS bf16 model to N = 1, 4,
 # 8 consumers (the library in C and Python, `deltacast subscribe`, and on a

@@ -84,6 +84,13 @@ typedef struct tp_broker {
  * client 20-50x slower), which then skip, saying so. */
 int tp_under_valgrind(void);
 
+/* A line on stderr: fmt as printf's, then a newline. */
+void tp_say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* A tool's option: when argv[*i] is `name` and a value follows, that
+ * value (decimal) into *out, *i moved onto it, and 1; else 0. */
+int tp_arg_u64(int argc, char **argv, int *i, const char *name, uint64_t *out);
+
 /* The port after the last `needle` in the file at path, 0 if none. */
 int tp_log_port(const char *path, const char *needle);
 

@@ -2,6 +2,7 @@
  * test, waits on events, a real broker process and its /metrics page,
  * loopback connections as /proc/net/tcp shows them. */
 #include <arpa/inet.h>
+#include <stdarg.h>
 #include <dirent.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -532,4 +533,22 @@ int tp_threads(void (*fn)(const char *name, const char *tid, unsigned long long 
 	if (d)
 		closedir(d);
 	return n;
+}
+
+int tp_arg_u64(int argc, char **argv, int *i, const char *name, uint64_t *out)
+{
+	if (strcmp(argv[*i], name) || *i + 1 >= argc)
+		return 0;
+	*out = strtoull(argv[++*i], NULL, 10);
+	return 1;
+}
+
+void tp_say(const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputc('\n', stderr);
 }

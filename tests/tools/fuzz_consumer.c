@@ -583,17 +583,6 @@ static void *broker_main(void *arg)
 
 /* ---- the driver ---- */
 
-static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void say(const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
-	va_end(ap);
-	fputc('\n', stderr);
-}
-
 /* ---- the relays (--relay N) ---- */
 
 #define MAX_RELAYS 4
@@ -658,7 +647,7 @@ static int relay_start(const char *rdir, int i, int data, int again)
 	x->b.n_extra = n;
 	if (!tp_broker_try(&x->b))
 		return 0;
-	say("relay %d did not start (log %s)", i, x->b.log);
+	tp_say("relay %d did not start (log %s)", i, x->b.log);
 	return -1;
 }
 
@@ -666,10 +655,10 @@ static int relay_start(const char *rdir, int i, int data, int again)
 static void relay_ended(const struct relay *x, int st, const char *how)
 {
 	if (WIFSIGNALED(st))
-		say("relay %d %s: killed by signal %d (%s; log %s)", (int)(x - R), how, WTERMSIG(st),
+		tp_say("relay %d %s: killed by signal %d (%s; log %s)", (int)(x - R), how, WTERMSIG(st),
 		    strsignal(WTERMSIG(st)), x->b.log);
 	else
-		say("relay %d %s: exit status %d (log %s)", (int)(x - R), how, WEXITSTATUS(st), x->b.log);
+		tp_say("relay %d %s: exit status %d (log %s)", (int)(x - R), how, WEXITSTATUS(st), x->b.log);
 }
 
 /* Relay x stopped with SIGTERM; 0 when it was still running, exited 0
@@ -691,7 +680,7 @@ static int relay_stop(struct relay *x)
 	for (uint64_t end = dcast_now_ms() + 10000; !(got = waitpid(pid, &st, WNOHANG)) && dcast_now_ms() < end;)
 		poll(NULL, 0, 10);
 	if (!got) {
-		say("relay %d did not exit within 10 s of its SIGTERM (log %s)", (int)(x - R), x->b.log);
+		tp_say("relay %d did not exit within 10 s of its SIGTERM (log %s)", (int)(x - R), x->b.log);
 		kill(pid, SIGKILL);
 		waitpid(pid, &st, 0);
 		bad = 1;
@@ -701,7 +690,7 @@ static int relay_stop(struct relay *x)
 	}
 	tp_untrack(pid);
 	if (tp_wait_log(x->b.log, "Sanitizer", 1, 0) || tp_wait_log(x->b.log, "runtime error:", 1, 0)) {
-		say("relay %d logged a sanitizer report (log %s)", (int)(x - R), x->b.log);
+		tp_say("relay %d logged a sanitizer report (log %s)", (int)(x - R), x->b.log);
 		bad = 1;
 	}
 	return bad ? -1 : 0;
@@ -798,7 +787,7 @@ static int drive(dcast_consumer *c, uint64_t ms, uint64_t until)
 			continue;
 		rc = dcast_consumer_apply(c, r);
 		if (!true_to(c, dcast_consumer_version(c))) {
-			say("apply of version %" PRIu64 " %s, and the tensors are not version %" PRIu64 "'s", r,
+			tp_say("apply of version %" PRIu64 " %s, and the tensors are not version %" PRIu64 "'s", r,
 			    rc ? "refused" : "done", dcast_consumer_version(c));
 			return -1;
 		}
@@ -814,14 +803,14 @@ static dcast_consumer *open_at(const char *dir, int *bad)
 	dcast_consumer_opts_init(&opts);
 	opts.heartbeat_ms = 500;
 	if (dcast_consumer_open(endpoint(), MODEL, dir, 4u << 20, &opts, &c)) {
-		say("open %s: %s", dir, dcast_last_error());
+		tp_say("open %s: %s", dir, dcast_last_error());
 		*bad = 1;
 		return NULL;
 	}
 	if (!true_to(c, dcast_consumer_version(c))) {
 		char what[512];
 		truth_name(c, what, sizeof(what));
-		say("open %s: loaded version %" PRIu64 ", not that version's tensors: %s", dir,
+		tp_say("open %s: loaded version %" PRIu64 ", not that version's tensors: %s", dir,
 		    dcast_consumer_version(c), what);
 		*bad = 1;
 	}
@@ -881,7 +870,7 @@ static int dirty(rng *r, const char *dir, const char *rdir)
 	if (!bad && drive(c, change || restart >= 0 ? o.dirty_ms / 2 : o.dirty_ms, DCAST_VERSION_NONE))
 		bad = 1;
 	if (!bad && wrong_key && dcast_consumer_version(c) != DCAST_VERSION_NONE) {
-		say("the relay, with a wrong server key for its upstream, passed version %" PRIu64 " on",
+		tp_say("the relay, with a wrong server key for its upstream, passed version %" PRIu64 " on",
 		    dcast_consumer_version(c));
 		bad = 1;
 	}
@@ -906,7 +895,7 @@ static int round_run(uint64_t round)
 	if (!bad && o.relay && relays_start(rdir, 0))
 		bad = 1;
 	if (!bad && (c = open_at(dir, &bad)) && !bad && (drive(c, 20000, VERSIONS) || dcast_consumer_version(c) != VERSIONS)) {
-		say("served cleanly, the consumer holds version %" PRIu64 " after 20 s, not %d", dcast_consumer_version(c),
+		tp_say("served cleanly, the consumer holds version %" PRIu64 " after 20 s, not %d", dcast_consumer_version(c),
 		    VERSIONS);
 		bad = 1;
 	}
@@ -915,26 +904,18 @@ static int round_run(uint64_t round)
 		bad = 1;
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s' '%s'", dir, rdir);
 	if (!bad && system(cmd) != 0)
-		say("could not remove %s", dir);
+		tp_say("could not remove %s", dir);
 	return bad;
-}
-
-static int arg_u64(int argc, char **argv, int *i, const char *name, uint64_t *out)
-{
-	if (strcmp(argv[*i], name) || *i + 1 >= argc)
-		return 0;
-	*out = strtoull(argv[++*i], NULL, 10);
-	return 1;
 }
 
 static int parse(int argc, char **argv)
 {
 	for (int i = 1; i < argc; i++) {
-		if (arg_u64(argc, argv, &i, "--seed", &o.seed) || arg_u64(argc, argv, &i, "--seconds", &o.seconds) ||
-		    arg_u64(argc, argv, &i, "--rounds", &o.rounds) ||
-		    arg_u64(argc, argv, &i, "--start-round", &o.start_round) ||
-		    arg_u64(argc, argv, &i, "--dirty-ms", &o.dirty_ms) || arg_u64(argc, argv, &i, "--bulk", &o.bulk) ||
-		    arg_u64(argc, argv, &i, "--relay", &o.relay) || arg_u64(argc, argv, &i, "--curve", &o.curve))
+		if (tp_arg_u64(argc, argv, &i, "--seed", &o.seed) || tp_arg_u64(argc, argv, &i, "--seconds", &o.seconds) ||
+		    tp_arg_u64(argc, argv, &i, "--rounds", &o.rounds) ||
+		    tp_arg_u64(argc, argv, &i, "--start-round", &o.start_round) ||
+		    tp_arg_u64(argc, argv, &i, "--dirty-ms", &o.dirty_ms) || tp_arg_u64(argc, argv, &i, "--bulk", &o.bulk) ||
+		    tp_arg_u64(argc, argv, &i, "--relay", &o.relay) || tp_arg_u64(argc, argv, &i, "--curve", &o.curve))
 			continue;
 		if (!strcmp(argv[i], "--dir") && i + 1 < argc) {
 			o.dir = argv[++i];
@@ -1018,7 +999,7 @@ int main(int argc, char **argv)
 	end = dcast_now_ms() + o.seconds * 1000;
 	for (round = o.start_round; round < o.start_round + o.rounds && dcast_now_ms() < end && !failed; round++)
 		if (round_run(round)) {
-			say("fuzz_consumer: FAILED in round %" PRIu64 ": replay with --seed %" PRIu64 " --start-round %"
+			tp_say("fuzz_consumer: FAILED in round %" PRIu64 ": replay with --seed %" PRIu64 " --start-round %"
 			    PRIu64 " --rounds 1", round, o.seed, round);
 			failed = 1;
 		}

@@ -243,7 +243,30 @@ int broker_pending_open(struct broker *b, struct broker_model *m, const dcast_ch
 	return 0;
 }
 
-static int pending_match(const struct broker_model *m, const struct broker_pending *pd,
+/* Parts of one version disagree on anchor or base: their baselines went
+ * apart (one part failed a version the others had taken), and each would
+ * send the same again: a delta from the part that holds the newest
+ * version, an anchor from the one that does not, for ever.  The version is
+ * dropped, and every part is asked for an anchor (WELCOME need_anchor),
+ * which needs no baseline.  The refusal stays in dcast_last_error(). */
+static int parts_disagree(struct broker *b, struct broker_model *m, uint64_t version)
+{
+	char text[DCAST_MAX_TEXT + 1];
+
+	snprintf(text, sizeof(text), "model %s version %llu: parts disagree on anchor/base_version; "
+		 "every part sends an anchor next", m->name, (unsigned long long)version);
+	if (!m->relayed) {
+		broker_pending_abort(b, m, "parts disagree on anchor/base_version; every part sends "
+				     "an anchor next");
+		if (!m->need_anchor)
+			broker_log_need_anchor(b, m);
+	}
+	return dcast_fail(DCAST_EVERSION, "%s", text);
+}
+
+/* The version's open state may be dropped here (parts_disagree): callers
+ * read m->pending again after an error. */
+static int pending_match(struct broker *b, struct broker_model *m, const struct broker_pending *pd,
 			 uint64_t version, int anchor, uint64_t base, uint32_t part)
 {
 	if (version != pd->version)
@@ -251,8 +274,7 @@ static int pending_match(const struct broker_model *m, const struct broker_pendi
 				  m->name, (unsigned long long)version,
 				  (unsigned long long)pd->version);
 	if (!anchor != !pd->anchor || (!anchor && base != pd->base_version))
-		return dcast_fail(DCAST_EVERSION, "model %s version %llu: parts disagree on anchor/base_version",
-				  m->name, (unsigned long long)version);
+		return parts_disagree(b, m, version);
 	if (part >= pd->parts)
 		return dcast_fail(DCAST_EFIELD_RANGE, "model %s version %llu: part %u, version has %u parts",
 				  m->name, (unsigned long long)version, part, pd->parts);
@@ -519,7 +541,7 @@ int broker_pending_chunk(struct broker *b, struct broker_model *m, uint32_t part
 	int rc;
 
 	DCAST_DEBUG_ASSERT(check_pending(m) && check_pending_total(b));
-	if ((rc = pending_match(m, pd, c->version, c->anchor, c->base_version, part)))
+	if ((rc = pending_match(b, m, pd, c->version, c->anchor, c->base_version, part)))
 		return rc;
 	sum = dcast_checksum(zmq_msg_data(&in->payload), c->payload_bytes);
 	if ((rc = dcast_chunk_sound(c, dcast_manifest_descs(&pd->manifest->m), sum))) /* header too */
@@ -902,7 +924,7 @@ static int pending_commit_part(struct broker *b, struct broker_model *m, uint32_
 	int rc;
 
 	DCAST_DEBUG_ASSERT(check_pending(m) && check_pending_total(b));
-	if ((rc = pending_match(m, pd, c->version, c->anchor, c->base_version, part)))
+	if ((rc = pending_match(b, m, pd, c->version, c->anchor, c->base_version, part)))
 		return rc;
 	if (c->parts != pd->parts)
 		return dcast_fail(DCAST_EFIELD_RANGE, "COMMIT.parts: %u, version %llu has %u",

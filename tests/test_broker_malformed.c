@@ -88,6 +88,21 @@ static int next_error_text(void *s, char *text, size_t n)
 	return code;
 }
 
+/* need_anchor of the next WELCOME (other messages skipped), -1 when none
+ * came. */
+static int next_need_anchor(void *s)
+{
+	dcast_wire_in in;
+	int rounds = 50, got = -1;
+
+	while (got < 0 && next_msg(s, &in, &rounds) == 0) {
+		if (in.msg.type == DCAST_MSG_WELCOME)
+			got = (int)in.msg.u.welcome.need_anchor;
+		dcast_wire_in_close(&in);
+	}
+	return got;
+}
+
 static int next_error(void *s)
 {
 	char text[DCAST_MAX_TEXT + 1];
@@ -626,8 +641,16 @@ static void documented_codes(void *ctx)
 		for (int k = 0; !part && k < 3 && next_credit(q) != 16; k++)
 			;
 	}
+	/* their baselines went apart: the version is dropped (to every part),
+	 * and every part is asked for an anchor, or they would disagree for
+	 * ever; then part 1 hears its refusal */
+	CHECK_ERR(next_error_text(q1, text, sizeof(text)), DCAST_EABORTED);
+	CHECK(strstr(text, "parts disagree on anchor") != NULL);
+	CHECK(strstr(text, "every part sends an anchor next") != NULL);
+	CHECK(next_need_anchor(q1) == 1);
 	CHECK_ERR(next_error_text(q1, text, sizeof(text)), DCAST_EVERSION);
 	CHECK(strstr(text, "parts disagree on anchor") != NULL);
+	CHECK(next_need_anchor(q0) == 1);
 	zmq_close(x), zmq_close(q0), zmq_close(q1);
 }
 

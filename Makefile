@@ -374,12 +374,14 @@ fuzz-consumer: all $(BUILD)/tools/fuzz_consumer
 # made up) for FUZZ_PRODUCER_SECONDS (default 600), seed FUZZ_PRODUCER_SEED
 # (default: the clock); each round the producer, once the proxy is honest,
 # must have a version taken, and a fresh consumer must reach it bit-exact.
+# FUZZ_PRODUCER_PARTS=P (1-4): the model published by P parts at once.
 FUZZ_PRODUCER_SECONDS ?= 600
 FUZZ_PRODUCER_SEED ?= $(shell date +%s)
+FUZZ_PRODUCER_PARTS ?= 1
 .PHONY: fuzz-producer
 fuzz-producer: all $(BUILD)/tools/fuzz_producer
 	DELTACAST_BUILD=$(abspath $(BUILD)) nice -n 10 $(BUILD)/tools/fuzz_producer \
-	  --seed $(FUZZ_PRODUCER_SEED) --seconds $(FUZZ_PRODUCER_SECONDS)
+	  --seed $(FUZZ_PRODUCER_SEED) --seconds $(FUZZ_PRODUCER_SECONDS) --parts $(FUZZ_PRODUCER_PARTS)
 
 # --- bench-sync ---
 # `make bench-sync`: a 1% delta of a BENCH_SYNC_PARAMS bf16 model to N = 1, 4,

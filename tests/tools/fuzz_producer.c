@@ -17,7 +17,9 @@
  * dirty phase of a few versions (publish, then wait); every call may fail,
  * but with an error that names its cause, and nothing may crash.  Then
  * the proxy forwards cleanly and the same producer publishes again: one
- * of four versions must be acknowledged.  Last, a fresh consumer of the
+ * of six versions, a second apart after a failure, must be acknowledged
+ * (the broker drops a version a lie left open after 3 s without progress,
+ * --part-timeout-ms).  Last, a fresh consumer of the
  * real broker must reach that version, every version it applies equal bit
  * for bit to what the producer published under that number.  A crash, a
  * sanitizer report, an error without a text, a producer that does not
@@ -26,7 +28,11 @@
  * it).
  *
  *   fuzz_producer [--seed S] [--seconds T] [--rounds N] [--start-round R]
- *                 [--dir DIR]
+ *                 [--parts P] [--dir DIR]
+ * --parts P (1 to 4): the model published by P producers, each part a
+ * slice of every tensor (as tensor-parallel ranks publish), each on its
+ * own connection through the proxy; a version is taken when every part's
+ * wait() says so.
  */
 #include <inttypes.h>
 #include <pthread.h>
@@ -41,25 +47,36 @@
 #include "dcast_wire.h"
 
 #define MAX_PARTS 4          /* frames of one message forwarded */
+#define MAX_BACKS 8          /* producer connections the proxy holds */
+#define MAX_PRODUCERS 4      /* --parts */
 #define DIRTY_MAX 10         /* versions of a dirty phase, at most */
-#define CLEAN_TRIES 4        /* versions the clean phase may take */
+#define CLEAN_TRIES 6        /* versions the clean phase may take */
+#define CLEAN_PAUSE_MS 1000  /* after a failed one: a trainer's next step */
+#define PART_TIMEOUT "3000"  /* the broker's --part-timeout-ms: a version a
+				lie left open (a part told it was taken) is
+				dropped within the honest phase */
 #define VERSION_LAST 31      /* h_model keeps snapshots of 1..31 */
 #define HUGE_VERSION (1ull << 40)
 
 static struct {
-	uint64_t seed, seconds, rounds, start_round;
+	uint64_t seed, seconds, rounds, start_round, parts;
 	const char *dir;
-} o = {.seconds = 60, .rounds = UINT64_MAX, .dir = "/tmp"};
+} o = {.seconds = 60, .rounds = UINT64_MAX, .parts = 1, .dir = "/tmp"};
 
 /* The proxy: its sockets are its thread's; the main thread sets `dirty`
  * and `stop`, and reads the counters once the thread is joined or between
  * rounds (atomics). */
 static struct {
-	void *ctx, *front, *back;
+	void *ctx, *front;
 	char ep[128];
 	const char *broker_ep;
-	unsigned char rid[256];
-	size_t rid_len;
+	struct back {                      /* a DEALER to the broker per producer connection */
+		unsigned char rid[256];
+		size_t rid_len;
+		void *sock;                /* NULL: free */
+		uint64_t used;
+	} backs[MAX_BACKS];
+	uint64_t tick;
 	pthread_t thread;
 	atomic_int dirty, stop;
 	atomic_uint_fast64_t seen_version; /* the newest CHUNK/COMMIT version from the producer */
@@ -234,29 +251,69 @@ static void send_parts(void *s, const void *rid, size_t rid_len, zmq_msg_t *part
 	}
 }
 
-/* A DEALER to the broker for the producer connection `rid` (a new one
- * replaces the last: a re-joined producer is a new connection). */
-static int back_for(const zmq_msg_t *rid)
+/* A DEALER to the broker for the producer connection `rid`, found or
+ * made (the least recently used one closed when all are taken: a
+ * re-joined producer is a new connection).  NULL: none could be made. */
+static struct back *back_for(const zmq_msg_t *rid)
 {
-	int zero = 0;
 	size_t len = zmq_msg_size((zmq_msg_t *)rid);
+	struct back *k = &P.backs[0];
+	int zero = 0;
 
-	if (P.back && len == P.rid_len && !memcmp(P.rid, zmq_msg_data((zmq_msg_t *)rid), len))
-		return 0;
-	if (P.back)
-		zmq_close(P.back);
-	if (len > sizeof(P.rid) || !(P.back = zmq_socket(P.ctx, ZMQ_DEALER)))
-		return -1;
-	zmq_setsockopt(P.back, ZMQ_LINGER, &zero, sizeof(zero));
-	memcpy(P.rid, zmq_msg_data((zmq_msg_t *)rid), len);
-	P.rid_len = len;
-	return zmq_connect(P.back, P.broker_ep);
+	for (int i = 0; i < MAX_BACKS; i++) {
+		struct back *b = &P.backs[i];
+		if (b->sock && b->rid_len == len && !memcmp(b->rid, zmq_msg_data((zmq_msg_t *)rid), len)) {
+			b->used = ++P.tick;
+			return b;
+		}
+		k = !b->sock || (k->sock && b->used < k->used) ? b : k;
+	}
+	if (k->sock)
+		zmq_close(k->sock);
+	if (len > sizeof(k->rid) || !(k->sock = zmq_socket(P.ctx, ZMQ_DEALER)))
+		return NULL;
+	zmq_setsockopt(k->sock, ZMQ_LINGER, &zero, sizeof(zero));
+	memcpy(k->rid, zmq_msg_data((zmq_msg_t *)rid), len);
+	k->rid_len = len;
+	k->used = ++P.tick;
+	if (zmq_connect(k->sock, P.broker_ep)) {
+		zmq_close(k->sock);
+		k->sock = NULL;
+	}
+	return k->sock ? k : NULL;
 }
 
-static void send_msg(const dcast_msg *m)
+static void send_msg(const struct back *b, const dcast_msg *m)
 {
-	if (dcast_wire_send(P.front, P.rid, P.rid_len, m, NULL, ZMQ_DONTWAIT) == 0)
+	if (dcast_wire_send(P.front, b->rid, b->rid_len, m, NULL, ZMQ_DONTWAIT) == 0)
 		atomic_fetch_add(&P.forged, 1);
+}
+
+static void to_producer(const struct back *b, zmq_msg_t *part, int n)
+{
+	send_parts(P.front, b->rid, b->rid_len, part, n, 0);
+}
+
+/* The broker loses the session of b's producer: its next message goes on
+ * a new connection, which the broker has not welcomed. */
+static void cut(struct back *b)
+{
+	zmq_close(b->sock);
+	b->sock = NULL;
+	atomic_fetch_add(&P.cuts, 1);
+}
+
+static void note_version(const zmq_msg_t *hdr)
+{
+	dcast_msg m;
+
+	if (dcast_msg_decode(zmq_msg_data((zmq_msg_t *)hdr), zmq_msg_size((zmq_msg_t *)hdr), &m))
+		return;
+	if (m.type == DCAST_MSG_CHUNK)
+		atomic_store(&P.seen_version, m.u.chunk.version);
+	else if (m.type == DCAST_MSG_COMMIT)
+		atomic_store(&P.seen_version, m.u.commit.version);
+	dcast_msg_free(&m);
 }
 
 /* The producer's message: to the broker as it is; its version noted, and
@@ -265,35 +322,30 @@ static void send_msg(const dcast_msg *m)
 static void from_producer(void)
 {
 	zmq_msg_t part[MAX_PARTS];
+	struct back *b;
 	dcast_msg m;
 	int n;
 
 	if (recv_parts(P.front, part, &n))
 		return;
-	if (atomic_load(&P.dirty) && P.back && rnd(60) == 0) { /* the broker loses the session */
-		zmq_close(P.back);
-		P.back = NULL;
-		atomic_fetch_add(&P.cuts, 1);
-	}
-	if (n >= 2 && !back_for(&part[0])) {
-		send_parts(P.back, NULL, 0, part, n, 1);
-		if (!dcast_msg_decode(zmq_msg_data(&part[1]), zmq_msg_size(&part[1]), &m)) {
-			if (m.type == DCAST_MSG_CHUNK)
-				atomic_store(&P.seen_version, m.u.chunk.version);
-			else if (m.type == DCAST_MSG_COMMIT)
-				atomic_store(&P.seen_version, m.u.commit.version);
-			dcast_msg_free(&m);
+	if (n >= 2 && (b = back_for(&part[0]))) {
+		if (atomic_load(&P.dirty) && rnd(60) == 0) {
+			cut(b);
+			b = back_for(&part[0]);
 		}
-		if (atomic_load(&P.dirty) && rnd(12) == 0) {
+		if (b)
+			send_parts(b->sock, NULL, 0, part, n, 1);
+		note_version(&part[1]);
+		if (b && atomic_load(&P.dirty) && rnd(12) == 0) {
 			forge(&m);
-			send_msg(&m);
+			send_msg(b, &m);
 		}
 	}
 	close_parts(part, n, 0);
 }
 
 /* Flip one bit of the header frame and send it on. */
-static void send_flipped(zmq_msg_t *part, int n)
+static void send_flipped(const struct back *b, zmq_msg_t *part, int n)
 {
 	zmq_msg_t c;
 
@@ -303,11 +355,11 @@ static void send_flipped(zmq_msg_t *part, int n)
 		((unsigned char *)zmq_msg_data(&c))[rnd(zmq_msg_size(&c))] ^= (unsigned char)(1u << rnd(8));
 	zmq_msg_close(&part[0]);
 	part[0] = c;
-	send_parts(P.front, P.rid, P.rid_len, part, n, 0);
+	to_producer(b, part, n);
 }
 
-/* The broker's message, damaged or not, to the producer. */
-static void damage(zmq_msg_t *part, int n)
+/* The broker's message, damaged or not, to b's producer. */
+static void damage(const struct back *b, zmq_msg_t *part, int n)
 {
 	uint64_t r = rnd(100);
 	dcast_msg m;
@@ -316,39 +368,60 @@ static void damage(zmq_msg_t *part, int n)
 	if (r < 15) /* dropped */
 		return;
 	if (r < 30) { /* repeated */
-		send_parts(P.front, P.rid, P.rid_len, part, n, 0);
-		send_parts(P.front, P.rid, P.rid_len, part, n, 0);
+		to_producer(b, part, n);
+		to_producer(b, part, n);
 		return;
 	}
 	if (r < 40) {
-		send_flipped(part, n);
+		send_flipped(b, part, n);
 		return;
 	}
 	if (r < 70 && n == 1 && !dcast_msg_decode(zmq_msg_data(&part[0]), zmq_msg_size(&part[0]), &m)) {
 		mutate(&m);
-		send_msg(&m);
+		send_msg(b, &m);
 		dcast_msg_free(&m);
 		return;
 	}
 	forge(&m); /* something before it */
-	send_msg(&m);
-	send_parts(P.front, P.rid, P.rid_len, part, n, 0);
+	send_msg(b, &m);
+	to_producer(b, part, n);
 }
 
-static void from_broker(void)
+static void from_broker(const struct back *b)
 {
 	zmq_msg_t part[MAX_PARTS];
 	int n;
 
-	if (recv_parts(P.back, part, &n))
+	if (recv_parts(b->sock, part, &n))
 		return;
 	if (atomic_load(&P.dirty) && rnd(3) == 0)
-		damage(part, n);
+		damage(b, part, n);
 	else {
-		send_parts(P.front, P.rid, P.rid_len, part, n, 0);
+		to_producer(b, part, n);
 		atomic_fetch_add(&P.passed, 1);
 	}
 	close_parts(part, n, 0);
+}
+
+/* One wait for the sockets, and what they hold handled. */
+static void proxy_turn(void)
+{
+	zmq_pollitem_t it[1 + MAX_BACKS] = {{P.front, 0, ZMQ_POLLIN, 0}};
+	struct back *of[1 + MAX_BACKS];
+	int n = 1;
+
+	for (int i = 0; i < MAX_BACKS; i++)
+		if (P.backs[i].sock) {
+			of[n] = &P.backs[i];
+			it[n++] = (zmq_pollitem_t){P.backs[i].sock, 0, ZMQ_POLLIN, 0};
+		}
+	if (zmq_poll(it, n, 50) <= 0)
+		return;
+	if (it[0].revents & ZMQ_POLLIN)
+		from_producer();
+	for (int i = 1; i < n; i++)
+		if ((it[i].revents & ZMQ_POLLIN) && of[i]->sock == it[i].socket)
+			from_broker(of[i]);
 }
 
 static void *proxy_main(void *arg)
@@ -358,17 +431,11 @@ static void *proxy_main(void *arg)
 		uint64_t seed = atomic_exchange(&P.reseed, 0);
 		if (seed)
 			P.rng = seed;
-		zmq_pollitem_t it[2] = {{P.front, 0, ZMQ_POLLIN, 0}, {P.back, 0, ZMQ_POLLIN, 0}};
-		if (zmq_poll(it, P.back ? 2 : 1, 50) < 0)
-			continue;
-		if (it[0].revents & ZMQ_POLLIN)
-			from_producer();
-		if (P.back && (it[1].revents & ZMQ_POLLIN))
-			from_broker();
+		proxy_turn();
 	}
-	if (P.back)
-		zmq_close(P.back);
-	P.back = NULL;
+	for (int i = 0; i < MAX_BACKS; i++)
+		if (P.backs[i].sock)
+			zmq_close(P.backs[i].sock);
 	return NULL;
 }
 
@@ -396,7 +463,15 @@ static void proxy_stop(void)
 
 /* ---- a round ---- */
 
-static int open_producer(const char *model, h_model *m, dcast_producer **p)
+/* The producers of a round: parts of one model, each a slice of every
+ * tensor. */
+struct team {
+	dcast_producer *p[MAX_PRODUCERS];
+	uint32_t n;
+};
+
+/* Part k of t->n: its slice of each of m's tensors registered. */
+static int open_part(const char *model, h_model *m, struct team *t, uint32_t k)
 {
 	dcast_producer_opts op;
 	int err;
@@ -408,14 +483,45 @@ static int open_producer(const char *model, h_model *m, dcast_producer **p)
 	op.reconnect_backoff_ms = 20;
 	op.close_timeout_ms = 200;
 	op.encode_threads = 2;
-	if ((err = dcast_producer_open(P.ep, model, 0, 1, &op, p)))
+	if ((err = dcast_producer_open(P.ep, model, k, t->n, &op, &t->p[k])))
 		return err;
-	for (int t = 0; t < H_TENSORS && !err; t++)
-		err = dcast_producer_register(*p, m->name[t], m->dtype[t], m->ndim[t], m->shape[t], m->cur[t],
-					      DCAST_MEM_HOST, 0,
-					      m->bytes[t] / (dcast_dtype_size(m->dtype[t]) *
-							     dcast_dtype_lanes(m->dtype[t])));
+	for (int i = 0; i < H_TENSORS && !err; i++) {
+		uint64_t esize = dcast_dtype_size(m->dtype[i]) * dcast_dtype_lanes(m->dtype[i]);
+		uint64_t elems = m->bytes[i] / esize, at = elems * k / t->n, end = elems * (k + 1) / t->n;
+		err = dcast_producer_register(t->p[k], m->name[i], m->dtype[i], m->ndim[i], m->shape[i],
+					      m->cur[i] + at * esize, DCAST_MEM_HOST, at, end - at);
+	}
 	return err;
+}
+
+static void close_team(struct team *t)
+{
+	for (uint32_t k = 0; k < t->n; k++)
+		dcast_producer_close(&t->p[k]);
+}
+
+static int open_team(const char *model, h_model *m, struct team *t)
+{
+	int err = 0;
+
+	for (uint32_t k = 0; k < t->n && !err; k++)
+		err = open_part(model, m, t, k);
+	if (err)
+		close_team(t);
+	return err;
+}
+
+/* The broker's newest version as the parts count it: the highest. */
+static uint64_t team_broker_version(const struct team *t)
+{
+	uint64_t b = DCAST_VERSION_NONE;
+
+	for (uint32_t k = 0; k < t->n; k++) {
+		uint64_t v = dcast_producer_broker_version(t->p[k]);
+		if (v != DCAST_VERSION_NONE && (b == DCAST_VERSION_NONE || v > b))
+			b = v;
+	}
+	return b;
 }
 
 /* An error must say what it is. */
@@ -429,26 +535,61 @@ static int named(int rc, const char *call, uint64_t v)
 	return -1;
 }
 
-/* Publish version v of m (its step taken, its snapshot kept), then wait
- * up to wait_ms; the first error, checked for a text. */
-static int publish(dcast_producer *p, h_model *m, uint64_t v, int wait_ms, int *bad)
+/* One part's publish of a version and its wait, on a thread of its own
+ * (tensor-parallel ranks publish at once): its result and its text. */
+struct part_call {
+	dcast_producer *p;
+	uint64_t v;
+	int wait_ms, rc, bad;
+	char text[DCAST_MAX_TEXT + 1];
+};
+
+static void *part_main(void *arg)
 {
-	int rc;
+	struct part_call *c = arg;
+
+	c->rc = dcast_producer_publish(c->p, c->v);
+	c->bad |= named(c->rc, "publish", c->v);
+	if (!c->rc) {
+		c->rc = dcast_producer_wait(c->p, c->v, c->wait_ms);
+		c->bad |= named(c->rc, "wait", c->v);
+	}
+	snprintf(c->text, sizeof(c->text), "%s", c->rc ? dcast_last_error() : "");
+	return NULL;
+}
+
+/* Publish version v of m (its step taken, its snapshot kept) from every
+ * part at once, each then waiting up to wait_ms; the first part's error
+ * (its text in dcast_last_error()), each checked for a text. */
+static int publish(struct team *t, h_model *m, uint64_t v, int wait_ms, int *bad)
+{
+	struct part_call c[MAX_PRODUCERS];
+	pthread_t th[MAX_PRODUCERS];
+	int started[MAX_PRODUCERS], first = -1;
 
 	h_model_step(m, 100);
 	h_model_snap(m, v);
-	rc = dcast_producer_publish(p, v);
-	*bad |= named(rc, "publish", v);
-	if (!rc) {
-		rc = dcast_producer_wait(p, v, wait_ms);
-		*bad |= named(rc, "wait", v);
+	for (uint32_t k = 0; k < t->n; k++) {
+		c[k] = (struct part_call){.p = t->p[k], .v = v, .wait_ms = wait_ms};
+		started[k] = t->n > 1 && !pthread_create(&th[k], NULL, part_main, &c[k]);
+		if (!started[k])
+			part_main(&c[k]);
 	}
-	return rc;
+	for (uint32_t k = 0; k < t->n; k++) {
+		if (started[k])
+			pthread_join(th[k], NULL);
+		*bad |= c[k].bad;
+		first = first < 0 && c[k].rc ? (int)k : first;
+	}
+	if (first < 0)
+		return 0;
+	dcast_fail(c[first].rc, "part %d: %s", first, c[first].text);
+	return c[first].rc;
 }
 
 /* The dirty phase: versions published while the proxy lies; the next
  * version to publish. */
-static uint64_t dirty_phase(dcast_producer *p, h_model *m, uint64_t n, int *bad)
+static uint64_t dirty_phase(struct team *p, h_model *m, uint64_t n, int *bad)
 {
 	uint64_t v = 1;
 
@@ -460,7 +601,7 @@ static uint64_t dirty_phase(dcast_producer *p, h_model *m, uint64_t n, int *bad)
 }
 
 /* The clean phase: one of CLEAN_TRIES versions acknowledged; *acked it. */
-static int clean_phase(dcast_producer *p, h_model *m, uint64_t v, uint64_t *acked, int *bad)
+static int clean_phase(struct team *p, h_model *m, uint64_t v, uint64_t *acked, int *bad)
 {
 	uint64_t b;
 	int rc = -1;
@@ -469,12 +610,14 @@ static int clean_phase(dcast_producer *p, h_model *m, uint64_t v, uint64_t *acke
 		if (v > VERSION_LAST)
 			break;
 		rc = publish(p, m, v, 20000, bad);
-		if (rc)
+		if (rc) {
 			tp_say("fuzz_producer: clean version %" PRIu64 ": %s: %s", v, dcast_errname(rc),
-			    dcast_last_error());
-		else
+			       dcast_last_error());
+			tp_sleep_ms(CLEAN_PAUSE_MS);
+		} else {
 			*acked = v;
-		b = dcast_producer_broker_version(p); /* a WELCOME's lie is the broker's word */
+		}
+		b = team_broker_version(p); /* a WELCOME's lie is the broker's word */
 		if (rc == DCAST_EVERSION && b != DCAST_VERSION_NONE && b > v && b < VERSION_LAST)
 			v = b;
 	}
@@ -508,7 +651,7 @@ static int consumer_check(const char *consumers, const char *model, const h_mode
 static int round_run(const tp_broker *b, uint64_t round)
 {
 	char model[64], dir[600], cmd[700];
-	dcast_producer *p = NULL;
+	struct team p = {.n = (uint32_t)o.parts};
 	uint64_t acked = DCAST_VERSION_NONE, v;
 	h_model m;
 	int bad = 0;
@@ -520,15 +663,15 @@ static int round_run(const tp_broker *b, uint64_t round)
 	snprintf(dir, sizeof(dir), "%s/fuzz_producer.%d.%" PRIu64, o.dir, (int)getpid(), round);
 	atomic_store(&P.seen_version, DCAST_VERSION_NONE);
 	h_model_init(&m, o.seed + round, 1);
-	if (open_producer(model, &m, &p)) {
+	if (open_team(model, &m, &p)) {
 		tp_say("fuzz_producer: round %" PRIu64 ": producer open: %s", round, dcast_last_error());
 		h_model_free(&m);
 		return -1;
 	}
-	v = dirty_phase(p, &m, 2 + main_rnd(DIRTY_MAX - 1), &bad);
-	if (!bad && clean_phase(p, &m, v, &acked, &bad))
+	v = dirty_phase(&p, &m, 2 + main_rnd(DIRTY_MAX - 1), &bad);
+	if (!bad && clean_phase(&p, &m, v, &acked, &bad))
 		bad = 1;
-	dcast_producer_close(&p);
+	close_team(&p);
 	if (!bad && consumer_check(b->consumers, model, &m, acked, dir))
 		bad = 1;
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
@@ -543,14 +686,19 @@ static int parse(int argc, char **argv)
 	for (int i = 1; i < argc; i++) {
 		if (tp_arg_u64(argc, argv, &i, "--seed", &o.seed) || tp_arg_u64(argc, argv, &i, "--seconds", &o.seconds) ||
 		    tp_arg_u64(argc, argv, &i, "--rounds", &o.rounds) ||
-		    tp_arg_u64(argc, argv, &i, "--start-round", &o.start_round))
+		    tp_arg_u64(argc, argv, &i, "--start-round", &o.start_round) ||
+		    tp_arg_u64(argc, argv, &i, "--parts", &o.parts))
 			continue;
 		if (!strcmp(argv[i], "--dir") && i + 1 < argc) {
 			o.dir = argv[++i];
 			continue;
 		}
 		fprintf(stderr, "usage: fuzz_producer [--seed S] [--seconds T] [--rounds N] [--start-round R] "
-				"[--dir DIR]\n");
+				"[--parts P] [--dir DIR]\n");
+		return -1;
+	}
+	if (o.parts < 1 || o.parts > MAX_PRODUCERS) {
+		fprintf(stderr, "fuzz_producer: --parts %" PRIu64 ": 1 to %d\n", o.parts, MAX_PRODUCERS);
 		return -1;
 	}
 	return 0;
@@ -559,7 +707,8 @@ static int parse(int argc, char **argv)
 int main(int argc, char **argv)
 {
 	/* a model per round, removed once idle: a long run outlasts --max-models */
-	static char *const broker_args[] = {"--max-models", "256", "--model-idle-s", "1", NULL};
+	static char *const broker_args[] = {"--max-models", "256", "--model-idle-s", "1",
+					    "--part-timeout-ms", PART_TIMEOUT, NULL};
 	uint64_t end, round, failed = 0;
 	tp_broker b;
 
@@ -583,8 +732,8 @@ int main(int argc, char **argv)
 	}
 	check_failures += (int)failed; /* h_broker_stop shows the log's tail */
 	h_broker_stop(&b);
-	printf("fuzz_producer: seed %" PRIu64 ", %" PRIu64 " rounds, %" PRIu64 " messages passed, %" PRIu64
-	       " damaged, %" PRIu64 " forged, %" PRIu64 " sessions cut: %s\n", o.seed, round - o.start_round,
+	printf("fuzz_producer: seed %" PRIu64 ", %" PRIu64 " parts, %" PRIu64 " rounds, %" PRIu64 " messages passed, %" PRIu64
+	       " damaged, %" PRIu64 " forged, %" PRIu64 " sessions cut: %s\n", o.seed, o.parts, round - o.start_round,
 	       (uint64_t)P.passed, (uint64_t)P.damaged, (uint64_t)P.forged, (uint64_t)P.cuts,
 	       failed ? "FAILED" : "ok");
 	return failed ? 1 : 0;

@@ -100,16 +100,19 @@ void prod_version_acked(dcast_producer *p, uint64_t version)
 	DCAST_DEBUG_ASSERT(check_baseline(p) && p->acked_version == version);
 }
 
-/* A version that fails before its COMMIT went out may stay open at the
- * broker, which refuses every later version of the session meanwhile
- * ("version V while version W is open"); and a failure for want of credit
- * leaves the session's count of it in doubt.  The next call joins again:
- * a new session drops the open version and starts from a fresh window. */
-static void session_drop_open(dcast_producer *p)
+/* A failed version ends its session: the next call joins again.  Before
+ * its COMMIT went out the broker may hold it open, refusing every later
+ * version of the session meanwhile ("version V while version W is open");
+ * after it, the broker may have refused it for what the producer does not
+ * know (its newest version, when the ACK of one was lost: every delta on
+ * the older base is refused); and a failure for want of credit leaves the
+ * session's count of it in doubt.  A new session drops the open version,
+ * says the broker's newest in its WELCOME and starts from a fresh window. */
+static void session_drop(dcast_producer *p)
 {
-	if (p->commit_sent || !p->conn.up)
+	if (!p->conn.up)
 		return;
-	p->conn.drop_why = "the last version failed before its COMMIT: a new session drops it";
+	p->conn.drop_why = "the last version failed: a new session starts from the broker's state";
 	p->conn.up = 0;
 }
 
@@ -124,7 +127,7 @@ void prod_version_failed(dcast_producer *p, int err, const char *why)
 		    p->pending_anchor || p->undo.lost ? ", next version is an anchor" : "");
 	if (p->pending_anchor || p->undo.lost)
 		p->baseline_valid = 0;
-	session_drop_open(p);
+	session_drop(p);
 	prod_undo_rollback(p);
 	p->failed_version = p->pending_version;
 	p->failed_err = err;

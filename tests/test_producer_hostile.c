@@ -12,6 +12,9 @@
  *  - A version refused by an ERROR before its COMMIT: the next publish()
  *    joins again too (the broker may hold the refused version open on
  *    the old session, refusing every later one there).
+ *  - A version refused after its COMMIT that the broker took all the same:
+ *    the next publish() joins again, learns the broker's newest version
+ *    from the WELCOME and sends an anchor.
  * Each failed before the producer checked what it was told (tools/
  * fuzz_producer found them). */
 #include <pthread.h>
@@ -28,7 +31,7 @@
 #define ELEMS 65536
 #define RANGE 16384 /* 32 KiB chunks */
 
-enum { EARLY_ACK = 1, STINGY_FIRST = 2, ERROR_MID = 4 };
+enum { EARLY_ACK = 1, STINGY_FIRST = 2, ERROR_MID = 4, REFUSED_TAKEN = 8 };
 
 static struct {
 	void *ctx, *router;
@@ -38,6 +41,8 @@ static struct {
 	atomic_int stop, release, hellos;
 	atomic_int early_sent;
 	uint64_t held_ack;          /* a COMMIT's version, ACKed at `release` */
+	uint64_t newest;            /* REFUSED_TAKEN: the newest version it took (WELCOME) */
+	int v3_anchor;              /* REFUSED_TAKEN: version 3 came as an anchor */
 	zmq_msg_t rid;
 	int has_rid;
 } F;
@@ -80,7 +85,7 @@ static void on_hello(dcast_wire_in *in)
 	atomic_fetch_add(&F.hellos, 1);
 	dcast_msg_init(&m, DCAST_MSG_WELCOME);
 	strcpy(m.u.welcome.model, MODEL);
-	m.u.welcome.version = m.u.welcome.anchor_version = DCAST_VERSION_NONE;
+	m.u.welcome.version = m.u.welcome.anchor_version = F.newest;
 	m.u.welcome.heartbeat_ms = 60000;
 	m.u.welcome.run = 0x1234;
 	say_to(&m);
@@ -105,8 +110,34 @@ static void on_chunk(dcast_wire_in *in)
 	}
 }
 
+/* REFUSED_TAKEN: version 2 is taken, but its producer told it was
+ * refused; a delta on 1 after it is refused for its base. */
+static void refused_taken(const dcast_commit *c)
+{
+	dcast_msg m;
+
+	if (c->version == 3)
+		F.v3_anchor = (int)c->anchor;
+	if (c->version == 1 || (c->version == 3 && c->anchor)) {
+		F.newest = c->version;
+		ack(c->version);
+		return;
+	}
+	F.newest = c->version == 2 ? 2 : F.newest;
+	dcast_msg_init(&m, DCAST_MSG_ERROR);
+	m.u.error.code = c->version == 2 ? DCAST_EIO : DCAST_EVERSION;
+	m.u.error.version = c->version;
+	strcpy(m.u.error.text, c->version == 2 ? "refused after its COMMIT (taken all the same)"
+					       : "delta on 1, the newest is 2");
+	say_to(&m);
+}
+
 static void on_commit(dcast_wire_in *in)
 {
+	if (F.mode & REFUSED_TAKEN) {
+		refused_taken(&in->msg.u.commit);
+		return;
+	}
 	if (F.mode & EARLY_ACK && !F.held_ack)
 		F.held_ack = in->msg.u.commit.version; /* ACKed at `release` */
 	else
@@ -145,6 +176,7 @@ static void broker_start(int mode)
 
 	memset(&F, 0, sizeof(F));
 	F.mode = mode;
+	F.newest = DCAST_VERSION_NONE;
 	REQUIRE((F.ctx = zmq_ctx_new()) && (F.router = zmq_socket(F.ctx, ZMQ_ROUTER)));
 	REQUIRE(zmq_bind(F.router, "tcp://127.0.0.1:*") == 0);
 	REQUIRE(zmq_getsockopt(F.router, ZMQ_LAST_ENDPOINT, F.ep, &len) == 0);
@@ -234,6 +266,29 @@ static void refused_mid_version(uint16_t *w)
 	broker_stop();
 }
 
+/* A version refused after its COMMIT went out, which the broker took all
+ * the same (its ACK lost): the next version comes on a new session, whose
+ * WELCOME names 2, so it goes as an anchor; on the old session every delta
+ * on 1 would be refused. */
+static void refused_after_commit(uint16_t *w)
+{
+	dcast_producer *p;
+
+	broker_start(REFUSED_TAKEN);
+	p = producer(w);
+	CHECK(dcast_producer_publish(p, 1) == 0 && dcast_producer_wait(p, 1, 5000) == 0);
+	w[13] ^= 1;
+	CHECK(dcast_producer_publish(p, 2) == 0);
+	CHECK(dcast_producer_wait(p, 2, 5000) == DCAST_EIO);
+	w[14] ^= 1;
+	CHECK(dcast_producer_publish(p, 3) == 0);
+	CHECK(dcast_producer_wait(p, 3, 5000) == 0);
+	CHECK(F.v3_anchor == 1);
+	CHECK(atomic_load(&F.hellos) == 2);
+	dcast_producer_close(&p);
+	broker_stop();
+}
+
 int main(void)
 {
 	static uint16_t w[ELEMS];
@@ -245,5 +300,6 @@ int main(void)
 	early_and_unpublished_acks(w);
 	credit_lost(w);
 	refused_mid_version(w);
+	refused_after_commit(w);
 	return check_done("test_producer_hostile");
 }

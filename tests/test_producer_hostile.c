@@ -92,7 +92,7 @@ static void on_hello(dcast_wire_in *in)
 	credit(2 * RANGE * 2);
 }
 
-/* A CHUNK: its credit back (not on the first session with STINGY_FIRST),
+/* A CHUNK: its credit back (not on the first connection with STINGY_FIRST),
  * and with EARLY_ACK an ACK of its version at once, the first time. */
 static void on_chunk(dcast_wire_in *in)
 {

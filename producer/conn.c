@@ -357,6 +357,8 @@ static void settle_pending(dcast_producer *p)
 	} else if (p->conn.up) {
 		prod_version_failed(p, DCAST_EVERSION, "the re-joined broker's newest version "
 				    "is above it; whether it was taken is unknown");
+		p->conn.up = 1; /* this session is new: its WELCOME is the broker's state */
+		p->conn.drop_why = NULL;
 	} else {
 		prod_version_failed(p, DCAST_ECLOSED, "connection to the broker lost before its ACK");
 	}
